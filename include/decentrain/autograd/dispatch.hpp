@@ -1,0 +1,42 @@
+// How ops pick the arithmetic type: f32 and f64 compute natively, bf16 is widened to f32 for
+// the math and narrowed back for storage, integer tensors are rejected with the op's name.
+#pragma once
+
+#include <string_view>
+
+#include "decentrain/core/tensor.hpp"
+
+namespace decentrain::detail {
+
+template <class F>
+decltype(auto) with_float_type(dtype t, std::string_view op, F&& f) {
+  switch (t) {
+    case dtype::f32:
+    case dtype::bf16: return f(float{});
+    case dtype::f64: return f(double{});
+    case dtype::i32: break;
+  }
+  fail(op, ": expected a floating-point tensor (f32, f64 or bf16), got ", dtype_name(t));
+}
+
+inline dtype compute_dtype(dtype t) { return t == dtype::bf16 ? dtype::f32 : t; }
+
+// A contiguous tensor in the compute dtype (a copy only when needed).
+template <class Device>
+tensor<Device> compute_tensor(const tensor<Device>& x) {
+  return x.dtype() == dtype::bf16 ? x.to(dtype::f32) : x.contiguous();
+}
+
+// The result stored in `t`, the dtype the caller handed in.
+template <class Device>
+tensor<Device> stored_as(tensor<Device> y, dtype t) {
+  return y.dtype() == t ? y : y.to(t);
+}
+
+template <class Device>
+void check_same_dtype(std::string_view op, const tensor<Device>& a, const tensor<Device>& b) {
+  check(a.dtype() == b.dtype(), op, ": dtype mismatch: ", dtype_name(a.dtype()), " vs ",
+        dtype_name(b.dtype()), " (convert one with .to(dtype) first)");
+}
+
+}  // namespace decentrain::detail

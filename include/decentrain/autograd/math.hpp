@@ -1,0 +1,220 @@
+// Tensor arithmetic without a graph: broadcasting elementwise ops, reductions and batched
+// matmul. The autograd ops run their forward and backward passes through these, and users may
+// call them directly on tensors.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "decentrain/autograd/dispatch.hpp"
+#include "decentrain/core/factory.hpp"
+#include "decentrain/kernels/cpu/elementwise.hpp"
+#include "decentrain/kernels/cpu/gemm.hpp"
+#include "decentrain/kernels/cpu/reduce.hpp"
+
+namespace decentrain::math {
+
+// Strides that read `x` as if it had `out` shape (0 on broadcast dims).
+inline std::vector<std::int64_t> broadcast_strides(const shape& x, const shape& out) {
+  std::vector<std::int64_t> strides(out.rank(), 0);
+  const auto own = contiguous_strides(x);
+  const std::size_t lead = out.rank() - x.rank();
+  for (std::size_t d = 0; d < x.rank(); ++d) strides[lead + d] = x[d] == 1 ? 0 : own[d];
+  return strides;
+}
+
+template <class Device>
+tensor<Device> binary(kernels::binary_op op, std::string_view name, const tensor<Device>& a,
+                      const tensor<Device>& b) {
+  detail::check_same_dtype(name, a, b);
+  shape out_shape;
+  try {
+    out_shape = broadcast_shapes(a.shape(), b.shape());
+  } catch (const error& e) {
+    detail::fail(name, ": ", e.what());
+  }
+  const auto ca = detail::compute_tensor(a), cb = detail::compute_tensor(b);
+  auto out = tensor<Device>::empty(out_shape, ca.dtype());
+  detail::with_float_type(a.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    kernels::binary(Device{}, op, out.template data<T>(), out_shape.sizes(), ca.template data<T>(),
+                    broadcast_strides(a.shape(), out_shape), cb.template data<T>(),
+                    broadcast_strides(b.shape(), out_shape));
+  });
+  return detail::stored_as(std::move(out), a.dtype());
+}
+
+template <class Device>
+tensor<Device> add(const tensor<Device>& a, const tensor<Device>& b) { return binary(kernels::binary_op::add, "add", a, b); }
+template <class Device>
+tensor<Device> sub(const tensor<Device>& a, const tensor<Device>& b) { return binary(kernels::binary_op::sub, "sub", a, b); }
+template <class Device>
+tensor<Device> mul(const tensor<Device>& a, const tensor<Device>& b) { return binary(kernels::binary_op::mul, "mul", a, b); }
+template <class Device>
+tensor<Device> div(const tensor<Device>& a, const tensor<Device>& b) { return binary(kernels::binary_op::div, "div", a, b); }
+
+// x * scale + shift
+template <class Device>
+tensor<Device> affine(const tensor<Device>& x, double scale, double shift = 0.0) {
+  const auto cx = detail::compute_tensor(x);
+  auto out = tensor<Device>::empty(x.shape(), cx.dtype());
+  detail::with_float_type(x.dtype(), "affine", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::affine(Device{}, out.template data<T>(), cx.template data<T>(), x.numel(),
+                    static_cast<T>(scale), static_cast<T>(shift));
+  });
+  return detail::stored_as(std::move(out), x.dtype());
+}
+
+// numerator / x
+template <class Device>
+tensor<Device> reciprocal(const tensor<Device>& x, double numerator = 1.0) {
+  const auto cx = detail::compute_tensor(x);
+  auto out = tensor<Device>::empty(x.shape(), cx.dtype());
+  detail::with_float_type(x.dtype(), "reciprocal", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::reciprocal(Device{}, out.template data<T>(), cx.template data<T>(), x.numel(),
+                        static_cast<T>(numerator));
+  });
+  return detail::stored_as(std::move(out), x.dtype());
+}
+
+// Sums `axes` away (kept as size-1 dims when keepdim), scaled by `scale`.
+template <class Device>
+tensor<Device> sum(const tensor<Device>& x, std::vector<std::int64_t> axes, bool keepdim = false,
+                   double scale = 1.0) {
+  std::vector<bool> reduced(x.rank(), false);
+  for (auto a : axes) {
+    const auto d = x.shape().normalize_axis(a);
+    detail::check(!reduced[d], "sum: axis ", a, " is listed twice");
+    reduced[d] = true;
+  }
+  std::vector<std::int64_t> kept_sizes, order_kept, order_reduced, out_sizes;
+  std::int64_t kept = 1, count = 1;
+  for (std::size_t d = 0; d < x.rank(); ++d) {
+    if (reduced[d]) {
+      count *= x.shape()[d];
+      order_reduced.push_back(static_cast<std::int64_t>(d));
+      if (keepdim) out_sizes.push_back(1);
+    } else {
+      kept *= x.shape()[d];
+      order_kept.push_back(static_cast<std::int64_t>(d));
+      out_sizes.push_back(x.shape()[d]);
+    }
+  }
+  auto out = tensor<Device>::empty(shape(out_sizes), detail::compute_dtype(x.dtype()));
+  // Reduced dims leading: column sums of the contiguous input. Otherwise move them last.
+  const bool leading = std::is_sorted(reduced.begin(), reduced.end(), std::greater<>());
+  tensor<Device> src = x;
+  if (!leading) {
+    std::vector<std::int64_t> order = order_kept;
+    order.insert(order.end(), order_reduced.begin(), order_reduced.end());
+    src = x.permute(order);
+  }
+  src = detail::compute_tensor(src);
+  detail::with_float_type(x.dtype(), "sum", [&](auto tag) {
+    using T = decltype(tag);
+    if (leading) kernels::sum_columns(Device{}, out.template data<T>(), src.template data<T>(), count, kept, static_cast<T>(scale));
+    else kernels::sum_rows(Device{}, out.template data<T>(), src.template data<T>(), kept, count, static_cast<T>(scale));
+  });
+  return detail::stored_as(std::move(out), x.dtype());
+}
+
+// Sums a broadcast result back to `target` (the gradient of broadcasting).
+template <class Device>
+tensor<Device> sum_to_shape(const tensor<Device>& x, const shape& target) {
+  if (x.shape() == target) return x;
+  std::vector<std::int64_t> axes;
+  const std::size_t lead = x.rank() - target.rank();
+  for (std::size_t d = 0; d < x.rank(); ++d)
+    if (d < lead || (target[d - lead] == 1 && x.shape()[d] != 1)) axes.push_back(static_cast<std::int64_t>(d));
+  return sum(x, axes, true).reshape(target);
+}
+
+// Materialises x broadcast to `target`.
+template <class Device>
+tensor<Device> broadcast_to(const tensor<Device>& x, const shape& target) {
+  return x.expand(target).contiguous();
+}
+
+// A matrix operand of a batched GEMM: (..., rows, cols), or a plain 2-D matrix shared by
+// every batch entry.
+struct matmul_dims {
+  std::int64_t batch, m, n, k;
+  std::vector<std::int64_t> batch_sizes;
+};
+
+template <class Device>
+matmul_dims matmul_shapes(const tensor<Device>& a, const tensor<Device>& b, bool trans_a, bool trans_b) {
+  detail::check(a.rank() >= 2 && b.rank() >= 2, "matmul: operands need rank >= 2, got shapes ",
+                a.shape(), " and ", b.shape());
+  const std::int64_t ar = a.size(-2), ac = a.size(-1), br = b.size(-2), bc = b.size(-1);
+  matmul_dims d{1, trans_a ? ac : ar, trans_b ? br : bc, trans_a ? ar : ac, {}};
+  const std::int64_t kb = trans_b ? bc : br;
+  detail::check(d.k == kb, "matmul: inner dimensions differ: ", a.shape(), (trans_a ? "^T" : ""),
+                " x ", b.shape(), (trans_b ? "^T" : ""), " (", d.k, " vs ", kb, ")");
+  const auto& big = a.rank() >= b.rank() ? a : b;
+  d.batch_sizes.assign(big.shape().sizes().begin(), big.shape().sizes().end() - 2);
+  if (a.rank() > 2 && b.rank() > 2) {
+    detail::check(a.rank() == b.rank() &&
+                      std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()),
+                  "matmul: batch dimensions differ: ", a.shape(), " vs ", b.shape(),
+                  " (batched operands must have equal leading dims, or one must be 2-D)");
+  }
+  for (auto s : d.batch_sizes) d.batch *= s;
+  return d;
+}
+
+// c = alpha * op(a) op(b) + beta * c over a batch. Any operand may be 2-D while the others are
+// batched: a 2-D a or b is shared by every entry, and a 2-D c sums the entries (the gradient of
+// a shared weight). All three must be contiguous and in the compute dtype.
+template <class Device>
+void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const tensor<Device>& b,
+                  tensor<Device>& c, double alpha, double beta) {
+  const auto d = matmul_shapes(a, b, trans_a, trans_b);
+  const bool a_batched = a.rank() > 2, b_batched = b.rank() > 2, c_batched = c.rank() > 2;
+  detail::with_float_type(c.dtype(), "matmul", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = a.template data<T>();
+    const T* pb = b.template data<T>();
+    T* pc = c.template data<T>();
+    const std::int64_t lda = a.size(-1), ldb = b.size(-1), ldc = d.n;
+    // Batched a (not transposed) times a shared b: one tall GEMM instead of `batch` small ones.
+    if (a_batched && !b_batched && c_batched && !trans_a) {
+      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<T>(alpha), pa,
+                    lda, pb, ldb, static_cast<T>(beta), pc, ldc);
+      return;
+    }
+    // Shared-weight gradient a^T b summed over the batch: also one GEMM, over batch * rows.
+    if (a_batched && b_batched && !c_batched && trans_a && !trans_b) {
+      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<T>(alpha), pa,
+                    lda, pb, ldb, static_cast<T>(beta), pc, ldc);
+      return;
+    }
+    for (std::int64_t i = 0; i < d.batch; ++i) {
+      const T step_beta = (!c_batched && i > 0) ? T(1) : static_cast<T>(beta);
+      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<T>(alpha),
+                    pa + (a_batched ? i * d.m * d.k : 0), lda, pb + (b_batched ? i * d.k * d.n : 0),
+                    ldb, step_beta, pc + (c_batched ? i * d.m * d.n : 0), ldc);
+    }
+  });
+}
+
+// op(a) x op(b), batched over leading dims (see gemm_batched).
+template <class Device>
+tensor<Device> matmul(const tensor<Device>& a, const tensor<Device>& b, bool trans_a = false,
+                      bool trans_b = false) {
+  detail::check_same_dtype("matmul", a, b);
+  const auto d = matmul_shapes(a, b, trans_a, trans_b);
+  auto sizes = d.batch_sizes;
+  sizes.push_back(d.m);
+  sizes.push_back(d.n);
+  const auto ca = detail::compute_tensor(a), cb = detail::compute_tensor(b);
+  auto out = tensor<Device>::empty(shape(sizes), ca.dtype());
+  gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
+  return detail::stored_as(std::move(out), a.dtype());
+}
+
+}  // namespace decentrain::math

@@ -1,0 +1,58 @@
+// Differentiable fused cross-entropy with logits: the mean over rows of
+// logsumexp(logits) - logits[target], skipping rows whose target is ignore_index.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "decentrain/autograd/dispatch.hpp"
+#include "decentrain/autograd/variable.hpp"
+#include "decentrain/kernels/cpu/cross_entropy.hpp"
+
+namespace decentrain {
+
+// logits (..., V) and integer targets (...). Returns a scalar; NaN when every target is
+// ignored (as PyTorch).
+template <class Device>
+var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targets,
+                          std::int32_t ignore_index = -1) {
+  detail::check(logits.rank() >= 1 && logits.size(-1) > 0,
+                "cross_entropy: logits need rank >= 1 and a non-empty class dim, got shape ", logits.shape());
+  detail::check(targets.dtype() == dtype::i32, "cross_entropy: targets must be i32, got ",
+                dtype_name(targets.dtype()));
+  const std::int64_t V = logits.size(-1), N = logits.value().numel() / V;
+  auto expected = logits.shape().sizes();
+  expected.pop_back();
+  detail::check(targets.shape() == shape(expected), "cross_entropy: targets shape ", targets.shape(),
+                " does not match logits shape ", logits.shape(), " (expected ", shape(expected), ")");
+  const auto ids = targets.contiguous();
+  const auto* t = ids.template data<std::int32_t>();
+  for (std::int64_t i = 0; i < N; ++i)
+    detail::check(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i],
+                  " at flat index ", i, " is outside [0, ", V, ") and is not ignore_index (",
+                  ignore_index, ")");
+  const auto cl = detail::compute_tensor(logits.value());
+  std::int64_t counted = 0;
+  double total = 0.0;
+  detail::with_float_type(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), t, N, V, ignore_index, counted);
+  });
+  const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
+  auto out = full<Device>(shape{}, loss, logits.dtype());
+  return record<Device>("cross_entropy", out, {logits},
+                        [ids, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
+    if (counted == 0) return;
+    const auto cl = detail::compute_tensor(n.input(0));
+    auto dl = zeros<Device>(cl.shape(), cl.dtype());
+    detail::with_float_type(cl.dtype(), "cross_entropy backward", [&](auto tag) {
+      using T = decltype(tag);
+      const T per_row = static_cast<T>(g.item() / static_cast<double>(counted));
+      kernels::cross_entropy_backward(Device{}, dl.template data<T>(), cl.template data<T>(),
+                                      ids.template data<std::int32_t>(), N, V, ignore_index, per_row);
+    });
+    n.accumulate(0, std::move(dl));
+  });
+}
+
+}  // namespace decentrain

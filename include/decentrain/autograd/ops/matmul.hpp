@@ -1,0 +1,101 @@
+// Differentiable matrix products: matmul (batched, with transposes) and linear (x W + b).
+#pragma once
+
+#include "decentrain/autograd/math.hpp"
+#include "decentrain/autograd/variable.hpp"
+
+namespace decentrain {
+
+namespace detail {
+// Gradients of c = op(a) op(b), each written into a buffer shaped like its operand (a 2-D
+// operand of a batched product receives the sum over the batch).
+template <class Device>
+void matmul_backward(const tensor<Device>& g, node<Device>& n, bool ta, bool tb) {
+  const auto a = compute_tensor(n.input(0)), b = compute_tensor(n.input(1));
+  const auto gc = compute_tensor(g);
+  if (n.needs_grad(0)) {
+    auto da = tensor<Device>::empty(a.shape(), a.dtype());
+    if (!ta) math::gemm_batched(false, !tb, gc, b, da, 1.0, 0.0);  // dA = dC op(B)^T
+    else math::gemm_batched(tb, true, b, gc, da, 1.0, 0.0);        // dA = op(B) dC^T
+    n.accumulate(0, std::move(da));
+  }
+  if (n.needs_grad(1)) {
+    auto db = tensor<Device>::empty(b.shape(), b.dtype());
+    if (!tb) math::gemm_batched(!ta, false, a, gc, db, 1.0, 0.0);  // dB = op(A)^T dC
+    else math::gemm_batched(true, ta, gc, a, db, 1.0, 0.0);        // dB = dC^T op(A)
+    n.accumulate(1, std::move(db));
+  }
+}
+}  // namespace detail
+
+// op(a) x op(b) over the last two dims. Leading (batch) dims must be equal, or one operand
+// must be 2-D and is then shared by every batch entry.
+template <class Device>
+var<Device> matmul(const var<Device>& a, const var<Device>& b, bool trans_a = false,
+                   bool trans_b = false) {
+  return record<Device>("matmul", math::matmul(a.value(), b.value(), trans_a, trans_b), {a, b},
+                        [trans_a, trans_b](const tensor<Device>& g, node<Device>& n) {
+                          detail::matmul_backward(g, n, trans_a, trans_b);
+                        });
+}
+
+namespace detail {
+template <class Device>
+var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var<Device>* bias) {
+  detail::check(weight.rank() == 2, "linear: weight must be 2-D (in, out), got shape ", weight.shape());
+  detail::check(x.rank() >= 1 && x.size(-1) == weight.size(0), "linear: input shape ", x.shape(),
+                " does not match weight shape ", weight.shape(), " (expected last input dim ",
+                weight.size(0), ")");
+  if (bias) {
+    detail::check(bias->rank() == 1 && bias->size(0) == weight.size(1), "linear: bias shape ",
+                  bias->shape(), " does not match weight shape ", weight.shape(), " (expected (",
+                  weight.size(1), ",))");
+    detail::check_same_dtype("linear", x.value(), bias->value());
+  }
+  detail::check_same_dtype("linear", x.value(), weight.value());
+  // Leading dims are flattened so the product is one GEMM of (rows, in) x (in, out).
+  std::int64_t rows = 1;
+  for (std::size_t d = 0; d + 1 < x.rank(); ++d) rows *= x.shape()[d];
+  auto out_sizes = x.shape().sizes();
+  out_sizes.back() = weight.size(1);
+  const auto x2 = detail::compute_tensor(x.value()).reshape({rows, weight.size(0)});
+  const auto w = detail::compute_tensor(weight.value());
+  auto out = tensor<Device>::empty(shape({rows, weight.size(1)}), x2.dtype());
+  if (bias) out.copy_from(detail::compute_tensor(bias->value()).expand(out.shape()));
+  math::gemm_batched(false, false, x2, w, out, 1.0, bias ? 1.0 : 0.0);
+  out = detail::stored_as(out.reshape(out_sizes), x.dtype());
+
+  std::vector<var<Device>> inputs{x, weight};
+  if (bias) inputs.push_back(*bias);
+  const std::int64_t in = weight.size(0), width = weight.size(1);
+  return record<Device>("linear", out, inputs, [rows, in, width](const tensor<Device>& g, node<Device>& n) {
+    const auto g2 = detail::compute_tensor(g).reshape({rows, width});
+    if (n.needs_grad(0)) {
+      auto dx = tensor<Device>::empty(shape({rows, in}), g2.dtype());
+      math::gemm_batched(false, true, g2, detail::compute_tensor(n.input(1)), dx, 1.0, 0.0);
+      n.accumulate(0, dx.reshape(n.input(0).shape()));
+    }
+    if (n.needs_grad(1)) {
+      auto dw = tensor<Device>::empty(shape({in, width}), g2.dtype());
+      const auto x2 = detail::compute_tensor(n.input(0)).reshape({rows, in});
+      math::gemm_batched(true, false, x2, g2, dw, 1.0, 0.0);
+      n.accumulate(1, std::move(dw));
+    }
+    if (n.inputs.size() > 2 && n.needs_grad(2)) n.accumulate(2, math::sum(g2, {0}));
+  });
+}
+}  // namespace detail
+
+// x (..., in) times weight (in, out) plus bias (out,): one GEMM over all leading dims.
+template <class Device>
+var<Device> linear(const var<Device>& x, const var<Device>& weight, const var<Device>& bias) {
+  return detail::linear_op(x, weight, &bias);
+}
+
+// x (..., in) times weight (in, out), without a bias.
+template <class Device>
+var<Device> linear(const var<Device>& x, const var<Device>& weight) {
+  return detail::linear_op<Device>(x, weight, nullptr);
+}
+
+}  // namespace decentrain

@@ -1,0 +1,15 @@
+// Small template helpers shared by the policy and dispatch code.
+#pragma once
+
+#include <type_traits>
+
+namespace decentrain::detail {
+
+// Lets a primary template's body be a static_assert that fires only when instantiated.
+template <class...>
+inline constexpr bool dependent_false = false;
+
+template <class T, class... Ts>
+inline constexpr bool is_one_of = (std::is_same_v<T, Ts> || ...);
+
+}  // namespace decentrain::detail

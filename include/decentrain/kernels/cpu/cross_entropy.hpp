@@ -1,0 +1,59 @@
+// Cross-entropy with logits, fused with the softmax. Rows whose target equals ignore_index
+// count for nothing; the loss is the mean over the others (NaN when there are none, as in
+// PyTorch). The backward recomputes the softmax instead of keeping an (N, V) probability
+// tensor alive between passes.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "decentrain/config.hpp"
+#include "decentrain/core/device.hpp"
+#include "decentrain/kernels/cpu/elementwise.hpp"
+
+namespace decentrain::kernels {
+
+// Returns the summed loss over counted rows; `counted` gets their number. Targets must
+// already be validated to lie in [0, V) or equal ignore_index.
+template <class T>
+double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
+                             std::int64_t V, std::int32_t ignore_index, std::int64_t& counted) {
+  double total = 0.0;
+  std::int64_t n_counted = 0;
+  DECENTRAIN_OMP(parallel for reduction(+ : total, n_counted) if (N * V >= detail::parallel_threshold))
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (targets[i] == ignore_index) continue;
+    const T* row = logits + i * V;
+    T mx = row[0];
+    for (std::int64_t c = 1; c < V; ++c) mx = row[c] > mx ? row[c] : mx;
+    T sum = 0;
+    for (std::int64_t c = 0; c < V; ++c) sum += std::exp(row[c] - mx);
+    total += static_cast<double>(mx + std::log(sum) - row[targets[i]]);
+    ++n_counted;
+  }
+  counted = n_counted;
+  return total;
+}
+
+// dlogits += dloss_per_row * (softmax(logits) - onehot(target)) for counted rows.
+template <class T>
+void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t* targets,
+                            std::int64_t N, std::int64_t V, std::int32_t ignore_index,
+                            T dloss_per_row) {
+  DECENTRAIN_OMP(parallel for if (N * V >= detail::parallel_threshold))
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (targets[i] == ignore_index) continue;
+    const T* row = logits + i * V;
+    T* d = dlogits + i * V;
+    T mx = row[0];
+    for (std::int64_t c = 1; c < V; ++c) mx = row[c] > mx ? row[c] : mx;
+    T sum = 0;
+    for (std::int64_t c = 0; c < V; ++c) sum += std::exp(row[c] - mx);
+    const T inv = T(1) / sum;
+    for (std::int64_t c = 0; c < V; ++c) d[c] += dloss_per_row * std::exp(row[c] - mx) * inv;
+    d[targets[i]] -= dloss_per_row;
+  }
+}
+
+}  // namespace decentrain::kernels

@@ -1,0 +1,115 @@
+// The autograd engine itself: accumulation, no_grad, zero_grad, graph release, shared inputs,
+// bf16 storage and the parameter registry.
+#include <decentrain/decentrain.hpp>
+
+#include <catch2/catch.hpp>
+
+namespace dt = decentrain;
+using Catch::Matchers::Contains;
+
+namespace {
+dt::tensor<> values(std::vector<double> v, dt::shape s) { return dt::from_vector(v, s, dt::dtype::f64); }
+}
+
+TEST_CASE("gradients accumulate across backward calls until zeroed", "[autograd]") {
+  auto x = dt::parameter(values({1, 2, 3}, {3}));
+  dt::sum(x * 2.0).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 2});
+  dt::sum(x * x).backward();  // += 2x
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 6, 8});
+  x.zero_grad();
+  CHECK_FALSE(x.grad().defined());
+  dt::sum(x).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 1, 1});
+}
+
+TEST_CASE("a var used twice receives the sum of both paths", "[autograd]") {
+  auto x = dt::parameter(values({3}, {1}));
+  auto y = x * x * x + x;  // dy/dx = 3x^2 + 1 = 28
+  y.backward();
+  CHECK(x.grad().item() == Approx(28.0));
+}
+
+TEST_CASE("no_grad records nothing and restores the previous mode", "[autograd]") {
+  auto x = dt::parameter(values({1, 2}, {2}));
+  {
+    dt::no_grad guard;
+    CHECK_FALSE(dt::grad_enabled());
+    auto y = dt::sum(x * 3.0);
+    CHECK_FALSE(y.requires_grad());
+    CHECK(y.is_leaf());
+    CHECK_THROWS_WITH(y.backward(), Contains("does not require gradients"));
+  }
+  CHECK(dt::grad_enabled());
+  CHECK(dt::sum(x).requires_grad());
+}
+
+TEST_CASE("inputs without requires_grad get no gradient", "[autograd]") {
+  auto x = dt::parameter(values({1, 2}, {2}));
+  dt::var<> c(values({5, 7}, {2}));
+  dt::sum(x * c).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{5, 7});
+  CHECK_FALSE(c.grad().defined());
+}
+
+TEST_CASE("the graph is released by backward and a second pass is an error", "[autograd]") {
+  auto x = dt::parameter(values({1, 2}, {2}));
+  auto y = dt::sum(dt::gelu(x));
+  y.backward();
+  CHECK_THROWS_WITH(y.backward(), Contains("a second time"));
+}
+
+TEST_CASE("backward needs a scalar or an explicit gradient of the output's shape", "[autograd]") {
+  auto x = dt::parameter(values({1, 2}, {2}));
+  auto y = x * 2.0;
+  CHECK_THROWS_WITH(y.backward(), Contains("needs a scalar output"));
+  CHECK_THROWS_WITH(y.backward(values({1, 1, 1}, {3})), Contains("does not match output shape (2,)"));
+  y.backward(values({1, -1}, {2}));
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, -2});
+}
+
+TEST_CASE("a deep chain back-propagates without recursion limits", "[autograd]") {
+  auto x = dt::parameter(values({1}, {1}));
+  dt::var<> y = x;
+  for (int i = 0; i < 20000; ++i) y = y + 1.0;
+  y.backward();
+  CHECK(x.grad().item() == 1.0);
+}
+
+TEST_CASE("bf16 tensors compute in f32 and store bf16", "[autograd][bf16]") {
+  dt::rng gen(3, "bf16");
+  const auto a32 = dt::randn(dt::shape{4, 8}, gen), b32 = dt::randn(dt::shape{8, 3}, gen);
+  auto a = dt::parameter(a32.to(dt::dtype::bf16)), b = dt::parameter(b32.to(dt::dtype::bf16));
+  auto y = dt::matmul(a, b);
+  CHECK(y.dtype() == dt::dtype::bf16);
+  // Against f32 math on the bf16-rounded inputs: only the output rounding differs (2^-8 rel).
+  const auto ref = dt::math::matmul(a.value().to(dt::dtype::f32), b.value().to(dt::dtype::f32));
+  const auto cmp = dt::compare(y.value().to(dt::dtype::f32), ref, 1.0 / 128, 1e-2);
+  INFO(cmp.message);
+  CHECK(cmp.close);
+  dt::sum(y).backward();
+  CHECK(a.grad().dtype() == dt::dtype::bf16);
+  CHECK(a.grad().shape() == a.shape());
+}
+
+TEST_CASE("parameter_list registers named parameters in order", "[autograd]") {
+  dt::parameter_list<> block;
+  block.add("weight", dt::parameter(dt::ones(dt::shape{2, 3})));
+  block.add("bias", dt::parameter(dt::zeros(dt::shape{3})));
+  dt::parameter_list<> model;
+  model.add_all("h.0", block);
+  model.add("ln_f.weight", dt::parameter(dt::ones(dt::shape{3})));
+  CHECK(model.size() == 3);
+  CHECK(model.numel() == 12);
+  CHECK(model.contains("h.0.bias"));
+  CHECK(model.begin()->name == "h.0.weight");
+  CHECK_THROWS_WITH(model.add("ln_f.weight", dt::parameter(dt::ones(dt::shape{1}))),
+                    Contains("duplicate parameter name 'ln_f.weight'"));
+  CHECK_THROWS_WITH(model.get("nope"), Contains("no parameter named 'nope'"));
+  CHECK_THROWS_WITH(model.add("x", dt::var<>(dt::ones(dt::shape{1}))), Contains("requires_grad"));
+  auto w = model.get("h.0.weight");
+  dt::sum(w).backward();
+  CHECK(w.grad().defined());
+  model.zero_grad();
+  CHECK_FALSE(w.grad().defined());
+}

@@ -1,0 +1,25 @@
+# Builds and runs one consumer project (see CMakeLists.txt beside this file). Any failing step
+# fails the test with the step's output.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "consumer ${KIND}: ${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+
+set(args -S ${SOURCE_DIR}/tests/consumers/${KIND} -B ${WORK_DIR}/build -G "${GENERATOR}")
+if(KIND STREQUAL "find_package")
+  run_step("install" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORK_DIR}/prefix)
+  list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+elseif(KIND STREQUAL "add_subdirectory")
+  list(APPEND args -DDECENTRAIN_SOURCE_DIR=${SOURCE_DIR})
+elseif(KIND STREQUAL "single_header")
+  list(APPEND args -DDECENTRAIN_SINGLE_INCLUDE=${SOURCE_DIR}/single_include)
+endif()
+run_step("configure" ${CMAKE_COMMAND} ${args})
+run_step("build" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run_step("run" ${WORK_DIR}/build/consumer)
