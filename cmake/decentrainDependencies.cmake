@@ -3,6 +3,10 @@
 #   OpenMP::OpenMP_CXX  when OpenMP is available (CPU kernels run multi-threaded)
 #   decentrain::cblas   always; it carries a CBLAS and DECENTRAIN_HAS_CBLAS=1 when one is
 #                       found, and is empty otherwise (the portable GEMM is used then)
+# With OpenMP, OpenBLAS's OpenMP build (Debian: libopenblas-openmp-dev) is preferred: the
+# pthreads build keeps its own spinning workers, which fight the OpenMP threads of the other
+# kernels for cores each time a GEMM and an elementwise op follow each other (measured in
+# bench/gemm: both sides slowed to about 0.6x on 2 cores).
 include_guard(GLOBAL)
 
 find_package(OpenMP QUIET COMPONENTS CXX)
@@ -10,6 +14,16 @@ find_package(OpenMP QUIET COMPONENTS CXX)
 if(NOT TARGET decentrain::cblas)
   add_library(decentrain::cblas INTERFACE IMPORTED)
   if(NOT DEFINED DECENTRAIN_USE_CBLAS OR DECENTRAIN_USE_CBLAS)
+    if(OpenMP_CXX_FOUND)
+      find_path(DECENTRAIN_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-openmp NO_CMAKE_SYSTEM_PATH
+                PATHS /usr/include/${CMAKE_LIBRARY_ARCHITECTURE} /usr/include)
+      find_library(DECENTRAIN_CBLAS_LIBRARY NAMES openblas PATH_SUFFIXES openblas-openmp NO_CMAKE_SYSTEM_PATH
+                   PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE} /usr/lib)
+      if(NOT DECENTRAIN_CBLAS_INCLUDE_DIR OR NOT DECENTRAIN_CBLAS_LIBRARY)
+        unset(DECENTRAIN_CBLAS_INCLUDE_DIR CACHE)
+        unset(DECENTRAIN_CBLAS_LIBRARY CACHE)
+      endif()
+    endif()
     find_path(DECENTRAIN_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
     find_library(DECENTRAIN_CBLAS_LIBRARY NAMES openblas cblas blis)
     if(DECENTRAIN_CBLAS_INCLUDE_DIR AND DECENTRAIN_CBLAS_LIBRARY)

@@ -202,7 +202,31 @@ void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const ten
   });
 }
 
-// op(a) x op(b), batched over leading dims (see gemm_batched).
+// op(a) x op(b) written into `out`, which must already have the result's shape and dtype
+// and be contiguous (as torch.matmul(..., out=)): no allocation on the hot path.
+template <class Device>
+void matmul_into(const tensor<Device>& a, const tensor<Device>& b, tensor<Device>& out,
+                 bool trans_a = false, bool trans_b = false) {
+  detail::check_same_dtype("matmul", a, b);
+  const auto d = matmul_shapes(a, b, trans_a, trans_b);
+  auto sizes = d.batch_sizes;
+  sizes.push_back(d.m);
+  sizes.push_back(d.n);
+  detail::check(out.defined() && out.shape() == shape(sizes) && out.dtype() == a.dtype() &&
+                    out.is_contiguous(),
+                "matmul_into: out must be a contiguous ", dtype_name(a.dtype()), " tensor of shape ",
+                shape(sizes), ", got ", (out.defined() ? out.shape().to_string() : "undefined"));
+  const auto ca = detail::compute_tensor(a), cb = detail::compute_tensor(b);
+  if (out.dtype() == detail::compute_dtype(out.dtype())) {
+    gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
+  } else {
+    auto wide = tensor<Device>::empty(out.shape(), detail::compute_dtype(out.dtype()));
+    gemm_batched(trans_a, trans_b, ca, cb, wide, 1.0, 0.0);
+    out.copy_from(wide);
+  }
+}
+
+// op(a) x op(b), batched over leading dims (see gemm_batched), in a new tensor.
 template <class Device>
 tensor<Device> matmul(const tensor<Device>& a, const tensor<Device>& b, bool trans_a = false,
                       bool trans_b = false) {
@@ -211,10 +235,9 @@ tensor<Device> matmul(const tensor<Device>& a, const tensor<Device>& b, bool tra
   auto sizes = d.batch_sizes;
   sizes.push_back(d.m);
   sizes.push_back(d.n);
-  const auto ca = detail::compute_tensor(a), cb = detail::compute_tensor(b);
-  auto out = tensor<Device>::empty(shape(sizes), ca.dtype());
-  gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
-  return detail::stored_as(std::move(out), a.dtype());
+  auto out = tensor<Device>::empty(shape(sizes), a.dtype());
+  matmul_into(a, b, out, trans_a, trans_b);
+  return out;
 }
 
 }  // namespace decentrain::math

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
+#include <mutex>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -21,18 +23,109 @@ struct memory {
                 "compile with nvcc (DECENTRAIN_HAS_CUDA) and include the CUDA backend headers.");
 };
 
+namespace detail {
+
+// Keeps freed large CPU blocks for reuse. A fresh block costs a page fault per 4 KiB on first
+// touch, which a training step would pay for every activation it allocates; reusing blocks
+// removes that (bench/gemm: 0.77x -> ~1.0x of OpenBLAS for a matmul with a 12 MB result).
+// Sizes are rounded up to one of 8 classes per power of two (at most 12.5% slack), blocks
+// under 64 KiB go straight to the system (malloc serves them well), and at most `limit`
+// bytes are held. The cache is process-wide, as malloc is: it holds no values, only memory.
+class block_cache {
+ public:
+  static constexpr std::size_t min_cached = std::size_t{64} << 10;
+  // One cache line and one AVX-512 register: vector loads never split a line.
+  static constexpr std::size_t alignment = 64;
+
+  static block_cache& instance() {
+    static block_cache cache;
+    return cache;
+  }
+
+  static std::size_t size_class(std::size_t bytes) {
+    if (bytes < min_cached) return bytes;
+    std::size_t top = std::size_t{1} << (63 - __builtin_clzll(bytes));
+    const std::size_t step = top / 8;
+    return (bytes + step - 1) / step * step;
+  }
+
+  void* allocate(std::size_t bytes) {
+    const std::size_t size = size_class(bytes);
+    if (size >= min_cached) {
+      std::lock_guard lock(mutex_);
+      auto it = free_.find(size);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        held_ -= size;
+        return p;
+      }
+    }
+    return ::operator new(size, std::align_val_t{alignment});
+  }
+
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    const std::size_t size = size_class(bytes);
+    if (size >= min_cached) {
+      std::lock_guard lock(mutex_);
+      if (held_ + size <= limit_) {
+        free_.emplace(size, p);
+        held_ += size;
+        return;
+      }
+    }
+    ::operator delete(p, std::align_val_t{alignment});
+  }
+
+  // Returns every held block to the system.
+  void release() noexcept {
+    std::lock_guard lock(mutex_);
+    for (auto& [size, p] : free_) ::operator delete(p, std::align_val_t{alignment});
+    free_.clear();
+    held_ = 0;
+  }
+
+  std::size_t held_bytes() const {
+    std::lock_guard lock(mutex_);
+    return held_;
+  }
+  // At most this many freed bytes are kept; 0 disables caching.
+  void set_limit(std::size_t bytes) {
+    {
+      std::lock_guard lock(mutex_);
+      limit_ = bytes;
+    }
+    if (held_bytes() > bytes) release();
+  }
+
+  ~block_cache() { release(); }
+
+ private:
+  block_cache() = default;
+  mutable std::mutex mutex_;
+  std::multimap<std::size_t, void*> free_;
+  std::size_t held_ = 0;
+  std::size_t limit_ = std::size_t{1} << 30;
+};
+
+}  // namespace detail
+
 template <>
 struct memory<cpu> {
-  // 64 bytes: one cache line and one AVX-512 register, so vector loads never split lines.
-  static constexpr std::size_t alignment = 64;
+  static constexpr std::size_t alignment = detail::block_cache::alignment;
 
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
-    return ::operator new(bytes, std::align_val_t{alignment});
+    return detail::block_cache::instance().allocate(bytes);
   }
-  static void deallocate(void* p) noexcept {
-    if (p) ::operator delete(p, std::align_val_t{alignment});
+  static void deallocate(void* p, std::size_t bytes) noexcept {
+    if (p) detail::block_cache::instance().deallocate(p, bytes);
   }
+
+  // Freed blocks kept for reuse, and the way to hand them back or bound them.
+  static std::size_t cached_bytes() { return detail::block_cache::instance().held_bytes(); }
+  static void release_cached() { detail::block_cache::instance().release(); }
+  static void set_cache_limit(std::size_t bytes) { detail::block_cache::instance().set_limit(bytes); }
 
   // Copies a strided view into another view of the same sizes, converting dtypes on the way.
   // Strides are in elements of each side's own dtype.

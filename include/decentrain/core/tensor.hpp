@@ -26,7 +26,7 @@ struct storage {
   explicit storage(std::size_t n) : data(memory<Device>::allocate(n)), bytes(n) {}
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
-  ~storage() { memory<Device>::deallocate(data); }
+  ~storage() { memory<Device>::deallocate(data, bytes); }
 };
 }  // namespace detail
 

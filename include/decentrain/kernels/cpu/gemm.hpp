@@ -163,14 +163,17 @@ void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T
     }
   }
   if (k == 0 || alpha == T(0)) return;
+  // K is cut into equal panels of at most kc, so no short ragged panel wastes a pass over C.
+  const std::int64_t k_panels = (k + B::kc - 1) / B::kc;
+  const std::int64_t kc = ((k + k_panels - 1) / k_panels + 7) / 8 * 8;
   const std::int64_t nc = std::min<std::int64_t>(B::nc, (n + B::nr - 1) / B::nr * B::nr);
   const std::int64_t mc = std::min<std::int64_t>(B::mc, (m + B::mr - 1) / B::mr * B::mr);
-  auto packed_b = aligned_buffer<T>(B::kc * nc);
-  auto packed_a = aligned_buffer<T>(mc * B::kc);
+  auto packed_b = aligned_buffer<T>(kc * nc);
+  auto packed_a = aligned_buffer<T>(mc * kc);
   for (std::int64_t jc = 0; jc < n; jc += nc) {
     const std::int64_t nb = std::min(nc, n - jc);
-    for (std::int64_t pc = 0; pc < k; pc += B::kc) {
-      const std::int64_t kb = std::min(B::kc, k - pc);
+    for (std::int64_t pc = 0; pc < k; pc += kc) {
+      const std::int64_t kb = std::min(kc, k - pc);
       pack_b(packed_b.get(), b + pc * b_rs + jc * b_cs, b_rs, b_cs, kb, nb);
       for (std::int64_t ic = 0; ic < m; ic += mc) {
         const std::int64_t mb = std::min(mc, m - ic);

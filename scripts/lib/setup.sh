@@ -1,0 +1,29 @@
+# Shared by scripts/test and scripts/demo: installs the Debian packages the build needs (only
+# those missing; apt-get as root, or through sudo) and configures the build directory.
+# Packages: g++/make (build-essential), cmake, catch2 (tests), libopenblas-openmp-dev (CBLAS GEMM
+# sharing the OpenMP thread pool of the other kernels),
+# python3 (single-header generator). OpenMP ships with g++.
+
+DECENTRAIN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DECENTRAIN_BUILD=${DECENTRAIN_BUILD:-$DECENTRAIN_ROOT/build}
+
+decentrain_install_packages() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing Debian packages: ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "error: need root (or sudo) to install ${missing[*]}" >&2; return 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+decentrain_configure() {
+  decentrain_install_packages build-essential cmake catch2 libopenblas-openmp-dev python3 "$@"
+  cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release
+}
