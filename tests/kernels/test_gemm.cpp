@@ -38,7 +38,7 @@ struct gemm_case {
 
 // Tolerance: |error| <= eps * k * max|a||b| bound, here eps(T) * 4 * sqrt(k) scaled (inputs in [-1, 1]).
 template <class T>
-void check_against_reference(k::gemm_backend backend) {
+void check_against_reference(k::gemm_backend backend, k::gemm_isa isa = k::best_gemm_isa()) {
   const double eps = std::is_same_v<T, float> ? 1.2e-7 : 2.3e-16;
   const std::vector<gemm_case> cases = {{1, 1, 1},   {7, 5, 3},    {13, 33, 17}, {64, 64, 64},
                                         {97, 131, 259}, {300, 37, 600}, {5, 700, 9}, {33, 1, 40}};
@@ -53,7 +53,10 @@ void check_against_reference(k::gemm_backend backend) {
           auto c = random_vector<T>(static_cast<std::size_t>(m * ldc), 3);
           auto expected = c;
           reference_gemm(ta, tb, m, n, kk, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc);
-          k::gemm(dt::cpu{}, ta, tb, m, n, kk, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, backend);
+          if (backend == k::gemm_backend::portable)
+            k::portable_gemm(ta, tb, m, n, kk, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, isa);
+          else
+            k::gemm(dt::cpu{}, ta, tb, m, n, kk, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, backend);
           const double tol = eps * 8 * (std::sqrt(static_cast<double>(kk)) + 1) * 4;
           double worst = 0;
           for (std::int64_t i = 0; i < m; ++i)
@@ -69,13 +72,36 @@ void check_against_reference(k::gemm_backend backend) {
     }
   }
 }
+
+// Every micro-kernel this machine can run, not only the one the dispatcher picks.
+std::vector<k::gemm_isa> runnable_isas() {
+  std::vector<k::gemm_isa> out;
+  for (auto isa : {k::gemm_isa::avx512, k::gemm_isa::avx2, k::gemm_isa::baseline})
+    if (static_cast<int>(isa) >= static_cast<int>(k::best_gemm_isa())) out.push_back(isa);
+  return out;
+}
 }  // namespace
 
 TEST_CASE("portable gemm matches a long-double reference (float)", "[gemm]") {
-  check_against_reference<float>(k::gemm_backend::portable);
+  for (auto isa : runnable_isas()) {
+    INFO("isa " << static_cast<int>(isa));
+    check_against_reference<float>(k::gemm_backend::portable, isa);
+  }
 }
 TEST_CASE("portable gemm matches a long-double reference (double)", "[gemm]") {
-  check_against_reference<double>(k::gemm_backend::portable);
+  for (auto isa : runnable_isas()) {
+    INFO("isa " << static_cast<int>(isa));
+    check_against_reference<double>(k::gemm_backend::portable, isa);
+  }
+}
+
+TEST_CASE("the dispatcher uses this machine's widest instruction set", "[gemm]") {
+#if defined(__x86_64__) && defined(__GNUC__)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+  CHECK((k::best_gemm_isa() == k::gemm_isa::avx512) == avx512);
+#endif
+  CHECK(runnable_isas().back() == k::gemm_isa::baseline);
 }
 
 TEST_CASE("the default gemm path matches the reference", "[gemm]") {

@@ -19,8 +19,8 @@ namespace decentrain {
 template <class Device>
 struct memory {
   static_assert(detail::dependent_false<Device>,
-                "decentrain::memory<Device>: no memory backend for this device. For dt::cuda, "
-                "compile with nvcc (DECENTRAIN_HAS_CUDA) and include the CUDA backend headers.");
+                "decentrain::memory<Device>: no memory backend for this device. dt::cuda needs the "
+                "CUDA backend, which is compiled only by nvcc (DECENTRAIN_HAS_CUDA == 1).");
 };
 
 namespace detail {

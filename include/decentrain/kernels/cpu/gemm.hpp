@@ -26,46 +26,50 @@ namespace decentrain::kernels {
 
 enum class gemm_backend { automatic, portable, cblas };
 
+// The instruction sets the portable GEMM has micro-kernels for, widest first.
+enum class gemm_isa { avx512, avx2, baseline };
+
 inline constexpr bool has_cblas = DECENTRAIN_HAS_CBLAS != 0;
 
 namespace detail::gemm {
 
-// Register blocking follows the widest vector the compiler may use: a micro-tile is MR rows
-// by two vectors of columns, which keeps 2*MR accumulators in registers.
-#if defined(__AVX512F__)
-inline constexpr int vector_bytes = 64;
-inline constexpr int tile_rows = 12;  // 24 of the 32 zmm registers hold accumulators
-#elif defined(__AVX__)
-inline constexpr int vector_bytes = 32;
-inline constexpr int tile_rows = 6;  // 12 of the 16 ymm registers
-#else
-inline constexpr int vector_bytes = 16;
-inline constexpr int tile_rows = 6;
-#endif
-
-// GCC/Clang vector extensions: portable source that compiles to whatever SIMD is enabled.
-template <class T>
+// GCC/Clang vector extensions: one source, compiled to whatever SIMD the enclosing function
+// is built for. A micro-tile is MR rows by two vectors of columns (2*MR accumulators).
+template <class T, int VectorBytes>
 struct vector_of;
-template <>
-struct vector_of<float> {
-  typedef float type __attribute__((vector_size(vector_bytes)));
+// `memory` loads and stores any address (element-aligned, may alias the scalars), directly:
+// a memcpy into a local vector leaves a stack round trip per load in the dispatched builds.
+template <int VectorBytes>
+struct vector_of<float, VectorBytes> {
+  typedef float type __attribute__((vector_size(VectorBytes)));
+  typedef float memory __attribute__((vector_size(VectorBytes), aligned(4), may_alias));
 };
-template <>
-struct vector_of<double> {
-  typedef double type __attribute__((vector_size(vector_bytes)));
+template <int VectorBytes>
+struct vector_of<double, VectorBytes> {
+  typedef double type __attribute__((vector_size(VectorBytes)));
+  typedef double memory __attribute__((vector_size(VectorBytes), aligned(8), may_alias));
 };
 
-template <class T>
+template <class T, int VectorBytes, int TileRows>
 struct blocking {
-  using vec = typename vector_of<T>::type;
-  static constexpr int lanes = vector_bytes / static_cast<int>(sizeof(T));
-  static constexpr int mr = tile_rows;
+  using vec = typename vector_of<T, VectorBytes>::type;
+  using vec_memory = typename vector_of<T, VectorBytes>::memory;
+  static constexpr int lanes = VectorBytes / static_cast<int>(sizeof(T));
+  static constexpr int mr = TileRows;
   static constexpr int nr = 2 * lanes;
-  // kc*nr*sizeof(T) of packed B stays in L1 while A slivers stream from L2; mc*kc of A in L2.
+  // kc*nr of packed B stays in L1 while A slivers stream from L2; mc*kc of A fits L2.
   static constexpr std::int64_t kc = 256;
   static constexpr std::int64_t mc = mr * 24;
   static constexpr std::int64_t nc = 2048;
 };
+
+// AVX-512 keeps 24 of its 32 registers as accumulators (12x2), AVX2 12 of 16 (6x2); the
+// baseline is SSE2-sized.
+using isa = gemm_isa;
+template <isa I> struct isa_shape;
+template <> struct isa_shape<isa::avx512> { static constexpr int vector_bytes = 64, tile_rows = 12; };
+template <> struct isa_shape<isa::avx2> { static constexpr int vector_bytes = 32, tile_rows = 6; };
+template <> struct isa_shape<isa::baseline> { static constexpr int vector_bytes = 16, tile_rows = 6; };
 
 struct aligned_deleter {
   void operator()(void* p) const { ::operator delete(p, std::align_val_t{64}); }
@@ -78,9 +82,9 @@ std::unique_ptr<T[], aligned_deleter> aligned_buffer(std::int64_t n) {
 
 // Packs rows [0, m) x cols [0, k) of A (element (i,p) at a[i*rs + p*cs]) into mr-row slivers,
 // each stored k-major, zero-padding the last sliver.
-template <class T>
+template <class B, class T>
 void pack_a(T* dst, const T* a, std::int64_t rs, std::int64_t cs, std::int64_t m, std::int64_t k) {
-  constexpr int mr = blocking<T>::mr;
+  constexpr int mr = B::mr;
   for (std::int64_t i0 = 0; i0 < m; i0 += mr) {
     const std::int64_t rows = std::min<std::int64_t>(mr, m - i0);
     for (std::int64_t p = 0; p < k; ++p) {
@@ -92,9 +96,9 @@ void pack_a(T* dst, const T* a, std::int64_t rs, std::int64_t cs, std::int64_t m
 }
 
 // Packs rows [0, k) x cols [0, n) of B into nr-column slivers, each stored k-major.
-template <class T>
+template <class B, class T>
 void pack_b(T* dst, const T* b, std::int64_t rs, std::int64_t cs, std::int64_t k, std::int64_t n) {
-  constexpr int nr = blocking<T>::nr;
+  constexpr int nr = B::nr;
   for (std::int64_t j0 = 0; j0 < n; j0 += nr) {
     const std::int64_t cols = std::min<std::int64_t>(nr, n - j0);
     for (std::int64_t p = 0; p < k; ++p) {
@@ -110,19 +114,19 @@ void pack_b(T* dst, const T* b, std::int64_t rs, std::int64_t cs, std::int64_t k
   }
 }
 
-// C[0:rows, 0:cols] += alpha * (packed A sliver) * (packed B sliver).
-template <class T>
-void micro_kernel(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha,
+// C[0:rows, 0:cols] += alpha * (packed A sliver) * (packed B sliver). Always inlined into the
+// per-ISA entry points below, so it compiles under each one's instruction set.
+template <class B, class T>
+[[gnu::always_inline]] inline void micro_kernel(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha,
                   std::int64_t rows, std::int64_t cols) {
-  using B = blocking<T>;
   using vec = typename B::vec;
+  using mem = typename B::vec_memory;
   constexpr int mr = B::mr, lanes = B::lanes, nr = B::nr;
   vec acc[mr][2];
   for (int i = 0; i < mr; ++i) acc[i][0] = acc[i][1] = vec{};
   for (std::int64_t p = 0; p < k; ++p) {
-    vec b0, b1;
-    std::memcpy(&b0, b + p * nr, sizeof(vec));
-    std::memcpy(&b1, b + p * nr + lanes, sizeof(vec));
+    const vec b0 = *reinterpret_cast<const mem*>(b + p * nr);
+    const vec b1 = *reinterpret_cast<const mem*>(b + p * nr + lanes);
     const T* ap = a + p * mr;
     for (int i = 0; i < mr; ++i) {
       const T ai = ap[i];
@@ -133,13 +137,8 @@ void micro_kernel(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc
   if (rows == mr && cols == nr) {
     for (int i = 0; i < mr; ++i) {
       T* ci = c + i * ldc;
-      vec c0, c1;
-      std::memcpy(&c0, ci, sizeof(vec));
-      std::memcpy(&c1, ci + lanes, sizeof(vec));
-      c0 += alpha * acc[i][0];
-      c1 += alpha * acc[i][1];
-      std::memcpy(ci, &c0, sizeof(vec));
-      std::memcpy(ci + lanes, &c1, sizeof(vec));
+      *reinterpret_cast<mem*>(ci) += alpha * acc[i][0];
+      *reinterpret_cast<mem*>(ci + lanes) += alpha * acc[i][1];
     }
   } else {
     alignas(64) T tile[mr][nr];
@@ -149,12 +148,13 @@ void micro_kernel(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc
   }
 }
 
-// One thread's share: C block of m x n, all of K, with its own packing buffers.
-template <class T>
+// One thread's share: C block of m x n, all of K, with its own packing buffers. Packing and
+// loops are memory-bound and compile for the baseline; only `Kernel::run` is ISA-specific.
+template <class Kernel, class T>
 void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
                 std::int64_t a_rs, std::int64_t a_cs, const T* b, std::int64_t b_rs,
                 std::int64_t b_cs, T beta, T* c, std::int64_t ldc) {
-  using B = blocking<T>;
+  using B = typename Kernel::template blocking_for<T>;
   if (beta != T(1)) {
     for (std::int64_t i = 0; i < m; ++i) {
       T* row = c + i * ldc;
@@ -174,13 +174,13 @@ void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T
     const std::int64_t nb = std::min(nc, n - jc);
     for (std::int64_t pc = 0; pc < k; pc += kc) {
       const std::int64_t kb = std::min(kc, k - pc);
-      pack_b(packed_b.get(), b + pc * b_rs + jc * b_cs, b_rs, b_cs, kb, nb);
+      pack_b<B>(packed_b.get(), b + pc * b_rs + jc * b_cs, b_rs, b_cs, kb, nb);
       for (std::int64_t ic = 0; ic < m; ic += mc) {
         const std::int64_t mb = std::min(mc, m - ic);
-        pack_a(packed_a.get(), a + ic * a_rs + pc * a_cs, a_rs, a_cs, mb, kb);
+        pack_a<B>(packed_a.get(), a + ic * a_rs + pc * a_cs, a_rs, a_cs, mb, kb);
         for (std::int64_t jr = 0; jr < nb; jr += B::nr) {
           for (std::int64_t ir = 0; ir < mb; ir += B::mr) {
-            micro_kernel(kb, packed_a.get() + ir * kb, packed_b.get() + jr * kb,
+            Kernel::run(kb, packed_a.get() + ir * kb, packed_b.get() + jr * kb,
                          c + (ic + ir) * ldc + jc + jr, ldc, alpha,
                          std::min<std::int64_t>(B::mr, mb - ir), std::min<std::int64_t>(B::nr, nb - jr));
           }
@@ -190,16 +190,95 @@ void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T
   }
 }
 
+// One micro-kernel per instruction set, each a small function of its own (as in BLIS), so
+// its 2*MR accumulators get the register allocator's full attention.
+template <isa I>
+struct kernel_for {
+  template <class T>
+  using blocking_for = blocking<T, isa_shape<I>::vector_bytes, isa_shape<I>::tile_rows>;
+  template <class T>
+  [[gnu::noinline]] static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc,
+                                    T alpha, std::int64_t rows, std::int64_t cols) {
+    micro_kernel<blocking_for<T>>(k, a, b, c, ldc, alpha, rows, cols);
+  }
+};
+
+// x86-64 with GCC or Clang: the AVX2 and AVX-512 kernels are compiled whatever the -march, and
+// chosen at run time, so a default build still uses the machine's full vector width. nvcc's
+// host pass and other targets use only what the compiler flags enable.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#define DECENTRAIN_GEMM_DISPATCH 1
+template <>
+struct kernel_for<isa::avx512> {
+  template <class T>
+  using blocking_for = blocking<T, 64, 12>;
+  template <class T>
+  [[gnu::noinline, gnu::target("avx512f,avx512vl,avx512dq,avx2,fma")]] static void run(
+      std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, std::int64_t rows,
+      std::int64_t cols) {
+    micro_kernel<blocking_for<T>>(k, a, b, c, ldc, alpha, rows, cols);
+  }
+};
+template <>
+struct kernel_for<isa::avx2> {
+  template <class T>
+  using blocking_for = blocking<T, 32, 6>;
+  template <class T>
+  [[gnu::noinline, gnu::target("avx2,fma")]] static void run(std::int64_t k, const T* a, const T* b,
+                                                             T* c, std::int64_t ldc, T alpha,
+                                                             std::int64_t rows, std::int64_t cols) {
+    micro_kernel<blocking_for<T>>(k, a, b, c, ldc, alpha, rows, cols);
+  }
+};
+inline isa best_isa() {
+  static const isa best =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+              __builtin_cpu_supports("avx512dq")
+          ? isa::avx512
+      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? isa::avx2
+                                                                         : isa::baseline;
+  return best;
+}
+#else
+#define DECENTRAIN_GEMM_DISPATCH 0
+inline isa best_isa() {
+#if defined(__AVX512F__)
+  return isa::avx512;
+#elif defined(__AVX2__)
+  return isa::avx2;
+#else
+  return isa::baseline;
+#endif
+}
+#endif
+
+template <class T, class... Args>
+void gemm_block_dispatch(isa which, Args... args) {
+  switch (which) {
+    case isa::avx512: return gemm_block<kernel_for<isa::avx512>, T>(args...);
+    case isa::avx2: return gemm_block<kernel_for<isa::avx2>, T>(args...);
+    case isa::baseline: break;
+  }
+  gemm_block<kernel_for<isa::baseline>, T>(args...);
+}
+
 }  // namespace detail::gemm
+
+// The widest instruction set this machine (and build) runs the portable GEMM with.
+inline gemm_isa best_gemm_isa() { return detail::gemm::best_isa(); }
 
 // The portable GEMM. Threads (OpenMP) split C into strips along its longer side, each strip a
 // whole number of micro-tiles, so threads never share output and need no synchronisation.
+// `which` picks the micro-kernel (tests use it to cover every one the machine can run).
 template <class T>
 void portable_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
-                   T* c, std::int64_t ldc) {
+                   T* c, std::int64_t ldc, gemm_isa which = best_gemm_isa()) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm is for float and double");
-  using B = detail::gemm::blocking<T>;
+  decentrain::detail::check(static_cast<int>(which) >= static_cast<int>(best_gemm_isa()),
+                            "portable_gemm: this machine or build cannot run the requested instruction set");
+  // Threads own whole micro-tiles: strips are multiples of the widest tile (12 rows, 32 floats).
+  constexpr std::int64_t tile_m = 12, tile_n = 64 / sizeof(T) * 2;
   const std::int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
   const std::int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
   int threads = 1;
@@ -208,7 +287,7 @@ void portable_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   if (m * n * k >= (std::int64_t{1} << 20) && !omp_in_parallel()) threads = omp_get_max_threads();
 #endif
   const bool split_rows = m >= n;
-  const std::int64_t unit = split_rows ? B::mr : B::nr;
+  const std::int64_t unit = split_rows ? tile_m : tile_n;
   const std::int64_t extent = split_rows ? m : n;
   const std::int64_t units = (extent + unit - 1) / unit;
   threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, units)));
@@ -218,11 +297,11 @@ void portable_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
     const std::int64_t last = std::min(extent, units * (t + 1) / threads * unit);
     if (first >= last) continue;
     if (split_rows) {
-      detail::gemm::gemm_block(last - first, n, k, alpha, a + first * a_rs, a_rs, a_cs, b, b_rs,
-                               b_cs, beta, c + first * ldc, ldc);
+      detail::gemm::gemm_block_dispatch<T>(which, last - first, n, k, alpha, a + first * a_rs, a_rs,
+                                           a_cs, b, b_rs, b_cs, beta, c + first * ldc, ldc);
     } else {
-      detail::gemm::gemm_block(m, last - first, k, alpha, a, a_rs, a_cs, b + first * b_cs, b_rs,
-                               b_cs, beta, c + first, ldc);
+      detail::gemm::gemm_block_dispatch<T>(which, m, last - first, k, alpha, a, a_rs, a_cs,
+                                           b + first * b_cs, b_rs, b_cs, beta, c + first, ldc);
     }
   }
 }
