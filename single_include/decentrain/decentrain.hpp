@@ -1312,6 +1312,71 @@ void attention_backward(cpu, T* dq, T* dk, T* dv, const T* dout, const T* probs,
 #include <cstdint>
 #include <vector>
 
+// ---- begin decentrain/kernels/cpu/softmax.hpp ----
+// Softmax and log-softmax over the last dim, forward and backward, numerically stable
+// (the row maximum is subtracted before exponentiating).
+
+#include <cmath>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace detail {
+// The stable pieces of a softmax row: its maximum and sum(exp(x - max)).
+template <class T>
+struct softmax_stats {
+  T max, sum;
+};
+template <class T>
+softmax_stats<T> row_softmax_stats(const T* x, std::int64_t n) {
+  T mx = x[0];
+  for (std::int64_t c = 1; c < n; ++c) mx = x[c] > mx ? x[c] : mx;
+  T sum = 0;
+  for (std::int64_t c = 0; c < n; ++c) sum += std::exp(x[c] - mx);
+  return {mx, sum};
+}
+}  // namespace detail
+
+template <class T>
+void softmax_forward(cpu, T* out, const T* x, std::int64_t rows, std::int64_t cols, bool log) {
+  DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* in = x + r * cols;
+    T* o = out + r * cols;
+    const auto [mx, sum] = detail::row_softmax_stats(in, cols);
+    if (log) {
+      const T lse = mx + std::log(sum);
+      for (std::int64_t c = 0; c < cols; ++c) o[c] = in[c] - lse;
+    } else {
+      const T inv = T(1) / sum;
+      for (std::int64_t c = 0; c < cols; ++c) o[c] = std::exp(in[c] - mx) * inv;
+    }
+  }
+}
+
+// dx += softmax'(y) dout; for log=true, y is the log-softmax output.
+template <class T>
+void softmax_backward(cpu, T* dx, const T* y, const T* dout, std::int64_t rows, std::int64_t cols,
+                      bool log) {
+  DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* yr = y + r * cols;
+    const T* g = dout + r * cols;
+    T* d = dx + r * cols;
+    T dot = 0;
+    if (log) {
+      for (std::int64_t c = 0; c < cols; ++c) dot += g[c];
+      for (std::int64_t c = 0; c < cols; ++c) d[c] += g[c] - std::exp(yr[c]) * dot;
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) dot += g[c] * yr[c];
+      for (std::int64_t c = 0; c < cols; ++c) d[c] += yr[c] * (g[c] - dot);
+    }
+  }
+}
+
+}  // namespace decentrain::kernels
+// ---- end decentrain/kernels/cpu/softmax.hpp ----
 
 namespace decentrain::kernels {
 
@@ -1326,10 +1391,7 @@ double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, 
   for (std::int64_t i = 0; i < N; ++i) {
     if (targets[i] == ignore_index) continue;
     const T* row = logits + i * V;
-    T mx = row[0];
-    for (std::int64_t c = 1; c < V; ++c) mx = row[c] > mx ? row[c] : mx;
-    T sum = 0;
-    for (std::int64_t c = 0; c < V; ++c) sum += std::exp(row[c] - mx);
+    const auto [mx, sum] = detail::row_softmax_stats(row, V);
     total += static_cast<double>(mx + std::log(sum) - row[targets[i]]);
     ++n_counted;
   }
@@ -1347,10 +1409,7 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t
     if (targets[i] == ignore_index) continue;
     const T* row = logits + i * V;
     T* d = dlogits + i * V;
-    T mx = row[0];
-    for (std::int64_t c = 1; c < V; ++c) mx = row[c] > mx ? row[c] : mx;
-    T sum = 0;
-    for (std::int64_t c = 0; c < V; ++c) sum += std::exp(row[c] - mx);
+    const auto [mx, sum] = detail::row_softmax_stats(row, V);
     const T inv = T(1) / sum;
     for (std::int64_t c = 0; c < V; ++c) d[c] += dloss_per_row * std::exp(row[c] - mx) * inv;
     d[targets[i]] -= dloss_per_row;
@@ -1862,58 +1921,6 @@ void sum_columns(cpu, T* out, const T* in, std::int64_t rows, std::int64_t cols,
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/reduce.hpp ----
-// ---- begin decentrain/kernels/cpu/softmax.hpp ----
-// Softmax and log-softmax over the last dim, forward and backward, numerically stable
-// (the row maximum is subtracted before exponentiating).
-
-#include <cmath>
-#include <cstdint>
-
-
-namespace decentrain::kernels {
-
-template <class T>
-void softmax_forward(cpu, T* out, const T* x, std::int64_t rows, std::int64_t cols, bool log) {
-  DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* in = x + r * cols;
-    T* o = out + r * cols;
-    T mx = in[0];
-    for (std::int64_t c = 1; c < cols; ++c) mx = in[c] > mx ? in[c] : mx;
-    T sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(in[c] - mx);
-    if (log) {
-      const T lse = mx + std::log(sum);
-      for (std::int64_t c = 0; c < cols; ++c) o[c] = in[c] - lse;
-    } else {
-      const T inv = T(1) / sum;
-      for (std::int64_t c = 0; c < cols; ++c) o[c] = std::exp(in[c] - mx) * inv;
-    }
-  }
-}
-
-// dx += softmax'(y) dout; for log=true, y is the log-softmax output.
-template <class T>
-void softmax_backward(cpu, T* dx, const T* y, const T* dout, std::int64_t rows, std::int64_t cols,
-                      bool log) {
-  DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* yr = y + r * cols;
-    const T* g = dout + r * cols;
-    T* d = dx + r * cols;
-    T dot = 0;
-    if (log) {
-      for (std::int64_t c = 0; c < cols; ++c) dot += g[c];
-      for (std::int64_t c = 0; c < cols; ++c) d[c] += g[c] - std::exp(yr[c]) * dot;
-    } else {
-      for (std::int64_t c = 0; c < cols; ++c) dot += g[c] * yr[c];
-      for (std::int64_t c = 0; c < cols; ++c) d[c] += yr[c] * (g[c] - dot);
-    }
-  }
-}
-
-}  // namespace decentrain::kernels
-// ---- end decentrain/kernels/cpu/softmax.hpp ----
 // ---- begin decentrain/autograd/autograd.hpp ----
 // Everything autograd: the engine, the parameter registry and every differentiable op.
 

@@ -11,6 +11,7 @@
 #include "decentrain/config.hpp"
 #include "decentrain/core/device.hpp"
 #include "decentrain/kernels/cpu/elementwise.hpp"
+#include "decentrain/kernels/cpu/softmax.hpp"
 
 namespace decentrain::kernels {
 
@@ -25,10 +26,7 @@ double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, 
   for (std::int64_t i = 0; i < N; ++i) {
     if (targets[i] == ignore_index) continue;
     const T* row = logits + i * V;
-    T mx = row[0];
-    for (std::int64_t c = 1; c < V; ++c) mx = row[c] > mx ? row[c] : mx;
-    T sum = 0;
-    for (std::int64_t c = 0; c < V; ++c) sum += std::exp(row[c] - mx);
+    const auto [mx, sum] = detail::row_softmax_stats(row, V);
     total += static_cast<double>(mx + std::log(sum) - row[targets[i]]);
     ++n_counted;
   }
@@ -46,10 +44,7 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t
     if (targets[i] == ignore_index) continue;
     const T* row = logits + i * V;
     T* d = dlogits + i * V;
-    T mx = row[0];
-    for (std::int64_t c = 1; c < V; ++c) mx = row[c] > mx ? row[c] : mx;
-    T sum = 0;
-    for (std::int64_t c = 0; c < V; ++c) sum += std::exp(row[c] - mx);
+    const auto [mx, sum] = detail::row_softmax_stats(row, V);
     const T inv = T(1) / sum;
     for (std::int64_t c = 0; c < V; ++c) d[c] += dloss_per_row * std::exp(row[c] - mx) * inv;
     d[targets[i]] -= dloss_per_row;

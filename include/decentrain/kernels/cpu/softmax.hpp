@@ -11,16 +11,29 @@
 
 namespace decentrain::kernels {
 
+namespace detail {
+// The stable pieces of a softmax row: its maximum and sum(exp(x - max)).
+template <class T>
+struct softmax_stats {
+  T max, sum;
+};
+template <class T>
+softmax_stats<T> row_softmax_stats(const T* x, std::int64_t n) {
+  T mx = x[0];
+  for (std::int64_t c = 1; c < n; ++c) mx = x[c] > mx ? x[c] : mx;
+  T sum = 0;
+  for (std::int64_t c = 0; c < n; ++c) sum += std::exp(x[c] - mx);
+  return {mx, sum};
+}
+}  // namespace detail
+
 template <class T>
 void softmax_forward(cpu, T* out, const T* x, std::int64_t rows, std::int64_t cols, bool log) {
   DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * cols;
     T* o = out + r * cols;
-    T mx = in[0];
-    for (std::int64_t c = 1; c < cols; ++c) mx = in[c] > mx ? in[c] : mx;
-    T sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(in[c] - mx);
+    const auto [mx, sum] = detail::row_softmax_stats(in, cols);
     if (log) {
       const T lse = mx + std::log(sum);
       for (std::int64_t c = 0; c < cols; ++c) o[c] = in[c] - lse;
