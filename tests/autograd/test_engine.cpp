@@ -113,3 +113,22 @@ TEST_CASE("parameter_list registers named parameters in order", "[autograd]") {
   model.zero_grad();
   CHECK_FALSE(w.grad().defined());
 }
+
+TEST_CASE("dropout keeps 1 - p of the elements, scaled by 1 / (1 - p), reproducibly", "[autograd][dropout]") {
+  const auto x = dt::var<>(dt::ones(dt::shape{100000}, dt::dtype::f64));
+  dt::rng a(5, "dropout"), b(5, "dropout");
+  const auto y = dt::dropout(x, 0.25, a).value().to_vector<double>();
+  CHECK(dt::dropout(x, 0.25, b).value().to_vector<double>() == y);
+  std::size_t kept = 0, wrong_scale = 0;
+  for (double v : y) {
+    if (v != 0.0) {
+      ++kept;
+      wrong_scale += std::abs(v - 1.0 / 0.75) > 1e-12;
+    }
+  }
+  CHECK(wrong_scale == 0);
+  CHECK(static_cast<double>(kept) / y.size() == Approx(0.75).margin(0.005));  // ~3.7 standard deviations
+  dt::rng c(5, "dropout");
+  CHECK(dt::dropout(x, 0.25, c, /*training=*/false).value().to_vector<double>() == x.value().to_vector<double>());
+  CHECK(dt::dropout(x, 1.0, c).value().to_vector<double>() == std::vector<double>(100000, 0.0));
+}

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
 
@@ -116,4 +118,21 @@ TEST_CASE("parity: 2-layer GPT-2 block stack, forward and backward", "[parity][g
   loss.backward();
   for (auto& [name, var] : p) check_close(var.grad(), fx["grad." + name], "gradient of " + name);
   CHECK(p.size() == static_cast<std::size_t>(4 + 12 * L));
+}
+
+TEST_CASE("fixture files are checked: magic, version, truncation", "[parity][fixture]") {
+  using Catch::Matchers::Contains;
+  const std::string path = "decentrain_bad_fixture.dtfx";
+  auto write = [&](const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out << bytes;
+  };
+  write("NOPE");
+  CHECK_THROWS_WITH(fixture(path), Contains("bad magic number"));
+  write(std::string("DTFX") + std::string("\x02\0\0\0", 4));
+  CHECK_THROWS_WITH(fixture(path), Contains("has version 2, expected 1"));
+  write(std::string("DTFX") + std::string("\x01\0\0\0\x01\0\0\0\x05\0", 10));
+  CHECK_THROWS_WITH(fixture(path), Contains("is truncated"));
+  CHECK_THROWS_WITH(fixture("does/not/exist.dtfx"), Contains("cannot open"));
+  std::remove(path.c_str());
 }
