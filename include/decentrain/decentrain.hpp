@@ -16,3 +16,4 @@
 #include "decentrain/kernels/cpu/reduce.hpp"
 #include "decentrain/kernels/cpu/softmax.hpp"
 #include "decentrain/autograd/autograd.hpp"
+#include "decentrain/nn/nn.hpp"

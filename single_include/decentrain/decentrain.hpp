@@ -3104,4 +3104,220 @@ class parameter_list {
 }  // namespace decentrain
 // ---- end decentrain/autograd/parameters.hpp ----
 // ---- end decentrain/autograd/autograd.hpp ----
+// ---- begin decentrain/nn/nn.hpp ----
+// Everything in nn: the GPT-2 configuration, presets, layers and model.
+
+// ---- begin decentrain/nn/config.hpp ----
+// GPT-2 model configuration and the named presets. The parameter count is computed from the
+// configuration alone, so a 124M model's size can be reported without allocating it.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+namespace decentrain::nn {
+
+struct gpt_config {
+  std::int64_t n_layer = 2;
+  std::int64_t n_head = 2;
+  std::int64_t n_embd = 64;
+  std::int64_t block_size = 64;
+  std::int64_t vocab_size = 256;
+  double dropout = 0.0;
+
+  // Throws decentrain::error naming the first bad field.
+  void validate() const {
+    detail::check(n_layer > 0, "gpt_config: n_layer must be positive, got ", n_layer);
+    detail::check(n_head > 0, "gpt_config: n_head must be positive, got ", n_head);
+    detail::check(n_embd > 0 && n_embd % n_head == 0, "gpt_config: n_embd (", n_embd,
+                  ") must be a positive multiple of n_head (", n_head, ")");
+    detail::check(block_size > 0, "gpt_config: block_size must be positive, got ", block_size);
+    detail::check(vocab_size > 0 && vocab_size <= (std::int64_t{1} << 31) - 1,
+                  "gpt_config: vocab_size must be in [1, 2^31), got ", vocab_size);
+    detail::check(dropout >= 0.0 && dropout < 1.0, "gpt_config: dropout must be in [0, 1), got ", dropout);
+  }
+
+  // Trainable parameters (the LM head is tied to the token embedding, so counted once).
+  std::int64_t parameter_count() const {
+    const std::int64_t c = n_embd;
+    const std::int64_t per_block = 2 * c            // ln_1
+                                   + c * 3 * c + 3 * c  // attn.c_attn
+                                   + c * c + c          // attn.c_proj
+                                   + 2 * c              // ln_2
+                                   + c * 4 * c + 4 * c  // mlp.c_fc
+                                   + 4 * c * c + c;     // mlp.c_proj
+    return vocab_size * c + block_size * c + n_layer * per_block + 2 * c;
+  }
+
+  friend bool operator==(const gpt_config&, const gpt_config&) = default;
+};
+
+// `tiny` (tests), `shakespeare-char` (nanoGPT's character model), `gpt2-124m` (GPT-2 small).
+// The vocabulary of the first two is a placeholder that the data's tokenizer replaces.
+inline gpt_config gpt_preset(std::string_view name) {
+  if (name == "tiny") return {2, 2, 64, 64, 256, 0.0};
+  if (name == "shakespeare-char") return {6, 6, 384, 256, 65, 0.2};
+  if (name == "gpt2-124m") return {12, 12, 768, 1024, 50257, 0.0};
+  detail::fail("unknown model preset '", std::string(name),
+               "' (expected tiny, shakespeare-char or gpt2-124m)");
+}
+
+}  // namespace decentrain::nn
+// ---- end decentrain/nn/config.hpp ----
+// ---- begin decentrain/nn/gpt.hpp ----
+// GPT-2: token and learned position embeddings, pre-LN blocks (attention and MLP, each inside a
+// residual), a final layer norm and an LM head tied to the token embedding. Parameter names
+// and layouts are GPT-2's: wte, wpe, h.N.ln_1, h.N.attn.c_attn, ..., ln_f.
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/nn/layers.hpp ----
+// The layers a GPT-2 is made of: linear, layer norm, causal self-attention with a fused qkv
+// projection, and the 4x MLP. Each owns its parameters under GPT-2's (Hugging Face) names
+// and registers them in a parameter_list, so checkpoints and safetensors can address them.
+
+#include <cmath>
+#include <string>
+
+
+namespace decentrain::nn {
+
+// GPT-2 initialisation: weights N(0, std), biases zero.
+template <class Device>
+struct linear_layer {
+  var<Device> weight;  // (in, out), as GPT-2's Conv1D stores it
+  var<Device> bias;    // (out,)
+
+  linear_layer(parameter_list<Device>& params, const std::string& name, std::int64_t in,
+               std::int64_t out, double init_std, rng& gen)
+      : weight(params.add(name + ".weight", parameter(randn<Device>(shape{in, out}, gen, dtype::f32, 0.0, init_std)))),
+        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{out})))) {}
+
+  var<Device> operator()(const var<Device>& x) const { return linear(x, weight, bias); }
+};
+
+template <class Device>
+struct layer_norm_layer {
+  var<Device> weight, bias;  // (C,) each: gain 1, shift 0
+
+  layer_norm_layer(parameter_list<Device>& params, const std::string& name, std::int64_t width)
+      : weight(params.add(name + ".weight", parameter(ones<Device>(shape{width})))),
+        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{width})))) {}
+
+  var<Device> operator()(const var<Device>& x) const { return layer_norm(x, weight, bias, 1e-5); }
+};
+
+template <class Device>
+struct causal_self_attention {
+  std::int64_t n_head, n_embd;
+  linear_layer<Device> c_attn, c_proj;
+
+  causal_self_attention(parameter_list<Device>& params, const std::string& name, std::int64_t width,
+                        std::int64_t heads, double proj_std, rng& gen)
+      : n_head(heads), n_embd(width),
+        c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen),
+        c_proj(params, name + ".c_proj", width, width, proj_std, gen) {}
+
+  var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
+    auto qkv = split(c_attn(x), {n_embd, n_embd, n_embd}, -1);
+    return c_proj(causal_attention(qkv[0], qkv[1], qkv[2], n_head));
+  }
+};
+
+template <class Device>
+struct mlp {
+  linear_layer<Device> c_fc, c_proj;
+
+  mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen)
+      : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen),
+        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen) {}
+
+  var<Device> operator()(const var<Device>& x) const { return c_proj(gelu(c_fc(x))); }
+};
+
+}  // namespace decentrain::nn
+// ---- end decentrain/nn/layers.hpp ----
+
+namespace decentrain::nn {
+
+template <class Device>
+struct gpt_block {
+  layer_norm_layer<Device> ln_1;
+  causal_self_attention<Device> attn;
+  layer_norm_layer<Device> ln_2;
+  nn::mlp<Device> mlp;
+
+  gpt_block(parameter_list<Device>& params, const std::string& name, const gpt_config& cfg, rng& gen)
+      : ln_1(params, name + ".ln_1", cfg.n_embd),
+        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen),
+        ln_2(params, name + ".ln_2", cfg.n_embd),
+        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen) {}
+
+  // Residual projections start smaller so the residual stream's variance does not grow with depth.
+  static double residual_std(const gpt_config& cfg) {
+    return 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
+  }
+};
+
+template <class Device = cpu>
+class gpt {
+ public:
+  // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
+  // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
+  gpt(const gpt_config& cfg, rng& init) : cfg_(cfg) {
+    cfg_.validate();
+    wte_ = params_.add("wte.weight", parameter(randn<Device>(shape{cfg.vocab_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
+    wpe_ = params_.add("wpe.weight", parameter(randn<Device>(shape{cfg.block_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
+    for (std::int64_t l = 0; l < cfg.n_layer; ++l)
+      blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
+    ln_f_.emplace(params_, "ln_f", cfg.n_embd);
+  }
+
+  // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only
+  // when `dropout_rng` is given and the configuration has a non-zero rate.
+  var<Device> logits(const tensor<Device>& idx, rng* dropout_rng = nullptr) const {
+    detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
+    const std::int64_t B = idx.size(0), T = idx.size(1);
+    detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
+                  " is outside [1, block_size = ", cfg_.block_size, "]");
+    auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
+    auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
+    x = maybe_dropout(x, dropout_rng);
+    for (const auto& block : blocks_) {
+      x = x + maybe_dropout(block->attn(block->ln_1(x)), dropout_rng);
+      x = x + maybe_dropout(block->mlp(block->ln_2(x)), dropout_rng);
+    }
+    return matmul((*ln_f_)(x), wte_, false, true);  // tied head: (B,T,C) x (V,C)^T
+  }
+
+  // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.
+  var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
+    return cross_entropy(logits(idx, dropout_rng), targets, -1);
+  }
+
+  const gpt_config& config() const { return cfg_; }
+  parameter_list<Device>& parameters() { return params_; }
+  const parameter_list<Device>& parameters() const { return params_; }
+
+ private:
+  var<Device> maybe_dropout(const var<Device>& x, rng* gen) const {
+    if (gen == nullptr || cfg_.dropout == 0.0) return x;
+    return dropout(x, cfg_.dropout, *gen, true);
+  }
+
+  gpt_config cfg_;
+  parameter_list<Device> params_;
+  var<Device> wte_, wpe_;
+  std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;
+  std::optional<layer_norm_layer<Device>> ln_f_;
+};
+
+}  // namespace decentrain::nn
+// ---- end decentrain/nn/gpt.hpp ----
+// ---- end decentrain/nn/nn.hpp ----
 // ---- end decentrain/decentrain.hpp ----

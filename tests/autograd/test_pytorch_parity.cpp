@@ -97,7 +97,7 @@ TEST_CASE("parity: 2-layer GPT-2 block stack, forward and backward", "[parity][g
     return it->second;
   };
   const auto positions = dt::arange(T, dt::dtype::i32).reshape({1, T}).expand(dt::shape{B, T}).contiguous();
-  auto x = dt::embedding(fx["idx"], param("wte")) + dt::embedding(positions, param("wpe"));  // (B,T,C)
+  auto x = dt::embedding(fx["idx"], param("wte.weight")) + dt::embedding(positions, param("wpe.weight"));  // (B,T,C)
   for (std::int64_t l = 0; l < L; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     auto a = dt::layer_norm(x, param(h + "ln_1.weight"), param(h + "ln_1.bias"));
@@ -109,7 +109,7 @@ TEST_CASE("parity: 2-layer GPT-2 block stack, forward and backward", "[parity][g
     x = x + dt::linear(m, param(h + "mlp.c_proj.weight"), param(h + "mlp.c_proj.bias"));
   }
   x = dt::layer_norm(x, param("ln_f.weight"), param("ln_f.bias"));
-  auto logits = dt::matmul(x, param("wte"), false, true);  // tied LM head, (B,T,V)
+  auto logits = dt::matmul(x, param("wte.weight"), false, true);  // tied LM head, (B,T,V)
   auto loss = dt::cross_entropy(logits, fx["targets"]);
 
   REQUIRE(logits.shape() == dt::shape{B, T, V});

@@ -110,8 +110,8 @@ def make_gpt(g):
     """Two pre-LN GPT-2 blocks with embeddings, final layer norm and a tied LM head."""
     V, T, C, H, L, B = 17, 8, 16, 2, 2, 2
     p = {}
-    p["wte"] = torch.randn(V, C, generator=g) * 0.2
-    p["wpe"] = torch.randn(T, C, generator=g) * 0.2
+    p["wte.weight"] = torch.randn(V, C, generator=g) * 0.2
+    p["wpe.weight"] = torch.randn(T, C, generator=g) * 0.2
     for l in range(L):
         h = "h.%d." % l
         p[h + "ln_1.weight"] = 1 + 0.1 * torch.randn(C, generator=g)
@@ -133,7 +133,7 @@ def make_gpt(g):
     idx = torch.randint(0, V, (B, T), generator=g)
     targets = torch.randint(0, V, (B, T), generator=g)
 
-    x = p["wte"][idx] + p["wpe"][torch.arange(T)]
+    x = p["wte.weight"][idx] + p["wpe.weight"][torch.arange(T)]
     for l in range(L):
         h = "h.%d." % l
         a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
@@ -143,7 +143,7 @@ def make_gpt(g):
         m = F.gelu(m @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"], approximate="tanh")
         x = x + m @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"]
     x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], 1e-5)
-    logits = x @ p["wte"].t()
+    logits = x @ p["wte.weight"].t()
     loss = F.cross_entropy(logits.view(-1, V), targets.view(-1))
     loss.backward()
 

@@ -1,0 +1,58 @@
+// GPT-2 model configuration and the named presets. The parameter count is computed from the
+// configuration alone, so a 124M model's size can be reported without allocating it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "decentrain/detail/error.hpp"
+
+namespace decentrain::nn {
+
+struct gpt_config {
+  std::int64_t n_layer = 2;
+  std::int64_t n_head = 2;
+  std::int64_t n_embd = 64;
+  std::int64_t block_size = 64;
+  std::int64_t vocab_size = 256;
+  double dropout = 0.0;
+
+  // Throws decentrain::error naming the first bad field.
+  void validate() const {
+    detail::check(n_layer > 0, "gpt_config: n_layer must be positive, got ", n_layer);
+    detail::check(n_head > 0, "gpt_config: n_head must be positive, got ", n_head);
+    detail::check(n_embd > 0 && n_embd % n_head == 0, "gpt_config: n_embd (", n_embd,
+                  ") must be a positive multiple of n_head (", n_head, ")");
+    detail::check(block_size > 0, "gpt_config: block_size must be positive, got ", block_size);
+    detail::check(vocab_size > 0 && vocab_size <= (std::int64_t{1} << 31) - 1,
+                  "gpt_config: vocab_size must be in [1, 2^31), got ", vocab_size);
+    detail::check(dropout >= 0.0 && dropout < 1.0, "gpt_config: dropout must be in [0, 1), got ", dropout);
+  }
+
+  // Trainable parameters (the LM head is tied to the token embedding, so counted once).
+  std::int64_t parameter_count() const {
+    const std::int64_t c = n_embd;
+    const std::int64_t per_block = 2 * c            // ln_1
+                                   + c * 3 * c + 3 * c  // attn.c_attn
+                                   + c * c + c          // attn.c_proj
+                                   + 2 * c              // ln_2
+                                   + c * 4 * c + 4 * c  // mlp.c_fc
+                                   + 4 * c * c + c;     // mlp.c_proj
+    return vocab_size * c + block_size * c + n_layer * per_block + 2 * c;
+  }
+
+  friend bool operator==(const gpt_config&, const gpt_config&) = default;
+};
+
+// `tiny` (tests), `shakespeare-char` (nanoGPT's character model), `gpt2-124m` (GPT-2 small).
+// The vocabulary of the first two is a placeholder that the data's tokenizer replaces.
+inline gpt_config gpt_preset(std::string_view name) {
+  if (name == "tiny") return {2, 2, 64, 64, 256, 0.0};
+  if (name == "shakespeare-char") return {6, 6, 384, 256, 65, 0.2};
+  if (name == "gpt2-124m") return {12, 12, 768, 1024, 50257, 0.0};
+  detail::fail("unknown model preset '", std::string(name),
+               "' (expected tiny, shakespeare-char or gpt2-124m)");
+}
+
+}  // namespace decentrain::nn

@@ -1,0 +1,67 @@
+// The layers a GPT-2 is made of: linear, layer norm, causal self-attention with a fused qkv
+// projection, and the 4x MLP. Each owns its parameters under GPT-2's (Hugging Face) names
+// and registers them in a parameter_list, so checkpoints and safetensors can address them.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "decentrain/autograd/autograd.hpp"
+#include "decentrain/core/factory.hpp"
+
+namespace decentrain::nn {
+
+// GPT-2 initialisation: weights N(0, std), biases zero.
+template <class Device>
+struct linear_layer {
+  var<Device> weight;  // (in, out), as GPT-2's Conv1D stores it
+  var<Device> bias;    // (out,)
+
+  linear_layer(parameter_list<Device>& params, const std::string& name, std::int64_t in,
+               std::int64_t out, double init_std, rng& gen)
+      : weight(params.add(name + ".weight", parameter(randn<Device>(shape{in, out}, gen, dtype::f32, 0.0, init_std)))),
+        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{out})))) {}
+
+  var<Device> operator()(const var<Device>& x) const { return linear(x, weight, bias); }
+};
+
+template <class Device>
+struct layer_norm_layer {
+  var<Device> weight, bias;  // (C,) each: gain 1, shift 0
+
+  layer_norm_layer(parameter_list<Device>& params, const std::string& name, std::int64_t width)
+      : weight(params.add(name + ".weight", parameter(ones<Device>(shape{width})))),
+        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{width})))) {}
+
+  var<Device> operator()(const var<Device>& x) const { return layer_norm(x, weight, bias, 1e-5); }
+};
+
+template <class Device>
+struct causal_self_attention {
+  std::int64_t n_head, n_embd;
+  linear_layer<Device> c_attn, c_proj;
+
+  causal_self_attention(parameter_list<Device>& params, const std::string& name, std::int64_t width,
+                        std::int64_t heads, double proj_std, rng& gen)
+      : n_head(heads), n_embd(width),
+        c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen),
+        c_proj(params, name + ".c_proj", width, width, proj_std, gen) {}
+
+  var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
+    auto qkv = split(c_attn(x), {n_embd, n_embd, n_embd}, -1);
+    return c_proj(causal_attention(qkv[0], qkv[1], qkv[2], n_head));
+  }
+};
+
+template <class Device>
+struct mlp {
+  linear_layer<Device> c_fc, c_proj;
+
+  mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen)
+      : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen),
+        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen) {}
+
+  var<Device> operator()(const var<Device>& x) const { return c_proj(gelu(c_fc(x))); }
+};
+
+}  // namespace decentrain::nn

@@ -1,0 +1,93 @@
+// The GPT-2 model: configuration checks, parameter names and counts, initialisation, and
+// parity of the whole model (forward and every gradient) with the PyTorch fixture.
+#include "support/fixture.hpp"
+
+#include <decentrain/nn/nn.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+namespace nn = decentrain::nn;
+using Catch::Matchers::Contains;
+
+TEST_CASE("presets and parameter counts", "[nn][gpt]") {
+  CHECK(nn::gpt_preset("gpt2-124m").parameter_count() == 124439808);  // GPT-2 small, tied head
+  CHECK(nn::gpt_preset("shakespeare-char").n_layer == 6);
+  CHECK_THROWS_WITH(nn::gpt_preset("gpt5"), Contains("unknown model preset 'gpt5'"));
+  for (auto cfg : {nn::gpt_preset("tiny"), nn::gpt_config{3, 3, 24, 7, 11, 0.0}}) {
+    dt::rng gen(1, "init");
+    nn::gpt<> model(cfg, gen);
+    CHECK(model.parameters().numel() == cfg.parameter_count());
+    CHECK(model.parameters().size() == static_cast<std::size_t>(4 + 12 * cfg.n_layer));
+  }
+}
+
+TEST_CASE("configurations are validated", "[nn][gpt]") {
+  CHECK_THROWS_WITH((nn::gpt_config{2, 3, 64, 8, 10, 0.0}.validate()), Contains("n_embd (64) must be a positive multiple of n_head (3)"));
+  CHECK_THROWS_WITH((nn::gpt_config{0, 2, 64, 8, 10, 0.0}.validate()), Contains("n_layer must be positive"));
+  CHECK_THROWS_WITH((nn::gpt_config{2, 2, 64, 8, 10, 1.0}.validate()), Contains("dropout must be in [0, 1)"));
+  dt::rng gen(1, "init");
+  nn::gpt<> model(nn::gpt_preset("tiny"), gen);
+  CHECK_THROWS_WITH(model.logits(dt::zeros(dt::shape{1, 65}, dt::dtype::i32)), Contains("sequence length 65 is outside [1, block_size = 64]"));
+  CHECK_THROWS_WITH(model.logits(dt::zeros(dt::shape{65}, dt::dtype::i32)), Contains("must be (B, T)"));
+  CHECK_THROWS_WITH(model.logits(dt::full(dt::shape{1, 2}, 300, dt::dtype::i32)), Contains("id 300"));
+}
+
+TEST_CASE("GPT-2 initialisation: names, statistics and residual scaling", "[nn][gpt]") {
+  dt::rng gen(3, "init");
+  const nn::gpt_config cfg{4, 4, 128, 32, 200, 0.0};
+  nn::gpt<> model(cfg, gen);
+  auto stddev = [&](const std::string& name) {
+    const auto v = model.parameters().get(name).value().to_vector<double>();
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s / static_cast<double>(v.size()));
+  };
+  CHECK(stddev("wte.weight") == Approx(0.02).epsilon(0.05));
+  CHECK(stddev("h.0.attn.c_attn.weight") == Approx(0.02).epsilon(0.05));
+  CHECK(stddev("h.3.mlp.c_proj.weight") == Approx(0.02 / std::sqrt(8.0)).epsilon(0.05));
+  CHECK(stddev("h.1.attn.c_proj.bias") == 0.0);
+  CHECK(model.parameters().get("ln_f.weight").value().to_vector<float>() == std::vector<float>(128, 1.f));
+  CHECK(model.parameters().get("h.2.attn.c_attn.weight").shape() == dt::shape{128, 384});
+  dt::rng again(3, "init");
+  nn::gpt<> twin(cfg, again);
+  CHECK(dt::allclose(twin.parameters().get("h.3.mlp.c_fc.weight").value(),
+                     model.parameters().get("h.3.mlp.c_fc.weight").value(), 0.0, 0.0));
+}
+
+TEST_CASE("the model matches PyTorch's GPT-2 forward and backward", "[nn][gpt][parity]") {
+  const fixture fx(DECENTRAIN_FIXTURE_DIR "/gpt_block.dtfx");
+  const auto c = fx["config"].to_vector<std::int32_t>();
+  const nn::gpt_config cfg{c[4], c[3], c[2], c[1], c[0], 0.0};
+  dt::rng gen(0, "init");
+  nn::gpt<> model(cfg, gen);
+  for (auto& e : model.parameters()) e.param.value().copy_from(fx["param." + e.name]);
+  auto logits = model.logits(fx["idx"]);
+  const auto cmp = dt::compare(logits.value(), fx["logits"], 1e-4, 1e-5);
+  INFO(cmp.message);
+  CHECK(cmp.close);
+  auto loss = model.loss(fx["idx"], fx["targets"]);
+  CHECK(loss.item() == Approx(fx["loss"].item()).epsilon(1e-5));
+  loss.backward();
+  for (auto& e : model.parameters()) {
+    INFO(e.name);
+    const auto g = dt::compare(e.param.grad(), fx["grad." + e.name], 1e-4, 1e-5);
+    INFO(g.message);
+    CHECK(g.close);
+  }
+}
+
+TEST_CASE("dropout is off without an rng and reproducible with one", "[nn][gpt]") {
+  dt::rng gen(1, "init");
+  auto cfg = nn::gpt_preset("tiny");
+  cfg.dropout = 0.2;
+  nn::gpt<> model(cfg, gen);
+  const auto idx = dt::from_vector(std::vector<std::int32_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const auto plain = model.logits(idx).value();
+  CHECK(dt::allclose(model.logits(idx).value(), plain, 0.0, 0.0));
+  dt::rng a(9, "dropout"), b(9, "dropout");
+  const auto dropped = model.logits(idx, &a).value();
+  CHECK_FALSE(dt::allclose(dropped, plain, 1e-3, 1e-3));
+  CHECK(dt::allclose(model.logits(idx, &b).value(), dropped, 0.0, 0.0));
+}
