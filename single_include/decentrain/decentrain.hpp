@@ -1882,6 +1882,69 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const T* dout, const 
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/layer_norm.hpp ----
+// ---- begin decentrain/kernels/cpu/optimizer.hpp ----
+// Fused optimizer updates on the CPU: one pass over a parameter, its gradient and its state.
+// Arithmetic follows PyTorch's single-tensor implementations operation for operation, so
+// trajectories agree to float rounding.
+
+#include <cmath>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+// AdamW (decoupled weight decay); `step` counts from 1.
+template <class T>
+void adamw_update(cpu, T* param, const T* grad, T* m, T* v, std::int64_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, std::int64_t step) {
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  const T decay = static_cast<T>(1.0 - lr * weight_decay);
+  const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2);
+  const T one_minus_b1 = static_cast<T>(1.0 - beta1), one_minus_b2 = static_cast<T>(1.0 - beta2);
+  const T step_size = static_cast<T>(lr / bias1);
+  const T bias2_sqrt = static_cast<T>(std::sqrt(bias2));
+  const T e = static_cast<T>(eps);
+  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  for (std::int64_t i = 0; i < n; ++i) {
+    param[i] *= decay;
+    m[i] = m[i] * b1 + grad[i] * one_minus_b1;
+    v[i] = v[i] * b2 + grad[i] * grad[i] * one_minus_b2;
+    const T denom = std::sqrt(v[i]) / bias2_sqrt + e;
+    param[i] += -step_size * m[i] / denom;
+  }
+}
+
+// SGD with optional (Nesterov) momentum and coupled weight decay. `first` marks the first
+// step, on which the momentum buffer is the gradient itself.
+template <class T>
+void sgd_update(cpu, T* param, const T* grad, T* buffer, std::int64_t n, double lr, double momentum,
+                double dampening, bool nesterov, double weight_decay, bool first) {
+  const T mu = static_cast<T>(momentum), keep = static_cast<T>(1.0 - dampening);
+  const T wd = static_cast<T>(weight_decay), rate = static_cast<T>(lr);
+  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  for (std::int64_t i = 0; i < n; ++i) {
+    T d = grad[i];
+    if (weight_decay != 0.0) d += wd * param[i];
+    if (momentum != 0.0) {
+      buffer[i] = first ? d : buffer[i] * mu + d * keep;
+      d = nesterov ? d + mu * buffer[i] : buffer[i];
+    }
+    param[i] += -rate * d;
+  }
+}
+
+// Sum of squares, accumulated in double.
+template <class T>
+double sum_of_squares(cpu, const T* x, std::int64_t n) {
+  double total = 0.0;
+  DECENTRAIN_OMP(parallel for simd reduction(+ : total) if (n >= detail::parallel_threshold))
+  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return total;
+}
+
+}  // namespace decentrain::kernels
+// ---- end decentrain/kernels/cpu/optimizer.hpp ----
 // ---- begin decentrain/kernels/cpu/reduce.hpp ----
 // Reductions on the CPU. Sums accumulate in double: in f32 a long sum drifts by more than the
 // tolerances the parity tests state, and the extra cost is small next to the memory traffic.
@@ -3069,11 +3132,8 @@ class parameter_list {
     for (const auto& e : other.entries_) add(prefix + "." + e.name, e.param);
   }
 
-  const var<Device>& get(const std::string& name) const {
-    for (const auto& e : entries_)
-      if (e.name == name) return e.param;
-    detail::fail("parameter_list: no parameter named '", name, "'");
-  }
+  const var<Device>& get(const std::string& name) const { return find(name); }
+  var<Device>& get(const std::string& name) { return const_cast<var<Device>&>(find(name)); }
 
   bool contains(const std::string& name) const {
     for (const auto& e : entries_)
@@ -3098,6 +3158,12 @@ class parameter_list {
   auto end() { return entries_.end(); }
 
  private:
+  const var<Device>& find(const std::string& name) const {
+    for (const auto& e : entries_)
+      if (e.name == name) return e.param;
+    detail::fail("parameter_list: no parameter named '", name, "'");
+  }
+
   std::vector<entry> entries_;
 };
 
@@ -3320,4 +3386,330 @@ class gpt {
 }  // namespace decentrain::nn
 // ---- end decentrain/nn/gpt.hpp ----
 // ---- end decentrain/nn/nn.hpp ----
+// ---- begin decentrain/optim/optim.hpp ----
+// Everything in optim: AdamW, SGD (with Nesterov momentum), gradient clipping, schedules.
+
+// ---- begin decentrain/optim/adamw.hpp ----
+// AdamW: Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW. Weight
+// decay applies to parameters of rank >= 2 (matrices and embeddings) and not to biases and
+// layer-norm gains, the usual GPT recipe.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin decentrain/optim/detail.hpp ----
+// What the optimizers share: checking a parameter's dtype and running a kernel with its type.
+
+#include <string_view>
+
+
+namespace decentrain::optim::detail {
+
+// Optimizers keep full-precision master weights: f32 (or f64 in tests). bf16 parameters are a
+// storage format for copies, not something to update in place.
+template <class Device, class F>
+void with_master_type(std::string_view who, const std::string& name, const var<Device>& p, F&& f) {
+  switch (p.dtype()) {
+    case dtype::f32: return f(float{});
+    case dtype::f64: return f(double{});
+    default: break;
+  }
+  decentrain::detail::fail(who, ": parameter '", name, "' has dtype ", dtype_name(p.dtype()),
+                           "; optimizers update f32 (or f64) master weights");
+}
+
+}  // namespace decentrain::optim::detail
+// ---- end decentrain/optim/detail.hpp ----
+
+namespace decentrain::optim {
+
+struct adamw_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+
+  void validate() const {
+    decentrain::detail::check(lr >= 0.0, "adamw: lr must be >= 0, got ", lr);
+    decentrain::detail::check(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
+                              "adamw: betas must be in [0, 1), got (", beta1, ", ", beta2, ")");
+    decentrain::detail::check(eps > 0.0, "adamw: eps must be > 0, got ", eps);
+    decentrain::detail::check(weight_decay >= 0.0, "adamw: weight_decay must be >= 0, got ", weight_decay);
+  }
+};
+
+template <class Device = cpu>
+class adamw {
+ public:
+  // The optimizer refers to `params`, which must outlive it and keep its entries.
+  explicit adamw(parameter_list<Device>& params, adamw_options options = {})
+      : params_(&params), options_(options) {
+    options_.validate();
+    for (const auto& e : params) {
+      slots_.push_back({zeros<Device>(e.param.shape(), e.param.dtype()),
+                        zeros<Device>(e.param.shape(), e.param.dtype()), 0, e.param.rank() >= 2});
+    }
+  }
+
+  // One update of every parameter that has a gradient (others are skipped, as in PyTorch).
+  void step() {
+    detail_check_size();
+    std::size_t i = 0;
+    for (auto& e : *params_) {
+      auto& slot = slots_[i++];
+      if (!e.param.grad().defined()) continue;
+      ++slot.step;
+      const double wd = slot.decay ? options_.weight_decay : 0.0;
+      const auto grad = e.param.grad().contiguous();
+      optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
+        using T = decltype(tag);
+        kernels::adamw_update(Device{}, e.param.value().template data<T>(), grad.template data<T>(),
+                              slot.m.template data<T>(), slot.v.template data<T>(), e.param.value().numel(),
+                              options_.lr, options_.beta1, options_.beta2, options_.eps, wd, slot.step);
+      });
+    }
+  }
+
+  void set_lr(double lr) {
+    decentrain::detail::check(lr >= 0.0, "adamw: lr must be >= 0, got ", lr);
+    options_.lr = lr;
+  }
+  const adamw_options& options() const { return options_; }
+  // Whether parameter `name` is weight-decayed.
+  bool decays(const std::string& name) const { return slots_[index_of(name)].decay; }
+
+  // The state as named tensors ("<param>.exp_avg", "<param>.exp_avg_sq") plus per-parameter
+  // step counts, for checkpoints. load_state takes what state() gave, checking every shape.
+  struct state_entry {
+    std::string name;
+    tensor<Device> exp_avg, exp_avg_sq;
+    std::int64_t step;
+  };
+  std::vector<state_entry> state() const {
+    std::vector<state_entry> out;
+    std::size_t i = 0;
+    for (const auto& e : *params_) {
+      const auto& s = slots_[i++];
+      out.push_back({e.name, s.m, s.v, s.step});
+    }
+    return out;
+  }
+  void load_state(const std::vector<state_entry>& entries) {
+    detail_check_size();
+    decentrain::detail::check(entries.size() == slots_.size(), "adamw: state has ", entries.size(),
+                              " entries but the optimizer has ", slots_.size(), " parameters");
+    std::size_t i = 0;
+    for (const auto& e : *params_) {
+      const auto& in = entries[i];
+      decentrain::detail::check(in.name == e.name, "adamw: state entry ", i, " is for '", in.name,
+                                "' but parameter ", i, " is '", e.name, "'");
+      decentrain::detail::check(in.exp_avg.shape() == e.param.shape() && in.exp_avg_sq.shape() == e.param.shape(),
+                                "adamw: state for '", e.name, "' has shape ", in.exp_avg.shape(),
+                                " but the parameter has shape ", e.param.shape());
+      decentrain::detail::check(in.step >= 0, "adamw: negative step count for '", e.name, "'");
+      slots_[i].m.copy_from(in.exp_avg);
+      slots_[i].v.copy_from(in.exp_avg_sq);
+      slots_[i].step = in.step;
+      ++i;
+    }
+  }
+
+ private:
+  struct slot {
+    tensor<Device> m, v;
+    std::int64_t step;
+    bool decay;
+  };
+  void detail_check_size() const {
+    decentrain::detail::check(params_->size() == slots_.size(), "adamw: the parameter list changed size (",
+                              slots_.size(), " -> ", params_->size(), ") after the optimizer was made");
+  }
+  std::size_t index_of(const std::string& name) const {
+    std::size_t i = 0;
+    for (const auto& e : *params_) {
+      if (e.name == name) return i;
+      ++i;
+    }
+    decentrain::detail::fail("adamw: no parameter named '", name, "'");
+  }
+
+  parameter_list<Device>* params_;
+  adamw_options options_;
+  std::vector<slot> slots_;
+};
+
+}  // namespace decentrain::optim
+// ---- end decentrain/optim/adamw.hpp ----
+// ---- begin decentrain/optim/clip.hpp ----
+// Global-norm gradient clipping, as torch.nn.utils.clip_grad_norm_: when the L2 norm of all
+// gradients together exceeds max_norm, every gradient is scaled by max_norm / (norm + 1e-6).
+
+#include <cmath>
+
+
+namespace decentrain::optim {
+
+// Returns the norm before clipping (for logging). Parameters without gradients are ignored.
+template <class Device>
+double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
+  decentrain::detail::check(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  double total = 0.0;
+  for (const auto& e : params) {
+    if (!e.param.grad().defined()) continue;
+    const auto g = e.param.grad().contiguous();
+    optim::detail::with_master_type("clip_grad_norm", e.name, e.param, [&](auto tag) {
+      using T = decltype(tag);
+      total += kernels::sum_of_squares(Device{}, g.template data<T>(), g.numel());
+    });
+  }
+  const double norm = std::sqrt(total);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (auto& e : params) {
+      if (!e.param.grad().defined()) continue;
+      e.param.grad() = math::affine(e.param.grad(), coef);
+    }
+  }
+  return norm;
+}
+
+}  // namespace decentrain::optim
+// ---- end decentrain/optim/clip.hpp ----
+// ---- begin decentrain/optim/schedule.hpp ----
+// Learning-rate schedules. cosine_schedule is nanoGPT's: linear warmup to max_lr, cosine decay
+// to min_lr at decay_steps, then flat.
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+
+namespace decentrain::optim {
+
+struct cosine_schedule {
+  double max_lr = 1e-3;
+  double min_lr = 1e-4;
+  std::int64_t warmup_steps = 100;
+  std::int64_t decay_steps = 5000;
+
+  void validate() const {
+    decentrain::detail::check(max_lr >= min_lr && min_lr >= 0.0, "cosine_schedule: need max_lr >= min_lr >= 0, got ",
+                              max_lr, " and ", min_lr);
+    decentrain::detail::check(warmup_steps >= 0 && decay_steps > warmup_steps,
+                              "cosine_schedule: need 0 <= warmup_steps < decay_steps, got ", warmup_steps,
+                              " and ", decay_steps);
+  }
+
+  // The learning rate for step `step` (counting from 0).
+  double operator()(std::int64_t step) const {
+    if (step < warmup_steps) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
+    if (step > decay_steps) return min_lr;
+    const double ratio = static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps - warmup_steps);
+    return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (max_lr - min_lr);
+  }
+};
+
+}  // namespace decentrain::optim
+// ---- end decentrain/optim/schedule.hpp ----
+// ---- begin decentrain/optim/sgd.hpp ----
+// SGD with optional momentum, Nesterov momentum and (coupled) weight decay, as torch.optim.SGD.
+// DiLoCo's outer optimizer is this with Nesterov momentum 0.9 and lr 0.7.
+
+#include <string>
+#include <vector>
+
+
+namespace decentrain::optim {
+
+struct sgd_options {
+  double lr = 1e-2;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+
+  void validate() const {
+    decentrain::detail::check(lr >= 0.0, "sgd: lr must be >= 0, got ", lr);
+    decentrain::detail::check(momentum >= 0.0, "sgd: momentum must be >= 0, got ", momentum);
+    decentrain::detail::check(weight_decay >= 0.0, "sgd: weight_decay must be >= 0, got ", weight_decay);
+    decentrain::detail::check(!nesterov || (momentum > 0.0 && dampening == 0.0),
+                              "sgd: Nesterov momentum needs momentum > 0 and dampening 0");
+  }
+};
+
+template <class Device = cpu>
+class sgd {
+ public:
+  explicit sgd(parameter_list<Device>& params, sgd_options options = {}) : params_(&params), options_(options) {
+    options_.validate();
+    for (const auto& e : params) buffers_.push_back({zeros<Device>(e.param.shape(), e.param.dtype()), false});
+  }
+
+  void step() {
+    decentrain::detail::check(params_->size() == buffers_.size(), "sgd: the parameter list changed size after the optimizer was made");
+    std::size_t i = 0;
+    for (auto& e : *params_) {
+      auto& buf = buffers_[i++];
+      if (!e.param.grad().defined()) continue;
+      const auto grad = e.param.grad().contiguous();
+      optim::detail::with_master_type("sgd", e.name, e.param, [&](auto tag) {
+        using T = decltype(tag);
+        kernels::sgd_update(Device{}, e.param.value().template data<T>(), grad.template data<T>(),
+                            buf.momentum.template data<T>(), e.param.value().numel(), options_.lr,
+                            options_.momentum, options_.dampening, options_.nesterov,
+                            options_.weight_decay, !buf.started);
+      });
+      buf.started = true;
+    }
+  }
+
+  void set_lr(double lr) {
+    decentrain::detail::check(lr >= 0.0, "sgd: lr must be >= 0, got ", lr);
+    options_.lr = lr;
+  }
+  const sgd_options& options() const { return options_; }
+
+  // Momentum buffers by parameter name (undefined before a parameter's first step).
+  std::vector<std::pair<std::string, tensor<Device>>> state() const {
+    std::vector<std::pair<std::string, tensor<Device>>> out;
+    std::size_t i = 0;
+    for (const auto& e : *params_) {
+      const auto& b = buffers_[i++];
+      out.emplace_back(e.name, b.started ? b.momentum : tensor<Device>());
+    }
+    return out;
+  }
+  void load_state(const std::vector<std::pair<std::string, tensor<Device>>>& entries) {
+    decentrain::detail::check(entries.size() == buffers_.size(), "sgd: state has ", entries.size(),
+                              " entries but the optimizer has ", buffers_.size(), " parameters");
+    std::size_t i = 0;
+    for (const auto& e : *params_) {
+      const auto& [name, t] = entries[i];
+      decentrain::detail::check(name == e.name, "sgd: state entry ", i, " is for '", name, "' but parameter ", i, " is '", e.name, "'");
+      buffers_[i].started = t.defined();
+      if (t.defined()) {
+        decentrain::detail::check(t.shape() == e.param.shape(), "sgd: momentum for '", e.name, "' has shape ",
+                                  t.shape(), " but the parameter has shape ", e.param.shape());
+        buffers_[i].momentum.copy_from(t);
+      }
+      ++i;
+    }
+  }
+
+ private:
+  struct buffer {
+    tensor<Device> momentum;
+    bool started;
+  };
+  parameter_list<Device>* params_;
+  sgd_options options_;
+  std::vector<buffer> buffers_;
+};
+
+}  // namespace decentrain::optim
+// ---- end decentrain/optim/sgd.hpp ----
+// ---- end decentrain/optim/optim.hpp ----
 // ---- end decentrain/decentrain.hpp ----

@@ -156,12 +156,58 @@ def make_gpt(g):
     return tensors
 
 
+def make_optim(g):
+    """AdamW (decay on the matrix only, lr changed after step 3), SGD with Nesterov momentum
+    and clip_grad_norm_, each on fixed random gradients; parameters after every step."""
+    tensors = {}
+    init = {"w": torch.randn(5, 3, generator=g), "b": torch.randn(3, generator=g), "gain": 1 + 0.1 * torch.randn(3, generator=g)}
+    grads = [{k: torch.randn(v.shape, generator=g) for k, v in init.items()} for _ in range(6)]
+    for k, v in init.items():
+        tensors["init." + k] = v
+    for s, gs in enumerate(grads):
+        for k, v in gs.items():
+            tensors["grad%d.%s" % (s, k)] = v
+
+    p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    opt = torch.optim.AdamW([{"params": [p["w"]], "weight_decay": 0.1},
+                             {"params": [p["b"], p["gain"]], "weight_decay": 0.0}],
+                            lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    for s, gs in enumerate(grads):
+        if s == 3:
+            for group in opt.param_groups:
+                group["lr"] = 5e-3
+        for k in p:
+            p[k].grad = gs[k].clone()
+        opt.step()
+        for k in p:
+            tensors["adamw%d.%s" % (s, k)] = p[k].detach().clone()
+
+    p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    opt = torch.optim.SGD(list(p.values()), lr=0.7, momentum=0.9, nesterov=True)
+    for s, gs in enumerate(grads):
+        for k in p:
+            p[k].grad = gs[k].clone()
+        opt.step()
+        for k in p:
+            tensors["sgd%d.%s" % (s, k)] = p[k].detach().clone()
+
+    p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    for k in p:
+        p[k].grad = grads[0][k].clone()
+    norm = torch.nn.utils.clip_grad_norm_(list(p.values()), 1.5)
+    tensors["clip.norm"] = norm.reshape(1)
+    for k in p:
+        tensors["clip.%s" % k] = p[k].grad.clone()
+    return tensors
+
+
 def main():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(20261121)
     os.makedirs(OUT, exist_ok=True)
     write(os.path.join(OUT, "ops.dtfx"), make_ops(g))
     write(os.path.join(OUT, "gpt_block.dtfx"), make_gpt(g))
+    write(os.path.join(OUT, "optim.dtfx"), make_optim(g))
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print("wrote fixtures to %s (%d bytes, torch %s)" % (OUT, total, torch.__version__))
 

@@ -36,11 +36,8 @@ class parameter_list {
     for (const auto& e : other.entries_) add(prefix + "." + e.name, e.param);
   }
 
-  const var<Device>& get(const std::string& name) const {
-    for (const auto& e : entries_)
-      if (e.name == name) return e.param;
-    detail::fail("parameter_list: no parameter named '", name, "'");
-  }
+  const var<Device>& get(const std::string& name) const { return find(name); }
+  var<Device>& get(const std::string& name) { return const_cast<var<Device>&>(find(name)); }
 
   bool contains(const std::string& name) const {
     for (const auto& e : entries_)
@@ -65,6 +62,12 @@ class parameter_list {
   auto end() { return entries_.end(); }
 
  private:
+  const var<Device>& find(const std::string& name) const {
+    for (const auto& e : entries_)
+      if (e.name == name) return e.param;
+    detail::fail("parameter_list: no parameter named '", name, "'");
+  }
+
   std::vector<entry> entries_;
 };
 
