@@ -17,5 +17,6 @@
 #include "decentrain/kernels/cpu/reduce.hpp"
 #include "decentrain/kernels/cpu/softmax.hpp"
 #include "decentrain/autograd/autograd.hpp"
+#include "decentrain/data/data.hpp"
 #include "decentrain/nn/nn.hpp"
 #include "decentrain/optim/optim.hpp"

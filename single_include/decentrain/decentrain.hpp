@@ -3170,6 +3170,323 @@ class parameter_list {
 }  // namespace decentrain
 // ---- end decentrain/autograd/parameters.hpp ----
 // ---- end decentrain/autograd/autograd.hpp ----
+// ---- begin decentrain/data/data.hpp ----
+// Everything in data: tokenizers, llm.c token shards, datasets and the built-in corpus.
+
+// ---- begin decentrain/data/builtin_corpus.hpp ----
+// The built-in training text, generated so that the demo and tests need no files: a small
+// procedural English with structure worth learning at several ranges (spelling, number
+// agreement between subject and verb across adjectives and clauses, answers that repeat the
+// question's subject, counting). Deterministic from its seed.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::data {
+
+inline std::string builtin_corpus(std::size_t chars = std::size_t{1} << 20, std::uint64_t seed = 1) {
+  rng gen(seed, "builtin-corpus");
+  struct noun { const char *one, *many; };
+  struct verb { const char *one, *many; };
+  static const noun nouns[] = {{"cat", "cats"},     {"fox", "foxes"},   {"child", "children"},
+                               {"mouse", "mice"},   {"bird", "birds"},  {"farmer", "farmers"},
+                               {"wolf", "wolves"},  {"sailor", "sailors"}};
+  static const verb verbs[] = {{"sees", "see"},   {"follows", "follow"}, {"finds", "find"},
+                               {"watches", "watch"}, {"likes", "like"},  {"carries", "carry"}};
+  static const verb intransitive[] = {{"sleeps", "sleep"}, {"sings", "sing"}, {"waits", "wait"},
+                                      {"runs", "run"}};
+  static const char* adjectives[] = {"old", "quick", "small", "red", "quiet", "brave"};
+  static const char* places[] = {"the garden", "the river", "the barn", "the forest", "the harbour"};
+  static const char* things[] = {"a lamp", "the bread", "some apples", "a letter", "the rope"};
+  static const char* numbers[] = {"one", "two", "three", "four", "five", "six", "seven", "eight", "nine"};
+  const auto pick = [&](const auto& arr) -> const auto& {
+    return arr[gen.below(sizeof(arr) / sizeof(arr[0]))];
+  };
+
+  // A noun phrase; `many` says whether it is plural.
+  const auto subject = [&](bool many, const noun& n) {
+    std::string s = many ? (gen.below(2) ? "the " : "some ") : (gen.below(2) ? "the " : "a ");
+    if (gen.below(2)) s += std::string(pick(adjectives)) + " ";
+    return s + (many ? n.many : n.one);
+  };
+
+  std::string text;
+  while (text.size() < chars) {
+    switch (gen.below(4)) {
+      case 0:
+      case 1: {  // statement, sometimes with a relative clause between subject and verb
+        const bool many = gen.below(2);
+        const noun& n = pick(nouns);
+        std::string s = subject(many, n);
+        if (gen.below(3) == 0) {
+          const verb& r = pick(intransitive);
+          s += std::string(" that ") + (many ? r.many : r.one);
+        }
+        const verb& v = pick(verbs);
+        s += std::string(" ") + (many ? v.many : v.one) + " " + pick(things);
+        if (gen.below(2)) s += std::string(" in ") + pick(places);
+        text += s + ". ";
+        break;
+      }
+      case 2: {  // question and an answer that names the same subject
+        const bool many = gen.below(2);
+        const noun& n = pick(nouns);
+        const char* place = pick(places);
+        text += std::string("where ") + (many ? "are the " : "is the ") + (many ? n.many : n.one) + "? ";
+        text += std::string("the ") + (many ? n.many : n.one) + (many ? " are in " : " is in ") + place + ". ";
+        break;
+      }
+      default: {  // counting from one
+        const std::size_t upto = 3 + gen.below(7);
+        for (std::size_t i = 0; i < upto; ++i) text += std::string(numbers[i]) + (i + 1 < upto ? ", " : ". ");
+        break;
+      }
+    }
+    if (gen.below(6) == 0) text += "\n";
+  }
+  text.resize(chars);
+  return text;
+}
+
+}  // namespace decentrain::data
+// ---- end decentrain/data/builtin_corpus.hpp ----
+// ---- begin decentrain/data/dataset.hpp ----
+// A token sequence split into training and validation parts, and deterministic batches drawn
+// from it. A batch is a pure function of (seed, split, step, rank): row i of rank r is row
+// r*B + i of the global batch of B*world rows, so N peers with batch B see exactly the rows one
+// peer with batch N*B would, and any step can be reproduced without replaying earlier ones.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::data {
+
+enum class split { train, validation };
+
+class token_dataset {
+ public:
+  // The last `val_fraction` of the tokens is the validation split.
+  explicit token_dataset(std::vector<std::int32_t> tokens, double val_fraction = 0.1) {
+    decentrain::detail::check(val_fraction >= 0.0 && val_fraction < 1.0,
+                              "token_dataset: val_fraction must be in [0, 1), got ", val_fraction);
+    const auto n_val = static_cast<std::size_t>(static_cast<double>(tokens.size()) * val_fraction);
+    val_.assign(tokens.end() - static_cast<std::ptrdiff_t>(n_val), tokens.end());
+    tokens.resize(tokens.size() - n_val);
+    train_ = std::move(tokens);
+  }
+
+  const std::vector<std::int32_t>& tokens(split s) const { return s == split::train ? train_ : val_; }
+
+  // Inputs and next-token targets, each (batch, block) i32, for this rank's share of the
+  // global batch at `step`.
+  template <class Device = cpu>
+  std::pair<tensor<Device>, tensor<Device>> batch(split s, std::int64_t step, std::int64_t batch_size,
+                                                  std::int64_t block, std::uint64_t seed, std::int64_t rank = 0,
+                                                  std::int64_t world = 1) const {
+    const auto& t = tokens(s);
+    decentrain::detail::check(batch_size > 0 && block > 0, "token_dataset: batch size and block must be positive, got ",
+                              batch_size, " and ", block);
+    decentrain::detail::check(world > 0 && rank >= 0 && rank < world, "token_dataset: rank ", rank,
+                              " is outside [0, world = ", world, ")");
+    decentrain::detail::check(static_cast<std::int64_t>(t.size()) > block, "token_dataset: the ",
+                              s == split::train ? "training" : "validation", " split has ", t.size(),
+                              " tokens, fewer than block + 1 = ", block + 1);
+    const auto starts = static_cast<std::uint64_t>(static_cast<std::int64_t>(t.size()) - block);
+    std::vector<std::int32_t> x(static_cast<std::size_t>(batch_size * block)), y(x.size());
+    for (std::int64_t i = 0; i < batch_size; ++i) {
+      const auto row = static_cast<std::uint64_t>(rank * batch_size + i);
+      const std::uint64_t h = mix(seed ^ mix((s == split::train ? 0x7261696eull : 0x76616cull) ^
+                                             mix(static_cast<std::uint64_t>(step) ^ mix(row))));
+      const auto start = static_cast<std::size_t>((static_cast<unsigned __int128>(h) * starts) >> 64);
+      std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start), block, x.begin() + i * block);
+      std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start) + 1, block, y.begin() + i * block);
+    }
+    return {from_vector<Device>(x, shape{batch_size, block}), from_vector<Device>(y, shape{batch_size, block})};
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t z) {  // splitmix64's finaliser
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  std::vector<std::int32_t> train_, val_;
+};
+
+}  // namespace decentrain::data
+// ---- end decentrain/data/dataset.hpp ----
+// ---- begin decentrain/data/token_shard.hpp ----
+// llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1, token
+// count, rest zero) followed by the tokens as uint16. Writes are atomic (temporary file,
+// flush, rename) so a crash never leaves a half-written shard under the real name.
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::data {
+
+inline constexpr std::int32_t token_shard_magic = 20240520;
+inline constexpr std::int32_t token_shard_version = 1;
+inline constexpr std::size_t token_shard_header_ints = 256;
+
+inline void write_token_shard(const std::filesystem::path& path, const std::vector<std::int32_t>& tokens) {
+  std::vector<std::uint16_t> packed(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    detail::check(tokens[i] >= 0 && tokens[i] <= 65535, "write_token_shard: token ", tokens[i],
+                  " at index ", i, " does not fit the format's uint16");
+    packed[i] = static_cast<std::uint16_t>(tokens[i]);
+  }
+  detail::check(tokens.size() <= 0x7fffffffu, "write_token_shard: ", tokens.size(), " tokens exceed the int32 count field");
+  std::vector<std::int32_t> header(token_shard_header_ints, 0);
+  header[0] = token_shard_magic;
+  header[1] = token_shard_version;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+  const auto temporary = std::filesystem::path(path.string() + ".tmp");
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    detail::check(out.good(), "write_token_shard: cannot open ", temporary.string(), " for writing");
+    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+    out.write(reinterpret_cast<const char*>(packed.data()), static_cast<std::streamsize>(packed.size() * 2));
+    out.flush();
+    detail::check(out.good(), "write_token_shard: writing ", temporary.string(), " failed");
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+inline std::vector<std::int32_t> read_token_shard(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  detail::check(in.good(), "read_token_shard: cannot open ", path.string());
+  std::vector<std::int32_t> header(token_shard_header_ints);
+  in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+  detail::check(in.gcount() == static_cast<std::streamsize>(header.size() * 4), "read_token_shard: ",
+                path.string(), " is shorter than the 1024-byte header");
+  detail::check(header[0] == token_shard_magic, "read_token_shard: ", path.string(), " has magic ",
+                header[0], ", expected ", token_shard_magic, " (not an llm.c token shard)");
+  detail::check(header[1] == token_shard_version, "read_token_shard: ", path.string(), " has version ",
+                header[1], ", expected ", token_shard_version);
+  detail::check(header[2] >= 0, "read_token_shard: ", path.string(), " declares a negative token count");
+  const auto count = static_cast<std::size_t>(header[2]);
+  const auto size = std::filesystem::file_size(path);
+  detail::check(size == token_shard_header_ints * 4 + count * 2, "read_token_shard: ", path.string(),
+                " declares ", count, " tokens but holds ", (size - token_shard_header_ints * 4) / 2,
+                (size < token_shard_header_ints * 4 + count * 2 ? " (truncated)" : " (trailing bytes)"));
+  std::vector<std::uint16_t> packed(count);
+  in.read(reinterpret_cast<char*>(packed.data()), static_cast<std::streamsize>(count * 2));
+  detail::check(static_cast<std::size_t>(in.gcount()) == count * 2, "read_token_shard: ", path.string(), " is truncated");
+  return std::vector<std::int32_t>(packed.begin(), packed.end());
+}
+
+// True when the file starts with the shard magic (how the CLI tells a shard from text).
+inline bool is_token_shard(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::int32_t magic = 0;
+  in.read(reinterpret_cast<char*>(&magic), 4);
+  return in.gcount() == 4 && magic == token_shard_magic;
+}
+
+}  // namespace decentrain::data
+// ---- end decentrain/data/token_shard.hpp ----
+// ---- begin decentrain/data/tokenizer.hpp ----
+// Tokenizers: bytes (vocabulary 256, takes any input) and characters (the distinct bytes of a
+// training text, as nanoGPT's shakespeare-char). Unknown input is an error naming it.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace decentrain::data {
+
+struct byte_tokenizer {
+  static constexpr std::int64_t vocab_size() { return 256; }
+  std::vector<std::int32_t> encode(std::string_view text) const {
+    std::vector<std::int32_t> out;
+    out.reserve(text.size());
+    for (unsigned char c : text) out.push_back(c);
+    return out;
+  }
+  std::string decode(const std::vector<std::int32_t>& ids) const {
+    std::string out;
+    out.reserve(ids.size());
+    for (auto id : ids) {
+      detail::check(id >= 0 && id < 256, "byte_tokenizer: id ", id, " is outside [0, 256)");
+      out += static_cast<char>(id);
+    }
+    return out;
+  }
+};
+
+class char_tokenizer {
+ public:
+  // The alphabet is the sorted set of distinct bytes in `text`.
+  static char_tokenizer from_text(std::string_view text) {
+    std::array<bool, 256> seen{};
+    for (unsigned char c : text) seen[c] = true;
+    std::string alphabet;
+    for (int c = 0; c < 256; ++c)
+      if (seen[static_cast<std::size_t>(c)]) alphabet += static_cast<char>(c);
+    return char_tokenizer(alphabet);
+  }
+
+  // From a saved alphabet (strictly increasing bytes), for checkpoints.
+  explicit char_tokenizer(std::string alphabet) : alphabet_(std::move(alphabet)) {
+    detail::check(!alphabet_.empty(), "char_tokenizer: the alphabet is empty");
+    ids_.fill(-1);
+    for (std::size_t i = 0; i < alphabet_.size(); ++i) {
+      const auto c = static_cast<unsigned char>(alphabet_[i]);
+      detail::check(ids_[c] < 0, "char_tokenizer: byte ", int(c), " appears twice in the alphabet");
+      ids_[c] = static_cast<std::int32_t>(i);
+    }
+  }
+
+  std::int64_t vocab_size() const { return static_cast<std::int64_t>(alphabet_.size()); }
+  const std::string& alphabet() const { return alphabet_; }
+
+  std::vector<std::int32_t> encode(std::string_view text) const {
+    std::vector<std::int32_t> out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      detail::check(ids_[c] >= 0, "char_tokenizer: character ", describe(c), " at offset ", i,
+                    " is not in the alphabet of ", alphabet_.size(), " characters");
+      out.push_back(ids_[c]);
+    }
+    return out;
+  }
+  std::string decode(const std::vector<std::int32_t>& ids) const {
+    std::string out;
+    out.reserve(ids.size());
+    for (auto id : ids) {
+      detail::check(id >= 0 && id < vocab_size(), "char_tokenizer: id ", id, " is outside [0, ", vocab_size(), ")");
+      out += alphabet_[static_cast<std::size_t>(id)];
+    }
+    return out;
+  }
+
+ private:
+  static std::string describe(unsigned char c) {
+    if (c >= 32 && c < 127) return std::string("'") + static_cast<char>(c) + "'";
+    return "byte " + std::to_string(int(c));
+  }
+  std::string alphabet_;
+  std::array<std::int32_t, 256> ids_{};
+};
+
+}  // namespace decentrain::data
+// ---- end decentrain/data/tokenizer.hpp ----
+// ---- end decentrain/data/data.hpp ----
 // ---- begin decentrain/nn/nn.hpp ----
 // Everything in nn: the GPT-2 configuration, presets, layers and model.
 

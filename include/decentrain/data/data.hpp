@@ -1,0 +1,7 @@
+// Everything in data: tokenizers, llm.c token shards, datasets and the built-in corpus.
+#pragma once
+
+#include "decentrain/data/builtin_corpus.hpp"
+#include "decentrain/data/dataset.hpp"
+#include "decentrain/data/token_shard.hpp"
+#include "decentrain/data/tokenizer.hpp"
