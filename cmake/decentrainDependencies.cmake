@@ -1,5 +1,6 @@
 # Finds what the decentrain target links, in the build tree and again in an installed
 # package config, so both give the same targets:
+#   cereal::cereal      required: checkpoints and (later) network messages are cereal archives
 #   OpenMP::OpenMP_CXX  when OpenMP is available (CPU kernels run multi-threaded)
 #   decentrain::cblas   always; it carries a CBLAS and DECENTRAIN_HAS_CBLAS=1 when one is
 #                       found, and is empty otherwise (the portable GEMM is used then)
@@ -9,6 +10,7 @@
 # bench/gemm: both sides slowed to about 0.6x on 2 cores).
 include_guard(GLOBAL)
 
+find_package(cereal REQUIRED)
 find_package(OpenMP QUIET COMPONENTS CXX)
 
 if(NOT TARGET decentrain::cblas)

@@ -20,3 +20,5 @@
 #include "decentrain/data/data.hpp"
 #include "decentrain/nn/nn.hpp"
 #include "decentrain/optim/optim.hpp"
+#include "decentrain/io/io.hpp"
+#include "decentrain/train/train.hpp"

@@ -1,7 +1,7 @@
 # Shared by scripts/test and scripts/demo: installs the Debian packages the build needs (only
 # those missing; apt-get as root, or through sudo) and configures the build directory.
-# Packages: g++/make (build-essential), cmake, catch2 (tests), libopenblas-openmp-dev (CBLAS GEMM
-# sharing the OpenMP thread pool of the other kernels),
+# Packages: g++/make (build-essential), cmake, catch2 (tests), libcereal-dev (checkpoints),
+# libopenblas-openmp-dev (CBLAS GEMM sharing the OpenMP thread pool of the other kernels),
 # python3 (single-header generator). OpenMP ships with g++.
 
 DECENTRAIN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -24,6 +24,6 @@ decentrain_install_packages() {
 }
 
 decentrain_configure() {
-  decentrain_install_packages build-essential cmake catch2 libopenblas-openmp-dev python3 "$@"
+  decentrain_install_packages build-essential cmake catch2 libcereal-dev libopenblas-openmp-dev python3 "$@"
   cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release
 }

@@ -3320,82 +3320,6 @@ class token_dataset {
 
 }  // namespace decentrain::data
 // ---- end decentrain/data/dataset.hpp ----
-// ---- begin decentrain/data/token_shard.hpp ----
-// llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1, token
-// count, rest zero) followed by the tokens as uint16. Writes are atomic (temporary file,
-// flush, rename) so a crash never leaves a half-written shard under the real name.
-
-#include <cstdint>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <string>
-#include <vector>
-
-
-namespace decentrain::data {
-
-inline constexpr std::int32_t token_shard_magic = 20240520;
-inline constexpr std::int32_t token_shard_version = 1;
-inline constexpr std::size_t token_shard_header_ints = 256;
-
-inline void write_token_shard(const std::filesystem::path& path, const std::vector<std::int32_t>& tokens) {
-  std::vector<std::uint16_t> packed(tokens.size());
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    detail::check(tokens[i] >= 0 && tokens[i] <= 65535, "write_token_shard: token ", tokens[i],
-                  " at index ", i, " does not fit the format's uint16");
-    packed[i] = static_cast<std::uint16_t>(tokens[i]);
-  }
-  detail::check(tokens.size() <= 0x7fffffffu, "write_token_shard: ", tokens.size(), " tokens exceed the int32 count field");
-  std::vector<std::int32_t> header(token_shard_header_ints, 0);
-  header[0] = token_shard_magic;
-  header[1] = token_shard_version;
-  header[2] = static_cast<std::int32_t>(tokens.size());
-  const auto temporary = std::filesystem::path(path.string() + ".tmp");
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    detail::check(out.good(), "write_token_shard: cannot open ", temporary.string(), " for writing");
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
-    out.write(reinterpret_cast<const char*>(packed.data()), static_cast<std::streamsize>(packed.size() * 2));
-    out.flush();
-    detail::check(out.good(), "write_token_shard: writing ", temporary.string(), " failed");
-  }
-  std::filesystem::rename(temporary, path);
-}
-
-inline std::vector<std::int32_t> read_token_shard(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  detail::check(in.good(), "read_token_shard: cannot open ", path.string());
-  std::vector<std::int32_t> header(token_shard_header_ints);
-  in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
-  detail::check(in.gcount() == static_cast<std::streamsize>(header.size() * 4), "read_token_shard: ",
-                path.string(), " is shorter than the 1024-byte header");
-  detail::check(header[0] == token_shard_magic, "read_token_shard: ", path.string(), " has magic ",
-                header[0], ", expected ", token_shard_magic, " (not an llm.c token shard)");
-  detail::check(header[1] == token_shard_version, "read_token_shard: ", path.string(), " has version ",
-                header[1], ", expected ", token_shard_version);
-  detail::check(header[2] >= 0, "read_token_shard: ", path.string(), " declares a negative token count");
-  const auto count = static_cast<std::size_t>(header[2]);
-  const auto size = std::filesystem::file_size(path);
-  detail::check(size == token_shard_header_ints * 4 + count * 2, "read_token_shard: ", path.string(),
-                " declares ", count, " tokens but holds ", (size - token_shard_header_ints * 4) / 2,
-                (size < token_shard_header_ints * 4 + count * 2 ? " (truncated)" : " (trailing bytes)"));
-  std::vector<std::uint16_t> packed(count);
-  in.read(reinterpret_cast<char*>(packed.data()), static_cast<std::streamsize>(count * 2));
-  detail::check(static_cast<std::size_t>(in.gcount()) == count * 2, "read_token_shard: ", path.string(), " is truncated");
-  return std::vector<std::int32_t>(packed.begin(), packed.end());
-}
-
-// True when the file starts with the shard magic (how the CLI tells a shard from text).
-inline bool is_token_shard(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::int32_t magic = 0;
-  in.read(reinterpret_cast<char*>(&magic), 4);
-  return in.gcount() == 4 && magic == token_shard_magic;
-}
-
-}  // namespace decentrain::data
-// ---- end decentrain/data/token_shard.hpp ----
 // ---- begin decentrain/data/tokenizer.hpp ----
 // Tokenizers: bytes (vocabulary 256, takes any input) and characters (the distinct bytes of a
 // training text, as nanoGPT's shakespeare-char). Unknown input is an error naming it.
@@ -4029,4 +3953,384 @@ class sgd {
 }  // namespace decentrain::optim
 // ---- end decentrain/optim/sgd.hpp ----
 // ---- end decentrain/optim/optim.hpp ----
+// ---- begin decentrain/io/io.hpp ----
+// Everything in io: cereal glue, atomic files, checkpoints.
+
+// ---- begin decentrain/io/atomic_file.hpp ----
+// Writing a file so that readers see either the old contents or the complete new ones: write a
+// temporary file beside it, fsync it, rename it over the target, fsync the directory. A crash
+// at any point leaves no partial file under the real name.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+
+
+namespace decentrain::io {
+
+inline void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const auto temporary = std::filesystem::path(path.string() + ".tmp");
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  decentrain::detail::check(fd >= 0, "cannot create ", temporary.string(), ": ", std::strerror(errno));
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const auto n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      decentrain::detail::fail("cannot write ", temporary.string(), ": ", std::strerror(err));
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced) {
+    ::unlink(temporary.c_str());
+    decentrain::detail::fail("cannot flush ", temporary.string(), " to disk: ", std::strerror(errno));
+  }
+  std::filesystem::rename(temporary, path);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // makes the rename itself durable
+    ::close(dfd);
+  }
+}
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  decentrain::detail::check(in.good(), "cannot open ", path.string());
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace decentrain::io
+// ---- end decentrain/io/atomic_file.hpp ----
+// ---- begin decentrain/io/checkpoint.hpp ----
+// Training checkpoints: named tensors (model parameters, optimizer state), integer counters
+// (the step, per-parameter optimizer steps), rng states and text (configuration, tokenizer),
+// serialized with cereal's portable binary archive behind a magic number, a version and a
+// checksum, and written atomically. What goes in is up to the caller (train/checkpoint.hpp
+// fills one from a model and its optimizer); each component uses its own name prefix.
+
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/map.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/io/tensor_archive.hpp ----
+// cereal glue for tensors and rng streams. A tensor is stored as dtype code, sizes and raw
+// little-endian bytes; loading checks every field, so a damaged archive fails with a message
+// instead of allocating absurd sizes or reading out of bounds.
+
+#include <cereal/cereal.hpp>
+#include <cereal/types/array.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+#include <cstdint>
+#include <vector>
+
+
+namespace decentrain {
+
+namespace detail {
+inline constexpr std::size_t archive_max_rank = 8;
+inline constexpr std::int64_t archive_max_elements = std::int64_t{1} << 40;
+}  // namespace detail
+
+template <class Archive>
+void save(Archive& ar, const tensor<cpu>& t) {
+  decentrain::detail::check(t.defined(), "cannot serialize an undefined tensor");
+  const auto c = t.contiguous();
+  ar(static_cast<std::uint8_t>(c.dtype()), c.shape().sizes());
+  ar(cereal::binary_data(c.raw_data(), c.nbytes()));
+}
+
+template <class Archive>
+void load(Archive& ar, tensor<cpu>& t) {
+  std::uint8_t code = 0;
+  std::vector<std::int64_t> sizes;
+  ar(code, sizes);
+  decentrain::detail::check(code <= static_cast<std::uint8_t>(dtype::i32), "archive: unknown tensor dtype code ", int(code));
+  decentrain::detail::check(sizes.size() <= detail::archive_max_rank, "archive: tensor rank ", sizes.size(), " exceeds ",
+                detail::archive_max_rank);
+  std::int64_t numel = 1;
+  for (auto s : sizes) {
+    decentrain::detail::check(s >= 0 && (s == 0 || numel <= detail::archive_max_elements / s),
+                  "archive: implausible tensor size ", s);
+    numel *= s;
+  }
+  t = tensor<cpu>::empty(shape(sizes), static_cast<dtype>(code));
+  ar(cereal::binary_data(t.raw_data(), t.nbytes()));
+}
+
+// rng streams: name and the 256-bit state.
+template <class Archive>
+void save(Archive& ar, const rng& r) {
+  ar(r.name(), r.state());
+}
+template <class Archive>
+void load(Archive& ar, rng& r) {
+  std::string name;
+  rng::state_type state{};
+  ar(name, state);
+  r = rng(0, name);
+  r.set_state(state);
+}
+
+}  // namespace decentrain
+// ---- end decentrain/io/tensor_archive.hpp ----
+
+namespace decentrain::io {
+
+inline constexpr char checkpoint_magic[8] = {'D', 'T', 'C', 'K', 'P', 'T', '\0', '\0'};
+inline constexpr std::uint32_t checkpoint_version = 1;
+
+struct checkpoint {
+  std::map<std::string, tensor<cpu>> tensors;
+  std::map<std::string, std::int64_t> counters;
+  std::map<std::string, rng::state_type> rngs;
+  std::map<std::string, std::string> text;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(tensors, counters, rngs, text);
+  }
+
+  const tensor<cpu>& tensor_at(const std::string& name) const {
+    auto it = tensors.find(name);
+    decentrain::detail::check(it != tensors.end(), "checkpoint: missing tensor '", name, "'");
+    return it->second;
+  }
+  std::int64_t counter(const std::string& name) const {
+    auto it = counters.find(name);
+    decentrain::detail::check(it != counters.end(), "checkpoint: missing counter '", name, "'");
+    return it->second;
+  }
+};
+
+// FNV-1a over the payload: catches torn or bit-flipped files (not tampering; that is what the
+// authenticated transport is for).
+inline std::uint64_t checkpoint_checksum(std::string_view bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// File layout: magic (8 bytes), version (u32 LE), payload length (u64 LE), FNV-1a of the
+// payload (u64 LE), payload (cereal portable binary).
+inline void save_checkpoint(const std::filesystem::path& path, const checkpoint& ckpt) {
+  std::ostringstream payload(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(payload);
+    ar(ckpt);
+  }
+  const std::string body = payload.str();
+  std::string file(checkpoint_magic, sizeof checkpoint_magic);
+  auto put = [&](std::uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) file += static_cast<char>((v >> (8 * i)) & 0xff);
+  };
+  put(checkpoint_version, 4);
+  put(body.size(), 8);
+  put(checkpoint_checksum(body), 8);
+  write_file_atomically(path, file + body);
+}
+
+inline checkpoint load_checkpoint(const std::filesystem::path& path) {
+  const std::string file = read_file(path);
+  const std::string where = "checkpoint " + path.string();
+  constexpr std::size_t header = sizeof checkpoint_magic + 4 + 8 + 8;
+  decentrain::detail::check(file.size() >= header, where, " is truncated (", file.size(), " bytes, header needs ", header, ")");
+  decentrain::detail::check(file.compare(0, sizeof checkpoint_magic, std::string(checkpoint_magic, sizeof checkpoint_magic)) == 0,
+                            where, " has a bad magic number (not a decentrain checkpoint)");
+  auto get = [&](std::size_t at, int bytes) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(file[at + static_cast<std::size_t>(i)])) << (8 * i);
+    return v;
+  };
+  const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
+  decentrain::detail::check(version == checkpoint_version, where, " has version ", version, ", expected ", checkpoint_version);
+  decentrain::detail::check(file.size() - header == length, where, " is truncated or padded: payload of ",
+                            file.size() - header, " bytes, header says ", length);
+  const std::string_view body(file.data() + header, length);
+  decentrain::detail::check(checkpoint_checksum(body) == checksum, where, " is corrupt (checksum mismatch)");
+  checkpoint ckpt;
+  try {
+    std::istringstream in(std::string(body), std::ios::binary);
+    cereal::PortableBinaryInputArchive ar(in);
+    ar(ckpt);
+  } catch (const std::exception& e) {
+    // cereal's own errors, our field checks, and bad_alloc/length_error from a container length
+    // that is garbage: all mean the payload is not a checkpoint this code wrote.
+    decentrain::detail::fail(where, " cannot be decoded: ", e.what());
+  }
+  return ckpt;
+}
+
+}  // namespace decentrain::io
+// ---- end decentrain/io/checkpoint.hpp ----
+// ---- begin decentrain/io/token_shard.hpp ----
+// llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1, token
+// count, rest zero) followed by the tokens as uint16. Writes are atomic (temporary file,
+// flush, rename) so a crash never leaves a half-written shard under the real name.
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::io {
+
+inline constexpr std::int32_t token_shard_magic = 20240520;
+inline constexpr std::int32_t token_shard_version = 1;
+inline constexpr std::size_t token_shard_header_ints = 256;
+
+inline void write_token_shard(const std::filesystem::path& path, const std::vector<std::int32_t>& tokens) {
+  std::vector<std::uint16_t> packed(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    decentrain::detail::check(tokens[i] >= 0 && tokens[i] <= 65535, "write_token_shard: token ", tokens[i],
+                  " at index ", i, " does not fit the format's uint16");
+    packed[i] = static_cast<std::uint16_t>(tokens[i]);
+  }
+  decentrain::detail::check(tokens.size() <= 0x7fffffffu, "write_token_shard: ", tokens.size(), " tokens exceed the int32 count field");
+  std::vector<std::int32_t> header(token_shard_header_ints, 0);
+  header[0] = token_shard_magic;
+  header[1] = token_shard_version;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+  const auto temporary = std::filesystem::path(path.string() + ".tmp");
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    decentrain::detail::check(out.good(), "write_token_shard: cannot open ", temporary.string(), " for writing");
+    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+    out.write(reinterpret_cast<const char*>(packed.data()), static_cast<std::streamsize>(packed.size() * 2));
+    out.flush();
+    decentrain::detail::check(out.good(), "write_token_shard: writing ", temporary.string(), " failed");
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+inline std::vector<std::int32_t> read_token_shard(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  decentrain::detail::check(in.good(), "read_token_shard: cannot open ", path.string());
+  std::vector<std::int32_t> header(token_shard_header_ints);
+  in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+  decentrain::detail::check(in.gcount() == static_cast<std::streamsize>(header.size() * 4), "read_token_shard: ",
+                path.string(), " is shorter than the 1024-byte header");
+  decentrain::detail::check(header[0] == token_shard_magic, "read_token_shard: ", path.string(), " has magic ",
+                header[0], ", expected ", token_shard_magic, " (not an llm.c token shard)");
+  decentrain::detail::check(header[1] == token_shard_version, "read_token_shard: ", path.string(), " has version ",
+                header[1], ", expected ", token_shard_version);
+  decentrain::detail::check(header[2] >= 0, "read_token_shard: ", path.string(), " declares a negative token count");
+  const auto count = static_cast<std::size_t>(header[2]);
+  const auto size = std::filesystem::file_size(path);
+  decentrain::detail::check(size == token_shard_header_ints * 4 + count * 2, "read_token_shard: ", path.string(),
+                " declares ", count, " tokens but holds ", (size - token_shard_header_ints * 4) / 2,
+                (size < token_shard_header_ints * 4 + count * 2 ? " (truncated)" : " (trailing bytes)"));
+  std::vector<std::uint16_t> packed(count);
+  in.read(reinterpret_cast<char*>(packed.data()), static_cast<std::streamsize>(count * 2));
+  decentrain::detail::check(static_cast<std::size_t>(in.gcount()) == count * 2, "read_token_shard: ", path.string(), " is truncated");
+  return std::vector<std::int32_t>(packed.begin(), packed.end());
+}
+
+// True when the file starts with the shard magic (how the CLI tells a shard from text).
+inline bool is_token_shard(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::int32_t magic = 0;
+  in.read(reinterpret_cast<char*>(&magic), 4);
+  return in.gcount() == 4 && magic == token_shard_magic;
+}
+
+}  // namespace decentrain::io
+// ---- end decentrain/io/token_shard.hpp ----
+// ---- end decentrain/io/io.hpp ----
+// ---- begin decentrain/train/train.hpp ----
+// Everything in train: checkpointing of a training run (the trainer arrives with issue 4).
+
+// ---- begin decentrain/train/checkpoint.hpp ----
+// Moving a training run in and out of a checkpoint: the GPT's parameters ("model.<name>") and
+// configuration ("config.*"), AdamW's state ("adamw.<name>.*") and the step. Resuming from it
+// reproduces the uninterrupted run bit for bit (tests/train/test_checkpoint.cpp).
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+
+namespace decentrain::train {
+
+// Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
+// and the step, in one checkpoint.
+template <class Device>
+io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
+  io::checkpoint c;
+  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = e.param.value().clone();
+  const auto& cfg = model.config();
+  c.counters["config.n_layer"] = cfg.n_layer;
+  c.counters["config.n_head"] = cfg.n_head;
+  c.counters["config.n_embd"] = cfg.n_embd;
+  c.counters["config.block_size"] = cfg.block_size;
+  c.counters["config.vocab_size"] = cfg.vocab_size;
+  std::ostringstream dropout;
+  dropout.precision(17);
+  dropout << cfg.dropout;
+  c.text["config.dropout"] = dropout.str();
+  for (const auto& s : optimizer.state()) {
+    c.tensors["adamw." + s.name + ".exp_avg"] = s.exp_avg.clone();
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = s.exp_avg_sq.clone();
+    c.counters["adamw." + s.name + ".step"] = s.step;
+  }
+  c.counters["step"] = step;
+  return c;
+}
+
+inline nn::gpt_config config_of(const io::checkpoint& c) {
+  nn::gpt_config cfg{c.counter("config.n_layer"), c.counter("config.n_head"), c.counter("config.n_embd"),
+                     c.counter("config.block_size"), c.counter("config.vocab_size"), 0.0};
+  auto it = c.text.find("config.dropout");
+  decentrain::detail::check(it != c.text.end(), "checkpoint: missing text 'config.dropout'");
+  cfg.dropout = std::stod(it->second);
+  cfg.validate();
+  return cfg;
+}
+
+// Loads parameters and optimizer state into a model built with config_of(c); returns the step.
+template <class Device>
+std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::adamw<Device>& optimizer) {
+  decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
+  for (auto& e : model.parameters()) {
+    const auto& t = c.tensor_at("model." + e.name);
+    decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),
+                              ", the model expects ", e.param.shape());
+    e.param.value().copy_from(t);
+  }
+  auto state = optimizer.state();
+  for (auto& s : state) {
+    s.exp_avg = c.tensor_at("adamw." + s.name + ".exp_avg");
+    s.exp_avg_sq = c.tensor_at("adamw." + s.name + ".exp_avg_sq");
+    s.step = c.counter("adamw." + s.name + ".step");
+  }
+  optimizer.load_state(state);
+  return c.counter("step");
+}
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/checkpoint.hpp ----
+// ---- end decentrain/train/train.hpp ----
 // ---- end decentrain/decentrain.hpp ----

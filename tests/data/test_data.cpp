@@ -9,6 +9,7 @@
 
 namespace dt = decentrain;
 namespace data = decentrain::data;
+namespace io = decentrain::io;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -46,32 +47,32 @@ TEST_CASE("byte and char tokenizers round-trip and refuse unknown input", "[data
 TEST_CASE("llm.c token shards round-trip", "[data][shard]") {
   const auto path = temp_file("roundtrip.bin");
   const std::vector<std::int32_t> tokens = {0, 1, 50256, 65535, 7};
-  data::write_token_shard(path, tokens);
+  io::write_token_shard(path, tokens);
   CHECK(std::filesystem::file_size(path) == 1024 + 10);
-  CHECK(data::is_token_shard(path));
-  CHECK(data::read_token_shard(path) == tokens);
+  CHECK(io::is_token_shard(path));
+  CHECK(io::read_token_shard(path) == tokens);
   CHECK_FALSE(std::filesystem::exists(path.string() + ".tmp"));
-  CHECK_THROWS_WITH(data::write_token_shard(path, {1, 70000}), Contains("token 70000 at index 1 does not fit"));
-  CHECK(data::read_token_shard(path) == tokens);  // a refused write leaves the old shard intact
+  CHECK_THROWS_WITH(io::write_token_shard(path, {1, 70000}), Contains("token 70000 at index 1 does not fit"));
+  CHECK(io::read_token_shard(path) == tokens);  // a refused write leaves the old shard intact
   std::filesystem::remove(path);
 }
 
 TEST_CASE("bad shard files give clear errors", "[data][shard]") {
   const auto path = temp_file("bad.bin");
   write_bytes(path, {1, 2, 3});
-  CHECK_THROWS_WITH(data::read_token_shard(path), Contains("shorter than the 1024-byte header"));
+  CHECK_THROWS_WITH(io::read_token_shard(path), Contains("shorter than the 1024-byte header"));
   write_bytes(path, header(12345, 1, 0));
-  CHECK_THROWS_WITH(data::read_token_shard(path), Contains("has magic 12345, expected 20240520"));
-  CHECK_FALSE(data::is_token_shard(path));
+  CHECK_THROWS_WITH(io::read_token_shard(path), Contains("has magic 12345, expected 20240520"));
+  CHECK_FALSE(io::is_token_shard(path));
   write_bytes(path, header(20240520, 2, 0));
-  CHECK_THROWS_WITH(data::read_token_shard(path), Contains("has version 2, expected 1"));
+  CHECK_THROWS_WITH(io::read_token_shard(path), Contains("has version 2, expected 1"));
   write_bytes(path, header(20240520, 1, 10), 6);
-  CHECK_THROWS_WITH(data::read_token_shard(path), Contains("declares 10 tokens but holds 3 (truncated)"));
+  CHECK_THROWS_WITH(io::read_token_shard(path), Contains("declares 10 tokens but holds 3 (truncated)"));
   write_bytes(path, header(20240520, 1, 1), 6);
-  CHECK_THROWS_WITH(data::read_token_shard(path), Contains("declares 1 tokens but holds 3 (trailing bytes)"));
+  CHECK_THROWS_WITH(io::read_token_shard(path), Contains("declares 1 tokens but holds 3 (trailing bytes)"));
   write_bytes(path, header(20240520, 1, -4));
-  CHECK_THROWS_WITH(data::read_token_shard(path), Contains("negative token count"));
-  CHECK_THROWS_WITH(data::read_token_shard(temp_file("missing.bin")), Contains("cannot open"));
+  CHECK_THROWS_WITH(io::read_token_shard(path), Contains("negative token count"));
+  CHECK_THROWS_WITH(io::read_token_shard(temp_file("missing.bin")), Contains("cannot open"));
   std::filesystem::remove(path);
 }
 

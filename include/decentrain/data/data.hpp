@@ -3,5 +3,4 @@
 
 #include "decentrain/data/builtin_corpus.hpp"
 #include "decentrain/data/dataset.hpp"
-#include "decentrain/data/token_shard.hpp"
 #include "decentrain/data/tokenizer.hpp"

@@ -12,7 +12,7 @@
 
 #include "decentrain/detail/error.hpp"
 
-namespace decentrain::data {
+namespace decentrain::io {
 
 inline constexpr std::int32_t token_shard_magic = 20240520;
 inline constexpr std::int32_t token_shard_version = 1;
@@ -21,11 +21,11 @@ inline constexpr std::size_t token_shard_header_ints = 256;
 inline void write_token_shard(const std::filesystem::path& path, const std::vector<std::int32_t>& tokens) {
   std::vector<std::uint16_t> packed(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    detail::check(tokens[i] >= 0 && tokens[i] <= 65535, "write_token_shard: token ", tokens[i],
+    decentrain::detail::check(tokens[i] >= 0 && tokens[i] <= 65535, "write_token_shard: token ", tokens[i],
                   " at index ", i, " does not fit the format's uint16");
     packed[i] = static_cast<std::uint16_t>(tokens[i]);
   }
-  detail::check(tokens.size() <= 0x7fffffffu, "write_token_shard: ", tokens.size(), " tokens exceed the int32 count field");
+  decentrain::detail::check(tokens.size() <= 0x7fffffffu, "write_token_shard: ", tokens.size(), " tokens exceed the int32 count field");
   std::vector<std::int32_t> header(token_shard_header_ints, 0);
   header[0] = token_shard_magic;
   header[1] = token_shard_version;
@@ -33,35 +33,35 @@ inline void write_token_shard(const std::filesystem::path& path, const std::vect
   const auto temporary = std::filesystem::path(path.string() + ".tmp");
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    detail::check(out.good(), "write_token_shard: cannot open ", temporary.string(), " for writing");
+    decentrain::detail::check(out.good(), "write_token_shard: cannot open ", temporary.string(), " for writing");
     out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
     out.write(reinterpret_cast<const char*>(packed.data()), static_cast<std::streamsize>(packed.size() * 2));
     out.flush();
-    detail::check(out.good(), "write_token_shard: writing ", temporary.string(), " failed");
+    decentrain::detail::check(out.good(), "write_token_shard: writing ", temporary.string(), " failed");
   }
   std::filesystem::rename(temporary, path);
 }
 
 inline std::vector<std::int32_t> read_token_shard(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  detail::check(in.good(), "read_token_shard: cannot open ", path.string());
+  decentrain::detail::check(in.good(), "read_token_shard: cannot open ", path.string());
   std::vector<std::int32_t> header(token_shard_header_ints);
   in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
-  detail::check(in.gcount() == static_cast<std::streamsize>(header.size() * 4), "read_token_shard: ",
+  decentrain::detail::check(in.gcount() == static_cast<std::streamsize>(header.size() * 4), "read_token_shard: ",
                 path.string(), " is shorter than the 1024-byte header");
-  detail::check(header[0] == token_shard_magic, "read_token_shard: ", path.string(), " has magic ",
+  decentrain::detail::check(header[0] == token_shard_magic, "read_token_shard: ", path.string(), " has magic ",
                 header[0], ", expected ", token_shard_magic, " (not an llm.c token shard)");
-  detail::check(header[1] == token_shard_version, "read_token_shard: ", path.string(), " has version ",
+  decentrain::detail::check(header[1] == token_shard_version, "read_token_shard: ", path.string(), " has version ",
                 header[1], ", expected ", token_shard_version);
-  detail::check(header[2] >= 0, "read_token_shard: ", path.string(), " declares a negative token count");
+  decentrain::detail::check(header[2] >= 0, "read_token_shard: ", path.string(), " declares a negative token count");
   const auto count = static_cast<std::size_t>(header[2]);
   const auto size = std::filesystem::file_size(path);
-  detail::check(size == token_shard_header_ints * 4 + count * 2, "read_token_shard: ", path.string(),
+  decentrain::detail::check(size == token_shard_header_ints * 4 + count * 2, "read_token_shard: ", path.string(),
                 " declares ", count, " tokens but holds ", (size - token_shard_header_ints * 4) / 2,
                 (size < token_shard_header_ints * 4 + count * 2 ? " (truncated)" : " (trailing bytes)"));
   std::vector<std::uint16_t> packed(count);
   in.read(reinterpret_cast<char*>(packed.data()), static_cast<std::streamsize>(count * 2));
-  detail::check(static_cast<std::size_t>(in.gcount()) == count * 2, "read_token_shard: ", path.string(), " is truncated");
+  decentrain::detail::check(static_cast<std::size_t>(in.gcount()) == count * 2, "read_token_shard: ", path.string(), " is truncated");
   return std::vector<std::int32_t>(packed.begin(), packed.end());
 }
 
@@ -73,4 +73,4 @@ inline bool is_token_shard(const std::filesystem::path& path) {
   return in.gcount() == 4 && magic == token_shard_magic;
 }
 
-}  // namespace decentrain::data
+}  // namespace decentrain::io

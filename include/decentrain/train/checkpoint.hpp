@@ -1,0 +1,71 @@
+// Moving a training run in and out of a checkpoint: the GPT's parameters ("model.<name>") and
+// configuration ("config.*"), AdamW's state ("adamw.<name>.*") and the step. Resuming from it
+// reproduces the uninterrupted run bit for bit (tests/train/test_checkpoint.cpp).
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "decentrain/io/checkpoint.hpp"
+#include "decentrain/nn/gpt.hpp"
+#include "decentrain/optim/adamw.hpp"
+
+namespace decentrain::train {
+
+// Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
+// and the step, in one checkpoint.
+template <class Device>
+io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
+  io::checkpoint c;
+  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = e.param.value().clone();
+  const auto& cfg = model.config();
+  c.counters["config.n_layer"] = cfg.n_layer;
+  c.counters["config.n_head"] = cfg.n_head;
+  c.counters["config.n_embd"] = cfg.n_embd;
+  c.counters["config.block_size"] = cfg.block_size;
+  c.counters["config.vocab_size"] = cfg.vocab_size;
+  std::ostringstream dropout;
+  dropout.precision(17);
+  dropout << cfg.dropout;
+  c.text["config.dropout"] = dropout.str();
+  for (const auto& s : optimizer.state()) {
+    c.tensors["adamw." + s.name + ".exp_avg"] = s.exp_avg.clone();
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = s.exp_avg_sq.clone();
+    c.counters["adamw." + s.name + ".step"] = s.step;
+  }
+  c.counters["step"] = step;
+  return c;
+}
+
+inline nn::gpt_config config_of(const io::checkpoint& c) {
+  nn::gpt_config cfg{c.counter("config.n_layer"), c.counter("config.n_head"), c.counter("config.n_embd"),
+                     c.counter("config.block_size"), c.counter("config.vocab_size"), 0.0};
+  auto it = c.text.find("config.dropout");
+  decentrain::detail::check(it != c.text.end(), "checkpoint: missing text 'config.dropout'");
+  cfg.dropout = std::stod(it->second);
+  cfg.validate();
+  return cfg;
+}
+
+// Loads parameters and optimizer state into a model built with config_of(c); returns the step.
+template <class Device>
+std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::adamw<Device>& optimizer) {
+  decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
+  for (auto& e : model.parameters()) {
+    const auto& t = c.tensor_at("model." + e.name);
+    decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),
+                              ", the model expects ", e.param.shape());
+    e.param.value().copy_from(t);
+  }
+  auto state = optimizer.state();
+  for (auto& s : state) {
+    s.exp_avg = c.tensor_at("adamw." + s.name + ".exp_avg");
+    s.exp_avg_sq = c.tensor_at("adamw." + s.name + ".exp_avg_sq");
+    s.step = c.counter("adamw." + s.name + ".step");
+  }
+  optimizer.load_state(state);
+  return c.counter("step");
+}
+
+}  // namespace decentrain::train

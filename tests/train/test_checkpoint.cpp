@@ -1,0 +1,154 @@
+// Checkpoints: every field round-trips, resuming reproduces the uninterrupted run bit for bit,
+// and truncated, corrupt or mismatched files fail with a clear error.
+#include <decentrain/decentrain.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace dt = decentrain;
+using Catch::Matchers::Contains;
+
+namespace {
+std::filesystem::path temp_file(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("decentrain_ckpt_" + name);
+}
+
+struct run {
+  dt::data::token_dataset data;
+  dt::nn::gpt_config cfg;
+  explicit run(const std::string& text) : data(dt::data::char_tokenizer::from_text(text).encode(text)), cfg(dt::nn::gpt_preset("tiny")) {
+    cfg.vocab_size = dt::data::char_tokenizer::from_text(text).vocab_size();
+    cfg.block_size = 16;
+    cfg.dropout = 0.1;  // makes the dropout rng part of the state to restore
+  }
+  // Trains steps [from, to) and returns their losses.
+  std::vector<double> train(dt::nn::gpt<>& model, dt::optim::adamw<>& opt, dt::rng& drop, std::int64_t from, std::int64_t to) {
+    std::vector<double> losses;
+    for (std::int64_t s = from; s < to; ++s) {
+      auto [x, y] = data.batch(dt::data::split::train, s, 4, 16, 3);
+      auto loss = model.loss(x, y, &drop);
+      model.parameters().zero_grad();
+      loss.backward();
+      opt.step();
+      losses.push_back(loss.item());
+    }
+    return losses;
+  }
+};
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips tensors of every dtype, counters, rngs and text", "[io][checkpoint]") {
+  dt::io::checkpoint c;
+  dt::rng gen(5, "ckpt");
+  c.tensors["a"] = dt::randn(dt::shape{3, 4}, gen);
+  c.tensors["b"] = dt::randn(dt::shape{5}, gen, dt::dtype::f64);
+  c.tensors["c"] = dt::randn(dt::shape{2, 2}, gen, dt::dtype::bf16);
+  c.tensors["d"] = dt::arange(7, dt::dtype::i32);
+  c.tensors["e"] = dt::full(dt::shape{}, 3.0);
+  c.counters["step"] = 123456789012345;
+  c.rngs["dropout"] = gen.state();
+  c.text["tokenizer"] = std::string("ab\0c", 4);
+  const auto path = temp_file("roundtrip.ckpt");
+  dt::io::save_checkpoint(path, c);
+  CHECK_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+  const auto back = dt::io::load_checkpoint(path);
+  for (const auto& [name, t] : c.tensors) {
+    INFO(name);
+    REQUIRE(back.tensors.count(name) == 1);
+    CHECK(back.tensors.at(name).dtype() == t.dtype());
+    CHECK(back.tensors.at(name).shape() == t.shape());
+    CHECK(back.tensors.at(name).to_vector<double>() == t.to_vector<double>());
+  }
+  CHECK(back.counters == c.counters);
+  CHECK(back.rngs == c.rngs);
+  CHECK(back.text == c.text);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("resuming from a checkpoint reproduces the uninterrupted run bit for bit", "[io][checkpoint][resume]") {
+  run r(dt::data::builtin_corpus(20000, 4));
+  dt::rng init_a(1, "init"), drop_a(2, "dropout");
+  dt::nn::gpt<> straight(r.cfg, init_a);
+  dt::optim::adamw<> opt_a(straight.parameters(), {2e-3, 0.9, 0.95, 1e-8, 0.1});
+  const auto expected = r.train(straight, opt_a, drop_a, 0, 12);
+
+  dt::rng init_b(1, "init"), drop_b(2, "dropout");
+  dt::nn::gpt<> first(r.cfg, init_b);
+  dt::optim::adamw<> opt_b(first.parameters(), {2e-3, 0.9, 0.95, 1e-8, 0.1});
+  auto losses = r.train(first, opt_b, drop_b, 0, 6);
+  auto c = dt::train::capture(first, opt_b, 6);
+  c.rngs["dropout"] = drop_b.state();
+  const auto path = temp_file("resume.ckpt");
+  dt::io::save_checkpoint(path, c);
+
+  const auto loaded = dt::io::load_checkpoint(path);
+  dt::rng other_init(99, "init"), drop_c(0, "dropout");  // everything must come from the file
+  dt::nn::gpt<> resumed(dt::train::config_of(loaded), other_init);
+  dt::optim::adamw<> opt_c(resumed.parameters(), {2e-3, 0.9, 0.95, 1e-8, 0.1});
+  const auto step = dt::train::restore(loaded, resumed, opt_c);
+  drop_c.set_state(loaded.rngs.at("dropout"));
+  CHECK(step == 6);
+  const auto rest = r.train(resumed, opt_c, drop_c, step, 12);
+  losses.insert(losses.end(), rest.begin(), rest.end());
+  REQUIRE(losses.size() == expected.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    INFO("step " << i);
+    CHECK(losses[i] == expected[i]);  // exact, not approximate
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][errors]") {
+  const auto path = temp_file("bad.ckpt");
+  dt::io::checkpoint c;
+  c.tensors["w"] = dt::ones(dt::shape{4, 4});
+  c.counters["step"] = 3;
+  dt::io::save_checkpoint(path, c);
+  const std::string good = dt::io::read_file(path);
+  auto write = [&](const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; };
+
+  write(good.substr(0, good.size() - 9));
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("is truncated or padded"));
+  write(good.substr(0, 10));
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("is truncated (10 bytes"));
+  std::string corrupt = good;
+  corrupt[corrupt.size() - 5] ^= 0x40;
+  write(corrupt);
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("is corrupt (checksum mismatch)"));
+  std::string magic = good;
+  magic[0] = 'X';
+  write(magic);
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("bad magic number"));
+  std::string version = good;
+  version[8] = 7;
+  write(version);
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("has version 7, expected 1"));
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(temp_file("absent.ckpt")), Contains("cannot open"));
+
+  // A well-formed file whose payload is not a checkpoint: the checksum matches, decoding fails.
+  std::string garbage = good.substr(0, 28) + std::string(40, '\x7f');
+  const std::string_view body(garbage.data() + 28, 40);
+  const auto len = body.size();
+  const auto sum = dt::io::checkpoint_checksum(body);
+  for (int i = 0; i < 8; ++i) garbage[12 + i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i) garbage[20 + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
+  write(garbage);
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("cannot be decoded"));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("restoring into a different model is refused", "[io][checkpoint][errors]") {
+  auto cfg = dt::nn::gpt_preset("tiny");
+  dt::rng gen(1, "init");
+  dt::nn::gpt<> model(cfg, gen);
+  dt::optim::adamw<> opt(model.parameters());
+  auto c = dt::train::capture(model, opt, 0);
+  cfg.n_layer = 3;
+  dt::nn::gpt<> bigger(cfg, gen);
+  dt::optim::adamw<> opt2(bigger.parameters());
+  CHECK_THROWS_WITH(dt::train::restore(c, bigger, opt2), Contains("model configuration differs"));
+  c.tensors.erase("adamw.h.1.mlp.c_fc.weight.exp_avg");
+  CHECK_THROWS_WITH(dt::train::restore(c, model, opt), Contains("missing tensor 'adamw.h.1.mlp.c_fc.weight.exp_avg'"));
+}
