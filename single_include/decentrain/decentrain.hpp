@@ -3954,7 +3954,7 @@ class sgd {
 // ---- end decentrain/optim/sgd.hpp ----
 // ---- end decentrain/optim/optim.hpp ----
 // ---- begin decentrain/io/io.hpp ----
-// Everything in io: cereal glue, atomic files, checkpoints.
+// Everything in io: cereal glue, atomic files, checkpoints, safetensors, llm.c token shards.
 
 // ---- begin decentrain/io/atomic_file.hpp ----
 // Writing a file so that readers see either the old contents or the complete new ones: write a
@@ -4183,6 +4183,369 @@ inline checkpoint load_checkpoint(const std::filesystem::path& path) {
 
 }  // namespace decentrain::io
 // ---- end decentrain/io/checkpoint.hpp ----
+// ---- begin decentrain/io/json.hpp ----
+// A small JSON reader for file headers (safetensors), not a general JSON library: objects,
+// arrays, strings, numbers, true/false/null, with nesting depth bounded so a hostile header
+// cannot exhaust the stack. Numbers keep their text; callers convert what they expect.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace decentrain::io {
+
+struct json_value {
+  enum class kind { null, boolean, number, string, array, object } type = kind::null;
+  bool boolean = false;
+  std::string text;  // string contents, or a number's literal
+  std::vector<json_value> items;
+  std::map<std::string, json_value> members;
+
+  bool is(kind k) const { return type == k; }
+  const json_value& at(const std::string& key) const {
+    decentrain::detail::check(type == kind::object, "json: expected an object when looking up '", key, "'");
+    auto it = members.find(key);
+    decentrain::detail::check(it != members.end(), "json: missing key '", key, "'");
+    return it->second;
+  }
+  std::int64_t as_int() const {
+    decentrain::detail::check(type == kind::number, "json: expected a number, got ", describe());
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    decentrain::detail::check(used == text.size() && used > 0, "json: '", text, "' is not an integer");
+    return v;
+  }
+  const std::string& as_string() const {
+    decentrain::detail::check(type == kind::string, "json: expected a string, got ", describe());
+    return text;
+  }
+  std::string describe() const {
+    switch (type) {
+      case kind::null: return "null";
+      case kind::boolean: return "a boolean";
+      case kind::number: return "the number " + text;
+      case kind::string: return "a string";
+      case kind::array: return "an array";
+      case kind::object: return "an object";
+    }
+    return "?";
+  }
+};
+
+}  // namespace decentrain::io
+
+namespace decentrain::detail {
+class json_parser {
+ public:
+  explicit json_parser(std::string_view s) : s_(s) {}
+
+  io::json_value document() {
+    io::json_value v = value(0);
+    skip_space();
+    check(pos_ == s_.size(), "trailing characters after the JSON value");
+    return v;
+  }
+
+ private:
+  static constexpr int max_depth = 64;
+
+  void check(bool ok, const char* what) const {
+    decentrain::detail::check(ok, "json: ", what, " at offset ", pos_);
+  }
+  void skip_space() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+  }
+  char peek() {
+    skip_space();
+    check(pos_ < s_.size(), "unexpected end of input");
+    return s_[pos_];
+  }
+  void expect(char c) {
+    check(peek() == c, "unexpected character");
+    ++pos_;
+  }
+  bool literal(std::string_view word) {
+    if (s_.substr(pos_, word.size()) != word) return false;
+    pos_ += word.size();
+    return true;
+  }
+
+  io::json_value value(int depth) {
+    using io::json_value;
+    check(depth < max_depth, "nesting too deep");
+    json_value v;
+    const char c = peek();
+    if (c == '{') {
+      v.type = json_value::kind::object;
+      ++pos_;
+      if (peek() == '}') { ++pos_; return v; }
+      while (true) {
+        check(peek() == '"', "expected a string key");
+        std::string key = string_body();
+        expect(':');
+        check(v.members.count(key) == 0, "duplicate key");
+        v.members.emplace(std::move(key), value(depth + 1));
+        if (peek() == ',') { ++pos_; continue; }
+        expect('}');
+        return v;
+      }
+    }
+    if (c == '[') {
+      v.type = json_value::kind::array;
+      ++pos_;
+      if (peek() == ']') { ++pos_; return v; }
+      while (true) {
+        v.items.push_back(value(depth + 1));
+        if (peek() == ',') { ++pos_; continue; }
+        expect(']');
+        return v;
+      }
+    }
+    if (c == '"') {
+      v.type = json_value::kind::string;
+      v.text = string_body();
+      return v;
+    }
+    if (literal("true")) { v.type = json_value::kind::boolean; v.boolean = true; return v; }
+    if (literal("false")) { v.type = json_value::kind::boolean; return v; }
+    if (literal("null")) return v;
+    const std::size_t start = pos_;
+    while (pos_ < s_.size() && (std::string_view("+-.eE0123456789").find(s_[pos_]) != std::string_view::npos)) ++pos_;
+    check(pos_ > start, "expected a value");
+    v.type = json_value::kind::number;
+    v.text = std::string(s_.substr(start, pos_ - start));
+    return v;
+  }
+
+  std::string string_body() {
+    expect('"');
+    std::string out;
+    while (true) {
+      check(pos_ < s_.size(), "unterminated string");
+      const char c = s_[pos_++];
+      if (c == '"') return out;
+      if (c != '\\') {
+        check(static_cast<unsigned char>(c) >= 0x20, "control character in string");
+        out += c;
+        continue;
+      }
+      check(pos_ < s_.size(), "unterminated escape");
+      const char e = s_[pos_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          check(pos_ + 4 <= s_.size(), "short \\u escape");
+          unsigned code = 0;
+          for (int i = 0; i < 4; ++i) {
+            const char h = s_[pos_++];
+            code <<= 4;
+            if (h >= '0' && h <= '9') code |= static_cast<unsigned>(h - '0');
+            else if (h >= 'a' && h <= 'f') code |= static_cast<unsigned>(h - 'a' + 10);
+            else if (h >= 'A' && h <= 'F') code |= static_cast<unsigned>(h - 'A' + 10);
+            else check(false, "bad hex digit in \\u escape");
+          }
+          // UTF-8 encode (surrogate pairs are kept as two 3-byte sequences: names never use them).
+          if (code < 0x80) out += static_cast<char>(code);
+          else if (code < 0x800) { out += static_cast<char>(0xc0 | (code >> 6)); out += static_cast<char>(0x80 | (code & 0x3f)); }
+          else { out += static_cast<char>(0xe0 | (code >> 12)); out += static_cast<char>(0x80 | ((code >> 6) & 0x3f)); out += static_cast<char>(0x80 | (code & 0x3f)); }
+          break;
+        }
+        default: check(false, "unknown escape");
+      }
+    }
+  }
+
+  std::string_view s_;
+  std::size_t pos_ = 0;
+};
+}  // namespace decentrain::detail
+
+namespace decentrain::io {
+
+inline json_value parse_json(std::string_view text) { return detail::json_parser(text).document(); }
+
+// A JSON string literal for `s` (used when writing headers).
+inline std::string json_quote(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') { out += '\\'; out += static_cast<char>(c); }
+    else if (c < 0x20) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else out += static_cast<char>(c);
+  }
+  return out + "\"";
+}
+
+}  // namespace decentrain::io
+// ---- end decentrain/io/json.hpp ----
+// ---- begin decentrain/io/safetensors.hpp ----
+// safetensors files (the Hugging Face format): an 8-byte little-endian header length, a JSON
+// header mapping each name to {dtype, shape, data_offsets}, then the raw little-endian data.
+// Reading checks every offset, size and dtype against the file before touching the data, so a
+// truncated or hostile file fails with a message naming the tensor.
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::io {
+
+using named_tensors = std::map<std::string, tensor<cpu>>;
+
+namespace safetensors_detail {
+inline const char* dtype_code(dtype t) {
+  switch (t) {
+    case dtype::f32: return "F32";
+    case dtype::f64: return "F64";
+    case dtype::bf16: return "BF16";
+    case dtype::i32: return "I32";
+  }
+  return "?";
+}
+inline dtype from_code(const std::string& code, const std::string& name) {
+  if (code == "F32") return dtype::f32;
+  if (code == "F64") return dtype::f64;
+  if (code == "BF16") return dtype::bf16;
+  if (code == "I32") return dtype::i32;
+  decentrain::detail::fail("safetensors: tensor '", name, "' has dtype ", code,
+                           ", which decentrain does not read (F32, F64, BF16, I32)");
+}
+inline constexpr std::uint64_t max_header = std::uint64_t{100} << 20;  // as the reference implementation
+}  // namespace safetensors_detail
+
+inline void save_safetensors(const std::filesystem::path& path, const named_tensors& tensors,
+                             const std::map<std::string, std::string>& metadata = {}) {
+  // Built by appending: `"," + std::string` trips a GCC 12 -Wrestrict false positive.
+  std::string header = "{";
+  auto separate = [&header] {
+    if (header.size() > 1 && header.back() != '{') header += ',';
+  };
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    for (const auto& [k, v] : metadata) {
+      separate();
+      header += json_quote(k);
+      header += ':';
+      header += json_quote(v);
+    }
+    header += '}';
+  }
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    decentrain::detail::check(name != "__metadata__", "safetensors: '__metadata__' is reserved");
+    decentrain::detail::check(t.defined(), "safetensors: tensor '", name, "' is undefined");
+    separate();
+    header += json_quote(name);
+    header += ":{\"dtype\":\"";
+    header += safetensors_detail::dtype_code(t.dtype());
+    header += "\",\"shape\":[";
+    for (std::size_t d = 0; d < t.rank(); ++d) {
+      if (d) header += ',';
+      header += std::to_string(t.shape()[d]);
+    }
+    header += "],\"data_offsets\":[";
+    header += std::to_string(offset);
+    header += ',';
+    header += std::to_string(offset + t.nbytes());
+    header += "]}";
+    offset += t.nbytes();
+  }
+  header += '}';
+  while (header.size() % 8) header += ' ';  // the format pads the header so data is 8-aligned
+  std::string file;
+  file.reserve(8 + header.size() + offset);
+  for (int i = 0; i < 8; ++i) file += static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  file += header;
+  for (const auto& [name, t] : tensors) {
+    const auto c = t.contiguous();
+    file.append(static_cast<const char*>(c.raw_data()), c.nbytes());
+  }
+  write_file_atomically(path, file);
+}
+
+// Every tensor in the file; `metadata` (optional) receives the __metadata__ strings.
+inline named_tensors load_safetensors(const std::filesystem::path& path,
+                                      std::map<std::string, std::string>* metadata = nullptr) {
+  const std::string file = read_file(path);
+  const std::string where = "safetensors " + path.string();
+  decentrain::detail::check(file.size() >= 8, where, " is truncated (", file.size(), " bytes)");
+  std::uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= static_cast<std::uint64_t>(static_cast<unsigned char>(file[static_cast<std::size_t>(i)])) << (8 * i);
+  decentrain::detail::check(header_size <= safetensors_detail::max_header && header_size <= file.size() - 8, where,
+                            " declares a ", header_size, "-byte header but the file has ", file.size() - 8,
+                            " bytes after the length");
+  json_value header;
+  try {
+    header = parse_json(std::string_view(file).substr(8, header_size));
+  } catch (const error& e) {
+    decentrain::detail::fail(where, ": bad header: ", e.what());
+  }
+  decentrain::detail::check(header.is(json_value::kind::object), where, ": the header is not a JSON object");
+  const std::uint64_t data_size = file.size() - 8 - header_size;
+  const char* data = file.data() + 8 + header_size;
+  named_tensors out;
+  for (const auto& [name, entry] : header.members) {
+    if (name == "__metadata__") {
+      if (metadata)
+        for (const auto& [k, v] : entry.members) (*metadata)[k] = v.as_string();
+      continue;
+    }
+    try {
+      const dtype t = safetensors_detail::from_code(entry.at("dtype").as_string(), name);
+      const auto& dims = entry.at("shape");
+      decentrain::detail::check(dims.is(json_value::kind::array) && dims.items.size() <= 8, "shape must be an array of at most 8 sizes");
+      std::vector<std::int64_t> sizes;
+      std::uint64_t numel = 1;
+      for (const auto& d : dims.items) {
+        const auto s = d.as_int();
+        decentrain::detail::check(s >= 0 && (s == 0 || numel <= data_size / static_cast<std::uint64_t>(s)), "size ", s,
+                                  " does not fit the file");
+        numel *= static_cast<std::uint64_t>(s);
+        sizes.push_back(s);
+      }
+      const auto& offs = entry.at("data_offsets");
+      decentrain::detail::check(offs.is(json_value::kind::array) && offs.items.size() == 2, "data_offsets must be [begin, end]");
+      const auto begin = offs.items[0].as_int(), end = offs.items[1].as_int();
+      decentrain::detail::check(begin >= 0 && begin <= end && static_cast<std::uint64_t>(end) <= data_size,
+                                "data_offsets [", begin, ", ", end, "] fall outside the ", data_size, "-byte data section");
+      const std::uint64_t bytes = numel * dtype_size(t);
+      decentrain::detail::check(static_cast<std::uint64_t>(end - begin) == bytes, "data_offsets span ", end - begin,
+                                " bytes but shape and dtype need ", bytes);
+      auto tensor_out = tensor<cpu>::empty(shape(sizes), t);
+      if (bytes) std::memcpy(tensor_out.raw_data(), data + begin, bytes);
+      out.emplace(name, std::move(tensor_out));
+    } catch (const error& e) {
+      decentrain::detail::fail(where, ": tensor '", name, "': ", e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace decentrain::io
+// ---- end decentrain/io/safetensors.hpp ----
 // ---- begin decentrain/io/token_shard.hpp ----
 // llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1, token
 // count, rest zero) followed by the tokens as uint16. Writes are atomic (temporary file,
@@ -4261,7 +4624,8 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 // ---- end decentrain/io/token_shard.hpp ----
 // ---- end decentrain/io/io.hpp ----
 // ---- begin decentrain/train/train.hpp ----
-// Everything in train: checkpointing of a training run (the trainer arrives with issue 4).
+// Everything in train: checkpointing a run and GPT-2 weight interchange (the trainer arrives
+// with issue 4).
 
 // ---- begin decentrain/train/checkpoint.hpp ----
 // Moving a training run in and out of a checkpoint: the GPT's parameters ("model.<name>") and
@@ -4332,5 +4696,89 @@ std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::ada
 
 }  // namespace decentrain::train
 // ---- end decentrain/train/checkpoint.hpp ----
+// ---- begin decentrain/train/gpt2_weights.hpp ----
+// GPT-2 weights in Hugging Face's layout, for starting from published checkpoints and handing
+// models back: names wte.weight, wpe.weight, h.N.ln_1.weight, h.N.attn.c_attn.weight ([in, out],
+// GPT-2's Conv1D layout, which is also ours), ..., ln_f.bias. Accepted on import: an optional
+// "transformer." prefix, and ignored: lm_head.weight (tied to wte) and the attention mask
+// buffers h.N.attn.bias / h.N.attn.masked_bias. Anything else missing, extra or misshapen is an
+// error naming it: a partial load never happens silently.
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+
+namespace decentrain::train {
+
+namespace detail {
+inline bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+// Our name for a file entry, or "" when the entry is to be ignored.
+inline std::string gpt2_name(std::string name) {
+  if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
+  if (name == "lm_head.weight" || ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return {};
+  return name;
+}
+inline io::named_tensors normalized(const io::named_tensors& tensors) {
+  io::named_tensors out;
+  for (const auto& [name, t] : tensors) {
+    auto ours = gpt2_name(name);
+    if (!ours.empty()) out.emplace(std::move(ours), t);
+  }
+  return out;
+}
+}  // namespace detail
+
+// The configuration GPT-2 weights imply; the head count is not stored and must be given.
+inline nn::gpt_config gpt2_config(const io::named_tensors& file, std::int64_t n_head) {
+  const auto tensors = detail::normalized(file);
+  auto get = [&](const std::string& name) -> const tensor<cpu>& {
+    auto it = tensors.find(name);
+    decentrain::detail::check(it != tensors.end(), "GPT-2 weights: missing tensor '", name, "'");
+    return it->second;
+  };
+  const auto& wte = get("wte.weight");
+  const auto& wpe = get("wpe.weight");
+  decentrain::detail::check(wte.rank() == 2 && wpe.rank() == 2 && wte.size(1) == wpe.size(1),
+                            "GPT-2 weights: wte.weight ", wte.shape(), " and wpe.weight ", wpe.shape(),
+                            " must be (vocab, C) and (block, C)");
+  std::int64_t layers = 0;
+  while (tensors.count("h." + std::to_string(layers) + ".ln_1.weight")) ++layers;
+  nn::gpt_config cfg{layers, n_head, wte.size(1), wpe.size(0), wte.size(0), 0.0};
+  cfg.validate();
+  return cfg;
+}
+
+// Copies every parameter from `file` into `model` (converting dtype where needed).
+template <class Device>
+void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) {
+  const auto tensors = detail::normalized(file);
+  std::set<std::string> unused;
+  for (const auto& [name, t] : tensors) unused.insert(name);
+  for (auto& e : model.parameters()) {
+    auto it = tensors.find(e.name);
+    decentrain::detail::check(it != tensors.end(), "GPT-2 weights: missing tensor '", e.name, "'");
+    decentrain::detail::check(it->second.shape() == e.param.shape(), "GPT-2 weights: '", e.name, "' has shape ",
+                              it->second.shape(), ", the model expects ", e.param.shape());
+    decentrain::detail::check(is_floating(it->second.dtype()), "GPT-2 weights: '", e.name, "' has dtype ",
+                              dtype_name(it->second.dtype()));
+    e.param.value().copy_from(it->second);
+    unused.erase(e.name);
+  }
+  decentrain::detail::check(unused.empty(), "GPT-2 weights: unexpected tensor '", unused.empty() ? "" : *unused.begin(),
+                            "' (", unused.size(), " in all) does not belong to a ", model.config().n_layer, "-layer GPT-2");
+}
+
+template <class Device>
+io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
+  io::named_tensors out;
+  for (const auto& e : model.parameters()) out.emplace(e.name, e.param.value().clone());
+  return out;
+}
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/gpt2_weights.hpp ----
 // ---- end decentrain/train/train.hpp ----
 // ---- end decentrain/decentrain.hpp ----

@@ -36,6 +36,22 @@ def write(path, tensors):
             f.write(t.numpy().tobytes())
 
 
+def write_safetensors(path, tensors):
+    """The safetensors layout, written by hand (Debian's torch 1.13 has no safetensors module)."""
+    import json
+    header, offset, blobs = {}, 0, []
+    for name, t in tensors.items():
+        raw = t.detach().contiguous().numpy().tobytes()
+        header[name] = {"dtype": {torch.float32: "F32", torch.float64: "F64", torch.int32: "I32"}[t.dtype],
+                        "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
 def causal_attention(q, k, v, n_head):
     B, T, C = q.shape
     D = C // n_head
@@ -146,6 +162,14 @@ def make_gpt(g):
     logits = x @ p["wte.weight"].t()
     loss = F.cross_entropy(logits.view(-1, V), targets.view(-1))
     loss.backward()
+
+    # The same weights as Hugging Face's GPT2LMHeadModel stores them: "transformer." prefix, the
+    # tied lm_head, and each layer's causal-mask buffer (the importer must skip both).
+    hf = {"transformer." + name: t for name, t in p.items()}
+    hf["lm_head.weight"] = p["wte.weight"]
+    for l in range(L):
+        hf["transformer.h.%d.attn.bias" % l] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
+    write_safetensors(os.path.join(OUT, "gpt_block.safetensors"), hf)
 
     tensors = {"config": torch.tensor([V, T, C, H, L, B], dtype=torch.int32),
                "idx": idx.int(), "targets": targets.int(), "logits": logits,

@@ -1,7 +1,9 @@
-// Everything in io: cereal glue, atomic files, checkpoints.
+// Everything in io: cereal glue, atomic files, checkpoints, safetensors, llm.c token shards.
 #pragma once
 
 #include "decentrain/io/atomic_file.hpp"
 #include "decentrain/io/checkpoint.hpp"
+#include "decentrain/io/json.hpp"
+#include "decentrain/io/safetensors.hpp"
 #include "decentrain/io/tensor_archive.hpp"
 #include "decentrain/io/token_shard.hpp"
