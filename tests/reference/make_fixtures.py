@@ -52,6 +52,14 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def write_shard(path, tokens):
+    """An llm.c token shard: 256 int32 header (magic 20240520, version 1, count), uint16 tokens."""
+    header = [20240520, 1, len(tokens)] + [0] * 253
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%dH" % len(tokens), *[int(t) for t in tokens]))
+
+
 def causal_attention(q, k, v, n_head):
     B, T, C = q.shape
     D = C // n_head
@@ -149,19 +157,37 @@ def make_gpt(g):
     idx = torch.randint(0, V, (B, T), generator=g)
     targets = torch.randint(0, V, (B, T), generator=g)
 
-    x = p["wte.weight"][idx] + p["wpe.weight"][torch.arange(T)]
-    for l in range(L):
-        h = "h.%d." % l
-        a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
-        q, k, v = (a @ p[h + "attn.c_attn.weight"] + p[h + "attn.c_attn.bias"]).split(C, dim=-1)
-        x = x + causal_attention(q, k, v, H) @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"]
-        m = F.layer_norm(x, (C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], 1e-5)
-        m = F.gelu(m @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"], approximate="tanh")
-        x = x + m @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"]
-    x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], 1e-5)
-    logits = x @ p["wte.weight"].t()
+    def forward(idx):
+        x = p["wte.weight"][idx] + p["wpe.weight"][torch.arange(idx.shape[1])]
+        for l in range(L):
+            h = "h.%d." % l
+            a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
+            q, k, v = (a @ p[h + "attn.c_attn.weight"] + p[h + "attn.c_attn.bias"]).split(C, dim=-1)
+            x = x + causal_attention(q, k, v, H) @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"]
+            m = F.layer_norm(x, (C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], 1e-5)
+            m = F.gelu(m @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"], approximate="tanh")
+            x = x + m @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"]
+        x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], 1e-5)
+        return x @ p["wte.weight"].t()
+
+    logits = forward(idx)
     loss = F.cross_entropy(logits.view(-1, V), targets.view(-1))
     loss.backward()
+    grads = {name: t.grad.clone() for name, t in p.items()}
+
+    # What `decentrain-gpt eval` must reproduce: B rows of T+1 tokens from an llm.c shard, each
+    # row's first T tokens as inputs and its last T as targets.
+    stream = torch.randint(0, V, (B * (T + 1),), generator=g)
+    write_shard(os.path.join(OUT, "eval_tokens.bin"), stream)
+    for t in p.values():
+        t.grad = None
+    rows = stream.view(B, T + 1)
+    eval_loss = F.cross_entropy(forward(rows[:, :T]).reshape(-1, V), rows[:, 1:].reshape(-1))
+    eval_loss.backward()
+    eval_tensors = {"loss": eval_loss.detach().double().reshape(1)}
+    for name, t in p.items():
+        eval_tensors["grad." + name] = t.grad
+    write(os.path.join(OUT, "eval.dtfx"), eval_tensors)
 
     # The same weights as Hugging Face's GPT2LMHeadModel stores them: "transformer." prefix, the
     # tied lm_head, and each layer's causal-mask buffer (the importer must skip both).
@@ -176,7 +202,7 @@ def make_gpt(g):
                "loss": loss.reshape(1)}
     for name, t in p.items():
         tensors["param." + name] = t
-        tensors["grad." + name] = t.grad
+        tensors["grad." + name] = grads[name]
     return tensors
 
 

@@ -1,0 +1,441 @@
+// decentrain-gpt: train, evaluate and sample GPT-2 models on one machine.
+//
+//   decentrain-gpt train  [--preset NAME | --n-layer L --n-head H --n-embd C --block-size T]
+//                         [--data FILE] [--steps N] [--batch-size B] [--lr LR] [--seed S]
+//                         [--checkpoint-dir DIR] [--resume] [--threads N] [--metrics FILE] ...
+//   decentrain-gpt eval   --weights W.safetensors --tokens SHARD --n-head H
+//                         [--batch-size B] [--block-size T] [--dump-grads G.safetensors]
+//   decentrain-gpt sample (--checkpoint FILE | --weights W.safetensors --n-head H)
+//                         [--prompt TEXT | --prompt-ids 1,2,3] [--tokens N] [--temperature X]
+//                         [--top-k K] [--seed S]
+//
+// `decentrain-gpt help` lists every option with its default.
+#include <decentrain/decentrain.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace dt = decentrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Set by SIGINT; the training loop checks it between steps, saves a checkpoint and exits.
+volatile std::sig_atomic_t interrupted = 0;
+extern "C" void on_interrupt(int) { interrupted = 1; }
+
+const char* usage = R"(decentrain-gpt: train, evaluate and sample GPT-2 models on one machine.
+
+decentrain-gpt train [options]
+  --preset NAME          tiny | shakespeare-char | gpt2-124m   (default tiny)
+  --n-layer/--n-head/--n-embd/--block-size N   override the preset
+  --dropout P            (default: the preset's)
+  --data FILE            a text file (character-level) or an llm.c token shard;
+                         default: the built-in generated corpus
+  --vocab-size N         vocabulary for token shards (default: the preset's)
+  --val-fraction F       held-out fraction of the data (default 0.1)
+  --steps N              optimizer steps in all (default 1000)
+  --batch-size B         sequences per step (default 16)
+  --lr LR                peak learning rate (default 1e-3)
+  --min-lr LR            cosine floor (default lr / 10)
+  --warmup N             warmup steps (default steps / 20)
+  --weight-decay W       AdamW weight decay on matrices (default 0.1)
+  --beta2 B              AdamW beta2 (default 0.99)
+  --grad-clip X          global-norm clip, 0 to disable (default 1.0)
+  --eval-every N         steps between evaluations (default 250)
+  --eval-batches N       batches per evaluation (default 20)
+  --checkpoint-dir DIR   where latest.ckpt goes (default: none; Ctrl-C then saves to ./checkpoints)
+  --save-every N         steps between checkpoints when a directory is set (default 500)
+  --keep-checkpoints     also keep DIR/step-N.ckpt for every save, not only latest.ckpt
+  --resume               continue from DIR/latest.ckpt
+  --metrics FILE         JSON lines of metrics (default metrics.jsonl; '' to disable)
+  --seed S               seed of every random stream (default 1337)
+  --threads N            CPU threads (default: OMP_NUM_THREADS or all cores)
+
+decentrain-gpt eval --weights W.safetensors --tokens SHARD --n-head H [options]
+  --batch-size B         rows (default 4)     --block-size T   tokens per row (default 64)
+  --dump-grads FILE      also write d loss / d weights under the weights' names
+  Reads the first B x (T+1) tokens as B rows (T inputs, the next T tokens as targets) and
+  prints `loss <x>`.
+
+decentrain-gpt sample (--checkpoint FILE | --weights W.safetensors --n-head H) [options]
+  --prompt TEXT          (checkpoints with a character tokenizer)
+  --prompt-ids I,J,...   token ids (any model)
+  --tokens N             tokens to generate (default 200)
+  --temperature X        (default 0.8)   --top-k K   (default 40; 0 = all)   --seed S
+)";
+
+// Options as --name value pairs (and bare --flags), with typed lookups that name bad values.
+class options {
+ public:
+  options(int argc, char** argv, int first, const std::vector<std::string>& flags) {
+    for (int i = first; i < argc; ++i) {
+      std::string key = argv[i];
+      dt::detail::check(key.rfind("--", 0) == 0, "unexpected argument '", key, "' (options start with --)");
+      key = key.substr(2);
+      if (std::find(flags.begin(), flags.end(), key) != flags.end()) {
+        values_[key] = "1";
+        continue;
+      }
+      dt::detail::check(i + 1 < argc, "option --", key, " needs a value");
+      values_[key] = argv[++i];
+    }
+  }
+  bool has(const std::string& k) const { return values_.count(k) != 0; }
+  std::string text(const std::string& k, const std::string& fallback) const {
+    used_.insert(k);
+    return has(k) ? values_.at(k) : fallback;
+  }
+  std::int64_t integer(const std::string& k, std::int64_t fallback) const {
+    used_.insert(k);
+    if (!has(k)) return fallback;
+    std::size_t n = 0;
+    long long v = 0;
+    try { v = std::stoll(values_.at(k), &n); } catch (const std::exception&) { n = 0; }
+    dt::detail::check(n == values_.at(k).size() && n > 0, "--", k, " expects an integer, got '", values_.at(k), "'");
+    return v;
+  }
+  double real(const std::string& k, double fallback) const {
+    used_.insert(k);
+    if (!has(k)) return fallback;
+    std::size_t n = 0;
+    double v = 0;
+    try { v = std::stod(values_.at(k), &n); } catch (const std::exception&) { n = 0; }
+    dt::detail::check(n == values_.at(k).size() && n > 0, "--", k, " expects a number, got '", values_.at(k), "'");
+    return v;
+  }
+  // Any option that no lookup asked for is a typo: say so rather than ignore it.
+  void reject_unknown() const {
+    for (const auto& [k, v] : values_)
+      dt::detail::check(used_.count(k) != 0, "unknown option --", k, " (see decentrain-gpt help)");
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+  mutable std::set<std::string> used_;
+};
+
+void set_threads(const options& opt) {
+  const auto n = opt.integer("threads", 0);
+  dt::detail::check(n >= 0, "--threads must be >= 0");
+#if defined(_OPENMP)
+  if (n > 0) omp_set_num_threads(static_cast<int>(n));
+#endif
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(seconds);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s / 60) % 60);
+  else std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  return buf;
+}
+
+// ---- train ---------------------------------------------------------------------------------
+
+struct training_data {
+  dt::data::token_dataset dataset;
+  std::optional<dt::data::char_tokenizer> tokenizer;  // for text data
+  std::int64_t vocab_size;
+  std::string source;
+};
+
+training_data load_training_data(const options& opt, std::int64_t preset_vocab, const dt::io::checkpoint* resume) {
+  const double val_fraction = opt.real("val-fraction", 0.1);
+  const std::string path = opt.text("data", "");
+  if (!path.empty() && dt::io::is_token_shard(path)) {
+    auto tokens = dt::io::read_token_shard(path);
+    const auto vocab = opt.integer("vocab-size", preset_vocab);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      dt::detail::check(tokens[i] < vocab, "token ", tokens[i], " at index ", i, " of ", path, " is outside the vocabulary of ",
+                        vocab, " (set --vocab-size)");
+    return {dt::data::token_dataset(std::move(tokens), val_fraction), std::nullopt, vocab, path + " (token shard)"};
+  }
+  std::string text;
+  if (path.empty()) {
+    text = dt::data::builtin_corpus();
+  } else {
+    text = dt::io::read_file(path);
+    dt::detail::check(!text.empty(), "--data ", path, " is empty");
+  }
+  // A resumed run keeps the tokenizer it started with.
+  auto tok = resume && resume->text.count("tokenizer.alphabet") ? dt::data::char_tokenizer(resume->text.at("tokenizer.alphabet"))
+                                                                : dt::data::char_tokenizer::from_text(text);
+  auto tokens = tok.encode(text);
+  const auto vocab = tok.vocab_size();
+  return {dt::data::token_dataset(std::move(tokens), val_fraction), std::move(tok), vocab,
+          path.empty() ? std::string("built-in corpus") : path + " (text, character-level)"};
+}
+
+int cmd_train(const options& opt) {
+  set_threads(opt);
+  const std::uint64_t seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
+  const std::string ckpt_dir = opt.text("checkpoint-dir", "");
+  const bool resume = opt.has("resume"), keep = opt.has("keep-checkpoints");
+  opt.text("resume", "");
+  opt.text("keep-checkpoints", "");
+  std::optional<dt::io::checkpoint> resumed;
+  if (resume) {
+    dt::detail::check(!ckpt_dir.empty(), "--resume needs --checkpoint-dir");
+    resumed = dt::io::load_checkpoint(fs::path(ckpt_dir) / "latest.ckpt");
+  }
+
+  auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
+  cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
+  cfg.n_head = opt.integer("n-head", cfg.n_head);
+  cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
+  cfg.block_size = opt.integer("block-size", cfg.block_size);
+  cfg.dropout = opt.real("dropout", cfg.dropout);
+  auto data = load_training_data(opt, cfg.vocab_size, resumed ? &*resumed : nullptr);
+  cfg.vocab_size = data.vocab_size;
+  if (resumed) cfg = dt::train::config_of(*resumed);
+
+  const auto steps = opt.integer("steps", 1000);
+  const auto B = opt.integer("batch-size", 16);
+  const double lr = opt.real("lr", 1e-3);
+  const dt::optim::cosine_schedule schedule{lr, opt.real("min-lr", lr / 10), opt.integer("warmup", steps / 20), std::max<std::int64_t>(steps, 1)};
+  const double clip = opt.real("grad-clip", 1.0);
+  const auto eval_every = opt.integer("eval-every", 250), eval_batches = opt.integer("eval-batches", 20);
+  const auto save_every = opt.integer("save-every", 500);
+  const std::string metrics_path = opt.text("metrics", "metrics.jsonl");
+  const dt::optim::adamw_options adam{lr, 0.9, opt.real("beta2", 0.99), 1e-8, opt.real("weight-decay", 0.1)};
+  opt.reject_unknown();
+  dt::detail::check(steps > 0 && B > 0 && eval_every > 0 && eval_batches > 0 && save_every > 0,
+                    "--steps, --batch-size, --eval-every, --eval-batches and --save-every must be positive");
+  schedule.validate();
+  const std::int64_t T = cfg.block_size;
+
+  dt::rng init(seed, "init"), dropout_rng(seed, "dropout");
+  dt::nn::gpt<> model(cfg, init);
+  dt::optim::adamw<> optimizer(model.parameters(), adam);
+  std::int64_t start = 0;
+  if (resumed) {
+    start = dt::train::restore(*resumed, model, optimizer);
+    if (resumed->rngs.count("dropout")) dropout_rng.set_state(resumed->rngs.at("dropout"));
+    std::printf("resumed from %s at step %lld\n", (fs::path(ckpt_dir) / "latest.ckpt").c_str(), static_cast<long long>(start));
+  }
+
+  auto save = [&](std::int64_t step, const std::string& dir) {
+    fs::create_directories(dir);
+    auto c = dt::train::capture(model, optimizer, step);
+    c.rngs["dropout"] = dropout_rng.state();
+    if (data.tokenizer) c.text["tokenizer.alphabet"] = data.tokenizer->alphabet();
+    const auto path = fs::path(dir) / "latest.ckpt";
+    dt::io::save_checkpoint(path, c);
+    if (keep) dt::io::save_checkpoint(fs::path(dir) / ("step-" + std::to_string(step) + ".ckpt"), c);
+    return path.string();
+  };
+  auto evaluate = [&] {
+    dt::no_grad guard;
+    double total = 0;
+    for (std::int64_t i = 0; i < eval_batches; ++i) {
+      auto [x, y] = data.dataset.batch(dt::data::split::validation, i, B, T, seed);
+      total += model.loss(x, y).item();
+    }
+    return total / static_cast<double>(eval_batches);
+  };
+
+  std::ofstream metrics;
+  if (!metrics_path.empty()) {
+    metrics.open(metrics_path, resumed ? std::ios::app : std::ios::trunc);
+    dt::detail::check(metrics.good(), "cannot open --metrics file ", metrics_path);
+  }
+  std::printf("model: %lld layers, %lld heads, width %lld, block %lld, vocab %lld: %.2fM parameters\n",
+              static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
+              static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.vocab_size), static_cast<double>(cfg.parameter_count()) / 1e6);
+  std::printf("data: %s, %zu training and %zu validation tokens\n", data.source.c_str(),
+              data.dataset.tokens(dt::data::split::train).size(), data.dataset.tokens(dt::data::split::validation).size());
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  std::signal(SIGINT, on_interrupt);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  double val = NAN;
+  for (std::int64_t step = start; step < steps; ++step) {
+    if (interrupted) {
+      const auto path = save(step, ckpt_dir.empty() ? "checkpoints" : ckpt_dir);
+      std::printf("\ninterrupted at step %lld: checkpoint saved to %s\n", static_cast<long long>(step), path.c_str());
+      return 130;
+    }
+    auto [x, y] = data.dataset.batch(dt::data::split::train, step, B, T, seed);
+    auto loss = model.loss(x, y, &dropout_rng);
+    model.parameters().zero_grad();
+    loss.backward();
+    const double norm = clip > 0 ? dt::optim::clip_grad_norm(model.parameters(), clip) : 0.0;
+    optimizer.set_lr(schedule(step));
+    optimizer.step();
+
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tokens_per_s = static_cast<double>((step + 1 - start) * B * T) / elapsed;
+    const double eta = elapsed / static_cast<double>(step + 1 - start) * static_cast<double>(steps - step - 1);
+    if (metrics.is_open())
+      metrics << "{\"step\":" << step + 1 << ",\"loss\":" << loss.item() << ",\"lr\":" << schedule(step)
+              << ",\"grad_norm\":" << norm << ",\"tokens_per_s\":" << tokens_per_s << "}\n";
+    if (tty) {
+      const int width = 30, done = static_cast<int>(width * (step + 1) / steps);
+      std::printf("\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s   ", std::string(static_cast<std::size_t>(done), '=').c_str(),
+                  std::string(static_cast<std::size_t>(width - done), ' ').c_str(), static_cast<long long>(step + 1),
+                  static_cast<long long>(steps), loss.item(), tokens_per_s, format_duration(eta).c_str());
+      std::fflush(stdout);
+    } else if ((step + 1) % 50 == 0) {
+      std::printf("step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s\n", static_cast<long long>(step + 1),
+                  static_cast<long long>(steps), loss.item(), tokens_per_s, format_duration(eta).c_str());
+    }
+    if ((step + 1) % eval_every == 0 || step + 1 == steps) {
+      val = evaluate();
+      std::printf("%sstep %lld: val loss %.4f\n", tty ? "\n" : "", static_cast<long long>(step + 1), val);
+      if (metrics.is_open()) metrics << "{\"step\":" << step + 1 << ",\"val_loss\":" << val << "}\n";
+    }
+    if (!ckpt_dir.empty() && ((step + 1) % save_every == 0 || step + 1 == steps)) save(step + 1, ckpt_dir);
+  }
+  if (std::isnan(val)) val = evaluate();  // resumed at or past --steps
+  std::printf("val loss %.4f\n", val);
+  std::printf("trained in %s\n", format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str());
+  return 0;
+}
+
+// ---- eval ----------------------------------------------------------------------------------
+
+int cmd_eval(const options& opt) {
+  set_threads(opt);
+  const std::string weights = opt.text("weights", ""), shard = opt.text("tokens", ""), dump = opt.text("dump-grads", "");
+  const auto n_head = opt.integer("n-head", 0);
+  const auto B = opt.integer("batch-size", 4);
+  auto T = opt.integer("block-size", 64);
+  opt.reject_unknown();
+  dt::detail::check(!weights.empty() && !shard.empty() && n_head > 0, "eval needs --weights, --tokens and --n-head");
+  const auto file = dt::io::load_safetensors(weights);
+  const auto cfg = dt::train::gpt2_config(file, n_head);
+  dt::detail::check(B > 0 && T > 0 && T <= cfg.block_size, "--batch-size must be positive and --block-size in [1, ",
+                    cfg.block_size, "]");
+  dt::rng unused(0, "init");
+  dt::nn::gpt<> model(cfg, unused);
+  dt::train::import_gpt2_weights(model, file);
+  const auto tokens = dt::io::read_token_shard(shard);
+  const auto need = static_cast<std::size_t>(B * (T + 1));
+  dt::detail::check(tokens.size() >= need, shard, " holds ", tokens.size(), " tokens; ", B, " rows of ", T + 1, " need ", need);
+  std::vector<std::int32_t> x, y;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto row = tokens.begin() + b * (T + 1);
+    x.insert(x.end(), row, row + T);
+    y.insert(y.end(), row + 1, row + T + 1);
+  }
+  for (auto t : x) dt::detail::check(t < cfg.vocab_size, "token ", t, " is outside the model's vocabulary of ", cfg.vocab_size);
+  auto loss = model.loss(dt::from_vector(x, {B, T}), dt::from_vector(y, {B, T}));
+  std::printf("loss %.9g\n", loss.item());
+  if (!dump.empty()) {
+    loss.backward();
+    dt::io::named_tensors grads;
+    for (const auto& e : model.parameters()) grads.emplace(e.name, e.param.grad());
+    dt::io::save_safetensors(dump, grads);
+    std::printf("gradients written to %s\n", dump.c_str());
+  }
+  return 0;
+}
+
+// ---- sample --------------------------------------------------------------------------------
+
+int cmd_sample(const options& opt) {
+  set_threads(opt);
+  const std::string ckpt = opt.text("checkpoint", ""), weights = opt.text("weights", "");
+  const auto n_head = opt.integer("n-head", 0);
+  const std::string prompt = opt.text("prompt", ""), prompt_ids = opt.text("prompt-ids", "");
+  const auto count = opt.integer("tokens", 200), top_k = opt.integer("top-k", 40);
+  const double temperature = opt.real("temperature", 0.8);
+  dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed", 1337)), "sample");
+  opt.reject_unknown();
+  dt::detail::check(ckpt.empty() != weights.empty(), "sample needs exactly one of --checkpoint and --weights");
+  dt::detail::check(temperature > 0 && count >= 0 && top_k >= 0, "--temperature must be > 0, --tokens and --top-k >= 0");
+
+  std::optional<dt::nn::gpt<>> model;
+  std::optional<dt::data::char_tokenizer> tok;
+  dt::rng unused(0, "init");
+  if (!ckpt.empty()) {
+    const auto c = dt::io::load_checkpoint(ckpt);
+    model.emplace(dt::train::config_of(c), unused);
+    dt::optim::adamw<> ignored(model->parameters());
+    dt::train::restore(c, *model, ignored);
+    if (c.text.count("tokenizer.alphabet")) tok.emplace(c.text.at("tokenizer.alphabet"));
+  } else {
+    dt::detail::check(n_head > 0, "--weights needs --n-head");
+    const auto file = dt::io::load_safetensors(weights);
+    model.emplace(dt::train::gpt2_config(file, n_head), unused);
+    dt::train::import_gpt2_weights(*model, file);
+  }
+  const auto& cfg = model->config();
+  std::vector<std::int32_t> ids;
+  if (!prompt_ids.empty()) {
+    std::stringstream in(prompt_ids);
+    for (std::string part; std::getline(in, part, ',');) ids.push_back(static_cast<std::int32_t>(std::stol(part)));
+  } else if (!prompt.empty()) {
+    dt::detail::check(tok.has_value(), "--prompt needs a checkpoint with a character tokenizer; use --prompt-ids");
+    ids = tok->encode(prompt);
+  }
+  if (ids.empty()) ids.push_back(0);
+  for (auto id : ids) dt::detail::check(id >= 0 && id < cfg.vocab_size, "prompt token ", id, " is outside the vocabulary of ", cfg.vocab_size);
+
+  dt::no_grad guard;
+  const std::size_t first_new = ids.size();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto n = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), cfg.block_size);
+    std::vector<std::int32_t> ctx(ids.end() - n, ids.end());
+    auto logits = model->logits(dt::from_vector(ctx, {1, n})).value().slice(1, n - 1, n).to_vector<double>();
+    // Top-k, temperature, then a draw from the softmax.
+    std::vector<double> sorted = logits;
+    if (top_k > 0 && top_k < static_cast<std::int64_t>(sorted.size())) {
+      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
+      const double cut = sorted[static_cast<std::size_t>(top_k - 1)];
+      for (auto& l : logits) if (l < cut) l = -INFINITY;
+    }
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    double total = 0;
+    for (auto& l : logits) total += (l = std::exp((l - mx) / temperature));
+    double u = gen.uniform() * total;
+    std::size_t pick = 0;
+    while (pick + 1 < logits.size() && (u -= logits[pick]) > 0) ++pick;
+    ids.push_back(static_cast<std::int32_t>(pick));
+  }
+  if (tok) {
+    std::printf("%s\n", tok->decode(ids).c_str());
+  } else {
+    for (std::size_t i = first_new; i < ids.size(); ++i) std::printf("%s%d", i == first_new ? "" : ",", ids[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "help";
+  try {
+    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "keep-checkpoints"}));
+    if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
+    if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
+    if (command == "help" || command == "--help" || command == "-h") {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "unknown command '%s'\n\n%s", command.c_str(), usage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decentrain-gpt %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+}

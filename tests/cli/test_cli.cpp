@@ -1,0 +1,132 @@
+// decentrain-gpt end to end, as a user runs it: eval and --dump-grads against PyTorch's loss
+// and gradients (fixture: tests/reference/make_fixtures.py; loss to 1e-5 relative, gradients
+// to 1e-5 + 1e-4 relative), train/resume giving the uninterrupted result, Ctrl-C saving a
+// checkpoint, and bad arguments.
+#include "support/fixture.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+struct result {
+  int status;
+  std::string output;
+};
+// Runs the CLI with `args` in `dir`, capturing stdout and stderr.
+result run(const std::string& args, const fs::path& dir) {
+  const auto out = dir / "output.txt";
+  const std::string cmd = "cd '" + dir.string() + "' && " + args + " > '" + out.string() + "' 2>&1";
+  const int raw = std::system(cmd.c_str());
+  std::ifstream in(out);
+  std::stringstream s;
+  s << in.rdbuf();
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, s.str()};
+}
+std::string cli() { return std::string("'") + DECENTRAIN_GPT_EXE + "'"; }
+fs::path scratch(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("decentrain_cli_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+std::string last_line_with(const std::string& text, const std::string& prefix) {
+  std::string found, line;
+  std::istringstream in(text);
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0) found = line;
+  return found;
+}
+}  // namespace
+
+TEST_CASE("eval reproduces PyTorch's loss and gradients from safetensors weights", "[cli][parity]") {
+  const auto dir = scratch("eval");
+  const std::string fx_dir = DECENTRAIN_FIXTURE_DIR;
+  const auto r = run(cli() + " eval --weights " + fx_dir + "/gpt_block.safetensors --tokens " + fx_dir +
+                         "/eval_tokens.bin --n-head 2 --batch-size 2 --block-size 8 --dump-grads grads.safetensors",
+                     dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const fixture expected(fx_dir + "/eval.dtfx");
+  const auto line = last_line_with(r.output, "loss ");
+  REQUIRE_FALSE(line.empty());
+  CHECK(std::stod(line.substr(5)) == Approx(expected["loss"].item()).epsilon(1e-5));
+  const auto grads = dt::io::load_safetensors(dir / "grads.safetensors");
+  CHECK(grads.size() == 28);
+  for (const auto& [name, g] : grads) {
+    INFO(name);
+    const auto cmp = dt::compare(g, expected["grad." + name], 1e-4, 1e-5);
+    INFO(cmp.message);
+    CHECK(cmp.close);
+  }
+}
+
+TEST_CASE("train, resume: the resumed run ends where the uninterrupted one does", "[cli][train]") {
+  const auto dir = scratch("resume");
+  const std::string common = cli() + " train --steps 40 --save-every 20 --eval-every 20 --eval-batches 2 "
+                                     "--batch-size 4 --block-size 16 --dropout 0.1 --metrics ''";
+  const auto straight = run(common + " --checkpoint-dir a --keep-checkpoints", dir);
+  INFO(straight.output);
+  REQUIRE(straight.status == 0);
+  REQUIRE(fs::exists(dir / "a" / "step-20.ckpt"));
+  // Start a second run from the first one's step-20 checkpoint, as if it had stopped there.
+  fs::create_directories(dir / "b");
+  fs::copy_file(dir / "a" / "step-20.ckpt", dir / "b" / "latest.ckpt");
+  const auto resumed = run(common + " --checkpoint-dir b --resume", dir);
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from b/latest.ckpt at step 20"));
+  CHECK(last_line_with(resumed.output, "val loss") == last_line_with(straight.output, "val loss"));
+  const auto a = dt::io::load_checkpoint(dir / "a" / "latest.ckpt"), b = dt::io::load_checkpoint(dir / "b" / "latest.ckpt");
+  CHECK(a.counter("step") == 40);
+  for (const auto& [name, t] : a.tensors) {
+    INFO(name);
+    CHECK(dt::allclose(t, b.tensor_at(name), 0.0, 0.0));  // bit for bit
+  }
+}
+
+TEST_CASE("Ctrl-C saves a checkpoint that training resumes from", "[cli][train]") {
+  const auto dir = scratch("interrupt");
+  const auto r = run("timeout --preserve-status -s INT 3 " + cli() +
+                         " train --steps 1000000 --batch-size 4 --block-size 16 --metrics '' --checkpoint-dir ck",
+                     dir);
+  INFO(r.output);
+  CHECK(r.status == 130);
+  CHECK_THAT(r.output, Contains("checkpoint saved to ck/latest.ckpt"));
+  REQUIRE(fs::exists(dir / "ck" / "latest.ckpt"));
+  const auto step = dt::io::load_checkpoint(dir / "ck" / "latest.ckpt").counter("step");
+  CHECK(step > 0);
+  const auto resumed = run(cli() + " train --steps " + std::to_string(step + 5) +
+                               " --batch-size 4 --block-size 16 --metrics '' --checkpoint-dir ck --resume --eval-batches 1",
+                           dir);
+  INFO(resumed.output);
+  CHECK(resumed.status == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from ck/latest.ckpt at step " + std::to_string(step)));
+}
+
+TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]") {
+  const auto dir = scratch("errors");
+  auto r = run(cli() + " train --steps 0", dir);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Contains("must be positive"));
+  r = run(cli() + " train --stepz 10", dir);
+  CHECK_THAT(r.output, Contains("unknown option --stepz"));
+  r = run(cli() + " train --preset huge", dir);
+  CHECK_THAT(r.output, Contains("unknown model preset 'huge'"));
+  r = run(cli() + " train --data missing.txt", dir);
+  CHECK_THAT(r.output, Contains("cannot open missing.txt"));
+  r = run(cli() + " eval --weights missing.safetensors --tokens x --n-head 2", dir);
+  CHECK_THAT(r.output, Contains("cannot open missing.safetensors"));
+  r = run(cli() + " frobnicate", dir);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, Contains("unknown command 'frobnicate'"));
+  r = run(cli() + " help", dir);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Contains("--dump-grads"));
+}
