@@ -1,13 +1,17 @@
-// Causal multi-head scaled-dot-product attention on the CPU (as llm.c): q, k, v are (B, T, C)
-// with C = H * D, head h reading columns [h*D, (h+1)*D). The forward keeps the attention
-// probabilities (B, H, T, T), lower triangle only, which the backward reuses.
+// Causal multi-head scaled-dot-product attention on the CPU: q, k, v are (B, T, C) with
+// C = H * D, head h reading columns [h*D, (h+1)*D). Every product is a GEMM on strided views
+// (a head's rows are C apart, which the leading dimension expresses), so no head is ever copied
+// out; work is split over (batch, head) pairs, each GEMM then single-threaded. The forward keeps
+// the probabilities (B, H, T, T), zero above the diagonal, for the backward.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "decentrain/config.hpp"
 #include "decentrain/core/device.hpp"
+#include "decentrain/kernels/cpu/gemm.hpp"
 
 namespace decentrain::kernels {
 
@@ -16,82 +20,52 @@ void attention_forward(cpu, T* out, T* probs, const T* q, const T* k, const T* v
                        std::int64_t Tn, std::int64_t C, std::int64_t H) {
   const std::int64_t D = C / H;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
-  DECENTRAIN_OMP(parallel for collapse(2) if (B * H * Tn * Tn * D >= (1 << 16)))
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t h = 0; h < H; ++h) {
-      for (std::int64_t t = 0; t < Tn; ++t) {
-        const T* qt = q + (b * Tn + t) * C + h * D;
-        T* p = probs + ((b * H + h) * Tn + t) * Tn;
-        T mx = -INFINITY;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const T* ks = k + (b * Tn + s) * C + h * D;
-          T dot = 0;
-          for (std::int64_t d = 0; d < D; ++d) dot += qt[d] * ks[d];
-          dot *= scale;
-          p[s] = dot;
-          mx = dot > mx ? dot : mx;
-        }
-        T sum = 0;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          p[s] = std::exp(p[s] - mx);
-          sum += p[s];
-        }
-        const T inv = T(1) / sum;
-        for (std::int64_t s = 0; s <= t; ++s) p[s] *= inv;
-        for (std::int64_t s = t + 1; s < Tn; ++s) p[s] = T(0);
-        T* o = out + (b * Tn + t) * C + h * D;
-        for (std::int64_t d = 0; d < D; ++d) o[d] = T(0);
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const T* vs = v + (b * Tn + s) * C + h * D;
-          for (std::int64_t d = 0; d < D; ++d) o[d] += p[s] * vs[d];
-        }
-      }
+  DECENTRAIN_OMP(parallel for schedule(dynamic) if (B * H > 1 && B * H * Tn * Tn * D >= (1 << 16)))
+  for (std::int64_t bh = 0; bh < B * H; ++bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    const std::int64_t base = b * Tn * C + h * D;
+    T* p = probs + bh * Tn * Tn;
+    // scores = scale * q_h k_h^T; only the lower triangle is used below.
+    gemm(cpu{}, false, true, Tn, Tn, D, scale, q + base, C, k + base, C, T(0), p, Tn);
+    for (std::int64_t t = 0; t < Tn; ++t) {
+      T* row = p + t * Tn;
+      T mx = row[0];
+      for (std::int64_t s = 1; s <= t; ++s) mx = row[s] > mx ? row[s] : mx;
+      T sum = 0;
+      for (std::int64_t s = 0; s <= t; ++s) sum += (row[s] = std::exp(row[s] - mx));
+      const T inv = T(1) / sum;
+      for (std::int64_t s = 0; s <= t; ++s) row[s] *= inv;
+      for (std::int64_t s = t + 1; s < Tn; ++s) row[s] = T(0);
     }
+    gemm(cpu{}, false, false, Tn, D, Tn, T(1), p, Tn, v + base, C, T(0), out + base, C);  // out_h = P v_h
   }
 }
 
-// dq, dk, dv are accumulated into (+=). Work is split by (batch, head): each pair touches only
-// its own columns of dq/dk/dv, so threads never write the same element.
+// dq, dk, dv are accumulated into (+=). Each (batch, head) pair writes only its own columns.
 template <class T>
 void attention_backward(cpu, T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q,
                         const T* k, const T* v, std::int64_t B, std::int64_t Tn, std::int64_t C,
                         std::int64_t H) {
   const std::int64_t D = C / H;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
-  DECENTRAIN_OMP(parallel for collapse(2) if (B * H * Tn * Tn * D >= (1 << 16)))
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t h = 0; h < H; ++h) {
-      for (std::int64_t t = 0; t < Tn; ++t) {
-        const T* p = probs + ((b * H + h) * Tn + t) * Tn;
-        const T* g = dout + (b * Tn + t) * C + h * D;
-        // dp[s] = dout . v[s];  dv[s] += p[s] * dout;  dscore = p * (dp - sum p*dp)
-        T weighted = 0;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const T* vs = v + (b * Tn + s) * C + h * D;
-          T* dvs = dv + (b * Tn + s) * C + h * D;
-          T dp = 0;
-          for (std::int64_t d = 0; d < D; ++d) {
-            dp += g[d] * vs[d];
-            dvs[d] += p[s] * g[d];
-          }
-          weighted += p[s] * dp;
-        }
-        const T* qt = q + (b * Tn + t) * C + h * D;
-        T* dqt = dq + (b * Tn + t) * C + h * D;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const T* vs = v + (b * Tn + s) * C + h * D;
-          T dp = 0;
-          for (std::int64_t d = 0; d < D; ++d) dp += g[d] * vs[d];
-          const T dscore = p[s] * (dp - weighted) * scale;
-          const T* ks = k + (b * Tn + s) * C + h * D;
-          T* dks = dk + (b * Tn + s) * C + h * D;
-          for (std::int64_t d = 0; d < D; ++d) {
-            dqt[d] += dscore * ks[d];
-            dks[d] += dscore * qt[d];
-          }
-        }
-      }
+  DECENTRAIN_OMP(parallel for schedule(dynamic) if (B * H > 1 && B * H * Tn * Tn * D >= (1 << 16)))
+  for (std::int64_t bh = 0; bh < B * H; ++bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    const std::int64_t base = b * Tn * C + h * D;
+    const T* p = probs + bh * Tn * Tn;
+    std::vector<T> ds(static_cast<std::size_t>(Tn * Tn));
+    gemm(cpu{}, false, true, Tn, Tn, D, T(1), dout + base, C, v + base, C, T(0), ds.data(), Tn);  // dP = dO v^T
+    gemm(cpu{}, true, false, Tn, D, Tn, T(1), p, Tn, dout + base, C, T(1), dv + base, C);         // dv += P^T dO
+    for (std::int64_t t = 0; t < Tn; ++t) {  // dS = P * (dP - sum(P * dP)) * scale
+      const T* pr = p + t * Tn;
+      T* d = ds.data() + t * Tn;
+      T dot = 0;
+      for (std::int64_t s = 0; s <= t; ++s) dot += pr[s] * d[s];
+      for (std::int64_t s = 0; s <= t; ++s) d[s] = pr[s] * (d[s] - dot) * scale;
+      for (std::int64_t s = t + 1; s < Tn; ++s) d[s] = T(0);
     }
+    gemm(cpu{}, false, false, Tn, D, Tn, T(1), ds.data(), Tn, k + base, C, T(1), dq + base, C);  // dq += dS k
+    gemm(cpu{}, true, false, Tn, D, Tn, T(1), ds.data(), Tn, q + base, C, T(1), dk + base, C);   // dk += dS^T q
   }
 }
 
