@@ -30,6 +30,15 @@
 #define DECENTRAIN_OMP(x)
 #endif
 
+// For elementwise kernels whose clamps must vectorise: under GCC's default -ftrapping-math a
+// float compare-and-select is not if-converted ("control flow in loop"), and these kernels
+// never rely on floating-point traps. Other compilers if-convert without being asked.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define DECENTRAIN_VECTORIZE_SELECTS [[gnu::optimize("no-trapping-math")]]
+#else
+#define DECENTRAIN_VECTORIZE_SELECTS
+#endif
+
 namespace decentrain {
 struct version_info {
   int major, minor, patch;
