@@ -4,6 +4,7 @@
 
   torch_gpt.py step --preset shakespeare-char --batch 8 --block 256 --threads 2 --steps 5
   torch_gpt.py converge --data tinyshakespeare.txt --threads 2     (nanoGPT's CPU recipe)
+  torch_gpt.py converge ... --no-bias                               (nanoGPT's bias-free model)
 
 Prints one JSON object on the last line.
 """
@@ -21,13 +22,25 @@ PRESETS = {"shakespeare-char": (6, 6, 384, 256, 65), "gpt2-124m": (12, 12, 768, 
            "converge": (4, 4, 128, 64, 65)}
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias, as nanoGPT's (torch 1.13's has no bias=False)."""
+
+    def __init__(self, C, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+        self.bias = nn.Parameter(torch.zeros(C)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
 class Block(nn.Module):
-    def __init__(self, C, H):
+    def __init__(self, C, H, bias=True):
         super().__init__()
         self.H = H
-        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+        self.ln_1, self.ln_2 = LayerNorm(C, bias), LayerNorm(C, bias)
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=bias), nn.Linear(C, C, bias=bias)
+        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C, C, bias=bias)
 
     def attention(self, x):
         B, T, C = x.shape
@@ -44,11 +57,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, L, H, C, T, V):
+    def __init__(self, L, H, C, T, V, bias=True):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        self.h = nn.ModuleList(Block(C, H) for _ in range(L))
-        self.ln_f = nn.LayerNorm(C)
+        self.h = nn.ModuleList(Block(C, H, bias) for _ in range(L))
+        self.ln_f = LayerNorm(C, bias)
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight") or name.endswith("mlp_proj.weight"):
@@ -109,7 +122,7 @@ def converge_mode(args):
     n = int(0.9 * len(data))
     train, val = data[:n], data[n:]
     torch.manual_seed(1337)
-    model = GPT(L, H, C, T, len(chars))
+    model = GPT(L, H, C, T, len(chars), bias=not args.no_bias)
     opt = optimizer(model, 1e-3)
     iters, warmup, lr_max, lr_min, B = 2000, 100, 1e-3, 1e-4, 12
 
@@ -137,7 +150,8 @@ def converge_mode(args):
     model.eval()
     with torch.no_grad():
         val_loss = sum(model(*batch("val")).item() for _ in range(20)) / 20
-    return {"impl": "pytorch", "val_loss": val_loss, "train_seconds": seconds, "torch": torch.__version__}
+    return {"impl": "pytorch", "bias": not args.no_bias, "val_loss": val_loss, "train_seconds": seconds,
+            "torch": torch.__version__}
 
 
 def main():
@@ -149,6 +163,7 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data", default="")
+    p.add_argument("--no-bias", action="store_true", help="converge: nanoGPT's bias-free variant")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     out = step_mode(args) if args.mode == "step" else converge_mode(args)
