@@ -47,6 +47,7 @@ decentrain-gpt train [options]
   --preset NAME          tiny | shakespeare-char | gpt2-124m   (default tiny)
   --n-layer/--n-head/--n-embd/--block-size N   override the preset
   --dropout P            (default: the preset's)
+  --no-bias              no biases in linears and layer norms (nanoGPT's bias=False)
   --data FILE            a text file (character-level) or an llm.c token shard;
                          default: the built-in generated corpus
   --vocab-size N         vocabulary for token shards (default: the preset's)
@@ -188,7 +189,8 @@ int cmd_train(const options& opt) {
   set_threads(opt);
   const std::uint64_t seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
   const std::string ckpt_dir = opt.text("checkpoint-dir", "");
-  const bool resume = opt.has("resume"), keep = opt.has("keep-checkpoints");
+  const bool resume = opt.has("resume"), keep = opt.has("keep-checkpoints"), no_bias = opt.has("no-bias");
+  opt.text("no-bias", "");
   opt.text("resume", "");
   opt.text("keep-checkpoints", "");
   std::optional<dt::io::checkpoint> resumed;
@@ -203,6 +205,7 @@ int cmd_train(const options& opt) {
   cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
   cfg.block_size = opt.integer("block-size", cfg.block_size);
   cfg.dropout = opt.real("dropout", cfg.dropout);
+  cfg.bias = !no_bias;
   auto data = load_training_data(opt, cfg.vocab_size, resumed ? &*resumed : nullptr);
   cfg.vocab_size = data.vocab_size;
   if (resumed) cfg = dt::train::config_of(*resumed);
@@ -425,7 +428,7 @@ int cmd_sample(const options& opt) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "help";
   try {
-    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "keep-checkpoints"}));
+    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "keep-checkpoints", "no-bias"}));
     if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
     if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
     if (command == "help" || command == "--help" || command == "-h") {

@@ -3441,6 +3441,9 @@ struct gpt_config {
   std::int64_t block_size = 64;
   std::int64_t vocab_size = 256;
   double dropout = 0.0;
+  // GPT-2 has biases in every linear and layer norm; nanoGPT's `bias=False` drops them all,
+  // which trains slightly better on small data (the convergence recipe in bench/RESULTS.md).
+  bool bias = true;
 
   // Throws decentrain::error naming the first bad field.
   void validate() const {
@@ -3456,14 +3459,14 @@ struct gpt_config {
 
   // Trainable parameters (the LM head is tied to the token embedding, so counted once).
   std::int64_t parameter_count() const {
-    const std::int64_t c = n_embd;
-    const std::int64_t per_block = 2 * c            // ln_1
-                                   + c * 3 * c + 3 * c  // attn.c_attn
-                                   + c * c + c          // attn.c_proj
-                                   + 2 * c              // ln_2
-                                   + c * 4 * c + 4 * c  // mlp.c_fc
-                                   + 4 * c * c + c;     // mlp.c_proj
-    return vocab_size * c + block_size * c + n_layer * per_block + 2 * c;
+    const std::int64_t c = n_embd, b = bias ? 1 : 0;
+    const std::int64_t per_block = (1 + b) * c            // ln_1
+                                   + c * 3 * c + b * 3 * c  // attn.c_attn
+                                   + c * c + b * c          // attn.c_proj
+                                   + (1 + b) * c            // ln_2
+                                   + c * 4 * c + b * 4 * c  // mlp.c_fc
+                                   + 4 * c * c + b * c;     // mlp.c_proj
+    return vocab_size * c + block_size * c + n_layer * per_block + (1 + b) * c;
   }
 
   friend bool operator==(const gpt_config&, const gpt_config&) = default;
@@ -3503,27 +3506,33 @@ inline gpt_config gpt_preset(std::string_view name) {
 
 namespace decentrain::nn {
 
-// GPT-2 initialisation: weights N(0, std), biases zero.
+// GPT-2 initialisation: weights N(0, std), biases zero. `has_bias` false leaves the bias out.
 template <class Device>
 struct linear_layer {
   var<Device> weight;  // (in, out), as GPT-2's Conv1D stores it
-  var<Device> bias;    // (out,)
+  var<Device> bias;    // (out,), undefined without a bias
 
   linear_layer(parameter_list<Device>& params, const std::string& name, std::int64_t in,
-               std::int64_t out, double init_std, rng& gen)
-      : weight(params.add(name + ".weight", parameter(randn<Device>(shape{in, out}, gen, dtype::f32, 0.0, init_std)))),
-        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{out})))) {}
+               std::int64_t out, double init_std, rng& gen, bool has_bias = true)
+      : weight(params.add(name + ".weight", parameter(randn<Device>(shape{in, out}, gen, dtype::f32, 0.0, init_std)))) {
+    if (has_bias) bias = params.add(name + ".bias", parameter(zeros<Device>(shape{out})));
+  }
 
-  var<Device> operator()(const var<Device>& x) const { return linear(x, weight, bias); }
+  var<Device> operator()(const var<Device>& x) const {
+    return bias.defined() ? linear(x, weight, bias) : linear(x, weight);
+  }
 };
 
 template <class Device>
 struct layer_norm_layer {
-  var<Device> weight, bias;  // (C,) each: gain 1, shift 0
+  var<Device> weight;  // (C,): gain 1
+  var<Device> bias;    // (C,): shift 0; without a bias, a constant zero that takes no gradient
 
-  layer_norm_layer(parameter_list<Device>& params, const std::string& name, std::int64_t width)
+  layer_norm_layer(parameter_list<Device>& params, const std::string& name, std::int64_t width,
+                   bool has_bias = true)
       : weight(params.add(name + ".weight", parameter(ones<Device>(shape{width})))),
-        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{width})))) {}
+        bias(has_bias ? params.add(name + ".bias", parameter(zeros<Device>(shape{width})))
+                      : var<Device>(zeros<Device>(shape{width}))) {}
 
   var<Device> operator()(const var<Device>& x) const { return layer_norm(x, weight, bias, 1e-5); }
 };
@@ -3534,10 +3543,10 @@ struct causal_self_attention {
   linear_layer<Device> c_attn, c_proj;
 
   causal_self_attention(parameter_list<Device>& params, const std::string& name, std::int64_t width,
-                        std::int64_t heads, double proj_std, rng& gen)
+                        std::int64_t heads, double proj_std, rng& gen, bool has_bias = true)
       : n_head(heads), n_embd(width),
-        c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen),
-        c_proj(params, name + ".c_proj", width, width, proj_std, gen) {}
+        c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen, has_bias),
+        c_proj(params, name + ".c_proj", width, width, proj_std, gen, has_bias) {}
 
   var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
     auto qkv = split(c_attn(x), {n_embd, n_embd, n_embd}, -1);
@@ -3549,9 +3558,10 @@ template <class Device>
 struct mlp {
   linear_layer<Device> c_fc, c_proj;
 
-  mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen)
-      : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen),
-        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen) {}
+  mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen,
+      bool has_bias = true)
+      : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
+        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
 
   var<Device> operator()(const var<Device>& x) const { return c_proj(gelu(c_fc(x))); }
 };
@@ -3569,10 +3579,10 @@ struct gpt_block {
   nn::mlp<Device> mlp;
 
   gpt_block(parameter_list<Device>& params, const std::string& name, const gpt_config& cfg, rng& gen)
-      : ln_1(params, name + ".ln_1", cfg.n_embd),
-        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen),
-        ln_2(params, name + ".ln_2", cfg.n_embd),
-        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen) {}
+      : ln_1(params, name + ".ln_1", cfg.n_embd, cfg.bias),
+        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen, cfg.bias),
+        ln_2(params, name + ".ln_2", cfg.n_embd, cfg.bias),
+        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen, cfg.bias) {}
 
   // Residual projections start smaller so the residual stream's variance does not grow with depth.
   static double residual_std(const gpt_config& cfg) {
@@ -3591,7 +3601,7 @@ class gpt {
     wpe_ = params_.add("wpe.weight", parameter(randn<Device>(shape{cfg.block_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
     for (std::int64_t l = 0; l < cfg.n_layer; ++l)
       blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
-    ln_f_.emplace(params_, "ln_f", cfg.n_embd);
+    ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
   }
 
   // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only
@@ -4660,6 +4670,7 @@ io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>&
   c.counters["config.n_embd"] = cfg.n_embd;
   c.counters["config.block_size"] = cfg.block_size;
   c.counters["config.vocab_size"] = cfg.vocab_size;
+  c.counters["config.bias"] = cfg.bias ? 1 : 0;
   std::ostringstream dropout;
   dropout.precision(17);
   dropout << cfg.dropout;
@@ -4679,6 +4690,7 @@ inline nn::gpt_config config_of(const io::checkpoint& c) {
   auto it = c.text.find("config.dropout");
   decentrain::detail::check(it != c.text.end(), "checkpoint: missing text 'config.dropout'");
   cfg.dropout = std::stod(it->second);
+  cfg.bias = c.counter("config.bias") != 0;
   cfg.validate();
   return cfg;
 }
@@ -4756,6 +4768,7 @@ inline nn::gpt_config gpt2_config(const io::named_tensors& file, std::int64_t n_
   std::int64_t layers = 0;
   while (tensors.count("h." + std::to_string(layers) + ".ln_1.weight")) ++layers;
   nn::gpt_config cfg{layers, n_head, wte.size(1), wpe.size(0), wte.size(0), 0.0};
+  cfg.bias = tensors.count("ln_f.bias") != 0;  // a bias-free model (nanoGPT's bias=False) has none
   cfg.validate();
   return cfg;
 }

@@ -91,3 +91,19 @@ TEST_CASE("dropout is off without an rng and reproducible with one", "[nn][gpt]"
   CHECK_FALSE(dt::allclose(dropped, plain, 1e-3, 1e-3));
   CHECK(dt::allclose(model.logits(idx, &b).value(), dropped, 0.0, 0.0));
 }
+
+TEST_CASE("the bias-free variant has no biases and counts its parameters", "[nn][gpt]") {
+  auto cfg = nn::gpt_preset("tiny");
+  cfg.bias = false;
+  dt::rng gen(1, "init");
+  nn::gpt<> model(cfg, gen);
+  CHECK(model.parameters().numel() == cfg.parameter_count());
+  CHECK(model.parameters().size() == static_cast<std::size_t>(2 + 6 * cfg.n_layer + 1));
+  for (const auto& e : model.parameters()) CHECK(e.name.find(".bias") == std::string::npos);
+  auto with_bias = cfg;
+  with_bias.bias = true;
+  CHECK(with_bias.parameter_count() - cfg.parameter_count() == cfg.n_layer * (1 + 3 + 1 + 1 + 4 + 1) * cfg.n_embd + cfg.n_embd);  // ln_1, c_attn, c_proj, ln_2, c_fc, mlp.c_proj; ln_f
+  auto loss = model.loss(dt::from_vector(std::vector<std::int32_t>{1, 2, 3}, {1, 3}), dt::from_vector(std::vector<std::int32_t>{2, 3, 4}, {1, 3}));
+  loss.backward();
+  for (const auto& e : model.parameters()) CHECK(e.param.grad().defined());
+}

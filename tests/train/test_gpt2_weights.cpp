@@ -106,3 +106,20 @@ TEST_CASE("bad safetensors files give clear errors", "[io][safetensors][errors]"
   CHECK_THROWS_WITH(io::load_safetensors(path), Contains("nesting too deep"));
   std::filesystem::remove(path);
 }
+
+TEST_CASE("a bias-free model round-trips through checkpoints and safetensors", "[io][bias]") {
+  auto cfg = dt::nn::gpt_preset("tiny");
+  cfg.bias = false;
+  dt::rng gen(6, "init");
+  dt::nn::gpt<> model(cfg, gen);
+  dt::optim::adamw<> opt(model.parameters());
+  const auto ckpt = train::capture(model, opt, 3);
+  CHECK(train::config_of(ckpt) == cfg);
+  const auto weights = train::export_gpt2_weights(model);
+  CHECK(train::gpt2_config(weights, cfg.n_head) == cfg);
+  dt::rng other(7, "init");
+  dt::nn::gpt<> copy(cfg, other);
+  train::import_gpt2_weights(copy, weights);
+  for (const auto& e : model.parameters())
+    CHECK(dt::allclose(e.param.value(), copy.parameters().get(e.name).value(), 0.0, 0.0));
+}

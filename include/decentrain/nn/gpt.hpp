@@ -22,10 +22,10 @@ struct gpt_block {
   nn::mlp<Device> mlp;
 
   gpt_block(parameter_list<Device>& params, const std::string& name, const gpt_config& cfg, rng& gen)
-      : ln_1(params, name + ".ln_1", cfg.n_embd),
-        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen),
-        ln_2(params, name + ".ln_2", cfg.n_embd),
-        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen) {}
+      : ln_1(params, name + ".ln_1", cfg.n_embd, cfg.bias),
+        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen, cfg.bias),
+        ln_2(params, name + ".ln_2", cfg.n_embd, cfg.bias),
+        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen, cfg.bias) {}
 
   // Residual projections start smaller so the residual stream's variance does not grow with depth.
   static double residual_std(const gpt_config& cfg) {
@@ -44,7 +44,7 @@ class gpt {
     wpe_ = params_.add("wpe.weight", parameter(randn<Device>(shape{cfg.block_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
     for (std::int64_t l = 0; l < cfg.n_layer; ++l)
       blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
-    ln_f_.emplace(params_, "ln_f", cfg.n_embd);
+    ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
   }
 
   // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only

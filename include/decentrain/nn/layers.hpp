@@ -11,27 +11,33 @@
 
 namespace decentrain::nn {
 
-// GPT-2 initialisation: weights N(0, std), biases zero.
+// GPT-2 initialisation: weights N(0, std), biases zero. `has_bias` false leaves the bias out.
 template <class Device>
 struct linear_layer {
   var<Device> weight;  // (in, out), as GPT-2's Conv1D stores it
-  var<Device> bias;    // (out,)
+  var<Device> bias;    // (out,), undefined without a bias
 
   linear_layer(parameter_list<Device>& params, const std::string& name, std::int64_t in,
-               std::int64_t out, double init_std, rng& gen)
-      : weight(params.add(name + ".weight", parameter(randn<Device>(shape{in, out}, gen, dtype::f32, 0.0, init_std)))),
-        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{out})))) {}
+               std::int64_t out, double init_std, rng& gen, bool has_bias = true)
+      : weight(params.add(name + ".weight", parameter(randn<Device>(shape{in, out}, gen, dtype::f32, 0.0, init_std)))) {
+    if (has_bias) bias = params.add(name + ".bias", parameter(zeros<Device>(shape{out})));
+  }
 
-  var<Device> operator()(const var<Device>& x) const { return linear(x, weight, bias); }
+  var<Device> operator()(const var<Device>& x) const {
+    return bias.defined() ? linear(x, weight, bias) : linear(x, weight);
+  }
 };
 
 template <class Device>
 struct layer_norm_layer {
-  var<Device> weight, bias;  // (C,) each: gain 1, shift 0
+  var<Device> weight;  // (C,): gain 1
+  var<Device> bias;    // (C,): shift 0; without a bias, a constant zero that takes no gradient
 
-  layer_norm_layer(parameter_list<Device>& params, const std::string& name, std::int64_t width)
+  layer_norm_layer(parameter_list<Device>& params, const std::string& name, std::int64_t width,
+                   bool has_bias = true)
       : weight(params.add(name + ".weight", parameter(ones<Device>(shape{width})))),
-        bias(params.add(name + ".bias", parameter(zeros<Device>(shape{width})))) {}
+        bias(has_bias ? params.add(name + ".bias", parameter(zeros<Device>(shape{width})))
+                      : var<Device>(zeros<Device>(shape{width}))) {}
 
   var<Device> operator()(const var<Device>& x) const { return layer_norm(x, weight, bias, 1e-5); }
 };
@@ -42,10 +48,10 @@ struct causal_self_attention {
   linear_layer<Device> c_attn, c_proj;
 
   causal_self_attention(parameter_list<Device>& params, const std::string& name, std::int64_t width,
-                        std::int64_t heads, double proj_std, rng& gen)
+                        std::int64_t heads, double proj_std, rng& gen, bool has_bias = true)
       : n_head(heads), n_embd(width),
-        c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen),
-        c_proj(params, name + ".c_proj", width, width, proj_std, gen) {}
+        c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen, has_bias),
+        c_proj(params, name + ".c_proj", width, width, proj_std, gen, has_bias) {}
 
   var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
     auto qkv = split(c_attn(x), {n_embd, n_embd, n_embd}, -1);
@@ -57,9 +63,10 @@ template <class Device>
 struct mlp {
   linear_layer<Device> c_fc, c_proj;
 
-  mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen)
-      : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen),
-        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen) {}
+  mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen,
+      bool has_bias = true)
+      : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
+        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
 
   var<Device> operator()(const var<Device>& x) const { return c_proj(gelu(c_fc(x))); }
 };

@@ -25,6 +25,7 @@ io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>&
   c.counters["config.n_embd"] = cfg.n_embd;
   c.counters["config.block_size"] = cfg.block_size;
   c.counters["config.vocab_size"] = cfg.vocab_size;
+  c.counters["config.bias"] = cfg.bias ? 1 : 0;
   std::ostringstream dropout;
   dropout.precision(17);
   dropout << cfg.dropout;
@@ -44,6 +45,7 @@ inline nn::gpt_config config_of(const io::checkpoint& c) {
   auto it = c.text.find("config.dropout");
   decentrain::detail::check(it != c.text.end(), "checkpoint: missing text 'config.dropout'");
   cfg.dropout = std::stod(it->second);
+  cfg.bias = c.counter("config.bias") != 0;
   cfg.validate();
   return cfg;
 }

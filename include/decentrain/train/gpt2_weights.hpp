@@ -51,6 +51,7 @@ inline nn::gpt_config gpt2_config(const io::named_tensors& file, std::int64_t n_
   std::int64_t layers = 0;
   while (tensors.count("h." + std::to_string(layers) + ".ln_1.weight")) ++layers;
   nn::gpt_config cfg{layers, n_head, wte.size(1), wpe.size(0), wte.size(0), 0.0};
+  cfg.bias = tensors.count("ln_f.bias") != 0;  // a bias-free model (nanoGPT's bias=False) has none
   cfg.validate();
   return cfg;
 }
