@@ -4,6 +4,7 @@
 
 #include "decentrain/config.hpp"
 #include "decentrain/detail/error.hpp"
+#include "decentrain/detail/hash.hpp"
 #include "decentrain/detail/meta.hpp"
 #include "decentrain/core/core.hpp"
 #include "decentrain/kernels/cpu/activation.hpp"

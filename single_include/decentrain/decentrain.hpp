@@ -92,6 +92,31 @@ void check(bool ok, Parts&&... parts) {
 }  // namespace detail
 }  // namespace decentrain
 // ---- end decentrain/detail/error.hpp ----
+// ---- begin decentrain/detail/hash.hpp ----
+// The two hashes the library uses: FNV-1a over bytes (rng stream names, checkpoint checksums)
+// and splitmix64's mixing step (seeding rng state, counter-based batch sampling).
+
+#include <cstdint>
+#include <string_view>
+
+namespace decentrain::detail {
+
+inline std::uint64_t fnv1a(std::string_view bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// splitmix64's output for state z: advance by the golden-ratio increment, then finalise.
+inline std::uint64_t splitmix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace decentrain::detail
+// ---- end decentrain/detail/hash.hpp ----
 // ---- begin decentrain/detail/meta.hpp ----
 // Small template helpers shared by the policy and dispatch code.
 
@@ -926,6 +951,7 @@ std::ostream& operator<<(std::ostream& os, const tensor<Device>& t) {
 #include <string>
 #include <string_view>
 
+
 namespace decentrain {
 
 class rng {
@@ -934,10 +960,11 @@ class rng {
 
   rng(std::uint64_t seed, std::string_view name) : name_(name) {
     // The name is hashed (FNV-1a) into the seed; splitmix64 then fills xoshiro's state.
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-    std::uint64_t x = seed ^ h;
-    for (auto& word : state_) word = splitmix64(x);
+    std::uint64_t x = seed ^ detail::fnv1a(name);
+    for (auto& word : state_) {
+      word = detail::splitmix64(x);
+      x += 0x9e3779b97f4a7c15ull;
+    }
   }
 
   const std::string& name() const { return name_; }
@@ -989,12 +1016,6 @@ class rng {
 
  private:
   static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  static std::uint64_t splitmix64(std::uint64_t& x) {
-    std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
 
   std::string name_;
   state_type state_{};
@@ -3308,8 +3329,9 @@ class token_dataset {
     std::vector<std::int32_t> x(static_cast<std::size_t>(batch_size * block)), y(x.size());
     for (std::int64_t i = 0; i < batch_size; ++i) {
       const auto row = static_cast<std::uint64_t>(rank * batch_size + i);
-      const std::uint64_t h = mix(seed ^ mix((s == split::train ? 0x7261696eull : 0x76616cull) ^
-                                             mix(static_cast<std::uint64_t>(step) ^ mix(row))));
+      using decentrain::detail::splitmix64;
+      const std::uint64_t h = splitmix64(seed ^ splitmix64((s == split::train ? 0x7261696eull : 0x76616cull) ^
+                                                           splitmix64(static_cast<std::uint64_t>(step) ^ splitmix64(row))));
       const auto start = static_cast<std::size_t>((static_cast<unsigned __int128>(h) * starts) >> 64);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start), block, x.begin() + i * block);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start) + 1, block, y.begin() + i * block);
@@ -3318,12 +3340,6 @@ class token_dataset {
   }
 
  private:
-  static std::uint64_t mix(std::uint64_t z) {  // splitmix64's finaliser
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
   std::vector<std::int32_t> train_, val_;
 };
 
@@ -4144,11 +4160,7 @@ struct checkpoint {
 
 // FNV-1a over the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).
-inline std::uint64_t checkpoint_checksum(std::string_view bytes) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
+inline std::uint64_t checkpoint_checksum(std::string_view bytes) { return decentrain::detail::fnv1a(bytes); }
 
 // File layout: magic (8 bytes), version (u32 LE), payload length (u64 LE), FNV-1a of the
 // payload (u64 LE), payload (cereal portable binary).
@@ -4567,11 +4579,10 @@ inline named_tensors load_safetensors(const std::filesystem::path& path,
 // ---- end decentrain/io/safetensors.hpp ----
 // ---- begin decentrain/io/token_shard.hpp ----
 // llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1, token
-// count, rest zero) followed by the tokens as uint16. Writes are atomic (temporary file,
-// flush, rename) so a crash never leaves a half-written shard under the real name.
+// count, rest zero) followed by the tokens as uint16. Writes go through write_file_atomically,
+// so a crash never leaves a half-written shard under the real name.
 
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -4596,16 +4607,9 @@ inline void write_token_shard(const std::filesystem::path& path, const std::vect
   header[0] = token_shard_magic;
   header[1] = token_shard_version;
   header[2] = static_cast<std::int32_t>(tokens.size());
-  const auto temporary = std::filesystem::path(path.string() + ".tmp");
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    decentrain::detail::check(out.good(), "write_token_shard: cannot open ", temporary.string(), " for writing");
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
-    out.write(reinterpret_cast<const char*>(packed.data()), static_cast<std::streamsize>(packed.size() * 2));
-    out.flush();
-    decentrain::detail::check(out.good(), "write_token_shard: writing ", temporary.string(), " failed");
-  }
-  std::filesystem::rename(temporary, path);
+  std::string bytes(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  bytes.append(reinterpret_cast<const char*>(packed.data()), packed.size() * 2);
+  write_file_atomically(path, bytes);
 }
 
 inline std::vector<std::int32_t> read_token_shard(const std::filesystem::path& path) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "decentrain/detail/hash.hpp"
+
 namespace decentrain {
 
 class rng {
@@ -17,10 +19,11 @@ class rng {
 
   rng(std::uint64_t seed, std::string_view name) : name_(name) {
     // The name is hashed (FNV-1a) into the seed; splitmix64 then fills xoshiro's state.
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-    std::uint64_t x = seed ^ h;
-    for (auto& word : state_) word = splitmix64(x);
+    std::uint64_t x = seed ^ detail::fnv1a(name);
+    for (auto& word : state_) {
+      word = detail::splitmix64(x);
+      x += 0x9e3779b97f4a7c15ull;
+    }
   }
 
   const std::string& name() const { return name_; }
@@ -72,12 +75,6 @@ class rng {
 
  private:
   static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  static std::uint64_t splitmix64(std::uint64_t& x) {
-    std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
 
   std::string name_;
   state_type state_{};

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "decentrain/core/factory.hpp"
+#include "decentrain/detail/hash.hpp"
 
 namespace decentrain::data {
 
@@ -46,8 +47,9 @@ class token_dataset {
     std::vector<std::int32_t> x(static_cast<std::size_t>(batch_size * block)), y(x.size());
     for (std::int64_t i = 0; i < batch_size; ++i) {
       const auto row = static_cast<std::uint64_t>(rank * batch_size + i);
-      const std::uint64_t h = mix(seed ^ mix((s == split::train ? 0x7261696eull : 0x76616cull) ^
-                                             mix(static_cast<std::uint64_t>(step) ^ mix(row))));
+      using decentrain::detail::splitmix64;
+      const std::uint64_t h = splitmix64(seed ^ splitmix64((s == split::train ? 0x7261696eull : 0x76616cull) ^
+                                                           splitmix64(static_cast<std::uint64_t>(step) ^ splitmix64(row))));
       const auto start = static_cast<std::size_t>((static_cast<unsigned __int128>(h) * starts) >> 64);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start), block, x.begin() + i * block);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start) + 1, block, y.begin() + i * block);
@@ -56,12 +58,6 @@ class token_dataset {
   }
 
  private:
-  static std::uint64_t mix(std::uint64_t z) {  // splitmix64's finaliser
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
   std::vector<std::int32_t> train_, val_;
 };
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "decentrain/detail/hash.hpp"
 #include "decentrain/io/atomic_file.hpp"
 #include "decentrain/io/tensor_archive.hpp"
 
@@ -48,11 +49,7 @@ struct checkpoint {
 
 // FNV-1a over the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).
-inline std::uint64_t checkpoint_checksum(std::string_view bytes) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
+inline std::uint64_t checkpoint_checksum(std::string_view bytes) { return decentrain::detail::fnv1a(bytes); }
 
 // File layout: magic (8 bytes), version (u32 LE), payload length (u64 LE), FNV-1a of the
 // payload (u64 LE), payload (cereal portable binary).

@@ -1,16 +1,16 @@
 // llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1, token
-// count, rest zero) followed by the tokens as uint16. Writes are atomic (temporary file,
-// flush, rename) so a crash never leaves a half-written shard under the real name.
+// count, rest zero) followed by the tokens as uint16. Writes go through write_file_atomically,
+// so a crash never leaves a half-written shard under the real name.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/io/atomic_file.hpp"
 
 namespace decentrain::io {
 
@@ -30,16 +30,9 @@ inline void write_token_shard(const std::filesystem::path& path, const std::vect
   header[0] = token_shard_magic;
   header[1] = token_shard_version;
   header[2] = static_cast<std::int32_t>(tokens.size());
-  const auto temporary = std::filesystem::path(path.string() + ".tmp");
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    decentrain::detail::check(out.good(), "write_token_shard: cannot open ", temporary.string(), " for writing");
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
-    out.write(reinterpret_cast<const char*>(packed.data()), static_cast<std::streamsize>(packed.size() * 2));
-    out.flush();
-    decentrain::detail::check(out.good(), "write_token_shard: writing ", temporary.string(), " failed");
-  }
-  std::filesystem::rename(temporary, path);
+  std::string bytes(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  bytes.append(reinterpret_cast<const char*>(packed.data()), packed.size() * 2);
+  write_file_atomically(path, bytes);
 }
 
 inline std::vector<std::int32_t> read_token_shard(const std::filesystem::path& path) {
