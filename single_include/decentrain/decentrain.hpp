@@ -3609,6 +3609,8 @@ struct gpt_block {
 template <class Device = cpu>
 class gpt {
  public:
+  using config_type = gpt_config;
+
   // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
   // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
   gpt(const gpt_config& cfg, rng& init) : cfg_(cfg) {
@@ -4646,9 +4648,1068 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 }  // namespace decentrain::io
 // ---- end decentrain/io/token_shard.hpp ----
 // ---- end decentrain/io/io.hpp ----
+// ---- begin decentrain/transport/transport.hpp ----
+// Every transport: the endpoint concept, simulated in-process peers, TCP (when standalone asio
+// is available) and MPI (when the build defines DECENTRAIN_HAS_MPI, as the decentrain::mpi
+// CMake target does).
+
+// ---- begin decentrain/transport/endpoint.hpp ----
+// What a transport offers a peer: its rank among `world` peers, ordered point-to-point byte
+// messages matched by (source, tag), and traffic counters. Collectives and policies are written
+// against this concept only; `any_endpoint` erases the type so a trainer can take any of them.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::transport {
+
+using tag_type = std::uint64_t;
+using bytes = std::vector<std::byte>;
+
+// Counters every endpoint keeps. `wait_seconds` is time a recv spent waiting for its message
+// (simulated time on simulated links); `clock_seconds` is the endpoint's notion of elapsed time:
+// wall time for real transports, simulated compute plus link time for in_process.
+struct traffic_stats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  std::uint64_t messages_sent = 0;
+  std::uint64_t messages_received = 0;
+  std::uint64_t malformed_frames = 0;   // dropped, connection closed (tcp)
+  std::uint64_t retransmissions = 0;    // simulated drops that cost a retransmission (in_process)
+  double wait_seconds = 0.0;
+  double clock_seconds = 0.0;
+};
+
+// Messages between one (source, destination) pair arrive in the order they were sent; `recv`
+// blocks until the message with that source and tag arrives, and throws decentrain::error when
+// it cannot (timeout, peer gone). `computed` tells the endpoint how long the caller computed,
+// which a simulated network adds to its clock and a real one ignores.
+template <class E>
+concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span<const std::byte> data, double seconds) {
+  { ce.rank() } -> std::convertible_to<int>;
+  { ce.world() } -> std::convertible_to<int>;
+  e.send(peer, tag, data);
+  { e.recv(peer, tag) } -> std::same_as<bytes>;
+  { ce.stats() } -> std::convertible_to<traffic_stats>;
+  e.computed(seconds);
+};
+
+namespace detail {
+template <class E>
+constexpr bool check_endpoint() {
+  static_assert(requires(const E& e) { { e.rank() } -> std::convertible_to<int>; },
+                "a transport endpoint needs `int rank() const`");
+  static_assert(requires(const E& e) { { e.world() } -> std::convertible_to<int>; },
+                "a transport endpoint needs `int world() const`");
+  static_assert(requires(E& e, int p, tag_type t, std::span<const std::byte> d) { e.send(p, t, d); },
+                "a transport endpoint needs `void send(int peer, tag_type tag, std::span<const std::byte> data)`");
+  static_assert(requires(E& e, int p, tag_type t) { { e.recv(p, t) } -> std::same_as<bytes>; },
+                "a transport endpoint needs `transport::bytes recv(int peer, tag_type tag)`");
+  static_assert(requires(const E& e) { { e.stats() } -> std::convertible_to<traffic_stats>; },
+                "a transport endpoint needs `traffic_stats stats() const`");
+  static_assert(requires(E& e, double s) { e.computed(s); },
+                "a transport endpoint needs `void computed(double seconds)` (a no-op for real networks)");
+  return true;
+}
+}  // namespace detail
+
+// Owns any endpoint behind one type. Endpoints are moved in; copies share the same endpoint.
+class any_endpoint {
+ public:
+  any_endpoint() = default;
+
+  template <class E>
+    requires(!std::same_as<std::remove_cvref_t<E>, any_endpoint>)
+  any_endpoint(E&& e)  // NOLINT: implicit on purpose, so any endpoint can be passed where one is expected
+      : self_(make(std::forward<E>(e))) {}
+
+  bool valid() const { return self_ != nullptr; }
+  int rank() const { return get().rank(); }
+  int world() const { return get().world(); }
+  void send(int peer, tag_type tag, std::span<const std::byte> data) { get().send(peer, tag, data); }
+  bytes recv(int peer, tag_type tag) { return get().recv(peer, tag); }
+  traffic_stats stats() const { return get().stats(); }
+  void computed(double seconds) { get().computed(seconds); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual int rank() const = 0;
+    virtual int world() const = 0;
+    virtual void send(int, tag_type, std::span<const std::byte>) = 0;
+    virtual bytes recv(int, tag_type) = 0;
+    virtual traffic_stats stats() const = 0;
+    virtual void computed(double) = 0;
+  };
+  template <class E>
+  struct model final : base {
+    explicit model(E e) : e(std::move(e)) {}
+    int rank() const override { return static_cast<int>(e.rank()); }
+    int world() const override { return static_cast<int>(e.world()); }
+    void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
+    bytes recv(int p, tag_type t) override { return e.recv(p, t); }
+    traffic_stats stats() const override { return e.stats(); }
+    void computed(double s) override { e.computed(s); }
+    E e;
+  };
+
+  template <class E>
+  static std::shared_ptr<base> make(E&& e) {
+    using T = std::remove_cvref_t<E>;
+    static_assert(detail::check_endpoint<T>());
+    return std::make_shared<model<T>>(std::forward<E>(e));
+  }
+
+  base& get() const {
+    decentrain::detail::check(self_ != nullptr, "any_endpoint: used before an endpoint was given to it");
+    return *self_;
+  }
+
+  std::shared_ptr<base> self_;
+};
+
+static_assert(endpoint<any_endpoint>);
+
+// Views of trivially copyable values as bytes and back; the receiving side checks the size.
+template <class T>
+std::span<const std::byte> as_bytes(std::span<const T> values) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  return std::as_bytes(values);
+}
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/endpoint.hpp ----
+// ---- begin decentrain/transport/in_process.hpp ----
+// N peers as threads of one process, joined by simulated links. Each directed link has a
+// latency, a bandwidth, jitter and a drop probability; nothing sleeps. Instead every endpoint
+// keeps a simulated clock: a message leaves when both the sender's clock and the link are free,
+// occupies the link for size / bandwidth, arrives latency (+ jitter) later, and a dropped copy
+// costs a retransmission timeout. A recv moves the receiver's clock to the arrival time, and
+// `computed(s)` adds the caller's compute time. So one machine can report how long a run on
+// real WAN links would have spent waiting on the network, with many more peers than cores.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+// ---- begin decentrain/transport/mailbox.hpp ----
+// Where received messages wait until a recv asks for them: one FIFO per (source, tag), a
+// condition variable, a timeout, and a way to fail every waiter when a peer or the network is
+// gone (so a peer blocked on a dead neighbour gets an error instead of hanging).
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+
+namespace decentrain::transport::detail {
+
+struct message {
+  bytes payload;
+  double arrival = 0.0;  // simulated arrival time (in_process); 0 elsewhere
+};
+
+class mailbox {
+ public:
+  void push(int source, tag_type tag, message m) {
+    {
+      std::lock_guard lock(mutex_);
+      queues_[{source, tag}].push_back(std::move(m));
+    }
+    ready_.notify_all();
+  }
+
+  // The next message from `source` with `tag`; throws when `timeout` passes first, when
+  // `source` was closed, or when the whole mailbox was failed.
+  message pop(int source, tag_type tag, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    const auto key = std::pair{source, tag};
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto it = queues_.find(key);
+      if (it != queues_.end() && !it->second.empty()) {
+        message m = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) queues_.erase(it);
+        return m;
+      }
+      if (!failure_.empty()) decentrain::detail::fail(failure_);
+      if (auto c = closed_.find(source); c != closed_.end())
+        decentrain::detail::fail("transport: peer ", source, " is gone (", c->second, ")");
+      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        auto again = queues_.find(key);
+        if (again == queues_.end() || again->second.empty())
+          decentrain::detail::fail("transport: no message from peer ", source, " (tag ", tag, ") within ",
+                                   timeout.count(), " ms: the peer is slow, partitioned or has failed");
+      }
+    }
+  }
+
+  // Messages already queued from `source` stay readable; waits for more fail with `reason`.
+  void close(int source, std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      closed_.emplace(source, std::move(reason));
+    }
+    ready_.notify_all();
+  }
+  void reopen(int source) {
+    std::lock_guard lock(mutex_);
+    closed_.erase(source);
+  }
+
+  void fail_all(std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      if (failure_.empty()) failure_ = std::move(reason);
+    }
+    ready_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::map<std::pair<int, tag_type>, std::deque<message>> queues_;
+  std::map<int, std::string> closed_;
+  std::string failure_;
+};
+
+}  // namespace decentrain::transport::detail
+// ---- end decentrain/transport/mailbox.hpp ----
+
+namespace decentrain::transport {
+
+struct simulated_link {
+  double latency_s = 0.0;
+  double bandwidth_bytes_per_s = 1.25e9;  // 10 Gbit/s
+  double jitter_s = 0.0;                   // uniform extra delay in [0, jitter)
+  double drop_probability = 0.0;           // per transmission attempt
+  double retransmit_timeout_s = 0.2;       // what each dropped attempt costs
+
+  void validate() const {
+    decentrain::detail::check(latency_s >= 0 && jitter_s >= 0 && retransmit_timeout_s >= 0,
+                              "link: latency, jitter and retransmit timeout must be >= 0");
+    decentrain::detail::check(bandwidth_bytes_per_s > 0, "link: bandwidth must be > 0 bytes/s, got ", bandwidth_bytes_per_s);
+    decentrain::detail::check(drop_probability >= 0 && drop_probability < 1,
+                              "link: drop probability must be in [0, 1), got ", drop_probability);
+  }
+};
+
+// One link per ordered (source, destination) pair.
+class link_matrix {
+ public:
+  link_matrix(int world, simulated_link l) : world_(world), links_(static_cast<std::size_t>(world) * static_cast<std::size_t>(world), l) {
+    decentrain::detail::check(world >= 1, "link_matrix: world must be >= 1, got ", world);
+    l.validate();
+  }
+  int world() const { return world_; }
+  simulated_link& at(int source, int destination) {
+    return links_[index(source, destination)];
+  }
+  const simulated_link& at(int source, int destination) const { return links_[index(source, destination)]; }
+
+ private:
+  std::size_t index(int s, int d) const {
+    decentrain::detail::check(s >= 0 && s < world_ && d >= 0 && d < world_, "link_matrix: link ", s, " -> ", d,
+                              " is outside a world of ", world_);
+    return static_cast<std::size_t>(s) * static_cast<std::size_t>(world_) + static_cast<std::size_t>(d);
+  }
+  int world_;
+  std::vector<simulated_link> links_;
+};
+
+namespace links {
+// A datacenter-ish LAN: 50 us, 10 Gbit/s.
+inline link_matrix lan(int world) { return {world, simulated_link{50e-6, 1.25e9, 5e-6, 0.0, 0.2}}; }
+// Peers across the internet: 100 ms, 100 Mbit/s, 10 ms jitter, 0.1% loss.
+inline link_matrix wan(int world) { return {world, simulated_link{0.1, 12.5e6, 0.01, 0.001, 0.3}}; }
+// Peers of different quality: each peer has its own uplink (10 Mbit/s to 1 Gbit/s) and
+// latency (10-150 ms); a link runs at the slower end's bandwidth, with the two latencies added.
+inline link_matrix heterogeneous(int world, std::uint64_t seed = 0) {
+  link_matrix m(world, simulated_link{});
+  rng gen(seed, "heterogeneous-links");
+  std::vector<double> bw(static_cast<std::size_t>(world)), lat(bw.size());
+  for (std::size_t i = 0; i < bw.size(); ++i) {
+    bw[i] = 1.25e6 * std::pow(100.0, gen.uniform());  // log-uniform 10 Mbit/s .. 1 Gbit/s
+    lat[i] = 0.005 + 0.07 * gen.uniform();
+  }
+  for (int s = 0; s < world; ++s)
+    for (int d = 0; d < world; ++d)
+      m.at(s, d) = simulated_link{lat[static_cast<std::size_t>(s)] + lat[static_cast<std::size_t>(d)],
+                        std::min(bw[static_cast<std::size_t>(s)], bw[static_cast<std::size_t>(d)]), 0.005, 0.001, 0.3};
+  return m;
+}
+// No cost at all: for tests of the algorithms themselves.
+inline link_matrix ideal(int world) { return {world, simulated_link{0.0, 1e30, 0.0, 0.0, 0.0}}; }
+
+inline const char* preset_names = "ideal, lan, wan, heterogeneous";
+inline link_matrix preset(const std::string& name, int world, std::uint64_t seed = 0) {
+  if (name == "ideal") return ideal(world);
+  if (name == "lan") return lan(world);
+  if (name == "wan") return wan(world);
+  if (name == "heterogeneous") return heterogeneous(world, seed);
+  decentrain::detail::fail("unknown link preset '", name, "' (expected one of: ", preset_names, ")");
+}
+}  // namespace links
+
+class in_process {
+  struct shared;
+
+ public:
+  struct options {
+    std::uint64_t seed = 0;                           // jitter and drops
+    std::chrono::milliseconds recv_timeout{120000};   // real time a recv may wait for its sender thread
+  };
+
+  class endpoint {
+   public:
+    int rank() const { return rank_; }
+    int world() const { return net_->links.world(); }
+
+    void send(int peer, tag_type tag, std::span<const std::byte> data) {
+      check_peer(peer, "send to");
+      double arrival = clock_;
+      if (peer != rank_) {
+        const simulated_link& l = net_->links.at(rank_, peer);
+        auto& free_at = link_free_at_[static_cast<std::size_t>(peer)];
+        auto& gen = link_rng_[static_cast<std::size_t>(peer)];
+        const double start = std::max(clock_, free_at);
+        const double on_wire = static_cast<double>(data.size()) / l.bandwidth_bytes_per_s;
+        double resend = 0.0;
+        while (l.drop_probability > 0 && gen.uniform() < l.drop_probability) {
+          resend += l.retransmit_timeout_s + on_wire;
+          ++stats_.retransmissions;
+        }
+        free_at = start + on_wire;
+        arrival = free_at + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend;
+        // Delivery is in order (as on a TCP stream): nothing overtakes a delayed message.
+        auto& last = last_arrival_[static_cast<std::size_t>(peer)];
+        arrival = std::max(arrival, last);
+        last = arrival;
+      }
+      net_->boxes[static_cast<std::size_t>(peer)].push(rank_, tag, detail::message{bytes(data.begin(), data.end()), arrival});
+      stats_.bytes_sent += data.size();
+      ++stats_.messages_sent;
+    }
+
+    bytes recv(int peer, tag_type tag) {
+      check_peer(peer, "receive from");
+      auto m = net_->boxes[static_cast<std::size_t>(rank_)].pop(peer, tag, net_->opts.recv_timeout);
+      if (m.arrival > clock_) {
+        stats_.wait_seconds += m.arrival - clock_;
+        clock_ = m.arrival;
+      }
+      stats_.bytes_received += m.payload.size();
+      ++stats_.messages_received;
+      return std::move(m.payload);
+    }
+
+    void computed(double seconds) {
+      decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
+      clock_ += seconds;
+    }
+
+    traffic_stats stats() const {
+      auto s = stats_;
+      s.clock_seconds = clock_;
+      return s;
+    }
+
+    // Marks the whole network failed: every peer blocked in recv gets `reason` as an error.
+    void abort(const std::string& reason) {
+      for (auto& b : net_->boxes) b.fail_all(reason);
+    }
+
+   private:
+    friend class in_process;
+    endpoint(std::shared_ptr<shared> net, int rank) : net_(std::move(net)), rank_(rank) {
+      const auto n = static_cast<std::size_t>(world());
+      link_free_at_.assign(n, 0.0);
+      last_arrival_.assign(n, 0.0);
+      for (std::size_t d = 0; d < n; ++d)
+        link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
+    }
+    void check_peer(int peer, const char* what) const {
+      decentrain::detail::check(peer >= 0 && peer < world(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
+                                " (world of ", world(), ")");
+    }
+
+    std::shared_ptr<shared> net_;
+    int rank_;
+    double clock_ = 0.0;
+    std::vector<double> link_free_at_, last_arrival_;
+    std::vector<rng> link_rng_;
+    traffic_stats stats_;
+  };
+
+  in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), opts)) {}
+  explicit in_process(link_matrix links) : in_process(std::move(links), options{}) {}
+  explicit in_process(int world) : in_process(links::ideal(world)) {}
+
+  int world() const { return net_->links.world(); }
+
+  // The endpoint of `rank`; each is meant to be used by one thread.
+  endpoint at(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    return endpoint(net_, rank);
+  }
+
+  // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
+  // the others are woken with an error rather than left waiting, and the first failure (by rank)
+  // is rethrown here.
+  void run(const std::function<void(endpoint&)>& fn) const {
+    const int n = world();
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        auto ep = at(r);
+        try {
+          fn(ep);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", e.what()));
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed"));
+        }
+      });
+    for (auto& t : threads) t.join();
+    // Prefer the root cause over the "peer r failed" errors it caused in the others.
+    for (const auto& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        if (std::string(x.what()).find("transport: peer ") != 0) throw;
+      }
+    }
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  struct shared {
+    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {}
+    link_matrix links;
+    options opts;
+    std::vector<detail::mailbox> boxes;
+  };
+  std::shared_ptr<shared> net_;
+};
+
+static_assert(endpoint<in_process::endpoint>);
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/in_process.hpp ----
+// ---- end decentrain/transport/transport.hpp ----
+// ---- begin decentrain/collective/communicator.hpp ----
+// Collectives over any transport endpoint: all-reduce (a chunked, pipelined ring for large
+// buffers; a binomial tree for small ones), broadcast, all-gather and barrier. Every peer must
+// call the same collectives in the same order with the same sizes; a size that disagrees is
+// reported as an error naming the peer, never trusted.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+
+namespace decentrain::collective {
+
+enum class reduce_op { sum, average, max, min };
+enum class algorithm { automatic, ring, tree };
+
+struct options {
+  std::size_t chunk_bytes = std::size_t{1} << 20;        // ring pipeline granularity
+  std::size_t tree_below_bytes = std::size_t{64} << 10;  // automatic: tree under this size
+};
+
+// Bytes this communicator's collectives put on the wire (payload only).
+struct counters {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  std::uint64_t calls = 0;
+};
+
+template <transport::endpoint Endpoint>
+class communicator {
+ public:
+  explicit communicator(Endpoint& ep, options opts = {}) : ep_(&ep), opts_(opts) {
+    decentrain::detail::check(opts.chunk_bytes > 0, "communicator: chunk_bytes must be > 0");
+  }
+
+  int rank() const { return ep_->rank(); }
+  int world() const { return ep_->world(); }
+  Endpoint& endpoint() { return *ep_; }
+  const counters& traffic() const { return counters_; }
+
+  template <class T>
+  void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum, algorithm algo = algorithm::automatic) {
+    static_assert(std::is_arithmetic_v<T>, "all_reduce: elements must be arithmetic");
+    const auto tag = next_tag();
+    if (world() == 1) return finish(data, op);
+    if (algo == algorithm::automatic)
+      algo = data.size_bytes() < opts_.tree_below_bytes || data.size() < static_cast<std::size_t>(world()) ? algorithm::tree
+                                                                                                            : algorithm::ring;
+    if (algo == algorithm::ring)
+      ring_all_reduce(data, op, tag);
+    else
+      tree_all_reduce(data, op, tag);
+    finish(data, op);
+  }
+
+  // Every peer ends with root's values.
+  template <class T>
+  void broadcast(std::span<T> data, int root = 0) {
+    static_assert(std::is_trivially_copyable_v<T>, "broadcast: elements must be trivially copyable");
+    check_rank(root, "broadcast root");
+    const auto tag = next_tag();
+    const int n = world(), me = (rank() - root + n) % n;  // rank relative to root
+    // Binomial tree: receive from the parent, then forward to children, largest subtree first.
+    int mask = 1;
+    while (mask < n) {
+      if (me & mask) {
+        recv_into(((me - mask) + root) % n, tag, data, "broadcast");
+        break;
+      }
+      mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (me + mask < n) send((me + mask + root) % n, tag, std::span<const T>(data));
+  }
+
+  // Concatenation of every peer's `mine` in rank order; all peers give the same size.
+  template <class T>
+  std::vector<T> all_gather(std::span<const T> mine) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
+    const auto tag = next_tag();
+    const int n = world(), r = rank();
+    const std::size_t m = mine.size();
+    std::vector<T> out(m * static_cast<std::size_t>(n));
+    std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(r)));
+    auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>((b % n + n) % n), m); };
+    for (int s = 0; s < n - 1; ++s) {
+      send(right(), tag, std::span<const T>(block(r - s)));
+      recv_into(left(), tag, block(r - s - 1), "all_gather");
+    }
+    return out;
+  }
+
+  void barrier() {
+    std::int32_t token = 0;
+    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::tree);
+  }
+
+ private:
+  int left() const { return (rank() - 1 + world()) % world(); }
+  int right() const { return (rank() + 1) % world(); }
+
+  transport::tag_type next_tag() {
+    ++counters_.calls;
+    return ++sequence_;
+  }
+
+  void check_rank(int r, const char* what) const {
+    decentrain::detail::check(r >= 0 && r < world(), "communicator: ", what, " ", r, " is outside a world of ", world());
+  }
+
+  template <class T>
+  void send(int peer, transport::tag_type tag, std::span<const T> values) {
+    const auto b = std::as_bytes(values);
+    ep_->send(peer, tag, b);
+    counters_.bytes_sent += b.size();
+  }
+
+  template <class T>
+  transport::bytes recv_checked(int peer, transport::tag_type tag, std::size_t count, const char* what) {
+    auto b = ep_->recv(peer, tag);
+    counters_.bytes_received += b.size();
+    decentrain::detail::check(b.size() == count * sizeof(T), what, ": peer ", peer, " sent ", b.size(),
+                              " bytes where ", count * sizeof(T),
+                              " were expected (the peers disagree on the buffer size or call order)");
+    return b;
+  }
+
+  template <class T>
+  void recv_into(int peer, transport::tag_type tag, std::span<T> out, const char* what) {
+    const auto b = recv_checked<T>(peer, tag, out.size(), what);
+    if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+  }
+
+  template <class T>
+  static void combine(std::span<T> into, const std::byte* from, reduce_op op) {
+    // Copied out in blocks: the received bytes carry no alignment or type guarantee for T.
+    constexpr std::size_t block = 2048;
+    T tmp[block];
+    for (std::size_t at = 0; at < into.size(); at += block) {
+      const std::size_t n = std::min(block, into.size() - at);
+      std::memcpy(tmp, from + at * sizeof(T), n * sizeof(T));
+      T* dst = into.data() + at;
+      switch (op) {
+        case reduce_op::sum:
+        case reduce_op::average:
+          for (std::size_t i = 0; i < n; ++i) dst[i] += tmp[i];
+          break;
+        case reduce_op::max:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], tmp[i]);
+          break;
+        case reduce_op::min:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], tmp[i]);
+          break;
+      }
+    }
+  }
+
+  template <class T>
+  void finish(std::span<T> data, reduce_op op) const {
+    if (op != reduce_op::average) return;
+    if constexpr (std::is_floating_point_v<T>) {
+      const T scale = T(1) / static_cast<T>(world());
+      for (auto& v : data) v *= scale;
+    } else {
+      for (auto& v : data) v /= static_cast<T>(world());
+    }
+  }
+
+  // Reduce-scatter then all-gather around the ring. The buffer is cut into `world` segments and
+  // each segment into chunks; for each chunk index both phases run before the next, so a chunk
+  // moves on as soon as it is reduced instead of waiting for its whole segment (pipelining).
+  // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
+  template <class T>
+  void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+    const int n = world(), r = rank();
+    const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
+                      extra = total % static_cast<std::size_t>(n);
+    auto seg_begin = [&](int s) {
+      const auto k = static_cast<std::size_t>((s % n + n) % n);
+      return k * base + std::min(k, extra);
+    };
+    auto seg_size = [&](int s) {
+      const auto k = static_cast<std::size_t>((s % n + n) % n);
+      return base + (k < extra ? 1 : 0);
+    };
+    const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
+    const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
+    auto piece = [&](int s, std::size_t c) {
+      const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
+      return data.subspan(seg_begin(s) + from, to - from);
+    };
+    for (std::size_t c = 0; c < chunks; ++c) {
+      for (int s = 0; s < n - 1; ++s) {  // reduce-scatter: segment r+1 ends fully reduced here
+        send(right(), tag, std::span<const T>(piece(r - s, c)));
+        auto in = piece(r - s - 1, c);
+        const auto b = recv_checked<T>(left(), tag, in.size(), "all_reduce");
+        combine(in, b.data(), op);
+      }
+      for (int s = 0; s < n - 1; ++s) {  // all-gather of the reduced segments
+        send(right(), tag, std::span<const T>(piece(r + 1 - s, c)));
+        recv_into(left(), tag, piece(r - s, c), "all_reduce");
+      }
+    }
+  }
+
+  // Binomial-tree reduce to rank 0, then broadcast back: log2(N) latencies, best for small buffers.
+  template <class T>
+  void tree_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+    const int n = world(), r = rank();
+    for (int mask = 1; mask < n; mask <<= 1) {
+      if (r & mask) {
+        send(r - mask, tag, std::span<const T>(data));
+        break;
+      }
+      if (r + mask < n) {
+        const auto b = recv_checked<T>(r + mask, tag, data.size(), "all_reduce");
+        combine(data, b.data(), op);
+      }
+    }
+    int mask = 1;
+    while (mask < n) {
+      if (r & mask) {
+        recv_into(r - mask, tag, data, "all_reduce");
+        break;
+      }
+      mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (r + mask < n) send(r + mask, tag, std::span<const T>(data));
+  }
+
+  Endpoint* ep_;
+  options opts_;
+  counters counters_;
+  transport::tag_type sequence_ = 0;
+};
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/communicator.hpp ----
+// ---- begin decentrain/comm/comm.hpp ----
+// Everything in comm: the policy concept and the communication policies.
+
+// ---- begin decentrain/comm/diloco.hpp ----
+// DiLoCo (Douillard et al., 2023): each peer runs H inner optimizer steps from the shared global
+// parameters; then the pseudo-gradient (global - local) is averaged across peers and applied to
+// the global parameters by an outer optimizer, Nesterov momentum by default (lr 0.7, momentum
+// 0.9, the paper's settings), and every peer starts the next round from the new global
+// parameters. Peers talk once per H steps instead of every step.
+
+#include <cstdint>
+#include <vector>
+
+// ---- begin decentrain/comm/policy.hpp ----
+// What a communication policy is: a struct of settings that opts in with
+// `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
+// The trainer calls, per peer:
+//   start(ctx)            once, before the first step (make every peer start from rank 0's model)
+//   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
+//   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
+//   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
+// `ctx` is a train::peer_context (parameters, communicator, step); see train/trainer.hpp.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+struct policy_tag {};
+
+template <class P>
+concept declares_comm_policy = requires { typename P::policy_concept; } &&
+                               std::same_as<typename P::policy_concept, policy_tag>;
+
+template <class P, class Ctx>
+concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& ctx, io::checkpoint& out,
+                                                          const io::checkpoint& in) {
+  p.start(ctx);
+  p.after_backward(ctx);
+  p.after_step(ctx);
+  cp.save(out);
+  p.load(in);
+};
+
+// Parameters and gradients as one flat f32 buffer, in parameter-list order, so one collective
+// call moves all of them (fewer, larger messages than one per tensor).
+inline std::size_t flat_size(const parameter_list<cpu>& params) { return static_cast<std::size_t>(params.numel()); }
+
+inline void gather_values(const parameter_list<cpu>& params, std::vector<float>& out) {
+  out.resize(flat_size(params));
+  std::size_t at = 0;
+  for (const auto& e : params) {
+    const auto& v = e.param.value();
+    decentrain::detail::check(v.dtype() == dtype::f32 && v.is_contiguous(), "comm: parameter '", e.name,
+                              "' must be a contiguous f32 tensor to be communicated");
+    std::memcpy(out.data() + at, v.template data<float>(), static_cast<std::size_t>(v.numel()) * sizeof(float));
+    at += static_cast<std::size_t>(v.numel());
+  }
+}
+
+inline void scatter_values(parameter_list<cpu>& params, std::span<const float> in) {
+  std::size_t at = 0;
+  for (auto& e : params) {
+    auto& v = e.param.value();
+    std::memcpy(v.template data<float>(), in.data() + at, static_cast<std::size_t>(v.numel()) * sizeof(float));
+    at += static_cast<std::size_t>(v.numel());
+  }
+}
+
+// A parameter without a gradient (unused this step) contributes zeros.
+inline void gather_grads(const parameter_list<cpu>& params, std::vector<float>& out) {
+  out.assign(flat_size(params), 0.0f);
+  std::size_t at = 0;
+  for (const auto& e : params) {
+    const auto n = static_cast<std::size_t>(e.param.value().numel());
+    if (e.param.grad().defined()) {
+      const auto g = e.param.grad().contiguous();
+      std::memcpy(out.data() + at, g.template data<float>(), n * sizeof(float));
+    }
+    at += n;
+  }
+}
+
+inline void scatter_grads(parameter_list<cpu>& params, std::span<const float> in) {
+  std::size_t at = 0;
+  for (auto& e : params) {
+    const auto n = static_cast<std::size_t>(e.param.value().numel());
+    if (!e.param.grad().defined()) e.param.grad() = zeros<cpu>(e.param.shape(), dtype::f32);
+    auto& g = e.param.grad();
+    decentrain::detail::check(g.is_contiguous(), "comm: the gradient of '", e.name, "' is not contiguous");
+    std::memcpy(g.template data<float>(), in.data() + at, n * sizeof(float));
+    at += n;
+  }
+}
+
+// Makes every peer hold rank 0's parameters (peers seeded alike already agree; this makes it so).
+template <class Ctx>
+void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
+  gather_values(ctx.parameters, buffer);
+  ctx.comm.broadcast(std::span<float>(buffer), 0);
+  scatter_values(ctx.parameters, buffer);
+}
+
+inline tensor<cpu> flat_tensor(const std::vector<float>& v) { return from_vector<cpu>(v, shape{static_cast<std::int64_t>(v.size())}); }
+inline void load_flat(const io::checkpoint& c, const std::string& name, std::vector<float>& out, std::size_t expected) {
+  const auto& t = c.tensor_at(name);
+  decentrain::detail::check(t.numel() == static_cast<std::int64_t>(expected) && t.dtype() == dtype::f32, "checkpoint: '",
+                            name, "' has ", t.numel(), " elements of ", dtype_name(t.dtype()), ", expected ", expected, " f32");
+  out = t.template to_vector<float>();
+}
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/policy.hpp ----
+
+namespace decentrain::comm {
+
+namespace outer {
+// SGD with (Nesterov) momentum on the averaged pseudo-gradient.
+struct nesterov {
+  double lr = 0.7;
+  double momentum = 0.9;
+  bool use_nesterov = true;
+};
+// Plain SGD on the pseudo-gradient; with lr 1 this is parameter averaging (local SGD).
+struct sgd {
+  double lr = 1.0;
+  double momentum = 0.0;
+  bool use_nesterov = false;
+};
+}  // namespace outer
+
+template <std::int64_t H = 500, class Outer = outer::nesterov>
+struct diloco {
+  static_assert(H >= 1, "diloco<H>: H (inner steps per round) must be >= 1");
+  static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
+                "diloco<H, Outer>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "diloco";
+
+  std::int64_t inner_steps = H;
+  Outer outer_optimizer{};
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
+    decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
+                              "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
+                              outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
+    if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
+      decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
+                                " values, the model has ", flat_size(ctx.parameters));
+      return;
+    }
+    broadcast_parameters(ctx, global_);
+    momentum_.assign(global_.size(), 0.0f);
+    momentum_started_ = false;
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if ((ctx.step + 1) % inner_steps != 0 && !ctx.last_step) return;
+    gather_values(ctx.parameters, delta_);
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    ctx.comm.all_reduce(std::span<float>(delta_), collective::reduce_op::average);
+    kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
+                        outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
+                        !momentum_started_);
+    momentum_started_ = true;
+    scatter_values(ctx.parameters, global_);
+    ++rounds_;
+  }
+
+  std::int64_t rounds() const { return rounds_; }
+
+  void save(io::checkpoint& c) const {
+    c.tensors["comm.diloco.global"] = flat_tensor(global_);
+    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_);
+    c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
+    c.counters["comm.diloco.rounds"] = rounds_;
+  }
+  void load(const io::checkpoint& c) {
+    const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
+    load_flat(c, "comm.diloco.global", global_, n);
+    load_flat(c, "comm.diloco.momentum", momentum_, n);
+    momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
+    rounds_ = c.counter("comm.diloco.rounds");
+  }
+
+ private:
+  std::vector<float> global_, momentum_, delta_;
+  bool momentum_started_ = false;
+  std::int64_t rounds_ = 0;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/diloco.hpp ----
+// ---- begin decentrain/comm/local_sgd.hpp ----
+// Local SGD (periodic averaging): peers train on their own for H steps, then replace their
+// parameters by the average across peers. Optimizer state stays local.
+
+#include <cstdint>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+template <std::int64_t H = 50>
+struct local_sgd {
+  static_assert(H >= 1, "local_sgd<H>: H (inner steps between averages) must be >= 1");
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "local-sgd";
+
+  std::int64_t inner_steps = H;  // run-time override of H (the command line's --inner-steps)
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
+    if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if ((ctx.step + 1) % inner_steps != 0 && !ctx.last_step) return;
+    gather_values(ctx.parameters, buffer_);
+    ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
+    scatter_values(ctx.parameters, buffer_);
+  }
+  void save(io::checkpoint&) const {}
+  void load(const io::checkpoint&) {}
+
+ private:
+  std::vector<float> buffer_;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/local_sgd.hpp ----
+// ---- begin decentrain/comm/sync_allreduce.hpp ----
+// The data-parallel baseline (DDP): every step, gradients are averaged across peers with one
+// all-reduce of the flattened gradient, so every peer applies the same update.
+
+#include <string>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+struct sync_allreduce {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "sync";
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
+  }
+  template <class Ctx>
+  void after_backward(Ctx& ctx) {
+    if (ctx.comm.world() == 1) return;
+    gather_grads(ctx.parameters, buffer_);
+    ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
+    scatter_grads(ctx.parameters, buffer_);
+  }
+  template <class Ctx>
+  void after_step(Ctx&) {}
+  void save(io::checkpoint&) const {}
+  void load(const io::checkpoint&) {}
+
+ private:
+  std::vector<float> buffer_;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/sync_allreduce.hpp ----
+// ---- end decentrain/comm/comm.hpp ----
+// ---- begin decentrain/parallel/data.hpp ----
+// Parallelism policies decide what each peer computes. `data` (the only one so far): every peer
+// holds the whole model and trains on its own rows of the global batch. Pipeline and SWARM
+// policies slot in here with the same concept.
+
+#include <concepts>
+#include <cstdint>
+#include <utility>
+
+
+namespace decentrain::parallel {
+
+struct policy_tag {};
+
+template <class P>
+concept declares_parallel_policy = requires { typename P::policy_concept; } &&
+                                   std::same_as<typename P::policy_concept, policy_tag>;
+
+template <class P>
+concept parallel_policy = declares_parallel_policy<P> &&
+                          requires(const P& p, const data::token_dataset& ds, std::int64_t i, std::uint64_t seed, int r) {
+                            { p.batch(ds, i, i, i, seed, r, r) } -> std::same_as<std::pair<tensor<cpu>, tensor<cpu>>>;
+                          };
+
+struct data {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "data";
+
+  // Rows rank*B .. rank*B+B-1 of the global batch of step `step`.
+  std::pair<tensor<cpu>, tensor<cpu>> batch(const decentrain::data::token_dataset& ds, std::int64_t step,
+                                            std::int64_t batch_size, std::int64_t block, std::uint64_t seed, int rank,
+                                            int world) const {
+    return ds.batch<cpu>(decentrain::data::split::train, step, batch_size, block, seed, rank, world);
+  }
+};
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/data.hpp ----
+// ---- begin decentrain/fault/none.hpp ----
+// Fault policies decide what happens around failures: checkpoints, membership, robust
+// aggregation. `none` does nothing: a failed peer ends the run with the error that says why.
+
+#include <concepts>
+
+namespace decentrain::fault {
+
+struct policy_tag {};
+
+template <class P>
+concept declares_fault_policy = requires { typename P::policy_concept; } &&
+                                std::same_as<typename P::policy_concept, policy_tag>;
+
+template <class P, class Ctx>
+concept fault_policy = declares_fault_policy<P> && requires(P& p, Ctx& ctx) { p.after_step(ctx); };
+
+struct none {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "none";
+  template <class Ctx>
+  void after_step(Ctx&) {}
+};
+
+}  // namespace decentrain::fault
+// ---- end decentrain/fault/none.hpp ----
 // ---- begin decentrain/train/train.hpp ----
-// Everything in train: checkpointing a run and GPT-2 weight interchange (the trainer arrives
-// with issue 4).
+// Everything in train: the trainer, checkpointing a run, and GPT-2 weight interchange.
 
 // ---- begin decentrain/train/checkpoint.hpp ----
 // Moving a training run in and out of a checkpoint: the GPT's parameters ("model.<name>") and
@@ -4806,5 +5867,327 @@ io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
 
 }  // namespace decentrain::train
 // ---- end decentrain/train/gpt2_weights.hpp ----
+// ---- begin decentrain/train/trainer.hpp ----
+// trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. It
+// draws this rank's batches (ParallelPolicy), runs forward, backward and the inner AdamW step,
+// and hands control to the communication policy at the points its concept names; the fault
+// policy sees every finished step. It keeps the metrics a decentralized run needs: loss,
+// tokens/s, bytes on the wire, time spent waiting on the network.
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+
+namespace decentrain::train {
+
+struct trainer_options {
+  std::int64_t steps = 1000;         // inner steps per peer
+  std::int64_t batch_size = 16;      // rows per peer per step
+  std::int64_t block_size = 0;       // 0: the model's block size
+  double lr = 3e-3;                  // AdamW peak learning rate (cosine schedule)
+  double min_lr = 3e-4;
+  std::int64_t warmup_steps = -1;    // -1: steps / 10
+  double beta1 = 0.9, beta2 = 0.99, weight_decay = 0.1;
+  double grad_clip = 1.0;            // 0: no clipping
+  std::uint64_t seed = 1337;         // model init and data order (the same on every peer)
+  std::int64_t eval_every = 0;       // 0: only at the end
+  std::int64_t eval_batches = 8;     // validation batches per peer per evaluation
+  // Time compute with this thread's CPU clock instead of the wall clock: right for simulated
+  // peers sharing a machine's cores, where wall time would count the other peers' work too.
+  bool compute_on_thread_clock = false;
+
+  void validate() const {
+    decentrain::detail::check(steps >= 1, "trainer: steps must be >= 1, got ", steps);
+    decentrain::detail::check(batch_size >= 1, "trainer: batch_size must be >= 1, got ", batch_size);
+    decentrain::detail::check(block_size >= 0, "trainer: block_size must be >= 0 (0: the model's), got ", block_size);
+    decentrain::detail::check(eval_every >= 0 && eval_batches >= 1, "trainer: need eval_every >= 0 and eval_batches >= 1");
+    decentrain::detail::check(grad_clip >= 0, "trainer: grad_clip must be >= 0, got ", grad_clip);
+  }
+};
+
+struct step_metrics {
+  std::int64_t step = 0;  // steps done so far
+  double loss = 0, lr = 0, tokens_per_s = 0;
+  std::uint64_t bytes_sent = 0, bytes_received = 0;  // by this peer's transport, cumulative
+  double network_wait_s = 0;  // cumulative time blocked on the network (simulated for in_process)
+  double clock_s = 0;         // the transport's clock: simulated time for in_process, wall otherwise
+  double wall_s = 0;
+};
+
+struct eval_point {
+  std::int64_t step = 0;
+  double val_loss = 0;
+  std::uint64_t bytes_sent = 0;
+  double clock_s = 0;
+};
+
+struct fit_result {
+  double final_val_loss = 0;
+  step_metrics last;
+  std::vector<eval_point> evals;
+};
+
+// What a policy sees when the trainer calls it.
+template <class Model>
+struct peer_context {
+  Model& model;
+  parameter_list<cpu>& parameters;
+  collective::communicator<transport::any_endpoint>& comm;
+  std::int64_t step = 0;   // the step just computed, from 0
+  bool last_step = false;  // policies that communicate periodically also do so on the last step
+  bool resumed = false;    // start() after restore(): the peers' states are already what they should be
+};
+
+template <class M>
+concept trainable_model = requires { typename M::config_type; } &&
+                          std::constructible_from<M, const typename M::config_type&, rng&> &&
+                          requires(M& m, const tensor<cpu>& ids, rng* dropout) {
+                            { m.parameters() } -> std::same_as<parameter_list<cpu>&>;
+                            { m.loss(ids, ids, dropout) } -> std::same_as<var<cpu>>;
+                          };
+
+template <class Model, class CommPolicy = comm::sync_allreduce, class ParallelPolicy = parallel::data,
+          class FaultPolicy = fault::none>
+class trainer {
+  static_assert(trainable_model<Model>,
+                "trainer<Model, ...>: Model needs `using config_type = ...;`, a constructor "
+                "Model(const config_type&, rng& init), `parameter_list<cpu>& parameters()` and "
+                "`var<cpu> loss(const tensor<cpu>& ids, const tensor<cpu>& targets, rng* dropout)` (nn::gpt<cpu> has them)");
+  static_assert(comm::declares_comm_policy<CommPolicy>,
+                "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
+                "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
+  static_assert(requires(CommPolicy& p, peer_context<Model>& c) { p.start(c); p.after_backward(c); p.after_step(c); },
+                "trainer: CommPolicy needs `template <class Ctx> void start(Ctx&)`, `void after_backward(Ctx&)` and "
+                "`void after_step(Ctx&)` (Ctx is train::peer_context<Model>; see comm/policy.hpp)");
+  static_assert(requires(const CommPolicy& p, io::checkpoint& out) { p.save(out); } &&
+                    requires(CommPolicy& p, const io::checkpoint& in) { p.load(in); },
+                "trainer: CommPolicy needs `void save(io::checkpoint&) const` and `void load(const io::checkpoint&)` "
+                "for its state (empty bodies when it has none)");
+  static_assert(parallel::declares_parallel_policy<ParallelPolicy>,
+                "trainer<Model, Comm, ParallelPolicy, ...>: ParallelPolicy must declare "
+                "`using policy_concept = decentrain::parallel::policy_tag;` (for example parallel::data)");
+  static_assert(parallel::parallel_policy<ParallelPolicy>,
+                "trainer: ParallelPolicy needs `std::pair<tensor<cpu>, tensor<cpu>> batch(const data::token_dataset&, "
+                "int64_t step, int64_t batch_size, int64_t block, uint64_t seed, int rank, int world) const`");
+  static_assert(fault::declares_fault_policy<FaultPolicy>,
+                "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
+                "`using policy_concept = decentrain::fault::policy_tag;` (for example fault::none)");
+  static_assert(fault::fault_policy<FaultPolicy, peer_context<Model>>,
+                "trainer: FaultPolicy needs `template <class Ctx> void after_step(Ctx&)`");
+
+ public:
+  using model_type = Model;
+  using model_config = typename Model::config_type;
+  using comm_policy = CommPolicy;
+
+  trainer(const model_config& config, trainer_options options, transport::any_endpoint endpoint, CommPolicy comm = {},
+          ParallelPolicy parallel = {}, FaultPolicy fault = {})
+      : options_(validated(options)),
+        endpoint_(std::move(endpoint)),
+        comm_(endpoint_),
+        model_(make_model(config, options.seed)),
+        optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
+        schedule_{options.lr, options.min_lr,
+                  options.warmup_steps >= 0 ? options.warmup_steps : options.steps / 10, options.steps},
+        policy_(std::move(comm)),
+        parallel_(std::move(parallel)),
+        fault_(std::move(fault)),
+        dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
+    schedule_.validate();
+  }
+  // The optimizer and the communicator point into the trainer: it stays where it was made.
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  Model& model() { return model_; }
+  const Model& model() const { return model_; }
+  CommPolicy& policy() { return policy_; }
+  const trainer_options& options() const { return options_; }
+  int rank() const { return endpoint_.rank(); }
+  int world() const { return endpoint_.world(); }
+  std::int64_t step() const { return step_; }
+  transport::traffic_stats traffic() const { return endpoint_.stats(); }
+  // Bytes the communication policy's collectives sent (payload, without framing).
+  std::uint64_t comm_bytes_sent() const { return comm_.traffic().bytes_sent; }
+
+  void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
+  void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
+
+  // Trains from the current step to options().steps and returns the metrics; every peer of the
+  // world must call it (they meet in the policy's collectives).
+  fit_result fit(const data::token_dataset& dataset) {
+    const std::int64_t B = options_.batch_size, T = block();
+    peer_context<Model> ctx{model_, model_.parameters(), comm_, step_, false, resumed_};
+    policy_.start(ctx);
+    resumed_ = false;
+    fit_result result;
+    const auto wall0 = std::chrono::steady_clock::now();
+    const std::int64_t first = step_;
+    while (step_ < options_.steps) {
+      double compute = 0;
+      auto t = compute_clock();
+      auto [x, y] = parallel_.batch(dataset, step_, B, T, options_.seed, rank(), world());
+      auto loss = model_.loss(x, y, &dropout_);
+      model_.parameters().zero_grad();
+      loss.backward();
+      compute += lap(t);
+
+      ctx.step = step_;
+      ctx.last_step = step_ + 1 == options_.steps;
+      policy_.after_backward(ctx);
+
+      t = compute_clock();
+      if (options_.grad_clip > 0) optim::clip_grad_norm(model_.parameters(), options_.grad_clip);
+      const double lr = schedule_(step_);
+      optimizer_.set_lr(lr);
+      optimizer_.step();
+      compute += lap(t);
+
+      policy_.after_step(ctx);
+      fault_.after_step(ctx);
+      endpoint_.computed(compute);
+      ++step_;  // before the hooks, so a checkpoint taken in one resumes after this step
+
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+      const auto traffic = endpoint_.stats();
+      result.last = step_metrics{step_, loss.item(), lr, static_cast<double>((step_ - first) * B * T) / wall,
+                                 traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
+                                 wall};
+      for (auto& h : step_hooks_) h(result.last);
+      if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
+        result.evals.push_back(record_eval(dataset, step_));
+    }
+    result.evals.push_back(record_eval(dataset, step_));
+    result.final_val_loss = result.evals.back().val_loss;
+    return result;
+  }
+
+  // Mean validation loss over this peer's rows of `batches` batches, averaged across peers, so
+  // every peer reports the same number.
+  double evaluate(const data::token_dataset& dataset, std::int64_t batches = 0) {
+    if (batches <= 0) batches = options_.eval_batches;
+    no_grad guard;
+    double sum = 0;
+    for (std::int64_t i = 0; i < batches; ++i) {
+      auto [x, y] = dataset.batch<cpu>(data::split::validation, i, options_.batch_size, block(), options_.seed, rank(),
+                                       world());
+      sum += model_.loss(x, y).item();
+    }
+    double mean = sum / static_cast<double>(batches);
+    comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
+    return mean;
+  }
+
+  // This peer's whole state: model, AdamW, step, dropout stream and the policy's state.
+  io::checkpoint capture() const
+    requires requires(const Model& m, const optim::adamw<cpu>& o) { train::capture(m, o, std::int64_t{}); }
+  {
+    auto c = train::capture(model_, optimizer_, step_);
+    c.rngs["dropout"] = dropout_.state();
+    c.counters["trainer.rank"] = rank();
+    c.counters["trainer.world"] = world();
+    policy_.save(c);
+    return c;
+  }
+
+  void restore(const io::checkpoint& c)
+    requires requires(Model& m, optim::adamw<cpu>& o) { train::restore(c, m, o); }
+  {
+    decentrain::detail::check(c.counter("trainer.world") == world() && c.counter("trainer.rank") == rank(),
+                              "trainer: the checkpoint is peer ", c.counter("trainer.rank"), " of ",
+                              c.counter("trainer.world"), ", this trainer is peer ", rank(), " of ", world());
+    step_ = train::restore(c, model_, optimizer_);
+    auto it = c.rngs.find("dropout");
+    decentrain::detail::check(it != c.rngs.end(), "checkpoint: missing rng 'dropout'");
+    dropout_.set_state(it->second);
+    policy_.load(c);
+    resumed_ = true;
+  }
+
+ private:
+  static const trainer_options& validated(const trainer_options& o) {
+    o.validate();
+    return o;
+  }
+  static Model make_model(const model_config& config, std::uint64_t seed) {
+    rng init(seed, "init");
+    return Model(config, init);
+  }
+
+  std::int64_t block() const {
+    return options_.block_size > 0 ? options_.block_size : static_cast<std::int64_t>(model_.config().block_size);
+  }
+
+  eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
+    const double v = evaluate(dataset);
+    const auto traffic = endpoint_.stats();
+    eval_point p{at, v, traffic.bytes_sent, traffic.clock_seconds};
+    for (auto& h : eval_hooks_) h(p);
+    return p;
+  }
+
+  double compute_clock() const {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+    if (options_.compute_on_thread_clock) {
+      timespec ts{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    }
+#endif
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  double lap(double since) const { return compute_clock() - since; }
+
+  trainer_options options_;
+  transport::any_endpoint endpoint_;
+  collective::communicator<transport::any_endpoint> comm_;
+  Model model_;
+  optim::adamw<cpu> optimizer_;
+  optim::cosine_schedule schedule_;
+  CommPolicy policy_;
+  ParallelPolicy parallel_;
+  FaultPolicy fault_;
+  rng dropout_;
+  std::int64_t step_ = 0;
+  bool resumed_ = false;
+  std::vector<std::function<void(const step_metrics&)>> step_hooks_;
+  std::vector<std::function<void(const eval_point&)>> eval_hooks_;
+};
+
+// Runs one trainer per rank of an in-process network, each on its own thread with
+// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank).
+// `setup` runs on each trainer before fit (hooks, restore); it may be empty.
+template <class Trainer>
+std::vector<fit_result> fit_in_process(const transport::in_process& network, const typename Trainer::model_config& config,
+                                       trainer_options options, const data::token_dataset& dataset,
+                                       typename Trainer::comm_policy comm = {},
+                                       const std::function<void(Trainer&)>& setup = {}, int threads_per_peer = 1) {
+  decentrain::detail::check(threads_per_peer >= 1, "fit_in_process: threads_per_peer must be >= 1");
+  options.compute_on_thread_clock = options.compute_on_thread_clock || threads_per_peer == 1;
+  std::vector<fit_result> results(static_cast<std::size_t>(network.world()));
+  network.run([&](transport::in_process::endpoint& ep) {
+#if defined(_OPENMP)
+    omp_set_num_threads(threads_per_peer);
+#endif
+    const int r = ep.rank();
+    Trainer t(config, options, ep, comm);
+    if (setup) setup(t);
+    results[static_cast<std::size_t>(r)] = t.fit(dataset);
+  });
+  return results;
+}
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/trainer.hpp ----
 // ---- end decentrain/train/train.hpp ----
 // ---- end decentrain/decentrain.hpp ----

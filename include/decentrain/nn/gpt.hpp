@@ -36,6 +36,8 @@ struct gpt_block {
 template <class Device = cpu>
 class gpt {
  public:
+  using config_type = gpt_config;
+
   // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
   // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
   gpt(const gpt_config& cfg, rng& init) : cfg_(cfg) {

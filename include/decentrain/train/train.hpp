@@ -1,6 +1,6 @@
-// Everything in train: checkpointing a run and GPT-2 weight interchange (the trainer arrives
-// with issue 4).
+// Everything in train: the trainer, checkpointing a run, and GPT-2 weight interchange.
 #pragma once
 
 #include "decentrain/train/checkpoint.hpp"
 #include "decentrain/train/gpt2_weights.hpp"
+#include "decentrain/train/trainer.hpp"

@@ -1,0 +1,244 @@
+// Collectives over any transport endpoint: all-reduce (a chunked, pipelined ring for large
+// buffers; a binomial tree for small ones), broadcast, all-gather and barrier. Every peer must
+// call the same collectives in the same order with the same sizes; a size that disagrees is
+// reported as an error naming the peer, never trusted.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/endpoint.hpp"
+
+namespace decentrain::collective {
+
+enum class reduce_op { sum, average, max, min };
+enum class algorithm { automatic, ring, tree };
+
+struct options {
+  std::size_t chunk_bytes = std::size_t{1} << 20;        // ring pipeline granularity
+  std::size_t tree_below_bytes = std::size_t{64} << 10;  // automatic: tree under this size
+};
+
+// Bytes this communicator's collectives put on the wire (payload only).
+struct counters {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  std::uint64_t calls = 0;
+};
+
+template <transport::endpoint Endpoint>
+class communicator {
+ public:
+  explicit communicator(Endpoint& ep, options opts = {}) : ep_(&ep), opts_(opts) {
+    decentrain::detail::check(opts.chunk_bytes > 0, "communicator: chunk_bytes must be > 0");
+  }
+
+  int rank() const { return ep_->rank(); }
+  int world() const { return ep_->world(); }
+  Endpoint& endpoint() { return *ep_; }
+  const counters& traffic() const { return counters_; }
+
+  template <class T>
+  void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum, algorithm algo = algorithm::automatic) {
+    static_assert(std::is_arithmetic_v<T>, "all_reduce: elements must be arithmetic");
+    const auto tag = next_tag();
+    if (world() == 1) return finish(data, op);
+    if (algo == algorithm::automatic)
+      algo = data.size_bytes() < opts_.tree_below_bytes || data.size() < static_cast<std::size_t>(world()) ? algorithm::tree
+                                                                                                            : algorithm::ring;
+    if (algo == algorithm::ring)
+      ring_all_reduce(data, op, tag);
+    else
+      tree_all_reduce(data, op, tag);
+    finish(data, op);
+  }
+
+  // Every peer ends with root's values.
+  template <class T>
+  void broadcast(std::span<T> data, int root = 0) {
+    static_assert(std::is_trivially_copyable_v<T>, "broadcast: elements must be trivially copyable");
+    check_rank(root, "broadcast root");
+    const auto tag = next_tag();
+    const int n = world(), me = (rank() - root + n) % n;  // rank relative to root
+    // Binomial tree: receive from the parent, then forward to children, largest subtree first.
+    int mask = 1;
+    while (mask < n) {
+      if (me & mask) {
+        recv_into(((me - mask) + root) % n, tag, data, "broadcast");
+        break;
+      }
+      mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (me + mask < n) send((me + mask + root) % n, tag, std::span<const T>(data));
+  }
+
+  // Concatenation of every peer's `mine` in rank order; all peers give the same size.
+  template <class T>
+  std::vector<T> all_gather(std::span<const T> mine) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
+    const auto tag = next_tag();
+    const int n = world(), r = rank();
+    const std::size_t m = mine.size();
+    std::vector<T> out(m * static_cast<std::size_t>(n));
+    std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(r)));
+    auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>((b % n + n) % n), m); };
+    for (int s = 0; s < n - 1; ++s) {
+      send(right(), tag, std::span<const T>(block(r - s)));
+      recv_into(left(), tag, block(r - s - 1), "all_gather");
+    }
+    return out;
+  }
+
+  void barrier() {
+    std::int32_t token = 0;
+    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::tree);
+  }
+
+ private:
+  int left() const { return (rank() - 1 + world()) % world(); }
+  int right() const { return (rank() + 1) % world(); }
+
+  transport::tag_type next_tag() {
+    ++counters_.calls;
+    return ++sequence_;
+  }
+
+  void check_rank(int r, const char* what) const {
+    decentrain::detail::check(r >= 0 && r < world(), "communicator: ", what, " ", r, " is outside a world of ", world());
+  }
+
+  template <class T>
+  void send(int peer, transport::tag_type tag, std::span<const T> values) {
+    const auto b = std::as_bytes(values);
+    ep_->send(peer, tag, b);
+    counters_.bytes_sent += b.size();
+  }
+
+  template <class T>
+  transport::bytes recv_checked(int peer, transport::tag_type tag, std::size_t count, const char* what) {
+    auto b = ep_->recv(peer, tag);
+    counters_.bytes_received += b.size();
+    decentrain::detail::check(b.size() == count * sizeof(T), what, ": peer ", peer, " sent ", b.size(),
+                              " bytes where ", count * sizeof(T),
+                              " were expected (the peers disagree on the buffer size or call order)");
+    return b;
+  }
+
+  template <class T>
+  void recv_into(int peer, transport::tag_type tag, std::span<T> out, const char* what) {
+    const auto b = recv_checked<T>(peer, tag, out.size(), what);
+    if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+  }
+
+  template <class T>
+  static void combine(std::span<T> into, const std::byte* from, reduce_op op) {
+    // Copied out in blocks: the received bytes carry no alignment or type guarantee for T.
+    constexpr std::size_t block = 2048;
+    T tmp[block];
+    for (std::size_t at = 0; at < into.size(); at += block) {
+      const std::size_t n = std::min(block, into.size() - at);
+      std::memcpy(tmp, from + at * sizeof(T), n * sizeof(T));
+      T* dst = into.data() + at;
+      switch (op) {
+        case reduce_op::sum:
+        case reduce_op::average:
+          for (std::size_t i = 0; i < n; ++i) dst[i] += tmp[i];
+          break;
+        case reduce_op::max:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], tmp[i]);
+          break;
+        case reduce_op::min:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], tmp[i]);
+          break;
+      }
+    }
+  }
+
+  template <class T>
+  void finish(std::span<T> data, reduce_op op) const {
+    if (op != reduce_op::average) return;
+    if constexpr (std::is_floating_point_v<T>) {
+      const T scale = T(1) / static_cast<T>(world());
+      for (auto& v : data) v *= scale;
+    } else {
+      for (auto& v : data) v /= static_cast<T>(world());
+    }
+  }
+
+  // Reduce-scatter then all-gather around the ring. The buffer is cut into `world` segments and
+  // each segment into chunks; for each chunk index both phases run before the next, so a chunk
+  // moves on as soon as it is reduced instead of waiting for its whole segment (pipelining).
+  // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
+  template <class T>
+  void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+    const int n = world(), r = rank();
+    const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
+                      extra = total % static_cast<std::size_t>(n);
+    auto seg_begin = [&](int s) {
+      const auto k = static_cast<std::size_t>((s % n + n) % n);
+      return k * base + std::min(k, extra);
+    };
+    auto seg_size = [&](int s) {
+      const auto k = static_cast<std::size_t>((s % n + n) % n);
+      return base + (k < extra ? 1 : 0);
+    };
+    const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
+    const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
+    auto piece = [&](int s, std::size_t c) {
+      const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
+      return data.subspan(seg_begin(s) + from, to - from);
+    };
+    for (std::size_t c = 0; c < chunks; ++c) {
+      for (int s = 0; s < n - 1; ++s) {  // reduce-scatter: segment r+1 ends fully reduced here
+        send(right(), tag, std::span<const T>(piece(r - s, c)));
+        auto in = piece(r - s - 1, c);
+        const auto b = recv_checked<T>(left(), tag, in.size(), "all_reduce");
+        combine(in, b.data(), op);
+      }
+      for (int s = 0; s < n - 1; ++s) {  // all-gather of the reduced segments
+        send(right(), tag, std::span<const T>(piece(r + 1 - s, c)));
+        recv_into(left(), tag, piece(r - s, c), "all_reduce");
+      }
+    }
+  }
+
+  // Binomial-tree reduce to rank 0, then broadcast back: log2(N) latencies, best for small buffers.
+  template <class T>
+  void tree_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+    const int n = world(), r = rank();
+    for (int mask = 1; mask < n; mask <<= 1) {
+      if (r & mask) {
+        send(r - mask, tag, std::span<const T>(data));
+        break;
+      }
+      if (r + mask < n) {
+        const auto b = recv_checked<T>(r + mask, tag, data.size(), "all_reduce");
+        combine(data, b.data(), op);
+      }
+    }
+    int mask = 1;
+    while (mask < n) {
+      if (r & mask) {
+        recv_into(r - mask, tag, data, "all_reduce");
+        break;
+      }
+      mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (r + mask < n) send(r + mask, tag, std::span<const T>(data));
+  }
+
+  Endpoint* ep_;
+  options opts_;
+  counters counters_;
+  transport::tag_type sequence_ = 0;
+};
+
+}  // namespace decentrain::collective

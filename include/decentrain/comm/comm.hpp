@@ -1,0 +1,7 @@
+// Everything in comm: the policy concept and the communication policies.
+#pragma once
+
+#include "decentrain/comm/diloco.hpp"
+#include "decentrain/comm/local_sgd.hpp"
+#include "decentrain/comm/policy.hpp"
+#include "decentrain/comm/sync_allreduce.hpp"

@@ -1,0 +1,96 @@
+// DiLoCo (Douillard et al., 2023): each peer runs H inner optimizer steps from the shared global
+// parameters; then the pseudo-gradient (global - local) is averaged across peers and applied to
+// the global parameters by an outer optimizer, Nesterov momentum by default (lr 0.7, momentum
+// 0.9, the paper's settings), and every peer starts the next round from the new global
+// parameters. Peers talk once per H steps instead of every step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "decentrain/comm/policy.hpp"
+#include "decentrain/kernels/cpu/optimizer.hpp"
+
+namespace decentrain::comm {
+
+namespace outer {
+// SGD with (Nesterov) momentum on the averaged pseudo-gradient.
+struct nesterov {
+  double lr = 0.7;
+  double momentum = 0.9;
+  bool use_nesterov = true;
+};
+// Plain SGD on the pseudo-gradient; with lr 1 this is parameter averaging (local SGD).
+struct sgd {
+  double lr = 1.0;
+  double momentum = 0.0;
+  bool use_nesterov = false;
+};
+}  // namespace outer
+
+template <std::int64_t H = 500, class Outer = outer::nesterov>
+struct diloco {
+  static_assert(H >= 1, "diloco<H>: H (inner steps per round) must be >= 1");
+  static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
+                "diloco<H, Outer>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "diloco";
+
+  std::int64_t inner_steps = H;
+  Outer outer_optimizer{};
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
+    decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
+                              "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
+                              outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
+    if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
+      decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
+                                " values, the model has ", flat_size(ctx.parameters));
+      return;
+    }
+    broadcast_parameters(ctx, global_);
+    momentum_.assign(global_.size(), 0.0f);
+    momentum_started_ = false;
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if ((ctx.step + 1) % inner_steps != 0 && !ctx.last_step) return;
+    gather_values(ctx.parameters, delta_);
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    ctx.comm.all_reduce(std::span<float>(delta_), collective::reduce_op::average);
+    kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
+                        outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
+                        !momentum_started_);
+    momentum_started_ = true;
+    scatter_values(ctx.parameters, global_);
+    ++rounds_;
+  }
+
+  std::int64_t rounds() const { return rounds_; }
+
+  void save(io::checkpoint& c) const {
+    c.tensors["comm.diloco.global"] = flat_tensor(global_);
+    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_);
+    c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
+    c.counters["comm.diloco.rounds"] = rounds_;
+  }
+  void load(const io::checkpoint& c) {
+    const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
+    load_flat(c, "comm.diloco.global", global_, n);
+    load_flat(c, "comm.diloco.momentum", momentum_, n);
+    momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
+    rounds_ = c.counter("comm.diloco.rounds");
+  }
+
+ private:
+  std::vector<float> global_, momentum_, delta_;
+  bool momentum_started_ = false;
+  std::int64_t rounds_ = 0;
+};
+
+}  // namespace decentrain::comm

@@ -1,0 +1,25 @@
+// Fault policies decide what happens around failures: checkpoints, membership, robust
+// aggregation. `none` does nothing: a failed peer ends the run with the error that says why.
+#pragma once
+
+#include <concepts>
+
+namespace decentrain::fault {
+
+struct policy_tag {};
+
+template <class P>
+concept declares_fault_policy = requires { typename P::policy_concept; } &&
+                                std::same_as<typename P::policy_concept, policy_tag>;
+
+template <class P, class Ctx>
+concept fault_policy = declares_fault_policy<P> && requires(P& p, Ctx& ctx) { p.after_step(ctx); };
+
+struct none {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "none";
+  template <class Ctx>
+  void after_step(Ctx&) {}
+};
+
+}  // namespace decentrain::fault

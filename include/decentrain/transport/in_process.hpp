@@ -1,0 +1,251 @@
+// N peers as threads of one process, joined by simulated links. Each directed link has a
+// latency, a bandwidth, jitter and a drop probability; nothing sleeps. Instead every endpoint
+// keeps a simulated clock: a message leaves when both the sender's clock and the link are free,
+// occupies the link for size / bandwidth, arrives latency (+ jitter) later, and a dropped copy
+// costs a retransmission timeout. A recv moves the receiver's clock to the arrival time, and
+// `computed(s)` adds the caller's compute time. So one machine can report how long a run on
+// real WAN links would have spent waiting on the network, with many more peers than cores.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "decentrain/core/rng.hpp"
+#include "decentrain/detail/error.hpp"
+#include "decentrain/detail/hash.hpp"
+#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/mailbox.hpp"
+
+namespace decentrain::transport {
+
+struct simulated_link {
+  double latency_s = 0.0;
+  double bandwidth_bytes_per_s = 1.25e9;  // 10 Gbit/s
+  double jitter_s = 0.0;                   // uniform extra delay in [0, jitter)
+  double drop_probability = 0.0;           // per transmission attempt
+  double retransmit_timeout_s = 0.2;       // what each dropped attempt costs
+
+  void validate() const {
+    decentrain::detail::check(latency_s >= 0 && jitter_s >= 0 && retransmit_timeout_s >= 0,
+                              "link: latency, jitter and retransmit timeout must be >= 0");
+    decentrain::detail::check(bandwidth_bytes_per_s > 0, "link: bandwidth must be > 0 bytes/s, got ", bandwidth_bytes_per_s);
+    decentrain::detail::check(drop_probability >= 0 && drop_probability < 1,
+                              "link: drop probability must be in [0, 1), got ", drop_probability);
+  }
+};
+
+// One link per ordered (source, destination) pair.
+class link_matrix {
+ public:
+  link_matrix(int world, simulated_link l) : world_(world), links_(static_cast<std::size_t>(world) * static_cast<std::size_t>(world), l) {
+    decentrain::detail::check(world >= 1, "link_matrix: world must be >= 1, got ", world);
+    l.validate();
+  }
+  int world() const { return world_; }
+  simulated_link& at(int source, int destination) {
+    return links_[index(source, destination)];
+  }
+  const simulated_link& at(int source, int destination) const { return links_[index(source, destination)]; }
+
+ private:
+  std::size_t index(int s, int d) const {
+    decentrain::detail::check(s >= 0 && s < world_ && d >= 0 && d < world_, "link_matrix: link ", s, " -> ", d,
+                              " is outside a world of ", world_);
+    return static_cast<std::size_t>(s) * static_cast<std::size_t>(world_) + static_cast<std::size_t>(d);
+  }
+  int world_;
+  std::vector<simulated_link> links_;
+};
+
+namespace links {
+// A datacenter-ish LAN: 50 us, 10 Gbit/s.
+inline link_matrix lan(int world) { return {world, simulated_link{50e-6, 1.25e9, 5e-6, 0.0, 0.2}}; }
+// Peers across the internet: 100 ms, 100 Mbit/s, 10 ms jitter, 0.1% loss.
+inline link_matrix wan(int world) { return {world, simulated_link{0.1, 12.5e6, 0.01, 0.001, 0.3}}; }
+// Peers of different quality: each peer has its own uplink (10 Mbit/s to 1 Gbit/s) and
+// latency (10-150 ms); a link runs at the slower end's bandwidth, with the two latencies added.
+inline link_matrix heterogeneous(int world, std::uint64_t seed = 0) {
+  link_matrix m(world, simulated_link{});
+  rng gen(seed, "heterogeneous-links");
+  std::vector<double> bw(static_cast<std::size_t>(world)), lat(bw.size());
+  for (std::size_t i = 0; i < bw.size(); ++i) {
+    bw[i] = 1.25e6 * std::pow(100.0, gen.uniform());  // log-uniform 10 Mbit/s .. 1 Gbit/s
+    lat[i] = 0.005 + 0.07 * gen.uniform();
+  }
+  for (int s = 0; s < world; ++s)
+    for (int d = 0; d < world; ++d)
+      m.at(s, d) = simulated_link{lat[static_cast<std::size_t>(s)] + lat[static_cast<std::size_t>(d)],
+                        std::min(bw[static_cast<std::size_t>(s)], bw[static_cast<std::size_t>(d)]), 0.005, 0.001, 0.3};
+  return m;
+}
+// No cost at all: for tests of the algorithms themselves.
+inline link_matrix ideal(int world) { return {world, simulated_link{0.0, 1e30, 0.0, 0.0, 0.0}}; }
+
+inline const char* preset_names = "ideal, lan, wan, heterogeneous";
+inline link_matrix preset(const std::string& name, int world, std::uint64_t seed = 0) {
+  if (name == "ideal") return ideal(world);
+  if (name == "lan") return lan(world);
+  if (name == "wan") return wan(world);
+  if (name == "heterogeneous") return heterogeneous(world, seed);
+  decentrain::detail::fail("unknown link preset '", name, "' (expected one of: ", preset_names, ")");
+}
+}  // namespace links
+
+class in_process {
+  struct shared;
+
+ public:
+  struct options {
+    std::uint64_t seed = 0;                           // jitter and drops
+    std::chrono::milliseconds recv_timeout{120000};   // real time a recv may wait for its sender thread
+  };
+
+  class endpoint {
+   public:
+    int rank() const { return rank_; }
+    int world() const { return net_->links.world(); }
+
+    void send(int peer, tag_type tag, std::span<const std::byte> data) {
+      check_peer(peer, "send to");
+      double arrival = clock_;
+      if (peer != rank_) {
+        const simulated_link& l = net_->links.at(rank_, peer);
+        auto& free_at = link_free_at_[static_cast<std::size_t>(peer)];
+        auto& gen = link_rng_[static_cast<std::size_t>(peer)];
+        const double start = std::max(clock_, free_at);
+        const double on_wire = static_cast<double>(data.size()) / l.bandwidth_bytes_per_s;
+        double resend = 0.0;
+        while (l.drop_probability > 0 && gen.uniform() < l.drop_probability) {
+          resend += l.retransmit_timeout_s + on_wire;
+          ++stats_.retransmissions;
+        }
+        free_at = start + on_wire;
+        arrival = free_at + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend;
+        // Delivery is in order (as on a TCP stream): nothing overtakes a delayed message.
+        auto& last = last_arrival_[static_cast<std::size_t>(peer)];
+        arrival = std::max(arrival, last);
+        last = arrival;
+      }
+      net_->boxes[static_cast<std::size_t>(peer)].push(rank_, tag, detail::message{bytes(data.begin(), data.end()), arrival});
+      stats_.bytes_sent += data.size();
+      ++stats_.messages_sent;
+    }
+
+    bytes recv(int peer, tag_type tag) {
+      check_peer(peer, "receive from");
+      auto m = net_->boxes[static_cast<std::size_t>(rank_)].pop(peer, tag, net_->opts.recv_timeout);
+      if (m.arrival > clock_) {
+        stats_.wait_seconds += m.arrival - clock_;
+        clock_ = m.arrival;
+      }
+      stats_.bytes_received += m.payload.size();
+      ++stats_.messages_received;
+      return std::move(m.payload);
+    }
+
+    void computed(double seconds) {
+      decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
+      clock_ += seconds;
+    }
+
+    traffic_stats stats() const {
+      auto s = stats_;
+      s.clock_seconds = clock_;
+      return s;
+    }
+
+    // Marks the whole network failed: every peer blocked in recv gets `reason` as an error.
+    void abort(const std::string& reason) {
+      for (auto& b : net_->boxes) b.fail_all(reason);
+    }
+
+   private:
+    friend class in_process;
+    endpoint(std::shared_ptr<shared> net, int rank) : net_(std::move(net)), rank_(rank) {
+      const auto n = static_cast<std::size_t>(world());
+      link_free_at_.assign(n, 0.0);
+      last_arrival_.assign(n, 0.0);
+      for (std::size_t d = 0; d < n; ++d)
+        link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
+    }
+    void check_peer(int peer, const char* what) const {
+      decentrain::detail::check(peer >= 0 && peer < world(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
+                                " (world of ", world(), ")");
+    }
+
+    std::shared_ptr<shared> net_;
+    int rank_;
+    double clock_ = 0.0;
+    std::vector<double> link_free_at_, last_arrival_;
+    std::vector<rng> link_rng_;
+    traffic_stats stats_;
+  };
+
+  in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), opts)) {}
+  explicit in_process(link_matrix links) : in_process(std::move(links), options{}) {}
+  explicit in_process(int world) : in_process(links::ideal(world)) {}
+
+  int world() const { return net_->links.world(); }
+
+  // The endpoint of `rank`; each is meant to be used by one thread.
+  endpoint at(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    return endpoint(net_, rank);
+  }
+
+  // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
+  // the others are woken with an error rather than left waiting, and the first failure (by rank)
+  // is rethrown here.
+  void run(const std::function<void(endpoint&)>& fn) const {
+    const int n = world();
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        auto ep = at(r);
+        try {
+          fn(ep);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", e.what()));
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed"));
+        }
+      });
+    for (auto& t : threads) t.join();
+    // Prefer the root cause over the "peer r failed" errors it caused in the others.
+    for (const auto& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        if (std::string(x.what()).find("transport: peer ") != 0) throw;
+      }
+    }
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  struct shared {
+    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {}
+    link_matrix links;
+    options opts;
+    std::vector<detail::mailbox> boxes;
+  };
+  std::shared_ptr<shared> net_;
+};
+
+static_assert(endpoint<in_process::endpoint>);
+
+}  // namespace decentrain::transport

@@ -1,0 +1,7 @@
+// Every transport: the endpoint concept, simulated in-process peers, TCP (when standalone asio
+// is available) and MPI (when the build defines DECENTRAIN_HAS_MPI, as the decentrain::mpi
+// CMake target does).
+#pragma once
+
+#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/in_process.hpp"

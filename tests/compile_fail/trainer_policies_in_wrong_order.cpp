@@ -1,0 +1,7 @@
+// Must NOT compile: the parallel policy given where the communication policy goes.
+#include <decentrain/decentrain.hpp>
+
+namespace dt = decentrain;
+using Wrong = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::parallel::data, dt::comm::sync_allreduce>;
+static_assert(sizeof(Wrong) > 0);
+int main() {}

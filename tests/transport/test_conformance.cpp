@@ -1,0 +1,151 @@
+// The conformance suite every transport passes: ordered tagged point-to-point messages, and the
+// collectives on top of them for 1..8 peers and sizes that do not divide by the peer count.
+#include <catch2/catch.hpp>
+
+#include <decentrain/collective/communicator.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "support/transport_harness.hpp"
+
+namespace dt = decentrain;
+using dt::collective::algorithm;
+using dt::collective::reduce_op;
+
+namespace {
+std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes(std::span<const char>(s.data(), s.size())); }
+std::string text_of(const dt::transport::bytes& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+}  // namespace
+
+#define TRANSPORTS harness::in_process TRANSPORT_EXTRA
+
+TEMPLATE_TEST_CASE("transport: tagged messages arrive in order and are matched by source and tag", "[transport]", TRANSPORTS) {
+  for (int n : {1, 2, 3, 5}) {
+    TestType::run(n, [&](auto& ep) {
+      const int r = ep.rank();
+      REQUIRE(ep.world() == n);
+      for (int p = 0; p < n; ++p) {
+        for (int i = 0; i < 3; ++i) ep.send(p, 10, bytes_of("from " + std::to_string(r) + " #" + std::to_string(i)));
+        ep.send(p, 20, bytes_of("tag 20 from " + std::to_string(r)));
+        ep.send(p, 30, {});  // empty messages are messages too
+      }
+      for (int p = 0; p < n; ++p) {
+        // Tag 20 first although it was sent after the tag-10 messages: matching is by tag.
+        CHECK(text_of(ep.recv(p, 20)) == "tag 20 from " + std::to_string(p));
+        for (int i = 0; i < 3; ++i) CHECK(text_of(ep.recv(p, 10)) == "from " + std::to_string(p) + " #" + std::to_string(i));
+        CHECK(ep.recv(p, 30).empty());
+      }
+      const auto s = ep.stats();
+      CHECK(s.messages_sent == static_cast<std::uint64_t>(5 * n));
+      CHECK(s.messages_received == static_cast<std::uint64_t>(5 * n));
+      CHECK(s.bytes_sent == s.bytes_received);  // everyone sent everyone the same kinds of messages
+    });
+  }
+}
+
+TEMPLATE_TEST_CASE("transport: large messages arrive intact", "[transport]", TRANSPORTS) {
+  TestType::run(2, [&](auto& ep) {
+    std::vector<std::uint32_t> big(3'000'001);
+    std::iota(big.begin(), big.end(), static_cast<std::uint32_t>(ep.rank()) * 7u);
+    ep.send(1 - ep.rank(), 1, std::as_bytes(std::span<const std::uint32_t>(big)));
+    const auto got = ep.recv(1 - ep.rank(), 1);
+    REQUIRE(got.size() == big.size() * 4);
+    std::vector<std::uint32_t> back(big.size());
+    std::memcpy(back.data(), got.data(), got.size());
+    CHECK(back.front() == static_cast<std::uint32_t>(1 - ep.rank()) * 7u);
+    CHECK(back.back() == static_cast<std::uint32_t>(1 - ep.rank()) * 7u + 3'000'000u);
+  });
+}
+
+TEMPLATE_TEST_CASE("transport: a bad peer index is an error naming it", "[transport]", TRANSPORTS) {
+  TestType::run(2, [&](auto& ep) {
+    CHECK_THROWS_WITH(ep.send(2, 1, {}), Catch::Contains("peer 2"));
+    CHECK_THROWS_WITH(ep.recv(-1, 1), Catch::Contains("peer -1"));
+  });
+}
+
+TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, uneven sizes, both algorithms",
+                   "[collective]", TRANSPORTS) {
+  for (int n = 1; n <= 8; ++n) {
+    TestType::run(n, [&](auto& ep) {
+      dt::collective::communicator comm(ep, {.chunk_bytes = 4096, .tree_below_bytes = 1024});
+      for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100003}}) {
+        for (auto algo : {algorithm::ring, algorithm::tree, algorithm::automatic}) {
+          std::vector<std::int64_t> v(size);
+          for (std::size_t i = 0; i < size; ++i) v[i] = static_cast<std::int64_t>(i * 31 + 1) * (ep.rank() + 1) - 5;
+          comm.all_reduce(std::span<std::int64_t>(v), reduce_op::sum, algo);
+          const std::int64_t ranks_sum = static_cast<std::int64_t>(n) * (n + 1) / 2;
+          bool all_equal = true;
+          for (std::size_t i = 0; i < size; ++i)
+            all_equal = all_equal && v[i] == static_cast<std::int64_t>(i * 31 + 1) * ranks_sum - 5 * n;
+          CHECK(all_equal);
+          std::vector<std::int32_t> m(size);
+          for (std::size_t i = 0; i < size; ++i) m[i] = static_cast<std::int32_t>((i + static_cast<std::size_t>(ep.rank()) * 13) % 17);
+          comm.all_reduce(std::span<std::int32_t>(m), reduce_op::max, algo);
+          bool max_ok = true;
+          for (std::size_t i = 0; i < size; ++i) {
+            std::int32_t expect = 0;
+            for (int r = 0; r < n; ++r) expect = std::max(expect, static_cast<std::int32_t>((i + static_cast<std::size_t>(r) * 13) % 17));
+            max_ok = max_ok && m[i] == expect;
+          }
+          CHECK(max_ok);
+        }
+      }
+    });
+  }
+}
+
+TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and leaves every peer identical",
+                   "[collective]", TRANSPORTS) {
+  for (int n : {2, 3, 4, 7}) {
+    std::vector<std::vector<float>> results(static_cast<std::size_t>(n));
+    const std::size_t size = 50'001;
+    TestType::run(n, [&](auto& ep) {
+      dt::collective::communicator comm(ep, {.chunk_bytes = 8192});
+      std::vector<float> v(size);
+      for (std::size_t i = 0; i < size; ++i) v[i] = std::sin(static_cast<float>(i) * 0.01f + static_cast<float>(ep.rank()));
+      comm.all_reduce(std::span<float>(v), reduce_op::average);
+      results[static_cast<std::size_t>(ep.rank())] = v;
+    });
+    double worst = 0;
+    for (std::size_t i = 0; i < size; ++i) {
+      double expect = 0;
+      for (int r = 0; r < n; ++r) expect += std::sin(static_cast<float>(i) * 0.01f + static_cast<float>(r));
+      worst = std::max(worst, std::abs(results[0][i] - expect / n));
+    }
+    CHECK(worst < 1e-6);  // a handful of float roundings of values of size <= 1
+    for (int r = 1; r < n; ++r) CHECK(results[static_cast<std::size_t>(r)] == results[0]);
+  }
+}
+
+TEMPLATE_TEST_CASE("collective: broadcast from every root and all-gather", "[collective]", TRANSPORTS) {
+  for (int n = 1; n <= 8; ++n) {
+    TestType::run(n, [&](auto& ep) {
+      dt::collective::communicator comm(ep);
+      for (int root = 0; root < n; ++root) {
+        std::vector<double> v(1001, ep.rank() == root ? 0.5 + root : -1.0);
+        comm.broadcast(std::span<double>(v), root);
+        CHECK(std::all_of(v.begin(), v.end(), [&](double x) { return x == 0.5 + root; }));
+      }
+      std::vector<std::int32_t> mine(5, ep.rank() * 10);
+      const auto all = comm.all_gather(std::span<const std::int32_t>(mine));
+      REQUIRE(all.size() == static_cast<std::size_t>(5 * n));
+      for (int r = 0; r < n; ++r) CHECK(all[static_cast<std::size_t>(5 * r + 4)] == r * 10);
+      comm.barrier();
+      CHECK(comm.traffic().calls == static_cast<std::uint64_t>(n + 2));
+    });
+  }
+}
+
+TEMPLATE_TEST_CASE("collective: peers that disagree on the size get an error naming the peer", "[collective]", TRANSPORTS) {
+  CHECK_THROWS_WITH(TestType::run(2,
+                                  [&](auto& ep) {
+                                    dt::collective::communicator comm(ep);
+                                    std::vector<float> v(ep.rank() == 0 ? 100 : 101, 1.0f);
+                                    comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::tree);
+                                  }),
+                    Catch::Contains("sent") && Catch::Contains("bytes where"));
+}

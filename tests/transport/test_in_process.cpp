@@ -1,0 +1,79 @@
+// The simulated links: time on a link is accounted as if the bytes travelled.
+#include <catch2/catch.hpp>
+
+#include <decentrain/transport/in_process.hpp>
+
+#include <vector>
+
+namespace dt = decentrain;
+using dt::transport::in_process;
+using dt::transport::simulated_link;
+using dt::transport::link_matrix;
+
+TEST_CASE("in_process: a message costs size / bandwidth + latency on the receiver's clock") {
+  link_matrix links(2, simulated_link{0.1, 12.5e6, 0.0, 0.0, 0.3});  // 100 ms, 100 Mbit/s
+  in_process net(links);
+  std::vector<dt::transport::traffic_stats> stats(2);
+  net.run([&](in_process::endpoint& ep) {
+    std::vector<std::byte> payload(12'500'000);  // one second on the wire
+    if (ep.rank() == 0) {
+      ep.computed(0.5);
+      ep.send(1, 1, payload);
+      ep.send(1, 2, payload);  // queues behind the first on the same link
+    } else {
+      (void)ep.recv(0, 1);
+      (void)ep.recv(0, 2);
+    }
+    stats[static_cast<std::size_t>(ep.rank())] = ep.stats();
+  });
+  CHECK(stats[0].clock_seconds == Approx(0.5));          // sending does not block the sender
+  CHECK(stats[1].clock_seconds == Approx(0.5 + 2.0 + 0.1));
+  CHECK(stats[1].wait_seconds == Approx(2.6));
+  CHECK(stats[1].bytes_received == 25'000'000);
+}
+
+TEST_CASE("in_process: drops cost retransmission timeouts, reproducibly from the seed") {
+  auto run = [](std::uint64_t seed) {
+    in_process net(link_matrix(2, simulated_link{0.01, 1e9, 0.0, 0.3, 0.2}), {seed, std::chrono::milliseconds(5000)});
+    std::vector<dt::transport::traffic_stats> s(2);
+    net.run([&](in_process::endpoint& ep) {
+      for (int i = 0; i < 200; ++i) {  // ping-pong, so every delay adds up
+        if (ep.rank() == 0) {
+          ep.send(1, 1, {});
+          (void)ep.recv(1, 2);
+        } else {
+          (void)ep.recv(0, 1);
+          ep.send(0, 2, {});
+        }
+      }
+      s[static_cast<std::size_t>(ep.rank())] = ep.stats();
+    });
+    return s;
+  };
+  const auto a = run(1), b = run(1), c = run(2);
+  CHECK(a[0].clock_seconds == b[0].clock_seconds);
+  CHECK(a[0].clock_seconds != c[0].clock_seconds);
+  // 400 transmissions, each attempt lost with p = 0.3: about 171 retransmissions expected.
+  const auto resent = a[0].retransmissions + a[1].retransmissions;
+  CHECK(resent > 120);
+  CHECK(resent < 230);
+  CHECK(a[0].clock_seconds == Approx(400 * 0.01 + static_cast<double>(resent) * 0.2).epsilon(1e-6));
+}
+
+TEST_CASE("in_process: presets and bad settings") {
+  CHECK(dt::transport::links::preset("wan", 4).at(0, 1).latency_s == Approx(0.1));
+  const auto h = dt::transport::links::heterogeneous(5, 3);
+  CHECK(h.at(1, 2).bandwidth_bytes_per_s == h.at(2, 1).bandwidth_bytes_per_s);
+  CHECK_THROWS_WITH(dt::transport::links::preset("moon", 2), Catch::Contains("unknown link preset 'moon'"));
+  CHECK_THROWS_WITH(link_matrix(2, simulated_link{0.0, 0.0}), Catch::Contains("bandwidth"));
+  CHECK_THROWS_WITH(in_process(3).at(3), Catch::Contains("rank 3"));
+}
+
+TEST_CASE("in_process: a failing peer wakes the others with the cause instead of leaving them blocked") {
+  in_process net(link_matrix(3, simulated_link{}), {0, std::chrono::milliseconds(60000)});
+  CHECK_THROWS_WITH(net.run([](in_process::endpoint& ep) {
+                      if (ep.rank() == 2) throw dt::error("disk full");
+                      (void)ep.recv(2, 1);  // would wait a minute without the abort
+                    }),
+                    Catch::Contains("disk full"));
+}
