@@ -20,8 +20,6 @@ std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes
 std::string text_of(const dt::transport::bytes& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
 }  // namespace
 
-#define TRANSPORTS harness::in_process TRANSPORT_EXTRA
-
 TEMPLATE_TEST_CASE("transport: tagged messages arrive in order and are matched by source and tag", "[transport]", TRANSPORTS) {
   for (int n : {1, 2, 3, 5}) {
     TestType::run(n, [&](auto& ep) {

@@ -4,4 +4,6 @@
 #pragma once
 
 #include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/in_process.hpp"
+#include "decentrain/transport/tcp.hpp"

@@ -1,0 +1,176 @@
+// The TCP wire format, kept free of sockets so it can be tested and fuzzed on its own.
+// A frame is a 24-byte little-endian header (magic "DTRN", version, type, tag, body length)
+// followed by the body. Control bodies (hello, directory) are cereal portable-binary archives
+// whose strings and lists are read through bounded loaders; data bodies are the raw bytes a
+// collective sent. Everything here treats its input as hostile: sizes are checked before
+// anything is allocated, and every failure is a decentrain::error naming what was wrong.
+#pragma once
+
+#include <cereal/archives/portable_binary.hpp>
+
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/endpoint.hpp"
+
+namespace decentrain::transport::wire {
+
+inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
+inline constexpr std::uint16_t version = 1;
+inline constexpr std::size_t header_bytes = 24;
+inline constexpr std::size_t max_control_bytes = std::size_t{1} << 20;
+inline constexpr std::size_t max_address_chars = 255;
+inline constexpr std::size_t max_directory_entries = 65536;
+
+enum class frame_type : std::uint16_t { hello = 1, directory = 2, data = 3, bye = 4 };
+
+struct header {
+  frame_type type = frame_type::data;
+  tag_type tag = 0;
+  std::uint64_t length = 0;
+};
+
+inline std::array<std::byte, header_bytes> encode_header(const header& h) {
+  std::array<std::byte, header_bytes> out{};
+  auto put = [&](std::size_t at, std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out[at + static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+  };
+  put(0, magic, 4);
+  put(4, version, 2);
+  put(6, static_cast<std::uint16_t>(h.type), 2);
+  put(8, h.tag, 8);
+  put(16, h.length, 8);
+  return out;
+}
+
+// Throws on a bad magic, version, type or a length over `max_body` (data) or the control limit.
+inline header decode_header(const std::byte* p, std::uint64_t max_body) {
+  auto get = [&](std::size_t at, int n) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[at + static_cast<std::size_t>(i)]) << (8 * i);
+    return v;
+  };
+  decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4), " (not a decentrain peer)");
+  decentrain::detail::check(get(4, 2) == version, "frame: protocol version ", std::dec, get(4, 2), ", this peer speaks ", version);
+  const auto type = get(6, 2);
+  decentrain::detail::check(type >= 1 && type <= 4, "frame: unknown frame type ", type);
+  header h{static_cast<frame_type>(type), get(8, 8), get(16, 8)};
+  const std::uint64_t limit = h.type == frame_type::data ? max_body : max_control_bytes;
+  decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
+  return h;
+}
+
+// A string or list read from the network is bounded before anything is allocated for it.
+struct bounded_string {
+  std::string& value;
+  std::size_t max;
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(value.size())));
+    ar(cereal::binary_data(value.data(), value.size()));
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    cereal::size_type n = 0;
+    ar(cereal::make_size_tag(n));
+    decentrain::detail::check(n <= max, "frame: a string of ", n, " characters is over the limit of ", max);
+    value.resize(static_cast<std::size_t>(n));
+    ar(cereal::binary_data(value.data(), value.size()));
+  }
+};
+
+enum class hello_purpose : std::uint8_t { data = 0, directory = 1 };
+
+// First frame on every connection: who is calling and why.
+struct hello {
+  std::int32_t rank = 0;
+  std::int32_t world = 0;
+  hello_purpose purpose = hello_purpose::data;
+  bool little_endian = std::endian::native == std::endian::little;  // data bodies are native floats
+  std::string address;  // where the sender listens
+
+  template <class Archive>
+  void save(Archive& ar) const {
+    auto& self = const_cast<hello&>(*this);
+    ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian, bounded_string{self.address, max_address_chars});
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    std::uint8_t p = 0;
+    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars});
+    decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
+    purpose = static_cast<hello_purpose>(p);
+  }
+};
+
+// Reply to a directory hello: every (rank, address) the replying peer knows.
+struct directory {
+  std::vector<std::pair<std::int32_t, std::string>> entries;
+
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(entries.size())));
+    for (auto& [r, a] : entries) ar(r, bounded_string{const_cast<std::string&>(a), max_address_chars});
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    cereal::size_type n = 0;
+    ar(cereal::make_size_tag(n));
+    decentrain::detail::check(n <= max_directory_entries, "frame: directory of ", n, " entries is over the limit");
+    entries.resize(static_cast<std::size_t>(n));
+    for (auto& [r, a] : entries) ar(r, bounded_string{a, max_address_chars});
+  }
+};
+
+template <class T>
+bytes encode_body(const T& message) {
+  std::ostringstream out(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(out);
+    ar(message);
+  }
+  const std::string s = out.str();
+  bytes b(s.size());
+  std::memcpy(b.data(), s.data(), s.size());
+  return b;
+}
+
+// Decodes a control body; anything cereal or the bounds reject becomes one decentrain::error.
+template <class T>
+T decode_body(const bytes& body, const char* what) {
+  T message;
+  try {
+    std::istringstream in(std::string(reinterpret_cast<const char*>(body.data()), body.size()), std::ios::binary);
+    cereal::PortableBinaryInputArchive ar(in);
+    ar(message);
+  } catch (const decentrain::error& e) {
+    decentrain::detail::fail("frame: malformed ", what, ": ", e.what());
+  } catch (const std::exception& e) {
+    decentrain::detail::fail("frame: malformed ", what, " (", body.size(), " bytes): ", e.what());
+  }
+  return message;
+}
+
+// "host:port" or "[v6]:port" -> (host, port); throws naming the address when it is not one.
+inline std::pair<std::string, std::uint16_t> split_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  decentrain::detail::check(colon != std::string::npos && colon > 0 && colon + 1 < address.size(), "tcp: address '",
+                            address, "' is not HOST:PORT");
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port_text = address.substr(colon + 1);
+  decentrain::detail::check(port_text.find_first_not_of("0123456789") == std::string::npos && port_text.size() <= 5,
+                            "tcp: port '", port_text, "' in '", address, "' is not a number");
+  const unsigned long port = std::stoul(port_text);
+  decentrain::detail::check(port <= 65535, "tcp: port ", port, " in '", address, "' is over 65535");
+  return {host, static_cast<std::uint16_t>(port)};
+}
+
+}  // namespace decentrain::transport::wire

@@ -1,0 +1,517 @@
+// Real peers over TCP with standalone asio. A peer listens on an address, asks the peers it
+// knows (--join) for the directory of everyone they know until it knows all `world` peers, and
+// dials every lower rank (higher ranks dial it), so each pair shares one connection. One I/O
+// thread reads every connection into a mailbox and performs the queued writes; the training
+// thread's send waits until its frame is written, which bounds memory without deadlock (every
+// peer always reads). A frame that fails validation (magic, version, type, length, cereal) is
+// counted, its connection closed, and the peer carries on.
+#pragma once
+
+#include "decentrain/config.hpp"
+
+#ifndef DECENTRAIN_HAS_ASIO
+#if __has_include(<asio.hpp>)
+#define DECENTRAIN_HAS_ASIO 1
+#else
+#define DECENTRAIN_HAS_ASIO 0
+#endif
+#endif
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <asio.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/mailbox.hpp"
+
+namespace decentrain::transport {
+
+struct tcp_options {
+  std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
+  std::vector<std::string> join;       // peers to learn the others from; empty for the first peer
+  int rank = 0;
+  int world = 1;
+  std::chrono::milliseconds connect_timeout{2000};   // one connection attempt
+  std::chrono::milliseconds join_timeout{30000};     // until every peer is connected
+  std::chrono::milliseconds first_backoff{50};       // doubles after each round of failures...
+  std::chrono::milliseconds max_backoff{2000};       // ...up to this
+  std::chrono::milliseconds recv_timeout{300000};    // a recv (or a send) that waits longer fails
+  std::uint64_t max_frame_bytes = std::uint64_t{64} << 20;
+
+  void validate() const {
+    decentrain::detail::check(world >= 1 && rank >= 0 && rank < world, "tcp: rank ", rank, " is outside [0, world = ", world, ")");
+    decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
+                              " needs at least one peer to join through (--join HOST:PORT)");
+    decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
+    (void)wire::split_address(listen);
+    for (const auto& j : join) (void)wire::split_address(j);
+  }
+};
+
+class tcp {
+  struct impl;
+
+ public:
+  // Binds the listening socket (so address() is known); connect() then builds the mesh.
+  explicit tcp(tcp_options options) : self_(std::make_shared<impl>(std::move(options))) {}
+
+  // Binds and connects: returns once every peer of the world is connected, or throws.
+  static tcp join(tcp_options options) {
+    tcp t(std::move(options));
+    t.connect();
+    return t;
+  }
+
+  std::string address() const { return self_->advertised; }
+  void connect() { self_->connect(); }
+
+  int rank() const { return self_->opts.rank; }
+  int world() const { return self_->opts.world; }
+  void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
+  bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag); }
+  void computed(double) {}
+  traffic_stats stats() const { return self_->stats(); }
+  // The reason the last malformed frame was dropped (empty if none was).
+  std::string last_malformed() const {
+    std::lock_guard lock(self_->mutex);
+    return self_->last_malformed;
+  }
+
+ private:
+  struct pending_write {
+    std::array<std::byte, wire::header_bytes> head;
+    std::span<const std::byte> body;  // the caller's buffer: the caller waits for `done`
+    bytes owned;                      // or a body the I/O thread owns
+    std::promise<void> done;
+  };
+
+  struct connection : std::enable_shared_from_this<connection> {
+    explicit connection(asio::io_context& io) : socket(io) {}
+    asio::ip::tcp::socket socket;
+    int rank = -1;  // -1 until its hello arrives
+    std::array<std::byte, wire::header_bytes> head{};
+    bytes body;
+    std::deque<std::shared_ptr<pending_write>> writes;  // touched on the I/O thread only
+    bool closed = false;
+  };
+
+  struct impl {
+    explicit impl(tcp_options o) : opts((o.validate(), std::move(o))), acceptor(io), started(std::chrono::steady_clock::now()) {
+      const auto [host, port] = wire::split_address(opts.listen);
+      try {
+        asio::ip::tcp::resolver resolver(io);
+        const auto ep = *resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive).begin();
+        acceptor.open(ep.endpoint().protocol());
+        acceptor.set_option(asio::socket_base::reuse_address(true));
+        acceptor.bind(ep.endpoint());
+        acceptor.listen();
+      } catch (const std::exception& e) {
+        decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
+      }
+      advertised = host + ":" + std::to_string(acceptor.local_endpoint().port());
+      directory[opts.rank] = advertised;
+      accept_next();
+      io_thread = std::thread([this] { io.run(); });
+    }
+
+    ~impl() {
+      asio::post(io, [this] {
+        asio::error_code ignored;
+        acceptor.close(ignored);
+        const auto open = all;  // close() erases from `all`
+        for (const auto& c : open) close(c, "");
+      });
+      work.reset();
+      if (io_thread.joinable()) io_thread.join();
+    }
+
+    // ---- mesh ----
+    void connect() {
+      const auto deadline = std::chrono::steady_clock::now() + opts.join_timeout;
+      auto backoff = opts.first_backoff;
+      std::string last_error = "no attempt finished";
+      int attempts = 0;
+      for (;;) {
+        if (known() < opts.world)
+          for (const auto& seed : opts.join) {
+            ++attempts;
+            try {
+              poll_directory(seed);
+            } catch (const std::exception& e) {
+              last_error = e.what();
+            }
+          }
+        for (int j = 0; j < opts.rank; ++j) {
+          std::string address;
+          {
+            std::lock_guard lock(mutex);
+            if (peers.count(j) || !directory.count(j)) continue;
+            address = directory[j];
+          }
+          ++attempts;
+          try {
+            dial(j, address);
+          } catch (const std::exception& e) {
+            last_error = e.what();
+          }
+        }
+        std::unique_lock lock(mutex);
+        if (static_cast<int>(peers.size()) == opts.world - 1) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) {
+          std::string missing;
+          for (int j = 0; j < opts.world; ++j)
+            if (j != opts.rank && !peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+          decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
+                                   opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ",
+                                   last_error, ")");
+        }
+        changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+        backoff = std::min(backoff * 2, opts.max_backoff);
+      }
+    }
+
+    int known() {
+      std::lock_guard lock(mutex);
+      return static_cast<int>(directory.size());
+    }
+
+    wire::hello my_hello(wire::hello_purpose purpose) const {
+      wire::hello h;
+      h.rank = opts.rank;
+      h.world = opts.world;
+      h.purpose = purpose;
+      h.address = advertised;
+      return h;
+    }
+
+    // A short-lived connection on a private io_context: connect with a timeout, do `work`.
+    template <class Work>
+    void with_connection(const std::string& address, Work&& work_fn) {
+      const auto [host, port] = wire::split_address(address);
+      asio::io_context local;
+      asio::ip::tcp::socket socket(local);
+      asio::error_code result = asio::error::would_block;
+      asio::ip::tcp::resolver resolver(local);
+      const auto endpoints = resolver.resolve(host, std::to_string(port));
+      asio::async_connect(socket, endpoints, [&](const asio::error_code& ec, const asio::ip::tcp::endpoint&) { result = ec; });
+      local.run_for(opts.connect_timeout);
+      if (result == asio::error::would_block) decentrain::detail::fail("tcp: connecting to ", address, " timed out");
+      if (result) decentrain::detail::fail("tcp: cannot connect to ", address, ": ", result.message());
+      socket.set_option(asio::ip::tcp::no_delay(true));
+      work_fn(socket);
+    }
+
+    // Asks `seed` for its directory. The exchange runs on a private io_context with a deadline,
+    // so a seed that accepts but never answers cannot stall the join.
+    void poll_directory(const std::string& seed) {
+      with_connection(seed, [&](asio::ip::tcp::socket& s) {
+        const bytes hello = wire::encode_body(my_hello(wire::hello_purpose::directory));
+        const auto out_head = wire::encode_header({wire::frame_type::hello, 0, hello.size()});
+        std::array<asio::const_buffer, 2> out{asio::buffer(out_head), asio::buffer(hello)};
+        std::array<std::byte, wire::header_bytes> head{};
+        bytes body;
+        std::string failure = "no answer within the connect timeout";
+        bool finished = false;
+        auto& io_ctx = static_cast<asio::io_context&>(s.get_executor().context());
+        asio::async_write(s, out, [&](const asio::error_code& ec, std::size_t) {
+          if (ec) { failure = ec.message(); return; }
+          asio::async_read(s, asio::buffer(head), [&](const asio::error_code& ec2, std::size_t) {
+            if (ec2) { failure = ec2.message(); return; }
+            try {
+              const auto h = wire::decode_header(head.data(), opts.max_frame_bytes);
+              decentrain::detail::check(h.type == wire::frame_type::directory, "answered with frame type ", static_cast<int>(h.type));
+              body.resize(static_cast<std::size_t>(h.length));
+            } catch (const std::exception& e) {
+              failure = e.what();
+              return;
+            }
+            asio::async_read(s, asio::buffer(body), [&](const asio::error_code& ec3, std::size_t) {
+              if (ec3) failure = ec3.message();
+              else finished = true;
+            });
+          });
+        });
+        io_ctx.restart();
+        io_ctx.run_for(opts.connect_timeout);
+        decentrain::detail::check(finished, "tcp: directory request to ", seed, " failed: ", failure);
+        const auto dir = wire::decode_body<wire::directory>(body, "directory");
+        std::lock_guard lock(mutex);
+        for (const auto& [r, a] : dir.entries)
+          if (r >= 0 && r < opts.world && r != opts.rank) directory[r] = a;
+      });
+    }
+
+    void dial(int peer, const std::string& address) {
+      with_connection(address, [&](asio::ip::tcp::socket& s) {
+        write_frame(s, wire::frame_type::hello, 0, wire::encode_body(my_hello(wire::hello_purpose::data)));
+        auto c = std::make_shared<connection>(io);
+        const auto protocol = s.local_endpoint().protocol();
+        c->socket.assign(protocol, s.release());
+        c->rank = peer;
+        std::promise<void> registered;
+        auto f = registered.get_future();
+        asio::post(io, [this, c, &registered] {
+          all.insert(c);
+          {
+            std::lock_guard lock(mutex);
+            peers[c->rank] = c;
+          }
+          box.reopen(c->rank);
+          read_next(c);
+          registered.set_value();
+        });
+        f.get();
+        changed.notify_all();
+      });
+    }
+
+    static void write_frame(asio::ip::tcp::socket& s, wire::frame_type type, tag_type tag, const bytes& body) {
+      const auto head = wire::encode_header({type, tag, body.size()});
+      std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(body)};
+      asio::write(s, bufs);
+    }
+
+    // ---- I/O thread ----
+    void accept_next() {
+      auto c = std::make_shared<connection>(io);
+      acceptor.async_accept(c->socket, [this, c](const asio::error_code& ec) {
+        if (ec) {
+          if (ec != asio::error::operation_aborted) accept_next();
+          return;
+        }
+        asio::error_code ignored;
+        c->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        all.insert(c);
+        read_next(c);
+        accept_next();
+      });
+    }
+
+    void read_next(const std::shared_ptr<connection>& c) {
+      asio::async_read(c->socket, asio::buffer(c->head), [this, c](const asio::error_code& ec, std::size_t) {
+        if (ec) return lost(c, ec);
+        wire::header h;
+        try {
+          h = wire::decode_header(c->head.data(), opts.max_frame_bytes);
+          decentrain::detail::check((c->rank >= 0) == (h.type != wire::frame_type::hello),
+                                    c->rank >= 0 ? "frame: a second hello on a connection"
+                                                 : "frame: the first frame on a connection must be a hello");
+        } catch (const std::exception& e) {
+          return malformed(c, e.what());
+        }
+        c->body.resize(static_cast<std::size_t>(h.length));
+        asio::async_read(c->socket, asio::buffer(c->body), [this, c, h](const asio::error_code& ec2, std::size_t got) {
+          if (ec2 == asio::error::eof)
+            return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
+          if (ec2) return lost(c, ec2);
+          try {
+            if (!dispatch(c, h)) return;
+          } catch (const std::exception& e) {
+            return malformed(c, e.what());
+          }
+          read_next(c);
+        });
+      });
+    }
+
+    // Handles one complete frame; false when the connection is done.
+    bool dispatch(const std::shared_ptr<connection>& c, const wire::header& h) {
+      switch (h.type) {
+        case wire::frame_type::data:
+          box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
+          c->body = {};
+          return true;
+        case wire::frame_type::bye:
+          close(c, "it said goodbye");
+          return false;
+        case wire::frame_type::directory:
+          decentrain::detail::fail("frame: unexpected directory frame");
+        case wire::frame_type::hello: {
+          const auto hello = wire::decode_body<wire::hello>(c->body, "hello");
+          decentrain::detail::check(hello.world == opts.world, "frame: hello from a peer of a world of ", hello.world,
+                                    ", this one has ", opts.world);
+          decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.world && hello.rank != opts.rank,
+                                    "frame: hello claims rank ", hello.rank);
+          decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
+                                    "frame: peer ", hello.rank, " has a different byte order");
+          std::lock_guard lock(mutex);
+          if (!hello.address.empty()) directory[hello.rank] = hello.address;
+          if (hello.purpose == wire::hello_purpose::directory) {
+            wire::directory d;
+            for (const auto& [r, a] : directory) d.entries.emplace_back(r, a);
+            queue_write(c, wire::frame_type::directory, 0, {}, wire::encode_body(d), nullptr);
+            return true;  // the asker closes when it has read the reply
+          }
+          decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
+                                    " (lower ranks are dialed, not dialing)");
+          decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
+          c->rank = hello.rank;
+          peers[c->rank] = c;
+          box.reopen(c->rank);
+          changed.notify_all();
+          return true;
+        }
+      }
+      return false;
+    }
+
+    void malformed(const std::shared_ptr<connection>& c, const std::string& why) {
+      {
+        std::lock_guard lock(mutex);
+        ++malformed_frames;
+        last_malformed = why;
+      }
+      close(c, "it sent a malformed frame: " + why);
+    }
+
+    void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
+      close(c, ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message());
+    }
+
+    void close(const std::shared_ptr<connection>& c, const std::string& why) {
+      if (c->closed) return;
+      c->closed = true;
+      asio::error_code ignored;
+      c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      c->socket.close(ignored);
+      for (auto& w : c->writes) w->done.set_exception(std::make_exception_ptr(decentrain::error("tcp: connection to peer " + std::to_string(c->rank) + " closed: " + why)));
+      c->writes.clear();
+      all.erase(c);
+      if (c->rank >= 0) {
+        std::lock_guard lock(mutex);
+        auto it = peers.find(c->rank);
+        if (it != peers.end() && it->second == c) {
+          peers.erase(it);
+          if (!why.empty()) box.close(c->rank, why);
+        }
+      }
+    }
+
+    // On the I/O thread: appends a frame and starts writing if idle.
+    void queue_write(const std::shared_ptr<connection>& c, wire::frame_type type, tag_type tag, std::span<const std::byte> body,
+                     bytes owned, std::shared_ptr<pending_write> w) {
+      if (!w) w = std::make_shared<pending_write>();
+      w->owned = std::move(owned);
+      w->body = w->owned.empty() ? body : std::span<const std::byte>(w->owned);
+      w->head = wire::encode_header({type, tag, w->body.size()});
+      if (c->closed) {
+        w->done.set_exception(std::make_exception_ptr(decentrain::error("tcp: connection to peer " + std::to_string(c->rank) + " is closed")));
+        return;
+      }
+      c->writes.push_back(std::move(w));
+      if (c->writes.size() == 1) write_next(c);
+    }
+
+    void write_next(const std::shared_ptr<connection>& c) {
+      auto& w = c->writes.front();
+      std::array<asio::const_buffer, 2> bufs{asio::buffer(w->head), asio::buffer(w->body.data(), w->body.size())};
+      asio::async_write(c->socket, bufs, [this, c](const asio::error_code& ec, std::size_t) {
+        if (ec) return lost(c, ec);
+        c->writes.front()->done.set_value();
+        c->writes.pop_front();
+        if (!c->writes.empty()) write_next(c);
+      });
+    }
+
+    // ---- the training thread ----
+    void send(int peer, tag_type tag, std::span<const std::byte> data) {
+      decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot send to peer ", peer,
+                                " (world of ", opts.world, ")");
+      decentrain::detail::check(data.size() <= opts.max_frame_bytes, "tcp: a message of ", data.size(),
+                                " bytes is over max_frame_bytes = ", opts.max_frame_bytes);
+      if (peer == opts.rank) {  // to itself: straight into its own mailbox
+        box.push(peer, tag, detail::message{bytes(data.begin(), data.end()), 0.0});
+        bytes_sent += data.size();
+        ++messages_sent;
+        return;
+      }
+      std::shared_ptr<connection> c;
+      {
+        std::lock_guard lock(mutex);
+        auto it = peers.find(peer);
+        decentrain::detail::check(it != peers.end(), "tcp: peer ", opts.rank, " is not connected to peer ", peer);
+        c = it->second;
+      }
+      auto w = std::make_shared<pending_write>();
+      auto done = w->done.get_future();
+      asio::post(io, [this, c, tag, data, w] { queue_write(c, wire::frame_type::data, tag, data, {}, w); });
+      if (done.wait_for(opts.recv_timeout) != std::future_status::ready)
+        decentrain::detail::fail("tcp: sending to peer ", peer, " did not finish within ", opts.recv_timeout.count(), " ms");
+      done.get();
+      bytes_sent += data.size();
+      ++messages_sent;
+    }
+
+    bytes recv(int peer, tag_type tag) {
+      decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                                " (world of ", opts.world, ")");
+      const auto t0 = std::chrono::steady_clock::now();
+      auto m = box.pop(peer, tag, opts.recv_timeout);
+      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bytes_received += m.payload.size();
+      ++messages_received;
+      return std::move(m.payload);
+    }
+
+    traffic_stats stats() const {
+      traffic_stats s;
+      s.bytes_sent = bytes_sent;
+      s.messages_sent = messages_sent;
+      s.bytes_received = bytes_received;
+      s.messages_received = messages_received;
+      s.wait_seconds = wait_seconds;
+      {
+        std::lock_guard lock(mutex);
+        s.malformed_frames = malformed_frames;
+      }
+      s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      return s;
+    }
+
+    tcp_options opts;
+    asio::io_context io;
+    std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{asio::make_work_guard(io)};
+    asio::ip::tcp::acceptor acceptor;
+    std::chrono::steady_clock::time_point started;
+    std::string advertised;
+    std::thread io_thread;
+
+    mutable std::mutex mutex;              // guards directory, peers, malformed counters
+    std::condition_variable changed;       // a peer connected
+    std::map<int, std::string> directory;
+    std::map<int, std::shared_ptr<connection>> peers;
+    std::set<std::shared_ptr<connection>> all;  // I/O thread only
+    std::uint64_t malformed_frames = 0;
+    std::string last_malformed;
+    detail::mailbox box;
+
+    // Training thread only. Payload bytes, as for every transport (framing adds 24 bytes a message).
+    std::uint64_t bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
+    double wait_seconds = 0;
+  };
+
+  std::shared_ptr<impl> self_;
+};
+
+static_assert(endpoint<tcp>);
+
+}  // namespace decentrain::transport
+
+#endif  // DECENTRAIN_HAS_ASIO

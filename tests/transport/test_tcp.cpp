@@ -1,0 +1,176 @@
+// TCP specifics: the wire format's checks, hostile frames sent to a live training peer, and a
+// peer that cannot reach anyone. Everything binds to 127.0.0.1 and is bounded in time.
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <asio.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <chrono>
+#include <thread>
+
+namespace dt = decentrain;
+namespace tr = dt::transport;
+namespace wire = dt::transport::wire;
+
+TEST_CASE("wire: headers round-trip and bad ones are named") {
+  const auto h = wire::encode_header({wire::frame_type::data, 42, 1000});
+  const auto back = wire::decode_header(h.data(), 4096);
+  CHECK(back.type == wire::frame_type::data);
+  CHECK(back.tag == 42);
+  CHECK(back.length == 1000);
+  auto bad = h;
+  bad[0] = std::byte{'X'};
+  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("bad magic"));
+  bad = h;
+  bad[4] = std::byte{9};
+  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("protocol version 9"));
+  bad = h;
+  bad[6] = std::byte{77};
+  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("unknown frame type 77"));
+  CHECK_THROWS_WITH(wire::decode_header(h.data(), 999), Catch::Contains("over the limit of 999"));
+}
+
+TEST_CASE("wire: control messages round-trip; garbage and oversized strings are errors, not allocations") {
+  wire::hello hi;
+  hi.rank = 3;
+  hi.world = 8;
+  hi.address = "127.0.0.1:5000";
+  const auto decoded = wire::decode_body<wire::hello>(wire::encode_body(hi), "hello");
+  CHECK(decoded.rank == 3);
+  CHECK(decoded.address == "127.0.0.1:5000");
+  hi.address = std::string(300, 'x');
+  CHECK_THROWS_WITH(wire::decode_body<wire::hello>(wire::encode_body(hi), "hello"), Catch::Contains("over the limit of 255"));
+  // A directory claiming 2^60 entries in a few bytes must not try to allocate them.
+  tr::bytes evil = wire::encode_body(wire::directory{});
+  for (std::size_t i = 1; i < evil.size(); ++i) evil[i] = std::byte{0x10};
+  CHECK_THROWS_WITH(wire::decode_body<wire::directory>(evil, "directory"), Catch::Contains("malformed directory"));
+  CHECK_THROWS_WITH(wire::decode_body<wire::hello>(tr::bytes(3), "hello"), Catch::Contains("malformed hello"));
+  CHECK_THROWS_WITH(wire::split_address("localhost"), Catch::Contains("not HOST:PORT"));
+  CHECK_THROWS_WITH(wire::split_address("h:99999"), Catch::Contains("over 65535"));
+}
+
+namespace {
+// Sends raw bytes to `address` as a hostile client would, then hangs up.
+void send_raw(const std::string& address, const std::vector<std::byte>& data) {
+  const auto [host, port] = wire::split_address(address);
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address(host), port});
+  asio::write(s, asio::buffer(data));
+  asio::error_code ignored;
+  s.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+}
+std::vector<std::byte> frame(wire::frame_type type, std::uint64_t length, const tr::bytes& body) {
+  const auto h = wire::encode_header({type, 0, length});
+  std::vector<std::byte> out(h.size() + body.size());
+  std::memcpy(out.data(), h.data(), h.size());
+  if (!body.empty()) std::memcpy(out.data() + h.size(), body.data(), body.size());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("tcp: malformed frames sent to a training peer are counted and dropped; training goes on") {
+  auto text = dt::data::builtin_corpus(std::size_t{1} << 15, 3);
+  const auto tok = dt::data::char_tokenizer::from_text(text);
+  const dt::data::token_dataset data(tok.encode(text));
+  auto cfg = dt::nn::gpt_preset("tiny");
+  cfg.vocab_size = tok.vocab_size();
+  cfg.block_size = 16;
+  cfg.n_layer = 1;
+  dt::train::trainer_options opts;
+  opts.steps = 40;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = std::chrono::milliseconds(10000);
+  o.recv_timeout = std::chrono::milliseconds(20000);
+  tr::tcp peer0(o);
+  const std::string address = peer0.address();
+  auto o1 = o;
+  o1.rank = 1;
+  o1.join = {address};
+
+  std::vector<std::byte> bad_magic = frame(wire::frame_type::data, 4, tr::bytes(4));
+  bad_magic[1] = std::byte{0};
+  std::vector<std::byte> bad_version = frame(wire::frame_type::data, 4, tr::bytes(4));
+  bad_version[4] = std::byte{2};
+  std::vector<std::byte> bad_type = frame(wire::frame_type::data, 4, tr::bytes(4));
+  bad_type[6] = std::byte{9};
+  const auto too_long = frame(wire::frame_type::data, std::uint64_t{1} << 40, {});
+  const auto truncated = frame(wire::frame_type::hello, 100, tr::bytes(10));
+  const auto cereal_garbage = frame(wire::frame_type::hello, 6, tr::bytes{std::byte{1}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}});
+  const auto data_before_hello = frame(wire::frame_type::data, 8, tr::bytes(8));
+  const std::vector<std::vector<std::byte>> attacks{bad_magic, bad_version, bad_type, too_long, truncated, cereal_garbage, data_before_hello};
+
+  std::atomic<bool> attacked{false};
+  std::vector<double> losses(2);
+  std::vector<tr::traffic_stats> stats(2);
+  std::thread t1([&] {
+    dt::train::trainer<dt::nn::gpt<dt::cpu>> t(cfg, opts, tr::tcp::join(o1));
+    losses[1] = t.fit(data).final_val_loss;
+  });
+  std::thread attacker([&] {
+    for (const auto& a : attacks) send_raw(address, a);
+    attacked = true;
+  });
+  {
+    peer0.connect();
+    dt::train::trainer<dt::nn::gpt<dt::cpu>> t(cfg, opts, peer0);
+    t.on_step([&](const dt::train::step_metrics& m) {
+      // Keep training until every attack has been seen, so they all land mid-run.
+      if (m.step == opts.steps - 1) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while ((!attacked || peer0.stats().malformed_frames < attacks.size()) && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+    losses[0] = t.fit(data).final_val_loss;
+    stats[0] = peer0.stats();
+  }
+  attacker.join();
+  t1.join();
+  CHECK(stats[0].malformed_frames == attacks.size());
+  CHECK(losses[0] == losses[1]);
+  CHECK(losses[0] < std::log(static_cast<double>(cfg.vocab_size)) - 0.3);  // it trained
+}
+
+TEST_CASE("tcp: a peer that cannot reach anyone retries with backoff, then fails with a clear message") {
+  // A port that was just free: bind one, note it, close it.
+  std::uint16_t port = 0;
+  {
+    asio::io_context io;
+    asio::ip::tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+    port = a.local_endpoint().port();
+  }
+  tr::tcp_options o;
+  o.rank = 1;
+  o.world = 2;
+  o.join = {"127.0.0.1:" + std::to_string(port)};
+  o.join_timeout = std::chrono::milliseconds(1200);
+  o.first_backoff = std::chrono::milliseconds(50);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)tr::tcp::join(o);
+    FAIL("join should have failed");
+  } catch (const dt::error& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("could not connect to peer(s) 0 within 1200 ms"));
+    CHECK_THAT(what, Catch::Contains("cannot connect to 127.0.0.1:"));
+    CHECK(std::stoi(what.substr(what.find(" ms (") + 5)) >= 4);  // several attempts
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took >= 1.2);
+  CHECK(took < 5.0);
+  tr::tcp_options lonely;
+  lonely.rank = 1;
+  lonely.world = 2;
+  CHECK_THROWS_WITH(tr::tcp(lonely), Catch::Contains("needs at least one peer to join through"));
+  tr::tcp_options bad_listen;
+  bad_listen.listen = "127.0.0.1:nope";
+  CHECK_THROWS_WITH(tr::tcp(bad_listen), Catch::Contains("not a number"));
+}
