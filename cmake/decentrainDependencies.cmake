@@ -2,6 +2,8 @@
 # package config, so both give the same targets:
 #   cereal::cereal      required: checkpoints and (later) network messages are cereal archives
 #   OpenMP::OpenMP_CXX  when OpenMP is available (CPU kernels run multi-threaded)
+#   Threads::Threads    in-process peers and the TCP transport's I/O thread
+#   decentrain::mpi     when MPI is found: link it to use transport::mpi
 #   decentrain::cblas   always; it carries a CBLAS and DECENTRAIN_HAS_CBLAS=1 when one is
 #                       found, and is empty otherwise (the portable GEMM is used then)
 # With OpenMP, OpenBLAS's OpenMP build (Debian: libopenblas-openmp-dev) is preferred: the
@@ -12,6 +14,18 @@ include_guard(GLOBAL)
 
 find_package(cereal REQUIRED)
 find_package(OpenMP QUIET COMPONENTS CXX)
+find_package(Threads REQUIRED)
+
+# Standalone asio (Debian: libasio-dev) is header-only; transport/tcp.hpp compiles only when
+# <asio.hpp> is found. MPI is optional: decentrain::mpi carries it and DECENTRAIN_HAS_MPI=1.
+find_path(DECENTRAIN_ASIO_INCLUDE_DIR asio.hpp)
+find_package(MPI QUIET COMPONENTS CXX)
+if(MPI_CXX_FOUND AND NOT TARGET decentrain::mpi)
+  add_library(decentrain::mpi INTERFACE IMPORTED)
+  set_target_properties(decentrain::mpi PROPERTIES
+    INTERFACE_LINK_LIBRARIES MPI::MPI_CXX
+    INTERFACE_COMPILE_DEFINITIONS "DECENTRAIN_HAS_MPI=1")
+endif()
 
 if(NOT TARGET decentrain::cblas)
   add_library(decentrain::cblas INTERFACE IMPORTED)

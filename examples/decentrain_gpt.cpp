@@ -1,4 +1,4 @@
-// decentrain-gpt: train, evaluate and sample GPT-2 models on one machine.
+// decentrain-gpt: train (on one machine or as decentralized peers), evaluate and sample GPT-2 models.
 //
 //   decentrain-gpt train  [--preset NAME | --n-layer L --n-head H --n-embd C --block-size T]
 //                         [--data FILE] [--steps N] [--batch-size B] [--lr LR] [--seed S]
@@ -68,7 +68,19 @@ decentrain-gpt train [options]
   --resume               continue from DIR/latest.ckpt
   --metrics FILE         JSON lines of metrics (default metrics.jsonl; '' to disable)
   --seed S               seed of every random stream (default 1337)
-  --threads N            CPU threads (default: OMP_NUM_THREADS or all cores)
+  --threads N            CPU threads (default: OMP_NUM_THREADS or all cores; per peer)
+
+  Decentralized training (one of the three modes; --batch-size is then per peer):
+  --peers N              N peers as threads of this process, over simulated links
+  --link NAME            ideal | lan | wan | heterogeneous (default lan)
+  --listen HOST:PORT     this process is one TCP peer, listening here...
+  --join HOST:PORT,...   ...joining through these peers (not for the first)
+  --rank R --world W     ...as peer R of W
+  --mpi                  every rank of mpirun is a peer (when built with MPI)
+  --comm NAME            sync | local-sgd | diloco (default diloco)
+  --inner-steps H        steps between averages for local-sgd and diloco (default 50)
+  --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
+  --outer-momentum X     DiLoCo's outer momentum (default 0.9)
 
 decentrain-gpt eval --weights W.safetensors --tokens SHARD --n-head H [options]
   --batch-size B         rows (default 4)     --block-size T   tokens per row (default 64)
@@ -185,7 +197,10 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
           path.empty() ? std::string("built-in corpus") : path + " (text, character-level)"};
 }
 
+int cmd_train_peers(const options& opt);
+
 int cmd_train(const options& opt) {
+  if (opt.has("peers") || opt.has("listen") || opt.has("mpi")) return cmd_train_peers(opt);
   set_threads(opt);
   const std::uint64_t seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
   const std::string ckpt_dir = opt.text("checkpoint-dir", "");
@@ -313,6 +328,144 @@ int cmd_train(const options& opt) {
   return 0;
 }
 
+// ---- train, decentralized ------------------------------------------------------------------
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+template <class Comm>
+int run_peers(const options& opt, const dt::nn::gpt_config& cfg, const training_data& data, dt::train::trainer_options topts,
+              Comm comm) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm>;
+  const std::string mode = opt.has("peers") ? "in-process" : opt.has("listen") ? "tcp" : "mpi";
+  const auto threads = opt.integer("threads", 1);
+  dt::detail::check(threads >= 1, "--threads must be >= 1");
+  auto report = [&](Trainer& t) {
+    t.on_eval([&t](const dt::train::eval_point& p) {
+      if (t.rank() == 0)
+        std::printf("step %lld: val loss %.4f  (peer 0 sent %.2f MB, clock %.1f s)\n", static_cast<long long>(p.step), p.val_loss,
+                    static_cast<double>(p.bytes_sent) / 1e6, p.clock_s);
+      std::fflush(stdout);
+    });
+  };
+  std::vector<dt::train::fit_result> results;
+  int world = 1;
+  if (mode == "in-process") {
+    world = static_cast<int>(opt.integer("peers", 4));
+    dt::detail::check(world >= 1 && world <= 256, "--peers must be in [1, 256], got ", world);
+    const auto link = opt.text("link", "lan");
+    opt.reject_unknown();
+    std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", world, link.c_str(), static_cast<int>(threads));
+    dt::transport::in_process net(dt::transport::links::preset(link, world, topts.seed), {topts.seed, std::chrono::minutes(10)});
+    results = dt::train::fit_in_process<Trainer>(net, cfg, topts, data.dataset, comm, report, static_cast<int>(threads));
+  } else {
+#if DECENTRAIN_HAS_MPI
+    std::optional<dt::transport::mpi_environment> mpi_env;  // outlives the endpoint and the trainer
+#endif
+    std::optional<dt::transport::any_endpoint> ep;
+    if (mode == "tcp") {
+      dt::transport::tcp_options o;
+      o.listen = opt.text("listen", "");
+      o.join = split_list(opt.text("join", ""));
+      o.rank = static_cast<int>(opt.integer("rank", 0));
+      o.world = static_cast<int>(opt.integer("world", 1));
+      o.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000));
+      opt.reject_unknown();
+      std::printf("tcp peer %d of %d listening on %s\n", o.rank, o.world, o.listen.c_str());
+      std::fflush(stdout);
+      ep.emplace(dt::transport::tcp::join(o));
+    } else {
+#if DECENTRAIN_HAS_MPI
+      opt.text("mpi", "");
+      opt.reject_unknown();
+      mpi_env.emplace(nullptr, nullptr);
+      ep.emplace(dt::transport::mpi());
+#else
+      dt::detail::fail("--mpi: this decentrain-gpt was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+    }
+    world = ep->world();
+#if defined(_OPENMP)
+    omp_set_num_threads(static_cast<int>(threads));
+#endif
+    Trainer t(cfg, topts, *ep, comm);
+    report(t);
+    results.resize(static_cast<std::size_t>(world));
+    results[static_cast<std::size_t>(t.rank())] = t.fit(data.dataset);
+    if (t.rank() != 0) return 0;
+    // Only this peer's own figures are known here; the table shows rank 0.
+    results.resize(1);
+  }
+
+  // What a synchronous all-reduce of the gradient every step would have put on the wire per peer
+  // (ring all-reduce: 2 (N-1)/N times the gradient's bytes), for comparison.
+  const double grad_bytes = 4.0 * static_cast<double>(cfg.parameter_count());
+  const double sync_bytes = world > 1 ? static_cast<double>(topts.steps) * 2.0 * (world - 1) / world * grad_bytes : 0.0;
+  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s\n", "peer", "val loss", "MB sent", "MB received", "net wait s", "clock s");
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    const auto& m = results[r].last;
+    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f\n", r, results[r].final_val_loss, static_cast<double>(m.bytes_sent) / 1e6,
+                static_cast<double>(m.bytes_received) / 1e6, m.network_wait_s, m.clock_s);
+  }
+  const double sent = static_cast<double>(results[0].last.bytes_sent);
+  std::printf("\ncomm %s: %.2f MB sent per peer; synchronous all-reduce every step would send %.2f MB (%.1fx more)\n",
+              Comm::name, sent / 1e6, sync_bytes / 1e6, sent > 0 ? sync_bytes / sent : 0.0);
+  std::printf("val loss %.4f\n", results[0].final_val_loss);
+  return 0;
+}
+
+int cmd_train_peers(const options& opt) {
+  for (const char* unsupported : {"resume", "checkpoint-dir", "save-every", "keep-checkpoints"})
+    dt::detail::check(!opt.has(unsupported), "--", unsupported, " is not yet supported in decentralized mode "
+                      "(trainer::capture/restore are; the command line does not use them yet)");
+  auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
+  cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
+  cfg.n_head = opt.integer("n-head", cfg.n_head);
+  cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
+  cfg.block_size = opt.integer("block-size", cfg.block_size);
+  cfg.dropout = opt.real("dropout", cfg.dropout);
+  cfg.bias = !opt.has("no-bias");
+  opt.text("no-bias", "");
+  auto data = load_training_data(opt, cfg.vocab_size, nullptr);
+  cfg.vocab_size = data.vocab_size;
+
+  dt::train::trainer_options t;
+  t.steps = opt.integer("steps", 1000);
+  t.batch_size = opt.integer("batch-size", 16);
+  t.lr = opt.real("lr", 1e-3);
+  t.min_lr = opt.real("min-lr", t.lr / 10);
+  t.warmup_steps = opt.integer("warmup", t.steps / 20);
+  t.beta2 = opt.real("beta2", 0.99);
+  t.weight_decay = opt.real("weight-decay", 0.1);
+  t.grad_clip = opt.real("grad-clip", 1.0);
+  t.seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
+  t.eval_every = opt.integer("eval-every", 250);
+  t.eval_batches = opt.integer("eval-batches", 20);
+  opt.text("metrics", "");
+  const std::string comm = opt.text("comm", "diloco");
+  const auto inner = opt.integer("inner-steps", 50);
+  std::printf("model: %.2fM parameters; data: %s\n", static_cast<double>(cfg.parameter_count()) / 1e6, data.source.c_str());
+  if (comm == "sync") return run_peers(opt, cfg, data, t, dt::comm::sync_allreduce{});
+  if (comm == "local-sgd") {
+    dt::comm::local_sgd<> p;
+    p.inner_steps = inner;
+    return run_peers(opt, cfg, data, t, p);
+  }
+  if (comm == "diloco") {
+    dt::comm::diloco<> p;
+    p.inner_steps = inner;
+    p.outer_optimizer.lr = opt.real("outer-lr", 0.7);
+    p.outer_optimizer.momentum = opt.real("outer-momentum", 0.9);
+    return run_peers(opt, cfg, data, t, p);
+  }
+  dt::detail::fail("--comm must be sync, local-sgd or diloco, got '", comm, "'");
+}
+
 // ---- eval ----------------------------------------------------------------------------------
 
 int cmd_eval(const options& opt) {
@@ -428,7 +581,7 @@ int cmd_sample(const options& opt) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "help";
   try {
-    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "keep-checkpoints", "no-bias"}));
+    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "keep-checkpoints", "no-bias", "mpi"}));
     if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
     if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
     if (command == "help" || command == "--help" || command == "-h") {

@@ -130,3 +130,49 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   CHECK(r.status == 0);
   CHECK_THAT(r.output, Contains("--dump-grads"));
 }
+
+namespace {
+std::uint16_t free_port() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+const std::string peer_args =
+    " train --comm diloco --inner-steps 5 --steps 12 --batch-size 4 --eval-batches 2 --eval-every 100 --threads 1"
+    " --n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --seed 7";
+}  // namespace
+
+TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]") {
+  const auto dir = scratch("peers");
+  const auto in_process = run(cli() + peer_args + " --peers 2 --link wan", dir);
+  INFO(in_process.output);
+  REQUIRE(in_process.status == 0);
+  const auto expected = last_line_with(in_process.output, "val loss ");
+  REQUIRE(!expected.empty());
+  CHECK(in_process.output.find("comm diloco:") != std::string::npos);
+
+  // Two processes on loopback; `timeout` makes sure neither outlives the test.
+  const auto port = std::to_string(free_port());
+  const auto tcp = run("( (timeout 120 " + cli() + peer_args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                           " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args +
+                           " --listen 127.0.0.1:" + port + " --rank 0 --world 2; status=$?; wait; exit $status )",
+                       dir);
+  INFO(tcp.output);
+  CHECK(tcp.status == 0);
+  // Same algorithms, same order of sums, one thread each: the same number to the last digit.
+  CHECK(last_line_with(tcp.output, "val loss ") == expected);
+
+#if defined(DECENTRAIN_MPIRUN)
+  const auto mpi = run("timeout 120 " DECENTRAIN_MPIRUN " --allow-run-as-root --oversubscribe -np 2 " + cli() + peer_args + " --mpi", dir);
+  INFO(mpi.output);
+  CHECK(mpi.status == 0);
+  CHECK(last_line_with(mpi.output, "val loss ") == expected);
+#endif
+
+  const auto bad = run(cli() + " train --peers 2 --comm gossip", dir);
+  CHECK(bad.status == 1);
+  CHECK(bad.output.find("--comm must be sync, local-sgd or diloco, got 'gossip'") != std::string::npos);
+  const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
+  CHECK(lonely.status == 1);
+  CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
+}

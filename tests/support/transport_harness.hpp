@@ -8,7 +8,10 @@
 #include <functional>
 #include <string>
 
+#include <decentrain/transport/mpi.hpp>
 #include <decentrain/transport/tcp.hpp>
+
+#include <climits>
 
 #include <optional>
 #include <thread>
@@ -68,6 +71,42 @@ struct tcp {
   }
 };
 
+#if DECENTRAIN_HAS_MPI
+// The first N ranks of MPI_COMM_WORLD (the test runs under mpirun -np 8). A failure on any rank
+// is rethrown on every rank, so an expected error is seen everywhere.
+struct mpi {
+  static constexpr const char* name = "mpi";
+  template <class Fn>
+  static void run(int n, Fn fn) {
+    namespace tr = decentrain::transport;
+    std::string error;
+    {
+      auto ep = tr::mpi::first(n, MPI_COMM_WORLD, std::chrono::milliseconds(5000));
+      if (ep) {
+        try {
+          fn(*ep);
+        } catch (const std::exception& e) {
+          error = e.what();
+          if (error.empty()) error = "(empty error)";
+        }
+      }
+    }
+    int rank = 0, failed_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int mine = error.empty() ? INT_MAX : rank;
+    MPI_Allreduce(&mine, &failed_rank, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (failed_rank == INT_MAX) return;
+    int length = static_cast<int>(error.size());
+    MPI_Bcast(&length, 1, MPI_INT, failed_rank, MPI_COMM_WORLD);
+    error.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(error.data(), length, MPI_CHAR, failed_rank, MPI_COMM_WORLD);
+    throw decentrain::error(error);
+  }
+};
+#endif
+
 }  // namespace harness
 
+#ifndef TRANSPORTS
 #define TRANSPORTS harness::in_process, harness::tcp
+#endif

@@ -9,8 +9,10 @@
 
 #include "decentrain/config.hpp"
 
+// nvcc (13.0) cannot compile asio 1.22's executor traits, so CUDA translation units see no TCP
+// transport; the TCP peer lives in host code (a .cpp) and hands device buffers over as bytes.
 #ifndef DECENTRAIN_HAS_ASIO
-#if __has_include(<asio.hpp>)
+#if __has_include(<asio.hpp>) && !defined(__CUDACC__)
 #define DECENTRAIN_HAS_ASIO 1
 #else
 #define DECENTRAIN_HAS_ASIO 0

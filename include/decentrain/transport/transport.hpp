@@ -6,4 +6,5 @@
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/in_process.hpp"
+#include "decentrain/transport/mpi.hpp"
 #include "decentrain/transport/tcp.hpp"
