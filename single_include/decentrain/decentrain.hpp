@@ -6063,17 +6063,23 @@ class communicator {
     check_rank(root, "broadcast root");
     const auto tag = next_tag();
     const int n = world(), me = (rank() - root + n) % n;  // rank relative to root
-    // Binomial tree: receive from the parent, then forward to children, largest subtree first.
-    int mask = 1;
-    while (mask < n) {
-      if (me & mask) {
-        recv_into(((me - mask) + root) % n, tag, data, "broadcast");
-        break;
+    // Binomial tree per chunk (so no message exceeds chunk_bytes): receive from the parent, then
+    // forward to children, largest subtree first.
+    const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
+    for (std::size_t at = 0; at < data.size() || (at == 0 && data.empty()); at += chunk) {
+      auto piece = data.subspan(at, std::min(chunk, data.size() - at));
+      int mask = 1;
+      while (mask < n) {
+        if (me & mask) {
+          recv_into(((me - mask) + root) % n, tag, piece, "broadcast");
+          break;
+        }
+        mask <<= 1;
       }
-      mask <<= 1;
+      for (mask >>= 1; mask > 0; mask >>= 1)
+        if (me + mask < n) send((me + mask + root) % n, tag, std::span<const T>(piece));
+      if (data.empty()) break;
     }
-    for (mask >>= 1; mask > 0; mask >>= 1)
-      if (me + mask < n) send((me + mask + root) % n, tag, std::span<const T>(data));
   }
 
   // Concatenation of every peer's `mine` in rank order; all peers give the same size.
