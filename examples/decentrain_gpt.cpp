@@ -199,13 +199,25 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
 
 int cmd_train_peers(const options& opt);
 
+// The model shape from --preset and its overrides (the vocabulary comes from the data).
+dt::nn::gpt_config model_config(const options& opt) {
+  auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
+  cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
+  cfg.n_head = opt.integer("n-head", cfg.n_head);
+  cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
+  cfg.block_size = opt.integer("block-size", cfg.block_size);
+  cfg.dropout = opt.real("dropout", cfg.dropout);
+  cfg.bias = !opt.has("no-bias");
+  opt.text("no-bias", "");
+  return cfg;
+}
+
 int cmd_train(const options& opt) {
   if (opt.has("peers") || opt.has("listen") || opt.has("mpi")) return cmd_train_peers(opt);
   set_threads(opt);
   const std::uint64_t seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
   const std::string ckpt_dir = opt.text("checkpoint-dir", "");
-  const bool resume = opt.has("resume"), keep = opt.has("keep-checkpoints"), no_bias = opt.has("no-bias");
-  opt.text("no-bias", "");
+  const bool resume = opt.has("resume"), keep = opt.has("keep-checkpoints");
   opt.text("resume", "");
   opt.text("keep-checkpoints", "");
   std::optional<dt::io::checkpoint> resumed;
@@ -214,13 +226,7 @@ int cmd_train(const options& opt) {
     resumed = dt::io::load_checkpoint(fs::path(ckpt_dir) / "latest.ckpt");
   }
 
-  auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
-  cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
-  cfg.n_head = opt.integer("n-head", cfg.n_head);
-  cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
-  cfg.block_size = opt.integer("block-size", cfg.block_size);
-  cfg.dropout = opt.real("dropout", cfg.dropout);
-  cfg.bias = !no_bias;
+  auto cfg = model_config(opt);
   auto data = load_training_data(opt, cfg.vocab_size, resumed ? &*resumed : nullptr);
   cfg.vocab_size = data.vocab_size;
   if (resumed) cfg = dt::train::config_of(*resumed);
@@ -423,14 +429,7 @@ int cmd_train_peers(const options& opt) {
   for (const char* unsupported : {"resume", "checkpoint-dir", "save-every", "keep-checkpoints"})
     dt::detail::check(!opt.has(unsupported), "--", unsupported, " is not yet supported in decentralized mode "
                       "(trainer::capture/restore are; the command line does not use them yet)");
-  auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
-  cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
-  cfg.n_head = opt.integer("n-head", cfg.n_head);
-  cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
-  cfg.block_size = opt.integer("block-size", cfg.block_size);
-  cfg.dropout = opt.real("dropout", cfg.dropout);
-  cfg.bias = !opt.has("no-bias");
-  opt.text("no-bias", "");
+  auto cfg = model_config(opt);
   auto data = load_training_data(opt, cfg.vocab_size, nullptr);
   cfg.vocab_size = data.vocab_size;
 

@@ -1,6 +1,6 @@
-// The demo: a small GPT-2 trained from scratch on the built-in generated corpus, on one
-// process, with the library's model, AdamW, schedule and data. Later issues make the same run
-// decentralized; for now it shows the foundation learning something real.
+// A small GPT-2 trained from scratch on the built-in generated corpus in one process, written
+// against the model, AdamW, schedule and data directly (no trainer): the single-machine
+// example. The demo (scripts/demo) is the decentralized run through decentrain-gpt.
 //
 //   train_tiny_gpt [--steps N] [--seed S]
 #include <decentrain/decentrain.hpp>

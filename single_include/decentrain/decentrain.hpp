@@ -131,6 +131,10 @@ inline constexpr bool dependent_false = false;
 template <class T, class... Ts>
 inline constexpr bool is_one_of = (std::is_same_v<T, Ts> || ...);
 
+// A policy opts into a policy kind by naming the kind's tag: `using policy_concept = Tag;`.
+template <class P, class Tag>
+concept opts_into = requires { typename P::policy_concept; } && std::is_same_v<typename P::policy_concept, Tag>;
+
 }  // namespace decentrain::detail
 // ---- end decentrain/detail/meta.hpp ----
 // ---- begin decentrain/core/core.hpp ----
@@ -4777,13 +4781,6 @@ class any_endpoint {
 
 static_assert(endpoint<any_endpoint>);
 
-// Views of trivially copyable values as bytes and back; the receiving side checks the size.
-template <class T>
-std::span<const std::byte> as_bytes(std::span<const T> values) {
-  static_assert(std::is_trivially_copyable_v<T>);
-  return std::as_bytes(values);
-}
-
 }  // namespace decentrain::transport
 // ---- end decentrain/transport/endpoint.hpp ----
 // ---- begin decentrain/transport/frame.hpp ----
@@ -5505,7 +5502,6 @@ static_assert(endpoint<mpi>);
 
 #include <asio.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -6269,6 +6265,7 @@ class communicator {
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
 // `ctx` is a train::peer_context (parameters, communicator, step); see train/trainer.hpp.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -6280,8 +6277,7 @@ namespace decentrain::comm {
 struct policy_tag {};
 
 template <class P>
-concept declares_comm_policy = requires { typename P::policy_concept; } &&
-                               std::same_as<typename P::policy_concept, policy_tag>;
+concept declares_comm_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 template <class P, class Ctx>
 concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& ctx, io::checkpoint& out,
@@ -6320,13 +6316,15 @@ inline void scatter_values(parameter_list<cpu>& params, std::span<const float> i
 
 // A parameter without a gradient (unused this step) contributes zeros.
 inline void gather_grads(const parameter_list<cpu>& params, std::vector<float>& out) {
-  out.assign(flat_size(params), 0.0f);
+  out.resize(flat_size(params));
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
     if (e.param.grad().defined()) {
       const auto g = e.param.grad().contiguous();
       std::memcpy(out.data() + at, g.template data<float>(), n * sizeof(float));
+    } else {
+      std::fill_n(out.data() + at, n, 0.0f);
     }
     at += n;
   }
@@ -6342,6 +6340,12 @@ inline void scatter_grads(parameter_list<cpu>& params, std::span<const float> in
     std::memcpy(g.template data<float>(), in.data() + at, n * sizeof(float));
     at += n;
   }
+}
+
+// Periodic policies communicate after every `inner_steps`-th step, and after the last one.
+template <class Ctx>
+bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
+  return (ctx.step + 1) % inner_steps == 0 || ctx.last_step;
 }
 
 // Makes every peer hold rank 0's parameters (peers seeded alike already agree; this makes it so).
@@ -6411,7 +6415,7 @@ struct diloco {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if ((ctx.step + 1) % inner_steps != 0 && !ctx.last_step) return;
+    if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     ctx.comm.all_reduce(std::span<float>(delta_), collective::reduce_op::average);
@@ -6474,7 +6478,7 @@ struct local_sgd {
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if ((ctx.step + 1) % inner_steps != 0 && !ctx.last_step) return;
+    if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
     ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
     scatter_values(ctx.parameters, buffer_);
@@ -6540,8 +6544,7 @@ namespace decentrain::parallel {
 struct policy_tag {};
 
 template <class P>
-concept declares_parallel_policy = requires { typename P::policy_concept; } &&
-                                   std::same_as<typename P::policy_concept, policy_tag>;
+concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 template <class P>
 concept parallel_policy = declares_parallel_policy<P> &&
@@ -6569,13 +6572,13 @@ struct data {
 
 #include <concepts>
 
+
 namespace decentrain::fault {
 
 struct policy_tag {};
 
 template <class P>
-concept declares_fault_policy = requires { typename P::policy_concept; } &&
-                                std::same_as<typename P::policy_concept, policy_tag>;
+concept declares_fault_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 template <class P, class Ctx>
 concept fault_policy = declares_fault_policy<P> && requires(P& p, Ctx& ctx) { p.after_step(ctx); };

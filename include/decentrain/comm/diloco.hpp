@@ -59,7 +59,7 @@ struct diloco {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if ((ctx.step + 1) % inner_steps != 0 && !ctx.last_step) return;
+    if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     ctx.comm.all_reduce(std::span<float>(delta_), collective::reduce_op::average);

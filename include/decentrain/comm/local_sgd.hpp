@@ -26,7 +26,7 @@ struct local_sgd {
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if ((ctx.step + 1) % inner_steps != 0 && !ctx.last_step) return;
+    if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
     ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
     scatter_values(ctx.parameters, buffer_);

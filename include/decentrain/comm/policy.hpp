@@ -8,6 +8,7 @@
 // `ctx` is a train::peer_context (parameters, communicator, step); see train/trainer.hpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -16,6 +17,7 @@
 #include "decentrain/autograd/parameters.hpp"
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/core/factory.hpp"
+#include "decentrain/detail/meta.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
 namespace decentrain::comm {
@@ -23,8 +25,7 @@ namespace decentrain::comm {
 struct policy_tag {};
 
 template <class P>
-concept declares_comm_policy = requires { typename P::policy_concept; } &&
-                               std::same_as<typename P::policy_concept, policy_tag>;
+concept declares_comm_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 template <class P, class Ctx>
 concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& ctx, io::checkpoint& out,
@@ -63,13 +64,15 @@ inline void scatter_values(parameter_list<cpu>& params, std::span<const float> i
 
 // A parameter without a gradient (unused this step) contributes zeros.
 inline void gather_grads(const parameter_list<cpu>& params, std::vector<float>& out) {
-  out.assign(flat_size(params), 0.0f);
+  out.resize(flat_size(params));
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
     if (e.param.grad().defined()) {
       const auto g = e.param.grad().contiguous();
       std::memcpy(out.data() + at, g.template data<float>(), n * sizeof(float));
+    } else {
+      std::fill_n(out.data() + at, n, 0.0f);
     }
     at += n;
   }
@@ -85,6 +88,12 @@ inline void scatter_grads(parameter_list<cpu>& params, std::span<const float> in
     std::memcpy(g.template data<float>(), in.data() + at, n * sizeof(float));
     at += n;
   }
+}
+
+// Periodic policies communicate after every `inner_steps`-th step, and after the last one.
+template <class Ctx>
+bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
+  return (ctx.step + 1) % inner_steps == 0 || ctx.last_step;
 }
 
 // Makes every peer hold rank 0's parameters (peers seeded alike already agree; this makes it so).

@@ -4,13 +4,14 @@
 
 #include <concepts>
 
+#include "decentrain/detail/meta.hpp"
+
 namespace decentrain::fault {
 
 struct policy_tag {};
 
 template <class P>
-concept declares_fault_policy = requires { typename P::policy_concept; } &&
-                                std::same_as<typename P::policy_concept, policy_tag>;
+concept declares_fault_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 template <class P, class Ctx>
 concept fault_policy = declares_fault_policy<P> && requires(P& p, Ctx& ctx) { p.after_step(ctx); };

@@ -8,14 +8,14 @@
 #include <utility>
 
 #include "decentrain/data/dataset.hpp"
+#include "decentrain/detail/meta.hpp"
 
 namespace decentrain::parallel {
 
 struct policy_tag {};
 
 template <class P>
-concept declares_parallel_policy = requires { typename P::policy_concept; } &&
-                                   std::same_as<typename P::policy_concept, policy_tag>;
+concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 template <class P>
 concept parallel_policy = declares_parallel_policy<P> &&

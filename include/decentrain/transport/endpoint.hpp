@@ -123,11 +123,4 @@ class any_endpoint {
 
 static_assert(endpoint<any_endpoint>);
 
-// Views of trivially copyable values as bytes and back; the receiving side checks the size.
-template <class T>
-std::span<const std::byte> as_bytes(std::span<const T> values) {
-  static_assert(std::is_trivially_copyable_v<T>);
-  return std::as_bytes(values);
-}
-
 }  // namespace decentrain::transport

@@ -23,7 +23,6 @@
 
 #include <asio.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
