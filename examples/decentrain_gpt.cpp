@@ -75,12 +75,16 @@ decentrain-gpt train [options]
   --link NAME            ideal | lan | wan | heterogeneous (default lan)
   --listen HOST:PORT     this process is one TCP peer, listening here...
   --join HOST:PORT,...   ...joining through these peers (not for the first)
+  --advertise HOST       the host others reach this peer at (needed with --listen 0.0.0.0:PORT)
   --rank R --world W     ...as peer R of W
   --mpi                  every rank of mpirun is a peer (when built with MPI)
   --comm NAME            sync | local-sgd | diloco (default diloco)
   --inner-steps H        steps between averages for local-sgd and diloco (default 50)
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
   --outer-momentum X     DiLoCo's outer momentum (default 0.9)
+  With --checkpoint-dir, each peer saves DIR/peer-R-of-W.ckpt every --save-every steps (and
+  DIR/step-N/ with --keep-checkpoints); --resume continues every peer from its own file. Ctrl-C
+  does not save in these modes (the peers would have to agree on a step first).
 
 decentrain-gpt eval --weights W.safetensors --tokens SHARD --n-head H [options]
   --batch-size B         rows (default 4)     --block-size T   tokens per row (default 64)
@@ -344,19 +348,51 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// Where peer `rank` of `world` keeps its checkpoint; one file per peer, so peers on different
+// machines each keep their own.
+fs::path peer_checkpoint(const std::string& dir, int rank, int world) {
+  return fs::path(dir) / ("peer-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".ckpt");
+}
+
+struct peer_checkpointing {
+  std::string dir;  // empty: none
+  bool resume = false, keep = false;
+  std::int64_t save_every = 500;
+  std::string alphabet;  // the tokenizer's, stored with every checkpoint
+};
+
 template <class Comm>
 int run_peers(const options& opt, const dt::nn::gpt_config& cfg, const training_data& data, dt::train::trainer_options topts,
-              Comm comm) {
+              Comm comm, const peer_checkpointing& ck) {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm>;
   const std::string mode = opt.has("peers") ? "in-process" : opt.has("listen") ? "tcp" : "mpi";
   const auto threads = opt.integer("threads", 1);
   dt::detail::check(threads >= 1, "--threads must be >= 1");
+  auto save = [&ck](Trainer& t, const std::string& dir) {
+    fs::create_directories(dir);
+    auto c = t.capture();
+    if (!ck.alphabet.empty()) c.text["tokenizer.alphabet"] = ck.alphabet;
+    dt::io::save_checkpoint(peer_checkpoint(dir, t.rank(), t.world()), c);
+  };
   auto report = [&](Trainer& t) {
     t.on_eval([&t](const dt::train::eval_point& p) {
       if (t.rank() == 0)
         std::printf("step %lld: val loss %.4f  (peer 0 sent %.2f MB, clock %.1f s)\n", static_cast<long long>(p.step), p.val_loss,
                     static_cast<double>(p.bytes_sent) / 1e6, p.clock_s);
       std::fflush(stdout);
+    });
+    if (ck.dir.empty()) return;
+    if (ck.resume) {
+      const auto path = peer_checkpoint(ck.dir, t.rank(), t.world());
+      t.restore(dt::io::load_checkpoint(path));
+      std::printf("peer %d resumed from %s at step %lld\n", t.rank(), path.c_str(), static_cast<long long>(t.step()));
+    }
+    // Each peer saves its own state at the same steps; a DiLoCo round may be half done, which
+    // restore() continues exactly (the global parameters and outer momentum are in the file).
+    t.on_step([&t, &ck, save](const dt::train::step_metrics& m) {
+      if (m.step % ck.save_every != 0 && m.step != t.options().steps) return;
+      save(t, ck.dir);
+      if (ck.keep) save(t, (fs::path(ck.dir) / ("step-" + std::to_string(m.step))).string());
     });
   };
   std::vector<dt::train::fit_result> results;
@@ -377,6 +413,7 @@ int run_peers(const options& opt, const dt::nn::gpt_config& cfg, const training_
     if (mode == "tcp") {
       dt::transport::tcp_options o;
       o.listen = opt.text("listen", "");
+      o.advertise = opt.text("advertise", "");
       o.join = split_list(opt.text("join", ""));
       o.rank = static_cast<int>(opt.integer("rank", 0));
       o.world = static_cast<int>(opt.integer("world", 1));
@@ -426,12 +463,32 @@ int run_peers(const options& opt, const dt::nn::gpt_config& cfg, const training_
 }
 
 int cmd_train_peers(const options& opt) {
-  for (const char* unsupported : {"resume", "checkpoint-dir", "save-every", "keep-checkpoints"})
-    dt::detail::check(!opt.has(unsupported), "--", unsupported, " is not yet supported in decentralized mode "
-                      "(trainer::capture/restore are; the command line does not use them yet)");
+  peer_checkpointing ck;
+  ck.dir = opt.text("checkpoint-dir", "");
+  ck.resume = opt.has("resume");
+  ck.keep = opt.has("keep-checkpoints");
+  opt.text("resume", "");
+  opt.text("keep-checkpoints", "");
+  ck.save_every = opt.integer("save-every", 500);
+  dt::detail::check(!ck.resume || !ck.dir.empty(), "--resume needs --checkpoint-dir");
+  dt::detail::check(ck.save_every > 0, "--save-every must be positive");
+  // The model shape and tokenizer come from the checkpoints when resuming; any peer's will do
+  // (they share them), so a machine that holds only its own peer's file can resume.
+  std::optional<dt::io::checkpoint> resumed;
+  if (ck.resume) {
+    std::vector<fs::path> found;
+    if (fs::is_directory(ck.dir))
+      for (const auto& e : fs::directory_iterator(ck.dir))
+        if (e.path().filename().string().rfind("peer-", 0) == 0 && e.path().extension() == ".ckpt") found.push_back(e.path());
+    dt::detail::check(!found.empty(), "--resume: no peer checkpoints (peer-R-of-W.ckpt) in ", ck.dir);
+    std::sort(found.begin(), found.end());
+    resumed = dt::io::load_checkpoint(found.front());
+  }
   auto cfg = model_config(opt);
-  auto data = load_training_data(opt, cfg.vocab_size, nullptr);
+  auto data = load_training_data(opt, cfg.vocab_size, resumed ? &*resumed : nullptr);
   cfg.vocab_size = data.vocab_size;
+  if (resumed) cfg = dt::train::config_of(*resumed);
+  if (data.tokenizer) ck.alphabet = data.tokenizer->alphabet();
 
   dt::train::trainer_options t;
   t.steps = opt.integer("steps", 1000);
@@ -449,18 +506,18 @@ int cmd_train_peers(const options& opt) {
   const std::string comm = opt.text("comm", "diloco");
   const auto inner = opt.integer("inner-steps", 50);
   std::printf("model: %.2fM parameters; data: %s\n", static_cast<double>(cfg.parameter_count()) / 1e6, data.source.c_str());
-  if (comm == "sync") return run_peers(opt, cfg, data, t, dt::comm::sync_allreduce{});
+  if (comm == "sync") return run_peers(opt, cfg, data, t, dt::comm::sync_allreduce{}, ck);
   if (comm == "local-sgd") {
     dt::comm::local_sgd<> p;
     p.inner_steps = inner;
-    return run_peers(opt, cfg, data, t, p);
+    return run_peers(opt, cfg, data, t, p, ck);
   }
   if (comm == "diloco") {
     dt::comm::diloco<> p;
     p.inner_steps = inner;
     p.outer_optimizer.lr = opt.real("outer-lr", 0.7);
     p.outer_optimizer.momentum = opt.real("outer-momentum", 0.9);
-    return run_peers(opt, cfg, data, t, p);
+    return run_peers(opt, cfg, data, t, p, ck);
   }
   dt::detail::fail("--comm must be sync, local-sgd or diloco, got '", comm, "'");
 }

@@ -4675,7 +4675,32 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 namespace decentrain::transport {
 
 using tag_type = std::uint64_t;
-using bytes = std::vector<std::byte>;
+
+// An allocator whose value-initialisation leaves bytes as they are: a received message's buffer
+// is sized and then overwritten by the socket, and zero-filling it first cost about a tenth of a
+// TCP all-reduce (bench/allreduce). Everything else behaves as std::allocator.
+template <class T>
+struct uninitialized_allocator : std::allocator<T> {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = uninitialized_allocator<U>;
+  };
+  uninitialized_allocator() = default;
+  template <class U>
+  uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;  // default-, not value-initialised
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+// A message payload. `bytes(n)` and `resize(n)` do not zero the new bytes.
+using bytes = std::vector<std::byte, uninitialized_allocator<std::byte>>;
 
 // Counters every endpoint keeps. `wait_seconds` is time a recv spent waiting for its message
 // (simulated time on simulated links); `clock_seconds` is the endpoint's notion of elapsed time:
@@ -4850,15 +4875,18 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   return h;
 }
 
-// A string or list read from the network is bounded before anything is allocated for it.
+// Strings on the wire: a size tag, then the characters. A string or list read from the network
+// is bounded before anything is allocated for it.
+template <class Archive>
+void save_string(Archive& ar, const std::string& value) {
+  ar(cereal::make_size_tag(static_cast<cereal::size_type>(value.size())));
+  ar(cereal::binary_data(value.data(), value.size()));
+}
+
+// Reads what save_string wrote, refusing more than `max` characters before allocating.
 struct bounded_string {
   std::string& value;
   std::size_t max;
-  template <class Archive>
-  void save(Archive& ar) const {
-    ar(cereal::make_size_tag(static_cast<cereal::size_type>(value.size())));
-    ar(cereal::binary_data(value.data(), value.size()));
-  }
   template <class Archive>
   void load(Archive& ar) {
     cereal::size_type n = 0;
@@ -4881,8 +4909,8 @@ struct hello {
 
   template <class Archive>
   void save(Archive& ar) const {
-    auto& self = const_cast<hello&>(*this);
-    ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian, bounded_string{self.address, max_address_chars});
+    ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian);
+    save_string(ar, address);
   }
   template <class Archive>
   void load(Archive& ar) {
@@ -4900,7 +4928,10 @@ struct directory {
   template <class Archive>
   void save(Archive& ar) const {
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(entries.size())));
-    for (auto& [r, a] : entries) ar(r, bounded_string{const_cast<std::string&>(a), max_address_chars});
+    for (const auto& [r, a] : entries) {
+      ar(r);
+      save_string(ar, a);
+    }
   }
   template <class Archive>
   void load(Archive& ar) {
@@ -5482,9 +5513,9 @@ static_assert(endpoint<mpi>);
 // Real peers over TCP with standalone asio. A peer listens on an address, asks the peers it
 // knows (--join) for the directory of everyone they know until it knows all `world` peers, and
 // dials every lower rank (higher ranks dial it), so each pair shares one connection. One I/O
-// thread reads every connection into a mailbox and performs the queued writes; the training
-// thread's send waits until its frame is written, which bounds memory without deadlock (every
-// peer always reads). A frame that fails validation (magic, version, type, length, cereal) is
+// thread reads every connection into a mailbox; the sending thread writes its frames itself and
+// returns once they are written, which bounds memory without deadlock (every peer's I/O thread
+// always reads). A frame that fails validation (magic, version, type, length, cereal) is
 // counted, its connection closed, and the peer carries on.
 
 
@@ -5501,10 +5532,13 @@ static_assert(endpoint<mpi>);
 #if DECENTRAIN_HAS_ASIO
 
 #include <asio.hpp>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <future>
 #include <map>
 #include <memory>
@@ -5512,6 +5546,7 @@ static_assert(endpoint<mpi>);
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -5520,6 +5555,9 @@ namespace decentrain::transport {
 
 struct tcp_options {
   std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
+  // The host other peers dial to reach this one; empty: the listen host. Needed when listening
+  // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
+  std::string advertise;
   std::vector<std::string> join;       // peers to learn the others from; empty for the first peer
   int rank = 0;
   int world = 1;
@@ -5535,7 +5573,10 @@ struct tcp_options {
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
                               " needs at least one peer to join through (--join HOST:PORT)");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
-    (void)wire::split_address(listen);
+    const auto host = wire::split_address(listen).first;
+    decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
+                              "tcp: peer ", rank, " listens on the wildcard address ", listen,
+                              "; set advertise (--advertise HOST) to an address the other peers can reach");
     for (const auto& j : join) (void)wire::split_address(j);
   }
 };
@@ -5570,21 +5611,17 @@ class tcp {
   }
 
  private:
-  struct pending_write {
-    std::array<std::byte, wire::header_bytes> head;
-    std::span<const std::byte> body;  // the caller's buffer: the caller waits for `done`
-    bytes owned;                      // or a body the I/O thread owns
-    std::promise<void> done;
-  };
-
   struct connection : std::enable_shared_from_this<connection> {
     explicit connection(asio::io_context& io) : socket(io) {}
     asio::ip::tcp::socket socket;
     int rank = -1;  // -1 until its hello arrives
     std::array<std::byte, wire::header_bytes> head{};
     bytes body;
-    std::deque<std::shared_ptr<pending_write>> writes;  // touched on the I/O thread only
-    bool closed = false;
+    bool closed = false;  // I/O thread only
+    // Data frames are written by the sending thread; closing takes this lock, so the descriptor
+    // is never closed (and its number reused) under a writer.
+    std::mutex write_mutex;
+    std::atomic<bool> closed_for_writes{false};
   };
 
   struct impl {
@@ -5600,7 +5637,7 @@ class tcp {
       } catch (const std::exception& e) {
         decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
       }
-      advertised = host + ":" + std::to_string(acceptor.local_endpoint().port());
+      advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
       directory[opts.rank] = advertised;
       accept_next();
       io_thread = std::thread([this] { io.run(); });
@@ -5832,7 +5869,7 @@ class tcp {
           if (hello.purpose == wire::hello_purpose::directory) {
             wire::directory d;
             for (const auto& [r, a] : directory) d.entries.emplace_back(r, a);
-            queue_write(c, wire::frame_type::directory, 0, {}, wire::encode_body(d), nullptr);
+            reply(c, wire::frame_type::directory, wire::encode_body(d));
             return true;  // the asker closes when it has read the reply
           }
           decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
@@ -5864,11 +5901,13 @@ class tcp {
     void close(const std::shared_ptr<connection>& c, const std::string& why) {
       if (c->closed) return;
       c->closed = true;
+      c->closed_for_writes = true;
       asio::error_code ignored;
-      c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-      c->socket.close(ignored);
-      for (auto& w : c->writes) w->done.set_exception(std::make_exception_ptr(decentrain::error("tcp: connection to peer " + std::to_string(c->rank) + " closed: " + why)));
-      c->writes.clear();
+      c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);  // wakes a writer in poll()
+      {
+        std::lock_guard write_lock(c->write_mutex);
+        c->socket.close(ignored);
+      }
       all.erase(c);
       if (c->rank >= 0) {
         std::lock_guard lock(mutex);
@@ -5880,29 +5919,16 @@ class tcp {
       }
     }
 
-    // On the I/O thread: appends a frame and starts writing if idle.
-    void queue_write(const std::shared_ptr<connection>& c, wire::frame_type type, tag_type tag, std::span<const std::byte> body,
-                     bytes owned, std::shared_ptr<pending_write> w) {
-      if (!w) w = std::make_shared<pending_write>();
-      w->owned = std::move(owned);
-      w->body = w->owned.empty() ? body : std::span<const std::byte>(w->owned);
-      w->head = wire::encode_header({type, tag, w->body.size()});
-      if (c->closed) {
-        w->done.set_exception(std::make_exception_ptr(decentrain::error("tcp: connection to peer " + std::to_string(c->rank) + " is closed")));
-        return;
-      }
-      c->writes.push_back(std::move(w));
-      if (c->writes.size() == 1) write_next(c);
-    }
-
-    void write_next(const std::shared_ptr<connection>& c) {
-      auto& w = c->writes.front();
-      std::array<asio::const_buffer, 2> bufs{asio::buffer(w->head), asio::buffer(w->body.data(), w->body.size())};
-      asio::async_write(c->socket, bufs, [this, c](const asio::error_code& ec, std::size_t) {
-        if (ec) return lost(c, ec);
-        c->writes.front()->done.set_value();
-        c->writes.pop_front();
-        if (!c->writes.empty()) write_next(c);
+    // On the I/O thread: the one control frame a directory request gets back.
+    void reply(const std::shared_ptr<connection>& c, wire::frame_type type, bytes body) {
+      struct frame {
+        std::array<std::byte, wire::header_bytes> head;
+        bytes body;
+      };
+      auto f = std::make_shared<frame>(frame{wire::encode_header({type, 0, body.size()}), std::move(body)});
+      std::array<asio::const_buffer, 2> bufs{asio::buffer(f->head), asio::buffer(f->body.data(), f->body.size())};
+      asio::async_write(c->socket, bufs, [this, c, f](const asio::error_code& ec, std::size_t) {
+        if (ec) lost(c, ec);
       });
     }
 
@@ -5925,14 +5951,49 @@ class tcp {
         decentrain::detail::check(it != peers.end(), "tcp: peer ", opts.rank, " is not connected to peer ", peer);
         c = it->second;
       }
-      auto w = std::make_shared<pending_write>();
-      auto done = w->done.get_future();
-      asio::post(io, [this, c, tag, data, w] { queue_write(c, wire::frame_type::data, tag, data, {}, w); });
-      if (done.wait_for(opts.recv_timeout) != std::future_status::ready)
-        decentrain::detail::fail("tcp: sending to peer ", peer, " did not finish within ", opts.recv_timeout.count(), " ms");
-      done.get();
+      write_data(*c, peer, tag, data);
       bytes_sent += data.size();
       ++messages_sent;
+    }
+
+    // The calling thread writes the frame itself (the I/O thread only reads data connections):
+    // handing each message to the I/O thread and waiting for it cost two thread switches per
+    // message, which on a machine with fewer cores than peers was most of a small all-reduce.
+    // Non-blocking writes with poll() keep the send timeout; the I/O thread reads meanwhile, so
+    // peers that all send at once still drain each other.
+    void write_data(connection& c, int peer, tag_type tag, std::span<const std::byte> data) {
+      const auto head = wire::encode_header({wire::frame_type::data, tag, data.size()});
+      std::lock_guard write_lock(c.write_mutex);
+      const int fd = c.socket.native_handle();
+      std::array<iovec, 2> parts{iovec{const_cast<std::byte*>(head.data()), head.size()},
+                                 iovec{const_cast<std::byte*>(data.data()), data.size()}};
+      std::size_t first = 0;
+      const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
+      while (first < parts.size()) {
+        decentrain::detail::check(!c.closed_for_writes.load(), "tcp: connection to peer ", peer, " is closed");
+        msghdr msg{};
+        msg.msg_iov = parts.data() + first;
+        msg.msg_iovlen = parts.size() - first;
+        const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          const int err = errno;
+          if (err == EINTR) continue;
+          decentrain::detail::check(err == EAGAIN || err == EWOULDBLOCK, "tcp: sending to peer ", peer, " failed: ",
+                                    std::generic_category().message(err));
+          const auto left = deadline - std::chrono::steady_clock::now();
+          decentrain::detail::check(left > std::chrono::steady_clock::duration::zero(), "tcp: sending to peer ", peer,
+                                    " did not finish within ", opts.recv_timeout.count(), " ms");
+          pollfd p{fd, POLLOUT, 0};
+          ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+          continue;
+        }
+        auto done = static_cast<std::size_t>(n);
+        while (first < parts.size() && done >= parts[first].iov_len) done -= parts[first++].iov_len;
+        if (first < parts.size()) {
+          parts[first].iov_base = static_cast<std::byte*>(parts[first].iov_base) + done;
+          parts[first].iov_len -= done;
+        }
+      }
     }
 
     bytes recv(int peer, tag_type tag) {
@@ -6806,13 +6867,16 @@ struct step_metrics {
   double network_wait_s = 0;  // cumulative time blocked on the network (simulated for in_process)
   double clock_s = 0;         // the transport's clock: simulated time for in_process, wall otherwise
   double wall_s = 0;
+  // Of bytes_sent, what the communication policy's own collectives sent (evaluation excluded).
+  std::uint64_t policy_bytes_sent = 0;
 };
 
 struct eval_point {
   std::int64_t step = 0;
   double val_loss = 0;
-  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
   double clock_s = 0;
+  std::uint64_t policy_bytes_sent = 0;  // of which the communication policy's
 };
 
 struct fit_result {
@@ -6901,8 +6965,10 @@ class trainer {
   int world() const { return endpoint_.world(); }
   std::int64_t step() const { return step_; }
   transport::traffic_stats traffic() const { return endpoint_.stats(); }
-  // Bytes the communication policy's collectives sent (payload, without framing).
-  std::uint64_t comm_bytes_sent() const { return comm_.traffic().bytes_sent; }
+  // Bytes the communication policy's collectives sent, cumulative over the run and across a
+  // restore (payload, without framing). The trainer counts them around every policy call, so a
+  // policy needs no bookkeeping of its own.
+  std::uint64_t policy_bytes_sent() const { return policy_bytes_; }
 
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
@@ -6912,7 +6978,8 @@ class trainer {
   fit_result fit(const data::token_dataset& dataset) {
     const std::int64_t B = options_.batch_size, T = block();
     peer_context<Model> ctx{model_, model_.parameters(), comm_, step_, false, resumed_};
-    policy_.start(ctx);
+    check_same_step();
+    counted([&] { policy_.start(ctx); });
     resumed_ = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
@@ -6928,7 +6995,7 @@ class trainer {
 
       ctx.step = step_;
       ctx.last_step = step_ + 1 == options_.steps;
-      policy_.after_backward(ctx);
+      counted([&] { policy_.after_backward(ctx); });
 
       t = compute_clock();
       if (options_.grad_clip > 0) optim::clip_grad_norm(model_.parameters(), options_.grad_clip);
@@ -6937,7 +7004,7 @@ class trainer {
       optimizer_.step();
       compute += lap(t);
 
-      policy_.after_step(ctx);
+      counted([&] { policy_.after_step(ctx); });
       fault_.after_step(ctx);
       endpoint_.computed(compute);
       ++step_;  // before the hooks, so a checkpoint taken in one resumes after this step
@@ -6946,7 +7013,7 @@ class trainer {
       const auto traffic = endpoint_.stats();
       result.last = step_metrics{step_, loss.item(), lr, static_cast<double>((step_ - first) * B * T) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
-                                 wall};
+                                 wall, policy_bytes_};
       for (auto& h : step_hooks_) h(result.last);
       if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
         result.evals.push_back(record_eval(dataset, step_));
@@ -6980,6 +7047,7 @@ class trainer {
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
     c.counters["trainer.world"] = world();
+    c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
     return c;
   }
@@ -6994,6 +7062,7 @@ class trainer {
     auto it = c.rngs.find("dropout");
     decentrain::detail::check(it != c.rngs.end(), "checkpoint: missing rng 'dropout'");
     dropout_.set_state(it->second);
+    policy_bytes_ = static_cast<std::uint64_t>(c.counter("trainer.policy_bytes_sent"));
     policy_.load(c);
     resumed_ = true;
   }
@@ -7015,7 +7084,7 @@ class trainer {
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{at, v, traffic.bytes_sent, traffic.clock_seconds};
+    eval_point p{at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
     for (auto& h : eval_hooks_) h(p);
     return p;
   }
@@ -7032,6 +7101,23 @@ class trainer {
   }
   double lap(double since) const { return compute_clock() - since; }
 
+  // Peers restored from checkpoints of different steps would pair up the wrong collectives and
+  // train on garbage; one small all-reduce at the start turns that into an error on every peer.
+  void check_same_step() {
+    if (world() == 1) return;
+    std::int64_t range[2] = {step_, -step_};
+    comm_.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
+    decentrain::detail::check(range[0] == -range[1], "trainer: peers start at different steps (from ", -range[1], " to ",
+                              range[0], "); resume every peer from checkpoints of the same step");
+  }
+
+  template <class Call>
+  void counted(Call&& call) {
+    const auto before = comm_.traffic().bytes_sent;
+    call();
+    policy_bytes_ += comm_.traffic().bytes_sent - before;
+  }
+
   trainer_options options_;
   transport::any_endpoint endpoint_;
   collective::communicator<transport::any_endpoint> comm_;
@@ -7039,6 +7125,7 @@ class trainer {
   optim::adamw<cpu> optimizer_;
   optim::cosine_schedule schedule_;
   CommPolicy policy_;
+  std::uint64_t policy_bytes_ = 0;
   ParallelPolicy parallel_;
   FaultPolicy fault_;
   rng dropout_;

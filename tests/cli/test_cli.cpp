@@ -169,6 +169,23 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   CHECK(last_line_with(mpi.output, "val loss ") == expected);
 #endif
 
+  // Every peer checkpoints itself; resuming all of them from the step-8 files (mid-round for
+  // H = 5) ends exactly where the uninterrupted run does.
+  const auto saving = run(cli() + peer_args + " --peers 2 --link wan --checkpoint-dir ck --save-every 4 --keep-checkpoints", dir);
+  INFO(saving.output);
+  REQUIRE(saving.status == 0);
+  CHECK(last_line_with(saving.output, "val loss ") == expected);
+  fs::create_directories(dir / "ck2");
+  for (const char* f : {"peer-0-of-2.ckpt", "peer-1-of-2.ckpt"}) fs::copy_file(dir / "ck" / "step-8" / f, dir / "ck2" / f);
+  const auto resumed = run(cli() + peer_args + " --peers 2 --link wan --checkpoint-dir ck2 --resume", dir);
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+  CHECK_THAT(resumed.output, Contains("peer 1 resumed from ck2/peer-1-of-2.ckpt at step 8"));
+  CHECK(last_line_with(resumed.output, "val loss ") == expected);
+  const auto none = run(cli() + peer_args + " --peers 2 --checkpoint-dir empty --resume", dir);
+  CHECK(none.status == 1);
+  CHECK_THAT(none.output, Contains("no peer checkpoints (peer-R-of-W.ckpt) in empty"));
+
   const auto bad = run(cli() + " train --peers 2 --comm gossip", dir);
   CHECK(bad.status == 1);
   CHECK(bad.output.find("--comm must be sync, local-sgd or diloco, got 'gossip'") != std::string::npos);

@@ -114,6 +114,18 @@ TEST_CASE("trainer: DiLoCo learns, keeps peers in step and sends H times fewer b
   const double ratio = static_cast<double>(sync_r[0].last.bytes_sent) / static_cast<double>(diloco_r[0].last.bytes_sent);
   CHECK(ratio > 8.0);
   CHECK(ratio < 10.5);
+
+  // The trainer attributes bytes to the policy: the start broadcast of the parameters, then one
+  // all-reduce per step for sync and per round for DiLoCo. The tiny model's 55 KiB gradient goes
+  // by the binomial tree, in which peer 0 of 4 sends the whole buffer to peers 2 and 1, as in the
+  // broadcast. Only the evaluation's scalar all-reduce is outside the policy.
+  dt::rng init(1, "init");
+  const auto P = static_cast<std::uint64_t>(dt::nn::gpt<dt::cpu>(tiny_config(small_corpus().tok.vocab_size()), init).parameters().numel());
+  REQUIRE(4 * P < dt::collective::options{}.tree_below_bytes);
+  CHECK(sync_r[0].last.policy_bytes_sent == (1 + 60) * 2 * 4 * P);
+  CHECK(diloco_r[0].last.policy_bytes_sent == (1 + 6) * 2 * 4 * P);
+  CHECK(sync_r[0].last.bytes_sent - sync_r[0].last.policy_bytes_sent < 64);
+  CHECK(diloco_r[0].last.bytes_sent - diloco_r[0].last.policy_bytes_sent < 64);
 }
 
 TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints matches the uninterrupted run") {
@@ -154,6 +166,14 @@ TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints mat
   });
   CHECK(resumed[0] == whole[0]);
   CHECK(resumed[1] == whole[1]);
+
+  // Peers restored from different steps are refused on every peer, not trained on.
+  CHECK_THROWS_WITH(dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    Diloco t(cfg, opts, ep);
+    if (ep.rank() == 0) t.restore(saved[0]);
+    (void)t.fit(c.data);
+  }),
+                    Catch::Contains("peers start at different steps (from 0 to 7)"));
 }
 
 TEST_CASE("trainer: bad options and mismatched checkpoints are errors") {

@@ -174,3 +174,56 @@ TEST_CASE("tcp: a peer that cannot reach anyone retries with backoff, then fails
   bad_listen.listen = "127.0.0.1:nope";
   CHECK_THROWS_WITH(tr::tcp(bad_listen), Catch::Contains("not a number"));
 }
+
+TEST_CASE("tcp: the advertised host is what others dial; a wildcard listen address needs one") {
+  tr::tcp_options wildcard;
+  wildcard.listen = "0.0.0.0:0";
+  wildcard.world = 2;
+  CHECK_THROWS_WITH(tr::tcp(wildcard), Catch::Contains("wildcard address 0.0.0.0:0") && Catch::Contains("--advertise"));
+
+  tr::tcp_options o;
+  o.world = 2;
+  o.advertise = "localhost";
+  o.join_timeout = std::chrono::milliseconds(10000);
+  tr::tcp peer0(o);
+  CHECK_THAT(peer0.address(), Catch::StartsWith("localhost:"));
+  auto o1 = o;
+  o1.rank = 1;
+  o1.advertise.clear();
+  o1.join = {peer0.address()};
+  std::thread t([&] { peer0.connect(); });
+  auto peer1 = tr::tcp::join(o1);  // reaches peer 0 through the advertised name
+  t.join();
+  const std::array<std::byte, 3> hi{std::byte{1}, std::byte{2}, std::byte{3}};
+  peer1.send(0, 7, hi);
+  CHECK(peer0.recv(1, 7).size() == 3);
+}
+
+TEST_CASE("tcp: sending to a peer that has left fails with a clear error instead of hanging") {
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = std::chrono::milliseconds(10000);
+  o.recv_timeout = std::chrono::milliseconds(5000);
+  tr::tcp peer0(o);
+  auto o1 = o;
+  o1.rank = 1;
+  o1.join = {peer0.address()};
+  std::thread t([&] { peer0.connect(); });
+  {
+    auto peer1 = tr::tcp::join(o1);
+    t.join();
+  }  // peer 1 leaves
+  const std::vector<std::byte> big(std::size_t{8} << 20);  // more than the socket buffers hold
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  while (error.empty() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    try {
+      peer0.send(1, 1, big);
+    } catch (const dt::error& e) {
+      error = e.what();
+    }
+  }
+  CHECK_THAT(error, Catch::Contains("peer 1"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(6));
+  CHECK_THROWS_WITH(peer0.recv(1, 1), Catch::Contains("peer 1"));
+}

@@ -64,13 +64,16 @@ struct step_metrics {
   double network_wait_s = 0;  // cumulative time blocked on the network (simulated for in_process)
   double clock_s = 0;         // the transport's clock: simulated time for in_process, wall otherwise
   double wall_s = 0;
+  // Of bytes_sent, what the communication policy's own collectives sent (evaluation excluded).
+  std::uint64_t policy_bytes_sent = 0;
 };
 
 struct eval_point {
   std::int64_t step = 0;
   double val_loss = 0;
-  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
   double clock_s = 0;
+  std::uint64_t policy_bytes_sent = 0;  // of which the communication policy's
 };
 
 struct fit_result {
@@ -159,8 +162,10 @@ class trainer {
   int world() const { return endpoint_.world(); }
   std::int64_t step() const { return step_; }
   transport::traffic_stats traffic() const { return endpoint_.stats(); }
-  // Bytes the communication policy's collectives sent (payload, without framing).
-  std::uint64_t comm_bytes_sent() const { return comm_.traffic().bytes_sent; }
+  // Bytes the communication policy's collectives sent, cumulative over the run and across a
+  // restore (payload, without framing). The trainer counts them around every policy call, so a
+  // policy needs no bookkeeping of its own.
+  std::uint64_t policy_bytes_sent() const { return policy_bytes_; }
 
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
@@ -170,7 +175,8 @@ class trainer {
   fit_result fit(const data::token_dataset& dataset) {
     const std::int64_t B = options_.batch_size, T = block();
     peer_context<Model> ctx{model_, model_.parameters(), comm_, step_, false, resumed_};
-    policy_.start(ctx);
+    check_same_step();
+    counted([&] { policy_.start(ctx); });
     resumed_ = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
@@ -186,7 +192,7 @@ class trainer {
 
       ctx.step = step_;
       ctx.last_step = step_ + 1 == options_.steps;
-      policy_.after_backward(ctx);
+      counted([&] { policy_.after_backward(ctx); });
 
       t = compute_clock();
       if (options_.grad_clip > 0) optim::clip_grad_norm(model_.parameters(), options_.grad_clip);
@@ -195,7 +201,7 @@ class trainer {
       optimizer_.step();
       compute += lap(t);
 
-      policy_.after_step(ctx);
+      counted([&] { policy_.after_step(ctx); });
       fault_.after_step(ctx);
       endpoint_.computed(compute);
       ++step_;  // before the hooks, so a checkpoint taken in one resumes after this step
@@ -204,7 +210,7 @@ class trainer {
       const auto traffic = endpoint_.stats();
       result.last = step_metrics{step_, loss.item(), lr, static_cast<double>((step_ - first) * B * T) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
-                                 wall};
+                                 wall, policy_bytes_};
       for (auto& h : step_hooks_) h(result.last);
       if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
         result.evals.push_back(record_eval(dataset, step_));
@@ -238,6 +244,7 @@ class trainer {
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
     c.counters["trainer.world"] = world();
+    c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
     return c;
   }
@@ -252,6 +259,7 @@ class trainer {
     auto it = c.rngs.find("dropout");
     decentrain::detail::check(it != c.rngs.end(), "checkpoint: missing rng 'dropout'");
     dropout_.set_state(it->second);
+    policy_bytes_ = static_cast<std::uint64_t>(c.counter("trainer.policy_bytes_sent"));
     policy_.load(c);
     resumed_ = true;
   }
@@ -273,7 +281,7 @@ class trainer {
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{at, v, traffic.bytes_sent, traffic.clock_seconds};
+    eval_point p{at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
     for (auto& h : eval_hooks_) h(p);
     return p;
   }
@@ -290,6 +298,23 @@ class trainer {
   }
   double lap(double since) const { return compute_clock() - since; }
 
+  // Peers restored from checkpoints of different steps would pair up the wrong collectives and
+  // train on garbage; one small all-reduce at the start turns that into an error on every peer.
+  void check_same_step() {
+    if (world() == 1) return;
+    std::int64_t range[2] = {step_, -step_};
+    comm_.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
+    decentrain::detail::check(range[0] == -range[1], "trainer: peers start at different steps (from ", -range[1], " to ",
+                              range[0], "); resume every peer from checkpoints of the same step");
+  }
+
+  template <class Call>
+  void counted(Call&& call) {
+    const auto before = comm_.traffic().bytes_sent;
+    call();
+    policy_bytes_ += comm_.traffic().bytes_sent - before;
+  }
+
   trainer_options options_;
   transport::any_endpoint endpoint_;
   collective::communicator<transport::any_endpoint> comm_;
@@ -297,6 +322,7 @@ class trainer {
   optim::adamw<cpu> optimizer_;
   optim::cosine_schedule schedule_;
   CommPolicy policy_;
+  std::uint64_t policy_bytes_ = 0;
   ParallelPolicy parallel_;
   FaultPolicy fault_;
   rng dropout_;

@@ -67,15 +67,18 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   return h;
 }
 
-// A string or list read from the network is bounded before anything is allocated for it.
+// Strings on the wire: a size tag, then the characters. A string or list read from the network
+// is bounded before anything is allocated for it.
+template <class Archive>
+void save_string(Archive& ar, const std::string& value) {
+  ar(cereal::make_size_tag(static_cast<cereal::size_type>(value.size())));
+  ar(cereal::binary_data(value.data(), value.size()));
+}
+
+// Reads what save_string wrote, refusing more than `max` characters before allocating.
 struct bounded_string {
   std::string& value;
   std::size_t max;
-  template <class Archive>
-  void save(Archive& ar) const {
-    ar(cereal::make_size_tag(static_cast<cereal::size_type>(value.size())));
-    ar(cereal::binary_data(value.data(), value.size()));
-  }
   template <class Archive>
   void load(Archive& ar) {
     cereal::size_type n = 0;
@@ -98,8 +101,8 @@ struct hello {
 
   template <class Archive>
   void save(Archive& ar) const {
-    auto& self = const_cast<hello&>(*this);
-    ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian, bounded_string{self.address, max_address_chars});
+    ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian);
+    save_string(ar, address);
   }
   template <class Archive>
   void load(Archive& ar) {
@@ -117,7 +120,10 @@ struct directory {
   template <class Archive>
   void save(Archive& ar) const {
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(entries.size())));
-    for (auto& [r, a] : entries) ar(r, bounded_string{const_cast<std::string&>(a), max_address_chars});
+    for (const auto& [r, a] : entries) {
+      ar(r);
+      save_string(ar, a);
+    }
   }
   template <class Archive>
   void load(Archive& ar) {

@@ -1,9 +1,9 @@
 // Real peers over TCP with standalone asio. A peer listens on an address, asks the peers it
 // knows (--join) for the directory of everyone they know until it knows all `world` peers, and
 // dials every lower rank (higher ranks dial it), so each pair shares one connection. One I/O
-// thread reads every connection into a mailbox and performs the queued writes; the training
-// thread's send waits until its frame is written, which bounds memory without deadlock (every
-// peer always reads). A frame that fails validation (magic, version, type, length, cereal) is
+// thread reads every connection into a mailbox; the sending thread writes its frames itself and
+// returns once they are written, which bounds memory without deadlock (every peer's I/O thread
+// always reads). A frame that fails validation (magic, version, type, length, cereal) is
 // counted, its connection closed, and the peer carries on.
 #pragma once
 
@@ -22,10 +22,13 @@
 #if DECENTRAIN_HAS_ASIO
 
 #include <asio.hpp>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <future>
 #include <map>
 #include <memory>
@@ -33,6 +36,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -45,6 +49,9 @@ namespace decentrain::transport {
 
 struct tcp_options {
   std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
+  // The host other peers dial to reach this one; empty: the listen host. Needed when listening
+  // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
+  std::string advertise;
   std::vector<std::string> join;       // peers to learn the others from; empty for the first peer
   int rank = 0;
   int world = 1;
@@ -60,7 +67,10 @@ struct tcp_options {
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
                               " needs at least one peer to join through (--join HOST:PORT)");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
-    (void)wire::split_address(listen);
+    const auto host = wire::split_address(listen).first;
+    decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
+                              "tcp: peer ", rank, " listens on the wildcard address ", listen,
+                              "; set advertise (--advertise HOST) to an address the other peers can reach");
     for (const auto& j : join) (void)wire::split_address(j);
   }
 };
@@ -95,21 +105,17 @@ class tcp {
   }
 
  private:
-  struct pending_write {
-    std::array<std::byte, wire::header_bytes> head;
-    std::span<const std::byte> body;  // the caller's buffer: the caller waits for `done`
-    bytes owned;                      // or a body the I/O thread owns
-    std::promise<void> done;
-  };
-
   struct connection : std::enable_shared_from_this<connection> {
     explicit connection(asio::io_context& io) : socket(io) {}
     asio::ip::tcp::socket socket;
     int rank = -1;  // -1 until its hello arrives
     std::array<std::byte, wire::header_bytes> head{};
     bytes body;
-    std::deque<std::shared_ptr<pending_write>> writes;  // touched on the I/O thread only
-    bool closed = false;
+    bool closed = false;  // I/O thread only
+    // Data frames are written by the sending thread; closing takes this lock, so the descriptor
+    // is never closed (and its number reused) under a writer.
+    std::mutex write_mutex;
+    std::atomic<bool> closed_for_writes{false};
   };
 
   struct impl {
@@ -125,7 +131,7 @@ class tcp {
       } catch (const std::exception& e) {
         decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
       }
-      advertised = host + ":" + std::to_string(acceptor.local_endpoint().port());
+      advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
       directory[opts.rank] = advertised;
       accept_next();
       io_thread = std::thread([this] { io.run(); });
@@ -357,7 +363,7 @@ class tcp {
           if (hello.purpose == wire::hello_purpose::directory) {
             wire::directory d;
             for (const auto& [r, a] : directory) d.entries.emplace_back(r, a);
-            queue_write(c, wire::frame_type::directory, 0, {}, wire::encode_body(d), nullptr);
+            reply(c, wire::frame_type::directory, wire::encode_body(d));
             return true;  // the asker closes when it has read the reply
           }
           decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
@@ -389,11 +395,13 @@ class tcp {
     void close(const std::shared_ptr<connection>& c, const std::string& why) {
       if (c->closed) return;
       c->closed = true;
+      c->closed_for_writes = true;
       asio::error_code ignored;
-      c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-      c->socket.close(ignored);
-      for (auto& w : c->writes) w->done.set_exception(std::make_exception_ptr(decentrain::error("tcp: connection to peer " + std::to_string(c->rank) + " closed: " + why)));
-      c->writes.clear();
+      c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);  // wakes a writer in poll()
+      {
+        std::lock_guard write_lock(c->write_mutex);
+        c->socket.close(ignored);
+      }
       all.erase(c);
       if (c->rank >= 0) {
         std::lock_guard lock(mutex);
@@ -405,29 +413,16 @@ class tcp {
       }
     }
 
-    // On the I/O thread: appends a frame and starts writing if idle.
-    void queue_write(const std::shared_ptr<connection>& c, wire::frame_type type, tag_type tag, std::span<const std::byte> body,
-                     bytes owned, std::shared_ptr<pending_write> w) {
-      if (!w) w = std::make_shared<pending_write>();
-      w->owned = std::move(owned);
-      w->body = w->owned.empty() ? body : std::span<const std::byte>(w->owned);
-      w->head = wire::encode_header({type, tag, w->body.size()});
-      if (c->closed) {
-        w->done.set_exception(std::make_exception_ptr(decentrain::error("tcp: connection to peer " + std::to_string(c->rank) + " is closed")));
-        return;
-      }
-      c->writes.push_back(std::move(w));
-      if (c->writes.size() == 1) write_next(c);
-    }
-
-    void write_next(const std::shared_ptr<connection>& c) {
-      auto& w = c->writes.front();
-      std::array<asio::const_buffer, 2> bufs{asio::buffer(w->head), asio::buffer(w->body.data(), w->body.size())};
-      asio::async_write(c->socket, bufs, [this, c](const asio::error_code& ec, std::size_t) {
-        if (ec) return lost(c, ec);
-        c->writes.front()->done.set_value();
-        c->writes.pop_front();
-        if (!c->writes.empty()) write_next(c);
+    // On the I/O thread: the one control frame a directory request gets back.
+    void reply(const std::shared_ptr<connection>& c, wire::frame_type type, bytes body) {
+      struct frame {
+        std::array<std::byte, wire::header_bytes> head;
+        bytes body;
+      };
+      auto f = std::make_shared<frame>(frame{wire::encode_header({type, 0, body.size()}), std::move(body)});
+      std::array<asio::const_buffer, 2> bufs{asio::buffer(f->head), asio::buffer(f->body.data(), f->body.size())};
+      asio::async_write(c->socket, bufs, [this, c, f](const asio::error_code& ec, std::size_t) {
+        if (ec) lost(c, ec);
       });
     }
 
@@ -450,14 +445,49 @@ class tcp {
         decentrain::detail::check(it != peers.end(), "tcp: peer ", opts.rank, " is not connected to peer ", peer);
         c = it->second;
       }
-      auto w = std::make_shared<pending_write>();
-      auto done = w->done.get_future();
-      asio::post(io, [this, c, tag, data, w] { queue_write(c, wire::frame_type::data, tag, data, {}, w); });
-      if (done.wait_for(opts.recv_timeout) != std::future_status::ready)
-        decentrain::detail::fail("tcp: sending to peer ", peer, " did not finish within ", opts.recv_timeout.count(), " ms");
-      done.get();
+      write_data(*c, peer, tag, data);
       bytes_sent += data.size();
       ++messages_sent;
+    }
+
+    // The calling thread writes the frame itself (the I/O thread only reads data connections):
+    // handing each message to the I/O thread and waiting for it cost two thread switches per
+    // message, which on a machine with fewer cores than peers was most of a small all-reduce.
+    // Non-blocking writes with poll() keep the send timeout; the I/O thread reads meanwhile, so
+    // peers that all send at once still drain each other.
+    void write_data(connection& c, int peer, tag_type tag, std::span<const std::byte> data) {
+      const auto head = wire::encode_header({wire::frame_type::data, tag, data.size()});
+      std::lock_guard write_lock(c.write_mutex);
+      const int fd = c.socket.native_handle();
+      std::array<iovec, 2> parts{iovec{const_cast<std::byte*>(head.data()), head.size()},
+                                 iovec{const_cast<std::byte*>(data.data()), data.size()}};
+      std::size_t first = 0;
+      const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
+      while (first < parts.size()) {
+        decentrain::detail::check(!c.closed_for_writes.load(), "tcp: connection to peer ", peer, " is closed");
+        msghdr msg{};
+        msg.msg_iov = parts.data() + first;
+        msg.msg_iovlen = parts.size() - first;
+        const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          const int err = errno;
+          if (err == EINTR) continue;
+          decentrain::detail::check(err == EAGAIN || err == EWOULDBLOCK, "tcp: sending to peer ", peer, " failed: ",
+                                    std::generic_category().message(err));
+          const auto left = deadline - std::chrono::steady_clock::now();
+          decentrain::detail::check(left > std::chrono::steady_clock::duration::zero(), "tcp: sending to peer ", peer,
+                                    " did not finish within ", opts.recv_timeout.count(), " ms");
+          pollfd p{fd, POLLOUT, 0};
+          ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+          continue;
+        }
+        auto done = static_cast<std::size_t>(n);
+        while (first < parts.size() && done >= parts[first].iov_len) done -= parts[first++].iov_len;
+        if (first < parts.size()) {
+          parts[first].iov_base = static_cast<std::byte*>(parts[first].iov_base) + done;
+          parts[first].iov_len -= done;
+        }
+      }
     }
 
     bytes recv(int peer, tag_type tag) {

@@ -1,0 +1,330 @@
+// bench/allreduce: bandwidth of the library's ring all-reduce over TCP on loopback, side by side
+// in one run with OpenMPI's MPI_Allreduce and torch.distributed's gloo backend.
+//
+//   bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]
+//                   [--only decentrain,mpi-tcp,mpi-shm,gloo] [--json PATH]
+//
+// Each implementation runs as `world` processes on this machine, sums float32 buffers of each
+// size in place (a first call is checked against the exact sum), then times a fixed number of
+// calls between barriers; a size's time is the slowest rank's mean. Bandwidths follow
+// nccl-tests: algbw = bytes / time, busbw = algbw * 2 (N - 1) / N.
+// MPI runs twice: restricted to its TCP transport (the like-for-like comparison: the same
+// loopback sockets) and with its shared-memory transport (what mpirun picks on one machine).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/transport/mpi.hpp"
+#include "decentrain/transport/tcp.hpp"
+
+namespace dt = decentrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct row {
+  std::size_t bytes = 0;
+  std::int64_t iters = 0;
+  double seconds = 0;
+};
+
+// Enough calls to move about 512 MiB per size, within [5, 500]. allreduce_gloo.py does the same.
+std::int64_t iterations(std::size_t bytes) {
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>((std::size_t{512} << 20) / bytes), 5, 500);
+}
+
+// The timing loop every C++ worker shares; `all_reduce` sums a float buffer in place across the
+// world, `slowest` returns the maximum of a double across the world.
+template <class AllReduce, class Slowest>
+std::vector<row> measure(const std::vector<std::size_t>& sizes, int rank, int world, AllReduce&& all_reduce, Slowest&& slowest) {
+  std::vector<row> rows;
+  for (const auto bytes : sizes) {
+    const std::size_t n = bytes / sizeof(float);
+    std::vector<float> check(n, static_cast<float>(rank + 1));
+    all_reduce(check);
+    const float expected = static_cast<float>(world * (world + 1) / 2);
+    dt::detail::check(std::all_of(check.begin(), check.end(), [&](float v) { return v == expected; }),
+                      "all-reduce of ", bytes, " bytes gave a wrong sum on rank ", rank);
+    std::vector<float> buf(n, 0.0f);  // zeros stay zeros: no overflow, no denormals
+    const auto iters = iterations(bytes);
+    for (std::int64_t i = 0; i < std::max<std::int64_t>(1, iters / 10); ++i) all_reduce(buf);
+    (void)slowest(0.0);  // a barrier
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t i = 0; i < iters; ++i) all_reduce(buf);
+    const double mean = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters);
+    rows.push_back({bytes, iters, slowest(mean)});
+  }
+  return rows;
+}
+
+void write_rows(const std::string& path, const std::vector<row>& rows) {
+  std::ofstream out(path);
+  for (const auto& r : rows) out << r.bytes << ',' << r.iters << ',' << r.seconds << '\n';
+  dt::detail::check(static_cast<bool>(out), "cannot write ", path);
+}
+
+std::vector<row> read_rows(const std::string& path) {
+  std::ifstream in(path);
+  dt::detail::check(static_cast<bool>(in), "no results in ", path);
+  std::vector<row> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    row r;
+    char comma = 0;
+    std::istringstream fields(line);
+    fields >> r.bytes >> comma >> r.iters >> comma >> r.seconds;
+    dt::detail::check(!fields.fail(), "bad result line '", line, "' in ", path);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+std::vector<std::size_t> parse_sizes(const std::string& list) {
+  std::vector<std::size_t> sizes;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) sizes.push_back(std::stoull(item));
+  return sizes;
+}
+
+// ---- workers ----
+
+#if DECENTRAIN_HAS_ASIO
+int tcp_worker(int rank, int world, const std::string& address_file, const std::vector<std::size_t>& sizes,
+               std::size_t chunk_bytes, const std::string& out) {
+  dt::transport::tcp_options o;
+  o.rank = rank;
+  o.world = world;
+  if (rank > 0) {  // rank 0 publishes the port it was given; the others join through it
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!fs::exists(address_file)) {
+      dt::detail::check(std::chrono::steady_clock::now() < deadline, "rank 0 never published its address");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::ifstream in(address_file);
+    o.join.emplace_back();
+    std::getline(in, o.join.back());
+  }
+  dt::transport::tcp peer(o);
+  if (rank == 0) {
+    std::ofstream(address_file + ".tmp") << peer.address() << '\n';
+    fs::rename(address_file + ".tmp", address_file);
+  }
+  peer.connect();
+  dt::collective::options copts;
+  if (chunk_bytes) copts.chunk_bytes = chunk_bytes;
+  dt::collective::communicator comm(peer, copts);
+  const auto rows = measure(
+      sizes, rank, world, [&](std::vector<float>& b) { comm.all_reduce(std::span<float>(b)); },
+      [&](double v) {
+        comm.all_reduce(std::span<double>(&v, 1), dt::collective::reduce_op::max);
+        return v;
+      });
+  if (rank == 0) write_rows(out, rows);
+  comm.barrier();  // nobody closes its sockets while another still reads
+  return 0;
+}
+#endif
+
+#if DECENTRAIN_HAS_MPI
+int mpi_worker(int argc, char** argv, const std::vector<std::size_t>& sizes, const std::string& out) {
+  dt::transport::mpi_environment env(&argc, &argv);
+  int rank = 0, world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const auto rows = measure(
+      sizes, rank, world,
+      [&](std::vector<float>& b) {
+        MPI_Allreduce(MPI_IN_PLACE, b.data(), static_cast<int>(b.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      },
+      [&](double v) {
+        MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        return v;
+      });
+  if (rank == 0) write_rows(out, rows);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return 0;
+}
+#endif
+
+// ---- the driver ----
+
+// Starts every command, waits for all; if one fails or time runs out, the rest are killed.
+void run_all(const std::vector<std::vector<std::string>>& commands, std::chrono::seconds limit, const std::string& name) {
+  std::vector<pid_t> pids;
+  for (const auto& cmd : commands) {
+    std::vector<char*> args;
+    for (const auto& a : cmd) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const pid_t pid = ::fork();
+    dt::detail::check(pid >= 0, "fork failed");
+    if (pid == 0) {
+      ::execvp(args[0], args.data());
+      std::perror(args[0]);
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::string failure;
+  std::size_t running = pids.size();
+  while (running > 0 && failure.empty()) {
+    for (auto& pid : pids) {
+      if (pid <= 0) continue;
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failure = name + ": a process failed (status " + std::to_string(status) + ")";
+        pid = 0;
+        --running;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) failure = name + ": did not finish within " + std::to_string(limit.count()) + " s";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (auto pid : pids)
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  dt::detail::check(failure.empty(), failure);
+}
+
+std::string join_sizes(const std::vector<std::size_t>& sizes) {
+  std::string s;
+  for (auto b : sizes) s += (s.empty() ? "" : ",") + std::to_string(b);
+  return s;
+}
+
+std::string human(std::size_t bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && u < 3) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto value = [&](const std::string& flag, const std::string& fallback) {
+    auto it = std::find(args.begin(), args.end(), flag);
+    if (it == args.end()) return fallback;
+    dt::detail::check(it + 1 != args.end(), flag, " needs a value");
+    return *(it + 1);
+  };
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  const int world = std::stoi(value("--world", "4"));
+  const std::string out = value("--out", "");
+  const auto chunk_bytes = static_cast<std::size_t>(std::stoull(value("--chunk-bytes", "0")));
+
+  const std::string worker = value("--worker", "");
+  if (!worker.empty()) {
+    const auto sizes = parse_sizes(value("--sizes", ""));
+#if DECENTRAIN_HAS_ASIO
+    if (worker == "tcp")
+      return tcp_worker(std::stoi(value("--rank", "0")), world, value("--address-file", ""), sizes, chunk_bytes, out);
+#endif
+#if DECENTRAIN_HAS_MPI
+    if (worker == "mpi") return mpi_worker(argc, argv, sizes, out);
+#endif
+    dt::detail::fail("this build has no '", worker, "' worker");
+  }
+
+  std::vector<std::size_t> sizes;
+  const auto lo = std::stoull(value("--min-bytes", "1024")), hi = std::stoull(value("--max-bytes", "268435456"));
+  dt::detail::check(lo >= sizeof(float) * static_cast<std::size_t>(world) && lo <= hi, "--min-bytes must be at least 4 x world and <= --max-bytes");
+  for (auto b = lo; b <= hi; b *= 4) sizes.push_back(b);
+  std::vector<std::string> impls;
+  {
+    std::stringstream in(value("--only", "decentrain,mpi-tcp,mpi-shm,gloo"));
+    for (std::string item; std::getline(in, item, ',');) impls.push_back(item);
+  }
+  const std::string json_path = value("--json", "allreduce.json");
+
+  char dir_template[] = "/tmp/decentrain-allreduce-XXXXXX";
+  dt::detail::check(::mkdtemp(dir_template) != nullptr, "cannot make a temporary directory");
+  const std::string dir = dir_template;
+  const std::string size_list = join_sizes(sizes), w = std::to_string(world);
+  const std::vector<std::string> mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", w};
+
+  std::map<std::string, std::vector<row>> results;
+  std::map<std::string, std::string> skipped;
+  for (const auto& impl : impls) {
+    const std::string file = dir + "/" + impl + ".csv";
+    std::fprintf(stderr, "running %s ...\n", impl.c_str());
+    try {
+      if (impl == "decentrain") {
+        std::vector<std::vector<std::string>> cmds;
+        for (int r = 0; r < world; ++r)
+          cmds.push_back({self, "--worker", "tcp", "--rank", std::to_string(r), "--world", w, "--sizes", size_list, "--address-file",
+                          dir + "/address", "--chunk-bytes", std::to_string(chunk_bytes), "--out", file});
+        run_all(cmds, std::chrono::seconds(900), impl);
+      } else if (impl == "mpi-tcp" || impl == "mpi-shm") {
+        if (!DECENTRAIN_HAS_MPI) throw dt::error("built without MPI");
+        auto cmd = mpirun;
+        for (const char* a : {"--mca", "btl", impl == "mpi-tcp" ? "self,tcp" : "self,vader"}) cmd.emplace_back(a);
+        if (impl == "mpi-tcp")
+          for (const char* a : {"--mca", "btl_tcp_if_include", "lo"}) cmd.emplace_back(a);
+        for (const auto& a : {self, std::string("--worker"), std::string("mpi"), std::string("--sizes"), size_list, std::string("--out"), file})
+          cmd.push_back(a);
+        run_all({cmd}, std::chrono::seconds(900), impl);
+      } else if (impl == "gloo") {
+        run_all({{"/usr/bin/python3", DECENTRAIN_SOURCE_DIR "/bench/allreduce_gloo.py", "--world", w, "--sizes", size_list, "--out", file}},
+                std::chrono::seconds(900), impl);
+      } else {
+        dt::detail::fail("unknown implementation '", impl, "' (decentrain, mpi-tcp, mpi-shm, gloo)");
+      }
+      results[impl] = read_rows(file);
+    } catch (const std::exception& e) {
+      skipped[impl] = e.what();
+      std::fprintf(stderr, "%s: not measured: %s\n", impl.c_str(), e.what());
+    }
+  }
+  fs::remove_all(dir);
+
+  const double bus = 2.0 * (world - 1) / world;
+  auto busbw = [&](const std::string& impl, std::size_t i) {
+    auto it = results.find(impl);
+    return it == results.end() || i >= it->second.size() ? 0.0 : static_cast<double>(it->second[i].bytes) / it->second[i].seconds * bus / 1e9;
+  };
+  std::printf("all-reduce (sum, float32, in place), %d processes on this machine; bus bandwidth GB/s "
+              "(nccl-tests: algbw x 2(N-1)/N)\n", world);
+  std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", "size", "ours us", "ours", "MPI tcp", "MPI shm", "gloo", "ours/MPI", "ours/gloo");
+  std::ofstream json(json_path);
+  json << "[\n";
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const double ours = busbw("decentrain", i), mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
+    const double us = results.count("decentrain") ? results["decentrain"][i].seconds * 1e6 : 0.0;
+    auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
+    std::printf("%9s %12.1f %11.3f %11.3f %11.3f %11.3f %8.2fx %8.2fx\n", human(sizes[i]).c_str(), us, ours, mt, ms, gl,
+                ratio(ours, mt), ratio(ours, gl));
+    json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"ours_us\": " << us
+         << ", \"ours_busbw_gbs\": " << ours << ", \"mpi_tcp_busbw_gbs\": " << mt << ", \"mpi_shm_busbw_gbs\": " << ms
+         << ", \"gloo_busbw_gbs\": " << gl << ", \"ours_over_mpi_tcp\": " << ratio(ours, mt) << ", \"ours_over_gloo\": "
+         << ratio(ours, gl) << "}";
+  }
+  json << "\n]\n";
+  for (const auto& [impl, why] : skipped) std::printf("%s: not measured (%s)\n", impl.c_str(), why.c_str());
+  std::printf("rows written to %s\n", json_path.c_str());
+  return skipped.empty() ? 0 : 1;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_allreduce: %s\n", e.what());
+  return 1;
+}

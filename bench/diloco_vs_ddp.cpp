@@ -1,0 +1,159 @@
+// bench/diloco_vs_ddp: what each communication policy buys, on the same data, model and number
+// of tokens per peer. 4 in-process peers train nanoGPT's CPU-recipe model on tinyshakespeare
+// under sync_allreduce (DDP), local_sgd<50> and diloco<H> for H in {10, 50, 100}, and the final
+// validation loss is compared with the bytes each peer put on the wire.
+//
+//   bench_diloco_vs_ddp [--data FILE] [--steps 2000] [--peers 4] [--only sync,local-sgd-50,diloco-10,...]
+//                       [--outer-lr 0.7] [--outer-momentum 0.9] [--json PATH] [--curves PATH]
+//
+// Links are ideal (bytes are what is compared; time on a slow link follows from them). Every run
+// evaluates on the same validation batches, so the losses are paired. --curves writes one row per
+// evaluation (run, step, val loss, bytes sent) for bench/plot_diloco_vs_ddp.py.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "decentrain/decentrain.hpp"
+
+namespace dt = decentrain;
+
+namespace {
+
+struct outcome {
+  std::string name;
+  double val_loss = 0, spread = 0;  // peer 0's final loss; max difference between peers
+  std::uint64_t bytes_sent = 0;     // per peer (peer 0)
+  double wall_s = 0;
+  std::vector<dt::train::eval_point> curve;
+};
+
+template <class Comm>
+outcome run(const std::string& name, Comm comm, int peers, const dt::nn::gpt_config& cfg, const dt::train::trainer_options& opts,
+            const dt::data::token_dataset& data) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm>;
+  std::fprintf(stderr, "running %s ...\n", name.c_str());
+  dt::transport::in_process net(dt::transport::links::ideal(peers), {opts.seed, std::chrono::minutes(30)});
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm);
+  outcome o;
+  o.name = name;
+  o.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.val_loss = results[0].final_val_loss;
+  for (const auto& r : results) o.spread = std::max(o.spread, std::abs(r.final_val_loss - o.val_loss));
+  o.bytes_sent = results[0].last.bytes_sent;
+  o.curve = results[0].evals;
+  std::fprintf(stderr, "  %s: val loss %.4f, %.1f MB sent per peer, %.0f s\n", name.c_str(), o.val_loss,
+               static_cast<double>(o.bytes_sent) / 1e6, o.wall_s);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::map<std::string, std::string> args;
+  for (int i = 1; i < argc; i += 2) {
+    dt::detail::check(i + 1 < argc && std::string(argv[i]).rfind("--", 0) == 0, "usage: bench_diloco_vs_ddp [--flag value]...");
+    args[argv[i] + 2] = argv[i + 1];
+  }
+  auto value = [&](const std::string& key, const std::string& fallback) {
+    auto it = args.find(key);
+    if (it == args.end()) return fallback;
+    std::string v = it->second;
+    args.erase(it);
+    return v;
+  };
+  const std::string path = value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
+  const int peers = std::stoi(value("peers", "4"));
+  const std::string json_path = value("json", "diloco_vs_ddp.json"), curves_path = value("curves", "diloco_vs_ddp_curves.csv");
+  std::vector<std::string> only;
+  {
+    std::stringstream in(value("only", "sync,local-sgd-50,diloco-10,diloco-50,diloco-100"));
+    for (std::string item; std::getline(in, item, ',');) only.push_back(item);
+  }
+
+  // nanoGPT's CPU recipe for tinyshakespeare (4 layers, 4 heads, 128 wide, block 64, batch 12,
+  // lr 1e-3, no dropout), per peer.
+  dt::train::trainer_options opts;
+  opts.steps = std::stoll(value("steps", "2000"));
+  opts.batch_size = 12;
+  opts.block_size = 64;
+  opts.lr = 1e-3;
+  opts.min_lr = 1e-4;
+  opts.warmup_steps = std::min<std::int64_t>(100, opts.steps / 10);
+  opts.beta2 = 0.99;
+  opts.weight_decay = 0.1;
+  opts.grad_clip = 1.0;
+  opts.eval_every = std::stoll(value("eval-every", "100"));
+  opts.eval_batches = std::stoll(value("eval-batches", "25"));
+  const double outer_lr = std::stod(value("outer-lr", "0.7")), outer_momentum = std::stod(value("outer-momentum", "0.9"));
+  dt::detail::check(args.empty(), "unknown option --", args.empty() ? "" : args.begin()->first);
+
+  const std::string text = dt::io::read_file(path);
+  auto tok = dt::data::char_tokenizer::from_text(text);
+  const dt::data::token_dataset data(tok.encode(text), 0.1);
+  dt::nn::gpt_config cfg;
+  cfg.n_layer = 4;
+  cfg.n_head = 4;
+  cfg.n_embd = 128;
+  cfg.block_size = 64;
+  cfg.vocab_size = tok.vocab_size();
+  cfg.dropout = 0.0;
+
+  std::vector<outcome> outcomes;
+  for (const auto& name : only) {
+    if (name == "sync") {
+      outcomes.push_back(run(name, dt::comm::sync_allreduce{}, peers, cfg, opts, data));
+    } else if (name.rfind("local-sgd-", 0) == 0) {
+      dt::comm::local_sgd<> p;
+      p.inner_steps = std::stoll(name.substr(10));
+      outcomes.push_back(run(name, p, peers, cfg, opts, data));
+    } else if (name.rfind("diloco-", 0) == 0) {
+      dt::comm::diloco<> p;
+      p.inner_steps = std::stoll(name.substr(7));
+      p.outer_optimizer.lr = outer_lr;
+      p.outer_optimizer.momentum = outer_momentum;
+      outcomes.push_back(run(name, p, peers, cfg, opts, data));
+    } else {
+      dt::detail::fail("unknown run '", name, "' (sync, local-sgd-H, diloco-H)");
+    }
+  }
+
+  const outcome* sync = nullptr;
+  for (const auto& o : outcomes)
+    if (o.name == "sync") sync = &o;
+  std::printf("%d peers, %s, %lld steps x %lld rows x %lld tokens per peer, model %.2fM parameters, "
+              "DiLoCo outer Nesterov lr %g momentum %g\n", peers, path.c_str(), static_cast<long long>(opts.steps),
+              static_cast<long long>(opts.batch_size), static_cast<long long>(opts.block_size),
+              static_cast<double>(cfg.parameter_count()) / 1e6, outer_lr, outer_momentum);
+  std::printf("%-14s %10s %12s %14s %12s %12s %9s\n", "run", "val loss", "vs sync", "MB sent/peer", "fewer bytes", "peer spread",
+              "wall s");
+  std::ofstream json(json_path);
+  json << "[\n";
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    const auto& o = outcomes[i];
+    const double rel = sync ? (o.val_loss - sync->val_loss) / sync->val_loss : 0.0;
+    const double fewer = sync && o.bytes_sent > 0 ? static_cast<double>(sync->bytes_sent) / static_cast<double>(o.bytes_sent) : 0.0;
+    std::printf("%-14s %10.4f %+11.2f%% %14.2f %11.1fx %12.2g %9.0f\n", o.name.c_str(), o.val_loss, 100 * rel,
+                static_cast<double>(o.bytes_sent) / 1e6, fewer, o.spread, o.wall_s);
+    json << (i ? ",\n" : "") << "  {\"run\": \"" << o.name << "\", \"peers\": " << peers << ", \"steps\": " << opts.steps
+         << ", \"val_loss\": " << o.val_loss << ", \"vs_sync\": " << rel << ", \"bytes_sent_per_peer\": " << o.bytes_sent
+         << ", \"fewer_bytes_than_sync\": " << fewer << ", \"peer_spread\": " << o.spread << ", \"wall_s\": " << o.wall_s << "}";
+  }
+  json << "\n]\n";
+  std::ofstream curves(curves_path);
+  curves << "run,step,val_loss,bytes_sent\n";
+  for (const auto& o : outcomes)
+    for (const auto& p : o.curve) curves << o.name << ',' << p.step << ',' << p.val_loss << ',' << p.bytes_sent << '\n';
+  std::printf("rows written to %s, curves to %s\n", json_path.c_str(), curves_path.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_diloco_vs_ddp: %s\n", e.what());
+  return 1;
+}
