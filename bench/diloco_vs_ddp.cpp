@@ -140,8 +140,13 @@ int main(int argc, char** argv) try {
     const auto& o = outcomes[i];
     const double rel = sync ? (o.val_loss - sync->val_loss) / sync->val_loss : 0.0;
     const double fewer = sync && o.bytes_sent > 0 ? static_cast<double>(sync->bytes_sent) / static_cast<double>(o.bytes_sent) : 0.0;
-    std::printf("%-14s %10.4f %+11.2f%% %14.2f %11.1fx %12.2g %9.0f\n", o.name.c_str(), o.val_loss, 100 * rel,
-                static_cast<double>(o.bytes_sent) / 1e6, fewer, o.spread, o.wall_s);
+    char vs_sync[16] = "n/a", times_fewer[16] = "n/a";  // without a sync run there is nothing to compare with
+    if (sync) {
+      std::snprintf(vs_sync, sizeof vs_sync, "%+.2f%%", 100 * rel);
+      std::snprintf(times_fewer, sizeof times_fewer, "%.1fx", fewer);
+    }
+    std::printf("%-14s %10.4f %12s %14.2f %12s %12.2g %9.0f\n", o.name.c_str(), o.val_loss, vs_sync,
+                static_cast<double>(o.bytes_sent) / 1e6, times_fewer, o.spread, o.wall_s);
     json << (i ? ",\n" : "") << "  {\"run\": \"" << o.name << "\", \"peers\": " << peers << ", \"steps\": " << opts.steps
          << ", \"val_loss\": " << o.val_loss << ", \"vs_sync\": " << rel << ", \"bytes_sent_per_peer\": " << o.bytes_sent
          << ", \"fewer_bytes_than_sync\": " << fewer << ", \"peer_spread\": " << o.spread << ", \"wall_s\": " << o.wall_s << "}";
