@@ -5951,7 +5951,7 @@ class tcp {
         decentrain::detail::check(it != peers.end(), "tcp: peer ", opts.rank, " is not connected to peer ", peer);
         c = it->second;
       }
-      write_data(*c, peer, tag, data);
+      write_data(*c, tag, data);
       bytes_sent += data.size();
       ++messages_sent;
     }
@@ -5961,7 +5961,8 @@ class tcp {
     // message, which on a machine with fewer cores than peers was most of a small all-reduce.
     // Non-blocking writes with poll() keep the send timeout; the I/O thread reads meanwhile, so
     // peers that all send at once still drain each other.
-    void write_data(connection& c, int peer, tag_type tag, std::span<const std::byte> data) {
+    void write_data(connection& c, tag_type tag, std::span<const std::byte> data) {
+      const int peer = c.rank;
       const auto head = wire::encode_header({wire::frame_type::data, tag, data.size()});
       std::lock_guard write_lock(c.write_mutex);
       const int fd = c.socket.native_handle();
