@@ -4,6 +4,8 @@
 #   OpenMP::OpenMP_CXX  when OpenMP is available (CPU kernels run multi-threaded)
 #   Threads::Threads    in-process peers and the TCP transport's I/O thread
 #   decentrain::mpi     when MPI is found: link it to use transport::mpi
+#   decentrain::cuda    when the CUDA toolkit is found: link it from CUDA sources that use
+#                       dt::cuda (the CUDA runtime and cuBLAS)
 #   decentrain::cblas   always; it carries a CBLAS and DECENTRAIN_HAS_CBLAS=1 when one is
 #                       found, and is empty otherwise (the portable GEMM is used then)
 # With OpenMP, OpenBLAS's OpenMP build (Debian: libopenblas-openmp-dev) is preferred: the
@@ -25,6 +27,14 @@ if(MPI_CXX_FOUND AND NOT TARGET decentrain::mpi)
   set_target_properties(decentrain::mpi PROPERTIES
     INTERFACE_LINK_LIBRARIES MPI::MPI_CXX
     INTERFACE_COMPILE_DEFINITIONS "DECENTRAIN_HAS_MPI=1")
+endif()
+
+# The CUDA toolkit (at /usr/local/cuda or on the PATH) is optional as well. CPU-only users never
+# link CUDA libraries: only decentrain::cuda carries them.
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND AND NOT TARGET decentrain::cuda)
+  add_library(decentrain::cuda INTERFACE IMPORTED)
+  set_target_properties(decentrain::cuda PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;CUDA::cublas")
 endif()
 
 if(NOT TARGET decentrain::cblas)

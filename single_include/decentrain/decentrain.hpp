@@ -192,7 +192,8 @@ struct cpu {
   static constexpr std::string_view name = "cpu";
 };
 
-// Kernels for this tag arrive with the CUDA backend; the tag exists now so types can name it.
+// The GPU. Its memory and kernels exist only in nvcc-compiled code (DECENTRAIN_HAS_CUDA); a
+// g++ build that names it stops at memory<cuda>'s static_assert.
 struct cuda {
   static constexpr std::string_view name = "cuda";
 };
@@ -499,6 +500,404 @@ struct memory<cpu> {
 };
 
 }  // namespace decentrain
+
+// dt::cuda memory, when nvcc compiles this (the whole header is empty otherwise).
+// ---- begin decentrain/core/memory_cuda.cuh ----
+// Device memory for dt::cuda: a caching allocator over plain cudaMalloc (never managed
+// memory), the byte-level moves the tensor type needs (strided copy with dtype conversion,
+// fill, host transfers) and pinned host buffers for communication. Compiled only by nvcc.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+// ---- begin decentrain/core/cuda_runtime.cuh ----
+// CUDA runtime glue shared by every CUDA header: status checks that throw decentrain::error
+// naming the failed call, the stream a host thread queues its work on, and launch geometry.
+// The whole body is compiled only by nvcc.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+
+namespace decentrain::cuda_rt {
+
+inline void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    detail::fail("CUDA error in ", what, ": ", cudaGetErrorName(status), " (",
+                 cudaGetErrorString(status), ")");
+}
+
+// After a kernel launch: a bad launch configuration or an earlier asynchronous fault is
+// reported here, named after the kernel, instead of at some later unrelated call.
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// Number of usable devices; 0 when there is no driver or no GPU (never throws, so a test
+// program can decide to skip).
+inline int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" status
+    return 0;
+  }
+  return n;
+}
+
+inline int current_device() {
+  int d = 0;
+  check(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
+namespace detail {
+inline cudaStream_t& thread_stream() {
+  // Each host thread has its own stream by default, so peers simulated as threads overlap on
+  // one GPU. cudaStreamPerThread needs no creation or destruction.
+  thread_local cudaStream_t stream = cudaStreamPerThread;
+  return stream;
+}
+}  // namespace detail
+
+// The stream every decentrain kernel, copy and GEMM of this thread is queued on.
+inline cudaStream_t current_stream() { return detail::thread_stream(); }
+
+// Runs a scope's work on `stream` (for example a communication stream) and restores the
+// previous one. Memory allocated inside is cached for reuse on `stream` only.
+class stream_guard {
+ public:
+  explicit stream_guard(cudaStream_t stream) : previous_(detail::thread_stream()) {
+    detail::thread_stream() = stream;
+  }
+  ~stream_guard() { detail::thread_stream() = previous_; }
+  stream_guard(const stream_guard&) = delete;
+  stream_guard& operator=(const stream_guard&) = delete;
+
+ private:
+  cudaStream_t previous_;
+};
+
+// Waits for this thread's queued work; errors of earlier kernels surface here.
+inline void synchronize() { check(cudaStreamSynchronize(current_stream()), "cudaStreamSynchronize"); }
+
+// Grid for a grid-stride loop over n elements: enough blocks to fill the GPU, never more than
+// the work needs (kernels loop, so capping the grid is always correct).
+inline constexpr int threads_per_block = 256;
+inline unsigned blocks_for(std::int64_t n, int threads = threads_per_block) {
+  const std::int64_t needed = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(needed, 1, 65536));
+}
+
+}  // namespace decentrain::cuda_rt
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/core/cuda_runtime.cuh ----
+
+namespace decentrain {
+
+template <class Device>
+struct memory;
+
+namespace detail {
+
+// cudaMalloc and cudaFree synchronise the whole device and cost tens of microseconds, so a
+// training step that allocates its activations afresh would be dominated by them. Freed blocks
+// are kept per (device, stream, size class) and handed out again. Reuse is safe on the same
+// stream without any event: work queued later on that stream runs after the last use of the
+// block. cudaStreamPerThread is one handle naming a different stream in every host thread, so
+// for it the thread is part of the key. A block allocated on one stream and used on another must be synchronised by the
+// caller (as in PyTorch). On out-of-memory the cache is emptied and the allocation retried.
+class device_block_cache {
+ public:
+  static device_block_cache& instance() {
+    static device_block_cache cache;
+    return cache;
+  }
+
+  // 512-byte granules below 1 MiB, 8 classes per power of two above (<= 12.5% slack).
+  static std::size_t size_class(std::size_t bytes) {
+    constexpr std::size_t granule = 512, small = std::size_t{1} << 20;
+    if (bytes < small) return (bytes + granule - 1) / granule * granule;
+    const std::size_t top = std::size_t{1} << (63 - __builtin_clzll(bytes));
+    const std::size_t step = top / 8;
+    return (bytes + step - 1) / step * step;
+  }
+
+  void* allocate(std::size_t bytes) {
+    const std::size_t size = size_class(bytes);
+    const int device = cuda_rt::current_device();
+    const stream_id stream = current_stream_id();
+    std::lock_guard lock(mutex_);
+    const auto key = std::make_tuple(device, stream, size);
+    if (auto it = free_.find(key); it != free_.end()) {
+      void* p = it->second;
+      free_.erase(it);
+      held_ -= size;
+      live_.emplace(p, block{device, stream, size});
+      return p;
+    }
+    void* p = nullptr;
+    cudaError_t status = cudaMalloc(&p, size);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      release_locked();
+      status = cudaMalloc(&p, size);
+    }
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      std::size_t free_bytes = 0, total_bytes = 0;
+      (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+      decentrain::detail::fail("CUDA out of memory: could not allocate ", size, " bytes on device ",
+                               device, " (", free_bytes >> 20, " MiB free of ", total_bytes >> 20,
+                               " MiB; decentrain holds ", in_use_ >> 20, " MiB in tensors): ",
+                               cudaGetErrorString(status));
+    }
+    live_.emplace(p, block{device, stream, size});
+    in_use_ += size;
+    return p;
+  }
+
+  void deallocate(void* p) noexcept {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(p);
+    if (it == live_.end()) return;  // not ours (or already freed): never hand it out twice
+    const block b = it->second;
+    live_.erase(it);
+    free_.emplace(std::make_tuple(b.device, b.stream, b.size), p);
+    held_ += b.size;
+  }
+
+  // Gives every cached block back to the driver (after the device finished with them).
+  void release() noexcept {
+    std::lock_guard lock(mutex_);
+    release_locked();
+  }
+
+  std::size_t held_bytes() const {
+    std::lock_guard lock(mutex_);
+    return held_;
+  }
+  // Bytes in blocks handed out or cached: what this process holds through decentrain.
+  std::size_t reserved_bytes() const {
+    std::lock_guard lock(mutex_);
+    return in_use_;
+  }
+
+ private:
+  struct stream_id {
+    cudaStream_t stream;
+    std::thread::id thread;  // only for cudaStreamPerThread
+    friend bool operator<(const stream_id& a, const stream_id& b) {
+      return std::tie(a.stream, a.thread) < std::tie(b.stream, b.thread);
+    }
+  };
+  static stream_id current_stream_id() {
+    const cudaStream_t s = cuda_rt::current_stream();
+    return {s, s == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
+  }
+  struct block {
+    int device;
+    stream_id stream;
+    std::size_t size;
+  };
+  device_block_cache() = default;
+  // Not released at exit: the CUDA context may already be gone when statics are destroyed.
+  ~device_block_cache() = default;
+
+  void release_locked() noexcept {
+    if (free_.empty()) return;
+    (void)cudaDeviceSynchronize();
+    for (auto& [key, p] : free_) {
+      (void)cudaFree(p);
+      in_use_ -= std::get<2>(key);
+    }
+    free_.clear();
+    held_ = 0;
+  }
+
+  mutable std::mutex mutex_;
+  std::multimap<std::tuple<int, stream_id, std::size_t>, void*> free_;
+  std::unordered_map<void*, block> live_;
+  std::size_t held_ = 0, in_use_ = 0;
+};
+
+namespace cuda_copy {
+
+inline constexpr int max_rank = 8;
+
+// Sizes and both sides' strides, passed to the kernel by value.
+struct strided_layout {
+  int rank;
+  std::int64_t sizes[max_rank];
+  std::int64_t dst[max_rank];
+  std::int64_t src[max_rank];
+};
+
+template <class To, class From>
+__global__ void copy_strided_kernel(To* dst, const From* src, std::int64_t n, strided_layout l) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t rem = i, od = 0, os = 0;
+    for (int d = l.rank - 1; d >= 0; --d) {
+      const std::int64_t c = rem % l.sizes[d];
+      rem /= l.sizes[d];
+      od += c * l.dst[d];
+      os += c * l.src[d];
+    }
+    dst[od] = convert_element<To>(src[os]);
+  }
+}
+
+template <class T>
+__global__ void fill_kernel(T* dst, std::int64_t n, T value) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+}  // namespace cuda_copy
+}  // namespace detail
+
+template <>
+struct memory<cuda> {
+  static void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    return detail::device_block_cache::instance().allocate(bytes);
+  }
+  static void deallocate(void* p, std::size_t) noexcept {
+    if (p) detail::device_block_cache::instance().deallocate(p);
+  }
+
+  static std::size_t cached_bytes() { return detail::device_block_cache::instance().held_bytes(); }
+  static std::size_t reserved_bytes() { return detail::device_block_cache::instance().reserved_bytes(); }
+  static void release_cached() { detail::device_block_cache::instance().release(); }
+
+  // Copies a strided view into another view of the same sizes, converting dtypes on the way.
+  // Strides are in elements of each side's own dtype.
+  static void copy_strided(void* dst, dtype dst_type, const std::int64_t* dst_strides,
+                           const void* src, dtype src_type, const std::int64_t* src_strides,
+                           const std::int64_t* sizes, std::size_t rank) {
+    std::int64_t n = 1;
+    for (std::size_t d = 0; d < rank; ++d) n *= sizes[d];
+    if (n == 0) return;
+    if (dst_type == src_type && is_dense(dst_strides, sizes, rank) && is_dense(src_strides, sizes, rank)) {
+      cuda_rt::check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * dtype_size(dst_type),
+                                     cudaMemcpyDeviceToDevice, cuda_rt::current_stream()),
+                     "cudaMemcpyAsync (device to device)");
+      return;
+    }
+    detail::check(rank <= static_cast<std::size_t>(detail::cuda_copy::max_rank),
+                  "cuda copy: tensors of rank ", rank, " are not supported (at most ",
+                  detail::cuda_copy::max_rank, ")");
+    detail::cuda_copy::strided_layout layout{};
+    layout.rank = static_cast<int>(rank);
+    for (std::size_t d = 0; d < rank; ++d) {
+      layout.sizes[d] = sizes[d];
+      layout.dst[d] = dst_strides[d];
+      layout.src[d] = src_strides[d];
+    }
+    visit_dtype(dst_type, [&](auto dst_tag) {
+      using To = decltype(dst_tag);
+      visit_dtype(src_type, [&](auto src_tag) {
+        using From = decltype(src_tag);
+        detail::cuda_copy::copy_strided_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
+                                                 cuda_rt::current_stream()>>>(
+            static_cast<To*>(dst), static_cast<const From*>(src), n, layout);
+        cuda_rt::check_launch("copy_strided_kernel");
+      });
+    });
+  }
+
+  static void fill(void* dst, dtype type, std::size_t count, double value) {
+    if (count == 0) return;
+    visit_dtype(type, [&](auto tag) {
+      using T = decltype(tag);
+      const auto n = static_cast<std::int64_t>(count);
+      detail::cuda_copy::fill_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
+                                       cuda_rt::current_stream()>>>(static_cast<T*>(dst), n,
+                                                                    convert_element<T>(value));
+      cuda_rt::check_launch("fill_kernel");
+    });
+  }
+
+  // Host transfers wait for the copy: the host buffer may be pageable and the caller may
+  // reuse it as soon as this returns.
+  static void copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+    if (!bytes) return;
+    cuda_rt::check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cuda_rt::current_stream()),
+                   "cudaMemcpyAsync (device to host)");
+    cuda_rt::synchronize();
+  }
+  static void copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
+    if (!bytes) return;
+    cuda_rt::check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_rt::current_stream()),
+                   "cudaMemcpyAsync (host to device)");
+    cuda_rt::synchronize();
+  }
+
+ private:
+  static bool is_dense(const std::int64_t* strides, const std::int64_t* sizes, std::size_t rank) {
+    std::int64_t expected = 1;
+    for (std::size_t d = rank; d-- > 0;) {
+      if (sizes[d] != 1 && strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
+  }
+};
+
+// Page-locked host memory: device copies from and to it run at full PCIe/NVLink speed and
+// can be asynchronous, which is what communication buffers need. Move-only.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  explicit pinned_buffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes) cuda_rt::check(cudaMallocHost(&data_, bytes), "cudaMallocHost");
+  }
+  pinned_buffer(pinned_buffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  pinned_buffer& operator=(pinned_buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() { reset(); }
+
+  void* data() const { return data_; }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  void reset() noexcept {
+    if (data_) (void)cudaFreeHost(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace decentrain
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/core/memory_cuda.cuh ----
 // ---- end decentrain/core/memory.hpp ----
 // ---- begin decentrain/core/shape.hpp ----
 // Tensor shapes: the sizes of each dimension, with the checks and printing every op needs.
@@ -1103,7 +1502,40 @@ tensor<Device> uniform(const shape& s, rng& gen, double lo = 0.0, double hi = 1.
 
 }  // namespace decentrain
 // ---- end decentrain/core/factory.hpp ----
+// ---- begin decentrain/core/transfer.hpp ----
+// Moving tensors between devices. A copy to the same device is no copy at all (the handle is
+// returned, as torch's .to() does); between host and GPU the values are copied once, dense.
+
+#include <type_traits>
+
+
+namespace decentrain {
+
+template <class To, class From>
+tensor<To> to_device(const tensor<From>& x) {
+  if constexpr (std::is_same_v<To, From>) {
+    return x;
+  } else {
+    static_assert(std::is_same_v<To, cpu> || std::is_same_v<From, cpu>,
+                  "to_device: copies go between the host (dt::cpu) and one device");
+    detail::check(x.defined(), "to_device: the tensor is undefined");
+    const auto src = x.contiguous();
+    auto out = tensor<To>::empty(x.shape(), x.dtype());
+    if constexpr (std::is_same_v<From, cpu>)
+      memory<To>::copy_from_host(out.raw_data(), src.raw_data(), src.nbytes());
+    else
+      memory<From>::copy_to_host(out.raw_data(), src.raw_data(), src.nbytes());
+    return out;
+  }
+}
+
+}  // namespace decentrain
+// ---- end decentrain/core/transfer.hpp ----
 // ---- end decentrain/core/core.hpp ----
+// ---- begin decentrain/kernels/activation.hpp ----
+// The activation kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
 // ---- begin decentrain/kernels/cpu/activation.hpp ----
 // GELU, tanh form (as GPT-2 and PyTorch's approximate="tanh"), forward and backward.
 
@@ -1128,7 +1560,7 @@ namespace detail {
 inline constexpr std::int64_t parallel_threshold = 1 << 15;
 
 template <class T>
-inline T apply(binary_op op, T x, T y) {
+DECENTRAIN_HOST_DEVICE inline T apply(binary_op op, T x, T y) {
   switch (op) {
     case binary_op::add: return x + y;
     case binary_op::sub: return x - y;
@@ -1266,6 +1698,158 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T*
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/activation.hpp ----
+// ---- begin decentrain/kernels/cuda/activation.cuh ----
+// GELU (tanh form) on the GPU, forward and backward; the same formula as the CPU kernels.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+
+// ---- begin decentrain/kernels/cuda/common.cuh ----
+// Building blocks of the CUDA kernels: grid-stride indices, warp and block reductions (CUB),
+// and a deterministic sum of a device array to one host value. Compiled only by nvcc.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cub/block/block_reduce.cuh>
+
+#include <cstdint>
+#include <vector>
+
+
+namespace decentrain::kernels::cuda_detail {
+
+__device__ inline std::int64_t thread_index() {
+  return blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+}
+__device__ inline std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+__device__ inline std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+
+struct sum_op {
+  template <class T>
+  __device__ T operator()(const T& a, const T& b) const { return a + b; }
+};
+struct max_op {
+  template <class T>
+  __device__ T operator()(const T& a, const T& b) const { return a > b ? a : b; }
+};
+
+template <class T, class Op>
+__device__ T warp_reduce(T v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// The reduction of v over the block, returned to every thread. Safe to call several times in
+// a row: the leading barrier keeps one call's broadcast from overwriting what another thread
+// has not read yet.
+template <int Threads, class T, class Op>
+__device__ T block_reduce(T v, Op op) {
+  using reduce = cub::BlockReduce<T, Threads>;
+  __shared__ typename reduce::TempStorage storage;
+  __shared__ T result;
+  __syncthreads();
+  const T r = reduce(storage).Reduce(v, op);
+  if (threadIdx.x == 0) result = r;
+  __syncthreads();
+  return result;
+}
+
+// A scratch device array that returns to the cache when it goes out of scope.
+template <class T>
+class scratch {
+ public:
+  explicit scratch(std::int64_t n)
+      : n_(static_cast<std::size_t>(n)), data_(static_cast<T*>(memory<cuda>::allocate(sizeof(T) * n_))) {}
+  ~scratch() { memory<cuda>::deallocate(data_, sizeof(T) * n_); }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  T* get() const { return data_; }
+
+ private:
+  std::size_t n_;
+  T* data_;
+};
+
+template <int Threads>
+__global__ void sum_array_kernel(double* out, const double* in, std::int64_t n) {
+  double acc = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += Threads) acc += in[i];
+  acc = block_reduce<Threads>(acc, sum_op{});
+  if (threadIdx.x == 0) *out = acc;
+}
+
+// Sum of n doubles on the device, read back to the host. One block in a fixed order, so the
+// result is the same on every run (an atomic sum would not be).
+inline double sum_to_host(const double* values, std::int64_t n) {
+  if (n == 0) return 0.0;
+  scratch<double> out(1);
+  sum_array_kernel<1024><<<1, 1024, 0, cuda_rt::current_stream()>>>(out.get(), values, n);
+  cuda_rt::check_launch("sum_array_kernel");
+  double host = 0.0;
+  memory<cuda>::copy_to_host(&host, out.get(), sizeof(double));
+  return host;
+}
+
+}  // namespace decentrain::kernels::cuda_detail
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/common.cuh ----
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+__device__ inline float device_tanh(float u) { return tanhf(u); }
+__device__ inline double device_tanh(double u) { return tanh(u); }
+
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* x, std::int64_t n) {
+  const T s = T(0.79788456080286535587989211986876), c = T(0.044715);
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    const T v = x[i];
+    out[i] = T(0.5) * v * (T(1) + device_tanh(s * (v + c * v * v * v)));
+  }
+}
+
+template <class T>
+__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, std::int64_t n) {
+  const T s = T(0.79788456080286535587989211986876), c = T(0.044715);
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    const T v = x[i];
+    const T t = device_tanh(s * (v + c * v * v * v));
+    const T local = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * s * (T(1) + T(3) * c * v * v);
+    dx[i] += local * dout[i];
+  }
+}
+}  // namespace cuda_detail
+
+template <class T>
+void gelu_forward(cuda, T* out, const T* x, std::int64_t n) {
+  if (n == 0) return;
+  cuda_detail::gelu_forward_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
+                                     cuda_rt::current_stream()>>>(out, x, n);
+  cuda_rt::check_launch("gelu_forward_kernel");
+}
+
+// dx += dout * gelu'(x)
+template <class T>
+void gelu_backward(cuda, T* dx, const T* x, const T* dout, std::int64_t n) {
+  if (n == 0) return;
+  cuda_detail::gelu_backward_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
+                                      cuda_rt::current_stream()>>>(dx, x, dout, n);
+  cuda_rt::check_launch("gelu_backward_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/activation.cuh ----
+// ---- end decentrain/kernels/activation.hpp ----
+// ---- begin decentrain/kernels/attention.hpp ----
+// The attention kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
 // ---- begin decentrain/kernels/cpu/attention.hpp ----
 // Causal multi-head scaled-dot-product attention on the CPU: q, k, v are (B, T, C) with
 // C = H * D, head h reading columns [h*D, (h+1)*D). Every product is a GEMM on strided views
@@ -1627,6 +2211,11 @@ void gemm(cpu, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
 
 namespace decentrain::kernels {
 
+// What the forward keeps for the backward: the probabilities.
+inline std::vector<std::int64_t> attention_saved_sizes(cpu, std::int64_t B, std::int64_t H, std::int64_t Tn) {
+  return {B, H, Tn, Tn};
+}
+
 template <class T>
 void attention_forward(cpu, T* out, T* probs, const T* q, const T* k, const T* v, std::int64_t B,
                        std::int64_t Tn, std::int64_t C, std::int64_t H) {
@@ -1654,8 +2243,9 @@ void attention_forward(cpu, T* out, T* probs, const T* q, const T* k, const T* v
 }
 
 // dq, dk, dv are accumulated into (+=). Each (batch, head) pair writes only its own columns.
+// The forward's output is not needed here (the GPU kernels use it).
 template <class T>
-void attention_backward(cpu, T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q,
+void attention_backward(cpu, T* dq, T* dk, T* dv, const T* dout, const T* /*out*/, const T* probs, const T* q,
                         const T* k, const T* v, std::int64_t B, std::int64_t Tn, std::int64_t C,
                         std::int64_t H) {
   const std::int64_t D = C / H;
@@ -1683,6 +2273,421 @@ void attention_backward(cpu, T* dq, T* dk, T* dv, const T* dout, const T* probs,
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/attention.hpp ----
+// ---- begin decentrain/kernels/cuda/attention.cuh ----
+// Causal multi-head attention on the GPU, flash-attention style: no (T, T) matrix ever reaches
+// global memory. q, k, v are (B, T, C) with head h in columns [h*D, (h+1)*D), as on the CPU.
+//
+// Forward: one warp per query row; the block's warps share 32-key tiles of K and V in shared
+// memory, and each lane scores one key of the tile against the warp's query. An online softmax
+// (running max m and sum l) rescales the accumulated output as tiles arrive. The forward keeps
+// only logsumexp per row (B, H, T) for the backward.
+// Backward (as FlashAttention-2): delta = rowsum(dO * O); then one kernel per output gradient,
+// each recomputing P = exp(scale q.k - lse) tile by tile: dQ with a warp per query row over key
+// tiles, dK and dV with a warp per key row over query tiles. No atomics: every gradient element
+// is written by one lane, so results repeat exactly.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+// ---- begin decentrain/kernels/cuda/softmax.cuh ----
+// Softmax and log-softmax over the last dim on the GPU: one block per row, the row maximum
+// subtracted before exponentiating (as on the CPU).
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+inline constexpr int softmax_threads = 256;
+
+__device__ inline float device_exp(float x) { return expf(x); }
+__device__ inline double device_exp(double x) { return exp(x); }
+__device__ inline float device_log(float x) { return logf(x); }
+__device__ inline double device_log(double x) { return log(x); }
+template <class T>
+__device__ T lowest() { return -static_cast<T>(INFINITY); }
+
+// Row max and sum(exp(x - max)), every thread of the block gets both.
+template <class T>
+struct row_stats {
+  T max, sum;
+};
+template <int Threads, class T>
+__device__ row_stats<T> block_row_stats(const T* x, std::int64_t cols) {
+  T mx = lowest<T>();
+  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) mx = x[c] > mx ? x[c] : mx;
+  mx = block_reduce<Threads>(mx, max_op{});
+  T sum = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) sum += device_exp(x[c] - mx);
+  sum = block_reduce<Threads>(sum, sum_op{});
+  return {mx, sum};
+}
+
+template <class T>
+__global__ void softmax_forward_kernel(T* out, const T* x, std::int64_t cols, bool log) {
+  const T* in = x + blockIdx.x * cols;
+  T* o = out + blockIdx.x * cols;
+  const auto s = block_row_stats<softmax_threads>(in, cols);
+  if (log) {
+    const T lse = s.max + device_log(s.sum);
+    for (std::int64_t c = threadIdx.x; c < cols; c += softmax_threads) o[c] = in[c] - lse;
+  } else {
+    const T inv = T(1) / s.sum;
+    for (std::int64_t c = threadIdx.x; c < cols; c += softmax_threads) o[c] = device_exp(in[c] - s.max) * inv;
+  }
+}
+
+template <class T>
+__global__ void softmax_backward_kernel(T* dx, const T* y, const T* dout, std::int64_t cols, bool log) {
+  const T* yr = y + blockIdx.x * cols;
+  const T* g = dout + blockIdx.x * cols;
+  T* d = dx + blockIdx.x * cols;
+  T dot = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += softmax_threads) dot += log ? g[c] : g[c] * yr[c];
+  dot = block_reduce<softmax_threads>(dot, sum_op{});
+  for (std::int64_t c = threadIdx.x; c < cols; c += softmax_threads)
+    d[c] += log ? g[c] - device_exp(yr[c]) * dot : yr[c] * (g[c] - dot);
+}
+}  // namespace cuda_detail
+
+template <class T>
+void softmax_forward(cuda, T* out, const T* x, std::int64_t rows, std::int64_t cols, bool log) {
+  if (rows == 0) return;
+  cuda_detail::softmax_forward_kernel<<<static_cast<unsigned>(rows), cuda_detail::softmax_threads, 0,
+                                        cuda_rt::current_stream()>>>(out, x, cols, log);
+  cuda_rt::check_launch("softmax_forward_kernel");
+}
+
+// dx += softmax'(y) dout; for log=true, y is the log-softmax output.
+template <class T>
+void softmax_backward(cuda, T* dx, const T* y, const T* dout, std::int64_t rows, std::int64_t cols, bool log) {
+  if (rows == 0) return;
+  cuda_detail::softmax_backward_kernel<<<static_cast<unsigned>(rows), cuda_detail::softmax_threads, 0,
+                                         cuda_rt::current_stream()>>>(dx, y, dout, cols, log);
+  cuda_rt::check_launch("softmax_backward_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/softmax.cuh ----
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+inline constexpr int attention_warps = 8;  // rows (queries or keys) per block
+inline constexpr int attention_tile = 32;  // keys or queries per shared-memory tile (one per lane)
+
+// The lane's dot product of a row in shared memory (broadcast to the warp) with row `lane` of
+// a padded tile.
+template <class T>
+__device__ T row_dot(const T* row, const T* tile, int lane, std::int64_t D) {
+  const T* other = tile + lane * (D + 1);
+  T acc = 0;
+  for (std::int64_t d = 0; d < D; ++d) acc += row[d] * other[d];
+  return acc;
+}
+
+// Loads rows [r0, r0 + 32) of a head (rows C apart) into a padded (32, D+1) tile; rows past Tn
+// are zero.
+template <class T>
+__device__ void load_tile(T* tile, const T* src, std::int64_t r0, std::int64_t Tn, std::int64_t C, std::int64_t D) {
+  for (std::int64_t idx = threadIdx.x; idx < attention_tile * D; idx += blockDim.x) {
+    const std::int64_t r = idx / D, d = idx % D;
+    tile[r * (D + 1) + d] = r0 + r < Tn ? src[(r0 + r) * C + d] : T(0);
+  }
+}
+
+template <class T, int MaxD>
+__global__ void attention_forward_kernel(T* out, T* lse, const T* q, const T* k, const T* v, std::int64_t Tn,
+                                         std::int64_t C, std::int64_t H, T scale) {
+  constexpr int per_lane = MaxD / 32;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const std::int64_t D = C / H;
+  T* ks = reinterpret_cast<T*>(smem_raw);  // (32, D+1)
+  T* vs = ks + attention_tile * (D + 1);   // (32, D+1)
+  T* qs = vs + attention_tile * (D + 1);   // (warps, D)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const std::int64_t base = b * Tn * C + h * D;
+  const std::int64_t q0 = blockIdx.x * static_cast<std::int64_t>(attention_warps);
+  const std::int64_t t = q0 + warp;
+  const std::int64_t last = min64(q0 + attention_warps, Tn) - 1;
+  T* qrow = qs + warp * D;
+  if (t < Tn)
+    for (std::int64_t d = lane; d < D; d += 32) qrow[d] = q[base + t * C + d];
+  T o[per_lane];
+  for (int i = 0; i < per_lane; ++i) o[i] = T(0);
+  T m = lowest<T>(), l = T(0);
+  for (std::int64_t s0 = 0; s0 <= last; s0 += attention_tile) {
+    __syncthreads();  // the previous tile is consumed (and qrow is written)
+    load_tile(ks, k + base, s0, Tn, C, D);
+    load_tile(vs, v + base, s0, Tn, C, D);
+    __syncthreads();
+    if (t < Tn && s0 <= t) {  // uniform over the warp
+      const std::int64_t s = s0 + lane;
+      const bool visible = s <= t;
+      const T score = visible ? row_dot(qrow, ks, lane, D) * scale : lowest<T>();
+      const T tile_max = warp_reduce(score, max_op{});
+      const T m_new = m > tile_max ? m : tile_max;  // finite: key s0 is visible
+      const T p = visible ? device_exp(score - m_new) : T(0);
+      const T correction = device_exp(m - m_new);
+      l = l * correction + warp_reduce(p, sum_op{});
+      for (int i = 0; i < per_lane; ++i) o[i] *= correction;
+      const int count = static_cast<int>(min64(attention_tile, t - s0 + 1));
+      for (int j = 0; j < count; ++j) {
+        const T pj = __shfl_sync(0xffffffffu, p, j);
+        for (int i = 0; i < per_lane; ++i) {
+          const std::int64_t d = lane + 32 * i;
+          if (d < D) o[i] += pj * vs[j * (D + 1) + d];
+        }
+      }
+      m = m_new;
+    }
+  }
+  if (t < Tn) {
+    const T inv = T(1) / l;
+    for (int i = 0; i < per_lane; ++i) {
+      const std::int64_t d = lane + 32 * i;
+      if (d < D) out[base + t * C + d] = o[i] * inv;
+    }
+    if (lane == 0) lse[bh * Tn + t] = m + device_log(l);
+  }
+}
+
+// delta[bh, t] = sum_d dO[t, d] * O[t, d], one warp per row.
+template <class T>
+__global__ void attention_delta_kernel(T* delta, const T* dout, const T* out, std::int64_t Tn, std::int64_t C,
+                                       std::int64_t H) {
+  const std::int64_t D = C / H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(attention_warps) + warp;
+  if (t >= Tn) return;
+  const std::int64_t row = b * Tn * C + h * D + t * C;
+  T acc = 0;
+  for (std::int64_t d = lane; d < D; d += 32) acc += dout[row + d] * out[row + d];
+  acc = warp_reduce(acc, sum_op{});
+  if (lane == 0) delta[bh * Tn + t] = acc;
+}
+
+// dq += scale * sum_s dS[t, s] k[s], a warp per query row t.
+template <class T, int MaxD>
+__global__ void attention_dq_kernel(T* dq, const T* dout, const T* lse, const T* delta, const T* q, const T* k,
+                                    const T* v, std::int64_t Tn, std::int64_t C, std::int64_t H, T scale) {
+  constexpr int per_lane = MaxD / 32;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const std::int64_t D = C / H;
+  T* ks = reinterpret_cast<T*>(smem_raw);   // (32, D+1)
+  T* vs = ks + attention_tile * (D + 1);    // (32, D+1)
+  T* qs = vs + attention_tile * (D + 1);    // (warps, D)
+  T* dos = qs + attention_warps * D;        // (warps, D)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const std::int64_t base = b * Tn * C + h * D;
+  const std::int64_t q0 = blockIdx.x * static_cast<std::int64_t>(attention_warps);
+  const std::int64_t t = q0 + warp;
+  const std::int64_t last = min64(q0 + attention_warps, Tn) - 1;
+  T* qrow = qs + warp * D;
+  T* dorow = dos + warp * D;
+  if (t < Tn)
+    for (std::int64_t d = lane; d < D; d += 32) {
+      qrow[d] = q[base + t * C + d];
+      dorow[d] = dout[base + t * C + d];
+    }
+  const T row_lse = t < Tn ? lse[bh * Tn + t] : T(0);
+  const T row_delta = t < Tn ? delta[bh * Tn + t] : T(0);
+  T acc[per_lane];
+  for (int i = 0; i < per_lane; ++i) acc[i] = T(0);
+  for (std::int64_t s0 = 0; s0 <= last; s0 += attention_tile) {
+    __syncthreads();
+    load_tile(ks, k + base, s0, Tn, C, D);
+    load_tile(vs, v + base, s0, Tn, C, D);
+    __syncthreads();
+    if (t < Tn && s0 <= t) {
+      const std::int64_t s = s0 + lane;
+      T ds = T(0);
+      if (s <= t) {
+        const T p = device_exp(row_dot(qrow, ks, lane, D) * scale - row_lse);
+        ds = p * (row_dot(dorow, vs, lane, D) - row_delta);
+      }
+      const int count = static_cast<int>(min64(attention_tile, t - s0 + 1));
+      for (int j = 0; j < count; ++j) {
+        const T dsj = __shfl_sync(0xffffffffu, ds, j);
+        for (int i = 0; i < per_lane; ++i) {
+          const std::int64_t d = lane + 32 * i;
+          if (d < D) acc[i] += dsj * ks[j * (D + 1) + d];
+        }
+      }
+    }
+  }
+  if (t < Tn)
+    for (int i = 0; i < per_lane; ++i) {
+      const std::int64_t d = lane + 32 * i;
+      if (d < D) dq[base + t * C + d] += acc[i] * scale;
+    }
+}
+
+// dv += sum_t P[t, s] dO[t] and dk += scale * sum_t dS[t, s] q[t], a warp per key row s.
+template <class T, int MaxD>
+__global__ void attention_dkv_kernel(T* dk, T* dv, const T* dout, const T* lse, const T* delta, const T* q,
+                                     const T* k, const T* v, std::int64_t Tn, std::int64_t C, std::int64_t H,
+                                     T scale) {
+  constexpr int per_lane = MaxD / 32;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const std::int64_t D = C / H;
+  T* qt = reinterpret_cast<T*>(smem_raw);    // (32, D+1) queries
+  T* dos = qt + attention_tile * (D + 1);    // (32, D+1) output gradients
+  T* krows = dos + attention_tile * (D + 1); // (warps, D)
+  T* vrows = krows + attention_warps * D;    // (warps, D)
+  T* lse_tile = vrows + attention_warps * D; // (32)
+  T* delta_tile = lse_tile + attention_tile; // (32)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const std::int64_t base = b * Tn * C + h * D;
+  const std::int64_t k0 = blockIdx.x * static_cast<std::int64_t>(attention_warps);
+  const std::int64_t s = k0 + warp;
+  T* krow = krows + warp * D;
+  T* vrow = vrows + warp * D;
+  if (s < Tn)
+    for (std::int64_t d = lane; d < D; d += 32) {
+      krow[d] = k[base + s * C + d];
+      vrow[d] = v[base + s * C + d];
+    }
+  T dk_acc[per_lane], dv_acc[per_lane];
+  for (int i = 0; i < per_lane; ++i) dk_acc[i] = dv_acc[i] = T(0);
+  // Queries before the block's first key see none of its keys.
+  for (std::int64_t t0 = k0 / attention_tile * attention_tile; t0 < Tn; t0 += attention_tile) {
+    __syncthreads();
+    load_tile(qt, q + base, t0, Tn, C, D);
+    load_tile(dos, dout + base, t0, Tn, C, D);
+    for (int r = threadIdx.x; r < attention_tile; r += blockDim.x) {
+      lse_tile[r] = t0 + r < Tn ? lse[bh * Tn + t0 + r] : T(0);
+      delta_tile[r] = t0 + r < Tn ? delta[bh * Tn + t0 + r] : T(0);
+    }
+    __syncthreads();
+    if (s < Tn && t0 + attention_tile > s) {  // uniform over the warp: some query in the tile sees s
+      const std::int64_t t = t0 + lane;
+      T p = T(0), ds = T(0);
+      if (t >= s && t < Tn) {
+        p = device_exp(row_dot(krow, qt, lane, D) * scale - lse_tile[lane]);
+        ds = p * (row_dot(vrow, dos, lane, D) - delta_tile[lane]);
+      }
+      for (int j = 0; j < attention_tile; ++j) {
+        const T pj = __shfl_sync(0xffffffffu, p, j);
+        const T dsj = __shfl_sync(0xffffffffu, ds, j);
+        for (int i = 0; i < per_lane; ++i) {
+          const std::int64_t d = lane + 32 * i;
+          if (d < D) {
+            dv_acc[i] += pj * dos[j * (D + 1) + d];
+            dk_acc[i] += dsj * qt[j * (D + 1) + d];
+          }
+        }
+      }
+    }
+  }
+  if (s < Tn)
+    for (int i = 0; i < per_lane; ++i) {
+      const std::int64_t d = lane + 32 * i;
+      if (d < D) {
+        dk[base + s * C + d] += dk_acc[i] * scale;
+        dv[base + s * C + d] += dv_acc[i];
+      }
+    }
+}
+
+// Launches kernel<T, MaxD> with the smallest MaxD (64, 128 or 256) that holds D, raising the
+// shared-memory limit when the tiles need more than the default 48 KiB.
+template <class T, class Launch>
+void with_head_width(std::int64_t D, Launch&& launch) {
+  decentrain::detail::check(D >= 1 && D <= 256, "cuda causal_attention: head width ", D,
+                            " is not supported (1 to 256)");
+  if (D <= 64) launch(std::integral_constant<int, 64>{});
+  else if (D <= 128) launch(std::integral_constant<int, 128>{});
+  else launch(std::integral_constant<int, 256>{});
+}
+
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, std::size_t bytes) {
+  if (bytes > 48 * 1024)
+    cuda_rt::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                   "cudaFuncSetAttribute (attention shared memory)");
+}
+
+inline dim3 attention_grid(std::int64_t B, std::int64_t H, std::int64_t Tn) {
+  decentrain::detail::check(B * H < 65536, "cuda causal_attention: B * n_head = ", B * H, " is above 65535");
+  return dim3(static_cast<unsigned>((Tn + attention_warps - 1) / attention_warps), static_cast<unsigned>(B * H));
+}
+}  // namespace cuda_detail
+
+// What the forward keeps for the backward: logsumexp per (batch, head, row).
+inline std::vector<std::int64_t> attention_saved_sizes(cuda, std::int64_t B, std::int64_t H, std::int64_t Tn) {
+  return {B, H, Tn};
+}
+
+template <class T>
+void attention_forward(cuda, T* out, T* saved, const T* q, const T* k, const T* v, std::int64_t B, std::int64_t Tn,
+                       std::int64_t C, std::int64_t H) {
+  if (B * Tn * C == 0) return;
+  const std::int64_t D = C / H;
+  const T scale = T(1) / static_cast<T>(std::sqrt(static_cast<double>(D)));
+  cuda_detail::with_head_width<T>(D, [&](auto max_d) {
+    constexpr int MaxD = decltype(max_d)::value;
+    const auto kernel = cuda_detail::attention_forward_kernel<T, MaxD>;
+    const std::size_t smem = sizeof(T) * static_cast<std::size_t>(2 * cuda_detail::attention_tile * (D + 1) +
+                                                                   cuda_detail::attention_warps * D);
+    cuda_detail::allow_shared_memory(kernel, smem);
+    kernel<<<cuda_detail::attention_grid(B, H, Tn), 32 * cuda_detail::attention_warps, smem,
+             cuda_rt::current_stream()>>>(out, saved, q, k, v, Tn, C, H, scale);
+    cuda_rt::check_launch("attention_forward_kernel");
+  });
+}
+
+// dq, dk, dv are accumulated into (+=). `out` is the forward's output, `saved` its logsumexp.
+template <class T>
+void attention_backward(cuda, T* dq, T* dk, T* dv, const T* dout, const T* out, const T* saved, const T* q,
+                        const T* k, const T* v, std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t H) {
+  if (B * Tn * C == 0) return;
+  const std::int64_t D = C / H;
+  const T scale = T(1) / static_cast<T>(std::sqrt(static_cast<double>(D)));
+  const auto stream = cuda_rt::current_stream();
+  const auto grid = cuda_detail::attention_grid(B, H, Tn);
+  constexpr int threads = 32 * cuda_detail::attention_warps;
+  cuda_detail::scratch<T> delta(B * H * Tn);
+  cuda_detail::attention_delta_kernel<<<grid, threads, 0, stream>>>(delta.get(), dout, out, Tn, C, H);
+  cuda_rt::check_launch("attention_delta_kernel");
+  cuda_detail::with_head_width<T>(D, [&](auto max_d) {
+    constexpr int MaxD = decltype(max_d)::value;
+    const std::size_t tiles = static_cast<std::size_t>(2 * cuda_detail::attention_tile * (D + 1));
+    const std::size_t rows = static_cast<std::size_t>(2 * cuda_detail::attention_warps * D);
+    const auto dq_kernel = cuda_detail::attention_dq_kernel<T, MaxD>;
+    const std::size_t dq_smem = sizeof(T) * (tiles + rows);
+    cuda_detail::allow_shared_memory(dq_kernel, dq_smem);
+    dq_kernel<<<grid, threads, dq_smem, stream>>>(dq, dout, saved, delta.get(), q, k, v, Tn, C, H, scale);
+    cuda_rt::check_launch("attention_dq_kernel");
+    const auto dkv_kernel = cuda_detail::attention_dkv_kernel<T, MaxD>;
+    const std::size_t dkv_smem = sizeof(T) * (tiles + rows + 2 * cuda_detail::attention_tile);
+    cuda_detail::allow_shared_memory(dkv_kernel, dkv_smem);
+    dkv_kernel<<<grid, threads, dkv_smem, stream>>>(dk, dv, dout, saved, delta.get(), q, k, v, Tn, C, H, scale);
+    cuda_rt::check_launch("attention_dkv_kernel");
+  });
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/attention.cuh ----
+// ---- end decentrain/kernels/attention.hpp ----
+// ---- begin decentrain/kernels/cross_entropy.hpp ----
+// The cross_entropy kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
 // ---- begin decentrain/kernels/cpu/cross_entropy.hpp ----
 // Cross-entropy with logits, fused with the softmax. Rows whose target equals ignore_index
 // count for nothing; the loss is the mean over the others (NaN when there are none, as in
@@ -1799,6 +2804,220 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/cross_entropy.hpp ----
+// ---- begin decentrain/kernels/cuda/cross_entropy.cuh ----
+// Cross-entropy with logits on the GPU, fused with the softmax: one block per row. The
+// forward writes each row's loss (in double) and sums them in a fixed order; the backward
+// recomputes the row statistics instead of keeping (N, V) probabilities alive.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+template <class T>
+__global__ void cross_entropy_rows_kernel(double* row_loss, const T* logits, const std::int32_t* targets,
+                                          std::int64_t V, std::int32_t ignore_index) {
+  const std::int64_t i = blockIdx.x;
+  const std::int32_t target = targets[i];
+  if (target == ignore_index) {  // uniform over the block: no thread reaches a barrier
+    if (threadIdx.x == 0) row_loss[i] = 0.0;
+    return;
+  }
+  const T* row = logits + i * V;
+  const auto s = block_row_stats<softmax_threads>(row, V);
+  if (threadIdx.x == 0) row_loss[i] = static_cast<double>(s.max + device_log(s.sum) - row[target]);
+}
+
+template <class T>
+__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
+                                              std::int64_t V, std::int32_t ignore_index, T dloss_per_row) {
+  const std::int64_t i = blockIdx.x;
+  const std::int32_t target = targets[i];
+  if (target == ignore_index) return;
+  const T* row = logits + i * V;
+  T* d = dlogits + i * V;
+  const auto s = block_row_stats<softmax_threads>(row, V);
+  const T inv = T(1) / s.sum;
+  for (std::int64_t c = threadIdx.x; c < V; c += softmax_threads) {
+    const T p = device_exp(row[c] - s.max) * inv;
+    d[c] += dloss_per_row * (c == target ? p - T(1) : p);
+  }
+}
+}  // namespace cuda_detail
+
+// Returns the summed loss over counted rows; `counted` gets their number. Targets (a device
+// array) must already be validated; `counted` is computed by the caller's host copy when it
+// has one, so here it is read back with the sum.
+template <class T>
+double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets, std::int64_t N,
+                             std::int64_t V, std::int32_t ignore_index, std::int64_t& counted) {
+  counted = 0;
+  if (N == 0) return 0.0;
+  decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
+  cuda_detail::scratch<double> row_loss(N);
+  cuda_detail::cross_entropy_rows_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
+                                           cuda_rt::current_stream()>>>(row_loss.get(), logits, targets, V,
+                                                                        ignore_index);
+  cuda_rt::check_launch("cross_entropy_rows_kernel");
+  std::vector<std::int32_t> host(static_cast<std::size_t>(N));
+  memory<cuda>::copy_to_host(host.data(), targets, sizeof(std::int32_t) * host.size());
+  for (auto t : host) counted += t != ignore_index;
+  return cuda_detail::sum_to_host(row_loss.get(), N);
+}
+
+// dlogits += dloss_per_row * (softmax(logits) - onehot(target)) for counted rows.
+template <class T>
+void cross_entropy_backward(cuda, T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t N,
+                            std::int64_t V, std::int32_t ignore_index, T dloss_per_row) {
+  if (N == 0) return;
+  cuda_detail::cross_entropy_backward_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
+                                               cuda_rt::current_stream()>>>(dlogits, logits, targets, V,
+                                                                            ignore_index, dloss_per_row);
+  cuda_rt::check_launch("cross_entropy_backward_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/cross_entropy.cuh ----
+// ---- end decentrain/kernels/cross_entropy.hpp ----
+// ---- begin decentrain/kernels/elementwise.hpp ----
+// The elementwise kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
+// ---- begin decentrain/kernels/cuda/elementwise.cuh ----
+// Elementwise CUDA kernels: broadcasting binary ops (broadcast = stride 0, as on the CPU),
+// scalar ops and accumulation. Kernels first, then the launchers the ops call.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+#include <vector>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+inline constexpr int max_rank = 8;
+
+// The output's sizes and each operand's strides in the output's rank.
+struct broadcast_layout {
+  int rank;
+  std::int64_t sizes[max_rank];
+  std::int64_t a[max_rank];
+  std::int64_t b[max_rank];
+};
+
+template <class T>
+__global__ void binary_kernel(binary_op op, T* out, std::int64_t n, const T* a, const T* b,
+                              broadcast_layout l) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    std::int64_t rem = i, oa = 0, ob = 0;
+    for (int d = l.rank - 1; d >= 0; --d) {
+      const std::int64_t c = rem % l.sizes[d];
+      rem /= l.sizes[d];
+      oa += c * l.a[d];
+      ob += c * l.b[d];
+    }
+    out[i] = detail::apply(op, a[oa], b[ob]);
+  }
+}
+
+// Same-shape operands need no index arithmetic.
+template <class T>
+__global__ void binary_dense_kernel(binary_op op, T* out, std::int64_t n, const T* a, const T* b) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) out[i] = detail::apply(op, a[i], b[i]);
+}
+
+template <class T>
+__global__ void affine_kernel(T* out, const T* x, std::int64_t n, T scale, T shift) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) out[i] = x[i] * scale + shift;
+}
+
+template <class T>
+__global__ void reciprocal_kernel(T* out, const T* x, std::int64_t n, T numerator) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) out[i] = numerator / x[i];
+}
+
+template <class T>
+__global__ void axpy_kernel(T* dst, const T* src, std::int64_t n, T scale) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) dst[i] += scale * src[i];
+}
+
+inline bool is_dense(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
+  std::int64_t expected = 1;
+  for (std::size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+}  // namespace cuda_detail
+
+template <class T>
+void binary(cuda, binary_op op, T* out, const std::vector<std::int64_t>& sizes, const T* a,
+            const std::vector<std::int64_t>& a_strides, const T* b,
+            const std::vector<std::int64_t>& b_strides) {
+  std::int64_t n = 1;
+  for (auto s : sizes) n *= s;
+  if (n == 0) return;
+  const auto stream = cuda_rt::current_stream();
+  const unsigned blocks = cuda_rt::blocks_for(n);
+  if (cuda_detail::is_dense(sizes, a_strides) && cuda_detail::is_dense(sizes, b_strides)) {
+    cuda_detail::binary_dense_kernel<<<blocks, cuda_rt::threads_per_block, 0, stream>>>(op, out, n, a, b);
+    cuda_rt::check_launch("binary_dense_kernel");
+    return;
+  }
+  decentrain::detail::check(sizes.size() <= static_cast<std::size_t>(cuda_detail::max_rank),
+                            "cuda binary op: rank ", sizes.size(), " is above the supported ",
+                            cuda_detail::max_rank);
+  cuda_detail::broadcast_layout l{};
+  l.rank = static_cast<int>(sizes.size());
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    l.sizes[d] = sizes[d];
+    l.a[d] = a_strides[d];
+    l.b[d] = b_strides[d];
+  }
+  cuda_detail::binary_kernel<<<blocks, cuda_rt::threads_per_block, 0, stream>>>(op, out, n, a, b, l);
+  cuda_rt::check_launch("binary_kernel");
+}
+
+template <class T>
+void affine(cuda, T* out, const T* x, std::int64_t n, T scale, T shift) {
+  if (n == 0) return;
+  cuda_detail::affine_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
+                               cuda_rt::current_stream()>>>(out, x, n, scale, shift);
+  cuda_rt::check_launch("affine_kernel");
+}
+
+template <class T>
+void reciprocal(cuda, T* out, const T* x, std::int64_t n, T numerator) {
+  if (n == 0) return;
+  cuda_detail::reciprocal_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
+                                   cuda_rt::current_stream()>>>(out, x, n, numerator);
+  cuda_rt::check_launch("reciprocal_kernel");
+}
+
+template <class T>
+void axpy(cuda, T* dst, const T* src, std::int64_t n, T scale = T(1)) {
+  if (n == 0) return;
+  cuda_detail::axpy_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
+                             cuda_rt::current_stream()>>>(dst, src, n, scale);
+  cuda_rt::check_launch("axpy_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/elementwise.cuh ----
+// ---- end decentrain/kernels/elementwise.hpp ----
+// ---- begin decentrain/kernels/embedding.hpp ----
+// The embedding kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
 // ---- begin decentrain/kernels/cpu/embedding.hpp ----
 // Embedding lookup: rows of a (V, C) table gathered by integer ids, and the scatter-add that
 // is its gradient. Ids must be validated by the caller.
@@ -1834,6 +3053,215 @@ void embedding_backward(cpu, T* dtable, const std::int32_t* ids, const T* dout, 
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/embedding.hpp ----
+// ---- begin decentrain/kernels/cuda/embedding.cuh ----
+// Embedding lookup on the GPU and its gradient, a scatter-add. Ids must be validated by the
+// caller (the op checks them on the host).
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+template <class T>
+__global__ void embedding_forward_kernel(T* out, const std::int32_t* ids, const T* table, std::int64_t N,
+                                         std::int64_t C) {
+  for (std::int64_t i = thread_index(); i < N * C; i += thread_count()) {
+    const std::int64_t row = i / C, c = i % C;
+    out[i] = table[static_cast<std::int64_t>(ids[row]) * C + c];
+  }
+}
+
+// Repeated ids add into the same row, so the adds are atomic. The order of float additions
+// then varies between runs (last-bit differences in the table gradient).
+template <class T>
+__global__ void embedding_backward_kernel(T* dtable, const std::int32_t* ids, const T* dout, std::int64_t N,
+                                          std::int64_t C) {
+  for (std::int64_t i = thread_index(); i < N * C; i += thread_count()) {
+    const std::int64_t row = i / C, c = i % C;
+    atomicAdd(dtable + static_cast<std::int64_t>(ids[row]) * C + c, dout[i]);
+  }
+}
+}  // namespace cuda_detail
+
+template <class T>
+void embedding_forward(cuda, T* out, const std::int32_t* ids, const T* table, std::int64_t N, std::int64_t C) {
+  if (N * C == 0) return;
+  cuda_detail::embedding_forward_kernel<<<cuda_rt::blocks_for(N * C), cuda_rt::threads_per_block, 0,
+                                          cuda_rt::current_stream()>>>(out, ids, table, N, C);
+  cuda_rt::check_launch("embedding_forward_kernel");
+}
+
+// dtable[ids[i]] += dout[i]
+template <class T>
+void embedding_backward(cuda, T* dtable, const std::int32_t* ids, const T* dout, std::int64_t N, std::int64_t C) {
+  if (N * C == 0) return;
+  cuda_detail::embedding_backward_kernel<<<cuda_rt::blocks_for(N * C), cuda_rt::threads_per_block, 0,
+                                           cuda_rt::current_stream()>>>(dtable, ids, dout, N, C);
+  cuda_rt::check_launch("embedding_backward_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/embedding.cuh ----
+// ---- end decentrain/kernels/embedding.hpp ----
+// ---- begin decentrain/kernels/gemm.hpp ----
+// The gemm kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
+// ---- begin decentrain/kernels/cuda/gemm.cuh ----
+// GEMM on the GPU through cuBLAS. decentrain is row-major and cuBLAS column-major: a row-major
+// C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped
+// and nothing is transposed in memory. Pure f32 math (no TF32), so results match the CPU to
+// float rounding.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+
+inline const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "unknown cuBLAS status";
+  }
+}
+
+inline void cublas_check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    decentrain::detail::fail("cuBLAS error in ", what, ": ", cublas_status_name(status));
+}
+
+// One handle per host thread and device (a handle is not safe to share between threads),
+// bound to the thread's current stream before each call.
+class cublas_handles {
+ public:
+  static cublasHandle_t get() {
+    thread_local cublas_handles handles;
+    const int device = cuda_rt::current_device();
+    auto it = handles.by_device_.find(device);
+    if (it == handles.by_device_.end()) {
+      cublasHandle_t h = nullptr;
+      cublas_check(cublasCreate(&h), "cublasCreate");
+      it = handles.by_device_.emplace(device, h).first;
+    }
+    cublas_check(cublasSetStream(it->second, cuda_rt::current_stream()), "cublasSetStream");
+    return it->second;
+  }
+  ~cublas_handles() {
+    for (auto& [device, h] : by_device_) (void)cublasDestroy(h);
+  }
+
+ private:
+  std::map<int, cublasHandle_t> by_device_;
+};
+
+inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                int k, const float* alpha, const float* a, int lda, const float* b, int ldb,
+                                const float* beta, float* c, int ldc) {
+  return cublasSgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                int k, const double* alpha, const double* a, int lda, const double* b, int ldb,
+                                const double* beta, double* c, int ldc) {
+  return cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+inline int as_int(std::int64_t v, const char* what) {
+  decentrain::detail::check(v <= std::int64_t{2147483647}, "cuda gemm: ", what, " = ", v,
+                            " is above cuBLAS's 32-bit limit");
+  return static_cast<int>(v);
+}
+
+}  // namespace cuda_detail
+
+// Row-major c = alpha * op(a) op(b) + beta * c with leading dimensions in elements, as the CPU
+// gemm. The backend argument exists for the CPU's choices and must be `automatic` here.
+template <class T>
+void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
+          gemm_backend backend = gemm_backend::automatic) {
+  decentrain::detail::check(backend == gemm_backend::automatic,
+                            "gemm: on dt::cuda only the automatic backend (cuBLAS) exists");
+  decentrain::detail::check(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
+  decentrain::detail::check(lda >= std::max<std::int64_t>(1, trans_a ? m : k) &&
+                                ldb >= std::max<std::int64_t>(1, trans_b ? k : n) &&
+                                ldc >= std::max<std::int64_t>(1, n),
+                            "gemm: leading dimension too small (lda=", lda, ", ldb=", ldb, ", ldc=", ldc,
+                            " for m=", m, " n=", n, " k=", k, ")");
+  if (m == 0 || n == 0) return;
+  using cuda_detail::as_int;
+  // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
+  cuda_detail::cublas_check(
+      cuda_detail::gemm_call(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(n, "n"), as_int(m, "m"),
+                             as_int(k, "k"), &alpha, b, as_int(ldb, "ldb"), a, as_int(lda, "lda"), &beta, c,
+                             as_int(ldc, "ldc")),
+      "cublas gemm");
+}
+
+// Mixed precision: bf16 operands, f32 result and accumulation (tensor cores).
+inline void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+                 std::int64_t ldc, gemm_backend backend = gemm_backend::automatic) {
+  decentrain::detail::check(backend == gemm_backend::automatic,
+                            "gemm: on dt::cuda only the automatic backend (cuBLAS) exists");
+  decentrain::detail::check(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
+  decentrain::detail::check(lda >= std::max<std::int64_t>(1, trans_a ? m : k) &&
+                                ldb >= std::max<std::int64_t>(1, trans_b ? k : n) &&
+                                ldc >= std::max<std::int64_t>(1, n),
+                            "gemm: leading dimension too small (lda=", lda, ", ldb=", ldb, ", ldc=", ldc,
+                            " for m=", m, " n=", n, " k=", k, ")");
+  if (m == 0 || n == 0) return;
+  static_assert(sizeof(bf16) == 2, "dt::bf16 must have __nv_bfloat16's layout");
+  using cuda_detail::as_int;
+  cuda_detail::cublas_check(
+      cublasGemmEx(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(n, "n"), as_int(m, "m"), as_int(k, "k"), &alpha, b,
+                   CUDA_R_16BF, as_int(ldb, "ldb"), a, CUDA_R_16BF, as_int(lda, "lda"), &beta, c, CUDA_R_32F,
+                   as_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx (bf16 x bf16 -> f32)");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/gemm.cuh ----
+
+namespace decentrain::kernels {
+// Whether gemm(Device{}, ...) multiplies bf16 operands natively into an f32 result (f32
+// accumulation). Elsewhere bf16 operands are widened to f32 first.
+template <class Device>
+inline constexpr bool has_bf16_gemm = false;
+#if DECENTRAIN_HAS_CUDA
+template <>
+inline constexpr bool has_bf16_gemm<cuda> = true;
+#endif
+}  // namespace decentrain::kernels
+// ---- end decentrain/kernels/gemm.hpp ----
+// ---- begin decentrain/kernels/layer_norm.hpp ----
+// The layer_norm kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
 // ---- begin decentrain/kernels/cpu/layer_norm.hpp ----
 // Layer normalisation over the last dim (as llm.c): forward keeps mean and 1/std per row for
 // the backward pass, which then needs no second pass over the statistics.
@@ -1916,6 +3344,139 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const T* dout, const 
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/layer_norm.hpp ----
+// ---- begin decentrain/kernels/cuda/layer_norm.cuh ----
+// Layer normalisation over the last dim on the GPU: one warp per row for the row statistics
+// and the input gradient, and a column-tiled reduction for the gain and bias gradients (a fixed
+// order, no atomics).
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+inline constexpr int rows_per_block = 8;  // one warp each
+inline constexpr int column_row_groups_ln = 16;  // warps that split the rows of a column tile
+
+__device__ inline float device_rsqrt(float x) { return rsqrtf(x); }
+__device__ inline double device_rsqrt(double x) { return rsqrt(x); }
+
+template <class T>
+__global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, const T* weight,
+                                          const T* bias, std::int64_t rows, std::int64_t cols, T eps) {
+  const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
+  if (r >= rows) return;
+  const T* in = x + r * cols;
+  T m = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) m += in[c];
+  m = warp_reduce(m, sum_op{}) / static_cast<T>(cols);
+  T v = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
+  v = warp_reduce(v, sum_op{}) / static_cast<T>(cols);
+  const T s = device_rsqrt(v + eps);
+  T* o = out + r * cols;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) o[c] = (in[c] - m) * s * weight[c] + bias[c];
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+template <class T>
+__global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* weight, const T* mean,
+                                     const T* rstd, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
+  if (r >= rows) return;
+  const T* g = dout + r * cols;
+  const T* in = x + r * cols;
+  const T m = mean[r], s = rstd[r];
+  T mean_dn = 0, mean_dn_xhat = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
+    const T dn = weight[c] * g[c];
+    mean_dn += dn;
+    mean_dn_xhat += dn * (in[c] - m) * s;
+  }
+  mean_dn = warp_reduce(mean_dn, sum_op{}) / static_cast<T>(cols);
+  mean_dn_xhat = warp_reduce(mean_dn_xhat, sum_op{}) / static_cast<T>(cols);
+  T* d = dx + r * cols;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
+    const T xhat = (in[c] - m) * s;
+    d[c] += (weight[c] * g[c] - mean_dn - xhat * mean_dn_xhat) * s;
+  }
+}
+
+template <class T>
+__global__ void layer_norm_params_kernel(T* dweight, T* dbias, const T* dout, const T* x, const T* mean,
+                                         const T* rstd, std::int64_t rows, std::int64_t cols) {
+  __shared__ double partial_w[column_row_groups_ln][32];
+  __shared__ double partial_b[column_row_groups_ln][32];
+  const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
+  double dw = 0.0, db = 0.0;
+  if (c < cols) {
+    for (std::int64_t r = threadIdx.y; r < rows; r += column_row_groups_ln) {
+      const double g = static_cast<double>(dout[r * cols + c]);
+      dw += static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * g;
+      db += g;
+    }
+  }
+  partial_w[threadIdx.y][threadIdx.x] = dw;
+  partial_b[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    double tw = 0.0, tb = 0.0;
+    for (int k = 0; k < column_row_groups_ln; ++k) {
+      tw += partial_w[k][threadIdx.x];
+      tb += partial_b[k][threadIdx.x];
+    }
+    if (dweight) dweight[c] += static_cast<T>(tw);
+    if (dbias) dbias[c] += static_cast<T>(tb);
+  }
+}
+}  // namespace cuda_detail
+
+template <class T>
+void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        std::int64_t rows, std::int64_t cols, T eps) {
+  if (rows == 0) return;
+  const dim3 block(32, cuda_detail::rows_per_block);
+  const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
+  cuda_detail::layer_norm_forward_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
+      out, mean, rstd, x, weight, bias, rows, cols, eps);
+  cuda_rt::check_launch("layer_norm_forward_kernel");
+}
+
+// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed.
+template <class T>
+void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const T* dout, const T* x,
+                         const T* weight, const T* mean, const T* rstd, std::int64_t rows,
+                         std::int64_t cols) {
+  if (rows == 0) return;
+  const auto stream = cuda_rt::current_stream();
+  if (dx) {
+    const dim3 block(32, cuda_detail::rows_per_block);
+    const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
+    cuda_detail::layer_norm_dx_kernel<<<grid, block, 0, stream>>>(dx, dout, x, weight, mean, rstd, rows, cols);
+    cuda_rt::check_launch("layer_norm_dx_kernel");
+  }
+  if (dweight || dbias) {
+    const dim3 block(32, cuda_detail::column_row_groups_ln);
+    const auto grid = static_cast<unsigned>((cols + 31) / 32);
+    cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(dweight, dbias, dout, x, mean, rstd, rows, cols);
+    cuda_rt::check_launch("layer_norm_params_kernel");
+  }
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/layer_norm.cuh ----
+// ---- end decentrain/kernels/layer_norm.hpp ----
+// ---- begin decentrain/kernels/optimizer.hpp ----
+// The optimizer kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
 // ---- begin decentrain/kernels/cpu/optimizer.hpp ----
 // Fused optimizer updates on the CPU: one pass over a parameter, its gradient and its state.
 // Arithmetic follows PyTorch's single-tensor implementations operation for operation, so
@@ -1979,6 +3540,112 @@ double sum_of_squares(cpu, const T* x, std::int64_t n) {
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/optimizer.hpp ----
+// ---- begin decentrain/kernels/cuda/optimizer.cuh ----
+// Optimizer updates on the GPU: one pass over a parameter, its gradient and its state, with
+// the same arithmetic as the CPU kernels (PyTorch's single-tensor order of operations), and
+// the sum of squares for gradient clipping, reduced in a fixed order.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cmath>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+__device__ inline float device_sqrt(float x) { return sqrtf(x); }
+__device__ inline double device_sqrt(double x) { return sqrt(x); }
+
+template <class T>
+__global__ void adamw_kernel(T* param, const T* grad, T* m, T* v, std::int64_t n, T decay, T b1, T b2,
+                             T one_minus_b1, T one_minus_b2, T step_size, T bias2_sqrt, T eps) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    T p = param[i] * decay;
+    const T g = grad[i];
+    const T mi = m[i] * b1 + g * one_minus_b1;
+    const T vi = v[i] * b2 + g * g * one_minus_b2;
+    m[i] = mi;
+    v[i] = vi;
+    const T denom = device_sqrt(vi) / bias2_sqrt + eps;
+    param[i] = p + -step_size * mi / denom;
+  }
+}
+
+template <class T>
+__global__ void sgd_kernel(T* param, const T* grad, T* buffer, std::int64_t n, T lr, T mu, T keep,
+                           bool nesterov, T wd, bool first) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    T d = grad[i];
+    if (wd != T(0)) d += wd * param[i];
+    if (mu != T(0)) {
+      buffer[i] = first ? d : buffer[i] * mu + d * keep;
+      d = nesterov ? d + mu * buffer[i] : buffer[i];
+    }
+    param[i] += -lr * d;
+  }
+}
+
+inline constexpr int squares_threads = 256, squares_blocks = 512;
+template <class T>
+__global__ void sum_of_squares_kernel(double* partial, const T* x, std::int64_t n) {
+  double acc = 0.0;
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    const double v = static_cast<double>(x[i]);
+    acc += v * v;
+  }
+  acc = block_reduce<squares_threads>(acc, sum_op{});
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+}  // namespace cuda_detail
+
+// AdamW (decoupled weight decay); `step` counts from 1.
+template <class T>
+void adamw_update(cuda, T* param, const T* grad, T* m, T* v, std::int64_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, std::int64_t step) {
+  if (n == 0) return;
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  cuda_detail::adamw_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, cuda_rt::current_stream()>>>(
+      param, grad, m, v, n, static_cast<T>(1.0 - lr * weight_decay), static_cast<T>(beta1),
+      static_cast<T>(beta2), static_cast<T>(1.0 - beta1), static_cast<T>(1.0 - beta2),
+      static_cast<T>(lr / bias1), static_cast<T>(std::sqrt(bias2)), static_cast<T>(eps));
+  cuda_rt::check_launch("adamw_kernel");
+}
+
+// SGD with optional (Nesterov) momentum and coupled weight decay.
+template <class T>
+void sgd_update(cuda, T* param, const T* grad, T* buffer, std::int64_t n, double lr, double momentum,
+                double dampening, bool nesterov, double weight_decay, bool first) {
+  if (n == 0) return;
+  cuda_detail::sgd_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, cuda_rt::current_stream()>>>(
+      param, grad, buffer, n, static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(1.0 - dampening),
+      nesterov, static_cast<T>(weight_decay), first);
+  cuda_rt::check_launch("sgd_kernel");
+}
+
+// Sum of squares, accumulated in double, read back to the host.
+template <class T>
+double sum_of_squares(cuda, const T* x, std::int64_t n) {
+  if (n == 0) return 0.0;
+  const auto blocks = std::min<std::int64_t>(cuda_detail::squares_blocks,
+                                             (n + cuda_detail::squares_threads - 1) / cuda_detail::squares_threads);
+  cuda_detail::scratch<double> partial(blocks);
+  cuda_detail::sum_of_squares_kernel<<<static_cast<unsigned>(blocks), cuda_detail::squares_threads, 0,
+                                       cuda_rt::current_stream()>>>(partial.get(), x, n);
+  cuda_rt::check_launch("sum_of_squares_kernel");
+  return cuda_detail::sum_to_host(partial.get(), blocks);
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/optimizer.cuh ----
+// ---- end decentrain/kernels/optimizer.hpp ----
+// ---- begin decentrain/kernels/reduce.hpp ----
+// The reduce kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
 // ---- begin decentrain/kernels/cpu/reduce.hpp ----
 // Reductions on the CPU. Sums accumulate in double: in f32 a long sum drifts by more than the
 // tolerances the parity tests state, and the extra cost is small next to the memory traffic.
@@ -2018,6 +3685,81 @@ void sum_columns(cpu, T* out, const T* in, std::int64_t rows, std::int64_t cols,
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/reduce.hpp ----
+// ---- begin decentrain/kernels/cuda/reduce.cuh ----
+// Row and column sums on the GPU, accumulated in double as on the CPU, in a fixed order (no
+// atomics), so results repeat exactly from run to run.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+inline constexpr int reduce_threads = 256;
+
+// One block per row.
+template <class T>
+__global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double scale) {
+  const T* row = in + blockIdx.x * cols;
+  double acc = 0.0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += reduce_threads) acc += static_cast<double>(row[c]);
+  acc = block_reduce<reduce_threads>(acc, sum_op{});
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(acc * scale);
+}
+
+// 32 columns per block (one per lane, so loads are coalesced), the rows split over the
+// block's 8 warps and combined through shared memory.
+inline constexpr int column_tile = 32, column_row_groups = 8;
+template <class T>
+__global__ void sum_columns_kernel(T* out, const T* in, std::int64_t rows, std::int64_t cols, double scale) {
+  __shared__ double partial[column_row_groups][column_tile];
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
+  double acc = 0.0;
+  if (c < cols)
+    for (std::int64_t r = threadIdx.y; r < rows; r += column_row_groups) acc += static_cast<double>(in[r * cols + c]);
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    double total = 0.0;
+    for (int g = 0; g < column_row_groups; ++g) total += partial[g][threadIdx.x];
+    out[c] = static_cast<T>(total * scale);
+  }
+}
+}  // namespace cuda_detail
+
+// out[r] = scale * sum_c in[r * cols + c]
+template <class T>
+void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+  if (rows == 0) return;
+  decentrain::detail::check(rows < (std::int64_t{1} << 31), "cuda sum_rows: ", rows, " rows is too many");
+  cuda_detail::sum_rows_kernel<<<static_cast<unsigned>(rows), cuda_detail::reduce_threads, 0,
+                                 cuda_rt::current_stream()>>>(out, in, cols, static_cast<double>(scale));
+  cuda_rt::check_launch("sum_rows_kernel");
+}
+
+// out[c] = scale * sum_r in[r * cols + c]
+template <class T>
+void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+  if (cols == 0) return;
+  const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
+  const auto grid = static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile);
+  cuda_detail::sum_columns_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
+      out, in, rows, cols, static_cast<double>(scale));
+  cuda_rt::check_launch("sum_columns_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/reduce.cuh ----
+// ---- end decentrain/kernels/reduce.hpp ----
+// ---- begin decentrain/kernels/softmax.hpp ----
+// The softmax kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
+// ---- end decentrain/kernels/softmax.hpp ----
 // ---- begin decentrain/autograd/autograd.hpp ----
 // Everything autograd: the engine, the parameter registry and every differentiable op.
 
@@ -2257,39 +3999,62 @@ matmul_dims matmul_shapes(const tensor<Device>& a, const tensor<Device>& b, bool
   return d;
 }
 
+// An operand for gemm_batched: bf16 stays bf16 where the device multiplies bf16 natively
+// (kernels::has_bf16_gemm: tensor cores, f32 accumulation); elsewhere it is widened to the
+// compute dtype, as every op does.
+template <class Device>
+tensor<Device> gemm_operand(const tensor<Device>& x) {
+  if constexpr (kernels::has_bf16_gemm<Device>)
+    if (x.dtype() == dtype::bf16) return x.contiguous();
+  return detail::compute_tensor(x);
+}
+
 // c = alpha * op(a) op(b) + beta * c over a batch. Any operand may be 2-D while the others are
 // batched: a 2-D a or b is shared by every entry, and a 2-D c sums the entries (the gradient of
-// a shared weight). All three must be contiguous and in the compute dtype.
+// a shared weight). All three must be contiguous; a, b and c share the compute dtype, or a and
+// b are bf16 and c is f32 where the device has a bf16 GEMM (see gemm_operand).
 template <class Device>
 void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const tensor<Device>& b,
                   tensor<Device>& c, double alpha, double beta) {
   const auto d = matmul_shapes(a, b, trans_a, trans_b);
   const bool a_batched = a.rank() > 2, b_batched = b.rank() > 2, c_batched = c.rank() > 2;
-  detail::with_float_type(c.dtype(), "matmul", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pa = a.template data<T>();
-    const T* pb = b.template data<T>();
-    T* pc = c.template data<T>();
+  const auto run = [&](auto in_tag, auto out_tag) {
+    using In = decltype(in_tag);
+    using Out = decltype(out_tag);
+    const In* pa = a.template data<In>();
+    const In* pb = b.template data<In>();
+    Out* pc = c.template data<Out>();
     const std::int64_t lda = a.size(-1), ldb = b.size(-1), ldc = d.n;
     // Batched a (not transposed) times a shared b: one tall GEMM instead of `batch` small ones.
     if (a_batched && !b_batched && c_batched && !trans_a) {
-      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<T>(alpha), pa,
-                    lda, pb, ldb, static_cast<T>(beta), pc, ldc);
+      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<Out>(alpha), pa,
+                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
       return;
     }
     // Shared-weight gradient a^T b summed over the batch: also one GEMM, over batch * rows.
     if (a_batched && b_batched && !c_batched && trans_a && !trans_b) {
-      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<T>(alpha), pa,
-                    lda, pb, ldb, static_cast<T>(beta), pc, ldc);
+      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<Out>(alpha), pa,
+                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
       return;
     }
     for (std::int64_t i = 0; i < d.batch; ++i) {
-      const T step_beta = (!c_batched && i > 0) ? T(1) : static_cast<T>(beta);
-      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<T>(alpha),
+      const Out step_beta = (!c_batched && i > 0) ? Out(1) : static_cast<Out>(beta);
+      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<Out>(alpha),
                     pa + (a_batched ? i * d.m * d.k : 0), lda, pb + (b_batched ? i * d.k * d.n : 0),
                     ldb, step_beta, pc + (c_batched ? i * d.m * d.n : 0), ldc);
     }
-  });
+  };
+  if constexpr (kernels::has_bf16_gemm<Device>) {
+    if (a.dtype() == dtype::bf16) {
+      detail::check(b.dtype() == dtype::bf16 && c.dtype() == dtype::f32, "matmul: a bf16 product needs bf16 ",
+                    "operands and an f32 result, got ", dtype_name(b.dtype()), " and ", dtype_name(c.dtype()));
+      run(bf16{}, float{});
+      return;
+    }
+  }
+  detail::check(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "matmul: operands ", dtype_name(a.dtype()),
+                " and ", dtype_name(b.dtype()), " do not match the result's ", dtype_name(c.dtype()));
+  detail::with_float_type(c.dtype(), "matmul", [&](auto tag) { run(tag, tag); });
 }
 
 // op(a) x op(b) written into `out`, which must already have the result's shape and dtype
@@ -2306,7 +4071,7 @@ void matmul_into(const tensor<Device>& a, const tensor<Device>& b, tensor<Device
                     out.is_contiguous(),
                 "matmul_into: out must be a contiguous ", dtype_name(a.dtype()), " tensor of shape ",
                 shape(sizes), ", got ", (out.defined() ? out.shape().to_string() : "undefined"));
-  const auto ca = detail::compute_tensor(a), cb = detail::compute_tensor(b);
+  const auto ca = gemm_operand(a), cb = gemm_operand(b);
   if (out.dtype() == detail::compute_dtype(out.dtype())) {
     gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
   } else {
@@ -2615,15 +4380,19 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
   const auto cq = detail::compute_tensor(q.value()), ck = detail::compute_tensor(k.value()),
              cv = detail::compute_tensor(v.value());
   auto out = tensor<Device>::empty(q.shape(), cq.dtype());
-  auto probs = tensor<Device>::empty(shape{B, n_head, T, T}, cq.dtype());  // (B,H,T,T)
+  // The device decides what the backward needs: the probabilities (B, H, T, T) on the CPU,
+  // only the logsumexp per row (B, H, T) on the GPU, which recomputes the rest.
+  auto saved = tensor<Device>::empty(shape(kernels::attention_saved_sizes(Device{}, B, n_head, T)), cq.dtype());
   detail::with_float_type(q.dtype(), "causal_attention", [&](auto tag) {
     using T_ = decltype(tag);
-    kernels::attention_forward(Device{}, out.template data<T_>(), probs.template data<T_>(),
+    kernels::attention_forward(Device{}, out.template data<T_>(), saved.template data<T_>(),
                                cq.template data<T_>(), ck.template data<T_>(),
                                cv.template data<T_>(), B, T, C, n_head);
   });
+  // `out` in the compute dtype is kept as well: for f32 it is the very storage the next op
+  // keeps anyway, so it costs nothing.
   return record<Device>("causal_attention", detail::stored_as(out, q.dtype()), {q, k, v},
-                        [probs, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
+                        [out, saved, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
     const auto cq = detail::compute_tensor(n.input(0)), ck = detail::compute_tensor(n.input(1)),
                cv = detail::compute_tensor(n.input(2)), cg = detail::compute_tensor(g);
     auto dq = zeros<Device>(cq.shape(), cq.dtype()), dk = zeros<Device>(cq.shape(), cq.dtype()),
@@ -2631,8 +4400,8 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
     detail::with_float_type(cq.dtype(), "causal_attention backward", [&](auto tag) {
       using T_ = decltype(tag);
       kernels::attention_backward(Device{}, dq.template data<T_>(), dk.template data<T_>(),
-                                  dv.template data<T_>(), cg.template data<T_>(),
-                                  probs.template data<T_>(), cq.template data<T_>(),
+                                  dv.template data<T_>(), cg.template data<T_>(), out.template data<T_>(),
+                                  saved.template data<T_>(), cq.template data<T_>(),
                                   ck.template data<T_>(), cv.template data<T_>(), B, T, C, n_head);
     });
     n.accumulate(0, std::move(dq));
@@ -2643,6 +4412,26 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
 
 }  // namespace decentrain
 // ---- end decentrain/autograd/ops/attention.hpp ----
+// ---- begin decentrain/autograd/ops/cast.hpp ----
+// Differentiable dtype conversion: the forward rounds to `t`, the backward brings the gradient
+// back to the input's dtype. Mixed precision is built from it: f32 master weights cast to bf16
+// where they meet bf16 activations, their gradients arriving in f32.
+
+
+namespace decentrain {
+
+template <class Device>
+var<Device> cast(const var<Device>& x, dtype t) {
+  detail::check(is_floating(t), "cast: target dtype must be floating-point, got ", dtype_name(t));
+  if (x.dtype() == t) return x;
+  const dtype from = x.dtype();
+  return record<Device>("cast", x.value().to(t), {x}, [from](const tensor<Device>& g, node<Device>& n) {
+    n.accumulate(0, g.dtype() == from ? g : g.to(from));
+  });
+}
+
+}  // namespace decentrain
+// ---- end decentrain/autograd/ops/cast.hpp ----
 // ---- begin decentrain/autograd/ops/dropout.hpp ----
 // Differentiable inverted dropout: each element is kept with probability 1 - p and scaled by
 // 1 / (1 - p), so evaluation needs no rescaling. The mask comes from a caller-owned, seeded rng.
@@ -2753,7 +4542,10 @@ var<Device> embedding(const tensor<Device>& ids, const var<Device>& table) {
   detail::check(table.rank() == 2, "embedding: table must be 2-D (vocab, width), got shape ", table.shape());
   const std::int64_t V = table.size(0), C = table.size(1), N = ids.numel();
   const auto cids = ids.contiguous();
-  const auto* p = cids.template data<std::int32_t>();
+  // Ids are checked on the host (on a GPU that costs one small copy): a bad id must be an
+  // error naming it, not an out-of-bounds read in a kernel.
+  const auto host_ids = to_device<cpu>(cids);
+  const auto* p = host_ids.template data<std::int32_t>();
   for (std::int64_t i = 0; i < N; ++i)
     detail::check(p[i] >= 0 && p[i] < V, "embedding: id ", p[i], " at flat index ", i,
                   " is outside the table's ", V, " rows");
@@ -2763,7 +4555,8 @@ var<Device> embedding(const tensor<Device>& ids, const var<Device>& table) {
   auto out = tensor<Device>::empty(shape(out_sizes), ct.dtype());
   detail::with_float_type(table.dtype(), "embedding", [&](auto tag) {
     using T = decltype(tag);
-    kernels::embedding_forward(Device{}, out.template data<T>(), p, ct.template data<T>(), N, C);
+    kernels::embedding_forward(Device{}, out.template data<T>(), cids.template data<std::int32_t>(),
+                               ct.template data<T>(), N, C);
   });
   return record<Device>("embedding", detail::stored_as(out, table.dtype()), {table},
                         [cids, N, C](const tensor<Device>& g, node<Device>& n) {
@@ -2859,7 +4652,8 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   detail::check(targets.shape() == shape(expected), "cross_entropy: targets shape ", targets.shape(),
                 " does not match logits shape ", logits.shape(), " (expected ", shape(expected), ")");
   const auto ids = targets.contiguous();
-  const auto* t = ids.template data<std::int32_t>();
+  const auto host_ids = to_device<cpu>(ids);  // checked on the host, as embedding ids
+  const auto* t = host_ids.template data<std::int32_t>();
   for (std::int64_t i = 0; i < N; ++i)
     detail::check(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i],
                   " at flat index ", i, " is outside [0, ", V, ") and is not ignore_index (",
@@ -2869,7 +4663,8 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   double total = 0.0;
   detail::with_float_type(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), t, N, V, ignore_index, counted);
+    total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
+                                           V, ignore_index, counted);
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
   auto out = full<Device>(shape{}, loss, logits.dtype());
@@ -2901,16 +4696,17 @@ namespace detail {
 // operand of a batched product receives the sum over the batch).
 template <class Device>
 void matmul_backward(const tensor<Device>& g, node<Device>& n, bool ta, bool tb) {
-  const auto a = compute_tensor(n.input(0)), b = compute_tensor(n.input(1));
-  const auto gc = compute_tensor(g);
+  const auto a = math::gemm_operand(n.input(0)), b = math::gemm_operand(n.input(1));
+  const auto gc = math::gemm_operand(g);
+  const dtype result = compute_dtype(g.dtype());
   if (n.needs_grad(0)) {
-    auto da = tensor<Device>::empty(a.shape(), a.dtype());
+    auto da = tensor<Device>::empty(a.shape(), result);
     if (!ta) math::gemm_batched(false, !tb, gc, b, da, 1.0, 0.0);  // dA = dC op(B)^T
     else math::gemm_batched(tb, true, b, gc, da, 1.0, 0.0);        // dA = op(B) dC^T
     n.accumulate(0, std::move(da));
   }
   if (n.needs_grad(1)) {
-    auto db = tensor<Device>::empty(b.shape(), b.dtype());
+    auto db = tensor<Device>::empty(b.shape(), result);
     if (!tb) math::gemm_batched(!ta, false, a, gc, db, 1.0, 0.0);  // dB = op(A)^T dC
     else math::gemm_batched(true, ta, gc, a, db, 1.0, 0.0);        // dB = dC^T op(A)
     n.accumulate(1, std::move(db));
@@ -2948,9 +4744,9 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   for (std::size_t d = 0; d + 1 < x.rank(); ++d) rows *= x.shape()[d];
   auto out_sizes = x.shape().sizes();
   out_sizes.back() = weight.size(1);
-  const auto x2 = detail::compute_tensor(x.value()).reshape({rows, weight.size(0)});
-  const auto w = detail::compute_tensor(weight.value());
-  auto out = tensor<Device>::empty(shape({rows, weight.size(1)}), x2.dtype());
+  const auto x2 = math::gemm_operand(x.value()).reshape({rows, weight.size(0)});
+  const auto w = math::gemm_operand(weight.value());
+  auto out = tensor<Device>::empty(shape({rows, weight.size(1)}), detail::compute_dtype(x.dtype()));
   if (bias) out.copy_from(detail::compute_tensor(bias->value()).expand(out.shape()));
   math::gemm_batched(false, false, x2, w, out, 1.0, bias ? 1.0 : 0.0);
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
@@ -2959,15 +4755,16 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   if (bias) inputs.push_back(*bias);
   const std::int64_t in = weight.size(0), width = weight.size(1);
   return record<Device>("linear", out, inputs, [rows, in, width](const tensor<Device>& g, node<Device>& n) {
-    const auto g2 = detail::compute_tensor(g).reshape({rows, width});
+    const auto g2 = math::gemm_operand(g).reshape({rows, width});
+    const dtype result = detail::compute_dtype(g.dtype());
     if (n.needs_grad(0)) {
-      auto dx = tensor<Device>::empty(shape({rows, in}), g2.dtype());
-      math::gemm_batched(false, true, g2, detail::compute_tensor(n.input(1)), dx, 1.0, 0.0);
+      auto dx = tensor<Device>::empty(shape({rows, in}), result);
+      math::gemm_batched(false, true, g2, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
       n.accumulate(0, dx.reshape(n.input(0).shape()));
     }
     if (n.needs_grad(1)) {
-      auto dw = tensor<Device>::empty(shape({in, width}), g2.dtype());
-      const auto x2 = detail::compute_tensor(n.input(0)).reshape({rows, in});
+      auto dw = tensor<Device>::empty(shape({in, width}), result);
+      const auto x2 = math::gemm_operand(n.input(0)).reshape({rows, in});
       math::gemm_batched(true, false, x2, g2, dw, 1.0, 0.0);
       n.accumulate(1, std::move(dw));
     }
@@ -3526,6 +5323,10 @@ inline gpt_config gpt_preset(std::string_view name) {
 
 namespace decentrain::nn {
 
+// Parameters are kept in f32 (the master copy) and meet activations in the activations' dtype:
+// under mixed precision a bf16 input casts the weights to bf16 for the product, and their
+// gradients come back in f32 (the cast op). In f32 the casts are no-ops.
+
 // GPT-2 initialisation: weights N(0, std), biases zero. `has_bias` false leaves the bias out.
 template <class Device>
 struct linear_layer {
@@ -3539,7 +5340,8 @@ struct linear_layer {
   }
 
   var<Device> operator()(const var<Device>& x) const {
-    return bias.defined() ? linear(x, weight, bias) : linear(x, weight);
+    const auto w = cast(weight, x.dtype());
+    return bias.defined() ? linear(x, w, cast(bias, x.dtype())) : linear(x, w);
   }
 };
 
@@ -3554,7 +5356,9 @@ struct layer_norm_layer {
         bias(has_bias ? params.add(name + ".bias", parameter(zeros<Device>(shape{width})))
                       : var<Device>(zeros<Device>(shape{width}))) {}
 
-  var<Device> operator()(const var<Device>& x) const { return layer_norm(x, weight, bias, 1e-5); }
+  var<Device> operator()(const var<Device>& x) const {
+    return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  }
 };
 
 template <class Device>
@@ -3614,6 +5418,7 @@ template <class Device = cpu>
 class gpt {
  public:
   using config_type = gpt_config;
+  using device_type = Device;
 
   // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
   // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
@@ -3636,17 +5441,31 @@ class gpt {
     auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
     auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
     x = maybe_dropout(x, dropout_rng);
+    // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32;
+    // each branch's input is cast to bf16, so its products, attention and GELU read and keep
+    // bf16 activations, and its output returns to f32 for the residual add (as autocast does).
+    const auto low = [&](const var<Device>& v) { return cast(v, compute_); };
+    const auto high = [&](const var<Device>& v) { return cast(v, x.dtype()); };
     for (const auto& block : blocks_) {
-      x = x + maybe_dropout(block->attn(block->ln_1(x)), dropout_rng);
-      x = x + maybe_dropout(block->mlp(block->ln_2(x)), dropout_rng);
+      x = x + maybe_dropout(high(block->attn(low(block->ln_1(x)))), dropout_rng);
+      x = x + maybe_dropout(high(block->mlp(low(block->ln_2(x)))), dropout_rng);
     }
-    return matmul((*ln_f_)(x), wte_, false, true);  // tied head: (B,T,C) x (V,C)^T
+    return matmul(low((*ln_f_)(x)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
   }
 
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.
   var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
     return cross_entropy(logits(idx, dropout_rng), targets, -1);
   }
+
+  // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
+  // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
+  // checkpoint trained one way resumes either way.
+  void set_compute_dtype(dtype t) {
+    detail::check(t == dtype::f32 || t == dtype::bf16, "gpt: compute dtype must be f32 or bf16, got ", dtype_name(t));
+    compute_ = t;
+  }
+  dtype compute_dtype() const { return compute_; }
 
   const gpt_config& config() const { return cfg_; }
   parameter_list<Device>& parameters() { return params_; }
@@ -3659,6 +5478,7 @@ class gpt {
   }
 
   gpt_config cfg_;
+  dtype compute_ = dtype::f32;
   parameter_list<Device> params_;
   var<Device> wte_, wpe_;
   std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;
@@ -6351,40 +8171,46 @@ concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx
   p.load(in);
 };
 
-// Parameters and gradients as one flat f32 buffer, in parameter-list order, so one collective
-// call moves all of them (fewer, larger messages than one per tensor).
-inline std::size_t flat_size(const parameter_list<cpu>& params) { return static_cast<std::size_t>(params.numel()); }
+// Parameters and gradients as one flat f32 buffer on the host, in parameter-list order, so one
+// collective call moves all of them (fewer, larger messages than one per tensor). On a GPU each
+// tensor is copied to or from the host buffer; on the CPU the copies are plain memcpy.
+template <class Device>
+std::size_t flat_size(const parameter_list<Device>& params) { return static_cast<std::size_t>(params.numel()); }
 
-inline void gather_values(const parameter_list<cpu>& params, std::vector<float>& out) {
+template <class Device>
+void gather_values(const parameter_list<Device>& params, std::vector<float>& out) {
   out.resize(flat_size(params));
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto& v = e.param.value();
     decentrain::detail::check(v.dtype() == dtype::f32 && v.is_contiguous(), "comm: parameter '", e.name,
                               "' must be a contiguous f32 tensor to be communicated");
-    std::memcpy(out.data() + at, v.template data<float>(), static_cast<std::size_t>(v.numel()) * sizeof(float));
+    memory<Device>::copy_to_host(out.data() + at, v.raw_data(), v.nbytes());
     at += static_cast<std::size_t>(v.numel());
   }
 }
 
-inline void scatter_values(parameter_list<cpu>& params, std::span<const float> in) {
+template <class Device>
+void scatter_values(parameter_list<Device>& params, std::span<const float> in) {
   std::size_t at = 0;
   for (auto& e : params) {
     auto& v = e.param.value();
-    std::memcpy(v.template data<float>(), in.data() + at, static_cast<std::size_t>(v.numel()) * sizeof(float));
+    memory<Device>::copy_from_host(v.raw_data(), in.data() + at, v.nbytes());
     at += static_cast<std::size_t>(v.numel());
   }
 }
 
 // A parameter without a gradient (unused this step) contributes zeros.
-inline void gather_grads(const parameter_list<cpu>& params, std::vector<float>& out) {
+template <class Device>
+void gather_grads(const parameter_list<Device>& params, std::vector<float>& out) {
   out.resize(flat_size(params));
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
     if (e.param.grad().defined()) {
       const auto g = e.param.grad().contiguous();
-      std::memcpy(out.data() + at, g.template data<float>(), n * sizeof(float));
+      decentrain::detail::check(g.dtype() == dtype::f32, "comm: the gradient of '", e.name, "' must be f32");
+      memory<Device>::copy_to_host(out.data() + at, g.raw_data(), n * sizeof(float));
     } else {
       std::fill_n(out.data() + at, n, 0.0f);
     }
@@ -6392,14 +8218,15 @@ inline void gather_grads(const parameter_list<cpu>& params, std::vector<float>& 
   }
 }
 
-inline void scatter_grads(parameter_list<cpu>& params, std::span<const float> in) {
+template <class Device>
+void scatter_grads(parameter_list<Device>& params, std::span<const float> in) {
   std::size_t at = 0;
   for (auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
-    if (!e.param.grad().defined()) e.param.grad() = zeros<cpu>(e.param.shape(), dtype::f32);
+    if (!e.param.grad().defined()) e.param.grad() = zeros<Device>(e.param.shape(), dtype::f32);
     auto& g = e.param.grad();
     decentrain::detail::check(g.is_contiguous(), "comm: the gradient of '", e.name, "' is not contiguous");
-    std::memcpy(g.template data<float>(), in.data() + at, n * sizeof(float));
+    memory<Device>::copy_from_host(g.raw_data(), in.data() + at, n * sizeof(float));
     at += n;
   }
 }
@@ -6665,16 +8492,26 @@ struct none {
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 
 namespace decentrain::train {
+
+namespace detail {
+// A snapshot on the host: checkpoints hold CPU tensors whatever device trained.
+template <class Device>
+tensor<cpu> host_snapshot(const tensor<Device>& t) {
+  if constexpr (std::is_same_v<Device, cpu>) return t.clone();
+  else return to_device<cpu>(t);
+}
+}  // namespace detail
 
 // Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
 // and the step, in one checkpoint.
 template <class Device>
 io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
   io::checkpoint c;
-  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = e.param.value().clone();
+  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = detail::host_snapshot(e.param.value());
   const auto& cfg = model.config();
   c.counters["config.n_layer"] = cfg.n_layer;
   c.counters["config.n_head"] = cfg.n_head;
@@ -6687,8 +8524,8 @@ io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>&
   dropout << cfg.dropout;
   c.text["config.dropout"] = dropout.str();
   for (const auto& s : optimizer.state()) {
-    c.tensors["adamw." + s.name + ".exp_avg"] = s.exp_avg.clone();
-    c.tensors["adamw." + s.name + ".exp_avg_sq"] = s.exp_avg_sq.clone();
+    c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_snapshot(s.exp_avg);
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_snapshot(s.exp_avg_sq);
     c.counters["adamw." + s.name + ".step"] = s.step;
   }
   c.counters["step"] = step;
@@ -6714,12 +8551,12 @@ std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::ada
     const auto& t = c.tensor_at("model." + e.name);
     decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),
                               ", the model expects ", e.param.shape());
-    e.param.value().copy_from(t);
+    e.param.value().copy_from(to_device<Device>(t));
   }
   auto state = optimizer.state();
   for (auto& s : state) {
-    s.exp_avg = c.tensor_at("adamw." + s.name + ".exp_avg");
-    s.exp_avg_sq = c.tensor_at("adamw." + s.name + ".exp_avg_sq");
+    s.exp_avg = to_device<Device>(c.tensor_at("adamw." + s.name + ".exp_avg"));
+    s.exp_avg_sq = to_device<Device>(c.tensor_at("adamw." + s.name + ".exp_avg_sq"));
     s.step = c.counter("adamw." + s.name + ".step");
   }
   optimizer.load_state(state);
@@ -6848,6 +8685,9 @@ struct trainer_options {
   std::uint64_t seed = 1337;         // model init and data order (the same on every peer)
   std::int64_t eval_every = 0;       // 0: only at the end
   std::int64_t eval_batches = 8;     // validation batches per peer per evaluation
+  // Mixed precision: bf16 runs the model's activations and products in bf16 with f32 master
+  // weights, optimizer state and gradients (the model must have set_compute_dtype).
+  dtype compute_dtype = dtype::f32;
   // Time compute with this thread's CPU clock instead of the wall clock: right for simulated
   // peers sharing a machine's cores, where wall time would count the other peers' work too.
   bool compute_on_thread_clock = false;
@@ -6858,6 +8698,8 @@ struct trainer_options {
     decentrain::detail::check(block_size >= 0, "trainer: block_size must be >= 0 (0: the model's), got ", block_size);
     decentrain::detail::check(eval_every >= 0 && eval_batches >= 1, "trainer: need eval_every >= 0 and eval_batches >= 1");
     decentrain::detail::check(grad_clip >= 0, "trainer: grad_clip must be >= 0, got ", grad_clip);
+    decentrain::detail::check(compute_dtype == dtype::f32 || compute_dtype == dtype::bf16,
+                              "trainer: compute_dtype must be f32 or bf16, got ", dtype_name(compute_dtype));
   }
 };
 
@@ -6886,23 +8728,36 @@ struct fit_result {
   std::vector<eval_point> evals;
 };
 
+// The device a model computes on: Model::device_type, or the CPU for models that do not say.
+template <class M>
+struct model_device {
+  using type = cpu;
+};
+template <class M>
+  requires requires { typename M::device_type; }
+struct model_device<M> {
+  using type = typename M::device_type;
+};
+template <class M>
+using model_device_t = typename model_device<M>::type;
+
 // What a policy sees when the trainer calls it.
 template <class Model>
 struct peer_context {
   Model& model;
-  parameter_list<cpu>& parameters;
+  parameter_list<model_device_t<Model>>& parameters;
   collective::communicator<transport::any_endpoint>& comm;
   std::int64_t step = 0;   // the step just computed, from 0
   bool last_step = false;  // policies that communicate periodically also do so on the last step
   bool resumed = false;    // start() after restore(): the peers' states are already what they should be
 };
 
-template <class M>
+template <class M, class D = model_device_t<M>>
 concept trainable_model = requires { typename M::config_type; } &&
                           std::constructible_from<M, const typename M::config_type&, rng&> &&
-                          requires(M& m, const tensor<cpu>& ids, rng* dropout) {
-                            { m.parameters() } -> std::same_as<parameter_list<cpu>&>;
-                            { m.loss(ids, ids, dropout) } -> std::same_as<var<cpu>>;
+                          requires(M& m, const tensor<D>& ids, rng* dropout) {
+                            { m.parameters() } -> std::same_as<parameter_list<D>&>;
+                            { m.loss(ids, ids, dropout) } -> std::same_as<var<D>>;
                           };
 
 template <class Model, class CommPolicy = comm::sync_allreduce, class ParallelPolicy = parallel::data,
@@ -6910,8 +8765,9 @@ template <class Model, class CommPolicy = comm::sync_allreduce, class ParallelPo
 class trainer {
   static_assert(trainable_model<Model>,
                 "trainer<Model, ...>: Model needs `using config_type = ...;`, a constructor "
-                "Model(const config_type&, rng& init), `parameter_list<cpu>& parameters()` and "
-                "`var<cpu> loss(const tensor<cpu>& ids, const tensor<cpu>& targets, rng* dropout)` (nn::gpt<cpu> has them)");
+                "Model(const config_type&, rng& init), `parameter_list<D>& parameters()` and "
+                "`var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`, where D is "
+                "Model::device_type or dt::cpu when Model has none (nn::gpt<D> has them)");
   static_assert(comm::declares_comm_policy<CommPolicy>,
                 "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
                 "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
@@ -6936,6 +8792,7 @@ class trainer {
 
  public:
   using model_type = Model;
+  using device_type = model_device_t<Model>;
   using model_config = typename Model::config_type;
   using comm_policy = CommPolicy;
 
@@ -6953,6 +8810,11 @@ class trainer {
         fault_(std::move(fault)),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
+    if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
+      model_.set_compute_dtype(options_.compute_dtype);
+    else
+      decentrain::detail::check(options_.compute_dtype == dtype::f32, "trainer: compute_dtype ",
+                                dtype_name(options_.compute_dtype), " needs a model with set_compute_dtype(dtype)");
   }
   // The optimizer and the communicator point into the trainer: it stays where it was made.
   trainer(const trainer&) = delete;
@@ -6989,7 +8851,7 @@ class trainer {
       double compute = 0;
       auto t = compute_clock();
       auto [x, y] = parallel_.batch(dataset, step_, B, T, options_.seed, rank(), world());
-      auto loss = model_.loss(x, y, &dropout_);
+      auto loss = model_.loss(to_device<device_type>(x), to_device<device_type>(y), &dropout_);
       model_.parameters().zero_grad();
       loss.backward();
       compute += lap(t);
@@ -7033,7 +8895,7 @@ class trainer {
     for (std::int64_t i = 0; i < batches; ++i) {
       auto [x, y] = dataset.batch<cpu>(data::split::validation, i, options_.batch_size, block(), options_.seed, rank(),
                                        world());
-      sum += model_.loss(x, y).item();
+      sum += model_.loss(to_device<device_type>(x), to_device<device_type>(y)).item();
     }
     double mean = sum / static_cast<double>(batches);
     comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
@@ -7042,7 +8904,7 @@ class trainer {
 
   // This peer's whole state: model, AdamW, step, dropout stream and the policy's state.
   io::checkpoint capture() const
-    requires requires(const Model& m, const optim::adamw<cpu>& o) { train::capture(m, o, std::int64_t{}); }
+    requires requires(const Model& m, const optim::adamw<device_type>& o) { train::capture(m, o, std::int64_t{}); }
   {
     auto c = train::capture(model_, optimizer_, step_);
     c.rngs["dropout"] = dropout_.state();
@@ -7054,7 +8916,7 @@ class trainer {
   }
 
   void restore(const io::checkpoint& c)
-    requires requires(Model& m, optim::adamw<cpu>& o) { train::restore(c, m, o); }
+    requires requires(Model& m, optim::adamw<device_type>& o) { train::restore(c, m, o); }
   {
     decentrain::detail::check(c.counter("trainer.world") == world() && c.counter("trainer.rank") == rank(),
                               "trainer: the checkpoint is peer ", c.counter("trainer.rank"), " of ",
@@ -7123,7 +8985,7 @@ class trainer {
   transport::any_endpoint endpoint_;
   collective::communicator<transport::any_endpoint> comm_;
   Model model_;
-  optim::adamw<cpu> optimizer_;
+  optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
   CommPolicy policy_;
   std::uint64_t policy_bytes_ = 0;

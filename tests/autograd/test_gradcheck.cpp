@@ -149,3 +149,14 @@ TEST_CASE("gradcheck: a composite transformer-like expression", "[autograd][grad
     return v[0] + dt::gelu(a);
   }, {randn({2, 3, 4}, 1), randn({4, 12}, 2), randn({4}, 3), randn({4}, 4)});
 }
+
+TEST_CASE("gradcheck: cast to f32 and bf16 and back", "[autograd][gradcheck]") {
+  // The forward rounds to the narrower type, so central differences use a wide step and a
+  // tolerance above the rounding (f32: ~1e-7 relative, bf16: ~4e-3 relative, over a step of 0.5).
+  const gradcheck_options f32_opt{1e-2, 1e-4, 1e-6};
+  CHECK_GRADIENTS([](const vars& v) { return dt::cast(dt::mul(dt::cast(v[0], dt::dtype::f32), dt::cast(v[1], dt::dtype::f32)), dt::dtype::f64); },
+                  {randn({3, 4}, 1), randn({3, 4}, 2)}, f32_opt);
+  const gradcheck_options bf16_opt{0.5, 3e-2, 1e-2};
+  CHECK_GRADIENTS([](const vars& v) { return dt::cast(dt::cast(v[0], dt::dtype::bf16), dt::dtype::f64); },
+                  {randn({5}, 3)}, bf16_opt);
+}

@@ -193,3 +193,22 @@ TEST_CASE("trainer: bad options and mismatched checkpoints are errors") {
   T other(cfg, {}, dt::transport::in_process(2).at(0));
   CHECK_THROWS_WITH(other.restore(ckpt), Catch::Contains("peer 1 of 2") && Catch::Contains("peer 0 of 2"));
 }
+
+TEST_CASE("trainer: compute_dtype bf16 trains with mixed precision; other dtypes are refused") {
+  trainer_options opts;
+  opts.steps = 30;
+  opts.eval_batches = 2;
+  opts.compute_dtype = dt::dtype::bf16;
+  std::vector<dt::train::fit_result> mixed, full;
+  using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>>;
+  run_peers<Sync>(2, opts, {}, &mixed);
+  opts.compute_dtype = dt::dtype::f32;
+  run_peers<Sync>(2, opts, {}, &full);
+  INFO("val loss f32 " << full[0].final_val_loss << ", bf16 " << mixed[0].final_val_loss);
+  CHECK(mixed[0].final_val_loss == mixed[1].final_val_loss);
+  CHECK(mixed[0].final_val_loss != full[0].final_val_loss);
+  CHECK(mixed[0].final_val_loss == Approx(full[0].final_val_loss).epsilon(0.03));
+  opts.compute_dtype = dt::dtype::f64;
+  CHECK_THROWS_WITH(Sync(tiny_config(small_corpus().tok.vocab_size()), opts, dt::transport::in_process(1).at(0)),
+                    Catch::Contains("compute_dtype must be f32 or bf16"));
+}

@@ -5,6 +5,7 @@
 #include "decentrain/autograd/math.hpp"
 #include "decentrain/autograd/ops/activation.hpp"
 #include "decentrain/autograd/ops/attention.hpp"
+#include "decentrain/autograd/ops/cast.hpp"
 #include "decentrain/autograd/ops/dropout.hpp"
 #include "decentrain/autograd/ops/elementwise.hpp"
 #include "decentrain/autograd/ops/embedding.hpp"

@@ -10,9 +10,9 @@
 
 #include "decentrain/autograd/dispatch.hpp"
 #include "decentrain/core/factory.hpp"
-#include "decentrain/kernels/cpu/elementwise.hpp"
-#include "decentrain/kernels/cpu/gemm.hpp"
-#include "decentrain/kernels/cpu/reduce.hpp"
+#include "decentrain/kernels/elementwise.hpp"
+#include "decentrain/kernels/gemm.hpp"
+#include "decentrain/kernels/reduce.hpp"
 
 namespace decentrain::math {
 
@@ -167,39 +167,62 @@ matmul_dims matmul_shapes(const tensor<Device>& a, const tensor<Device>& b, bool
   return d;
 }
 
+// An operand for gemm_batched: bf16 stays bf16 where the device multiplies bf16 natively
+// (kernels::has_bf16_gemm: tensor cores, f32 accumulation); elsewhere it is widened to the
+// compute dtype, as every op does.
+template <class Device>
+tensor<Device> gemm_operand(const tensor<Device>& x) {
+  if constexpr (kernels::has_bf16_gemm<Device>)
+    if (x.dtype() == dtype::bf16) return x.contiguous();
+  return detail::compute_tensor(x);
+}
+
 // c = alpha * op(a) op(b) + beta * c over a batch. Any operand may be 2-D while the others are
 // batched: a 2-D a or b is shared by every entry, and a 2-D c sums the entries (the gradient of
-// a shared weight). All three must be contiguous and in the compute dtype.
+// a shared weight). All three must be contiguous; a, b and c share the compute dtype, or a and
+// b are bf16 and c is f32 where the device has a bf16 GEMM (see gemm_operand).
 template <class Device>
 void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const tensor<Device>& b,
                   tensor<Device>& c, double alpha, double beta) {
   const auto d = matmul_shapes(a, b, trans_a, trans_b);
   const bool a_batched = a.rank() > 2, b_batched = b.rank() > 2, c_batched = c.rank() > 2;
-  detail::with_float_type(c.dtype(), "matmul", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pa = a.template data<T>();
-    const T* pb = b.template data<T>();
-    T* pc = c.template data<T>();
+  const auto run = [&](auto in_tag, auto out_tag) {
+    using In = decltype(in_tag);
+    using Out = decltype(out_tag);
+    const In* pa = a.template data<In>();
+    const In* pb = b.template data<In>();
+    Out* pc = c.template data<Out>();
     const std::int64_t lda = a.size(-1), ldb = b.size(-1), ldc = d.n;
     // Batched a (not transposed) times a shared b: one tall GEMM instead of `batch` small ones.
     if (a_batched && !b_batched && c_batched && !trans_a) {
-      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<T>(alpha), pa,
-                    lda, pb, ldb, static_cast<T>(beta), pc, ldc);
+      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<Out>(alpha), pa,
+                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
       return;
     }
     // Shared-weight gradient a^T b summed over the batch: also one GEMM, over batch * rows.
     if (a_batched && b_batched && !c_batched && trans_a && !trans_b) {
-      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<T>(alpha), pa,
-                    lda, pb, ldb, static_cast<T>(beta), pc, ldc);
+      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<Out>(alpha), pa,
+                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
       return;
     }
     for (std::int64_t i = 0; i < d.batch; ++i) {
-      const T step_beta = (!c_batched && i > 0) ? T(1) : static_cast<T>(beta);
-      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<T>(alpha),
+      const Out step_beta = (!c_batched && i > 0) ? Out(1) : static_cast<Out>(beta);
+      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<Out>(alpha),
                     pa + (a_batched ? i * d.m * d.k : 0), lda, pb + (b_batched ? i * d.k * d.n : 0),
                     ldb, step_beta, pc + (c_batched ? i * d.m * d.n : 0), ldc);
     }
-  });
+  };
+  if constexpr (kernels::has_bf16_gemm<Device>) {
+    if (a.dtype() == dtype::bf16) {
+      detail::check(b.dtype() == dtype::bf16 && c.dtype() == dtype::f32, "matmul: a bf16 product needs bf16 ",
+                    "operands and an f32 result, got ", dtype_name(b.dtype()), " and ", dtype_name(c.dtype()));
+      run(bf16{}, float{});
+      return;
+    }
+  }
+  detail::check(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "matmul: operands ", dtype_name(a.dtype()),
+                " and ", dtype_name(b.dtype()), " do not match the result's ", dtype_name(c.dtype()));
+  detail::with_float_type(c.dtype(), "matmul", [&](auto tag) { run(tag, tag); });
 }
 
 // op(a) x op(b) written into `out`, which must already have the result's shape and dtype
@@ -216,7 +239,7 @@ void matmul_into(const tensor<Device>& a, const tensor<Device>& b, tensor<Device
                     out.is_contiguous(),
                 "matmul_into: out must be a contiguous ", dtype_name(a.dtype()), " tensor of shape ",
                 shape(sizes), ", got ", (out.defined() ? out.shape().to_string() : "undefined"));
-  const auto ca = detail::compute_tensor(a), cb = detail::compute_tensor(b);
+  const auto ca = gemm_operand(a), cb = gemm_operand(b);
   if (out.dtype() == detail::compute_dtype(out.dtype())) {
     gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
   } else {

@@ -16,7 +16,7 @@
 #include "decentrain/autograd/grad_mode.hpp"
 #include "decentrain/core/factory.hpp"
 #include "decentrain/core/tensor.hpp"
-#include "decentrain/kernels/cpu/elementwise.hpp"
+#include "decentrain/kernels/elementwise.hpp"
 
 namespace decentrain {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "decentrain/comm/policy.hpp"
-#include "decentrain/kernels/cpu/optimizer.hpp"
+#include "decentrain/kernels/optimizer.hpp"
 
 namespace decentrain::comm {
 

@@ -37,40 +37,46 @@ concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx
   p.load(in);
 };
 
-// Parameters and gradients as one flat f32 buffer, in parameter-list order, so one collective
-// call moves all of them (fewer, larger messages than one per tensor).
-inline std::size_t flat_size(const parameter_list<cpu>& params) { return static_cast<std::size_t>(params.numel()); }
+// Parameters and gradients as one flat f32 buffer on the host, in parameter-list order, so one
+// collective call moves all of them (fewer, larger messages than one per tensor). On a GPU each
+// tensor is copied to or from the host buffer; on the CPU the copies are plain memcpy.
+template <class Device>
+std::size_t flat_size(const parameter_list<Device>& params) { return static_cast<std::size_t>(params.numel()); }
 
-inline void gather_values(const parameter_list<cpu>& params, std::vector<float>& out) {
+template <class Device>
+void gather_values(const parameter_list<Device>& params, std::vector<float>& out) {
   out.resize(flat_size(params));
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto& v = e.param.value();
     decentrain::detail::check(v.dtype() == dtype::f32 && v.is_contiguous(), "comm: parameter '", e.name,
                               "' must be a contiguous f32 tensor to be communicated");
-    std::memcpy(out.data() + at, v.template data<float>(), static_cast<std::size_t>(v.numel()) * sizeof(float));
+    memory<Device>::copy_to_host(out.data() + at, v.raw_data(), v.nbytes());
     at += static_cast<std::size_t>(v.numel());
   }
 }
 
-inline void scatter_values(parameter_list<cpu>& params, std::span<const float> in) {
+template <class Device>
+void scatter_values(parameter_list<Device>& params, std::span<const float> in) {
   std::size_t at = 0;
   for (auto& e : params) {
     auto& v = e.param.value();
-    std::memcpy(v.template data<float>(), in.data() + at, static_cast<std::size_t>(v.numel()) * sizeof(float));
+    memory<Device>::copy_from_host(v.raw_data(), in.data() + at, v.nbytes());
     at += static_cast<std::size_t>(v.numel());
   }
 }
 
 // A parameter without a gradient (unused this step) contributes zeros.
-inline void gather_grads(const parameter_list<cpu>& params, std::vector<float>& out) {
+template <class Device>
+void gather_grads(const parameter_list<Device>& params, std::vector<float>& out) {
   out.resize(flat_size(params));
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
     if (e.param.grad().defined()) {
       const auto g = e.param.grad().contiguous();
-      std::memcpy(out.data() + at, g.template data<float>(), n * sizeof(float));
+      decentrain::detail::check(g.dtype() == dtype::f32, "comm: the gradient of '", e.name, "' must be f32");
+      memory<Device>::copy_to_host(out.data() + at, g.raw_data(), n * sizeof(float));
     } else {
       std::fill_n(out.data() + at, n, 0.0f);
     }
@@ -78,14 +84,15 @@ inline void gather_grads(const parameter_list<cpu>& params, std::vector<float>& 
   }
 }
 
-inline void scatter_grads(parameter_list<cpu>& params, std::span<const float> in) {
+template <class Device>
+void scatter_grads(parameter_list<Device>& params, std::span<const float> in) {
   std::size_t at = 0;
   for (auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
-    if (!e.param.grad().defined()) e.param.grad() = zeros<cpu>(e.param.shape(), dtype::f32);
+    if (!e.param.grad().defined()) e.param.grad() = zeros<Device>(e.param.shape(), dtype::f32);
     auto& g = e.param.grad();
     decentrain::detail::check(g.is_contiguous(), "comm: the gradient of '", e.name, "' is not contiguous");
-    std::memcpy(g.template data<float>(), in.data() + at, n * sizeof(float));
+    memory<Device>::copy_from_host(g.raw_data(), in.data() + at, n * sizeof(float));
     at += n;
   }
 }

@@ -9,3 +9,4 @@
 #include "decentrain/core/rng.hpp"
 #include "decentrain/core/shape.hpp"
 #include "decentrain/core/tensor.hpp"
+#include "decentrain/core/transfer.hpp"

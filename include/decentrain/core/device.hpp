@@ -14,7 +14,8 @@ struct cpu {
   static constexpr std::string_view name = "cpu";
 };
 
-// Kernels for this tag arrive with the CUDA backend; the tag exists now so types can name it.
+// The GPU. Its memory and kernels exist only in nvcc-compiled code (DECENTRAIN_HAS_CUDA); a
+// g++ build that names it stops at memory<cuda>'s static_assert.
 struct cuda {
   static constexpr std::string_view name = "cuda";
 };

@@ -195,3 +195,6 @@ struct memory<cpu> {
 };
 
 }  // namespace decentrain
+
+// dt::cuda memory, when nvcc compiles this (the whole header is empty otherwise).
+#include "decentrain/core/memory_cuda.cuh"

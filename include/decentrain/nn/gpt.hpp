@@ -37,6 +37,7 @@ template <class Device = cpu>
 class gpt {
  public:
   using config_type = gpt_config;
+  using device_type = Device;
 
   // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
   // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
@@ -59,17 +60,31 @@ class gpt {
     auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
     auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
     x = maybe_dropout(x, dropout_rng);
+    // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32;
+    // each branch's input is cast to bf16, so its products, attention and GELU read and keep
+    // bf16 activations, and its output returns to f32 for the residual add (as autocast does).
+    const auto low = [&](const var<Device>& v) { return cast(v, compute_); };
+    const auto high = [&](const var<Device>& v) { return cast(v, x.dtype()); };
     for (const auto& block : blocks_) {
-      x = x + maybe_dropout(block->attn(block->ln_1(x)), dropout_rng);
-      x = x + maybe_dropout(block->mlp(block->ln_2(x)), dropout_rng);
+      x = x + maybe_dropout(high(block->attn(low(block->ln_1(x)))), dropout_rng);
+      x = x + maybe_dropout(high(block->mlp(low(block->ln_2(x)))), dropout_rng);
     }
-    return matmul((*ln_f_)(x), wte_, false, true);  // tied head: (B,T,C) x (V,C)^T
+    return matmul(low((*ln_f_)(x)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
   }
 
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.
   var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
     return cross_entropy(logits(idx, dropout_rng), targets, -1);
   }
+
+  // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
+  // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
+  // checkpoint trained one way resumes either way.
+  void set_compute_dtype(dtype t) {
+    detail::check(t == dtype::f32 || t == dtype::bf16, "gpt: compute dtype must be f32 or bf16, got ", dtype_name(t));
+    compute_ = t;
+  }
+  dtype compute_dtype() const { return compute_; }
 
   const gpt_config& config() const { return cfg_; }
   parameter_list<Device>& parameters() { return params_; }
@@ -82,6 +97,7 @@ class gpt {
   }
 
   gpt_config cfg_;
+  dtype compute_ = dtype::f32;
   parameter_list<Device> params_;
   var<Device> wte_, wpe_;
   std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;

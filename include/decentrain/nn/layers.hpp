@@ -11,6 +11,10 @@
 
 namespace decentrain::nn {
 
+// Parameters are kept in f32 (the master copy) and meet activations in the activations' dtype:
+// under mixed precision a bf16 input casts the weights to bf16 for the product, and their
+// gradients come back in f32 (the cast op). In f32 the casts are no-ops.
+
 // GPT-2 initialisation: weights N(0, std), biases zero. `has_bias` false leaves the bias out.
 template <class Device>
 struct linear_layer {
@@ -24,7 +28,8 @@ struct linear_layer {
   }
 
   var<Device> operator()(const var<Device>& x) const {
-    return bias.defined() ? linear(x, weight, bias) : linear(x, weight);
+    const auto w = cast(weight, x.dtype());
+    return bias.defined() ? linear(x, w, cast(bias, x.dtype())) : linear(x, w);
   }
 };
 
@@ -39,7 +44,9 @@ struct layer_norm_layer {
         bias(has_bias ? params.add(name + ".bias", parameter(zeros<Device>(shape{width})))
                       : var<Device>(zeros<Device>(shape{width}))) {}
 
-  var<Device> operator()(const var<Device>& x) const { return layer_norm(x, weight, bias, 1e-5); }
+  var<Device> operator()(const var<Device>& x) const {
+    return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  }
 };
 
 template <class Device>

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "decentrain/autograd/parameters.hpp"
-#include "decentrain/kernels/cpu/optimizer.hpp"
+#include "decentrain/kernels/optimizer.hpp"
 #include "decentrain/optim/detail.hpp"
 
 namespace decentrain::optim {

@@ -6,7 +6,7 @@
 
 #include "decentrain/autograd/math.hpp"
 #include "decentrain/autograd/parameters.hpp"
-#include "decentrain/kernels/cpu/optimizer.hpp"
+#include "decentrain/kernels/optimizer.hpp"
 #include "decentrain/optim/detail.hpp"
 
 namespace decentrain::optim {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "decentrain/autograd/parameters.hpp"
-#include "decentrain/kernels/cpu/optimizer.hpp"
+#include "decentrain/kernels/optimizer.hpp"
 #include "decentrain/optim/detail.hpp"
 
 namespace decentrain::optim {

@@ -6,19 +6,30 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
+#include "decentrain/core/transfer.hpp"
 #include "decentrain/io/checkpoint.hpp"
 #include "decentrain/nn/gpt.hpp"
 #include "decentrain/optim/adamw.hpp"
 
 namespace decentrain::train {
 
+namespace detail {
+// A snapshot on the host: checkpoints hold CPU tensors whatever device trained.
+template <class Device>
+tensor<cpu> host_snapshot(const tensor<Device>& t) {
+  if constexpr (std::is_same_v<Device, cpu>) return t.clone();
+  else return to_device<cpu>(t);
+}
+}  // namespace detail
+
 // Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
 // and the step, in one checkpoint.
 template <class Device>
 io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
   io::checkpoint c;
-  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = e.param.value().clone();
+  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = detail::host_snapshot(e.param.value());
   const auto& cfg = model.config();
   c.counters["config.n_layer"] = cfg.n_layer;
   c.counters["config.n_head"] = cfg.n_head;
@@ -31,8 +42,8 @@ io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>&
   dropout << cfg.dropout;
   c.text["config.dropout"] = dropout.str();
   for (const auto& s : optimizer.state()) {
-    c.tensors["adamw." + s.name + ".exp_avg"] = s.exp_avg.clone();
-    c.tensors["adamw." + s.name + ".exp_avg_sq"] = s.exp_avg_sq.clone();
+    c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_snapshot(s.exp_avg);
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_snapshot(s.exp_avg_sq);
     c.counters["adamw." + s.name + ".step"] = s.step;
   }
   c.counters["step"] = step;
@@ -58,12 +69,12 @@ std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::ada
     const auto& t = c.tensor_at("model." + e.name);
     decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),
                               ", the model expects ", e.param.shape());
-    e.param.value().copy_from(t);
+    e.param.value().copy_from(to_device<Device>(t));
   }
   auto state = optimizer.state();
   for (auto& s : state) {
-    s.exp_avg = c.tensor_at("adamw." + s.name + ".exp_avg");
-    s.exp_avg_sq = c.tensor_at("adamw." + s.name + ".exp_avg_sq");
+    s.exp_avg = to_device<Device>(c.tensor_at("adamw." + s.name + ".exp_avg"));
+    s.exp_avg_sq = to_device<Device>(c.tensor_at("adamw." + s.name + ".exp_avg_sq"));
     s.step = c.counter("adamw." + s.name + ".step");
   }
   optimizer.load_state(state);

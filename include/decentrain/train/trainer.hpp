@@ -44,6 +44,9 @@ struct trainer_options {
   std::uint64_t seed = 1337;         // model init and data order (the same on every peer)
   std::int64_t eval_every = 0;       // 0: only at the end
   std::int64_t eval_batches = 8;     // validation batches per peer per evaluation
+  // Mixed precision: bf16 runs the model's activations and products in bf16 with f32 master
+  // weights, optimizer state and gradients (the model must have set_compute_dtype).
+  dtype compute_dtype = dtype::f32;
   // Time compute with this thread's CPU clock instead of the wall clock: right for simulated
   // peers sharing a machine's cores, where wall time would count the other peers' work too.
   bool compute_on_thread_clock = false;
@@ -54,6 +57,8 @@ struct trainer_options {
     decentrain::detail::check(block_size >= 0, "trainer: block_size must be >= 0 (0: the model's), got ", block_size);
     decentrain::detail::check(eval_every >= 0 && eval_batches >= 1, "trainer: need eval_every >= 0 and eval_batches >= 1");
     decentrain::detail::check(grad_clip >= 0, "trainer: grad_clip must be >= 0, got ", grad_clip);
+    decentrain::detail::check(compute_dtype == dtype::f32 || compute_dtype == dtype::bf16,
+                              "trainer: compute_dtype must be f32 or bf16, got ", dtype_name(compute_dtype));
   }
 };
 
@@ -82,23 +87,36 @@ struct fit_result {
   std::vector<eval_point> evals;
 };
 
+// The device a model computes on: Model::device_type, or the CPU for models that do not say.
+template <class M>
+struct model_device {
+  using type = cpu;
+};
+template <class M>
+  requires requires { typename M::device_type; }
+struct model_device<M> {
+  using type = typename M::device_type;
+};
+template <class M>
+using model_device_t = typename model_device<M>::type;
+
 // What a policy sees when the trainer calls it.
 template <class Model>
 struct peer_context {
   Model& model;
-  parameter_list<cpu>& parameters;
+  parameter_list<model_device_t<Model>>& parameters;
   collective::communicator<transport::any_endpoint>& comm;
   std::int64_t step = 0;   // the step just computed, from 0
   bool last_step = false;  // policies that communicate periodically also do so on the last step
   bool resumed = false;    // start() after restore(): the peers' states are already what they should be
 };
 
-template <class M>
+template <class M, class D = model_device_t<M>>
 concept trainable_model = requires { typename M::config_type; } &&
                           std::constructible_from<M, const typename M::config_type&, rng&> &&
-                          requires(M& m, const tensor<cpu>& ids, rng* dropout) {
-                            { m.parameters() } -> std::same_as<parameter_list<cpu>&>;
-                            { m.loss(ids, ids, dropout) } -> std::same_as<var<cpu>>;
+                          requires(M& m, const tensor<D>& ids, rng* dropout) {
+                            { m.parameters() } -> std::same_as<parameter_list<D>&>;
+                            { m.loss(ids, ids, dropout) } -> std::same_as<var<D>>;
                           };
 
 template <class Model, class CommPolicy = comm::sync_allreduce, class ParallelPolicy = parallel::data,
@@ -106,8 +124,9 @@ template <class Model, class CommPolicy = comm::sync_allreduce, class ParallelPo
 class trainer {
   static_assert(trainable_model<Model>,
                 "trainer<Model, ...>: Model needs `using config_type = ...;`, a constructor "
-                "Model(const config_type&, rng& init), `parameter_list<cpu>& parameters()` and "
-                "`var<cpu> loss(const tensor<cpu>& ids, const tensor<cpu>& targets, rng* dropout)` (nn::gpt<cpu> has them)");
+                "Model(const config_type&, rng& init), `parameter_list<D>& parameters()` and "
+                "`var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`, where D is "
+                "Model::device_type or dt::cpu when Model has none (nn::gpt<D> has them)");
   static_assert(comm::declares_comm_policy<CommPolicy>,
                 "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
                 "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
@@ -132,6 +151,7 @@ class trainer {
 
  public:
   using model_type = Model;
+  using device_type = model_device_t<Model>;
   using model_config = typename Model::config_type;
   using comm_policy = CommPolicy;
 
@@ -149,6 +169,11 @@ class trainer {
         fault_(std::move(fault)),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
+    if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
+      model_.set_compute_dtype(options_.compute_dtype);
+    else
+      decentrain::detail::check(options_.compute_dtype == dtype::f32, "trainer: compute_dtype ",
+                                dtype_name(options_.compute_dtype), " needs a model with set_compute_dtype(dtype)");
   }
   // The optimizer and the communicator point into the trainer: it stays where it was made.
   trainer(const trainer&) = delete;
@@ -185,7 +210,7 @@ class trainer {
       double compute = 0;
       auto t = compute_clock();
       auto [x, y] = parallel_.batch(dataset, step_, B, T, options_.seed, rank(), world());
-      auto loss = model_.loss(x, y, &dropout_);
+      auto loss = model_.loss(to_device<device_type>(x), to_device<device_type>(y), &dropout_);
       model_.parameters().zero_grad();
       loss.backward();
       compute += lap(t);
@@ -229,7 +254,7 @@ class trainer {
     for (std::int64_t i = 0; i < batches; ++i) {
       auto [x, y] = dataset.batch<cpu>(data::split::validation, i, options_.batch_size, block(), options_.seed, rank(),
                                        world());
-      sum += model_.loss(x, y).item();
+      sum += model_.loss(to_device<device_type>(x), to_device<device_type>(y)).item();
     }
     double mean = sum / static_cast<double>(batches);
     comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
@@ -238,7 +263,7 @@ class trainer {
 
   // This peer's whole state: model, AdamW, step, dropout stream and the policy's state.
   io::checkpoint capture() const
-    requires requires(const Model& m, const optim::adamw<cpu>& o) { train::capture(m, o, std::int64_t{}); }
+    requires requires(const Model& m, const optim::adamw<device_type>& o) { train::capture(m, o, std::int64_t{}); }
   {
     auto c = train::capture(model_, optimizer_, step_);
     c.rngs["dropout"] = dropout_.state();
@@ -250,7 +275,7 @@ class trainer {
   }
 
   void restore(const io::checkpoint& c)
-    requires requires(Model& m, optim::adamw<cpu>& o) { train::restore(c, m, o); }
+    requires requires(Model& m, optim::adamw<device_type>& o) { train::restore(c, m, o); }
   {
     decentrain::detail::check(c.counter("trainer.world") == world() && c.counter("trainer.rank") == rank(),
                               "trainer: the checkpoint is peer ", c.counter("trainer.rank"), " of ",
@@ -319,7 +344,7 @@ class trainer {
   transport::any_endpoint endpoint_;
   collective::communicator<transport::any_endpoint> comm_;
   Model model_;
-  optim::adamw<cpu> optimizer_;
+  optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
   CommPolicy policy_;
   std::uint64_t policy_bytes_ = 0;

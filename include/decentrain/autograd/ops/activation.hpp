@@ -3,8 +3,8 @@
 
 #include "decentrain/autograd/dispatch.hpp"
 #include "decentrain/autograd/variable.hpp"
-#include "decentrain/kernels/cpu/activation.hpp"
-#include "decentrain/kernels/cpu/softmax.hpp"
+#include "decentrain/kernels/activation.hpp"
+#include "decentrain/kernels/softmax.hpp"
 
 namespace decentrain {
 

@@ -4,7 +4,7 @@
 
 #include "decentrain/autograd/dispatch.hpp"
 #include "decentrain/autograd/variable.hpp"
-#include "decentrain/kernels/cpu/attention.hpp"
+#include "decentrain/kernels/attention.hpp"
 
 namespace decentrain {
 
@@ -22,15 +22,19 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
   const auto cq = detail::compute_tensor(q.value()), ck = detail::compute_tensor(k.value()),
              cv = detail::compute_tensor(v.value());
   auto out = tensor<Device>::empty(q.shape(), cq.dtype());
-  auto probs = tensor<Device>::empty(shape{B, n_head, T, T}, cq.dtype());  // (B,H,T,T)
+  // The device decides what the backward needs: the probabilities (B, H, T, T) on the CPU,
+  // only the logsumexp per row (B, H, T) on the GPU, which recomputes the rest.
+  auto saved = tensor<Device>::empty(shape(kernels::attention_saved_sizes(Device{}, B, n_head, T)), cq.dtype());
   detail::with_float_type(q.dtype(), "causal_attention", [&](auto tag) {
     using T_ = decltype(tag);
-    kernels::attention_forward(Device{}, out.template data<T_>(), probs.template data<T_>(),
+    kernels::attention_forward(Device{}, out.template data<T_>(), saved.template data<T_>(),
                                cq.template data<T_>(), ck.template data<T_>(),
                                cv.template data<T_>(), B, T, C, n_head);
   });
+  // `out` in the compute dtype is kept as well: for f32 it is the very storage the next op
+  // keeps anyway, so it costs nothing.
   return record<Device>("causal_attention", detail::stored_as(out, q.dtype()), {q, k, v},
-                        [probs, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
+                        [out, saved, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
     const auto cq = detail::compute_tensor(n.input(0)), ck = detail::compute_tensor(n.input(1)),
                cv = detail::compute_tensor(n.input(2)), cg = detail::compute_tensor(g);
     auto dq = zeros<Device>(cq.shape(), cq.dtype()), dk = zeros<Device>(cq.shape(), cq.dtype()),
@@ -38,8 +42,8 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
     detail::with_float_type(cq.dtype(), "causal_attention backward", [&](auto tag) {
       using T_ = decltype(tag);
       kernels::attention_backward(Device{}, dq.template data<T_>(), dk.template data<T_>(),
-                                  dv.template data<T_>(), cg.template data<T_>(),
-                                  probs.template data<T_>(), cq.template data<T_>(),
+                                  dv.template data<T_>(), cg.template data<T_>(), out.template data<T_>(),
+                                  saved.template data<T_>(), cq.template data<T_>(),
                                   ck.template data<T_>(), cv.template data<T_>(), B, T, C, n_head);
     });
     n.accumulate(0, std::move(dq));

@@ -3,7 +3,8 @@
 
 #include "decentrain/autograd/dispatch.hpp"
 #include "decentrain/autograd/variable.hpp"
-#include "decentrain/kernels/cpu/embedding.hpp"
+#include "decentrain/core/transfer.hpp"
+#include "decentrain/kernels/embedding.hpp"
 
 namespace decentrain {
 
@@ -14,7 +15,10 @@ var<Device> embedding(const tensor<Device>& ids, const var<Device>& table) {
   detail::check(table.rank() == 2, "embedding: table must be 2-D (vocab, width), got shape ", table.shape());
   const std::int64_t V = table.size(0), C = table.size(1), N = ids.numel();
   const auto cids = ids.contiguous();
-  const auto* p = cids.template data<std::int32_t>();
+  // Ids are checked on the host (on a GPU that costs one small copy): a bad id must be an
+  // error naming it, not an out-of-bounds read in a kernel.
+  const auto host_ids = to_device<cpu>(cids);
+  const auto* p = host_ids.template data<std::int32_t>();
   for (std::int64_t i = 0; i < N; ++i)
     detail::check(p[i] >= 0 && p[i] < V, "embedding: id ", p[i], " at flat index ", i,
                   " is outside the table's ", V, " rows");
@@ -24,7 +28,8 @@ var<Device> embedding(const tensor<Device>& ids, const var<Device>& table) {
   auto out = tensor<Device>::empty(shape(out_sizes), ct.dtype());
   detail::with_float_type(table.dtype(), "embedding", [&](auto tag) {
     using T = decltype(tag);
-    kernels::embedding_forward(Device{}, out.template data<T>(), p, ct.template data<T>(), N, C);
+    kernels::embedding_forward(Device{}, out.template data<T>(), cids.template data<std::int32_t>(),
+                               ct.template data<T>(), N, C);
   });
   return record<Device>("embedding", detail::stored_as(out, table.dtype()), {table},
                         [cids, N, C](const tensor<Device>& g, node<Device>& n) {

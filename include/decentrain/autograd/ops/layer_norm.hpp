@@ -3,7 +3,7 @@
 
 #include "decentrain/autograd/dispatch.hpp"
 #include "decentrain/autograd/variable.hpp"
-#include "decentrain/kernels/cpu/layer_norm.hpp"
+#include "decentrain/kernels/layer_norm.hpp"
 
 namespace decentrain {
 

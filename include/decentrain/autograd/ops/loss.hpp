@@ -7,7 +7,8 @@
 
 #include "decentrain/autograd/dispatch.hpp"
 #include "decentrain/autograd/variable.hpp"
-#include "decentrain/kernels/cpu/cross_entropy.hpp"
+#include "decentrain/core/transfer.hpp"
+#include "decentrain/kernels/cross_entropy.hpp"
 
 namespace decentrain {
 
@@ -26,7 +27,8 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   detail::check(targets.shape() == shape(expected), "cross_entropy: targets shape ", targets.shape(),
                 " does not match logits shape ", logits.shape(), " (expected ", shape(expected), ")");
   const auto ids = targets.contiguous();
-  const auto* t = ids.template data<std::int32_t>();
+  const auto host_ids = to_device<cpu>(ids);  // checked on the host, as embedding ids
+  const auto* t = host_ids.template data<std::int32_t>();
   for (std::int64_t i = 0; i < N; ++i)
     detail::check(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i],
                   " at flat index ", i, " is outside [0, ", V, ") and is not ignore_index (",
@@ -36,7 +38,8 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   double total = 0.0;
   detail::with_float_type(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), t, N, V, ignore_index, counted);
+    total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
+                                           V, ignore_index, counted);
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
   auto out = full<Device>(shape{}, loss, logits.dtype());

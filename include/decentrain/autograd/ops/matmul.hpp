@@ -11,16 +11,17 @@ namespace detail {
 // operand of a batched product receives the sum over the batch).
 template <class Device>
 void matmul_backward(const tensor<Device>& g, node<Device>& n, bool ta, bool tb) {
-  const auto a = compute_tensor(n.input(0)), b = compute_tensor(n.input(1));
-  const auto gc = compute_tensor(g);
+  const auto a = math::gemm_operand(n.input(0)), b = math::gemm_operand(n.input(1));
+  const auto gc = math::gemm_operand(g);
+  const dtype result = compute_dtype(g.dtype());
   if (n.needs_grad(0)) {
-    auto da = tensor<Device>::empty(a.shape(), a.dtype());
+    auto da = tensor<Device>::empty(a.shape(), result);
     if (!ta) math::gemm_batched(false, !tb, gc, b, da, 1.0, 0.0);  // dA = dC op(B)^T
     else math::gemm_batched(tb, true, b, gc, da, 1.0, 0.0);        // dA = op(B) dC^T
     n.accumulate(0, std::move(da));
   }
   if (n.needs_grad(1)) {
-    auto db = tensor<Device>::empty(b.shape(), b.dtype());
+    auto db = tensor<Device>::empty(b.shape(), result);
     if (!tb) math::gemm_batched(!ta, false, a, gc, db, 1.0, 0.0);  // dB = op(A)^T dC
     else math::gemm_batched(true, ta, gc, a, db, 1.0, 0.0);        // dB = dC^T op(A)
     n.accumulate(1, std::move(db));
@@ -58,9 +59,9 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   for (std::size_t d = 0; d + 1 < x.rank(); ++d) rows *= x.shape()[d];
   auto out_sizes = x.shape().sizes();
   out_sizes.back() = weight.size(1);
-  const auto x2 = detail::compute_tensor(x.value()).reshape({rows, weight.size(0)});
-  const auto w = detail::compute_tensor(weight.value());
-  auto out = tensor<Device>::empty(shape({rows, weight.size(1)}), x2.dtype());
+  const auto x2 = math::gemm_operand(x.value()).reshape({rows, weight.size(0)});
+  const auto w = math::gemm_operand(weight.value());
+  auto out = tensor<Device>::empty(shape({rows, weight.size(1)}), detail::compute_dtype(x.dtype()));
   if (bias) out.copy_from(detail::compute_tensor(bias->value()).expand(out.shape()));
   math::gemm_batched(false, false, x2, w, out, 1.0, bias ? 1.0 : 0.0);
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
@@ -69,15 +70,16 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   if (bias) inputs.push_back(*bias);
   const std::int64_t in = weight.size(0), width = weight.size(1);
   return record<Device>("linear", out, inputs, [rows, in, width](const tensor<Device>& g, node<Device>& n) {
-    const auto g2 = detail::compute_tensor(g).reshape({rows, width});
+    const auto g2 = math::gemm_operand(g).reshape({rows, width});
+    const dtype result = detail::compute_dtype(g.dtype());
     if (n.needs_grad(0)) {
-      auto dx = tensor<Device>::empty(shape({rows, in}), g2.dtype());
-      math::gemm_batched(false, true, g2, detail::compute_tensor(n.input(1)), dx, 1.0, 0.0);
+      auto dx = tensor<Device>::empty(shape({rows, in}), result);
+      math::gemm_batched(false, true, g2, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
       n.accumulate(0, dx.reshape(n.input(0).shape()));
     }
     if (n.needs_grad(1)) {
-      auto dw = tensor<Device>::empty(shape({in, width}), g2.dtype());
-      const auto x2 = detail::compute_tensor(n.input(0)).reshape({rows, in});
+      auto dw = tensor<Device>::empty(shape({in, width}), result);
+      const auto x2 = math::gemm_operand(n.input(0)).reshape({rows, in});
       math::gemm_batched(true, false, x2, g2, dw, 1.0, 0.0);
       n.accumulate(1, std::move(dw));
     }

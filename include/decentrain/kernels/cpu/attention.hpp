@@ -15,6 +15,11 @@
 
 namespace decentrain::kernels {
 
+// What the forward keeps for the backward: the probabilities.
+inline std::vector<std::int64_t> attention_saved_sizes(cpu, std::int64_t B, std::int64_t H, std::int64_t Tn) {
+  return {B, H, Tn, Tn};
+}
+
 template <class T>
 void attention_forward(cpu, T* out, T* probs, const T* q, const T* k, const T* v, std::int64_t B,
                        std::int64_t Tn, std::int64_t C, std::int64_t H) {
@@ -42,8 +47,9 @@ void attention_forward(cpu, T* out, T* probs, const T* q, const T* k, const T* v
 }
 
 // dq, dk, dv are accumulated into (+=). Each (batch, head) pair writes only its own columns.
+// The forward's output is not needed here (the GPU kernels use it).
 template <class T>
-void attention_backward(cpu, T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q,
+void attention_backward(cpu, T* dq, T* dk, T* dv, const T* dout, const T* /*out*/, const T* probs, const T* q,
                         const T* k, const T* v, std::int64_t B, std::int64_t Tn, std::int64_t C,
                         std::int64_t H) {
   const std::int64_t D = C / H;

@@ -17,7 +17,7 @@ namespace detail {
 inline constexpr std::int64_t parallel_threshold = 1 << 15;
 
 template <class T>
-inline T apply(binary_op op, T x, T y) {
+DECENTRAIN_HOST_DEVICE inline T apply(binary_op op, T x, T y) {
   switch (op) {
     case binary_op::add: return x + y;
     case binary_op::sub: return x - y;

@@ -1,0 +1,284 @@
+// bench/gpu_train_step: GPT-2 124M training steps on one GPU, ours against PyTorch on the same
+// GPU in one run (bench/torch_gpu_train_step.py: eager and torch.compile, SDPA flash attention,
+// fused AdamW, bf16 autocast, vocabulary padded to 50304). Prints tokens/s, MFU and peak memory
+// per row, then the achieved bandwidth of the layer_norm, GELU, cross-entropy and AdamW kernels
+// as a fraction of the GPU's memory bandwidth. Writes JSON rows.
+//
+//   gpu_train_step [--seq T] [--batch B] [--steps S] [--peak-tflops X] [--peak-gbps X]
+//                  [--no-torch] [--json PATH]
+//
+// Our path computes in f32 (bf16 matmuls are not implemented yet), so the PyTorch rows include
+// f32 (TF32 off) as the like-for-like reference besides the bf16 rows the goal names.
+#include <decentrain/decentrain.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace dt = decentrain;
+using gpu = dt::cuda;
+
+namespace {
+
+struct options {
+  std::int64_t seq = 1024, batch = 0;  // 0: the largest of 32, 16, 8, 4, 2, 1 that fits
+  int steps = 10;
+  double peak_tflops = 0, peak_gbps = 0;  // 0: from the device name
+  bool torch = true;
+  std::string json;
+};
+
+struct device_peaks {
+  std::string name;
+  double bf16_tflops, f32_tflops, gbps;
+};
+
+// Dense peaks from NVIDIA's data sheets (SXM parts); other GPUs need --peak-tflops/--peak-gbps.
+device_peaks peaks_of_device() {
+  cudaDeviceProp p{};
+  dt::cuda_rt::check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  const std::string name = p.name;
+  if (name.find("H200") != std::string::npos) return {name, 989.0, 67.0, 4800.0};
+  if (name.find("H100") != std::string::npos) return {name, 989.0, 67.0, 3350.0};
+  return {name, 0, 0, 0};
+}
+
+struct row {
+  std::string impl, precision;
+  std::int64_t batch = 0;
+  double step_s = 0, tokens_per_s = 0, mfu = 0, peak_mib = 0;
+};
+
+// nanoGPT's count: 6 N per token (N without position embeddings) plus 12 L C T for attention.
+double flops_per_token(const dt::nn::gpt_config& c, std::int64_t params, std::int64_t T) {
+  const double n = static_cast<double>(params - c.block_size * c.n_embd);
+  return 6.0 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * T);
+}
+
+std::int64_t param_count(const dt::parameter_list<gpu>& ps) {
+  std::int64_t n = 0;
+  for (const auto& e : ps) n += e.param.value().numel();
+  return n;
+}
+
+// One configuration of ours; throws dt::error on out-of-memory.
+row run_ours(const dt::nn::gpt_config& cfg, std::int64_t B, std::int64_t T, int steps, double peak_tflops) {
+  dt::rng init(1, "init"), data(2, "data");
+  dt::nn::gpt<gpu> model(cfg, init);
+  dt::optim::adamw<gpu> opt(model.parameters(), {6e-4, 0.9, 0.95, 1e-8, 0.1});
+  std::vector<std::int32_t> x(static_cast<std::size_t>(B * T)), y(x.size());
+  for (auto& t : x) t = static_cast<std::int32_t>(data.below(50257));
+  for (auto& t : y) t = static_cast<std::int32_t>(data.below(50257));
+  const auto xs = dt::to_device<gpu>(dt::from_vector(x, {B, T}));
+  const auto ys = dt::to_device<gpu>(dt::from_vector(y, {B, T}));
+  std::vector<double> times;
+  for (int s = 0; s < steps + 2; ++s) {  // two warm-up steps fill the allocator's cache
+    dt::cuda_rt::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto loss = model.loss(xs, ys);
+    model.parameters().zero_grad();
+    loss.backward();
+    dt::optim::clip_grad_norm(model.parameters(), 1.0);
+    opt.step();
+    dt::cuda_rt::synchronize();
+    if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  row r{"decentrain", "f32", B};
+  r.step_s = times[times.size() / 2];
+  r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
+  r.mfu = peak_tflops > 0 ? flops_per_token(cfg, param_count(model.parameters()), T) * r.tokens_per_s / (peak_tflops * 1e12) : 0;
+  r.peak_mib = static_cast<double>(dt::memory<gpu>::reserved_bytes()) / (1 << 20);
+  return r;
+}
+
+struct kernel_row {
+  std::string kernel;
+  double us = 0, gbps = 0, fraction = 0;
+};
+
+template <class F>
+double time_us(F&& f, int reps = 20) {
+  f();
+  cudaEvent_t a, b;
+  dt::cuda_rt::check(cudaEventCreate(&a), "cudaEventCreate");
+  dt::cuda_rt::check(cudaEventCreate(&b), "cudaEventCreate");
+  dt::cuda_rt::check(cudaEventRecord(a, dt::cuda_rt::current_stream()), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) f();
+  dt::cuda_rt::check(cudaEventRecord(b, dt::cuda_rt::current_stream()), "cudaEventRecord");
+  dt::cuda_rt::check(cudaEventSynchronize(b), "cudaEventSynchronize");
+  float ms = 0;
+  dt::cuda_rt::check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1000.0 * ms / reps;
+}
+
+// Bytes each kernel must move at least (every input read once, every output written once).
+std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double peak_gbps) {
+  const std::int64_t C = 768, V = 50304, N = B * T, P = 124'475'904;
+  dt::rng gen(5, "kernels");
+  std::vector<kernel_row> rows;
+  const auto add = [&](const std::string& name, double bytes, double us) {
+    const double gbps = bytes / (us * 1e-6) / 1e9;
+    rows.push_back({name, us, gbps, peak_gbps > 0 ? gbps / peak_gbps : 0});
+  };
+  {
+    auto x = dt::to_device<gpu>(dt::randn(dt::shape{N, C}, gen)), w = dt::ones<gpu>(dt::shape{C}),
+         b = dt::zeros<gpu>(dt::shape{C}), out = dt::tensor<gpu>::empty(dt::shape{N, C});
+    auto mean = dt::tensor<gpu>::empty(dt::shape{N}), rstd = dt::tensor<gpu>::empty(dt::shape{N});
+    const double us = time_us([&] {
+      dt::kernels::layer_norm_forward(gpu{}, out.data<float>(), mean.data<float>(), rstd.data<float>(), x.data<float>(),
+                                      w.data<float>(), b.data<float>(), N, C, 1e-5f);
+    });
+    add("layer_norm forward", 4.0 * (2.0 * N * C + 2.0 * N + 2.0 * C), us);
+  }
+  {
+    auto x = dt::to_device<gpu>(dt::randn(dt::shape{N, 4 * C}, gen)), out = dt::tensor<gpu>::empty(dt::shape{N, 4 * C});
+    const double us = time_us([&] { dt::kernels::gelu_forward(gpu{}, out.data<float>(), x.data<float>(), N * 4 * C); });
+    add("gelu forward", 4.0 * 2.0 * N * 4 * C, us);
+  }
+  {
+    auto logits = dt::to_device<gpu>(dt::randn(dt::shape{N, V}, gen));
+    std::vector<std::int32_t> t(static_cast<std::size_t>(N));
+    for (auto& v : t) v = static_cast<std::int32_t>(gen.below(50257));
+    auto targets = dt::to_device<gpu>(dt::from_vector(t, dt::shape{N}));
+    std::int64_t counted = 0;
+    const double us = time_us([&] {
+      (void)dt::kernels::cross_entropy_forward(gpu{}, logits.data<float>(), targets.data<std::int32_t>(), N, V, -1, counted);
+    }, 5);
+    add("cross_entropy forward (incl. read-back)", 4.0 * N * V, us);
+  }
+  {
+    auto p = dt::to_device<gpu>(dt::randn(dt::shape{P}, gen)), g = dt::to_device<gpu>(dt::randn(dt::shape{P}, gen));
+    auto m = dt::zeros<gpu>(dt::shape{P}), v = dt::zeros<gpu>(dt::shape{P});
+    std::int64_t step = 0;
+    const double us = time_us([&] {
+      dt::kernels::adamw_update(gpu{}, p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), P, 1e-4, 0.9,
+                                0.95, 1e-8, 0.1, ++step);
+    });
+    add("adamw (124M params)", 4.0 * 7.0 * P, us);
+  }
+  return rows;
+}
+
+std::vector<row> run_torch(std::int64_t B, std::int64_t T, int steps, double bf16_tflops, double f32_tflops) {
+  std::vector<row> rows;
+  const std::string script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
+  for (const std::string mode : {"eager-bf16", "compile-bf16", "eager-f32"}) {
+    const std::string cmd = "python3 " + script + " --mode " + mode + " --batch " + std::to_string(B) + " --seq " +
+                            std::to_string(T) + " --steps " + std::to_string(steps);
+    FILE* pipe = popen(cmd.c_str(), "r");
+    if (!pipe) continue;
+    char line[512];
+    row r{"pytorch " + mode.substr(0, mode.find('-')), mode.substr(mode.find('-') + 1), B};
+    bool got = false;
+    while (std::fgets(line, sizeof line, pipe)) {
+      double step_s = 0, peak = 0;
+      if (std::sscanf(line, "RESULT step_s=%lf peak_mib=%lf", &step_s, &peak) == 2) {
+        r.step_s = step_s;
+        r.peak_mib = peak;
+        got = true;
+      }
+    }
+    const int status = pclose(pipe);
+    if (!got || status != 0) {
+      std::fprintf(stderr, "torch %s failed (exit %d); its row is left out\n", mode.c_str(), status);
+      continue;
+    }
+    r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
+    const double peak = r.precision == "bf16" ? bf16_tflops : f32_tflops;
+    const auto cfg = dt::nn::gpt_preset("gpt2-124m");
+    r.mfu = peak > 0 ? flops_per_token(cfg, 124'475'904, T) * r.tokens_per_s / (peak * 1e12) : 0;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--seq") o.seq = std::stoll(next());
+    else if (a == "--batch") o.batch = std::stoll(next());
+    else if (a == "--steps") o.steps = std::stoi(next());
+    else if (a == "--peak-tflops") o.peak_tflops = std::stod(next());
+    else if (a == "--peak-gbps") o.peak_gbps = std::stod(next());
+    else if (a == "--no-torch") o.torch = false;
+    else if (a == "--json") o.json = next();
+    else {
+      std::fprintf(stderr, "unknown option %s\nusage: gpu_train_step [--seq T] [--batch B] [--steps S] "
+                           "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--json PATH]\n", a.c_str());
+      return 2;
+    }
+  }
+  if (dt::cuda_rt::device_count() == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  const auto peaks = peaks_of_device();
+  const double f32_peak = o.peak_tflops > 0 ? o.peak_tflops : peaks.f32_tflops;
+  const double bf16_peak = o.peak_tflops > 0 ? o.peak_tflops : peaks.bf16_tflops;
+  const double gbps = o.peak_gbps > 0 ? o.peak_gbps : peaks.gbps;
+  std::printf("device: %s (peaks used: bf16 %.0f TFLOP/s, f32 %.0f TFLOP/s, %.0f GB/s)\n", peaks.name.c_str(), bf16_peak,
+              f32_peak, gbps);
+
+  auto cfg = dt::nn::gpt_preset("gpt2-124m");
+  cfg.vocab_size = 50304;  // padded as the reference does
+  cfg.block_size = std::max<std::int64_t>(cfg.block_size, o.seq);
+  std::vector<row> rows;
+  std::int64_t B = o.batch;
+  for (std::int64_t b : {32, 16, 8, 4, 2, 1}) {
+    if (o.batch > 0 && b != o.batch) continue;
+    try {
+      rows.push_back(run_ours(cfg, b, o.seq, o.steps, f32_peak));
+      B = b;
+      break;
+    } catch (const dt::error& e) {
+      std::fprintf(stderr, "batch %lld: %s\n", static_cast<long long>(b), e.what());
+      dt::memory<gpu>::release_cached();
+    }
+  }
+  if (rows.empty()) return 1;
+  if (o.torch) for (auto& r : run_torch(B, o.seq, o.steps, bf16_peak, f32_peak)) rows.push_back(r);
+
+  std::printf("\nGPT-2 124M, B=%lld, T=%lld, median of %d steps\n", static_cast<long long>(B),
+              static_cast<long long>(o.seq), o.steps);
+  std::printf("| implementation | precision | s/step | tokens/s | MFU | peak MiB | tokens/s vs ours |\n|---|---|---:|---:|---:|---:|---:|\n");
+  for (const auto& r : rows)
+    std::printf("| %s | %s | %.4f | %.0f | %.1f%% | %.0f | %.2fx |\n", r.impl.c_str(), r.precision.c_str(), r.step_s,
+                r.tokens_per_s, 100 * r.mfu, r.peak_mib, r.tokens_per_s / rows[0].tokens_per_s);
+
+  dt::memory<gpu>::release_cached();
+  const auto kernels = kernel_bandwidth(B, o.seq, gbps);
+  std::printf("\n| kernel | us | GB/s | of peak bandwidth |\n|---|---:|---:|---:|\n");
+  for (const auto& k : kernels) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
+
+  if (!o.json.empty()) {
+    std::ofstream out(o.json);
+    out << "[";
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      out << (i ? ",\n" : "\n") << "{\"impl\":\"" << rows[i].impl << "\",\"precision\":\"" << rows[i].precision
+          << "\",\"batch\":" << rows[i].batch << ",\"seq\":" << o.seq << ",\"step_s\":" << rows[i].step_s
+          << ",\"tokens_per_s\":" << rows[i].tokens_per_s << ",\"mfu\":" << rows[i].mfu << ",\"peak_mib\":" << rows[i].peak_mib
+          << ",\"device\":\"" << peaks.name << "\"}";
+    for (const auto& k : kernels)
+      out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction
+          << ",\"device\":\"" << peaks.name << "\"}";
+    out << "\n]\n";
+  }
+  return 0;
+}

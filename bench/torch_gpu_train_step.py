@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The PyTorch side of bench/gpu_train_step: GPT-2 124M as nanoGPT writes it (tied head, biases,
+tanh GELU, vocabulary padded to 50304), SDPA flash attention, fused AdamW, on one GPU.
+
+  torch_gpu_train_step.py --mode eager-bf16|compile-bf16|eager-f32 --batch B --seq T --steps S
+
+Prints `RESULT step_s=<median seconds per step> peak_mib=<torch.cuda.max_memory_allocated>`.
+bf16 modes run the forward under torch.autocast(bfloat16) with f32 master weights, as nanoGPT;
+f32 keeps TF32 off so it is the like-for-like reference for an f32 implementation.
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.H = H
+        self.ln_1 = nn.LayerNorm(C)
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.ln_2 = nn.LayerNorm(C)
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.mlp_proj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, L=12, H=12, C=768, block=1024, vocab=50304):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, C)
+        self.wpe = nn.Embedding(block, C)
+        self.h = nn.ModuleList(Block(C, H) for _ in range(L))
+        self.ln_f = nn.LayerNorm(C)
+        self.lm_head = nn.Linear(C, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight") or name.endswith("mlp_proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
+            elif p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.h:
+            x = b(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["eager-bf16", "compile-bf16", "eager-f32"], required=True)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    torch.manual_seed(1)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = "cuda"
+    model = GPT(block=max(1024, a.seq)).to(dev)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    step_model = torch.compile(model) if a.mode.startswith("compile") else model
+    bf16 = a.mode.endswith("bf16")
+    x = torch.randint(0, 50257, (a.batch, a.seq), device=dev)
+    y = torch.randint(0, 50257, (a.batch, a.seq), device=dev)
+    times = []
+    for s in range(a.steps + 3):  # warm-up steps include compilation
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = step_model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        torch.cuda.synchronize()
+        if s >= 3:
+            times.append(time.perf_counter() - t0)
+    print("RESULT step_s=%.6f peak_mib=%.1f" % (statistics.median(times), torch.cuda.max_memory_allocated() / 2**20))
+
+
+if __name__ == "__main__":
+    main()

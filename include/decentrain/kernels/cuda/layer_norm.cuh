@@ -1,0 +1,129 @@
+// Layer normalisation over the last dim on the GPU: one warp per row for the row statistics
+// and the input gradient, and a column-tiled reduction for the gain and bias gradients (a fixed
+// order, no atomics).
+#pragma once
+
+#include "decentrain/config.hpp"
+
+#if DECENTRAIN_HAS_CUDA
+#include <cstdint>
+
+#include "decentrain/kernels/cuda/common.cuh"
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+inline constexpr int rows_per_block = 8;  // one warp each
+inline constexpr int column_row_groups_ln = 16;  // warps that split the rows of a column tile
+
+__device__ inline float device_rsqrt(float x) { return rsqrtf(x); }
+__device__ inline double device_rsqrt(double x) { return rsqrt(x); }
+
+template <class T>
+__global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, const T* weight,
+                                          const T* bias, std::int64_t rows, std::int64_t cols, T eps) {
+  const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
+  if (r >= rows) return;
+  const T* in = x + r * cols;
+  T m = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) m += in[c];
+  m = warp_reduce(m, sum_op{}) / static_cast<T>(cols);
+  T v = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
+  v = warp_reduce(v, sum_op{}) / static_cast<T>(cols);
+  const T s = device_rsqrt(v + eps);
+  T* o = out + r * cols;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) o[c] = (in[c] - m) * s * weight[c] + bias[c];
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+template <class T>
+__global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* weight, const T* mean,
+                                     const T* rstd, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
+  if (r >= rows) return;
+  const T* g = dout + r * cols;
+  const T* in = x + r * cols;
+  const T m = mean[r], s = rstd[r];
+  T mean_dn = 0, mean_dn_xhat = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
+    const T dn = weight[c] * g[c];
+    mean_dn += dn;
+    mean_dn_xhat += dn * (in[c] - m) * s;
+  }
+  mean_dn = warp_reduce(mean_dn, sum_op{}) / static_cast<T>(cols);
+  mean_dn_xhat = warp_reduce(mean_dn_xhat, sum_op{}) / static_cast<T>(cols);
+  T* d = dx + r * cols;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
+    const T xhat = (in[c] - m) * s;
+    d[c] += (weight[c] * g[c] - mean_dn - xhat * mean_dn_xhat) * s;
+  }
+}
+
+template <class T>
+__global__ void layer_norm_params_kernel(T* dweight, T* dbias, const T* dout, const T* x, const T* mean,
+                                         const T* rstd, std::int64_t rows, std::int64_t cols) {
+  __shared__ double partial_w[column_row_groups_ln][32];
+  __shared__ double partial_b[column_row_groups_ln][32];
+  const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
+  double dw = 0.0, db = 0.0;
+  if (c < cols) {
+    for (std::int64_t r = threadIdx.y; r < rows; r += column_row_groups_ln) {
+      const double g = static_cast<double>(dout[r * cols + c]);
+      dw += static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * g;
+      db += g;
+    }
+  }
+  partial_w[threadIdx.y][threadIdx.x] = dw;
+  partial_b[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    double tw = 0.0, tb = 0.0;
+    for (int k = 0; k < column_row_groups_ln; ++k) {
+      tw += partial_w[k][threadIdx.x];
+      tb += partial_b[k][threadIdx.x];
+    }
+    if (dweight) dweight[c] += static_cast<T>(tw);
+    if (dbias) dbias[c] += static_cast<T>(tb);
+  }
+}
+}  // namespace cuda_detail
+
+template <class T>
+void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        std::int64_t rows, std::int64_t cols, T eps) {
+  if (rows == 0) return;
+  const dim3 block(32, cuda_detail::rows_per_block);
+  const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
+  cuda_detail::layer_norm_forward_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
+      out, mean, rstd, x, weight, bias, rows, cols, eps);
+  cuda_rt::check_launch("layer_norm_forward_kernel");
+}
+
+// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed.
+template <class T>
+void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const T* dout, const T* x,
+                         const T* weight, const T* mean, const T* rstd, std::int64_t rows,
+                         std::int64_t cols) {
+  if (rows == 0) return;
+  const auto stream = cuda_rt::current_stream();
+  if (dx) {
+    const dim3 block(32, cuda_detail::rows_per_block);
+    const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
+    cuda_detail::layer_norm_dx_kernel<<<grid, block, 0, stream>>>(dx, dout, x, weight, mean, rstd, rows, cols);
+    cuda_rt::check_launch("layer_norm_dx_kernel");
+  }
+  if (dweight || dbias) {
+    const dim3 block(32, cuda_detail::column_row_groups_ln);
+    const auto grid = static_cast<unsigned>((cols + 31) / 32);
+    cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(dweight, dbias, dout, x, mean, rstd, rows, cols);
+    cuda_rt::check_launch("layer_norm_params_kernel");
+  }
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA

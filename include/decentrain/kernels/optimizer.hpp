@@ -1,0 +1,6 @@
+// The optimizer kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+#pragma once
+
+#include "decentrain/kernels/cpu/optimizer.hpp"
+#include "decentrain/kernels/cuda/optimizer.cuh"

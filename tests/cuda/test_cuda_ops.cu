@@ -1,0 +1,413 @@
+// Every op on dt::cuda against the CPU implementation: the same inputs on both devices,
+// forward values and the gradients of every input compared. Tolerances (f32): relative to the
+// largest magnitude of the CPU result, max |cuda - cpu| <= 1e-5 * max |cpu| (1e-5 relative,
+// norm-wise), looser only where stated (reductions over thousands of terms, bf16 storage).
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace dt = decentrain;
+using dt::cpu;
+using gpu = dt::cuda;  // (the name cuda is taken by libcu++'s namespace ::cuda)
+
+namespace {
+
+// max |a - b| / max |b| (0 when both are all zero); a and b on the host.
+double normwise_error(const dt::tensor<cpu>& a, const dt::tensor<cpu>& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    if (std::isnan(va[i]) != std::isnan(vb[i])) return INFINITY;
+    if (std::isnan(va[i])) continue;
+    diff = std::max(diff, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return scale == 0.0 ? diff : diff / scale;
+}
+
+template <class D>
+dt::tensor<cpu> host(const dt::tensor<D>& x) { return dt::to_device<cpu>(x); }
+
+// Runs f on both devices with the same inputs (all requiring gradients) and the same output
+// gradient; checks the output and every input gradient.
+template <class F>
+void check_against_cpu(const std::string& what, const std::vector<dt::tensor<cpu>>& inputs, F f,
+                       double tol = 1e-5) {
+  INFO(what);
+  std::vector<dt::var<cpu>> xc;
+  std::vector<dt::var<gpu>> xg;
+  for (const auto& t : inputs) {
+    xc.push_back(dt::parameter(t.clone()));
+    xg.push_back(dt::parameter(dt::to_device<gpu>(t)));
+  }
+  auto yc = f(xc);
+  auto yg = f(xg);
+  CHECK(normwise_error(host(yg.value()), yc.value()) <= tol);
+  dt::rng gen(99, "cuda-grad-out");
+  const auto g = dt::randn(yc.shape(), gen, yc.dtype());
+  yc.backward(g);
+  yg.backward(dt::to_device<gpu>(g));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    INFO("gradient of input " << i);
+    REQUIRE(xc[i].grad().defined() == xg[i].grad().defined());
+    if (xc[i].grad().defined()) CHECK(normwise_error(host(xg[i].grad()), xc[i].grad()) <= tol);
+  }
+}
+
+template <class D>
+dt::var<D>& param_at(dt::parameter_list<D>& list, std::size_t i) {
+  return std::next(list.begin(), static_cast<std::ptrdiff_t>(i))->param;
+}
+
+dt::tensor<cpu> random(const dt::shape& s, std::uint64_t seed, dt::dtype t = dt::dtype::f32, double scale = 1.0) {
+  dt::rng gen(seed, "cuda-test-input");
+  return dt::randn(s, gen, t, 0.0, scale);
+}
+
+}  // namespace
+
+TEST_CASE("cuda memory: allocation is cached and reused, copies convert dtypes and follow strides") {
+  auto a = dt::tensor<gpu>::empty(dt::shape{1000, 300});
+  const void* first = a.raw_data();
+  a = dt::tensor<gpu>();
+  CHECK(dt::memory<gpu>::cached_bytes() >= 1000 * 300 * 4);
+  auto b = dt::tensor<gpu>::empty(dt::shape{1000, 300});
+  CHECK(b.raw_data() == first);  // same stream, same size class: the freed block comes back
+
+  const auto x = random(dt::shape{3, 5, 7}, 1);
+  const auto xg = dt::to_device<gpu>(x);
+  CHECK(host(xg).to_vector<float>() == x.to_vector<float>());
+  // A permuted (non-contiguous) view made contiguous on the GPU equals the CPU's.
+  const auto view_c = x.permute({2, 0, 1}).contiguous();
+  const auto view_g = xg.permute({2, 0, 1}).contiguous();
+  CHECK(host(view_g).to_vector<float>() == view_c.to_vector<float>());
+  // Dtype conversions round the same way as on the CPU (bf16: nearest even).
+  for (auto t : {dt::dtype::bf16, dt::dtype::f64}) {
+    const auto conv_c = x.transpose(0, 2).to(t);
+    const auto conv_g = xg.transpose(0, 2).to(t);
+    CHECK(host(conv_g).to_vector<double>() == conv_c.to_vector<double>());
+  }
+  auto filled = dt::full<gpu>(dt::shape{4, 4}, 2.5, dt::dtype::bf16);
+  for (double v : host(filled).to_vector<double>()) CHECK(v == 2.5);
+  auto slice_target = dt::zeros<gpu>(dt::shape{4, 6});
+  slice_target.slice(1, 2, 5).copy_from(dt::ones<gpu>(dt::shape{4, 3}));
+  const auto sv = host(slice_target).to_vector<float>();
+  CHECK(sv[0] == 0.f);
+  CHECK(sv[2] == 1.f);
+  CHECK(sv[5] == 0.f);
+
+  dt::pinned_buffer pinned(1 << 20);
+  CHECK(pinned.data() != nullptr);
+  CHECK(pinned.size() == (1u << 20));
+}
+
+TEST_CASE("cuda memory: an impossible allocation is a clear error, and the process goes on") {
+  try {
+    (void)dt::tensor<gpu>::empty(dt::shape{std::int64_t{1} << 40});  // 4 TiB
+    FAIL("no error");
+  } catch (const dt::error& e) {
+    CHECK(std::string(e.what()).find("CUDA out of memory") != std::string::npos);
+  }
+  CHECK(host(dt::ones<gpu>(dt::shape{2})).to_vector<float>() == std::vector<float>{1.f, 1.f});
+}
+
+TEST_CASE("cuda elementwise ops with broadcasting, reductions and scalar ops match the CPU") {
+  const auto a = random(dt::shape{4, 1, 6}, 2), b = random(dt::shape{3, 1}, 3);
+  const auto c = random(dt::shape{4, 3, 6}, 4), d = dt::math::affine(random(dt::shape{4, 3, 6}, 5), 0.1, 2.0);
+  check_against_cpu("add broadcast", {a, b}, [](auto& x) { return dt::add(x[0], x[1]); });
+  check_against_cpu("sub broadcast", {a, b}, [](auto& x) { return dt::sub(x[0], x[1]); });
+  check_against_cpu("mul", {c, d}, [](auto& x) { return dt::mul(x[0], x[1]); });
+  check_against_cpu("div", {c, d}, [](auto& x) { return dt::div(x[0], x[1]); });
+  check_against_cpu("sum leading", {c}, [](auto& x) { return dt::sum(x[0], {0, 1}); });
+  check_against_cpu("sum trailing", {c}, [](auto& x) { return dt::sum(x[0], {2}, true); });
+  check_against_cpu("sum middle", {c}, [](auto& x) { return dt::sum(x[0], {1}); });
+  check_against_cpu("sum all", {c}, [](auto& x) { return dt::sum(x[0]); });
+  check_against_cpu("mean", {c}, [](auto& x) { return dt::mean(x[0], {2}); });
+}
+
+TEST_CASE("cuda matmul and linear (cuBLAS) match the CPU for every transpose and batching") {
+  const auto a = random(dt::shape{2, 5, 7}, 6), b = random(dt::shape{7, 3}, 7), bt = random(dt::shape{3, 7}, 8);
+  const auto ab = random(dt::shape{2, 7, 4}, 9), at = random(dt::shape{2, 7, 5}, 10);
+  check_against_cpu("batched x shared", {a, b}, [](auto& x) { return dt::matmul(x[0], x[1]); });
+  check_against_cpu("batched x shared^T", {a, bt}, [](auto& x) { return dt::matmul(x[0], x[1], false, true); });
+  check_against_cpu("batched x batched", {a, ab}, [](auto& x) { return dt::matmul(x[0], x[1]); });
+  check_against_cpu("batched^T x batched^T", {at, ab}, [](auto& x) { return dt::matmul(x[0], x[1], true, true); });
+  const auto x = random(dt::shape{3, 17, 96}, 11), w = random(dt::shape{96, 80}, 12, dt::dtype::f32, 0.1),
+             bias = random(dt::shape{80}, 13);
+  check_against_cpu("linear", {x, w, bias}, [](auto& v) { return dt::linear(v[0], v[1], v[2]); });
+  check_against_cpu("linear without bias", {x, w}, [](auto& v) { return dt::linear(v[0], v[1]); });
+}
+
+TEST_CASE("cuda gelu, softmax, log_softmax and layer_norm match the CPU") {
+  const auto x = random(dt::shape{6, 9, 130}, 14, dt::dtype::f32, 2.0);
+  check_against_cpu("gelu", {x}, [](auto& v) { return dt::gelu(v[0]); });
+  check_against_cpu("softmax", {x}, [](auto& v) { return dt::softmax(v[0]); });
+  check_against_cpu("log_softmax", {x}, [](auto& v) { return dt::log_softmax(v[0]); });
+  const auto w = random(dt::shape{130}, 15), b = random(dt::shape{130}, 16);
+  check_against_cpu("layer_norm", {x, w, b}, [](auto& v) { return dt::layer_norm(v[0], v[1], v[2]); });
+  // Wide rows: a warp walks 1000 columns.
+  const auto wide = random(dt::shape{33, 1000}, 17), ww = random(dt::shape{1000}, 18), wb = random(dt::shape{1000}, 19);
+  check_against_cpu("layer_norm wide", {wide, ww, wb}, [](auto& v) { return dt::layer_norm(v[0], v[1], v[2]); });
+}
+
+TEST_CASE("cuda embedding and cross-entropy match the CPU, ids are checked") {
+  const std::vector<std::int32_t> id_values{3, 1, 3, 0, 7, 3, 1, 2, 9, 9, 0, 5};
+  const auto ids_c = dt::from_vector(id_values, dt::shape{3, 4});
+  const auto table = random(dt::shape{10, 37}, 20);
+  std::vector<dt::var<cpu>> tc{dt::parameter(table.clone())};
+  std::vector<dt::var<gpu>> tg{dt::parameter(dt::to_device<gpu>(table))};
+  auto yc = dt::embedding(ids_c, tc[0]);
+  auto yg = dt::embedding(dt::to_device<gpu>(ids_c), tg[0]);
+  CHECK(normwise_error(host(yg.value()), yc.value()) == 0.0);
+  const auto g = random(yc.shape(), 21);
+  yc.backward(g);
+  yg.backward(dt::to_device<gpu>(g));
+  CHECK(normwise_error(host(tg[0].grad()), tc[0].grad()) <= 1e-6);  // atomic adds: order varies
+
+  const auto bad = dt::to_device<gpu>(dt::from_vector(std::vector<std::int32_t>{1, 10}, dt::shape{2}));
+  CHECK_THROWS_WITH(dt::embedding(bad, tg[0]), Catch::Contains("id 10 at flat index 1"));
+
+  const auto logits = random(dt::shape{5, 7, 300}, 22, dt::dtype::f32, 3.0);
+  std::vector<std::int32_t> targets(35);
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<std::int32_t>((i * 37) % 300);
+  targets[4] = -1;  // ignored
+  const auto tgt_c = dt::from_vector(targets, dt::shape{5, 7});
+  const auto tgt_g = dt::to_device<gpu>(tgt_c);
+  std::vector<dt::var<cpu>> lc{dt::parameter(logits.clone())};
+  std::vector<dt::var<gpu>> lg{dt::parameter(dt::to_device<gpu>(logits))};
+  auto loss_c = dt::cross_entropy(lc[0], tgt_c);
+  auto loss_g = dt::cross_entropy(lg[0], tgt_g);
+  CHECK(loss_g.item() == Approx(loss_c.item()).epsilon(1e-6));
+  loss_c.backward();
+  loss_g.backward();
+  CHECK(normwise_error(host(lg[0].grad()), lc[0].grad()) <= 1e-5);
+  targets[0] = 300;
+  CHECK_THROWS_WITH(dt::cross_entropy(lg[0], dt::to_device<gpu>(dt::from_vector(targets, dt::shape{5, 7}))),
+                    Catch::Contains("target 300 at flat index 0"));
+}
+
+TEST_CASE("cuda causal attention (flash style) matches the CPU for several head widths and lengths") {
+  struct dims { std::int64_t B, T, C, H; };
+  // Head widths 16, 64 (GPT-2), 96 (not a multiple of 32) and 128; lengths that do and do not
+  // fill whole 32-row tiles.
+  for (const dims d : {dims{2, 5, 32, 2}, dims{2, 70, 128, 2}, dims{1, 64, 192, 2}, dims{2, 33, 256, 2},
+                       dims{1, 200, 768, 12}}) {
+    const auto q = random(dt::shape{d.B, d.T, d.C}, 30), k = random(dt::shape{d.B, d.T, d.C}, 31),
+               v = random(dt::shape{d.B, d.T, d.C}, 32);
+    const std::int64_t H = d.H;
+    check_against_cpu("attention B=" + std::to_string(d.B) + " T=" + std::to_string(d.T) + " C=" +
+                          std::to_string(d.C) + " H=" + std::to_string(H),
+                      {q, k, v}, [H](auto& x) { return dt::causal_attention(x[0], x[1], x[2], H); });
+  }
+}
+
+TEST_CASE("cuda ops in double pass finite-difference gradient checks") {
+  // Central differences in double on the GPU itself, for the kernels written by hand.
+  const auto check = [](const std::string& name, std::vector<dt::tensor<cpu>> inputs, auto f) {
+    INFO(name);
+    std::vector<dt::var<gpu>> vars;
+    for (auto& t : inputs) vars.push_back(dt::parameter(dt::to_device<gpu>(t)));
+    dt::rng gen(5, "gradcheck-weights");
+    const auto weights = dt::to_device<gpu>(dt::randn(f(vars).shape(), gen, dt::dtype::f64));
+    auto objective = [&](const std::vector<dt::var<gpu>>& vs) { return dt::sum(dt::mul(f(vs), dt::var<gpu>(weights))); };
+    objective(vars).backward();
+    const double h = 1e-6;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const auto grad = host(vars[i].grad()).to_vector<double>();
+      auto values = inputs[i].to_vector<double>();
+      for (std::size_t j = 0; j < values.size(); ++j) {
+        auto probe = [&](double delta) {
+          auto moved = values;
+          moved[j] += delta;
+          std::vector<dt::var<gpu>> vs = vars;
+          vs[i] = dt::var<gpu>(dt::to_device<gpu>(dt::from_vector(moved, inputs[i].shape())));
+          return objective(vs).item();
+        };
+        const double numeric = (probe(h) - probe(-h)) / (2 * h);
+        INFO("input " << i << " element " << j);
+        CHECK(grad[j] == Approx(numeric).epsilon(1e-5).margin(1e-7));
+      }
+    }
+  };
+  const auto f64 = dt::dtype::f64;
+  check("attention", {random(dt::shape{1, 6, 8}, 40, f64), random(dt::shape{1, 6, 8}, 41, f64),
+                      random(dt::shape{1, 6, 8}, 42, f64)},
+        [](const auto& x) { return dt::causal_attention(x[0], x[1], x[2], 2); });
+  check("layer_norm", {random(dt::shape{3, 5}, 43, f64), random(dt::shape{5}, 44, f64), random(dt::shape{5}, 45, f64)},
+        [](const auto& x) { return dt::layer_norm(x[0], x[1], x[2]); });
+  check("gelu", {random(dt::shape{7}, 46, f64)}, [](const auto& x) { return dt::gelu(x[0]); });
+  check("log_softmax", {random(dt::shape{2, 6}, 47, f64)}, [](const auto& x) { return dt::log_softmax(x[0]); });
+}
+
+TEST_CASE("cuda bf16 storage: ops compute in f32 and round results like the CPU") {
+  const auto x = random(dt::shape{4, 24, 64}, 50).to(dt::dtype::bf16);
+  const auto w = random(dt::shape{64, 32}, 51, dt::dtype::f32, 0.2).to(dt::dtype::bf16);
+  // Results are bf16 (8 bits of mantissa): 1 in 128 relative covers one rounding step.
+  check_against_cpu("bf16 linear", {x, w}, [](auto& v) { return dt::linear(v[0], v[1]); }, 8e-3);
+  check_against_cpu("bf16 gelu", {x}, [](auto& v) { return dt::gelu(v[0]); }, 8e-3);
+}
+
+TEST_CASE("cuda optimizers and gradient clipping follow the CPU trajectory") {
+  const auto w0 = random(dt::shape{40, 30}, 60), b0 = random(dt::shape{30}, 61);
+  dt::parameter_list<cpu> pc;
+  dt::parameter_list<gpu> pg;
+  pc.add("w", dt::parameter(w0.clone()));
+  pc.add("b", dt::parameter(b0.clone()));
+  pg.add("w", dt::parameter(dt::to_device<gpu>(w0)));
+  pg.add("b", dt::parameter(dt::to_device<gpu>(b0)));
+  dt::optim::adamw<cpu> oc(pc, {.lr = 1e-2, .weight_decay = 0.1});
+  dt::optim::adamw<gpu> og(pg, {.lr = 1e-2, .weight_decay = 0.1});
+  for (int step = 0; step < 5; ++step) {
+    const auto g = random(dt::shape{40, 30}, 70 + step), gb = random(dt::shape{30}, 80 + step);
+    param_at(pc, 0).grad() = g.clone();
+    param_at(pc, 1).grad() = gb.clone();
+    param_at(pg, 0).grad() = dt::to_device<gpu>(g);
+    param_at(pg, 1).grad() = dt::to_device<gpu>(gb);
+    const double nc = dt::optim::clip_grad_norm(pc, 5.0);
+    const double ng = dt::optim::clip_grad_norm(pg, 5.0);
+    CHECK(ng == Approx(nc).epsilon(1e-6));
+    oc.step();
+    og.step();
+  }
+  CHECK(normwise_error(host(param_at(pg, 0).value()), param_at(pc, 0).value()) <= 1e-5);
+  CHECK(normwise_error(host(param_at(pg, 1).value()), param_at(pc, 1).value()) <= 1e-5);
+}
+
+TEST_CASE("cuda GPT training tracks the CPU run's losses", "[slow]") {
+  auto cfg = dt::nn::gpt_preset("tiny");
+  dt::rng init_c(7, "init"), init_g(7, "init");
+  dt::nn::gpt<cpu> mc(cfg, init_c);
+  dt::nn::gpt<gpu> mg(cfg, init_g);
+  dt::optim::adamw<cpu> oc(mc.parameters(), {.lr = 1e-3});
+  dt::optim::adamw<gpu> og(mg.parameters(), {.lr = 1e-3});
+  const auto corpus = dt::data::builtin_corpus();
+  dt::data::byte_tokenizer tok;
+  const auto tokens = tok.encode(corpus.substr(0, 100000));
+  const std::int64_t B = 4, T = cfg.block_size;
+  dt::rng batches(3, "batches");
+  double first_c = 0, last_c = 0, last_g = 0;
+  const int steps = 300;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::int32_t> x(B * T), y(B * T);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto start = static_cast<std::int64_t>(batches.uniform() * static_cast<double>(tokens.size() - T - 1));
+      for (std::int64_t t = 0; t < T; ++t) {
+        x[b * T + t] = tokens[start + t];
+        y[b * T + t] = tokens[start + t + 1];
+      }
+    }
+    const auto xc = dt::from_vector(x, dt::shape{B, T}), yc = dt::from_vector(y, dt::shape{B, T});
+    auto lc = mc.loss(xc, yc);
+    auto lg = mg.loss(dt::to_device<gpu>(xc), dt::to_device<gpu>(yc));
+    const double vc = lc.item(), vg = lg.item();
+    if (step == 0) {
+      first_c = vc;
+      CHECK(vg == Approx(vc).epsilon(1e-5));
+    }
+    if (step < 10) CHECK(vg == Approx(vc).epsilon(1e-4));
+    last_c = vc;
+    last_g = vg;
+    lc.backward();
+    lg.backward();
+    dt::optim::clip_grad_norm(mc.parameters(), 1.0);
+    dt::optim::clip_grad_norm(mg.parameters(), 1.0);
+    oc.step();
+    og.step();
+    for (auto& e : mc.parameters()) e.param.zero_grad();
+    for (auto& e : mg.parameters()) e.param.zero_grad();
+  }
+  CHECK(last_c < first_c - 1.0);                    // the CPU run learned
+  CHECK(last_g == Approx(last_c).epsilon(0.02));    // and the GPU run with it, within 2% at step 300
+}
+
+namespace {
+template <class Device, class Comm>
+std::vector<dt::train::fit_result> fit_two_peers(const dt::data::token_dataset& data, std::int64_t vocab) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<Device>, Comm>;
+  dt::train::trainer_options opts;
+  opts.steps = 40;
+  opts.batch_size = 4;
+  opts.eval_batches = 2;
+  opts.lr = 3e-3;
+  auto cfg = dt::nn::gpt_preset("tiny");
+  cfg.vocab_size = vocab;
+  return dt::train::fit_in_process<Trainer>(dt::transport::in_process(2), cfg, opts, data);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuda trainer: two peers on the GPU follow the CPU peers", "[slow]", dt::comm::sync_allreduce,
+                   dt::comm::diloco<10>) {
+  const auto text = dt::data::builtin_corpus(std::size_t{1} << 16, 5);
+  const auto tok = dt::data::char_tokenizer::from_text(text);
+  const dt::data::token_dataset data(tok.encode(text));
+  const auto on_cpu = fit_two_peers<cpu, TestType>(data, tok.vocab_size());
+  const auto on_gpu = fit_two_peers<gpu, TestType>(data, tok.vocab_size());
+  REQUIRE(on_gpu.size() == 2);
+  // Same batches, same initialisation, same collectives: only float rounding differs.
+  CHECK(on_gpu[0].final_val_loss == Approx(on_cpu[0].final_val_loss).epsilon(1e-3));
+  CHECK(on_gpu[0].final_val_loss == on_gpu[1].final_val_loss);
+  CHECK(on_gpu[0].last.policy_bytes_sent == on_cpu[0].last.policy_bytes_sent);
+}
+
+TEST_CASE("cuda checkpoints: capture on the GPU, restore on the GPU and on the CPU") {
+  auto cfg = dt::nn::gpt_preset("tiny");
+  dt::rng init(3, "init");
+  dt::nn::gpt<gpu> model(cfg, init);
+  dt::optim::adamw<gpu> opt(model.parameters());
+  const auto ids = dt::to_device<gpu>(dt::from_vector(std::vector<std::int32_t>(2 * 16, 7), dt::shape{2, 16}));
+  model.loss(ids, ids).backward();
+  opt.step();
+  const auto c = dt::train::capture(model, opt, 1);
+  dt::rng other(4, "init");
+  dt::nn::gpt<gpu> restored(cfg, other);
+  dt::optim::adamw<gpu> restored_opt(restored.parameters());
+  CHECK(dt::train::restore(c, restored, restored_opt) == 1);
+  dt::rng other_cpu(4, "init");
+  dt::nn::gpt<cpu> on_cpu(cfg, other_cpu);
+  dt::optim::adamw<cpu> cpu_opt(on_cpu.parameters());
+  dt::train::restore(c, on_cpu, cpu_opt);
+  auto a = model.parameters().begin(), b = restored.parameters().begin();
+  auto h = on_cpu.parameters().begin();
+  for (; a != model.parameters().end(); ++a, ++b, ++h) {
+    INFO(a->name);
+    const auto expected = host(a->param.value()).to_vector<float>();
+    CHECK(host(b->param.value()).to_vector<float>() == expected);
+    CHECK(h->param.value().to_vector<float>() == expected);
+  }
+}
+
+TEST_CASE("cuda mixed precision: bf16 products on tensor cores track the CPU's bf16 emulation") {
+  // On the GPU bf16 operands go to cuBLAS as bf16 (f32 accumulation); on the CPU they are
+  // widened to f32 first. Both round products' inputs the same way, so they differ only in
+  // summation order and in which results round to a neighbouring bf16 value.
+  const auto x = random(dt::shape{4, 24, 64}, 90).to(dt::dtype::bf16), w = random(dt::shape{64, 48}, 91, dt::dtype::f32, 0.2).to(dt::dtype::bf16);
+  check_against_cpu("bf16 matmul", {x, w}, [](auto& v) { return dt::matmul(v[0], v[1]); }, 8e-3);
+  auto cfg = dt::nn::gpt_preset("tiny");
+  dt::rng init_c(8, "init"), init_g(8, "init");
+  dt::nn::gpt<cpu> mc(cfg, init_c);
+  dt::nn::gpt<gpu> mg(cfg, init_g);
+  mc.set_compute_dtype(dt::dtype::bf16);
+  mg.set_compute_dtype(dt::dtype::bf16);
+  std::vector<std::int32_t> ids(2 * 64);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 31) % 256);
+  const auto xc = dt::from_vector(ids, dt::shape{2, 64});
+  auto lc = mc.loss(xc, xc);
+  auto lg = mg.loss(dt::to_device<gpu>(xc), dt::to_device<gpu>(xc));
+  CHECK(lg.item() == Approx(lc.item()).epsilon(5e-3));
+  lc.backward();
+  lg.backward();
+  auto a = mc.parameters().begin();
+  for (auto b = mg.parameters().begin(); b != mg.parameters().end(); ++a, ++b) {
+    INFO(a->name);
+    CHECK(b->param.grad().dtype() == dt::dtype::f32);
+    CHECK(normwise_error(host(b->param.grad()), a->param.grad()) <= 3e-2);
+  }
+}
