@@ -1529,6 +1529,14 @@ tensor<To> to_device(const tensor<From>& x) {
   }
 }
 
+// A copy on the host that owns its storage, whichever device `x` is on (for snapshots:
+// checkpoints, exported weights).
+template <class From>
+tensor<cpu> host_copy(const tensor<From>& x) {
+  if constexpr (std::is_same_v<From, cpu>) return x.clone();
+  else return to_device<cpu>(x);
+}
+
 }  // namespace decentrain
 // ---- end decentrain/core/transfer.hpp ----
 // ---- end decentrain/core/core.hpp ----
@@ -8492,26 +8500,16 @@ struct none {
 #include <cstdint>
 #include <sstream>
 #include <string>
-#include <type_traits>
 
 
 namespace decentrain::train {
-
-namespace detail {
-// A snapshot on the host: checkpoints hold CPU tensors whatever device trained.
-template <class Device>
-tensor<cpu> host_snapshot(const tensor<Device>& t) {
-  if constexpr (std::is_same_v<Device, cpu>) return t.clone();
-  else return to_device<cpu>(t);
-}
-}  // namespace detail
 
 // Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
 // and the step, in one checkpoint.
 template <class Device>
 io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
   io::checkpoint c;
-  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = detail::host_snapshot(e.param.value());
+  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = host_copy(e.param.value());
   const auto& cfg = model.config();
   c.counters["config.n_layer"] = cfg.n_layer;
   c.counters["config.n_head"] = cfg.n_head;
@@ -8524,8 +8522,8 @@ io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>&
   dropout << cfg.dropout;
   c.text["config.dropout"] = dropout.str();
   for (const auto& s : optimizer.state()) {
-    c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_snapshot(s.exp_avg);
-    c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_snapshot(s.exp_avg_sq);
+    c.tensors["adamw." + s.name + ".exp_avg"] = host_copy(s.exp_avg);
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = host_copy(s.exp_avg_sq);
     c.counters["adamw." + s.name + ".step"] = s.step;
   }
   c.counters["step"] = step;
@@ -8634,7 +8632,7 @@ void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) 
                               it->second.shape(), ", the model expects ", e.param.shape());
     decentrain::detail::check(is_floating(it->second.dtype()), "GPT-2 weights: '", e.name, "' has dtype ",
                               dtype_name(it->second.dtype()));
-    e.param.value().copy_from(it->second);
+    e.param.value().copy_from(to_device<Device>(it->second));
     unused.erase(e.name);
   }
   decentrain::detail::check(unused.empty(), "GPT-2 weights: unexpected tensor '", unused.empty() ? "" : *unused.begin(),
@@ -8644,7 +8642,7 @@ void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) 
 template <class Device>
 io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
   io::named_tensors out;
-  for (const auto& e : model.parameters()) out.emplace(e.name, e.param.value().clone());
+  for (const auto& e : model.parameters()) out.emplace(e.name, host_copy(e.param.value()));
   return out;
 }
 

@@ -28,4 +28,12 @@ tensor<To> to_device(const tensor<From>& x) {
   }
 }
 
+// A copy on the host that owns its storage, whichever device `x` is on (for snapshots:
+// checkpoints, exported weights).
+template <class From>
+tensor<cpu> host_copy(const tensor<From>& x) {
+  if constexpr (std::is_same_v<From, cpu>) return x.clone();
+  else return to_device<cpu>(x);
+}
+
 }  // namespace decentrain

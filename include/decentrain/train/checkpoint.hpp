@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
-#include <type_traits>
 
 #include "decentrain/core/transfer.hpp"
 #include "decentrain/io/checkpoint.hpp"
@@ -15,21 +14,12 @@
 
 namespace decentrain::train {
 
-namespace detail {
-// A snapshot on the host: checkpoints hold CPU tensors whatever device trained.
-template <class Device>
-tensor<cpu> host_snapshot(const tensor<Device>& t) {
-  if constexpr (std::is_same_v<Device, cpu>) return t.clone();
-  else return to_device<cpu>(t);
-}
-}  // namespace detail
-
 // Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
 // and the step, in one checkpoint.
 template <class Device>
 io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
   io::checkpoint c;
-  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = detail::host_snapshot(e.param.value());
+  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = host_copy(e.param.value());
   const auto& cfg = model.config();
   c.counters["config.n_layer"] = cfg.n_layer;
   c.counters["config.n_head"] = cfg.n_head;
@@ -42,8 +32,8 @@ io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>&
   dropout << cfg.dropout;
   c.text["config.dropout"] = dropout.str();
   for (const auto& s : optimizer.state()) {
-    c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_snapshot(s.exp_avg);
-    c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_snapshot(s.exp_avg_sq);
+    c.tensors["adamw." + s.name + ".exp_avg"] = host_copy(s.exp_avg);
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = host_copy(s.exp_avg_sq);
     c.counters["adamw." + s.name + ".step"] = s.step;
   }
   c.counters["step"] = step;

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "decentrain/core/transfer.hpp"
 #include "decentrain/io/safetensors.hpp"
 #include "decentrain/nn/gpt.hpp"
 
@@ -69,7 +70,7 @@ void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) 
                               it->second.shape(), ", the model expects ", e.param.shape());
     decentrain::detail::check(is_floating(it->second.dtype()), "GPT-2 weights: '", e.name, "' has dtype ",
                               dtype_name(it->second.dtype()));
-    e.param.value().copy_from(it->second);
+    e.param.value().copy_from(to_device<Device>(it->second));
     unused.erase(e.name);
   }
   decentrain::detail::check(unused.empty(), "GPT-2 weights: unexpected tensor '", unused.empty() ? "" : *unused.begin(),
@@ -79,7 +80,7 @@ void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) 
 template <class Device>
 io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
   io::named_tensors out;
-  for (const auto& e : model.parameters()) out.emplace(e.name, e.param.value().clone());
+  for (const auto& e : model.parameters()) out.emplace(e.name, host_copy(e.param.value()));
   return out;
 }
 
