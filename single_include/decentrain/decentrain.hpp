@@ -2774,22 +2774,19 @@ void softmax_backward(cpu, T* dx, const T* y, const T* dout, std::int64_t rows, 
 
 namespace decentrain::kernels {
 
-// Returns the summed loss over counted rows; `counted` gets their number. Targets must
-// already be validated to lie in [0, V) or equal ignore_index.
+// Returns the summed loss over the rows whose target is not ignore_index (the caller counts
+// them while validating the targets, which must lie in [0, V) or equal ignore_index).
 template <class T>
 double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index, std::int64_t& counted) {
+                             std::int64_t V, std::int32_t ignore_index) {
   double total = 0.0;
-  std::int64_t n_counted = 0;
-  DECENTRAIN_OMP(parallel for reduction(+ : total, n_counted) if (N * V >= detail::parallel_threshold))
+  DECENTRAIN_OMP(parallel for reduction(+ : total) if (N * V >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < N; ++i) {
     if (targets[i] == ignore_index) continue;
     const T* row = logits + i * V;
     const auto [mx, sum] = detail::row_softmax_stats(row, V);
     total += static_cast<double>(mx + std::log(sum) - row[targets[i]]);
-    ++n_counted;
   }
-  counted = n_counted;
   return total;
 }
 
@@ -2856,13 +2853,11 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
 }
 }  // namespace cuda_detail
 
-// Returns the summed loss over counted rows; `counted` gets their number. Targets (a device
-// array) must already be validated; `counted` is computed by the caller's host copy when it
-// has one, so here it is read back with the sum.
+// Returns the summed loss over the rows whose target is not ignore_index (read back: one
+// synchronisation). Targets (a device array) must already be validated.
 template <class T>
 double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index, std::int64_t& counted) {
-  counted = 0;
+                             std::int64_t V, std::int32_t ignore_index) {
   if (N == 0) return 0.0;
   decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
   cuda_detail::scratch<double> row_loss(N);
@@ -2870,9 +2865,6 @@ double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets,
                                            cuda_rt::current_stream()>>>(row_loss.get(), logits, targets, V,
                                                                         ignore_index);
   cuda_rt::check_launch("cross_entropy_rows_kernel");
-  std::vector<std::int32_t> host(static_cast<std::size_t>(N));
-  memory<cuda>::copy_to_host(host.data(), targets, sizeof(std::int32_t) * host.size());
-  for (auto t : host) counted += t != ignore_index;
   return cuda_detail::sum_to_host(row_loss.get(), N);
 }
 
@@ -3537,13 +3529,14 @@ void sgd_update(cpu, T* param, const T* grad, T* buffer, std::int64_t n, double 
   }
 }
 
-// Sum of squares, accumulated in double.
+// *out = sum of squares, accumulated in double. `out` is memory of the same device, so a GPU
+// can collect one value per tensor and read them back once.
 template <class T>
-double sum_of_squares(cpu, const T* x, std::int64_t n) {
+void sum_of_squares(cpu, const T* x, std::int64_t n, double* out) {
   double total = 0.0;
   DECENTRAIN_OMP(parallel for simd reduction(+ : total) if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return total;
+  *out = total;
 }
 
 }  // namespace decentrain::kernels
@@ -3632,17 +3625,22 @@ void sgd_update(cuda, T* param, const T* grad, T* buffer, std::int64_t n, double
   cuda_rt::check_launch("sgd_kernel");
 }
 
-// Sum of squares, accumulated in double, read back to the host.
+// *out (device memory) = sum of squares, accumulated in double in a fixed order; no
+// synchronisation.
 template <class T>
-double sum_of_squares(cuda, const T* x, std::int64_t n) {
-  if (n == 0) return 0.0;
+void sum_of_squares(cuda, const T* x, std::int64_t n, double* out) {
+  if (n == 0) {
+    memory<cuda>::fill(out, dtype::f64, 1, 0.0);
+    return;
+  }
   const auto blocks = std::min<std::int64_t>(cuda_detail::squares_blocks,
                                              (n + cuda_detail::squares_threads - 1) / cuda_detail::squares_threads);
   cuda_detail::scratch<double> partial(blocks);
   cuda_detail::sum_of_squares_kernel<<<static_cast<unsigned>(blocks), cuda_detail::squares_threads, 0,
                                        cuda_rt::current_stream()>>>(partial.get(), x, n);
   cuda_rt::check_launch("sum_of_squares_kernel");
-  return cuda_detail::sum_to_host(partial.get(), blocks);
+  cuda_detail::sum_array_kernel<1024><<<1, 1024, 0, cuda_rt::current_stream()>>>(out, partial.get(), blocks);
+  cuda_rt::check_launch("sum_array_kernel");
 }
 
 }  // namespace decentrain::kernels
@@ -4662,17 +4660,19 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   const auto ids = targets.contiguous();
   const auto host_ids = to_device<cpu>(ids);  // checked on the host, as embedding ids
   const auto* t = host_ids.template data<std::int32_t>();
-  for (std::int64_t i = 0; i < N; ++i)
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < N; ++i) {
     detail::check(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i],
                   " at flat index ", i, " is outside [0, ", V, ") and is not ignore_index (",
                   ignore_index, ")");
+    counted += t[i] != ignore_index;
+  }
   const auto cl = detail::compute_tensor(logits.value());
-  std::int64_t counted = 0;
   double total = 0.0;
   detail::with_float_type(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
-                                           V, ignore_index, counted);
+                                           V, ignore_index);
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
   auto out = full<Device>(shape{}, loss, logits.dtype());
@@ -5666,15 +5666,19 @@ namespace decentrain::optim {
 template <class Device>
 double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   decentrain::detail::check(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-  double total = 0.0;
+  // One partial sum per gradient, on the gradients' device, summed and read back once (a GPU
+  // then synchronises once per clip, not once per tensor).
+  auto partial = tensor<Device>::empty(shape{static_cast<std::int64_t>(params.size())}, dtype::f64);
+  std::int64_t used = 0;
   for (const auto& e : params) {
     if (!e.param.grad().defined()) continue;
     const auto g = e.param.grad().contiguous();
     optim::detail::with_master_type("clip_grad_norm", e.name, e.param, [&](auto tag) {
       using T = decltype(tag);
-      total += kernels::sum_of_squares(Device{}, g.template data<T>(), g.numel());
+      kernels::sum_of_squares(Device{}, g.template data<T>(), g.numel(), partial.template data<double>() + used++);
     });
   }
+  const double total = used ? math::sum(partial.slice(0, 0, used), {0}).item() : 0.0;
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {

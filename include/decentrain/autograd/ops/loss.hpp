@@ -29,17 +29,19 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   const auto ids = targets.contiguous();
   const auto host_ids = to_device<cpu>(ids);  // checked on the host, as embedding ids
   const auto* t = host_ids.template data<std::int32_t>();
-  for (std::int64_t i = 0; i < N; ++i)
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < N; ++i) {
     detail::check(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i],
                   " at flat index ", i, " is outside [0, ", V, ") and is not ignore_index (",
                   ignore_index, ")");
+    counted += t[i] != ignore_index;
+  }
   const auto cl = detail::compute_tensor(logits.value());
-  std::int64_t counted = 0;
   double total = 0.0;
   detail::with_float_type(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
-                                           V, ignore_index, counted);
+                                           V, ignore_index);
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
   auto out = full<Device>(shape{}, loss, logits.dtype());

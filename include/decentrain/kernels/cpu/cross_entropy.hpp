@@ -15,22 +15,19 @@
 
 namespace decentrain::kernels {
 
-// Returns the summed loss over counted rows; `counted` gets their number. Targets must
-// already be validated to lie in [0, V) or equal ignore_index.
+// Returns the summed loss over the rows whose target is not ignore_index (the caller counts
+// them while validating the targets, which must lie in [0, V) or equal ignore_index).
 template <class T>
 double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index, std::int64_t& counted) {
+                             std::int64_t V, std::int32_t ignore_index) {
   double total = 0.0;
-  std::int64_t n_counted = 0;
-  DECENTRAIN_OMP(parallel for reduction(+ : total, n_counted) if (N * V >= detail::parallel_threshold))
+  DECENTRAIN_OMP(parallel for reduction(+ : total) if (N * V >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < N; ++i) {
     if (targets[i] == ignore_index) continue;
     const T* row = logits + i * V;
     const auto [mx, sum] = detail::row_softmax_stats(row, V);
     total += static_cast<double>(mx + std::log(sum) - row[targets[i]]);
-    ++n_counted;
   }
-  counted = n_counted;
   return total;
 }
 

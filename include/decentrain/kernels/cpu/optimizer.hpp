@@ -53,13 +53,14 @@ void sgd_update(cpu, T* param, const T* grad, T* buffer, std::int64_t n, double 
   }
 }
 
-// Sum of squares, accumulated in double.
+// *out = sum of squares, accumulated in double. `out` is memory of the same device, so a GPU
+// can collect one value per tensor and read them back once.
 template <class T>
-double sum_of_squares(cpu, const T* x, std::int64_t n) {
+void sum_of_squares(cpu, const T* x, std::int64_t n, double* out) {
   double total = 0.0;
   DECENTRAIN_OMP(parallel for simd reduction(+ : total) if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return total;
+  *out = total;
 }
 
 }  // namespace decentrain::kernels

@@ -45,13 +45,11 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
 }
 }  // namespace cuda_detail
 
-// Returns the summed loss over counted rows; `counted` gets their number. Targets (a device
-// array) must already be validated; `counted` is computed by the caller's host copy when it
-// has one, so here it is read back with the sum.
+// Returns the summed loss over the rows whose target is not ignore_index (read back: one
+// synchronisation). Targets (a device array) must already be validated.
 template <class T>
 double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index, std::int64_t& counted) {
-  counted = 0;
+                             std::int64_t V, std::int32_t ignore_index) {
   if (N == 0) return 0.0;
   decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
   cuda_detail::scratch<double> row_loss(N);
@@ -59,9 +57,6 @@ double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets,
                                            cuda_rt::current_stream()>>>(row_loss.get(), logits, targets, V,
                                                                         ignore_index);
   cuda_rt::check_launch("cross_entropy_rows_kernel");
-  std::vector<std::int32_t> host(static_cast<std::size_t>(N));
-  memory<cuda>::copy_to_host(host.data(), targets, sizeof(std::int32_t) * host.size());
-  for (auto t : host) counted += t != ignore_index;
   return cuda_detail::sum_to_host(row_loss.get(), N);
 }
 

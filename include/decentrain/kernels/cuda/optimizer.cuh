@@ -84,17 +84,22 @@ void sgd_update(cuda, T* param, const T* grad, T* buffer, std::int64_t n, double
   cuda_rt::check_launch("sgd_kernel");
 }
 
-// Sum of squares, accumulated in double, read back to the host.
+// *out (device memory) = sum of squares, accumulated in double in a fixed order; no
+// synchronisation.
 template <class T>
-double sum_of_squares(cuda, const T* x, std::int64_t n) {
-  if (n == 0) return 0.0;
+void sum_of_squares(cuda, const T* x, std::int64_t n, double* out) {
+  if (n == 0) {
+    memory<cuda>::fill(out, dtype::f64, 1, 0.0);
+    return;
+  }
   const auto blocks = std::min<std::int64_t>(cuda_detail::squares_blocks,
                                              (n + cuda_detail::squares_threads - 1) / cuda_detail::squares_threads);
   cuda_detail::scratch<double> partial(blocks);
   cuda_detail::sum_of_squares_kernel<<<static_cast<unsigned>(blocks), cuda_detail::squares_threads, 0,
                                        cuda_rt::current_stream()>>>(partial.get(), x, n);
   cuda_rt::check_launch("sum_of_squares_kernel");
-  return cuda_detail::sum_to_host(partial.get(), blocks);
+  cuda_detail::sum_array_kernel<1024><<<1, 1024, 0, cuda_rt::current_stream()>>>(out, partial.get(), blocks);
+  cuda_rt::check_launch("sum_array_kernel");
 }
 
 }  // namespace decentrain::kernels
