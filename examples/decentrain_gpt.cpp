@@ -60,6 +60,8 @@ decentrain-gpt train [options]
   --weight-decay W       AdamW weight decay on matrices (default 0.1)
   --beta2 B              AdamW beta2 (default 0.99)
   --grad-clip X          global-norm clip, 0 to disable (default 1.0)
+  --compute-dtype T      f32 (default) or bf16: mixed precision, bf16 activations and products
+                         with f32 weights, optimizer state and gradients
   --eval-every N         steps between evaluations (default 250)
   --eval-batches N       batches per evaluation (default 20)
   --checkpoint-dir DIR   where latest.ckpt goes (default: none; Ctrl-C then saves to ./checkpoints)
@@ -204,6 +206,14 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
 int cmd_train_peers(const options& opt);
 
 // The model shape from --preset and its overrides (the vocabulary comes from the data).
+// --compute-dtype f32|bf16 (mixed precision).
+dt::dtype compute_dtype(const options& opt) {
+  const std::string name = opt.text("compute-dtype", "f32");
+  if (name == "f32") return dt::dtype::f32;
+  if (name == "bf16") return dt::dtype::bf16;
+  dt::detail::fail("--compute-dtype must be f32 or bf16, got '", name, "'");
+}
+
 dt::nn::gpt_config model_config(const options& opt) {
   auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
   cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
@@ -244,6 +254,7 @@ int cmd_train(const options& opt) {
   const auto save_every = opt.integer("save-every", 500);
   const std::string metrics_path = opt.text("metrics", "metrics.jsonl");
   const dt::optim::adamw_options adam{lr, 0.9, opt.real("beta2", 0.99), 1e-8, opt.real("weight-decay", 0.1)};
+  const auto compute = compute_dtype(opt);
   opt.reject_unknown();
   dt::detail::check(steps > 0 && B > 0 && eval_every > 0 && eval_batches > 0 && save_every > 0,
                     "--steps, --batch-size, --eval-every, --eval-batches and --save-every must be positive");
@@ -252,6 +263,7 @@ int cmd_train(const options& opt) {
 
   dt::rng init(seed, "init"), dropout_rng(seed, "dropout");
   dt::nn::gpt<> model(cfg, init);
+  model.set_compute_dtype(compute);
   dt::optim::adamw<> optimizer(model.parameters(), adam);
   std::int64_t start = 0;
   if (resumed) {
@@ -499,6 +511,7 @@ int cmd_train_peers(const options& opt) {
   t.beta2 = opt.real("beta2", 0.99);
   t.weight_decay = opt.real("weight-decay", 0.1);
   t.grad_clip = opt.real("grad-clip", 1.0);
+  t.compute_dtype = compute_dtype(opt);
   t.seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
   t.eval_every = opt.integer("eval-every", 250);
   t.eval_batches = opt.integer("eval-batches", 20);

@@ -110,6 +110,18 @@ TEST_CASE("Ctrl-C saves a checkpoint that training resumes from", "[cli][train]"
   CHECK_THAT(resumed.output, Contains("resumed from ck/latest.ckpt at step " + std::to_string(step)));
 }
 
+TEST_CASE("train --compute-dtype bf16: mixed precision lands near the f32 run", "[cli][train]") {
+  const auto dir = scratch("mixed");
+  const std::string common = cli() + " train --steps 40 --eval-every 40 --eval-batches 4 --metrics m.jsonl";
+  const auto f32 = run(common, dir), bf16 = run(common + " --compute-dtype bf16", dir);
+  REQUIRE(f32.status == 0);
+  REQUIRE(bf16.status == 0);
+  const auto val = [](const std::string& out) { return std::stod(out.substr(out.rfind("val loss ") + 9)); };
+  INFO("f32 " << val(f32.output) << ", bf16 " << val(bf16.output));
+  CHECK(val(bf16.output) != val(f32.output));
+  CHECK(val(bf16.output) == Approx(val(f32.output)).epsilon(0.03));
+}
+
 TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]") {
   const auto dir = scratch("errors");
   auto r = run(cli() + " train --steps 0", dir);
@@ -121,6 +133,8 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   CHECK_THAT(r.output, Contains("unknown model preset 'huge'"));
   r = run(cli() + " train --data missing.txt", dir);
   CHECK_THAT(r.output, Contains("cannot open missing.txt"));
+  r = run(cli() + " train --steps 5 --compute-dtype f16", dir);
+  CHECK_THAT(r.output, Contains("--compute-dtype must be f32 or bf16, got 'f16'"));
   r = run(cli() + " eval --weights missing.safetensors --tokens x --n-head 2", dir);
   CHECK_THAT(r.output, Contains("cannot open missing.safetensors"));
   r = run(cli() + " frobnicate", dir);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "decentrain/autograd/parameters.hpp"
@@ -38,64 +39,77 @@ concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx
 };
 
 // Parameters and gradients as one flat f32 buffer on the host, in parameter-list order, so one
-// collective call moves all of them (fewer, larger messages than one per tensor). On a GPU each
-// tensor is copied to or from the host buffer; on the CPU the copies are plain memcpy.
+// collective call moves all of them (fewer, larger messages than one per tensor). On the CPU
+// each tensor is copied straight into or out of the host buffer; on a GPU the tensors are first
+// packed into one device buffer, so the host transfer (which synchronises) happens once.
 template <class Device>
 std::size_t flat_size(const parameter_list<Device>& params) { return static_cast<std::size_t>(params.numel()); }
 
-template <class Device>
-void gather_values(const parameter_list<Device>& params, std::vector<float>& out) {
-  out.resize(flat_size(params));
+namespace detail {
+// Calls f(tensor, offset) for each parameter's value (or gradient, when `grads`), offsets in
+// elements of the flat buffer; a missing gradient is passed as an undefined tensor.
+template <class Device, class F>
+void for_each_flat(const parameter_list<Device>& params, bool grads, F&& f) {
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto& v = e.param.value();
     decentrain::detail::check(v.dtype() == dtype::f32 && v.is_contiguous(), "comm: parameter '", e.name,
                               "' must be a contiguous f32 tensor to be communicated");
-    memory<Device>::copy_to_host(out.data() + at, v.raw_data(), v.nbytes());
+    if (grads && e.param.grad().defined())
+      decentrain::detail::check(e.param.grad().dtype() == dtype::f32, "comm: the gradient of '", e.name, "' must be f32");
+    f(grads ? e.param.grad() : v, at, static_cast<std::size_t>(v.numel()));
     at += static_cast<std::size_t>(v.numel());
   }
 }
 
 template <class Device>
-void scatter_values(parameter_list<Device>& params, std::span<const float> in) {
-  std::size_t at = 0;
-  for (auto& e : params) {
-    auto& v = e.param.value();
-    memory<Device>::copy_from_host(v.raw_data(), in.data() + at, v.nbytes());
-    at += static_cast<std::size_t>(v.numel());
+void gather_flat(const parameter_list<Device>& params, bool grads, std::vector<float>& out) {
+  out.resize(flat_size(params));
+  if constexpr (std::is_same_v<Device, cpu>) {
+    for_each_flat(params, grads, [&](const tensor<cpu>& t, std::size_t at, std::size_t n) {
+      if (t.defined()) std::memcpy(out.data() + at, t.contiguous().template data<float>(), n * sizeof(float));
+      else std::fill_n(out.data() + at, n, 0.0f);  // a parameter unused this step contributes zeros
+    });
+  } else {
+    auto flat = zeros<Device>(shape{static_cast<std::int64_t>(out.size())}, dtype::f32);
+    for_each_flat(params, grads, [&](const tensor<Device>& t, std::size_t at, std::size_t n) {
+      const auto a = static_cast<std::int64_t>(at), b = static_cast<std::int64_t>(at + n);
+      if (t.defined()) flat.slice(0, a, b).copy_from(t.reshape({b - a}));
+    });
+    memory<Device>::copy_to_host(out.data(), flat.raw_data(), flat.nbytes());
   }
 }
 
+template <class Device>
+void scatter_flat(parameter_list<Device>& params, bool grads, std::span<const float> in) {
+  if (grads)
+    for (auto& e : params)
+      if (!e.param.grad().defined()) e.param.grad() = zeros<Device>(e.param.shape(), dtype::f32);
+  if constexpr (std::is_same_v<Device, cpu>) {
+    for_each_flat(params, grads, [&](const tensor<cpu>& t, std::size_t at, std::size_t n) {
+      decentrain::detail::check(t.is_contiguous(), "comm: a gradient is not contiguous");
+      std::memcpy(t.template data<float>(), in.data() + at, n * sizeof(float));
+    });
+  } else {
+    auto flat = tensor<Device>::empty(shape{static_cast<std::int64_t>(in.size())}, dtype::f32);
+    memory<Device>::copy_from_host(flat.raw_data(), in.data(), flat.nbytes());
+    for_each_flat(params, grads, [&](const tensor<Device>& t, std::size_t at, std::size_t n) {
+      auto target = t;  // a handle on the same storage
+      target.copy_from(flat.slice(0, static_cast<std::int64_t>(at), static_cast<std::int64_t>(at + n)).reshape(t.shape()));
+    });
+  }
+}
+}  // namespace detail
+
+template <class Device>
+void gather_values(const parameter_list<Device>& params, std::vector<float>& out) { detail::gather_flat(params, false, out); }
+template <class Device>
+void scatter_values(parameter_list<Device>& params, std::span<const float> in) { detail::scatter_flat(params, false, in); }
 // A parameter without a gradient (unused this step) contributes zeros.
 template <class Device>
-void gather_grads(const parameter_list<Device>& params, std::vector<float>& out) {
-  out.resize(flat_size(params));
-  std::size_t at = 0;
-  for (const auto& e : params) {
-    const auto n = static_cast<std::size_t>(e.param.value().numel());
-    if (e.param.grad().defined()) {
-      const auto g = e.param.grad().contiguous();
-      decentrain::detail::check(g.dtype() == dtype::f32, "comm: the gradient of '", e.name, "' must be f32");
-      memory<Device>::copy_to_host(out.data() + at, g.raw_data(), n * sizeof(float));
-    } else {
-      std::fill_n(out.data() + at, n, 0.0f);
-    }
-    at += n;
-  }
-}
-
+void gather_grads(const parameter_list<Device>& params, std::vector<float>& out) { detail::gather_flat(params, true, out); }
 template <class Device>
-void scatter_grads(parameter_list<Device>& params, std::span<const float> in) {
-  std::size_t at = 0;
-  for (auto& e : params) {
-    const auto n = static_cast<std::size_t>(e.param.value().numel());
-    if (!e.param.grad().defined()) e.param.grad() = zeros<Device>(e.param.shape(), dtype::f32);
-    auto& g = e.param.grad();
-    decentrain::detail::check(g.is_contiguous(), "comm: the gradient of '", e.name, "' is not contiguous");
-    memory<Device>::copy_from_host(g.raw_data(), in.data() + at, n * sizeof(float));
-    at += n;
-  }
-}
+void scatter_grads(parameter_list<Device>& params, std::span<const float> in) { detail::scatter_flat(params, true, in); }
 
 // Periodic policies communicate after every `inner_steps`-th step, and after the last one.
 template <class Ctx>
