@@ -34,7 +34,7 @@ endif()
 find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND AND NOT TARGET decentrain::cuda)
   add_library(decentrain::cuda INTERFACE IMPORTED)
-  set_target_properties(decentrain::cuda PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;CUDA::cublas")
+  set_target_properties(decentrain::cuda PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;CUDA::cublas;CUDA::cublasLt")
 endif()
 
 if(NOT TARGET decentrain::cblas)

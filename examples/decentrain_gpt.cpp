@@ -620,12 +620,11 @@ int cmd_sample(const options& opt) {
   for (std::int64_t i = 0; i < count; ++i) {
     const auto n = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), cfg.block_size);
     std::vector<std::int32_t> ctx(ids.end() - n, ids.end());
-    auto logits = model->logits(dt::from_vector(ctx, {1, n})).value().slice(1, n - 1, n).to_vector<double>();
+    const auto last = model->logits(dt::from_vector(ctx, {1, n})).value().slice(1, n - 1, n).contiguous().reshape({cfg.vocab_size});
+    auto logits = last.to_vector<double>();
     // Top-k, temperature, then a draw from the softmax.
-    std::vector<double> sorted = logits;
-    if (top_k > 0 && top_k < static_cast<std::int64_t>(sorted.size())) {
-      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
-      const double cut = sorted[static_cast<std::size_t>(top_k - 1)];
+    if (top_k > 0 && top_k < cfg.vocab_size) {
+      const double cut = dt::math::top_k(last, top_k).first.to_vector<double>().back();
       for (auto& l : logits) if (l < cut) l = -INFINITY;
     }
     const double mx = *std::max_element(logits.begin(), logits.end());

@@ -3273,14 +3273,29 @@ inline constexpr bool has_bf16_gemm<cuda> = true;
 
 namespace decentrain::kernels {
 
+// With `residual`, the input is x + residual: the sum is written to `sum` (the residual stream
+// of a pre-LN transformer goes on from it) and normalised in the same pass over the row, which
+// saves the separate add's write and re-read. The sum is the same float add as `add`, so the
+// fused and the unfused paths agree bit for bit.
 template <class T>
 void layer_norm_forward(cpu, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        std::int64_t rows, std::int64_t cols, T eps) {
+                        std::int64_t rows, std::int64_t cols, T eps, const T* residual = nullptr,
+                        T* sum = nullptr) {
   DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * cols;
     T m = 0;
-    for (std::int64_t c = 0; c < cols; ++c) m += in[c];
+    if (residual != nullptr) {
+      const T* res = residual + r * cols;
+      T* h = sum + r * cols;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        h[c] = in[c] + res[c];
+        m += h[c];
+      }
+      in = h;
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) m += in[c];
+    }
     m /= static_cast<T>(cols);
     T v = 0;
     for (std::int64_t c = 0; c < cols; ++c) v += (in[c] - m) * (in[c] - m);
@@ -3365,12 +3380,24 @@ __device__ inline double device_rsqrt(double x) { return rsqrt(x); }
 
 template <class T>
 __global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, const T* weight,
-                                          const T* bias, std::int64_t rows, std::int64_t cols, T eps) {
+                                          const T* bias, std::int64_t rows, std::int64_t cols, T eps,
+                                          const T* residual, T* sum) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
   const T* in = x + r * cols;
   T m = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) m += in[c];
+  if (residual != nullptr) {
+    // Each lane re-reads only the sums it wrote itself, so no barrier is needed.
+    const T* res = residual + r * cols;
+    T* h = sum + r * cols;
+    for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
+      h[c] = in[c] + res[c];
+      m += h[c];
+    }
+    in = h;
+  } else {
+    for (std::int64_t c = threadIdx.x; c < cols; c += 32) m += in[c];
+  }
   m = warp_reduce(m, sum_op{}) / static_cast<T>(cols);
   T v = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
@@ -3436,14 +3463,16 @@ __global__ void layer_norm_params_kernel(T* dweight, T* dbias, const T* dout, co
 }
 }  // namespace cuda_detail
 
+// With `residual`, normalises x + residual and writes that sum to `sum` (see the CPU kernel).
 template <class T>
 void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        std::int64_t rows, std::int64_t cols, T eps) {
+                        std::int64_t rows, std::int64_t cols, T eps, const T* residual = nullptr,
+                        T* sum = nullptr) {
   if (rows == 0) return;
   const dim3 block(32, cuda_detail::rows_per_block);
   const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
   cuda_detail::layer_norm_forward_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
-      out, mean, rstd, x, weight, bias, rows, cols, eps);
+      out, mean, rstd, x, weight, bias, rows, cols, eps, residual, sum);
   cuda_rt::check_launch("layer_norm_forward_kernel");
 }
 
@@ -3484,29 +3513,71 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const T* dout, const
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 
+// ---- begin decentrain/kernels/optimizer_args.hpp ----
+// What a multi-tensor optimizer step is given, shared by every device's kernels: one entry per
+// tensor (its buffers and its own step count and weight decay, which differ between tensors)
+// and the factors AdamW derives from them, computed once on the host in double and rounded to
+// the tensor's type, so every device does the same arithmetic.
+
+#include <cmath>
+#include <cstdint>
 
 namespace decentrain::kernels {
 
-// AdamW (decoupled weight decay); `step` counts from 1.
 template <class T>
-void adamw_update(cpu, T* param, const T* grad, T* m, T* v, std::int64_t n, double lr, double beta1,
-                  double beta2, double eps, double weight_decay, std::int64_t step) {
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const T decay = static_cast<T>(1.0 - lr * weight_decay);
-  const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2);
-  const T one_minus_b1 = static_cast<T>(1.0 - beta1), one_minus_b2 = static_cast<T>(1.0 - beta2);
-  const T step_size = static_cast<T>(lr / bias1);
-  const T bias2_sqrt = static_cast<T>(std::sqrt(bias2));
-  const T e = static_cast<T>(eps);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
-  for (std::int64_t i = 0; i < n; ++i) {
-    param[i] *= decay;
-    m[i] = m[i] * b1 + grad[i] * one_minus_b1;
-    v[i] = v[i] * b2 + grad[i] * grad[i] * one_minus_b2;
-    const T denom = std::sqrt(v[i]) / bias2_sqrt + e;
-    param[i] += -step_size * m[i] / denom;
+struct adamw_tensor {
+  T* param;
+  const T* grad;
+  T* m;  // first moment
+  T* v;  // second moment
+  std::int64_t n;
+  std::int64_t step;  // counts from 1
+  double weight_decay;
+};
+
+struct adamw_hyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+// PyTorch's single-tensor AdamW: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+template <class T>
+struct adamw_factors {
+  T decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bias2_sqrt, eps;
+
+  static adamw_factors make(const adamw_hyper& h, std::int64_t step, double weight_decay) {
+    const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+    const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+    return {static_cast<T>(1.0 - h.lr * weight_decay), static_cast<T>(h.beta1), static_cast<T>(h.beta2),
+            static_cast<T>(1.0 - h.beta1),             static_cast<T>(1.0 - h.beta2),
+            static_cast<T>(h.lr / bias1),              static_cast<T>(std::sqrt(bias2)),
+            static_cast<T>(h.eps)};
+  }
+};
+
+}  // namespace decentrain::kernels
+// ---- end decentrain/kernels/optimizer_args.hpp ----
+
+namespace decentrain::kernels {
+
+// AdamW (decoupled weight decay) over every tensor of a step, one after the other.
+template <class T>
+void adamw_update(cpu, std::span<const adamw_tensor<T>> tensors, const adamw_hyper& hyper) {
+  for (const auto& t : tensors) {
+    const auto f = adamw_factors<T>::make(hyper, t.step, t.weight_decay);
+    T *param = t.param, *m = t.m, *v = t.v;
+    const T* grad = t.grad;
+    const std::int64_t n = t.n;
+    DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+    for (std::int64_t i = 0; i < n; ++i) {
+      param[i] *= f.decay;
+      m[i] = m[i] * f.b1 + grad[i] * f.one_minus_b1;
+      v[i] = v[i] * f.b2 + grad[i] * grad[i] * f.one_minus_b2;
+      const T denom = std::sqrt(v[i]) / f.bias2_sqrt + f.eps;
+      param[i] += -f.step_size * m[i] / denom;
+    }
   }
 }
 
@@ -3529,27 +3600,35 @@ void sgd_update(cpu, T* param, const T* grad, T* buffer, std::int64_t n, double 
   }
 }
 
-// *out = sum of squares, accumulated in double. `out` is memory of the same device, so a GPU
-// can collect one value per tensor and read them back once.
+// *out = the sum of squares of every tensor together, accumulated in double. `out` is memory
+// of the same device, so a GPU keeps the value until someone reads it.
 template <class T>
-void sum_of_squares(cpu, const T* x, std::int64_t n, double* out) {
+void sum_of_squares(cpu, std::span<const std::span<const T>> tensors, double* out) {
   double total = 0.0;
-  DECENTRAIN_OMP(parallel for simd reduction(+ : total) if (n >= detail::parallel_threshold))
-  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (const auto& x : tensors) {
+    const T* p = x.data();
+    const auto n = static_cast<std::int64_t>(x.size());
+    double part = 0.0;
+    DECENTRAIN_OMP(parallel for simd reduction(+ : part) if (n >= detail::parallel_threshold))
+    for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    total += part;
+  }
   *out = total;
 }
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/optimizer.hpp ----
 // ---- begin decentrain/kernels/cuda/optimizer.cuh ----
-// Optimizer updates on the GPU: one pass over a parameter, its gradient and its state, with
-// the same arithmetic as the CPU kernels (PyTorch's single-tensor order of operations), and
-// the sum of squares for gradient clipping, reduced in a fixed order.
+// Optimizer updates on the GPU: AdamW fused over all parameters (a few launches per step, not
+// one per tensor) with the same arithmetic as the CPU kernels (PyTorch's single-tensor order
+// of operations), SGD, and the sum of squares for gradient clipping over all gradients,
+// reduced in a fixed order.
 
 
 #if DECENTRAIN_HAS_CUDA
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 
 namespace decentrain::kernels {
@@ -3558,19 +3637,111 @@ namespace cuda_detail {
 __device__ inline float device_sqrt(float x) { return sqrtf(x); }
 __device__ inline double device_sqrt(double x) { return sqrt(x); }
 
-template <class T>
-__global__ void adamw_kernel(T* param, const T* grad, T* m, T* v, std::int64_t n, T decay, T b1, T b2,
-                             T one_minus_b1, T one_minus_b2, T step_size, T bias2_sqrt, T eps) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    T p = param[i] * decay;
-    const T g = grad[i];
-    const T mi = m[i] * b1 + g * one_minus_b1;
-    const T vi = v[i] * b2 + g * g * one_minus_b2;
-    m[i] = mi;
-    v[i] = vi;
-    const T denom = device_sqrt(vi) / bias2_sqrt + eps;
-    param[i] = p + -step_size * mi / denom;
+// Multi-tensor launches (as apex's multi_tensor_apply): up to `batch_tensors` tensors travel in
+// the kernel's parameters, each cut into chunks of `chunk_elements`; a block takes chunks in a
+// grid-stride loop and finds its tensor by binary search over the chunk offsets. One launch
+// then updates many small tensors (biases, gains) without a launch each, and nothing is copied
+// to the device first (so no synchronisation).
+inline constexpr int batch_tensors = 32;
+inline constexpr std::int64_t chunk_elements = 4096;
+inline constexpr int multi_threads = 256;
+inline constexpr std::int64_t max_multi_blocks = 2048;
+
+template <class Entry>
+struct tensor_batch {
+  Entry entries[batch_tensors];
+  std::int64_t first_chunk[batch_tensors + 1];  // first_chunk[count] = chunks in the batch
+  int count;
+};
+
+template <class Batch>
+__device__ int entry_of_chunk(const Batch& batch, std::int64_t chunk) {
+  int lo = 0, hi = batch.count - 1;  // the last entry whose first chunk is <= chunk
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (batch.first_chunk[mid] <= chunk) lo = mid;
+    else hi = mid - 1;
   }
+  return lo;
+}
+
+template <class T>
+struct adamw_entry {
+  T* param;
+  const T* grad;
+  T* m;
+  T* v;
+  std::int64_t n;
+  adamw_factors<T> f;
+};
+
+template <class T>
+__global__ void __launch_bounds__(multi_threads) adamw_kernel(const __grid_constant__ tensor_batch<adamw_entry<T>> batch) {
+  const std::int64_t chunks = batch.first_chunk[batch.count];
+  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const int k = entry_of_chunk(batch, c);
+    const auto& e = batch.entries[k];
+    const std::int64_t begin = (c - batch.first_chunk[k]) * chunk_elements;
+    const std::int64_t end = min64(e.n, begin + chunk_elements);
+    const adamw_factors<T> f = e.f;
+    for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const T p = e.param[i] * f.decay;
+      const T g = e.grad[i];
+      const T mi = e.m[i] * f.b1 + g * f.one_minus_b1;
+      const T vi = e.v[i] * f.b2 + g * g * f.one_minus_b2;
+      e.m[i] = mi;
+      e.v[i] = vi;
+      const T denom = device_sqrt(vi) / f.bias2_sqrt + f.eps;
+      e.param[i] = p + -f.step_size * mi / denom;
+    }
+  }
+}
+
+template <class T>
+struct squares_entry {
+  const T* x;
+  std::int64_t n;
+};
+
+// One partial per block, for the batch's chunks in a fixed order (deterministic).
+template <class T>
+__global__ void __launch_bounds__(multi_threads) sum_of_squares_kernel(double* partial,
+                                                                       const __grid_constant__ tensor_batch<squares_entry<T>> batch) {
+  const std::int64_t chunks = batch.first_chunk[batch.count];
+  double acc = 0.0;
+  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const int k = entry_of_chunk(batch, c);
+    const auto& e = batch.entries[k];
+    const std::int64_t begin = (c - batch.first_chunk[k]) * chunk_elements;
+    const std::int64_t end = min64(e.n, begin + chunk_elements);
+    for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const double v = static_cast<double>(e.x[i]);
+      acc += v * v;
+    }
+  }
+  acc = block_reduce<multi_threads>(acc, sum_op{});
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// Cuts `count` entries into batches and calls launch(batch, blocks) for each; `make(i, entry)`
+// fills entry i and returns its element count. Empty tensors take no chunk.
+template <class Entry, class Make, class Launch>
+void for_each_batch(std::size_t count, Make&& make, Launch&& launch) {
+  tensor_batch<Entry> batch{};
+  auto flush = [&] {
+    if (batch.count == 0) return;
+    const std::int64_t chunks = batch.first_chunk[batch.count];
+    if (chunks > 0) launch(batch, std::min(chunks, max_multi_blocks));
+    batch.count = 0;
+    batch.first_chunk[0] = 0;
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::int64_t n = make(i, batch.entries[batch.count]);
+    if (n == 0) continue;
+    batch.first_chunk[batch.count + 1] = batch.first_chunk[batch.count] + (n + chunk_elements - 1) / chunk_elements;
+    if (++batch.count == batch_tensors) flush();
+  }
+  flush();
 }
 
 template <class T>
@@ -3587,31 +3758,25 @@ __global__ void sgd_kernel(T* param, const T* grad, T* buffer, std::int64_t n, T
   }
 }
 
-inline constexpr int squares_threads = 256, squares_blocks = 512;
-template <class T>
-__global__ void sum_of_squares_kernel(double* partial, const T* x, std::int64_t n) {
-  double acc = 0.0;
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const double v = static_cast<double>(x[i]);
-    acc += v * v;
-  }
-  acc = block_reduce<squares_threads>(acc, sum_op{});
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
 }  // namespace cuda_detail
 
-// AdamW (decoupled weight decay); `step` counts from 1.
+// AdamW (decoupled weight decay) over every tensor of a step, in as few launches as fit
+// (cuda_detail::batch_tensors tensors per launch).
 template <class T>
-void adamw_update(cuda, T* param, const T* grad, T* m, T* v, std::int64_t n, double lr, double beta1,
-                  double beta2, double eps, double weight_decay, std::int64_t step) {
-  if (n == 0) return;
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  cuda_detail::adamw_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, cuda_rt::current_stream()>>>(
-      param, grad, m, v, n, static_cast<T>(1.0 - lr * weight_decay), static_cast<T>(beta1),
-      static_cast<T>(beta2), static_cast<T>(1.0 - beta1), static_cast<T>(1.0 - beta2),
-      static_cast<T>(lr / bias1), static_cast<T>(std::sqrt(bias2)), static_cast<T>(eps));
-  cuda_rt::check_launch("adamw_kernel");
+void adamw_update(cuda, std::span<const adamw_tensor<T>> tensors, const adamw_hyper& hyper) {
+  using entry = cuda_detail::adamw_entry<T>;
+  cuda_detail::for_each_batch<entry>(
+      tensors.size(),
+      [&](std::size_t i, entry& e) {
+        const auto& t = tensors[i];
+        e = {t.param, t.grad, t.m, t.v, t.n, adamw_factors<T>::make(hyper, t.step, t.weight_decay)};
+        return t.n;
+      },
+      [](const cuda_detail::tensor_batch<entry>& batch, std::int64_t blocks) {
+        cuda_detail::adamw_kernel<T><<<static_cast<unsigned>(blocks), cuda_detail::multi_threads, 0,
+                                      cuda_rt::current_stream()>>>(batch);
+        cuda_rt::check_launch("adamw_kernel");
+      });
 }
 
 // SGD with optional (Nesterov) momentum and coupled weight decay.
@@ -3625,21 +3790,39 @@ void sgd_update(cuda, T* param, const T* grad, T* buffer, std::int64_t n, double
   cuda_rt::check_launch("sgd_kernel");
 }
 
-// *out (device memory) = sum of squares, accumulated in double in a fixed order; no
+// *out (device memory) = the sum of squares of every tensor together, accumulated in double in
+// a fixed order (one partial per block of each launch, then one block sums them); no
 // synchronisation.
 template <class T>
-void sum_of_squares(cuda, const T* x, std::int64_t n, double* out) {
-  if (n == 0) {
+void sum_of_squares(cuda, std::span<const std::span<const T>> tensors, double* out) {
+  using entry = cuda_detail::squares_entry<T>;
+  std::int64_t partials = 0;  // an upper bound first: every launch's blocks
+  cuda_detail::for_each_batch<entry>(
+      tensors.size(),
+      [&](std::size_t i, entry& e) {
+        e = {tensors[i].data(), static_cast<std::int64_t>(tensors[i].size())};
+        return e.n;
+      },
+      [&](const cuda_detail::tensor_batch<entry>&, std::int64_t blocks) { partials += blocks; });
+  if (partials == 0) {
     memory<cuda>::fill(out, dtype::f64, 1, 0.0);
     return;
   }
-  const auto blocks = std::min<std::int64_t>(cuda_detail::squares_blocks,
-                                             (n + cuda_detail::squares_threads - 1) / cuda_detail::squares_threads);
-  cuda_detail::scratch<double> partial(blocks);
-  cuda_detail::sum_of_squares_kernel<<<static_cast<unsigned>(blocks), cuda_detail::squares_threads, 0,
-                                       cuda_rt::current_stream()>>>(partial.get(), x, n);
-  cuda_rt::check_launch("sum_of_squares_kernel");
-  cuda_detail::sum_array_kernel<1024><<<1, 1024, 0, cuda_rt::current_stream()>>>(out, partial.get(), blocks);
+  cuda_detail::scratch<double> partial(partials);
+  std::int64_t at = 0;
+  cuda_detail::for_each_batch<entry>(
+      tensors.size(),
+      [&](std::size_t i, entry& e) {
+        e = {tensors[i].data(), static_cast<std::int64_t>(tensors[i].size())};
+        return e.n;
+      },
+      [&](const cuda_detail::tensor_batch<entry>& batch, std::int64_t blocks) {
+        cuda_detail::sum_of_squares_kernel<T><<<static_cast<unsigned>(blocks), cuda_detail::multi_threads, 0,
+                                               cuda_rt::current_stream()>>>(partial.get() + at, batch);
+        cuda_rt::check_launch("sum_of_squares_kernel");
+        at += blocks;
+      });
+  cuda_detail::sum_array_kernel<1024><<<1, 1024, 0, cuda_rt::current_stream()>>>(out, partial.get(), partials);
   cuda_rt::check_launch("sum_array_kernel");
 }
 
@@ -3806,7 +3989,9 @@ class no_grad {
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 // ---- begin decentrain/autograd/dispatch.hpp ----
@@ -3851,6 +4036,110 @@ void check_same_dtype(std::string_view op, const tensor<Device>& a, const tensor
 
 }  // namespace decentrain::detail
 // ---- end decentrain/autograd/dispatch.hpp ----
+// ---- begin decentrain/kernels/select.hpp ----
+// The selection kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
+// ---- begin decentrain/kernels/cpu/select.hpp ----
+// Selection on the CPU: the k largest values of an array and where they are, in the order a
+// GPU radix sort (CUB) gives them, so both devices return the same indices: descending by the
+// value's bit pattern read as an ordered integer (-0 and +0 equal, NaNs with the sign bit clear
+// above +inf, those with it set below -inf), ties by lower index.
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+
+namespace decentrain::kernels {
+
+namespace detail {
+// The radix-sort key of a float: an unsigned integer that orders as the floats do (CUB treats
+// -0 as +0).
+template <class T>
+auto ordered_key(T value) {
+  static_assert(std::is_floating_point_v<T>, "ordered_key: floating-point values only");
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  if (value == T(0)) value = T(0);
+  const U bits = std::bit_cast<U>(value), sign = U{1} << (8 * sizeof(T) - 1);
+  return (bits & sign) ? U(~bits) : U(bits | sign);
+}
+}  // namespace detail
+
+// values[0..k) and indices[0..k) = the k largest of x[0..n), largest first; 0 <= k <= n.
+template <class T>
+void top_k(cpu, const T* x, std::int64_t n, std::int64_t k, T* values, std::int32_t* indices) {
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  const auto first = [&](std::int32_t a, std::int32_t b) {
+    const auto ka = detail::ordered_key(x[a]), kb = detail::ordered_key(x[b]);
+    return ka != kb ? ka > kb : a < b;
+  };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), first);
+  for (std::int64_t i = 0; i < k; ++i) {
+    indices[i] = order[static_cast<std::size_t>(i)];
+    values[i] = x[indices[i]];
+  }
+}
+
+}  // namespace decentrain::kernels
+// ---- end decentrain/kernels/cpu/select.hpp ----
+// ---- begin decentrain/kernels/cuda/select.cuh ----
+// Selection on the GPU through CUB: a descending radix sort of (value, index) pairs, of which
+// the first k are kept. Radix sort is stable and orders floats by their bit patterns, which is
+// the order the CPU kernel reproduces (ties by lower index).
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+template <class I>
+__global__ void iota_kernel(I* out, std::int64_t n) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) out[i] = static_cast<I>(i);
+}
+}  // namespace cuda_detail
+
+// values[0..k) and indices[0..k) = the k largest of x[0..n), largest first; 0 <= k <= n.
+template <class T>
+void top_k(cuda, const T* x, std::int64_t n, std::int64_t k, T* values, std::int32_t* indices) {
+  if (k == 0) return;
+  const auto stream = cuda_rt::current_stream();
+  cuda_detail::scratch<std::int32_t> order_in(n), order_out(n);
+  cuda_detail::scratch<T> sorted(n);
+  cuda_detail::iota_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, stream>>>(order_in.get(), n);
+  cuda_rt::check_launch("iota_kernel");
+  std::size_t temp_bytes = 0;
+  cuda_rt::check(cub::DeviceRadixSort::SortPairsDescending(nullptr, temp_bytes, x, sorted.get(), order_in.get(),
+                                                            order_out.get(), n, 0, static_cast<int>(8 * sizeof(T)),
+                                                            stream),
+                 "cub::DeviceRadixSort::SortPairsDescending (size query)");
+  cuda_detail::scratch<unsigned char> temp(static_cast<std::int64_t>(temp_bytes));
+  cuda_rt::check(cub::DeviceRadixSort::SortPairsDescending(temp.get(), temp_bytes, x, sorted.get(), order_in.get(),
+                                                            order_out.get(), n, 0, static_cast<int>(8 * sizeof(T)),
+                                                            stream),
+                 "cub::DeviceRadixSort::SortPairsDescending");
+  cuda_rt::check(cudaMemcpyAsync(values, sorted.get(), sizeof(T) * static_cast<std::size_t>(k), cudaMemcpyDeviceToDevice,
+                                 stream),
+                 "cudaMemcpyAsync (top_k values)");
+  cuda_rt::check(cudaMemcpyAsync(indices, order_out.get(), sizeof(std::int32_t) * static_cast<std::size_t>(k),
+                                 cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpyAsync (top_k indices)");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/select.cuh ----
+// ---- end decentrain/kernels/select.hpp ----
 
 namespace decentrain::math {
 
@@ -4099,6 +4388,26 @@ tensor<Device> matmul(const tensor<Device>& a, const tensor<Device>& b, bool tra
   auto out = tensor<Device>::empty(shape(sizes), a.dtype());
   matmul_into(a, b, out, trans_a, trans_b);
   return out;
+}
+
+// The k largest entries of a 1-D tensor, largest first, and their positions (i32). Ties keep
+// the lower position first, and every device returns the same positions (see
+// kernels/cpu/select.hpp for where -0, +0 and NaN go).
+template <class Device>
+std::pair<tensor<Device>, tensor<Device>> top_k(const tensor<Device>& x, std::int64_t k) {
+  detail::check(x.rank() == 1, "top_k: expects a 1-D tensor, got shape ", x.shape());
+  detail::check(k >= 0 && k <= x.numel(), "top_k: k = ", k, " is outside [0, ", x.numel(), "]");
+  detail::check(x.numel() <= std::numeric_limits<std::int32_t>::max(), "top_k: ", x.numel(),
+                " elements are more than i32 positions can address");
+  const auto cx = detail::compute_tensor(x).contiguous();
+  auto values = tensor<Device>::empty(shape{k}, cx.dtype());
+  auto positions = tensor<Device>::empty(shape{k}, dtype::i32);
+  detail::with_float_type(x.dtype(), "top_k", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::top_k(Device{}, cx.template data<T>(), cx.numel(), k, values.template data<T>(),
+                   positions.template data<std::int32_t>());
+  });
+  return {detail::stored_as(std::move(values), x.dtype()), std::move(positions)};
 }
 
 }  // namespace decentrain::math
@@ -4585,40 +4894,51 @@ var<Device> embedding(const tensor<Device>& ids, const var<Device>& table) {
 
 namespace decentrain {
 
+namespace detail {
+
 template <class Device>
-var<Device> layer_norm(const var<Device>& x, const var<Device>& weight, const var<Device>& bias,
-                       double eps = 1e-5) {
-  detail::check(x.rank() >= 1 && x.size(-1) > 0,
-                "layer_norm: input needs rank >= 1 and a non-empty last dim, got shape ", x.shape());
+void check_layer_norm_args(const char* op, const var<Device>& x, const var<Device>& weight,
+                           const var<Device>& bias, double eps) {
+  check(x.rank() >= 1 && x.size(-1) > 0, op, ": input needs rank >= 1 and a non-empty last dim, got shape ",
+        x.shape());
   const std::int64_t cols = x.size(-1);
-  detail::check(weight.shape() == shape{cols} && bias.shape() == shape{cols},
-                "layer_norm: weight ", weight.shape(), " and bias ", bias.shape(),
-                " must both have shape (", cols, ",) to match input shape ", x.shape());
-  detail::check(eps > 0.0, "layer_norm: eps must be > 0, got ", eps);
-  detail::check_same_dtype("layer_norm", x.value(), weight.value());
-  detail::check_same_dtype("layer_norm", x.value(), bias.value());
-  const std::int64_t rows = x.value().numel() / cols;
-  const auto cx = detail::compute_tensor(x.value());
-  const auto ct = cx.dtype();
-  auto out = tensor<Device>::empty(x.shape(), ct);
+  check(weight.shape() == shape{cols} && bias.shape() == shape{cols}, op, ": weight ", weight.shape(),
+        " and bias ", bias.shape(), " must both have shape (", cols, ",) to match input shape ", x.shape());
+  check(eps > 0.0, op, ": eps must be > 0, got ", eps);
+  check_same_dtype(op, x.value(), weight.value());
+  check_same_dtype(op, x.value(), bias.value());
+}
+
+// Normalises `input` (or input + residual, whose sum goes to *sum) and records the layer_norm
+// node over `normalised_input`: the var holding exactly the values that were normalised.
+template <class Device>
+var<Device> layer_norm_node(const tensor<Device>& input, const tensor<Device>* residual, tensor<Device>* sum,
+                            const var<Device>& normalised_input, const var<Device>& weight,
+                            const var<Device>& bias, double eps) {
+  const std::int64_t cols = input.size(-1);
+  const std::int64_t rows = input.numel() / cols;
+  const auto ct = input.dtype();
+  auto out = tensor<Device>::empty(input.shape(), ct);
   auto mean = tensor<Device>::empty(shape{rows}, ct), rstd = tensor<Device>::empty(shape{rows}, ct);
-  detail::with_float_type(x.dtype(), "layer_norm", [&](auto tag) {
+  with_float_type(ct, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
-    const auto w = detail::compute_tensor(weight.value()), b = detail::compute_tensor(bias.value());
+    const auto w = compute_tensor(weight.value()), b = compute_tensor(bias.value());
     kernels::layer_norm_forward(Device{}, out.template data<T>(), mean.template data<T>(),
-                                rstd.template data<T>(), cx.template data<T>(), w.template data<T>(),
-                                b.template data<T>(), rows, cols, static_cast<T>(eps));
+                                rstd.template data<T>(), input.template data<T>(), w.template data<T>(),
+                                b.template data<T>(), rows, cols, static_cast<T>(eps),
+                                residual ? residual->template data<T>() : nullptr,
+                                sum ? sum->template data<T>() : nullptr);
   });
-  return record<Device>("layer_norm", detail::stored_as(out, x.dtype()), {x, weight, bias},
+  return record<Device>("layer_norm", stored_as(out, weight.dtype()), {normalised_input, weight, bias},
                         [mean, rstd, rows, cols](const tensor<Device>& g, node<Device>& n) {
-    const auto cx = detail::compute_tensor(n.input(0)), w = detail::compute_tensor(n.input(1));
-    const auto cg = detail::compute_tensor(g);
+    const auto cx = compute_tensor(n.input(0)), w = compute_tensor(n.input(1));
+    const auto cg = compute_tensor(g);
     const auto ct = cx.dtype();
     tensor<Device> dx, dw, db;
     if (n.needs_grad(0)) dx = zeros<Device>(cx.shape(), ct);
     if (n.needs_grad(1)) dw = zeros<Device>(shape{cols}, ct);
     if (n.needs_grad(2)) db = zeros<Device>(shape{cols}, ct);
-    detail::with_float_type(ct, "layer_norm backward", [&](auto tag) {
+    with_float_type(ct, "layer_norm backward", [&](auto tag) {
       using T = decltype(tag);
       const auto ptr = [](tensor<Device>& t) { return t.defined() ? t.template data<T>() : nullptr; };
       kernels::layer_norm_backward(Device{}, ptr(dx), ptr(dw), ptr(db), cg.template data<T>(),
@@ -4629,6 +4949,50 @@ var<Device> layer_norm(const var<Device>& x, const var<Device>& weight, const va
     if (dw.defined()) n.accumulate(1, std::move(dw));
     if (db.defined()) n.accumulate(2, std::move(db));
   });
+}
+
+}  // namespace detail
+
+template <class Device>
+var<Device> layer_norm(const var<Device>& x, const var<Device>& weight, const var<Device>& bias,
+                       double eps = 1e-5) {
+  detail::check_layer_norm_args("layer_norm", x, weight, bias, eps);
+  const auto cx = detail::compute_tensor(x.value());
+  return detail::layer_norm_node<Device>(cx, nullptr, nullptr, x, weight, bias, eps);
+}
+
+// The pre-LN residual step `sum = x + branch; normed = layer_norm(sum)` in one pass over the
+// rows (llm.c's fused residual + layer_norm): the same values and gradients as the two ops.
+template <class Device>
+struct residual_norm {
+  var<Device> sum;
+  var<Device> normed;
+};
+
+template <class Device>
+residual_norm<Device> add_layer_norm(const var<Device>& x, const var<Device>& branch, const var<Device>& weight,
+                                     const var<Device>& bias, double eps = 1e-5) {
+  detail::check_layer_norm_args("add_layer_norm", x, weight, bias, eps);
+  detail::check(branch.shape() == x.shape(), "add_layer_norm: the branch's shape ", branch.shape(),
+                " must equal the residual's ", x.shape());
+  detail::check_same_dtype("add_layer_norm", x.value(), branch.value());
+  if (x.dtype() == dtype::bf16) {
+    // bf16 storage: the sum is rounded before it is normalised, which the fused kernel
+    // (computing in f32) would skip; the two ops keep those semantics exactly.
+    auto sum = x + branch;
+    auto normed = layer_norm(sum, weight, bias, eps);
+    return {std::move(sum), std::move(normed)};
+  }
+  const auto xs = x.value().contiguous(), bs = branch.value().contiguous();
+  auto summed = tensor<Device>::empty(x.shape(), x.dtype());
+  // Both nodes come from one kernel: `sum` is an add (its gradient passes to x and branch),
+  // `normed` a layer_norm over `sum`.
+  auto sum = record<Device>("add", summed, {x, branch}, [](const tensor<Device>& g, node<Device>& n) {
+    n.accumulate(0, g);
+    n.accumulate(1, g);
+  });
+  auto normed = detail::layer_norm_node(xs, &bs, &summed, sum, weight, bias, eps);
+  return {std::move(sum), std::move(normed)};
 }
 
 }  // namespace decentrain
@@ -4694,8 +5058,218 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
 }  // namespace decentrain
 // ---- end decentrain/autograd/ops/loss.hpp ----
 // ---- begin decentrain/autograd/ops/matmul.hpp ----
-// Differentiable matrix products: matmul (batched, with transposes) and linear (x W + b).
+// Differentiable matrix products: matmul (batched, with transposes), linear (x W + b) and
+// linear_gelu (the MLP's first layer, fused).
 
+// ---- begin decentrain/kernels/linear.hpp ----
+// The fused linear kernels of every device: the CPU ones always, the CUDA ones when nvcc
+// compiles (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
+// ---- begin decentrain/kernels/cpu/linear.hpp ----
+// A linear layer's forward pass as one kernel call: out = x w + bias, optionally followed by
+// GELU (then `pre` keeps x w + bias for the backward pass). On the CPU it is the GEMM with the
+// bias as its starting C, then the GELU kernel: the same arithmetic as the separate ops, bit for
+// bit. A GPU fuses bias and GELU into the GEMM (kernels/cuda/linear.cuh).
+
+#include <algorithm>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+// Row-major, contiguous: x (m, k), w (k, n), bias (n) or null, out (m, n); `pre` (m, n) or null:
+// when given, pre = x w + bias and out = gelu(pre).
+template <class T>
+void linear_forward(cpu, std::int64_t m, std::int64_t n, std::int64_t k, const T* x, const T* w, const T* bias,
+                    T* out, T* pre) {
+  T* dst = pre ? pre : out;
+  if (bias) {
+    DECENTRAIN_OMP(parallel for if (m * n >= detail::parallel_threshold))
+    for (std::int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, dst + r * n);
+  }
+  gemm(cpu{}, false, false, m, n, k, T(1), x, k, w, n, bias ? T(1) : T(0), dst, n);
+  if (pre) gelu_forward(cpu{}, out, pre, m * n);
+}
+
+}  // namespace decentrain::kernels
+// ---- end decentrain/kernels/cpu/linear.hpp ----
+// ---- begin decentrain/kernels/cuda/linear.cuh ----
+// A linear layer's forward pass on the GPU as one cuBLASLt matmul whose epilogue adds the bias
+// and, for the MLP's first layer, applies GELU (tanh form) while keeping the pre-activation for
+// the backward pass: the output is written once instead of three times (GEMM, bias, GELU).
+// Row-major out = x w is the column-major out^T = w^T x^T, so w is cuBLASLt's A and x its B,
+// and the bias runs along D's rows, as cuBLASLt's bias epilogues expect. Where cuBLASLt offers
+// no algorithm (or f64, which it does not fuse), the same result comes from cuBLAS, a bias
+// kernel and the GELU kernel.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstddef>
+#include <map>
+#include <type_traits>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+
+// One cuBLASLt handle per host thread and device, as for cuBLAS.
+class cublaslt_handles {
+ public:
+  static cublasLtHandle_t get() {
+    thread_local cublaslt_handles handles;
+    const int device = cuda_rt::current_device();
+    auto it = handles.by_device_.find(device);
+    if (it == handles.by_device_.end()) {
+      cublasLtHandle_t h = nullptr;
+      cublas_check(cublasLtCreate(&h), "cublasLtCreate");
+      it = handles.by_device_.emplace(device, h).first;
+    }
+    return it->second;
+  }
+  ~cublaslt_handles() {
+    for (auto& [device, h] : by_device_) (void)cublasLtDestroy(h);
+  }
+
+ private:
+  std::map<int, cublasLtHandle_t> by_device_;
+};
+
+// Owners for cuBLASLt's descriptors, so an error thrown midway leaks none.
+struct lt_matmul_desc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  ~lt_matmul_desc() { if (desc) (void)cublasLtMatmulDescDestroy(desc); }
+};
+struct lt_layout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ~lt_layout() { if (layout) (void)cublasLtMatrixLayoutDestroy(layout); }
+};
+struct lt_preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~lt_preference() { if (pref) (void)cublasLtMatmulPreferenceDestroy(pref); }
+};
+
+// Hopper's cuBLASLt kernels want up to 32 MiB of workspace (as llm.c gives them).
+inline constexpr std::size_t lt_workspace_bytes = std::size_t{32} << 20;
+
+template <class T>
+__global__ void bias_rows_kernel(T* out, const T* bias, std::int64_t m, std::int64_t n) {
+  for (std::int64_t i = thread_index(); i < m * n; i += thread_count()) out[i] = bias[i % n];
+}
+
+template <class In>
+constexpr cudaDataType_t lt_type() {
+  if constexpr (std::is_same_v<In, bf16>) return CUDA_R_16BF;
+  else return CUDA_R_32F;
+}
+
+// out or pre = x w + bias through cuBLASLt, GELU fused when `pre` is given; false when
+// cuBLASLt has no algorithm for this case (nothing has been written then).
+template <class In>
+bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const float* bias, float* out,
+               float* pre) {
+  // The GELU epilogue's auxiliary output wants a leading dimension that is a multiple of 8.
+  if (pre && n % 8 != 0) return false;
+  const auto M = static_cast<std::uint64_t>(n), N = static_cast<std::uint64_t>(m), K = static_cast<std::uint64_t>(k);
+  lt_matmul_desc op;
+  cublas_check(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t no_transpose = CUBLAS_OP_N;
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &no_transpose, sizeof no_transpose),
+               "cublasLtMatmulDescSetAttribute (transa)");
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose, sizeof no_transpose),
+               "cublasLtMatmulDescSetAttribute (transb)");
+  cublasLtEpilogue_t epilogue = bias ? (pre ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                     : (pre ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DEFAULT);
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+               "cublasLtMatmulDescSetAttribute (epilogue)");
+  if (bias)
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                 "cublasLtMatmulDescSetAttribute (bias)");
+  if (pre) {
+    const std::int64_t aux_ld = n;
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre, sizeof pre),
+                 "cublasLtMatmulDescSetAttribute (aux pointer)");
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+                 "cublasLtMatmulDescSetAttribute (aux ld)");
+  }
+  lt_layout a, b, d;  // column-major: A = w^T (n x k), B = x^T (k x m), D = out^T (n x m)
+  cublas_check(cublasLtMatrixLayoutCreate(&a.layout, lt_type<In>(), M, K, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (A)");
+  cublas_check(cublasLtMatrixLayoutCreate(&b.layout, lt_type<In>(), K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
+  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, CUDA_R_32F, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
+  lt_preference pref;
+  cublas_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
+  const std::size_t workspace_bytes = lt_workspace_bytes;
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                    sizeof workspace_bytes),
+               "cublasLtMatmulPreferenceSetAttribute (workspace)");
+  // The heuristic assumes 256-byte aligned matrices unless told otherwise; views can start
+  // anywhere, so it is told the alignment each pointer really has (as PyTorch does).
+  const auto alignment = [](const void* p) {
+    std::uint32_t a = 256;
+    while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+    return a;
+  };
+  const std::uint32_t align_a = alignment(w), align_b = alignment(x), align_d = alignment(out);
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a),
+               "cublasLtMatmulPreferenceSetAttribute (alignment of A)");
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b),
+               "cublasLtMatmulPreferenceSetAttribute (alignment of B)");
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d),
+               "cublasLtMatmulPreferenceSetAttribute (alignment of C)");
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
+               "cublasLtMatmulPreferenceSetAttribute (alignment of D)");
+  // The epilogue's own pointers (bias, pre-activation) have no alignment preference to state;
+  // below 16 bytes (never the case for tensors of their own) they take the unfused path, to be safe.
+  if ((bias && alignment(bias) < 16) || (pre && alignment(pre) < 16)) return false;
+  const auto handle = cublaslt_handles::get();
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1, &heuristic,
+                                     &found) != CUBLAS_STATUS_SUCCESS ||
+      found == 0)
+    return false;
+  scratch<unsigned char> workspace(static_cast<std::int64_t>(std::max<std::size_t>(heuristic.workspaceSize, 1)));
+  const float one = 1.0f, zero = 0.0f;
+  // D is the output (gelu(pre) with GELU; the epilogue writes pre itself).
+  cublas_check(cublasLtMatmul(handle, op.desc, &one, w, a.layout, x, b.layout, &zero, out, d.layout, out, d.layout,
+                              &heuristic.algo, workspace.get(), heuristic.workspaceSize, cuda_rt::current_stream()),
+               "cublasLtMatmul");
+  return true;
+}
+
+}  // namespace cuda_detail
+
+// Row-major, contiguous: x (m, k), w (k, n), bias (n) or null, out (m, n); `pre` (m, n) or null:
+// when given, pre = x w + bias and out = gelu(pre). x and w are f32, f64, or bf16 (then the
+// bias and results are f32: tensor-core products, f32 accumulation).
+template <class In, class T>
+void linear_forward(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const T* bias,
+                    T* out, T* pre) {
+  static_assert(std::is_same_v<In, T> || (std::is_same_v<In, bf16> && std::is_same_v<T, float>),
+                "linear_forward: operands and results of one type, or bf16 operands with f32 results");
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (k > 0 && cuda_detail::lt_linear<In>(m, n, k, x, w, bias, out, pre)) return;
+  }
+  T* dst = pre ? pre : out;
+  if (bias) {
+    cuda_detail::bias_rows_kernel<<<cuda_rt::blocks_for(m * n), cuda_rt::threads_per_block, 0, cuda_rt::current_stream()>>>(
+        dst, bias, m, n);
+    cuda_rt::check_launch("bias_rows_kernel");
+  }
+  gemm(cuda{}, false, false, m, n, k, T(1), x, k, w, n, bias ? T(1) : T(0), dst, n);
+  if (pre) gelu_forward(cuda{}, out, pre, m * n);
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/linear.cuh ----
+// ---- end decentrain/kernels/linear.hpp ----
 
 namespace decentrain {
 
@@ -4734,37 +5308,65 @@ var<Device> matmul(const var<Device>& a, const var<Device>& b, bool trans_a = fa
 }
 
 namespace detail {
+// x W (+ b), then GELU when `with_gelu`: one fused kernel call forward (kernels/linear.hpp);
+// with GELU the pre-activation is kept, in the activation dtype, for the backward pass.
 template <class Device>
-var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var<Device>* bias) {
-  detail::check(weight.rank() == 2, "linear: weight must be 2-D (in, out), got shape ", weight.shape());
-  detail::check(x.rank() >= 1 && x.size(-1) == weight.size(0), "linear: input shape ", x.shape(),
+var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var<Device>* bias, bool with_gelu) {
+  const char* name = with_gelu ? "linear_gelu" : "linear";
+  detail::check(weight.rank() == 2, name, ": weight must be 2-D (in, out), got shape ", weight.shape());
+  detail::check(x.rank() >= 1 && x.size(-1) == weight.size(0), name, ": input shape ", x.shape(),
                 " does not match weight shape ", weight.shape(), " (expected last input dim ",
                 weight.size(0), ")");
   if (bias) {
-    detail::check(bias->rank() == 1 && bias->size(0) == weight.size(1), "linear: bias shape ",
+    detail::check(bias->rank() == 1 && bias->size(0) == weight.size(1), name, ": bias shape ",
                   bias->shape(), " does not match weight shape ", weight.shape(), " (expected (",
                   weight.size(1), ",))");
-    detail::check_same_dtype("linear", x.value(), bias->value());
+    detail::check_same_dtype(name, x.value(), bias->value());
   }
-  detail::check_same_dtype("linear", x.value(), weight.value());
+  detail::check_same_dtype(name, x.value(), weight.value());
   // Leading dims are flattened so the product is one GEMM of (rows, in) x (in, out).
   std::int64_t rows = 1;
   for (std::size_t d = 0; d + 1 < x.rank(); ++d) rows *= x.shape()[d];
+  const std::int64_t in = weight.size(0), width = weight.size(1);
   auto out_sizes = x.shape().sizes();
-  out_sizes.back() = weight.size(1);
-  const auto x2 = math::gemm_operand(x.value()).reshape({rows, weight.size(0)});
+  out_sizes.back() = width;
+  const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
   const auto w = math::gemm_operand(weight.value());
-  auto out = tensor<Device>::empty(shape({rows, weight.size(1)}), detail::compute_dtype(x.dtype()));
-  if (bias) out.copy_from(detail::compute_tensor(bias->value()).expand(out.shape()));
-  math::gemm_batched(false, false, x2, w, out, 1.0, bias ? 1.0 : 0.0);
+  const dtype result = detail::compute_dtype(x.dtype());
+  const auto b = bias ? detail::compute_tensor(bias->value()) : tensor<Device>{};
+  auto out = tensor<Device>::empty(shape({rows, width}), result);
+  auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
+  const auto run = [&](auto in_tag, auto out_tag) {
+    using In = decltype(in_tag);
+    using Out = decltype(out_tag);
+    kernels::linear_forward(Device{}, rows, width, in, x2.template data<In>(), w.template data<In>(),
+                            bias ? b.template data<Out>() : nullptr, out.template data<Out>(),
+                            with_gelu ? pre.template data<Out>() : nullptr);
+  };
+  if (x2.dtype() == dtype::bf16) {
+    if constexpr (kernels::has_bf16_gemm<Device>) run(bf16{}, float{});
+    else detail::fail(name, ": bf16 operands on a device without a bf16 GEMM");
+  } else {
+    detail::with_float_type(result, name, [&](auto tag) { run(tag, tag); });
+  }
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
+  if (with_gelu) pre = detail::stored_as(std::move(pre), x.dtype());
 
   std::vector<var<Device>> inputs{x, weight};
   if (bias) inputs.push_back(*bias);
-  const std::int64_t in = weight.size(0), width = weight.size(1);
-  return record<Device>("linear", out, inputs, [rows, in, width](const tensor<Device>& g, node<Device>& n) {
-    const auto g2 = math::gemm_operand(g).reshape({rows, width});
+  return record<Device>(name, out, inputs, [rows, in, width, pre](const tensor<Device>& g, node<Device>& n) {
     const dtype result = detail::compute_dtype(g.dtype());
+    tensor<Device> g_pre = g;
+    if (pre.defined()) {  // through GELU first, then stored as an unfused GELU's gradient would be
+      const auto cp = detail::compute_tensor(pre), cg = detail::compute_tensor(g);
+      auto d = zeros<Device>(cp.shape(), cp.dtype());
+      detail::with_float_type(cp.dtype(), "linear_gelu backward", [&](auto tag) {
+        using T = decltype(tag);
+        kernels::gelu_backward(Device{}, d.template data<T>(), cp.template data<T>(), cg.template data<T>(), cp.numel());
+      });
+      g_pre = detail::stored_as(std::move(d), g.dtype());
+    }
+    const auto g2 = math::gemm_operand(g_pre).reshape({rows, width});
     if (n.needs_grad(0)) {
       auto dx = tensor<Device>::empty(shape({rows, in}), result);
       math::gemm_batched(false, true, g2, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
@@ -4784,13 +5386,26 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
 // x (..., in) times weight (in, out) plus bias (out,): one GEMM over all leading dims.
 template <class Device>
 var<Device> linear(const var<Device>& x, const var<Device>& weight, const var<Device>& bias) {
-  return detail::linear_op(x, weight, &bias);
+  return detail::linear_op(x, weight, &bias, false);
 }
 
 // x (..., in) times weight (in, out), without a bias.
 template <class Device>
 var<Device> linear(const var<Device>& x, const var<Device>& weight) {
-  return detail::linear_op<Device>(x, weight, nullptr);
+  return detail::linear_op<Device>(x, weight, nullptr, false);
+}
+
+// gelu(linear(x, weight, bias)) as one op: the MLP's first layer. Same values and gradients as
+// the two ops (bit for bit on the CPU); a GPU fuses bias and GELU into the GEMM.
+template <class Device>
+var<Device> linear_gelu(const var<Device>& x, const var<Device>& weight, const var<Device>& bias) {
+  return detail::linear_op(x, weight, &bias, true);
+}
+
+// gelu(linear(x, weight)) as one op.
+template <class Device>
+var<Device> linear_gelu(const var<Device>& x, const var<Device>& weight) {
+  return detail::linear_op<Device>(x, weight, nullptr, true);
 }
 
 }  // namespace decentrain
@@ -5351,6 +5966,11 @@ struct linear_layer {
     const auto w = cast(weight, x.dtype());
     return bias.defined() ? linear(x, w, cast(bias, x.dtype())) : linear(x, w);
   }
+  // gelu(layer(x)) as one fused op.
+  var<Device> with_gelu(const var<Device>& x) const {
+    const auto w = cast(weight, x.dtype());
+    return bias.defined() ? linear_gelu(x, w, cast(bias, x.dtype())) : linear_gelu(x, w);
+  }
 };
 
 template <class Device>
@@ -5366,6 +5986,10 @@ struct layer_norm_layer {
 
   var<Device> operator()(const var<Device>& x) const {
     return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  }
+  // x + branch, and that sum normalised, in one pass (see add_layer_norm).
+  residual_norm<Device> operator()(const var<Device>& x, const var<Device>& branch) const {
+    return add_layer_norm(x, branch, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
   }
 };
 
@@ -5395,7 +6019,7 @@ struct mlp {
       : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
         c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
 
-  var<Device> operator()(const var<Device>& x) const { return c_proj(gelu(c_fc(x))); }
+  var<Device> operator()(const var<Device>& x) const { return c_proj(c_fc.with_gelu(x)); }
 };
 
 }  // namespace decentrain::nn
@@ -5454,11 +6078,21 @@ class gpt {
     // bf16 activations, and its output returns to f32 for the residual add (as autocast does).
     const auto low = [&](const var<Device>& v) { return cast(v, compute_); };
     const auto high = [&](const var<Device>& v) { return cast(v, x.dtype()); };
+    // Each branch's output is added to the residual stream by the next layer norm, which
+    // normalises the sum in the same pass (x = x + branch; ln(x)).
+    var<Device> branch;
+    const auto norm = [&](const layer_norm_layer<Device>& ln) {
+      if (!branch.defined()) return ln(x);
+      auto [sum, normed] = ln(x, branch);
+      x = std::move(sum);
+      branch = var<Device>();
+      return normed;
+    };
     for (const auto& block : blocks_) {
-      x = x + maybe_dropout(high(block->attn(low(block->ln_1(x)))), dropout_rng);
-      x = x + maybe_dropout(high(block->mlp(low(block->ln_2(x)))), dropout_rng);
+      branch = maybe_dropout(high(block->attn(low(norm(block->ln_1)))), dropout_rng);
+      branch = maybe_dropout(high(block->mlp(low(norm(block->ln_2)))), dropout_rng);
     }
-    return matmul(low((*ln_f_)(x)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+    return matmul(low(norm(*ln_f_)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
   }
 
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.
@@ -5505,6 +6139,8 @@ class gpt {
 // layer-norm gains, the usual GPT recipe.
 
 #include <cstdint>
+#include <span>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -5564,23 +6200,33 @@ class adamw {
     }
   }
 
-  // One update of every parameter that has a gradient (others are skipped, as in PyTorch).
+  // One update of every parameter that has a gradient (others are skipped, as in PyTorch), all
+  // of one master type in one multi-tensor kernel call.
   void step() {
     detail_check_size();
+    std::vector<tensor<Device>> grads;  // contiguous copies live until the kernels are queued
+    std::vector<kernels::adamw_tensor<float>> f32;
+    std::vector<kernels::adamw_tensor<double>> f64;
     std::size_t i = 0;
     for (auto& e : *params_) {
       auto& slot = slots_[i++];
       if (!e.param.grad().defined()) continue;
       ++slot.step;
       const double wd = slot.decay ? options_.weight_decay : 0.0;
-      const auto grad = e.param.grad().contiguous();
+      grads.push_back(e.param.grad().contiguous());
+      const auto& grad = grads.back();
       optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
         using T = decltype(tag);
-        kernels::adamw_update(Device{}, e.param.value().template data<T>(), grad.template data<T>(),
-                              slot.m.template data<T>(), slot.v.template data<T>(), e.param.value().numel(),
-                              options_.lr, options_.beta1, options_.beta2, options_.eps, wd, slot.step);
+        kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
+                                   slot.m.template data<T>(), slot.v.template data<T>(), e.param.value().numel(),
+                                   slot.step, wd};
+        if constexpr (std::is_same_v<T, float>) f32.push_back(t);
+        else f64.push_back(t);
       });
     }
+    const kernels::adamw_hyper hyper{options_.lr, options_.beta1, options_.beta2, options_.eps};
+    if (!f32.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<float>>(f32), hyper);
+    if (!f64.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<double>>(f64), hyper);
   }
 
   void set_lr(double lr) {
@@ -5658,6 +6304,9 @@ class adamw {
 // gradients together exceeds max_norm, every gradient is scaled by max_norm / (norm + 1e-6).
 
 #include <cmath>
+#include <span>
+#include <type_traits>
+#include <vector>
 
 
 namespace decentrain::optim {
@@ -5666,19 +6315,26 @@ namespace decentrain::optim {
 template <class Device>
 double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   decentrain::detail::check(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-  // One partial sum per gradient, on the gradients' device, summed and read back once (a GPU
-  // then synchronises once per clip, not once per tensor).
-  auto partial = tensor<Device>::empty(shape{static_cast<std::int64_t>(params.size())}, dtype::f64);
-  std::int64_t used = 0;
+  // Every gradient's sum of squares in one multi-tensor kernel call per master type, summed on
+  // the gradients' device and read back once (a GPU synchronises once per clip).
+  std::vector<tensor<Device>> grads;
+  std::vector<std::span<const float>> f32;
+  std::vector<std::span<const double>> f64;
   for (const auto& e : params) {
     if (!e.param.grad().defined()) continue;
-    const auto g = e.param.grad().contiguous();
+    grads.push_back(e.param.grad().contiguous());
+    const auto& g = grads.back();
     optim::detail::with_master_type("clip_grad_norm", e.name, e.param, [&](auto tag) {
       using T = decltype(tag);
-      kernels::sum_of_squares(Device{}, g.template data<T>(), g.numel(), partial.template data<double>() + used++);
+      const std::span<const T> values(g.template data<T>(), static_cast<std::size_t>(g.numel()));
+      if constexpr (std::is_same_v<T, float>) f32.push_back(values);
+      else f64.push_back(values);
     });
   }
-  const double total = used ? math::sum(partial.slice(0, 0, used), {0}).item() : 0.0;
+  auto partial = tensor<Device>::empty(shape{2}, dtype::f64);
+  kernels::sum_of_squares(Device{}, std::span<const std::span<const float>>(f32), partial.template data<double>());
+  kernels::sum_of_squares(Device{}, std::span<const std::span<const double>>(f64), partial.template data<double>() + 1);
+  const double total = grads.empty() ? 0.0 : math::sum(partial, {0}).item();
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {

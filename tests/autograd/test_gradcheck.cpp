@@ -65,6 +65,73 @@ TEST_CASE("gradcheck: linear", "[autograd][gradcheck]") {
                   {randn({4, 3}, 4), randn({3, 1}, 5)});
 }
 
+TEST_CASE("gradcheck: linear_gelu (fused linear + GELU)", "[autograd][gradcheck]") {
+  CHECK_GRADIENTS([](const vars& v) { return dt::linear_gelu(v[0], v[1], v[2]); },
+                  {randn({2, 3, 5}, 11), randn({5, 8}, 12), randn({8}, 13)});
+  CHECK_GRADIENTS([](const vars& v) { return dt::linear_gelu(v[0], v[1]); },
+                  {randn({4, 3}, 14), randn({3, 7}, 15)});
+}
+
+TEST_CASE("linear_gelu equals gelu(linear) bit for bit on the CPU, values and gradients", "[autograd]") {
+  dt::rng gen(21, "linear-gelu");
+  const auto x0 = dt::randn(dt::shape{3, 5, 16}, gen), w0 = dt::randn(dt::shape{16, 24}, gen),
+             b0 = dt::randn(dt::shape{24}, gen), g0 = dt::randn(dt::shape{3, 5, 24}, gen);
+  for (const bool with_bias : {true, false}) {
+    INFO("bias: " << with_bias);
+    auto x1 = dt::parameter(x0.clone()), w1 = dt::parameter(w0.clone()), b1 = dt::parameter(b0.clone());
+    auto x2 = dt::parameter(x0.clone()), w2 = dt::parameter(w0.clone()), b2 = dt::parameter(b0.clone());
+    auto fused = with_bias ? dt::linear_gelu(x1, w1, b1) : dt::linear_gelu(x1, w1);
+    auto split = dt::gelu(with_bias ? dt::linear(x2, w2, b2) : dt::linear(x2, w2));
+    CHECK(fused.value().to_vector<float>() == split.value().to_vector<float>());
+    fused.backward(g0);
+    split.backward(g0);
+    CHECK(x1.grad().to_vector<float>() == x2.grad().to_vector<float>());
+    CHECK(w1.grad().to_vector<float>() == w2.grad().to_vector<float>());
+    if (with_bias) CHECK(b1.grad().to_vector<float>() == b2.grad().to_vector<float>());
+  }
+}
+
+TEST_CASE("gradcheck: add_layer_norm (fused residual add + layer_norm), both outputs", "[autograd][gradcheck]") {
+  // The sum feeds a later op too, as the residual stream does: both outputs carry gradient.
+  CHECK_GRADIENTS([](const vars& v) {
+    auto [sum, normed] = dt::add_layer_norm(v[0], v[1], v[2], v[3]);
+    return normed * sum;
+  }, {randn({2, 3, 6}, 31), randn({2, 3, 6}, 32), randn({6}, 33), randn({6}, 34)});
+}
+
+TEST_CASE("add_layer_norm equals layer_norm(x + branch) bit for bit on the CPU, values and gradients", "[autograd]") {
+  dt::rng gen(22, "add-layer-norm");
+  const auto x0 = dt::randn(dt::shape{3, 5, 40}, gen), r0 = dt::randn(dt::shape{3, 5, 40}, gen),
+             w0 = dt::randn(dt::shape{40}, gen), b0 = dt::randn(dt::shape{40}, gen),
+             g0 = dt::randn(dt::shape{3, 5, 40}, gen);
+  auto x1 = dt::parameter(x0.clone()), r1 = dt::parameter(r0.clone());
+  auto w1 = dt::parameter(w0.clone()), b1 = dt::parameter(b0.clone());
+  auto x2 = dt::parameter(x0.clone()), r2 = dt::parameter(r0.clone());
+  auto w2 = dt::parameter(w0.clone()), b2 = dt::parameter(b0.clone());
+  auto [sum1, normed1] = dt::add_layer_norm(x1, r1, w1, b1);
+  auto sum2 = x2 + r2;
+  auto normed2 = dt::layer_norm(sum2, w2, b2);
+  CHECK(sum1.value().to_vector<float>() == sum2.value().to_vector<float>());
+  CHECK(normed1.value().to_vector<float>() == normed2.value().to_vector<float>());
+  auto out1 = normed1 * sum1, out2 = normed2 * sum2;
+  out1.backward(g0);
+  out2.backward(g0);
+  for (auto [a, b] : {std::pair{x1, x2}, std::pair{r1, r2}, std::pair{w1, w2}, std::pair{b1, b2}}) {
+    CHECK(a.grad().to_vector<float>() == b.grad().to_vector<float>());
+  }
+}
+
+TEST_CASE("add_layer_norm rejects mismatched shapes and dtypes by name", "[autograd]") {
+  auto x = dt::var<dt::cpu>(dt::zeros(dt::shape{2, 4}));
+  auto w = dt::var<dt::cpu>(dt::ones(dt::shape{4})), b = dt::var<dt::cpu>(dt::zeros(dt::shape{4}));
+  CHECK_THROWS_WITH(dt::add_layer_norm(x, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 3})), w, b),
+                    Catch::Contains("add_layer_norm") && Catch::Contains("branch"));
+  CHECK_THROWS_WITH(dt::add_layer_norm(x, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 4}, dt::dtype::f64)), w, b),
+                    Catch::Contains("add_layer_norm") && Catch::Contains("dtype"));
+  CHECK_THROWS_WITH(dt::add_layer_norm(x, x, dt::var<dt::cpu>(dt::ones(dt::shape{3})), b),
+                    Catch::Contains("add_layer_norm") && Catch::Contains("weight"));
+}
+
 TEST_CASE("gradcheck: sum and mean over axes", "[autograd][gradcheck]") {
   const std::vector<std::vector<std::int64_t>> axes_cases = {{}, {0}, {1}, {-1}, {0, 2}, {1, 2}};
   for (const auto& axes : axes_cases) {

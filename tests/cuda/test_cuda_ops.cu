@@ -156,6 +156,17 @@ TEST_CASE("cuda gelu, softmax, log_softmax and layer_norm match the CPU") {
   // Wide rows: a warp walks 1000 columns.
   const auto wide = random(dt::shape{33, 1000}, 17), ww = random(dt::shape{1000}, 18), wb = random(dt::shape{1000}, 19);
   check_against_cpu("layer_norm wide", {wide, ww, wb}, [](auto& v) { return dt::layer_norm(v[0], v[1], v[2]); });
+  // The fused residual add: both outputs feed the result, so both carry gradient back.
+  const auto branch = random(dt::shape{6, 9, 130}, 20);
+  check_against_cpu("add_layer_norm", {x, branch, w, b}, [](auto& v) {
+    auto [sum, normed] = dt::add_layer_norm(v[0], v[1], v[2], v[3]);
+    return normed * sum;
+  });
+  const auto wide_branch = random(dt::shape{33, 1000}, 21);
+  check_against_cpu("add_layer_norm wide", {wide, wide_branch, ww, wb}, [](auto& v) {
+    auto [sum, normed] = dt::add_layer_norm(v[0], v[1], v[2], v[3]);
+    return normed + sum;
+  });
 }
 
 TEST_CASE("cuda embedding and cross-entropy match the CPU, ids are checked") {
@@ -243,6 +254,12 @@ TEST_CASE("cuda ops in double pass finite-difference gradient checks") {
         [](const auto& x) { return dt::causal_attention(x[0], x[1], x[2], 2); });
   check("layer_norm", {random(dt::shape{3, 5}, 43, f64), random(dt::shape{5}, 44, f64), random(dt::shape{5}, 45, f64)},
         [](const auto& x) { return dt::layer_norm(x[0], x[1], x[2]); });
+  check("add_layer_norm", {random(dt::shape{3, 5}, 48, f64), random(dt::shape{3, 5}, 49, f64),
+                           random(dt::shape{5}, 44, f64), random(dt::shape{5}, 45, f64)},
+        [](const auto& x) {
+          auto [sum, normed] = dt::add_layer_norm(x[0], x[1], x[2], x[3]);
+          return normed * sum;
+        });
   check("gelu", {random(dt::shape{7}, 46, f64)}, [](const auto& x) { return dt::gelu(x[0]); });
   check("log_softmax", {random(dt::shape{2, 6}, 47, f64)}, [](const auto& x) { return dt::log_softmax(x[0]); });
 }
@@ -279,6 +296,94 @@ TEST_CASE("cuda optimizers and gradient clipping follow the CPU trajectory") {
   }
   CHECK(normwise_error(host(param_at(pg, 0).value()), param_at(pc, 0).value()) <= 1e-5);
   CHECK(normwise_error(host(param_at(pg, 1).value()), param_at(pc, 1).value()) <= 1e-5);
+}
+
+TEST_CASE("cuda linear_gelu through cuBLASLt epilogues (and the fallback) matches the CPU") {
+  // Width 24 takes the GELU_AUX_BIAS epilogue (leading dimension a multiple of 8); width 13 the
+  // fallback (bias kernel, GEMM, GELU kernel); f64 always the fallback.
+  for (const std::int64_t width : {std::int64_t{24}, std::int64_t{13}}) {
+    INFO("width " << width);
+    const auto x = random(dt::shape{3, 17, 40}, 400), w = random(dt::shape{40, width}, 401, dt::dtype::f32, 0.2),
+               b = random(dt::shape{width}, 402);
+    check_against_cpu("linear_gelu with bias", {x, w, b}, [](auto& v) { return dt::linear_gelu(v[0], v[1], v[2]); });
+    check_against_cpu("linear_gelu without bias", {x, w}, [](auto& v) { return dt::linear_gelu(v[0], v[1]); });
+    check_against_cpu("linear (bias epilogue)", {x, w, b}, [](auto& v) { return dt::linear(v[0], v[1], v[2]); });
+    const auto xd = random(dt::shape{5, 40}, 403, dt::dtype::f64), wd = random(dt::shape{40, width}, 404, dt::dtype::f64),
+               bd = random(dt::shape{width}, 405, dt::dtype::f64);
+    check_against_cpu("f64 linear_gelu", {xd, wd, bd}, [](auto& v) { return dt::linear_gelu(v[0], v[1], v[2]); }, 1e-12);
+  }
+  // bf16 operands (tensor cores, f32 accumulation) against the CPU's widened bf16.
+  const auto x = random(dt::shape{64, 64}, 406, dt::dtype::bf16), w = random(dt::shape{64, 32}, 407, dt::dtype::bf16, 0.2),
+             b = random(dt::shape{32}, 408, dt::dtype::bf16);
+  check_against_cpu("bf16 linear_gelu", {x, w, b}, [](auto& v) { return dt::linear_gelu(v[0], v[1], v[2]); }, 1e-2);
+}
+
+TEST_CASE("cuda multi-tensor AdamW and clipping over many tensors across launch batches and chunk edges") {
+  // 45 tensors (more than one launch's 32), sizes at and around the 4096-element chunk, a
+  // 1-element bias, vectors (no decay) and matrices (decay), and one parameter without a
+  // gradient this step, which must stay untouched and keep its step count.
+  const std::vector<dt::shape> shapes = {{1}, {7}, {4095}, {4096}, {4097}, {64, 64}, {65, 63}, {3, 8193}, {300}};
+  dt::parameter_list<cpu> pc;
+  dt::parameter_list<gpu> pg;
+  for (int i = 0; i < 45; ++i) {
+    const auto w = random(shapes[static_cast<std::size_t>(i) % shapes.size()], 200 + static_cast<std::uint64_t>(i));
+    // (appended, not "p" + ...: g++ 12 warns falsely on that form at -O3, its bug 105329)
+    const auto name = std::string("p").append(std::to_string(i));
+    pc.add(name, dt::parameter(w.clone()));
+    pg.add(name, dt::parameter(dt::to_device<gpu>(w)));
+  }
+  dt::optim::adamw<cpu> oc(pc, {.lr = 3e-3, .beta2 = 0.95, .weight_decay = 0.1});
+  dt::optim::adamw<gpu> og(pg, {.lr = 3e-3, .beta2 = 0.95, .weight_decay = 0.1});
+  for (int step = 0; step < 4; ++step) {
+    for (std::size_t i = 0; i < 45; ++i) {
+      if (i == 11 && step == 2) {  // no gradient this step
+        param_at(pc, i).grad() = {};
+        param_at(pg, i).grad() = {};
+        continue;
+      }
+      const auto g = random(param_at(pc, i).shape(), 1000 + 100 * static_cast<std::uint64_t>(step) + i);
+      param_at(pc, i).grad() = g.clone();
+      param_at(pg, i).grad() = dt::to_device<gpu>(g);
+    }
+    const double nc = dt::optim::clip_grad_norm(pc, 10.0);
+    const double ng = dt::optim::clip_grad_norm(pg, 10.0);
+    CHECK(ng == Approx(nc).epsilon(1e-9));
+    oc.step();
+    og.step();
+  }
+  for (std::size_t i = 0; i < 45; ++i) {
+    INFO("parameter " << i);
+    CHECK(normwise_error(host(param_at(pg, i).value()), param_at(pc, i).value()) <= 1e-5);
+  }
+  const auto sc = oc.state();
+  const auto sg = og.state();
+  for (std::size_t i = 0; i < 45; ++i) {
+    CHECK(sg[i].step == sc[i].step);
+    CHECK(normwise_error(host(sg[i].exp_avg_sq), sc[i].exp_avg_sq) <= 1e-5);
+  }
+  CHECK(sc[11].step == 3);
+}
+
+TEST_CASE("cuda top_k (CUB radix sort) returns the CPU's values and positions, ties included") {
+  for (const auto type : {dt::dtype::f32, dt::dtype::f64}) {
+    INFO(dt::dtype_name(type));
+    // Values rounded to 0.1 so that many tie; the order of ties must match too.
+    auto x = random(dt::shape{100003}, 300, type);
+    x = dt::from_vector(
+        [&] {
+          auto v = x.to_vector<double>();
+          for (auto& e : v) e = std::round(e * 10.0) / 10.0;
+          return v;
+        }(),
+        dt::shape{100003}, type);
+    for (const std::int64_t k : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1000}, std::int64_t{100003}}) {
+      INFO("k = " << k);
+      const auto [vc, pc] = dt::math::top_k(x, k);
+      const auto [vg, pg] = dt::math::top_k(dt::to_device<gpu>(x), k);
+      CHECK(host(pg).to_vector<std::int32_t>() == pc.to_vector<std::int32_t>());
+      CHECK(host(vg).to_vector<double>() == vc.to_vector<double>());
+    }
+  }
 }
 
 TEST_CASE("cuda GPT training tracks the CPU run's losses", "[slow]") {

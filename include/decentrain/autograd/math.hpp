@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "decentrain/autograd/dispatch.hpp"
@@ -13,6 +15,7 @@
 #include "decentrain/kernels/elementwise.hpp"
 #include "decentrain/kernels/gemm.hpp"
 #include "decentrain/kernels/reduce.hpp"
+#include "decentrain/kernels/select.hpp"
 
 namespace decentrain::math {
 
@@ -261,6 +264,26 @@ tensor<Device> matmul(const tensor<Device>& a, const tensor<Device>& b, bool tra
   auto out = tensor<Device>::empty(shape(sizes), a.dtype());
   matmul_into(a, b, out, trans_a, trans_b);
   return out;
+}
+
+// The k largest entries of a 1-D tensor, largest first, and their positions (i32). Ties keep
+// the lower position first, and every device returns the same positions (see
+// kernels/cpu/select.hpp for where -0, +0 and NaN go).
+template <class Device>
+std::pair<tensor<Device>, tensor<Device>> top_k(const tensor<Device>& x, std::int64_t k) {
+  detail::check(x.rank() == 1, "top_k: expects a 1-D tensor, got shape ", x.shape());
+  detail::check(k >= 0 && k <= x.numel(), "top_k: k = ", k, " is outside [0, ", x.numel(), "]");
+  detail::check(x.numel() <= std::numeric_limits<std::int32_t>::max(), "top_k: ", x.numel(),
+                " elements are more than i32 positions can address");
+  const auto cx = detail::compute_tensor(x).contiguous();
+  auto values = tensor<Device>::empty(shape{k}, cx.dtype());
+  auto positions = tensor<Device>::empty(shape{k}, dtype::i32);
+  detail::with_float_type(x.dtype(), "top_k", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::top_k(Device{}, cx.template data<T>(), cx.numel(), k, values.template data<T>(),
+                   positions.template data<std::int32_t>());
+  });
+  return {detail::stored_as(std::move(values), x.dtype()), std::move(positions)};
 }
 
 }  // namespace decentrain::math

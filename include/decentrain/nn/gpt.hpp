@@ -65,11 +65,21 @@ class gpt {
     // bf16 activations, and its output returns to f32 for the residual add (as autocast does).
     const auto low = [&](const var<Device>& v) { return cast(v, compute_); };
     const auto high = [&](const var<Device>& v) { return cast(v, x.dtype()); };
+    // Each branch's output is added to the residual stream by the next layer norm, which
+    // normalises the sum in the same pass (x = x + branch; ln(x)).
+    var<Device> branch;
+    const auto norm = [&](const layer_norm_layer<Device>& ln) {
+      if (!branch.defined()) return ln(x);
+      auto [sum, normed] = ln(x, branch);
+      x = std::move(sum);
+      branch = var<Device>();
+      return normed;
+    };
     for (const auto& block : blocks_) {
-      x = x + maybe_dropout(high(block->attn(low(block->ln_1(x)))), dropout_rng);
-      x = x + maybe_dropout(high(block->mlp(low(block->ln_2(x)))), dropout_rng);
+      branch = maybe_dropout(high(block->attn(low(norm(block->ln_1)))), dropout_rng);
+      branch = maybe_dropout(high(block->mlp(low(norm(block->ln_2)))), dropout_rng);
     }
-    return matmul(low((*ln_f_)(x)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+    return matmul(low(norm(*ln_f_)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
   }
 
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.

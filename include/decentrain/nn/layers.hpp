@@ -31,6 +31,11 @@ struct linear_layer {
     const auto w = cast(weight, x.dtype());
     return bias.defined() ? linear(x, w, cast(bias, x.dtype())) : linear(x, w);
   }
+  // gelu(layer(x)) as one fused op.
+  var<Device> with_gelu(const var<Device>& x) const {
+    const auto w = cast(weight, x.dtype());
+    return bias.defined() ? linear_gelu(x, w, cast(bias, x.dtype())) : linear_gelu(x, w);
+  }
 };
 
 template <class Device>
@@ -46,6 +51,10 @@ struct layer_norm_layer {
 
   var<Device> operator()(const var<Device>& x) const {
     return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  }
+  // x + branch, and that sum normalised, in one pass (see add_layer_norm).
+  residual_norm<Device> operator()(const var<Device>& x, const var<Device>& branch) const {
+    return add_layer_norm(x, branch, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
   }
 };
 
@@ -75,7 +84,7 @@ struct mlp {
       : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
         c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
 
-  var<Device> operator()(const var<Device>& x) const { return c_proj(gelu(c_fc(x))); }
+  var<Device> operator()(const var<Device>& x) const { return c_proj(c_fc.with_gelu(x)); }
 };
 
 }  // namespace decentrain::nn

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,23 +45,33 @@ class adamw {
     }
   }
 
-  // One update of every parameter that has a gradient (others are skipped, as in PyTorch).
+  // One update of every parameter that has a gradient (others are skipped, as in PyTorch), all
+  // of one master type in one multi-tensor kernel call.
   void step() {
     detail_check_size();
+    std::vector<tensor<Device>> grads;  // contiguous copies live until the kernels are queued
+    std::vector<kernels::adamw_tensor<float>> f32;
+    std::vector<kernels::adamw_tensor<double>> f64;
     std::size_t i = 0;
     for (auto& e : *params_) {
       auto& slot = slots_[i++];
       if (!e.param.grad().defined()) continue;
       ++slot.step;
       const double wd = slot.decay ? options_.weight_decay : 0.0;
-      const auto grad = e.param.grad().contiguous();
+      grads.push_back(e.param.grad().contiguous());
+      const auto& grad = grads.back();
       optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
         using T = decltype(tag);
-        kernels::adamw_update(Device{}, e.param.value().template data<T>(), grad.template data<T>(),
-                              slot.m.template data<T>(), slot.v.template data<T>(), e.param.value().numel(),
-                              options_.lr, options_.beta1, options_.beta2, options_.eps, wd, slot.step);
+        kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
+                                   slot.m.template data<T>(), slot.v.template data<T>(), e.param.value().numel(),
+                                   slot.step, wd};
+        if constexpr (std::is_same_v<T, float>) f32.push_back(t);
+        else f64.push_back(t);
       });
     }
+    const kernels::adamw_hyper hyper{options_.lr, options_.beta1, options_.beta2, options_.eps};
+    if (!f32.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<float>>(f32), hyper);
+    if (!f64.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<double>>(f64), hyper);
   }
 
   void set_lr(double lr) {

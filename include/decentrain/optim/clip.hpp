@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cmath>
+#include <span>
+#include <type_traits>
+#include <vector>
 
 #include "decentrain/autograd/math.hpp"
 #include "decentrain/autograd/parameters.hpp"
@@ -15,19 +18,26 @@ namespace decentrain::optim {
 template <class Device>
 double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   decentrain::detail::check(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-  // One partial sum per gradient, on the gradients' device, summed and read back once (a GPU
-  // then synchronises once per clip, not once per tensor).
-  auto partial = tensor<Device>::empty(shape{static_cast<std::int64_t>(params.size())}, dtype::f64);
-  std::int64_t used = 0;
+  // Every gradient's sum of squares in one multi-tensor kernel call per master type, summed on
+  // the gradients' device and read back once (a GPU synchronises once per clip).
+  std::vector<tensor<Device>> grads;
+  std::vector<std::span<const float>> f32;
+  std::vector<std::span<const double>> f64;
   for (const auto& e : params) {
     if (!e.param.grad().defined()) continue;
-    const auto g = e.param.grad().contiguous();
+    grads.push_back(e.param.grad().contiguous());
+    const auto& g = grads.back();
     optim::detail::with_master_type("clip_grad_norm", e.name, e.param, [&](auto tag) {
       using T = decltype(tag);
-      kernels::sum_of_squares(Device{}, g.template data<T>(), g.numel(), partial.template data<double>() + used++);
+      const std::span<const T> values(g.template data<T>(), static_cast<std::size_t>(g.numel()));
+      if constexpr (std::is_same_v<T, float>) f32.push_back(values);
+      else f64.push_back(values);
     });
   }
-  const double total = used ? math::sum(partial.slice(0, 0, used), {0}).item() : 0.0;
+  auto partial = tensor<Device>::empty(shape{2}, dtype::f64);
+  kernels::sum_of_squares(Device{}, std::span<const std::span<const float>>(f32), partial.template data<double>());
+  kernels::sum_of_squares(Device{}, std::span<const std::span<const double>>(f64), partial.template data<double>() + 1);
+  const double total = grads.empty() ? 0.0 : math::sum(partial, {0}).item();
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {

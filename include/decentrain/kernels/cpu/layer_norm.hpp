@@ -12,14 +12,29 @@
 
 namespace decentrain::kernels {
 
+// With `residual`, the input is x + residual: the sum is written to `sum` (the residual stream
+// of a pre-LN transformer goes on from it) and normalised in the same pass over the row, which
+// saves the separate add's write and re-read. The sum is the same float add as `add`, so the
+// fused and the unfused paths agree bit for bit.
 template <class T>
 void layer_norm_forward(cpu, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        std::int64_t rows, std::int64_t cols, T eps) {
+                        std::int64_t rows, std::int64_t cols, T eps, const T* residual = nullptr,
+                        T* sum = nullptr) {
   DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * cols;
     T m = 0;
-    for (std::int64_t c = 0; c < cols; ++c) m += in[c];
+    if (residual != nullptr) {
+      const T* res = residual + r * cols;
+      T* h = sum + r * cols;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        h[c] = in[c] + res[c];
+        m += h[c];
+      }
+      in = h;
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) m += in[c];
+    }
     m /= static_cast<T>(cols);
     T v = 0;
     for (std::int64_t c = 0; c < cols; ++c) v += (in[c] - m) * (in[c] - m);

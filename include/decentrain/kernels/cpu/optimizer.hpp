@@ -5,32 +5,31 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 #include "decentrain/config.hpp"
 #include "decentrain/core/device.hpp"
 #include "decentrain/kernels/cpu/elementwise.hpp"
+#include "decentrain/kernels/optimizer_args.hpp"
 
 namespace decentrain::kernels {
 
-// AdamW (decoupled weight decay); `step` counts from 1.
+// AdamW (decoupled weight decay) over every tensor of a step, one after the other.
 template <class T>
-void adamw_update(cpu, T* param, const T* grad, T* m, T* v, std::int64_t n, double lr, double beta1,
-                  double beta2, double eps, double weight_decay, std::int64_t step) {
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const T decay = static_cast<T>(1.0 - lr * weight_decay);
-  const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2);
-  const T one_minus_b1 = static_cast<T>(1.0 - beta1), one_minus_b2 = static_cast<T>(1.0 - beta2);
-  const T step_size = static_cast<T>(lr / bias1);
-  const T bias2_sqrt = static_cast<T>(std::sqrt(bias2));
-  const T e = static_cast<T>(eps);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
-  for (std::int64_t i = 0; i < n; ++i) {
-    param[i] *= decay;
-    m[i] = m[i] * b1 + grad[i] * one_minus_b1;
-    v[i] = v[i] * b2 + grad[i] * grad[i] * one_minus_b2;
-    const T denom = std::sqrt(v[i]) / bias2_sqrt + e;
-    param[i] += -step_size * m[i] / denom;
+void adamw_update(cpu, std::span<const adamw_tensor<T>> tensors, const adamw_hyper& hyper) {
+  for (const auto& t : tensors) {
+    const auto f = adamw_factors<T>::make(hyper, t.step, t.weight_decay);
+    T *param = t.param, *m = t.m, *v = t.v;
+    const T* grad = t.grad;
+    const std::int64_t n = t.n;
+    DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+    for (std::int64_t i = 0; i < n; ++i) {
+      param[i] *= f.decay;
+      m[i] = m[i] * f.b1 + grad[i] * f.one_minus_b1;
+      v[i] = v[i] * f.b2 + grad[i] * grad[i] * f.one_minus_b2;
+      const T denom = std::sqrt(v[i]) / f.bias2_sqrt + f.eps;
+      param[i] += -f.step_size * m[i] / denom;
+    }
   }
 }
 
@@ -53,13 +52,19 @@ void sgd_update(cpu, T* param, const T* grad, T* buffer, std::int64_t n, double 
   }
 }
 
-// *out = sum of squares, accumulated in double. `out` is memory of the same device, so a GPU
-// can collect one value per tensor and read them back once.
+// *out = the sum of squares of every tensor together, accumulated in double. `out` is memory
+// of the same device, so a GPU keeps the value until someone reads it.
 template <class T>
-void sum_of_squares(cpu, const T* x, std::int64_t n, double* out) {
+void sum_of_squares(cpu, std::span<const std::span<const T>> tensors, double* out) {
   double total = 0.0;
-  DECENTRAIN_OMP(parallel for simd reduction(+ : total) if (n >= detail::parallel_threshold))
-  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (const auto& x : tensors) {
+    const T* p = x.data();
+    const auto n = static_cast<std::int64_t>(x.size());
+    double part = 0.0;
+    DECENTRAIN_OMP(parallel for simd reduction(+ : part) if (n >= detail::parallel_threshold))
+    for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    total += part;
+  }
   *out = total;
 }
 

@@ -21,12 +21,24 @@ __device__ inline double device_rsqrt(double x) { return rsqrt(x); }
 
 template <class T>
 __global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, const T* weight,
-                                          const T* bias, std::int64_t rows, std::int64_t cols, T eps) {
+                                          const T* bias, std::int64_t rows, std::int64_t cols, T eps,
+                                          const T* residual, T* sum) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
   const T* in = x + r * cols;
   T m = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) m += in[c];
+  if (residual != nullptr) {
+    // Each lane re-reads only the sums it wrote itself, so no barrier is needed.
+    const T* res = residual + r * cols;
+    T* h = sum + r * cols;
+    for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
+      h[c] = in[c] + res[c];
+      m += h[c];
+    }
+    in = h;
+  } else {
+    for (std::int64_t c = threadIdx.x; c < cols; c += 32) m += in[c];
+  }
   m = warp_reduce(m, sum_op{}) / static_cast<T>(cols);
   T v = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
@@ -92,14 +104,16 @@ __global__ void layer_norm_params_kernel(T* dweight, T* dbias, const T* dout, co
 }
 }  // namespace cuda_detail
 
+// With `residual`, normalises x + residual and writes that sum to `sum` (see the CPU kernel).
 template <class T>
 void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        std::int64_t rows, std::int64_t cols, T eps) {
+                        std::int64_t rows, std::int64_t cols, T eps, const T* residual = nullptr,
+                        T* sum = nullptr) {
   if (rows == 0) return;
   const dim3 block(32, cuda_detail::rows_per_block);
   const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
   cuda_detail::layer_norm_forward_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
-      out, mean, rstd, x, weight, bias, rows, cols, eps);
+      out, mean, rstd, x, weight, bias, rows, cols, eps, residual, sum);
   cuda_rt::check_launch("layer_norm_forward_kernel");
 }
 

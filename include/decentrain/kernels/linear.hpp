@@ -1,0 +1,6 @@
+// The fused linear kernels of every device: the CPU ones always, the CUDA ones when nvcc
+// compiles (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+#pragma once
+
+#include "decentrain/kernels/cpu/linear.hpp"
+#include "decentrain/kernels/cuda/linear.cuh"
