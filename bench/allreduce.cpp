@@ -31,6 +31,7 @@
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/transport/mpi.hpp"
 #include "decentrain/transport/tcp.hpp"
+#include "output_file.hpp"
 
 namespace dt = decentrain;
 namespace fs = std::filesystem;
@@ -257,6 +258,7 @@ int main(int argc, char** argv) try {
     for (std::string item; std::getline(in, item, ',');) impls.push_back(item);
   }
   const std::string json_path = value("--json", "allreduce.json");
+  bench::output_file json(json_path);  // opened first: a bad path fails before the minutes of measuring
 
   char dir_template[] = "/tmp/decentrain-allreduce-XXXXXX";
   dt::detail::check(::mkdtemp(dir_template) != nullptr, "cannot make a temporary directory");
@@ -307,7 +309,6 @@ int main(int argc, char** argv) try {
   std::printf("all-reduce (sum, float32, in place), %d processes on this machine; bus bandwidth GB/s "
               "(nccl-tests: algbw x 2(N-1)/N)\n", world);
   std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", "size", "ours us", "ours", "MPI tcp", "MPI shm", "gloo", "ours/MPI", "ours/gloo");
-  std::ofstream json(json_path);
   json << "[\n";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const double ours = busbw("decentrain", i), mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
@@ -321,6 +322,7 @@ int main(int argc, char** argv) try {
          << ratio(ours, gl) << "}";
   }
   json << "\n]\n";
+  json.close();
   for (const auto& [impl, why] : skipped) std::printf("%s: not measured (%s)\n", impl.c_str(), why.c_str());
   std::printf("rows written to %s\n", json_path.c_str());
   return skipped.empty() ? 0 : 1;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "output_file.hpp"
+
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -81,7 +83,7 @@ double number(const dt::io::json_value& v, const std::string& key) { return std:
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   int threads = 2, steps = 5;
   std::string json_path = "cpu_train_step.json", only;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -98,13 +100,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  bench::output_file json(json_path);  // opened first: a bad path fails before the minutes of measuring
   const std::vector<config> configs = {{"shakespeare-char", 8, 256, 65}, {"gpt2-124m", 4, 64, 50257}};
   const std::string self = argv[0];
   const std::string env = "OMP_NUM_THREADS=" + std::to_string(threads) + " ";
   std::printf("training step (forward + backward + AdamW), f32, %d threads, median of %d steps\n", threads, steps);
   std::printf("%-18s %6s %11s %11s %8s %10s %10s %9s %9s\n", "model", "B x T", "ours s", "torch s", "speedup",
               "ours GF/s", "torch GF/s", "ours MB", "torch MB");
-  std::ofstream json(json_path);
   json << "[\n";
   bool first = true;
   for (const auto& c : configs) {
@@ -133,6 +135,10 @@ int main(int argc, char** argv) {
     first = false;
   }
   json << "\n]\n";
+  json.close();
   std::printf("rows written to %s\n", json_path.c_str());
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_cpu_train_step: %s\n", e.what());
+  return 1;
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "decentrain/decentrain.hpp"
+#include "output_file.hpp"
 
 namespace dt = decentrain;
 
@@ -94,6 +95,8 @@ int main(int argc, char** argv) try {
   opts.eval_batches = std::stoll(value("eval-batches", "25"));
   const double outer_lr = std::stod(value("outer-lr", "0.7")), outer_momentum = std::stod(value("outer-momentum", "0.9"));
   dt::detail::check(args.empty(), "unknown option --", args.empty() ? "" : args.begin()->first);
+  // Opened first: a bad path fails before the hours of training.
+  bench::output_file json(json_path), curves(curves_path);
 
   const std::string text = dt::io::read_file(path);
   auto tok = dt::data::char_tokenizer::from_text(text);
@@ -134,7 +137,6 @@ int main(int argc, char** argv) try {
               static_cast<double>(cfg.parameter_count()) / 1e6, outer_lr, outer_momentum);
   std::printf("%-14s %10s %12s %14s %12s %12s %9s\n", "run", "val loss", "vs sync", "MB sent/peer", "fewer bytes", "peer spread",
               "wall s");
-  std::ofstream json(json_path);
   json << "[\n";
   for (std::size_t i = 0; i < outcomes.size(); ++i) {
     const auto& o = outcomes[i];
@@ -152,10 +154,11 @@ int main(int argc, char** argv) try {
          << ", \"fewer_bytes_than_sync\": " << fewer << ", \"peer_spread\": " << o.spread << ", \"wall_s\": " << o.wall_s << "}";
   }
   json << "\n]\n";
-  std::ofstream curves(curves_path);
+  json.close();
   curves << "run,step,val_loss,bytes_sent\n";
   for (const auto& o : outcomes)
     for (const auto& p : o.curve) curves << o.name << ',' << p.step << ',' << p.val_loss << ',' << p.bytes_sent << '\n';
+  curves.close();
   std::printf("rows written to %s, curves to %s\n", json_path.c_str(), curves_path.c_str());
   return 0;
 } catch (const std::exception& e) {

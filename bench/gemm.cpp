@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "output_file.hpp"
+
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -60,7 +62,7 @@ std::string cpu_model() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   int threads = 2, reps = 5;
   std::string json_path = "gemm.json";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
     else if (flag == "--json") json_path = argv[i + 1];
     else { std::fprintf(stderr, "unknown option %s\n", flag.c_str()); return 2; }
   }
+  bench::output_file json(json_path);  // opened first: a bad path fails before the minutes of measuring
 #if defined(_OPENMP)
   omp_set_num_threads(threads);
 #endif
@@ -96,7 +99,6 @@ int main(int argc, char** argv) {
   std::printf("GEMM GFLOP/s, f32, %d threads, median of %d interleaved rounds, on %s\n", threads, reps, cpu_model().c_str());
   std::printf("%-28s %-20s %8s %8s %8s %8s %7s %7s %7s\n", "shape", "MxKxN (op)", "library",
               "lib+alloc", "OpenBLAS", "portable", "lib/OB", "alloc/OB", "port/OB");
-  std::ofstream json(json_path);
   json << "[\n";
   dt::rng gen(1, "bench-gemm");
   bool first_row = true;
@@ -139,6 +141,10 @@ int main(int argc, char** argv) {
     first_row = false;
   }
   json << "\n]\n";
+  json.close();
   std::printf("rows written to %s\n", json_path.c_str());
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_gemm: %s\n", e.what());
+  return 1;
 }

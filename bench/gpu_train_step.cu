@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "output_file.hpp"
+
 namespace dt = decentrain;
 using gpu = dt::cuda;
 
@@ -291,7 +293,7 @@ int main(int argc, char** argv) {
   for (const auto& k : kernels) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
 
   if (!o.json.empty()) {
-    std::ofstream out(o.json);
+    bench::output_file out(o.json);
     out << "[";
     for (std::size_t i = 0; i < rows.size(); ++i)
       out << (i ? ",\n" : "\n") << "{\"impl\":\"" << rows[i].impl << "\",\"precision\":\"" << rows[i].precision
@@ -302,6 +304,7 @@ int main(int argc, char** argv) {
       out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction
           << ",\"device\":\"" << peaks.name << "\"}";
     out << "\n]\n";
+    out.close();
   }
   return 0;
 }

@@ -5,6 +5,7 @@
   torch_gpt.py step --preset shakespeare-char --batch 8 --block 256 --threads 2 --steps 5
   torch_gpt.py converge --data tinyshakespeare.txt --threads 2     (nanoGPT's CPU recipe)
   torch_gpt.py converge ... --no-bias                               (nanoGPT's bias-free model)
+  torch_gpt.py converge ... --seed 1 --eval-batches 200             (another seed, a finer estimate)
 
 Prints one JSON object on the last line.
 """
@@ -121,7 +122,7 @@ def converge_mode(args):
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     n = int(0.9 * len(data))
     train, val = data[:n], data[n:]
-    torch.manual_seed(1337)
+    torch.manual_seed(args.seed)
     model = GPT(L, H, C, T, len(chars), bias=not args.no_bias)
     opt = optimizer(model, 1e-3)
     iters, warmup, lr_max, lr_min, B = 2000, 100, 1e-3, 1e-4, 12
@@ -149,8 +150,9 @@ def converge_mode(args):
     seconds = time.perf_counter() - t0
     model.eval()
     with torch.no_grad():
-        val_loss = sum(model(*batch("val")).item() for _ in range(20)) / 20
-    return {"impl": "pytorch", "bias": not args.no_bias, "val_loss": val_loss, "train_seconds": seconds,
+        val_loss = sum(model(*batch("val")).item() for _ in range(args.eval_batches)) / args.eval_batches
+    return {"impl": "pytorch", "bias": not args.no_bias, "seed": args.seed, "eval_batches": args.eval_batches,
+            "val_loss": val_loss, "train_seconds": seconds,
             "torch": torch.__version__}
 
 
@@ -164,6 +166,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data", default="")
     p.add_argument("--no-bias", action="store_true", help="converge: nanoGPT's bias-free variant")
+    p.add_argument("--seed", type=int, default=1337, help="converge: initialisation and batches")
+    p.add_argument("--eval-batches", type=int, default=20, help="converge: validation batches of 12 x 64 averaged")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     out = step_mode(args) if args.mode == "step" else converge_mode(args)

@@ -7153,6 +7153,7 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -7218,6 +7219,22 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
   e.computed(seconds);
 };
 
+// Sends `out` to `to` (nothing when `to` < 0), then receives the next message from `from` with
+// `tag` into `in` and returns that message's size; `in` is written only when the sizes match.
+// A transport that can post `in` before it sends, so that the message lands there without a
+// buffer and a copy of its own (tcp), offers this as a member; the others send, recv and copy.
+template <endpoint E>
+std::size_t exchange(E& e, int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+  if constexpr (requires { { e.exchange(to, out, from, in, tag) } -> std::convertible_to<std::size_t>; }) {
+    return e.exchange(to, out, from, in, tag);
+  } else {
+    if (to >= 0) e.send(to, tag, out);
+    const bytes message = e.recv(from, tag);
+    if (message.size() == in.size() && !in.empty()) std::memcpy(in.data(), message.data(), in.size());
+    return message.size();
+  }
+}
+
 namespace detail {
 template <class E>
 constexpr bool check_endpoint() {
@@ -7252,6 +7269,9 @@ class any_endpoint {
   int world() const { return get().world(); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { get().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return get().recv(peer, tag); }
+  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+    return get().exchange(to, out, from, in, tag);
+  }
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
 
@@ -7262,6 +7282,7 @@ class any_endpoint {
     virtual int world() const = 0;
     virtual void send(int, tag_type, std::span<const std::byte>) = 0;
     virtual bytes recv(int, tag_type) = 0;
+    virtual std::size_t exchange(int, std::span<const std::byte>, int, std::span<std::byte>, tag_type) = 0;
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
   };
@@ -7272,6 +7293,9 @@ class any_endpoint {
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
     bytes recv(int p, tag_type t) override { return e.recv(p, t); }
+    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type t) override {
+      return transport::exchange(e, to, out, from, in, t);
+    }
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
     E e;
@@ -7501,14 +7525,24 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 // Where received messages wait until a recv asks for them: one FIFO per (source, tag), a
 // condition variable, a timeout, and a way to fail every waiter when a peer or the network is
 // gone (so a peer blocked on a dead neighbour gets an error instead of hanging).
+//
+// A receiver that already knows where the next message of a (source, tag) should land can post
+// that memory first; the network thread then reads the body straight into it instead of into a
+// fresh buffer that the receiver would copy out of (a copy and an allocation a message, which in
+// a ring all-reduce is as much memory traffic as the reduction itself).
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 
 namespace decentrain::transport::detail {
@@ -7519,6 +7553,8 @@ struct message {
 };
 
 class mailbox {
+  using key = std::pair<int, tag_type>;
+
  public:
   void push(int source, tag_type tag, message m) {
     {
@@ -7532,27 +7568,119 @@ class mailbox {
   // `source` was closed, or when the whole mailbox was failed.
   message pop(int source, tag_type tag, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
-    const auto key = std::pair{source, tag};
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-      auto it = queues_.find(key);
-      if (it != queues_.end() && !it->second.empty()) {
-        message m = std::move(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) queues_.erase(it);
-        return m;
+      if (auto m = take_queued(source, tag)) return std::move(*m);
+      throw_if_unreachable(source);
+      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
+    }
+  }
+
+  // ---- posted receives (the receiving thread) ----
+
+  // Receives the next message from `source` with `tag` into `into` (used only when the sizes
+  // match) and returns its size. `start` runs after the memory is posted and before the wait,
+  // so a reply the caller sends in it can already land in place. When `timeout` passes while the
+  // network thread is writing into `into`, `stuck` must make it stop (close the connection);
+  // this returns only once nothing writes into `into` any more, also when it throws.
+  template <class Start, class Stuck>
+  std::size_t receive_into(int source, tag_type tag, std::span<std::byte> into, std::chrono::milliseconds timeout,
+                           Start&& start, Stuck&& stuck) {
+    const key k{source, tag};
+    {
+      std::lock_guard lock(mutex_);
+      decentrain::detail::check(!posted_.count(k), "transport: two receives from peer ", source, " (tag ", tag,
+                                ") wait at once; one endpoint serves one receiving thread");
+      if (!queued(source, tag)) posted_.emplace(k, posting{into});
+    }
+    // From here `into` may be written by the network thread: settle the posting on every way out.
+    try {
+      start();
+    } catch (...) {
+      withdraw(k, stuck);
+      throw;
+    }
+    std::unique_lock lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto p = posted_.find(k);
+      if (p != posted_.end() && p->second.state == posting::landed) {
+        const std::size_t size = p->second.size;
+        posted_.erase(p);
+        return size;
       }
-      if (!failure_.empty()) decentrain::detail::fail(failure_);
-      if (auto c = closed_.find(source); c != closed_.end())
-        decentrain::detail::fail("transport: peer ", source, " is gone (", c->second, ")");
+      if (p != posted_.end() && p->second.state == posting::abandoned) {
+        posted_.erase(p);
+        throw_if_unreachable(source);
+        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
+      }
+      const bool claimed = p != posted_.end() && p->second.state == posting::claimed;
+      if (!claimed) {
+        // Not (or not yet) landing in place: a queued message is the next one in order.
+        if (auto m = take_queued(source, tag)) {
+          if (p != posted_.end()) posted_.erase(p);
+          const std::size_t size = m->payload.size();
+          if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
+          keep_spare(std::move(m->payload));
+          return size;
+        }
+        try {
+          throw_if_unreachable(source);
+        } catch (...) {
+          if (p != posted_.end()) posted_.erase(p);
+          throw;
+        }
+      }
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        auto again = queues_.find(key);
-        if (again == queues_.end() || again->second.empty())
-          decentrain::detail::fail("transport: no message from peer ", source, " (tag ", tag, ") within ",
-                                   timeout.count(), " ms: the peer is slow, partitioned or has failed");
+        p = posted_.find(k);
+        if (p != posted_.end() && p->second.state == posting::claimed) {
+          lock.unlock();
+          withdraw(k, stuck);
+          timed_out(source, tag, timeout);
+        }
+        if ((p == posted_.end() || p->second.state == posting::open) && !queued(source, tag)) {
+          if (p != posted_.end()) posted_.erase(p);
+          timed_out(source, tag, timeout);
+        }
       }
     }
   }
+
+  // ---- posted receives (the network thread) ----
+
+  // The memory posted for the next message from `source` with `tag` when it is exactly `length`
+  // bytes and nothing of that (source, tag) is queued before it; the caller then reads the body
+  // into it and reports `landed` or `abandoned`. Otherwise nothing: read into a buffer and push.
+  std::optional<std::span<std::byte>> claim(int source, tag_type tag, std::size_t length) {
+    std::lock_guard lock(mutex_);
+    auto p = posted_.find({source, tag});
+    if (p == posted_.end() || p->second.state != posting::open || p->second.into.size() != length || queued(source, tag))
+      return std::nullopt;
+    p->second.state = posting::claimed;
+    return p->second.into;
+  }
+  void landed(int source, tag_type tag) { settle(source, tag, posting::landed); }
+
+  // A buffer of `size` bytes for a body that lands in no posted memory: one that a receive_into
+  // copied out of before, when one is large enough, so its pages are already mapped (a fresh
+  // buffer costs a page fault every 4 KiB while the socket fills it).
+  bytes spare(std::size_t size) {
+    bytes b;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto it = spares_.begin(); it != spares_.end(); ++it)
+        if (it->capacity() >= size) {
+          b = std::move(*it);
+          spares_.erase(it);
+          break;
+        }
+    }
+    b.resize(size);
+    return b;
+  }
+  void abandoned(int source, tag_type tag) { settle(source, tag, posting::abandoned); }
+
+  // ---- failure ----
 
   // Messages already queued from `source` stay readable; waits for more fail with `reason`.
   void close(int source, std::string reason) {
@@ -7576,9 +7704,82 @@ class mailbox {
   }
 
  private:
+  struct posting {
+    enum state_type { open, claimed, landed, abandoned };
+    std::span<std::byte> into;
+    state_type state = open;
+    std::size_t size = 0;
+  };
+
+  bool queued(int source, tag_type tag) const {
+    auto it = queues_.find({source, tag});
+    return it != queues_.end() && !it->second.empty();
+  }
+
+  std::optional<message> take_queued(int source, tag_type tag) {
+    auto it = queues_.find({source, tag});
+    if (it == queues_.end() || it->second.empty()) return std::nullopt;
+    message m = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) queues_.erase(it);
+    return m;
+  }
+
+  void throw_if_unreachable(int source) const {
+    if (!failure_.empty()) decentrain::detail::fail(failure_);
+    if (auto c = closed_.find(source); c != closed_.end())
+      decentrain::detail::fail("transport: peer ", source, " is gone (", c->second, ")");
+  }
+
+  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
+    decentrain::detail::fail("transport: no message from peer ", source, " (tag ", tag, ") within ", timeout.count(),
+                             " ms: the peer is slow, partitioned or has failed");
+  }
+
+  void keep_spare(bytes b) {
+    constexpr std::size_t most = 8;
+    if (b.capacity() == 0) return;
+    if (spares_.size() == most) spares_.erase(spares_.begin());
+    spares_.push_back(std::move(b));
+  }
+
+  void settle(int source, tag_type tag, posting::state_type state) {
+    {
+      std::lock_guard lock(mutex_);
+      auto p = posted_.find({source, tag});
+      if (p == posted_.end() || p->second.state != posting::claimed) return;
+      p->second.state = state;
+      p->second.size = p->second.into.size();
+    }
+    ready_.notify_all();
+  }
+
+  // Takes a posting back. One the network thread is writing into cannot just be dropped: `stuck`
+  // stops that write (closing its connection), and this waits until it has settled.
+  template <class Stuck>
+  void withdraw(const key& k, Stuck& stuck) {
+    std::unique_lock lock(mutex_);
+    auto p = posted_.find(k);
+    if (p == posted_.end()) return;
+    if (p->second.state == posting::claimed) {
+      lock.unlock();
+      stuck();
+      lock.lock();
+      ready_.wait(lock, [&] {
+        auto q = posted_.find(k);
+        return q == posted_.end() || q->second.state != posting::claimed;
+      });
+      p = posted_.find(k);
+      if (p == posted_.end()) return;
+    }
+    posted_.erase(p);
+  }
+
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::map<std::pair<int, tag_type>, std::deque<message>> queues_;
+  std::map<key, std::deque<message>> queues_;
+  std::map<key, posting> posted_;
+  std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, std::string> closed_;
   std::string failure_;
 };
@@ -8001,7 +8202,8 @@ static_assert(endpoint<mpi>);
 // Real peers over TCP with standalone asio. A peer listens on an address, asks the peers it
 // knows (--join) for the directory of everyone they know until it knows all `world` peers, and
 // dials every lower rank (higher ranks dial it), so each pair shares one connection. One I/O
-// thread reads every connection into a mailbox; the sending thread writes its frames itself and
+// thread reads every connection into a mailbox, or straight into memory a receiver posted
+// (exchange, which the collectives use); the sending thread writes its frames itself and
 // returns once they are written, which bounds memory without deadlock (every peer's I/O thread
 // always reads). A frame that fails validation (magic, version, type, length, cereal) is
 // counted, its connection closed, and the peer carries on.
@@ -8090,6 +8292,11 @@ class tcp {
   int world() const { return self_->opts.world; }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag); }
+  // Sends `out` (when `to` >= 0) and receives the message from `from` straight into `in`; see
+  // transport::exchange.
+  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+    return self_->exchange(to, out, from, in, tag);
+  }
   void computed(double) {}
   traffic_stats stats() const { return self_->stats(); }
   // The reason the last malformed frame was dropped (empty if none was).
@@ -8317,7 +8524,9 @@ class tcp {
         } catch (const std::exception& e) {
           return malformed(c, e.what());
         }
-        c->body.resize(static_cast<std::size_t>(h.length));
+        if (h.type == wire::frame_type::data)
+          if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
+        c->body = box.spare(static_cast<std::size_t>(h.length));
         asio::async_read(c->socket, asio::buffer(c->body), [this, c, h](const asio::error_code& ec2, std::size_t got) {
           if (ec2 == asio::error::eof)
             return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
@@ -8329,6 +8538,22 @@ class tcp {
           }
           read_next(c);
         });
+      });
+    }
+
+    // A data body whose receiver posted its memory (exchange): read straight into it. The
+    // posting is settled before anything else happens to the connection, so the receiver never
+    // returns while this still writes into its memory.
+    void read_in_place(const std::shared_ptr<connection>& c, const wire::header& h, std::span<std::byte> into) {
+      asio::async_read(c->socket, asio::buffer(into.data(), into.size()), [this, c, h](const asio::error_code& ec, std::size_t got) {
+        if (ec) {
+          box.abandoned(c->rank, h.tag);
+          if (ec == asio::error::eof)
+            return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
+          return lost(c, ec);
+        }
+        box.landed(c->rank, h.tag);
+        read_next(c);
       });
     }
 
@@ -8496,6 +8721,38 @@ class tcp {
       return std::move(m.payload);
     }
 
+    // Posts `in` for the message from `from` before sending `out`: the I/O thread then reads
+    // that message's body straight into `in` (see mailbox::receive_into).
+    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+      decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
+                                " (world of ", opts.world, ")");
+      auto t0 = std::chrono::steady_clock::now();
+      const std::size_t size = box.receive_into(
+          from, tag, in, opts.recv_timeout,
+          [&] {
+            if (to >= 0) send(to, tag, out);
+            t0 = std::chrono::steady_clock::now();
+          },
+          [&] { give_up_on(from, "its message did not finish within the receive timeout"); });
+      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bytes_received += size;
+      ++messages_received;
+      return size;
+    }
+
+    // From the training thread: closes the connection to `peer` on the I/O thread, which ends a
+    // read that is stuck in the middle of that peer's message.
+    void give_up_on(int peer, std::string why) {
+      asio::post(io, [this, peer, why = std::move(why)] {
+        std::shared_ptr<connection> c;
+        {
+          std::lock_guard lock(mutex);
+          if (auto it = peers.find(peer); it != peers.end()) c = it->second;
+        }
+        if (c) close(c, why);
+      });
+    }
+
     traffic_stats stats() const {
       traffic_stats s;
       s.bytes_sent = bytes_sent;
@@ -8550,8 +8807,8 @@ static_assert(endpoint<tcp>);
 // reported as an error naming the peer, never trusted.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -8617,7 +8874,7 @@ class communicator {
       int mask = 1;
       while (mask < n) {
         if (me & mask) {
-          recv_into(((me - mask) + root) % n, tag, piece, "broadcast");
+          receive(((me - mask) + root) % n, piece, tag, "broadcast");
           break;
         }
         mask <<= 1;
@@ -8639,8 +8896,7 @@ class communicator {
     std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(r)));
     auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>((b % n + n) % n), m); };
     for (int s = 0; s < n - 1; ++s) {
-      send(right(), tag, std::span<const T>(block(r - s)));
-      recv_into(left(), tag, block(r - s - 1), "all_gather");
+      exchange(right(), std::span<const T>(block(r - s)), left(), block(r - s - 1), tag, "all_gather");
     }
     return out;
   }
@@ -8670,43 +8926,48 @@ class communicator {
     counters_.bytes_sent += b.size();
   }
 
+  // Sends `out` to `to` (none when `to` < 0) and receives the next message from `from` into
+  // `in`, which must be exactly its size. Going through transport::exchange lets a transport
+  // that can post `in` before sending land the message there without a copy.
   template <class T>
-  transport::bytes recv_checked(int peer, transport::tag_type tag, std::size_t count, const char* what) {
-    auto b = ep_->recv(peer, tag);
-    counters_.bytes_received += b.size();
-    decentrain::detail::check(b.size() == count * sizeof(T), what, ": peer ", peer, " sent ", b.size(),
-                              " bytes where ", count * sizeof(T),
+  void exchange(int to, std::span<const T> out, int from, std::span<T> in, transport::tag_type tag, const char* what) {
+    const std::size_t got = transport::exchange(*ep_, to, std::as_bytes(out), from, std::as_writable_bytes(in), tag);
+    if (to >= 0) counters_.bytes_sent += out.size_bytes();
+    counters_.bytes_received += got;
+    decentrain::detail::check(got == in.size_bytes(), what, ": peer ", from, " sent ", got, " bytes where ", in.size_bytes(),
                               " were expected (the peers disagree on the buffer size or call order)");
-    return b;
   }
 
   template <class T>
-  void recv_into(int peer, transport::tag_type tag, std::span<T> out, const char* what) {
-    const auto b = recv_checked<T>(peer, tag, out.size(), what);
-    if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+  void receive(int from, std::span<T> in, transport::tag_type tag, const char* what) {
+    exchange(-1, std::span<const T>(), from, in, tag, what);
+  }
+
+  // Where a message to be combined lands: reused across calls, so a ring all-reduce allocates
+  // nothing per chunk. Bytes from the network are valid values of any arithmetic T.
+  template <class T>
+  std::span<T> scratch(std::size_t count) {
+    const std::size_t blocks = (count * sizeof(T) + sizeof(scratch_block) - 1) / sizeof(scratch_block);
+    if (scratch_.size() < blocks) scratch_.resize(blocks);
+    return {reinterpret_cast<T*>(scratch_.data()), count};
   }
 
   template <class T>
-  static void combine(std::span<T> into, const std::byte* from, reduce_op op) {
-    // Copied out in blocks: the received bytes carry no alignment or type guarantee for T.
-    constexpr std::size_t block = 2048;
-    T tmp[block];
-    for (std::size_t at = 0; at < into.size(); at += block) {
-      const std::size_t n = std::min(block, into.size() - at);
-      std::memcpy(tmp, from + at * sizeof(T), n * sizeof(T));
-      T* dst = into.data() + at;
-      switch (op) {
-        case reduce_op::sum:
-        case reduce_op::average:
-          for (std::size_t i = 0; i < n; ++i) dst[i] += tmp[i];
-          break;
-        case reduce_op::max:
-          for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], tmp[i]);
-          break;
-        case reduce_op::min:
-          for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], tmp[i]);
-          break;
-      }
+  static void combine(std::span<T> into, std::span<const T> from, reduce_op op) {
+    T* dst = into.data();
+    const T* src = from.data();
+    const std::size_t n = into.size();
+    switch (op) {
+      case reduce_op::sum:
+      case reduce_op::average:
+        for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+        break;
+      case reduce_op::max:
+        for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+        break;
+      case reduce_op::min:
+        for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+        break;
     }
   }
 
@@ -8746,15 +9007,13 @@ class communicator {
     };
     for (std::size_t c = 0; c < chunks; ++c) {
       for (int s = 0; s < n - 1; ++s) {  // reduce-scatter: segment r+1 ends fully reduced here
-        send(right(), tag, std::span<const T>(piece(r - s, c)));
-        auto in = piece(r - s - 1, c);
-        const auto b = recv_checked<T>(left(), tag, in.size(), "all_reduce");
-        combine(in, b.data(), op);
+        auto into = piece(r - s - 1, c);
+        auto in = scratch<T>(into.size());
+        exchange(right(), std::span<const T>(piece(r - s, c)), left(), in, tag, "all_reduce");
+        combine(into, std::span<const T>(in), op);
       }
-      for (int s = 0; s < n - 1; ++s) {  // all-gather of the reduced segments
-        send(right(), tag, std::span<const T>(piece(r + 1 - s, c)));
-        recv_into(left(), tag, piece(r - s, c), "all_reduce");
-      }
+      for (int s = 0; s < n - 1; ++s)  // all-gather of the reduced segments, straight into place
+        exchange(right(), std::span<const T>(piece(r + 1 - s, c)), left(), piece(r - s, c), tag, "all_reduce");
     }
   }
 
@@ -8768,14 +9027,15 @@ class communicator {
         break;
       }
       if (r + mask < n) {
-        const auto b = recv_checked<T>(r + mask, tag, data.size(), "all_reduce");
-        combine(data, b.data(), op);
+        auto in = scratch<T>(data.size());
+        receive(r + mask, in, tag, "all_reduce");
+        combine(data, std::span<const T>(in), op);
       }
     }
     int mask = 1;
     while (mask < n) {
       if (r & mask) {
-        recv_into(r - mask, tag, data, "all_reduce");
+        receive(r - mask, data, tag, "all_reduce");
         break;
       }
       mask <<= 1;
@@ -8788,6 +9048,12 @@ class communicator {
   options opts_;
   counters counters_;
   transport::tag_type sequence_ = 0;
+  // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
+  // that typedef'd anonymous struct.
+  struct alignas(std::max_align_t) scratch_block {
+    std::byte bytes[alignof(std::max_align_t)];
+  };
+  std::vector<scratch_block> scratch_;
 };
 
 }  // namespace decentrain::collective

@@ -59,6 +59,49 @@ TEMPLATE_TEST_CASE("transport: large messages arrive intact", "[transport]", TRA
   });
 }
 
+TEMPLATE_TEST_CASE("transport: exchange lands messages in order in the caller's memory; a size that differs is reported, not written",
+                   "[transport]", TRANSPORTS) {
+  for (int n : {1, 2, 3}) {
+    TestType::run(n, [&](auto& ep) {
+      const int r = ep.rank(), right = (r + 1) % n, left = (r + n - 1) % n;
+      auto pattern = [](int from, int i, std::size_t count) {
+        std::vector<std::uint32_t> v(count);
+        std::iota(v.begin(), v.end(), static_cast<std::uint32_t>(from * 1'000'000 + i * 10'000));
+        return v;
+      };
+      // Several messages with one tag (as a ring all-reduce sends them), large enough to arrive
+      // in pieces; each lands in the buffer of its own exchange, in the order sent.
+      for (int i = 0; i < 4; ++i) {
+        const auto out = pattern(r, i, 70'000);
+        std::vector<std::uint32_t> in(70'000, 0);
+        const auto got = dt::transport::exchange(ep, right, std::as_bytes(std::span<const std::uint32_t>(out)), left,
+                                                 std::as_writable_bytes(std::span<std::uint32_t>(in)), 4);
+        CHECK(got == in.size() * 4);
+        CHECK(in == pattern(left, i, 70'000));
+      }
+      // A message of another size than the memory offered: its size comes back, the memory is
+      // left alone, and the next message of that tag is still the next one received.
+      ep.send(right, 5, std::as_bytes(std::span<const std::uint32_t>(pattern(r, 0, 3))));
+      ep.send(right, 5, std::as_bytes(std::span<const std::uint32_t>(pattern(r, 1, 5))));
+      std::vector<std::uint32_t> in(5, 0xABABABABu);
+      CHECK(dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(in)), 5) == 12);
+      CHECK(in == std::vector<std::uint32_t>(5, 0xABABABABu));
+      CHECK(dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(in)), 5) == 20);
+      CHECK(in == pattern(left, 1, 5));
+      // To itself, and empty.
+      const auto mine = pattern(r, 7, 9);
+      std::vector<std::uint32_t> back(9);
+      CHECK(dt::transport::exchange(ep, r, std::as_bytes(std::span<const std::uint32_t>(mine)), r,
+                                    std::as_writable_bytes(std::span<std::uint32_t>(back)), 6) == 36);
+      CHECK(back == mine);
+      CHECK(dt::transport::exchange(ep, right, {}, left, {}, 8) == 0);
+      const auto s = ep.stats();
+      CHECK(s.messages_received == 8);
+      CHECK(s.bytes_received == 4 * 280'000 + 12 + 20 + 36);
+    });
+  }
+}
+
 TEMPLATE_TEST_CASE("transport: a bad peer index is an error naming it", "[transport]", TRANSPORTS) {
   TestType::run(2, [&](auto& ep) {
     CHECK_THROWS_WITH(ep.send(2, 1, {}), Catch::Contains("peer 2"));

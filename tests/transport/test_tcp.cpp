@@ -6,7 +6,9 @@
 
 #include <asio.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <future>
 #include <cstring>
 #include <chrono>
 #include <thread>
@@ -226,4 +228,62 @@ TEST_CASE("tcp: sending to a peer that has left fails with a clear error instead
   CHECK_THAT(error, Catch::Contains("peer 1"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(6));
   CHECK_THROWS_WITH(peer0.recv(1, 1), Catch::Contains("peer 1"));
+}
+
+namespace {
+// A hostile "peer 1" of a world of 2: says hello to `address`, sends the start of a data frame
+// (tag 5, `length` bytes announced, `sent` of them sent), then leaves or stalls.
+asio::ip::tcp::socket half_a_message(asio::io_context& io, const std::string& address, std::uint64_t length, std::size_t sent) {
+  const auto [host, port] = wire::split_address(address);
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address(host), port});
+  wire::hello h;
+  h.rank = 1;
+  h.world = 2;
+  h.purpose = wire::hello_purpose::data;
+  const auto body = wire::encode_body(h);
+  asio::write(s, asio::buffer(frame(wire::frame_type::hello, body.size(), body)));
+  auto head = wire::encode_header({wire::frame_type::data, 5, length});
+  asio::write(s, asio::buffer(head));
+  asio::write(s, asio::buffer(tr::bytes(sent, std::byte{0x11})));
+  return s;
+}
+}  // namespace
+
+TEST_CASE("tcp: a message cut off while it lands in posted memory is an error naming the peer, never a write after return") {
+  tr::tcp_options o;
+  o.world = 2;
+  o.recv_timeout = std::chrono::milliseconds(1000);
+  tr::tcp peer0(o);
+  asio::io_context io;
+  std::vector<std::byte> in(4000, std::byte{0});
+  const std::span<std::byte> posted(in);
+
+  // The receive is posted first, so the body is read straight into `in`.
+  auto receive = [&] {
+    return std::async(std::launch::async, [&] { return peer0.exchange(-1, {}, 1, posted, 5); });
+  };
+  SECTION("the sender stalls in the middle of the body: the receive times out and drops the connection") {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto result = receive();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto s = half_a_message(io, peer0.address(), in.size(), 1000);
+    CHECK_THROWS_WITH(result.get(), Catch::Contains("peer 1") && Catch::Contains("1000 ms"));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    // The rest of the body may still come: it is not read into memory the caller got back.
+    std::fill(in.begin(), in.end(), std::byte{0});
+    asio::error_code ignored;
+    asio::write(s, asio::buffer(tr::bytes(3000, std::byte{0x22})), ignored);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(std::all_of(in.begin(), in.end(), [](std::byte b) { return b == std::byte{0}; }));
+  }
+  SECTION("the sender leaves in the middle of the body: the receive fails at once") {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto result = receive();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    half_a_message(io, peer0.address(), in.size(), 1000).shutdown(asio::ip::tcp::socket::shutdown_both);
+    CHECK_THROWS_WITH(result.get(), Catch::Contains("peer 1"));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(900));
+    CHECK(peer0.stats().malformed_frames == 1);  // a truncated body
+  }
 }

@@ -5,8 +5,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -74,7 +74,7 @@ class communicator {
       int mask = 1;
       while (mask < n) {
         if (me & mask) {
-          recv_into(((me - mask) + root) % n, tag, piece, "broadcast");
+          receive(((me - mask) + root) % n, piece, tag, "broadcast");
           break;
         }
         mask <<= 1;
@@ -96,8 +96,7 @@ class communicator {
     std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(r)));
     auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>((b % n + n) % n), m); };
     for (int s = 0; s < n - 1; ++s) {
-      send(right(), tag, std::span<const T>(block(r - s)));
-      recv_into(left(), tag, block(r - s - 1), "all_gather");
+      exchange(right(), std::span<const T>(block(r - s)), left(), block(r - s - 1), tag, "all_gather");
     }
     return out;
   }
@@ -127,43 +126,48 @@ class communicator {
     counters_.bytes_sent += b.size();
   }
 
+  // Sends `out` to `to` (none when `to` < 0) and receives the next message from `from` into
+  // `in`, which must be exactly its size. Going through transport::exchange lets a transport
+  // that can post `in` before sending land the message there without a copy.
   template <class T>
-  transport::bytes recv_checked(int peer, transport::tag_type tag, std::size_t count, const char* what) {
-    auto b = ep_->recv(peer, tag);
-    counters_.bytes_received += b.size();
-    decentrain::detail::check(b.size() == count * sizeof(T), what, ": peer ", peer, " sent ", b.size(),
-                              " bytes where ", count * sizeof(T),
+  void exchange(int to, std::span<const T> out, int from, std::span<T> in, transport::tag_type tag, const char* what) {
+    const std::size_t got = transport::exchange(*ep_, to, std::as_bytes(out), from, std::as_writable_bytes(in), tag);
+    if (to >= 0) counters_.bytes_sent += out.size_bytes();
+    counters_.bytes_received += got;
+    decentrain::detail::check(got == in.size_bytes(), what, ": peer ", from, " sent ", got, " bytes where ", in.size_bytes(),
                               " were expected (the peers disagree on the buffer size or call order)");
-    return b;
   }
 
   template <class T>
-  void recv_into(int peer, transport::tag_type tag, std::span<T> out, const char* what) {
-    const auto b = recv_checked<T>(peer, tag, out.size(), what);
-    if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+  void receive(int from, std::span<T> in, transport::tag_type tag, const char* what) {
+    exchange(-1, std::span<const T>(), from, in, tag, what);
+  }
+
+  // Where a message to be combined lands: reused across calls, so a ring all-reduce allocates
+  // nothing per chunk. Bytes from the network are valid values of any arithmetic T.
+  template <class T>
+  std::span<T> scratch(std::size_t count) {
+    const std::size_t blocks = (count * sizeof(T) + sizeof(scratch_block) - 1) / sizeof(scratch_block);
+    if (scratch_.size() < blocks) scratch_.resize(blocks);
+    return {reinterpret_cast<T*>(scratch_.data()), count};
   }
 
   template <class T>
-  static void combine(std::span<T> into, const std::byte* from, reduce_op op) {
-    // Copied out in blocks: the received bytes carry no alignment or type guarantee for T.
-    constexpr std::size_t block = 2048;
-    T tmp[block];
-    for (std::size_t at = 0; at < into.size(); at += block) {
-      const std::size_t n = std::min(block, into.size() - at);
-      std::memcpy(tmp, from + at * sizeof(T), n * sizeof(T));
-      T* dst = into.data() + at;
-      switch (op) {
-        case reduce_op::sum:
-        case reduce_op::average:
-          for (std::size_t i = 0; i < n; ++i) dst[i] += tmp[i];
-          break;
-        case reduce_op::max:
-          for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], tmp[i]);
-          break;
-        case reduce_op::min:
-          for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], tmp[i]);
-          break;
-      }
+  static void combine(std::span<T> into, std::span<const T> from, reduce_op op) {
+    T* dst = into.data();
+    const T* src = from.data();
+    const std::size_t n = into.size();
+    switch (op) {
+      case reduce_op::sum:
+      case reduce_op::average:
+        for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+        break;
+      case reduce_op::max:
+        for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+        break;
+      case reduce_op::min:
+        for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+        break;
     }
   }
 
@@ -203,15 +207,13 @@ class communicator {
     };
     for (std::size_t c = 0; c < chunks; ++c) {
       for (int s = 0; s < n - 1; ++s) {  // reduce-scatter: segment r+1 ends fully reduced here
-        send(right(), tag, std::span<const T>(piece(r - s, c)));
-        auto in = piece(r - s - 1, c);
-        const auto b = recv_checked<T>(left(), tag, in.size(), "all_reduce");
-        combine(in, b.data(), op);
+        auto into = piece(r - s - 1, c);
+        auto in = scratch<T>(into.size());
+        exchange(right(), std::span<const T>(piece(r - s, c)), left(), in, tag, "all_reduce");
+        combine(into, std::span<const T>(in), op);
       }
-      for (int s = 0; s < n - 1; ++s) {  // all-gather of the reduced segments
-        send(right(), tag, std::span<const T>(piece(r + 1 - s, c)));
-        recv_into(left(), tag, piece(r - s, c), "all_reduce");
-      }
+      for (int s = 0; s < n - 1; ++s)  // all-gather of the reduced segments, straight into place
+        exchange(right(), std::span<const T>(piece(r + 1 - s, c)), left(), piece(r - s, c), tag, "all_reduce");
     }
   }
 
@@ -225,14 +227,15 @@ class communicator {
         break;
       }
       if (r + mask < n) {
-        const auto b = recv_checked<T>(r + mask, tag, data.size(), "all_reduce");
-        combine(data, b.data(), op);
+        auto in = scratch<T>(data.size());
+        receive(r + mask, in, tag, "all_reduce");
+        combine(data, std::span<const T>(in), op);
       }
     }
     int mask = 1;
     while (mask < n) {
       if (r & mask) {
-        recv_into(r - mask, tag, data, "all_reduce");
+        receive(r - mask, data, tag, "all_reduce");
         break;
       }
       mask <<= 1;
@@ -245,6 +248,12 @@ class communicator {
   options opts_;
   counters counters_;
   transport::tag_type sequence_ = 0;
+  // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
+  // that typedef'd anonymous struct.
+  struct alignas(std::max_align_t) scratch_block {
+    std::byte bytes[alignof(std::max_align_t)];
+  };
+  std::vector<scratch_block> scratch_;
 };
 
 }  // namespace decentrain::collective

@@ -6,6 +6,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -72,6 +73,22 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
   e.computed(seconds);
 };
 
+// Sends `out` to `to` (nothing when `to` < 0), then receives the next message from `from` with
+// `tag` into `in` and returns that message's size; `in` is written only when the sizes match.
+// A transport that can post `in` before it sends, so that the message lands there without a
+// buffer and a copy of its own (tcp), offers this as a member; the others send, recv and copy.
+template <endpoint E>
+std::size_t exchange(E& e, int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+  if constexpr (requires { { e.exchange(to, out, from, in, tag) } -> std::convertible_to<std::size_t>; }) {
+    return e.exchange(to, out, from, in, tag);
+  } else {
+    if (to >= 0) e.send(to, tag, out);
+    const bytes message = e.recv(from, tag);
+    if (message.size() == in.size() && !in.empty()) std::memcpy(in.data(), message.data(), in.size());
+    return message.size();
+  }
+}
+
 namespace detail {
 template <class E>
 constexpr bool check_endpoint() {
@@ -106,6 +123,9 @@ class any_endpoint {
   int world() const { return get().world(); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { get().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return get().recv(peer, tag); }
+  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+    return get().exchange(to, out, from, in, tag);
+  }
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
 
@@ -116,6 +136,7 @@ class any_endpoint {
     virtual int world() const = 0;
     virtual void send(int, tag_type, std::span<const std::byte>) = 0;
     virtual bytes recv(int, tag_type) = 0;
+    virtual std::size_t exchange(int, std::span<const std::byte>, int, std::span<std::byte>, tag_type) = 0;
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
   };
@@ -126,6 +147,9 @@ class any_endpoint {
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
     bytes recv(int p, tag_type t) override { return e.recv(p, t); }
+    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type t) override {
+      return transport::exchange(e, to, out, from, in, t);
+    }
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
     E e;

@@ -1,15 +1,25 @@
 // Where received messages wait until a recv asks for them: one FIFO per (source, tag), a
 // condition variable, a timeout, and a way to fail every waiter when a peer or the network is
 // gone (so a peer blocked on a dead neighbour gets an error instead of hanging).
+//
+// A receiver that already knows where the next message of a (source, tag) should land can post
+// that memory first; the network thread then reads the body straight into it instead of into a
+// fresh buffer that the receiver would copy out of (a copy and an allocation a message, which in
+// a ring all-reduce is as much memory traffic as the reduction itself).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/endpoint.hpp"
@@ -22,6 +32,8 @@ struct message {
 };
 
 class mailbox {
+  using key = std::pair<int, tag_type>;
+
  public:
   void push(int source, tag_type tag, message m) {
     {
@@ -35,27 +47,119 @@ class mailbox {
   // `source` was closed, or when the whole mailbox was failed.
   message pop(int source, tag_type tag, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
-    const auto key = std::pair{source, tag};
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-      auto it = queues_.find(key);
-      if (it != queues_.end() && !it->second.empty()) {
-        message m = std::move(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) queues_.erase(it);
-        return m;
+      if (auto m = take_queued(source, tag)) return std::move(*m);
+      throw_if_unreachable(source);
+      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
+    }
+  }
+
+  // ---- posted receives (the receiving thread) ----
+
+  // Receives the next message from `source` with `tag` into `into` (used only when the sizes
+  // match) and returns its size. `start` runs after the memory is posted and before the wait,
+  // so a reply the caller sends in it can already land in place. When `timeout` passes while the
+  // network thread is writing into `into`, `stuck` must make it stop (close the connection);
+  // this returns only once nothing writes into `into` any more, also when it throws.
+  template <class Start, class Stuck>
+  std::size_t receive_into(int source, tag_type tag, std::span<std::byte> into, std::chrono::milliseconds timeout,
+                           Start&& start, Stuck&& stuck) {
+    const key k{source, tag};
+    {
+      std::lock_guard lock(mutex_);
+      decentrain::detail::check(!posted_.count(k), "transport: two receives from peer ", source, " (tag ", tag,
+                                ") wait at once; one endpoint serves one receiving thread");
+      if (!queued(source, tag)) posted_.emplace(k, posting{into});
+    }
+    // From here `into` may be written by the network thread: settle the posting on every way out.
+    try {
+      start();
+    } catch (...) {
+      withdraw(k, stuck);
+      throw;
+    }
+    std::unique_lock lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto p = posted_.find(k);
+      if (p != posted_.end() && p->second.state == posting::landed) {
+        const std::size_t size = p->second.size;
+        posted_.erase(p);
+        return size;
       }
-      if (!failure_.empty()) decentrain::detail::fail(failure_);
-      if (auto c = closed_.find(source); c != closed_.end())
-        decentrain::detail::fail("transport: peer ", source, " is gone (", c->second, ")");
+      if (p != posted_.end() && p->second.state == posting::abandoned) {
+        posted_.erase(p);
+        throw_if_unreachable(source);
+        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
+      }
+      const bool claimed = p != posted_.end() && p->second.state == posting::claimed;
+      if (!claimed) {
+        // Not (or not yet) landing in place: a queued message is the next one in order.
+        if (auto m = take_queued(source, tag)) {
+          if (p != posted_.end()) posted_.erase(p);
+          const std::size_t size = m->payload.size();
+          if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
+          keep_spare(std::move(m->payload));
+          return size;
+        }
+        try {
+          throw_if_unreachable(source);
+        } catch (...) {
+          if (p != posted_.end()) posted_.erase(p);
+          throw;
+        }
+      }
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        auto again = queues_.find(key);
-        if (again == queues_.end() || again->second.empty())
-          decentrain::detail::fail("transport: no message from peer ", source, " (tag ", tag, ") within ",
-                                   timeout.count(), " ms: the peer is slow, partitioned or has failed");
+        p = posted_.find(k);
+        if (p != posted_.end() && p->second.state == posting::claimed) {
+          lock.unlock();
+          withdraw(k, stuck);
+          timed_out(source, tag, timeout);
+        }
+        if ((p == posted_.end() || p->second.state == posting::open) && !queued(source, tag)) {
+          if (p != posted_.end()) posted_.erase(p);
+          timed_out(source, tag, timeout);
+        }
       }
     }
   }
+
+  // ---- posted receives (the network thread) ----
+
+  // The memory posted for the next message from `source` with `tag` when it is exactly `length`
+  // bytes and nothing of that (source, tag) is queued before it; the caller then reads the body
+  // into it and reports `landed` or `abandoned`. Otherwise nothing: read into a buffer and push.
+  std::optional<std::span<std::byte>> claim(int source, tag_type tag, std::size_t length) {
+    std::lock_guard lock(mutex_);
+    auto p = posted_.find({source, tag});
+    if (p == posted_.end() || p->second.state != posting::open || p->second.into.size() != length || queued(source, tag))
+      return std::nullopt;
+    p->second.state = posting::claimed;
+    return p->second.into;
+  }
+  void landed(int source, tag_type tag) { settle(source, tag, posting::landed); }
+
+  // A buffer of `size` bytes for a body that lands in no posted memory: one that a receive_into
+  // copied out of before, when one is large enough, so its pages are already mapped (a fresh
+  // buffer costs a page fault every 4 KiB while the socket fills it).
+  bytes spare(std::size_t size) {
+    bytes b;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto it = spares_.begin(); it != spares_.end(); ++it)
+        if (it->capacity() >= size) {
+          b = std::move(*it);
+          spares_.erase(it);
+          break;
+        }
+    }
+    b.resize(size);
+    return b;
+  }
+  void abandoned(int source, tag_type tag) { settle(source, tag, posting::abandoned); }
+
+  // ---- failure ----
 
   // Messages already queued from `source` stay readable; waits for more fail with `reason`.
   void close(int source, std::string reason) {
@@ -79,9 +183,82 @@ class mailbox {
   }
 
  private:
+  struct posting {
+    enum state_type { open, claimed, landed, abandoned };
+    std::span<std::byte> into;
+    state_type state = open;
+    std::size_t size = 0;
+  };
+
+  bool queued(int source, tag_type tag) const {
+    auto it = queues_.find({source, tag});
+    return it != queues_.end() && !it->second.empty();
+  }
+
+  std::optional<message> take_queued(int source, tag_type tag) {
+    auto it = queues_.find({source, tag});
+    if (it == queues_.end() || it->second.empty()) return std::nullopt;
+    message m = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) queues_.erase(it);
+    return m;
+  }
+
+  void throw_if_unreachable(int source) const {
+    if (!failure_.empty()) decentrain::detail::fail(failure_);
+    if (auto c = closed_.find(source); c != closed_.end())
+      decentrain::detail::fail("transport: peer ", source, " is gone (", c->second, ")");
+  }
+
+  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
+    decentrain::detail::fail("transport: no message from peer ", source, " (tag ", tag, ") within ", timeout.count(),
+                             " ms: the peer is slow, partitioned or has failed");
+  }
+
+  void keep_spare(bytes b) {
+    constexpr std::size_t most = 8;
+    if (b.capacity() == 0) return;
+    if (spares_.size() == most) spares_.erase(spares_.begin());
+    spares_.push_back(std::move(b));
+  }
+
+  void settle(int source, tag_type tag, posting::state_type state) {
+    {
+      std::lock_guard lock(mutex_);
+      auto p = posted_.find({source, tag});
+      if (p == posted_.end() || p->second.state != posting::claimed) return;
+      p->second.state = state;
+      p->second.size = p->second.into.size();
+    }
+    ready_.notify_all();
+  }
+
+  // Takes a posting back. One the network thread is writing into cannot just be dropped: `stuck`
+  // stops that write (closing its connection), and this waits until it has settled.
+  template <class Stuck>
+  void withdraw(const key& k, Stuck& stuck) {
+    std::unique_lock lock(mutex_);
+    auto p = posted_.find(k);
+    if (p == posted_.end()) return;
+    if (p->second.state == posting::claimed) {
+      lock.unlock();
+      stuck();
+      lock.lock();
+      ready_.wait(lock, [&] {
+        auto q = posted_.find(k);
+        return q == posted_.end() || q->second.state != posting::claimed;
+      });
+      p = posted_.find(k);
+      if (p == posted_.end()) return;
+    }
+    posted_.erase(p);
+  }
+
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::map<std::pair<int, tag_type>, std::deque<message>> queues_;
+  std::map<key, std::deque<message>> queues_;
+  std::map<key, posting> posted_;
+  std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, std::string> closed_;
   std::string failure_;
 };

@@ -1,7 +1,8 @@
 // Real peers over TCP with standalone asio. A peer listens on an address, asks the peers it
 // knows (--join) for the directory of everyone they know until it knows all `world` peers, and
 // dials every lower rank (higher ranks dial it), so each pair shares one connection. One I/O
-// thread reads every connection into a mailbox; the sending thread writes its frames itself and
+// thread reads every connection into a mailbox, or straight into memory a receiver posted
+// (exchange, which the collectives use); the sending thread writes its frames itself and
 // returns once they are written, which bounds memory without deadlock (every peer's I/O thread
 // always reads). A frame that fails validation (magic, version, type, length, cereal) is
 // counted, its connection closed, and the peer carries on.
@@ -96,6 +97,11 @@ class tcp {
   int world() const { return self_->opts.world; }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag); }
+  // Sends `out` (when `to` >= 0) and receives the message from `from` straight into `in`; see
+  // transport::exchange.
+  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+    return self_->exchange(to, out, from, in, tag);
+  }
   void computed(double) {}
   traffic_stats stats() const { return self_->stats(); }
   // The reason the last malformed frame was dropped (empty if none was).
@@ -323,7 +329,9 @@ class tcp {
         } catch (const std::exception& e) {
           return malformed(c, e.what());
         }
-        c->body.resize(static_cast<std::size_t>(h.length));
+        if (h.type == wire::frame_type::data)
+          if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
+        c->body = box.spare(static_cast<std::size_t>(h.length));
         asio::async_read(c->socket, asio::buffer(c->body), [this, c, h](const asio::error_code& ec2, std::size_t got) {
           if (ec2 == asio::error::eof)
             return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
@@ -335,6 +343,22 @@ class tcp {
           }
           read_next(c);
         });
+      });
+    }
+
+    // A data body whose receiver posted its memory (exchange): read straight into it. The
+    // posting is settled before anything else happens to the connection, so the receiver never
+    // returns while this still writes into its memory.
+    void read_in_place(const std::shared_ptr<connection>& c, const wire::header& h, std::span<std::byte> into) {
+      asio::async_read(c->socket, asio::buffer(into.data(), into.size()), [this, c, h](const asio::error_code& ec, std::size_t got) {
+        if (ec) {
+          box.abandoned(c->rank, h.tag);
+          if (ec == asio::error::eof)
+            return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
+          return lost(c, ec);
+        }
+        box.landed(c->rank, h.tag);
+        read_next(c);
       });
     }
 
@@ -500,6 +524,38 @@ class tcp {
       bytes_received += m.payload.size();
       ++messages_received;
       return std::move(m.payload);
+    }
+
+    // Posts `in` for the message from `from` before sending `out`: the I/O thread then reads
+    // that message's body straight into `in` (see mailbox::receive_into).
+    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+      decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
+                                " (world of ", opts.world, ")");
+      auto t0 = std::chrono::steady_clock::now();
+      const std::size_t size = box.receive_into(
+          from, tag, in, opts.recv_timeout,
+          [&] {
+            if (to >= 0) send(to, tag, out);
+            t0 = std::chrono::steady_clock::now();
+          },
+          [&] { give_up_on(from, "its message did not finish within the receive timeout"); });
+      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bytes_received += size;
+      ++messages_received;
+      return size;
+    }
+
+    // From the training thread: closes the connection to `peer` on the I/O thread, which ends a
+    // read that is stuck in the middle of that peer's message.
+    void give_up_on(int peer, std::string why) {
+      asio::post(io, [this, peer, why = std::move(why)] {
+        std::shared_ptr<connection> c;
+        {
+          std::lock_guard lock(mutex);
+          if (auto it = peers.find(peer); it != peers.end()) c = it->second;
+        }
+        if (c) close(c, why);
+      });
     }
 
     traffic_stats stats() const {
