@@ -7535,7 +7535,6 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
