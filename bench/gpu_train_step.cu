@@ -5,7 +5,7 @@
 // as a fraction of the GPU's memory bandwidth. Writes JSON rows.
 //
 //   gpu_train_step [--seq T] [--batch B] [--steps S] [--peak-tflops X] [--peak-gbps X]
-//                  [--no-torch] [--json PATH]
+//                  [--no-torch] [--torch-script PATH] [--json PATH]
 //
 // Ours runs in bf16 mixed precision (compute_dtype bf16: bf16 products on tensor cores, f32
 // master weights) and in f32; PyTorch in bf16 autocast (eager and compiled) and f32 (TF32 off).
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct options {
   int steps = 10;
   double peak_tflops = 0, peak_gbps = 0;  // 0: from the device name
   bool torch = true;
+  std::string torch_script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
   std::string json;
 };
 
@@ -123,7 +125,8 @@ double time_us(F&& f, int reps = 20) {
 }
 
 // Bytes each kernel must move at least (every input read once, every output written once).
-std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double peak_gbps) {
+// `attention` receives the attention kernels' rows (us and TFLOP/s in the gbps column).
+std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double peak_gbps, std::vector<kernel_row>& attention) {
   const std::int64_t C = 768, V = 50304, N = B * T;
   dt::rng gen(5, "kernels");
   std::vector<kernel_row> rows;
@@ -169,6 +172,23 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
     add("cross_entropy forward (incl. read-back)", 4.0 * N * V, us);
   }
   {
+    // Causal attention on bf16 activations (tensor cores), as the bf16 step runs it. FLOPs count
+    // the visible half of the (T, T) products: forward 2 B H T^2 D; backward 2.5 times that.
+    const std::int64_t H = 12;
+    std::vector<dt::var<gpu>> qkv;
+    for (int i = 0; i < 3; ++i)
+      qkv.push_back(dt::parameter(dt::to_device<gpu>(dt::randn(dt::shape{B, T, C}, gen).to(dt::dtype::bf16))));
+    const auto g = dt::to_device<gpu>(dt::randn(dt::shape{B, T, C}, gen).to(dt::dtype::bf16));
+    const double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(T * T) * static_cast<double>(C / H);
+    const double fwd = time_us([&] { (void)dt::causal_attention(qkv[0], qkv[1], qkv[2], H); }, 5);
+    const double both = time_us([&] {
+      auto y = dt::causal_attention(qkv[0], qkv[1], qkv[2], H);
+      y.backward(g);
+    }, 5);
+    attention.push_back({"attention forward (bf16)", fwd, fwd_flops / (fwd * 1e-6) / 1e12, 0});
+    attention.push_back({"attention backward (bf16)", both - fwd, 2.5 * fwd_flops / ((both - fwd) * 1e-6) / 1e12, 0});
+  }
+  {
     // The optimizer's own step over GPT-2 124M's whole parameter list, as training runs it.
     dt::rng init(6, "adamw");
     dt::nn::gpt<gpu> model(dt::nn::gpt_preset("gpt2-124m"), init);
@@ -185,9 +205,9 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
   return rows;
 }
 
-std::vector<row> run_torch(std::int64_t B, std::int64_t T, int steps, double bf16_tflops, double f32_tflops) {
+std::vector<row> run_torch(const std::string& script, std::int64_t B, std::int64_t T, int steps, double bf16_tflops,
+                           double f32_tflops) {
   std::vector<row> rows;
-  const std::string script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
   for (const std::string mode : {"eager-bf16", "compile-bf16", "eager-f32"}) {
     const std::string cmd = "python3 " + script + " --mode " + mode + " --batch " + std::to_string(B) + " --seq " +
                             std::to_string(T) + " --steps " + std::to_string(steps);
@@ -237,10 +257,11 @@ int main(int argc, char** argv) {
     else if (a == "--peak-tflops") o.peak_tflops = std::stod(next());
     else if (a == "--peak-gbps") o.peak_gbps = std::stod(next());
     else if (a == "--no-torch") o.torch = false;
+    else if (a == "--torch-script") o.torch_script = next();
     else if (a == "--json") o.json = next();
     else {
       std::fprintf(stderr, "unknown option %s\nusage: gpu_train_step [--seq T] [--batch B] [--steps S] "
-                           "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--json PATH]\n", a.c_str());
+                           "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH]\n", a.c_str());
       return 2;
     }
   }
@@ -248,6 +269,9 @@ int main(int argc, char** argv) {
     std::printf("skipped: no CUDA device\n");
     return 77;
   }
+  // Opened before measuring, so a bad path fails now rather than after minutes of work.
+  std::optional<bench::output_file> out;
+  if (!o.json.empty()) out.emplace(o.json);
   const auto peaks = peaks_of_device();
   const double f32_peak = o.peak_tflops > 0 ? o.peak_tflops : peaks.f32_tflops;
   const double bf16_peak = o.peak_tflops > 0 ? o.peak_tflops : peaks.bf16_tflops;
@@ -278,7 +302,8 @@ int main(int argc, char** argv) {
   } catch (const dt::error& e) {
     std::fprintf(stderr, "f32 at batch %lld: %s\n", static_cast<long long>(B), e.what());
   }
-  if (o.torch) for (auto& r : run_torch(B, o.seq, o.steps, bf16_peak, f32_peak)) rows.push_back(r);
+  dt::memory<gpu>::release_cached();  // PyTorch runs in another process and needs the memory
+  if (o.torch) for (auto& r : run_torch(o.torch_script, B, o.seq, o.steps, bf16_peak, f32_peak)) rows.push_back(r);
 
   std::printf("\nGPT-2 124M, B=%lld, T=%lld, median of %d steps\n", static_cast<long long>(B),
               static_cast<long long>(o.seq), o.steps);
@@ -288,23 +313,30 @@ int main(int argc, char** argv) {
                 r.tokens_per_s, 100 * r.mfu, r.peak_mib, r.tokens_per_s / rows[0].tokens_per_s);
 
   dt::memory<gpu>::release_cached();
-  const auto kernels = kernel_bandwidth(B, o.seq, gbps);
+  std::vector<kernel_row> attention;
+  const auto kernels = kernel_bandwidth(B, o.seq, gbps, attention);
   std::printf("\n| kernel | us | GB/s | of peak bandwidth |\n|---|---:|---:|---:|\n");
   for (const auto& k : kernels) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
+  std::printf("\n| kernel (B=%lld, T=%lld, 12 heads of 64) | us | TFLOP/s | of bf16 peak |\n|---|---:|---:|---:|\n",
+              static_cast<long long>(B), static_cast<long long>(o.seq));
+  for (const auto& k : attention)
+    std::printf("| %s | %.1f | %.1f | %.1f%% |\n", k.kernel.c_str(), k.us, k.gbps, bf16_peak > 0 ? 100 * k.gbps / bf16_peak : 0.0);
 
-  if (!o.json.empty()) {
-    bench::output_file out(o.json);
-    out << "[";
+  if (out) {
+    *out << "[";
     for (std::size_t i = 0; i < rows.size(); ++i)
-      out << (i ? ",\n" : "\n") << "{\"impl\":\"" << rows[i].impl << "\",\"precision\":\"" << rows[i].precision
+      *out << (i ? ",\n" : "\n") << "{\"impl\":\"" << rows[i].impl << "\",\"precision\":\"" << rows[i].precision
           << "\",\"batch\":" << rows[i].batch << ",\"seq\":" << o.seq << ",\"step_s\":" << rows[i].step_s
           << ",\"tokens_per_s\":" << rows[i].tokens_per_s << ",\"mfu\":" << rows[i].mfu << ",\"peak_mib\":" << rows[i].peak_mib
           << ",\"device\":\"" << peaks.name << "\"}";
     for (const auto& k : kernels)
-      out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction
+      *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction
           << ",\"device\":\"" << peaks.name << "\"}";
-    out << "\n]\n";
-    out.close();
+    for (const auto& k : attention)
+      *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"tflops\":" << k.gbps
+           << ",\"device\":\"" << peaks.name << "\"}";
+    *out << "\n]\n";
+    out->close();
   }
   return 0;
 }

@@ -511,6 +511,7 @@ struct memory<cpu> {
 #if DECENTRAIN_HAS_CUDA
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -761,6 +762,38 @@ __global__ void copy_strided_kernel(To* dst, const From* src, std::int64_t n, st
   }
 }
 
+// Four elements a thread, as one load and one store of four when both sides are aligned for it
+// (dtype conversions of whole tensors: the bf16 <-> f32 casts of mixed precision).
+template <class T>
+struct alignas(4 * sizeof(T)) quad {
+  T v[4];
+};
+
+template <class To, class From>
+__global__ void convert_dense_kernel(To* dst, const From* src, std::int64_t n) {
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x, quads = n / 4;
+  for (std::int64_t i = first; i < quads; i += step) {
+    const quad<From> in = reinterpret_cast<const quad<From>*>(src)[i];
+    quad<To> out;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out.v[j] = convert_element<To>(in.v[j]);
+    reinterpret_cast<quad<To>*>(dst)[i] = out;
+  }
+  if (first < n - 4 * quads) dst[4 * quads + first] = convert_element<To>(src[4 * quads + first]);
+}
+
+// Rows of contiguous elements (a slice of the last dimension, a cast of one): no index
+// arithmetic beyond a row offset.
+template <class To, class From>
+__global__ void copy_rows_kernel(To* dst, const From* src, std::int64_t rows, std::int64_t cols, std::int64_t dst_row,
+                                 std::int64_t src_row) {
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < cols;
+         c += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+      dst[r * dst_row + c] = convert_element<To>(src[r * src_row + c]);
+}
+
 template <class T>
 __global__ void fill_kernel(T* dst, std::int64_t n, T value) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -802,21 +835,54 @@ struct memory<cuda> {
     detail::check(rank <= static_cast<std::size_t>(detail::cuda_copy::max_rank),
                   "cuda copy: tensors of rank ", rank, " are not supported (at most ",
                   detail::cuda_copy::max_rank, ")");
+    // Dimensions of size 1 go, and neighbours that are contiguous on both sides merge, so most
+    // copies become one dense run or rows of one (the general kernel divides per element).
     detail::cuda_copy::strided_layout layout{};
-    layout.rank = static_cast<int>(rank);
     for (std::size_t d = 0; d < rank; ++d) {
-      layout.sizes[d] = sizes[d];
-      layout.dst[d] = dst_strides[d];
-      layout.src[d] = src_strides[d];
+      if (sizes[d] == 1) continue;
+      const int last = layout.rank - 1;
+      if (last >= 0 && layout.dst[last] == dst_strides[d] * sizes[d] && layout.src[last] == src_strides[d] * sizes[d]) {
+        layout.sizes[last] *= sizes[d];
+        layout.dst[last] = dst_strides[d];
+        layout.src[last] = src_strides[d];
+        continue;
+      }
+      layout.sizes[layout.rank] = sizes[d];
+      layout.dst[layout.rank] = dst_strides[d];
+      layout.src[layout.rank] = src_strides[d];
+      ++layout.rank;
     }
+    if (layout.rank == 0) {  // a single element
+      layout.rank = 1;
+      layout.sizes[0] = 1;
+      layout.dst[0] = layout.src[0] = 1;
+    }
+    const int r = layout.rank;
+    const bool inner_contiguous = layout.dst[r - 1] == 1 && layout.src[r - 1] == 1;
+    const auto stream = cuda_rt::current_stream();
     visit_dtype(dst_type, [&](auto dst_tag) {
       using To = decltype(dst_tag);
       visit_dtype(src_type, [&](auto src_tag) {
         using From = decltype(src_tag);
-        detail::cuda_copy::copy_strided_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
-                                                 cuda_rt::current_stream()>>>(
-            static_cast<To*>(dst), static_cast<const From*>(src), n, layout);
-        cuda_rt::check_launch("copy_strided_kernel");
+        auto* out = static_cast<To*>(dst);
+        const auto* in = static_cast<const From*>(src);
+        namespace cc = detail::cuda_copy;
+        if (r == 1 && inner_contiguous && reinterpret_cast<std::uintptr_t>(out) % alignof(cc::quad<To>) == 0 &&
+            reinterpret_cast<std::uintptr_t>(in) % alignof(cc::quad<From>) == 0) {
+          cc::convert_dense_kernel<<<cuda_rt::blocks_for(std::max<std::int64_t>(n / 4, 1)), cuda_rt::threads_per_block,
+                                     0, stream>>>(out, in, n);
+          cuda_rt::check_launch("convert_dense_kernel");
+        } else if (r <= 2 && inner_contiguous) {
+          const std::int64_t rows = r == 2 ? layout.sizes[0] : 1, cols = layout.sizes[r - 1];
+          const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((cols + 255) / 256, 64)),
+                          static_cast<unsigned>(std::min<std::int64_t>(rows, 65535)));
+          cc::copy_rows_kernel<<<grid, 256, 0, stream>>>(out, in, rows, cols, r == 2 ? layout.dst[0] : 0,
+                                                         r == 2 ? layout.src[0] : 0);
+          cuda_rt::check_launch("copy_rows_kernel");
+        } else {
+          cc::copy_strided_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, stream>>>(out, in, n, layout);
+          cuda_rt::check_launch("copy_strided_kernel");
+        }
       });
     });
   }
@@ -1856,7 +1922,10 @@ void gelu_backward(cuda, T* dx, const T* x, const T* dout, std::int64_t n) {
 // ---- end decentrain/kernels/activation.hpp ----
 // ---- begin decentrain/kernels/attention.hpp ----
 // The attention kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
-// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+// (the .cuh files are empty otherwise). Ops include this, never a device folder directly.
+
+#include <cstdint>
+#include <initializer_list>
 
 // ---- begin decentrain/kernels/cpu/attention.hpp ----
 // Causal multi-head scaled-dot-product attention on the CPU: q, k, v are (B, T, C) with
@@ -2691,6 +2760,461 @@ void attention_backward(cuda, T* dq, T* dk, T* dv, const T* dout, const T* out, 
 
 #endif  // DECENTRAIN_HAS_CUDA
 // ---- end decentrain/kernels/cuda/attention.cuh ----
+// ---- begin decentrain/kernels/cuda/attention_bf16.cuh ----
+// Causal attention for bf16 activations on tensor cores (FlashAttention-2's algorithm, written
+// with WMMA 16x16x16 bf16 products and f32 accumulation). The f32 kernels of attention.cuh run
+// on CUDA cores and cost most of a GPT-2 step at T = 1024; these are what bf16 mixed precision
+// uses when the head width is 16, 32, 64 or 128 (attention_bf16_supported).
+//
+// Blocks of 4 warps own 64 rows (queries, or keys for dK/dV); each warp owns 16 of them and
+// walks 64-row tiles of the other side staged in shared memory. WMMA fragments have no
+// documented element layout, so products are stored to a per-warp f32 scratch tile where the
+// softmax runs with two lanes per row (lane / 2 is the row, lane % 2 the half of its columns).
+// Probabilities go back to bf16 before the products with V, dO, Q and K, as in FlashAttention.
+// The backward recomputes P from the saved logsumexp in two kernels, dQ and dK/dV, so no
+// gradient element is written by two blocks: no atomics, and results repeat exactly.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+namespace fa {
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define DECENTRAIN_FA_HAS_WMMA_BF16 1
+#endif
+
+using bf = __nv_bfloat16;
+inline constexpr int rows = 64;      // rows a block owns, and rows per staged tile
+inline constexpr int warps = 4;      // 16 rows each
+inline constexpr int threads = 32 * warps;
+
+// Shared-memory strides. bf16 rows are padded by 8 elements (16 bytes: rows stay 16-byte
+// aligned for vector stores, and 16 rows stay 32-byte aligned for WMMA) to spread banks.
+template <int D>
+struct layout {
+  static constexpr int ld = D + 8;                    // a staged (64, D) bf16 tile
+  static constexpr int ldp = rows + 8;                // a warp's (16, 64) bf16 tile of P or dS
+  static constexpr int lds = (D + 4 > rows + 4) ? D + 4 : rows + 4;  // a warp's f32 scratch (16, 64 or D)
+  static constexpr std::size_t tile_bytes = sizeof(bf) * rows * ld;
+  static constexpr std::size_t scratch_bytes = sizeof(float) * 16 * lds;  // per warp
+  static constexpr std::size_t p_bytes = sizeof(bf) * 16 * ldp;           // per warp
+};
+
+// Rows [r0, r0 + 64) of one head (rows C apart, D wide) into a padded tile, 16 bytes a load;
+// rows at or past Tn are zero.
+template <int D>
+__device__ void load_rows(bf* tile, const bf* src, std::int64_t r0, std::int64_t Tn, std::int64_t C) {
+  constexpr int vecs = D / 8;
+  for (int idx = threadIdx.x; idx < rows * vecs; idx += threads) {
+    const int r = idx / vecs, c = (idx % vecs) * 8;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (r0 + r < Tn) value = *reinterpret_cast<const uint4*>(src + (r0 + r) * C + c);
+    *reinterpret_cast<uint4*>(tile + r * layout<D>::ld + c) = value;
+  }
+}
+
+#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
+namespace wmma = nvcuda::wmma;
+using acc_frag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+using a_frag = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major>;
+using bt_frag = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::col_major>;  // B^T read from B's rows
+using b_frag = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::row_major>;
+
+// out (16, 64) = A (16, D) x B^T, B a staged (64, D) tile: scores S = Q K^T, or dP = dO V^T.
+template <int D>
+__device__ void product_abt(float* out, const bf* a, const bf* b) {
+  constexpr int ld = layout<D>::ld;
+  acc_frag acc[rows / 16];
+  for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    a_frag fa;
+    wmma::load_matrix_sync(fa, a + kk * 16, ld);
+#pragma unroll
+    for (int n = 0; n < rows / 16; ++n) {
+      bt_frag fb;
+      wmma::load_matrix_sync(fb, b + n * 16 * ld + kk * 16, ld);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < rows / 16; ++n) wmma::store_matrix_sync(out + n * 16, acc[n], layout<D>::lds, wmma::mem_row_major);
+}
+
+// acc (16, D) += P (16, 64, a warp's bf16 tile) x B, B a staged (64, D) tile.
+template <int D>
+__device__ void accumulate_pb(acc_frag (&acc)[D / 16], const bf* p, const bf* b) {
+#pragma unroll
+  for (int kk = 0; kk < rows / 16; ++kk) {
+    a_frag fa;
+    wmma::load_matrix_sync(fa, p + kk * 16, layout<D>::ldp);
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      b_frag fb;
+      wmma::load_matrix_sync(fb, b + kk * 16 * layout<D>::ld + n * 16, layout<D>::ld);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+// Writes a warp's (16, D) accumulator times `scale` as bf16 rows of dst (rows C apart), rows
+// at or past Tn left alone. Goes through the warp's scratch tile.
+template <int D>
+__device__ void store_rows(bf* dst, acc_frag (&acc)[D / 16], float* scratch, std::int64_t r0, std::int64_t Tn,
+                           std::int64_t C, float scale) {
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(scratch + n * 16, acc[n], layout<D>::lds, wmma::mem_row_major);
+  __syncwarp();
+  const int lane = threadIdx.x % 32;
+  for (int idx = lane; idx < 16 * D / 2; idx += 32) {
+    const int r = idx / (D / 2), c = (idx % (D / 2)) * 2;
+    if (r0 + r >= Tn) continue;
+    const float* s = scratch + r * layout<D>::lds + c;
+    *reinterpret_cast<__nv_bfloat162*>(dst + (r0 + r) * C + c) = __floats2bfloat162_rn(s[0] * scale, s[1] * scale);
+  }
+}
+#endif
+
+template <int D>
+__global__ void __launch_bounds__(threads) forward_kernel(bf* out, float* lse, const bf* q, const bf* k, const bf* v,
+                                                          std::int64_t Tn, std::int64_t C, std::int64_t H, float scale) {
+#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
+  using L = layout<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf* qs = reinterpret_cast<bf*>(smem);
+  bf* ks = qs + rows * L::ld;
+  bf* vs = ks + rows * L::ld;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+  float* sc = reinterpret_cast<float*>(vs + rows * L::ld) + warp * 16 * L::lds;
+  bf* ps = reinterpret_cast<bf*>(reinterpret_cast<float*>(vs + rows * L::ld) + warps * 16 * L::lds) + warp * 16 * L::ldp;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H, base = b * Tn * C + h * D;
+  const std::int64_t q0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = q0 + warp * 16, t = w0 + r;
+  const std::int64_t last = min64(q0 + rows, Tn) - 1;
+  load_rows<D>(qs, q + base, q0, Tn, C);
+  constexpr int cols = D / 2;  // output columns per lane
+  float o[cols];
+#pragma unroll
+  for (int i = 0; i < cols; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (std::int64_t s0 = 0; s0 <= last; s0 += rows) {
+    __syncthreads();  // the previous tiles are consumed (and Q is staged)
+    load_rows<D>(ks, k + base, s0, Tn, C);
+    load_rows<D>(vs, v + base, s0, Tn, C);
+    __syncthreads();
+    if (s0 > w0 + 15) continue;  // no key of this tile is visible to the warp's rows
+    product_abt<D>(sc, qs + warp * 16 * L::ld, ks);
+    __syncwarp();
+    float x[rows / 2], mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < rows / 2; ++j) {
+      const int col = half * (rows / 2) + j;
+      x[j] = s0 + col <= t ? sc[r * L::lds + col] * scale : -INFINITY;
+      mx = fmaxf(mx, x[j]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = fmaxf(m, mx);
+    // A row that sees no key yet keeps m = -inf; its probabilities are 0, not NaN.
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;
+    const float correction = __expf(m - shift);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < rows / 2; ++j) {
+      const float p = __expf(x[j] - shift);
+      sum += p;
+      ps[r * L::ldp + half * (rows / 2) + j] = __float2bfloat16_rn(p);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * correction + sum;
+    m = m_new;
+    __syncwarp();
+    acc_frag pv[D / 16];
+    for (auto& f : pv) wmma::fill_fragment(f, 0.0f);
+    accumulate_pb<D>(pv, ps, vs);
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(sc + n * 16, pv[n], L::lds, wmma::mem_row_major);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < cols; ++i) o[i] = o[i] * correction + sc[r * L::lds + half * cols + i];
+    __syncwarp();  // the scratch is read before the next tile's scores overwrite it
+  }
+  if (t < Tn) {
+    const float inv = 1.0f / l;
+    bf* dst = out + base + t * C + half * cols;
+#pragma unroll
+    for (int i = 0; i < cols; i += 2)
+      *reinterpret_cast<__nv_bfloat162*>(dst + i) = __floats2bfloat162_rn(o[i] * inv, o[i + 1] * inv);
+    if (half == 0) lse[bh * Tn + t] = m + logf(l);
+  }
+#endif
+}
+
+// delta[bh, t] = sum_d dO[t, d] O[t, d] in f32, a warp per row.
+template <int D>
+__global__ void delta_kernel(float* delta, const bf* dout, const bf* out, std::int64_t Tn, std::int64_t C,
+                             std::int64_t H) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(warps) + warp;
+  if (t >= Tn) return;
+  const std::int64_t row = b * Tn * C + h * D + t * C;
+  float acc = 0.0f;
+  for (int d = lane; d < D; d += 32) acc += __bfloat162float(dout[row + d]) * __bfloat162float(out[row + d]);
+  acc = warp_reduce(acc, sum_op{});
+  if (lane == 0) delta[bh * Tn + t] = acc;
+}
+
+// dQ = scale * dS K, a block per 64 queries walking key tiles up to the diagonal.
+template <int D>
+__global__ void __launch_bounds__(threads) dq_kernel(bf* dq, const bf* dout, const float* lse, const float* delta,
+                                                     const bf* q, const bf* k, const bf* v, std::int64_t Tn,
+                                                     std::int64_t C, std::int64_t H, float scale) {
+#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
+  using L = layout<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf* qs = reinterpret_cast<bf*>(smem);
+  bf* dos = qs + rows * L::ld;
+  bf* ks = dos + rows * L::ld;
+  bf* vs = ks + rows * L::ld;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+  float* scratch = reinterpret_cast<float*>(vs + rows * L::ld);
+  float* sc = scratch + warp * 2 * 16 * L::lds;  // scores
+  float* dp = sc + 16 * L::lds;                  // dO V^T
+  bf* ds = reinterpret_cast<bf*>(scratch + warps * 2 * 16 * L::lds) + warp * 16 * L::ldp;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H, base = b * Tn * C + h * D;
+  const std::int64_t q0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = q0 + warp * 16, t = w0 + r;
+  const std::int64_t last = min64(q0 + rows, Tn) - 1;
+  load_rows<D>(qs, q + base, q0, Tn, C);
+  load_rows<D>(dos, dout + base, q0, Tn, C);
+  const float row_lse = t < Tn ? lse[bh * Tn + t] : 0.0f, row_delta = t < Tn ? delta[bh * Tn + t] : 0.0f;
+  acc_frag acc[D / 16];
+  for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
+  for (std::int64_t s0 = 0; s0 <= last; s0 += rows) {
+    __syncthreads();
+    load_rows<D>(ks, k + base, s0, Tn, C);
+    load_rows<D>(vs, v + base, s0, Tn, C);
+    __syncthreads();
+    if (s0 > w0 + 15) continue;
+    product_abt<D>(sc, qs + warp * 16 * L::ld, ks);
+    product_abt<D>(dp, dos + warp * 16 * L::ld, vs);
+    __syncwarp();
+#pragma unroll 8
+    for (int j = 0; j < rows / 2; ++j) {
+      const int col = half * (rows / 2) + j;
+      float g = 0.0f;
+      if (s0 + col <= t && t < Tn) {
+        const float p = __expf(sc[r * L::lds + col] * scale - row_lse);
+        g = p * (dp[r * L::lds + col] - row_delta);
+      }
+      ds[r * L::ldp + col] = __float2bfloat16_rn(g);
+    }
+    __syncwarp();
+    accumulate_pb<D>(acc, ds, ks);
+  }
+  store_rows<D>(dq + base, acc, sc, w0, Tn, C, scale);
+#endif
+}
+
+// dV = P^T dO and dK = scale * dS^T Q, a block per 64 keys walking query tiles from the diagonal.
+template <int D>
+__global__ void __launch_bounds__(threads) dkv_kernel(bf* dk, bf* dv, const bf* dout, const float* lse,
+                                                      const float* delta, const bf* q, const bf* k, const bf* v,
+                                                      std::int64_t Tn, std::int64_t C, std::int64_t H, float scale) {
+#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
+  using L = layout<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf* ks = reinterpret_cast<bf*>(smem);
+  bf* vs = ks + rows * L::ld;
+  bf* qs = vs + rows * L::ld;
+  bf* dos = qs + rows * L::ld;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+  float* scratch = reinterpret_cast<float*>(dos + rows * L::ld);
+  float* sc = scratch + warp * 2 * 16 * L::lds;  // S^T: this warp's keys against the tile's queries
+  float* dp = sc + 16 * L::lds;                  // dP^T = V dO^T
+  bf* pt = reinterpret_cast<bf*>(scratch + warps * 2 * 16 * L::lds) + warp * 2 * 16 * L::ldp;
+  bf* dst = pt + 16 * L::ldp;
+  float* lse_tile = reinterpret_cast<float*>(reinterpret_cast<bf*>(scratch + warps * 2 * 16 * L::lds) +
+                                             warps * 2 * 16 * L::ldp);
+  float* delta_tile = lse_tile + rows;
+  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H, base = b * Tn * C + h * D;
+  const std::int64_t k0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = k0 + warp * 16, s = w0 + r;
+  load_rows<D>(ks, k + base, k0, Tn, C);
+  load_rows<D>(vs, v + base, k0, Tn, C);
+  acc_frag dk_acc[D / 16], dv_acc[D / 16];
+  for (auto& f : dk_acc) wmma::fill_fragment(f, 0.0f);
+  for (auto& f : dv_acc) wmma::fill_fragment(f, 0.0f);
+  for (std::int64_t t0 = k0; t0 < Tn; t0 += rows) {  // queries before k0 see none of these keys
+    __syncthreads();
+    load_rows<D>(qs, q + base, t0, Tn, C);
+    load_rows<D>(dos, dout + base, t0, Tn, C);
+    for (int i = threadIdx.x; i < rows; i += threads) {
+      lse_tile[i] = t0 + i < Tn ? lse[bh * Tn + t0 + i] : 0.0f;
+      delta_tile[i] = t0 + i < Tn ? delta[bh * Tn + t0 + i] : 0.0f;
+    }
+    __syncthreads();
+    product_abt<D>(sc, ks + warp * 16 * L::ld, qs);
+    product_abt<D>(dp, vs + warp * 16 * L::ld, dos);
+    __syncwarp();
+#pragma unroll 8
+    for (int j = 0; j < rows / 2; ++j) {
+      const int col = half * (rows / 2) + j;
+      const std::int64_t tq = t0 + col;
+      float p = 0.0f, g = 0.0f;
+      if (tq >= s && tq < Tn) {
+        p = __expf(sc[r * L::lds + col] * scale - lse_tile[col]);
+        g = p * (dp[r * L::lds + col] - delta_tile[col]);
+      }
+      pt[r * L::ldp + col] = __float2bfloat16_rn(p);
+      dst[r * L::ldp + col] = __float2bfloat16_rn(g);
+    }
+    __syncwarp();
+    accumulate_pb<D>(dv_acc, pt, dos);
+    accumulate_pb<D>(dk_acc, dst, qs);
+  }
+  store_rows<D>(dv + base, dv_acc, sc, w0, Tn, C, 1.0f);
+  store_rows<D>(dk + base, dk_acc, sc, w0, Tn, C, scale);
+#endif
+}
+
+template <int D>
+constexpr std::size_t forward_smem() {
+  using L = layout<D>;
+  return 3 * L::tile_bytes + warps * (L::scratch_bytes + L::p_bytes);
+}
+template <int D>
+constexpr std::size_t dq_smem() {
+  using L = layout<D>;
+  return 4 * L::tile_bytes + warps * (2 * L::scratch_bytes + L::p_bytes);
+}
+template <int D>
+constexpr std::size_t dkv_smem() {
+  using L = layout<D>;
+  return 4 * L::tile_bytes + warps * (2 * L::scratch_bytes + 2 * L::p_bytes) + 2 * rows * sizeof(float);
+}
+
+template <class Launch>
+void with_width(std::int64_t D, Launch&& launch) {
+  switch (D) {
+    case 16: return launch(std::integral_constant<int, 16>{});
+    case 32: return launch(std::integral_constant<int, 32>{});
+    case 64: return launch(std::integral_constant<int, 64>{});
+    case 128: return launch(std::integral_constant<int, 128>{});
+    default: decentrain::detail::fail("cuda bf16 attention: head width ", D, " is not 16, 32, 64 or 128");
+  }
+}
+
+template <class Kernel>
+void set_smem(Kernel kernel, std::size_t bytes) {
+  cuda_rt::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                 "cudaFuncSetAttribute (bf16 attention shared memory)");
+}
+
+inline dim3 grid(std::int64_t B, std::int64_t H, std::int64_t Tn) {
+  decentrain::detail::check(B * H < 65536, "cuda causal_attention: B * n_head = ", B * H, " is above 65535");
+  return dim3(static_cast<unsigned>((Tn + rows - 1) / rows), static_cast<unsigned>(B * H));
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+}  // namespace fa
+}  // namespace cuda_detail
+
+// Whether the tensor-core path takes these tensors: head width 16, 32, 64 or 128, rows that
+// keep 16-byte vector loads aligned, and a GPU with bf16 tensor cores (compute capability 8+).
+inline bool attention_bf16_supported(cuda, std::int64_t C, std::int64_t H, std::initializer_list<const void*> ptrs) {
+  if (H <= 0 || C % H != 0) return false;
+  const std::int64_t D = C / H;
+  if (D != 16 && D != 32 && D != 64 && D != 128) return false;
+  for (const void* p : ptrs)
+    if (!cuda_detail::fa::aligned16(p)) return false;
+  static const int major = [] {
+    int device = 0, value = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      return 0;
+    return value;
+  }();
+  return major >= 8;
+}
+
+// out (B, T, C) bf16 and lse (B, H, T) f32 from bf16 q, k, v.
+inline void attention_forward_bf16(cuda, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                   std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t H) {
+  namespace fa = cuda_detail::fa;
+  if (B * Tn * C == 0) return;
+  const std::int64_t D = C / H;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const auto as = [](auto* p) { return reinterpret_cast<fa::bf*>(p); };
+  const auto cas = [](const auto* p) { return reinterpret_cast<const fa::bf*>(p); };
+  fa::with_width(D, [&](auto width) {
+    constexpr int W = decltype(width)::value;
+    const auto kernel = fa::forward_kernel<W>;
+    fa::set_smem(kernel, fa::forward_smem<W>());
+    kernel<<<fa::grid(B, H, Tn), fa::threads, fa::forward_smem<W>(), cuda_rt::current_stream()>>>(
+        as(out), lse, cas(q), cas(k), cas(v), Tn, C, H, scale);
+    cuda_rt::check_launch("bf16 attention forward");
+  });
+}
+
+// dq, dk, dv (B, T, C) bf16 are written (not accumulated).
+inline void attention_backward_bf16(cuda, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                                    const float* lse, const bf16* q, const bf16* k, const bf16* v, std::int64_t B,
+                                    std::int64_t Tn, std::int64_t C, std::int64_t H) {
+  namespace fa = cuda_detail::fa;
+  if (B * Tn * C == 0) return;
+  const std::int64_t D = C / H;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const auto as = [](auto* p) { return reinterpret_cast<fa::bf*>(p); };
+  const auto cas = [](const auto* p) { return reinterpret_cast<const fa::bf*>(p); };
+  const auto stream = cuda_rt::current_stream();
+  cuda_detail::scratch<float> delta(B * H * Tn);
+  fa::with_width(D, [&](auto width) {
+    constexpr int W = decltype(width)::value;
+    const dim3 rows_grid(static_cast<unsigned>((Tn + fa::warps - 1) / fa::warps), static_cast<unsigned>(B * H));
+    fa::delta_kernel<W><<<rows_grid, fa::threads, 0, stream>>>(delta.get(), cas(dout), cas(out), Tn, C, H);
+    cuda_rt::check_launch("bf16 attention delta");
+    const auto dq_kernel = fa::dq_kernel<W>;
+    fa::set_smem(dq_kernel, fa::dq_smem<W>());
+    dq_kernel<<<fa::grid(B, H, Tn), fa::threads, fa::dq_smem<W>(), stream>>>(
+        as(dq), cas(dout), lse, delta.get(), cas(q), cas(k), cas(v), Tn, C, H, scale);
+    cuda_rt::check_launch("bf16 attention dq");
+    const auto dkv_kernel = fa::dkv_kernel<W>;
+    fa::set_smem(dkv_kernel, fa::dkv_smem<W>());
+    dkv_kernel<<<fa::grid(B, H, Tn), fa::threads, fa::dkv_smem<W>(), stream>>>(
+        as(dk), as(dv), cas(dout), lse, delta.get(), cas(q), cas(k), cas(v), Tn, C, H, scale);
+    cuda_rt::check_launch("bf16 attention dk, dv");
+  });
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/attention_bf16.cuh ----
+
+namespace decentrain::kernels {
+
+// bf16 attention (bf16 in and out, f32 logsumexp) exists only where a device overloads these,
+// the GPU with its tensor cores; the op tests for them with a concept, and elsewhere computes
+// bf16 attention in f32. Deleted here so the names exist on every build.
+template <class Device>
+void attention_forward_bf16(Device, bf16*, float*, const bf16*, const bf16*, const bf16*, std::int64_t, std::int64_t,
+                            std::int64_t, std::int64_t) = delete;
+template <class Device>
+void attention_backward_bf16(Device, bf16*, bf16*, bf16*, const bf16*, const bf16*, const float*, const bf16*,
+                             const bf16*, const bf16*, std::int64_t, std::int64_t, std::int64_t, std::int64_t) = delete;
+template <class Device>
+bool attention_bf16_supported(Device, std::int64_t, std::int64_t, std::initializer_list<const void*>) = delete;
+
+}  // namespace decentrain::kernels
 // ---- end decentrain/kernels/attention.hpp ----
 // ---- begin decentrain/kernels/cross_entropy.hpp ----
 // The cross_entropy kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
@@ -3366,8 +3890,116 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const T* dout, const 
 
 
 #if DECENTRAIN_HAS_CUDA
+#include <algorithm>
 #include <cstdint>
 
+// ---- begin decentrain/kernels/cuda/reduce.cuh ----
+// Row and column sums on the GPU, accumulated in double as on the CPU, in a fixed order (no
+// atomics), so results repeat exactly from run to run.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <algorithm>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+inline constexpr int reduce_threads = 256;
+
+// One block per row.
+template <class T>
+__global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double scale) {
+  const T* row = in + blockIdx.x * cols;
+  double acc = 0.0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += reduce_threads) acc += static_cast<double>(row[c]);
+  acc = block_reduce<reduce_threads>(acc, sum_op{});
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(acc * scale);
+}
+
+// 32 columns per block (one per lane, so loads are coalesced), the rows split over the
+// block's 8 warps and combined through shared memory. Tall inputs (a bias gradient over
+// B*T rows) are cut into chunks of rows, one block row each, so the whole GPU takes part; the
+// chunks' partial sums (double) are then added in chunk order: still no atomics.
+inline constexpr int column_tile = 32, column_row_groups = 8;
+inline constexpr std::int64_t column_chunk_rows = 256;
+
+inline std::int64_t column_chunks(std::int64_t rows) {
+  return std::min<std::int64_t>((rows + column_chunk_rows - 1) / column_chunk_rows, 65535);
+}
+
+// Rows [begin, end) of column c, split over threadIdx.y and summed through shared memory;
+// `value(r)` is the term of row r. The total lands in thread y = 0.
+template <int Groups, class F>
+__device__ double column_sum(std::int64_t begin, std::int64_t end, bool active, F&& value) {
+  __shared__ double partial[Groups][column_tile];
+  double acc = 0.0;
+  if (active)
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += Groups) acc += value(r);
+  __syncthreads();  // a previous call's partials are read
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  double total = 0.0;
+  if (threadIdx.y == 0)
+    for (int g = 0; g < Groups; ++g) total += partial[g][threadIdx.x];
+  return total;
+}
+
+__device__ inline std::int64_t chunk_rows(std::int64_t rows, std::int64_t chunks) { return (rows + chunks - 1) / chunks; }
+
+template <class T>
+__global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
+  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
+  const double total = column_sum<column_row_groups>(begin, end, c < cols,
+                                                     [&](std::int64_t r) { return static_cast<double>(in[r * cols + c]); });
+  if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
+}
+
+// out[c] (= or +=) scale * sum over chunks of partial[chunk, c], in chunk order.
+template <class T>
+__global__ void finish_columns_kernel(T* out, const double* partial, std::int64_t chunks, std::int64_t cols,
+                                      double scale, bool accumulate) {
+  for (std::int64_t c = thread_index(); c < cols; c += thread_count()) {
+    double total = 0.0;
+    for (std::int64_t k = 0; k < chunks; ++k) total += partial[k * cols + c];
+    out[c] = accumulate ? static_cast<T>(out[c] + static_cast<T>(total * scale)) : static_cast<T>(total * scale);
+  }
+}
+}  // namespace cuda_detail
+
+// out[r] = scale * sum_c in[r * cols + c]
+template <class T>
+void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+  if (rows == 0) return;
+  decentrain::detail::check(rows < (std::int64_t{1} << 31), "cuda sum_rows: ", rows, " rows is too many");
+  cuda_detail::sum_rows_kernel<<<static_cast<unsigned>(rows), cuda_detail::reduce_threads, 0,
+                                 cuda_rt::current_stream()>>>(out, in, cols, static_cast<double>(scale));
+  cuda_rt::check_launch("sum_rows_kernel");
+}
+
+// out[c] = scale * sum_r in[r * cols + c]
+template <class T>
+void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+  if (cols == 0) return;
+  const auto stream = cuda_rt::current_stream();
+  const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
+  cuda_detail::scratch<double> partial(chunks * cols);
+  const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
+  const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
+                  static_cast<unsigned>(chunks));
+  cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
+  cuda_rt::check_launch("sum_columns_kernel");
+  cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
+      out, partial.get(), chunks, cols, static_cast<double>(scale), false);
+  cuda_rt::check_launch("finish_columns_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/reduce.cuh ----
 
 namespace decentrain::kernels {
 
@@ -3434,31 +4066,20 @@ __global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* 
   }
 }
 
+// Partial gain and bias gradients of one chunk of rows (reduce.cuh's column scheme).
 template <class T>
-__global__ void layer_norm_params_kernel(T* dweight, T* dbias, const T* dout, const T* x, const T* mean,
-                                         const T* rstd, std::int64_t rows, std::int64_t cols) {
-  __shared__ double partial_w[column_row_groups_ln][32];
-  __shared__ double partial_b[column_row_groups_ln][32];
+__global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const T* dout, const T* x,
+                                         const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
   const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
-  double dw = 0.0, db = 0.0;
-  if (c < cols) {
-    for (std::int64_t r = threadIdx.y; r < rows; r += column_row_groups_ln) {
-      const double g = static_cast<double>(dout[r * cols + c]);
-      dw += static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * g;
-      db += g;
-    }
-  }
-  partial_w[threadIdx.y][threadIdx.x] = dw;
-  partial_b[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
+  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
+  const double dw = column_sum<column_row_groups_ln>(begin, end, c < cols, [&](std::int64_t r) {
+    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * static_cast<double>(dout[r * cols + c]);
+  });
+  const double db = column_sum<column_row_groups_ln>(begin, end, c < cols,
+                                                     [&](std::int64_t r) { return static_cast<double>(dout[r * cols + c]); });
   if (threadIdx.y == 0 && c < cols) {
-    double tw = 0.0, tb = 0.0;
-    for (int k = 0; k < column_row_groups_ln; ++k) {
-      tw += partial_w[k][threadIdx.x];
-      tb += partial_b[k][threadIdx.x];
-    }
-    if (dweight) dweight[c] += static_cast<T>(tw);
-    if (dbias) dbias[c] += static_cast<T>(tb);
+    partial_w[blockIdx.y * cols + c] = dw;
+    partial_b[blockIdx.y * cols + c] = db;
   }
 }
 }  // namespace cuda_detail
@@ -3490,10 +4111,21 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const T* dout, const
     cuda_rt::check_launch("layer_norm_dx_kernel");
   }
   if (dweight || dbias) {
+    const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
+    cuda_detail::scratch<double> partial_w(chunks * cols), partial_b(chunks * cols);
     const dim3 block(32, cuda_detail::column_row_groups_ln);
-    const auto grid = static_cast<unsigned>((cols + 31) / 32);
-    cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(dweight, dbias, dout, x, mean, rstd, rows, cols);
+    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+    cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x, mean,
+                                                                      rstd, rows, cols);
     cuda_rt::check_launch("layer_norm_params_kernel");
+    const auto finish_grid = cuda_rt::blocks_for(cols);
+    if (dweight)
+      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
+          dweight, partial_w.get(), chunks, cols, 1.0, true);
+    if (dbias)
+      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
+          dbias, partial_b.get(), chunks, cols, 1.0, true);
+    cuda_rt::check_launch("finish_columns_kernel");
   }
 }
 
@@ -3874,75 +4506,6 @@ void sum_columns(cpu, T* out, const T* in, std::int64_t rows, std::int64_t cols,
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/reduce.hpp ----
-// ---- begin decentrain/kernels/cuda/reduce.cuh ----
-// Row and column sums on the GPU, accumulated in double as on the CPU, in a fixed order (no
-// atomics), so results repeat exactly from run to run.
-
-
-#if DECENTRAIN_HAS_CUDA
-#include <cstdint>
-
-
-namespace decentrain::kernels {
-
-namespace cuda_detail {
-inline constexpr int reduce_threads = 256;
-
-// One block per row.
-template <class T>
-__global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double scale) {
-  const T* row = in + blockIdx.x * cols;
-  double acc = 0.0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += reduce_threads) acc += static_cast<double>(row[c]);
-  acc = block_reduce<reduce_threads>(acc, sum_op{});
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(acc * scale);
-}
-
-// 32 columns per block (one per lane, so loads are coalesced), the rows split over the
-// block's 8 warps and combined through shared memory.
-inline constexpr int column_tile = 32, column_row_groups = 8;
-template <class T>
-__global__ void sum_columns_kernel(T* out, const T* in, std::int64_t rows, std::int64_t cols, double scale) {
-  __shared__ double partial[column_row_groups][column_tile];
-  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
-  double acc = 0.0;
-  if (c < cols)
-    for (std::int64_t r = threadIdx.y; r < rows; r += column_row_groups) acc += static_cast<double>(in[r * cols + c]);
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    double total = 0.0;
-    for (int g = 0; g < column_row_groups; ++g) total += partial[g][threadIdx.x];
-    out[c] = static_cast<T>(total * scale);
-  }
-}
-}  // namespace cuda_detail
-
-// out[r] = scale * sum_c in[r * cols + c]
-template <class T>
-void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
-  if (rows == 0) return;
-  decentrain::detail::check(rows < (std::int64_t{1} << 31), "cuda sum_rows: ", rows, " rows is too many");
-  cuda_detail::sum_rows_kernel<<<static_cast<unsigned>(rows), cuda_detail::reduce_threads, 0,
-                                 cuda_rt::current_stream()>>>(out, in, cols, static_cast<double>(scale));
-  cuda_rt::check_launch("sum_rows_kernel");
-}
-
-// out[c] = scale * sum_r in[r * cols + c]
-template <class T>
-void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
-  if (cols == 0) return;
-  const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
-  const auto grid = static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile);
-  cuda_detail::sum_columns_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
-      out, in, rows, cols, static_cast<double>(scale));
-  cuda_rt::check_launch("sum_columns_kernel");
-}
-
-}  // namespace decentrain::kernels
-
-#endif  // DECENTRAIN_HAS_CUDA
-// ---- end decentrain/kernels/cuda/reduce.cuh ----
 // ---- end decentrain/kernels/reduce.hpp ----
 // ---- begin decentrain/kernels/softmax.hpp ----
 // The softmax kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
@@ -4678,8 +5241,46 @@ var<Device> log_softmax(const var<Device>& x) { return detail::softmax_op(x, tru
 // Differentiable fused causal self-attention: softmax(q k^T / sqrt(D) + causal mask) v per
 // head, for q, k, v of shape (B, T, C) split into n_head heads of D = C / n_head columns.
 
+#include <concepts>
+
 
 namespace decentrain {
+
+namespace detail {
+// Devices with a bf16 attention kernel (tensor cores on the GPU) run bf16 activations through it:
+// bf16 in and out, f32 logsumexp, f32 arithmetic inside.
+template <class Device>
+concept has_bf16_attention = requires(bf16* o, float* s, const bf16* c, const float* cs, std::int64_t n) {
+  kernels::attention_forward_bf16(Device{}, o, s, c, c, c, n, n, n, n);
+  kernels::attention_backward_bf16(Device{}, o, o, o, c, c, cs, c, c, c, n, n, n, n);
+  { kernels::attention_bf16_supported(Device{}, n, n, {c}) } -> std::convertible_to<bool>;
+};
+
+template <class Device>
+var<Device> causal_attention_bf16(const tensor<Device>& q, const tensor<Device>& k, const tensor<Device>& v,
+                                  const var<Device>& vq, const var<Device>& vk, const var<Device>& vv,
+                                  std::int64_t n_head) {
+  const std::int64_t B = q.size(0), T = q.size(1), C = q.size(2);
+  auto out = tensor<Device>::empty(q.shape(), dtype::bf16);
+  auto lse = tensor<Device>::empty(shape{B, n_head, T}, dtype::f32);
+  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(),
+                                  q.template data<bf16>(), k.template data<bf16>(), v.template data<bf16>(), B, T, C,
+                                  n_head);
+  return record<Device>("causal_attention", out, {vq, vk, vv},
+                        [q, k, v, out, lse, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
+    const auto gb = g.dtype() == dtype::bf16 ? g.contiguous() : g.to(dtype::bf16);
+    auto dq = tensor<Device>::empty(q.shape(), dtype::bf16), dk = tensor<Device>::empty(q.shape(), dtype::bf16),
+         dv = tensor<Device>::empty(q.shape(), dtype::bf16);
+    kernels::attention_backward_bf16(Device{}, dq.template data<bf16>(), dk.template data<bf16>(),
+                                     dv.template data<bf16>(), gb.template data<bf16>(), out.template data<bf16>(),
+                                     lse.template data<float>(), q.template data<bf16>(), k.template data<bf16>(),
+                                     v.template data<bf16>(), B, T, C, n_head);
+    n.accumulate(0, std::move(dq));
+    n.accumulate(1, std::move(dk));
+    n.accumulate(2, std::move(dv));
+  });
+}
+}  // namespace detail
 
 template <class Device>
 var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const var<Device>& v,
@@ -4692,6 +5293,14 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
   detail::check_same_dtype("causal_attention", q.value(), k.value());
   detail::check_same_dtype("causal_attention", q.value(), v.value());
   const std::int64_t B = q.size(0), T = q.size(1), C = q.size(2);
+  if constexpr (detail::has_bf16_attention<Device>) {
+    if (q.dtype() == dtype::bf16) {
+      const auto bq = q.value().contiguous(), bk = k.value().contiguous(), bv = v.value().contiguous();
+      if (kernels::attention_bf16_supported(Device{}, C, n_head,
+                                            {bq.template data<bf16>(), bk.template data<bf16>(), bv.template data<bf16>()}))
+        return detail::causal_attention_bf16(bq, bk, bv, q, k, v, n_head);
+    }
+  }
   const auto cq = detail::compute_tensor(q.value()), ck = detail::compute_tensor(k.value()),
              cv = detail::compute_tensor(v.value());
   auto out = tensor<Device>::empty(q.shape(), cq.dtype());

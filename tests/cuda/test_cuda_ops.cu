@@ -104,6 +104,22 @@ TEST_CASE("cuda memory: allocation is cached and reused, copies convert dtypes a
   CHECK(sv[2] == 1.f);
   CHECK(sv[5] == 0.f);
 
+  // Whole-tensor casts (four at a time, with a tail), a cast from an unaligned start, and a
+  // cast of a slice of the last dimension (rows) all round like the CPU.
+  for (std::int64_t n : {1, 3, 4, 1001}) {
+    const auto v = random(dt::shape{n}, 2);
+    const auto vg = dt::to_device<gpu>(v);
+    CHECK(host(vg.to(dt::dtype::bf16)).to_vector<double>() == v.to(dt::dtype::bf16).to_vector<double>());
+    CHECK(host(vg.to(dt::dtype::bf16).to(dt::dtype::f32)).to_vector<double>() ==
+          v.to(dt::dtype::bf16).to(dt::dtype::f32).to_vector<double>());
+    if (n > 1)
+      CHECK(host(vg.slice(0, 1, n).to(dt::dtype::bf16)).to_vector<double>() ==
+            v.slice(0, 1, n).to(dt::dtype::bf16).to_vector<double>());
+  }
+  const auto wide = random(dt::shape{2, 9, 12}, 3);
+  CHECK(host(dt::to_device<gpu>(wide).slice(2, 4, 9).to(dt::dtype::bf16)).to_vector<double>() ==
+        wide.slice(2, 4, 9).to(dt::dtype::bf16).to_vector<double>());
+
   dt::pinned_buffer pinned(1 << 20);
   CHECK(pinned.data() != nullptr);
   CHECK(pinned.size() == (1u << 20));
@@ -135,11 +151,11 @@ TEST_CASE("cuda elementwise ops with broadcasting, reductions and scalar ops mat
 
 TEST_CASE("cuda matmul and linear (cuBLAS) match the CPU for every transpose and batching") {
   const auto a = random(dt::shape{2, 5, 7}, 6), b = random(dt::shape{7, 3}, 7), bt = random(dt::shape{3, 7}, 8);
-  const auto ab = random(dt::shape{2, 7, 4}, 9), at = random(dt::shape{2, 7, 5}, 10);
+  const auto ab = random(dt::shape{2, 7, 4}, 9), at = random(dt::shape{2, 7, 5}, 10), abt = random(dt::shape{2, 4, 7}, 14);
   check_against_cpu("batched x shared", {a, b}, [](auto& x) { return dt::matmul(x[0], x[1]); });
   check_against_cpu("batched x shared^T", {a, bt}, [](auto& x) { return dt::matmul(x[0], x[1], false, true); });
   check_against_cpu("batched x batched", {a, ab}, [](auto& x) { return dt::matmul(x[0], x[1]); });
-  check_against_cpu("batched^T x batched^T", {at, ab}, [](auto& x) { return dt::matmul(x[0], x[1], true, true); });
+  check_against_cpu("batched^T x batched^T", {at, abt}, [](auto& x) { return dt::matmul(x[0], x[1], true, true); });
   const auto x = random(dt::shape{3, 17, 96}, 11), w = random(dt::shape{96, 80}, 12, dt::dtype::f32, 0.1),
              bias = random(dt::shape{80}, 13);
   check_against_cpu("linear", {x, w, bias}, [](auto& v) { return dt::linear(v[0], v[1], v[2]); });
@@ -217,6 +233,42 @@ TEST_CASE("cuda causal attention (flash style) matches the CPU for several head 
     check_against_cpu("attention B=" + std::to_string(d.B) + " T=" + std::to_string(d.T) + " C=" +
                           std::to_string(d.C) + " H=" + std::to_string(H),
                       {q, k, v}, [H](auto& x) { return dt::causal_attention(x[0], x[1], x[2], H); });
+  }
+}
+
+TEST_CASE("cuda bf16 attention on tensor cores matches f64 attention on the same rounded inputs") {
+  static_assert(dt::detail::has_bf16_attention<gpu>, "the GPU must take the tensor-core path");
+  struct dims { std::int64_t B, T, C, H; };
+  // Head widths 16, 32, 64 and 128; lengths below, at and past whole 64-row tiles.
+  for (const dims d : {dims{1, 65, 64, 4}, dims{2, 1, 64, 2}, dims{2, 37, 128, 2}, dims{2, 64, 128, 2},
+                       dims{1, 130, 256, 2}, dims{2, 200, 768, 12}}) {
+    INFO("B=" << d.B << " T=" << d.T << " C=" << d.C << " H=" << d.H);
+    std::vector<dt::tensor<cpu>> in;
+    for (std::uint64_t seed : {60, 61, 62}) in.push_back(random(dt::shape{d.B, d.T, d.C}, seed).to(dt::dtype::bf16));
+    dt::rng gen(63, "bf16-attention-grad");
+    const auto g = dt::randn(dt::shape{d.B, d.T, d.C}, gen).to(dt::dtype::bf16);
+    std::vector<dt::var<cpu>> xc;
+    std::vector<dt::var<gpu>> xg;
+    for (const auto& t : in) {
+      xc.push_back(dt::parameter(t.to(dt::dtype::f64)));
+      xg.push_back(dt::parameter(dt::to_device<gpu>(t)));
+    }
+    REQUIRE(dt::kernels::attention_bf16_supported(gpu{}, d.C, d.H, {xg[0].value().data<dt::bf16>()}));
+    auto yc = dt::causal_attention(xc[0], xc[1], xc[2], d.H);
+    auto yg = dt::causal_attention(xg[0], xg[1], xg[2], d.H);
+    REQUIRE(yg.dtype() == dt::dtype::bf16);
+    // bf16 results (8 bits of mantissa) and bf16 probabilities inside: 1e-2 of the largest value.
+    CHECK(normwise_error(host(yg.value()), yc.value()) <= 1e-2);
+    yc.backward(g.to(dt::dtype::f64));
+    yg.backward(dt::to_device<gpu>(g));
+    for (std::size_t i = 0; i < 3; ++i) {
+      INFO("gradient of input " << i);
+      REQUIRE(xg[i].grad().dtype() == dt::dtype::bf16);
+      CHECK(normwise_error(host(xg[i].grad()), xc[i].grad()) <= 1e-2);
+    }
+    // The same inputs again give bit-identical results (no atomics, no races).
+    auto again = dt::causal_attention(xg[0], xg[1], xg[2], d.H);
+    CHECK(host(again.value()).to_vector<double>() == host(yg.value()).to_vector<double>());
   }
 }
 

@@ -8,6 +8,7 @@
 #if DECENTRAIN_HAS_CUDA
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -177,6 +178,38 @@ __global__ void copy_strided_kernel(To* dst, const From* src, std::int64_t n, st
   }
 }
 
+// Four elements a thread, as one load and one store of four when both sides are aligned for it
+// (dtype conversions of whole tensors: the bf16 <-> f32 casts of mixed precision).
+template <class T>
+struct alignas(4 * sizeof(T)) quad {
+  T v[4];
+};
+
+template <class To, class From>
+__global__ void convert_dense_kernel(To* dst, const From* src, std::int64_t n) {
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x, quads = n / 4;
+  for (std::int64_t i = first; i < quads; i += step) {
+    const quad<From> in = reinterpret_cast<const quad<From>*>(src)[i];
+    quad<To> out;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out.v[j] = convert_element<To>(in.v[j]);
+    reinterpret_cast<quad<To>*>(dst)[i] = out;
+  }
+  if (first < n - 4 * quads) dst[4 * quads + first] = convert_element<To>(src[4 * quads + first]);
+}
+
+// Rows of contiguous elements (a slice of the last dimension, a cast of one): no index
+// arithmetic beyond a row offset.
+template <class To, class From>
+__global__ void copy_rows_kernel(To* dst, const From* src, std::int64_t rows, std::int64_t cols, std::int64_t dst_row,
+                                 std::int64_t src_row) {
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < cols;
+         c += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+      dst[r * dst_row + c] = convert_element<To>(src[r * src_row + c]);
+}
+
 template <class T>
 __global__ void fill_kernel(T* dst, std::int64_t n, T value) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -218,21 +251,54 @@ struct memory<cuda> {
     detail::check(rank <= static_cast<std::size_t>(detail::cuda_copy::max_rank),
                   "cuda copy: tensors of rank ", rank, " are not supported (at most ",
                   detail::cuda_copy::max_rank, ")");
+    // Dimensions of size 1 go, and neighbours that are contiguous on both sides merge, so most
+    // copies become one dense run or rows of one (the general kernel divides per element).
     detail::cuda_copy::strided_layout layout{};
-    layout.rank = static_cast<int>(rank);
     for (std::size_t d = 0; d < rank; ++d) {
-      layout.sizes[d] = sizes[d];
-      layout.dst[d] = dst_strides[d];
-      layout.src[d] = src_strides[d];
+      if (sizes[d] == 1) continue;
+      const int last = layout.rank - 1;
+      if (last >= 0 && layout.dst[last] == dst_strides[d] * sizes[d] && layout.src[last] == src_strides[d] * sizes[d]) {
+        layout.sizes[last] *= sizes[d];
+        layout.dst[last] = dst_strides[d];
+        layout.src[last] = src_strides[d];
+        continue;
+      }
+      layout.sizes[layout.rank] = sizes[d];
+      layout.dst[layout.rank] = dst_strides[d];
+      layout.src[layout.rank] = src_strides[d];
+      ++layout.rank;
     }
+    if (layout.rank == 0) {  // a single element
+      layout.rank = 1;
+      layout.sizes[0] = 1;
+      layout.dst[0] = layout.src[0] = 1;
+    }
+    const int r = layout.rank;
+    const bool inner_contiguous = layout.dst[r - 1] == 1 && layout.src[r - 1] == 1;
+    const auto stream = cuda_rt::current_stream();
     visit_dtype(dst_type, [&](auto dst_tag) {
       using To = decltype(dst_tag);
       visit_dtype(src_type, [&](auto src_tag) {
         using From = decltype(src_tag);
-        detail::cuda_copy::copy_strided_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
-                                                 cuda_rt::current_stream()>>>(
-            static_cast<To*>(dst), static_cast<const From*>(src), n, layout);
-        cuda_rt::check_launch("copy_strided_kernel");
+        auto* out = static_cast<To*>(dst);
+        const auto* in = static_cast<const From*>(src);
+        namespace cc = detail::cuda_copy;
+        if (r == 1 && inner_contiguous && reinterpret_cast<std::uintptr_t>(out) % alignof(cc::quad<To>) == 0 &&
+            reinterpret_cast<std::uintptr_t>(in) % alignof(cc::quad<From>) == 0) {
+          cc::convert_dense_kernel<<<cuda_rt::blocks_for(std::max<std::int64_t>(n / 4, 1)), cuda_rt::threads_per_block,
+                                     0, stream>>>(out, in, n);
+          cuda_rt::check_launch("convert_dense_kernel");
+        } else if (r <= 2 && inner_contiguous) {
+          const std::int64_t rows = r == 2 ? layout.sizes[0] : 1, cols = layout.sizes[r - 1];
+          const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((cols + 255) / 256, 64)),
+                          static_cast<unsigned>(std::min<std::int64_t>(rows, 65535)));
+          cc::copy_rows_kernel<<<grid, 256, 0, stream>>>(out, in, rows, cols, r == 2 ? layout.dst[0] : 0,
+                                                         r == 2 ? layout.src[0] : 0);
+          cuda_rt::check_launch("copy_rows_kernel");
+        } else {
+          cc::copy_strided_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, stream>>>(out, in, n, layout);
+          cuda_rt::check_launch("copy_strided_kernel");
+        }
       });
     });
   }

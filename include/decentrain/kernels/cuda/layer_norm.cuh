@@ -6,9 +6,11 @@
 #include "decentrain/config.hpp"
 
 #if DECENTRAIN_HAS_CUDA
+#include <algorithm>
 #include <cstdint>
 
 #include "decentrain/kernels/cuda/common.cuh"
+#include "decentrain/kernels/cuda/reduce.cuh"
 
 namespace decentrain::kernels {
 
@@ -75,31 +77,20 @@ __global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* 
   }
 }
 
+// Partial gain and bias gradients of one chunk of rows (reduce.cuh's column scheme).
 template <class T>
-__global__ void layer_norm_params_kernel(T* dweight, T* dbias, const T* dout, const T* x, const T* mean,
-                                         const T* rstd, std::int64_t rows, std::int64_t cols) {
-  __shared__ double partial_w[column_row_groups_ln][32];
-  __shared__ double partial_b[column_row_groups_ln][32];
+__global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const T* dout, const T* x,
+                                         const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
   const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
-  double dw = 0.0, db = 0.0;
-  if (c < cols) {
-    for (std::int64_t r = threadIdx.y; r < rows; r += column_row_groups_ln) {
-      const double g = static_cast<double>(dout[r * cols + c]);
-      dw += static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * g;
-      db += g;
-    }
-  }
-  partial_w[threadIdx.y][threadIdx.x] = dw;
-  partial_b[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
+  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
+  const double dw = column_sum<column_row_groups_ln>(begin, end, c < cols, [&](std::int64_t r) {
+    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * static_cast<double>(dout[r * cols + c]);
+  });
+  const double db = column_sum<column_row_groups_ln>(begin, end, c < cols,
+                                                     [&](std::int64_t r) { return static_cast<double>(dout[r * cols + c]); });
   if (threadIdx.y == 0 && c < cols) {
-    double tw = 0.0, tb = 0.0;
-    for (int k = 0; k < column_row_groups_ln; ++k) {
-      tw += partial_w[k][threadIdx.x];
-      tb += partial_b[k][threadIdx.x];
-    }
-    if (dweight) dweight[c] += static_cast<T>(tw);
-    if (dbias) dbias[c] += static_cast<T>(tb);
+    partial_w[blockIdx.y * cols + c] = dw;
+    partial_b[blockIdx.y * cols + c] = db;
   }
 }
 }  // namespace cuda_detail
@@ -131,10 +122,21 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const T* dout, const
     cuda_rt::check_launch("layer_norm_dx_kernel");
   }
   if (dweight || dbias) {
+    const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
+    cuda_detail::scratch<double> partial_w(chunks * cols), partial_b(chunks * cols);
     const dim3 block(32, cuda_detail::column_row_groups_ln);
-    const auto grid = static_cast<unsigned>((cols + 31) / 32);
-    cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(dweight, dbias, dout, x, mean, rstd, rows, cols);
+    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+    cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x, mean,
+                                                                      rstd, rows, cols);
     cuda_rt::check_launch("layer_norm_params_kernel");
+    const auto finish_grid = cuda_rt::blocks_for(cols);
+    if (dweight)
+      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
+          dweight, partial_w.get(), chunks, cols, 1.0, true);
+    if (dbias)
+      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
+          dbias, partial_b.get(), chunks, cols, 1.0, true);
+    cuda_rt::check_launch("finish_columns_kernel");
   }
 }
 

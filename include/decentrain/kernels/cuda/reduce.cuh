@@ -5,6 +5,7 @@
 #include "decentrain/config.hpp"
 
 #if DECENTRAIN_HAS_CUDA
+#include <algorithm>
 #include <cstdint>
 
 #include "decentrain/kernels/cuda/common.cuh"
@@ -25,21 +26,52 @@ __global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double s
 }
 
 // 32 columns per block (one per lane, so loads are coalesced), the rows split over the
-// block's 8 warps and combined through shared memory.
+// block's 8 warps and combined through shared memory. Tall inputs (a bias gradient over
+// B*T rows) are cut into chunks of rows, one block row each, so the whole GPU takes part; the
+// chunks' partial sums (double) are then added in chunk order: still no atomics.
 inline constexpr int column_tile = 32, column_row_groups = 8;
-template <class T>
-__global__ void sum_columns_kernel(T* out, const T* in, std::int64_t rows, std::int64_t cols, double scale) {
-  __shared__ double partial[column_row_groups][column_tile];
-  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
+inline constexpr std::int64_t column_chunk_rows = 256;
+
+inline std::int64_t column_chunks(std::int64_t rows) {
+  return std::min<std::int64_t>((rows + column_chunk_rows - 1) / column_chunk_rows, 65535);
+}
+
+// Rows [begin, end) of column c, split over threadIdx.y and summed through shared memory;
+// `value(r)` is the term of row r. The total lands in thread y = 0.
+template <int Groups, class F>
+__device__ double column_sum(std::int64_t begin, std::int64_t end, bool active, F&& value) {
+  __shared__ double partial[Groups][column_tile];
   double acc = 0.0;
-  if (c < cols)
-    for (std::int64_t r = threadIdx.y; r < rows; r += column_row_groups) acc += static_cast<double>(in[r * cols + c]);
+  if (active)
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += Groups) acc += value(r);
+  __syncthreads();  // a previous call's partials are read
   partial[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
+  double total = 0.0;
+  if (threadIdx.y == 0)
+    for (int g = 0; g < Groups; ++g) total += partial[g][threadIdx.x];
+  return total;
+}
+
+__device__ inline std::int64_t chunk_rows(std::int64_t rows, std::int64_t chunks) { return (rows + chunks - 1) / chunks; }
+
+template <class T>
+__global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
+  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
+  const double total = column_sum<column_row_groups>(begin, end, c < cols,
+                                                     [&](std::int64_t r) { return static_cast<double>(in[r * cols + c]); });
+  if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
+}
+
+// out[c] (= or +=) scale * sum over chunks of partial[chunk, c], in chunk order.
+template <class T>
+__global__ void finish_columns_kernel(T* out, const double* partial, std::int64_t chunks, std::int64_t cols,
+                                      double scale, bool accumulate) {
+  for (std::int64_t c = thread_index(); c < cols; c += thread_count()) {
     double total = 0.0;
-    for (int g = 0; g < column_row_groups; ++g) total += partial[g][threadIdx.x];
-    out[c] = static_cast<T>(total * scale);
+    for (std::int64_t k = 0; k < chunks; ++k) total += partial[k * cols + c];
+    out[c] = accumulate ? static_cast<T>(out[c] + static_cast<T>(total * scale)) : static_cast<T>(total * scale);
   }
 }
 }  // namespace cuda_detail
@@ -58,11 +90,17 @@ void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T
 template <class T>
 void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
   if (cols == 0) return;
+  const auto stream = cuda_rt::current_stream();
+  const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
+  cuda_detail::scratch<double> partial(chunks * cols);
   const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
-  const auto grid = static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile);
-  cuda_detail::sum_columns_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
-      out, in, rows, cols, static_cast<double>(scale));
+  const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
+                  static_cast<unsigned>(chunks));
+  cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
   cuda_rt::check_launch("sum_columns_kernel");
+  cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
+      out, partial.get(), chunks, cols, static_cast<double>(scale), false);
+  cuda_rt::check_launch("finish_columns_kernel");
 }
 
 }  // namespace decentrain::kernels
