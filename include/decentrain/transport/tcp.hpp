@@ -352,10 +352,13 @@ class tcp {
     void read_in_place(const std::shared_ptr<connection>& c, const wire::header& h, std::span<std::byte> into) {
       asio::async_read(c->socket, asio::buffer(into.data(), into.size()), [this, c, h](const asio::error_code& ec, std::size_t got) {
         if (ec) {
-          box.abandoned(c->rank, h.tag);
+          // Closed (and counted) before the posting is settled: the receiver wakes to a peer
+          // already marked unreachable, so its error and the stats say why.
           if (ec == asio::error::eof)
-            return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
-          return lost(c, ec);
+            malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
+          else
+            lost(c, ec);
+          return box.abandoned(c->rank, h.tag);
         }
         box.landed(c->rank, h.tag);
         read_next(c);
