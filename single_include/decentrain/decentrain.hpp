@@ -1773,7 +1773,8 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T*
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/activation.hpp ----
 // ---- begin decentrain/kernels/cuda/activation.cuh ----
-// GELU (tanh form) on the GPU, forward and backward; the same formula as the CPU kernels.
+// GELU (tanh form) on the GPU, forward and backward; the same formula as the CPU kernels, for
+// f32, f64 and bf16 storage (kernels/native_bf16.hpp).
 
 
 #if DECENTRAIN_HAS_CUDA
@@ -1877,23 +1878,26 @@ namespace cuda_detail {
 __device__ inline float device_tanh(float u) { return tanhf(u); }
 __device__ inline double device_tanh(double u) { return tanh(u); }
 
-template <class T>
-__global__ void gelu_forward_kernel(T* out, const T* x, std::int64_t n) {
-  const T s = T(0.79788456080286535587989211986876), c = T(0.044715);
+// S is the stored type (float, double or bf16); the arithmetic runs in M (f32 for bf16).
+template <class S>
+__global__ void gelu_forward_kernel(S* out, const S* x, std::int64_t n) {
+  using M = compute_type_t<S>;
+  const M s = M(0.79788456080286535587989211986876), c = M(0.044715);
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const T v = x[i];
-    out[i] = T(0.5) * v * (T(1) + device_tanh(s * (v + c * v * v * v)));
+    const M v = static_cast<M>(x[i]);
+    out[i] = S(M(0.5) * v * (M(1) + device_tanh(s * (v + c * v * v * v))));
   }
 }
 
-template <class T>
-__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, std::int64_t n) {
-  const T s = T(0.79788456080286535587989211986876), c = T(0.044715);
+template <class S>
+__global__ void gelu_backward_kernel(S* dx, const S* x, const S* dout, std::int64_t n) {
+  using M = compute_type_t<S>;
+  const M s = M(0.79788456080286535587989211986876), c = M(0.044715);
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const T v = x[i];
-    const T t = device_tanh(s * (v + c * v * v * v));
-    const T local = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * s * (T(1) + T(3) * c * v * v);
-    dx[i] += local * dout[i];
+    const M v = static_cast<M>(x[i]);
+    const M t = device_tanh(s * (v + c * v * v * v));
+    const M local = M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * s * (M(1) + M(3) * c * v * v);
+    dx[i] = S(static_cast<M>(dx[i]) + local * static_cast<M>(dout[i]));
   }
 }
 }  // namespace cuda_detail
@@ -2390,18 +2394,22 @@ __device__ inline double device_log(double x) { return log(x); }
 template <class T>
 __device__ T lowest() { return -static_cast<T>(INFINITY); }
 
-// Row max and sum(exp(x - max)), every thread of the block gets both.
+// Row max and sum(exp(x - max)) in M, every thread of the block gets both; x is stored as S
+// (M itself, or bf16 read into f32).
 template <class T>
 struct row_stats {
   T max, sum;
 };
-template <int Threads, class T>
-__device__ row_stats<T> block_row_stats(const T* x, std::int64_t cols) {
-  T mx = lowest<T>();
-  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) mx = x[c] > mx ? x[c] : mx;
+template <int Threads, class M, class S>
+__device__ row_stats<M> block_row_stats(const S* x, std::int64_t cols) {
+  M mx = lowest<M>();
+  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) {
+    const M v = static_cast<M>(x[c]);
+    mx = v > mx ? v : mx;
+  }
   mx = block_reduce<Threads>(mx, max_op{});
-  T sum = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) sum += device_exp(x[c] - mx);
+  M sum = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) sum += device_exp(static_cast<M>(x[c]) - mx);
   sum = block_reduce<Threads>(sum, sum_op{});
   return {mx, sum};
 }
@@ -2410,7 +2418,7 @@ template <class T>
 __global__ void softmax_forward_kernel(T* out, const T* x, std::int64_t cols, bool log) {
   const T* in = x + blockIdx.x * cols;
   T* o = out + blockIdx.x * cols;
-  const auto s = block_row_stats<softmax_threads>(in, cols);
+  const auto s = block_row_stats<softmax_threads, T>(in, cols);
   if (log) {
     const T lse = s.max + device_log(s.sum);
     for (std::int64_t c = threadIdx.x; c < cols; c += softmax_threads) o[c] = in[c] - lse;
@@ -3334,7 +3342,8 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/cross_entropy.hpp ----
 // ---- begin decentrain/kernels/cuda/cross_entropy.cuh ----
-// Cross-entropy with logits on the GPU, fused with the softmax: one block per row. The
+// Cross-entropy with logits on the GPU, fused with the softmax: one block per row, logits stored
+// as f32, f64 or bf16 (kernels/native_bf16.hpp). The
 // forward writes each row's loss (in double) and sums them in a fixed order; the backward
 // recomputes the row statistics instead of keeping (N, V) probabilities alive.
 
@@ -3346,33 +3355,38 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t
 namespace decentrain::kernels {
 
 namespace cuda_detail {
-template <class T>
-__global__ void cross_entropy_rows_kernel(double* row_loss, const T* logits, const std::int32_t* targets,
+// S is the stored type of the logits (float, double or bf16); the arithmetic runs in
+// compute_type_t<S> (f32 for bf16).
+template <class S>
+__global__ void cross_entropy_rows_kernel(double* row_loss, const S* logits, const std::int32_t* targets,
                                           std::int64_t V, std::int32_t ignore_index) {
+  using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
   if (target == ignore_index) {  // uniform over the block: no thread reaches a barrier
     if (threadIdx.x == 0) row_loss[i] = 0.0;
     return;
   }
-  const T* row = logits + i * V;
-  const auto s = block_row_stats<softmax_threads>(row, V);
-  if (threadIdx.x == 0) row_loss[i] = static_cast<double>(s.max + device_log(s.sum) - row[target]);
+  const S* row = logits + i * V;
+  const auto s = block_row_stats<softmax_threads, M>(row, V);
+  if (threadIdx.x == 0) row_loss[i] = static_cast<double>(s.max + device_log(s.sum) - static_cast<M>(row[target]));
 }
 
-template <class T>
-__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
-                                              std::int64_t V, std::int32_t ignore_index, T dloss_per_row) {
+template <class S>
+__global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const std::int32_t* targets,
+                                              std::int64_t V, std::int32_t ignore_index,
+                                              compute_type_t<S> dloss_per_row) {
+  using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
   if (target == ignore_index) return;
-  const T* row = logits + i * V;
-  T* d = dlogits + i * V;
-  const auto s = block_row_stats<softmax_threads>(row, V);
-  const T inv = T(1) / s.sum;
+  const S* row = logits + i * V;
+  S* d = dlogits + i * V;
+  const auto s = block_row_stats<softmax_threads, M>(row, V);
+  const M inv = M(1) / s.sum;
   for (std::int64_t c = threadIdx.x; c < V; c += softmax_threads) {
-    const T p = device_exp(row[c] - s.max) * inv;
-    d[c] += dloss_per_row * (c == target ? p - T(1) : p);
+    const M p = device_exp(static_cast<M>(row[c]) - s.max) * inv;
+    d[c] = S(static_cast<M>(d[c]) + dloss_per_row * (c == target ? p - M(1) : p));
   }
 }
 }  // namespace cuda_detail
@@ -3395,7 +3409,7 @@ double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets,
 // dlogits += dloss_per_row * (softmax(logits) - onehot(target)) for counted rows.
 template <class T>
 void cross_entropy_backward(cuda, T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t N,
-                            std::int64_t V, std::int32_t ignore_index, T dloss_per_row) {
+                            std::int64_t V, std::int32_t ignore_index, compute_type_t<T> dloss_per_row) {
   if (N == 0) return;
   cuda_detail::cross_entropy_backward_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
                                                cuda_rt::current_stream()>>>(dlogits, logits, targets, V,
@@ -3466,9 +3480,12 @@ __global__ void reciprocal_kernel(T* out, const T* x, std::int64_t n, T numerato
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) out[i] = numerator / x[i];
 }
 
-template <class T>
-__global__ void axpy_kernel(T* dst, const T* src, std::int64_t n, T scale) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) dst[i] += scale * src[i];
+// S is the stored type; bf16 adds in f32 and rounds once.
+template <class S>
+__global__ void axpy_kernel(S* dst, const S* src, std::int64_t n, compute_type_t<S> scale) {
+  using M = compute_type_t<S>;
+  for (std::int64_t i = thread_index(); i < n; i += thread_count())
+    dst[i] = S(static_cast<M>(dst[i]) + scale * static_cast<M>(src[i]));
 }
 
 inline bool is_dense(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
@@ -3525,8 +3542,9 @@ void reciprocal(cuda, T* out, const T* x, std::int64_t n, T numerator) {
   cuda_rt::check_launch("reciprocal_kernel");
 }
 
+// dst += scale * src, for f32, f64 and bf16 storage (kernels/native_bf16.hpp).
 template <class T>
-void axpy(cuda, T* dst, const T* src, std::int64_t n, T scale = T(1)) {
+void axpy(cuda, T* dst, const T* src, std::int64_t n, compute_type_t<T> scale = 1) {
   if (n == 0) return;
   cuda_detail::axpy_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
                              cuda_rt::current_stream()>>>(dst, src, n, scale);
@@ -3649,6 +3667,7 @@ void embedding_backward(cuda, T* dtable, const std::int32_t* ids, const T* dout,
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <type_traits>
 
 
 namespace decentrain::kernels {
@@ -3743,10 +3762,13 @@ void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
       "cublas gemm");
 }
 
-// Mixed precision: bf16 operands, f32 result and accumulation (tensor cores).
-inline void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                 const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
-                 std::int64_t ldc, gemm_backend backend = gemm_backend::automatic) {
+// Mixed precision: bf16 operands, f32 accumulation (tensor cores), the result stored as f32 or
+// rounded once to bf16 (Out).
+template <class Out>
+  requires(std::is_same_v<Out, float> || std::is_same_v<Out, bf16>)
+void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, Out* c, std::int64_t ldc,
+          gemm_backend backend = gemm_backend::automatic) {
   decentrain::detail::check(backend == gemm_backend::automatic,
                             "gemm: on dt::cuda only the automatic backend (cuBLAS) exists");
   decentrain::detail::check(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
@@ -3758,29 +3780,39 @@ inline void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
   if (m == 0 || n == 0) return;
   static_assert(sizeof(bf16) == 2, "dt::bf16 must have __nv_bfloat16's layout");
   using cuda_detail::as_int;
+  constexpr cudaDataType_t out_type = std::is_same_v<Out, bf16> ? CUDA_R_16BF : CUDA_R_32F;
   cuda_detail::cublas_check(
       cublasGemmEx(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(n, "n"), as_int(m, "m"), as_int(k, "k"), &alpha, b,
-                   CUDA_R_16BF, as_int(ldb, "ldb"), a, CUDA_R_16BF, as_int(lda, "lda"), &beta, c, CUDA_R_32F,
+                   CUDA_R_16BF, as_int(ldb, "ldb"), a, CUDA_R_16BF, as_int(lda, "lda"), &beta, c, out_type,
                    as_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx (bf16 x bf16 -> f32)");
+      std::is_same_v<Out, bf16> ? "cublasGemmEx (bf16 x bf16 -> bf16)" : "cublasGemmEx (bf16 x bf16 -> f32)");
 }
 
 }  // namespace decentrain::kernels
 
 #endif  // DECENTRAIN_HAS_CUDA
 // ---- end decentrain/kernels/cuda/gemm.cuh ----
+// ---- begin decentrain/kernels/native_bf16.hpp ----
+// Which devices' kernels read and write bf16 storage themselves, with f32 arithmetic inside.
+// On the GPU a pass that widens a tensor to f32 before a kernel (and one that narrows the
+// result after) costs as much memory traffic as the kernel itself, so there the GEMMs take bf16
+// operands into a bf16 or f32 result (tensor cores, f32 accumulation) and the kernels of gelu,
+// cross_entropy, sums and gradient accumulation (axpy) take bf16 arrays. Elsewhere (the CPU, whose
+// kernels are f32/f64 only) ops widen bf16 to f32 for the kernel and narrow the result.
+
 
 namespace decentrain::kernels {
-// Whether gemm(Device{}, ...) multiplies bf16 operands natively into an f32 result (f32
-// accumulation). Elsewhere bf16 operands are widened to f32 first.
+
 template <class Device>
-inline constexpr bool has_bf16_gemm = false;
+inline constexpr bool native_bf16 = false;
 #if DECENTRAIN_HAS_CUDA
 template <>
-inline constexpr bool has_bf16_gemm<cuda> = true;
+inline constexpr bool native_bf16<cuda> = true;
 #endif
+
 }  // namespace decentrain::kernels
+// ---- end decentrain/kernels/native_bf16.hpp ----
 // ---- end decentrain/kernels/gemm.hpp ----
 // ---- begin decentrain/kernels/layer_norm.hpp ----
 // The layer_norm kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
@@ -3895,7 +3927,8 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const T* dout, const 
 
 // ---- begin decentrain/kernels/cuda/reduce.cuh ----
 // Row and column sums on the GPU, accumulated in double as on the CPU, in a fixed order (no
-// atomics), so results repeat exactly from run to run.
+// atomics), so results repeat exactly from run to run. f32, f64 or bf16 storage
+// (kernels/native_bf16.hpp).
 
 
 #if DECENTRAIN_HAS_CUDA
@@ -3913,7 +3946,7 @@ template <class T>
 __global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double scale) {
   const T* row = in + blockIdx.x * cols;
   double acc = 0.0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += reduce_threads) acc += static_cast<double>(row[c]);
+  for (std::int64_t c = threadIdx.x; c < cols; c += reduce_threads) acc += static_cast<double>(static_cast<compute_type_t<T>>(row[c]));
   acc = block_reduce<reduce_threads>(acc, sum_op{});
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(acc * scale);
 }
@@ -3953,7 +3986,7 @@ __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t ro
   const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
   const double total = column_sum<column_row_groups>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return static_cast<double>(in[r * cols + c]); });
+                                                     [&](std::int64_t r) { return static_cast<double>(static_cast<compute_type_t<T>>(in[r * cols + c])); });
   if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
 }
 
@@ -3964,14 +3997,15 @@ __global__ void finish_columns_kernel(T* out, const double* partial, std::int64_
   for (std::int64_t c = thread_index(); c < cols; c += thread_count()) {
     double total = 0.0;
     for (std::int64_t k = 0; k < chunks; ++k) total += partial[k * cols + c];
-    out[c] = accumulate ? static_cast<T>(out[c] + static_cast<T>(total * scale)) : static_cast<T>(total * scale);
+    using M = compute_type_t<T>;
+    out[c] = accumulate ? T(static_cast<M>(out[c]) + static_cast<M>(total * scale)) : static_cast<T>(total * scale);
   }
 }
 }  // namespace cuda_detail
 
 // out[r] = scale * sum_c in[r * cols + c]
 template <class T>
-void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, compute_type_t<T> scale = 1) {
   if (rows == 0) return;
   decentrain::detail::check(rows < (std::int64_t{1} << 31), "cuda sum_rows: ", rows, " rows is too many");
   cuda_detail::sum_rows_kernel<<<static_cast<unsigned>(rows), cuda_detail::reduce_threads, 0,
@@ -3981,7 +4015,7 @@ void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T
 
 // out[c] = scale * sum_r in[r * cols + c]
 template <class T>
-void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, compute_type_t<T> scale = 1) {
   if (cols == 0) return;
   const auto stream = cuda_rt::current_stream();
   const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
@@ -4559,7 +4593,8 @@ class no_grad {
 
 // ---- begin decentrain/autograd/dispatch.hpp ----
 // How ops pick the arithmetic type: f32 and f64 compute natively, bf16 is widened to f32 for
-// the math and narrowed back for storage, integer tensors are rejected with the op's name.
+// the math and narrowed back for storage (or, on a device whose kernels store bf16 themselves,
+// handed to them as it is: kernels/native_bf16.hpp), integer tensors are rejected with the op's name.
 
 #include <string_view>
 
@@ -4583,6 +4618,34 @@ inline dtype compute_dtype(dtype t) { return t == dtype::bf16 ? dtype::f32 : t; 
 template <class Device>
 tensor<Device> compute_tensor(const tensor<Device>& x) {
   return x.dtype() == dtype::bf16 ? x.to(dtype::f32) : x.contiguous();
+}
+
+// The dtype a kernel of Device reads and writes for a tensor of dtype `t`: bf16 itself where the
+// device's kernels store bf16 (kernels::native_bf16), otherwise the compute dtype.
+template <class Device>
+dtype kernel_dtype(dtype t) {
+  return kernels::native_bf16<Device> && t == dtype::bf16 ? t : compute_dtype(t);
+}
+
+// `x` contiguous in `t` (a copy only when needed).
+template <class Device>
+tensor<Device> contiguous_as(const tensor<Device>& x, dtype t) {
+  return x.dtype() == t ? x.contiguous() : x.to(t);
+}
+
+// A contiguous tensor in the dtype Device's kernels take for it (kernel_dtype).
+template <class Device>
+tensor<Device> kernel_tensor(const tensor<Device>& x) {
+  return contiguous_as(x, kernel_dtype<Device>(x.dtype()));
+}
+
+// with_float_type for the ops whose kernels take bf16 storage on a native_bf16 device: there
+// f(bf16{}) for bf16, so such an op's kernels must exist for bf16 on every such device.
+template <class Device, class F>
+decltype(auto) with_kernel_type(dtype t, std::string_view op, F&& f) {
+  if constexpr (kernels::native_bf16<Device>)
+    if (t == dtype::bf16) return f(bf16{});
+  return with_float_type(t, op, f);
 }
 
 // The result stored in `t`, the dtype the caller handed in.
@@ -4794,7 +4857,7 @@ tensor<Device> sum(const tensor<Device>& x, std::vector<std::int64_t> axes, bool
       out_sizes.push_back(x.shape()[d]);
     }
   }
-  auto out = tensor<Device>::empty(shape(out_sizes), detail::compute_dtype(x.dtype()));
+  auto out = tensor<Device>::empty(shape(out_sizes), detail::kernel_dtype<Device>(x.dtype()));
   // Reduced dims leading: column sums of the contiguous input. Otherwise move them last.
   const bool leading = std::is_sorted(reduced.begin(), reduced.end(), std::greater<>());
   tensor<Device> src = x;
@@ -4803,11 +4866,12 @@ tensor<Device> sum(const tensor<Device>& x, std::vector<std::int64_t> axes, bool
     order.insert(order.end(), order_reduced.begin(), order_reduced.end());
     src = x.permute(order);
   }
-  src = detail::compute_tensor(src);
-  detail::with_float_type(x.dtype(), "sum", [&](auto tag) {
+  src = detail::kernel_tensor(src);
+  detail::with_kernel_type<Device>(x.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
-    if (leading) kernels::sum_columns(Device{}, out.template data<T>(), src.template data<T>(), count, kept, static_cast<T>(scale));
-    else kernels::sum_rows(Device{}, out.template data<T>(), src.template data<T>(), kept, count, static_cast<T>(scale));
+    const auto s = static_cast<compute_type_t<T>>(scale);
+    if (leading) kernels::sum_columns(Device{}, out.template data<T>(), src.template data<T>(), count, kept, s);
+    else kernels::sum_rows(Device{}, out.template data<T>(), src.template data<T>(), kept, count, s);
   });
   return detail::stored_as(std::move(out), x.dtype());
 }
@@ -4858,56 +4922,72 @@ matmul_dims matmul_shapes(const tensor<Device>& a, const tensor<Device>& b, bool
 }
 
 // An operand for gemm_batched: bf16 stays bf16 where the device multiplies bf16 natively
-// (kernels::has_bf16_gemm: tensor cores, f32 accumulation); elsewhere it is widened to the
+// (kernels::native_bf16: tensor cores, f32 accumulation); elsewhere it is widened to the
 // compute dtype, as every op does.
 template <class Device>
 tensor<Device> gemm_operand(const tensor<Device>& x) {
-  if constexpr (kernels::has_bf16_gemm<Device>)
-    if (x.dtype() == dtype::bf16) return x.contiguous();
-  return detail::compute_tensor(x);
+  return detail::kernel_tensor(x);
 }
+
+// The dtype a product of operands of dtype `t` is computed into: the operands' own, also for
+// bf16 where the device multiplies bf16 natively (rounded once from the f32 accumulator),
+// otherwise the compute dtype.
+template <class Device>
+dtype gemm_result_dtype(dtype t) { return detail::kernel_dtype<Device>(t); }
 
 // c = alpha * op(a) op(b) + beta * c over a batch. Any operand may be 2-D while the others are
 // batched: a 2-D a or b is shared by every entry, and a 2-D c sums the entries (the gradient of
 // a shared weight). All three must be contiguous; a, b and c share the compute dtype, or a and
-// b are bf16 and c is f32 where the device has a bf16 GEMM (see gemm_operand).
+// b are bf16 and c is f32 or bf16 where the device has a bf16 GEMM (see gemm_operand).
 template <class Device>
 void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const tensor<Device>& b,
                   tensor<Device>& c, double alpha, double beta) {
   const auto d = matmul_shapes(a, b, trans_a, trans_b);
   const bool a_batched = a.rank() > 2, b_batched = b.rank() > 2, c_batched = c.rank() > 2;
+  // Batched a (not transposed) times a shared b: one tall GEMM instead of `batch` small ones.
+  const bool tall = a_batched && !b_batched && c_batched && !trans_a;
+  // Shared-weight gradient a^T b summed over the batch: also one GEMM, over batch * rows.
+  const bool folded = a_batched && b_batched && !c_batched && trans_a && !trans_b;
   const auto run = [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
     using Out = decltype(out_tag);
+    using Scalar = compute_type_t<Out>;
     const In* pa = a.template data<In>();
     const In* pb = b.template data<In>();
     Out* pc = c.template data<Out>();
     const std::int64_t lda = a.size(-1), ldb = b.size(-1), ldc = d.n;
-    // Batched a (not transposed) times a shared b: one tall GEMM instead of `batch` small ones.
-    if (a_batched && !b_batched && c_batched && !trans_a) {
-      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<Out>(alpha), pa,
-                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
+    if (tall) {
+      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<Scalar>(alpha), pa,
+                    lda, pb, ldb, static_cast<Scalar>(beta), pc, ldc);
       return;
     }
-    // Shared-weight gradient a^T b summed over the batch: also one GEMM, over batch * rows.
-    if (a_batched && b_batched && !c_batched && trans_a && !trans_b) {
-      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<Out>(alpha), pa,
-                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
+    if (folded) {
+      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<Scalar>(alpha), pa,
+                    lda, pb, ldb, static_cast<Scalar>(beta), pc, ldc);
       return;
     }
     for (std::int64_t i = 0; i < d.batch; ++i) {
-      const Out step_beta = (!c_batched && i > 0) ? Out(1) : static_cast<Out>(beta);
-      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<Out>(alpha),
+      const Scalar step_beta = (!c_batched && i > 0) ? Scalar(1) : static_cast<Scalar>(beta);
+      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<Scalar>(alpha),
                     pa + (a_batched ? i * d.m * d.k : 0), lda, pb + (b_batched ? i * d.k * d.n : 0),
                     ldb, step_beta, pc + (c_batched ? i * d.m * d.n : 0), ldc);
     }
   };
-  if constexpr (kernels::has_bf16_gemm<Device>) {
+  if constexpr (kernels::native_bf16<Device>) {
     if (a.dtype() == dtype::bf16) {
-      detail::check(b.dtype() == dtype::bf16 && c.dtype() == dtype::f32, "matmul: a bf16 product needs bf16 ",
-                    "operands and an f32 result, got ", dtype_name(b.dtype()), " and ", dtype_name(c.dtype()));
-      run(bf16{}, float{});
-      return;
+      detail::check(b.dtype() == dtype::bf16 && (c.dtype() == dtype::f32 || c.dtype() == dtype::bf16),
+                    "matmul: a bf16 product needs bf16 operands and an f32 or bf16 result, got ",
+                    dtype_name(b.dtype()), " and ", dtype_name(c.dtype()));
+      if (c.dtype() == dtype::f32) return run(bf16{}, float{});
+      // A bf16 c that sums batch entries one GEMM after another would round after each: those
+      // sum in f32 and round once.
+      if (!c_batched && d.batch > 1 && !folded) {
+        auto wide = c.to(dtype::f32);
+        gemm_batched(trans_a, trans_b, a, b, wide, alpha, beta);
+        c.copy_from(wide);
+        return;
+      }
+      return run(bf16{}, bf16{});
     }
   }
   detail::check(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "matmul: operands ", dtype_name(a.dtype()),
@@ -4930,7 +5010,7 @@ void matmul_into(const tensor<Device>& a, const tensor<Device>& b, tensor<Device
                 "matmul_into: out must be a contiguous ", dtype_name(a.dtype()), " tensor of shape ",
                 shape(sizes), ", got ", (out.defined() ? out.shape().to_string() : "undefined"));
   const auto ca = gemm_operand(a), cb = gemm_operand(b);
-  if (out.dtype() == detail::compute_dtype(out.dtype())) {
+  if (out.dtype() == gemm_result_dtype<Device>(out.dtype())) {
     gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
   } else {
     auto wide = tensor<Device>::empty(out.shape(), detail::compute_dtype(out.dtype()));
@@ -5018,7 +5098,7 @@ void accumulate_grad(var_state<Device>& state, tensor<Device> g) {
     state.grad = g.is_sole_owner() ? std::move(g) : g.clone();
     return;
   }
-  if (state.grad.dtype() == dtype::bf16) {  // bf16 storage: accumulate in f32
+  if (state.grad.dtype() == dtype::bf16 && !kernels::native_bf16<Device>) {  // add in f32, round once
     auto sum = state.grad.to(dtype::f32);
     auto add = g.to(dtype::f32);
     kernels::axpy(Device{}, sum.template data<float>(), add.template data<float>(), sum.numel());
@@ -5028,7 +5108,8 @@ void accumulate_grad(var_state<Device>& state, tensor<Device> g) {
   const auto src = g.contiguous();
   visit_dtype(state.grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    constexpr bool native_bf16 = std::is_same_v<T, bf16> && kernels::native_bf16<Device>;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || native_bf16) {
       kernels::axpy(Device{}, state.grad.template data<T>(), src.template data<T>(),
                     state.grad.numel());
     } else {
@@ -5182,17 +5263,17 @@ namespace decentrain {
 
 template <class Device>
 var<Device> gelu(const var<Device>& x) {
-  const auto cx = detail::compute_tensor(x.value());
+  const auto cx = detail::kernel_tensor(x.value());
   auto out = tensor<Device>::empty(x.shape(), cx.dtype());
-  detail::with_float_type(x.dtype(), "gelu", [&](auto tag) {
+  detail::with_kernel_type<Device>(x.dtype(), "gelu", [&](auto tag) {
     using T = decltype(tag);
     kernels::gelu_forward(Device{}, out.template data<T>(), cx.template data<T>(), cx.numel());
   });
   return record<Device>("gelu", detail::stored_as(out, x.dtype()), {x},
                         [](const tensor<Device>& g, node<Device>& n) {
-    const auto cx = detail::compute_tensor(n.input(0)), cg = detail::compute_tensor(g);
+    const auto cx = detail::kernel_tensor(n.input(0)), cg = detail::contiguous_as(g, cx.dtype());
     auto dx = zeros<Device>(cx.shape(), cx.dtype());
-    detail::with_float_type(cx.dtype(), "gelu backward", [&](auto tag) {
+    detail::with_kernel_type<Device>(n.input(0).dtype(), "gelu backward", [&](auto tag) {
       using T = decltype(tag);
       kernels::gelu_backward(Device{}, dx.template data<T>(), cx.template data<T>(),
                              cg.template data<T>(), cx.numel());
@@ -5640,9 +5721,9 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
                   ignore_index, ")");
     counted += t[i] != ignore_index;
   }
-  const auto cl = detail::compute_tensor(logits.value());
+  const auto cl = detail::kernel_tensor(logits.value());
   double total = 0.0;
-  detail::with_float_type(logits.dtype(), "cross_entropy", [&](auto tag) {
+  detail::with_kernel_type<Device>(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
                                            V, ignore_index);
@@ -5652,11 +5733,11 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   return record<Device>("cross_entropy", out, {logits},
                         [ids, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
     if (counted == 0) return;
-    const auto cl = detail::compute_tensor(n.input(0));
+    const auto cl = detail::kernel_tensor(n.input(0));
     auto dl = zeros<Device>(cl.shape(), cl.dtype());
-    detail::with_float_type(cl.dtype(), "cross_entropy backward", [&](auto tag) {
+    detail::with_kernel_type<Device>(cl.dtype(), "cross_entropy backward", [&](auto tag) {
       using T = decltype(tag);
-      const T per_row = static_cast<T>(g.item() / static_cast<double>(counted));
+      const auto per_row = static_cast<compute_type_t<T>>(g.item() / static_cast<double>(counted));
       kernels::cross_entropy_backward(Device{}, dl.template data<T>(), cl.template data<T>(),
                                       ids.template data<std::int32_t>(), N, V, ignore_index, per_row);
     });
@@ -5777,10 +5858,11 @@ constexpr cudaDataType_t lt_type() {
 }
 
 // out or pre = x w + bias through cuBLASLt, GELU fused when `pre` is given; false when
-// cuBLASLt has no algorithm for this case (nothing has been written then).
-template <class In>
-bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const float* bias, float* out,
-               float* pre) {
+// cuBLASLt has no algorithm for this case (nothing has been written then). The bias, out and
+// pre share Out's type (cuBLASLt's default for the bias and the auxiliary output).
+template <class In, class Out>
+bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const Out* bias, Out* out,
+               Out* pre) {
   // The GELU epilogue's auxiliary output wants a leading dimension that is a multiple of 8.
   if (pre && n % 8 != 0) return false;
   const auto M = static_cast<std::uint64_t>(n), N = static_cast<std::uint64_t>(m), K = static_cast<std::uint64_t>(k);
@@ -5808,7 +5890,7 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
   lt_layout a, b, d;  // column-major: A = w^T (n x k), B = x^T (k x m), D = out^T (n x m)
   cublas_check(cublasLtMatrixLayoutCreate(&a.layout, lt_type<In>(), M, K, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (A)");
   cublas_check(cublasLtMatrixLayoutCreate(&b.layout, lt_type<In>(), K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
-  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, CUDA_R_32F, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
+  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, lt_type<Out>(), M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
   lt_preference pref;
   cublas_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace_bytes = lt_workspace_bytes;
@@ -5854,15 +5936,16 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
 
 // Row-major, contiguous: x (m, k), w (k, n), bias (n) or null, out (m, n); `pre` (m, n) or null:
 // when given, pre = x w + bias and out = gelu(pre). x and w are f32, f64, or bf16 (then the
-// bias and results are f32: tensor-core products, f32 accumulation).
+// bias and results are f32 or bf16: tensor-core products, f32 accumulation, bias and GELU
+// applied in f32 before the results are rounded).
 template <class In, class T>
 void linear_forward(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const T* bias,
                     T* out, T* pre) {
   static_assert(std::is_same_v<In, T> || (std::is_same_v<In, bf16> && std::is_same_v<T, float>),
                 "linear_forward: operands and results of one type, or bf16 operands with f32 results");
   if (m == 0 || n == 0) return;
-  if constexpr (std::is_same_v<T, float>) {
-    if (k > 0 && cuda_detail::lt_linear<In>(m, n, k, x, w, bias, out, pre)) return;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (k > 0 && cuda_detail::lt_linear<In, T>(m, n, k, x, w, bias, out, pre)) return;
   }
   T* dst = pre ? pre : out;
   if (bias) {
@@ -5870,7 +5953,8 @@ void linear_forward(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const 
         dst, bias, m, n);
     cuda_rt::check_launch("bias_rows_kernel");
   }
-  gemm(cuda{}, false, false, m, n, k, T(1), x, k, w, n, bias ? T(1) : T(0), dst, n);
+  using Scalar = compute_type_t<T>;
+  gemm(cuda{}, false, false, m, n, k, Scalar(1), x, k, w, n, bias ? Scalar(1) : Scalar(0), dst, n);
   if (pre) gelu_forward(cuda{}, out, pre, m * n);
 }
 
@@ -5889,7 +5973,7 @@ template <class Device>
 void matmul_backward(const tensor<Device>& g, node<Device>& n, bool ta, bool tb) {
   const auto a = math::gemm_operand(n.input(0)), b = math::gemm_operand(n.input(1));
   const auto gc = math::gemm_operand(g);
-  const dtype result = compute_dtype(g.dtype());
+  const dtype result = math::gemm_result_dtype<Device>(g.dtype());
   if (n.needs_grad(0)) {
     auto da = tensor<Device>::empty(a.shape(), result);
     if (!ta) math::gemm_batched(false, !tb, gc, b, da, 1.0, 0.0);  // dA = dC op(B)^T
@@ -5941,8 +6025,8 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   out_sizes.back() = width;
   const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
   const auto w = math::gemm_operand(weight.value());
-  const dtype result = detail::compute_dtype(x.dtype());
-  const auto b = bias ? detail::compute_tensor(bias->value()) : tensor<Device>{};
+  const dtype result = math::gemm_result_dtype<Device>(x.dtype());
+  const auto b = bias ? detail::contiguous_as(bias->value(), result) : tensor<Device>{};
   auto out = tensor<Device>::empty(shape({rows, width}), result);
   auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
   const auto run = [&](auto in_tag, auto out_tag) {
@@ -5953,7 +6037,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
                             with_gelu ? pre.template data<Out>() : nullptr);
   };
   if (x2.dtype() == dtype::bf16) {
-    if constexpr (kernels::has_bf16_gemm<Device>) run(bf16{}, float{});
+    if constexpr (kernels::native_bf16<Device>) run(bf16{}, bf16{});
     else detail::fail(name, ": bf16 operands on a device without a bf16 GEMM");
   } else {
     detail::with_float_type(result, name, [&](auto tag) { run(tag, tag); });
@@ -5964,12 +6048,12 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   std::vector<var<Device>> inputs{x, weight};
   if (bias) inputs.push_back(*bias);
   return record<Device>(name, out, inputs, [rows, in, width, pre](const tensor<Device>& g, node<Device>& n) {
-    const dtype result = detail::compute_dtype(g.dtype());
+    const dtype result = math::gemm_result_dtype<Device>(g.dtype());
     tensor<Device> g_pre = g;
     if (pre.defined()) {  // through GELU first, then stored as an unfused GELU's gradient would be
-      const auto cp = detail::compute_tensor(pre), cg = detail::compute_tensor(g);
+      const auto cp = detail::kernel_tensor(pre), cg = detail::contiguous_as(g, cp.dtype());
       auto d = zeros<Device>(cp.shape(), cp.dtype());
-      detail::with_float_type(cp.dtype(), "linear_gelu backward", [&](auto tag) {
+      detail::with_kernel_type<Device>(pre.dtype(), "linear_gelu backward", [&](auto tag) {
         using T = decltype(tag);
         kernels::gelu_backward(Device{}, d.template data<T>(), cp.template data<T>(), cg.template data<T>(), cp.numel());
       });
@@ -9155,10 +9239,13 @@ class tcp {
     void read_in_place(const std::shared_ptr<connection>& c, const wire::header& h, std::span<std::byte> into) {
       asio::async_read(c->socket, asio::buffer(into.data(), into.size()), [this, c, h](const asio::error_code& ec, std::size_t got) {
         if (ec) {
-          box.abandoned(c->rank, h.tag);
+          // Closed (and counted) before the posting is settled: the receiver wakes to a peer
+          // already marked unreachable, so its error and the stats say why.
           if (ec == asio::error::eof)
-            return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
-          return lost(c, ec);
+            malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
+          else
+            lost(c, ec);
+          return box.abandoned(c->rank, h.tag);
         }
         box.landed(c->rank, h.tag);
         read_next(c);

@@ -322,6 +322,36 @@ TEST_CASE("cuda bf16 storage: ops compute in f32 and round results like the CPU"
   // Results are bf16 (8 bits of mantissa): 1 in 128 relative covers one rounding step.
   check_against_cpu("bf16 linear", {x, w}, [](auto& v) { return dt::linear(v[0], v[1]); }, 8e-3);
   check_against_cpu("bf16 gelu", {x}, [](auto& v) { return dt::gelu(v[0]); }, 8e-3);
+  // On the GPU these kernels read and write bf16 themselves (kernels::native_bf16); the CPU
+  // widens to f32 and rounds the result: the same arithmetic, one rounding each.
+  static_assert(dt::kernels::native_bf16<gpu> && !dt::kernels::native_bf16<cpu>);
+  const auto b = random(dt::shape{32}, 52).to(dt::dtype::bf16);
+  check_against_cpu("bf16 linear with bias", {x, w, b}, [](auto& v) { return dt::linear(v[0], v[1], v[2]); }, 8e-3);
+  check_against_cpu("bf16 sums", {x}, [](auto& v) { return dt::sum(v[0], {-1}, true) + dt::mean(v[0], {0, 1}); }, 8e-3);
+  // x receives two bf16 gradients, added in f32 and rounded once on both devices.
+  check_against_cpu("bf16 gradient accumulation", {x}, [](auto& v) { return dt::gelu(v[0]) + v[0]; }, 8e-3);
+  // A shared left operand: its gradient sums the batch in f32 before the one rounding.
+  const auto left = random(dt::shape{24, 64}, 53, dt::dtype::f32, 0.2).to(dt::dtype::bf16);
+  const auto right = random(dt::shape{4, 64, 32}, 54).to(dt::dtype::bf16);
+  check_against_cpu("bf16 shared-left matmul", {left, right}, [](auto& v) { return dt::matmul(v[0], v[1]); }, 8e-3);
+  {
+    const auto y = dt::math::matmul(dt::to_device<gpu>(left), dt::to_device<gpu>(right));
+    CHECK(y.dtype() == dt::dtype::bf16);  // written by the GEMM in bf16, no f32 copy
+  }
+  const auto logits = random(dt::shape{5, 7, 300}, 55, dt::dtype::f32, 3.0).to(dt::dtype::bf16);
+  std::vector<std::int32_t> targets(35);
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<std::int32_t>((i * 41) % 300);
+  targets[6] = -1;  // ignored
+  const auto tc = dt::from_vector(targets, dt::shape{5, 7});
+  auto lc = dt::parameter(logits.clone());
+  auto lg = dt::parameter(dt::to_device<gpu>(logits));
+  auto loss_c = dt::cross_entropy(lc, tc);
+  auto loss_g = dt::cross_entropy(lg, dt::to_device<gpu>(tc));
+  CHECK(loss_g.item() == Approx(loss_c.item()).epsilon(8e-3));
+  loss_c.backward();
+  loss_g.backward();
+  REQUIRE(lg.grad().dtype() == dt::dtype::bf16);
+  CHECK(normwise_error(host(lg.grad()), lc.grad()) <= 8e-3);
 }
 
 TEST_CASE("cuda optimizers and gradient clipping follow the CPU trajectory") {

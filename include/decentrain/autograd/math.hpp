@@ -107,7 +107,7 @@ tensor<Device> sum(const tensor<Device>& x, std::vector<std::int64_t> axes, bool
       out_sizes.push_back(x.shape()[d]);
     }
   }
-  auto out = tensor<Device>::empty(shape(out_sizes), detail::compute_dtype(x.dtype()));
+  auto out = tensor<Device>::empty(shape(out_sizes), detail::kernel_dtype<Device>(x.dtype()));
   // Reduced dims leading: column sums of the contiguous input. Otherwise move them last.
   const bool leading = std::is_sorted(reduced.begin(), reduced.end(), std::greater<>());
   tensor<Device> src = x;
@@ -116,11 +116,12 @@ tensor<Device> sum(const tensor<Device>& x, std::vector<std::int64_t> axes, bool
     order.insert(order.end(), order_reduced.begin(), order_reduced.end());
     src = x.permute(order);
   }
-  src = detail::compute_tensor(src);
-  detail::with_float_type(x.dtype(), "sum", [&](auto tag) {
+  src = detail::kernel_tensor(src);
+  detail::with_kernel_type<Device>(x.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
-    if (leading) kernels::sum_columns(Device{}, out.template data<T>(), src.template data<T>(), count, kept, static_cast<T>(scale));
-    else kernels::sum_rows(Device{}, out.template data<T>(), src.template data<T>(), kept, count, static_cast<T>(scale));
+    const auto s = static_cast<compute_type_t<T>>(scale);
+    if (leading) kernels::sum_columns(Device{}, out.template data<T>(), src.template data<T>(), count, kept, s);
+    else kernels::sum_rows(Device{}, out.template data<T>(), src.template data<T>(), kept, count, s);
   });
   return detail::stored_as(std::move(out), x.dtype());
 }
@@ -171,56 +172,72 @@ matmul_dims matmul_shapes(const tensor<Device>& a, const tensor<Device>& b, bool
 }
 
 // An operand for gemm_batched: bf16 stays bf16 where the device multiplies bf16 natively
-// (kernels::has_bf16_gemm: tensor cores, f32 accumulation); elsewhere it is widened to the
+// (kernels::native_bf16: tensor cores, f32 accumulation); elsewhere it is widened to the
 // compute dtype, as every op does.
 template <class Device>
 tensor<Device> gemm_operand(const tensor<Device>& x) {
-  if constexpr (kernels::has_bf16_gemm<Device>)
-    if (x.dtype() == dtype::bf16) return x.contiguous();
-  return detail::compute_tensor(x);
+  return detail::kernel_tensor(x);
 }
+
+// The dtype a product of operands of dtype `t` is computed into: the operands' own, also for
+// bf16 where the device multiplies bf16 natively (rounded once from the f32 accumulator),
+// otherwise the compute dtype.
+template <class Device>
+dtype gemm_result_dtype(dtype t) { return detail::kernel_dtype<Device>(t); }
 
 // c = alpha * op(a) op(b) + beta * c over a batch. Any operand may be 2-D while the others are
 // batched: a 2-D a or b is shared by every entry, and a 2-D c sums the entries (the gradient of
 // a shared weight). All three must be contiguous; a, b and c share the compute dtype, or a and
-// b are bf16 and c is f32 where the device has a bf16 GEMM (see gemm_operand).
+// b are bf16 and c is f32 or bf16 where the device has a bf16 GEMM (see gemm_operand).
 template <class Device>
 void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const tensor<Device>& b,
                   tensor<Device>& c, double alpha, double beta) {
   const auto d = matmul_shapes(a, b, trans_a, trans_b);
   const bool a_batched = a.rank() > 2, b_batched = b.rank() > 2, c_batched = c.rank() > 2;
+  // Batched a (not transposed) times a shared b: one tall GEMM instead of `batch` small ones.
+  const bool tall = a_batched && !b_batched && c_batched && !trans_a;
+  // Shared-weight gradient a^T b summed over the batch: also one GEMM, over batch * rows.
+  const bool folded = a_batched && b_batched && !c_batched && trans_a && !trans_b;
   const auto run = [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
     using Out = decltype(out_tag);
+    using Scalar = compute_type_t<Out>;
     const In* pa = a.template data<In>();
     const In* pb = b.template data<In>();
     Out* pc = c.template data<Out>();
     const std::int64_t lda = a.size(-1), ldb = b.size(-1), ldc = d.n;
-    // Batched a (not transposed) times a shared b: one tall GEMM instead of `batch` small ones.
-    if (a_batched && !b_batched && c_batched && !trans_a) {
-      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<Out>(alpha), pa,
-                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
+    if (tall) {
+      kernels::gemm(Device{}, false, trans_b, d.batch * d.m, d.n, d.k, static_cast<Scalar>(alpha), pa,
+                    lda, pb, ldb, static_cast<Scalar>(beta), pc, ldc);
       return;
     }
-    // Shared-weight gradient a^T b summed over the batch: also one GEMM, over batch * rows.
-    if (a_batched && b_batched && !c_batched && trans_a && !trans_b) {
-      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<Out>(alpha), pa,
-                    lda, pb, ldb, static_cast<Out>(beta), pc, ldc);
+    if (folded) {
+      kernels::gemm(Device{}, true, false, d.m, d.n, d.batch * d.k, static_cast<Scalar>(alpha), pa,
+                    lda, pb, ldb, static_cast<Scalar>(beta), pc, ldc);
       return;
     }
     for (std::int64_t i = 0; i < d.batch; ++i) {
-      const Out step_beta = (!c_batched && i > 0) ? Out(1) : static_cast<Out>(beta);
-      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<Out>(alpha),
+      const Scalar step_beta = (!c_batched && i > 0) ? Scalar(1) : static_cast<Scalar>(beta);
+      kernels::gemm(Device{}, trans_a, trans_b, d.m, d.n, d.k, static_cast<Scalar>(alpha),
                     pa + (a_batched ? i * d.m * d.k : 0), lda, pb + (b_batched ? i * d.k * d.n : 0),
                     ldb, step_beta, pc + (c_batched ? i * d.m * d.n : 0), ldc);
     }
   };
-  if constexpr (kernels::has_bf16_gemm<Device>) {
+  if constexpr (kernels::native_bf16<Device>) {
     if (a.dtype() == dtype::bf16) {
-      detail::check(b.dtype() == dtype::bf16 && c.dtype() == dtype::f32, "matmul: a bf16 product needs bf16 ",
-                    "operands and an f32 result, got ", dtype_name(b.dtype()), " and ", dtype_name(c.dtype()));
-      run(bf16{}, float{});
-      return;
+      detail::check(b.dtype() == dtype::bf16 && (c.dtype() == dtype::f32 || c.dtype() == dtype::bf16),
+                    "matmul: a bf16 product needs bf16 operands and an f32 or bf16 result, got ",
+                    dtype_name(b.dtype()), " and ", dtype_name(c.dtype()));
+      if (c.dtype() == dtype::f32) return run(bf16{}, float{});
+      // A bf16 c that sums batch entries one GEMM after another would round after each: those
+      // sum in f32 and round once.
+      if (!c_batched && d.batch > 1 && !folded) {
+        auto wide = c.to(dtype::f32);
+        gemm_batched(trans_a, trans_b, a, b, wide, alpha, beta);
+        c.copy_from(wide);
+        return;
+      }
+      return run(bf16{}, bf16{});
     }
   }
   detail::check(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "matmul: operands ", dtype_name(a.dtype()),
@@ -243,7 +260,7 @@ void matmul_into(const tensor<Device>& a, const tensor<Device>& b, tensor<Device
                 "matmul_into: out must be a contiguous ", dtype_name(a.dtype()), " tensor of shape ",
                 shape(sizes), ", got ", (out.defined() ? out.shape().to_string() : "undefined"));
   const auto ca = gemm_operand(a), cb = gemm_operand(b);
-  if (out.dtype() == detail::compute_dtype(out.dtype())) {
+  if (out.dtype() == gemm_result_dtype<Device>(out.dtype())) {
     gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
   } else {
     auto wide = tensor<Device>::empty(out.shape(), detail::compute_dtype(out.dtype()));

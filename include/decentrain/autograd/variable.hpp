@@ -17,6 +17,7 @@
 #include "decentrain/core/factory.hpp"
 #include "decentrain/core/tensor.hpp"
 #include "decentrain/kernels/elementwise.hpp"
+#include "decentrain/kernels/native_bf16.hpp"
 
 namespace decentrain {
 
@@ -43,7 +44,7 @@ void accumulate_grad(var_state<Device>& state, tensor<Device> g) {
     state.grad = g.is_sole_owner() ? std::move(g) : g.clone();
     return;
   }
-  if (state.grad.dtype() == dtype::bf16) {  // bf16 storage: accumulate in f32
+  if (state.grad.dtype() == dtype::bf16 && !kernels::native_bf16<Device>) {  // add in f32, round once
     auto sum = state.grad.to(dtype::f32);
     auto add = g.to(dtype::f32);
     kernels::axpy(Device{}, sum.template data<float>(), add.template data<float>(), sum.numel());
@@ -53,7 +54,8 @@ void accumulate_grad(var_state<Device>& state, tensor<Device> g) {
   const auto src = g.contiguous();
   visit_dtype(state.grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    constexpr bool native_bf16 = std::is_same_v<T, bf16> && kernels::native_bf16<Device>;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || native_bf16) {
       kernels::axpy(Device{}, state.grad.template data<T>(), src.template data<T>(),
                     state.grad.numel());
     } else {

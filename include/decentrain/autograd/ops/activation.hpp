@@ -10,17 +10,17 @@ namespace decentrain {
 
 template <class Device>
 var<Device> gelu(const var<Device>& x) {
-  const auto cx = detail::compute_tensor(x.value());
+  const auto cx = detail::kernel_tensor(x.value());
   auto out = tensor<Device>::empty(x.shape(), cx.dtype());
-  detail::with_float_type(x.dtype(), "gelu", [&](auto tag) {
+  detail::with_kernel_type<Device>(x.dtype(), "gelu", [&](auto tag) {
     using T = decltype(tag);
     kernels::gelu_forward(Device{}, out.template data<T>(), cx.template data<T>(), cx.numel());
   });
   return record<Device>("gelu", detail::stored_as(out, x.dtype()), {x},
                         [](const tensor<Device>& g, node<Device>& n) {
-    const auto cx = detail::compute_tensor(n.input(0)), cg = detail::compute_tensor(g);
+    const auto cx = detail::kernel_tensor(n.input(0)), cg = detail::contiguous_as(g, cx.dtype());
     auto dx = zeros<Device>(cx.shape(), cx.dtype());
-    detail::with_float_type(cx.dtype(), "gelu backward", [&](auto tag) {
+    detail::with_kernel_type<Device>(n.input(0).dtype(), "gelu backward", [&](auto tag) {
       using T = decltype(tag);
       kernels::gelu_backward(Device{}, dx.template data<T>(), cx.template data<T>(),
                              cg.template data<T>(), cx.numel());

@@ -36,9 +36,9 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
                   ignore_index, ")");
     counted += t[i] != ignore_index;
   }
-  const auto cl = detail::compute_tensor(logits.value());
+  const auto cl = detail::kernel_tensor(logits.value());
   double total = 0.0;
-  detail::with_float_type(logits.dtype(), "cross_entropy", [&](auto tag) {
+  detail::with_kernel_type<Device>(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
                                            V, ignore_index);
@@ -48,11 +48,11 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   return record<Device>("cross_entropy", out, {logits},
                         [ids, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
     if (counted == 0) return;
-    const auto cl = detail::compute_tensor(n.input(0));
+    const auto cl = detail::kernel_tensor(n.input(0));
     auto dl = zeros<Device>(cl.shape(), cl.dtype());
-    detail::with_float_type(cl.dtype(), "cross_entropy backward", [&](auto tag) {
+    detail::with_kernel_type<Device>(cl.dtype(), "cross_entropy backward", [&](auto tag) {
       using T = decltype(tag);
-      const T per_row = static_cast<T>(g.item() / static_cast<double>(counted));
+      const auto per_row = static_cast<compute_type_t<T>>(g.item() / static_cast<double>(counted));
       kernels::cross_entropy_backward(Device{}, dl.template data<T>(), cl.template data<T>(),
                                       ids.template data<std::int32_t>(), N, V, ignore_index, per_row);
     });

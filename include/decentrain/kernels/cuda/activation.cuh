@@ -1,4 +1,5 @@
-// GELU (tanh form) on the GPU, forward and backward; the same formula as the CPU kernels.
+// GELU (tanh form) on the GPU, forward and backward; the same formula as the CPU kernels, for
+// f32, f64 and bf16 storage (kernels/native_bf16.hpp).
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -6,6 +7,7 @@
 #if DECENTRAIN_HAS_CUDA
 #include <cstdint>
 
+#include "decentrain/core/dtype.hpp"
 #include "decentrain/kernels/cpu/activation.hpp"
 #include "decentrain/kernels/cuda/common.cuh"
 
@@ -15,23 +17,26 @@ namespace cuda_detail {
 __device__ inline float device_tanh(float u) { return tanhf(u); }
 __device__ inline double device_tanh(double u) { return tanh(u); }
 
-template <class T>
-__global__ void gelu_forward_kernel(T* out, const T* x, std::int64_t n) {
-  const T s = T(0.79788456080286535587989211986876), c = T(0.044715);
+// S is the stored type (float, double or bf16); the arithmetic runs in M (f32 for bf16).
+template <class S>
+__global__ void gelu_forward_kernel(S* out, const S* x, std::int64_t n) {
+  using M = compute_type_t<S>;
+  const M s = M(0.79788456080286535587989211986876), c = M(0.044715);
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const T v = x[i];
-    out[i] = T(0.5) * v * (T(1) + device_tanh(s * (v + c * v * v * v)));
+    const M v = static_cast<M>(x[i]);
+    out[i] = S(M(0.5) * v * (M(1) + device_tanh(s * (v + c * v * v * v))));
   }
 }
 
-template <class T>
-__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, std::int64_t n) {
-  const T s = T(0.79788456080286535587989211986876), c = T(0.044715);
+template <class S>
+__global__ void gelu_backward_kernel(S* dx, const S* x, const S* dout, std::int64_t n) {
+  using M = compute_type_t<S>;
+  const M s = M(0.79788456080286535587989211986876), c = M(0.044715);
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const T v = x[i];
-    const T t = device_tanh(s * (v + c * v * v * v));
-    const T local = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * s * (T(1) + T(3) * c * v * v);
-    dx[i] += local * dout[i];
+    const M v = static_cast<M>(x[i]);
+    const M t = device_tanh(s * (v + c * v * v * v));
+    const M local = M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * s * (M(1) + M(3) * c * v * v);
+    dx[i] = S(static_cast<M>(dx[i]) + local * static_cast<M>(dout[i]));
   }
 }
 }  // namespace cuda_detail

@@ -1,4 +1,5 @@
-// Cross-entropy with logits on the GPU, fused with the softmax: one block per row. The
+// Cross-entropy with logits on the GPU, fused with the softmax: one block per row, logits stored
+// as f32, f64 or bf16 (kernels/native_bf16.hpp). The
 // forward writes each row's loss (in double) and sums them in a fixed order; the backward
 // recomputes the row statistics instead of keeping (N, V) probabilities alive.
 #pragma once
@@ -8,39 +9,45 @@
 #if DECENTRAIN_HAS_CUDA
 #include <cstdint>
 
+#include "decentrain/core/dtype.hpp"
 #include "decentrain/kernels/cuda/common.cuh"
 #include "decentrain/kernels/cuda/softmax.cuh"
 
 namespace decentrain::kernels {
 
 namespace cuda_detail {
-template <class T>
-__global__ void cross_entropy_rows_kernel(double* row_loss, const T* logits, const std::int32_t* targets,
+// S is the stored type of the logits (float, double or bf16); the arithmetic runs in
+// compute_type_t<S> (f32 for bf16).
+template <class S>
+__global__ void cross_entropy_rows_kernel(double* row_loss, const S* logits, const std::int32_t* targets,
                                           std::int64_t V, std::int32_t ignore_index) {
+  using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
   if (target == ignore_index) {  // uniform over the block: no thread reaches a barrier
     if (threadIdx.x == 0) row_loss[i] = 0.0;
     return;
   }
-  const T* row = logits + i * V;
-  const auto s = block_row_stats<softmax_threads>(row, V);
-  if (threadIdx.x == 0) row_loss[i] = static_cast<double>(s.max + device_log(s.sum) - row[target]);
+  const S* row = logits + i * V;
+  const auto s = block_row_stats<softmax_threads, M>(row, V);
+  if (threadIdx.x == 0) row_loss[i] = static_cast<double>(s.max + device_log(s.sum) - static_cast<M>(row[target]));
 }
 
-template <class T>
-__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
-                                              std::int64_t V, std::int32_t ignore_index, T dloss_per_row) {
+template <class S>
+__global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const std::int32_t* targets,
+                                              std::int64_t V, std::int32_t ignore_index,
+                                              compute_type_t<S> dloss_per_row) {
+  using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
   if (target == ignore_index) return;
-  const T* row = logits + i * V;
-  T* d = dlogits + i * V;
-  const auto s = block_row_stats<softmax_threads>(row, V);
-  const T inv = T(1) / s.sum;
+  const S* row = logits + i * V;
+  S* d = dlogits + i * V;
+  const auto s = block_row_stats<softmax_threads, M>(row, V);
+  const M inv = M(1) / s.sum;
   for (std::int64_t c = threadIdx.x; c < V; c += softmax_threads) {
-    const T p = device_exp(row[c] - s.max) * inv;
-    d[c] += dloss_per_row * (c == target ? p - T(1) : p);
+    const M p = device_exp(static_cast<M>(row[c]) - s.max) * inv;
+    d[c] = S(static_cast<M>(d[c]) + dloss_per_row * (c == target ? p - M(1) : p));
   }
 }
 }  // namespace cuda_detail
@@ -63,7 +70,7 @@ double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets,
 // dlogits += dloss_per_row * (softmax(logits) - onehot(target)) for counted rows.
 template <class T>
 void cross_entropy_backward(cuda, T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t N,
-                            std::int64_t V, std::int32_t ignore_index, T dloss_per_row) {
+                            std::int64_t V, std::int32_t ignore_index, compute_type_t<T> dloss_per_row) {
   if (N == 0) return;
   cuda_detail::cross_entropy_backward_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
                                                cuda_rt::current_stream()>>>(dlogits, logits, targets, V,

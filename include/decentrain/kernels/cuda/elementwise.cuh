@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "decentrain/core/dtype.hpp"
 #include "decentrain/kernels/cpu/elementwise.hpp"
 #include "decentrain/kernels/cuda/common.cuh"
 
@@ -55,9 +56,12 @@ __global__ void reciprocal_kernel(T* out, const T* x, std::int64_t n, T numerato
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) out[i] = numerator / x[i];
 }
 
-template <class T>
-__global__ void axpy_kernel(T* dst, const T* src, std::int64_t n, T scale) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) dst[i] += scale * src[i];
+// S is the stored type; bf16 adds in f32 and rounds once.
+template <class S>
+__global__ void axpy_kernel(S* dst, const S* src, std::int64_t n, compute_type_t<S> scale) {
+  using M = compute_type_t<S>;
+  for (std::int64_t i = thread_index(); i < n; i += thread_count())
+    dst[i] = S(static_cast<M>(dst[i]) + scale * static_cast<M>(src[i]));
 }
 
 inline bool is_dense(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
@@ -114,8 +118,9 @@ void reciprocal(cuda, T* out, const T* x, std::int64_t n, T numerator) {
   cuda_rt::check_launch("reciprocal_kernel");
 }
 
+// dst += scale * src, for f32, f64 and bf16 storage (kernels/native_bf16.hpp).
 template <class T>
-void axpy(cuda, T* dst, const T* src, std::int64_t n, T scale = T(1)) {
+void axpy(cuda, T* dst, const T* src, std::int64_t n, compute_type_t<T> scale = 1) {
   if (n == 0) return;
   cuda_detail::axpy_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
                              cuda_rt::current_stream()>>>(dst, src, n, scale);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <type_traits>
 
 #include "decentrain/core/cuda_runtime.cuh"
 #include "decentrain/core/device.hpp"
@@ -110,10 +111,13 @@ void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
       "cublas gemm");
 }
 
-// Mixed precision: bf16 operands, f32 result and accumulation (tensor cores).
-inline void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                 const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
-                 std::int64_t ldc, gemm_backend backend = gemm_backend::automatic) {
+// Mixed precision: bf16 operands, f32 accumulation (tensor cores), the result stored as f32 or
+// rounded once to bf16 (Out).
+template <class Out>
+  requires(std::is_same_v<Out, float> || std::is_same_v<Out, bf16>)
+void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, Out* c, std::int64_t ldc,
+          gemm_backend backend = gemm_backend::automatic) {
   decentrain::detail::check(backend == gemm_backend::automatic,
                             "gemm: on dt::cuda only the automatic backend (cuBLAS) exists");
   decentrain::detail::check(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
@@ -125,12 +129,13 @@ inline void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
   if (m == 0 || n == 0) return;
   static_assert(sizeof(bf16) == 2, "dt::bf16 must have __nv_bfloat16's layout");
   using cuda_detail::as_int;
+  constexpr cudaDataType_t out_type = std::is_same_v<Out, bf16> ? CUDA_R_16BF : CUDA_R_32F;
   cuda_detail::cublas_check(
       cublasGemmEx(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(n, "n"), as_int(m, "m"), as_int(k, "k"), &alpha, b,
-                   CUDA_R_16BF, as_int(ldb, "ldb"), a, CUDA_R_16BF, as_int(lda, "lda"), &beta, c, CUDA_R_32F,
+                   CUDA_R_16BF, as_int(ldb, "ldb"), a, CUDA_R_16BF, as_int(lda, "lda"), &beta, c, out_type,
                    as_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx (bf16 x bf16 -> f32)");
+      std::is_same_v<Out, bf16> ? "cublasGemmEx (bf16 x bf16 -> bf16)" : "cublasGemmEx (bf16 x bf16 -> f32)");
 }
 
 }  // namespace decentrain::kernels

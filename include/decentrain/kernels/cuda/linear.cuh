@@ -77,10 +77,11 @@ constexpr cudaDataType_t lt_type() {
 }
 
 // out or pre = x w + bias through cuBLASLt, GELU fused when `pre` is given; false when
-// cuBLASLt has no algorithm for this case (nothing has been written then).
-template <class In>
-bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const float* bias, float* out,
-               float* pre) {
+// cuBLASLt has no algorithm for this case (nothing has been written then). The bias, out and
+// pre share Out's type (cuBLASLt's default for the bias and the auxiliary output).
+template <class In, class Out>
+bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const Out* bias, Out* out,
+               Out* pre) {
   // The GELU epilogue's auxiliary output wants a leading dimension that is a multiple of 8.
   if (pre && n % 8 != 0) return false;
   const auto M = static_cast<std::uint64_t>(n), N = static_cast<std::uint64_t>(m), K = static_cast<std::uint64_t>(k);
@@ -108,7 +109,7 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
   lt_layout a, b, d;  // column-major: A = w^T (n x k), B = x^T (k x m), D = out^T (n x m)
   cublas_check(cublasLtMatrixLayoutCreate(&a.layout, lt_type<In>(), M, K, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (A)");
   cublas_check(cublasLtMatrixLayoutCreate(&b.layout, lt_type<In>(), K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
-  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, CUDA_R_32F, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
+  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, lt_type<Out>(), M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
   lt_preference pref;
   cublas_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace_bytes = lt_workspace_bytes;
@@ -154,15 +155,16 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
 
 // Row-major, contiguous: x (m, k), w (k, n), bias (n) or null, out (m, n); `pre` (m, n) or null:
 // when given, pre = x w + bias and out = gelu(pre). x and w are f32, f64, or bf16 (then the
-// bias and results are f32: tensor-core products, f32 accumulation).
+// bias and results are f32 or bf16: tensor-core products, f32 accumulation, bias and GELU
+// applied in f32 before the results are rounded).
 template <class In, class T>
 void linear_forward(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const T* bias,
                     T* out, T* pre) {
   static_assert(std::is_same_v<In, T> || (std::is_same_v<In, bf16> && std::is_same_v<T, float>),
                 "linear_forward: operands and results of one type, or bf16 operands with f32 results");
   if (m == 0 || n == 0) return;
-  if constexpr (std::is_same_v<T, float>) {
-    if (k > 0 && cuda_detail::lt_linear<In>(m, n, k, x, w, bias, out, pre)) return;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (k > 0 && cuda_detail::lt_linear<In, T>(m, n, k, x, w, bias, out, pre)) return;
   }
   T* dst = pre ? pre : out;
   if (bias) {
@@ -170,7 +172,8 @@ void linear_forward(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const 
         dst, bias, m, n);
     cuda_rt::check_launch("bias_rows_kernel");
   }
-  gemm(cuda{}, false, false, m, n, k, T(1), x, k, w, n, bias ? T(1) : T(0), dst, n);
+  using Scalar = compute_type_t<T>;
+  gemm(cuda{}, false, false, m, n, k, Scalar(1), x, k, w, n, bias ? Scalar(1) : Scalar(0), dst, n);
   if (pre) gelu_forward(cuda{}, out, pre, m * n);
 }
 

@@ -1,5 +1,6 @@
 // Row and column sums on the GPU, accumulated in double as on the CPU, in a fixed order (no
-// atomics), so results repeat exactly from run to run.
+// atomics), so results repeat exactly from run to run. f32, f64 or bf16 storage
+// (kernels/native_bf16.hpp).
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "decentrain/core/dtype.hpp"
 #include "decentrain/kernels/cuda/common.cuh"
 
 namespace decentrain::kernels {
@@ -20,7 +22,7 @@ template <class T>
 __global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double scale) {
   const T* row = in + blockIdx.x * cols;
   double acc = 0.0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += reduce_threads) acc += static_cast<double>(row[c]);
+  for (std::int64_t c = threadIdx.x; c < cols; c += reduce_threads) acc += static_cast<double>(static_cast<compute_type_t<T>>(row[c]));
   acc = block_reduce<reduce_threads>(acc, sum_op{});
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(acc * scale);
 }
@@ -60,7 +62,7 @@ __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t ro
   const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
   const double total = column_sum<column_row_groups>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return static_cast<double>(in[r * cols + c]); });
+                                                     [&](std::int64_t r) { return static_cast<double>(static_cast<compute_type_t<T>>(in[r * cols + c])); });
   if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
 }
 
@@ -71,14 +73,15 @@ __global__ void finish_columns_kernel(T* out, const double* partial, std::int64_
   for (std::int64_t c = thread_index(); c < cols; c += thread_count()) {
     double total = 0.0;
     for (std::int64_t k = 0; k < chunks; ++k) total += partial[k * cols + c];
-    out[c] = accumulate ? static_cast<T>(out[c] + static_cast<T>(total * scale)) : static_cast<T>(total * scale);
+    using M = compute_type_t<T>;
+    out[c] = accumulate ? T(static_cast<M>(out[c]) + static_cast<M>(total * scale)) : static_cast<T>(total * scale);
   }
 }
 }  // namespace cuda_detail
 
 // out[r] = scale * sum_c in[r * cols + c]
 template <class T>
-void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, compute_type_t<T> scale = 1) {
   if (rows == 0) return;
   decentrain::detail::check(rows < (std::int64_t{1} << 31), "cuda sum_rows: ", rows, " rows is too many");
   cuda_detail::sum_rows_kernel<<<static_cast<unsigned>(rows), cuda_detail::reduce_threads, 0,
@@ -88,7 +91,7 @@ void sum_rows(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T
 
 // out[c] = scale * sum_r in[r * cols + c]
 template <class T>
-void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, T scale = T(1)) {
+void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols, compute_type_t<T> scale = 1) {
   if (cols == 0) return;
   const auto stream = cuda_rt::current_stream();
   const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);

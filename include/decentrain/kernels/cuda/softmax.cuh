@@ -21,18 +21,22 @@ __device__ inline double device_log(double x) { return log(x); }
 template <class T>
 __device__ T lowest() { return -static_cast<T>(INFINITY); }
 
-// Row max and sum(exp(x - max)), every thread of the block gets both.
+// Row max and sum(exp(x - max)) in M, every thread of the block gets both; x is stored as S
+// (M itself, or bf16 read into f32).
 template <class T>
 struct row_stats {
   T max, sum;
 };
-template <int Threads, class T>
-__device__ row_stats<T> block_row_stats(const T* x, std::int64_t cols) {
-  T mx = lowest<T>();
-  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) mx = x[c] > mx ? x[c] : mx;
+template <int Threads, class M, class S>
+__device__ row_stats<M> block_row_stats(const S* x, std::int64_t cols) {
+  M mx = lowest<M>();
+  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) {
+    const M v = static_cast<M>(x[c]);
+    mx = v > mx ? v : mx;
+  }
   mx = block_reduce<Threads>(mx, max_op{});
-  T sum = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) sum += device_exp(x[c] - mx);
+  M sum = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += Threads) sum += device_exp(static_cast<M>(x[c]) - mx);
   sum = block_reduce<Threads>(sum, sum_op{});
   return {mx, sum};
 }
@@ -41,7 +45,7 @@ template <class T>
 __global__ void softmax_forward_kernel(T* out, const T* x, std::int64_t cols, bool log) {
   const T* in = x + blockIdx.x * cols;
   T* o = out + blockIdx.x * cols;
-  const auto s = block_row_stats<softmax_threads>(in, cols);
+  const auto s = block_row_stats<softmax_threads, T>(in, cols);
   if (log) {
     const T lse = s.max + device_log(s.sum);
     for (std::int64_t c = threadIdx.x; c < cols; c += softmax_threads) o[c] = in[c] - lse;
