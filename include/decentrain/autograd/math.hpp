@@ -172,18 +172,12 @@ matmul_dims matmul_shapes(const tensor<Device>& a, const tensor<Device>& b, bool
 }
 
 // An operand for gemm_batched: bf16 stays bf16 where the device multiplies bf16 natively
-// (kernels::native_bf16: tensor cores, f32 accumulation); elsewhere it is widened to the
-// compute dtype, as every op does.
+// (kernels::native_bf16: tensor cores, f32 accumulation, and the result may be bf16, rounded
+// once); elsewhere it is widened to the compute dtype, as every op does.
 template <class Device>
 tensor<Device> gemm_operand(const tensor<Device>& x) {
   return detail::kernel_tensor(x);
 }
-
-// The dtype a product of operands of dtype `t` is computed into: the operands' own, also for
-// bf16 where the device multiplies bf16 natively (rounded once from the f32 accumulator),
-// otherwise the compute dtype.
-template <class Device>
-dtype gemm_result_dtype(dtype t) { return detail::kernel_dtype<Device>(t); }
 
 // c = alpha * op(a) op(b) + beta * c over a batch. Any operand may be 2-D while the others are
 // batched: a 2-D a or b is shared by every entry, and a 2-D c sums the entries (the gradient of
@@ -260,7 +254,7 @@ void matmul_into(const tensor<Device>& a, const tensor<Device>& b, tensor<Device
                 "matmul_into: out must be a contiguous ", dtype_name(a.dtype()), " tensor of shape ",
                 shape(sizes), ", got ", (out.defined() ? out.shape().to_string() : "undefined"));
   const auto ca = gemm_operand(a), cb = gemm_operand(b);
-  if (out.dtype() == gemm_result_dtype<Device>(out.dtype())) {
+  if (out.dtype() == detail::kernel_dtype<Device>(out.dtype())) {
     gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
   } else {
     auto wide = tensor<Device>::empty(out.shape(), detail::compute_dtype(out.dtype()));

@@ -16,7 +16,7 @@ template <class Device>
 void matmul_backward(const tensor<Device>& g, node<Device>& n, bool ta, bool tb) {
   const auto a = math::gemm_operand(n.input(0)), b = math::gemm_operand(n.input(1));
   const auto gc = math::gemm_operand(g);
-  const dtype result = math::gemm_result_dtype<Device>(g.dtype());
+  const dtype result = detail::kernel_dtype<Device>(g.dtype());
   if (n.needs_grad(0)) {
     auto da = tensor<Device>::empty(a.shape(), result);
     if (!ta) math::gemm_batched(false, !tb, gc, b, da, 1.0, 0.0);  // dA = dC op(B)^T
@@ -68,7 +68,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   out_sizes.back() = width;
   const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
   const auto w = math::gemm_operand(weight.value());
-  const dtype result = math::gemm_result_dtype<Device>(x.dtype());
+  const dtype result = detail::kernel_dtype<Device>(x.dtype());
   const auto b = bias ? detail::contiguous_as(bias->value(), result) : tensor<Device>{};
   auto out = tensor<Device>::empty(shape({rows, width}), result);
   auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
@@ -91,7 +91,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   std::vector<var<Device>> inputs{x, weight};
   if (bias) inputs.push_back(*bias);
   return record<Device>(name, out, inputs, [rows, in, width, pre](const tensor<Device>& g, node<Device>& n) {
-    const dtype result = math::gemm_result_dtype<Device>(g.dtype());
+    const dtype result = detail::kernel_dtype<Device>(g.dtype());
     tensor<Device> g_pre = g;
     if (pre.defined()) {  // through GELU first, then stored as an unfused GELU's gradient would be
       const auto cp = detail::kernel_tensor(pre), cg = detail::contiguous_as(g, cp.dtype());
