@@ -4922,18 +4922,12 @@ matmul_dims matmul_shapes(const tensor<Device>& a, const tensor<Device>& b, bool
 }
 
 // An operand for gemm_batched: bf16 stays bf16 where the device multiplies bf16 natively
-// (kernels::native_bf16: tensor cores, f32 accumulation); elsewhere it is widened to the
-// compute dtype, as every op does.
+// (kernels::native_bf16: tensor cores, f32 accumulation, and the result may be bf16, rounded
+// once); elsewhere it is widened to the compute dtype, as every op does.
 template <class Device>
 tensor<Device> gemm_operand(const tensor<Device>& x) {
   return detail::kernel_tensor(x);
 }
-
-// The dtype a product of operands of dtype `t` is computed into: the operands' own, also for
-// bf16 where the device multiplies bf16 natively (rounded once from the f32 accumulator),
-// otherwise the compute dtype.
-template <class Device>
-dtype gemm_result_dtype(dtype t) { return detail::kernel_dtype<Device>(t); }
 
 // c = alpha * op(a) op(b) + beta * c over a batch. Any operand may be 2-D while the others are
 // batched: a 2-D a or b is shared by every entry, and a 2-D c sums the entries (the gradient of
@@ -5010,7 +5004,7 @@ void matmul_into(const tensor<Device>& a, const tensor<Device>& b, tensor<Device
                 "matmul_into: out must be a contiguous ", dtype_name(a.dtype()), " tensor of shape ",
                 shape(sizes), ", got ", (out.defined() ? out.shape().to_string() : "undefined"));
   const auto ca = gemm_operand(a), cb = gemm_operand(b);
-  if (out.dtype() == gemm_result_dtype<Device>(out.dtype())) {
+  if (out.dtype() == detail::kernel_dtype<Device>(out.dtype())) {
     gemm_batched(trans_a, trans_b, ca, cb, out, 1.0, 0.0);
   } else {
     auto wide = tensor<Device>::empty(out.shape(), detail::compute_dtype(out.dtype()));
@@ -5697,8 +5691,8 @@ residual_norm<Device> add_layer_norm(const var<Device>& x, const var<Device>& br
 
 namespace decentrain {
 
-// logits (..., V) and integer targets (...). Returns a scalar; NaN when every target is
-// ignored (as PyTorch).
+// logits (..., V) and integer targets (...). Returns a scalar in the compute dtype (f32 for bf16
+// logits); NaN when every target is ignored (as PyTorch).
 template <class Device>
 var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targets,
                           std::int32_t ignore_index = -1) {
@@ -5729,7 +5723,9 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
                                            V, ignore_index);
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
-  auto out = full<Device>(shape{}, loss, logits.dtype());
+  // In the compute dtype (f32 for bf16 logits, as under autocast): a bf16 loss would keep three
+  // significant digits, too few to follow training by.
+  auto out = full<Device>(shape{}, loss, detail::compute_dtype(logits.dtype()));
   return record<Device>("cross_entropy", out, {logits},
                         [ids, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
     if (counted == 0) return;
@@ -5973,7 +5969,7 @@ template <class Device>
 void matmul_backward(const tensor<Device>& g, node<Device>& n, bool ta, bool tb) {
   const auto a = math::gemm_operand(n.input(0)), b = math::gemm_operand(n.input(1));
   const auto gc = math::gemm_operand(g);
-  const dtype result = math::gemm_result_dtype<Device>(g.dtype());
+  const dtype result = detail::kernel_dtype<Device>(g.dtype());
   if (n.needs_grad(0)) {
     auto da = tensor<Device>::empty(a.shape(), result);
     if (!ta) math::gemm_batched(false, !tb, gc, b, da, 1.0, 0.0);  // dA = dC op(B)^T
@@ -6025,7 +6021,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   out_sizes.back() = width;
   const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
   const auto w = math::gemm_operand(weight.value());
-  const dtype result = math::gemm_result_dtype<Device>(x.dtype());
+  const dtype result = detail::kernel_dtype<Device>(x.dtype());
   const auto b = bias ? detail::contiguous_as(bias->value(), result) : tensor<Device>{};
   auto out = tensor<Device>::empty(shape({rows, width}), result);
   auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
@@ -6048,7 +6044,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   std::vector<var<Device>> inputs{x, weight};
   if (bias) inputs.push_back(*bias);
   return record<Device>(name, out, inputs, [rows, in, width, pre](const tensor<Device>& g, node<Device>& n) {
-    const dtype result = math::gemm_result_dtype<Device>(g.dtype());
+    const dtype result = detail::kernel_dtype<Device>(g.dtype());
     tensor<Device> g_pre = g;
     if (pre.defined()) {  // through GELU first, then stored as an unfused GELU's gradient would be
       const auto cp = detail::kernel_tensor(pre), cg = detail::contiguous_as(g, cp.dtype());

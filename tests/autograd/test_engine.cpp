@@ -92,6 +92,22 @@ TEST_CASE("bf16 tensors compute in f32 and store bf16", "[autograd][bf16]") {
   CHECK(a.grad().shape() == a.shape());
 }
 
+TEST_CASE("cross-entropy of bf16 logits is an f32 loss with the f32 gradient, rounded once", "[autograd][bf16]") {
+  dt::rng gen(4, "bf16-ce");
+  const auto logits32 = dt::randn(dt::shape{6, 50}, gen, dt::dtype::f32, 0.0, 3.0).to(dt::dtype::bf16).to(dt::dtype::f32);
+  const auto targets = dt::from_vector(std::vector<std::int32_t>{3, 0, 49, 7, -1, 22}, dt::shape{6});
+  auto low = dt::parameter(logits32.to(dt::dtype::bf16));
+  auto wide = dt::parameter(logits32.clone());
+  auto loss_low = dt::cross_entropy(low, targets), loss_wide = dt::cross_entropy(wide, targets);
+  // A bf16 loss would keep 3 significant digits; the loss stays in the compute dtype (as autocast).
+  CHECK(loss_low.dtype() == dt::dtype::f32);
+  CHECK(loss_low.item() == loss_wide.item());
+  loss_low.backward();
+  loss_wide.backward();
+  REQUIRE(low.grad().dtype() == dt::dtype::bf16);
+  CHECK(low.grad().to_vector<double>() == wide.grad().to(dt::dtype::bf16).to_vector<double>());
+}
+
 TEST_CASE("parameter_list registers named parameters in order", "[autograd]") {
   dt::parameter_list<> block;
   block.add("weight", dt::parameter(dt::ones(dt::shape{2, 3})));

@@ -12,8 +12,8 @@
 
 namespace decentrain {
 
-// logits (..., V) and integer targets (...). Returns a scalar; NaN when every target is
-// ignored (as PyTorch).
+// logits (..., V) and integer targets (...). Returns a scalar in the compute dtype (f32 for bf16
+// logits); NaN when every target is ignored (as PyTorch).
 template <class Device>
 var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targets,
                           std::int32_t ignore_index = -1) {
@@ -44,7 +44,9 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
                                            V, ignore_index);
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
-  auto out = full<Device>(shape{}, loss, logits.dtype());
+  // In the compute dtype (f32 for bf16 logits, as under autocast): a bf16 loss would keep three
+  // significant digits, too few to follow training by.
+  auto out = full<Device>(shape{}, loss, detail::compute_dtype(logits.dtype()));
   return record<Device>("cross_entropy", out, {logits},
                         [ids, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
     if (counted == 0) return;
