@@ -4,7 +4,7 @@
 // validation loss is compared with the bytes each peer put on the wire.
 //
 //   bench_diloco_vs_ddp [--data FILE] [--steps 2000] [--peers 4] [--only sync,local-sgd-50,diloco-10,...]
-//                       [--outer-lr 0.7] [--outer-momentum 0.9] [--json PATH] [--curves PATH]
+//                       [--outer-lr 0.7] [--outer-momentum 0.9] [--seed 1337] [--json PATH] [--curves PATH]
 //
 // Links are ideal (bytes are what is compared; time on a slow link follows from them). Every run
 // evaluates on the same validation batches, so the losses are paired. --curves writes one row per
@@ -93,6 +93,7 @@ int main(int argc, char** argv) try {
   opts.grad_clip = 1.0;
   opts.eval_every = std::stoll(value("eval-every", "100"));
   opts.eval_batches = std::stoll(value("eval-batches", "25"));
+  opts.seed = std::stoull(value("seed", std::to_string(opts.seed)));  // model init and data order
   const double outer_lr = std::stod(value("outer-lr", "0.7")), outer_momentum = std::stod(value("outer-momentum", "0.9"));
   dt::detail::check(args.empty(), "unknown option --", args.empty() ? "" : args.begin()->first);
   // Opened first: a bad path fails before the hours of training.
