@@ -4614,12 +4614,6 @@ decltype(auto) with_float_type(dtype t, std::string_view op, F&& f) {
 
 inline dtype compute_dtype(dtype t) { return t == dtype::bf16 ? dtype::f32 : t; }
 
-// A contiguous tensor in the compute dtype (a copy only when needed).
-template <class Device>
-tensor<Device> compute_tensor(const tensor<Device>& x) {
-  return x.dtype() == dtype::bf16 ? x.to(dtype::f32) : x.contiguous();
-}
-
 // The dtype a kernel of Device reads and writes for a tensor of dtype `t`: bf16 itself where the
 // device's kernels store bf16 (kernels::native_bf16), otherwise the compute dtype.
 template <class Device>
@@ -4631,6 +4625,12 @@ dtype kernel_dtype(dtype t) {
 template <class Device>
 tensor<Device> contiguous_as(const tensor<Device>& x, dtype t) {
   return x.dtype() == t ? x.contiguous() : x.to(t);
+}
+
+// A contiguous tensor in the compute dtype (a copy only when needed).
+template <class Device>
+tensor<Device> compute_tensor(const tensor<Device>& x) {
+  return contiguous_as(x, compute_dtype(x.dtype()));
 }
 
 // A contiguous tensor in the dtype Device's kernels take for it (kernel_dtype).
@@ -4976,7 +4976,7 @@ void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const ten
       // A bf16 c that sums batch entries one GEMM after another would round after each: those
       // sum in f32 and round once.
       if (!c_batched && d.batch > 1 && !folded) {
-        auto wide = c.to(dtype::f32);
+        auto wide = beta == 0.0 ? tensor<Device>::empty(c.shape(), dtype::f32) : c.to(dtype::f32);
         gemm_batched(trans_a, trans_b, a, b, wide, alpha, beta);
         c.copy_from(wide);
         return;

@@ -226,7 +226,7 @@ void gemm_batched(bool trans_a, bool trans_b, const tensor<Device>& a, const ten
       // A bf16 c that sums batch entries one GEMM after another would round after each: those
       // sum in f32 and round once.
       if (!c_batched && d.batch > 1 && !folded) {
-        auto wide = c.to(dtype::f32);
+        auto wide = beta == 0.0 ? tensor<Device>::empty(c.shape(), dtype::f32) : c.to(dtype::f32);
         gemm_batched(trans_a, trans_b, a, b, wide, alpha, beta);
         c.copy_from(wide);
         return;
