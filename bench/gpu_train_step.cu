@@ -5,7 +5,10 @@
 // as a fraction of the GPU's memory bandwidth. Writes JSON rows.
 //
 //   gpu_train_step [--seq T] [--batch B] [--steps S] [--peak-tflops X] [--peak-gbps X]
-//                  [--no-torch] [--torch-script PATH] [--json PATH]
+//                  [--no-torch] [--torch-script PATH] [--json PATH] [--profile]
+//
+// --profile runs only ours in bf16 and brackets one step (after the warm-up) with
+// cudaProfilerStart/Stop, for `nsys --capture-range=cudaProfilerApi` or `ncu --profile-from-start off`.
 //
 // Ours runs in bf16 mixed precision (compute_dtype bf16: bf16 products on tensor cores, f32
 // master weights) and in f32; PyTorch in bf16 autocast (eager and compiled) and f32 (TF32 off).
@@ -13,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cuda_profiler_api.h>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -32,6 +36,7 @@ struct options {
   int steps = 10;
   double peak_tflops = 0, peak_gbps = 0;  // 0: from the device name
   bool torch = true;
+  bool profile = false;
   std::string torch_script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
   std::string json;
 };
@@ -71,7 +76,7 @@ std::int64_t param_count(const dt::parameter_list<gpu>& ps) {
 
 // One configuration of ours; throws dt::error on out-of-memory.
 row run_ours(const dt::nn::gpt_config& cfg, dt::dtype compute, std::int64_t B, std::int64_t T, int steps,
-             double peak_tflops) {
+             double peak_tflops, bool profile = false) {
   dt::rng init(1, "init"), data(2, "data");
   dt::nn::gpt<gpu> model(cfg, init);
   model.set_compute_dtype(compute);
@@ -84,6 +89,7 @@ row run_ours(const dt::nn::gpt_config& cfg, dt::dtype compute, std::int64_t B, s
   std::vector<double> times;
   for (int s = 0; s < steps + 2; ++s) {  // two warm-up steps fill the allocator's cache
     dt::cuda_rt::synchronize();
+    if (profile && s == steps + 1) dt::cuda_rt::check(cudaProfilerStart(), "cudaProfilerStart");
     const auto t0 = std::chrono::steady_clock::now();
     auto loss = model.loss(xs, ys);
     model.parameters().zero_grad();
@@ -91,6 +97,7 @@ row run_ours(const dt::nn::gpt_config& cfg, dt::dtype compute, std::int64_t B, s
     dt::optim::clip_grad_norm(model.parameters(), 1.0);
     opt.step();
     dt::cuda_rt::synchronize();
+    if (profile && s == steps + 1) dt::cuda_rt::check(cudaProfilerStop(), "cudaProfilerStop");
     if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
@@ -166,8 +173,10 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
     std::vector<std::int32_t> t(static_cast<std::size_t>(N));
     for (auto& v : t) v = static_cast<std::int32_t>(gen.below(50257));
     auto targets = dt::to_device<gpu>(dt::from_vector(t, dt::shape{N}));
+    auto row_lse = dt::tensor<gpu>::empty(dt::shape{N});
     const double us = time_us([&] {
-      (void)dt::kernels::cross_entropy_forward(gpu{}, logits.data<float>(), targets.data<std::int32_t>(), N, V, -1);
+      (void)dt::kernels::cross_entropy_forward(gpu{}, logits.data<float>(), targets.data<std::int32_t>(), N, V, -1,
+                                               row_lse.data<float>());
     }, 5);
     add("cross_entropy forward (incl. read-back)", 4.0 * N * V, us);
   }
@@ -259,9 +268,10 @@ int main(int argc, char** argv) {
     else if (a == "--no-torch") o.torch = false;
     else if (a == "--torch-script") o.torch_script = next();
     else if (a == "--json") o.json = next();
+    else if (a == "--profile") o.profile = true;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: gpu_train_step [--seq T] [--batch B] [--steps S] "
-                           "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH]\n", a.c_str());
+                           "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH] [--profile]\n", a.c_str());
       return 2;
     }
   }
@@ -282,6 +292,11 @@ int main(int argc, char** argv) {
   auto cfg = dt::nn::gpt_preset("gpt2-124m");
   cfg.vocab_size = 50304;  // padded as the reference does
   cfg.block_size = std::max<std::int64_t>(cfg.block_size, o.seq);
+  if (o.profile) {
+    const auto r = run_ours(cfg, dt::dtype::bf16, o.batch > 0 ? o.batch : 32, o.seq, 1, bf16_peak, true);
+    std::printf("profiled one bf16 step: %.4f s, peak %.0f MiB\n", r.step_s, r.peak_mib);
+    return 0;
+  }
   std::vector<row> rows;
   std::int64_t B = o.batch;
   for (std::int64_t b : {32, 16, 8, 4, 2, 1}) {

@@ -1755,7 +1755,7 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_forward(cpu, T* out, const T* x, std::int
   }
 }
 
-// dx += dout * gelu'(x)
+// dx = dout * gelu'(x) (written, not accumulated)
 template <class T>
 DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T* dout, std::int64_t n) {
   constexpr T s = detail::gelu_scale<T>, c = T(0.044715);
@@ -1766,7 +1766,7 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T*
     const T t = detail::gelu_tanh(inner);
     const T sech2 = T(1) - t * t;
     const T local = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * s * (T(1) + T(3) * c * v * v);
-    dx[i] += local * dout[i];
+    dx[i] = local * dout[i];
   }
 }
 
@@ -1809,6 +1809,13 @@ struct max_op {
   template <class T>
   __device__ T operator()(const T& a, const T& b) const { return a > b ? a : b; }
 };
+
+// A stored value (f32, f64 or bf16) as the arithmetic type T: bf16 widens through f32, the one
+// type it converts to.
+template <class T, class S>
+__device__ T widen(S value) {
+  return static_cast<T>(static_cast<compute_type_t<S>>(value));
+}
 
 template <class T, class Op>
 __device__ T warp_reduce(T v, Op op) {
@@ -1897,7 +1904,7 @@ __global__ void gelu_backward_kernel(S* dx, const S* x, const S* dout, std::int6
     const M v = static_cast<M>(x[i]);
     const M t = device_tanh(s * (v + c * v * v * v));
     const M local = M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * s * (M(1) + M(3) * c * v * v);
-    dx[i] = S(static_cast<M>(dx[i]) + local * static_cast<M>(dout[i]));
+    dx[i] = S(local * static_cast<M>(dout[i]));
   }
 }
 }  // namespace cuda_detail
@@ -1910,7 +1917,7 @@ void gelu_forward(cuda, T* out, const T* x, std::int64_t n) {
   cuda_rt::check_launch("gelu_forward_kernel");
 }
 
-// dx += dout * gelu'(x)
+// dx = dout * gelu'(x) (written, not accumulated)
 template <class T>
 void gelu_backward(cuda, T* dx, const T* x, const T* dout, std::int64_t n) {
   if (n == 0) return;
@@ -2769,23 +2776,26 @@ void attention_backward(cuda, T* dq, T* dk, T* dv, const T* dout, const T* out, 
 #endif  // DECENTRAIN_HAS_CUDA
 // ---- end decentrain/kernels/cuda/attention.cuh ----
 // ---- begin decentrain/kernels/cuda/attention_bf16.cuh ----
-// Causal attention for bf16 activations on tensor cores (FlashAttention-2's algorithm, written
-// with WMMA 16x16x16 bf16 products and f32 accumulation). The f32 kernels of attention.cuh run
-// on CUDA cores and cost most of a GPT-2 step at T = 1024; these are what bf16 mixed precision
-// uses when the head width is 16, 32, 64 or 128 (attention_bf16_supported).
+// Causal attention for bf16 activations on tensor cores: FlashAttention-2's algorithm written
+// with mma.sync m16n8k16 bf16 products (f32 accumulation), ldmatrix fragment loads and cp.async
+// double buffering. The f32 kernels of attention.cuh run on CUDA cores and cost most of a GPT-2
+// step at T = 1024; these are what bf16 mixed precision uses when the head width is 16, 32, 64
+// or 128 (attention_bf16_supported).
 //
 // Blocks of 4 warps own 64 rows (queries, or keys for dK/dV); each warp owns 16 of them and
-// walks 64-row tiles of the other side staged in shared memory. WMMA fragments have no
-// documented element layout, so products are stored to a per-warp f32 scratch tile where the
-// softmax runs with two lanes per row (lane / 2 is the row, lane % 2 the half of its columns).
-// Probabilities go back to bf16 before the products with V, dO, Q and K, as in FlashAttention.
+// walks 64-row tiles of the other side, staged in shared memory one tile ahead of use. The
+// accumulator layout of m16n8k16 is its A operand's layout, so scores become probabilities in
+// registers and feed the next product directly, without a trip through shared memory.
+// Probabilities go to bf16 before the products with V, dO, Q and K, as in FlashAttention.
 // The backward recomputes P from the saved logsumexp in two kernels, dQ and dK/dV, so no
 // gradient element is written by two blocks: no atomics, and results repeat exactly.
+//
+// Rows of q, k, v (and of dq, dk, dv) are `ld` elements apart, so the three can be column
+// blocks of one fused (B, T, 3C) projection; out and dout are (B, T, C).
 
 
 #if DECENTRAIN_HAS_CUDA
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
@@ -2798,184 +2808,281 @@ namespace cuda_detail {
 namespace fa {
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-#define DECENTRAIN_FA_HAS_WMMA_BF16 1
+#define DECENTRAIN_FA_HAS_MMA_BF16 1
 #endif
 
 using bf = __nv_bfloat16;
 inline constexpr int rows = 64;      // rows a block owns, and rows per staged tile
 inline constexpr int warps = 4;      // 16 rows each
 inline constexpr int threads = 32 * warps;
+inline constexpr float log2e = 1.4426950408889634f;
 
-// Shared-memory strides. bf16 rows are padded by 8 elements (16 bytes: rows stay 16-byte
-// aligned for vector stores, and 16 rows stay 32-byte aligned for WMMA) to spread banks.
+// A staged (64, D) bf16 tile; rows padded by 8 elements (16 bytes), so the 8 row addresses of
+// one ldmatrix fall in 8 different 16-byte bank groups.
 template <int D>
-struct layout {
-  static constexpr int ld = D + 8;                    // a staged (64, D) bf16 tile
-  static constexpr int ldp = rows + 8;                // a warp's (16, 64) bf16 tile of P or dS
-  static constexpr int lds = (D + 4 > rows + 4) ? D + 4 : rows + 4;  // a warp's f32 scratch (16, 64 or D)
-  static constexpr std::size_t tile_bytes = sizeof(bf) * rows * ld;
-  static constexpr std::size_t scratch_bytes = sizeof(float) * 16 * lds;  // per warp
-  static constexpr std::size_t p_bytes = sizeof(bf) * 16 * ldp;           // per warp
+struct tile {
+  static constexpr int ld = D + 8;
+  static constexpr int elems = rows * ld;
+  static constexpr std::size_t bytes = sizeof(bf) * elems;
 };
 
-// Rows [r0, r0 + 64) of one head (rows C apart, D wide) into a padded tile, 16 bytes a load;
-// rows at or past Tn are zero.
+// Where one head's rows start: row t of head h in batch b is at base + t * ld.
+struct head_rows {
+  std::int64_t b, h;
+  template <int D>
+  __device__ std::int64_t base(std::int64_t Tn, std::int64_t ld) const {
+    return b * Tn * ld + h * D;
+  }
+};
+
+#ifdef DECENTRAIN_FA_HAS_MMA_BF16
+__device__ inline unsigned smem_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared without passing through registers; `valid` false writes zeros.
+__device__ inline void copy_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ inline void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int Pending>
+__device__ inline void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// Rows [r0, r0 + 64) of one head (rows `ld` apart, D wide) into a padded tile; rows at or past
+// Tn are zero.
 template <int D>
-__device__ void load_rows(bf* tile, const bf* src, std::int64_t r0, std::int64_t Tn, std::int64_t C) {
+__device__ void load_tile_async(bf* dst, const bf* src, std::int64_t r0, std::int64_t Tn, std::int64_t ld) {
   constexpr int vecs = D / 8;
   for (int idx = threadIdx.x; idx < rows * vecs; idx += threads) {
     const int r = idx / vecs, c = (idx % vecs) * 8;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (r0 + r < Tn) value = *reinterpret_cast<const uint4*>(src + (r0 + r) * C + c);
-    *reinterpret_cast<uint4*>(tile + r * layout<D>::ld + c) = value;
+    const bool valid = r0 + r < Tn;
+    copy_async16(dst + r * tile<D>::ld + c, valid ? src + (r0 + r) * ld + c : src, valid);
   }
 }
 
-#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
-namespace wmma = nvcuda::wmma;
-using acc_frag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-using a_frag = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major>;
-using bt_frag = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::col_major>;  // B^T read from B's rows
-using b_frag = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::row_major>;
+__device__ inline void ldmatrix_x4(unsigned (&r)[4], const bf* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ inline void ldmatrix_x4_trans(unsigned (&r)[4], const bf* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
 
-// out (16, 64) = A (16, D) x B^T, B a staged (64, D) tile: scores S = Q K^T, or dP = dO V^T.
+// c (16x8, f32) += a (16x16, bf16, row major) x b (16x8, bf16, column major).
+__device__ inline void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 g + q holds accumulator elements
+// (g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1) of each 16x8 tile.
+
+// The A fragment of rows [r0, r0+16) and columns [c0, c0+16) of a staged tile.
 template <int D>
-__device__ void product_abt(float* out, const bf* a, const bf* b) {
-  constexpr int ld = layout<D>::ld;
-  acc_frag acc[rows / 16];
-  for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
+__device__ void load_a(unsigned (&a)[4], const bf* t, int r0, int c0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(a, t + (r0 + lane % 16) * tile<D>::ld + c0 + (lane / 16) * 8);
+}
+
+// B fragments of two 8-wide column tiles [n0, n0+16) over k in [k0, k0+16), from a tile that
+// stores B transposed (row n holds B[., n]: K or V rows for Q K^T or dO V^T). b[0], b[1]
+// belong to columns n0..n0+7, b[2], b[3] to n0+8..n0+15.
+template <int D>
+__device__ void load_b_from_rows(unsigned (&b)[4], const bf* t, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(b, t + (n0 + lane % 8 + (lane / 16) * 8) * tile<D>::ld + k0 + ((lane / 8) % 2) * 8);
+}
+
+// The same fragments from a tile that stores B as it is (row k holds B[k, .]: V, dO, Q or K
+// as the right operand of P V, P^T dO, dS^T Q or dS K).
+template <int D>
+__device__ void load_b_from_columns(unsigned (&b)[4], const bf* t, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4_trans(b, t + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * tile<D>::ld + n0 + (lane / 16) * 8);
+}
+
+// s (16 x 64) = A (16 x D, rows r0.. of tile `a`) x B^T (B: the 64 rows of tile `b`).
+template <int D>
+__device__ void product_abt(float (&s)[rows / 8][4], const bf* a, int r0, const bf* b) {
+#pragma unroll
+  for (int n = 0; n < rows / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    a_frag fa;
-    wmma::load_matrix_sync(fa, a + kk * 16, ld);
+    unsigned fa[4];
+    load_a<D>(fa, a, r0, kk * 16);
 #pragma unroll
     for (int n = 0; n < rows / 16; ++n) {
-      bt_frag fb;
-      wmma::load_matrix_sync(fb, b + n * 16 * ld + kk * 16, ld);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+      unsigned fb[4];
+      load_b_from_rows<D>(fb, b, n * 16, kk * 16);
+      mma(s[2 * n], fa, fb[0], fb[1]);
+      mma(s[2 * n + 1], fa, fb[2], fb[3]);
     }
   }
-#pragma unroll
-  for (int n = 0; n < rows / 16; ++n) wmma::store_matrix_sync(out + n * 16, acc[n], layout<D>::lds, wmma::mem_row_major);
 }
 
-// acc (16, D) += P (16, 64, a warp's bf16 tile) x B, B a staged (64, D) tile.
+// acc (16 x D) += P (16 x 64, accumulator layout, rounded to bf16) x B (the tile's 64 x D).
 template <int D>
-__device__ void accumulate_pb(acc_frag (&acc)[D / 16], const bf* p, const bf* b) {
+__device__ void accumulate_pb(float (&acc)[D / 8][4], const float (&p)[rows / 8][4], const bf* b) {
 #pragma unroll
   for (int kk = 0; kk < rows / 16; ++kk) {
-    a_frag fa;
-    wmma::load_matrix_sync(fa, p + kk * 16, layout<D>::ldp);
+    const unsigned fa[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                            pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
     for (int n = 0; n < D / 16; ++n) {
-      b_frag fb;
-      wmma::load_matrix_sync(fb, b + kk * 16 * layout<D>::ld + n * 16, layout<D>::ld);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+      unsigned fb[4];
+      load_b_from_columns<D>(fb, b, n * 16, kk * 16);
+      mma(acc[2 * n], fa, fb[0], fb[1]);
+      mma(acc[2 * n + 1], fa, fb[2], fb[3]);
     }
   }
 }
 
-// Writes a warp's (16, D) accumulator times `scale` as bf16 rows of dst (rows C apart), rows
-// at or past Tn left alone. Goes through the warp's scratch tile.
+// Writes a warp's (16 x D) accumulator times `scale` as bf16 rows r0.. of dst (rows `ld`
+// apart); rows at or past Tn are left alone.
 template <int D>
-__device__ void store_rows(bf* dst, acc_frag (&acc)[D / 16], float* scratch, std::int64_t r0, std::int64_t Tn,
-                           std::int64_t C, float scale) {
-  __syncwarp();
+__device__ void store_rows(bf* dst, const float (&acc)[D / 8][4], std::int64_t r0, std::int64_t Tn, std::int64_t ld,
+                           float scale) {
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(scratch + n * 16, acc[n], layout<D>::lds, wmma::mem_row_major);
-  __syncwarp();
-  const int lane = threadIdx.x % 32;
-  for (int idx = lane; idx < 16 * D / 2; idx += 32) {
-    const int r = idx / (D / 2), c = (idx % (D / 2)) * 2;
-    if (r0 + r >= Tn) continue;
-    const float* s = scratch + r * layout<D>::lds + c;
-    *reinterpret_cast<__nv_bfloat162*>(dst + (r0 + r) * C + c) = __floats2bfloat162_rn(s[0] * scale, s[1] * scale);
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t r = r0 + g + 8 * half;
+    if (r >= Tn) continue;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(dst + r * ld + n * 8 + 2 * q) =
+          __floats2bfloat162_rn(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
   }
 }
 #endif
+
+// Query tiles in reverse order: the last tiles see the most keys and start first.
+__device__ inline std::int64_t reversed_tile() { return static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x); }
 
 template <int D>
 __global__ void __launch_bounds__(threads) forward_kernel(bf* out, float* lse, const bf* q, const bf* k, const bf* v,
-                                                          std::int64_t Tn, std::int64_t C, std::int64_t H, float scale) {
-#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
-  using L = layout<D>;
+                                                          std::int64_t Tn, std::int64_t H, std::int64_t ld,
+                                                          float scale) {
+#ifdef DECENTRAIN_FA_HAS_MMA_BF16
+  using L = tile<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf* qs = reinterpret_cast<bf*>(smem);
-  bf* ks = qs + rows * L::ld;
-  bf* vs = ks + rows * L::ld;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-  float* sc = reinterpret_cast<float*>(vs + rows * L::ld) + warp * 16 * L::lds;
-  bf* ps = reinterpret_cast<bf*>(reinterpret_cast<float*>(vs + rows * L::ld) + warps * 16 * L::lds) + warp * 16 * L::ldp;
-  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H, base = b * Tn * C + h * D;
-  const std::int64_t q0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = q0 + warp * 16, t = w0 + r;
-  const std::int64_t last = min64(q0 + rows, Tn) - 1;
-  load_rows<D>(qs, q + base, q0, Tn, C);
-  constexpr int cols = D / 2;  // output columns per lane
-  float o[cols];
+  bf* ks = qs + L::elems;      // two buffers
+  bf* vs = ks + 2 * L::elems;  // two buffers
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, lq = lane % 4;
+  const std::int64_t bh = blockIdx.y, C = H * D;
+  const head_rows hr{bh / H, bh % H};
+  const std::int64_t in = hr.base<D>(Tn, ld), o_base = hr.base<D>(Tn, C);
+  const std::int64_t q0 = reversed_tile() * rows, w0 = q0 + warp * 16;
+  const int tiles = static_cast<int>(q0 / rows) + 1;  // key tiles up to the diagonal
+  load_tile_async<D>(qs, q + in, q0, Tn, ld);
+  load_tile_async<D>(ks, k + in, 0, Tn, ld);
+  load_tile_async<D>(vs, v + in, 0, Tn, ld);
+  commit_copies();
+  const float scale2 = scale * log2e;  // scores in base 2: exp2 is one instruction
+  float o[D / 8][4];
 #pragma unroll
-  for (int i = 0; i < cols; ++i) o[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (std::int64_t s0 = 0; s0 <= last; s0 += rows) {
-    __syncthreads();  // the previous tiles are consumed (and Q is staged)
-    load_rows<D>(ks, k + base, s0, Tn, C);
-    load_rows<D>(vs, v + base, s0, Tn, C);
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, l summed per lane
+  for (int j = 0; j < tiles; ++j) {
+    if (j + 1 < tiles) {
+      load_tile_async<D>(ks + ((j + 1) % 2) * L::elems, k + in, (j + 1) * rows, Tn, ld);
+      load_tile_async<D>(vs + ((j + 1) % 2) * L::elems, v + in, (j + 1) * rows, Tn, ld);
+      commit_copies();
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
+    }
     __syncthreads();
-    if (s0 > w0 + 15) continue;  // no key of this tile is visible to the warp's rows
-    product_abt<D>(sc, qs + warp * 16 * L::ld, ks);
-    __syncwarp();
-    float x[rows / 2], mx = -INFINITY;
+    const std::int64_t s0 = static_cast<std::int64_t>(j) * rows;
+    if (s0 <= w0 + 15) {  // some key of the tile is visible to the warp's rows
+      float s[rows / 8][4];
+      product_abt<D>(s, qs, warp * 16, ks + (j % 2) * L::elems);
+      const bool diagonal = s0 + rows - 1 > w0;
+      float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int j = 0; j < rows / 2; ++j) {
-      const int col = half * (rows / 2) + j;
-      x[j] = s0 + col <= t ? sc[r * L::lds + col] * scale : -INFINITY;
-      mx = fmaxf(mx, x[j]);
+      for (int n = 0; n < rows / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t col = s0 + n * 8 + 2 * lq + (e & 1), row = w0 + g + 8 * (e / 2);
+          const float x = diagonal && col > row ? -INFINITY : s[n][e] * scale2;
+          s[n][e] = x;
+          mx[e / 2] = fmaxf(mx[e / 2], x);
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      }
+      // Key 0 is visible to every row, so m is finite from the first tile on; the guard keeps
+      // a row that sees nothing yet at probability 0 rather than NaN all the same.
+      float shift[2], correction[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        shift[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+        correction[r] = exp2f(m[r] - shift[r]);
+        m[r] = mx[r];
+        l[r] *= correction[r];
+      }
+#pragma unroll
+      for (int n = 0; n < rows / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = exp2f(s[n][e] - shift[e / 2]);
+          s[n][e] = p;
+          l[e / 2] += p;
+        }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] *= correction[e / 2];
+      accumulate_pb<D>(o, s, vs + (j % 2) * L::elems);
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    // A row that sees no key yet keeps m = -inf; its probabilities are 0, not NaN.
-    const float shift = m_new == -INFINITY ? 0.0f : m_new;
-    const float correction = __expf(m - shift);
-    float sum = 0.0f;
+    __syncthreads();  // every warp is done with buffer j % 2 before tile j + 2 lands in it
+  }
 #pragma unroll
-    for (int j = 0; j < rows / 2; ++j) {
-      const float p = __expf(x[j] - shift);
-      sum += p;
-      ps[r * L::ldp + half * (rows / 2) + j] = __float2bfloat16_rn(p);
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] /= l[e / 2];
+  store_rows<D>(out + o_base, o, w0, Tn, C, 1.0f);
+  if (lq == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::int64_t t = w0 + g + 8 * r;
+      if (t < Tn) lse[bh * Tn + t] = (m[r] + log2f(l[r])) / log2e;  // natural log, as the f32 kernels keep it
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * correction + sum;
-    m = m_new;
-    __syncwarp();
-    acc_frag pv[D / 16];
-    for (auto& f : pv) wmma::fill_fragment(f, 0.0f);
-    accumulate_pb<D>(pv, ps, vs);
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(sc + n * 16, pv[n], L::lds, wmma::mem_row_major);
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < cols; ++i) o[i] = o[i] * correction + sc[r * L::lds + half * cols + i];
-    __syncwarp();  // the scratch is read before the next tile's scores overwrite it
-  }
-  if (t < Tn) {
-    const float inv = 1.0f / l;
-    bf* dst = out + base + t * C + half * cols;
-#pragma unroll
-    for (int i = 0; i < cols; i += 2)
-      *reinterpret_cast<__nv_bfloat162*>(dst + i) = __floats2bfloat162_rn(o[i] * inv, o[i + 1] * inv);
-    if (half == 0) lse[bh * Tn + t] = m + logf(l);
-  }
 #endif
 }
 
-// delta[bh, t] = sum_d dO[t, d] O[t, d] in f32, a warp per row.
+// delta[bh, t] = sum_d dO[t, d] O[t, d] in f32, a warp per row (dout and out are (B, T, C)).
 template <int D>
-__global__ void delta_kernel(float* delta, const bf* dout, const bf* out, std::int64_t Tn, std::int64_t C,
-                             std::int64_t H) {
+__global__ void delta_kernel(float* delta, const bf* dout, const bf* out, std::int64_t Tn, std::int64_t H) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H;
+  const std::int64_t bh = blockIdx.y, C = H * D;
   const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(warps) + warp;
   if (t >= Tn) return;
-  const std::int64_t row = b * Tn * C + h * D + t * C;
+  const std::int64_t row = head_rows{bh / H, bh % H}.base<D>(Tn, C) + t * C;
   float acc = 0.0f;
   for (int d = lane; d < D; d += 32) acc += __bfloat162float(dout[row + d]) * __bfloat162float(out[row + d]);
   acc = warp_reduce(acc, sum_op{});
@@ -2986,50 +3093,66 @@ __global__ void delta_kernel(float* delta, const bf* dout, const bf* out, std::i
 template <int D>
 __global__ void __launch_bounds__(threads) dq_kernel(bf* dq, const bf* dout, const float* lse, const float* delta,
                                                      const bf* q, const bf* k, const bf* v, std::int64_t Tn,
-                                                     std::int64_t C, std::int64_t H, float scale) {
-#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
-  using L = layout<D>;
+                                                     std::int64_t H, std::int64_t ld, float scale) {
+#ifdef DECENTRAIN_FA_HAS_MMA_BF16
+  using L = tile<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf* qs = reinterpret_cast<bf*>(smem);
-  bf* dos = qs + rows * L::ld;
-  bf* ks = dos + rows * L::ld;
-  bf* vs = ks + rows * L::ld;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-  float* scratch = reinterpret_cast<float*>(vs + rows * L::ld);
-  float* sc = scratch + warp * 2 * 16 * L::lds;  // scores
-  float* dp = sc + 16 * L::lds;                  // dO V^T
-  bf* ds = reinterpret_cast<bf*>(scratch + warps * 2 * 16 * L::lds) + warp * 16 * L::ldp;
-  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H, base = b * Tn * C + h * D;
-  const std::int64_t q0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = q0 + warp * 16, t = w0 + r;
-  const std::int64_t last = min64(q0 + rows, Tn) - 1;
-  load_rows<D>(qs, q + base, q0, Tn, C);
-  load_rows<D>(dos, dout + base, q0, Tn, C);
-  const float row_lse = t < Tn ? lse[bh * Tn + t] : 0.0f, row_delta = t < Tn ? delta[bh * Tn + t] : 0.0f;
-  acc_frag acc[D / 16];
-  for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
-  for (std::int64_t s0 = 0; s0 <= last; s0 += rows) {
-    __syncthreads();
-    load_rows<D>(ks, k + base, s0, Tn, C);
-    load_rows<D>(vs, v + base, s0, Tn, C);
-    __syncthreads();
-    if (s0 > w0 + 15) continue;
-    product_abt<D>(sc, qs + warp * 16 * L::ld, ks);
-    product_abt<D>(dp, dos + warp * 16 * L::ld, vs);
-    __syncwarp();
-#pragma unroll 8
-    for (int j = 0; j < rows / 2; ++j) {
-      const int col = half * (rows / 2) + j;
-      float g = 0.0f;
-      if (s0 + col <= t && t < Tn) {
-        const float p = __expf(sc[r * L::lds + col] * scale - row_lse);
-        g = p * (dp[r * L::lds + col] - row_delta);
-      }
-      ds[r * L::ldp + col] = __float2bfloat16_rn(g);
-    }
-    __syncwarp();
-    accumulate_pb<D>(acc, ds, ks);
+  bf* dos = qs + L::elems;
+  bf* ks = dos + L::elems;     // two buffers
+  bf* vs = ks + 2 * L::elems;  // two buffers
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, lq = lane % 4;
+  const std::int64_t bh = blockIdx.y, C = H * D;
+  const head_rows hr{bh / H, bh % H};
+  const std::int64_t in = hr.base<D>(Tn, ld), o_base = hr.base<D>(Tn, C);
+  const std::int64_t q0 = reversed_tile() * rows, w0 = q0 + warp * 16;
+  const int tiles = static_cast<int>(q0 / rows) + 1;
+  load_tile_async<D>(qs, q + in, q0, Tn, ld);
+  load_tile_async<D>(dos, dout + o_base, q0, Tn, C);
+  load_tile_async<D>(ks, k + in, 0, Tn, ld);
+  load_tile_async<D>(vs, v + in, 0, Tn, ld);
+  commit_copies();
+  const float scale2 = scale * log2e;
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t t = w0 + g + 8 * r;
+    row_lse[r] = t < Tn ? lse[bh * Tn + t] * log2e : 0.0f;
+    row_delta[r] = t < Tn ? delta[bh * Tn + t] : 0.0f;
   }
-  store_rows<D>(dq + base, acc, sc, w0, Tn, C, scale);
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  for (int j = 0; j < tiles; ++j) {
+    if (j + 1 < tiles) {
+      load_tile_async<D>(ks + ((j + 1) % 2) * L::elems, k + in, (j + 1) * rows, Tn, ld);
+      load_tile_async<D>(vs + ((j + 1) % 2) * L::elems, v + in, (j + 1) * rows, Tn, ld);
+      commit_copies();
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
+    }
+    __syncthreads();
+    const std::int64_t s0 = static_cast<std::int64_t>(j) * rows;
+    if (s0 <= w0 + 15) {
+      float s[rows / 8][4], dp[rows / 8][4];
+      product_abt<D>(s, qs, warp * 16, ks + (j % 2) * L::elems);
+      product_abt<D>(dp, dos, warp * 16, vs + (j % 2) * L::elems);
+#pragma unroll
+      for (int n = 0; n < rows / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t col = s0 + n * 8 + 2 * lq + (e & 1), row = w0 + g + 8 * (e / 2);
+          const float p = col <= row && row < Tn ? exp2f(s[n][e] * scale2 - row_lse[e / 2]) : 0.0f;
+          s[n][e] = p * (dp[n][e] - row_delta[e / 2]);  // dS
+        }
+      accumulate_pb<D>(acc, s, ks + (j % 2) * L::elems);
+    }
+    __syncthreads();
+  }
+  store_rows<D>(dq + in, acc, w0, Tn, ld, scale);
 #endif
 }
 
@@ -3037,77 +3160,88 @@ __global__ void __launch_bounds__(threads) dq_kernel(bf* dq, const bf* dout, con
 template <int D>
 __global__ void __launch_bounds__(threads) dkv_kernel(bf* dk, bf* dv, const bf* dout, const float* lse,
                                                       const float* delta, const bf* q, const bf* k, const bf* v,
-                                                      std::int64_t Tn, std::int64_t C, std::int64_t H, float scale) {
-#ifdef DECENTRAIN_FA_HAS_WMMA_BF16
-  using L = layout<D>;
+                                                      std::int64_t Tn, std::int64_t H, std::int64_t ld, float scale) {
+#ifdef DECENTRAIN_FA_HAS_MMA_BF16
+  using L = tile<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf* ks = reinterpret_cast<bf*>(smem);
-  bf* vs = ks + rows * L::ld;
-  bf* qs = vs + rows * L::ld;
-  bf* dos = qs + rows * L::ld;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-  float* scratch = reinterpret_cast<float*>(dos + rows * L::ld);
-  float* sc = scratch + warp * 2 * 16 * L::lds;  // S^T: this warp's keys against the tile's queries
-  float* dp = sc + 16 * L::lds;                  // dP^T = V dO^T
-  bf* pt = reinterpret_cast<bf*>(scratch + warps * 2 * 16 * L::lds) + warp * 2 * 16 * L::ldp;
-  bf* dst = pt + 16 * L::ldp;
-  float* lse_tile = reinterpret_cast<float*>(reinterpret_cast<bf*>(scratch + warps * 2 * 16 * L::lds) +
-                                             warps * 2 * 16 * L::ldp);
-  float* delta_tile = lse_tile + rows;
-  const std::int64_t bh = blockIdx.y, b = bh / H, h = bh % H, base = b * Tn * C + h * D;
-  const std::int64_t k0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = k0 + warp * 16, s = w0 + r;
-  load_rows<D>(ks, k + base, k0, Tn, C);
-  load_rows<D>(vs, v + base, k0, Tn, C);
-  acc_frag dk_acc[D / 16], dv_acc[D / 16];
-  for (auto& f : dk_acc) wmma::fill_fragment(f, 0.0f);
-  for (auto& f : dv_acc) wmma::fill_fragment(f, 0.0f);
-  for (std::int64_t t0 = k0; t0 < Tn; t0 += rows) {  // queries before k0 see none of these keys
-    __syncthreads();
-    load_rows<D>(qs, q + base, t0, Tn, C);
-    load_rows<D>(dos, dout + base, t0, Tn, C);
+  bf* vs = ks + L::elems;
+  bf* qs = vs + L::elems;       // two buffers
+  bf* dos = qs + 2 * L::elems;  // two buffers
+  float* lse_tile = reinterpret_cast<float*>(dos + 2 * L::elems);  // two buffers of 64, base 2
+  float* delta_tile = lse_tile + 2 * rows;                         // two buffers of 64
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, lq = lane % 4;
+  const std::int64_t bh = blockIdx.y, C = H * D;
+  const head_rows hr{bh / H, bh % H};
+  const std::int64_t in = hr.base<D>(Tn, ld), o_base = hr.base<D>(Tn, C);
+  const std::int64_t k0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = k0 + warp * 16;
+  const int tiles = static_cast<int>((Tn - k0 + rows - 1) / rows);  // queries before k0 see none of these keys
+  const auto stage = [&](int j) {  // query tile j into buffer j % 2
+    const std::int64_t t0 = k0 + static_cast<std::int64_t>(j) * rows;
+    load_tile_async<D>(qs + (j % 2) * L::elems, q + in, t0, Tn, ld);
+    load_tile_async<D>(dos + (j % 2) * L::elems, dout + o_base, t0, Tn, C);
     for (int i = threadIdx.x; i < rows; i += threads) {
-      lse_tile[i] = t0 + i < Tn ? lse[bh * Tn + t0 + i] : 0.0f;
-      delta_tile[i] = t0 + i < Tn ? delta[bh * Tn + t0 + i] : 0.0f;
+      lse_tile[(j % 2) * rows + i] = t0 + i < Tn ? lse[bh * Tn + t0 + i] * log2e : 0.0f;
+      delta_tile[(j % 2) * rows + i] = t0 + i < Tn ? delta[bh * Tn + t0 + i] : 0.0f;
+    }
+  };
+  load_tile_async<D>(ks, k + in, k0, Tn, ld);
+  load_tile_async<D>(vs, v + in, k0, Tn, ld);
+  stage(0);
+  commit_copies();
+  const float scale2 = scale * log2e;
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  for (int j = 0; j < tiles; ++j) {
+    if (j + 1 < tiles) {
+      stage(j + 1);
+      commit_copies();
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
     }
     __syncthreads();
-    product_abt<D>(sc, ks + warp * 16 * L::ld, qs);
-    product_abt<D>(dp, vs + warp * 16 * L::ld, dos);
-    __syncwarp();
-#pragma unroll 8
-    for (int j = 0; j < rows / 2; ++j) {
-      const int col = half * (rows / 2) + j;
-      const std::int64_t tq = t0 + col;
-      float p = 0.0f, g = 0.0f;
-      if (tq >= s && tq < Tn) {
-        p = __expf(sc[r * L::lds + col] * scale - lse_tile[col]);
-        g = p * (dp[r * L::lds + col] - delta_tile[col]);
+    const std::int64_t t0 = k0 + static_cast<std::int64_t>(j) * rows;
+    const bf* qt = qs + (j % 2) * L::elems;
+    const bf* dot = dos + (j % 2) * L::elems;
+    const float* lt = lse_tile + (j % 2) * rows;
+    const float* dt = delta_tile + (j % 2) * rows;
+    float st[rows / 8][4], dpt[rows / 8][4];  // S^T and dP^T: this warp's keys against the tile's queries
+    product_abt<D>(st, ks, warp * 16, qt);
+    product_abt<D>(dpt, vs, warp * 16, dot);
+#pragma unroll
+    for (int n = 0; n < rows / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * lq + (e & 1);
+        const std::int64_t query = t0 + c, key = w0 + g + 8 * (e / 2);
+        const float p = query >= key && query < Tn ? exp2f(st[n][e] * scale2 - lt[c]) : 0.0f;
+        st[n][e] = p;
+        dpt[n][e] = p * (dpt[n][e] - dt[c]);  // dS^T
       }
-      pt[r * L::ldp + col] = __float2bfloat16_rn(p);
-      dst[r * L::ldp + col] = __float2bfloat16_rn(g);
-    }
-    __syncwarp();
-    accumulate_pb<D>(dv_acc, pt, dos);
-    accumulate_pb<D>(dk_acc, dst, qs);
+    accumulate_pb<D>(dv_acc, st, dot);
+    accumulate_pb<D>(dk_acc, dpt, qt);
+    __syncthreads();
   }
-  store_rows<D>(dv + base, dv_acc, sc, w0, Tn, C, 1.0f);
-  store_rows<D>(dk + base, dk_acc, sc, w0, Tn, C, scale);
+  store_rows<D>(dv + in, dv_acc, w0, Tn, ld, 1.0f);
+  store_rows<D>(dk + in, dk_acc, w0, Tn, ld, scale);
 #endif
 }
 
 template <int D>
 constexpr std::size_t forward_smem() {
-  using L = layout<D>;
-  return 3 * L::tile_bytes + warps * (L::scratch_bytes + L::p_bytes);
+  return 5 * tile<D>::bytes;
 }
 template <int D>
 constexpr std::size_t dq_smem() {
-  using L = layout<D>;
-  return 4 * L::tile_bytes + warps * (2 * L::scratch_bytes + L::p_bytes);
+  return 6 * tile<D>::bytes;
 }
 template <int D>
 constexpr std::size_t dkv_smem() {
-  using L = layout<D>;
-  return 4 * L::tile_bytes + warps * (2 * L::scratch_bytes + 2 * L::p_bytes) + 2 * rows * sizeof(float);
+  return 6 * tile<D>::bytes + 4 * rows * sizeof(float);
 }
 
 template <class Launch>
@@ -3136,10 +3270,12 @@ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p
 }  // namespace fa
 }  // namespace cuda_detail
 
-// Whether the tensor-core path takes these tensors: head width 16, 32, 64 or 128, rows that
-// keep 16-byte vector loads aligned, and a GPU with bf16 tensor cores (compute capability 8+).
-inline bool attention_bf16_supported(cuda, std::int64_t C, std::int64_t H, std::initializer_list<const void*> ptrs) {
-  if (H <= 0 || C % H != 0) return false;
+// Whether the tensor-core path takes these tensors: head width 16, 32, 64 or 128, rows `ld`
+// elements apart and pointers that keep 16-byte copies aligned, and a GPU with bf16 tensor
+// cores (compute capability 8+).
+inline bool attention_bf16_supported(cuda, std::int64_t C, std::int64_t H, std::int64_t ld,
+                                     std::initializer_list<const void*> ptrs) {
+  if (H <= 0 || C % H != 0 || ld < C || ld % 8 != 0) return false;
   const std::int64_t D = C / H;
   if (D != 16 && D != 32 && D != 64 && D != 128) return false;
   for (const void* p : ptrs)
@@ -3154,9 +3290,9 @@ inline bool attention_bf16_supported(cuda, std::int64_t C, std::int64_t H, std::
   return major >= 8;
 }
 
-// out (B, T, C) bf16 and lse (B, H, T) f32 from bf16 q, k, v.
+// out (B, T, C) bf16 and lse (B, H, T) f32 from bf16 q, k, v whose rows are `ld` apart.
 inline void attention_forward_bf16(cuda, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                   std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t H) {
+                                   std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t H, std::int64_t ld) {
   namespace fa = cuda_detail::fa;
   if (B * Tn * C == 0) return;
   const std::int64_t D = C / H;
@@ -3168,15 +3304,16 @@ inline void attention_forward_bf16(cuda, bf16* out, float* lse, const bf16* q, c
     const auto kernel = fa::forward_kernel<W>;
     fa::set_smem(kernel, fa::forward_smem<W>());
     kernel<<<fa::grid(B, H, Tn), fa::threads, fa::forward_smem<W>(), cuda_rt::current_stream()>>>(
-        as(out), lse, cas(q), cas(k), cas(v), Tn, C, H, scale);
+        as(out), lse, cas(q), cas(k), cas(v), Tn, H, ld, scale);
     cuda_rt::check_launch("bf16 attention forward");
   });
 }
 
-// dq, dk, dv (B, T, C) bf16 are written (not accumulated).
+// dq, dk, dv (rows `ld` apart, like q, k, v) are written, not accumulated; dout and out are
+// (B, T, C).
 inline void attention_backward_bf16(cuda, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
                                     const float* lse, const bf16* q, const bf16* k, const bf16* v, std::int64_t B,
-                                    std::int64_t Tn, std::int64_t C, std::int64_t H) {
+                                    std::int64_t Tn, std::int64_t C, std::int64_t H, std::int64_t ld) {
   namespace fa = cuda_detail::fa;
   if (B * Tn * C == 0) return;
   const std::int64_t D = C / H;
@@ -3188,17 +3325,17 @@ inline void attention_backward_bf16(cuda, bf16* dq, bf16* dk, bf16* dv, const bf
   fa::with_width(D, [&](auto width) {
     constexpr int W = decltype(width)::value;
     const dim3 rows_grid(static_cast<unsigned>((Tn + fa::warps - 1) / fa::warps), static_cast<unsigned>(B * H));
-    fa::delta_kernel<W><<<rows_grid, fa::threads, 0, stream>>>(delta.get(), cas(dout), cas(out), Tn, C, H);
+    fa::delta_kernel<W><<<rows_grid, fa::threads, 0, stream>>>(delta.get(), cas(dout), cas(out), Tn, H);
     cuda_rt::check_launch("bf16 attention delta");
     const auto dq_kernel = fa::dq_kernel<W>;
     fa::set_smem(dq_kernel, fa::dq_smem<W>());
     dq_kernel<<<fa::grid(B, H, Tn), fa::threads, fa::dq_smem<W>(), stream>>>(
-        as(dq), cas(dout), lse, delta.get(), cas(q), cas(k), cas(v), Tn, C, H, scale);
+        as(dq), cas(dout), lse, delta.get(), cas(q), cas(k), cas(v), Tn, H, ld, scale);
     cuda_rt::check_launch("bf16 attention dq");
     const auto dkv_kernel = fa::dkv_kernel<W>;
     fa::set_smem(dkv_kernel, fa::dkv_smem<W>());
     dkv_kernel<<<fa::grid(B, H, Tn), fa::threads, fa::dkv_smem<W>(), stream>>>(
-        as(dk), as(dv), cas(dout), lse, delta.get(), cas(q), cas(k), cas(v), Tn, C, H, scale);
+        as(dk), as(dv), cas(dout), lse, delta.get(), cas(q), cas(k), cas(v), Tn, H, ld, scale);
     cuda_rt::check_launch("bf16 attention dk, dv");
   });
 }
@@ -3212,15 +3349,18 @@ namespace decentrain::kernels {
 
 // bf16 attention (bf16 in and out, f32 logsumexp) exists only where a device overloads these,
 // the GPU with its tensor cores; the op tests for them with a concept, and elsewhere computes
-// bf16 attention in f32. Deleted here so the names exist on every build.
+// bf16 attention in f32. Deleted here so the names exist on every build. Their last argument is
+// the distance between rows of q, k, v (and dq, dk, dv): C, or 3 C for the column blocks of a
+// fused (B, T, 3C) projection.
 template <class Device>
 void attention_forward_bf16(Device, bf16*, float*, const bf16*, const bf16*, const bf16*, std::int64_t, std::int64_t,
-                            std::int64_t, std::int64_t) = delete;
+                            std::int64_t, std::int64_t, std::int64_t) = delete;
 template <class Device>
 void attention_backward_bf16(Device, bf16*, bf16*, bf16*, const bf16*, const bf16*, const float*, const bf16*,
-                             const bf16*, const bf16*, std::int64_t, std::int64_t, std::int64_t, std::int64_t) = delete;
+                             const bf16*, const bf16*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                             std::int64_t) = delete;
 template <class Device>
-bool attention_bf16_supported(Device, std::int64_t, std::int64_t, std::initializer_list<const void*>) = delete;
+bool attention_bf16_supported(Device, std::int64_t, std::int64_t, std::int64_t, std::initializer_list<const void*>) = delete;
 
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/attention.hpp ----
@@ -3231,9 +3371,10 @@ bool attention_bf16_supported(Device, std::int64_t, std::int64_t, std::initializ
 // ---- begin decentrain/kernels/cpu/cross_entropy.hpp ----
 // Cross-entropy with logits, fused with the softmax. Rows whose target equals ignore_index
 // count for nothing; the loss is the mean over the others (NaN when there are none, as in
-// PyTorch). The backward recomputes the softmax instead of keeping an (N, V) probability
-// tensor alive between passes.
+// PyTorch). The forward keeps each row's logsumexp (N values), so the backward computes the
+// softmax in one pass over the logits instead of keeping an (N, V) probability tensor alive.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -3307,34 +3448,38 @@ void softmax_backward(cpu, T* dx, const T* y, const T* dout, std::int64_t rows, 
 namespace decentrain::kernels {
 
 // Returns the summed loss over the rows whose target is not ignore_index (the caller counts
-// them while validating the targets, which must lie in [0, V) or equal ignore_index).
+// them while validating the targets, which must lie in [0, V) or equal ignore_index), and
+// writes each counted row's logsumexp to row_lse (N entries; ignored rows' are unspecified).
 template <class T>
 double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index) {
+                             std::int64_t V, std::int32_t ignore_index, T* row_lse) {
   double total = 0.0;
   DECENTRAIN_OMP(parallel for reduction(+ : total) if (N * V >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < N; ++i) {
     if (targets[i] == ignore_index) continue;
     const T* row = logits + i * V;
     const auto [mx, sum] = detail::row_softmax_stats(row, V);
-    total += static_cast<double>(mx + std::log(sum) - row[targets[i]]);
+    row_lse[i] = mx + std::log(sum);
+    total += static_cast<double>(row_lse[i] - row[targets[i]]);
   }
   return total;
 }
 
-// dlogits += dloss_per_row * (softmax(logits) - onehot(target)) for counted rows.
+// dlogits = dloss_per_row * (softmax(logits) - onehot(target)) for counted rows, 0 for ignored
+// ones (written, not accumulated); row_lse from the forward.
 template <class T>
-void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t* targets,
-                            std::int64_t N, std::int64_t V, std::int32_t ignore_index,
-                            T dloss_per_row) {
+void cross_entropy_backward(cpu, T* dlogits, const T* logits, const T* row_lse, const std::int32_t* targets,
+                            std::int64_t N, std::int64_t V, std::int32_t ignore_index, T dloss_per_row) {
   DECENTRAIN_OMP(parallel for if (N * V >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < N; ++i) {
-    if (targets[i] == ignore_index) continue;
-    const T* row = logits + i * V;
     T* d = dlogits + i * V;
-    const auto [mx, sum] = detail::row_softmax_stats(row, V);
-    const T inv = T(1) / sum;
-    for (std::int64_t c = 0; c < V; ++c) d[c] += dloss_per_row * std::exp(row[c] - mx) * inv;
+    if (targets[i] == ignore_index) {
+      std::fill(d, d + V, T(0));
+      continue;
+    }
+    const T* row = logits + i * V;
+    const T lse = row_lse[i];
+    for (std::int64_t c = 0; c < V; ++c) d[c] = dloss_per_row * std::exp(row[c] - lse);
     d[targets[i]] -= dloss_per_row;
   }
 }
@@ -3343,9 +3488,9 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const std::int32_t
 // ---- end decentrain/kernels/cpu/cross_entropy.hpp ----
 // ---- begin decentrain/kernels/cuda/cross_entropy.cuh ----
 // Cross-entropy with logits on the GPU, fused with the softmax: one block per row, logits stored
-// as f32, f64 or bf16 (kernels/native_bf16.hpp). The
-// forward writes each row's loss (in double) and sums them in a fixed order; the backward
-// recomputes the row statistics instead of keeping (N, V) probabilities alive.
+// as f32, f64 or bf16 (kernels/native_bf16.hpp). The forward writes each row's loss (in double),
+// summed in a fixed order, and its logsumexp; the backward then reads the logits once and writes
+// the gradient once, instead of keeping (N, V) probabilities alive.
 
 
 #if DECENTRAIN_HAS_CUDA
@@ -3358,8 +3503,8 @@ namespace cuda_detail {
 // S is the stored type of the logits (float, double or bf16); the arithmetic runs in
 // compute_type_t<S> (f32 for bf16).
 template <class S>
-__global__ void cross_entropy_rows_kernel(double* row_loss, const S* logits, const std::int32_t* targets,
-                                          std::int64_t V, std::int32_t ignore_index) {
+__global__ void cross_entropy_rows_kernel(double* row_loss, compute_type_t<S>* row_lse, const S* logits,
+                                          const std::int32_t* targets, std::int64_t V, std::int32_t ignore_index) {
   using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
@@ -3369,50 +3514,59 @@ __global__ void cross_entropy_rows_kernel(double* row_loss, const S* logits, con
   }
   const S* row = logits + i * V;
   const auto s = block_row_stats<softmax_threads, M>(row, V);
-  if (threadIdx.x == 0) row_loss[i] = static_cast<double>(s.max + device_log(s.sum) - static_cast<M>(row[target]));
+  if (threadIdx.x == 0) {
+    const M lse = s.max + device_log(s.sum);
+    row_lse[i] = lse;
+    row_loss[i] = static_cast<double>(lse - static_cast<M>(row[target]));
+  }
 }
 
 template <class S>
-__global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const std::int32_t* targets,
-                                              std::int64_t V, std::int32_t ignore_index,
-                                              compute_type_t<S> dloss_per_row) {
+__global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const compute_type_t<S>* row_lse,
+                                              const std::int32_t* targets, std::int64_t V,
+                                              std::int32_t ignore_index, compute_type_t<S> dloss_per_row) {
   using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
-  if (target == ignore_index) return;
-  const S* row = logits + i * V;
   S* d = dlogits + i * V;
-  const auto s = block_row_stats<softmax_threads, M>(row, V);
-  const M inv = M(1) / s.sum;
+  if (target == ignore_index) {
+    for (std::int64_t c = threadIdx.x; c < V; c += softmax_threads) d[c] = S(0);
+    return;
+  }
+  const S* row = logits + i * V;
+  const M lse = row_lse[i];
   for (std::int64_t c = threadIdx.x; c < V; c += softmax_threads) {
-    const M p = device_exp(static_cast<M>(row[c]) - s.max) * inv;
-    d[c] = S(static_cast<M>(d[c]) + dloss_per_row * (c == target ? p - M(1) : p));
+    const M p = device_exp(static_cast<M>(row[c]) - lse);
+    d[c] = S(dloss_per_row * (c == target ? p - M(1) : p));
   }
 }
 }  // namespace cuda_detail
 
 // Returns the summed loss over the rows whose target is not ignore_index (read back: one
-// synchronisation). Targets (a device array) must already be validated.
+// synchronisation) and writes each counted row's logsumexp to row_lse (N entries). Targets (a
+// device array) must already be validated.
 template <class T>
 double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index) {
+                             std::int64_t V, std::int32_t ignore_index, compute_type_t<T>* row_lse) {
   if (N == 0) return 0.0;
   decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
   cuda_detail::scratch<double> row_loss(N);
   cuda_detail::cross_entropy_rows_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
-                                           cuda_rt::current_stream()>>>(row_loss.get(), logits, targets, V,
-                                                                        ignore_index);
+                                           cuda_rt::current_stream()>>>(row_loss.get(), row_lse, logits, targets,
+                                                                        V, ignore_index);
   cuda_rt::check_launch("cross_entropy_rows_kernel");
   return cuda_detail::sum_to_host(row_loss.get(), N);
 }
 
-// dlogits += dloss_per_row * (softmax(logits) - onehot(target)) for counted rows.
+// dlogits = dloss_per_row * (softmax(logits) - onehot(target)) for counted rows, 0 for ignored
+// ones (written, not accumulated); row_lse from the forward.
 template <class T>
-void cross_entropy_backward(cuda, T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t N,
-                            std::int64_t V, std::int32_t ignore_index, compute_type_t<T> dloss_per_row) {
+void cross_entropy_backward(cuda, T* dlogits, const T* logits, const compute_type_t<T>* row_lse,
+                            const std::int32_t* targets, std::int64_t N, std::int64_t V, std::int32_t ignore_index,
+                            compute_type_t<T> dloss_per_row) {
   if (N == 0) return;
   cuda_detail::cross_entropy_backward_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
-                                               cuda_rt::current_stream()>>>(dlogits, logits, targets, V,
+                                               cuda_rt::current_stream()>>>(dlogits, logits, row_lse, targets, V,
                                                                             ignore_index, dloss_per_row);
   cuda_rt::check_launch("cross_entropy_backward_kernel");
 }
@@ -3832,20 +3986,23 @@ namespace decentrain::kernels {
 // With `residual`, the input is x + residual: the sum is written to `sum` (the residual stream
 // of a pre-LN transformer goes on from it) and normalised in the same pass over the row, which
 // saves the separate add's write and re-read. The sum is the same float add as `add`, so the
-// fused and the unfused paths agree bit for bit.
-template <class T>
-void layer_norm_forward(cpu, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        std::int64_t rows, std::int64_t cols, T eps, const T* residual = nullptr,
+// fused and the unfused paths agree bit for bit. T is the arithmetic (and x's, the statistics'
+// and the parameters') type; the residual is read from R and the output stored as O (each T,
+// or bf16 on a device whose kernels store it: the op widens and narrows around the kernel
+// elsewhere, with the same results).
+template <class T, class O, class R = T>
+void layer_norm_forward(cpu, O* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        std::int64_t rows, std::int64_t cols, T eps, const R* residual = nullptr,
                         T* sum = nullptr) {
   DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * cols;
     T m = 0;
     if (residual != nullptr) {
-      const T* res = residual + r * cols;
+      const R* res = residual + r * cols;
       T* h = sum + r * cols;
       for (std::int64_t c = 0; c < cols; ++c) {
-        h[c] = in[c] + res[c];
+        h[c] = in[c] + static_cast<T>(res[c]);
         m += h[c];
       }
       in = h;
@@ -3857,27 +4014,28 @@ void layer_norm_forward(cpu, T* out, T* mean, T* rstd, const T* x, const T* weig
     for (std::int64_t c = 0; c < cols; ++c) v += (in[c] - m) * (in[c] - m);
     v /= static_cast<T>(cols);
     const T s = T(1) / std::sqrt(v + eps);
-    T* o = out + r * cols;
-    for (std::int64_t c = 0; c < cols; ++c) o[c] = (in[c] - m) * s * weight[c] + bias[c];
+    O* o = out + r * cols;
+    for (std::int64_t c = 0; c < cols; ++c) o[c] = O((in[c] - m) * s * weight[c] + bias[c]);
     mean[r] = m;
     rstd[r] = s;
   }
 }
 
-// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed.
-template <class T>
-void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const T* dout, const T* x,
+// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed. The
+// output's gradient is read from G (T, or bf16 as the forward's output).
+template <class T, class G>
+void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const G* dout, const T* x,
                          const T* weight, const T* mean, const T* rstd, std::int64_t rows,
                          std::int64_t cols) {
   if (dx) {
     DECENTRAIN_OMP(parallel for if (rows * cols >= detail::parallel_threshold))
     for (std::int64_t r = 0; r < rows; ++r) {
-      const T* g = dout + r * cols;
+      const G* g = dout + r * cols;
       const T* in = x + r * cols;
       const T m = mean[r], s = rstd[r];
       T mean_dn = 0, mean_dn_xhat = 0;
       for (std::int64_t c = 0; c < cols; ++c) {
-        const T dn = weight[c] * g[c];
+        const T dn = weight[c] * static_cast<T>(g[c]);
         mean_dn += dn;
         mean_dn_xhat += dn * (in[c] - m) * s;
       }
@@ -3886,7 +4044,7 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const T* dout, const 
       T* d = dx + r * cols;
       for (std::int64_t c = 0; c < cols; ++c) {
         const T xhat = (in[c] - m) * s;
-        d[c] += (weight[c] * g[c] - mean_dn - xhat * mean_dn_xhat) * s;
+        d[c] += (weight[c] * static_cast<T>(g[c]) - mean_dn - xhat * mean_dn_xhat) * s;
       }
     }
   }
@@ -3898,11 +4056,11 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const T* dout, const 
       const std::int64_t c1 = c0 + 64 < cols ? c0 + 64 : cols;
       T dw[64] = {}, db[64] = {};
       for (std::int64_t r = 0; r < rows; ++r) {
-        const T* g = dout + r * cols;
+        const G* g = dout + r * cols;
         const T* in = x + r * cols;
         for (std::int64_t c = c0; c < c1; ++c) {
-          dw[c - c0] += (in[c] - mean[r]) * rstd[r] * g[c];
-          db[c - c0] += g[c];
+          dw[c - c0] += (in[c] - mean[r]) * rstd[r] * static_cast<T>(g[c]);
+          db[c - c0] += static_cast<T>(g[c]);
         }
       }
       for (std::int64_t c = c0; c < c1; ++c) {
@@ -4044,20 +4202,20 @@ inline constexpr int column_row_groups_ln = 16;  // warps that split the rows of
 __device__ inline float device_rsqrt(float x) { return rsqrtf(x); }
 __device__ inline double device_rsqrt(double x) { return rsqrt(x); }
 
-template <class T>
-__global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, const T* weight,
+template <class T, class O, class R>
+__global__ void layer_norm_forward_kernel(O* out, T* mean, T* rstd, const T* x, const T* weight,
                                           const T* bias, std::int64_t rows, std::int64_t cols, T eps,
-                                          const T* residual, T* sum) {
+                                          const R* residual, T* sum) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
   const T* in = x + r * cols;
   T m = 0;
   if (residual != nullptr) {
     // Each lane re-reads only the sums it wrote itself, so no barrier is needed.
-    const T* res = residual + r * cols;
+    const R* res = residual + r * cols;
     T* h = sum + r * cols;
     for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
-      h[c] = in[c] + res[c];
+      h[c] = in[c] + widen<T>(res[c]);
       m += h[c];
     }
     in = h;
@@ -4069,25 +4227,25 @@ __global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, 
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
   v = warp_reduce(v, sum_op{}) / static_cast<T>(cols);
   const T s = device_rsqrt(v + eps);
-  T* o = out + r * cols;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) o[c] = (in[c] - m) * s * weight[c] + bias[c];
+  O* o = out + r * cols;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) o[c] = O((in[c] - m) * s * weight[c] + bias[c]);
   if (threadIdx.x == 0) {
     mean[r] = m;
     rstd[r] = s;
   }
 }
 
-template <class T>
-__global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* weight, const T* mean,
+template <class T, class G>
+__global__ void layer_norm_dx_kernel(T* dx, const G* dout, const T* x, const T* weight, const T* mean,
                                      const T* rstd, std::int64_t rows, std::int64_t cols) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
-  const T* g = dout + r * cols;
+  const G* g = dout + r * cols;
   const T* in = x + r * cols;
   const T m = mean[r], s = rstd[r];
   T mean_dn = 0, mean_dn_xhat = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
-    const T dn = weight[c] * g[c];
+    const T dn = weight[c] * widen<T>(g[c]);
     mean_dn += dn;
     mean_dn_xhat += dn * (in[c] - m) * s;
   }
@@ -4096,21 +4254,21 @@ __global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* 
   T* d = dx + r * cols;
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
     const T xhat = (in[c] - m) * s;
-    d[c] += (weight[c] * g[c] - mean_dn - xhat * mean_dn_xhat) * s;
+    d[c] += (weight[c] * widen<T>(g[c]) - mean_dn - xhat * mean_dn_xhat) * s;
   }
 }
 
 // Partial gain and bias gradients of one chunk of rows (reduce.cuh's column scheme).
-template <class T>
-__global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const T* dout, const T* x,
+template <class T, class G>
+__global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const G* dout, const T* x,
                                          const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
   const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
   const double dw = column_sum<column_row_groups_ln>(begin, end, c < cols, [&](std::int64_t r) {
-    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * static_cast<double>(dout[r * cols + c]);
+    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * widen<double>(dout[r * cols + c]);
   });
   const double db = column_sum<column_row_groups_ln>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return static_cast<double>(dout[r * cols + c]); });
+                                                     [&](std::int64_t r) { return widen<double>(dout[r * cols + c]); });
   if (threadIdx.y == 0 && c < cols) {
     partial_w[blockIdx.y * cols + c] = dw;
     partial_b[blockIdx.y * cols + c] = db;
@@ -4118,10 +4276,11 @@ __global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, c
 }
 }  // namespace cuda_detail
 
-// With `residual`, normalises x + residual and writes that sum to `sum` (see the CPU kernel).
-template <class T>
-void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        std::int64_t rows, std::int64_t cols, T eps, const T* residual = nullptr,
+// With `residual`, normalises x + residual and writes that sum to `sum`; O and R as on the CPU
+// (T, or bf16 read and written by the kernel itself).
+template <class T, class O, class R = T>
+void layer_norm_forward(cuda, O* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        std::int64_t rows, std::int64_t cols, T eps, const R* residual = nullptr,
                         T* sum = nullptr) {
   if (rows == 0) return;
   const dim3 block(32, cuda_detail::rows_per_block);
@@ -4131,9 +4290,10 @@ void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* wei
   cuda_rt::check_launch("layer_norm_forward_kernel");
 }
 
-// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed.
-template <class T>
-void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const T* dout, const T* x,
+// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed. dout
+// is T or bf16.
+template <class T, class G>
+void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const T* x,
                          const T* weight, const T* mean, const T* rstd, std::int64_t rows,
                          std::int64_t cols) {
   if (rows == 0) return;
@@ -5127,6 +5287,16 @@ struct node {
   void accumulate(std::size_t i, tensor<Device> g) {
     if (needs_grad(i)) detail::accumulate_grad(*inputs[i], std::move(g));
   }
+  // Input i's gradient so far, for an op whose kernel adds its share into it in place (instead
+  // of filling a fresh buffer and adding that): defined only when there is one, of dtype `t`,
+  // contiguous and held by nobody else, so no holder of a gradient sees it change. Otherwise
+  // undefined, and the op hands a fresh gradient to accumulate.
+  tensor<Device> grad_in_place(std::size_t i, dtype t) const {
+    if (!needs_grad(i)) return {};
+    const auto& g = inputs[i]->grad;
+    if (!g.defined() || g.dtype() != t || !g.is_contiguous() || !g.is_sole_owner()) return {};
+    return g;
+  }
 };
 
 template <class Device>
@@ -5266,7 +5436,7 @@ var<Device> gelu(const var<Device>& x) {
   return record<Device>("gelu", detail::stored_as(out, x.dtype()), {x},
                         [](const tensor<Device>& g, node<Device>& n) {
     const auto cx = detail::kernel_tensor(n.input(0)), cg = detail::contiguous_as(g, cx.dtype());
-    auto dx = zeros<Device>(cx.shape(), cx.dtype());
+    auto dx = tensor<Device>::empty(cx.shape(), cx.dtype());  // written whole by the kernel
     detail::with_kernel_type<Device>(n.input(0).dtype(), "gelu backward", [&](auto tag) {
       using T = decltype(tag);
       kernels::gelu_backward(Device{}, dx.template data<T>(), cx.template data<T>(),
@@ -5317,7 +5487,102 @@ var<Device> log_softmax(const var<Device>& x) { return detail::softmax_op(x, tru
 // head, for q, k, v of shape (B, T, C) split into n_head heads of D = C / n_head columns.
 
 #include <concepts>
+#include <vector>
 
+// ---- begin decentrain/autograd/ops/shape.hpp ----
+// Differentiable shape ops: reshape, transpose, slice, split and concat. Forward passes are
+// views where the layout allows; backward passes route gradients to the right elements.
+
+#include <initializer_list>
+#include <numeric>
+#include <vector>
+
+
+namespace decentrain {
+
+template <class Device>
+var<Device> reshape(const var<Device>& x, std::vector<std::int64_t> sizes) {
+  return record<Device>("reshape", x.value().reshape(std::move(sizes)), {x},
+                        [](const tensor<Device>& g, node<Device>& n) {
+                          n.accumulate(0, g.reshape(n.input(0).shape()));
+                        });
+}
+
+template <class Device>
+var<Device> transpose(const var<Device>& x, std::int64_t dim0, std::int64_t dim1) {
+  return record<Device>("transpose", x.value().transpose(dim0, dim1), {x},
+                        [dim0, dim1](const tensor<Device>& g, node<Device>& n) {
+                          n.accumulate(0, g.transpose(dim0, dim1));
+                        });
+}
+
+// Elements [start, stop) along `axis`.
+template <class Device>
+var<Device> slice(const var<Device>& x, std::int64_t axis, std::int64_t start, std::int64_t stop) {
+  return record<Device>("slice", x.value().slice(axis, start, stop), {x},
+                        [axis, start, stop](const tensor<Device>& g, node<Device>& n) {
+                          auto full = zeros<Device>(n.input(0).shape(), g.dtype());
+                          full.slice(axis, start, stop).copy_from(g);
+                          n.accumulate(0, std::move(full));
+                        });
+}
+
+// Consecutive pieces along `axis` with the given sizes (which must add up to the dim).
+template <class Device>
+std::vector<var<Device>> split(const var<Device>& x, const std::vector<std::int64_t>& sizes,
+                               std::int64_t axis) {
+  x.value().split(sizes, axis);  // validates sizes with a clear message
+  std::vector<var<Device>> parts;
+  std::int64_t start = 0;
+  for (auto s : sizes) {
+    parts.push_back(slice(x, axis, start, start + s));
+    start += s;
+  }
+  return parts;
+}
+
+// Joins tensors of equal shape except along `axis`.
+template <class Device>
+var<Device> concat(const std::vector<var<Device>>& xs, std::int64_t axis) {
+  detail::check(!xs.empty(), "concat: needs at least one input");
+  const auto& first = xs.front().shape();
+  const auto d = first.normalize_axis(axis);
+  std::vector<std::int64_t> sizes;
+  auto out_sizes = first.sizes();
+  out_sizes[d] = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const auto& s = xs[i].shape();
+    detail::check_same_dtype("concat", xs[0].value(), xs[i].value());
+    bool ok = s.rank() == first.rank();
+    for (std::size_t k = 0; ok && k < s.rank(); ++k) ok = k == d || s[k] == first[k];
+    detail::check(ok, "concat: input ", i, " has shape ", s, " but input 0 has shape ", first,
+                  "; all dims except ", axis, " must match");
+    sizes.push_back(s[d]);
+    out_sizes[d] += s[d];
+  }
+  auto out = tensor<Device>::empty(shape(out_sizes), xs[0].dtype());
+  std::int64_t start = 0;
+  for (const auto& x : xs) {
+    out.slice(static_cast<std::int64_t>(d), start, start + x.shape()[d]).copy_from(x.value());
+    start += x.shape()[d];
+  }
+  const auto ax = static_cast<std::int64_t>(d);
+  return record<Device>("concat", out, xs, [sizes, ax](const tensor<Device>& g, node<Device>& n) {
+    std::int64_t begin = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      n.accumulate(i, g.slice(ax, begin, begin + sizes[i]));
+      begin += sizes[i];
+    }
+  });
+}
+
+template <class Device>
+var<Device> concat(std::initializer_list<var<Device>> xs, std::int64_t axis) {
+  return concat(std::vector<var<Device>>(xs), axis);
+}
+
+}  // namespace decentrain
+// ---- end decentrain/autograd/ops/shape.hpp ----
 
 namespace decentrain {
 
@@ -5326,33 +5591,58 @@ namespace detail {
 // bf16 in and out, f32 logsumexp, f32 arithmetic inside.
 template <class Device>
 concept has_bf16_attention = requires(bf16* o, float* s, const bf16* c, const float* cs, std::int64_t n) {
-  kernels::attention_forward_bf16(Device{}, o, s, c, c, c, n, n, n, n);
-  kernels::attention_backward_bf16(Device{}, o, o, o, c, c, cs, c, c, c, n, n, n, n);
-  { kernels::attention_bf16_supported(Device{}, n, n, {c}) } -> std::convertible_to<bool>;
+  kernels::attention_forward_bf16(Device{}, o, s, c, c, c, n, n, n, n, n);
+  kernels::attention_backward_bf16(Device{}, o, o, o, c, c, cs, c, c, c, n, n, n, n, n);
+  { kernels::attention_bf16_supported(Device{}, n, n, n, {c}) } -> std::convertible_to<bool>;
 };
 
+// Where q, k and v start and how far apart their rows are, in `parts`: three contiguous
+// (B, T, C) tensors, or one contiguous (B, T, 3C) fused projection whose column blocks they are.
+template <class P>
+struct qkv_rows {
+  P* q;
+  P* k;
+  P* v;
+  std::int64_t ld;
+};
+template <class P, class Device>
+qkv_rows<P> rows_of(const std::vector<tensor<Device>>& parts, std::int64_t C) {
+  if (parts.size() == 3) return {parts[0].template data<P>(), parts[1].template data<P>(), parts[2].template data<P>(), C};
+  P* p = parts[0].template data<P>();
+  return {p, p + C, p + 2 * C, 3 * C};
+}
+
+// Whether the bf16 kernels take `parts` (see qkv_rows).
 template <class Device>
-var<Device> causal_attention_bf16(const tensor<Device>& q, const tensor<Device>& k, const tensor<Device>& v,
-                                  const var<Device>& vq, const var<Device>& vk, const var<Device>& vv,
-                                  std::int64_t n_head) {
-  const std::int64_t B = q.size(0), T = q.size(1), C = q.size(2);
-  auto out = tensor<Device>::empty(q.shape(), dtype::bf16);
+bool bf16_attention_takes(const std::vector<tensor<Device>>& parts, std::int64_t C, std::int64_t n_head) {
+  if constexpr (has_bf16_attention<Device>) {
+    const auto r = rows_of<bf16>(parts, C);
+    return kernels::attention_bf16_supported(Device{}, C, n_head, r.ld, {r.q, r.k, r.v});
+  } else {
+    return false;
+  }
+}
+
+// The bf16 kernels over `parts` (bf16, contiguous, see qkv_rows), recorded over `inputs` (one
+// var per part): each part's gradient is written whole by the backward kernels.
+template <class Device>
+var<Device> causal_attention_bf16(const std::vector<tensor<Device>>& parts, const std::vector<var<Device>>& inputs,
+                                  std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t n_head) {
+  auto out = tensor<Device>::empty(shape{B, T, C}, dtype::bf16);
   auto lse = tensor<Device>::empty(shape{B, n_head, T}, dtype::f32);
-  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(),
-                                  q.template data<bf16>(), k.template data<bf16>(), v.template data<bf16>(), B, T, C,
-                                  n_head);
-  return record<Device>("causal_attention", out, {vq, vk, vv},
-                        [q, k, v, out, lse, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
+  const auto in = rows_of<bf16>(parts, C);
+  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(), in.q, in.k, in.v, B,
+                                  T, C, n_head, in.ld);
+  return record<Device>("causal_attention", out, inputs,
+                        [parts, out, lse, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
     const auto gb = g.dtype() == dtype::bf16 ? g.contiguous() : g.to(dtype::bf16);
-    auto dq = tensor<Device>::empty(q.shape(), dtype::bf16), dk = tensor<Device>::empty(q.shape(), dtype::bf16),
-         dv = tensor<Device>::empty(q.shape(), dtype::bf16);
-    kernels::attention_backward_bf16(Device{}, dq.template data<bf16>(), dk.template data<bf16>(),
-                                     dv.template data<bf16>(), gb.template data<bf16>(), out.template data<bf16>(),
-                                     lse.template data<float>(), q.template data<bf16>(), k.template data<bf16>(),
-                                     v.template data<bf16>(), B, T, C, n_head);
-    n.accumulate(0, std::move(dq));
-    n.accumulate(1, std::move(dk));
-    n.accumulate(2, std::move(dv));
+    std::vector<tensor<Device>> grads;
+    for (const auto& p : parts) grads.push_back(tensor<Device>::empty(p.shape(), dtype::bf16));
+    const auto in = rows_of<bf16>(parts, C);
+    const auto d = rows_of<bf16>(grads, C);
+    kernels::attention_backward_bf16(Device{}, d.q, d.k, d.v, gb.template data<bf16>(), out.template data<bf16>(),
+                                     lse.template data<float>(), in.q, in.k, in.v, B, T, C, n_head, in.ld);
+    for (std::size_t i = 0; i < grads.size(); ++i) n.accumulate(i, std::move(grads[i]));
   });
 }
 }  // namespace detail
@@ -5370,10 +5660,9 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
   const std::int64_t B = q.size(0), T = q.size(1), C = q.size(2);
   if constexpr (detail::has_bf16_attention<Device>) {
     if (q.dtype() == dtype::bf16) {
-      const auto bq = q.value().contiguous(), bk = k.value().contiguous(), bv = v.value().contiguous();
-      if (kernels::attention_bf16_supported(Device{}, C, n_head,
-                                            {bq.template data<bf16>(), bk.template data<bf16>(), bv.template data<bf16>()}))
-        return detail::causal_attention_bf16(bq, bk, bv, q, k, v, n_head);
+      const std::vector<tensor<Device>> parts{q.value().contiguous(), k.value().contiguous(), v.value().contiguous()};
+      if (detail::bf16_attention_takes(parts, C, n_head))
+        return detail::causal_attention_bf16(parts, {q, k, v}, B, T, C, n_head);
     }
   }
   const auto cq = detail::compute_tensor(q.value()), ck = detail::compute_tensor(k.value()),
@@ -5407,6 +5696,27 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
     n.accumulate(1, std::move(dk));
     n.accumulate(2, std::move(dv));
   });
+}
+
+// Causal attention over a fused projection qkv (B, T, 3C) whose column blocks are q, k and v:
+// the same values and gradients as splitting it first. Where the bf16 kernels run, they read
+// the three blocks in place and write the gradient as one (B, T, 3C) tensor, so neither pass
+// copies q, k, v apart or stitches their gradients together.
+template <class Device>
+var<Device> causal_attention(const var<Device>& qkv, std::int64_t n_head) {
+  detail::check(qkv.rank() == 3 && qkv.size(2) % 3 == 0,
+                "causal_attention: a fused qkv must be (B, T, 3C), got shape ", qkv.shape());
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  detail::check(n_head > 0 && C % n_head == 0, "causal_attention: n_head = ", n_head,
+                " must be positive and divide C = ", C);
+  if constexpr (detail::has_bf16_attention<Device>) {
+    if (qkv.dtype() == dtype::bf16) {
+      const std::vector<tensor<Device>> parts{qkv.value().contiguous()};
+      if (detail::bf16_attention_takes(parts, C, n_head)) return detail::causal_attention_bf16(parts, {qkv}, B, T, C, n_head);
+    }
+  }
+  auto q_k_v = split(qkv, {C, C, C}, -1);
+  return causal_attention(q_k_v[0], q_k_v[1], q_k_v[2], n_head);
 }
 
 }  // namespace decentrain
@@ -5575,6 +5885,8 @@ var<Device> embedding(const tensor<Device>& ids, const var<Device>& table) {
 // ---- begin decentrain/autograd/ops/layer_norm.hpp ----
 // Differentiable layer normalisation over the last dim with a gain and a bias.
 
+#include <optional>
+
 
 namespace decentrain {
 
@@ -5593,43 +5905,80 @@ void check_layer_norm_args(const char* op, const var<Device>& x, const var<Devic
   check_same_dtype(op, x.value(), bias.value());
 }
 
+// The stored form in which an op with compute type T hands `x` to a kernel that reads T or
+// bf16: bf16 as it is where the device's kernels store bf16 (kernels::native_bf16), otherwise
+// converted to T.
+template <class Device>
+tensor<Device> storage_for(const tensor<Device>& x, dtype compute) {
+  return kernels::native_bf16<Device> && x.dtype() == dtype::bf16 ? x.contiguous() : contiguous_as(x, compute);
+}
+
+// f(bf16{}) for bf16 storage on a device whose kernels store bf16, otherwise f(T{}), T the
+// compute type (see storage_for).
+template <class Device, class T, class F>
+void with_storage(dtype stored, F&& f) {
+  if constexpr (kernels::native_bf16<Device>)
+    if (stored == dtype::bf16) return f(bf16{});
+  f(T{});
+}
+
 // Normalises `input` (or input + residual, whose sum goes to *sum) and records the layer_norm
-// node over `normalised_input`: the var holding exactly the values that were normalised.
+// node over `normalised_input`: the var holding exactly the values that were normalised. The
+// output is stored as `out_dtype`, the residual may be of another float dtype than the input:
+// on a device whose kernels store bf16 they read and write bf16 themselves, so a bf16 branch
+// and a bf16 output around an f32 residual stream cost no separate casts.
 template <class Device>
 var<Device> layer_norm_node(const tensor<Device>& input, const tensor<Device>* residual, tensor<Device>* sum,
                             const var<Device>& normalised_input, const var<Device>& weight,
-                            const var<Device>& bias, double eps) {
+                            const var<Device>& bias, double eps, dtype out_dtype) {
   const std::int64_t cols = input.size(-1);
   const std::int64_t rows = input.numel() / cols;
   const auto ct = input.dtype();
-  auto out = tensor<Device>::empty(input.shape(), ct);
+  auto out = tensor<Device>::empty(input.shape(), kernel_dtype<Device>(out_dtype) == dtype::bf16 ? dtype::bf16 : ct);
   auto mean = tensor<Device>::empty(shape{rows}, ct), rstd = tensor<Device>::empty(shape{rows}, ct);
+  const auto res = residual ? storage_for(*residual, ct) : tensor<Device>{};
   with_float_type(ct, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     const auto w = compute_tensor(weight.value()), b = compute_tensor(bias.value());
-    kernels::layer_norm_forward(Device{}, out.template data<T>(), mean.template data<T>(),
-                                rstd.template data<T>(), input.template data<T>(), w.template data<T>(),
-                                b.template data<T>(), rows, cols, static_cast<T>(eps),
-                                residual ? residual->template data<T>() : nullptr,
-                                sum ? sum->template data<T>() : nullptr);
+    with_storage<Device, T>(out.dtype(), [&](auto out_tag) {
+      using O = decltype(out_tag);
+      with_storage<Device, T>(res.defined() ? res.dtype() : ct, [&](auto res_tag) {
+        using R = decltype(res_tag);
+        kernels::layer_norm_forward(Device{}, out.template data<O>(), mean.template data<T>(),
+                                    rstd.template data<T>(), input.template data<T>(), w.template data<T>(),
+                                    b.template data<T>(), rows, cols, static_cast<T>(eps),
+                                    res.defined() ? res.template data<R>() : static_cast<const R*>(nullptr),
+                                    sum ? sum->template data<T>() : nullptr);
+      });
+    });
   });
-  return record<Device>("layer_norm", stored_as(out, weight.dtype()), {normalised_input, weight, bias},
+  return record<Device>("layer_norm", stored_as(out, out_dtype), {normalised_input, weight, bias},
                         [mean, rstd, rows, cols](const tensor<Device>& g, node<Device>& n) {
     const auto cx = compute_tensor(n.input(0)), w = compute_tensor(n.input(1));
-    const auto cg = compute_tensor(g);
     const auto ct = cx.dtype();
+    const auto cg = storage_for(g, ct);
+    // The input's gradient so far takes this op's share in place where it can (the residual
+    // stream's, which the next block's add has already given), otherwise a fresh one does.
     tensor<Device> dx, dw, db;
-    if (n.needs_grad(0)) dx = zeros<Device>(cx.shape(), ct);
+    bool dx_in_place = false;
+    if (n.needs_grad(0)) {
+      dx = n.grad_in_place(0, ct);
+      dx_in_place = dx.defined();
+      if (!dx_in_place) dx = zeros<Device>(cx.shape(), ct);
+    }
     if (n.needs_grad(1)) dw = zeros<Device>(shape{cols}, ct);
     if (n.needs_grad(2)) db = zeros<Device>(shape{cols}, ct);
     with_float_type(ct, "layer_norm backward", [&](auto tag) {
       using T = decltype(tag);
       const auto ptr = [](tensor<Device>& t) { return t.defined() ? t.template data<T>() : nullptr; };
-      kernels::layer_norm_backward(Device{}, ptr(dx), ptr(dw), ptr(db), cg.template data<T>(),
-                                   cx.template data<T>(), w.template data<T>(),
-                                   mean.template data<T>(), rstd.template data<T>(), rows, cols);
+      with_storage<Device, T>(cg.dtype(), [&](auto g_tag) {
+        using G = decltype(g_tag);
+        kernels::layer_norm_backward(Device{}, ptr(dx), ptr(dw), ptr(db), cg.template data<G>(),
+                                     cx.template data<T>(), w.template data<T>(),
+                                     mean.template data<T>(), rstd.template data<T>(), rows, cols);
+      });
     });
-    if (dx.defined()) n.accumulate(0, std::move(dx));
+    if (dx.defined() && !dx_in_place) n.accumulate(0, std::move(dx));
     if (dw.defined()) n.accumulate(1, std::move(dw));
     if (db.defined()) n.accumulate(2, std::move(db));
   });
@@ -5637,16 +5986,23 @@ var<Device> layer_norm_node(const tensor<Device>& input, const tensor<Device>* r
 
 }  // namespace detail
 
+// Layer normalisation over the last dim; the result is stored as `out_dtype` (x's dtype when
+// not given): under mixed precision an f32 input gives the bf16 activations the next product
+// reads, rounded once, as a cast after the op would.
 template <class Device>
 var<Device> layer_norm(const var<Device>& x, const var<Device>& weight, const var<Device>& bias,
-                       double eps = 1e-5) {
+                       double eps = 1e-5, std::optional<dtype> out_dtype = std::nullopt) {
   detail::check_layer_norm_args("layer_norm", x, weight, bias, eps);
+  const auto od = out_dtype.value_or(x.dtype());
+  detail::check(is_floating(od), "layer_norm: output dtype must be floating-point, got ", dtype_name(od));
   const auto cx = detail::compute_tensor(x.value());
-  return detail::layer_norm_node<Device>(cx, nullptr, nullptr, x, weight, bias, eps);
+  return detail::layer_norm_node<Device>(cx, nullptr, nullptr, x, weight, bias, eps, od);
 }
 
 // The pre-LN residual step `sum = x + branch; normed = layer_norm(sum)` in one pass over the
 // rows (llm.c's fused residual + layer_norm): the same values and gradients as the two ops.
+// The sum takes x's dtype (the branch, say the bf16 output of a block under mixed precision,
+// is widened to it, as `x + cast(branch, x.dtype())`); `normed` is stored as `out_dtype`.
 template <class Device>
 struct residual_norm {
   var<Device> sum;
@@ -5655,27 +6011,32 @@ struct residual_norm {
 
 template <class Device>
 residual_norm<Device> add_layer_norm(const var<Device>& x, const var<Device>& branch, const var<Device>& weight,
-                                     const var<Device>& bias, double eps = 1e-5) {
+                                     const var<Device>& bias, double eps = 1e-5,
+                                     std::optional<dtype> out_dtype = std::nullopt) {
   detail::check_layer_norm_args("add_layer_norm", x, weight, bias, eps);
   detail::check(branch.shape() == x.shape(), "add_layer_norm: the branch's shape ", branch.shape(),
                 " must equal the residual's ", x.shape());
-  detail::check_same_dtype("add_layer_norm", x.value(), branch.value());
+  detail::check(is_floating(branch.dtype()), "add_layer_norm: the branch must be floating-point, got ",
+                dtype_name(branch.dtype()));
+  const auto od = out_dtype.value_or(x.dtype());
+  detail::check(is_floating(od), "add_layer_norm: output dtype must be floating-point, got ", dtype_name(od));
   if (x.dtype() == dtype::bf16) {
     // bf16 storage: the sum is rounded before it is normalised, which the fused kernel
     // (computing in f32) would skip; the two ops keep those semantics exactly.
-    auto sum = x + branch;
-    auto normed = layer_norm(sum, weight, bias, eps);
+    auto sum = x + cast(branch, x.dtype());
+    auto normed = layer_norm(sum, weight, bias, eps, od);
     return {std::move(sum), std::move(normed)};
   }
-  const auto xs = x.value().contiguous(), bs = branch.value().contiguous();
+  const auto xs = x.value().contiguous();
+  const auto bs = branch.value();
   auto summed = tensor<Device>::empty(x.shape(), x.dtype());
-  // Both nodes come from one kernel: `sum` is an add (its gradient passes to x and branch),
-  // `normed` a layer_norm over `sum`.
+  // Both nodes come from one kernel: `sum` is an add (its gradient passes to x and, in the
+  // branch's dtype, to the branch), `normed` a layer_norm over `sum`.
   auto sum = record<Device>("add", summed, {x, branch}, [](const tensor<Device>& g, node<Device>& n) {
     n.accumulate(0, g);
     n.accumulate(1, g);
   });
-  auto normed = detail::layer_norm_node(xs, &bs, &summed, sum, weight, bias, eps);
+  auto normed = detail::layer_norm_node(xs, &bs, &summed, sum, weight, bias, eps, od);
   return {std::move(sum), std::move(normed)};
 }
 
@@ -5716,26 +6077,29 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
     counted += t[i] != ignore_index;
   }
   const auto cl = detail::kernel_tensor(logits.value());
+  // Each row's logsumexp, kept for the backward (N values in the compute dtype).
+  auto row_lse = tensor<Device>::empty(shape{N}, detail::compute_dtype(logits.dtype()));
   double total = 0.0;
   detail::with_kernel_type<Device>(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
-                                           V, ignore_index);
+                                           V, ignore_index, row_lse.template data<compute_type_t<T>>());
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
   // In the compute dtype (f32 for bf16 logits, as under autocast): a bf16 loss would keep three
   // significant digits, too few to follow training by.
   auto out = full<Device>(shape{}, loss, detail::compute_dtype(logits.dtype()));
   return record<Device>("cross_entropy", out, {logits},
-                        [ids, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
+                        [ids, row_lse, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
     if (counted == 0) return;
     const auto cl = detail::kernel_tensor(n.input(0));
-    auto dl = zeros<Device>(cl.shape(), cl.dtype());
+    auto dl = tensor<Device>::empty(cl.shape(), cl.dtype());  // every element is written
     detail::with_kernel_type<Device>(cl.dtype(), "cross_entropy backward", [&](auto tag) {
       using T = decltype(tag);
       const auto per_row = static_cast<compute_type_t<T>>(g.item() / static_cast<double>(counted));
       kernels::cross_entropy_backward(Device{}, dl.template data<T>(), cl.template data<T>(),
-                                      ids.template data<std::int32_t>(), N, V, ignore_index, per_row);
+                                      row_lse.template data<compute_type_t<T>>(), ids.template data<std::int32_t>(),
+                                      N, V, ignore_index, per_row);
     });
     n.accumulate(0, std::move(dl));
   });
@@ -6048,7 +6412,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
     tensor<Device> g_pre = g;
     if (pre.defined()) {  // through GELU first, then stored as an unfused GELU's gradient would be
       const auto cp = detail::kernel_tensor(pre), cg = detail::contiguous_as(g, cp.dtype());
-      auto d = zeros<Device>(cp.shape(), cp.dtype());
+      auto d = tensor<Device>::empty(cp.shape(), cp.dtype());  // written whole by the kernel
       detail::with_kernel_type<Device>(pre.dtype(), "linear_gelu backward", [&](auto tag) {
         using T = decltype(tag);
         kernels::gelu_backward(Device{}, d.template data<T>(), cp.template data<T>(), cg.template data<T>(), cp.numel());
@@ -6145,100 +6509,6 @@ var<Device> mean(const var<Device>& x, std::vector<std::int64_t> axes = {}, bool
 
 }  // namespace decentrain
 // ---- end decentrain/autograd/ops/reduce.hpp ----
-// ---- begin decentrain/autograd/ops/shape.hpp ----
-// Differentiable shape ops: reshape, transpose, slice, split and concat. Forward passes are
-// views where the layout allows; backward passes route gradients to the right elements.
-
-#include <initializer_list>
-#include <numeric>
-#include <vector>
-
-
-namespace decentrain {
-
-template <class Device>
-var<Device> reshape(const var<Device>& x, std::vector<std::int64_t> sizes) {
-  return record<Device>("reshape", x.value().reshape(std::move(sizes)), {x},
-                        [](const tensor<Device>& g, node<Device>& n) {
-                          n.accumulate(0, g.reshape(n.input(0).shape()));
-                        });
-}
-
-template <class Device>
-var<Device> transpose(const var<Device>& x, std::int64_t dim0, std::int64_t dim1) {
-  return record<Device>("transpose", x.value().transpose(dim0, dim1), {x},
-                        [dim0, dim1](const tensor<Device>& g, node<Device>& n) {
-                          n.accumulate(0, g.transpose(dim0, dim1));
-                        });
-}
-
-// Elements [start, stop) along `axis`.
-template <class Device>
-var<Device> slice(const var<Device>& x, std::int64_t axis, std::int64_t start, std::int64_t stop) {
-  return record<Device>("slice", x.value().slice(axis, start, stop), {x},
-                        [axis, start, stop](const tensor<Device>& g, node<Device>& n) {
-                          auto full = zeros<Device>(n.input(0).shape(), g.dtype());
-                          full.slice(axis, start, stop).copy_from(g);
-                          n.accumulate(0, std::move(full));
-                        });
-}
-
-// Consecutive pieces along `axis` with the given sizes (which must add up to the dim).
-template <class Device>
-std::vector<var<Device>> split(const var<Device>& x, const std::vector<std::int64_t>& sizes,
-                               std::int64_t axis) {
-  x.value().split(sizes, axis);  // validates sizes with a clear message
-  std::vector<var<Device>> parts;
-  std::int64_t start = 0;
-  for (auto s : sizes) {
-    parts.push_back(slice(x, axis, start, start + s));
-    start += s;
-  }
-  return parts;
-}
-
-// Joins tensors of equal shape except along `axis`.
-template <class Device>
-var<Device> concat(const std::vector<var<Device>>& xs, std::int64_t axis) {
-  detail::check(!xs.empty(), "concat: needs at least one input");
-  const auto& first = xs.front().shape();
-  const auto d = first.normalize_axis(axis);
-  std::vector<std::int64_t> sizes;
-  auto out_sizes = first.sizes();
-  out_sizes[d] = 0;
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    const auto& s = xs[i].shape();
-    detail::check_same_dtype("concat", xs[0].value(), xs[i].value());
-    bool ok = s.rank() == first.rank();
-    for (std::size_t k = 0; ok && k < s.rank(); ++k) ok = k == d || s[k] == first[k];
-    detail::check(ok, "concat: input ", i, " has shape ", s, " but input 0 has shape ", first,
-                  "; all dims except ", axis, " must match");
-    sizes.push_back(s[d]);
-    out_sizes[d] += s[d];
-  }
-  auto out = tensor<Device>::empty(shape(out_sizes), xs[0].dtype());
-  std::int64_t start = 0;
-  for (const auto& x : xs) {
-    out.slice(static_cast<std::int64_t>(d), start, start + x.shape()[d]).copy_from(x.value());
-    start += x.shape()[d];
-  }
-  const auto ax = static_cast<std::int64_t>(d);
-  return record<Device>("concat", out, xs, [sizes, ax](const tensor<Device>& g, node<Device>& n) {
-    std::int64_t begin = 0;
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      n.accumulate(i, g.slice(ax, begin, begin + sizes[i]));
-      begin += sizes[i];
-    }
-  });
-}
-
-template <class Device>
-var<Device> concat(std::initializer_list<var<Device>> xs, std::int64_t axis) {
-  return concat(std::vector<var<Device>>(xs), axis);
-}
-
-}  // namespace decentrain
-// ---- end decentrain/autograd/ops/shape.hpp ----
 // ---- begin decentrain/autograd/parameters.hpp ----
 // A named registry of trainable parameters. Modules register what they own here, so optimizers,
 // checkpoints and communication policies can walk every parameter in one stable order.
@@ -6630,6 +6900,7 @@ inline gpt_config gpt_preset(std::string_view name) {
 // and registers them in a parameter_list, so checkpoints and safetensors can address them.
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 
@@ -6673,12 +6944,14 @@ struct layer_norm_layer {
         bias(has_bias ? params.add(name + ".bias", parameter(zeros<Device>(shape{width})))
                       : var<Device>(zeros<Device>(shape{width}))) {}
 
-  var<Device> operator()(const var<Device>& x) const {
-    return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  // The result is stored as `out` (x's dtype when not given).
+  var<Device> operator()(const var<Device>& x, std::optional<dtype> out = std::nullopt) const {
+    return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5, out);
   }
   // x + branch, and that sum normalised, in one pass (see add_layer_norm).
-  residual_norm<Device> operator()(const var<Device>& x, const var<Device>& branch) const {
-    return add_layer_norm(x, branch, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  residual_norm<Device> operator()(const var<Device>& x, const var<Device>& branch,
+                                   std::optional<dtype> out = std::nullopt) const {
+    return add_layer_norm(x, branch, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5, out);
   }
 };
 
@@ -6694,8 +6967,7 @@ struct causal_self_attention {
         c_proj(params, name + ".c_proj", width, width, proj_std, gen, has_bias) {}
 
   var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
-    auto qkv = split(c_attn(x), {n_embd, n_embd, n_embd}, -1);
-    return c_proj(causal_attention(qkv[0], qkv[1], qkv[2], n_head));
+    return c_proj(causal_attention(c_attn(x), n_head));  // q, k, v: column blocks of the fused projection
   }
 };
 
@@ -6762,26 +7034,26 @@ class gpt {
     auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
     auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
     x = maybe_dropout(x, dropout_rng);
-    // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32;
-    // each branch's input is cast to bf16, so its products, attention and GELU read and keep
-    // bf16 activations, and its output returns to f32 for the residual add (as autocast does).
-    const auto low = [&](const var<Device>& v) { return cast(v, compute_); };
-    const auto high = [&](const var<Device>& v) { return cast(v, x.dtype()); };
+    // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32, as
+    // under autocast; each layer norm stores its output in bf16, so the branch's products,
+    // attention and GELU read and keep bf16 activations, and the next layer norm adds the
+    // branch's bf16 output to the f32 stream. On the GPU those conversions happen inside the
+    // layer norm kernels; elsewhere the op makes them around its kernel, with the same values.
     // Each branch's output is added to the residual stream by the next layer norm, which
     // normalises the sum in the same pass (x = x + branch; ln(x)).
     var<Device> branch;
     const auto norm = [&](const layer_norm_layer<Device>& ln) {
-      if (!branch.defined()) return ln(x);
-      auto [sum, normed] = ln(x, branch);
+      if (!branch.defined()) return ln(x, compute_);
+      auto [sum, normed] = ln(x, branch, compute_);
       x = std::move(sum);
       branch = var<Device>();
       return normed;
     };
     for (const auto& block : blocks_) {
-      branch = maybe_dropout(high(block->attn(low(norm(block->ln_1)))), dropout_rng);
-      branch = maybe_dropout(high(block->mlp(low(norm(block->ln_2)))), dropout_rng);
+      branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
+      branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
     }
-    return matmul(low(norm(*ln_f_)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+    return matmul(norm(*ln_f_), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
   }
 
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.

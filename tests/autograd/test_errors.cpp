@@ -59,6 +59,9 @@ TEST_CASE("normalisation, attention and dropout check their options", "[errors]"
   CHECK_THROWS_WITH(dt::causal_attention(v({1, 3, 6}), v({1, 3, 6}), v({1, 3, 6}), 4), Contains("n_head = 4 must be positive and divide C = 6"));
   CHECK_THROWS_WITH(dt::causal_attention(v({1, 3, 6}), v({1, 2, 6}), v({1, 3, 6}), 2), Contains("must have the same shape"));
   CHECK_THROWS_WITH(dt::causal_attention(v({3, 6}), v({3, 6}), v({3, 6}), 2), Contains("q must be (B, T, C)"));
+  CHECK_THROWS_WITH(dt::causal_attention(v({1, 3, 8}), 2), Contains("a fused qkv must be (B, T, 3C), got shape (1, 3, 8)"));
+  CHECK_THROWS_WITH(dt::causal_attention(v({3, 6}), 2), Contains("a fused qkv must be (B, T, 3C)"));
+  CHECK_THROWS_WITH(dt::causal_attention(v({1, 3, 9}), 2), Contains("n_head = 2 must be positive and divide C = 3"));
   dt::rng gen(1, "dropout");
   CHECK_THROWS_WITH(dt::dropout(v({2}), 1.5, gen), Contains("probability must be in [0, 1], got 1.5"));
   CHECK_THROWS_WITH(dt::gelu(dt::var<>(dt::zeros(dt::shape{2}, dt::dtype::i32))), Contains("gelu: expected a floating-point tensor"));

@@ -121,13 +121,56 @@ TEST_CASE("add_layer_norm equals layer_norm(x + branch) bit for bit on the CPU, 
   }
 }
 
+TEST_CASE("layer norms with a bf16 branch and a bf16 output equal the ops with casts around them", "[autograd]") {
+  // Mixed precision's residual step: an f32 stream, a bf16 branch, bf16 activations out. The
+  // fused op must give what casting the branch up and the result down would, bit for bit,
+  // values and gradients (the stream's gradient is taken in place by the layer norm when the
+  // next op has already given it one: `* sum` below).
+  dt::rng gen(23, "mixed-layer-norm");
+  const auto x0 = dt::randn(dt::shape{3, 5, 40}, gen), r0 = dt::randn(dt::shape{3, 5, 40}, gen).to(dt::dtype::bf16),
+             w0 = dt::randn(dt::shape{40}, gen), b0 = dt::randn(dt::shape{40}, gen),
+             g0 = dt::randn(dt::shape{3, 5, 40}, gen);
+  auto x1 = dt::parameter(x0.clone()), r1 = dt::parameter(r0.clone());
+  auto w1 = dt::parameter(w0.clone()), b1 = dt::parameter(b0.clone());
+  auto x2 = dt::parameter(x0.clone()), r2 = dt::parameter(r0.clone());
+  auto w2 = dt::parameter(w0.clone()), b2 = dt::parameter(b0.clone());
+  auto [sum1, normed1] = dt::add_layer_norm(x1, r1, w1, b1, 1e-5, dt::dtype::bf16);
+  auto sum2 = x2 + dt::cast(r2, dt::dtype::f32);
+  auto normed2 = dt::cast(dt::layer_norm(sum2, w2, b2), dt::dtype::bf16);
+  REQUIRE(sum1.dtype() == dt::dtype::f32);
+  REQUIRE(normed1.dtype() == dt::dtype::bf16);
+  CHECK(sum1.value().to_vector<float>() == sum2.value().to_vector<float>());
+  CHECK(normed1.value().to_vector<float>() == normed2.value().to_vector<float>());
+  auto out1 = dt::cast(normed1, dt::dtype::f32) * sum1, out2 = dt::cast(normed2, dt::dtype::f32) * sum2;
+  out1.backward(g0);
+  out2.backward(g0);
+  REQUIRE(r1.grad().dtype() == dt::dtype::bf16);
+  for (auto [a, b] : {std::pair{x1, x2}, std::pair{r1, r2}, std::pair{w1, w2}, std::pair{b1, b2}}) {
+    CHECK(a.grad().to_vector<float>() == b.grad().to_vector<float>());
+  }
+  // The plain layer norm with a bf16 output, and a second backward adding to kept gradients.
+  auto y1 = dt::layer_norm(x1, w1, b1, 1e-5, dt::dtype::bf16);
+  auto y2 = dt::cast(dt::layer_norm(x2, w2, b2), dt::dtype::bf16);
+  CHECK(y1.value().to_vector<float>() == y2.value().to_vector<float>());
+  const auto gb = g0.to(dt::dtype::bf16);
+  y1.backward(gb);
+  y2.backward(gb);
+  for (auto [a, b] : {std::pair{x1, x2}, std::pair{w1, w2}, std::pair{b1, b2}}) {
+    CHECK(a.grad().to_vector<float>() == b.grad().to_vector<float>());
+  }
+}
+
 TEST_CASE("add_layer_norm rejects mismatched shapes and dtypes by name", "[autograd]") {
   auto x = dt::var<dt::cpu>(dt::zeros(dt::shape{2, 4}));
   auto w = dt::var<dt::cpu>(dt::ones(dt::shape{4})), b = dt::var<dt::cpu>(dt::zeros(dt::shape{4}));
   CHECK_THROWS_WITH(dt::add_layer_norm(x, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 3})), w, b),
                     Catch::Contains("add_layer_norm") && Catch::Contains("branch"));
-  CHECK_THROWS_WITH(dt::add_layer_norm(x, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 4}, dt::dtype::f64)), w, b),
-                    Catch::Contains("add_layer_norm") && Catch::Contains("dtype"));
+  CHECK_THROWS_WITH(dt::add_layer_norm(x, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 4}, dt::dtype::i32)), w, b),
+                    Catch::Contains("add_layer_norm: the branch must be floating-point, got i32"));
+  CHECK_THROWS_WITH(dt::add_layer_norm(x, x, w, b, 1e-5, dt::dtype::i32),
+                    Catch::Contains("add_layer_norm: output dtype must be floating-point, got i32"));
+  CHECK_THROWS_WITH(dt::layer_norm(x, w, b, 1e-5, dt::dtype::i32),
+                    Catch::Contains("layer_norm: output dtype must be floating-point, got i32"));
   CHECK_THROWS_WITH(dt::add_layer_norm(x, x, dt::var<dt::cpu>(dt::ones(dt::shape{3})), b),
                     Catch::Contains("add_layer_norm") && Catch::Contains("weight"));
 }
@@ -188,6 +231,9 @@ TEST_CASE("gradcheck: causal attention", "[autograd][gradcheck]") {
     const auto h = heads;
     CHECK_GRADIENTS([h](const vars& v) { return dt::causal_attention(v[0], v[1], v[2], h); },
                     {randn(s, 1), randn(s, 2), randn(s, 3)});
+    // The fused overload: q, k, v are the column blocks of one (B, T, 3C) input.
+    const dt::shape fused{s[0], s[1], 3 * s[2]};
+    CHECK_GRADIENTS([h](const vars& v) { return dt::causal_attention(v[0], h); }, {randn(fused, 4)});
   }
 }
 

@@ -253,7 +253,7 @@ TEST_CASE("cuda bf16 attention on tensor cores matches f64 attention on the same
       xc.push_back(dt::parameter(t.to(dt::dtype::f64)));
       xg.push_back(dt::parameter(dt::to_device<gpu>(t)));
     }
-    REQUIRE(dt::kernels::attention_bf16_supported(gpu{}, d.C, d.H, {xg[0].value().data<dt::bf16>()}));
+    REQUIRE(dt::kernels::attention_bf16_supported(gpu{}, d.C, d.H, d.C, {xg[0].value().data<dt::bf16>()}));
     auto yc = dt::causal_attention(xc[0], xc[1], xc[2], d.H);
     auto yg = dt::causal_attention(xg[0], xg[1], xg[2], d.H);
     REQUIRE(yg.dtype() == dt::dtype::bf16);
@@ -269,6 +269,16 @@ TEST_CASE("cuda bf16 attention on tensor cores matches f64 attention on the same
     // The same inputs again give bit-identical results (no atomics, no races).
     auto again = dt::causal_attention(xg[0], xg[1], xg[2], d.H);
     CHECK(host(again.value()).to_vector<double>() == host(yg.value()).to_vector<double>());
+    // Read in place as column blocks of one fused (B, T, 3C) tensor (rows 3C apart), the
+    // kernels compute the same numbers, and write the gradient as one tensor.
+    auto fused = dt::parameter(dt::concat(std::vector<dt::var<gpu>>{xg[0], xg[1], xg[2]}, -1).value());
+    REQUIRE(dt::kernels::attention_bf16_supported(gpu{}, d.C, d.H, 3 * d.C, {fused.value().data<dt::bf16>()}));
+    auto yf = dt::causal_attention(fused, d.H);
+    CHECK(host(yf.value()).to_vector<double>() == host(yg.value()).to_vector<double>());
+    yf.backward(dt::to_device<gpu>(g));
+    const auto separate = dt::concat(std::vector<dt::var<gpu>>{dt::var<gpu>(xg[0].grad()), dt::var<gpu>(xg[1].grad()),
+                                                                dt::var<gpu>(xg[2].grad())}, -1);
+    CHECK(host(fused.grad()).to_vector<double>() == host(separate.value()).to_vector<double>());
   }
 }
 
@@ -337,6 +347,16 @@ TEST_CASE("cuda bf16 storage: ops compute in f32 and round results like the CPU"
   {
     const auto y = dt::math::matmul(dt::to_device<gpu>(left), dt::to_device<gpu>(right));
     CHECK(y.dtype() == dt::dtype::bf16);  // written by the GEMM in bf16, no f32 copy
+  }
+  // Mixed precision's residual step: an f32 stream plus a bf16 branch, normalised into bf16
+  // (the GPU kernels read and write the bf16 themselves); `* sum` gives the stream a gradient
+  // before the layer norm adds its share in place.
+  {
+    const auto stream = random(dt::shape{4, 24, 64}, 56), gain = random(dt::shape{64}, 57), shift = random(dt::shape{64}, 58);
+    check_against_cpu("bf16 branch and output around an f32 layer norm", {stream, x, gain, shift}, [](auto& v) {
+      auto [sum, normed] = dt::add_layer_norm(v[0], v[1], v[2], v[3], 1e-5, dt::dtype::bf16);
+      return dt::cast(dt::layer_norm(sum, v[2], v[3], 1e-5, dt::dtype::bf16) * normed, dt::dtype::f32) * sum;
+    }, 8e-3);
   }
   const auto logits = random(dt::shape{5, 7, 300}, 55, dt::dtype::f32, 3.0).to(dt::dtype::bf16);
   std::vector<std::int32_t> targets(35);

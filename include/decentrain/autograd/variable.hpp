@@ -79,6 +79,16 @@ struct node {
   void accumulate(std::size_t i, tensor<Device> g) {
     if (needs_grad(i)) detail::accumulate_grad(*inputs[i], std::move(g));
   }
+  // Input i's gradient so far, for an op whose kernel adds its share into it in place (instead
+  // of filling a fresh buffer and adding that): defined only when there is one, of dtype `t`,
+  // contiguous and held by nobody else, so no holder of a gradient sees it change. Otherwise
+  // undefined, and the op hands a fresh gradient to accumulate.
+  tensor<Device> grad_in_place(std::size_t i, dtype t) const {
+    if (!needs_grad(i)) return {};
+    const auto& g = inputs[i]->grad;
+    if (!g.defined() || g.dtype() != t || !g.is_contiguous() || !g.is_sole_owner()) return {};
+    return g;
+  }
 };
 
 template <class Device>

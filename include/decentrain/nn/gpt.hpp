@@ -60,26 +60,26 @@ class gpt {
     auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
     auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
     x = maybe_dropout(x, dropout_rng);
-    // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32;
-    // each branch's input is cast to bf16, so its products, attention and GELU read and keep
-    // bf16 activations, and its output returns to f32 for the residual add (as autocast does).
-    const auto low = [&](const var<Device>& v) { return cast(v, compute_); };
-    const auto high = [&](const var<Device>& v) { return cast(v, x.dtype()); };
+    // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32, as
+    // under autocast; each layer norm stores its output in bf16, so the branch's products,
+    // attention and GELU read and keep bf16 activations, and the next layer norm adds the
+    // branch's bf16 output to the f32 stream. On the GPU those conversions happen inside the
+    // layer norm kernels; elsewhere the op makes them around its kernel, with the same values.
     // Each branch's output is added to the residual stream by the next layer norm, which
     // normalises the sum in the same pass (x = x + branch; ln(x)).
     var<Device> branch;
     const auto norm = [&](const layer_norm_layer<Device>& ln) {
-      if (!branch.defined()) return ln(x);
-      auto [sum, normed] = ln(x, branch);
+      if (!branch.defined()) return ln(x, compute_);
+      auto [sum, normed] = ln(x, branch, compute_);
       x = std::move(sum);
       branch = var<Device>();
       return normed;
     };
     for (const auto& block : blocks_) {
-      branch = maybe_dropout(high(block->attn(low(norm(block->ln_1)))), dropout_rng);
-      branch = maybe_dropout(high(block->mlp(low(norm(block->ln_2)))), dropout_rng);
+      branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
+      branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
     }
-    return matmul(low(norm(*ln_f_)), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+    return matmul(norm(*ln_f_), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
   }
 
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.

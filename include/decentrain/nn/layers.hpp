@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "decentrain/autograd/autograd.hpp"
@@ -49,12 +50,14 @@ struct layer_norm_layer {
         bias(has_bias ? params.add(name + ".bias", parameter(zeros<Device>(shape{width})))
                       : var<Device>(zeros<Device>(shape{width}))) {}
 
-  var<Device> operator()(const var<Device>& x) const {
-    return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  // The result is stored as `out` (x's dtype when not given).
+  var<Device> operator()(const var<Device>& x, std::optional<dtype> out = std::nullopt) const {
+    return layer_norm(x, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5, out);
   }
   // x + branch, and that sum normalised, in one pass (see add_layer_norm).
-  residual_norm<Device> operator()(const var<Device>& x, const var<Device>& branch) const {
-    return add_layer_norm(x, branch, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5);
+  residual_norm<Device> operator()(const var<Device>& x, const var<Device>& branch,
+                                   std::optional<dtype> out = std::nullopt) const {
+    return add_layer_norm(x, branch, cast(weight, x.dtype()), cast(bias, x.dtype()), 1e-5, out);
   }
 };
 
@@ -70,8 +73,7 @@ struct causal_self_attention {
         c_proj(params, name + ".c_proj", width, width, proj_std, gen, has_bias) {}
 
   var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
-    auto qkv = split(c_attn(x), {n_embd, n_embd, n_embd}, -1);
-    return c_proj(causal_attention(qkv[0], qkv[1], qkv[2], n_head));
+    return c_proj(causal_attention(c_attn(x), n_head));  // q, k, v: column blocks of the fused projection
   }
 };
 

@@ -19,7 +19,7 @@ var<Device> gelu(const var<Device>& x) {
   return record<Device>("gelu", detail::stored_as(out, x.dtype()), {x},
                         [](const tensor<Device>& g, node<Device>& n) {
     const auto cx = detail::kernel_tensor(n.input(0)), cg = detail::contiguous_as(g, cx.dtype());
-    auto dx = zeros<Device>(cx.shape(), cx.dtype());
+    auto dx = tensor<Device>::empty(cx.shape(), cx.dtype());  // written whole by the kernel
     detail::with_kernel_type<Device>(n.input(0).dtype(), "gelu backward", [&](auto tag) {
       using T = decltype(tag);
       kernels::gelu_backward(Device{}, dx.template data<T>(), cx.template data<T>(),

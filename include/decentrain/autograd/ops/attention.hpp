@@ -3,8 +3,10 @@
 #pragma once
 
 #include <concepts>
+#include <vector>
 
 #include "decentrain/autograd/dispatch.hpp"
+#include "decentrain/autograd/ops/shape.hpp"
 #include "decentrain/autograd/variable.hpp"
 #include "decentrain/kernels/attention.hpp"
 
@@ -15,33 +17,58 @@ namespace detail {
 // bf16 in and out, f32 logsumexp, f32 arithmetic inside.
 template <class Device>
 concept has_bf16_attention = requires(bf16* o, float* s, const bf16* c, const float* cs, std::int64_t n) {
-  kernels::attention_forward_bf16(Device{}, o, s, c, c, c, n, n, n, n);
-  kernels::attention_backward_bf16(Device{}, o, o, o, c, c, cs, c, c, c, n, n, n, n);
-  { kernels::attention_bf16_supported(Device{}, n, n, {c}) } -> std::convertible_to<bool>;
+  kernels::attention_forward_bf16(Device{}, o, s, c, c, c, n, n, n, n, n);
+  kernels::attention_backward_bf16(Device{}, o, o, o, c, c, cs, c, c, c, n, n, n, n, n);
+  { kernels::attention_bf16_supported(Device{}, n, n, n, {c}) } -> std::convertible_to<bool>;
 };
 
+// Where q, k and v start and how far apart their rows are, in `parts`: three contiguous
+// (B, T, C) tensors, or one contiguous (B, T, 3C) fused projection whose column blocks they are.
+template <class P>
+struct qkv_rows {
+  P* q;
+  P* k;
+  P* v;
+  std::int64_t ld;
+};
+template <class P, class Device>
+qkv_rows<P> rows_of(const std::vector<tensor<Device>>& parts, std::int64_t C) {
+  if (parts.size() == 3) return {parts[0].template data<P>(), parts[1].template data<P>(), parts[2].template data<P>(), C};
+  P* p = parts[0].template data<P>();
+  return {p, p + C, p + 2 * C, 3 * C};
+}
+
+// Whether the bf16 kernels take `parts` (see qkv_rows).
 template <class Device>
-var<Device> causal_attention_bf16(const tensor<Device>& q, const tensor<Device>& k, const tensor<Device>& v,
-                                  const var<Device>& vq, const var<Device>& vk, const var<Device>& vv,
-                                  std::int64_t n_head) {
-  const std::int64_t B = q.size(0), T = q.size(1), C = q.size(2);
-  auto out = tensor<Device>::empty(q.shape(), dtype::bf16);
+bool bf16_attention_takes(const std::vector<tensor<Device>>& parts, std::int64_t C, std::int64_t n_head) {
+  if constexpr (has_bf16_attention<Device>) {
+    const auto r = rows_of<bf16>(parts, C);
+    return kernels::attention_bf16_supported(Device{}, C, n_head, r.ld, {r.q, r.k, r.v});
+  } else {
+    return false;
+  }
+}
+
+// The bf16 kernels over `parts` (bf16, contiguous, see qkv_rows), recorded over `inputs` (one
+// var per part): each part's gradient is written whole by the backward kernels.
+template <class Device>
+var<Device> causal_attention_bf16(const std::vector<tensor<Device>>& parts, const std::vector<var<Device>>& inputs,
+                                  std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t n_head) {
+  auto out = tensor<Device>::empty(shape{B, T, C}, dtype::bf16);
   auto lse = tensor<Device>::empty(shape{B, n_head, T}, dtype::f32);
-  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(),
-                                  q.template data<bf16>(), k.template data<bf16>(), v.template data<bf16>(), B, T, C,
-                                  n_head);
-  return record<Device>("causal_attention", out, {vq, vk, vv},
-                        [q, k, v, out, lse, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
+  const auto in = rows_of<bf16>(parts, C);
+  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(), in.q, in.k, in.v, B,
+                                  T, C, n_head, in.ld);
+  return record<Device>("causal_attention", out, inputs,
+                        [parts, out, lse, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
     const auto gb = g.dtype() == dtype::bf16 ? g.contiguous() : g.to(dtype::bf16);
-    auto dq = tensor<Device>::empty(q.shape(), dtype::bf16), dk = tensor<Device>::empty(q.shape(), dtype::bf16),
-         dv = tensor<Device>::empty(q.shape(), dtype::bf16);
-    kernels::attention_backward_bf16(Device{}, dq.template data<bf16>(), dk.template data<bf16>(),
-                                     dv.template data<bf16>(), gb.template data<bf16>(), out.template data<bf16>(),
-                                     lse.template data<float>(), q.template data<bf16>(), k.template data<bf16>(),
-                                     v.template data<bf16>(), B, T, C, n_head);
-    n.accumulate(0, std::move(dq));
-    n.accumulate(1, std::move(dk));
-    n.accumulate(2, std::move(dv));
+    std::vector<tensor<Device>> grads;
+    for (const auto& p : parts) grads.push_back(tensor<Device>::empty(p.shape(), dtype::bf16));
+    const auto in = rows_of<bf16>(parts, C);
+    const auto d = rows_of<bf16>(grads, C);
+    kernels::attention_backward_bf16(Device{}, d.q, d.k, d.v, gb.template data<bf16>(), out.template data<bf16>(),
+                                     lse.template data<float>(), in.q, in.k, in.v, B, T, C, n_head, in.ld);
+    for (std::size_t i = 0; i < grads.size(); ++i) n.accumulate(i, std::move(grads[i]));
   });
 }
 }  // namespace detail
@@ -59,10 +86,9 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
   const std::int64_t B = q.size(0), T = q.size(1), C = q.size(2);
   if constexpr (detail::has_bf16_attention<Device>) {
     if (q.dtype() == dtype::bf16) {
-      const auto bq = q.value().contiguous(), bk = k.value().contiguous(), bv = v.value().contiguous();
-      if (kernels::attention_bf16_supported(Device{}, C, n_head,
-                                            {bq.template data<bf16>(), bk.template data<bf16>(), bv.template data<bf16>()}))
-        return detail::causal_attention_bf16(bq, bk, bv, q, k, v, n_head);
+      const std::vector<tensor<Device>> parts{q.value().contiguous(), k.value().contiguous(), v.value().contiguous()};
+      if (detail::bf16_attention_takes(parts, C, n_head))
+        return detail::causal_attention_bf16(parts, {q, k, v}, B, T, C, n_head);
     }
   }
   const auto cq = detail::compute_tensor(q.value()), ck = detail::compute_tensor(k.value()),
@@ -96,6 +122,27 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
     n.accumulate(1, std::move(dk));
     n.accumulate(2, std::move(dv));
   });
+}
+
+// Causal attention over a fused projection qkv (B, T, 3C) whose column blocks are q, k and v:
+// the same values and gradients as splitting it first. Where the bf16 kernels run, they read
+// the three blocks in place and write the gradient as one (B, T, 3C) tensor, so neither pass
+// copies q, k, v apart or stitches their gradients together.
+template <class Device>
+var<Device> causal_attention(const var<Device>& qkv, std::int64_t n_head) {
+  detail::check(qkv.rank() == 3 && qkv.size(2) % 3 == 0,
+                "causal_attention: a fused qkv must be (B, T, 3C), got shape ", qkv.shape());
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  detail::check(n_head > 0 && C % n_head == 0, "causal_attention: n_head = ", n_head,
+                " must be positive and divide C = ", C);
+  if constexpr (detail::has_bf16_attention<Device>) {
+    if (qkv.dtype() == dtype::bf16) {
+      const std::vector<tensor<Device>> parts{qkv.value().contiguous()};
+      if (detail::bf16_attention_takes(parts, C, n_head)) return detail::causal_attention_bf16(parts, {qkv}, B, T, C, n_head);
+    }
+  }
+  auto q_k_v = split(qkv, {C, C, C}, -1);
+  return causal_attention(q_k_v[0], q_k_v[1], q_k_v[2], n_head);
 }
 
 }  // namespace decentrain

@@ -37,26 +37,29 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
     counted += t[i] != ignore_index;
   }
   const auto cl = detail::kernel_tensor(logits.value());
+  // Each row's logsumexp, kept for the backward (N values in the compute dtype).
+  auto row_lse = tensor<Device>::empty(shape{N}, detail::compute_dtype(logits.dtype()));
   double total = 0.0;
   detail::with_kernel_type<Device>(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
-                                           V, ignore_index);
+                                           V, ignore_index, row_lse.template data<compute_type_t<T>>());
   });
   const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
   // In the compute dtype (f32 for bf16 logits, as under autocast): a bf16 loss would keep three
   // significant digits, too few to follow training by.
   auto out = full<Device>(shape{}, loss, detail::compute_dtype(logits.dtype()));
   return record<Device>("cross_entropy", out, {logits},
-                        [ids, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
+                        [ids, row_lse, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
     if (counted == 0) return;
     const auto cl = detail::kernel_tensor(n.input(0));
-    auto dl = zeros<Device>(cl.shape(), cl.dtype());
+    auto dl = tensor<Device>::empty(cl.shape(), cl.dtype());  // every element is written
     detail::with_kernel_type<Device>(cl.dtype(), "cross_entropy backward", [&](auto tag) {
       using T = decltype(tag);
       const auto per_row = static_cast<compute_type_t<T>>(g.item() / static_cast<double>(counted));
       kernels::cross_entropy_backward(Device{}, dl.template data<T>(), cl.template data<T>(),
-                                      ids.template data<std::int32_t>(), N, V, ignore_index, per_row);
+                                      row_lse.template data<compute_type_t<T>>(), ids.template data<std::int32_t>(),
+                                      N, V, ignore_index, per_row);
     });
     n.accumulate(0, std::move(dl));
   });

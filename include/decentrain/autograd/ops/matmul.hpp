@@ -95,7 +95,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
     tensor<Device> g_pre = g;
     if (pre.defined()) {  // through GELU first, then stored as an unfused GELU's gradient would be
       const auto cp = detail::kernel_tensor(pre), cg = detail::contiguous_as(g, cp.dtype());
-      auto d = zeros<Device>(cp.shape(), cp.dtype());
+      auto d = tensor<Device>::empty(cp.shape(), cp.dtype());  // written whole by the kernel
       detail::with_kernel_type<Device>(pre.dtype(), "linear_gelu backward", [&](auto tag) {
         using T = decltype(tag);
         kernels::gelu_backward(Device{}, d.template data<T>(), cp.template data<T>(), cg.template data<T>(), cp.numel());

@@ -53,7 +53,7 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_forward(cpu, T* out, const T* x, std::int
   }
 }
 
-// dx += dout * gelu'(x)
+// dx = dout * gelu'(x) (written, not accumulated)
 template <class T>
 DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T* dout, std::int64_t n) {
   constexpr T s = detail::gelu_scale<T>, c = T(0.044715);
@@ -64,7 +64,7 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T*
     const T t = detail::gelu_tanh(inner);
     const T sech2 = T(1) - t * t;
     const T local = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * s * (T(1) + T(3) * c * v * v);
-    dx[i] += local * dout[i];
+    dx[i] = local * dout[i];
   }
 }
 

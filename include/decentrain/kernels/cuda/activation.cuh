@@ -36,7 +36,7 @@ __global__ void gelu_backward_kernel(S* dx, const S* x, const S* dout, std::int6
     const M v = static_cast<M>(x[i]);
     const M t = device_tanh(s * (v + c * v * v * v));
     const M local = M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * s * (M(1) + M(3) * c * v * v);
-    dx[i] = S(static_cast<M>(dx[i]) + local * static_cast<M>(dout[i]));
+    dx[i] = S(local * static_cast<M>(dout[i]));
   }
 }
 }  // namespace cuda_detail
@@ -49,7 +49,7 @@ void gelu_forward(cuda, T* out, const T* x, std::int64_t n) {
   cuda_rt::check_launch("gelu_forward_kernel");
 }
 
-// dx += dout * gelu'(x)
+// dx = dout * gelu'(x) (written, not accumulated)
 template <class T>
 void gelu_backward(cuda, T* dx, const T* x, const T* dout, std::int64_t n) {
   if (n == 0) return;

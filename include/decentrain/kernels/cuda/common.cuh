@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "decentrain/core/cuda_runtime.cuh"
+#include "decentrain/core/dtype.hpp"
 #include "decentrain/core/memory.hpp"
 
 namespace decentrain::kernels::cuda_detail {
@@ -30,6 +31,13 @@ struct max_op {
   template <class T>
   __device__ T operator()(const T& a, const T& b) const { return a > b ? a : b; }
 };
+
+// A stored value (f32, f64 or bf16) as the arithmetic type T: bf16 widens through f32, the one
+// type it converts to.
+template <class T, class S>
+__device__ T widen(S value) {
+  return static_cast<T>(static_cast<compute_type_t<S>>(value));
+}
 
 template <class T, class Op>
 __device__ T warp_reduce(T v, Op op) {

@@ -21,20 +21,20 @@ inline constexpr int column_row_groups_ln = 16;  // warps that split the rows of
 __device__ inline float device_rsqrt(float x) { return rsqrtf(x); }
 __device__ inline double device_rsqrt(double x) { return rsqrt(x); }
 
-template <class T>
-__global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, const T* weight,
+template <class T, class O, class R>
+__global__ void layer_norm_forward_kernel(O* out, T* mean, T* rstd, const T* x, const T* weight,
                                           const T* bias, std::int64_t rows, std::int64_t cols, T eps,
-                                          const T* residual, T* sum) {
+                                          const R* residual, T* sum) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
   const T* in = x + r * cols;
   T m = 0;
   if (residual != nullptr) {
     // Each lane re-reads only the sums it wrote itself, so no barrier is needed.
-    const T* res = residual + r * cols;
+    const R* res = residual + r * cols;
     T* h = sum + r * cols;
     for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
-      h[c] = in[c] + res[c];
+      h[c] = in[c] + widen<T>(res[c]);
       m += h[c];
     }
     in = h;
@@ -46,25 +46,25 @@ __global__ void layer_norm_forward_kernel(T* out, T* mean, T* rstd, const T* x, 
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
   v = warp_reduce(v, sum_op{}) / static_cast<T>(cols);
   const T s = device_rsqrt(v + eps);
-  T* o = out + r * cols;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) o[c] = (in[c] - m) * s * weight[c] + bias[c];
+  O* o = out + r * cols;
+  for (std::int64_t c = threadIdx.x; c < cols; c += 32) o[c] = O((in[c] - m) * s * weight[c] + bias[c]);
   if (threadIdx.x == 0) {
     mean[r] = m;
     rstd[r] = s;
   }
 }
 
-template <class T>
-__global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* weight, const T* mean,
+template <class T, class G>
+__global__ void layer_norm_dx_kernel(T* dx, const G* dout, const T* x, const T* weight, const T* mean,
                                      const T* rstd, std::int64_t rows, std::int64_t cols) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
-  const T* g = dout + r * cols;
+  const G* g = dout + r * cols;
   const T* in = x + r * cols;
   const T m = mean[r], s = rstd[r];
   T mean_dn = 0, mean_dn_xhat = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
-    const T dn = weight[c] * g[c];
+    const T dn = weight[c] * widen<T>(g[c]);
     mean_dn += dn;
     mean_dn_xhat += dn * (in[c] - m) * s;
   }
@@ -73,21 +73,21 @@ __global__ void layer_norm_dx_kernel(T* dx, const T* dout, const T* x, const T* 
   T* d = dx + r * cols;
   for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
     const T xhat = (in[c] - m) * s;
-    d[c] += (weight[c] * g[c] - mean_dn - xhat * mean_dn_xhat) * s;
+    d[c] += (weight[c] * widen<T>(g[c]) - mean_dn - xhat * mean_dn_xhat) * s;
   }
 }
 
 // Partial gain and bias gradients of one chunk of rows (reduce.cuh's column scheme).
-template <class T>
-__global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const T* dout, const T* x,
+template <class T, class G>
+__global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const G* dout, const T* x,
                                          const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
   const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
   const double dw = column_sum<column_row_groups_ln>(begin, end, c < cols, [&](std::int64_t r) {
-    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * static_cast<double>(dout[r * cols + c]);
+    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * widen<double>(dout[r * cols + c]);
   });
   const double db = column_sum<column_row_groups_ln>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return static_cast<double>(dout[r * cols + c]); });
+                                                     [&](std::int64_t r) { return widen<double>(dout[r * cols + c]); });
   if (threadIdx.y == 0 && c < cols) {
     partial_w[blockIdx.y * cols + c] = dw;
     partial_b[blockIdx.y * cols + c] = db;
@@ -95,10 +95,11 @@ __global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, c
 }
 }  // namespace cuda_detail
 
-// With `residual`, normalises x + residual and writes that sum to `sum` (see the CPU kernel).
-template <class T>
-void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        std::int64_t rows, std::int64_t cols, T eps, const T* residual = nullptr,
+// With `residual`, normalises x + residual and writes that sum to `sum`; O and R as on the CPU
+// (T, or bf16 read and written by the kernel itself).
+template <class T, class O, class R = T>
+void layer_norm_forward(cuda, O* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        std::int64_t rows, std::int64_t cols, T eps, const R* residual = nullptr,
                         T* sum = nullptr) {
   if (rows == 0) return;
   const dim3 block(32, cuda_detail::rows_per_block);
@@ -108,9 +109,10 @@ void layer_norm_forward(cuda, T* out, T* mean, T* rstd, const T* x, const T* wei
   cuda_rt::check_launch("layer_norm_forward_kernel");
 }
 
-// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed.
-template <class T>
-void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const T* dout, const T* x,
+// dx, dweight, dbias are accumulated into (+=); any of them may be null when not needed. dout
+// is T or bf16.
+template <class T, class G>
+void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const T* x,
                          const T* weight, const T* mean, const T* rstd, std::int64_t rows,
                          std::int64_t cols) {
   if (rows == 0) return;
