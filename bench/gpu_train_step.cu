@@ -59,7 +59,10 @@ device_peaks peaks_of_device() {
 struct row {
   std::string impl, precision;
   std::int64_t batch = 0;
-  double step_s = 0, tokens_per_s = 0, mfu = 0, peak_mib = 0;
+  // peak_mib: the most bytes in live tensors (ours: the allocator's count by size class;
+  // PyTorch: max_memory_allocated); reserved_mib: what the process's allocator holds from the
+  // driver at the end, cache included (PyTorch: max_memory_reserved).
+  double step_s = 0, tokens_per_s = 0, mfu = 0, peak_mib = 0, reserved_mib = 0;
 };
 
 // nanoGPT's count: 6 N per token (N without position embeddings) plus 12 L C T for attention.
@@ -77,6 +80,7 @@ std::int64_t param_count(const dt::parameter_list<gpu>& ps) {
 // One configuration of ours; throws dt::error on out-of-memory.
 row run_ours(const dt::nn::gpt_config& cfg, dt::dtype compute, std::int64_t B, std::int64_t T, int steps,
              double peak_tflops, bool profile = false) {
+  dt::memory<gpu>::reset_peak();
   dt::rng init(1, "init"), data(2, "data");
   dt::nn::gpt<gpu> model(cfg, init);
   model.set_compute_dtype(compute);
@@ -105,7 +109,8 @@ row run_ours(const dt::nn::gpt_config& cfg, dt::dtype compute, std::int64_t B, s
   r.step_s = times[times.size() / 2];
   r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
   r.mfu = peak_tflops > 0 ? flops_per_token(cfg, param_count(model.parameters()), T) * r.tokens_per_s / (peak_tflops * 1e12) : 0;
-  r.peak_mib = static_cast<double>(dt::memory<gpu>::reserved_bytes()) / (1 << 20);
+  r.peak_mib = static_cast<double>(dt::memory<gpu>::peak_allocated_bytes()) / (1 << 20);
+  r.reserved_mib = static_cast<double>(dt::memory<gpu>::reserved_bytes()) / (1 << 20);
   return r;  // the model and its tensors return to the cache here; the caller may release it
 }
 
@@ -226,10 +231,11 @@ std::vector<row> run_torch(const std::string& script, std::int64_t B, std::int64
     row r{"pytorch " + mode.substr(0, mode.find('-')), mode.substr(mode.find('-') + 1), B};
     bool got = false;
     while (std::fgets(line, sizeof line, pipe)) {
-      double step_s = 0, peak = 0;
-      if (std::sscanf(line, "RESULT step_s=%lf peak_mib=%lf", &step_s, &peak) == 2) {
+      double step_s = 0, peak = 0, reserved = 0;
+      if (std::sscanf(line, "RESULT step_s=%lf peak_mib=%lf reserved_mib=%lf", &step_s, &peak, &reserved) == 3) {
         r.step_s = step_s;
         r.peak_mib = peak;
+        r.reserved_mib = reserved;
         got = true;
       }
     }
@@ -294,7 +300,8 @@ int main(int argc, char** argv) {
   cfg.block_size = std::max<std::int64_t>(cfg.block_size, o.seq);
   if (o.profile) {
     const auto r = run_ours(cfg, dt::dtype::bf16, o.batch > 0 ? o.batch : 32, o.seq, 1, bf16_peak, true);
-    std::printf("profiled one bf16 step: %.4f s, peak %.0f MiB\n", r.step_s, r.peak_mib);
+    std::printf("profiled one bf16 step: %.4f s, peak %.0f MiB allocated, %.0f MiB reserved\n", r.step_s, r.peak_mib,
+                r.reserved_mib);
     return 0;
   }
   std::vector<row> rows;
@@ -322,10 +329,11 @@ int main(int argc, char** argv) {
 
   std::printf("\nGPT-2 124M, B=%lld, T=%lld, median of %d steps\n", static_cast<long long>(B),
               static_cast<long long>(o.seq), o.steps);
-  std::printf("| implementation | precision | s/step | tokens/s | MFU | peak MiB | tokens/s vs ours |\n|---|---|---:|---:|---:|---:|---:|\n");
+  std::printf("| implementation | precision | s/step | tokens/s | MFU | peak MiB allocated | MiB reserved | tokens/s vs ours |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : rows)
-    std::printf("| %s | %s | %.4f | %.0f | %.1f%% | %.0f | %.2fx |\n", r.impl.c_str(), r.precision.c_str(), r.step_s,
-                r.tokens_per_s, 100 * r.mfu, r.peak_mib, r.tokens_per_s / rows[0].tokens_per_s);
+    std::printf("| %s | %s | %.4f | %.0f | %.1f%% | %.0f | %.0f | %.2fx |\n", r.impl.c_str(), r.precision.c_str(),
+                r.step_s, r.tokens_per_s, 100 * r.mfu, r.peak_mib, r.reserved_mib, r.tokens_per_s / rows[0].tokens_per_s);
 
   dt::memory<gpu>::release_cached();
   std::vector<kernel_row> attention;
@@ -342,7 +350,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < rows.size(); ++i)
       *out << (i ? ",\n" : "\n") << "{\"impl\":\"" << rows[i].impl << "\",\"precision\":\"" << rows[i].precision
           << "\",\"batch\":" << rows[i].batch << ",\"seq\":" << o.seq << ",\"step_s\":" << rows[i].step_s
-          << ",\"tokens_per_s\":" << rows[i].tokens_per_s << ",\"mfu\":" << rows[i].mfu << ",\"peak_mib\":" << rows[i].peak_mib
+          << ",\"tokens_per_s\":" << rows[i].tokens_per_s << ",\"mfu\":" << rows[i].mfu << ",\"peak_mib\":" << rows[i].peak_mib << ",\"reserved_mib\":" << rows[i].reserved_mib
           << ",\"device\":\"" << peaks.name << "\"}";
     for (const auto& k : kernels)
       *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction

@@ -4,7 +4,8 @@ tanh GELU, vocabulary padded to 50304), SDPA flash attention, fused AdamW, on on
 
   torch_gpu_train_step.py --mode eager-bf16|compile-bf16|eager-f32 --batch B --seq T --steps S
 
-Prints `RESULT step_s=<median seconds per step> peak_mib=<torch.cuda.max_memory_allocated>`.
+Prints `RESULT step_s=<median seconds per step> peak_mib=<torch.cuda.max_memory_allocated>
+reserved_mib=<torch.cuda.max_memory_reserved>` (MiB).
 bf16 modes run the forward under torch.autocast(bfloat16) with f32 master weights, as nanoGPT;
 f32 keeps TF32 off so it is the like-for-like reference for an f32 implementation.
 """
@@ -95,7 +96,8 @@ def main():
         torch.cuda.synchronize()
         if s >= 3:
             times.append(time.perf_counter() - t0)
-    print("RESULT step_s=%.6f peak_mib=%.1f" % (statistics.median(times), torch.cuda.max_memory_allocated() / 2**20))
+    print("RESULT step_s=%.6f peak_mib=%.1f reserved_mib=%.1f" % (statistics.median(times), torch.cuda.max_memory_allocated() / 2**20,
+                                                                  torch.cuda.max_memory_reserved() / 2**20))
 
 
 if __name__ == "__main__":

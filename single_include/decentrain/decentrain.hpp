@@ -310,6 +310,7 @@ DECENTRAIN_HOST_DEVICE To convert_element(From v) {
 // (strided copy with dtype conversion, fill, host transfers). Specialised per device tag.
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -356,21 +357,24 @@ class block_cache {
 
   void* allocate(std::size_t bytes) {
     const std::size_t size = size_class(bytes);
+    void* p = nullptr;
     if (size >= min_cached) {
       std::lock_guard lock(mutex_);
       auto it = free_.find(size);
       if (it != free_.end()) {
-        void* p = it->second;
+        p = it->second;
         free_.erase(it);
         held_ -= size;
-        return p;
       }
     }
-    return ::operator new(size, std::align_val_t{alignment});
+    if (!p) p = ::operator new(size, std::align_val_t{alignment});
+    count_allocated(size);
+    return p;
   }
 
   void deallocate(void* p, std::size_t bytes) noexcept {
     const std::size_t size = size_class(bytes);
+    allocated_.fetch_sub(size, std::memory_order_relaxed);
     if (size >= min_cached) {
       std::lock_guard lock(mutex_);
       if (held_ + size <= limit_) {
@@ -394,6 +398,10 @@ class block_cache {
     std::lock_guard lock(mutex_);
     return held_;
   }
+  // Bytes in live blocks (by size class), and the most there were since the last reset_peak().
+  std::size_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
+  std::size_t peak_allocated_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(allocated_bytes(), std::memory_order_relaxed); }
   // At most this many freed bytes are kept; 0 disables caching.
   void set_limit(std::size_t bytes) {
     {
@@ -407,7 +415,16 @@ class block_cache {
 
  private:
   block_cache() = default;
+
+  void count_allocated(std::size_t size) {
+    const std::size_t now = allocated_.fetch_add(size, std::memory_order_relaxed) + size;
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+
   mutable std::mutex mutex_;
+  std::atomic<std::size_t> allocated_{0}, peak_{0};
   std::multimap<std::size_t, void*> free_;
   std::size_t held_ = 0;
   std::size_t limit_ = std::size_t{1} << 30;
@@ -429,6 +446,11 @@ struct memory<cpu> {
 
   // Freed blocks kept for reuse, and the way to hand them back or bound them.
   static std::size_t cached_bytes() { return detail::block_cache::instance().held_bytes(); }
+  // Bytes in live tensors (rounded to size classes), and their high-water mark since
+  // reset_peak(): what PyTorch calls memory_allocated and max_memory_allocated.
+  static std::size_t allocated_bytes() { return detail::block_cache::instance().allocated_bytes(); }
+  static std::size_t peak_allocated_bytes() { return detail::block_cache::instance().peak_allocated_bytes(); }
+  static void reset_peak() { detail::block_cache::instance().reset_peak(); }
   static void release_cached() { detail::block_cache::instance().release(); }
   static void set_cache_limit(std::size_t bytes) { detail::block_cache::instance().set_limit(bytes); }
 
@@ -648,6 +670,7 @@ class device_block_cache {
       free_.erase(it);
       held_ -= size;
       live_.emplace(p, block{device, stream, size});
+      count_allocated(size);
       return p;
     }
     void* p = nullptr;
@@ -668,6 +691,7 @@ class device_block_cache {
     }
     live_.emplace(p, block{device, stream, size});
     in_use_ += size;
+    count_allocated(size);
     return p;
   }
 
@@ -677,6 +701,7 @@ class device_block_cache {
     if (it == live_.end()) return;  // not ours (or already freed): never hand it out twice
     const block b = it->second;
     live_.erase(it);
+    allocated_ -= b.size;
     free_.emplace(std::make_tuple(b.device, b.stream, b.size), p);
     held_ += b.size;
   }
@@ -695,6 +720,19 @@ class device_block_cache {
   std::size_t reserved_bytes() const {
     std::lock_guard lock(mutex_);
     return in_use_;
+  }
+  // Bytes in blocks handed out (live tensors), and the most there were since reset_peak().
+  std::size_t allocated_bytes() const {
+    std::lock_guard lock(mutex_);
+    return allocated_;
+  }
+  std::size_t peak_allocated_bytes() const {
+    std::lock_guard lock(mutex_);
+    return peak_;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    peak_ = allocated_;
   }
 
  private:
@@ -715,6 +753,10 @@ class device_block_cache {
     std::size_t size;
   };
   device_block_cache() = default;
+  void count_allocated(std::size_t size) {  // under mutex_
+    allocated_ += size;
+    peak_ = std::max(peak_, allocated_);
+  }
   // Not released at exit: the CUDA context may already be gone when statics are destroyed.
   ~device_block_cache() = default;
 
@@ -732,7 +774,7 @@ class device_block_cache {
   mutable std::mutex mutex_;
   std::multimap<std::tuple<int, stream_id, std::size_t>, void*> free_;
   std::unordered_map<void*, block> live_;
-  std::size_t held_ = 0, in_use_ = 0;
+  std::size_t held_ = 0, in_use_ = 0, allocated_ = 0, peak_ = 0;
 };
 
 namespace cuda_copy {
@@ -816,6 +858,11 @@ struct memory<cuda> {
 
   static std::size_t cached_bytes() { return detail::device_block_cache::instance().held_bytes(); }
   static std::size_t reserved_bytes() { return detail::device_block_cache::instance().reserved_bytes(); }
+  // Bytes in live tensors (by size class) and their high-water mark since reset_peak(): what
+  // PyTorch calls memory_allocated and max_memory_allocated (reserved_bytes() adds the cache).
+  static std::size_t allocated_bytes() { return detail::device_block_cache::instance().allocated_bytes(); }
+  static std::size_t peak_allocated_bytes() { return detail::device_block_cache::instance().peak_allocated_bytes(); }
+  static void reset_peak() { detail::device_block_cache::instance().reset_peak(); }
   static void release_cached() { detail::device_block_cache::instance().release(); }
 
   // Copies a strided view into another view of the same sizes, converting dtypes on the way.
@@ -3447,21 +3494,34 @@ void softmax_backward(cpu, T* dx, const T* y, const T* dout, std::int64_t rows, 
 
 namespace decentrain::kernels {
 
-// Returns the summed loss over the rows whose target is not ignore_index (the caller counts
-// them while validating the targets, which must lie in [0, V) or equal ignore_index), and
-// writes each counted row's logsumexp to row_lse (N entries; ignored rows' are unspecified).
+// Writes each row's loss (0 for rows whose target is ignore_index) to row_loss and each
+// counted row's logsumexp to row_lse (ignored rows' are unspecified). Targets must lie in
+// [0, V) or equal ignore_index (the op checks them).
 template <class T>
-double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index, T* row_lse) {
-  double total = 0.0;
-  DECENTRAIN_OMP(parallel for reduction(+ : total) if (N * V >= detail::parallel_threshold))
+void cross_entropy_rows(cpu, const T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                        std::int32_t ignore_index, T* row_lse, double* row_loss) {
+  DECENTRAIN_OMP(parallel for if (N * V >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < N; ++i) {
-    if (targets[i] == ignore_index) continue;
+    if (targets[i] == ignore_index) {
+      row_loss[i] = 0.0;
+      continue;
+    }
     const T* row = logits + i * V;
     const auto [mx, sum] = detail::row_softmax_stats(row, V);
     row_lse[i] = mx + std::log(sum);
-    total += static_cast<double>(row_lse[i] - row[targets[i]]);
+    row_loss[i] = static_cast<double>(row_lse[i] - row[targets[i]]);
   }
+}
+
+// Returns the summed loss over the rows whose target is not ignore_index, added in row order
+// (the same sum for any thread count), and writes row_lse as cross_entropy_rows.
+template <class T>
+double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
+                             std::int64_t V, std::int32_t ignore_index, T* row_lse) {
+  std::vector<double> row_loss(static_cast<std::size_t>(N));
+  cross_entropy_rows(cpu{}, logits, targets, N, V, ignore_index, row_lse, row_loss.data());
+  double total = 0.0;
+  for (double l : row_loss) total += l;
   return total;
 }
 
@@ -3542,19 +3602,28 @@ __global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const
 }
 }  // namespace cuda_detail
 
+// Writes each row's loss (in double; 0 for ignored rows) to row_loss and each counted row's
+// logsumexp to row_lse, both device arrays of N entries, without waiting for the device.
+// Targets (a device array) must already be validated.
+template <class T>
+void cross_entropy_rows(cuda, const T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                        std::int32_t ignore_index, compute_type_t<T>* row_lse, double* row_loss) {
+  if (N == 0) return;
+  decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
+  cuda_detail::cross_entropy_rows_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
+                                           cuda_rt::current_stream()>>>(row_loss, row_lse, logits, targets, V,
+                                                                        ignore_index);
+  cuda_rt::check_launch("cross_entropy_rows_kernel");
+}
+
 // Returns the summed loss over the rows whose target is not ignore_index (read back: one
-// synchronisation) and writes each counted row's logsumexp to row_lse (N entries). Targets (a
-// device array) must already be validated.
+// synchronisation; summed in a fixed order) and writes row_lse as cross_entropy_rows.
 template <class T>
 double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets, std::int64_t N,
                              std::int64_t V, std::int32_t ignore_index, compute_type_t<T>* row_lse) {
   if (N == 0) return 0.0;
-  decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
   cuda_detail::scratch<double> row_loss(N);
-  cuda_detail::cross_entropy_rows_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
-                                           cuda_rt::current_stream()>>>(row_loss.get(), row_lse, logits, targets,
-                                                                        V, ignore_index);
-  cuda_rt::check_launch("cross_entropy_rows_kernel");
+  cross_entropy_rows(cuda{}, logits, targets, N, V, ignore_index, row_lse, row_loss.get());
   return cuda_detail::sum_to_host(row_loss.get(), N);
 }
 
@@ -5347,10 +5416,14 @@ class var {
                   "(no input required them, or it was computed under no_grad)");
     detail::check(grad_out.shape() == shape(), "backward: gradient shape ", grad_out.shape(),
                   " does not match output shape ", shape());
-    const auto order = topological_order();
+    auto order = topological_order();
     detail::accumulate_grad(*state_, grad_out);
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      detail::var_state<Device>& s = **it;
+      // Let go of this state when done with it: every op that read its value has run its
+      // backward, so unless the caller holds it, its value (an activation) is freed now and
+      // memory drops as the pass goes, instead of at the end.
+      const auto s_owner = std::move(*it);
+      detail::var_state<Device>& s = *s_owner;
       auto n = s.creator;
       if (!n || !s.grad.defined()) continue;
       detail::check(static_cast<bool>(n->backward), "backward through the graph of '", n->op_name,
@@ -5358,8 +5431,8 @@ class var {
       auto g = std::move(s.grad);
       s.grad = tensor<Device>();
       n->backward(g, *n);
-      // Free the saved tensors and the links to inputs now: memory drops as the pass goes,
-      // and a long chain is never torn down by deep recursive destructors.
+      // Free the saved tensors and the links to inputs now, and a long chain is never torn
+      // down by deep recursive destructors.
       n->backward = nullptr;
       n->inputs.clear();
     }
@@ -5376,7 +5449,7 @@ class var {
 
   // States reachable from this var, inputs before outputs (iterative DFS: deep graphs must
   // not overflow the stack). Owning pointers: backward unlinks nodes as it goes, and the
-  // order must keep every state alive until the pass ends.
+  // order must keep every state alive until the pass reaches it.
   std::vector<std::shared_ptr<detail::var_state<Device>>> topological_order() const {
     std::vector<std::shared_ptr<detail::var_state<Device>>> order;
     std::unordered_set<detail::var_state<Device>*> seen{state_.get()};
@@ -6044,13 +6117,42 @@ residual_norm<Device> add_layer_norm(const var<Device>& x, const var<Device>& br
 // ---- end decentrain/autograd/ops/layer_norm.hpp ----
 // ---- begin decentrain/autograd/ops/loss.hpp ----
 // Differentiable fused cross-entropy with logits: the mean over rows of
-// logsumexp(logits) - logits[target], skipping rows whose target is ignore_index.
+// logsumexp(logits) - logits[target], skipping rows whose target is ignore_index; and the same
+// of a linear layer's output without keeping the (rows, classes) logits (linear_cross_entropy).
 
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 
 namespace decentrain {
+
+namespace detail {
+// Checks integer targets on the host: i32, shaped as the leading dims of `operand` (the logits
+// or the input, named `operand_name`), ids in [0, V) or ignore_index. Returns how many count.
+template <class Device>
+std::int64_t count_targets(std::string_view op, const tensor<Device>& targets, std::string_view operand_name,
+                           const shape& operand, std::int64_t V, std::int32_t ignore_index) {
+  check(targets.dtype() == dtype::i32, op, ": targets must be i32, got ", dtype_name(targets.dtype()));
+  auto expected = operand.sizes();
+  expected.pop_back();
+  check(targets.shape() == shape(expected), op, ": targets shape ", targets.shape(), " does not match ",
+        operand_name, " shape ", operand, " (expected ", shape(expected), ")");
+  const auto host_ids = to_device<cpu>(targets.contiguous());
+  const auto* t = host_ids.template data<std::int32_t>();
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < host_ids.numel(); ++i) {
+    check(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), op, ": target ", t[i], " at flat index ", i,
+          " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
+    counted += t[i] != ignore_index;
+  }
+  return counted;
+}
+
+inline double mean_or_nan(double total, std::int64_t counted) {
+  return counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
+}
+}  // namespace detail
 
 // logits (..., V) and integer targets (...). Returns a scalar in the compute dtype (f32 for bf16
 // logits); NaN when every target is ignored (as PyTorch).
@@ -6059,23 +6161,10 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
                           std::int32_t ignore_index = -1) {
   detail::check(logits.rank() >= 1 && logits.size(-1) > 0,
                 "cross_entropy: logits need rank >= 1 and a non-empty class dim, got shape ", logits.shape());
-  detail::check(targets.dtype() == dtype::i32, "cross_entropy: targets must be i32, got ",
-                dtype_name(targets.dtype()));
   const std::int64_t V = logits.size(-1), N = logits.value().numel() / V;
-  auto expected = logits.shape().sizes();
-  expected.pop_back();
-  detail::check(targets.shape() == shape(expected), "cross_entropy: targets shape ", targets.shape(),
-                " does not match logits shape ", logits.shape(), " (expected ", shape(expected), ")");
+  const std::int64_t counted =
+      detail::count_targets("cross_entropy", targets, "logits", logits.shape(), V, ignore_index);
   const auto ids = targets.contiguous();
-  const auto host_ids = to_device<cpu>(ids);  // checked on the host, as embedding ids
-  const auto* t = host_ids.template data<std::int32_t>();
-  std::int64_t counted = 0;
-  for (std::int64_t i = 0; i < N; ++i) {
-    detail::check(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i],
-                  " at flat index ", i, " is outside [0, ", V, ") and is not ignore_index (",
-                  ignore_index, ")");
-    counted += t[i] != ignore_index;
-  }
   const auto cl = detail::kernel_tensor(logits.value());
   // Each row's logsumexp, kept for the backward (N values in the compute dtype).
   auto row_lse = tensor<Device>::empty(shape{N}, detail::compute_dtype(logits.dtype()));
@@ -6085,10 +6174,9 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
     total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
                                            V, ignore_index, row_lse.template data<compute_type_t<T>>());
   });
-  const double loss = counted ? total / static_cast<double>(counted) : std::numeric_limits<double>::quiet_NaN();
   // In the compute dtype (f32 for bf16 logits, as under autocast): a bf16 loss would keep three
   // significant digits, too few to follow training by.
-  auto out = full<Device>(shape{}, loss, detail::compute_dtype(logits.dtype()));
+  auto out = full<Device>(shape{}, detail::mean_or_nan(total, counted), detail::compute_dtype(logits.dtype()));
   return record<Device>("cross_entropy", out, {logits},
                         [ids, row_lse, N, V, ignore_index, counted](const tensor<Device>& g, node<Device>& n) {
     if (counted == 0) return;
@@ -6102,6 +6190,84 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
                                       N, V, ignore_index, per_row);
     });
     n.accumulate(0, std::move(dl));
+  });
+}
+
+// cross_entropy(matmul(x, weight, false, true), targets): x (..., C), weight (V, C) (a linear
+// layer's weight as (out, in), or a tied embedding table), targets (...). The same loss and
+// gradients, without the (rows, V) logits alive between forward and backward: rows go through
+// in chunks of `chunk_rows` (0: as many as fill 256 MiB of logits), and for each chunk the
+// forward computes the logits, the loss and, when gradients are wanted, the logits' gradient
+// in place of the logits and its products with weight and x. The backward only scales those
+// by the loss's gradient. For a GPT-2 head (V = 50304) at 32 x 1024 tokens that is two 3.3 GB
+// buffers of bf16 logits and their gradient less. Under no_grad only the loss is computed.
+template <class Device>
+var<Device> linear_cross_entropy(const var<Device>& x, const var<Device>& weight, const tensor<Device>& targets,
+                                 std::int32_t ignore_index = -1, std::int64_t chunk_rows = 0) {
+  constexpr const char* name = "linear_cross_entropy";
+  detail::check(weight.rank() == 2 && weight.size(0) > 0 && weight.size(1) > 0, name,
+                ": weight must be a non-empty (classes, in) matrix, got shape ", weight.shape());
+  detail::check(x.rank() >= 1 && x.size(-1) == weight.size(1), name, ": input shape ", x.shape(),
+                " does not match weight shape ", weight.shape(), " (expected last input dim ", weight.size(1), ")");
+  detail::check_same_dtype(name, x.value(), weight.value());
+  detail::check(chunk_rows >= 0, name, ": chunk_rows must be >= 0 (0 picks it), got ", chunk_rows);
+  const std::int64_t V = weight.size(0), C = weight.size(1), N = x.value().numel() / C;
+  const std::int64_t counted = detail::count_targets(name, targets, "input", x.shape(), V, ignore_index);
+  const auto ids = targets.contiguous();
+  const dtype stored = x.dtype(), kernel = detail::kernel_dtype<Device>(stored), accum = detail::compute_dtype(stored);
+  if (chunk_rows == 0) {
+    const std::int64_t budget = std::int64_t{256} << 20, per_row = V * static_cast<std::int64_t>(dtype_size(kernel));
+    chunk_rows = std::max<std::int64_t>(128, budget / per_row / 128 * 128);
+  }
+  chunk_rows = std::max<std::int64_t>(1, std::min(chunk_rows, N));
+  const bool want_dx = grad_enabled() && x.requires_grad() && counted > 0;
+  const bool want_dw = grad_enabled() && weight.requires_grad() && counted > 0;
+
+  const auto x2 = math::gemm_operand(x.value()).reshape({N, C});
+  const auto w = math::gemm_operand(weight.value());
+  auto logits = tensor<Device>::empty(shape{chunk_rows, V}, kernel);
+  auto row_lse = tensor<Device>::empty(shape{chunk_rows}, accum);
+  auto row_loss = tensor<Device>::empty(shape{1, N}, dtype::f64);
+  tensor<Device> dx = want_dx ? tensor<Device>::empty(shape{N, C}, kernel) : tensor<Device>{};
+  tensor<Device> dw = want_dw ? tensor<Device>::empty(shape{V, C}, accum) : tensor<Device>{};
+  // Where bf16 is emulated (the kernels run in f32), the logits and their gradient are rounded
+  // to bf16 as a device with bf16 kernels stores them, so both compute the same values.
+  const bool round_to_stored = kernel != stored;
+  const auto rounded = [&](tensor<Device> t) { return round_to_stored ? t.to(stored).to(kernel) : t; };
+  for (std::int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+    const std::int64_t rows = std::min(chunk_rows, N - r0);
+    const auto xc = x2.slice(0, r0, r0 + rows);
+    auto lc = logits.slice(0, 0, rows);
+    math::gemm_batched(false, true, xc, w, lc, 1.0, 0.0);  // (rows, C) x (V, C)^T
+    lc = rounded(lc);
+    const auto* chunk_ids = ids.template data<std::int32_t>() + r0;
+    detail::with_kernel_type<Device>(stored, name, [&](auto tag) {
+      using T = decltype(tag);
+      kernels::cross_entropy_rows(Device{}, lc.template data<T>(), chunk_ids, rows, V, ignore_index,
+                                  row_lse.template data<compute_type_t<T>>(), row_loss.template data<double>() + r0);
+      if (want_dx || want_dw)  // the gradient of the mean loss, written over the logits
+        kernels::cross_entropy_backward(Device{}, lc.template data<T>(), lc.template data<T>(),
+                                        row_lse.template data<compute_type_t<T>>(), chunk_ids, rows, V, ignore_index,
+                                        static_cast<compute_type_t<T>>(1.0 / static_cast<double>(counted)));
+    });
+    if (!want_dx && !want_dw) continue;
+    lc = rounded(lc);
+    if (want_dx) {
+      auto dxc = dx.slice(0, r0, r0 + rows);
+      math::gemm_batched(false, false, lc, w, dxc, 1.0, 0.0);  // (rows, V) x (V, C)
+    }
+    if (want_dw) math::gemm_batched(true, false, lc, xc, dw, 1.0, r0 == 0 ? 0.0 : 1.0);  // (rows, V)^T x (rows, C)
+  }
+  const double total = math::sum(row_loss, {1}).item();
+  auto out = full<Device>(shape{}, detail::mean_or_nan(total, counted), accum);
+  if (dx.defined()) dx = dx.reshape(x.shape());
+  // The backward runs once; it hands its buffers over (a gradient held by nobody else is adopted,
+  // not copied).
+  return record<Device>(name, out, {x, weight}, [dx, dw](const tensor<Device>& g, node<Device>& n) mutable {
+    const double scale = g.item();
+    const auto scaled = [scale](tensor<Device> t) { return scale == 1.0 ? t : math::affine(t, scale); };
+    if (dx.defined()) n.accumulate(0, scaled(std::move(dx)));
+    if (dw.defined()) n.accumulate(1, scaled(std::move(dw)));
   });
 }
 
@@ -7027,6 +7193,31 @@ class gpt {
   // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only
   // when `dropout_rng` is given and the configuration has a non-zero rate.
   var<Device> logits(const tensor<Device>& idx, rng* dropout_rng = nullptr) const {
+    return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+  }
+
+  // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1. The head
+  // and the loss are one op (linear_cross_entropy), so the (B, T, V) logits are never kept.
+  var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
+    return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
+  }
+
+  // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
+  // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
+  // checkpoint trained one way resumes either way.
+  void set_compute_dtype(dtype t) {
+    detail::check(t == dtype::f32 || t == dtype::bf16, "gpt: compute dtype must be f32 or bf16, got ", dtype_name(t));
+    compute_ = t;
+  }
+  dtype compute_dtype() const { return compute_; }
+
+  const gpt_config& config() const { return cfg_; }
+  parameter_list<Device>& parameters() { return params_; }
+  const parameter_list<Device>& parameters() const { return params_; }
+
+ private:
+  // The last layer norm's output (B, T, C) in the compute dtype: what the tied head multiplies.
+  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const {
     detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
     const std::int64_t B = idx.size(0), T = idx.size(1);
     detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
@@ -7053,28 +7244,9 @@ class gpt {
       branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
       branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
     }
-    return matmul(norm(*ln_f_), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+    return norm(*ln_f_);
   }
 
-  // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.
-  var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
-    return cross_entropy(logits(idx, dropout_rng), targets, -1);
-  }
-
-  // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
-  // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
-  // checkpoint trained one way resumes either way.
-  void set_compute_dtype(dtype t) {
-    detail::check(t == dtype::f32 || t == dtype::bf16, "gpt: compute dtype must be f32 or bf16, got ", dtype_name(t));
-    compute_ = t;
-  }
-  dtype compute_dtype() const { return compute_; }
-
-  const gpt_config& config() const { return cfg_; }
-  parameter_list<Device>& parameters() { return params_; }
-  const parameter_list<Device>& parameters() const { return params_; }
-
- private:
   var<Device> maybe_dropout(const var<Device>& x, rng* gen) const {
     if (gen == nullptr || cfg_.dropout == 0.0) return x;
     return dropout(x, cfg_.dropout, *gen, true);
@@ -7299,9 +7471,22 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
+    grads.clear();  // so each gradient below is held by its parameter alone
     for (auto& e : params) {
-      if (!e.param.grad().defined()) continue;
-      e.param.grad() = math::affine(e.param.grad(), coef);
+      auto& g = e.param.grad();
+      if (!g.defined()) continue;
+      // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
+      // every gradient would hold a second set of them until the last was done.
+      const bool in_place = g.is_contiguous() && g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
+      if (!in_place) {
+        g = math::affine(g, coef);
+        continue;
+      }
+      visit_dtype(g.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+          kernels::affine(Device{}, g.template data<T>(), g.template data<T>(), g.numel(), static_cast<T>(coef), T(0));
+      });
     }
   }
   return norm;

@@ -53,6 +53,22 @@ TEST_CASE("embedding and cross_entropy validate integer inputs", "[errors]") {
   CHECK(std::isnan(loss.item()));
 }
 
+TEST_CASE("linear_cross_entropy names bad shapes, dtypes and targets", "[errors]") {
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 4}), v({5, 3}), ids({0, 1}, {2})),
+                    Contains("input shape (2, 4) does not match weight shape (5, 3) (expected last input dim 3)"));
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 4}), v({4}), ids({0, 1}, {2})), Contains("weight must be a non-empty (classes, in) matrix"));
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 4}), v({0, 4}), ids({0, 1}, {2})), Contains("weight must be a non-empty"));
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 4}), v({5, 4}, dt::dtype::f64), ids({0, 1}, {2})),
+                    Contains("dtype mismatch: f32 vs f64"));
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 4}), v({5, 4}), ids({0, 5}, {2})), Contains("target 5 at flat index 1 is outside [0, 5)"));
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 3, 4}), v({5, 4}), ids({0, 1}, {2})),
+                    Contains("targets shape (2,) does not match input shape (2, 3, 4) (expected (2, 3))"));
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 4}), v({5, 4}), dt::zeros(dt::shape{2})), Contains("targets must be i32, got f32"));
+  CHECK_THROWS_WITH(dt::linear_cross_entropy(v({2, 4}), v({5, 4}), ids({0, 1}, {2}), -1, -3), Contains("chunk_rows must be >= 0"));
+  auto all_ignored = dt::linear_cross_entropy(v({2, 4}), v({5, 4}), ids({-1, -1}, {2}));
+  CHECK(std::isnan(all_ignored.item()));
+}
+
 TEST_CASE("normalisation, attention and dropout check their options", "[errors]") {
   CHECK_THROWS_WITH(dt::layer_norm(v({2, 4}), v({3}), v({4})), Contains("weight (3,) and bias (4,) must both have shape (4,)"));
   CHECK_THROWS_WITH(dt::layer_norm(v({2, 4}), v({4}), v({4}), 0.0), Contains("eps must be > 0"));

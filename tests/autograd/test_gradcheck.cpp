@@ -245,6 +245,61 @@ TEST_CASE("gradcheck: cross_entropy with ignore_index", "[autograd][gradcheck]")
                   {randn({2, 3, 5}, 2)});
 }
 
+TEST_CASE("gradcheck: linear_cross_entropy, in chunks and whole, with ignore_index", "[autograd][gradcheck]") {
+  const auto targets = dt::from_vector(std::vector<std::int32_t>{2, -1, 6, 0, 6}, {5});
+  for (const std::int64_t chunk : {0, 1, 2, 5}) {
+    INFO("chunk_rows " << chunk);
+    CHECK_GRADIENTS([&](const vars& v) { return dt::linear_cross_entropy(v[0], v[1], targets, -1, chunk); },
+                    {randn({5, 4}, 1), randn({7, 4}, 2)});
+  }
+  const auto targets3 = dt::from_vector(std::vector<std::int32_t>{1, 4, 0, 4, 99, 2}, {2, 3});
+  CHECK_GRADIENTS([&](const vars& v) { return dt::linear_cross_entropy(v[0], v[1], targets3, 99, 4); },
+                  {randn({2, 3, 3}, 3), randn({5, 3}, 4)});
+  // The loss scaled afterwards: the backward scales the gradients the forward computed.
+  CHECK_GRADIENTS([&](const vars& v) { return dt::linear_cross_entropy(v[0], v[1], targets, -1, 2) * 3.0; },
+                  {randn({5, 4}, 5), randn({7, 4}, 6)});
+}
+
+TEST_CASE("linear_cross_entropy equals cross_entropy(matmul(x, w^T)): values and gradients", "[autograd]") {
+  dt::rng gen(31, "linear-ce");
+  const auto targets = dt::from_vector(std::vector<std::int32_t>{3, -1, 10, 0, 7, 7, 1}, {7});
+  for (const auto type : {dt::dtype::f64, dt::dtype::f32, dt::dtype::bf16}) {
+    const auto x0 = dt::randn(dt::shape{7, 6}, gen).to(type), w0 = dt::randn(dt::shape{11, 6}, gen).to(type);
+    for (const std::int64_t chunk : {0, 3}) {
+      INFO(dt::dtype_name(type) << ", chunk_rows " << chunk);
+      auto x1 = dt::parameter(x0.clone()), w1 = dt::parameter(w0.clone());
+      auto x2 = dt::parameter(x0.clone()), w2 = dt::parameter(w0.clone());
+      auto fused = dt::linear_cross_entropy(x1, w1, targets, -1, chunk);
+      auto split = dt::cross_entropy(dt::matmul(x2, w2, false, true), targets, -1);
+      CHECK(fused.dtype() == split.dtype());
+      CHECK(fused.item() == Approx(split.item()).epsilon(type == dt::dtype::f64 ? 1e-12 : 1e-6));
+      fused.backward();
+      split.backward();
+      CHECK(x1.grad().dtype() == type);
+      CHECK(w1.grad().dtype() == type);
+      if (chunk == 0) {  // one chunk: the same products as the two ops, bit for bit
+        CHECK(x1.grad().to_vector<double>() == x2.grad().to_vector<double>());
+        CHECK(w1.grad().to_vector<double>() == w2.grad().to_vector<double>());
+      } else {  // the weight's gradient sums the chunks one after another
+        const double tol = type == dt::dtype::bf16 ? 1e-2 : type == dt::dtype::f32 ? 1e-6 : 1e-14;
+        CHECK(dt::compare(x1.grad(), x2.grad(), tol, tol).close);
+        CHECK(dt::compare(w1.grad(), w2.grad(), tol, tol).close);
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_cross_entropy under no_grad computes the loss alone", "[autograd]") {
+  dt::rng gen(32, "linear-ce-eval");
+  auto x = dt::parameter(dt::randn(dt::shape{4, 3}, gen)), w = dt::parameter(dt::randn(dt::shape{5, 3}, gen));
+  const auto targets = dt::from_vector(std::vector<std::int32_t>{0, 4, 2, 1}, {4});
+  const double with_grad = dt::linear_cross_entropy(x, w, targets).item();
+  dt::no_grad guard;
+  auto loss = dt::linear_cross_entropy(x, w, targets);
+  CHECK_FALSE(loss.requires_grad());
+  CHECK(loss.item() == with_grad);
+}
+
 TEST_CASE("gradcheck: dropout with a fixed mask", "[autograd][gradcheck]") {
   // A fresh stream per call gives every evaluation the same mask, as finite differences need.
   CHECK_GRADIENTS([](const vars& v) {

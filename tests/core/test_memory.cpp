@@ -50,3 +50,22 @@ TEST_CASE("the cache limit bounds what is held, and 0 disables caching", "[memor
   mem::set_cache_limit(std::size_t{1} << 30);
   mem::release_cached();
 }
+
+TEST_CASE("allocated bytes follow live tensors and the peak keeps their high-water mark", "[memory]") {
+  const auto before = mem::allocated_bytes();
+  mem::reset_peak();
+  CHECK(mem::peak_allocated_bytes() == before);
+  {
+    auto a = dt::zeros(dt::shape{1 << 20});  // 4 MiB, a size class of its own
+    CHECK(mem::allocated_bytes() == before + (std::size_t{4} << 20));
+    {
+      auto b = dt::zeros(dt::shape{100});  // small blocks count too, at their size
+      CHECK(mem::allocated_bytes() == before + (std::size_t{4} << 20) + 400);
+    }
+    CHECK(mem::allocated_bytes() == before + (std::size_t{4} << 20));
+  }
+  CHECK(mem::allocated_bytes() == before);  // cached, not live
+  CHECK(mem::peak_allocated_bytes() == before + (std::size_t{4} << 20) + 400);
+  mem::reset_peak();
+  CHECK(mem::peak_allocated_bytes() == before);
+}

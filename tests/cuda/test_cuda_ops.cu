@@ -11,6 +11,7 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace dt = decentrain;
@@ -219,6 +220,36 @@ TEST_CASE("cuda embedding and cross-entropy match the CPU, ids are checked") {
   targets[0] = 300;
   CHECK_THROWS_WITH(dt::cross_entropy(lg[0], dt::to_device<gpu>(dt::from_vector(targets, dt::shape{5, 7}))),
                     Catch::Contains("target 300 at flat index 0"));
+}
+
+TEST_CASE("cuda linear_cross_entropy matches the CPU in f32 and bf16, whole and in chunks, and the unfused ops") {
+  std::vector<std::int32_t> targets(6 * 37);
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<std::int32_t>((i * 53) % 1000);
+  targets[5] = targets[100] = -1;  // ignored
+  const auto tc = dt::from_vector(targets, dt::shape{6, 37});
+  const auto tg = dt::to_device<gpu>(tc);
+  for (const auto type : {dt::dtype::f32, dt::dtype::bf16}) {
+    const auto x = random(dt::shape{6, 37, 64}, 23, type), w = random(dt::shape{1000, 64}, 24, type, 0.5);
+    // bf16: each side rounds logits and their gradient to bf16, the GPU's products accumulate
+    // in another order than the CPU's.
+    const double tol = type == dt::dtype::bf16 ? 2e-2 : 1e-5;
+    for (const std::int64_t chunk : {0, 50}) {
+      INFO(dt::dtype_name(type) << ", chunk_rows " << chunk);
+      check_against_cpu("linear_cross_entropy", {x, w}, [&](auto& v) {
+        using D = typename std::decay_t<decltype(v[0])>::device_type;
+        return dt::linear_cross_entropy(v[0], v[1], dt::to_device<D>(tc), -1, chunk);
+      }, tol);
+    }
+    auto xf = dt::parameter(dt::to_device<gpu>(x)), wf = dt::parameter(dt::to_device<gpu>(w));
+    auto xs = dt::parameter(dt::to_device<gpu>(x)), ws = dt::parameter(dt::to_device<gpu>(w));
+    auto fused = dt::linear_cross_entropy(xf, wf, tg, -1, 64);
+    auto split = dt::cross_entropy(dt::matmul(xs, ws, false, true), tg, -1);
+    CHECK(fused.item() == Approx(split.item()).epsilon(type == dt::dtype::bf16 ? 1e-3 : 1e-6));
+    fused.backward();
+    split.backward();
+    CHECK(normwise_error(host(xf.grad()), host(xs.grad())) <= tol);
+    CHECK(normwise_error(host(wf.grad()), host(ws.grad())) <= tol);
+  }
 }
 
 TEST_CASE("cuda causal attention (flash style) matches the CPU for several head widths and lengths") {

@@ -74,6 +74,27 @@ TEST_CASE("clip_grad_norm follows torch.nn.utils.clip_grad_norm_", "[optim][pari
   CHECK(dt::allclose(params.get("w").grad(), before, 0.0, 0.0));
 }
 
+TEST_CASE("clip_grad_norm scales gradients in place, but never one the caller also holds", "[optim]") {
+  dt::parameter_list<> params;
+  dt::rng gen(8, "clip-memory");
+  for (int i = 0; i < 8; ++i) {
+    auto p = params.add("p" + std::to_string(i), dt::parameter(dt::zeros(dt::shape{1 << 18})));  // 1 MiB each
+    p.grad() = dt::randn(dt::shape{1 << 18}, gen);
+  }
+  const auto held = params.get("p0").grad();  // a second handle: p0 must get a scaled copy
+  const auto held_values = held.to_vector<float>();
+  const void* own = params.get("p1").grad().raw_data();
+  const auto start = dt::memory<dt::cpu>::allocated_bytes();
+  dt::memory<dt::cpu>::reset_peak();
+  const double norm = optim::clip_grad_norm(params, 1.0);
+  REQUIRE(norm > 1.0);
+  CHECK(dt::memory<dt::cpu>::peak_allocated_bytes() < start + (std::size_t{2} << 20));  // a copy of all would be 8 MiB
+  CHECK(params.get("p1").grad().raw_data() == own);
+  CHECK(held.to_vector<float>() == held_values);
+  CHECK(params.get("p0").grad().raw_data() != held.raw_data());
+  CHECK(params.get("p0").grad().to_vector<float>()[3] == Approx(held_values[3] / (norm + 1e-6)).epsilon(1e-6));
+}
+
 TEST_CASE("optimizer state round-trips: a restored optimizer continues identically", "[optim]") {
   auto a = fresh_params(), b = fresh_params();
   optim::adamw<> opt_a(a, {1e-2, 0.9, 0.95, 1e-8, 0.1});

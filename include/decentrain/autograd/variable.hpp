@@ -139,10 +139,14 @@ class var {
                   "(no input required them, or it was computed under no_grad)");
     detail::check(grad_out.shape() == shape(), "backward: gradient shape ", grad_out.shape(),
                   " does not match output shape ", shape());
-    const auto order = topological_order();
+    auto order = topological_order();
     detail::accumulate_grad(*state_, grad_out);
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      detail::var_state<Device>& s = **it;
+      // Let go of this state when done with it: every op that read its value has run its
+      // backward, so unless the caller holds it, its value (an activation) is freed now and
+      // memory drops as the pass goes, instead of at the end.
+      const auto s_owner = std::move(*it);
+      detail::var_state<Device>& s = *s_owner;
       auto n = s.creator;
       if (!n || !s.grad.defined()) continue;
       detail::check(static_cast<bool>(n->backward), "backward through the graph of '", n->op_name,
@@ -150,8 +154,8 @@ class var {
       auto g = std::move(s.grad);
       s.grad = tensor<Device>();
       n->backward(g, *n);
-      // Free the saved tensors and the links to inputs now: memory drops as the pass goes,
-      // and a long chain is never torn down by deep recursive destructors.
+      // Free the saved tensors and the links to inputs now, and a long chain is never torn
+      // down by deep recursive destructors.
       n->backward = nullptr;
       n->inputs.clear();
     }
@@ -168,7 +172,7 @@ class var {
 
   // States reachable from this var, inputs before outputs (iterative DFS: deep graphs must
   // not overflow the stack). Owning pointers: backward unlinks nodes as it goes, and the
-  // order must keep every state alive until the pass ends.
+  // order must keep every state alive until the pass reaches it.
   std::vector<std::shared_ptr<detail::var_state<Device>>> topological_order() const {
     std::vector<std::shared_ptr<detail::var_state<Device>>> order;
     std::unordered_set<detail::var_state<Device>*> seen{state_.get()};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -51,21 +52,24 @@ class block_cache {
 
   void* allocate(std::size_t bytes) {
     const std::size_t size = size_class(bytes);
+    void* p = nullptr;
     if (size >= min_cached) {
       std::lock_guard lock(mutex_);
       auto it = free_.find(size);
       if (it != free_.end()) {
-        void* p = it->second;
+        p = it->second;
         free_.erase(it);
         held_ -= size;
-        return p;
       }
     }
-    return ::operator new(size, std::align_val_t{alignment});
+    if (!p) p = ::operator new(size, std::align_val_t{alignment});
+    count_allocated(size);
+    return p;
   }
 
   void deallocate(void* p, std::size_t bytes) noexcept {
     const std::size_t size = size_class(bytes);
+    allocated_.fetch_sub(size, std::memory_order_relaxed);
     if (size >= min_cached) {
       std::lock_guard lock(mutex_);
       if (held_ + size <= limit_) {
@@ -89,6 +93,10 @@ class block_cache {
     std::lock_guard lock(mutex_);
     return held_;
   }
+  // Bytes in live blocks (by size class), and the most there were since the last reset_peak().
+  std::size_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
+  std::size_t peak_allocated_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(allocated_bytes(), std::memory_order_relaxed); }
   // At most this many freed bytes are kept; 0 disables caching.
   void set_limit(std::size_t bytes) {
     {
@@ -102,7 +110,16 @@ class block_cache {
 
  private:
   block_cache() = default;
+
+  void count_allocated(std::size_t size) {
+    const std::size_t now = allocated_.fetch_add(size, std::memory_order_relaxed) + size;
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+
   mutable std::mutex mutex_;
+  std::atomic<std::size_t> allocated_{0}, peak_{0};
   std::multimap<std::size_t, void*> free_;
   std::size_t held_ = 0;
   std::size_t limit_ = std::size_t{1} << 30;
@@ -124,6 +141,11 @@ struct memory<cpu> {
 
   // Freed blocks kept for reuse, and the way to hand them back or bound them.
   static std::size_t cached_bytes() { return detail::block_cache::instance().held_bytes(); }
+  // Bytes in live tensors (rounded to size classes), and their high-water mark since
+  // reset_peak(): what PyTorch calls memory_allocated and max_memory_allocated.
+  static std::size_t allocated_bytes() { return detail::block_cache::instance().allocated_bytes(); }
+  static std::size_t peak_allocated_bytes() { return detail::block_cache::instance().peak_allocated_bytes(); }
+  static void reset_peak() { detail::block_cache::instance().reset_peak(); }
   static void release_cached() { detail::block_cache::instance().release(); }
   static void set_cache_limit(std::size_t bytes) { detail::block_cache::instance().set_limit(bytes); }
 

@@ -64,6 +64,7 @@ class device_block_cache {
       free_.erase(it);
       held_ -= size;
       live_.emplace(p, block{device, stream, size});
+      count_allocated(size);
       return p;
     }
     void* p = nullptr;
@@ -84,6 +85,7 @@ class device_block_cache {
     }
     live_.emplace(p, block{device, stream, size});
     in_use_ += size;
+    count_allocated(size);
     return p;
   }
 
@@ -93,6 +95,7 @@ class device_block_cache {
     if (it == live_.end()) return;  // not ours (or already freed): never hand it out twice
     const block b = it->second;
     live_.erase(it);
+    allocated_ -= b.size;
     free_.emplace(std::make_tuple(b.device, b.stream, b.size), p);
     held_ += b.size;
   }
@@ -111,6 +114,19 @@ class device_block_cache {
   std::size_t reserved_bytes() const {
     std::lock_guard lock(mutex_);
     return in_use_;
+  }
+  // Bytes in blocks handed out (live tensors), and the most there were since reset_peak().
+  std::size_t allocated_bytes() const {
+    std::lock_guard lock(mutex_);
+    return allocated_;
+  }
+  std::size_t peak_allocated_bytes() const {
+    std::lock_guard lock(mutex_);
+    return peak_;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    peak_ = allocated_;
   }
 
  private:
@@ -131,6 +147,10 @@ class device_block_cache {
     std::size_t size;
   };
   device_block_cache() = default;
+  void count_allocated(std::size_t size) {  // under mutex_
+    allocated_ += size;
+    peak_ = std::max(peak_, allocated_);
+  }
   // Not released at exit: the CUDA context may already be gone when statics are destroyed.
   ~device_block_cache() = default;
 
@@ -148,7 +168,7 @@ class device_block_cache {
   mutable std::mutex mutex_;
   std::multimap<std::tuple<int, stream_id, std::size_t>, void*> free_;
   std::unordered_map<void*, block> live_;
-  std::size_t held_ = 0, in_use_ = 0;
+  std::size_t held_ = 0, in_use_ = 0, allocated_ = 0, peak_ = 0;
 };
 
 namespace cuda_copy {
@@ -232,6 +252,11 @@ struct memory<cuda> {
 
   static std::size_t cached_bytes() { return detail::device_block_cache::instance().held_bytes(); }
   static std::size_t reserved_bytes() { return detail::device_block_cache::instance().reserved_bytes(); }
+  // Bytes in live tensors (by size class) and their high-water mark since reset_peak(): what
+  // PyTorch calls memory_allocated and max_memory_allocated (reserved_bytes() adds the cache).
+  static std::size_t allocated_bytes() { return detail::device_block_cache::instance().allocated_bytes(); }
+  static std::size_t peak_allocated_bytes() { return detail::device_block_cache::instance().peak_allocated_bytes(); }
+  static void reset_peak() { detail::device_block_cache::instance().reset_peak(); }
   static void release_cached() { detail::device_block_cache::instance().release(); }
 
   // Copies a strided view into another view of the same sizes, converting dtypes on the way.

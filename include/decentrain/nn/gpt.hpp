@@ -53,6 +53,31 @@ class gpt {
   // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only
   // when `dropout_rng` is given and the configuration has a non-zero rate.
   var<Device> logits(const tensor<Device>& idx, rng* dropout_rng = nullptr) const {
+    return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+  }
+
+  // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1. The head
+  // and the loss are one op (linear_cross_entropy), so the (B, T, V) logits are never kept.
+  var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
+    return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
+  }
+
+  // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
+  // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
+  // checkpoint trained one way resumes either way.
+  void set_compute_dtype(dtype t) {
+    detail::check(t == dtype::f32 || t == dtype::bf16, "gpt: compute dtype must be f32 or bf16, got ", dtype_name(t));
+    compute_ = t;
+  }
+  dtype compute_dtype() const { return compute_; }
+
+  const gpt_config& config() const { return cfg_; }
+  parameter_list<Device>& parameters() { return params_; }
+  const parameter_list<Device>& parameters() const { return params_; }
+
+ private:
+  // The last layer norm's output (B, T, C) in the compute dtype: what the tied head multiplies.
+  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const {
     detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
     const std::int64_t B = idx.size(0), T = idx.size(1);
     detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
@@ -79,28 +104,9 @@ class gpt {
       branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
       branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
     }
-    return matmul(norm(*ln_f_), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+    return norm(*ln_f_);
   }
 
-  // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1.
-  var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
-    return cross_entropy(logits(idx, dropout_rng), targets, -1);
-  }
-
-  // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
-  // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
-  // checkpoint trained one way resumes either way.
-  void set_compute_dtype(dtype t) {
-    detail::check(t == dtype::f32 || t == dtype::bf16, "gpt: compute dtype must be f32 or bf16, got ", dtype_name(t));
-    compute_ = t;
-  }
-  dtype compute_dtype() const { return compute_; }
-
-  const gpt_config& config() const { return cfg_; }
-  parameter_list<Device>& parameters() { return params_; }
-  const parameter_list<Device>& parameters() const { return params_; }
-
- private:
   var<Device> maybe_dropout(const var<Device>& x, rng* gen) const {
     if (gen == nullptr || cfg_.dropout == 0.0) return x;
     return dropout(x, cfg_.dropout, *gen, true);

@@ -41,9 +41,22 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
+    grads.clear();  // so each gradient below is held by its parameter alone
     for (auto& e : params) {
-      if (!e.param.grad().defined()) continue;
-      e.param.grad() = math::affine(e.param.grad(), coef);
+      auto& g = e.param.grad();
+      if (!g.defined()) continue;
+      // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
+      // every gradient would hold a second set of them until the last was done.
+      const bool in_place = g.is_contiguous() && g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
+      if (!in_place) {
+        g = math::affine(g, coef);
+        continue;
+      }
+      visit_dtype(g.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+          kernels::affine(Device{}, g.template data<T>(), g.template data<T>(), g.numel(), static_cast<T>(coef), T(0));
+      });
     }
   }
   return norm;

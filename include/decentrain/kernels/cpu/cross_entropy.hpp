@@ -16,21 +16,34 @@
 
 namespace decentrain::kernels {
 
-// Returns the summed loss over the rows whose target is not ignore_index (the caller counts
-// them while validating the targets, which must lie in [0, V) or equal ignore_index), and
-// writes each counted row's logsumexp to row_lse (N entries; ignored rows' are unspecified).
+// Writes each row's loss (0 for rows whose target is ignore_index) to row_loss and each
+// counted row's logsumexp to row_lse (ignored rows' are unspecified). Targets must lie in
+// [0, V) or equal ignore_index (the op checks them).
 template <class T>
-double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
-                             std::int64_t V, std::int32_t ignore_index, T* row_lse) {
-  double total = 0.0;
-  DECENTRAIN_OMP(parallel for reduction(+ : total) if (N * V >= detail::parallel_threshold))
+void cross_entropy_rows(cpu, const T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                        std::int32_t ignore_index, T* row_lse, double* row_loss) {
+  DECENTRAIN_OMP(parallel for if (N * V >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < N; ++i) {
-    if (targets[i] == ignore_index) continue;
+    if (targets[i] == ignore_index) {
+      row_loss[i] = 0.0;
+      continue;
+    }
     const T* row = logits + i * V;
     const auto [mx, sum] = detail::row_softmax_stats(row, V);
     row_lse[i] = mx + std::log(sum);
-    total += static_cast<double>(row_lse[i] - row[targets[i]]);
+    row_loss[i] = static_cast<double>(row_lse[i] - row[targets[i]]);
   }
+}
+
+// Returns the summed loss over the rows whose target is not ignore_index, added in row order
+// (the same sum for any thread count), and writes row_lse as cross_entropy_rows.
+template <class T>
+double cross_entropy_forward(cpu, const T* logits, const std::int32_t* targets, std::int64_t N,
+                             std::int64_t V, std::int32_t ignore_index, T* row_lse) {
+  std::vector<double> row_loss(static_cast<std::size_t>(N));
+  cross_entropy_rows(cpu{}, logits, targets, N, V, ignore_index, row_lse, row_loss.data());
+  double total = 0.0;
+  for (double l : row_loss) total += l;
   return total;
 }
 

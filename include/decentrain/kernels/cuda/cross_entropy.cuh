@@ -58,19 +58,28 @@ __global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const
 }
 }  // namespace cuda_detail
 
+// Writes each row's loss (in double; 0 for ignored rows) to row_loss and each counted row's
+// logsumexp to row_lse, both device arrays of N entries, without waiting for the device.
+// Targets (a device array) must already be validated.
+template <class T>
+void cross_entropy_rows(cuda, const T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                        std::int32_t ignore_index, compute_type_t<T>* row_lse, double* row_loss) {
+  if (N == 0) return;
+  decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
+  cuda_detail::cross_entropy_rows_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
+                                           cuda_rt::current_stream()>>>(row_loss, row_lse, logits, targets, V,
+                                                                        ignore_index);
+  cuda_rt::check_launch("cross_entropy_rows_kernel");
+}
+
 // Returns the summed loss over the rows whose target is not ignore_index (read back: one
-// synchronisation) and writes each counted row's logsumexp to row_lse (N entries). Targets (a
-// device array) must already be validated.
+// synchronisation; summed in a fixed order) and writes row_lse as cross_entropy_rows.
 template <class T>
 double cross_entropy_forward(cuda, const T* logits, const std::int32_t* targets, std::int64_t N,
                              std::int64_t V, std::int32_t ignore_index, compute_type_t<T>* row_lse) {
   if (N == 0) return 0.0;
-  decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
   cuda_detail::scratch<double> row_loss(N);
-  cuda_detail::cross_entropy_rows_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
-                                           cuda_rt::current_stream()>>>(row_loss.get(), row_lse, logits, targets,
-                                                                        V, ignore_index);
-  cuda_rt::check_launch("cross_entropy_rows_kernel");
+  cross_entropy_rows(cuda{}, logits, targets, N, V, ignore_index, row_lse, row_loss.get());
   return cuda_detail::sum_to_host(row_loss.get(), N);
 }
 
