@@ -5363,7 +5363,7 @@ struct node {
   tensor<Device> grad_in_place(std::size_t i, dtype t) const {
     if (!needs_grad(i)) return {};
     const auto& g = inputs[i]->grad;
-    if (!g.defined() || g.dtype() != t || !g.is_contiguous() || !g.is_sole_owner()) return {};
+    if (!g.defined() || g.dtype() != t || !g.is_sole_owner()) return {};
     return g;
   }
 };
@@ -7477,7 +7477,7 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
       if (!g.defined()) continue;
       // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
       // every gradient would hold a second set of them until the last was done.
-      const bool in_place = g.is_contiguous() && g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
+      const bool in_place = g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
       if (!in_place) {
         g = math::affine(g, coef);
         continue;

@@ -86,7 +86,7 @@ struct node {
   tensor<Device> grad_in_place(std::size_t i, dtype t) const {
     if (!needs_grad(i)) return {};
     const auto& g = inputs[i]->grad;
-    if (!g.defined() || g.dtype() != t || !g.is_contiguous() || !g.is_sole_owner()) return {};
+    if (!g.defined() || g.dtype() != t || !g.is_sole_owner()) return {};
     return g;
   }
 };

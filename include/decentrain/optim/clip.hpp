@@ -47,7 +47,7 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
       if (!g.defined()) continue;
       // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
       // every gradient would hold a second set of them until the last was done.
-      const bool in_place = g.is_contiguous() && g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
+      const bool in_place = g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
       if (!in_place) {
         g = math::affine(g, coef);
         continue;
