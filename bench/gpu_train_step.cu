@@ -60,8 +60,8 @@ struct row {
   std::string impl, precision;
   std::int64_t batch = 0;
   // peak_mib: the most bytes in live tensors (ours: the allocator's count by size class;
-  // PyTorch: max_memory_allocated); reserved_mib: what the process's allocator holds from the
-  // driver at the end, cache included (PyTorch: max_memory_reserved).
+  // PyTorch: max_memory_allocated); reserved_mib: the most the allocator held from the driver,
+  // cache included (PyTorch: max_memory_reserved).
   double step_s = 0, tokens_per_s = 0, mfu = 0, peak_mib = 0, reserved_mib = 0;
 };
 
@@ -110,7 +110,7 @@ row run_ours(const dt::nn::gpt_config& cfg, dt::dtype compute, std::int64_t B, s
   r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
   r.mfu = peak_tflops > 0 ? flops_per_token(cfg, param_count(model.parameters()), T) * r.tokens_per_s / (peak_tflops * 1e12) : 0;
   r.peak_mib = static_cast<double>(dt::memory<gpu>::peak_allocated_bytes()) / (1 << 20);
-  r.reserved_mib = static_cast<double>(dt::memory<gpu>::reserved_bytes()) / (1 << 20);
+  r.reserved_mib = static_cast<double>(dt::memory<gpu>::peak_reserved_bytes()) / (1 << 20);
   return r;  // the model and its tensors return to the cache here; the caller may release it
 }
 
@@ -167,6 +167,28 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
                                       w.data<float>(), b.data<float>(), N, C, 1e-5f, r.data<float>(), sum.data<float>());
     });
     add("residual add + layer_norm forward", 4.0 * (4.0 * N * C + 2.0 * N + 2.0 * C), us);
+  }
+  {
+    // The bf16 step's layer norm backward: a bf16 output gradient, the f32 rows, dx added into
+    // the residual's gradient, gain and bias gradients summed over all rows.
+    auto x = dt::to_device<gpu>(dt::randn(dt::shape{N, C}, gen)), w = dt::ones<gpu>(dt::shape{C}),
+         dx = dt::zeros<gpu>(dt::shape{N, C}), dw = dt::zeros<gpu>(dt::shape{C}), db = dt::zeros<gpu>(dt::shape{C});
+    auto g = dt::to_device<gpu>(dt::randn(dt::shape{N, C}, gen).to(dt::dtype::bf16));
+    auto mean = dt::zeros<gpu>(dt::shape{N}), rstd = dt::ones<gpu>(dt::shape{N});
+    const double us = time_us([&] {
+      dt::kernels::layer_norm_backward(gpu{}, dx.data<float>(), dw.data<float>(), db.data<float>(), g.data<dt::bf16>(),
+                                       x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), N, C);
+    });
+    // What it must move: dx read and written, x and the gradient read once, the row statistics
+    // (the gain and bias pass reads x and the gradient a second time, which counts as time).
+    add("layer_norm backward (bf16 gradient)", (8.0 + 4.0 + 2.0) * N * C + 4.0 * 2.0 * N, us);
+  }
+  {
+    // A bias gradient of the bf16 step: the column sums of the MLP's (N, 4C) output gradient.
+    auto g = dt::to_device<gpu>(dt::randn(dt::shape{N, 4 * C}, gen).to(dt::dtype::bf16));
+    auto out = dt::tensor<gpu>::empty(dt::shape{4 * C}, dt::dtype::bf16);
+    const double us = time_us([&] { dt::kernels::sum_columns(gpu{}, out.data<dt::bf16>(), g.data<dt::bf16>(), N, 4 * C); });
+    add("bias gradient (bf16 column sums)", 2.0 * N * 4 * C, us);
   }
   {
     auto x = dt::to_device<gpu>(dt::randn(dt::shape{N, 4 * C}, gen)), out = dt::tensor<gpu>::empty(dt::shape{N, 4 * C});

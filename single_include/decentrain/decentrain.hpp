@@ -534,16 +534,251 @@ struct memory<cpu> {
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <map>
-#include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
+
+// ---- begin decentrain/core/caching_allocator.hpp ----
+// A caching allocator that carves blocks out of large segments and merges them back on free,
+// over any slow source of segments (cudaMalloc for dt::cuda). Device-independent, so its logic
+// is tested on the CPU with a fake source.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <mutex>
+#include <set>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
+
+namespace decentrain::detail {
+
+// Where segments come from. allocate returns nullptr when the device is out of memory (the
+// allocator then gives back its free segments and tries once more); synchronize waits until
+// the device has finished with every block before segments are given back; describe says
+// what the device has left, for the out-of-memory message.
+template <class S>
+concept segment_source = requires(S s, const S cs, void* p, std::size_t n) {
+  { s.allocate(n) } -> std::same_as<void*>;
+  { s.free(p) } noexcept;
+  { s.synchronize() } noexcept;
+  { cs.describe() } -> std::convertible_to<std::string>;
+};
+
+// Why segments and not one block per request: an exact-size cache holds a freed block until a
+// request of the same size comes back, so when the sizes in a step change (a different batch,
+// the loss's chunks, the optimizer's first step) reserved memory grows far past what is live.
+// Here a free block serves any smaller request (best fit), the rest of it stays free, and
+// neighbouring free blocks merge, as in PyTorch's allocator:
+// - requests round up to 512 bytes;
+// - requests up to 1 MiB come from 2 MiB segments of their own, so small long-lived tensors do
+//   not pin large segments;
+// - larger requests come from 20 MiB segments below 10 MiB, else from a segment of their own
+//   size rounded to 2 MiB; a large block is split only when more than 1 MiB would be left;
+// - blocks never move between pools (`Pool`: device and stream for CUDA), since reuse is safe
+//   only where work is ordered after the block's last use;
+// - on out-of-memory every wholly free segment goes back to the source and the request is
+//   tried again.
+template <class Source, class Pool>
+class caching_allocator {
+  static_assert(segment_source<Source>,
+                "caching_allocator<Source, Pool>: Source must provide void* allocate(std::size_t) (nullptr when "
+                "out of memory), void free(void*) noexcept, void synchronize() noexcept and std::string "
+                "describe() const");
+  static_assert(std::totally_ordered<Pool>, "caching_allocator<Source, Pool>: Pool must be totally ordered (<, ==)");
+
+ public:
+  static constexpr std::size_t granule = 512;
+  static constexpr std::size_t small_request = std::size_t{1} << 20;
+  static constexpr std::size_t small_segment = std::size_t{2} << 20;
+  static constexpr std::size_t large_segment = std::size_t{20} << 20;
+  static constexpr std::size_t shared_segment_limit = std::size_t{10} << 20;
+  static constexpr std::size_t segment_granule = std::size_t{2} << 20;
+
+  explicit caching_allocator(Source source = Source{}) : source_(std::move(source)) {}
+  caching_allocator(const caching_allocator&) = delete;
+  caching_allocator& operator=(const caching_allocator&) = delete;
+  // Every segment goes back to the source, live blocks included (their owners outlived us).
+  ~caching_allocator() {
+    std::vector<block*> heads;
+    for (auto& [p, b] : live_) heads.push_back(b);
+    for (block* b : free_) heads.push_back(b);
+    if (!heads.empty()) source_.synchronize();
+    for (block* b : heads) {
+      if (!b->prev) source_.free(b->ptr);
+    }
+    for (block* b : heads) delete b;
+  }
+
+  static std::size_t round_size(std::size_t bytes) {
+    return std::max<std::size_t>((bytes + granule - 1) / granule * granule, granule);
+  }
+  static std::size_t segment_size(std::size_t size) {
+    if (size <= small_request) return small_segment;
+    if (size < shared_segment_limit) return large_segment;
+    return (size + segment_granule - 1) / segment_granule * segment_granule;
+  }
+
+  void* allocate(std::size_t bytes, const Pool& pool) {
+    const std::size_t size = round_size(bytes);
+    const bool small = size <= small_request;
+    std::lock_guard lock(mutex_);
+    block* b = take_free(pool, small, size);
+    if (!b) b = new_segment(pool, small, size);
+    split(b, size);
+    b->allocated = true;
+    live_.emplace(b->ptr, b);
+    allocated_ += b->size;
+    peak_allocated_ = std::max(peak_allocated_, allocated_);
+    return b->ptr;
+  }
+
+  // False when p was not handed out by this allocator (or was already freed): such a pointer
+  // is ignored rather than cached, so no memory is ever handed out twice.
+  bool deallocate(void* p) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = live_.find(p);
+    if (it == live_.end()) return false;
+    block* b = it->second;
+    live_.erase(it);
+    b->allocated = false;
+    allocated_ -= b->size;
+    if (b->prev && !b->prev->allocated) b = merge(b->prev, b);
+    if (b->next && !b->next->allocated) b = merge(b, b->next);
+    free_.insert(b);
+    return true;
+  }
+
+  // Gives every wholly free segment back to the source (after the device finished with them).
+  void release() noexcept {
+    std::lock_guard lock(mutex_);
+    release_locked();
+  }
+
+  // Bytes in blocks handed out (rounded sizes), and the most there were since reset_peak().
+  std::size_t allocated_bytes() const { return locked([&] { return allocated_; }); }
+  std::size_t peak_allocated_bytes() const { return locked([&] { return peak_allocated_; }); }
+  // Bytes in segments taken from the source, and the most there were since reset_peak().
+  std::size_t reserved_bytes() const { return locked([&] { return reserved_; }); }
+  std::size_t peak_reserved_bytes() const { return locked([&] { return peak_reserved_; }); }
+  // Reserved but not handed out: free blocks, and the unused tails of blocks too small to split.
+  std::size_t cached_bytes() const { return locked([&] { return reserved_ - allocated_; }); }
+  std::size_t segment_count() const { return locked([&] { return segments_; }); }
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    peak_allocated_ = allocated_;
+    peak_reserved_ = reserved_;
+  }
+
+  Source& source() { return source_; }
+
+ private:
+  struct block {
+    Pool pool;
+    bool small;
+    std::size_t size;
+    char* ptr;
+    bool allocated = false;
+    block* prev = nullptr;  // the neighbours in the same segment
+    block* next = nullptr;
+  };
+  // Free blocks by pool, then size (best fit is the first one at or after the request), then
+  // address (lower blocks first, which keeps the ends of segments free to merge).
+  struct free_order {
+    bool operator()(const block* a, const block* b) const {
+      return std::tie(a->pool, a->small, a->size, a->ptr) < std::tie(b->pool, b->small, b->size, b->ptr);
+    }
+  };
+
+  template <class F>
+  auto locked(F&& f) const {
+    std::lock_guard lock(mutex_);
+    return f();
+  }
+
+  block* take_free(const Pool& pool, bool small, std::size_t size) {
+    block key{pool, small, size, nullptr};
+    const auto it = free_.lower_bound(&key);
+    if (it == free_.end() || !((*it)->pool == pool) || (*it)->small != small) return nullptr;
+    block* b = *it;
+    free_.erase(it);
+    return b;
+  }
+
+  block* new_segment(const Pool& pool, bool small, std::size_t size) {
+    const std::size_t bytes = segment_size(size);
+    void* p = source_.allocate(bytes);
+    if (!p) {
+      release_locked();
+      p = source_.allocate(bytes);
+    }
+    if (!p)
+      fail("out of memory: could not reserve a segment of ", bytes, " bytes for a request of ", size,
+           " bytes (", allocated_ >> 20, " MiB in live tensors, ", reserved_ >> 20,
+           " MiB reserved by decentrain; ", source_.describe(), ")");
+    reserved_ += bytes;
+    peak_reserved_ = std::max(peak_reserved_, reserved_);
+    ++segments_;
+    return new block{pool, small, bytes, static_cast<char*>(p)};
+  }
+
+  // Cuts b down to size when the rest is worth keeping as a free block of its own.
+  void split(block* b, std::size_t size) {
+    const std::size_t rest = b->size - size;
+    if (rest < granule || (!b->small && rest <= small_request)) return;
+    auto* tail = new block{b->pool, b->small, rest, b->ptr + size};
+    tail->prev = b;
+    tail->next = b->next;
+    if (b->next) b->next->prev = tail;
+    b->next = tail;
+    b->size = size;
+    free_.insert(tail);
+  }
+
+  // Joins two neighbours, the second of which is not in free_ (it is being freed) or is free;
+  // returns the joined block, out of free_.
+  block* merge(block* first, block* second) {
+    free_.erase(first);
+    free_.erase(second);
+    first->size += second->size;
+    first->next = second->next;
+    if (second->next) second->next->prev = first;
+    delete second;
+    return first;
+  }
+
+  void release_locked() noexcept {
+    std::vector<block*> whole;
+    for (block* b : free_)
+      if (!b->prev && !b->next) whole.push_back(b);
+    if (whole.empty()) return;
+    source_.synchronize();
+    for (block* b : whole) {
+      free_.erase(b);
+      source_.free(b->ptr);
+      reserved_ -= b->size;
+      --segments_;
+      delete b;
+    }
+  }
+
+  Source source_;
+  mutable std::mutex mutex_;
+  std::set<block*, free_order> free_;
+  std::unordered_map<void*, block*> live_;
+  std::size_t allocated_ = 0, peak_allocated_ = 0, reserved_ = 0, peak_reserved_ = 0, segments_ = 0;
+};
+
+}  // namespace decentrain::detail
+// ---- end decentrain/core/caching_allocator.hpp ----
 // ---- begin decentrain/core/cuda_runtime.cuh ----
 // CUDA runtime glue shared by every CUDA header: status checks that throw decentrain::error
 // naming the failed call, the stream a host thread queues its work on, and launch geometry.
@@ -636,146 +871,54 @@ struct memory;
 
 namespace detail {
 
-// cudaMalloc and cudaFree synchronise the whole device and cost tens of microseconds, so a
-// training step that allocates its activations afresh would be dominated by them. Freed blocks
-// are kept per (device, stream, size class) and handed out again. Reuse is safe on the same
-// stream without any event: work queued later on that stream runs after the last use of the
-// block. cudaStreamPerThread is one handle naming a different stream in every host thread, so
-// for it the thread is part of the key. A block allocated on one stream and used on another must be synchronised by the
-// caller (as in PyTorch). On out-of-memory the cache is emptied and the allocation retried.
-class device_block_cache {
- public:
-  static device_block_cache& instance() {
-    static device_block_cache cache;
-    return cache;
-  }
-
-  // 512-byte granules below 1 MiB, 8 classes per power of two above (<= 12.5% slack).
-  static std::size_t size_class(std::size_t bytes) {
-    constexpr std::size_t granule = 512, small = std::size_t{1} << 20;
-    if (bytes < small) return (bytes + granule - 1) / granule * granule;
-    const std::size_t top = std::size_t{1} << (63 - __builtin_clzll(bytes));
-    const std::size_t step = top / 8;
-    return (bytes + step - 1) / step * step;
-  }
-
+// Segments straight from the driver. cudaMalloc and cudaFree synchronise the whole device and
+// cost tens of microseconds, so a training step that allocated its activations afresh would be
+// dominated by them: the caching allocator keeps what it takes.
+struct cuda_segment_source {
   void* allocate(std::size_t bytes) {
-    const std::size_t size = size_class(bytes);
-    const int device = cuda_rt::current_device();
-    const stream_id stream = current_stream_id();
-    std::lock_guard lock(mutex_);
-    const auto key = std::make_tuple(device, stream, size);
-    if (auto it = free_.find(key); it != free_.end()) {
-      void* p = it->second;
-      free_.erase(it);
-      held_ -= size;
-      live_.emplace(p, block{device, stream, size});
-      count_allocated(size);
-      return p;
-    }
     void* p = nullptr;
-    cudaError_t status = cudaMalloc(&p, size);
-    if (status == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      release_locked();
-      status = cudaMalloc(&p, size);
-    }
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      std::size_t free_bytes = 0, total_bytes = 0;
-      (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-      decentrain::detail::fail("CUDA out of memory: could not allocate ", size, " bytes on device ",
-                               device, " (", free_bytes >> 20, " MiB free of ", total_bytes >> 20,
-                               " MiB; decentrain holds ", in_use_ >> 20, " MiB in tensors): ",
-                               cudaGetErrorString(status));
-    }
-    live_.emplace(p, block{device, stream, size});
-    in_use_ += size;
-    count_allocated(size);
-    return p;
+    const cudaError_t status = cudaMalloc(&p, bytes);
+    if (status == cudaSuccess) return p;
+    (void)cudaGetLastError();  // clears the error so later calls do not report it
+    if (status == cudaErrorMemoryAllocation) return nullptr;
+    decentrain::detail::fail("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(status));
   }
-
-  void deallocate(void* p) noexcept {
-    std::lock_guard lock(mutex_);
-    auto it = live_.find(p);
-    if (it == live_.end()) return;  // not ours (or already freed): never hand it out twice
-    const block b = it->second;
-    live_.erase(it);
-    allocated_ -= b.size;
-    free_.emplace(std::make_tuple(b.device, b.stream, b.size), p);
-    held_ += b.size;
+  void free(void* p) noexcept { (void)cudaFree(p); }
+  void synchronize() noexcept { (void)cudaDeviceSynchronize(); }
+  std::string describe() const {
+    int device = 0;
+    std::size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaGetDevice(&device);
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    return "CUDA device " + std::to_string(device) + " has " + std::to_string(free_bytes >> 20) + " MiB free of " +
+           std::to_string(total_bytes >> 20) + " MiB";
   }
-
-  // Gives every cached block back to the driver (after the device finished with them).
-  void release() noexcept {
-    std::lock_guard lock(mutex_);
-    release_locked();
-  }
-
-  std::size_t held_bytes() const {
-    std::lock_guard lock(mutex_);
-    return held_;
-  }
-  // Bytes in blocks handed out or cached: what this process holds through decentrain.
-  std::size_t reserved_bytes() const {
-    std::lock_guard lock(mutex_);
-    return in_use_;
-  }
-  // Bytes in blocks handed out (live tensors), and the most there were since reset_peak().
-  std::size_t allocated_bytes() const {
-    std::lock_guard lock(mutex_);
-    return allocated_;
-  }
-  std::size_t peak_allocated_bytes() const {
-    std::lock_guard lock(mutex_);
-    return peak_;
-  }
-  void reset_peak() {
-    std::lock_guard lock(mutex_);
-    peak_ = allocated_;
-  }
-
- private:
-  struct stream_id {
-    cudaStream_t stream;
-    std::thread::id thread;  // only for cudaStreamPerThread
-    friend bool operator<(const stream_id& a, const stream_id& b) {
-      return std::tie(a.stream, a.thread) < std::tie(b.stream, b.thread);
-    }
-  };
-  static stream_id current_stream_id() {
-    const cudaStream_t s = cuda_rt::current_stream();
-    return {s, s == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
-  }
-  struct block {
-    int device;
-    stream_id stream;
-    std::size_t size;
-  };
-  device_block_cache() = default;
-  void count_allocated(std::size_t size) {  // under mutex_
-    allocated_ += size;
-    peak_ = std::max(peak_, allocated_);
-  }
-  // Not released at exit: the CUDA context may already be gone when statics are destroyed.
-  ~device_block_cache() = default;
-
-  void release_locked() noexcept {
-    if (free_.empty()) return;
-    (void)cudaDeviceSynchronize();
-    for (auto& [key, p] : free_) {
-      (void)cudaFree(p);
-      in_use_ -= std::get<2>(key);
-    }
-    free_.clear();
-    held_ = 0;
-  }
-
-  mutable std::mutex mutex_;
-  std::multimap<std::tuple<int, stream_id, std::size_t>, void*> free_;
-  std::unordered_map<void*, block> live_;
-  std::size_t held_ = 0, in_use_ = 0, allocated_ = 0, peak_ = 0;
 };
+
+// Blocks are reused only within the (device, stream) they were allocated on, without any
+// event: work queued later on that stream runs after the block's last use. A block allocated
+// on one stream and used on another must be synchronised by the caller (as in PyTorch).
+// cudaStreamPerThread is one handle naming a different stream in every host thread, so for it
+// the thread is part of the pool.
+struct cuda_pool {
+  int device;
+  cudaStream_t stream;
+  std::thread::id thread;
+  auto operator<=>(const cuda_pool&) const = default;
+
+  static cuda_pool current() {
+    const cudaStream_t s = cuda_rt::current_stream();
+    return {cuda_rt::current_device(), s, s == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
+  }
+};
+
+using device_allocator = caching_allocator<cuda_segment_source, cuda_pool>;
+
+// Never destroyed: the CUDA context may already be gone when statics are destroyed.
+inline device_allocator& device_allocator_instance() {
+  static auto* allocator = new device_allocator();
+  return *allocator;
+}
 
 namespace cuda_copy {
 
@@ -850,20 +993,23 @@ template <>
 struct memory<cuda> {
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
-    return detail::device_block_cache::instance().allocate(bytes);
+    return detail::device_allocator_instance().allocate(bytes, detail::cuda_pool::current());
   }
   static void deallocate(void* p, std::size_t) noexcept {
-    if (p) detail::device_block_cache::instance().deallocate(p);
+    if (p) (void)detail::device_allocator_instance().deallocate(p);
   }
 
-  static std::size_t cached_bytes() { return detail::device_block_cache::instance().held_bytes(); }
-  static std::size_t reserved_bytes() { return detail::device_block_cache::instance().reserved_bytes(); }
-  // Bytes in live tensors (by size class) and their high-water mark since reset_peak(): what
-  // PyTorch calls memory_allocated and max_memory_allocated (reserved_bytes() adds the cache).
-  static std::size_t allocated_bytes() { return detail::device_block_cache::instance().allocated_bytes(); }
-  static std::size_t peak_allocated_bytes() { return detail::device_block_cache::instance().peak_allocated_bytes(); }
-  static void reset_peak() { detail::device_block_cache::instance().reset_peak(); }
-  static void release_cached() { detail::device_block_cache::instance().release(); }
+  // What PyTorch calls memory_allocated / max_memory_allocated (bytes in live tensors, rounded
+  // to 512) and memory_reserved / max_memory_reserved (bytes taken from the driver); the peaks
+  // are the high-water marks since reset_peak(). cached_bytes() is reserved minus allocated.
+  static std::size_t allocated_bytes() { return detail::device_allocator_instance().allocated_bytes(); }
+  static std::size_t peak_allocated_bytes() { return detail::device_allocator_instance().peak_allocated_bytes(); }
+  static std::size_t reserved_bytes() { return detail::device_allocator_instance().reserved_bytes(); }
+  static std::size_t peak_reserved_bytes() { return detail::device_allocator_instance().peak_reserved_bytes(); }
+  static std::size_t cached_bytes() { return detail::device_allocator_instance().cached_bytes(); }
+  static void reset_peak() { detail::device_allocator_instance().reset_peak(); }
+  // Gives every wholly free segment back to the driver.
+  static void release_cached() { detail::device_allocator_instance().release(); }
 
   // Copies a strided view into another view of the same sizes, converting dtypes on the way.
   // Strides are in elements of each side's own dtype.
@@ -1862,6 +2008,19 @@ struct max_op {
 template <class T, class S>
 __device__ T widen(S value) {
   return static_cast<T>(static_cast<compute_type_t<S>>(value));
+}
+
+// V adjacent elements moved as one load or store (16 bytes: 8 bf16, 4 f32, 2 f64), for data
+// whose address is a multiple of the size.
+template <class T, int V>
+struct alignas(sizeof(T) * V) packed {
+  T v[V];
+};
+
+// Whether p is aligned for packed<T, V> and every row of `cols` elements after it is too.
+template <class T, int V>
+bool rows_packable(const void* p, std::int64_t cols) {
+  return cols % V == 0 && reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0;
 }
 
 template <class T, class Op>
@@ -4145,12 +4304,13 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const G* dout, const 
 // ---- begin decentrain/kernels/cuda/layer_norm.cuh ----
 // Layer normalisation over the last dim on the GPU: one warp per row for the row statistics
 // and the input gradient, and a column-tiled reduction for the gain and bias gradients (a fixed
-// order, no atomics).
+// order, no atomics). f32 rows whose pointers allow it are read and written 16 bytes a lane.
 
 
 #if DECENTRAIN_HAS_CUDA
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 // ---- begin decentrain/kernels/cuda/reduce.cuh ----
 // Row and column sums on the GPU, accumulated in double as on the CPU, in a fixed order (no
@@ -4217,6 +4377,37 @@ __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t ro
   if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
 }
 
+// The same sums with V adjacent columns a lane, read as one 16-byte load: a warp reads 512
+// contiguous bytes of a row where the kernel above reads 64 (bf16), so a bias gradient over
+// B*T rows runs at memory speed. Same order of addition per column: rows of a row group in
+// order, then the groups in order.
+template <class T, int V>
+__global__ void sum_columns_packed_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
+  constexpr int width = column_tile * V;
+  const std::int64_t c = (blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x) * V;
+  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
+  double acc[V] = {};
+  if (c < cols) {
+#pragma unroll 4
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += column_row_groups) {
+      const auto p = *reinterpret_cast<const packed<T, V>*>(in + r * cols + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += static_cast<double>(static_cast<compute_type_t<T>>(p.v[j]));
+    }
+  }
+  __shared__ double groups[column_row_groups][width];
+#pragma unroll
+  for (int j = 0; j < V; ++j) groups[threadIdx.y][threadIdx.x * V + j] = acc[j];
+  __syncthreads();
+  for (int i = threadIdx.y * column_tile + threadIdx.x; i < width; i += column_tile * column_row_groups) {
+    const std::int64_t col = blockIdx.x * static_cast<std::int64_t>(width) + i;
+    if (col >= cols) continue;
+    double total = 0.0;
+    for (int g = 0; g < column_row_groups; ++g) total += groups[g][i];
+    partial[blockIdx.y * cols + col] = total;
+  }
+}
+
 // out[c] (= or +=) scale * sum over chunks of partial[chunk, c], in chunk order.
 template <class T>
 __global__ void finish_columns_kernel(T* out, const double* partial, std::int64_t chunks, std::int64_t cols,
@@ -4248,10 +4439,18 @@ void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols
   const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
   cuda_detail::scratch<double> partial(chunks * cols);
   const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
-  const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
-                  static_cast<unsigned>(chunks));
-  cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
-  cuda_rt::check_launch("sum_columns_kernel");
+  constexpr int V = 16 / sizeof(T);
+  if (cuda_detail::rows_packable<T, V>(in, cols)) {
+    const std::int64_t width = cuda_detail::column_tile * V;
+    const dim3 grid(static_cast<unsigned>((cols + width - 1) / width), static_cast<unsigned>(chunks));
+    cuda_detail::sum_columns_packed_kernel<T, V><<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
+    cuda_rt::check_launch("sum_columns_packed_kernel");
+  } else {
+    const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
+                    static_cast<unsigned>(chunks));
+    cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
+    cuda_rt::check_launch("sum_columns_kernel");
+  }
   cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
       out, partial.get(), chunks, cols, static_cast<double>(scale), false);
   cuda_rt::check_launch("finish_columns_kernel");
@@ -4271,59 +4470,107 @@ inline constexpr int column_row_groups_ln = 16;  // warps that split the rows of
 __device__ inline float device_rsqrt(float x) { return rsqrtf(x); }
 __device__ inline double device_rsqrt(double x) { return rsqrt(x); }
 
-template <class T, class O, class R>
+// A lane handles V adjacent columns at a time (V = 4 where every row pointer allows 16-byte
+// loads of f32, V = 1 elsewhere), so a warp reads 512 contiguous bytes of f32 per step.
+template <int V, class T>
+__device__ packed<T, V> load(const T* p) {
+  return *reinterpret_cast<const packed<T, V>*>(p);
+}
+template <int V, class T>
+__device__ void store(T* p, const packed<T, V>& v) {
+  *reinterpret_cast<packed<T, V>*>(p) = v;
+}
+
+template <int V, class T, class O, class R>
 __global__ void layer_norm_forward_kernel(O* out, T* mean, T* rstd, const T* x, const T* weight,
                                           const T* bias, std::int64_t rows, std::int64_t cols, T eps,
                                           const R* residual, T* sum) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
+  const std::int64_t first = threadIdx.x * V, step = 32 * V;
   const T* in = x + r * cols;
   T m = 0;
   if (residual != nullptr) {
     // Each lane re-reads only the sums it wrote itself, so no barrier is needed.
     const R* res = residual + r * cols;
     T* h = sum + r * cols;
-    for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
-      h[c] = in[c] + widen<T>(res[c]);
-      m += h[c];
+    for (std::int64_t c = first; c < cols; c += step) {
+      const auto a = load<V>(in + c);
+      const auto b = load<V>(res + c);
+      packed<T, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        o.v[j] = a.v[j] + widen<T>(b.v[j]);
+        m += o.v[j];
+      }
+      store<V>(h + c, o);
     }
     in = h;
   } else {
-    for (std::int64_t c = threadIdx.x; c < cols; c += 32) m += in[c];
+    for (std::int64_t c = first; c < cols; c += step) {
+      const auto a = load<V>(in + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) m += a.v[j];
+    }
   }
   m = warp_reduce(m, sum_op{}) / static_cast<T>(cols);
   T v = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
+  for (std::int64_t c = first; c < cols; c += step) {
+    const auto a = load<V>(in + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v += (a.v[j] - m) * (a.v[j] - m);
+  }
   v = warp_reduce(v, sum_op{}) / static_cast<T>(cols);
   const T s = device_rsqrt(v + eps);
   O* o = out + r * cols;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) o[c] = O((in[c] - m) * s * weight[c] + bias[c]);
+  for (std::int64_t c = first; c < cols; c += step) {
+    const auto a = load<V>(in + c), w = load<V>(weight + c), b = load<V>(bias + c);
+    packed<O, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) y.v[j] = O((a.v[j] - m) * s * w.v[j] + b.v[j]);
+    store<V>(o + c, y);
+  }
   if (threadIdx.x == 0) {
     mean[r] = m;
     rstd[r] = s;
   }
 }
 
-template <class T, class G>
+template <int V, class T, class G>
 __global__ void layer_norm_dx_kernel(T* dx, const G* dout, const T* x, const T* weight, const T* mean,
                                      const T* rstd, std::int64_t rows, std::int64_t cols) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(rows_per_block) + threadIdx.y;
   if (r >= rows) return;
+  const std::int64_t first = threadIdx.x * V, step = 32 * V;
   const G* g = dout + r * cols;
   const T* in = x + r * cols;
   const T m = mean[r], s = rstd[r];
   T mean_dn = 0, mean_dn_xhat = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
-    const T dn = weight[c] * widen<T>(g[c]);
-    mean_dn += dn;
-    mean_dn_xhat += dn * (in[c] - m) * s;
+  for (std::int64_t c = first; c < cols; c += step) {
+    const auto w = load<V>(weight + c);
+    const auto gs = load<V>(g + c);
+    const auto a = load<V>(in + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const T dn = w.v[j] * widen<T>(gs.v[j]);
+      mean_dn += dn;
+      mean_dn_xhat += dn * (a.v[j] - m) * s;
+    }
   }
   mean_dn = warp_reduce(mean_dn, sum_op{}) / static_cast<T>(cols);
   mean_dn_xhat = warp_reduce(mean_dn_xhat, sum_op{}) / static_cast<T>(cols);
   T* d = dx + r * cols;
-  for (std::int64_t c = threadIdx.x; c < cols; c += 32) {
-    const T xhat = (in[c] - m) * s;
-    d[c] += (weight[c] * widen<T>(g[c]) - mean_dn - xhat * mean_dn_xhat) * s;
+  for (std::int64_t c = first; c < cols; c += step) {
+    const auto w = load<V>(weight + c);
+    const auto gs = load<V>(g + c);
+    const auto a = load<V>(in + c);
+    auto out = load<V>(d + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const T xhat = (a.v[j] - m) * s;
+      out.v[j] += (w.v[j] * widen<T>(gs.v[j]) - mean_dn - xhat * mean_dn_xhat) * s;
+    }
+    store<V>(d + c, out);
   }
 }
 
@@ -4343,6 +4590,49 @@ __global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, c
     partial_b[blockIdx.y * cols + c] = db;
   }
 }
+
+// The same partial sums with 4 adjacent columns a lane (one 16-byte load of x, one 8- or
+// 16-byte load of dout), in the same order of addition per column.
+template <class T, class G>
+__global__ void layer_norm_params_packed_kernel(double* partial_w, double* partial_b, const G* dout, const T* x,
+                                                const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
+  constexpr int V = 4, width = 32 * V;
+  const std::int64_t c = (blockIdx.x * std::int64_t{32} + threadIdx.x) * V;
+  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
+  double dw[V] = {}, db[V] = {};
+  if (c < cols) {
+#pragma unroll 2
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += column_row_groups_ln) {
+      const auto xs = load<V>(x + r * cols + c);
+      const auto gs = load<V>(dout + r * cols + c);
+      const T m = mean[r], s = rstd[r];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const double g = widen<double>(gs.v[j]);
+        dw[j] += static_cast<double>((xs.v[j] - m) * s) * g;
+        db[j] += g;
+      }
+    }
+  }
+  __shared__ double groups_w[column_row_groups_ln][width], groups_b[column_row_groups_ln][width];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    groups_w[threadIdx.y][threadIdx.x * V + j] = dw[j];
+    groups_b[threadIdx.y][threadIdx.x * V + j] = db[j];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y * 32 + threadIdx.x; i < width; i += 32 * column_row_groups_ln) {
+    const std::int64_t col = blockIdx.x * static_cast<std::int64_t>(width) + i;
+    if (col >= cols) continue;
+    double tw = 0.0, tb = 0.0;
+    for (int g = 0; g < column_row_groups_ln; ++g) {
+      tw += groups_w[g][i];
+      tb += groups_b[g][i];
+    }
+    partial_w[blockIdx.y * cols + col] = tw;
+    partial_b[blockIdx.y * cols + col] = tb;
+  }
+}
 }  // namespace cuda_detail
 
 // With `residual`, normalises x + residual and writes that sum to `sum`; O and R as on the CPU
@@ -4354,8 +4644,20 @@ void layer_norm_forward(cuda, O* out, T* mean, T* rstd, const T* x, const T* wei
   if (rows == 0) return;
   const dim3 block(32, cuda_detail::rows_per_block);
   const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
-  cuda_detail::layer_norm_forward_kernel<<<grid, block, 0, cuda_rt::current_stream()>>>(
-      out, mean, rstd, x, weight, bias, rows, cols, eps, residual, sum);
+  const auto stream = cuda_rt::current_stream();
+  namespace cd = cuda_detail;
+  if constexpr (std::is_same_v<T, float>) {
+    if (cd::rows_packable<T, 4>(x, cols) && cd::rows_packable<T, 4>(weight, cols) && cd::rows_packable<T, 4>(bias, cols) &&
+        cd::rows_packable<O, 4>(out, cols) && (!residual || (cd::rows_packable<R, 4>(residual, cols) &&
+                                                             cd::rows_packable<T, 4>(sum, cols)))) {
+      cd::layer_norm_forward_kernel<4><<<grid, block, 0, stream>>>(out, mean, rstd, x, weight, bias, rows, cols, eps,
+                                                                  residual, sum);
+      cuda_rt::check_launch("layer_norm_forward_kernel");
+      return;
+    }
+  }
+  cd::layer_norm_forward_kernel<1><<<grid, block, 0, stream>>>(out, mean, rstd, x, weight, bias, rows, cols, eps,
+                                                              residual, sum);
   cuda_rt::check_launch("layer_norm_forward_kernel");
 }
 
@@ -4370,17 +4672,38 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const
   if (dx) {
     const dim3 block(32, cuda_detail::rows_per_block);
     const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
-    cuda_detail::layer_norm_dx_kernel<<<grid, block, 0, stream>>>(dx, dout, x, weight, mean, rstd, rows, cols);
+    bool launched = false;
+    if constexpr (std::is_same_v<T, float>) {
+      namespace cd = cuda_detail;
+      if (cd::rows_packable<T, 4>(dx, cols) && cd::rows_packable<G, 4>(dout, cols) && cd::rows_packable<T, 4>(x, cols) &&
+          cd::rows_packable<T, 4>(weight, cols)) {
+        cd::layer_norm_dx_kernel<4><<<grid, block, 0, stream>>>(dx, dout, x, weight, mean, rstd, rows, cols);
+        launched = true;
+      }
+    }
+    if (!launched) cuda_detail::layer_norm_dx_kernel<1><<<grid, block, 0, stream>>>(dx, dout, x, weight, mean, rstd, rows, cols);
     cuda_rt::check_launch("layer_norm_dx_kernel");
   }
   if (dweight || dbias) {
     const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
     cuda_detail::scratch<double> partial_w(chunks * cols), partial_b(chunks * cols);
     const dim3 block(32, cuda_detail::column_row_groups_ln);
-    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
-    cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x, mean,
-                                                                      rstd, rows, cols);
-    cuda_rt::check_launch("layer_norm_params_kernel");
+    bool launched = false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (cuda_detail::rows_packable<T, 4>(x, cols) && cuda_detail::rows_packable<G, 4>(dout, cols)) {
+        const dim3 grid(static_cast<unsigned>((cols + 127) / 128), static_cast<unsigned>(chunks));
+        cuda_detail::layer_norm_params_packed_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout,
+                                                                                 x, mean, rstd, rows, cols);
+        cuda_rt::check_launch("layer_norm_params_packed_kernel");
+        launched = true;
+      }
+    }
+    if (!launched) {
+      const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+      cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x, mean,
+                                                                        rstd, rows, cols);
+      cuda_rt::check_launch("layer_norm_params_kernel");
+    }
     const auto finish_grid = cuda_rt::blocks_for(cols);
     if (dweight)
       cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(

@@ -9,16 +9,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <map>
-#include <mutex>
+#include <string>
 #include <thread>
-#include <tuple>
-#include <unordered_map>
 #include <utility>
 
+#include "decentrain/core/caching_allocator.hpp"
 #include "decentrain/core/cuda_runtime.cuh"
 #include "decentrain/core/device.hpp"
 #include "decentrain/core/dtype.hpp"
@@ -30,146 +29,54 @@ struct memory;
 
 namespace detail {
 
-// cudaMalloc and cudaFree synchronise the whole device and cost tens of microseconds, so a
-// training step that allocates its activations afresh would be dominated by them. Freed blocks
-// are kept per (device, stream, size class) and handed out again. Reuse is safe on the same
-// stream without any event: work queued later on that stream runs after the last use of the
-// block. cudaStreamPerThread is one handle naming a different stream in every host thread, so
-// for it the thread is part of the key. A block allocated on one stream and used on another must be synchronised by the
-// caller (as in PyTorch). On out-of-memory the cache is emptied and the allocation retried.
-class device_block_cache {
- public:
-  static device_block_cache& instance() {
-    static device_block_cache cache;
-    return cache;
-  }
-
-  // 512-byte granules below 1 MiB, 8 classes per power of two above (<= 12.5% slack).
-  static std::size_t size_class(std::size_t bytes) {
-    constexpr std::size_t granule = 512, small = std::size_t{1} << 20;
-    if (bytes < small) return (bytes + granule - 1) / granule * granule;
-    const std::size_t top = std::size_t{1} << (63 - __builtin_clzll(bytes));
-    const std::size_t step = top / 8;
-    return (bytes + step - 1) / step * step;
-  }
-
+// Segments straight from the driver. cudaMalloc and cudaFree synchronise the whole device and
+// cost tens of microseconds, so a training step that allocated its activations afresh would be
+// dominated by them: the caching allocator keeps what it takes.
+struct cuda_segment_source {
   void* allocate(std::size_t bytes) {
-    const std::size_t size = size_class(bytes);
-    const int device = cuda_rt::current_device();
-    const stream_id stream = current_stream_id();
-    std::lock_guard lock(mutex_);
-    const auto key = std::make_tuple(device, stream, size);
-    if (auto it = free_.find(key); it != free_.end()) {
-      void* p = it->second;
-      free_.erase(it);
-      held_ -= size;
-      live_.emplace(p, block{device, stream, size});
-      count_allocated(size);
-      return p;
-    }
     void* p = nullptr;
-    cudaError_t status = cudaMalloc(&p, size);
-    if (status == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      release_locked();
-      status = cudaMalloc(&p, size);
-    }
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      std::size_t free_bytes = 0, total_bytes = 0;
-      (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-      decentrain::detail::fail("CUDA out of memory: could not allocate ", size, " bytes on device ",
-                               device, " (", free_bytes >> 20, " MiB free of ", total_bytes >> 20,
-                               " MiB; decentrain holds ", in_use_ >> 20, " MiB in tensors): ",
-                               cudaGetErrorString(status));
-    }
-    live_.emplace(p, block{device, stream, size});
-    in_use_ += size;
-    count_allocated(size);
-    return p;
+    const cudaError_t status = cudaMalloc(&p, bytes);
+    if (status == cudaSuccess) return p;
+    (void)cudaGetLastError();  // clears the error so later calls do not report it
+    if (status == cudaErrorMemoryAllocation) return nullptr;
+    decentrain::detail::fail("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(status));
   }
-
-  void deallocate(void* p) noexcept {
-    std::lock_guard lock(mutex_);
-    auto it = live_.find(p);
-    if (it == live_.end()) return;  // not ours (or already freed): never hand it out twice
-    const block b = it->second;
-    live_.erase(it);
-    allocated_ -= b.size;
-    free_.emplace(std::make_tuple(b.device, b.stream, b.size), p);
-    held_ += b.size;
+  void free(void* p) noexcept { (void)cudaFree(p); }
+  void synchronize() noexcept { (void)cudaDeviceSynchronize(); }
+  std::string describe() const {
+    int device = 0;
+    std::size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaGetDevice(&device);
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    return "CUDA device " + std::to_string(device) + " has " + std::to_string(free_bytes >> 20) + " MiB free of " +
+           std::to_string(total_bytes >> 20) + " MiB";
   }
-
-  // Gives every cached block back to the driver (after the device finished with them).
-  void release() noexcept {
-    std::lock_guard lock(mutex_);
-    release_locked();
-  }
-
-  std::size_t held_bytes() const {
-    std::lock_guard lock(mutex_);
-    return held_;
-  }
-  // Bytes in blocks handed out or cached: what this process holds through decentrain.
-  std::size_t reserved_bytes() const {
-    std::lock_guard lock(mutex_);
-    return in_use_;
-  }
-  // Bytes in blocks handed out (live tensors), and the most there were since reset_peak().
-  std::size_t allocated_bytes() const {
-    std::lock_guard lock(mutex_);
-    return allocated_;
-  }
-  std::size_t peak_allocated_bytes() const {
-    std::lock_guard lock(mutex_);
-    return peak_;
-  }
-  void reset_peak() {
-    std::lock_guard lock(mutex_);
-    peak_ = allocated_;
-  }
-
- private:
-  struct stream_id {
-    cudaStream_t stream;
-    std::thread::id thread;  // only for cudaStreamPerThread
-    friend bool operator<(const stream_id& a, const stream_id& b) {
-      return std::tie(a.stream, a.thread) < std::tie(b.stream, b.thread);
-    }
-  };
-  static stream_id current_stream_id() {
-    const cudaStream_t s = cuda_rt::current_stream();
-    return {s, s == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
-  }
-  struct block {
-    int device;
-    stream_id stream;
-    std::size_t size;
-  };
-  device_block_cache() = default;
-  void count_allocated(std::size_t size) {  // under mutex_
-    allocated_ += size;
-    peak_ = std::max(peak_, allocated_);
-  }
-  // Not released at exit: the CUDA context may already be gone when statics are destroyed.
-  ~device_block_cache() = default;
-
-  void release_locked() noexcept {
-    if (free_.empty()) return;
-    (void)cudaDeviceSynchronize();
-    for (auto& [key, p] : free_) {
-      (void)cudaFree(p);
-      in_use_ -= std::get<2>(key);
-    }
-    free_.clear();
-    held_ = 0;
-  }
-
-  mutable std::mutex mutex_;
-  std::multimap<std::tuple<int, stream_id, std::size_t>, void*> free_;
-  std::unordered_map<void*, block> live_;
-  std::size_t held_ = 0, in_use_ = 0, allocated_ = 0, peak_ = 0;
 };
+
+// Blocks are reused only within the (device, stream) they were allocated on, without any
+// event: work queued later on that stream runs after the block's last use. A block allocated
+// on one stream and used on another must be synchronised by the caller (as in PyTorch).
+// cudaStreamPerThread is one handle naming a different stream in every host thread, so for it
+// the thread is part of the pool.
+struct cuda_pool {
+  int device;
+  cudaStream_t stream;
+  std::thread::id thread;
+  auto operator<=>(const cuda_pool&) const = default;
+
+  static cuda_pool current() {
+    const cudaStream_t s = cuda_rt::current_stream();
+    return {cuda_rt::current_device(), s, s == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
+  }
+};
+
+using device_allocator = caching_allocator<cuda_segment_source, cuda_pool>;
+
+// Never destroyed: the CUDA context may already be gone when statics are destroyed.
+inline device_allocator& device_allocator_instance() {
+  static auto* allocator = new device_allocator();
+  return *allocator;
+}
 
 namespace cuda_copy {
 
@@ -244,20 +151,23 @@ template <>
 struct memory<cuda> {
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
-    return detail::device_block_cache::instance().allocate(bytes);
+    return detail::device_allocator_instance().allocate(bytes, detail::cuda_pool::current());
   }
   static void deallocate(void* p, std::size_t) noexcept {
-    if (p) detail::device_block_cache::instance().deallocate(p);
+    if (p) (void)detail::device_allocator_instance().deallocate(p);
   }
 
-  static std::size_t cached_bytes() { return detail::device_block_cache::instance().held_bytes(); }
-  static std::size_t reserved_bytes() { return detail::device_block_cache::instance().reserved_bytes(); }
-  // Bytes in live tensors (by size class) and their high-water mark since reset_peak(): what
-  // PyTorch calls memory_allocated and max_memory_allocated (reserved_bytes() adds the cache).
-  static std::size_t allocated_bytes() { return detail::device_block_cache::instance().allocated_bytes(); }
-  static std::size_t peak_allocated_bytes() { return detail::device_block_cache::instance().peak_allocated_bytes(); }
-  static void reset_peak() { detail::device_block_cache::instance().reset_peak(); }
-  static void release_cached() { detail::device_block_cache::instance().release(); }
+  // What PyTorch calls memory_allocated / max_memory_allocated (bytes in live tensors, rounded
+  // to 512) and memory_reserved / max_memory_reserved (bytes taken from the driver); the peaks
+  // are the high-water marks since reset_peak(). cached_bytes() is reserved minus allocated.
+  static std::size_t allocated_bytes() { return detail::device_allocator_instance().allocated_bytes(); }
+  static std::size_t peak_allocated_bytes() { return detail::device_allocator_instance().peak_allocated_bytes(); }
+  static std::size_t reserved_bytes() { return detail::device_allocator_instance().reserved_bytes(); }
+  static std::size_t peak_reserved_bytes() { return detail::device_allocator_instance().peak_reserved_bytes(); }
+  static std::size_t cached_bytes() { return detail::device_allocator_instance().cached_bytes(); }
+  static void reset_peak() { detail::device_allocator_instance().reset_peak(); }
+  // Gives every wholly free segment back to the driver.
+  static void release_cached() { detail::device_allocator_instance().release(); }
 
   // Copies a strided view into another view of the same sizes, converting dtypes on the way.
   // Strides are in elements of each side's own dtype.

@@ -39,6 +39,19 @@ __device__ T widen(S value) {
   return static_cast<T>(static_cast<compute_type_t<S>>(value));
 }
 
+// V adjacent elements moved as one load or store (16 bytes: 8 bf16, 4 f32, 2 f64), for data
+// whose address is a multiple of the size.
+template <class T, int V>
+struct alignas(sizeof(T) * V) packed {
+  T v[V];
+};
+
+// Whether p is aligned for packed<T, V> and every row of `cols` elements after it is too.
+template <class T, int V>
+bool rows_packable(const void* p, std::int64_t cols) {
+  return cols % V == 0 && reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0;
+}
+
 template <class T, class Op>
 __device__ T warp_reduce(T v, Op op) {
   for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));

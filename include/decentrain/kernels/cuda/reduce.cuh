@@ -66,6 +66,37 @@ __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t ro
   if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
 }
 
+// The same sums with V adjacent columns a lane, read as one 16-byte load: a warp reads 512
+// contiguous bytes of a row where the kernel above reads 64 (bf16), so a bias gradient over
+// B*T rows runs at memory speed. Same order of addition per column: rows of a row group in
+// order, then the groups in order.
+template <class T, int V>
+__global__ void sum_columns_packed_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
+  constexpr int width = column_tile * V;
+  const std::int64_t c = (blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x) * V;
+  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
+  double acc[V] = {};
+  if (c < cols) {
+#pragma unroll 4
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += column_row_groups) {
+      const auto p = *reinterpret_cast<const packed<T, V>*>(in + r * cols + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += static_cast<double>(static_cast<compute_type_t<T>>(p.v[j]));
+    }
+  }
+  __shared__ double groups[column_row_groups][width];
+#pragma unroll
+  for (int j = 0; j < V; ++j) groups[threadIdx.y][threadIdx.x * V + j] = acc[j];
+  __syncthreads();
+  for (int i = threadIdx.y * column_tile + threadIdx.x; i < width; i += column_tile * column_row_groups) {
+    const std::int64_t col = blockIdx.x * static_cast<std::int64_t>(width) + i;
+    if (col >= cols) continue;
+    double total = 0.0;
+    for (int g = 0; g < column_row_groups; ++g) total += groups[g][i];
+    partial[blockIdx.y * cols + col] = total;
+  }
+}
+
 // out[c] (= or +=) scale * sum over chunks of partial[chunk, c], in chunk order.
 template <class T>
 __global__ void finish_columns_kernel(T* out, const double* partial, std::int64_t chunks, std::int64_t cols,
@@ -97,10 +128,18 @@ void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols
   const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
   cuda_detail::scratch<double> partial(chunks * cols);
   const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
-  const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
-                  static_cast<unsigned>(chunks));
-  cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
-  cuda_rt::check_launch("sum_columns_kernel");
+  constexpr int V = 16 / sizeof(T);
+  if (cuda_detail::rows_packable<T, V>(in, cols)) {
+    const std::int64_t width = cuda_detail::column_tile * V;
+    const dim3 grid(static_cast<unsigned>((cols + width - 1) / width), static_cast<unsigned>(chunks));
+    cuda_detail::sum_columns_packed_kernel<T, V><<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
+    cuda_rt::check_launch("sum_columns_packed_kernel");
+  } else {
+    const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
+                    static_cast<unsigned>(chunks));
+    cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
+    cuda_rt::check_launch("sum_columns_kernel");
+  }
   cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
       out, partial.get(), chunks, cols, static_cast<double>(scale), false);
   cuda_rt::check_launch("finish_columns_kernel");
