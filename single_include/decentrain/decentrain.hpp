@@ -1971,7 +1971,9 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T*
 
 
 #if DECENTRAIN_HAS_CUDA
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 // ---- begin decentrain/kernels/cuda/common.cuh ----
 // Building blocks of the CUDA kernels: grid-stride indices, warp and block reductions (CUB),
@@ -2017,11 +2019,24 @@ struct alignas(sizeof(T) * V) packed {
   T v[V];
 };
 
+template <int V, class T>
+__device__ packed<T, V> load(const T* p) {
+  return *reinterpret_cast<const packed<T, V>*>(p);
+}
+template <int V, class T>
+__device__ void store(T* p, const packed<T, V>& v) {
+  *reinterpret_cast<packed<T, V>*>(p) = v;
+}
+
 // Whether p is aligned for packed<T, V> and every row of `cols` elements after it is too.
 template <class T, int V>
 bool rows_packable(const void* p, std::int64_t cols) {
   return cols % V == 0 && reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0;
 }
+
+// Elements per 16-byte load of T.
+template <class T>
+inline constexpr int pack_of = static_cast<int>(16 / sizeof(T));
 
 template <class T, class Op>
 __device__ T warp_reduce(T v, Op op) {
@@ -2091,35 +2106,70 @@ namespace cuda_detail {
 __device__ inline float device_tanh(float u) { return tanhf(u); }
 __device__ inline double device_tanh(double u) { return tanh(u); }
 
-// S is the stored type (float, double or bf16); the arithmetic runs in M (f32 for bf16).
-template <class S>
-__global__ void gelu_forward_kernel(S* out, const S* x, std::int64_t n) {
-  using M = compute_type_t<S>;
+template <class M>
+__device__ M gelu_value(M v) {
   const M s = M(0.79788456080286535587989211986876), c = M(0.044715);
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const M v = static_cast<M>(x[i]);
-    out[i] = S(M(0.5) * v * (M(1) + device_tanh(s * (v + c * v * v * v))));
-  }
+  return M(0.5) * v * (M(1) + device_tanh(s * (v + c * v * v * v)));
+}
+template <class M>
+__device__ M gelu_slope(M v) {
+  const M s = M(0.79788456080286535587989211986876), c = M(0.044715);
+  const M t = device_tanh(s * (v + c * v * v * v));
+  return M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * s * (M(1) + M(3) * c * v * v);
 }
 
-template <class S>
+// S is the stored type (float, double or bf16); the arithmetic runs in M (f32 for bf16). V
+// elements a thread as one 16-byte load where all pointers allow it (V = 1 otherwise); the
+// last n % V elements go one a thread.
+template <int V, class S>
+__global__ void gelu_forward_kernel(S* out, const S* x, std::int64_t n) {
+  using M = compute_type_t<S>;
+  const std::int64_t packs = n / V;
+  for (std::int64_t i = thread_index(); i < packs; i += thread_count()) {
+    const auto xs = load<V>(x + i * V);
+    packed<S, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = S(gelu_value(static_cast<M>(xs.v[j])));
+    store<V>(out + i * V, o);
+  }
+  const std::int64_t tail = packs * V + thread_index();
+  if (tail < n) out[tail] = S(gelu_value(static_cast<M>(x[tail])));
+}
+
+template <int V, class S>
 __global__ void gelu_backward_kernel(S* dx, const S* x, const S* dout, std::int64_t n) {
   using M = compute_type_t<S>;
-  const M s = M(0.79788456080286535587989211986876), c = M(0.044715);
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const M v = static_cast<M>(x[i]);
-    const M t = device_tanh(s * (v + c * v * v * v));
-    const M local = M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * s * (M(1) + M(3) * c * v * v);
-    dx[i] = S(local * static_cast<M>(dout[i]));
+  const std::int64_t packs = n / V;
+  for (std::int64_t i = thread_index(); i < packs; i += thread_count()) {
+    const auto xs = load<V>(x + i * V), gs = load<V>(dout + i * V);
+    packed<S, V> d;
+#pragma unroll
+    for (int j = 0; j < V; ++j) d.v[j] = S(gelu_slope(static_cast<M>(xs.v[j])) * static_cast<M>(gs.v[j]));
+    store<V>(dx + i * V, d);
   }
+  const std::int64_t tail = packs * V + thread_index();
+  if (tail < n) dx[tail] = S(gelu_slope(static_cast<M>(x[tail])) * static_cast<M>(dout[tail]));
+}
+
+// Whether every pointer is 16-byte aligned, so the kernels above may run with V = pack_of<T>.
+template <class T>
+bool all_packable(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (!rows_packable<T, pack_of<T>>(p, pack_of<T>)) return false;
+  return true;
 }
 }  // namespace cuda_detail
 
 template <class T>
 void gelu_forward(cuda, T* out, const T* x, std::int64_t n) {
   if (n == 0) return;
-  cuda_detail::gelu_forward_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
-                                     cuda_rt::current_stream()>>>(out, x, n);
+  constexpr int V = cuda_detail::pack_of<T>;
+  const auto stream = cuda_rt::current_stream();
+  if (cuda_detail::all_packable<T>({out, x}))
+    cuda_detail::gelu_forward_kernel<V><<<cuda_rt::blocks_for(std::max<std::int64_t>(n / V, 1)), cuda_rt::threads_per_block, 0,
+                                          stream>>>(out, x, n);
+  else
+    cuda_detail::gelu_forward_kernel<1><<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, stream>>>(out, x, n);
   cuda_rt::check_launch("gelu_forward_kernel");
 }
 
@@ -2127,8 +2177,13 @@ void gelu_forward(cuda, T* out, const T* x, std::int64_t n) {
 template <class T>
 void gelu_backward(cuda, T* dx, const T* x, const T* dout, std::int64_t n) {
   if (n == 0) return;
-  cuda_detail::gelu_backward_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0,
-                                      cuda_rt::current_stream()>>>(dx, x, dout, n);
+  constexpr int V = cuda_detail::pack_of<T>;
+  const auto stream = cuda_rt::current_stream();
+  if (cuda_detail::all_packable<T>({dx, x, dout}))
+    cuda_detail::gelu_backward_kernel<V><<<cuda_rt::blocks_for(std::max<std::int64_t>(n / V, 1)), cuda_rt::threads_per_block,
+                                           0, stream>>>(dx, x, dout, n);
+  else
+    cuda_detail::gelu_backward_kernel<1><<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, stream>>>(dx, x, dout, n);
   cuda_rt::check_launch("gelu_backward_kernel");
 }
 
@@ -3709,7 +3764,8 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const T* row_lse, 
 // Cross-entropy with logits on the GPU, fused with the softmax: one block per row, logits stored
 // as f32, f64 or bf16 (kernels/native_bf16.hpp). The forward writes each row's loss (in double),
 // summed in a fixed order, and its logsumexp; the backward then reads the logits once and writes
-// the gradient once, instead of keeping (N, V) probabilities alive.
+// the gradient once, instead of keeping (N, V) probabilities alive. Rows that allow it are read
+// 16 bytes a thread, and the forward then reads them once (an online softmax).
 
 
 #if DECENTRAIN_HAS_CUDA
@@ -3721,9 +3777,44 @@ namespace decentrain::kernels {
 namespace cuda_detail {
 // S is the stored type of the logits (float, double or bf16); the arithmetic runs in
 // compute_type_t<S> (f32 for bf16).
-template <class S>
+// The row's max and sum(exp(x - max)) in one pass over the logits (an online softmax: the sum
+// is rescaled when the running max rises), V logits a thread per 16-byte load.
+template <class M>
+struct online_stats {
+  M max, sum;
+};
+struct online_merge {
+  template <class M>
+  __device__ online_stats<M> operator()(const online_stats<M>& a, const online_stats<M>& b) const {
+    const M mx = a.max > b.max ? a.max : b.max;
+    if (mx == lowest<M>()) return {mx, M(0)};
+    return {mx, a.sum * device_exp(a.max - mx) + b.sum * device_exp(b.max - mx)};
+  }
+};
+template <int Threads, int V, class M, class S>
+__device__ online_stats<M> block_online_stats(const S* x, std::int64_t cols) {
+  online_stats<M> acc{lowest<M>(), M(0)};
+  for (std::int64_t c = threadIdx.x * V; c < cols; c += Threads * V) {
+    const auto xs = load<V>(x + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const M v = static_cast<M>(xs.v[j]);
+      if (v > acc.max) {
+        acc.sum = acc.sum * device_exp(acc.max - v) + M(1);
+        acc.max = v;
+      } else {  // -inf adds nothing (and would be NaN against a max of -inf); NaN still spreads
+        acc.sum += v == lowest<M>() ? M(0) : device_exp(v - acc.max);
+      }
+    }
+  }
+  return block_reduce<Threads>(acc, online_merge{});
+}
+
+// V > 1: rows of 16-byte aligned logits whose width is a multiple of V, read once (online);
+// V = 1: any rows, read twice (the max, then the sum).
+template <int V, class S>
 __global__ void cross_entropy_rows_kernel(double* row_loss, compute_type_t<S>* row_lse, const S* logits,
-                                          const std::int32_t* targets, std::int64_t V, std::int32_t ignore_index) {
+                                          const std::int32_t* targets, std::int64_t cols, std::int32_t ignore_index) {
   using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
@@ -3731,32 +3822,51 @@ __global__ void cross_entropy_rows_kernel(double* row_loss, compute_type_t<S>* r
     if (threadIdx.x == 0) row_loss[i] = 0.0;
     return;
   }
-  const S* row = logits + i * V;
-  const auto s = block_row_stats<softmax_threads, M>(row, V);
+  const S* row = logits + i * cols;
+  M max, sum;
+  if constexpr (V > 1) {
+    const auto s = block_online_stats<softmax_threads, V, M>(row, cols);
+    max = s.max;
+    sum = s.sum;
+  } else {
+    const auto s = block_row_stats<softmax_threads, M>(row, cols);
+    max = s.max;
+    sum = s.sum;
+  }
   if (threadIdx.x == 0) {
-    const M lse = s.max + device_log(s.sum);
+    const M lse = max + device_log(sum);
     row_lse[i] = lse;
     row_loss[i] = static_cast<double>(lse - static_cast<M>(row[target]));
   }
 }
 
-template <class S>
+// In place (dlogits == logits) is allowed: every element is read by the thread that writes it.
+template <int V, class S>
 __global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const compute_type_t<S>* row_lse,
-                                              const std::int32_t* targets, std::int64_t V,
+                                              const std::int32_t* targets, std::int64_t cols,
                                               std::int32_t ignore_index, compute_type_t<S> dloss_per_row) {
   using M = compute_type_t<S>;
   const std::int64_t i = blockIdx.x;
   const std::int32_t target = targets[i];
-  S* d = dlogits + i * V;
+  S* d = dlogits + i * cols;
   if (target == ignore_index) {
-    for (std::int64_t c = threadIdx.x; c < V; c += softmax_threads) d[c] = S(0);
+    packed<S, V> zero;
+#pragma unroll
+    for (int j = 0; j < V; ++j) zero.v[j] = S(0);
+    for (std::int64_t c = threadIdx.x * V; c < cols; c += softmax_threads * V) store<V>(d + c, zero);
     return;
   }
-  const S* row = logits + i * V;
+  const S* row = logits + i * cols;
   const M lse = row_lse[i];
-  for (std::int64_t c = threadIdx.x; c < V; c += softmax_threads) {
-    const M p = device_exp(static_cast<M>(row[c]) - lse);
-    d[c] = S(dloss_per_row * (c == target ? p - M(1) : p));
+  for (std::int64_t c = threadIdx.x * V; c < cols; c += softmax_threads * V) {
+    const auto xs = load<V>(row + c);
+    packed<S, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const M p = device_exp(static_cast<M>(xs.v[j]) - lse);
+      out.v[j] = S(dloss_per_row * (c + j == target ? p - M(1) : p));
+    }
+    store<V>(d + c, out);
   }
 }
 }  // namespace cuda_detail
@@ -3769,9 +3879,15 @@ void cross_entropy_rows(cuda, const T* logits, const std::int32_t* targets, std:
                         std::int32_t ignore_index, compute_type_t<T>* row_lse, double* row_loss) {
   if (N == 0) return;
   decentrain::detail::check(N < (std::int64_t{1} << 31), "cuda cross_entropy: ", N, " rows is too many");
-  cuda_detail::cross_entropy_rows_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
-                                           cuda_rt::current_stream()>>>(row_loss, row_lse, logits, targets, V,
-                                                                        ignore_index);
+  namespace cd = cuda_detail;
+  const auto blocks = static_cast<unsigned>(N);
+  const auto stream = cuda_rt::current_stream();
+  if (cd::rows_packable<T, cd::pack_of<T>>(logits, V))
+    cd::cross_entropy_rows_kernel<cd::pack_of<T>><<<blocks, cd::softmax_threads, 0, stream>>>(row_loss, row_lse, logits,
+                                                                                             targets, V, ignore_index);
+  else
+    cd::cross_entropy_rows_kernel<1><<<blocks, cd::softmax_threads, 0, stream>>>(row_loss, row_lse, logits, targets, V,
+                                                                                ignore_index);
   cuda_rt::check_launch("cross_entropy_rows_kernel");
 }
 
@@ -3793,9 +3909,15 @@ void cross_entropy_backward(cuda, T* dlogits, const T* logits, const compute_typ
                             const std::int32_t* targets, std::int64_t N, std::int64_t V, std::int32_t ignore_index,
                             compute_type_t<T> dloss_per_row) {
   if (N == 0) return;
-  cuda_detail::cross_entropy_backward_kernel<<<static_cast<unsigned>(N), cuda_detail::softmax_threads, 0,
-                                               cuda_rt::current_stream()>>>(dlogits, logits, row_lse, targets, V,
-                                                                            ignore_index, dloss_per_row);
+  namespace cd = cuda_detail;
+  const auto blocks = static_cast<unsigned>(N);
+  const auto stream = cuda_rt::current_stream();
+  if (cd::rows_packable<T, cd::pack_of<T>>(logits, V) && cd::rows_packable<T, cd::pack_of<T>>(dlogits, V))
+    cd::cross_entropy_backward_kernel<cd::pack_of<T>><<<blocks, cd::softmax_threads, 0, stream>>>(
+        dlogits, logits, row_lse, targets, V, ignore_index, dloss_per_row);
+  else
+    cd::cross_entropy_backward_kernel<1><<<blocks, cd::softmax_threads, 0, stream>>>(dlogits, logits, row_lse, targets, V,
+                                                                                    ignore_index, dloss_per_row);
   cuda_rt::check_launch("cross_entropy_backward_kernel");
 }
 
@@ -4472,14 +4594,6 @@ __device__ inline double device_rsqrt(double x) { return rsqrt(x); }
 
 // A lane handles V adjacent columns at a time (V = 4 where every row pointer allows 16-byte
 // loads of f32, V = 1 elsewhere), so a warp reads 512 contiguous bytes of f32 per step.
-template <int V, class T>
-__device__ packed<T, V> load(const T* p) {
-  return *reinterpret_cast<const packed<T, V>*>(p);
-}
-template <int V, class T>
-__device__ void store(T* p, const packed<T, V>& v) {
-  *reinterpret_cast<packed<T, V>*>(p) = v;
-}
 
 template <int V, class T, class O, class R>
 __global__ void layer_norm_forward_kernel(O* out, T* mean, T* rstd, const T* x, const T* weight,

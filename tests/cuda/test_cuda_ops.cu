@@ -196,6 +196,36 @@ TEST_CASE("cuda column sums and layer norm gradients over many rows, packed and 
   }
 }
 
+TEST_CASE("cuda gelu and cross-entropy: the packed (16-byte) and scalar paths both match the CPU") {
+  // 1001 elements leave a tail after the packs; a view that starts one row in is not 16-byte
+  // aligned, so it takes the scalar path.
+  for (auto type : {dt::dtype::f32, dt::dtype::bf16}) {
+    const double tol = type == dt::dtype::f32 ? 1e-5 : 8e-3;
+    INFO(dt::dtype_name(type));
+    const auto x = random(dt::shape{143, 7}, 64, dt::dtype::f32, 2.0).to(type);
+    check_against_cpu("gelu, 1001 elements", {x}, [](auto& v) { return dt::gelu(v[0]); }, tol);
+    check_against_cpu("gelu of an unaligned view", {x}, [](auto& v) { return dt::gelu(dt::slice(v[0], 0, 1, 143)); }, tol);
+    // Widths 64 (packed) and 37 (scalar); one ignored row; a -inf logit the online max skips.
+    for (std::int64_t width : {64, 37}) {
+      INFO("width " << width);
+      auto logits = random(dt::shape{6, width}, 65, dt::dtype::f32, 3.0);
+      logits.data<float>()[3] = -INFINITY;
+      logits.data<float>()[width + 5] = 40.0f;  // a late, large max: the running sum is rescaled
+      std::vector<std::int32_t> t{1, 2, -1, 0, static_cast<std::int32_t>(width - 1), 5};
+      const auto tc = dt::from_vector(t, dt::shape{6});
+      auto lc = dt::parameter(logits.to(type));
+      auto lg = dt::parameter(dt::to_device<gpu>(logits.to(type)));
+      auto loss_c = dt::cross_entropy(lc, tc);
+      auto loss_g = dt::cross_entropy(lg, dt::to_device<gpu>(tc));
+      CHECK(std::isfinite(loss_g.item()));
+      CHECK(loss_g.item() == Approx(loss_c.item()).epsilon(tol));
+      loss_c.backward();
+      loss_g.backward();
+      CHECK(normwise_error(host(lg.grad()).to(dt::dtype::f32), lc.grad().to(dt::dtype::f32)) <= tol);
+    }
+  }
+}
+
 TEST_CASE("cuda matmul and linear (cuBLAS) match the CPU for every transpose and batching") {
   const auto a = random(dt::shape{2, 5, 7}, 6), b = random(dt::shape{7, 3}, 7), bt = random(dt::shape{3, 7}, 8);
   const auto ab = random(dt::shape{2, 7, 4}, 9), at = random(dt::shape{2, 7, 5}, 10), abt = random(dt::shape{2, 4, 7}, 14);

@@ -46,11 +46,24 @@ struct alignas(sizeof(T) * V) packed {
   T v[V];
 };
 
+template <int V, class T>
+__device__ packed<T, V> load(const T* p) {
+  return *reinterpret_cast<const packed<T, V>*>(p);
+}
+template <int V, class T>
+__device__ void store(T* p, const packed<T, V>& v) {
+  *reinterpret_cast<packed<T, V>*>(p) = v;
+}
+
 // Whether p is aligned for packed<T, V> and every row of `cols` elements after it is too.
 template <class T, int V>
 bool rows_packable(const void* p, std::int64_t cols) {
   return cols % V == 0 && reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0;
 }
+
+// Elements per 16-byte load of T.
+template <class T>
+inline constexpr int pack_of = static_cast<int>(16 / sizeof(T));
 
 template <class T, class Op>
 __device__ T warp_reduce(T v, Op op) {

@@ -24,14 +24,6 @@ __device__ inline double device_rsqrt(double x) { return rsqrt(x); }
 
 // A lane handles V adjacent columns at a time (V = 4 where every row pointer allows 16-byte
 // loads of f32, V = 1 elsewhere), so a warp reads 512 contiguous bytes of f32 per step.
-template <int V, class T>
-__device__ packed<T, V> load(const T* p) {
-  return *reinterpret_cast<const packed<T, V>*>(p);
-}
-template <int V, class T>
-__device__ void store(T* p, const packed<T, V>& v) {
-  *reinterpret_cast<packed<T, V>*>(p) = v;
-}
 
 template <int V, class T, class O, class R>
 __global__ void layer_norm_forward_kernel(O* out, T* mean, T* rstd, const T* x, const T* weight,
