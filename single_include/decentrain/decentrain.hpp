@@ -3764,8 +3764,8 @@ void cross_entropy_backward(cpu, T* dlogits, const T* logits, const T* row_lse, 
 // Cross-entropy with logits on the GPU, fused with the softmax: one block per row, logits stored
 // as f32, f64 or bf16 (kernels/native_bf16.hpp). The forward writes each row's loss (in double),
 // summed in a fixed order, and its logsumexp; the backward then reads the logits once and writes
-// the gradient once, instead of keeping (N, V) probabilities alive. Rows that allow it are read
-// 16 bytes a thread, and the forward then reads them once (an online softmax).
+// the gradient once, instead of keeping (N, V) probabilities alive. The forward reads each row
+// once (an online softmax), 16 bytes a thread where the rows allow it, as does the backward.
 
 
 #if DECENTRAIN_HAS_CUDA
@@ -3810,8 +3810,7 @@ __device__ online_stats<M> block_online_stats(const S* x, std::int64_t cols) {
   return block_reduce<Threads>(acc, online_merge{});
 }
 
-// V > 1: rows of 16-byte aligned logits whose width is a multiple of V, read once (online);
-// V = 1: any rows, read twice (the max, then the sum).
+// V > 1 for rows of 16-byte aligned logits whose width is a multiple of V; V = 1 for any rows.
 template <int V, class S>
 __global__ void cross_entropy_rows_kernel(double* row_loss, compute_type_t<S>* row_lse, const S* logits,
                                           const std::int32_t* targets, std::int64_t cols, std::int32_t ignore_index) {
@@ -3823,18 +3822,9 @@ __global__ void cross_entropy_rows_kernel(double* row_loss, compute_type_t<S>* r
     return;
   }
   const S* row = logits + i * cols;
-  M max, sum;
-  if constexpr (V > 1) {
-    const auto s = block_online_stats<softmax_threads, V, M>(row, cols);
-    max = s.max;
-    sum = s.sum;
-  } else {
-    const auto s = block_row_stats<softmax_threads, M>(row, cols);
-    max = s.max;
-    sum = s.sum;
-  }
+  const auto s = block_online_stats<softmax_threads, V, M>(row, cols);
   if (threadIdx.x == 0) {
-    const M lse = max + device_log(sum);
+    const M lse = s.max + device_log(s.sum);
     row_lse[i] = lse;
     row_loss[i] = static_cast<double>(lse - static_cast<M>(row[target]));
   }
@@ -4443,6 +4433,7 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const G* dout, const 
 #if DECENTRAIN_HAS_CUDA
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 
 namespace decentrain::kernels {
@@ -4460,8 +4451,8 @@ __global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double s
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(acc * scale);
 }
 
-// 32 columns per block (one per lane, so loads are coalesced), the rows split over the
-// block's 8 warps and combined through shared memory. Tall inputs (a bias gradient over
+// 32 V columns per block (V adjacent ones per lane, so loads are coalesced), the rows split
+// over the block's 8 warps and combined through shared memory. Tall inputs (a bias gradient over
 // B*T rows) are cut into chunks of rows, one block row each, so the whole GPU takes part; the
 // chunks' partial sums (double) are then added in chunk order: still no atomics.
 inline constexpr int column_tile = 32, column_row_groups = 8;
@@ -4471,40 +4462,14 @@ inline std::int64_t column_chunks(std::int64_t rows) {
   return std::min<std::int64_t>((rows + column_chunk_rows - 1) / column_chunk_rows, 65535);
 }
 
-// Rows [begin, end) of column c, split over threadIdx.y and summed through shared memory;
-// `value(r)` is the term of row r. The total lands in thread y = 0.
-template <int Groups, class F>
-__device__ double column_sum(std::int64_t begin, std::int64_t end, bool active, F&& value) {
-  __shared__ double partial[Groups][column_tile];
-  double acc = 0.0;
-  if (active)
-    for (std::int64_t r = begin + threadIdx.y; r < end; r += Groups) acc += value(r);
-  __syncthreads();  // a previous call's partials are read
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  double total = 0.0;
-  if (threadIdx.y == 0)
-    for (int g = 0; g < Groups; ++g) total += partial[g][threadIdx.x];
-  return total;
-}
-
 __device__ inline std::int64_t chunk_rows(std::int64_t rows, std::int64_t chunks) { return (rows + chunks - 1) / chunks; }
 
-template <class T>
+// Partial column sums of one chunk of rows, V adjacent columns a lane read as one load (V =
+// pack_of<T> where the rows allow 16-byte loads: a warp then reads 512 contiguous bytes of a
+// row, not 64 of bf16; V = 1 elsewhere). Per column: the rows of each row group in order, then
+// the groups in order.
+template <int V, class T>
 __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
-  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
-  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
-  const double total = column_sum<column_row_groups>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return static_cast<double>(static_cast<compute_type_t<T>>(in[r * cols + c])); });
-  if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
-}
-
-// The same sums with V adjacent columns a lane, read as one 16-byte load: a warp reads 512
-// contiguous bytes of a row where the kernel above reads 64 (bf16), so a bias gradient over
-// B*T rows runs at memory speed. Same order of addition per column: rows of a row group in
-// order, then the groups in order.
-template <class T, int V>
-__global__ void sum_columns_packed_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
   constexpr int width = column_tile * V;
   const std::int64_t c = (blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x) * V;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
@@ -4512,7 +4477,7 @@ __global__ void sum_columns_packed_kernel(double* partial, const T* in, std::int
   if (c < cols) {
 #pragma unroll 4
     for (std::int64_t r = begin + threadIdx.y; r < end; r += column_row_groups) {
-      const auto p = *reinterpret_cast<const packed<T, V>*>(in + r * cols + c);
+      const auto p = load<V>(in + r * cols + c);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += static_cast<double>(static_cast<compute_type_t<T>>(p.v[j]));
     }
@@ -4561,18 +4526,15 @@ void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols
   const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
   cuda_detail::scratch<double> partial(chunks * cols);
   const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
-  constexpr int V = 16 / sizeof(T);
-  if (cuda_detail::rows_packable<T, V>(in, cols)) {
+  const auto launch = [&](auto lanes) {
+    constexpr int V = decltype(lanes)::value;
     const std::int64_t width = cuda_detail::column_tile * V;
     const dim3 grid(static_cast<unsigned>((cols + width - 1) / width), static_cast<unsigned>(chunks));
-    cuda_detail::sum_columns_packed_kernel<T, V><<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
-    cuda_rt::check_launch("sum_columns_packed_kernel");
-  } else {
-    const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
-                    static_cast<unsigned>(chunks));
-    cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
-    cuda_rt::check_launch("sum_columns_kernel");
-  }
+    cuda_detail::sum_columns_kernel<V><<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
+  };
+  if (cuda_detail::rows_packable<T, cuda_detail::pack_of<T>>(in, cols)) launch(std::integral_constant<int, cuda_detail::pack_of<T>>{});
+  else launch(std::integral_constant<int, 1>{});
+  cuda_rt::check_launch("sum_columns_kernel");
   cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
       out, partial.get(), chunks, cols, static_cast<double>(scale), false);
   cuda_rt::check_launch("finish_columns_kernel");
@@ -4688,29 +4650,13 @@ __global__ void layer_norm_dx_kernel(T* dx, const G* dout, const T* x, const T* 
   }
 }
 
-// Partial gain and bias gradients of one chunk of rows (reduce.cuh's column scheme).
-template <class T, class G>
+// Partial gain and bias gradients of one chunk of rows, in reduce.cuh's column scheme: V
+// adjacent columns a lane (4 where the rows allow 16-byte loads of f32 x, 1 elsewhere), each
+// column's rows summed per row group in order, then the groups in order.
+template <int V, class T, class G>
 __global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const G* dout, const T* x,
                                          const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
-  const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
-  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
-  const double dw = column_sum<column_row_groups_ln>(begin, end, c < cols, [&](std::int64_t r) {
-    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * widen<double>(dout[r * cols + c]);
-  });
-  const double db = column_sum<column_row_groups_ln>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return widen<double>(dout[r * cols + c]); });
-  if (threadIdx.y == 0 && c < cols) {
-    partial_w[blockIdx.y * cols + c] = dw;
-    partial_b[blockIdx.y * cols + c] = db;
-  }
-}
-
-// The same partial sums with 4 adjacent columns a lane (one 16-byte load of x, one 8- or
-// 16-byte load of dout), in the same order of addition per column.
-template <class T, class G>
-__global__ void layer_norm_params_packed_kernel(double* partial_w, double* partial_b, const G* dout, const T* x,
-                                                const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
-  constexpr int V = 4, width = 32 * V;
+  constexpr int width = 32 * V;
   const std::int64_t c = (blockIdx.x * std::int64_t{32} + threadIdx.x) * V;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
   double dw[V] = {}, db[V] = {};
@@ -4802,22 +4748,19 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const
     const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
     cuda_detail::scratch<double> partial_w(chunks * cols), partial_b(chunks * cols);
     const dim3 block(32, cuda_detail::column_row_groups_ln);
-    bool launched = false;
+    const auto launch = [&](auto lanes) {
+      constexpr int V = decltype(lanes)::value;
+      const dim3 grid(static_cast<unsigned>((cols + 32 * V - 1) / (32 * V)), static_cast<unsigned>(chunks));
+      cuda_detail::layer_norm_params_kernel<V><<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x,
+                                                                         mean, rstd, rows, cols);
+    };
+    bool packed = false;
     if constexpr (std::is_same_v<T, float>) {
-      if (cuda_detail::rows_packable<T, 4>(x, cols) && cuda_detail::rows_packable<G, 4>(dout, cols)) {
-        const dim3 grid(static_cast<unsigned>((cols + 127) / 128), static_cast<unsigned>(chunks));
-        cuda_detail::layer_norm_params_packed_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout,
-                                                                                 x, mean, rstd, rows, cols);
-        cuda_rt::check_launch("layer_norm_params_packed_kernel");
-        launched = true;
-      }
+      packed = cuda_detail::rows_packable<T, 4>(x, cols) && cuda_detail::rows_packable<G, 4>(dout, cols);
+      if (packed) launch(std::integral_constant<int, 4>{});
     }
-    if (!launched) {
-      const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
-      cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x, mean,
-                                                                        rstd, rows, cols);
-      cuda_rt::check_launch("layer_norm_params_kernel");
-    }
+    if (!packed) launch(std::integral_constant<int, 1>{});
+    cuda_rt::check_launch("layer_norm_params_kernel");
     const auto finish_grid = cuda_rt::blocks_for(cols);
     if (dweight)
       cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(

@@ -1,8 +1,8 @@
 // Cross-entropy with logits on the GPU, fused with the softmax: one block per row, logits stored
 // as f32, f64 or bf16 (kernels/native_bf16.hpp). The forward writes each row's loss (in double),
 // summed in a fixed order, and its logsumexp; the backward then reads the logits once and writes
-// the gradient once, instead of keeping (N, V) probabilities alive. Rows that allow it are read
-// 16 bytes a thread, and the forward then reads them once (an online softmax).
+// the gradient once, instead of keeping (N, V) probabilities alive. The forward reads each row
+// once (an online softmax), 16 bytes a thread where the rows allow it, as does the backward.
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -52,8 +52,7 @@ __device__ online_stats<M> block_online_stats(const S* x, std::int64_t cols) {
   return block_reduce<Threads>(acc, online_merge{});
 }
 
-// V > 1: rows of 16-byte aligned logits whose width is a multiple of V, read once (online);
-// V = 1: any rows, read twice (the max, then the sum).
+// V > 1 for rows of 16-byte aligned logits whose width is a multiple of V; V = 1 for any rows.
 template <int V, class S>
 __global__ void cross_entropy_rows_kernel(double* row_loss, compute_type_t<S>* row_lse, const S* logits,
                                           const std::int32_t* targets, std::int64_t cols, std::int32_t ignore_index) {
@@ -65,18 +64,9 @@ __global__ void cross_entropy_rows_kernel(double* row_loss, compute_type_t<S>* r
     return;
   }
   const S* row = logits + i * cols;
-  M max, sum;
-  if constexpr (V > 1) {
-    const auto s = block_online_stats<softmax_threads, V, M>(row, cols);
-    max = s.max;
-    sum = s.sum;
-  } else {
-    const auto s = block_row_stats<softmax_threads, M>(row, cols);
-    max = s.max;
-    sum = s.sum;
-  }
+  const auto s = block_online_stats<softmax_threads, V, M>(row, cols);
   if (threadIdx.x == 0) {
-    const M lse = max + device_log(sum);
+    const M lse = s.max + device_log(s.sum);
     row_lse[i] = lse;
     row_loss[i] = static_cast<double>(lse - static_cast<M>(row[target]));
   }

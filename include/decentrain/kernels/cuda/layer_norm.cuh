@@ -118,29 +118,13 @@ __global__ void layer_norm_dx_kernel(T* dx, const G* dout, const T* x, const T* 
   }
 }
 
-// Partial gain and bias gradients of one chunk of rows (reduce.cuh's column scheme).
-template <class T, class G>
+// Partial gain and bias gradients of one chunk of rows, in reduce.cuh's column scheme: V
+// adjacent columns a lane (4 where the rows allow 16-byte loads of f32 x, 1 elsewhere), each
+// column's rows summed per row group in order, then the groups in order.
+template <int V, class T, class G>
 __global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, const G* dout, const T* x,
                                          const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
-  const std::int64_t c = blockIdx.x * std::int64_t{32} + threadIdx.x;
-  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
-  const double dw = column_sum<column_row_groups_ln>(begin, end, c < cols, [&](std::int64_t r) {
-    return static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]) * widen<double>(dout[r * cols + c]);
-  });
-  const double db = column_sum<column_row_groups_ln>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return widen<double>(dout[r * cols + c]); });
-  if (threadIdx.y == 0 && c < cols) {
-    partial_w[blockIdx.y * cols + c] = dw;
-    partial_b[blockIdx.y * cols + c] = db;
-  }
-}
-
-// The same partial sums with 4 adjacent columns a lane (one 16-byte load of x, one 8- or
-// 16-byte load of dout), in the same order of addition per column.
-template <class T, class G>
-__global__ void layer_norm_params_packed_kernel(double* partial_w, double* partial_b, const G* dout, const T* x,
-                                                const T* mean, const T* rstd, std::int64_t rows, std::int64_t cols) {
-  constexpr int V = 4, width = 32 * V;
+  constexpr int width = 32 * V;
   const std::int64_t c = (blockIdx.x * std::int64_t{32} + threadIdx.x) * V;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
   double dw[V] = {}, db[V] = {};
@@ -232,22 +216,19 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const
     const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
     cuda_detail::scratch<double> partial_w(chunks * cols), partial_b(chunks * cols);
     const dim3 block(32, cuda_detail::column_row_groups_ln);
-    bool launched = false;
+    const auto launch = [&](auto lanes) {
+      constexpr int V = decltype(lanes)::value;
+      const dim3 grid(static_cast<unsigned>((cols + 32 * V - 1) / (32 * V)), static_cast<unsigned>(chunks));
+      cuda_detail::layer_norm_params_kernel<V><<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x,
+                                                                         mean, rstd, rows, cols);
+    };
+    bool packed = false;
     if constexpr (std::is_same_v<T, float>) {
-      if (cuda_detail::rows_packable<T, 4>(x, cols) && cuda_detail::rows_packable<G, 4>(dout, cols)) {
-        const dim3 grid(static_cast<unsigned>((cols + 127) / 128), static_cast<unsigned>(chunks));
-        cuda_detail::layer_norm_params_packed_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout,
-                                                                                 x, mean, rstd, rows, cols);
-        cuda_rt::check_launch("layer_norm_params_packed_kernel");
-        launched = true;
-      }
+      packed = cuda_detail::rows_packable<T, 4>(x, cols) && cuda_detail::rows_packable<G, 4>(dout, cols);
+      if (packed) launch(std::integral_constant<int, 4>{});
     }
-    if (!launched) {
-      const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
-      cuda_detail::layer_norm_params_kernel<<<grid, block, 0, stream>>>(partial_w.get(), partial_b.get(), dout, x, mean,
-                                                                        rstd, rows, cols);
-      cuda_rt::check_launch("layer_norm_params_kernel");
-    }
+    if (!packed) launch(std::integral_constant<int, 1>{});
+    cuda_rt::check_launch("layer_norm_params_kernel");
     const auto finish_grid = cuda_rt::blocks_for(cols);
     if (dweight)
       cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(

@@ -8,6 +8,7 @@
 #if DECENTRAIN_HAS_CUDA
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "decentrain/core/dtype.hpp"
 #include "decentrain/kernels/cuda/common.cuh"
@@ -27,8 +28,8 @@ __global__ void sum_rows_kernel(T* out, const T* in, std::int64_t cols, double s
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(acc * scale);
 }
 
-// 32 columns per block (one per lane, so loads are coalesced), the rows split over the
-// block's 8 warps and combined through shared memory. Tall inputs (a bias gradient over
+// 32 V columns per block (V adjacent ones per lane, so loads are coalesced), the rows split
+// over the block's 8 warps and combined through shared memory. Tall inputs (a bias gradient over
 // B*T rows) are cut into chunks of rows, one block row each, so the whole GPU takes part; the
 // chunks' partial sums (double) are then added in chunk order: still no atomics.
 inline constexpr int column_tile = 32, column_row_groups = 8;
@@ -38,40 +39,14 @@ inline std::int64_t column_chunks(std::int64_t rows) {
   return std::min<std::int64_t>((rows + column_chunk_rows - 1) / column_chunk_rows, 65535);
 }
 
-// Rows [begin, end) of column c, split over threadIdx.y and summed through shared memory;
-// `value(r)` is the term of row r. The total lands in thread y = 0.
-template <int Groups, class F>
-__device__ double column_sum(std::int64_t begin, std::int64_t end, bool active, F&& value) {
-  __shared__ double partial[Groups][column_tile];
-  double acc = 0.0;
-  if (active)
-    for (std::int64_t r = begin + threadIdx.y; r < end; r += Groups) acc += value(r);
-  __syncthreads();  // a previous call's partials are read
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  double total = 0.0;
-  if (threadIdx.y == 0)
-    for (int g = 0; g < Groups; ++g) total += partial[g][threadIdx.x];
-  return total;
-}
-
 __device__ inline std::int64_t chunk_rows(std::int64_t rows, std::int64_t chunks) { return (rows + chunks - 1) / chunks; }
 
-template <class T>
+// Partial column sums of one chunk of rows, V adjacent columns a lane read as one load (V =
+// pack_of<T> where the rows allow 16-byte loads: a warp then reads 512 contiguous bytes of a
+// row, not 64 of bf16; V = 1 elsewhere). Per column: the rows of each row group in order, then
+// the groups in order.
+template <int V, class T>
 __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
-  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x;
-  const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
-  const double total = column_sum<column_row_groups>(begin, end, c < cols,
-                                                     [&](std::int64_t r) { return static_cast<double>(static_cast<compute_type_t<T>>(in[r * cols + c])); });
-  if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = total;
-}
-
-// The same sums with V adjacent columns a lane, read as one 16-byte load: a warp reads 512
-// contiguous bytes of a row where the kernel above reads 64 (bf16), so a bias gradient over
-// B*T rows runs at memory speed. Same order of addition per column: rows of a row group in
-// order, then the groups in order.
-template <class T, int V>
-__global__ void sum_columns_packed_kernel(double* partial, const T* in, std::int64_t rows, std::int64_t cols) {
   constexpr int width = column_tile * V;
   const std::int64_t c = (blockIdx.x * static_cast<std::int64_t>(column_tile) + threadIdx.x) * V;
   const std::int64_t per = chunk_rows(rows, gridDim.y), begin = blockIdx.y * per, end = min64(rows, begin + per);
@@ -79,7 +54,7 @@ __global__ void sum_columns_packed_kernel(double* partial, const T* in, std::int
   if (c < cols) {
 #pragma unroll 4
     for (std::int64_t r = begin + threadIdx.y; r < end; r += column_row_groups) {
-      const auto p = *reinterpret_cast<const packed<T, V>*>(in + r * cols + c);
+      const auto p = load<V>(in + r * cols + c);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += static_cast<double>(static_cast<compute_type_t<T>>(p.v[j]));
     }
@@ -128,18 +103,15 @@ void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols
   const std::int64_t chunks = std::max<std::int64_t>(cuda_detail::column_chunks(rows), 1);
   cuda_detail::scratch<double> partial(chunks * cols);
   const dim3 block(cuda_detail::column_tile, cuda_detail::column_row_groups);
-  constexpr int V = 16 / sizeof(T);
-  if (cuda_detail::rows_packable<T, V>(in, cols)) {
+  const auto launch = [&](auto lanes) {
+    constexpr int V = decltype(lanes)::value;
     const std::int64_t width = cuda_detail::column_tile * V;
     const dim3 grid(static_cast<unsigned>((cols + width - 1) / width), static_cast<unsigned>(chunks));
-    cuda_detail::sum_columns_packed_kernel<T, V><<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
-    cuda_rt::check_launch("sum_columns_packed_kernel");
-  } else {
-    const dim3 grid(static_cast<unsigned>((cols + cuda_detail::column_tile - 1) / cuda_detail::column_tile),
-                    static_cast<unsigned>(chunks));
-    cuda_detail::sum_columns_kernel<<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
-    cuda_rt::check_launch("sum_columns_kernel");
-  }
+    cuda_detail::sum_columns_kernel<V><<<grid, block, 0, stream>>>(partial.get(), in, rows, cols);
+  };
+  if (cuda_detail::rows_packable<T, cuda_detail::pack_of<T>>(in, cols)) launch(std::integral_constant<int, cuda_detail::pack_of<T>>{});
+  else launch(std::integral_constant<int, 1>{});
+  cuda_rt::check_launch("sum_columns_kernel");
   cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
       out, partial.get(), chunks, cols, static_cast<double>(scale), false);
   cuda_rt::check_launch("finish_columns_kernel");
