@@ -6654,8 +6654,8 @@ var<Device> linear_cross_entropy(const var<Device>& x, const var<Device>& weight
 }  // namespace decentrain
 // ---- end decentrain/autograd/ops/loss.hpp ----
 // ---- begin decentrain/autograd/ops/matmul.hpp ----
-// Differentiable matrix products: matmul (batched, with transposes), linear (x W + b) and
-// linear_gelu (the MLP's first layer, fused).
+// Differentiable matrix products: matmul (batched, with transposes), linear (x W + b),
+// linear_gelu (the MLP's first layer, fused) and linear_gelu_linear (the whole MLP).
 
 // ---- begin decentrain/kernels/linear.hpp ----
 // The fused linear kernels of every device: the CPU ones always, the CUDA ones when nvcc
@@ -6663,12 +6663,13 @@ var<Device> linear_cross_entropy(const var<Device>& x, const var<Device>& weight
 
 // ---- begin decentrain/kernels/cpu/linear.hpp ----
 // A linear layer's forward pass as one kernel call: out = x w + bias, optionally followed by
-// GELU (then `pre` keeps x w + bias for the backward pass). On the CPU it is the GEMM with the
-// bias as its starting C, then the GELU kernel: the same arithmetic as the separate ops, bit for
-// bit. A GPU fuses bias and GELU into the GEMM (kernels/cuda/linear.cuh).
+// GELU (then `pre` keeps x w + bias for the backward pass), and the MLP's backward step through
+// that GELU. On the CPU each is the GEMM and then the GELU kernel: the same arithmetic as the
+// separate ops, bit for bit. A GPU fuses bias and GELU into the GEMM (kernels/cuda/linear.cuh).
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
 
 namespace decentrain::kernels {
@@ -6687,12 +6688,35 @@ void linear_forward(cpu, std::int64_t m, std::int64_t n, std::int64_t k, const T
   if (pre) gelu_forward(cpu{}, out, pre, m * n);
 }
 
+namespace detail {
+struct cpu_block_deleter {
+  std::size_t bytes;
+  void operator()(void* p) const noexcept { memory<cpu>::deallocate(p, bytes); }
+};
+}  // namespace detail
+
+// The gradient reaching `pre` through gelu(pre) w, given the gradient g of that product:
+// d_pre = (g w^T) * gelu'(pre). Row-major, contiguous: g (m, k), w (n, k), pre and d_pre (m, n).
+template <class T>
+void linear_backward_through_gelu(cpu, std::int64_t m, std::int64_t n, std::int64_t k, const T* g, const T* w,
+                                  const T* pre, T* d_pre) {
+  // From the block cache, as a tensor's buffer would be: a fresh vector would zero (and
+  // first-touch) m * n elements the GEMM overwrites anyway.
+  const std::size_t bytes = sizeof(T) * static_cast<std::size_t>(m * n);
+  std::unique_ptr<void, detail::cpu_block_deleter> product(memory<cpu>::allocate(bytes), detail::cpu_block_deleter{bytes});
+  T* p = static_cast<T*>(product.get());
+  gemm(cpu{}, false, true, m, n, k, T(1), g, k, w, k, T(0), p, n);
+  gelu_backward(cpu{}, d_pre, pre, p, m * n);
+}
+
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/linear.hpp ----
 // ---- begin decentrain/kernels/cuda/linear.cuh ----
 // A linear layer's forward pass on the GPU as one cuBLASLt matmul whose epilogue adds the bias
 // and, for the MLP's first layer, applies GELU (tanh form) while keeping the pre-activation for
-// the backward pass: the output is written once instead of three times (GEMM, bias, GELU).
+// the backward pass: the output is written once instead of three times (GEMM, bias, GELU). The
+// MLP's backward uses the matching DGELU epilogue: the second layer's input gradient is
+// multiplied by gelu' before it is written (linear_backward_through_gelu).
 // Row-major out = x w is the column-major out^T = w^T x^T, so w is cuBLASLt's A and x its B,
 // and the bias runs along D's rows, as cuBLASLt's bias epilogues expect. Where cuBLASLt offers
 // no algorithm (or f64, which it does not fuse), the same result comes from cuBLAS, a bias
@@ -6763,40 +6787,28 @@ constexpr cudaDataType_t lt_type() {
   else return CUDA_R_32F;
 }
 
-// out or pre = x w + bias through cuBLASLt, GELU fused when `pre` is given; false when
-// cuBLASLt has no algorithm for this case (nothing has been written then). The bias, out and
-// pre share Out's type (cuBLASLt's default for the bias and the auxiliary output).
-template <class In, class Out>
-bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const Out* bias, Out* out,
-               Out* pre) {
-  // The GELU epilogue's auxiliary output wants a leading dimension that is a multiple of 8.
-  if (pre && n % 8 != 0) return false;
-  const auto M = static_cast<std::uint64_t>(n), N = static_cast<std::uint64_t>(m), K = static_cast<std::uint64_t>(k);
-  lt_matmul_desc op;
-  cublas_check(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t no_transpose = CUBLAS_OP_N;
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &no_transpose, sizeof no_transpose),
+// The pointer's alignment in bytes, up to 256 (what cuBLASLt's heuristic assumes unless told).
+inline std::uint32_t lt_alignment(const void* p) {
+  std::uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+// D = op(A) op(B) in cuBLASLt's column-major terms (A is M x K after op, B is K x N, D is M x N,
+// leading dimensions as stored), with the epilogue `op` already describes; false when cuBLASLt
+// offers no algorithm for it (nothing has been written then).
+inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t out_type, bool trans_a,
+                      std::uint64_t M, std::uint64_t N, std::uint64_t K, const void* A, const void* B, void* D) {
+  const cublasOperation_t transa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
                "cublasLtMatmulDescSetAttribute (transa)");
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose, sizeof no_transpose),
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
                "cublasLtMatmulDescSetAttribute (transb)");
-  cublasLtEpilogue_t epilogue = bias ? (pre ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                     : (pre ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DEFAULT);
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
-               "cublasLtMatmulDescSetAttribute (epilogue)");
-  if (bias)
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
-                 "cublasLtMatmulDescSetAttribute (bias)");
-  if (pre) {
-    const std::int64_t aux_ld = n;
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre, sizeof pre),
-                 "cublasLtMatmulDescSetAttribute (aux pointer)");
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
-                 "cublasLtMatmulDescSetAttribute (aux ld)");
-  }
-  lt_layout a, b, d;  // column-major: A = w^T (n x k), B = x^T (k x m), D = out^T (n x m)
-  cublas_check(cublasLtMatrixLayoutCreate(&a.layout, lt_type<In>(), M, K, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (A)");
-  cublas_check(cublasLtMatrixLayoutCreate(&b.layout, lt_type<In>(), K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
-  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, lt_type<Out>(), M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
+  lt_layout a, b, d;  // layouts of the stored matrices: a transposed A is stored K x M
+  const auto lda = static_cast<std::int64_t>(trans_a ? K : M);
+  cublas_check(cublasLtMatrixLayoutCreate(&a.layout, in_type, trans_a ? K : M, trans_a ? M : K, lda), "cublasLtMatrixLayoutCreate (A)");
+  cublas_check(cublasLtMatrixLayoutCreate(&b.layout, in_type, K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
+  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, out_type, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
   lt_preference pref;
   cublas_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace_bytes = lt_workspace_bytes;
@@ -6805,12 +6817,7 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
                "cublasLtMatmulPreferenceSetAttribute (workspace)");
   // The heuristic assumes 256-byte aligned matrices unless told otherwise; views can start
   // anywhere, so it is told the alignment each pointer really has (as PyTorch does).
-  const auto alignment = [](const void* p) {
-    std::uint32_t a = 256;
-    while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
-    return a;
-  };
-  const std::uint32_t align_a = alignment(w), align_b = alignment(x), align_d = alignment(out);
+  const std::uint32_t align_a = lt_alignment(A), align_b = lt_alignment(B), align_d = lt_alignment(D);
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a),
                "cublasLtMatmulPreferenceSetAttribute (alignment of A)");
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b),
@@ -6819,9 +6826,6 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
                "cublasLtMatmulPreferenceSetAttribute (alignment of C)");
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of D)");
-  // The epilogue's own pointers (bias, pre-activation) have no alignment preference to state;
-  // below 16 bytes (never the case for tensors of their own) they take the unfused path, to be safe.
-  if ((bias && alignment(bias) < 16) || (pre && alignment(pre) < 16)) return false;
   const auto handle = cublaslt_handles::get();
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
@@ -6831,11 +6835,62 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
     return false;
   scratch<unsigned char> workspace(static_cast<std::int64_t>(std::max<std::size_t>(heuristic.workspaceSize, 1)));
   const float one = 1.0f, zero = 0.0f;
-  // D is the output (gelu(pre) with GELU; the epilogue writes pre itself).
-  cublas_check(cublasLtMatmul(handle, op.desc, &one, w, a.layout, x, b.layout, &zero, out, d.layout, out, d.layout,
+  cublas_check(cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,
                               &heuristic.algo, workspace.get(), heuristic.workspaceSize, cuda_rt::current_stream()),
                "cublasLtMatmul");
   return true;
+}
+
+// A matmul descriptor (f32 accumulation and scale) with `epilogue`, and, when `aux` is given,
+// that matrix as the epilogue's auxiliary input or output with leading dimension `aux_ld`.
+inline void lt_describe(lt_matmul_desc& op, cublasLtEpilogue_t epilogue, const void* bias, const void* aux, std::int64_t aux_ld) {
+  cublas_check(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+               "cublasLtMatmulDescSetAttribute (epilogue)");
+  if (bias)
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                 "cublasLtMatmulDescSetAttribute (bias)");
+  if (aux) {
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+                 "cublasLtMatmulDescSetAttribute (aux pointer)");
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+                 "cublasLtMatmulDescSetAttribute (aux ld)");
+  }
+}
+
+// out or pre = x w + bias through cuBLASLt, GELU fused when `pre` is given; false when
+// cuBLASLt has no algorithm for this case (nothing has been written then). The bias, out and
+// pre share Out's type (cuBLASLt's default for the bias and the auxiliary output).
+template <class In, class Out>
+bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const Out* bias, Out* out,
+               Out* pre) {
+  // The GELU epilogue's auxiliary output wants a leading dimension that is a multiple of 8. The
+  // epilogue's own pointers have no alignment preference to state; below 16 bytes (never the
+  // case for tensors of their own) they take the unfused path, to be safe.
+  if (pre && (n % 8 != 0 || lt_alignment(pre) < 16)) return false;
+  if (bias && lt_alignment(bias) < 16) return false;
+  const cublasLtEpilogue_t epilogue = bias ? (pre ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                           : (pre ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DEFAULT);
+  lt_matmul_desc op;
+  lt_describe(op, epilogue, bias, pre, n);
+  // column-major: A = w^T (n x k), B = x^T (k x m), D = out^T (n x m); with GELU, D is
+  // gelu(pre) and the epilogue writes pre itself.
+  return lt_matmul(op, lt_type<In>(), lt_type<Out>(), false, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m),
+                   static_cast<std::uint64_t>(k), w, x, out);
+}
+
+// d_pre = (g w^T) * gelu'(pre) through cuBLASLt's DGELU epilogue (see
+// linear_backward_through_gelu); false when cuBLASLt has no algorithm for it.
+template <class T>
+bool lt_linear_backward_through_gelu(std::int64_t m, std::int64_t n, std::int64_t k, const T* g, const T* w,
+                                     const T* pre, T* d_pre) {
+  if (n % 8 != 0 || lt_alignment(pre) < 16) return false;
+  lt_matmul_desc op;
+  lt_describe(op, CUBLASLT_EPILOGUE_DGELU, nullptr, pre, n);
+  // column-major: d_pre^T (n x m) = w (stored k x n, so transposed) times g^T (k x m); pre^T
+  // has d_pre^T's layout.
+  return lt_matmul(op, lt_type<T>(), lt_type<T>(), true, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m),
+                   static_cast<std::uint64_t>(k), w, g, d_pre);
 }
 
 }  // namespace cuda_detail
@@ -6862,6 +6917,24 @@ void linear_forward(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const 
   using Scalar = compute_type_t<T>;
   gemm(cuda{}, false, false, m, n, k, Scalar(1), x, k, w, n, bias ? Scalar(1) : Scalar(0), dst, n);
   if (pre) gelu_forward(cuda{}, out, pre, m * n);
+}
+
+// The gradient reaching `pre` through gelu(pre) w, given the gradient g of that product:
+// d_pre = (g w^T) * gelu'(pre). Row-major, contiguous: g (m, k), w (n, k), pre and d_pre (m, n).
+// One cuBLASLt matmul whose DGELU epilogue applies gelu' before the product is written (f32 and
+// bf16), so g w^T never reaches memory; otherwise the GEMM into a scratch buffer, then the GELU
+// backward kernel.
+template <class T>
+void linear_backward_through_gelu(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const T* g, const T* w,
+                                  const T* pre, T* d_pre) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (k > 0 && cuda_detail::lt_linear_backward_through_gelu<T>(m, n, k, g, w, pre, d_pre)) return;
+  }
+  cuda_detail::scratch<T> product(m * n);
+  using Scalar = compute_type_t<T>;
+  gemm(cuda{}, false, true, m, n, k, Scalar(1), g, k, w, k, Scalar(0), product.get(), n);
+  gelu_backward(cuda{}, d_pre, pre, product.get(), m * n);
 }
 
 }  // namespace decentrain::kernels
@@ -6907,47 +6980,85 @@ var<Device> matmul(const var<Device>& a, const var<Device>& b, bool trans_a = fa
 }
 
 namespace detail {
-// x W (+ b), then GELU when `with_gelu`: one fused kernel call forward (kernels/linear.hpp);
-// with GELU the pre-activation is kept, in the activation dtype, for the backward pass.
+// Checks a linear layer's weight (in, out) and bias (out,) against what it multiplies: the
+// input x, or (x null) the `in` columns the op's previous layer produces.
 template <class Device>
-var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var<Device>* bias, bool with_gelu) {
-  const char* name = with_gelu ? "linear_gelu" : "linear";
-  detail::check(weight.rank() == 2, name, ": weight must be 2-D (in, out), got shape ", weight.shape());
-  detail::check(x.rank() >= 1 && x.size(-1) == weight.size(0), name, ": input shape ", x.shape(),
-                " does not match weight shape ", weight.shape(), " (expected last input dim ",
-                weight.size(0), ")");
+void check_linear(const char* name, const char* which, const var<Device>* x, std::int64_t in, const var<Device>& weight,
+                  const var<Device>* bias) {
+  detail::check(weight.rank() == 2, name, ": ", which, "weight must be 2-D (in, out), got shape ", weight.shape());
+  if (x)
+    detail::check(x->rank() >= 1 && x->size(-1) == weight.size(0), name, ": input shape ", x->shape(), " does not match ",
+                  which, "weight shape ", weight.shape(), " (expected last input dim ", weight.size(0), ")");
+  else
+    detail::check(weight.size(0) == in, name, ": ", which, "weight shape ", weight.shape(), " does not match the ", in,
+                  " columns it multiplies (expected (", in, ", out))");
   if (bias) {
-    detail::check(bias->rank() == 1 && bias->size(0) == weight.size(1), name, ": bias shape ",
-                  bias->shape(), " does not match weight shape ", weight.shape(), " (expected (",
-                  weight.size(1), ",))");
-    detail::check_same_dtype(name, x.value(), bias->value());
+    detail::check(bias->rank() == 1 && bias->size(0) == weight.size(1), name, ": ", which, "bias shape ", bias->shape(),
+                  " does not match ", which, "weight shape ", weight.shape(), " (expected (", weight.size(1), ",))");
+    detail::check_same_dtype(name, weight.value(), bias->value());
   }
-  detail::check_same_dtype(name, x.value(), weight.value());
-  // Leading dims are flattened so the product is one GEMM of (rows, in) x (in, out).
+}
+
+// The number of rows of x with its leading dims flattened.
+template <class Device>
+std::int64_t flat_rows(const var<Device>& x) {
   std::int64_t rows = 1;
   for (std::size_t d = 0; d + 1 < x.rank(); ++d) rows *= x.shape()[d];
-  const std::int64_t in = weight.size(0), width = weight.size(1);
-  auto out_sizes = x.shape().sizes();
-  out_sizes.back() = width;
-  const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
-  const auto w = math::gemm_operand(weight.value());
-  const dtype result = detail::kernel_dtype<Device>(x.dtype());
-  const auto b = bias ? detail::contiguous_as(bias->value(), result) : tensor<Device>{};
-  auto out = tensor<Device>::empty(shape({rows, width}), result);
-  auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
+  return rows;
+}
+
+// out = x2 w + b for x2 (rows, in) and w (in, width) in the kernel dtype (b undefined: none);
+// with `pre`, GELU follows and pre keeps the product. out and pre are written whole.
+template <class Device>
+void linear_values(const char* name, const tensor<Device>& x2, const tensor<Device>& w, const tensor<Device>& b,
+                   tensor<Device>& out, tensor<Device>* pre = nullptr) {
+  const std::int64_t rows = x2.size(0), in = x2.size(1), width = w.size(1);
   const auto run = [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
     using Out = decltype(out_tag);
     kernels::linear_forward(Device{}, rows, width, in, x2.template data<In>(), w.template data<In>(),
-                            bias ? b.template data<Out>() : nullptr, out.template data<Out>(),
-                            with_gelu ? pre.template data<Out>() : nullptr);
+                            b.defined() ? b.template data<Out>() : nullptr, out.template data<Out>(),
+                            pre ? pre->template data<Out>() : nullptr);
   };
   if (x2.dtype() == dtype::bf16) {
     if constexpr (kernels::native_bf16<Device>) run(bf16{}, bf16{});
     else detail::fail(name, ": bf16 operands on a device without a bf16 GEMM");
   } else {
-    detail::with_float_type(result, name, [&](auto tag) { run(tag, tag); });
+    detail::with_float_type(out.dtype(), name, [&](auto tag) { run(tag, tag); });
   }
+}
+
+// The weight's and the bias's gradients of x2 w + b, given the product's gradient g2 (rows,
+// width), both in the kernel dtype; w and b are inputs `iw` and `ib` of the node (has_bias
+// false: no bias).
+template <class Device>
+void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<Device>& g2, std::size_t iw, bool has_bias,
+                        std::size_t ib) {
+  if (n.needs_grad(iw)) {
+    auto dw = tensor<Device>::empty(shape({x2.size(1), g2.size(1)}), g2.dtype());
+    math::gemm_batched(true, false, x2, g2, dw, 1.0, 0.0);
+    n.accumulate(iw, std::move(dw));
+  }
+  if (has_bias && n.needs_grad(ib)) n.accumulate(ib, math::sum(g2, {0}));
+}
+
+// x W (+ b), then GELU when `with_gelu`: one fused kernel call forward (kernels/linear.hpp);
+// with GELU the pre-activation is kept, in the activation dtype, for the backward pass.
+template <class Device>
+var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var<Device>* bias, bool with_gelu) {
+  const char* name = with_gelu ? "linear_gelu" : "linear";
+  check_linear(name, "", &x, 0, weight, bias);
+  detail::check_same_dtype(name, x.value(), weight.value());
+  // Leading dims are flattened so the product is one GEMM of (rows, in) x (in, width).
+  const std::int64_t rows = flat_rows(x), in = weight.size(0), width = weight.size(1);
+  auto out_sizes = x.shape().sizes();
+  out_sizes.back() = width;
+  const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
+  const dtype result = detail::kernel_dtype<Device>(x.dtype());
+  auto out = tensor<Device>::empty(shape({rows, width}), result);
+  auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
+  linear_values(name, x2, math::gemm_operand(weight.value()), bias ? detail::contiguous_as(bias->value(), result) : tensor<Device>{},
+                out, with_gelu ? &pre : nullptr);
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
   if (with_gelu) pre = detail::stored_as(std::move(pre), x.dtype());
 
@@ -6971,14 +7082,67 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
       math::gemm_batched(false, true, g2, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
       n.accumulate(0, dx.reshape(n.input(0).shape()));
     }
-    if (n.needs_grad(1)) {
-      auto dw = tensor<Device>::empty(shape({in, width}), result);
-      const auto x2 = math::gemm_operand(n.input(0)).reshape({rows, in});
-      math::gemm_batched(true, false, x2, g2, dw, 1.0, 0.0);
-      n.accumulate(1, std::move(dw));
-    }
-    if (n.inputs.size() > 2 && n.needs_grad(2)) n.accumulate(2, math::sum(g2, {0}));
+    if (n.needs_grad(1) || (n.inputs.size() > 2 && n.needs_grad(2)))
+      linear_param_grads(n, math::gemm_operand(n.input(0)).reshape({rows, in}), g2, 1, n.inputs.size() > 2, 2);
   });
+}
+
+// linear(gelu(linear(x, w1, b1)), w2, b2) as one op (biases both given or both null).
+template <class Device>
+var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, const var<Device>* b1, const var<Device>& w2,
+                                  const var<Device>* b2) {
+  const char* name = "linear_gelu_linear";
+  check_linear(name, "first ", &x, 0, w1, b1);
+  check_linear<Device>(name, "second ", nullptr, w1.size(1), w2, b2);
+  detail::check_same_dtype(name, x.value(), w1.value());
+  detail::check_same_dtype(name, x.value(), w2.value());
+  const std::int64_t rows = flat_rows(x), in = w1.size(0), hidden = w1.size(1), width = w2.size(1);
+  auto out_sizes = x.shape().sizes();
+  out_sizes.back() = width;
+  const dtype result = detail::kernel_dtype<Device>(x.dtype());
+  auto h = tensor<Device>::empty(shape({rows, hidden}), result);
+  auto pre = tensor<Device>::empty(shape({rows, hidden}), result);
+  linear_values(name, math::gemm_operand(x.value()).reshape({rows, in}), math::gemm_operand(w1.value()),
+                b1 ? detail::contiguous_as(b1->value(), result) : tensor<Device>{}, h, &pre);
+  // Kept as the two ops would keep them: in the activation dtype.
+  h = detail::stored_as(std::move(h), x.dtype());
+  pre = detail::stored_as(std::move(pre), x.dtype());
+  auto out = tensor<Device>::empty(shape({rows, width}), result);
+  linear_values(name, math::gemm_operand(h), math::gemm_operand(w2.value()),
+                b2 ? detail::contiguous_as(b2->value(), result) : tensor<Device>{}, out);
+  out = detail::stored_as(out.reshape(out_sizes), x.dtype());
+
+  const bool has_bias = b1 != nullptr;
+  std::vector<var<Device>> inputs{x, w1};
+  if (has_bias) inputs.push_back(*b1);
+  inputs.push_back(w2);
+  if (has_bias) inputs.push_back(*b2);
+  const std::size_t iw2 = has_bias ? 3 : 2, ib2 = 4;
+  auto backward = [rows, in, hidden, width, has_bias, iw2, ib2, h, pre](const tensor<Device>& g, node<Device>& n) mutable {
+    const dtype result = detail::kernel_dtype<Device>(g.dtype());
+    const auto g2 = math::gemm_operand(g).reshape({rows, width});
+    linear_param_grads(n, math::gemm_operand(h), g2, iw2, has_bias, ib2);
+    h = tensor<Device>{};  // the second layer's input is done with: free it before d_pre exists
+    if (!n.needs_grad(0) && !n.needs_grad(1) && !(has_bias && n.needs_grad(2))) return;
+    // (g w2^T) * gelu'(pre) in one kernel call; stored as the two ops would store it.
+    const auto cp = detail::kernel_tensor(pre);
+    pre = tensor<Device>{};
+    const auto w2k = math::gemm_operand(n.input(iw2));
+    auto d_pre = tensor<Device>::empty(shape({rows, hidden}), result);
+    detail::with_kernel_type<Device>(g.dtype(), "linear_gelu_linear backward", [&](auto tag) {
+      using T = decltype(tag);
+      kernels::linear_backward_through_gelu(Device{}, rows, hidden, width, g2.template data<T>(), w2k.template data<T>(),
+                                            cp.template data<T>(), d_pre.template data<T>());
+    });
+    const auto dp = math::gemm_operand(detail::stored_as(std::move(d_pre), g.dtype()));
+    if (n.needs_grad(0)) {
+      auto dx = tensor<Device>::empty(shape({rows, in}), result);
+      math::gemm_batched(false, true, dp, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
+      n.accumulate(0, dx.reshape(n.input(0).shape()));
+    }
+    linear_param_grads(n, math::gemm_operand(n.input(0)).reshape({rows, in}), dp, 1, has_bias, 2);
+  };
+  return record<Device>(name, out, inputs, std::move(backward));
 }
 }  // namespace detail
 
@@ -7005,6 +7169,25 @@ var<Device> linear_gelu(const var<Device>& x, const var<Device>& weight, const v
 template <class Device>
 var<Device> linear_gelu(const var<Device>& x, const var<Device>& weight) {
   return detail::linear_op<Device>(x, weight, nullptr, true);
+}
+
+// linear(linear_gelu(x, w1, b1), w2, b2), a GPT's MLP, as one op. The forward pass is the two
+// ops'; the backward pass never holds the gradient of the GELU's output: the second product's
+// input gradient g w2^T is multiplied by gelu'(pre) as it is formed
+// (kernels::linear_backward_through_gelu, on a GPU cuBLASLt's DGELU epilogue), which saves
+// writing and reading a (rows, hidden) tensor and one kernel. Same values and gradients as the
+// two ops, bit for bit on the CPU in f32 and f64 (in bf16 the GELU output's gradient is not
+// rounded to bf16 first).
+template <class Device>
+var<Device> linear_gelu_linear(const var<Device>& x, const var<Device>& w1, const var<Device>& b1, const var<Device>& w2,
+                               const var<Device>& b2) {
+  return detail::linear_gelu_linear_op(x, w1, &b1, w2, &b2);
+}
+
+// linear(linear_gelu(x, w1), w2), without biases, as one op.
+template <class Device>
+var<Device> linear_gelu_linear(const var<Device>& x, const var<Device>& w1, const var<Device>& w2) {
+  return detail::linear_gelu_linear_op<Device>(x, w1, nullptr, w2, nullptr);
 }
 
 }  // namespace decentrain
@@ -7472,11 +7655,6 @@ struct linear_layer {
     const auto w = cast(weight, x.dtype());
     return bias.defined() ? linear(x, w, cast(bias, x.dtype())) : linear(x, w);
   }
-  // gelu(layer(x)) as one fused op.
-  var<Device> with_gelu(const var<Device>& x) const {
-    const auto w = cast(weight, x.dtype());
-    return bias.defined() ? linear_gelu(x, w, cast(bias, x.dtype())) : linear_gelu(x, w);
-  }
 };
 
 template <class Device>
@@ -7526,7 +7704,13 @@ struct mlp {
       : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
         c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
 
-  var<Device> operator()(const var<Device>& x) const { return c_proj(c_fc.with_gelu(x)); }
+  // c_proj(gelu(c_fc(x))) as one op (linear_gelu_linear): bias and GELU fused into the first
+  // product, and the backward multiplies by gelu' as the second product's input gradient forms.
+  var<Device> operator()(const var<Device>& x) const {
+    const auto w1 = cast(c_fc.weight, x.dtype()), w2 = cast(c_proj.weight, x.dtype());
+    if (!c_fc.bias.defined()) return linear_gelu_linear(x, w1, w2);
+    return linear_gelu_linear(x, w1, cast(c_fc.bias, x.dtype()), w2, cast(c_proj.bias, x.dtype()));
+  }
 };
 
 }  // namespace decentrain::nn

@@ -27,6 +27,14 @@ TEST_CASE("matmul and linear check inner and batch dimensions", "[errors]") {
   CHECK_THROWS_WITH(dt::matmul(v({3}), v({3, 4})), Contains("rank >= 2"));
   CHECK_THROWS_WITH(dt::linear(v({2, 5}), v({4, 3})), Contains("linear: input shape (2, 5) does not match weight shape (4, 3)"));
   CHECK_THROWS_WITH(dt::linear(v({2, 4}), v({4, 3}), v({4})), Contains("bias shape (4,) does not match"));
+  CHECK_THROWS_WITH(dt::linear_gelu_linear(v({2, 5}), v({4, 8}), v({8, 3})),
+                    Contains("linear_gelu_linear: input shape (2, 5) does not match first weight shape (4, 8)"));
+  CHECK_THROWS_WITH(dt::linear_gelu_linear(v({2, 4}), v({4, 8}), v({7, 3})),
+                    Contains("second weight shape (7, 3) does not match the 8 columns it multiplies (expected (8, out))"));
+  CHECK_THROWS_WITH(dt::linear_gelu_linear(v({2, 4}), v({4, 8}), v({8}), v({8, 3}), v({8})),
+                    Contains("second bias shape (8,) does not match second weight shape (8, 3) (expected (3,))"));
+  CHECK_THROWS_WITH(dt::linear_gelu_linear(v({2, 4}), v({4, 8}), v({8, 3}, dt::dtype::f64)), Contains("dtype mismatch: f32 vs f64"));
+  CHECK(dt::linear_gelu_linear(v({2, 3, 4}), v({4, 8}), v({8, 3})).shape() == dt::shape{2, 3, 3});
 }
 
 TEST_CASE("reductions and shape ops check axes and sizes", "[errors]") {

@@ -527,6 +527,68 @@ TEST_CASE("cuda linear_gelu through cuBLASLt epilogues (and the fallback) matche
   check_against_cpu("bf16 linear_gelu", {x, w, b}, [](auto& v) { return dt::linear_gelu(v[0], v[1], v[2]); }, 1e-2);
 }
 
+TEST_CASE("cuda linear_gelu_linear (the MLP, DGELU epilogue in the backward) matches the CPU and the two ops") {
+  // Hidden width 24 takes cuBLASLt's GELU_AUX_BIAS forward and DGELU backward epilogues; 13 the
+  // fallbacks (GEMM, then the GELU backward kernel); f64 always the fallback.
+  for (const std::int64_t hidden : {std::int64_t{24}, std::int64_t{13}}) {
+    INFO("hidden " << hidden);
+    const auto x = random(dt::shape{3, 17, 40}, 410), w1 = random(dt::shape{40, hidden}, 411, dt::dtype::f32, 0.2),
+               b1 = random(dt::shape{hidden}, 412), w2 = random(dt::shape{hidden, 24}, 413, dt::dtype::f32, 0.2),
+               b2 = random(dt::shape{24}, 414);
+    check_against_cpu("linear_gelu_linear with biases", {x, w1, b1, w2, b2},
+                      [](auto& v) { return dt::linear_gelu_linear(v[0], v[1], v[2], v[3], v[4]); });
+    check_against_cpu("linear_gelu_linear without biases", {x, w1, w2}, [](auto& v) { return dt::linear_gelu_linear(v[0], v[1], v[2]); });
+    // The GPU's fused op against its own two ops.
+    std::vector<dt::var<gpu>> a, b;
+    for (const auto& t : {x, w1, b1, w2, b2}) {
+      a.push_back(dt::parameter(dt::to_device<gpu>(t)));
+      b.push_back(dt::parameter(dt::to_device<gpu>(t)));
+    }
+    auto fused = dt::linear_gelu_linear(a[0], a[1], a[2], a[3], a[4]);
+    auto split = dt::linear(dt::linear_gelu(b[0], b[1], b[2]), b[3], b[4]);
+    CHECK(normwise_error(host(fused.value()), host(split.value())) <= 1e-6);
+    const auto g = random(fused.shape(), 415);
+    fused.backward(dt::to_device<gpu>(g));
+    split.backward(dt::to_device<gpu>(g));
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("gradient of input " << i);
+      CHECK(normwise_error(host(a[i].grad()), host(b[i].grad())) <= 1e-5);
+    }
+    const auto xd = random(dt::shape{5, 40}, 416, dt::dtype::f64), w1d = random(dt::shape{40, hidden}, 417, dt::dtype::f64),
+               b1d = random(dt::shape{hidden}, 418, dt::dtype::f64), w2d = random(dt::shape{hidden, 8}, 419, dt::dtype::f64),
+               b2d = random(dt::shape{8}, 420, dt::dtype::f64);
+    check_against_cpu("f64 linear_gelu_linear", {xd, w1d, b1d, w2d, b2d},
+                      [](auto& v) { return dt::linear_gelu_linear(v[0], v[1], v[2], v[3], v[4]); }, 1e-12);
+  }
+  // bf16 (tensor cores, the gradient of gelu's output never rounded to bf16) against the CPU's
+  // widened bf16.
+  const auto x = random(dt::shape{64, 64}, 421, dt::dtype::bf16), w1 = random(dt::shape{64, 128}, 422, dt::dtype::bf16, 0.2),
+             b1 = random(dt::shape{128}, 423, dt::dtype::bf16), w2 = random(dt::shape{128, 64}, 424, dt::dtype::bf16, 0.2),
+             b2 = random(dt::shape{64}, 425, dt::dtype::bf16);
+  check_against_cpu("bf16 linear_gelu_linear", {x, w1, b1, w2, b2},
+                    [](auto& v) { return dt::linear_gelu_linear(v[0], v[1], v[2], v[3], v[4]); }, 2e-2);
+}
+
+TEST_CASE("cuda linear_backward_through_gelu at a GPT-2 MLP's width, epilogue and fallback, against the CPU kernel") {
+  // m = 512 rows, hidden n = 3072, k = 768: the shape (per 512 tokens) the bench runs. A pre
+  // that starts 4 bytes into its buffer is below the epilogue's 16-byte alignment and takes the
+  // fallback.
+  const std::int64_t m = 512, n = 3072, k = 768;
+  const auto g = random(dt::shape{m, k}, 430), w = random(dt::shape{n, k}, 431, dt::dtype::f32, 0.05),
+             pre = random(dt::shape{m * n + 1}, 432);
+  const auto gg = dt::to_device<gpu>(g), wg = dt::to_device<gpu>(w), pg = dt::to_device<gpu>(pre);
+  for (const std::int64_t offset : {std::int64_t{0}, std::int64_t{1}}) {
+    INFO("pre at element offset " << offset);
+    auto want = dt::tensor<cpu>::empty(dt::shape{m, n});
+    dt::kernels::linear_backward_through_gelu(cpu{}, m, n, k, g.data<float>(), w.data<float>(), pre.data<float>() + offset,
+                                              want.data<float>());
+    auto got = dt::tensor<gpu>::empty(dt::shape{m, n});
+    dt::kernels::linear_backward_through_gelu(gpu{}, m, n, k, gg.data<float>(), wg.data<float>(), pg.data<float>() + offset,
+                                              got.data<float>());
+    CHECK(normwise_error(host(got), want) <= 1e-5);
+  }
+}
+
 TEST_CASE("cuda multi-tensor AdamW and clipping over many tensors across launch batches and chunk edges") {
   // 45 tensors (more than one launch's 32), sizes at and around the 4096-element chunk, a
   // 1-element bias, vectors (no decay) and matrices (decay), and one parameter without a

@@ -32,11 +32,6 @@ struct linear_layer {
     const auto w = cast(weight, x.dtype());
     return bias.defined() ? linear(x, w, cast(bias, x.dtype())) : linear(x, w);
   }
-  // gelu(layer(x)) as one fused op.
-  var<Device> with_gelu(const var<Device>& x) const {
-    const auto w = cast(weight, x.dtype());
-    return bias.defined() ? linear_gelu(x, w, cast(bias, x.dtype())) : linear_gelu(x, w);
-  }
 };
 
 template <class Device>
@@ -86,7 +81,13 @@ struct mlp {
       : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
         c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
 
-  var<Device> operator()(const var<Device>& x) const { return c_proj(c_fc.with_gelu(x)); }
+  // c_proj(gelu(c_fc(x))) as one op (linear_gelu_linear): bias and GELU fused into the first
+  // product, and the backward multiplies by gelu' as the second product's input gradient forms.
+  var<Device> operator()(const var<Device>& x) const {
+    const auto w1 = cast(c_fc.weight, x.dtype()), w2 = cast(c_proj.weight, x.dtype());
+    if (!c_fc.bias.defined()) return linear_gelu_linear(x, w1, w2);
+    return linear_gelu_linear(x, w1, cast(c_fc.bias, x.dtype()), w2, cast(c_proj.bias, x.dtype()));
+  }
 };
 
 }  // namespace decentrain::nn

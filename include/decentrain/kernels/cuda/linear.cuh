@@ -1,6 +1,8 @@
 // A linear layer's forward pass on the GPU as one cuBLASLt matmul whose epilogue adds the bias
 // and, for the MLP's first layer, applies GELU (tanh form) while keeping the pre-activation for
-// the backward pass: the output is written once instead of three times (GEMM, bias, GELU).
+// the backward pass: the output is written once instead of three times (GEMM, bias, GELU). The
+// MLP's backward uses the matching DGELU epilogue: the second layer's input gradient is
+// multiplied by gelu' before it is written (linear_backward_through_gelu).
 // Row-major out = x w is the column-major out^T = w^T x^T, so w is cuBLASLt's A and x its B,
 // and the bias runs along D's rows, as cuBLASLt's bias epilogues expect. Where cuBLASLt offers
 // no algorithm (or f64, which it does not fuse), the same result comes from cuBLAS, a bias
@@ -76,40 +78,28 @@ constexpr cudaDataType_t lt_type() {
   else return CUDA_R_32F;
 }
 
-// out or pre = x w + bias through cuBLASLt, GELU fused when `pre` is given; false when
-// cuBLASLt has no algorithm for this case (nothing has been written then). The bias, out and
-// pre share Out's type (cuBLASLt's default for the bias and the auxiliary output).
-template <class In, class Out>
-bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const Out* bias, Out* out,
-               Out* pre) {
-  // The GELU epilogue's auxiliary output wants a leading dimension that is a multiple of 8.
-  if (pre && n % 8 != 0) return false;
-  const auto M = static_cast<std::uint64_t>(n), N = static_cast<std::uint64_t>(m), K = static_cast<std::uint64_t>(k);
-  lt_matmul_desc op;
-  cublas_check(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t no_transpose = CUBLAS_OP_N;
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &no_transpose, sizeof no_transpose),
+// The pointer's alignment in bytes, up to 256 (what cuBLASLt's heuristic assumes unless told).
+inline std::uint32_t lt_alignment(const void* p) {
+  std::uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+// D = op(A) op(B) in cuBLASLt's column-major terms (A is M x K after op, B is K x N, D is M x N,
+// leading dimensions as stored), with the epilogue `op` already describes; false when cuBLASLt
+// offers no algorithm for it (nothing has been written then).
+inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t out_type, bool trans_a,
+                      std::uint64_t M, std::uint64_t N, std::uint64_t K, const void* A, const void* B, void* D) {
+  const cublasOperation_t transa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
                "cublasLtMatmulDescSetAttribute (transa)");
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose, sizeof no_transpose),
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
                "cublasLtMatmulDescSetAttribute (transb)");
-  cublasLtEpilogue_t epilogue = bias ? (pre ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                     : (pre ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DEFAULT);
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
-               "cublasLtMatmulDescSetAttribute (epilogue)");
-  if (bias)
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
-                 "cublasLtMatmulDescSetAttribute (bias)");
-  if (pre) {
-    const std::int64_t aux_ld = n;
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre, sizeof pre),
-                 "cublasLtMatmulDescSetAttribute (aux pointer)");
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
-                 "cublasLtMatmulDescSetAttribute (aux ld)");
-  }
-  lt_layout a, b, d;  // column-major: A = w^T (n x k), B = x^T (k x m), D = out^T (n x m)
-  cublas_check(cublasLtMatrixLayoutCreate(&a.layout, lt_type<In>(), M, K, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (A)");
-  cublas_check(cublasLtMatrixLayoutCreate(&b.layout, lt_type<In>(), K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
-  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, lt_type<Out>(), M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
+  lt_layout a, b, d;  // layouts of the stored matrices: a transposed A is stored K x M
+  const auto lda = static_cast<std::int64_t>(trans_a ? K : M);
+  cublas_check(cublasLtMatrixLayoutCreate(&a.layout, in_type, trans_a ? K : M, trans_a ? M : K, lda), "cublasLtMatrixLayoutCreate (A)");
+  cublas_check(cublasLtMatrixLayoutCreate(&b.layout, in_type, K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
+  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, out_type, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
   lt_preference pref;
   cublas_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace_bytes = lt_workspace_bytes;
@@ -118,12 +108,7 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
                "cublasLtMatmulPreferenceSetAttribute (workspace)");
   // The heuristic assumes 256-byte aligned matrices unless told otherwise; views can start
   // anywhere, so it is told the alignment each pointer really has (as PyTorch does).
-  const auto alignment = [](const void* p) {
-    std::uint32_t a = 256;
-    while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
-    return a;
-  };
-  const std::uint32_t align_a = alignment(w), align_b = alignment(x), align_d = alignment(out);
+  const std::uint32_t align_a = lt_alignment(A), align_b = lt_alignment(B), align_d = lt_alignment(D);
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a),
                "cublasLtMatmulPreferenceSetAttribute (alignment of A)");
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b),
@@ -132,9 +117,6 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
                "cublasLtMatmulPreferenceSetAttribute (alignment of C)");
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of D)");
-  // The epilogue's own pointers (bias, pre-activation) have no alignment preference to state;
-  // below 16 bytes (never the case for tensors of their own) they take the unfused path, to be safe.
-  if ((bias && alignment(bias) < 16) || (pre && alignment(pre) < 16)) return false;
   const auto handle = cublaslt_handles::get();
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
@@ -144,11 +126,62 @@ bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, cons
     return false;
   scratch<unsigned char> workspace(static_cast<std::int64_t>(std::max<std::size_t>(heuristic.workspaceSize, 1)));
   const float one = 1.0f, zero = 0.0f;
-  // D is the output (gelu(pre) with GELU; the epilogue writes pre itself).
-  cublas_check(cublasLtMatmul(handle, op.desc, &one, w, a.layout, x, b.layout, &zero, out, d.layout, out, d.layout,
+  cublas_check(cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,
                               &heuristic.algo, workspace.get(), heuristic.workspaceSize, cuda_rt::current_stream()),
                "cublasLtMatmul");
   return true;
+}
+
+// A matmul descriptor (f32 accumulation and scale) with `epilogue`, and, when `aux` is given,
+// that matrix as the epilogue's auxiliary input or output with leading dimension `aux_ld`.
+inline void lt_describe(lt_matmul_desc& op, cublasLtEpilogue_t epilogue, const void* bias, const void* aux, std::int64_t aux_ld) {
+  cublas_check(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+               "cublasLtMatmulDescSetAttribute (epilogue)");
+  if (bias)
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                 "cublasLtMatmulDescSetAttribute (bias)");
+  if (aux) {
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+                 "cublasLtMatmulDescSetAttribute (aux pointer)");
+    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+                 "cublasLtMatmulDescSetAttribute (aux ld)");
+  }
+}
+
+// out or pre = x w + bias through cuBLASLt, GELU fused when `pre` is given; false when
+// cuBLASLt has no algorithm for this case (nothing has been written then). The bias, out and
+// pre share Out's type (cuBLASLt's default for the bias and the auxiliary output).
+template <class In, class Out>
+bool lt_linear(std::int64_t m, std::int64_t n, std::int64_t k, const In* x, const In* w, const Out* bias, Out* out,
+               Out* pre) {
+  // The GELU epilogue's auxiliary output wants a leading dimension that is a multiple of 8. The
+  // epilogue's own pointers have no alignment preference to state; below 16 bytes (never the
+  // case for tensors of their own) they take the unfused path, to be safe.
+  if (pre && (n % 8 != 0 || lt_alignment(pre) < 16)) return false;
+  if (bias && lt_alignment(bias) < 16) return false;
+  const cublasLtEpilogue_t epilogue = bias ? (pre ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                           : (pre ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DEFAULT);
+  lt_matmul_desc op;
+  lt_describe(op, epilogue, bias, pre, n);
+  // column-major: A = w^T (n x k), B = x^T (k x m), D = out^T (n x m); with GELU, D is
+  // gelu(pre) and the epilogue writes pre itself.
+  return lt_matmul(op, lt_type<In>(), lt_type<Out>(), false, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m),
+                   static_cast<std::uint64_t>(k), w, x, out);
+}
+
+// d_pre = (g w^T) * gelu'(pre) through cuBLASLt's DGELU epilogue (see
+// linear_backward_through_gelu); false when cuBLASLt has no algorithm for it.
+template <class T>
+bool lt_linear_backward_through_gelu(std::int64_t m, std::int64_t n, std::int64_t k, const T* g, const T* w,
+                                     const T* pre, T* d_pre) {
+  if (n % 8 != 0 || lt_alignment(pre) < 16) return false;
+  lt_matmul_desc op;
+  lt_describe(op, CUBLASLT_EPILOGUE_DGELU, nullptr, pre, n);
+  // column-major: d_pre^T (n x m) = w (stored k x n, so transposed) times g^T (k x m); pre^T
+  // has d_pre^T's layout.
+  return lt_matmul(op, lt_type<T>(), lt_type<T>(), true, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m),
+                   static_cast<std::uint64_t>(k), w, g, d_pre);
 }
 
 }  // namespace cuda_detail
@@ -175,6 +208,24 @@ void linear_forward(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const 
   using Scalar = compute_type_t<T>;
   gemm(cuda{}, false, false, m, n, k, Scalar(1), x, k, w, n, bias ? Scalar(1) : Scalar(0), dst, n);
   if (pre) gelu_forward(cuda{}, out, pre, m * n);
+}
+
+// The gradient reaching `pre` through gelu(pre) w, given the gradient g of that product:
+// d_pre = (g w^T) * gelu'(pre). Row-major, contiguous: g (m, k), w (n, k), pre and d_pre (m, n).
+// One cuBLASLt matmul whose DGELU epilogue applies gelu' before the product is written (f32 and
+// bf16), so g w^T never reaches memory; otherwise the GEMM into a scratch buffer, then the GELU
+// backward kernel.
+template <class T>
+void linear_backward_through_gelu(cuda, std::int64_t m, std::int64_t n, std::int64_t k, const T* g, const T* w,
+                                  const T* pre, T* d_pre) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (k > 0 && cuda_detail::lt_linear_backward_through_gelu<T>(m, n, k, g, w, pre, d_pre)) return;
+  }
+  cuda_detail::scratch<T> product(m * n);
+  using Scalar = compute_type_t<T>;
+  gemm(cuda{}, false, true, m, n, k, Scalar(1), g, k, w, k, Scalar(0), product.get(), n);
+  gelu_backward(cuda{}, d_pre, pre, product.get(), m * n);
 }
 
 }  // namespace decentrain::kernels
