@@ -137,8 +137,8 @@ double time_us(F&& f, int reps = 20) {
 }
 
 // Bytes each kernel must move at least (every input read once, every output written once).
-// `attention` receives the attention kernels' rows (us and TFLOP/s in the gbps column).
-std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double peak_gbps, std::vector<kernel_row>& attention) {
+// `products` receives the rows of the FLOP-bound kernels (us and TFLOP/s in the gbps column).
+std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double peak_gbps, std::vector<kernel_row>& products) {
   const std::int64_t C = 768, V = 50304, N = B * T;
   dt::rng gen(5, "kernels");
   std::vector<kernel_row> rows;
@@ -221,8 +221,30 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
       auto y = dt::causal_attention(qkv[0], qkv[1], qkv[2], H);
       y.backward(g);
     }, 5);
-    attention.push_back({"attention forward (bf16)", fwd, fwd_flops / (fwd * 1e-6) / 1e12, 0});
-    attention.push_back({"attention backward (bf16)", both - fwd, 2.5 * fwd_flops / ((both - fwd) * 1e-6) / 1e12, 0});
+    products.push_back({"attention forward (bf16)", fwd, fwd_flops / (fwd * 1e-6) / 1e12, 0});
+    products.push_back({"attention backward (bf16)", both - fwd, 2.5 * fwd_flops / ((both - fwd) * 1e-6) / 1e12, 0});
+  }
+  {
+    // The MLP's backward step from c_proj's output gradient to c_fc's pre-activation gradient:
+    // one cuBLASLt matmul with the DGELU epilogue, against the GEMM and the GELU backward kernel
+    // it replaces (what the two-op MLP ran).
+    const std::int64_t H4 = 4 * C;
+    auto g = dt::to_device<gpu>(dt::randn(dt::shape{N, C}, gen).to(dt::dtype::bf16)),
+         w = dt::to_device<gpu>(dt::randn(dt::shape{H4, C}, gen, dt::dtype::f32, 0.0, 0.02).to(dt::dtype::bf16)),
+         pre = dt::to_device<gpu>(dt::randn(dt::shape{N, H4}, gen).to(dt::dtype::bf16)),
+         d_pre = dt::tensor<gpu>::empty(dt::shape{N, H4}, dt::dtype::bf16), product = dt::tensor<gpu>::empty(dt::shape{N, H4}, dt::dtype::bf16);
+    const double flops = 2.0 * static_cast<double>(N) * static_cast<double>(H4) * static_cast<double>(C);
+    const double fused = time_us([&] {
+      dt::kernels::linear_backward_through_gelu(gpu{}, N, H4, C, g.data<dt::bf16>(), w.data<dt::bf16>(), pre.data<dt::bf16>(),
+                                                d_pre.data<dt::bf16>());
+    });
+    const double split = time_us([&] {
+      dt::kernels::gemm(gpu{}, false, true, N, H4, C, 1.0f, g.data<dt::bf16>(), C, w.data<dt::bf16>(), C, 0.0f,
+                        product.data<dt::bf16>(), H4);
+      dt::kernels::gelu_backward(gpu{}, d_pre.data<dt::bf16>(), pre.data<dt::bf16>(), product.data<dt::bf16>(), N * H4);
+    });
+    products.push_back({"MLP dX through GELU: DGELU epilogue (bf16)", fused, flops / (fused * 1e-6) / 1e12, 0});
+    products.push_back({"MLP dX through GELU: GEMM + GELU backward (bf16)", split, flops / (split * 1e-6) / 1e12, 0});
   }
   {
     // The optimizer's own step over GPT-2 124M's whole parameter list, as training runs it.
@@ -358,13 +380,13 @@ int main(int argc, char** argv) {
                 r.step_s, r.tokens_per_s, 100 * r.mfu, r.peak_mib, r.reserved_mib, r.tokens_per_s / rows[0].tokens_per_s);
 
   dt::memory<gpu>::release_cached();
-  std::vector<kernel_row> attention;
-  const auto kernels = kernel_bandwidth(B, o.seq, gbps, attention);
+  std::vector<kernel_row> products;
+  const auto kernels = kernel_bandwidth(B, o.seq, gbps, products);
   std::printf("\n| kernel | us | GB/s | of peak bandwidth |\n|---|---:|---:|---:|\n");
   for (const auto& k : kernels) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
-  std::printf("\n| kernel (B=%lld, T=%lld, 12 heads of 64) | us | TFLOP/s | of bf16 peak |\n|---|---:|---:|---:|\n",
+  std::printf("\n| FLOP-bound kernel (B=%lld, T=%lld, 12 heads of 64) | us | TFLOP/s | of bf16 peak |\n|---|---:|---:|---:|\n",
               static_cast<long long>(B), static_cast<long long>(o.seq));
-  for (const auto& k : attention)
+  for (const auto& k : products)
     std::printf("| %s | %.1f | %.1f | %.1f%% |\n", k.kernel.c_str(), k.us, k.gbps, bf16_peak > 0 ? 100 * k.gbps / bf16_peak : 0.0);
 
   if (out) {
@@ -377,7 +399,7 @@ int main(int argc, char** argv) {
     for (const auto& k : kernels)
       *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction
           << ",\"device\":\"" << peaks.name << "\"}";
-    for (const auto& k : attention)
+    for (const auto& k : products)
       *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"tflops\":" << k.gbps
            << ",\"device\":\"" << peaks.name << "\"}";
     *out << "\n]\n";
