@@ -106,6 +106,19 @@ void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<
   if (has_bias && n.needs_grad(ib)) n.accumulate(ib, math::sum(g2, {0}));
 }
 
+// The gradients of a linear layer whose input, weight and bias are the node's inputs 0, 1 and
+// 2 (has_bias false: no bias), given the product's gradient g2 (rows, width) in the kernel dtype.
+template <class Device>
+void linear_grads(node<Device>& n, const tensor<Device>& g2, std::int64_t rows, std::int64_t in, bool has_bias) {
+  if (n.needs_grad(0)) {
+    auto dx = tensor<Device>::empty(shape({rows, in}), g2.dtype());
+    math::gemm_batched(false, true, g2, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
+    n.accumulate(0, dx.reshape(n.input(0).shape()));
+  }
+  if (n.needs_grad(1) || (has_bias && n.needs_grad(2)))
+    linear_param_grads(n, math::gemm_operand(n.input(0)).reshape({rows, in}), g2, 1, has_bias, 2);
+}
+
 // x W (+ b), then GELU when `with_gelu`: one fused kernel call forward (kernels/linear.hpp);
 // with GELU the pre-activation is kept, in the activation dtype, for the backward pass.
 template <class Device>
@@ -129,7 +142,6 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   std::vector<var<Device>> inputs{x, weight};
   if (bias) inputs.push_back(*bias);
   return record<Device>(name, out, inputs, [rows, in, width, pre](const tensor<Device>& g, node<Device>& n) {
-    const dtype result = detail::kernel_dtype<Device>(g.dtype());
     tensor<Device> g_pre = g;
     if (pre.defined()) {  // through GELU first, then stored as an unfused GELU's gradient would be
       const auto cp = detail::kernel_tensor(pre), cg = detail::contiguous_as(g, cp.dtype());
@@ -140,14 +152,7 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
       });
       g_pre = detail::stored_as(std::move(d), g.dtype());
     }
-    const auto g2 = math::gemm_operand(g_pre).reshape({rows, width});
-    if (n.needs_grad(0)) {
-      auto dx = tensor<Device>::empty(shape({rows, in}), result);
-      math::gemm_batched(false, true, g2, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
-      n.accumulate(0, dx.reshape(n.input(0).shape()));
-    }
-    if (n.needs_grad(1) || (n.inputs.size() > 2 && n.needs_grad(2)))
-      linear_param_grads(n, math::gemm_operand(n.input(0)).reshape({rows, in}), g2, 1, n.inputs.size() > 2, 2);
+    linear_grads(n, math::gemm_operand(g_pre).reshape({rows, width}), rows, in, n.inputs.size() > 2);
   });
 }
 
@@ -198,13 +203,7 @@ var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, c
       kernels::linear_backward_through_gelu(Device{}, rows, hidden, width, g2.template data<T>(), w2k.template data<T>(),
                                             cp.template data<T>(), d_pre.template data<T>());
     });
-    const auto dp = math::gemm_operand(detail::stored_as(std::move(d_pre), g.dtype()));
-    if (n.needs_grad(0)) {
-      auto dx = tensor<Device>::empty(shape({rows, in}), result);
-      math::gemm_batched(false, true, dp, math::gemm_operand(n.input(1)), dx, 1.0, 0.0);
-      n.accumulate(0, dx.reshape(n.input(0).shape()));
-    }
-    linear_param_grads(n, math::gemm_operand(n.input(0)).reshape({rows, in}), dp, 1, has_bias, 2);
+    linear_grads(n, math::gemm_operand(detail::stored_as(std::move(d_pre), g.dtype())), rows, in, has_bias);
   };
   return record<Device>(name, out, inputs, std::move(backward));
 }
