@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -224,6 +225,22 @@ std::string human(std::size_t bytes) {
 
 int main(int argc, char** argv) try {
   std::vector<std::string> args(argv + 1, argv + argc);
+  const char* usage =
+      "usage: bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]\n"
+      "                       [--only decentrain,mpi-tcp,mpi-shm,gloo] [--json PATH]";
+  if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+    std::printf("%s\n", usage);
+    return 0;
+  }
+  // Flags come in pairs; one nobody knows is an error before minutes of measuring (MPI's own
+  // arguments only reach the workers, which mpirun starts with flags of their own).
+  const std::vector<std::string> known = {"--world", "--out", "--chunk-bytes", "--worker", "--sizes", "--rank",
+                                          "--address-file", "--min-bytes", "--max-bytes", "--only", "--json"};
+  const bool worker_run = std::find(args.begin(), args.end(), "--worker") != args.end();
+  for (std::size_t i = 0; i < args.size() && !worker_run; i += 2) {
+    dt::detail::check(std::find(known.begin(), known.end(), args[i]) != known.end(), "unknown option '", args[i], "'\n", usage);
+    dt::detail::check(i + 1 < args.size(), args[i], " needs a value\n", usage);
+  }
   auto value = [&](const std::string& flag, const std::string& fallback) {
     auto it = std::find(args.begin(), args.end(), flag);
     if (it == args.end()) return fallback;
@@ -256,6 +273,9 @@ int main(int argc, char** argv) try {
   {
     std::stringstream in(value("--only", "decentrain,mpi-tcp,mpi-shm,gloo"));
     for (std::string item; std::getline(in, item, ',');) impls.push_back(item);
+    for (const auto& impl : impls)
+      dt::detail::check(impl == "decentrain" || impl == "mpi-tcp" || impl == "mpi-shm" || impl == "gloo", "unknown implementation '",
+                        impl, "' in --only (decentrain, mpi-tcp, mpi-shm, gloo)");
   }
   const std::string json_path = value("--json", "allreduce.json");
   bench::output_file json(json_path);  // opened first: a bad path fails before the minutes of measuring
@@ -290,8 +310,6 @@ int main(int argc, char** argv) try {
       } else if (impl == "gloo") {
         run_all({{"/usr/bin/python3", DECENTRAIN_SOURCE_DIR "/bench/allreduce_gloo.py", "--world", w, "--sizes", size_list, "--out", file}},
                 std::chrono::seconds(900), impl);
-      } else {
-        dt::detail::fail("unknown implementation '", impl, "' (decentrain, mpi-tcp, mpi-shm, gloo)");
       }
       results[impl] = read_rows(file);
     } catch (const std::exception& e) {
@@ -314,8 +332,16 @@ int main(int argc, char** argv) try {
     const double ours = busbw("decentrain", i), mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
     const double us = results.count("decentrain") ? results["decentrain"][i].seconds * 1e6 : 0.0;
     auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
-    std::printf("%9s %12.1f %11.3f %11.3f %11.3f %11.3f %8.2fx %8.2fx\n", human(sizes[i]).c_str(), us, ours, mt, ms, gl,
-                ratio(ours, mt), ratio(ours, gl));
+    // What was not measured prints as "-", never as a zero bandwidth or ratio.
+    auto cell = [](double v, int width, const char* suffix, int digits = 3) {
+      char buf[32];
+      if (v > 0) std::snprintf(buf, sizeof buf, "%*.*f%s", width - static_cast<int>(std::strlen(suffix)), digits, v, suffix);
+      else std::snprintf(buf, sizeof buf, "%*s", width, "-");
+      return std::string(buf);
+    };
+    std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
+                cell(ours, 11, "").c_str(), cell(mt, 11, "").c_str(), cell(ms, 11, "").c_str(), cell(gl, 11, "").c_str(),
+                cell(ratio(ours, mt), 9, "x").c_str(), cell(ratio(ours, gl), 9, "x").c_str());
     json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"ours_us\": " << us
          << ", \"ours_busbw_gbs\": " << ours << ", \"mpi_tcp_busbw_gbs\": " << mt << ", \"mpi_shm_busbw_gbs\": " << ms
          << ", \"gloo_busbw_gbs\": " << gl << ", \"ours_over_mpi_tcp\": " << ratio(ours, mt) << ", \"ours_over_gloo\": "

@@ -33,6 +33,15 @@ TEST_CASE("wire: headers round-trip and bad ones are named") {
   bad[6] = std::byte{77};
   CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("unknown frame type 77"));
   CHECK_THROWS_WITH(wire::decode_header(h.data(), 999), Catch::Contains("over the limit of 999"));
+  bad = h;
+  bad[wire::header_bytes - 1] = std::byte{1};
+  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("reserved header byte 39"));
+  // Every frame ends on a 64-byte boundary: header block, body, padding.
+  CHECK(h.size() == 64);
+  for (std::uint64_t length : {0, 1, 63, 64, 65, 1000})
+    CHECK((wire::header_bytes + length + wire::padding(length).size()) % 64 == 0);
+  CHECK(wire::padding(64).empty());
+  CHECK(wire::padding(1).size() == 63);
 }
 
 TEST_CASE("wire: control messages round-trip; garbage and oversized strings are errors, not allocations") {
@@ -65,9 +74,10 @@ void send_raw(const std::string& address, const std::vector<std::byte>& data) {
   asio::error_code ignored;
   s.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
 }
+// A frame as a peer writes it (header, body, padding), except that `length` may lie.
 std::vector<std::byte> frame(wire::frame_type type, std::uint64_t length, const tr::bytes& body) {
   const auto h = wire::encode_header({type, 0, length});
-  std::vector<std::byte> out(h.size() + body.size());
+  std::vector<std::byte> out(h.size() + body.size() + wire::padding(body.size()).size(), std::byte{0});
   std::memcpy(out.data(), h.data(), h.size());
   if (!body.empty()) std::memcpy(out.data() + h.size(), body.data(), body.size());
   return out;
@@ -100,14 +110,29 @@ TEST_CASE("tcp: malformed frames sent to a training peer are counted and dropped
   std::vector<std::byte> bad_magic = frame(wire::frame_type::data, 4, tr::bytes(4));
   bad_magic[1] = std::byte{0};
   std::vector<std::byte> bad_version = frame(wire::frame_type::data, 4, tr::bytes(4));
-  bad_version[4] = std::byte{2};
+  bad_version[4] = std::byte{1};  // the previous protocol
   std::vector<std::byte> bad_type = frame(wire::frame_type::data, 4, tr::bytes(4));
   bad_type[6] = std::byte{9};
   const auto too_long = frame(wire::frame_type::data, std::uint64_t{1} << 40, {});
   const auto truncated = frame(wire::frame_type::hello, 100, tr::bytes(10));
   const auto cereal_garbage = frame(wire::frame_type::hello, 6, tr::bytes{std::byte{1}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}});
   const auto data_before_hello = frame(wire::frame_type::data, 8, tr::bytes(8));
-  const std::vector<std::vector<std::byte>> attacks{bad_magic, bad_version, bad_type, too_long, truncated, cereal_garbage, data_before_hello};
+  std::vector<std::byte> bad_reserved = frame(wire::frame_type::data, 4, tr::bytes(4));
+  bad_reserved[30] = std::byte{7};
+  // A well-formed directory request whose padding is not zero, then a goodbye: caught when the
+  // peer reads the padding together with the next header.
+  wire::hello asker;
+  asker.rank = 1;
+  asker.world = 2;
+  asker.purpose = wire::hello_purpose::directory;
+  const auto asker_body = wire::encode_body(asker);
+  REQUIRE(!wire::padding(asker_body.size()).empty());
+  std::vector<std::byte> bad_padding = frame(wire::frame_type::hello, asker_body.size(), asker_body);
+  bad_padding.back() = std::byte{1};
+  const auto bye = frame(wire::frame_type::bye, 0, {});
+  bad_padding.insert(bad_padding.end(), bye.begin(), bye.end());
+  const std::vector<std::vector<std::byte>> attacks{bad_magic, bad_version, bad_type, too_long, truncated, cereal_garbage,
+                                                    data_before_hello, bad_reserved, bad_padding};
 
   std::atomic<bool> attacked{false};
   std::vector<double> losses(2);
@@ -231,9 +256,8 @@ TEST_CASE("tcp: sending to a peer that has left fails with a clear error instead
 }
 
 namespace {
-// A hostile "peer 1" of a world of 2: says hello to `address`, sends the start of a data frame
-// (tag 5, `length` bytes announced, `sent` of them sent), then leaves or stalls.
-asio::ip::tcp::socket half_a_message(asio::io_context& io, const std::string& address, std::uint64_t length, std::size_t sent) {
+// A raw socket that says hello to `address` as "peer 1" of a world of 2.
+asio::ip::tcp::socket hello_as_peer_1(asio::io_context& io, const std::string& address) {
   const auto [host, port] = wire::split_address(address);
   asio::ip::tcp::socket s(io);
   s.connect({asio::ip::make_address(host), port});
@@ -243,6 +267,12 @@ asio::ip::tcp::socket half_a_message(asio::io_context& io, const std::string& ad
   h.purpose = wire::hello_purpose::data;
   const auto body = wire::encode_body(h);
   asio::write(s, asio::buffer(frame(wire::frame_type::hello, body.size(), body)));
+  return s;
+}
+// A hostile "peer 1": says hello, sends the start of a data frame (tag 5, `length` bytes
+// announced, `sent` of them sent), then leaves or stalls.
+asio::ip::tcp::socket half_a_message(asio::io_context& io, const std::string& address, std::uint64_t length, std::size_t sent) {
+  auto s = hello_as_peer_1(io, address);
   auto head = wire::encode_header({wire::frame_type::data, 5, length});
   asio::write(s, asio::buffer(head));
   asio::write(s, asio::buffer(tr::bytes(sent, std::byte{0x11})));
@@ -287,4 +317,40 @@ TEST_CASE("tcp: a message cut off while it lands in posted memory is an error na
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2000));
     CHECK(peer0.stats().malformed_frames == 1);  // a truncated body
   }
+}
+
+TEST_CASE("tcp: every frame starts and every body lands on a 64-byte boundary of the stream, whatever the sizes") {
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = std::chrono::milliseconds(5000);
+  tr::tcp peer0(o);
+  asio::io_context io;
+  auto s = hello_as_peer_1(io, peer0.address());
+  peer0.connect();
+  const std::vector<std::size_t> sizes{5, 0, 64, 100, 1};
+  std::size_t expected = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const tr::bytes body(sizes[i], static_cast<std::byte>(0x40 + i));
+    peer0.send(1, 7 + i, body);
+    expected += 64 + (sizes[i] + 63) / 64 * 64;
+  }
+  std::vector<std::byte> stream(expected);
+  asio::read(s, asio::buffer(stream));
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    INFO("message " << i << " of " << sizes[i] << " bytes at stream offset " << at);
+    REQUIRE(at % 64 == 0);
+    const auto h = wire::decode_header(stream.data() + at, 1 << 20);
+    CHECK(h.type == wire::frame_type::data);
+    CHECK(h.tag == 7 + i);
+    REQUIRE(h.length == sizes[i]);
+    at += wire::header_bytes;
+    for (std::size_t j = 0; j < sizes[i]; ++j) CHECK(stream[at + j] == static_cast<std::byte>(0x40 + i));
+    at += sizes[i];
+    const auto pad = wire::padding(sizes[i]).size();
+    CHECK(std::all_of(stream.begin() + static_cast<std::ptrdiff_t>(at), stream.begin() + static_cast<std::ptrdiff_t>(at + pad),
+                      [](std::byte b) { return b == std::byte{0}; }));
+    at += pad;
+  }
+  CHECK(at == stream.size());
 }

@@ -115,7 +115,9 @@ class tcp {
     explicit connection(asio::io_context& io) : socket(io) {}
     asio::ip::tcp::socket socket;
     int rank = -1;  // -1 until its hello arrives
-    std::array<std::byte, wire::header_bytes> head{};
+    // The previous body's padding, then the next header: one read (I/O thread only).
+    std::array<std::byte, wire::frame_alignment + wire::header_bytes> head{};
+    std::size_t padding = 0;  // bytes of padding still to read before the next header
     bytes body;
     bool closed = false;  // I/O thread only
     // Data frames are written by the sending thread; closing takes this lock, so the descriptor
@@ -237,8 +239,10 @@ class tcp {
       with_connection(seed, [&](asio::ip::tcp::socket& s) {
         const bytes hello = wire::encode_body(my_hello(wire::hello_purpose::directory));
         const auto out_head = wire::encode_header({wire::frame_type::hello, 0, hello.size()});
-        std::array<asio::const_buffer, 2> out{asio::buffer(out_head), asio::buffer(hello)};
+        const auto out_pad = wire::padding(hello.size());
+        std::array<asio::const_buffer, 3> out{asio::buffer(out_head), asio::buffer(hello), asio::buffer(out_pad.data(), out_pad.size())};
         std::array<std::byte, wire::header_bytes> head{};
+        std::array<std::byte, wire::frame_alignment> pad{};
         bytes body;
         std::string failure = "no answer within the connect timeout";
         bool finished = false;
@@ -255,7 +259,9 @@ class tcp {
               failure = e.what();
               return;
             }
-            asio::async_read(s, asio::buffer(body), [&](const asio::error_code& ec3, std::size_t) {
+            // The padding too, so the asker closes a drained socket.
+            std::array<asio::mutable_buffer, 2> in{asio::buffer(body), asio::buffer(pad.data(), wire::padding(body.size()).size())};
+            asio::async_read(s, in, [&](const asio::error_code& ec3, std::size_t) {
               if (ec3) failure = ec3.message();
               else finished = true;
             });
@@ -297,7 +303,8 @@ class tcp {
 
     static void write_frame(asio::ip::tcp::socket& s, wire::frame_type type, tag_type tag, const bytes& body) {
       const auto head = wire::encode_header({type, tag, body.size()});
-      std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(body)};
+      const auto pad = wire::padding(body.size());
+      std::array<asio::const_buffer, 3> bufs{asio::buffer(head), asio::buffer(body), asio::buffer(pad.data(), pad.size())};
       asio::write(s, bufs);
     }
 
@@ -318,11 +325,14 @@ class tcp {
     }
 
     void read_next(const std::shared_ptr<connection>& c) {
-      asio::async_read(c->socket, asio::buffer(c->head), [this, c](const asio::error_code& ec, std::size_t) {
+      const std::size_t pad = c->padding;
+      asio::async_read(c->socket, asio::buffer(c->head.data(), pad + wire::header_bytes), [this, c, pad](const asio::error_code& ec, std::size_t) {
         if (ec) return lost(c, ec);
         wire::header h;
         try {
-          h = wire::decode_header(c->head.data(), opts.max_frame_bytes);
+          wire::check_zeros(c->head.data(), pad, "padding");
+          h = wire::decode_header(c->head.data() + pad, opts.max_frame_bytes);
+          c->padding = wire::padding(h.length).size();
           decentrain::detail::check((c->rank >= 0) == (h.type != wire::frame_type::hello),
                                     c->rank >= 0 ? "frame: a second hello on a connection"
                                                  : "frame: the first frame on a connection must be a hello");
@@ -447,7 +457,9 @@ class tcp {
         bytes body;
       };
       auto f = std::make_shared<frame>(frame{wire::encode_header({type, 0, body.size()}), std::move(body)});
-      std::array<asio::const_buffer, 2> bufs{asio::buffer(f->head), asio::buffer(f->body.data(), f->body.size())};
+      const auto pad = wire::padding(f->body.size());
+      std::array<asio::const_buffer, 3> bufs{asio::buffer(f->head), asio::buffer(f->body.data(), f->body.size()),
+                                             asio::buffer(pad.data(), pad.size())};
       asio::async_write(c->socket, bufs, [this, c, f](const asio::error_code& ec, std::size_t) {
         if (ec) lost(c, ec);
       });
@@ -485,10 +497,12 @@ class tcp {
     void write_data(connection& c, tag_type tag, std::span<const std::byte> data) {
       const int peer = c.rank;
       const auto head = wire::encode_header({wire::frame_type::data, tag, data.size()});
+      const auto pad = wire::padding(data.size());
       std::lock_guard write_lock(c.write_mutex);
       const int fd = c.socket.native_handle();
-      std::array<iovec, 2> parts{iovec{const_cast<std::byte*>(head.data()), head.size()},
-                                 iovec{const_cast<std::byte*>(data.data()), data.size()}};
+      std::array<iovec, 3> parts{iovec{const_cast<std::byte*>(head.data()), head.size()},
+                                 iovec{const_cast<std::byte*>(data.data()), data.size()},
+                                 iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
       std::size_t first = 0;
       const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
       while (first < parts.size()) {
