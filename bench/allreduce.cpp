@@ -2,8 +2,11 @@
 // in one run with OpenMPI's MPI_Allreduce and torch.distributed's gloo backend.
 //
 //   bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]
-//                   [--only decentrain,mpi-tcp,mpi-shm,gloo] [--json PATH]
+//                   [--only decentrain,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]
 //
+// With --rounds R every implementation runs R times, interleaved (all of them, then all of them
+// again), and a size's time is the median of its R times: this machine has slow spells of a
+// minute or more that would otherwise land on whichever implementation ran then.
 // Each implementation runs as `world` processes on this machine, sums float32 buffers of each
 // size in place (a first call is checked against the exact sum), then times a fixed number of
 // calls between barriers; a size's time is the slowest rank's mean. Bandwidths follow
@@ -227,7 +230,7 @@ int main(int argc, char** argv) try {
   std::vector<std::string> args(argv + 1, argv + argc);
   const char* usage =
       "usage: bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]\n"
-      "                       [--only decentrain,mpi-tcp,mpi-shm,gloo] [--json PATH]";
+      "                       [--only decentrain,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]";
   if (std::find(args.begin(), args.end(), "--help") != args.end()) {
     std::printf("%s\n", usage);
     return 0;
@@ -235,7 +238,7 @@ int main(int argc, char** argv) try {
   // Flags come in pairs; one nobody knows is an error before minutes of measuring (MPI's own
   // arguments only reach the workers, which mpirun starts with flags of their own).
   const std::vector<std::string> known = {"--world", "--out", "--chunk-bytes", "--worker", "--sizes", "--rank",
-                                          "--address-file", "--min-bytes", "--max-bytes", "--only", "--json"};
+                                          "--address-file", "--min-bytes", "--max-bytes", "--only", "--rounds", "--json"};
   const bool worker_run = std::find(args.begin(), args.end(), "--worker") != args.end();
   for (std::size_t i = 0; i < args.size() && !worker_run; i += 2) {
     dt::detail::check(std::find(known.begin(), known.end(), args[i]) != known.end(), "unknown option '", args[i], "'\n", usage);
@@ -277,6 +280,8 @@ int main(int argc, char** argv) try {
       dt::detail::check(impl == "decentrain" || impl == "mpi-tcp" || impl == "mpi-shm" || impl == "gloo", "unknown implementation '",
                         impl, "' in --only (decentrain, mpi-tcp, mpi-shm, gloo)");
   }
+  const int rounds = std::stoi(value("--rounds", "1"));
+  dt::detail::check(rounds >= 1, "--rounds must be at least 1");
   const std::string json_path = value("--json", "allreduce.json");
   bench::output_file json(json_path);  // opened first: a bad path fails before the minutes of measuring
 
@@ -286,11 +291,15 @@ int main(int argc, char** argv) try {
   const std::string size_list = join_sizes(sizes), w = std::to_string(world);
   const std::vector<std::string> mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", w};
 
-  std::map<std::string, std::vector<row>> results;
+  std::map<std::string, std::vector<std::vector<row>>> by_round;  // implementation -> round -> sizes
   std::map<std::string, std::string> skipped;
+  for (int round = 0; round < rounds; ++round)
   for (const auto& impl : impls) {
+    if (skipped.count(impl)) continue;
     const std::string file = dir + "/" + impl + ".csv";
-    std::fprintf(stderr, "running %s ...\n", impl.c_str());
+    std::fprintf(stderr, "round %d of %d: running %s ...\n", round + 1, rounds, impl.c_str());
+    fs::remove(file);
+    fs::remove(dir + "/address");  // the workers of a new run must not join the last run's rank 0
     try {
       if (impl == "decentrain") {
         std::vector<std::vector<std::string>> cmds;
@@ -311,13 +320,26 @@ int main(int argc, char** argv) try {
         run_all({{"/usr/bin/python3", DECENTRAIN_SOURCE_DIR "/bench/allreduce_gloo.py", "--world", w, "--sizes", size_list, "--out", file}},
                 std::chrono::seconds(900), impl);
       }
-      results[impl] = read_rows(file);
+      by_round[impl].push_back(read_rows(file));
+      dt::detail::check(by_round[impl].back().size() == sizes.size(), impl, " reported ", by_round[impl].back().size(), " sizes of ",
+                        sizes.size());
     } catch (const std::exception& e) {
       skipped[impl] = e.what();
+      by_round.erase(impl);
       std::fprintf(stderr, "%s: not measured: %s\n", impl.c_str(), e.what());
     }
   }
   fs::remove_all(dir);
+  std::map<std::string, std::vector<row>> results;  // the median round of each size
+  for (const auto& [impl, runs] : by_round)
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<row> of_size;
+      for (const auto& run : runs) of_size.push_back(run[i]);
+      std::sort(of_size.begin(), of_size.end(), [](const row& a, const row& b) { return a.seconds < b.seconds; });
+      row median = of_size[of_size.size() / 2];
+      if (of_size.size() % 2 == 0) median.seconds = (median.seconds + of_size[of_size.size() / 2 - 1].seconds) / 2;
+      results[impl].push_back(median);
+    }
 
   const double bus = 2.0 * (world - 1) / world;
   auto busbw = [&](const std::string& impl, std::size_t i) {
@@ -325,7 +347,7 @@ int main(int argc, char** argv) try {
     return it == results.end() || i >= it->second.size() ? 0.0 : static_cast<double>(it->second[i].bytes) / it->second[i].seconds * bus / 1e9;
   };
   std::printf("all-reduce (sum, float32, in place), %d processes on this machine; bus bandwidth GB/s "
-              "(nccl-tests: algbw x 2(N-1)/N)\n", world);
+              "(nccl-tests: algbw x 2(N-1)/N)%s\n", world, rounds > 1 ? (", median of " + std::to_string(rounds) + " rounds").c_str() : "");
   std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", "size", "ours us", "ours", "MPI tcp", "MPI shm", "gloo", "ours/MPI", "ours/gloo");
   json << "[\n";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -342,13 +364,29 @@ int main(int argc, char** argv) try {
     std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
                 cell(ours, 11, "").c_str(), cell(mt, 11, "").c_str(), cell(ms, 11, "").c_str(), cell(gl, 11, "").c_str(),
                 cell(ratio(ours, mt), 9, "x").c_str(), cell(ratio(ours, gl), 9, "x").c_str());
-    json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"ours_us\": " << us
-         << ", \"ours_busbw_gbs\": " << ours << ", \"mpi_tcp_busbw_gbs\": " << mt << ", \"mpi_shm_busbw_gbs\": " << ms
-         << ", \"gloo_busbw_gbs\": " << gl << ", \"ours_over_mpi_tcp\": " << ratio(ours, mt) << ", \"ours_over_gloo\": "
-         << ratio(ours, gl) << "}";
+    auto num = [](double v) {  // null: not measured
+      std::ostringstream text;
+      if (v > 0) text << v; else text << "null";
+      return text.str();
+    };
+    json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"rounds\": " << rounds
+         << ", \"ours_us\": " << num(us) << ", \"ours_busbw_gbs\": " << num(ours) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
+         << ", \"mpi_shm_busbw_gbs\": " << num(ms) << ", \"gloo_busbw_gbs\": " << num(gl) << ", \"ours_over_mpi_tcp\": "
+         << num(ratio(ours, mt)) << ", \"ours_over_gloo\": " << num(ratio(ours, gl)) << "}";
   }
   json << "\n]\n";
   json.close();
+  if (rounds > 1) {  // the spread behind each median
+    std::printf("\nbusbw GB/s of each round:\n");
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      std::printf("%9s", human(sizes[i]).c_str());
+      for (const auto& [impl, runs] : by_round) {
+        std::printf("  %s", impl.c_str());
+        for (const auto& run : runs) std::printf(" %.3f", static_cast<double>(run[i].bytes) / run[i].seconds * bus / 1e9);
+      }
+      std::printf("\n");
+    }
+  }
   for (const auto& [impl, why] : skipped) std::printf("%s: not measured (%s)\n", impl.c_str(), why.c_str());
   std::printf("rows written to %s\n", json_path.c_str());
   return skipped.empty() ? 0 : 1;
