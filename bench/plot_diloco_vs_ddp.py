@@ -2,7 +2,7 @@
 """Plots bench/diloco_vs_ddp's curves: validation loss against megabytes sent per peer, one line
 per run, bytes on a log axis (the runs differ by up to two orders of magnitude).
 
-  plot_diloco_vs_ddp.py CURVES.csv OUT.png
+  plot_diloco_vs_ddp.py CURVES.csv OUT.png [TITLE]
 
 Uses matplotlib from Debian's python3-matplotlib.
 """
@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     runs = defaultdict(list)
     with open(sys.argv[1]) as f:
@@ -34,7 +34,7 @@ def main():
     ax.set_xscale("log")
     ax.set_xlabel("MB sent per peer (log scale)")
     ax.set_ylabel("validation loss")
-    ax.set_title("4 peers, tinyshakespeare: validation loss against bytes sent")
+    ax.set_title(sys.argv[3] if len(sys.argv) == 4 else "4 peers, tinyshakespeare: validation loss against bytes sent")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -10170,8 +10170,7 @@ class tcp {
       with_connection(seed, [&](asio::ip::tcp::socket& s) {
         const bytes hello = wire::encode_body(my_hello(wire::hello_purpose::directory));
         const auto out_head = wire::encode_header({wire::frame_type::hello, 0, hello.size()});
-        const auto out_pad = wire::padding(hello.size());
-        std::array<asio::const_buffer, 3> out{asio::buffer(out_head), asio::buffer(hello), asio::buffer(out_pad.data(), out_pad.size())};
+        const auto out = frame_buffers(out_head, hello);
         std::array<std::byte, wire::header_bytes> head{};
         std::array<std::byte, wire::frame_alignment> pad{};
         bytes body;
@@ -10232,11 +10231,16 @@ class tcp {
       });
     }
 
+    // A frame as asio buffers: header, body, padding (head and body must outlive the write).
+    static std::array<asio::const_buffer, 3> frame_buffers(const std::array<std::byte, wire::header_bytes>& head,
+                                                           std::span<const std::byte> body) {
+      const auto pad = wire::padding(body.size());
+      return {asio::buffer(head), asio::buffer(body.data(), body.size()), asio::buffer(pad.data(), pad.size())};
+    }
+
     static void write_frame(asio::ip::tcp::socket& s, wire::frame_type type, tag_type tag, const bytes& body) {
       const auto head = wire::encode_header({type, tag, body.size()});
-      const auto pad = wire::padding(body.size());
-      std::array<asio::const_buffer, 3> bufs{asio::buffer(head), asio::buffer(body), asio::buffer(pad.data(), pad.size())};
-      asio::write(s, bufs);
+      asio::write(s, frame_buffers(head, body));
     }
 
     // ---- I/O thread ----
@@ -10388,10 +10392,7 @@ class tcp {
         bytes body;
       };
       auto f = std::make_shared<frame>(frame{wire::encode_header({type, 0, body.size()}), std::move(body)});
-      const auto pad = wire::padding(f->body.size());
-      std::array<asio::const_buffer, 3> bufs{asio::buffer(f->head), asio::buffer(f->body.data(), f->body.size()),
-                                             asio::buffer(pad.data(), pad.size())};
-      asio::async_write(c->socket, bufs, [this, c, f](const asio::error_code& ec, std::size_t) {
+      asio::async_write(c->socket, frame_buffers(f->head, f->body), [this, c, f](const asio::error_code& ec, std::size_t) {
         if (ec) lost(c, ec);
       });
     }
