@@ -349,26 +349,26 @@ int main(int argc, char** argv) try {
   std::printf("all-reduce (sum, float32, in place), %d processes on this machine; bus bandwidth GB/s "
               "(nccl-tests: algbw x 2(N-1)/N)%s\n", world, rounds > 1 ? (", median of " + std::to_string(rounds) + " rounds").c_str() : "");
   std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", "size", "ours us", "ours", "MPI tcp", "MPI shm", "gloo", "ours/MPI", "ours/gloo");
+  auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
+  // What was not measured prints as "-", never as a zero bandwidth or ratio.
+  auto cell = [](double v, int width, const char* suffix, int digits = 3) {
+    char buf[32];
+    if (v > 0) std::snprintf(buf, sizeof buf, "%*.*f%s", width - static_cast<int>(std::strlen(suffix)), digits, v, suffix);
+    else std::snprintf(buf, sizeof buf, "%*s", width, "-");
+    return std::string(buf);
+  };
+  auto num = [](double v) {  // null: not measured
+    std::ostringstream text;
+    if (v > 0) text << v; else text << "null";
+    return text.str();
+  };
   json << "[\n";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const double ours = busbw("decentrain", i), mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
     const double us = results.count("decentrain") ? results["decentrain"][i].seconds * 1e6 : 0.0;
-    auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
-    // What was not measured prints as "-", never as a zero bandwidth or ratio.
-    auto cell = [](double v, int width, const char* suffix, int digits = 3) {
-      char buf[32];
-      if (v > 0) std::snprintf(buf, sizeof buf, "%*.*f%s", width - static_cast<int>(std::strlen(suffix)), digits, v, suffix);
-      else std::snprintf(buf, sizeof buf, "%*s", width, "-");
-      return std::string(buf);
-    };
     std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
                 cell(ours, 11, "").c_str(), cell(mt, 11, "").c_str(), cell(ms, 11, "").c_str(), cell(gl, 11, "").c_str(),
                 cell(ratio(ours, mt), 9, "x").c_str(), cell(ratio(ours, gl), 9, "x").c_str());
-    auto num = [](double v) {  // null: not measured
-      std::ostringstream text;
-      if (v > 0) text << v; else text << "null";
-      return text.str();
-    };
     json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"rounds\": " << rounds
          << ", \"ours_us\": " << num(us) << ", \"ours_busbw_gbs\": " << num(ours) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
          << ", \"mpi_shm_busbw_gbs\": " << num(ms) << ", \"gloo_busbw_gbs\": " << num(gl) << ", \"ours_over_mpi_tcp\": "

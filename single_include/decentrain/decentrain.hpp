@@ -9033,9 +9033,9 @@ static_assert(endpoint<any_endpoint>);
 // The TCP wire format, kept free of sockets so it can be tested and fuzzed on its own.
 // A frame is a 64-byte header block (little-endian magic "DTRN", version, type, tag, body
 // length in its first 24 bytes, zeros after), the body, and zeros up to the next multiple of 64
-// bytes, so every body starts 64-byte aligned in the stream (see frame_alignment). Control bodies (hello, directory) are cereal portable-binary archives
-// whose strings and lists are read through bounded loaders; data bodies are the raw bytes a
-// collective sent. Everything here treats its input as hostile: sizes are checked before
+// bytes, so every body starts 64-byte aligned in the stream (see frame_alignment). Control
+// bodies (hello, directory) are cereal portable-binary archives whose strings and lists are read
+// through bounded loaders; data bodies are the raw bytes a collective sent. Everything here treats its input as hostile: sizes are checked before
 // anything is allocated, and every failure is a decentrain::error naming what was wrong.
 
 #include <cereal/archives/portable_binary.hpp>
