@@ -75,8 +75,8 @@ void send_raw(const std::string& address, const std::vector<std::byte>& data) {
   s.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
 }
 // A frame as a peer writes it (header, body, padding), except that `length` may lie.
-std::vector<std::byte> frame(wire::frame_type type, std::uint64_t length, const tr::bytes& body) {
-  const auto h = wire::encode_header({type, 0, length});
+std::vector<std::byte> frame(wire::frame_type type, std::uint64_t length, const tr::bytes& body, tr::tag_type tag = 0) {
+  const auto h = wire::encode_header({type, tag, length});
   std::vector<std::byte> out(h.size() + body.size() + wire::padding(body.size()).size(), std::byte{0});
   std::memcpy(out.data(), h.data(), h.size());
   if (!body.empty()) std::memcpy(out.data() + h.size(), body.data(), body.size());
@@ -353,4 +353,44 @@ TEST_CASE("tcp: every frame starts and every body lands on a 64-byte boundary of
     at += pad;
   }
   CHECK(at == stream.size());
+}
+
+TEST_CASE("tcp: bodies that come in uneven pieces with pauses land whole, larger than the read's low-water mark or not") {
+  // The reader waits for what is missing of a frame, capped: a wait for more than that (for a
+  // whole cap's worth at the end of a body, or a body's worth before a small header) would stall
+  // here, since the sender sends nothing more until its frames are answered.
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = std::chrono::milliseconds(5000);
+  o.recv_timeout = std::chrono::milliseconds(5000);
+  tr::tcp peer0(o);
+  asio::io_context io;
+  auto s = hello_as_peer_1(io, peer0.address());
+  peer0.connect();
+  const std::size_t big = (std::size_t{9} << 20) + 13;  // over twice the cap, not a multiple of 64
+  tr::bytes body(big);
+  for (std::size_t i = 0; i < big; ++i) body[i] = static_cast<std::byte>((i * 131 + i / 4093) & 0xff);
+  std::vector<std::byte> posted(big);
+  auto landed = std::async(std::launch::async, [&] { return peer0.exchange(-1, {}, 1, std::span<std::byte>(posted), 3); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // so the first body lands in posted memory
+
+  auto send_in_pieces = [&](const std::vector<std::byte>& frame_bytes) {
+    const std::vector<std::size_t> pieces{1, 63, 3 << 20, 700000, 1, 5 << 20};
+    std::size_t at = 0;
+    for (std::size_t k = 0; at < frame_bytes.size(); ++k) {
+      const std::size_t n = std::min(pieces[k % pieces.size()], frame_bytes.size() - at);
+      asio::write(s, asio::buffer(frame_bytes.data() + at, n));
+      at += n;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+  send_in_pieces(frame(wire::frame_type::data, big, body, 3));
+  send_in_pieces(frame(wire::frame_type::data, big, body, 4));  // nobody posted: a queued message
+  send_in_pieces(frame(wire::frame_type::data, 3, tr::bytes{std::byte{7}, std::byte{8}, std::byte{9}}, 4));
+
+  REQUIRE(landed.get() == big);
+  CHECK(std::ranges::equal(posted, body));
+  CHECK(peer0.recv(1, 4) == body);
+  CHECK(peer0.recv(1, 4) == tr::bytes{std::byte{7}, std::byte{8}, std::byte{9}});
+  CHECK(peer0.stats().malformed_frames == 0);
 }
