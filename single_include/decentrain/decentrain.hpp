@@ -10593,11 +10593,12 @@ static_assert(endpoint<tcp>);
 // ---- end decentrain/transport/transport.hpp ----
 // ---- begin decentrain/collective/communicator.hpp ----
 // Collectives over any transport endpoint: all-reduce (a chunked, pipelined ring for large
-// buffers; a binomial tree for small ones), broadcast, all-gather and barrier. Every peer must
+// buffers; recursive doubling for small ones), broadcast, all-gather and barrier. Every peer must
 // call the same collectives in the same order with the same sizes; a size that disagrees is
 // reported as an error naming the peer, never trusted.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -10609,11 +10610,15 @@ static_assert(endpoint<tcp>);
 namespace decentrain::collective {
 
 enum class reduce_op { sum, average, max, min };
-enum class algorithm { automatic, ring, tree };
+enum class algorithm { automatic, ring, recursive_doubling };
 
 struct options {
   std::size_t chunk_bytes = std::size_t{1} << 20;        // ring pipeline granularity
-  std::size_t tree_below_bytes = std::size_t{64} << 10;  // automatic: tree under this size
+  // automatic: recursive doubling under this size, the ring from it on. Over loopback with 4
+  // peers recursive doubling was 2x faster at 64 KiB and 1.4x at 256 KiB, the ring 1.3x faster
+  // at 1 MiB (bench/RESULTS.md). On high-latency links the crossover is higher (with 100 ms and
+  // 100 Mbit/s, about 10 MB for 4 peers): raise it there.
+  std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
 };
 
 // Bytes this communicator's collectives put on the wire (payload only).
@@ -10641,12 +10646,13 @@ class communicator {
     const auto tag = next_tag();
     if (world() == 1) return finish(data, op);
     if (algo == algorithm::automatic)
-      algo = data.size_bytes() < opts_.tree_below_bytes || data.size() < static_cast<std::size_t>(world()) ? algorithm::tree
-                                                                                                            : algorithm::ring;
+      algo = data.size_bytes() < opts_.recursive_doubling_below_bytes || data.size() < static_cast<std::size_t>(world())
+                 ? algorithm::recursive_doubling
+                 : algorithm::ring;
     if (algo == algorithm::ring)
       ring_all_reduce(data, op, tag);
     else
-      tree_all_reduce(data, op, tag);
+      recursive_doubling_all_reduce(data, op, tag);
     finish(data, op);
   }
 
@@ -10694,7 +10700,7 @@ class communicator {
 
   void barrier() {
     std::int32_t token = 0;
-    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::tree);
+    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);
   }
 
  private:
@@ -10743,21 +10749,30 @@ class communicator {
     return {reinterpret_cast<T*>(scratch_.data()), count};
   }
 
+  // into = into op from, or from op into when `from_first`: recursive doubling fixes the order
+  // so that both partners compute bit for bit the same (max(-0, +0) and NaN payloads depend on
+  // the order of the operands).
   template <class T>
-  static void combine(std::span<T> into, std::span<const T> from, reduce_op op) {
+  static void combine(std::span<T> into, std::span<const T> from, reduce_op op, bool from_first = false) {
     T* dst = into.data();
     const T* src = from.data();
     const std::size_t n = into.size();
+    auto apply = [&](auto f) {
+      if (from_first)
+        for (std::size_t i = 0; i < n; ++i) dst[i] = f(src[i], dst[i]);
+      else
+        for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
+    };
     switch (op) {
       case reduce_op::sum:
       case reduce_op::average:
-        for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+        apply([](T a, T b) { return static_cast<T>(a + b); });
         break;
       case reduce_op::max:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+        apply([](T a, T b) { return std::max(a, b); });
         break;
       case reduce_op::min:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+        apply([](T a, T b) { return std::min(a, b); });
         break;
     }
   }
@@ -10808,31 +10823,33 @@ class communicator {
     }
   }
 
-  // Binomial-tree reduce to rank 0, then broadcast back: log2(N) latencies, best for small buffers.
+  // Recursive doubling: in round k every peer swaps its partial result with the peer whose rank
+  // differs in bit k, and both combine the two, so after log2(P) rounds the P = 2^floor(log2 N)
+  // lowest peers all hold the total: log2(P) latencies, where reducing to one peer and
+  // broadcasting back takes 2 log2(N) (on a WAN link of 100 ms, 200 ms instead of 400 for 4
+  // peers). The N - P peers above P first hand their buffer to peer rank - P and get the total
+  // back from it at the end. The lower ranks' part is always the left operand, so every peer
+  // ends with the same bits. Each round sends the whole buffer, hence only for small buffers.
   template <class T>
-  void tree_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+  void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
     const int n = world(), r = rank();
-    for (int mask = 1; mask < n; mask <<= 1) {
-      if (r & mask) {
-        send(r - mask, tag, std::span<const T>(data));
-        break;
-      }
-      if (r + mask < n) {
-        auto in = scratch<T>(data.size());
-        receive(r + mask, in, tag, "all_reduce");
-        combine(data, std::span<const T>(in), op);
-      }
+    const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+    if (r >= p) {
+      send(r - p, tag, std::span<const T>(data));
+      receive(r - p, data, tag, "all_reduce");
+      return;
     }
-    int mask = 1;
-    while (mask < n) {
-      if (r & mask) {
-        receive(r - mask, data, tag, "all_reduce");
-        break;
-      }
-      mask <<= 1;
+    auto in = scratch<T>(data.size());
+    if (r + p < n) {
+      receive(r + p, in, tag, "all_reduce");
+      combine(data, std::span<const T>(in), op);
     }
-    for (mask >>= 1; mask > 0; mask >>= 1)
-      if (r + mask < n) send(r + mask, tag, std::span<const T>(data));
+    for (int mask = 1; mask < p; mask <<= 1) {
+      const int partner = r ^ mask;
+      exchange(partner, std::span<const T>(data), partner, in, tag, "all_reduce");
+      combine(data, std::span<const T>(in), op, partner < r);
+    }
+    if (r + p < n) send(r + p, tag, std::span<const T>(data));
   }
 
   Endpoint* ep_;

@@ -117,11 +117,12 @@ TEST_CASE("trainer: DiLoCo learns, keeps peers in step and sends H times fewer b
 
   // The trainer attributes bytes to the policy: the start broadcast of the parameters, then one
   // all-reduce per step for sync and per round for DiLoCo. The tiny model's 55 KiB gradient goes
-  // by the binomial tree, in which peer 0 of 4 sends the whole buffer to peers 2 and 1, as in the
-  // broadcast. Only the evaluation's scalar all-reduce is outside the policy.
+  // by recursive doubling, in which each of 4 peers sends the whole buffer in each of 2 rounds,
+  // as many bytes as peer 0 sends in the broadcast (to peers 2 and 1). Only the evaluation's
+  // scalar all-reduce is outside the policy.
   dt::rng init(1, "init");
   const auto P = static_cast<std::uint64_t>(dt::nn::gpt<dt::cpu>(tiny_config(small_corpus().tok.vocab_size()), init).parameters().numel());
-  REQUIRE(4 * P < dt::collective::options{}.tree_below_bytes);
+  REQUIRE(4 * P < dt::collective::options{}.recursive_doubling_below_bytes);
   CHECK(sync_r[0].last.policy_bytes_sent == (1 + 60) * 2 * 4 * P);
   CHECK(diloco_r[0].last.policy_bytes_sent == (1 + 6) * 2 * 4 * P);
   CHECK(sync_r[0].last.bytes_sent - sync_r[0].last.policy_bytes_sent < 64);

@@ -113,9 +113,9 @@ TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, un
                    "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
     TestType::run(n, [&](auto& ep) {
-      dt::collective::communicator comm(ep, {.chunk_bytes = 4096, .tree_below_bytes = 1024});
+      dt::collective::communicator comm(ep, {.chunk_bytes = 4096, .recursive_doubling_below_bytes = 1024});
       for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100003}}) {
-        for (auto algo : {algorithm::ring, algorithm::tree, algorithm::automatic}) {
+        for (auto algo : {algorithm::ring, algorithm::recursive_doubling, algorithm::automatic}) {
           std::vector<std::int64_t> v(size);
           for (std::size_t i = 0; i < size; ++i) v[i] = static_cast<std::int64_t>(i * 31 + 1) * (ep.rank() + 1) - 5;
           comm.all_reduce(std::span<std::int64_t>(v), reduce_op::sum, algo);
@@ -164,6 +164,35 @@ TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and l
   }
 }
 
+TEMPLATE_TEST_CASE("collective: recursive doubling leaves every peer with the same bits, 1..8 peers", "[collective]",
+                   TRANSPORTS) {
+  // Sums of floats of mixed magnitudes round differently in different orders, and max(-0, +0)
+  // depends on the order of its operands: the peers must still agree bit for bit.
+  for (int n = 1; n <= 8; ++n) {
+    TestType::run(n, [&](auto& ep) {
+      dt::collective::communicator comm(ep);
+      const int r = ep.rank();
+      std::vector<float> v(301), m(301);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        v[i] = std::ldexp(1.0f + 0.1f * static_cast<float>(i % 7), static_cast<int>((i + static_cast<std::size_t>(r) * 5) % 40) - 20);
+        m[i] = (i + static_cast<std::size_t>(r)) % 2 ? 0.0f : -0.0f;
+      }
+      comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::recursive_doubling);
+      comm.all_reduce(std::span<float>(m), reduce_op::max, algorithm::recursive_doubling);
+      CHECK(std::all_of(m.begin(), m.end(), [](float x) { return x == 0.0f; }));
+      const auto bits = [](const std::vector<float>& x) {
+        return dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float)));
+      };
+      const std::uint64_t mine[2] = {bits(v), bits(m)};
+      const auto all = comm.all_gather(std::span<const std::uint64_t>(mine, 2));
+      for (int q = 0; q < n; ++q) {
+        CHECK(all[static_cast<std::size_t>(2 * q)] == mine[0]);
+        CHECK(all[static_cast<std::size_t>(2 * q + 1)] == mine[1]);
+      }
+    });
+  }
+}
+
 TEMPLATE_TEST_CASE("collective: broadcast from every root and all-gather", "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
     TestType::run(n, [&](auto& ep) {
@@ -188,7 +217,7 @@ TEMPLATE_TEST_CASE("collective: peers that disagree on the size get an error nam
                                   [&](auto& ep) {
                                     dt::collective::communicator comm(ep);
                                     std::vector<float> v(ep.rank() == 0 ? 100 : 101, 1.0f);
-                                    comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::tree);
+                                    comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::recursive_doubling);
                                   }),
                     Catch::Contains("sent") && Catch::Contains("bytes where"));
 }

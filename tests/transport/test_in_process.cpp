@@ -1,7 +1,12 @@
 // The simulated links: time on a link is accounted as if the bytes travelled.
 #include <catch2/catch.hpp>
 
+#include <decentrain/collective/communicator.hpp>
 #include <decentrain/transport/in_process.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <span>
 
 #include <vector>
 
@@ -76,4 +81,27 @@ TEST_CASE("in_process: a failing peer wakes the others with the cause instead of
                       (void)ep.recv(2, 1);  // would wait a minute without the abort
                     }),
                     Catch::Contains("disk full"));
+}
+
+TEST_CASE("in_process: a small all-reduce waits log2(N) link latencies, not a reduce-and-broadcast's 2 log2(N)") {
+  // Recursive doubling on links of 100 ms: 4 peers finish in 200 ms, 8 in 300 ms; peers beyond a
+  // power of two add at most two hops (a tree reduce then broadcast would take 400 and 600 ms).
+  for (int n = 2; n <= 8; ++n) {
+    INFO(n << " peers");
+    in_process net(link_matrix(n, simulated_link{0.1, 1e12}));
+    std::vector<double> clock(static_cast<std::size_t>(n));
+    net.run([&](in_process::endpoint& ep) {
+      dt::collective::communicator comm(ep);
+      std::vector<float> v(16, static_cast<float>(ep.rank()));
+      comm.all_reduce(std::span<float>(v));
+      CHECK(v[15] == static_cast<float>(n * (n - 1) / 2));
+      clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
+    });
+    const int rounds = std::bit_width(static_cast<unsigned>(n)) - 1;
+    const double slowest = *std::max_element(clock.begin(), clock.end());
+    if (std::has_single_bit(static_cast<unsigned>(n)))
+      CHECK(slowest == Approx(0.1 * rounds));
+    else
+      CHECK(slowest <= 0.1 * (rounds + 2) + 1e-9);
+  }
 }
