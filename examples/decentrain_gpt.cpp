@@ -80,6 +80,9 @@ decentrain-gpt train [options]
   --advertise HOST       the host others reach this peer at (needed with --listen 0.0.0.0:PORT)
   --rank R --world W     ...as peer R of W
   --mpi                  every rank of mpirun is a peer (when built with MPI)
+  --link-in-flight MB    over TCP or MPI: the slowest link's bandwidth x latency in MB (100 Mbit/s
+                         x 100 ms = 1.25), so all-reduces move enough per step to hide latency;
+                         the same on every peer (simulated links size this on their own)
   --comm NAME            sync | local-sgd | diloco (default diloco)
   --inner-steps H        steps between averages for local-sgd and diloco (default 50)
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
@@ -515,6 +518,8 @@ int cmd_train_peers(const options& opt) {
   t.seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
   t.eval_every = opt.integer("eval-every", 250);
   t.eval_batches = opt.integer("eval-batches", 20);
+  t.collectives.link_bytes_in_flight = opt.real("link-in-flight", 0.0) * 1e6;
+  dt::detail::check(t.collectives.link_bytes_in_flight >= 0, "--link-in-flight must be >= 0 (MB)");
   opt.text("metrics", "");
   const std::string comm = opt.text("comm", "diloco");
   const auto inner = opt.integer("inner-steps", 50);

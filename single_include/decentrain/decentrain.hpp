@@ -8863,7 +8863,9 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -8928,20 +8930,58 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
   e.computed(seconds);
 };
 
-// Sends `out` to `to` (nothing when `to` < 0), then receives the next message from `from` with
-// `tag` into `in` and returns that message's size; `in` is written only when the sizes match.
-// A transport that can post `in` before it sends, so that the message lands there without a
-// buffer and a copy of its own (tcp), offers this as a member; the others send, recv and copy.
+// The slowest link of a network, the same figure on every peer: its largest latency and its
+// smallest bandwidth. A transport that knows its links (in_process) offers slowest_link() so the
+// collectives can size their steps to the links (see collective::options); real networks do not
+// know theirs in advance, and every peer must reach the same sizes, so they offer nothing.
+struct link_estimate {
+  double latency_s = 0.0;
+  double bytes_per_s = 0.0;
+  // Bytes a link holds in flight: what a sender must have on its way to keep it busy.
+  double bandwidth_delay_bytes() const { return latency_s * bytes_per_s; }
+};
+
+template <endpoint E>
+std::optional<link_estimate> slowest_link(const E& e) {
+  if constexpr (requires { { e.slowest_link() } -> std::convertible_to<std::optional<link_estimate>>; })
+    return e.slowest_link();
+  else
+    return std::nullopt;
+}
+
+// Called as each message of an exchange lands, in order: (its index, its size).
+using landed_fn = std::function<void(std::size_t index, std::size_t size)>;
+
+// Sends each of `outs` to `to` (nothing when `to` < 0), then receives the next ins.size()
+// messages from `from` with `tag`, the i-th into ins[i] (written only when the sizes match), and
+// calls landed(i, size) as each arrives, in order. Many messages in one exchange cost one
+// network latency, not one each: the collectives send a whole ring step's chunks this way. A
+// transport that can post `ins` before it sends, so that messages land there without a buffer
+// and a copy of their own (tcp), offers this as a member; the others send, recv and copy.
+template <endpoint E>
+void exchange(E& e, int to, std::span<const std::span<const std::byte>> outs, int from,
+              std::span<const std::span<std::byte>> ins, tag_type tag, const landed_fn& landed) {
+  if constexpr (requires { e.exchange(to, outs, from, ins, tag, landed); }) {
+    e.exchange(to, outs, from, ins, tag, landed);
+  } else {
+    if (to >= 0)
+      for (const auto& out : outs) e.send(to, tag, out);
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      const bytes message = e.recv(from, tag);
+      if (message.size() == ins[i].size() && !message.empty()) std::memcpy(ins[i].data(), message.data(), message.size());
+      landed(i, message.size());
+    }
+  }
+}
+
+// One message each way; returns the size of the one received.
 template <endpoint E>
 std::size_t exchange(E& e, int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
-  if constexpr (requires { { e.exchange(to, out, from, in, tag) } -> std::convertible_to<std::size_t>; }) {
-    return e.exchange(to, out, from, in, tag);
-  } else {
-    if (to >= 0) e.send(to, tag, out);
-    const bytes message = e.recv(from, tag);
-    if (message.size() == in.size() && !in.empty()) std::memcpy(in.data(), message.data(), in.size());
-    return message.size();
-  }
+  std::size_t got = 0;
+  const std::span<const std::byte> outs[1] = {out};
+  const std::span<std::byte> ins[1] = {in};
+  exchange(e, to, outs, from, ins, tag, [&](std::size_t, std::size_t size) { got = size; });
+  return got;
 }
 
 namespace detail {
@@ -8978,11 +9018,13 @@ class any_endpoint {
   int world() const { return get().world(); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { get().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return get().recv(peer, tag); }
-  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
-    return get().exchange(to, out, from, in, tag);
+  void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                tag_type tag, const landed_fn& landed) {
+    get().exchange(to, outs, from, ins, tag, landed);
   }
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
+  std::optional<link_estimate> slowest_link() const { return get().slowest_link(); }
 
  private:
   struct base {
@@ -8991,9 +9033,11 @@ class any_endpoint {
     virtual int world() const = 0;
     virtual void send(int, tag_type, std::span<const std::byte>) = 0;
     virtual bytes recv(int, tag_type) = 0;
-    virtual std::size_t exchange(int, std::span<const std::byte>, int, std::span<std::byte>, tag_type) = 0;
+    virtual void exchange(int, std::span<const std::span<const std::byte>>, int, std::span<const std::span<std::byte>>, tag_type,
+                          const landed_fn&) = 0;
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
+    virtual std::optional<link_estimate> slowest_link() const = 0;
   };
   template <class E>
   struct model final : base {
@@ -9002,11 +9046,13 @@ class any_endpoint {
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
     bytes recv(int p, tag_type t) override { return e.recv(p, t); }
-    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type t) override {
-      return transport::exchange(e, to, out, from, in, t);
+    void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                  tag_type t, const landed_fn& landed) override {
+      transport::exchange(e, to, outs, from, ins, t, landed);
     }
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
+    std::optional<link_estimate> slowest_link() const override { return transport::slowest_link(e); }
     E e;
   };
 
@@ -9254,6 +9300,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -9263,11 +9310,13 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 // condition variable, a timeout, and a way to fail every waiter when a peer or the network is
 // gone (so a peer blocked on a dead neighbour gets an error instead of hanging).
 //
-// A receiver that already knows where the next message of a (source, tag) should land can post
-// that memory first; the network thread then reads the body straight into it instead of into a
-// fresh buffer that the receiver would copy out of (a copy and an allocation a message, which in
-// a ring all-reduce is as much memory traffic as the reduction itself).
+// A receiver that already knows where the next messages of a (source, tag) should land can post
+// that memory first, one piece per message in order; the network thread then reads each body
+// straight into its piece instead of into a fresh buffer that the receiver would copy out of (a
+// copy and an allocation a message, which in a ring all-reduce is as much memory traffic as the
+// reduction itself).
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -9314,71 +9363,33 @@ class mailbox {
 
   // ---- posted receives (the receiving thread) ----
 
-  // Receives the next message from `source` with `tag` into `into` (used only when the sizes
-  // match) and returns its size. `start` runs after the memory is posted and before the wait,
-  // so a reply the caller sends in it can already land in place. When `timeout` passes while the
-  // network thread is writing into `into`, `stuck` must make it stop (close the connection);
-  // this returns only once nothing writes into `into` any more, also when it throws.
-  template <class Start, class Stuck>
-  std::size_t receive_into(int source, tag_type tag, std::span<std::byte> into, std::chrono::milliseconds timeout,
-                           Start&& start, Stuck&& stuck) {
+  // Receives the next into.size() messages from `source` with `tag`, the i-th into into[i] (used
+  // only when the sizes match), and calls landed(i, size) for each, in order, as it arrives (on
+  // this thread, without the lock, while later messages may still be landing). `start` runs
+  // after the memory is posted and before the wait, so what the caller sends in it can already
+  // be answered in place. When `timeout` passes between two messages while the network thread
+  // is writing into posted memory, `stuck` must make it stop (close the connection); this
+  // returns only once nothing writes into `into` any more, also when it (or `landed`) throws.
+  template <class Start, class Stuck, class Landed>
+  void receive_into(int source, tag_type tag, std::span<const std::span<std::byte>> into, std::chrono::milliseconds timeout,
+                    Start&& start, Stuck&& stuck, Landed&& landed) {
     const key k{source, tag};
     {
       std::lock_guard lock(mutex_);
       decentrain::detail::check(!posted_.count(k), "transport: two receives from peer ", source, " (tag ", tag,
                                 ") wait at once; one endpoint serves one receiving thread");
-      if (!queued(source, tag)) posted_.emplace(k, posting{into});
+      if (!into.empty()) {
+        auto& postings = posted_[k];
+        for (const auto& i : into) postings.push_back(posting{i});
+      }
     }
-    // From here `into` may be written by the network thread: settle the posting on every way out.
+    // From here `into` may be written by the network thread: settle the postings on every way out.
     try {
       start();
+      for (std::size_t i = 0; i < into.size(); ++i) landed(i, next_landed(k, into[i], timeout));
     } catch (...) {
       withdraw(k, stuck);
       throw;
-    }
-    std::unique_lock lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      auto p = posted_.find(k);
-      if (p != posted_.end() && p->second.state == posting::landed) {
-        const std::size_t size = p->second.size;
-        posted_.erase(p);
-        return size;
-      }
-      if (p != posted_.end() && p->second.state == posting::abandoned) {
-        posted_.erase(p);
-        throw_if_unreachable(source);
-        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
-      }
-      const bool claimed = p != posted_.end() && p->second.state == posting::claimed;
-      if (!claimed) {
-        // Not (or not yet) landing in place: a queued message is the next one in order.
-        if (auto m = take_queued(source, tag)) {
-          if (p != posted_.end()) posted_.erase(p);
-          const std::size_t size = m->payload.size();
-          if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
-          keep_spare(std::move(m->payload));
-          return size;
-        }
-        try {
-          throw_if_unreachable(source);
-        } catch (...) {
-          if (p != posted_.end()) posted_.erase(p);
-          throw;
-        }
-      }
-      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        p = posted_.find(k);
-        if (p != posted_.end() && p->second.state == posting::claimed) {
-          lock.unlock();
-          withdraw(k, stuck);
-          timed_out(source, tag, timeout);
-        }
-        if ((p == posted_.end() || p->second.state == posting::open) && !queued(source, tag)) {
-          if (p != posted_.end()) posted_.erase(p);
-          timed_out(source, tag, timeout);
-        }
-      }
     }
   }
 
@@ -9390,10 +9401,15 @@ class mailbox {
   std::optional<std::span<std::byte>> claim(int source, tag_type tag, std::size_t length) {
     std::lock_guard lock(mutex_);
     auto p = posted_.find({source, tag});
-    if (p == posted_.end() || p->second.state != posting::open || p->second.into.size() != length || queued(source, tag))
-      return std::nullopt;
-    p->second.state = posting::claimed;
-    return p->second.into;
+    if (p == posted_.end() || queued(source, tag)) return std::nullopt;
+    // Postings before the first open one have their messages (landed, or being written).
+    for (auto& q : p->second)
+      if (q.state == posting::open) {
+        if (q.into.size() != length) return std::nullopt;
+        q.state = posting::claimed;
+        return q.into;
+      }
+    return std::nullopt;
   }
   void landed(int source, tag_type tag) { settle(source, tag, posting::landed); }
 
@@ -9483,38 +9499,84 @@ class mailbox {
     {
       std::lock_guard lock(mutex_);
       auto p = posted_.find({source, tag});
-      if (p == posted_.end() || p->second.state != posting::claimed) return;
-      p->second.state = state;
-      p->second.size = p->second.into.size();
+      if (p == posted_.end()) return;
+      auto q = std::find_if(p->second.begin(), p->second.end(), is_claimed);
+      if (q == p->second.end()) return;
+      q->state = state;
+      q->size = q->into.size();
     }
     ready_.notify_all();
   }
 
-  // Takes a posting back. One the network thread is writing into cannot just be dropped: `stuck`
-  // stops that write (closing its connection), and this waits until it has settled.
+  static bool is_claimed(const posting& p) { return p.state == posting::claimed; }
+  bool any_claimed(const key& k) const {
+    auto p = posted_.find(k);
+    return p != posted_.end() && std::any_of(p->second.begin(), p->second.end(), is_claimed);
+  }
+
+  // Waits for the message of the first of k's postings (`into`) and returns its size: landed in
+  // place, or queued (copied into `into` when the sizes match). Throws when it was cut off, when
+  // the peer is unreachable, or when `timeout` passes; the caller then withdraws the postings
+  // (stopping a write still in progress).
+  std::size_t next_landed(const key& k, std::span<std::byte> into, std::chrono::milliseconds timeout) {
+    const auto [source, tag] = k;
+    std::unique_lock lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto& postings = posted_.at(k);
+      posting& first = postings.front();
+      if (first.state == posting::landed) {
+        const std::size_t size = first.size;
+        pop_first(k);
+        return size;
+      }
+      if (first.state == posting::abandoned) {
+        throw_if_unreachable(source);
+        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
+      }
+      if (first.state == posting::open) {
+        // Not (or not yet) landing in place: a queued message is the next one in order.
+        if (auto m = take_queued(source, tag)) {
+          pop_first(k);
+          const std::size_t size = m->payload.size();
+          if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
+          keep_spare(std::move(m->payload));
+          return size;
+        }
+        throw_if_unreachable(source);
+      }
+      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        auto& now = posted_.at(k).front();
+        if (now.state == posting::claimed || (now.state == posting::open && !queued(source, tag)))
+          timed_out(source, tag, timeout);
+      }
+    }
+  }
+
+  void pop_first(const key& k) {
+    auto p = posted_.find(k);
+    p->second.pop_front();
+    if (p->second.empty()) posted_.erase(p);
+  }
+
+  // Takes k's postings back. One the network thread is writing into cannot just be dropped:
+  // `stuck` stops that write (closing its connection), and this waits until it has settled.
   template <class Stuck>
   void withdraw(const key& k, Stuck& stuck) {
     std::unique_lock lock(mutex_);
-    auto p = posted_.find(k);
-    if (p == posted_.end()) return;
-    if (p->second.state == posting::claimed) {
+    if (any_claimed(k)) {
       lock.unlock();
       stuck();
       lock.lock();
-      ready_.wait(lock, [&] {
-        auto q = posted_.find(k);
-        return q == posted_.end() || q->second.state != posting::claimed;
-      });
-      p = posted_.find(k);
-      if (p == posted_.end()) return;
+      ready_.wait(lock, [&] { return !any_claimed(k); });
     }
-    posted_.erase(p);
+    posted_.erase(k);
   }
 
   std::mutex mutex_;
   std::condition_variable ready_;
   std::map<key, std::deque<message>> queues_;
-  std::map<key, posting> posted_;
+  std::map<key, std::deque<posting>> posted_;  // in the order their messages will come
   std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, std::string> closed_;
   std::string failure_;
@@ -9661,6 +9723,8 @@ class in_process {
       return s;
     }
 
+    std::optional<link_estimate> slowest_link() const { return net_->slowest; }
+
     // Marks the whole network failed: every peer blocked in recv gets `reason` as an error.
     void abort(const std::string& reason) {
       for (auto& b : net_->boxes) b.fail_all(reason);
@@ -9737,10 +9801,21 @@ class in_process {
 
  private:
   struct shared {
-    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {}
+    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {
+      for (int s = 0; s < links.world(); ++s)
+        for (int d = 0; d < links.world(); ++d)
+          if (s != d) {
+            const auto& l = links.at(s, d);
+            link_estimate e{l.latency_s + l.jitter_s, l.bandwidth_bytes_per_s};
+            if (!slowest) slowest = e;
+            slowest->latency_s = std::max(slowest->latency_s, e.latency_s);
+            slowest->bytes_per_s = std::min(slowest->bytes_per_s, e.bytes_per_s);
+          }
+    }
     link_matrix links;
     options opts;
     std::vector<detail::mailbox> boxes;
+    std::optional<link_estimate> slowest;  // none for a world of one
   };
   std::shared_ptr<shared> net_;
 };
@@ -10029,10 +10104,11 @@ class tcp {
   int world() const { return self_->opts.world; }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag); }
-  // Sends `out` (when `to` >= 0) and receives the message from `from` straight into `in`; see
+  // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
   // transport::exchange.
-  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
-    return self_->exchange(to, out, from, in, tag);
+  void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                tag_type tag, const landed_fn& landed) {
+    self_->exchange(to, outs, from, ins, tag, landed);
   }
   void computed(double) {}
   traffic_stats stats() const { return self_->stats(); }
@@ -10512,23 +10588,28 @@ class tcp {
       return std::move(m.payload);
     }
 
-    // Posts `in` for the message from `from` before sending `out`: the I/O thread then reads
-    // that message's body straight into `in` (see mailbox::receive_into).
-    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+    // Posts `ins` for the messages from `from` before sending `outs`: the I/O thread then reads
+    // those bodies straight into `ins` (see mailbox::receive_into).
+    void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                  tag_type tag, const landed_fn& landed) {
       decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
                                 " (world of ", opts.world, ")");
       auto t0 = std::chrono::steady_clock::now();
-      const std::size_t size = box.receive_into(
-          from, tag, in, opts.recv_timeout,
+      box.receive_into(
+          from, tag, ins, opts.recv_timeout,
           [&] {
-            if (to >= 0) send(to, tag, out);
+            if (to >= 0)
+              for (const auto& out : outs) send(to, tag, out);
             t0 = std::chrono::steady_clock::now();
           },
-          [&] { give_up_on(from, "its message did not finish within the receive timeout"); });
-      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      bytes_received += size;
-      ++messages_received;
-      return size;
+          [&] { give_up_on(from, "its message did not finish within the receive timeout"); },
+          [&](std::size_t i, std::size_t size) {
+            wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            bytes_received += size;
+            ++messages_received;
+            landed(i, size);
+            t0 = std::chrono::steady_clock::now();
+          });
     }
 
     // From the training thread: closes the connection to `peer` on the I/O thread, which ends a
@@ -10612,13 +10693,27 @@ namespace decentrain::collective {
 enum class reduce_op { sum, average, max, min };
 enum class algorithm { automatic, ring, recursive_doubling };
 
+// Message sizes. Over a link that holds B bytes in flight (bandwidth x latency), a ring step
+// should move several B per window, or it spends its time waiting for the first bytes; and below
+// a few B, recursive doubling's log2(N) latencies beat the ring's 2(N - 1). So both sizes below
+// are raised to at least in_flight_multiple x B, where B is what the transport knows of its
+// slowest link (transport::slowest_link: in_process) or, where it cannot tell (tcp, mpi),
+// link_bytes_in_flight as the user gives it (over the internet, 100 ms x 100 Mbit/s = 1.25 MB).
+// Every peer must be given the same options (the first ring all-reduce checks the ring's sizes).
 struct options {
-  std::size_t chunk_bytes = std::size_t{1} << 20;        // ring pipeline granularity
+  // The ring's messages: each chunk is added in as soon as it lands, while the next arrives.
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  // How much of a segment a ring step moves before the next step starts. One chunk keeps what a
+  // step reduces in cache for the next step's send (more was 10% slower over loopback); more
+  // hides latency: a step costs one latency per window, not one per chunk.
+  std::size_t window_bytes = std::size_t{1} << 20;
   // automatic: recursive doubling under this size, the ring from it on. Over loopback with 4
   // peers recursive doubling was 2x faster at 64 KiB and 1.4x at 256 KiB, the ring 1.3x faster
-  // at 1 MiB (bench/RESULTS.md). On high-latency links the crossover is higher (with 100 ms and
-  // 100 Mbit/s, about 10 MB for 4 peers): raise it there.
+  // at 1 MiB (bench/RESULTS.md).
   std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
+  // The slowest link's bandwidth x latency in bytes, for transports that cannot tell; 0: unknown.
+  double link_bytes_in_flight = 0.0;
+  double in_flight_multiple = 8.0;
 };
 
 // Bytes this communicator's collectives put on the wire (payload only).
@@ -10633,7 +10728,19 @@ class communicator {
  public:
   explicit communicator(Endpoint& ep, options opts = {}) : ep_(&ep), opts_(opts) {
     decentrain::detail::check(opts.chunk_bytes > 0, "communicator: chunk_bytes must be > 0");
+    decentrain::detail::check(opts.window_bytes > 0, "communicator: window_bytes must be > 0");
+    decentrain::detail::check(opts.link_bytes_in_flight >= 0 && opts.in_flight_multiple >= 0,
+                              "communicator: link_bytes_in_flight and in_flight_multiple must be >= 0");
+    double in_flight = opts.link_bytes_in_flight;
+    if (const auto link = transport::slowest_link(ep)) in_flight = std::max(in_flight, link->bandwidth_delay_bytes());
+    // Capped so that a huge estimate cannot overflow; 1 GiB is far beyond any message size.
+    const auto at_least = static_cast<std::size_t>(std::min(opts.in_flight_multiple * in_flight, double(std::size_t{1} << 30)));
+    opts_.window_bytes = std::max(opts_.window_bytes, at_least);
+    opts_.recursive_doubling_below_bytes = std::max(opts_.recursive_doubling_below_bytes, at_least);
   }
+
+  // The sizes in use: the options given, raised to the links where the transport knows them.
+  const options& settings() const { return opts_; }
 
   int rank() const { return ep_->rank(); }
   int world() const { return ep_->world(); }
@@ -10731,7 +10838,11 @@ class communicator {
     const std::size_t got = transport::exchange(*ep_, to, std::as_bytes(out), from, std::as_writable_bytes(in), tag);
     if (to >= 0) counters_.bytes_sent += out.size_bytes();
     counters_.bytes_received += got;
-    decentrain::detail::check(got == in.size_bytes(), what, ": peer ", from, " sent ", got, " bytes where ", in.size_bytes(),
+    check_size(got, in.size_bytes(), from, what);
+  }
+
+  static void check_size(std::size_t got, std::size_t expected, int from, const char* what) {
+    decentrain::detail::check(got == expected, what, ": peer ", from, " sent ", got, " bytes where ", expected,
                               " were expected (the peers disagree on the buffer size or call order)");
   }
 
@@ -10789,11 +10900,16 @@ class communicator {
   }
 
   // Reduce-scatter then all-gather around the ring. The buffer is cut into `world` segments and
-  // each segment into chunks; for each chunk index both phases run before the next, so a chunk
-  // moves on as soon as it is reduced instead of waiting for its whole segment (pipelining).
+  // each segment into chunks. In each of the 2(world - 1) steps every peer sends one segment to
+  // its right neighbour and receives one from its left, all its chunks in one exchange: they
+  // follow each other on the wire without waiting for replies, so a step costs one latency
+  // however many chunks it has (chunk by chunk, a 100 MB all-reduce of 4 peers over 100 ms links
+  // waited 25 x 6 latencies), and each chunk is added in as soon as it lands while the next ones
+  // are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
   void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+    agree_on_ring_sizes();
     const int n = world(), r = rank();
     const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
                       extra = total % static_cast<std::size_t>(n);
@@ -10807,20 +10923,51 @@ class communicator {
     };
     const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
     const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
+    const std::size_t window = std::max<std::size_t>(1, opts_.window_bytes / (chunk * sizeof(T)));  // chunks
     auto piece = [&](int s, std::size_t c) {
       const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
       return data.subspan(seg_begin(s) + from, to - from);
     };
-    for (std::size_t c = 0; c < chunks; ++c) {
-      for (int s = 0; s < n - 1; ++s) {  // reduce-scatter: segment r+1 ends fully reduced here
-        auto into = piece(r - s - 1, c);
-        auto in = scratch<T>(into.size());
-        exchange(right(), std::span<const T>(piece(r - s, c)), left(), in, tag, "all_reduce");
-        combine(into, std::span<const T>(in), op);
+    const auto in = scratch<T>(std::min(chunks, window) * chunk);
+    std::vector<std::span<const std::byte>> outs;
+    std::vector<std::span<std::byte>> ins;
+    // Sends chunks [first, last) of segment `out_seg`, receives those of `in_seg`: added into
+    // place when `reduce`, else written there.
+    auto step = [&](std::size_t first, std::size_t last, int out_seg, int in_seg, bool reduce) {
+      outs.clear();
+      ins.clear();
+      for (std::size_t c = first; c < last; ++c) {
+        outs.push_back(std::as_bytes(piece(out_seg, c)));
+        const auto dst = piece(in_seg, c);
+        ins.push_back(reduce ? std::as_writable_bytes(in.subspan((c - first) * chunk, dst.size())) : std::as_writable_bytes(dst));
       }
-      for (int s = 0; s < n - 1; ++s)  // all-gather of the reduced segments, straight into place
-        exchange(right(), std::span<const T>(piece(r + 1 - s, c)), left(), piece(r - s, c), tag, "all_reduce");
+      transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
+        check_size(got, ins[i].size(), left(), "all_reduce");
+        counters_.bytes_received += got;
+        if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
+      });
+      for (const auto& o : outs) counters_.bytes_sent += o.size();
+    };
+    for (std::size_t first = 0; first < chunks; first += window) {
+      const std::size_t last = std::min(chunks, first + window);
+      for (int s = 0; s < n - 1; ++s) step(first, last, r - s, r - s - 1, true);  // reduce-scatter: segment r+1 ends reduced here
+      for (int s = 0; s < n - 1; ++s) step(first, last, r + 1 - s, r - s, false);  // all-gather, straight into place
     }
+  }
+
+  // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
+  // the same size, from other chunks or steps) and add them up without noticing: before the
+  // first ring all-reduce the peers compare the sizes they use.
+  void agree_on_ring_sizes() {
+    if (ring_sizes_agreed_) return;
+    const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
+    std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
+    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, ++sequence_);
+    decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
+                              "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
+                              sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
+                              "): every peer must be given the same collective::options");
+    ring_sizes_agreed_ = true;
   }
 
   // Recursive doubling: in round k every peer swaps its partial result with the peer whose rank
@@ -10856,6 +11003,7 @@ class communicator {
   options opts_;
   counters counters_;
   transport::tag_type sequence_ = 0;
+  bool ring_sizes_agreed_ = false;
   // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
   // that typedef'd anonymous struct.
   struct alignas(std::max_align_t) scratch_block {
@@ -11437,6 +11585,9 @@ struct trainer_options {
   // Time compute with this thread's CPU clock instead of the wall clock: right for simulated
   // peers sharing a machine's cores, where wall time would count the other peers' work too.
   bool compute_on_thread_clock = false;
+  // Message sizes of the collectives (the same on every peer); over TCP across the internet set
+  // collectives.link_bytes_in_flight (simulated links size them on their own).
+  collective::options collectives;
 
   void validate() const {
     decentrain::detail::check(steps >= 1, "trainer: steps must be >= 1, got ", steps);
@@ -11546,7 +11697,7 @@ class trainer {
           ParallelPolicy parallel = {}, FaultPolicy fault = {})
       : options_(validated(options)),
         endpoint_(std::move(endpoint)),
-        comm_(endpoint_),
+        comm_(endpoint_, options_.collectives),
         model_(make_model(config, options.seed)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
         schedule_{options.lr, options.min_lr,

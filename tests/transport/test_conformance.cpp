@@ -102,6 +102,54 @@ TEMPLATE_TEST_CASE("transport: exchange lands messages in order in the caller's 
   }
 }
 
+TEMPLATE_TEST_CASE("transport: one exchange of many messages lands each in its own memory, in order, as it arrives",
+                   "[transport]", TRANSPORTS) {
+  for (int n : {1, 2, 3}) {
+    TestType::run(n, [&](auto& ep) {
+      const int r = ep.rank(), right = (r + 1) % n, left = (r + n - 1) % n;
+      auto pattern = [](int from, std::size_t i, std::size_t count) {
+        std::vector<std::uint32_t> v(count);
+        std::iota(v.begin(), v.end(), static_cast<std::uint32_t>(from * 1'000'000 + static_cast<int>(i) * 10'000));
+        return v;
+      };
+      // The third message is smaller than its memory: its size is reported, its memory left
+      // alone, and the messages after it still land in their own.
+      const std::vector<std::size_t> sent{70'000, 0, 5, 30'000, 1}, offered{70'000, 0, 7, 30'000, 1};
+      std::vector<std::vector<std::uint32_t>> outs, ins;
+      std::vector<std::span<const std::byte>> out_spans;
+      std::vector<std::span<std::byte>> in_spans;
+      for (std::size_t i = 0; i < sent.size(); ++i) {
+        outs.push_back(pattern(r, i, sent[i]));
+        ins.emplace_back(offered[i], 0xABABABABu);
+      }
+      for (std::size_t i = 0; i < sent.size(); ++i) {
+        out_spans.push_back(std::as_bytes(std::span<const std::uint32_t>(outs[i])));
+        in_spans.push_back(std::as_writable_bytes(std::span<std::uint32_t>(ins[i])));
+      }
+      std::vector<std::size_t> order, sizes;
+      dt::transport::exchange(ep, right, out_spans, left, in_spans, 9, [&](std::size_t i, std::size_t size) {
+        order.push_back(i);
+        sizes.push_back(size);
+        if (sent[i] == offered[i]) CHECK(ins[i] == pattern(left, i, sent[i]));  // complete when reported
+      });
+      CHECK(order == std::vector<std::size_t>{0, 1, 2, 3, 4});
+      CHECK(sizes == std::vector<std::size_t>{280'000, 0, 20, 120'000, 4});
+      CHECK(ins[2] == std::vector<std::uint32_t>(7, 0xABABABABu));
+      // A callback that throws ends the exchange; what it did not take is not left posted, and
+      // later receives of the tag find the rest in order.
+      ep.send(right, 10, std::as_bytes(std::span<const std::uint32_t>(outs[0])));
+      ep.send(right, 10, std::as_bytes(std::span<const std::uint32_t>(outs[3])));
+      CHECK_THROWS_WITH(dt::transport::exchange(ep, -1, {}, left, in_spans, 10,
+                                                [&](std::size_t, std::size_t) { throw dt::error("stop here"); }),
+                        Catch::Contains("stop here"));
+      CHECK(ins[0] == pattern(left, 0, 70'000));
+      std::vector<std::uint32_t> rest(30'000);
+      CHECK(dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(rest)), 10) == 120'000);
+      CHECK(rest == pattern(left, 3, 30'000));
+    });
+  }
+}
+
 TEMPLATE_TEST_CASE("transport: a bad peer index is an error naming it", "[transport]", TRANSPORTS) {
   TestType::run(2, [&](auto& ep) {
     CHECK_THROWS_WITH(ep.send(2, 1, {}), Catch::Contains("peer 2"));
@@ -220,4 +268,17 @@ TEMPLATE_TEST_CASE("collective: peers that disagree on the size get an error nam
                                     comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::recursive_doubling);
                                   }),
                     Catch::Contains("sent") && Catch::Contains("bytes where"));
+}
+
+TEMPLATE_TEST_CASE("collective: peers given different ring sizes get an error, not a wrong sum", "[collective]", TRANSPORTS) {
+  // Same chunks, different windows: every message has the size the receiver expects, but they
+  // would pair chunks of different steps. The first ring all-reduce compares the sizes instead.
+  CHECK_THROWS_WITH(TestType::run(3,
+                                  [&](auto& ep) {
+                                    dt::collective::communicator comm(
+                                        ep, {.chunk_bytes = 1024, .window_bytes = ep.rank() == 1 ? 4096u : 1024u, .in_flight_multiple = 0});
+                                    std::vector<float> v(30'000, 1.0f);
+                                    comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::ring);
+                                  }),
+                    Catch::Contains("different ring sizes") && Catch::Contains("window_bytes from 1024 to 4096"));
 }

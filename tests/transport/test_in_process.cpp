@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <mutex>
 #include <span>
 
 #include <vector>
@@ -104,4 +105,33 @@ TEST_CASE("in_process: a small all-reduce waits log2(N) link latencies, not a re
     else
       CHECK(slowest <= 0.1 * (rounds + 2) + 1e-9);
   }
+}
+
+TEST_CASE("in_process: over high-latency links the ring pays one latency per step, not one per chunk") {
+  // 16 MiB over 4 peers on links of 100 ms and 12.5 MB/s: each peer sends 1.5 x 16 MiB, 2.01 s of
+  // wire time, plus 6 steps of 100 ms, plus 2 for the peers' check (on a communicator's first
+  // ring) that they use the same sizes. Chunk by chunk (4 chunks a segment): 24 latencies.
+  const int n = 4;
+  const double latency = 0.1, bandwidth = 12.5e6;
+  auto run = [&](dt::collective::options opts) {
+    in_process net(link_matrix(n, simulated_link{latency, bandwidth}));
+    double slowest = 0;
+    std::mutex m;
+    net.run([&](in_process::endpoint& ep) {
+      dt::collective::communicator comm(ep, opts);
+      if (opts.in_flight_multiple > 0) CHECK(comm.settings().window_bytes >= std::size_t{10'000'000});
+      std::vector<float> v(std::size_t{4} << 20, static_cast<float>(ep.rank() + 1));
+      comm.all_reduce(std::span<float>(v), dt::collective::reduce_op::sum, dt::collective::algorithm::ring);
+      CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 10.0f; }));
+      std::lock_guard lock(m);
+      slowest = std::max(slowest, ep.stats().clock_seconds);
+    });
+    return slowest;
+  };
+  const double wire = 1.5 * static_cast<double>(std::size_t{16} << 20) / bandwidth;
+  const double windowed = run({});
+  CHECK(windowed >= wire);
+  CHECK(windowed <= 1.05 * (wire + (2 * (n - 1) + 2) * latency));
+  const double chunked = run({.in_flight_multiple = 0.0});  // one chunk per step, as before
+  CHECK(chunked > windowed + 1.5);
 }

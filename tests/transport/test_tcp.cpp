@@ -292,7 +292,7 @@ TEST_CASE("tcp: a message cut off while it lands in posted memory is an error na
 
   // The receive is posted first, so the body is read straight into `in`.
   auto receive = [&] {
-    return std::async(std::launch::async, [&] { return peer0.exchange(-1, {}, 1, posted, 5); });
+    return std::async(std::launch::async, [&] { return tr::exchange(peer0, -1, {}, 1, posted, 5); });
   };
   SECTION("the sender stalls in the middle of the body: the receive times out and drops the connection") {
     const auto t0 = std::chrono::steady_clock::now();
@@ -371,7 +371,7 @@ TEST_CASE("tcp: bodies that come in uneven pieces with pauses land whole, larger
   tr::bytes body(big);
   for (std::size_t i = 0; i < big; ++i) body[i] = static_cast<std::byte>((i * 131 + i / 4093) & 0xff);
   std::vector<std::byte> posted(big);
-  auto landed = std::async(std::launch::async, [&] { return peer0.exchange(-1, {}, 1, std::span<std::byte>(posted), 3); });
+  auto landed = std::async(std::launch::async, [&] { return tr::exchange(peer0, -1, {}, 1, std::span<std::byte>(posted), 3); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // so the first body lands in posted memory
 
   auto send_in_pieces = [&](const std::vector<std::byte>& frame_bytes) {

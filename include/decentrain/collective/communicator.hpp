@@ -21,13 +21,27 @@ namespace decentrain::collective {
 enum class reduce_op { sum, average, max, min };
 enum class algorithm { automatic, ring, recursive_doubling };
 
+// Message sizes. Over a link that holds B bytes in flight (bandwidth x latency), a ring step
+// should move several B per window, or it spends its time waiting for the first bytes; and below
+// a few B, recursive doubling's log2(N) latencies beat the ring's 2(N - 1). So both sizes below
+// are raised to at least in_flight_multiple x B, where B is what the transport knows of its
+// slowest link (transport::slowest_link: in_process) or, where it cannot tell (tcp, mpi),
+// link_bytes_in_flight as the user gives it (over the internet, 100 ms x 100 Mbit/s = 1.25 MB).
+// Every peer must be given the same options (the first ring all-reduce checks the ring's sizes).
 struct options {
-  std::size_t chunk_bytes = std::size_t{1} << 20;        // ring pipeline granularity
+  // The ring's messages: each chunk is added in as soon as it lands, while the next arrives.
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  // How much of a segment a ring step moves before the next step starts. One chunk keeps what a
+  // step reduces in cache for the next step's send (more was 10% slower over loopback); more
+  // hides latency: a step costs one latency per window, not one per chunk.
+  std::size_t window_bytes = std::size_t{1} << 20;
   // automatic: recursive doubling under this size, the ring from it on. Over loopback with 4
   // peers recursive doubling was 2x faster at 64 KiB and 1.4x at 256 KiB, the ring 1.3x faster
-  // at 1 MiB (bench/RESULTS.md). On high-latency links the crossover is higher (with 100 ms and
-  // 100 Mbit/s, about 10 MB for 4 peers): raise it there.
+  // at 1 MiB (bench/RESULTS.md).
   std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
+  // The slowest link's bandwidth x latency in bytes, for transports that cannot tell; 0: unknown.
+  double link_bytes_in_flight = 0.0;
+  double in_flight_multiple = 8.0;
 };
 
 // Bytes this communicator's collectives put on the wire (payload only).
@@ -42,7 +56,19 @@ class communicator {
  public:
   explicit communicator(Endpoint& ep, options opts = {}) : ep_(&ep), opts_(opts) {
     decentrain::detail::check(opts.chunk_bytes > 0, "communicator: chunk_bytes must be > 0");
+    decentrain::detail::check(opts.window_bytes > 0, "communicator: window_bytes must be > 0");
+    decentrain::detail::check(opts.link_bytes_in_flight >= 0 && opts.in_flight_multiple >= 0,
+                              "communicator: link_bytes_in_flight and in_flight_multiple must be >= 0");
+    double in_flight = opts.link_bytes_in_flight;
+    if (const auto link = transport::slowest_link(ep)) in_flight = std::max(in_flight, link->bandwidth_delay_bytes());
+    // Capped so that a huge estimate cannot overflow; 1 GiB is far beyond any message size.
+    const auto at_least = static_cast<std::size_t>(std::min(opts.in_flight_multiple * in_flight, double(std::size_t{1} << 30)));
+    opts_.window_bytes = std::max(opts_.window_bytes, at_least);
+    opts_.recursive_doubling_below_bytes = std::max(opts_.recursive_doubling_below_bytes, at_least);
   }
+
+  // The sizes in use: the options given, raised to the links where the transport knows them.
+  const options& settings() const { return opts_; }
 
   int rank() const { return ep_->rank(); }
   int world() const { return ep_->world(); }
@@ -140,7 +166,11 @@ class communicator {
     const std::size_t got = transport::exchange(*ep_, to, std::as_bytes(out), from, std::as_writable_bytes(in), tag);
     if (to >= 0) counters_.bytes_sent += out.size_bytes();
     counters_.bytes_received += got;
-    decentrain::detail::check(got == in.size_bytes(), what, ": peer ", from, " sent ", got, " bytes where ", in.size_bytes(),
+    check_size(got, in.size_bytes(), from, what);
+  }
+
+  static void check_size(std::size_t got, std::size_t expected, int from, const char* what) {
+    decentrain::detail::check(got == expected, what, ": peer ", from, " sent ", got, " bytes where ", expected,
                               " were expected (the peers disagree on the buffer size or call order)");
   }
 
@@ -198,11 +228,16 @@ class communicator {
   }
 
   // Reduce-scatter then all-gather around the ring. The buffer is cut into `world` segments and
-  // each segment into chunks; for each chunk index both phases run before the next, so a chunk
-  // moves on as soon as it is reduced instead of waiting for its whole segment (pipelining).
+  // each segment into chunks. In each of the 2(world - 1) steps every peer sends one segment to
+  // its right neighbour and receives one from its left, all its chunks in one exchange: they
+  // follow each other on the wire without waiting for replies, so a step costs one latency
+  // however many chunks it has (chunk by chunk, a 100 MB all-reduce of 4 peers over 100 ms links
+  // waited 25 x 6 latencies), and each chunk is added in as soon as it lands while the next ones
+  // are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
   void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+    agree_on_ring_sizes();
     const int n = world(), r = rank();
     const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
                       extra = total % static_cast<std::size_t>(n);
@@ -216,20 +251,51 @@ class communicator {
     };
     const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
     const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
+    const std::size_t window = std::max<std::size_t>(1, opts_.window_bytes / (chunk * sizeof(T)));  // chunks
     auto piece = [&](int s, std::size_t c) {
       const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
       return data.subspan(seg_begin(s) + from, to - from);
     };
-    for (std::size_t c = 0; c < chunks; ++c) {
-      for (int s = 0; s < n - 1; ++s) {  // reduce-scatter: segment r+1 ends fully reduced here
-        auto into = piece(r - s - 1, c);
-        auto in = scratch<T>(into.size());
-        exchange(right(), std::span<const T>(piece(r - s, c)), left(), in, tag, "all_reduce");
-        combine(into, std::span<const T>(in), op);
+    const auto in = scratch<T>(std::min(chunks, window) * chunk);
+    std::vector<std::span<const std::byte>> outs;
+    std::vector<std::span<std::byte>> ins;
+    // Sends chunks [first, last) of segment `out_seg`, receives those of `in_seg`: added into
+    // place when `reduce`, else written there.
+    auto step = [&](std::size_t first, std::size_t last, int out_seg, int in_seg, bool reduce) {
+      outs.clear();
+      ins.clear();
+      for (std::size_t c = first; c < last; ++c) {
+        outs.push_back(std::as_bytes(piece(out_seg, c)));
+        const auto dst = piece(in_seg, c);
+        ins.push_back(reduce ? std::as_writable_bytes(in.subspan((c - first) * chunk, dst.size())) : std::as_writable_bytes(dst));
       }
-      for (int s = 0; s < n - 1; ++s)  // all-gather of the reduced segments, straight into place
-        exchange(right(), std::span<const T>(piece(r + 1 - s, c)), left(), piece(r - s, c), tag, "all_reduce");
+      transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
+        check_size(got, ins[i].size(), left(), "all_reduce");
+        counters_.bytes_received += got;
+        if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
+      });
+      for (const auto& o : outs) counters_.bytes_sent += o.size();
+    };
+    for (std::size_t first = 0; first < chunks; first += window) {
+      const std::size_t last = std::min(chunks, first + window);
+      for (int s = 0; s < n - 1; ++s) step(first, last, r - s, r - s - 1, true);  // reduce-scatter: segment r+1 ends reduced here
+      for (int s = 0; s < n - 1; ++s) step(first, last, r + 1 - s, r - s, false);  // all-gather, straight into place
     }
+  }
+
+  // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
+  // the same size, from other chunks or steps) and add them up without noticing: before the
+  // first ring all-reduce the peers compare the sizes they use.
+  void agree_on_ring_sizes() {
+    if (ring_sizes_agreed_) return;
+    const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
+    std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
+    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, ++sequence_);
+    decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
+                              "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
+                              sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
+                              "): every peer must be given the same collective::options");
+    ring_sizes_agreed_ = true;
   }
 
   // Recursive doubling: in round k every peer swaps its partial result with the peer whose rank
@@ -265,6 +331,7 @@ class communicator {
   options opts_;
   counters counters_;
   transport::tag_type sequence_ = 0;
+  bool ring_sizes_agreed_ = false;
   // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
   // that typedef'd anonymous struct.
   struct alignas(std::max_align_t) scratch_block {

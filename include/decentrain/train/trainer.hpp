@@ -50,6 +50,9 @@ struct trainer_options {
   // Time compute with this thread's CPU clock instead of the wall clock: right for simulated
   // peers sharing a machine's cores, where wall time would count the other peers' work too.
   bool compute_on_thread_clock = false;
+  // Message sizes of the collectives (the same on every peer); over TCP across the internet set
+  // collectives.link_bytes_in_flight (simulated links size them on their own).
+  collective::options collectives;
 
   void validate() const {
     decentrain::detail::check(steps >= 1, "trainer: steps must be >= 1, got ", steps);
@@ -159,7 +162,7 @@ class trainer {
           ParallelPolicy parallel = {}, FaultPolicy fault = {})
       : options_(validated(options)),
         endpoint_(std::move(endpoint)),
-        comm_(endpoint_),
+        comm_(endpoint_, options_.collectives),
         model_(make_model(config, options.seed)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
         schedule_{options.lr, options.min_lr,

@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -73,20 +75,58 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
   e.computed(seconds);
 };
 
-// Sends `out` to `to` (nothing when `to` < 0), then receives the next message from `from` with
-// `tag` into `in` and returns that message's size; `in` is written only when the sizes match.
-// A transport that can post `in` before it sends, so that the message lands there without a
-// buffer and a copy of its own (tcp), offers this as a member; the others send, recv and copy.
+// The slowest link of a network, the same figure on every peer: its largest latency and its
+// smallest bandwidth. A transport that knows its links (in_process) offers slowest_link() so the
+// collectives can size their steps to the links (see collective::options); real networks do not
+// know theirs in advance, and every peer must reach the same sizes, so they offer nothing.
+struct link_estimate {
+  double latency_s = 0.0;
+  double bytes_per_s = 0.0;
+  // Bytes a link holds in flight: what a sender must have on its way to keep it busy.
+  double bandwidth_delay_bytes() const { return latency_s * bytes_per_s; }
+};
+
+template <endpoint E>
+std::optional<link_estimate> slowest_link(const E& e) {
+  if constexpr (requires { { e.slowest_link() } -> std::convertible_to<std::optional<link_estimate>>; })
+    return e.slowest_link();
+  else
+    return std::nullopt;
+}
+
+// Called as each message of an exchange lands, in order: (its index, its size).
+using landed_fn = std::function<void(std::size_t index, std::size_t size)>;
+
+// Sends each of `outs` to `to` (nothing when `to` < 0), then receives the next ins.size()
+// messages from `from` with `tag`, the i-th into ins[i] (written only when the sizes match), and
+// calls landed(i, size) as each arrives, in order. Many messages in one exchange cost one
+// network latency, not one each: the collectives send a whole ring step's chunks this way. A
+// transport that can post `ins` before it sends, so that messages land there without a buffer
+// and a copy of their own (tcp), offers this as a member; the others send, recv and copy.
+template <endpoint E>
+void exchange(E& e, int to, std::span<const std::span<const std::byte>> outs, int from,
+              std::span<const std::span<std::byte>> ins, tag_type tag, const landed_fn& landed) {
+  if constexpr (requires { e.exchange(to, outs, from, ins, tag, landed); }) {
+    e.exchange(to, outs, from, ins, tag, landed);
+  } else {
+    if (to >= 0)
+      for (const auto& out : outs) e.send(to, tag, out);
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      const bytes message = e.recv(from, tag);
+      if (message.size() == ins[i].size() && !message.empty()) std::memcpy(ins[i].data(), message.data(), message.size());
+      landed(i, message.size());
+    }
+  }
+}
+
+// One message each way; returns the size of the one received.
 template <endpoint E>
 std::size_t exchange(E& e, int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
-  if constexpr (requires { { e.exchange(to, out, from, in, tag) } -> std::convertible_to<std::size_t>; }) {
-    return e.exchange(to, out, from, in, tag);
-  } else {
-    if (to >= 0) e.send(to, tag, out);
-    const bytes message = e.recv(from, tag);
-    if (message.size() == in.size() && !in.empty()) std::memcpy(in.data(), message.data(), in.size());
-    return message.size();
-  }
+  std::size_t got = 0;
+  const std::span<const std::byte> outs[1] = {out};
+  const std::span<std::byte> ins[1] = {in};
+  exchange(e, to, outs, from, ins, tag, [&](std::size_t, std::size_t size) { got = size; });
+  return got;
 }
 
 namespace detail {
@@ -123,11 +163,13 @@ class any_endpoint {
   int world() const { return get().world(); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { get().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return get().recv(peer, tag); }
-  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
-    return get().exchange(to, out, from, in, tag);
+  void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                tag_type tag, const landed_fn& landed) {
+    get().exchange(to, outs, from, ins, tag, landed);
   }
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
+  std::optional<link_estimate> slowest_link() const { return get().slowest_link(); }
 
  private:
   struct base {
@@ -136,9 +178,11 @@ class any_endpoint {
     virtual int world() const = 0;
     virtual void send(int, tag_type, std::span<const std::byte>) = 0;
     virtual bytes recv(int, tag_type) = 0;
-    virtual std::size_t exchange(int, std::span<const std::byte>, int, std::span<std::byte>, tag_type) = 0;
+    virtual void exchange(int, std::span<const std::span<const std::byte>>, int, std::span<const std::span<std::byte>>, tag_type,
+                          const landed_fn&) = 0;
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
+    virtual std::optional<link_estimate> slowest_link() const = 0;
   };
   template <class E>
   struct model final : base {
@@ -147,11 +191,13 @@ class any_endpoint {
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
     bytes recv(int p, tag_type t) override { return e.recv(p, t); }
-    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type t) override {
-      return transport::exchange(e, to, out, from, in, t);
+    void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                  tag_type t, const landed_fn& landed) override {
+      transport::exchange(e, to, outs, from, ins, t, landed);
     }
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
+    std::optional<link_estimate> slowest_link() const override { return transport::slowest_link(e); }
     E e;
   };
 

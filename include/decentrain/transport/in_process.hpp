@@ -14,6 +14,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -162,6 +163,8 @@ class in_process {
       return s;
     }
 
+    std::optional<link_estimate> slowest_link() const { return net_->slowest; }
+
     // Marks the whole network failed: every peer blocked in recv gets `reason` as an error.
     void abort(const std::string& reason) {
       for (auto& b : net_->boxes) b.fail_all(reason);
@@ -238,10 +241,21 @@ class in_process {
 
  private:
   struct shared {
-    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {}
+    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {
+      for (int s = 0; s < links.world(); ++s)
+        for (int d = 0; d < links.world(); ++d)
+          if (s != d) {
+            const auto& l = links.at(s, d);
+            link_estimate e{l.latency_s + l.jitter_s, l.bandwidth_bytes_per_s};
+            if (!slowest) slowest = e;
+            slowest->latency_s = std::max(slowest->latency_s, e.latency_s);
+            slowest->bytes_per_s = std::min(slowest->bytes_per_s, e.bytes_per_s);
+          }
+    }
     link_matrix links;
     options opts;
     std::vector<detail::mailbox> boxes;
+    std::optional<link_estimate> slowest;  // none for a world of one
   };
   std::shared_ptr<shared> net_;
 };

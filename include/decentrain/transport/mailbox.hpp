@@ -2,12 +2,14 @@
 // condition variable, a timeout, and a way to fail every waiter when a peer or the network is
 // gone (so a peer blocked on a dead neighbour gets an error instead of hanging).
 //
-// A receiver that already knows where the next message of a (source, tag) should land can post
-// that memory first; the network thread then reads the body straight into it instead of into a
-// fresh buffer that the receiver would copy out of (a copy and an allocation a message, which in
-// a ring all-reduce is as much memory traffic as the reduction itself).
+// A receiver that already knows where the next messages of a (source, tag) should land can post
+// that memory first, one piece per message in order; the network thread then reads each body
+// straight into its piece instead of into a fresh buffer that the receiver would copy out of (a
+// copy and an allocation a message, which in a ring all-reduce is as much memory traffic as the
+// reduction itself).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -56,71 +58,33 @@ class mailbox {
 
   // ---- posted receives (the receiving thread) ----
 
-  // Receives the next message from `source` with `tag` into `into` (used only when the sizes
-  // match) and returns its size. `start` runs after the memory is posted and before the wait,
-  // so a reply the caller sends in it can already land in place. When `timeout` passes while the
-  // network thread is writing into `into`, `stuck` must make it stop (close the connection);
-  // this returns only once nothing writes into `into` any more, also when it throws.
-  template <class Start, class Stuck>
-  std::size_t receive_into(int source, tag_type tag, std::span<std::byte> into, std::chrono::milliseconds timeout,
-                           Start&& start, Stuck&& stuck) {
+  // Receives the next into.size() messages from `source` with `tag`, the i-th into into[i] (used
+  // only when the sizes match), and calls landed(i, size) for each, in order, as it arrives (on
+  // this thread, without the lock, while later messages may still be landing). `start` runs
+  // after the memory is posted and before the wait, so what the caller sends in it can already
+  // be answered in place. When `timeout` passes between two messages while the network thread
+  // is writing into posted memory, `stuck` must make it stop (close the connection); this
+  // returns only once nothing writes into `into` any more, also when it (or `landed`) throws.
+  template <class Start, class Stuck, class Landed>
+  void receive_into(int source, tag_type tag, std::span<const std::span<std::byte>> into, std::chrono::milliseconds timeout,
+                    Start&& start, Stuck&& stuck, Landed&& landed) {
     const key k{source, tag};
     {
       std::lock_guard lock(mutex_);
       decentrain::detail::check(!posted_.count(k), "transport: two receives from peer ", source, " (tag ", tag,
                                 ") wait at once; one endpoint serves one receiving thread");
-      if (!queued(source, tag)) posted_.emplace(k, posting{into});
+      if (!into.empty()) {
+        auto& postings = posted_[k];
+        for (const auto& i : into) postings.push_back(posting{i});
+      }
     }
-    // From here `into` may be written by the network thread: settle the posting on every way out.
+    // From here `into` may be written by the network thread: settle the postings on every way out.
     try {
       start();
+      for (std::size_t i = 0; i < into.size(); ++i) landed(i, next_landed(k, into[i], timeout));
     } catch (...) {
       withdraw(k, stuck);
       throw;
-    }
-    std::unique_lock lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      auto p = posted_.find(k);
-      if (p != posted_.end() && p->second.state == posting::landed) {
-        const std::size_t size = p->second.size;
-        posted_.erase(p);
-        return size;
-      }
-      if (p != posted_.end() && p->second.state == posting::abandoned) {
-        posted_.erase(p);
-        throw_if_unreachable(source);
-        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
-      }
-      const bool claimed = p != posted_.end() && p->second.state == posting::claimed;
-      if (!claimed) {
-        // Not (or not yet) landing in place: a queued message is the next one in order.
-        if (auto m = take_queued(source, tag)) {
-          if (p != posted_.end()) posted_.erase(p);
-          const std::size_t size = m->payload.size();
-          if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
-          keep_spare(std::move(m->payload));
-          return size;
-        }
-        try {
-          throw_if_unreachable(source);
-        } catch (...) {
-          if (p != posted_.end()) posted_.erase(p);
-          throw;
-        }
-      }
-      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        p = posted_.find(k);
-        if (p != posted_.end() && p->second.state == posting::claimed) {
-          lock.unlock();
-          withdraw(k, stuck);
-          timed_out(source, tag, timeout);
-        }
-        if ((p == posted_.end() || p->second.state == posting::open) && !queued(source, tag)) {
-          if (p != posted_.end()) posted_.erase(p);
-          timed_out(source, tag, timeout);
-        }
-      }
     }
   }
 
@@ -132,10 +96,15 @@ class mailbox {
   std::optional<std::span<std::byte>> claim(int source, tag_type tag, std::size_t length) {
     std::lock_guard lock(mutex_);
     auto p = posted_.find({source, tag});
-    if (p == posted_.end() || p->second.state != posting::open || p->second.into.size() != length || queued(source, tag))
-      return std::nullopt;
-    p->second.state = posting::claimed;
-    return p->second.into;
+    if (p == posted_.end() || queued(source, tag)) return std::nullopt;
+    // Postings before the first open one have their messages (landed, or being written).
+    for (auto& q : p->second)
+      if (q.state == posting::open) {
+        if (q.into.size() != length) return std::nullopt;
+        q.state = posting::claimed;
+        return q.into;
+      }
+    return std::nullopt;
   }
   void landed(int source, tag_type tag) { settle(source, tag, posting::landed); }
 
@@ -225,38 +194,84 @@ class mailbox {
     {
       std::lock_guard lock(mutex_);
       auto p = posted_.find({source, tag});
-      if (p == posted_.end() || p->second.state != posting::claimed) return;
-      p->second.state = state;
-      p->second.size = p->second.into.size();
+      if (p == posted_.end()) return;
+      auto q = std::find_if(p->second.begin(), p->second.end(), is_claimed);
+      if (q == p->second.end()) return;
+      q->state = state;
+      q->size = q->into.size();
     }
     ready_.notify_all();
   }
 
-  // Takes a posting back. One the network thread is writing into cannot just be dropped: `stuck`
-  // stops that write (closing its connection), and this waits until it has settled.
+  static bool is_claimed(const posting& p) { return p.state == posting::claimed; }
+  bool any_claimed(const key& k) const {
+    auto p = posted_.find(k);
+    return p != posted_.end() && std::any_of(p->second.begin(), p->second.end(), is_claimed);
+  }
+
+  // Waits for the message of the first of k's postings (`into`) and returns its size: landed in
+  // place, or queued (copied into `into` when the sizes match). Throws when it was cut off, when
+  // the peer is unreachable, or when `timeout` passes; the caller then withdraws the postings
+  // (stopping a write still in progress).
+  std::size_t next_landed(const key& k, std::span<std::byte> into, std::chrono::milliseconds timeout) {
+    const auto [source, tag] = k;
+    std::unique_lock lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto& postings = posted_.at(k);
+      posting& first = postings.front();
+      if (first.state == posting::landed) {
+        const std::size_t size = first.size;
+        pop_first(k);
+        return size;
+      }
+      if (first.state == posting::abandoned) {
+        throw_if_unreachable(source);
+        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
+      }
+      if (first.state == posting::open) {
+        // Not (or not yet) landing in place: a queued message is the next one in order.
+        if (auto m = take_queued(source, tag)) {
+          pop_first(k);
+          const std::size_t size = m->payload.size();
+          if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
+          keep_spare(std::move(m->payload));
+          return size;
+        }
+        throw_if_unreachable(source);
+      }
+      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        auto& now = posted_.at(k).front();
+        if (now.state == posting::claimed || (now.state == posting::open && !queued(source, tag)))
+          timed_out(source, tag, timeout);
+      }
+    }
+  }
+
+  void pop_first(const key& k) {
+    auto p = posted_.find(k);
+    p->second.pop_front();
+    if (p->second.empty()) posted_.erase(p);
+  }
+
+  // Takes k's postings back. One the network thread is writing into cannot just be dropped:
+  // `stuck` stops that write (closing its connection), and this waits until it has settled.
   template <class Stuck>
   void withdraw(const key& k, Stuck& stuck) {
     std::unique_lock lock(mutex_);
-    auto p = posted_.find(k);
-    if (p == posted_.end()) return;
-    if (p->second.state == posting::claimed) {
+    if (any_claimed(k)) {
       lock.unlock();
       stuck();
       lock.lock();
-      ready_.wait(lock, [&] {
-        auto q = posted_.find(k);
-        return q == posted_.end() || q->second.state != posting::claimed;
-      });
-      p = posted_.find(k);
-      if (p == posted_.end()) return;
+      ready_.wait(lock, [&] { return !any_claimed(k); });
     }
-    posted_.erase(p);
+    posted_.erase(k);
   }
 
   std::mutex mutex_;
   std::condition_variable ready_;
   std::map<key, std::deque<message>> queues_;
-  std::map<key, posting> posted_;
+  std::map<key, std::deque<posting>> posted_;  // in the order their messages will come
   std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, std::string> closed_;
   std::string failure_;

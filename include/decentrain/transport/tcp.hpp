@@ -98,10 +98,11 @@ class tcp {
   int world() const { return self_->opts.world; }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag); }
-  // Sends `out` (when `to` >= 0) and receives the message from `from` straight into `in`; see
+  // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
   // transport::exchange.
-  std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
-    return self_->exchange(to, out, from, in, tag);
+  void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                tag_type tag, const landed_fn& landed) {
+    self_->exchange(to, outs, from, ins, tag, landed);
   }
   void computed(double) {}
   traffic_stats stats() const { return self_->stats(); }
@@ -581,23 +582,28 @@ class tcp {
       return std::move(m.payload);
     }
 
-    // Posts `in` for the message from `from` before sending `out`: the I/O thread then reads
-    // that message's body straight into `in` (see mailbox::receive_into).
-    std::size_t exchange(int to, std::span<const std::byte> out, int from, std::span<std::byte> in, tag_type tag) {
+    // Posts `ins` for the messages from `from` before sending `outs`: the I/O thread then reads
+    // those bodies straight into `ins` (see mailbox::receive_into).
+    void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                  tag_type tag, const landed_fn& landed) {
       decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
                                 " (world of ", opts.world, ")");
       auto t0 = std::chrono::steady_clock::now();
-      const std::size_t size = box.receive_into(
-          from, tag, in, opts.recv_timeout,
+      box.receive_into(
+          from, tag, ins, opts.recv_timeout,
           [&] {
-            if (to >= 0) send(to, tag, out);
+            if (to >= 0)
+              for (const auto& out : outs) send(to, tag, out);
             t0 = std::chrono::steady_clock::now();
           },
-          [&] { give_up_on(from, "its message did not finish within the receive timeout"); });
-      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      bytes_received += size;
-      ++messages_received;
-      return size;
+          [&] { give_up_on(from, "its message did not finish within the receive timeout"); },
+          [&](std::size_t i, std::size_t size) {
+            wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            bytes_received += size;
+            ++messages_received;
+            landed(i, size);
+            t0 = std::chrono::steady_clock::now();
+          });
     }
 
     // From the training thread: closes the connection to `peer` on the I/O thread, which ends a

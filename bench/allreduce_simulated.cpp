@@ -1,0 +1,87 @@
+// All-reduce time on simulated links (transport::in_process), where time is what the bytes
+// would take on the links rather than what this machine takes: the message sizes chosen for the
+// links (collective::options raised to 8x the slowest link's bandwidth x latency) against fixed
+// sizes (one 1 MiB chunk per ring step, recursive doubling below 512 KiB), and the wire time
+// alone as the floor. Usage: bench_allreduce_simulated [--world 4] [--json PATH]
+#include <decentrain/collective/communicator.hpp>
+#include <decentrain/transport/in_process.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "output_file.hpp"
+
+namespace dt = decentrain;
+
+namespace {
+
+// Simulated seconds of one all-reduce of `bytes` (the slowest peer's clock), or -1 when it is
+// wrong (every peer checks the exact sum).
+double simulate(const std::string& link, int world, std::size_t bytes, dt::collective::options opts) {
+  dt::transport::in_process net(dt::transport::links::preset(link, world), {1, std::chrono::milliseconds(600000)});
+  std::vector<double> clock(static_cast<std::size_t>(world));
+  std::vector<int> right(static_cast<std::size_t>(world));
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    dt::collective::communicator comm(ep, opts);
+    std::vector<float> v(bytes / sizeof(float), static_cast<float>(ep.rank() + 1));
+    comm.all_reduce(std::span<float>(v));
+    const float expect = static_cast<float>(world * (world + 1) / 2);
+    right[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [&](float x) { return x == expect; });
+    clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
+  });
+  if (!std::all_of(right.begin(), right.end(), [](int ok) { return ok != 0; })) return -1;
+  return *std::max_element(clock.begin(), clock.end());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int world = 4;
+  std::string json = "bench/results/allreduce_simulated.json";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--world" && i + 1 < argc) {
+      world = std::stoi(argv[++i]);
+    } else if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--json PATH]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (world < 2) {
+    std::fprintf(stderr, "bench_allreduce_simulated: --world must be >= 2\n");
+    return 2;
+  }
+  dt::collective::options fixed;
+  fixed.in_flight_multiple = 0;  // the sizes as given, whatever the links
+  bench::output_file out(json);
+  out << "[\n";
+  bool first = true;
+  std::printf("all-reduce (sum, float32) of %d peers on simulated links: simulated seconds\n", world);
+  std::printf("%-14s %10s %12s %12s %8s %12s\n", "link", "size", "fixed sizes", "to links", "speedup", "wire only");
+  for (const std::string link : {"lan", "wan", "heterogeneous"}) {
+    // The ring's bytes on the slowest link: what no algorithm that sends them can beat.
+    const auto slowest = *dt::transport::in_process(dt::transport::links::preset(link, world)).at(0).slowest_link();
+    for (std::size_t mb : {1, 4, 16, 100}) {
+      const std::size_t bytes = mb * 1000 * 1000;
+      const double a = simulate(link, world, bytes, fixed), b = simulate(link, world, bytes, {});
+      const double wire = 2.0 * (world - 1) / world * static_cast<double>(bytes) / slowest.bytes_per_s;
+      if (a < 0 || b < 0) {
+        std::fprintf(stderr, "bench_allreduce_simulated: wrong sum (%s, %zu MB)\n", link.c_str(), mb);
+        return 1;
+      }
+      std::printf("%-14s %7zu MB %12.3f %12.3f %7.2fx %12.3f\n", link.c_str(), mb, a, b, a / b, wire);
+      out << (first ? "" : ",\n") << "  {\"link\": \"" << link << "\", \"world\": " << world << ", \"bytes\": " << bytes
+          << ", \"fixed_s\": " << a << ", \"to_links_s\": " << b << ", \"wire_s\": " << wire << "}";
+      first = false;
+    }
+  }
+  out << "\n]\n";
+  out.close();
+  std::printf("rows written to %s\n", json.c_str());
+  return 0;
+}
