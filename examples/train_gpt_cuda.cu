@@ -29,11 +29,13 @@ int main(int argc, char** argv) {
     auto config = dt::nn::gpt_preset("tiny");
     config.vocab_size = tokenizer.vocab_size();
 
-    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cuda>, dt::comm::diloco<20>>;
+    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cuda>, dt::comm::diloco<>>;
+    dt::comm::diloco<> diloco;
+    diloco.inner_steps = 20;
     dt::train::trainer_options options;
     options.steps = steps;
     options.batch_size = 16;
-    const auto results = dt::train::fit_in_process<Trainer>(dt::transport::in_process(4), config, options, dataset);
+    const auto results = dt::train::fit_in_process<Trainer>(dt::transport::in_process(4), config, options, dataset, diloco);
     std::printf("4 peers, DiLoCo H=20, %lld steps on the GPU: val loss %.4f, %.2f MB sent per peer\n",
                 static_cast<long long>(steps), results[0].final_val_loss,
                 static_cast<double>(results[0].last.policy_bytes_sent) / 1e6);

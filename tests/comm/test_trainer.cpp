@@ -85,10 +85,14 @@ TEST_CASE("trainer: DiLoCo with H = 1, outer lr 1 and no momentum is local SGD")
   opts.steps = 5;
   opts.eval_batches = 1;
   opts.batch_size = 2;
-  using Local = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::local_sgd<1>>;
-  using Diloco = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<1, dt::comm::outer::sgd>>;
-  const auto local = run_peers<Local>(3, opts);
-  const auto diloco = run_peers<Diloco>(3, opts);
+  using Local = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::local_sgd<>>;
+  using Diloco = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<dt::comm::outer::sgd>>;
+  dt::comm::local_sgd<> every_step;
+  every_step.inner_steps = 1;
+  dt::comm::diloco<dt::comm::outer::sgd> outer_sgd;
+  outer_sgd.inner_steps = 1;
+  const auto local = run_peers<Local>(3, opts, every_step);
+  const auto diloco = run_peers<Diloco>(3, opts, outer_sgd);
   // global - 1 * (global - mean(local)) rounds differently from mean(local) by an ulp or so,
   // which five AdamW steps amplify to a few 1e-6 (measured 2.4e-6).
   for (int r = 0; r < 3; ++r) CHECK(max_abs_diff(diloco[static_cast<std::size_t>(r)], local[static_cast<std::size_t>(r)]) < 2e-5);
@@ -102,9 +106,11 @@ TEST_CASE("trainer: DiLoCo learns, keeps peers in step and sends H times fewer b
   opts.batch_size = 4;
   std::vector<dt::train::fit_result> sync_r, diloco_r;
   using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>>;
-  using Diloco = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<10>>;
+  using Diloco = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>;
+  dt::comm::diloco<> h10;
+  h10.inner_steps = 10;
   run_peers<Sync>(4, opts, {}, &sync_r);
-  const auto params = run_peers<Diloco>(4, opts, {}, &diloco_r);
+  const auto params = run_peers<Diloco>(4, opts, h10, &diloco_r);
   CHECK(params[0] == params[3]);  // every round ends on the same global parameters
   const double uniform = std::log(static_cast<double>(small_corpus().tok.vocab_size()));
   CHECK(diloco_r[0].final_val_loss < uniform - 0.5);
@@ -134,8 +140,10 @@ TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints mat
   opts.steps = 12;
   opts.eval_batches = 1;
   opts.batch_size = 2;
-  using Diloco = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<5>>;
-  const auto whole = run_peers<Diloco>(2, opts);
+  using Diloco = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>;
+  dt::comm::diloco<> h5;
+  h5.inner_steps = 5;
+  const auto whole = run_peers<Diloco>(2, opts, h5);
 
   // First half: stop after 7 steps (inside the second round) and keep each peer's checkpoint.
   std::vector<dt::io::checkpoint> saved(2);
@@ -143,7 +151,7 @@ TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints mat
   const auto cfg = tiny_config(c.tok.vocab_size());
   // The schedule must be the full run's: train 7 of 12 steps by stopping through a hook.
   dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
-    Diloco t(cfg, opts, ep);
+    Diloco t(cfg, opts, ep, h5);
     struct stop {};
     t.on_step([&](const dt::train::step_metrics& m) {
       if (m.step == 7) {
@@ -160,7 +168,7 @@ TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints mat
   CHECK(saved[0].tensors.count("comm.diloco.global") == 1);
   std::vector<std::vector<float>> resumed(2);
   dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
-    Diloco t(cfg, opts, ep);
+    Diloco t(cfg, opts, ep, h5);
     t.restore(saved[static_cast<std::size_t>(ep.rank())]);
     (void)t.fit(c.data);
     resumed[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());
@@ -170,7 +178,7 @@ TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints mat
 
   // Peers restored from different steps are refused on every peer, not trained on.
   CHECK_THROWS_WITH(dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
-    Diloco t(cfg, opts, ep);
+    Diloco t(cfg, opts, ep, h5);
     if (ep.rank() == 0) t.restore(saved[0]);
     (void)t.fit(c.data);
   }),

@@ -2,6 +2,6 @@
 #include <decentrain/decentrain.hpp>
 
 namespace dt = decentrain;
-using Wrong = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::parallel::data, dt::comm::sync_allreduce>;
+using Wrong = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::parallel::data, dt::comm::sync_allreduce<>>;
 static_assert(sizeof(Wrong) > 0);
 int main() {}

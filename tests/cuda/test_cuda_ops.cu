@@ -705,6 +705,11 @@ TEST_CASE("cuda GPT training tracks the CPU run's losses", "[slow]") {
 }
 
 namespace {
+// DiLoCo with H = 10 as a type, for TEMPLATE_TEST_CASE.
+struct diloco_10 : dt::comm::diloco<> {
+  diloco_10() { inner_steps = 10; }
+};
+
 template <class Device, class Comm>
 std::vector<dt::train::fit_result> fit_two_peers(const dt::data::token_dataset& data, std::int64_t vocab) {
   using Trainer = dt::train::trainer<dt::nn::gpt<Device>, Comm>;
@@ -719,8 +724,8 @@ std::vector<dt::train::fit_result> fit_two_peers(const dt::data::token_dataset& 
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("cuda trainer: two peers on the GPU follow the CPU peers", "[slow]", dt::comm::sync_allreduce,
-                   dt::comm::diloco<10>) {
+TEMPLATE_TEST_CASE("cuda trainer: two peers on the GPU follow the CPU peers", "[slow]", dt::comm::sync_allreduce<>,
+                   diloco_10) {
   const auto text = dt::data::builtin_corpus(std::size_t{1} << 16, 5);
   const auto tok = dt::data::char_tokenizer::from_text(text);
   const dt::data::token_dataset data(tok.encode(text));

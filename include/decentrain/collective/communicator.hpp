@@ -1,20 +1,30 @@
 // Collectives over any transport endpoint: all-reduce (a chunked, pipelined ring for large
-// buffers; recursive doubling for small ones), broadcast, all-gather and barrier. Every peer must
-// call the same collectives in the same order with the same sizes; a size that disagrees is
-// reported as an error naming the peer, never trusted.
+// buffers; recursive doubling for small ones), broadcast, all-gather (+ combine) and barrier,
+// blocking or started in the background with a handle to wait on; sub-groups with their own tag
+// space; pairwise messages. Every peer must call the same collectives in the same order with the
+// same sizes; a size that disagrees is reported as an error naming the peer, never trusted. A
+// peer that fails a collective surfaces as a transport::peer_error naming it and the collective.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "decentrain/collective/group.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::collective {
 
@@ -52,9 +62,58 @@ struct counters {
 };
 
 template <transport::endpoint Endpoint>
+class communicator;
+
+// A collective started in the background (communicator::start and the *_async calls). The
+// buffers it was given belong to it until wait() returns. wait() rethrows what the collective
+// threw; a handle destroyed unwaited still waits for its thread (and drops the error).
+class pending {
+ public:
+  pending() = default;
+  pending(pending&&) noexcept = default;
+  pending& operator=(pending&& other) noexcept {
+    if (this != &other) {
+      join();
+      s_ = std::move(other.s_);
+    }
+    return *this;
+  }
+  ~pending() { join(); }
+
+  // Whether the collective has finished (wait() then does not block).
+  bool ready() const { return !s_ || s_->done.load(); }
+  // Blocks until the collective has finished; accounts its traffic and time to the caller.
+  void wait() {
+    if (!s_) return;
+    auto s = std::move(s_);
+    if (s->worker.joinable()) s->worker.join();
+    if (s->finish) s->finish();
+    if (s->error) std::rethrow_exception(s->error);
+  }
+
+ private:
+  template <transport::endpoint>
+  friend class communicator;
+  struct state {
+    std::thread worker;
+    std::atomic<bool> done{false};
+    std::exception_ptr error;
+    std::function<void()> finish;  // on the waiting thread: fold the lane back in
+  };
+  void join() noexcept {
+    if (s_ && s_->worker.joinable()) s_->worker.join();
+    s_.reset();
+  }
+  std::unique_ptr<state> s_;
+};
+
+template <transport::endpoint Endpoint>
 class communicator {
  public:
-  explicit communicator(Endpoint& ep, options opts = {}) : ep_(&ep), opts_(opts) {
+  // `channel` goes into the high 32 bits of every tag, so communicators over the same endpoint
+  // with different channels never pair each other's messages (0: the world's).
+  explicit communicator(Endpoint& ep, options opts = {}, std::uint32_t channel = 0)
+      : ep_(&ep), opts_(opts), channel_(channel) {
     decentrain::detail::check(opts.chunk_bytes > 0, "communicator: chunk_bytes must be > 0");
     decentrain::detail::check(opts.window_bytes > 0, "communicator: window_bytes must be > 0");
     decentrain::detail::check(opts.link_bytes_in_flight >= 0 && opts.in_flight_multiple >= 0,
@@ -66,6 +125,13 @@ class communicator {
     opts_.window_bytes = std::max(opts_.window_bytes, at_least);
     opts_.recursive_doubling_below_bytes = std::max(opts_.recursive_doubling_below_bytes, at_least);
   }
+
+  // Not copyable (tags are numbered per communicator); movable while nothing started with
+  // start() is pending on it.
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
 
   // The sizes in use: the options given, raised to the links where the transport knows them.
   const options& settings() const { return opts_; }
@@ -84,10 +150,12 @@ class communicator {
       algo = data.size_bytes() < opts_.recursive_doubling_below_bytes || data.size() < static_cast<std::size_t>(world())
                  ? algorithm::recursive_doubling
                  : algorithm::ring;
-    if (algo == algorithm::ring)
-      ring_all_reduce(data, op, tag);
-    else
-      recursive_doubling_all_reduce(data, op, tag);
+    naming_the_peer("all_reduce", [&] {
+      if (algo == algorithm::ring)
+        ring_all_reduce(data, op, tag);
+      else
+        recursive_doubling_all_reduce(data, op, tag);
+    });
     finish(data, op);
   }
 
@@ -97,6 +165,190 @@ class communicator {
     static_assert(std::is_trivially_copyable_v<T>, "broadcast: elements must be trivially copyable");
     check_rank(root, "broadcast root");
     const auto tag = next_tag();
+    naming_the_peer("broadcast", [&] { broadcast_tree(data, root, tag); });
+  }
+
+  // Concatenation of every peer's `mine` in rank order; all peers give the same size.
+  template <class T>
+  std::vector<T> all_gather(std::span<const T> mine) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
+    const auto tag = next_tag();
+    std::vector<T> out;
+    naming_the_peer("all_gather", [&] { out = ring_all_gather(mine, tag); });
+    return out;
+  }
+
+  // Every peer's `data` gathered, then combine(contributions, data) with the contributions as
+  // spans in rank order (this peer's own among them): where a plain sum will not do, as in
+  // robust aggregation (median, trimmed mean) or decoding compressed payloads. Every peer gets
+  // the same contributions, so a deterministic combine leaves every peer with the same bits.
+  template <class T, class Combine>
+    requires std::invocable<Combine&, std::span<const std::span<const T>>, std::span<T>>
+  void all_gather_combine(std::span<T> data, Combine&& combine) {
+    const auto all = all_gather(std::span<const T>(data));
+    std::vector<std::span<const T>> parts;
+    for (int r = 0; r < world(); ++r)
+      parts.push_back(std::span<const T>(all).subspan(static_cast<std::size_t>(r) * data.size(), data.size()));
+    combine(std::span<const std::span<const T>>(parts), data);
+  }
+
+  void barrier() {
+    std::int32_t token = 0;
+    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);
+  }
+
+  // ---- sub-groups ----
+
+  // A communicator over the listed ranks of this one (each listed once; this peer among them),
+  // with a tag space of its own: its collectives never pair with this communicator's or another
+  // group's, so a stage's replicas or a Moshpit group can all-reduce while others do too. Every
+  // member calls group() with the same ranks; ranks index the group in ascending order of the
+  // ranks given. This communicator must outlive the group's.
+  communicator<transport::any_endpoint> group(std::vector<int> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
+                              "communicator: a group lists a rank twice");
+    const auto channel = group_channel(channel_, ranks);
+    std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
+    transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
+    return communicator<transport::any_endpoint>(std::move(view), opts_);
+  }
+
+  // ---- pairwise messages ----
+
+  // Point to point, for gossip and pipeline stages: messages between two peers keep their order,
+  // apart from the collectives' (a tag space of their own, numbered per pair, so they need not
+  // be called in the same order on every peer, only matched: the k-th send_to(p) of this peer
+  // meets the k-th recv_from(me) of peer p). The receive must be given the exact size.
+  template <class T>
+  void send_to(int peer, std::span<const T> values) {
+    static_assert(std::is_trivially_copyable_v<T>, "send_to: elements must be trivially copyable");
+    check_rank(peer, "send_to peer");
+    const auto tag = pair_tag(sent_to_, peer);
+    naming_the_peer("send_to", [&] { send(peer, tag, values); });
+  }
+  template <class T>
+  void recv_from(int peer, std::span<T> values) {
+    static_assert(std::is_trivially_copyable_v<T>, "recv_from: elements must be trivially copyable");
+    check_rank(peer, "recv_from peer");
+    const auto tag = pair_tag(received_from_, peer);
+    naming_the_peer("recv_from", [&] { receive(peer, values, tag, "recv_from"); });
+  }
+  // Sends `out` to `peer` and receives the same number of values from it into `in` (a gossip
+  // step with one neighbour); both peers call it naming each other.
+  template <class T>
+  void exchange_with(int peer, std::span<const T> out, std::span<T> in) {
+    decentrain::detail::check(out.size() == in.size(), "exchange_with: sends ", out.size(), " values but receives ",
+                              in.size());
+    check_rank(peer, "exchange_with peer");
+    const auto out_tag = pair_tag(sent_to_, peer), in_tag = pair_tag(received_from_, peer);
+    naming_the_peer("exchange_with", [&] {
+      if (peer == rank()) {
+        std::copy(out.begin(), out.end(), in.begin());
+        return;
+      }
+      send(peer, out_tag, out);
+      receive(peer, in, in_tag, "exchange_with");
+    });
+  }
+
+  // ---- in the background ----
+
+  // Runs op(c) on a background thread, where c is a communicator of this peer with a tag space
+  // of its own, and returns at once; the caller goes on computing (and calling this
+  // communicator's collectives) while the transfer proceeds. Every peer starts the same
+  // operations in the same order. On simulated links the time it takes overlaps the caller's
+  // compute: wait() moves the caller's clock only to when it ended (see in_process::lane). A
+  // transport that cannot run a second thread of messages (mpi below MPI_THREAD_MULTIPLE) runs
+  // op here, before start returns.
+  template <class Op>
+    requires std::invocable<Op&, communicator&>
+  pending start(Op op) {
+    const auto channel = static_cast<std::uint32_t>(decentrain::detail::splitmix64(next_tag()) >> 32) | 1u;
+    pending h;
+    h.s_ = std::make_unique<pending::state>();
+    auto lane = transport::open_lane(*ep_);
+    if (!lane) {
+      communicator sub(*ep_, opts_, channel ^ channel_);
+      sub.ring_sizes_agreed_ = ring_sizes_agreed_;
+      try {
+        op(sub);
+      } catch (...) {
+        h.s_->error = std::current_exception();
+      }
+      add(sub.counters_);
+      h.s_->done = true;
+      return h;
+    }
+    auto lane_ep = std::make_shared<Endpoint>(std::move(*lane));
+    auto lane_counters = std::make_shared<counters>();
+    auto* st = h.s_.get();
+    st->worker = std::thread([this, st, lane_ep, lane_counters, channel, agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
+      try {
+        communicator sub(*lane_ep, opts_, channel ^ channel_);
+        sub.ring_sizes_agreed_ = agreed;
+        try {
+          op(sub);
+        } catch (...) {
+          *lane_counters = sub.counters_;
+          throw;
+        }
+        *lane_counters = sub.counters_;
+      } catch (...) {
+        st->error = std::current_exception();
+      }
+      st->done = true;
+    });
+    st->finish = [this, lane_ep, lane_counters] {
+      transport::rejoin_lane(*ep_, *lane_ep);
+      add(*lane_counters);
+    };
+    return h;
+  }
+
+  template <class T>
+  pending all_reduce_async(std::span<T> data, reduce_op op = reduce_op::sum) {
+    return start([data, op](communicator& c) { c.all_reduce(data, op); });
+  }
+  template <class T>
+  pending broadcast_async(std::span<T> data, int root = 0) {
+    return start([data, root](communicator& c) { c.broadcast(data, root); });
+  }
+
+ private:
+  template <transport::endpoint>
+  friend class communicator;
+
+  // A communicator that owns its endpoint (a group's view).
+  communicator(Endpoint&& owned, options opts) : owned_(std::make_unique<Endpoint>(std::move(owned))), ep_(owned_.get()), opts_(opts) {
+    ring_sizes_agreed_ = false;
+  }
+
+  void add(const counters& c) {
+    counters_.bytes_sent += c.bytes_sent;
+    counters_.bytes_received += c.bytes_received;
+    counters_.calls += c.calls;
+  }
+
+  // A peer_error from inside a collective names the collective as its operation (the peer is
+  // the world rank the transport saw fail).
+  template <class F>
+  static void naming_the_peer(const char* operation, F&& f) {
+    try {
+      f();
+    } catch (const transport::peer_error& e) {
+      throw transport::peer_error(e.peer(), operation, e.what());
+    }
+  }
+
+  // Pairwise messages: their own channel, numbered per peer and direction.
+  transport::tag_type pair_tag(std::map<int, std::uint32_t>& numbers, int peer) {
+    constexpr std::uint32_t pairwise = 0x70327000u;  // "p2p"
+    return (static_cast<transport::tag_type>(pairwise ^ channel_) << 32) | ++numbers[peer];
+  }
+
+  template <class T>
+  void broadcast_tree(std::span<T> data, int root, transport::tag_type tag) {
     const int n = world(), me = (rank() - root + n) % n;  // rank relative to root
     // Binomial tree per chunk (so no message exceeds chunk_bytes): receive from the parent, then
     // forward to children, largest subtree first.
@@ -117,11 +369,8 @@ class communicator {
     }
   }
 
-  // Concatenation of every peer's `mine` in rank order; all peers give the same size.
   template <class T>
-  std::vector<T> all_gather(std::span<const T> mine) {
-    static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
-    const auto tag = next_tag();
+  std::vector<T> ring_all_gather(std::span<const T> mine, transport::tag_type tag) {
     const int n = world(), r = rank();
     const std::size_t m = mine.size();
     std::vector<T> out(m * static_cast<std::size_t>(n));
@@ -133,18 +382,16 @@ class communicator {
     return out;
   }
 
-  void barrier() {
-    std::int32_t token = 0;
-    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);
-  }
-
- private:
   int left() const { return (rank() - 1 + world()) % world(); }
   int right() const { return (rank() + 1) % world(); }
 
+  // A collective's tag: the channel in the high 32 bits, the call's number in the low ones.
   transport::tag_type next_tag() {
     ++counters_.calls;
-    return ++sequence_;
+    return fresh_tag();
+  }
+  transport::tag_type fresh_tag() {
+    return (static_cast<transport::tag_type>(channel_) << 32) | static_cast<std::uint32_t>(++sequence_);
   }
 
   void check_rank(int r, const char* what) const {
@@ -290,7 +537,7 @@ class communicator {
     if (ring_sizes_agreed_) return;
     const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
     std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
-    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, ++sequence_);
+    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
     decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
                               "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
                               sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
@@ -327,11 +574,14 @@ class communicator {
     if (r + p < n) send(r + p, tag, std::span<const T>(data));
   }
 
+  std::unique_ptr<Endpoint> owned_;  // a group's view; empty for a communicator over a given endpoint
   Endpoint* ep_;
   options opts_;
+  std::uint32_t channel_ = 0;
   counters counters_;
-  transport::tag_type sequence_ = 0;
+  std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
+  std::map<int, std::uint32_t> sent_to_, received_from_;
   // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
   // that typedef'd anonymous struct.
   struct alignas(std::max_align_t) scratch_block {

@@ -1,8 +1,9 @@
-// DiLoCo (Douillard et al., 2023): each peer runs H inner optimizer steps from the shared global
-// parameters; then the pseudo-gradient (global - local) is averaged across peers and applied to
-// the global parameters by an outer optimizer, Nesterov momentum by default (lr 0.7, momentum
-// 0.9, the paper's settings), and every peer starts the next round from the new global
-// parameters. Peers talk once per H steps instead of every step.
+// DiLoCo (Douillard et al., 2023): each peer runs H = inner_steps inner optimizer steps from the
+// shared global parameters; then the pseudo-gradient (global - local) is averaged across the
+// replicas (sent through Codec) and applied to the global parameters by an outer optimizer,
+// Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
+// starts the next round from the new global parameters. Peers talk once per H steps instead of
+// every step.
 #pragma once
 
 #include <cstdint>
@@ -28,16 +29,17 @@ struct sgd {
 };
 }  // namespace outer
 
-template <std::int64_t H = 500, class Outer = outer::nesterov>
+template <class Outer = outer::nesterov, class Codec = compress::identity>
 struct diloco {
-  static_assert(H >= 1, "diloco<H>: H (inner steps per round) must be >= 1");
   static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
-                "diloco<H, Outer>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+                "diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  static_assert(compress::check_codec<Codec>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "diloco";
 
-  std::int64_t inner_steps = H;
+  std::int64_t inner_steps = 50;  // H: inner steps per round
   Outer outer_optimizer{};
+  Codec codec{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -62,7 +64,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    ctx.comm.all_reduce(std::span<float>(delta_), collective::reduce_op::average);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true);
     kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
                         outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
                         !momentum_started_);
@@ -78,6 +80,7 @@ struct diloco {
     c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_);
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
+    save_codec(codec, c, "comm.diloco.codec.");
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -85,6 +88,7 @@ struct diloco {
     load_flat(c, "comm.diloco.momentum", momentum_, n);
     momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
     rounds_ = c.counter("comm.diloco.rounds");
+    load_codec(codec, c, "comm.diloco.codec.");
   }
 
  private:

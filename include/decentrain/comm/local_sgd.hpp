@@ -1,5 +1,6 @@
-// Local SGD (periodic averaging): peers train on their own for H steps, then replace their
-// parameters by the average across peers. Optimizer state stays local.
+// Local SGD (periodic averaging): replicas train on their own for `inner_steps` steps, then
+// replace their parameters by the average across replicas (sent through Codec). Optimizer state
+// stays local.
 #pragma once
 
 #include <cstdint>
@@ -9,13 +10,14 @@
 
 namespace decentrain::comm {
 
-template <std::int64_t H = 50>
+template <class Codec = compress::identity>
 struct local_sgd {
-  static_assert(H >= 1, "local_sgd<H>: H (inner steps between averages) must be >= 1");
+  static_assert(compress::check_codec<Codec>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "local-sgd";
 
-  std::int64_t inner_steps = H;  // run-time override of H (the command line's --inner-steps)
+  std::int64_t inner_steps = 50;  // steps between averages
+  Codec codec{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -28,11 +30,11 @@ struct local_sgd {
   void after_step(Ctx& ctx) {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
     scatter_values(ctx.parameters, buffer_);
   }
-  void save(io::checkpoint&) const {}
-  void load(const io::checkpoint&) {}
+  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.local_sgd.codec."); }
+  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.local_sgd.codec."); }
 
  private:
   std::vector<float> buffer_;

@@ -1,11 +1,14 @@
-// What a communication policy is: a struct of settings that opts in with
+// What a communication policy is: a struct of settings (and a codec) that opts in with
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
 // The trainer calls, per peer:
 //   start(ctx)            once, before the first step (make every peer start from rank 0's model)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
-// `ctx` is a train::peer_context (parameters, communicator, step); see train/trainer.hpp.
+// `ctx` is a train::peer_context: the parameters, ctx.replicas (the peers holding the same
+// parameters, whom a policy averages with), ctx.comm (the whole world), the step. The helpers
+// below gather and scatter parameters and gradients as one flat buffer. train/concepts.hpp
+// checks each member; docs/guide.md has a whole policy written from scratch.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +20,8 @@
 
 #include "decentrain/autograd/parameters.hpp"
 #include "decentrain/collective/communicator.hpp"
+#include "decentrain/compress/codec.hpp"
+#include "decentrain/compress/identity.hpp"
 #include "decentrain/core/factory.hpp"
 #include "decentrain/detail/meta.hpp"
 #include "decentrain/io/checkpoint.hpp"
@@ -27,16 +32,6 @@ struct policy_tag {};
 
 template <class P>
 concept declares_comm_policy = decentrain::detail::opts_into<P, policy_tag>;
-
-template <class P, class Ctx>
-concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& ctx, io::checkpoint& out,
-                                                          const io::checkpoint& in) {
-  p.start(ctx);
-  p.after_backward(ctx);
-  p.after_step(ctx);
-  cp.save(out);
-  p.load(in);
-};
 
 // Parameters and gradients as one flat f32 buffer on the host, in parameter-list order, so one
 // collective call moves all of them (fewer, larger messages than one per tensor). On the CPU
@@ -117,12 +112,23 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
   return (ctx.step + 1) % inner_steps == 0 || ctx.last_step;
 }
 
-// Makes every peer hold rank 0's parameters (peers seeded alike already agree; this makes it so).
+// Makes every replica hold the first replica's parameters (peers seeded alike already agree;
+// this makes it so).
 template <class Ctx>
 void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   gather_values(ctx.parameters, buffer);
-  ctx.comm.broadcast(std::span<float>(buffer), 0);
+  ctx.replicas.broadcast(std::span<float>(buffer), 0);
   scatter_values(ctx.parameters, buffer);
+}
+
+// A codec's state in the policy's checkpoint, where the codec has any.
+template <class Codec>
+void save_codec(const Codec& codec, io::checkpoint& c, const std::string& prefix) {
+  if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix);
+}
+template <class Codec>
+void load_codec(Codec& codec, const io::checkpoint& c, const std::string& prefix) {
+  if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix);
 }
 
 inline tensor<cpu> flat_tensor(const std::vector<float>& v) { return from_vector<cpu>(v, shape{static_cast<std::int64_t>(v.size())}); }

@@ -1,17 +1,21 @@
-// The data-parallel baseline (DDP): every step, gradients are averaged across peers with one
-// all-reduce of the flattened gradient, so every peer applies the same update.
+// The data-parallel baseline (DDP): every step, gradients are averaged across the replicas with
+// one all-reduce of the flattened gradient (through Codec), so every replica applies the same
+// update.
 #pragma once
 
-#include <string>
 #include <vector>
 
 #include "decentrain/comm/policy.hpp"
 
 namespace decentrain::comm {
 
+template <class Codec = compress::identity>
 struct sync_allreduce {
+  static_assert(compress::check_codec<Codec>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "sync";
+
+  Codec codec{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -19,15 +23,15 @@ struct sync_allreduce {
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
-    if (ctx.comm.world() == 1) return;
+    if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
     scatter_grads(ctx.parameters, buffer_);
   }
   template <class Ctx>
   void after_step(Ctx&) {}
-  void save(io::checkpoint&) const {}
-  void load(const io::checkpoint&) {}
+  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.sync.codec."); }
+  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.sync.codec."); }
 
  private:
   std::vector<float> buffer_;

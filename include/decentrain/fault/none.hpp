@@ -1,26 +1,22 @@
-// Fault policies decide what happens around failures: checkpoints, membership, robust
-// aggregation. `none` does nothing: a failed peer ends the run with the error that says why.
+// The fault policy that does nothing: no checkpoints, and a failed peer ends the run with the
+// error that names it.
 #pragma once
 
-#include <concepts>
-
-#include "decentrain/detail/meta.hpp"
+#include "decentrain/fault/policy.hpp"
 
 namespace decentrain::fault {
-
-struct policy_tag {};
-
-template <class P>
-concept declares_fault_policy = decentrain::detail::opts_into<P, policy_tag>;
-
-template <class P, class Ctx>
-concept fault_policy = declares_fault_policy<P> && requires(P& p, Ctx& ctx) { p.after_step(ctx); };
 
 struct none {
   using policy_concept = policy_tag;
   static constexpr const char* name = "none";
   template <class Ctx>
+  void start(Ctx&) {}
+  template <class Ctx>
   void after_step(Ctx&) {}
+  template <class Ctx>
+  action on_error(Ctx&, const transport::peer_error&) {
+    return action::rethrow;
+  }
 };
 
 }  // namespace decentrain::fault

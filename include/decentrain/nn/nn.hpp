@@ -1,6 +1,7 @@
-// Everything in nn: the GPT-2 configuration, presets, layers and model.
+// Everything in nn: the GPT-2 configuration, presets, layers, model and sampling.
 #pragma once
 
 #include "decentrain/nn/config.hpp"
 #include "decentrain/nn/gpt.hpp"
 #include "decentrain/nn/layers.hpp"
+#include "decentrain/nn/sample.hpp"

@@ -1,37 +1,41 @@
-// Parallelism policies decide what each peer computes. `data` (the only one so far): every peer
-// holds the whole model and trains on its own rows of the global batch. Pipeline and SWARM
-// policies slot in here with the same concept.
+// Data parallelism: every peer holds the whole model and trains on its own rows of the global
+// batch (rows rank*B .. rank*B+B-1 of step `step`), one forward and one backward per step.
 #pragma once
 
-#include <concepts>
 #include <cstdint>
-#include <utility>
 
+#include "decentrain/core/transfer.hpp"
 #include "decentrain/data/dataset.hpp"
-#include "decentrain/detail/meta.hpp"
+#include "decentrain/parallel/policy.hpp"
 
 namespace decentrain::parallel {
-
-struct policy_tag {};
-
-template <class P>
-concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
-
-template <class P>
-concept parallel_policy = declares_parallel_policy<P> &&
-                          requires(const P& p, const data::token_dataset& ds, std::int64_t i, std::uint64_t seed, int r) {
-                            { p.batch(ds, i, i, i, seed, r, r) } -> std::same_as<std::pair<tensor<cpu>, tensor<cpu>>>;
-                          };
 
 struct data {
   using policy_concept = policy_tag;
   static constexpr const char* name = "data";
 
-  // Rows rank*B .. rank*B+B-1 of the global batch of step `step`.
-  std::pair<tensor<cpu>, tensor<cpu>> batch(const decentrain::data::token_dataset& ds, std::int64_t step,
-                                            std::int64_t batch_size, std::int64_t block, std::uint64_t seed, int rank,
-                                            int world) const {
-    return ds.batch<cpu>(decentrain::data::split::train, step, batch_size, block, seed, rank, world);
+  placement place(int, int world) const { return everyone(world); }
+
+  template <class Ctx>
+  step_result forward_backward(Ctx& ctx) {
+    using D = typename Ctx::device_type;
+    static_assert(requires(typename Ctx::model_type& m, const tensor<D>& ids, rng* r) { m.loss(ids, ids, r); },
+                  "parallel::data: the model needs `var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`");
+    const std::int64_t B = ctx.batch_size, T = ctx.block;
+    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed, ctx.comm.rank(),
+                                                  ctx.comm.world());
+    auto loss = ctx.model.loss(to_device<D>(x), to_device<D>(y), &ctx.dropout);
+    ctx.parameters.zero_grad();
+    loss.backward();
+    return {loss.item(), B, B * T, static_cast<double>(B)};
+  }
+
+  template <class Ctx>
+  double evaluate(Ctx& ctx, std::int64_t batch) {
+    using D = typename Ctx::device_type;
+    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::validation, batch, ctx.batch_size, ctx.block,
+                                                  ctx.seed, ctx.comm.rank(), ctx.comm.world());
+    return ctx.model.loss(to_device<D>(x), to_device<D>(y)).item();
   }
 };
 

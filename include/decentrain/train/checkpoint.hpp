@@ -14,23 +14,37 @@
 
 namespace decentrain::train {
 
-// Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
-// and the step, in one checkpoint.
-template <class Device>
-io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
+// Model parameters ("model.<name>"), a GPT's configuration ("config.*"), AdamW state
+// ("adamw.<name>.*") and the step, in one checkpoint. Any model with parameters() will do; the
+// configuration is stored for models whose config() is a GPT's.
+namespace detail {
+// A model's parameters for reading, through its const parameters() where it has one.
+template <class Model>
+decltype(auto) parameters_to_read(const Model& m) {
+  if constexpr (requires { m.parameters(); })
+    return m.parameters();
+  else
+    return const_cast<Model&>(m).parameters();  // read only; the model offers no const access
+}
+}  // namespace detail
+
+template <class Model, class Device>
+io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
   io::checkpoint c;
-  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = host_copy(e.param.value());
-  const auto& cfg = model.config();
-  c.counters["config.n_layer"] = cfg.n_layer;
-  c.counters["config.n_head"] = cfg.n_head;
-  c.counters["config.n_embd"] = cfg.n_embd;
-  c.counters["config.block_size"] = cfg.block_size;
-  c.counters["config.vocab_size"] = cfg.vocab_size;
-  c.counters["config.bias"] = cfg.bias ? 1 : 0;
-  std::ostringstream dropout;
-  dropout.precision(17);
-  dropout << cfg.dropout;
-  c.text["config.dropout"] = dropout.str();
+  for (const auto& e : detail::parameters_to_read(model)) c.tensors["model." + e.name] = host_copy(e.param.value());
+  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; }) {
+    const nn::gpt_config cfg = model.config();
+    c.counters["config.n_layer"] = cfg.n_layer;
+    c.counters["config.n_head"] = cfg.n_head;
+    c.counters["config.n_embd"] = cfg.n_embd;
+    c.counters["config.block_size"] = cfg.block_size;
+    c.counters["config.vocab_size"] = cfg.vocab_size;
+    c.counters["config.bias"] = cfg.bias ? 1 : 0;
+    std::ostringstream dropout;
+    dropout.precision(17);
+    dropout << cfg.dropout;
+    c.text["config.dropout"] = dropout.str();
+  }
   for (const auto& s : optimizer.state()) {
     c.tensors["adamw." + s.name + ".exp_avg"] = host_copy(s.exp_avg);
     c.tensors["adamw." + s.name + ".exp_avg_sq"] = host_copy(s.exp_avg_sq);
@@ -51,10 +65,12 @@ inline nn::gpt_config config_of(const io::checkpoint& c) {
   return cfg;
 }
 
-// Loads parameters and optimizer state into a model built with config_of(c); returns the step.
-template <class Device>
-std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::adamw<Device>& optimizer) {
-  decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
+// Loads parameters and optimizer state into a model built with config_of(c) (any model whose
+// parameters have the checkpoint's names and shapes); returns the step.
+template <class Model, class Device>
+std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>& optimizer) {
+  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; })
+    decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
   for (auto& e : model.parameters()) {
     const auto& t = c.tensor_at("model." + e.name);
     decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),

@@ -1,22 +1,21 @@
-// trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. It
-// draws this rank's batches (ParallelPolicy), runs forward, backward and the inner AdamW step,
-// and hands control to the communication policy at the points its concept names; the fault
-// policy sees every finished step. It keeps the metrics a decentralized run needs: loss,
-// tokens/s, bytes on the wire, time spent waiting on the network.
+// trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. Per
+// step: the parallel policy runs forward and backward, the communication policy acts after the
+// backward and after the inner AdamW step, and the fault policy after the step; a peer error from
+// any of it goes to the fault policy, which says rethrow, redo or re-form. The slots are defined
+// on one page, train/concepts.hpp; options, metrics and the context a policy sees have headers
+// of their own.
 #pragma once
 
 #include <chrono>
-#include <concepts>
+#include <cmath>
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/comm/sync_allreduce.hpp"
@@ -27,136 +26,31 @@
 #include "decentrain/optim/schedule.hpp"
 #include "decentrain/parallel/data.hpp"
 #include "decentrain/train/checkpoint.hpp"
+#include "decentrain/train/concepts.hpp"
+#include "decentrain/train/context.hpp"
+#include "decentrain/train/metrics.hpp"
+#include "decentrain/train/options.hpp"
 #include "decentrain/transport/endpoint.hpp"
-#include "decentrain/transport/in_process.hpp"
+#include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::train {
 
-struct trainer_options {
-  std::int64_t steps = 1000;         // inner steps per peer
-  std::int64_t batch_size = 16;      // rows per peer per step
-  std::int64_t block_size = 0;       // 0: the model's block size
-  double lr = 3e-3;                  // AdamW peak learning rate (cosine schedule)
-  double min_lr = 3e-4;
-  std::int64_t warmup_steps = -1;    // -1: steps / 10
-  double beta1 = 0.9, beta2 = 0.99, weight_decay = 0.1;
-  double grad_clip = 1.0;            // 0: no clipping
-  std::uint64_t seed = 1337;         // model init and data order (the same on every peer)
-  std::int64_t eval_every = 0;       // 0: only at the end
-  std::int64_t eval_batches = 8;     // validation batches per peer per evaluation
-  // Mixed precision: bf16 runs the model's activations and products in bf16 with f32 master
-  // weights, optimizer state and gradients (the model must have set_compute_dtype).
-  dtype compute_dtype = dtype::f32;
-  // Time compute with this thread's CPU clock instead of the wall clock: right for simulated
-  // peers sharing a machine's cores, where wall time would count the other peers' work too.
-  bool compute_on_thread_clock = false;
-  // Message sizes of the collectives (the same on every peer); over TCP across the internet set
-  // collectives.link_bytes_in_flight (simulated links size them on their own).
-  collective::options collectives;
-
-  void validate() const {
-    decentrain::detail::check(steps >= 1, "trainer: steps must be >= 1, got ", steps);
-    decentrain::detail::check(batch_size >= 1, "trainer: batch_size must be >= 1, got ", batch_size);
-    decentrain::detail::check(block_size >= 0, "trainer: block_size must be >= 0 (0: the model's), got ", block_size);
-    decentrain::detail::check(eval_every >= 0 && eval_batches >= 1, "trainer: need eval_every >= 0 and eval_batches >= 1");
-    decentrain::detail::check(grad_clip >= 0, "trainer: grad_clip must be >= 0, got ", grad_clip);
-    decentrain::detail::check(compute_dtype == dtype::f32 || compute_dtype == dtype::bf16,
-                              "trainer: compute_dtype must be f32 or bf16, got ", dtype_name(compute_dtype));
-  }
-};
-
-struct step_metrics {
-  std::int64_t step = 0;  // steps done so far
-  double loss = 0, lr = 0, tokens_per_s = 0;
-  std::uint64_t bytes_sent = 0, bytes_received = 0;  // by this peer's transport, cumulative
-  double network_wait_s = 0;  // cumulative time blocked on the network (simulated for in_process)
-  double clock_s = 0;         // the transport's clock: simulated time for in_process, wall otherwise
-  double wall_s = 0;
-  // Of bytes_sent, what the communication policy's own collectives sent (evaluation excluded).
-  std::uint64_t policy_bytes_sent = 0;
-};
-
-struct eval_point {
-  std::int64_t step = 0;
-  double val_loss = 0;
-  std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
-  double clock_s = 0;
-  std::uint64_t policy_bytes_sent = 0;  // of which the communication policy's
-};
-
-struct fit_result {
-  double final_val_loss = 0;
-  step_metrics last;
-  std::vector<eval_point> evals;
-};
-
-// The device a model computes on: Model::device_type, or the CPU for models that do not say.
-template <class M>
-struct model_device {
-  using type = cpu;
-};
-template <class M>
-  requires requires { typename M::device_type; }
-struct model_device<M> {
-  using type = typename M::device_type;
-};
-template <class M>
-using model_device_t = typename model_device<M>::type;
-
-// What a policy sees when the trainer calls it.
-template <class Model>
-struct peer_context {
-  Model& model;
-  parameter_list<model_device_t<Model>>& parameters;
-  collective::communicator<transport::any_endpoint>& comm;
-  std::int64_t step = 0;   // the step just computed, from 0
-  bool last_step = false;  // policies that communicate periodically also do so on the last step
-  bool resumed = false;    // start() after restore(): the peers' states are already what they should be
-};
-
-template <class M, class D = model_device_t<M>>
-concept trainable_model = requires { typename M::config_type; } &&
-                          std::constructible_from<M, const typename M::config_type&, rng&> &&
-                          requires(M& m, const tensor<D>& ids, rng* dropout) {
-                            { m.parameters() } -> std::same_as<parameter_list<D>&>;
-                            { m.loss(ids, ids, dropout) } -> std::same_as<var<D>>;
-                          };
-
-template <class Model, class CommPolicy = comm::sync_allreduce, class ParallelPolicy = parallel::data,
+template <class Model, class CommPolicy = comm::sync_allreduce<>, class ParallelPolicy = parallel::data,
           class FaultPolicy = fault::none>
 class trainer {
-  static_assert(trainable_model<Model>,
-                "trainer<Model, ...>: Model needs `using config_type = ...;`, a constructor "
-                "Model(const config_type&, rng& init), `parameter_list<D>& parameters()` and "
-                "`var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`, where D is "
-                "Model::device_type or dt::cpu when Model has none (nn::gpt<D> has them)");
-  static_assert(comm::declares_comm_policy<CommPolicy>,
-                "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
-                "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
-  static_assert(requires(CommPolicy& p, peer_context<Model>& c) { p.start(c); p.after_backward(c); p.after_step(c); },
-                "trainer: CommPolicy needs `template <class Ctx> void start(Ctx&)`, `void after_backward(Ctx&)` and "
-                "`void after_step(Ctx&)` (Ctx is train::peer_context<Model>; see comm/policy.hpp)");
-  static_assert(requires(const CommPolicy& p, io::checkpoint& out) { p.save(out); } &&
-                    requires(CommPolicy& p, const io::checkpoint& in) { p.load(in); },
-                "trainer: CommPolicy needs `void save(io::checkpoint&) const` and `void load(const io::checkpoint&)` "
-                "for its state (empty bodies when it has none)");
-  static_assert(parallel::declares_parallel_policy<ParallelPolicy>,
-                "trainer<Model, Comm, ParallelPolicy, ...>: ParallelPolicy must declare "
-                "`using policy_concept = decentrain::parallel::policy_tag;` (for example parallel::data)");
-  static_assert(parallel::parallel_policy<ParallelPolicy>,
-                "trainer: ParallelPolicy needs `std::pair<tensor<cpu>, tensor<cpu>> batch(const data::token_dataset&, "
-                "int64_t step, int64_t batch_size, int64_t block, uint64_t seed, int rank, int world) const`");
-  static_assert(fault::declares_fault_policy<FaultPolicy>,
-                "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
-                "`using policy_concept = decentrain::fault::policy_tag;` (for example fault::none)");
-  static_assert(fault::fault_policy<FaultPolicy, peer_context<Model>>,
-                "trainer: FaultPolicy needs `template <class Ctx> void after_step(Ctx&)`");
+  static_assert(check_model<Model>());
+  static_assert(check_comm_policy<CommPolicy, peer_context<Model>>());
+  static_assert(check_parallel_policy<ParallelPolicy, peer_context<Model>>());
+  static_assert(check_fault_policy<FaultPolicy, peer_context<Model>>());
 
  public:
   using model_type = Model;
   using device_type = model_device_t<Model>;
   using model_config = typename Model::config_type;
   using comm_policy = CommPolicy;
+  using parallel_policy = ParallelPolicy;
+  using fault_policy = FaultPolicy;
+  using context = peer_context<Model>;
 
   trainer(const model_config& config, trainer_options options, transport::any_endpoint endpoint, CommPolicy comm = {},
           ParallelPolicy parallel = {}, FaultPolicy fault = {})
@@ -165,26 +59,30 @@ class trainer {
         comm_(endpoint_, options_.collectives),
         model_(make_model(config, options.seed)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
-        schedule_{options.lr, options.min_lr,
-                  options.warmup_steps >= 0 ? options.warmup_steps : options.steps / 10, options.steps},
+        schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
         policy_(std::move(comm)),
         parallel_(std::move(parallel)),
         fault_(std::move(fault)),
+        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
+    if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
     if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
       model_.set_compute_dtype(options_.compute_dtype);
     else
       decentrain::detail::check(options_.compute_dtype == dtype::f32, "trainer: compute_dtype ",
                                 dtype_name(options_.compute_dtype), " needs a model with set_compute_dtype(dtype)");
   }
-  // The optimizer and the communicator point into the trainer: it stays where it was made.
+  // The optimizer and the communicators point into the trainer: it stays where it was made.
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
 
   Model& model() { return model_; }
   const Model& model() const { return model_; }
   CommPolicy& policy() { return policy_; }
+  ParallelPolicy& parallel() { return parallel_; }
+  FaultPolicy& fault() { return fault_; }
+  const parallel::placement& placement() const { return placement_; }
   const trainer_options& options() const { return options_; }
   int rank() const { return endpoint_.rank(); }
   int world() const { return endpoint_.world(); }
@@ -197,52 +95,50 @@ class trainer {
 
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
+  // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
+  // options().stop_check_every steps (any peer asking stops them all at the same step); the fault
+  // policy's on_stop, where it has one, then saves what must not be lost, and fit returns.
+  void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
   // Trains from the current step to options().steps and returns the metrics; every peer of the
-  // world must call it (they meet in the policy's collectives).
+  // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
-    const std::int64_t B = options_.batch_size, T = block();
-    peer_context<Model> ctx{model_, model_.parameters(), comm_, step_, false, resumed_};
+    auto ctx = make_context(dataset);
+    fault_.start(ctx);
     check_same_step();
+    ctx.resumed = resumed_;
     counted([&] { policy_.start(ctx); });
-    resumed_ = false;
+    resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
     const std::int64_t first = step_;
+    std::int64_t tokens = 0;
     while (step_ < options_.steps) {
-      double compute = 0;
-      auto t = compute_clock();
-      auto [x, y] = parallel_.batch(dataset, step_, B, T, options_.seed, rank(), world());
-      auto loss = model_.loss(to_device<device_type>(x), to_device<device_type>(y), &dropout_);
-      model_.parameters().zero_grad();
-      loss.backward();
-      compute += lap(t);
-
-      ctx.step = step_;
+      if (stop_requested()) {
+        ctx.steps_done = step_;
+        if constexpr (requires { fault_.on_stop(ctx); }) fault_.on_stop(ctx);
+        result.stopped = true;
+        break;
+      }
+      ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
-      counted([&] { policy_.after_backward(ctx); });
-
-      t = compute_clock();
-      if (options_.grad_clip > 0) optim::clip_grad_norm(model_.parameters(), options_.grad_clip);
-      const double lr = schedule_(step_);
-      optimizer_.set_lr(lr);
-      optimizer_.step();
-      compute += lap(t);
-
-      counted([&] { policy_.after_step(ctx); });
+      const auto s = run_step(ctx);
+      ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
+      ctx.steps_done = step_;
       fault_.after_step(ctx);
-      endpoint_.computed(compute);
-      ++step_;  // before the hooks, so a checkpoint taken in one resumes after this step
+      tokens += s.result.tokens;
 
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
       const auto traffic = endpoint_.stats();
-      result.last = step_metrics{step_, loss.item(), lr, static_cast<double>((step_ - first) * B * T) / wall,
+      result.last = step_metrics{rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
-                                 wall, policy_bytes_};
+                                 wall, unix_now(), policy_bytes_, redos_};
       for (auto& h : step_hooks_) h(result.last);
       if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
         result.evals.push_back(record_eval(dataset, step_));
     }
+    (void)first;
+    if (result.stopped) return result;
     result.evals.push_back(record_eval(dataset, step_));
     result.final_val_loss = result.evals.back().val_loss;
     return result;
@@ -252,22 +148,17 @@ class trainer {
   // every peer reports the same number.
   double evaluate(const data::token_dataset& dataset, std::int64_t batches = 0) {
     if (batches <= 0) batches = options_.eval_batches;
+    auto ctx = make_context(dataset);
     no_grad guard;
     double sum = 0;
-    for (std::int64_t i = 0; i < batches; ++i) {
-      auto [x, y] = dataset.batch<cpu>(data::split::validation, i, options_.batch_size, block(), options_.seed, rank(),
-                                       world());
-      sum += model_.loss(to_device<device_type>(x), to_device<device_type>(y)).item();
-    }
+    for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
     double mean = sum / static_cast<double>(batches);
     comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
     return mean;
   }
 
   // This peer's whole state: model, AdamW, step, dropout stream and the policy's state.
-  io::checkpoint capture() const
-    requires requires(const Model& m, const optim::adamw<device_type>& o) { train::capture(m, o, std::int64_t{}); }
-  {
+  io::checkpoint capture() const {
     auto c = train::capture(model_, optimizer_, step_);
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
@@ -277,9 +168,7 @@ class trainer {
     return c;
   }
 
-  void restore(const io::checkpoint& c)
-    requires requires(Model& m, optim::adamw<device_type>& o) { train::restore(c, m, o); }
-  {
+  void restore(const io::checkpoint& c) {
     decentrain::detail::check(c.counter("trainer.world") == world() && c.counter("trainer.rank") == rank(),
                               "trainer: the checkpoint is peer ", c.counter("trainer.rank"), " of ",
                               c.counter("trainer.world"), ", this trainer is peer ", rank(), " of ", world());
@@ -293,6 +182,74 @@ class trainer {
   }
 
  private:
+  struct step_outcome {
+    parallel::step_result result;
+    double lr = 0, grad_norm = 0;
+  };
+
+  // One step, with a peer error routed to the fault policy: redo runs again what failed (the
+  // whole step when the failure came before the inner optimizer, else the after_step exchange).
+  step_outcome run_step(context& ctx) {
+    step_outcome out;
+    bool stepped = false;
+    for (int redos = 0;; ++redos) {
+      try {
+        if (!stepped) {
+          auto t = compute_clock();
+          out.result = parallel_.forward_backward(ctx);
+          endpoint_.computed(lap(t));  // before the exchange, so simulated links see it start after the compute
+          counted([&] { policy_.after_backward(ctx); });
+          t = compute_clock();
+          out.grad_norm = optim::clip_grad_norm(model_.parameters(), options_.grad_clip > 0
+                                                                          ? options_.grad_clip
+                                                                          : std::numeric_limits<double>::infinity());
+          out.lr = schedule_(step_);
+          optimizer_.set_lr(out.lr);
+          optimizer_.step();
+          endpoint_.computed(lap(t));
+          stepped = true;
+        }
+        counted([&] { policy_.after_step(ctx); });
+        return out;
+      } catch (const transport::peer_error& e) {
+        const fault::action a = fault_.on_error(ctx, e);
+        if (a == fault::action::rethrow) throw;
+        if (redos >= options_.max_redos)
+          throw transport::peer_error(e.peer(), e.operation(),
+                                      decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a),
+                                                                 " ", redos, " times in a row; max_redos = ",
+                                                                 options_.max_redos, ")"));
+        if (a == fault::action::reform) {
+          if constexpr (requires { fault_.reform(ctx); })
+            fault_.reform(ctx);
+          else
+            throw transport::peer_error(e.peer(), e.operation(),
+                                        decentrain::detail::concat(e.what(), " (the fault policy said reform but has no reform(ctx))"));
+        }
+        ++redos_;
+      }
+    }
+  }
+
+  context make_context(const data::token_dataset& dataset) {
+    return context{model_,
+                   model_.parameters(),
+                   comm_,
+                   replicas_ ? *replicas_ : comm_,
+                   placement_,
+                   dataset,
+                   dropout_,
+                   options_.batch_size,
+                   block(),
+                   options_.seed,
+                   step_,
+                   step_,
+                   false,
+                   resumed_,
+                   [this] { return capture(); },
+                   [this](const io::checkpoint& c) { restore(c); }};
+  }
+
   static const trainer_options& validated(const trainer_options& o) {
     o.validate();
     return o;
@@ -301,17 +258,47 @@ class trainer {
     rng init(seed, "init");
     return Model(config, init);
   }
+  static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
+    using decentrain::detail::check;
+    check(p.stages >= 1 && p.stage >= 0 && p.stage < p.stages, "trainer: the parallel policy placed peer ", rank,
+          " at stage ", p.stage, " of ", p.stages);
+    check(std::is_sorted(p.replicas.begin(), p.replicas.end()) &&
+              std::adjacent_find(p.replicas.begin(), p.replicas.end()) == p.replicas.end(),
+          "trainer: the parallel policy's replicas of peer ", rank, " must be ascending, each rank once");
+    check(std::binary_search(p.replicas.begin(), p.replicas.end(), rank), "trainer: the parallel policy's replicas of peer ",
+          rank, " do not include itself");
+    check(p.replicas.front() >= 0 && p.replicas.back() < world, "trainer: the parallel policy's replicas of peer ", rank,
+          " go beyond a world of ", world);
+    return p;
+  }
 
   std::int64_t block() const {
-    return options_.block_size > 0 ? options_.block_size : static_cast<std::int64_t>(model_.config().block_size);
+    if (options_.block_size > 0) return options_.block_size;
+    if constexpr (requires { model_.config().block_size; })
+      return static_cast<std::int64_t>(model_.config().block_size);
+    else
+      decentrain::detail::fail("trainer: set trainer_options::block_size (the model has no config().block_size)");
   }
 
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
+    eval_point p{rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
     for (auto& h : eval_hooks_) h(p);
     return p;
+  }
+
+  bool stop_requested() {
+    if (!stop_asked_) return false;
+    if (world() == 1) return stop_asked_();
+    if (step_ % options_.stop_check_every != 0) return false;
+    std::int32_t stop = stop_asked_() ? 1 : 0;
+    comm_.all_reduce(std::span<std::int32_t>(&stop, 1), collective::reduce_op::max);
+    return stop != 0;
+  }
+
+  static double unix_now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
   double compute_clock() const {
@@ -336,16 +323,18 @@ class trainer {
                               range[0], "); resume every peer from checkpoints of the same step");
   }
 
+  // Bytes of the policy's collectives, over the world's communicator and the replicas'.
   template <class Call>
   void counted(Call&& call) {
-    const auto before = comm_.traffic().bytes_sent;
+    auto sent = [&] { return comm_.traffic().bytes_sent + (replicas_ ? replicas_->traffic().bytes_sent : 0); };
+    const auto before = sent();
     call();
-    policy_bytes_ += comm_.traffic().bytes_sent - before;
+    policy_bytes_ += sent() - before;
   }
 
   trainer_options options_;
   transport::any_endpoint endpoint_;
-  collective::communicator<transport::any_endpoint> comm_;
+  communicator comm_;
   Model model_;
   optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
@@ -353,34 +342,15 @@ class trainer {
   std::uint64_t policy_bytes_ = 0;
   ParallelPolicy parallel_;
   FaultPolicy fault_;
+  parallel::placement placement_;
+  std::optional<communicator> replicas_;  // when they are not the whole world
   rng dropout_;
   std::int64_t step_ = 0;
+  std::int64_t redos_ = 0;
   bool resumed_ = false;
   std::vector<std::function<void(const step_metrics&)>> step_hooks_;
   std::vector<std::function<void(const eval_point&)>> eval_hooks_;
+  std::function<bool()> stop_asked_;
 };
-
-// Runs one trainer per rank of an in-process network, each on its own thread with
-// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank).
-// `setup` runs on each trainer before fit (hooks, restore); it may be empty.
-template <class Trainer>
-std::vector<fit_result> fit_in_process(const transport::in_process& network, const typename Trainer::model_config& config,
-                                       trainer_options options, const data::token_dataset& dataset,
-                                       typename Trainer::comm_policy comm = {},
-                                       const std::function<void(Trainer&)>& setup = {}, int threads_per_peer = 1) {
-  decentrain::detail::check(threads_per_peer >= 1, "fit_in_process: threads_per_peer must be >= 1");
-  options.compute_on_thread_clock = options.compute_on_thread_clock || threads_per_peer == 1;
-  std::vector<fit_result> results(static_cast<std::size_t>(network.world()));
-  network.run([&](transport::in_process::endpoint& ep) {
-#if defined(_OPENMP)
-    omp_set_num_threads(threads_per_peer);
-#endif
-    const int r = ep.rank();
-    Trainer t(config, options, ep, comm);
-    if (setup) setup(t);
-    results[static_cast<std::size_t>(r)] = t.fit(dataset);
-  });
-  return results;
-}
 
 }  // namespace decentrain::train

@@ -94,6 +94,25 @@ std::optional<link_estimate> slowest_link(const E& e) {
     return std::nullopt;
 }
 
+// A lane is a second endpoint of the same peer, for a collective that runs on a background
+// thread while the caller goes on (collective::communicator's non-blocking calls). The lane and
+// the endpoint are used from two threads at once, always with different tags. A transport whose
+// endpoints are safe for that returns a copy (tcp); one with per-thread state returns an endpoint
+// of its own and folds it back in rejoin() when the collective is waited for (in_process: the
+// clock and the counters); one that cannot (mpi below MPI_THREAD_MULTIPLE) offers none, and
+// the collective then runs on the caller's thread when it is started.
+template <endpoint E>
+std::optional<E> open_lane(E& e) {
+  if constexpr (requires { { e.lane() } -> std::same_as<std::optional<E>>; })
+    return e.lane();
+  else
+    return std::nullopt;
+}
+template <endpoint E>
+void rejoin_lane(E& e, const E& lane) {
+  if constexpr (requires { e.rejoin(lane); }) e.rejoin(lane);
+}
+
 // Called as each message of an exchange lands, in order: (its index, its size).
 using landed_fn = std::function<void(std::size_t index, std::size_t size)>;
 
@@ -170,6 +189,14 @@ class any_endpoint {
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
   std::optional<link_estimate> slowest_link() const { return get().slowest_link(); }
+  std::optional<any_endpoint> lane() {
+    auto l = get().lane();
+    if (!l) return std::nullopt;
+    any_endpoint out;
+    out.self_ = std::move(l);
+    return out;
+  }
+  void rejoin(const any_endpoint& lane) { get().rejoin(lane.get()); }
 
  private:
   struct base {
@@ -183,6 +210,8 @@ class any_endpoint {
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
     virtual std::optional<link_estimate> slowest_link() const = 0;
+    virtual std::shared_ptr<base> lane() = 0;
+    virtual void rejoin(const base& lane) = 0;
   };
   template <class E>
   struct model final : base {
@@ -198,6 +227,12 @@ class any_endpoint {
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
     std::optional<link_estimate> slowest_link() const override { return transport::slowest_link(e); }
+    std::shared_ptr<base> lane() override {
+      auto l = transport::open_lane(e);
+      if (!l) return nullptr;
+      return std::make_shared<model<E>>(std::move(*l));
+    }
+    void rejoin(const base& lane) override { transport::rejoin_lane(e, static_cast<const model<E>&>(lane).e); }
     E e;
   };
 

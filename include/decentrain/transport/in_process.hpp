@@ -165,9 +165,36 @@ class in_process {
 
     std::optional<link_estimate> slowest_link() const { return net_->slowest; }
 
-    // Marks the whole network failed: every peer blocked in recv gets `reason` as an error.
+    // A second endpoint of this peer for a collective running on a background thread (see
+    // transport::open_lane). Its clock starts at this one's: the transfer begins now, while this
+    // peer goes on computing. rejoin() then moves this clock to when the transfer ended, if that
+    // is later, and counts only that difference as waiting, so time computed while the
+    // transfer proceeded is not waited twice. The lane has links of its own (not yet shared in
+    // bandwidth with this endpoint's messages in flight) and its own seeded drop/jitter streams.
+    std::optional<endpoint> lane() {
+      endpoint l = *this;
+      l.stats_ = {};
+      const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
+      for (auto& g : l.link_rng_) g = rng(g.next_u64() ^ salt, "lane-link");
+      return l;
+    }
+    void rejoin(const endpoint& l) {
+      if (l.clock_ > clock_) {
+        stats_.wait_seconds += l.clock_ - clock_;
+        clock_ = l.clock_;
+      }
+      for (std::size_t d = 0; d < link_free_at_.size(); ++d) link_free_at_[d] = std::max(link_free_at_[d], l.link_free_at_[d]);
+      stats_.bytes_sent += l.stats_.bytes_sent;
+      stats_.bytes_received += l.stats_.bytes_received;
+      stats_.messages_sent += l.stats_.messages_sent;
+      stats_.messages_received += l.stats_.messages_received;
+      stats_.retransmissions += l.stats_.retransmissions;
+    }
+
+    // Marks the whole network failed: every peer blocked in recv gets `reason` as an error
+    // naming this peer.
     void abort(const std::string& reason) {
-      for (auto& b : net_->boxes) b.fail_all(reason);
+      for (auto& b : net_->boxes) b.fail_all(rank_, reason);
     }
 
    private:
@@ -190,6 +217,7 @@ class in_process {
     std::vector<double> link_free_at_, last_arrival_;
     std::vector<rng> link_rng_;
     traffic_stats stats_;
+    std::uint64_t lanes_opened_ = 0;
   };
 
   in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), opts)) {}

@@ -24,6 +24,7 @@
 
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::transport::detail {
 
@@ -142,10 +143,11 @@ class mailbox {
     closed_.erase(source);
   }
 
-  void fail_all(std::string reason) {
+  // Every wait fails from now on, naming `peer` (the peer whose failure brought the network down).
+  void fail_all(int peer, std::string reason) {
     {
       std::lock_guard lock(mutex_);
-      if (failure_.empty()) failure_ = std::move(reason);
+      if (failure_.empty()) failure_ = std::move(reason), failed_peer_ = peer;
     }
     ready_.notify_all();
   }
@@ -173,14 +175,14 @@ class mailbox {
   }
 
   void throw_if_unreachable(int source) const {
-    if (!failure_.empty()) decentrain::detail::fail(failure_);
+    if (!failure_.empty()) transport::fail_peer(failed_peer_, "receive", failure_);
     if (auto c = closed_.find(source); c != closed_.end())
-      decentrain::detail::fail("transport: peer ", source, " is gone (", c->second, ")");
+      transport::fail_peer(source, "receive", "transport: peer ", source, " is gone (", c->second, ")");
   }
 
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    decentrain::detail::fail("transport: no message from peer ", source, " (tag ", tag, ") within ", timeout.count(),
-                             " ms: the peer is slow, partitioned or has failed");
+    transport::fail_peer(source, "receive", "transport: no message from peer ", source, " (tag ", tag, ") within ",
+                         timeout.count(), " ms: the peer is slow, partitioned or has failed");
   }
 
   void keep_spare(bytes b) {
@@ -227,7 +229,7 @@ class mailbox {
       }
       if (first.state == posting::abandoned) {
         throw_if_unreachable(source);
-        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
+        transport::fail_peer(source, "receive", "transport: the message from peer ", source, " (tag ", tag, ") was cut off");
       }
       if (first.state == posting::open) {
         // Not (or not yet) landing in place: a queued message is the next one in order.
@@ -275,6 +277,7 @@ class mailbox {
   std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, std::string> closed_;
   std::string failure_;
+  int failed_peer_ = -1;
 };
 
 }  // namespace decentrain::transport::detail

@@ -168,9 +168,14 @@ class mpi {
     traffic_stats stats;
   };
 
-  // Collectives number their calls; MPI tags are bounded, and messages between two ranks on one
-  // communicator do not overtake each other, so wrapping the number around is safe.
-  int mpi_tag(tag_type tag) const { return static_cast<int>(tag % self_->tag_modulus); }
+  // Collectives number their calls in a tag's low 32 bits and name their channel (a group, a
+  // background lane) in the high ones. MPI tags are bounded, and messages between two ranks on
+  // one communicator do not overtake each other, so wrapping the number around is safe; the
+  // channel is mixed in by an odd multiplier so that channels do not land on the same tags.
+  int mpi_tag(tag_type tag) const {
+    const std::uint64_t mixed = (tag & 0xffffffffu) + (tag >> 32) * 0x9e3779b1u;
+    return static_cast<int>(mixed % self_->tag_modulus);
+  }
 
   void check_peer(int peer, const char* what) const {
     decentrain::detail::check(peer >= 0 && peer < world(), "mpi: peer ", rank(), " cannot ", what, " peer ", peer,

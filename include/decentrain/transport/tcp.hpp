@@ -44,6 +44,7 @@
 
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/peer_error.hpp"
 #include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/mailbox.hpp"
 
@@ -105,6 +106,9 @@ class tcp {
     self_->exchange(to, outs, from, ins, tag, landed);
   }
   void computed(double) {}
+  // Sends, receives and counters are safe from two threads with different tags: a lane is this
+  // same connection set (see transport::open_lane).
+  std::optional<tcp> lane() { return *this; }
   traffic_stats stats() const { return self_->stats(); }
   // The reason the last malformed frame was dropped (empty if none was).
   std::string last_malformed() const {
@@ -520,7 +524,7 @@ class tcp {
       {
         std::lock_guard lock(mutex);
         auto it = peers.find(peer);
-        decentrain::detail::check(it != peers.end(), "tcp: peer ", opts.rank, " is not connected to peer ", peer);
+        if (it == peers.end()) transport::fail_peer(peer, "send", "tcp: peer ", opts.rank, " is not connected to peer ", peer);
         c = it->second;
       }
       write_data(*c, tag, data);
@@ -545,7 +549,7 @@ class tcp {
       std::size_t first = 0;
       const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
       while (first < parts.size()) {
-        decentrain::detail::check(!c.closed_for_writes.load(), "tcp: connection to peer ", peer, " is closed");
+        if (c.closed_for_writes.load()) transport::fail_peer(peer, "send", "tcp: connection to peer ", peer, " is closed");
         msghdr msg{};
         msg.msg_iov = parts.data() + first;
         msg.msg_iovlen = parts.size() - first;
@@ -553,11 +557,12 @@ class tcp {
         if (n < 0) {
           const int err = errno;
           if (err == EINTR) continue;
-          decentrain::detail::check(err == EAGAIN || err == EWOULDBLOCK, "tcp: sending to peer ", peer, " failed: ",
-                                    std::generic_category().message(err));
+          if (err != EAGAIN && err != EWOULDBLOCK)
+            transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " failed: ", std::generic_category().message(err));
           const auto left = deadline - std::chrono::steady_clock::now();
-          decentrain::detail::check(left > std::chrono::steady_clock::duration::zero(), "tcp: sending to peer ", peer,
-                                    " did not finish within ", opts.recv_timeout.count(), " ms");
+          if (left <= std::chrono::steady_clock::duration::zero())
+            transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " did not finish within ",
+                                 opts.recv_timeout.count(), " ms");
           pollfd p{fd, POLLOUT, 0};
           ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
           continue;
@@ -651,9 +656,10 @@ class tcp {
     std::string last_malformed;
     detail::mailbox box;
 
-    // Training thread only. Payload bytes, as for every transport (framing adds 24 bytes a message).
-    std::uint64_t bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
-    double wait_seconds = 0;
+    // Payload bytes, as for every transport (framing adds 24 bytes a message). Atomic: the
+    // training thread and a lane's background collective (see lane()) both count here.
+    std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
+    std::atomic<double> wait_seconds = 0;
   };
 
   std::shared_ptr<impl> self_;

@@ -1,0 +1,116 @@
+// Checkpoints every `every` steps: each peer writes its whole state (model, optimizer, step,
+// dropout stream, the communication policy's state) to dir/peer-R-of-W/step-N.ckpt, atomically
+// (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. With
+// `resume`, start() picks the newest step that every peer has: when one peer was killed while
+// saving, the others fall back to the step before instead of refusing to start.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/fault/policy.hpp"
+#include "decentrain/io/checkpoint.hpp"
+
+namespace decentrain::fault {
+
+struct checkpoint_every {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "checkpoint_every";
+
+  std::string dir;             // where each peer's folder goes (required)
+  std::int64_t every = 500;    // steps between checkpoints (and one after the last step); 0: only on_stop
+  int keep_last = 2;           // newest checkpoints kept per peer; 2 or more lets a peer fall back one
+  bool resume = true;          // start from the newest step that every peer has, if any
+  std::map<std::string, std::string> text;  // stored in every checkpoint (a tokenizer, say)
+
+  // Where peer `rank` of `world` keeps its checkpoints.
+  std::filesystem::path peer_dir(int rank, int world) const {
+    return std::filesystem::path(dir) / ("peer-" + std::to_string(rank) + "-of-" + std::to_string(world));
+  }
+  std::filesystem::path file(int rank, int world, std::int64_t step) const {
+    return peer_dir(rank, world) / ("step-" + std::to_string(step) + ".ckpt");
+  }
+  // The steps this peer has checkpoints of, ascending.
+  std::vector<std::int64_t> saved_steps(int rank, int world) const {
+    std::vector<std::int64_t> steps;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(peer_dir(rank, world), ec)) {
+      const auto n = e.path().filename().string();
+      if (n.rfind("step-", 0) != 0 || e.path().extension() != ".ckpt") continue;
+      const auto digits = n.substr(5, n.size() - 10);
+      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      steps.push_back(std::stoll(digits));
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(!dir.empty(), "checkpoint_every: dir is empty (where should checkpoints go?)");
+    decentrain::detail::check(every >= 0, "checkpoint_every: every must be >= 0, got ", every);
+    decentrain::detail::check(keep_last >= 1, "checkpoint_every: keep_last must be >= 1, got ", keep_last);
+    if (!resume) return;
+    const int rank = ctx.comm.rank(), world = ctx.comm.world();
+    const auto mine = saved_steps(rank, world);
+    // newest, -(fewest newest), and whether anyone has none: one all-reduce.
+    const std::int64_t newest = mine.empty() ? -1 : mine.back();
+    std::int64_t agreed[2] = {newest, -newest};
+    ctx.comm.all_reduce(std::span<std::int64_t>(agreed, 2), collective::reduce_op::max);
+    const std::int64_t most = agreed[0], least = -agreed[1];
+    if (most < 0) return;  // a fresh run
+    decentrain::detail::check(least >= 0, "checkpoint_every: some peers have checkpoints in ", dir,
+                              " and others have none (peer ", rank, " has ", mine.size(),
+                              "); resume needs every peer's, or start with an empty directory");
+    decentrain::detail::check(std::binary_search(mine.begin(), mine.end(), least), "checkpoint_every: peer ", rank,
+                              " has no checkpoint of step ", least, ", the newest step every peer has (it has ",
+                              describe(mine), " in ", peer_dir(rank, world).string(), ")");
+    ctx.restore(io::load_checkpoint(file(rank, world, least)));
+  }
+
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if ((every > 0 && ctx.steps_done % every == 0) || (every > 0 && ctx.last_step)) save(ctx);
+  }
+
+  template <class Ctx>
+  action on_error(Ctx&, const transport::peer_error&) {
+    return action::rethrow;
+  }
+
+  template <class Ctx>
+  void on_stop(Ctx& ctx) {
+    save(ctx);
+  }
+
+  // Writes this peer's state now and drops checkpoints beyond keep_last; returns the file.
+  template <class Ctx>
+  std::filesystem::path save(Ctx& ctx) const {
+    const int rank = ctx.comm.rank(), world = ctx.comm.world();
+    auto c = ctx.capture();
+    for (const auto& [k, v] : text) c.text[k] = v;
+    std::filesystem::create_directories(peer_dir(rank, world));
+    const auto path = file(rank, world, ctx.steps_done);
+    io::save_checkpoint(path, c);
+    auto steps = saved_steps(rank, world);
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last) < steps.size(); ++i)
+      std::filesystem::remove(file(rank, world, steps[i]));
+    return path;
+  }
+
+ private:
+  static std::string describe(const std::vector<std::int64_t>& steps) {
+    if (steps.empty()) return "none";
+    std::string s = "steps";
+    for (auto v : steps) s += " " + std::to_string(v);
+    return s;
+  }
+};
+
+}  // namespace decentrain::fault

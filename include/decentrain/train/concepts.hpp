@@ -1,0 +1,129 @@
+// Every slot of trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy> on one page. Each
+// check_*() static_asserts member by member, so a policy that lacks a hook, or has it with
+// another signature, is told which one and how it should read. `Ctx` is train::peer_context<Model>.
+//
+//   slot      opts in with                               members
+//   Model     -                                          config_type; Model(const config_type&, rng&);
+//                                                        parameter_list<D>& parameters()
+//   Comm      using policy_concept = comm::policy_tag;   void start(Ctx&); void after_backward(Ctx&);
+//                                                        void after_step(Ctx&);
+//                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
+//   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
+//                                                        parallel::step_result forward_backward(Ctx&);
+//                                                        double evaluate(Ctx&, std::int64_t batch)
+//   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
+//                                                        fault::action on_error(Ctx&, const transport::peer_error&)
+//                                                        (optional: void reform(Ctx&); void on_stop(Ctx&))
+//   Codec     (inside a comm policy; compress/codec.hpp) max_encoded_bytes, encode, decode_add
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+
+#include "decentrain/comm/policy.hpp"
+#include "decentrain/compress/codec.hpp"
+#include "decentrain/fault/policy.hpp"
+#include "decentrain/io/checkpoint.hpp"
+#include "decentrain/parallel/policy.hpp"
+#include "decentrain/train/context.hpp"
+
+namespace decentrain::train {
+
+template <class M>
+constexpr bool check_model() {
+  using D = model_device_t<M>;
+  static_assert(requires { typename M::config_type; }, "trainer<Model, ...>: Model needs `using config_type = ...;`");
+  if constexpr (requires { typename M::config_type; }) {
+    static_assert(std::constructible_from<M, const typename M::config_type&, rng&>,
+                  "trainer<Model, ...>: Model needs a constructor `Model(const config_type&, rng& init)`");
+  }
+  static_assert(requires(M& m) { { m.parameters() } -> std::same_as<parameter_list<D>&>; },
+                "trainer<Model, ...>: Model needs `parameter_list<D>& parameters()`, D being Model::device_type "
+                "(or dt::cpu when Model has none)");
+  return true;
+}
+
+template <class M>
+concept trainable_model = requires { typename M::config_type; } &&
+                          std::constructible_from<M, const typename M::config_type&, rng&> &&
+                          requires(M& m) { { m.parameters() } -> std::same_as<parameter_list<model_device_t<M>>&>; };
+
+template <class P, class Ctx>
+constexpr bool check_comm_policy() {
+  static_assert(comm::declares_comm_policy<P>,
+                "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
+                "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
+  static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                "comm policy: needs `template <class Ctx> void start(Ctx&)` (once, before the first step)");
+  static_assert(requires(P& p, Ctx& c) { p.after_backward(c); },
+                "comm policy: needs `template <class Ctx> void after_backward(Ctx&)` (every step, gradients computed)");
+  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                "comm policy: needs `template <class Ctx> void after_step(Ctx&)` (every step, after the inner optimizer)");
+  static_assert(requires(const P& p, io::checkpoint& out) { p.save(out); },
+                "comm policy: needs `void save(io::checkpoint&) const` (an empty body when it has no state)");
+  static_assert(requires(P& p, const io::checkpoint& in) { p.load(in); },
+                "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
+  return true;
+}
+
+template <class P, class Ctx>
+concept comm_policy = comm::declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& c, io::checkpoint& out,
+                                                                 const io::checkpoint& in) {
+  p.start(c);
+  p.after_backward(c);
+  p.after_step(c);
+  cp.save(out);
+  p.load(in);
+};
+
+template <class P, class Ctx>
+constexpr bool check_parallel_policy() {
+  static_assert(parallel::declares_parallel_policy<P>,
+                "trainer<Model, Comm, ParallelPolicy, ...>: ParallelPolicy must declare "
+                "`using policy_concept = decentrain::parallel::policy_tag;` (for example parallel::data)");
+  static_assert(requires(const P& p, int r) { { p.place(r, r) } -> std::same_as<parallel::placement>; },
+                "parallel policy: needs `parallel::placement place(int rank, int world) const` (its stage and replicas)");
+  static_assert(requires(P& p, Ctx& c) { { p.forward_backward(c) } -> std::same_as<parallel::step_result>; },
+                "parallel policy: needs `template <class Ctx> parallel::step_result forward_backward(Ctx&)` "
+                "(one step's forward and backward, gradients left in the parameters)");
+  static_assert(requires(P& p, Ctx& c, std::int64_t i) { { p.evaluate(c, i) } -> std::convertible_to<double>; },
+                "parallel policy: needs `template <class Ctx> double evaluate(Ctx&, std::int64_t batch)` "
+                "(the validation loss of one batch)");
+  return true;
+}
+
+template <class P, class Ctx>
+concept parallel_policy = parallel::declares_parallel_policy<P> && requires(P& p, const P& cp, Ctx& c, int r, std::int64_t i) {
+  { cp.place(r, r) } -> std::same_as<parallel::placement>;
+  { p.forward_backward(c) } -> std::same_as<parallel::step_result>;
+  { p.evaluate(c, i) } -> std::convertible_to<double>;
+};
+
+template <class P, class Ctx>
+constexpr bool check_fault_policy() {
+  static_assert(fault::declares_fault_policy<P>,
+                "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
+                "`using policy_concept = decentrain::fault::policy_tag;` (for example fault::none)");
+  static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                "fault policy: needs `template <class Ctx> void start(Ctx&)` (once, before anything is exchanged)");
+  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                "fault policy: needs `template <class Ctx> void after_step(Ctx&)` (after every step)");
+  static_assert(requires(P& p, Ctx& c, const transport::peer_error& e) { { p.on_error(c, e) } -> std::same_as<fault::action>; },
+                "fault policy: needs `template <class Ctx> fault::action on_error(Ctx&, const transport::peer_error&)` "
+                "(rethrow, redo or reform)");
+  return true;
+}
+
+template <class P, class Ctx>
+concept fault_policy = fault::declares_fault_policy<P> && requires(P& p, Ctx& c, const transport::peer_error& e) {
+  p.start(c);
+  p.after_step(c);
+  { p.on_error(c, e) } -> std::same_as<fault::action>;
+};
+
+template <class C>
+constexpr bool check_codec() {
+  return compress::check_codec<C>();
+}
+
+}  // namespace decentrain::train

@@ -1,0 +1,57 @@
+// What a policy sees when the trainer calls it: the model and its parameters, the world's
+// communicator and the replicas' (the peers that hold the same parameters), the data and batch
+// settings, the step, and a way to capture and restore this peer's whole state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "decentrain/autograd/parameters.hpp"
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/core/device.hpp"
+#include "decentrain/core/rng.hpp"
+#include "decentrain/data/dataset.hpp"
+#include "decentrain/io/checkpoint.hpp"
+#include "decentrain/parallel/policy.hpp"
+#include "decentrain/transport/endpoint.hpp"
+
+namespace decentrain::train {
+
+// The device a model computes on: Model::device_type, or the CPU for models that do not say.
+template <class M>
+struct model_device {
+  using type = cpu;
+};
+template <class M>
+  requires requires { typename M::device_type; }
+struct model_device<M> {
+  using type = typename M::device_type;
+};
+template <class M>
+using model_device_t = typename model_device<M>::type;
+
+using communicator = collective::communicator<transport::any_endpoint>;
+
+template <class Model>
+struct peer_context {
+  using model_type = Model;
+  using device_type = model_device_t<Model>;
+
+  Model& model;
+  parameter_list<device_type>& parameters;
+  communicator& comm;       // every peer of the run
+  communicator& replicas;   // the peers holding the same parameters (comm itself for data parallelism)
+  const parallel::placement& placement;
+  const data::token_dataset& dataset;
+  rng& dropout;             // this peer's dropout stream (in the checkpoint)
+  std::int64_t batch_size = 0, block = 0;  // rows per peer per step, tokens per row
+  std::uint64_t seed = 0;                  // data order (the same on every peer)
+  std::int64_t step = 0;        // the step being computed, from 0
+  std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
+  bool last_step = false;       // policies that communicate periodically also do so on the last step
+  bool resumed = false;         // start() after restore(): the peers' states are already what they should be
+  std::function<io::checkpoint()> capture;             // this peer's whole state
+  std::function<void(const io::checkpoint&)> restore;  // and back
+};
+
+}  // namespace decentrain::train
