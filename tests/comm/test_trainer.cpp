@@ -80,6 +80,50 @@ TEST_CASE("trainer: N peers under sync_allreduce match one peer with an N-times 
                                                           .parameters())) > 1e-3);  // and it did train
 }
 
+namespace {
+// sync_allreduce, recording each peer's flat gradient right after its after_backward on step 0.
+struct recorded_sync {
+  using policy_concept = dt::comm::policy_tag;
+  dt::comm::sync_allreduce<> inner;
+  std::vector<std::vector<float>>* grads = nullptr;
+  template <class Ctx>
+  void start(Ctx& ctx) { inner.start(ctx); }
+  template <class Ctx>
+  void after_backward(Ctx& ctx) {
+    inner.after_backward(ctx);
+    if (ctx.step == 0) dt::comm::gather_grads(ctx.parameters, (*grads)[static_cast<std::size_t>(ctx.comm.rank())]);
+  }
+  template <class Ctx>
+  void after_step(Ctx& ctx) { inner.after_step(ctx); }
+  void save(dt::io::checkpoint&) const {}
+  void load(const dt::io::checkpoint&) {}
+};
+}  // namespace
+
+// AdamW's m / sqrt(v) ignores a constant factor and clipping rescales, so the test above would
+// also pass if the policy summed the gradients instead of averaging them; this one compares the
+// gradient itself (it fails with reduce_op::sum: 4x the single peer's).
+TEST_CASE("trainer: under sync_allreduce each peer's gradient is the mean over the N-times batch") {
+  trainer_options opts;
+  opts.steps = 1;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  opts.grad_clip = 0;
+  using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>, recorded_sync>;
+  std::vector<std::vector<float>> four(4), one(1);
+  recorded_sync p4, p1;
+  p4.grads = &four;
+  p1.grads = &one;
+  run_peers<Sync>(4, opts, p4);
+  opts.batch_size = 8;
+  run_peers<Sync>(1, opts, p1);
+  double largest = 0;
+  for (float g : one[0]) largest = std::max(largest, std::abs(static_cast<double>(g)));
+  REQUIRE(largest > 1e-3);
+  for (int r = 0; r < 4; ++r) CHECK(max_abs_diff(four[static_cast<std::size_t>(r)], one[0]) < 1e-6 * largest * 10);
+  CHECK(four[0] == four[3]);
+}
+
 TEST_CASE("trainer: DiLoCo with H = 1, outer lr 1 and no momentum is local SGD") {
   trainer_options opts;
   opts.steps = 5;

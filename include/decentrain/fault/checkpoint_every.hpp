@@ -108,7 +108,10 @@ struct checkpoint_every {
   static std::string describe(const std::vector<std::int64_t>& steps) {
     if (steps.empty()) return "none";
     std::string s = "steps";
-    for (auto v : steps) s += " " + std::to_string(v);
+    for (auto v : steps) {
+      s += ' ';
+      s += std::to_string(v);
+    }
     return s;
   }
 };

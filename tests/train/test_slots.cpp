@@ -1,0 +1,442 @@
+// The slots proved from outside the library: a gossip policy, a codec, a two-stage pipeline and
+// a fault policy that checkpoints, each written here against the public headers only, as a user
+// would, and trained; plus the library's own checkpoint_every and the fault slot's error routing.
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace dt = decentrain;
+using dt::train::trainer_options;
+
+namespace {
+
+struct corpus {
+  dt::data::char_tokenizer tok;
+  dt::data::token_dataset data;
+};
+const corpus& small_corpus() {
+  static const corpus c = [] {
+    const auto text = dt::data::builtin_corpus(std::size_t{1} << 16, 5);
+    auto tok = dt::data::char_tokenizer::from_text(text);
+    return corpus{tok, dt::data::token_dataset(tok.encode(text))};
+  }();
+  return c;
+}
+dt::nn::gpt_config tiny_gpt() {
+  auto c = dt::nn::gpt_preset("tiny");
+  c.vocab_size = small_corpus().tok.vocab_size();
+  c.block_size = 16;
+  c.n_layer = 1;
+  c.n_embd = 32;
+  c.n_head = 2;
+  return c;
+}
+double uniform_loss() { return std::log(static_cast<double>(small_corpus().tok.vocab_size())); }
+
+std::vector<float> flat(const dt::parameter_list<dt::cpu>& p) {
+  std::vector<float> v;
+  dt::comm::gather_values(p, v);
+  return v;
+}
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
+// ---- a gossip policy: after every step, average parameters with one neighbour (rank ^ 1) ----
+struct neighbour_gossip {
+  using policy_concept = dt::comm::policy_tag;
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    if (!ctx.resumed) dt::comm::broadcast_parameters(ctx, mine_);
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    const int partner = ctx.comm.rank() ^ 1;
+    if (partner >= ctx.comm.world()) return;
+    dt::comm::gather_values(ctx.parameters, mine_);
+    theirs_.resize(mine_.size());
+    ctx.comm.exchange_with(partner, std::span<const float>(mine_), std::span<float>(theirs_));
+    // The lower rank's values first, so both partners compute the same bits.
+    const bool lower = ctx.comm.rank() < partner;
+    for (std::size_t i = 0; i < mine_.size(); ++i)
+      mine_[i] = lower ? 0.5f * (mine_[i] + theirs_[i]) : 0.5f * (theirs_[i] + mine_[i]);
+    dt::comm::scatter_values(ctx.parameters, mine_);
+  }
+  void save(dt::io::checkpoint&) const {}
+  void load(const dt::io::checkpoint&) {}
+
+ private:
+  std::vector<float> mine_, theirs_;
+};
+
+// ---- a codec: values rounded to bf16 (nearest even), 2 bytes each ----
+struct half_width {
+  std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &in[i], 4);
+      bits += 0x7fffu + ((bits >> 16) & 1u);
+      const auto h = static_cast<std::uint16_t>(bits >> 16);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+    return 2 * in.size();
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    dt::detail::check(in.size() == 2 * into.size(), "half_width: ", in.size(), " bytes for ", into.size(), " values");
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, in.data() + 2 * i, 2);
+      const std::uint32_t bits = std::uint32_t{h} << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      into[i] += v;
+    }
+  }
+};
+
+// ---- a two-layer model and a pipeline that puts each layer on its own peer ----
+struct two_layer_config {
+  std::int64_t vocab = 0, width = 24, block_size = 16;
+};
+struct two_layer {
+  using config_type = two_layer_config;
+  two_layer(const config_type& c, dt::rng& init)
+      : cfg(c),
+        table(params.add("wte", dt::parameter(dt::randn<dt::cpu>(dt::shape{c.vocab, c.width}, init, dt::dtype::f32, 0.0, 0.1)))),
+        first(params, "first", c.width, c.width, 0.1, init),
+        second(params, "second", c.width, c.vocab, 0.1, init) {}
+  dt::parameter_list<dt::cpu>& parameters() { return params; }
+  const config_type& config() const { return cfg; }
+  // Stage 0's part, then stage 1's.
+  dt::var<dt::cpu> hidden(const dt::tensor<dt::cpu>& ids) { return dt::gelu(first(dt::embedding(ids, table))); }
+  dt::var<dt::cpu> head_loss(const dt::var<dt::cpu>& h, const dt::tensor<dt::cpu>& targets) {
+    return dt::cross_entropy(second(h), targets);
+  }
+  dt::var<dt::cpu> loss(const dt::tensor<dt::cpu>& ids, const dt::tensor<dt::cpu>& targets, dt::rng* = nullptr) {
+    return head_loss(hidden(ids), targets);
+  }
+
+  config_type cfg;
+  dt::parameter_list<dt::cpu> params;
+  dt::var<dt::cpu> table;
+  dt::nn::linear_layer<dt::cpu> first, second;
+};
+
+// Two peers, one stage each: activations go forward and their gradients back through the
+// transport; every step uses the whole batch (as one peer alone would).
+struct two_stages {
+  using policy_concept = dt::parallel::policy_tag;
+
+  dt::parallel::placement place(int rank, int world) const {
+    dt::detail::check(world == 2, "two_stages: needs exactly 2 peers, got ", world);
+    return {rank, 2, {rank}};  // stage = rank; nobody else holds the same parameters
+  }
+
+  template <class Ctx>
+  dt::parallel::step_result forward_backward(Ctx& ctx) {
+    auto [x, y] = ctx.dataset.template batch<dt::cpu>(dt::data::split::train, ctx.step, ctx.batch_size, ctx.block, ctx.seed);
+    ctx.parameters.zero_grad();
+    const double loss = pass(ctx, x, y, true);
+    return {loss, ctx.batch_size, ctx.batch_size * ctx.block, 1.0};
+  }
+
+  template <class Ctx>
+  double evaluate(Ctx& ctx, std::int64_t batch) {
+    auto [x, y] = ctx.dataset.template batch<dt::cpu>(dt::data::split::validation, batch, ctx.batch_size, ctx.block, ctx.seed);
+    return pass(ctx, x, y, false);
+  }
+
+ private:
+  template <class Ctx>
+  double pass(Ctx& ctx, const dt::tensor<dt::cpu>& x, const dt::tensor<dt::cpu>& y, bool train) {
+    auto& m = ctx.model;
+    const dt::shape hs{x.size(0), x.size(1), m.cfg.width};
+    double loss = 0;
+    if (ctx.placement.stage == 0) {
+      auto h = m.hidden(x);
+      const auto hv = h.value().contiguous();
+      ctx.comm.send_to(1, std::span<const float>(hv.template data<float>(), static_cast<std::size_t>(hv.numel())));
+      if (train) {
+        auto g = dt::tensor<dt::cpu>::empty(hs, dt::dtype::f32);
+        ctx.comm.recv_from(1, std::span<float>(g.template data<float>(), static_cast<std::size_t>(g.numel())));
+        h.backward(g);
+      }
+      ctx.comm.recv_from(1, std::span<double>(&loss, 1));
+    } else {
+      auto hv = dt::tensor<dt::cpu>::empty(hs, dt::dtype::f32);
+      ctx.comm.recv_from(0, std::span<float>(hv.template data<float>(), static_cast<std::size_t>(hv.numel())));
+      dt::var<dt::cpu> h(hv, train);
+      auto l = m.head_loss(h, y);
+      if (train) {
+        l.backward();
+        const auto g = h.grad().contiguous();
+        ctx.comm.send_to(0, std::span<const float>(g.template data<float>(), static_cast<std::size_t>(g.numel())));
+      }
+      loss = l.item();
+      ctx.comm.send_to(0, std::span<const double>(&loss, 1));
+    }
+    return loss;
+  }
+};
+
+// ---- a fault policy that checkpoints in memory every `every` steps and redoes failed steps ----
+struct memory_checkpoints {
+  using policy_concept = dt::fault::policy_tag;
+  std::int64_t every = 4;
+  std::map<int, dt::io::checkpoint>* store = nullptr;  // by rank, shared by the test
+  std::mutex* lock = nullptr;
+  int* errors_seen = nullptr;
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    std::lock_guard g(*lock);
+    if (auto it = store->find(ctx.comm.rank()); it != store->end()) ctx.restore(it->second);
+  }
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if (ctx.steps_done % every != 0) return;
+    auto c = ctx.capture();
+    std::lock_guard g(*lock);
+    (*store)[ctx.comm.rank()] = std::move(c);
+  }
+  template <class Ctx>
+  dt::fault::action on_error(Ctx&, const dt::transport::peer_error&) {
+    std::lock_guard g(*lock);
+    ++*errors_seen;
+    return dt::fault::action::redo;
+  }
+};
+
+// Wraps a communication policy: records the flat gradient each peer holds right after the
+// policy's after_backward on step 0, and can throw a peer error once at a given step (on every
+// peer alike, before any message is sent, like a collective that failed and was abandoned).
+template <class Inner>
+struct probe {
+  using policy_concept = dt::comm::policy_tag;
+  Inner inner{};
+  std::vector<std::vector<float>>* grads = nullptr;
+  std::int64_t fail_at = -1;
+  bool failed = false;
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    inner.start(ctx);
+  }
+  template <class Ctx>
+  void after_backward(Ctx& ctx) {
+    inner.after_backward(ctx);
+    if (grads && ctx.step == 0) dt::comm::gather_grads(ctx.parameters, (*grads)[static_cast<std::size_t>(ctx.comm.rank())]);
+  }
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if (ctx.step == fail_at && !failed) {
+      failed = true;
+      throw dt::transport::peer_error((ctx.comm.rank() + 1) % ctx.comm.world(), "all_reduce", "injected: the peer went away");
+    }
+    inner.after_step(ctx);
+  }
+  void save(dt::io::checkpoint& c) const { inner.save(c); }
+  void load(const dt::io::checkpoint& c) { inner.load(c); }
+};
+
+template <class Trainer>
+std::vector<std::vector<float>> final_params(int world, const typename Trainer::model_config& cfg, trainer_options opts,
+                                             typename Trainer::comm_policy comm = {},
+                                             std::vector<dt::train::fit_result>* results = nullptr,
+                                             typename Trainer::parallel_policy parallel = {},
+                                             typename Trainer::fault_policy fault = {}) {
+  std::vector<std::vector<float>> params(static_cast<std::size_t>(world));
+  auto r = dt::train::fit_in_process<Trainer>(
+      dt::transport::in_process(world), cfg, opts, small_corpus().data, comm,
+      [&](Trainer& t) {
+        t.on_eval([&, &t = t](const dt::train::eval_point&) { params[static_cast<std::size_t>(t.rank())] = flat(t.model().parameters()); });
+      },
+      1, parallel, fault);
+  if (results) *results = r;
+  return params;
+}
+
+}  // namespace
+
+TEST_CASE("slots: a gossip policy written outside the library averages with one neighbour and trains") {
+  trainer_options opts;
+  opts.steps = 40;
+  opts.batch_size = 4;
+  opts.eval_batches = 2;
+  using Gossip = dt::train::trainer<dt::nn::gpt<dt::cpu>, neighbour_gossip>;
+  std::vector<dt::train::fit_result> r;
+  const auto p = final_params<Gossip>(4, tiny_gpt(), opts, {}, &r);
+  CHECK(p[0] == p[1]);  // partners end every step on the same parameters
+  CHECK(p[2] == p[3]);
+  CHECK(max_abs_diff(p[0], p[2]) > 1e-4);  // the two pairs never talk after the start
+  CHECK(r[0].final_val_loss < uniform_loss() - 0.5);
+  // Bytes: every step one exchange of the whole model with the partner, plus the start broadcast.
+  const auto P = static_cast<std::uint64_t>(p[0].size());
+  CHECK(r[0].last.policy_bytes_sent >= 40 * 4 * P);
+  CHECK(r[0].last.policy_bytes_sent <= 42 * 4 * P);
+}
+
+TEST_CASE("slots: a codec written outside the library compresses sync all-reduce and trains") {
+  trainer_options opts;
+  opts.steps = 40;
+  opts.batch_size = 4;
+  opts.eval_batches = 2;
+  using Plain = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>>;
+  using Half = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<half_width>>;
+  std::vector<dt::train::fit_result> plain, half;
+  final_params<Plain>(2, tiny_gpt(), opts, {}, &plain);
+  const auto p = final_params<Half>(2, tiny_gpt(), opts, {}, &half);
+  CHECK(p[0] == p[1]);  // every peer decodes the same payloads in the same order
+  CHECK(half[0].final_val_loss < uniform_loss() - 0.5);
+  CHECK(half[0].final_val_loss == Approx(plain[0].final_val_loss).epsilon(0.02));
+  CHECK(half[0].final_val_loss != plain[0].final_val_loss);  // the codec was really used
+  // Two peers: identity's recursive doubling sends the 4-byte gradient once per step; the codec
+  // sends 2 bytes a value (+ an 8-byte size) once per step.
+  const double ratio = static_cast<double>(plain[0].last.policy_bytes_sent) / static_cast<double>(half[0].last.policy_bytes_sent);
+  INFO("policy bytes: identity " << plain[0].last.policy_bytes_sent << ", half width " << half[0].last.policy_bytes_sent);
+  CHECK(ratio > 1.8);  // the start broadcast (f32, the same for both) keeps it below 2
+}
+
+TEST_CASE("slots: a two-stage pipeline on two peers computes the single peer's gradients and parameters") {
+  trainer_options opts;
+  opts.steps = 6;
+  opts.batch_size = 4;
+  opts.eval_batches = 2;
+  opts.grad_clip = 0;  // each stage would clip by its own part of the norm
+  two_layer_config cfg;
+  cfg.vocab = small_corpus().tok.vocab_size();
+  using Single = dt::train::trainer<two_layer, probe<dt::comm::sync_allreduce<>>>;
+  using Piped = dt::train::trainer<two_layer, probe<dt::comm::sync_allreduce<>>, two_stages>;
+  std::vector<std::vector<float>> g1(1), g2(2);
+  probe<dt::comm::sync_allreduce<>> rec1, rec2;
+  rec1.grads = &g1;
+  rec2.grads = &g2;
+  std::vector<dt::train::fit_result> single_r, piped_r;
+  const auto single = final_params<Single>(1, cfg, opts, rec1, &single_r);
+  const auto piped = final_params<Piped>(2, cfg, opts, rec2, &piped_r);
+  // Stage 0 holds wte and `first`, stage 1 `second`: the parameter list's order is wte, first.*, second.*.
+  const auto stage0 = static_cast<std::size_t>(cfg.vocab * cfg.width + cfg.width * cfg.width + cfg.width);
+  REQUIRE(single[0].size() == stage0 + static_cast<std::size_t>(cfg.width * cfg.vocab + cfg.vocab));
+  auto part = [&](const std::vector<float>& v, bool first_stage) {
+    return first_stage ? std::vector<float>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(stage0))
+                       : std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(stage0), v.end());
+  };
+  // Gradients of step 0: each stage's part equals the single peer's (the same ops on the same
+  // values; stated tolerance 1e-6 for a reordering of float sums).
+  CHECK(max_abs_diff(part(g2[0], true), part(g1[0], true)) < 1e-6);
+  CHECK(max_abs_diff(part(g2[1], false), part(g1[0], false)) < 1e-6);
+  // A stage has no gradient for the other stage's parameters: they are zeros in its flat gradient.
+  const auto other_stage = part(g2[0], false);
+  CHECK(std::all_of(other_stage.begin(), other_stage.end(), [](float v) { return v == 0.0f; }));
+  // After 6 AdamW steps each stage's parameters equal the single peer's.
+  CHECK(max_abs_diff(part(piped[0], true), part(single[0], true)) < 1e-5);
+  CHECK(max_abs_diff(part(piped[1], false), part(single[0], false)) < 1e-5);
+  // Both stages report the loss (the last stage sends it back) and the same validation loss.
+  CHECK(piped_r[0].final_val_loss == piped_r[1].final_val_loss);
+  CHECK(piped_r[0].final_val_loss == Approx(single_r[0].final_val_loss).epsilon(1e-5));
+  CHECK(piped_r[0].last.loss == Approx(single_r[0].last.loss).epsilon(1e-5));
+}
+
+TEST_CASE("slots: a fault policy written outside the library checkpoints, resumes exactly and redoes a failed step") {
+  trainer_options opts;
+  opts.steps = 10;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  dt::comm::diloco<> h3;
+  h3.inner_steps = 3;
+  using Clean = dt::train::trainer<dt::nn::gpt<dt::cpu>, probe<dt::comm::diloco<>>>;
+  using Saved = dt::train::trainer<dt::nn::gpt<dt::cpu>, probe<dt::comm::diloco<>>, dt::parallel::data, memory_checkpoints>;
+  probe<dt::comm::diloco<>> plain;
+  plain.inner = h3;
+  const auto whole = final_params<Clean>(2, tiny_gpt(), opts, plain);
+
+  std::map<int, dt::io::checkpoint> store;
+  std::mutex lock;
+  int errors = 0;
+  memory_checkpoints fault{4, &store, &lock, &errors};
+  // A run that fails once at step 5 (the fault policy redoes it) and checkpoints at 4 and 8.
+  probe<dt::comm::diloco<>> failing = plain;
+  failing.fail_at = 5;
+  std::vector<dt::train::fit_result> r;
+  const auto redone = final_params<Saved>(2, tiny_gpt(), opts, failing, &r, {}, fault);
+  CHECK(errors == 2);  // one per peer
+  CHECK(r[0].last.redos == 1);
+  CHECK(redone[0] == whole[0]);  // redoing the abandoned exchange changed nothing
+  REQUIRE(store.size() == 2);
+  CHECK(store[0].counter("step") == 8);
+
+  // A fresh pair of trainers starts from the stored step-8 checkpoints and ends where the
+  // uninterrupted run did, bit for bit.
+  const auto resumed = final_params<Saved>(2, tiny_gpt(), opts, plain, nullptr, {}, fault);
+  CHECK(resumed[0] == whole[0]);
+  CHECK(resumed[1] == whole[1]);
+
+  // fault::none rethrows the peer error, naming the peer and the operation.
+  using Fragile = dt::train::trainer<dt::nn::gpt<dt::cpu>, probe<dt::comm::diloco<>>>;
+  try {
+    final_params<Fragile>(2, tiny_gpt(), opts, failing);
+    FAIL("fault::none should have rethrown the peer error");
+  } catch (const dt::transport::peer_error& e) {
+    CHECK(e.operation() == "all_reduce");
+    CHECK(std::string(e.what()).find("injected") != std::string::npos);
+  }
+}
+
+TEST_CASE("fault::checkpoint_every keeps the newest checkpoints and resumes from the newest step every peer has") {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("decentrain_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  trainer_options opts;
+  opts.steps = 12;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  dt::comm::diloco<> h5;
+  h5.inner_steps = 5;
+  using Plain = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>;
+  using Saving = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::checkpoint_every>;
+  const auto whole = final_params<Plain>(2, tiny_gpt(), opts, h5);
+
+  dt::fault::checkpoint_every ck;
+  ck.dir = dir.string();
+  ck.every = 4;
+  ck.keep_last = 2;
+  // Stop after 10 steps (inside a DiLoCo round) through a hook, as a crash would.
+  opts.stop_check_every = 1;
+  std::vector<dt::train::fit_result> stopped;
+  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    Saving t(tiny_gpt(), opts, ep, h5, {}, ck);
+    t.stop_when([&t] { return t.step() == 10; });
+    const auto res = t.fit(small_corpus().data);
+    CHECK(res.stopped);
+  });
+  // Saved at 4 and 8, and at 10 by on_stop; keep_last = 2 leaves 8 and 10.
+  CHECK(ck.saved_steps(0, 2) == std::vector<std::int64_t>{8, 10});
+  CHECK(ck.saved_steps(1, 2) == std::vector<std::int64_t>{8, 10});
+  // Peer 1 was killed while writing step 10: its newest file is gone. Both resume from step 8.
+  fs::remove(ck.file(1, 2, 10));
+  const auto resumed = final_params<Saving>(2, tiny_gpt(), opts, h5, nullptr, {}, ck);
+  CHECK(resumed[0] == whole[0]);
+  CHECK(resumed[1] == whole[1]);
+  // That run saved step 12 and kept two per peer.
+  CHECK(ck.saved_steps(0, 2) == std::vector<std::int64_t>{10, 12});
+  CHECK(ck.saved_steps(1, 2) == std::vector<std::int64_t>{8, 12});
+
+  // A peer with no checkpoints while the other has some is refused with a message naming it.
+  fs::remove_all(ck.peer_dir(1, 2));
+  CHECK_THROWS_WITH(final_params<Saving>(2, tiny_gpt(), opts, h5, nullptr, {}, ck),
+                    Catch::Contains("some peers have checkpoints") && Catch::Contains("others have none"));
+  fs::remove_all(dir);
+}
