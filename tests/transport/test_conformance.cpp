@@ -5,9 +5,13 @@
 #include <decentrain/collective/communicator.hpp>
 #include <decentrain/detail/hash.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iomanip>
 #include <numeric>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "support/transport_harness.hpp"
@@ -188,26 +192,99 @@ TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, un
   }
 }
 
-TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and leaves every peer identical",
+TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and leaves every peer identical, both algorithms",
                    "[collective]", TRANSPORTS) {
+  // 200 KB, under recursive_doubling_below_bytes: left to `automatic` it would never reach the
+  // ring, so each algorithm is named.
   for (int n : {2, 3, 4, 7}) {
     const std::size_t size = 50'001;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator comm(ep, {.chunk_bytes = 8192});
-      std::vector<float> v(size);
-      for (std::size_t i = 0; i < size; ++i) v[i] = std::sin(static_cast<float>(i) * 0.01f + static_cast<float>(ep.rank()));
-      comm.all_reduce(std::span<float>(v), reduce_op::average);
-      double worst = 0;
-      for (std::size_t i = 0; i < size; ++i) {
-        double expect = 0;
-        for (int r = 0; r < n; ++r) expect += std::sin(static_cast<float>(i) * 0.01f + static_cast<float>(r));
-        worst = std::max(worst, std::abs(v[i] - expect / n));
+      for (auto algo : {algorithm::ring, algorithm::recursive_doubling}) {
+        std::vector<float> v(size);
+        for (std::size_t i = 0; i < size; ++i) v[i] = std::sin(static_cast<float>(i) * 0.01f + static_cast<float>(ep.rank()));
+        comm.all_reduce(std::span<float>(v), reduce_op::average, algo);
+        double worst = 0;
+        for (std::size_t i = 0; i < size; ++i) {
+          double expect = 0;
+          for (int r = 0; r < n; ++r) expect += std::sin(static_cast<float>(i) * 0.01f + static_cast<float>(r));
+          worst = std::max(worst, std::abs(v[i] - expect / n));
+        }
+        // A handful of float roundings of values of size <= 1. (Peers run on threads, where
+        // Catch's INFO is not safe, so the failure names its case in the compared string.)
+        const std::string name = algo == algorithm::ring ? "ring" : "recursive doubling";
+        CHECK((worst < 1e-6 ? "" : name + ": worst error " + std::to_string(worst)) == "");
+        // Bit-identical on every peer: compare a checksum of the result across peers.
+        const std::uint64_t sum = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+        const auto sums = comm.all_gather(std::span<const std::uint64_t>(&sum, 1));
+        CHECK(std::all_of(sums.begin(), sums.end(), [&](std::uint64_t s) { return s == sum; }));
       }
-      CHECK(worst < 1e-6);  // a handful of float roundings of values of size <= 1
-      // Bit-identical on every peer: compare a checksum of the result across peers.
-      const std::uint64_t sum = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
-      const auto sums = comm.all_gather(std::span<const std::uint64_t>(&sum, 1));
-      CHECK(std::all_of(sums.begin(), sums.end(), [&](std::uint64_t s) { return s == sum; }));
+    });
+  }
+}
+
+namespace {
+// Peer r's value at i in the exact-average test: k(i) + (2r - (n - 1)) c(i). The offsets cancel
+// over the n peers, so the mean is k(i) exactly; all are small multiples of 1/4, so every partial
+// sum is exact in any order and only the final scaling by 1/n can round. Every 97th element is
+// -0 on every peer (the mean is -0: a sum of -0s keeps the sign), the next one -0 but +0 on
+// peer 0 (the mean is +0).
+float average_input(std::size_t i, int r, int n) {
+  if (i % 97 == 0) return -0.0f;
+  if (i % 97 == 1) return r == 0 ? 0.0f : -0.0f;
+  const float k = 0.25f * (static_cast<float>(i % 1000) - 500.0f), c = static_cast<float>(i % 13 + 1);
+  return k + static_cast<float>(2 * r - (n - 1)) * c;
+}
+double average_expected(std::size_t i) {
+  if (i % 97 == 0) return -0.0;
+  if (i % 97 == 1) return 0.0;
+  return 0.25 * (static_cast<double>(i % 1000) - 500.0);  // k(i); a zero k is +0 (x + -x is +0)
+}
+// `got` is the exact mean, sign of a zero included; where 1/n is not a float (n not a power of
+// two) the scaling may round once, so one ulp either side is accepted there.
+bool is_average(float got, double expected, int n) {
+  const auto want = static_cast<float>(expected);
+  if (std::signbit(got) != std::signbit(want)) return false;
+  if (got == want) return true;
+  const bool inexact_scale = (n & (n - 1)) != 0;
+  return inexact_scale && (got == std::nextafter(want, INFINITY) || got == std::nextafter(want, -INFINITY));
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("collective: float average is the exact mean (-0 kept) by the ring and by recursive doubling, 1..8 peers, uneven sizes",
+                   "[collective]", TRANSPORTS) {
+  for (int n = 1; n <= 8; ++n) {
+    TestType::run(n, [&](auto& ep) {
+      // Small chunks, so a segment spans several; sizes that are not multiples of n, and one
+      // smaller than n (empty segments); each algorithm named, and a buffer just over the
+      // switch that `automatic` sends round the ring.
+      dt::collective::communicator comm(ep, {.chunk_bytes = 4096});
+      struct run_case {
+        std::size_t size;
+        algorithm algo;
+        const char* what;
+      };
+      std::vector<run_case> cases;
+      for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100'003}}) {
+        cases.push_back({size, algorithm::ring, "ring"});
+        cases.push_back({size, algorithm::recursive_doubling, "recursive doubling"});
+      }
+      cases.push_back({comm.settings().recursive_doubling_below_bytes / sizeof(float) + 12'345, algorithm::automatic,
+                       "automatic over the switch (ring)"});
+      for (const auto& k : cases) {
+        std::vector<float> v(k.size);
+        for (std::size_t i = 0; i < k.size; ++i) v[i] = average_input(i, ep.rank(), n);
+        comm.all_reduce(std::span<float>(v), reduce_op::average, k.algo);
+        std::size_t wrong = 0, first = 0;
+        for (std::size_t i = 0; i < k.size; ++i)
+          if (!is_average(v[i], average_expected(i), n) && wrong++ == 0) first = i;
+        // The case and the first wrong value in the compared string (INFO is not thread-safe).
+        std::ostringstream failure;
+        if (wrong)
+          failure << std::setprecision(9) << k.what << ", " << n << " peers, " << k.size << " floats: " << wrong
+                  << " wrong, the first at " << first << ": got " << v[first] << ", expected " << average_expected(first);
+        CHECK(failure.str() == "");
+      }
     });
   }
 }
@@ -223,11 +300,16 @@ TEMPLATE_TEST_CASE("collective: recursive doubling leaves every peer with the sa
       std::vector<float> v(301), m(301);
       for (std::size_t i = 0; i < v.size(); ++i) {
         v[i] = std::ldexp(1.0f + 0.1f * static_cast<float>(i % 7), static_cast<int>((i + static_cast<std::size_t>(r) * 5) % 40) - 20);
-        m[i] = (i + static_cast<std::size_t>(r)) % 2 ? 0.0f : -0.0f;
+        // Every third element is -0 on every peer, so its max is -0 whatever the order; the
+        // others mix -0 and +0, whose max may be either zero as long as all peers agree.
+        m[i] = i % 3 == 0 || (i + static_cast<std::size_t>(r)) % 2 == 0 ? -0.0f : 0.0f;
       }
       comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::recursive_doubling);
       comm.all_reduce(std::span<float>(m), reduce_op::max, algorithm::recursive_doubling);
       CHECK(std::all_of(m.begin(), m.end(), [](float x) { return x == 0.0f; }));
+      bool minus_zero_kept = true;
+      for (std::size_t i = 0; i < m.size(); i += 3) minus_zero_kept = minus_zero_kept && std::signbit(m[i]);
+      CHECK(minus_zero_kept);
       const auto bits = [](const std::vector<float>& x) {
         return dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float)));
       };

@@ -2,8 +2,10 @@
 // batch (rows rank*B .. rank*B+B-1 of step `step`), one forward and one backward per step.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 
+#include "decentrain/autograd/variable.hpp"
 #include "decentrain/core/transfer.hpp"
 #include "decentrain/data/dataset.hpp"
 #include "decentrain/parallel/policy.hpp"
@@ -16,11 +18,20 @@ struct data {
 
   placement place(int, int world) const { return everyone(world); }
 
+  // What this policy needs of the model (the trainer asserts it where the policy has one).
+  template <class Ctx>
+  static constexpr bool check_model() {
+    using D = typename Ctx::device_type;
+    static_assert(requires(typename Ctx::model_type& m, const tensor<D>& ids, rng* r) {
+                    { m.loss(ids, ids, r) } -> std::same_as<var<D>>;
+                  },
+                  "parallel::data: the model needs `var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`");
+    return true;
+  }
+
   template <class Ctx>
   step_result forward_backward(Ctx& ctx) {
     using D = typename Ctx::device_type;
-    static_assert(requires(typename Ctx::model_type& m, const tensor<D>& ids, rng* r) { m.loss(ids, ids, r); },
-                  "parallel::data: the model needs `var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`");
     const std::int64_t B = ctx.batch_size, T = ctx.block;
     auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed, ctx.comm.rank(),
                                                   ctx.comm.world());

@@ -11,6 +11,8 @@
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)
+//                                                        (optional: static constexpr bool check_model<Ctx>(),
+//                                                        what it needs of the model, asserted member by member)
 //   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
 //                                                        fault::action on_error(Ctx&, const transport::peer_error&)
 //                                                        (optional: void reform(Ctx&); void on_stop(Ctx&))
@@ -89,6 +91,8 @@ constexpr bool check_parallel_policy() {
   static_assert(requires(P& p, Ctx& c, std::int64_t i) { { p.evaluate(c, i) } -> std::convertible_to<double>; },
                 "parallel policy: needs `template <class Ctx> double evaluate(Ctx&, std::int64_t batch)` "
                 "(the validation loss of one batch)");
+  // What the policy needs of the model, where it says (parallel::data: a loss).
+  if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
   return true;
 }
 
