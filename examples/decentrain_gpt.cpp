@@ -2,13 +2,15 @@
 //
 //   decentrain-gpt train  [--preset NAME | --n-layer L --n-head H --n-embd C --block-size T]
 //                         [--data FILE] [--steps N] [--batch-size B] [--lr LR] [--seed S]
-//                         [--checkpoint-dir DIR] [--resume] [--threads N] [--metrics FILE] ...
+//                         [--checkpoint-dir DIR] [--resume] [--threads N] [--metrics FILE]
+//                         [--peers N | --listen HOST:PORT ... | --mpi] [--comm NAME] ...
 //   decentrain-gpt eval   --weights W.safetensors --tokens SHARD --n-head H
 //                         [--batch-size B] [--block-size T] [--dump-grads G.safetensors]
-//   decentrain-gpt sample (--checkpoint FILE | --weights W.safetensors --n-head H)
+//   decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors --n-head H)
 //                         [--prompt TEXT | --prompt-ids 1,2,3] [--tokens N] [--temperature X]
 //                         [--top-k K] [--seed S]
 //
+// Every mode of `train` is the library's trainer: one process is a world of one peer.
 // `decentrain-gpt help` lists every option with its default.
 #include <decentrain/decentrain.hpp>
 
@@ -16,9 +18,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +28,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -37,11 +40,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Set by SIGINT; the training loop checks it between steps, saves a checkpoint and exits.
-volatile std::sig_atomic_t interrupted = 0;
-extern "C" void on_interrupt(int) { interrupted = 1; }
+// Set by SIGINT; every trainer asks it between steps (trainer::stop_when), and the fault policy
+// saves each peer's state before fit returns.
+std::atomic<bool> interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler sets it");
+extern "C" void on_interrupt(int) { interrupted = true; }
 
-const char* usage = R"(decentrain-gpt: train, evaluate and sample GPT-2 models on one machine.
+// ---- help ----------------------------------------------------------------------------------
+
+// {name} marks a default that comes from the library's structs (filled in by usage()), so the
+// help cannot drift from what the trainer does.
+const char* usage_template = R"(decentrain-gpt: train, evaluate and sample GPT-2 models, on one machine or as decentralized peers.
 
 decentrain-gpt train [options]
   --preset NAME          tiny | shakespeare-char | gpt2-124m   (default tiny)
@@ -52,27 +61,39 @@ decentrain-gpt train [options]
                          default: the built-in generated corpus
   --vocab-size N         vocabulary for token shards (default: the preset's)
   --val-fraction F       held-out fraction of the data (default 0.1)
-  --steps N              optimizer steps in all (default 1000)
-  --batch-size B         sequences per step (default 16)
-  --lr LR                peak learning rate (default 1e-3)
-  --min-lr LR            cosine floor (default lr / 10)
-  --warmup N             warmup steps (default steps / 20)
-  --weight-decay W       AdamW weight decay on matrices (default 0.1)
-  --beta2 B              AdamW beta2 (default 0.99)
-  --grad-clip X          global-norm clip, 0 to disable (default 1.0)
+  --steps N              optimizer steps in all (default {steps})
+  --batch-size B         sequences per step, per peer (default {batch_size})
+  --lr LR                peak learning rate of the cosine schedule (default {lr})
+  --min-lr LR            cosine floor (default {min_lr})
+  --warmup N             warmup steps (default {warmup})
+  --beta1 B              AdamW beta1 (default {beta1})
+  --beta2 B              AdamW beta2 (default {beta2})
+  --weight-decay W       AdamW weight decay on matrices (default {weight_decay})
+  --grad-clip X          global-norm clip, 0 to disable (default {grad_clip})
   --compute-dtype T      f32 (default) or bf16: mixed precision, bf16 activations and products
                          with f32 weights, optimizer state and gradients
-  --eval-every N         steps between evaluations (default 250)
+  --eval-every N         steps between evaluations, 0 for only at the end (default 250)
   --eval-batches N       batches per evaluation (default 20)
-  --checkpoint-dir DIR   where latest.ckpt goes (default: none; Ctrl-C then saves to ./checkpoints)
-  --save-every N         steps between checkpoints when a directory is set (default 500)
-  --keep-checkpoints     also keep DIR/step-N.ckpt for every save, not only latest.ckpt
-  --resume               continue from DIR/latest.ckpt
-  --metrics FILE         JSON lines of metrics (default metrics.jsonl; '' to disable)
-  --seed S               seed of every random stream (default 1337)
-  --threads N            CPU threads (default: OMP_NUM_THREADS or all cores; per peer)
+  --seed S               seed of every random stream (default {seed})
+  --threads N            CPU threads per peer (default: OMP_NUM_THREADS or all cores for one
+                         process alone, 1 in the decentralized modes)
+  --metrics FILE         JSON lines: a "config" line, then a line per step and per evaluation,
+                         each naming its peer ("rank") (default metrics.jsonl; '' to disable).
+                         One file for every peer of a process; over TCP or MPI each process
+                         writes its own: "{rank}" in FILE becomes the rank, else FILE gets
+                         .rank-R before its extension (metrics.rank-1.jsonl)
 
-  Decentralized training (one of the three modes; --batch-size is then per peer):
+  Checkpoints (every mode; one process alone is peer 0 of 1):
+  --checkpoint-dir DIR   each peer saves DIR/peer-R-of-W/step-N.ckpt (default: none; then only
+                         Ctrl-C saves, to ./checkpoints)
+  --save-every N         steps between checkpoints, and one after the last step (default {save_every};
+                         0: only on Ctrl-C)
+  --keep-checkpoints N   newest checkpoints kept per peer (default {keep_checkpoints})
+  --resume               continue from the newest step in DIR that every peer has
+  Ctrl-C stops every peer at the same step (peers agree every {stop_check_every} steps), saves each
+  peer's checkpoint and exits with status 130.
+
+  Decentralized training (one of three modes; --batch-size is then per peer):
   --peers N              N peers as threads of this process, over simulated links
   --link NAME            ideal | lan | wan | heterogeneous (default lan)
   --listen HOST:PORT     this process is one TCP peer, listening here...
@@ -83,13 +104,10 @@ decentrain-gpt train [options]
   --link-in-flight MB    over TCP or MPI: the slowest link's bandwidth x latency in MB (100 Mbit/s
                          x 100 ms = 1.25), so all-reduces move enough per step to hide latency;
                          the same on every peer (simulated links size this on their own)
-  --comm NAME            sync | local-sgd | diloco (default diloco)
+  --comm NAME            sync | local-sgd | diloco (default diloco; sync for one process alone)
   --inner-steps H        steps between averages for local-sgd and diloco (default 50)
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
   --outer-momentum X     DiLoCo's outer momentum (default 0.9)
-  With --checkpoint-dir, each peer saves DIR/peer-R-of-W.ckpt every --save-every steps (and
-  DIR/step-N/ with --keep-checkpoints); --resume continues every peer from its own file. Ctrl-C
-  does not save in these modes (the peers would have to agree on a step first).
 
 decentrain-gpt eval --weights W.safetensors --tokens SHARD --n-head H [options]
   --batch-size B         rows (default 4)     --block-size T   tokens per row (default 64)
@@ -97,12 +115,50 @@ decentrain-gpt eval --weights W.safetensors --tokens SHARD --n-head H [options]
   Reads the first B x (T+1) tokens as B rows (T inputs, the next T tokens as targets) and
   prints `loss <x>`.
 
-decentrain-gpt sample (--checkpoint FILE | --weights W.safetensors --n-head H) [options]
+decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors --n-head H) [options]
+  --checkpoint           a checkpoint file, or a --checkpoint-dir (its newest step of peer 0)
   --prompt TEXT          (checkpoints with a character tokenizer)
   --prompt-ids I,J,...   token ids (any model)
-  --tokens N             tokens to generate (default 200)
-  --temperature X        (default 0.8)   --top-k K   (default 40; 0 = all)   --seed S
+  --tokens N             tokens to generate (default {sample_tokens})
+  --temperature X        (default {temperature})   --top-k K   (default {top_k}; 0 = all)   --seed S
 )";
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string usage() {
+  const dt::train::trainer_options t;
+  const dt::fault::checkpoint_every ck;
+  const dt::nn::sample_options s;
+  const std::pair<const char*, std::string> defaults[] = {
+      {"{steps}", std::to_string(t.steps)},
+      {"{batch_size}", std::to_string(t.batch_size)},
+      {"{lr}", number(t.lr)},
+      {"{min_lr}", t.min_lr < 0 ? "lr / 10" : number(t.min_lr)},
+      {"{warmup}", t.warmup_steps < 0 ? "steps / 10" : std::to_string(t.warmup_steps)},
+      {"{beta1}", number(t.beta1)},
+      {"{beta2}", number(t.beta2)},
+      {"{weight_decay}", number(t.weight_decay)},
+      {"{grad_clip}", number(t.grad_clip)},
+      {"{seed}", std::to_string(t.seed)},
+      {"{stop_check_every}", std::to_string(t.stop_check_every)},
+      {"{save_every}", std::to_string(ck.every)},
+      {"{keep_checkpoints}", std::to_string(ck.keep_last)},
+      {"{sample_tokens}", std::to_string(s.tokens)},
+      {"{temperature}", number(s.temperature)},
+      {"{top_k}", std::to_string(s.top_k)},
+  };
+  std::string text = usage_template;
+  for (const auto& [key, value] : defaults)
+    for (auto at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
+      text.replace(at, std::strlen(key), value);
+  return text;
+}
+
+// ---- options -------------------------------------------------------------------------------
 
 // Options as --name value pairs (and bare --flags), with typed lookups that name bad values.
 class options {
@@ -121,6 +177,11 @@ class options {
     }
   }
   bool has(const std::string& k) const { return values_.count(k) != 0; }
+  // A bare flag: whether it was given (and marked as known).
+  bool flag(const std::string& k) const {
+    used_.insert(k);
+    return has(k);
+  }
   std::string text(const std::string& k, const std::string& fallback) const {
     used_.insert(k);
     return has(k) ? values_.at(k) : fallback;
@@ -154,20 +215,81 @@ class options {
   mutable std::set<std::string> used_;
 };
 
-void set_threads(const options& opt) {
-  const auto n = opt.integer("threads", 0);
-  dt::detail::check(n >= 0, "--threads must be >= 0");
+// --threads N, or (0) what OpenMP would use: OMP_NUM_THREADS or all cores.
+int threads(const options& opt, int fallback) {
+  const auto n = opt.integer("threads", fallback);
+  dt::detail::check(n >= 0, "--threads must be >= 0, got ", n);
 #if defined(_OPENMP)
-  if (n > 0) omp_set_num_threads(static_cast<int>(n));
+  return n > 0 ? static_cast<int>(n) : omp_get_max_threads();
+#else
+  return n > 0 ? static_cast<int>(n) : 1;
+#endif
+}
+void set_threads(int n) {
+#if defined(_OPENMP)
+  omp_set_num_threads(n);
+#else
+  (void)n;
 #endif
 }
 
-std::string format_duration(double seconds) {
-  const auto s = static_cast<long long>(seconds);
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s / 60) % 60);
-  else std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
-  return buf;
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// ---- checkpoint folders --------------------------------------------------------------------
+
+// DIR/peer-R-of-W, the folders fault::checkpoint_every writes, as (rank, world), ascending.
+std::vector<std::pair<int, int>> peer_folders(const fs::path& dir) {
+  std::vector<std::pair<int, int>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int r = -1, w = -1;
+    char tail = 0;
+    if (e.is_directory() && std::sscanf(e.path().filename().c_str(), "peer-%d-of-%d%c", &r, &w, &tail) == 2 && r >= 0 && r < w)
+      found.emplace_back(r, w);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string world_sizes(const std::vector<std::pair<int, int>>& folders) {
+  std::set<int> worlds;
+  for (const auto& f : folders) worlds.insert(f.second);
+  std::string s;
+  for (int w : worlds) s += (s.empty() ? "" : ", ") + std::to_string(w);
+  return s;
+}
+
+// The newest checkpoint in `ck.dir` of a run of `world` peers (0: of any size, when there is
+// one), this peer's own where it has one: every peer's checkpoints hold the same model shape and
+// tokenizer, so a machine that holds only its own peer's folder can resume.
+fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int world) {
+  const auto folders = peer_folders(ck.dir);
+  std::set<int> worlds;
+  for (const auto& [r, w] : folders)
+    if (world == 0 || w == world) worlds.insert(w);
+  dt::detail::check(!folders.empty(), "--resume: no checkpoints in ", ck.dir, " (expected ", ck.dir,
+                    "/peer-R-of-W/step-N.ckpt)");
+  dt::detail::check(!worlds.empty(), "--resume: no checkpoints of a run of ", world, " peer(s) in ", ck.dir,
+                    " (it holds runs of ", world_sizes(folders), ")");
+  dt::detail::check(worlds.size() == 1, "--resume: ", ck.dir, " holds runs of ", world_sizes(folders),
+                    " peers; use one directory per run");
+  const int w = *worlds.begin();
+  std::optional<std::pair<int, std::int64_t>> best;  // (rank, step)
+  for (const auto& [r, fw] : folders) {
+    if (fw != w) continue;
+    const auto steps = ck.saved_steps(r, w);
+    if (steps.empty()) continue;
+    if (r == rank) return ck.file(r, w, steps.back());
+    if (!best || steps.back() > best->second) best.emplace(r, steps.back());
+  }
+  dt::detail::check(best.has_value(), "--resume: the peer folders in ", ck.dir, " hold no step-N.ckpt files");
+  return ck.file(best->first, w, best->second);
 }
 
 // ---- train ---------------------------------------------------------------------------------
@@ -206,9 +328,6 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
           path.empty() ? std::string("built-in corpus") : path + " (text, character-level)"};
 }
 
-int cmd_train_peers(const options& opt);
-
-// The model shape from --preset and its overrides (the vocabulary comes from the data).
 // --compute-dtype f32|bf16 (mixed precision).
 dt::dtype compute_dtype(const options& opt) {
   const std::string name = opt.text("compute-dtype", "f32");
@@ -217,6 +336,7 @@ dt::dtype compute_dtype(const options& opt) {
   dt::detail::fail("--compute-dtype must be f32 or bf16, got '", name, "'");
 }
 
+// The model shape from --preset and its overrides (the vocabulary comes from the data).
 dt::nn::gpt_config model_config(const options& opt) {
   auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
   cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
@@ -224,223 +344,151 @@ dt::nn::gpt_config model_config(const options& opt) {
   cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
   cfg.block_size = opt.integer("block-size", cfg.block_size);
   cfg.dropout = opt.real("dropout", cfg.dropout);
-  cfg.bias = !opt.has("no-bias");
-  opt.text("no-bias", "");
+  cfg.bias = !opt.flag("no-bias");
   return cfg;
 }
 
-int cmd_train(const options& opt) {
-  if (opt.has("peers") || opt.has("listen") || opt.has("mpi")) return cmd_train_peers(opt);
-  set_threads(opt);
-  const std::uint64_t seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
-  const std::string ckpt_dir = opt.text("checkpoint-dir", "");
-  const bool resume = opt.has("resume"), keep = opt.has("keep-checkpoints");
-  opt.text("resume", "");
-  opt.text("keep-checkpoints", "");
-  std::optional<dt::io::checkpoint> resumed;
-  if (resume) {
-    dt::detail::check(!ckpt_dir.empty(), "--resume needs --checkpoint-dir");
-    resumed = dt::io::load_checkpoint(fs::path(ckpt_dir) / "latest.ckpt");
-  }
-
-  auto cfg = model_config(opt);
-  auto data = load_training_data(opt, cfg.vocab_size, resumed ? &*resumed : nullptr);
-  cfg.vocab_size = data.vocab_size;
-  if (resumed) cfg = dt::train::config_of(*resumed);
-
-  const auto steps = opt.integer("steps", 1000);
-  const auto B = opt.integer("batch-size", 16);
-  const double lr = opt.real("lr", 1e-3);
-  const dt::optim::cosine_schedule schedule{lr, opt.real("min-lr", lr / 10), opt.integer("warmup", steps / 20), std::max<std::int64_t>(steps, 1)};
-  const double clip = opt.real("grad-clip", 1.0);
-  const auto eval_every = opt.integer("eval-every", 250), eval_batches = opt.integer("eval-batches", 20);
-  const auto save_every = opt.integer("save-every", 500);
-  const std::string metrics_path = opt.text("metrics", "metrics.jsonl");
-  const dt::optim::adamw_options adam{lr, 0.9, opt.real("beta2", 0.99), 1e-8, opt.real("weight-decay", 0.1)};
-  const auto compute = compute_dtype(opt);
-  opt.reject_unknown();
-  dt::detail::check(steps > 0 && B > 0 && eval_every > 0 && eval_batches > 0 && save_every > 0,
-                    "--steps, --batch-size, --eval-every, --eval-batches and --save-every must be positive");
-  schedule.validate();
-  const std::int64_t T = cfg.block_size;
-
-  dt::rng init(seed, "init"), dropout_rng(seed, "dropout");
-  dt::nn::gpt<> model(cfg, init);
-  model.set_compute_dtype(compute);
-  dt::optim::adamw<> optimizer(model.parameters(), adam);
-  std::int64_t start = 0;
-  if (resumed) {
-    start = dt::train::restore(*resumed, model, optimizer);
-    if (resumed->rngs.count("dropout")) dropout_rng.set_state(resumed->rngs.at("dropout"));
-    std::printf("resumed from %s at step %lld\n", (fs::path(ckpt_dir) / "latest.ckpt").c_str(), static_cast<long long>(start));
-  }
-
-  auto save = [&](std::int64_t step, const std::string& dir) {
-    fs::create_directories(dir);
-    auto c = dt::train::capture(model, optimizer, step);
-    c.rngs["dropout"] = dropout_rng.state();
-    if (data.tokenizer) c.text["tokenizer.alphabet"] = data.tokenizer->alphabet();
-    const auto path = fs::path(dir) / "latest.ckpt";
-    dt::io::save_checkpoint(path, c);
-    if (keep) dt::io::save_checkpoint(fs::path(dir) / ("step-" + std::to_string(step) + ".ckpt"), c);
-    return path.string();
-  };
-  auto evaluate = [&] {
-    dt::no_grad guard;
-    double total = 0;
-    for (std::int64_t i = 0; i < eval_batches; ++i) {
-      auto [x, y] = data.dataset.batch(dt::data::split::validation, i, B, T, seed);
-      total += model.loss(x, y).item();
-    }
-    return total / static_cast<double>(eval_batches);
-  };
-
-  std::ofstream metrics;
-  if (!metrics_path.empty()) {
-    metrics.open(metrics_path, resumed ? std::ios::app : std::ios::trunc);
-    dt::detail::check(metrics.good(), "cannot open --metrics file ", metrics_path);
-  }
-  std::printf("model: %lld layers, %lld heads, width %lld, block %lld, vocab %lld: %.2fM parameters\n",
-              static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
-              static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.vocab_size), static_cast<double>(cfg.parameter_count()) / 1e6);
-  std::printf("data: %s, %zu training and %zu validation tokens\n", data.source.c_str(),
-              data.dataset.tokens(dt::data::split::train).size(), data.dataset.tokens(dt::data::split::validation).size());
-  const bool tty = ::isatty(STDOUT_FILENO) != 0;
-  std::signal(SIGINT, on_interrupt);
-
-  const auto t0 = std::chrono::steady_clock::now();
-  double val = NAN;
-  for (std::int64_t step = start; step < steps; ++step) {
-    if (interrupted) {
-      const auto path = save(step, ckpt_dir.empty() ? "checkpoints" : ckpt_dir);
-      std::printf("\ninterrupted at step %lld: checkpoint saved to %s\n", static_cast<long long>(step), path.c_str());
-      return 130;
-    }
-    auto [x, y] = data.dataset.batch(dt::data::split::train, step, B, T, seed);
-    auto loss = model.loss(x, y, &dropout_rng);
-    model.parameters().zero_grad();
-    loss.backward();
-    const double norm = clip > 0 ? dt::optim::clip_grad_norm(model.parameters(), clip) : 0.0;
-    optimizer.set_lr(schedule(step));
-    optimizer.step();
-
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double tokens_per_s = static_cast<double>((step + 1 - start) * B * T) / elapsed;
-    const double eta = elapsed / static_cast<double>(step + 1 - start) * static_cast<double>(steps - step - 1);
-    if (metrics.is_open())
-      metrics << "{\"step\":" << step + 1 << ",\"loss\":" << loss.item() << ",\"lr\":" << schedule(step)
-              << ",\"grad_norm\":" << norm << ",\"tokens_per_s\":" << tokens_per_s << "}\n";
-    if (tty) {
-      const int width = 30, done = static_cast<int>(width * (step + 1) / steps);
-      std::printf("\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s   ", std::string(static_cast<std::size_t>(done), '=').c_str(),
-                  std::string(static_cast<std::size_t>(width - done), ' ').c_str(), static_cast<long long>(step + 1),
-                  static_cast<long long>(steps), loss.item(), tokens_per_s, format_duration(eta).c_str());
-      std::fflush(stdout);
-    } else if ((step + 1) % 50 == 0) {
-      std::printf("step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s\n", static_cast<long long>(step + 1),
-                  static_cast<long long>(steps), loss.item(), tokens_per_s, format_duration(eta).c_str());
-    }
-    if ((step + 1) % eval_every == 0 || step + 1 == steps) {
-      val = evaluate();
-      std::printf("%sstep %lld: val loss %.4f\n", tty ? "\n" : "", static_cast<long long>(step + 1), val);
-      if (metrics.is_open()) metrics << "{\"step\":" << step + 1 << ",\"val_loss\":" << val << "}\n";
-    }
-    if (!ckpt_dir.empty() && ((step + 1) % save_every == 0 || step + 1 == steps)) save(step + 1, ckpt_dir);
-  }
-  if (std::isnan(val)) val = evaluate();  // resumed at or past --steps
-  std::printf("val loss %.4f\n", val);
-  std::printf("trained in %s\n", format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str());
-  return 0;
+// The trainer's settings; every default not named here is trainer_options{}'s.
+dt::train::trainer_options trainer_settings(const options& opt) {
+  dt::train::trainer_options t;
+  t.steps = opt.integer("steps", t.steps);
+  t.batch_size = opt.integer("batch-size", t.batch_size);
+  t.lr = opt.real("lr", t.lr);
+  t.min_lr = opt.real("min-lr", t.min_lr);
+  t.warmup_steps = opt.integer("warmup", t.warmup_steps);
+  t.beta1 = opt.real("beta1", t.beta1);
+  t.beta2 = opt.real("beta2", t.beta2);
+  t.weight_decay = opt.real("weight-decay", t.weight_decay);
+  t.grad_clip = opt.real("grad-clip", t.grad_clip);
+  t.seed = static_cast<std::uint64_t>(opt.integer("seed", static_cast<std::int64_t>(t.seed)));
+  t.eval_every = opt.integer("eval-every", 250);
+  t.eval_batches = opt.integer("eval-batches", 20);
+  t.compute_dtype = compute_dtype(opt);
+  t.collectives.link_bytes_in_flight = opt.real("link-in-flight", 0.0) * 1e6;
+  dt::detail::check(t.collectives.link_bytes_in_flight >= 0, "--link-in-flight must be >= 0 (MB)");
+  t.validate();
+  return t;
 }
 
-// ---- train, decentralized ------------------------------------------------------------------
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
+// How this process takes part: alone, as --peers threads, as one TCP peer, or as an MPI rank.
+enum class launch { single, in_process, tcp, mpi };
+const char* launch_name(launch l) {
+  switch (l) {
+    case launch::single: return "single";
+    case launch::in_process: return "in-process";
+    case launch::tcp: return "tcp";
+    case launch::mpi: return "mpi";
+  }
+  return "?";
 }
 
-// Where peer `rank` of `world` keeps its checkpoint; one file per peer, so peers on different
-// machines each keep their own.
-fs::path peer_checkpoint(const std::string& dir, int rank, int world) {
-  return fs::path(dir) / ("peer-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".ckpt");
-}
-
-struct peer_checkpointing {
-  std::string dir;  // empty: none
-  bool resume = false, keep = false;
-  std::int64_t save_every = 500;
-  std::string alphabet;  // the tokenizer's, stored with every checkpoint
+struct train_plan {
+  launch mode = launch::single;
+  int world = 1;  // 0 for MPI until it starts
+  int threads = 1;  // per peer
+  std::string link;  // --peers: the simulated links
+  dt::transport::tcp_options tcp;
+  dt::nn::gpt_config model;
+  dt::train::trainer_options trainer;
+  dt::fault::checkpoint_every checkpoints;
+  std::string metrics;  // '' for none
+  dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
 };
 
+// Over TCP or MPI every process writes its own metrics: "{rank}" in the path becomes the rank,
+// or, with several peers, ".rank-R" goes before the extension.
+std::string metrics_path(const std::string& path, int rank, int world) {
+  std::string out = path;
+  if (const auto at = out.find("{rank}"); at != std::string::npos) return out.replace(at, 6, std::to_string(rank));
+  if (world == 1) return out;
+  fs::path p(out);
+  return p.replace_filename(p.stem().string() + ".rank-" + std::to_string(rank) + p.extension().string()).string();
+}
+
+// The fault policy restores inside fit(); a peer's first step says from which step it resumed.
+template <class Trainer>
+void announce_resume(Trainer& t) {
+  t.on_step([&t, first = true](const dt::train::step_metrics& m) mutable {
+    if (!first) return;
+    first = false;
+    const auto from = m.step - 1;
+    if (from <= 0) return;
+    std::printf("peer %d resumed from %s at step %lld\n", t.rank(), t.fault().file(t.rank(), t.world(), from).c_str(),
+                static_cast<long long>(from));
+    std::fflush(stdout);
+  });
+}
+
+void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>& results, int first_rank, int world,
+                   const char* comm, double wall_s) {
+  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s\n", "peer", "val loss", "MB sent", "MB received", "net wait s", "clock s");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& m = results[i].last;
+    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f\n", i + static_cast<std::size_t>(first_rank),
+                results[i].final_val_loss, static_cast<double>(m.bytes_sent) / 1e6, static_cast<double>(m.bytes_received) / 1e6,
+                m.network_wait_s, m.clock_s);
+  }
+  if (world > 1) {
+    // What a synchronous all-reduce of the gradient every step would have put on the wire per
+    // peer (ring all-reduce: 2 (N-1)/N times the gradient's bytes), for comparison.
+    const double grad_bytes = 4.0 * static_cast<double>(p.model.parameter_count());
+    const double sync_bytes = static_cast<double>(p.trainer.steps) * 2.0 * (world - 1) / world * grad_bytes;
+    const double sent = static_cast<double>(results[0].last.bytes_sent);
+    std::printf("\ncomm %s: %.2f MB sent per peer; synchronous all-reduce every step would send %.2f MB (%.1fx more)\n", comm,
+                sent / 1e6, sync_bytes / 1e6, sent > 0 ? sync_bytes / sent : 0.0);
+  }
+  std::printf("val loss %.4f\n", results[0].final_val_loss);
+  std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());
+}
+
+// The one training loop of every mode: the library's trainer, one per peer of this process,
+// with the same hooks (progress on rank 0, metrics, Ctrl-C) everywhere.
 template <class Comm>
-int run_peers(const options& opt, const dt::nn::gpt_config& cfg, const training_data& data, dt::train::trainer_options topts,
-              Comm comm, const peer_checkpointing& ck) {
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm>;
-  const std::string mode = opt.has("peers") ? "in-process" : opt.has("listen") ? "tcp" : "mpi";
-  const auto threads = opt.integer("threads", 1);
-  dt::detail::check(threads >= 1, "--threads must be >= 1");
-  auto save = [&ck](Trainer& t, const std::string& dir) {
-    fs::create_directories(dir);
-    auto c = t.capture();
-    if (!ck.alphabet.empty()) c.text["tokenizer.alphabet"] = ck.alphabet;
-    dt::io::save_checkpoint(peer_checkpoint(dir, t.rank(), t.world()), c);
+int train(const train_plan& p, const training_data& data, Comm comm) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::checkpoint_every>;
+  dt::train::progress bar(stdout, ::isatty(STDOUT_FILENO) != 0);
+  std::ofstream metrics_file;
+  std::optional<dt::train::metrics_log> metrics;
+  auto open_metrics = [&](const std::string& path) {
+    if (path.empty()) return;
+    metrics_file.open(path, p.checkpoints.resume ? std::ios::app : std::ios::trunc);
+    dt::detail::check(metrics_file.good(), "cannot open --metrics file ", path);
+    metrics.emplace(metrics_file, p.run);
   };
-  auto report = [&](Trainer& t) {
-    t.on_eval([&t](const dt::train::eval_point& p) {
-      if (t.rank() == 0)
-        std::printf("step %lld: val loss %.4f  (peer 0 sent %.2f MB, clock %.1f s)\n", static_cast<long long>(p.step), p.val_loss,
-                    static_cast<double>(p.bytes_sent) / 1e6, p.clock_s);
-      std::fflush(stdout);
-    });
-    if (ck.dir.empty()) return;
-    if (ck.resume) {
-      const auto path = peer_checkpoint(ck.dir, t.rank(), t.world());
-      t.restore(dt::io::load_checkpoint(path));
-      std::printf("peer %d resumed from %s at step %lld\n", t.rank(), path.c_str(), static_cast<long long>(t.step()));
-    }
-    // Each peer saves its own state at the same steps; a DiLoCo round may be half done, which
-    // restore() continues exactly (the global parameters and outer momentum are in the file).
-    t.on_step([&t, &ck, save](const dt::train::step_metrics& m) {
-      if (m.step % ck.save_every != 0 && m.step != t.options().steps) return;
-      save(t, ck.dir);
-      if (ck.keep) save(t, (fs::path(ck.dir) / ("step-" + std::to_string(m.step))).string());
+  std::vector<std::int64_t> asked_at;  // per rank: the step at which stop_when last asked
+  auto setup = [&](Trainer& t) {
+    if (p.checkpoints.resume) announce_resume(t);
+    if (metrics) metrics->attach(t);
+    if (t.rank() == 0) bar.attach(t);
+    t.stop_when([&t, &at = asked_at[static_cast<std::size_t>(t.rank())]] {
+      at = t.step();
+      return interrupted.load();
     });
   };
+
   std::vector<dt::train::fit_result> results;
-  int world = 1;
-  if (mode == "in-process") {
-    world = static_cast<int>(opt.integer("peers", 4));
-    dt::detail::check(world >= 1 && world <= 256, "--peers must be in [1, 256], got ", world);
-    const auto link = opt.text("link", "lan");
-    opt.reject_unknown();
-    std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", world, link.c_str(), static_cast<int>(threads));
-    dt::transport::in_process net(dt::transport::links::preset(link, world, topts.seed), {topts.seed, std::chrono::minutes(10)});
-    results = dt::train::fit_in_process<Trainer>(net, cfg, topts, data.dataset, comm, report, static_cast<int>(threads));
+  int world = p.world, rank = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (p.mode == launch::single || p.mode == launch::in_process) {
+    open_metrics(p.metrics);  // one file, one log, for every peer
+    auto links = p.mode == launch::single ? dt::transport::links::ideal(1)
+                                          : dt::transport::links::preset(p.link, world, p.trainer.seed);
+    dt::transport::in_process net(std::move(links), {p.trainer.seed, std::chrono::minutes(10)});
+    asked_at.assign(static_cast<std::size_t>(world), 0);
+    std::signal(SIGINT, on_interrupt);
+    results = dt::train::fit_in_process<Trainer>(net, p.model, p.trainer, data.dataset, comm, setup, p.threads, {},
+                                                 p.checkpoints);
   } else {
 #if DECENTRAIN_HAS_MPI
     std::optional<dt::transport::mpi_environment> mpi_env;  // outlives the endpoint and the trainer
 #endif
     std::optional<dt::transport::any_endpoint> ep;
-    if (mode == "tcp") {
-      dt::transport::tcp_options o;
-      o.listen = opt.text("listen", "");
-      o.advertise = opt.text("advertise", "");
-      o.join = split_list(opt.text("join", ""));
-      o.rank = static_cast<int>(opt.integer("rank", 0));
-      o.world = static_cast<int>(opt.integer("world", 1));
-      o.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000));
-      opt.reject_unknown();
-      std::printf("tcp peer %d of %d listening on %s\n", o.rank, o.world, o.listen.c_str());
+    if (p.mode == launch::tcp) {
+      std::printf("tcp peer %d of %d listening on %s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str());
       std::fflush(stdout);
-      ep.emplace(dt::transport::tcp::join(o));
+      ep.emplace(dt::transport::tcp::join(p.tcp));
     } else {
 #if DECENTRAIN_HAS_MPI
-      opt.text("mpi", "");
-      opt.reject_unknown();
       mpi_env.emplace(nullptr, nullptr);
       ep.emplace(dt::transport::mpi());
 #else
@@ -448,102 +496,144 @@ int run_peers(const options& opt, const dt::nn::gpt_config& cfg, const training_
 #endif
     }
     world = ep->world();
-#if defined(_OPENMP)
-    omp_set_num_threads(static_cast<int>(threads));
-#endif
-    Trainer t(cfg, topts, *ep, comm);
-    report(t);
-    results.resize(static_cast<std::size_t>(world));
-    results[static_cast<std::size_t>(t.rank())] = t.fit(data.dataset);
-    if (t.rank() != 0) return 0;
-    // Only this peer's own figures are known here; the table shows rank 0.
-    results.resize(1);
+    rank = ep->rank();
+    open_metrics(metrics_path(p.metrics, rank, world));  // a file per process
+    set_threads(p.threads);
+    Trainer t(p.model, p.trainer, *ep, comm, {}, p.checkpoints);
+    asked_at.assign(static_cast<std::size_t>(world), 0);
+    setup(t);
+    std::signal(SIGINT, on_interrupt);
+    results.push_back(t.fit(data.dataset));
   }
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  // What a synchronous all-reduce of the gradient every step would have put on the wire per peer
-  // (ring all-reduce: 2 (N-1)/N times the gradient's bytes), for comparison.
-  const double grad_bytes = 4.0 * static_cast<double>(cfg.parameter_count());
-  const double sync_bytes = world > 1 ? static_cast<double>(topts.steps) * 2.0 * (world - 1) / world * grad_bytes : 0.0;
-  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s\n", "peer", "val loss", "MB sent", "MB received", "net wait s", "clock s");
-  for (std::size_t r = 0; r < results.size(); ++r) {
-    const auto& m = results[r].last;
-    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f\n", r, results[r].final_val_loss, static_cast<double>(m.bytes_sent) / 1e6,
-                static_cast<double>(m.bytes_received) / 1e6, m.network_wait_s, m.clock_s);
+  if (results[0].stopped) {
+    const auto step = asked_at[static_cast<std::size_t>(rank)];
+    if (world == 1)
+      std::printf("\ninterrupted at step %lld: checkpoint saved to %s\n", static_cast<long long>(step),
+                  p.checkpoints.file(0, 1, step).c_str());
+    else
+      std::printf("\ninterrupted at step %lld: checkpoint saved to %s (each peer's in peer-R-of-%d/step-%lld.ckpt)\n",
+                  static_cast<long long>(step), p.checkpoints.dir.c_str(), world, static_cast<long long>(step));
+    std::printf("continue with --checkpoint-dir %s --resume\n", p.checkpoints.dir.c_str());
+    return 130;
   }
-  const double sent = static_cast<double>(results[0].last.bytes_sent);
-  std::printf("\ncomm %s: %.2f MB sent per peer; synchronous all-reduce every step would send %.2f MB (%.1fx more)\n",
-              Comm::name, sent / 1e6, sync_bytes / 1e6, sent > 0 ? sync_bytes / sent : 0.0);
-  std::printf("val loss %.4f\n", results[0].final_val_loss);
+  // Over TCP or MPI only this process's own figures are known; rank 0 reports them.
+  if (rank == 0) print_summary(p, results, rank, world, Comm::name, wall_s);
   return 0;
 }
 
-int cmd_train_peers(const options& opt) {
-  peer_checkpointing ck;
-  ck.dir = opt.text("checkpoint-dir", "");
-  ck.resume = opt.has("resume");
-  ck.keep = opt.has("keep-checkpoints");
-  opt.text("resume", "");
-  opt.text("keep-checkpoints", "");
-  ck.save_every = opt.integer("save-every", 500);
-  dt::detail::check(!ck.resume || !ck.dir.empty(), "--resume needs --checkpoint-dir");
-  dt::detail::check(ck.save_every > 0, "--save-every must be positive");
-  // The model shape and tokenizer come from the checkpoints when resuming; any peer's will do
-  // (they share them), so a machine that holds only its own peer's file can resume.
-  std::optional<dt::io::checkpoint> resumed;
-  if (ck.resume) {
-    std::vector<fs::path> found;
-    if (fs::is_directory(ck.dir))
-      for (const auto& e : fs::directory_iterator(ck.dir))
-        if (e.path().filename().string().rfind("peer-", 0) == 0 && e.path().extension() == ".ckpt") found.push_back(e.path());
-    dt::detail::check(!found.empty(), "--resume: no peer checkpoints (peer-R-of-W.ckpt) in ", ck.dir);
-    std::sort(found.begin(), found.end());
-    resumed = dt::io::load_checkpoint(found.front());
+int cmd_train(const options& opt) {
+  train_plan p;
+  const int modes = int(opt.has("peers")) + int(opt.has("listen")) + int(opt.has("mpi"));
+  dt::detail::check(modes <= 1, "--peers, --listen and --mpi are different modes; give one of them");
+  p.mode = opt.has("peers")    ? launch::in_process
+           : opt.has("listen") ? launch::tcp
+           : opt.flag("mpi")   ? launch::mpi
+                               : launch::single;
+  if (p.mode != launch::in_process)
+    dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
+  if (p.mode != launch::tcp)
+    for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms"})
+      dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
+  p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
+  if (p.mode == launch::in_process) {
+    const auto n = opt.integer("peers", 4);
+    dt::detail::check(n >= 1 && n <= 256, "--peers must be in [1, 256], got ", n);
+    p.world = static_cast<int>(n);
+    p.link = opt.text("link", "lan");
+  } else if (p.mode == launch::tcp) {
+    p.tcp.listen = opt.text("listen", "");
+    p.tcp.advertise = opt.text("advertise", "");
+    p.tcp.join = split_list(opt.text("join", ""));
+    p.tcp.rank = static_cast<int>(opt.integer("rank", 0));
+    p.tcp.world = static_cast<int>(opt.integer("world", 1));
+    p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000));
+    p.tcp.validate();
+    p.world = p.tcp.world;
+  } else if (p.mode == launch::mpi) {
+    p.world = 0;
   }
-  auto cfg = model_config(opt);
-  auto data = load_training_data(opt, cfg.vocab_size, resumed ? &*resumed : nullptr);
-  cfg.vocab_size = data.vocab_size;
-  if (resumed) cfg = dt::train::config_of(*resumed);
-  if (data.tokenizer) ck.alphabet = data.tokenizer->alphabet();
+  p.trainer = trainer_settings(opt);
 
-  dt::train::trainer_options t;
-  t.steps = opt.integer("steps", 1000);
-  t.batch_size = opt.integer("batch-size", 16);
-  t.lr = opt.real("lr", 1e-3);
-  t.min_lr = opt.real("min-lr", t.lr / 10);
-  t.warmup_steps = opt.integer("warmup", t.steps / 20);
-  t.beta2 = opt.real("beta2", 0.99);
-  t.weight_decay = opt.real("weight-decay", 0.1);
-  t.grad_clip = opt.real("grad-clip", 1.0);
-  t.compute_dtype = compute_dtype(opt);
-  t.seed = static_cast<std::uint64_t>(opt.integer("seed", 1337));
-  t.eval_every = opt.integer("eval-every", 250);
-  t.eval_batches = opt.integer("eval-batches", 20);
-  t.collectives.link_bytes_in_flight = opt.real("link-in-flight", 0.0) * 1e6;
-  dt::detail::check(t.collectives.link_bytes_in_flight >= 0, "--link-in-flight must be >= 0 (MB)");
-  opt.text("metrics", "");
-  const std::string comm = opt.text("comm", "diloco");
-  const auto inner = opt.integer("inner-steps", 50);
-  std::printf("model: %.2fM parameters; data: %s\n", static_cast<double>(cfg.parameter_count()) / 1e6, data.source.c_str());
-  if (comm == "sync") return run_peers(opt, cfg, data, t, dt::comm::sync_allreduce{}, ck);
+  // Checkpoints: DIR/peer-R-of-W/step-N.ckpt in every mode; without a directory only Ctrl-C
+  // saves, to ./checkpoints.
+  const std::string dir = opt.text("checkpoint-dir", "");
+  const auto save_every = opt.integer("save-every", p.checkpoints.every);
+  const auto keep = opt.integer("keep-checkpoints", p.checkpoints.keep_last);
+  dt::detail::check(save_every >= 0, "--save-every must be >= 0 (0: only on Ctrl-C), got ", save_every);
+  dt::detail::check(keep >= 1 && keep <= 1000000, "--keep-checkpoints must be >= 1, got ", keep);
+  p.checkpoints.dir = dir.empty() ? "checkpoints" : dir;
+  p.checkpoints.every = dir.empty() ? 0 : save_every;
+  p.checkpoints.keep_last = static_cast<int>(keep);
+  p.checkpoints.resume = opt.flag("resume");
+  dt::detail::check(!p.checkpoints.resume || !dir.empty(),
+                    "--resume needs --checkpoint-dir (Ctrl-C without one saves to ./checkpoints)");
+  p.metrics = opt.text("metrics", "metrics.jsonl");
+
+  const std::string comm = opt.text("comm", p.mode == launch::single ? "sync" : "diloco");
+  dt::detail::check(comm == "sync" || comm == "local-sgd" || comm == "diloco",
+                    "--comm must be sync, local-sgd or diloco, got '", comm, "'");
+  const auto inner = comm == "sync" ? 1 : opt.integer("inner-steps", 50);
+  const double outer_lr = comm == "diloco" ? opt.real("outer-lr", 0.7) : 0.0;
+  const double outer_momentum = comm == "diloco" ? opt.real("outer-momentum", 0.9) : 0.0;
+
+  // A resumed run takes the model's shape and the tokenizer from its checkpoints.
+  std::optional<dt::io::checkpoint> resumed;
+  if (p.checkpoints.resume)
+    resumed = dt::io::load_checkpoint(newest_checkpoint(p.checkpoints, p.mode == launch::tcp ? p.tcp.rank : 0, p.world));
+  p.model = model_config(opt);
+  auto data = load_training_data(opt, p.model.vocab_size, resumed ? &*resumed : nullptr);
+  opt.reject_unknown();
+  p.model.vocab_size = data.vocab_size;
+  if (resumed) p.model = dt::train::config_of(*resumed);
+  if (data.tokenizer) p.checkpoints.text["tokenizer.alphabet"] = data.tokenizer->alphabet();
+
+  p.run.add("program", "decentrain-gpt")
+      .add("mode", launch_name(p.mode))
+      .add("data", data.source)
+      .add("n_layer", p.model.n_layer)
+      .add("n_head", p.model.n_head)
+      .add("n_embd", p.model.n_embd)
+      .add("block_size", p.model.block_size)
+      .add("vocab_size", p.model.vocab_size)
+      .add("dropout", p.model.dropout)
+      .add("eval_every", p.trainer.eval_every)
+      .add("eval_batches", p.trainer.eval_batches)
+      .add("threads_per_peer", p.threads)
+      .add("resume", p.checkpoints.resume);
+  if (p.mode == launch::in_process) p.run.add("link", p.link);
+  if (comm != "sync") p.run.add("inner_steps", inner);
+  if (comm == "diloco") p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
+
+  const auto& cfg = p.model;
+  std::printf("model: %lld layers, %lld heads, width %lld, block %lld, vocab %lld: %.2fM parameters\n",
+              static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
+              static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.vocab_size),
+              static_cast<double>(cfg.parameter_count()) / 1e6);
+  std::printf("data: %s, %zu training and %zu validation tokens\n", data.source.c_str(),
+              data.dataset.tokens(dt::data::split::train).size(), data.dataset.tokens(dt::data::split::validation).size());
+  if (p.mode == launch::in_process)
+    std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", p.world, p.link.c_str(), p.threads);
+  std::fflush(stdout);
+
+  if (comm == "sync") return train(p, data, dt::comm::sync_allreduce<>{});
   if (comm == "local-sgd") {
-    dt::comm::local_sgd<> p;
-    p.inner_steps = inner;
-    return run_peers(opt, cfg, data, t, p, ck);
+    dt::comm::local_sgd<> policy;
+    policy.inner_steps = inner;
+    return train(p, data, policy);
   }
-  if (comm == "diloco") {
-    dt::comm::diloco<> p;
-    p.inner_steps = inner;
-    p.outer_optimizer.lr = opt.real("outer-lr", 0.7);
-    p.outer_optimizer.momentum = opt.real("outer-momentum", 0.9);
-    return run_peers(opt, cfg, data, t, p, ck);
-  }
-  dt::detail::fail("--comm must be sync, local-sgd or diloco, got '", comm, "'");
+  dt::comm::diloco<> policy;
+  policy.inner_steps = inner;
+  policy.outer_optimizer.lr = outer_lr;
+  policy.outer_optimizer.momentum = outer_momentum;
+  return train(p, data, policy);
 }
 
 // ---- eval ----------------------------------------------------------------------------------
 
 int cmd_eval(const options& opt) {
-  set_threads(opt);
+  set_threads(threads(opt, 0));
   const std::string weights = opt.text("weights", ""), shard = opt.text("tokens", ""), dump = opt.text("dump-grads", "");
   const auto n_head = opt.integer("n-head", 0);
   const auto B = opt.integer("batch-size", 4);
@@ -581,27 +671,61 @@ int cmd_eval(const options& opt) {
 
 // ---- sample --------------------------------------------------------------------------------
 
+// --checkpoint names a file, a peer's folder (DIR/peer-R-of-W) or a --checkpoint-dir: then
+// peer 0's newest step.
+fs::path checkpoint_file(const fs::path& path) {
+  if (!fs::is_directory(path)) return path;
+  const auto name = path.filename().empty() ? path.parent_path().filename() : path.filename();
+  int r = -1, w = -1;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "peer-%d-of-%d%c", &r, &w, &tail) == 2 && r >= 0 && r < w) {
+    dt::fault::checkpoint_every ck;
+    ck.dir = (path.filename().empty() ? path.parent_path() : path).parent_path().string();
+    const auto steps = ck.saved_steps(r, w);
+    dt::detail::check(!steps.empty(), "--checkpoint ", path.string(), " holds no step-N.ckpt files");
+    return ck.file(r, w, steps.back());
+  }
+  std::vector<int> worlds;
+  for (const auto& [fr, fw] : peer_folders(path))
+    if (fr == 0) worlds.push_back(fw);
+  dt::detail::check(!worlds.empty(), "--checkpoint ", path.string(), " holds no checkpoints (expected ", path.string(),
+                    "/peer-0-of-W/step-N.ckpt)");
+  dt::detail::check(worlds.size() == 1, "--checkpoint ", path.string(), " holds runs of several sizes; name one, as ",
+                    (path / ("peer-0-of-" + std::to_string(worlds.back()))).string());
+  dt::fault::checkpoint_every ck;
+  ck.dir = path.string();
+  const auto steps = ck.saved_steps(0, worlds[0]);
+  dt::detail::check(!steps.empty(), "--checkpoint ", ck.peer_dir(0, worlds[0]).string(), " holds no step-N.ckpt files");
+  return ck.file(0, worlds[0], steps.back());
+}
+
 int cmd_sample(const options& opt) {
-  set_threads(opt);
+  set_threads(threads(opt, 0));
   const std::string ckpt = opt.text("checkpoint", ""), weights = opt.text("weights", "");
   const auto n_head = opt.integer("n-head", 0);
   const std::string prompt = opt.text("prompt", ""), prompt_ids = opt.text("prompt-ids", "");
-  const auto count = opt.integer("tokens", 200), top_k = opt.integer("top-k", 40);
-  const double temperature = opt.real("temperature", 0.8);
-  dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed", 1337)), "sample");
+  dt::nn::sample_options sampling;
+  sampling.tokens = opt.integer("tokens", sampling.tokens);
+  sampling.top_k = opt.integer("top-k", sampling.top_k);
+  sampling.temperature = opt.real("temperature", sampling.temperature);
+  dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed", static_cast<std::int64_t>(dt::train::trainer_options{}.seed))),
+              "sample");
   opt.reject_unknown();
   dt::detail::check(ckpt.empty() != weights.empty(), "sample needs exactly one of --checkpoint and --weights");
-  dt::detail::check(temperature > 0 && count >= 0 && top_k >= 0, "--temperature must be > 0, --tokens and --top-k >= 0");
+  dt::detail::check(sampling.temperature > 0 && sampling.tokens >= 0 && sampling.top_k >= 0,
+                    "--temperature must be > 0, --tokens and --top-k >= 0");
 
   std::optional<dt::nn::gpt<>> model;
   std::optional<dt::data::char_tokenizer> tok;
   dt::rng unused(0, "init");
   if (!ckpt.empty()) {
-    const auto c = dt::io::load_checkpoint(ckpt);
+    const auto file = checkpoint_file(ckpt);
+    const auto c = dt::io::load_checkpoint(file);
     model.emplace(dt::train::config_of(c), unused);
     dt::optim::adamw<> ignored(model->parameters());
     dt::train::restore(c, *model, ignored);
     if (c.text.count("tokenizer.alphabet")) tok.emplace(c.text.at("tokenizer.alphabet"));
+    if (file != fs::path(ckpt)) std::fprintf(stderr, "sampling from %s\n", file.c_str());
   } else {
     dt::detail::check(n_head > 0, "--weights needs --n-head");
     const auto file = dt::io::load_safetensors(weights);
@@ -611,35 +735,23 @@ int cmd_sample(const options& opt) {
   const auto& cfg = model->config();
   std::vector<std::int32_t> ids;
   if (!prompt_ids.empty()) {
-    std::stringstream in(prompt_ids);
-    for (std::string part; std::getline(in, part, ',');) ids.push_back(static_cast<std::int32_t>(std::stol(part)));
+    for (const auto& part : split_list(prompt_ids)) {
+      std::size_t n = 0;
+      long v = -1;
+      try { v = std::stol(part, &n); } catch (const std::exception&) { n = 0; }
+      dt::detail::check(n == part.size() && n > 0, "--prompt-ids expects integers separated by commas, got '", part, "'");
+      ids.push_back(static_cast<std::int32_t>(v));
+    }
   } else if (!prompt.empty()) {
     dt::detail::check(tok.has_value(), "--prompt needs a checkpoint with a character tokenizer; use --prompt-ids");
     ids = tok->encode(prompt);
   }
   if (ids.empty()) ids.push_back(0);
-  for (auto id : ids) dt::detail::check(id >= 0 && id < cfg.vocab_size, "prompt token ", id, " is outside the vocabulary of ", cfg.vocab_size);
+  for (auto id : ids)
+    dt::detail::check(id >= 0 && id < cfg.vocab_size, "prompt token ", id, " is outside the vocabulary of ", cfg.vocab_size);
 
-  dt::no_grad guard;
   const std::size_t first_new = ids.size();
-  for (std::int64_t i = 0; i < count; ++i) {
-    const auto n = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), cfg.block_size);
-    std::vector<std::int32_t> ctx(ids.end() - n, ids.end());
-    const auto last = model->logits(dt::from_vector(ctx, {1, n})).value().slice(1, n - 1, n).contiguous().reshape({cfg.vocab_size});
-    auto logits = last.to_vector<double>();
-    // Top-k, temperature, then a draw from the softmax.
-    if (top_k > 0 && top_k < cfg.vocab_size) {
-      const double cut = dt::math::top_k(last, top_k).first.to_vector<double>().back();
-      for (auto& l : logits) if (l < cut) l = -INFINITY;
-    }
-    const double mx = *std::max_element(logits.begin(), logits.end());
-    double total = 0;
-    for (auto& l : logits) total += (l = std::exp((l - mx) / temperature));
-    double u = gen.uniform() * total;
-    std::size_t pick = 0;
-    while (pick + 1 < logits.size() && (u -= logits[pick]) > 0) ++pick;
-    ids.push_back(static_cast<std::int32_t>(pick));
-  }
+  ids = dt::nn::generate(*model, std::move(ids), sampling, gen);
   if (tok) {
     std::printf("%s\n", tok->decode(ids).c_str());
   } else {
@@ -654,14 +766,14 @@ int cmd_sample(const options& opt) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "help";
   try {
-    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "keep-checkpoints", "no-bias", "mpi"}));
+    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi"}));
     if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
     if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
     if (command == "help" || command == "--help" || command == "-h") {
-      std::fputs(usage, stdout);
+      std::fputs(usage().c_str(), stdout);
       return 0;
     }
-    std::fprintf(stderr, "unknown command '%s'\n\n%s", command.c_str(), usage);
+    std::fprintf(stderr, "unknown command '%s'\n\n%s", command.c_str(), usage().c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "decentrain-gpt %s: error: %s\n", command.c_str(), e.what());

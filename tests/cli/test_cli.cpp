@@ -1,7 +1,8 @@
 // decentrain-gpt end to end, as a user runs it: eval and --dump-grads against PyTorch's loss
 // and gradients (fixture: tests/reference/make_fixtures.py; loss to 1e-5 relative, gradients
 // to 1e-5 + 1e-4 relative), train/resume giving the uninterrupted result, Ctrl-C saving a
-// checkpoint, and bad arguments.
+// checkpoint, the metrics file (JSON lines, every peer named, no NaN), defaults taken from the
+// library, sampling from a checkpoint directory, and bad arguments.
 #include "support/fixture.hpp"
 
 #include <catch2/catch.hpp>
@@ -9,7 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -43,6 +47,47 @@ std::string last_line_with(const std::string& text, const std::string& prefix) {
     if (line.rfind(prefix, 0) == 0) found = line;
   return found;
 }
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+// A --metrics file: its lines as they are, and parsed (a line that is not JSON fails the test).
+struct metrics_file {
+  std::vector<std::string> lines;
+  std::vector<dt::io::json_value> parsed;
+  std::string event(std::size_t i) const { return parsed[i].at("event").text; }
+  // How many lines of `event` each rank wrote.
+  std::map<std::int64_t, int> per_rank(const std::string& event_name) const {
+    std::map<std::int64_t, int> n;
+    for (std::size_t i = 0; i < parsed.size(); ++i)
+      if (event(i) == event_name) ++n[parsed[i].at("rank").as_int()];
+    return n;
+  }
+};
+metrics_file read_metrics(const fs::path& file) {
+  metrics_file m;
+  std::istringstream in(read_text(file));
+  for (std::string line; std::getline(in, line);) {
+    INFO(file.string() << ": " << line);
+    m.lines.push_back(line);
+    REQUIRE_NOTHROW(m.parsed.push_back(dt::io::parse_json(line)));
+  }
+  return m;
+}
+// The step of peer 0's newest checkpoint in a --checkpoint-dir of a run of `world` peers.
+std::int64_t newest_step(const fs::path& dir, int world) {
+  dt::fault::checkpoint_every ck;
+  ck.dir = dir.string();
+  const auto steps = ck.saved_steps(0, world);
+  return steps.empty() ? -1 : steps.back();
+}
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
 }  // namespace
 
 TEST_CASE("eval reproduces PyTorch's loss and gradients from safetensors weights", "[cli][parity]") {
@@ -69,25 +114,31 @@ TEST_CASE("eval reproduces PyTorch's loss and gradients from safetensors weights
 
 TEST_CASE("train, resume: the resumed run ends where the uninterrupted one does", "[cli][train]") {
   const auto dir = scratch("resume");
-  const std::string common = cli() + " train --steps 40 --save-every 20 --eval-every 20 --eval-batches 2 "
+  const std::string common = cli() + " train --steps 40 --eval-every 20 --eval-batches 2 "
                                      "--batch-size 4 --block-size 16 --dropout 0.1 --metrics ''";
-  const auto straight = run(common + " --checkpoint-dir a --keep-checkpoints", dir);
+  const auto straight = run(common + " --checkpoint-dir a --save-every 10 --keep-checkpoints 3", dir);
   INFO(straight.output);
   REQUIRE(straight.status == 0);
-  REQUIRE(fs::exists(dir / "a" / "step-20.ckpt"));
+  // One process is peer 0 of 1; the newest three checkpoints are kept.
+  const auto a = dir / "a" / "peer-0-of-1";
+  CHECK_FALSE(fs::exists(a / "step-10.ckpt"));
+  for (const char* f : {"step-20.ckpt", "step-30.ckpt", "step-40.ckpt"}) CHECK(fs::exists(a / f));
+  REQUIRE(fs::exists(a / "step-20.ckpt"));
   // Start a second run from the first one's step-20 checkpoint, as if it had stopped there.
-  fs::create_directories(dir / "b");
-  fs::copy_file(dir / "a" / "step-20.ckpt", dir / "b" / "latest.ckpt");
-  const auto resumed = run(common + " --checkpoint-dir b --resume", dir);
+  const auto b = dir / "b" / "peer-0-of-1";
+  fs::create_directories(b);
+  fs::copy_file(a / "step-20.ckpt", b / "step-20.ckpt");
+  const auto resumed = run(common + " --checkpoint-dir b --save-every 20 --resume", dir);
   INFO(resumed.output);
   REQUIRE(resumed.status == 0);
-  CHECK_THAT(resumed.output, Contains("resumed from b/latest.ckpt at step 20"));
+  CHECK_THAT(resumed.output, Contains("peer 0 resumed from b/peer-0-of-1/step-20.ckpt at step 20"));
   CHECK(last_line_with(resumed.output, "val loss") == last_line_with(straight.output, "val loss"));
-  const auto a = dt::io::load_checkpoint(dir / "a" / "latest.ckpt"), b = dt::io::load_checkpoint(dir / "b" / "latest.ckpt");
-  CHECK(a.counter("step") == 40);
-  for (const auto& [name, t] : a.tensors) {
+  REQUIRE(fs::exists(b / "step-40.ckpt"));
+  const auto x = dt::io::load_checkpoint(a / "step-40.ckpt"), y = dt::io::load_checkpoint(b / "step-40.ckpt");
+  CHECK(x.counter("step") == 40);
+  for (const auto& [name, t] : x.tensors) {
     INFO(name);
-    CHECK(dt::allclose(t, b.tensor_at(name), 0.0, 0.0));  // bit for bit
+    CHECK(dt::allclose(t, y.tensor_at(name), 0.0, 0.0));  // bit for bit
   }
 }
 
@@ -98,16 +149,131 @@ TEST_CASE("Ctrl-C saves a checkpoint that training resumes from", "[cli][train]"
                      dir);
   INFO(r.output);
   CHECK(r.status == 130);
-  CHECK_THAT(r.output, Contains("checkpoint saved to ck/latest.ckpt"));
-  REQUIRE(fs::exists(dir / "ck" / "latest.ckpt"));
-  const auto step = dt::io::load_checkpoint(dir / "ck" / "latest.ckpt").counter("step");
-  CHECK(step > 0);
+  const auto step = newest_step(dir / "ck", 1);
+  REQUIRE(step > 0);
+  const auto file = "ck/peer-0-of-1/step-" + std::to_string(step) + ".ckpt";
+  CHECK_THAT(r.output, Contains("interrupted at step " + std::to_string(step) + ": checkpoint saved to " + file));
+  CHECK(dt::io::load_checkpoint(dir / file).counter("step") == step);
   const auto resumed = run(cli() + " train --steps " + std::to_string(step + 5) +
                                " --batch-size 4 --block-size 16 --metrics '' --checkpoint-dir ck --resume --eval-batches 1",
                            dir);
   INFO(resumed.output);
   CHECK(resumed.status == 0);
-  CHECK_THAT(resumed.output, Contains("resumed from ck/latest.ckpt at step " + std::to_string(step)));
+  CHECK_THAT(resumed.output, Contains("peer 0 resumed from " + file + " at step " + std::to_string(step)));
+  CHECK(newest_step(dir / "ck", 1) == step + 5);
+}
+
+TEST_CASE("Ctrl-C without --checkpoint-dir saves to ./checkpoints", "[cli][train]") {
+  const auto dir = scratch("interrupt_default");
+  const auto r = run("timeout --preserve-status -s INT 2 " + cli() + " train --steps 1000000 --batch-size 4 --block-size 16",
+                     dir);
+  INFO(r.output);
+  CHECK(r.status == 130);
+  const auto step = newest_step(dir / "checkpoints", 1);
+  REQUIRE(step > 0);
+  // Only Ctrl-C saved (no --save-every without a directory).
+  CHECK(fs::exists(dir / "checkpoints" / "peer-0-of-1" / ("step-" + std::to_string(step) + ".ckpt")));
+  dt::fault::checkpoint_every ck;
+  ck.dir = (dir / "checkpoints").string();
+  CHECK(ck.saved_steps(0, 1).size() == 1);
+  // The metrics (default metrics.jsonl) stop at the step that was saved.
+  const auto m = read_metrics(dir / "metrics.jsonl");
+  REQUIRE(m.parsed.size() >= 2);
+  CHECK(m.event(0) == "config");
+  CHECK(m.parsed.back().at("step").as_int() == step);
+}
+
+TEST_CASE("train: the metrics file has a config line, then a step line per step naming the peer", "[cli][metrics]") {
+  const auto dir = scratch("metrics");
+  const auto r = run(cli() + " train --steps 12 --eval-every 5 --eval-batches 1 --batch-size 2 --block-size 16 --metrics m.jsonl",
+                     dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const auto m = read_metrics(dir / "m.jsonl");
+  REQUIRE(m.parsed.size() == 1 + 12 + 3);  // config, 12 steps, evaluations at 5, 10 and the end
+  CHECK(m.event(0) == "config");
+  CHECK(m.parsed[0].at("world").as_int() == 1);
+  CHECK(m.parsed[0].at("mode").text == "single");
+  CHECK(m.parsed[0].at("steps").as_int() == 12);
+  // The defaults are the library's.
+  const dt::train::trainer_options defaults;
+  CHECK(std::stod(m.parsed[0].at("lr").text) == defaults.lr);
+  CHECK(std::stod(m.parsed[0].at("min_lr").text) == defaults.floor_lr());
+  CHECK(std::stod(m.parsed[0].at("beta2").text) == defaults.beta2);
+  CHECK(std::stod(m.parsed[0].at("weight_decay").text) == defaults.weight_decay);
+  CHECK(m.parsed[0].at("seed").as_int() == static_cast<std::int64_t>(defaults.seed));
+  CHECK(m.per_rank("step") == std::map<std::int64_t, int>{{0, 12}});
+  CHECK(m.per_rank("eval") == std::map<std::int64_t, int>{{0, 3}});
+  std::int64_t expected = 0;
+  for (std::size_t i = 0; i < m.parsed.size(); ++i)
+    if (m.event(i) == "step") CHECK(m.parsed[i].at("step").as_int() == ++expected);
+}
+
+TEST_CASE("train: non-finite numbers are written as null, never nan", "[cli][metrics]") {
+  const auto dir = scratch("nan");
+  // A learning rate this large sends the loss to NaN within a few steps.
+  const auto r = run(cli() + " train --steps 10 --eval-every 5 --eval-batches 1 --batch-size 2 --block-size 16 "
+                             "--lr 9e5 --warmup 0 --metrics m.jsonl",
+                     dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const auto m = read_metrics(dir / "m.jsonl");  // every line parses as JSON
+  bool saw_null = false;
+  for (const auto& line : m.lines) {
+    INFO(line);
+    std::string lower = line;
+    for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    CHECK(lower.find("nan") == std::string::npos);
+    CHECK(lower.find("inf") == std::string::npos);
+    saw_null = saw_null || line.find("\"loss\":null") != std::string::npos;
+  }
+  CHECK(saw_null);
+}
+
+TEST_CASE("help shows the library's defaults", "[cli]") {
+  const auto dir = scratch("help");
+  const auto r = run(cli() + " help", dir);
+  REQUIRE(r.status == 0);
+  const dt::train::trainer_options d;
+  CHECK_THAT(r.output, Contains("(default " + number(d.lr) + ")"));
+  CHECK_THAT(r.output, Contains("optimizer steps in all (default " + std::to_string(d.steps) + ")"));
+  CHECK_THAT(r.output, Contains("sequences per step, per peer (default " + std::to_string(d.batch_size) + ")"));
+  CHECK_THAT(r.output, Contains("AdamW beta2 (default " + number(d.beta2) + ")"));
+  CHECK_THAT(r.output, Contains("(default " + std::to_string(d.seed) + ")"));
+  CHECK_THAT(r.output, Contains("--keep-checkpoints N   newest checkpoints kept per peer (default " +
+                                std::to_string(dt::fault::checkpoint_every{}.keep_last) + ")"));
+  // Every {default} of the help's template was filled in ("{rank}" is the --metrics pattern).
+  std::string unfilled = r.output;
+  for (auto at = unfilled.find("{rank}"); at != std::string::npos; at = unfilled.find("{rank}")) unfilled.erase(at, 6);
+  CHECK(unfilled.find('{') == std::string::npos);
+}
+
+TEST_CASE("sample: from a checkpoint file or a checkpoint directory", "[cli][sample]") {
+  const auto dir = scratch("sample");
+  const auto t = run(cli() + " train --steps 6 --eval-batches 1 --batch-size 2 --block-size 16 --metrics '' "
+                             "--checkpoint-dir ck --save-every 3",
+                     dir);
+  INFO(t.output);
+  REQUIRE(t.status == 0);
+  const std::string args = " --tokens 20 --prompt 'the ' --seed 3";
+  const auto from_dir = run(cli() + " sample --checkpoint ck" + args, dir);
+  const auto from_file = run(cli() + " sample --checkpoint ck/peer-0-of-1/step-6.ckpt" + args, dir);
+  INFO(from_dir.output);
+  INFO(from_file.output);
+  REQUIRE(from_dir.status == 0);
+  REQUIRE(from_file.status == 0);
+  CHECK_THAT(from_dir.output, Contains("sampling from ck/peer-0-of-1/step-6.ckpt"));
+  const auto text = last_line_with(from_file.output, "the ");
+  CHECK(text.size() == 4 + 20);
+  CHECK(last_line_with(from_dir.output, "the ") == text);  // the newest step is step 6
+  const auto ids = run(cli() + " sample --checkpoint ck --tokens 5 --prompt-ids 1,2", dir);
+  CHECK(ids.status == 0);
+  const auto none = run(cli() + " sample --checkpoint " + (dir / "nowhere").string() + args, dir);
+  CHECK(none.status == 1);
+  fs::create_directories(dir / "empty");
+  const auto empty = run(cli() + " sample --checkpoint empty" + args, dir);
+  CHECK(empty.status == 1);
+  CHECK_THAT(empty.output, Contains("--checkpoint empty holds no checkpoints"));
 }
 
 TEST_CASE("train --compute-dtype bf16: mixed precision lands near the f32 run", "[cli][train]") {
@@ -117,7 +283,7 @@ TEST_CASE("train --compute-dtype bf16: mixed precision lands near the f32 run", 
   REQUIRE(f32.status == 0);
   REQUIRE(bf16.status == 0);
   const auto val = [](const std::string& out) { return std::stod(out.substr(out.rfind("val loss ") + 9)); };
-  // The last step's gradient norm (6 digits in the metrics): bf16 arithmetic really ran. The
+  // The last step's gradient norm (every digit in the metrics): bf16 arithmetic really ran. The
   // losses are f32 in both runs and may agree to the 4 printed digits after 40 steps.
   const auto last_grad_norm = [&](const std::string& file) {
     std::ifstream in(dir / file);
@@ -138,9 +304,24 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   const auto dir = scratch("errors");
   auto r = run(cli() + " train --steps 0", dir);
   CHECK(r.status == 1);
-  CHECK_THAT(r.output, Contains("must be positive"));
+  CHECK_THAT(r.output, Contains("steps must be >= 1, got 0"));
   r = run(cli() + " train --stepz 10", dir);
   CHECK_THAT(r.output, Contains("unknown option --stepz"));
+  r = run(cli() + " train --steps 5 --keep-checkpoints", dir);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Contains("option --keep-checkpoints needs a value"));
+  r = run(cli() + " train --steps 5 --keep-checkpoints 0", dir);
+  CHECK_THAT(r.output, Contains("--keep-checkpoints must be >= 1, got 0"));
+  r = run(cli() + " train --steps 5 --resume", dir);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Contains("--resume needs --checkpoint-dir"));
+  r = run(cli() + " train --steps 5 --checkpoint-dir nothing --resume", dir);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Contains("--resume: no checkpoints in nothing"));
+  r = run(cli() + " train --steps 5 --link wan", dir);
+  CHECK_THAT(r.output, Contains("--link sets the simulated links of --peers N"));
+  r = run(cli() + " train --steps 5 --peers 2 --mpi", dir);
+  CHECK_THAT(r.output, Contains("--peers, --listen and --mpi are different modes"));
   r = run(cli() + " train --preset huge", dir);
   CHECK_THAT(r.output, Contains("unknown model preset 'huge'"));
   r = run(cli() + " train --data missing.txt", dir);
@@ -176,6 +357,20 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   const auto expected = last_line_with(in_process.output, "val loss ");
   REQUIRE(!expected.empty());
   CHECK(in_process.output.find("comm diloco:") != std::string::npos);
+  {
+    // The peers of one process share one metrics file (the default metrics.jsonl): one config
+    // line first, then each peer's lines, naming it.
+    INFO("in-process metrics");
+    const auto m = read_metrics(dir / "metrics.jsonl");
+    REQUIRE(!m.parsed.empty());
+    CHECK(m.event(0) == "config");
+    CHECK(m.parsed[0].at("world").as_int() == 2);
+    CHECK(m.parsed[0].at("comm").text == "diloco");
+    CHECK(m.parsed[0].at("link").text == "wan");
+    for (std::size_t i = 1; i < m.parsed.size(); ++i) CHECK(m.event(i) != "config");
+    CHECK(m.per_rank("step") == std::map<std::int64_t, int>{{0, 12}, {1, 12}});
+    CHECK(m.per_rank("eval") == std::map<std::int64_t, int>{{0, 1}, {1, 1}});
+  }
 
   // Two processes on loopback; `timeout` makes sure neither outlives the test.
   const auto port = std::to_string(free_port());
@@ -187,30 +382,55 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   CHECK(tcp.status == 0);
   // Same algorithms, same order of sums, one thread each: the same number to the last digit.
   CHECK(last_line_with(tcp.output, "val loss ") == expected);
+  // Over TCP each process writes its own metrics, named by rank.
+  for (int rank : {0, 1}) {
+    INFO("tcp metrics of rank " << rank);
+    const auto m = read_metrics(dir / ("metrics.rank-" + std::to_string(rank) + ".jsonl"));
+    REQUIRE(!m.parsed.empty());
+    CHECK(m.event(0) == "config");
+    CHECK(m.parsed[0].at("mode").text == "tcp");
+    CHECK(m.per_rank("step") == std::map<std::int64_t, int>{{rank, 12}});
+  }
 
 #if defined(DECENTRAIN_MPIRUN)
-  const auto mpi = run("timeout 120 " DECENTRAIN_MPIRUN " --allow-run-as-root --oversubscribe -np 2 " + cli() + peer_args + " --mpi", dir);
+  const auto mpi = run("timeout 120 " DECENTRAIN_MPIRUN " --allow-run-as-root --oversubscribe -np 2 " + cli() + peer_args +
+                           " --mpi --metrics 'mpi-{rank}.jsonl'",
+                       dir);
   INFO(mpi.output);
   CHECK(mpi.status == 0);
   CHECK(last_line_with(mpi.output, "val loss ") == expected);
+  for (int rank : {0, 1}) {
+    INFO("mpi metrics of rank " << rank);
+    const auto m = read_metrics(dir / ("mpi-" + std::to_string(rank) + ".jsonl"));
+    REQUIRE(!m.parsed.empty());
+    CHECK(m.event(0) == "config");
+    CHECK(m.per_rank("step") == std::map<std::int64_t, int>{{rank, 12}});
+  }
 #endif
 
-  // Every peer checkpoints itself; resuming all of them from the step-8 files (mid-round for
-  // H = 5) ends exactly where the uninterrupted run does.
-  const auto saving = run(cli() + peer_args + " --peers 2 --link wan --checkpoint-dir ck --save-every 4 --keep-checkpoints", dir);
+  // Every peer checkpoints itself (DIR/peer-R-of-W/step-N.ckpt); resuming all of them from the
+  // step-8 files (mid-round for H = 5) ends exactly where the uninterrupted run does.
+  const auto saving =
+      run(cli() + peer_args + " --peers 2 --link wan --metrics '' --checkpoint-dir ck --save-every 4 --keep-checkpoints 3", dir);
   INFO(saving.output);
   REQUIRE(saving.status == 0);
   CHECK(last_line_with(saving.output, "val loss ") == expected);
-  fs::create_directories(dir / "ck2");
-  for (const char* f : {"peer-0-of-2.ckpt", "peer-1-of-2.ckpt"}) fs::copy_file(dir / "ck" / "step-8" / f, dir / "ck2" / f);
-  const auto resumed = run(cli() + peer_args + " --peers 2 --link wan --checkpoint-dir ck2 --resume", dir);
+  for (const char* peer : {"peer-0-of-2", "peer-1-of-2"}) {
+    fs::create_directories(dir / "ck2" / peer);
+    for (const char* f : {"step-4.ckpt", "step-8.ckpt", "step-12.ckpt"}) CHECK(fs::exists(dir / "ck" / peer / f));
+    fs::copy_file(dir / "ck" / peer / "step-8.ckpt", dir / "ck2" / peer / "step-8.ckpt");
+  }
+  const auto resumed = run(cli() + peer_args + " --peers 2 --link wan --metrics '' --checkpoint-dir ck2 --resume", dir);
   INFO(resumed.output);
   REQUIRE(resumed.status == 0);
-  CHECK_THAT(resumed.output, Contains("peer 1 resumed from ck2/peer-1-of-2.ckpt at step 8"));
+  CHECK_THAT(resumed.output, Contains("peer 1 resumed from ck2/peer-1-of-2/step-8.ckpt at step 8"));
   CHECK(last_line_with(resumed.output, "val loss ") == expected);
   const auto none = run(cli() + peer_args + " --peers 2 --checkpoint-dir empty --resume", dir);
   CHECK(none.status == 1);
-  CHECK_THAT(none.output, Contains("no peer checkpoints (peer-R-of-W.ckpt) in empty"));
+  CHECK_THAT(none.output, Contains("--resume: no checkpoints in empty"));
+  const auto other_world = run(cli() + peer_args + " --peers 3 --checkpoint-dir ck --resume", dir);
+  CHECK(other_world.status == 1);
+  CHECK_THAT(other_world.output, Contains("no checkpoints of a run of 3 peer(s) in ck (it holds runs of 2)"));
 
   const auto bad = run(cli() + " train --peers 2 --comm gossip", dir);
   CHECK(bad.status == 1);
@@ -218,4 +438,27 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
   CHECK(lonely.status == 1);
   CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
+}
+
+TEST_CASE("train --peers: Ctrl-C stops every peer at the same step and saves each", "[cli][peers]") {
+  const auto dir = scratch("peers_interrupt");
+  const auto r = run("timeout --preserve-status -s INT 3 " + cli() +
+                         " train --peers 2 --steps 1000000 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32 --n-head 2"
+                         " --checkpoint-dir ck --save-every 0",
+                     dir);
+  INFO(r.output);
+  CHECK(r.status == 130);
+  const auto step = newest_step(dir / "ck", 2);
+  REQUIRE(step > 0);
+  CHECK(step % dt::train::trainer_options{}.stop_check_every == 0);  // where the peers agree to stop
+  CHECK_THAT(r.output, Contains("interrupted at step " + std::to_string(step) + ": checkpoint saved to ck"));
+  for (const char* peer : {"peer-0-of-2", "peer-1-of-2"}) {
+    INFO(peer);
+    CHECK(fs::exists(dir / "ck" / peer / ("step-" + std::to_string(step) + ".ckpt")));
+  }
+  const auto m = read_metrics(dir / "metrics.jsonl");
+  const auto steps = m.per_rank("step");
+  CHECK(steps.size() == 2);
+  CHECK(steps.at(0) == step);
+  CHECK(steps.at(1) == step);
 }

@@ -3,12 +3,12 @@
 // null (JSON has no NaN). One log may serve every peer of a process: lines never interleave.
 #pragma once
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <ostream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,10 +25,10 @@ class json_line {
  public:
   json_line& add(std::string_view key, double v) {
     if (!std::isfinite(v)) return raw(key, "null");
-    std::ostringstream s;
-    s.precision(9);
-    s << v;
-    return raw(key, s.str());
+    // The shortest text that reads back as v: exact, so unix times keep their fractions.
+    char buf[32];
+    const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    return raw(key, std::string(buf, end));
   }
   json_line& add(std::string_view key, std::int64_t v) { return raw(key, std::to_string(v)); }
   json_line& add(std::string_view key, std::uint64_t v) { return raw(key, std::to_string(v)); }

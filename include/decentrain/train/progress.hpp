@@ -28,8 +28,11 @@ class progress {
 
   template <class Trainer>
   void attach(Trainer& t) {
-    const std::int64_t total = t.options().steps, first = t.step();
-    t.on_step([this, total, first](const step_metrics& m) {
+    const std::int64_t total = t.options().steps;
+    // The step fit() started from is known only at the first step: a fault policy may restore
+    // a checkpoint inside fit(), after attach.
+    t.on_step([this, total, first = std::int64_t{-1}](const step_metrics& m) mutable {
+      if (first < 0) first = m.step - 1;
       const double per_step = m.wall_s / static_cast<double>(m.step - first);
       const std::string eta = format_duration(per_step * static_cast<double>(total - m.step));
       if (tty_) {
