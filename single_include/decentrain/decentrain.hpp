@@ -7548,7 +7548,7 @@ class char_tokenizer {
 // ---- end decentrain/data/tokenizer.hpp ----
 // ---- end decentrain/data/data.hpp ----
 // ---- begin decentrain/nn/nn.hpp ----
-// Everything in nn: the GPT-2 configuration, presets, layers and model.
+// Everything in nn: the GPT-2 configuration, presets, layers, model and sampling.
 
 // ---- begin decentrain/nn/config.hpp ----
 // GPT-2 model configuration and the named presets. The parameter count is computed from the
@@ -7825,6 +7825,117 @@ class gpt {
 
 }  // namespace decentrain::nn
 // ---- end decentrain/nn/gpt.hpp ----
+// ---- begin decentrain/nn/sample.hpp ----
+// Text generation from a language model: top-k cut, temperature, then one draw from the softmax
+// per token (llm.c's sampler.h, in the library so every program samples the same way).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+
+namespace decentrain {
+namespace nn {
+
+struct sample_options {
+  double temperature = 0.8;   // < 1 sharpens the distribution, > 1 flattens it
+  std::int64_t top_k = 40;    // draw only among the k most likely tokens; 0: among all
+  std::int64_t tokens = 200;  // how many tokens generate() appends
+
+  // Throws decentrain::error naming the first bad field.
+  void validate() const {
+    detail::check(std::isfinite(temperature) && temperature > 0, "sample_options: temperature must be finite and > 0, got ",
+                  temperature);
+    detail::check(top_k >= 0, "sample_options: top_k must be >= 0 (0: no cut), got ", top_k);
+    detail::check(tokens >= 0, "sample_options: tokens must be >= 0, got ", tokens);
+  }
+};
+
+}  // namespace nn
+
+namespace detail {
+
+// One uniform draw from softmax(logits / temperature) over the top-k logits. Tokens that tie
+// with the k-th largest logit are all kept, so the cut never depends on an arbitrary order.
+template <class T>
+std::int32_t sample_next(std::span<const T> logits, const nn::sample_options& opt, rng& gen) {
+  opt.validate();
+  check(!logits.empty(), "sample_next: no logits");
+  check(logits.size() <= std::size_t{1} << 31, "sample_next: ", logits.size(), " logits do not fit token ids (std::int32_t)");
+  std::vector<double> w(logits.begin(), logits.end());
+  for (std::size_t i = 0; i < w.size(); ++i)
+    check(!std::isnan(w[i]) && w[i] != INFINITY, "sample_next: logit ", i, " is ", w[i], " (expected a number or -inf)");
+  const double mx = *std::max_element(w.begin(), w.end());
+  check(mx != -INFINITY, "sample_next: every logit is -inf, so no token can be drawn");
+  if (opt.top_k > 0 && static_cast<std::size_t>(opt.top_k) < w.size()) {
+    std::vector<double> sorted = w;
+    const auto kth = sorted.begin() + (opt.top_k - 1);
+    std::nth_element(sorted.begin(), kth, sorted.end(), std::greater<>());
+    const double cut = *kth;
+    for (auto& l : w)
+      if (l < cut) l = -INFINITY;
+  }
+  double total = 0;
+  for (auto& l : w) total += (l = std::exp((l - mx) / opt.temperature));  // the max gives 1, so total >= 1
+  // Walks the cumulative weights; tokens of weight 0 (cut, or underflowed) are stepped over, so
+  // neither a draw of exactly 0 nor a rounding shortfall at the end can pick one.
+  double u = gen.uniform() * total;
+  std::size_t last = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (w[i] == 0) continue;
+    last = i;
+    if ((u -= w[i]) <= 0) return static_cast<std::int32_t>(i);
+  }
+  return static_cast<std::int32_t>(last);
+}
+
+}  // namespace detail
+
+namespace nn {
+
+// The next token given one position's logits (one per vocabulary entry). Uses one
+// gen.uniform() per call, so a seeded stream gives the same tokens every run.
+inline std::int32_t sample_next(std::span<const float> logits, const sample_options& opt, rng& gen) {
+  return detail::sample_next(logits, opt, gen);
+}
+inline std::int32_t sample_next(std::span<const double> logits, const sample_options& opt, rng& gen) {
+  return detail::sample_next(logits, opt, gen);
+}
+
+// `prompt` followed by opt.tokens sampled tokens. Each step runs the model (no graph) on the
+// last block_size tokens, as it was trained, and samples from the last position's logits.
+// Model: config() with block_size and vocab_size, logits(ids (1, T)) -> (1, T, vocab), and
+// device_type (nn::gpt).
+template <class Model>
+std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> prompt, const sample_options& opt, rng& gen) {
+  using Device = typename Model::device_type;
+  opt.validate();
+  const auto& cfg = model.config();
+  detail::check(!prompt.empty(), "generate: the prompt is empty (the model needs at least one token to start from)");
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    detail::check(prompt[i] >= 0 && prompt[i] < cfg.vocab_size, "generate: prompt token ", prompt[i], " at position ", i,
+                  " is outside the vocabulary [0, ", cfg.vocab_size, ")");
+  no_grad guard;
+  auto ids = std::move(prompt);
+  ids.reserve(ids.size() + static_cast<std::size_t>(opt.tokens));
+  for (std::int64_t i = 0; i < opt.tokens; ++i) {
+    const auto n = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), cfg.block_size);
+    const std::vector<std::int32_t> context(ids.end() - n, ids.end());
+    const auto all = model.logits(to_device<Device>(from_vector(context, shape{1, n}))).value();
+    const auto last = to_device<cpu>(all.slice(1, n - 1, n).contiguous()).template to_vector<float>();
+    detail::check(static_cast<std::int64_t>(last.size()) == cfg.vocab_size, "generate: the model gave ", last.size(),
+                  " logits for a vocabulary of ", cfg.vocab_size);
+    ids.push_back(sample_next(std::span<const float>(last), opt, gen));
+  }
+  return ids;
+}
+
+}  // namespace nn
+}  // namespace decentrain
+// ---- end decentrain/nn/sample.hpp ----
 // ---- end decentrain/nn/nn.hpp ----
 // ---- begin decentrain/optim/optim.hpp ----
 // Everything in optim: AdamW, SGD (with Nesterov momentum), gradient clipping, schedules.
@@ -8949,6 +9060,25 @@ std::optional<link_estimate> slowest_link(const E& e) {
     return std::nullopt;
 }
 
+// A lane is a second endpoint of the same peer, for a collective that runs on a background
+// thread while the caller goes on (collective::communicator's non-blocking calls). The lane and
+// the endpoint are used from two threads at once, always with different tags. A transport whose
+// endpoints are safe for that returns a copy (tcp); one with per-thread state returns an endpoint
+// of its own and folds it back in rejoin() when the collective is waited for (in_process: the
+// clock and the counters); one that cannot (mpi below MPI_THREAD_MULTIPLE) offers none, and
+// the collective then runs on the caller's thread when it is started.
+template <endpoint E>
+std::optional<E> open_lane(E& e) {
+  if constexpr (requires { { e.lane() } -> std::same_as<std::optional<E>>; })
+    return e.lane();
+  else
+    return std::nullopt;
+}
+template <endpoint E>
+void rejoin_lane(E& e, const E& lane) {
+  if constexpr (requires { e.rejoin(lane); }) e.rejoin(lane);
+}
+
 // Called as each message of an exchange lands, in order: (its index, its size).
 using landed_fn = std::function<void(std::size_t index, std::size_t size)>;
 
@@ -9025,6 +9155,14 @@ class any_endpoint {
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
   std::optional<link_estimate> slowest_link() const { return get().slowest_link(); }
+  std::optional<any_endpoint> lane() {
+    auto l = get().lane();
+    if (!l) return std::nullopt;
+    any_endpoint out;
+    out.self_ = std::move(l);
+    return out;
+  }
+  void rejoin(const any_endpoint& lane) { get().rejoin(lane.get()); }
 
  private:
   struct base {
@@ -9038,6 +9176,8 @@ class any_endpoint {
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
     virtual std::optional<link_estimate> slowest_link() const = 0;
+    virtual std::shared_ptr<base> lane() = 0;
+    virtual void rejoin(const base& lane) = 0;
   };
   template <class E>
   struct model final : base {
@@ -9053,6 +9193,12 @@ class any_endpoint {
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
     std::optional<link_estimate> slowest_link() const override { return transport::slowest_link(e); }
+    std::shared_ptr<base> lane() override {
+      auto l = transport::open_lane(e);
+      if (!l) return nullptr;
+      return std::make_shared<model<E>>(std::move(*l));
+    }
+    void rejoin(const base& lane) override { transport::rejoin_lane(e, static_cast<const model<E>&>(lane).e); }
     E e;
   };
 
@@ -9329,6 +9475,39 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <utility>
 #include <vector>
 
+// ---- begin decentrain/transport/peer_error.hpp ----
+// The error a transport or a collective throws when a peer fails it: the peer that did (dead,
+// silent past its deadline, sending what it must not) and the operation that noticed. A fault
+// policy's on_error receives it and decides whether to rethrow, redo the round or re-form the
+// group; everything else that goes wrong stays a plain decentrain::error.
+
+#include <string>
+#include <utility>
+
+
+namespace decentrain::transport {
+
+class peer_error : public decentrain::error {
+ public:
+  peer_error(int peer, std::string operation, const std::string& message)
+      : decentrain::error(message), peer_(peer), operation_(std::move(operation)) {}
+  // The rank (in the world of the endpoint that threw) of the peer that failed.
+  int peer() const { return peer_; }
+  // What noticed: "send", "receive", or the collective ("all_reduce", "broadcast", ...).
+  const std::string& operation() const { return operation_; }
+
+ private:
+  int peer_;
+  std::string operation_;
+};
+
+template <class... Parts>
+[[noreturn]] void fail_peer(int peer, std::string operation, Parts&&... parts) {
+  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...));
+}
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/peer_error.hpp ----
 
 namespace decentrain::transport::detail {
 
@@ -9447,10 +9626,11 @@ class mailbox {
     closed_.erase(source);
   }
 
-  void fail_all(std::string reason) {
+  // Every wait fails from now on, naming `peer` (the peer whose failure brought the network down).
+  void fail_all(int peer, std::string reason) {
     {
       std::lock_guard lock(mutex_);
-      if (failure_.empty()) failure_ = std::move(reason);
+      if (failure_.empty()) failure_ = std::move(reason), failed_peer_ = peer;
     }
     ready_.notify_all();
   }
@@ -9478,14 +9658,14 @@ class mailbox {
   }
 
   void throw_if_unreachable(int source) const {
-    if (!failure_.empty()) decentrain::detail::fail(failure_);
+    if (!failure_.empty()) transport::fail_peer(failed_peer_, "receive", failure_);
     if (auto c = closed_.find(source); c != closed_.end())
-      decentrain::detail::fail("transport: peer ", source, " is gone (", c->second, ")");
+      transport::fail_peer(source, "receive", "transport: peer ", source, " is gone (", c->second, ")");
   }
 
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    decentrain::detail::fail("transport: no message from peer ", source, " (tag ", tag, ") within ", timeout.count(),
-                             " ms: the peer is slow, partitioned or has failed");
+    transport::fail_peer(source, "receive", "transport: no message from peer ", source, " (tag ", tag, ") within ",
+                         timeout.count(), " ms: the peer is slow, partitioned or has failed");
   }
 
   void keep_spare(bytes b) {
@@ -9532,7 +9712,7 @@ class mailbox {
       }
       if (first.state == posting::abandoned) {
         throw_if_unreachable(source);
-        decentrain::detail::fail("transport: the message from peer ", source, " (tag ", tag, ") was cut off");
+        transport::fail_peer(source, "receive", "transport: the message from peer ", source, " (tag ", tag, ") was cut off");
       }
       if (first.state == posting::open) {
         // Not (or not yet) landing in place: a queued message is the next one in order.
@@ -9580,6 +9760,7 @@ class mailbox {
   std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, std::string> closed_;
   std::string failure_;
+  int failed_peer_ = -1;
 };
 
 }  // namespace decentrain::transport::detail
@@ -9725,9 +9906,36 @@ class in_process {
 
     std::optional<link_estimate> slowest_link() const { return net_->slowest; }
 
-    // Marks the whole network failed: every peer blocked in recv gets `reason` as an error.
+    // A second endpoint of this peer for a collective running on a background thread (see
+    // transport::open_lane). Its clock starts at this one's: the transfer begins now, while this
+    // peer goes on computing. rejoin() then moves this clock to when the transfer ended, if that
+    // is later, and counts only that difference as waiting, so time computed while the
+    // transfer proceeded is not waited twice. The lane has links of its own (not yet shared in
+    // bandwidth with this endpoint's messages in flight) and its own seeded drop/jitter streams.
+    std::optional<endpoint> lane() {
+      endpoint l = *this;
+      l.stats_ = {};
+      const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
+      for (auto& g : l.link_rng_) g = rng(g.next_u64() ^ salt, "lane-link");
+      return l;
+    }
+    void rejoin(const endpoint& l) {
+      if (l.clock_ > clock_) {
+        stats_.wait_seconds += l.clock_ - clock_;
+        clock_ = l.clock_;
+      }
+      for (std::size_t d = 0; d < link_free_at_.size(); ++d) link_free_at_[d] = std::max(link_free_at_[d], l.link_free_at_[d]);
+      stats_.bytes_sent += l.stats_.bytes_sent;
+      stats_.bytes_received += l.stats_.bytes_received;
+      stats_.messages_sent += l.stats_.messages_sent;
+      stats_.messages_received += l.stats_.messages_received;
+      stats_.retransmissions += l.stats_.retransmissions;
+    }
+
+    // Marks the whole network failed: every peer blocked in recv gets `reason` as an error
+    // naming this peer.
     void abort(const std::string& reason) {
-      for (auto& b : net_->boxes) b.fail_all(reason);
+      for (auto& b : net_->boxes) b.fail_all(rank_, reason);
     }
 
    private:
@@ -9750,6 +9958,7 @@ class in_process {
     std::vector<double> link_free_at_, last_arrival_;
     std::vector<rng> link_rng_;
     traffic_stats stats_;
+    std::uint64_t lanes_opened_ = 0;
   };
 
   in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), opts)) {}
@@ -9991,9 +10200,14 @@ class mpi {
     traffic_stats stats;
   };
 
-  // Collectives number their calls; MPI tags are bounded, and messages between two ranks on one
-  // communicator do not overtake each other, so wrapping the number around is safe.
-  int mpi_tag(tag_type tag) const { return static_cast<int>(tag % self_->tag_modulus); }
+  // Collectives number their calls in a tag's low 32 bits and name their channel (a group, a
+  // background lane) in the high ones. MPI tags are bounded, and messages between two ranks on
+  // one communicator do not overtake each other, so wrapping the number around is safe; the
+  // channel is mixed in by an odd multiplier so that channels do not land on the same tags.
+  int mpi_tag(tag_type tag) const {
+    const std::uint64_t mixed = (tag & 0xffffffffu) + (tag >> 32) * 0x9e3779b1u;
+    return static_cast<int>(mixed % self_->tag_modulus);
+  }
 
   void check_peer(int peer, const char* what) const {
     decentrain::detail::check(peer >= 0 && peer < world(), "mpi: peer ", rank(), " cannot ", what, " peer ", peer,
@@ -10111,6 +10325,9 @@ class tcp {
     self_->exchange(to, outs, from, ins, tag, landed);
   }
   void computed(double) {}
+  // Sends, receives and counters are safe from two threads with different tags: a lane is this
+  // same connection set (see transport::open_lane).
+  std::optional<tcp> lane() { return *this; }
   traffic_stats stats() const { return self_->stats(); }
   // The reason the last malformed frame was dropped (empty if none was).
   std::string last_malformed() const {
@@ -10526,7 +10743,7 @@ class tcp {
       {
         std::lock_guard lock(mutex);
         auto it = peers.find(peer);
-        decentrain::detail::check(it != peers.end(), "tcp: peer ", opts.rank, " is not connected to peer ", peer);
+        if (it == peers.end()) transport::fail_peer(peer, "send", "tcp: peer ", opts.rank, " is not connected to peer ", peer);
         c = it->second;
       }
       write_data(*c, tag, data);
@@ -10551,7 +10768,7 @@ class tcp {
       std::size_t first = 0;
       const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
       while (first < parts.size()) {
-        decentrain::detail::check(!c.closed_for_writes.load(), "tcp: connection to peer ", peer, " is closed");
+        if (c.closed_for_writes.load()) transport::fail_peer(peer, "send", "tcp: connection to peer ", peer, " is closed");
         msghdr msg{};
         msg.msg_iov = parts.data() + first;
         msg.msg_iovlen = parts.size() - first;
@@ -10559,11 +10776,12 @@ class tcp {
         if (n < 0) {
           const int err = errno;
           if (err == EINTR) continue;
-          decentrain::detail::check(err == EAGAIN || err == EWOULDBLOCK, "tcp: sending to peer ", peer, " failed: ",
-                                    std::generic_category().message(err));
+          if (err != EAGAIN && err != EWOULDBLOCK)
+            transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " failed: ", std::generic_category().message(err));
           const auto left = deadline - std::chrono::steady_clock::now();
-          decentrain::detail::check(left > std::chrono::steady_clock::duration::zero(), "tcp: sending to peer ", peer,
-                                    " did not finish within ", opts.recv_timeout.count(), " ms");
+          if (left <= std::chrono::steady_clock::duration::zero())
+            transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " did not finish within ",
+                                 opts.recv_timeout.count(), " ms");
           pollfd p{fd, POLLOUT, 0};
           ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
           continue;
@@ -10657,9 +10875,10 @@ class tcp {
     std::string last_malformed;
     detail::mailbox box;
 
-    // Training thread only. Payload bytes, as for every transport (framing adds 24 bytes a message).
-    std::uint64_t bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
-    double wait_seconds = 0;
+    // Payload bytes, as for every transport (framing adds 24 bytes a message). Atomic: the
+    // training thread and a lane's background collective (see lane()) both count here.
+    std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
+    std::atomic<double> wait_seconds = 0;
   };
 
   std::shared_ptr<impl> self_;
@@ -10674,19 +10893,101 @@ static_assert(endpoint<tcp>);
 // ---- end decentrain/transport/transport.hpp ----
 // ---- begin decentrain/collective/communicator.hpp ----
 // Collectives over any transport endpoint: all-reduce (a chunked, pipelined ring for large
-// buffers; recursive doubling for small ones), broadcast, all-gather and barrier. Every peer must
-// call the same collectives in the same order with the same sizes; a size that disagrees is
-// reported as an error naming the peer, never trusted.
+// buffers; recursive doubling for small ones), broadcast, all-gather (+ combine) and barrier,
+// blocking or started in the background with a handle to wait on; sub-groups with their own tag
+// space; pairwise messages. Every peer must call the same collectives in the same order with the
+// same sizes; a size that disagrees is reported as an error naming the peer, never trusted. A
+// peer that fails a collective surfaces as a transport::peer_error naming it and the collective.
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
+// ---- begin decentrain/collective/group.hpp ----
+// A sub-group of peers as an endpoint of its own: ranks 0..k-1 of the group are the listed world
+// ranks, and every tag gets the group's channel in its high 32 bits, so the group's collectives
+// never pair with the world's or another group's (stage replicas, Moshpit groups). Communicators
+// over it work unchanged; communicator::group makes one.
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+
+namespace decentrain::collective {
+
+// The channel of a group: the same on every member, whatever the order it was listed in.
+inline std::uint32_t group_channel(std::uint32_t parent, std::span<const int> sorted_ranks) {
+  std::uint64_t h = decentrain::detail::splitmix64(0x67726f7570ull ^ parent);  // "group"
+  for (int r : sorted_ranks) h = decentrain::detail::splitmix64(h ^ static_cast<std::uint64_t>(r));
+  return static_cast<std::uint32_t>(h >> 32) | 1u;  // never 0, the world's channel
+}
+
+template <transport::endpoint Endpoint>
+class group_view {
+ public:
+  // `parent` must outlive the view unless the view owns it (a lane).
+  group_view(std::shared_ptr<Endpoint> parent, std::vector<int> members, std::uint32_t channel)
+      : parent_(std::move(parent)), members_(std::move(members)), channel_(channel) {
+    decentrain::detail::check(!members_.empty(), "group: needs at least one member");
+    for (std::size_t i = 0; i < members_.size(); ++i) {
+      decentrain::detail::check(members_[i] >= 0 && members_[i] < parent_->world(), "group: rank ", members_[i],
+                                " is outside a world of ", parent_->world());
+      if (members_[i] == parent_->rank()) rank_ = static_cast<int>(i);
+    }
+    decentrain::detail::check(rank_ >= 0, "group: peer ", parent_->rank(), " is not one of the group's members");
+  }
+
+  int rank() const { return rank_; }
+  int world() const { return static_cast<int>(members_.size()); }
+  int world_rank(int member) const { return members_[static_cast<std::size_t>(member)]; }
+  void send(int peer, transport::tag_type tag, std::span<const std::byte> data) {
+    parent_->send(at(peer), mapped(tag), data);
+  }
+  transport::bytes recv(int peer, transport::tag_type tag) { return parent_->recv(at(peer), mapped(tag)); }
+  void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                transport::tag_type tag, const transport::landed_fn& landed) {
+    transport::exchange(*parent_, to < 0 ? to : at(to), outs, at(from), ins, mapped(tag), landed);
+  }
+  transport::traffic_stats stats() const { return parent_->stats(); }
+  void computed(double seconds) { parent_->computed(seconds); }
+  std::optional<transport::link_estimate> slowest_link() const { return transport::slowest_link(*parent_); }
+  std::optional<group_view> lane() {
+    auto l = transport::open_lane(*parent_);
+    if (!l) return std::nullopt;
+    return group_view(std::make_shared<Endpoint>(std::move(*l)), members_, channel_);
+  }
+  void rejoin(const group_view& lane) { transport::rejoin_lane(*parent_, *lane.parent_); }
+
+ private:
+  int at(int member) const {
+    decentrain::detail::check(member >= 0 && member < world(), "group: member ", member, " is outside a group of ", world());
+    return members_[static_cast<std::size_t>(member)];
+  }
+  transport::tag_type mapped(transport::tag_type tag) const { return tag ^ (static_cast<transport::tag_type>(channel_) << 32); }
+
+  std::shared_ptr<Endpoint> parent_;
+  std::vector<int> members_;
+  std::uint32_t channel_;
+  int rank_ = -1;
+};
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/group.hpp ----
 
 namespace decentrain::collective {
 
@@ -10724,9 +11025,58 @@ struct counters {
 };
 
 template <transport::endpoint Endpoint>
+class communicator;
+
+// A collective started in the background (communicator::start and the *_async calls). The
+// buffers it was given belong to it until wait() returns. wait() rethrows what the collective
+// threw; a handle destroyed unwaited still waits for its thread (and drops the error).
+class pending {
+ public:
+  pending() = default;
+  pending(pending&&) noexcept = default;
+  pending& operator=(pending&& other) noexcept {
+    if (this != &other) {
+      join();
+      s_ = std::move(other.s_);
+    }
+    return *this;
+  }
+  ~pending() { join(); }
+
+  // Whether the collective has finished (wait() then does not block).
+  bool ready() const { return !s_ || s_->done.load(); }
+  // Blocks until the collective has finished; accounts its traffic and time to the caller.
+  void wait() {
+    if (!s_) return;
+    auto s = std::move(s_);
+    if (s->worker.joinable()) s->worker.join();
+    if (s->finish) s->finish();
+    if (s->error) std::rethrow_exception(s->error);
+  }
+
+ private:
+  template <transport::endpoint>
+  friend class communicator;
+  struct state {
+    std::thread worker;
+    std::atomic<bool> done{false};
+    std::exception_ptr error;
+    std::function<void()> finish;  // on the waiting thread: fold the lane back in
+  };
+  void join() noexcept {
+    if (s_ && s_->worker.joinable()) s_->worker.join();
+    s_.reset();
+  }
+  std::unique_ptr<state> s_;
+};
+
+template <transport::endpoint Endpoint>
 class communicator {
  public:
-  explicit communicator(Endpoint& ep, options opts = {}) : ep_(&ep), opts_(opts) {
+  // `channel` goes into the high 32 bits of every tag, so communicators over the same endpoint
+  // with different channels never pair each other's messages (0: the world's).
+  explicit communicator(Endpoint& ep, options opts = {}, std::uint32_t channel = 0)
+      : ep_(&ep), opts_(opts), channel_(channel) {
     decentrain::detail::check(opts.chunk_bytes > 0, "communicator: chunk_bytes must be > 0");
     decentrain::detail::check(opts.window_bytes > 0, "communicator: window_bytes must be > 0");
     decentrain::detail::check(opts.link_bytes_in_flight >= 0 && opts.in_flight_multiple >= 0,
@@ -10738,6 +11088,13 @@ class communicator {
     opts_.window_bytes = std::max(opts_.window_bytes, at_least);
     opts_.recursive_doubling_below_bytes = std::max(opts_.recursive_doubling_below_bytes, at_least);
   }
+
+  // Not copyable (tags are numbered per communicator); movable while nothing started with
+  // start() is pending on it.
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
 
   // The sizes in use: the options given, raised to the links where the transport knows them.
   const options& settings() const { return opts_; }
@@ -10756,10 +11113,12 @@ class communicator {
       algo = data.size_bytes() < opts_.recursive_doubling_below_bytes || data.size() < static_cast<std::size_t>(world())
                  ? algorithm::recursive_doubling
                  : algorithm::ring;
-    if (algo == algorithm::ring)
-      ring_all_reduce(data, op, tag);
-    else
-      recursive_doubling_all_reduce(data, op, tag);
+    naming_the_peer("all_reduce", [&] {
+      if (algo == algorithm::ring)
+        ring_all_reduce(data, op, tag);
+      else
+        recursive_doubling_all_reduce(data, op, tag);
+    });
     finish(data, op);
   }
 
@@ -10769,6 +11128,190 @@ class communicator {
     static_assert(std::is_trivially_copyable_v<T>, "broadcast: elements must be trivially copyable");
     check_rank(root, "broadcast root");
     const auto tag = next_tag();
+    naming_the_peer("broadcast", [&] { broadcast_tree(data, root, tag); });
+  }
+
+  // Concatenation of every peer's `mine` in rank order; all peers give the same size.
+  template <class T>
+  std::vector<T> all_gather(std::span<const T> mine) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
+    const auto tag = next_tag();
+    std::vector<T> out;
+    naming_the_peer("all_gather", [&] { out = ring_all_gather(mine, tag); });
+    return out;
+  }
+
+  // Every peer's `data` gathered, then combine(contributions, data) with the contributions as
+  // spans in rank order (this peer's own among them): where a plain sum will not do, as in
+  // robust aggregation (median, trimmed mean) or decoding compressed payloads. Every peer gets
+  // the same contributions, so a deterministic combine leaves every peer with the same bits.
+  template <class T, class Combine>
+    requires std::invocable<Combine&, std::span<const std::span<const T>>, std::span<T>>
+  void all_gather_combine(std::span<T> data, Combine&& combine) {
+    const auto all = all_gather(std::span<const T>(data));
+    std::vector<std::span<const T>> parts;
+    for (int r = 0; r < world(); ++r)
+      parts.push_back(std::span<const T>(all).subspan(static_cast<std::size_t>(r) * data.size(), data.size()));
+    combine(std::span<const std::span<const T>>(parts), data);
+  }
+
+  void barrier() {
+    std::int32_t token = 0;
+    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);
+  }
+
+  // ---- sub-groups ----
+
+  // A communicator over the listed ranks of this one (each listed once; this peer among them),
+  // with a tag space of its own: its collectives never pair with this communicator's or another
+  // group's, so a stage's replicas or a Moshpit group can all-reduce while others do too. Every
+  // member calls group() with the same ranks; ranks index the group in ascending order of the
+  // ranks given. This communicator must outlive the group's.
+  communicator<transport::any_endpoint> group(std::vector<int> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
+                              "communicator: a group lists a rank twice");
+    const auto channel = group_channel(channel_, ranks);
+    std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
+    transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
+    return communicator<transport::any_endpoint>(std::move(view), opts_);
+  }
+
+  // ---- pairwise messages ----
+
+  // Point to point, for gossip and pipeline stages: messages between two peers keep their order,
+  // apart from the collectives' (a tag space of their own, numbered per pair, so they need not
+  // be called in the same order on every peer, only matched: the k-th send_to(p) of this peer
+  // meets the k-th recv_from(me) of peer p). The receive must be given the exact size.
+  template <class T>
+  void send_to(int peer, std::span<const T> values) {
+    static_assert(std::is_trivially_copyable_v<T>, "send_to: elements must be trivially copyable");
+    check_rank(peer, "send_to peer");
+    const auto tag = pair_tag(sent_to_, peer);
+    naming_the_peer("send_to", [&] { send(peer, tag, values); });
+  }
+  template <class T>
+  void recv_from(int peer, std::span<T> values) {
+    static_assert(std::is_trivially_copyable_v<T>, "recv_from: elements must be trivially copyable");
+    check_rank(peer, "recv_from peer");
+    const auto tag = pair_tag(received_from_, peer);
+    naming_the_peer("recv_from", [&] { receive(peer, values, tag, "recv_from"); });
+  }
+  // Sends `out` to `peer` and receives the same number of values from it into `in` (a gossip
+  // step with one neighbour); both peers call it naming each other.
+  template <class T>
+  void exchange_with(int peer, std::span<const T> out, std::span<T> in) {
+    decentrain::detail::check(out.size() == in.size(), "exchange_with: sends ", out.size(), " values but receives ",
+                              in.size());
+    check_rank(peer, "exchange_with peer");
+    const auto out_tag = pair_tag(sent_to_, peer), in_tag = pair_tag(received_from_, peer);
+    naming_the_peer("exchange_with", [&] {
+      if (peer == rank()) {
+        std::copy(out.begin(), out.end(), in.begin());
+        return;
+      }
+      send(peer, out_tag, out);
+      receive(peer, in, in_tag, "exchange_with");
+    });
+  }
+
+  // ---- in the background ----
+
+  // Runs op(c) on a background thread, where c is a communicator of this peer with a tag space
+  // of its own, and returns at once; the caller goes on computing (and calling this
+  // communicator's collectives) while the transfer proceeds. Every peer starts the same
+  // operations in the same order. On simulated links the time it takes overlaps the caller's
+  // compute: wait() moves the caller's clock only to when it ended (see in_process::lane). A
+  // transport that cannot run a second thread of messages (mpi below MPI_THREAD_MULTIPLE) runs
+  // op here, before start returns.
+  template <class Op>
+    requires std::invocable<Op&, communicator&>
+  pending start(Op op) {
+    const auto channel = static_cast<std::uint32_t>(decentrain::detail::splitmix64(next_tag()) >> 32) | 1u;
+    pending h;
+    h.s_ = std::make_unique<pending::state>();
+    auto lane = transport::open_lane(*ep_);
+    if (!lane) {
+      communicator sub(*ep_, opts_, channel ^ channel_);
+      sub.ring_sizes_agreed_ = ring_sizes_agreed_;
+      try {
+        op(sub);
+      } catch (...) {
+        h.s_->error = std::current_exception();
+      }
+      add(sub.counters_);
+      h.s_->done = true;
+      return h;
+    }
+    auto lane_ep = std::make_shared<Endpoint>(std::move(*lane));
+    auto lane_counters = std::make_shared<counters>();
+    auto* st = h.s_.get();
+    st->worker = std::thread([this, st, lane_ep, lane_counters, channel, agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
+      try {
+        communicator sub(*lane_ep, opts_, channel ^ channel_);
+        sub.ring_sizes_agreed_ = agreed;
+        try {
+          op(sub);
+        } catch (...) {
+          *lane_counters = sub.counters_;
+          throw;
+        }
+        *lane_counters = sub.counters_;
+      } catch (...) {
+        st->error = std::current_exception();
+      }
+      st->done = true;
+    });
+    st->finish = [this, lane_ep, lane_counters] {
+      transport::rejoin_lane(*ep_, *lane_ep);
+      add(*lane_counters);
+    };
+    return h;
+  }
+
+  template <class T>
+  pending all_reduce_async(std::span<T> data, reduce_op op = reduce_op::sum) {
+    return start([data, op](communicator& c) { c.all_reduce(data, op); });
+  }
+  template <class T>
+  pending broadcast_async(std::span<T> data, int root = 0) {
+    return start([data, root](communicator& c) { c.broadcast(data, root); });
+  }
+
+ private:
+  template <transport::endpoint>
+  friend class communicator;
+
+  // A communicator that owns its endpoint (a group's view).
+  communicator(Endpoint&& owned, options opts) : owned_(std::make_unique<Endpoint>(std::move(owned))), ep_(owned_.get()), opts_(opts) {
+    ring_sizes_agreed_ = false;
+  }
+
+  void add(const counters& c) {
+    counters_.bytes_sent += c.bytes_sent;
+    counters_.bytes_received += c.bytes_received;
+    counters_.calls += c.calls;
+  }
+
+  // A peer_error from inside a collective names the collective as its operation (the peer is
+  // the world rank the transport saw fail).
+  template <class F>
+  static void naming_the_peer(const char* operation, F&& f) {
+    try {
+      f();
+    } catch (const transport::peer_error& e) {
+      throw transport::peer_error(e.peer(), operation, e.what());
+    }
+  }
+
+  // Pairwise messages: their own channel, numbered per peer and direction.
+  transport::tag_type pair_tag(std::map<int, std::uint32_t>& numbers, int peer) {
+    constexpr std::uint32_t pairwise = 0x70327000u;  // "p2p"
+    return (static_cast<transport::tag_type>(pairwise ^ channel_) << 32) | ++numbers[peer];
+  }
+
+  template <class T>
+  void broadcast_tree(std::span<T> data, int root, transport::tag_type tag) {
     const int n = world(), me = (rank() - root + n) % n;  // rank relative to root
     // Binomial tree per chunk (so no message exceeds chunk_bytes): receive from the parent, then
     // forward to children, largest subtree first.
@@ -10789,11 +11332,8 @@ class communicator {
     }
   }
 
-  // Concatenation of every peer's `mine` in rank order; all peers give the same size.
   template <class T>
-  std::vector<T> all_gather(std::span<const T> mine) {
-    static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
-    const auto tag = next_tag();
+  std::vector<T> ring_all_gather(std::span<const T> mine, transport::tag_type tag) {
     const int n = world(), r = rank();
     const std::size_t m = mine.size();
     std::vector<T> out(m * static_cast<std::size_t>(n));
@@ -10805,18 +11345,16 @@ class communicator {
     return out;
   }
 
-  void barrier() {
-    std::int32_t token = 0;
-    all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);
-  }
-
- private:
   int left() const { return (rank() - 1 + world()) % world(); }
   int right() const { return (rank() + 1) % world(); }
 
+  // A collective's tag: the channel in the high 32 bits, the call's number in the low ones.
   transport::tag_type next_tag() {
     ++counters_.calls;
-    return ++sequence_;
+    return fresh_tag();
+  }
+  transport::tag_type fresh_tag() {
+    return (static_cast<transport::tag_type>(channel_) << 32) | static_cast<std::uint32_t>(++sequence_);
   }
 
   void check_rank(int r, const char* what) const {
@@ -10962,7 +11500,7 @@ class communicator {
     if (ring_sizes_agreed_) return;
     const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
     std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
-    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, ++sequence_);
+    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
     decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
                               "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
                               sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
@@ -10999,11 +11537,14 @@ class communicator {
     if (r + p < n) send(r + p, tag, std::span<const T>(data));
   }
 
+  std::unique_ptr<Endpoint> owned_;  // a group's view; empty for a communicator over a given endpoint
   Endpoint* ep_;
   options opts_;
+  std::uint32_t channel_ = 0;
   counters counters_;
-  transport::tag_type sequence_ = 0;
+  std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
+  std::map<int, std::uint32_t> sent_to_, received_from_;
   // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
   // that typedef'd anonymous struct.
   struct alignas(std::max_align_t) scratch_block {
@@ -11014,28 +11555,161 @@ class communicator {
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/communicator.hpp ----
+// ---- begin decentrain/compress/compress.hpp ----
+// Everything in compress: the codec concept, the codec-aware all-reduce and the codecs.
+
+// ---- begin decentrain/compress/codec.hpp ----
+// What a codec is: how a communication policy's f32 payload is put on the wire. A codec is a
+// value type of settings (and any state it keeps, such as an error-feedback residual) with
+//   std::size_t max_encoded_bytes(std::size_t values) const   an upper bound of encode's output
+//   std::size_t encode(std::span<const float> values, std::span<std::byte> out)
+//                                                             writes the payload, returns its size
+//   void decode_add(std::span<const std::byte> payload, std::span<float> into) const
+//                                                             adds the decoded values into `into`;
+//                                                             throws decentrain::error on a payload
+//                                                             it could not have written
+// and may add
+//   template <class Comm> void all_reduce(Comm&, std::span<float>, bool average)
+//                                                             a collective of its own (identity: the ring)
+//   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
+// Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+// One static_assert per member, so a codec that lacks one is told which.
+template <class C>
+constexpr bool check_codec() {
+  static_assert(std::is_copy_constructible_v<C>, "codec: a codec must be copyable (a value type of settings)");
+  static_assert(requires(const C& c, std::size_t n) { { c.max_encoded_bytes(n) } -> std::convertible_to<std::size_t>; },
+                "codec: needs `std::size_t max_encoded_bytes(std::size_t values) const`");
+  static_assert(requires(C& c, std::span<const float> in, std::span<std::byte> out) {
+                  { c.encode(in, out) } -> std::convertible_to<std::size_t>;
+                },
+                "codec: needs `std::size_t encode(std::span<const float> values, std::span<std::byte> out)` "
+                "returning the payload's size");
+  static_assert(requires(const C& c, std::span<const std::byte> in, std::span<float> out) { c.decode_add(in, out); },
+                "codec: needs `void decode_add(std::span<const std::byte> payload, std::span<float> into) const`");
+  return true;
+}
+
+template <class C>
+concept codec = std::is_copy_constructible_v<C> && requires(C& c, const C& cc, std::size_t n, std::span<const float> in,
+                                                            std::span<std::byte> out, std::span<const std::byte> payload,
+                                                            std::span<float> into) {
+  { cc.max_encoded_bytes(n) } -> std::convertible_to<std::size_t>;
+  { c.encode(in, out) } -> std::convertible_to<std::size_t>;
+  cc.decode_add(payload, into);
+};
+
+// The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
+// peer. A codec with a collective of its own runs it; any other is gathered: each peer's payload
+// (its size in front) goes to every peer, which decodes and adds them up in rank order, so every
+// peer ends with the same bits. A payload whose stated size is beyond the codec's bound is
+// rejected naming the peer; decode_add checks the rest.
+template <class Codec, class Comm>
+void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  static_assert(check_codec<Codec>());
+  if constexpr (requires { codec.all_reduce(comm, values, average); }) {
+    codec.all_reduce(comm, values, average);
+  } else {
+    const std::size_t bound = codec.max_encoded_bytes(values.size());
+    std::vector<std::byte> mine(sizeof(std::uint64_t) + bound);
+    const std::uint64_t size = codec.encode(std::span<const float>(values), std::span<std::byte>(mine).subspan(sizeof(std::uint64_t)));
+    decentrain::detail::check(size <= bound, "codec: encode wrote ", size, " bytes, over its own bound of ", bound);
+    std::memcpy(mine.data(), &size, sizeof size);
+    const auto all = comm.all_gather(std::span<const std::byte>(mine));
+    std::fill(values.begin(), values.end(), 0.0f);
+    for (int r = 0; r < comm.world(); ++r) {
+      const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
+      std::uint64_t n = 0;
+      std::memcpy(&n, payload.data(), sizeof n);
+      decentrain::detail::check(n <= bound, "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ", bound,
+                                " for ", values.size(), " values");
+      codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
+    }
+    if (average && comm.world() > 1) {
+      const float scale = 1.0f / static_cast<float>(comm.world());
+      for (auto& v : values) v *= scale;
+    }
+  }
+}
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/codec.hpp ----
+// ---- begin decentrain/compress/identity.hpp ----
+// The codec that sends f32 values as they are, through the collectives' own all-reduce (the
+// pipelined ring or recursive doubling): what every policy uses unless told otherwise.
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+
+
+namespace decentrain::compress {
+
+struct identity {
+  static constexpr const char* name = "identity";
+
+  std::size_t max_encoded_bytes(std::size_t values) const { return values * sizeof(float); }
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
+    if (!values.empty()) std::memcpy(out.data(), values.data(), values.size_bytes());
+    return values.size_bytes();
+  }
+  void decode_add(std::span<const std::byte> payload, std::span<float> into) const {
+    decentrain::detail::check(payload.size() == into.size_bytes(), "identity codec: a payload of ", payload.size(),
+                              " bytes for ", into.size(), " values");
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      float v;
+      std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
+      into[i] += v;
+    }
+  }
+  // No encoding to do: the plain all-reduce, which adds up as it goes instead of gathering.
+  template <class Comm>
+  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+    comm.all_reduce(values, average ? collective::reduce_op::average : collective::reduce_op::sum);
+  }
+};
+
+static_assert(check_codec<identity>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/identity.hpp ----
+// ---- end decentrain/compress/compress.hpp ----
 // ---- begin decentrain/comm/comm.hpp ----
 // Everything in comm: the policy concept and the communication policies.
 
 // ---- begin decentrain/comm/diloco.hpp ----
-// DiLoCo (Douillard et al., 2023): each peer runs H inner optimizer steps from the shared global
-// parameters; then the pseudo-gradient (global - local) is averaged across peers and applied to
-// the global parameters by an outer optimizer, Nesterov momentum by default (lr 0.7, momentum
-// 0.9, the paper's settings), and every peer starts the next round from the new global
-// parameters. Peers talk once per H steps instead of every step.
+// DiLoCo (Douillard et al., 2023): each peer runs H = inner_steps inner optimizer steps from the
+// shared global parameters; then the pseudo-gradient (global - local) is averaged across the
+// replicas (sent through Codec) and applied to the global parameters by an outer optimizer,
+// Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
+// starts the next round from the new global parameters. Peers talk once per H steps instead of
+// every step.
 
 #include <cstdint>
 #include <vector>
 
 // ---- begin decentrain/comm/policy.hpp ----
-// What a communication policy is: a struct of settings that opts in with
+// What a communication policy is: a struct of settings (and a codec) that opts in with
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
 // The trainer calls, per peer:
 //   start(ctx)            once, before the first step (make every peer start from rank 0's model)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
-// `ctx` is a train::peer_context (parameters, communicator, step); see train/trainer.hpp.
+// `ctx` is a train::peer_context: the parameters, ctx.replicas (the peers holding the same
+// parameters, whom a policy averages with), ctx.comm (the whole world), the step. The helpers
+// below gather and scatter parameters and gradients as one flat buffer. train/concepts.hpp
+// checks each member; docs/guide.md has a whole policy written from scratch.
 
 #include <algorithm>
 #include <cstdint>
@@ -11051,16 +11725,6 @@ struct policy_tag {};
 
 template <class P>
 concept declares_comm_policy = decentrain::detail::opts_into<P, policy_tag>;
-
-template <class P, class Ctx>
-concept comm_policy = declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& ctx, io::checkpoint& out,
-                                                          const io::checkpoint& in) {
-  p.start(ctx);
-  p.after_backward(ctx);
-  p.after_step(ctx);
-  cp.save(out);
-  p.load(in);
-};
 
 // Parameters and gradients as one flat f32 buffer on the host, in parameter-list order, so one
 // collective call moves all of them (fewer, larger messages than one per tensor). On the CPU
@@ -11141,12 +11805,23 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
   return (ctx.step + 1) % inner_steps == 0 || ctx.last_step;
 }
 
-// Makes every peer hold rank 0's parameters (peers seeded alike already agree; this makes it so).
+// Makes every replica hold the first replica's parameters (peers seeded alike already agree;
+// this makes it so).
 template <class Ctx>
 void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   gather_values(ctx.parameters, buffer);
-  ctx.comm.broadcast(std::span<float>(buffer), 0);
+  ctx.replicas.broadcast(std::span<float>(buffer), 0);
   scatter_values(ctx.parameters, buffer);
+}
+
+// A codec's state in the policy's checkpoint, where the codec has any.
+template <class Codec>
+void save_codec(const Codec& codec, io::checkpoint& c, const std::string& prefix) {
+  if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix);
+}
+template <class Codec>
+void load_codec(Codec& codec, const io::checkpoint& c, const std::string& prefix) {
+  if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix);
 }
 
 inline tensor<cpu> flat_tensor(const std::vector<float>& v) { return from_vector<cpu>(v, shape{static_cast<std::int64_t>(v.size())}); }
@@ -11177,16 +11852,17 @@ struct sgd {
 };
 }  // namespace outer
 
-template <std::int64_t H = 500, class Outer = outer::nesterov>
+template <class Outer = outer::nesterov, class Codec = compress::identity>
 struct diloco {
-  static_assert(H >= 1, "diloco<H>: H (inner steps per round) must be >= 1");
   static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
-                "diloco<H, Outer>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+                "diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  static_assert(compress::check_codec<Codec>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "diloco";
 
-  std::int64_t inner_steps = H;
+  std::int64_t inner_steps = 50;  // H: inner steps per round
   Outer outer_optimizer{};
+  Codec codec{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -11211,7 +11887,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    ctx.comm.all_reduce(std::span<float>(delta_), collective::reduce_op::average);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true);
     kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
                         outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
                         !momentum_started_);
@@ -11227,6 +11903,7 @@ struct diloco {
     c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_);
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
+    save_codec(codec, c, "comm.diloco.codec.");
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -11234,6 +11911,7 @@ struct diloco {
     load_flat(c, "comm.diloco.momentum", momentum_, n);
     momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
     rounds_ = c.counter("comm.diloco.rounds");
+    load_codec(codec, c, "comm.diloco.codec.");
   }
 
  private:
@@ -11245,8 +11923,9 @@ struct diloco {
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/diloco.hpp ----
 // ---- begin decentrain/comm/local_sgd.hpp ----
-// Local SGD (periodic averaging): peers train on their own for H steps, then replace their
-// parameters by the average across peers. Optimizer state stays local.
+// Local SGD (periodic averaging): replicas train on their own for `inner_steps` steps, then
+// replace their parameters by the average across replicas (sent through Codec). Optimizer state
+// stays local.
 
 #include <cstdint>
 #include <vector>
@@ -11254,13 +11933,14 @@ struct diloco {
 
 namespace decentrain::comm {
 
-template <std::int64_t H = 50>
+template <class Codec = compress::identity>
 struct local_sgd {
-  static_assert(H >= 1, "local_sgd<H>: H (inner steps between averages) must be >= 1");
+  static_assert(compress::check_codec<Codec>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "local-sgd";
 
-  std::int64_t inner_steps = H;  // run-time override of H (the command line's --inner-steps)
+  std::int64_t inner_steps = 50;  // steps between averages
+  Codec codec{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -11273,11 +11953,11 @@ struct local_sgd {
   void after_step(Ctx& ctx) {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
     scatter_values(ctx.parameters, buffer_);
   }
-  void save(io::checkpoint&) const {}
-  void load(const io::checkpoint&) {}
+  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.local_sgd.codec."); }
+  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.local_sgd.codec."); }
 
  private:
   std::vector<float> buffer_;
@@ -11286,18 +11966,22 @@ struct local_sgd {
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/local_sgd.hpp ----
 // ---- begin decentrain/comm/sync_allreduce.hpp ----
-// The data-parallel baseline (DDP): every step, gradients are averaged across peers with one
-// all-reduce of the flattened gradient, so every peer applies the same update.
+// The data-parallel baseline (DDP): every step, gradients are averaged across the replicas with
+// one all-reduce of the flattened gradient (through Codec), so every replica applies the same
+// update.
 
-#include <string>
 #include <vector>
 
 
 namespace decentrain::comm {
 
+template <class Codec = compress::identity>
 struct sync_allreduce {
+  static_assert(compress::check_codec<Codec>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "sync";
+
+  Codec codec{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -11305,15 +11989,15 @@ struct sync_allreduce {
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
-    if (ctx.comm.world() == 1) return;
+    if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    ctx.comm.all_reduce(std::span<float>(buffer_), collective::reduce_op::average);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
     scatter_grads(ctx.parameters, buffer_);
   }
   template <class Ctx>
   void after_step(Ctx&) {}
-  void save(io::checkpoint&) const {}
-  void load(const io::checkpoint&) {}
+  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.sync.codec."); }
+  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.sync.codec."); }
 
  private:
   std::vector<float> buffer_;
@@ -11322,14 +12006,32 @@ struct sync_allreduce {
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/sync_allreduce.hpp ----
 // ---- end decentrain/comm/comm.hpp ----
+// ---- begin decentrain/parallel/parallel.hpp ----
+// Everything in parallel: the policy concept and data parallelism.
+
 // ---- begin decentrain/parallel/data.hpp ----
-// Parallelism policies decide what each peer computes. `data` (the only one so far): every peer
-// holds the whole model and trains on its own rows of the global batch. Pipeline and SWARM
-// policies slot in here with the same concept.
+// Data parallelism: every peer holds the whole model and trains on its own rows of the global
+// batch (rows rank*B .. rank*B+B-1 of step `step`), one forward and one backward per step.
 
 #include <concepts>
 #include <cstdint>
-#include <utility>
+
+// ---- begin decentrain/parallel/policy.hpp ----
+// What a parallelism policy is: a struct of settings that opts in with
+// `using policy_concept = parallel::policy_tag;` and owns the step. It says where a peer sits
+//   placement place(int rank, int world) const      its pipeline stage and the world ranks that
+//                                                   hold the same parameters (its replicas)
+// and runs, for the trainer,
+//   step_result forward_backward(Ctx&)               one step's forward and backward (micro-
+//                                                   batches, stages, sends inside), gradients
+//                                                   left in the parameters
+//   double evaluate(Ctx&, std::int64_t batch)        the validation loss of one batch, no gradients
+// `Ctx` is a train::peer_context; train/concepts.hpp checks each member.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
 
 
 namespace decentrain::parallel {
@@ -11339,31 +12041,107 @@ struct policy_tag {};
 template <class P>
 concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 
-template <class P>
-concept parallel_policy = declares_parallel_policy<P> &&
-                          requires(const P& p, const data::token_dataset& ds, std::int64_t i, std::uint64_t seed, int r) {
-                            { p.batch(ds, i, i, i, seed, r, r) } -> std::same_as<std::pair<tensor<cpu>, tensor<cpu>>>;
-                          };
+// Where a peer sits. The communication policy averages among `replicas` only: the world's ranks
+// (ascending, this peer included) that hold the same parameters. Data parallelism: everyone.
+struct placement {
+  int stage = 0;
+  int stages = 1;
+  std::vector<int> replicas;
+};
+
+// The placement of plain data parallelism: one stage, every peer a replica.
+inline placement everyone(int world) {
+  placement p;
+  for (int r = 0; r < world; ++r) p.replicas.push_back(r);
+  return p;
+}
+
+// What one step computed on this peer.
+struct step_result {
+  double loss = std::numeric_limits<double>::quiet_NaN();  // this step's training loss (NaN where unknown)
+  std::int64_t rows = 0;    // sequences this peer processed
+  std::int64_t tokens = 0;  // tokens this peer processed (for tokens/s)
+  double weight = 1.0;      // this peer's weight when contributions are averaged (its rows, say)
+};
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/policy.hpp ----
+
+namespace decentrain::parallel {
 
 struct data {
   using policy_concept = policy_tag;
   static constexpr const char* name = "data";
 
-  // Rows rank*B .. rank*B+B-1 of the global batch of step `step`.
-  std::pair<tensor<cpu>, tensor<cpu>> batch(const decentrain::data::token_dataset& ds, std::int64_t step,
-                                            std::int64_t batch_size, std::int64_t block, std::uint64_t seed, int rank,
-                                            int world) const {
-    return ds.batch<cpu>(decentrain::data::split::train, step, batch_size, block, seed, rank, world);
+  placement place(int, int world) const { return everyone(world); }
+
+  // What this policy needs of the model (the trainer asserts it where the policy has one).
+  template <class Ctx>
+  static constexpr bool check_model() {
+    using D = typename Ctx::device_type;
+    static_assert(requires(typename Ctx::model_type& m, const tensor<D>& ids, rng* r) {
+                    { m.loss(ids, ids, r) } -> std::same_as<var<D>>;
+                  },
+                  "parallel::data: the model needs `var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`");
+    return true;
+  }
+
+  template <class Ctx>
+  step_result forward_backward(Ctx& ctx) {
+    using D = typename Ctx::device_type;
+    const std::int64_t B = ctx.batch_size, T = ctx.block;
+    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed, ctx.comm.rank(),
+                                                  ctx.comm.world());
+    auto loss = ctx.model.loss(to_device<D>(x), to_device<D>(y), &ctx.dropout);
+    ctx.parameters.zero_grad();
+    loss.backward();
+    return {loss.item(), B, B * T, static_cast<double>(B)};
+  }
+
+  template <class Ctx>
+  double evaluate(Ctx& ctx, std::int64_t batch) {
+    using D = typename Ctx::device_type;
+    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::validation, batch, ctx.batch_size, ctx.block,
+                                                  ctx.seed, ctx.comm.rank(), ctx.comm.world());
+    return ctx.model.loss(to_device<D>(x), to_device<D>(y)).item();
   }
 };
 
 }  // namespace decentrain::parallel
 // ---- end decentrain/parallel/data.hpp ----
-// ---- begin decentrain/fault/none.hpp ----
-// Fault policies decide what happens around failures: checkpoints, membership, robust
-// aggregation. `none` does nothing: a failed peer ends the run with the error that says why.
+// ---- end decentrain/parallel/parallel.hpp ----
+// ---- begin decentrain/fault/fault.hpp ----
+// Everything in fault: the policy concept, none and checkpoint_every.
 
-#include <concepts>
+// ---- begin decentrain/fault/checkpoint_every.hpp ----
+// Checkpoints every `every` steps: each peer writes its whole state (model, optimizer, step,
+// dropout stream, the communication policy's state) to dir/peer-R-of-W/step-N.ckpt, atomically
+// (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. With
+// `resume`, start() picks the newest step that every peer has: when one peer was killed while
+// saving, the others fall back to the step before instead of refusing to start.
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/fault/policy.hpp ----
+// What a fault policy is: a struct of settings that opts in with
+// `using policy_concept = fault::policy_tag;` and decides what failures mean. The trainer calls
+//   start(ctx)                    once, before anything is exchanged: resume from disk (or, later,
+//                                 fetch state from a live peer) through ctx.restore
+//   after_step(ctx)               after every step (ctx.steps_done counts it): checkpoints,
+//                                 membership
+//   action on_error(ctx, e)       when a step fails because of a peer (e: transport::peer_error,
+//                                 naming the peer and the operation): rethrow, redo the step's
+//                                 failed part, or re-form the group and then redo
+// and, where the policy has them,
+//   reform(ctx)                   re-form the group (needed when on_error may say action::reform)
+//   on_stop(ctx)                  the run stops early (Ctrl-C): save what must not be lost
+// `Ctx` is a train::peer_context; train/concepts.hpp checks each member.
 
 
 namespace decentrain::fault {
@@ -11373,20 +12151,151 @@ struct policy_tag {};
 template <class P>
 concept declares_fault_policy = decentrain::detail::opts_into<P, policy_tag>;
 
-template <class P, class Ctx>
-concept fault_policy = declares_fault_policy<P> && requires(P& p, Ctx& ctx) { p.after_step(ctx); };
+enum class action {
+  rethrow,  // the error ends the run on this peer
+  redo,     // run the failed part of the step again (its collectives too)
+  reform,   // call the policy's reform(ctx), then redo
+};
+
+inline const char* action_name(action a) {
+  switch (a) {
+    case action::rethrow: return "rethrow";
+    case action::redo: return "redo";
+    case action::reform: return "reform";
+  }
+  return "?";
+}
+
+}  // namespace decentrain::fault
+// ---- end decentrain/fault/policy.hpp ----
+
+namespace decentrain::fault {
+
+struct checkpoint_every {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "checkpoint_every";
+
+  std::string dir;             // where each peer's folder goes (required)
+  std::int64_t every = 500;    // steps between checkpoints (and one after the last step); 0: only on_stop
+  int keep_last = 2;           // newest checkpoints kept per peer; 2 or more lets a peer fall back one
+  bool resume = true;          // start from the newest step that every peer has, if any
+  std::map<std::string, std::string> text;  // stored in every checkpoint (a tokenizer, say)
+
+  // Where peer `rank` of `world` keeps its checkpoints.
+  std::filesystem::path peer_dir(int rank, int world) const {
+    return std::filesystem::path(dir) / ("peer-" + std::to_string(rank) + "-of-" + std::to_string(world));
+  }
+  std::filesystem::path file(int rank, int world, std::int64_t step) const {
+    return peer_dir(rank, world) / ("step-" + std::to_string(step) + ".ckpt");
+  }
+  // The steps this peer has checkpoints of, ascending.
+  std::vector<std::int64_t> saved_steps(int rank, int world) const {
+    std::vector<std::int64_t> steps;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(peer_dir(rank, world), ec)) {
+      const auto n = e.path().filename().string();
+      if (n.rfind("step-", 0) != 0 || e.path().extension() != ".ckpt") continue;
+      const auto digits = n.substr(5, n.size() - 10);
+      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      steps.push_back(std::stoll(digits));
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(!dir.empty(), "checkpoint_every: dir is empty (where should checkpoints go?)");
+    decentrain::detail::check(every >= 0, "checkpoint_every: every must be >= 0, got ", every);
+    decentrain::detail::check(keep_last >= 1, "checkpoint_every: keep_last must be >= 1, got ", keep_last);
+    if (!resume) return;
+    const int rank = ctx.comm.rank(), world = ctx.comm.world();
+    const auto mine = saved_steps(rank, world);
+    // newest, -(fewest newest), and whether anyone has none: one all-reduce.
+    const std::int64_t newest = mine.empty() ? -1 : mine.back();
+    std::int64_t agreed[2] = {newest, -newest};
+    ctx.comm.all_reduce(std::span<std::int64_t>(agreed, 2), collective::reduce_op::max);
+    const std::int64_t most = agreed[0], least = -agreed[1];
+    if (most < 0) return;  // a fresh run
+    decentrain::detail::check(least >= 0, "checkpoint_every: some peers have checkpoints in ", dir,
+                              " and others have none (peer ", rank, " has ", mine.size(),
+                              "); resume needs every peer's, or start with an empty directory");
+    decentrain::detail::check(std::binary_search(mine.begin(), mine.end(), least), "checkpoint_every: peer ", rank,
+                              " has no checkpoint of step ", least, ", the newest step every peer has (it has ",
+                              describe(mine), " in ", peer_dir(rank, world).string(), ")");
+    ctx.restore(io::load_checkpoint(file(rank, world, least)));
+  }
+
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if ((every > 0 && ctx.steps_done % every == 0) || (every > 0 && ctx.last_step)) save(ctx);
+  }
+
+  template <class Ctx>
+  action on_error(Ctx&, const transport::peer_error&) {
+    return action::rethrow;
+  }
+
+  template <class Ctx>
+  void on_stop(Ctx& ctx) {
+    save(ctx);
+  }
+
+  // Writes this peer's state now and drops checkpoints beyond keep_last; returns the file.
+  template <class Ctx>
+  std::filesystem::path save(Ctx& ctx) const {
+    const int rank = ctx.comm.rank(), world = ctx.comm.world();
+    auto c = ctx.capture();
+    for (const auto& [k, v] : text) c.text[k] = v;
+    std::filesystem::create_directories(peer_dir(rank, world));
+    const auto path = file(rank, world, ctx.steps_done);
+    io::save_checkpoint(path, c);
+    auto steps = saved_steps(rank, world);
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last) < steps.size(); ++i)
+      std::filesystem::remove(file(rank, world, steps[i]));
+    return path;
+  }
+
+ private:
+  static std::string describe(const std::vector<std::int64_t>& steps) {
+    if (steps.empty()) return "none";
+    std::string s = "steps";
+    for (auto v : steps) {
+      s += ' ';
+      s += std::to_string(v);
+    }
+    return s;
+  }
+};
+
+}  // namespace decentrain::fault
+// ---- end decentrain/fault/checkpoint_every.hpp ----
+// ---- begin decentrain/fault/none.hpp ----
+// The fault policy that does nothing: no checkpoints, and a failed peer ends the run with the
+// error that names it.
+
+
+namespace decentrain::fault {
 
 struct none {
   using policy_concept = policy_tag;
   static constexpr const char* name = "none";
   template <class Ctx>
+  void start(Ctx&) {}
+  template <class Ctx>
   void after_step(Ctx&) {}
+  template <class Ctx>
+  action on_error(Ctx&, const transport::peer_error&) {
+    return action::rethrow;
+  }
 };
 
 }  // namespace decentrain::fault
 // ---- end decentrain/fault/none.hpp ----
+// ---- end decentrain/fault/fault.hpp ----
 // ---- begin decentrain/train/train.hpp ----
-// Everything in train: the trainer, checkpointing a run, and GPT-2 weight interchange.
+// Everything in train: the slots' concepts, the trainer and its in-process runner, metrics and
+// progress hooks, checkpointing a run, and GPT-2 weight interchange.
 
 // ---- begin decentrain/train/checkpoint.hpp ----
 // Moving a training run in and out of a checkpoint: the GPT's parameters ("model.<name>") and
@@ -11400,23 +12309,37 @@ struct none {
 
 namespace decentrain::train {
 
-// Model parameters ("model.<name>"), configuration ("config.*"), AdamW state ("adamw.<name>.*")
-// and the step, in one checkpoint.
-template <class Device>
-io::checkpoint capture(const nn::gpt<Device>& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
+// Model parameters ("model.<name>"), a GPT's configuration ("config.*"), AdamW state
+// ("adamw.<name>.*") and the step, in one checkpoint. Any model with parameters() will do; the
+// configuration is stored for models whose config() is a GPT's.
+namespace detail {
+// A model's parameters for reading, through its const parameters() where it has one.
+template <class Model>
+decltype(auto) parameters_to_read(const Model& m) {
+  if constexpr (requires { m.parameters(); })
+    return m.parameters();
+  else
+    return const_cast<Model&>(m).parameters();  // read only; the model offers no const access
+}
+}  // namespace detail
+
+template <class Model, class Device>
+io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
   io::checkpoint c;
-  for (const auto& e : model.parameters()) c.tensors["model." + e.name] = host_copy(e.param.value());
-  const auto& cfg = model.config();
-  c.counters["config.n_layer"] = cfg.n_layer;
-  c.counters["config.n_head"] = cfg.n_head;
-  c.counters["config.n_embd"] = cfg.n_embd;
-  c.counters["config.block_size"] = cfg.block_size;
-  c.counters["config.vocab_size"] = cfg.vocab_size;
-  c.counters["config.bias"] = cfg.bias ? 1 : 0;
-  std::ostringstream dropout;
-  dropout.precision(17);
-  dropout << cfg.dropout;
-  c.text["config.dropout"] = dropout.str();
+  for (const auto& e : detail::parameters_to_read(model)) c.tensors["model." + e.name] = host_copy(e.param.value());
+  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; }) {
+    const nn::gpt_config cfg = model.config();
+    c.counters["config.n_layer"] = cfg.n_layer;
+    c.counters["config.n_head"] = cfg.n_head;
+    c.counters["config.n_embd"] = cfg.n_embd;
+    c.counters["config.block_size"] = cfg.block_size;
+    c.counters["config.vocab_size"] = cfg.vocab_size;
+    c.counters["config.bias"] = cfg.bias ? 1 : 0;
+    std::ostringstream dropout;
+    dropout.precision(17);
+    dropout << cfg.dropout;
+    c.text["config.dropout"] = dropout.str();
+  }
   for (const auto& s : optimizer.state()) {
     c.tensors["adamw." + s.name + ".exp_avg"] = host_copy(s.exp_avg);
     c.tensors["adamw." + s.name + ".exp_avg_sq"] = host_copy(s.exp_avg_sq);
@@ -11437,10 +12360,12 @@ inline nn::gpt_config config_of(const io::checkpoint& c) {
   return cfg;
 }
 
-// Loads parameters and optimizer state into a model built with config_of(c); returns the step.
-template <class Device>
-std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::adamw<Device>& optimizer) {
-  decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
+// Loads parameters and optimizer state into a model built with config_of(c) (any model whose
+// parameters have the checkpoint's names and shapes); returns the step.
+template <class Model, class Device>
+std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>& optimizer) {
+  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; })
+    decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
   for (auto& e : model.parameters()) {
     const auto& t = c.tensor_at("model." + e.name);
     decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),
@@ -11459,6 +12384,184 @@ std::int64_t restore(const io::checkpoint& c, nn::gpt<Device>& model, optim::ada
 
 }  // namespace decentrain::train
 // ---- end decentrain/train/checkpoint.hpp ----
+// ---- begin decentrain/train/concepts.hpp ----
+// Every slot of trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy> on one page. Each
+// check_*() static_asserts member by member, so a policy that lacks a hook, or has it with
+// another signature, is told which one and how it should read. `Ctx` is train::peer_context<Model>.
+//
+//   slot      opts in with                               members
+//   Model     -                                          config_type; Model(const config_type&, rng&);
+//                                                        parameter_list<D>& parameters()
+//   Comm      using policy_concept = comm::policy_tag;   void start(Ctx&); void after_backward(Ctx&);
+//                                                        void after_step(Ctx&);
+//                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
+//   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
+//                                                        parallel::step_result forward_backward(Ctx&);
+//                                                        double evaluate(Ctx&, std::int64_t batch)
+//                                                        (optional: static constexpr bool check_model<Ctx>(),
+//                                                        what it needs of the model, asserted member by member)
+//   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
+//                                                        fault::action on_error(Ctx&, const transport::peer_error&)
+//                                                        (optional: void reform(Ctx&); void on_stop(Ctx&))
+//   Codec     (inside a comm policy; compress/codec.hpp) max_encoded_bytes, encode, decode_add
+
+#include <concepts>
+#include <cstdint>
+
+// ---- begin decentrain/train/context.hpp ----
+// What a policy sees when the trainer calls it: the model and its parameters, the world's
+// communicator and the replicas' (the peers that hold the same parameters), the data and batch
+// settings, the step, and a way to capture and restore this peer's whole state.
+
+#include <cstdint>
+#include <functional>
+
+
+namespace decentrain::train {
+
+// The device a model computes on: Model::device_type, or the CPU for models that do not say.
+template <class M>
+struct model_device {
+  using type = cpu;
+};
+template <class M>
+  requires requires { typename M::device_type; }
+struct model_device<M> {
+  using type = typename M::device_type;
+};
+template <class M>
+using model_device_t = typename model_device<M>::type;
+
+using communicator = collective::communicator<transport::any_endpoint>;
+
+template <class Model>
+struct peer_context {
+  using model_type = Model;
+  using device_type = model_device_t<Model>;
+
+  Model& model;
+  parameter_list<device_type>& parameters;
+  communicator& comm;       // every peer of the run
+  communicator& replicas;   // the peers holding the same parameters (comm itself for data parallelism)
+  const parallel::placement& placement;
+  const data::token_dataset& dataset;
+  rng& dropout;             // this peer's dropout stream (in the checkpoint)
+  std::int64_t batch_size = 0, block = 0;  // rows per peer per step, tokens per row
+  std::uint64_t seed = 0;                  // data order (the same on every peer)
+  std::int64_t step = 0;        // the step being computed, from 0
+  std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
+  bool last_step = false;       // policies that communicate periodically also do so on the last step
+  bool resumed = false;         // start() after restore(): the peers' states are already what they should be
+  std::function<io::checkpoint()> capture;             // this peer's whole state
+  std::function<void(const io::checkpoint&)> restore;  // and back
+};
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/context.hpp ----
+
+namespace decentrain::train {
+
+template <class M>
+constexpr bool check_model() {
+  using D = model_device_t<M>;
+  static_assert(requires { typename M::config_type; }, "trainer<Model, ...>: Model needs `using config_type = ...;`");
+  if constexpr (requires { typename M::config_type; }) {
+    static_assert(std::constructible_from<M, const typename M::config_type&, rng&>,
+                  "trainer<Model, ...>: Model needs a constructor `Model(const config_type&, rng& init)`");
+  }
+  static_assert(requires(M& m) { { m.parameters() } -> std::same_as<parameter_list<D>&>; },
+                "trainer<Model, ...>: Model needs `parameter_list<D>& parameters()`, D being Model::device_type "
+                "(or dt::cpu when Model has none)");
+  return true;
+}
+
+template <class M>
+concept trainable_model = requires { typename M::config_type; } &&
+                          std::constructible_from<M, const typename M::config_type&, rng&> &&
+                          requires(M& m) { { m.parameters() } -> std::same_as<parameter_list<model_device_t<M>>&>; };
+
+template <class P, class Ctx>
+constexpr bool check_comm_policy() {
+  static_assert(comm::declares_comm_policy<P>,
+                "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
+                "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
+  static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                "comm policy: needs `template <class Ctx> void start(Ctx&)` (once, before the first step)");
+  static_assert(requires(P& p, Ctx& c) { p.after_backward(c); },
+                "comm policy: needs `template <class Ctx> void after_backward(Ctx&)` (every step, gradients computed)");
+  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                "comm policy: needs `template <class Ctx> void after_step(Ctx&)` (every step, after the inner optimizer)");
+  static_assert(requires(const P& p, io::checkpoint& out) { p.save(out); },
+                "comm policy: needs `void save(io::checkpoint&) const` (an empty body when it has no state)");
+  static_assert(requires(P& p, const io::checkpoint& in) { p.load(in); },
+                "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
+  return true;
+}
+
+template <class P, class Ctx>
+concept comm_policy = comm::declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& c, io::checkpoint& out,
+                                                                 const io::checkpoint& in) {
+  p.start(c);
+  p.after_backward(c);
+  p.after_step(c);
+  cp.save(out);
+  p.load(in);
+};
+
+template <class P, class Ctx>
+constexpr bool check_parallel_policy() {
+  static_assert(parallel::declares_parallel_policy<P>,
+                "trainer<Model, Comm, ParallelPolicy, ...>: ParallelPolicy must declare "
+                "`using policy_concept = decentrain::parallel::policy_tag;` (for example parallel::data)");
+  static_assert(requires(const P& p, int r) { { p.place(r, r) } -> std::same_as<parallel::placement>; },
+                "parallel policy: needs `parallel::placement place(int rank, int world) const` (its stage and replicas)");
+  static_assert(requires(P& p, Ctx& c) { { p.forward_backward(c) } -> std::same_as<parallel::step_result>; },
+                "parallel policy: needs `template <class Ctx> parallel::step_result forward_backward(Ctx&)` "
+                "(one step's forward and backward, gradients left in the parameters)");
+  static_assert(requires(P& p, Ctx& c, std::int64_t i) { { p.evaluate(c, i) } -> std::convertible_to<double>; },
+                "parallel policy: needs `template <class Ctx> double evaluate(Ctx&, std::int64_t batch)` "
+                "(the validation loss of one batch)");
+  // What the policy needs of the model, where it says (parallel::data: a loss).
+  if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
+  return true;
+}
+
+template <class P, class Ctx>
+concept parallel_policy = parallel::declares_parallel_policy<P> && requires(P& p, const P& cp, Ctx& c, int r, std::int64_t i) {
+  { cp.place(r, r) } -> std::same_as<parallel::placement>;
+  { p.forward_backward(c) } -> std::same_as<parallel::step_result>;
+  { p.evaluate(c, i) } -> std::convertible_to<double>;
+};
+
+template <class P, class Ctx>
+constexpr bool check_fault_policy() {
+  static_assert(fault::declares_fault_policy<P>,
+                "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
+                "`using policy_concept = decentrain::fault::policy_tag;` (for example fault::none)");
+  static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                "fault policy: needs `template <class Ctx> void start(Ctx&)` (once, before anything is exchanged)");
+  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                "fault policy: needs `template <class Ctx> void after_step(Ctx&)` (after every step)");
+  static_assert(requires(P& p, Ctx& c, const transport::peer_error& e) { { p.on_error(c, e) } -> std::same_as<fault::action>; },
+                "fault policy: needs `template <class Ctx> fault::action on_error(Ctx&, const transport::peer_error&)` "
+                "(rethrow, redo or reform)");
+  return true;
+}
+
+template <class P, class Ctx>
+concept fault_policy = fault::declares_fault_policy<P> && requires(P& p, Ctx& c, const transport::peer_error& e) {
+  p.start(c);
+  p.after_step(c);
+  { p.on_error(c, e) } -> std::same_as<fault::action>;
+};
+
+template <class C>
+constexpr bool check_codec() {
+  return compress::check_codec<C>();
+}
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/concepts.hpp ----
 // ---- begin decentrain/train/gpt2_weights.hpp ----
 // GPT-2 weights in Hugging Face's layout, for starting from published checkpoints and handing
 // models back: names wte.weight, wpe.weight, h.N.ln_1.weight, h.N.attn.c_attn.weight ([in, out],
@@ -11544,25 +12647,63 @@ io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
 
 }  // namespace decentrain::train
 // ---- end decentrain/train/gpt2_weights.hpp ----
-// ---- begin decentrain/train/trainer.hpp ----
-// trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. It
-// draws this rank's batches (ParallelPolicy), runs forward, backward and the inner AdamW step,
-// and hands control to the communication policy at the points its concept names; the fault
-// policy sees every finished step. It keeps the metrics a decentralized run needs: loss,
-// tokens/s, bytes on the wire, time spent waiting on the network.
+// ---- begin decentrain/train/in_process.hpp ----
+// Runs one trainer per rank of an in-process network, each on its own thread with
+// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank).
 
-#include <chrono>
-#include <concepts>
-#include <cstdint>
-#include <ctime>
 #include <functional>
-#include <string>
-#include <utility>
 #include <vector>
 
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
+
+// ---- begin decentrain/train/metrics.hpp ----
+// What a trainer reports: after every step, at every evaluation, and at the end of fit.
+
+#include <cstdint>
+#include <vector>
+
+namespace decentrain::train {
+
+struct step_metrics {
+  int rank = 0;
+  std::int64_t step = 0;  // steps done so far
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
+  std::uint64_t bytes_sent = 0, bytes_received = 0;  // by this peer's transport, cumulative
+  double network_wait_s = 0;  // cumulative time blocked on the network (simulated for in_process)
+  double clock_s = 0;         // the transport's clock: simulated time for in_process, wall otherwise
+  double wall_s = 0;          // since fit() began
+  double unix_time = 0;       // seconds since the epoch, when the step ended
+  // Of bytes_sent, what the communication policy's own collectives sent (evaluation excluded).
+  std::uint64_t policy_bytes_sent = 0;
+  std::int64_t redos = 0;     // steps (parts) the fault policy had redone, cumulative
+};
+
+struct eval_point {
+  int rank = 0;
+  std::int64_t step = 0;
+  double val_loss = 0;
+  std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
+  double clock_s = 0;
+  std::uint64_t policy_bytes_sent = 0;  // of which the communication policy's
+};
+
+struct fit_result {
+  double final_val_loss = 0;
+  step_metrics last;
+  std::vector<eval_point> evals;
+  bool stopped = false;  // ended early by trainer::stop_when (no final evaluation then)
+};
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/metrics.hpp ----
+// ---- begin decentrain/train/options.hpp ----
+// The trainer's settings: the inner optimizer (AdamW, cosine schedule), batches, evaluation,
+// precision, and the collectives' message sizes. Defaults are the library's, and the command line
+// takes its defaults from here, so the two cannot drift apart.
+
+#include <cstdint>
 
 
 namespace decentrain::train {
@@ -11572,7 +12713,7 @@ struct trainer_options {
   std::int64_t batch_size = 16;      // rows per peer per step
   std::int64_t block_size = 0;       // 0: the model's block size
   double lr = 3e-3;                  // AdamW peak learning rate (cosine schedule)
-  double min_lr = 3e-4;
+  double min_lr = -1;                // the cosine floor; -1: lr / 10
   std::int64_t warmup_steps = -1;    // -1: steps / 10
   double beta1 = 0.9, beta2 = 0.99, weight_decay = 0.1;
   double grad_clip = 1.0;            // 0: no clipping
@@ -11585,113 +12726,311 @@ struct trainer_options {
   // Time compute with this thread's CPU clock instead of the wall clock: right for simulated
   // peers sharing a machine's cores, where wall time would count the other peers' work too.
   bool compute_on_thread_clock = false;
+  // How often peers agree on whether to stop early (trainer::stop_when): a one-integer
+  // all-reduce every this many steps; a lone peer checks every step.
+  std::int64_t stop_check_every = 50;
+  // How many times in a row the fault policy may redo a failed step before the error is rethrown.
+  int max_redos = 3;
   // Message sizes of the collectives (the same on every peer); over TCP across the internet set
   // collectives.link_bytes_in_flight (simulated links size them on their own).
   collective::options collectives;
 
+  double floor_lr() const { return min_lr >= 0 ? min_lr : lr / 10; }
+  std::int64_t warmup() const { return warmup_steps >= 0 ? warmup_steps : steps / 10; }
+
   void validate() const {
-    decentrain::detail::check(steps >= 1, "trainer: steps must be >= 1, got ", steps);
-    decentrain::detail::check(batch_size >= 1, "trainer: batch_size must be >= 1, got ", batch_size);
-    decentrain::detail::check(block_size >= 0, "trainer: block_size must be >= 0 (0: the model's), got ", block_size);
-    decentrain::detail::check(eval_every >= 0 && eval_batches >= 1, "trainer: need eval_every >= 0 and eval_batches >= 1");
-    decentrain::detail::check(grad_clip >= 0, "trainer: grad_clip must be >= 0, got ", grad_clip);
-    decentrain::detail::check(compute_dtype == dtype::f32 || compute_dtype == dtype::bf16,
-                              "trainer: compute_dtype must be f32 or bf16, got ", dtype_name(compute_dtype));
+    using decentrain::detail::check;
+    check(steps >= 1, "trainer: steps must be >= 1, got ", steps);
+    check(batch_size >= 1, "trainer: batch_size must be >= 1, got ", batch_size);
+    check(block_size >= 0, "trainer: block_size must be >= 0 (0: the model's), got ", block_size);
+    check(lr > 0 && lr < 1e6, "trainer: lr must be a number in (0, 1e6), got ", lr);
+    check(min_lr == -1 || (min_lr >= 0 && min_lr <= lr), "trainer: min_lr must be in [0, lr] (or -1: lr / 10), got ", min_lr);
+    check(warmup_steps >= -1, "trainer: warmup_steps must be >= 0 (or -1: steps / 10), got ", warmup_steps);
+    check(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "trainer: beta1 and beta2 must be in [0, 1), got ", beta1,
+          " and ", beta2);
+    check(weight_decay >= 0, "trainer: weight_decay must be >= 0, got ", weight_decay);
+    check(eval_every >= 0 && eval_batches >= 1, "trainer: need eval_every >= 0 and eval_batches >= 1");
+    check(grad_clip >= 0, "trainer: grad_clip must be >= 0, got ", grad_clip);
+    check(compute_dtype == dtype::f32 || compute_dtype == dtype::bf16, "trainer: compute_dtype must be f32 or bf16, got ",
+          dtype_name(compute_dtype));
+    check(stop_check_every >= 1, "trainer: stop_check_every must be >= 1, got ", stop_check_every);
+    check(max_redos >= 0, "trainer: max_redos must be >= 0, got ", max_redos);
   }
 };
 
-struct step_metrics {
-  std::int64_t step = 0;  // steps done so far
-  double loss = 0, lr = 0, tokens_per_s = 0;
-  std::uint64_t bytes_sent = 0, bytes_received = 0;  // by this peer's transport, cumulative
-  double network_wait_s = 0;  // cumulative time blocked on the network (simulated for in_process)
-  double clock_s = 0;         // the transport's clock: simulated time for in_process, wall otherwise
-  double wall_s = 0;
-  // Of bytes_sent, what the communication policy's own collectives sent (evaluation excluded).
-  std::uint64_t policy_bytes_sent = 0;
+}  // namespace decentrain::train
+// ---- end decentrain/train/options.hpp ----
+
+namespace decentrain::train {
+
+// `setup` runs on each trainer before fit (hooks, restore); it may be empty. The policies are
+// copied to every peer.
+template <class Trainer>
+std::vector<fit_result> fit_in_process(const transport::in_process& network, const typename Trainer::model_config& config,
+                                       trainer_options options, const data::token_dataset& dataset,
+                                       typename Trainer::comm_policy comm = {},
+                                       const std::function<void(Trainer&)>& setup = {}, int threads_per_peer = 1,
+                                       typename Trainer::parallel_policy parallel = {},
+                                       typename Trainer::fault_policy fault = {}) {
+  decentrain::detail::check(threads_per_peer >= 1, "fit_in_process: threads_per_peer must be >= 1");
+  options.compute_on_thread_clock = options.compute_on_thread_clock || threads_per_peer == 1;
+  std::vector<fit_result> results(static_cast<std::size_t>(network.world()));
+  network.run([&](transport::in_process::endpoint& ep) {
+#if defined(_OPENMP)
+    omp_set_num_threads(threads_per_peer);
+#endif
+    const int r = ep.rank();
+    Trainer t(config, options, ep, comm, parallel, fault);
+    if (setup) setup(t);
+    results[static_cast<std::size_t>(r)] = t.fit(dataset);
+  });
+  return results;
+}
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/in_process.hpp ----
+// ---- begin decentrain/train/metrics_log.hpp ----
+// A run's metrics as JSON lines: first the run's configuration, then a line per step and per
+// evaluation, each naming its peer (`rank`) with a timestamp. Non-finite numbers are written as
+// null (JSON has no NaN). One log may serve every peer of a process: lines never interleave.
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::train {
+
+// One JSON object on one line, built field by field.
+class json_line {
+ public:
+  json_line& add(std::string_view key, double v) {
+    if (!std::isfinite(v)) return raw(key, "null");
+    // The shortest text that reads back as v: exact, so unix times keep their fractions.
+    char buf[32];
+    const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    return raw(key, std::string(buf, end));
+  }
+  json_line& add(std::string_view key, std::int64_t v) { return raw(key, std::to_string(v)); }
+  json_line& add(std::string_view key, std::uint64_t v) { return raw(key, std::to_string(v)); }
+  json_line& add(std::string_view key, int v) { return raw(key, std::to_string(v)); }
+  json_line& add(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
+  json_line& add(std::string_view key, std::string_view v) { return raw(key, io::json_quote(v)); }
+  json_line& add(std::string_view key, const char* v) { return add(key, std::string_view(v)); }
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  json_line& raw(std::string_view key, const std::string& value) {
+    if (!body_.empty()) body_ += ',';
+    body_ += io::json_quote(key) + ":" + value;
+    return *this;
+  }
+  std::string body_;
 };
 
-struct eval_point {
-  std::int64_t step = 0;
-  double val_loss = 0;
-  std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
-  double clock_s = 0;
-  std::uint64_t policy_bytes_sent = 0;  // of which the communication policy's
+template <class P>
+const char* policy_name() {
+  if constexpr (requires { { P::name } -> std::convertible_to<const char*>; })
+    return P::name;
+  else
+    return "custom";
+}
+
+class metrics_log {
+ public:
+  // `out` must outlive the log; `run` holds fields of the configuration line beyond the
+  // trainer's own (the data, the links).
+  explicit metrics_log(std::ostream& out, json_line run = {}) : out_(&out), run_(std::move(run)) {}
+
+  // Writes the configuration line (once, from the first trainer attached) and then a line per
+  // step and per evaluation of `t`.
+  template <class Trainer>
+  void attach(Trainer& t) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!configured_) {
+        const auto& o = t.options();
+        auto line = run_;
+        line.add("event", "config")
+            .add("world", t.world())
+            .add("comm", policy_name<typename Trainer::comm_policy>())
+            .add("parallel", policy_name<typename Trainer::parallel_policy>())
+            .add("fault", policy_name<typename Trainer::fault_policy>())
+            .add("parameters", static_cast<std::int64_t>(t.model().parameters().numel()))
+            .add("steps", o.steps)
+            .add("batch_size", o.batch_size)
+            .add("lr", o.lr)
+            .add("min_lr", o.floor_lr())
+            .add("warmup_steps", o.warmup())
+            .add("beta1", o.beta1)
+            .add("beta2", o.beta2)
+            .add("weight_decay", o.weight_decay)
+            .add("grad_clip", o.grad_clip)
+            .add("seed", o.seed)
+            .add("compute_dtype", dtype_name(o.compute_dtype));
+        write(line);
+        configured_ = true;
+      }
+    }
+    t.on_step([this](const step_metrics& m) {
+      json_line line;
+      line.add("event", "step")
+          .add("rank", m.rank)
+          .add("time", m.unix_time)
+          .add("wall_s", m.wall_s)
+          .add("step", m.step)
+          .add("loss", m.loss)
+          .add("lr", m.lr)
+          .add("grad_norm", m.grad_norm)
+          .add("tokens_per_s", m.tokens_per_s)
+          .add("bytes_sent", m.bytes_sent)
+          .add("bytes_received", m.bytes_received)
+          .add("policy_bytes_sent", m.policy_bytes_sent)
+          .add("network_wait_s", m.network_wait_s)
+          .add("clock_s", m.clock_s);
+      std::lock_guard lock(mutex_);
+      write(line);
+    });
+    t.on_eval([this](const eval_point& p) {
+      json_line line;
+      line.add("event", "eval")
+          .add("rank", p.rank)
+          .add("time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count())
+          .add("step", p.step)
+          .add("val_loss", p.val_loss)
+          .add("bytes_sent", p.bytes_sent)
+          .add("policy_bytes_sent", p.policy_bytes_sent)
+          .add("clock_s", p.clock_s);
+      std::lock_guard lock(mutex_);
+      write(line);
+    });
+  }
+
+ private:
+  void write(const json_line& line) {
+    *out_ << line.str() << '\n';
+    out_->flush();
+  }
+
+  std::ostream* out_;
+  json_line run_;
+  std::mutex mutex_;
+  bool configured_ = false;
 };
 
-struct fit_result {
-  double final_val_loss = 0;
-  step_metrics last;
-  std::vector<eval_point> evals;
+}  // namespace decentrain::train
+// ---- end decentrain/train/metrics_log.hpp ----
+// ---- begin decentrain/train/progress.hpp ----
+// Progress on a terminal: a bar redrawn in place on a terminal, or a line every `every` steps
+// when the output is a file or a pipe, and a line per evaluation. Attach it to one peer's
+// trainer (rank 0, say); it prints that peer's figures.
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+
+namespace decentrain::train {
+
+inline std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(seconds > 0 ? seconds : 0);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s / 60) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  return buf;
+}
+
+class progress {
+ public:
+  // `out` must outlive the hooks; `tty` draws a bar with carriage returns.
+  progress(std::FILE* out, bool tty, std::int64_t every = 50) : out_(out), tty_(tty), every_(every > 0 ? every : 50) {}
+
+  template <class Trainer>
+  void attach(Trainer& t) {
+    const std::int64_t total = t.options().steps;
+    // The step fit() started from is known only at the first step: a fault policy may restore
+    // a checkpoint inside fit(), after attach.
+    t.on_step([this, total, first = std::int64_t{-1}](const step_metrics& m) mutable {
+      if (first < 0) first = m.step - 1;
+      const double per_step = m.wall_s / static_cast<double>(m.step - first);
+      const std::string eta = format_duration(per_step * static_cast<double>(total - m.step));
+      if (tty_) {
+        const int width = 30, done = static_cast<int>(width * m.step / total);
+        std::fprintf(out_, "\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  %.1f MB sent  ETA %s   ",
+                     std::string(static_cast<std::size_t>(done), '=').c_str(),
+                     std::string(static_cast<std::size_t>(width - done), ' ').c_str(), static_cast<long long>(m.step),
+                     static_cast<long long>(total), m.loss, m.tokens_per_s, static_cast<double>(m.bytes_sent) / 1e6, eta.c_str());
+        drawn_ = true;
+      } else if (m.step % every_ == 0 || m.step == total) {
+        std::fprintf(out_, "step %lld/%lld  loss %.4f  %.0f tok/s  %.1f MB sent  ETA %s\n", static_cast<long long>(m.step),
+                     static_cast<long long>(total), m.loss, m.tokens_per_s, static_cast<double>(m.bytes_sent) / 1e6, eta.c_str());
+      }
+      std::fflush(out_);
+    });
+    t.on_eval([this](const eval_point& p) {
+      std::fprintf(out_, "%sstep %lld: val loss %.4f  (sent %.2f MB, clock %.1f s)\n", drawn_ ? "\n" : "",
+                   static_cast<long long>(p.step), p.val_loss, static_cast<double>(p.bytes_sent) / 1e6, p.clock_s);
+      drawn_ = false;
+      std::fflush(out_);
+    });
+  }
+
+ private:
+  std::FILE* out_;
+  bool tty_;
+  std::int64_t every_;
+  bool drawn_ = false;
 };
 
-// The device a model computes on: Model::device_type, or the CPU for models that do not say.
-template <class M>
-struct model_device {
-  using type = cpu;
-};
-template <class M>
-  requires requires { typename M::device_type; }
-struct model_device<M> {
-  using type = typename M::device_type;
-};
-template <class M>
-using model_device_t = typename model_device<M>::type;
+}  // namespace decentrain::train
+// ---- end decentrain/train/progress.hpp ----
+// ---- begin decentrain/train/trainer.hpp ----
+// trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. Per
+// step: the parallel policy runs forward and backward, the communication policy acts after the
+// backward and after the inner AdamW step, and the fault policy after the step; a peer error from
+// any of it goes to the fault policy, which says rethrow, redo or re-form. The slots are defined
+// on one page, train/concepts.hpp; options, metrics and the context a policy sees have headers
+// of their own.
 
-// What a policy sees when the trainer calls it.
-template <class Model>
-struct peer_context {
-  Model& model;
-  parameter_list<model_device_t<Model>>& parameters;
-  collective::communicator<transport::any_endpoint>& comm;
-  std::int64_t step = 0;   // the step just computed, from 0
-  bool last_step = false;  // policies that communicate periodically also do so on the last step
-  bool resumed = false;    // start() after restore(): the peers' states are already what they should be
-};
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <ctime>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
-template <class M, class D = model_device_t<M>>
-concept trainable_model = requires { typename M::config_type; } &&
-                          std::constructible_from<M, const typename M::config_type&, rng&> &&
-                          requires(M& m, const tensor<D>& ids, rng* dropout) {
-                            { m.parameters() } -> std::same_as<parameter_list<D>&>;
-                            { m.loss(ids, ids, dropout) } -> std::same_as<var<D>>;
-                          };
 
-template <class Model, class CommPolicy = comm::sync_allreduce, class ParallelPolicy = parallel::data,
+namespace decentrain::train {
+
+template <class Model, class CommPolicy = comm::sync_allreduce<>, class ParallelPolicy = parallel::data,
           class FaultPolicy = fault::none>
 class trainer {
-  static_assert(trainable_model<Model>,
-                "trainer<Model, ...>: Model needs `using config_type = ...;`, a constructor "
-                "Model(const config_type&, rng& init), `parameter_list<D>& parameters()` and "
-                "`var<D> loss(const tensor<D>& ids, const tensor<D>& targets, rng* dropout)`, where D is "
-                "Model::device_type or dt::cpu when Model has none (nn::gpt<D> has them)");
-  static_assert(comm::declares_comm_policy<CommPolicy>,
-                "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
-                "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
-  static_assert(requires(CommPolicy& p, peer_context<Model>& c) { p.start(c); p.after_backward(c); p.after_step(c); },
-                "trainer: CommPolicy needs `template <class Ctx> void start(Ctx&)`, `void after_backward(Ctx&)` and "
-                "`void after_step(Ctx&)` (Ctx is train::peer_context<Model>; see comm/policy.hpp)");
-  static_assert(requires(const CommPolicy& p, io::checkpoint& out) { p.save(out); } &&
-                    requires(CommPolicy& p, const io::checkpoint& in) { p.load(in); },
-                "trainer: CommPolicy needs `void save(io::checkpoint&) const` and `void load(const io::checkpoint&)` "
-                "for its state (empty bodies when it has none)");
-  static_assert(parallel::declares_parallel_policy<ParallelPolicy>,
-                "trainer<Model, Comm, ParallelPolicy, ...>: ParallelPolicy must declare "
-                "`using policy_concept = decentrain::parallel::policy_tag;` (for example parallel::data)");
-  static_assert(parallel::parallel_policy<ParallelPolicy>,
-                "trainer: ParallelPolicy needs `std::pair<tensor<cpu>, tensor<cpu>> batch(const data::token_dataset&, "
-                "int64_t step, int64_t batch_size, int64_t block, uint64_t seed, int rank, int world) const`");
-  static_assert(fault::declares_fault_policy<FaultPolicy>,
-                "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
-                "`using policy_concept = decentrain::fault::policy_tag;` (for example fault::none)");
-  static_assert(fault::fault_policy<FaultPolicy, peer_context<Model>>,
-                "trainer: FaultPolicy needs `template <class Ctx> void after_step(Ctx&)`");
+  static_assert(check_model<Model>());
+  static_assert(check_comm_policy<CommPolicy, peer_context<Model>>());
+  static_assert(check_parallel_policy<ParallelPolicy, peer_context<Model>>());
+  static_assert(check_fault_policy<FaultPolicy, peer_context<Model>>());
 
  public:
   using model_type = Model;
   using device_type = model_device_t<Model>;
   using model_config = typename Model::config_type;
   using comm_policy = CommPolicy;
+  using parallel_policy = ParallelPolicy;
+  using fault_policy = FaultPolicy;
+  using context = peer_context<Model>;
 
   trainer(const model_config& config, trainer_options options, transport::any_endpoint endpoint, CommPolicy comm = {},
           ParallelPolicy parallel = {}, FaultPolicy fault = {})
@@ -11700,26 +13039,30 @@ class trainer {
         comm_(endpoint_, options_.collectives),
         model_(make_model(config, options.seed)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
-        schedule_{options.lr, options.min_lr,
-                  options.warmup_steps >= 0 ? options.warmup_steps : options.steps / 10, options.steps},
+        schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
         policy_(std::move(comm)),
         parallel_(std::move(parallel)),
         fault_(std::move(fault)),
+        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
+    if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
     if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
       model_.set_compute_dtype(options_.compute_dtype);
     else
       decentrain::detail::check(options_.compute_dtype == dtype::f32, "trainer: compute_dtype ",
                                 dtype_name(options_.compute_dtype), " needs a model with set_compute_dtype(dtype)");
   }
-  // The optimizer and the communicator point into the trainer: it stays where it was made.
+  // The optimizer and the communicators point into the trainer: it stays where it was made.
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
 
   Model& model() { return model_; }
   const Model& model() const { return model_; }
   CommPolicy& policy() { return policy_; }
+  ParallelPolicy& parallel() { return parallel_; }
+  FaultPolicy& fault() { return fault_; }
+  const parallel::placement& placement() const { return placement_; }
   const trainer_options& options() const { return options_; }
   int rank() const { return endpoint_.rank(); }
   int world() const { return endpoint_.world(); }
@@ -11732,52 +13075,50 @@ class trainer {
 
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
+  // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
+  // options().stop_check_every steps (any peer asking stops them all at the same step); the fault
+  // policy's on_stop, where it has one, then saves what must not be lost, and fit returns.
+  void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
   // Trains from the current step to options().steps and returns the metrics; every peer of the
-  // world must call it (they meet in the policy's collectives).
+  // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
-    const std::int64_t B = options_.batch_size, T = block();
-    peer_context<Model> ctx{model_, model_.parameters(), comm_, step_, false, resumed_};
+    auto ctx = make_context(dataset);
+    fault_.start(ctx);
     check_same_step();
+    ctx.resumed = resumed_;
     counted([&] { policy_.start(ctx); });
-    resumed_ = false;
+    resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
     const std::int64_t first = step_;
+    std::int64_t tokens = 0;
     while (step_ < options_.steps) {
-      double compute = 0;
-      auto t = compute_clock();
-      auto [x, y] = parallel_.batch(dataset, step_, B, T, options_.seed, rank(), world());
-      auto loss = model_.loss(to_device<device_type>(x), to_device<device_type>(y), &dropout_);
-      model_.parameters().zero_grad();
-      loss.backward();
-      compute += lap(t);
-
-      ctx.step = step_;
+      if (stop_requested()) {
+        ctx.steps_done = step_;
+        if constexpr (requires { fault_.on_stop(ctx); }) fault_.on_stop(ctx);
+        result.stopped = true;
+        break;
+      }
+      ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
-      counted([&] { policy_.after_backward(ctx); });
-
-      t = compute_clock();
-      if (options_.grad_clip > 0) optim::clip_grad_norm(model_.parameters(), options_.grad_clip);
-      const double lr = schedule_(step_);
-      optimizer_.set_lr(lr);
-      optimizer_.step();
-      compute += lap(t);
-
-      counted([&] { policy_.after_step(ctx); });
+      const auto s = run_step(ctx);
+      ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
+      ctx.steps_done = step_;
       fault_.after_step(ctx);
-      endpoint_.computed(compute);
-      ++step_;  // before the hooks, so a checkpoint taken in one resumes after this step
+      tokens += s.result.tokens;
 
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
       const auto traffic = endpoint_.stats();
-      result.last = step_metrics{step_, loss.item(), lr, static_cast<double>((step_ - first) * B * T) / wall,
+      result.last = step_metrics{rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
-                                 wall, policy_bytes_};
+                                 wall, unix_now(), policy_bytes_, redos_};
       for (auto& h : step_hooks_) h(result.last);
       if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
         result.evals.push_back(record_eval(dataset, step_));
     }
+    (void)first;
+    if (result.stopped) return result;
     result.evals.push_back(record_eval(dataset, step_));
     result.final_val_loss = result.evals.back().val_loss;
     return result;
@@ -11787,22 +13128,17 @@ class trainer {
   // every peer reports the same number.
   double evaluate(const data::token_dataset& dataset, std::int64_t batches = 0) {
     if (batches <= 0) batches = options_.eval_batches;
+    auto ctx = make_context(dataset);
     no_grad guard;
     double sum = 0;
-    for (std::int64_t i = 0; i < batches; ++i) {
-      auto [x, y] = dataset.batch<cpu>(data::split::validation, i, options_.batch_size, block(), options_.seed, rank(),
-                                       world());
-      sum += model_.loss(to_device<device_type>(x), to_device<device_type>(y)).item();
-    }
+    for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
     double mean = sum / static_cast<double>(batches);
     comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
     return mean;
   }
 
   // This peer's whole state: model, AdamW, step, dropout stream and the policy's state.
-  io::checkpoint capture() const
-    requires requires(const Model& m, const optim::adamw<device_type>& o) { train::capture(m, o, std::int64_t{}); }
-  {
+  io::checkpoint capture() const {
     auto c = train::capture(model_, optimizer_, step_);
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
@@ -11812,9 +13148,7 @@ class trainer {
     return c;
   }
 
-  void restore(const io::checkpoint& c)
-    requires requires(Model& m, optim::adamw<device_type>& o) { train::restore(c, m, o); }
-  {
+  void restore(const io::checkpoint& c) {
     decentrain::detail::check(c.counter("trainer.world") == world() && c.counter("trainer.rank") == rank(),
                               "trainer: the checkpoint is peer ", c.counter("trainer.rank"), " of ",
                               c.counter("trainer.world"), ", this trainer is peer ", rank(), " of ", world());
@@ -11828,6 +13162,74 @@ class trainer {
   }
 
  private:
+  struct step_outcome {
+    parallel::step_result result;
+    double lr = 0, grad_norm = 0;
+  };
+
+  // One step, with a peer error routed to the fault policy: redo runs again what failed (the
+  // whole step when the failure came before the inner optimizer, else the after_step exchange).
+  step_outcome run_step(context& ctx) {
+    step_outcome out;
+    bool stepped = false;
+    for (int redos = 0;; ++redos) {
+      try {
+        if (!stepped) {
+          auto t = compute_clock();
+          out.result = parallel_.forward_backward(ctx);
+          endpoint_.computed(lap(t));  // before the exchange, so simulated links see it start after the compute
+          counted([&] { policy_.after_backward(ctx); });
+          t = compute_clock();
+          out.grad_norm = optim::clip_grad_norm(model_.parameters(), options_.grad_clip > 0
+                                                                          ? options_.grad_clip
+                                                                          : std::numeric_limits<double>::infinity());
+          out.lr = schedule_(step_);
+          optimizer_.set_lr(out.lr);
+          optimizer_.step();
+          endpoint_.computed(lap(t));
+          stepped = true;
+        }
+        counted([&] { policy_.after_step(ctx); });
+        return out;
+      } catch (const transport::peer_error& e) {
+        const fault::action a = fault_.on_error(ctx, e);
+        if (a == fault::action::rethrow) throw;
+        if (redos >= options_.max_redos)
+          throw transport::peer_error(e.peer(), e.operation(),
+                                      decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a),
+                                                                 " ", redos, " times in a row; max_redos = ",
+                                                                 options_.max_redos, ")"));
+        if (a == fault::action::reform) {
+          if constexpr (requires { fault_.reform(ctx); })
+            fault_.reform(ctx);
+          else
+            throw transport::peer_error(e.peer(), e.operation(),
+                                        decentrain::detail::concat(e.what(), " (the fault policy said reform but has no reform(ctx))"));
+        }
+        ++redos_;
+      }
+    }
+  }
+
+  context make_context(const data::token_dataset& dataset) {
+    return context{model_,
+                   model_.parameters(),
+                   comm_,
+                   replicas_ ? *replicas_ : comm_,
+                   placement_,
+                   dataset,
+                   dropout_,
+                   options_.batch_size,
+                   block(),
+                   options_.seed,
+                   step_,
+                   step_,
+                   false,
+                   resumed_,
+                   [this] { return capture(); },
+                   [this](const io::checkpoint& c) { restore(c); }};
+  }
+
   static const trainer_options& validated(const trainer_options& o) {
     o.validate();
     return o;
@@ -11836,17 +13238,47 @@ class trainer {
     rng init(seed, "init");
     return Model(config, init);
   }
+  static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
+    using decentrain::detail::check;
+    check(p.stages >= 1 && p.stage >= 0 && p.stage < p.stages, "trainer: the parallel policy placed peer ", rank,
+          " at stage ", p.stage, " of ", p.stages);
+    check(std::is_sorted(p.replicas.begin(), p.replicas.end()) &&
+              std::adjacent_find(p.replicas.begin(), p.replicas.end()) == p.replicas.end(),
+          "trainer: the parallel policy's replicas of peer ", rank, " must be ascending, each rank once");
+    check(std::binary_search(p.replicas.begin(), p.replicas.end(), rank), "trainer: the parallel policy's replicas of peer ",
+          rank, " do not include itself");
+    check(p.replicas.front() >= 0 && p.replicas.back() < world, "trainer: the parallel policy's replicas of peer ", rank,
+          " go beyond a world of ", world);
+    return p;
+  }
 
   std::int64_t block() const {
-    return options_.block_size > 0 ? options_.block_size : static_cast<std::int64_t>(model_.config().block_size);
+    if (options_.block_size > 0) return options_.block_size;
+    if constexpr (requires { model_.config().block_size; })
+      return static_cast<std::int64_t>(model_.config().block_size);
+    else
+      decentrain::detail::fail("trainer: set trainer_options::block_size (the model has no config().block_size)");
   }
 
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
+    eval_point p{rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
     for (auto& h : eval_hooks_) h(p);
     return p;
+  }
+
+  bool stop_requested() {
+    if (!stop_asked_) return false;
+    if (world() == 1) return stop_asked_();
+    if (step_ % options_.stop_check_every != 0) return false;
+    std::int32_t stop = stop_asked_() ? 1 : 0;
+    comm_.all_reduce(std::span<std::int32_t>(&stop, 1), collective::reduce_op::max);
+    return stop != 0;
+  }
+
+  static double unix_now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
   double compute_clock() const {
@@ -11871,16 +13303,18 @@ class trainer {
                               range[0], "); resume every peer from checkpoints of the same step");
   }
 
+  // Bytes of the policy's collectives, over the world's communicator and the replicas'.
   template <class Call>
   void counted(Call&& call) {
-    const auto before = comm_.traffic().bytes_sent;
+    auto sent = [&] { return comm_.traffic().bytes_sent + (replicas_ ? replicas_->traffic().bytes_sent : 0); };
+    const auto before = sent();
     call();
-    policy_bytes_ += comm_.traffic().bytes_sent - before;
+    policy_bytes_ += sent() - before;
   }
 
   trainer_options options_;
   transport::any_endpoint endpoint_;
-  collective::communicator<transport::any_endpoint> comm_;
+  communicator comm_;
   Model model_;
   optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
@@ -11888,35 +13322,16 @@ class trainer {
   std::uint64_t policy_bytes_ = 0;
   ParallelPolicy parallel_;
   FaultPolicy fault_;
+  parallel::placement placement_;
+  std::optional<communicator> replicas_;  // when they are not the whole world
   rng dropout_;
   std::int64_t step_ = 0;
+  std::int64_t redos_ = 0;
   bool resumed_ = false;
   std::vector<std::function<void(const step_metrics&)>> step_hooks_;
   std::vector<std::function<void(const eval_point&)>> eval_hooks_;
+  std::function<bool()> stop_asked_;
 };
-
-// Runs one trainer per rank of an in-process network, each on its own thread with
-// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank).
-// `setup` runs on each trainer before fit (hooks, restore); it may be empty.
-template <class Trainer>
-std::vector<fit_result> fit_in_process(const transport::in_process& network, const typename Trainer::model_config& config,
-                                       trainer_options options, const data::token_dataset& dataset,
-                                       typename Trainer::comm_policy comm = {},
-                                       const std::function<void(Trainer&)>& setup = {}, int threads_per_peer = 1) {
-  decentrain::detail::check(threads_per_peer >= 1, "fit_in_process: threads_per_peer must be >= 1");
-  options.compute_on_thread_clock = options.compute_on_thread_clock || threads_per_peer == 1;
-  std::vector<fit_result> results(static_cast<std::size_t>(network.world()));
-  network.run([&](transport::in_process::endpoint& ep) {
-#if defined(_OPENMP)
-    omp_set_num_threads(threads_per_peer);
-#endif
-    const int r = ep.rank();
-    Trainer t(config, options, ep, comm);
-    if (setup) setup(t);
-    results[static_cast<std::size_t>(r)] = t.fit(dataset);
-  });
-  return results;
-}
 
 }  // namespace decentrain::train
 // ---- end decentrain/train/trainer.hpp ----
