@@ -15,39 +15,13 @@
 #include <string_view>
 #include <vector>
 
+#include "support/trainer_fixture.hpp"
 #include "support/transport_harness.hpp"
 
 namespace dt = decentrain;
 using dt::collective::reduce_op;
 
-namespace {
-// Round to bf16 and back (nearest even): a codec written outside the library, as a user would.
-struct toy_bf16 {
-  std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
-  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      std::uint32_t bits;
-      std::memcpy(&bits, &in[i], 4);
-      bits += 0x7fffu + ((bits >> 16) & 1u);
-      const auto half = static_cast<std::uint16_t>(bits >> 16);
-      std::memcpy(out.data() + 2 * i, &half, 2);
-    }
-    return 2 * in.size();
-  }
-  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
-    dt::detail::check(in.size() == 2 * into.size(), "toy_bf16: a payload of ", in.size(), " bytes for ", into.size(), " values");
-    for (std::size_t i = 0; i < into.size(); ++i) {
-      std::uint16_t half;
-      std::memcpy(&half, in.data() + 2 * i, 2);
-      const std::uint32_t bits = static_cast<std::uint32_t>(half) << 16;
-      float v;
-      std::memcpy(&v, &bits, 4);
-      into[i] += v;
-    }
-  }
-};
-static_assert(dt::compress::codec<toy_bf16>);
-}  // namespace
+using toy_bf16 = fixture::bf16_codec;  // a codec written outside the library
 
 TEMPLATE_TEST_CASE("communicator: groups all-reduce among their members only, concurrently with the world", "[collective]",
                    TRANSPORTS) {

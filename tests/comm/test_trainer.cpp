@@ -7,57 +7,23 @@
 #include <cmath>
 #include <vector>
 
+#include "support/trainer_fixture.hpp"
+
 namespace dt = decentrain;
 using dt::train::trainer_options;
 
+using fixture::flat_params;
+using fixture::max_abs_diff;
+using fixture::small_corpus;
+
 namespace {
 
-dt::nn::gpt_config tiny_config(std::int64_t vocab) {
-  auto c = dt::nn::gpt_preset("tiny");
-  c.vocab_size = vocab;
-  c.block_size = 16;
-  c.n_layer = 1;
-  c.n_embd = 32;
-  c.n_head = 2;
-  return c;
-}
-
-struct corpus {
-  dt::data::char_tokenizer tok;
-  dt::data::token_dataset data;
-};
-const corpus& small_corpus() {
-  static const corpus c = [] {
-    const auto text = dt::data::builtin_corpus(std::size_t{1} << 16, 5);
-    auto tok = dt::data::char_tokenizer::from_text(text);
-    return corpus{tok, dt::data::token_dataset(tok.encode(text))};
-  }();
-  return c;
-}
-
-std::vector<float> flat_params(const dt::parameter_list<dt::cpu>& p) {
-  std::vector<float> v;
-  dt::comm::gather_values(p, v);
-  return v;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
+dt::nn::gpt_config tiny_config(std::int64_t) { return fixture::tiny_gpt(); }
 
 template <class Trainer>
 std::vector<std::vector<float>> run_peers(int world, trainer_options opts, typename Trainer::comm_policy comm = {},
                                           std::vector<dt::train::fit_result>* results = nullptr) {
-  const auto& c = small_corpus();
-  std::vector<std::vector<float>> params(static_cast<std::size_t>(world));
-  auto r = dt::train::fit_in_process<Trainer>(
-      dt::transport::in_process(world), tiny_config(c.tok.vocab_size()), opts, c.data, comm,
-      [&](Trainer& t) { t.on_eval([&, &t = t](const dt::train::eval_point&) { params[static_cast<std::size_t>(t.rank())] = flat_params(t.model().parameters()); }); });
-  if (results) *results = r;
-  return params;
+  return fixture::final_params<Trainer>(world, fixture::tiny_gpt(), opts, comm, results);
 }
 
 }  // namespace

@@ -12,45 +12,18 @@
 #include <mutex>
 #include <vector>
 
+#include "support/trainer_fixture.hpp"
+
 namespace dt = decentrain;
 using dt::train::trainer_options;
 
 namespace {
 
-struct corpus {
-  dt::data::char_tokenizer tok;
-  dt::data::token_dataset data;
-};
-const corpus& small_corpus() {
-  static const corpus c = [] {
-    const auto text = dt::data::builtin_corpus(std::size_t{1} << 16, 5);
-    auto tok = dt::data::char_tokenizer::from_text(text);
-    return corpus{tok, dt::data::token_dataset(tok.encode(text))};
-  }();
-  return c;
-}
-dt::nn::gpt_config tiny_gpt() {
-  auto c = dt::nn::gpt_preset("tiny");
-  c.vocab_size = small_corpus().tok.vocab_size();
-  c.block_size = 16;
-  c.n_layer = 1;
-  c.n_embd = 32;
-  c.n_head = 2;
-  return c;
-}
-double uniform_loss() { return std::log(static_cast<double>(small_corpus().tok.vocab_size())); }
-
-std::vector<float> flat(const dt::parameter_list<dt::cpu>& p) {
-  std::vector<float> v;
-  dt::comm::gather_values(p, v);
-  return v;
-}
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
+using fixture::final_params;
+using fixture::max_abs_diff;
+using fixture::small_corpus;
+using fixture::tiny_gpt;
+using fixture::uniform_loss;
 
 // ---- a gossip policy: after every step, average parameters with one neighbour (rank ^ 1) ----
 struct neighbour_gossip {
@@ -81,31 +54,8 @@ struct neighbour_gossip {
   std::vector<float> mine_, theirs_;
 };
 
-// ---- a codec: values rounded to bf16 (nearest even), 2 bytes each ----
-struct half_width {
-  std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
-  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      std::uint32_t bits;
-      std::memcpy(&bits, &in[i], 4);
-      bits += 0x7fffu + ((bits >> 16) & 1u);
-      const auto h = static_cast<std::uint16_t>(bits >> 16);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-    return 2 * in.size();
-  }
-  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
-    dt::detail::check(in.size() == 2 * into.size(), "half_width: ", in.size(), " bytes for ", into.size(), " values");
-    for (std::size_t i = 0; i < into.size(); ++i) {
-      std::uint16_t h;
-      std::memcpy(&h, in.data() + 2 * i, 2);
-      const std::uint32_t bits = std::uint32_t{h} << 16;
-      float v;
-      std::memcpy(&v, &bits, 4);
-      into[i] += v;
-    }
-  }
-};
+// ---- a codec: fixture::bf16_codec (tests/support/trainer_fixture.hpp), values as bf16 ----
+using half_width = fixture::bf16_codec;
 
 // ---- a two-layer model and a pipeline that puts each layer on its own peer ----
 struct two_layer_config {
@@ -252,22 +202,6 @@ struct probe {
   void load(const dt::io::checkpoint& c) { inner.load(c); }
 };
 
-template <class Trainer>
-std::vector<std::vector<float>> final_params(int world, const typename Trainer::model_config& cfg, trainer_options opts,
-                                             typename Trainer::comm_policy comm = {},
-                                             std::vector<dt::train::fit_result>* results = nullptr,
-                                             typename Trainer::parallel_policy parallel = {},
-                                             typename Trainer::fault_policy fault = {}) {
-  std::vector<std::vector<float>> params(static_cast<std::size_t>(world));
-  auto r = dt::train::fit_in_process<Trainer>(
-      dt::transport::in_process(world), cfg, opts, small_corpus().data, comm,
-      [&](Trainer& t) {
-        t.on_eval([&, &t = t](const dt::train::eval_point&) { params[static_cast<std::size_t>(t.rank())] = flat(t.model().parameters()); });
-      },
-      1, parallel, fault);
-  if (results) *results = r;
-  return params;
-}
 
 }  // namespace
 

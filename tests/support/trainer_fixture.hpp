@@ -1,0 +1,106 @@
+// What the trainer and policy tests share: a small corpus, a one-layer GPT for it, flat
+// parameter vectors to compare, and a bf16 codec written as a user would write one.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace fixture {
+
+namespace dt = decentrain;
+
+struct corpus {
+  dt::data::char_tokenizer tok;
+  dt::data::token_dataset data;
+};
+inline const corpus& small_corpus() {
+  static const corpus c = [] {
+    const auto text = dt::data::builtin_corpus(std::size_t{1} << 16, 5);
+    auto tok = dt::data::char_tokenizer::from_text(text);
+    return corpus{tok, dt::data::token_dataset(tok.encode(text))};
+  }();
+  return c;
+}
+
+// One layer, width 32, block 16, for the small corpus's vocabulary.
+inline dt::nn::gpt_config tiny_gpt() {
+  auto c = dt::nn::gpt_preset("tiny");
+  c.vocab_size = small_corpus().tok.vocab_size();
+  c.block_size = 16;
+  c.n_layer = 1;
+  c.n_embd = 32;
+  c.n_head = 2;
+  return c;
+}
+inline double uniform_loss() { return std::log(static_cast<double>(small_corpus().tok.vocab_size())); }
+
+inline std::vector<float> flat_params(const dt::parameter_list<dt::cpu>& p) {
+  std::vector<float> v;
+  dt::comm::gather_values(p, v);
+  return v;
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
+// Values rounded to bf16 (nearest even), 2 bytes each: a codec from outside the library.
+struct bf16_codec {
+  std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &in[i], 4);
+      bits += 0x7fffu + ((bits >> 16) & 1u);
+      const auto half = static_cast<std::uint16_t>(bits >> 16);
+      std::memcpy(out.data() + 2 * i, &half, 2);
+    }
+    return 2 * in.size();
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    dt::detail::check(in.size() == 2 * into.size(), "bf16_codec: a payload of ", in.size(), " bytes for ", into.size(),
+                      " values");
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      std::uint16_t half;
+      std::memcpy(&half, in.data() + 2 * i, 2);
+      const std::uint32_t bits = static_cast<std::uint32_t>(half) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      into[i] += v;
+    }
+  }
+};
+static_assert(dt::compress::codec<bf16_codec>);
+
+// Trains `world` in-process peers and returns each peer's parameters at its last evaluation.
+template <class Trainer>
+std::vector<std::vector<float>> final_params(int world, const typename Trainer::model_config& cfg,
+                                             dt::train::trainer_options opts, typename Trainer::comm_policy comm = {},
+                                             std::vector<dt::train::fit_result>* results = nullptr,
+                                             typename Trainer::parallel_policy parallel = {},
+                                             typename Trainer::fault_policy fault = {}) {
+  std::vector<std::vector<float>> params(static_cast<std::size_t>(world));
+  auto r = dt::train::fit_in_process<Trainer>(
+      dt::transport::in_process(world), cfg, opts, small_corpus().data, comm,
+      [&](Trainer& t) {
+        t.on_eval([&, &t = t](const dt::train::eval_point&) {
+          params[static_cast<std::size_t>(t.rank())] = flat_params(t.model().parameters());
+        });
+      },
+      1, parallel, fault);
+  if (results) *results = r;
+  return params;
+}
+
+}  // namespace fixture
