@@ -65,7 +65,8 @@ template <transport::endpoint Endpoint>
 class communicator;
 
 // A collective started in the background (communicator::start and the *_async calls). The
-// buffers it was given belong to it until wait() returns. wait() rethrows what the collective
+// buffers it was given belong to it until wait() returns, and the communicator that started it
+// must outlive it. wait() rethrows what the collective
 // threw; a handle destroyed unwaited still waits for its thread (and drops the error).
 class pending {
  public:

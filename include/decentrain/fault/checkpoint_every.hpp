@@ -76,7 +76,7 @@ struct checkpoint_every {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if ((every > 0 && ctx.steps_done % every == 0) || (every > 0 && ctx.last_step)) save(ctx);
+    if (every > 0 && (ctx.steps_done % every == 0 || ctx.last_step)) save(ctx);
   }
 
   template <class Ctx>

@@ -111,7 +111,6 @@ class trainer {
     resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
-    const std::int64_t first = step_;
     std::int64_t tokens = 0;
     while (step_ < options_.steps) {
       if (stop_requested()) {
@@ -137,7 +136,6 @@ class trainer {
       if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
         result.evals.push_back(record_eval(dataset, step_));
     }
-    (void)first;
     if (result.stopped) return result;
     result.evals.push_back(record_eval(dataset, step_));
     result.final_val_loss = result.evals.back().val_loss;
