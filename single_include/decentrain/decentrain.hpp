@@ -11028,7 +11028,8 @@ template <transport::endpoint Endpoint>
 class communicator;
 
 // A collective started in the background (communicator::start and the *_async calls). The
-// buffers it was given belong to it until wait() returns. wait() rethrows what the collective
+// buffers it was given belong to it until wait() returns, and the communicator that started it
+// must outlive it. wait() rethrows what the collective
 // threw; a handle destroyed unwaited still waits for its thread (and drops the error).
 class pending {
  public:
@@ -12228,7 +12229,7 @@ struct checkpoint_every {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if ((every > 0 && ctx.steps_done % every == 0) || (every > 0 && ctx.last_step)) save(ctx);
+    if (every > 0 && (ctx.steps_done % every == 0 || ctx.last_step)) save(ctx);
   }
 
   template <class Ctx>
@@ -13091,7 +13092,6 @@ class trainer {
     resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
-    const std::int64_t first = step_;
     std::int64_t tokens = 0;
     while (step_ < options_.steps) {
       if (stop_requested()) {
@@ -13117,7 +13117,6 @@ class trainer {
       if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
         result.evals.push_back(record_eval(dataset, step_));
     }
-    (void)first;
     if (result.stopped) return result;
     result.evals.push_back(record_eval(dataset, step_));
     result.final_val_loss = result.evals.back().val_loss;
