@@ -10317,17 +10317,22 @@ class tcp {
   int rank() const { return self_->opts.rank; }
   int world() const { return self_->opts.world; }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
-  bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag); }
+  bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag, !lane_); }
   // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
   // transport::exchange.
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                 tag_type tag, const landed_fn& landed) {
-    self_->exchange(to, outs, from, ins, tag, landed);
+    self_->exchange(to, outs, from, ins, tag, landed, !lane_);
   }
   void computed(double) {}
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
-  // same connection set (see transport::open_lane).
-  std::optional<tcp> lane() { return *this; }
+  // same connection set (see transport::open_lane); its waits happen beside the caller's work and
+  // are not counted in wait_seconds.
+  std::optional<tcp> lane() {
+    tcp l = *this;
+    l.lane_ = true;
+    return l;
+  }
   traffic_stats stats() const { return self_->stats(); }
   // The reason the last malformed frame was dropped (empty if none was).
   std::string last_malformed() const {
@@ -10795,12 +10800,12 @@ class tcp {
       }
     }
 
-    bytes recv(int peer, tag_type tag) {
+    bytes recv(int peer, tag_type tag, bool count_wait = true) {
       decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
                                 " (world of ", opts.world, ")");
       const auto t0 = std::chrono::steady_clock::now();
       auto m = box.pop(peer, tag, opts.recv_timeout);
-      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       bytes_received += m.payload.size();
       ++messages_received;
       return std::move(m.payload);
@@ -10809,7 +10814,7 @@ class tcp {
     // Posts `ins` for the messages from `from` before sending `outs`: the I/O thread then reads
     // those bodies straight into `ins` (see mailbox::receive_into).
     void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
-                  tag_type tag, const landed_fn& landed) {
+                  tag_type tag, const landed_fn& landed, bool count_wait = true) {
       decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
                                 " (world of ", opts.world, ")");
       auto t0 = std::chrono::steady_clock::now();
@@ -10822,7 +10827,7 @@ class tcp {
           },
           [&] { give_up_on(from, "its message did not finish within the receive timeout"); },
           [&](std::size_t i, std::size_t size) {
-            wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             bytes_received += size;
             ++messages_received;
             landed(i, size);
@@ -10882,6 +10887,7 @@ class tcp {
   };
 
   std::shared_ptr<impl> self_;
+  bool lane_ = false;  // a lane's waits are not the caller's
 };
 
 static_assert(endpoint<tcp>);
@@ -10902,6 +10908,7 @@ static_assert(endpoint<tcp>);
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -11029,8 +11036,9 @@ class communicator;
 
 // A collective started in the background (communicator::start and the *_async calls). The
 // buffers it was given belong to it until wait() returns, and the communicator that started it
-// must outlive it. wait() rethrows what the collective
-// threw; a handle destroyed unwaited still waits for its thread (and drops the error).
+// must outlive it. wait() rethrows what the collective threw; a handle destroyed unwaited still
+// waits for its thread (and drops the error), which can take as long as the transport's receive
+// timeout when a peer never joins the collective.
 class pending {
  public:
   pending() = default;
@@ -11064,8 +11072,15 @@ class pending {
     std::exception_ptr error;
     std::function<void()> finish;  // on the waiting thread: fold the lane back in
   };
+  // An unwaited handle still folds the lane back in (its bytes and, on simulated links, its
+  // time), dropping only the error.
   void join() noexcept {
-    if (s_ && s_->worker.joinable()) s_->worker.join();
+    if (!s_) return;
+    if (s_->worker.joinable()) s_->worker.join();
+    try {
+      if (s_->finish) s_->finish();
+    } catch (...) {
+    }
     s_.reset();
   }
   std::unique_ptr<state> s_;
@@ -11164,18 +11179,24 @@ class communicator {
   // ---- sub-groups ----
 
   // A communicator over the listed ranks of this one (each listed once; this peer among them),
-  // with a tag space of its own: its collectives never pair with this communicator's or another
-  // group's, so a stage's replicas or a Moshpit group can all-reduce while others do too. Every
-  // member calls group() with the same ranks; ranks index the group in ascending order of the
-  // ranks given. This communicator must outlive the group's.
+  // with a tag space of its own (a 32-bit channel hashed from this communicator's, the members
+  // and how many groups of these members this peer made before), so a stage's replicas or a
+  // Moshpit group can all-reduce while others do too. Every member calls group() with the same
+  // ranks, the same number of times; ranks index the group in ascending order. Its bytes also
+  // count in this communicator's traffic(). This communicator must outlive the group's and must
+  // not move while it exists.
   communicator<transport::any_endpoint> group(std::vector<int> ranks) {
     std::sort(ranks.begin(), ranks.end());
     decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
                               "communicator: a group lists a rank twice");
-    const auto channel = group_channel(channel_, ranks);
+    const std::uint32_t earlier = groups_made_[ranks]++;
+    const auto channel = group_channel(channel_ ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(earlier)), ranks);
     std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
     transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
-    return communicator<transport::any_endpoint>(std::move(view), opts_);
+    communicator<transport::any_endpoint> g(std::move(view), opts_);
+    g.rollup_ = rollup_;
+    g.rollup_.push_back(&counters_);
+    return g;
   }
 
   // ---- pairwise messages ----
@@ -11247,9 +11268,10 @@ class communicator {
     auto lane_ep = std::make_shared<Endpoint>(std::move(*lane));
     auto lane_counters = std::make_shared<counters>();
     auto* st = h.s_.get();
-    st->worker = std::thread([this, st, lane_ep, lane_counters, channel, agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
+    st->worker = std::thread([st, lane_ep, lane_counters, opts = opts_, channel = channel ^ channel_,
+                              agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
       try {
-        communicator sub(*lane_ep, opts_, channel ^ channel_);
+        communicator sub(*lane_ep, opts, channel);
         sub.ring_sizes_agreed_ = agreed;
         try {
           op(sub);
@@ -11288,10 +11310,20 @@ class communicator {
     ring_sizes_agreed_ = false;
   }
 
+  // Bytes go into this communicator's counters and those of the communicators it is a group
+  // of, so a world communicator's traffic() includes its groups' (the trainer counts a
+  // policy's bytes there, whatever groups the policy forms).
+  void count_sent(std::uint64_t n) {
+    counters_.bytes_sent += n;
+    for (auto* c : rollup_) c->bytes_sent += n;
+  }
+  void count_received(std::uint64_t n) {
+    counters_.bytes_received += n;
+    for (auto* c : rollup_) c->bytes_received += n;
+  }
   void add(const counters& c) {
-    counters_.bytes_sent += c.bytes_sent;
-    counters_.bytes_received += c.bytes_received;
-    counters_.calls += c.calls;
+    count_sent(c.bytes_sent);
+    count_received(c.bytes_received);
   }
 
   // A peer_error from inside a collective names the collective as its operation (the peer is
@@ -11366,7 +11398,7 @@ class communicator {
   void send(int peer, transport::tag_type tag, std::span<const T> values) {
     const auto b = std::as_bytes(values);
     ep_->send(peer, tag, b);
-    counters_.bytes_sent += b.size();
+    count_sent(b.size());
   }
 
   // Sends `out` to `to` (none when `to` < 0) and receives the next message from `from` into
@@ -11375,14 +11407,15 @@ class communicator {
   template <class T>
   void exchange(int to, std::span<const T> out, int from, std::span<T> in, transport::tag_type tag, const char* what) {
     const std::size_t got = transport::exchange(*ep_, to, std::as_bytes(out), from, std::as_writable_bytes(in), tag);
-    if (to >= 0) counters_.bytes_sent += out.size_bytes();
-    counters_.bytes_received += got;
+    if (to >= 0) count_sent(out.size_bytes());
+    count_received(got);
     check_size(got, in.size_bytes(), from, what);
   }
 
   static void check_size(std::size_t got, std::size_t expected, int from, const char* what) {
-    decentrain::detail::check(got == expected, what, ": peer ", from, " sent ", got, " bytes where ", expected,
-                              " were expected (the peers disagree on the buffer size or call order)");
+    if (got != expected)
+      transport::fail_peer(from, what, what, ": peer ", from, " sent ", got, " bytes where ", expected,
+                           " were expected (the peers disagree on the buffer size or call order)");
   }
 
   template <class T>
@@ -11482,10 +11515,10 @@ class communicator {
       }
       transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
         check_size(got, ins[i].size(), left(), "all_reduce");
-        counters_.bytes_received += got;
+        count_received(got);
         if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
       });
-      for (const auto& o : outs) counters_.bytes_sent += o.size();
+      for (const auto& o : outs) count_sent(o.size());
     };
     for (std::size_t first = 0; first < chunks; first += window) {
       const std::size_t last = std::min(chunks, first + window);
@@ -11546,6 +11579,8 @@ class communicator {
   std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
   std::map<int, std::uint32_t> sent_to_, received_from_;
+  std::map<std::vector<int>, std::uint32_t> groups_made_;
+  std::vector<counters*> rollup_;  // the counters of the communicators this one is a group of
   // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
   // that typedef'd anonymous struct.
   struct alignas(std::max_align_t) scratch_block {
@@ -11575,11 +11610,13 @@ class communicator {
 //   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 
@@ -11614,7 +11651,8 @@ concept codec = std::is_copy_constructible_v<C> && requires(C& c, const C& cc, s
 // peer. A codec with a collective of its own runs it; any other is gathered: each peer's payload
 // (its size in front) goes to every peer, which decodes and adds them up in rank order, so every
 // peer ends with the same bits. A payload whose stated size is beyond the codec's bound is
-// rejected naming the peer; decode_add checks the rest.
+// rejected naming the peer (a transport::peer_error); decode_add checks the rest. Each payload
+// travels padded to the bound, as one message (so within the transport's message size).
 template <class Codec, class Comm>
 void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
   static_assert(check_codec<Codec>());
@@ -11632,8 +11670,9 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
       const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
       std::uint64_t n = 0;
       std::memcpy(&n, payload.data(), sizeof n);
-      decentrain::detail::check(n <= bound, "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ", bound,
-                                " for ", values.size(), " values");
+      if (n > bound)
+        transport::fail_peer(r, "all_reduce", "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ",
+                             bound, " for ", values.size(), " values");
       codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
     }
     if (average && comm.world() > 1) {
@@ -12225,6 +12264,10 @@ struct checkpoint_every {
                               " has no checkpoint of step ", least, ", the newest step every peer has (it has ",
                               describe(mine), " in ", peer_dir(rank, world).string(), ")");
     ctx.restore(io::load_checkpoint(file(rank, world, least)));
+    // Newer files belong to the run that was abandoned: drop them, so they neither count
+    // towards keep_last nor look like a step every peer has the next time.
+    for (auto s : mine)
+      if (s > least) std::filesystem::remove(file(rank, world, s));
   }
 
   template <class Ctx>
@@ -12997,11 +13040,13 @@ class progress {
 // ---- begin decentrain/train/trainer.hpp ----
 // trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. Per
 // step: the parallel policy runs forward and backward, the communication policy acts after the
-// backward and after the inner AdamW step, and the fault policy after the step; a peer error from
-// any of it goes to the fault policy, which says rethrow, redo or re-form. The slots are defined
+// backward and after the inner AdamW step, and the fault policy after the step; a peer error
+// inside a step goes to the fault policy, which says rethrow, redo or re-form (errors in start,
+// evaluation and checkpoints are not routed: they end the run). The slots are defined
 // on one page, train/concepts.hpp; options, metrics and the context a policy sees have headers
 // of their own.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -13009,6 +13054,7 @@ class progress {
 #include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13077,8 +13123,9 @@ class trainer {
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
   // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
-  // options().stop_check_every steps (any peer asking stops them all at the same step); the fault
-  // policy's on_stop, where it has one, then saves what must not be lost, and fit returns.
+  // options().stop_check_every steps (any peer asking stops them all at the same step), so every
+  // peer must be given one; the fault policy's on_stop, where it has one, then saves what must
+  // not be lost, and fit returns.
   void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
   // Trains from the current step to options().steps and returns the metrics; every peer of the
@@ -13087,6 +13134,7 @@ class trainer {
     auto ctx = make_context(dataset);
     fault_.start(ctx);
     check_same_step();
+    ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     ctx.resumed = resumed_;
     counted([&] { policy_.start(ctx); });
     resumed_ = ctx.resumed = false;
@@ -13167,13 +13215,18 @@ class trainer {
   };
 
   // One step, with a peer error routed to the fault policy: redo runs again what failed (the
-  // whole step when the failure came before the inner optimizer, else the after_step exchange).
+  // whole step, dropout draws included, when the failure came before the inner optimizer, else
+  // the after_step exchange). A redo assumes every peer saw the failure at the same point (as
+  // when a peer is lost mid-collective and the group goes on without it); a codec's encode must
+  // tolerate being called again for the same payload.
   step_outcome run_step(context& ctx) {
     step_outcome out;
     bool stepped = false;
+    const auto dropout_before = dropout_.state();
     for (int redos = 0;; ++redos) {
       try {
         if (!stepped) {
+          dropout_.set_state(dropout_before);
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
           endpoint_.computed(lap(t));  // before the exchange, so simulated links see it start after the compute
@@ -13302,13 +13355,18 @@ class trainer {
                               range[0], "); resume every peer from checkpoints of the same step");
   }
 
-  // Bytes of the policy's collectives, over the world's communicator and the replicas'.
+  // Bytes of the policy's collectives: the world communicator's traffic includes its groups'
+  // (the replicas' and any the policy forms), and a failed attempt's bytes count too.
   template <class Call>
   void counted(Call&& call) {
-    auto sent = [&] { return comm_.traffic().bytes_sent + (replicas_ ? replicas_->traffic().bytes_sent : 0); };
-    const auto before = sent();
-    call();
-    policy_bytes_ += sent() - before;
+    const auto before = comm_.traffic().bytes_sent;
+    try {
+      call();
+    } catch (...) {
+      policy_bytes_ += comm_.traffic().bytes_sent - before;
+      throw;
+    }
+    policy_bytes_ += comm_.traffic().bytes_sent - before;
   }
 
   trainer_options options_;

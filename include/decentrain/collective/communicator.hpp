@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -23,6 +24,7 @@
 
 #include "decentrain/collective/group.hpp"
 #include "decentrain/detail/error.hpp"
+#include "decentrain/detail/hash.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/peer_error.hpp"
 
@@ -66,8 +68,9 @@ class communicator;
 
 // A collective started in the background (communicator::start and the *_async calls). The
 // buffers it was given belong to it until wait() returns, and the communicator that started it
-// must outlive it. wait() rethrows what the collective
-// threw; a handle destroyed unwaited still waits for its thread (and drops the error).
+// must outlive it. wait() rethrows what the collective threw; a handle destroyed unwaited still
+// waits for its thread (and drops the error), which can take as long as the transport's receive
+// timeout when a peer never joins the collective.
 class pending {
  public:
   pending() = default;
@@ -101,8 +104,15 @@ class pending {
     std::exception_ptr error;
     std::function<void()> finish;  // on the waiting thread: fold the lane back in
   };
+  // An unwaited handle still folds the lane back in (its bytes and, on simulated links, its
+  // time), dropping only the error.
   void join() noexcept {
-    if (s_ && s_->worker.joinable()) s_->worker.join();
+    if (!s_) return;
+    if (s_->worker.joinable()) s_->worker.join();
+    try {
+      if (s_->finish) s_->finish();
+    } catch (...) {
+    }
     s_.reset();
   }
   std::unique_ptr<state> s_;
@@ -201,18 +211,24 @@ class communicator {
   // ---- sub-groups ----
 
   // A communicator over the listed ranks of this one (each listed once; this peer among them),
-  // with a tag space of its own: its collectives never pair with this communicator's or another
-  // group's, so a stage's replicas or a Moshpit group can all-reduce while others do too. Every
-  // member calls group() with the same ranks; ranks index the group in ascending order of the
-  // ranks given. This communicator must outlive the group's.
+  // with a tag space of its own (a 32-bit channel hashed from this communicator's, the members
+  // and how many groups of these members this peer made before), so a stage's replicas or a
+  // Moshpit group can all-reduce while others do too. Every member calls group() with the same
+  // ranks, the same number of times; ranks index the group in ascending order. Its bytes also
+  // count in this communicator's traffic(). This communicator must outlive the group's and must
+  // not move while it exists.
   communicator<transport::any_endpoint> group(std::vector<int> ranks) {
     std::sort(ranks.begin(), ranks.end());
     decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
                               "communicator: a group lists a rank twice");
-    const auto channel = group_channel(channel_, ranks);
+    const std::uint32_t earlier = groups_made_[ranks]++;
+    const auto channel = group_channel(channel_ ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(earlier)), ranks);
     std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
     transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
-    return communicator<transport::any_endpoint>(std::move(view), opts_);
+    communicator<transport::any_endpoint> g(std::move(view), opts_);
+    g.rollup_ = rollup_;
+    g.rollup_.push_back(&counters_);
+    return g;
   }
 
   // ---- pairwise messages ----
@@ -284,9 +300,10 @@ class communicator {
     auto lane_ep = std::make_shared<Endpoint>(std::move(*lane));
     auto lane_counters = std::make_shared<counters>();
     auto* st = h.s_.get();
-    st->worker = std::thread([this, st, lane_ep, lane_counters, channel, agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
+    st->worker = std::thread([st, lane_ep, lane_counters, opts = opts_, channel = channel ^ channel_,
+                              agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
       try {
-        communicator sub(*lane_ep, opts_, channel ^ channel_);
+        communicator sub(*lane_ep, opts, channel);
         sub.ring_sizes_agreed_ = agreed;
         try {
           op(sub);
@@ -325,10 +342,20 @@ class communicator {
     ring_sizes_agreed_ = false;
   }
 
+  // Bytes go into this communicator's counters and those of the communicators it is a group
+  // of, so a world communicator's traffic() includes its groups' (the trainer counts a
+  // policy's bytes there, whatever groups the policy forms).
+  void count_sent(std::uint64_t n) {
+    counters_.bytes_sent += n;
+    for (auto* c : rollup_) c->bytes_sent += n;
+  }
+  void count_received(std::uint64_t n) {
+    counters_.bytes_received += n;
+    for (auto* c : rollup_) c->bytes_received += n;
+  }
   void add(const counters& c) {
-    counters_.bytes_sent += c.bytes_sent;
-    counters_.bytes_received += c.bytes_received;
-    counters_.calls += c.calls;
+    count_sent(c.bytes_sent);
+    count_received(c.bytes_received);
   }
 
   // A peer_error from inside a collective names the collective as its operation (the peer is
@@ -403,7 +430,7 @@ class communicator {
   void send(int peer, transport::tag_type tag, std::span<const T> values) {
     const auto b = std::as_bytes(values);
     ep_->send(peer, tag, b);
-    counters_.bytes_sent += b.size();
+    count_sent(b.size());
   }
 
   // Sends `out` to `to` (none when `to` < 0) and receives the next message from `from` into
@@ -412,14 +439,15 @@ class communicator {
   template <class T>
   void exchange(int to, std::span<const T> out, int from, std::span<T> in, transport::tag_type tag, const char* what) {
     const std::size_t got = transport::exchange(*ep_, to, std::as_bytes(out), from, std::as_writable_bytes(in), tag);
-    if (to >= 0) counters_.bytes_sent += out.size_bytes();
-    counters_.bytes_received += got;
+    if (to >= 0) count_sent(out.size_bytes());
+    count_received(got);
     check_size(got, in.size_bytes(), from, what);
   }
 
   static void check_size(std::size_t got, std::size_t expected, int from, const char* what) {
-    decentrain::detail::check(got == expected, what, ": peer ", from, " sent ", got, " bytes where ", expected,
-                              " were expected (the peers disagree on the buffer size or call order)");
+    if (got != expected)
+      transport::fail_peer(from, what, what, ": peer ", from, " sent ", got, " bytes where ", expected,
+                           " were expected (the peers disagree on the buffer size or call order)");
   }
 
   template <class T>
@@ -519,10 +547,10 @@ class communicator {
       }
       transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
         check_size(got, ins[i].size(), left(), "all_reduce");
-        counters_.bytes_received += got;
+        count_received(got);
         if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
       });
-      for (const auto& o : outs) counters_.bytes_sent += o.size();
+      for (const auto& o : outs) count_sent(o.size());
     };
     for (std::size_t first = 0; first < chunks; first += window) {
       const std::size_t last = std::min(chunks, first + window);
@@ -583,6 +611,8 @@ class communicator {
   std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
   std::map<int, std::uint32_t> sent_to_, received_from_;
+  std::map<std::vector<int>, std::uint32_t> groups_made_;
+  std::vector<counters*> rollup_;  // the counters of the communicators this one is a group of
   // A named block rather than std::max_align_t itself: nvcc's front end fails on a vector of
   // that typedef'd anonymous struct.
   struct alignas(std::max_align_t) scratch_block {

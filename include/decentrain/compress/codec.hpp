@@ -14,14 +14,17 @@
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::compress {
 
@@ -54,7 +57,8 @@ concept codec = std::is_copy_constructible_v<C> && requires(C& c, const C& cc, s
 // peer. A codec with a collective of its own runs it; any other is gathered: each peer's payload
 // (its size in front) goes to every peer, which decodes and adds them up in rank order, so every
 // peer ends with the same bits. A payload whose stated size is beyond the codec's bound is
-// rejected naming the peer; decode_add checks the rest.
+// rejected naming the peer (a transport::peer_error); decode_add checks the rest. Each payload
+// travels padded to the bound, as one message (so within the transport's message size).
 template <class Codec, class Comm>
 void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
   static_assert(check_codec<Codec>());
@@ -72,8 +76,9 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
       const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
       std::uint64_t n = 0;
       std::memcpy(&n, payload.data(), sizeof n);
-      decentrain::detail::check(n <= bound, "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ", bound,
-                                " for ", values.size(), " values");
+      if (n > bound)
+        transport::fail_peer(r, "all_reduce", "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ",
+                             bound, " for ", values.size(), " values");
       codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
     }
     if (average && comm.world() > 1) {

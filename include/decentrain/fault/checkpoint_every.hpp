@@ -72,6 +72,10 @@ struct checkpoint_every {
                               " has no checkpoint of step ", least, ", the newest step every peer has (it has ",
                               describe(mine), " in ", peer_dir(rank, world).string(), ")");
     ctx.restore(io::load_checkpoint(file(rank, world, least)));
+    // Newer files belong to the run that was abandoned: drop them, so they neither count
+    // towards keep_last nor look like a step every peer has the next time.
+    for (auto s : mine)
+      if (s > least) std::filesystem::remove(file(rank, world, s));
   }
 
   template <class Ctx>

@@ -1,11 +1,13 @@
 // trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. Per
 // step: the parallel policy runs forward and backward, the communication policy acts after the
-// backward and after the inner AdamW step, and the fault policy after the step; a peer error from
-// any of it goes to the fault policy, which says rethrow, redo or re-form. The slots are defined
+// backward and after the inner AdamW step, and the fault policy after the step; a peer error
+// inside a step goes to the fault policy, which says rethrow, redo or re-form (errors in start,
+// evaluation and checkpoints are not routed: they end the run). The slots are defined
 // on one page, train/concepts.hpp; options, metrics and the context a policy sees have headers
 // of their own.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,8 +99,9 @@ class trainer {
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
   // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
-  // options().stop_check_every steps (any peer asking stops them all at the same step); the fault
-  // policy's on_stop, where it has one, then saves what must not be lost, and fit returns.
+  // options().stop_check_every steps (any peer asking stops them all at the same step), so every
+  // peer must be given one; the fault policy's on_stop, where it has one, then saves what must
+  // not be lost, and fit returns.
   void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
   // Trains from the current step to options().steps and returns the metrics; every peer of the
@@ -106,6 +110,7 @@ class trainer {
     auto ctx = make_context(dataset);
     fault_.start(ctx);
     check_same_step();
+    ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     ctx.resumed = resumed_;
     counted([&] { policy_.start(ctx); });
     resumed_ = ctx.resumed = false;
@@ -186,13 +191,18 @@ class trainer {
   };
 
   // One step, with a peer error routed to the fault policy: redo runs again what failed (the
-  // whole step when the failure came before the inner optimizer, else the after_step exchange).
+  // whole step, dropout draws included, when the failure came before the inner optimizer, else
+  // the after_step exchange). A redo assumes every peer saw the failure at the same point (as
+  // when a peer is lost mid-collective and the group goes on without it); a codec's encode must
+  // tolerate being called again for the same payload.
   step_outcome run_step(context& ctx) {
     step_outcome out;
     bool stepped = false;
+    const auto dropout_before = dropout_.state();
     for (int redos = 0;; ++redos) {
       try {
         if (!stepped) {
+          dropout_.set_state(dropout_before);
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
           endpoint_.computed(lap(t));  // before the exchange, so simulated links see it start after the compute
@@ -321,13 +331,18 @@ class trainer {
                               range[0], "); resume every peer from checkpoints of the same step");
   }
 
-  // Bytes of the policy's collectives, over the world's communicator and the replicas'.
+  // Bytes of the policy's collectives: the world communicator's traffic includes its groups'
+  // (the replicas' and any the policy forms), and a failed attempt's bytes count too.
   template <class Call>
   void counted(Call&& call) {
-    auto sent = [&] { return comm_.traffic().bytes_sent + (replicas_ ? replicas_->traffic().bytes_sent : 0); };
-    const auto before = sent();
-    call();
-    policy_bytes_ += sent() - before;
+    const auto before = comm_.traffic().bytes_sent;
+    try {
+      call();
+    } catch (...) {
+      policy_bytes_ += comm_.traffic().bytes_sent - before;
+      throw;
+    }
+    policy_bytes_ += comm_.traffic().bytes_sent - before;
   }
 
   trainer_options options_;

@@ -98,17 +98,22 @@ class tcp {
   int rank() const { return self_->opts.rank; }
   int world() const { return self_->opts.world; }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
-  bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag); }
+  bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag, !lane_); }
   // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
   // transport::exchange.
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                 tag_type tag, const landed_fn& landed) {
-    self_->exchange(to, outs, from, ins, tag, landed);
+    self_->exchange(to, outs, from, ins, tag, landed, !lane_);
   }
   void computed(double) {}
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
-  // same connection set (see transport::open_lane).
-  std::optional<tcp> lane() { return *this; }
+  // same connection set (see transport::open_lane); its waits happen beside the caller's work and
+  // are not counted in wait_seconds.
+  std::optional<tcp> lane() {
+    tcp l = *this;
+    l.lane_ = true;
+    return l;
+  }
   traffic_stats stats() const { return self_->stats(); }
   // The reason the last malformed frame was dropped (empty if none was).
   std::string last_malformed() const {
@@ -576,12 +581,12 @@ class tcp {
       }
     }
 
-    bytes recv(int peer, tag_type tag) {
+    bytes recv(int peer, tag_type tag, bool count_wait = true) {
       decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
                                 " (world of ", opts.world, ")");
       const auto t0 = std::chrono::steady_clock::now();
       auto m = box.pop(peer, tag, opts.recv_timeout);
-      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       bytes_received += m.payload.size();
       ++messages_received;
       return std::move(m.payload);
@@ -590,7 +595,7 @@ class tcp {
     // Posts `ins` for the messages from `from` before sending `outs`: the I/O thread then reads
     // those bodies straight into `ins` (see mailbox::receive_into).
     void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
-                  tag_type tag, const landed_fn& landed) {
+                  tag_type tag, const landed_fn& landed, bool count_wait = true) {
       decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
                                 " (world of ", opts.world, ")");
       auto t0 = std::chrono::steady_clock::now();
@@ -603,7 +608,7 @@ class tcp {
           },
           [&] { give_up_on(from, "its message did not finish within the receive timeout"); },
           [&](std::size_t i, std::size_t size) {
-            wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             bytes_received += size;
             ++messages_received;
             landed(i, size);
@@ -663,6 +668,7 @@ class tcp {
   };
 
   std::shared_ptr<impl> self_;
+  bool lane_ = false;  // a lane's waits are not the caller's
 };
 
 static_assert(endpoint<tcp>);
