@@ -2,7 +2,9 @@
 // Compiled only when the build defines DECENTRAIN_HAS_MPI (the decentrain::mpi CMake target
 // does, and links MPI). Sends are MPI_Isend from a private copy, so the caller may reuse its
 // buffer at once and a ring of simultaneous sends cannot deadlock on MPI's rendezvous protocol;
-// receives probe for (source, tag) so a message of any size can be taken, with a timeout.
+// receives probe for (source, tag) so a message of any size can be taken, with a timeout. Under
+// MPI_THREAD_MULTIPLE (what mpi_environment asks for) an endpoint offers a lane, so collectives
+// started in the background progress on their own thread.
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -19,6 +21,7 @@
 #include <climits>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -28,14 +31,16 @@
 namespace decentrain::transport {
 
 // Initialises MPI (if nobody has) for the lifetime of the object, and finalises what it began.
+// It asks for MPI_THREAD_MULTIPLE, which background collectives need (with less, they run on the
+// caller's thread); a program that wants MPI's single-threaded speed can ask for less.
 class mpi_environment {
  public:
-  mpi_environment(int* argc, char*** argv) {
+  mpi_environment(int* argc, char*** argv, int thread_level = MPI_THREAD_MULTIPLE) {
     int ready = 0;
     MPI_Initialized(&ready);
     if (!ready) {
       int provided = 0;
-      MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+      MPI_Init_thread(argc, argv, thread_level, &provided);
       owner_ = true;
     }
   }
@@ -90,10 +95,22 @@ class mpi {
   int world() const { return self_->world; }
   void computed(double) {}
 
+  // A second endpoint over the same communicator for a background collective (different tags),
+  // where MPI allows calls from several threads; its waits are not the caller's.
+  std::optional<mpi> lane() {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE) return std::nullopt;
+    mpi l = *this;
+    l.lane_ = true;
+    return l;
+  }
+
   void send(int peer, tag_type tag, std::span<const std::byte> data) {
     check_peer(peer, "send to");
     decentrain::detail::check(data.size() <= static_cast<std::size_t>(INT_MAX), "mpi: a message of ", data.size(),
                               " bytes is over MPI's int count");
+    std::lock_guard lock(self_->mutex);
     self_->complete_sends(false);
     auto& p = self_->pending.emplace_back();
     p.buffer.assign(data.begin(), data.end());
@@ -111,7 +128,10 @@ class mpi {
     for (std::uint64_t spins = 0;; ++spins) {
       MPI_Iprobe(peer, mpi_tag(tag), self_->comm, &ready, &status);
       if (ready) break;
-      self_->complete_sends(false);
+      {
+        std::lock_guard lock(self_->mutex);
+        self_->complete_sends(false);
+      }
       if (spins > 1000) {
         if (std::chrono::steady_clock::now() > deadline)
           decentrain::detail::fail("transport: no message from peer ", peer, " (tag ", tag, ") within ",
@@ -123,13 +143,15 @@ class mpi {
     MPI_Get_count(&status, MPI_BYTE, &count);
     bytes out(static_cast<std::size_t>(count));
     MPI_Recv(out.data(), count, MPI_BYTE, peer, mpi_tag(tag), self_->comm, MPI_STATUS_IGNORE);
-    self_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard lock(self_->mutex);
+    if (!lane_) self_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     self_->stats.bytes_received += out.size();
     ++self_->stats.messages_received;
     return out;
   }
 
   traffic_stats stats() const {
+    std::lock_guard lock(self_->mutex);
     auto s = self_->stats;
     s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - self_->started).count();
     return s;
@@ -164,6 +186,7 @@ class mpi {
     tag_type tag_modulus = 32768;
     std::chrono::milliseconds recv_timeout{300000};
     std::chrono::steady_clock::time_point started;
+    std::mutex mutex;  // pending and stats: a lane's thread sends and receives too
     std::list<pending_send> pending;
     traffic_stats stats;
   };
@@ -183,6 +206,7 @@ class mpi {
   }
 
   std::shared_ptr<state> self_;
+  bool lane_ = false;
 };
 
 static_assert(endpoint<mpi>);
