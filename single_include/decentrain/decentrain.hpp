@@ -11616,7 +11616,27 @@ class communicator {
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/communicator.hpp ----
 // ---- begin decentrain/compress/compress.hpp ----
-// Everything in compress: the codec concept, the codec-aware all-reduce and the codecs.
+// Everything in compress: the codec concept, all-reduce through a codec, and the codecs.
+
+// ---- begin decentrain/compress/all_reduce.hpp ----
+// All-reduce through a codec, and the check that every peer uses the same one.
+//   ring (dense codecs): reduce-scatter then all-gather around the ring; each hop carries the
+//     encoded partial sum of a segment, the receiver decodes it and adds its own values in f32,
+//     and re-encodes for the next hop, so each hop costs one rounding and none compounds
+//     silently. Segments are cut at multiples of the codec's block, so a payload that is already
+//     on the codec's grid re-encodes to itself. In the all-gather each segment is encoded once
+//     by the peer that holds its sum and forwarded as is: every peer decodes the same bytes
+//     and ends with the same bits.
+//   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
+//     in rank order.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
 
 // ---- begin decentrain/compress/codec.hpp ----
 // What a codec is: how a communication policy's f32 payload is put on the wire. A codec is a
@@ -11631,6 +11651,8 @@ class communicator {
 // and may add
 //   template <class Comm> void all_reduce(Comm&, std::span<float>, bool average)
 //                                                             a collective of its own (identity: the ring)
+//   static constexpr bool dense                               fixed-size payloads that add up on a ring
+//   std::string describe() const                              its settings, compared across peers
 //   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).
 
@@ -11640,6 +11662,7 @@ class communicator {
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -11671,43 +11694,515 @@ concept codec = std::is_copy_constructible_v<C> && requires(C& c, const C& cc, s
   cc.decode_add(payload, into);
 };
 
-// The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
-// peer. A codec with a collective of its own runs it; any other is gathered: each peer's payload
-// (its size in front) goes to every peer, which decodes and adds them up in rank order, so every
-// peer ends with the same bits. A payload whose stated size is beyond the codec's bound is
-// rejected naming the peer (a transport::peer_error); decode_add checks the rest. Each payload
-// travels padded to the bound, as one message (so within the transport's message size).
-template <class Codec, class Comm>
-void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  static_assert(check_codec<Codec>());
-  if constexpr (requires { codec.all_reduce(comm, values, average); }) {
-    codec.all_reduce(comm, values, average);
-  } else {
-    const std::size_t bound = codec.max_encoded_bytes(values.size());
-    std::vector<std::byte> mine(sizeof(std::uint64_t) + bound);
-    const std::uint64_t size = codec.encode(std::span<const float>(values), std::span<std::byte>(mine).subspan(sizeof(std::uint64_t)));
-    decentrain::detail::check(size <= bound, "codec: encode wrote ", size, " bytes, over its own bound of ", bound);
-    std::memcpy(mine.data(), &size, sizeof size);
-    const auto all = comm.all_gather(std::span<const std::byte>(mine));
-    std::fill(values.begin(), values.end(), 0.0f);
-    for (int r = 0; r < comm.world(); ++r) {
-      const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
-      std::uint64_t n = 0;
-      std::memcpy(&n, payload.data(), sizeof n);
-      if (n > bound)
-        transport::fail_peer(r, "all_reduce", "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ",
-                             bound, " for ", values.size(), " values");
-      codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
-    }
-    if (average && comm.world() > 1) {
-      const float scale = 1.0f / static_cast<float>(comm.world());
-      for (auto& v : values) v *= scale;
-    }
-  }
+// The codec's settings as text, for error messages and for peers to compare: describe() where
+// the codec has it, else its name.
+template <class C>
+std::string describe(const C& c) {
+  if constexpr (requires { { c.describe() } -> std::convertible_to<std::string>; })
+    return c.describe();
+  else if constexpr (requires { { C::name } -> std::convertible_to<const char*>; })
+    return C::name;
+  else
+    return "a codec without a name";
+}
+
+// Dense codecs (fixed-size payloads that can be added up on the way) go around a ring; the
+// others are gathered. A codec says which with `static constexpr bool dense`; without it, gathered.
+template <class C>
+constexpr bool is_dense() {
+  if constexpr (requires { { C::dense } -> std::convertible_to<bool>; })
+    return C::dense;
+  else
+    return false;
 }
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/codec.hpp ----
+
+namespace decentrain::compress {
+
+// Fails on every peer, naming the peers' settings, when they do not all use the same codec
+// settings (a policy calls it in start()).
+template <class Codec, class Comm>
+void agree(const Codec& codec, Comm& comm) {
+  if (comm.world() == 1) return;
+  const std::string mine = describe(codec);
+  const std::uint64_t h = decentrain::detail::fnv1a(mine);
+  std::uint64_t extremes[2] = {h, ~h};
+  comm.all_reduce(std::span<std::uint64_t>(extremes, 2), collective::reduce_op::max);
+  if (extremes[0] == h && ~extremes[1] == h) return;
+  // They differ: gather everyone's text (cut to 120 bytes) to say who uses what.
+  char text[120] = {};
+  std::memcpy(text, mine.data(), std::min(mine.size(), sizeof text - 1));
+  const auto all = comm.all_gather(std::span<const char>(text, sizeof text));
+  std::string who;
+  for (int r = 0; r < comm.world(); ++r)
+    who += (r ? ", peer " : "peer ") + std::to_string(r) + " " + std::string(all.data() + static_cast<std::size_t>(r) * sizeof text);
+  decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
+}
+
+template <class Codec>
+std::size_t codec_block(const Codec& codec) {
+  if constexpr (requires { { codec.block } -> std::convertible_to<std::size_t>; })
+    return std::max<std::size_t>(1, codec.block);
+  else
+    return 1;
+}
+
+template <class Codec, class Comm>
+void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const std::size_t bound = codec.max_encoded_bytes(values.size());
+  std::vector<std::byte> mine(sizeof(std::uint64_t) + bound);
+  const std::uint64_t size = codec.encode(std::span<const float>(values), std::span<std::byte>(mine).subspan(sizeof(std::uint64_t)));
+  decentrain::detail::check(size <= bound, "codec: encode wrote ", size, " bytes, over its own bound of ", bound);
+  std::memcpy(mine.data(), &size, sizeof size);
+  const auto all = comm.all_gather(std::span<const std::byte>(mine));
+  std::fill(values.begin(), values.end(), 0.0f);
+  for (int r = 0; r < comm.world(); ++r) {
+    const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
+    std::uint64_t n = 0;
+    std::memcpy(&n, payload.data(), sizeof n);
+    if (n > bound)
+      transport::fail_peer(r, "all_reduce", "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ", bound,
+                           " for ", values.size(), " values");
+    try {
+      codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(r, "all_reduce", "codec: the payload of peer ", r, " was rejected: ", e.what());
+    }
+  }
+  if (average && comm.world() > 1) {
+    const float scale = 1.0f / static_cast<float>(comm.world());
+    for (auto& v : values) v *= scale;
+  }
+}
+
+template <class Codec, class Comm>
+void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const int n = comm.world(), r = comm.rank();
+  if (n == 1) return;
+  // Segments in whole blocks; each goes in pieces of at most ~1M values (one message each).
+  const std::size_t block = codec_block(codec), total = values.size();
+  const std::size_t blocks = (total + block - 1) / block;
+  auto seg_begin = [&](int s) {
+    const auto k = static_cast<std::size_t>((s % n + n) % n);
+    const std::size_t b = blocks / static_cast<std::size_t>(n), extra = blocks % static_cast<std::size_t>(n);
+    return std::min(total, (k * b + std::min(k, extra)) * block);
+  };
+  auto segment = [&](int s) {
+    const std::size_t from = seg_begin(s), to = ((s % n + n) % n) == n - 1 ? total : seg_begin(s + 1);
+    return values.subspan(from, to - from);
+  };
+  const std::size_t piece = std::max<std::size_t>(block, ((std::size_t{1} << 20) / block) * block);
+  auto pieces = [&](std::span<float> seg) {
+    std::vector<std::span<float>> out;
+    for (std::size_t at = 0; at < seg.size(); at += piece) out.push_back(seg.subspan(at, std::min(piece, seg.size() - at)));
+    return out;
+  };
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  std::vector<std::byte> out, in;
+  auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    into.resize(codec.encode(std::span<const float>(p), into));
+  };
+  auto receive = [&](std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    comm.recv_from(left, std::span<std::byte>(into));
+  };
+  auto decode_add = [&](std::span<float> p, const std::vector<std::byte>& from) {
+    try {
+      codec.decode_add(std::span<const std::byte>(from), p);
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
+    }
+  };
+  // Reduce-scatter: after n - 1 steps segment r + 1 holds the sum here, in f32.
+  for (int s = 0; s < n - 1; ++s) {
+    for (auto p : pieces(segment(r - s))) {
+      encode(p, out);
+      comm.send_to(right, std::span<const std::byte>(out));
+    }
+    for (auto p : pieces(segment(r - s - 1))) {
+      receive(p, in);
+      decode_add(p, in);
+    }
+  }
+  // All-gather: the sum's owner encodes it once; everyone (the owner too) decodes those bytes.
+  std::vector<std::vector<std::byte>> carried;
+  for (auto p : pieces(segment(r + 1))) {
+    encode(p, carried.emplace_back());
+    std::fill(p.begin(), p.end(), 0.0f);
+    codec.decode_add(std::span<const std::byte>(carried.back()), p);
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
+    const auto into = pieces(segment(r - s));
+    carried.resize(into.size());
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      receive(into[i], carried[i]);
+      std::fill(into[i].begin(), into[i].end(), 0.0f);
+      decode_add(into[i], carried[i]);
+    }
+  }
+  if (average) {
+    const float scale = 1.0f / static_cast<float>(n);
+    for (auto& v : values) v *= scale;
+  }
+}
+
+// The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
+// peer (the same bits on all). A codec with a collective of its own runs it; a dense one goes
+// around the ring, any other is gathered. A payload that breaks the codec's format is rejected
+// naming the peer (a transport::peer_error), never decoded out of bounds.
+template <class Codec, class Comm>
+void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  static_assert(check_codec<Codec>());
+  if constexpr (requires { codec.all_reduce(comm, values, average); })
+    codec.all_reduce(comm, values, average);
+  else if constexpr (is_dense<Codec>())
+    ring_all_reduce(codec, comm, values, average);
+  else
+    gathered_all_reduce(codec, comm, values, average);
+}
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/all_reduce.hpp ----
+// ---- begin decentrain/compress/blockwise.hpp ----
+// int8 and int4 with a scale per block (absmax / 127 or / 7, as an f32): 3.8x and 7.1x fewer
+// bytes than f32 at block 64. Each value lands within half a step (scale / 2) of itself with
+// nearest rounding; stochastic rounding is unbiased (its expectation is the value), from a
+// counter-based stream so every thread and every run draws the same. Payload: the blocks'
+// scales, then the codes (int4: two to a byte, low nibble first).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+
+namespace decentrain::compress {
+
+enum class rounding { nearest, stochastic };
+
+namespace detail {
+// A uniform number in [0, 1) for value i of encode call `round`: the same on every thread.
+inline float unit_draw(std::uint64_t seed, std::uint64_t round, std::uint64_t i) {
+  const std::uint64_t h = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(round) ^ (i * 0x9e3779b97f4a7c15ull));
+  return static_cast<float>(h >> 40) * 0x1.0p-24f;
+}
+
+// Refuses to encode what it cannot represent, naming the value (a NaN gradient is a bug to
+// report, not a scale to send).
+inline void check_finite(std::span<const float> in, const char* codec) {
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (!std::isfinite(in[i])) decentrain::detail::fail(codec, " codec: value ", i, " is ", in[i], ", not finite");
+}
+
+inline float load_f32(const std::byte* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+}  // namespace detail
+
+template <int Bits>
+struct blockwise {
+  static_assert(Bits == 8 || Bits == 4, "blockwise<Bits>: 8 or 4 bits");
+  static constexpr const char* name = Bits == 8 ? "int8" : "int4";
+  static constexpr bool dense = true;
+  static constexpr int levels = Bits == 8 ? 127 : 7;  // codes -levels..levels (-128 / -8 never written)
+
+  std::size_t block = 64;
+  rounding mode = rounding::nearest;
+  std::uint64_t seed = 0;  // stochastic rounding's stream (with the encode call's number)
+
+  std::string describe() const {
+    return std::string(name) + "(block=" + std::to_string(block) + (mode == rounding::stochastic ? ",stochastic" : "") + ")";
+  }
+  std::size_t blocks(std::size_t n) const { return (n + block - 1) / block; }
+  std::size_t code_bytes(std::size_t n) const { return Bits == 8 ? n : (n + 1) / 2; }
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    check_settings();
+    return 4 * blocks(n) + code_bytes(n);
+  }
+
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    check_settings();
+    detail::check_finite(in, name);
+    const std::size_t n = in.size(), nb = blocks(n);
+    std::byte* scales = out.data();
+    auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nb);
+    if constexpr (Bits == 4) std::memset(codes, 0, code_bytes(n));
+    const std::uint64_t call = round_++;
+    const auto nblocks = static_cast<std::int64_t>(nb);
+    DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+    for (std::int64_t b = 0; b < nblocks; ++b) {
+      const std::size_t from = static_cast<std::size_t>(b) * block, to = std::min(n, from + block);
+      float absmax = 0;
+      for (std::size_t i = from; i < to; ++i) absmax = std::max(absmax, std::abs(in[i]));
+      const float scale = absmax / static_cast<float>(levels);
+      // levels / absmax overflows f32 for denormal blocks: there, scale in double.
+      const double inv = absmax > 0 ? static_cast<double>(levels) / static_cast<double>(absmax) : 0.0;
+      const bool tiny = inv > 1e30;
+      const auto inv_f = static_cast<float>(tiny ? 0.0 : inv);
+      std::memcpy(scales + 4 * static_cast<std::size_t>(b), &scale, 4);
+      for (std::size_t i = from; i < to; ++i) {
+        const float x = tiny ? static_cast<float>(static_cast<double>(in[i]) * inv) : in[i] * inv_f;
+        float q = mode == rounding::nearest ? std::nearbyint(x) : std::floor(x + detail::unit_draw(seed, call, i));
+        q = std::clamp(q, -static_cast<float>(levels), static_cast<float>(levels));
+        const auto code = static_cast<std::int8_t>(q);
+        if constexpr (Bits == 8)
+          codes[i] = static_cast<std::uint8_t>(code);
+        else  // block is even, so a byte never holds two blocks' codes (threads write whole bytes)
+          codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | ((static_cast<std::uint8_t>(code) & 0xfu) << (4 * (i % 2))));
+      }
+    }
+    return 4 * nb + code_bytes(n);
+  }
+
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    check_settings();
+    const std::size_t n = into.size(), nb = blocks(n);
+    decentrain::detail::check(in.size() == 4 * nb + code_bytes(n), name, " codec: a payload of ", in.size(), " bytes for ",
+                              n, " values (expected ", 4 * nb + code_bytes(n), ")");
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float s = detail::load_f32(in.data() + 4 * b);
+      decentrain::detail::check(std::isfinite(s) && s >= 0, name, " codec: block ", b, " has scale ", s,
+                                " (a scale is finite and >= 0)");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      int code;
+      if constexpr (Bits == 8) {
+        code = static_cast<std::int8_t>(codes[i]);
+      } else {
+        const int nibble = (codes[i / 2] >> (4 * (i % 2))) & 0xf;
+        code = nibble >= 8 ? nibble - 16 : nibble;
+      }
+      decentrain::detail::check(code >= -levels, name, " codec: value ", i, " has code ", code, ", below -", levels);
+      into[i] += static_cast<float>(code) * detail::load_f32(in.data() + 4 * (i / block));
+    }
+    if constexpr (Bits == 4)
+      if (n % 2 == 1)
+        decentrain::detail::check((codes[n / 2] >> 4) == 0, name, " codec: the padding nibble after value ", n - 1, " is not 0");
+  }
+
+  // The encode calls' number, which stochastic rounding draws from: resuming continues the stream.
+  void save(io::checkpoint& c, const std::string& prefix) const { c.counters[prefix + "round"] = static_cast<std::int64_t>(round_); }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    auto it = c.counters.find(prefix + "round");
+    round_ = it == c.counters.end() ? 0 : static_cast<std::uint64_t>(it->second);
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(block >= 1 && block <= (std::size_t{1} << 24), name, " codec: block must be in [1, 2^24], got ",
+                              block);
+    if constexpr (Bits == 4) decentrain::detail::check(block % 2 == 0, name, " codec: block must be even, got ", block);
+  }
+  std::uint64_t round_ = 0;
+};
+
+using int8_blockwise = blockwise<8>;
+using int4_blockwise = blockwise<4>;
+
+static_assert(check_codec<int8_blockwise>() && check_codec<int4_blockwise>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/blockwise.hpp ----
+// ---- begin decentrain/compress/error_feedback.hpp ----
+// Error feedback: what the codec could not send this round is kept and added to the next
+// payload, so nothing is lost, only delayed (Seide et al. 2014; Karimireddy et al. 2019). For a
+// dense codec the whole payload is put on the codec's grid here (the residual keeps the
+// difference) and then all-reduced through the codec's ring, whose first hop re-encodes it
+// without further loss; for a sparse one, each payload that is gathered goes through encode
+// below. sent + kept == payload + what was kept before, exactly up to f32 rounding. The
+// residual is part of the checkpoint; a payload of another size than the residual's is an error
+// (a residual never silently spills into the wrong values).
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+template <class Codec>
+struct error_feedback {
+  static_assert(check_codec<Codec>());
+  static constexpr const char* name = "ef";
+  static constexpr bool dense = is_dense<Codec>();
+  Codec codec{};
+
+  std::string describe() const { return "ef(" + compress::describe(codec) + ")"; }
+  std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+
+  // Encodes values + residual; the residual becomes what the payload does not carry.
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
+    add_residual(values);
+    const std::size_t size = codec.encode(std::span<const float>(wanted_), out);
+    sent_.assign(wanted_.size(), 0.0f);
+    codec.decode_add(std::span<const std::byte>(out.data(), size), std::span<float>(sent_));
+    for (std::size_t i = 0; i < wanted_.size(); ++i) residual_[i] = wanted_[i] - sent_[i];
+    return size;
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
+
+  template <class Comm>
+  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+    if constexpr (dense) {
+      if (comm.world() == 1) return;  // nothing is sent, nothing is lost
+      // Onto the codec's grid here, with the residual; the ring's first hop then re-encodes
+      // these values to the same payload.
+      std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
+      payload.resize(encode(std::span<const float>(values), payload));
+      std::copy(sent_.begin(), sent_.end(), values.begin());
+      ring_all_reduce(codec, comm, values, average);
+    } else {
+      gathered_all_reduce(*this, comm, values, average);
+    }
+  }
+
+  const std::vector<float>& residual() const { return residual_; }
+
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    c.tensors[prefix + "residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
+    if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix + "inner.");
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    auto it = c.tensors.find(prefix + "residual");
+    decentrain::detail::check(it != c.tensors.end(), "error_feedback: the checkpoint has no '", prefix, "residual'");
+    decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, "error_feedback: '", prefix,
+                              "residual' must be a 1-D f32 tensor");
+    residual_ = it->second.template to_vector<float>();
+    if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix + "inner.");
+  }
+
+ private:
+  void add_residual(std::span<const float> values) {
+    if (residual_.empty()) residual_.assign(values.size(), 0.0f);
+    decentrain::detail::check(residual_.size() == values.size(), "error_feedback: a payload of ", values.size(),
+                              " values, the residual holds ", residual_.size());
+    wanted_.resize(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + residual_[i];
+  }
+  std::vector<float> residual_, wanted_, sent_;
+};
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/error_feedback.hpp ----
+// ---- begin decentrain/compress/half.hpp ----
+// fp16 and bf16: each value as 16 bits, rounded to nearest even (2x fewer bytes than f32).
+// fp16 keeps 11 significant bits over [2^-24, 65504] (finite values beyond are saturated to
+// +-65504, so an average never turns infinite on the way); bf16 keeps f32's range with 8 bits.
+// NaN and infinities pass through as themselves.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+
+namespace decentrain::compress {
+
+namespace detail {
+inline std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float float_of(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline std::uint16_t half_from_float(float f) {
+  const std::uint32_t x = bits_of(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));  // inf, NaN
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7bffu);  // would round to inf: saturate at 65504
+  if (a < 0x38800000u)  // below 2^-14: a subnormal half, m x 2^-24 (exact scaling, rounded to nearest even)
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(float_of(a) * 16777216.0f)));
+  std::uint32_t r = a - 0x38000000u;  // exponent bias 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);     // round the 13 dropped bits to nearest even
+  return static_cast<std::uint16_t>(sign | (r >> 13));
+}
+
+inline float float_from_half(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m x 2^-24
+    return sign ? -v : v;
+  }
+  if (e == 31) return float_of(sign | 0x7f800000u | (m << 13));
+  return float_of(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+template <class To, class From>
+void sixteen_bit_encode(std::span<const float> in, std::span<std::byte> out, From&& from) {
+  auto* o = reinterpret_cast<unsigned char*>(out.data());
+  const auto n = static_cast<std::int64_t>(in.size());
+  DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint16_t v = from(in[static_cast<std::size_t>(i)]);
+    std::memcpy(o + 2 * i, &v, 2);
+  }
+}
+template <class To>
+void sixteen_bit_decode_add(std::span<const std::byte> in, std::span<float> into, To&& to) {
+  const auto* p = reinterpret_cast<const unsigned char*>(in.data());
+  const auto n = static_cast<std::int64_t>(into.size());
+  DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint16_t v;
+    std::memcpy(&v, p + 2 * i, 2);
+    into[static_cast<std::size_t>(i)] += to(v);
+  }
+}
+}  // namespace detail
+
+struct fp16 {
+  static constexpr const char* name = "fp16";
+  static constexpr bool dense = true;
+  std::string describe() const { return "fp16"; }
+  std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    detail::sixteen_bit_encode<std::uint16_t>(in, out, detail::half_from_float);
+    return 2 * in.size();
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    decentrain::detail::check(in.size() == 2 * into.size(), "fp16 codec: a payload of ", in.size(), " bytes for ",
+                              into.size(), " values");
+    detail::sixteen_bit_decode_add(in, into, detail::float_from_half);
+  }
+};
+
+struct bf16 {
+  static constexpr const char* name = "bf16";
+  static constexpr bool dense = true;
+  std::string describe() const { return "bf16"; }
+  std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    detail::sixteen_bit_encode<std::uint16_t>(in, out, [](float f) { return decentrain::bf16(f).bits; });
+    return 2 * in.size();
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    decentrain::detail::check(in.size() == 2 * into.size(), "bf16 codec: a payload of ", in.size(), " bytes for ",
+                              into.size(), " values");
+    detail::sixteen_bit_decode_add(in, into, [](std::uint16_t b) { return static_cast<float>(decentrain::bf16::from_bits(b)); });
+  }
+};
+
+static_assert(check_codec<fp16>() && check_codec<bf16>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/half.hpp ----
 // ---- begin decentrain/compress/identity.hpp ----
 // The codec that sends f32 values as they are, through the collectives' own all-reduce (the
 // pipelined ring or recursive doubling): what every policy uses unless told otherwise.
@@ -11715,12 +12210,15 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string>
 
 
 namespace decentrain::compress {
 
 struct identity {
   static constexpr const char* name = "identity";
+  static constexpr bool dense = true;
+  std::string describe() const { return "identity"; }
 
   std::size_t max_encoded_bytes(std::size_t values) const { return values * sizeof(float); }
   std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
@@ -11747,6 +12245,246 @@ static_assert(check_codec<identity>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/identity.hpp ----
+// ---- begin decentrain/compress/sign.hpp ----
+// signSGD-style: one bit per value (its sign) and, per block, the mean magnitude as the scale:
+// 32x fewer bytes than f32 at large blocks. Very lossy on its own; meant to run inside
+// error_feedback<sign>, which carries what it drops into the next round.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+
+namespace decentrain::compress {
+
+struct sign {
+  static constexpr const char* name = "sign";
+  static constexpr bool dense = true;
+  std::size_t block = 256;  // a multiple of 8, so a block's bits are whole bytes
+
+  std::string describe() const { return "sign(block=" + std::to_string(block) + ")"; }
+  std::size_t blocks(std::size_t n) const { return (n + block - 1) / block; }
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    check_settings();
+    return 4 * blocks(n) + (n + 7) / 8;
+  }
+
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    check_settings();
+    detail::check_finite(in, name);
+    const std::size_t n = in.size(), nb = blocks(n);
+    auto* bits = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nb);
+    std::memset(bits, 0, (n + 7) / 8);
+    const auto nblocks = static_cast<std::int64_t>(nb);
+    DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+    for (std::int64_t b = 0; b < nblocks; ++b) {
+      const std::size_t from = static_cast<std::size_t>(b) * block, to = std::min(n, from + block);
+      double total = 0;
+      for (std::size_t i = from; i < to; ++i) {
+        total += std::abs(in[i]);
+        if (!std::signbit(in[i])) bits[i / 8] = static_cast<std::uint8_t>(bits[i / 8] | (1u << (i % 8)));
+      }
+      const float scale = static_cast<float>(total / static_cast<double>(to - from));
+      std::memcpy(out.data() + 4 * static_cast<std::size_t>(b), &scale, 4);
+    }
+    return 4 * nb + (n + 7) / 8;
+  }
+
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    check_settings();
+    const std::size_t n = into.size(), nb = blocks(n);
+    decentrain::detail::check(in.size() == 4 * nb + (n + 7) / 8, "sign codec: a payload of ", in.size(), " bytes for ", n,
+                              " values (expected ", 4 * nb + (n + 7) / 8, ")");
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float s = detail::load_f32(in.data() + 4 * b);
+      decentrain::detail::check(std::isfinite(s) && s >= 0, "sign codec: block ", b, " has scale ", s,
+                                " (a scale is finite and >= 0)");
+    }
+    const auto* bits = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float s = detail::load_f32(in.data() + 4 * (i / block));
+      into[i] += (bits[i / 8] >> (i % 8)) & 1u ? s : -s;
+    }
+    if (n % 8) decentrain::detail::check((bits[n / 8] >> (n % 8)) == 0, "sign codec: padding bits after value ", n - 1, " are not 0");
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(block >= 8 && block % 8 == 0 && block <= (std::size_t{1} << 24),
+                              "sign codec: block must be a multiple of 8 in [8, 2^24], got ", block);
+  }
+};
+
+static_assert(check_codec<sign>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/sign.hpp ----
+// ---- begin decentrain/compress/top_k.hpp ----
+// Top-k sparsification: the k values of largest magnitude and where they are. Indices go as
+// gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32.
+// Sent by gathering (every peer decodes every peer's payload), since sparse payloads do not add
+// up on the way around a ring. Meant to run inside error_feedback<top_k>, which keeps what was
+// not sent for the next round (Deep Gradient Compression, SparseLoCo).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+struct top_k {
+  static constexpr const char* name = "topk";
+  static constexpr bool dense = false;
+  double fraction = 0.01;  // of the values sent (at least one)
+  std::int64_t count = 0;  // when > 0, exactly this many (at most all)
+
+  std::string describe() const {
+    return count > 0 ? "topk(count=" + std::to_string(count) + ")" : "topk(fraction=" + std::to_string(fraction) + ")";
+  }
+  std::size_t k_for(std::size_t n) const {
+    check_settings();
+    if (n == 0) return 0;
+    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(n)));
+    return std::clamp<std::size_t>(k, 1, n);
+  }
+  static constexpr std::size_t header_bytes = 8 + 8 + 1 + 8;  // n, k, index format, index bytes
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    const std::size_t k = k_for(n);
+    return header_bytes + std::min((n + 7) / 8, 5 * k) + 4 * k;
+  }
+
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    detail::check_finite(in, name);
+    const std::size_t n = in.size(), k = k_for(n);
+    order_.resize(n);
+    std::iota(order_.begin(), order_.end(), std::uint32_t{0});
+    // Largest magnitudes first; ties to the lower index, so every run picks the same.
+    auto larger = [&](std::uint32_t a, std::uint32_t b) {
+      const float x = std::abs(in[a]), y = std::abs(in[b]);
+      return x > y || (x == y && a < b);
+    };
+    if (k < n) std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(), larger);
+    std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k));
+    // Indices as varint gaps or as a bitmap.
+    varints_.clear();
+    std::int64_t previous = -1;
+    for (std::size_t j = 0; j < k; ++j) {
+      auto gap = static_cast<std::uint64_t>(static_cast<std::int64_t>(order_[j]) - previous - 1);
+      previous = order_[j];
+      do {
+        const auto byte = static_cast<std::uint8_t>(gap & 0x7fu);
+        gap >>= 7;
+        varints_.push_back(static_cast<std::byte>(gap ? (byte | 0x80u) : byte));
+      } while (gap);
+    }
+    const std::size_t bitmap = (n + 7) / 8;
+    const bool use_bitmap = bitmap < varints_.size();
+    const std::size_t index_bytes = use_bitmap ? bitmap : varints_.size();
+    std::byte* p = out.data();
+    put(p, static_cast<std::uint64_t>(n));
+    put(p, static_cast<std::uint64_t>(k));
+    *p++ = static_cast<std::byte>(use_bitmap ? 1 : 0);
+    put(p, static_cast<std::uint64_t>(index_bytes));
+    if (use_bitmap) {
+      std::memset(p, 0, bitmap);
+      for (std::size_t j = 0; j < k; ++j) p[order_[j] / 8] |= static_cast<std::byte>(1u << (order_[j] % 8));
+    } else if (index_bytes) {
+      std::memcpy(p, varints_.data(), index_bytes);
+    }
+    p += index_bytes;
+    for (std::size_t j = 0; j < k; ++j, p += 4) std::memcpy(p, &in[order_[j]], 4);
+    return static_cast<std::size_t>(p - out.data());
+  }
+
+  // Checks everything before adding anything: the count, the format, every index in range and
+  // increasing, every value finite.
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    const std::size_t n = into.size();
+    auto fail = [&](auto&&... why) { decentrain::detail::fail("topk codec: ", why...); };
+    if (in.size() < header_bytes) fail("a payload of ", in.size(), " bytes is shorter than its header");
+    const std::byte* p = in.data();
+    const auto sent_n = get(p), k = get(p);
+    const auto format = static_cast<std::uint8_t>(*p++);
+    const auto index_bytes = get(p);
+    if (sent_n != n) fail("the payload is for ", sent_n, " values, the receiver has ", n);
+    if (k > n) fail("the payload says ", k, " values of ", n);
+    if (format > 1) fail("unknown index format ", int{format});
+    if (index_bytes > in.size() - header_bytes || in.size() - header_bytes - index_bytes != 4 * k)
+      fail("a payload of ", in.size(), " bytes cannot hold ", index_bytes, " index bytes and ", k, " values");
+    std::vector<std::uint32_t> at;
+    at.reserve(static_cast<std::size_t>(k));
+    if (format == 1) {
+      if (index_bytes != (n + 7) / 8) fail("a bitmap of ", index_bytes, " bytes for ", n, " values");
+      for (std::size_t i = 0; i < n; ++i)
+        if ((static_cast<std::uint8_t>(p[i / 8]) >> (i % 8)) & 1u) at.push_back(static_cast<std::uint32_t>(i));
+      if (n % 8 && (static_cast<std::uint8_t>(p[n / 8]) >> (n % 8))) fail("bitmap bits set past value ", n - 1);
+    } else {
+      std::size_t used = 0;
+      std::int64_t previous = -1;
+      while (used < index_bytes) {
+        std::uint64_t gap = 0;
+        int shift = 0;
+        for (;;) {
+          if (used == index_bytes || shift > 35) fail("a malformed index varint");
+          const auto byte = static_cast<std::uint8_t>(p[used++]);
+          gap |= static_cast<std::uint64_t>(byte & 0x7fu) << shift;
+          shift += 7;
+          if (!(byte & 0x80u)) break;
+        }
+        const auto index = previous + 1 + static_cast<std::int64_t>(gap);
+        if (index >= static_cast<std::int64_t>(n)) fail("index ", index, " is outside ", n, " values");
+        at.push_back(static_cast<std::uint32_t>(index));
+        previous = index;
+      }
+    }
+    if (at.size() != k) fail("the payload says ", k, " values but lists ", at.size(), " indices");
+    p += index_bytes;
+    for (std::size_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, p + 4 * j, 4);
+      if (!std::isfinite(v)) fail("value ", j, " (index ", at[j], ") is ", v);
+    }
+    for (std::size_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, p + 4 * j, 4);
+      into[at[j]] += v;
+    }
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(count > 0 || (fraction > 0 && fraction <= 1), "topk codec: fraction must be in (0, 1], got ",
+                              fraction);
+  }
+  static void put(std::byte*& p, std::uint64_t v) {
+    std::memcpy(p, &v, 8);
+    p += 8;
+  }
+  static std::uint64_t get(const std::byte*& p) {
+    std::uint64_t v;
+    std::memcpy(&v, p, 8);
+    p += 8;
+    return v;
+  }
+  std::vector<std::uint32_t> order_;
+  std::vector<std::byte> varints_;
+};
+
+static_assert(check_codec<top_k>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/top_k.hpp ----
 // ---- end decentrain/compress/compress.hpp ----
 // ---- begin decentrain/comm/comm.hpp ----
 // Everything in comm: the policy concept and the communication policies.
@@ -11766,7 +12504,8 @@ static_assert(check_codec<identity>());
 // What a communication policy is: a struct of settings (and a codec) that opts in with
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
 // The trainer calls, per peer:
-//   start(ctx)            once, before the first step (make every peer start from rank 0's model)
+//   start(ctx)            once, before the first step (make every peer start from rank 0's model;
+//                         compress::agree checks that every replica uses the same codec settings)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
@@ -11934,6 +12673,7 @@ struct diloco {
     decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
                               "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
                               outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
+    compress::agree(codec, ctx.replicas);
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -12009,6 +12749,7 @@ struct local_sgd {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
+    compress::agree(codec, ctx.replicas);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -12049,6 +12790,7 @@ struct sync_allreduce {
 
   template <class Ctx>
   void start(Ctx& ctx) {
+    compress::agree(codec, ctx.replicas);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>

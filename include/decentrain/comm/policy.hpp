@@ -1,7 +1,8 @@
 // What a communication policy is: a struct of settings (and a codec) that opts in with
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
 // The trainer calls, per peer:
-//   start(ctx)            once, before the first step (make every peer start from rank 0's model)
+//   start(ctx)            once, before the first step (make every peer start from rank 0's model;
+//                         compress::agree checks that every replica uses the same codec settings)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
@@ -20,6 +21,7 @@
 
 #include "decentrain/autograd/parameters.hpp"
 #include "decentrain/collective/communicator.hpp"
+#include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/core/factory.hpp"

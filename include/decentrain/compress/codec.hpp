@@ -10,6 +10,8 @@
 // and may add
 //   template <class Comm> void all_reduce(Comm&, std::span<float>, bool average)
 //                                                             a collective of its own (identity: the ring)
+//   static constexpr bool dense                               fixed-size payloads that add up on a ring
+//   std::string describe() const                              its settings, compared across peers
 //   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).
 #pragma once
@@ -20,11 +22,11 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
-#include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::compress {
 
@@ -53,39 +55,26 @@ concept codec = std::is_copy_constructible_v<C> && requires(C& c, const C& cc, s
   cc.decode_add(payload, into);
 };
 
-// The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
-// peer. A codec with a collective of its own runs it; any other is gathered: each peer's payload
-// (its size in front) goes to every peer, which decodes and adds them up in rank order, so every
-// peer ends with the same bits. A payload whose stated size is beyond the codec's bound is
-// rejected naming the peer (a transport::peer_error); decode_add checks the rest. Each payload
-// travels padded to the bound, as one message (so within the transport's message size).
-template <class Codec, class Comm>
-void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  static_assert(check_codec<Codec>());
-  if constexpr (requires { codec.all_reduce(comm, values, average); }) {
-    codec.all_reduce(comm, values, average);
-  } else {
-    const std::size_t bound = codec.max_encoded_bytes(values.size());
-    std::vector<std::byte> mine(sizeof(std::uint64_t) + bound);
-    const std::uint64_t size = codec.encode(std::span<const float>(values), std::span<std::byte>(mine).subspan(sizeof(std::uint64_t)));
-    decentrain::detail::check(size <= bound, "codec: encode wrote ", size, " bytes, over its own bound of ", bound);
-    std::memcpy(mine.data(), &size, sizeof size);
-    const auto all = comm.all_gather(std::span<const std::byte>(mine));
-    std::fill(values.begin(), values.end(), 0.0f);
-    for (int r = 0; r < comm.world(); ++r) {
-      const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
-      std::uint64_t n = 0;
-      std::memcpy(&n, payload.data(), sizeof n);
-      if (n > bound)
-        transport::fail_peer(r, "all_reduce", "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ",
-                             bound, " for ", values.size(), " values");
-      codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
-    }
-    if (average && comm.world() > 1) {
-      const float scale = 1.0f / static_cast<float>(comm.world());
-      for (auto& v : values) v *= scale;
-    }
-  }
+// The codec's settings as text, for error messages and for peers to compare: describe() where
+// the codec has it, else its name.
+template <class C>
+std::string describe(const C& c) {
+  if constexpr (requires { { c.describe() } -> std::convertible_to<std::string>; })
+    return c.describe();
+  else if constexpr (requires { { C::name } -> std::convertible_to<const char*>; })
+    return C::name;
+  else
+    return "a codec without a name";
+}
+
+// Dense codecs (fixed-size payloads that can be added up on the way) go around a ring; the
+// others are gathered. A codec says which with `static constexpr bool dense`; without it, gathered.
+template <class C>
+constexpr bool is_dense() {
+  if constexpr (requires { { C::dense } -> std::convertible_to<bool>; })
+    return C::dense;
+  else
+    return false;
 }
 
 }  // namespace decentrain::compress

@@ -1,5 +1,11 @@
-// Everything in compress: the codec concept, the codec-aware all-reduce and the codecs.
+// Everything in compress: the codec concept, all-reduce through a codec, and the codecs.
 #pragma once
 
+#include "decentrain/compress/all_reduce.hpp"
+#include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
+#include "decentrain/compress/error_feedback.hpp"
+#include "decentrain/compress/half.hpp"
 #include "decentrain/compress/identity.hpp"
+#include "decentrain/compress/sign.hpp"
+#include "decentrain/compress/top_k.hpp"

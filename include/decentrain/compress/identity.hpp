@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string>
 
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/compress/codec.hpp"
@@ -13,6 +14,8 @@ namespace decentrain::compress {
 
 struct identity {
   static constexpr const char* name = "identity";
+  static constexpr bool dense = true;
+  std::string describe() const { return "identity"; }
 
   std::size_t max_encoded_bytes(std::size_t values) const { return values * sizeof(float); }
   std::size_t encode(std::span<const float> values, std::span<std::byte> out) {

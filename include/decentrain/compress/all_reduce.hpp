@@ -1,0 +1,173 @@
+// All-reduce through a codec, and the check that every peer uses the same one.
+//   ring (dense codecs): reduce-scatter then all-gather around the ring; each hop carries the
+//     encoded partial sum of a segment, the receiver decodes it and adds its own values in f32,
+//     and re-encodes for the next hop, so each hop costs one rounding and none compounds
+//     silently. Segments are cut at multiples of the codec's block, so a payload that is already
+//     on the codec's grid re-encodes to itself. In the all-gather each segment is encoded once
+//     by the peer that holds its sum and forwarded as is: every peer decodes the same bytes
+//     and ends with the same bits.
+//   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
+//     in rank order.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/compress/codec.hpp"
+#include "decentrain/detail/error.hpp"
+#include "decentrain/detail/hash.hpp"
+#include "decentrain/transport/peer_error.hpp"
+
+namespace decentrain::compress {
+
+// Fails on every peer, naming the peers' settings, when they do not all use the same codec
+// settings (a policy calls it in start()).
+template <class Codec, class Comm>
+void agree(const Codec& codec, Comm& comm) {
+  if (comm.world() == 1) return;
+  const std::string mine = describe(codec);
+  const std::uint64_t h = decentrain::detail::fnv1a(mine);
+  std::uint64_t extremes[2] = {h, ~h};
+  comm.all_reduce(std::span<std::uint64_t>(extremes, 2), collective::reduce_op::max);
+  if (extremes[0] == h && ~extremes[1] == h) return;
+  // They differ: gather everyone's text (cut to 120 bytes) to say who uses what.
+  char text[120] = {};
+  std::memcpy(text, mine.data(), std::min(mine.size(), sizeof text - 1));
+  const auto all = comm.all_gather(std::span<const char>(text, sizeof text));
+  std::string who;
+  for (int r = 0; r < comm.world(); ++r)
+    who += (r ? ", peer " : "peer ") + std::to_string(r) + " " + std::string(all.data() + static_cast<std::size_t>(r) * sizeof text);
+  decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
+}
+
+template <class Codec>
+std::size_t codec_block(const Codec& codec) {
+  if constexpr (requires { { codec.block } -> std::convertible_to<std::size_t>; })
+    return std::max<std::size_t>(1, codec.block);
+  else
+    return 1;
+}
+
+template <class Codec, class Comm>
+void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const std::size_t bound = codec.max_encoded_bytes(values.size());
+  std::vector<std::byte> mine(sizeof(std::uint64_t) + bound);
+  const std::uint64_t size = codec.encode(std::span<const float>(values), std::span<std::byte>(mine).subspan(sizeof(std::uint64_t)));
+  decentrain::detail::check(size <= bound, "codec: encode wrote ", size, " bytes, over its own bound of ", bound);
+  std::memcpy(mine.data(), &size, sizeof size);
+  const auto all = comm.all_gather(std::span<const std::byte>(mine));
+  std::fill(values.begin(), values.end(), 0.0f);
+  for (int r = 0; r < comm.world(); ++r) {
+    const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
+    std::uint64_t n = 0;
+    std::memcpy(&n, payload.data(), sizeof n);
+    if (n > bound)
+      transport::fail_peer(r, "all_reduce", "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ", bound,
+                           " for ", values.size(), " values");
+    try {
+      codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(r, "all_reduce", "codec: the payload of peer ", r, " was rejected: ", e.what());
+    }
+  }
+  if (average && comm.world() > 1) {
+    const float scale = 1.0f / static_cast<float>(comm.world());
+    for (auto& v : values) v *= scale;
+  }
+}
+
+template <class Codec, class Comm>
+void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const int n = comm.world(), r = comm.rank();
+  if (n == 1) return;
+  // Segments in whole blocks; each goes in pieces of at most ~1M values (one message each).
+  const std::size_t block = codec_block(codec), total = values.size();
+  const std::size_t blocks = (total + block - 1) / block;
+  auto seg_begin = [&](int s) {
+    const auto k = static_cast<std::size_t>((s % n + n) % n);
+    const std::size_t b = blocks / static_cast<std::size_t>(n), extra = blocks % static_cast<std::size_t>(n);
+    return std::min(total, (k * b + std::min(k, extra)) * block);
+  };
+  auto segment = [&](int s) {
+    const std::size_t from = seg_begin(s), to = ((s % n + n) % n) == n - 1 ? total : seg_begin(s + 1);
+    return values.subspan(from, to - from);
+  };
+  const std::size_t piece = std::max<std::size_t>(block, ((std::size_t{1} << 20) / block) * block);
+  auto pieces = [&](std::span<float> seg) {
+    std::vector<std::span<float>> out;
+    for (std::size_t at = 0; at < seg.size(); at += piece) out.push_back(seg.subspan(at, std::min(piece, seg.size() - at)));
+    return out;
+  };
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  std::vector<std::byte> out, in;
+  auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    into.resize(codec.encode(std::span<const float>(p), into));
+  };
+  auto receive = [&](std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    comm.recv_from(left, std::span<std::byte>(into));
+  };
+  auto decode_add = [&](std::span<float> p, const std::vector<std::byte>& from) {
+    try {
+      codec.decode_add(std::span<const std::byte>(from), p);
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
+    }
+  };
+  // Reduce-scatter: after n - 1 steps segment r + 1 holds the sum here, in f32.
+  for (int s = 0; s < n - 1; ++s) {
+    for (auto p : pieces(segment(r - s))) {
+      encode(p, out);
+      comm.send_to(right, std::span<const std::byte>(out));
+    }
+    for (auto p : pieces(segment(r - s - 1))) {
+      receive(p, in);
+      decode_add(p, in);
+    }
+  }
+  // All-gather: the sum's owner encodes it once; everyone (the owner too) decodes those bytes.
+  std::vector<std::vector<std::byte>> carried;
+  for (auto p : pieces(segment(r + 1))) {
+    encode(p, carried.emplace_back());
+    std::fill(p.begin(), p.end(), 0.0f);
+    codec.decode_add(std::span<const std::byte>(carried.back()), p);
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
+    const auto into = pieces(segment(r - s));
+    carried.resize(into.size());
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      receive(into[i], carried[i]);
+      std::fill(into[i].begin(), into[i].end(), 0.0f);
+      decode_add(into[i], carried[i]);
+    }
+  }
+  if (average) {
+    const float scale = 1.0f / static_cast<float>(n);
+    for (auto& v : values) v *= scale;
+  }
+}
+
+// The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
+// peer (the same bits on all). A codec with a collective of its own runs it; a dense one goes
+// around the ring, any other is gathered. A payload that breaks the codec's format is rejected
+// naming the peer (a transport::peer_error), never decoded out of bounds.
+template <class Codec, class Comm>
+void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  static_assert(check_codec<Codec>());
+  if constexpr (requires { codec.all_reduce(comm, values, average); })
+    codec.all_reduce(comm, values, average);
+  else if constexpr (is_dense<Codec>())
+    ring_all_reduce(codec, comm, values, average);
+  else
+    gathered_all_reduce(codec, comm, values, average);
+}
+
+}  // namespace decentrain::compress

@@ -1,0 +1,163 @@
+// Top-k sparsification: the k values of largest magnitude and where they are. Indices go as
+// gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32.
+// Sent by gathering (every peer decodes every peer's payload), since sparse payloads do not add
+// up on the way around a ring. Meant to run inside error_feedback<top_k>, which keeps what was
+// not sent for the next round (Deep Gradient Compression, SparseLoCo).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decentrain/compress/blockwise.hpp"
+#include "decentrain/compress/codec.hpp"
+
+namespace decentrain::compress {
+
+struct top_k {
+  static constexpr const char* name = "topk";
+  static constexpr bool dense = false;
+  double fraction = 0.01;  // of the values sent (at least one)
+  std::int64_t count = 0;  // when > 0, exactly this many (at most all)
+
+  std::string describe() const {
+    return count > 0 ? "topk(count=" + std::to_string(count) + ")" : "topk(fraction=" + std::to_string(fraction) + ")";
+  }
+  std::size_t k_for(std::size_t n) const {
+    check_settings();
+    if (n == 0) return 0;
+    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(n)));
+    return std::clamp<std::size_t>(k, 1, n);
+  }
+  static constexpr std::size_t header_bytes = 8 + 8 + 1 + 8;  // n, k, index format, index bytes
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    const std::size_t k = k_for(n);
+    return header_bytes + std::min((n + 7) / 8, 5 * k) + 4 * k;
+  }
+
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    detail::check_finite(in, name);
+    const std::size_t n = in.size(), k = k_for(n);
+    order_.resize(n);
+    std::iota(order_.begin(), order_.end(), std::uint32_t{0});
+    // Largest magnitudes first; ties to the lower index, so every run picks the same.
+    auto larger = [&](std::uint32_t a, std::uint32_t b) {
+      const float x = std::abs(in[a]), y = std::abs(in[b]);
+      return x > y || (x == y && a < b);
+    };
+    if (k < n) std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(), larger);
+    std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k));
+    // Indices as varint gaps or as a bitmap.
+    varints_.clear();
+    std::int64_t previous = -1;
+    for (std::size_t j = 0; j < k; ++j) {
+      auto gap = static_cast<std::uint64_t>(static_cast<std::int64_t>(order_[j]) - previous - 1);
+      previous = order_[j];
+      do {
+        const auto byte = static_cast<std::uint8_t>(gap & 0x7fu);
+        gap >>= 7;
+        varints_.push_back(static_cast<std::byte>(gap ? (byte | 0x80u) : byte));
+      } while (gap);
+    }
+    const std::size_t bitmap = (n + 7) / 8;
+    const bool use_bitmap = bitmap < varints_.size();
+    const std::size_t index_bytes = use_bitmap ? bitmap : varints_.size();
+    std::byte* p = out.data();
+    put(p, static_cast<std::uint64_t>(n));
+    put(p, static_cast<std::uint64_t>(k));
+    *p++ = static_cast<std::byte>(use_bitmap ? 1 : 0);
+    put(p, static_cast<std::uint64_t>(index_bytes));
+    if (use_bitmap) {
+      std::memset(p, 0, bitmap);
+      for (std::size_t j = 0; j < k; ++j) p[order_[j] / 8] |= static_cast<std::byte>(1u << (order_[j] % 8));
+    } else if (index_bytes) {
+      std::memcpy(p, varints_.data(), index_bytes);
+    }
+    p += index_bytes;
+    for (std::size_t j = 0; j < k; ++j, p += 4) std::memcpy(p, &in[order_[j]], 4);
+    return static_cast<std::size_t>(p - out.data());
+  }
+
+  // Checks everything before adding anything: the count, the format, every index in range and
+  // increasing, every value finite.
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    const std::size_t n = into.size();
+    auto fail = [&](auto&&... why) { decentrain::detail::fail("topk codec: ", why...); };
+    if (in.size() < header_bytes) fail("a payload of ", in.size(), " bytes is shorter than its header");
+    const std::byte* p = in.data();
+    const auto sent_n = get(p), k = get(p);
+    const auto format = static_cast<std::uint8_t>(*p++);
+    const auto index_bytes = get(p);
+    if (sent_n != n) fail("the payload is for ", sent_n, " values, the receiver has ", n);
+    if (k > n) fail("the payload says ", k, " values of ", n);
+    if (format > 1) fail("unknown index format ", int{format});
+    if (index_bytes > in.size() - header_bytes || in.size() - header_bytes - index_bytes != 4 * k)
+      fail("a payload of ", in.size(), " bytes cannot hold ", index_bytes, " index bytes and ", k, " values");
+    std::vector<std::uint32_t> at;
+    at.reserve(static_cast<std::size_t>(k));
+    if (format == 1) {
+      if (index_bytes != (n + 7) / 8) fail("a bitmap of ", index_bytes, " bytes for ", n, " values");
+      for (std::size_t i = 0; i < n; ++i)
+        if ((static_cast<std::uint8_t>(p[i / 8]) >> (i % 8)) & 1u) at.push_back(static_cast<std::uint32_t>(i));
+      if (n % 8 && (static_cast<std::uint8_t>(p[n / 8]) >> (n % 8))) fail("bitmap bits set past value ", n - 1);
+    } else {
+      std::size_t used = 0;
+      std::int64_t previous = -1;
+      while (used < index_bytes) {
+        std::uint64_t gap = 0;
+        int shift = 0;
+        for (;;) {
+          if (used == index_bytes || shift > 35) fail("a malformed index varint");
+          const auto byte = static_cast<std::uint8_t>(p[used++]);
+          gap |= static_cast<std::uint64_t>(byte & 0x7fu) << shift;
+          shift += 7;
+          if (!(byte & 0x80u)) break;
+        }
+        const auto index = previous + 1 + static_cast<std::int64_t>(gap);
+        if (index >= static_cast<std::int64_t>(n)) fail("index ", index, " is outside ", n, " values");
+        at.push_back(static_cast<std::uint32_t>(index));
+        previous = index;
+      }
+    }
+    if (at.size() != k) fail("the payload says ", k, " values but lists ", at.size(), " indices");
+    p += index_bytes;
+    for (std::size_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, p + 4 * j, 4);
+      if (!std::isfinite(v)) fail("value ", j, " (index ", at[j], ") is ", v);
+    }
+    for (std::size_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, p + 4 * j, 4);
+      into[at[j]] += v;
+    }
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(count > 0 || (fraction > 0 && fraction <= 1), "topk codec: fraction must be in (0, 1], got ",
+                              fraction);
+  }
+  static void put(std::byte*& p, std::uint64_t v) {
+    std::memcpy(p, &v, 8);
+    p += 8;
+  }
+  static std::uint64_t get(const std::byte*& p) {
+    std::uint64_t v;
+    std::memcpy(&v, p, 8);
+    p += 8;
+    return v;
+  }
+  std::vector<std::uint32_t> order_;
+  std::vector<std::byte> varints_;
+};
+
+static_assert(check_codec<top_k>());
+
+}  // namespace decentrain::compress

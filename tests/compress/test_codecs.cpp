@@ -1,0 +1,340 @@
+// Every codec: round trips within its stated bound on random, constant, zero, huge, denormal
+// inputs and odd sizes; error feedback's accounting; all-reduce through each codec on every
+// transport for 1..8 peers (the same bits everywhere, near the exact mean); codec state through
+// a checkpoint; hostile payloads rejected; peers with different settings refused.
+#include <catch2/catch.hpp>
+
+#include <decentrain/compress/compress.hpp>
+#include <decentrain/core/rng.hpp>
+#include <decentrain/detail/hash.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string_view>
+#include <vector>
+
+#include "support/transport_harness.hpp"
+
+namespace dt = decentrain;
+namespace cz = dt::compress;
+
+namespace {
+
+std::vector<float> random_values(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  dt::rng g(seed, "codec-test");
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(scale * g.normal());
+  return v;
+}
+
+template <class Codec>
+std::vector<float> round_trip(Codec& c, const std::vector<float>& in) {
+  std::vector<std::byte> buf(c.max_encoded_bytes(in.size()));
+  const auto size = c.encode(std::span<const float>(in), buf);
+  REQUIRE(size <= buf.size());
+  std::vector<float> out(in.size(), 0.0f);
+  c.decode_add(std::span<const std::byte>(buf.data(), size), out);
+  return out;
+}
+
+const std::vector<std::size_t> sizes = {1, 7, 63, 64, 65, 1001, 40000};
+
+std::vector<std::vector<float>> inputs(std::size_t n) {
+  std::vector<std::vector<float>> all;
+  all.push_back(random_values(n, n));
+  all.push_back(std::vector<float>(n, 0.37f));                // constant
+  all.push_back(std::vector<float>(n, 0.0f));                 // all zero
+  all.push_back(random_values(n, n + 1, 1e30));               // huge
+  all.push_back(random_values(n, n + 2, 1e-40));              // f32 denormals
+  auto mixed = random_values(n, n + 3);
+  for (std::size_t i = 0; i < n; i += 5) mixed[i] *= 1e6f;  // magnitudes far apart
+  all.push_back(mixed);
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("codecs: fp16 and bf16 round to nearest within half an ulp of their width") {
+  for (auto n : sizes)
+    for (const auto& x : inputs(n)) {
+      cz::fp16 h;
+      cz::bf16 b;
+      const auto yh = round_trip(h, x), yb = round_trip(b, x);
+      for (std::size_t i = 0; i < n; ++i) {
+        const double a = std::abs(static_cast<double>(x[i]));
+        if (a <= 65504.0) {
+          // 11 significant bits above 2^-14; a step of 2^-24 below.
+          CHECK(std::abs(yh[i] - static_cast<double>(x[i])) <= std::max(a * 0x1p-11, 0x1p-25));
+        } else {
+          CHECK(std::abs(yh[i]) == 65504.0f);  // saturated, sign kept
+          CHECK(std::signbit(yh[i]) == std::signbit(x[i]));
+        }
+        CHECK(std::abs(yb[i] - static_cast<double>(x[i])) <= std::max(a * 0x1p-8, 1e-38));
+      }
+    }
+  // Infinities and NaN pass through (decode_add adds into zeros, so -0 arrives as +0).
+  cz::fp16 h;
+  const auto special = round_trip(h, {-0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()});
+  CHECK(special[0] == 0.0f);
+  CHECK(std::isinf(special[1]));
+  CHECK(std::isnan(special[2]));
+}
+
+TEST_CASE("codecs: int8 and int4 blockwise land within half a step of each value, stochastic rounding is unbiased") {
+  for (int bits : {8, 4})
+    for (std::size_t block : {std::size_t{2}, std::size_t{64}, std::size_t{256}})
+      for (auto n : sizes)
+        for (const auto& x : inputs(n)) {
+          auto check = [&](auto codec) {
+            codec.block = block;
+            const auto y = round_trip(codec, x);
+            for (std::size_t b0 = 0; b0 < n; b0 += block) {
+              float absmax = 0;
+              for (std::size_t i = b0; i < std::min(n, b0 + block); ++i) absmax = std::max(absmax, std::abs(x[i]));
+              const double half_step = absmax / decltype(codec)::levels / 2.0;
+              for (std::size_t i = b0; i < std::min(n, b0 + block); ++i)
+                // Plus f32's spacing among denormals, where the scale itself loses bits.
+                CHECK(std::abs(static_cast<double>(y[i]) - x[i]) <= half_step * 1.0001 + 1e-43);
+            }
+          };
+          if (bits == 8) check(cz::int8_blockwise{});
+          else check(cz::int4_blockwise{});
+        }
+  // Stochastic: the mean of many roundings of 0.3 (in a block whose absmax is 1) is 0.3.
+  cz::int4_blockwise s;
+  s.mode = cz::rounding::stochastic;
+  s.seed = 7;
+  std::vector<float> x(64, 0.3f);
+  x[0] = 1.0f;
+  double mean = 0;
+  const int rounds = 2000;
+  for (int k = 0; k < rounds; ++k) mean += round_trip(s, x)[5];
+  mean /= rounds;
+  // Steps of 1/7: the draw is 2/7 or 3/7 (mean 0.3, sd 0.07 per draw, 0.0016 over 2000).
+  CHECK(mean == Approx(0.3).margin(0.008));
+  cz::int4_blockwise nearest;
+  CHECK(round_trip(nearest, x)[5] == Approx(2.0 / 7.0));  // nearest is biased here: 0.2857
+}
+
+TEST_CASE("codecs: sign sends the sign and each block's mean magnitude") {
+  for (auto n : sizes) {
+    cz::sign c;
+    c.block = 8;
+    const auto x = random_values(n, 11);
+    const auto y = round_trip(c, x);
+    for (std::size_t b0 = 0; b0 < n; b0 += 8) {
+      double mean = 0;
+      const std::size_t e = std::min(n, b0 + 8);
+      for (std::size_t i = b0; i < e; ++i) mean += std::abs(x[i]);
+      mean /= static_cast<double>(e - b0);
+      for (std::size_t i = b0; i < e; ++i) {
+        CHECK(std::abs(y[i]) == Approx(mean).epsilon(1e-6));
+        CHECK(std::signbit(y[i]) == std::signbit(x[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("codecs: top-k sends exactly the k largest magnitudes, as varint gaps or a bitmap") {
+  for (auto n : sizes)
+    for (double fraction : {0.01, 0.3, 1.0}) {
+      cz::top_k c;
+      c.fraction = fraction;
+      const auto x = random_values(n, 5 + n);
+      const auto y = round_trip(c, x);
+      const std::size_t k = c.k_for(n);
+      std::vector<float> mags(x.size());
+      for (std::size_t i = 0; i < n; ++i) mags[i] = std::abs(x[i]);
+      std::vector<float> sorted = mags;
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      const float cut = sorted[k - 1];
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (y[i] != 0.0f) {
+          ++kept;
+          CHECK(y[i] == x[i]);  // values travel as f32
+          CHECK(mags[i] >= cut);
+        }
+      }
+      CHECK(kept == k);
+    }
+  // The payload picks the smaller index form: 1% of 40000 as gaps, 30% as a bitmap.
+  cz::top_k few, many;
+  few.fraction = 0.01;
+  many.fraction = 0.3;
+  const auto x = random_values(40000, 3);
+  std::vector<std::byte> a(few.max_encoded_bytes(x.size())), b(many.max_encoded_bytes(x.size()));
+  a.resize(few.encode(x, a));
+  b.resize(many.encode(x, b));
+  CHECK(static_cast<int>(a[16]) == 0);
+  CHECK(static_cast<int>(b[16]) == 1);
+  CHECK(a.size() < 25 + 5 * 400 + 4 * 400);
+}
+
+TEST_CASE("codecs: error feedback sends everything eventually: sent + kept == inputs") {
+  cz::error_feedback<cz::top_k> ef;
+  ef.codec.fraction = 0.05;
+  const std::size_t n = 1000;
+  std::vector<double> input_total(n, 0.0), sent_total(n, 0.0);
+  for (int round = 0; round < 30; ++round) {
+    const auto x = random_values(n, 100 + static_cast<std::uint64_t>(round));
+    for (std::size_t i = 0; i < n; ++i) input_total[i] += x[i];
+    const auto y = round_trip(ef, x);
+    for (std::size_t i = 0; i < n; ++i) sent_total[i] += y[i];
+  }
+  double worst = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    worst = std::max(worst, std::abs(sent_total[i] + ef.residual()[i] - input_total[i]));
+  CHECK(worst < 1e-4);  // f32 rounding of 30 additions
+  // Without the residual, 95% of each round would be lost:
+  double dropped = 0;
+  for (std::size_t i = 0; i < n; ++i) dropped = std::max(dropped, static_cast<double>(std::abs(ef.residual()[i])));
+  CHECK(dropped > 0.1);
+  // A payload of another size than the residual's is refused.
+  CHECK_THROWS_WITH(round_trip(ef, std::vector<float>(10, 1.0f)), Catch::Contains("a payload of 10 values, the residual holds 1000"));
+}
+
+TEST_CASE("codecs: state goes through a checkpoint, and a resumed codec encodes as the original would") {
+  cz::error_feedback<cz::int8_blockwise> a;
+  a.codec.mode = cz::rounding::stochastic;
+  a.codec.seed = 3;
+  for (int k = 0; k < 3; ++k) (void)round_trip(a, random_values(500, 40 + static_cast<std::uint64_t>(k)));
+  dt::io::checkpoint c;
+  a.save(c, "comm.test.codec.");
+  cz::error_feedback<cz::int8_blockwise> b;
+  b.codec.mode = cz::rounding::stochastic;
+  b.codec.seed = 3;
+  b.load(c, "comm.test.codec.");
+  CHECK(b.residual() == a.residual());
+  const auto next = random_values(500, 99);
+  CHECK(round_trip(a, next) == round_trip(b, next));
+}
+
+TEST_CASE("codecs: hostile payloads are rejected with the reason, never decoded out of bounds") {
+  std::vector<float> into(100, 0.0f);
+  auto fails = [&](auto codec, std::vector<std::byte> payload, const char* why) {
+    CHECK_THROWS_WITH(codec.decode_add(std::span<const std::byte>(payload), std::span<float>(into)), Catch::Contains(why));
+  };
+  auto encoded = [&](auto codec) {
+    const auto x = random_values(100, 1);
+    std::vector<std::byte> b(codec.max_encoded_bytes(100));
+    b.resize(codec.encode(x, b));
+    return b;
+  };
+  auto put_f32 = [](std::vector<std::byte>& b, std::size_t at, float v) { std::memcpy(b.data() + at, &v, 4); };
+  fails(cz::fp16{}, std::vector<std::byte>(199), "a payload of 199 bytes for 100 values");
+  fails(cz::int8_blockwise{}, std::vector<std::byte>(10), "a payload of 10 bytes");
+  auto p = encoded(cz::int8_blockwise{});
+  put_f32(p, 4, std::numeric_limits<float>::quiet_NaN());
+  fails(cz::int8_blockwise{}, p, "block 1 has scale nan");
+  p = encoded(cz::int8_blockwise{});
+  put_f32(p, 0, -1.0f);
+  fails(cz::int8_blockwise{}, p, "block 0 has scale -1");
+  p = encoded(cz::int8_blockwise{});
+  p[8 + 3] = std::byte{0x80};  // code -128 is never written
+  fails(cz::int8_blockwise{}, p, "value 3 has code -128");
+  p = encoded(cz::int4_blockwise{});
+  p[8 + 2] = std::byte{0x08};  // nibble -8
+  fails(cz::int4_blockwise{}, p, "value 4 has code -8");
+  p = encoded(cz::sign{});
+  put_f32(p, 0, std::numeric_limits<float>::infinity());
+  fails(cz::sign{}, p, "block 0 has scale inf");
+  // top-k: count, format, indices and values.
+  cz::top_k t;
+  t.fraction = 0.05;
+  const auto good = encoded(t);
+  auto q = good;
+  q[0] = std::byte{99};  // claims 99 values
+  fails(t, q, "the payload is for 99 values, the receiver has 100");
+  q = good;
+  q[8] = std::byte{101};
+  fails(t, q, "the payload says 101 values of 100");
+  q = good;
+  q[16] = std::byte{7};
+  fails(t, q, "unknown index format 7");
+  q = good;
+  q[25] = std::byte{120};  // first gap: index 120
+  fails(t, q, "index 120 is outside 100 values");
+  q = good;
+  put_f32(q, q.size() - 4, std::numeric_limits<float>::infinity());
+  fails(t, q, "is inf");
+  q = good;
+  q.pop_back();
+  fails(t, q, "cannot hold");
+  fails(t, std::vector<std::byte>(5), "shorter than its header");
+}
+
+TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the same bits near the exact mean", "[collective]",
+                   TRANSPORTS) {
+  for (int n = 1; n <= 8; n += (n < 4 ? 1 : 4)) {
+    TestType::run(n, [&](auto& ep) {
+      dt::collective::communicator c(ep);
+      const std::size_t m = 5003;
+      auto own = random_values(m, 1000 + static_cast<std::uint64_t>(c.rank()));
+      std::vector<float> exact = own;
+      c.all_reduce(std::span<float>(exact), dt::collective::reduce_op::average);
+      auto same_everywhere = [&](const std::vector<float>& v) {
+        const std::uint64_t h = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+        std::uint64_t extremes[2] = {h, ~h};
+        c.all_reduce(std::span<std::uint64_t>(extremes, 2), dt::collective::reduce_op::max);
+        return extremes[0] == h && ~extremes[1] == h;
+      };
+      auto through = [&](auto codec, double tolerance) {
+        auto v = own;
+        const auto sent0 = c.traffic().bytes_sent;
+        cz::all_reduce(codec, c, std::span<float>(v), true);
+        CHECK(same_everywhere(v));
+        double worst = 0;
+        for (std::size_t i = 0; i < m; ++i) worst = std::max(worst, std::abs(static_cast<double>(v[i]) - exact[i]));
+        INFO(cz::describe(codec) << " with " << n << " peers: worst error " << worst);
+        CHECK(worst <= tolerance);
+        return c.traffic().bytes_sent - sent0;
+      };
+      // Values ~N(0, 1), means ~N(0, 1/n); int8 steps of max/127 per hop, n - 1 hops plus the final encoding.
+      through(cz::fp16{}, 0.01);
+      const auto int8_bytes = through(cz::int8_blockwise{}, 0.05 * n);
+      through(cz::int4_blockwise{}, 0.5 * n);
+      cz::top_k all;
+      all.fraction = 1.0;
+      through(all, 1e-5);  // every value sent: the exact mean up to summation order
+      if (n > 1) {
+        // The ring sends 2 (n - 1) / n of the encoded buffer: 4 + 64 bytes per 64 values.
+        const double expected = 2.0 * (n - 1) / n * (m * (4.0 + 64.0) / 64.0);
+        CHECK(static_cast<double>(int8_bytes) == Approx(expected).epsilon(0.05));
+      }
+    });
+  }
+}
+
+#ifndef DECENTRAIN_MPI_SUITE
+TEST_CASE("codecs: peers with different codec settings are refused at the first round, naming both") {
+  dt::transport::in_process net(2);
+  std::vector<std::string> errors(2);
+  try {
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      dt::collective::communicator c(ep);
+      cz::int8_blockwise codec;
+      codec.block = ep.rank() == 0 ? 64 : 32;
+      try {
+        cz::agree(codec, c);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(ep.rank())] = e.what();
+        throw;
+      }
+    });
+  } catch (const std::exception&) {
+  }
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Contains("peer 0 int8(block=64)") && Catch::Contains("peer 1 int8(block=32)"));
+  }
+  // The same settings pass.
+  dt::transport::in_process(3).run([&](dt::transport::in_process::endpoint& ep) {
+    dt::collective::communicator c(ep);
+    cz::agree(cz::error_feedback<cz::top_k>{}, c);
+  });
+}
+#endif
