@@ -106,6 +106,10 @@ decentrain-gpt train [options]
                          the same on every peer (simulated links size this on their own)
   --comm NAME            sync | local-sgd | diloco (default diloco; sync for one process alone)
   --inner-steps H        steps between averages for local-sgd and diloco (default 50)
+  --codec SPEC           how payloads go on the wire (default identity): fp16 | bf16 |
+                         int8[:block=N,stochastic,seed=S] | int4[:...] | sign[:block=N] |
+                         topk:FRACTION | topk:count=K, each with ",ef" for error feedback
+                         (for example --codec int4:block=64, --codec topk:0.02,ef)
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
   --outer-momentum X     DiLoCo's outer momentum (default 0.9)
 
@@ -575,6 +579,7 @@ int cmd_train(const options& opt) {
   dt::detail::check(comm == "sync" || comm == "local-sgd" || comm == "diloco",
                     "--comm must be sync, local-sgd or diloco, got '", comm, "'");
   const auto inner = comm == "sync" ? 1 : opt.integer("inner-steps", 50);
+  const auto codec_choice = dt::compress::parse_codec(opt.text("codec", "identity"));
   const double outer_lr = comm == "diloco" ? opt.real("outer-lr", 0.7) : 0.0;
   const double outer_momentum = comm == "diloco" ? opt.real("outer-momentum", 0.9) : 0.0;
 
@@ -604,6 +609,7 @@ int cmd_train(const options& opt) {
       .add("resume", p.checkpoints.resume);
   if (p.mode == launch::in_process) p.run.add("link", p.link);
   if (comm != "sync") p.run.add("inner_steps", inner);
+  p.run.add("codec", codec_choice.describe());
   if (comm == "diloco") p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
 
   const auto& cfg = p.model;
@@ -617,13 +623,21 @@ int cmd_train(const options& opt) {
     std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", p.world, p.link.c_str(), p.threads);
   std::fflush(stdout);
 
-  if (comm == "sync") return train(p, data, dt::comm::sync_allreduce<>{});
-  if (comm == "local-sgd") {
-    dt::comm::local_sgd<> policy;
-    policy.inner_steps = inner;
+  // One trainer type per policy, whatever the codec: any_codec chooses it at run time.
+  using codec = dt::compress::any_codec;
+  if (comm == "sync") {
+    dt::comm::sync_allreduce<codec> policy;
+    policy.codec = codec_choice;
     return train(p, data, policy);
   }
-  dt::comm::diloco<> policy;
+  if (comm == "local-sgd") {
+    dt::comm::local_sgd<codec> policy;
+    policy.inner_steps = inner;
+    policy.codec = codec_choice;
+    return train(p, data, policy);
+  }
+  dt::comm::diloco<dt::comm::outer::nesterov, codec> policy;
+  policy.codec = codec_choice;
   policy.inner_steps = inner;
   policy.outer_optimizer.lr = outer_lr;
   policy.outer_optimizer.momentum = outer_momentum;

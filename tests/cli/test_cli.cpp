@@ -462,3 +462,34 @@ TEST_CASE("train --peers: Ctrl-C stops every peer at the same step and saves eac
   CHECK(steps.at(0) == step);
   CHECK(steps.at(1) == step);
 }
+
+TEST_CASE("train --codec: peers send their payloads through the codec named on the command line", "[cli][codec]") {
+  const auto dir = scratch("codec");
+  const std::string base = cli() + " train --peers 2 --comm diloco --inner-steps 5 --steps 20 --batch-size 4 --block-size 16"
+                                   " --n-layer 1 --n-embd 32 --n-head 2 --eval-every 20 --eval-batches 2 --metrics ''";
+  auto plain = run(base, dir);
+  REQUIRE(plain.status == 0);
+  auto int8 = run(base + " --codec int8:block=64", dir);
+  INFO(int8.output);
+  REQUIRE(int8.status == 0);
+  auto topk = run(base + " --codec topk:0.05,ef", dir);
+  REQUIRE(topk.status == 0);
+  // "comm diloco: X MB sent per peer": int8 sends about a quarter of f32's bytes.
+  auto sent = [](const std::string& out) {
+    const auto line = last_line_with(out, "comm diloco: ");
+    return std::stod(line.substr(std::string("comm diloco: ").size()));
+  };
+  CHECK(sent(int8.output) < 0.5 * sent(plain.output));
+  CHECK(sent(topk.output) < 0.5 * sent(plain.output));
+  const auto val = [](const std::string& out) { return std::stod(last_line_with(out, "val loss ").substr(9)); };
+  CHECK(std::isfinite(val(int8.output)));
+  CHECK(val(int8.output) == Approx(val(plain.output)).epsilon(0.05));
+  // Bad specs are named.
+  auto bad = run(base + " --codec int5", dir);
+  CHECK(bad.status == 1);
+  CHECK_THAT(bad.output, Contains("unknown codec 'int5'"));
+  bad = run(base + " --codec int4:block=63", dir);
+  CHECK_THAT(bad.output, Contains("int4 codec: block must be even, got 63"));
+  bad = run(base + " --codec topk:many", dir);
+  CHECK_THAT(bad.output, Contains("fraction expects a number, got 'many'"));
+}

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "decentrain/compress/all_reduce.hpp"
+#include "decentrain/compress/any_codec.hpp"
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/error_feedback.hpp"

@@ -1,0 +1,193 @@
+// A codec chosen at run time (a command line's --codec): any codec behind one type, and the
+// parser for "NAME[:SETTING,...]" specs. Policies that take any_codec are compiled once for
+// every codec. Its collective runs on the trainer's communicator type.
+//
+//   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | sign[:block=N]
+//   | topk:F (a fraction) | topk:count=K ; any of them with ",ef" for error feedback
+//   (for example "int4:block=64", "topk:0.02,ef", "sign:block=256,ef")
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/compress/all_reduce.hpp"
+#include "decentrain/compress/blockwise.hpp"
+#include "decentrain/compress/codec.hpp"
+#include "decentrain/compress/error_feedback.hpp"
+#include "decentrain/compress/half.hpp"
+#include "decentrain/compress/identity.hpp"
+#include "decentrain/compress/sign.hpp"
+#include "decentrain/compress/top_k.hpp"
+#include "decentrain/io/checkpoint.hpp"
+#include "decentrain/transport/endpoint.hpp"
+
+namespace decentrain::compress {
+
+class any_codec {
+ public:
+  using communicator_type = collective::communicator<transport::any_endpoint>;
+  static constexpr const char* name = "any";
+
+  any_codec() : any_codec(identity{}) {}
+  template <class C>
+    requires(!std::same_as<std::remove_cvref_t<C>, any_codec>)
+  any_codec(C c)  // NOLINT: implicit, so any codec converts
+      : self_(std::make_shared<model<C>>(std::move(c))) {
+    static_assert(check_codec<C>());
+  }
+  any_codec(const any_codec& o) : self_(o.self_->clone()) {}
+  any_codec& operator=(const any_codec& o) {
+    if (this != &o) self_ = o.self_->clone();
+    return *this;
+  }
+  any_codec(any_codec&&) noexcept = default;
+  any_codec& operator=(any_codec&&) noexcept = default;
+
+  std::string describe() const { return self_->describe(); }
+  std::size_t max_encoded_bytes(std::size_t n) const { return self_->max_encoded_bytes(n); }
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
+  void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
+  void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
+  void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual std::shared_ptr<base> clone() const = 0;
+    virtual std::string describe() const = 0;
+    virtual std::size_t max_encoded_bytes(std::size_t) const = 0;
+    virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
+    virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
+    virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
+    virtual void save(io::checkpoint&, const std::string&) const = 0;
+    virtual void load(const io::checkpoint&, const std::string&) = 0;
+  };
+  template <class C>
+  struct model final : base {
+    explicit model(C c) : c(std::move(c)) {}
+    std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
+    std::string describe() const override { return compress::describe(c); }
+    std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }
+    std::size_t encode(std::span<const float> in, std::span<std::byte> out) override { return c.encode(in, out); }
+    void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
+    void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {
+      compress::all_reduce(c, comm, values, average);
+    }
+    void save(io::checkpoint& ck, const std::string& prefix) const override {
+      if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
+    }
+    void load(const io::checkpoint& ck, const std::string& prefix) override {
+      if constexpr (requires { c.load(ck, prefix); }) c.load(ck, prefix);
+    }
+    C c;
+  };
+  std::shared_ptr<base> self_;
+};
+
+inline const char* codec_names = "identity, fp16, bf16, int8, int4, sign, topk (each may add ',ef')";
+
+// "int4:block=64,ef" -> the codec; an unknown name, setting or value is an error naming it.
+inline any_codec parse_codec(std::string_view spec) {
+  using decentrain::detail::check;
+  using decentrain::detail::fail;
+  const auto colon = spec.find(':');
+  const std::string name(spec.substr(0, colon));
+  std::vector<std::string> parts;
+  if (colon != std::string_view::npos) {
+    std::string rest(spec.substr(colon + 1));
+    for (std::size_t at = 0; at <= rest.size();) {
+      const auto comma = std::min(rest.find(',', at), rest.size());
+      parts.push_back(rest.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  bool ef = false;
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (const auto& p : parts) {
+    check(!p.empty(), "--codec '", spec, "': an empty setting");
+    if (p == "ef") {
+      ef = true;
+      continue;
+    }
+    const auto eq = p.find('=');
+    settings.emplace_back(p.substr(0, eq), eq == std::string::npos ? "" : p.substr(eq + 1));
+  }
+  auto number = [&](const std::string& key, const std::string& text) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == text.size() && used > 0 && std::isfinite(v), "--codec '", spec, "': ", key, " expects a number, got '", text, "'");
+    return v;
+  };
+  auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
+    const double v = number(key, text);
+    check(v == std::floor(v) && v >= lo && v <= hi, "--codec '", spec, "': ", key, " must be a whole number in [", lo, ", ", hi,
+          "], got ", text);
+    return static_cast<std::uint64_t>(v);
+  };
+  auto unknown = [&](const std::string& key, const char* allowed) {
+    fail("--codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
+  };
+  auto wrap = [&](auto c) -> any_codec {
+    if (!ef) return c;
+    error_feedback<decltype(c)> e;
+    e.codec = c;
+    return e;
+  };
+  if (name == "identity" || name == "fp16" || name == "bf16") {
+    if (!settings.empty()) unknown(settings.front().first, "nothing");
+    if (name == "identity") {
+      check(!ef, "--codec '", spec, "': identity loses nothing, so error feedback has nothing to keep");
+      return identity{};
+    }
+    return name == "fp16" ? wrap(fp16{}) : wrap(bf16{});
+  }
+  if (name == "int8" || name == "int4") {
+    auto configure = [&](auto c) {
+      for (const auto& [k, v] : settings) {
+        if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
+        else if (k == "stochastic" && v.empty()) c.mode = rounding::stochastic;
+        else if (k == "seed") c.seed = whole(k, v, 0, 9e15);
+        else unknown(k, "block=N, stochastic, seed=S");
+      }
+      (void)c.max_encoded_bytes(0);  // checks the settings now
+      return wrap(c);
+    };
+    return name == "int8" ? configure(int8_blockwise{}) : configure(int4_blockwise{});
+  }
+  if (name == "sign") {
+    sign c;
+    for (const auto& [k, v] : settings) {
+      if (k == "block") c.block = whole(k, v, 8, double(1 << 24));
+      else unknown(k, "block=N (a multiple of 8)");
+    }
+    (void)c.max_encoded_bytes(0);
+    return wrap(c);
+  }
+  if (name == "topk") {
+    top_k c;
+    for (const auto& [k, v] : settings) {
+      if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
+      else if (k == "fraction") c.fraction = number(k, v);
+      else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
+      else unknown(k, "a fraction (topk:0.02), fraction=F, count=K");
+    }
+    (void)c.k_for(1);
+    return wrap(c);
+  }
+  fail("--codec '", spec, "': unknown codec '", name, "' (expected one of: ", codec_names, ")");
+}
+
+}  // namespace decentrain::compress
