@@ -11949,35 +11949,57 @@ struct blockwise {
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
     check_settings();
-    detail::check_finite(in, name);
     const std::size_t n = in.size(), nb = blocks(n);
     std::byte* scales = out.data();
     auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nb);
-    if constexpr (Bits == 4) std::memset(codes, 0, code_bytes(n));
     const std::uint64_t call = round_++;
     const auto nblocks = static_cast<std::int64_t>(nb);
-    DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+    int nonfinite = 0;
+    DECENTRAIN_OMP(parallel for reduction(| : nonfinite) if (n >= (1 << 16)))
     for (std::int64_t b = 0; b < nblocks; ++b) {
-      const std::size_t from = static_cast<std::size_t>(b) * block, to = std::min(n, from + block);
-      float absmax = 0;
-      for (std::size_t i = from; i < to; ++i) absmax = std::max(absmax, std::abs(in[i]));
+      const std::size_t from = static_cast<std::size_t>(b) * block, len = std::min(n, from + block) - from;
+      const float* x = in.data() + from;
+      // absmax through the bits (finite magnitudes order as integers), which vectorises.
+      std::uint32_t top = 0;
+      int bad = 0;
+      DECENTRAIN_OMP(simd reduction(max : top) reduction(| : bad))
+      for (std::size_t i = 0; i < len; ++i) {
+        std::uint32_t u;
+        std::memcpy(&u, x + i, 4);
+        u &= 0x7fffffffu;
+        top = std::max(top, u);
+        bad |= u >= 0x7f800000u;
+      }
+      nonfinite |= bad;
+      float absmax;
+      std::memcpy(&absmax, &top, 4);
       const float scale = absmax / static_cast<float>(levels);
+      std::memcpy(scales + 4 * static_cast<std::size_t>(b), &scale, 4);
       // levels / absmax overflows f32 for denormal blocks: there, scale in double.
       const double inv = absmax > 0 ? static_cast<double>(levels) / static_cast<double>(absmax) : 0.0;
       const bool tiny = inv > 1e30;
       const auto inv_f = static_cast<float>(tiny ? 0.0 : inv);
-      std::memcpy(scales + 4 * static_cast<std::size_t>(b), &scale, 4);
-      for (std::size_t i = from; i < to; ++i) {
-        const float x = tiny ? static_cast<float>(static_cast<double>(in[i]) * inv) : in[i] * inv_f;
-        float q = mode == rounding::nearest ? std::nearbyint(x) : std::floor(x + detail::unit_draw(seed, call, i));
-        q = std::clamp(q, -static_cast<float>(levels), static_cast<float>(levels));
-        const auto code = static_cast<std::int8_t>(q);
-        if constexpr (Bits == 8)
-          codes[i] = static_cast<std::uint8_t>(code);
-        else  // block is even, so a byte never holds two blocks' codes (threads write whole bytes)
-          codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | ((static_cast<std::uint8_t>(code) & 0xfu) << (4 * (i % 2))));
+      std::int8_t q[block_chunk];
+      for (std::size_t c0 = 0; c0 < len; c0 += block_chunk) {
+        const std::size_t m = std::min(block_chunk, len - c0);
+        if (tiny)
+          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(static_cast<float>(static_cast<double>(x[c0 + i]) * inv), 0.0f);
+        else if (mode == rounding::nearest)  // |x| <= absmax, so x * inv rounds into the codes unclamped
+          DECENTRAIN_OMP(simd)
+          for (std::size_t i = 0; i < m; ++i) q[i] = round_even(x[c0 + i] * inv_f);
+        else
+          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, detail::unit_draw(seed, call, from + c0 + i) - 0.5f);
+        if constexpr (Bits == 8) {
+          std::memcpy(codes + from + c0, q, m);
+        } else {  // block and block_chunk are even: a byte never holds two chunks' codes
+          std::uint8_t* o = codes + (from + c0) / 2;
+          for (std::size_t i = 0; i + 1 < m; i += 2)
+            o[i / 2] = static_cast<std::uint8_t>((static_cast<std::uint8_t>(q[i]) & 0xfu) | (static_cast<std::uint8_t>(q[i + 1]) << 4));
+          if (m % 2) o[m / 2] = static_cast<std::uint8_t>(static_cast<std::uint8_t>(q[m - 1]) & 0xfu);
+        }
       }
     }
+    if (nonfinite) detail::check_finite(in, name);  // names the first value that is not finite
     return 4 * nb + code_bytes(n);
   }
 
@@ -11992,20 +12014,44 @@ struct blockwise {
       decentrain::detail::check(std::isfinite(s) && s >= 0, name, " codec: block ", b, " has scale ", s,
                                 " (a scale is finite and >= 0)");
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      int code;
-      if constexpr (Bits == 8) {
-        code = static_cast<std::int8_t>(codes[i]);
-      } else {
-        const int nibble = (codes[i / 2] >> (4 * (i % 2))) & 0xf;
-        code = nibble >= 8 ? nibble - 16 : nibble;
-      }
-      decentrain::detail::check(code >= -levels, name, " codec: value ", i, " has code ", code, ", below -", levels);
-      into[i] += static_cast<float>(code) * detail::load_f32(in.data() + 4 * (i / block));
+    // Codes first checked (-levels - 1 is never written), then added: nothing lands before all is checked.
+    int bad = 0;
+    const auto bytes = static_cast<std::int64_t>(code_bytes(n));
+    DECENTRAIN_OMP(parallel for simd reduction(| : bad) if (n >= (1 << 16)))
+    for (std::int64_t i = 0; i < bytes; ++i) {
+      const std::uint8_t c = codes[i];
+      if constexpr (Bits == 8)
+        bad |= c == 0x80u;
+      else
+        bad |= (c & 0xfu) == 0x8u || (c >> 4) == 0x8u;
     }
     if constexpr (Bits == 4)
-      if (n % 2 == 1)
-        decentrain::detail::check((codes[n / 2] >> 4) == 0, name, " codec: the padding nibble after value ", n - 1, " is not 0");
+      if (n % 2 == 1) decentrain::detail::check((codes[n / 2] >> 4) == 0, name, " codec: the padding nibble after value ", n - 1, " is not 0");
+    if (bad)
+      for (std::size_t i = 0; i < n; ++i) {
+        const int code = code_at(codes, i);
+        decentrain::detail::check(code >= -levels, name, " codec: value ", i, " has code ", code, ", below -", levels);
+      }
+    const auto nblocks = static_cast<std::int64_t>(nb);
+    DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+    for (std::int64_t b = 0; b < nblocks; ++b) {
+      const std::size_t from = static_cast<std::size_t>(b) * block, len = std::min(n, from + block) - from;
+      const float s = detail::load_f32(in.data() + 4 * static_cast<std::size_t>(b));
+      float* y = into.data() + from;
+      if constexpr (Bits == 8) {
+        const auto* c = reinterpret_cast<const std::int8_t*>(codes + from);
+        DECENTRAIN_OMP(simd)
+        for (std::size_t i = 0; i < len; ++i) y[i] += static_cast<float>(c[i]) * s;
+      } else {
+        const std::uint8_t* c = codes + from / 2;
+        DECENTRAIN_OMP(simd)
+        for (std::size_t i = 0; i < len / 2; ++i) {
+          y[2 * i] += static_cast<float>(static_cast<std::int8_t>(static_cast<std::uint8_t>(c[i] << 4)) >> 4) * s;
+          y[2 * i + 1] += static_cast<float>(static_cast<std::int8_t>(c[i]) >> 4) * s;
+        }
+        if (len % 2) y[len - 1] += static_cast<float>(code_at(codes, from + len - 1)) * s;
+      }
+    }
   }
 
   // The encode calls' number, which stochastic rounding draws from: resuming continues the stream.
@@ -12020,6 +12066,22 @@ struct blockwise {
     decentrain::detail::check(block >= 1 && block <= (std::size_t{1} << 24), name, " codec: block must be in [1, 2^24], got ",
                               block);
     if constexpr (Bits == 4) decentrain::detail::check(block % 2 == 0, name, " codec: block must be even, got ", block);
+  }
+  static constexpr std::size_t block_chunk = 256;  // codes computed on the stack, then stored
+  // Rounds to the nearest integer (ties to even: adding and taking away 1.5 x 2^23 leaves f32's
+  // own rounding to do it, which vectorises where nearbyint is a call), `shift` in [-0.5, 0.5)
+  // moving the point (stochastic rounding), and clamps to the codes.
+  static std::int8_t round_even(float x) {
+    constexpr float magic = 12582912.0f;
+    return static_cast<std::int8_t>(static_cast<int>((x + magic) - magic));
+  }
+  static std::int8_t quantize(float x, float shift) {
+    return round_even(std::min(std::max(x + shift, -static_cast<float>(levels)), static_cast<float>(levels)));
+  }
+  static int code_at(const std::uint8_t* codes, std::size_t i) {
+    if constexpr (Bits == 8) return static_cast<std::int8_t>(codes[i]);
+    const int nibble = (codes[i / 2] >> (4 * (i % 2))) & 0xf;
+    return nibble >= 8 ? nibble - 16 : nibble;
   }
   std::uint64_t round_ = 0;
 };
