@@ -46,25 +46,7 @@ TEST_CASE("trainer: N peers under sync_allreduce match one peer with an N-times 
                                                           .parameters())) > 1e-3);  // and it did train
 }
 
-namespace {
-// sync_allreduce, recording each peer's flat gradient right after its after_backward on step 0.
-struct recorded_sync {
-  using policy_concept = dt::comm::policy_tag;
-  dt::comm::sync_allreduce<> inner;
-  std::vector<std::vector<float>>* grads = nullptr;
-  template <class Ctx>
-  void start(Ctx& ctx) { inner.start(ctx); }
-  template <class Ctx>
-  void after_backward(Ctx& ctx) {
-    inner.after_backward(ctx);
-    if (ctx.step == 0) dt::comm::gather_grads(ctx.parameters, (*grads)[static_cast<std::size_t>(ctx.comm.rank())]);
-  }
-  template <class Ctx>
-  void after_step(Ctx& ctx) { inner.after_step(ctx); }
-  void save(dt::io::checkpoint&) const {}
-  void load(const dt::io::checkpoint&) {}
-};
-}  // namespace
+using recorded_sync = fixture::probe<dt::comm::sync_allreduce<>>;  // grads of step 0, per peer
 
 // AdamW's m / sqrt(v) ignores a constant factor and clipping rescales, so the test above would
 // also pass if the policy summed the gradients instead of averaging them; this one compares the

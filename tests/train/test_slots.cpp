@@ -170,38 +170,7 @@ struct memory_checkpoints {
   }
 };
 
-// Wraps a communication policy: records the flat gradient each peer holds right after the
-// policy's after_backward on step 0, and can throw a peer error once at a given step (on every
-// peer alike, before any message is sent, like a collective that failed and was abandoned).
-template <class Inner>
-struct probe {
-  using policy_concept = dt::comm::policy_tag;
-  Inner inner{};
-  std::vector<std::vector<float>>* grads = nullptr;
-  std::int64_t fail_at = -1;
-  bool failed = false;
-
-  template <class Ctx>
-  void start(Ctx& ctx) {
-    inner.start(ctx);
-  }
-  template <class Ctx>
-  void after_backward(Ctx& ctx) {
-    inner.after_backward(ctx);
-    if (grads && ctx.step == 0) dt::comm::gather_grads(ctx.parameters, (*grads)[static_cast<std::size_t>(ctx.comm.rank())]);
-  }
-  template <class Ctx>
-  void after_step(Ctx& ctx) {
-    if (ctx.step == fail_at && !failed) {
-      failed = true;
-      throw dt::transport::peer_error((ctx.comm.rank() + 1) % ctx.comm.world(), "all_reduce", "injected: the peer went away");
-    }
-    inner.after_step(ctx);
-  }
-  void save(dt::io::checkpoint& c) const { inner.save(c); }
-  void load(const dt::io::checkpoint& c) { inner.load(c); }
-};
-
+using fixture::probe;
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // Every slot of trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy> on one page. Each
-// check_*() static_asserts member by member, so a policy that lacks a hook, or has it with
-// another signature, is told which one and how it should read. `Ctx` is train::peer_context<Model>.
+// check_*() static_asserts member by member (the one definition of a slot), so a policy that
+// lacks a hook, or has it with another signature, is told which one and how it should read.
+// `Ctx` is train::peer_context<Model>.
 //
 //   slot      opts in with                               members
 //   Model     -                                          config_type; Model(const config_type&, rng&);
@@ -45,11 +46,6 @@ constexpr bool check_model() {
   return true;
 }
 
-template <class M>
-concept trainable_model = requires { typename M::config_type; } &&
-                          std::constructible_from<M, const typename M::config_type&, rng&> &&
-                          requires(M& m) { { m.parameters() } -> std::same_as<parameter_list<model_device_t<M>>&>; };
-
 template <class P, class Ctx>
 constexpr bool check_comm_policy() {
   static_assert(comm::declares_comm_policy<P>,
@@ -67,16 +63,6 @@ constexpr bool check_comm_policy() {
                 "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
   return true;
 }
-
-template <class P, class Ctx>
-concept comm_policy = comm::declares_comm_policy<P> && requires(P& p, const P& cp, Ctx& c, io::checkpoint& out,
-                                                                 const io::checkpoint& in) {
-  p.start(c);
-  p.after_backward(c);
-  p.after_step(c);
-  cp.save(out);
-  p.load(in);
-};
 
 template <class P, class Ctx>
 constexpr bool check_parallel_policy() {
@@ -97,13 +83,6 @@ constexpr bool check_parallel_policy() {
 }
 
 template <class P, class Ctx>
-concept parallel_policy = parallel::declares_parallel_policy<P> && requires(P& p, const P& cp, Ctx& c, int r, std::int64_t i) {
-  { cp.place(r, r) } -> std::same_as<parallel::placement>;
-  { p.forward_backward(c) } -> std::same_as<parallel::step_result>;
-  { p.evaluate(c, i) } -> std::convertible_to<double>;
-};
-
-template <class P, class Ctx>
 constexpr bool check_fault_policy() {
   static_assert(fault::declares_fault_policy<P>,
                 "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
@@ -117,13 +96,6 @@ constexpr bool check_fault_policy() {
                 "(rethrow, redo or reform)");
   return true;
 }
-
-template <class P, class Ctx>
-concept fault_policy = fault::declares_fault_policy<P> && requires(P& p, Ctx& c, const transport::peer_error& e) {
-  p.start(c);
-  p.after_step(c);
-  { p.on_error(c, e) } -> std::same_as<fault::action>;
-};
 
 template <class C>
 constexpr bool check_codec() {
