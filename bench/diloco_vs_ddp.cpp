@@ -1,10 +1,13 @@
 // bench/diloco_vs_ddp: what each communication policy buys, on the same data, model and number
 // of tokens per peer. 4 in-process peers train nanoGPT's CPU-recipe model on tinyshakespeare
 // under sync_allreduce (DDP), local_sgd<50> and diloco<H> for H in {10, 50, 100}, and the final
-// validation loss is compared with the bytes each peer put on the wire.
+// validation loss is compared with the bytes each peer put on the wire. --codecs runs each policy
+// once per codec (a ';'-separated list of --codec specs, e.g. "identity;int4;topk:0.02,int2,ef"),
+// the payload (gradients, parameters or pseudo-gradients) sent through it.
 //
 //   bench_diloco_vs_ddp [--data FILE] [--steps 2000] [--peers 4] [--only sync,local-sgd-50,diloco-10,...]
-//                       [--outer-lr 0.7] [--outer-momentum 0.9] [--seed 1337] [--json PATH] [--curves PATH]
+//                       [--codecs identity;...] [--outer-lr 0.7] [--outer-momentum 0.9] [--seed 1337]
+//                       [--json PATH] [--curves PATH]
 //
 // Links are ideal (bytes are what is compared; time on a slow link follows from them). Every run
 // evaluates on the same validation batches, so the losses are paired. --curves writes one row per
@@ -78,6 +81,12 @@ int main(int argc, char** argv) try {
     std::stringstream in(value("only", "sync,local-sgd-50,diloco-10,diloco-50,diloco-100"));
     for (std::string item; std::getline(in, item, ',');) only.push_back(item);
   }
+  std::vector<std::string> codecs;
+  {
+    std::stringstream in(value("codecs", "identity"));
+    for (std::string item; std::getline(in, item, ';');) codecs.push_back(item);
+    for (const auto& c : codecs) (void)dt::compress::parse_codec(c);  // a bad spec fails before any run
+  }
 
   // nanoGPT's CPU recipe for tinyshakespeare (4 layers, 4 heads, 128 wide, block 64, batch 12,
   // lr 1e-3, no dropout), per peer.
@@ -111,23 +120,30 @@ int main(int argc, char** argv) try {
   cfg.dropout = 0.0;
 
   std::vector<outcome> outcomes;
-  for (const auto& name : only) {
-    if (name == "sync") {
-      outcomes.push_back(run(name, dt::comm::sync_allreduce{}, peers, cfg, opts, data));
-    } else if (name.rfind("local-sgd-", 0) == 0) {
-      dt::comm::local_sgd<> p;
-      p.inner_steps = std::stoll(name.substr(10));
-      outcomes.push_back(run(name, p, peers, cfg, opts, data));
-    } else if (name.rfind("diloco-", 0) == 0) {
-      dt::comm::diloco<> p;
-      p.inner_steps = std::stoll(name.substr(7));
-      p.outer_optimizer.lr = outer_lr;
-      p.outer_optimizer.momentum = outer_momentum;
-      outcomes.push_back(run(name, p, peers, cfg, opts, data));
-    } else {
-      dt::detail::fail("unknown run '", name, "' (sync, local-sgd-H, diloco-H)");
+  using codec = dt::compress::any_codec;
+  for (const auto& name : only)
+    for (const auto& spec : codecs) {
+      const std::string label = spec == "identity" ? name : name + " " + spec;
+      if (name == "sync") {
+        dt::comm::sync_allreduce<codec> p;
+        p.codec = dt::compress::parse_codec(spec);
+        outcomes.push_back(run(label, p, peers, cfg, opts, data));
+      } else if (name.rfind("local-sgd-", 0) == 0) {
+        dt::comm::local_sgd<codec> p;
+        p.inner_steps = std::stoll(name.substr(10));
+        p.codec = dt::compress::parse_codec(spec);
+        outcomes.push_back(run(label, p, peers, cfg, opts, data));
+      } else if (name.rfind("diloco-", 0) == 0) {
+        dt::comm::diloco<dt::comm::outer::nesterov, codec> p;
+        p.inner_steps = std::stoll(name.substr(7));
+        p.outer_optimizer.lr = outer_lr;
+        p.outer_optimizer.momentum = outer_momentum;
+        p.codec = dt::compress::parse_codec(spec);
+        outcomes.push_back(run(label, p, peers, cfg, opts, data));
+      } else {
+        dt::detail::fail("unknown run '", name, "' (sync, local-sgd-H, diloco-H)");
+      }
     }
-  }
 
   const outcome* sync = nullptr;
   for (const auto& o : outcomes)
@@ -136,7 +152,7 @@ int main(int argc, char** argv) try {
               "DiLoCo outer Nesterov lr %g momentum %g\n", peers, path.c_str(), static_cast<long long>(opts.steps),
               static_cast<long long>(opts.batch_size), static_cast<long long>(opts.block_size),
               static_cast<double>(cfg.parameter_count()) / 1e6, outer_lr, outer_momentum);
-  std::printf("%-14s %10s %12s %14s %12s %12s %9s\n", "run", "val loss", "vs sync", "MB sent/peer", "fewer bytes", "peer spread",
+  std::printf("%-30s %10s %12s %14s %12s %12s %9s\n", "run", "val loss", "vs sync", "MB sent/peer", "fewer bytes", "peer spread",
               "wall s");
   json << "[\n";
   for (std::size_t i = 0; i < outcomes.size(); ++i) {
@@ -148,7 +164,7 @@ int main(int argc, char** argv) try {
       std::snprintf(vs_sync, sizeof vs_sync, "%+.2f%%", 100 * rel);
       std::snprintf(times_fewer, sizeof times_fewer, "%.1fx", fewer);
     }
-    std::printf("%-14s %10.4f %12s %14.2f %12s %12.2g %9.0f\n", o.name.c_str(), o.val_loss, vs_sync,
+    std::printf("%-30s %10.4f %12s %14.2f %12s %12.2g %9.0f\n", o.name.c_str(), o.val_loss, vs_sync,
                 static_cast<double>(o.bytes_sent) / 1e6, times_fewer, o.spread, o.wall_s);
     json << (i ? ",\n" : "") << "  {\"run\": \"" << o.name << "\", \"peers\": " << peers << ", \"steps\": " << opts.steps
          << ", \"val_loss\": " << o.val_loss << ", \"vs_sync\": " << rel << ", \"bytes_sent_per_peer\": " << o.bytes_sent
@@ -158,7 +174,7 @@ int main(int argc, char** argv) try {
   json.close();
   curves << "run,step,val_loss,bytes_sent\n";
   for (const auto& o : outcomes)
-    for (const auto& p : o.curve) curves << o.name << ',' << p.step << ',' << p.val_loss << ',' << p.bytes_sent << '\n';
+    for (const auto& p : o.curve) curves << '"' << o.name << '"' << ',' << p.step << ',' << p.val_loss << ',' << p.bytes_sent << '\n';
   curves.close();
   std::printf("rows written to %s, curves to %s\n", json_path.c_str(), curves_path.c_str());
   return 0;

@@ -120,6 +120,36 @@ TEST_CASE("codecs: int8 and int4 blockwise land within half a step of each value
   CHECK(round_trip(nearest, x)[5] == Approx(2.0 / 7.0));  // nearest is biased here: 0.2857
 }
 
+TEST_CASE("codecs: fp4 rounds each value to the nearest E2M1 point of its block's scale, ties to the even code") {
+  const float grid[] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (std::size_t block : {std::size_t{2}, std::size_t{64}})
+    for (auto n : sizes)
+      for (const auto& x : inputs(n)) {
+        cz::fp4 c;
+        c.block = block;
+        const auto y = round_trip(c, x);
+        for (std::size_t b0 = 0; b0 < n; b0 += block) {
+          float absmax = 0;
+          for (std::size_t i = b0; i < std::min(n, b0 + block); ++i) absmax = std::max(absmax, std::abs(x[i]));
+          const double s = absmax / 6.0f;
+          for (std::size_t i = b0; i < std::min(n, b0 + block); ++i) {
+            double nearest = 1e300;
+            for (float g : grid) nearest = std::min(nearest, std::abs(g * s - std::abs(static_cast<double>(x[i]))));
+            // The nearest point, up to the scale's own rounding (and f32's spacing among denormals).
+            if (std::abs(static_cast<double>(y[i]) - x[i]) > nearest * 1.0001 + 1e-6 * s + 1e-43)
+              FAIL_CHECK("fp4 value " << i << " of " << n << ": " << x[i] << " -> " << y[i]);
+            if (y[i] != 0.0f) CHECK(std::signbit(y[i]) == std::signbit(x[i]));
+          }
+        }
+      }
+  // With absmax 6 the scale is 1: ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
+  cz::fp4 c;
+  c.block = 8;
+  const auto y = round_trip(c, {6.0f, 0.25f, -0.75f, 1.25f, 1.75f, -2.5f, 3.5f, 5.0f});
+  CHECK(y == std::vector<float>{6.0f, 0.0f, -1.0f, 1.0f, 2.0f, -2.0f, 4.0f, 4.0f});
+  CHECK(cz::fp4{}.max_encoded_bytes(64 * 1000) == 1000 * (4 + 32));  // as int4: 7.1x fewer bytes than f32
+}
+
 TEST_CASE("codecs: sign sends the sign and each block's mean magnitude") {
   for (auto n : sizes) {
     cz::sign c;
@@ -173,6 +203,48 @@ TEST_CASE("codecs: top-k sends exactly the k largest magnitudes, as varint gaps 
   CHECK(static_cast<int>(a[16]) == 0);
   CHECK(static_cast<int>(b[16]) == 1);
   CHECK(a.size() < 25 + 5 * 400 + 4 * 400);
+}
+
+TEST_CASE("codecs: top-k with int4 or int2 values keeps the same indices, each value's sign, and magnitudes on its block's grid") {
+  for (int bits : {4, 2})
+    for (auto n : sizes)
+      for (const auto& x : inputs(n)) {
+        cz::top_k exact, c;
+        exact.fraction = c.fraction = 0.3;
+        c.value_bits = bits;
+        c.block = 16;
+        const auto want = round_trip(exact, x), y = round_trip(c, x);
+        std::vector<std::size_t> picked;
+        for (std::size_t i = 0; i < n; ++i)
+          if (want[i] != 0.0f || y[i] != 0.0f) picked.push_back(i);
+        const double L = bits == 4 ? 8 : 2;
+        for (std::size_t b0 = 0; b0 < picked.size(); b0 += 16) {
+          float absmax = 0;
+          for (std::size_t j = b0; j < std::min(picked.size(), b0 + 16); ++j) absmax = std::max(absmax, std::abs(x[picked[j]]));
+          const double step = absmax / L;
+          for (std::size_t j = b0; j < std::min(picked.size(), b0 + 16); ++j) {
+            const std::size_t i = picked[j];
+            const double xi = x[i], yi = y[i];
+            CHECK(want[i] == x[i]);  // the same index is sent
+            // Magnitude m / L of the absmax, m in 1..L: within half a step of |x|, or the
+            // smallest magnitude for |x| below it.
+            const double err = std::abs(yi - xi), bound = std::abs(xi) >= step ? step / 2 : step - std::abs(xi);
+            if (err > bound * 1.0001 + 1e-6 * step + 1e-43)
+              FAIL_CHECK("int" << bits << " top-k value " << i << " of " << n << ": " << x[i] << " -> " << y[i]);
+            if (absmax > 0) CHECK(std::signbit(yi) == std::signbit(xi));
+          }
+        }
+      }
+  // 2% of 40000 values at 2 bits: 800 values, 13 scales, 200 bytes of codes, about one byte of
+  // gap per index (two where a gap is 128 or more): about 140x fewer bytes than f32.
+  cz::top_k c;
+  c.fraction = 0.02;
+  c.value_bits = 2;
+  const auto x = random_values(40000, 8);
+  std::vector<std::byte> b(c.max_encoded_bytes(x.size()));
+  b.resize(c.encode(x, b));
+  CHECK(b.size() <= 25 + 2 * 800 + 4 * 13 + 200);
+  CHECK(b.size() * 130 < 4 * x.size());
 }
 
 TEST_CASE("codecs: error feedback sends everything eventually: sent + kept == inputs") {
@@ -266,6 +338,32 @@ TEST_CASE("codecs: hostile payloads are rejected with the reason, never decoded 
   q.pop_back();
   fails(t, q, "cannot hold");
   fails(t, std::vector<std::byte>(5), "shorter than its header");
+  // fp4: -0 is never written, the padding nibble is 0, scales are finite.
+  p = encoded(cz::fp4{});
+  p[8 + 1] = std::byte{0x08};
+  fails(cz::fp4{}, p, "value 2 has code -0");
+  p = encoded(cz::fp4{});
+  put_f32(p, 0, std::numeric_limits<float>::infinity());
+  fails(cz::fp4{}, p, "block 0 has scale inf");
+  std::vector<float> odd(99, 0.0f);
+  cz::fp4 f;
+  std::vector<std::byte> fo(f.max_encoded_bytes(99));
+  fo.resize(f.encode(random_values(99, 2), fo));
+  fo.back() |= std::byte{0x30};
+  CHECK_THROWS_WITH(f.decode_add(fo, odd), Catch::Contains("the padding nibble after value 98"));
+  // top-k with int2 values: a negative scale, bits after the last code, a short value section.
+  t.value_bits = 2;
+  t.fraction = 0.03;  // 3 values: 6 bits of codes in one byte
+  const auto small = encoded(t);
+  q = small;
+  put_f32(q, q.size() - 5, -2.0f);
+  fails(t, q, "value block 0 has scale -2");
+  q = small;
+  q.back() |= std::byte{0x80};
+  fails(t, q, "the padding bits after value 2 are not 0");
+  q = small;
+  q.pop_back();
+  fails(t, q, "cannot hold");
 }
 
 TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the same bits near the exact mean", "[collective]",
@@ -287,21 +385,32 @@ TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the 
         auto v = own;
         const auto sent0 = c.traffic().bytes_sent;
         cz::all_reduce(codec, c, std::span<float>(v), true);
+        const auto sent = c.traffic().bytes_sent - sent0;
         CHECK(same_everywhere(v));
         double worst = 0;
         for (std::size_t i = 0; i < m; ++i) worst = std::max(worst, std::abs(static_cast<double>(v[i]) - exact[i]));
         // No INFO here: Catch's message stack is not safe from several peer threads at once.
         if (worst > tolerance)
           FAIL_CHECK(cz::describe(codec) + " with " + std::to_string(n) + " peers: worst error " + std::to_string(worst));
-        return c.traffic().bytes_sent - sent0;
+        return sent;
       };
       // Values ~N(0, 1), means ~N(0, 1/n); int8 steps of max/127 per hop, n - 1 hops plus the final encoding.
       through(cz::fp16{}, 0.01);
       const auto int8_bytes = through(cz::int8_blockwise{}, 0.05 * n);
       through(cz::int4_blockwise{}, 0.5 * n);
+      through(cz::fp4{}, 0.5 * n);
       cz::top_k all;
       all.fraction = 1.0;
       through(all, 1e-5);  // every value sent: the exact mean up to summation order
+      // Gathered payloads go at their own size: each peer forwards n - 1 payloads and the sizes.
+      all.value_bits = 4;
+      std::vector<std::byte> own_payload(all.max_encoded_bytes(m));
+      own_payload.resize(cz::top_k(all).encode(own, own_payload));
+      const auto gathered_bytes = through(all, 0.75);  // each value within absmax / 8 of its block of 64
+      if (n > 1) {
+        // Every peer's payload has the same size here (all values, same bitmap).
+        CHECK(gathered_bytes == static_cast<std::uint64_t>(n - 1) * (8 + own_payload.size()));
+      }
       if (n > 1) {
         // The ring sends 2 (n - 1) / n of the encoded buffer: 4 + 64 bytes per 64 values.
         const double expected = 2.0 * (n - 1) / n * (m * (4.0 + 64.0) / 64.0);

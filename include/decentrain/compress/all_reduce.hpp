@@ -56,28 +56,41 @@ std::size_t codec_block(const Codec& codec) {
 
 template <class Codec, class Comm>
 void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const int n = comm.world(), r = comm.rank();
   const std::size_t bound = codec.max_encoded_bytes(values.size());
-  std::vector<std::byte> mine(sizeof(std::uint64_t) + bound);
-  const std::uint64_t size = codec.encode(std::span<const float>(values), std::span<std::byte>(mine).subspan(sizeof(std::uint64_t)));
-  decentrain::detail::check(size <= bound, "codec: encode wrote ", size, " bytes, over its own bound of ", bound);
-  std::memcpy(mine.data(), &size, sizeof size);
-  const auto all = comm.all_gather(std::span<const std::byte>(mine));
-  std::fill(values.begin(), values.end(), 0.0f);
-  for (int r = 0; r < comm.world(); ++r) {
-    const auto payload = std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * mine.size(), mine.size());
-    std::uint64_t n = 0;
-    std::memcpy(&n, payload.data(), sizeof n);
-    if (n > bound)
-      transport::fail_peer(r, "all_reduce", "codec: peer ", r, " sent a payload of ", n, " bytes, over the bound of ", bound,
-                           " for ", values.size(), " values");
-    try {
-      codec.decode_add(payload.subspan(sizeof n, static_cast<std::size_t>(n)), values);
-    } catch (const decentrain::error& e) {
-      transport::fail_peer(r, "all_reduce", "codec: the payload of peer ", r, " was rejected: ", e.what());
+  std::vector<std::vector<std::byte>> payloads(static_cast<std::size_t>(n));
+  auto& mine = payloads[static_cast<std::size_t>(r)];
+  mine.resize(bound);
+  mine.resize(codec.encode(std::span<const float>(values), std::span<std::byte>(mine)));
+  decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
+  if (n > 1) {
+    // Sizes first (8 bytes a peer), then each payload at its own size around the ring: a sparse
+    // payload is sent as long as it is, not padded to the codec's bound.
+    const std::uint64_t size = mine.size();
+    const auto sizes = comm.all_gather(std::span<const std::uint64_t>(&size, 1));
+    for (int p = 0; p < n; ++p)
+      if (sizes[static_cast<std::size_t>(p)] > bound)
+        transport::fail_peer(p, "all_reduce", "codec: peer ", p, " sent a payload of ", sizes[static_cast<std::size_t>(p)],
+                             " bytes, over the bound of ", bound, " for ", values.size(), " values");
+    const int right = (r + 1) % n, left = (r - 1 + n) % n;
+    auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>((p % n + n) % n)]; };
+    for (int s = 0; s < n - 1; ++s) {  // step s forwards peer r - s's payload, receives peer r - s - 1's
+      comm.send_to(right, std::span<const std::byte>(at(r - s)));
+      auto& in = at(r - s - 1);
+      in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(((r - s - 1) % n + n) % n)]));
+      comm.recv_from(left, std::span<std::byte>(in));
     }
   }
-  if (average && comm.world() > 1) {
-    const float scale = 1.0f / static_cast<float>(comm.world());
+  std::fill(values.begin(), values.end(), 0.0f);
+  for (int p = 0; p < n; ++p) {
+    try {
+      codec.decode_add(std::span<const std::byte>(payloads[static_cast<std::size_t>(p)]), values);
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(p, "all_reduce", "codec: the payload of peer ", p, " was rejected: ", e.what());
+    }
+  }
+  if (average && n > 1) {
+    const float scale = 1.0f / static_cast<float>(n);
     for (auto& v : values) v *= scale;
   }
 }

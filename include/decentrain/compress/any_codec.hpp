@@ -2,9 +2,10 @@
 // parser for "NAME[:SETTING,...]" specs. Policies that take any_codec are compiled once for
 // every codec. Its collective runs on the trainer's communicator type.
 //
-//   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | sign[:block=N]
-//   | topk:F (a fraction) | topk:count=K ; any of them with ",ef" for error feedback
-//   (for example "int4:block=64", "topk:0.02,ef", "sign:block=256,ef")
+//   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
+//   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
+//   block=N ; any of them with ",ef" for error feedback
+//   (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef", "sign:block=256,ef")
 #pragma once
 
 #include <cmath>
@@ -21,6 +22,7 @@
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/error_feedback.hpp"
+#include "decentrain/compress/fp4.hpp"
 #include "decentrain/compress/half.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/compress/sign.hpp"
@@ -92,7 +94,7 @@ class any_codec {
   std::shared_ptr<base> self_;
 };
 
-inline const char* codec_names = "identity, fp16, bf16, int8, int4, sign, topk (each may add ',ef')";
+inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, topk (each may add ',ef')";
 
 // "int4:block=64,ef" -> the codec; an unknown name, setting or value is an error naming it.
 inline any_codec parse_codec(std::string_view spec) {
@@ -167,6 +169,15 @@ inline any_codec parse_codec(std::string_view spec) {
     };
     return name == "int8" ? configure(int8_blockwise{}) : configure(int4_blockwise{});
   }
+  if (name == "fp4") {
+    fp4 c;
+    for (const auto& [k, v] : settings) {
+      if (k == "block") c.block = whole(k, v, 2, double(1 << 24));
+      else unknown(k, "block=N (even)");
+    }
+    (void)c.max_encoded_bytes(0);
+    return wrap(c);
+  }
   if (name == "sign") {
     sign c;
     for (const auto& [k, v] : settings) {
@@ -179,10 +190,12 @@ inline any_codec parse_codec(std::string_view spec) {
   if (name == "topk") {
     top_k c;
     for (const auto& [k, v] : settings) {
-      if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
+      if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
+      else if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
       else if (k == "fraction") c.fraction = number(k, v);
       else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
-      else unknown(k, "a fraction (topk:0.02), fraction=F, count=K");
+      else if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
+      else unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale)");
     }
     (void)c.k_for(1);
     return wrap(c);

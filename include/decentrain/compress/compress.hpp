@@ -6,6 +6,7 @@
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/error_feedback.hpp"
+#include "decentrain/compress/fp4.hpp"
 #include "decentrain/compress/half.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/compress/sign.hpp"

@@ -1,8 +1,12 @@
 // Top-k sparsification: the k values of largest magnitude and where they are. Indices go as
-// gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32.
-// Sent by gathering (every peer decodes every peer's payload), since sparse payloads do not add
-// up on the way around a ring. Meant to run inside error_feedback<top_k>, which keeps what was
-// not sent for the next round (Deep Gradient Compression, SparseLoCo).
+// gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32,
+// or in 4 or 2 bits (`value_bits`): a sign and a magnitude of 1..L (L = 8 or 2) in L-ths of
+// the absmax of each `block` of selected values, scale f32. No code means zero: every value
+// top-k picks is among the largest, so the grid spends its codes on magnitudes (SparseLoCo sends
+// 1-3% of the values at 2 bits). Sent by gathering (every peer decodes every peer's payload),
+// since sparse payloads do not add up on the way around a ring. Meant to run inside
+// error_feedback<top_k>, which keeps what was not sent for the next round (Deep Gradient
+// Compression, SparseLoCo).
 #pragma once
 
 #include <algorithm>
@@ -25,9 +29,13 @@ struct top_k {
   static constexpr bool dense = false;
   double fraction = 0.01;  // of the values sent (at least one)
   std::int64_t count = 0;  // when > 0, exactly this many (at most all)
+  int value_bits = 32;     // 32 (f32), 4 or 2
+  std::size_t block = 64;  // selected values per scale, when value_bits < 32
 
   std::string describe() const {
-    return count > 0 ? "topk(count=" + std::to_string(count) + ")" : "topk(fraction=" + std::to_string(fraction) + ")";
+    std::string s = count > 0 ? "topk(count=" + std::to_string(count) : "topk(fraction=" + std::to_string(fraction);
+    if (value_bits < 32) s += ",int" + std::to_string(value_bits) + ",block=" + std::to_string(block);
+    return s + ")";
   }
   std::size_t k_for(std::size_t n) const {
     check_settings();
@@ -36,9 +44,12 @@ struct top_k {
     return std::clamp<std::size_t>(k, 1, n);
   }
   static constexpr std::size_t header_bytes = 8 + 8 + 1 + 8;  // n, k, index format, index bytes
+  std::size_t value_bytes(std::size_t k) const {
+    return value_bits == 32 ? 4 * k : 4 * ((k + block - 1) / block) + (k * static_cast<std::size_t>(value_bits) + 7) / 8;
+  }
   std::size_t max_encoded_bytes(std::size_t n) const {
     const std::size_t k = k_for(n);
-    return header_bytes + std::min((n + 7) / 8, 5 * k) + 4 * k;
+    return header_bytes + std::min((n + 7) / 8, 5 * k) + value_bytes(k);
   }
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
@@ -80,13 +91,37 @@ struct top_k {
       std::memcpy(p, varints_.data(), index_bytes);
     }
     p += index_bytes;
-    for (std::size_t j = 0; j < k; ++j, p += 4) std::memcpy(p, &in[order_[j]], 4);
-    return static_cast<std::size_t>(p - out.data());
+    if (value_bits == 32) {
+      for (std::size_t j = 0; j < k; ++j, p += 4) std::memcpy(p, &in[order_[j]], 4);
+      return static_cast<std::size_t>(p - out.data());
+    }
+    const std::size_t nb = (k + block - 1) / block;
+    auto* codes = reinterpret_cast<std::uint8_t*>(p + 4 * nb);
+    std::memset(codes, 0, value_bytes(k) - 4 * nb);
+    const int L = levels();
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t from = b * block, to = std::min(k, from + block);
+      float absmax = 0;
+      for (std::size_t j = from; j < to; ++j) absmax = std::max(absmax, std::abs(in[order_[j]]));
+      const float scale = absmax / static_cast<float>(L);
+      std::memcpy(p + 4 * b, &scale, 4);
+      // In double: L / absmax overflows f32 for a denormal absmax.
+      const double inv = absmax > 0 ? static_cast<double>(L) / static_cast<double>(absmax) : 0.0;
+      for (std::size_t j = from; j < to; ++j) {
+        const float x = in[order_[j]];
+        const auto m = std::clamp(static_cast<int>(std::nearbyint(static_cast<double>(std::abs(x)) * inv)), 1, L);
+        const unsigned code = static_cast<unsigned>(m - 1) | (std::signbit(x) ? static_cast<unsigned>(L) : 0u);
+        const std::size_t bit = j * static_cast<std::size_t>(value_bits);
+        codes[bit / 8] = static_cast<std::uint8_t>(codes[bit / 8] | (code << (bit % 8)));
+      }
+    }
+    return static_cast<std::size_t>(p - out.data()) + value_bytes(k);
   }
 
   // Checks everything before adding anything: the count, the format, every index in range and
   // increasing, every value finite.
   void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    check_settings();
     const std::size_t n = into.size();
     auto fail = [&](auto&&... why) { decentrain::detail::fail("topk codec: ", why...); };
     if (in.size() < header_bytes) fail("a payload of ", in.size(), " bytes is shorter than its header");
@@ -97,8 +132,9 @@ struct top_k {
     if (sent_n != n) fail("the payload is for ", sent_n, " values, the receiver has ", n);
     if (k > n) fail("the payload says ", k, " values of ", n);
     if (format > 1) fail("unknown index format ", int{format});
-    if (index_bytes > in.size() - header_bytes || in.size() - header_bytes - index_bytes != 4 * k)
-      fail("a payload of ", in.size(), " bytes cannot hold ", index_bytes, " index bytes and ", k, " values");
+    if (index_bytes > in.size() - header_bytes || in.size() - header_bytes - index_bytes != value_bytes(k))
+      fail("a payload of ", in.size(), " bytes cannot hold ", index_bytes, " index bytes and ", k, " values of ", value_bits,
+           " bits");
     std::vector<std::uint32_t> at;
     at.reserve(static_cast<std::size_t>(k));
     if (format == 1) {
@@ -127,15 +163,28 @@ struct top_k {
     }
     if (at.size() != k) fail("the payload says ", k, " values but lists ", at.size(), " indices");
     p += index_bytes;
-    for (std::size_t j = 0; j < k; ++j) {
-      float v;
-      std::memcpy(&v, p + 4 * j, 4);
-      if (!std::isfinite(v)) fail("value ", j, " (index ", at[j], ") is ", v);
+    if (value_bits == 32) {
+      for (std::size_t j = 0; j < k; ++j)
+        if (const float v = detail::load_f32(p + 4 * j); !std::isfinite(v)) fail("value ", j, " (index ", at[j], ") is ", v);
+      for (std::size_t j = 0; j < k; ++j) into[at[j]] += detail::load_f32(p + 4 * j);
+      return;
     }
+    // Every code is a value; the scales are checked, and the bits after the last code are 0.
+    const std::size_t nb = (k + block - 1) / block;
+    for (std::size_t b = 0; b < nb; ++b)
+      if (const float s = detail::load_f32(p + 4 * b); !std::isfinite(s) || s < 0)
+        fail("value block ", b, " has scale ", s, " (a scale is finite and >= 0)");
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(p + 4 * nb);
+    const std::size_t used_bits = static_cast<std::size_t>(k) * static_cast<std::size_t>(value_bits);
+    if (used_bits % 8 && (codes[used_bits / 8] >> (used_bits % 8))) fail("the padding bits after value ", k - 1, " are not 0");
+    const int L = levels();
+    const unsigned mask = (1u << value_bits) - 1;
     for (std::size_t j = 0; j < k; ++j) {
-      float v;
-      std::memcpy(&v, p + 4 * j, 4);
-      into[at[j]] += v;
+      const std::size_t bit = j * static_cast<std::size_t>(value_bits);
+      const unsigned code = (codes[bit / 8] >> (bit % 8)) & mask;
+      const float m = static_cast<float>((code & static_cast<unsigned>(L - 1)) + 1);
+      const float s = detail::load_f32(p + 4 * (j / block));
+      into[at[j]] += (code & static_cast<unsigned>(L) ? -m : m) * s;
     }
   }
 
@@ -143,7 +192,11 @@ struct top_k {
   void check_settings() const {
     decentrain::detail::check(count > 0 || (fraction > 0 && fraction <= 1), "topk codec: fraction must be in (0, 1], got ",
                               fraction);
+    decentrain::detail::check(value_bits == 32 || value_bits == 4 || value_bits == 2,
+                              "topk codec: value_bits must be 32, 4 or 2, got ", value_bits);
+    decentrain::detail::check(block >= 1 && block <= (std::size_t{1} << 24), "topk codec: block must be in [1, 2^24], got ", block);
   }
+  int levels() const { return 1 << (value_bits - 1); }  // magnitudes 1..L, and a sign bit
   static void put(std::byte*& p, std::uint64_t v) {
     std::memcpy(p, &v, 8);
     p += 8;
