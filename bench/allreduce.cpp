@@ -36,6 +36,7 @@
 #include "decentrain/transport/mpi.hpp"
 #include "decentrain/transport/tcp.hpp"
 #include "output_file.hpp"
+#include "processes.hpp"
 
 namespace dt = decentrain;
 namespace fs = std::filesystem;
@@ -111,28 +112,10 @@ std::vector<std::size_t> parse_sizes(const std::string& list) {
 #if DECENTRAIN_HAS_ASIO
 int tcp_worker(int rank, int world, const std::string& address_file, const std::vector<std::size_t>& sizes,
                std::size_t chunk_bytes, const std::string& out) {
-  dt::transport::tcp_options o;
-  o.rank = rank;
-  o.world = world;
-  if (rank > 0) {  // rank 0 publishes the port it was given; the others join through it
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!fs::exists(address_file)) {
-      dt::detail::check(std::chrono::steady_clock::now() < deadline, "rank 0 never published its address");
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    std::ifstream in(address_file);
-    o.join.emplace_back();
-    std::getline(in, o.join.back());
-  }
-  dt::transport::tcp peer(o);
-  if (rank == 0) {
-    std::ofstream(address_file + ".tmp") << peer.address() << '\n';
-    fs::rename(address_file + ".tmp", address_file);
-  }
-  peer.connect();
+  auto peer = bench::loopback_peer(rank, world, address_file);
   dt::collective::options copts;
   if (chunk_bytes) copts.chunk_bytes = chunk_bytes;
-  dt::collective::communicator comm(peer, copts);
+  dt::collective::communicator comm(*peer, copts);
   const auto rows = measure(
       sizes, rank, world, [&](std::vector<float>& b) { comm.all_reduce(std::span<float>(b)); },
       [&](double v) {
@@ -167,46 +150,6 @@ int mpi_worker(int argc, char** argv, const std::vector<std::size_t>& sizes, con
 #endif
 
 // ---- the driver ----
-
-// Starts every command, waits for all; if one fails or time runs out, the rest are killed.
-void run_all(const std::vector<std::vector<std::string>>& commands, std::chrono::seconds limit, const std::string& name) {
-  std::vector<pid_t> pids;
-  for (const auto& cmd : commands) {
-    std::vector<char*> args;
-    for (const auto& a : cmd) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const pid_t pid = ::fork();
-    dt::detail::check(pid >= 0, "fork failed");
-    if (pid == 0) {
-      ::execvp(args[0], args.data());
-      std::perror(args[0]);
-      ::_exit(127);
-    }
-    pids.push_back(pid);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  std::string failure;
-  std::size_t running = pids.size();
-  while (running > 0 && failure.empty()) {
-    for (auto& pid : pids) {
-      if (pid <= 0) continue;
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failure = name + ": a process failed (status " + std::to_string(status) + ")";
-        pid = 0;
-        --running;
-      }
-    }
-    if (std::chrono::steady_clock::now() > deadline) failure = name + ": did not finish within " + std::to_string(limit.count()) + " s";
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (auto pid : pids)
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  dt::detail::check(failure.empty(), failure);
-}
 
 std::string join_sizes(const std::vector<std::size_t>& sizes) {
   std::string s;
@@ -306,7 +249,7 @@ int main(int argc, char** argv) try {
         for (int r = 0; r < world; ++r)
           cmds.push_back({self, "--worker", "tcp", "--rank", std::to_string(r), "--world", w, "--sizes", size_list, "--address-file",
                           dir + "/address", "--chunk-bytes", std::to_string(chunk_bytes), "--out", file});
-        run_all(cmds, std::chrono::seconds(900), impl);
+        bench::run_all(cmds, std::chrono::seconds(900), impl);
       } else if (impl == "mpi-tcp" || impl == "mpi-shm") {
         if (!DECENTRAIN_HAS_MPI) throw dt::error("built without MPI");
         auto cmd = mpirun;
@@ -315,9 +258,9 @@ int main(int argc, char** argv) try {
           for (const char* a : {"--mca", "btl_tcp_if_include", "lo"}) cmd.emplace_back(a);
         for (const auto& a : {self, std::string("--worker"), std::string("mpi"), std::string("--sizes"), size_list, std::string("--out"), file})
           cmd.push_back(a);
-        run_all({cmd}, std::chrono::seconds(900), impl);
+        bench::run_all({cmd}, std::chrono::seconds(900), impl);
       } else if (impl == "gloo") {
-        run_all({{"/usr/bin/python3", DECENTRAIN_SOURCE_DIR "/bench/allreduce_gloo.py", "--world", w, "--sizes", size_list, "--out", file}},
+        bench::run_all({{"/usr/bin/python3", DECENTRAIN_SOURCE_DIR "/bench/allreduce_gloo.py", "--world", w, "--sizes", size_list, "--out", file}},
                 std::chrono::seconds(900), impl);
       }
       by_round[impl].push_back(read_rows(file));

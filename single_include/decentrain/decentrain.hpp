@@ -93,10 +93,14 @@ void check(bool ok, Parts&&... parts) {
 }  // namespace decentrain
 // ---- end decentrain/detail/error.hpp ----
 // ---- begin decentrain/detail/hash.hpp ----
-// The two hashes the library uses: FNV-1a over bytes (rng stream names, checkpoint checksums)
-// and splitmix64's mixing step (seeding rng state, counter-based batch sampling).
+// The hashes the library uses: FNV-1a over bytes (rng stream names, checkpoint checksums),
+// splitmix64's mixing step (seeding rng state, counter-based batch sampling), and a word-wise
+// hash for large buffers (do peers hold the same parameters?).
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <string_view>
 
 namespace decentrain::detail {
@@ -113,6 +117,20 @@ inline std::uint64_t splitmix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+// 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
+inline std::uint64_t hash_words(std::span<const std::byte> bytes) {
+  std::uint64_t h = splitmix64(bytes.size());
+  std::size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes.data() + i, 8);
+    h = splitmix64(h ^ w);
+  }
+  std::uint64_t tail = 0;
+  std::memcpy(&tail, bytes.data() + i, bytes.size() - i);
+  return splitmix64(h ^ tail);
 }
 
 }  // namespace decentrain::detail
@@ -11200,6 +11218,15 @@ class communicator {
     all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);
   }
 
+  // Whether every peer passed the same value (a hash of settings or parameters): one 16-byte
+  // all-reduce of the value and its complement under max.
+  bool all_same(std::uint64_t value) {
+    if (world() == 1) return true;
+    std::uint64_t extremes[2] = {value, ~value};
+    all_reduce(std::span<std::uint64_t>(extremes, 2), reduce_op::max);
+    return extremes[0] == value && ~extremes[1] == value;
+  }
+
   // ---- sub-groups ----
 
   // A communicator over the listed ranks of this one (each listed once; this peer among them),
@@ -11618,6 +11645,23 @@ class communicator {
 // ---- begin decentrain/compress/compress.hpp ----
 // Everything in compress: the codec concept, all-reduce through a codec, and the codecs.
 
+// ---- begin decentrain/compress/adaptive.hpp ----
+// adaptive<Codec>: all-reduces through Codec where that is faster than plain f32, and as plain
+// f32 where it is not. On a fast link encoding can cost more than the bytes it saves (prime-diloco
+// found its uint8 all-reduce slower than f32 on a fast link; bench/codec_allreduce measures where
+// each codec wins here). Every `probe_every` rounds it times one round through the codec and the
+// next as f32, on the endpoint's clock (wall time on real transports, link time plus charged
+// compute on simulated ones); each probe's time is the slowest peer's (an 8-byte all-reduce), so
+// every peer makes the same choice, and the faster path carries the rounds until the next probe.
+// A probe is one round: a lost packet's retransmission during one of them can tip the choice
+// until the next pair.
+// An error-feedback codec's residual is sent along when a round goes as f32, so nothing it kept
+// is lost or held back for long.
+
+#include <cstdint>
+#include <span>
+#include <string>
+
 // ---- begin decentrain/compress/all_reduce.hpp ----
 // All-reduce through a codec, and the check that every peer uses the same one.
 //   ring (dense codecs): reduce-scatter then all-gather around the ring; each hop carries the
@@ -11629,6 +11673,8 @@ class communicator {
 //     and ends with the same bits.
 //   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
 //     in rank order.
+// Encoding and decoding are charged to the endpoint as compute (the thread's CPU time), so on
+// simulated links a codec pays for its work as it would on a real machine.
 
 #include <algorithm>
 #include <cstddef>
@@ -11718,6 +11764,25 @@ constexpr bool is_dense() {
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/codec.hpp ----
+// ---- begin decentrain/detail/clock.hpp ----
+// The calling thread's CPU time: what a simulated link charges as compute when in-process peers
+// share fewer cores than there are peers (wall time would count the other peers' turns).
+
+#include <chrono>
+#include <ctime>
+
+namespace decentrain::detail {
+
+inline double thread_cpu_seconds() {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+#endif
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace decentrain::detail
+// ---- end decentrain/detail/clock.hpp ----
 
 namespace decentrain::compress {
 
@@ -11727,10 +11792,7 @@ template <class Codec, class Comm>
 void agree(const Codec& codec, Comm& comm) {
   if (comm.world() == 1) return;
   const std::string mine = describe(codec);
-  const std::uint64_t h = decentrain::detail::fnv1a(mine);
-  std::uint64_t extremes[2] = {h, ~h};
-  comm.all_reduce(std::span<std::uint64_t>(extremes, 2), collective::reduce_op::max);
-  if (extremes[0] == h && ~extremes[1] == h) return;
+  if (comm.all_same(decentrain::detail::fnv1a(mine))) return;
   // They differ: gather everyone's text (cut to 120 bytes) to say who uses what.
   char text[120] = {};
   std::memcpy(text, mine.data(), std::min(mine.size(), sizeof text - 1));
@@ -11739,6 +11801,17 @@ void agree(const Codec& codec, Comm& comm) {
   for (int r = 0; r < comm.world(); ++r)
     who += (r ? ", peer " : "peer ") + std::to_string(r) + " " + std::string(all.data() + static_cast<std::size_t>(r) * sizeof text);
   decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
+}
+
+// Runs f() and tells the endpoint how long it computed (real transports ignore it).
+template <class Comm, class F>
+decltype(auto) charged(Comm& comm, F&& f) {
+  struct charge {
+    Comm& comm;
+    double t0 = decentrain::detail::thread_cpu_seconds();
+    ~charge() { comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0)); }
+  } c{comm};
+  return f();
 }
 
 template <class Codec>
@@ -11756,7 +11829,7 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
   std::vector<std::vector<std::byte>> payloads(static_cast<std::size_t>(n));
   auto& mine = payloads[static_cast<std::size_t>(r)];
   mine.resize(bound);
-  mine.resize(codec.encode(std::span<const float>(values), std::span<std::byte>(mine)));
+  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
   decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
   if (n > 1) {
     // Sizes first (8 bytes a peer), then each payload at its own size around the ring: a sparse
@@ -11779,7 +11852,7 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
   std::fill(values.begin(), values.end(), 0.0f);
   for (int p = 0; p < n; ++p) {
     try {
-      codec.decode_add(std::span<const std::byte>(payloads[static_cast<std::size_t>(p)]), values);
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[static_cast<std::size_t>(p)]), values); });
     } catch (const decentrain::error& e) {
       transport::fail_peer(p, "all_reduce", "codec: the payload of peer ", p, " was rejected: ", e.what());
     }
@@ -11816,7 +11889,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
   std::vector<std::byte> out, in;
   auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
     into.resize(codec.max_encoded_bytes(p.size()));
-    into.resize(codec.encode(std::span<const float>(p), into));
+    into.resize(charged(comm, [&] { return codec.encode(std::span<const float>(p), into); }));
   };
   auto receive = [&](std::span<float> p, std::vector<std::byte>& into) {
     into.resize(codec.max_encoded_bytes(p.size()));
@@ -11824,7 +11897,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
   };
   auto decode_add = [&](std::span<float> p, const std::vector<std::byte>& from) {
     try {
-      codec.decode_add(std::span<const std::byte>(from), p);
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(from), p); });
     } catch (const decentrain::error& e) {
       transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
     }
@@ -11845,7 +11918,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
   for (auto p : pieces(segment(r + 1))) {
     encode(p, carried.emplace_back());
     std::fill(p.begin(), p.end(), 0.0f);
-    codec.decode_add(std::span<const std::byte>(carried.back()), p);
+    charged(comm, [&] { codec.decode_add(std::span<const std::byte>(carried.back()), p); });
   }
   for (int s = 0; s < n - 1; ++s) {
     for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
@@ -11880,6 +11953,119 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/all_reduce.hpp ----
+// ---- begin decentrain/compress/identity.hpp ----
+// The codec that sends f32 values as they are, through the collectives' own all-reduce (the
+// pipelined ring or recursive doubling): what every policy uses unless told otherwise.
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+
+
+namespace decentrain::compress {
+
+struct identity {
+  static constexpr const char* name = "identity";
+  static constexpr bool dense = true;
+  std::string describe() const { return "identity"; }
+
+  std::size_t max_encoded_bytes(std::size_t values) const { return values * sizeof(float); }
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
+    if (!values.empty()) std::memcpy(out.data(), values.data(), values.size_bytes());
+    return values.size_bytes();
+  }
+  void decode_add(std::span<const std::byte> payload, std::span<float> into) const {
+    decentrain::detail::check(payload.size() == into.size_bytes(), "identity codec: a payload of ", payload.size(),
+                              " bytes for ", into.size(), " values");
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      float v;
+      std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
+      into[i] += v;
+    }
+  }
+  // No encoding to do: the plain all-reduce, which adds up as it goes instead of gathering.
+  template <class Comm>
+  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+    comm.all_reduce(values, average ? collective::reduce_op::average : collective::reduce_op::sum);
+  }
+};
+
+static_assert(check_codec<identity>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/identity.hpp ----
+
+namespace decentrain::compress {
+
+template <class Codec>
+struct adaptive {
+  static_assert(check_codec<Codec>());
+  static constexpr const char* name = "adaptive";
+  Codec codec{};
+  std::int64_t probe_every = 100;  // rounds from one pair of probes to the next (>= 2)
+
+  std::string describe() const {
+    return "adaptive(" + compress::describe(codec) + ",probe_every=" + std::to_string(probe_every) + ")";
+  }
+  // Used directly (outside all_reduce) it is the codec.
+  std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return codec.encode(in, out); }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
+
+  template <class Comm>
+  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+    decentrain::detail::check(probe_every >= 2, "adaptive codec: probe_every must be >= 2, got ", probe_every);
+    const std::int64_t phase = round_++ % probe_every;
+    const bool through_codec = phase == 0 || (phase > 1 && codec_faster_);
+    const double t0 = comm.endpoint().stats().clock_seconds;
+    if (through_codec) {
+      compress::all_reduce(codec, comm, values, average);
+    } else {
+      if constexpr (requires { codec.flush_into(values); }) codec.flush_into(values);
+      identity plain;
+      compress::all_reduce(plain, comm, values, average);
+    }
+    if (phase > 1) return;
+    double took = comm.endpoint().stats().clock_seconds - t0;
+    comm.all_reduce(std::span<double>(&took, 1), collective::reduce_op::max);
+    (phase == 0 ? codec_seconds_ : plain_seconds_) = took;
+    if (phase == 1) codec_faster_ = codec_seconds_ < plain_seconds_;
+  }
+
+  // Whether the rounds between probes go through the codec, and the last probes' times.
+  bool codec_faster() const { return codec_faster_; }
+  double codec_seconds() const { return codec_seconds_; }
+  double plain_seconds() const { return plain_seconds_; }
+
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    c.counters[prefix + "round"] = round_;
+    c.counters[prefix + "codec_faster"] = codec_faster_ ? 1 : 0;
+    c.counters[prefix + "codec_ns"] = static_cast<std::int64_t>(codec_seconds_ * 1e9);
+    c.counters[prefix + "plain_ns"] = static_cast<std::int64_t>(plain_seconds_ * 1e9);
+    if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix + "inner.");
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    auto counter = [&](const std::string& key) {
+      auto it = c.counters.find(prefix + key);
+      decentrain::detail::check(it != c.counters.end(), "adaptive codec: the checkpoint has no '", prefix, key, "'");
+      return it->second;
+    };
+    round_ = counter("round");
+    codec_faster_ = counter("codec_faster") != 0;
+    codec_seconds_ = static_cast<double>(counter("codec_ns")) * 1e-9;
+    plain_seconds_ = static_cast<double>(counter("plain_ns")) * 1e-9;
+    if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix + "inner.");
+  }
+
+ private:
+  std::int64_t round_ = 0;
+  bool codec_faster_ = true;
+  double codec_seconds_ = 0, plain_seconds_ = 0;
+};
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/adaptive.hpp ----
 // ---- begin decentrain/compress/any_codec.hpp ----
 // A codec chosen at run time (a command line's --codec): any codec behind one type, and the
 // parser for "NAME[:SETTING,...]" specs. Policies that take any_codec are compiled once for
@@ -11887,8 +12073,9 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
 //
 //   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
 //   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
-//   block=N ; any of them with ",ef" for error feedback
-//   (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef", "sign:block=256,ef")
+//   block=N ; any of them with ",ef" for error feedback and ",adaptive" to send f32 instead
+//   where that measures faster (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef",
+//   "sign:block=256,ef", "int8:adaptive")
 
 #include <cmath>
 #include <cstdint>
@@ -12117,6 +12304,7 @@ static_assert(check_codec<int8_blockwise>() && check_codec<int4_blockwise>());
 // residual is part of the checkpoint; a payload of another size than the residual's is an error
 // (a residual never silently spills into the wrong values).
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -12153,7 +12341,7 @@ struct error_feedback {
       // Onto the codec's grid here, with the residual; the ring's first hop then re-encodes
       // these values to the same payload.
       std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
-      payload.resize(encode(std::span<const float>(values), payload));
+      payload.resize(charged(comm, [&] { return encode(std::span<const float>(values), payload); }));
       std::copy(sent_.begin(), sent_.end(), values.begin());
       ring_all_reduce(codec, comm, values, average);
     } else {
@@ -12162,6 +12350,15 @@ struct error_feedback {
   }
 
   const std::vector<float>& residual() const { return residual_; }
+  // Adds what is kept into `values` and forgets it: for a round sent exactly (adaptive's f32
+  // rounds), which then carries it all.
+  void flush_into(std::span<float> values) {
+    if (residual_.empty()) return;
+    decentrain::detail::check(residual_.size() == values.size(), "error_feedback: a payload of ", values.size(),
+                              " values, the residual holds ", residual_.size());
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] += residual_[i];
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
+  }
 
   void save(io::checkpoint& c, const std::string& prefix) const {
     c.tensors[prefix + "residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
@@ -12407,48 +12604,6 @@ static_assert(check_codec<fp16>() && check_codec<bf16>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/half.hpp ----
-// ---- begin decentrain/compress/identity.hpp ----
-// The codec that sends f32 values as they are, through the collectives' own all-reduce (the
-// pipelined ring or recursive doubling): what every policy uses unless told otherwise.
-
-#include <cstddef>
-#include <cstring>
-#include <span>
-#include <string>
-
-
-namespace decentrain::compress {
-
-struct identity {
-  static constexpr const char* name = "identity";
-  static constexpr bool dense = true;
-  std::string describe() const { return "identity"; }
-
-  std::size_t max_encoded_bytes(std::size_t values) const { return values * sizeof(float); }
-  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
-    if (!values.empty()) std::memcpy(out.data(), values.data(), values.size_bytes());
-    return values.size_bytes();
-  }
-  void decode_add(std::span<const std::byte> payload, std::span<float> into) const {
-    decentrain::detail::check(payload.size() == into.size_bytes(), "identity codec: a payload of ", payload.size(),
-                              " bytes for ", into.size(), " values");
-    for (std::size_t i = 0; i < into.size(); ++i) {
-      float v;
-      std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
-      into[i] += v;
-    }
-  }
-  // No encoding to do: the plain all-reduce, which adds up as it goes instead of gathering.
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
-    comm.all_reduce(values, average ? collective::reduce_op::average : collective::reduce_op::sum);
-  }
-};
-
-static_assert(check_codec<identity>());
-
-}  // namespace decentrain::compress
-// ---- end decentrain/compress/identity.hpp ----
 // ---- begin decentrain/compress/sign.hpp ----
 // signSGD-style: one bit per value (its sign) and, per block, the mean magnitude as the scale:
 // 32x fewer bytes than f32 at large blocks. Very lossy on its own; meant to run inside
@@ -12770,6 +12925,7 @@ class any_codec {
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
+  void flush_into(std::span<float> values) { self_->flush_into(values); }
   void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
   void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
 
@@ -12782,6 +12938,7 @@ class any_codec {
     virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
     virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
+    virtual void flush_into(std::span<float>) = 0;
     virtual void save(io::checkpoint&, const std::string&) const = 0;
     virtual void load(const io::checkpoint&, const std::string&) = 0;
   };
@@ -12795,6 +12952,9 @@ class any_codec {
     void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
     void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {
       compress::all_reduce(c, comm, values, average);
+    }
+    void flush_into(std::span<float> values) override {
+      if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
     }
     void save(io::checkpoint& ck, const std::string& prefix) const override {
       if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
@@ -12824,12 +12984,12 @@ inline any_codec parse_codec(std::string_view spec) {
       at = comma + 1;
     }
   }
-  bool ef = false;
+  bool ef = false, adapt = false;
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& p : parts) {
     check(!p.empty(), "--codec '", spec, "': an empty setting");
-    if (p == "ef") {
-      ef = true;
+    if (p == "ef" || p == "adaptive") {
+      (p == "ef" ? ef : adapt) = true;
       continue;
     }
     const auto eq = p.find('=');
@@ -12856,15 +13016,21 @@ inline any_codec parse_codec(std::string_view spec) {
     fail("--codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
   auto wrap = [&](auto c) -> any_codec {
-    if (!ef) return c;
-    error_feedback<decltype(c)> e;
-    e.codec = c;
-    return e;
+    any_codec chosen = c;
+    if (ef) {
+      error_feedback<decltype(c)> e;
+      e.codec = c;
+      chosen = e;
+    }
+    if (!adapt) return chosen;
+    adaptive<any_codec> a;
+    a.codec = chosen;
+    return a;
   };
   if (name == "identity" || name == "fp16" || name == "bf16") {
     if (!settings.empty()) unknown(settings.front().first, "nothing");
     if (name == "identity") {
-      check(!ef, "--codec '", spec, "': identity loses nothing, so error feedback has nothing to keep");
+      check(!ef && !adapt, "--codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
       return identity{};
     }
     return name == "fp16" ? wrap(fp16{}) : wrap(bf16{});
@@ -13041,11 +13207,13 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
   return (ctx.step + 1) % inner_steps == 0 || ctx.last_step;
 }
 
-// Makes every replica hold the first replica's parameters (peers seeded alike already agree;
-// this makes it so).
+// Makes every replica hold the first replica's parameters. Peers seeded alike already hold the
+// same bits: a 16-byte comparison of the parameters' hashes finds that, and the whole model goes
+// out from the first replica only when they differ (on a slow link, megabytes not sent).
 template <class Ctx>
 void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   gather_values(ctx.parameters, buffer);
+  if (ctx.replicas.all_same(decentrain::detail::hash_words(std::as_bytes(std::span<const float>(buffer))))) return;
   ctx.replicas.broadcast(std::span<float>(buffer), 0);
   scatter_values(ctx.parameters, buffer);
 }
@@ -14505,13 +14673,7 @@ class trainer {
   }
 
   double compute_clock() const {
-#if defined(CLOCK_THREAD_CPUTIME_ID)
-    if (options_.compute_on_thread_clock) {
-      timespec ts{};
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-      return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-    }
-#endif
+    if (options_.compute_on_thread_clock) return decentrain::detail::thread_cpu_seconds();
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
   double lap(double since) const { return compute_clock() - since; }

@@ -113,20 +113,53 @@ TEST_CASE("trainer: DiLoCo learns, keeps peers in step and sends H times fewer b
   CHECK(ratio > 8.0);
   CHECK(ratio < 10.5);
 
-  // The trainer attributes bytes to the policy: the start broadcast of the parameters, then one
-  // all-reduce per step for sync and per round for DiLoCo. The tiny model's 55 KiB gradient goes
-  // by recursive doubling, in which each of 4 peers sends the whole buffer in each of 2 rounds,
-  // as many bytes as peer 0 sends in the broadcast (to peers 2 and 1). Only the evaluation's
-  // scalar all-reduce is outside the policy.
+  // The trainer attributes bytes to the policy: one all-reduce per step for sync and per round
+  // for DiLoCo. The tiny model's 55 KiB gradient goes by recursive doubling, in which each of 4
+  // peers sends the whole buffer in each of 2 rounds. At the start the peers compare their codec
+  // settings and their parameters' hashes (two 16-byte all-reduces by recursive doubling, 2
+  // rounds of 16 bytes each): peers seeded alike hold the same parameters, so no broadcast
+  // follows. Only the evaluation's scalar all-reduce is outside the policy.
   dt::rng init(1, "init");
   const auto P = static_cast<std::uint64_t>(dt::nn::gpt<dt::cpu>(tiny_config(small_corpus().tok.vocab_size()), init).parameters().numel());
   REQUIRE(4 * P < dt::collective::options{}.recursive_doubling_below_bytes);
-  // At the start the peers also compare their codec settings: one 16-byte all-reduce by
-  // recursive doubling (2 rounds of 16 bytes for 4 peers).
-  CHECK(sync_r[0].last.policy_bytes_sent == (1 + 60) * 2 * 4 * P + 32);
-  CHECK(diloco_r[0].last.policy_bytes_sent == (1 + 6) * 2 * 4 * P + 32);
+  CHECK(sync_r[0].last.policy_bytes_sent == 60 * 2 * 4 * P + 64);
+  CHECK(diloco_r[0].last.policy_bytes_sent == 6 * 2 * 4 * P + 64);
   CHECK(sync_r[0].last.bytes_sent - sync_r[0].last.policy_bytes_sent < 64);
   CHECK(diloco_r[0].last.bytes_sent - diloco_r[0].last.policy_bytes_sent < 64);
+}
+
+TEST_CASE("trainer: peers that start from different parameters get the first peer's, broadcast only then") {
+  trainer_options opts;
+  opts.steps = 2;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>>;
+  std::uint64_t sent[2] = {};
+  for (const bool differ : {false, true}) {
+    std::vector<std::vector<float>> params(3);
+    std::vector<std::uint64_t> policy_bytes(3);
+    dt::train::fit_in_process<Sync>(dt::transport::in_process(3), fixture::tiny_gpt(), opts, small_corpus().data, {},
+                                    [&](Sync& t) {
+                                      if (differ && t.rank() == 2) {  // one value of peer 2's model moved
+                                        auto v = flat_params(t.model().parameters());
+                                        v[0] += 0.5f;
+                                        dt::comm::scatter_values(t.model().parameters(), v);
+                                      }
+                                      t.on_eval([&, &t = t](const dt::train::eval_point& e) {
+                                        params[static_cast<std::size_t>(t.rank())] = flat_params(t.model().parameters());
+                                        policy_bytes[static_cast<std::size_t>(t.rank())] = e.policy_bytes_sent;
+                                      });
+                                    });
+    CHECK(params[0] == params[2]);
+    CHECK(params[0] == params[1]);
+    sent[differ] = policy_bytes[0];
+  }
+  // The same steps; only the broadcast differs: the whole model went out from peer 0.
+  const auto P = static_cast<std::uint64_t>(flat_params(dt::nn::gpt<dt::cpu>(tiny_config(small_corpus().tok.vocab_size()),
+                                                                             *std::make_unique<dt::rng>(1, "init"))
+                                                            .parameters())
+                                                .size());
+  CHECK(sent[1] >= sent[0] + 4 * P);
 }
 
 TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints matches the uninterrupted run") {

@@ -448,3 +448,48 @@ TEST_CASE("codecs: peers with different codec settings are refused at the first 
   });
 }
 #endif
+
+#ifndef DECENTRAIN_MPI_SUITE
+TEST_CASE("codecs: adaptive sends f32 where the codec's work costs more than its bytes save, the codec where not") {
+  auto rounds = [](dt::transport::in_process net, auto codec, int count) {
+    std::vector<decltype(codec)> after(static_cast<std::size_t>(net.world()));
+    std::vector<std::vector<float>> results(after.size());
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      dt::collective::communicator c(ep);
+      auto mine = codec;
+      std::vector<float> v;
+      for (int k = 0; k < count; ++k) {
+        v = random_values(1 << 20, 50 + static_cast<std::uint64_t>(ep.rank()));
+        cz::all_reduce(mine, c, std::span<float>(v), true);
+      }
+      after[static_cast<std::size_t>(ep.rank())] = mine;
+      results[static_cast<std::size_t>(ep.rank())] = v;
+    });
+    CHECK(results[0] == results[1]);
+    for (const auto& a : after) CHECK(a.codec_faster() == after[0].codec_faster());  // every peer chose the same
+    return std::make_pair(after[0], results[0]);
+  };
+  cz::adaptive<cz::int8_blockwise> a8;
+  // Ideal links: bytes cost nothing, the codec's encoding does.
+  auto [ideal, exact] = rounds(dt::transport::in_process(2), a8, 3);
+  CHECK(ideal.codec_seconds() > 0);
+  CHECK(ideal.plain_seconds() == 0);
+  CHECK_FALSE(ideal.codec_faster());
+  // The third round went as f32: the exact mean.
+  auto x0 = random_values(1 << 20, 50), x1 = random_values(1 << 20, 51);
+  for (std::size_t i = 0; i < x0.size(); ++i) CHECK(exact[i] == (x0[i] + x1[i]) * 0.5f);
+  // A wide-area link (the wan preset's 100 ms and 100 Mbit/s, without its losses, whose 0.3 s
+  // retransmissions would land on one probe or the other): 4 MB as f32 take far longer than 1 MB
+  // as int8 plus its encoding.
+  const dt::transport::link_matrix wide(2, dt::transport::simulated_link{0.1, 12.5e6, 0.0, 0.0, 0.3});
+  auto [wan, unused] = rounds(dt::transport::in_process(wide), a8, 2);
+  CHECK(wan.codec_faster());
+  CHECK(wan.codec_seconds() * 1.3 < wan.plain_seconds());  // 0.29 s against 0.44 s, two latencies in each
+  // An error-feedback residual goes out with the f32 rounds.
+  cz::adaptive<cz::error_feedback<cz::top_k>> ef;
+  auto [flushed, unused2] = rounds(dt::transport::in_process(2), ef, 2);
+  const auto& kept = flushed.codec.residual();
+  CHECK(std::all_of(kept.begin(), kept.end(), [](float r) { return r == 0.0f; }));
+  CHECK(cz::parse_codec("int8:adaptive").describe() == "adaptive(int8(block=64),probe_every=100)");
+}
+#endif

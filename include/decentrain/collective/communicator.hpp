@@ -208,6 +208,15 @@ class communicator {
     all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);
   }
 
+  // Whether every peer passed the same value (a hash of settings or parameters): one 16-byte
+  // all-reduce of the value and its complement under max.
+  bool all_same(std::uint64_t value) {
+    if (world() == 1) return true;
+    std::uint64_t extremes[2] = {value, ~value};
+    all_reduce(std::span<std::uint64_t>(extremes, 2), reduce_op::max);
+    return extremes[0] == value && ~extremes[1] == value;
+  }
+
   // ---- sub-groups ----
 
   // A communicator over the listed ranks of this one (each listed once; this peer among them),

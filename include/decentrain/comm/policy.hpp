@@ -25,6 +25,7 @@
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/core/factory.hpp"
+#include "decentrain/detail/hash.hpp"
 #include "decentrain/detail/meta.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
@@ -114,11 +115,13 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
   return (ctx.step + 1) % inner_steps == 0 || ctx.last_step;
 }
 
-// Makes every replica hold the first replica's parameters (peers seeded alike already agree;
-// this makes it so).
+// Makes every replica hold the first replica's parameters. Peers seeded alike already hold the
+// same bits: a 16-byte comparison of the parameters' hashes finds that, and the whole model goes
+// out from the first replica only when they differ (on a slow link, megabytes not sent).
 template <class Ctx>
 void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   gather_values(ctx.parameters, buffer);
+  if (ctx.replicas.all_same(decentrain::detail::hash_words(std::as_bytes(std::span<const float>(buffer))))) return;
   ctx.replicas.broadcast(std::span<float>(buffer), 0);
   scatter_values(ctx.parameters, buffer);
 }

@@ -8,6 +8,8 @@
 //     and ends with the same bits.
 //   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
 //     in rank order.
+// Encoding and decoding are charged to the endpoint as compute (the thread's CPU time), so on
+// simulated links a codec pays for its work as it would on a real machine.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/compress/codec.hpp"
+#include "decentrain/detail/clock.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/transport/peer_error.hpp"
@@ -32,10 +35,7 @@ template <class Codec, class Comm>
 void agree(const Codec& codec, Comm& comm) {
   if (comm.world() == 1) return;
   const std::string mine = describe(codec);
-  const std::uint64_t h = decentrain::detail::fnv1a(mine);
-  std::uint64_t extremes[2] = {h, ~h};
-  comm.all_reduce(std::span<std::uint64_t>(extremes, 2), collective::reduce_op::max);
-  if (extremes[0] == h && ~extremes[1] == h) return;
+  if (comm.all_same(decentrain::detail::fnv1a(mine))) return;
   // They differ: gather everyone's text (cut to 120 bytes) to say who uses what.
   char text[120] = {};
   std::memcpy(text, mine.data(), std::min(mine.size(), sizeof text - 1));
@@ -44,6 +44,17 @@ void agree(const Codec& codec, Comm& comm) {
   for (int r = 0; r < comm.world(); ++r)
     who += (r ? ", peer " : "peer ") + std::to_string(r) + " " + std::string(all.data() + static_cast<std::size_t>(r) * sizeof text);
   decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
+}
+
+// Runs f() and tells the endpoint how long it computed (real transports ignore it).
+template <class Comm, class F>
+decltype(auto) charged(Comm& comm, F&& f) {
+  struct charge {
+    Comm& comm;
+    double t0 = decentrain::detail::thread_cpu_seconds();
+    ~charge() { comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0)); }
+  } c{comm};
+  return f();
 }
 
 template <class Codec>
@@ -61,7 +72,7 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
   std::vector<std::vector<std::byte>> payloads(static_cast<std::size_t>(n));
   auto& mine = payloads[static_cast<std::size_t>(r)];
   mine.resize(bound);
-  mine.resize(codec.encode(std::span<const float>(values), std::span<std::byte>(mine)));
+  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
   decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
   if (n > 1) {
     // Sizes first (8 bytes a peer), then each payload at its own size around the ring: a sparse
@@ -84,7 +95,7 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
   std::fill(values.begin(), values.end(), 0.0f);
   for (int p = 0; p < n; ++p) {
     try {
-      codec.decode_add(std::span<const std::byte>(payloads[static_cast<std::size_t>(p)]), values);
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[static_cast<std::size_t>(p)]), values); });
     } catch (const decentrain::error& e) {
       transport::fail_peer(p, "all_reduce", "codec: the payload of peer ", p, " was rejected: ", e.what());
     }
@@ -121,7 +132,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
   std::vector<std::byte> out, in;
   auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
     into.resize(codec.max_encoded_bytes(p.size()));
-    into.resize(codec.encode(std::span<const float>(p), into));
+    into.resize(charged(comm, [&] { return codec.encode(std::span<const float>(p), into); }));
   };
   auto receive = [&](std::span<float> p, std::vector<std::byte>& into) {
     into.resize(codec.max_encoded_bytes(p.size()));
@@ -129,7 +140,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
   };
   auto decode_add = [&](std::span<float> p, const std::vector<std::byte>& from) {
     try {
-      codec.decode_add(std::span<const std::byte>(from), p);
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(from), p); });
     } catch (const decentrain::error& e) {
       transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
     }
@@ -150,7 +161,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
   for (auto p : pieces(segment(r + 1))) {
     encode(p, carried.emplace_back());
     std::fill(p.begin(), p.end(), 0.0f);
-    codec.decode_add(std::span<const std::byte>(carried.back()), p);
+    charged(comm, [&] { codec.decode_add(std::span<const std::byte>(carried.back()), p); });
   }
   for (int s = 0; s < n - 1; ++s) {
     for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));

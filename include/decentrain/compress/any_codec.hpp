@@ -4,8 +4,9 @@
 //
 //   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
 //   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
-//   block=N ; any of them with ",ef" for error feedback
-//   (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef", "sign:block=256,ef")
+//   block=N ; any of them with ",ef" for error feedback and ",adaptive" to send f32 instead
+//   where that measures faster (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef",
+//   "sign:block=256,ef", "int8:adaptive")
 #pragma once
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "decentrain/collective/communicator.hpp"
+#include "decentrain/compress/adaptive.hpp"
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
@@ -57,6 +59,7 @@ class any_codec {
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
+  void flush_into(std::span<float> values) { self_->flush_into(values); }
   void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
   void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
 
@@ -69,6 +72,7 @@ class any_codec {
     virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
     virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
+    virtual void flush_into(std::span<float>) = 0;
     virtual void save(io::checkpoint&, const std::string&) const = 0;
     virtual void load(const io::checkpoint&, const std::string&) = 0;
   };
@@ -82,6 +86,9 @@ class any_codec {
     void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
     void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {
       compress::all_reduce(c, comm, values, average);
+    }
+    void flush_into(std::span<float> values) override {
+      if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
     }
     void save(io::checkpoint& ck, const std::string& prefix) const override {
       if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
@@ -111,12 +118,12 @@ inline any_codec parse_codec(std::string_view spec) {
       at = comma + 1;
     }
   }
-  bool ef = false;
+  bool ef = false, adapt = false;
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& p : parts) {
     check(!p.empty(), "--codec '", spec, "': an empty setting");
-    if (p == "ef") {
-      ef = true;
+    if (p == "ef" || p == "adaptive") {
+      (p == "ef" ? ef : adapt) = true;
       continue;
     }
     const auto eq = p.find('=');
@@ -143,15 +150,21 @@ inline any_codec parse_codec(std::string_view spec) {
     fail("--codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
   auto wrap = [&](auto c) -> any_codec {
-    if (!ef) return c;
-    error_feedback<decltype(c)> e;
-    e.codec = c;
-    return e;
+    any_codec chosen = c;
+    if (ef) {
+      error_feedback<decltype(c)> e;
+      e.codec = c;
+      chosen = e;
+    }
+    if (!adapt) return chosen;
+    adaptive<any_codec> a;
+    a.codec = chosen;
+    return a;
   };
   if (name == "identity" || name == "fp16" || name == "bf16") {
     if (!settings.empty()) unknown(settings.front().first, "nothing");
     if (name == "identity") {
-      check(!ef, "--codec '", spec, "': identity loses nothing, so error feedback has nothing to keep");
+      check(!ef && !adapt, "--codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
       return identity{};
     }
     return name == "fp16" ? wrap(fp16{}) : wrap(bf16{});

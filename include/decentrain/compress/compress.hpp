@@ -1,6 +1,7 @@
 // Everything in compress: the codec concept, all-reduce through a codec, and the codecs.
 #pragma once
 
+#include "decentrain/compress/adaptive.hpp"
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/any_codec.hpp"
 #include "decentrain/compress/blockwise.hpp"

@@ -8,6 +8,7 @@
 // (a residual never silently spills into the wrong values).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -48,7 +49,7 @@ struct error_feedback {
       // Onto the codec's grid here, with the residual; the ring's first hop then re-encodes
       // these values to the same payload.
       std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
-      payload.resize(encode(std::span<const float>(values), payload));
+      payload.resize(charged(comm, [&] { return encode(std::span<const float>(values), payload); }));
       std::copy(sent_.begin(), sent_.end(), values.begin());
       ring_all_reduce(codec, comm, values, average);
     } else {
@@ -57,6 +58,15 @@ struct error_feedback {
   }
 
   const std::vector<float>& residual() const { return residual_; }
+  // Adds what is kept into `values` and forgets it: for a round sent exactly (adaptive's f32
+  // rounds), which then carries it all.
+  void flush_into(std::span<float> values) {
+    if (residual_.empty()) return;
+    decentrain::detail::check(residual_.size() == values.size(), "error_feedback: a payload of ", values.size(),
+                              " values, the residual holds ", residual_.size());
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] += residual_[i];
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
+  }
 
   void save(io::checkpoint& c, const std::string& prefix) const {
     c.tensors[prefix + "residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});

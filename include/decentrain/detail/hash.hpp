@@ -1,8 +1,12 @@
-// The two hashes the library uses: FNV-1a over bytes (rng stream names, checkpoint checksums)
-// and splitmix64's mixing step (seeding rng state, counter-based batch sampling).
+// The hashes the library uses: FNV-1a over bytes (rng stream names, checkpoint checksums),
+// splitmix64's mixing step (seeding rng state, counter-based batch sampling), and a word-wise
+// hash for large buffers (do peers hold the same parameters?).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <string_view>
 
 namespace decentrain::detail {
@@ -19,6 +23,20 @@ inline std::uint64_t splitmix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+// 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
+inline std::uint64_t hash_words(std::span<const std::byte> bytes) {
+  std::uint64_t h = splitmix64(bytes.size());
+  std::size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes.data() + i, 8);
+    h = splitmix64(h ^ w);
+  }
+  std::uint64_t tail = 0;
+  std::memcpy(&tail, bytes.data() + i, bytes.size() - i);
+  return splitmix64(h ^ tail);
 }
 
 }  // namespace decentrain::detail

@@ -310,13 +310,7 @@ class trainer {
   }
 
   double compute_clock() const {
-#if defined(CLOCK_THREAD_CPUTIME_ID)
-    if (options_.compute_on_thread_clock) {
-      timespec ts{};
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-      return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-    }
-#endif
+    if (options_.compute_on_thread_clock) return decentrain::detail::thread_cpu_seconds();
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
   double lap(double since) const { return compute_clock() - since; }
