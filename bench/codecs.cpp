@@ -97,13 +97,16 @@ int main(int argc, char** argv) try {
     const double memcpy_gbs = 4.0 * static_cast<double>(n) / mc / 1e9;
     cz::top_k topk;
     topk.fraction = 0.01;
+    cz::top_k topk_int2 = topk;
+    topk_int2.value_bits = 2;
     cz::int8_blockwise stochastic;
     stochastic.mode = cz::rounding::stochastic;
     for (const auto& r : {measure("fp16", cz::fp16{}, x, reps, memcpy_gbs), measure("bf16", cz::bf16{}, x, reps, memcpy_gbs),
                           measure("int8", cz::int8_blockwise{}, x, reps, memcpy_gbs),
                           measure("int8-stochastic", stochastic, x, reps, memcpy_gbs),
-                          measure("int4", cz::int4_blockwise{}, x, reps, memcpy_gbs), measure("sign", cz::sign{}, x, reps, memcpy_gbs),
-                          measure("topk-1%", topk, x, reps, memcpy_gbs)}) {
+                          measure("int4", cz::int4_blockwise{}, x, reps, memcpy_gbs), measure("fp4", cz::fp4{}, x, reps, memcpy_gbs),
+                          measure("sign", cz::sign{}, x, reps, memcpy_gbs), measure("topk-1%", topk, x, reps, memcpy_gbs),
+                          measure("topk-1%-int2", topk_int2, x, reps, memcpy_gbs)}) {
       std::printf("%-16s %8.0f %10.2f %10.2f %10.2f %8.2f %8.1f\n", r.codec.c_str(), r.mb, r.encode_gbs, r.decode_gbs,
                   r.memcpy_gbs, r.encode_gbs / r.memcpy_gbs, r.ratio);
       rows.push_back(r);

@@ -107,9 +107,11 @@ decentrain-gpt train [options]
   --comm NAME            sync | local-sgd | diloco (default diloco; sync for one process alone)
   --inner-steps H        steps between averages for local-sgd and diloco (default 50)
   --codec SPEC           how payloads go on the wire (default identity): fp16 | bf16 |
-                         int8[:block=N,stochastic,seed=S] | int4[:...] | sign[:block=N] |
-                         topk:FRACTION | topk:count=K, each with ",ef" for error feedback
-                         (for example --codec int4:block=64, --codec topk:0.02,ef)
+                         int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N] |
+                         sign[:block=N] | topk:FRACTION | topk:count=K (values f32, or ",int4"
+                         or ",int2"), each with ",ef" for error feedback and ",adaptive" to
+                         send f32 where that measures faster (for example --codec
+                         int4:block=64, --codec topk:0.02,int2,ef, --codec int8:adaptive)
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
   --outer-momentum X     DiLoCo's outer momentum (default 0.9)
 

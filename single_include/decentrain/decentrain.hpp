@@ -11682,6 +11682,7 @@ class communicator {
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // ---- begin decentrain/compress/codec.hpp ----
@@ -11943,6 +11944,12 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
 template <class Codec, class Comm>
 void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
   static_assert(check_codec<Codec>());
+  // A codec chosen at run time (any_codec) dispatches on one communicator type; on another it
+  // would fall through to the gathered path, silently slower for dense codecs.
+  if constexpr (requires { typename Codec::communicator_type; })
+    static_assert(std::is_same_v<Comm, typename Codec::communicator_type>,
+                  "compress::all_reduce: this codec runs on its communicator_type (any_codec: a communicator over "
+                  "transport::any_endpoint; wrap the endpoint in one)");
   if constexpr (requires { codec.all_reduce(comm, values, average); })
     codec.all_reduce(comm, values, average);
   else if constexpr (is_dense<Codec>())

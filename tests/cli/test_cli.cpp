@@ -472,7 +472,7 @@ TEST_CASE("train --codec: peers send their payloads through the codec named on t
   auto int8 = run(base + " --codec int8:block=64", dir);
   INFO(int8.output);
   REQUIRE(int8.status == 0);
-  auto topk = run(base + " --codec topk:0.05,ef", dir);
+  auto topk = run(base + " --codec topk:0.05,int2,ef", dir);
   REQUIRE(topk.status == 0);
   // "comm diloco: X MB sent per peer": int8 sends about a quarter of f32's bytes.
   auto sent = [](const std::string& out) {
@@ -492,4 +492,6 @@ TEST_CASE("train --codec: peers send their payloads through the codec named on t
   CHECK_THAT(bad.output, Contains("int4 codec: block must be even, got 63"));
   bad = run(base + " --codec topk:many", dir);
   CHECK_THAT(bad.output, Contains("fraction expects a number, got 'many'"));
+  bad = run(base + " --codec fp4:block=3", dir);
+  CHECK_THAT(bad.output, Contains("fp4 codec: block must be even and in [2, 2^24], got 3"));
 }
