@@ -192,11 +192,10 @@ TEST_CASE("codec: a payload over the codec's bound is rejected naming the peer, 
     dt::collective::communicator c(ep);
     std::vector<float> v(8, 1.0f);
     if (ep.rank() == 1) {
-      // A hostile peer: right total size, but a size field claiming more than the bound.
-      std::vector<std::byte> mine(8 + 16);
+      // A hostile peer: the sizes go first (one 8-byte all-gather), and it claims more than the
+      // bound; the receivers refuse before any payload is received or decoded.
       const std::uint64_t lie = 1000;
-      std::memcpy(mine.data(), &lie, 8);
-      (void)c.all_gather(std::span<const std::byte>(mine));
+      (void)c.all_gather(std::span<const std::uint64_t>(&lie, 1));
       return;
     }
     toy_bf16 codec;
