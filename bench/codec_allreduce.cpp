@@ -25,6 +25,7 @@
 #include "decentrain/compress/compress.hpp"
 #include "decentrain/core/rng.hpp"
 #include "decentrain/transport/in_process.hpp"
+#include "args.hpp"
 #include "output_file.hpp"
 #include "processes.hpp"
 
@@ -108,20 +109,9 @@ int tcp_worker(int rank, int world, const std::string& address_file, std::size_t
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::map<std::string, std::string> args;
-  for (int i = 1; i < argc; i += 2) {
-    dt::detail::check(i + 1 < argc && std::string(argv[i]).rfind("--", 0) == 0,
-                      "usage: bench_codec_allreduce [--values N] [--world 4] [--links loopback,wan,lan] [--codecs a;b] "
+  bench::args cli(argc, argv, "usage: bench_codec_allreduce [--values N] [--world 4] [--links loopback,wan,lan] [--codecs a;b] "
                       "[--rounds 3] [--json PATH]");
-    args[argv[i] + 2] = argv[i + 1];
-  }
-  auto value = [&](const std::string& key, const std::string& fallback) {
-    auto it = args.find(key);
-    if (it == args.end()) return fallback;
-    std::string v = it->second;
-    args.erase(it);
-    return v;
-  };
+  auto value = [&](const std::string& key, const std::string& fallback) { return cli.value(key, fallback); };
   const auto n = static_cast<std::size_t>(std::stoull(value("values", "124439808")));  // GPT-2 124M's parameters
   const int world = std::stoi(value("world", "4"));
   const int rounds = std::stoi(value("rounds", "3"));
@@ -139,7 +129,7 @@ int main(int argc, char** argv) try {
   }
   const auto links = split(value("links", "loopback,wan,lan"), ',');
   const std::string json_path = value("json", "codec_allreduce.json");
-  dt::detail::check(args.empty(), "unknown option --", args.empty() ? "" : args.begin()->first);
+  cli.finish();
   bench::output_file json(json_path);
 
   std::map<std::string, std::map<std::string, double>> seconds;  // link -> codec -> median

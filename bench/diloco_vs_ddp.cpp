@@ -18,12 +18,12 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "decentrain/decentrain.hpp"
+#include "args.hpp"
 #include "output_file.hpp"
 
 namespace dt = decentrain;
@@ -61,18 +61,8 @@ outcome run(const std::string& name, Comm comm, int peers, const dt::nn::gpt_con
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::map<std::string, std::string> args;
-  for (int i = 1; i < argc; i += 2) {
-    dt::detail::check(i + 1 < argc && std::string(argv[i]).rfind("--", 0) == 0, "usage: bench_diloco_vs_ddp [--flag value]...");
-    args[argv[i] + 2] = argv[i + 1];
-  }
-  auto value = [&](const std::string& key, const std::string& fallback) {
-    auto it = args.find(key);
-    if (it == args.end()) return fallback;
-    std::string v = it->second;
-    args.erase(it);
-    return v;
-  };
+  bench::args cli(argc, argv, "usage: bench_diloco_vs_ddp [--flag value]...");
+  auto value = [&](const std::string& key, const std::string& fallback) { return cli.value(key, fallback); };
   const std::string path = value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
   const int peers = std::stoi(value("peers", "4"));
   const std::string json_path = value("json", "diloco_vs_ddp.json"), curves_path = value("curves", "diloco_vs_ddp_curves.csv");
@@ -104,7 +94,7 @@ int main(int argc, char** argv) try {
   opts.eval_batches = std::stoll(value("eval-batches", "25"));
   opts.seed = std::stoull(value("seed", std::to_string(opts.seed)));  // model init and data order
   const double outer_lr = std::stod(value("outer-lr", "0.7")), outer_momentum = std::stod(value("outer-momentum", "0.9"));
-  dt::detail::check(args.empty(), "unknown option --", args.empty() ? "" : args.begin()->first);
+  cli.finish();
   // Opened first: a bad path fails before the hours of training.
   bench::output_file json(json_path), curves(curves_path);
 

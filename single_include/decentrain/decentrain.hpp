@@ -12132,6 +12132,14 @@ inline float load_f32(const std::byte* p) {
   std::memcpy(&f, p, 4);
   return f;
 }
+
+// A payload's `count` f32 scales at `at`: each finite and >= 0, or an error naming the first
+// that is not ("<codec> codec: <what> 3 has scale nan").
+inline void check_scales(const std::byte* at, std::size_t count, const char* codec, const char* what = "block") {
+  for (std::size_t b = 0; b < count; ++b)
+    if (const float s = load_f32(at + 4 * b); !std::isfinite(s) || s < 0)
+      decentrain::detail::fail(codec, " codec: ", what, " ", b, " has scale ", s, " (a scale is finite and >= 0)");
+}
 }  // namespace detail
 
 template <int Bits>
@@ -12217,11 +12225,7 @@ struct blockwise {
     decentrain::detail::check(in.size() == 4 * nb + code_bytes(n), name, " codec: a payload of ", in.size(), " bytes for ",
                               n, " values (expected ", 4 * nb + code_bytes(n), ")");
     const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = detail::load_f32(in.data() + 4 * b);
-      decentrain::detail::check(std::isfinite(s) && s >= 0, name, " codec: block ", b, " has scale ", s,
-                                " (a scale is finite and >= 0)");
-    }
+    detail::check_scales(in.data(), nb, name);
     // Codes first checked (-levels - 1 is never written), then added: nothing lands before all is checked.
     int bad = 0;
     const auto bytes = static_cast<std::int64_t>(code_bytes(n));
@@ -12464,11 +12468,7 @@ struct fp4 {
     const std::size_t n = into.size(), nb = blocks(n);
     decentrain::detail::check(in.size() == 4 * nb + (n + 1) / 2, name, " codec: a payload of ", in.size(), " bytes for ", n,
                               " values (expected ", 4 * nb + (n + 1) / 2, ")");
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = detail::load_f32(in.data() + 4 * b);
-      decentrain::detail::check(std::isfinite(s) && s >= 0, name, " codec: block ", b, " has scale ", s,
-                                " (a scale is finite and >= 0)");
-    }
+    detail::check_scales(in.data(), nb, name);
     const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
     for (std::size_t i = 0; i < n; ++i)  // everything checked before anything is added
       decentrain::detail::check(code_at(codes, i) != 0x8u, name, " codec: value ", i, " has code -0, which is never written");
@@ -12665,11 +12665,7 @@ struct sign {
     const std::size_t n = into.size(), nb = blocks(n);
     decentrain::detail::check(in.size() == 4 * nb + (n + 7) / 8, "sign codec: a payload of ", in.size(), " bytes for ", n,
                               " values (expected ", 4 * nb + (n + 7) / 8, ")");
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = detail::load_f32(in.data() + 4 * b);
-      decentrain::detail::check(std::isfinite(s) && s >= 0, "sign codec: block ", b, " has scale ", s,
-                                " (a scale is finite and >= 0)");
-    }
+    detail::check_scales(in.data(), nb, name);
     const auto* bits = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
     for (std::size_t i = 0; i < n; ++i) {
       const float s = detail::load_f32(in.data() + 4 * (i / block));
@@ -12860,9 +12856,7 @@ struct top_k {
     }
     // Every code is a value; the scales are checked, and the bits after the last code are 0.
     const std::size_t nb = (k + block - 1) / block;
-    for (std::size_t b = 0; b < nb; ++b)
-      if (const float s = detail::load_f32(p + 4 * b); !std::isfinite(s) || s < 0)
-        fail("value block ", b, " has scale ", s, " (a scale is finite and >= 0)");
+    detail::check_scales(p, nb, name, "value block");
     const auto* codes = reinterpret_cast<const std::uint8_t*>(p + 4 * nb);
     const std::size_t used_bits = static_cast<std::size_t>(k) * static_cast<std::size_t>(value_bits);
     if (used_bits % 8 && (codes[used_bits / 8] >> (used_bits % 8))) fail("the padding bits after value ", k - 1, " are not 0");

@@ -41,6 +41,14 @@ inline float load_f32(const std::byte* p) {
   std::memcpy(&f, p, 4);
   return f;
 }
+
+// A payload's `count` f32 scales at `at`: each finite and >= 0, or an error naming the first
+// that is not ("<codec> codec: <what> 3 has scale nan").
+inline void check_scales(const std::byte* at, std::size_t count, const char* codec, const char* what = "block") {
+  for (std::size_t b = 0; b < count; ++b)
+    if (const float s = load_f32(at + 4 * b); !std::isfinite(s) || s < 0)
+      decentrain::detail::fail(codec, " codec: ", what, " ", b, " has scale ", s, " (a scale is finite and >= 0)");
+}
 }  // namespace detail
 
 template <int Bits>
@@ -126,11 +134,7 @@ struct blockwise {
     decentrain::detail::check(in.size() == 4 * nb + code_bytes(n), name, " codec: a payload of ", in.size(), " bytes for ",
                               n, " values (expected ", 4 * nb + code_bytes(n), ")");
     const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = detail::load_f32(in.data() + 4 * b);
-      decentrain::detail::check(std::isfinite(s) && s >= 0, name, " codec: block ", b, " has scale ", s,
-                                " (a scale is finite and >= 0)");
-    }
+    detail::check_scales(in.data(), nb, name);
     // Codes first checked (-levels - 1 is never written), then added: nothing lands before all is checked.
     int bad = 0;
     const auto bytes = static_cast<std::int64_t>(code_bytes(n));

@@ -72,11 +72,7 @@ struct fp4 {
     const std::size_t n = into.size(), nb = blocks(n);
     decentrain::detail::check(in.size() == 4 * nb + (n + 1) / 2, name, " codec: a payload of ", in.size(), " bytes for ", n,
                               " values (expected ", 4 * nb + (n + 1) / 2, ")");
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = detail::load_f32(in.data() + 4 * b);
-      decentrain::detail::check(std::isfinite(s) && s >= 0, name, " codec: block ", b, " has scale ", s,
-                                " (a scale is finite and >= 0)");
-    }
+    detail::check_scales(in.data(), nb, name);
     const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
     for (std::size_t i = 0; i < n; ++i)  // everything checked before anything is added
       decentrain::detail::check(code_at(codes, i) != 0x8u, name, " codec: value ", i, " has code -0, which is never written");

@@ -54,11 +54,7 @@ struct sign {
     const std::size_t n = into.size(), nb = blocks(n);
     decentrain::detail::check(in.size() == 4 * nb + (n + 7) / 8, "sign codec: a payload of ", in.size(), " bytes for ", n,
                               " values (expected ", 4 * nb + (n + 7) / 8, ")");
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = detail::load_f32(in.data() + 4 * b);
-      decentrain::detail::check(std::isfinite(s) && s >= 0, "sign codec: block ", b, " has scale ", s,
-                                " (a scale is finite and >= 0)");
-    }
+    detail::check_scales(in.data(), nb, name);
     const auto* bits = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
     for (std::size_t i = 0; i < n; ++i) {
       const float s = detail::load_f32(in.data() + 4 * (i / block));

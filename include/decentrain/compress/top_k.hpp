@@ -171,9 +171,7 @@ struct top_k {
     }
     // Every code is a value; the scales are checked, and the bits after the last code are 0.
     const std::size_t nb = (k + block - 1) / block;
-    for (std::size_t b = 0; b < nb; ++b)
-      if (const float s = detail::load_f32(p + 4 * b); !std::isfinite(s) || s < 0)
-        fail("value block ", b, " has scale ", s, " (a scale is finite and >= 0)");
+    detail::check_scales(p, nb, name, "value block");
     const auto* codes = reinterpret_cast<const std::uint8_t*>(p + 4 * nb);
     const std::size_t used_bits = static_cast<std::size_t>(k) * static_cast<std::size_t>(value_bits);
     if (used_bits % 8 && (codes[used_bits / 8] >> (used_bits % 8))) fail("the padding bits after value ", k - 1, " are not 0");
