@@ -110,8 +110,11 @@ decentrain-gpt train [options]
                          int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N] |
                          sign[:block=N] | topk:FRACTION | topk:count=K (values f32, or ",int4"
                          or ",int2"), each with ",ef" for error feedback and ",adaptive" to
-                         send f32 where that measures faster (for example --codec
-                         int4:block=64, --codec topk:0.02,int2,ef, --codec int8:adaptive)
+                         send f32 where that measures faster; dct:FRACTION with
+                         chunk=N and top-k's settings (DeMo's DCT top-k); powersgd:rank=R
+                         with noef, seed=S, factors=int8|int4|bf16|fp16|fp4 (for example
+                         --codec int4:block=64, --codec topk:0.02,int2,ef, --codec
+                         int8:adaptive, --codec powersgd:rank=4,factors=int8)
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
   --outer-momentum X     DiLoCo's outer momentum (default 0.9)
 

@@ -103,6 +103,7 @@ void check(bool ok, Parts&&... parts) {
 #include <span>
 #include <string_view>
 
+
 namespace decentrain::detail {
 
 inline std::uint64_t fnv1a(std::string_view bytes) {
@@ -111,12 +112,20 @@ inline std::uint64_t fnv1a(std::string_view bytes) {
   return h;
 }
 
-// splitmix64's output for state z: advance by the golden-ratio increment, then finalise.
-inline std::uint64_t splitmix64(std::uint64_t z) {
+// splitmix64's output for state z: advance by the golden-ratio increment, then finalise (on the
+// GPU too: the CUDA codecs draw stochastic rounding from the same stream).
+DECENTRAIN_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+// A uniform number in [0, 1) for value i of call `round` of a stream `seed`: the same on every
+// thread and on the GPU (blockwise codecs' stochastic rounding).
+DECENTRAIN_HOST_DEVICE inline float unit_draw(std::uint64_t seed, std::uint64_t round, std::uint64_t i) {
+  const std::uint64_t h = splitmix64(seed ^ splitmix64(round) ^ (i * 0x9e3779b97f4a7c15ull));
+  return static_cast<float>(h >> 40) * 0x1.0p-24f;
 }
 
 // 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
@@ -11643,7 +11652,8 @@ class communicator {
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/communicator.hpp ----
 // ---- begin decentrain/compress/compress.hpp ----
-// Everything in compress: the codec concept, all-reduce through a codec, and the codecs.
+// Everything in compress: the codec concept, all-reduce through a codec, the codecs, and their
+// GPU kernels when nvcc compiles.
 
 // ---- begin decentrain/compress/adaptive.hpp ----
 // adaptive<Codec>: all-reduces through Codec where that is faster than plain f32, and as plain
@@ -11699,6 +11709,7 @@ class communicator {
 //   template <class Comm> void all_reduce(Comm&, std::span<float>, bool average)
 //                                                             a collective of its own (identity: the ring)
 //   static constexpr bool dense                               fixed-size payloads that add up on a ring
+//   void set_layout(const compress::layout&)                   the matrices the payload is made of (powersgd)
 //   std::string describe() const                              its settings, compared across peers
 //   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).
@@ -12002,6 +12013,45 @@ static_assert(check_codec<identity>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/identity.hpp ----
+// ---- begin decentrain/compress/layout.hpp ----
+// What a flat payload is made of: the tensors a policy packed into it, in order, each seen as a
+// matrix (rows = the product of all but the last dimension, cols = the last; a vector is one
+// row). Elementwise codecs ignore it; a codec that works per matrix (powersgd) takes it with
+//   void set_layout(const layout&)
+// and the communication policies hand it over in start() (comm::prepare_codec).
+
+#include <cstddef>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+struct matrix_piece {
+  std::size_t offset = 0;  // in values, from the payload's start
+  std::size_t rows = 0, cols = 0;
+  std::size_t size() const { return rows * cols; }
+};
+using layout = std::vector<matrix_piece>;
+
+// Hands the layout to a codec that takes one (wrappers pass it on to what they wrap).
+template <class Codec>
+void set_layout(Codec& codec, const layout& l) {
+  if constexpr (requires { codec.set_layout(l); }) codec.set_layout(l);
+}
+
+// The pieces must tile a payload of n values, in order, without gaps.
+inline void check_layout(const layout& l, std::size_t n, const char* who) {
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    decentrain::detail::check(l[i].offset == at, who, ": layout piece ", i, " starts at value ", l[i].offset, ", expected ", at,
+                              " (pieces must follow each other)");
+    at += l[i].size();
+  }
+  decentrain::detail::check(at == n, who, ": the layout covers ", at, " values, the payload has ", n);
+}
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/layout.hpp ----
 
 namespace decentrain::compress {
 
@@ -12017,6 +12067,7 @@ struct adaptive {
   }
   // Used directly (outside all_reduce) it is the codec.
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+  void set_layout(const layout& l) { compress::set_layout(codec, l); }
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return codec.encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
 
@@ -12083,6 +12134,9 @@ struct adaptive {
 //   block=N ; any of them with ",ef" for error feedback and ",adaptive" to send f32 instead
 //   where that measures faster (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef",
 //   "sign:block=256,ef", "int8:adaptive")
+//   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
+//   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
+//   in; "powersgd:rank=4,factors=int8")
 
 #include <cmath>
 #include <cstdint>
@@ -12114,12 +12168,6 @@ namespace decentrain::compress {
 enum class rounding { nearest, stochastic };
 
 namespace detail {
-// A uniform number in [0, 1) for value i of encode call `round`: the same on every thread.
-inline float unit_draw(std::uint64_t seed, std::uint64_t round, std::uint64_t i) {
-  const std::uint64_t h = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(round) ^ (i * 0x9e3779b97f4a7c15ull));
-  return static_cast<float>(h >> 40) * 0x1.0p-24f;
-}
-
 // Refuses to encode what it cannot represent, naming the value (a NaN gradient is a bug to
 // report, not a scale to send).
 inline void check_finite(std::span<const float> in, const char* codec) {
@@ -12204,7 +12252,7 @@ struct blockwise {
           DECENTRAIN_OMP(simd)
           for (std::size_t i = 0; i < m; ++i) q[i] = round_even(x[c0 + i] * inv_f);
         else
-          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, detail::unit_draw(seed, call, from + c0 + i) - 0.5f);
+          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw(seed, call, from + c0 + i) - 0.5f);
         if constexpr (Bits == 8) {
           std::memcpy(codes + from + c0, q, m);
         } else {  // block and block_chunk are even: a byte never holds two chunks' codes
@@ -12305,6 +12353,325 @@ static_assert(check_codec<int8_blockwise>() && check_codec<int4_blockwise>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/blockwise.hpp ----
+// ---- begin decentrain/compress/dct_top_k.hpp ----
+// DCT top-k, after DeMo (Peng, Quesnelle and Kingma, 2024): the payload is cut into chunks of
+// `chunk` values, each chunk goes through an orthonormal DCT-II, and the largest coefficients of
+// the whole payload are sent by `select` (a top_k: its fraction or count, its compact indices and
+// value bits). Smooth or correlated stretches of a pseudo-gradient put their energy into few
+// coefficients, so the same bytes carry more of it than top-k of the raw values. The receiver
+// adds the inverse DCT of the coefficients it was sent. The last chunk is padded with zeros.
+// Sparse, so gathered; meant to run inside error_feedback<dct_top_k>, whose residual keeps, in
+// values, what the coefficients sent did not carry.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/compress/top_k.hpp ----
+// Top-k sparsification: the k values of largest magnitude and where they are. Indices go as
+// gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32,
+// or in 4 or 2 bits (`value_bits`): a sign and a magnitude of 1..L (L = 8 or 2) in L-ths of
+// the absmax of each `block` of selected values, scale f32. No code means zero: every value
+// top-k picks is among the largest, so the grid spends its codes on magnitudes (SparseLoCo sends
+// 1-3% of the values at 2 bits). Sent by gathering (every peer decodes every peer's payload),
+// since sparse payloads do not add up on the way around a ring. Meant to run inside
+// error_feedback<top_k>, which keeps what was not sent for the next round (Deep Gradient
+// Compression, SparseLoCo).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+struct top_k {
+  static constexpr const char* name = "topk";
+  static constexpr bool dense = false;
+  double fraction = 0.01;  // of the values sent (at least one)
+  std::int64_t count = 0;  // when > 0, exactly this many (at most all)
+  int value_bits = 32;     // 32 (f32), 4 or 2
+  std::size_t block = 64;  // selected values per scale, when value_bits < 32
+
+  std::string describe() const {
+    std::string s = count > 0 ? "topk(count=" + std::to_string(count) : "topk(fraction=" + std::to_string(fraction);
+    if (value_bits < 32) s += ",int" + std::to_string(value_bits) + ",block=" + std::to_string(block);
+    return s + ")";
+  }
+  std::size_t k_for(std::size_t n) const {
+    check_settings();
+    if (n == 0) return 0;
+    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(n)));
+    return std::clamp<std::size_t>(k, 1, n);
+  }
+  static constexpr std::size_t header_bytes = 8 + 8 + 1 + 8;  // n, k, index format, index bytes
+  std::size_t value_bytes(std::size_t k) const {
+    return value_bits == 32 ? 4 * k : 4 * ((k + block - 1) / block) + (k * static_cast<std::size_t>(value_bits) + 7) / 8;
+  }
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    const std::size_t k = k_for(n);
+    return header_bytes + std::min((n + 7) / 8, 5 * k) + value_bytes(k);
+  }
+
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    detail::check_finite(in, name);
+    const std::size_t n = in.size(), k = k_for(n);
+    order_.resize(n);
+    std::iota(order_.begin(), order_.end(), std::uint32_t{0});
+    // Largest magnitudes first; ties to the lower index, so every run picks the same.
+    auto larger = [&](std::uint32_t a, std::uint32_t b) {
+      const float x = std::abs(in[a]), y = std::abs(in[b]);
+      return x > y || (x == y && a < b);
+    };
+    if (k < n) std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(), larger);
+    std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k));
+    // Indices as varint gaps or as a bitmap.
+    varints_.clear();
+    std::int64_t previous = -1;
+    for (std::size_t j = 0; j < k; ++j) {
+      auto gap = static_cast<std::uint64_t>(static_cast<std::int64_t>(order_[j]) - previous - 1);
+      previous = order_[j];
+      do {
+        const auto byte = static_cast<std::uint8_t>(gap & 0x7fu);
+        gap >>= 7;
+        varints_.push_back(static_cast<std::byte>(gap ? (byte | 0x80u) : byte));
+      } while (gap);
+    }
+    const std::size_t bitmap = (n + 7) / 8;
+    const bool use_bitmap = bitmap < varints_.size();
+    const std::size_t index_bytes = use_bitmap ? bitmap : varints_.size();
+    std::byte* p = out.data();
+    put(p, static_cast<std::uint64_t>(n));
+    put(p, static_cast<std::uint64_t>(k));
+    *p++ = static_cast<std::byte>(use_bitmap ? 1 : 0);
+    put(p, static_cast<std::uint64_t>(index_bytes));
+    if (use_bitmap) {
+      std::memset(p, 0, bitmap);
+      for (std::size_t j = 0; j < k; ++j) p[order_[j] / 8] |= static_cast<std::byte>(1u << (order_[j] % 8));
+    } else if (index_bytes) {
+      std::memcpy(p, varints_.data(), index_bytes);
+    }
+    p += index_bytes;
+    if (value_bits == 32) {
+      for (std::size_t j = 0; j < k; ++j, p += 4) std::memcpy(p, &in[order_[j]], 4);
+      return static_cast<std::size_t>(p - out.data());
+    }
+    const std::size_t nb = (k + block - 1) / block;
+    auto* codes = reinterpret_cast<std::uint8_t*>(p + 4 * nb);
+    std::memset(codes, 0, value_bytes(k) - 4 * nb);
+    const int L = levels();
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t from = b * block, to = std::min(k, from + block);
+      float absmax = 0;
+      for (std::size_t j = from; j < to; ++j) absmax = std::max(absmax, std::abs(in[order_[j]]));
+      const float scale = absmax / static_cast<float>(L);
+      std::memcpy(p + 4 * b, &scale, 4);
+      // In double: L / absmax overflows f32 for a denormal absmax.
+      const double inv = absmax > 0 ? static_cast<double>(L) / static_cast<double>(absmax) : 0.0;
+      for (std::size_t j = from; j < to; ++j) {
+        const float x = in[order_[j]];
+        const auto m = std::clamp(static_cast<int>(std::nearbyint(static_cast<double>(std::abs(x)) * inv)), 1, L);
+        const unsigned code = static_cast<unsigned>(m - 1) | (std::signbit(x) ? static_cast<unsigned>(L) : 0u);
+        const std::size_t bit = j * static_cast<std::size_t>(value_bits);
+        codes[bit / 8] = static_cast<std::uint8_t>(codes[bit / 8] | (code << (bit % 8)));
+      }
+    }
+    return static_cast<std::size_t>(p - out.data()) + value_bytes(k);
+  }
+
+  // Checks everything before adding anything: the count, the format, every index in range and
+  // increasing, every value finite.
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    check_settings();
+    const std::size_t n = into.size();
+    auto fail = [&](auto&&... why) { decentrain::detail::fail("topk codec: ", why...); };
+    if (in.size() < header_bytes) fail("a payload of ", in.size(), " bytes is shorter than its header");
+    const std::byte* p = in.data();
+    const auto sent_n = get(p), k = get(p);
+    const auto format = static_cast<std::uint8_t>(*p++);
+    const auto index_bytes = get(p);
+    if (sent_n != n) fail("the payload is for ", sent_n, " values, the receiver has ", n);
+    if (k > n) fail("the payload says ", k, " values of ", n);
+    if (format > 1) fail("unknown index format ", int{format});
+    if (index_bytes > in.size() - header_bytes || in.size() - header_bytes - index_bytes != value_bytes(k))
+      fail("a payload of ", in.size(), " bytes cannot hold ", index_bytes, " index bytes and ", k, " values of ", value_bits,
+           " bits");
+    std::vector<std::uint32_t> at;
+    at.reserve(static_cast<std::size_t>(k));
+    if (format == 1) {
+      if (index_bytes != (n + 7) / 8) fail("a bitmap of ", index_bytes, " bytes for ", n, " values");
+      for (std::size_t i = 0; i < n; ++i)
+        if ((static_cast<std::uint8_t>(p[i / 8]) >> (i % 8)) & 1u) at.push_back(static_cast<std::uint32_t>(i));
+      if (n % 8 && (static_cast<std::uint8_t>(p[n / 8]) >> (n % 8))) fail("bitmap bits set past value ", n - 1);
+    } else {
+      std::size_t used = 0;
+      std::int64_t previous = -1;
+      while (used < index_bytes) {
+        std::uint64_t gap = 0;
+        int shift = 0;
+        for (;;) {
+          if (used == index_bytes || shift > 35) fail("a malformed index varint");
+          const auto byte = static_cast<std::uint8_t>(p[used++]);
+          gap |= static_cast<std::uint64_t>(byte & 0x7fu) << shift;
+          shift += 7;
+          if (!(byte & 0x80u)) break;
+        }
+        const auto index = previous + 1 + static_cast<std::int64_t>(gap);
+        if (index >= static_cast<std::int64_t>(n)) fail("index ", index, " is outside ", n, " values");
+        at.push_back(static_cast<std::uint32_t>(index));
+        previous = index;
+      }
+    }
+    if (at.size() != k) fail("the payload says ", k, " values but lists ", at.size(), " indices");
+    p += index_bytes;
+    if (value_bits == 32) {
+      for (std::size_t j = 0; j < k; ++j)
+        if (const float v = detail::load_f32(p + 4 * j); !std::isfinite(v)) fail("value ", j, " (index ", at[j], ") is ", v);
+      for (std::size_t j = 0; j < k; ++j) into[at[j]] += detail::load_f32(p + 4 * j);
+      return;
+    }
+    // Every code is a value; the scales are checked, and the bits after the last code are 0.
+    const std::size_t nb = (k + block - 1) / block;
+    detail::check_scales(p, nb, name, "value block");
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(p + 4 * nb);
+    const std::size_t used_bits = static_cast<std::size_t>(k) * static_cast<std::size_t>(value_bits);
+    if (used_bits % 8 && (codes[used_bits / 8] >> (used_bits % 8))) fail("the padding bits after value ", k - 1, " are not 0");
+    const int L = levels();
+    const unsigned mask = (1u << value_bits) - 1;
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::size_t bit = j * static_cast<std::size_t>(value_bits);
+      const unsigned code = (codes[bit / 8] >> (bit % 8)) & mask;
+      const float m = static_cast<float>((code & static_cast<unsigned>(L - 1)) + 1);
+      const float s = detail::load_f32(p + 4 * (j / block));
+      into[at[j]] += (code & static_cast<unsigned>(L) ? -m : m) * s;
+    }
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(count > 0 || (fraction > 0 && fraction <= 1), "topk codec: fraction must be in (0, 1], got ",
+                              fraction);
+    decentrain::detail::check(value_bits == 32 || value_bits == 4 || value_bits == 2,
+                              "topk codec: value_bits must be 32, 4 or 2, got ", value_bits);
+    decentrain::detail::check(block >= 1 && block <= (std::size_t{1} << 24), "topk codec: block must be in [1, 2^24], got ", block);
+  }
+  int levels() const { return 1 << (value_bits - 1); }  // magnitudes 1..L, and a sign bit
+  static void put(std::byte*& p, std::uint64_t v) {
+    std::memcpy(p, &v, 8);
+    p += 8;
+  }
+  static std::uint64_t get(const std::byte*& p) {
+    std::uint64_t v;
+    std::memcpy(&v, p, 8);
+    p += 8;
+    return v;
+  }
+  std::vector<std::uint32_t> order_;
+  std::vector<std::byte> varints_;
+};
+
+static_assert(check_codec<top_k>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/top_k.hpp ----
+
+namespace decentrain::compress {
+
+struct dct_top_k {
+  static constexpr const char* name = "dct";
+  static constexpr bool dense = false;
+  std::size_t chunk = 64;                   // values per transform (at most 4096)
+  top_k select = [] {                       // which coefficients go, and how (2% by default)
+    top_k t;
+    t.fraction = 0.02;
+    return t;
+  }();
+
+  std::string describe() const { return "dct(chunk=" + std::to_string(chunk) + "," + compress::describe(select) + ")"; }
+  std::size_t padded(std::size_t n) const {
+    check_settings();
+    return (n + chunk - 1) / chunk * chunk;
+  }
+  std::size_t max_encoded_bytes(std::size_t n) const { return select.max_encoded_bytes(padded(n)); }
+
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    detail::check_finite(in, name);
+    const auto basis = make_basis();
+    coefficients_.assign(padded(in.size()), 0.0f);
+    std::vector<float> x(chunk);
+    for (std::size_t at = 0; at < in.size(); at += chunk) {
+      const std::size_t len = std::min(chunk, in.size() - at);
+      std::fill(x.begin(), x.end(), 0.0f);
+      std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(at), len, x.begin());
+      float* c = coefficients_.data() + at;
+      for (std::size_t k = 0; k < chunk; ++k) {
+        const float* b = basis.data() + k * chunk;
+        float s = 0;
+        for (std::size_t i = 0; i < len; ++i) s += b[i] * x[i];
+        c[k] = s;
+      }
+    }
+    return select.encode(std::span<const float>(coefficients_), out);
+  }
+
+  // top_k's decode checks the payload (count, indices, values); only the coefficients it set
+  // are transformed back.
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    const auto basis = make_basis();
+    std::vector<float> c(padded(into.size()), 0.0f);
+    select.decode_add(in, std::span<float>(c));
+    std::vector<float> x(chunk);
+    for (std::size_t at = 0; at < into.size(); at += chunk) {
+      const std::size_t len = std::min(chunk, into.size() - at);
+      std::fill(x.begin(), x.end(), 0.0f);
+      bool any = false;
+      for (std::size_t k = 0; k < chunk; ++k) {
+        const float ck = c[at + k];
+        if (ck == 0.0f) continue;
+        any = true;
+        const float* b = basis.data() + k * chunk;
+        for (std::size_t i = 0; i < len; ++i) x[i] += ck * b[i];
+      }
+      if (!any) continue;
+      for (std::size_t i = 0; i < len; ++i)
+        if (!std::isfinite(x[i])) decentrain::detail::fail("dct codec: the decoded value ", at + i, " is ", x[i]);
+      for (std::size_t i = 0; i < len; ++i) into[at + i] += x[i];
+    }
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(chunk >= 2 && chunk <= 4096, "dct codec: chunk must be in [2, 4096], got ", chunk);
+  }
+  // Row k: the k-th orthonormal DCT-II basis vector, sqrt(2/N) cos(pi (i + 1/2) k / N) (k = 0:
+  // sqrt(1/N)); its transpose is the inverse. Computed in double, rounded once.
+  std::vector<float> make_basis() const {
+    check_settings();
+    std::vector<float> b(chunk * chunk);
+    const double n = static_cast<double>(chunk);
+    for (std::size_t k = 0; k < chunk; ++k)
+      for (std::size_t i = 0; i < chunk; ++i)
+        b[k * chunk + i] = static_cast<float>((k ? std::sqrt(2.0 / n) : std::sqrt(1.0 / n)) *
+                                              std::cos(3.141592653589793 * (static_cast<double>(i) + 0.5) *
+                                                       static_cast<double>(k) / n));
+    return b;
+  }
+  std::vector<float> coefficients_;
+};
+
+static_assert(check_codec<dct_top_k>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/dct_top_k.hpp ----
 // ---- begin decentrain/compress/error_feedback.hpp ----
 // Error feedback: what the codec could not send this round is kept and added to the next
 // payload, so nothing is lost, only delayed (Seide et al. 2014; Karimireddy et al. 2019). For a
@@ -12333,6 +12700,7 @@ struct error_feedback {
 
   std::string describe() const { return "ef(" + compress::describe(codec) + ")"; }
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+  void set_layout(const layout& l) { compress::set_layout(codec, l); }
 
   // Encodes values + residual; the residual becomes what the payload does not carry.
   std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
@@ -12611,6 +12979,383 @@ static_assert(check_codec<fp16>() && check_codec<bf16>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/half.hpp ----
+// ---- begin decentrain/compress/powersgd.hpp ----
+// PowerSGD (Vogels, Karimireddy and Jaggi, 2019): each matrix M of the payload (rows x cols, from
+// the policy's layout) is sent as a rank-r approximation P Q^T found by one step of power
+// iteration from the previous round's Q (warm start):
+//   P = M Q, all-reduced;  P orthonormalised (Gram-Schmidt);  Q = M^T P, all-reduced;  M ~ P Q^T
+// Both all-reduces are linear in M, so every peer ends with P P^T mean(M), the same bits on all
+// (P and Q are the collectives' results, identical everywhere). A matrix costs (rows + cols) r
+// values instead of rows cols; vectors and matrices where that saves nothing go as they are in
+// the first all-reduce. P, Q and those go through `Factors`, a dense codec (identity: f32;
+// int8_blockwise shrinks them 4x more), so a round is two ring all-reduces.
+// Error feedback is built in (`feedback`, the paper's setting): each peer keeps M - P P^T M, what
+// its own share of the approximation missed, and adds it to the next round's M; the kept parts
+// sum to what the group's approximation missed, with no per-peer drift. What Factors' rounding
+// loses is not kept (wrap Factors in error_feedback for that).
+// Outside all_reduce (encode / decode_add, the gathered path) it is one peer's own rank-r
+// approximation in f32, without feedback.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+template <class Factors = identity>
+struct powersgd {
+  static_assert(check_codec<Factors>());
+  static constexpr const char* name = "powersgd";
+  std::size_t rank = 4;
+  bool feedback = true;                     // keep what the approximation missed for the next round
+  std::uint64_t seed = 0x706f77657273ull;   // the first Q of every matrix, equal on every peer
+  Factors factors{};                        // what P, Q and the uncompressed pieces travel through
+
+  std::string describe() const {
+    return "powersgd(rank=" + std::to_string(rank) + (feedback ? ",ef" : ",noef") + ",seed=" + std::to_string(seed) +
+           ",factors=" + compress::describe(factors) + ")";
+  }
+
+  // A new layout starts its factors from the seed, or from a checkpoint loaded before it.
+  void set_layout(const layout& l) {
+    layout_ = l;
+    q_.clear();
+  }
+  const layout& payload_layout() const { return layout_; }
+
+  // The rank a piece is sent at, 0 when it goes as it is.
+  std::size_t rank_of(const matrix_piece& m) const {
+    check_settings();
+    const std::size_t r = std::min({rank, m.rows, m.cols});
+    return m.rows > 1 && m.cols > 1 && (m.rows + m.cols) * r < m.rows * m.cols ? r : 0;
+  }
+  // Values sent per round in the first and second all-reduce (P and the plain pieces; Q).
+  std::size_t first_values() const {
+    std::size_t s = 0;
+    for (const auto& m : layout_) s += rank_of(m) ? m.rows * rank_of(m) : m.size();
+    return s;
+  }
+  std::size_t second_values() const {
+    std::size_t s = 0;
+    for (const auto& m : layout_) s += m.cols * rank_of(m);
+    return s;
+  }
+
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    return layout_.empty() ? 8 + 4 * n : 8 + 4 * (first_values() + second_values());
+  }
+
+  // One peer's own approximation: n, then per piece P and Q (or the values), all f32.
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    ready(in.size());
+    detail::check_finite(in, name);
+    std::byte* p = out.data();
+    const std::uint64_t n = in.size();
+    std::memcpy(p, &n, 8);
+    p += 8;
+    auto put = [&](const std::vector<float>& v) {
+      std::memcpy(p, v.data(), 4 * v.size());
+      p += 4 * v.size();
+    };
+    std::vector<float> P, Q;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& m = layout_[i];
+      const float* M = in.data() + m.offset;
+      if (const std::size_t r = rank_of(m)) {
+        refresh(i, r);
+        multiply(M, m, q_[i], r, P);
+        orthonormalise(P, m.rows, r);
+        multiply_transposed(M, m, P, r, Q);
+        put(P);
+        put(Q);
+      } else {
+        std::memcpy(p, M, 4 * m.size());
+        p += 4 * m.size();
+      }
+    }
+    return static_cast<std::size_t>(p - out.data());
+  }
+
+  // Checks the size and every value, and that the product stays finite, before adding anything.
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    auto fail = [&](auto&&... why) { decentrain::detail::fail("powersgd codec: ", why...); };
+    if (layout_.empty()) fail("no layout: set_layout() first (the communication policies do it in start())");
+    check_layout(layout_, into.size(), "powersgd codec");
+    const std::size_t want = max_encoded_bytes(into.size());
+    if (in.size() != want) fail("a payload of ", in.size(), " bytes, expected ", want, " for ", into.size(), " values");
+    std::uint64_t n;
+    std::memcpy(&n, in.data(), 8);
+    if (n != into.size()) fail("the payload is for ", n, " values, the receiver has ", into.size());
+    std::vector<float> all((in.size() - 8) / 4);
+    std::memcpy(all.data(), in.data() + 8, 4 * all.size());
+    for (std::size_t j = 0; j < all.size(); ++j)
+      if (!std::isfinite(all[j])) fail("value ", j, " is ", all[j]);
+    std::vector<float> out(into.size());
+    const float* at = all.data();
+    for (const auto& m : layout_) {
+      if (const std::size_t r = rank_of(m)) {
+        product(at, at + m.rows * r, m, r, out.data() + m.offset);
+        at += (m.rows + m.cols) * r;
+      } else {
+        std::copy(at, at + m.size(), out.begin() + static_cast<std::ptrdiff_t>(m.offset));
+        at += m.size();
+      }
+    }
+    for (std::size_t j = 0; j < out.size(); ++j)
+      if (!std::isfinite(out[j])) fail("the decoded value ", j, " is ", out[j], " (factors too large)");
+    for (std::size_t j = 0; j < out.size(); ++j) into[j] += out[j];
+  }
+
+  template <class Comm>
+  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+    ready(values.size());
+    if (comm.world() == 1) return;  // nothing is sent, nothing is lost
+    charged(comm, [&] {
+      detail::check_finite(std::span<const float>(values), name);
+      wanted_.assign(values.begin(), values.end());
+      if (feedback) {
+        if (residual_.empty()) residual_.assign(values.size(), 0.0f);
+        for (std::size_t j = 0; j < values.size(); ++j) wanted_[j] += residual_[j];
+      }
+      // First all-reduce: P = M Q per low-rank piece, the others as they are.
+      first_.resize(first_values());
+      float* at = first_.data();
+      std::vector<float> P;
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const auto& m = layout_[i];
+        const float* M = wanted_.data() + m.offset;
+        if (const std::size_t r = rank_of(m)) {
+          refresh(i, r);
+          multiply(M, m, q_[i], r, P);
+          at = std::copy(P.begin(), P.end(), at);
+        } else {
+          at = std::copy(M, M + m.size(), at);
+        }
+      }
+    });
+    compress::all_reduce(p_codec_, comm, std::span<float>(first_), average);
+    charged(comm, [&] {
+      // Second all-reduce: Q = M^T P with P orthonormal (the same P on every peer).
+      second_.resize(second_values());
+      float* p_at = first_.data();
+      float* q_at = second_.data();
+      std::vector<float> P, Q;
+      for (const auto& m : layout_) {
+        if (const std::size_t r = rank_of(m)) {
+          P.assign(p_at, p_at + m.rows * r);
+          orthonormalise(P, m.rows, r);
+          std::copy(P.begin(), P.end(), p_at);
+          multiply_transposed(wanted_.data() + m.offset, m, P, r, Q);
+          q_at = std::copy(Q.begin(), Q.end(), q_at);
+          p_at += m.rows * r;
+        } else {
+          p_at += m.size();
+        }
+      }
+      // What this peer's share misses: M - P (M^T P)^T, with its own (not yet reduced) Q.
+      if (feedback) {
+        std::fill(residual_.begin(), residual_.end(), 0.0f);
+        const float* first = first_.data();
+        const float* mine = second_.data();
+        for (const auto& m : layout_) {
+          const std::size_t r = rank_of(m);
+          if (!r) {
+            first += m.size();
+            continue;
+          }
+          float* e = residual_.data() + m.offset;
+          product(first, mine, m, r, e);
+          const float* M = wanted_.data() + m.offset;
+          for (std::size_t j = 0; j < m.size(); ++j) e[j] = M[j] - e[j];
+          first += m.rows * r;
+          mine += m.cols * r;
+        }
+      }
+    });
+    compress::all_reduce(q_codec_, comm, std::span<float>(second_), average);
+    charged(comm, [&] {
+      const float* p_at = first_.data();
+      const float* q_at = second_.data();
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const auto& m = layout_[i];
+        float* out = values.data() + m.offset;
+        if (const std::size_t r = rank_of(m)) {
+          product(p_at, q_at, m, r, out);
+          q_[i].assign(q_at, q_at + m.cols * r);  // the next round's warm start
+          p_at += m.rows * r;
+          q_at += m.cols * r;
+        } else {
+          std::copy(p_at, p_at + m.size(), out);
+          p_at += m.size();
+        }
+      }
+      ++rounds_;
+    });
+  }
+
+  const std::vector<float>& residual() const { return residual_; }
+
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    std::vector<float> qs = loaded_q_;
+    for (const auto& q : q_) qs.insert(qs.end(), q.begin(), q.end());
+    c.tensors[prefix + "q"] = from_vector<cpu>(qs, shape{static_cast<std::int64_t>(qs.size())});
+    c.tensors[prefix + "residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
+    c.counters[prefix + "rounds"] = static_cast<std::int64_t>(rounds_);
+    if constexpr (requires { p_codec_.save(c, prefix); }) {
+      p_codec_.save(c, prefix + "p.");
+      q_codec_.save(c, prefix + "q.");
+    }
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    auto vector = [&](const std::string& key) {
+      auto it = c.tensors.find(prefix + key);
+      decentrain::detail::check(it != c.tensors.end(), "powersgd codec: the checkpoint has no '", prefix, key, "'");
+      decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, "powersgd codec: '", prefix, key,
+                                "' must be a 1-D f32 tensor");
+      return it->second.template to_vector<float>();
+    };
+    const auto qs = vector("q");
+    residual_ = vector("residual");
+    auto it = c.counters.find(prefix + "rounds");
+    decentrain::detail::check(it != c.counters.end(), "powersgd codec: the checkpoint has no '", prefix, "rounds'");
+    rounds_ = static_cast<std::uint64_t>(it->second);
+    q_.clear();
+    loaded_q_ = qs;  // split per matrix once the layout is known
+    set_factors();
+    if constexpr (requires { p_codec_.load(c, prefix); }) {
+      p_codec_.load(c, prefix + "p.");
+      q_codec_.load(c, prefix + "q.");
+    }
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(rank >= 1 && rank <= 4096, "powersgd codec: rank must be in [1, 4096], got ", rank);
+  }
+  // Layout known and matching n; the warm-start factors exist (from the seed on first use).
+  void ready(std::size_t n) {
+    decentrain::detail::check(!layout_.empty() || n == 0, "powersgd codec: no layout: it needs the payload's matrices "
+                              "(set_layout(); the communication policies do it in start())");
+    check_layout(layout_, n, "powersgd codec");
+    set_factors();
+    decentrain::detail::check(residual_.empty() || residual_.size() == n, "powersgd codec: the residual holds ",
+                              residual_.size(), " values, the payload has ", n);
+    if (q_.size() == layout_.size()) return;
+    q_.assign(layout_.size(), {});
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const std::size_t len = layout_[i].cols * rank_of(layout_[i]);
+      if (loaded_q_.empty()) {
+        q_[i].assign(len, 0.0f);  // drawn from the seed on first use (refresh)
+      } else {
+        decentrain::detail::check(at + len <= loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
+                                  loaded_q_.size(), " values, fewer than this layout at rank ", rank, " needs");
+        q_[i].assign(loaded_q_.begin() + static_cast<std::ptrdiff_t>(at), loaded_q_.begin() + static_cast<std::ptrdiff_t>(at + len));
+      }
+      at += len;
+    }
+    decentrain::detail::check(loaded_q_.empty() || at == loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
+                              loaded_q_.size(), " values, this layout at rank ", rank, " needs ", at);
+    loaded_q_.clear();
+  }
+  // The two all-reduces' codecs start as copies of `factors` (each keeps its own state).
+  void set_factors() {
+    if (factors_set_) return;
+    p_codec_ = factors;
+    q_codec_ = factors;
+    factors_set_ = true;
+  }
+  // A Q column that is all zero (a matrix that was zero, so M^T P was) would stay zero forever:
+  // it is drawn again from the seed, the round and the piece, alike on every peer.
+  void refresh(std::size_t piece, std::size_t r) {
+    auto& q = q_[piece];
+    const std::size_t cols = layout_[piece].cols;
+    for (std::size_t j = 0; j < r; ++j) {
+      bool zero = true;
+      for (std::size_t c = 0; c < cols && zero; ++c) zero = q[c * r + j] == 0.0f;
+      if (!zero) continue;
+      std::uint64_t s = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(rounds_ * 0x10000u + piece) ^ j);
+      for (std::size_t c = 0; c < cols; ++c) q[c * r + j] = normal(s);
+    }
+  }
+  // A standard normal from a counter (Box-Muller on two splitmix64 draws): the same on every
+  // platform, unlike std::normal_distribution.
+  static float normal(std::uint64_t& s) {
+    s = decentrain::detail::splitmix64(s);
+    const double u1 = (static_cast<double>(s >> 11) + 1.0) * 0x1.0p-53;
+    s = decentrain::detail::splitmix64(s);
+    const double u2 = static_cast<double>(s >> 11) * 0x1.0p-53;
+    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+  // P (rows x r) = M Q, M rows x cols, Q cols x r; all row-major.
+  static void multiply(const float* M, const matrix_piece& m, const std::vector<float>& Q, std::size_t r, std::vector<float>& P) {
+    P.assign(m.rows * r, 0.0f);
+    for (std::size_t i = 0; i < m.rows; ++i) {
+      float* p = P.data() + i * r;
+      for (std::size_t c = 0; c < m.cols; ++c) {
+        const float x = M[i * m.cols + c];
+        const float* q = Q.data() + c * r;
+        for (std::size_t j = 0; j < r; ++j) p[j] += x * q[j];
+      }
+    }
+  }
+  // Q (cols x r) = M^T P.
+  static void multiply_transposed(const float* M, const matrix_piece& m, const std::vector<float>& P, std::size_t r,
+                                  std::vector<float>& Q) {
+    Q.assign(m.cols * r, 0.0f);
+    for (std::size_t i = 0; i < m.rows; ++i) {
+      const float* p = P.data() + i * r;
+      for (std::size_t c = 0; c < m.cols; ++c) {
+        const float x = M[i * m.cols + c];
+        float* q = Q.data() + c * r;
+        for (std::size_t j = 0; j < r; ++j) q[j] += x * p[j];
+      }
+    }
+  }
+  // out (rows x cols) = P Q^T.
+  static void product(const float* P, const float* Q, const matrix_piece& m, std::size_t r, float* out) {
+    for (std::size_t i = 0; i < m.rows; ++i)
+      for (std::size_t c = 0; c < m.cols; ++c) {
+        float s = 0;
+        for (std::size_t j = 0; j < r; ++j) s += P[i * r + j] * Q[c * r + j];
+        out[i * m.cols + c] = s;
+      }
+  }
+  // Gram-Schmidt on P's columns (sums in double); a column with nothing left is set to zero.
+  static void orthonormalise(std::vector<float>& P, std::size_t rows, std::size_t r) {
+    for (std::size_t j = 0; j < r; ++j) {
+      for (std::size_t k = 0; k < j; ++k) {
+        double dot = 0;
+        for (std::size_t i = 0; i < rows; ++i) dot += static_cast<double>(P[i * r + j]) * P[i * r + k];
+        for (std::size_t i = 0; i < rows; ++i) P[i * r + j] -= static_cast<float>(dot) * P[i * r + k];
+      }
+      double norm = 0;
+      for (std::size_t i = 0; i < rows; ++i) norm += static_cast<double>(P[i * r + j]) * P[i * r + j];
+      norm = std::sqrt(norm);
+      const float inv = norm > 1e-30 ? static_cast<float>(1.0 / norm) : 0.0f;
+      for (std::size_t i = 0; i < rows; ++i) P[i * r + j] *= inv;
+    }
+  }
+
+  layout layout_;
+  std::vector<std::vector<float>> q_;
+  std::vector<float> loaded_q_;
+  std::vector<float> residual_, wanted_, first_, second_;
+  std::uint64_t rounds_ = 0;
+  Factors p_codec_{}, q_codec_{};
+  bool factors_set_ = false;
+};
+
+static_assert(check_codec<powersgd<>>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/powersgd.hpp ----
 // ---- begin decentrain/compress/sign.hpp ----
 // signSGD-style: one bit per value (its sign) and, per block, the mean magnitude as the scale:
 // 32x fewer bytes than f32 at large blocks. Very lossy on its own; meant to run inside
@@ -12685,219 +13430,6 @@ static_assert(check_codec<sign>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/sign.hpp ----
-// ---- begin decentrain/compress/top_k.hpp ----
-// Top-k sparsification: the k values of largest magnitude and where they are. Indices go as
-// gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32,
-// or in 4 or 2 bits (`value_bits`): a sign and a magnitude of 1..L (L = 8 or 2) in L-ths of
-// the absmax of each `block` of selected values, scale f32. No code means zero: every value
-// top-k picks is among the largest, so the grid spends its codes on magnitudes (SparseLoCo sends
-// 1-3% of the values at 2 bits). Sent by gathering (every peer decodes every peer's payload),
-// since sparse payloads do not add up on the way around a ring. Meant to run inside
-// error_feedback<top_k>, which keeps what was not sent for the next round (Deep Gradient
-// Compression, SparseLoCo).
-
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <numeric>
-#include <span>
-#include <string>
-#include <vector>
-
-
-namespace decentrain::compress {
-
-struct top_k {
-  static constexpr const char* name = "topk";
-  static constexpr bool dense = false;
-  double fraction = 0.01;  // of the values sent (at least one)
-  std::int64_t count = 0;  // when > 0, exactly this many (at most all)
-  int value_bits = 32;     // 32 (f32), 4 or 2
-  std::size_t block = 64;  // selected values per scale, when value_bits < 32
-
-  std::string describe() const {
-    std::string s = count > 0 ? "topk(count=" + std::to_string(count) : "topk(fraction=" + std::to_string(fraction);
-    if (value_bits < 32) s += ",int" + std::to_string(value_bits) + ",block=" + std::to_string(block);
-    return s + ")";
-  }
-  std::size_t k_for(std::size_t n) const {
-    check_settings();
-    if (n == 0) return 0;
-    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(n)));
-    return std::clamp<std::size_t>(k, 1, n);
-  }
-  static constexpr std::size_t header_bytes = 8 + 8 + 1 + 8;  // n, k, index format, index bytes
-  std::size_t value_bytes(std::size_t k) const {
-    return value_bits == 32 ? 4 * k : 4 * ((k + block - 1) / block) + (k * static_cast<std::size_t>(value_bits) + 7) / 8;
-  }
-  std::size_t max_encoded_bytes(std::size_t n) const {
-    const std::size_t k = k_for(n);
-    return header_bytes + std::min((n + 7) / 8, 5 * k) + value_bytes(k);
-  }
-
-  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
-    detail::check_finite(in, name);
-    const std::size_t n = in.size(), k = k_for(n);
-    order_.resize(n);
-    std::iota(order_.begin(), order_.end(), std::uint32_t{0});
-    // Largest magnitudes first; ties to the lower index, so every run picks the same.
-    auto larger = [&](std::uint32_t a, std::uint32_t b) {
-      const float x = std::abs(in[a]), y = std::abs(in[b]);
-      return x > y || (x == y && a < b);
-    };
-    if (k < n) std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(), larger);
-    std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k));
-    // Indices as varint gaps or as a bitmap.
-    varints_.clear();
-    std::int64_t previous = -1;
-    for (std::size_t j = 0; j < k; ++j) {
-      auto gap = static_cast<std::uint64_t>(static_cast<std::int64_t>(order_[j]) - previous - 1);
-      previous = order_[j];
-      do {
-        const auto byte = static_cast<std::uint8_t>(gap & 0x7fu);
-        gap >>= 7;
-        varints_.push_back(static_cast<std::byte>(gap ? (byte | 0x80u) : byte));
-      } while (gap);
-    }
-    const std::size_t bitmap = (n + 7) / 8;
-    const bool use_bitmap = bitmap < varints_.size();
-    const std::size_t index_bytes = use_bitmap ? bitmap : varints_.size();
-    std::byte* p = out.data();
-    put(p, static_cast<std::uint64_t>(n));
-    put(p, static_cast<std::uint64_t>(k));
-    *p++ = static_cast<std::byte>(use_bitmap ? 1 : 0);
-    put(p, static_cast<std::uint64_t>(index_bytes));
-    if (use_bitmap) {
-      std::memset(p, 0, bitmap);
-      for (std::size_t j = 0; j < k; ++j) p[order_[j] / 8] |= static_cast<std::byte>(1u << (order_[j] % 8));
-    } else if (index_bytes) {
-      std::memcpy(p, varints_.data(), index_bytes);
-    }
-    p += index_bytes;
-    if (value_bits == 32) {
-      for (std::size_t j = 0; j < k; ++j, p += 4) std::memcpy(p, &in[order_[j]], 4);
-      return static_cast<std::size_t>(p - out.data());
-    }
-    const std::size_t nb = (k + block - 1) / block;
-    auto* codes = reinterpret_cast<std::uint8_t*>(p + 4 * nb);
-    std::memset(codes, 0, value_bytes(k) - 4 * nb);
-    const int L = levels();
-    for (std::size_t b = 0; b < nb; ++b) {
-      const std::size_t from = b * block, to = std::min(k, from + block);
-      float absmax = 0;
-      for (std::size_t j = from; j < to; ++j) absmax = std::max(absmax, std::abs(in[order_[j]]));
-      const float scale = absmax / static_cast<float>(L);
-      std::memcpy(p + 4 * b, &scale, 4);
-      // In double: L / absmax overflows f32 for a denormal absmax.
-      const double inv = absmax > 0 ? static_cast<double>(L) / static_cast<double>(absmax) : 0.0;
-      for (std::size_t j = from; j < to; ++j) {
-        const float x = in[order_[j]];
-        const auto m = std::clamp(static_cast<int>(std::nearbyint(static_cast<double>(std::abs(x)) * inv)), 1, L);
-        const unsigned code = static_cast<unsigned>(m - 1) | (std::signbit(x) ? static_cast<unsigned>(L) : 0u);
-        const std::size_t bit = j * static_cast<std::size_t>(value_bits);
-        codes[bit / 8] = static_cast<std::uint8_t>(codes[bit / 8] | (code << (bit % 8)));
-      }
-    }
-    return static_cast<std::size_t>(p - out.data()) + value_bytes(k);
-  }
-
-  // Checks everything before adding anything: the count, the format, every index in range and
-  // increasing, every value finite.
-  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
-    check_settings();
-    const std::size_t n = into.size();
-    auto fail = [&](auto&&... why) { decentrain::detail::fail("topk codec: ", why...); };
-    if (in.size() < header_bytes) fail("a payload of ", in.size(), " bytes is shorter than its header");
-    const std::byte* p = in.data();
-    const auto sent_n = get(p), k = get(p);
-    const auto format = static_cast<std::uint8_t>(*p++);
-    const auto index_bytes = get(p);
-    if (sent_n != n) fail("the payload is for ", sent_n, " values, the receiver has ", n);
-    if (k > n) fail("the payload says ", k, " values of ", n);
-    if (format > 1) fail("unknown index format ", int{format});
-    if (index_bytes > in.size() - header_bytes || in.size() - header_bytes - index_bytes != value_bytes(k))
-      fail("a payload of ", in.size(), " bytes cannot hold ", index_bytes, " index bytes and ", k, " values of ", value_bits,
-           " bits");
-    std::vector<std::uint32_t> at;
-    at.reserve(static_cast<std::size_t>(k));
-    if (format == 1) {
-      if (index_bytes != (n + 7) / 8) fail("a bitmap of ", index_bytes, " bytes for ", n, " values");
-      for (std::size_t i = 0; i < n; ++i)
-        if ((static_cast<std::uint8_t>(p[i / 8]) >> (i % 8)) & 1u) at.push_back(static_cast<std::uint32_t>(i));
-      if (n % 8 && (static_cast<std::uint8_t>(p[n / 8]) >> (n % 8))) fail("bitmap bits set past value ", n - 1);
-    } else {
-      std::size_t used = 0;
-      std::int64_t previous = -1;
-      while (used < index_bytes) {
-        std::uint64_t gap = 0;
-        int shift = 0;
-        for (;;) {
-          if (used == index_bytes || shift > 35) fail("a malformed index varint");
-          const auto byte = static_cast<std::uint8_t>(p[used++]);
-          gap |= static_cast<std::uint64_t>(byte & 0x7fu) << shift;
-          shift += 7;
-          if (!(byte & 0x80u)) break;
-        }
-        const auto index = previous + 1 + static_cast<std::int64_t>(gap);
-        if (index >= static_cast<std::int64_t>(n)) fail("index ", index, " is outside ", n, " values");
-        at.push_back(static_cast<std::uint32_t>(index));
-        previous = index;
-      }
-    }
-    if (at.size() != k) fail("the payload says ", k, " values but lists ", at.size(), " indices");
-    p += index_bytes;
-    if (value_bits == 32) {
-      for (std::size_t j = 0; j < k; ++j)
-        if (const float v = detail::load_f32(p + 4 * j); !std::isfinite(v)) fail("value ", j, " (index ", at[j], ") is ", v);
-      for (std::size_t j = 0; j < k; ++j) into[at[j]] += detail::load_f32(p + 4 * j);
-      return;
-    }
-    // Every code is a value; the scales are checked, and the bits after the last code are 0.
-    const std::size_t nb = (k + block - 1) / block;
-    detail::check_scales(p, nb, name, "value block");
-    const auto* codes = reinterpret_cast<const std::uint8_t*>(p + 4 * nb);
-    const std::size_t used_bits = static_cast<std::size_t>(k) * static_cast<std::size_t>(value_bits);
-    if (used_bits % 8 && (codes[used_bits / 8] >> (used_bits % 8))) fail("the padding bits after value ", k - 1, " are not 0");
-    const int L = levels();
-    const unsigned mask = (1u << value_bits) - 1;
-    for (std::size_t j = 0; j < k; ++j) {
-      const std::size_t bit = j * static_cast<std::size_t>(value_bits);
-      const unsigned code = (codes[bit / 8] >> (bit % 8)) & mask;
-      const float m = static_cast<float>((code & static_cast<unsigned>(L - 1)) + 1);
-      const float s = detail::load_f32(p + 4 * (j / block));
-      into[at[j]] += (code & static_cast<unsigned>(L) ? -m : m) * s;
-    }
-  }
-
- private:
-  void check_settings() const {
-    decentrain::detail::check(count > 0 || (fraction > 0 && fraction <= 1), "topk codec: fraction must be in (0, 1], got ",
-                              fraction);
-    decentrain::detail::check(value_bits == 32 || value_bits == 4 || value_bits == 2,
-                              "topk codec: value_bits must be 32, 4 or 2, got ", value_bits);
-    decentrain::detail::check(block >= 1 && block <= (std::size_t{1} << 24), "topk codec: block must be in [1, 2^24], got ", block);
-  }
-  int levels() const { return 1 << (value_bits - 1); }  // magnitudes 1..L, and a sign bit
-  static void put(std::byte*& p, std::uint64_t v) {
-    std::memcpy(p, &v, 8);
-    p += 8;
-  }
-  static std::uint64_t get(const std::byte*& p) {
-    std::uint64_t v;
-    std::memcpy(&v, p, 8);
-    p += 8;
-    return v;
-  }
-  std::vector<std::uint32_t> order_;
-  std::vector<std::byte> varints_;
-};
-
-static_assert(check_codec<top_k>());
-
-}  // namespace decentrain::compress
-// ---- end decentrain/compress/top_k.hpp ----
 
 namespace decentrain::compress {
 
@@ -12927,6 +13459,7 @@ class any_codec {
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
   void flush_into(std::span<float> values) { self_->flush_into(values); }
+  void set_layout(const layout& l) { self_->set_layout(l); }
   void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
   void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
 
@@ -12940,6 +13473,7 @@ class any_codec {
     virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
     virtual void flush_into(std::span<float>) = 0;
+    virtual void set_layout(const layout&) = 0;
     virtual void save(io::checkpoint&, const std::string&) const = 0;
     virtual void load(const io::checkpoint&, const std::string&) = 0;
   };
@@ -12957,6 +13491,7 @@ class any_codec {
     void flush_into(std::span<float> values) override {
       if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
     }
+    void set_layout(const layout& l) override { compress::set_layout(c, l); }
     void save(io::checkpoint& ck, const std::string& prefix) const override {
       if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
     }
@@ -12968,7 +13503,7 @@ class any_codec {
   std::shared_ptr<base> self_;
 };
 
-inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, topk (each may add ',ef')";
+inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, topk, dct (each may add ',ef'), powersgd";
 
 // "int4:block=64,ef" -> the codec; an unknown name, setting or value is an error naming it.
 inline any_codec parse_codec(std::string_view spec) {
@@ -13067,24 +13602,292 @@ inline any_codec parse_codec(std::string_view spec) {
     (void)c.max_encoded_bytes(0);
     return wrap(c);
   }
+  // top-k's settings, shared with dct (which picks coefficients the same way).
+  auto topk_setting = [&](top_k& c, const std::string& k, const std::string& v) {
+    if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
+    else if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
+    else if (k == "fraction") c.fraction = number(k, v);
+    else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
+    else if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
+    else return false;
+    return true;
+  };
   if (name == "topk") {
     top_k c;
-    for (const auto& [k, v] : settings) {
-      if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
-      else if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
-      else if (k == "fraction") c.fraction = number(k, v);
-      else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
-      else if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
-      else unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale)");
-    }
+    for (const auto& [k, v] : settings)
+      if (!topk_setting(c, k, v))
+        unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale)");
     (void)c.k_for(1);
     return wrap(c);
+  }
+  if (name == "dct") {
+    dct_top_k c;
+    for (const auto& [k, v] : settings) {
+      if (k == "chunk") c.chunk = whole(k, v, 2, 4096);
+      else if (!topk_setting(c.select, k, v))
+        unknown(k, "chunk=N (values per transform), and top-k's: a fraction (dct:0.02), fraction=F, count=K, int4 or int2, block=N");
+    }
+    (void)c.max_encoded_bytes(1);
+    (void)c.select.k_for(1);
+    return wrap(c);
+  }
+  if (name == "powersgd") {
+    check(!ef, "--codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
+    check(!adapt, "--codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
+    powersgd<any_codec> c;
+    for (const auto& [k, v] : settings) {
+      if (k == "rank") c.rank = whole(k, v, 1, 4096);
+      else if (k == "noef" && v.empty()) c.feedback = false;
+      else if (k == "seed") c.seed = whole(k, v, 0, 9e15);
+      else if (k == "factors" && (v == "identity" || v == "fp16" || v == "bf16" || v == "int8" || v == "int4" || v == "fp4"))
+        c.factors = parse_codec(v);
+      else if (k == "factors")
+        fail("--codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
+      else unknown(k, "rank=R, noef, seed=S, factors=identity|fp16|bf16|int8|int4|fp4");
+    }
+    (void)c.rank_of(matrix_piece{0, 2, 2});
+    return c;
   }
   fail("--codec '", spec, "': unknown codec '", name, "' (expected one of: ", codec_names, ")");
 }
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/any_codec.hpp ----
+// ---- begin decentrain/kernels/quantize.hpp ----
+// The codecs' device paths: blockwise quantisation and top-k of magnitudes on the GPU when nvcc
+// compiles (the .cuh is empty otherwise); on the CPU the codecs in compress/ do this themselves.
+
+// ---- begin decentrain/kernels/cuda/quantize.cuh ----
+// The codecs' GPU paths: blockwise int8/int4 quantisation and dequantisation, and top-k of
+// magnitudes (CUB's radix sort), reading and writing the CPU codecs' formats byte for byte
+// (compress/blockwise.hpp, compress/top_k.hpp), so a peer that encodes on its GPU talks to one
+// that decodes on its CPU and both end with the same bits. Only the compressed bytes need to
+// cross PCIe: a 124M-value pseudo-gradient leaves the GPU as 132 MB of int8 instead of 496 MB.
+// Compiled only by nvcc.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+// The settings of one blockwise encode call (compress::blockwise's, and its call number, which
+// stochastic rounding draws from).
+struct blockwise_settings {
+  std::int64_t block = 64;
+  bool stochastic = false;
+  std::uint64_t seed = 0, call = 0;
+};
+
+namespace cuda_detail {
+
+constexpr int codec_threads = 256;  // 8 warps, one quantisation block each at a time
+
+template <int Bits>
+__device__ inline int quantize_one(float x, float inv_f, double inv, bool tiny, const blockwise_settings& s, std::int64_t i) {
+  constexpr float levels = Bits == 8 ? 127.0f : 7.0f;
+  float v;
+  if (tiny) v = static_cast<float>(static_cast<double>(x) * inv);  // a denormal block: scale in double
+  else v = __fmul_rn(x, inv_f);                                     // no FMA: the CPU rounds the product
+  if (s.stochastic && !tiny) v = __fadd_rn(v, decentrain::detail::unit_draw(s.seed, s.call, static_cast<std::uint64_t>(i)) - 0.5f);
+  v = fminf(fmaxf(v, -levels), levels);
+  return __float2int_rn(v);  // nearest, ties to even, as the CPU's magic-number rounding
+}
+
+// One warp per block of `s.block` values: absmax through the bits, the scale, the codes.
+template <int Bits>
+__global__ void blockwise_encode_kernel(const float* x, std::int64_t n, blockwise_settings s, float* scales,
+                                        std::uint8_t* codes, int* nonfinite) {
+  constexpr int levels = Bits == 8 ? 127 : 7;
+  const std::int64_t warps = thread_count() / 32, nb = (n + s.block - 1) / s.block;
+  const int lane = threadIdx.x % 32;
+  for (std::int64_t b = thread_index() / 32; b < nb; b += warps) {
+    const std::int64_t from = b * s.block, len = min64(n, from + s.block) - from;
+    unsigned top = 0;
+    bool bad = false;
+    for (std::int64_t i = lane; i < len; i += 32) {
+      const unsigned u = __float_as_uint(x[from + i]) & 0x7fffffffu;
+      top = u > top ? u : top;
+      bad |= u >= 0x7f800000u;
+    }
+    top = __reduce_max_sync(0xffffffffu, top);
+    if (__any_sync(0xffffffffu, bad)) {
+      if (lane == 0) atomicOr(nonfinite, 1);
+      continue;
+    }
+    const float absmax = __uint_as_float(top);
+    if (lane == 0) scales[b] = __fdiv_rn(absmax, static_cast<float>(levels));
+    const double inv = absmax > 0 ? static_cast<double>(levels) / static_cast<double>(absmax) : 0.0;
+    const bool tiny = inv > 1e30;
+    const float inv_f = static_cast<float>(tiny ? 0.0 : inv);
+    if constexpr (Bits == 8) {
+      for (std::int64_t i = lane; i < len; i += 32)
+        codes[from + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(quantize_one<8>(x[from + i], inv_f, inv, tiny, s, from + i)));
+    } else {  // two codes a byte, low nibble first; the block is even, so a byte holds one block's codes
+      for (std::int64_t p = lane; 2 * p < len; p += 32) {
+        const std::int64_t i = from + 2 * p;
+        const int lo = quantize_one<4>(x[i], inv_f, inv, tiny, s, i);
+        const int hi = 2 * p + 1 < len ? quantize_one<4>(x[i + 1], inv_f, inv, tiny, s, i + 1) : 0;
+        codes[i / 2] = static_cast<std::uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
+      }
+    }
+  }
+}
+
+// Flags a scale that is not finite and >= 0, or a code the encoder never writes (-128 / -8).
+template <int Bits>
+__global__ void blockwise_check_kernel(const float* scales, std::int64_t nb, const std::uint8_t* codes, std::int64_t bytes,
+                                       int* bad) {
+  for (std::int64_t b = thread_index(); b < nb; b += thread_count())
+    if (!(scales[b] >= 0.0f && scales[b] <= 3.402823466e38f)) atomicOr(bad, 1);
+  for (std::int64_t i = thread_index(); i < bytes; i += thread_count()) {
+    const unsigned c = codes[i];
+    if (Bits == 8 ? c == 0x80u : ((c & 0xfu) == 0x8u || (c >> 4) == 0x8u)) atomicOr(bad, 2);
+  }
+}
+
+template <int Bits>
+__global__ void blockwise_decode_add_kernel(const float* scales, const std::uint8_t* codes, std::int64_t n, std::int64_t block,
+                                            float* y) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    int code;
+    if constexpr (Bits == 8) code = static_cast<std::int8_t>(codes[i]);
+    else code = static_cast<std::int8_t>(static_cast<std::uint8_t>(((codes[i / 2] >> (4 * (i % 2))) & 0xfu) << 4)) >> 4;
+    y[i] += static_cast<float>(code) * scales[i / block];
+  }
+}
+
+// (Templates, as every kernel in a header: a plain __global__ function would be defined once per
+// translation unit.)
+template <class T>
+__global__ void magnitude_kernel(const T* x, std::int64_t n, T* out, std::int32_t* order, int* nonfinite) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    const float a = fabsf(x[i]);
+    if (!(a <= 3.402823466e38f)) atomicOr(nonfinite, 1);
+    out[i] = a;
+    order[i] = static_cast<std::int32_t>(i);
+  }
+}
+
+template <class T>
+__global__ void gather_kernel(const T* x, const std::int32_t* at, std::int64_t k, T* out) {
+  for (std::int64_t j = thread_index(); j < k; j += thread_count()) out[j] = x[at[j]];
+}
+
+// One int on the device that kernels OR their findings into, zero at first.
+struct device_flag {
+  scratch<int> flag{1};
+  device_flag() {
+    cuda_rt::check(cudaMemsetAsync(flag.get(), 0, sizeof(int), cuda_rt::current_stream()), "cudaMemsetAsync (codec flag)");
+  }
+  int* get() const { return flag.get(); }
+  int read() const {
+    int v = 0;
+    cuda_rt::check(cudaMemcpyAsync(&v, flag.get(), sizeof v, cudaMemcpyDeviceToHost, cuda_rt::current_stream()),
+                   "cudaMemcpyAsync (codec flag)");
+    cuda_rt::synchronize();
+    return v;
+  }
+};
+inline unsigned warp_blocks(std::int64_t warps) {
+  const std::int64_t blocks = (warps * 32 + codec_threads - 1) / codec_threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 ? 65535 : blocks));
+}
+
+}  // namespace cuda_detail
+
+// The payload of compress::blockwise<Bits> for x[0..n) (device memory) into `payload` (device
+// memory, max_encoded_bytes(n) of it: the scales, then the codes). Throws on a value that is not
+// finite, as the CPU codec does.
+template <int Bits>
+void blockwise_encode(cuda, const float* x, std::int64_t n, const blockwise_settings& s, std::byte* payload) {
+  static_assert(Bits == 8 || Bits == 4, "blockwise_encode: 8 or 4 bits");
+  decentrain::detail::check(s.block >= 1 && (Bits == 8 || s.block % 2 == 0), "blockwise_encode: block ", s.block,
+                            Bits == 4 ? " (int4 needs an even block)" : "");
+  if (n == 0) return;
+  const std::int64_t nb = (n + s.block - 1) / s.block;
+  cuda_detail::device_flag flag;
+  cuda_detail::blockwise_encode_kernel<Bits><<<cuda_detail::warp_blocks(nb), cuda_detail::codec_threads, 0,
+                                               cuda_rt::current_stream()>>>(
+      x, n, s, reinterpret_cast<float*>(payload), reinterpret_cast<std::uint8_t*>(payload + 4 * nb), flag.get());
+  cuda_rt::check_launch("blockwise_encode_kernel");
+  decentrain::detail::check(flag.read() == 0, Bits == 8 ? "int8" : "int4",
+                            " codec: a value on the GPU is not finite");
+}
+
+// Adds the values of a blockwise<Bits> payload (device memory, exactly its size) into y[0..n);
+// a scale or code the encoder could not have written is an error, and then nothing is added.
+template <int Bits>
+void blockwise_decode_add(cuda, const std::byte* payload, std::size_t payload_bytes, std::int64_t n, std::int64_t block, float* y) {
+  const std::int64_t nb = (n + block - 1) / block, bytes = Bits == 8 ? n : (n + 1) / 2;
+  const char* name = Bits == 8 ? "int8" : "int4";
+  decentrain::detail::check(payload_bytes == static_cast<std::size_t>(4 * nb + bytes), name, " codec: a payload of ", payload_bytes,
+                            " bytes for ", n, " values (expected ", 4 * nb + bytes, ")");
+  if (n == 0) return;
+  const auto* scales = reinterpret_cast<const float*>(payload);
+  const auto* codes = reinterpret_cast<const std::uint8_t*>(payload + 4 * nb);
+  const auto stream = cuda_rt::current_stream();
+  cuda_detail::device_flag flag;
+  cuda_detail::blockwise_check_kernel<Bits><<<cuda_rt::blocks_for(bytes), cuda_rt::threads_per_block, 0, stream>>>(
+      scales, nb, codes, bytes, flag.get());
+  cuda_rt::check_launch("blockwise_check_kernel");
+  const int bad = flag.read();
+  decentrain::detail::check(!(bad & 1), name, " codec: a block's scale is not finite and >= 0");
+  decentrain::detail::check(!(bad & 2), name, " codec: a code below -", Bits == 8 ? 127 : 7);
+  if constexpr (Bits == 4) {
+    if (n % 2) {
+      std::uint8_t last = 0;
+      cuda_rt::check(cudaMemcpyAsync(&last, codes + n / 2, 1, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (int4 padding)");
+      cuda_rt::synchronize();
+      decentrain::detail::check((last >> 4) == 0, name, " codec: the padding nibble after value ", n - 1, " is not 0");
+    }
+  }
+  cuda_detail::blockwise_decode_add_kernel<Bits><<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, stream>>>(
+      scales, codes, n, block, y);
+  cuda_rt::check_launch("blockwise_decode_add_kernel");
+}
+
+// The k values of largest magnitude of x[0..n) (device memory): indices[0..k) ascending and
+// values[0..k) at them, as compress::top_k picks them (ties to the lower index: the radix sort is
+// stable). Throws on a value that is not finite.
+inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k, std::int32_t* indices, float* values) {
+  decentrain::detail::check(k >= 0 && k <= n && n < (std::int64_t{1} << 31), "top_k_magnitude: k = ", k, " of n = ", n);
+  if (k == 0) return;
+  const auto stream = cuda_rt::current_stream();
+  cuda_detail::scratch<float> mag(n), sorted(n);
+  cuda_detail::scratch<std::int32_t> order_in(n), order_out(n);
+  cuda_detail::device_flag flag;
+  cuda_detail::magnitude_kernel<float><<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, stream>>>(x, n, mag.get(),
+                                                                                                   order_in.get(), flag.get());
+  cuda_rt::check_launch("magnitude_kernel");
+  std::size_t temp_bytes = 0, sort_bytes = 0;
+  cuda_rt::check(cub::DeviceRadixSort::SortPairsDescending(nullptr, temp_bytes, mag.get(), sorted.get(), order_in.get(),
+                                                            order_out.get(), n, 0, 32, stream),
+                 "cub::DeviceRadixSort::SortPairsDescending (size query)");
+  cuda_rt::check(cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, order_out.get(), indices, k, 0, 32, stream),
+                 "cub::DeviceRadixSort::SortKeys (size query)");
+  cuda_detail::scratch<unsigned char> temp(static_cast<std::int64_t>(std::max(temp_bytes, sort_bytes)));
+  cuda_rt::check(cub::DeviceRadixSort::SortPairsDescending(temp.get(), temp_bytes, mag.get(), sorted.get(), order_in.get(),
+                                                            order_out.get(), n, 0, 32, stream),
+                 "cub::DeviceRadixSort::SortPairsDescending");
+  // The k chosen indices in ascending order (the payload sends them as gaps).
+  cuda_rt::check(cub::DeviceRadixSort::SortKeys(temp.get(), sort_bytes, order_out.get(), indices, k, 0, 32, stream),
+                 "cub::DeviceRadixSort::SortKeys");
+  cuda_detail::gather_kernel<float><<<cuda_rt::blocks_for(k), cuda_rt::threads_per_block, 0, stream>>>(x, indices, k, values);
+  cuda_rt::check_launch("gather_kernel");
+  decentrain::detail::check(flag.read() == 0, "topk codec: a value on the GPU is not finite");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/quantize.cuh ----
+// ---- end decentrain/kernels/quantize.hpp ----
 // ---- end decentrain/compress/compress.hpp ----
 // ---- begin decentrain/comm/comm.hpp ----
 // Everything in comm: the policy concept and the communication policies.
@@ -13105,7 +13908,8 @@ inline any_codec parse_codec(std::string_view spec) {
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
 // The trainer calls, per peer:
 //   start(ctx)            once, before the first step (make every peer start from rank 0's model;
-//                         compress::agree checks that every replica uses the same codec settings)
+//                         prepare_codec checks that every replica uses the same codec settings
+//                         and tells a codec that works per matrix the parameters' shapes)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
@@ -13219,6 +14023,27 @@ void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   scatter_values(ctx.parameters, buffer);
 }
 
+// What a policy does with its codec in start(): every replica must use the same settings
+// (compress::agree), and a codec that works per matrix learns the parameters' shapes.
+template <class Device>
+compress::layout layout_of(const parameter_list<Device>& params) {
+  compress::layout l;
+  std::size_t at = 0;
+  for (const auto& e : params) {
+    const auto& s = e.param.value().shape();
+    const auto n = static_cast<std::size_t>(s.numel());
+    const std::size_t cols = s.rank() ? static_cast<std::size_t>(s[s.rank() - 1]) : 1;
+    l.push_back({at, cols ? n / cols : 0, cols});
+    at += n;
+  }
+  return l;
+}
+template <class Codec, class Ctx>
+void prepare_codec(Codec& codec, Ctx& ctx) {
+  compress::agree(codec, ctx.replicas);
+  compress::set_layout(codec, layout_of(ctx.parameters));
+}
+
 // A codec's state in the policy's checkpoint, where the codec has any.
 template <class Codec>
 void save_codec(const Codec& codec, io::checkpoint& c, const std::string& prefix) {
@@ -13275,7 +14100,7 @@ struct diloco {
     decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
                               "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
                               outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
-    compress::agree(codec, ctx.replicas);
+    prepare_codec(codec, ctx);
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -13351,7 +14176,7 @@ struct local_sgd {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
-    compress::agree(codec, ctx.replicas);
+    prepare_codec(codec, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -13392,7 +14217,7 @@ struct sync_allreduce {
 
   template <class Ctx>
   void start(Ctx& ctx) {
-    compress::agree(codec, ctx.replicas);
+    prepare_codec(codec, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>

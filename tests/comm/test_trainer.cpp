@@ -212,6 +212,53 @@ TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints mat
                     Catch::Contains("peers start at different steps (from 0 to 7)"));
 }
 
+TEST_CASE("trainer: DiLoCo through PowerSGD gets the parameters' shapes, sends far less, and resumes bit-exact") {
+  trainer_options opts;
+  opts.steps = 12;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  using Low = dt::comm::diloco<dt::comm::outer::nesterov, dt::compress::powersgd<>>;
+  using Diloco = dt::train::trainer<dt::nn::gpt<dt::cpu>, Low>;
+  Low h5;
+  h5.inner_steps = 5;
+  h5.codec.rank = 2;
+  std::vector<dt::train::fit_result> low_r, plain_r;
+  const auto whole = run_peers<Diloco>(2, opts, h5, &low_r);
+  CHECK(whole[0] == whole[1]);
+  dt::comm::diloco<> plain;
+  plain.inner_steps = 5;
+  (void)run_peers<dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>>(2, opts, plain, &plain_r);
+  CHECK(low_r[0].last.policy_bytes_sent * 4 < plain_r[0].last.policy_bytes_sent);
+
+  const auto& c = small_corpus();
+  const auto cfg = tiny_config(c.tok.vocab_size());
+  std::vector<dt::io::checkpoint> saved(2);
+  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    Diloco t(cfg, opts, ep, h5);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {
+      if (m.step == 7) {
+        saved[static_cast<std::size_t>(ep.rank())] = t.capture();
+        throw stop{};
+      }
+    });
+    try {
+      (void)t.fit(c.data);
+    } catch (const stop&) {
+    }
+  });
+  CHECK(saved[0].tensors.count("comm.diloco.codec.q") == 1);
+  std::vector<std::vector<float>> resumed(2);
+  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    Diloco t(cfg, opts, ep, h5);
+    t.restore(saved[static_cast<std::size_t>(ep.rank())]);
+    (void)t.fit(c.data);
+    resumed[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());
+  });
+  CHECK(resumed[0] == whole[0]);
+  CHECK(resumed[1] == whole[1]);
+}
+
 TEST_CASE("trainer: bad options and mismatched checkpoints are errors") {
   const auto cfg = tiny_config(small_corpus().tok.vocab_size());
   using T = dt::train::trainer<dt::nn::gpt<dt::cpu>>;

@@ -493,3 +493,181 @@ TEST_CASE("codecs: adaptive sends f32 where the codec's work costs more than its
   CHECK(cz::parse_codec("int8:adaptive").describe() == "adaptive(int8(block=64),probe_every=100)");
 }
 #endif
+
+TEST_CASE("codecs: DCT top-k sends the largest coefficients; all of them give the values back") {
+  for (const std::size_t n : sizes) {
+    cz::dct_top_k all;
+    all.chunk = 16;
+    all.select.fraction = 1.0;
+    for (const auto& x : inputs(n)) {
+      if (std::abs(x[0]) > 1e20f) continue;  // huge values: the transform's sums overflow f32
+      const auto y = round_trip(all, x);
+      double scale = 1e-30;
+      for (float v : x) scale = std::max(scale, static_cast<double>(std::abs(v)));
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(std::abs(y[i] - x[i]) <= 1e-5 * scale);
+    }
+  }
+  // A smooth signal puts its energy in a few coefficients: 1/16 of them carry it far better than
+  // 1/16 of the raw values.
+  std::vector<float> smooth(4096);
+  for (std::size_t i = 0; i < smooth.size(); ++i) smooth[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
+  cz::dct_top_k dct;
+  dct.select.fraction = 1.0 / 16;
+  cz::top_k raw;
+  raw.fraction = 1.0 / 16;
+  auto error = [&](const std::vector<float>& y) {
+    double e = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) e += std::pow(static_cast<double>(y[i]) - smooth[i], 2);
+    return std::sqrt(e);
+  };
+  const double with_dct = error(round_trip(dct, smooth)), without = error(round_trip(raw, smooth));
+  CHECK(with_dct < 0.1 * without);
+  CHECK(cz::parse_codec("dct:0.05,chunk=32,int2,ef").describe() == "ef(dct(chunk=32,topk(fraction=0.050000,int2,block=64)))");
+  CHECK_THROWS_WITH(cz::parse_codec("dct:chunk=1"), Catch::Contains("chunk must be a whole number in [2, 4096]"));
+  // Error feedback in values: sent + kept == input.
+  cz::error_feedback<cz::dct_top_k> ef;
+  ef.codec.select.fraction = 0.05;
+  const auto x = random_values(1001, 5);
+  const auto y = round_trip(ef, x);
+  for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(y[i] + ef.residual()[i] == Approx(x[i]).margin(1e-5));
+}
+
+namespace {
+// M = u v^T + w z^T (rank 2), rows x cols, row-major.
+std::vector<float> rank_two(std::size_t rows, std::size_t cols, std::uint64_t seed) {
+  const auto u = random_values(rows, seed), v = random_values(cols, seed + 1), w = random_values(rows, seed + 2),
+             z = random_values(cols, seed + 3);
+  std::vector<float> m(rows * cols);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t c = 0; c < cols; ++c) m[i * cols + c] = u[i] * v[c] + w[i] * z[c];
+  return m;
+}
+// A payload of a 40 x 30 matrix, a bias of 30 and a 3 x 2 matrix (too small to gain).
+const cz::layout small_layout = {{0, 40, 30}, {1200, 1, 30}, {1230, 3, 2}};
+}  // namespace
+
+TEST_CASE("codecs: PowerSGD sends rank-r factors of each matrix, the small pieces as they are") {
+  cz::powersgd<> p;
+  p.rank = 2;
+  CHECK_THROWS_WITH(round_trip(p, random_values(1236, 1)), Catch::Contains("no layout"));
+  p.set_layout(small_layout);
+  CHECK_THROWS_WITH(round_trip(p, random_values(1237, 1)), Catch::Contains("the layout covers 1236 values, the payload has 1237"));
+  CHECK(p.rank_of(small_layout[0]) == 2);
+  CHECK(p.rank_of(small_layout[1]) == 0);
+  CHECK(p.rank_of(small_layout[2]) == 0);
+  CHECK(p.max_encoded_bytes(1236) == 8 + 4 * ((40 + 30) * 2 + 30 + 6));
+  // A rank-2 matrix comes back from one power step, the rest exactly.
+  auto x = rank_two(40, 30, 7);
+  const auto tail = random_values(36, 9);
+  x.insert(x.end(), tail.begin(), tail.end());
+  const auto y = round_trip(p, x);
+  for (std::size_t i = 0; i < 1200; ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-4));
+  for (std::size_t i = 1200; i < 1236; ++i) REQUIRE(y[i] == x[i]);
+  // Hostile payloads: wrong size, a non-finite factor, factors whose product overflows.
+  std::vector<std::byte> b(p.max_encoded_bytes(1236));
+  b.resize(p.encode(x, b));
+  std::vector<float> into(1236);
+  auto rejects = [&](std::vector<std::byte> payload, const char* why) {
+    CHECK_THROWS_WITH(p.decode_add(std::span<const std::byte>(payload), std::span<float>(into)), Catch::Contains(why));
+  };
+  rejects(std::vector<std::byte>(b.begin(), b.end() - 4), "a payload of 708 bytes, expected 712");
+  auto bad = b;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), big = 1e30f;
+  std::memcpy(bad.data() + 8, &nan, 4);
+  rejects(bad, "value 0 is nan");
+  bad = b;
+  for (std::size_t j = 0; j < 140; ++j) std::memcpy(bad.data() + 8 + 4 * j, &big, 4);
+  rejects(bad, "factors too large");
+  CHECK(std::all_of(into.begin(), into.end(), [](float v) { return v == 0.0f; }));
+  CHECK(cz::parse_codec("powersgd:rank=2,factors=int8").describe() ==
+        "powersgd(rank=2,ef,seed=" + std::to_string(cz::powersgd<>{}.seed) + ",factors=int8(block=64))");
+  CHECK_THROWS_WITH(cz::parse_codec("powersgd:ef"), Catch::Contains("keeps its own error feedback"));
+  CHECK_THROWS_WITH(cz::parse_codec("powersgd:factors=topk"), Catch::Contains("factors must be one of"));
+  CHECK_THROWS_WITH(cz::parse_codec("powersgd:rank=0"), Catch::Contains("rank must be a whole number in [1, 4096]"));
+}
+
+TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-rank mean, and keeps what it missed", "[collective]",
+                   TRANSPORTS) {
+  for (int n = 1; n <= 8; n += (n < 4 ? 1 : 4)) {
+    TestType::run(n, [&](auto& ep) {
+      dt::collective::communicator c(ep);
+      auto same_everywhere = [&](const std::vector<float>& v) {
+        const std::uint64_t h = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+        std::uint64_t extremes[2] = {h, ~h};
+        c.all_reduce(std::span<std::uint64_t>(extremes, 2), dt::collective::reduce_op::max);
+        return extremes[0] == h && ~extremes[1] == h;
+      };
+      // Every peer's matrix is the same rank-2 one plus its own rank-2 part scaled by 1e-3: the
+      // mean is close to rank 2, which rank 2 finds.
+      auto mine = rank_two(40, 30, 11);
+      const auto own = rank_two(40, 30, 100 + static_cast<std::uint64_t>(c.rank()));
+      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += 1e-3f * own[i];
+      const auto tail = random_values(36, 200 + static_cast<std::uint64_t>(c.rank()));
+      mine.insert(mine.end(), tail.begin(), tail.end());
+      std::vector<float> exact = mine;
+      c.all_reduce(std::span<float>(exact), dt::collective::reduce_op::average);
+
+      cz::powersgd<> p;
+      p.rank = 2;
+      p.set_layout(small_layout);
+      auto v = mine;
+      const auto sent0 = c.traffic().bytes_sent;
+      cz::all_reduce(p, c, std::span<float>(v), true);
+      const auto sent = c.traffic().bytes_sent - sent0;
+      CHECK(same_everywhere(v));
+      double worst = 0;
+      for (std::size_t i = 0; i < 1200; ++i) worst = std::max(worst, std::abs(static_cast<double>(v[i]) - exact[i]));
+      if (worst > 0.02) FAIL_CHECK("powersgd with " + std::to_string(n) + " peers: worst error " + std::to_string(worst));
+      for (std::size_t i = 1200; i < 1236; ++i)
+        if (std::abs(v[i] - exact[i]) > 1e-5f) FAIL_CHECK("powersgd: a plain value differs from the mean");
+      if (n == 1) {
+        CHECK(sent == 0);
+        CHECK(v == mine);
+        return;
+      }
+      // Far fewer bytes than the f32 mean: (40 + 30) x 2 + 36 values instead of 1236, twice.
+      std::vector<float> plain = mine;
+      const auto plain0 = c.traffic().bytes_sent;
+      c.all_reduce(std::span<float>(plain), dt::collective::reduce_op::average);
+      CHECK(sent * 5 < c.traffic().bytes_sent - plain0);
+      // What the peers kept adds up to what the group's approximation missed.
+      std::vector<float> kept = p.residual();
+      c.all_reduce(std::span<float>(kept), dt::collective::reduce_op::sum);
+      for (std::size_t i = 0; i < 1200; ++i)
+        if (std::abs(kept[i] + static_cast<float>(n) * v[i] - static_cast<float>(n) * exact[i]) > 1e-4f * static_cast<float>(n))
+          FAIL_CHECK("powersgd: kept + sent != input at value " + std::to_string(i));
+    });
+  }
+}
+
+#ifndef DECENTRAIN_MPI_SUITE
+TEST_CASE("codecs: PowerSGD's factors and residual go through a checkpoint; the resumed rounds are bit-identical") {
+  // Rounds first .. first + count - 1, each peer's input a function of the round.
+  auto rounds = [](int first, int count, const dt::io::checkpoint* from, dt::io::checkpoint* to) {
+    std::vector<std::vector<float>> last(2);
+    dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+      dt::collective::communicator c(ep);
+      cz::powersgd<cz::error_feedback<cz::int8_blockwise>> p;
+      p.rank = 3;
+      if (from) p.load(from[ep.rank()], "codec.");  // the trainer's order: restore, then the policy's start
+      p.set_layout(small_layout);
+      for (int k = first; k < first + count; ++k) {
+        auto v = random_values(1236, 300 + static_cast<std::uint64_t>(k + 10 * ep.rank()));
+        cz::all_reduce(p, c, std::span<float>(v), true);
+        last[static_cast<std::size_t>(ep.rank())] = v;
+      }
+      if (to) p.save(to[ep.rank()], "codec.");
+    });
+    CHECK(last[0] == last[1]);
+    return last[0];
+  };
+  dt::io::checkpoint saved[2];
+  (void)rounds(0, 2, nullptr, saved);
+  CHECK(saved[0].tensors.at("codec.residual").numel() == 1236);
+  CHECK(saved[0].tensors.at("codec.q").numel() == 30 * 3);
+  CHECK(saved[1].tensors.count("codec.p.residual") == 1);  // the factors' own error feedback
+  const auto whole = rounds(0, 4, nullptr, nullptr);
+  CHECK(rounds(2, 2, saved, nullptr) == whole);
+  CHECK(rounds(2, 2, nullptr, nullptr) != whole);  // the state mattered
+}
+#endif

@@ -22,7 +22,7 @@ struct local_sgd {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
-    compress::agree(codec, ctx.replicas);
+    prepare_codec(codec, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>

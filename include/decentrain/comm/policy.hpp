@@ -2,7 +2,8 @@
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
 // The trainer calls, per peer:
 //   start(ctx)            once, before the first step (make every peer start from rank 0's model;
-//                         compress::agree checks that every replica uses the same codec settings)
+//                         prepare_codec checks that every replica uses the same codec settings
+//                         and tells a codec that works per matrix the parameters' shapes)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
@@ -24,6 +25,7 @@
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/identity.hpp"
+#include "decentrain/compress/layout.hpp"
 #include "decentrain/core/factory.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/detail/meta.hpp"
@@ -124,6 +126,27 @@ void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   if (ctx.replicas.all_same(decentrain::detail::hash_words(std::as_bytes(std::span<const float>(buffer))))) return;
   ctx.replicas.broadcast(std::span<float>(buffer), 0);
   scatter_values(ctx.parameters, buffer);
+}
+
+// What a policy does with its codec in start(): every replica must use the same settings
+// (compress::agree), and a codec that works per matrix learns the parameters' shapes.
+template <class Device>
+compress::layout layout_of(const parameter_list<Device>& params) {
+  compress::layout l;
+  std::size_t at = 0;
+  for (const auto& e : params) {
+    const auto& s = e.param.value().shape();
+    const auto n = static_cast<std::size_t>(s.numel());
+    const std::size_t cols = s.rank() ? static_cast<std::size_t>(s[s.rank() - 1]) : 1;
+    l.push_back({at, cols ? n / cols : 0, cols});
+    at += n;
+  }
+  return l;
+}
+template <class Codec, class Ctx>
+void prepare_codec(Codec& codec, Ctx& ctx) {
+  compress::agree(codec, ctx.replicas);
+  compress::set_layout(codec, layout_of(ctx.parameters));
 }
 
 // A codec's state in the policy's checkpoint, where the codec has any.

@@ -19,7 +19,7 @@ struct sync_allreduce {
 
   template <class Ctx>
   void start(Ctx& ctx) {
-    compress::agree(codec, ctx.replicas);
+    prepare_codec(codec, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>

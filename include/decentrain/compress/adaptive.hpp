@@ -18,6 +18,7 @@
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/identity.hpp"
+#include "decentrain/compress/layout.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
 namespace decentrain::compress {
@@ -34,6 +35,7 @@ struct adaptive {
   }
   // Used directly (outside all_reduce) it is the codec.
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+  void set_layout(const layout& l) { compress::set_layout(codec, l); }
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return codec.encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
 

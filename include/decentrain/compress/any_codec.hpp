@@ -7,6 +7,9 @@
 //   block=N ; any of them with ",ef" for error feedback and ",adaptive" to send f32 instead
 //   where that measures faster (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef",
 //   "sign:block=256,ef", "int8:adaptive")
+//   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
+//   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
+//   in; "powersgd:rank=4,factors=int8")
 #pragma once
 
 #include <cmath>
@@ -23,10 +26,13 @@
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
+#include "decentrain/compress/dct_top_k.hpp"
 #include "decentrain/compress/error_feedback.hpp"
 #include "decentrain/compress/fp4.hpp"
 #include "decentrain/compress/half.hpp"
 #include "decentrain/compress/identity.hpp"
+#include "decentrain/compress/layout.hpp"
+#include "decentrain/compress/powersgd.hpp"
 #include "decentrain/compress/sign.hpp"
 #include "decentrain/compress/top_k.hpp"
 #include "decentrain/io/checkpoint.hpp"
@@ -60,6 +66,7 @@ class any_codec {
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
   void flush_into(std::span<float> values) { self_->flush_into(values); }
+  void set_layout(const layout& l) { self_->set_layout(l); }
   void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
   void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
 
@@ -73,6 +80,7 @@ class any_codec {
     virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
     virtual void flush_into(std::span<float>) = 0;
+    virtual void set_layout(const layout&) = 0;
     virtual void save(io::checkpoint&, const std::string&) const = 0;
     virtual void load(const io::checkpoint&, const std::string&) = 0;
   };
@@ -90,6 +98,7 @@ class any_codec {
     void flush_into(std::span<float> values) override {
       if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
     }
+    void set_layout(const layout& l) override { compress::set_layout(c, l); }
     void save(io::checkpoint& ck, const std::string& prefix) const override {
       if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
     }
@@ -101,7 +110,7 @@ class any_codec {
   std::shared_ptr<base> self_;
 };
 
-inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, topk (each may add ',ef')";
+inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, topk, dct (each may add ',ef'), powersgd";
 
 // "int4:block=64,ef" -> the codec; an unknown name, setting or value is an error naming it.
 inline any_codec parse_codec(std::string_view spec) {
@@ -200,18 +209,51 @@ inline any_codec parse_codec(std::string_view spec) {
     (void)c.max_encoded_bytes(0);
     return wrap(c);
   }
+  // top-k's settings, shared with dct (which picks coefficients the same way).
+  auto topk_setting = [&](top_k& c, const std::string& k, const std::string& v) {
+    if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
+    else if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
+    else if (k == "fraction") c.fraction = number(k, v);
+    else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
+    else if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
+    else return false;
+    return true;
+  };
   if (name == "topk") {
     top_k c;
-    for (const auto& [k, v] : settings) {
-      if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
-      else if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
-      else if (k == "fraction") c.fraction = number(k, v);
-      else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
-      else if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
-      else unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale)");
-    }
+    for (const auto& [k, v] : settings)
+      if (!topk_setting(c, k, v))
+        unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale)");
     (void)c.k_for(1);
     return wrap(c);
+  }
+  if (name == "dct") {
+    dct_top_k c;
+    for (const auto& [k, v] : settings) {
+      if (k == "chunk") c.chunk = whole(k, v, 2, 4096);
+      else if (!topk_setting(c.select, k, v))
+        unknown(k, "chunk=N (values per transform), and top-k's: a fraction (dct:0.02), fraction=F, count=K, int4 or int2, block=N");
+    }
+    (void)c.max_encoded_bytes(1);
+    (void)c.select.k_for(1);
+    return wrap(c);
+  }
+  if (name == "powersgd") {
+    check(!ef, "--codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
+    check(!adapt, "--codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
+    powersgd<any_codec> c;
+    for (const auto& [k, v] : settings) {
+      if (k == "rank") c.rank = whole(k, v, 1, 4096);
+      else if (k == "noef" && v.empty()) c.feedback = false;
+      else if (k == "seed") c.seed = whole(k, v, 0, 9e15);
+      else if (k == "factors" && (v == "identity" || v == "fp16" || v == "bf16" || v == "int8" || v == "int4" || v == "fp4"))
+        c.factors = parse_codec(v);
+      else if (k == "factors")
+        fail("--codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
+      else unknown(k, "rank=R, noef, seed=S, factors=identity|fp16|bf16|int8|int4|fp4");
+    }
+    (void)c.rank_of(matrix_piece{0, 2, 2});
+    return c;
   }
   fail("--codec '", spec, "': unknown codec '", name, "' (expected one of: ", codec_names, ")");
 }

@@ -23,12 +23,6 @@ namespace decentrain::compress {
 enum class rounding { nearest, stochastic };
 
 namespace detail {
-// A uniform number in [0, 1) for value i of encode call `round`: the same on every thread.
-inline float unit_draw(std::uint64_t seed, std::uint64_t round, std::uint64_t i) {
-  const std::uint64_t h = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(round) ^ (i * 0x9e3779b97f4a7c15ull));
-  return static_cast<float>(h >> 40) * 0x1.0p-24f;
-}
-
 // Refuses to encode what it cannot represent, naming the value (a NaN gradient is a bug to
 // report, not a scale to send).
 inline void check_finite(std::span<const float> in, const char* codec) {
@@ -113,7 +107,7 @@ struct blockwise {
           DECENTRAIN_OMP(simd)
           for (std::size_t i = 0; i < m; ++i) q[i] = round_even(x[c0 + i] * inv_f);
         else
-          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, detail::unit_draw(seed, call, from + c0 + i) - 0.5f);
+          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw(seed, call, from + c0 + i) - 0.5f);
         if constexpr (Bits == 8) {
           std::memcpy(codes + from + c0, q, m);
         } else {  // block and block_chunk are even: a byte never holds two chunks' codes

@@ -11,6 +11,7 @@
 //   template <class Comm> void all_reduce(Comm&, std::span<float>, bool average)
 //                                                             a collective of its own (identity: the ring)
 //   static constexpr bool dense                               fixed-size payloads that add up on a ring
+//   void set_layout(const compress::layout&)                   the matrices the payload is made of (powersgd)
 //   std::string describe() const                              its settings, compared across peers
 //   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).

@@ -16,6 +16,7 @@
 
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
+#include "decentrain/compress/layout.hpp"
 #include "decentrain/core/factory.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
@@ -30,6 +31,7 @@ struct error_feedback {
 
   std::string describe() const { return "ef(" + compress::describe(codec) + ")"; }
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+  void set_layout(const layout& l) { compress::set_layout(codec, l); }
 
   // Encodes values + residual; the residual becomes what the payload does not carry.
   std::size_t encode(std::span<const float> values, std::span<std::byte> out) {

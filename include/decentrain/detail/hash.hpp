@@ -9,6 +9,8 @@
 #include <span>
 #include <string_view>
 
+#include "decentrain/config.hpp"
+
 namespace decentrain::detail {
 
 inline std::uint64_t fnv1a(std::string_view bytes) {
@@ -17,12 +19,20 @@ inline std::uint64_t fnv1a(std::string_view bytes) {
   return h;
 }
 
-// splitmix64's output for state z: advance by the golden-ratio increment, then finalise.
-inline std::uint64_t splitmix64(std::uint64_t z) {
+// splitmix64's output for state z: advance by the golden-ratio increment, then finalise (on the
+// GPU too: the CUDA codecs draw stochastic rounding from the same stream).
+DECENTRAIN_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+// A uniform number in [0, 1) for value i of call `round` of a stream `seed`: the same on every
+// thread and on the GPU (blockwise codecs' stochastic rounding).
+DECENTRAIN_HOST_DEVICE inline float unit_draw(std::uint64_t seed, std::uint64_t round, std::uint64_t i) {
+  const std::uint64_t h = splitmix64(seed ^ splitmix64(round) ^ (i * 0x9e3779b97f4a7c15ull));
+  return static_cast<float>(h >> 40) * 0x1.0p-24f;
 }
 
 // 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
