@@ -12030,6 +12030,7 @@ struct matrix_piece {
   std::size_t offset = 0;  // in values, from the payload's start
   std::size_t rows = 0, cols = 0;
   std::size_t size() const { return rows * cols; }
+  bool operator==(const matrix_piece&) const = default;
 };
 using layout = std::vector<matrix_piece>;
 
@@ -12605,7 +12606,7 @@ struct dct_top_k {
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
     detail::check_finite(in, name);
-    const auto basis = make_basis();
+    const auto& basis = make_basis();
     coefficients_.assign(padded(in.size()), 0.0f);
     std::vector<float> x(chunk);
     for (std::size_t at = 0; at < in.size(); at += chunk) {
@@ -12626,26 +12627,21 @@ struct dct_top_k {
   // top_k's decode checks the payload (count, indices, values); only the coefficients it set
   // are transformed back.
   void decode_add(std::span<const std::byte> in, std::span<float> into) const {
-    const auto basis = make_basis();
+    const auto& basis = make_basis();
     std::vector<float> c(padded(into.size()), 0.0f);
     select.decode_add(in, std::span<float>(c));
-    std::vector<float> x(chunk);
-    for (std::size_t at = 0; at < into.size(); at += chunk) {
-      const std::size_t len = std::min(chunk, into.size() - at);
-      std::fill(x.begin(), x.end(), 0.0f);
-      bool any = false;
+    // Into a buffer of its own, checked whole before anything is added.
+    std::vector<float> x(c.size(), 0.0f);
+    for (std::size_t at = 0; at < into.size(); at += chunk)
       for (std::size_t k = 0; k < chunk; ++k) {
         const float ck = c[at + k];
         if (ck == 0.0f) continue;
-        any = true;
         const float* b = basis.data() + k * chunk;
-        for (std::size_t i = 0; i < len; ++i) x[i] += ck * b[i];
+        for (std::size_t i = 0; i < chunk; ++i) x[at + i] += ck * b[i];
       }
-      if (!any) continue;
-      for (std::size_t i = 0; i < len; ++i)
-        if (!std::isfinite(x[i])) decentrain::detail::fail("dct codec: the decoded value ", at + i, " is ", x[i]);
-      for (std::size_t i = 0; i < len; ++i) into[at + i] += x[i];
-    }
+    for (std::size_t i = 0; i < into.size(); ++i)
+      if (!std::isfinite(x[i])) decentrain::detail::fail("dct codec: the decoded value ", i, " is ", x[i]);
+    for (std::size_t i = 0; i < into.size(); ++i) into[i] += x[i];
   }
 
  private:
@@ -12653,19 +12649,25 @@ struct dct_top_k {
     decentrain::detail::check(chunk >= 2 && chunk <= 4096, "dct codec: chunk must be in [2, 4096], got ", chunk);
   }
   // Row k: the k-th orthonormal DCT-II basis vector, sqrt(2/N) cos(pi (i + 1/2) k / N) (k = 0:
-  // sqrt(1/N)); its transpose is the inverse. Computed in double, rounded once.
-  std::vector<float> make_basis() const {
+  // sqrt(1/N)); its transpose is the inverse. Computed in double, rounded once, and kept (a codec
+  // object is used by one thread at a time, as every codec).
+  const std::vector<float>& make_basis() const {
     check_settings();
-    std::vector<float> b(chunk * chunk);
+    if (basis_chunk_ == chunk) return basis_;
+    auto& b = basis_;
+    b.assign(chunk * chunk, 0.0f);
     const double n = static_cast<double>(chunk);
     for (std::size_t k = 0; k < chunk; ++k)
       for (std::size_t i = 0; i < chunk; ++i)
         b[k * chunk + i] = static_cast<float>((k ? std::sqrt(2.0 / n) : std::sqrt(1.0 / n)) *
                                               std::cos(3.141592653589793 * (static_cast<double>(i) + 0.5) *
                                                        static_cast<double>(k) / n));
+    basis_chunk_ = chunk;
     return b;
   }
   std::vector<float> coefficients_;
+  mutable std::vector<float> basis_;
+  mutable std::size_t basis_chunk_ = 0;
 };
 
 static_assert(check_codec<dct_top_k>());
@@ -12995,6 +12997,10 @@ static_assert(check_codec<fp16>() && check_codec<bf16>());
 // loses is not kept (wrap Factors in error_feedback for that).
 // Outside all_reduce (encode / decode_add, the gathered path) it is one peer's own rank-r
 // approximation in f32, without feedback.
+// Every peer computes P's orthonormalisation and P Q^T itself, from the same collective results:
+// the same bits on all as long as they run the same arithmetic (one build; a compiler that fuses
+// multiply-adds on some peers and not others, e.g. -ffp-contract=fast on one architecture, would
+// let them drift apart).
 
 #include <algorithm>
 #include <cmath>
@@ -13024,6 +13030,7 @@ struct powersgd {
 
   // A new layout starts its factors from the seed, or from a checkpoint loaded before it.
   void set_layout(const layout& l) {
+    if (l == layout_) return;  // a second fit() with the same model keeps its warm start
     layout_ = l;
     q_.clear();
   }
@@ -13246,7 +13253,8 @@ struct powersgd {
     set_factors();
     decentrain::detail::check(residual_.empty() || residual_.size() == n, "powersgd codec: the residual holds ",
                               residual_.size(), " values, the payload has ", n);
-    if (q_.size() == layout_.size()) return;
+    if (q_.size() == layout_.size() && q_rank_ == rank) return;
+    q_rank_ = rank;
     q_.assign(layout_.size(), {});
     std::size_t at = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i) {
@@ -13271,17 +13279,24 @@ struct powersgd {
     q_codec_ = factors;
     factors_set_ = true;
   }
-  // A Q column that is all zero (a matrix that was zero, so M^T P was) would stay zero forever:
-  // it is drawn again from the seed, the round and the piece, alike on every peer.
+  // Q's columns scaled to unit length, so P = M Q stays of M's size (Q = M^T P grew by |M| each
+  // round: P would by |M|^2, out of fp16's range for factors=fp16); P's directions do not change.
+  // A column that is all zero (a matrix that was zero, so M^T P was) would stay zero forever: it
+  // is drawn again from the seed, the round and the piece. Alike on every peer (Q is).
   void refresh(std::size_t piece, std::size_t r) {
     auto& q = q_[piece];
     const std::size_t cols = layout_[piece].cols;
     for (std::size_t j = 0; j < r; ++j) {
-      bool zero = true;
-      for (std::size_t c = 0; c < cols && zero; ++c) zero = q[c * r + j] == 0.0f;
-      if (!zero) continue;
-      std::uint64_t s = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(rounds_ * 0x10000u + piece) ^ j);
-      for (std::size_t c = 0; c < cols; ++c) q[c * r + j] = normal(s);
+      double norm = 0;
+      for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
+      if (norm == 0) {
+        std::uint64_t s = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(rounds_ * 0x10000u + piece) ^ j);
+        for (std::size_t c = 0; c < cols; ++c) q[c * r + j] = normal(s);
+        norm = 0;
+        for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
+      }
+      const auto inv = static_cast<float>(1.0 / std::sqrt(norm));
+      for (std::size_t c = 0; c < cols; ++c) q[c * r + j] *= inv;
     }
   }
   // A standard normal from a counter (Box-Muller on two splitmix64 draws): the same on every
@@ -13350,6 +13365,7 @@ struct powersgd {
   std::uint64_t rounds_ = 0;
   Factors p_codec_{}, q_codec_{};
   bool factors_set_ = false;
+  std::size_t q_rank_ = 0;  // the rank q_ was built for (a changed rank starts again from the seed)
 };
 
 static_assert(check_codec<powersgd<>>());
@@ -13663,10 +13679,14 @@ inline any_codec parse_codec(std::string_view spec) {
 // (compress/blockwise.hpp, compress/top_k.hpp), so a peer that encodes on its GPU talks to one
 // that decodes on its CPU and both end with the same bits. Only the compressed bytes need to
 // cross PCIe: a 124M-value pseudo-gradient leaves the GPU as 132 MB of int8 instead of 496 MB.
-// Compiled only by nvcc.
+// Compiled only by nvcc, without --use_fast_math (denormal blocks and IEEE rounding must match
+// the CPU's).
 
 
 #if DECENTRAIN_HAS_CUDA
+#if defined(__USE_FAST_MATH__)
+#error "kernels/cuda/quantize.cuh: --use_fast_math flushes denormals and changes rounding; the payloads would differ from the CPU codecs'"
+#endif
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -13715,7 +13735,10 @@ __global__ void blockwise_encode_kernel(const float* x, std::int64_t n, blockwis
       top = u > top ? u : top;
       bad |= u >= 0x7f800000u;
     }
-    top = __reduce_max_sync(0xffffffffu, top);
+    for (int d = 16; d > 0; d /= 2) {  // every lane runs the loop alike (b is the warp's), so all take part
+      const unsigned other = __shfl_xor_sync(0xffffffffu, top, d);
+      top = other > top ? other : top;
+    }
     if (__any_sync(0xffffffffu, bad)) {
       if (lane == 0) atomicOr(nonfinite, 1);
       continue;
@@ -13758,7 +13781,7 @@ __global__ void blockwise_decode_add_kernel(const float* scales, const std::uint
     int code;
     if constexpr (Bits == 8) code = static_cast<std::int8_t>(codes[i]);
     else code = static_cast<std::int8_t>(static_cast<std::uint8_t>(((codes[i / 2] >> (4 * (i % 2))) & 0xfu) << 4)) >> 4;
-    y[i] += static_cast<float>(code) * scales[i / block];
+    y[i] = __fadd_rn(y[i], __fmul_rn(static_cast<float>(code), scales[i / block]));  // no FMA: the CPU rounds the product
   }
 }
 
@@ -13807,8 +13830,8 @@ inline unsigned warp_blocks(std::int64_t warps) {
 template <int Bits>
 void blockwise_encode(cuda, const float* x, std::int64_t n, const blockwise_settings& s, std::byte* payload) {
   static_assert(Bits == 8 || Bits == 4, "blockwise_encode: 8 or 4 bits");
-  decentrain::detail::check(s.block >= 1 && (Bits == 8 || s.block % 2 == 0), "blockwise_encode: block ", s.block,
-                            Bits == 4 ? " (int4 needs an even block)" : "");
+  decentrain::detail::check(n >= 0 && s.block >= 1 && s.block <= (std::int64_t{1} << 24) && (Bits == 8 || s.block % 2 == 0),
+                            "blockwise_encode: ", n, " values with block ", s.block, " (block in [1, 2^24], even for int4)");
   if (n == 0) return;
   const std::int64_t nb = (n + s.block - 1) / s.block;
   cuda_detail::device_flag flag;
@@ -13824,8 +13847,10 @@ void blockwise_encode(cuda, const float* x, std::int64_t n, const blockwise_sett
 // a scale or code the encoder could not have written is an error, and then nothing is added.
 template <int Bits>
 void blockwise_decode_add(cuda, const std::byte* payload, std::size_t payload_bytes, std::int64_t n, std::int64_t block, float* y) {
-  const std::int64_t nb = (n + block - 1) / block, bytes = Bits == 8 ? n : (n + 1) / 2;
   const char* name = Bits == 8 ? "int8" : "int4";
+  decentrain::detail::check(n >= 0 && block >= 1 && block <= (std::int64_t{1} << 24) && (Bits == 8 || block % 2 == 0), name,
+                            " codec: decode of ", n, " values with block ", block, " (block in [1, 2^24], even for int4)");
+  const std::int64_t nb = (n + block - 1) / block, bytes = Bits == 8 ? n : (n + 1) / 2;
   decentrain::detail::check(payload_bytes == static_cast<std::size_t>(4 * nb + bytes), name, " codec: a payload of ", payload_bytes,
                             " bytes for ", n, " values (expected ", 4 * nb + bytes, ")");
   if (n == 0) return;

@@ -524,6 +524,19 @@ TEST_CASE("codecs: DCT top-k sends the largest coefficients; all of them give th
   CHECK(with_dct < 0.1 * without);
   CHECK(cz::parse_codec("dct:0.05,chunk=32,int2,ef").describe() == "ef(dct(chunk=32,topk(fraction=0.050000,int2,block=64)))");
   CHECK_THROWS_WITH(cz::parse_codec("dct:chunk=1"), Catch::Contains("chunk must be a whole number in [2, 4096]"));
+  // Coefficients whose transform overflows are refused, and nothing is added.
+  {
+    cz::dct_top_k d;
+    d.select.fraction = 0.5;
+    const auto x = random_values(256, 3);
+    std::vector<std::byte> b(d.max_encoded_bytes(256));
+    b.resize(d.encode(x, b));
+    const float big = 3e38f;
+    for (std::size_t j = 0; j < d.select.k_for(256); ++j) std::memcpy(b.data() + b.size() - 4 * (j + 1), &big, 4);
+    std::vector<float> into(256, 0.0f);
+    CHECK_THROWS_WITH(d.decode_add(std::span<const std::byte>(b), std::span<float>(into)), Catch::Contains("the decoded value"));
+    CHECK(std::all_of(into.begin(), into.end(), [](float v) { return v == 0.0f; }));
+  }
   // Error feedback in values: sent + kept == input.
   cz::error_feedback<cz::dct_top_k> ef;
   ef.codec.select.fraction = 0.05;
@@ -563,6 +576,10 @@ TEST_CASE("codecs: PowerSGD sends rank-r factors of each matrix, the small piece
   const auto y = round_trip(p, x);
   for (std::size_t i = 0; i < 1200; ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-4));
   for (std::size_t i = 1200; i < 1236; ++i) REQUIRE(y[i] == x[i]);
+  // A rank changed between rounds starts its factors again (no read past the old ones).
+  p.rank = 3;
+  CHECK(round_trip(p, x).size() == x.size());
+  p.rank = 2;
   // Hostile payloads: wrong size, a non-finite factor, factors whose product overflows.
   std::vector<std::byte> b(p.max_encoded_bytes(1236));
   b.resize(p.encode(x, b));

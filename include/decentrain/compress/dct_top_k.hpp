@@ -40,7 +40,7 @@ struct dct_top_k {
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
     detail::check_finite(in, name);
-    const auto basis = make_basis();
+    const auto& basis = make_basis();
     coefficients_.assign(padded(in.size()), 0.0f);
     std::vector<float> x(chunk);
     for (std::size_t at = 0; at < in.size(); at += chunk) {
@@ -61,26 +61,21 @@ struct dct_top_k {
   // top_k's decode checks the payload (count, indices, values); only the coefficients it set
   // are transformed back.
   void decode_add(std::span<const std::byte> in, std::span<float> into) const {
-    const auto basis = make_basis();
+    const auto& basis = make_basis();
     std::vector<float> c(padded(into.size()), 0.0f);
     select.decode_add(in, std::span<float>(c));
-    std::vector<float> x(chunk);
-    for (std::size_t at = 0; at < into.size(); at += chunk) {
-      const std::size_t len = std::min(chunk, into.size() - at);
-      std::fill(x.begin(), x.end(), 0.0f);
-      bool any = false;
+    // Into a buffer of its own, checked whole before anything is added.
+    std::vector<float> x(c.size(), 0.0f);
+    for (std::size_t at = 0; at < into.size(); at += chunk)
       for (std::size_t k = 0; k < chunk; ++k) {
         const float ck = c[at + k];
         if (ck == 0.0f) continue;
-        any = true;
         const float* b = basis.data() + k * chunk;
-        for (std::size_t i = 0; i < len; ++i) x[i] += ck * b[i];
+        for (std::size_t i = 0; i < chunk; ++i) x[at + i] += ck * b[i];
       }
-      if (!any) continue;
-      for (std::size_t i = 0; i < len; ++i)
-        if (!std::isfinite(x[i])) decentrain::detail::fail("dct codec: the decoded value ", at + i, " is ", x[i]);
-      for (std::size_t i = 0; i < len; ++i) into[at + i] += x[i];
-    }
+    for (std::size_t i = 0; i < into.size(); ++i)
+      if (!std::isfinite(x[i])) decentrain::detail::fail("dct codec: the decoded value ", i, " is ", x[i]);
+    for (std::size_t i = 0; i < into.size(); ++i) into[i] += x[i];
   }
 
  private:
@@ -88,19 +83,25 @@ struct dct_top_k {
     decentrain::detail::check(chunk >= 2 && chunk <= 4096, "dct codec: chunk must be in [2, 4096], got ", chunk);
   }
   // Row k: the k-th orthonormal DCT-II basis vector, sqrt(2/N) cos(pi (i + 1/2) k / N) (k = 0:
-  // sqrt(1/N)); its transpose is the inverse. Computed in double, rounded once.
-  std::vector<float> make_basis() const {
+  // sqrt(1/N)); its transpose is the inverse. Computed in double, rounded once, and kept (a codec
+  // object is used by one thread at a time, as every codec).
+  const std::vector<float>& make_basis() const {
     check_settings();
-    std::vector<float> b(chunk * chunk);
+    if (basis_chunk_ == chunk) return basis_;
+    auto& b = basis_;
+    b.assign(chunk * chunk, 0.0f);
     const double n = static_cast<double>(chunk);
     for (std::size_t k = 0; k < chunk; ++k)
       for (std::size_t i = 0; i < chunk; ++i)
         b[k * chunk + i] = static_cast<float>((k ? std::sqrt(2.0 / n) : std::sqrt(1.0 / n)) *
                                               std::cos(3.141592653589793 * (static_cast<double>(i) + 0.5) *
                                                        static_cast<double>(k) / n));
+    basis_chunk_ = chunk;
     return b;
   }
   std::vector<float> coefficients_;
+  mutable std::vector<float> basis_;
+  mutable std::size_t basis_chunk_ = 0;
 };
 
 static_assert(check_codec<dct_top_k>());

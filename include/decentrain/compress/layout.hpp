@@ -16,6 +16,7 @@ struct matrix_piece {
   std::size_t offset = 0;  // in values, from the payload's start
   std::size_t rows = 0, cols = 0;
   std::size_t size() const { return rows * cols; }
+  bool operator==(const matrix_piece&) const = default;
 };
 using layout = std::vector<matrix_piece>;
 

@@ -13,6 +13,10 @@
 // loses is not kept (wrap Factors in error_feedback for that).
 // Outside all_reduce (encode / decode_add, the gathered path) it is one peer's own rank-r
 // approximation in f32, without feedback.
+// Every peer computes P's orthonormalisation and P Q^T itself, from the same collective results:
+// the same bits on all as long as they run the same arithmetic (one build; a compiler that fuses
+// multiply-adds on some peers and not others, e.g. -ffp-contract=fast on one architecture, would
+// let them drift apart).
 #pragma once
 
 #include <algorithm>
@@ -51,6 +55,7 @@ struct powersgd {
 
   // A new layout starts its factors from the seed, or from a checkpoint loaded before it.
   void set_layout(const layout& l) {
+    if (l == layout_) return;  // a second fit() with the same model keeps its warm start
     layout_ = l;
     q_.clear();
   }
@@ -273,7 +278,8 @@ struct powersgd {
     set_factors();
     decentrain::detail::check(residual_.empty() || residual_.size() == n, "powersgd codec: the residual holds ",
                               residual_.size(), " values, the payload has ", n);
-    if (q_.size() == layout_.size()) return;
+    if (q_.size() == layout_.size() && q_rank_ == rank) return;
+    q_rank_ = rank;
     q_.assign(layout_.size(), {});
     std::size_t at = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i) {
@@ -298,17 +304,24 @@ struct powersgd {
     q_codec_ = factors;
     factors_set_ = true;
   }
-  // A Q column that is all zero (a matrix that was zero, so M^T P was) would stay zero forever:
-  // it is drawn again from the seed, the round and the piece, alike on every peer.
+  // Q's columns scaled to unit length, so P = M Q stays of M's size (Q = M^T P grew by |M| each
+  // round: P would by |M|^2, out of fp16's range for factors=fp16); P's directions do not change.
+  // A column that is all zero (a matrix that was zero, so M^T P was) would stay zero forever: it
+  // is drawn again from the seed, the round and the piece. Alike on every peer (Q is).
   void refresh(std::size_t piece, std::size_t r) {
     auto& q = q_[piece];
     const std::size_t cols = layout_[piece].cols;
     for (std::size_t j = 0; j < r; ++j) {
-      bool zero = true;
-      for (std::size_t c = 0; c < cols && zero; ++c) zero = q[c * r + j] == 0.0f;
-      if (!zero) continue;
-      std::uint64_t s = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(rounds_ * 0x10000u + piece) ^ j);
-      for (std::size_t c = 0; c < cols; ++c) q[c * r + j] = normal(s);
+      double norm = 0;
+      for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
+      if (norm == 0) {
+        std::uint64_t s = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(rounds_ * 0x10000u + piece) ^ j);
+        for (std::size_t c = 0; c < cols; ++c) q[c * r + j] = normal(s);
+        norm = 0;
+        for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
+      }
+      const auto inv = static_cast<float>(1.0 / std::sqrt(norm));
+      for (std::size_t c = 0; c < cols; ++c) q[c * r + j] *= inv;
     }
   }
   // A standard normal from a counter (Box-Muller on two splitmix64 draws): the same on every
@@ -377,6 +390,7 @@ struct powersgd {
   std::uint64_t rounds_ = 0;
   Factors p_codec_{}, q_codec_{};
   bool factors_set_ = false;
+  std::size_t q_rank_ = 0;  // the rank q_ was built for (a changed rank starts again from the seed)
 };
 
 static_assert(check_codec<powersgd<>>());

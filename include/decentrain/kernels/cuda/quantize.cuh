@@ -3,12 +3,16 @@
 // (compress/blockwise.hpp, compress/top_k.hpp), so a peer that encodes on its GPU talks to one
 // that decodes on its CPU and both end with the same bits. Only the compressed bytes need to
 // cross PCIe: a 124M-value pseudo-gradient leaves the GPU as 132 MB of int8 instead of 496 MB.
-// Compiled only by nvcc.
+// Compiled only by nvcc, without --use_fast_math (denormal blocks and IEEE rounding must match
+// the CPU's).
 #pragma once
 
 #include "decentrain/config.hpp"
 
 #if DECENTRAIN_HAS_CUDA
+#if defined(__USE_FAST_MATH__)
+#error "kernels/cuda/quantize.cuh: --use_fast_math flushes denormals and changes rounding; the payloads would differ from the CPU codecs'"
+#endif
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -59,7 +63,10 @@ __global__ void blockwise_encode_kernel(const float* x, std::int64_t n, blockwis
       top = u > top ? u : top;
       bad |= u >= 0x7f800000u;
     }
-    top = __reduce_max_sync(0xffffffffu, top);
+    for (int d = 16; d > 0; d /= 2) {  // every lane runs the loop alike (b is the warp's), so all take part
+      const unsigned other = __shfl_xor_sync(0xffffffffu, top, d);
+      top = other > top ? other : top;
+    }
     if (__any_sync(0xffffffffu, bad)) {
       if (lane == 0) atomicOr(nonfinite, 1);
       continue;
@@ -102,7 +109,7 @@ __global__ void blockwise_decode_add_kernel(const float* scales, const std::uint
     int code;
     if constexpr (Bits == 8) code = static_cast<std::int8_t>(codes[i]);
     else code = static_cast<std::int8_t>(static_cast<std::uint8_t>(((codes[i / 2] >> (4 * (i % 2))) & 0xfu) << 4)) >> 4;
-    y[i] += static_cast<float>(code) * scales[i / block];
+    y[i] = __fadd_rn(y[i], __fmul_rn(static_cast<float>(code), scales[i / block]));  // no FMA: the CPU rounds the product
   }
 }
 
@@ -151,8 +158,8 @@ inline unsigned warp_blocks(std::int64_t warps) {
 template <int Bits>
 void blockwise_encode(cuda, const float* x, std::int64_t n, const blockwise_settings& s, std::byte* payload) {
   static_assert(Bits == 8 || Bits == 4, "blockwise_encode: 8 or 4 bits");
-  decentrain::detail::check(s.block >= 1 && (Bits == 8 || s.block % 2 == 0), "blockwise_encode: block ", s.block,
-                            Bits == 4 ? " (int4 needs an even block)" : "");
+  decentrain::detail::check(n >= 0 && s.block >= 1 && s.block <= (std::int64_t{1} << 24) && (Bits == 8 || s.block % 2 == 0),
+                            "blockwise_encode: ", n, " values with block ", s.block, " (block in [1, 2^24], even for int4)");
   if (n == 0) return;
   const std::int64_t nb = (n + s.block - 1) / s.block;
   cuda_detail::device_flag flag;
@@ -168,8 +175,10 @@ void blockwise_encode(cuda, const float* x, std::int64_t n, const blockwise_sett
 // a scale or code the encoder could not have written is an error, and then nothing is added.
 template <int Bits>
 void blockwise_decode_add(cuda, const std::byte* payload, std::size_t payload_bytes, std::int64_t n, std::int64_t block, float* y) {
-  const std::int64_t nb = (n + block - 1) / block, bytes = Bits == 8 ? n : (n + 1) / 2;
   const char* name = Bits == 8 ? "int8" : "int4";
+  decentrain::detail::check(n >= 0 && block >= 1 && block <= (std::int64_t{1} << 24) && (Bits == 8 || block % 2 == 0), name,
+                            " codec: decode of ", n, " values with block ", block, " (block in [1, 2^24], even for int4)");
+  const std::int64_t nb = (n + block - 1) / block, bytes = Bits == 8 ? n : (n + 1) / 2;
   decentrain::detail::check(payload_bytes == static_cast<std::size_t>(4 * nb + bytes), name, " codec: a payload of ", payload_bytes,
                             " bytes for ", n, " values (expected ", 4 * nb + bytes, ")");
   if (n == 0) return;
