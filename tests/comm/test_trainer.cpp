@@ -26,6 +26,43 @@ std::vector<std::vector<float>> run_peers(int world, trainer_options opts, typen
   return fixture::final_params<Trainer>(world, fixture::tiny_gpt(), opts, comm, results);
 }
 
+// Each peer's checkpoint after `step` steps of the full run's schedule (stopped through a hook),
+// and the final parameters of a run resumed from such checkpoints.
+template <class Trainer>
+std::vector<dt::io::checkpoint> stop_at(int world, std::int64_t step, const trainer_options& opts,
+                                        const typename Trainer::comm_policy& comm) {
+  std::vector<dt::io::checkpoint> saved(static_cast<std::size_t>(world));
+  const auto& c = small_corpus();
+  dt::transport::in_process(world).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(tiny_config(c.tok.vocab_size()), opts, ep, comm);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {
+      if (m.step == step) {
+        saved[static_cast<std::size_t>(ep.rank())] = t.capture();
+        throw stop{};
+      }
+    });
+    try {
+      (void)t.fit(c.data);
+    } catch (const stop&) {
+    }
+  });
+  return saved;
+}
+template <class Trainer>
+std::vector<std::vector<float>> resume_from(const std::vector<dt::io::checkpoint>& saved, const trainer_options& opts,
+                                            const typename Trainer::comm_policy& comm) {
+  std::vector<std::vector<float>> params(saved.size());
+  const auto& c = small_corpus();
+  dt::transport::in_process(static_cast<int>(saved.size())).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(tiny_config(c.tok.vocab_size()), opts, ep, comm);
+    t.restore(saved[static_cast<std::size_t>(ep.rank())]);
+    (void)t.fit(c.data);
+    params[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());
+  });
+  return params;
+}
+
 }  // namespace
 
 TEST_CASE("trainer: N peers under sync_allreduce match one peer with an N-times batch") {
@@ -172,38 +209,18 @@ TEST_CASE("trainer: a DiLoCo run resumed mid-round from per-peer checkpoints mat
   h5.inner_steps = 5;
   const auto whole = run_peers<Diloco>(2, opts, h5);
 
-  // First half: stop after 7 steps (inside the second round) and keep each peer's checkpoint.
-  std::vector<dt::io::checkpoint> saved(2);
-  const auto& c = small_corpus();
-  const auto cfg = tiny_config(c.tok.vocab_size());
-  // The schedule must be the full run's: train 7 of 12 steps by stopping through a hook.
-  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
-    Diloco t(cfg, opts, ep, h5);
-    struct stop {};
-    t.on_step([&](const dt::train::step_metrics& m) {
-      if (m.step == 7) {
-        saved[static_cast<std::size_t>(ep.rank())] = t.capture();
-        throw stop{};
-      }
-    });
-    try {
-      (void)t.fit(c.data);
-    } catch (const stop&) {
-    }
-  });
+  // First half: stop after 7 steps (inside the second round) and keep each peer's checkpoint;
+  // the schedule must be the full run's, so the run stops through a hook.
+  const auto saved = stop_at<Diloco>(2, 7, opts, h5);
   CHECK(saved[0].counter("step") == 7);
   CHECK(saved[0].tensors.count("comm.diloco.global") == 1);
-  std::vector<std::vector<float>> resumed(2);
-  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
-    Diloco t(cfg, opts, ep, h5);
-    t.restore(saved[static_cast<std::size_t>(ep.rank())]);
-    (void)t.fit(c.data);
-    resumed[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());
-  });
+  const auto resumed = resume_from<Diloco>(saved, opts, h5);
   CHECK(resumed[0] == whole[0]);
   CHECK(resumed[1] == whole[1]);
 
   // Peers restored from different steps are refused on every peer, not trained on.
+  const auto& c = small_corpus();
+  const auto cfg = tiny_config(c.tok.vocab_size());
   CHECK_THROWS_WITH(dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
     Diloco t(cfg, opts, ep, h5);
     if (ep.rank() == 0) t.restore(saved[0]);
@@ -230,31 +247,9 @@ TEST_CASE("trainer: DiLoCo through PowerSGD gets the parameters' shapes, sends f
   (void)run_peers<dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>>(2, opts, plain, &plain_r);
   CHECK(low_r[0].last.policy_bytes_sent * 4 < plain_r[0].last.policy_bytes_sent);
 
-  const auto& c = small_corpus();
-  const auto cfg = tiny_config(c.tok.vocab_size());
-  std::vector<dt::io::checkpoint> saved(2);
-  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
-    Diloco t(cfg, opts, ep, h5);
-    struct stop {};
-    t.on_step([&](const dt::train::step_metrics& m) {
-      if (m.step == 7) {
-        saved[static_cast<std::size_t>(ep.rank())] = t.capture();
-        throw stop{};
-      }
-    });
-    try {
-      (void)t.fit(c.data);
-    } catch (const stop&) {
-    }
-  });
+  const auto saved = stop_at<Diloco>(2, 7, opts, h5);
   CHECK(saved[0].tensors.count("comm.diloco.codec.q") == 1);
-  std::vector<std::vector<float>> resumed(2);
-  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
-    Diloco t(cfg, opts, ep, h5);
-    t.restore(saved[static_cast<std::size_t>(ep.rank())]);
-    (void)t.fit(c.data);
-    resumed[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());
-  });
+  const auto resumed = resume_from<Diloco>(saved, opts, h5);
   CHECK(resumed[0] == whole[0]);
   CHECK(resumed[1] == whole[1]);
 }

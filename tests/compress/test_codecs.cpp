@@ -56,6 +56,15 @@ std::vector<std::vector<float>> inputs(std::size_t n) {
   return all;
 }
 
+// Whether every peer of `c` holds these very bits (a hash's max and min agree).
+template <class Comm>
+bool same_everywhere(Comm& c, const std::vector<float>& v) {
+  const std::uint64_t h = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+  std::uint64_t extremes[2] = {h, ~h};
+  c.all_reduce(std::span<std::uint64_t>(extremes, 2), dt::collective::reduce_op::max);
+  return extremes[0] == h && ~extremes[1] == h;
+}
+
 }  // namespace
 
 TEST_CASE("codecs: fp16 and bf16 round to nearest within half an ulp of their width") {
@@ -375,18 +384,12 @@ TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the 
       auto own = random_values(m, 1000 + static_cast<std::uint64_t>(c.rank()));
       std::vector<float> exact = own;
       c.all_reduce(std::span<float>(exact), dt::collective::reduce_op::average);
-      auto same_everywhere = [&](const std::vector<float>& v) {
-        const std::uint64_t h = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
-        std::uint64_t extremes[2] = {h, ~h};
-        c.all_reduce(std::span<std::uint64_t>(extremes, 2), dt::collective::reduce_op::max);
-        return extremes[0] == h && ~extremes[1] == h;
-      };
       auto through = [&](auto codec, double tolerance) {
         auto v = own;
         const auto sent0 = c.traffic().bytes_sent;
         cz::all_reduce(codec, c, std::span<float>(v), true);
         const auto sent = c.traffic().bytes_sent - sent0;
-        CHECK(same_everywhere(v));
+        CHECK(same_everywhere(c, v));
         double worst = 0;
         for (std::size_t i = 0; i < m; ++i) worst = std::max(worst, std::abs(static_cast<double>(v[i]) - exact[i]));
         // No INFO here: Catch's message stack is not safe from several peer threads at once.
@@ -608,12 +611,6 @@ TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-ra
   for (int n = 1; n <= 8; n += (n < 4 ? 1 : 4)) {
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator c(ep);
-      auto same_everywhere = [&](const std::vector<float>& v) {
-        const std::uint64_t h = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
-        std::uint64_t extremes[2] = {h, ~h};
-        c.all_reduce(std::span<std::uint64_t>(extremes, 2), dt::collective::reduce_op::max);
-        return extremes[0] == h && ~extremes[1] == h;
-      };
       // Every peer's matrix is the same rank-2 one plus its own rank-2 part scaled by 1e-3: the
       // mean is close to rank 2, which rank 2 finds.
       auto mine = rank_two(40, 30, 11);
@@ -631,7 +628,7 @@ TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-ra
       const auto sent0 = c.traffic().bytes_sent;
       cz::all_reduce(p, c, std::span<float>(v), true);
       const auto sent = c.traffic().bytes_sent - sent0;
-      CHECK(same_everywhere(v));
+      CHECK(same_everywhere(c, v));
       double worst = 0;
       for (std::size_t i = 0; i < 1200; ++i) worst = std::max(worst, std::abs(static_cast<double>(v[i]) - exact[i]));
       if (worst > 0.02) FAIL_CHECK("powersgd with " + std::to_string(n) + " peers: worst error " + std::to_string(worst));
