@@ -101,6 +101,17 @@ decentrain-gpt train [options]
   --advertise HOST       the host others reach this peer at (needed with --listen 0.0.0.0:PORT)
   --rank R --world W     ...as peer R of W
   --mpi                  every rank of mpirun is a peer (when built with MPI)
+  --elastic              with --peers or --listen: peers that die, freeze or are cut off are left
+                         out and the others train on (fault::elastic); the summary lists the
+                         changes. Not yet with checkpoints; under MPI a dead rank ends the job
+  --peer-timeout-ms MS   over TCP: a receive or send that waits longer fails (default {recv_timeout_ms};
+                         30000 with --elastic)
+  --agreement-timeout-ms MS
+                         --elastic: how long a live peer may take to join an agreement on the
+                         group; over TCP more than --peer-timeout-ms, since a peer may first
+                         wait that long on a frozen one (default {agreement_timeout_ms})
+  --kill R@S,...         with --peers and --elastic: kill peer R once it has done S steps (a demo
+                         and a test of the elastic group)
   --link-in-flight MB    over TCP or MPI: the slowest link's bandwidth x latency in MB (100 Mbit/s
                          x 100 ms = 1.25), so all-reduces move enough per step to hide latency;
                          the same on every peer (simulated links size this on their own)
@@ -142,7 +153,11 @@ std::string usage() {
   const dt::train::trainer_options t;
   const dt::fault::checkpoint_every ck;
   const dt::nn::sample_options s;
+  const dt::transport::tcp_options tcp_defaults;
+  const dt::fault::elastic elastic_defaults;
   const std::pair<const char*, std::string> defaults[] = {
+      {"{recv_timeout_ms}", std::to_string(tcp_defaults.recv_timeout.count())},
+      {"{agreement_timeout_ms}", std::to_string(elastic_defaults.agreement.timeout.count())},
       {"{steps}", std::to_string(t.steps)},
       {"{batch_size}", std::to_string(t.batch_size)},
       {"{lr}", number(t.lr)},
@@ -400,6 +415,9 @@ struct train_plan {
   dt::nn::gpt_config model;
   dt::train::trainer_options trainer;
   dt::fault::checkpoint_every checkpoints;
+  bool elastic = false;
+  dt::fault::elastic elastic_policy;
+  std::vector<std::pair<int, std::int64_t>> kills;  // --kill: (rank, after steps)
   std::string metrics;  // '' for none
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
 };
@@ -450,11 +468,32 @@ void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>
   std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());
 }
 
+// What an elastic group went through, as one survivor saw it.
+void print_changes(const std::vector<dt::fault::membership_change>& changes) {
+  if (changes.empty()) {
+    std::printf("membership: no changes\n");
+    return;
+  }
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int r : v) {
+      if (!out.empty()) out += ',';
+      out += std::to_string(r);
+    }
+    return out.empty() ? std::string("none") : out;
+  };
+  for (const auto& c : changes)
+    std::printf("membership: view %llu from step %lld: peers %s (left out: %s)%s, %.3f s after '%s'\n",
+                static_cast<unsigned long long>(c.epoch), static_cast<long long>(c.step), list(c.members).c_str(),
+                list(c.removed).c_str(), c.healed ? ", took a peer's state" : "", c.seconds, c.cause.c_str());
+}
+
 // The one training loop of every mode: the library's trainer, one per peer of this process,
 // with the same hooks (progress on rank 0, metrics, Ctrl-C) everywhere.
-template <class Comm>
-int train(const train_plan& p, const training_data& data, Comm comm) {
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::checkpoint_every>;
+template <class Fault, class Comm>
+int train(const train_plan& p, const training_data& data, Comm comm, Fault fault) {
+  constexpr bool elastic = std::is_same_v<Fault, dt::fault::elastic>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, Fault>;
   dt::train::progress bar(stdout, ::isatty(STDOUT_FILENO) != 0);
   std::ofstream metrics_file;
   std::optional<dt::train::metrics_log> metrics;
@@ -465,10 +504,30 @@ int train(const train_plan& p, const training_data& data, Comm comm) {
     metrics.emplace(metrics_file, p.run);
   };
   std::vector<std::int64_t> asked_at;  // per rank: the step at which stop_when last asked
+  std::vector<std::vector<dt::fault::membership_change>> changes;
+  std::optional<dt::transport::in_process> network;  // --peers
   auto setup = [&](Trainer& t) {
-    if (p.checkpoints.resume) announce_resume(t);
+    if constexpr (!elastic)
+      if (p.checkpoints.resume) announce_resume(t);
     if (metrics) metrics->attach(t);
     if (t.rank() == 0) bar.attach(t);
+    if constexpr (elastic) {
+      for (const auto& [victim, after] : p.kills)
+        if (victim == t.rank())
+          t.on_step([&t, &network, after = after](const dt::train::step_metrics& m) {
+            if (m.step != after || !network) return;
+            std::printf("\n--kill: peer %d killed after step %lld\n", t.rank(), static_cast<long long>(m.step));
+            std::fflush(stdout);
+            network->kill(t.members()[static_cast<std::size_t>(t.rank())]);
+            dt::detail::fail("peer killed by --kill");
+          });
+      auto keep_changes = [&t, &changes] {
+        const auto r = static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())]);
+        if (t.fault().changes().size() != changes[r].size()) changes[r] = t.fault().changes();
+      };
+      t.on_step([keep_changes](const dt::train::step_metrics&) { keep_changes(); });
+      t.on_eval([keep_changes](const dt::train::eval_point&) { keep_changes(); });
+    }
     t.stop_when([&t, &at = asked_at[static_cast<std::size_t>(t.rank())]] {
       at = t.step();
       return interrupted.load();
@@ -482,11 +541,12 @@ int train(const train_plan& p, const training_data& data, Comm comm) {
     open_metrics(p.metrics);  // one file, one log, for every peer
     auto links = p.mode == launch::single ? dt::transport::links::ideal(1)
                                           : dt::transport::links::preset(p.link, world, p.trainer.seed);
-    dt::transport::in_process net(std::move(links), {p.trainer.seed, std::chrono::minutes(10)});
+    network.emplace(std::move(links), dt::transport::in_process::options{p.trainer.seed, std::chrono::minutes(10), elastic});
     asked_at.assign(static_cast<std::size_t>(world), 0);
+    changes.assign(static_cast<std::size_t>(world), {});
     std::signal(SIGINT, on_interrupt);
-    results = dt::train::fit_in_process<Trainer>(net, p.model, p.trainer, data.dataset, comm, setup, p.threads, {},
-                                                 p.checkpoints);
+    results = dt::train::fit_in_process<Trainer>(*network, p.model, p.trainer, data.dataset, comm, setup, p.threads, {},
+                                                 fault);
   } else {
 #if DECENTRAIN_HAS_MPI
     std::optional<dt::transport::mpi_environment> mpi_env;  // outlives the endpoint and the trainer
@@ -508,16 +568,47 @@ int train(const train_plan& p, const training_data& data, Comm comm) {
     rank = ep->rank();
     open_metrics(metrics_path(p.metrics, rank, world));  // a file per process
     set_threads(p.threads);
-    Trainer t(p.model, p.trainer, *ep, comm, {}, p.checkpoints);
+    Trainer t(p.model, p.trainer, *ep, comm, {}, fault);
     asked_at.assign(static_cast<std::size_t>(world), 0);
+    changes.assign(static_cast<std::size_t>(world), {});
     setup(t);
     std::signal(SIGINT, on_interrupt);
     results.push_back(t.fit(data.dataset));
+    if constexpr (elastic) {
+      changes[static_cast<std::size_t>(rank)] = t.fault().changes();
+      rank = t.rank();  // in the last view: its rank 0 reports
+      world = t.world();
+    }
   }
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  if constexpr (elastic) {
+    // In-process: the killed peers have no results; the survivors report, the first of them
+    // listing the group's changes. Over TCP each process lists what it saw.
+    std::vector<dt::train::fit_result> kept;
+    int first = -1;
+    for (std::size_t r = 0; r < results.size(); ++r) {
+      if (p.mode == launch::in_process && network->killed(static_cast<int>(r))) continue;
+      if (first < 0) first = static_cast<int>(r);
+      kept.push_back(results[r]);
+    }
+    if (p.mode == launch::in_process) {
+      dt::detail::check(first >= 0, "--elastic: no peer survived");
+      for (std::size_t r = 0; r < results.size(); ++r)
+        if (network->killed(static_cast<int>(r))) std::printf("peer %zu was killed\n", r);
+      print_changes(changes[static_cast<std::size_t>(first)]);
+      results = kept;
+      world = static_cast<int>(kept.size());
+    } else {
+      print_changes(changes[static_cast<std::size_t>(p.tcp.rank)]);
+    }
+  }
   if (results[0].stopped) {
     const auto step = asked_at[static_cast<std::size_t>(rank)];
+    if constexpr (elastic) {
+      std::printf("\ninterrupted at step %lld (an elastic run saves no checkpoints yet)\n", static_cast<long long>(step));
+      return 130;
+    }
     if (world == 1)
       std::printf("\ninterrupted at step %lld: checkpoint saved to %s\n", static_cast<long long>(step),
                   p.checkpoints.file(0, 1, step).c_str());
@@ -532,6 +623,13 @@ int train(const train_plan& p, const training_data& data, Comm comm) {
   return 0;
 }
 
+// The fault policy the plan asks for: elastic, or checkpoints.
+template <class Comm>
+int train_with(const train_plan& p, const training_data& data, Comm comm) {
+  if (p.elastic) return train(p, data, comm, p.elastic_policy);
+  return train(p, data, comm, p.checkpoints);
+}
+
 int cmd_train(const options& opt) {
   train_plan p;
   const int modes = int(opt.has("peers")) + int(opt.has("listen")) + int(opt.has("mpi"));
@@ -543,7 +641,7 @@ int cmd_train(const options& opt) {
   if (p.mode != launch::in_process)
     dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
-    for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms"})
+    for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
@@ -558,6 +656,10 @@ int cmd_train(const options& opt) {
     p.tcp.rank = static_cast<int>(opt.integer("rank", 0));
     p.tcp.world = static_cast<int>(opt.integer("world", 1));
     p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000));
+    // An elastic group finds a frozen peer by this deadline: 30 s rather than the library's 5 min.
+    const auto peer_timeout = opt.integer("peer-timeout-ms", opt.flag("elastic") ? 30000 : p.tcp.recv_timeout.count());
+    dt::detail::check(peer_timeout >= 1, "--peer-timeout-ms must be >= 1, got ", peer_timeout);
+    p.tcp.recv_timeout = std::chrono::milliseconds(peer_timeout);
     p.tcp.validate();
     p.world = p.tcp.world;
   } else if (p.mode == launch::mpi) {
@@ -579,6 +681,36 @@ int cmd_train(const options& opt) {
   dt::detail::check(!p.checkpoints.resume || !dir.empty(),
                     "--resume needs --checkpoint-dir (Ctrl-C without one saves to ./checkpoints)");
   p.metrics = opt.text("metrics", "metrics.jsonl");
+  p.elastic = opt.flag("elastic");
+  if (p.elastic) {
+    dt::detail::check(p.mode == launch::in_process || p.mode == launch::tcp,
+                      "--elastic needs --peers N or --listen HOST:PORT (under MPI a dead rank ends the job unless the MPI "
+                      "library has ULFM)");
+    dt::detail::check(dir.empty() && !p.checkpoints.resume,
+                      "--elastic does not take --checkpoint-dir or --resume yet (an elastic group's checkpoints are "
+                      "not written)");
+    const auto t = opt.integer("agreement-timeout-ms", p.elastic_policy.agreement.timeout.count());
+    dt::detail::check(t >= 1, "--agreement-timeout-ms must be >= 1, got ", t);
+    p.elastic_policy.agreement.timeout = std::chrono::milliseconds(t);
+    dt::detail::check(p.mode != launch::tcp || p.elastic_policy.agreement.timeout > p.tcp.recv_timeout,
+                      "--agreement-timeout-ms (", t, ") must be more than --peer-timeout-ms (", p.tcp.recv_timeout.count(),
+                      "): a peer may wait that long on a frozen one before it joins the agreement");
+    for (const auto& k : split_list(opt.text("kill", ""))) {
+      const auto at = k.find('@');
+      dt::detail::check(p.mode == launch::in_process, "--kill needs --peers N (kill a TCP peer with kill -9)");
+      dt::detail::check(at != std::string::npos && at > 0 && at + 1 < k.size() &&
+                            k.find_first_not_of("0123456789@") == std::string::npos,
+                        "--kill takes RANK@STEP, got '", k, "'");
+      const int victim = std::stoi(k.substr(0, at));
+      const auto after = std::stoll(k.substr(at + 1));
+      dt::detail::check(victim >= 0 && victim < p.world, "--kill: rank ", victim, " is outside --peers ", p.world);
+      dt::detail::check(after >= 1 && after < p.trainer.steps, "--kill: step ", after, " must be in [1, --steps)");
+      p.kills.emplace_back(victim, after);
+    }
+  } else {
+    for (const char* o : {"agreement-timeout-ms", "kill"})
+      dt::detail::check(!opt.has(o), "--", o, " needs --elastic");
+  }
 
   const std::string comm = opt.text("comm", p.mode == launch::single ? "sync" : "diloco");
   dt::detail::check(comm == "sync" || comm == "local-sgd" || comm == "diloco",
@@ -633,20 +765,20 @@ int cmd_train(const options& opt) {
   if (comm == "sync") {
     dt::comm::sync_allreduce<codec> policy;
     policy.codec = codec_choice;
-    return train(p, data, policy);
+    return train_with(p, data, policy);
   }
   if (comm == "local-sgd") {
     dt::comm::local_sgd<codec> policy;
     policy.inner_steps = inner;
     policy.codec = codec_choice;
-    return train(p, data, policy);
+    return train_with(p, data, policy);
   }
   dt::comm::diloco<dt::comm::outer::nesterov, codec> policy;
   policy.codec = codec_choice;
   policy.inner_steps = inner;
   policy.outer_optimizer.lr = outer_lr;
   policy.outer_optimizer.momentum = outer_momentum;
-  return train(p, data, policy);
+  return train_with(p, data, policy);
 }
 
 // ---- eval ----------------------------------------------------------------------------------
@@ -785,7 +917,7 @@ int cmd_sample(const options& opt) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "help";
   try {
-    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi"}));
+    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi", "elastic"}));
     if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
     if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
     if (command == "help" || command == "--help" || command == "-h") {

@@ -8405,6 +8405,7 @@ inline std::string read_file(const std::filesystem::path& path) {
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // ---- begin decentrain/io/tensor_archive.hpp ----
@@ -8503,42 +8504,41 @@ struct checkpoint {
 // authenticated transport is for).
 inline std::uint64_t checkpoint_checksum(std::string_view bytes) { return decentrain::detail::fnv1a(bytes); }
 
-// File layout: magic (8 bytes), version (u32 LE), payload length (u64 LE), FNV-1a of the
-// payload (u64 LE), payload (cereal portable binary).
-inline void save_checkpoint(const std::filesystem::path& path, const checkpoint& ckpt) {
+// Layout (a file, or the state one peer sends another): magic (8 bytes), version (u32 LE),
+// payload length (u64 LE), FNV-1a of the payload (u64 LE), payload (cereal portable binary).
+inline std::string encode_checkpoint(const checkpoint& ckpt) {
   std::ostringstream payload(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive ar(payload);
     ar(ckpt);
   }
   const std::string body = payload.str();
-  std::string file(checkpoint_magic, sizeof checkpoint_magic);
+  std::string out(checkpoint_magic, sizeof checkpoint_magic);
   auto put = [&](std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) file += static_cast<char>((v >> (8 * i)) & 0xff);
+    for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
   };
   put(checkpoint_version, 4);
   put(body.size(), 8);
   put(checkpoint_checksum(body), 8);
-  write_file_atomically(path, file + body);
+  return out + body;
 }
 
-inline checkpoint load_checkpoint(const std::filesystem::path& path) {
-  const std::string file = read_file(path);
-  const std::string where = "checkpoint " + path.string();
+// Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
+inline checkpoint decode_checkpoint(std::string_view data, const std::string& where) {
   constexpr std::size_t header = sizeof checkpoint_magic + 4 + 8 + 8;
-  decentrain::detail::check(file.size() >= header, where, " is truncated (", file.size(), " bytes, header needs ", header, ")");
-  decentrain::detail::check(file.compare(0, sizeof checkpoint_magic, std::string(checkpoint_magic, sizeof checkpoint_magic)) == 0,
+  decentrain::detail::check(data.size() >= header, where, " is truncated (", data.size(), " bytes, header needs ", header, ")");
+  decentrain::detail::check(data.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
                             where, " has a bad magic number (not a decentrain checkpoint)");
   auto get = [&](std::size_t at, int bytes) {
     std::uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(file[at + static_cast<std::size_t>(i)])) << (8 * i);
+    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(data[at + static_cast<std::size_t>(i)])) << (8 * i);
     return v;
   };
   const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
   decentrain::detail::check(version == checkpoint_version, where, " has version ", version, ", expected ", checkpoint_version);
-  decentrain::detail::check(file.size() - header == length, where, " is truncated or padded: payload of ",
-                            file.size() - header, " bytes, header says ", length);
-  const std::string_view body(file.data() + header, length);
+  decentrain::detail::check(data.size() - header == length, where, " is truncated or padded: payload of ",
+                            data.size() - header, " bytes, header says ", length);
+  const std::string_view body = data.substr(header);
   decentrain::detail::check(checkpoint_checksum(body) == checksum, where, " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
@@ -8551,6 +8551,14 @@ inline checkpoint load_checkpoint(const std::filesystem::path& path) {
     decentrain::detail::fail(where, " cannot be decoded: ", e.what());
   }
   return ckpt;
+}
+
+inline void save_checkpoint(const std::filesystem::path& path, const checkpoint& ckpt) {
+  write_file_atomically(path, encode_checkpoint(ckpt));
+}
+
+inline checkpoint load_checkpoint(const std::filesystem::path& path) {
+  return decode_checkpoint(read_file(path), "checkpoint " + path.string());
 }
 
 }  // namespace decentrain::io
@@ -8997,6 +9005,7 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 // messages matched by (source, tag), and traffic counters. Collectives and policies are written
 // against this concept only; `any_endpoint` erases the type so a trainer can take any of them.
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -9009,10 +9018,83 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <utility>
 #include <vector>
 
+// ---- begin decentrain/transport/membership.hpp ----
+// What a transport offers an elastic group (fault::elastic) beyond the endpoint concept: tags
+// reserved for the membership protocol, an alarm that wakes every peer blocked in a collective
+// when one of them saw a peer fail, receives with a deadline, and a way to drop what a peer sent
+// before a marker (the previous view's messages) or to forget a peer for good. tcp and in_process
+// offer all of it; a transport that does not (mpi: the MPI runtime aborts the job on a dead rank
+// unless it has ULFM) gets an error naming what is missing when an elastic group starts.
+//
+// The alarm is what turns "one peer saw the failure" into "every survivor stops within a bounded
+// time": without it a survivor whose own neighbours are alive would wait for a message that its
+// neighbour, busy re-forming, never sends, until the receive timeout.
+
+#include <array>
+#include <cstddef>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+// ---- begin decentrain/transport/tag.hpp ----
+// A message's tag: what a receiver matches besides the source. Collectives put a channel in the
+// high 32 bits (the world's, a group's, a lane's; see collective::communicator) and a call
+// number in the low ones.
+
+#include <cstdint>
 
 namespace decentrain::transport {
 
 using tag_type = std::uint64_t;
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/tag.hpp ----
+
+namespace decentrain::transport {
+
+// A channel (the high 32 bits of a tag) that no communicator hands out (collective::group_channel
+// and the lanes' channels skip it).
+inline constexpr std::uint32_t membership_channel = 0xffffffffu;
+inline constexpr tag_type membership_tag(std::uint32_t n) { return (tag_type{membership_channel} << 32) | n; }
+// Messages to this tag are not queued: they raise the receiver's alarm (see alarm below).
+inline constexpr tag_type alarm_tag = membership_tag(1);
+inline constexpr bool is_membership_tag(tag_type t) { return (t >> 32) == membership_channel; }
+inline constexpr std::uint32_t usable_channel(std::uint32_t c) { return c == membership_channel ? c ^ 2u : c; }
+
+// What an alarm says: in view `epoch`, `reporter` saw peer `failed` fail.
+struct alarm {
+  std::uint64_t epoch = 0;
+  int reporter = -1;
+  int failed = -1;
+};
+
+namespace wire {
+inline constexpr std::size_t alarm_bytes = 16;
+inline std::array<std::byte, alarm_bytes> encode_alarm(std::uint64_t epoch, int failed) {
+  std::array<std::byte, alarm_bytes> out{};
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((epoch >> (8 * i)) & 0xff);
+  const auto f = static_cast<std::uint32_t>(failed);
+  for (int i = 0; i < 4; ++i) out[static_cast<std::size_t>(8 + i)] = static_cast<std::byte>((f >> (8 * i)) & 0xff);
+  return out;
+}
+// Nothing when the body is not an alarm (wrong size): a malformed alarm is dropped, not obeyed.
+inline std::optional<alarm> decode_alarm(std::span<const std::byte> body, int reporter) {
+  if (body.size() != alarm_bytes) return std::nullopt;
+  alarm a;
+  for (int i = 0; i < 8; ++i) a.epoch |= static_cast<std::uint64_t>(body[static_cast<std::size_t>(i)]) << (8 * i);
+  std::uint32_t f = 0;
+  for (int i = 0; i < 4; ++i) f |= static_cast<std::uint32_t>(body[static_cast<std::size_t>(8 + i)]) << (8 * i);
+  a.failed = static_cast<int>(f);
+  a.reporter = reporter;
+  return a;
+}
+}  // namespace wire
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/membership.hpp ----
+
+namespace decentrain::transport {
 
 // An allocator whose value-initialisation leaves bytes as they are: a received message's buffer
 // is sized and then overwritten by the socket, and zero-filling it first cost about a tenth of a
@@ -9066,6 +9148,21 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
   { e.recv(peer, tag) } -> std::same_as<bytes>;
   { ce.stats() } -> std::convertible_to<traffic_stats>;
   e.computed(seconds);
+};
+
+// Whether an endpoint type takes part in elastic groups (transport/membership.hpp).
+template <class E>
+concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int peer, tag_type tag, std::chrono::milliseconds t,
+                                                      std::uint64_t epoch) {
+  // recv with its own deadline (the membership protocol's, not the transport's receive timeout)
+  { e.recv_within(peer, tag, t) } -> std::same_as<bytes>;
+  // drop the non-membership messages `peer` sent before the last message taken from it on `tag`
+  e.discard_before(peer, tag);
+  // alarms of views older than `epoch` are stale: clear the current one if it is, ignore later ones
+  e.set_epoch(epoch);
+  { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
+  // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
+  e.forget(peer);
 };
 
 // The slowest link of a network, the same figure on every peer: its largest latency and its
@@ -9191,6 +9288,14 @@ class any_endpoint {
   }
   void rejoin(const any_endpoint& lane) { get().rejoin(lane.get()); }
 
+  // The membership members (transport/membership.hpp); they throw for a transport without them.
+  bool has_membership() const { return get().has_membership(); }
+  bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) { return get().recv_within(peer, tag, timeout); }
+  void discard_before(int peer, tag_type tag) { get().discard_before(peer, tag); }
+  void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
+  std::optional<alarm> alarmed() const { return get().alarmed(); }
+  void forget(int peer) { get().forget(peer); }
+
  private:
   struct base {
     virtual ~base() = default;
@@ -9205,6 +9310,12 @@ class any_endpoint {
     virtual std::optional<link_estimate> slowest_link() const = 0;
     virtual std::shared_ptr<base> lane() = 0;
     virtual void rejoin(const base& lane) = 0;
+    virtual bool has_membership() const = 0;
+    virtual bytes recv_within(int, tag_type, std::chrono::milliseconds) = 0;
+    virtual void discard_before(int, tag_type) = 0;
+    virtual void set_epoch(std::uint64_t) = 0;
+    virtual std::optional<alarm> alarmed() const = 0;
+    virtual void forget(int) = 0;
   };
   template <class E>
   struct model final : base {
@@ -9226,6 +9337,31 @@ class any_endpoint {
       return std::make_shared<model<E>>(std::move(*l));
     }
     void rejoin(const base& lane) override { transport::rejoin_lane(e, static_cast<const model<E>&>(lane).e); }
+    bool has_membership() const override { return membership_endpoint<E>; }
+    bytes recv_within(int p, tag_type t, std::chrono::milliseconds timeout) override {
+      if constexpr (membership_endpoint<E>) return e.recv_within(p, t, timeout);
+      else no_membership();
+    }
+    void discard_before(int p, tag_type t) override {
+      if constexpr (membership_endpoint<E>) e.discard_before(p, t);
+      else no_membership();
+    }
+    void set_epoch(std::uint64_t epoch) override {
+      if constexpr (membership_endpoint<E>) e.set_epoch(epoch);
+      else no_membership();
+    }
+    std::optional<alarm> alarmed() const override {
+      if constexpr (membership_endpoint<E>) return e.alarmed();
+      else return std::nullopt;
+    }
+    void forget(int p) override {
+      if constexpr (membership_endpoint<E>) e.forget(p);
+      else no_membership();
+    }
+    [[noreturn]] static void no_membership() {
+      decentrain::detail::fail("transport: this transport has no membership protocol support (recv_within, alarms, "
+                               "forget); elastic groups need tcp or in_process");
+    }
     E e;
   };
 
@@ -9467,6 +9603,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 // real WAN links would have spent waiting on the network, with many more peers than cores.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -9481,7 +9618,9 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 // ---- begin decentrain/transport/mailbox.hpp ----
 // Where received messages wait until a recv asks for them: one FIFO per (source, tag), a
 // condition variable, a timeout, and a way to fail every waiter when a peer or the network is
-// gone (so a peer blocked on a dead neighbour gets an error instead of hanging).
+// gone (so a peer blocked on a dead neighbour gets an error instead of hanging), and the
+// membership alarm (transport/membership.hpp): a message to alarm_tag is not queued but makes
+// every wait outside the membership channel fail until the next view is installed.
 //
 // A receiver that already knows where the next messages of a (source, tag) should land can post
 // that memory first, one piece per message in order; the network thread then reads each body
@@ -9496,6 +9635,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <span>
 #include <string>
@@ -9514,23 +9654,39 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 
 namespace decentrain::transport {
 
+// How sure the transport is that the peer is gone. An elastic group counts a departed peer out
+// of its quorum (a closed connection means the process ended or said goodbye) but not a silent
+// one, which may be alive behind a partition.
+enum class failure_cause {
+  departed,  // its connection closed, or it was killed (in_process)
+  silent,    // it missed a deadline (heartbeat or receive timeout)
+  reported,  // another peer reported it failed (the membership alarm)
+  other,     // it sent something malformed, or the cause is not known
+};
+
 class peer_error : public decentrain::error {
  public:
-  peer_error(int peer, std::string operation, const std::string& message)
-      : decentrain::error(message), peer_(peer), operation_(std::move(operation)) {}
+  peer_error(int peer, std::string operation, const std::string& message, failure_cause cause = failure_cause::other)
+      : decentrain::error(message), peer_(peer), operation_(std::move(operation)), cause_(cause) {}
   // The rank (in the world of the endpoint that threw) of the peer that failed.
   int peer() const { return peer_; }
   // What noticed: "send", "receive", or the collective ("all_reduce", "broadcast", ...).
   const std::string& operation() const { return operation_; }
+  failure_cause cause() const { return cause_; }
 
  private:
   int peer_;
   std::string operation_;
+  failure_cause cause_;
 };
 
 template <class... Parts>
 [[noreturn]] void fail_peer(int peer, std::string operation, Parts&&... parts) {
   throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...));
+}
+template <class... Parts>
+[[noreturn]] void fail_peer_because(failure_cause cause, int peer, std::string operation, Parts&&... parts) {
+  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...), cause);
 }
 
 }  // namespace decentrain::transport
@@ -9540,7 +9696,8 @@ namespace decentrain::transport::detail {
 
 struct message {
   bytes payload;
-  double arrival = 0.0;  // simulated arrival time (in_process); 0 elsewhere
+  double arrival = 0.0;        // simulated arrival time (in_process); 0 elsewhere
+  std::uint64_t sequence = 0;  // per source, in the order pushed (set by the mailbox)
 };
 
 class mailbox {
@@ -9550,7 +9707,15 @@ class mailbox {
   void push(int source, tag_type tag, message m) {
     {
       std::lock_guard lock(mutex_);
-      queues_[{source, tag}].push_back(std::move(m));
+      if (forgotten_.count(source)) return;
+      m.sequence = ++pushed_[source];
+      if (tag == alarm_tag) {
+        const auto a = wire::decode_alarm(m.payload, source);
+        if (!a || a->epoch < epoch_ || alarm_) return;
+        alarm_ = a;
+      } else {
+        queues_[{source, tag}].push_back(std::move(m));
+      }
     }
     ready_.notify_all();
   }
@@ -9562,7 +9727,7 @@ class mailbox {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       if (auto m = take_queued(source, tag)) return std::move(*m);
-      throw_if_unreachable(source);
+      throw_if_unreachable(source, tag);
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
     }
   }
@@ -9594,7 +9759,7 @@ class mailbox {
       start();
       for (std::size_t i = 0; i < into.size(); ++i) landed(i, next_landed(k, into[i], timeout));
     } catch (...) {
-      withdraw(k, stuck);
+      withdraw(k, stuck, timeout);
       throw;
     }
   }
@@ -9640,17 +9805,65 @@ class mailbox {
 
   // ---- failure ----
 
-  // Messages already queued from `source` stay readable; waits for more fail with `reason`.
-  void close(int source, std::string reason) {
+  // Messages already queued from `source` stay readable; waits for more fail with `reason`,
+  // as a peer that departed or, with `cause` silent, one that missed its deadline.
+  void close(int source, std::string reason, failure_cause cause = failure_cause::departed) {
     {
       std::lock_guard lock(mutex_);
-      closed_.emplace(source, std::move(reason));
+      closed_.emplace(source, closure{std::move(reason), cause});
     }
     ready_.notify_all();
   }
   void reopen(int source) {
     std::lock_guard lock(mutex_);
-    closed_.erase(source);
+    if (!forgotten_.count(source)) closed_.erase(source);
+  }
+
+  // ---- membership (fault::elastic) ----
+
+  // Closes `source` for good: what it queued is dropped, what it sends later too.
+  void forget(int source, std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      forgotten_.insert(source);
+      closed_[source] = closure{std::move(reason), failure_cause::departed};
+      std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
+    }
+    ready_.notify_all();
+  }
+  // Drops what `source` queued outside the membership channel before the last message taken
+  // from it on `marker` (a view's marker: everything before it belongs to the previous view).
+  void discard_before(int source, tag_type marker) {
+    std::lock_guard lock(mutex_);
+    const auto it = last_taken_.find({source, marker});
+    if (it == last_taken_.end()) return;
+    const std::uint64_t before = it->second;
+    for (auto q = queues_.begin(); q != queues_.end();) {
+      if (q->first.first == source && !is_membership_tag(q->first.second)) {
+        std::erase_if(q->second, [&](const message& m) { return m.sequence < before; });
+        if (q->second.empty()) {
+          q = queues_.erase(q);
+          continue;
+        }
+      }
+      ++q;
+    }
+  }
+  void set_epoch(std::uint64_t epoch) {
+    std::lock_guard lock(mutex_);
+    epoch_ = epoch;
+    if (alarm_ && alarm_->epoch < epoch) alarm_.reset();
+  }
+  std::optional<alarm> alarmed() const {
+    std::lock_guard lock(mutex_);
+    return alarm_;
+  }
+  // How many messages wait in the queues (a test's view of memory held for peers).
+  std::size_t queued_messages() const {
+    std::lock_guard lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& [k, q] : queues_) n += q.size();
+    return n;
   }
 
   // Every wait fails from now on, naming `peer` (the peer whose failure brought the network down).
@@ -9670,6 +9883,11 @@ class mailbox {
     std::size_t size = 0;
   };
 
+  struct closure {
+    std::string reason;
+    failure_cause cause = failure_cause::departed;
+  };
+
   bool queued(int source, tag_type tag) const {
     auto it = queues_.find({source, tag});
     return it != queues_.end() && !it->second.empty();
@@ -9681,18 +9899,24 @@ class mailbox {
     message m = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
+    if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
   }
 
-  void throw_if_unreachable(int source) const {
+  void throw_if_unreachable(int source, tag_type tag) const {
     if (!failure_.empty()) transport::fail_peer(failed_peer_, "receive", failure_);
     if (auto c = closed_.find(source); c != closed_.end())
-      transport::fail_peer(source, "receive", "transport: peer ", source, " is gone (", c->second, ")");
+      transport::fail_peer_because(c->second.cause, source, "receive", "transport: peer ", source, " is gone (",
+                                   c->second.reason, ")");
+    if (alarm_ && !is_membership_tag(tag))
+      transport::fail_peer_because(failure_cause::reported, alarm_->failed, "receive", "transport: peer ", alarm_->reporter,
+                                   " reports that peer ", alarm_->failed, " failed (view ", alarm_->epoch, ")");
   }
 
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    transport::fail_peer(source, "receive", "transport: no message from peer ", source, " (tag ", tag, ") within ",
-                         timeout.count(), " ms: the peer is slow, partitioned or has failed");
+    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
+                                 " (tag ", tag, ") within ", timeout.count(),
+                                 " ms: the peer is slow, partitioned or has failed");
   }
 
   void keep_spare(bytes b) {
@@ -9738,7 +9962,7 @@ class mailbox {
         return size;
       }
       if (first.state == posting::abandoned) {
-        throw_if_unreachable(source);
+        throw_if_unreachable(source, tag);
         transport::fail_peer(source, "receive", "transport: the message from peer ", source, " (tag ", tag, ") was cut off");
       }
       if (first.state == posting::open) {
@@ -9750,7 +9974,7 @@ class mailbox {
           keep_spare(std::move(m->payload));
           return size;
         }
-        throw_if_unreachable(source);
+        throw_if_unreachable(source, tag);
       }
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
         auto& now = posted_.at(k).front();
@@ -9769,25 +9993,35 @@ class mailbox {
   // Takes k's postings back. One the network thread is writing into cannot just be dropped:
   // `stuck` stops that write (closing its connection), and this waits until it has settled.
   template <class Stuck>
-  void withdraw(const key& k, Stuck& stuck) {
+  void withdraw(const key& k, Stuck& stuck, std::chrono::milliseconds patience) {
     std::unique_lock lock(mutex_);
     if (any_claimed(k)) {
-      lock.unlock();
-      stuck();
-      lock.lock();
+      // After an alarm the writer is most likely a live peer finishing its message: give it the
+      // receive timeout to finish rather than cut a healthy connection at once.
+      if (!alarm_ || !ready_.wait_for(lock, patience, [&] { return !any_claimed(k); })) {
+        lock.unlock();
+        stuck();
+        lock.lock();
+      }
       ready_.wait(lock, [&] { return !any_claimed(k); });
     }
     posted_.erase(k);
   }
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable ready_;
   std::map<key, std::deque<message>> queues_;
   std::map<key, std::deque<posting>> posted_;  // in the order their messages will come
   std::vector<bytes> spares_;  // at most a few, oldest first
-  std::map<int, std::string> closed_;
+  std::map<int, closure> closed_;
   std::string failure_;
   int failed_peer_ = -1;
+  // membership
+  std::map<int, std::uint64_t> pushed_;           // per source: messages pushed so far
+  std::map<key, std::uint64_t> last_taken_;       // membership tags: the sequence last taken
+  std::set<int> forgotten_;
+  std::uint64_t epoch_ = 0;
+  std::optional<alarm> alarm_;
 };
 
 }  // namespace decentrain::transport::detail
@@ -9875,6 +10109,7 @@ class in_process {
   struct options {
     std::uint64_t seed = 0;                           // jitter and drops
     std::chrono::milliseconds recv_timeout{120000};   // real time a recv may wait for its sender thread
+    bool peers_fail_alone = false;                    // run(): a peer that throws is killed, the rest go on
   };
 
   class endpoint {
@@ -9884,6 +10119,9 @@ class in_process {
 
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
       check_peer(peer, "send to");
+      check_alive();
+      if (peer != rank_ && net_->dead[static_cast<std::size_t>(peer)].load())
+        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer, " was killed");
       double arrival = clock_;
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
@@ -9908,9 +10146,13 @@ class in_process {
       ++stats_.messages_sent;
     }
 
-    bytes recv(int peer, tag_type tag) {
+    bytes recv(int peer, tag_type tag) { return recv_within(peer, tag, net_->opts.recv_timeout); }
+
+    // ---- membership (transport/membership.hpp) ----
+    bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       check_peer(peer, "receive from");
-      auto m = net_->boxes[static_cast<std::size_t>(rank_)].pop(peer, tag, net_->opts.recv_timeout);
+      check_alive();
+      auto m = box().pop(peer, tag, timeout);
       if (m.arrival > clock_) {
         stats_.wait_seconds += m.arrival - clock_;
         clock_ = m.arrival;
@@ -9918,6 +10160,14 @@ class in_process {
       stats_.bytes_received += m.payload.size();
       ++stats_.messages_received;
       return std::move(m.payload);
+    }
+
+    void discard_before(int peer, tag_type tag) { box().discard_before(peer, tag); }
+    void set_epoch(std::uint64_t epoch) { box().set_epoch(epoch); }
+    std::optional<alarm> alarmed() const { return box().alarmed(); }
+    void forget(int peer) {
+      check_peer(peer, "forget");
+      box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
     }
 
     void computed(double seconds) {
@@ -9974,6 +10224,12 @@ class in_process {
       for (std::size_t d = 0; d < n; ++d)
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
     }
+    detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
+    // A killed peer's own calls fail (not as a peer error: no fault policy should try to save it).
+    void check_alive() const {
+      if (net_->dead[static_cast<std::size_t>(rank_)].load())
+        decentrain::detail::fail("in_process: peer ", rank_, " was killed");
+    }
     void check_peer(int peer, const char* what) const {
       decentrain::detail::check(peer >= 0 && peer < world(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
                                 " (world of ", world(), ")");
@@ -10000,9 +10256,26 @@ class in_process {
     return endpoint(net_, rank);
   }
 
+  // Kills `rank` as kill -9 kills a process: its calls fail from now on, the others find it
+  // gone (their waits on it fail naming it as departed, sends to it fail), and run() does not
+  // count its end as a failure. Any thread may call it, the peer's own included.
+  void kill(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: cannot kill rank ", rank, " of a world of ", world());
+    if (net_->dead[static_cast<std::size_t>(rank)].exchange(true)) return;
+    for (int r = 0; r < world(); ++r)
+      if (r != rank) net_->boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
+    net_->boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
+  }
+  bool killed(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    return net_->dead[static_cast<std::size_t>(rank)].load();
+  }
+
   // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
   // the others are woken with an error rather than left waiting, and the first failure (by rank)
-  // is rethrown here.
+  // is rethrown here. Peers that were killed are not failures; with options::peers_fail_alone a
+  // peer that throws is killed (the others go on without it, as an elastic group does) and only
+  // if every peer ended so is its error rethrown.
   void run(const std::function<void(endpoint&)>& fn) const {
     const int n = world();
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
@@ -10013,15 +10286,27 @@ class in_process {
         auto ep = at(r);
         try {
           fn(ep);
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", e.what()));
         } catch (...) {
+          if (killed(r)) return;
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed"));
+          if (net_->opts.peers_fail_alone) return kill(r);
+          std::string why;
+          try {
+            throw;
+          } catch (const std::exception& e) {
+            why = e.what();
+          } catch (...) {
+            why = "an exception that is not a std::exception";
+          }
+          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why));
         }
       });
     for (auto& t : threads) t.join();
+    if (net_->opts.peers_fail_alone) {
+      int alive = 0;
+      for (int r = 0; r < n; ++r) alive += errors[static_cast<std::size_t>(r)] || killed(r) ? 0 : 1;
+      if (alive > 0) return;
+    }
     // Prefer the root cause over the "peer r failed" errors it caused in the others.
     for (const auto& e : errors) {
       if (!e) continue;
@@ -10037,7 +10322,8 @@ class in_process {
 
  private:
   struct shared {
-    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {
+    shared(link_matrix l, options o)
+        : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
       for (int s = 0; s < links.world(); ++s)
         for (int d = 0; d < links.world(); ++d)
           if (s != d) {
@@ -10051,12 +10337,13 @@ class in_process {
     link_matrix links;
     options opts;
     std::vector<detail::mailbox> boxes;
+    std::vector<std::atomic<bool>> dead;  // killed peers
     std::optional<link_estimate> slowest;  // none for a world of one
   };
   std::shared_ptr<shared> net_;
 };
 
-static_assert(endpoint<in_process::endpoint>);
+static_assert(membership_endpoint<in_process::endpoint>);
 
 }  // namespace decentrain::transport
 // ---- end decentrain/transport/in_process.hpp ----
@@ -10376,6 +10663,22 @@ class tcp {
     self_->exchange(to, outs, from, ins, tag, landed, !lane_);
   }
   void computed(double) {}
+
+  // ---- membership (transport/membership.hpp) ----
+  bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
+    return self_->recv(peer, tag, !lane_, timeout);
+  }
+  void discard_before(int peer, tag_type tag) { self_->box.discard_before(peer, tag); }
+  void set_epoch(std::uint64_t epoch) { self_->box.set_epoch(epoch); }
+  std::optional<alarm> alarmed() const { return self_->box.alarmed(); }
+  // Closes the connection to `peer` and drops what it sent: a peer left out of the view that
+  // wakes up later (SIGSTOP, partition) finds its connections closed instead of being heard.
+  void forget(int peer) {
+    decentrain::detail::check(peer >= 0 && peer < world() && peer != rank(), "tcp: peer ", rank(), " cannot forget peer ", peer);
+    self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
+    self_->give_up_on(peer, "left out of the view");
+  }
+
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
   // same connection set (see transport::open_lane); its waits happen beside the caller's work and
   // are not counted in wait_seconds.
@@ -10821,7 +11124,7 @@ class tcp {
       std::array<iovec, 3> parts{iovec{const_cast<std::byte*>(head.data()), head.size()},
                                  iovec{const_cast<std::byte*>(data.data()), data.size()},
                                  iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
-      std::size_t first = 0;
+      std::size_t first = 0, written = 0;
       const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
       while (first < parts.size()) {
         if (c.closed_for_writes.load()) transport::fail_peer(peer, "send", "tcp: connection to peer ", peer, " is closed");
@@ -10834,6 +11137,13 @@ class tcp {
           if (err == EINTR) continue;
           if (err != EAGAIN && err != EWOULDBLOCK)
             transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " failed: ", std::generic_category().message(err));
+          // An alarm (transport/membership.hpp) stops a send that has written nothing yet: its
+          // receiver may be the frozen peer. One half written must finish (or time out), or
+          // the stream to a live peer would lose its framing.
+          if (written == 0 && !is_membership_tag(tag))
+            if (const auto a = box.alarmed())
+              transport::fail_peer_because(failure_cause::reported, a->failed, "send", "tcp: peer ", a->reporter,
+                                           " reports that peer ", a->failed, " failed (view ", a->epoch, ")");
           const auto left = deadline - std::chrono::steady_clock::now();
           if (left <= std::chrono::steady_clock::duration::zero())
             transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " did not finish within ",
@@ -10843,6 +11153,7 @@ class tcp {
           continue;
         }
         auto done = static_cast<std::size_t>(n);
+        written += done;
         while (first < parts.size() && done >= parts[first].iov_len) done -= parts[first++].iov_len;
         if (first < parts.size()) {
           parts[first].iov_base = static_cast<std::byte*>(parts[first].iov_base) + done;
@@ -10851,11 +11162,11 @@ class tcp {
       }
     }
 
-    bytes recv(int peer, tag_type tag, bool count_wait = true) {
+    bytes recv(int peer, tag_type tag, bool count_wait = true, std::optional<std::chrono::milliseconds> timeout = {}) {
       decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
                                 " (world of ", opts.world, ")");
       const auto t0 = std::chrono::steady_clock::now();
-      auto m = box.pop(peer, tag, opts.recv_timeout);
+      auto m = box.pop(peer, tag, timeout.value_or(opts.recv_timeout));
       if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       bytes_received += m.payload.size();
       ++messages_received;
@@ -10941,7 +11252,7 @@ class tcp {
   bool lane_ = false;  // a lane's waits are not the caller's
 };
 
-static_assert(endpoint<tcp>);
+static_assert(membership_endpoint<tcp>);
 
 }  // namespace decentrain::transport
 
@@ -10992,7 +11303,8 @@ namespace decentrain::collective {
 inline std::uint32_t group_channel(std::uint32_t parent, std::span<const int> sorted_ranks) {
   std::uint64_t h = decentrain::detail::splitmix64(0x67726f7570ull ^ parent);  // "group"
   for (int r : sorted_ranks) h = decentrain::detail::splitmix64(h ^ static_cast<std::uint64_t>(r));
-  return static_cast<std::uint32_t>(h >> 32) | 1u;  // never 0, the world's channel
+  // never 0 (the world's channel) nor the membership protocol's
+  return transport::usable_channel(static_cast<std::uint32_t>(h >> 32) | 1u);
 }
 
 template <transport::endpoint Endpoint>
@@ -11170,6 +11482,8 @@ class communicator {
   int world() const { return ep_->world(); }
   Endpoint& endpoint() { return *ep_; }
   const counters& traffic() const { return counters_; }
+  // Starts from another communicator's counts (one that this one replaces: a new view).
+  void adopt_traffic(const counters& c) { counters_ = c; }
 
   template <class T>
   void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum, algorithm algo = algorithm::automatic) {
@@ -11309,7 +11623,7 @@ class communicator {
   template <class Op>
     requires std::invocable<Op&, communicator&>
   pending start(Op op) {
-    const auto channel = static_cast<std::uint32_t>(decentrain::detail::splitmix64(next_tag()) >> 32) | 1u;
+    const auto channel = transport::usable_channel(static_cast<std::uint32_t>(decentrain::detail::splitmix64(next_tag()) >> 32) | 1u);
     pending h;
     h.s_ = std::make_unique<pending::state>();
     auto lane = transport::open_lane(*ep_);
@@ -11393,7 +11707,7 @@ class communicator {
     try {
       f();
     } catch (const transport::peer_error& e) {
-      throw transport::peer_error(e.peer(), operation, e.what());
+      throw transport::peer_error(e.peer(), operation, e.what(), e.cause());
     }
   }
 
@@ -14369,7 +14683,7 @@ struct data {
 // ---- end decentrain/parallel/data.hpp ----
 // ---- end decentrain/parallel/parallel.hpp ----
 // ---- begin decentrain/fault/fault.hpp ----
-// Everything in fault: the policy concept, none and checkpoint_every.
+// Everything in fault: the policy concept, none, checkpoint_every, and elastic groups.
 
 // ---- begin decentrain/fault/checkpoint_every.hpp ----
 // Checkpoints every `every` steps: each peer writes its whole state (model, optimizer, step,
@@ -14397,7 +14711,11 @@ struct data {
 //                                 naming the peer and the operation): rethrow, redo the step's
 //                                 failed part, or re-form the group and then redo
 // and, where the policy has them,
-//   reform(ctx)                   re-form the group (needed when on_error may say action::reform)
+//   before_step(ctx)              at the start of every step, inside its error handling (elastic
+//                                 checks its alarm here)
+//   reform(ctx)                   re-form the group (needed when on_error may say action::reform);
+//                                 it may change the group (ctx.set_view) and give this peer
+//                                 another peer's state (ctx.adopt, with ctx.step and ctx.at)
 //   on_stop(ctx)                  the run stops early (Ctrl-C): save what must not be lost
 // `Ctx` is a train::peer_context; train/concepts.hpp checks each member.
 
@@ -14532,6 +14850,508 @@ struct checkpoint_every {
 
 }  // namespace decentrain::fault
 // ---- end decentrain/fault/checkpoint_every.hpp ----
+// ---- begin decentrain/fault/elastic.hpp ----
+// A group that survives its peers: when a peer dies, freezes or is cut off, the others agree on
+// a new view without it (fault/membership.hpp) and the step goes on in that view. What is redone
+// follows from where the failure struck: a collective that failed before the inner optimizer
+// (sync all-reduce of gradients) redoes the step on the survivors; one in the communication
+// policy's after_step (DiLoCo's outer round) is redone by the survivors, so their
+// pseudo-gradients are averaged without the lost peer's. When a collective finished on some
+// peers and not on others, those behind take the state of the one that got furthest, so every
+// survivor ends each round with the same parameters, bit for bit.
+//
+// Data sharding follows the view: the trainer's communicator becomes the view's, so the
+// parallel policy splits each step's rows among the survivors.
+//
+// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp) and
+// data parallelism (every peer holds the whole model). Peers joining a running group, and
+// checkpoints of an elastic run, are not handled yet.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/fault/membership.hpp ----
+// The membership protocol of an elastic group: views (an epoch and its live peers, as world
+// ranks) and how the survivors of a failure agree on the next one.
+//
+// Why a leader and not a consensus protocol: the failures to survive are crashes, freezes and
+// partitions of peers that otherwise follow the protocol (peers that lie are the robust
+// aggregation's business), so a rotating leader is enough: the lowest rank that a peer does not
+// suspect. Every survivor reports to it where it stands (its step, and whom it suspects); the
+// leader waits for each live member (a dead one fails fast: its connection closed, or it missed
+// its heartbeats), then sends the next view. A leader that dies is suspected in turn and the
+// next lowest rank leads. No coordinator outside the group is needed, and no peer is special
+// for longer than one agreement.
+//
+// After the view, every member sends every other a marker: what a peer sent before its marker
+// belongs to the old view and is dropped (so a collective of the new view never pairs with a
+// message of the old, and nothing of the old piles up), and the markers double as the check
+// that every member of the view is alive. Members that were behind (a collective finished on
+// some peers and not on others) then take the state of the member that got furthest: every
+// member of a view continues from the same step with the same parameters.
+//
+// A view must keep a majority of the previous view's peers that did not depart for certain
+// (closed connection, killed): a side of a partition with fewer stops with an error instead of
+// training on as a second model. Half exactly: the side with the lowest rank goes on.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::fault {
+
+struct view {
+  std::uint64_t epoch = 0;
+  std::vector<int> members;  // world ranks, ascending
+  bool contains(int r) const { return std::binary_search(members.begin(), members.end(), r); }
+};
+
+// Where a peer stands in training: the step, and the phase within it (train::phase as a
+// number: start, evaluation, stop check, step, stepped), ordered as the trainer goes through them.
+struct position {
+  std::int64_t step = 0;
+  std::int8_t phase = 0;
+  auto operator<=>(const position&) const = default;
+};
+
+struct agreement_settings {
+  // How long a peer waits for another's report, view, marker or state: the deadline for a peer
+  // that is alive (it answers heartbeats) but does not take part; a dead one fails at once.
+  std::chrono::milliseconds timeout{60000};
+  bool require_majority = true;
+  std::size_t state_chunk_bytes = std::size_t{16} << 20;
+};
+
+// What the survivors agreed on.
+struct decision {
+  view next;
+  position target;              // where every member continues from
+  int donor = -1;               // a member at `target`: the others behind it take its state
+  std::vector<int> behind;      // members not at `target`
+  std::vector<int> removed;     // members of the previous view left out
+};
+
+namespace detail {
+
+inline constexpr transport::tag_type protocol_tag = transport::membership_tag(2);
+inline constexpr transport::tag_type state_tag = transport::membership_tag(3);
+inline constexpr std::size_t max_members = 1 << 16;
+
+enum class kind : std::uint8_t { report = 1, view = 2, marker = 3 };
+
+// Every protocol message: what it means depends on `what`.
+struct message {
+  kind what = kind::report;
+  std::uint64_t epoch = 0;      // report: the view the sender leaves; view, marker: the new view
+  std::int64_t step = 0;        // report: the sender's position; view: the target
+  std::int8_t phase = 0;
+  std::int32_t donor = -1;      // view
+  std::vector<std::int32_t> ranks;     // report: the sender's suspects; view: the members
+  std::vector<std::int32_t> departed;  // report: those of its suspects that departed for certain; view: the removed
+  std::vector<std::int32_t> behind;    // view
+  std::string reason;                  // view without members: why the group stops
+
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(static_cast<std::uint8_t>(what), epoch, step, phase, donor);
+    for (const auto* list : {&ranks, &departed, &behind}) {
+      ar(cereal::make_size_tag(static_cast<cereal::size_type>(list->size())));
+      for (auto r : *list) ar(r);
+    }
+    transport::wire::save_string(ar, reason);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    std::uint8_t k = 0;
+    ar(k, epoch, step, phase, donor);
+    decentrain::detail::check(k >= 1 && k <= 3, "membership: unknown message kind ", static_cast<int>(k));
+    what = static_cast<kind>(k);
+    for (auto* list : {&ranks, &departed, &behind}) {
+      cereal::size_type n = 0;
+      ar(cereal::make_size_tag(n));
+      decentrain::detail::check(n <= max_members, "membership: a list of ", n, " ranks is over the limit");
+      list->resize(static_cast<std::size_t>(n));
+      for (auto& r : *list) ar(r);
+    }
+    ar(transport::wire::bounded_string{reason, 4096});
+  }
+};
+
+inline message decode(const transport::bytes& b, int from) {
+  try {
+    return transport::wire::decode_body<message>(b, "membership message");
+  } catch (const decentrain::error& e) {
+    transport::fail_peer(from, "membership", "membership: peer ", from, " sent a malformed message: ", e.what());
+  }
+}
+
+template <class E>
+void post(E& ep, int to, const message& m) {
+  const auto b = transport::wire::encode_body(m);
+  ep.send(to, protocol_tag, std::span<const std::byte>(b.data(), b.size()));
+}
+
+// The next message from `from` that `wanted` accepts; older ones are stale and skipped.
+template <class E, class Wanted>
+message await(E& ep, int from, std::chrono::steady_clock::time_point deadline, Wanted&& wanted) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto m = decode(ep.recv_within(from, protocol_tag, std::max(left, std::chrono::milliseconds(1))), from);
+    if (wanted(m)) return m;
+  }
+}
+
+inline std::vector<std::int32_t> as_list(const std::vector<int>& v) { return {v.begin(), v.end()}; }
+inline std::vector<int> as_ints(const std::vector<std::int32_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace detail
+
+// The failures a peer knows of: whom it suspects, and whether each departed for certain.
+using suspicions = std::map<int, transport::failure_cause>;
+
+// Tells every member of `current` that this peer is not certain of, that `failed` failed: their
+// waits outside the membership channel fail, and they come to agree too. Members a send fails
+// to are added to `suspects`.
+template <class E>
+void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects) {
+  const auto body = transport::wire::encode_alarm(current.epoch, failed);
+  for (int j : current.members) {
+    if (j == ep.rank() || suspects.count(j)) continue;
+    try {
+      ep.send(j, transport::alarm_tag, std::span<const std::byte>(body.data(), body.size()));
+    } catch (const transport::peer_error& e) {
+      suspects[j] = e.cause();
+    }
+  }
+}
+
+// Runs the agreement from this peer's side and returns the next view with where every member
+// continues from. Throws decentrain::error when this peer is left out, or its side has no
+// majority (the group stops here rather than splitting in two).
+template <class E>
+decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s) {
+  using detail::kind;
+  const int me = ep.rank();
+  decentrain::detail::check(current.contains(me), "membership: peer ", me, " is not in view ", current.epoch);
+  // Only departures are certain. A peer that timed out on another may have been waiting on a
+  // third (a frozen one) itself: whoever is silent must also fail to report within the
+  // agreement's deadline to be left out.
+  std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || s_.second != transport::failure_cause::departed; });
+  auto suspect = [&](const transport::peer_error& e, int fallback) {
+    const int who = e.peer() >= 0 ? e.peer() : fallback;
+    if (who != me) suspects.emplace(who, e.cause());
+  };
+  auto from_view = [&](const detail::message& m) -> decision {
+    if (m.ranks.empty())
+      decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
+    decision d;
+    d.next = view{m.epoch, detail::as_ints(m.ranks)};
+    decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
+                              " (the others did not hear from it in time); it stops here");
+    d.target = position{m.step, m.phase};
+    d.donor = m.donor;
+    d.behind = detail::as_ints(m.behind);
+    d.removed = detail::as_ints(m.departed);
+    return d;
+  };
+
+  for (;;) {
+    std::vector<int> alive;
+    for (int j : current.members)
+      if (!suspects.count(j)) alive.push_back(j);
+    const int leader = alive.front();  // `me` is in alive, so never empty
+    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    raise_alarm(ep, current, suspects.empty() ? -1 : suspects.begin()->first, suspects);  // wake everyone
+
+    if (leader != me) {
+      detail::message report;
+      report.what = kind::report;
+      report.epoch = current.epoch;
+      report.step = mine.step;
+      report.phase = mine.phase;
+      for (const auto& [j, cause] : suspects) {
+        report.ranks.push_back(j);
+        if (cause == transport::failure_cause::departed) report.departed.push_back(j);
+      }
+      try {
+        detail::post(ep, leader, report);
+        // The leader may wait a whole deadline on a frozen member before it sends the view.
+        const auto v = detail::await(ep, leader, deadline + s.timeout, [&](const detail::message& m) {
+          return m.what == kind::view && m.epoch > current.epoch;
+        });
+        return from_view(v);
+      } catch (const transport::peer_error& e) {
+        suspect(e, leader);
+        if (!suspects.count(leader)) suspects.emplace(leader, e.cause());
+        continue;  // the next lowest rank leads
+      }
+    }
+
+    // The leader: a report from every member it does not suspect.
+    std::map<int, position> where{{me, mine}};
+    std::map<int, std::string> why;  // members this leader could not hear from, and why
+    for (std::size_t i = 0; i < alive.size(); ++i) {
+      const int j = alive[i];
+      if (j == me || suspects.count(j)) continue;
+      try {
+        const auto r = detail::await(ep, j, deadline, [&](const detail::message& m) {
+          return (m.what == kind::report && m.epoch == current.epoch) || (m.what == kind::view && m.epoch > current.epoch);
+        });
+        if (r.what == kind::view) return from_view(r);  // a view this peer missed: follow it
+        where[j] = position{r.step, r.phase};
+        // What the reporter knows departed for certain; its other suspicions this leader checks
+        // itself, by waiting for their reports.
+        for (const auto x : r.departed)
+          if (x != me && current.contains(x)) suspects[x] = transport::failure_cause::departed;
+      } catch (const transport::peer_error& e) {
+        suspects.emplace(j, e.cause());
+        why[j] = e.what();
+      }
+    }
+
+    detail::message v;
+    v.what = kind::view;
+    v.epoch = current.epoch + 1;
+    std::vector<int> next;
+    for (int j : current.members)
+      if (!suspects.count(j) && where.count(j)) next.push_back(j);
+      else v.departed.push_back(j);
+    // Quorum: a majority of the previous view less the peers that departed for certain.
+    int departed = 0;
+    for (const auto& [j, cause] : suspects) departed += cause == transport::failure_cause::departed ? 1 : 0;
+    const int voters = static_cast<int>(current.members.size()) - departed;
+    const int have = static_cast<int>(next.size());
+    const bool majority = 2 * have > voters || (2 * have == voters && [&] {
+      for (int j : current.members)
+        if (!suspects.count(j) || suspects.at(j) != transport::failure_cause::departed) return j == next.front();
+      return false;
+    }());
+    if (s.require_majority && !majority) {
+      v.ranks.clear();
+      v.reason = decentrain::detail::concat("only ", have, " of the ", voters,
+                                            " peers that did not depart for certain can reach each other; without a "
+                                            "majority this side stops rather than train a second model");
+      for (const auto& [j, w] : why) v.reason += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
+      for (const auto& [j, c] : suspects)
+        if (!why.count(j)) v.reason += decentrain::detail::concat(" (peer ", j, ": reported by a survivor)");
+    } else {
+      v.ranks = detail::as_list(next);
+      position target = where.at(next.front());
+      for (int j : next) target = std::max(target, where.at(j));
+      v.step = target.step;
+      v.phase = target.phase;
+      for (int j : next)
+        if (where.at(j) == target) {
+          if (v.donor < 0) v.donor = j;
+        } else {
+          v.behind.push_back(j);
+        }
+    }
+    // Everyone of the old view that may be listening hears it, the left-out ones included.
+    for (int j : current.members) {
+      if (j == me) continue;
+      if (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed) continue;
+      try {
+        detail::post(ep, j, v);
+      } catch (const transport::peer_error&) {
+        // it will fail the markers, and the next agreement leaves it out
+      }
+    }
+    return from_view(v);
+  }
+}
+
+// Installs `d` on this peer: alarms of older views are cleared, removed peers forgotten, and
+// markers exchanged with every member (what each sent before its marker is dropped). Returns a
+// member that failed meanwhile (the caller then agrees again, from the new view), if one did.
+template <class E>
+std::optional<transport::peer_error> install(E& ep, const decision& d, const agreement_settings& s) {
+  const int me = ep.rank();
+  ep.set_epoch(d.next.epoch);
+  for (int j : d.removed)
+    if (j != me) ep.forget(j);
+  detail::message marker;
+  marker.what = detail::kind::marker;
+  marker.epoch = d.next.epoch;
+  try {
+    for (int j : d.next.members)
+      if (j != me) detail::post(ep, j, marker);
+    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    for (int j : d.next.members) {
+      if (j == me) continue;
+      detail::await(ep, j, deadline, [&](const detail::message& m) {
+        return m.what == detail::kind::marker && m.epoch == d.next.epoch;
+      });
+      ep.discard_before(j, detail::protocol_tag);
+    }
+  } catch (const transport::peer_error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+// The donor sends `state()` (an encoded checkpoint) to every member behind; they receive it.
+// Returns the encoded state this peer received (nothing when it was not behind).
+template <class E>
+std::optional<std::string> transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
+                                          const agreement_settings& s) {
+  const int me = ep.rank();
+  const bool behind = std::find(d.behind.begin(), d.behind.end(), me) != d.behind.end();
+  if (me == d.donor && !d.behind.empty()) {
+    const std::string blob = state();
+    const std::size_t chunk = std::max<std::size_t>(s.state_chunk_bytes, 1024);
+    std::uint64_t head[2] = {blob.size(), chunk};
+    for (int j : d.behind) {
+      ep.send(j, detail::state_tag, std::as_bytes(std::span<const std::uint64_t>(head, 2)));
+      for (std::size_t at = 0; at < blob.size(); at += chunk)
+        ep.send(j, detail::state_tag,
+                std::as_bytes(std::span<const char>(blob.data() + at, std::min(chunk, blob.size() - at))));
+    }
+  }
+  if (!behind) return std::nullopt;
+  const auto head = ep.recv_within(d.donor, detail::state_tag, s.timeout);
+  decentrain::detail::check(head.size() == 16, "elastic: peer ", d.donor, " sent a state header of ", head.size(), " bytes");
+  std::uint64_t size = 0, chunk = 0;
+  std::memcpy(&size, head.data(), 8);
+  std::memcpy(&chunk, head.data() + 8, 8);
+  decentrain::detail::check(chunk >= 1024 && size <= (std::uint64_t{1} << 40), "elastic: peer ", d.donor,
+                            " announced a state of ", size, " bytes in chunks of ", chunk);
+  std::string blob;
+  blob.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(size, chunk * 4)));
+  while (blob.size() < size) {
+    const auto part = ep.recv_within(d.donor, detail::state_tag, s.timeout);
+    decentrain::detail::check(part.size() == std::min<std::uint64_t>(chunk, size - blob.size()), "elastic: peer ", d.donor,
+                              " sent a state chunk of ", part.size(), " bytes");
+    blob.append(reinterpret_cast<const char*>(part.data()), part.size());
+  }
+  return blob;
+}
+
+}  // namespace decentrain::fault
+// ---- end decentrain/fault/membership.hpp ----
+
+namespace decentrain::fault {
+
+// One change of the group, as every survivor records it.
+struct membership_change {
+  std::uint64_t epoch = 0;       // the new view's
+  std::vector<int> members;      // world ranks
+  std::vector<int> removed;
+  std::int64_t step = 0;         // the step the survivors continued from
+  bool healed = false;           // this peer took another's state
+  std::string cause;             // the error that started it, as this peer saw it
+  double seconds = 0;            // from that error to the new view's first step, on this peer
+};
+
+struct elastic {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "elastic";
+
+  agreement_settings agreement{};
+  // Fewer peers than this left: stop with an error rather than go on.
+  int min_peers = 1;
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(ctx.network.has_membership(), "elastic: this transport cannot change its group (it has no "
+                              "membership support; tcp and in_process do; under MPI a dead rank aborts the job unless "
+                              "the MPI library has ULFM)");
+    decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
+    decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
+    if (view_.members.empty()) {
+      view_.epoch = 0;
+      for (int r = 0; r < ctx.network.world(); ++r) view_.members.push_back(r);
+      ctx.network.set_epoch(0);
+    }
+  }
+
+  // A peer that another reported as failed stops before it computes a step the group will not
+  // use: the alarm is checked at the start of every step, so a peer busy computing joins the
+  // agreement within one step.
+  template <class Ctx>
+  void before_step(Ctx& ctx) {
+    if (const auto a = ctx.network.alarmed())
+      transport::fail_peer_because(transport::failure_cause::reported, a->failed, "membership", "elastic: peer ",
+                                   a->reporter, " reports that peer ", a->failed, " failed (view ", a->epoch, ")");
+  }
+
+  template <class Ctx>
+  void after_step(Ctx&) {}
+
+  template <class Ctx>
+  action on_error(Ctx& ctx, const transport::peer_error& e) {
+    if (e.peer() >= 0 && e.peer() != ctx.network.rank() && e.cause() != transport::failure_cause::reported)
+      suspects_.emplace(e.peer(), e.cause());
+    cause_ = e.what();
+    failed_at_ = std::chrono::steady_clock::now();
+    return action::reform;
+  }
+
+  template <class Ctx>
+  void reform(Ctx& ctx) {
+    auto& ep = ctx.network;
+    bool healed = false;
+    for (;;) {
+      decision d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+      suspects_.clear();
+      const auto failed = install(ep, d, agreement);
+      view_ = d.next;
+      ctx.set_view(view_.epoch, view_.members);
+      decentrain::detail::check(static_cast<int>(view_.members.size()) >= min_peers, "elastic: ",
+                                view_.members.size(), " peer(s) left in view ", view_.epoch, ", fewer than min_peers = ",
+                                min_peers);
+      if (failed) {  // a member of the new view failed already: agree again, from it
+        if (failed->peer() >= 0) suspects_.emplace(failed->peer(), failed->cause());
+        changes_.push_back(record(d, ctx, false));
+        continue;
+      }
+      try {
+        const auto got = transfer_state(ep, d, [&] { return io::encode_checkpoint(ctx.capture()); }, agreement);
+        if (got) {
+          ctx.adopt(io::decode_checkpoint(*got, "the state from peer " + std::to_string(d.donor)));
+          ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
+          healed = true;
+        }
+      } catch (const transport::peer_error& e) {
+        if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
+        changes_.push_back(record(d, ctx, false));
+        continue;
+      }
+      changes_.push_back(record(d, ctx, healed));
+      return;
+    }
+  }
+
+  const view& current() const { return view_; }
+  const std::vector<membership_change>& changes() const { return changes_; }
+
+ private:
+  template <class Ctx>
+  membership_change record(const decision& d, const Ctx&, bool healed) const {
+    return membership_change{d.next.epoch, d.next.members, d.removed, d.target.step, healed, cause_,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count()};
+  }
+
+  view view_;
+  suspicions suspects_;
+  std::vector<membership_change> changes_;
+  std::string cause_;
+  std::chrono::steady_clock::time_point failed_at_{};
+};
+
+}  // namespace decentrain::fault
+// ---- end decentrain/fault/elastic.hpp ----
 // ---- begin decentrain/fault/none.hpp ----
 // The fault policy that does nothing: no checkpoints, and a failed peer ends the run with the
 // error that names it.
@@ -14678,6 +15498,7 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 
 namespace decentrain::train {
@@ -14696,6 +15517,12 @@ template <class M>
 using model_device_t = typename model_device<M>::type;
 
 using communicator = collective::communicator<transport::any_endpoint>;
+
+// Where a peer is in its run, in the order the trainer goes through a step's value of ctx.step:
+// the start, an evaluation (after the previous step), a stop check, the step, and the step once
+// its inner optimizer has stepped (only the communication policy's after_step is left). A group
+// that re-forms compares peers by (step, phase), and those behind take the state of the furthest.
+enum class phase : std::int8_t { start = 0, evaluation = 1, stop_check = 2, step = 3, stepped = 4 };
 
 template <class Model>
 struct peer_context {
@@ -14717,6 +15544,14 @@ struct peer_context {
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
   std::function<io::checkpoint()> capture;             // this peer's whole state
   std::function<void(const io::checkpoint&)> restore;  // and back
+  // For fault policies that change the group (fault::elastic):
+  transport::any_endpoint& network;  // this peer's endpoint in the whole world, beneath any view
+  phase at = phase::step;            // on_error: where the failure struck (with step)
+  // From now on `comm` (and `replicas`) are the listed world ranks, with a tag space of `epoch`.
+  std::function<void(std::uint64_t epoch, const std::vector<int>& members)> set_view;
+  // Takes another peer's captured state as this peer's (it keeps its own identity and dropout
+  // stream); ctx.step and ctx.at must then say where the donor stood.
+  std::function<void(const io::checkpoint&)> adopt;
 };
 
 }  // namespace decentrain::train
@@ -15231,8 +16066,9 @@ class progress {
 // trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. Per
 // step: the parallel policy runs forward and backward, the communication policy acts after the
 // backward and after the inner AdamW step, and the fault policy after the step; a peer error
-// inside a step goes to the fault policy, which says rethrow, redo or re-form (errors in start,
-// evaluation and checkpoints are not routed: they end the run). The slots are defined
+// inside a step, or in a collective between steps (the start, stop checks, evaluations), goes to
+// the fault policy, which says rethrow, redo or re-form (errors in the fault policy's own start
+// and checkpoints are not routed: they end the run). The slots are defined
 // on one page, train/concepts.hpp; options, metrics and the context a policy sees have headers
 // of their own.
 
@@ -15273,7 +16109,8 @@ class trainer {
           ParallelPolicy parallel = {}, FaultPolicy fault = {})
       : options_(validated(options)),
         endpoint_(std::move(endpoint)),
-        comm_(endpoint_, options_.collectives),
+        view_endpoint_(endpoint_),
+        comm_(view_endpoint_, options_.collectives),
         model_(make_model(config, options.seed)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
         schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
@@ -15283,6 +16120,7 @@ class trainer {
         placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
+    for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
     if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
       model_.set_compute_dtype(options_.compute_dtype);
@@ -15301,8 +16139,12 @@ class trainer {
   FaultPolicy& fault() { return fault_; }
   const parallel::placement& placement() const { return placement_; }
   const trainer_options& options() const { return options_; }
-  int rank() const { return endpoint_.rank(); }
-  int world() const { return endpoint_.world(); }
+  // This peer's rank and the group's size: in the current view when the group changed
+  // (fault::elastic), else in the whole world.
+  int rank() const { return comm_.rank(); }
+  int world() const { return comm_.world(); }
+  // The world ranks of the current view (every rank before any change).
+  const std::vector<int>& members() const { return members_; }
   std::int64_t step() const { return step_; }
   transport::traffic_stats traffic() const { return endpoint_.stats(); }
   // Bytes the communication policy's collectives sent, cumulative over the run and across a
@@ -15323,25 +16165,37 @@ class trainer {
   fit_result fit(const data::token_dataset& dataset) {
     auto ctx = make_context(dataset);
     fault_.start(ctx);
-    check_same_step();
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     ctx.resumed = resumed_;
-    counted([&] { policy_.start(ctx); });
+    between_steps(ctx, phase::start, [&] {
+      check_same_step();
+      counted([&] { policy_.start(ctx); });
+    });
     resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
-    std::int64_t tokens = 0;
+    std::int64_t tokens = 0, stepped_to = -1;
     while (step_ < options_.steps) {
-      if (stop_requested()) {
+      const bool eval_due = step_ == stepped_to && options_.eval_every > 0 && step_ % options_.eval_every == 0;
+      if ((eval_due || (resume_at_ && resume_at_->at == phase::evaluation)) && runs(phase::evaluation)) {
+        const auto p = record_eval(dataset, step_);
+        if (!std::isnan(p.val_loss)) result.evals.push_back(p);
+      }
+      bool stop = false;
+      if (stop_asked_ && runs(phase::stop_check)) between_steps(ctx, phase::stop_check, [&] { stop = stop_requested(); });
+      if (stop) {
         ctx.steps_done = step_;
         if constexpr (requires { fault_.on_stop(ctx); }) fault_.on_stop(ctx);
         result.stopped = true;
         break;
       }
+      if (step_ >= options_.steps) break;  // the group handed this peer a state that had finished
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
       const auto s = run_step(ctx);
+      if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
+      stepped_to = step_;
       ctx.steps_done = step_;
       fault_.after_step(ctx);
       tokens += s.result.tokens;
@@ -15352,8 +16206,6 @@ class trainer {
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
                                  wall, unix_now(), policy_bytes_, redos_};
       for (auto& h : step_hooks_) h(result.last);
-      if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
-        result.evals.push_back(record_eval(dataset, step_));
     }
     if (result.stopped) return result;
     result.evals.push_back(record_eval(dataset, step_));
@@ -15366,11 +16218,14 @@ class trainer {
   double evaluate(const data::token_dataset& dataset, std::int64_t batches = 0) {
     if (batches <= 0) batches = options_.eval_batches;
     auto ctx = make_context(dataset);
-    no_grad guard;
-    double sum = 0;
-    for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
-    double mean = sum / static_cast<double>(batches);
-    comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
+    double mean = std::numeric_limits<double>::quiet_NaN();  // when the group moved on past it
+    between_steps(ctx, phase::evaluation, [&] {
+      no_grad guard;
+      double sum = 0;
+      for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
+      mean = sum / static_cast<double>(batches);
+      comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
+    });
     return mean;
   }
 
@@ -15398,10 +16253,19 @@ class trainer {
     resumed_ = true;
   }
 
+  // Another peer's state as this peer's: model, optimizer, step and the policy's state; this
+  // peer keeps its rank, dropout stream and byte count (an elastic group's member that was
+  // behind, or a peer that joins).
+  void adopt(const io::checkpoint& c) {
+    step_ = train::restore(c, model_, optimizer_);
+    policy_.load(c);
+  }
+
  private:
   struct step_outcome {
     parallel::step_result result;
     double lr = 0, grad_norm = 0;
+    bool adopted = false;  // the fault policy gave this peer another's state (see resume_at_)
   };
 
   // One step, with a peer error routed to the fault policy: redo runs again what failed (the
@@ -15411,10 +16275,16 @@ class trainer {
   // tolerate being called again for the same payload.
   step_outcome run_step(context& ctx) {
     step_outcome out;
-    bool stepped = false;
+    // A state taken from a peer that had stepped already: only its after_step is left.
+    const bool stepped_before = resume_at_ && resume_at_->at == phase::stepped;
+    if (stepped_before) resume_at_.reset();
+    else (void)runs(phase::step);
+    bool stepped = stepped_before;
     const auto dropout_before = dropout_.state();
     for (int redos = 0;; ++redos) {
       try {
+        if constexpr (requires { fault_.before_step(ctx); })
+          if (!stepped) fault_.before_step(ctx);
         if (!stepped) {
           dropout_.set_state(dropout_before);
           auto t = compute_clock();
@@ -15434,23 +16304,73 @@ class trainer {
         counted([&] { policy_.after_step(ctx); });
         return out;
       } catch (const transport::peer_error& e) {
-        const fault::action a = fault_.on_error(ctx, e);
-        if (a == fault::action::rethrow) throw;
-        if (redos >= options_.max_redos)
-          throw transport::peer_error(e.peer(), e.operation(),
-                                      decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a),
-                                                                 " ", redos, " times in a row; max_redos = ",
-                                                                 options_.max_redos, ")"));
-        if (a == fault::action::reform) {
-          if constexpr (requires { fault_.reform(ctx); })
-            fault_.reform(ctx);
-          else
-            throw transport::peer_error(e.peer(), e.operation(),
-                                        decentrain::detail::concat(e.what(), " (the fault policy said reform but has no reform(ctx))"));
+        ctx.step = step_;
+        ctx.at = stepped ? phase::stepped : phase::step;
+        if (recover(ctx, e, redos)) {
+          resume_at_ = resume_point{ctx.step, ctx.at};
+          out.adopted = true;
+          return out;
         }
-        ++redos_;
       }
     }
+  }
+
+  // Hands a peer error to the fault policy, and returns once the failed part may run again:
+  // rethrows when the policy says so (or has said redo max_redos times in a row), re-forms the
+  // group when it says reform. ctx.step and ctx.at say where the failure struck; true when the
+  // group gave this peer the state of one that stood further on, and they then say where.
+  bool recover(context& ctx, const transport::peer_error& e, int redos) {
+    const fault::action a = fault_.on_error(ctx, e);
+    if (a == fault::action::rethrow) throw e;
+    if (redos >= options_.max_redos)
+      throw transport::peer_error(e.peer(), e.operation(),
+                                  decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
+                                                             redos, " times in a row; max_redos = ", options_.max_redos, ")"),
+                                  e.cause());
+    ++redos_;
+    if (a != fault::action::reform) return false;
+    if constexpr (requires { fault_.reform(ctx); }) {
+      const auto step_before = ctx.step;
+      const auto at_before = ctx.at;
+      fault_.reform(ctx);
+      if (step_ == step_before && ctx.at == at_before) return false;
+      ctx.step = ctx.steps_done = step_;
+      ctx.last_step = step_ + 1 == options_.steps;
+      return true;
+    } else {
+      throw transport::peer_error(e.peer(), e.operation(),
+                                  decentrain::detail::concat(e.what(), " (the fault policy said reform but has no reform(ctx))"),
+                                  e.cause());
+    }
+  }
+
+  // A collective between steps (the start, a stop check, an evaluation), with a peer error
+  // routed to the fault policy as inside a step; `call` then runs again in the new group, unless
+  // the group gave this peer a state from further on (false: resume_at_ says where).
+  template <class Call>
+  bool between_steps(context& ctx, phase at, Call&& call) {
+    for (int redos = 0;; ++redos) {
+      try {
+        call();
+        return true;
+      } catch (const transport::peer_error& e) {
+        ctx.step = ctx.steps_done = step_;
+        ctx.at = at;
+        if (recover(ctx, e, redos)) {
+          resume_at_ = resume_point{ctx.step, ctx.at};
+          return false;
+        }
+      }
+    }
+  }
+
+  // Whether this peer runs phase `p` of the current step: not when it took the state of a peer
+  // that stood further on (it skips to that peer's phase, and from there goes on as usual).
+  bool runs(phase p) {
+    if (!resume_at_) return true;
+    if (p < resume_at_->at) return false;
+    resume_at_.reset();
+    return true;
   }
 
   context make_context(const data::token_dataset& dataset) {
@@ -15469,7 +16389,29 @@ class trainer {
                    false,
                    resumed_,
                    [this] { return capture(); },
-                   [this](const io::checkpoint& c) { restore(c); }};
+                   [this](const io::checkpoint& c) { restore(c); },
+                   endpoint_,
+                   phase::step,
+                   [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
+                   [this](const io::checkpoint& c) { adopt(c); }};
+  }
+
+  // The world communicator becomes the listed world ranks, in a tag space of their own.
+  void set_view(std::uint64_t epoch, const std::vector<int>& members) {
+    decentrain::detail::check(!replicas_, "trainer: a group change needs every peer to hold the whole model (data "
+                                          "parallelism); this parallel policy places replicas of a part");
+    decentrain::detail::check(std::is_sorted(members.begin(), members.end()) &&
+                                  std::binary_search(members.begin(), members.end(), endpoint_.rank()),
+                              "trainer: a view must list world ranks in ascending order, this peer among them");
+    const auto members32 = std::vector<int>(members);
+    const auto channel = collective::group_channel(0x76696577u ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(epoch)),
+                                                   members32);  // "view"
+    std::shared_ptr<transport::any_endpoint> parent(std::shared_ptr<transport::any_endpoint>{}, &endpoint_);  // not owned
+    view_endpoint_ = transport::any_endpoint(collective::group_view<transport::any_endpoint>(parent, members, channel));
+    const auto traffic = comm_.traffic();
+    comm_ = communicator(view_endpoint_, options_.collectives);
+    comm_.adopt_traffic(traffic);
+    members_ = members;
   }
 
   static const trainer_options& validated(const trainer_options& o) {
@@ -15554,8 +16496,10 @@ class trainer {
   }
 
   trainer_options options_;
-  transport::any_endpoint endpoint_;
+  transport::any_endpoint endpoint_;       // the whole world
+  transport::any_endpoint view_endpoint_;  // the current view: endpoint_ itself until the group changes
   communicator comm_;
+  std::vector<int> members_;
   Model model_;
   optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
@@ -15569,6 +16513,11 @@ class trainer {
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
   bool resumed_ = false;
+  struct resume_point {
+    std::int64_t step = 0;
+    phase at = phase::step;
+  };
+  std::optional<resume_point> resume_at_;
   std::vector<std::function<void(const step_metrics&)>> step_hooks_;
   std::vector<std::function<void(const eval_point&)>> eval_hooks_;
   std::function<bool()> stop_asked_;

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -494,4 +495,76 @@ TEST_CASE("train --codec: peers send their payloads through the codec named on t
   CHECK_THAT(bad.output, Contains("fraction expects a number, got 'many'"));
   bad = run(base + " --codec fp4:block=3", dir);
   CHECK_THAT(bad.output, Contains("fp4 codec: block must be even and in [2, 2^24], got 3"));
+}
+
+namespace {
+// Three TCP peers with --elastic on loopback; once peer 2 has written `after` step lines to its
+// metrics, `attack` is sent to it (by PID, and only to it). Every process is bounded by
+// `timeout`, and peer 2 is killed at the end whatever happened.
+result elastic_tcp_run(const fs::path& dir, const std::string& attack, const std::string& extra) {
+  const auto port = std::to_string(free_port());
+  const std::string args = " train --comm diloco --inner-steps 10 --steps 400 --batch-size 2 --eval-batches 2"
+                           " --eval-every 0 --threads 1 --n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --seed 7"
+                           " --elastic" + extra;
+  const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
+  return run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 3 > r0.txt 2>&1 & p0=$!; "
+             "timeout 150 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; " +
+             cli() + args + peer + " --rank 2 > r2.txt 2>&1 & p2=$!; "
+             "for i in $(seq 600); do [ $(cat metrics.rank-2.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
+             "kill -" + attack + " $p2; wait $p0; s0=$?; wait $p1; s1=$?; kill -9 $p2 2>/dev/null; wait $p2 2>/dev/null; "
+             "cat r0.txt r1.txt; echo \"exit $s0 $s1\" )",
+             dir);
+}
+}  // namespace
+
+TEST_CASE("train --elastic over TCP: kill -9 of a peer mid-run, the others finish without it", "[cli][elastic]") {
+  const auto dir = scratch("elastic_kill");
+  const auto r = elastic_tcp_run(dir, "9", "");
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("exit 0 0"));
+  // Both survivors report the same change; rank 0 of the last view prints the summary.
+  std::istringstream lines(r.output);
+  int views = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("membership: view 1 from step ") == 0) {
+      ++views;
+      CHECK_THAT(line, Contains("peers 0,1 (left out: 2)"));
+    }
+  CHECK(views == 2);
+  CHECK(!last_line_with(r.output, "val loss ").empty());
+}
+
+TEST_CASE("train --elastic over TCP: a frozen peer (SIGSTOP) is left out at its deadline", "[cli][elastic]") {
+  const auto dir = scratch("elastic_stop");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = elastic_tcp_run(dir, "STOP", " --peer-timeout-ms 2000 --agreement-timeout-ms 6000");
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("exit 0 0"));
+  CHECK_THAT(r.output, Contains("peers 0,1 (left out: 2)"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120));
+}
+
+TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elastic refuses", "[cli][elastic]") {
+  const auto dir = scratch("elastic_inproc");
+  const auto r = run(cli() + peer_args + " --peers 4 --elastic --kill 2@3,0@7 --metrics ''", dir);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Contains("peer 2 was killed"));
+  CHECK_THAT(r.output, Contains("peer 0 was killed"));
+  CHECK_THAT(r.output, Contains("membership: view 2 from step "));
+  CHECK_THAT(r.output, Contains("peers 1,3 (left out: 0)"));
+  CHECK(!last_line_with(r.output, "val loss ").empty());
+
+  const auto ck = run(cli() + peer_args + " --peers 2 --elastic --checkpoint-dir ck", dir);
+  CHECK(ck.status == 1);
+  CHECK_THAT(ck.output, Contains("--elastic does not take --checkpoint-dir"));
+  const auto alone = run(cli() + peer_args + " --elastic", dir);
+  CHECK(alone.status == 1);
+  CHECK_THAT(alone.output, Contains("--elastic needs --peers N or --listen"));
+  const auto bad_kill = run(cli() + peer_args + " --peers 2 --elastic --kill 5@3", dir);
+  CHECK(bad_kill.status == 1);
+  CHECK_THAT(bad_kill.output, Contains("--kill: rank 5 is outside --peers 2"));
+  const auto no_elastic = run(cli() + peer_args + " --peers 2 --kill 1@3", dir);
+  CHECK(no_elastic.status == 1);
+  CHECK_THAT(no_elastic.output, Contains("--kill needs --elastic"));
 }

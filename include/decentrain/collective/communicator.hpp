@@ -151,6 +151,8 @@ class communicator {
   int world() const { return ep_->world(); }
   Endpoint& endpoint() { return *ep_; }
   const counters& traffic() const { return counters_; }
+  // Starts from another communicator's counts (one that this one replaces: a new view).
+  void adopt_traffic(const counters& c) { counters_ = c; }
 
   template <class T>
   void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum, algorithm algo = algorithm::automatic) {
@@ -290,7 +292,7 @@ class communicator {
   template <class Op>
     requires std::invocable<Op&, communicator&>
   pending start(Op op) {
-    const auto channel = static_cast<std::uint32_t>(decentrain::detail::splitmix64(next_tag()) >> 32) | 1u;
+    const auto channel = transport::usable_channel(static_cast<std::uint32_t>(decentrain::detail::splitmix64(next_tag()) >> 32) | 1u);
     pending h;
     h.s_ = std::make_unique<pending::state>();
     auto lane = transport::open_lane(*ep_);
@@ -374,7 +376,7 @@ class communicator {
     try {
       f();
     } catch (const transport::peer_error& e) {
-      throw transport::peer_error(e.peer(), operation, e.what());
+      throw transport::peer_error(e.peer(), operation, e.what(), e.cause());
     }
   }
 

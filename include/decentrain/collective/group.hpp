@@ -14,6 +14,7 @@
 #include "decentrain/detail/error.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/membership.hpp"
 
 namespace decentrain::collective {
 
@@ -21,7 +22,8 @@ namespace decentrain::collective {
 inline std::uint32_t group_channel(std::uint32_t parent, std::span<const int> sorted_ranks) {
   std::uint64_t h = decentrain::detail::splitmix64(0x67726f7570ull ^ parent);  // "group"
   for (int r : sorted_ranks) h = decentrain::detail::splitmix64(h ^ static_cast<std::uint64_t>(r));
-  return static_cast<std::uint32_t>(h >> 32) | 1u;  // never 0, the world's channel
+  // never 0 (the world's channel) nor the membership protocol's
+  return transport::usable_channel(static_cast<std::uint32_t>(h >> 32) | 1u);
 }
 
 template <transport::endpoint Endpoint>

@@ -1,6 +1,8 @@
-// Everything in fault: the policy concept, none and checkpoint_every.
+// Everything in fault: the policy concept, none, checkpoint_every, and elastic groups.
 #pragma once
 
 #include "decentrain/fault/checkpoint_every.hpp"
+#include "decentrain/fault/elastic.hpp"
+#include "decentrain/fault/membership.hpp"
 #include "decentrain/fault/none.hpp"
 #include "decentrain/fault/policy.hpp"

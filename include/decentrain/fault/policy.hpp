@@ -8,7 +8,11 @@
 //                                 naming the peer and the operation): rethrow, redo the step's
 //                                 failed part, or re-form the group and then redo
 // and, where the policy has them,
-//   reform(ctx)                   re-form the group (needed when on_error may say action::reform)
+//   before_step(ctx)              at the start of every step, inside its error handling (elastic
+//                                 checks its alarm here)
+//   reform(ctx)                   re-form the group (needed when on_error may say action::reform);
+//                                 it may change the group (ctx.set_view) and give this peer
+//                                 another peer's state (ctx.adopt, with ctx.step and ctx.at)
 //   on_stop(ctx)                  the run stops early (Ctrl-C): save what must not be lost
 // `Ctx` is a train::peer_context; train/concepts.hpp checks each member.
 #pragma once

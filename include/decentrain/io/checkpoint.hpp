@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "decentrain/detail/hash.hpp"
@@ -51,42 +52,41 @@ struct checkpoint {
 // authenticated transport is for).
 inline std::uint64_t checkpoint_checksum(std::string_view bytes) { return decentrain::detail::fnv1a(bytes); }
 
-// File layout: magic (8 bytes), version (u32 LE), payload length (u64 LE), FNV-1a of the
-// payload (u64 LE), payload (cereal portable binary).
-inline void save_checkpoint(const std::filesystem::path& path, const checkpoint& ckpt) {
+// Layout (a file, or the state one peer sends another): magic (8 bytes), version (u32 LE),
+// payload length (u64 LE), FNV-1a of the payload (u64 LE), payload (cereal portable binary).
+inline std::string encode_checkpoint(const checkpoint& ckpt) {
   std::ostringstream payload(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive ar(payload);
     ar(ckpt);
   }
   const std::string body = payload.str();
-  std::string file(checkpoint_magic, sizeof checkpoint_magic);
+  std::string out(checkpoint_magic, sizeof checkpoint_magic);
   auto put = [&](std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) file += static_cast<char>((v >> (8 * i)) & 0xff);
+    for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
   };
   put(checkpoint_version, 4);
   put(body.size(), 8);
   put(checkpoint_checksum(body), 8);
-  write_file_atomically(path, file + body);
+  return out + body;
 }
 
-inline checkpoint load_checkpoint(const std::filesystem::path& path) {
-  const std::string file = read_file(path);
-  const std::string where = "checkpoint " + path.string();
+// Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
+inline checkpoint decode_checkpoint(std::string_view data, const std::string& where) {
   constexpr std::size_t header = sizeof checkpoint_magic + 4 + 8 + 8;
-  decentrain::detail::check(file.size() >= header, where, " is truncated (", file.size(), " bytes, header needs ", header, ")");
-  decentrain::detail::check(file.compare(0, sizeof checkpoint_magic, std::string(checkpoint_magic, sizeof checkpoint_magic)) == 0,
+  decentrain::detail::check(data.size() >= header, where, " is truncated (", data.size(), " bytes, header needs ", header, ")");
+  decentrain::detail::check(data.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
                             where, " has a bad magic number (not a decentrain checkpoint)");
   auto get = [&](std::size_t at, int bytes) {
     std::uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(file[at + static_cast<std::size_t>(i)])) << (8 * i);
+    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(data[at + static_cast<std::size_t>(i)])) << (8 * i);
     return v;
   };
   const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
   decentrain::detail::check(version == checkpoint_version, where, " has version ", version, ", expected ", checkpoint_version);
-  decentrain::detail::check(file.size() - header == length, where, " is truncated or padded: payload of ",
-                            file.size() - header, " bytes, header says ", length);
-  const std::string_view body(file.data() + header, length);
+  decentrain::detail::check(data.size() - header == length, where, " is truncated or padded: payload of ",
+                            data.size() - header, " bytes, header says ", length);
+  const std::string_view body = data.substr(header);
   decentrain::detail::check(checkpoint_checksum(body) == checksum, where, " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
@@ -99,6 +99,14 @@ inline checkpoint load_checkpoint(const std::filesystem::path& path) {
     decentrain::detail::fail(where, " cannot be decoded: ", e.what());
   }
   return ckpt;
+}
+
+inline void save_checkpoint(const std::filesystem::path& path, const checkpoint& ckpt) {
+  write_file_atomically(path, encode_checkpoint(ckpt));
+}
+
+inline checkpoint load_checkpoint(const std::filesystem::path& path) {
+  return decode_checkpoint(read_file(path), "checkpoint " + path.string());
 }
 
 }  // namespace decentrain::io

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "decentrain/autograd/parameters.hpp"
 #include "decentrain/collective/communicator.hpp"
@@ -32,6 +33,12 @@ using model_device_t = typename model_device<M>::type;
 
 using communicator = collective::communicator<transport::any_endpoint>;
 
+// Where a peer is in its run, in the order the trainer goes through a step's value of ctx.step:
+// the start, an evaluation (after the previous step), a stop check, the step, and the step once
+// its inner optimizer has stepped (only the communication policy's after_step is left). A group
+// that re-forms compares peers by (step, phase), and those behind take the state of the furthest.
+enum class phase : std::int8_t { start = 0, evaluation = 1, stop_check = 2, step = 3, stepped = 4 };
+
 template <class Model>
 struct peer_context {
   using model_type = Model;
@@ -52,6 +59,14 @@ struct peer_context {
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
   std::function<io::checkpoint()> capture;             // this peer's whole state
   std::function<void(const io::checkpoint&)> restore;  // and back
+  // For fault policies that change the group (fault::elastic):
+  transport::any_endpoint& network;  // this peer's endpoint in the whole world, beneath any view
+  phase at = phase::step;            // on_error: where the failure struck (with step)
+  // From now on `comm` (and `replicas`) are the listed world ranks, with a tag space of `epoch`.
+  std::function<void(std::uint64_t epoch, const std::vector<int>& members)> set_view;
+  // Takes another peer's captured state as this peer's (it keeps its own identity and dropout
+  // stream); ctx.step and ctx.at must then say where the donor stood.
+  std::function<void(const io::checkpoint&)> adopt;
 };
 
 }  // namespace decentrain::train

@@ -1,8 +1,9 @@
 // trainer<Model, CommPolicy, ParallelPolicy, FaultPolicy>: the training loop of one peer. Per
 // step: the parallel policy runs forward and backward, the communication policy acts after the
 // backward and after the inner AdamW step, and the fault policy after the step; a peer error
-// inside a step goes to the fault policy, which says rethrow, redo or re-form (errors in start,
-// evaluation and checkpoints are not routed: they end the run). The slots are defined
+// inside a step, or in a collective between steps (the start, stop checks, evaluations), goes to
+// the fault policy, which says rethrow, redo or re-form (errors in the fault policy's own start
+// and checkpoints are not routed: they end the run). The slots are defined
 // on one page, train/concepts.hpp; options, metrics and the context a policy sees have headers
 // of their own.
 #pragma once
@@ -59,7 +60,8 @@ class trainer {
           ParallelPolicy parallel = {}, FaultPolicy fault = {})
       : options_(validated(options)),
         endpoint_(std::move(endpoint)),
-        comm_(endpoint_, options_.collectives),
+        view_endpoint_(endpoint_),
+        comm_(view_endpoint_, options_.collectives),
         model_(make_model(config, options.seed)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
         schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
@@ -69,6 +71,7 @@ class trainer {
         placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
+    for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
     if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
       model_.set_compute_dtype(options_.compute_dtype);
@@ -87,8 +90,12 @@ class trainer {
   FaultPolicy& fault() { return fault_; }
   const parallel::placement& placement() const { return placement_; }
   const trainer_options& options() const { return options_; }
-  int rank() const { return endpoint_.rank(); }
-  int world() const { return endpoint_.world(); }
+  // This peer's rank and the group's size: in the current view when the group changed
+  // (fault::elastic), else in the whole world.
+  int rank() const { return comm_.rank(); }
+  int world() const { return comm_.world(); }
+  // The world ranks of the current view (every rank before any change).
+  const std::vector<int>& members() const { return members_; }
   std::int64_t step() const { return step_; }
   transport::traffic_stats traffic() const { return endpoint_.stats(); }
   // Bytes the communication policy's collectives sent, cumulative over the run and across a
@@ -109,25 +116,37 @@ class trainer {
   fit_result fit(const data::token_dataset& dataset) {
     auto ctx = make_context(dataset);
     fault_.start(ctx);
-    check_same_step();
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     ctx.resumed = resumed_;
-    counted([&] { policy_.start(ctx); });
+    between_steps(ctx, phase::start, [&] {
+      check_same_step();
+      counted([&] { policy_.start(ctx); });
+    });
     resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
-    std::int64_t tokens = 0;
+    std::int64_t tokens = 0, stepped_to = -1;
     while (step_ < options_.steps) {
-      if (stop_requested()) {
+      const bool eval_due = step_ == stepped_to && options_.eval_every > 0 && step_ % options_.eval_every == 0;
+      if ((eval_due || (resume_at_ && resume_at_->at == phase::evaluation)) && runs(phase::evaluation)) {
+        const auto p = record_eval(dataset, step_);
+        if (!std::isnan(p.val_loss)) result.evals.push_back(p);
+      }
+      bool stop = false;
+      if (stop_asked_ && runs(phase::stop_check)) between_steps(ctx, phase::stop_check, [&] { stop = stop_requested(); });
+      if (stop) {
         ctx.steps_done = step_;
         if constexpr (requires { fault_.on_stop(ctx); }) fault_.on_stop(ctx);
         result.stopped = true;
         break;
       }
+      if (step_ >= options_.steps) break;  // the group handed this peer a state that had finished
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
       const auto s = run_step(ctx);
+      if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
+      stepped_to = step_;
       ctx.steps_done = step_;
       fault_.after_step(ctx);
       tokens += s.result.tokens;
@@ -138,8 +157,6 @@ class trainer {
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
                                  wall, unix_now(), policy_bytes_, redos_};
       for (auto& h : step_hooks_) h(result.last);
-      if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps)
-        result.evals.push_back(record_eval(dataset, step_));
     }
     if (result.stopped) return result;
     result.evals.push_back(record_eval(dataset, step_));
@@ -152,11 +169,14 @@ class trainer {
   double evaluate(const data::token_dataset& dataset, std::int64_t batches = 0) {
     if (batches <= 0) batches = options_.eval_batches;
     auto ctx = make_context(dataset);
-    no_grad guard;
-    double sum = 0;
-    for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
-    double mean = sum / static_cast<double>(batches);
-    comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
+    double mean = std::numeric_limits<double>::quiet_NaN();  // when the group moved on past it
+    between_steps(ctx, phase::evaluation, [&] {
+      no_grad guard;
+      double sum = 0;
+      for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
+      mean = sum / static_cast<double>(batches);
+      comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
+    });
     return mean;
   }
 
@@ -184,10 +204,19 @@ class trainer {
     resumed_ = true;
   }
 
+  // Another peer's state as this peer's: model, optimizer, step and the policy's state; this
+  // peer keeps its rank, dropout stream and byte count (an elastic group's member that was
+  // behind, or a peer that joins).
+  void adopt(const io::checkpoint& c) {
+    step_ = train::restore(c, model_, optimizer_);
+    policy_.load(c);
+  }
+
  private:
   struct step_outcome {
     parallel::step_result result;
     double lr = 0, grad_norm = 0;
+    bool adopted = false;  // the fault policy gave this peer another's state (see resume_at_)
   };
 
   // One step, with a peer error routed to the fault policy: redo runs again what failed (the
@@ -197,10 +226,16 @@ class trainer {
   // tolerate being called again for the same payload.
   step_outcome run_step(context& ctx) {
     step_outcome out;
-    bool stepped = false;
+    // A state taken from a peer that had stepped already: only its after_step is left.
+    const bool stepped_before = resume_at_ && resume_at_->at == phase::stepped;
+    if (stepped_before) resume_at_.reset();
+    else (void)runs(phase::step);
+    bool stepped = stepped_before;
     const auto dropout_before = dropout_.state();
     for (int redos = 0;; ++redos) {
       try {
+        if constexpr (requires { fault_.before_step(ctx); })
+          if (!stepped) fault_.before_step(ctx);
         if (!stepped) {
           dropout_.set_state(dropout_before);
           auto t = compute_clock();
@@ -220,23 +255,73 @@ class trainer {
         counted([&] { policy_.after_step(ctx); });
         return out;
       } catch (const transport::peer_error& e) {
-        const fault::action a = fault_.on_error(ctx, e);
-        if (a == fault::action::rethrow) throw;
-        if (redos >= options_.max_redos)
-          throw transport::peer_error(e.peer(), e.operation(),
-                                      decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a),
-                                                                 " ", redos, " times in a row; max_redos = ",
-                                                                 options_.max_redos, ")"));
-        if (a == fault::action::reform) {
-          if constexpr (requires { fault_.reform(ctx); })
-            fault_.reform(ctx);
-          else
-            throw transport::peer_error(e.peer(), e.operation(),
-                                        decentrain::detail::concat(e.what(), " (the fault policy said reform but has no reform(ctx))"));
+        ctx.step = step_;
+        ctx.at = stepped ? phase::stepped : phase::step;
+        if (recover(ctx, e, redos)) {
+          resume_at_ = resume_point{ctx.step, ctx.at};
+          out.adopted = true;
+          return out;
         }
-        ++redos_;
       }
     }
+  }
+
+  // Hands a peer error to the fault policy, and returns once the failed part may run again:
+  // rethrows when the policy says so (or has said redo max_redos times in a row), re-forms the
+  // group when it says reform. ctx.step and ctx.at say where the failure struck; true when the
+  // group gave this peer the state of one that stood further on, and they then say where.
+  bool recover(context& ctx, const transport::peer_error& e, int redos) {
+    const fault::action a = fault_.on_error(ctx, e);
+    if (a == fault::action::rethrow) throw e;
+    if (redos >= options_.max_redos)
+      throw transport::peer_error(e.peer(), e.operation(),
+                                  decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
+                                                             redos, " times in a row; max_redos = ", options_.max_redos, ")"),
+                                  e.cause());
+    ++redos_;
+    if (a != fault::action::reform) return false;
+    if constexpr (requires { fault_.reform(ctx); }) {
+      const auto step_before = ctx.step;
+      const auto at_before = ctx.at;
+      fault_.reform(ctx);
+      if (step_ == step_before && ctx.at == at_before) return false;
+      ctx.step = ctx.steps_done = step_;
+      ctx.last_step = step_ + 1 == options_.steps;
+      return true;
+    } else {
+      throw transport::peer_error(e.peer(), e.operation(),
+                                  decentrain::detail::concat(e.what(), " (the fault policy said reform but has no reform(ctx))"),
+                                  e.cause());
+    }
+  }
+
+  // A collective between steps (the start, a stop check, an evaluation), with a peer error
+  // routed to the fault policy as inside a step; `call` then runs again in the new group, unless
+  // the group gave this peer a state from further on (false: resume_at_ says where).
+  template <class Call>
+  bool between_steps(context& ctx, phase at, Call&& call) {
+    for (int redos = 0;; ++redos) {
+      try {
+        call();
+        return true;
+      } catch (const transport::peer_error& e) {
+        ctx.step = ctx.steps_done = step_;
+        ctx.at = at;
+        if (recover(ctx, e, redos)) {
+          resume_at_ = resume_point{ctx.step, ctx.at};
+          return false;
+        }
+      }
+    }
+  }
+
+  // Whether this peer runs phase `p` of the current step: not when it took the state of a peer
+  // that stood further on (it skips to that peer's phase, and from there goes on as usual).
+  bool runs(phase p) {
+    if (!resume_at_) return true;
+    if (p < resume_at_->at) return false;
+    resume_at_.reset();
+    return true;
   }
 
   context make_context(const data::token_dataset& dataset) {
@@ -255,7 +340,29 @@ class trainer {
                    false,
                    resumed_,
                    [this] { return capture(); },
-                   [this](const io::checkpoint& c) { restore(c); }};
+                   [this](const io::checkpoint& c) { restore(c); },
+                   endpoint_,
+                   phase::step,
+                   [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
+                   [this](const io::checkpoint& c) { adopt(c); }};
+  }
+
+  // The world communicator becomes the listed world ranks, in a tag space of their own.
+  void set_view(std::uint64_t epoch, const std::vector<int>& members) {
+    decentrain::detail::check(!replicas_, "trainer: a group change needs every peer to hold the whole model (data "
+                                          "parallelism); this parallel policy places replicas of a part");
+    decentrain::detail::check(std::is_sorted(members.begin(), members.end()) &&
+                                  std::binary_search(members.begin(), members.end(), endpoint_.rank()),
+                              "trainer: a view must list world ranks in ascending order, this peer among them");
+    const auto members32 = std::vector<int>(members);
+    const auto channel = collective::group_channel(0x76696577u ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(epoch)),
+                                                   members32);  // "view"
+    std::shared_ptr<transport::any_endpoint> parent(std::shared_ptr<transport::any_endpoint>{}, &endpoint_);  // not owned
+    view_endpoint_ = transport::any_endpoint(collective::group_view<transport::any_endpoint>(parent, members, channel));
+    const auto traffic = comm_.traffic();
+    comm_ = communicator(view_endpoint_, options_.collectives);
+    comm_.adopt_traffic(traffic);
+    members_ = members;
   }
 
   static const trainer_options& validated(const trainer_options& o) {
@@ -340,8 +447,10 @@ class trainer {
   }
 
   trainer_options options_;
-  transport::any_endpoint endpoint_;
+  transport::any_endpoint endpoint_;       // the whole world
+  transport::any_endpoint view_endpoint_;  // the current view: endpoint_ itself until the group changes
   communicator comm_;
+  std::vector<int> members_;
   Model model_;
   optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
@@ -355,6 +464,11 @@ class trainer {
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
   bool resumed_ = false;
+  struct resume_point {
+    std::int64_t step = 0;
+    phase at = phase::step;
+  };
+  std::optional<resume_point> resume_at_;
   std::vector<std::function<void(const step_metrics&)>> step_hooks_;
   std::vector<std::function<void(const eval_point&)>> eval_hooks_;
   std::function<bool()> stop_asked_;

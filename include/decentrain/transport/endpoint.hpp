@@ -3,6 +3,7 @@
 // against this concept only; `any_endpoint` erases the type so a trainer can take any of them.
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -16,10 +17,10 @@
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/transport/membership.hpp"
+#include "decentrain/transport/tag.hpp"
 
 namespace decentrain::transport {
-
-using tag_type = std::uint64_t;
 
 // An allocator whose value-initialisation leaves bytes as they are: a received message's buffer
 // is sized and then overwritten by the socket, and zero-filling it first cost about a tenth of a
@@ -73,6 +74,21 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
   { e.recv(peer, tag) } -> std::same_as<bytes>;
   { ce.stats() } -> std::convertible_to<traffic_stats>;
   e.computed(seconds);
+};
+
+// Whether an endpoint type takes part in elastic groups (transport/membership.hpp).
+template <class E>
+concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int peer, tag_type tag, std::chrono::milliseconds t,
+                                                      std::uint64_t epoch) {
+  // recv with its own deadline (the membership protocol's, not the transport's receive timeout)
+  { e.recv_within(peer, tag, t) } -> std::same_as<bytes>;
+  // drop the non-membership messages `peer` sent before the last message taken from it on `tag`
+  e.discard_before(peer, tag);
+  // alarms of views older than `epoch` are stale: clear the current one if it is, ignore later ones
+  e.set_epoch(epoch);
+  { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
+  // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
+  e.forget(peer);
 };
 
 // The slowest link of a network, the same figure on every peer: its largest latency and its
@@ -198,6 +214,14 @@ class any_endpoint {
   }
   void rejoin(const any_endpoint& lane) { get().rejoin(lane.get()); }
 
+  // The membership members (transport/membership.hpp); they throw for a transport without them.
+  bool has_membership() const { return get().has_membership(); }
+  bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) { return get().recv_within(peer, tag, timeout); }
+  void discard_before(int peer, tag_type tag) { get().discard_before(peer, tag); }
+  void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
+  std::optional<alarm> alarmed() const { return get().alarmed(); }
+  void forget(int peer) { get().forget(peer); }
+
  private:
   struct base {
     virtual ~base() = default;
@@ -212,6 +236,12 @@ class any_endpoint {
     virtual std::optional<link_estimate> slowest_link() const = 0;
     virtual std::shared_ptr<base> lane() = 0;
     virtual void rejoin(const base& lane) = 0;
+    virtual bool has_membership() const = 0;
+    virtual bytes recv_within(int, tag_type, std::chrono::milliseconds) = 0;
+    virtual void discard_before(int, tag_type) = 0;
+    virtual void set_epoch(std::uint64_t) = 0;
+    virtual std::optional<alarm> alarmed() const = 0;
+    virtual void forget(int) = 0;
   };
   template <class E>
   struct model final : base {
@@ -233,6 +263,31 @@ class any_endpoint {
       return std::make_shared<model<E>>(std::move(*l));
     }
     void rejoin(const base& lane) override { transport::rejoin_lane(e, static_cast<const model<E>&>(lane).e); }
+    bool has_membership() const override { return membership_endpoint<E>; }
+    bytes recv_within(int p, tag_type t, std::chrono::milliseconds timeout) override {
+      if constexpr (membership_endpoint<E>) return e.recv_within(p, t, timeout);
+      else no_membership();
+    }
+    void discard_before(int p, tag_type t) override {
+      if constexpr (membership_endpoint<E>) e.discard_before(p, t);
+      else no_membership();
+    }
+    void set_epoch(std::uint64_t epoch) override {
+      if constexpr (membership_endpoint<E>) e.set_epoch(epoch);
+      else no_membership();
+    }
+    std::optional<alarm> alarmed() const override {
+      if constexpr (membership_endpoint<E>) return e.alarmed();
+      else return std::nullopt;
+    }
+    void forget(int p) override {
+      if constexpr (membership_endpoint<E>) e.forget(p);
+      else no_membership();
+    }
+    [[noreturn]] static void no_membership() {
+      decentrain::detail::fail("transport: this transport has no membership protocol support (recv_within, alarms, "
+                               "forget); elastic groups need tcp or in_process");
+    }
     E e;
   };
 

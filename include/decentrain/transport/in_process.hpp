@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -107,6 +108,7 @@ class in_process {
   struct options {
     std::uint64_t seed = 0;                           // jitter and drops
     std::chrono::milliseconds recv_timeout{120000};   // real time a recv may wait for its sender thread
+    bool peers_fail_alone = false;                    // run(): a peer that throws is killed, the rest go on
   };
 
   class endpoint {
@@ -116,6 +118,9 @@ class in_process {
 
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
       check_peer(peer, "send to");
+      check_alive();
+      if (peer != rank_ && net_->dead[static_cast<std::size_t>(peer)].load())
+        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer, " was killed");
       double arrival = clock_;
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
@@ -140,9 +145,13 @@ class in_process {
       ++stats_.messages_sent;
     }
 
-    bytes recv(int peer, tag_type tag) {
+    bytes recv(int peer, tag_type tag) { return recv_within(peer, tag, net_->opts.recv_timeout); }
+
+    // ---- membership (transport/membership.hpp) ----
+    bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       check_peer(peer, "receive from");
-      auto m = net_->boxes[static_cast<std::size_t>(rank_)].pop(peer, tag, net_->opts.recv_timeout);
+      check_alive();
+      auto m = box().pop(peer, tag, timeout);
       if (m.arrival > clock_) {
         stats_.wait_seconds += m.arrival - clock_;
         clock_ = m.arrival;
@@ -150,6 +159,14 @@ class in_process {
       stats_.bytes_received += m.payload.size();
       ++stats_.messages_received;
       return std::move(m.payload);
+    }
+
+    void discard_before(int peer, tag_type tag) { box().discard_before(peer, tag); }
+    void set_epoch(std::uint64_t epoch) { box().set_epoch(epoch); }
+    std::optional<alarm> alarmed() const { return box().alarmed(); }
+    void forget(int peer) {
+      check_peer(peer, "forget");
+      box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
     }
 
     void computed(double seconds) {
@@ -206,6 +223,12 @@ class in_process {
       for (std::size_t d = 0; d < n; ++d)
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
     }
+    detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
+    // A killed peer's own calls fail (not as a peer error: no fault policy should try to save it).
+    void check_alive() const {
+      if (net_->dead[static_cast<std::size_t>(rank_)].load())
+        decentrain::detail::fail("in_process: peer ", rank_, " was killed");
+    }
     void check_peer(int peer, const char* what) const {
       decentrain::detail::check(peer >= 0 && peer < world(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
                                 " (world of ", world(), ")");
@@ -232,9 +255,26 @@ class in_process {
     return endpoint(net_, rank);
   }
 
+  // Kills `rank` as kill -9 kills a process: its calls fail from now on, the others find it
+  // gone (their waits on it fail naming it as departed, sends to it fail), and run() does not
+  // count its end as a failure. Any thread may call it, the peer's own included.
+  void kill(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: cannot kill rank ", rank, " of a world of ", world());
+    if (net_->dead[static_cast<std::size_t>(rank)].exchange(true)) return;
+    for (int r = 0; r < world(); ++r)
+      if (r != rank) net_->boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
+    net_->boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
+  }
+  bool killed(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    return net_->dead[static_cast<std::size_t>(rank)].load();
+  }
+
   // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
   // the others are woken with an error rather than left waiting, and the first failure (by rank)
-  // is rethrown here.
+  // is rethrown here. Peers that were killed are not failures; with options::peers_fail_alone a
+  // peer that throws is killed (the others go on without it, as an elastic group does) and only
+  // if every peer ended so is its error rethrown.
   void run(const std::function<void(endpoint&)>& fn) const {
     const int n = world();
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
@@ -245,15 +285,27 @@ class in_process {
         auto ep = at(r);
         try {
           fn(ep);
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", e.what()));
         } catch (...) {
+          if (killed(r)) return;
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed"));
+          if (net_->opts.peers_fail_alone) return kill(r);
+          std::string why;
+          try {
+            throw;
+          } catch (const std::exception& e) {
+            why = e.what();
+          } catch (...) {
+            why = "an exception that is not a std::exception";
+          }
+          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why));
         }
       });
     for (auto& t : threads) t.join();
+    if (net_->opts.peers_fail_alone) {
+      int alive = 0;
+      for (int r = 0; r < n; ++r) alive += errors[static_cast<std::size_t>(r)] || killed(r) ? 0 : 1;
+      if (alive > 0) return;
+    }
     // Prefer the root cause over the "peer r failed" errors it caused in the others.
     for (const auto& e : errors) {
       if (!e) continue;
@@ -269,7 +321,8 @@ class in_process {
 
  private:
   struct shared {
-    shared(link_matrix l, options o) : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())) {
+    shared(link_matrix l, options o)
+        : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
       for (int s = 0; s < links.world(); ++s)
         for (int d = 0; d < links.world(); ++d)
           if (s != d) {
@@ -283,11 +336,12 @@ class in_process {
     link_matrix links;
     options opts;
     std::vector<detail::mailbox> boxes;
+    std::vector<std::atomic<bool>> dead;  // killed peers
     std::optional<link_estimate> slowest;  // none for a world of one
   };
   std::shared_ptr<shared> net_;
 };
 
-static_assert(endpoint<in_process::endpoint>);
+static_assert(membership_endpoint<in_process::endpoint>);
 
 }  // namespace decentrain::transport

@@ -1,6 +1,8 @@
 // Where received messages wait until a recv asks for them: one FIFO per (source, tag), a
 // condition variable, a timeout, and a way to fail every waiter when a peer or the network is
-// gone (so a peer blocked on a dead neighbour gets an error instead of hanging).
+// gone (so a peer blocked on a dead neighbour gets an error instead of hanging), and the
+// membership alarm (transport/membership.hpp): a message to alarm_tag is not queued but makes
+// every wait outside the membership channel fail until the next view is installed.
 //
 // A receiver that already knows where the next messages of a (source, tag) should land can post
 // that memory first, one piece per message in order; the network thread then reads each body
@@ -16,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <span>
 #include <string>
@@ -24,13 +27,15 @@
 
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/membership.hpp"
 #include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::transport::detail {
 
 struct message {
   bytes payload;
-  double arrival = 0.0;  // simulated arrival time (in_process); 0 elsewhere
+  double arrival = 0.0;        // simulated arrival time (in_process); 0 elsewhere
+  std::uint64_t sequence = 0;  // per source, in the order pushed (set by the mailbox)
 };
 
 class mailbox {
@@ -40,7 +45,15 @@ class mailbox {
   void push(int source, tag_type tag, message m) {
     {
       std::lock_guard lock(mutex_);
-      queues_[{source, tag}].push_back(std::move(m));
+      if (forgotten_.count(source)) return;
+      m.sequence = ++pushed_[source];
+      if (tag == alarm_tag) {
+        const auto a = wire::decode_alarm(m.payload, source);
+        if (!a || a->epoch < epoch_ || alarm_) return;
+        alarm_ = a;
+      } else {
+        queues_[{source, tag}].push_back(std::move(m));
+      }
     }
     ready_.notify_all();
   }
@@ -52,7 +65,7 @@ class mailbox {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       if (auto m = take_queued(source, tag)) return std::move(*m);
-      throw_if_unreachable(source);
+      throw_if_unreachable(source, tag);
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
     }
   }
@@ -84,7 +97,7 @@ class mailbox {
       start();
       for (std::size_t i = 0; i < into.size(); ++i) landed(i, next_landed(k, into[i], timeout));
     } catch (...) {
-      withdraw(k, stuck);
+      withdraw(k, stuck, timeout);
       throw;
     }
   }
@@ -130,17 +143,65 @@ class mailbox {
 
   // ---- failure ----
 
-  // Messages already queued from `source` stay readable; waits for more fail with `reason`.
-  void close(int source, std::string reason) {
+  // Messages already queued from `source` stay readable; waits for more fail with `reason`,
+  // as a peer that departed or, with `cause` silent, one that missed its deadline.
+  void close(int source, std::string reason, failure_cause cause = failure_cause::departed) {
     {
       std::lock_guard lock(mutex_);
-      closed_.emplace(source, std::move(reason));
+      closed_.emplace(source, closure{std::move(reason), cause});
     }
     ready_.notify_all();
   }
   void reopen(int source) {
     std::lock_guard lock(mutex_);
-    closed_.erase(source);
+    if (!forgotten_.count(source)) closed_.erase(source);
+  }
+
+  // ---- membership (fault::elastic) ----
+
+  // Closes `source` for good: what it queued is dropped, what it sends later too.
+  void forget(int source, std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      forgotten_.insert(source);
+      closed_[source] = closure{std::move(reason), failure_cause::departed};
+      std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
+    }
+    ready_.notify_all();
+  }
+  // Drops what `source` queued outside the membership channel before the last message taken
+  // from it on `marker` (a view's marker: everything before it belongs to the previous view).
+  void discard_before(int source, tag_type marker) {
+    std::lock_guard lock(mutex_);
+    const auto it = last_taken_.find({source, marker});
+    if (it == last_taken_.end()) return;
+    const std::uint64_t before = it->second;
+    for (auto q = queues_.begin(); q != queues_.end();) {
+      if (q->first.first == source && !is_membership_tag(q->first.second)) {
+        std::erase_if(q->second, [&](const message& m) { return m.sequence < before; });
+        if (q->second.empty()) {
+          q = queues_.erase(q);
+          continue;
+        }
+      }
+      ++q;
+    }
+  }
+  void set_epoch(std::uint64_t epoch) {
+    std::lock_guard lock(mutex_);
+    epoch_ = epoch;
+    if (alarm_ && alarm_->epoch < epoch) alarm_.reset();
+  }
+  std::optional<alarm> alarmed() const {
+    std::lock_guard lock(mutex_);
+    return alarm_;
+  }
+  // How many messages wait in the queues (a test's view of memory held for peers).
+  std::size_t queued_messages() const {
+    std::lock_guard lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& [k, q] : queues_) n += q.size();
+    return n;
   }
 
   // Every wait fails from now on, naming `peer` (the peer whose failure brought the network down).
@@ -160,6 +221,11 @@ class mailbox {
     std::size_t size = 0;
   };
 
+  struct closure {
+    std::string reason;
+    failure_cause cause = failure_cause::departed;
+  };
+
   bool queued(int source, tag_type tag) const {
     auto it = queues_.find({source, tag});
     return it != queues_.end() && !it->second.empty();
@@ -171,18 +237,24 @@ class mailbox {
     message m = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
+    if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
   }
 
-  void throw_if_unreachable(int source) const {
+  void throw_if_unreachable(int source, tag_type tag) const {
     if (!failure_.empty()) transport::fail_peer(failed_peer_, "receive", failure_);
     if (auto c = closed_.find(source); c != closed_.end())
-      transport::fail_peer(source, "receive", "transport: peer ", source, " is gone (", c->second, ")");
+      transport::fail_peer_because(c->second.cause, source, "receive", "transport: peer ", source, " is gone (",
+                                   c->second.reason, ")");
+    if (alarm_ && !is_membership_tag(tag))
+      transport::fail_peer_because(failure_cause::reported, alarm_->failed, "receive", "transport: peer ", alarm_->reporter,
+                                   " reports that peer ", alarm_->failed, " failed (view ", alarm_->epoch, ")");
   }
 
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    transport::fail_peer(source, "receive", "transport: no message from peer ", source, " (tag ", tag, ") within ",
-                         timeout.count(), " ms: the peer is slow, partitioned or has failed");
+    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
+                                 " (tag ", tag, ") within ", timeout.count(),
+                                 " ms: the peer is slow, partitioned or has failed");
   }
 
   void keep_spare(bytes b) {
@@ -228,7 +300,7 @@ class mailbox {
         return size;
       }
       if (first.state == posting::abandoned) {
-        throw_if_unreachable(source);
+        throw_if_unreachable(source, tag);
         transport::fail_peer(source, "receive", "transport: the message from peer ", source, " (tag ", tag, ") was cut off");
       }
       if (first.state == posting::open) {
@@ -240,7 +312,7 @@ class mailbox {
           keep_spare(std::move(m->payload));
           return size;
         }
-        throw_if_unreachable(source);
+        throw_if_unreachable(source, tag);
       }
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
         auto& now = posted_.at(k).front();
@@ -259,25 +331,35 @@ class mailbox {
   // Takes k's postings back. One the network thread is writing into cannot just be dropped:
   // `stuck` stops that write (closing its connection), and this waits until it has settled.
   template <class Stuck>
-  void withdraw(const key& k, Stuck& stuck) {
+  void withdraw(const key& k, Stuck& stuck, std::chrono::milliseconds patience) {
     std::unique_lock lock(mutex_);
     if (any_claimed(k)) {
-      lock.unlock();
-      stuck();
-      lock.lock();
+      // After an alarm the writer is most likely a live peer finishing its message: give it the
+      // receive timeout to finish rather than cut a healthy connection at once.
+      if (!alarm_ || !ready_.wait_for(lock, patience, [&] { return !any_claimed(k); })) {
+        lock.unlock();
+        stuck();
+        lock.lock();
+      }
       ready_.wait(lock, [&] { return !any_claimed(k); });
     }
     posted_.erase(k);
   }
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable ready_;
   std::map<key, std::deque<message>> queues_;
   std::map<key, std::deque<posting>> posted_;  // in the order their messages will come
   std::vector<bytes> spares_;  // at most a few, oldest first
-  std::map<int, std::string> closed_;
+  std::map<int, closure> closed_;
   std::string failure_;
   int failed_peer_ = -1;
+  // membership
+  std::map<int, std::uint64_t> pushed_;           // per source: messages pushed so far
+  std::map<key, std::uint64_t> last_taken_;       // membership tags: the sequence last taken
+  std::set<int> forgotten_;
+  std::uint64_t epoch_ = 0;
+  std::optional<alarm> alarm_;
 };
 
 }  // namespace decentrain::transport::detail

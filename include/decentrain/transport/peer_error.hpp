@@ -11,23 +11,39 @@
 
 namespace decentrain::transport {
 
+// How sure the transport is that the peer is gone. An elastic group counts a departed peer out
+// of its quorum (a closed connection means the process ended or said goodbye) but not a silent
+// one, which may be alive behind a partition.
+enum class failure_cause {
+  departed,  // its connection closed, or it was killed (in_process)
+  silent,    // it missed a deadline (heartbeat or receive timeout)
+  reported,  // another peer reported it failed (the membership alarm)
+  other,     // it sent something malformed, or the cause is not known
+};
+
 class peer_error : public decentrain::error {
  public:
-  peer_error(int peer, std::string operation, const std::string& message)
-      : decentrain::error(message), peer_(peer), operation_(std::move(operation)) {}
+  peer_error(int peer, std::string operation, const std::string& message, failure_cause cause = failure_cause::other)
+      : decentrain::error(message), peer_(peer), operation_(std::move(operation)), cause_(cause) {}
   // The rank (in the world of the endpoint that threw) of the peer that failed.
   int peer() const { return peer_; }
   // What noticed: "send", "receive", or the collective ("all_reduce", "broadcast", ...).
   const std::string& operation() const { return operation_; }
+  failure_cause cause() const { return cause_; }
 
  private:
   int peer_;
   std::string operation_;
+  failure_cause cause_;
 };
 
 template <class... Parts>
 [[noreturn]] void fail_peer(int peer, std::string operation, Parts&&... parts) {
   throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...));
+}
+template <class... Parts>
+[[noreturn]] void fail_peer_because(failure_cause cause, int peer, std::string operation, Parts&&... parts) {
+  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...), cause);
 }
 
 }  // namespace decentrain::transport

@@ -106,6 +106,22 @@ class tcp {
     self_->exchange(to, outs, from, ins, tag, landed, !lane_);
   }
   void computed(double) {}
+
+  // ---- membership (transport/membership.hpp) ----
+  bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
+    return self_->recv(peer, tag, !lane_, timeout);
+  }
+  void discard_before(int peer, tag_type tag) { self_->box.discard_before(peer, tag); }
+  void set_epoch(std::uint64_t epoch) { self_->box.set_epoch(epoch); }
+  std::optional<alarm> alarmed() const { return self_->box.alarmed(); }
+  // Closes the connection to `peer` and drops what it sent: a peer left out of the view that
+  // wakes up later (SIGSTOP, partition) finds its connections closed instead of being heard.
+  void forget(int peer) {
+    decentrain::detail::check(peer >= 0 && peer < world() && peer != rank(), "tcp: peer ", rank(), " cannot forget peer ", peer);
+    self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
+    self_->give_up_on(peer, "left out of the view");
+  }
+
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
   // same connection set (see transport::open_lane); its waits happen beside the caller's work and
   // are not counted in wait_seconds.
@@ -551,7 +567,7 @@ class tcp {
       std::array<iovec, 3> parts{iovec{const_cast<std::byte*>(head.data()), head.size()},
                                  iovec{const_cast<std::byte*>(data.data()), data.size()},
                                  iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
-      std::size_t first = 0;
+      std::size_t first = 0, written = 0;
       const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
       while (first < parts.size()) {
         if (c.closed_for_writes.load()) transport::fail_peer(peer, "send", "tcp: connection to peer ", peer, " is closed");
@@ -564,6 +580,13 @@ class tcp {
           if (err == EINTR) continue;
           if (err != EAGAIN && err != EWOULDBLOCK)
             transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " failed: ", std::generic_category().message(err));
+          // An alarm (transport/membership.hpp) stops a send that has written nothing yet: its
+          // receiver may be the frozen peer. One half written must finish (or time out), or
+          // the stream to a live peer would lose its framing.
+          if (written == 0 && !is_membership_tag(tag))
+            if (const auto a = box.alarmed())
+              transport::fail_peer_because(failure_cause::reported, a->failed, "send", "tcp: peer ", a->reporter,
+                                           " reports that peer ", a->failed, " failed (view ", a->epoch, ")");
           const auto left = deadline - std::chrono::steady_clock::now();
           if (left <= std::chrono::steady_clock::duration::zero())
             transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " did not finish within ",
@@ -573,6 +596,7 @@ class tcp {
           continue;
         }
         auto done = static_cast<std::size_t>(n);
+        written += done;
         while (first < parts.size() && done >= parts[first].iov_len) done -= parts[first++].iov_len;
         if (first < parts.size()) {
           parts[first].iov_base = static_cast<std::byte*>(parts[first].iov_base) + done;
@@ -581,11 +605,11 @@ class tcp {
       }
     }
 
-    bytes recv(int peer, tag_type tag, bool count_wait = true) {
+    bytes recv(int peer, tag_type tag, bool count_wait = true, std::optional<std::chrono::milliseconds> timeout = {}) {
       decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
                                 " (world of ", opts.world, ")");
       const auto t0 = std::chrono::steady_clock::now();
-      auto m = box.pop(peer, tag, opts.recv_timeout);
+      auto m = box.pop(peer, tag, timeout.value_or(opts.recv_timeout));
       if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       bytes_received += m.payload.size();
       ++messages_received;
@@ -671,7 +695,7 @@ class tcp {
   bool lane_ = false;  // a lane's waits are not the caller's
 };
 
-static_assert(endpoint<tcp>);
+static_assert(membership_endpoint<tcp>);
 
 }  // namespace decentrain::transport
 

@@ -1,0 +1,372 @@
+// The membership protocol of an elastic group: views (an epoch and its live peers, as world
+// ranks) and how the survivors of a failure agree on the next one.
+//
+// Why a leader and not a consensus protocol: the failures to survive are crashes, freezes and
+// partitions of peers that otherwise follow the protocol (peers that lie are the robust
+// aggregation's business), so a rotating leader is enough: the lowest rank that a peer does not
+// suspect. Every survivor reports to it where it stands (its step, and whom it suspects); the
+// leader waits for each live member (a dead one fails fast: its connection closed, or it missed
+// its heartbeats), then sends the next view. A leader that dies is suspected in turn and the
+// next lowest rank leads. No coordinator outside the group is needed, and no peer is special
+// for longer than one agreement.
+//
+// After the view, every member sends every other a marker: what a peer sent before its marker
+// belongs to the old view and is dropped (so a collective of the new view never pairs with a
+// message of the old, and nothing of the old piles up), and the markers double as the check
+// that every member of the view is alive. Members that were behind (a collective finished on
+// some peers and not on others) then take the state of the member that got furthest: every
+// member of a view continues from the same step with the same parameters.
+//
+// A view must keep a majority of the previous view's peers that did not depart for certain
+// (closed connection, killed): a side of a partition with fewer stops with an error instead of
+// training on as a second model. Half exactly: the side with the lowest rank goes on.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/membership.hpp"
+#include "decentrain/transport/peer_error.hpp"
+
+namespace decentrain::fault {
+
+struct view {
+  std::uint64_t epoch = 0;
+  std::vector<int> members;  // world ranks, ascending
+  bool contains(int r) const { return std::binary_search(members.begin(), members.end(), r); }
+};
+
+// Where a peer stands in training: the step, and the phase within it (train::phase as a
+// number: start, evaluation, stop check, step, stepped), ordered as the trainer goes through them.
+struct position {
+  std::int64_t step = 0;
+  std::int8_t phase = 0;
+  auto operator<=>(const position&) const = default;
+};
+
+struct agreement_settings {
+  // How long a peer waits for another's report, view, marker or state: the deadline for a peer
+  // that is alive (it answers heartbeats) but does not take part; a dead one fails at once.
+  std::chrono::milliseconds timeout{60000};
+  bool require_majority = true;
+  std::size_t state_chunk_bytes = std::size_t{16} << 20;
+};
+
+// What the survivors agreed on.
+struct decision {
+  view next;
+  position target;              // where every member continues from
+  int donor = -1;               // a member at `target`: the others behind it take its state
+  std::vector<int> behind;      // members not at `target`
+  std::vector<int> removed;     // members of the previous view left out
+};
+
+namespace detail {
+
+inline constexpr transport::tag_type protocol_tag = transport::membership_tag(2);
+inline constexpr transport::tag_type state_tag = transport::membership_tag(3);
+inline constexpr std::size_t max_members = 1 << 16;
+
+enum class kind : std::uint8_t { report = 1, view = 2, marker = 3 };
+
+// Every protocol message: what it means depends on `what`.
+struct message {
+  kind what = kind::report;
+  std::uint64_t epoch = 0;      // report: the view the sender leaves; view, marker: the new view
+  std::int64_t step = 0;        // report: the sender's position; view: the target
+  std::int8_t phase = 0;
+  std::int32_t donor = -1;      // view
+  std::vector<std::int32_t> ranks;     // report: the sender's suspects; view: the members
+  std::vector<std::int32_t> departed;  // report: those of its suspects that departed for certain; view: the removed
+  std::vector<std::int32_t> behind;    // view
+  std::string reason;                  // view without members: why the group stops
+
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(static_cast<std::uint8_t>(what), epoch, step, phase, donor);
+    for (const auto* list : {&ranks, &departed, &behind}) {
+      ar(cereal::make_size_tag(static_cast<cereal::size_type>(list->size())));
+      for (auto r : *list) ar(r);
+    }
+    transport::wire::save_string(ar, reason);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    std::uint8_t k = 0;
+    ar(k, epoch, step, phase, donor);
+    decentrain::detail::check(k >= 1 && k <= 3, "membership: unknown message kind ", static_cast<int>(k));
+    what = static_cast<kind>(k);
+    for (auto* list : {&ranks, &departed, &behind}) {
+      cereal::size_type n = 0;
+      ar(cereal::make_size_tag(n));
+      decentrain::detail::check(n <= max_members, "membership: a list of ", n, " ranks is over the limit");
+      list->resize(static_cast<std::size_t>(n));
+      for (auto& r : *list) ar(r);
+    }
+    ar(transport::wire::bounded_string{reason, 4096});
+  }
+};
+
+inline message decode(const transport::bytes& b, int from) {
+  try {
+    return transport::wire::decode_body<message>(b, "membership message");
+  } catch (const decentrain::error& e) {
+    transport::fail_peer(from, "membership", "membership: peer ", from, " sent a malformed message: ", e.what());
+  }
+}
+
+template <class E>
+void post(E& ep, int to, const message& m) {
+  const auto b = transport::wire::encode_body(m);
+  ep.send(to, protocol_tag, std::span<const std::byte>(b.data(), b.size()));
+}
+
+// The next message from `from` that `wanted` accepts; older ones are stale and skipped.
+template <class E, class Wanted>
+message await(E& ep, int from, std::chrono::steady_clock::time_point deadline, Wanted&& wanted) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto m = decode(ep.recv_within(from, protocol_tag, std::max(left, std::chrono::milliseconds(1))), from);
+    if (wanted(m)) return m;
+  }
+}
+
+inline std::vector<std::int32_t> as_list(const std::vector<int>& v) { return {v.begin(), v.end()}; }
+inline std::vector<int> as_ints(const std::vector<std::int32_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace detail
+
+// The failures a peer knows of: whom it suspects, and whether each departed for certain.
+using suspicions = std::map<int, transport::failure_cause>;
+
+// Tells every member of `current` that this peer is not certain of, that `failed` failed: their
+// waits outside the membership channel fail, and they come to agree too. Members a send fails
+// to are added to `suspects`.
+template <class E>
+void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects) {
+  const auto body = transport::wire::encode_alarm(current.epoch, failed);
+  for (int j : current.members) {
+    if (j == ep.rank() || suspects.count(j)) continue;
+    try {
+      ep.send(j, transport::alarm_tag, std::span<const std::byte>(body.data(), body.size()));
+    } catch (const transport::peer_error& e) {
+      suspects[j] = e.cause();
+    }
+  }
+}
+
+// Runs the agreement from this peer's side and returns the next view with where every member
+// continues from. Throws decentrain::error when this peer is left out, or its side has no
+// majority (the group stops here rather than splitting in two).
+template <class E>
+decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s) {
+  using detail::kind;
+  const int me = ep.rank();
+  decentrain::detail::check(current.contains(me), "membership: peer ", me, " is not in view ", current.epoch);
+  // Only departures are certain. A peer that timed out on another may have been waiting on a
+  // third (a frozen one) itself: whoever is silent must also fail to report within the
+  // agreement's deadline to be left out.
+  std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || s_.second != transport::failure_cause::departed; });
+  auto suspect = [&](const transport::peer_error& e, int fallback) {
+    const int who = e.peer() >= 0 ? e.peer() : fallback;
+    if (who != me) suspects.emplace(who, e.cause());
+  };
+  auto from_view = [&](const detail::message& m) -> decision {
+    if (m.ranks.empty())
+      decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
+    decision d;
+    d.next = view{m.epoch, detail::as_ints(m.ranks)};
+    decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
+                              " (the others did not hear from it in time); it stops here");
+    d.target = position{m.step, m.phase};
+    d.donor = m.donor;
+    d.behind = detail::as_ints(m.behind);
+    d.removed = detail::as_ints(m.departed);
+    return d;
+  };
+
+  for (;;) {
+    std::vector<int> alive;
+    for (int j : current.members)
+      if (!suspects.count(j)) alive.push_back(j);
+    const int leader = alive.front();  // `me` is in alive, so never empty
+    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    raise_alarm(ep, current, suspects.empty() ? -1 : suspects.begin()->first, suspects);  // wake everyone
+
+    if (leader != me) {
+      detail::message report;
+      report.what = kind::report;
+      report.epoch = current.epoch;
+      report.step = mine.step;
+      report.phase = mine.phase;
+      for (const auto& [j, cause] : suspects) {
+        report.ranks.push_back(j);
+        if (cause == transport::failure_cause::departed) report.departed.push_back(j);
+      }
+      try {
+        detail::post(ep, leader, report);
+        // The leader may wait a whole deadline on a frozen member before it sends the view.
+        const auto v = detail::await(ep, leader, deadline + s.timeout, [&](const detail::message& m) {
+          return m.what == kind::view && m.epoch > current.epoch;
+        });
+        return from_view(v);
+      } catch (const transport::peer_error& e) {
+        suspect(e, leader);
+        if (!suspects.count(leader)) suspects.emplace(leader, e.cause());
+        continue;  // the next lowest rank leads
+      }
+    }
+
+    // The leader: a report from every member it does not suspect.
+    std::map<int, position> where{{me, mine}};
+    std::map<int, std::string> why;  // members this leader could not hear from, and why
+    for (std::size_t i = 0; i < alive.size(); ++i) {
+      const int j = alive[i];
+      if (j == me || suspects.count(j)) continue;
+      try {
+        const auto r = detail::await(ep, j, deadline, [&](const detail::message& m) {
+          return (m.what == kind::report && m.epoch == current.epoch) || (m.what == kind::view && m.epoch > current.epoch);
+        });
+        if (r.what == kind::view) return from_view(r);  // a view this peer missed: follow it
+        where[j] = position{r.step, r.phase};
+        // What the reporter knows departed for certain; its other suspicions this leader checks
+        // itself, by waiting for their reports.
+        for (const auto x : r.departed)
+          if (x != me && current.contains(x)) suspects[x] = transport::failure_cause::departed;
+      } catch (const transport::peer_error& e) {
+        suspects.emplace(j, e.cause());
+        why[j] = e.what();
+      }
+    }
+
+    detail::message v;
+    v.what = kind::view;
+    v.epoch = current.epoch + 1;
+    std::vector<int> next;
+    for (int j : current.members)
+      if (!suspects.count(j) && where.count(j)) next.push_back(j);
+      else v.departed.push_back(j);
+    // Quorum: a majority of the previous view less the peers that departed for certain.
+    int departed = 0;
+    for (const auto& [j, cause] : suspects) departed += cause == transport::failure_cause::departed ? 1 : 0;
+    const int voters = static_cast<int>(current.members.size()) - departed;
+    const int have = static_cast<int>(next.size());
+    const bool majority = 2 * have > voters || (2 * have == voters && [&] {
+      for (int j : current.members)
+        if (!suspects.count(j) || suspects.at(j) != transport::failure_cause::departed) return j == next.front();
+      return false;
+    }());
+    if (s.require_majority && !majority) {
+      v.ranks.clear();
+      v.reason = decentrain::detail::concat("only ", have, " of the ", voters,
+                                            " peers that did not depart for certain can reach each other; without a "
+                                            "majority this side stops rather than train a second model");
+      for (const auto& [j, w] : why) v.reason += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
+      for (const auto& [j, c] : suspects)
+        if (!why.count(j)) v.reason += decentrain::detail::concat(" (peer ", j, ": reported by a survivor)");
+    } else {
+      v.ranks = detail::as_list(next);
+      position target = where.at(next.front());
+      for (int j : next) target = std::max(target, where.at(j));
+      v.step = target.step;
+      v.phase = target.phase;
+      for (int j : next)
+        if (where.at(j) == target) {
+          if (v.donor < 0) v.donor = j;
+        } else {
+          v.behind.push_back(j);
+        }
+    }
+    // Everyone of the old view that may be listening hears it, the left-out ones included.
+    for (int j : current.members) {
+      if (j == me) continue;
+      if (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed) continue;
+      try {
+        detail::post(ep, j, v);
+      } catch (const transport::peer_error&) {
+        // it will fail the markers, and the next agreement leaves it out
+      }
+    }
+    return from_view(v);
+  }
+}
+
+// Installs `d` on this peer: alarms of older views are cleared, removed peers forgotten, and
+// markers exchanged with every member (what each sent before its marker is dropped). Returns a
+// member that failed meanwhile (the caller then agrees again, from the new view), if one did.
+template <class E>
+std::optional<transport::peer_error> install(E& ep, const decision& d, const agreement_settings& s) {
+  const int me = ep.rank();
+  ep.set_epoch(d.next.epoch);
+  for (int j : d.removed)
+    if (j != me) ep.forget(j);
+  detail::message marker;
+  marker.what = detail::kind::marker;
+  marker.epoch = d.next.epoch;
+  try {
+    for (int j : d.next.members)
+      if (j != me) detail::post(ep, j, marker);
+    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    for (int j : d.next.members) {
+      if (j == me) continue;
+      detail::await(ep, j, deadline, [&](const detail::message& m) {
+        return m.what == detail::kind::marker && m.epoch == d.next.epoch;
+      });
+      ep.discard_before(j, detail::protocol_tag);
+    }
+  } catch (const transport::peer_error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+// The donor sends `state()` (an encoded checkpoint) to every member behind; they receive it.
+// Returns the encoded state this peer received (nothing when it was not behind).
+template <class E>
+std::optional<std::string> transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
+                                          const agreement_settings& s) {
+  const int me = ep.rank();
+  const bool behind = std::find(d.behind.begin(), d.behind.end(), me) != d.behind.end();
+  if (me == d.donor && !d.behind.empty()) {
+    const std::string blob = state();
+    const std::size_t chunk = std::max<std::size_t>(s.state_chunk_bytes, 1024);
+    std::uint64_t head[2] = {blob.size(), chunk};
+    for (int j : d.behind) {
+      ep.send(j, detail::state_tag, std::as_bytes(std::span<const std::uint64_t>(head, 2)));
+      for (std::size_t at = 0; at < blob.size(); at += chunk)
+        ep.send(j, detail::state_tag,
+                std::as_bytes(std::span<const char>(blob.data() + at, std::min(chunk, blob.size() - at))));
+    }
+  }
+  if (!behind) return std::nullopt;
+  const auto head = ep.recv_within(d.donor, detail::state_tag, s.timeout);
+  decentrain::detail::check(head.size() == 16, "elastic: peer ", d.donor, " sent a state header of ", head.size(), " bytes");
+  std::uint64_t size = 0, chunk = 0;
+  std::memcpy(&size, head.data(), 8);
+  std::memcpy(&chunk, head.data() + 8, 8);
+  decentrain::detail::check(chunk >= 1024 && size <= (std::uint64_t{1} << 40), "elastic: peer ", d.donor,
+                            " announced a state of ", size, " bytes in chunks of ", chunk);
+  std::string blob;
+  blob.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(size, chunk * 4)));
+  while (blob.size() < size) {
+    const auto part = ep.recv_within(d.donor, detail::state_tag, s.timeout);
+    decentrain::detail::check(part.size() == std::min<std::uint64_t>(chunk, size - blob.size()), "elastic: peer ", d.donor,
+                              " sent a state chunk of ", part.size(), " bytes");
+    blob.append(reinterpret_cast<const char*>(part.data()), part.size());
+  }
+  return blob;
+}
+
+}  // namespace decentrain::fault

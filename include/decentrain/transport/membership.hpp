@@ -1,0 +1,62 @@
+// What a transport offers an elastic group (fault::elastic) beyond the endpoint concept: tags
+// reserved for the membership protocol, an alarm that wakes every peer blocked in a collective
+// when one of them saw a peer fail, receives with a deadline, and a way to drop what a peer sent
+// before a marker (the previous view's messages) or to forget a peer for good. tcp and in_process
+// offer all of it; a transport that does not (mpi: the MPI runtime aborts the job on a dead rank
+// unless it has ULFM) gets an error naming what is missing when an elastic group starts.
+//
+// The alarm is what turns "one peer saw the failure" into "every survivor stops within a bounded
+// time": without it a survivor whose own neighbours are alive would wait for a message that its
+// neighbour, busy re-forming, never sends, until the receive timeout.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "decentrain/transport/tag.hpp"
+
+namespace decentrain::transport {
+
+// A channel (the high 32 bits of a tag) that no communicator hands out (collective::group_channel
+// and the lanes' channels skip it).
+inline constexpr std::uint32_t membership_channel = 0xffffffffu;
+inline constexpr tag_type membership_tag(std::uint32_t n) { return (tag_type{membership_channel} << 32) | n; }
+// Messages to this tag are not queued: they raise the receiver's alarm (see alarm below).
+inline constexpr tag_type alarm_tag = membership_tag(1);
+inline constexpr bool is_membership_tag(tag_type t) { return (t >> 32) == membership_channel; }
+inline constexpr std::uint32_t usable_channel(std::uint32_t c) { return c == membership_channel ? c ^ 2u : c; }
+
+// What an alarm says: in view `epoch`, `reporter` saw peer `failed` fail.
+struct alarm {
+  std::uint64_t epoch = 0;
+  int reporter = -1;
+  int failed = -1;
+};
+
+namespace wire {
+inline constexpr std::size_t alarm_bytes = 16;
+inline std::array<std::byte, alarm_bytes> encode_alarm(std::uint64_t epoch, int failed) {
+  std::array<std::byte, alarm_bytes> out{};
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((epoch >> (8 * i)) & 0xff);
+  const auto f = static_cast<std::uint32_t>(failed);
+  for (int i = 0; i < 4; ++i) out[static_cast<std::size_t>(8 + i)] = static_cast<std::byte>((f >> (8 * i)) & 0xff);
+  return out;
+}
+// Nothing when the body is not an alarm (wrong size): a malformed alarm is dropped, not obeyed.
+inline std::optional<alarm> decode_alarm(std::span<const std::byte> body, int reporter) {
+  if (body.size() != alarm_bytes) return std::nullopt;
+  alarm a;
+  for (int i = 0; i < 8; ++i) a.epoch |= static_cast<std::uint64_t>(body[static_cast<std::size_t>(i)]) << (8 * i);
+  std::uint32_t f = 0;
+  for (int i = 0; i < 4; ++i) f |= static_cast<std::uint32_t>(body[static_cast<std::size_t>(8 + i)]) << (8 * i);
+  a.failed = static_cast<int>(f);
+  a.reporter = reporter;
+  return a;
+}
+}  // namespace wire
+
+}  // namespace decentrain::transport

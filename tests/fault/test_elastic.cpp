@@ -1,0 +1,265 @@
+// Elastic groups on in-process peers, modelled on torchft's integration tests: a peer is killed
+// before, during and after a collective (at a chosen message, so every run fails the same way),
+// and the survivors must agree on a view without it, end every round with the same parameters
+// bit for bit, and finish training. Plus the transport pieces the protocol stands on: the alarm
+// that wakes a peer blocked on a live neighbour, markers that drop the old view's messages, and
+// forget.
+#include "support/trainer_fixture.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace fixture;
+using dt::train::trainer_options;
+using namespace std::chrono_literals;
+
+namespace {
+
+// An in-process endpoint that kills its own peer at a chosen send: after `arm()`, the
+// `at`-th send kills the peer instead (mid-collective, deterministically).
+struct dying_endpoint {
+  dt::transport::in_process net;
+  dt::transport::in_process::endpoint ep;
+  std::shared_ptr<std::atomic<int>> countdown;  // < 0: not armed
+
+  int rank() const { return ep.rank(); }
+  int world() const { return ep.world(); }
+  void send(int peer, dt::transport::tag_type tag, std::span<const std::byte> data) {
+    if (*countdown > 0 && --*countdown == 0) {
+      net.kill(ep.rank());
+      dt::detail::fail("test: peer ", ep.rank(), " killed at a send");
+    }
+    ep.send(peer, tag, data);
+  }
+  dt::transport::bytes recv(int peer, dt::transport::tag_type tag) { return ep.recv(peer, tag); }
+  dt::transport::traffic_stats stats() const { return ep.stats(); }
+  void computed(double s) { ep.computed(s); }
+  dt::transport::bytes recv_within(int peer, dt::transport::tag_type tag, std::chrono::milliseconds t) {
+    return ep.recv_within(peer, tag, t);
+  }
+  void discard_before(int peer, dt::transport::tag_type tag) { ep.discard_before(peer, tag); }
+  void set_epoch(std::uint64_t e) { ep.set_epoch(e); }
+  std::optional<dt::transport::alarm> alarmed() const { return ep.alarmed(); }
+  void forget(int peer) { ep.forget(peer); }
+};
+static_assert(dt::transport::membership_endpoint<dying_endpoint>);
+
+// A run of `world` in-process peers under fault::elastic; `victim` is killed at its
+// `at_send`-th send after step `arm_step` begins (a negative at_send: killed at the start of
+// that step, between collectives).
+struct kill_plan {
+  int victim = -1;
+  std::int64_t arm_step = 0;
+  int at_send = 1;
+};
+
+template <class Comm>
+struct elastic_run {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::elastic>;
+  std::vector<std::vector<float>> params;           // at the end, per world rank (empty: killed)
+  std::vector<dt::train::fit_result> results;
+  std::vector<std::vector<dt::fault::membership_change>> changes;
+  std::vector<std::vector<int>> members;
+  std::mutex log_mutex;
+  std::string log;  // what each peer saw, for a failing check
+
+  elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills) {
+    params.resize(static_cast<std::size_t>(world));
+    results.resize(params.size());
+    changes.resize(params.size());
+    members.resize(params.size());
+    dt::transport::in_process::options o;
+    o.recv_timeout = 30s;
+    o.peers_fail_alone = true;
+    dt::transport::in_process net(dt::transport::links::ideal(world), o);
+    dt::fault::elastic fault;
+    fault.agreement.timeout = 20s;
+    net.run([&](dt::transport::in_process::endpoint& raw) {
+      const int r = raw.rank();
+      auto countdown = std::make_shared<std::atomic<int>>(-1);
+      Trainer t(tiny_gpt(), opts, dying_endpoint{net, raw, countdown}, comm, {}, fault);
+      for (const auto& k : kills)
+        if (k.victim == r)
+          t.on_step([&, k, countdown](const dt::train::step_metrics& m) {
+            if (m.step != k.arm_step) return;  // m.step: steps done, so the next step is arm_step
+            if (k.at_send < 0) {
+              net.kill(r);
+              dt::detail::fail("test: peer ", r, " killed between steps");
+            }
+            *countdown = k.at_send;
+          });
+      try {
+        results[static_cast<std::size_t>(r)] = t.fit(small_corpus().data);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(log_mutex);
+        log += "peer " + std::to_string(r) + ": " + e.what() + "\n";
+        for (const auto& c : t.fault().changes()) log += "  before: view " + std::to_string(c.epoch) + " " + c.cause + "\n";
+        throw;
+      }
+      {
+        std::lock_guard lock(log_mutex);
+        for (const auto& c : t.fault().changes()) log += "peer " + std::to_string(r) + " view " + std::to_string(c.epoch) + " after " + c.cause + "\n";
+      }
+      params[static_cast<std::size_t>(r)] = flat_params(t.model().parameters());
+      changes[static_cast<std::size_t>(r)] = t.fault().changes();
+      members[static_cast<std::size_t>(r)] = t.members();
+    });
+  }
+};
+
+trainer_options small_run(std::int64_t steps) {
+  trainer_options o;
+  o.steps = steps;
+  o.batch_size = 2;
+  o.eval_batches = 1;
+  o.eval_every = 0;
+  return o;
+}
+
+// Every survivor has the same parameters and view; the killed ones have none.
+template <class Run>
+void check_survivors(const Run& run, const std::vector<int>& survivors) {
+  INFO(run.log);
+  for (std::size_t r = 0; r < run.params.size(); ++r) {
+    const bool alive = std::find(survivors.begin(), survivors.end(), static_cast<int>(r)) != survivors.end();
+    CHECK(run.params[r].empty() == !alive);
+  }
+  const auto& first = run.params[static_cast<std::size_t>(survivors.front())];
+  REQUIRE(!first.empty());
+  for (int s : survivors) {
+    CHECK(run.params[static_cast<std::size_t>(s)] == first);
+    CHECK(run.members[static_cast<std::size_t>(s)] == survivors);
+    CHECK(std::isfinite(run.results[static_cast<std::size_t>(s)].final_val_loss));
+    CHECK(run.results[static_cast<std::size_t>(s)].final_val_loss < uniform_loss());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("elastic: DiLoCo goes on without a peer killed in the middle of the outer all-reduce") {
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 4;
+  // Peer 2 dies at its 2nd message of the round that ends step 8.
+  elastic_run run(4, small_run(16), comm, {{2, 7, 2}});
+  check_survivors(run, {0, 1, 3});
+  for (int s : {0, 1, 3}) {
+    INFO("survivor " << s << "\n" << run.log);
+    const auto& ch = run.changes[static_cast<std::size_t>(s)];
+    REQUIRE(ch.size() == 1);
+    CHECK(ch[0].epoch == 1);
+    CHECK(ch[0].members == std::vector<int>{0, 1, 3});
+    CHECK(ch[0].removed == std::vector<int>{2});
+    INFO(ch[0].cause);
+    // The survivors go on from the round of step index 7, or, when one of them finished that
+    // all-reduce before the loss (and computed on until it heard the alarm), from where it got
+    // to: the others take its state. Either way all from the same step.
+    CHECK(ch[0].step >= 7);
+    CHECK(ch[0].step <= 11);
+    CHECK(ch[0].step == run.changes[0][0].step);
+    if (ch[0].step == 7) CHECK(!ch[0].healed);
+    CHECK(run.results[static_cast<std::size_t>(s)].last.step == 16);
+  }
+}
+
+TEST_CASE("elastic: sync all-reduce redoes the step on the survivors when a peer dies mid-collective") {
+  dt::comm::sync_allreduce<> comm;
+  elastic_run run(4, small_run(10), comm, {{1, 4, 3}});
+  check_survivors(run, {0, 2, 3});
+  for (int s : {0, 2, 3}) CHECK(run.results[static_cast<std::size_t>(s)].last.redos >= 1);
+}
+
+TEST_CASE("elastic: a peer killed between rounds is found at the next round; two kills, two views") {
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 3;
+  elastic_run run(5, small_run(15), comm, {{4, 2, -1}, {1, 8, 1}});
+  check_survivors(run, {0, 2, 3});
+  const auto& ch = run.changes[0];
+  REQUIRE(ch.size() == 2);
+  CHECK(ch[0].members == std::vector<int>{0, 1, 2, 3});
+  CHECK(ch[1].members == std::vector<int>{0, 2, 3});
+  CHECK(ch[1].epoch == 2);
+}
+
+TEST_CASE("elastic: the lowest rank (the first leader) can die too") {
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 4;
+  elastic_run run(3, small_run(12), comm, {{0, 5, 1}});
+  check_survivors(run, {1, 2});
+}
+
+TEST_CASE("elastic: of two peers, the one left goes on alone (a departed peer does not count against the majority)") {
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 2;
+  elastic_run run(2, small_run(8), comm, {{1, 3, 1}});
+  check_survivors(run, {0});
+}
+
+TEST_CASE("transport: an alarm wakes a peer blocked on a live neighbour, and only outside the membership channel") {
+  dt::transport::in_process net(3);
+  std::atomic<bool> woke{false};
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const std::vector<std::byte> one(1);
+    if (ep.rank() == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        ep.recv(1, 7);  // peer 1 is alive but never sends this
+        FAIL_CHECK("the alarm did not wake the receive");
+      } catch (const dt::transport::peer_error& e) {
+        woke = true;
+        CHECK(e.cause() == dt::transport::failure_cause::reported);
+        CHECK(e.peer() == 1);
+        CHECK(std::string(e.what()).find("peer 2 reports that peer 1 failed") != std::string::npos);
+      }
+      CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+      CHECK(ep.alarmed().has_value());
+      // Membership messages still flow while the alarm stands.
+      CHECK(ep.recv_within(2, dt::fault::detail::protocol_tag, 10s).size() == 1);
+      // A newer view clears the alarm; an alarm of the old view is then ignored.
+      ep.set_epoch(1);
+      CHECK(!ep.alarmed().has_value());
+      ep.send(2, 9, one);
+      CHECK(ep.recv(2, 9).size() == 1);
+      CHECK(!ep.alarmed().has_value());
+    } else if (ep.rank() == 2) {
+      std::this_thread::sleep_for(50ms);
+      const auto a = dt::transport::wire::encode_alarm(0, 1);
+      ep.send(0, dt::transport::alarm_tag, a);
+      ep.send(0, dt::fault::detail::protocol_tag, one);
+      ep.recv(0, 9);
+      ep.send(0, dt::transport::alarm_tag, a);  // stale now
+      ep.send(0, 9, one);
+    }
+  });
+  CHECK(woke);
+}
+
+TEST_CASE("transport: a marker drops what its sender queued before it; forget drops the rest") {
+  dt::transport::in_process net(2);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    std::vector<std::byte> a(3), b(5);
+    if (ep.rank() == 1) {
+      ep.send(0, 11, a);                                  // the old view's
+      ep.send(0, dt::fault::detail::protocol_tag, a);     // the marker
+      ep.send(0, 12, b);                                  // the new view's
+      ep.send(0, 11, b);
+      ep.recv(0, 1);
+      ep.send(0, 13, a);
+      return;
+    }
+    ep.recv_within(1, dt::fault::detail::protocol_tag, 10s);
+    ep.recv_within(1, 12, 10s);  // everything sent so far has arrived
+    ep.discard_before(1, dt::fault::detail::protocol_tag);
+    CHECK(ep.recv(1, 11).size() == 5);  // the 3-byte one before the marker is gone
+    ep.send(1, 1, a);
+    // After forget, what peer 1 sends is dropped and waits on it fail at once.
+    std::this_thread::sleep_for(100ms);
+    ep.forget(1);
+    CHECK_THROWS_AS(ep.recv_within(1, 13, 10s), dt::transport::peer_error);
+  });
+}
