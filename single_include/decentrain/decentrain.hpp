@@ -9858,13 +9858,7 @@ class mailbox {
     std::lock_guard lock(mutex_);
     return alarm_;
   }
-  // How many messages wait in the queues (a test's view of memory held for peers).
-  std::size_t queued_messages() const {
-    std::lock_guard lock(mutex_);
-    std::size_t n = 0;
-    for (const auto& [k, q] : queues_) n += q.size();
-    return n;
-  }
+
 
   // Every wait fails from now on, naming `peer` (the peer whose failure brought the network down).
   void fail_all(int peer, std::string reason) {
@@ -14879,9 +14873,9 @@ struct checkpoint_every {
 // Why a leader and not a consensus protocol: the failures to survive are crashes, freezes and
 // partitions of peers that otherwise follow the protocol (peers that lie are the robust
 // aggregation's business), so a rotating leader is enough: the lowest rank that a peer does not
-// suspect. Every survivor reports to it where it stands (its step, and whom it suspects); the
-// leader waits for each live member (a dead one fails fast: its connection closed, or it missed
-// its heartbeats), then sends the next view. A leader that dies is suspected in turn and the
+// suspect. Every survivor reports to it where it stands (its step and phase, and the peers it
+// knows departed); the leader waits for each member that did not depart (a dead one fails fast:
+// its connection closed; a frozen one at the agreement's deadline), then sends the next view. A leader that dies is suspected in turn and the
 // next lowest rank leads. No coordinator outside the group is needed, and no peer is special
 // for longer than one agreement.
 //
@@ -14957,8 +14951,8 @@ struct message {
   std::int64_t step = 0;        // report: the sender's position; view: the target
   std::int8_t phase = 0;
   std::int32_t donor = -1;      // view
-  std::vector<std::int32_t> ranks;     // report: the sender's suspects; view: the members
-  std::vector<std::int32_t> departed;  // report: those of its suspects that departed for certain; view: the removed
+  std::vector<std::int32_t> ranks;     // view: the members
+  std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
   std::string reason;                  // view without members: why the group stops
 
@@ -15048,10 +15042,6 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   // third (a frozen one) itself: whoever is silent must also fail to report within the
   // agreement's deadline to be left out.
   std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || s_.second != transport::failure_cause::departed; });
-  auto suspect = [&](const transport::peer_error& e, int fallback) {
-    const int who = e.peer() >= 0 ? e.peer() : fallback;
-    if (who != me) suspects.emplace(who, e.cause());
-  };
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
       decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
@@ -15080,10 +15070,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.epoch = current.epoch;
       report.step = mine.step;
       report.phase = mine.phase;
-      for (const auto& [j, cause] : suspects) {
-        report.ranks.push_back(j);
-        if (cause == transport::failure_cause::departed) report.departed.push_back(j);
-      }
+      for (const auto& [j, cause] : suspects) report.departed.push_back(j);  // only departures are kept
       try {
         detail::post(ep, leader, report);
         // The leader may wait a whole deadline on a frozen member before it sends the view.
@@ -15092,8 +15079,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         });
         return from_view(v);
       } catch (const transport::peer_error& e) {
-        suspect(e, leader);
-        if (!suspects.count(leader)) suspects.emplace(leader, e.cause());
+        suspects.emplace(leader, e.cause());
         continue;  // the next lowest rank leads
       }
     }
@@ -15313,7 +15299,7 @@ struct elastic {
                                 min_peers);
       if (failed) {  // a member of the new view failed already: agree again, from it
         if (failed->peer() >= 0) suspects_.emplace(failed->peer(), failed->cause());
-        changes_.push_back(record(d, ctx, false));
+        changes_.push_back(record(d, false));
         continue;
       }
       try {
@@ -15325,10 +15311,10 @@ struct elastic {
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
-        changes_.push_back(record(d, ctx, false));
+        changes_.push_back(record(d, false));
         continue;
       }
-      changes_.push_back(record(d, ctx, healed));
+      changes_.push_back(record(d, healed));
       return;
     }
   }
@@ -15337,8 +15323,7 @@ struct elastic {
   const std::vector<membership_change>& changes() const { return changes_; }
 
  private:
-  template <class Ctx>
-  membership_change record(const decision& d, const Ctx&, bool healed) const {
+  membership_change record(const decision& d, bool healed) const {
     return membership_change{d.next.epoch, d.next.members, d.removed, d.target.step, healed, cause_,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count()};
   }
@@ -16403,9 +16388,8 @@ class trainer {
     decentrain::detail::check(std::is_sorted(members.begin(), members.end()) &&
                                   std::binary_search(members.begin(), members.end(), endpoint_.rank()),
                               "trainer: a view must list world ranks in ascending order, this peer among them");
-    const auto members32 = std::vector<int>(members);
     const auto channel = collective::group_channel(0x76696577u ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(epoch)),
-                                                   members32);  // "view"
+                                                   members);  // "view"
     std::shared_ptr<transport::any_endpoint> parent(std::shared_ptr<transport::any_endpoint>{}, &endpoint_);  // not owned
     view_endpoint_ = transport::any_endpoint(collective::group_view<transport::any_endpoint>(parent, members, channel));
     const auto traffic = comm_.traffic();

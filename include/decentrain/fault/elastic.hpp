@@ -97,7 +97,7 @@ struct elastic {
                                 min_peers);
       if (failed) {  // a member of the new view failed already: agree again, from it
         if (failed->peer() >= 0) suspects_.emplace(failed->peer(), failed->cause());
-        changes_.push_back(record(d, ctx, false));
+        changes_.push_back(record(d, false));
         continue;
       }
       try {
@@ -109,10 +109,10 @@ struct elastic {
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
-        changes_.push_back(record(d, ctx, false));
+        changes_.push_back(record(d, false));
         continue;
       }
-      changes_.push_back(record(d, ctx, healed));
+      changes_.push_back(record(d, healed));
       return;
     }
   }
@@ -121,8 +121,7 @@ struct elastic {
   const std::vector<membership_change>& changes() const { return changes_; }
 
  private:
-  template <class Ctx>
-  membership_change record(const decision& d, const Ctx&, bool healed) const {
+  membership_change record(const decision& d, bool healed) const {
     return membership_change{d.next.epoch, d.next.members, d.removed, d.target.step, healed, cause_,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count()};
   }

@@ -4,9 +4,9 @@
 // Why a leader and not a consensus protocol: the failures to survive are crashes, freezes and
 // partitions of peers that otherwise follow the protocol (peers that lie are the robust
 // aggregation's business), so a rotating leader is enough: the lowest rank that a peer does not
-// suspect. Every survivor reports to it where it stands (its step, and whom it suspects); the
-// leader waits for each live member (a dead one fails fast: its connection closed, or it missed
-// its heartbeats), then sends the next view. A leader that dies is suspected in turn and the
+// suspect. Every survivor reports to it where it stands (its step and phase, and the peers it
+// knows departed); the leader waits for each member that did not depart (a dead one fails fast:
+// its connection closed; a frozen one at the agreement's deadline), then sends the next view. A leader that dies is suspected in turn and the
 // next lowest rank leads. No coordinator outside the group is needed, and no peer is special
 // for longer than one agreement.
 //
@@ -88,8 +88,8 @@ struct message {
   std::int64_t step = 0;        // report: the sender's position; view: the target
   std::int8_t phase = 0;
   std::int32_t donor = -1;      // view
-  std::vector<std::int32_t> ranks;     // report: the sender's suspects; view: the members
-  std::vector<std::int32_t> departed;  // report: those of its suspects that departed for certain; view: the removed
+  std::vector<std::int32_t> ranks;     // view: the members
+  std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
   std::string reason;                  // view without members: why the group stops
 
@@ -179,10 +179,6 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   // third (a frozen one) itself: whoever is silent must also fail to report within the
   // agreement's deadline to be left out.
   std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || s_.second != transport::failure_cause::departed; });
-  auto suspect = [&](const transport::peer_error& e, int fallback) {
-    const int who = e.peer() >= 0 ? e.peer() : fallback;
-    if (who != me) suspects.emplace(who, e.cause());
-  };
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
       decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
@@ -211,10 +207,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.epoch = current.epoch;
       report.step = mine.step;
       report.phase = mine.phase;
-      for (const auto& [j, cause] : suspects) {
-        report.ranks.push_back(j);
-        if (cause == transport::failure_cause::departed) report.departed.push_back(j);
-      }
+      for (const auto& [j, cause] : suspects) report.departed.push_back(j);  // only departures are kept
       try {
         detail::post(ep, leader, report);
         // The leader may wait a whole deadline on a frozen member before it sends the view.
@@ -223,8 +216,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         });
         return from_view(v);
       } catch (const transport::peer_error& e) {
-        suspect(e, leader);
-        if (!suspects.count(leader)) suspects.emplace(leader, e.cause());
+        suspects.emplace(leader, e.cause());
         continue;  // the next lowest rank leads
       }
     }

@@ -354,9 +354,8 @@ class trainer {
     decentrain::detail::check(std::is_sorted(members.begin(), members.end()) &&
                                   std::binary_search(members.begin(), members.end(), endpoint_.rank()),
                               "trainer: a view must list world ranks in ascending order, this peer among them");
-    const auto members32 = std::vector<int>(members);
     const auto channel = collective::group_channel(0x76696577u ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(epoch)),
-                                                   members32);  // "view"
+                                                   members);  // "view"
     std::shared_ptr<transport::any_endpoint> parent(std::shared_ptr<transport::any_endpoint>{}, &endpoint_);  // not owned
     view_endpoint_ = transport::any_endpoint(collective::group_view<transport::any_endpoint>(parent, members, channel));
     const auto traffic = comm_.traffic();

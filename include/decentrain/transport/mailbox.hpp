@@ -196,13 +196,7 @@ class mailbox {
     std::lock_guard lock(mutex_);
     return alarm_;
   }
-  // How many messages wait in the queues (a test's view of memory held for peers).
-  std::size_t queued_messages() const {
-    std::lock_guard lock(mutex_);
-    std::size_t n = 0;
-    for (const auto& [k, q] : queues_) n += q.size();
-    return n;
-  }
+
 
   // Every wait fails from now on, naming `peer` (the peer whose failure brought the network down).
   void fail_all(int peer, std::string reason) {
