@@ -210,8 +210,10 @@ class in_process {
 
     // Marks the whole network failed: every peer blocked in recv gets `reason` as an error
     // naming this peer.
-    void abort(const std::string& reason) {
-      for (auto& b : net_->boxes) b.fail_all(rank_, reason);
+    // Fails every peer's waits, naming `origin` as the failed peer: the root cause when this peer
+    // fails only because another did, so that which of the two reaches a third first does not matter.
+    void abort(const std::string& reason, int origin) {
+      for (auto& b : net_->boxes) b.fail_all(origin, reason);
     }
 
    private:
@@ -278,6 +280,7 @@ class in_process {
   void run(const std::function<void(endpoint&)>& fn) const {
     const int n = world();
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::atomic<int> first_failure{-1};  // the root cause: peers failing after it fail because of it
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r)
@@ -297,7 +300,9 @@ class in_process {
           } catch (...) {
             why = "an exception that is not a std::exception";
           }
-          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why));
+          int origin = -1;
+          first_failure.compare_exchange_strong(origin, r);
+          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why), origin < 0 ? r : origin);
         }
       });
     for (auto& t : threads) t.join();
