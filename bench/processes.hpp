@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -64,11 +65,14 @@ inline void run_all(const std::vector<std::vector<std::string>>& commands, std::
 
 #if DECENTRAIN_HAS_ASIO
 // Rank 0 publishes the port it was given in `address_file`; the others join through it.
-inline std::unique_ptr<dt::transport::tcp> loopback_peer(int rank, int world, const std::string& address_file) {
+// `configure` may change the other options (timeouts, heartbeats).
+inline std::unique_ptr<dt::transport::tcp> loopback_peer(int rank, int world, const std::string& address_file,
+                                                         const std::function<void(dt::transport::tcp_options&)>& configure = {}) {
   namespace fs = std::filesystem;
   dt::transport::tcp_options o;
   o.rank = rank;
   o.world = world;
+  if (configure) configure(o);
   if (rank > 0) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (!fs::exists(address_file)) {

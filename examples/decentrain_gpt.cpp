@@ -104,12 +104,18 @@ decentrain-gpt train [options]
   --elastic              with --peers or --listen: peers that die, freeze or are cut off are left
                          out and the others train on (fault::elastic); the summary lists the
                          changes. Not yet with checkpoints; under MPI a dead rank ends the job
-  --peer-timeout-ms MS   over TCP: a receive or send that waits longer fails (default {recv_timeout_ms};
-                         30000 with --elastic)
+  --peer-timeout-ms MS   over TCP: how long to wait for a live peer's message (one still computing)
+                         before failing (default {recv_timeout_ms})
+  --heartbeat-ms MS      over TCP: every connection carries a heartbeat this often; 0 turns them
+                         off, and a frozen peer is then found only by --peer-timeout-ms
+                         (default {heartbeat_ms})
+  --silence-ms MS        over TCP: a peer heard from nothing for longer than its deadline (from
+                         its measured heartbeats, never under this) is taken for frozen or cut
+                         off (default {silence_ms})
   --agreement-timeout-ms MS
                          --elastic: how long a live peer may take to join an agreement on the
-                         group; over TCP more than --peer-timeout-ms, since a peer may first
-                         wait that long on a frozen one (default {agreement_timeout_ms})
+                         group; over TCP more than --silence-ms, since a peer may first wait
+                         that long on a frozen one (default {agreement_timeout_ms})
   --kill R@S,...         with --peers and --elastic: kill peer R once it has done S steps (a demo
                          and a test of the elastic group)
   --link-in-flight MB    over TCP or MPI: the slowest link's bandwidth x latency in MB (100 Mbit/s
@@ -158,6 +164,8 @@ std::string usage() {
   const std::pair<const char*, std::string> defaults[] = {
       {"{recv_timeout_ms}", std::to_string(tcp_defaults.recv_timeout.count())},
       {"{agreement_timeout_ms}", std::to_string(elastic_defaults.agreement.timeout.count())},
+      {"{heartbeat_ms}", std::to_string(tcp_defaults.heartbeat_interval.count())},
+      {"{silence_ms}", std::to_string(tcp_defaults.min_silence.count())},
       {"{steps}", std::to_string(t.steps)},
       {"{batch_size}", std::to_string(t.batch_size)},
       {"{lr}", number(t.lr)},
@@ -641,7 +649,7 @@ int cmd_train(const options& opt) {
   if (p.mode != launch::in_process)
     dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
-    for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms"})
+    for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
@@ -656,10 +664,16 @@ int cmd_train(const options& opt) {
     p.tcp.rank = static_cast<int>(opt.integer("rank", 0));
     p.tcp.world = static_cast<int>(opt.integer("world", 1));
     p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000));
-    // An elastic group finds a frozen peer by this deadline: 30 s rather than the library's 5 min.
-    const auto peer_timeout = opt.integer("peer-timeout-ms", opt.flag("elastic") ? 30000 : p.tcp.recv_timeout.count());
+    const auto peer_timeout = opt.integer("peer-timeout-ms", p.tcp.recv_timeout.count());
     dt::detail::check(peer_timeout >= 1, "--peer-timeout-ms must be >= 1, got ", peer_timeout);
     p.tcp.recv_timeout = std::chrono::milliseconds(peer_timeout);
+    const auto heartbeat = opt.integer("heartbeat-ms", p.tcp.heartbeat_interval.count());
+    dt::detail::check(heartbeat >= 0, "--heartbeat-ms must be >= 0 (0: no heartbeats), got ", heartbeat);
+    p.tcp.heartbeat_interval = std::chrono::milliseconds(heartbeat);
+    const auto silence = opt.integer("silence-ms", p.tcp.min_silence.count());
+    dt::detail::check(silence >= 1, "--silence-ms must be >= 1, got ", silence);
+    dt::detail::check(heartbeat > 0 || !opt.has("silence-ms"), "--silence-ms needs heartbeats (--heartbeat-ms above 0)");
+    p.tcp.min_silence = std::chrono::milliseconds(silence);
     p.tcp.validate();
     p.world = p.tcp.world;
   } else if (p.mode == launch::mpi) {
@@ -692,9 +706,12 @@ int cmd_train(const options& opt) {
     const auto t = opt.integer("agreement-timeout-ms", p.elastic_policy.agreement.timeout.count());
     dt::detail::check(t >= 1, "--agreement-timeout-ms must be >= 1, got ", t);
     p.elastic_policy.agreement.timeout = std::chrono::milliseconds(t);
-    dt::detail::check(p.mode != launch::tcp || p.elastic_policy.agreement.timeout > p.tcp.recv_timeout,
-                      "--agreement-timeout-ms (", t, ") must be more than --peer-timeout-ms (", p.tcp.recv_timeout.count(),
-                      "): a peer may wait that long on a frozen one before it joins the agreement");
+    // How long a survivor may wait on a frozen peer before it notices and joins the agreement.
+    const bool beats = p.tcp.heartbeat_interval.count() > 0;
+    const auto frozen_found_in = beats ? p.tcp.min_silence : p.tcp.recv_timeout;
+    dt::detail::check(p.mode != launch::tcp || p.elastic_policy.agreement.timeout > frozen_found_in,
+                      "--agreement-timeout-ms (", t, ") must be more than ", beats ? "--silence-ms (" : "--peer-timeout-ms (",
+                      frozen_found_in.count(), "): a peer may wait that long on a frozen one before it joins the agreement");
     for (const auto& k : split_list(opt.text("kill", ""))) {
       const auto at = k.find('@');
       dt::detail::check(p.mode == launch::in_process, "--kill needs --peers N (kill a TCP peer with kill -9)");

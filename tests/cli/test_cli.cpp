@@ -511,8 +511,11 @@ result elastic_tcp_run(const fs::path& dir, const std::string& attack, const std
              "timeout 150 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; " +
              cli() + args + peer + " --rank 2 > r2.txt 2>&1 & p2=$!; "
              "for i in $(seq 600); do [ $(cat metrics.rank-2.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
-             "kill -" + attack + " $p2; wait $p0; s0=$?; wait $p1; s1=$?; kill -9 $p2 2>/dev/null; wait $p2 2>/dev/null; "
-             "cat r0.txt r1.txt; echo \"exit $s0 $s1\" )",
+             "kill -" + attack + " $p2; wait $p0; s0=$?; wait $p1; s1=$?; "
+             // A frozen peer woken after the others left it out must stop on its own, not train on alone.
+             "kill -CONT $p2 2>/dev/null; for i in $(seq 300); do kill -0 $p2 2>/dev/null || break; sleep 0.1; done; "
+             "kill -9 $p2 2>/dev/null; wait $p2 2>/dev/null; s2=$?; "
+             "cat r0.txt r1.txt; echo '--- rank 2'; cat r2.txt; echo \"exit $s0 $s1 rank2 $s2\" )",
              dir);
 }
 }  // namespace
@@ -521,7 +524,7 @@ TEST_CASE("train --elastic over TCP: kill -9 of a peer mid-run, the others finis
   const auto dir = scratch("elastic_kill");
   const auto r = elastic_tcp_run(dir, "9", "");
   INFO(r.output);
-  CHECK_THAT(r.output, Contains("exit 0 0"));
+  CHECK_THAT(r.output, Contains("exit 0 0 "));
   // Both survivors report the same change; rank 0 of the last view prints the summary.
   std::istringstream lines(r.output);
   int views = 0;
@@ -534,14 +537,21 @@ TEST_CASE("train --elastic over TCP: kill -9 of a peer mid-run, the others finis
   CHECK(!last_line_with(r.output, "val loss ").empty());
 }
 
-TEST_CASE("train --elastic over TCP: a frozen peer (SIGSTOP) is left out at its deadline", "[cli][elastic]") {
+TEST_CASE("train --elastic over TCP: a frozen peer (SIGSTOP) is left out at its heartbeat deadline and stops when woken",
+          "[cli][elastic]") {
   const auto dir = scratch("elastic_stop");
   const auto t0 = std::chrono::steady_clock::now();
-  const auto r = elastic_tcp_run(dir, "STOP", " --peer-timeout-ms 2000 --agreement-timeout-ms 6000");
+  // The receive timeout stays at its 300 s default: only the heartbeats can find the frozen peer.
+  const auto r = elastic_tcp_run(dir, "STOP", " --silence-ms 1500 --agreement-timeout-ms 6000");
   INFO(r.output);
-  CHECK_THAT(r.output, Contains("exit 0 0"));
+  CHECK_THAT(r.output, Contains("exit 0 0 "));
   CHECK_THAT(r.output, Contains("peers 0,1 (left out: 2)"));
+  CHECK_THAT(r.output, Contains("heard nothing from it for "));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120));
+  // Woken, it finds the others stopped listening to it: no majority, so it stops with an error
+  // (exit 1) instead of training a second model alone; 137 would mean it had to be killed.
+  CHECK_THAT(r.output, Contains("rank2 1"));
+  CHECK_THAT(r.output, Contains("stopped listening to this peer"));
 }
 
 TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elastic refuses", "[cli][elastic]") {

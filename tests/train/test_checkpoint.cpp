@@ -124,7 +124,7 @@ TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][error
   std::string version = good;
   version[8] = 7;
   write(version);
-  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("has version 7, expected 1"));
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("has version 7, expected 1 to 2"));
   CHECK_THROWS_WITH(dt::io::load_checkpoint(temp_file("absent.ckpt")), Contains("cannot open"));
 
   // A well-formed file whose payload is not a checkpoint: the checksum matches, decoding fails.
@@ -137,6 +137,30 @@ TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][error
   write(garbage);
   CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("cannot be decoded"));
   std::filesystem::remove(path);
+}
+
+TEST_CASE("checkpoints are checksummed with XXH64 (reference values); version 1 files (FNV-1a) still load", "[io][checkpoint]") {
+  // Values from the reference implementation (xxhsum -H1 of the same bytes).
+  CHECK(dt::detail::xxh64("") == 0xef46db3751d8e999ull);
+  CHECK(dt::detail::xxh64("abc") == 0x44bc2cf5ad770999ull);
+  std::string ramp;
+  for (int i = 0; i < 200; ++i) ramp += static_cast<char>(i);
+  CHECK(dt::detail::xxh64(ramp) == 0x50dc1079b99e879cull);
+  CHECK(dt::detail::xxh64(std::string_view(ramp).substr(0, 47)) == 0x0d9883a03e7bfbb8ull);
+
+  dt::io::checkpoint c;
+  c.tensors["w"] = dt::ones(dt::shape{3, 5});
+  c.counters["step"] = 11;
+  std::string v1 = dt::io::encode_checkpoint(c);
+  const std::string_view body = std::string_view(v1).substr(dt::io::checkpoint_header_bytes);
+  const auto sum = dt::detail::fnv1a(body);
+  v1[8] = 1;
+  for (int i = 0; i < 8; ++i) v1[20 + static_cast<std::size_t>(i)] = static_cast<char>((sum >> (8 * i)) & 0xff);
+  const auto back = dt::io::decode_checkpoint(v1, "a version 1 checkpoint");
+  CHECK(back.counter("step") == 11);
+  CHECK(back.tensor_at("w").numel() == 15);
+  v1[25] ^= 1;
+  CHECK_THROWS_WITH(dt::io::decode_checkpoint(v1, "a version 1 checkpoint"), Contains("checksum mismatch"));
 }
 
 TEST_CASE("restoring into a different model is refused", "[io][checkpoint][errors]") {

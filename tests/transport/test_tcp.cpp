@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <optional>
+#include <array>
 #include <cstring>
 #include <chrono>
 #include <thread>
@@ -285,6 +287,7 @@ TEST_CASE("tcp: a message cut off while it lands in posted memory is an error na
   o.world = 2;
   // Long enough that "fails at once" (below) stays far from the timeout on a loaded machine.
   o.recv_timeout = std::chrono::milliseconds(3000);
+  o.heartbeat_interval = std::chrono::milliseconds(0);  // the receive timeout is under test here
   tr::tcp peer0(o);
   asio::io_context io;
   std::vector<std::byte> in(4000, std::byte{0});
@@ -393,4 +396,125 @@ TEST_CASE("tcp: bodies that come in uneven pieces with pauses land whole, larger
   CHECK(peer0.recv(1, 4) == body);
   CHECK(peer0.recv(1, 4) == tr::bytes{std::byte{7}, std::byte{8}, std::byte{9}});
   CHECK(peer0.stats().malformed_frames == 0);
+}
+
+TEST_CASE("wire: heartbeats and goodbyes round-trip; a heartbeat of the wrong size is named") {
+  const wire::heartbeat h{123456789, 42, 7};
+  const auto back = wire::decode_heartbeat(wire::encode_heartbeat(h));
+  CHECK(back.sent_ns == 123456789);
+  CHECK(back.echo_ns == 42);
+  CHECK(back.held_ns == 7);
+  CHECK_THROWS_WITH(wire::decode_heartbeat(tr::bytes(23)), Catch::Contains("a heartbeat of 23 bytes"));
+  const auto f = wire::decode_body<wire::farewell>(wire::encode_body(wire::farewell{true, "you were silent"}), "goodbye");
+  CHECK(f.excluded);
+  CHECK(f.reason == "you were silent");
+  CHECK_THROWS_WITH(wire::decode_body<wire::farewell>(wire::encode_body(wire::farewell{true, std::string(2000, 'x')}), "goodbye"),
+                    Catch::Contains("over the limit of 1024"));
+}
+
+TEST_CASE("liveness: the deadline is the floor until heartbeats were measured, then follows their gaps and round trips") {
+  using namespace std::chrono_literals;
+  tr::liveness l;
+  const auto t0 = tr::liveness::clock::now();
+  CHECK(l.deadline(3000ms) == 3000ms);
+  // Steady 250 ms gaps on a fast link: four gaps and a round trip stay under the floor.
+  for (int i = 0; i < 20; ++i) l.heartbeat(t0 + i * 250ms, 0.0002);
+  CHECK(l.deadline(3000ms) == 3000ms);
+  CHECK(l.gap_seconds() == Approx(0.25).epsilon(0.01));
+  CHECK(l.round_trip_seconds() == Approx(0.0002).epsilon(0.01));
+  CHECK(l.deadline(100ms) > 1000ms);
+  CHECK(l.deadline(100ms) < 1300ms);
+  // A loaded sender (gaps of 0.25 to 1.5 s) and a 400 ms link: the deadline grows past the floor.
+  tr::liveness loaded;
+  auto t = t0;
+  for (int i = 0; i < 40; ++i) {
+    t += i % 3 == 0 ? 1500ms : 250ms;
+    loaded.heartbeat(t, 0.4);
+  }
+  CHECK(loaded.deadline(3000ms) > 4000ms);
+}
+
+TEST_CASE("tcp: a peer that says hello and then nothing is closed as silent at its heartbeat deadline and told why") {
+  using namespace std::chrono_literals;
+  tr::tcp_options o;
+  o.world = 2;
+  o.recv_timeout = 60000ms;  // only the heartbeat deadline can end the wait below in time
+  o.heartbeat_interval = 100ms;
+  o.min_silence = 800ms;
+  tr::tcp peer0(o);
+  asio::io_context io;
+  auto s = hello_as_peer_1(io, peer0.address());
+  peer0.connect();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)peer0.recv(1, 7);
+    FAIL("a silent peer's message arrived");
+  } catch (const tr::peer_error& e) {
+    CHECK(e.peer() == 1);
+    CHECK(e.cause() == tr::failure_cause::silent);
+    CHECK_THAT(e.what(), Catch::Contains("heard nothing from it for"));
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= 700ms);
+  CHECK(waited < 10s);
+  CHECK_THROWS_WITH(peer0.send(1, 7, tr::bytes(8)), Catch::Contains("heard nothing from it"));
+  // What the silent peer finds in its socket when it reads again: heartbeats, then a goodbye
+  // that says it was left out (so that, woken, it does not take peer 0 for departed), then EOF.
+  int heartbeats = 0;
+  std::optional<wire::farewell> farewell;
+  for (;;) {
+    std::array<std::byte, wire::header_bytes> head{};
+    asio::error_code ec;
+    asio::read(s, asio::buffer(head), ec);
+    if (ec) break;
+    const auto h = wire::decode_header(head.data(), 1 << 20);
+    tr::bytes body(h.length + wire::padding(h.length).size());
+    asio::read(s, asio::buffer(body), ec);
+    REQUIRE(!ec);
+    body.resize(h.length);
+    if (h.type == wire::frame_type::heartbeat) {
+      (void)wire::decode_heartbeat(body);
+      ++heartbeats;
+    } else if (h.type == wire::frame_type::bye) {
+      farewell = wire::decode_body<wire::farewell>(body, "goodbye");
+    }
+  }
+  CHECK(heartbeats >= 4);
+  REQUIRE(farewell);
+  CHECK(farewell->excluded);
+  CHECK_THAT(farewell->reason, Catch::Contains("peer 0 heard nothing from peer 1"));
+}
+
+TEST_CASE("tcp: heartbeats keep a peer that computes for longer than the silence deadline, and measure the round trip") {
+  using namespace std::chrono_literals;
+  tr::tcp_options o;
+  o.world = 2;
+  o.heartbeat_interval = 50ms;
+  o.min_silence = 300ms;
+  o.recv_timeout = 20000ms;
+  tr::tcp peer0(o);
+  auto o1 = o;
+  o1.rank = 1;
+  o1.join = {peer0.address()};
+  std::thread t1([&] {
+    auto peer1 = tr::tcp::join(o1);
+    std::this_thread::sleep_for(1500ms);  // five deadlines of computing, sending nothing
+    const std::vector<std::byte> b(16, std::byte{3});
+    peer1.send(0, 3, b);
+    (void)peer1.recv(0, 4);  // stays until peer 0 is done with it
+  });
+  peer0.connect();
+  const auto got = peer0.recv(1, 3);
+  CHECK(got.size() == 16);
+  const auto l = peer0.liveness_of(1);
+  REQUIRE(l);
+  CHECK(l->heartbeats >= 10);
+  CHECK(l->round_trip_seconds > 0);
+  CHECK(l->round_trip_seconds < 1);
+  CHECK(l->heartbeat_gap_seconds > 0.02);
+  CHECK(l->deadline >= 300ms);
+  const std::vector<std::byte> done(1);
+  peer0.send(1, 4, done);
+  t1.join();
+  CHECK(!peer0.liveness_of(0));
 }

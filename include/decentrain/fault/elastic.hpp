@@ -36,6 +36,9 @@ struct membership_change {
   bool healed = false;           // this peer took another's state
   std::string cause;             // the error that started it, as this peer saw it
   double seconds = 0;            // from that error to the new view's first step, on this peer
+  // When this peer installed the view (steady clock: on Linux the same clock in every process
+  // of a machine, so bench/faults compares it with when it killed a peer).
+  std::chrono::steady_clock::time_point installed{};
 };
 
 struct elastic {
@@ -123,7 +126,8 @@ struct elastic {
  private:
   membership_change record(const decision& d, bool healed) const {
     return membership_change{d.next.epoch, d.next.members, d.removed, d.target.step, healed, cause_,
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count()};
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count(),
+                             std::chrono::steady_clock::now()};
   }
 
   view view_;

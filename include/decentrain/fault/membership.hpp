@@ -62,6 +62,8 @@ struct agreement_settings {
   std::chrono::milliseconds timeout{60000};
   bool require_majority = true;
   std::size_t state_chunk_bytes = std::size_t{16} << 20;
+  // The largest state a peer behind accepts from a donor (it holds all of it at once).
+  std::uint64_t max_state_bytes = std::uint64_t{64} << 30;
 };
 
 // What the survivors agreed on.
@@ -178,6 +180,9 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   // Only departures are certain. A peer that timed out on another may have been waiting on a
   // third (a frozen one) itself: whoever is silent must also fail to report within the
   // agreement's deadline to be left out.
+  int first_suspect = -1;  // named in the alarm even when this peer is not certain of it
+  for (const auto& [j, cause] : suspects)
+    if (j != me && first_suspect < 0) first_suspect = j;
   std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || s_.second != transport::failure_cause::departed; });
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
@@ -199,7 +204,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       if (!suspects.count(j)) alive.push_back(j);
     const int leader = alive.front();  // `me` is in alive, so never empty
     const auto deadline = std::chrono::steady_clock::now() + s.timeout;
-    raise_alarm(ep, current, suspects.empty() ? -1 : suspects.begin()->first, suspects);  // wake everyone
+    raise_alarm(ep, current, suspects.empty() ? first_suspect : suspects.begin()->first, suspects);  // wake everyone
 
     if (leader != me) {
       detail::message report;
@@ -267,7 +272,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                             "majority this side stops rather than train a second model");
       for (const auto& [j, w] : why) v.reason += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
       for (const auto& [j, c] : suspects)
-        if (!why.count(j)) v.reason += decentrain::detail::concat(" (peer ", j, ": reported by a survivor)");
+        if (!why.count(j)) v.reason += decentrain::detail::concat(" (peer ", j, ": ", transport::describe(c), ")");
     } else {
       v.ranks = detail::as_list(next);
       position target = where.at(next.front());
@@ -348,10 +353,11 @@ std::optional<std::string> transfer_state(E& ep, const decision& d, const std::f
   std::uint64_t size = 0, chunk = 0;
   std::memcpy(&size, head.data(), 8);
   std::memcpy(&chunk, head.data() + 8, 8);
-  decentrain::detail::check(chunk >= 1024 && size <= (std::uint64_t{1} << 40), "elastic: peer ", d.donor,
-                            " announced a state of ", size, " bytes in chunks of ", chunk);
+  decentrain::detail::check(chunk >= 1024 && size <= s.max_state_bytes, "elastic: peer ", d.donor, " announced a state of ",
+                            size, " bytes in chunks of ", chunk, " (at most ", s.max_state_bytes,
+                            " bytes are accepted: agreement_settings::max_state_bytes)");
   std::string blob;
-  blob.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(size, chunk * 4)));
+  blob.reserve(static_cast<std::size_t>(size));  // growing it instead copied gigabytes over and over
   while (blob.size() < size) {
     const auto part = ep.recv_within(d.donor, detail::state_tag, s.timeout);
     decentrain::detail::check(part.size() == std::min<std::uint64_t>(chunk, size - blob.size()), "elastic: peer ", d.donor,

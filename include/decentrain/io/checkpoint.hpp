@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <sstream>
+#include <istream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,7 +25,8 @@
 namespace decentrain::io {
 
 inline constexpr char checkpoint_magic[8] = {'D', 'T', 'C', 'K', 'P', 'T', '\0', '\0'};
-inline constexpr std::uint32_t checkpoint_version = 1;
+// 1: FNV-1a checksum (still read); 2: XXH64, 8 times faster on the gigabytes of a large state.
+inline constexpr std::uint32_t checkpoint_version = 2;
 
 struct checkpoint {
   std::map<std::string, tensor<cpu>> tensors;
@@ -48,32 +51,74 @@ struct checkpoint {
   }
 };
 
-// FNV-1a over the payload: catches torn or bit-flipped files (not tampering; that is what the
+// A hash of the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).
-inline std::uint64_t checkpoint_checksum(std::string_view bytes) { return decentrain::detail::fnv1a(bytes); }
+inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t version = checkpoint_version) {
+  return version == 1 ? decentrain::detail::fnv1a(bytes) : decentrain::detail::xxh64(bytes);
+}
+
+namespace streams {
+// Stream buffers straight over the checkpoint's bytes: a GPT-2 124M DiLoCo state is 2.5 GB, and
+// string streams copied it three times over (encoding it took 26 s, bench/faults).
+class string_sink : public std::streambuf {
+ public:
+  explicit string_sink(std::string& out) : out_(out) {}
+
+ protected:
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    out_.append(s, static_cast<std::size_t>(n));
+    return n;
+  }
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) out_.push_back(traits_type::to_char_type(c));
+    return traits_type::not_eof(c);
+  }
+
+ private:
+  std::string& out_;
+};
+
+class memory_source : public std::streambuf {
+ public:
+  explicit memory_source(std::string_view data) {
+    char* p = const_cast<char*>(data.data());  // only read: the get area is never written
+    setg(p, p, p + data.size());
+  }
+};
+}  // namespace streams
+
+inline constexpr std::size_t checkpoint_header_bytes = sizeof checkpoint_magic + 4 + 8 + 8;
 
 // Layout (a file, or the state one peer sends another): magic (8 bytes), version (u32 LE),
-// payload length (u64 LE), FNV-1a of the payload (u64 LE), payload (cereal portable binary).
+// payload length (u64 LE), XXH64 of the payload (u64 LE), payload (cereal portable binary).
 inline std::string encode_checkpoint(const checkpoint& ckpt) {
-  std::ostringstream payload(std::ios::binary);
+  std::size_t estimate = checkpoint_header_bytes + 4096;
+  for (const auto& [name, t] : ckpt.tensors) estimate += name.size() + t.nbytes() + 128;
+  for (const auto& [name, text] : ckpt.text) estimate += name.size() + text.size() + 16;
+  estimate += 64 * (ckpt.counters.size() + ckpt.rngs.size());
+  std::string out(checkpoint_header_bytes, '\0');
+  out.reserve(estimate);
   {
-    cereal::PortableBinaryOutputArchive ar(payload);
+    streams::string_sink sink(out);
+    std::ostream stream(&sink);
+    cereal::PortableBinaryOutputArchive ar(stream);
     ar(ckpt);
   }
-  const std::string body = payload.str();
-  std::string out(checkpoint_magic, sizeof checkpoint_magic);
+  const std::string_view body = std::string_view(out).substr(checkpoint_header_bytes);
+  std::size_t at = 0;
   auto put = [&](std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+    for (int i = 0; i < bytes; ++i) out[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
   };
+  for (char c : checkpoint_magic) out[at++] = c;
   put(checkpoint_version, 4);
   put(body.size(), 8);
   put(checkpoint_checksum(body), 8);
-  return out + body;
+  return out;
 }
 
 // Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
 inline checkpoint decode_checkpoint(std::string_view data, const std::string& where) {
-  constexpr std::size_t header = sizeof checkpoint_magic + 4 + 8 + 8;
+  constexpr std::size_t header = checkpoint_header_bytes;
   decentrain::detail::check(data.size() >= header, where, " is truncated (", data.size(), " bytes, header needs ", header, ")");
   decentrain::detail::check(data.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
                             where, " has a bad magic number (not a decentrain checkpoint)");
@@ -83,14 +128,17 @@ inline checkpoint decode_checkpoint(std::string_view data, const std::string& wh
     return v;
   };
   const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
-  decentrain::detail::check(version == checkpoint_version, where, " has version ", version, ", expected ", checkpoint_version);
+  decentrain::detail::check(version >= 1 && version <= checkpoint_version, where, " has version ", version,
+                            ", expected 1 to ", checkpoint_version);
   decentrain::detail::check(data.size() - header == length, where, " is truncated or padded: payload of ",
                             data.size() - header, " bytes, header says ", length);
   const std::string_view body = data.substr(header);
-  decentrain::detail::check(checkpoint_checksum(body) == checksum, where, " is corrupt (checksum mismatch)");
+  decentrain::detail::check(checkpoint_checksum(body, static_cast<std::uint32_t>(version)) == checksum, where,
+                            " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
-    std::istringstream in(std::string(body), std::ios::binary);
+    streams::memory_source source(body);
+    std::istream in(&source);
     cereal::PortableBinaryInputArchive ar(in);
     ar(ckpt);
   } catch (const std::exception& e) {

@@ -36,6 +36,8 @@ class json_line {
   json_line& add(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
   json_line& add(std::string_view key, std::string_view v) { return raw(key, io::json_quote(v)); }
   json_line& add(std::string_view key, const char* v) { return add(key, std::string_view(v)); }
+  // A value that is JSON already (an array or object built with other json_lines).
+  json_line& add_json(std::string_view key, const std::string& json) { return raw(key, json); }
   std::string str() const { return "{" + body_ + "}"; }
 
  private:

@@ -25,7 +25,8 @@
 namespace decentrain::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
-inline constexpr std::uint16_t version = 2;  // 1: 24-byte headers, bodies not aligned
+// 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason.
+inline constexpr std::uint16_t version = 3;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -41,7 +42,8 @@ inline constexpr std::size_t max_control_bytes = std::size_t{1} << 20;
 inline constexpr std::size_t max_address_chars = 255;
 inline constexpr std::size_t max_directory_entries = 65536;
 
-enum class frame_type : std::uint16_t { hello = 1, directory = 2, data = 3, bye = 4 };
+enum class frame_type : std::uint16_t { hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5 };
+inline constexpr std::uint16_t last_frame_type = 5;
 
 struct header {
   frame_type type = frame_type::data;
@@ -87,7 +89,7 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4), " (not a decentrain peer)");
   decentrain::detail::check(get(4, 2) == version, "frame: protocol version ", std::dec, get(4, 2), ", this peer speaks ", version);
   const auto type = get(6, 2);
-  decentrain::detail::check(type >= 1 && type <= 4, "frame: unknown frame type ", type);
+  decentrain::detail::check(type >= 1 && type <= last_frame_type, "frame: unknown frame type ", type);
   check_zeros(p + header_used_bytes, header_bytes - header_used_bytes, "reserved header");
   header h{static_cast<frame_type>(type), get(8, 8), get(16, 8)};
   const std::uint64_t limit = h.type == frame_type::data ? max_body : max_control_bytes;
@@ -162,6 +164,53 @@ struct directory {
     for (auto& [r, a] : entries) ar(r, bounded_string{a, max_address_chars});
   }
 };
+
+// Why a connection ends, when the peer ending it says so (the body of a bye frame; an empty body
+// is a plain goodbye). `excluded`: the sender stopped listening to the receiver (it heard
+// nothing from it in time, or left it out of a view) and is itself alive, so the receiver, if
+// it was the frozen or cut-off one, must not count the sender as departed.
+struct farewell {
+  bool excluded = false;
+  std::string reason;
+
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(excluded);
+    save_string(ar, reason);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    ar(excluded, bounded_string{reason, 1024});
+  }
+};
+
+// A heartbeat's body: three little-endian u64, the sender's clock (steady, in ns) when it sent
+// this, and the last heartbeat it had from the receiver (that one's `sent_ns`, 0 if none) with
+// how long the sender held it. The receiver's round trip is then its clock now, less `echo_ns`,
+// less `held_ns`; no clocks need to agree.
+struct heartbeat {
+  std::uint64_t sent_ns = 0, echo_ns = 0, held_ns = 0;
+};
+inline constexpr std::size_t heartbeat_bytes = 24;
+
+inline bytes encode_heartbeat(const heartbeat& h) {
+  bytes out(heartbeat_bytes);
+  std::size_t at = 0;
+  for (const auto v : {h.sent_ns, h.echo_ns, h.held_ns})
+    for (int i = 0; i < 8; ++i) out[at++] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+inline heartbeat decode_heartbeat(const bytes& body) {
+  decentrain::detail::check(body.size() == heartbeat_bytes, "frame: a heartbeat of ", body.size(), " bytes (it has ",
+                            heartbeat_bytes, ")");
+  auto get = [&](std::size_t at) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[at + static_cast<std::size_t>(i)]) << (8 * i);
+    return v;
+  };
+  return heartbeat{get(0), get(8), get(16)};
+}
 
 template <class T>
 bytes encode_body(const T& message) {

@@ -152,6 +152,13 @@ class mailbox {
     }
     ready_.notify_all();
   }
+  // Why `source` is closed, when it is: the reason and the cause its waits fail with.
+  std::optional<std::pair<std::string, failure_cause>> closure_of(int source) const {
+    std::lock_guard lock(mutex_);
+    auto c = closed_.find(source);
+    if (c == closed_.end()) return std::nullopt;
+    return std::pair{c->second.reason, c->second.cause};
+  }
   void reopen(int source) {
     std::lock_guard lock(mutex_);
     if (!forgotten_.count(source)) closed_.erase(source);

@@ -13,13 +13,27 @@ namespace decentrain::transport {
 
 // How sure the transport is that the peer is gone. An elastic group counts a departed peer out
 // of its quorum (a closed connection means the process ended or said goodbye) but not a silent
-// one, which may be alive behind a partition.
+// or excluding one, which may be alive behind a partition.
 enum class failure_cause {
   departed,  // its connection closed, or it was killed (in_process)
   silent,    // it missed a deadline (heartbeat or receive timeout)
+  excluded,  // it stopped listening to this peer (heard nothing from it in time, or left it out
+             // of a view): it is alive, and this peer may be the one that was frozen or cut off
   reported,  // another peer reported it failed (the membership alarm)
   other,     // it sent something malformed, or the cause is not known
 };
+
+// The cause in words, as an error message about the peer would put it.
+inline const char* describe(failure_cause c) {
+  switch (c) {
+    case failure_cause::departed: return "departed";
+    case failure_cause::silent: return "silent past its deadline";
+    case failure_cause::excluded: return "stopped listening to this peer";
+    case failure_cause::reported: return "reported failed by another peer";
+    case failure_cause::other: break;
+  }
+  return "failed";
+}
 
 class peer_error : public decentrain::error {
  public:

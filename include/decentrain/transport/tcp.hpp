@@ -24,6 +24,7 @@
 
 #include <asio.hpp>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -46,6 +47,7 @@
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/peer_error.hpp"
 #include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/liveness.hpp"
 #include "decentrain/transport/mailbox.hpp"
 
 namespace decentrain::transport {
@@ -63,6 +65,14 @@ struct tcp_options {
   std::chrono::milliseconds first_backoff{50};       // doubles after each round of failures...
   std::chrono::milliseconds max_backoff{2000};       // ...up to this
   std::chrono::milliseconds recv_timeout{300000};    // a recv (or a send) that waits longer fails
+  // Liveness: every connection carries a heartbeat this often (0: none; then a frozen peer is
+  // found only by recv_timeout). A peer heard from nothing at all (no heartbeat, no byte) for
+  // longer than its deadline (transport/liveness.hpp: from its measured heartbeat gaps and round
+  // trips, never under min_silence) is closed as silent. recv_timeout is then how long to wait
+  // for a live peer's message (a slow peer still computing), not how long a frozen peer holds
+  // the others up.
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds min_silence{3000};
   std::uint64_t max_frame_bytes = std::uint64_t{64} << 20;
 
   void validate() const {
@@ -70,6 +80,11 @@ struct tcp_options {
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
                               " needs at least one peer to join through (--join HOST:PORT)");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
+    decentrain::detail::check(heartbeat_interval.count() >= 0, "tcp: heartbeat_interval must be >= 0 ms, got ",
+                              heartbeat_interval.count());
+    decentrain::detail::check(heartbeat_interval.count() == 0 || min_silence >= 2 * heartbeat_interval,
+                              "tcp: min_silence (", min_silence.count(), " ms) must be at least two heartbeat intervals (",
+                              2 * heartbeat_interval.count(), " ms)");
     const auto host = wire::split_address(listen).first;
     decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
                               "tcp: peer ", rank, " listens on the wildcard address ", listen,
@@ -119,7 +134,8 @@ class tcp {
   void forget(int peer) {
     decentrain::detail::check(peer >= 0 && peer < world() && peer != rank(), "tcp: peer ", rank(), " cannot forget peer ", peer);
     self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
-    self_->give_up_on(peer, "left out of the view");
+    self_->give_up_on(peer, "left out of the view",
+                      wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
   }
 
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
@@ -131,6 +147,16 @@ class tcp {
     return l;
   }
   traffic_stats stats() const { return self_->stats(); }
+
+  // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
+  struct peer_liveness {
+    double round_trip_seconds = -1;     // smoothed; -1 until a heartbeat was echoed
+    double heartbeat_gap_seconds = -1;  // smoothed time between its heartbeats
+    std::chrono::milliseconds deadline{0};  // how long it may be silent before it is closed
+    std::uint64_t heartbeats = 0;
+  };
+  std::optional<peer_liveness> liveness_of(int peer) const { return self_->liveness_of(peer); }
+
   // The reason the last malformed frame was dropped (empty if none was).
   std::string last_malformed() const {
     std::lock_guard lock(self_->mutex);
@@ -138,8 +164,13 @@ class tcp {
   }
 
  private:
+  using clock = std::chrono::steady_clock;
+  static std::uint64_t nanoseconds(clock::time_point t) {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  }
+
   struct connection : std::enable_shared_from_this<connection> {
-    explicit connection(asio::io_context& io) : socket(io) {}
+    explicit connection(asio::io_context& io) : socket(io), heard(clock::now()) {}
     asio::ip::tcp::socket socket;
     int rank = -1;  // -1 until its hello arrives
     // The previous body's padding, then the next header: one read (I/O thread only).
@@ -152,6 +183,17 @@ class tcp {
     // is never closed (and its number reused) under a writer.
     std::mutex write_mutex;
     std::atomic<bool> closed_for_writes{false};
+    // Guarded by write_mutex: what of a heartbeat or goodbye the socket did not take at once
+    // (they are written without blocking); the next write sends it first, so frames never mix.
+    bytes unsent;
+    // Liveness (I/O thread): when anything last came from the peer, the bytes that sat in the
+    // socket at the last check (bytes waiting under SO_RCVLOWAT count as heard), the last
+    // heartbeat to echo back and when it came, and the estimates (also under impl::mutex).
+    clock::time_point heard;
+    int queued = 0;
+    wire::heartbeat last_in;
+    clock::time_point last_in_at;
+    liveness beats;
   };
 
   struct impl {
@@ -170,11 +212,14 @@ class tcp {
       advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
       directory[opts.rank] = advertised;
       accept_next();
+      if (opts.heartbeat_interval.count() > 0) schedule_beat();
       io_thread = std::thread([this] { io.run(); });
     }
 
     ~impl() {
       asio::post(io, [this] {
+        stopping = true;
+        beat_timer.cancel();
         asio::error_code ignored;
         acceptor.close(ignored);
         const auto open = all;  // close() erases from `all`
@@ -374,6 +419,7 @@ class tcp {
         const ssize_t n = ::recv(fd, into.data() + got, into.size() - got, MSG_DONTWAIT);
         if (n > 0) {
           got += static_cast<std::size_t>(n);
+          c->heard = clock::now();
           continue;
         }
         if (n == 0) return done(asio::error_code(asio::error::eof), got);
@@ -449,9 +495,32 @@ class tcp {
           box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
           c->body = {};
           return true;
-        case wire::frame_type::bye:
-          close(c, "it said goodbye");
+        case wire::frame_type::bye: {
+          if (c->body.empty()) {
+            close(c, "it said goodbye");
+            return false;
+          }
+          const auto f = wire::decode_body<wire::farewell>(c->body, "goodbye");
+          if (f.excluded) close(c, "it stopped listening to this peer: " + f.reason, failure_cause::excluded);
+          else close(c, "it left: " + f.reason);
           return false;
+        }
+        case wire::frame_type::heartbeat: {
+          const auto h = wire::decode_heartbeat(c->body);
+          const auto now = clock::now();
+          // A round trip only from an echo of ours that makes sense (a peer's garbage is ignored).
+          double round_trip = -1;
+          const std::uint64_t now_ns = nanoseconds(now);
+          if (h.echo_ns != 0 && h.echo_ns <= now_ns && h.held_ns <= now_ns - h.echo_ns) {
+            round_trip = static_cast<double>(now_ns - h.echo_ns - h.held_ns) * 1e-9;
+            if (round_trip > 600) round_trip = -1;
+          }
+          c->last_in = h;
+          c->last_in_at = now;
+          std::lock_guard lock(mutex);
+          c->beats.heartbeat(now, round_trip);
+          return true;
+        }
         case wire::frame_type::directory:
           decentrain::detail::fail("frame: unexpected directory frame");
         case wire::frame_type::hello: {
@@ -496,7 +565,7 @@ class tcp {
       close(c, ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message());
     }
 
-    void close(const std::shared_ptr<connection>& c, const std::string& why) {
+    void close(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause = failure_cause::departed) {
       if (c->closed) return;
       c->closed = true;
       c->closed_for_writes = true;
@@ -512,9 +581,119 @@ class tcp {
         auto it = peers.find(c->rank);
         if (it != peers.end() && it->second == c) {
           peers.erase(it);
-          if (!why.empty()) box.close(c->rank, why);
+          if (!why.empty()) box.close(c->rank, why, cause);
         }
       }
+    }
+
+    // ---- liveness (I/O thread) ----
+    void schedule_beat() {
+      beat_timer.expires_after(opts.heartbeat_interval);
+      beat_timer.async_wait([this](const asio::error_code& ec) {
+        if (ec || stopping) return;
+        beat_all();
+        schedule_beat();
+      });
+    }
+
+    // Closes the peers silent past their deadline and sends the others a heartbeat.
+    void beat_all() {
+      const auto now = clock::now();
+      // When this peer itself was not running (SIGSTOP, a paused machine), nothing could be read
+      // meanwhile and the others' silence says nothing: their deadlines start afresh.
+      const bool was_stopped = last_beat && now - *last_beat > opts.min_silence;
+      last_beat = now;
+      std::vector<std::shared_ptr<connection>> connected;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, c] : peers) connected.push_back(c);
+      }
+      for (const auto& c : connected) {
+        if (c->closed) continue;
+        int queued = 0;
+        if (::ioctl(c->socket.native_handle(), FIONREAD, &queued) == 0 && queued != c->queued) {
+          c->queued = queued;
+          c->heard = now;
+        }
+        if (was_stopped) c->heard = now;
+        std::chrono::milliseconds deadline;
+        {
+          std::lock_guard lock(mutex);
+          deadline = c->beats.deadline(opts.min_silence);
+        }
+        const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - c->heard);
+        if (silent > deadline) {
+          const auto why = decentrain::detail::concat("heard nothing from it for ", silent.count(), " ms, over its deadline of ",
+                                                      deadline.count(), " ms (from its heartbeats)");
+          exclude(c, why, wire::farewell{true, decentrain::detail::concat("peer ", opts.rank, " heard nothing from peer ", c->rank,
+                                                                          " for ", silent.count(), " ms")});
+          continue;
+        }
+        beat(*c, now);
+      }
+    }
+
+    void beat(connection& c, clock::time_point now) {
+      std::unique_lock lock(c.write_mutex, std::try_to_lock);
+      // A writer busy on this connection is sending bytes, which the peer hears as well.
+      if (!lock.owns_lock() || c.closed_for_writes.load() || !flush_unsent(c)) return;
+      wire::heartbeat h;
+      h.sent_ns = nanoseconds(now);
+      if (c.last_in.sent_ns != 0) {
+        h.echo_ns = c.last_in.sent_ns;
+        h.held_ns = nanoseconds(now) - nanoseconds(c.last_in_at);
+      }
+      append_frame(c.unsent, wire::frame_type::heartbeat, wire::encode_heartbeat(h));
+      flush_unsent(c);
+    }
+
+    // Stops listening to a peer: its waits fail as silent, it is told why (best effort, without
+    // blocking: so that, if it was the frozen one, it does not take this peer for departed when
+    // it wakes), and the connection closes.
+    void exclude(const std::shared_ptr<connection>& c, const std::string& why, const wire::farewell& f) {
+      if (c->closed) return;
+      box.close(c->rank, why, failure_cause::silent);
+      {
+        std::unique_lock lock(c->write_mutex, std::try_to_lock);
+        if (lock.owns_lock() && !c->closed_for_writes.load() && flush_unsent(*c)) {
+          append_frame(c->unsent, wire::frame_type::bye, wire::encode_body(f));
+          flush_unsent(*c);
+        }
+      }
+      // Unread bytes at close() would make the kernel reset the connection and drop the goodbye.
+      std::array<std::byte, 4096> sink;
+      for (int i = 0; i < 1024 && ::recv(c->socket.native_handle(), sink.data(), sink.size(), MSG_DONTWAIT) > 0; ++i) {
+      }
+      close(c, why, failure_cause::silent);
+    }
+
+    static void append_frame(bytes& out, wire::frame_type type, const bytes& body) {
+      const auto head = wire::encode_header({type, 0, body.size()});
+      const auto pad = wire::padding(body.size());
+      out.insert(out.end(), head.begin(), head.end());
+      out.insert(out.end(), body.begin(), body.end());
+      out.insert(out.end(), pad.begin(), pad.end());
+    }
+
+    // Writes what of c.unsent the socket takes now (write_mutex held); true once all of it went.
+    static bool flush_unsent(connection& c) {
+      std::size_t done = 0;
+      while (done < c.unsent.size()) {
+        const ssize_t n = ::send(c.socket.native_handle(), c.unsent.data() + done, c.unsent.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // full, or broken (the reader finds out)
+        done += static_cast<std::size_t>(n);
+      }
+      c.unsent.erase(c.unsent.begin(), c.unsent.begin() + static_cast<std::ptrdiff_t>(done));
+      return c.unsent.empty();
+    }
+
+    std::optional<peer_liveness> liveness_of(int peer) const {
+      std::lock_guard lock(mutex);
+      auto it = peers.find(peer);
+      if (it == peers.end()) return std::nullopt;
+      const auto& b = it->second->beats;
+      return peer_liveness{b.round_trip_seconds(), b.gap_seconds(), b.deadline(opts.min_silence), b.heartbeats()};
     }
 
     // On the I/O thread: the one control frame a directory request gets back.
@@ -545,7 +724,11 @@ class tcp {
       {
         std::lock_guard lock(mutex);
         auto it = peers.find(peer);
-        if (it == peers.end()) transport::fail_peer(peer, "send", "tcp: peer ", opts.rank, " is not connected to peer ", peer);
+        if (it == peers.end()) {
+          if (const auto closed = box.closure_of(peer))
+            transport::fail_peer_because(closed->second, peer, "send", "tcp: peer ", peer, " is gone (", closed->first, ")");
+          transport::fail_peer(peer, "send", "tcp: peer ", opts.rank, " is not connected to peer ", peer);
+        }
         c = it->second;
       }
       write_data(*c, tag, data);
@@ -564,13 +747,24 @@ class tcp {
       const auto pad = wire::padding(data.size());
       std::lock_guard write_lock(c.write_mutex);
       const int fd = c.socket.native_handle();
-      std::array<iovec, 3> parts{iovec{const_cast<std::byte*>(head.data()), head.size()},
+      // The rest of a heartbeat goes first (see connection::unsent).
+      const std::size_t before = c.unsent.size();
+      std::array<iovec, 4> parts{iovec{c.unsent.data(), c.unsent.size()},
+                                 iovec{const_cast<std::byte*>(head.data()), head.size()},
                                  iovec{const_cast<std::byte*>(data.data()), data.size()},
                                  iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
       std::size_t first = 0, written = 0;
       const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
+      auto fail = [&](failure_cause cause, int who, auto&&... why) {
+        c.unsent.erase(c.unsent.begin(), c.unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written, before)));
+        transport::fail_peer_because(cause, who, "send", why...);
+      };
       while (first < parts.size()) {
-        if (c.closed_for_writes.load()) transport::fail_peer(peer, "send", "tcp: connection to peer ", peer, " is closed");
+        if (c.closed_for_writes.load()) {
+          if (const auto closed = box.closure_of(peer))
+            fail(closed->second, peer, "tcp: peer ", peer, " is gone (", closed->first, ")");
+          fail(failure_cause::other, peer, "tcp: connection to peer ", peer, " is closed");
+        }
         msghdr msg{};
         msg.msg_iov = parts.data() + first;
         msg.msg_iovlen = parts.size() - first;
@@ -579,18 +773,17 @@ class tcp {
           const int err = errno;
           if (err == EINTR) continue;
           if (err != EAGAIN && err != EWOULDBLOCK)
-            transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " failed: ", std::generic_category().message(err));
-          // An alarm (transport/membership.hpp) stops a send that has written nothing yet: its
-          // receiver may be the frozen peer. One half written must finish (or time out), or
-          // the stream to a live peer would lose its framing.
-          if (written == 0 && !is_membership_tag(tag))
+            fail(failure_cause::other, peer, "tcp: sending to peer ", peer, " failed: ", std::generic_category().message(err));
+          // An alarm (transport/membership.hpp) stops a send that has written nothing of its
+          // frame yet: its receiver may be the frozen peer. One half written must finish (or time
+          // out), or the stream to a live peer would lose its framing.
+          if (written <= before && !is_membership_tag(tag))
             if (const auto a = box.alarmed())
-              transport::fail_peer_because(failure_cause::reported, a->failed, "send", "tcp: peer ", a->reporter,
-                                           " reports that peer ", a->failed, " failed (view ", a->epoch, ")");
+              fail(failure_cause::reported, a->failed, "tcp: peer ", a->reporter, " reports that peer ", a->failed,
+                   " failed (view ", a->epoch, ")");
           const auto left = deadline - std::chrono::steady_clock::now();
           if (left <= std::chrono::steady_clock::duration::zero())
-            transport::fail_peer(peer, "send", "tcp: sending to peer ", peer, " did not finish within ",
-                                 opts.recv_timeout.count(), " ms");
+            fail(failure_cause::silent, peer, "tcp: sending to peer ", peer, " did not finish within ", opts.recv_timeout.count(), " ms");
           pollfd p{fd, POLLOUT, 0};
           ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
           continue;
@@ -603,6 +796,7 @@ class tcp {
           parts[first].iov_len -= done;
         }
       }
+      c.unsent.clear();
     }
 
     bytes recv(int peer, tag_type tag, bool count_wait = true, std::optional<std::chrono::milliseconds> timeout = {}) {
@@ -641,15 +835,17 @@ class tcp {
     }
 
     // From the training thread: closes the connection to `peer` on the I/O thread, which ends a
-    // read that is stuck in the middle of that peer's message.
-    void give_up_on(int peer, std::string why) {
-      asio::post(io, [this, peer, why = std::move(why)] {
+    // read that is stuck in the middle of that peer's message; with a farewell, tells it why.
+    void give_up_on(int peer, std::string why, std::optional<wire::farewell> f = std::nullopt) {
+      asio::post(io, [this, peer, why = std::move(why), f = std::move(f)] {
         std::shared_ptr<connection> c;
         {
           std::lock_guard lock(mutex);
           if (auto it = peers.find(peer); it != peers.end()) c = it->second;
         }
-        if (c) close(c, why);
+        if (!c) return;
+        if (f) exclude(c, why, *f);
+        else close(c, why);
       });
     }
 
@@ -675,6 +871,9 @@ class tcp {
     std::chrono::steady_clock::time_point started;
     std::string advertised;
     std::thread io_thread;
+    asio::steady_timer beat_timer{io};
+    std::optional<clock::time_point> last_beat;  // I/O thread only
+    bool stopping = false;                       // I/O thread only
 
     mutable std::mutex mutex;              // guards directory, peers, malformed counters
     std::condition_variable changed;       // a peer connected

@@ -1,0 +1,499 @@
+// bench/faults: an elastic DiLoCo group of TCP peers on this machine loses peers to kill -9 and
+// SIGSTOP and trains on; what it costs in loss, and how long recovery takes.
+//
+//   bench_faults [--peers 8] [--kills 3] [--steps 600] [--inner-steps 10] [--batch-size 8]
+//                [--n-layer 2] [--n-embd 64] [--block-size 64] [--seed 1] [--only clean,kill,stop,survivors]
+//                [--silence-ms 3000] [--data tinyshakespeare.txt|builtin] [--json faults.json]
+//
+// Every run is `peers` processes of this program (--role peer) joined over 127.0.0.1, training a
+// character-level model on tinyshakespeare (or the built-in corpus) with fault::elastic:
+//   clean      no faults;
+//   kill       `kills` peers, chosen at random (seeded), kill -9'd at random moments: at a
+//              random step in [10%, 80%] of the run, then after a random 0-300 ms more;
+//   stop       one peer SIGSTOPped (frozen; only its heartbeat deadline can find it);
+//   survivors  `peers - kills` peers, no faults: the tokens the survivors alone would train;
+//   state      (two peers of this process) a peer behind taking a GPT-2 124M DiLoCo peer's
+//              state over loopback, as a heal does: encode, send in chunks, decode.
+// Each peer appends (steady-clock time, step, view epoch) per step to a file the harness reads;
+// the harness records when it struck. Reported per fault: strike -> every survivor installed the
+// view without the victim (detection and agreement), and strike -> every survivor finished its
+// next round (the all-reduce after it: the remaining inner steps included); the clean run's
+// round time says what a round costs anyway. The survivors' final validation loss is compared
+// with the clean run's (more tokens than the survivors saw) and the survivors run's (the same
+// peers, no faults).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "decentrain/decentrain.hpp"
+#include "args.hpp"
+#include "output_file.hpp"
+#include "processes.hpp"
+
+namespace dt = decentrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct settings {
+  int peers = 8, kills = 3;
+  std::int64_t steps = 600, inner = 10, batch = 8, n_layer = 2, n_embd = 64, block = 64;
+  std::uint64_t seed = 1;
+  std::int64_t silence_ms = 3000;
+  std::string data;  // a text file, or "builtin"
+};
+
+// ---- one peer (a process of its own) ----
+int peer_main(const settings& s, int rank, int world, const std::string& dir) {
+#if defined(_OPENMP)
+  omp_set_num_threads(1);
+#endif
+  const std::string text = s.data == "builtin" ? dt::data::builtin_corpus() : dt::io::read_file(s.data);
+  auto tok = dt::data::char_tokenizer::from_text(text);
+  dt::data::token_dataset data(tok.encode(text), 0.1);
+  auto cfg = dt::nn::gpt_preset("tiny");
+  cfg.vocab_size = tok.vocab_size();
+  cfg.n_layer = s.n_layer;
+  cfg.n_embd = s.n_embd;
+  cfg.n_head = 4;
+  cfg.block_size = s.block;
+  dt::train::trainer_options o;
+  o.steps = s.steps;
+  o.batch_size = s.batch;
+  o.seed = s.seed;
+  o.eval_batches = 16;
+  dt::comm::diloco<> comm;
+  comm.inner_steps = s.inner;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::milliseconds(std::max<std::int64_t>(20000, 4 * s.silence_ms));
+
+  auto ep = bench::loopback_peer(rank, world, dir + "/address", [&](dt::transport::tcp_options& t) {
+    t.min_silence = std::chrono::milliseconds(s.silence_ms);
+  });
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
+  Trainer t(cfg, o, *ep, comm, {}, fault);
+  std::ofstream steps(dir + "/peer-" + std::to_string(rank) + ".steps");
+  t.on_step([&](const dt::train::step_metrics& m) {
+    steps << now_ns() << ' ' << m.step << ' ' << t.fault().current().epoch << '\n' << std::flush;
+  });
+  const auto result = t.fit(data);
+  std::ofstream out(dir + "/peer-" + std::to_string(rank) + ".result.tmp");
+  out << "val_loss " << result.final_val_loss << '\n';
+  for (const auto& c : t.fault().changes()) {
+    out << "view " << c.epoch << ' ' << std::chrono::duration_cast<std::chrono::nanoseconds>(c.installed.time_since_epoch()).count();
+    for (int r : c.members) out << ' ' << r;
+    out << '\n';
+  }
+  out.close();
+  fs::rename(dir + "/peer-" + std::to_string(rank) + ".result.tmp", dir + "/peer-" + std::to_string(rank) + ".result");
+  return 0;
+}
+
+// ---- the harness ----
+struct strike {
+  int victim;
+  int signal;
+  std::int64_t at_step;  // when the watched peer reached this step...
+  int delay_ms;          // ...and this much later
+  std::int64_t t_ns = 0;
+};
+
+struct row {
+  std::int64_t t_ns, step;
+  std::uint64_t epoch;
+};
+
+std::vector<row> read_steps(const std::string& path) {
+  std::vector<row> rows;
+  std::ifstream in(path);
+  row r{};
+  while (in >> r.t_ns >> r.step >> r.epoch) rows.push_back(r);
+  return rows;
+}
+
+struct peer_result {
+  double val_loss = 0;
+  std::vector<std::pair<std::int64_t, std::vector<int>>> views;  // (installed ns, members)
+};
+
+std::optional<peer_result> read_result(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  peer_result p;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream l(line);
+    std::string what;
+    l >> what;
+    if (what == "val_loss") l >> p.val_loss;
+    if (what == "view") {
+      std::uint64_t epoch = 0;
+      std::int64_t t = 0;
+      l >> epoch >> t;
+      std::vector<int> members;
+      for (int r; l >> r;) members.push_back(r);
+      p.views.emplace_back(t, members);
+    }
+  }
+  return p;
+}
+
+struct run_result {
+  std::string name;
+  int peers = 0, survivors = 0;
+  double val_loss = 0, spread = 0, wall_s = 0, round_s = 0;
+  std::vector<strike> strikes;
+  std::vector<double> to_view_s, to_round_s;  // per strike
+};
+
+run_result run(const std::string& name, const settings& s, int peers, std::vector<strike> strikes, const std::string& self) {
+  const std::string dir = (fs::temp_directory_path() / ("decentrain_faults_" + std::to_string(::getpid()) + "_" + name)).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::fprintf(stderr, "running %s (%d peers, %zu faults) ...\n", name.c_str(), peers, strikes.size());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < peers; ++r) {
+    const pid_t pid = ::fork();
+    dt::detail::check(pid >= 0, "fork failed");
+    if (pid == 0) {
+      const std::vector<std::string> a{self, "--role", "peer", "--rank", std::to_string(r), "--world", std::to_string(peers),
+                                       "--dir", dir, "--steps", std::to_string(s.steps), "--inner-steps", std::to_string(s.inner),
+                                       "--batch-size", std::to_string(s.batch), "--n-layer", std::to_string(s.n_layer),
+                                       "--n-embd", std::to_string(s.n_embd), "--block-size", std::to_string(s.block),
+                                       "--seed", std::to_string(s.seed), "--silence-ms", std::to_string(s.silence_ms), "--data", s.data};
+      std::vector<char*> argv;
+      for (const auto& x : a) argv.push_back(const_cast<char*>(x.c_str()));
+      argv.push_back(nullptr);
+      ::execv(self.c_str(), argv.data());
+      std::perror("execv");
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto limit = std::chrono::minutes(20);
+  std::vector<bool> struck(static_cast<std::size_t>(peers), false), done(static_cast<std::size_t>(peers), false);
+  std::string failure;
+  for (auto& k : strikes) {
+    // Watch a peer that is not struck at all in this run.
+    int watch = 0;
+    while (std::any_of(strikes.begin(), strikes.end(), [&](const strike& x) { return x.victim == watch; })) ++watch;
+    while (failure.empty()) {
+      const auto rows = read_steps(dir + "/peer-" + std::to_string(watch) + ".steps");
+      if (!rows.empty() && rows.back().step >= k.at_step) break;
+      if (std::chrono::steady_clock::now() - t0 > limit) failure = "timed out before a strike";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(k.delay_ms));
+    k.t_ns = now_ns();
+    ::kill(pids[static_cast<std::size_t>(k.victim)], k.signal);
+    struck[static_cast<std::size_t>(k.victim)] = true;
+    std::fprintf(stderr, "  %s peer %d at step %lld + %d ms\n", k.signal == SIGKILL ? "kill -9" : "SIGSTOP", k.victim,
+                 static_cast<long long>(k.at_step), k.delay_ms);
+  }
+  // The survivors must finish on their own.
+  for (;;) {
+    bool all = true;
+    for (int r = 0; r < peers; ++r) {
+      auto& p = pids[static_cast<std::size_t>(r)];
+      if (struck[static_cast<std::size_t>(r)] || done[static_cast<std::size_t>(r)]) continue;
+      int status = 0;
+      if (::waitpid(p, &status, WNOHANG) == p) {
+        done[static_cast<std::size_t>(r)] = true;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+          failure = "survivor " + std::to_string(r) + " failed (status " + std::to_string(status) + ")";
+      } else {
+        all = false;
+      }
+    }
+    if (all || !failure.empty()) break;
+    if (std::chrono::steady_clock::now() - t0 > limit) {
+      failure = "survivors did not finish within 20 minutes";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < peers; ++r) {
+    if (done[static_cast<std::size_t>(r)]) continue;
+    ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+    ::waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
+  }
+  dt::detail::check(failure.empty(), name, ": ", failure, " (files in ", dir, ")");
+
+  run_result out;
+  out.name = name;
+  out.peers = peers;
+  out.strikes = strikes;
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<int> survivors;
+  for (int r = 0; r < peers; ++r)
+    if (!struck[static_cast<std::size_t>(r)]) survivors.push_back(r);
+  out.survivors = static_cast<int>(survivors.size());
+  std::map<int, peer_result> results;
+  std::map<int, std::vector<row>> rows;
+  for (int r : survivors) {
+    auto p = read_result(dir + "/peer-" + std::to_string(r) + ".result");
+    dt::detail::check(p.has_value(), name, ": survivor ", r, " wrote no result");
+    results[r] = *p;
+    rows[r] = read_steps(dir + "/peer-" + std::to_string(r) + ".steps");
+  }
+  out.val_loss = results.begin()->second.val_loss;
+  for (const auto& [r, p] : results) out.spread = std::max(out.spread, std::abs(p.val_loss - out.val_loss));
+  // A round's time on the first survivor: the median gap between round-ending steps without a fault.
+  {
+    std::vector<double> gaps;
+    std::int64_t last = -1;
+    for (const auto& x : rows.begin()->second)
+      if (x.step % s.inner == 0) {
+        if (last >= 0) gaps.push_back(static_cast<double>(x.t_ns - last) * 1e-9);
+        last = x.t_ns;
+      }
+    if (!gaps.empty()) {
+      std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+      out.round_s = gaps[gaps.size() / 2];
+    }
+  }
+  for (const auto& k : strikes) {
+    double to_view = 0, to_round = 0;
+    for (int r : survivors) {
+      // The first view this survivor installed without the victim.
+      std::int64_t installed = -1;
+      for (const auto& [t, members] : results[r].views)
+        if (t >= k.t_ns && std::find(members.begin(), members.end(), k.victim) == members.end()) {
+          installed = t;
+          break;
+        }
+      dt::detail::check(installed >= 0, name, ": survivor ", r, " never left out peer ", k.victim);
+      to_view = std::max(to_view, static_cast<double>(installed - k.t_ns) * 1e-9);
+      // Its first round finished after that.
+      std::int64_t round_done = -1;
+      for (const auto& x : rows[r])
+        if (x.t_ns >= installed && x.step % s.inner == 0) {
+          round_done = x.t_ns;
+          break;
+        }
+      if (round_done >= 0) to_round = std::max(to_round, static_cast<double>(round_done - k.t_ns) * 1e-9);
+    }
+    out.to_view_s.push_back(to_view);
+    out.to_round_s.push_back(to_round);
+  }
+  fs::remove_all(dir);
+  std::fprintf(stderr, "  %s: val loss %.4f (spread %.1e) on %d survivors, %.1f s\n", name.c_str(), out.val_loss, out.spread,
+               out.survivors, out.wall_s);
+  return out;
+}
+
+// A peer behind taking the state of a GPT-2 124M DiLoCo peer (parameters, AdamW's two moments,
+// DiLoCo's global copy and outer momentum: five f32 values per parameter) from a donor over
+// loopback, as fault::elastic heals: encode (with its checksum), send in chunks, decode.
+struct state_result {
+  double gigabytes = 0, encode_s = 0, transfer_s = 0, decode_s = 0, total_s = 0;
+};
+
+state_result measure_state() {
+  const auto cfg = dt::nn::gpt_preset("gpt2-124m");
+  const std::int64_t n = cfg.parameter_count();
+  std::fprintf(stderr, "running state (GPT-2 124M: %lld parameters x 5 tensors) ...\n", static_cast<long long>(n));
+  dt::io::checkpoint ck;
+  std::uint32_t x = 1;
+  for (const char* name : {"model", "adamw.m", "adamw.v", "diloco.global", "diloco.momentum"}) {
+    auto t = dt::tensor<dt::cpu>::empty(dt::shape({n}));
+    float* p = t.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<float>((x = x * 1664525u + 1013904223u) >> 8) * 1e-7f;
+    ck.tensors[name] = t;
+  }
+  dt::transport::tcp_options o0;
+  o0.world = 2;
+  auto o1 = o0;
+  o1.rank = 1;
+  dt::transport::tcp peer0(o0);
+  o1.join = {peer0.address()};
+  dt::fault::decision d;
+  d.next = dt::fault::view{1, {0, 1}};
+  d.donor = 0;
+  d.behind = {1};
+  const dt::fault::agreement_settings a;
+  state_result r;
+  r.gigabytes = 5.0 * static_cast<double>(n) * 4 / 1e9;
+  std::thread donor([&] {
+    peer0.connect();
+    (void)dt::fault::transfer_state(peer0, d, [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto blob = dt::io::encode_checkpoint(ck);
+      r.encode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return blob;
+    }, a);
+  });
+  auto peer1 = dt::transport::tcp::join(o1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto got = dt::fault::transfer_state(peer1, d, [] { return std::string(); }, a);
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto back = dt::io::decode_checkpoint(*got, "the donor's state");
+  const auto t2 = std::chrono::steady_clock::now();
+  donor.join();
+  dt::detail::check(back.tensors.size() == 5 && back.tensor_at("model").numel() == n, "state: the decoded state differs");
+  r.decode_s = std::chrono::duration<double>(t2 - t1).count();
+  r.transfer_s = std::chrono::duration<double>(t1 - t0).count() - r.encode_s;
+  r.total_s = std::chrono::duration<double>(t2 - t0).count();
+  std::fprintf(stderr, "  state: %.2f GB in %.2f s (encode %.2f, send %.2f, decode %.2f)\n", r.gigabytes, r.total_s, r.encode_s,
+               r.transfer_s, r.decode_s);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bench::args cli(argc, argv, "usage: bench_faults [--flag value]...");
+  settings s;
+  const std::string role = cli.value("role", "harness");
+  s.peers = std::stoi(cli.value("peers", "8"));
+  s.kills = std::stoi(cli.value("kills", "3"));
+  s.steps = std::stoll(cli.value("steps", "600"));
+  s.inner = std::stoll(cli.value("inner-steps", "10"));
+  s.batch = std::stoll(cli.value("batch-size", "8"));
+  s.n_layer = std::stoll(cli.value("n-layer", "2"));
+  s.n_embd = std::stoll(cli.value("n-embd", "64"));
+  s.block = std::stoll(cli.value("block-size", "64"));
+  s.seed = std::stoull(cli.value("seed", "1"));
+  s.silence_ms = std::stoll(cli.value("silence-ms", "3000"));
+  s.data = cli.value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
+  if (role == "peer") {
+    const int rank = std::stoi(cli.value("rank", "0")), world = std::stoi(cli.value("world", "1"));
+    const std::string dir = cli.value("dir", "");
+    cli.finish();
+    return peer_main(s, rank, world, dir);
+  }
+  const std::string json_path = cli.value("json", "faults.json");
+  std::vector<std::string> only;
+  {
+    std::stringstream in(cli.value("only", "clean,kill,stop,survivors,state"));
+    for (std::string item; std::getline(in, item, ',');) only.push_back(item);
+  }
+  cli.finish();
+  dt::detail::check(s.peers >= 3 && s.kills >= 1 && 2 * (s.peers - s.kills) > s.peers, "bench_faults: --kills ", s.kills,
+                    " of --peers ", s.peers, " must leave a majority");
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  auto wanted = [&](const char* n) { return std::find(only.begin(), only.end(), n) != only.end(); };
+
+  std::mt19937_64 rng(s.seed);
+  std::vector<strike> kills;
+  {
+    std::vector<int> ranks(static_cast<std::size_t>(s.peers));
+    for (int r = 0; r < s.peers; ++r) ranks[static_cast<std::size_t>(r)] = r;
+    std::shuffle(ranks.begin(), ranks.end(), rng);
+    std::uniform_int_distribution<std::int64_t> step(s.steps / 10, s.steps * 8 / 10);
+    std::uniform_int_distribution<int> delay(0, 300);
+    for (int k = 0; k < s.kills; ++k) kills.push_back({ranks[static_cast<std::size_t>(k)], SIGKILL, step(rng), delay(rng)});
+    std::sort(kills.begin(), kills.end(), [](const strike& a, const strike& b) { return a.at_step < b.at_step; });
+  }
+  std::vector<run_result> runs;
+  if (wanted("clean")) runs.push_back(run("clean", s, s.peers, {}, self));
+  if (wanted("kill")) runs.push_back(run("kill", s, s.peers, kills, self));
+  if (wanted("stop")) runs.push_back(run("stop", s, s.peers, {{kills.front().victim, SIGSTOP, s.steps / 2, 100}}, self));
+  if (wanted("survivors")) runs.push_back(run("survivors", s, s.peers - s.kills, {}, self));
+  std::optional<state_result> state;
+  if (wanted("state")) state = measure_state();
+
+  const run_result* clean = nullptr;
+  const run_result* alone = nullptr;
+  for (const auto& r : runs) {
+    if (r.name == "clean") clean = &r;
+    if (r.name == "survivors") alone = &r;
+  }
+  std::printf("\nbench/faults (seed %llu): %d TCP peers on 127.0.0.1, DiLoCo H = %lld, %lld steps, model %lld layers x %lld, "
+              "silence floor %lld ms\n",
+              static_cast<unsigned long long>(s.seed), s.peers, static_cast<long long>(s.inner), static_cast<long long>(s.steps), static_cast<long long>(s.n_layer),
+              static_cast<long long>(s.n_embd), static_cast<long long>(s.silence_ms));
+  std::printf("%-10s %6s %10s %12s %14s %9s %8s  %s\n", "run", "peers", "val loss", "vs clean", "vs survivors", "round s",
+              "wall s", "faults: strike -> view / -> next round");
+  for (const auto& r : runs) {
+    std::string faults;
+    for (std::size_t i = 0; i < r.strikes.size(); ++i) {
+      char b[160];
+      std::snprintf(b, sizeof b, "%s%s %d: %.3f s / %.3f s", faults.empty() ? "" : "; ",
+                    r.strikes[i].signal == SIGKILL ? "kill -9" : "SIGSTOP", r.strikes[i].victim, r.to_view_s[i], r.to_round_s[i]);
+      faults += b;
+    }
+    std::printf("%-10s %2d->%-2d %10.4f %12s %14s %9.3f %8.1f  %s\n", r.name.c_str(), r.peers, r.survivors, r.val_loss,
+                clean ? (std::to_string(r.val_loss / clean->val_loss)).substr(0, 6).c_str() : "-",
+                alone ? (std::to_string(r.val_loss / alone->val_loss)).substr(0, 6).c_str() : "-", r.round_s, r.wall_s,
+                faults.empty() ? "none" : faults.c_str());
+  }
+
+  if (state)
+    std::printf("\nheal, GPT-2 124M DiLoCo state (%.2f GB) over loopback: %.2f s (encode %.2f s, send %.2f s = %.2f GB/s, "
+                "decode %.2f s)\n",
+                state->gigabytes, state->total_s, state->encode_s, state->transfer_s, state->gigabytes / state->transfer_s,
+                state->decode_s);
+
+  dt::train::json_line root;
+  root.add("benchmark", "faults");
+  root.add("peers", s.peers);
+  root.add("steps", s.steps);
+  root.add("inner_steps", s.inner);
+  root.add("silence_ms", s.silence_ms);
+  root.add("seed", s.seed);
+  std::string list = "[";
+  for (const auto& r : runs) {
+    dt::train::json_line j;
+    j.add("run", r.name);
+    j.add("peers", r.peers);
+    j.add("survivors", r.survivors);
+    j.add("val_loss", r.val_loss);
+    j.add("val_loss_spread", r.spread);
+    j.add("round_s", r.round_s);
+    j.add("wall_s", r.wall_s);
+    std::string f = "[";
+    for (std::size_t i = 0; i < r.strikes.size(); ++i) {
+      dt::train::json_line x;
+      x.add("signal", r.strikes[i].signal == SIGKILL ? "SIGKILL" : "SIGSTOP");
+      x.add("victim", r.strikes[i].victim);
+      x.add("at_step", r.strikes[i].at_step);
+      x.add("strike_to_view_s", r.to_view_s[i]);
+      x.add("strike_to_next_round_s", r.to_round_s[i]);
+      f += (i ? "," : "") + x.str();
+    }
+    j.add_json("faults", f + "]");
+    list += (list.size() > 1 ? "," : "") + j.str();
+  }
+  root.add_json("runs", list + "]");
+  if (state) {
+    dt::train::json_line j;
+    j.add("model", "gpt2-124m");
+    j.add("gigabytes", state->gigabytes);
+    j.add("encode_s", state->encode_s);
+    j.add("send_s", state->transfer_s);
+    j.add("decode_s", state->decode_s);
+    j.add("total_s", state->total_s);
+    root.add_json("heal_124m", j.str());
+  }
+  bench::output_file json(json_path);
+  json << root.str() << "\n";
+  json.close();
+  std::printf("written to %s\n", json_path.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_faults: %s\n", e.what());
+  return 1;
+}
