@@ -58,8 +58,8 @@ inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t v
 }
 
 namespace streams {
-// Stream buffers straight over the checkpoint's bytes: a GPT-2 124M DiLoCo state is 2.5 GB, and
-// string streams copied it three times over (encoding it took 26 s, bench/faults).
+// Stream buffers straight over the checkpoint's bytes: a large model's state is gigabytes, and
+// string streams would copy it three times over (figures: bench/RESULTS.md, bench/faults).
 class string_sink : public std::streambuf {
  public:
   explicit string_sink(std::string& out) : out_(out) {}
