@@ -13,7 +13,10 @@
 //   stop       one peer SIGSTOPped (frozen; only its heartbeat deadline can find it);
 //   survivors  `peers - kills` peers, no faults: the tokens the survivors alone would train;
 //   state      (two peers of this process) a peer behind taking a GPT-2 124M DiLoCo peer's
-//              state over loopback, as a heal does: encode, send in chunks, decode.
+//              state over loopback, as a heal does: encode, send in chunks, decode;
+//   join       `--joiners` peers (16) start at once once a 4-peer group has run 10% of its steps,
+//              and join it: reported per joiner, start -> admitted (its first view), and the
+//              state bytes each member served.
 // Each peer appends (steady-clock time, step, view epoch) per step to a file the harness reads;
 // the harness records when it struck. Reported per fault: strike -> every survivor installed the
 // view without the victim (detection and agreement), and strike -> every survivor finished its
@@ -62,7 +65,11 @@ struct settings {
   std::uint64_t seed = 1;
   std::int64_t silence_ms = 3000;
   std::string data;  // a text file, or "builtin"
+  int joiners = 16;
 };
+
+// Every peer of a run may take joiners' ranks (the join run's joiners count up from the group's).
+constexpr int join_max_world = 64;
 
 // ---- one peer (a process of its own) ----
 int peer_main(const settings& s, int rank, int world, const std::string& dir) {
@@ -88,8 +95,10 @@ int peer_main(const settings& s, int rank, int world, const std::string& dir) {
   dt::fault::elastic fault;
   fault.agreement.timeout = std::chrono::milliseconds(std::max<std::int64_t>(20000, 4 * s.silence_ms));
 
+  const auto started_ns = now_ns();
   auto ep = bench::loopback_peer(rank, world, dir + "/address", [&](dt::transport::tcp_options& t) {
     t.min_silence = std::chrono::milliseconds(s.silence_ms);
+    t.max_world = join_max_world;
   });
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
   Trainer t(cfg, o, *ep, comm, {}, fault);
@@ -100,6 +109,8 @@ int peer_main(const settings& s, int rank, int world, const std::string& dir) {
   const auto result = t.fit(data);
   std::ofstream out(dir + "/peer-" + std::to_string(rank) + ".result.tmp");
   out << "val_loss " << result.final_val_loss << '\n';
+  out << "started " << started_ns << '\n';
+  out << "served " << t.fault().state_bytes_served() << '\n';
   for (const auto& c : t.fault().changes()) {
     out << "view " << c.epoch << ' ' << std::chrono::duration_cast<std::chrono::nanoseconds>(c.installed.time_since_epoch()).count();
     for (int r : c.members) out << ' ' << r;
@@ -135,6 +146,8 @@ std::vector<row> read_steps(const std::string& path) {
 struct peer_result {
   double val_loss = 0;
   std::vector<std::pair<std::int64_t, std::vector<int>>> views;  // (installed ns, members)
+  std::int64_t started_ns = 0;
+  std::uint64_t served = 0;
 };
 
 std::optional<peer_result> read_result(const std::string& path) {
@@ -147,6 +160,8 @@ std::optional<peer_result> read_result(const std::string& path) {
     std::string what;
     l >> what;
     if (what == "val_loss") l >> p.val_loss;
+    if (what == "started") l >> p.started_ns;
+    if (what == "served") l >> p.served;
     if (what == "view") {
       std::uint64_t epoch = 0;
       std::int64_t t = 0;
@@ -167,13 +182,21 @@ struct run_result {
   std::vector<double> to_view_s, to_round_s;  // per strike
 };
 
-run_result run(const std::string& name, const settings& s, int peers, std::vector<strike> strikes, const std::string& self) {
+struct join_result {
+  int members = 0, joiners = 0;
+  double val_loss = 0, spread = 0, wall_s = 0;
+  std::vector<double> admitted_s;          // per joiner: process start -> its first view installed
+  std::map<int, std::uint64_t> served;     // per peer that served state: bytes
+};
+
+run_result run(const std::string& name, const settings& s, int peers, std::vector<strike> strikes, const std::string& self,
+               int joiners = 0, join_result* joined = nullptr) {
   const std::string dir = (fs::temp_directory_path() / ("decentrain_faults_" + std::to_string(::getpid()) + "_" + name)).string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::fprintf(stderr, "running %s (%d peers, %zu faults) ...\n", name.c_str(), peers, strikes.size());
   std::vector<pid_t> pids;
-  for (int r = 0; r < peers; ++r) {
+  auto launch = [&](int r) {
     const pid_t pid = ::fork();
     dt::detail::check(pid >= 0, "fork failed");
     if (pid == 0) {
@@ -190,11 +213,23 @@ run_result run(const std::string& name, const settings& s, int peers, std::vecto
       ::_exit(127);
     }
     pids.push_back(pid);
-  }
+  };
+  for (int r = 0; r < peers; ++r) launch(r);
   const auto t0 = std::chrono::steady_clock::now();
   const auto limit = std::chrono::minutes(20);
-  std::vector<bool> struck(static_cast<std::size_t>(peers), false), done(static_cast<std::size_t>(peers), false);
   std::string failure;
+  if (joiners > 0) {  // once peer 0 has done 10% of the steps, every joiner at once
+    while (failure.empty()) {
+      const auto rows = read_steps(dir + "/peer-0.steps");
+      if (!rows.empty() && rows.back().step >= s.steps / 10) break;
+      if (std::chrono::steady_clock::now() - t0 > limit) failure = "timed out before the joiners";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::fprintf(stderr, "  %d joiners start\n", joiners);
+    for (int j = 0; j < joiners; ++j) launch(peers + j);
+    peers += joiners;
+  }
+  std::vector<bool> struck(static_cast<std::size_t>(peers), false), done(static_cast<std::size_t>(peers), false);
   for (auto& k : strikes) {
     // Watch a peer that is not struck at all in this run.
     int watch = 0;
@@ -260,6 +295,19 @@ run_result run(const std::string& name, const settings& s, int peers, std::vecto
   }
   out.val_loss = results.begin()->second.val_loss;
   for (const auto& [r, p] : results) out.spread = std::max(out.spread, std::abs(p.val_loss - out.val_loss));
+  if (joined) {
+    joined->members = peers - joiners;
+    joined->joiners = joiners;
+    joined->val_loss = out.val_loss;
+    joined->spread = out.spread;
+    joined->wall_s = out.wall_s;
+    for (const auto& [r, p] : results) {
+      if (p.served > 0) joined->served[r] = p.served;
+      if (r < peers - joiners) continue;
+      dt::detail::check(!p.views.empty(), name, ": joiner ", r, " recorded no view");
+      joined->admitted_s.push_back(static_cast<double>(p.views.front().first - p.started_ns) * 1e-9);
+    }
+  }
   // A round's time on the first survivor: the median gap between round-ending steps without a fault.
   {
     std::vector<double> gaps;
@@ -349,7 +397,7 @@ state_result measure_state() {
   const auto t0 = std::chrono::steady_clock::now();
   const auto got = dt::fault::transfer_state(peer1, d, [] { return std::string(); }, a);
   const auto t1 = std::chrono::steady_clock::now();
-  const auto back = dt::io::decode_checkpoint(*got, "the donor's state");
+  const auto back = dt::io::decode_checkpoint(*got.state, "the donor's state");
   const auto t2 = std::chrono::steady_clock::now();
   donor.join();
   dt::detail::check(back.tensors.size() == 5 && back.tensor_at("model").numel() == n, "state: the decoded state differs");
@@ -378,6 +426,7 @@ int main(int argc, char** argv) try {
   s.seed = std::stoull(cli.value("seed", "1"));
   s.silence_ms = std::stoll(cli.value("silence-ms", "3000"));
   s.data = cli.value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
+  s.joiners = std::stoi(cli.value("joiners", "16"));
   if (role == "peer") {
     const int rank = std::stoi(cli.value("rank", "0")), world = std::stoi(cli.value("world", "1"));
     const std::string dir = cli.value("dir", "");
@@ -414,6 +463,13 @@ int main(int argc, char** argv) try {
   if (wanted("survivors")) runs.push_back(run("survivors", s, s.peers - s.kills, {}, self));
   std::optional<state_result> state;
   if (wanted("state")) state = measure_state();
+  std::optional<join_result> join;
+  if (wanted("join")) {
+    dt::detail::check(s.joiners >= 1 && 4 + s.joiners <= join_max_world, "bench_faults: --joiners must be in [1, ",
+                      join_max_world - 4, "]");
+    join.emplace();
+    (void)run("join", s, 4, {}, self, s.joiners, &*join);
+  }
 
   const run_result* clean = nullptr;
   const run_result* alone = nullptr;
@@ -446,6 +502,21 @@ int main(int argc, char** argv) try {
                 "decode %.2f s)\n",
                 state->gigabytes, state->total_s, state->encode_s, state->transfer_s, state->gigabytes / state->transfer_s,
                 state->decode_s);
+
+  if (join) {
+    auto sorted = join->admitted_s;
+    std::sort(sorted.begin(), sorted.end());
+    std::uint64_t total = 0, most = 0;
+    for (const auto& [r, b] : join->served) total += b, most = std::max(most, b);
+    const double mean = join->served.empty() ? 0 : static_cast<double>(total) / static_cast<double>(join->served.size());
+    std::printf("\njoin: %d peers join a running group of %d at once: all admitted; start -> admitted: first %.2f s, median "
+                "%.2f s, last %.2f s; val loss %.4f (spread %.1e), %.1f s\n",
+                join->joiners, join->members, sorted.front(), sorted[sorted.size() / 2], sorted.back(), join->val_loss,
+                join->spread, join->wall_s);
+    std::printf("state served by %zu donors: mean %.2f MB, most %.2f MB (%.2fx the mean)\n", join->served.size(), mean / 1e6,
+                static_cast<double>(most) / 1e6, mean > 0 ? static_cast<double>(most) / mean : 0.0);
+    for (const auto& [r, b] : join->served) std::printf("  peer %d served %.2f MB\n", r, static_cast<double>(b) / 1e6);
+  }
 
   dt::train::json_line root;
   root.add("benchmark", "faults");
@@ -487,6 +558,24 @@ int main(int argc, char** argv) try {
     j.add("decode_s", state->decode_s);
     j.add("total_s", state->total_s);
     root.add_json("heal_124m", j.str());
+  }
+  if (join) {
+    dt::train::json_line j;
+    j.add("members", join->members);
+    j.add("joiners", join->joiners);
+    j.add("val_loss", join->val_loss);
+    j.add("wall_s", join->wall_s);
+    std::string a = "[", b = "[";
+    for (double x : join->admitted_s) a += (a.size() > 1 ? "," : "") + std::to_string(x);
+    for (const auto& [r, bytes] : join->served) {
+      dt::train::json_line x;
+      x.add("peer", r);
+      x.add("bytes", bytes);
+      b += (b.size() > 1 ? "," : "") + x.str();
+    }
+    j.add_json("start_to_admitted_s", a + "]");
+    j.add_json("served", b + "]");
+    root.add_json("join", j.str());
   }
   bench::output_file json(json_path);
   json << root.str() << "\n";

@@ -103,7 +103,12 @@ decentrain-gpt train [options]
   --mpi                  every rank of mpirun is a peer (when built with MPI)
   --elastic              with --peers or --listen: peers that die, freeze or are cut off are left
                          out and the others train on (fault::elastic); the summary lists the
-                         changes. Not yet with checkpoints; under MPI a dead rank ends the job
+                         changes. Not yet with checkpoints; under MPI a dead rank ends the job.
+                         Over TCP, a peer started later with --join and a rank of its own
+                         (--rank R --world W, R at or above W, or a rank the group left out)
+                         enters the running group and takes its state from the members
+  --max-world N          --elastic over TCP: the ranks the group may ever hold, joiners included
+                         (default {max_world})
   --peer-timeout-ms MS   over TCP: how long to wait for a live peer's message (one still computing)
                          before failing (default {recv_timeout_ms})
   --heartbeat-ms MS      over TCP: every connection carries a heartbeat this often; 0 turns them
@@ -155,6 +160,9 @@ std::string number(double v) {
   return buf;
 }
 
+// --elastic over TCP: the ranks a group may hold unless --max-world says otherwise.
+constexpr int elastic_max_world = 1024;
+
 std::string usage() {
   const dt::train::trainer_options t;
   const dt::fault::checkpoint_every ck;
@@ -166,6 +174,7 @@ std::string usage() {
       {"{agreement_timeout_ms}", std::to_string(elastic_defaults.agreement.timeout.count())},
       {"{heartbeat_ms}", std::to_string(tcp_defaults.heartbeat_interval.count())},
       {"{silence_ms}", std::to_string(tcp_defaults.min_silence.count())},
+      {"{max_world}", std::to_string(elastic_max_world)},
       {"{steps}", std::to_string(t.steps)},
       {"{batch_size}", std::to_string(t.batch_size)},
       {"{lr}", number(t.lr)},
@@ -491,9 +500,10 @@ void print_changes(const std::vector<dt::fault::membership_change>& changes) {
     return out.empty() ? std::string("none") : out;
   };
   for (const auto& c : changes)
-    std::printf("membership: view %llu from step %lld: peers %s (left out: %s)%s, %.3f s after '%s'\n",
+    std::printf("membership: view %llu from step %lld: peers %s (left out: %s, joined: %s)%s, %.3f s after '%s'\n",
                 static_cast<unsigned long long>(c.epoch), static_cast<long long>(c.step), list(c.members).c_str(),
-                list(c.removed).c_str(), c.healed ? ", took a peer's state" : "", c.seconds, c.cause.c_str());
+                list(c.removed).c_str(), list(c.joined).c_str(), c.healed ? ", took a peer's state" : "", c.seconds,
+                c.cause.c_str());
 }
 
 // The one training loop of every mode: the library's trainer, one per peer of this process,
@@ -649,7 +659,8 @@ int cmd_train(const options& opt) {
   if (p.mode != launch::in_process)
     dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
-    for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms"})
+    for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
+                          "max-world"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
@@ -674,6 +685,13 @@ int cmd_train(const options& opt) {
     dt::detail::check(silence >= 1, "--silence-ms must be >= 1, got ", silence);
     dt::detail::check(heartbeat > 0 || !opt.has("silence-ms"), "--silence-ms needs heartbeats (--heartbeat-ms above 0)");
     p.tcp.min_silence = std::chrono::milliseconds(silence);
+    if (opt.flag("elastic")) {
+      const auto most = opt.integer("max-world", elastic_max_world);
+      dt::detail::check(most >= p.tcp.world && most <= 65536, "--max-world must be in [--world, 65536], got ", most);
+      p.tcp.max_world = static_cast<int>(most);
+    } else {
+      dt::detail::check(!opt.has("max-world"), "--max-world needs --elastic (only an elastic group takes in joiners)");
+    }
     p.tcp.validate();
     p.world = p.tcp.world;
   } else if (p.mode == launch::mpi) {

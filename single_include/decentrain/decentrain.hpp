@@ -8615,6 +8615,16 @@ inline std::string encode_checkpoint(const checkpoint& ckpt) {
   return out;
 }
 
+// The checksum an encoded checkpoint carries of its payload: two encodings with the same
+// checksum and size hold the same state (fault::transfer_state matches donors by it).
+inline std::uint64_t stored_checksum(std::string_view encoded) {
+  decentrain::detail::check(encoded.size() >= checkpoint_header_bytes, "checkpoint: ", encoded.size(),
+                            " bytes are shorter than a header");
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(encoded[20 + static_cast<std::size_t>(i)])) << (8 * i);
+  return v;
+}
+
 // Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
 inline checkpoint decode_checkpoint(std::string_view data, const std::string& where) {
   constexpr std::size_t header = checkpoint_header_bytes;
@@ -9131,7 +9141,73 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 
+// ---- begin decentrain/transport/peer_error.hpp ----
+// The error a transport or a collective throws when a peer fails it: the peer that did (dead,
+// silent past its deadline, sending what it must not) and the operation that noticed. A fault
+// policy's on_error receives it and decides whether to rethrow, redo the round or re-form the
+// group; everything else that goes wrong stays a plain decentrain::error.
+
+#include <string>
+#include <utility>
+
+
+namespace decentrain::transport {
+
+// How sure the transport is that the peer is gone. An elastic group counts a departed peer out
+// of its quorum (a closed connection means the process ended or said goodbye) but not a silent
+// or excluding one, which may be alive behind a partition.
+enum class failure_cause {
+  departed,  // its connection closed, or it was killed (in_process)
+  silent,    // it missed a deadline (heartbeat or receive timeout)
+  excluded,  // it stopped listening to this peer (heard nothing from it in time, or left it out
+             // of a view): it is alive, and this peer may be the one that was frozen or cut off
+  reported,  // another peer reported it failed (the membership alarm)
+  joining,   // no failure: the group changes its view to take in a peer that joins
+  other,     // it sent something malformed, or the cause is not known
+};
+
+// The cause in words, as an error message about the peer would put it.
+inline const char* describe(failure_cause c) {
+  switch (c) {
+    case failure_cause::departed: return "departed";
+    case failure_cause::silent: return "silent past its deadline";
+    case failure_cause::excluded: return "stopped listening to this peer";
+    case failure_cause::reported: return "reported failed by another peer";
+    case failure_cause::joining: return "the group takes in a joiner";
+    case failure_cause::other: break;
+  }
+  return "failed";
+}
+
+class peer_error : public decentrain::error {
+ public:
+  peer_error(int peer, std::string operation, const std::string& message, failure_cause cause = failure_cause::other)
+      : decentrain::error(message), peer_(peer), operation_(std::move(operation)), cause_(cause) {}
+  // The rank (in the world of the endpoint that threw) of the peer that failed.
+  int peer() const { return peer_; }
+  // What noticed: "send", "receive", or the collective ("all_reduce", "broadcast", ...).
+  const std::string& operation() const { return operation_; }
+  failure_cause cause() const { return cause_; }
+
+ private:
+  int peer_;
+  std::string operation_;
+  failure_cause cause_;
+};
+
+template <class... Parts>
+[[noreturn]] void fail_peer(int peer, std::string operation, Parts&&... parts) {
+  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...));
+}
+template <class... Parts>
+[[noreturn]] void fail_peer_because(failure_cause cause, int peer, std::string operation, Parts&&... parts) {
+  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...), cause);
+}
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/peer_error.hpp ----
 // ---- begin decentrain/transport/tag.hpp ----
 // A message's tag: what a receiver matches besides the source. Collectives put a channel in the
 // high 32 bits (the world's, a group's, a lane's; see collective::communicator) and a call
@@ -9163,6 +9239,16 @@ struct alarm {
   int reporter = -1;
   int failed = -1;
 };
+
+// What an alarm says, for errors: a failure, or (failed < 0) a view change for another reason
+// (a peer joins).
+inline failure_cause cause_of(const alarm& a) { return a.failed < 0 ? failure_cause::joining : failure_cause::reported; }
+inline std::string describe(const alarm& a) {
+  if (a.failed < 0)
+    return "peer " + std::to_string(a.reporter) + " started a view change (view " + std::to_string(a.epoch) + ")";
+  return "peer " + std::to_string(a.reporter) + " reports that peer " + std::to_string(a.failed) + " failed (view " +
+         std::to_string(a.epoch) + ")";
+}
 
 namespace wire {
 inline constexpr std::size_t alarm_bytes = 16;
@@ -9258,6 +9344,16 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
   { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
   // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
   e.forget(peer);
+};
+
+// Whether an elastic group on this endpoint type takes in peers that join once it runs (tcp).
+template <class E>
+concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce) {
+  { ce.joined_late() } -> std::same_as<bool>;             // this peer joined a running group
+  { ce.newcomers() } -> std::same_as<std::vector<int>>;   // connected peers that joined late
+  { ce.connected() } -> std::same_as<std::vector<int>>;   // every connected peer
+  { ce.capacity() } -> std::same_as<int>;                  // ranks are below this (world() and joiners)
+  e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
 };
 
 // The slowest link of a network, the same figure on every peer: its largest latency and its
@@ -9390,6 +9486,12 @@ class any_endpoint {
   void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
   std::optional<alarm> alarmed() const { return get().alarmed(); }
   void forget(int peer) { get().forget(peer); }
+  // Joining (joining_endpoint); a transport without it has no late joiners.
+  bool joined_late() const { return get().joined_late(); }
+  std::vector<int> newcomers() const { return get().newcomers(); }
+  std::vector<int> connected() const { return get().connected(); }
+  int capacity() const { return get().capacity(); }
+  void rediscover() { get().rediscover(); }
 
  private:
   struct base {
@@ -9411,6 +9513,11 @@ class any_endpoint {
     virtual void set_epoch(std::uint64_t) = 0;
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
+    virtual bool joined_late() const = 0;
+    virtual std::vector<int> newcomers() const = 0;
+    virtual std::vector<int> connected() const = 0;
+    virtual int capacity() const = 0;
+    virtual void rediscover() = 0;
   };
   template <class E>
   struct model final : base {
@@ -9452,6 +9559,25 @@ class any_endpoint {
     void forget(int p) override {
       if constexpr (membership_endpoint<E>) e.forget(p);
       else no_membership();
+    }
+    bool joined_late() const override {
+      if constexpr (joining_endpoint<E>) return e.joined_late();
+      else return false;
+    }
+    std::vector<int> newcomers() const override {
+      if constexpr (joining_endpoint<E>) return e.newcomers();
+      else return {};
+    }
+    std::vector<int> connected() const override {
+      if constexpr (joining_endpoint<E>) return e.connected();
+      else return {};
+    }
+    int capacity() const override {
+      if constexpr (joining_endpoint<E>) return e.capacity();
+      else return world();
+    }
+    void rediscover() override {
+      if constexpr (joining_endpoint<E>) e.rediscover();
     }
     [[noreturn]] static void no_membership() {
       decentrain::detail::fail("transport: this transport has no membership protocol support (recv_within, alarms, "
@@ -9505,7 +9631,7 @@ namespace decentrain::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason.
-inline constexpr std::uint16_t version = 3;
+inline constexpr std::uint16_t version = 4;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -9607,27 +9733,32 @@ struct hello {
   hello_purpose purpose = hello_purpose::data;
   bool little_endian = std::endian::native == std::endian::little;  // data bodies are native floats
   std::string address;  // where the sender listens
+  bool late = false;     // data: the sender joins a group that is already running
 
   template <class Archive>
   void save(Archive& ar) const {
     ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian);
     save_string(ar, address);
+    ar(late);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
-    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars});
+    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late);
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     purpose = static_cast<hello_purpose>(p);
   }
 };
 
-// Reply to a directory hello: every (rank, address) the replying peer knows.
+// Reply to a directory hello: every (rank, address) the replying peer knows; once its group is
+// running (`formed`), only itself and the peers it is connected to (those a joiner must reach).
 struct directory {
   std::vector<std::pair<std::int32_t, std::string>> entries;
+  bool formed = false;
 
   template <class Archive>
   void save(Archive& ar) const {
+    ar(formed);
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(entries.size())));
     for (const auto& [r, a] : entries) {
       ar(r);
@@ -9637,6 +9768,7 @@ struct directory {
   template <class Archive>
   void load(Archive& ar) {
     cereal::size_type n = 0;
+    ar(formed);
     ar(cereal::make_size_tag(n));
     decentrain::detail::check(n <= max_directory_entries, "frame: directory of ", n, " entries is over the limit");
     entries.resize(static_cast<std::size_t>(n));
@@ -9786,69 +9918,6 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <utility>
 #include <vector>
 
-// ---- begin decentrain/transport/peer_error.hpp ----
-// The error a transport or a collective throws when a peer fails it: the peer that did (dead,
-// silent past its deadline, sending what it must not) and the operation that noticed. A fault
-// policy's on_error receives it and decides whether to rethrow, redo the round or re-form the
-// group; everything else that goes wrong stays a plain decentrain::error.
-
-#include <string>
-#include <utility>
-
-
-namespace decentrain::transport {
-
-// How sure the transport is that the peer is gone. An elastic group counts a departed peer out
-// of its quorum (a closed connection means the process ended or said goodbye) but not a silent
-// or excluding one, which may be alive behind a partition.
-enum class failure_cause {
-  departed,  // its connection closed, or it was killed (in_process)
-  silent,    // it missed a deadline (heartbeat or receive timeout)
-  excluded,  // it stopped listening to this peer (heard nothing from it in time, or left it out
-             // of a view): it is alive, and this peer may be the one that was frozen or cut off
-  reported,  // another peer reported it failed (the membership alarm)
-  other,     // it sent something malformed, or the cause is not known
-};
-
-// The cause in words, as an error message about the peer would put it.
-inline const char* describe(failure_cause c) {
-  switch (c) {
-    case failure_cause::departed: return "departed";
-    case failure_cause::silent: return "silent past its deadline";
-    case failure_cause::excluded: return "stopped listening to this peer";
-    case failure_cause::reported: return "reported failed by another peer";
-    case failure_cause::other: break;
-  }
-  return "failed";
-}
-
-class peer_error : public decentrain::error {
- public:
-  peer_error(int peer, std::string operation, const std::string& message, failure_cause cause = failure_cause::other)
-      : decentrain::error(message), peer_(peer), operation_(std::move(operation)), cause_(cause) {}
-  // The rank (in the world of the endpoint that threw) of the peer that failed.
-  int peer() const { return peer_; }
-  // What noticed: "send", "receive", or the collective ("all_reduce", "broadcast", ...).
-  const std::string& operation() const { return operation_; }
-  failure_cause cause() const { return cause_; }
-
- private:
-  int peer_;
-  std::string operation_;
-  failure_cause cause_;
-};
-
-template <class... Parts>
-[[noreturn]] void fail_peer(int peer, std::string operation, Parts&&... parts) {
-  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...));
-}
-template <class... Parts>
-[[noreturn]] void fail_peer_because(failure_cause cause, int peer, std::string operation, Parts&&... parts) {
-  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...), cause);
-}
-
-}  // namespace decentrain::transport
-// ---- end decentrain/transport/peer_error.hpp ----
 
 namespace decentrain::transport::detail {
 
@@ -9996,15 +10065,28 @@ class mailbox {
     }
     ready_.notify_all();
   }
-  // Drops what `source` queued outside the membership channel before the last message taken
-  // from it on `marker` (a view's marker: everything before it belongs to the previous view).
+  // A peer joins under `source`: a new rank, or one this peer forgot (a killed peer that comes
+  // back), is heard from now on. False while `source` is closed but not forgotten: the group
+  // has not left the previous peer of that rank out yet, and a newcomer must not take its place
+  // in collectives that still count on the old one.
+  bool welcome(int source) {
+    std::lock_guard lock(mutex_);
+    if (closed_.count(source) && !forgotten_.count(source)) return false;
+    forgotten_.erase(source);
+    closed_.erase(source);
+    std::erase_if(last_taken_, [&](const auto& t) { return t.first.first == source; });
+    return true;
+  }
+  // Drops what `source` queued before the last message taken from it on `marker` (a view's
+  // marker: everything before it belongs to the previous view, a failed state transfer's
+  // chunks included), except on `marker` itself.
   void discard_before(int source, tag_type marker) {
     std::lock_guard lock(mutex_);
     const auto it = last_taken_.find({source, marker});
     if (it == last_taken_.end()) return;
     const std::uint64_t before = it->second;
     for (auto q = queues_.begin(); q != queues_.end();) {
-      if (q->first.first == source && !is_membership_tag(q->first.second)) {
+      if (q->first.first == source && q->first.second != marker) {
         std::erase_if(q->second, [&](const message& m) { return m.sequence < before; });
         if (q->second.empty()) {
           q = queues_.erase(q);
@@ -10068,8 +10150,7 @@ class mailbox {
       transport::fail_peer_because(c->second.cause, source, "receive", "transport: peer ", source, " is gone (",
                                    c->second.reason, ")");
     if (alarm_ && !is_membership_tag(tag))
-      transport::fail_peer_because(failure_cause::reported, alarm_->failed, "receive", "transport: peer ", alarm_->reporter,
-                                   " reports that peer ", alarm_->failed, " failed (view ", alarm_->epoch, ")");
+      transport::fail_peer_because(cause_of(*alarm_), alarm_->failed, "receive", "transport: ", describe(*alarm_));
   }
 
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
@@ -10863,9 +10944,16 @@ struct tcp_options {
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds min_silence{3000};
   std::uint64_t max_frame_bytes = std::uint64_t{64} << 20;
+  // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
+  // ranks of their own below it (a rank of the first `world` whose peer left may come back).
+  int max_world = 0;
+
+  int capacity() const { return std::max(world, max_world); }
 
   void validate() const {
-    decentrain::detail::check(world >= 1 && rank >= 0 && rank < world, "tcp: rank ", rank, " is outside [0, world = ", world, ")");
+    decentrain::detail::check(world >= 1 && max_world >= 0 && max_world <= (1 << 16), "tcp: world must be >= 1 and max_world in [0, 65536]");
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "tcp: rank ", rank, " is outside [0, ",
+                              max_world > world ? "max_world" : "world", " = ", capacity(), ")");
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
                               " needs at least one peer to join through (--join HOST:PORT)");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
@@ -10900,7 +10988,8 @@ class tcp {
   void connect() { self_->connect(); }
 
   int rank() const { return self_->opts.rank; }
-  int world() const { return self_->opts.world; }
+  // The peers the group started with; a peer that joined later counts up to its own rank.
+  int world() const { return std::max(self_->opts.world, self_->opts.rank + 1); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag, !lane_); }
   // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
@@ -10921,10 +11010,43 @@ class tcp {
   // Closes the connection to `peer` and drops what it sent: a peer left out of the view that
   // wakes up later (SIGSTOP, partition) finds its connections closed instead of being heard.
   void forget(int peer) {
-    decentrain::detail::check(peer >= 0 && peer < world() && peer != rank(), "tcp: peer ", rank(), " cannot forget peer ", peer);
+    decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
+                              " cannot forget peer ", peer);
+    {
+      std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
+      self_->directory.erase(peer);
+      self_->newcomers.erase(peer);
+    }
     self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
     self_->give_up_on(peer, "left out of the view",
                       wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
+  }
+
+  // ---- joining a running group (fault::elastic) ----
+  // Whether connect() found the group running: this peer then waits to be admitted to a view.
+  bool joined_late() const {
+    std::lock_guard lock(self_->mutex);
+    return self_->late;
+  }
+  // The peers connected now that joined the running group (a member admits them to its view).
+  std::vector<int> newcomers() const {
+    std::lock_guard lock(self_->mutex);
+    std::vector<int> out;
+    for (int r : self_->newcomers)
+      if (self_->peers.count(r)) out.push_back(r);
+    return out;
+  }
+  // Ranks of this group are below this: world() and the ranks joiners may take (max_world).
+  int capacity() const { return self_->opts.capacity(); }
+  // A joiner waiting for admission: asks its seeds and the peers it knows for their directories
+  // and connects to those it is not connected to yet (joiners that came after it; best effort).
+  void rediscover() { self_->rediscover(); }
+  // Every peer connected now, ascending.
+  std::vector<int> connected() const {
+    std::lock_guard lock(self_->mutex);
+    std::vector<int> out;
+    for (const auto& [r, c] : self_->peers) out.push_back(r);
+    return out;
   }
 
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
@@ -11034,6 +11156,11 @@ class tcp {
               last_error = e.what();
             }
           }
+        {
+          std::lock_guard lock(mutex);
+          if (!refusal.empty()) decentrain::detail::fail(refusal);  // retrying would not help
+        }
+        if (late_group()) return connect_late(deadline);
         for (int j = 0; j < opts.rank; ++j) {
           std::string address;
           {
@@ -11049,7 +11176,10 @@ class tcp {
           }
         }
         std::unique_lock lock(mutex);
-        if (static_cast<int>(peers.size()) == opts.world - 1) return;
+        if (static_cast<int>(peers.size()) == opts.world - 1) {
+          formed = true;
+          return;
+        }
         const auto now = std::chrono::steady_clock::now();
         if (now >= deadline) {
           std::string missing;
@@ -11069,12 +11199,85 @@ class tcp {
       return static_cast<int>(directory.size());
     }
 
+    bool late_group() {
+      std::lock_guard lock(mutex);
+      return late;
+    }
+
+    void rediscover() {
+      std::vector<std::string> ask = opts.join;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, c] : peers)
+          if (directory.count(r)) ask.push_back(directory[r]);
+      }
+      for (const auto& a : ask) {
+        try {
+          poll_directory(a);
+          break;  // one answer lists the peers it is connected to: enough
+        } catch (const std::exception&) {
+        }
+      }
+      std::vector<std::pair<int, std::string>> todo;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank && !peers.count(r)) todo.emplace_back(r, a);
+      }
+      for (const auto& [r, a] : todo) {
+        try {
+          dial(r, a);
+        } catch (const std::exception&) {  // gone meanwhile: the group's membership sorts it out
+        }
+      }
+    }
+
+    // The group is running: dial every peer a seed listed (all of them, whatever their rank),
+    // saying this peer joins late. A listed peer that cannot be reached twice has most likely
+    // died since; the group's membership sorts that out when it admits this one.
+    void connect_late(std::chrono::steady_clock::time_point deadline) {
+      std::map<int, int> failures;
+      std::string last_error = "none";
+      auto backoff = opts.first_backoff;
+      for (;;) {
+        std::vector<std::pair<int, std::string>> todo;
+        {
+          std::lock_guard lock(mutex);
+          for (const auto& [r, a] : directory)
+            if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
+        }
+        for (const auto& [r, a] : todo) {
+          try {
+            dial(r, a);
+          } catch (const std::exception& e) {
+            ++failures[r];
+            last_error = e.what();
+          }
+        }
+        std::unique_lock lock(mutex);
+        bool settled = true;
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank && !peers.count(r) && failures[r] < 2) settled = false;
+        if (settled && !peers.empty()) {
+          formed = true;
+          return;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline || (settled && peers.empty()))
+          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group within ",
+                                   opts.join_timeout.count(), " ms (last error: ", last_error, ")");
+        changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+        backoff = std::min(backoff * 2, opts.max_backoff);
+      }
+    }
+
     wire::hello my_hello(wire::hello_purpose purpose) const {
       wire::hello h;
       h.rank = opts.rank;
       h.world = opts.world;
       h.purpose = purpose;
       h.address = advertised;
+      h.late = late;
       return h;
     }
 
@@ -11133,8 +11336,15 @@ class tcp {
         decentrain::detail::check(finished, "tcp: directory request to ", seed, " failed: ", failure);
         const auto dir = wire::decode_body<wire::directory>(body, "directory");
         std::lock_guard lock(mutex);
+        if (dir.formed && !formed && peers.empty()) {  // a running group, and this peer is not of its mesh
+          for (const auto& [r, a] : dir.entries)
+            if (r == opts.rank)
+              refusal = decentrain::detail::concat("tcp: rank ", opts.rank, " is taken in the running group (by the peer at ", a,
+                                                   "); a peer that joins needs a rank of its own");
+          late = refusal.empty();
+        }
         for (const auto& [r, a] : dir.entries)
-          if (r >= 0 && r < opts.world && r != opts.rank) directory[r] = a;
+          if (r >= 0 && r < opts.capacity() && r != opts.rank) directory[r] = a;
       });
     }
 
@@ -11149,17 +11359,37 @@ class tcp {
         auto f = registered.get_future();
         asio::post(io, [this, c, &registered] {
           all.insert(c);
+          std::shared_ptr<connection> dropped;
           {
             std::lock_guard lock(mutex);
-            peers[c->rank] = c;
+            dropped = keep_one(c, true);
           }
-          box.reopen(c->rank);
-          read_next(c);
+          if (dropped) close(dropped, "");
+          if (dropped != c) {
+            box.reopen(c->rank);
+            read_next(c);
+          }
           registered.set_value();
         });
         f.get();
         changed.notify_all();
       });
+    }
+
+    // Two joiners that find each other at once dial each other: of the two connections, the one
+    // the lower rank dialed is kept on both sides. Registers `c` (dialed by this peer when
+    // `outgoing`) or not; returns the connection to close quietly, if any (mutex held).
+    std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
+      auto it = peers.find(c->rank);
+      if (it == peers.end() || it->second == c) {
+        peers[c->rank] = c;
+        return nullptr;
+      }
+      const bool lower_dialed_c = outgoing ? opts.rank < c->rank : c->rank < opts.rank;
+      if (!lower_dialed_c) return c;
+      auto old = it->second;
+      it->second = c;
+      return old;
     }
 
     // A frame as asio buffers: header, body, padding (head and body must outlive the write).
@@ -11316,21 +11546,47 @@ class tcp {
           const auto hello = wire::decode_body<wire::hello>(c->body, "hello");
           decentrain::detail::check(hello.world == opts.world, "frame: hello from a peer of a world of ", hello.world,
                                     ", this one has ", opts.world);
-          decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.world && hello.rank != opts.rank,
+          decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.capacity() && hello.rank != opts.rank,
                                     "frame: hello claims rank ", hello.rank);
           decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
                                     "frame: peer ", hello.rank, " has a different byte order");
           std::lock_guard lock(mutex);
-          if (!hello.address.empty()) directory[hello.rank] = hello.address;
           if (hello.purpose == wire::hello_purpose::directory) {
+            if (!formed && !hello.address.empty()) directory[hello.rank] = hello.address;
             wire::directory d;
-            for (const auto& [r, a] : directory) d.entries.emplace_back(r, a);
+            d.formed = formed;
+            for (const auto& [r, a] : directory)
+              if (!formed || r == opts.rank || peers.count(r)) d.entries.emplace_back(r, a);
             reply(c, wire::frame_type::directory, wire::encode_body(d));
             return true;  // the asker closes when it has read the reply
           }
-          decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
-                                    " (lower ranks are dialed, not dialing)");
-          decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
+          decentrain::detail::check(hello.late || !peers.count(hello.rank), "frame: a second connection claiming rank ",
+                                    hello.rank);
+          if (hello.late) {
+            if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
+              reply(c, wire::frame_type::bye,
+                    wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                              "peer ", opts.rank, " has not left the previous peer of rank ",
+                                                              hello.rank, " out of its view yet; join again later")}));
+              return true;  // the joiner closes
+            }
+            newcomers.insert(hello.rank);
+            if (!hello.address.empty()) directory[hello.rank] = hello.address;
+            c->rank = hello.rank;
+            if (auto dropped = keep_one(c, false)) {
+              box.reopen(c->rank);
+              changed.notify_all();
+              asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
+              return dropped != c;  // false: this connection is the one dropped
+            }
+            box.reopen(c->rank);
+            changed.notify_all();
+            return true;
+          } else {
+            decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
+                                      " (lower ranks are dialed, not dialing)");
+          }
+          if (!hello.address.empty()) directory[hello.rank] = hello.address;
           c->rank = hello.rank;
           peers[c->rank] = c;
           box.reopen(c->rank);
@@ -11499,8 +11755,8 @@ class tcp {
 
     // ---- the training thread ----
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
-      decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot send to peer ", peer,
-                                " (world of ", opts.world, ")");
+      decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot send to peer ", peer,
+                                " (ranks below ", opts.capacity(), ")");
       decentrain::detail::check(data.size() <= opts.max_frame_bytes, "tcp: a message of ", data.size(),
                                 " bytes is over max_frame_bytes = ", opts.max_frame_bytes);
       if (peer == opts.rank) {  // to itself: straight into its own mailbox
@@ -11568,8 +11824,7 @@ class tcp {
           // out), or the stream to a live peer would lose its framing.
           if (written <= before && !is_membership_tag(tag))
             if (const auto a = box.alarmed())
-              fail(failure_cause::reported, a->failed, "tcp: peer ", a->reporter, " reports that peer ", a->failed,
-                   " failed (view ", a->epoch, ")");
+              fail(cause_of(*a), a->failed, "tcp: ", describe(*a));
           const auto left = deadline - std::chrono::steady_clock::now();
           if (left <= std::chrono::steady_clock::duration::zero())
             fail(failure_cause::silent, peer, "tcp: sending to peer ", peer, " did not finish within ", opts.recv_timeout.count(), " ms");
@@ -11589,8 +11844,8 @@ class tcp {
     }
 
     bytes recv(int peer, tag_type tag, bool count_wait = true, std::optional<std::chrono::milliseconds> timeout = {}) {
-      decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
-                                " (world of ", opts.world, ")");
+      decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                                " (ranks below ", opts.capacity(), ")");
       const auto t0 = std::chrono::steady_clock::now();
       auto m = box.pop(peer, tag, timeout.value_or(opts.recv_timeout));
       if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -11603,8 +11858,8 @@ class tcp {
     // those bodies straight into `ins` (see mailbox::receive_into).
     void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                   tag_type tag, const landed_fn& landed, bool count_wait = true) {
-      decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
-                                " (world of ", opts.world, ")");
+      decentrain::detail::check(from >= 0 && from < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", from,
+                                " (ranks below ", opts.capacity(), ")");
       auto t0 = std::chrono::steady_clock::now();
       box.receive_into(
           from, tag, ins, opts.recv_timeout,
@@ -11664,10 +11919,14 @@ class tcp {
     std::optional<clock::time_point> last_beat;  // I/O thread only
     bool stopping = false;                       // I/O thread only
 
-    mutable std::mutex mutex;              // guards directory, peers, malformed counters
+    mutable std::mutex mutex;              // guards directory, peers, formed, late, newcomers, malformed counters
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
     std::map<int, std::shared_ptr<connection>> peers;
+    bool formed = false;           // the mesh of this peer's group is complete (it may be running)
+    bool late = false;             // this peer joined a running group
+    std::set<int> newcomers;       // ranks that joined the running group late
+    std::string refusal;           // why this peer cannot join at all (its rank is taken)
     std::set<std::shared_ptr<connection>> all;  // I/O thread only
     std::uint64_t malformed_frames = 0;
     std::string last_malformed;
@@ -11684,6 +11943,7 @@ class tcp {
 };
 
 static_assert(membership_endpoint<tcp>);
+static_assert(joining_endpoint<tcp>);
 
 }  // namespace decentrain::transport
 
@@ -11740,14 +12000,20 @@ inline std::uint32_t group_channel(std::uint32_t parent, std::span<const int> so
 
 template <transport::endpoint Endpoint>
 class group_view {
+  // The world, or the ranks peers that join it may take (an elastic group's view lists them).
+  static int ranks_below(const Endpoint& e) {
+    if constexpr (requires { e.capacity(); }) return e.capacity();
+    else return e.world();
+  }
+
  public:
   // `parent` must outlive the view unless the view owns it (a lane).
   group_view(std::shared_ptr<Endpoint> parent, std::vector<int> members, std::uint32_t channel)
       : parent_(std::move(parent)), members_(std::move(members)), channel_(channel) {
     decentrain::detail::check(!members_.empty(), "group: needs at least one member");
     for (std::size_t i = 0; i < members_.size(); ++i) {
-      decentrain::detail::check(members_[i] >= 0 && members_[i] < parent_->world(), "group: rank ", members_[i],
-                                " is outside a world of ", parent_->world());
+      decentrain::detail::check(members_[i] >= 0 && members_[i] < ranks_below(*parent_), "group: rank ", members_[i],
+                                " is outside a world of ", ranks_below(*parent_));
       if (members_[i] == parent_->rank()) rank_ = static_cast<int>(i);
     }
     decentrain::detail::check(rank_ >= 0, "group: peer ", parent_->rank(), " is not one of the group's members");
@@ -14810,7 +15076,7 @@ compress::layout layout_of(const parameter_list<Device>& params) {
 }
 template <class Codec, class Ctx>
 void prepare_codec(Codec& codec, Ctx& ctx) {
-  compress::agree(codec, ctx.replicas);
+  if (!ctx.joined) compress::agree(codec, ctx.replicas);  // a joiner's members are mid-run
   compress::set_layout(codec, layout_of(ctx.parameters));
 }
 
@@ -15294,12 +15560,19 @@ struct checkpoint_every {
 // Data sharding follows the view: the trainer's communicator becomes the view's, so the
 // parallel policy splits each step's rows among the survivors.
 //
-// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp) and
-// data parallelism (every peer holds the whole model). Peers joining a running group, and
-// checkpoints of an elastic run, are not handled yet.
+// Peers may also join the running group (tcp: a peer whose connect() finds the group running, a
+// new rank or one the group has left out): a member that sees it connected starts an agreement
+// at its next step, the leader admits the joiners every member reaches, and they take the state
+// from the members at the target, in chunks from several of them at once (transfer_state).
+//
+// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
+// tcp has joiners) and data parallelism (every peer holds the whole model). Checkpoints of an
+// elastic run are not handled yet.
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15328,6 +15601,7 @@ struct checkpoint_every {
 // training on as a second model. Half exactly: the side with the lowest rank goes on.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -15337,6 +15611,7 @@ struct checkpoint_every {
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 
@@ -15362,6 +15637,8 @@ struct agreement_settings {
   std::chrono::milliseconds timeout{60000};
   bool require_majority = true;
   std::size_t state_chunk_bytes = std::size_t{16} << 20;
+  // Members at the target that serve the state to those behind, each a share of its chunks.
+  int max_donors = 4;
   // The largest state a peer behind accepts from a donor (it holds all of it at once).
   std::uint64_t max_state_bytes = std::uint64_t{64} << 30;
 };
@@ -15371,8 +15648,10 @@ struct decision {
   view next;
   position target;              // where every member continues from
   int donor = -1;               // a member at `target`: the others behind it take its state
-  std::vector<int> behind;      // members not at `target`
+  std::vector<int> behind;      // members not at `target` (those who joined among them)
   std::vector<int> removed;     // members of the previous view left out
+  std::vector<int> joined;      // members new to the group (they joined it running)
+  std::vector<int> marked;      // members whose marker of `next` this peer took already (a joiner)
 };
 
 namespace detail {
@@ -15390,7 +15669,7 @@ struct message {
   std::int64_t step = 0;        // report: the sender's position; view: the target
   std::int8_t phase = 0;
   std::int32_t donor = -1;      // view
-  std::vector<std::int32_t> ranks;     // view: the members
+  std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to
   std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
   std::string reason;                  // view without members: why the group stops
@@ -15495,7 +15774,17 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     d.donor = m.donor;
     d.behind = detail::as_ints(m.behind);
     d.removed = detail::as_ints(m.departed);
+    for (int j : d.next.members)
+      if (!current.contains(j)) d.joined.push_back(j);
     return d;
+  };
+  // Peers that joined the running group and are connected to this one (tcp; see join below).
+  auto joiners = [&] {
+    std::vector<int> out;
+    if constexpr (requires { ep.newcomers(); })
+      for (int j : ep.newcomers())
+        if (!current.contains(j)) out.push_back(j);
+    return out;
   };
 
   for (;;) {
@@ -15513,6 +15802,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.step = mine.step;
       report.phase = mine.phase;
       for (const auto& [j, cause] : suspects) report.departed.push_back(j);  // only departures are kept
+      report.ranks = detail::as_list(joiners());
       try {
         detail::post(ep, leader, report);
         // The leader may wait a whole deadline on a frozen member before it sends the view.
@@ -15526,8 +15816,13 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       }
     }
 
-    // The leader: a report from every member it does not suspect.
+    // The leader: a report from every member it does not suspect. It admits a joiner that every
+    // reporting member and itself are connected to (the view's collectives need all pairs), the
+    // lowest if several: whether two joiners reach each other no member can tell, and the next
+    // joiner, once connected to this one too, is taken in at the next agreement.
     std::map<int, position> where{{me, mine}};
+    const auto mine_joiners = joiners();
+    std::set<int> admit(mine_joiners.begin(), mine_joiners.end());
     std::map<int, std::string> why;  // members this leader could not hear from, and why
     for (std::size_t i = 0; i < alive.size(); ++i) {
       const int j = alive[i];
@@ -15538,6 +15833,8 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         });
         if (r.what == kind::view) return from_view(r);  // a view this peer missed: follow it
         where[j] = position{r.step, r.phase};
+        const std::set<int> theirs(r.ranks.begin(), r.ranks.end());
+        std::erase_if(admit, [&](int x) { return !theirs.count(x); });
         // What the reporter knows departed for certain; its other suspicions this leader checks
         // itself, by waiting for their reports.
         for (const auto x : r.departed)
@@ -15574,7 +15871,6 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       for (const auto& [j, c] : suspects)
         if (!why.count(j)) v.reason += decentrain::detail::concat(" (peer ", j, ": ", transport::describe(c), ")");
     } else {
-      v.ranks = detail::as_list(next);
       position target = where.at(next.front());
       for (int j : next) target = std::max(target, where.at(j));
       v.step = target.step;
@@ -15585,9 +15881,21 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         } else {
           v.behind.push_back(j);
         }
+      if (!admit.empty()) {
+        const int j = *admit.begin();
+        admit = {j};
+        v.behind.push_back(j);
+        next.push_back(j);
+      }
+      std::sort(next.begin(), next.end());
+      std::sort(v.behind.begin(), v.behind.end());
+      v.ranks = detail::as_list(next);
     }
-    // Everyone of the old view that may be listening hears it, the left-out ones included.
-    for (int j : current.members) {
+    // Everyone of the old view that may be listening hears it, the left-out ones included, and
+    // the joiners it admits.
+    std::vector<int> told = current.members;
+    if (!v.ranks.empty()) told.insert(told.end(), admit.begin(), admit.end());
+    for (int j : told) {
       if (j == me) continue;
       if (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed) continue;
       try {
@@ -15597,6 +15905,56 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       }
     }
     return from_view(v);
+  }
+}
+
+// A peer that joined a running group (tcp: connect() found it running) waits here for a view
+// that lists it: one of its members leads the agreement that admits it, at a step of the
+// group's choosing, and sends it the view. It is then a member like the others (install, then
+// take the state from those at the target).
+template <class E>
+decision await_admission(E& ep, std::chrono::milliseconds patience) {
+  const int me = ep.rank();
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  std::map<int, std::string> gone;  // peers whose connection closed while it waited, and why
+  std::map<int, std::uint64_t> markers;  // members that sent it a marker (of the view that admits it)
+  auto next_look = std::chrono::steady_clock::now();
+  for (;;) {
+    // The leader is whichever member is lowest and alive: listen to every connected peer.
+    const auto peers = ep.connected();
+    for (int j : peers) {
+      if (gone.count(j)) continue;
+      try {
+        const auto m = detail::decode(ep.recv_within(j, detail::protocol_tag, std::chrono::milliseconds(20)), j);
+        if (m.what == detail::kind::marker) markers[j] = m.epoch;  // a member that had the view first
+        if (m.what != detail::kind::view) continue;
+        decision d;
+        d.next = view{m.epoch, detail::as_ints(m.ranks)};
+        if (!d.next.contains(me)) continue;  // a view of the members that did not admit it yet
+        d.target = position{m.step, m.phase};
+        d.donor = m.donor;
+        d.behind = detail::as_ints(m.behind);
+        d.removed = detail::as_ints(m.departed);
+        d.joined = {me};
+        for (const auto& [k, e] : markers)
+          if (e == m.epoch) d.marked.push_back(k);
+        return d;
+      } catch (const transport::peer_error& e) {
+        if (e.cause() != transport::failure_cause::silent) gone[j] = e.what();
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline || (!peers.empty() && gone.size() == peers.size())) {
+      std::string why;
+      for (const auto& [j, w] : gone) why += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
+      decentrain::detail::fail("elastic: peer ", me, " joined the running group but was not admitted within ",
+                               patience.count(), " ms (connected to ", peers.size(), " peer(s))", why);
+    }
+    if (peers.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if constexpr (requires { ep.rediscover(); })
+      if (std::chrono::steady_clock::now() >= next_look) {
+        ep.rediscover();  // joiners after this one: the group admits it only once it reaches every member
+        next_look = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+      }
   }
 }
 
@@ -15618,9 +15976,10 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
     const auto deadline = std::chrono::steady_clock::now() + s.timeout;
     for (int j : d.next.members) {
       if (j == me) continue;
-      detail::await(ep, j, deadline, [&](const detail::message& m) {
-        return m.what == detail::kind::marker && m.epoch == d.next.epoch;
-      });
+      if (std::find(d.marked.begin(), d.marked.end(), j) == d.marked.end())
+        detail::await(ep, j, deadline, [&](const detail::message& m) {
+          return m.what == detail::kind::marker && m.epoch == d.next.epoch;
+        });
       ep.discard_before(j, detail::protocol_tag);
     }
   } catch (const transport::peer_error& e) {
@@ -15629,42 +15988,118 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   return std::nullopt;
 }
 
-// The donor sends `state()` (an encoded checkpoint) to every member behind; they receive it.
-// Returns the encoded state this peer received (nothing when it was not behind).
+// Which members serve the state to those behind: members at the target (not behind), the
+// agreed donor first, at most `max_donors`.
+inline std::vector<int> donors_of(const decision& d, int max_donors) {
+  std::vector<int> out;
+  if (d.donor < 0) return out;
+  out.push_back(d.donor);
+  for (int j : d.next.members)
+    if (static_cast<int>(out.size()) < max_donors && j != d.donor &&
+        std::find(d.behind.begin(), d.behind.end(), j) == d.behind.end())
+      out.push_back(j);
+  return out;
+}
+
+// What a state transfer did on this peer.
+struct transfer_report {
+  std::optional<std::string> state;   // the encoded state it received (it was behind)
+  std::uint64_t bytes_served = 0;     // what it sent as a donor
+  std::vector<int> donors;            // receiving: the donors it took chunks from
+};
+
+// Members behind take the state of members at the target, in chunks from several donors at
+// once (hivemind #169: every joiner hit one donor). Each donor offers its encoded state's size
+// and checksum (`state()` is an encoded checkpoint: its header holds its body's XXH64); each
+// member behind asks every donor whose offer equals the agreed donor's for its share of the
+// chunks (shifted by its place among those behind, so each donor starts on a different one),
+// and the decode verifies the whole. Donors with a different state (DiLoCo peers at the same
+// step hold different inner parameters) are asked for nothing, so the result is always one
+// donor's state, bit for bit.
 template <class E>
-std::optional<std::string> transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
-                                          const agreement_settings& s) {
+transfer_report transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
+                               const agreement_settings& s) {
+  using decentrain::detail::check;
+  transfer_report out;
   const int me = ep.rank();
-  const bool behind = std::find(d.behind.begin(), d.behind.end(), me) != d.behind.end();
-  if (me == d.donor && !d.behind.empty()) {
+  if (d.behind.empty()) return out;
+  const auto donors = donors_of(d, std::max(s.max_donors, 1));
+  check(!donors.empty(), "elastic: members are behind but no member is at the target (no donor)");
+  const bool donor = std::find(donors.begin(), donors.end(), me) != donors.end();
+  const auto place = std::find(d.behind.begin(), d.behind.end(), me);
+  const auto as_span = [](const auto& v) { return std::as_bytes(std::span(v)); };
+
+  if (donor) {
     const std::string blob = state();
-    const std::size_t chunk = std::max<std::size_t>(s.state_chunk_bytes, 1024);
-    std::uint64_t head[2] = {blob.size(), chunk};
+    const std::uint64_t chunk = std::max<std::size_t>(s.state_chunk_bytes, 1024);
+    const std::uint64_t chunks = (blob.size() + chunk - 1) / chunk;
+    const std::array<std::uint64_t, 3> offer{blob.size(), chunk, io::stored_checksum(blob)};
+    for (int j : d.behind) ep.send(j, detail::state_tag, as_span(offer));
     for (int j : d.behind) {
-      ep.send(j, detail::state_tag, std::as_bytes(std::span<const std::uint64_t>(head, 2)));
-      for (std::size_t at = 0; at < blob.size(); at += chunk)
-        ep.send(j, detail::state_tag,
-                std::as_bytes(std::span<const char>(blob.data() + at, std::min(chunk, blob.size() - at))));
+      const auto request = ep.recv_within(j, detail::state_tag, s.timeout);
+      const std::size_t n = request.size() / 4;
+      if (request.size() % 4 != 0 || n > chunks)
+        transport::fail_peer(j, "state", "elastic: peer ", j, " sent a malformed state request of ", request.size(), " bytes");
+      for (std::size_t k = 0; k < n; ++k) {
+        std::uint32_t i = 0;
+        std::memcpy(&i, request.data() + 4 * k, 4);
+        if (i >= chunks) transport::fail_peer(j, "state", "elastic: peer ", j, " asked for chunk ", i, " of ", chunks);
+        const std::size_t at = static_cast<std::size_t>(i) * chunk;
+        const std::size_t len = std::min<std::size_t>(chunk, blob.size() - at);
+        ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(blob.data() + at, len)));
+        out.bytes_served += len;
+      }
     }
   }
-  if (!behind) return std::nullopt;
-  const auto head = ep.recv_within(d.donor, detail::state_tag, s.timeout);
-  decentrain::detail::check(head.size() == 16, "elastic: peer ", d.donor, " sent a state header of ", head.size(), " bytes");
-  std::uint64_t size = 0, chunk = 0;
-  std::memcpy(&size, head.data(), 8);
-  std::memcpy(&chunk, head.data() + 8, 8);
-  decentrain::detail::check(chunk >= 1024 && size <= s.max_state_bytes, "elastic: peer ", d.donor, " announced a state of ",
-                            size, " bytes in chunks of ", chunk, " (at most ", s.max_state_bytes,
-                            " bytes are accepted: agreement_settings::max_state_bytes)");
-  std::string blob;
-  blob.reserve(static_cast<std::size_t>(size));  // growing it instead copied gigabytes over and over
-  while (blob.size() < size) {
-    const auto part = ep.recv_within(d.donor, detail::state_tag, s.timeout);
-    decentrain::detail::check(part.size() == std::min<std::uint64_t>(chunk, size - blob.size()), "elastic: peer ", d.donor,
-                              " sent a state chunk of ", part.size(), " bytes");
-    blob.append(reinterpret_cast<const char*>(part.data()), part.size());
+  if (place == d.behind.end()) return out;
+
+  // Offers: every donor's; the agreed donor's is the one to take.
+  std::vector<std::array<std::uint64_t, 3>> offers;
+  for (int j : donors) {
+    const auto b = ep.recv_within(j, detail::state_tag, s.timeout);
+    if (b.size() != 24) transport::fail_peer(j, "state", "elastic: peer ", j, " sent a state offer of ", b.size(), " bytes");
+    std::array<std::uint64_t, 3> o{};
+    std::memcpy(o.data(), b.data(), 24);
+    offers.push_back(o);
   }
-  return blob;
+  const std::uint64_t size = offers.front()[0], chunk = offers.front()[1];
+  check(chunk >= 1024 && size <= s.max_state_bytes, "elastic: peer ",
+        d.donor, " announced a state of ", size, " bytes in chunks of ", chunk, " (at most ", s.max_state_bytes,
+        " bytes are accepted: agreement_settings::max_state_bytes)");
+  std::vector<int> serving;  // indices into donors
+  for (std::size_t k = 0; k < donors.size(); ++k)
+    if (offers[k] == offers.front()) serving.push_back(static_cast<int>(k));
+  const std::uint64_t chunks = (size + chunk - 1) / chunk;
+  check(chunks < (std::uint64_t{1} << 32), "elastic: a state of ", chunks, " chunks is over the limit");
+  std::vector<std::vector<std::uint32_t>> asks(donors.size());
+  const auto shift = static_cast<std::uint64_t>(place - d.behind.begin());
+  for (std::uint64_t i = 0; i < chunks; ++i)
+    asks[static_cast<std::size_t>(serving[(i + shift) % serving.size()])].push_back(static_cast<std::uint32_t>(i));
+  for (std::size_t k = 0; k < donors.size(); ++k) {
+    ep.send(donors[k], detail::state_tag, as_span(asks[k]));
+    if (!asks[k].empty()) out.donors.push_back(donors[k]);
+  }
+  std::string blob(static_cast<std::size_t>(size), '\0');
+  // Chunks arrive from every donor at once (the transport queues each donor's); take them in
+  // turn, each donor's in the order asked.
+  std::vector<std::size_t> next(donors.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (std::size_t k = 0; k < donors.size(); ++k) {
+      if (next[k] == asks[k].size()) continue;
+      const std::uint64_t i = asks[k][next[k]++];
+      const std::size_t at = static_cast<std::size_t>(i * chunk);
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size - at));
+      const auto part = ep.recv_within(donors[k], detail::state_tag, s.timeout);
+      if (part.size() != len)
+        transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent a state chunk of ", part.size(),
+                             " bytes, ", len, " were due");
+      std::memcpy(blob.data() + at, part.data(), len);
+      more = more || next[k] < asks[k].size();
+    }
+  }
+  out.state = std::move(blob);
+  return out;
 }
 
 }  // namespace decentrain::fault
@@ -15677,6 +16112,7 @@ struct membership_change {
   std::uint64_t epoch = 0;       // the new view's
   std::vector<int> members;      // world ranks
   std::vector<int> removed;
+  std::vector<int> joined;
   std::int64_t step = 0;         // the step the survivors continued from
   bool healed = false;           // this peer took another's state
   std::string cause;             // the error that started it, as this peer saw it
@@ -15693,6 +16129,8 @@ struct elastic {
   agreement_settings agreement{};
   // Fewer peers than this left: stop with an error rather than go on.
   int min_peers = 1;
+  // A peer that joins a running group waits this long to be admitted (0: twice agreement.timeout).
+  std::chrono::milliseconds admission_timeout{0};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -15701,21 +16139,42 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
-    if (view_.members.empty()) {
-      view_.epoch = 0;
-      for (int r = 0; r < ctx.network.world(); ++r) view_.members.push_back(r);
-      ctx.network.set_epoch(0);
+    if (!view_.members.empty()) return;
+    if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
+      failed_at_ = std::chrono::steady_clock::now();
+      cause_ = "joined the running group";
+      const auto patience = admission_timeout.count() > 0 ? admission_timeout : 2 * agreement.timeout;
+      converge(ctx, await_admission(ctx.network, patience));
+      return;
     }
+    view_.epoch = 0;
+    for (int r = 0; r < ctx.network.world(); ++r) view_.members.push_back(r);
+    ctx.network.set_epoch(0);
   }
 
   // A peer that another reported as failed stops before it computes a step the group will not
   // use: the alarm is checked at the start of every step, so a peer busy computing joins the
   // agreement within one step.
+  //
+  // A joiner connected to this peer is taken in the same way: the error starts an agreement.
   template <class Ctx>
   void before_step(Ctx& ctx) {
     if (const auto a = ctx.network.alarmed())
-      transport::fail_peer_because(transport::failure_cause::reported, a->failed, "membership", "elastic: peer ",
-                                   a->reporter, " reports that peer ", a->failed, " failed (view ", a->epoch, ")");
+      transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
+                                   transport::describe(*a));
+    const auto now = std::chrono::steady_clock::now();
+    for (int j : ctx.network.newcomers()) {
+      if (view_.contains(j)) continue;
+      // Half a second after it connected here (time to reach the other members too), then at
+      // most once a second while the others do not reach it yet.
+      auto& [seen, last] = join_tries_[j];
+      if (seen == std::chrono::steady_clock::time_point{}) seen = now;
+      if (now - seen < std::chrono::milliseconds(500)) continue;
+      if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) continue;
+      last = now;
+      transport::fail_peer_because(transport::failure_cause::joining, j, "membership", "elastic: peer ", j,
+                                   " joins the running group (view ", view_.epoch, ")");
+    }
   }
 
   template <class Ctx>
@@ -15723,7 +16182,8 @@ struct elastic {
 
   template <class Ctx>
   action on_error(Ctx& ctx, const transport::peer_error& e) {
-    if (e.peer() >= 0 && e.peer() != ctx.network.rank() && e.cause() != transport::failure_cause::reported)
+    if (e.peer() >= 0 && e.peer() != ctx.network.rank() && e.cause() != transport::failure_cause::reported &&
+        e.cause() != transport::failure_cause::joining)
       suspects_.emplace(e.peer(), e.cause());
     cause_ = e.what();
     failed_at_ = std::chrono::steady_clock::now();
@@ -15732,10 +16192,25 @@ struct elastic {
 
   template <class Ctx>
   void reform(Ctx& ctx) {
+    converge(ctx, std::nullopt);
+  }
+
+  const view& current() const { return view_; }
+  const std::vector<membership_change>& changes() const { return changes_; }
+  // State bytes this peer sent to members behind (and joiners) as a donor.
+  std::uint64_t state_bytes_served() const { return served_; }
+
+ private:
+  // Agrees on views (starting from `first` when given: a joiner's admission) until one holds:
+  // every member installed it and those behind took the state of those at the target.
+  template <class Ctx>
+  void converge(Ctx& ctx, std::optional<decision> first) {
     auto& ep = ctx.network;
     bool healed = false;
     for (;;) {
-      decision d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+      decision d = first ? std::move(*first)
+                         : agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+      first.reset();
       suspects_.clear();
       const auto failed = install(ep, d, agreement);
       view_ = d.next;
@@ -15749,9 +16224,10 @@ struct elastic {
         continue;
       }
       try {
-        const auto got = transfer_state(ep, d, [&] { return io::encode_checkpoint(ctx.capture()); }, agreement);
-        if (got) {
-          ctx.adopt(io::decode_checkpoint(*got, "the state from peer " + std::to_string(d.donor)));
+        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement);
+        served_ += got.bytes_served;
+        if (got.state) {
+          ctx.adopt(io::decode_checkpoint(*got.state, "the state from peer(s) " + list(got.donors)));
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
           healed = true;
         }
@@ -15765,12 +16241,27 @@ struct elastic {
     }
   }
 
-  const view& current() const { return view_; }
-  const std::vector<membership_change>& changes() const { return changes_; }
+  // This peer's state as another takes it: without what stays with each peer (its rank, dropout
+  // stream and byte count; adopt keeps its own), so members that hold the same model encode the
+  // same bytes and can serve one joiner together.
+  template <class Ctx>
+  static std::string shared_state(Ctx& ctx) {
+    auto c = ctx.capture();
+    c.rngs.erase("dropout");
+    for (const char* own : {"trainer.rank", "trainer.world", "trainer.policy_bytes_sent"}) c.counters.erase(own);
+    return io::encode_checkpoint(c);
+  }
+  static std::string list(const std::vector<int>& ranks) {
+    std::string s;
+    for (int r : ranks) {
+      if (!s.empty()) s += ", ";
+      s += std::to_string(r);
+    }
+    return s;
+  }
 
- private:
   membership_change record(const decision& d, bool healed) const {
-    return membership_change{d.next.epoch, d.next.members, d.removed, d.target.step, healed, cause_,
+    return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count(),
                              std::chrono::steady_clock::now()};
   }
@@ -15779,6 +16270,9 @@ struct elastic {
   suspicions suspects_;
   std::vector<membership_change> changes_;
   std::string cause_;
+  std::uint64_t served_ = 0;
+  // Per joiner seen connected: when it was first seen, and when it last started an agreement.
+  std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point failed_at_{};
 };
 
@@ -15974,6 +16468,8 @@ struct peer_context {
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
   bool last_step = false;       // policies that communicate periodically also do so on the last step
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
+  bool joined = false;          // start() of a peer that joined a running group: its state came from the
+                                // members, who are mid-run, so it exchanges nothing
   std::function<io::checkpoint()> capture;             // this peer's whole state
   std::function<void(const io::checkpoint&)> restore;  // and back
   // For fault policies that change the group (fault::elastic):
@@ -16598,13 +17094,23 @@ class trainer {
   // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
     auto ctx = make_context(dataset);
+    const auto adoptions = adoptions_;
     fault_.start(ctx);
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     ctx.resumed = resumed_;
-    between_steps(ctx, phase::start, [&] {
-      check_same_step();
+    if (adoptions_ != adoptions) {
+      // A peer that joined a running group took a member's state: the policy's state came with
+      // it (start as resumed: nothing to exchange), and it goes on from that member's phase.
+      resume_at_ = resume_point{step_, ctx.at};
+      ctx.resumed = ctx.joined = true;
       counted([&] { policy_.start(ctx); });
-    });
+      ctx.joined = false;
+    } else {
+      between_steps(ctx, phase::start, [&] {
+        check_same_step();
+        counted([&] { policy_.start(ctx); });
+      });
+    }
     resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
@@ -16693,6 +17199,7 @@ class trainer {
   void adopt(const io::checkpoint& c) {
     step_ = train::restore(c, model_, optimizer_);
     policy_.load(c);
+    ++adoptions_;
   }
 
  private:
@@ -16715,7 +17222,7 @@ class trainer {
     else (void)runs(phase::step);
     bool stepped = stepped_before;
     const auto dropout_before = dropout_.state();
-    for (int redos = 0;; ++redos) {
+    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
       try {
         if constexpr (requires { fault_.before_step(ctx); })
           if (!stepped) fault_.before_step(ctx);
@@ -16749,6 +17256,9 @@ class trainer {
     }
   }
 
+  // A view change that takes in a joiner is no failure: it does not count towards max_redos.
+  static int counts_as_redo(transport::failure_cause c) { return c == transport::failure_cause::joining ? 0 : 1; }
+
   // Hands a peer error to the fault policy, and returns once the failed part may run again:
   // rethrows when the policy says so (or has said redo max_redos times in a row), re-forms the
   // group when it says reform. ctx.step and ctx.at say where the failure struck; true when the
@@ -16756,7 +17266,8 @@ class trainer {
   bool recover(context& ctx, const transport::peer_error& e, int redos) {
     const fault::action a = fault_.on_error(ctx, e);
     if (a == fault::action::rethrow) throw e;
-    if (redos >= options_.max_redos)
+    last_error_cause_ = e.cause();
+    if (counts_as_redo(e.cause()) && redos >= options_.max_redos)
       throw transport::peer_error(e.peer(), e.operation(),
                                   decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
                                                              redos, " times in a row; max_redos = ", options_.max_redos, ")"),
@@ -16783,7 +17294,7 @@ class trainer {
   // the group gave this peer a state from further on (false: resume_at_ says where).
   template <class Call>
   bool between_steps(context& ctx, phase at, Call&& call) {
-    for (int redos = 0;; ++redos) {
+    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
       try {
         call();
         return true;
@@ -16822,6 +17333,7 @@ class trainer {
                    step_,
                    false,
                    resumed_,
+                   false,
                    [this] { return capture(); },
                    [this](const io::checkpoint& c) { restore(c); },
                    endpoint_,
@@ -16945,6 +17457,8 @@ class trainer {
   rng dropout_;
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
+  std::uint64_t adoptions_ = 0;
+  transport::failure_cause last_error_cause_ = transport::failure_cause::other;  // of the last error recover() saw
   bool resumed_ = false;
   struct resume_point {
     std::int64_t step = 0;

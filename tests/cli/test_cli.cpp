@@ -531,7 +531,7 @@ TEST_CASE("train --elastic over TCP: kill -9 of a peer mid-run, the others finis
   for (std::string line; std::getline(lines, line);)
     if (line.find("membership: view 1 from step ") == 0) {
       ++views;
-      CHECK_THAT(line, Contains("peers 0,1 (left out: 2)"));
+      CHECK_THAT(line, Contains("peers 0,1 (left out: 2, joined: none)"));
     }
   CHECK(views == 2);
   CHECK(!last_line_with(r.output, "val loss ").empty());
@@ -545,13 +545,49 @@ TEST_CASE("train --elastic over TCP: a frozen peer (SIGSTOP) is left out at its 
   const auto r = elastic_tcp_run(dir, "STOP", " --silence-ms 1500 --agreement-timeout-ms 6000");
   INFO(r.output);
   CHECK_THAT(r.output, Contains("exit 0 0 "));
-  CHECK_THAT(r.output, Contains("peers 0,1 (left out: 2)"));
+  CHECK_THAT(r.output, Contains("peers 0,1 (left out: 2, joined: none)"));
   CHECK_THAT(r.output, Contains("heard nothing from it for "));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120));
   // Woken, it finds the others stopped listening to it: no majority, so it stops with an error
   // (exit 1) instead of training a second model alone; 137 would mean it had to be killed.
   CHECK_THAT(r.output, Contains("rank2 1"));
   CHECK_THAT(r.output, Contains("stopped listening to this peer"));
+}
+
+TEST_CASE("train --elastic over TCP: a peer started later with a rank of its own joins the running group",
+          "[cli][elastic]") {
+  const auto dir = scratch("elastic_join");
+  const auto port = std::to_string(free_port());
+  // Long enough (several seconds) for the joiner to be admitted well before the members finish.
+  const std::string args = " train --comm diloco --inner-steps 10 --steps 3000 --batch-size 4 --eval-batches 2"
+                           " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
+                           " --elastic --max-world 8";
+  const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 2";
+  const auto r = run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
+                     "timeout 150 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; "
+                     "for i in $(seq 600); do [ $(cat metrics.rank-1.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
+                     "timeout 150 " + cli() + args + peer + " --rank 5 > r5.txt 2>&1; s5=$?; wait $p0; s0=$?; wait $p1; s1=$?; "
+                     "cat r0.txt r1.txt; echo '--- rank 5'; cat r5.txt; echo \"exit $s0 $s1 joiner $s5\" )",
+                     dir);
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("exit 0 0 joiner 0"));
+  // All three list the view that took the joiner in.
+  std::istringstream lines(r.output);
+  int views = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("membership: view ") == 0 && line.find("joined: 5") != std::string::npos) {
+      ++views;
+      CHECK_THAT(line, Contains("peers 0,1,5"));
+    }
+  CHECK(views == 3);
+  // A joiner may not take a rank that a live member holds.
+  const auto taken = run("( rm -f metrics.rank-*.jsonl; timeout 60 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
+                         "timeout 60 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; "
+                         "for i in $(seq 600); do [ $(cat metrics.rank-1.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
+                         "timeout 60 " + cli() + args + peer + " --rank 1; echo \"joiner $?\"; kill $p0 $p1; wait )",
+                         dir);
+  CHECK_THAT(taken.output, Contains("rank 1 is taken in the running group"));
+  CHECK_THAT(taken.output, Contains("joiner 1"));
 }
 
 TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elastic refuses", "[cli][elastic]") {
@@ -562,7 +598,7 @@ TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elasti
   CHECK_THAT(r.output, Contains("peer 2 was killed"));
   CHECK_THAT(r.output, Contains("peer 0 was killed"));
   CHECK_THAT(r.output, Contains("membership: view 2 from step "));
-  CHECK_THAT(r.output, Contains("peers 1,3 (left out: 0)"));
+  CHECK_THAT(r.output, Contains("peers 1,3 (left out: 0, joined: none)"));
   CHECK(!last_line_with(r.output, "val loss ").empty());
 
   const auto ck = run(cli() + peer_args + " --peers 2 --elastic --checkpoint-dir ck", dir);

@@ -263,3 +263,126 @@ TEST_CASE("transport: a marker drops what its sender queued before it; forget dr
     CHECK_THROWS_AS(ep.recv_within(1, 13, 10s), dt::transport::peer_error);
   });
 }
+
+#if DECENTRAIN_HAS_ASIO
+namespace {
+
+// `members` TCP peers (threads of this process, 127.0.0.1) train under fault::elastic; once
+// peer 0 has done `join_after` steps, `joiners` more peers start and join the running group.
+// Every peer sleeps `pace` per step, so the run lasts long enough for them to be admitted.
+template <class Comm>
+struct tcp_join_run {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::elastic>;
+  std::vector<std::vector<float>> params;
+  std::vector<dt::train::fit_result> results;
+  std::vector<std::vector<dt::fault::membership_change>> changes;
+  std::vector<std::vector<int>> final_members;
+  std::vector<std::uint64_t> served;
+  std::mutex log_mutex;
+  std::string log;
+
+  tcp_join_run(int members, int joiners, std::int64_t join_after, trainer_options opts, Comm comm,
+               std::chrono::milliseconds pace) {
+    const int total = members + joiners;
+    params.resize(static_cast<std::size_t>(total));
+    results.resize(params.size());
+    changes.resize(params.size());
+    final_members.resize(params.size());
+    served.resize(params.size());
+    dt::fault::elastic fault;
+    fault.agreement.timeout = 20s;
+    fault.agreement.state_chunk_bytes = 4096;  // a tiny model's state still comes in many chunks
+    dt::transport::tcp_options base;
+    base.world = members;
+    base.max_world = total;
+    base.recv_timeout = 30s;
+    base.join_timeout = 20s;
+    dt::transport::tcp first(base);  // bound here, so every peer knows where to join
+    const std::string seed = first.address();
+    std::atomic<bool> open{false};
+    auto run_peer = [&](int r, std::optional<dt::transport::tcp> pre) {
+      try {
+        auto o = base;
+        o.rank = r;
+        o.join = {seed};
+        if (r >= members) {
+          while (!open) std::this_thread::sleep_for(5ms);
+        }
+        dt::transport::tcp ep = pre ? std::move(*pre) : dt::transport::tcp(o);
+        ep.connect();
+        Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+        t.on_step([&, r](const dt::train::step_metrics& m) {
+          if (r == 0 && m.step == join_after) open = true;
+          std::this_thread::sleep_for(pace);
+        });
+        results[static_cast<std::size_t>(r)] = t.fit(small_corpus().data);
+        params[static_cast<std::size_t>(r)] = flat_params(t.model().parameters());
+        changes[static_cast<std::size_t>(r)] = t.fault().changes();
+        final_members[static_cast<std::size_t>(r)] = t.members();
+        served[static_cast<std::size_t>(r)] = t.fault().state_bytes_served();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(log_mutex);
+        log += "peer " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    };
+    std::vector<std::thread> threads;
+    threads.emplace_back(run_peer, 0, std::move(first));
+    for (int r = 1; r < total; ++r) threads.emplace_back(run_peer, r, std::nullopt);
+    for (auto& t : threads) t.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("elastic: peers join a running TCP group, take the members' state and train on with them") {
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 4;
+  tcp_join_run run(3, 2, 6, small_run(120), comm, 20ms);
+  INFO(run.log);
+  REQUIRE(run.log.empty());
+  const std::vector<int> everyone{0, 1, 2, 3, 4};
+  for (int r = 0; r < 5; ++r) {
+    INFO("peer " << r);
+    CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);  // DiLoCo's last round averages
+    CHECK(run.final_members[static_cast<std::size_t>(r)] == everyone);
+    CHECK(run.results[static_cast<std::size_t>(r)].last.step == 120);
+    CHECK(run.results[static_cast<std::size_t>(r)].final_val_loss < uniform_loss());
+  }
+  // The joiners were admitted by views that list them as joined, and each took the state.
+  for (int j : {3, 4}) {
+    const auto& ch = run.changes[static_cast<std::size_t>(j)];
+    REQUIRE(!ch.empty());
+    CHECK(std::any_of(ch.begin(), ch.end(), [](const auto& c) { return c.healed; }));
+    CHECK(std::find(ch.front().joined.begin(), ch.front().joined.end(), j) != ch.front().joined.end());
+  }
+  std::size_t joined_seen = 0;
+  for (const auto& c : run.changes[0]) joined_seen += c.joined.size();
+  CHECK(joined_seen == 2);
+  CHECK(run.changes[0].back().epoch == run.changes[3].back().epoch);
+}
+
+TEST_CASE("elastic: a joiner takes its state from several members at once when they hold the same state") {
+  // Under sync all-reduce every member holds the same state between steps, so all serve chunks.
+  dt::comm::sync_allreduce<> comm;
+  tcp_join_run run(3, 1, 4, small_run(60), comm, 20ms);
+  INFO(run.log);
+  REQUIRE(run.log.empty());
+  for (int r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);
+    CHECK(run.final_members[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 2, 3});
+  }
+  const auto& ch = run.changes[3];
+  REQUIRE(!ch.empty());
+  INFO("view " << ch.front().epoch << " at step " << ch.front().step);
+  int donors = 0;
+  std::uint64_t total = 0, most = 0;
+  for (int r = 0; r < 3; ++r) {
+    donors += run.served[static_cast<std::size_t>(r)] > 0 ? 1 : 0;
+    total += run.served[static_cast<std::size_t>(r)];
+    most = std::max(most, run.served[static_cast<std::size_t>(r)]);
+  }
+  CHECK(donors == 3);
+  CHECK(most * 3 <= total * 2);  // no donor served more than twice the mean
+}
+#endif

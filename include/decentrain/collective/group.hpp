@@ -28,14 +28,20 @@ inline std::uint32_t group_channel(std::uint32_t parent, std::span<const int> so
 
 template <transport::endpoint Endpoint>
 class group_view {
+  // The world, or the ranks peers that join it may take (an elastic group's view lists them).
+  static int ranks_below(const Endpoint& e) {
+    if constexpr (requires { e.capacity(); }) return e.capacity();
+    else return e.world();
+  }
+
  public:
   // `parent` must outlive the view unless the view owns it (a lane).
   group_view(std::shared_ptr<Endpoint> parent, std::vector<int> members, std::uint32_t channel)
       : parent_(std::move(parent)), members_(std::move(members)), channel_(channel) {
     decentrain::detail::check(!members_.empty(), "group: needs at least one member");
     for (std::size_t i = 0; i < members_.size(); ++i) {
-      decentrain::detail::check(members_[i] >= 0 && members_[i] < parent_->world(), "group: rank ", members_[i],
-                                " is outside a world of ", parent_->world());
+      decentrain::detail::check(members_[i] >= 0 && members_[i] < ranks_below(*parent_), "group: rank ", members_[i],
+                                " is outside a world of ", ranks_below(*parent_));
       if (members_[i] == parent_->rank()) rank_ = static_cast<int>(i);
     }
     decentrain::detail::check(rank_ >= 0, "group: peer ", parent_->rank(), " is not one of the group's members");

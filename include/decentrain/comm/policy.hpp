@@ -145,7 +145,7 @@ compress::layout layout_of(const parameter_list<Device>& params) {
 }
 template <class Codec, class Ctx>
 void prepare_codec(Codec& codec, Ctx& ctx) {
-  compress::agree(codec, ctx.replicas);
+  if (!ctx.joined) compress::agree(codec, ctx.replicas);  // a joiner's members are mid-run
   compress::set_layout(codec, layout_of(ctx.parameters));
 }
 

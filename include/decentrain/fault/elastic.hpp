@@ -10,13 +10,20 @@
 // Data sharding follows the view: the trainer's communicator becomes the view's, so the
 // parallel policy splits each step's rows among the survivors.
 //
-// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp) and
-// data parallelism (every peer holds the whole model). Peers joining a running group, and
-// checkpoints of an elastic run, are not handled yet.
+// Peers may also join the running group (tcp: a peer whose connect() finds the group running, a
+// new rank or one the group has left out): a member that sees it connected starts an agreement
+// at its next step, the leader admits the joiners every member reaches, and they take the state
+// from the members at the target, in chunks from several of them at once (transfer_state).
+//
+// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
+// tcp has joiners) and data parallelism (every peer holds the whole model). Checkpoints of an
+// elastic run are not handled yet.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +39,7 @@ struct membership_change {
   std::uint64_t epoch = 0;       // the new view's
   std::vector<int> members;      // world ranks
   std::vector<int> removed;
+  std::vector<int> joined;
   std::int64_t step = 0;         // the step the survivors continued from
   bool healed = false;           // this peer took another's state
   std::string cause;             // the error that started it, as this peer saw it
@@ -48,6 +56,8 @@ struct elastic {
   agreement_settings agreement{};
   // Fewer peers than this left: stop with an error rather than go on.
   int min_peers = 1;
+  // A peer that joins a running group waits this long to be admitted (0: twice agreement.timeout).
+  std::chrono::milliseconds admission_timeout{0};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -56,21 +66,42 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
-    if (view_.members.empty()) {
-      view_.epoch = 0;
-      for (int r = 0; r < ctx.network.world(); ++r) view_.members.push_back(r);
-      ctx.network.set_epoch(0);
+    if (!view_.members.empty()) return;
+    if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
+      failed_at_ = std::chrono::steady_clock::now();
+      cause_ = "joined the running group";
+      const auto patience = admission_timeout.count() > 0 ? admission_timeout : 2 * agreement.timeout;
+      converge(ctx, await_admission(ctx.network, patience));
+      return;
     }
+    view_.epoch = 0;
+    for (int r = 0; r < ctx.network.world(); ++r) view_.members.push_back(r);
+    ctx.network.set_epoch(0);
   }
 
   // A peer that another reported as failed stops before it computes a step the group will not
   // use: the alarm is checked at the start of every step, so a peer busy computing joins the
   // agreement within one step.
+  //
+  // A joiner connected to this peer is taken in the same way: the error starts an agreement.
   template <class Ctx>
   void before_step(Ctx& ctx) {
     if (const auto a = ctx.network.alarmed())
-      transport::fail_peer_because(transport::failure_cause::reported, a->failed, "membership", "elastic: peer ",
-                                   a->reporter, " reports that peer ", a->failed, " failed (view ", a->epoch, ")");
+      transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
+                                   transport::describe(*a));
+    const auto now = std::chrono::steady_clock::now();
+    for (int j : ctx.network.newcomers()) {
+      if (view_.contains(j)) continue;
+      // Half a second after it connected here (time to reach the other members too), then at
+      // most once a second while the others do not reach it yet.
+      auto& [seen, last] = join_tries_[j];
+      if (seen == std::chrono::steady_clock::time_point{}) seen = now;
+      if (now - seen < std::chrono::milliseconds(500)) continue;
+      if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) continue;
+      last = now;
+      transport::fail_peer_because(transport::failure_cause::joining, j, "membership", "elastic: peer ", j,
+                                   " joins the running group (view ", view_.epoch, ")");
+    }
   }
 
   template <class Ctx>
@@ -78,7 +109,8 @@ struct elastic {
 
   template <class Ctx>
   action on_error(Ctx& ctx, const transport::peer_error& e) {
-    if (e.peer() >= 0 && e.peer() != ctx.network.rank() && e.cause() != transport::failure_cause::reported)
+    if (e.peer() >= 0 && e.peer() != ctx.network.rank() && e.cause() != transport::failure_cause::reported &&
+        e.cause() != transport::failure_cause::joining)
       suspects_.emplace(e.peer(), e.cause());
     cause_ = e.what();
     failed_at_ = std::chrono::steady_clock::now();
@@ -87,10 +119,25 @@ struct elastic {
 
   template <class Ctx>
   void reform(Ctx& ctx) {
+    converge(ctx, std::nullopt);
+  }
+
+  const view& current() const { return view_; }
+  const std::vector<membership_change>& changes() const { return changes_; }
+  // State bytes this peer sent to members behind (and joiners) as a donor.
+  std::uint64_t state_bytes_served() const { return served_; }
+
+ private:
+  // Agrees on views (starting from `first` when given: a joiner's admission) until one holds:
+  // every member installed it and those behind took the state of those at the target.
+  template <class Ctx>
+  void converge(Ctx& ctx, std::optional<decision> first) {
     auto& ep = ctx.network;
     bool healed = false;
     for (;;) {
-      decision d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+      decision d = first ? std::move(*first)
+                         : agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+      first.reset();
       suspects_.clear();
       const auto failed = install(ep, d, agreement);
       view_ = d.next;
@@ -104,9 +151,10 @@ struct elastic {
         continue;
       }
       try {
-        const auto got = transfer_state(ep, d, [&] { return io::encode_checkpoint(ctx.capture()); }, agreement);
-        if (got) {
-          ctx.adopt(io::decode_checkpoint(*got, "the state from peer " + std::to_string(d.donor)));
+        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement);
+        served_ += got.bytes_served;
+        if (got.state) {
+          ctx.adopt(io::decode_checkpoint(*got.state, "the state from peer(s) " + list(got.donors)));
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
           healed = true;
         }
@@ -120,12 +168,27 @@ struct elastic {
     }
   }
 
-  const view& current() const { return view_; }
-  const std::vector<membership_change>& changes() const { return changes_; }
+  // This peer's state as another takes it: without what stays with each peer (its rank, dropout
+  // stream and byte count; adopt keeps its own), so members that hold the same model encode the
+  // same bytes and can serve one joiner together.
+  template <class Ctx>
+  static std::string shared_state(Ctx& ctx) {
+    auto c = ctx.capture();
+    c.rngs.erase("dropout");
+    for (const char* own : {"trainer.rank", "trainer.world", "trainer.policy_bytes_sent"}) c.counters.erase(own);
+    return io::encode_checkpoint(c);
+  }
+  static std::string list(const std::vector<int>& ranks) {
+    std::string s;
+    for (int r : ranks) {
+      if (!s.empty()) s += ", ";
+      s += std::to_string(r);
+    }
+    return s;
+  }
 
- private:
   membership_change record(const decision& d, bool healed) const {
-    return membership_change{d.next.epoch, d.next.members, d.removed, d.target.step, healed, cause_,
+    return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count(),
                              std::chrono::steady_clock::now()};
   }
@@ -134,6 +197,9 @@ struct elastic {
   suspicions suspects_;
   std::vector<membership_change> changes_;
   std::string cause_;
+  std::uint64_t served_ = 0;
+  // Per joiner seen connected: when it was first seen, and when it last started an agreement.
+  std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point failed_at_{};
 };
 

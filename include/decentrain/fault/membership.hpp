@@ -23,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -32,9 +33,11 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/io/checkpoint.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/membership.hpp"
@@ -62,6 +65,8 @@ struct agreement_settings {
   std::chrono::milliseconds timeout{60000};
   bool require_majority = true;
   std::size_t state_chunk_bytes = std::size_t{16} << 20;
+  // Members at the target that serve the state to those behind, each a share of its chunks.
+  int max_donors = 4;
   // The largest state a peer behind accepts from a donor (it holds all of it at once).
   std::uint64_t max_state_bytes = std::uint64_t{64} << 30;
 };
@@ -71,8 +76,10 @@ struct decision {
   view next;
   position target;              // where every member continues from
   int donor = -1;               // a member at `target`: the others behind it take its state
-  std::vector<int> behind;      // members not at `target`
+  std::vector<int> behind;      // members not at `target` (those who joined among them)
   std::vector<int> removed;     // members of the previous view left out
+  std::vector<int> joined;      // members new to the group (they joined it running)
+  std::vector<int> marked;      // members whose marker of `next` this peer took already (a joiner)
 };
 
 namespace detail {
@@ -90,7 +97,7 @@ struct message {
   std::int64_t step = 0;        // report: the sender's position; view: the target
   std::int8_t phase = 0;
   std::int32_t donor = -1;      // view
-  std::vector<std::int32_t> ranks;     // view: the members
+  std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to
   std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
   std::string reason;                  // view without members: why the group stops
@@ -195,7 +202,17 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     d.donor = m.donor;
     d.behind = detail::as_ints(m.behind);
     d.removed = detail::as_ints(m.departed);
+    for (int j : d.next.members)
+      if (!current.contains(j)) d.joined.push_back(j);
     return d;
+  };
+  // Peers that joined the running group and are connected to this one (tcp; see join below).
+  auto joiners = [&] {
+    std::vector<int> out;
+    if constexpr (requires { ep.newcomers(); })
+      for (int j : ep.newcomers())
+        if (!current.contains(j)) out.push_back(j);
+    return out;
   };
 
   for (;;) {
@@ -213,6 +230,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.step = mine.step;
       report.phase = mine.phase;
       for (const auto& [j, cause] : suspects) report.departed.push_back(j);  // only departures are kept
+      report.ranks = detail::as_list(joiners());
       try {
         detail::post(ep, leader, report);
         // The leader may wait a whole deadline on a frozen member before it sends the view.
@@ -226,8 +244,13 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       }
     }
 
-    // The leader: a report from every member it does not suspect.
+    // The leader: a report from every member it does not suspect. It admits a joiner that every
+    // reporting member and itself are connected to (the view's collectives need all pairs), the
+    // lowest if several: whether two joiners reach each other no member can tell, and the next
+    // joiner, once connected to this one too, is taken in at the next agreement.
     std::map<int, position> where{{me, mine}};
+    const auto mine_joiners = joiners();
+    std::set<int> admit(mine_joiners.begin(), mine_joiners.end());
     std::map<int, std::string> why;  // members this leader could not hear from, and why
     for (std::size_t i = 0; i < alive.size(); ++i) {
       const int j = alive[i];
@@ -238,6 +261,8 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         });
         if (r.what == kind::view) return from_view(r);  // a view this peer missed: follow it
         where[j] = position{r.step, r.phase};
+        const std::set<int> theirs(r.ranks.begin(), r.ranks.end());
+        std::erase_if(admit, [&](int x) { return !theirs.count(x); });
         // What the reporter knows departed for certain; its other suspicions this leader checks
         // itself, by waiting for their reports.
         for (const auto x : r.departed)
@@ -274,7 +299,6 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       for (const auto& [j, c] : suspects)
         if (!why.count(j)) v.reason += decentrain::detail::concat(" (peer ", j, ": ", transport::describe(c), ")");
     } else {
-      v.ranks = detail::as_list(next);
       position target = where.at(next.front());
       for (int j : next) target = std::max(target, where.at(j));
       v.step = target.step;
@@ -285,9 +309,21 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         } else {
           v.behind.push_back(j);
         }
+      if (!admit.empty()) {
+        const int j = *admit.begin();
+        admit = {j};
+        v.behind.push_back(j);
+        next.push_back(j);
+      }
+      std::sort(next.begin(), next.end());
+      std::sort(v.behind.begin(), v.behind.end());
+      v.ranks = detail::as_list(next);
     }
-    // Everyone of the old view that may be listening hears it, the left-out ones included.
-    for (int j : current.members) {
+    // Everyone of the old view that may be listening hears it, the left-out ones included, and
+    // the joiners it admits.
+    std::vector<int> told = current.members;
+    if (!v.ranks.empty()) told.insert(told.end(), admit.begin(), admit.end());
+    for (int j : told) {
       if (j == me) continue;
       if (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed) continue;
       try {
@@ -297,6 +333,56 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       }
     }
     return from_view(v);
+  }
+}
+
+// A peer that joined a running group (tcp: connect() found it running) waits here for a view
+// that lists it: one of its members leads the agreement that admits it, at a step of the
+// group's choosing, and sends it the view. It is then a member like the others (install, then
+// take the state from those at the target).
+template <class E>
+decision await_admission(E& ep, std::chrono::milliseconds patience) {
+  const int me = ep.rank();
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  std::map<int, std::string> gone;  // peers whose connection closed while it waited, and why
+  std::map<int, std::uint64_t> markers;  // members that sent it a marker (of the view that admits it)
+  auto next_look = std::chrono::steady_clock::now();
+  for (;;) {
+    // The leader is whichever member is lowest and alive: listen to every connected peer.
+    const auto peers = ep.connected();
+    for (int j : peers) {
+      if (gone.count(j)) continue;
+      try {
+        const auto m = detail::decode(ep.recv_within(j, detail::protocol_tag, std::chrono::milliseconds(20)), j);
+        if (m.what == detail::kind::marker) markers[j] = m.epoch;  // a member that had the view first
+        if (m.what != detail::kind::view) continue;
+        decision d;
+        d.next = view{m.epoch, detail::as_ints(m.ranks)};
+        if (!d.next.contains(me)) continue;  // a view of the members that did not admit it yet
+        d.target = position{m.step, m.phase};
+        d.donor = m.donor;
+        d.behind = detail::as_ints(m.behind);
+        d.removed = detail::as_ints(m.departed);
+        d.joined = {me};
+        for (const auto& [k, e] : markers)
+          if (e == m.epoch) d.marked.push_back(k);
+        return d;
+      } catch (const transport::peer_error& e) {
+        if (e.cause() != transport::failure_cause::silent) gone[j] = e.what();
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline || (!peers.empty() && gone.size() == peers.size())) {
+      std::string why;
+      for (const auto& [j, w] : gone) why += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
+      decentrain::detail::fail("elastic: peer ", me, " joined the running group but was not admitted within ",
+                               patience.count(), " ms (connected to ", peers.size(), " peer(s))", why);
+    }
+    if (peers.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if constexpr (requires { ep.rediscover(); })
+      if (std::chrono::steady_clock::now() >= next_look) {
+        ep.rediscover();  // joiners after this one: the group admits it only once it reaches every member
+        next_look = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+      }
   }
 }
 
@@ -318,9 +404,10 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
     const auto deadline = std::chrono::steady_clock::now() + s.timeout;
     for (int j : d.next.members) {
       if (j == me) continue;
-      detail::await(ep, j, deadline, [&](const detail::message& m) {
-        return m.what == detail::kind::marker && m.epoch == d.next.epoch;
-      });
+      if (std::find(d.marked.begin(), d.marked.end(), j) == d.marked.end())
+        detail::await(ep, j, deadline, [&](const detail::message& m) {
+          return m.what == detail::kind::marker && m.epoch == d.next.epoch;
+        });
       ep.discard_before(j, detail::protocol_tag);
     }
   } catch (const transport::peer_error& e) {
@@ -329,42 +416,118 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   return std::nullopt;
 }
 
-// The donor sends `state()` (an encoded checkpoint) to every member behind; they receive it.
-// Returns the encoded state this peer received (nothing when it was not behind).
+// Which members serve the state to those behind: members at the target (not behind), the
+// agreed donor first, at most `max_donors`.
+inline std::vector<int> donors_of(const decision& d, int max_donors) {
+  std::vector<int> out;
+  if (d.donor < 0) return out;
+  out.push_back(d.donor);
+  for (int j : d.next.members)
+    if (static_cast<int>(out.size()) < max_donors && j != d.donor &&
+        std::find(d.behind.begin(), d.behind.end(), j) == d.behind.end())
+      out.push_back(j);
+  return out;
+}
+
+// What a state transfer did on this peer.
+struct transfer_report {
+  std::optional<std::string> state;   // the encoded state it received (it was behind)
+  std::uint64_t bytes_served = 0;     // what it sent as a donor
+  std::vector<int> donors;            // receiving: the donors it took chunks from
+};
+
+// Members behind take the state of members at the target, in chunks from several donors at
+// once (hivemind #169: every joiner hit one donor). Each donor offers its encoded state's size
+// and checksum (`state()` is an encoded checkpoint: its header holds its body's XXH64); each
+// member behind asks every donor whose offer equals the agreed donor's for its share of the
+// chunks (shifted by its place among those behind, so each donor starts on a different one),
+// and the decode verifies the whole. Donors with a different state (DiLoCo peers at the same
+// step hold different inner parameters) are asked for nothing, so the result is always one
+// donor's state, bit for bit.
 template <class E>
-std::optional<std::string> transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
-                                          const agreement_settings& s) {
+transfer_report transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
+                               const agreement_settings& s) {
+  using decentrain::detail::check;
+  transfer_report out;
   const int me = ep.rank();
-  const bool behind = std::find(d.behind.begin(), d.behind.end(), me) != d.behind.end();
-  if (me == d.donor && !d.behind.empty()) {
+  if (d.behind.empty()) return out;
+  const auto donors = donors_of(d, std::max(s.max_donors, 1));
+  check(!donors.empty(), "elastic: members are behind but no member is at the target (no donor)");
+  const bool donor = std::find(donors.begin(), donors.end(), me) != donors.end();
+  const auto place = std::find(d.behind.begin(), d.behind.end(), me);
+  const auto as_span = [](const auto& v) { return std::as_bytes(std::span(v)); };
+
+  if (donor) {
     const std::string blob = state();
-    const std::size_t chunk = std::max<std::size_t>(s.state_chunk_bytes, 1024);
-    std::uint64_t head[2] = {blob.size(), chunk};
+    const std::uint64_t chunk = std::max<std::size_t>(s.state_chunk_bytes, 1024);
+    const std::uint64_t chunks = (blob.size() + chunk - 1) / chunk;
+    const std::array<std::uint64_t, 3> offer{blob.size(), chunk, io::stored_checksum(blob)};
+    for (int j : d.behind) ep.send(j, detail::state_tag, as_span(offer));
     for (int j : d.behind) {
-      ep.send(j, detail::state_tag, std::as_bytes(std::span<const std::uint64_t>(head, 2)));
-      for (std::size_t at = 0; at < blob.size(); at += chunk)
-        ep.send(j, detail::state_tag,
-                std::as_bytes(std::span<const char>(blob.data() + at, std::min(chunk, blob.size() - at))));
+      const auto request = ep.recv_within(j, detail::state_tag, s.timeout);
+      const std::size_t n = request.size() / 4;
+      if (request.size() % 4 != 0 || n > chunks)
+        transport::fail_peer(j, "state", "elastic: peer ", j, " sent a malformed state request of ", request.size(), " bytes");
+      for (std::size_t k = 0; k < n; ++k) {
+        std::uint32_t i = 0;
+        std::memcpy(&i, request.data() + 4 * k, 4);
+        if (i >= chunks) transport::fail_peer(j, "state", "elastic: peer ", j, " asked for chunk ", i, " of ", chunks);
+        const std::size_t at = static_cast<std::size_t>(i) * chunk;
+        const std::size_t len = std::min<std::size_t>(chunk, blob.size() - at);
+        ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(blob.data() + at, len)));
+        out.bytes_served += len;
+      }
     }
   }
-  if (!behind) return std::nullopt;
-  const auto head = ep.recv_within(d.donor, detail::state_tag, s.timeout);
-  decentrain::detail::check(head.size() == 16, "elastic: peer ", d.donor, " sent a state header of ", head.size(), " bytes");
-  std::uint64_t size = 0, chunk = 0;
-  std::memcpy(&size, head.data(), 8);
-  std::memcpy(&chunk, head.data() + 8, 8);
-  decentrain::detail::check(chunk >= 1024 && size <= s.max_state_bytes, "elastic: peer ", d.donor, " announced a state of ",
-                            size, " bytes in chunks of ", chunk, " (at most ", s.max_state_bytes,
-                            " bytes are accepted: agreement_settings::max_state_bytes)");
-  std::string blob;
-  blob.reserve(static_cast<std::size_t>(size));  // growing it instead copied gigabytes over and over
-  while (blob.size() < size) {
-    const auto part = ep.recv_within(d.donor, detail::state_tag, s.timeout);
-    decentrain::detail::check(part.size() == std::min<std::uint64_t>(chunk, size - blob.size()), "elastic: peer ", d.donor,
-                              " sent a state chunk of ", part.size(), " bytes");
-    blob.append(reinterpret_cast<const char*>(part.data()), part.size());
+  if (place == d.behind.end()) return out;
+
+  // Offers: every donor's; the agreed donor's is the one to take.
+  std::vector<std::array<std::uint64_t, 3>> offers;
+  for (int j : donors) {
+    const auto b = ep.recv_within(j, detail::state_tag, s.timeout);
+    if (b.size() != 24) transport::fail_peer(j, "state", "elastic: peer ", j, " sent a state offer of ", b.size(), " bytes");
+    std::array<std::uint64_t, 3> o{};
+    std::memcpy(o.data(), b.data(), 24);
+    offers.push_back(o);
   }
-  return blob;
+  const std::uint64_t size = offers.front()[0], chunk = offers.front()[1];
+  check(chunk >= 1024 && size <= s.max_state_bytes, "elastic: peer ",
+        d.donor, " announced a state of ", size, " bytes in chunks of ", chunk, " (at most ", s.max_state_bytes,
+        " bytes are accepted: agreement_settings::max_state_bytes)");
+  std::vector<int> serving;  // indices into donors
+  for (std::size_t k = 0; k < donors.size(); ++k)
+    if (offers[k] == offers.front()) serving.push_back(static_cast<int>(k));
+  const std::uint64_t chunks = (size + chunk - 1) / chunk;
+  check(chunks < (std::uint64_t{1} << 32), "elastic: a state of ", chunks, " chunks is over the limit");
+  std::vector<std::vector<std::uint32_t>> asks(donors.size());
+  const auto shift = static_cast<std::uint64_t>(place - d.behind.begin());
+  for (std::uint64_t i = 0; i < chunks; ++i)
+    asks[static_cast<std::size_t>(serving[(i + shift) % serving.size()])].push_back(static_cast<std::uint32_t>(i));
+  for (std::size_t k = 0; k < donors.size(); ++k) {
+    ep.send(donors[k], detail::state_tag, as_span(asks[k]));
+    if (!asks[k].empty()) out.donors.push_back(donors[k]);
+  }
+  std::string blob(static_cast<std::size_t>(size), '\0');
+  // Chunks arrive from every donor at once (the transport queues each donor's); take them in
+  // turn, each donor's in the order asked.
+  std::vector<std::size_t> next(donors.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (std::size_t k = 0; k < donors.size(); ++k) {
+      if (next[k] == asks[k].size()) continue;
+      const std::uint64_t i = asks[k][next[k]++];
+      const std::size_t at = static_cast<std::size_t>(i * chunk);
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size - at));
+      const auto part = ep.recv_within(donors[k], detail::state_tag, s.timeout);
+      if (part.size() != len)
+        transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent a state chunk of ", part.size(),
+                             " bytes, ", len, " were due");
+      std::memcpy(blob.data() + at, part.data(), len);
+      more = more || next[k] < asks[k].size();
+    }
+  }
+  out.state = std::move(blob);
+  return out;
 }
 
 }  // namespace decentrain::fault

@@ -116,6 +116,16 @@ inline std::string encode_checkpoint(const checkpoint& ckpt) {
   return out;
 }
 
+// The checksum an encoded checkpoint carries of its payload: two encodings with the same
+// checksum and size hold the same state (fault::transfer_state matches donors by it).
+inline std::uint64_t stored_checksum(std::string_view encoded) {
+  decentrain::detail::check(encoded.size() >= checkpoint_header_bytes, "checkpoint: ", encoded.size(),
+                            " bytes are shorter than a header");
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(encoded[20 + static_cast<std::size_t>(i)])) << (8 * i);
+  return v;
+}
+
 // Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
 inline checkpoint decode_checkpoint(std::string_view data, const std::string& where) {
   constexpr std::size_t header = checkpoint_header_bytes;

@@ -115,13 +115,23 @@ class trainer {
   // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
     auto ctx = make_context(dataset);
+    const auto adoptions = adoptions_;
     fault_.start(ctx);
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     ctx.resumed = resumed_;
-    between_steps(ctx, phase::start, [&] {
-      check_same_step();
+    if (adoptions_ != adoptions) {
+      // A peer that joined a running group took a member's state: the policy's state came with
+      // it (start as resumed: nothing to exchange), and it goes on from that member's phase.
+      resume_at_ = resume_point{step_, ctx.at};
+      ctx.resumed = ctx.joined = true;
       counted([&] { policy_.start(ctx); });
-    });
+      ctx.joined = false;
+    } else {
+      between_steps(ctx, phase::start, [&] {
+        check_same_step();
+        counted([&] { policy_.start(ctx); });
+      });
+    }
     resumed_ = ctx.resumed = false;
     fit_result result;
     const auto wall0 = std::chrono::steady_clock::now();
@@ -210,6 +220,7 @@ class trainer {
   void adopt(const io::checkpoint& c) {
     step_ = train::restore(c, model_, optimizer_);
     policy_.load(c);
+    ++adoptions_;
   }
 
  private:
@@ -232,7 +243,7 @@ class trainer {
     else (void)runs(phase::step);
     bool stepped = stepped_before;
     const auto dropout_before = dropout_.state();
-    for (int redos = 0;; ++redos) {
+    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
       try {
         if constexpr (requires { fault_.before_step(ctx); })
           if (!stepped) fault_.before_step(ctx);
@@ -266,6 +277,9 @@ class trainer {
     }
   }
 
+  // A view change that takes in a joiner is no failure: it does not count towards max_redos.
+  static int counts_as_redo(transport::failure_cause c) { return c == transport::failure_cause::joining ? 0 : 1; }
+
   // Hands a peer error to the fault policy, and returns once the failed part may run again:
   // rethrows when the policy says so (or has said redo max_redos times in a row), re-forms the
   // group when it says reform. ctx.step and ctx.at say where the failure struck; true when the
@@ -273,7 +287,8 @@ class trainer {
   bool recover(context& ctx, const transport::peer_error& e, int redos) {
     const fault::action a = fault_.on_error(ctx, e);
     if (a == fault::action::rethrow) throw e;
-    if (redos >= options_.max_redos)
+    last_error_cause_ = e.cause();
+    if (counts_as_redo(e.cause()) && redos >= options_.max_redos)
       throw transport::peer_error(e.peer(), e.operation(),
                                   decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
                                                              redos, " times in a row; max_redos = ", options_.max_redos, ")"),
@@ -300,7 +315,7 @@ class trainer {
   // the group gave this peer a state from further on (false: resume_at_ says where).
   template <class Call>
   bool between_steps(context& ctx, phase at, Call&& call) {
-    for (int redos = 0;; ++redos) {
+    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
       try {
         call();
         return true;
@@ -339,6 +354,7 @@ class trainer {
                    step_,
                    false,
                    resumed_,
+                   false,
                    [this] { return capture(); },
                    [this](const io::checkpoint& c) { restore(c); },
                    endpoint_,
@@ -462,6 +478,8 @@ class trainer {
   rng dropout_;
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
+  std::uint64_t adoptions_ = 0;
+  transport::failure_cause last_error_cause_ = transport::failure_cause::other;  // of the last error recover() saw
   bool resumed_ = false;
   struct resume_point {
     std::int64_t step = 0;

@@ -91,6 +91,16 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
   e.forget(peer);
 };
 
+// Whether an elastic group on this endpoint type takes in peers that join once it runs (tcp).
+template <class E>
+concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce) {
+  { ce.joined_late() } -> std::same_as<bool>;             // this peer joined a running group
+  { ce.newcomers() } -> std::same_as<std::vector<int>>;   // connected peers that joined late
+  { ce.connected() } -> std::same_as<std::vector<int>>;   // every connected peer
+  { ce.capacity() } -> std::same_as<int>;                  // ranks are below this (world() and joiners)
+  e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
+};
+
 // The slowest link of a network, the same figure on every peer: its largest latency and its
 // smallest bandwidth. A transport that knows its links (in_process) offers slowest_link() so the
 // collectives can size their steps to the links (see collective::options); real networks do not
@@ -221,6 +231,12 @@ class any_endpoint {
   void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
   std::optional<alarm> alarmed() const { return get().alarmed(); }
   void forget(int peer) { get().forget(peer); }
+  // Joining (joining_endpoint); a transport without it has no late joiners.
+  bool joined_late() const { return get().joined_late(); }
+  std::vector<int> newcomers() const { return get().newcomers(); }
+  std::vector<int> connected() const { return get().connected(); }
+  int capacity() const { return get().capacity(); }
+  void rediscover() { get().rediscover(); }
 
  private:
   struct base {
@@ -242,6 +258,11 @@ class any_endpoint {
     virtual void set_epoch(std::uint64_t) = 0;
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
+    virtual bool joined_late() const = 0;
+    virtual std::vector<int> newcomers() const = 0;
+    virtual std::vector<int> connected() const = 0;
+    virtual int capacity() const = 0;
+    virtual void rediscover() = 0;
   };
   template <class E>
   struct model final : base {
@@ -283,6 +304,25 @@ class any_endpoint {
     void forget(int p) override {
       if constexpr (membership_endpoint<E>) e.forget(p);
       else no_membership();
+    }
+    bool joined_late() const override {
+      if constexpr (joining_endpoint<E>) return e.joined_late();
+      else return false;
+    }
+    std::vector<int> newcomers() const override {
+      if constexpr (joining_endpoint<E>) return e.newcomers();
+      else return {};
+    }
+    std::vector<int> connected() const override {
+      if constexpr (joining_endpoint<E>) return e.connected();
+      else return {};
+    }
+    int capacity() const override {
+      if constexpr (joining_endpoint<E>) return e.capacity();
+      else return world();
+    }
+    void rediscover() override {
+      if constexpr (joining_endpoint<E>) e.rediscover();
     }
     [[noreturn]] static void no_membership() {
       decentrain::detail::fail("transport: this transport has no membership protocol support (recv_within, alarms, "

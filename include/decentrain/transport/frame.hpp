@@ -26,7 +26,7 @@ namespace decentrain::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason.
-inline constexpr std::uint16_t version = 3;
+inline constexpr std::uint16_t version = 4;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -128,27 +128,32 @@ struct hello {
   hello_purpose purpose = hello_purpose::data;
   bool little_endian = std::endian::native == std::endian::little;  // data bodies are native floats
   std::string address;  // where the sender listens
+  bool late = false;     // data: the sender joins a group that is already running
 
   template <class Archive>
   void save(Archive& ar) const {
     ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian);
     save_string(ar, address);
+    ar(late);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
-    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars});
+    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late);
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     purpose = static_cast<hello_purpose>(p);
   }
 };
 
-// Reply to a directory hello: every (rank, address) the replying peer knows.
+// Reply to a directory hello: every (rank, address) the replying peer knows; once its group is
+// running (`formed`), only itself and the peers it is connected to (those a joiner must reach).
 struct directory {
   std::vector<std::pair<std::int32_t, std::string>> entries;
+  bool formed = false;
 
   template <class Archive>
   void save(Archive& ar) const {
+    ar(formed);
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(entries.size())));
     for (const auto& [r, a] : entries) {
       ar(r);
@@ -158,6 +163,7 @@ struct directory {
   template <class Archive>
   void load(Archive& ar) {
     cereal::size_type n = 0;
+    ar(formed);
     ar(cereal::make_size_tag(n));
     decentrain::detail::check(n <= max_directory_entries, "frame: directory of ", n, " entries is over the limit");
     entries.resize(static_cast<std::size_t>(n));

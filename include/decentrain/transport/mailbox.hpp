@@ -176,15 +176,28 @@ class mailbox {
     }
     ready_.notify_all();
   }
-  // Drops what `source` queued outside the membership channel before the last message taken
-  // from it on `marker` (a view's marker: everything before it belongs to the previous view).
+  // A peer joins under `source`: a new rank, or one this peer forgot (a killed peer that comes
+  // back), is heard from now on. False while `source` is closed but not forgotten: the group
+  // has not left the previous peer of that rank out yet, and a newcomer must not take its place
+  // in collectives that still count on the old one.
+  bool welcome(int source) {
+    std::lock_guard lock(mutex_);
+    if (closed_.count(source) && !forgotten_.count(source)) return false;
+    forgotten_.erase(source);
+    closed_.erase(source);
+    std::erase_if(last_taken_, [&](const auto& t) { return t.first.first == source; });
+    return true;
+  }
+  // Drops what `source` queued before the last message taken from it on `marker` (a view's
+  // marker: everything before it belongs to the previous view, a failed state transfer's
+  // chunks included), except on `marker` itself.
   void discard_before(int source, tag_type marker) {
     std::lock_guard lock(mutex_);
     const auto it = last_taken_.find({source, marker});
     if (it == last_taken_.end()) return;
     const std::uint64_t before = it->second;
     for (auto q = queues_.begin(); q != queues_.end();) {
-      if (q->first.first == source && !is_membership_tag(q->first.second)) {
+      if (q->first.first == source && q->first.second != marker) {
         std::erase_if(q->second, [&](const message& m) { return m.sequence < before; });
         if (q->second.empty()) {
           q = queues_.erase(q);
@@ -248,8 +261,7 @@ class mailbox {
       transport::fail_peer_because(c->second.cause, source, "receive", "transport: peer ", source, " is gone (",
                                    c->second.reason, ")");
     if (alarm_ && !is_membership_tag(tag))
-      transport::fail_peer_because(failure_cause::reported, alarm_->failed, "receive", "transport: peer ", alarm_->reporter,
-                                   " reports that peer ", alarm_->failed, " failed (view ", alarm_->epoch, ")");
+      transport::fail_peer_because(cause_of(*alarm_), alarm_->failed, "receive", "transport: ", describe(*alarm_));
   }
 
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {

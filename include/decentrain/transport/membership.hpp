@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 
+#include "decentrain/transport/peer_error.hpp"
 #include "decentrain/transport/tag.hpp"
 
 namespace decentrain::transport {
@@ -36,6 +38,16 @@ struct alarm {
   int reporter = -1;
   int failed = -1;
 };
+
+// What an alarm says, for errors: a failure, or (failed < 0) a view change for another reason
+// (a peer joins).
+inline failure_cause cause_of(const alarm& a) { return a.failed < 0 ? failure_cause::joining : failure_cause::reported; }
+inline std::string describe(const alarm& a) {
+  if (a.failed < 0)
+    return "peer " + std::to_string(a.reporter) + " started a view change (view " + std::to_string(a.epoch) + ")";
+  return "peer " + std::to_string(a.reporter) + " reports that peer " + std::to_string(a.failed) + " failed (view " +
+         std::to_string(a.epoch) + ")";
+}
 
 namespace wire {
 inline constexpr std::size_t alarm_bytes = 16;

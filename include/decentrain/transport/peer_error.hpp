@@ -20,6 +20,7 @@ enum class failure_cause {
   excluded,  // it stopped listening to this peer (heard nothing from it in time, or left it out
              // of a view): it is alive, and this peer may be the one that was frozen or cut off
   reported,  // another peer reported it failed (the membership alarm)
+  joining,   // no failure: the group changes its view to take in a peer that joins
   other,     // it sent something malformed, or the cause is not known
 };
 
@@ -30,6 +31,7 @@ inline const char* describe(failure_cause c) {
     case failure_cause::silent: return "silent past its deadline";
     case failure_cause::excluded: return "stopped listening to this peer";
     case failure_cause::reported: return "reported failed by another peer";
+    case failure_cause::joining: return "the group takes in a joiner";
     case failure_cause::other: break;
   }
   return "failed";

@@ -74,9 +74,16 @@ struct tcp_options {
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds min_silence{3000};
   std::uint64_t max_frame_bytes = std::uint64_t{64} << 20;
+  // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
+  // ranks of their own below it (a rank of the first `world` whose peer left may come back).
+  int max_world = 0;
+
+  int capacity() const { return std::max(world, max_world); }
 
   void validate() const {
-    decentrain::detail::check(world >= 1 && rank >= 0 && rank < world, "tcp: rank ", rank, " is outside [0, world = ", world, ")");
+    decentrain::detail::check(world >= 1 && max_world >= 0 && max_world <= (1 << 16), "tcp: world must be >= 1 and max_world in [0, 65536]");
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "tcp: rank ", rank, " is outside [0, ",
+                              max_world > world ? "max_world" : "world", " = ", capacity(), ")");
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
                               " needs at least one peer to join through (--join HOST:PORT)");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
@@ -111,7 +118,8 @@ class tcp {
   void connect() { self_->connect(); }
 
   int rank() const { return self_->opts.rank; }
-  int world() const { return self_->opts.world; }
+  // The peers the group started with; a peer that joined later counts up to its own rank.
+  int world() const { return std::max(self_->opts.world, self_->opts.rank + 1); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { self_->send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return self_->recv(peer, tag, !lane_); }
   // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
@@ -132,10 +140,43 @@ class tcp {
   // Closes the connection to `peer` and drops what it sent: a peer left out of the view that
   // wakes up later (SIGSTOP, partition) finds its connections closed instead of being heard.
   void forget(int peer) {
-    decentrain::detail::check(peer >= 0 && peer < world() && peer != rank(), "tcp: peer ", rank(), " cannot forget peer ", peer);
+    decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
+                              " cannot forget peer ", peer);
+    {
+      std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
+      self_->directory.erase(peer);
+      self_->newcomers.erase(peer);
+    }
     self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
     self_->give_up_on(peer, "left out of the view",
                       wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
+  }
+
+  // ---- joining a running group (fault::elastic) ----
+  // Whether connect() found the group running: this peer then waits to be admitted to a view.
+  bool joined_late() const {
+    std::lock_guard lock(self_->mutex);
+    return self_->late;
+  }
+  // The peers connected now that joined the running group (a member admits them to its view).
+  std::vector<int> newcomers() const {
+    std::lock_guard lock(self_->mutex);
+    std::vector<int> out;
+    for (int r : self_->newcomers)
+      if (self_->peers.count(r)) out.push_back(r);
+    return out;
+  }
+  // Ranks of this group are below this: world() and the ranks joiners may take (max_world).
+  int capacity() const { return self_->opts.capacity(); }
+  // A joiner waiting for admission: asks its seeds and the peers it knows for their directories
+  // and connects to those it is not connected to yet (joiners that came after it; best effort).
+  void rediscover() { self_->rediscover(); }
+  // Every peer connected now, ascending.
+  std::vector<int> connected() const {
+    std::lock_guard lock(self_->mutex);
+    std::vector<int> out;
+    for (const auto& [r, c] : self_->peers) out.push_back(r);
+    return out;
   }
 
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
@@ -245,6 +286,11 @@ class tcp {
               last_error = e.what();
             }
           }
+        {
+          std::lock_guard lock(mutex);
+          if (!refusal.empty()) decentrain::detail::fail(refusal);  // retrying would not help
+        }
+        if (late_group()) return connect_late(deadline);
         for (int j = 0; j < opts.rank; ++j) {
           std::string address;
           {
@@ -260,7 +306,10 @@ class tcp {
           }
         }
         std::unique_lock lock(mutex);
-        if (static_cast<int>(peers.size()) == opts.world - 1) return;
+        if (static_cast<int>(peers.size()) == opts.world - 1) {
+          formed = true;
+          return;
+        }
         const auto now = std::chrono::steady_clock::now();
         if (now >= deadline) {
           std::string missing;
@@ -280,12 +329,85 @@ class tcp {
       return static_cast<int>(directory.size());
     }
 
+    bool late_group() {
+      std::lock_guard lock(mutex);
+      return late;
+    }
+
+    void rediscover() {
+      std::vector<std::string> ask = opts.join;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, c] : peers)
+          if (directory.count(r)) ask.push_back(directory[r]);
+      }
+      for (const auto& a : ask) {
+        try {
+          poll_directory(a);
+          break;  // one answer lists the peers it is connected to: enough
+        } catch (const std::exception&) {
+        }
+      }
+      std::vector<std::pair<int, std::string>> todo;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank && !peers.count(r)) todo.emplace_back(r, a);
+      }
+      for (const auto& [r, a] : todo) {
+        try {
+          dial(r, a);
+        } catch (const std::exception&) {  // gone meanwhile: the group's membership sorts it out
+        }
+      }
+    }
+
+    // The group is running: dial every peer a seed listed (all of them, whatever their rank),
+    // saying this peer joins late. A listed peer that cannot be reached twice has most likely
+    // died since; the group's membership sorts that out when it admits this one.
+    void connect_late(std::chrono::steady_clock::time_point deadline) {
+      std::map<int, int> failures;
+      std::string last_error = "none";
+      auto backoff = opts.first_backoff;
+      for (;;) {
+        std::vector<std::pair<int, std::string>> todo;
+        {
+          std::lock_guard lock(mutex);
+          for (const auto& [r, a] : directory)
+            if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
+        }
+        for (const auto& [r, a] : todo) {
+          try {
+            dial(r, a);
+          } catch (const std::exception& e) {
+            ++failures[r];
+            last_error = e.what();
+          }
+        }
+        std::unique_lock lock(mutex);
+        bool settled = true;
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank && !peers.count(r) && failures[r] < 2) settled = false;
+        if (settled && !peers.empty()) {
+          formed = true;
+          return;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline || (settled && peers.empty()))
+          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group within ",
+                                   opts.join_timeout.count(), " ms (last error: ", last_error, ")");
+        changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+        backoff = std::min(backoff * 2, opts.max_backoff);
+      }
+    }
+
     wire::hello my_hello(wire::hello_purpose purpose) const {
       wire::hello h;
       h.rank = opts.rank;
       h.world = opts.world;
       h.purpose = purpose;
       h.address = advertised;
+      h.late = late;
       return h;
     }
 
@@ -344,8 +466,15 @@ class tcp {
         decentrain::detail::check(finished, "tcp: directory request to ", seed, " failed: ", failure);
         const auto dir = wire::decode_body<wire::directory>(body, "directory");
         std::lock_guard lock(mutex);
+        if (dir.formed && !formed && peers.empty()) {  // a running group, and this peer is not of its mesh
+          for (const auto& [r, a] : dir.entries)
+            if (r == opts.rank)
+              refusal = decentrain::detail::concat("tcp: rank ", opts.rank, " is taken in the running group (by the peer at ", a,
+                                                   "); a peer that joins needs a rank of its own");
+          late = refusal.empty();
+        }
         for (const auto& [r, a] : dir.entries)
-          if (r >= 0 && r < opts.world && r != opts.rank) directory[r] = a;
+          if (r >= 0 && r < opts.capacity() && r != opts.rank) directory[r] = a;
       });
     }
 
@@ -360,17 +489,37 @@ class tcp {
         auto f = registered.get_future();
         asio::post(io, [this, c, &registered] {
           all.insert(c);
+          std::shared_ptr<connection> dropped;
           {
             std::lock_guard lock(mutex);
-            peers[c->rank] = c;
+            dropped = keep_one(c, true);
           }
-          box.reopen(c->rank);
-          read_next(c);
+          if (dropped) close(dropped, "");
+          if (dropped != c) {
+            box.reopen(c->rank);
+            read_next(c);
+          }
           registered.set_value();
         });
         f.get();
         changed.notify_all();
       });
+    }
+
+    // Two joiners that find each other at once dial each other: of the two connections, the one
+    // the lower rank dialed is kept on both sides. Registers `c` (dialed by this peer when
+    // `outgoing`) or not; returns the connection to close quietly, if any (mutex held).
+    std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
+      auto it = peers.find(c->rank);
+      if (it == peers.end() || it->second == c) {
+        peers[c->rank] = c;
+        return nullptr;
+      }
+      const bool lower_dialed_c = outgoing ? opts.rank < c->rank : c->rank < opts.rank;
+      if (!lower_dialed_c) return c;
+      auto old = it->second;
+      it->second = c;
+      return old;
     }
 
     // A frame as asio buffers: header, body, padding (head and body must outlive the write).
@@ -527,21 +676,47 @@ class tcp {
           const auto hello = wire::decode_body<wire::hello>(c->body, "hello");
           decentrain::detail::check(hello.world == opts.world, "frame: hello from a peer of a world of ", hello.world,
                                     ", this one has ", opts.world);
-          decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.world && hello.rank != opts.rank,
+          decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.capacity() && hello.rank != opts.rank,
                                     "frame: hello claims rank ", hello.rank);
           decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
                                     "frame: peer ", hello.rank, " has a different byte order");
           std::lock_guard lock(mutex);
-          if (!hello.address.empty()) directory[hello.rank] = hello.address;
           if (hello.purpose == wire::hello_purpose::directory) {
+            if (!formed && !hello.address.empty()) directory[hello.rank] = hello.address;
             wire::directory d;
-            for (const auto& [r, a] : directory) d.entries.emplace_back(r, a);
+            d.formed = formed;
+            for (const auto& [r, a] : directory)
+              if (!formed || r == opts.rank || peers.count(r)) d.entries.emplace_back(r, a);
             reply(c, wire::frame_type::directory, wire::encode_body(d));
             return true;  // the asker closes when it has read the reply
           }
-          decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
-                                    " (lower ranks are dialed, not dialing)");
-          decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
+          decentrain::detail::check(hello.late || !peers.count(hello.rank), "frame: a second connection claiming rank ",
+                                    hello.rank);
+          if (hello.late) {
+            if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
+              reply(c, wire::frame_type::bye,
+                    wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                              "peer ", opts.rank, " has not left the previous peer of rank ",
+                                                              hello.rank, " out of its view yet; join again later")}));
+              return true;  // the joiner closes
+            }
+            newcomers.insert(hello.rank);
+            if (!hello.address.empty()) directory[hello.rank] = hello.address;
+            c->rank = hello.rank;
+            if (auto dropped = keep_one(c, false)) {
+              box.reopen(c->rank);
+              changed.notify_all();
+              asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
+              return dropped != c;  // false: this connection is the one dropped
+            }
+            box.reopen(c->rank);
+            changed.notify_all();
+            return true;
+          } else {
+            decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
+                                      " (lower ranks are dialed, not dialing)");
+          }
+          if (!hello.address.empty()) directory[hello.rank] = hello.address;
           c->rank = hello.rank;
           peers[c->rank] = c;
           box.reopen(c->rank);
@@ -710,8 +885,8 @@ class tcp {
 
     // ---- the training thread ----
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
-      decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot send to peer ", peer,
-                                " (world of ", opts.world, ")");
+      decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot send to peer ", peer,
+                                " (ranks below ", opts.capacity(), ")");
       decentrain::detail::check(data.size() <= opts.max_frame_bytes, "tcp: a message of ", data.size(),
                                 " bytes is over max_frame_bytes = ", opts.max_frame_bytes);
       if (peer == opts.rank) {  // to itself: straight into its own mailbox
@@ -779,8 +954,7 @@ class tcp {
           // out), or the stream to a live peer would lose its framing.
           if (written <= before && !is_membership_tag(tag))
             if (const auto a = box.alarmed())
-              fail(failure_cause::reported, a->failed, "tcp: peer ", a->reporter, " reports that peer ", a->failed,
-                   " failed (view ", a->epoch, ")");
+              fail(cause_of(*a), a->failed, "tcp: ", describe(*a));
           const auto left = deadline - std::chrono::steady_clock::now();
           if (left <= std::chrono::steady_clock::duration::zero())
             fail(failure_cause::silent, peer, "tcp: sending to peer ", peer, " did not finish within ", opts.recv_timeout.count(), " ms");
@@ -800,8 +974,8 @@ class tcp {
     }
 
     bytes recv(int peer, tag_type tag, bool count_wait = true, std::optional<std::chrono::milliseconds> timeout = {}) {
-      decentrain::detail::check(peer >= 0 && peer < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
-                                " (world of ", opts.world, ")");
+      decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                                " (ranks below ", opts.capacity(), ")");
       const auto t0 = std::chrono::steady_clock::now();
       auto m = box.pop(peer, tag, timeout.value_or(opts.recv_timeout));
       if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -814,8 +988,8 @@ class tcp {
     // those bodies straight into `ins` (see mailbox::receive_into).
     void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                   tag_type tag, const landed_fn& landed, bool count_wait = true) {
-      decentrain::detail::check(from >= 0 && from < opts.world, "tcp: peer ", opts.rank, " cannot receive from peer ", from,
-                                " (world of ", opts.world, ")");
+      decentrain::detail::check(from >= 0 && from < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", from,
+                                " (ranks below ", opts.capacity(), ")");
       auto t0 = std::chrono::steady_clock::now();
       box.receive_into(
           from, tag, ins, opts.recv_timeout,
@@ -875,10 +1049,14 @@ class tcp {
     std::optional<clock::time_point> last_beat;  // I/O thread only
     bool stopping = false;                       // I/O thread only
 
-    mutable std::mutex mutex;              // guards directory, peers, malformed counters
+    mutable std::mutex mutex;              // guards directory, peers, formed, late, newcomers, malformed counters
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
     std::map<int, std::shared_ptr<connection>> peers;
+    bool formed = false;           // the mesh of this peer's group is complete (it may be running)
+    bool late = false;             // this peer joined a running group
+    std::set<int> newcomers;       // ranks that joined the running group late
+    std::string refusal;           // why this peer cannot join at all (its rank is taken)
     std::set<std::shared_ptr<connection>> all;  // I/O thread only
     std::uint64_t malformed_frames = 0;
     std::string last_malformed;
@@ -895,6 +1073,7 @@ class tcp {
 };
 
 static_assert(membership_endpoint<tcp>);
+static_assert(joining_endpoint<tcp>);
 
 }  // namespace decentrain::transport
 
