@@ -9350,7 +9350,6 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
 template <class E>
 concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce) {
   { ce.joined_late() } -> std::same_as<bool>;             // this peer joined a running group
-  { ce.newcomers() } -> std::same_as<std::vector<int>>;   // connected peers that joined late
   { ce.connected() } -> std::same_as<std::vector<int>>;   // every connected peer
   { ce.capacity() } -> std::same_as<int>;                  // ranks are below this (world() and joiners)
   e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
@@ -9488,7 +9487,6 @@ class any_endpoint {
   void forget(int peer) { get().forget(peer); }
   // Joining (joining_endpoint); a transport without it has no late joiners.
   bool joined_late() const { return get().joined_late(); }
-  std::vector<int> newcomers() const { return get().newcomers(); }
   std::vector<int> connected() const { return get().connected(); }
   int capacity() const { return get().capacity(); }
   void rediscover() { get().rediscover(); }
@@ -9514,7 +9512,6 @@ class any_endpoint {
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
     virtual bool joined_late() const = 0;
-    virtual std::vector<int> newcomers() const = 0;
     virtual std::vector<int> connected() const = 0;
     virtual int capacity() const = 0;
     virtual void rediscover() = 0;
@@ -9563,10 +9560,6 @@ class any_endpoint {
     bool joined_late() const override {
       if constexpr (joining_endpoint<E>) return e.joined_late();
       else return false;
-    }
-    std::vector<int> newcomers() const override {
-      if constexpr (joining_endpoint<E>) return e.newcomers();
-      else return {};
     }
     std::vector<int> connected() const override {
       if constexpr (joining_endpoint<E>) return e.connected();
@@ -11015,7 +11008,6 @@ class tcp {
     {
       std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
       self_->directory.erase(peer);
-      self_->newcomers.erase(peer);
     }
     self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
     self_->give_up_on(peer, "left out of the view",
@@ -11027,14 +11019,6 @@ class tcp {
   bool joined_late() const {
     std::lock_guard lock(self_->mutex);
     return self_->late;
-  }
-  // The peers connected now that joined the running group (a member admits them to its view).
-  std::vector<int> newcomers() const {
-    std::lock_guard lock(self_->mutex);
-    std::vector<int> out;
-    for (int r : self_->newcomers)
-      if (self_->peers.count(r)) out.push_back(r);
-    return out;
   }
   // Ranks of this group are below this: world() and the ranks joiners may take (max_world).
   int capacity() const { return self_->opts.capacity(); }
@@ -11570,7 +11554,6 @@ class tcp {
                                                               hello.rank, " out of its view yet; join again later")}));
               return true;  // the joiner closes
             }
-            newcomers.insert(hello.rank);
             if (!hello.address.empty()) directory[hello.rank] = hello.address;
             c->rank = hello.rank;
             if (auto dropped = keep_one(c, false)) {
@@ -11919,13 +11902,12 @@ class tcp {
     std::optional<clock::time_point> last_beat;  // I/O thread only
     bool stopping = false;                       // I/O thread only
 
-    mutable std::mutex mutex;              // guards directory, peers, formed, late, newcomers, malformed counters
+    mutable std::mutex mutex;              // guards directory, peers, formed, late, malformed counters
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
     std::map<int, std::shared_ptr<connection>> peers;
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
     bool late = false;             // this peer joined a running group
-    std::set<int> newcomers;       // ranks that joined the running group late
     std::string refusal;           // why this peer cannot join at all (its rank is taken)
     std::set<std::shared_ptr<connection>> all;  // I/O thread only
     std::uint64_t malformed_frames = 0;
@@ -15781,8 +15763,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   // Peers that joined the running group and are connected to this one (tcp; see join below).
   auto joiners = [&] {
     std::vector<int> out;
-    if constexpr (requires { ep.newcomers(); })
-      for (int j : ep.newcomers())
+    // A connected peer outside the view is one that joins (a member left out is forgotten:
+    // its connections are closed).
+    if constexpr (requires { ep.connected(); })
+      for (int j : ep.connected())
         if (!current.contains(j)) out.push_back(j);
     return out;
   };
@@ -16163,7 +16147,7 @@ struct elastic {
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
     const auto now = std::chrono::steady_clock::now();
-    for (int j : ctx.network.newcomers()) {
+    for (int j : ctx.network.connected()) {  // outside the view: a joiner
       if (view_.contains(j)) continue;
       // Half a second after it connected here (time to reach the other members too), then at
       // most once a second while the others do not reach it yet.

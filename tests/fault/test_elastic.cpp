@@ -269,7 +269,7 @@ namespace {
 
 // `members` TCP peers (threads of this process, 127.0.0.1) train under fault::elastic; once
 // peer 0 has done `join_after` steps, `joiners` more peers start and join the running group.
-// Every peer sleeps `pace` per step, so the run lasts long enough for them to be admitted.
+// Every peer sleeps `pace` per step until all joiners are in, so the run lasts long enough.
 template <class Comm>
 struct tcp_join_run {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::elastic>;
@@ -311,9 +311,10 @@ struct tcp_join_run {
         dt::transport::tcp ep = pre ? std::move(*pre) : dt::transport::tcp(o);
         ep.connect();
         Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
-        t.on_step([&, r](const dt::train::step_metrics& m) {
+        t.on_step([&, r, total](const dt::train::step_metrics& m) {
           if (r == 0 && m.step == join_after) open = true;
-          std::this_thread::sleep_for(pace);
+          // Slow until every joiner is in, so the members do not finish before (whatever the load).
+          if (static_cast<int>(t.members().size()) < total) std::this_thread::sleep_for(pace);
         });
         results[static_cast<std::size_t>(r)] = t.fit(small_corpus().data);
         params[static_cast<std::size_t>(r)] = flat_params(t.model().parameters());
@@ -337,7 +338,7 @@ struct tcp_join_run {
 TEST_CASE("elastic: peers join a running TCP group, take the members' state and train on with them") {
   dt::comm::diloco<> comm;
   comm.inner_steps = 4;
-  tcp_join_run run(3, 2, 6, small_run(120), comm, 20ms);
+  tcp_join_run run(3, 2, 6, small_run(400), comm, 20ms);
   INFO(run.log);
   REQUIRE(run.log.empty());
   const std::vector<int> everyone{0, 1, 2, 3, 4};
@@ -345,7 +346,7 @@ TEST_CASE("elastic: peers join a running TCP group, take the members' state and 
     INFO("peer " << r);
     CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);  // DiLoCo's last round averages
     CHECK(run.final_members[static_cast<std::size_t>(r)] == everyone);
-    CHECK(run.results[static_cast<std::size_t>(r)].last.step == 120);
+    CHECK(run.results[static_cast<std::size_t>(r)].last.step == 400);
     CHECK(run.results[static_cast<std::size_t>(r)].final_val_loss < uniform_loss());
   }
   // The joiners were admitted by views that list them as joined, and each took the state.
@@ -364,7 +365,7 @@ TEST_CASE("elastic: peers join a running TCP group, take the members' state and 
 TEST_CASE("elastic: a joiner takes its state from several members at once when they hold the same state") {
   // Under sync all-reduce every member holds the same state between steps, so all serve chunks.
   dt::comm::sync_allreduce<> comm;
-  tcp_join_run run(3, 1, 4, small_run(60), comm, 20ms);
+  tcp_join_run run(3, 1, 4, small_run(200), comm, 20ms);
   INFO(run.log);
   REQUIRE(run.log.empty());
   for (int r = 0; r < 4; ++r) {

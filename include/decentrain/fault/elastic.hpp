@@ -90,7 +90,7 @@ struct elastic {
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
     const auto now = std::chrono::steady_clock::now();
-    for (int j : ctx.network.newcomers()) {
+    for (int j : ctx.network.connected()) {  // outside the view: a joiner
       if (view_.contains(j)) continue;
       // Half a second after it connected here (time to reach the other members too), then at
       // most once a second while the others do not reach it yet.

@@ -209,8 +209,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   // Peers that joined the running group and are connected to this one (tcp; see join below).
   auto joiners = [&] {
     std::vector<int> out;
-    if constexpr (requires { ep.newcomers(); })
-      for (int j : ep.newcomers())
+    // A connected peer outside the view is one that joins (a member left out is forgotten:
+    // its connections are closed).
+    if constexpr (requires { ep.connected(); })
+      for (int j : ep.connected())
         if (!current.contains(j)) out.push_back(j);
     return out;
   };

@@ -95,7 +95,6 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
 template <class E>
 concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce) {
   { ce.joined_late() } -> std::same_as<bool>;             // this peer joined a running group
-  { ce.newcomers() } -> std::same_as<std::vector<int>>;   // connected peers that joined late
   { ce.connected() } -> std::same_as<std::vector<int>>;   // every connected peer
   { ce.capacity() } -> std::same_as<int>;                  // ranks are below this (world() and joiners)
   e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
@@ -233,7 +232,6 @@ class any_endpoint {
   void forget(int peer) { get().forget(peer); }
   // Joining (joining_endpoint); a transport without it has no late joiners.
   bool joined_late() const { return get().joined_late(); }
-  std::vector<int> newcomers() const { return get().newcomers(); }
   std::vector<int> connected() const { return get().connected(); }
   int capacity() const { return get().capacity(); }
   void rediscover() { get().rediscover(); }
@@ -259,7 +257,6 @@ class any_endpoint {
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
     virtual bool joined_late() const = 0;
-    virtual std::vector<int> newcomers() const = 0;
     virtual std::vector<int> connected() const = 0;
     virtual int capacity() const = 0;
     virtual void rediscover() = 0;
@@ -308,10 +305,6 @@ class any_endpoint {
     bool joined_late() const override {
       if constexpr (joining_endpoint<E>) return e.joined_late();
       else return false;
-    }
-    std::vector<int> newcomers() const override {
-      if constexpr (joining_endpoint<E>) return e.newcomers();
-      else return {};
     }
     std::vector<int> connected() const override {
       if constexpr (joining_endpoint<E>) return e.connected();

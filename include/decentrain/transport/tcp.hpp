@@ -145,7 +145,6 @@ class tcp {
     {
       std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
       self_->directory.erase(peer);
-      self_->newcomers.erase(peer);
     }
     self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
     self_->give_up_on(peer, "left out of the view",
@@ -157,14 +156,6 @@ class tcp {
   bool joined_late() const {
     std::lock_guard lock(self_->mutex);
     return self_->late;
-  }
-  // The peers connected now that joined the running group (a member admits them to its view).
-  std::vector<int> newcomers() const {
-    std::lock_guard lock(self_->mutex);
-    std::vector<int> out;
-    for (int r : self_->newcomers)
-      if (self_->peers.count(r)) out.push_back(r);
-    return out;
   }
   // Ranks of this group are below this: world() and the ranks joiners may take (max_world).
   int capacity() const { return self_->opts.capacity(); }
@@ -700,7 +691,6 @@ class tcp {
                                                               hello.rank, " out of its view yet; join again later")}));
               return true;  // the joiner closes
             }
-            newcomers.insert(hello.rank);
             if (!hello.address.empty()) directory[hello.rank] = hello.address;
             c->rank = hello.rank;
             if (auto dropped = keep_one(c, false)) {
@@ -1049,13 +1039,12 @@ class tcp {
     std::optional<clock::time_point> last_beat;  // I/O thread only
     bool stopping = false;                       // I/O thread only
 
-    mutable std::mutex mutex;              // guards directory, peers, formed, late, newcomers, malformed counters
+    mutable std::mutex mutex;              // guards directory, peers, formed, late, malformed counters
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
     std::map<int, std::shared_ptr<connection>> peers;
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
     bool late = false;             // this peer joined a running group
-    std::set<int> newcomers;       // ranks that joined the running group late
     std::string refusal;           // why this peer cannot join at all (its rank is taken)
     std::set<std::shared_ptr<connection>> all;  // I/O thread only
     std::uint64_t malformed_frames = 0;
