@@ -8584,6 +8584,12 @@ class memory_source : public std::streambuf {
     setg(p, p, p + data.size());
   }
 };
+// `bytes` little-endian bytes of `data` from `at` (a header field).
+inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(data[at + static_cast<std::size_t>(i)])) << (8 * i);
+  return v;
+}
 }  // namespace streams
 
 inline constexpr std::size_t checkpoint_header_bytes = sizeof checkpoint_magic + 4 + 8 + 8;
@@ -8620,9 +8626,7 @@ inline std::string encode_checkpoint(const checkpoint& ckpt) {
 inline std::uint64_t stored_checksum(std::string_view encoded) {
   decentrain::detail::check(encoded.size() >= checkpoint_header_bytes, "checkpoint: ", encoded.size(),
                             " bytes are shorter than a header");
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(encoded[20 + static_cast<std::size_t>(i)])) << (8 * i);
-  return v;
+  return streams::read_le(encoded, 20, 8);
 }
 
 // Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
@@ -8631,11 +8635,7 @@ inline checkpoint decode_checkpoint(std::string_view data, const std::string& wh
   decentrain::detail::check(data.size() >= header, where, " is truncated (", data.size(), " bytes, header needs ", header, ")");
   decentrain::detail::check(data.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
                             where, " has a bad magic number (not a decentrain checkpoint)");
-  auto get = [&](std::size_t at, int bytes) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(data[at + static_cast<std::size_t>(i)])) << (8 * i);
-    return v;
-  };
+  const auto get = [&](std::size_t at, int bytes) { return streams::read_le(data, at, bytes); };
   const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
   decentrain::detail::check(version >= 1 && version <= checkpoint_version, where, " has version ", version,
                             ", expected 1 to ", checkpoint_version);
@@ -11188,6 +11188,27 @@ class tcp {
       return late;
     }
 
+    // Dials the directory's peers this one is not connected to, skipping those that failed twice
+    // (`failures` counts per rank); returns the last error.
+    std::string dial_unconnected(std::map<int, int>& failures) {
+      std::vector<std::pair<int, std::string>> todo;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
+      }
+      std::string last_error;
+      for (const auto& [r, a] : todo) {
+        try {
+          dial(r, a);
+        } catch (const std::exception& e) {
+          ++failures[r];
+          last_error = e.what();
+        }
+      }
+      return last_error;
+    }
+
     void rediscover() {
       std::vector<std::string> ask = opts.join;
       {
@@ -11202,18 +11223,8 @@ class tcp {
         } catch (const std::exception&) {
         }
       }
-      std::vector<std::pair<int, std::string>> todo;
-      {
-        std::lock_guard lock(mutex);
-        for (const auto& [r, a] : directory)
-          if (r != opts.rank && !peers.count(r)) todo.emplace_back(r, a);
-      }
-      for (const auto& [r, a] : todo) {
-        try {
-          dial(r, a);
-        } catch (const std::exception&) {  // gone meanwhile: the group's membership sorts it out
-        }
-      }
+      std::map<int, int> failures;  // a peer gone meanwhile: the group's membership sorts it out
+      (void)dial_unconnected(failures);
     }
 
     // The group is running: dial every peer a seed listed (all of them, whatever their rank),
@@ -11224,20 +11235,7 @@ class tcp {
       std::string last_error = "none";
       auto backoff = opts.first_backoff;
       for (;;) {
-        std::vector<std::pair<int, std::string>> todo;
-        {
-          std::lock_guard lock(mutex);
-          for (const auto& [r, a] : directory)
-            if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
-        }
-        for (const auto& [r, a] : todo) {
-          try {
-            dial(r, a);
-          } catch (const std::exception& e) {
-            ++failures[r];
-            last_error = e.what();
-          }
-        }
+        if (auto e = dial_unconnected(failures); !e.empty()) last_error = std::move(e);
         std::unique_lock lock(mutex);
         bool settled = true;
         for (const auto& [r, a] : directory)
@@ -11544,8 +11542,6 @@ class tcp {
             reply(c, wire::frame_type::directory, wire::encode_body(d));
             return true;  // the asker closes when it has read the reply
           }
-          decentrain::detail::check(hello.late || !peers.count(hello.rank), "frame: a second connection claiming rank ",
-                                    hello.rank);
           if (hello.late) {
             if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
               reply(c, wire::frame_type::bye,
@@ -11554,27 +11550,18 @@ class tcp {
                                                               hello.rank, " out of its view yet; join again later")}));
               return true;  // the joiner closes
             }
-            if (!hello.address.empty()) directory[hello.rank] = hello.address;
-            c->rank = hello.rank;
-            if (auto dropped = keep_one(c, false)) {
-              box.reopen(c->rank);
-              changed.notify_all();
-              asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
-              return dropped != c;  // false: this connection is the one dropped
-            }
-            box.reopen(c->rank);
-            changed.notify_all();
-            return true;
           } else {
             decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
                                       " (lower ranks are dialed, not dialing)");
+            decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
           }
           if (!hello.address.empty()) directory[hello.rank] = hello.address;
           c->rank = hello.rank;
-          peers[c->rank] = c;
-          box.reopen(c->rank);
+          const auto dropped = keep_one(c, false);
+          if (dropped != c) box.reopen(c->rank);
           changed.notify_all();
-          return true;
+          if (dropped) asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
+          return dropped != c;  // false: this connection is the one dropped
         }
       }
       return false;
@@ -15382,8 +15369,9 @@ struct data {
 // ---- begin decentrain/fault/policy.hpp ----
 // What a fault policy is: a struct of settings that opts in with
 // `using policy_concept = fault::policy_tag;` and decides what failures mean. The trainer calls
-//   start(ctx)                    once, before anything is exchanged: resume from disk (or, later,
-//                                 fetch state from a live peer) through ctx.restore
+//   start(ctx)                    once, before anything is exchanged: resume from disk through
+//                                 ctx.restore, or take a running group's state through ctx.adopt
+//                                 (with ctx.at: the peer then goes on from that phase)
 //   after_step(ctx)               after every step (ctx.steps_done counts it): checkpoints,
 //                                 membership
 //   action on_error(ctx, e)       when a step fails because of a peer (e: transport::peer_error,
@@ -15544,8 +15532,9 @@ struct checkpoint_every {
 //
 // Peers may also join the running group (tcp: a peer whose connect() finds the group running, a
 // new rank or one the group has left out): a member that sees it connected starts an agreement
-// at its next step, the leader admits the joiners every member reaches, and they take the state
-// from the members at the target, in chunks from several of them at once (transfer_state).
+// at its next step, the leader admits a joiner that every member reaches (one per agreement),
+// and it takes the state from the members at the target, in chunks from several of them at once
+// (transfer_state).
 //
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
 // tcp has joiners) and data parallelism (every peer holds the whole model). Checkpoints of an
@@ -15709,6 +15698,17 @@ message await(E& ep, int from, std::chrono::steady_clock::time_point deadline, W
 inline std::vector<std::int32_t> as_list(const std::vector<int>& v) { return {v.begin(), v.end()}; }
 inline std::vector<int> as_ints(const std::vector<std::int32_t>& v) { return {v.begin(), v.end()}; }
 
+// A view message as a decision (`joined` is the caller's: it knows the previous view).
+inline decision decision_of(const message& m) {
+  decision d;
+  d.next = view{m.epoch, as_ints(m.ranks)};
+  d.target = position{m.step, m.phase};
+  d.donor = m.donor;
+  d.behind = as_ints(m.behind);
+  d.removed = as_ints(m.departed);
+  return d;
+}
+
 }  // namespace detail
 
 // The failures a peer knows of: whom it suspects, and whether each departed for certain.
@@ -15748,14 +15748,9 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
       decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
-    decision d;
-    d.next = view{m.epoch, detail::as_ints(m.ranks)};
+    decision d = detail::decision_of(m);
     decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
                               " (the others did not hear from it in time); it stops here");
-    d.target = position{m.step, m.phase};
-    d.donor = m.donor;
-    d.behind = detail::as_ints(m.behind);
-    d.removed = detail::as_ints(m.departed);
     for (int j : d.next.members)
       if (!current.contains(j)) d.joined.push_back(j);
     return d;
@@ -15912,13 +15907,8 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
         const auto m = detail::decode(ep.recv_within(j, detail::protocol_tag, std::chrono::milliseconds(20)), j);
         if (m.what == detail::kind::marker) markers[j] = m.epoch;  // a member that had the view first
         if (m.what != detail::kind::view) continue;
-        decision d;
-        d.next = view{m.epoch, detail::as_ints(m.ranks)};
+        decision d = detail::decision_of(m);
         if (!d.next.contains(me)) continue;  // a view of the members that did not admit it yet
-        d.target = position{m.step, m.phase};
-        d.donor = m.donor;
-        d.behind = detail::as_ints(m.behind);
-        d.removed = detail::as_ints(m.departed);
         d.joined = {me};
         for (const auto& [k, e] : markers)
           if (e == m.epoch) d.marked.push_back(k);
@@ -17206,7 +17196,7 @@ class trainer {
     else (void)runs(phase::step);
     bool stepped = stepped_before;
     const auto dropout_before = dropout_.state();
-    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
+    for (int redos = 0;;) {
       try {
         if constexpr (requires { fault_.before_step(ctx); })
           if (!stepped) fault_.before_step(ctx);
@@ -17240,22 +17230,22 @@ class trainer {
     }
   }
 
-  // A view change that takes in a joiner is no failure: it does not count towards max_redos.
-  static int counts_as_redo(transport::failure_cause c) { return c == transport::failure_cause::joining ? 0 : 1; }
-
   // Hands a peer error to the fault policy, and returns once the failed part may run again:
   // rethrows when the policy says so (or has said redo max_redos times in a row), re-forms the
   // group when it says reform. ctx.step and ctx.at say where the failure struck; true when the
   // group gave this peer the state of one that stood further on, and they then say where.
-  bool recover(context& ctx, const transport::peer_error& e, int redos) {
+  // `redos` counts the failures in a row; a view change that takes in a joiner is none.
+  bool recover(context& ctx, const transport::peer_error& e, int& redos) {
     const fault::action a = fault_.on_error(ctx, e);
     if (a == fault::action::rethrow) throw e;
-    last_error_cause_ = e.cause();
-    if (counts_as_redo(e.cause()) && redos >= options_.max_redos)
-      throw transport::peer_error(e.peer(), e.operation(),
-                                  decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
-                                                             redos, " times in a row; max_redos = ", options_.max_redos, ")"),
-                                  e.cause());
+    if (e.cause() != transport::failure_cause::joining) {
+      if (redos >= options_.max_redos)
+        throw transport::peer_error(e.peer(), e.operation(),
+                                    decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
+                                                               redos, " times in a row; max_redos = ", options_.max_redos, ")"),
+                                    e.cause());
+      ++redos;
+    }
     ++redos_;
     if (a != fault::action::reform) return false;
     if constexpr (requires { fault_.reform(ctx); }) {
@@ -17278,7 +17268,7 @@ class trainer {
   // the group gave this peer a state from further on (false: resume_at_ says where).
   template <class Call>
   bool between_steps(context& ctx, phase at, Call&& call) {
-    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
+    for (int redos = 0;;) {
       try {
         call();
         return true;
@@ -17442,7 +17432,6 @@ class trainer {
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
   std::uint64_t adoptions_ = 0;
-  transport::failure_cause last_error_cause_ = transport::failure_cause::other;  // of the last error recover() saw
   bool resumed_ = false;
   struct resume_point {
     std::int64_t step = 0;

@@ -12,8 +12,9 @@
 //
 // Peers may also join the running group (tcp: a peer whose connect() finds the group running, a
 // new rank or one the group has left out): a member that sees it connected starts an agreement
-// at its next step, the leader admits the joiners every member reaches, and they take the state
-// from the members at the target, in chunks from several of them at once (transfer_state).
+// at its next step, the leader admits a joiner that every member reaches (one per agreement),
+// and it takes the state from the members at the target, in chunks from several of them at once
+// (transfer_state).
 //
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
 // tcp has joiners) and data parallelism (every peer holds the whole model). Checkpoints of an

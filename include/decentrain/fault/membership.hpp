@@ -155,6 +155,17 @@ message await(E& ep, int from, std::chrono::steady_clock::time_point deadline, W
 inline std::vector<std::int32_t> as_list(const std::vector<int>& v) { return {v.begin(), v.end()}; }
 inline std::vector<int> as_ints(const std::vector<std::int32_t>& v) { return {v.begin(), v.end()}; }
 
+// A view message as a decision (`joined` is the caller's: it knows the previous view).
+inline decision decision_of(const message& m) {
+  decision d;
+  d.next = view{m.epoch, as_ints(m.ranks)};
+  d.target = position{m.step, m.phase};
+  d.donor = m.donor;
+  d.behind = as_ints(m.behind);
+  d.removed = as_ints(m.departed);
+  return d;
+}
+
 }  // namespace detail
 
 // The failures a peer knows of: whom it suspects, and whether each departed for certain.
@@ -194,14 +205,9 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
       decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
-    decision d;
-    d.next = view{m.epoch, detail::as_ints(m.ranks)};
+    decision d = detail::decision_of(m);
     decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
                               " (the others did not hear from it in time); it stops here");
-    d.target = position{m.step, m.phase};
-    d.donor = m.donor;
-    d.behind = detail::as_ints(m.behind);
-    d.removed = detail::as_ints(m.departed);
     for (int j : d.next.members)
       if (!current.contains(j)) d.joined.push_back(j);
     return d;
@@ -358,13 +364,8 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
         const auto m = detail::decode(ep.recv_within(j, detail::protocol_tag, std::chrono::milliseconds(20)), j);
         if (m.what == detail::kind::marker) markers[j] = m.epoch;  // a member that had the view first
         if (m.what != detail::kind::view) continue;
-        decision d;
-        d.next = view{m.epoch, detail::as_ints(m.ranks)};
+        decision d = detail::decision_of(m);
         if (!d.next.contains(me)) continue;  // a view of the members that did not admit it yet
-        d.target = position{m.step, m.phase};
-        d.donor = m.donor;
-        d.behind = detail::as_ints(m.behind);
-        d.removed = detail::as_ints(m.departed);
         d.joined = {me};
         for (const auto& [k, e] : markers)
           if (e == m.epoch) d.marked.push_back(k);

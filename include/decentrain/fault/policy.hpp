@@ -1,7 +1,8 @@
 // What a fault policy is: a struct of settings that opts in with
 // `using policy_concept = fault::policy_tag;` and decides what failures mean. The trainer calls
-//   start(ctx)                    once, before anything is exchanged: resume from disk (or, later,
-//                                 fetch state from a live peer) through ctx.restore
+//   start(ctx)                    once, before anything is exchanged: resume from disk through
+//                                 ctx.restore, or take a running group's state through ctx.adopt
+//                                 (with ctx.at: the peer then goes on from that phase)
 //   after_step(ctx)               after every step (ctx.steps_done counts it): checkpoints,
 //                                 membership
 //   action on_error(ctx, e)       when a step fails because of a peer (e: transport::peer_error,

@@ -85,6 +85,12 @@ class memory_source : public std::streambuf {
     setg(p, p, p + data.size());
   }
 };
+// `bytes` little-endian bytes of `data` from `at` (a header field).
+inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(data[at + static_cast<std::size_t>(i)])) << (8 * i);
+  return v;
+}
 }  // namespace streams
 
 inline constexpr std::size_t checkpoint_header_bytes = sizeof checkpoint_magic + 4 + 8 + 8;
@@ -121,9 +127,7 @@ inline std::string encode_checkpoint(const checkpoint& ckpt) {
 inline std::uint64_t stored_checksum(std::string_view encoded) {
   decentrain::detail::check(encoded.size() >= checkpoint_header_bytes, "checkpoint: ", encoded.size(),
                             " bytes are shorter than a header");
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(encoded[20 + static_cast<std::size_t>(i)])) << (8 * i);
-  return v;
+  return streams::read_le(encoded, 20, 8);
 }
 
 // Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
@@ -132,11 +136,7 @@ inline checkpoint decode_checkpoint(std::string_view data, const std::string& wh
   decentrain::detail::check(data.size() >= header, where, " is truncated (", data.size(), " bytes, header needs ", header, ")");
   decentrain::detail::check(data.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
                             where, " has a bad magic number (not a decentrain checkpoint)");
-  auto get = [&](std::size_t at, int bytes) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(data[at + static_cast<std::size_t>(i)])) << (8 * i);
-    return v;
-  };
+  const auto get = [&](std::size_t at, int bytes) { return streams::read_le(data, at, bytes); };
   const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
   decentrain::detail::check(version >= 1 && version <= checkpoint_version, where, " has version ", version,
                             ", expected 1 to ", checkpoint_version);

@@ -243,7 +243,7 @@ class trainer {
     else (void)runs(phase::step);
     bool stepped = stepped_before;
     const auto dropout_before = dropout_.state();
-    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
+    for (int redos = 0;;) {
       try {
         if constexpr (requires { fault_.before_step(ctx); })
           if (!stepped) fault_.before_step(ctx);
@@ -277,22 +277,22 @@ class trainer {
     }
   }
 
-  // A view change that takes in a joiner is no failure: it does not count towards max_redos.
-  static int counts_as_redo(transport::failure_cause c) { return c == transport::failure_cause::joining ? 0 : 1; }
-
   // Hands a peer error to the fault policy, and returns once the failed part may run again:
   // rethrows when the policy says so (or has said redo max_redos times in a row), re-forms the
   // group when it says reform. ctx.step and ctx.at say where the failure struck; true when the
   // group gave this peer the state of one that stood further on, and they then say where.
-  bool recover(context& ctx, const transport::peer_error& e, int redos) {
+  // `redos` counts the failures in a row; a view change that takes in a joiner is none.
+  bool recover(context& ctx, const transport::peer_error& e, int& redos) {
     const fault::action a = fault_.on_error(ctx, e);
     if (a == fault::action::rethrow) throw e;
-    last_error_cause_ = e.cause();
-    if (counts_as_redo(e.cause()) && redos >= options_.max_redos)
-      throw transport::peer_error(e.peer(), e.operation(),
-                                  decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
-                                                             redos, " times in a row; max_redos = ", options_.max_redos, ")"),
-                                  e.cause());
+    if (e.cause() != transport::failure_cause::joining) {
+      if (redos >= options_.max_redos)
+        throw transport::peer_error(e.peer(), e.operation(),
+                                    decentrain::detail::concat(e.what(), " (the fault policy asked to ", fault::action_name(a), " ",
+                                                               redos, " times in a row; max_redos = ", options_.max_redos, ")"),
+                                    e.cause());
+      ++redos;
+    }
     ++redos_;
     if (a != fault::action::reform) return false;
     if constexpr (requires { fault_.reform(ctx); }) {
@@ -315,7 +315,7 @@ class trainer {
   // the group gave this peer a state from further on (false: resume_at_ says where).
   template <class Call>
   bool between_steps(context& ctx, phase at, Call&& call) {
-    for (int redos = 0;; redos += counts_as_redo(last_error_cause_)) {
+    for (int redos = 0;;) {
       try {
         call();
         return true;
@@ -479,7 +479,6 @@ class trainer {
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
   std::uint64_t adoptions_ = 0;
-  transport::failure_cause last_error_cause_ = transport::failure_cause::other;  // of the last error recover() saw
   bool resumed_ = false;
   struct resume_point {
     std::int64_t step = 0;

@@ -325,6 +325,27 @@ class tcp {
       return late;
     }
 
+    // Dials the directory's peers this one is not connected to, skipping those that failed twice
+    // (`failures` counts per rank); returns the last error.
+    std::string dial_unconnected(std::map<int, int>& failures) {
+      std::vector<std::pair<int, std::string>> todo;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
+      }
+      std::string last_error;
+      for (const auto& [r, a] : todo) {
+        try {
+          dial(r, a);
+        } catch (const std::exception& e) {
+          ++failures[r];
+          last_error = e.what();
+        }
+      }
+      return last_error;
+    }
+
     void rediscover() {
       std::vector<std::string> ask = opts.join;
       {
@@ -339,18 +360,8 @@ class tcp {
         } catch (const std::exception&) {
         }
       }
-      std::vector<std::pair<int, std::string>> todo;
-      {
-        std::lock_guard lock(mutex);
-        for (const auto& [r, a] : directory)
-          if (r != opts.rank && !peers.count(r)) todo.emplace_back(r, a);
-      }
-      for (const auto& [r, a] : todo) {
-        try {
-          dial(r, a);
-        } catch (const std::exception&) {  // gone meanwhile: the group's membership sorts it out
-        }
-      }
+      std::map<int, int> failures;  // a peer gone meanwhile: the group's membership sorts it out
+      (void)dial_unconnected(failures);
     }
 
     // The group is running: dial every peer a seed listed (all of them, whatever their rank),
@@ -361,20 +372,7 @@ class tcp {
       std::string last_error = "none";
       auto backoff = opts.first_backoff;
       for (;;) {
-        std::vector<std::pair<int, std::string>> todo;
-        {
-          std::lock_guard lock(mutex);
-          for (const auto& [r, a] : directory)
-            if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
-        }
-        for (const auto& [r, a] : todo) {
-          try {
-            dial(r, a);
-          } catch (const std::exception& e) {
-            ++failures[r];
-            last_error = e.what();
-          }
-        }
+        if (auto e = dial_unconnected(failures); !e.empty()) last_error = std::move(e);
         std::unique_lock lock(mutex);
         bool settled = true;
         for (const auto& [r, a] : directory)
@@ -681,8 +679,6 @@ class tcp {
             reply(c, wire::frame_type::directory, wire::encode_body(d));
             return true;  // the asker closes when it has read the reply
           }
-          decentrain::detail::check(hello.late || !peers.count(hello.rank), "frame: a second connection claiming rank ",
-                                    hello.rank);
           if (hello.late) {
             if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
               reply(c, wire::frame_type::bye,
@@ -691,27 +687,18 @@ class tcp {
                                                               hello.rank, " out of its view yet; join again later")}));
               return true;  // the joiner closes
             }
-            if (!hello.address.empty()) directory[hello.rank] = hello.address;
-            c->rank = hello.rank;
-            if (auto dropped = keep_one(c, false)) {
-              box.reopen(c->rank);
-              changed.notify_all();
-              asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
-              return dropped != c;  // false: this connection is the one dropped
-            }
-            box.reopen(c->rank);
-            changed.notify_all();
-            return true;
           } else {
             decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
                                       " (lower ranks are dialed, not dialing)");
+            decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
           }
           if (!hello.address.empty()) directory[hello.rank] = hello.address;
           c->rank = hello.rank;
-          peers[c->rank] = c;
-          box.reopen(c->rank);
+          const auto dropped = keep_one(c, false);
+          if (dropped != c) box.reopen(c->rank);
           changed.notify_all();
-          return true;
+          if (dropped) asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
+          return dropped != c;  // false: this connection is the one dropped
         }
       }
       return false;
