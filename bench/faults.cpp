@@ -2,8 +2,9 @@
 // SIGSTOP and trains on; what it costs in loss, and how long recovery takes.
 //
 //   bench_faults [--peers 8] [--kills 3] [--steps 600] [--inner-steps 10] [--batch-size 8]
-//                [--n-layer 2] [--n-embd 64] [--block-size 64] [--seed 1] [--only clean,kill,stop,survivors]
+//                [--n-layer 2] [--n-embd 64] [--block-size 64] [--seed 1] [--only clean,kill,stop,survivors,state]
 //                [--silence-ms 3000] [--data tinyshakespeare.txt|builtin] [--json faults.json]
+//                [--joiners 16] [--checkpoint-steps 180] [--checkpoint-every 60]   (--only join, checkpoint)
 //
 // Every run is `peers` processes of this program (--role peer) joined over 127.0.0.1, training a
 // character-level model on tinyshakespeare (or the built-in corpus) with fault::elastic:
@@ -14,6 +15,9 @@
 //   survivors  `peers - kills` peers, no faults: the tokens the survivors alone would train;
 //   state      (two peers of this process) a peer behind taking a GPT-2 124M DiLoCo peer's
 //              state over loopback, as a heal does: encode, send in chunks, decode;
+//   checkpoint (this process) a GPT-2 124M DiLoCo state saved every --checkpoint-every (60) of
+//              --checkpoint-steps (180) steps, synchronously and in the background: how long the
+//              training thread is held per save (the last step's save waits for its write in both);
 //   join       `--joiners` peers (16) start at once once a 4-peer group has run 10% of its steps,
 //              and join it: reported per joiner, start -> admitted (its first view), and the
 //              state bytes each member served.
@@ -30,7 +34,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -409,6 +415,106 @@ state_result measure_state() {
   return r;
 }
 
+// Checkpoints of a GPT-2 124M DiLoCo state (the five tensors above) every `every` of `steps`
+// steps, written by fault::checkpoint_every to `dir`: synchronously (the training thread encodes
+// and writes, as before background writes; the reference) and in the background. A "step" is the
+// training thread's memory-bound work on the state (an AdamW-like pass over its tensors: it
+// changes the very values the writer is saving, which is why capture copies them first). Per
+// mode: the step time without saves, the time the training thread was held per save, and the
+// whole run; the last checkpoint is loaded back and compared with the state it captured.
+struct checkpoint_mode {
+  std::string name;
+  double wall_s = 0, step_s = 0, held_per_save_s = 0, last_save_s = 0;
+  int saves = 0;  // before the last step's (which waits for its write in every mode)
+};
+struct checkpoint_result {
+  double gigabytes = 0;
+  std::int64_t steps = 0, every = 0;
+  std::vector<checkpoint_mode> modes;
+};
+
+checkpoint_result measure_checkpoints(std::int64_t steps, std::int64_t every) {
+  const std::int64_t n = dt::nn::gpt_preset("gpt2-124m").parameter_count();
+  std::fprintf(stderr, "running checkpoint (GPT-2 124M DiLoCo state, %lld steps, a save every %lld) ...\n",
+               static_cast<long long>(steps), static_cast<long long>(every));
+  std::map<std::string, dt::tensor<dt::cpu>> state;
+  for (const char* name : {"model", "adamw.m", "adamw.v", "diloco.global", "diloco.momentum"}) {
+    auto t = dt::tensor<dt::cpu>::empty(dt::shape({n}));
+    std::fill_n(t.data<float>(), n, 0.5f);
+    state[name] = t;
+  }
+  struct fake_ctx {
+    std::map<std::string, dt::tensor<dt::cpu>>* state;
+    std::int64_t steps_done = 0;
+    bool last_step = false;
+    dt::io::checkpoint capture() const {
+      dt::io::checkpoint c;
+      for (const auto& [k, t] : *state) c.tensors[k] = t.clone();
+      c.counters["step"] = steps_done;
+      return c;
+    }
+  };
+  auto work = [&] {  // one step's pass over the state
+    float* w = state["model"].data<float>();
+    float* m = state["adamw.m"].data<float>();
+    float* v = state["adamw.v"].data<float>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      m[i] = 0.9f * m[i] + 0.1f * w[i];
+      v[i] = 0.999f * v[i] + 0.001f * w[i] * w[i];
+      w[i] -= 1e-4f * m[i] / (std::sqrt(v[i]) + 1e-8f);
+    }
+  };
+  checkpoint_result out;
+  out.gigabytes = 5.0 * static_cast<double>(n) * 4 / 1e9;
+  out.steps = steps;
+  out.every = every;
+  const auto dir = fs::temp_directory_path() / "decentrain_bench_checkpoints";
+  for (const char* mode : {"none", "synchronous", "background"}) {
+    fs::remove_all(dir);
+    dt::fault::checkpoint_every ck;
+    ck.dir = dir.string();
+    ck.every = std::string(mode) == "none" ? 0 : every;
+    ck.background = std::string(mode) == "background";
+    ck.open(0, 1);
+    fake_ctx ctx{&state};
+    checkpoint_mode r{mode};
+    double work_s = 0, held_s = 0, last_s = 0;
+    std::optional<dt::io::checkpoint> last_captured;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t i = 0; i < steps; ++i) {
+      auto a = std::chrono::steady_clock::now();
+      work();
+      auto b = std::chrono::steady_clock::now();
+      work_s += std::chrono::duration<double>(b - a).count();
+      ctx.steps_done = i + 1;
+      ctx.last_step = i + 1 == steps;
+      if (ck.due(ctx)) {
+        if (ctx.last_step) last_captured = ctx.capture();
+        ck.save_as(ctx, 0, 1);
+        const double held = std::chrono::duration<double>(std::chrono::steady_clock::now() - b).count();
+        if (ctx.last_step) last_s = held;
+        else held_s += held, ++r.saves;
+      }
+    }
+    ck.wait();
+    r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.step_s = work_s / static_cast<double>(steps);
+    r.held_per_save_s = r.saves ? held_s / r.saves : 0;
+    r.last_save_s = last_s;
+    if (last_captured) {  // the file holds what was captured, bit for bit
+      const auto back = dt::io::load_checkpoint(ck.file(0, 1, steps));
+      for (const auto& [k, t] : last_captured->tensors)
+        dt::detail::check(std::memcmp(back.tensor_at(k).data<float>(), t.data<float>(), static_cast<std::size_t>(n) * 4) == 0,
+                          "checkpoint: ", k, " differs from the state captured");
+    }
+    std::fprintf(stderr, "  %s: %.2f s, step %.3f s, held %.3f s per save (%d saves), last save %.3f s\n", mode, r.wall_s,
+                 r.step_s, r.held_per_save_s, r.saves, r.last_save_s);
+    out.modes.push_back(r);
+  }
+  fs::remove_all(dir);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -427,6 +533,8 @@ int main(int argc, char** argv) try {
   s.silence_ms = std::stoll(cli.value("silence-ms", "3000"));
   s.data = cli.value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
   s.joiners = std::stoi(cli.value("joiners", "16"));
+  const std::int64_t ck_steps = std::stoll(cli.value("checkpoint-steps", "180"));
+  const std::int64_t ck_every = std::stoll(cli.value("checkpoint-every", "60"));
   if (role == "peer") {
     const int rank = std::stoi(cli.value("rank", "0")), world = std::stoi(cli.value("world", "1"));
     const std::string dir = cli.value("dir", "");
@@ -463,6 +571,8 @@ int main(int argc, char** argv) try {
   if (wanted("survivors")) runs.push_back(run("survivors", s, s.peers - s.kills, {}, self));
   std::optional<state_result> state;
   if (wanted("state")) state = measure_state();
+  std::optional<checkpoint_result> checkpoints;
+  if (wanted("checkpoint")) checkpoints = measure_checkpoints(ck_steps, ck_every);
   std::optional<join_result> join;
   if (wanted("join")) {
     dt::detail::check(s.joiners >= 1 && 4 + s.joiners <= join_max_world, "bench_faults: --joiners must be in [1, ",
@@ -477,12 +587,14 @@ int main(int argc, char** argv) try {
     if (r.name == "clean") clean = &r;
     if (r.name == "survivors") alone = &r;
   }
-  std::printf("\nbench/faults (seed %llu): %d TCP peers on 127.0.0.1, DiLoCo H = %lld, %lld steps, model %lld layers x %lld, "
-              "silence floor %lld ms\n",
-              static_cast<unsigned long long>(s.seed), s.peers, static_cast<long long>(s.inner), static_cast<long long>(s.steps), static_cast<long long>(s.n_layer),
-              static_cast<long long>(s.n_embd), static_cast<long long>(s.silence_ms));
-  std::printf("%-10s %6s %10s %12s %14s %9s %8s  %s\n", "run", "peers", "val loss", "vs clean", "vs survivors", "round s",
-              "wall s", "faults: strike -> view / -> next round");
+  if (!runs.empty()) {
+    std::printf("\nbench/faults (seed %llu): %d TCP peers on 127.0.0.1, DiLoCo H = %lld, %lld steps, model %lld layers x %lld, "
+                "silence floor %lld ms\n",
+                static_cast<unsigned long long>(s.seed), s.peers, static_cast<long long>(s.inner), static_cast<long long>(s.steps),
+                static_cast<long long>(s.n_layer), static_cast<long long>(s.n_embd), static_cast<long long>(s.silence_ms));
+    std::printf("%-10s %6s %10s %12s %14s %9s %8s  %s\n", "run", "peers", "val loss", "vs clean", "vs survivors", "round s",
+                "wall s", "faults: strike -> view / -> next round");
+  }
   for (const auto& r : runs) {
     std::string faults;
     for (std::size_t i = 0; i < r.strikes.size(); ++i) {
@@ -502,6 +614,16 @@ int main(int argc, char** argv) try {
                 "decode %.2f s)\n",
                 state->gigabytes, state->total_s, state->encode_s, state->transfer_s, state->gigabytes / state->transfer_s,
                 state->decode_s);
+
+  if (checkpoints) {
+    std::printf("\ncheckpoints, GPT-2 124M DiLoCo state (%.2f GB), a save every %lld of %lld steps:\n", checkpoints->gigabytes,
+                static_cast<long long>(checkpoints->every), static_cast<long long>(checkpoints->steps));
+    std::printf("%-12s %8s %10s %16s %12s %10s\n", "writes", "wall s", "step s", "held per save s", "last save s", "vs none");
+    const double none = checkpoints->modes.front().wall_s;
+    for (const auto& m : checkpoints->modes)
+      std::printf("%-12s %8.2f %10.3f %16.3f %12.3f %9.2fx\n", m.name.c_str(), m.wall_s, m.step_s, m.held_per_save_s,
+                  m.last_save_s, m.wall_s / none);
+  }
 
   if (join) {
     auto sorted = join->admitted_s;
@@ -558,6 +680,26 @@ int main(int argc, char** argv) try {
     j.add("decode_s", state->decode_s);
     j.add("total_s", state->total_s);
     root.add_json("heal_124m", j.str());
+  }
+  if (checkpoints) {
+    dt::train::json_line j;
+    j.add("model", "gpt2-124m");
+    j.add("gigabytes", checkpoints->gigabytes);
+    j.add("steps", checkpoints->steps);
+    j.add("every", checkpoints->every);
+    std::string m = "[";
+    for (const auto& x : checkpoints->modes) {
+      dt::train::json_line y;
+      y.add("writes", x.name);
+      y.add("wall_s", x.wall_s);
+      y.add("step_s", x.step_s);
+      y.add("held_per_save_s", x.held_per_save_s);
+      y.add("last_save_s", x.last_save_s);
+      y.add("saves", x.saves);
+      m += (m.size() > 1 ? "," : "") + y.str();
+    }
+    j.add_json("modes", m + "]");
+    root.add_json("checkpoints_124m", j.str());
   }
   if (join) {
     dt::train::json_line j;

@@ -28,6 +28,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -89,7 +90,8 @@ decentrain-gpt train [options]
   --save-every N         steps between checkpoints, and one after the last step (default {save_every};
                          0: only on Ctrl-C)
   --keep-checkpoints N   newest checkpoints kept per peer (default {keep_checkpoints})
-  --resume               continue from the newest step in DIR that every peer has
+  --resume               continue from the newest step in DIR that every peer has (--elastic:
+                         each peer from its own newest)
   Ctrl-C stops every peer at the same step (peers agree every {stop_check_every} steps), saves each
   peer's checkpoint and exits with status 130.
 
@@ -103,7 +105,10 @@ decentrain-gpt train [options]
   --mpi                  every rank of mpirun is a peer (when built with MPI)
   --elastic              with --peers or --listen: peers that die, freeze or are cut off are left
                          out and the others train on (fault::elastic); the summary lists the
-                         changes. Not yet with checkpoints; under MPI a dead rank ends the job.
+                         changes; under MPI a dead rank ends the job. Ctrl-C on a TCP peer
+                         saves it and leaves the group (the others go on); with --resume a
+                         restarted group starts from each peer's newest checkpoint, and those
+                         behind take the state of the furthest.
                          Over TCP, a peer started later with --join and a rank of its own
                          (--rank R --world W, R at or above W, or a rank the group left out)
                          enters the running group and takes its state from the members
@@ -307,9 +312,10 @@ std::string world_sizes(const std::vector<std::pair<int, int>>& folders) {
 }
 
 // The newest checkpoint in `ck.dir` of a run of `world` peers (0: of any size, when there is
-// one), this peer's own where it has one: every peer's checkpoints hold the same model shape and
-// tokenizer, so a machine that holds only its own peer's folder can resume.
-fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int world) {
+// one; `elastic`: of any sizes, as joiners' folders are), this peer's own where it has one: every
+// peer's checkpoints hold the same model shape and tokenizer, so a machine that holds only its own
+// peer's folder can resume.
+fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int world, bool elastic) {
   const auto folders = peer_folders(ck.dir);
   std::set<int> worlds;
   for (const auto& [r, w] : folders)
@@ -318,19 +324,18 @@ fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int 
                     "/peer-R-of-W/step-N.ckpt)");
   dt::detail::check(!worlds.empty(), "--resume: no checkpoints of a run of ", world, " peer(s) in ", ck.dir,
                     " (it holds runs of ", world_sizes(folders), ")");
-  dt::detail::check(worlds.size() == 1, "--resume: ", ck.dir, " holds runs of ", world_sizes(folders),
+  dt::detail::check(elastic || worlds.size() == 1, "--resume: ", ck.dir, " holds runs of ", world_sizes(folders),
                     " peers; use one directory per run");
-  const int w = *worlds.begin();
-  std::optional<std::pair<int, std::int64_t>> best;  // (rank, step)
-  for (const auto& [r, fw] : folders) {
-    if (fw != w) continue;
+  std::optional<std::tuple<int, int, std::int64_t>> best;  // (rank, world, step)
+  for (const auto& [r, w] : folders) {
+    if (!worlds.count(w)) continue;
     const auto steps = ck.saved_steps(r, w);
     if (steps.empty()) continue;
     if (r == rank) return ck.file(r, w, steps.back());
-    if (!best || steps.back() > best->second) best.emplace(r, steps.back());
+    if (!best || steps.back() > std::get<2>(*best)) best.emplace(r, w, steps.back());
   }
   dt::detail::check(best.has_value(), "--resume: the peer folders in ", ck.dir, " hold no step-N.ckpt files");
-  return ck.file(best->first, w, best->second);
+  return ck.file(std::get<0>(*best), std::get<1>(*best), std::get<2>(*best));
 }
 
 // ---- train ---------------------------------------------------------------------------------
@@ -449,16 +454,29 @@ std::string metrics_path(const std::string& path, int rank, int world) {
   return p.replace_filename(p.stem().string() + ".rank-" + std::to_string(rank) + p.extension().string()).string();
 }
 
-// The fault policy restores inside fit(); a peer's first step says from which step it resumed.
+// The fault policy restores inside fit(); a peer's first step says from which step it resumed
+// (an elastic peer behind the others, or one that joined a running group, took their state).
 template <class Trainer>
 void announce_resume(Trainer& t) {
-  t.on_step([&t, first = true](const dt::train::step_metrics& m) mutable {
+  const int rank = t.rank(), world = t.world();  // before fit: the whole world's, as the folders are named
+  t.on_step([&t, rank, world, first = true](const dt::train::step_metrics& m) mutable {
     if (!first) return;
     first = false;
     const auto from = m.step - 1;
     if (from <= 0) return;
-    std::printf("peer %d resumed from %s at step %lld\n", t.rank(), t.fault().file(t.rank(), t.world(), from).c_str(),
-                static_cast<long long>(from));
+    const dt::fault::checkpoint_every* ck = nullptr;
+    bool took_state = false;
+    if constexpr (requires { t.fault().checkpoints; }) {  // elastic
+      ck = &t.fault().checkpoints;
+      took_state = !t.fault().changes().empty() && t.fault().changes().front().healed;
+    } else {
+      ck = &t.fault();
+    }
+    if (took_state)
+      std::printf("peer %d resumed at step %lld from the others' state\n", rank, static_cast<long long>(from));
+    else
+      std::printf("peer %d resumed from %s at step %lld\n", rank, ck->file(rank, world, from).c_str(),
+                  static_cast<long long>(from));
     std::fflush(stdout);
   });
 }
@@ -525,8 +543,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::optional<dt::transport::in_process> network;  // --peers
   auto setup = [&](Trainer& t) {
-    if constexpr (!elastic)
-      if (p.checkpoints.resume) announce_resume(t);
+    if (p.checkpoints.resume) announce_resume(t);
     if (metrics) metrics->attach(t);
     if (t.rank() == 0) bar.attach(t);
     if constexpr (elastic) {
@@ -554,6 +571,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
 
   std::vector<dt::train::fit_result> results;
   int world = p.world, rank = 0;
+  int asker = 0;  // whose asked_at says where a stop happened: this process's peer, or the first survivor
   const auto t0 = std::chrono::steady_clock::now();
   if (p.mode == launch::single || p.mode == launch::in_process) {
     open_metrics(p.metrics);  // one file, one log, for every peer
@@ -583,7 +601,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
 #endif
     }
     world = ep->world();
-    rank = ep->rank();
+    rank = asker = ep->rank();
     open_metrics(metrics_path(p.metrics, rank, world));  // a file per process
     set_threads(p.threads);
     Trainer t(p.model, p.trainer, *ep, comm, {}, fault);
@@ -617,22 +635,28 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
       print_changes(changes[static_cast<std::size_t>(first)]);
       results = kept;
       world = static_cast<int>(kept.size());
+      asker = first;
     } else {
       print_changes(changes[static_cast<std::size_t>(p.tcp.rank)]);
     }
   }
   if (results[0].stopped) {
-    const auto step = asked_at[static_cast<std::size_t>(rank)];
-    if constexpr (elastic) {
-      std::printf("\ninterrupted at step %lld (an elastic run saves no checkpoints yet)\n", static_cast<long long>(step));
+    const auto step = asked_at[static_cast<std::size_t>(asker)];
+    const int folders_of = p.mode == launch::in_process ? p.world : world;  // survivors keep their folders' names
+    if (elastic && p.mode == launch::tcp) {
+      const auto file = p.checkpoints.file(p.tcp.rank, std::max(p.tcp.world, p.tcp.rank + 1), step);
+      std::printf("\ninterrupted at step %lld: left the group; checkpoint saved to %s\n", static_cast<long long>(step),
+                  file.c_str());
+      std::printf("come back with --checkpoint-dir %s --resume (a running group gives its own state instead)\n",
+                  p.checkpoints.dir.c_str());
       return 130;
     }
-    if (world == 1)
+    if (folders_of == 1)
       std::printf("\ninterrupted at step %lld: checkpoint saved to %s\n", static_cast<long long>(step),
                   p.checkpoints.file(0, 1, step).c_str());
     else
       std::printf("\ninterrupted at step %lld: checkpoint saved to %s (each peer's in peer-R-of-%d/step-%lld.ckpt)\n",
-                  static_cast<long long>(step), p.checkpoints.dir.c_str(), world, static_cast<long long>(step));
+                  static_cast<long long>(step), p.checkpoints.dir.c_str(), folders_of, static_cast<long long>(step));
     std::printf("continue with --checkpoint-dir %s --resume\n", p.checkpoints.dir.c_str());
     return 130;
   }
@@ -644,7 +668,11 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
 // The fault policy the plan asks for: elastic, or checkpoints.
 template <class Comm>
 int train_with(const train_plan& p, const training_data& data, Comm comm) {
-  if (p.elastic) return train(p, data, comm, p.elastic_policy);
+  if (p.elastic) {
+    auto elastic = p.elastic_policy;
+    elastic.checkpoints = p.checkpoints;
+    return train(p, data, comm, elastic);
+  }
   return train(p, data, comm, p.checkpoints);
 }
 
@@ -718,9 +746,8 @@ int cmd_train(const options& opt) {
     dt::detail::check(p.mode == launch::in_process || p.mode == launch::tcp,
                       "--elastic needs --peers N or --listen HOST:PORT (under MPI a dead rank ends the job unless the MPI "
                       "library has ULFM)");
-    dt::detail::check(dir.empty() && !p.checkpoints.resume,
-                      "--elastic does not take --checkpoint-dir or --resume yet (an elastic group's checkpoints are "
-                      "not written)");
+    // Ctrl-C on one TCP peer: it leaves and the others go on; in-process peers stop together.
+    p.trainer.stop_alone = p.mode == launch::tcp;
     const auto t = opt.integer("agreement-timeout-ms", p.elastic_policy.agreement.timeout.count());
     dt::detail::check(t >= 1, "--agreement-timeout-ms must be >= 1, got ", t);
     p.elastic_policy.agreement.timeout = std::chrono::milliseconds(t);
@@ -758,7 +785,8 @@ int cmd_train(const options& opt) {
   // A resumed run takes the model's shape and the tokenizer from its checkpoints.
   std::optional<dt::io::checkpoint> resumed;
   if (p.checkpoints.resume)
-    resumed = dt::io::load_checkpoint(newest_checkpoint(p.checkpoints, p.mode == launch::tcp ? p.tcp.rank : 0, p.world));
+    resumed = dt::io::load_checkpoint(
+        newest_checkpoint(p.checkpoints, p.mode == launch::tcp ? p.tcp.rank : 0, p.elastic ? 0 : p.world, p.elastic));
   p.model = model_config(opt);
   auto data = load_training_data(opt, p.model.vocab_size, resumed ? &*resumed : nullptr);
   opt.reject_unknown();

@@ -8377,7 +8377,7 @@ class sgd {
 // ---- end decentrain/optim/sgd.hpp ----
 // ---- end decentrain/optim/optim.hpp ----
 // ---- begin decentrain/io/io.hpp ----
-// Everything in io: cereal glue, atomic files, checkpoints, safetensors, llm.c token shards.
+// Everything in io: cereal glue, atomic files, a background writer, checkpoints, safetensors, llm.c token shards.
 
 // ---- begin decentrain/io/atomic_file.hpp ----
 // Writing a file so that readers see either the old contents or the complete new ones: write a
@@ -8437,6 +8437,91 @@ inline std::string read_file(const std::filesystem::path& path) {
 
 }  // namespace decentrain::io
 // ---- end decentrain/io/atomic_file.hpp ----
+// ---- begin decentrain/io/background_writer.hpp ----
+// One job at a time on a thread of its own: a checkpoint is encoded and written to disk while
+// training goes on. submit() first waits for the job before it (memory stays bounded however
+// slow the disk) and rethrows that job's error: a failed write stops the run at the next save
+// instead of being lost.
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace decentrain::io {
+
+class background_writer {
+ public:
+  background_writer() : thread_([this] { run(); }) {}
+  background_writer(const background_writer&) = delete;
+  background_writer& operator=(const background_writer&) = delete;
+  // Finishes the job in flight (a write is never cut short); its error, if any, goes unreported:
+  // call wait() first where it matters.
+  ~background_writer() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void submit(std::function<void()> job) {
+    {
+      std::unique_lock lock(mutex_);
+      idle_.wait(lock, [&] { return !busy_; });
+      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      job_ = std::move(job);
+      busy_ = true;
+    }
+    wake_.notify_all();
+  }
+
+  // Returns once no job runs; rethrows the error of the last one, once.
+  void wait() {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [&] { return !busy_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  bool busy() const {
+    std::lock_guard lock(mutex_);
+    return busy_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return busy_ || stopping_; });
+      if (!busy_) return;
+      auto job = std::exchange(job_, nullptr);
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      error_ = error;
+      busy_ = false;
+      idle_.notify_all();
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::function<void()> job_;
+  bool busy_ = false, stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: started once the members it reads exist
+};
+
+}  // namespace decentrain::io
+// ---- end decentrain/io/background_writer.hpp ----
 // ---- begin decentrain/io/checkpoint.hpp ----
 // Training checkpoints: named tensors (model parameters, optimizer state), integer counters
 // (the step, per-parameter optimizer steps), rng states and text (configuration, tokenizer),
@@ -9119,6 +9204,7 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -9334,7 +9420,7 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
 // Whether an endpoint type takes part in elastic groups (transport/membership.hpp).
 template <class E>
 concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int peer, tag_type tag, std::chrono::milliseconds t,
-                                                      std::uint64_t epoch) {
+                                                      std::uint64_t epoch, const std::string& reason) {
   // recv with its own deadline (the membership protocol's, not the transport's receive timeout)
   { e.recv_within(peer, tag, t) } -> std::same_as<bytes>;
   // drop the non-membership messages `peer` sent before the last message taken from it on `tag`
@@ -9344,6 +9430,8 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
   { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
   // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
   e.forget(peer);
+  // this peer leaves: every other peer's waits on it fail at once, as departed, saying `reason`
+  e.leave(reason);
 };
 
 // Whether an elastic group on this endpoint type takes in peers that join once it runs (tcp).
@@ -9485,6 +9573,7 @@ class any_endpoint {
   void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
   std::optional<alarm> alarmed() const { return get().alarmed(); }
   void forget(int peer) { get().forget(peer); }
+  void leave(const std::string& reason) { get().leave(reason); }
   // Joining (joining_endpoint); a transport without it has no late joiners.
   bool joined_late() const { return get().joined_late(); }
   std::vector<int> connected() const { return get().connected(); }
@@ -9511,6 +9600,7 @@ class any_endpoint {
     virtual void set_epoch(std::uint64_t) = 0;
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
+    virtual void leave(const std::string&) = 0;
     virtual bool joined_late() const = 0;
     virtual std::vector<int> connected() const = 0;
     virtual int capacity() const = 0;
@@ -9555,6 +9645,10 @@ class any_endpoint {
     }
     void forget(int p) override {
       if constexpr (membership_endpoint<E>) e.forget(p);
+      else no_membership();
+    }
+    void leave(const std::string& reason) override {
+      if constexpr (membership_endpoint<E>) e.leave(reason);
       else no_membership();
     }
     bool joined_late() const override {
@@ -10402,6 +10496,12 @@ class in_process {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
     }
+    // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
+    // after that is never read).
+    void leave(const std::string& reason) {
+      for (int r = 0; r < world(); ++r)
+        if (r != rank_) net_->boxes[static_cast<std::size_t>(r)].close(rank_, reason);
+    }
 
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
@@ -11013,6 +11113,10 @@ class tcp {
     self_->give_up_on(peer, "left out of the view",
                       wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
   }
+
+  // Says goodbye to every connected peer (they find this peer departed at once, with `reason`,
+  // instead of at a deadline) and closes the connections.
+  void leave(const std::string& reason) { self_->leave(reason); }
 
   // ---- joining a running group (fault::elastic) ----
   // Whether connect() found the group running: this peer then waits to be admitted to a view.
@@ -11666,8 +11770,14 @@ class tcp {
     // blocking: so that, if it was the frozen one, it does not take this peer for departed when
     // it wakes), and the connection closes.
     void exclude(const std::shared_ptr<connection>& c, const std::string& why, const wire::farewell& f) {
+      part(c, why, failure_cause::silent, f);
+    }
+
+    // Closes a connection with a goodbye, written without blocking (best effort: a socket whose
+    // buffer is full loses it, and the peer finds only the closed connection).
+    void part(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause, const wire::farewell& f) {
       if (c->closed) return;
-      box.close(c->rank, why, failure_cause::silent);
+      box.close(c->rank, why, cause);
       {
         std::unique_lock lock(c->write_mutex, std::try_to_lock);
         if (lock.owns_lock() && !c->closed_for_writes.load() && flush_unsent(*c)) {
@@ -11679,7 +11789,7 @@ class tcp {
       std::array<std::byte, 4096> sink;
       for (int i = 0; i < 1024 && ::recv(c->socket.native_handle(), sink.data(), sink.size(), MSG_DONTWAIT) > 0; ++i) {
       }
-      close(c, why, failure_cause::silent);
+      close(c, why, cause);
     }
 
     static void append_frame(bytes& out, wire::frame_type type, const bytes& body) {
@@ -11861,6 +11971,24 @@ class tcp {
         if (f) exclude(c, why, *f);
         else close(c, why);
       });
+    }
+
+    // From the training thread: every connection closes with a goodbye saying `reason`; returns
+    // once they are written (or after a second, should the I/O thread be stuck).
+    void leave(const std::string& reason) {
+      auto done = std::make_shared<std::promise<void>>();
+      auto written = done->get_future();
+      asio::post(io, [this, reason, done] {
+        std::vector<std::shared_ptr<connection>> open;
+        {
+          std::lock_guard lock(mutex);
+          for (const auto& [r, c] : peers) open.push_back(c);
+        }
+        for (const auto& c : open)
+          part(c, "this peer left the group", failure_cause::departed, wire::farewell{false, reason});
+        done->set_value();
+      });
+      written.wait_for(std::chrono::seconds(1));
     }
 
     traffic_stats stats() const {
@@ -15354,14 +15482,17 @@ struct data {
 // ---- begin decentrain/fault/checkpoint_every.hpp ----
 // Checkpoints every `every` steps: each peer writes its whole state (model, optimizer, step,
 // dropout stream, the communication policy's state) to dir/peer-R-of-W/step-N.ckpt, atomically
-// (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. With
-// `resume`, start() picks the newest step that every peer has: when one peer was killed while
-// saving, the others fall back to the step before instead of refusing to start.
+// (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. The state
+// is captured at the step; encoding and writing it happen on a background thread while training
+// goes on (one write at a time; the last step's and a stop's are waited for). With `resume`,
+// start() picks the newest step that every peer has: when one peer was killed while saving, the
+// others fall back to the step before instead of refusing to start.
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -15384,6 +15515,8 @@ struct data {
 //                                 it may change the group (ctx.set_view) and give this peer
 //                                 another peer's state (ctx.adopt, with ctx.step and ctx.at)
 //   on_stop(ctx)                  the run stops early (Ctrl-C): save what must not be lost
+//   leave(ctx)                    before on_stop, when this peer stops alone
+//                                 (trainer_options::stop_alone): tell the others it goes
 // `Ctx` is a train::peer_context; train/concepts.hpp checks each member.
 
 
@@ -15422,6 +15555,7 @@ struct checkpoint_every {
   std::int64_t every = 500;    // steps between checkpoints (and one after the last step); 0: only on_stop
   int keep_last = 2;           // newest checkpoints kept per peer; 2 or more lets a peer fall back one
   bool resume = true;          // start from the newest step that every peer has, if any
+  bool background = true;      // write on a thread of its own while training goes on
   std::map<std::string, std::string> text;  // stored in every checkpoint (a tokenizer, say)
 
   // Where peer `rank` of `world` keeps its checkpoints.
@@ -15446,13 +15580,24 @@ struct checkpoint_every {
     return steps;
   }
 
-  template <class Ctx>
-  void start(Ctx& ctx) {
+  // Checks the settings and makes peer `rank` of `world` ready to save: the writer thread, and
+  // no temporary file of a write that a crash cut short (the finished files are whole).
+  void open(int rank, int world) {
+    wait();  // a write a failed fit() left in flight finishes before its .tmp could be taken for a torn one
     decentrain::detail::check(!dir.empty(), "checkpoint_every: dir is empty (where should checkpoints go?)");
     decentrain::detail::check(every >= 0, "checkpoint_every: every must be >= 0, got ", every);
     decentrain::detail::check(keep_last >= 1, "checkpoint_every: keep_last must be >= 1, got ", keep_last);
-    if (!resume) return;
+    if (background && !writer_.get) writer_.get = std::make_shared<io::background_writer>();
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(peer_dir(rank, world), ec))
+      if (e.path().extension() == ".tmp") std::filesystem::remove(e.path(), ec);
+  }
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
     const int rank = ctx.comm.rank(), world = ctx.comm.world();
+    open(rank, world);
+    if (!resume) return;
     const auto mine = saved_steps(rank, world);
     // newest, -(fewest newest), and whether anyone has none: one all-reduce.
     const std::int64_t newest = mine.empty() ? -1 : mine.back();
@@ -15475,7 +15620,12 @@ struct checkpoint_every {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if (every > 0 && (ctx.steps_done % every == 0 || ctx.last_step)) save(ctx);
+    if (due(ctx)) save(ctx);
+  }
+  // Whether after_step saves now: every `every` steps and after the last.
+  template <class Ctx>
+  bool due(const Ctx& ctx) const {
+    return every > 0 && (ctx.steps_done % every == 0 || ctx.last_step);
   }
 
   template <class Ctx>
@@ -15486,21 +15636,42 @@ struct checkpoint_every {
   template <class Ctx>
   void on_stop(Ctx& ctx) {
     save(ctx);
+    wait();
   }
 
-  // Writes this peer's state now and drops checkpoints beyond keep_last; returns the file.
+  // Captures this peer's state now and writes it (in the background, unless it is the last
+  // step's), dropping checkpoints beyond keep_last; returns the file.
   template <class Ctx>
-  std::filesystem::path save(Ctx& ctx) const {
-    const int rank = ctx.comm.rank(), world = ctx.comm.world();
-    auto c = ctx.capture();
-    for (const auto& [k, v] : text) c.text[k] = v;
-    std::filesystem::create_directories(peer_dir(rank, world));
+  std::filesystem::path save(Ctx& ctx) {
+    return save_as(ctx, ctx.comm.rank(), ctx.comm.world());
+  }
+  // The same into peer `rank` of `world`'s folder (an elastic group's communicator is its view's).
+  template <class Ctx>
+  std::filesystem::path save_as(Ctx& ctx, int rank, int world) {
+    wait();  // before the capture: one captured state at a time beside the model
+    auto c = std::make_shared<io::checkpoint>(ctx.capture());
+    for (const auto& [k, v] : text) c->text[k] = v;
+    c->counters["trainer.rank"] = rank;  // not the view's rank: the peer restarts in the whole world
+    c->counters["trainer.world"] = world;
     const auto path = file(rank, world, ctx.steps_done);
-    io::save_checkpoint(path, c);
-    auto steps = saved_steps(rank, world);
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last) < steps.size(); ++i)
-      std::filesystem::remove(file(rank, world, steps[i]));
+    checkpoint_every where;  // the folder settings, by value: the writer outlives nothing of this
+    where.dir = dir;
+    where.keep_last = keep_last;
+    auto write = [where, c, path, rank, world] {
+      std::filesystem::create_directories(where.peer_dir(rank, world));
+      io::save_checkpoint(path, *c);
+      auto steps = where.saved_steps(rank, world);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(where.keep_last) < steps.size(); ++i)
+        std::filesystem::remove(where.file(rank, world, steps[i]));
+    };
+    if (writer_.get) writer_.get->submit(std::move(write));
+    else write();
+    if (ctx.last_step) wait();
     return path;
+  }
+  // Returns once the write in flight is on disk; rethrows its error.
+  void wait() {
+    if (writer_.get) writer_.get->wait();
   }
 
  private:
@@ -15513,6 +15684,17 @@ struct checkpoint_every {
     }
     return s;
   }
+
+  // From open(). A copy of the policy starts without one (its own open() makes it), so two
+  // trainers given copies of one started policy never share a writer.
+  struct own_writer {
+    std::shared_ptr<io::background_writer> get;
+    own_writer() = default;
+    own_writer(const own_writer&) {}
+    own_writer& operator=(const own_writer&) { return *this; }
+    own_writer(own_writer&&) noexcept = default;
+    own_writer& operator=(own_writer&&) noexcept = default;
+  } writer_;
 };
 
 }  // namespace decentrain::fault
@@ -15536,14 +15718,22 @@ struct checkpoint_every {
 // and it takes the state from the members at the target, in chunks from several of them at once
 // (transfer_state).
 //
+// A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
+// so the others leave it out at once instead of at its heartbeat deadline.
+//
+// Checkpoints (`checkpoints`, off while its dir is empty): each peer writes its own folder; a
+// restarted group starts from each peer's newest, and when those differ (a peer killed while
+// saving, or restarted without its files) the ones behind take the state of the furthest, as
+// after a failure. A peer that joins a running group takes the group's state, not its files.
+//
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
-// tcp has joiners) and data parallelism (every peer holds the whole model). Checkpoints of an
-// elastic run are not handled yet.
+// tcp has joiners) and data parallelism (every peer holds the whole model).
 
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15941,6 +16131,14 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   ep.set_epoch(d.next.epoch);
   for (int j : d.removed)
     if (j != me) ep.forget(j);
+  // So are ranks outside the view that are not connected: a joiner whose connection here closed
+  // before it was admitted would otherwise be refused as the previous holder of its rank (tcp's
+  // welcome) and, as the leader admits only joiners every member reaches, never get in.
+  if constexpr (requires { ep.connected(); ep.capacity(); }) {
+    const auto connected = ep.connected();
+    for (int j = 0; j < ep.capacity(); ++j)
+      if (j != me && !d.next.contains(j) && !std::binary_search(connected.begin(), connected.end(), j)) ep.forget(j);
+  }
   detail::message marker;
   marker.what = detail::kind::marker;
   marker.epoch = d.next.epoch;
@@ -16105,6 +16303,11 @@ struct elastic {
   int min_peers = 1;
   // A peer that joins a running group waits this long to be admitted (0: twice agreement.timeout).
   std::chrono::milliseconds admission_timeout{0};
+  // This peer's checkpoints, in dir/peer-R-of-W with W its transport's world() at the start (the
+  // group's first world; for a tcp joiner its rank + 1 if that is more) (dir empty: none);
+  // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
+  // peers resume from their own newest step and those behind then take the furthest's state.
+  checkpoint_every checkpoints{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -16114,16 +16317,20 @@ struct elastic {
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
     if (!view_.members.empty()) return;
+    folder_world_ = ctx.network.world();
+    if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
       failed_at_ = std::chrono::steady_clock::now();
       cause_ = "joined the running group";
       const auto patience = admission_timeout.count() > 0 ? admission_timeout : 2 * agreement.timeout;
       converge(ctx, await_admission(ctx.network, patience));
+      ctx.joined = true;
       return;
     }
     view_.epoch = 0;
     for (int r = 0; r < ctx.network.world(); ++r) view_.members.push_back(r);
     ctx.network.set_epoch(0);
+    if (saves() && checkpoints.resume) resume(ctx);
   }
 
   // A peer that another reported as failed stops before it computes a step the group will not
@@ -16152,7 +16359,24 @@ struct elastic {
   }
 
   template <class Ctx>
-  void after_step(Ctx&) {}
+  void after_step(Ctx& ctx) {
+    if (saves() && checkpoints.due(ctx)) checkpoints.save_as(ctx, ctx.network.rank(), folder_world_);
+  }
+
+  // Stopped alone (trainer_options::stop_alone): a goodbye to every peer, so they leave this one
+  // out as soon as they next need it instead of at its deadline.
+  template <class Ctx>
+  void leave(Ctx& ctx) {
+    ctx.network.leave(decentrain::detail::concat("peer ", ctx.network.rank(), " stopped at step ", ctx.steps_done));
+  }
+
+  // Stopped (alone or with the group): saves, and waits for the write.
+  template <class Ctx>
+  void on_stop(Ctx& ctx) {
+    if (!saves()) return;
+    checkpoints.save_as(ctx, ctx.network.rank(), folder_world_);
+    checkpoints.wait();
+  }
 
   template <class Ctx>
   action on_error(Ctx& ctx, const transport::peer_error& e) {
@@ -16215,6 +16439,32 @@ struct elastic {
     }
   }
 
+  bool saves() const { return !checkpoints.dir.empty(); }
+
+  // A restarted group: every peer restores its own newest checkpoint (none: it starts from
+  // step 0), and when they are of different steps the group agrees on a view as after a failure,
+  // those behind taking the state of the furthest.
+  template <class Ctx>
+  void resume(Ctx& ctx) {
+    const int rank = ctx.network.rank();
+    const auto mine = checkpoints.saved_steps(rank, folder_world_);
+    std::int64_t step = ctx.steps_done;
+    // A step-0 file (stopped before the first step) is a fresh start: every peer without files
+    // starts as that, and restoring it would start this one's policy as resumed and the others' not.
+    if (!mine.empty() && mine.back() > step) {
+      const auto c = io::load_checkpoint(checkpoints.file(rank, folder_world_, mine.back()));
+      step = c.counter("step");
+      ctx.restore(c);
+      ctx.step = ctx.steps_done = step;
+    }
+    std::int64_t range[2] = {step, -step};
+    ctx.comm.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
+    if (range[0] == -range[1]) return;
+    cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0]);
+    failed_at_ = std::chrono::steady_clock::now();
+    converge(ctx, std::nullopt);
+  }
+
   // This peer's state as another takes it: without what stays with each peer (its rank, dropout
   // stream and byte count; adopt keeps its own), so members that hold the same model encode the
   // same bytes and can serve one joiner together.
@@ -16245,6 +16495,7 @@ struct elastic {
   std::vector<membership_change> changes_;
   std::string cause_;
   std::uint64_t served_ = 0;
+  int folder_world_ = 0;  // the W of this peer's checkpoint folder
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point failed_at_{};
@@ -16385,7 +16636,8 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        what it needs of the model, asserted member by member)
 //   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
 //                                                        fault::action on_error(Ctx&, const transport::peer_error&)
-//                                                        (optional: void reform(Ctx&); void on_stop(Ctx&))
+//                                                        (optional: void before_step(Ctx&); void reform(Ctx&);
+//                                                        void on_stop(Ctx&); void leave(Ctx&))
 //   Codec     (inside a comm policy; compress/codec.hpp) max_encoded_bytes, encode, decode_add
 
 #include <concepts>
@@ -16442,8 +16694,9 @@ struct peer_context {
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
   bool last_step = false;       // policies that communicate periodically also do so on the last step
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
-  bool joined = false;          // start() of a peer that joined a running group: its state came from the
-                                // members, who are mid-run, so it exchanges nothing
+  bool joined = false;          // a fault policy's start() sets it when this peer joined a running group:
+                                // its state came from the members, who are mid-run, so its
+                                // policy's start() exchanges nothing
   std::function<io::checkpoint()> capture;             // this peer's whole state
   std::function<void(const io::checkpoint&)> restore;  // and back
   // For fault policies that change the group (fault::elastic):
@@ -16700,6 +16953,10 @@ struct trainer_options {
   // How often peers agree on whether to stop early (trainer::stop_when): a one-integer
   // all-reduce every this many steps; a lone peer checks every step.
   std::int64_t stop_check_every = 50;
+  // A peer asked to stop leaves alone, at its next step, and the others go on without it: for
+  // a peer that is a process of its own in an elastic group (Ctrl-C on one machine). Needs a
+  // fault policy that re-forms the group.
+  bool stop_alone = false;
   // How many times in a row the fault policy may redo a failed step before the error is rethrown.
   int max_redos = 3;
   // Message sizes of the collectives (the same on every peer); over TCP across the internet set
@@ -17060,23 +17317,29 @@ class trainer {
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
   // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
   // options().stop_check_every steps (any peer asking stops them all at the same step), so every
-  // peer must be given one; the fault policy's on_stop, where it has one, then saves what must
-  // not be lost, and fit returns.
+  // peer must be given one; with options().stop_alone a peer asked leaves at its next step and
+  // the others go on (fault::elastic). The fault policy's on_stop, where it has one, then saves
+  // what must not be lost (and elastic says goodbye), and fit returns.
   void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
   // Trains from the current step to options().steps and returns the metrics; every peer of the
   // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
     auto ctx = make_context(dataset);
-    const auto adoptions = adoptions_;
+    if constexpr (!requires { fault_.leave(ctx); })
+      decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
+                                                      "lets the others go on without this peer (fault::elastic)");
+    adopted_ = false;
     fault_.start(ctx);
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
-    ctx.resumed = resumed_;
-    if (adoptions_ != adoptions) {
+    // Restored, or given the state of a peer further on (a restarted elastic group's): the state
+    // is what it should be, so the policy starts as resumed.
+    ctx.resumed = resumed_ || adopted_;
+    if (ctx.joined) {
       // A peer that joined a running group took a member's state: the policy's state came with
       // it (start as resumed: nothing to exchange), and it goes on from that member's phase.
       resume_at_ = resume_point{step_, ctx.at};
-      ctx.resumed = ctx.joined = true;
+      ctx.resumed = true;
       counted([&] { policy_.start(ctx); });
       ctx.joined = false;
     } else {
@@ -17099,6 +17362,8 @@ class trainer {
       if (stop_asked_ && runs(phase::stop_check)) between_steps(ctx, phase::stop_check, [&] { stop = stop_requested(); });
       if (stop) {
         ctx.steps_done = step_;
+        if constexpr (requires { fault_.leave(ctx); })
+          if (options_.stop_alone) fault_.leave(ctx);  // first: the others need not wait for this peer's disk
         if constexpr (requires { fault_.on_stop(ctx); }) fault_.on_stop(ctx);
         result.stopped = true;
         break;
@@ -17173,7 +17438,7 @@ class trainer {
   void adopt(const io::checkpoint& c) {
     step_ = train::restore(c, model_, optimizer_);
     policy_.load(c);
-    ++adoptions_;
+    adopted_ = true;
   }
 
  private:
@@ -17373,7 +17638,7 @@ class trainer {
 
   bool stop_requested() {
     if (!stop_asked_) return false;
-    if (world() == 1) return stop_asked_();
+    if (world() == 1 || options_.stop_alone) return stop_asked_();
     if (step_ % options_.stop_check_every != 0) return false;
     std::int32_t stop = stop_asked_() ? 1 : 0;
     comm_.all_reduce(std::span<std::int32_t>(&stop, 1), collective::reduce_op::max);
@@ -17431,8 +17696,8 @@ class trainer {
   rng dropout_;
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
-  std::uint64_t adoptions_ = 0;
   bool resumed_ = false;
+  bool adopted_ = false;  // adopt() was called since the fault policy's start began
   struct resume_point {
     std::int64_t step = 0;
     phase at = phase::step;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,7 @@ struct dying_endpoint {
   void set_epoch(std::uint64_t e) { ep.set_epoch(e); }
   std::optional<dt::transport::alarm> alarmed() const { return ep.alarmed(); }
   void forget(int peer) { ep.forget(peer); }
+  void leave(const std::string& reason) { ep.leave(reason); }
 };
 static_assert(dt::transport::membership_endpoint<dying_endpoint>);
 
@@ -262,6 +264,132 @@ TEST_CASE("transport: a marker drops what its sender queued before it; forget dr
     ep.forget(1);
     CHECK_THROWS_AS(ep.recv_within(1, 13, 10s), dt::transport::peer_error);
   });
+}
+
+namespace {
+// A group of in-process elastic peers that save checkpoints into `dir`; `stop_at` > 0: every peer
+// is asked to stop from that step on (they agree at a stop check and each saves on the way out).
+template <class Comm>
+struct checkpointed_run {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::elastic>;
+  std::vector<std::vector<float>> params;
+  std::vector<dt::train::fit_result> results;
+  std::vector<std::vector<dt::fault::membership_change>> changes;
+
+  checkpointed_run(int world, trainer_options opts, Comm comm, const std::filesystem::path& dir, bool resume,
+                   std::int64_t stop_at = 0) {
+    params.resize(static_cast<std::size_t>(world));
+    results.resize(params.size());
+    changes.resize(params.size());
+    dt::transport::in_process::options o;
+    o.recv_timeout = 30s;
+    dt::transport::in_process net(dt::transport::links::ideal(world), o);
+    dt::fault::elastic fault;
+    fault.agreement.timeout = 20s;
+    fault.checkpoints.dir = dir.string();
+    fault.checkpoints.every = 4;
+    fault.checkpoints.resume = resume;
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      const auto r = static_cast<std::size_t>(ep.rank());
+      Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+      if (stop_at > 0) t.stop_when([&t, stop_at] { return t.step() >= stop_at; });
+      results[r] = t.fit(small_corpus().data);
+      params[r] = flat_params(t.model().parameters());
+      changes[r] = t.fault().changes();
+    });
+  }
+};
+}  // namespace
+
+TEST_CASE("elastic: checkpoints; a restarted group resumes bit for bit, a peer behind takes the furthest's state") {
+  const auto dir = std::filesystem::temp_directory_path() / "decentrain_elastic_checkpoints";
+  std::filesystem::remove_all(dir);
+  dt::comm::diloco<> diloco;
+  diloco.inner_steps = 3;  // rounds end at steps 3, 6, 9, ...: a stop at 12 is mid-round for none, at 8 mid-round
+  auto opts = small_run(20);
+  opts.stop_check_every = 4;
+  const checkpointed_run whole(3, opts, diloco, dir / "whole", false);
+
+  // Stopped at step 8 (mid-round: each peer's own inner parameters), then resumed to the end.
+  const checkpointed_run first(3, opts, diloco, dir / "parts", false, 8);
+  for (const auto& r : first.results) CHECK(r.stopped);
+  dt::fault::checkpoint_every layout;
+  layout.dir = (dir / "parts").string();
+  for (int r = 0; r < 3; ++r) CHECK(layout.saved_steps(r, 3) == std::vector<std::int64_t>{4, 8});
+  const checkpointed_run resumed(3, opts, diloco, dir / "parts", true);
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("peer " << r);
+    CHECK(resumed.params[r] == whole.params[r]);
+    CHECK(resumed.results[r].last.step == 20);
+    CHECK(resumed.changes[r].empty());  // every peer had step 8: nothing to agree on
+  }
+  CHECK(layout.saved_steps(0, 3) == std::vector<std::int64_t>{16, 20});
+
+  // Peer 1 lost its files (the newest deleted, the one before left as a torn write leaves it): it
+  // starts from step 0, the others from 20, and it takes their state; with 24 steps now, training
+  // goes on from 20.
+  auto longer = opts;
+  longer.steps = 24;
+  std::filesystem::remove(layout.file(1, 3, 20));
+  std::filesystem::rename(layout.file(1, 3, 16), layout.file(1, 3, 16).string() + ".tmp");  // as a crash leaves it
+  const checkpointed_run healed(3, longer, diloco, dir / "parts", true);
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("peer " << r);
+    CHECK(healed.params[r] == healed.params[0]);
+    CHECK(healed.results[r].last.step == 24);
+    REQUIRE(healed.changes[r].size() == 1);
+    CHECK(healed.changes[r][0].cause.find("newest checkpoints are of steps 0 to 20") != std::string::npos);
+    CHECK(healed.changes[r][0].healed == (r == 1));
+    CHECK(healed.changes[r][0].members == std::vector<int>{0, 1, 2});
+  }
+  CHECK(!std::filesystem::exists(layout.file(1, 3, 16).string() + ".tmp"));  // cleared at the start
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("elastic: a peer asked to stop alone says goodbye; the others leave it out and train on") {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 3;
+  auto opts = small_run(15);
+  opts.stop_alone = true;
+  dt::transport::in_process::options o;
+  o.recv_timeout = 60s;  // only the goodbye can tell the others in time: the test would take a minute without it
+  dt::transport::in_process net(dt::transport::links::ideal(3), o);
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 60s;
+  std::vector<dt::train::fit_result> results(3);
+  std::vector<std::vector<dt::fault::membership_change>> changes(3);
+  std::vector<std::vector<float>> params(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+    if (r == 2) t.stop_when([&t] { return t.step() >= 4; });  // mid-round: the others wait for it at step 6
+    results[r] = t.fit(small_corpus().data);
+    changes[r] = t.fault().changes();
+    params[r] = flat_params(t.model().parameters());
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+  CHECK(results[2].stopped);
+  CHECK(results[2].last.step == 4);
+  for (std::size_t r : {0u, 1u}) {
+    INFO("peer " << r);
+    CHECK(results[r].last.step == 15);
+    REQUIRE(changes[r].size() == 1);
+    CHECK(changes[r][0].removed == std::vector<int>{2});
+    CHECK(params[r] == params[0]);
+  }
+  // The peer that found it gone names why (the other may hear of it from that one first).
+  CHECK((changes[0][0].cause + changes[1][0].cause).find("peer 2 stopped at step 4") != std::string::npos);
+}
+
+TEST_CASE("trainer: stop_alone needs a fault policy that can leave") {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::data, dt::fault::none>;
+  auto opts = small_run(2);
+  opts.stop_alone = true;
+  dt::transport::in_process net(dt::transport::links::ideal(1));
+  Trainer t(tiny_gpt(), opts, net.at(0), dt::comm::sync_allreduce<>{}, {}, dt::fault::none{});
+  CHECK_THROWS_WITH(t.fit(small_corpus().data), Catch::Contains("stop_alone needs a fault policy with leave(ctx)"));
 }
 
 #if DECENTRAIN_HAS_ASIO

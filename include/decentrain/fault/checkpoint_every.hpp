@@ -1,20 +1,24 @@
 // Checkpoints every `every` steps: each peer writes its whole state (model, optimizer, step,
 // dropout stream, the communication policy's state) to dir/peer-R-of-W/step-N.ckpt, atomically
-// (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. With
-// `resume`, start() picks the newest step that every peer has: when one peer was killed while
-// saving, the others fall back to the step before instead of refusing to start.
+// (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. The state
+// is captured at the step; encoding and writing it happen on a background thread while training
+// goes on (one write at a time; the last step's and a stop's are waited for). With `resume`,
+// start() picks the newest step that every peer has: when one peer was killed while saving, the
+// others fall back to the step before instead of refusing to start.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/fault/policy.hpp"
+#include "decentrain/io/background_writer.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
 namespace decentrain::fault {
@@ -27,6 +31,7 @@ struct checkpoint_every {
   std::int64_t every = 500;    // steps between checkpoints (and one after the last step); 0: only on_stop
   int keep_last = 2;           // newest checkpoints kept per peer; 2 or more lets a peer fall back one
   bool resume = true;          // start from the newest step that every peer has, if any
+  bool background = true;      // write on a thread of its own while training goes on
   std::map<std::string, std::string> text;  // stored in every checkpoint (a tokenizer, say)
 
   // Where peer `rank` of `world` keeps its checkpoints.
@@ -51,13 +56,24 @@ struct checkpoint_every {
     return steps;
   }
 
-  template <class Ctx>
-  void start(Ctx& ctx) {
+  // Checks the settings and makes peer `rank` of `world` ready to save: the writer thread, and
+  // no temporary file of a write that a crash cut short (the finished files are whole).
+  void open(int rank, int world) {
+    wait();  // a write a failed fit() left in flight finishes before its .tmp could be taken for a torn one
     decentrain::detail::check(!dir.empty(), "checkpoint_every: dir is empty (where should checkpoints go?)");
     decentrain::detail::check(every >= 0, "checkpoint_every: every must be >= 0, got ", every);
     decentrain::detail::check(keep_last >= 1, "checkpoint_every: keep_last must be >= 1, got ", keep_last);
-    if (!resume) return;
+    if (background && !writer_.get) writer_.get = std::make_shared<io::background_writer>();
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(peer_dir(rank, world), ec))
+      if (e.path().extension() == ".tmp") std::filesystem::remove(e.path(), ec);
+  }
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
     const int rank = ctx.comm.rank(), world = ctx.comm.world();
+    open(rank, world);
+    if (!resume) return;
     const auto mine = saved_steps(rank, world);
     // newest, -(fewest newest), and whether anyone has none: one all-reduce.
     const std::int64_t newest = mine.empty() ? -1 : mine.back();
@@ -80,7 +96,12 @@ struct checkpoint_every {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if (every > 0 && (ctx.steps_done % every == 0 || ctx.last_step)) save(ctx);
+    if (due(ctx)) save(ctx);
+  }
+  // Whether after_step saves now: every `every` steps and after the last.
+  template <class Ctx>
+  bool due(const Ctx& ctx) const {
+    return every > 0 && (ctx.steps_done % every == 0 || ctx.last_step);
   }
 
   template <class Ctx>
@@ -91,21 +112,42 @@ struct checkpoint_every {
   template <class Ctx>
   void on_stop(Ctx& ctx) {
     save(ctx);
+    wait();
   }
 
-  // Writes this peer's state now and drops checkpoints beyond keep_last; returns the file.
+  // Captures this peer's state now and writes it (in the background, unless it is the last
+  // step's), dropping checkpoints beyond keep_last; returns the file.
   template <class Ctx>
-  std::filesystem::path save(Ctx& ctx) const {
-    const int rank = ctx.comm.rank(), world = ctx.comm.world();
-    auto c = ctx.capture();
-    for (const auto& [k, v] : text) c.text[k] = v;
-    std::filesystem::create_directories(peer_dir(rank, world));
+  std::filesystem::path save(Ctx& ctx) {
+    return save_as(ctx, ctx.comm.rank(), ctx.comm.world());
+  }
+  // The same into peer `rank` of `world`'s folder (an elastic group's communicator is its view's).
+  template <class Ctx>
+  std::filesystem::path save_as(Ctx& ctx, int rank, int world) {
+    wait();  // before the capture: one captured state at a time beside the model
+    auto c = std::make_shared<io::checkpoint>(ctx.capture());
+    for (const auto& [k, v] : text) c->text[k] = v;
+    c->counters["trainer.rank"] = rank;  // not the view's rank: the peer restarts in the whole world
+    c->counters["trainer.world"] = world;
     const auto path = file(rank, world, ctx.steps_done);
-    io::save_checkpoint(path, c);
-    auto steps = saved_steps(rank, world);
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last) < steps.size(); ++i)
-      std::filesystem::remove(file(rank, world, steps[i]));
+    checkpoint_every where;  // the folder settings, by value: the writer outlives nothing of this
+    where.dir = dir;
+    where.keep_last = keep_last;
+    auto write = [where, c, path, rank, world] {
+      std::filesystem::create_directories(where.peer_dir(rank, world));
+      io::save_checkpoint(path, *c);
+      auto steps = where.saved_steps(rank, world);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(where.keep_last) < steps.size(); ++i)
+        std::filesystem::remove(where.file(rank, world, steps[i]));
+    };
+    if (writer_.get) writer_.get->submit(std::move(write));
+    else write();
+    if (ctx.last_step) wait();
     return path;
+  }
+  // Returns once the write in flight is on disk; rethrows its error.
+  void wait() {
+    if (writer_.get) writer_.get->wait();
   }
 
  private:
@@ -118,6 +160,17 @@ struct checkpoint_every {
     }
     return s;
   }
+
+  // From open(). A copy of the policy starts without one (its own open() makes it), so two
+  // trainers given copies of one started policy never share a writer.
+  struct own_writer {
+    std::shared_ptr<io::background_writer> get;
+    own_writer() = default;
+    own_writer(const own_writer&) {}
+    own_writer& operator=(const own_writer&) { return *this; }
+    own_writer(own_writer&&) noexcept = default;
+    own_writer& operator=(own_writer&&) noexcept = default;
+  } writer_;
 };
 
 }  // namespace decentrain::fault

@@ -16,19 +16,28 @@
 // and it takes the state from the members at the target, in chunks from several of them at once
 // (transfer_state).
 //
+// A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
+// so the others leave it out at once instead of at its heartbeat deadline.
+//
+// Checkpoints (`checkpoints`, off while its dir is empty): each peer writes its own folder; a
+// restarted group starts from each peer's newest, and when those differ (a peer killed while
+// saving, or restarted without its files) the ones behind take the state of the furthest, as
+// after a failure. A peer that joins a running group takes the group's state, not its files.
+//
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
-// tcp has joiners) and data parallelism (every peer holds the whole model). Checkpoints of an
-// elastic run are not handled yet.
+// tcp has joiners) and data parallelism (every peer holds the whole model).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/fault/checkpoint_every.hpp"
 #include "decentrain/fault/membership.hpp"
 #include "decentrain/fault/policy.hpp"
 #include "decentrain/io/checkpoint.hpp"
@@ -59,6 +68,11 @@ struct elastic {
   int min_peers = 1;
   // A peer that joins a running group waits this long to be admitted (0: twice agreement.timeout).
   std::chrono::milliseconds admission_timeout{0};
+  // This peer's checkpoints, in dir/peer-R-of-W with W its transport's world() at the start (the
+  // group's first world; for a tcp joiner its rank + 1 if that is more) (dir empty: none);
+  // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
+  // peers resume from their own newest step and those behind then take the furthest's state.
+  checkpoint_every checkpoints{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -68,16 +82,20 @@ struct elastic {
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
     if (!view_.members.empty()) return;
+    folder_world_ = ctx.network.world();
+    if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
       failed_at_ = std::chrono::steady_clock::now();
       cause_ = "joined the running group";
       const auto patience = admission_timeout.count() > 0 ? admission_timeout : 2 * agreement.timeout;
       converge(ctx, await_admission(ctx.network, patience));
+      ctx.joined = true;
       return;
     }
     view_.epoch = 0;
     for (int r = 0; r < ctx.network.world(); ++r) view_.members.push_back(r);
     ctx.network.set_epoch(0);
+    if (saves() && checkpoints.resume) resume(ctx);
   }
 
   // A peer that another reported as failed stops before it computes a step the group will not
@@ -106,7 +124,24 @@ struct elastic {
   }
 
   template <class Ctx>
-  void after_step(Ctx&) {}
+  void after_step(Ctx& ctx) {
+    if (saves() && checkpoints.due(ctx)) checkpoints.save_as(ctx, ctx.network.rank(), folder_world_);
+  }
+
+  // Stopped alone (trainer_options::stop_alone): a goodbye to every peer, so they leave this one
+  // out as soon as they next need it instead of at its deadline.
+  template <class Ctx>
+  void leave(Ctx& ctx) {
+    ctx.network.leave(decentrain::detail::concat("peer ", ctx.network.rank(), " stopped at step ", ctx.steps_done));
+  }
+
+  // Stopped (alone or with the group): saves, and waits for the write.
+  template <class Ctx>
+  void on_stop(Ctx& ctx) {
+    if (!saves()) return;
+    checkpoints.save_as(ctx, ctx.network.rank(), folder_world_);
+    checkpoints.wait();
+  }
 
   template <class Ctx>
   action on_error(Ctx& ctx, const transport::peer_error& e) {
@@ -169,6 +204,32 @@ struct elastic {
     }
   }
 
+  bool saves() const { return !checkpoints.dir.empty(); }
+
+  // A restarted group: every peer restores its own newest checkpoint (none: it starts from
+  // step 0), and when they are of different steps the group agrees on a view as after a failure,
+  // those behind taking the state of the furthest.
+  template <class Ctx>
+  void resume(Ctx& ctx) {
+    const int rank = ctx.network.rank();
+    const auto mine = checkpoints.saved_steps(rank, folder_world_);
+    std::int64_t step = ctx.steps_done;
+    // A step-0 file (stopped before the first step) is a fresh start: every peer without files
+    // starts as that, and restoring it would start this one's policy as resumed and the others' not.
+    if (!mine.empty() && mine.back() > step) {
+      const auto c = io::load_checkpoint(checkpoints.file(rank, folder_world_, mine.back()));
+      step = c.counter("step");
+      ctx.restore(c);
+      ctx.step = ctx.steps_done = step;
+    }
+    std::int64_t range[2] = {step, -step};
+    ctx.comm.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
+    if (range[0] == -range[1]) return;
+    cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0]);
+    failed_at_ = std::chrono::steady_clock::now();
+    converge(ctx, std::nullopt);
+  }
+
   // This peer's state as another takes it: without what stays with each peer (its rank, dropout
   // stream and byte count; adopt keeps its own), so members that hold the same model encode the
   // same bytes and can serve one joiner together.
@@ -199,6 +260,7 @@ struct elastic {
   std::vector<membership_change> changes_;
   std::string cause_;
   std::uint64_t served_ = 0;
+  int folder_world_ = 0;  // the W of this peer's checkpoint folder
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point failed_at_{};

@@ -398,6 +398,14 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   ep.set_epoch(d.next.epoch);
   for (int j : d.removed)
     if (j != me) ep.forget(j);
+  // So are ranks outside the view that are not connected: a joiner whose connection here closed
+  // before it was admitted would otherwise be refused as the previous holder of its rank (tcp's
+  // welcome) and, as the leader admits only joiners every member reaches, never get in.
+  if constexpr (requires { ep.connected(); ep.capacity(); }) {
+    const auto connected = ep.connected();
+    for (int j = 0; j < ep.capacity(); ++j)
+      if (j != me && !d.next.contains(j) && !std::binary_search(connected.begin(), connected.end(), j)) ep.forget(j);
+  }
   detail::message marker;
   marker.what = detail::kind::marker;
   marker.epoch = d.next.epoch;

@@ -15,6 +15,8 @@
 //                                 it may change the group (ctx.set_view) and give this peer
 //                                 another peer's state (ctx.adopt, with ctx.step and ctx.at)
 //   on_stop(ctx)                  the run stops early (Ctrl-C): save what must not be lost
+//   leave(ctx)                    before on_stop, when this peer stops alone
+//                                 (trainer_options::stop_alone): tell the others it goes
 // `Ctx` is a train::peer_context; train/concepts.hpp checks each member.
 #pragma once
 

@@ -16,7 +16,8 @@
 //                                                        what it needs of the model, asserted member by member)
 //   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
 //                                                        fault::action on_error(Ctx&, const transport::peer_error&)
-//                                                        (optional: void reform(Ctx&); void on_stop(Ctx&))
+//                                                        (optional: void before_step(Ctx&); void reform(Ctx&);
+//                                                        void on_stop(Ctx&); void leave(Ctx&))
 //   Codec     (inside a comm policy; compress/codec.hpp) max_encoded_bytes, encode, decode_add
 #pragma once
 

@@ -57,8 +57,9 @@ struct peer_context {
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
   bool last_step = false;       // policies that communicate periodically also do so on the last step
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
-  bool joined = false;          // start() of a peer that joined a running group: its state came from the
-                                // members, who are mid-run, so it exchanges nothing
+  bool joined = false;          // a fault policy's start() sets it when this peer joined a running group:
+                                // its state came from the members, who are mid-run, so its
+                                // policy's start() exchanges nothing
   std::function<io::checkpoint()> capture;             // this peer's whole state
   std::function<void(const io::checkpoint&)> restore;  // and back
   // For fault policies that change the group (fault::elastic):

@@ -32,6 +32,10 @@ struct trainer_options {
   // How often peers agree on whether to stop early (trainer::stop_when): a one-integer
   // all-reduce every this many steps; a lone peer checks every step.
   std::int64_t stop_check_every = 50;
+  // A peer asked to stop leaves alone, at its next step, and the others go on without it: for
+  // a peer that is a process of its own in an elastic group (Ctrl-C on one machine). Needs a
+  // fault policy that re-forms the group.
+  bool stop_alone = false;
   // How many times in a row the fault policy may redo a failed step before the error is rethrown.
   int max_redos = 3;
   // Message sizes of the collectives (the same on every peer); over TCP across the internet set

@@ -107,23 +107,29 @@ class trainer {
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
   // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
   // options().stop_check_every steps (any peer asking stops them all at the same step), so every
-  // peer must be given one; the fault policy's on_stop, where it has one, then saves what must
-  // not be lost, and fit returns.
+  // peer must be given one; with options().stop_alone a peer asked leaves at its next step and
+  // the others go on (fault::elastic). The fault policy's on_stop, where it has one, then saves
+  // what must not be lost (and elastic says goodbye), and fit returns.
   void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
   // Trains from the current step to options().steps and returns the metrics; every peer of the
   // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
     auto ctx = make_context(dataset);
-    const auto adoptions = adoptions_;
+    if constexpr (!requires { fault_.leave(ctx); })
+      decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
+                                                      "lets the others go on without this peer (fault::elastic)");
+    adopted_ = false;
     fault_.start(ctx);
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
-    ctx.resumed = resumed_;
-    if (adoptions_ != adoptions) {
+    // Restored, or given the state of a peer further on (a restarted elastic group's): the state
+    // is what it should be, so the policy starts as resumed.
+    ctx.resumed = resumed_ || adopted_;
+    if (ctx.joined) {
       // A peer that joined a running group took a member's state: the policy's state came with
       // it (start as resumed: nothing to exchange), and it goes on from that member's phase.
       resume_at_ = resume_point{step_, ctx.at};
-      ctx.resumed = ctx.joined = true;
+      ctx.resumed = true;
       counted([&] { policy_.start(ctx); });
       ctx.joined = false;
     } else {
@@ -146,6 +152,8 @@ class trainer {
       if (stop_asked_ && runs(phase::stop_check)) between_steps(ctx, phase::stop_check, [&] { stop = stop_requested(); });
       if (stop) {
         ctx.steps_done = step_;
+        if constexpr (requires { fault_.leave(ctx); })
+          if (options_.stop_alone) fault_.leave(ctx);  // first: the others need not wait for this peer's disk
         if constexpr (requires { fault_.on_stop(ctx); }) fault_.on_stop(ctx);
         result.stopped = true;
         break;
@@ -220,7 +228,7 @@ class trainer {
   void adopt(const io::checkpoint& c) {
     step_ = train::restore(c, model_, optimizer_);
     policy_.load(c);
-    ++adoptions_;
+    adopted_ = true;
   }
 
  private:
@@ -420,7 +428,7 @@ class trainer {
 
   bool stop_requested() {
     if (!stop_asked_) return false;
-    if (world() == 1) return stop_asked_();
+    if (world() == 1 || options_.stop_alone) return stop_asked_();
     if (step_ % options_.stop_check_every != 0) return false;
     std::int32_t stop = stop_asked_() ? 1 : 0;
     comm_.all_reduce(std::span<std::int32_t>(&stop, 1), collective::reduce_op::max);
@@ -478,8 +486,8 @@ class trainer {
   rng dropout_;
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
-  std::uint64_t adoptions_ = 0;
   bool resumed_ = false;
+  bool adopted_ = false;  // adopt() was called since the fault policy's start began
   struct resume_point {
     std::int64_t step = 0;
     phase at = phase::step;

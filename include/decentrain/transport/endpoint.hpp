@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -79,7 +80,7 @@ concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span
 // Whether an endpoint type takes part in elastic groups (transport/membership.hpp).
 template <class E>
 concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int peer, tag_type tag, std::chrono::milliseconds t,
-                                                      std::uint64_t epoch) {
+                                                      std::uint64_t epoch, const std::string& reason) {
   // recv with its own deadline (the membership protocol's, not the transport's receive timeout)
   { e.recv_within(peer, tag, t) } -> std::same_as<bytes>;
   // drop the non-membership messages `peer` sent before the last message taken from it on `tag`
@@ -89,6 +90,8 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
   { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
   // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
   e.forget(peer);
+  // this peer leaves: every other peer's waits on it fail at once, as departed, saying `reason`
+  e.leave(reason);
 };
 
 // Whether an elastic group on this endpoint type takes in peers that join once it runs (tcp).
@@ -230,6 +233,7 @@ class any_endpoint {
   void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
   std::optional<alarm> alarmed() const { return get().alarmed(); }
   void forget(int peer) { get().forget(peer); }
+  void leave(const std::string& reason) { get().leave(reason); }
   // Joining (joining_endpoint); a transport without it has no late joiners.
   bool joined_late() const { return get().joined_late(); }
   std::vector<int> connected() const { return get().connected(); }
@@ -256,6 +260,7 @@ class any_endpoint {
     virtual void set_epoch(std::uint64_t) = 0;
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
+    virtual void leave(const std::string&) = 0;
     virtual bool joined_late() const = 0;
     virtual std::vector<int> connected() const = 0;
     virtual int capacity() const = 0;
@@ -300,6 +305,10 @@ class any_endpoint {
     }
     void forget(int p) override {
       if constexpr (membership_endpoint<E>) e.forget(p);
+      else no_membership();
+    }
+    void leave(const std::string& reason) override {
+      if constexpr (membership_endpoint<E>) e.leave(reason);
       else no_membership();
     }
     bool joined_late() const override {

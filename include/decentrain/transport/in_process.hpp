@@ -168,6 +168,12 @@ class in_process {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
     }
+    // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
+    // after that is never read).
+    void leave(const std::string& reason) {
+      for (int r = 0; r < world(); ++r)
+        if (r != rank_) net_->boxes[static_cast<std::size_t>(r)].close(rank_, reason);
+    }
 
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);

@@ -151,6 +151,10 @@ class tcp {
                       wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
   }
 
+  // Says goodbye to every connected peer (they find this peer departed at once, with `reason`,
+  // instead of at a deadline) and closes the connections.
+  void leave(const std::string& reason) { self_->leave(reason); }
+
   // ---- joining a running group (fault::elastic) ----
   // Whether connect() found the group running: this peer then waits to be admitted to a view.
   bool joined_late() const {
@@ -803,8 +807,14 @@ class tcp {
     // blocking: so that, if it was the frozen one, it does not take this peer for departed when
     // it wakes), and the connection closes.
     void exclude(const std::shared_ptr<connection>& c, const std::string& why, const wire::farewell& f) {
+      part(c, why, failure_cause::silent, f);
+    }
+
+    // Closes a connection with a goodbye, written without blocking (best effort: a socket whose
+    // buffer is full loses it, and the peer finds only the closed connection).
+    void part(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause, const wire::farewell& f) {
       if (c->closed) return;
-      box.close(c->rank, why, failure_cause::silent);
+      box.close(c->rank, why, cause);
       {
         std::unique_lock lock(c->write_mutex, std::try_to_lock);
         if (lock.owns_lock() && !c->closed_for_writes.load() && flush_unsent(*c)) {
@@ -816,7 +826,7 @@ class tcp {
       std::array<std::byte, 4096> sink;
       for (int i = 0; i < 1024 && ::recv(c->socket.native_handle(), sink.data(), sink.size(), MSG_DONTWAIT) > 0; ++i) {
       }
-      close(c, why, failure_cause::silent);
+      close(c, why, cause);
     }
 
     static void append_frame(bytes& out, wire::frame_type type, const bytes& body) {
@@ -998,6 +1008,24 @@ class tcp {
         if (f) exclude(c, why, *f);
         else close(c, why);
       });
+    }
+
+    // From the training thread: every connection closes with a goodbye saying `reason`; returns
+    // once they are written (or after a second, should the I/O thread be stuck).
+    void leave(const std::string& reason) {
+      auto done = std::make_shared<std::promise<void>>();
+      auto written = done->get_future();
+      asio::post(io, [this, reason, done] {
+        std::vector<std::shared_ptr<connection>> open;
+        {
+          std::lock_guard lock(mutex);
+          for (const auto& [r, c] : peers) open.push_back(c);
+        }
+        for (const auto& c : open)
+          part(c, "this peer left the group", failure_cause::departed, wire::farewell{false, reason});
+        done->set_value();
+      });
+      written.wait_for(std::chrono::seconds(1));
     }
 
     traffic_stats stats() const {
