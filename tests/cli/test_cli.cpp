@@ -171,7 +171,7 @@ TEST_CASE("kill -9 at any moment of the background checkpoint writes leaves ever
   // in a capture, an encode, a write, an fsync, a rename or a prune. Eight kills at spread-out
   // moments (the delays differ by prime fractions of a second), each run resuming from what the
   // last one left.
-  const std::string train = cli() + " train --steps 1000000 --batch-size 2 --block-size 32 --n-layer 2 --n-embd 128"
+  const std::string train = cli() + " train --steps 1000000 --batch-size 2 --block-size 32 --n-layer 4 --n-embd 256"
                                     " --n-head 4 --metrics '' --eval-every 0 --checkpoint-dir ck --save-every 1 --keep-checkpoints 2";
   const auto r = run("( for d in 0.9 1.13 1.37 1.01 1.29 0.97 1.19 1.41; do "
                      "if ls ck/peer-0-of-1/step-*.ckpt >/dev/null 2>&1; then resume=--resume; else resume=; fi; " +
@@ -187,8 +187,9 @@ TEST_CASE("kill -9 at any moment of the background checkpoint writes leaves ever
     resumed += line.find("peer 0 resumed from ck/peer-0-of-1/step-") == 0 ? 1 : 0;
   }
   CHECK(killed == 8);
-  // With a save every step the writer is nearly always busy: kills find a write half done (its
-  // .tmp is left), which is the case under test. Seen in 5 of 6 kills when this was written.
+  // With a save every step of this model (38 MB checkpoints: a write takes about five steps'
+  // time) the writer is nearly always busy, so kills find a write half done (its .tmp is left),
+  // the case under test. (A 5 MB model's writes were over too soon under load to count on that.)
   std::size_t torn = 0;
   for (auto at = r.output.find(".ckpt.tmp"); at != std::string::npos; at = r.output.find(".ckpt.tmp", at + 1)) ++torn;
   CHECK(torn >= 1);
@@ -204,7 +205,7 @@ TEST_CASE("kill -9 at any moment of the background checkpoint writes leaves ever
     CHECK_NOTHROW(dt::io::load_checkpoint(ck.file(0, 1, s)));
   }
   const auto last = run(cli() + " train --steps " + std::to_string(steps.back() + 2) +
-                            " --batch-size 2 --block-size 32 --n-layer 2 --n-embd 128 --n-head 4 --metrics '' --eval-batches 1"
+                            " --batch-size 2 --block-size 32 --n-layer 4 --n-embd 256 --n-head 4 --metrics '' --eval-batches 1"
                             " --checkpoint-dir ck --resume",
                         dir);
   INFO(last.output);
