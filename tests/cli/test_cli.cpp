@@ -649,19 +649,19 @@ TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodby
   const auto port = std::to_string(free_port());
   const std::string args = " train --comm diloco --inner-steps 10 --steps 3000 --batch-size 4 --eval-batches 2"
                            " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
-                           " --elastic --max-world 8 --checkpoint-dir ck --save-every 20";
+                           " --elastic --max-world 8 --checkpoint-dir ck --save-every 20"
+                           // A long heartbeat deadline: only the goodbye can tell the others at once.
+                           " --silence-ms 60000 --agreement-timeout-ms 90000";
   const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
-  // The heartbeat deadline stays long (--silence-ms 60000): only the goodbye can tell the others
-  // at once. Peer 2 is interrupted, then started again with --resume while the others train on.
-  const auto r = run("( timeout 150 " + cli() + args + " --silence-ms 60000 --agreement-timeout-ms 90000 --listen 127.0.0.1:" +
-                         port + " --rank 0 --world 3 > r0.txt 2>&1 & p0=$!; "
-                         "timeout 150 " + cli() + args + " --silence-ms 60000 --agreement-timeout-ms 90000" + peer +
+  // Peer 2 is interrupted, then started again with --resume while the others train on.
+  const auto r = run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 3 > r0.txt 2>&1 & p0=$!; "
+                         "timeout 150 " + cli() + args + peer +
                          " --rank 1 > r1.txt 2>&1 & p1=$!; "
-                         "timeout 150 " + cli() + args + " --silence-ms 60000 --agreement-timeout-ms 90000" + peer +
+                         "timeout 150 " + cli() + args + peer +
                          " --rank 2 > r2.txt 2>&1 & p2=$!; "
                          "for i in $(seq 600); do [ $(cat metrics.rank-2.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
                          "kill -INT $p2; wait $p2; s2=$?; "
-                         "timeout 150 " + cli() + args + " --silence-ms 60000 --agreement-timeout-ms 90000" + peer +
+                         "timeout 150 " + cli() + args + peer +
                          " --rank 2 --resume > back.txt 2>&1; sb=$?; wait $p0; s0=$?; wait $p1; s1=$?; "
                          "cat r0.txt r1.txt; echo '--- rank 2'; cat r2.txt; echo '--- back'; cat back.txt; "
                          "echo \"exit $s0 $s1 rank2 $s2 back $sb\" )",
