@@ -2,7 +2,8 @@
 # those missing; apt-get as root, or through sudo) and configures the build directory.
 # Packages: g++/make (build-essential), cmake, catch2 (tests), libcereal-dev (checkpoints),
 # libopenblas-openmp-dev (CBLAS GEMM sharing the OpenMP thread pool of the other kernels),
-# python3 (single-header generator), libasio-dev (TCP transport), libopenmpi-dev + openmpi-bin
+# python3 (single-header generator), libasio-dev (TCP transport), libssl-dev (the TCP transport's
+# run key: OpenSSL's HMAC and ChaCha20-Poly1305), libopenmpi-dev + openmpi-bin
 # (MPI transport and its tests). OpenMP ships with g++.
 
 DECENTRAIN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -26,6 +27,6 @@ decentrain_install_packages() {
 
 decentrain_configure() {
   decentrain_install_packages build-essential cmake catch2 libcereal-dev libopenblas-openmp-dev python3 \
-    libasio-dev libopenmpi-dev openmpi-bin "$@"
+    libasio-dev libssl-dev libopenmpi-dev openmpi-bin "$@"
   cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release
 }

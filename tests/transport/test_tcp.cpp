@@ -37,7 +37,12 @@ TEST_CASE("wire: headers round-trip and bad ones are named") {
   CHECK_THROWS_WITH(wire::decode_header(h.data(), 999), Catch::Contains("over the limit of 999"));
   bad = h;
   bad[wire::header_bytes - 1] = std::byte{1};
-  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("reserved header byte 39"));
+  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("reserved header byte 23"));
+  // Bytes 24-39 carry the frame's authentication tag (zeros without a run key), returned as is.
+  bad = h;
+  bad[wire::tag_offset + 3] = std::byte{0xab};
+  CHECK(wire::decode_header(bad.data(), 4096).mac[3] == std::byte{0xab});
+  CHECK(wire::decode_header(h.data(), 4096).mac == dt::transport::auth::tag{});
   // Every frame ends on a 64-byte boundary: header block, body, padding.
   CHECK(h.size() == 64);
   for (std::uint64_t length : {0, 1, 63, 64, 65, 1000})
@@ -269,6 +274,9 @@ asio::ip::tcp::socket hello_as_peer_1(asio::io_context& io, const std::string& a
   h.purpose = wire::hello_purpose::data;
   const auto body = wire::encode_body(h);
   asio::write(s, asio::buffer(frame(wire::frame_type::hello, body.size(), body)));
+  std::array<std::byte, wire::header_bytes> welcome{};  // peer 0 answers before anything else
+  asio::read(s, asio::buffer(welcome));
+  REQUIRE(wire::decode_header(welcome.data(), 0).type == wire::frame_type::welcome);
   return s;
 }
 // A hostile "peer 1": says hello, sends the start of a data frame (tag 5, `length` bytes

@@ -58,6 +58,7 @@ struct traffic_stats {
   std::uint64_t messages_sent = 0;
   std::uint64_t messages_received = 0;
   std::uint64_t malformed_frames = 0;   // dropped, connection closed (tcp)
+  std::uint64_t rejected_frames = 0;    // failed the run key's authentication; connection closed (tcp)
   std::uint64_t retransmissions = 0;    // simulated drops that cost a retransmission (in_process)
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;

@@ -1,7 +1,8 @@
 // The TCP wire format, kept free of sockets so it can be tested and fuzzed on its own.
 // A frame is a 64-byte header block (little-endian magic "DTRN", version, type, tag, body
-// length in its first 24 bytes, zeros after), the body, and zeros up to the next multiple of 64
-// bytes, so every body starts 64-byte aligned in the stream (see frame_alignment). Control
+// length in its first 24 bytes, then the frame's 16-byte authentication tag, zeros when the run
+// has no key (transport/auth.hpp), zeros after), the body, and zeros up to the next multiple of
+// 64 bytes, so every body starts 64-byte aligned in the stream (see frame_alignment). Control
 // bodies (hello, directory) are cereal portable-binary archives whose strings and lists are read
 // through bounded loaders; data bodies are the raw bytes a collective sent. Everything here treats its input as hostile: sizes are checked before
 // anything is allocated, and every failure is a decentrain::error naming what was wrong.
@@ -20,13 +21,15 @@
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/transport/auth.hpp"
 #include "decentrain/transport/endpoint.hpp"
 
 namespace decentrain::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
-// 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason.
-inline constexpr std::uint16_t version = 4;
+// 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
+// run keys, no answer to a hello.
+inline constexpr std::uint16_t version = 5;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -37,18 +40,29 @@ inline constexpr std::uint16_t version = 4;
 // The price is at most 40 + 63 bytes of zeros per frame.
 inline constexpr std::size_t frame_alignment = 64;
 inline constexpr std::size_t header_bytes = frame_alignment;
-inline constexpr std::size_t header_used_bytes = 24;
+inline constexpr std::size_t header_used_bytes = 24;  // what the tag covers of the header
+inline constexpr std::size_t tag_offset = header_used_bytes;
+inline constexpr std::size_t reserved_offset = tag_offset + auth::tag_bytes;
 inline constexpr std::size_t max_control_bytes = std::size_t{1} << 20;
+// A connection that has not said (and, with a run key, proved) who it is may send no more than
+// this in one frame: a stranger cannot make a peer hold memory for it (a hello is ~300 bytes).
+inline constexpr std::size_t max_handshake_bytes = 4096;
+inline constexpr std::size_t max_nonce_bytes = 64;
 inline constexpr std::size_t max_address_chars = 255;
 inline constexpr std::size_t max_directory_entries = 65536;
 
-enum class frame_type : std::uint16_t { hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5 };
-inline constexpr std::uint16_t last_frame_type = 5;
+// challenge, proof: the run key's handshake (transport/auth.hpp); welcome: the answer to a data
+// hello that was accepted (a refused one gets a bye saying why).
+enum class frame_type : std::uint16_t {
+  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8
+};
+inline constexpr std::uint16_t last_frame_type = 8;
 
 struct header {
   frame_type type = frame_type::data;
   tag_type tag = 0;
   std::uint64_t length = 0;
+  auth::tag mac{};  // zeros without a run key
 };
 
 inline std::array<std::byte, header_bytes> encode_header(const header& h) {
@@ -61,6 +75,7 @@ inline std::array<std::byte, header_bytes> encode_header(const header& h) {
   put(6, static_cast<std::uint16_t>(h.type), 2);
   put(8, h.tag, 8);
   put(16, h.length, 8);
+  std::memcpy(out.data() + tag_offset, h.mac.data(), h.mac.size());
   return out;
 }
 
@@ -79,7 +94,7 @@ inline void check_zeros(const std::byte* p, std::size_t n, const char* what) {
 }
 
 // Throws on a bad magic, version, type, non-zero reserved bytes or a length over `max_body`
-// (data) or the control limit.
+// (data) or the control limit. The tag is returned, not checked (the connection knows its keys).
 inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   auto get = [&](std::size_t at, int n) {
     std::uint64_t v = 0;
@@ -90,8 +105,9 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   decentrain::detail::check(get(4, 2) == version, "frame: protocol version ", std::dec, get(4, 2), ", this peer speaks ", version);
   const auto type = get(6, 2);
   decentrain::detail::check(type >= 1 && type <= last_frame_type, "frame: unknown frame type ", type);
-  check_zeros(p + header_used_bytes, header_bytes - header_used_bytes, "reserved header");
-  header h{static_cast<frame_type>(type), get(8, 8), get(16, 8)};
+  check_zeros(p + reserved_offset, header_bytes - reserved_offset, "reserved header");
+  header h{static_cast<frame_type>(type), get(8, 8), get(16, 8), {}};
+  std::memcpy(h.mac.data(), p + tag_offset, h.mac.size());
   const std::uint64_t limit = h.type == frame_type::data ? max_body : max_control_bytes;
   decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
   return h;
@@ -129,17 +145,19 @@ struct hello {
   bool little_endian = std::endian::native == std::endian::little;  // data bodies are native floats
   std::string address;  // where the sender listens
   bool late = false;     // data: the sender joins a group that is already running
+  std::string nonce;     // fresh random bytes when the sender holds a run key; empty otherwise
 
   template <class Archive>
   void save(Archive& ar) const {
     ar(rank, world, static_cast<std::uint8_t>(purpose), little_endian);
     save_string(ar, address);
     ar(late);
+    save_string(ar, nonce);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
-    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late);
+    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes});
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     purpose = static_cast<hello_purpose>(p);
   }
@@ -175,18 +193,21 @@ struct directory {
 // is a plain goodbye). `excluded`: the sender stopped listening to the receiver (it heard
 // nothing from it in time, or left it out of a view) and is itself alive, so the receiver, if
 // it was the frozen or cut-off one, must not count the sender as departed.
+// `final`: a refusal that calling again cannot change (a missing or different run key).
 struct farewell {
   bool excluded = false;
   std::string reason;
+  bool final = false;
 
   template <class Archive>
   void save(Archive& ar) const {
     ar(excluded);
     save_string(ar, reason);
+    ar(final);
   }
   template <class Archive>
   void load(Archive& ar) {
-    ar(excluded, bounded_string{reason, 1024});
+    ar(excluded, bounded_string{reason, 1024}, final);
   }
 };
 

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/transport/auth.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/peer_error.hpp"
 #include "decentrain/transport/frame.hpp"
@@ -74,6 +75,17 @@ struct tcp_options {
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds min_silence{3000};
   std::uint64_t max_frame_bytes = std::uint64_t{64} << 20;
+  // Strangers. A connection must say who it is (and, with a key, prove it) within
+  // handshake_timeout, sending at most wire::max_handshake_bytes a frame meanwhile; at most
+  // max_pending connections may be doing so at once (a new one past that closes the oldest, so
+  // strangers who hold connections open cannot lock a real peer out for longer than it takes to
+  // say hello). An idle stranger therefore costs a peer one descriptor for a few seconds.
+  std::chrono::milliseconds handshake_timeout{5000};
+  int max_pending = 64;
+  // The run's secret (transport/auth.hpp; read one with auth::read_key_file): only peers that
+  // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
+  // the port can join the group and send it anything a peer may send.
+  std::string key;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -97,6 +109,9 @@ struct tcp_options {
                               "tcp: peer ", rank, " listens on the wildcard address ", listen,
                               "; set advertise (--advertise HOST) to an address the other peers can reach");
     for (const auto& j : join) (void)wire::split_address(j);
+    decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
+                              handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
+    if (!key.empty()) auth::check_key(key, "tcp_options::key");
   }
 };
 
@@ -199,6 +214,23 @@ class tcp {
     return self_->last_malformed;
   }
 
+  // What became of connections that had not (yet) shown they belong to the run.
+  struct admission_stats {
+    std::uint64_t timed_out = 0;        // said no hello (or proved no key) within handshake_timeout
+    std::uint64_t evicted = 0;          // closed to make room: over max_pending, or out of descriptors
+    std::uint64_t refused = 0;          // no run key, a different one, or a proof that did not verify
+    std::uint64_t bad_tags = 0;         // frames whose authentication tag failed (modified, replayed, forged)
+    std::uint64_t accept_failures = 0;  // accept() errors (out of descriptors...), each followed by a pause
+    int pending = 0;                    // connections now between accept and hello
+    std::string last_rejected;          // why the last refused connection or bad frame was dropped
+  };
+  admission_stats admission() const {
+    std::lock_guard lock(self_->mutex);
+    auto a = self_->admitted;
+    a.pending = self_->pending_now;
+    return a;
+  }
+
  private:
   using clock = std::chrono::steady_clock;
   static std::uint64_t nanoseconds(clock::time_point t) {
@@ -206,9 +238,9 @@ class tcp {
   }
 
   struct connection : std::enable_shared_from_this<connection> {
-    explicit connection(asio::io_context& io) : socket(io), heard(clock::now()) {}
+    explicit connection(asio::io_context& io) : socket(io), heard(clock::now()), accepted_at(heard) {}
     asio::ip::tcp::socket socket;
-    int rank = -1;  // -1 until its hello arrives
+    int rank = -1;  // -1 until its hello arrives (and, with a run key, its proof)
     // The previous body's padding, then the next header: one read (I/O thread only).
     std::array<std::byte, wire::frame_alignment + wire::header_bytes> head{};
     std::size_t padding = 0;  // bytes of padding still to read before the next header
@@ -230,6 +262,15 @@ class tcp {
     wire::heartbeat last_in;
     clock::time_point last_in_at;
     liveness beats;
+    // An accepted connection: which handshake frame comes next (I/O thread only). A dialed one is
+    // open from the start (its handshake ran in dial()).
+    enum class stage : std::uint8_t { hello, proof, open, answered } next = stage::hello;
+    clock::time_point accepted_at;
+    wire::hello asked;  // the hello awaiting its proof, and the handshake's transcript
+    bytes transcript;
+    // With a run key: both directions' frame keys. `send` under write_mutex, `receive` on the I/O
+    // thread; set before the connection carries any tagged frame.
+    std::optional<auth::session> keys;
   };
 
   struct impl {
@@ -248,6 +289,7 @@ class tcp {
       advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
       directory[opts.rank] = advertised;
       accept_next();
+      schedule_sweep();
       if (opts.heartbeat_interval.count() > 0) schedule_beat();
       io_thread = std::thread([this] { io.run(); });
     }
@@ -256,6 +298,8 @@ class tcp {
       asio::post(io, [this] {
         stopping = true;
         beat_timer.cancel();
+        sweep_timer.cancel();
+        accept_timer.cancel();
         asio::error_code ignored;
         acceptor.close(ignored);
         const auto open = all;  // close() erases from `all`
@@ -301,6 +345,7 @@ class tcp {
           }
         }
         std::unique_lock lock(mutex);
+        if (!refusal.empty()) decentrain::detail::fail(refusal);
         if (static_cast<int>(peers.size()) == opts.world - 1) {
           formed = true;
           return;
@@ -378,6 +423,7 @@ class tcp {
       for (;;) {
         if (auto e = dial_unconnected(failures); !e.empty()) last_error = std::move(e);
         std::unique_lock lock(mutex);
+        if (!refusal.empty()) decentrain::detail::fail(refusal);
         bool settled = true;
         for (const auto& [r, a] : directory)
           if (r != opts.rank && !peers.count(r) && failures[r] < 2) settled = false;
@@ -421,43 +467,106 @@ class tcp {
       work_fn(socket);
     }
 
+    // One frame read whole (header, body, padding) on a private io_context within
+    // connect_timeout; `raw` keeps the header's bytes (its tag covers them).
+    struct frame_in {
+      wire::header head;
+      std::array<std::byte, wire::header_bytes> raw{};
+      bytes body;
+    };
+    frame_in read_frame(asio::ip::tcp::socket& s, const std::string& address) const {
+      frame_in f;
+      std::array<std::byte, wire::frame_alignment> pad{};
+      std::string failure = "no answer within the connect timeout";
+      bool finished = false;
+      auto& io_ctx = static_cast<asio::io_context&>(s.get_executor().context());
+      asio::async_read(s, asio::buffer(f.raw), [&](const asio::error_code& ec, std::size_t) {
+        if (ec) { failure = ec == asio::error::eof ? "it closed the connection" : ec.message(); return; }
+        try {
+          f.head = wire::decode_header(f.raw.data(), wire::max_control_bytes);
+          f.body.resize(static_cast<std::size_t>(f.head.length));
+        } catch (const std::exception& e) {
+          failure = e.what();
+          return;
+        }
+        // The padding too, so the socket is left at the next frame.
+        std::array<asio::mutable_buffer, 2> in{asio::buffer(f.body), asio::buffer(pad.data(), wire::padding(f.body.size()).size())};
+        asio::async_read(s, in, [&](const asio::error_code& ec2, std::size_t) {
+          if (ec2) failure = ec2.message();
+          else finished = true;
+        });
+      });
+      io_ctx.restart();
+      io_ctx.run_for(opts.connect_timeout);
+      decentrain::detail::check(finished, "tcp: peer ", opts.rank, " got no answer from the peer at ", address, ": ", failure);
+      return f;
+    }
+
+    // The caller's half of the handshake on a fresh connection: the hello, then (with a run key)
+    // the challenge and the proof. Returns the peer's answer (a welcome, a directory, or a
+    // goodbye: the refusal is thrown, naming the reason) and the connection's frame keys.
+    std::pair<frame_in, std::optional<auth::session>> handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose,
+                                                                const std::string& address) {
+      auto h = my_hello(purpose);
+      const bool keyed = !opts.key.empty();
+      if (keyed) h.nonce = auth::random_nonce();
+      const bytes hello = wire::encode_body(h);
+      write_frame(s, wire::frame_type::hello, 0, hello);
+      auto refused = [&](const frame_in& f) {
+        wire::farewell why{false, "no reason given"};
+        if (!f.body.empty()) {
+          try {
+            why = wire::decode_body<wire::farewell>(f.body, "goodbye");
+          } catch (const std::exception&) {
+          }
+        }
+        give_up(why.final, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
+      };
+      std::optional<auth::session> keys;
+      if (keyed) {
+        auto c = read_frame(s, address);
+        if (c.head.type == wire::frame_type::bye) refused(c);
+        decentrain::detail::check(c.head.type == wire::frame_type::challenge && c.body.size() == auth::nonce_bytes + auth::proof_bytes,
+                                  "tcp: the peer at ", address, " answered the hello with frame type ",
+                                  static_cast<int>(c.head.type), ", not the run key's challenge");
+        bytes transcript = hello;
+        transcript.insert(transcript.end(), c.body.begin(), c.body.begin() + auth::nonce_bytes);
+        if (!auth::same(std::span(c.body).subspan(auth::nonce_bytes), auth::acceptor_proof(opts.key, transcript)))
+          give_up(true, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
+        const auto proof = auth::dialer_proof(opts.key, transcript);
+        write_frame(s, wire::frame_type::proof, 0, bytes(proof.begin(), proof.end()));
+        keys.emplace(opts.key, transcript, true);
+      }
+      auto answer = read_frame(s, address);
+      const auto head = std::span<const std::byte>(answer.raw).first(wire::header_used_bytes);
+      if (keys && !keys->receive.open(head, answer.body, answer.head.mac)) {
+        // A goodbye before the proof was checked carries no tag: the peer refused this one.
+        if (answer.head.type == wire::frame_type::bye && answer.head.mac == auth::tag{}) refused(answer);
+        decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
+      }
+      if (answer.head.type == wire::frame_type::bye) refused(answer);
+      return {std::move(answer), std::move(keys)};
+    }
+
+    // Throws; when `final`, connect() stops at once with this error (retrying cannot help).
+    template <class... Parts>
+    [[noreturn]] void give_up(bool final, Parts&&... parts) {
+      const auto why = decentrain::detail::concat(std::forward<Parts>(parts)...);
+      if (final) {
+        std::lock_guard lock(mutex);
+        if (refusal.empty()) refusal = why;
+      }
+      decentrain::detail::fail(why);
+    }
+
     // Asks `seed` for its directory. The exchange runs on a private io_context with a deadline,
     // so a seed that accepts but never answers cannot stall the join.
     void poll_directory(const std::string& seed) {
       with_connection(seed, [&](asio::ip::tcp::socket& s) {
-        const bytes hello = wire::encode_body(my_hello(wire::hello_purpose::directory));
-        const auto out_head = wire::encode_header({wire::frame_type::hello, 0, hello.size()});
-        const auto out = frame_buffers(out_head, hello);
-        std::array<std::byte, wire::header_bytes> head{};
-        std::array<std::byte, wire::frame_alignment> pad{};
-        bytes body;
-        std::string failure = "no answer within the connect timeout";
-        bool finished = false;
-        auto& io_ctx = static_cast<asio::io_context&>(s.get_executor().context());
-        asio::async_write(s, out, [&](const asio::error_code& ec, std::size_t) {
-          if (ec) { failure = ec.message(); return; }
-          asio::async_read(s, asio::buffer(head), [&](const asio::error_code& ec2, std::size_t) {
-            if (ec2) { failure = ec2.message(); return; }
-            try {
-              const auto h = wire::decode_header(head.data(), opts.max_frame_bytes);
-              decentrain::detail::check(h.type == wire::frame_type::directory, "answered with frame type ", static_cast<int>(h.type));
-              body.resize(static_cast<std::size_t>(h.length));
-            } catch (const std::exception& e) {
-              failure = e.what();
-              return;
-            }
-            // The padding too, so the asker closes a drained socket.
-            std::array<asio::mutable_buffer, 2> in{asio::buffer(body), asio::buffer(pad.data(), wire::padding(body.size()).size())};
-            asio::async_read(s, in, [&](const asio::error_code& ec3, std::size_t) {
-              if (ec3) failure = ec3.message();
-              else finished = true;
-            });
-          });
-        });
-        io_ctx.restart();
-        io_ctx.run_for(opts.connect_timeout);
-        decentrain::detail::check(finished, "tcp: directory request to ", seed, " failed: ", failure);
-        const auto dir = wire::decode_body<wire::directory>(body, "directory");
+        const auto answer = handshake(s, wire::hello_purpose::directory, seed).first;
+        decentrain::detail::check(answer.head.type == wire::frame_type::directory, "tcp: directory request to ", seed,
+                                  " answered with frame type ", static_cast<int>(answer.head.type));
+        const auto dir = wire::decode_body<wire::directory>(answer.body, "directory");
         std::lock_guard lock(mutex);
         if (dir.formed && !formed && peers.empty()) {  // a running group, and this peer is not of its mesh
           for (const auto& [r, a] : dir.entries)
@@ -473,11 +582,15 @@ class tcp {
 
     void dial(int peer, const std::string& address) {
       with_connection(address, [&](asio::ip::tcp::socket& s) {
-        write_frame(s, wire::frame_type::hello, 0, wire::encode_body(my_hello(wire::hello_purpose::data)));
+        auto [answer, keys] = handshake(s, wire::hello_purpose::data, address);
+        decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
+                                  " answered peer ", opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
         auto c = std::make_shared<connection>(io);
         const auto protocol = s.local_endpoint().protocol();
         c->socket.assign(protocol, s.release());
         c->rank = peer;
+        c->next = connection::stage::open;
+        c->keys = std::move(keys);
         std::promise<void> registered;
         auto f = registered.get_future();
         asio::post(io, [this, c, &registered] {
@@ -528,18 +641,80 @@ class tcp {
     }
 
     // ---- I/O thread ----
+    // Accepts forever, one connection at a time. A failed accept (out of descriptors: the
+    // connection stays in the kernel's queue and accept fails again at once) pauses, doubling up
+    // to a second, and makes room by closing the oldest stranger, instead of spinning; once the
+    // acceptor is closed (shutdown) it stops.
     void accept_next() {
       auto c = std::make_shared<connection>(io);
       acceptor.async_accept(c->socket, [this, c](const asio::error_code& ec) {
-        if (ec) {
-          if (ec != asio::error::operation_aborted) accept_next();
+        if (stopping || !acceptor.is_open() || ec == asio::error::operation_aborted) return;
+        if (ec && ec != asio::error::connection_aborted) {
+          {
+            std::lock_guard lock(mutex);
+            ++admitted.accept_failures;
+          }
+          if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
+              ec == asio::error::no_memory)
+            evict_oldest_pending();
+          accept_timer.expires_after(accept_pause);
+          accept_pause = std::min(accept_pause * 2, std::chrono::milliseconds(1000));
+          accept_timer.async_wait([this](const asio::error_code& e) {
+            if (!e && !stopping) accept_next();
+          });
           return;
         }
-        asio::error_code ignored;
-        c->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-        all.insert(c);
-        read_next(c);
+        accept_pause = std::chrono::milliseconds(10);
+        if (!ec) {
+          asio::error_code ignored;
+          c->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+          c->accepted_at = clock::now();
+          all.insert(c);
+          if (count_pending() > opts.max_pending) evict_oldest_pending();
+          read_next(c);
+        }
         accept_next();
+      });
+    }
+
+    // Connections accepted that have not shown who they are (a directory request stays one).
+    int count_pending() {
+      int n = 0;
+      for (const auto& c : all) n += c->rank < 0 && !c->closed;
+      std::lock_guard lock(mutex);
+      pending_now = n;
+      return n;
+    }
+
+    void evict_oldest_pending() {
+      std::shared_ptr<connection> oldest;
+      for (const auto& c : all)
+        if (c->rank < 0 && !c->closed && (!oldest || c->accepted_at < oldest->accepted_at)) oldest = c;
+      if (!oldest) return;
+      {
+        std::lock_guard lock(mutex);
+        ++admitted.evicted;
+      }
+      close(oldest, "");
+      count_pending();
+    }
+
+    // Closes the strangers past their handshake deadline, a few times per deadline.
+    void schedule_sweep() {
+      sweep_timer.expires_after(std::clamp(opts.handshake_timeout / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(500)));
+      sweep_timer.async_wait([this](const asio::error_code& ec) {
+        if (ec || stopping) return;
+        const auto now = clock::now();
+        std::vector<std::shared_ptr<connection>> late_ones;
+        for (const auto& c : all)
+          if (c->rank < 0 && !c->closed && now - c->accepted_at > opts.handshake_timeout) late_ones.push_back(c);
+        if (!late_ones.empty()) {
+          std::lock_guard lock(mutex);
+          admitted.timed_out += late_ones.size();
+        }
+        for (const auto& c : late_ones) close(c, "");
+        count_pending();
+        schedule_sweep();
       });
     }
 
@@ -588,9 +763,7 @@ class tcp {
           wire::check_zeros(c->head.data(), pad, "padding");
           h = wire::decode_header(c->head.data() + pad, opts.max_frame_bytes);
           c->padding = wire::padding(h.length).size();
-          decentrain::detail::check((c->rank >= 0) == (h.type != wire::frame_type::hello),
-                                    c->rank >= 0 ? "frame: a second hello on a connection"
-                                                 : "frame: the first frame on a connection must be a hello");
+          expect(*c, h);
         } catch (const std::exception& e) {
           return malformed(c, e.what());
         }
@@ -601,6 +774,7 @@ class tcp {
           if (ec2 == asio::error::eof)
             return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
           if (ec2) return lost(c, ec2);
+          if (!authentic(*c, h, c->body)) return reject_frame(c, h);
           try {
             if (!dispatch(c, h)) return;
           } catch (const std::exception& e) {
@@ -615,7 +789,7 @@ class tcp {
     // posting is settled before anything else happens to the connection, so the receiver never
     // returns while this still writes into its memory.
     void read_in_place(const std::shared_ptr<connection>& c, const wire::header& h, std::span<std::byte> into) {
-      read_fully(c, into, 0, [this, c, h](const asio::error_code& ec, std::size_t got) {
+      read_fully(c, into, 0, [this, c, h, into](const asio::error_code& ec, std::size_t got) {
         if (ec) {
           // Closed (and counted) before the posting is settled: the receiver wakes to a peer
           // already marked unreachable, so its error and the stats say why.
@@ -625,9 +799,61 @@ class tcp {
             lost(c, ec);
           return box.abandoned(c->rank, h.tag);
         }
+        if (!authentic(*c, h, into)) {
+          reject_frame(c, h);
+          return box.abandoned(c->rank, h.tag);
+        }
         box.landed(c->rank, h.tag);
         read_next(c);
       });
+    }
+
+    // Throws unless a frame of this type and size may come next on `c`: a connection that has not
+    // shown who it is may send only its next handshake frame, and only a small one.
+    void expect(const connection& c, const wire::header& h) const {
+      using stage = connection::stage;
+      if (c.rank >= 0) {
+        decentrain::detail::check(h.type == wire::frame_type::data || h.type == wire::frame_type::bye ||
+                                      h.type == wire::frame_type::heartbeat,
+                                  h.type == wire::frame_type::hello ? "frame: a second hello on a connection"
+                                                                    : "frame: unexpected frame type ",
+                                  h.type == wire::frame_type::hello ? "" : std::to_string(static_cast<int>(h.type)));
+        return;
+      }
+      decentrain::detail::check(h.length <= wire::max_handshake_bytes, "frame: a frame of ", h.length,
+                                " bytes from a connection that has not said who it is (the limit is ", wire::max_handshake_bytes, ")");
+      decentrain::detail::check(c.next != stage::answered, "frame: more frames after a directory request");
+      decentrain::detail::check(c.next != stage::hello || h.type == wire::frame_type::hello,
+                                "frame: the first frame on a connection must be a hello");
+      decentrain::detail::check(c.next != stage::proof || h.type == wire::frame_type::proof,
+                                "frame: expected the run key's proof, got frame type ", static_cast<int>(h.type));
+    }
+
+    // Whether a frame's tag is the one its connection's key gives its place in the stream (no key:
+    // no tag). Checked before anything is done with the frame.
+    static bool authentic(connection& c, const wire::header& h, std::span<const std::byte> body) {
+      if (!c.keys) return h.mac == auth::tag{};
+      const auto head = wire::encode_header(h);  // its covered bytes are those received
+      return c.keys->receive.open(std::span<const std::byte>(head).first(wire::header_used_bytes), body, h.mac);
+    }
+
+    void reject_frame(const std::shared_ptr<connection>& c, const wire::header& h) {
+      const auto from = c->rank >= 0 ? "peer " + std::to_string(c->rank) : std::string("a connection");
+      reject(c, c->keys ? decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                                     " failed its authentication tag: modified, replayed or forged")
+                        : decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                                     " carries an authentication tag, but this peer has no run key"),
+             true);
+    }
+
+    // Drops a connection that failed the run key's checks, counted and named.
+    void reject(const std::shared_ptr<connection>& c, const std::string& why, bool bad_tag = false) {
+      {
+        std::lock_guard lock(mutex);
+        ++(bad_tag ? admitted.bad_tags : admitted.refused);
+        admitted.last_rejected = why;
+      }
+      close(c, "it failed authentication: " + why);
     }
 
     // Handles one complete frame; false when the connection is done.
@@ -663,49 +889,108 @@ class tcp {
           c->beats.heartbeat(now, round_trip);
           return true;
         }
-        case wire::frame_type::directory:
-          decentrain::detail::fail("frame: unexpected directory frame");
         case wire::frame_type::hello: {
-          const auto hello = wire::decode_body<wire::hello>(c->body, "hello");
+          auto hello = wire::decode_body<wire::hello>(c->body, "hello");
           decentrain::detail::check(hello.world == opts.world, "frame: hello from a peer of a world of ", hello.world,
                                     ", this one has ", opts.world);
           decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.capacity() && hello.rank != opts.rank,
                                     "frame: hello claims rank ", hello.rank);
           decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
                                     "frame: peer ", hello.rank, " has a different byte order");
-          std::lock_guard lock(mutex);
-          if (hello.purpose == wire::hello_purpose::directory) {
-            if (!formed && !hello.address.empty()) directory[hello.rank] = hello.address;
-            wire::directory d;
-            d.formed = formed;
-            for (const auto& [r, a] : directory)
-              if (!formed || r == opts.rank || peers.count(r)) d.entries.emplace_back(r, a);
-            reply(c, wire::frame_type::directory, wire::encode_body(d));
-            return true;  // the asker closes when it has read the reply
+          const bool keyed = !opts.key.empty();
+          if (keyed != !hello.nonce.empty()) {
+            const auto why = keyed ? decentrain::detail::concat("peer ", opts.rank, " admits only peers holding the run's key (",
+                                                                "--key-file or ", auth::key_file_variable, "); the caller has none")
+                                   : decentrain::detail::concat("the caller holds a run key and peer ", opts.rank,
+                                                                " has none; give every peer the same key");
+            refuse(c, why);
+            return true;  // the caller closes (or the handshake deadline does)
           }
-          if (hello.late) {
-            if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
-              reply(c, wire::frame_type::bye,
-                    wire::encode_body(wire::farewell{false, decentrain::detail::concat(
-                                                              "peer ", opts.rank, " has not left the previous peer of rank ",
-                                                              hello.rank, " out of its view yet; join again later")}));
-              return true;  // the joiner closes
-            }
-          } else {
-            decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
-                                      " (lower ranks are dialed, not dialing)");
-            decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
-          }
-          if (!hello.address.empty()) directory[hello.rank] = hello.address;
-          c->rank = hello.rank;
-          const auto dropped = keep_one(c, false);
-          if (dropped != c) box.reopen(c->rank);
-          changed.notify_all();
-          if (dropped) asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
-          return dropped != c;  // false: this connection is the one dropped
+          if (!keyed) return admit(c, hello);
+          decentrain::detail::check(hello.nonce.size() == auth::nonce_bytes, "frame: a hello nonce of ", hello.nonce.size(),
+                                    " bytes (it has ", auth::nonce_bytes, ")");
+          const auto nonce = auth::random_nonce();
+          c->transcript = std::move(c->body);
+          c->body = {};
+          const auto* n = reinterpret_cast<const std::byte*>(nonce.data());
+          c->transcript.insert(c->transcript.end(), n, n + nonce.size());
+          const auto proof = auth::acceptor_proof(opts.key, c->transcript);
+          bytes challenge(n, n + nonce.size());
+          challenge.insert(challenge.end(), proof.begin(), proof.end());
+          c->asked = std::move(hello);
+          c->next = connection::stage::proof;
+          reply(c, wire::frame_type::challenge, std::move(challenge));
+          return true;
         }
+        case wire::frame_type::proof: {
+          if (!auth::same(c->body, auth::dialer_proof(opts.key, c->transcript))) {
+            reject(c, decentrain::detail::concat("the proof of the run key from the caller claiming rank ", c->asked.rank,
+                                                 " did not verify (it does not hold this run's key)"));
+            return false;
+          }
+          c->keys.emplace(opts.key, c->transcript, false);
+          return admit(c, c->asked);
+        }
+        default:
+          decentrain::detail::fail("frame: unexpected frame type ", static_cast<int>(h.type));
       }
       return false;
+    }
+
+    // A caller that said (and proved) who it is: a directory request is answered; a peer is taken
+    // into the mesh and welcomed, or refused with a goodbye saying why. False when `c` is dropped.
+    bool admit(const std::shared_ptr<connection>& c, const wire::hello& hello) {
+      std::lock_guard lock(mutex);
+      if (hello.purpose == wire::hello_purpose::directory) {
+        if (!formed && !hello.address.empty()) directory[hello.rank] = hello.address;
+        wire::directory d;
+        d.formed = formed;
+        for (const auto& [r, a] : directory)
+          if (!formed || r == opts.rank || peers.count(r)) d.entries.emplace_back(r, a);
+        c->next = connection::stage::answered;
+        reply(c, wire::frame_type::directory, wire::encode_body(d));
+        return true;  // the asker closes when it has read the reply
+      }
+      if (hello.late) {
+        if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
+          c->next = connection::stage::answered;
+          reply(c, wire::frame_type::bye,
+                wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                          "peer ", opts.rank, " has not left the previous peer of rank ",
+                                                          hello.rank, " out of its view yet; join again later")}));
+          return true;  // the joiner closes
+        }
+      } else {
+        decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
+                                  " (lower ranks are dialed, not dialing)");
+        decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
+      }
+      if (!hello.address.empty()) directory[hello.rank] = hello.address;
+      // The welcome goes out before the connection is registered, so it is the first frame the
+      // caller reads from it (the training thread may write to it as soon as it is registered).
+      {
+        std::lock_guard write_lock(c->write_mutex);
+        append_frame(*c, wire::frame_type::welcome, {});
+        flush_unsent(*c);
+      }
+      c->rank = hello.rank;
+      c->next = connection::stage::open;
+      const auto dropped = keep_one(c, false);
+      if (dropped != c) box.reopen(c->rank);
+      changed.notify_all();
+      if (dropped) asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
+      return dropped != c;  // false: this connection is the one dropped
+    }
+
+    // A caller refused before its key was checked: told why (best effort), counted.
+    void refuse(const std::shared_ptr<connection>& c, const std::string& why) {
+      {
+        std::lock_guard lock(mutex);
+        ++admitted.refused;
+        admitted.last_rejected = why;
+      }
+      c->next = connection::stage::answered;
+      reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, why, true}));
     }
 
     void malformed(const std::shared_ptr<connection>& c, const std::string& why) {
@@ -799,7 +1084,7 @@ class tcp {
         h.echo_ns = c.last_in.sent_ns;
         h.held_ns = nanoseconds(now) - nanoseconds(c.last_in_at);
       }
-      append_frame(c.unsent, wire::frame_type::heartbeat, wire::encode_heartbeat(h));
+      append_frame(c, wire::frame_type::heartbeat, wire::encode_heartbeat(h));
       flush_unsent(c);
     }
 
@@ -818,7 +1103,7 @@ class tcp {
       {
         std::unique_lock lock(c->write_mutex, std::try_to_lock);
         if (lock.owns_lock() && !c->closed_for_writes.load() && flush_unsent(*c)) {
-          append_frame(c->unsent, wire::frame_type::bye, wire::encode_body(f));
+          append_frame(*c, wire::frame_type::bye, wire::encode_body(f));
           flush_unsent(*c);
         }
       }
@@ -829,9 +1114,23 @@ class tcp {
       close(c, why, cause);
     }
 
-    static void append_frame(bytes& out, wire::frame_type type, const bytes& body) {
-      const auto head = wire::encode_header({type, 0, body.size()});
+    // A frame's header, with its tag when the connection has keys (write_mutex held: tags must go
+    // out in the order they were made).
+    static std::array<std::byte, wire::header_bytes> sealed_header(connection& c, wire::frame_type type, tag_type tag,
+                                                                  std::span<const std::byte> body) {
+      auto head = wire::encode_header({type, tag, body.size(), {}});
+      if (c.keys) {
+        const auto mac = c.keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body);
+        std::memcpy(head.data() + wire::tag_offset, mac.data(), mac.size());
+      }
+      return head;
+    }
+
+    // Queues a small control frame on c.unsent (write_mutex held).
+    static void append_frame(connection& c, wire::frame_type type, const bytes& body) {
+      const auto head = sealed_header(c, type, 0, body);
       const auto pad = wire::padding(body.size());
+      auto& out = c.unsent;
       out.insert(out.end(), head.begin(), head.end());
       out.insert(out.end(), body.begin(), body.end());
       out.insert(out.end(), pad.begin(), pad.end());
@@ -858,13 +1157,18 @@ class tcp {
       return peer_liveness{b.round_trip_seconds(), b.gap_seconds(), b.deadline(opts.min_silence), b.heartbeats()};
     }
 
-    // On the I/O thread: the one control frame a directory request gets back.
+    // On the I/O thread: a frame to a caller that is not (yet) a peer of the mesh: the run key's
+    // challenge, a directory, a refusal.
     void reply(const std::shared_ptr<connection>& c, wire::frame_type type, bytes body) {
       struct frame {
         std::array<std::byte, wire::header_bytes> head;
         bytes body;
       };
-      auto f = std::make_shared<frame>(frame{wire::encode_header({type, 0, body.size()}), std::move(body)});
+      auto f = std::make_shared<frame>(frame{{}, std::move(body)});
+      {
+        std::lock_guard write_lock(c->write_mutex);
+        f->head = sealed_header(*c, type, 0, f->body);
+      }
       asio::async_write(c->socket, frame_buffers(f->head, f->body), [this, c, f](const asio::error_code& ec, std::size_t) {
         if (ec) lost(c, ec);
       });
@@ -905,9 +1209,9 @@ class tcp {
     // peers that all send at once still drain each other.
     void write_data(connection& c, tag_type tag, std::span<const std::byte> data) {
       const int peer = c.rank;
-      const auto head = wire::encode_header({wire::frame_type::data, tag, data.size()});
       const auto pad = wire::padding(data.size());
       std::lock_guard write_lock(c.write_mutex);
+      const auto head = sealed_header(c, wire::frame_type::data, tag, data);
       const int fd = c.socket.native_handle();
       // The rest of a heartbeat goes first (see connection::unsent).
       const std::size_t before = c.unsent.size();
@@ -919,6 +1223,7 @@ class tcp {
       const auto deadline = std::chrono::steady_clock::now() + opts.recv_timeout;
       auto fail = [&](failure_cause cause, int who, auto&&... why) {
         c.unsent.erase(c.unsent.begin(), c.unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written, before)));
+        if (written <= before && c.keys) c.keys->send.unseal();  // the frame never started: its tag is unused
         transport::fail_peer_because(cause, who, "send", why...);
       };
       while (first < parts.size()) {
@@ -1038,6 +1343,7 @@ class tcp {
       {
         std::lock_guard lock(mutex);
         s.malformed_frames = malformed_frames;
+        s.rejected_frames = admitted.refused + admitted.bad_tags;
       }
       s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       return s;
@@ -1051,6 +1357,9 @@ class tcp {
     std::string advertised;
     std::thread io_thread;
     asio::steady_timer beat_timer{io};
+    asio::steady_timer sweep_timer{io};   // closes strangers past their handshake deadline
+    asio::steady_timer accept_timer{io};  // the pause after a failed accept
+    std::chrono::milliseconds accept_pause{10};
     std::optional<clock::time_point> last_beat;  // I/O thread only
     bool stopping = false;                       // I/O thread only
 
@@ -1060,10 +1369,12 @@ class tcp {
     std::map<int, std::shared_ptr<connection>> peers;
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
     bool late = false;             // this peer joined a running group
-    std::string refusal;           // why this peer cannot join at all (its rank is taken)
+    std::string refusal;           // why this peer cannot join at all (its rank is taken, a wrong key)
     std::set<std::shared_ptr<connection>> all;  // I/O thread only
     std::uint64_t malformed_frames = 0;
     std::string last_malformed;
+    admission_stats admitted;      // under mutex
+    int pending_now = 0;           // under mutex
     detail::mailbox box;
 
     // Payload bytes, as for every transport (framing adds 24 bytes a message). Atomic: the
