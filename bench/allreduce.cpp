@@ -2,7 +2,10 @@
 // in one run with OpenMPI's MPI_Allreduce and torch.distributed's gloo backend.
 //
 //   bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]
-//                   [--only decentrain,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]
+//                   [--only decentrain,decentrain-keyed,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]
+//
+// decentrain-keyed is the same all-reduce with a run key (transport/auth.hpp): every frame
+// tagged by its sender and checked by its receiver, the cost of authenticated peers.
 //
 // With --rounds R every implementation runs R times, interleaved (all of them, then all of them
 // again), and a size's time is the median of its R times: this machine has slow spells of a
@@ -111,8 +114,10 @@ std::vector<std::size_t> parse_sizes(const std::string& list) {
 
 #if DECENTRAIN_HAS_ASIO
 int tcp_worker(int rank, int world, const std::string& address_file, const std::vector<std::size_t>& sizes,
-               std::size_t chunk_bytes, const std::string& out) {
-  auto peer = bench::loopback_peer(rank, world, address_file);
+               std::size_t chunk_bytes, const std::string& out, bool keyed) {
+  auto peer = bench::loopback_peer(rank, world, address_file, [&](dt::transport::tcp_options& o) {
+    if (keyed) o.key = "a benchmark's run key, 32 bytes.";
+  });
   dt::collective::options copts;
   if (chunk_bytes) copts.chunk_bytes = chunk_bytes;
   dt::collective::communicator comm(*peer, copts);
@@ -173,7 +178,7 @@ int main(int argc, char** argv) try {
   std::vector<std::string> args(argv + 1, argv + argc);
   const char* usage =
       "usage: bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]\n"
-      "                       [--only decentrain,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]";
+      "                       [--only decentrain,decentrain-keyed,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]";
   if (std::find(args.begin(), args.end(), "--help") != args.end()) {
     std::printf("%s\n", usage);
     return 0;
@@ -202,8 +207,9 @@ int main(int argc, char** argv) try {
   if (!worker.empty()) {
     const auto sizes = parse_sizes(value("--sizes", ""));
 #if DECENTRAIN_HAS_ASIO
-    if (worker == "tcp")
-      return tcp_worker(std::stoi(value("--rank", "0")), world, value("--address-file", ""), sizes, chunk_bytes, out);
+    if (worker == "tcp" || worker == "tcp-keyed")
+      return tcp_worker(std::stoi(value("--rank", "0")), world, value("--address-file", ""), sizes, chunk_bytes, out,
+                        worker == "tcp-keyed");
 #endif
 #if DECENTRAIN_HAS_MPI
     if (worker == "mpi") return mpi_worker(argc, argv, sizes, out);
@@ -217,11 +223,11 @@ int main(int argc, char** argv) try {
   for (auto b = lo; b <= hi; b *= 4) sizes.push_back(b);
   std::vector<std::string> impls;
   {
-    std::stringstream in(value("--only", "decentrain,mpi-tcp,mpi-shm,gloo"));
+    std::stringstream in(value("--only", "decentrain,decentrain-keyed,mpi-tcp,mpi-shm,gloo"));
     for (std::string item; std::getline(in, item, ',');) impls.push_back(item);
     for (const auto& impl : impls)
-      dt::detail::check(impl == "decentrain" || impl == "mpi-tcp" || impl == "mpi-shm" || impl == "gloo", "unknown implementation '",
-                        impl, "' in --only (decentrain, mpi-tcp, mpi-shm, gloo)");
+      dt::detail::check(impl == "decentrain" || impl == "decentrain-keyed" || impl == "mpi-tcp" || impl == "mpi-shm" || impl == "gloo",
+                        "unknown implementation '", impl, "' in --only (decentrain, decentrain-keyed, mpi-tcp, mpi-shm, gloo)");
   }
   const int rounds = std::stoi(value("--rounds", "1"));
   dt::detail::check(rounds >= 1, "--rounds must be at least 1");
@@ -244,10 +250,10 @@ int main(int argc, char** argv) try {
     fs::remove(file);
     fs::remove(dir + "/address");  // the workers of a new run must not join the last run's rank 0
     try {
-      if (impl == "decentrain") {
+      if (impl == "decentrain" || impl == "decentrain-keyed") {
         std::vector<std::vector<std::string>> cmds;
         for (int r = 0; r < world; ++r)
-          cmds.push_back({self, "--worker", "tcp", "--rank", std::to_string(r), "--world", w, "--sizes", size_list, "--address-file",
+          cmds.push_back({self, "--worker", impl == "decentrain" ? "tcp" : "tcp-keyed", "--rank", std::to_string(r), "--world", w, "--sizes", size_list, "--address-file",
                           dir + "/address", "--chunk-bytes", std::to_string(chunk_bytes), "--out", file});
         bench::run_all(cmds, std::chrono::seconds(900), impl);
       } else if (impl == "mpi-tcp" || impl == "mpi-shm") {
@@ -291,7 +297,8 @@ int main(int argc, char** argv) try {
   };
   std::printf("all-reduce (sum, float32, in place), %d processes on this machine; bus bandwidth GB/s "
               "(nccl-tests: algbw x 2(N-1)/N)%s\n", world, rounds > 1 ? (", median of " + std::to_string(rounds) + " rounds").c_str() : "");
-  std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", "size", "ours us", "ours", "MPI tcp", "MPI shm", "gloo", "ours/MPI", "ours/gloo");
+  std::printf("%9s %12s %11s %11s %11s %11s %11s %9s %9s %9s\n", "size", "ours us", "ours", "ours+key", "MPI tcp", "MPI shm", "gloo",
+              "key/ours", "ours/MPI", "ours/gloo");
   auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
   // What was not measured prints as "-", never as a zero bandwidth or ratio.
   auto cell = [](double v, int width, const char* suffix, int digits = 3) {
@@ -307,13 +314,16 @@ int main(int argc, char** argv) try {
   };
   json << "[\n";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const double ours = busbw("decentrain", i), mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
+    const double ours = busbw("decentrain", i), keyed = busbw("decentrain-keyed", i), mt = busbw("mpi-tcp", i),
+                 ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
     const double us = results.count("decentrain") ? results["decentrain"][i].seconds * 1e6 : 0.0;
-    std::printf("%9s %12s %11s %11s %11s %11s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
-                cell(ours, 11, "").c_str(), cell(mt, 11, "").c_str(), cell(ms, 11, "").c_str(), cell(gl, 11, "").c_str(),
-                cell(ratio(ours, mt), 9, "x").c_str(), cell(ratio(ours, gl), 9, "x").c_str());
+    std::printf("%9s %12s %11s %11s %11s %11s %11s %9s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
+                cell(ours, 11, "").c_str(), cell(keyed, 11, "").c_str(), cell(mt, 11, "").c_str(), cell(ms, 11, "").c_str(),
+                cell(gl, 11, "").c_str(), cell(ratio(keyed, ours), 9, "x").c_str(), cell(ratio(ours, mt), 9, "x").c_str(),
+                cell(ratio(ours, gl), 9, "x").c_str());
     json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"rounds\": " << rounds
-         << ", \"ours_us\": " << num(us) << ", \"ours_busbw_gbs\": " << num(ours) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
+         << ", \"ours_us\": " << num(us) << ", \"ours_busbw_gbs\": " << num(ours) << ", \"ours_keyed_busbw_gbs\": " << num(keyed)
+         << ", \"keyed_over_ours\": " << num(ratio(keyed, ours)) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
          << ", \"mpi_shm_busbw_gbs\": " << num(ms) << ", \"gloo_busbw_gbs\": " << num(gl) << ", \"ours_over_mpi_tcp\": "
          << num(ratio(ours, mt)) << ", \"ours_over_gloo\": " << num(ratio(ours, gl)) << "}";
   }

@@ -71,6 +71,8 @@ decentrain-gpt train [options]
   --beta2 B              AdamW beta2 (default {beta2})
   --weight-decay W       AdamW weight decay on matrices (default {weight_decay})
   --grad-clip X          global-norm clip, 0 to disable (default {grad_clip})
+  --allow-non-finite     train on when the loss becomes NaN or infinite (by default the run
+                         stops with an error before that step is saved)
   --compute-dtype T      f32 (default) or bf16: mixed precision, bf16 activations and products
                          with f32 weights, optimizer state and gradients
   --eval-every N         steps between evaluations, 0 for only at the end (default 250)
@@ -102,6 +104,14 @@ decentrain-gpt train [options]
   --join HOST:PORT,...   ...joining through these peers (not for the first)
   --advertise HOST       the host others reach this peer at (needed with --listen 0.0.0.0:PORT)
   --rank R --world W     ...as peer R of W
+  --key-file PATH        over TCP: the run's secret key (16 to 4096 bytes, readable only by you;
+                         make one with: head -c 32 /dev/urandom > run.key). Only peers holding
+                         the same key can join, and every frame is authenticated. Also read from
+                         the file that DECENTRAIN_KEY_FILE names. Without one, anyone who can
+                         reach the port can join the group
+  --handshake-timeout-ms MS
+                         over TCP: a connection must say (and prove) who it is within this
+                         (default {handshake_ms})
   --mpi                  every rank of mpirun is a peer (when built with MPI)
   --elastic              with --peers or --listen: peers that die, freeze or are cut off are left
                          out and the others train on (fault::elastic); the summary lists the
@@ -178,6 +188,7 @@ std::string usage() {
       {"{recv_timeout_ms}", std::to_string(tcp_defaults.recv_timeout.count())},
       {"{agreement_timeout_ms}", std::to_string(elastic_defaults.agreement.timeout.count())},
       {"{heartbeat_ms}", std::to_string(tcp_defaults.heartbeat_interval.count())},
+      {"{handshake_ms}", std::to_string(tcp_defaults.handshake_timeout.count())},
       {"{silence_ms}", std::to_string(tcp_defaults.min_silence.count())},
       {"{max_world}", std::to_string(elastic_max_world)},
       {"{steps}", std::to_string(t.steps)},
@@ -406,6 +417,7 @@ dt::train::trainer_options trainer_settings(const options& opt) {
   t.beta2 = opt.real("beta2", t.beta2);
   t.weight_decay = opt.real("weight-decay", t.weight_decay);
   t.grad_clip = opt.real("grad-clip", t.grad_clip);
+  t.stop_on_non_finite = !opt.flag("allow-non-finite");
   t.seed = static_cast<std::uint64_t>(opt.integer("seed", static_cast<std::int64_t>(t.seed)));
   t.eval_every = opt.integer("eval-every", 250);
   t.eval_batches = opt.integer("eval-batches", 20);
@@ -589,8 +601,14 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
 #endif
     std::optional<dt::transport::any_endpoint> ep;
     if (p.mode == launch::tcp) {
-      std::printf("tcp peer %d of %d listening on %s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str());
+      std::printf("tcp peer %d of %d listening on %s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
+                  p.tcp.key.empty() ? "" : " (run key: peers and frames authenticated)");
       std::fflush(stdout);
+      if (p.tcp.key.empty())
+        std::fprintf(stderr,
+                     "warning: no run key (--key-file or %s): anyone who can reach %s can join this group and "
+                     "send it anything a peer may send\n",
+                     dt::transport::auth::key_file_variable, p.tcp.listen.c_str());
       ep.emplace(dt::transport::tcp::join(p.tcp));
     } else {
 #if DECENTRAIN_HAS_MPI
@@ -688,7 +706,7 @@ int cmd_train(const options& opt) {
     dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
-                          "max-world"})
+                          "max-world", "key-file", "handshake-timeout-ms"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
@@ -713,6 +731,12 @@ int cmd_train(const options& opt) {
     dt::detail::check(silence >= 1, "--silence-ms must be >= 1, got ", silence);
     dt::detail::check(heartbeat > 0 || !opt.has("silence-ms"), "--silence-ms needs heartbeats (--heartbeat-ms above 0)");
     p.tcp.min_silence = std::chrono::milliseconds(silence);
+    const auto handshake = opt.integer("handshake-timeout-ms", p.tcp.handshake_timeout.count());
+    dt::detail::check(handshake >= 1, "--handshake-timeout-ms must be >= 1, got ", handshake);
+    p.tcp.handshake_timeout = std::chrono::milliseconds(handshake);
+    // Never on the command line, where `ps` shows it to every user of the machine.
+    p.tcp.key = opt.has("key-file") ? dt::transport::auth::read_key_file(opt.text("key-file", ""))
+                                    : dt::transport::auth::key_from_environment();
     if (opt.flag("elastic")) {
       const auto most = opt.integer("max-world", elastic_max_world);
       dt::detail::check(most >= p.tcp.world && most <= 65536, "--max-world must be in [--world, 65536], got ", most);
@@ -980,7 +1004,7 @@ int cmd_sample(const options& opt) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "help";
   try {
-    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi", "elastic"}));
+    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi", "elastic", "allow-non-finite"}));
     if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
     if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
     if (command == "help" || command == "--help" || command == "-h") {

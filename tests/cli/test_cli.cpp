@@ -356,6 +356,16 @@ TEST_CASE("train --compute-dtype bf16: mixed precision lands near the f32 run", 
 
 TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]") {
   const auto dir = scratch("errors");
+  {  // a run whose loss diverges stops with an error and a non-zero status, unless told to go on
+    const std::string diverging = " train --steps 30 --lr 999999 --warmup 0 --grad-clip 0 --n-layer 1 --n-embd 32 --n-head 2"
+                                  " --block-size 16 --batch-size 4 --metrics ''";
+    auto nan = run(cli() + diverging, dir);
+    CHECK(nan.status == 1);
+    CHECK_THAT(nan.output, Contains("the training loss is") && Contains("Lower the learning rate"));
+    nan = run(cli() + diverging + " --allow-non-finite", dir);
+    CHECK(nan.status == 0);
+    CHECK_THAT(nan.output, Contains("val loss -nan") || Contains("val loss nan"));
+  }
   auto r = run(cli() + " train --steps 0", dir);
   CHECK(r.status == 1);
   CHECK_THAT(r.output, Contains("steps must be >= 1, got 0"));
@@ -434,6 +444,7 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
                        dir);
   INFO(tcp.output);
   CHECK(tcp.status == 0);
+  CHECK_THAT(tcp.output, Contains("warning: no run key (--key-file or DECENTRAIN_KEY_FILE): anyone who can reach"));
   // Same algorithms, same order of sums, one thread each: the same number to the last digit.
   CHECK(last_line_with(tcp.output, "val loss ") == expected);
   // Over TCP each process writes its own metrics, named by rank.
@@ -492,6 +503,51 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
   CHECK(lonely.status == 1);
   CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
+}
+
+TEST_CASE("train over TCP with a run key: holders train as without one; a peer without it is refused, naming why",
+          "[cli][peers]") {
+  const auto dir = scratch("keyed");
+  auto key_file = [&](const std::string& name, const std::string& text, fs::perms perms) {
+    std::ofstream(dir / name) << text;
+    fs::permissions(dir / name, perms);
+  };
+  key_file("run.key", "the key of this run, 32 bytes..\n", fs::perms::owner_read | fs::perms::owner_write);
+  key_file("open.key", "the key of this run, 32 bytes..\n", fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_read);
+  const auto in_process = run(cli() + peer_args + " --peers 2 --link wan --metrics ''", dir);
+  REQUIRE(in_process.status == 0);
+  const auto expected = last_line_with(in_process.output, "val loss ");
+
+  // Rank 1 takes the key from DECENTRAIN_KEY_FILE, rank 0 from --key-file.
+  auto port = std::to_string(free_port());
+  const auto keyed = run("( (DECENTRAIN_KEY_FILE=run.key timeout 120 " + cli() + peer_args +
+                             " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                             " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args +
+                             " --metrics '' --key-file run.key --listen 127.0.0.1:" + port +
+                             " --rank 0 --world 2; status=$?; wait; exit $status )",
+                         dir);
+  INFO(keyed.output);
+  CHECK(keyed.status == 0);
+  CHECK_THAT(keyed.output, Contains("(run key: peers and frames authenticated)"));
+  CHECK(keyed.output.find("warning: no run key") == std::string::npos);
+  CHECK(last_line_with(keyed.output, "val loss ") == expected);  // the tags change nothing computed
+
+  // A peer without the key is refused at once; the keyed peer gives up at its join timeout.
+  port = std::to_string(free_port());
+  const auto stranger = run("( (timeout 60 " + cli() + peer_args + " --metrics '' --key-file run.key --listen 127.0.0.1:" +
+                                port + " --rank 0 --world 2 --join-timeout-ms 4000 > rank0.txt 2>&1 &) ; sleep 0.5; timeout 60 " +
+                                cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                                " --rank 1 --world 2; status=$?; wait; exit $status )",
+                            dir);
+  INFO(stranger.output);
+  CHECK(stranger.status == 1);
+  CHECK_THAT(stranger.output, Contains("refused peer 1: peer 0 admits only peers holding the run's key"));
+  const auto open_key = run("timeout 60 " + cli() + peer_args + " --key-file open.key --listen 127.0.0.1:0 --rank 0 --world 2", dir);
+  CHECK(open_key.status == 1);
+  CHECK_THAT(open_key.output, Contains("can be read by other users; make it private (chmod 600 open.key)"));
+  const auto missing = run("timeout 60 " + cli() + peer_args + " --peers 2 --key-file run.key", dir);
+  CHECK(missing.status == 1);
+  CHECK_THAT(missing.output, Contains("--key-file is for TCP peers"));
 }
 
 TEST_CASE("train --peers: Ctrl-C stops every peer at the same step and saves each", "[cli][peers]") {

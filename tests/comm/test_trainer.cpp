@@ -4,7 +4,10 @@
 
 #include <decentrain/decentrain.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
 #include "support/trainer_fixture.hpp"
@@ -289,4 +292,48 @@ TEST_CASE("trainer: compute_dtype bf16 trains with mixed precision; other dtypes
   opts.compute_dtype = dt::dtype::f64;
   CHECK_THROWS_WITH(Sync(tiny_config(small_corpus().tok.vocab_size()), opts, dt::transport::in_process(1).at(0)),
                     Catch::Contains("compute_dtype must be f32 or bf16"));
+}
+
+TEST_CASE("trainer: a non-finite loss stops fit with an error naming peer and step, before that step is saved") {
+  trainer_options opts;
+  opts.steps = 40;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  opts.lr = 999999;  // diverges within a few steps
+  opts.warmup_steps = 0;
+  opts.grad_clip = 0;
+  const auto& c = small_corpus();
+  const auto dir = std::filesystem::temp_directory_path() / ("decentrain-nonfinite-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::data, dt::fault::checkpoint_every>;
+  dt::fault::checkpoint_every saving;
+  saving.dir = dir.string();
+  saving.every = 1;
+  saving.keep_last = 100;
+  std::string error;
+  std::int64_t last_finite = -1;
+  dt::transport::in_process(1).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(tiny_config(c.tok.vocab_size()), opts, ep, {}, {}, saving);
+    t.on_step([&](const dt::train::step_metrics& m) { last_finite = m.step; });
+    try {
+      (void)t.fit(c.data);
+    } catch (const dt::error& e) {
+      error = e.what();
+    }
+  });
+  REQUIRE(last_finite < opts.steps);
+  CHECK_THAT(error, Catch::Contains("peer 0 at step " + std::to_string(last_finite) + ": the training loss is") &&
+                        Catch::Contains("stop_on_non_finite = false"));
+  const auto saved = saving.saved_steps(0, 1);
+  REQUIRE(!saved.empty());
+  CHECK(saved.back() == last_finite);  // the last step whose loss was finite; nothing of the failing one
+  std::filesystem::remove_all(dir);
+
+  opts.stop_on_non_finite = false;
+  double val = 0;
+  dt::transport::in_process(1).run([&](dt::transport::in_process::endpoint& ep) {
+    dt::train::trainer<dt::nn::gpt<dt::cpu>> t(tiny_config(c.tok.vocab_size()), opts, ep);
+    val = t.fit(c.data).final_val_loss;
+  });
+  CHECK(std::isnan(val));  // trained on, as asked
 }

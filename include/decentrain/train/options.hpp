@@ -38,6 +38,10 @@ struct trainer_options {
   bool stop_alone = false;
   // How many times in a row the fault policy may redo a failed step before the error is rethrown.
   int max_redos = 3;
+  // A step whose training loss is not finite ends fit() with an error, before the step is taken
+  // into a checkpoint: the parameters diverged or took in non-finite values (from a peer, say),
+  // and training on would only write NaN. False: train on regardless.
+  bool stop_on_non_finite = true;
   // Message sizes of the collectives (the same on every peer); over TCP across the internet set
   // collectives.link_bytes_in_flight (simulated links size them on their own).
   collective::options collectives;

@@ -163,6 +163,11 @@ class trainer {
       ctx.last_step = step_ + 1 == options_.steps;
       const auto s = run_step(ctx);
       if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood
+      if (options_.stop_on_non_finite && !std::isfinite(static_cast<double>(s.result.loss)))
+        decentrain::detail::fail("trainer: peer ", rank(), " at step ", step_, ": the training loss is ", s.result.loss,
+                                 " (the parameters diverged, or took in non-finite values from a peer); stopping before "
+                                 "anything of this step is saved. Lower the learning rate, or set "
+                                 "trainer_options::stop_on_non_finite = false to train on");
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
       stepped_to = step_;
       ctx.steps_done = step_;
