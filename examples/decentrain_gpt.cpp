@@ -649,7 +649,11 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     if (p.mode == launch::in_process) {
       dt::detail::check(first >= 0, "--elastic: no peer survived");
       for (std::size_t r = 0; r < results.size(); ++r)
-        if (network->killed(static_cast<int>(r))) std::printf("peer %zu was killed\n", r);
+        if (network->killed(static_cast<int>(r))) {
+          const auto why = network->failure(static_cast<int>(r));
+          if (why.empty()) std::printf("peer %zu was killed\n", r);
+          else std::printf("peer %zu failed and was left out: %s\n", r, why.c_str());
+        }
       print_changes(changes[static_cast<std::size_t>(first)]);
       results = kept;
       world = static_cast<int>(kept.size());

@@ -9720,11 +9720,13 @@ static_assert(endpoint<any_endpoint>);
 // came, unmodified and in order, from the peer its connection was opened with.
 //
 // Handshake (the dialer D calls the acceptor A; K is the run key, T the transcript: the bytes of
-// D's hello, which carry a fresh nonce of D's, then A's fresh nonce):
-//   D -> A  hello (nonce_d)                       A -> D  challenge: nonce_a, HMAC(K, "accept" T)
-//   D checks A's proof                            D -> A  proof: HMAC(K, "dial" T)
+// D's hello, which carry a fresh nonce of D's, then A's fresh nonce and A's rank):
+//   D -> A  hello (nonce_d)              A -> D  challenge: nonce_a, rank_a, HMAC(K, "accept" T)
+//   D checks A's proof and rank          D -> A  proof: HMAC(K, "dial" T)
 // Each side proves it holds K over nonces the other just chose, so neither a recorded handshake
-// nor a peer used as an oracle (the two labels differ) gets a stranger in. Each direction then
+// nor a peer used as an oracle (the labels differ, and each ends in a zero byte, so none is a
+// prefix of another) gets a stranger in; A's rank is in T, so a connection relayed to another
+// peer than the one D dialed is found out. Each direction then
 // has its own key, HMAC(K, "dialer to acceptor" T) and HMAC(K, "acceptor to dialer" T), and
 // every frame carries a tag over its header and body: ChaCha20-Poly1305 (RFC 8439) with the
 // frame as associated data and the frame's sequence number on the connection as the nonce. A
@@ -9800,11 +9802,18 @@ inline std::string read_key_file(const std::string& path) {
   decentrain::detail::check((status.permissions() & others) == fs::perms::none, "tcp: key file '", path,
                             "' can be read by other users; make it private (chmod 600 ", path, ")");
   const auto size = fs::file_size(path, ec);
-  decentrain::detail::check(!ec && size <= max_key_bytes + 2, "tcp: key file '", path, "' is over ", max_key_bytes, " bytes");
+  decentrain::detail::check(!ec, "tcp: cannot read the size of key file '", path, "': ", ec.message());
+  decentrain::detail::check(size <= max_key_bytes + 2, "tcp: key file '", path, "' is over ", max_key_bytes, " bytes");
   std::ifstream in(path, std::ios::binary);
   std::string key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   decentrain::detail::check(!in.bad(), "tcp: cannot read key file '", path, "'");
-  while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
+  // A text key loses its line end; random bytes are kept as they are, even a final 0x0a.
+  const bool text = std::all_of(key.begin(), key.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return (u >= 0x20 && u < 0x7f) || ch == '\n' || ch == '\r' || ch == '\t';
+  });
+  if (text && key.ends_with("\r\n")) key.resize(key.size() - 2);
+  else if (text && key.ends_with('\n')) key.pop_back();
   check_key(key, "from " + path);
   return key;
 }
@@ -9824,11 +9833,12 @@ inline std::string random_nonce() {
   return n;
 }
 
-// HMAC-SHA256(key, label || transcript).
+// HMAC-SHA256(key, label || 0 || transcript): the zero byte ends the label, so no label's input
+// is another's with some transcript.
 inline digest keyed_digest(std::string_view key, std::string_view label, std::span<const std::byte> transcript) {
-  std::vector<unsigned char> input(label.size() + transcript.size());
+  std::vector<unsigned char> input(label.size() + 1 + transcript.size(), 0);
   std::memcpy(input.data(), label.data(), label.size());
-  if (!transcript.empty()) std::memcpy(input.data() + label.size(), transcript.data(), transcript.size());
+  if (!transcript.empty()) std::memcpy(input.data() + label.size() + 1, transcript.data(), transcript.size());
   digest out{};
   unsigned int n = 0;
   const auto* ok = HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), input.data(), input.size(),
@@ -9951,6 +9961,8 @@ inline constexpr std::size_t max_control_bytes = std::size_t{1} << 20;
 // this in one frame: a stranger cannot make a peer hold memory for it (a hello is ~300 bytes).
 inline constexpr std::size_t max_handshake_bytes = 4096;
 inline constexpr std::size_t max_nonce_bytes = 64;
+// The run key's challenge: the acceptor's nonce, its rank (little-endian int32), its proof.
+inline constexpr std::size_t challenge_bytes = auth::nonce_bytes + 4 + auth::proof_bytes;
 inline constexpr std::size_t max_address_chars = 255;
 inline constexpr std::size_t max_directory_entries = 65536;
 
@@ -10014,6 +10026,16 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   const std::uint64_t limit = h.type == frame_type::data ? max_body : max_control_bytes;
   decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
   return h;
+}
+
+// The rank in a challenge being built (after the nonce) or received (at the same place).
+inline void put_challenge_rank(bytes& challenge, std::int32_t rank) {
+  for (int i = 0; i < 4; ++i) challenge.push_back(static_cast<std::byte>((static_cast<std::uint32_t>(rank) >> (8 * i)) & 0xff));
+}
+inline std::int32_t challenge_rank(std::span<const std::byte> challenge) {
+  std::uint32_t v = 0;
+  for (std::size_t i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(challenge[auth::nonce_bytes + i]) << (8 * i);
+  return static_cast<std::int32_t>(v);
 }
 
 // Strings on the wire: a size tag, then the characters. A string or list read from the network
@@ -10205,6 +10227,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -10837,6 +10860,13 @@ class in_process {
     decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
     return net_->dead[static_cast<std::size_t>(rank)].load();
   }
+  // Why a peer that failed alone (options::peers_fail_alone) ended: its error; empty for a peer
+  // killed from outside, or still running.
+  std::string failure(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    std::lock_guard lock(net_->failures_mutex);
+    return net_->failures[static_cast<std::size_t>(rank)];
+  }
 
   // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
   // the others are woken with an error rather than left waiting, and the first failure (by rank)
@@ -10857,7 +10887,6 @@ class in_process {
         } catch (...) {
           if (killed(r)) return;
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          if (net_->opts.peers_fail_alone) return kill(r);
           std::string why;
           try {
             throw;
@@ -10865,6 +10894,13 @@ class in_process {
             why = e.what();
           } catch (...) {
             why = "an exception that is not a std::exception";
+          }
+          if (net_->opts.peers_fail_alone) {
+            {
+              std::lock_guard lock(net_->failures_mutex);
+              net_->failures[static_cast<std::size_t>(r)] = why;
+            }
+            return kill(r);
           }
           int origin = -1;
           first_failure.compare_exchange_strong(origin, r);
@@ -10908,6 +10944,8 @@ class in_process {
     options opts;
     std::vector<detail::mailbox> boxes;
     std::vector<std::atomic<bool>> dead;  // killed peers
+    std::mutex failures_mutex;
+    std::vector<std::string> failures = std::vector<std::string>(dead.size());  // see failure()
     std::optional<link_estimate> slowest;  // none for a world of one
   };
   std::shared_ptr<shared> net_;
@@ -11698,9 +11736,14 @@ class tcp {
 
     // The caller's half of the handshake on a fresh connection: the hello, then (with a run key)
     // the challenge and the proof. Returns the peer's answer (a welcome, a directory, or a
-    // goodbye: the refusal is thrown, naming the reason) and the connection's frame keys.
-    std::pair<frame_in, std::optional<auth::session>> handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose,
-                                                                const std::string& address) {
+    // goodbye: the refusal is thrown, naming the reason), the connection's frame keys and, with
+    // a key, the rank the peer proved it is (-1 without).
+    struct answered {
+      frame_in answer;
+      std::optional<auth::session> keys;
+      int rank = -1;
+    };
+    answered handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address) {
       auto h = my_hello(purpose);
       const bool keyed = !opts.key.empty();
       if (keyed) h.nonce = auth::random_nonce();
@@ -11714,32 +11757,35 @@ class tcp {
           } catch (const std::exception&) {
           }
         }
-        give_up(why.final, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
+        // Nothing before the proofs is authenticated: a refusal that would end the join is
+        // believed only when it comes three times (one forged goodbye must not end it).
+        give_up(why.final && ++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
       };
-      std::optional<auth::session> keys;
+      answered out;
       if (keyed) {
         auto c = read_frame(s, address);
         if (c.head.type == wire::frame_type::bye) refused(c);
-        decentrain::detail::check(c.head.type == wire::frame_type::challenge && c.body.size() == auth::nonce_bytes + auth::proof_bytes,
-                                  "tcp: the peer at ", address, " answered the hello with frame type ",
-                                  static_cast<int>(c.head.type), ", not the run key's challenge");
+        decentrain::detail::check(c.head.type == wire::frame_type::challenge, "tcp: the peer at ", address,
+                                  " answered the hello with frame type ", static_cast<int>(c.head.type),
+                                  ", not the run key's challenge");
+        decentrain::detail::check(c.body.size() == wire::challenge_bytes, "tcp: the run key's challenge from the peer at ", address,
+                                  " has ", c.body.size(), " bytes, not ", wire::challenge_bytes);
+        const std::size_t proof_at = wire::challenge_bytes - auth::proof_bytes;
         bytes transcript = hello;
-        transcript.insert(transcript.end(), c.body.begin(), c.body.begin() + auth::nonce_bytes);
-        if (!auth::same(std::span(c.body).subspan(auth::nonce_bytes), auth::acceptor_proof(opts.key, transcript)))
-          give_up(true, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
+        transcript.insert(transcript.end(), c.body.begin(), c.body.begin() + static_cast<std::ptrdiff_t>(proof_at));
+        if (!auth::same(std::span(c.body).subspan(proof_at), auth::acceptor_proof(opts.key, transcript)))
+          give_up(++unproven_refusals >= 3, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
+        out.rank = wire::challenge_rank(c.body);
         const auto proof = auth::dialer_proof(opts.key, transcript);
         write_frame(s, wire::frame_type::proof, 0, bytes(proof.begin(), proof.end()));
-        keys.emplace(opts.key, transcript, true);
+        out.keys.emplace(opts.key, transcript, true);
       }
-      auto answer = read_frame(s, address);
-      const auto head = std::span<const std::byte>(answer.raw).first(wire::header_used_bytes);
-      if (keys && !keys->receive.open(head, answer.body, answer.head.mac)) {
-        // A goodbye before the proof was checked carries no tag: the peer refused this one.
-        if (answer.head.type == wire::frame_type::bye && answer.head.mac == auth::tag{}) refused(answer);
+      out.answer = read_frame(s, address);
+      const auto head = std::span<const std::byte>(out.answer.raw).first(wire::header_used_bytes);
+      if (out.keys && !out.keys->receive.open(head, out.answer.body, out.answer.head.mac))
         decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
-      }
-      if (answer.head.type == wire::frame_type::bye) refused(answer);
-      return {std::move(answer), std::move(keys)};
+      if (out.answer.head.type == wire::frame_type::bye) refused(out.answer);
+      return out;
     }
 
     // Throws; when `final`, connect() stops at once with this error (retrying cannot help).
@@ -11757,7 +11803,7 @@ class tcp {
     // so a seed that accepts but never answers cannot stall the join.
     void poll_directory(const std::string& seed) {
       with_connection(seed, [&](asio::ip::tcp::socket& s) {
-        const auto answer = handshake(s, wire::hello_purpose::directory, seed).first;
+        const auto answer = handshake(s, wire::hello_purpose::directory, seed).answer;
         decentrain::detail::check(answer.head.type == wire::frame_type::directory, "tcp: directory request to ", seed,
                                   " answered with frame type ", static_cast<int>(answer.head.type));
         const auto dir = wire::decode_body<wire::directory>(answer.body, "directory");
@@ -11776,9 +11822,13 @@ class tcp {
 
     void dial(int peer, const std::string& address) {
       with_connection(address, [&](asio::ip::tcp::socket& s) {
-        auto [answer, keys] = handshake(s, wire::hello_purpose::data, address);
+        auto [answer, keys, proven_rank] = handshake(s, wire::hello_purpose::data, address);
         decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
                                   " answered peer ", opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
+        // With a key, the rank is proven: a connection that reached another peer (relayed, or an
+        // address that now belongs to another rank) is not taken for `peer`.
+        decentrain::detail::check(!keys || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ", proven_rank,
+                                  ", not peer ", peer, " (a stale directory, or the connection was redirected)");
         auto c = std::make_shared<connection>(io);
         const auto protocol = s.local_endpoint().protocol();
         c->socket.assign(protocol, s.release());
@@ -12033,10 +12083,12 @@ class tcp {
 
     void reject_frame(const std::shared_ptr<connection>& c, const wire::header& h) {
       const auto from = c->rank >= 0 ? "peer " + std::to_string(c->rank) : std::string("a connection");
-      reject(c, c->keys ? decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
-                                                     " failed its authentication tag: modified, replayed or forged")
-                        : decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
-                                                     " carries an authentication tag, but this peer has no run key"),
+      reject(c, c->keys || !opts.key.empty()
+                    ? decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                                 c->keys ? " failed its authentication tag: modified, replayed or forged"
+                                                         : " carries an authentication tag before the run key's handshake ended")
+                    : decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                                 " carries an authentication tag, but this peer has no run key"),
              true);
     }
 
@@ -12094,7 +12146,8 @@ class tcp {
           const bool keyed = !opts.key.empty();
           if (keyed != !hello.nonce.empty()) {
             const auto why = keyed ? decentrain::detail::concat("peer ", opts.rank, " admits only peers holding the run's key (",
-                                                                "--key-file or ", auth::key_file_variable, "); the caller has none")
+                                                                "tcp_options::key; decentrain-gpt: --key-file or ",
+                                                                auth::key_file_variable, "); the caller has none")
                                    : decentrain::detail::concat("the caller holds a run key and peer ", opts.rank,
                                                                 " has none; give every peer the same key");
             refuse(c, why);
@@ -12104,12 +12157,12 @@ class tcp {
           decentrain::detail::check(hello.nonce.size() == auth::nonce_bytes, "frame: a hello nonce of ", hello.nonce.size(),
                                     " bytes (it has ", auth::nonce_bytes, ")");
           const auto nonce = auth::random_nonce();
-          c->transcript = std::move(c->body);
-          c->body = {};
           const auto* n = reinterpret_cast<const std::byte*>(nonce.data());
-          c->transcript.insert(c->transcript.end(), n, n + nonce.size());
+          bytes challenge(n, n + nonce.size());  // nonce, rank, then the proof over the transcript
+          wire::put_challenge_rank(challenge, opts.rank);
+          c->transcript.assign(c->body.begin(), c->body.end());  // (c->body is a recycled buffer)
+          c->transcript.insert(c->transcript.end(), challenge.begin(), challenge.end());
           const auto proof = auth::acceptor_proof(opts.key, c->transcript);
-          bytes challenge(n, n + nonce.size());
           challenge.insert(challenge.end(), proof.begin(), proof.end());
           c->asked = std::move(hello);
           c->next = connection::stage::proof;
@@ -12123,7 +12176,8 @@ class tcp {
             return false;
           }
           c->keys.emplace(opts.key, c->transcript, false);
-          return admit(c, c->asked);
+          c->transcript = {};
+          return admit(c, std::exchange(c->asked, {}));
         }
         default:
           decentrain::detail::fail("frame: unexpected frame type ", static_cast<int>(h.type));
@@ -12154,10 +12208,17 @@ class tcp {
                                                           hello.rank, " out of its view yet; join again later")}));
           return true;  // the joiner closes
         }
-      } else {
-        decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
-                                  " (lower ranks are dialed, not dialing)");
-        decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
+      } else if (hello.rank < opts.rank || peers.count(hello.rank)) {  // told why: the caller waits for an answer
+        c->next = connection::stage::answered;
+        reply(c, wire::frame_type::bye,
+              wire::encode_body(wire::farewell{
+                  false, hello.rank < opts.rank
+                             ? decentrain::detail::concat("peer ", hello.rank, " dialed peer ", opts.rank,
+                                                          " (lower ranks are dialed, not dialing: are two peers started as rank ",
+                                                          hello.rank, "?)")
+                             : decentrain::detail::concat("peer ", opts.rank, " is already connected to a peer of rank ", hello.rank,
+                                                          " (are two peers started as rank ", hello.rank, "?)")}));
+        return true;  // the caller closes
       }
       if (!hello.address.empty()) directory[hello.rank] = hello.address;
       // The welcome goes out before the connection is registered, so it is the first frame the
@@ -12169,6 +12230,7 @@ class tcp {
       }
       c->rank = hello.rank;
       c->next = connection::stage::open;
+      pending_now = std::max(0, pending_now - 1);  // (mutex held) no longer a stranger
       const auto dropped = keep_one(c, false);
       if (dropped != c) box.reopen(c->rank);
       changed.notify_all();
@@ -12197,6 +12259,11 @@ class tcp {
     }
 
     void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
+      if (!c->closed && c->rank < 0 && c->next == connection::stage::proof) {  // a caller whose key differs stops here
+        std::lock_guard lock(mutex);
+        ++admitted.refused;
+        admitted.last_rejected = "a caller closed the connection after the run key's challenge (another key, or none)";
+      }
       close(c, ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message());
     }
 
@@ -12211,6 +12278,7 @@ class tcp {
         c->socket.close(ignored);
       }
       all.erase(c);
+      if (c->rank < 0 && !stopping) count_pending();
       if (c->rank >= 0) {
         std::lock_guard lock(mutex);
         auto it = peers.find(c->rank);
@@ -12564,6 +12632,7 @@ class tcp {
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
     bool late = false;             // this peer joined a running group
     std::string refusal;           // why this peer cannot join at all (its rank is taken, a wrong key)
+    int unproven_refusals = 0;     // refusals heard before any proof (see handshake)
     std::set<std::shared_ptr<connection>> all;  // I/O thread only
     std::uint64_t malformed_frames = 0;
     std::string last_malformed;
@@ -17919,7 +17988,7 @@ class trainer {
       ctx.last_step = step_ + 1 == options_.steps;
       const auto s = run_step(ctx);
       if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood
-      if (options_.stop_on_non_finite && !std::isfinite(static_cast<double>(s.result.loss)))
+      if (options_.stop_on_non_finite && s.computed && !std::isfinite(static_cast<double>(s.result.loss)))
         decentrain::detail::fail("trainer: peer ", rank(), " at step ", step_, ": the training loss is ", s.result.loss,
                                  " (the parameters diverged, or took in non-finite values from a peer); stopping before "
                                  "anything of this step is saved. Lower the learning rate, or set "
@@ -17997,6 +18066,8 @@ class trainer {
     parallel::step_result result;
     double lr = 0, grad_norm = 0;
     bool adopted = false;  // the fault policy gave this peer another's state (see resume_at_)
+    bool computed = false;  // this call ran the forward and backward (not so when a state taken
+                            // from a peer that had stepped left only the exchange): `result` is real
   };
 
   // One step, with a peer error routed to the fault policy: redo runs again what failed (the
@@ -18020,6 +18091,7 @@ class trainer {
           dropout_.set_state(dropout_before);
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
+          out.computed = true;
           endpoint_.computed(lap(t));  // before the exchange, so simulated links see it start after the compute
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();

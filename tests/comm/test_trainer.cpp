@@ -275,7 +275,7 @@ TEST_CASE("trainer: bad options and mismatched checkpoints are errors") {
   CHECK_THROWS_WITH(other.restore(ckpt), Catch::Contains("peer 1 of 2") && Catch::Contains("peer 0 of 2"));
 }
 
-TEST_CASE("trainer: compute_dtype bf16 trains with mixed precision; other dtypes are refused") {
+TEST_CASE("trainer: compute_dtype bf16 trains with mixed precision, other dtypes are refused") {
   trainer_options opts;
   opts.steps = 30;
   opts.eval_batches = 2;

@@ -497,7 +497,7 @@ TEST_CASE("codecs: adaptive sends f32 where the codec's work costs more than its
 }
 #endif
 
-TEST_CASE("codecs: DCT top-k sends the largest coefficients; all of them give the values back") {
+TEST_CASE("codecs: DCT top-k sends the largest coefficients, all of them give the values back") {
   for (const std::size_t n : sizes) {
     cz::dct_top_k all;
     all.chunk = 16;
@@ -655,7 +655,7 @@ TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-ra
 }
 
 #ifndef DECENTRAIN_MPI_SUITE
-TEST_CASE("codecs: PowerSGD's factors and residual go through a checkpoint; the resumed rounds are bit-identical") {
+TEST_CASE("codecs: PowerSGD's factors and residual go through a checkpoint, the resumed rounds are bit-identical") {
   // Rounds first .. first + count - 1, each peer's input a function of the round.
   auto rounds = [](int first, int count, const dt::io::checkpoint* from, dt::io::checkpoint* to) {
     std::vector<std::vector<float>> last(2);

@@ -67,7 +67,7 @@ TEST_CASE("requests round to 512 bytes and take segments by size", "[memory][all
   CHECK(allocator::segment_size(100 * MiB + 1) == 102 * MiB);
 }
 
-TEST_CASE("small requests share one segment; freed blocks merge back whole", "[memory][allocator]") {
+TEST_CASE("small requests share one segment, freed blocks merge back whole", "[memory][allocator]") {
   fake_source src;
   allocator a(src);
   std::vector<void*> ps;
@@ -156,7 +156,7 @@ TEST_CASE("small and large requests, and different pools, never share blocks", "
   CHECK(a.segment_count() == 3);
 }
 
-TEST_CASE("out of memory: free segments go back and the request is retried; else a clear error",
+TEST_CASE("out of memory: free segments go back and the request is retried, else a clear error",
           "[memory][allocator]") {
   fake_source src;
   src.s->capacity = 64 * MiB;

@@ -6,7 +6,7 @@
 namespace dt = decentrain;
 using mem = dt::memory<dt::cpu>;
 
-TEST_CASE("large freed blocks are reused; small ones go back to the system", "[memory]") {
+TEST_CASE("large freed blocks are reused, small ones go back to the system", "[memory]") {
   mem::release_cached();
   const void* first = nullptr;
   {

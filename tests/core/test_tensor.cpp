@@ -44,7 +44,7 @@ TEST_CASE("random factories are seeded and have the requested moments", "[tensor
   CHECK_THROWS_WITH(dt::uniform(dt::shape{1}, gen, 2.0, 1.0), Contains("lo (2) must not exceed hi (1)"));
 }
 
-TEST_CASE("views share storage; reshape copies only when it must", "[tensor][views]") {
+TEST_CASE("views share storage, reshape copies only when it must", "[tensor][views]") {
   auto x = dt::arange(12).reshape({3, 4});
   auto t = x.transpose(0, 1);
   CHECK(t.shape() == dt::shape{4, 3});
@@ -103,7 +103,7 @@ TEST_CASE("bf16 stores the top half of f32 with round-to-nearest-even", "[tensor
   CHECK(cmp.max_rel_diff > 0.0);
 }
 
-TEST_CASE("compare reports the worst element; printing is readable", "[tensor][compare]") {
+TEST_CASE("compare reports the worst element, printing is readable", "[tensor][compare]") {
   auto a = dt::from_vector(std::vector<float>{1, 2, 3}, {3});
   auto b = dt::from_vector(std::vector<float>{1, 2.5f, 3}, {3});
   const auto cmp = dt::compare(a, b, 1e-3, 1e-3);

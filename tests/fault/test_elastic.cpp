@@ -176,7 +176,7 @@ TEST_CASE("elastic: sync all-reduce redoes the step on the survivors when a peer
   for (int s : {0, 2, 3}) CHECK(run.results[static_cast<std::size_t>(s)].last.redos >= 1);
 }
 
-TEST_CASE("elastic: a peer killed between rounds is found at the next round; two kills, two views") {
+TEST_CASE("elastic: a peer killed between rounds is found at the next round, two kills, two views") {
   dt::comm::diloco<> comm;
   comm.inner_steps = 3;
   elastic_run run(5, small_run(15), comm, {{4, 2, -1}, {1, 8, 1}});
@@ -241,7 +241,7 @@ TEST_CASE("transport: an alarm wakes a peer blocked on a live neighbour, and onl
   CHECK(woke);
 }
 
-TEST_CASE("transport: a marker drops what its sender queued before it; forget drops the rest") {
+TEST_CASE("transport: a marker drops what its sender queued before it, forget drops the rest") {
   dt::transport::in_process net(2);
   net.run([&](dt::transport::in_process::endpoint& ep) {
     std::vector<std::byte> a(3), b(5);
@@ -301,7 +301,7 @@ struct checkpointed_run {
 };
 }  // namespace
 
-TEST_CASE("elastic: checkpoints; a restarted group resumes bit for bit, a peer behind takes the furthest's state") {
+TEST_CASE("elastic: checkpoints, a restarted group resumes bit for bit, a peer behind takes the furthest's state") {
   const auto dir = std::filesystem::temp_directory_path() / "decentrain_elastic_checkpoints";
   std::filesystem::remove_all(dir);
   dt::comm::diloco<> diloco;
@@ -346,7 +346,7 @@ TEST_CASE("elastic: checkpoints; a restarted group resumes bit for bit, a peer b
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("elastic: a peer asked to stop alone says goodbye; the others leave it out and train on") {
+TEST_CASE("elastic: a peer asked to stop alone says goodbye, the others leave it out and train on") {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
   dt::comm::diloco<> comm;
   comm.inner_steps = 3;

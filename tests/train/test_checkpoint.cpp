@@ -139,7 +139,7 @@ TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][error
   std::filesystem::remove(path);
 }
 
-TEST_CASE("checkpoints are checksummed with XXH64 (reference values); version 1 files (FNV-1a) still load", "[io][checkpoint]") {
+TEST_CASE("checkpoints are checksummed with XXH64 (reference values), version 1 files (FNV-1a) still load", "[io][checkpoint]") {
   // Values from the reference implementation (xxhsum -H1 of the same bytes).
   CHECK(dt::detail::xxh64("") == 0xef46db3751d8e999ull);
   CHECK(dt::detail::xxh64("abc") == 0x44bc2cf5ad770999ull);

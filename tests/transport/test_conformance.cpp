@@ -63,7 +63,7 @@ TEMPLATE_TEST_CASE("transport: large messages arrive intact", "[transport]", TRA
   });
 }
 
-TEMPLATE_TEST_CASE("transport: exchange lands messages in order in the caller's memory; a size that differs is reported, not written",
+TEMPLATE_TEST_CASE("transport: exchange lands messages in order in the caller's memory, a size that differs is reported, not written",
                    "[transport]", TRANSPORTS) {
   for (int n : {1, 2, 3}) {
     TestType::run(n, [&](auto& ep) {

@@ -51,7 +51,7 @@ TEST_CASE("wire: headers round-trip and bad ones are named") {
   CHECK(wire::padding(1).size() == 63);
 }
 
-TEST_CASE("wire: control messages round-trip; garbage and oversized strings are errors, not allocations") {
+TEST_CASE("wire: control messages round-trip, garbage and oversized strings are errors, not allocations") {
   wire::hello hi;
   hi.rank = 3;
   hi.world = 8;
@@ -91,7 +91,7 @@ std::vector<std::byte> frame(wire::frame_type type, std::uint64_t length, const 
 }
 }  // namespace
 
-TEST_CASE("tcp: malformed frames sent to a training peer are counted and dropped; training goes on") {
+TEST_CASE("tcp: malformed frames sent to a training peer are counted and dropped, training goes on") {
   auto text = dt::data::builtin_corpus(std::size_t{1} << 15, 3);
   const auto tok = dt::data::char_tokenizer::from_text(text);
   const dt::data::token_dataset data(tok.encode(text));
@@ -209,7 +209,7 @@ TEST_CASE("tcp: a peer that cannot reach anyone retries with backoff, then fails
   CHECK_THROWS_WITH(tr::tcp(bad_listen), Catch::Contains("not a number"));
 }
 
-TEST_CASE("tcp: the advertised host is what others dial; a wildcard listen address needs one") {
+TEST_CASE("tcp: the advertised host is what others dial, a wildcard listen address needs one") {
   tr::tcp_options wildcard;
   wildcard.listen = "0.0.0.0:0";
   wildcard.world = 2;
@@ -406,7 +406,7 @@ TEST_CASE("tcp: bodies that come in uneven pieces with pauses land whole, larger
   CHECK(peer0.stats().malformed_frames == 0);
 }
 
-TEST_CASE("wire: heartbeats and goodbyes round-trip; a heartbeat of the wrong size is named") {
+TEST_CASE("wire: heartbeats and goodbyes round-trip, a heartbeat of the wrong size is named") {
   const wire::heartbeat h{123456789, 42, 7};
   const auto back = wire::decode_heartbeat(wire::encode_heartbeat(h));
   CHECK(back.sent_ns == 123456789);

@@ -163,7 +163,7 @@ class trainer {
       ctx.last_step = step_ + 1 == options_.steps;
       const auto s = run_step(ctx);
       if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood
-      if (options_.stop_on_non_finite && !std::isfinite(static_cast<double>(s.result.loss)))
+      if (options_.stop_on_non_finite && s.computed && !std::isfinite(static_cast<double>(s.result.loss)))
         decentrain::detail::fail("trainer: peer ", rank(), " at step ", step_, ": the training loss is ", s.result.loss,
                                  " (the parameters diverged, or took in non-finite values from a peer); stopping before "
                                  "anything of this step is saved. Lower the learning rate, or set "
@@ -241,6 +241,8 @@ class trainer {
     parallel::step_result result;
     double lr = 0, grad_norm = 0;
     bool adopted = false;  // the fault policy gave this peer another's state (see resume_at_)
+    bool computed = false;  // this call ran the forward and backward (not so when a state taken
+                            // from a peer that had stepped left only the exchange): `result` is real
   };
 
   // One step, with a peer error routed to the fault policy: redo runs again what failed (the
@@ -264,6 +266,7 @@ class trainer {
           dropout_.set_state(dropout_before);
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
+          out.computed = true;
           endpoint_.computed(lap(t));  // before the exchange, so simulated links see it start after the compute
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();

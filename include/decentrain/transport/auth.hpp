@@ -2,11 +2,13 @@
 // came, unmodified and in order, from the peer its connection was opened with.
 //
 // Handshake (the dialer D calls the acceptor A; K is the run key, T the transcript: the bytes of
-// D's hello, which carry a fresh nonce of D's, then A's fresh nonce):
-//   D -> A  hello (nonce_d)                       A -> D  challenge: nonce_a, HMAC(K, "accept" T)
-//   D checks A's proof                            D -> A  proof: HMAC(K, "dial" T)
+// D's hello, which carry a fresh nonce of D's, then A's fresh nonce and A's rank):
+//   D -> A  hello (nonce_d)              A -> D  challenge: nonce_a, rank_a, HMAC(K, "accept" T)
+//   D checks A's proof and rank          D -> A  proof: HMAC(K, "dial" T)
 // Each side proves it holds K over nonces the other just chose, so neither a recorded handshake
-// nor a peer used as an oracle (the two labels differ) gets a stranger in. Each direction then
+// nor a peer used as an oracle (the labels differ, and each ends in a zero byte, so none is a
+// prefix of another) gets a stranger in; A's rank is in T, so a connection relayed to another
+// peer than the one D dialed is found out. Each direction then
 // has its own key, HMAC(K, "dialer to acceptor" T) and HMAC(K, "acceptor to dialer" T), and
 // every frame carries a tag over its header and body: ChaCha20-Poly1305 (RFC 8439) with the
 // frame as associated data and the frame's sequence number on the connection as the nonce. A
@@ -84,11 +86,18 @@ inline std::string read_key_file(const std::string& path) {
   decentrain::detail::check((status.permissions() & others) == fs::perms::none, "tcp: key file '", path,
                             "' can be read by other users; make it private (chmod 600 ", path, ")");
   const auto size = fs::file_size(path, ec);
-  decentrain::detail::check(!ec && size <= max_key_bytes + 2, "tcp: key file '", path, "' is over ", max_key_bytes, " bytes");
+  decentrain::detail::check(!ec, "tcp: cannot read the size of key file '", path, "': ", ec.message());
+  decentrain::detail::check(size <= max_key_bytes + 2, "tcp: key file '", path, "' is over ", max_key_bytes, " bytes");
   std::ifstream in(path, std::ios::binary);
   std::string key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   decentrain::detail::check(!in.bad(), "tcp: cannot read key file '", path, "'");
-  while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
+  // A text key loses its line end; random bytes are kept as they are, even a final 0x0a.
+  const bool text = std::all_of(key.begin(), key.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return (u >= 0x20 && u < 0x7f) || ch == '\n' || ch == '\r' || ch == '\t';
+  });
+  if (text && key.ends_with("\r\n")) key.resize(key.size() - 2);
+  else if (text && key.ends_with('\n')) key.pop_back();
   check_key(key, "from " + path);
   return key;
 }
@@ -108,11 +117,12 @@ inline std::string random_nonce() {
   return n;
 }
 
-// HMAC-SHA256(key, label || transcript).
+// HMAC-SHA256(key, label || 0 || transcript): the zero byte ends the label, so no label's input
+// is another's with some transcript.
 inline digest keyed_digest(std::string_view key, std::string_view label, std::span<const std::byte> transcript) {
-  std::vector<unsigned char> input(label.size() + transcript.size());
+  std::vector<unsigned char> input(label.size() + 1 + transcript.size(), 0);
   std::memcpy(input.data(), label.data(), label.size());
-  if (!transcript.empty()) std::memcpy(input.data() + label.size(), transcript.data(), transcript.size());
+  if (!transcript.empty()) std::memcpy(input.data() + label.size() + 1, transcript.data(), transcript.size());
   digest out{};
   unsigned int n = 0;
   const auto* ok = HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), input.data(), input.size(),

@@ -48,6 +48,8 @@ inline constexpr std::size_t max_control_bytes = std::size_t{1} << 20;
 // this in one frame: a stranger cannot make a peer hold memory for it (a hello is ~300 bytes).
 inline constexpr std::size_t max_handshake_bytes = 4096;
 inline constexpr std::size_t max_nonce_bytes = 64;
+// The run key's challenge: the acceptor's nonce, its rank (little-endian int32), its proof.
+inline constexpr std::size_t challenge_bytes = auth::nonce_bytes + 4 + auth::proof_bytes;
 inline constexpr std::size_t max_address_chars = 255;
 inline constexpr std::size_t max_directory_entries = 65536;
 
@@ -111,6 +113,16 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   const std::uint64_t limit = h.type == frame_type::data ? max_body : max_control_bytes;
   decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
   return h;
+}
+
+// The rank in a challenge being built (after the nonce) or received (at the same place).
+inline void put_challenge_rank(bytes& challenge, std::int32_t rank) {
+  for (int i = 0; i < 4; ++i) challenge.push_back(static_cast<std::byte>((static_cast<std::uint32_t>(rank) >> (8 * i)) & 0xff));
+}
+inline std::int32_t challenge_rank(std::span<const std::byte> challenge) {
+  std::uint32_t v = 0;
+  for (std::size_t i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(challenge[auth::nonce_bytes + i]) << (8 * i);
+  return static_cast<std::int32_t>(v);
 }
 
 // Strings on the wire: a size tag, then the characters. A string or list read from the network

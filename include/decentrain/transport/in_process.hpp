@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -277,6 +278,13 @@ class in_process {
     decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
     return net_->dead[static_cast<std::size_t>(rank)].load();
   }
+  // Why a peer that failed alone (options::peers_fail_alone) ended: its error; empty for a peer
+  // killed from outside, or still running.
+  std::string failure(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    std::lock_guard lock(net_->failures_mutex);
+    return net_->failures[static_cast<std::size_t>(rank)];
+  }
 
   // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
   // the others are woken with an error rather than left waiting, and the first failure (by rank)
@@ -297,7 +305,6 @@ class in_process {
         } catch (...) {
           if (killed(r)) return;
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          if (net_->opts.peers_fail_alone) return kill(r);
           std::string why;
           try {
             throw;
@@ -305,6 +312,13 @@ class in_process {
             why = e.what();
           } catch (...) {
             why = "an exception that is not a std::exception";
+          }
+          if (net_->opts.peers_fail_alone) {
+            {
+              std::lock_guard lock(net_->failures_mutex);
+              net_->failures[static_cast<std::size_t>(r)] = why;
+            }
+            return kill(r);
           }
           int origin = -1;
           first_failure.compare_exchange_strong(origin, r);
@@ -348,6 +362,8 @@ class in_process {
     options opts;
     std::vector<detail::mailbox> boxes;
     std::vector<std::atomic<bool>> dead;  // killed peers
+    std::mutex failures_mutex;
+    std::vector<std::string> failures = std::vector<std::string>(dead.size());  // see failure()
     std::optional<link_estimate> slowest;  // none for a world of one
   };
   std::shared_ptr<shared> net_;

@@ -504,9 +504,14 @@ class tcp {
 
     // The caller's half of the handshake on a fresh connection: the hello, then (with a run key)
     // the challenge and the proof. Returns the peer's answer (a welcome, a directory, or a
-    // goodbye: the refusal is thrown, naming the reason) and the connection's frame keys.
-    std::pair<frame_in, std::optional<auth::session>> handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose,
-                                                                const std::string& address) {
+    // goodbye: the refusal is thrown, naming the reason), the connection's frame keys and, with
+    // a key, the rank the peer proved it is (-1 without).
+    struct answered {
+      frame_in answer;
+      std::optional<auth::session> keys;
+      int rank = -1;
+    };
+    answered handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address) {
       auto h = my_hello(purpose);
       const bool keyed = !opts.key.empty();
       if (keyed) h.nonce = auth::random_nonce();
@@ -520,32 +525,35 @@ class tcp {
           } catch (const std::exception&) {
           }
         }
-        give_up(why.final, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
+        // Nothing before the proofs is authenticated: a refusal that would end the join is
+        // believed only when it comes three times (one forged goodbye must not end it).
+        give_up(why.final && ++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
       };
-      std::optional<auth::session> keys;
+      answered out;
       if (keyed) {
         auto c = read_frame(s, address);
         if (c.head.type == wire::frame_type::bye) refused(c);
-        decentrain::detail::check(c.head.type == wire::frame_type::challenge && c.body.size() == auth::nonce_bytes + auth::proof_bytes,
-                                  "tcp: the peer at ", address, " answered the hello with frame type ",
-                                  static_cast<int>(c.head.type), ", not the run key's challenge");
+        decentrain::detail::check(c.head.type == wire::frame_type::challenge, "tcp: the peer at ", address,
+                                  " answered the hello with frame type ", static_cast<int>(c.head.type),
+                                  ", not the run key's challenge");
+        decentrain::detail::check(c.body.size() == wire::challenge_bytes, "tcp: the run key's challenge from the peer at ", address,
+                                  " has ", c.body.size(), " bytes, not ", wire::challenge_bytes);
+        const std::size_t proof_at = wire::challenge_bytes - auth::proof_bytes;
         bytes transcript = hello;
-        transcript.insert(transcript.end(), c.body.begin(), c.body.begin() + auth::nonce_bytes);
-        if (!auth::same(std::span(c.body).subspan(auth::nonce_bytes), auth::acceptor_proof(opts.key, transcript)))
-          give_up(true, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
+        transcript.insert(transcript.end(), c.body.begin(), c.body.begin() + static_cast<std::ptrdiff_t>(proof_at));
+        if (!auth::same(std::span(c.body).subspan(proof_at), auth::acceptor_proof(opts.key, transcript)))
+          give_up(++unproven_refusals >= 3, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
+        out.rank = wire::challenge_rank(c.body);
         const auto proof = auth::dialer_proof(opts.key, transcript);
         write_frame(s, wire::frame_type::proof, 0, bytes(proof.begin(), proof.end()));
-        keys.emplace(opts.key, transcript, true);
+        out.keys.emplace(opts.key, transcript, true);
       }
-      auto answer = read_frame(s, address);
-      const auto head = std::span<const std::byte>(answer.raw).first(wire::header_used_bytes);
-      if (keys && !keys->receive.open(head, answer.body, answer.head.mac)) {
-        // A goodbye before the proof was checked carries no tag: the peer refused this one.
-        if (answer.head.type == wire::frame_type::bye && answer.head.mac == auth::tag{}) refused(answer);
+      out.answer = read_frame(s, address);
+      const auto head = std::span<const std::byte>(out.answer.raw).first(wire::header_used_bytes);
+      if (out.keys && !out.keys->receive.open(head, out.answer.body, out.answer.head.mac))
         decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
-      }
-      if (answer.head.type == wire::frame_type::bye) refused(answer);
-      return {std::move(answer), std::move(keys)};
+      if (out.answer.head.type == wire::frame_type::bye) refused(out.answer);
+      return out;
     }
 
     // Throws; when `final`, connect() stops at once with this error (retrying cannot help).
@@ -563,7 +571,7 @@ class tcp {
     // so a seed that accepts but never answers cannot stall the join.
     void poll_directory(const std::string& seed) {
       with_connection(seed, [&](asio::ip::tcp::socket& s) {
-        const auto answer = handshake(s, wire::hello_purpose::directory, seed).first;
+        const auto answer = handshake(s, wire::hello_purpose::directory, seed).answer;
         decentrain::detail::check(answer.head.type == wire::frame_type::directory, "tcp: directory request to ", seed,
                                   " answered with frame type ", static_cast<int>(answer.head.type));
         const auto dir = wire::decode_body<wire::directory>(answer.body, "directory");
@@ -582,9 +590,13 @@ class tcp {
 
     void dial(int peer, const std::string& address) {
       with_connection(address, [&](asio::ip::tcp::socket& s) {
-        auto [answer, keys] = handshake(s, wire::hello_purpose::data, address);
+        auto [answer, keys, proven_rank] = handshake(s, wire::hello_purpose::data, address);
         decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
                                   " answered peer ", opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
+        // With a key, the rank is proven: a connection that reached another peer (relayed, or an
+        // address that now belongs to another rank) is not taken for `peer`.
+        decentrain::detail::check(!keys || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ", proven_rank,
+                                  ", not peer ", peer, " (a stale directory, or the connection was redirected)");
         auto c = std::make_shared<connection>(io);
         const auto protocol = s.local_endpoint().protocol();
         c->socket.assign(protocol, s.release());
@@ -839,10 +851,12 @@ class tcp {
 
     void reject_frame(const std::shared_ptr<connection>& c, const wire::header& h) {
       const auto from = c->rank >= 0 ? "peer " + std::to_string(c->rank) : std::string("a connection");
-      reject(c, c->keys ? decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
-                                                     " failed its authentication tag: modified, replayed or forged")
-                        : decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
-                                                     " carries an authentication tag, but this peer has no run key"),
+      reject(c, c->keys || !opts.key.empty()
+                    ? decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                                 c->keys ? " failed its authentication tag: modified, replayed or forged"
+                                                         : " carries an authentication tag before the run key's handshake ended")
+                    : decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                                 " carries an authentication tag, but this peer has no run key"),
              true);
     }
 
@@ -900,7 +914,8 @@ class tcp {
           const bool keyed = !opts.key.empty();
           if (keyed != !hello.nonce.empty()) {
             const auto why = keyed ? decentrain::detail::concat("peer ", opts.rank, " admits only peers holding the run's key (",
-                                                                "--key-file or ", auth::key_file_variable, "); the caller has none")
+                                                                "tcp_options::key; decentrain-gpt: --key-file or ",
+                                                                auth::key_file_variable, "); the caller has none")
                                    : decentrain::detail::concat("the caller holds a run key and peer ", opts.rank,
                                                                 " has none; give every peer the same key");
             refuse(c, why);
@@ -910,12 +925,12 @@ class tcp {
           decentrain::detail::check(hello.nonce.size() == auth::nonce_bytes, "frame: a hello nonce of ", hello.nonce.size(),
                                     " bytes (it has ", auth::nonce_bytes, ")");
           const auto nonce = auth::random_nonce();
-          c->transcript = std::move(c->body);
-          c->body = {};
           const auto* n = reinterpret_cast<const std::byte*>(nonce.data());
-          c->transcript.insert(c->transcript.end(), n, n + nonce.size());
+          bytes challenge(n, n + nonce.size());  // nonce, rank, then the proof over the transcript
+          wire::put_challenge_rank(challenge, opts.rank);
+          c->transcript.assign(c->body.begin(), c->body.end());  // (c->body is a recycled buffer)
+          c->transcript.insert(c->transcript.end(), challenge.begin(), challenge.end());
           const auto proof = auth::acceptor_proof(opts.key, c->transcript);
-          bytes challenge(n, n + nonce.size());
           challenge.insert(challenge.end(), proof.begin(), proof.end());
           c->asked = std::move(hello);
           c->next = connection::stage::proof;
@@ -929,7 +944,8 @@ class tcp {
             return false;
           }
           c->keys.emplace(opts.key, c->transcript, false);
-          return admit(c, c->asked);
+          c->transcript = {};
+          return admit(c, std::exchange(c->asked, {}));
         }
         default:
           decentrain::detail::fail("frame: unexpected frame type ", static_cast<int>(h.type));
@@ -960,10 +976,17 @@ class tcp {
                                                           hello.rank, " out of its view yet; join again later")}));
           return true;  // the joiner closes
         }
-      } else {
-        decentrain::detail::check(hello.rank > opts.rank, "frame: peer ", hello.rank, " dialed peer ", opts.rank,
-                                  " (lower ranks are dialed, not dialing)");
-        decentrain::detail::check(!peers.count(hello.rank), "frame: a second connection claiming rank ", hello.rank);
+      } else if (hello.rank < opts.rank || peers.count(hello.rank)) {  // told why: the caller waits for an answer
+        c->next = connection::stage::answered;
+        reply(c, wire::frame_type::bye,
+              wire::encode_body(wire::farewell{
+                  false, hello.rank < opts.rank
+                             ? decentrain::detail::concat("peer ", hello.rank, " dialed peer ", opts.rank,
+                                                          " (lower ranks are dialed, not dialing: are two peers started as rank ",
+                                                          hello.rank, "?)")
+                             : decentrain::detail::concat("peer ", opts.rank, " is already connected to a peer of rank ", hello.rank,
+                                                          " (are two peers started as rank ", hello.rank, "?)")}));
+        return true;  // the caller closes
       }
       if (!hello.address.empty()) directory[hello.rank] = hello.address;
       // The welcome goes out before the connection is registered, so it is the first frame the
@@ -975,6 +998,7 @@ class tcp {
       }
       c->rank = hello.rank;
       c->next = connection::stage::open;
+      pending_now = std::max(0, pending_now - 1);  // (mutex held) no longer a stranger
       const auto dropped = keep_one(c, false);
       if (dropped != c) box.reopen(c->rank);
       changed.notify_all();
@@ -1003,6 +1027,11 @@ class tcp {
     }
 
     void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
+      if (!c->closed && c->rank < 0 && c->next == connection::stage::proof) {  // a caller whose key differs stops here
+        std::lock_guard lock(mutex);
+        ++admitted.refused;
+        admitted.last_rejected = "a caller closed the connection after the run key's challenge (another key, or none)";
+      }
       close(c, ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message());
     }
 
@@ -1017,6 +1046,7 @@ class tcp {
         c->socket.close(ignored);
       }
       all.erase(c);
+      if (c->rank < 0 && !stopping) count_pending();
       if (c->rank >= 0) {
         std::lock_guard lock(mutex);
         auto it = peers.find(c->rank);
@@ -1370,6 +1400,7 @@ class tcp {
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
     bool late = false;             // this peer joined a running group
     std::string refusal;           // why this peer cannot join at all (its rank is taken, a wrong key)
+    int unproven_refusals = 0;     // refusals heard before any proof (see handshake)
     std::set<std::shared_ptr<connection>> all;  // I/O thread only
     std::uint64_t malformed_frames = 0;
     std::string last_malformed;
