@@ -17069,7 +17069,18 @@ struct elastic {
       ctx.step = ctx.steps_done = step;
     }
     std::int64_t range[2] = {step, -step};
-    ctx.comm.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
+    try {
+      ctx.comm.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
+    } catch (const transport::peer_error& e) {
+      // A peer that finished this all-reduce first found the steps differ and started the
+      // agreement; its alarm can reach this one before the all-reduce's last message is taken.
+      // Join the agreement (the start is outside the trainer's error routing).
+      (void)on_error(ctx, e);
+      cause_ = decentrain::detail::concat("the peers' newest checkpoints differ (this one's is of step ", step,
+                                          "; another peer started the agreement: ", e.what(), ")");
+      converge(ctx, std::nullopt);
+      return;
+    }
     if (range[0] == -range[1]) return;
     cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0]);
     failed_at_ = std::chrono::steady_clock::now();
