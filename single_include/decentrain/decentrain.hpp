@@ -9732,8 +9732,8 @@ static_assert(endpoint<any_endpoint>);
 // frame as associated data and the frame's sequence number on the connection as the nonce. A
 // modified frame fails its tag; a replayed, dropped or reordered one fails its sequence number;
 // a frame copied from another connection fails its key. Frames are authenticated, not encrypted.
-// Why Poly1305 rather than HMAC-SHA256 per frame: on the development machine OpenSSL's Poly1305
-// path runs at 14 GB/s, HMAC-SHA256 at 2 GB/s (with SHA extensions), GMAC at 10 GB/s.
+// Why Poly1305 rather than HMAC-SHA256 per frame: it is several times faster per byte (OpenSSL's
+// figures on the development machine are in bench/RESULTS.md, "bench/allreduce with a run key").
 //
 // OpenSSL (Debian: libssl-dev) provides the primitives; without it, a run key is an error.
 
