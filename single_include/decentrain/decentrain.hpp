@@ -9872,7 +9872,6 @@ class frame_mac {
   }
   // Takes back the last seal, for a frame of which nothing was written.
   void unseal() { --sequence_; }
-  std::uint64_t sequence() const { return sequence_; }
 
  private:
   tag compute(std::span<const std::byte> head, std::span<const std::byte> body) {
@@ -11939,8 +11938,7 @@ class tcp {
         std::lock_guard lock(mutex);
         ++admitted.evicted;
       }
-      close(oldest, "");
-      count_pending();
+      close(oldest, "");  // (close recounts the strangers)
     }
 
     // Closes the strangers past their handshake deadline, a few times per deadline.
@@ -11957,7 +11955,6 @@ class tcp {
           admitted.timed_out += late_ones.size();
         }
         for (const auto& c : late_ones) close(c, "");
-        count_pending();
         schedule_sweep();
       });
     }

@@ -145,6 +145,23 @@ tr::tcp_options two_peers(std::string key = {}) {
   return o;
 }
 
+// A real peer 1 joins `peer0` (listening at `address`) and a message of `size` bytes goes from it
+// to peer 0: the peer under attack still takes in the peers of its run.
+void real_peer_joins(tr::tcp& peer0, const tr::tcp_options& o, const std::string& address, std::size_t size) {
+  auto o1 = o;
+  o1.rank = 1;
+  o1.join = {address};
+  auto peer1 = std::async(std::launch::async, [&] {
+    auto p = tr::tcp::join(o1);
+    p.send(0, 9, tr::bytes(size, std::byte{1}));
+    dt::collective::communicator<tr::tcp>(p).barrier();
+  });
+  peer0.connect();
+  CHECK(peer0.recv(1, 9).size() == size);
+  dt::collective::communicator<tr::tcp>(peer0).barrier();
+  peer1.get();
+}
+
 }  // namespace
 
 TEST_CASE("auth: key files are checked, frame tags depend on key, sequence, header and body") {
@@ -363,19 +380,7 @@ TEST_CASE("tcp: with a run key, a stranger gets no further than the challenge: n
     CHECK(closed_by_peer(s));
     CHECK(peer0.admission().refused == 4);
   }
-  // The real peer 1 still joins.
-  auto o1 = o;
-  o1.rank = 1;
-  o1.join = {peer0.address()};
-  auto peer1 = std::async(std::launch::async, [&] {
-    auto p = tr::tcp::join(o1);
-    p.send(0, 9, tr::bytes(4, std::byte{1}));
-    dt::collective::communicator<tr::tcp>(p).barrier();
-  });
-  peer0.connect();
-  CHECK(peer0.recv(1, 9).size() == 4);
-  dt::collective::communicator<tr::tcp>(peer0).barrier();
-  peer1.get();
+  real_peer_joins(peer0, o, peer0.address(), 4);  // the real peer 1 still joins
 }
 
 TEST_CASE("tcp: strangers hold a peer's memory and descriptors only briefly: slow hellos, idle connections and floods") {
@@ -404,19 +409,7 @@ TEST_CASE("tcp: strangers hold a peer's memory and descriptors only briefly: slo
     }
     most_pending = std::max(most_pending, peer0.admission().pending);
   }
-  // Meanwhile the real peer joins and messages flow.
-  auto o1 = o;
-  o1.rank = 1;
-  o1.join = {peer0.address()};
-  auto peer1 = std::async(std::launch::async, [&] {
-    auto p = tr::tcp::join(o1);
-    p.send(0, 1, tr::bytes(100, std::byte{3}));
-    dt::collective::communicator<tr::tcp>(p).barrier();
-  });
-  peer0.connect();
-  CHECK(peer0.recv(1, 1).size() == 100);
-  dt::collective::communicator<tr::tcp>(peer0).barrier();
-  peer1.get();
+  real_peer_joins(peer0, o, peer0.address(), 100);  // meanwhile the real peer joins and messages flow
 
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (peer0.admission().pending > 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);

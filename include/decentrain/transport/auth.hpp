@@ -156,7 +156,6 @@ class frame_mac {
   }
   // Takes back the last seal, for a frame of which nothing was written.
   void unseal() { --sequence_; }
-  std::uint64_t sequence() const { return sequence_; }
 
  private:
   tag compute(std::span<const std::byte> head, std::span<const std::byte> body) {

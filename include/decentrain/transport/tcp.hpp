@@ -707,8 +707,7 @@ class tcp {
         std::lock_guard lock(mutex);
         ++admitted.evicted;
       }
-      close(oldest, "");
-      count_pending();
+      close(oldest, "");  // (close recounts the strangers)
     }
 
     // Closes the strangers past their handshake deadline, a few times per deadline.
@@ -725,7 +724,6 @@ class tcp {
           admitted.timed_out += late_ones.size();
         }
         for (const auto& c : late_ones) close(c, "");
-        count_pending();
         schedule_sweep();
       });
     }
