@@ -23,7 +23,7 @@
 #include "decentrain/optim/optim.hpp"
 #include "decentrain/io/io.hpp"
 #include "decentrain/transport/transport.hpp"
-#include "decentrain/collective/communicator.hpp"
+#include "decentrain/collective/collective.hpp"
 #include "decentrain/compress/compress.hpp"
 #include "decentrain/comm/comm.hpp"
 #include "decentrain/parallel/parallel.hpp"

@@ -205,6 +205,31 @@ class communicator {
     combine(std::span<const std::span<const T>>(parts), data);
   }
 
+  // Every peer sends out[p] to peer p and receives in[p] from peer p, straight from the sender
+  // (no peer relays another's data, which robust aggregation needs: a relay could rewrite what
+  // it forwards). out[rank()] is copied into in[rank()]. in[p] must be exactly the size peer p
+  // sends here; a size that differs is an error naming p. Round k sends to rank + k and
+  // receives from rank - k, so every peer sends and receives once per round.
+  template <class T>
+  void all_to_all(std::span<const std::span<const T>> out, std::span<const std::span<T>> in) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_to_all: elements must be trivially copyable");
+    const int n = world(), r = rank();
+    decentrain::detail::check(out.size() == static_cast<std::size_t>(n) && in.size() == static_cast<std::size_t>(n),
+                              "all_to_all: needs one buffer per peer (", n, "), got ", out.size(), " to send and ", in.size(),
+                              " to receive");
+    decentrain::detail::check(out[static_cast<std::size_t>(r)].size() == in[static_cast<std::size_t>(r)].size(),
+                              "all_to_all: this peer's own part is ", out[static_cast<std::size_t>(r)].size(), " values sent and ",
+                              in[static_cast<std::size_t>(r)].size(), " received");
+    const auto tag = next_tag();
+    std::copy(out[static_cast<std::size_t>(r)].begin(), out[static_cast<std::size_t>(r)].end(), in[static_cast<std::size_t>(r)].begin());
+    naming_the_peer("all_to_all", [&] {
+      for (int k = 1; k < n; ++k) {
+        const int to = (r + k) % n, from = (r - k + n) % n;
+        exchange(to, out[static_cast<std::size_t>(to)], from, in[static_cast<std::size_t>(from)], tag, "all_to_all");
+      }
+    });
+  }
+
   void barrier() {
     std::int32_t token = 0;
     all_reduce(std::span<std::int32_t>(&token, 1), reduce_op::sum, algorithm::recursive_doubling);

@@ -1,6 +1,6 @@
 // DiLoCo (Douillard et al., 2023): each peer runs H = inner_steps inner optimizer steps from the
 // shared global parameters; then the pseudo-gradient (global - local) is averaged across the
-// replicas (sent through Codec) and applied to the global parameters by an outer optimizer,
+// replicas (sent through Codec, combined by Aggregator) and applied to the global parameters by an outer optimizer,
 // Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
 // starts the next round from the new global parameters. Peers talk once per H steps instead of
 // every step.
@@ -29,17 +29,19 @@ struct sgd {
 };
 }  // namespace outer
 
-template <class Outer = outer::nesterov, class Codec = compress::identity>
+template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
 struct diloco {
   static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
                 "diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
   static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "diloco";
 
   std::int64_t inner_steps = 50;  // H: inner steps per round
   Outer outer_optimizer{};
   Codec codec{};
+  Aggregator aggregator{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -48,6 +50,7 @@ struct diloco {
                               "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
                               outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
     prepare_codec(codec, ctx);
+    prepare_aggregator(aggregator, ctx);
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -65,7 +68,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
     kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
                         outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
                         !momentum_started_);
@@ -75,6 +78,8 @@ struct diloco {
   }
 
   std::int64_t rounds() const { return rounds_; }
+  // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
 
   void save(io::checkpoint& c) const {
     c.tensors["comm.diloco.global"] = flat_tensor(global_);
@@ -96,6 +101,7 @@ struct diloco {
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
+  collective::aggregation_record aggregation_;
 };
 
 }  // namespace decentrain::comm

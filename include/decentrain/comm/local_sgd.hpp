@@ -1,6 +1,6 @@
 // Local SGD (periodic averaging): replicas train on their own for `inner_steps` steps, then
-// replace their parameters by the average across replicas (sent through Codec). Optimizer state
-// stays local.
+// replace their parameters by the average across replicas (sent through Codec, combined by
+// Aggregator). Optimizer state stays local.
 #pragma once
 
 #include <cstdint>
@@ -10,19 +10,22 @@
 
 namespace decentrain::comm {
 
-template <class Codec = compress::identity>
+template <class Codec = compress::identity, class Aggregator = collective::mean>
 struct local_sgd {
   static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "local-sgd";
 
   std::int64_t inner_steps = 50;  // steps between averages
   Codec codec{};
+  Aggregator aggregator{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
     prepare_codec(codec, ctx);
+    prepare_aggregator(aggregator, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -31,14 +34,16 @@ struct local_sgd {
   void after_step(Ctx& ctx) {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_values(ctx.parameters, buffer_);
   }
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
   void save(io::checkpoint& c) const { save_codec(codec, c, "comm.local_sgd.codec."); }
   void load(const io::checkpoint& c) { load_codec(codec, c, "comm.local_sgd.codec."); }
 
  private:
   std::vector<float> buffer_;
+  collective::aggregation_record aggregation_;
 };
 
 }  // namespace decentrain::comm

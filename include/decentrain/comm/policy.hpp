@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "decentrain/autograd/parameters.hpp"
+#include "decentrain/collective/aggregators.hpp"
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
@@ -147,6 +148,17 @@ template <class Codec, class Ctx>
 void prepare_codec(Codec& codec, Ctx& ctx) {
   if (!ctx.joined) compress::agree(codec, ctx.replicas);  // a joiner's members are mid-run
   compress::set_layout(codec, layout_of(ctx.parameters));
+}
+
+// What a policy does with its aggregator in start(): every replica must combine alike, or their
+// models would drift apart unnoticed.
+template <class Aggregator, class Ctx>
+void prepare_aggregator(const Aggregator& aggregator, Ctx& ctx) {
+  static_assert(collective::check_aggregator<Aggregator>());
+  if (ctx.joined) return;  // a joiner's members are mid-run
+  const std::string mine = collective::describe_aggregator(aggregator);
+  decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(mine)), "aggregator: the peers combine "
+                            "contributions differently (this one uses '", mine, "'); every peer must use the same aggregator");
 }
 
 // A codec's state in the policy's checkpoint, where the codec has any.

@@ -1,6 +1,6 @@
 // The data-parallel baseline (DDP): every step, gradients are averaged across the replicas with
-// one all-reduce of the flattened gradient (through Codec), so every replica applies the same
-// update.
+// one all-reduce of the flattened gradient (through Codec, combined by Aggregator: the mean, or
+// a robust aggregator against peers that send poison), so every replica applies the same update.
 #pragma once
 
 #include <vector>
@@ -9,26 +9,31 @@
 
 namespace decentrain::comm {
 
-template <class Codec = compress::identity>
+template <class Codec = compress::identity, class Aggregator = collective::mean>
 struct sync_allreduce {
   static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "sync";
 
   Codec codec{};
+  Aggregator aggregator{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
     prepare_codec(codec, ctx);
+    prepare_aggregator(aggregator, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_grads(ctx.parameters, buffer_);
   }
+  // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
   void after_step(Ctx&) {}
   void save(io::checkpoint& c) const { save_codec(codec, c, "comm.sync.codec."); }
@@ -36,6 +41,7 @@ struct sync_allreduce {
 
  private:
   std::vector<float> buffer_;
+  collective::aggregation_record aggregation_;
 };
 
 }  // namespace decentrain::comm

@@ -8,6 +8,10 @@
 //     and ends with the same bits.
 //   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
 //     in rank order.
+// With an aggregator (the policies' slot): the mean sums on the way as above, and only when the
+// result holds a non-finite value is the call redone with each contribution seen (so the peer
+// that sent it is dropped and named); any other aggregator gets every contribution straight
+// from its sender (collective::robust_all_reduce; through a codec: each payload decoded alone).
 // Encoding and decoding are charged to the endpoint as compute (the thread's CPU time), so on
 // simulated links a codec pays for its work as it would on a real machine.
 #pragma once
@@ -21,7 +25,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "decentrain/collective/aggregators.hpp"
 #include "decentrain/collective/communicator.hpp"
+#include "decentrain/collective/robust_all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/detail/clock.hpp"
 #include "decentrain/detail/error.hpp"
@@ -199,6 +205,89 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
     ring_all_reduce(codec, comm, values, average);
   else
     gathered_all_reduce(codec, comm, values, average);
+}
+
+// Every peer's payload, straight from its sender, decoded alone and aggregated. A payload the
+// codec rejects is left out (verdict malformed) rather than ending the call: one bad peer does
+// not stop the others.
+template <class Codec, class Aggregator, class Comm>
+void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> values, Aggregator& aggregator,
+                                collective::aggregation_record& record) {
+  const auto n = static_cast<std::size_t>(comm.world()), me = static_cast<std::size_t>(comm.rank());
+  const std::size_t bound = codec.max_encoded_bytes(values.size());
+  auto& payloads = record.payloads;
+  payloads.resize(n);
+  auto& mine = payloads[me];
+  mine.resize(bound);
+  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
+  decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
+  std::vector<std::uint64_t> sizes(n);
+  const std::uint64_t size = mine.size();
+  {
+    std::vector<std::span<const std::uint64_t>> out(n, std::span<const std::uint64_t>(&size, 1));
+    std::vector<std::span<std::uint64_t>> in(n);
+    for (std::size_t p = 0; p < n; ++p) in[p] = std::span<std::uint64_t>(&sizes[p], 1);
+    comm.all_to_all(std::span<const std::span<const std::uint64_t>>(out), std::span<const std::span<std::uint64_t>>(in));
+  }
+  for (std::size_t p = 0; p < n; ++p)
+    if (sizes[p] > bound)
+      transport::fail_peer(static_cast<int>(p), "all_reduce", "codec: peer ", p, " announced a payload of ", sizes[p],
+                           " bytes, over the bound of ", bound, " for ", values.size(), " values");
+  {
+    const std::vector<std::byte> own = mine;
+    std::vector<std::span<const std::byte>> out(n, std::span<const std::byte>(own));
+    std::vector<std::span<std::byte>> in(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      payloads[p].resize(static_cast<std::size_t>(sizes[p]));
+      in[p] = std::span<std::byte>(payloads[p]);
+    }
+    comm.all_to_all(std::span<const std::span<const std::byte>>(out), std::span<const std::span<std::byte>>(in));
+  }
+  auto& ws = record.workspace;
+  ws.assign(n * values.size(), 0.0f);
+  std::vector<std::span<const float>> parts(n);
+  std::vector<collective::verdict> verdicts(n, collective::verdict::kept);
+  for (std::size_t p = 0; p < n; ++p) {
+    const auto part = std::span<float>(ws).subspan(p * values.size(), values.size());
+    parts[p] = part;
+    try {
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[p]), part); });
+    } catch (const decentrain::error&) {
+      verdicts[p] = collective::verdict::malformed;
+    }
+  }
+  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts);
+}
+
+// all_reduce with an aggregator: `record` keeps what was seen of each peer (and the buffers).
+template <class Codec, class Aggregator, class Comm>
+void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
+                collective::aggregation_record& record) {
+  static_assert(collective::check_aggregator<Aggregator>());
+  const float world = static_cast<float>(comm.world());
+  if (collective::averages_in_flight(aggregator)) {
+    record.own.assign(values.begin(), values.end());
+    all_reduce(codec, comm, values, average);
+    if (collective::detail::all_finite(values)) {
+      record.last.peers.assign(static_cast<std::size_t>(comm.world()), collective::verdict::kept);
+      record.last.distance.clear();  // summed on the way: nothing seen of each peer
+      record.tally.add(record.last);
+      return;
+    }
+    // Every peer holds the same sum, so all of them come here together.
+    std::copy(record.own.begin(), record.own.end(), values.begin());
+    collective::mean m;
+    gathered_robust_all_reduce(codec, comm, values, m, record);
+  } else if (describe(codec) == "identity") {
+    collective::robust_all_reduce(aggregator, comm, values, record);
+  } else {
+    decentrain::detail::check(!collective::is_partitioned(aggregator), "aggregator '", collective::describe_aggregator(aggregator),
+                              "' aggregates per partition, which sends f32 values: use it with the identity codec, not '",
+                              describe(codec), "'");
+    gathered_robust_all_reduce(codec, comm, values, aggregator, record);
+  }
+  if (!average)
+    for (auto& v : values) v *= world;
 }
 
 }  // namespace decentrain::compress

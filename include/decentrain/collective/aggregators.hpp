@@ -1,0 +1,275 @@
+// How the peers' contributions to an averaged value combine: the aggregator slot of the
+// communication policies. An aggregator is a value type of settings with
+//   void combine(std::span<const std::span<const float>> contributions, std::span<float> out)
+//       writes the aggregate of one or more contributions, each out.size() finite values (a
+//       contribution holding a non-finite value never gets here: the collective drops it)
+// and may add
+//   std::string describe() const             its settings, compared across peers
+//   bool per_partition() const               aggregate per partition (robust_all_reduce)
+//   bool averages_in_flight() const          a plain mean: the collective may sum on the way
+// Against peers that send poison (Byzantine peers), the mean is ruined by a single one; the
+// coordinate-wise median and trimmed mean, and centered clipping (Karimireddy, He and Jaggi,
+// "Learning from History for Byzantine Robust Optimization", 2021), bound what a minority can
+// do. bucketing<A> (Karimireddy, He and Jaggi, "Byzantine-Robust Learning on Heterogeneous
+// Datasets via Bucketing", 2022) averages random small groups first, which brings honest
+// contributions closer together when the peers' data differ. Users write their own the same way.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/detail/hash.hpp"
+
+namespace decentrain::collective {
+
+using contributions = std::span<const std::span<const float>>;
+
+// One static_assert per member, so an aggregator that lacks one is told which.
+template <class A>
+constexpr bool check_aggregator() {
+  static_assert(std::is_copy_constructible_v<A>, "aggregator: an aggregator must be copyable (a value type of settings)");
+  static_assert(requires(A& a, contributions in, std::span<float> out) { a.combine(in, out); },
+                "aggregator: needs `void combine(std::span<const std::span<const float>> contributions, std::span<float> out)`");
+  return true;
+}
+
+template <class A>
+std::string describe_aggregator(const A& a) {
+  if constexpr (requires { { a.describe() } -> std::convertible_to<std::string>; })
+    return a.describe();
+  else if constexpr (requires { { A::name } -> std::convertible_to<const char*>; })
+    return A::name;
+  else
+    return "an aggregator without a name";
+}
+template <class A>
+bool is_partitioned(const A& a) {
+  if constexpr (requires { { a.per_partition() } -> std::convertible_to<bool>; })
+    return a.per_partition();
+  else
+    return false;
+}
+template <class A>
+bool averages_in_flight(const A& a) {
+  if constexpr (requires { { a.averages_in_flight() } -> std::convertible_to<bool>; })
+    return a.averages_in_flight();
+  else
+    return false;
+}
+
+namespace detail {
+inline void check_shapes(contributions in, std::span<float> out, const char* who) {
+  decentrain::detail::check(!in.empty(), who, ": no contributions to combine");
+  for (const auto& c : in)
+    decentrain::detail::check(c.size() == out.size(), who, ": a contribution has ", c.size(), " values, the output ", out.size());
+}
+
+// Calls f(i, values) for each coordinate i with the contributions' values at i in `values` (a
+// buffer of in.size()), coordinates taken in tiles so that each contribution is read in order.
+template <class F>
+void by_coordinate(contributions in, std::size_t size, F&& f) {
+  const std::size_t n = in.size();
+  constexpr std::size_t tile = 256;
+  std::vector<float> column(n), block(n * tile);
+  for (std::size_t at = 0; at < size; at += tile) {
+    const std::size_t m = std::min(tile, size - at);
+    for (std::size_t p = 0; p < n; ++p)
+      for (std::size_t j = 0; j < m; ++j) block[j * n + p] = in[p][at + j];
+    for (std::size_t j = 0; j < m; ++j) f(at + j, std::span<float>(block.data() + j * n, n));
+  }
+}
+
+// Sorts a handful of values in place (n is the number of peers: small).
+inline void sort_small(std::span<float> v) {
+  for (std::size_t i = 1; i < v.size(); ++i) {
+    const float x = v[i];
+    std::size_t j = i;
+    for (; j > 0 && v[j - 1] > x; --j) v[j] = v[j - 1];
+    v[j] = x;
+  }
+}
+
+inline void coordinate_median(contributions in, std::span<float> out) {
+  by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
+    sort_small(v);
+    const std::size_t h = v.size() / 2;
+    out[i] = v.size() % 2 ? v[h] : 0.5f * (v[h - 1] + v[h]);
+  });
+}
+}  // namespace detail
+
+// Today's average: what a single peer sending 1e30 moves wherever it likes.
+struct mean {
+  static constexpr const char* name = "mean";
+  bool averages_in_flight() const { return true; }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "mean");
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (const auto& c : in)
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] += c[i];
+    const float scale = 1.0f / static_cast<float>(in.size());
+    for (auto& v : out) v *= scale;
+  }
+};
+
+// Per coordinate, the middle value (the mean of the two middle ones for an even count): robust
+// to fewer than half the contributions, but noisier than the mean when all are honest.
+struct median {
+  static constexpr const char* name = "median";
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "median");
+    detail::coordinate_median(in, out);
+  }
+};
+
+// Per coordinate, the mean after dropping the floor(trim x n) largest and smallest values (at
+// most (n - 1) / 2 from each side, so one value always remains): with n = 8 and the default
+// 0.25, two values off each end, which two attackers cannot move beyond the honest range.
+struct trimmed_mean {
+  static constexpr const char* name = "trimmed-mean";
+  double trim = 0.25;
+
+  std::size_t trimmed(std::size_t n) const {
+    decentrain::detail::check(trim >= 0 && trim < 0.5, "trimmed_mean: trim must be in [0, 0.5), got ", trim);
+    return std::min(static_cast<std::size_t>(std::floor(trim * static_cast<double>(n))), (n - 1) / 2);
+  }
+  std::string describe() const { return "trimmed-mean:trim=" + std::to_string(trim); }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "trimmed_mean");
+    const std::size_t b = trimmed(in.size()), kept = in.size() - 2 * b;
+    const float scale = 1.0f / static_cast<float>(kept);
+    detail::by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
+      detail::sort_small(v);
+      float sum = 0;
+      for (std::size_t j = b; j < b + kept; ++j) sum += v[j];
+      out[i] = sum * scale;
+    });
+  }
+};
+
+// Centered clipping: from a starting point v, `iterations` times
+//   v <- v + (1/n) sum_i (x_i - v) min(1, radius / |x_i - v|)
+// so a contribution far from v pulls it by at most radius / n, however far it is. Karimireddy et
+// al. start from the previous round's aggregate; starting from the coordinate-wise median needs
+// no state across rounds (nor per partition) and is already close to the honest mean. radius 0
+// takes the median distance to the starting point, which scales with the contributions (a fixed
+// radius fits gradients or pseudo-gradients, not both).
+struct centered_clip {
+  static constexpr const char* name = "centered-clip";
+  int iterations = 3;
+  double radius = 0.0;  // 0: the median of |x_i - v0|
+
+  std::string describe() const {
+    return "centered-clip:iterations=" + std::to_string(iterations) + ",radius=" + std::to_string(radius);
+  }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "centered_clip");
+    decentrain::detail::check(iterations >= 1, "centered_clip: iterations must be >= 1, got ", iterations);
+    decentrain::detail::check(radius >= 0 && std::isfinite(radius), "centered_clip: radius must be finite and >= 0, got ", radius);
+    const std::size_t n = in.size();
+    detail::coordinate_median(in, out);
+    std::vector<double> distance(n), weight(n);
+    auto distances = [&] {
+      for (std::size_t p = 0; p < n; ++p) {
+        double s = 0;
+        for (std::size_t i = 0; i < out.size(); ++i) {
+          const double d = static_cast<double>(in[p][i]) - out[i];
+          s += d * d;
+        }
+        distance[p] = std::sqrt(s);
+      }
+    };
+    distances();
+    double tau = radius;
+    if (tau == 0) {
+      auto sorted = distance;
+      std::sort(sorted.begin(), sorted.end());
+      tau = sorted[(n - 1) / 2];
+    }
+    if (tau == 0) return;  // half or more of the contributions sit on the median: it is the answer
+    std::vector<float> step(out.size());
+    for (int it = 0; it < iterations; ++it) {
+      if (it) distances();
+      for (std::size_t p = 0; p < n; ++p)
+        weight[p] = (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
+      std::fill(step.begin(), step.end(), 0.0f);
+      for (std::size_t p = 0; p < n; ++p) {
+        const auto w = static_cast<float>(weight[p]);
+        for (std::size_t i = 0; i < out.size(); ++i) step[i] += w * (in[p][i] - out[i]);
+      }
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] += step[i];
+    }
+  }
+};
+
+// Averages the contributions in random groups of `size` (the same grouping on every peer: drawn
+// from `seed` and the number of calls so far), then combines the group means with `inner`. With
+// n contributions and f attackers at most f groups hold one, and the groups' means vary less
+// than single contributions, which helps the inner aggregator tell honest from not.
+template <class Inner>
+struct bucketing {
+  static_assert(check_aggregator<Inner>());
+  std::size_t size = 2;
+  std::uint64_t seed = 0x6275636bu;  // "buck"
+  Inner inner{};
+
+  std::string describe() const {
+    return describe_aggregator(inner) + ",bucket=" + std::to_string(size) + ",seed=" + std::to_string(seed);
+  }
+  bool per_partition() const { return is_partitioned(inner); }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "bucketing");
+    decentrain::detail::check(size >= 1, "bucketing: size must be >= 1");
+    const std::size_t n = in.size(), groups = (n + size - 1) / size;
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    const std::uint64_t round = calls_++;
+    for (std::size_t i = n; i > 1; --i)  // Fisher-Yates, from a counter-based stream
+      std::swap(order[i - 1], order[decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(round) ^ i) % i]);
+    means_.resize(groups * out.size());
+    std::vector<std::span<const float>> parts;
+    for (std::size_t g = 0; g < groups; ++g) {
+      std::span<float> m(means_.data() + g * out.size(), out.size());
+      std::fill(m.begin(), m.end(), 0.0f);
+      const std::size_t from = g * size, to = std::min(n, from + size);
+      for (std::size_t k = from; k < to; ++k)
+        for (std::size_t i = 0; i < m.size(); ++i) m[i] += in[order[k]][i];
+      const float scale = 1.0f / static_cast<float>(to - from);
+      for (auto& v : m) v *= scale;
+      parts.push_back(m);
+    }
+    inner.combine(contributions(parts), out);
+  }
+
+ private:
+  std::uint64_t calls_ = 0;
+  std::vector<float> means_;
+};
+
+// The same aggregation, done per partition (the idea of BTARD, Gorbunov et al. 2022): peer k
+// receives every peer's k-th slice of the buffer, aggregates it and sends the result to all, so
+// no peer receives every whole contribution (the traffic of a ring all-reduce, not n times it).
+// The price: peer k alone aggregates slice k, so a Byzantine peer can spoil its own slice of the
+// result (BTARD adds random re-checks of the aggregators for that; not done here). Clipping
+// radii are per slice.
+template <class Inner>
+struct partitioned {
+  static_assert(check_aggregator<Inner>());
+  Inner inner{};
+
+  std::string describe() const { return describe_aggregator(inner) + ",partitioned"; }
+  bool per_partition() const { return true; }
+  bool averages_in_flight() const { return false; }
+  void combine(contributions in, std::span<float> out) { inner.combine(in, out); }
+};
+
+}  // namespace decentrain::collective

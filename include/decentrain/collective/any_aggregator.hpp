@@ -1,0 +1,169 @@
+// An aggregator chosen at run time (a command line's --aggregator): any aggregator behind one
+// type, and the parser for its specs:
+//   mean | median | trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R]
+// each with ",bucket=S" (bucketing in random groups of S) and ",partitioned" (aggregated per
+// partition), for example "centered-clip:bucket=2", "median:partitioned", "trimmed-mean:trim=0.2".
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "decentrain/collective/aggregators.hpp"
+#include "decentrain/detail/error.hpp"
+
+namespace decentrain::collective {
+
+class any_aggregator {
+ public:
+  any_aggregator() : any_aggregator(mean{}) {}
+  template <class A>
+    requires(!std::same_as<std::remove_cvref_t<A>, any_aggregator>)
+  any_aggregator(A a)  // NOLINT: implicit, so any aggregator converts
+      : self_(std::make_shared<model<A>>(std::move(a))) {
+    static_assert(check_aggregator<A>());
+  }
+  any_aggregator(const any_aggregator& o) : self_(o.self_->clone()) {}
+  any_aggregator& operator=(const any_aggregator& o) {
+    if (this != &o) self_ = o.self_->clone();
+    return *this;
+  }
+  any_aggregator(any_aggregator&&) noexcept = default;
+  any_aggregator& operator=(any_aggregator&&) noexcept = default;
+
+  std::string describe() const { return self_->describe(); }
+  bool per_partition() const { return self_->per_partition(); }
+  bool averages_in_flight() const { return self_->averages_in_flight(); }
+  void combine(contributions in, std::span<float> out) { self_->combine(in, out); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual std::shared_ptr<base> clone() const = 0;
+    virtual std::string describe() const = 0;
+    virtual bool per_partition() const = 0;
+    virtual bool averages_in_flight() const = 0;
+    virtual void combine(contributions, std::span<float>) = 0;
+  };
+  template <class A>
+  struct model final : base {
+    explicit model(A a) : a(std::move(a)) {}
+    std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
+    std::string describe() const override { return describe_aggregator(a); }
+    bool per_partition() const override { return is_partitioned(a); }
+    bool averages_in_flight() const override { return collective::averages_in_flight(a); }
+    void combine(contributions in, std::span<float> out) override { a.combine(in, out); }
+    A a;
+  };
+  std::shared_ptr<base> self_;
+};
+
+namespace detail {
+template <class A>
+any_aggregator wrap_partition(A a, bool per_partition) {
+  if (per_partition) return partitioned<A>{std::move(a)};
+  return a;
+}
+}  // namespace detail
+
+inline const char* aggregator_names = "mean, median, trimmed-mean, centered-clip";
+
+// "centered-clip:iterations=3,bucket=2" -> the aggregator; an unknown name, setting or value is
+// an error naming it.
+inline any_aggregator parse_aggregator(std::string_view spec) {
+  using decentrain::detail::check;
+  using decentrain::detail::fail;
+  const auto colon = spec.find(':');
+  const std::string name(spec.substr(0, colon));
+  std::vector<std::pair<std::string, std::string>> settings;
+  bool partition = false;
+  std::size_t bucket = 0;
+  auto number = [&](const std::string& key, const std::string& text) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == text.size() && used > 0 && std::isfinite(v), "--aggregator '", spec, "': ", key, " expects a number, got '",
+          text, "'");
+    return v;
+  };
+  auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
+    const double v = number(key, text);
+    check(v == std::floor(v) && v >= lo && v <= hi, "--aggregator '", spec, "': ", key, " must be a whole number in [", lo, ", ",
+          hi, "], got ", text);
+    return v;
+  };
+  if (colon != std::string_view::npos) {
+    const std::string rest(spec.substr(colon + 1));
+    for (std::size_t at = 0; at <= rest.size();) {
+      const auto comma = std::min(rest.find(',', at), rest.size());
+      const std::string p = rest.substr(at, comma - at);
+      at = comma + 1;
+      check(!p.empty(), "--aggregator '", spec, "': an empty setting");
+      const auto eq = p.find('=');
+      const std::string key = p.substr(0, eq), value = eq == std::string::npos ? "" : p.substr(eq + 1);
+      if (key == "partitioned" && eq == std::string::npos)
+        partition = true;
+      else if (key == "bucket")
+        bucket = static_cast<std::size_t>(whole(key, value, 1, 1 << 20));
+      else
+        settings.emplace_back(key, value);
+    }
+  }
+  auto unknown = [&](const std::string& key, const char* expected) {
+    fail("--aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
+  };
+  auto wrap = [&](auto a) -> any_aggregator {
+    if (bucket > 1) {
+      bucketing<decltype(a)> b;
+      b.size = bucket;
+      b.inner = a;
+      return detail::wrap_partition(b, partition);
+    }
+    return detail::wrap_partition(a, partition);
+  };
+  if (name == "mean") {
+    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    return wrap(mean{});
+  }
+  if (name == "median") {
+    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    return wrap(median{});
+  }
+  if (name == "trimmed-mean") {
+    trimmed_mean a;
+    for (const auto& [k, v] : settings) {
+      if (k == "trim") {
+        a.trim = number(k, v);
+        check(a.trim >= 0 && a.trim < 0.5, "--aggregator '", spec, "': trim must be in [0, 0.5), got ", v);
+      } else {
+        unknown(k, "trim=F, bucket=S, partitioned");
+      }
+    }
+    return wrap(a);
+  }
+  if (name == "centered-clip") {
+    centered_clip a;
+    for (const auto& [k, v] : settings) {
+      if (k == "iterations")
+        a.iterations = static_cast<int>(whole(k, v, 1, 100));
+      else if (k == "radius") {
+        a.radius = number(k, v);
+        check(a.radius >= 0, "--aggregator '", spec, "': radius must be >= 0 (0: the median distance), got ", v);
+      } else {
+        unknown(k, "iterations=N, radius=R, bucket=S, partitioned");
+      }
+    }
+    return wrap(a);
+  }
+  fail("--aggregator '", spec, "': unknown aggregator '", name, "' (expected one of: ", aggregator_names, ")");
+}
+
+}  // namespace decentrain::collective

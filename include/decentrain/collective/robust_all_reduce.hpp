@@ -1,0 +1,228 @@
+// Robust all-reduce: every peer's contribution, as sent, reaches the peers that aggregate it
+// (straight from its sender: no peer relays another's values, which it could rewrite), a
+// contribution holding a non-finite value is dropped, and the rest are combined by the
+// aggregator. What happened to each peer's contribution is reported, so a policy can tell which
+// peers send poison (aggregation_record::tally).
+//   gathered (the default): every peer receives every whole contribution and aggregates it
+//     itself: n - 1 times the buffer received per peer, and nobody has to be trusted.
+//   partitioned<A>: peer k aggregates slice k of everyone's buffer and sends it to all (see
+//     aggregators.hpp): the traffic of a ring all-reduce.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "decentrain/collective/aggregators.hpp"
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/detail/error.hpp"
+
+namespace decentrain::collective {
+
+enum class verdict : std::uint8_t {
+  kept = 0,
+  non_finite = 1,  // held a NaN or an infinity: left out
+  malformed = 2,   // a payload its codec could not have written: left out
+};
+
+// One call's view of each peer's contribution (index = rank in the communicator used).
+struct aggregation_report {
+  std::vector<verdict> peers;
+  // |contribution - aggregate| (Euclidean, over the values kept) for a kept peer, 0 otherwise;
+  // empty when the contributions were summed on the way (mean over a ring) and never seen.
+  std::vector<double> distance;
+
+  int kept() const { return static_cast<int>(std::count(peers.begin(), peers.end(), verdict::kept)); }
+  // The median distance of the kept peers (0 when none): what "far" is measured against.
+  double typical_distance() const {
+    std::vector<double> d;
+    for (std::size_t p = 0; p < peers.size() && p < distance.size(); ++p)
+      if (peers[p] == verdict::kept) d.push_back(distance[p]);
+    if (d.empty()) return 0;
+    std::sort(d.begin(), d.end());
+    return d[(d.size() - 1) / 2];
+  }
+};
+
+// Across calls, per peer: how often its contribution was dropped, and how often it lay more than
+// far_factor times the typical distance from the aggregate (what a scaled, flipped or noisy
+// contribution does, and honest ones do not: they scatter around the aggregate alike).
+struct peer_tally {
+  double far_factor = 3.0;
+  std::int64_t calls = 0;
+  std::vector<std::int64_t> non_finite, malformed, far;
+
+  void add(const aggregation_report& r) {
+    const std::size_t n = r.peers.size();
+    if (non_finite.size() < n) {
+      non_finite.resize(n);
+      malformed.resize(n);
+      far.resize(n);
+    }
+    ++calls;
+    const double typical = r.distance.empty() ? 0.0 : r.typical_distance();
+    for (std::size_t p = 0; p < n; ++p) {
+      non_finite[p] += r.peers[p] == verdict::non_finite;
+      malformed[p] += r.peers[p] == verdict::malformed;
+      if (r.peers[p] == verdict::kept && typical > 0 && p < r.distance.size()) far[p] += r.distance[p] > far_factor * typical;
+    }
+  }
+  // Calls in which peer p's contribution was dropped or far away.
+  std::int64_t suspicious(std::size_t p) const {
+    return p < non_finite.size() ? non_finite[p] + malformed[p] + far[p] : 0;
+  }
+};
+
+// What a policy keeps across robust all-reduces: the last report, the tally, and the buffers
+// (reused, so a call allocates nothing once sizes settle).
+struct aggregation_record {
+  aggregation_report last;
+  peer_tally tally;
+  std::vector<float> workspace, own;
+  std::vector<std::vector<std::byte>> payloads;
+};
+
+namespace detail {
+// Whether every value is finite: x * 0 is 0 for a finite x and NaN otherwise. Eight sums so the
+// additions need not wait for each other.
+inline bool all_finite(std::span<const float> v) {
+  float acc[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8)
+    for (std::size_t k = 0; k < 8; ++k) acc[k] += v[i + k] * 0.0f;
+  for (; i < v.size(); ++i) acc[0] += v[i] * 0.0f;
+  float total = 0;
+  for (float a : acc) total += a;
+  return total == 0.0f;
+}
+
+// Drops the contributions that are not finite (verdicts already malformed stay so), aggregates
+// the rest into `out` (zeros when none is left), and writes each kept one's squared distance
+// to the result into `squared`.
+template <class Aggregator>
+void combine_kept(Aggregator& aggregator, contributions parts, std::span<float> out, std::span<verdict> verdicts,
+                  std::span<double> squared) {
+  std::vector<std::span<const float>> kept;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    squared[p] = 0;
+    if (verdicts[p] == verdict::kept && !all_finite(parts[p])) verdicts[p] = verdict::non_finite;
+    if (verdicts[p] == verdict::kept) kept.push_back(parts[p]);
+  }
+  if (kept.empty()) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    return;
+  }
+  aggregator.combine(contributions(kept), out);
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    if (verdicts[p] != verdict::kept) continue;
+    double s = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const double d = static_cast<double>(parts[p][i]) - out[i];
+      s += d * d;
+    }
+    squared[p] = s;
+  }
+}
+
+inline void finish_report(aggregation_report& r) {
+  for (auto& d : r.distance) d = std::sqrt(d);
+}
+}  // namespace detail
+
+// Aggregates the contributions `parts` (one per rank, each values.size()) into `values`, filling
+// the record's report: the step every robust path ends with, once the contributions are here.
+// `verdicts` may mark some as malformed beforehand.
+template <class Aggregator>
+void aggregate_gathered(Aggregator& aggregator, contributions parts, std::span<float> values, aggregation_record& record,
+                        std::span<const verdict> verdicts = {}) {
+  auto& r = record.last;
+  r.peers.assign(parts.size(), verdict::kept);
+  std::copy(verdicts.begin(), verdicts.end(), r.peers.begin());
+  r.distance.assign(parts.size(), 0.0);
+  detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance));
+  detail::finish_report(r);
+  record.tally.add(r);
+}
+
+// The aggregate of every peer's `values`, left in `values` on every peer; the same bits on
+// every peer when all are honest (a peer that sends different peers different values makes
+// them differ; their aggregates still stay within what the aggregator allows).
+template <class Aggregator, class Comm>
+void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> values, aggregation_record& record) {
+  static_assert(check_aggregator<Aggregator>());
+  const int n = comm.world(), me = comm.rank();
+  const auto nn = static_cast<std::size_t>(n);
+  const std::size_t size = values.size();
+  std::vector<std::span<const float>> out(nn);
+  std::vector<std::span<float>> in(nn);
+  auto& ws = record.workspace;
+  if (!is_partitioned(aggregator)) {
+    ws.resize(nn * size);
+    for (std::size_t p = 0; p < nn; ++p) {
+      out[p] = values;
+      in[p] = std::span<float>(ws).subspan(p * size, size);
+    }
+    comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
+    std::vector<std::span<const float>> parts(in.begin(), in.end());
+    aggregate_gathered(aggregator, contributions(parts), values, record);
+    return;
+  }
+  // Slices as the ring cuts them: the first size % n one value longer.
+  const std::size_t base = size / nn, extra = size % nn;
+  auto begin = [&](std::size_t k) { return k * base + std::min(k, extra); };
+  auto slice = [&](std::size_t k) { return values.subspan(begin(k), base + (k < extra ? 1 : 0)); };
+  const auto mine = slice(static_cast<std::size_t>(me));
+  ws.resize((nn + 1) * mine.size());
+  for (std::size_t p = 0; p < nn; ++p) {
+    out[p] = slice(p);
+    in[p] = std::span<float>(ws).subspan(p * mine.size(), mine.size());
+  }
+  comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
+  // This peer's slice of the result, its verdicts and squared distances (as doubles: 0, 1, 2).
+  const std::span<float> result = std::span<float>(ws).subspan(nn * mine.size(), mine.size());
+  std::vector<verdict> verdicts(nn, verdict::kept);
+  std::vector<double> squared(nn);
+  {
+    std::vector<std::span<const float>> parts(in.begin(), in.end());
+    detail::combine_kept(aggregator, contributions(parts), result, std::span<verdict>(verdicts), std::span<double>(squared));
+  }
+  for (std::size_t p = 0; p < nn; ++p) {
+    out[p] = result;
+    in[p] = slice(p);
+  }
+  comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
+  // Each aggregator's view of every peer, to every peer: 2n doubles.
+  std::vector<double> view(2 * nn), views(2 * nn * nn);
+  for (std::size_t p = 0; p < nn; ++p) {
+    view[2 * p] = static_cast<double>(verdicts[p]);
+    view[2 * p + 1] = squared[p];
+  }
+  std::vector<std::span<const double>> vout(nn, std::span<const double>(view));
+  std::vector<std::span<double>> vin(nn);
+  for (std::size_t k = 0; k < nn; ++k) vin[k] = std::span<double>(views).subspan(k * 2 * nn, 2 * nn);
+  comm.all_to_all(std::span<const std::span<const double>>(vout), std::span<const std::span<double>>(vin));
+  auto& r = record.last;
+  r.peers.assign(nn, verdict::kept);
+  r.distance.assign(nn, 0.0);
+  for (std::size_t k = 0; k < nn; ++k)  // slice k's aggregator
+    for (std::size_t p = 0; p < nn; ++p) {
+      const double v = views[k * 2 * nn + 2 * p], sq = views[k * 2 * nn + 2 * p + 1];
+      // A view that is not one of the three verdicts, or not a finite distance, is itself a sign
+      // of a bad aggregator: it counts against the aggregator, not against peer p.
+      if (!(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0) {
+        r.peers[k] = std::max(r.peers[k], verdict::malformed);
+        continue;
+      }
+      r.peers[p] = std::max(r.peers[p], static_cast<verdict>(static_cast<int>(v)));
+      r.distance[p] += sq;
+    }
+  for (std::size_t p = 0; p < nn; ++p)
+    if (r.peers[p] != verdict::kept) r.distance[p] = 0;
+  detail::finish_report(r);
+  record.tally.add(r);
+}
+
+}  // namespace decentrain::collective

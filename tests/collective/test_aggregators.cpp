@@ -1,0 +1,266 @@
+// Aggregators on crafted inputs (known medians, trimmed means, clipping), their specs, and the
+// robust all-reduce on every transport for 1 to 8 peers with peers that send NaN, infinities,
+// huge values or malformed payloads: dropped or outvoted, reported per peer, and every honest
+// peer left with the same bits.
+#include <catch2/catch.hpp>
+
+#include <decentrain/collective/collective.hpp>
+#include <decentrain/compress/compress.hpp>
+#include <decentrain/detail/hash.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "support/transport_harness.hpp"
+
+namespace dt = decentrain;
+namespace col = dt::collective;
+
+namespace {
+std::vector<float> combine(auto aggregator, const std::vector<std::vector<float>>& in) {
+  std::vector<std::span<const float>> parts(in.begin(), in.end());
+  std::vector<float> out(in.front().size());
+  aggregator.combine(col::contributions(parts), std::span<float>(out));
+  return out;
+}
+
+// Peer r's honest contribution: a common value plus noise in [-0.01, 0.01] (so every honest peer
+// lies about as far from the aggregate as the others).
+float honest(int r, std::size_t i) {
+  const auto u = static_cast<float>(dt::detail::splitmix64(static_cast<std::uint64_t>(r) * 1000003u + i) >> 40) / float(1 << 24);
+  return std::sin(0.01f * static_cast<float>(i)) + 0.02f * (u - 0.5f);
+}
+
+enum class bad { none, nan, inf, huge };
+float value_of(bad b, int r, std::size_t i) {
+  switch (b) {
+    case bad::nan: return i % 3 == 0 ? std::numeric_limits<float>::quiet_NaN() : honest(r, i);
+    case bad::inf: return i == 5 ? -std::numeric_limits<float>::infinity() : honest(r, i);
+    case bad::huge: return 1e6f;
+    default: return honest(r, i);
+  }
+}
+}  // namespace
+
+TEST_CASE("aggregators: known answers on crafted contributions", "[aggregate]") {
+  const std::vector<std::vector<float>> odd = {{1, 10}, {5, -2}, {3, 4}, {100, 0}, {-7, 2}};
+  CHECK(combine(col::median{}, odd) == std::vector<float>{3, 2});
+  CHECK(combine(col::mean{}, odd) == std::vector<float>{102.0f / 5, 14.0f / 5});
+  const std::vector<std::vector<float>> even = {{1}, {8}, {4}, {2}};
+  CHECK(combine(col::median{}, even) == std::vector<float>{3});
+  // 8 values, trim 0.25: two off each end, the mean of the middle four.
+  const std::vector<std::vector<float>> eight = {{9}, {1}, {1000}, {2}, {3}, {-500}, {4}, {5}};
+  CHECK(combine(col::trimmed_mean{}, eight) == std::vector<float>{(2 + 3 + 4 + 5) / 4.0f});
+  CHECK(col::trimmed_mean{0.4}.trimmed(8) == 3);
+  CHECK(col::trimmed_mean{0.4}.trimmed(3) == 1);  // at most (n - 1) / 2: one value remains
+  CHECK(col::trimmed_mean{0.25}.trimmed(2) == 0);
+  CHECK(combine(col::trimmed_mean{0.0}, even) == combine(col::mean{}, even));
+  CHECK_THROWS_WITH(combine(col::trimmed_mean{0.5}, even), Catch::Contains("trim must be in [0, 0.5)"));
+
+  // Centered clipping: a radius beyond every distance gives the mean in one iteration; the
+  // adaptive radius keeps a far outlier's pull under radius / n.
+  const std::vector<std::vector<float>> near = {{1, 1}, {2, 2}, {3, 0}, {2, 1}};
+  const auto wide = combine(col::centered_clip{1, 1e9}, near), m = combine(col::mean{}, near);
+  CHECK(wide[0] == Approx(m[0]));
+  CHECK(wide[1] == Approx(m[1]));
+  std::vector<std::vector<float>> attacked = {{1.0f}, {1.1f}, {0.9f}, {1.05f}, {0.95f}, {1.0f}, {1.02f}, {1e9f}};
+  const auto clipped = combine(col::centered_clip{}, attacked);
+  CHECK(std::abs(clipped[0] - 1.0f) < 0.1f);
+  CHECK(combine(col::mean{}, attacked)[0] > 1e8f);
+  CHECK_THROWS_WITH(combine(col::centered_clip{0, 0}, near), Catch::Contains("iterations must be >= 1"));
+  CHECK_THROWS_WITH(combine(col::median{}, {{1, 2}, {3}}), Catch::Contains("a contribution has 1 values, the output 2"));
+}
+
+template <class Inner>
+col::bucketing<Inner> buckets_of(std::size_t size) {
+  col::bucketing<Inner> b;
+  b.size = size;
+  return b;
+}
+
+TEST_CASE("aggregators: bucketing averages random groups, the same groups on every peer", "[aggregate]") {
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < 7; ++r) in.push_back({static_cast<float>(r * r), static_cast<float>(-r)});
+  // Buckets of one are the contributions themselves; one bucket of all is the mean.
+  CHECK(combine(buckets_of<col::median>(1), in) == combine(col::median{}, in));
+  const auto all = combine(buckets_of<col::median>(7), in), m = combine(col::mean{}, in);
+  CHECK(all[0] == Approx(m[0]));
+  CHECK(all[1] == Approx(m[1]));
+  // Two peers' bucketing aggregators called alike draw the same groups; the groups change per call.
+  auto a = buckets_of<col::median>(2), b = buckets_of<col::median>(2);
+  std::vector<std::span<const float>> parts(in.begin(), in.end());
+  std::vector<float> first_a(2), first_b(2), second_a(2);
+  a.combine(col::contributions(parts), first_a);
+  b.combine(col::contributions(parts), first_b);
+  CHECK(first_a == first_b);
+  bool differs = false;
+  for (int k = 0; k < 8 && !differs; ++k) {
+    a.combine(col::contributions(parts), second_a);
+    differs = second_a != first_a;
+  }
+  CHECK(differs);
+}
+
+TEST_CASE("aggregators: specs from the command line", "[aggregate]") {
+  CHECK(col::parse_aggregator("mean").averages_in_flight());
+  CHECK(!col::parse_aggregator("mean:partitioned").averages_in_flight());
+  CHECK(col::parse_aggregator("median:partitioned").per_partition());
+  CHECK(col::parse_aggregator("centered-clip:iterations=2,radius=0.5").describe() ==
+        "centered-clip:iterations=2,radius=0.500000");
+  CHECK(col::parse_aggregator("trimmed-mean:trim=0.1,bucket=2").describe().find("bucket=2") != std::string::npos);
+  CHECK(col::parse_aggregator("centered-clip:bucket=2,partitioned").per_partition());
+  CHECK_THROWS_WITH(col::parse_aggregator("krum"), Catch::Contains("unknown aggregator 'krum'"));
+  CHECK_THROWS_WITH(col::parse_aggregator("median:trim=0.1"), Catch::Contains("unknown setting 'trim' for median"));
+  CHECK_THROWS_WITH(col::parse_aggregator("trimmed-mean:trim=0.5"), Catch::Contains("trim must be in [0, 0.5)"));
+  CHECK_THROWS_WITH(col::parse_aggregator("centered-clip:iterations=0"), Catch::Contains("iterations must be a whole number"));
+  CHECK_THROWS_WITH(col::parse_aggregator("centered-clip:radius=x"), Catch::Contains("radius expects a number, got 'x'"));
+  CHECK_THROWS_WITH(col::parse_aggregator("median:bucket=0"), Catch::Contains("bucket must be a whole number"));
+  CHECK_THROWS_WITH(col::parse_aggregator("median:,"), Catch::Contains("an empty setting"));
+}
+
+TEMPLATE_TEST_CASE("robust all-reduce: bad peers are dropped or outvoted, named, and honest peers agree", "[aggregate]",
+                   TRANSPORTS) {
+  // Each with the fewest peers for which it keeps two bad ones out (one NaN, one huge; the NaN is
+  // dropped before any aggregator sees it): trimming one from each end needs 4 kept, buckets of
+  // two need four buckets. The mean is there for the NaN drop and the report, not the range.
+  struct entry {
+    col::any_aggregator aggregator;
+    int holds_from;
+  };
+  const std::vector<entry> aggregators = {{col::median{}, 1},
+                                          {col::trimmed_mean{}, 4},
+                                          {col::centered_clip{}, 1},
+                                          {col::bucketing<col::centered_clip>{}, 8},
+                                          {col::partitioned<col::median>{}, 1},
+                                          {col::partitioned<col::centered_clip>{}, 1},
+                                          {col::partitioned<col::mean>{}, 1000}};
+  const int most = std::string_view(TestType::name) == "in_process" || std::string_view(TestType::name) == "mpi" ? 8 : 5;
+  for (int n = 1; n <= most; ++n) {
+    // Up to two bad peers, never half or more: the last ranks, one sending NaN or -inf, one huge values.
+    const int bad_peers = std::min(2, (n - 1) / 2);
+    auto kind = [&](int r) {
+      if (r < n - bad_peers) return bad::none;
+      if (r == n - 1) return n % 2 ? bad::huge : bad::nan;
+      return n % 2 ? bad::inf : bad::huge;
+    };
+    const std::size_t size = 1000 + static_cast<std::size_t>(n);  // slices of uneven sizes
+    for (const auto& [prototype, holds_from] : aggregators) {
+      const bool robust = n >= holds_from;
+      TestType::run(n, [&](auto& ep) {
+        dt::collective::communicator c(ep);
+        const int r = c.rank();
+        auto aggregator = prototype;
+        col::aggregation_record record;
+        std::vector<float> v(size);
+        for (std::size_t i = 0; i < size; ++i) v[i] = value_of(kind(r), r, i);
+        col::robust_all_reduce(aggregator, c, std::span<float>(v), record);
+        // Every honest peer holds the same bits; every value within the honest peers' range.
+        const bool same = c.all_same(dt::detail::hash_words(std::as_bytes(std::span<const float>(v))));
+        CHECK(same);
+        float low = 1e30f, high = -1e30f;
+        for (int p = 0; p < n - bad_peers; ++p)
+          for (std::size_t i = 0; i < size; i += 97) {
+            low = std::min(low, honest(p, i));
+            high = std::max(high, honest(p, i));
+          }
+        for (std::size_t i = 0; i < size && robust; i += 97) {
+          const float lo = low - 0.05f, hi = high + 0.05f;
+          if (!(v[i] >= lo && v[i] <= hi)) {
+            FAIL_CHECK(prototype.describe() << " with " << n << " peers: value " << i << " is " << v[i] << ", outside the honest range");
+            break;
+          }
+        }
+        // The report: NaN and infinity senders dropped, huge senders far away, honest ones kept.
+        REQUIRE(record.last.peers.size() == static_cast<std::size_t>(n));
+        for (int p = 0; p < n; ++p) {
+          const auto k = kind(p);
+          const auto seen = record.last.peers[static_cast<std::size_t>(p)];
+          CHECK(seen == (k == bad::nan || k == bad::inf ? col::verdict::non_finite : col::verdict::kept));
+          if (k == bad::huge && robust) CHECK(record.tally.far[static_cast<std::size_t>(p)] == 1);
+          if (k == bad::none && n > 2) CHECK(record.tally.suspicious(static_cast<std::size_t>(p)) == 0);
+        }
+      });
+    }
+  }
+}
+
+template <class Codec, class Harness>
+void mean_drops_a_nan_sender(Codec prototype) {
+  Harness::run(4, [&](auto& ep) {
+    dt::collective::communicator c(ep);
+    const int r = c.rank();
+    Codec codec = prototype;
+    col::mean aggregator;
+    col::aggregation_record record;
+    for (int round = 0; round < 2; ++round) {
+      // Round 0 all honest (summed on the way, nothing seen per peer); round 1 peer 2 sends NaN (a
+      // codec that refuses to encode it, as int8 does, never lets it out).
+      std::vector<float> v(512, static_cast<float>(r + 1));
+      if (round == 1 && r == 2) v[100] = std::numeric_limits<float>::quiet_NaN();
+      dt::compress::all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
+      const float expected = round == 0 ? 2.5f : (1 + 2 + 4) / 3.0f;
+      CHECK(v[0] == Approx(expected).epsilon(0.02));
+      CHECK(std::isfinite(v[100]));
+      CHECK(record.last.peers[2] == (round == 0 ? col::verdict::kept : col::verdict::non_finite));
+      CHECK(record.last.distance.empty() == (round == 0));
+    }
+    CHECK(record.tally.calls == 2);
+    CHECK(record.tally.non_finite == std::vector<std::int64_t>{0, 0, 1, 0});
+  });
+}
+
+TEMPLATE_TEST_CASE("robust all-reduce: the mean drops a NaN sender and names it, also through a codec", "[aggregate]",
+                   TRANSPORTS) {
+  mean_drops_a_nan_sender<dt::compress::identity, TestType>({});
+  mean_drops_a_nan_sender<dt::compress::bf16, TestType>({});
+  mean_drops_a_nan_sender<dt::compress::error_feedback<dt::compress::bf16>, TestType>({});  // gathered: not dense
+}
+
+namespace {
+// A codec written for this test: f32 after a 4-byte mark that its decoder checks, and peer 1
+// sending a wrong mark (a payload this codec could not have written).
+struct marked {
+  static constexpr const char* name = "marked";
+  std::uint32_t mark = 0x6d61726b;
+  std::size_t max_encoded_bytes(std::size_t n) const { return 4 + n * sizeof(float); }
+  std::size_t encode(std::span<const float> v, std::span<std::byte> out) {
+    std::memcpy(out.data(), &mark, 4);
+    std::memcpy(out.data() + 4, v.data(), v.size_bytes());
+    return 4 + v.size_bytes();
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    std::uint32_t m = 0;
+    dt::detail::check(in.size() == 4 + into.size_bytes(), "marked: wrong size");
+    std::memcpy(&m, in.data(), 4);
+    dt::detail::check(m == 0x6d61726b, "marked: wrong mark");
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      float x;
+      std::memcpy(&x, in.data() + 4 + 4 * i, 4);
+      into[i] += x;
+    }
+  }
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("robust all-reduce: a malformed payload is left out, not the end of the call", "[aggregate]", TRANSPORTS) {
+  TestType::run(5, [&](auto& ep) {
+    dt::collective::communicator c(ep);
+    const int r = c.rank();
+    marked codec;
+    if (r == 1) codec.mark = 0xbad;
+    col::median aggregator;
+    col::aggregation_record record;
+    std::vector<float> v(64, static_cast<float>(r));
+    dt::compress::all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
+    CHECK(v[0] == 2.5f);  // the median of 0, 2, 3, 4
+    CHECK(record.last.peers[1] == col::verdict::malformed);
+    CHECK(record.tally.malformed[1] == 1);
+    // Per partition the payloads would have to be f32: a codec there is refused, naming both.
+    col::partitioned<col::median> per_slice;
+    CHECK_THROWS_WITH(dt::compress::all_reduce(codec, c, std::span<float>(v), true, per_slice, record),
+                      Catch::Contains("aggregates per partition, which sends f32 values"));
+  });
+}
