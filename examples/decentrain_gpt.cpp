@@ -152,6 +152,14 @@ decentrain-gpt train [options]
                          with noef, seed=S, factors=int8|int4|bf16|fp16|fp4 (for example
                          --codec int4:block=64, --codec topk:0.02,int2,ef, --codec
                          int8:adaptive, --codec powersgd:rank=4,factors=int8)
+  --aggregator SPEC      how the peers' contributions combine (default mean): mean | median |
+                         trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R], each
+                         with ",bucket=S" (average random groups of S first) and
+                         ",partitioned" (each peer aggregates a slice: a ring's traffic, not
+                         N times it); against peers that send poison, for example --aggregator
+                         centered-clip or --aggregator trimmed-mean:trim=0.25,partitioned.
+                         Contributions holding NaN or infinities are always left out, and the
+                         summary names the peers whose contributions were left out or far off
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
   --outer-momentum X     DiLoCo's outer momentum (default 0.9)
 
@@ -453,6 +461,7 @@ struct train_plan {
   dt::fault::elastic elastic_policy;
   std::vector<std::pair<int, std::int64_t>> kills;  // --kill: (rank, after steps)
   std::string metrics;  // '' for none
+  dt::collective::any_aggregator aggregator;
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
 };
 
@@ -515,6 +524,19 @@ void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>
   std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());
 }
 
+// The peers whose contributions were left out (non-finite, malformed) or lay far from the
+// aggregate, as one peer saw them (ranks of its replica group; after a membership change they
+// are the current view's).
+void print_suspects(const dt::collective::peer_tally& t) {
+  for (std::size_t r = 0; r < t.non_finite.size(); ++r) {
+    if (t.suspicious(r) == 0) continue;
+    std::printf("peer %zu's contributions: %lld of %lld left out for NaN or infinite values, %lld malformed, %lld more "
+                "than %gx the typical distance from the aggregate\n",
+                r, static_cast<long long>(t.non_finite[r]), static_cast<long long>(t.calls),
+                static_cast<long long>(t.malformed[r]), static_cast<long long>(t.far[r]), t.far_factor);
+  }
+}
+
 // What an elastic group went through, as one survivor saw it.
 void print_changes(const std::vector<dt::fault::membership_change>& changes) {
   if (changes.empty()) {
@@ -552,6 +574,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     metrics.emplace(metrics_file, p.run);
   };
   std::vector<std::int64_t> asked_at;  // per rank: the step at which stop_when last asked
+  std::vector<dt::collective::peer_tally> tallies;  // per rank: what it saw of the others' contributions
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::optional<dt::transport::in_process> network;  // --peers
   auto setup = [&](Trainer& t) {
@@ -575,6 +598,9 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
       t.on_step([keep_changes](const dt::train::step_metrics&) { keep_changes(); });
       t.on_eval([keep_changes](const dt::train::eval_point&) { keep_changes(); });
     }
+    t.on_step([&t, &tallies](const dt::train::step_metrics& m) {
+      tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally;
+    });
     t.stop_when([&t, &at = asked_at[static_cast<std::size_t>(t.rank())]] {
       at = t.step();
       return interrupted.load();
@@ -591,6 +617,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
                                           : dt::transport::links::preset(p.link, world, p.trainer.seed);
     network.emplace(std::move(links), dt::transport::in_process::options{p.trainer.seed, std::chrono::minutes(10), elastic});
     asked_at.assign(static_cast<std::size_t>(world), 0);
+    tallies.assign(static_cast<std::size_t>(world), {});
     changes.assign(static_cast<std::size_t>(world), {});
     std::signal(SIGINT, on_interrupt);
     results = dt::train::fit_in_process<Trainer>(*network, p.model, p.trainer, data.dataset, comm, setup, p.threads, {},
@@ -624,6 +651,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     set_threads(p.threads);
     Trainer t(p.model, p.trainer, *ep, comm, {}, fault);
     asked_at.assign(static_cast<std::size_t>(world), 0);
+    tallies.assign(static_cast<std::size_t>(world), {});
     changes.assign(static_cast<std::size_t>(world), {});
     setup(t);
     std::signal(SIGINT, on_interrupt);
@@ -683,7 +711,10 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     return 130;
   }
   // Over TCP or MPI only this process's own figures are known; rank 0 reports them.
-  if (rank == 0) print_summary(p, results, rank, world, Comm::name, wall_s);
+  if (rank == 0) {
+    print_summary(p, results, rank, world, Comm::name, wall_s);
+    print_suspects(tallies[static_cast<std::size_t>(asker)]);
+  }
   return 0;
 }
 
@@ -807,6 +838,10 @@ int cmd_train(const options& opt) {
                     "--comm must be sync, local-sgd or diloco, got '", comm, "'");
   const auto inner = comm == "sync" ? 1 : opt.integer("inner-steps", 50);
   const auto codec_choice = dt::compress::parse_codec(opt.text("codec", "identity"));
+  p.aggregator = dt::collective::parse_aggregator(opt.text("aggregator", "mean"));
+  dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
+                    p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
+                    codec_choice.describe(), "'");
   const double outer_lr = comm == "diloco" ? opt.real("outer-lr", 0.7) : 0.0;
   const double outer_momentum = comm == "diloco" ? opt.real("outer-momentum", 0.9) : 0.0;
 
@@ -837,7 +872,7 @@ int cmd_train(const options& opt) {
       .add("resume", p.checkpoints.resume);
   if (p.mode == launch::in_process) p.run.add("link", p.link);
   if (comm != "sync") p.run.add("inner_steps", inner);
-  p.run.add("codec", codec_choice.describe());
+  p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
   if (comm == "diloco") p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
 
   const auto& cfg = p.model;
@@ -851,21 +886,26 @@ int cmd_train(const options& opt) {
     std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", p.world, p.link.c_str(), p.threads);
   std::fflush(stdout);
 
-  // One trainer type per policy, whatever the codec: any_codec chooses it at run time.
+  // One trainer type per policy, whatever the codec and aggregator: any_codec and any_aggregator
+  // choose them at run time.
   using codec = dt::compress::any_codec;
+  using aggregator = dt::collective::any_aggregator;
   if (comm == "sync") {
-    dt::comm::sync_allreduce<codec> policy;
+    dt::comm::sync_allreduce<codec, aggregator> policy;
     policy.codec = codec_choice;
+    policy.aggregator = p.aggregator;
     return train_with(p, data, policy);
   }
   if (comm == "local-sgd") {
-    dt::comm::local_sgd<codec> policy;
+    dt::comm::local_sgd<codec, aggregator> policy;
     policy.inner_steps = inner;
     policy.codec = codec_choice;
+    policy.aggregator = p.aggregator;
     return train_with(p, data, policy);
   }
-  dt::comm::diloco<dt::comm::outer::nesterov, codec> policy;
+  dt::comm::diloco<dt::comm::outer::nesterov, codec, aggregator> policy;
   policy.codec = codec_choice;
+  policy.aggregator = p.aggregator;
   policy.inner_steps = inner;
   policy.outer_optimizer.lr = outer_lr;
   policy.outer_optimizer.momentum = outer_momentum;

@@ -112,6 +112,13 @@ TEST_CASE("aggregators: specs from the command line", "[aggregate]") {
         "centered-clip:iterations=2,radius=0.500000");
   CHECK(col::parse_aggregator("trimmed-mean:trim=0.1,bucket=2").describe().find("bucket=2") != std::string::npos);
   CHECK(col::parse_aggregator("centered-clip:bucket=2,partitioned").per_partition());
+  // describe() is a spec that makes the same aggregator (peers compare it; logs show it).
+  for (const char* spec : {"mean", "median:partitioned", "trimmed-mean:trim=0.1", "centered-clip:iterations=2,bucket=3,seed=9",
+                           "centered-clip:bucket=2,partitioned"}) {
+    const auto once = col::parse_aggregator(spec).describe();
+    CHECK(col::parse_aggregator(once).describe() == once);
+  }
+  CHECK_THROWS_WITH(col::parse_aggregator("median:seed=3"), Catch::Contains("seed=S goes with bucket=S"));
   CHECK_THROWS_WITH(col::parse_aggregator("krum"), Catch::Contains("unknown aggregator 'krum'"));
   CHECK_THROWS_WITH(col::parse_aggregator("median:trim=0.1"), Catch::Contains("unknown setting 'trim' for median"));
   CHECK_THROWS_WITH(col::parse_aggregator("trimmed-mean:trim=0.5"), Catch::Contains("trim must be in [0, 0.5)"));

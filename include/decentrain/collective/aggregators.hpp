@@ -67,6 +67,12 @@ bool averages_in_flight(const A& a) {
 }
 
 namespace detail {
+// "median" + "bucket=2" -> "median:bucket=2"; "trimmed-mean:trim=0.2" + ... -> "...,bucket=2"
+// (the --aggregator spec that makes the same aggregator).
+inline std::string with_setting(const std::string& spec, const std::string& setting) {
+  return spec + (spec.find(':') == std::string::npos ? ":" : ",") + setting;
+}
+
 inline void check_shapes(contributions in, std::span<float> out, const char* who) {
   decentrain::detail::check(!in.empty(), who, ": no contributions to combine");
   for (const auto& c : in)
@@ -223,7 +229,7 @@ struct bucketing {
   Inner inner{};
 
   std::string describe() const {
-    return describe_aggregator(inner) + ",bucket=" + std::to_string(size) + ",seed=" + std::to_string(seed);
+    return detail::with_setting(describe_aggregator(inner), "bucket=" + std::to_string(size) + ",seed=" + std::to_string(seed));
   }
   bool per_partition() const { return is_partitioned(inner); }
   void combine(contributions in, std::span<float> out) {
@@ -266,7 +272,7 @@ struct partitioned {
   static_assert(check_aggregator<Inner>());
   Inner inner{};
 
-  std::string describe() const { return describe_aggregator(inner) + ",partitioned"; }
+  std::string describe() const { return detail::with_setting(describe_aggregator(inner), "partitioned"); }
   bool per_partition() const { return true; }
   bool averages_in_flight() const { return false; }
   void combine(contributions in, std::span<float> out) { inner.combine(in, out); }

@@ -1,12 +1,14 @@
 // An aggregator chosen at run time (a command line's --aggregator): any aggregator behind one
 // type, and the parser for its specs:
 //   mean | median | trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R]
-// each with ",bucket=S" (bucketing in random groups of S) and ",partitioned" (aggregated per
-// partition), for example "centered-clip:bucket=2", "median:partitioned", "trimmed-mean:trim=0.2".
+// each with ",bucket=S[,seed=N]" (bucketing in random groups of S) and ",partitioned" (aggregated
+// per partition), for example "centered-clip:bucket=2", "median:partitioned", "trimmed-mean:trim=0.2".
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -82,6 +84,7 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
   std::vector<std::pair<std::string, std::string>> settings;
   bool partition = false;
   std::size_t bucket = 0;
+  std::optional<std::uint64_t> seed;
   auto number = [&](const std::string& key, const std::string& text) {
     std::size_t used = 0;
     double v = 0;
@@ -113,6 +116,8 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
         partition = true;
       else if (key == "bucket")
         bucket = static_cast<std::size_t>(whole(key, value, 1, 1 << 20));
+      else if (key == "seed")
+        seed = static_cast<std::uint64_t>(whole(key, value, 0, 9007199254740992.0));
       else
         settings.emplace_back(key, value);
     }
@@ -121,10 +126,12 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
     fail("--aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
   };
   auto wrap = [&](auto a) -> any_aggregator {
+    check(!seed || bucket > 1, "--aggregator '", spec, "': seed=S goes with bucket=S (the groups' draw)");
     if (bucket > 1) {
       bucketing<decltype(a)> b;
       b.size = bucket;
       b.inner = a;
+      if (seed) b.seed = *seed;
       return detail::wrap_partition(b, partition);
     }
     return detail::wrap_partition(a, partition);

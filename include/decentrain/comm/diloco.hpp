@@ -49,8 +49,7 @@ struct diloco {
     decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
                               "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
                               outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
-    prepare_codec(codec, ctx);
-    prepare_aggregator(aggregator, ctx);
+    prepare_codec(codec, aggregator, ctx);
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));

@@ -24,8 +24,7 @@ struct local_sgd {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
-    prepare_codec(codec, ctx);
-    prepare_aggregator(aggregator, ctx);
+    prepare_codec(codec, aggregator, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>

@@ -3,6 +3,7 @@
 // The trainer calls, per peer:
 //   start(ctx)            once, before the first step (make every peer start from rank 0's model;
 //                         prepare_codec checks that every replica uses the same codec settings
+//                         and aggregator
 //                         and tells a codec that works per matrix the parameters' shapes)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
@@ -129,8 +130,9 @@ void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   scatter_values(ctx.parameters, buffer);
 }
 
-// What a policy does with its codec in start(): every replica must use the same settings
-// (compress::agree), and a codec that works per matrix learns the parameters' shapes.
+// What a policy does with its codec and aggregator in start(): every replica must use the same
+// codec settings and combine alike (one 16-byte comparison; where they differ, every peer fails
+// naming what differs), and a codec that works per matrix learns the parameters' shapes.
 template <class Device>
 compress::layout layout_of(const parameter_list<Device>& params) {
   compress::layout l;
@@ -144,21 +146,22 @@ compress::layout layout_of(const parameter_list<Device>& params) {
   }
   return l;
 }
-template <class Codec, class Ctx>
-void prepare_codec(Codec& codec, Ctx& ctx) {
-  if (!ctx.joined) compress::agree(codec, ctx.replicas);  // a joiner's members are mid-run
+template <class Codec, class Aggregator, class Ctx>
+void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx) {
+  static_assert(collective::check_aggregator<Aggregator>());
+  if (!ctx.joined) {  // a joiner's members are mid-run
+    const std::string aggregation = collective::describe_aggregator(aggregator);
+    if (!ctx.replicas.all_same(decentrain::detail::fnv1a(compress::describe(codec) + " | " + aggregation))) {
+      compress::agree(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
+      decentrain::detail::fail("aggregator: the peers combine contributions differently (this one uses '", aggregation,
+                               "'); every peer must use the same aggregator");
+    }
+  }
   compress::set_layout(codec, layout_of(ctx.parameters));
 }
-
-// What a policy does with its aggregator in start(): every replica must combine alike, or their
-// models would drift apart unnoticed.
-template <class Aggregator, class Ctx>
-void prepare_aggregator(const Aggregator& aggregator, Ctx& ctx) {
-  static_assert(collective::check_aggregator<Aggregator>());
-  if (ctx.joined) return;  // a joiner's members are mid-run
-  const std::string mine = collective::describe_aggregator(aggregator);
-  decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(mine)), "aggregator: the peers combine "
-                            "contributions differently (this one uses '", mine, "'); every peer must use the same aggregator");
+template <class Codec, class Ctx>
+void prepare_codec(Codec& codec, Ctx& ctx) {
+  prepare_codec(codec, collective::mean{}, ctx);
 }
 
 // A codec's state in the policy's checkpoint, where the codec has any.

@@ -21,8 +21,7 @@ struct sync_allreduce {
 
   template <class Ctx>
   void start(Ctx& ctx) {
-    prepare_codec(codec, ctx);
-    prepare_aggregator(aggregator, ctx);
+    prepare_codec(codec, aggregator, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
