@@ -12655,6 +12655,465 @@ static_assert(joining_endpoint<tcp>);
 #endif  // DECENTRAIN_HAS_ASIO
 // ---- end decentrain/transport/tcp.hpp ----
 // ---- end decentrain/transport/transport.hpp ----
+// ---- begin decentrain/collective/collective.hpp ----
+// The collectives: the communicator (all-reduce, broadcast, all-gather, all-to-all, groups,
+// handles), the aggregators and the robust all-reduce that uses them.
+
+// ---- begin decentrain/collective/aggregators.hpp ----
+// How the peers' contributions to an averaged value combine: the aggregator slot of the
+// communication policies. An aggregator is a value type of settings with
+//   void combine(std::span<const std::span<const float>> contributions, std::span<float> out)
+//       writes the aggregate of one or more contributions, each out.size() finite values (a
+//       contribution holding a non-finite value never gets here: the collective drops it)
+// and may add
+//   std::string describe() const             its settings, compared across peers
+//   bool per_partition() const               aggregate per partition (robust_all_reduce)
+//   bool averages_in_flight() const          a plain mean: the collective may sum on the way
+// Against peers that send poison (Byzantine peers), the mean is ruined by a single one; the
+// coordinate-wise median and trimmed mean, and centered clipping (Karimireddy, He and Jaggi,
+// "Learning from History for Byzantine Robust Optimization", 2021), bound what a minority can
+// do. bucketing<A> (Karimireddy, He and Jaggi, "Byzantine-Robust Learning on Heterogeneous
+// Datasets via Bucketing", 2022) averages random small groups first, which brings honest
+// contributions closer together when the peers' data differ. Users write their own the same way.
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+
+namespace decentrain::collective {
+
+using contributions = std::span<const std::span<const float>>;
+
+// One static_assert per member, so an aggregator that lacks one is told which.
+template <class A>
+constexpr bool check_aggregator() {
+  static_assert(std::is_copy_constructible_v<A>, "aggregator: an aggregator must be copyable (a value type of settings)");
+  static_assert(requires(A& a, contributions in, std::span<float> out) { a.combine(in, out); },
+                "aggregator: needs `void combine(std::span<const std::span<const float>> contributions, std::span<float> out)`");
+  return true;
+}
+
+template <class A>
+std::string describe_aggregator(const A& a) {
+  if constexpr (requires { { a.describe() } -> std::convertible_to<std::string>; })
+    return a.describe();
+  else if constexpr (requires { { A::name } -> std::convertible_to<const char*>; })
+    return A::name;
+  else
+    return "an aggregator without a name";
+}
+template <class A>
+bool is_partitioned(const A& a) {
+  if constexpr (requires { { a.per_partition() } -> std::convertible_to<bool>; })
+    return a.per_partition();
+  else
+    return false;
+}
+template <class A>
+bool averages_in_flight(const A& a) {
+  if constexpr (requires { { a.averages_in_flight() } -> std::convertible_to<bool>; })
+    return a.averages_in_flight();
+  else
+    return false;
+}
+
+namespace detail {
+// "median" + "bucket=2" -> "median:bucket=2"; "trimmed-mean:trim=0.2" + ... -> "...,bucket=2"
+// (the --aggregator spec that makes the same aggregator).
+inline std::string with_setting(const std::string& spec, const std::string& setting) {
+  return spec + (spec.find(':') == std::string::npos ? ":" : ",") + setting;
+}
+
+inline void check_shapes(contributions in, std::span<float> out, const char* who) {
+  decentrain::detail::check(!in.empty(), who, ": no contributions to combine");
+  for (const auto& c : in)
+    decentrain::detail::check(c.size() == out.size(), who, ": a contribution has ", c.size(), " values, the output ", out.size());
+}
+
+// Calls f(i, values) for each coordinate i with the contributions' values at i in `values` (a
+// buffer of in.size()), coordinates taken in tiles so that each contribution is read in order.
+template <class F>
+void by_coordinate(contributions in, std::size_t size, F&& f) {
+  const std::size_t n = in.size();
+  constexpr std::size_t tile = 256;
+  std::vector<float> column(n), block(n * tile);
+  for (std::size_t at = 0; at < size; at += tile) {
+    const std::size_t m = std::min(tile, size - at);
+    for (std::size_t p = 0; p < n; ++p)
+      for (std::size_t j = 0; j < m; ++j) block[j * n + p] = in[p][at + j];
+    for (std::size_t j = 0; j < m; ++j) f(at + j, std::span<float>(block.data() + j * n, n));
+  }
+}
+
+// Sorts a handful of values in place (n is the number of peers: small).
+inline void sort_small(std::span<float> v) {
+  for (std::size_t i = 1; i < v.size(); ++i) {
+    const float x = v[i];
+    std::size_t j = i;
+    for (; j > 0 && v[j - 1] > x; --j) v[j] = v[j - 1];
+    v[j] = x;
+  }
+}
+
+inline void coordinate_median(contributions in, std::span<float> out) {
+  by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
+    sort_small(v);
+    const std::size_t h = v.size() / 2;
+    out[i] = v.size() % 2 ? v[h] : 0.5f * (v[h - 1] + v[h]);
+  });
+}
+}  // namespace detail
+
+// Today's average: what a single peer sending 1e30 moves wherever it likes.
+struct mean {
+  static constexpr const char* name = "mean";
+  bool averages_in_flight() const { return true; }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "mean");
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (const auto& c : in)
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] += c[i];
+    const float scale = 1.0f / static_cast<float>(in.size());
+    for (auto& v : out) v *= scale;
+  }
+};
+
+// Per coordinate, the middle value (the mean of the two middle ones for an even count): robust
+// to fewer than half the contributions, but noisier than the mean when all are honest.
+struct median {
+  static constexpr const char* name = "median";
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "median");
+    detail::coordinate_median(in, out);
+  }
+};
+
+// Per coordinate, the mean after dropping the floor(trim x n) largest and smallest values (at
+// most (n - 1) / 2 from each side, so one value always remains): with n = 8 and the default
+// 0.25, two values off each end, which two attackers cannot move beyond the honest range.
+struct trimmed_mean {
+  static constexpr const char* name = "trimmed-mean";
+  double trim = 0.25;
+
+  std::size_t trimmed(std::size_t n) const {
+    decentrain::detail::check(trim >= 0 && trim < 0.5, "trimmed_mean: trim must be in [0, 0.5), got ", trim);
+    return std::min(static_cast<std::size_t>(std::floor(trim * static_cast<double>(n))), (n - 1) / 2);
+  }
+  std::string describe() const { return "trimmed-mean:trim=" + std::to_string(trim); }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "trimmed_mean");
+    const std::size_t b = trimmed(in.size()), kept = in.size() - 2 * b;
+    const float scale = 1.0f / static_cast<float>(kept);
+    detail::by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
+      detail::sort_small(v);
+      float sum = 0;
+      for (std::size_t j = b; j < b + kept; ++j) sum += v[j];
+      out[i] = sum * scale;
+    });
+  }
+};
+
+// Centered clipping: from a starting point v, `iterations` times
+//   v <- v + (1/n) sum_i (x_i - v) min(1, radius / |x_i - v|)
+// so a contribution far from v pulls it by at most radius / n, however far it is. Karimireddy et
+// al. start from the previous round's aggregate; starting from the coordinate-wise median needs
+// no state across rounds (nor per partition) and is already close to the honest mean. radius 0
+// takes the median distance to the starting point, which scales with the contributions (a fixed
+// radius fits gradients or pseudo-gradients, not both).
+struct centered_clip {
+  static constexpr const char* name = "centered-clip";
+  int iterations = 3;
+  double radius = 0.0;  // 0: the median of |x_i - v0|
+
+  std::string describe() const {
+    return "centered-clip:iterations=" + std::to_string(iterations) + ",radius=" + std::to_string(radius);
+  }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "centered_clip");
+    decentrain::detail::check(iterations >= 1, "centered_clip: iterations must be >= 1, got ", iterations);
+    decentrain::detail::check(radius >= 0 && std::isfinite(radius), "centered_clip: radius must be finite and >= 0, got ", radius);
+    const std::size_t n = in.size();
+    detail::coordinate_median(in, out);
+    std::vector<double> distance(n), weight(n);
+    auto distances = [&] {
+      for (std::size_t p = 0; p < n; ++p) {
+        double s = 0;
+        for (std::size_t i = 0; i < out.size(); ++i) {
+          const double d = static_cast<double>(in[p][i]) - out[i];
+          s += d * d;
+        }
+        distance[p] = std::sqrt(s);
+      }
+    };
+    distances();
+    double tau = radius;
+    if (tau == 0) {
+      auto sorted = distance;
+      std::sort(sorted.begin(), sorted.end());
+      tau = sorted[(n - 1) / 2];
+    }
+    if (tau == 0) return;  // half or more of the contributions sit on the median: it is the answer
+    std::vector<float> step(out.size());
+    for (int it = 0; it < iterations; ++it) {
+      if (it) distances();
+      for (std::size_t p = 0; p < n; ++p)
+        weight[p] = (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
+      std::fill(step.begin(), step.end(), 0.0f);
+      for (std::size_t p = 0; p < n; ++p) {
+        const auto w = static_cast<float>(weight[p]);
+        for (std::size_t i = 0; i < out.size(); ++i) step[i] += w * (in[p][i] - out[i]);
+      }
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] += step[i];
+    }
+  }
+};
+
+// Averages the contributions in random groups of `size` (the same grouping on every peer: drawn
+// from `seed` and the number of calls so far), then combines the group means with `inner`. With
+// n contributions and f attackers at most f groups hold one, and the groups' means vary less
+// than single contributions, which helps the inner aggregator tell honest from not.
+template <class Inner>
+struct bucketing {
+  static_assert(check_aggregator<Inner>());
+  std::size_t size = 2;
+  std::uint64_t seed = 0x6275636bu;  // "buck"
+  Inner inner{};
+
+  std::string describe() const {
+    return detail::with_setting(describe_aggregator(inner), "bucket=" + std::to_string(size) + ",seed=" + std::to_string(seed));
+  }
+  bool per_partition() const { return is_partitioned(inner); }
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "bucketing");
+    decentrain::detail::check(size >= 1, "bucketing: size must be >= 1");
+    const std::size_t n = in.size(), groups = (n + size - 1) / size;
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    const std::uint64_t round = calls_++;
+    for (std::size_t i = n; i > 1; --i)  // Fisher-Yates, from a counter-based stream
+      std::swap(order[i - 1], order[decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(round) ^ i) % i]);
+    means_.resize(groups * out.size());
+    std::vector<std::span<const float>> parts;
+    for (std::size_t g = 0; g < groups; ++g) {
+      std::span<float> m(means_.data() + g * out.size(), out.size());
+      std::fill(m.begin(), m.end(), 0.0f);
+      const std::size_t from = g * size, to = std::min(n, from + size);
+      for (std::size_t k = from; k < to; ++k)
+        for (std::size_t i = 0; i < m.size(); ++i) m[i] += in[order[k]][i];
+      const float scale = 1.0f / static_cast<float>(to - from);
+      for (auto& v : m) v *= scale;
+      parts.push_back(m);
+    }
+    inner.combine(contributions(parts), out);
+  }
+
+ private:
+  std::uint64_t calls_ = 0;
+  std::vector<float> means_;
+};
+
+// The same aggregation, done per partition (the idea of BTARD, Gorbunov et al. 2022): peer k
+// receives every peer's k-th slice of the buffer, aggregates it and sends the result to all, so
+// no peer receives every whole contribution (the traffic of a ring all-reduce, not n times it).
+// The price: peer k alone aggregates slice k, so a Byzantine peer can spoil its own slice of the
+// result (BTARD adds random re-checks of the aggregators for that; not done here). Clipping
+// radii are per slice.
+template <class Inner>
+struct partitioned {
+  static_assert(check_aggregator<Inner>());
+  Inner inner{};
+
+  std::string describe() const { return detail::with_setting(describe_aggregator(inner), "partitioned"); }
+  bool per_partition() const { return true; }
+  bool averages_in_flight() const { return false; }
+  void combine(contributions in, std::span<float> out) { inner.combine(in, out); }
+};
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/aggregators.hpp ----
+// ---- begin decentrain/collective/any_aggregator.hpp ----
+// An aggregator chosen at run time (a command line's --aggregator): any aggregator behind one
+// type, and the parser for its specs:
+//   mean | median | trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R]
+// each with ",bucket=S[,seed=N]" (bucketing in random groups of S) and ",partitioned" (aggregated
+// per partition), for example "centered-clip:bucket=2", "median:partitioned", "trimmed-mean:trim=0.2".
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::collective {
+
+class any_aggregator {
+ public:
+  any_aggregator() : any_aggregator(mean{}) {}
+  template <class A>
+    requires(!std::same_as<std::remove_cvref_t<A>, any_aggregator>)
+  any_aggregator(A a)  // NOLINT: implicit, so any aggregator converts
+      : self_(std::make_shared<model<A>>(std::move(a))) {
+    static_assert(check_aggregator<A>());
+  }
+  any_aggregator(const any_aggregator& o) : self_(o.self_->clone()) {}
+  any_aggregator& operator=(const any_aggregator& o) {
+    if (this != &o) self_ = o.self_->clone();
+    return *this;
+  }
+  any_aggregator(any_aggregator&&) noexcept = default;
+  any_aggregator& operator=(any_aggregator&&) noexcept = default;
+
+  std::string describe() const { return self_->describe(); }
+  bool per_partition() const { return self_->per_partition(); }
+  bool averages_in_flight() const { return self_->averages_in_flight(); }
+  void combine(contributions in, std::span<float> out) { self_->combine(in, out); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual std::shared_ptr<base> clone() const = 0;
+    virtual std::string describe() const = 0;
+    virtual bool per_partition() const = 0;
+    virtual bool averages_in_flight() const = 0;
+    virtual void combine(contributions, std::span<float>) = 0;
+  };
+  template <class A>
+  struct model final : base {
+    explicit model(A a) : a(std::move(a)) {}
+    std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
+    std::string describe() const override { return describe_aggregator(a); }
+    bool per_partition() const override { return is_partitioned(a); }
+    bool averages_in_flight() const override { return collective::averages_in_flight(a); }
+    void combine(contributions in, std::span<float> out) override { a.combine(in, out); }
+    A a;
+  };
+  std::shared_ptr<base> self_;
+};
+
+namespace detail {
+template <class A>
+any_aggregator wrap_partition(A a, bool per_partition) {
+  if (per_partition) return partitioned<A>{std::move(a)};
+  return a;
+}
+}  // namespace detail
+
+inline const char* aggregator_names = "mean, median, trimmed-mean, centered-clip";
+
+// "centered-clip:iterations=3,bucket=2" -> the aggregator; an unknown name, setting or value is
+// an error naming it.
+inline any_aggregator parse_aggregator(std::string_view spec) {
+  using decentrain::detail::check;
+  using decentrain::detail::fail;
+  const auto colon = spec.find(':');
+  const std::string name(spec.substr(0, colon));
+  std::vector<std::pair<std::string, std::string>> settings;
+  bool partition = false;
+  std::size_t bucket = 0;
+  std::optional<std::uint64_t> seed;
+  auto number = [&](const std::string& key, const std::string& text) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == text.size() && used > 0 && std::isfinite(v), "--aggregator '", spec, "': ", key, " expects a number, got '",
+          text, "'");
+    return v;
+  };
+  auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
+    const double v = number(key, text);
+    check(v == std::floor(v) && v >= lo && v <= hi, "--aggregator '", spec, "': ", key, " must be a whole number in [", lo, ", ",
+          hi, "], got ", text);
+    return v;
+  };
+  if (colon != std::string_view::npos) {
+    const std::string rest(spec.substr(colon + 1));
+    for (std::size_t at = 0; at <= rest.size();) {
+      const auto comma = std::min(rest.find(',', at), rest.size());
+      const std::string p = rest.substr(at, comma - at);
+      at = comma + 1;
+      check(!p.empty(), "--aggregator '", spec, "': an empty setting");
+      const auto eq = p.find('=');
+      const std::string key = p.substr(0, eq), value = eq == std::string::npos ? "" : p.substr(eq + 1);
+      if (key == "partitioned" && eq == std::string::npos)
+        partition = true;
+      else if (key == "bucket")
+        bucket = static_cast<std::size_t>(whole(key, value, 1, 1 << 20));
+      else if (key == "seed")
+        seed = static_cast<std::uint64_t>(whole(key, value, 0, 9007199254740992.0));
+      else
+        settings.emplace_back(key, value);
+    }
+  }
+  auto unknown = [&](const std::string& key, const char* expected) {
+    fail("--aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
+  };
+  auto wrap = [&](auto a) -> any_aggregator {
+    check(!seed || bucket > 1, "--aggregator '", spec, "': seed=S goes with bucket=S (the groups' draw)");
+    if (bucket > 1) {
+      bucketing<decltype(a)> b;
+      b.size = bucket;
+      b.inner = a;
+      if (seed) b.seed = *seed;
+      return detail::wrap_partition(b, partition);
+    }
+    return detail::wrap_partition(a, partition);
+  };
+  if (name == "mean") {
+    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    return wrap(mean{});
+  }
+  if (name == "median") {
+    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    return wrap(median{});
+  }
+  if (name == "trimmed-mean") {
+    trimmed_mean a;
+    for (const auto& [k, v] : settings) {
+      if (k == "trim") {
+        a.trim = number(k, v);
+        check(a.trim >= 0 && a.trim < 0.5, "--aggregator '", spec, "': trim must be in [0, 0.5), got ", v);
+      } else {
+        unknown(k, "trim=F, bucket=S, partitioned");
+      }
+    }
+    return wrap(a);
+  }
+  if (name == "centered-clip") {
+    centered_clip a;
+    for (const auto& [k, v] : settings) {
+      if (k == "iterations")
+        a.iterations = static_cast<int>(whole(k, v, 1, 100));
+      else if (k == "radius") {
+        a.radius = number(k, v);
+        check(a.radius >= 0, "--aggregator '", spec, "': radius must be >= 0 (0: the median distance), got ", v);
+      } else {
+        unknown(k, "iterations=N, radius=R, bucket=S, partitioned");
+      }
+    }
+    return wrap(a);
+  }
+  fail("--aggregator '", spec, "': unknown aggregator '", name, "' (expected one of: ", aggregator_names, ")");
+}
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/any_aggregator.hpp ----
 // ---- begin decentrain/collective/communicator.hpp ----
 // Collectives over any transport endpoint: all-reduce (a chunked, pipelined ring for large
 // buffers; recursive doubling for small ones), broadcast, all-gather (+ combine) and barrier,
@@ -12936,6 +13395,31 @@ class communicator {
     for (int r = 0; r < world(); ++r)
       parts.push_back(std::span<const T>(all).subspan(static_cast<std::size_t>(r) * data.size(), data.size()));
     combine(std::span<const std::span<const T>>(parts), data);
+  }
+
+  // Every peer sends out[p] to peer p and receives in[p] from peer p, straight from the sender
+  // (no peer relays another's data, which robust aggregation needs: a relay could rewrite what
+  // it forwards). out[rank()] is copied into in[rank()]. in[p] must be exactly the size peer p
+  // sends here; a size that differs is an error naming p. Round k sends to rank + k and
+  // receives from rank - k, so every peer sends and receives once per round.
+  template <class T>
+  void all_to_all(std::span<const std::span<const T>> out, std::span<const std::span<T>> in) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_to_all: elements must be trivially copyable");
+    const int n = world(), r = rank();
+    decentrain::detail::check(out.size() == static_cast<std::size_t>(n) && in.size() == static_cast<std::size_t>(n),
+                              "all_to_all: needs one buffer per peer (", n, "), got ", out.size(), " to send and ", in.size(),
+                              " to receive");
+    decentrain::detail::check(out[static_cast<std::size_t>(r)].size() == in[static_cast<std::size_t>(r)].size(),
+                              "all_to_all: this peer's own part is ", out[static_cast<std::size_t>(r)].size(), " values sent and ",
+                              in[static_cast<std::size_t>(r)].size(), " received");
+    const auto tag = next_tag();
+    std::copy(out[static_cast<std::size_t>(r)].begin(), out[static_cast<std::size_t>(r)].end(), in[static_cast<std::size_t>(r)].begin());
+    naming_the_peer("all_to_all", [&] {
+      for (int k = 1; k < n; ++k) {
+        const int to = (r + k) % n, from = (r - k + n) % n;
+        exchange(to, out[static_cast<std::size_t>(to)], from, in[static_cast<std::size_t>(from)], tag, "all_to_all");
+      }
+    });
   }
 
   void barrier() {
@@ -13367,6 +13851,233 @@ class communicator {
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/communicator.hpp ----
+// ---- begin decentrain/collective/robust_all_reduce.hpp ----
+// Robust all-reduce: every peer's contribution, as sent, reaches the peers that aggregate it
+// (straight from its sender: no peer relays another's values, which it could rewrite), a
+// contribution holding a non-finite value is dropped, and the rest are combined by the
+// aggregator. What happened to each peer's contribution is reported, so a policy can tell which
+// peers send poison (aggregation_record::tally).
+//   gathered (the default): every peer receives every whole contribution and aggregates it
+//     itself: n - 1 times the buffer received per peer, and nobody has to be trusted.
+//   partitioned<A>: peer k aggregates slice k of everyone's buffer and sends it to all (see
+//     aggregators.hpp): the traffic of a ring all-reduce.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+
+namespace decentrain::collective {
+
+enum class verdict : std::uint8_t {
+  kept = 0,
+  non_finite = 1,  // held a NaN or an infinity: left out
+  malformed = 2,   // a payload its codec could not have written: left out
+};
+
+// One call's view of each peer's contribution (index = rank in the communicator used).
+struct aggregation_report {
+  std::vector<verdict> peers;
+  // |contribution - aggregate| (Euclidean, over the values kept) for a kept peer, 0 otherwise;
+  // empty when the contributions were summed on the way (mean over a ring) and never seen.
+  std::vector<double> distance;
+
+  int kept() const { return static_cast<int>(std::count(peers.begin(), peers.end(), verdict::kept)); }
+  // The median distance of the kept peers (0 when none): what "far" is measured against.
+  double typical_distance() const {
+    std::vector<double> d;
+    for (std::size_t p = 0; p < peers.size() && p < distance.size(); ++p)
+      if (peers[p] == verdict::kept) d.push_back(distance[p]);
+    if (d.empty()) return 0;
+    std::sort(d.begin(), d.end());
+    return d[(d.size() - 1) / 2];
+  }
+};
+
+// Across calls, per peer: how often its contribution was dropped, and how often it lay more than
+// far_factor times the typical distance from the aggregate (what a scaled, flipped or noisy
+// contribution does, and honest ones do not: they scatter around the aggregate alike).
+struct peer_tally {
+  double far_factor = 3.0;
+  std::int64_t calls = 0;
+  std::vector<std::int64_t> non_finite, malformed, far;
+
+  void add(const aggregation_report& r) {
+    const std::size_t n = r.peers.size();
+    if (non_finite.size() < n) {
+      non_finite.resize(n);
+      malformed.resize(n);
+      far.resize(n);
+    }
+    ++calls;
+    const double typical = r.distance.empty() ? 0.0 : r.typical_distance();
+    for (std::size_t p = 0; p < n; ++p) {
+      non_finite[p] += r.peers[p] == verdict::non_finite;
+      malformed[p] += r.peers[p] == verdict::malformed;
+      if (r.peers[p] == verdict::kept && typical > 0 && p < r.distance.size()) far[p] += r.distance[p] > far_factor * typical;
+    }
+  }
+  // Calls in which peer p's contribution was dropped or far away.
+  std::int64_t suspicious(std::size_t p) const {
+    return p < non_finite.size() ? non_finite[p] + malformed[p] + far[p] : 0;
+  }
+};
+
+// What a policy keeps across robust all-reduces: the last report, the tally, and the buffers
+// (reused, so a call allocates nothing once sizes settle).
+struct aggregation_record {
+  aggregation_report last;
+  peer_tally tally;
+  std::vector<float> workspace, own;
+  std::vector<std::vector<std::byte>> payloads;
+};
+
+namespace detail {
+// Whether every value is finite: x * 0 is 0 for a finite x and NaN otherwise. Eight sums so the
+// additions need not wait for each other.
+inline bool all_finite(std::span<const float> v) {
+  float acc[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8)
+    for (std::size_t k = 0; k < 8; ++k) acc[k] += v[i + k] * 0.0f;
+  for (; i < v.size(); ++i) acc[0] += v[i] * 0.0f;
+  float total = 0;
+  for (float a : acc) total += a;
+  return total == 0.0f;
+}
+
+// Drops the contributions that are not finite (verdicts already malformed stay so), aggregates
+// the rest into `out` (zeros when none is left), and writes each kept one's squared distance
+// to the result into `squared`.
+template <class Aggregator>
+void combine_kept(Aggregator& aggregator, contributions parts, std::span<float> out, std::span<verdict> verdicts,
+                  std::span<double> squared) {
+  std::vector<std::span<const float>> kept;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    squared[p] = 0;
+    if (verdicts[p] == verdict::kept && !all_finite(parts[p])) verdicts[p] = verdict::non_finite;
+    if (verdicts[p] == verdict::kept) kept.push_back(parts[p]);
+  }
+  if (kept.empty()) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    return;
+  }
+  aggregator.combine(contributions(kept), out);
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    if (verdicts[p] != verdict::kept) continue;
+    double s = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const double d = static_cast<double>(parts[p][i]) - out[i];
+      s += d * d;
+    }
+    squared[p] = s;
+  }
+}
+
+inline void finish_report(aggregation_report& r) {
+  for (auto& d : r.distance) d = std::sqrt(d);
+}
+}  // namespace detail
+
+// Aggregates the contributions `parts` (one per rank, each values.size()) into `values`, filling
+// the record's report: the step every robust path ends with, once the contributions are here.
+// `verdicts` may mark some as malformed beforehand.
+template <class Aggregator>
+void aggregate_gathered(Aggregator& aggregator, contributions parts, std::span<float> values, aggregation_record& record,
+                        std::span<const verdict> verdicts = {}) {
+  auto& r = record.last;
+  r.peers.assign(parts.size(), verdict::kept);
+  std::copy(verdicts.begin(), verdicts.end(), r.peers.begin());
+  r.distance.assign(parts.size(), 0.0);
+  detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance));
+  detail::finish_report(r);
+  record.tally.add(r);
+}
+
+// The aggregate of every peer's `values`, left in `values` on every peer; the same bits on
+// every peer when all are honest (a peer that sends different peers different values makes
+// them differ; their aggregates still stay within what the aggregator allows).
+template <class Aggregator, class Comm>
+void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> values, aggregation_record& record) {
+  static_assert(check_aggregator<Aggregator>());
+  const int n = comm.world(), me = comm.rank();
+  const auto nn = static_cast<std::size_t>(n);
+  const std::size_t size = values.size();
+  std::vector<std::span<const float>> out(nn);
+  std::vector<std::span<float>> in(nn);
+  auto& ws = record.workspace;
+  if (!is_partitioned(aggregator)) {
+    ws.resize(nn * size);
+    for (std::size_t p = 0; p < nn; ++p) {
+      out[p] = values;
+      in[p] = std::span<float>(ws).subspan(p * size, size);
+    }
+    comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
+    std::vector<std::span<const float>> parts(in.begin(), in.end());
+    aggregate_gathered(aggregator, contributions(parts), values, record);
+    return;
+  }
+  // Slices as the ring cuts them: the first size % n one value longer.
+  const std::size_t base = size / nn, extra = size % nn;
+  auto begin = [&](std::size_t k) { return k * base + std::min(k, extra); };
+  auto slice = [&](std::size_t k) { return values.subspan(begin(k), base + (k < extra ? 1 : 0)); };
+  const auto mine = slice(static_cast<std::size_t>(me));
+  ws.resize((nn + 1) * mine.size());
+  for (std::size_t p = 0; p < nn; ++p) {
+    out[p] = slice(p);
+    in[p] = std::span<float>(ws).subspan(p * mine.size(), mine.size());
+  }
+  comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
+  // This peer's slice of the result, its verdicts and squared distances (as doubles: 0, 1, 2).
+  const std::span<float> result = std::span<float>(ws).subspan(nn * mine.size(), mine.size());
+  std::vector<verdict> verdicts(nn, verdict::kept);
+  std::vector<double> squared(nn);
+  {
+    std::vector<std::span<const float>> parts(in.begin(), in.end());
+    detail::combine_kept(aggregator, contributions(parts), result, std::span<verdict>(verdicts), std::span<double>(squared));
+  }
+  for (std::size_t p = 0; p < nn; ++p) {
+    out[p] = result;
+    in[p] = slice(p);
+  }
+  comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
+  // Each aggregator's view of every peer, to every peer: 2n doubles.
+  std::vector<double> view(2 * nn), views(2 * nn * nn);
+  for (std::size_t p = 0; p < nn; ++p) {
+    view[2 * p] = static_cast<double>(verdicts[p]);
+    view[2 * p + 1] = squared[p];
+  }
+  std::vector<std::span<const double>> vout(nn, std::span<const double>(view));
+  std::vector<std::span<double>> vin(nn);
+  for (std::size_t k = 0; k < nn; ++k) vin[k] = std::span<double>(views).subspan(k * 2 * nn, 2 * nn);
+  comm.all_to_all(std::span<const std::span<const double>>(vout), std::span<const std::span<double>>(vin));
+  auto& r = record.last;
+  r.peers.assign(nn, verdict::kept);
+  r.distance.assign(nn, 0.0);
+  for (std::size_t k = 0; k < nn; ++k)  // slice k's aggregator
+    for (std::size_t p = 0; p < nn; ++p) {
+      const double v = views[k * 2 * nn + 2 * p], sq = views[k * 2 * nn + 2 * p + 1];
+      // A view that is not one of the three verdicts, or not a finite distance, is itself a sign
+      // of a bad aggregator: it counts against the aggregator, not against peer p.
+      if (!(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0) {
+        r.peers[k] = std::max(r.peers[k], verdict::malformed);
+        continue;
+      }
+      r.peers[p] = std::max(r.peers[p], static_cast<verdict>(static_cast<int>(v)));
+      r.distance[p] += sq;
+    }
+  for (std::size_t p = 0; p < nn; ++p)
+    if (r.peers[p] != verdict::kept) r.distance[p] = 0;
+  detail::finish_report(r);
+  record.tally.add(r);
+}
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/robust_all_reduce.hpp ----
+// ---- end decentrain/collective/collective.hpp ----
 // ---- begin decentrain/compress/compress.hpp ----
 // Everything in compress: the codec concept, all-reduce through a codec, the codecs, and their
 // GPU kernels when nvcc compiles.
@@ -13399,6 +14110,10 @@ class communicator {
 //     and ends with the same bits.
 //   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
 //     in rank order.
+// With an aggregator (the policies' slot): the mean sums on the way as above, and only when the
+// result holds a non-finite value is the call redone with each contribution seen (so the peer
+// that sent it is dropped and named); any other aggregator gets every contribution straight
+// from its sender (collective::robust_all_reduce; through a codec: each payload decoded alone).
 // Encoding and decoding are charged to the endpoint as compute (the thread's CPU time), so on
 // simulated links a codec pays for its work as it would on a real machine.
 
@@ -13683,6 +14398,89 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
     ring_all_reduce(codec, comm, values, average);
   else
     gathered_all_reduce(codec, comm, values, average);
+}
+
+// Every peer's payload, straight from its sender, decoded alone and aggregated. A payload the
+// codec rejects is left out (verdict malformed) rather than ending the call: one bad peer does
+// not stop the others.
+template <class Codec, class Aggregator, class Comm>
+void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> values, Aggregator& aggregator,
+                                collective::aggregation_record& record) {
+  const auto n = static_cast<std::size_t>(comm.world()), me = static_cast<std::size_t>(comm.rank());
+  const std::size_t bound = codec.max_encoded_bytes(values.size());
+  auto& payloads = record.payloads;
+  payloads.resize(n);
+  auto& mine = payloads[me];
+  mine.resize(bound);
+  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
+  decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
+  std::vector<std::uint64_t> sizes(n);
+  const std::uint64_t size = mine.size();
+  {
+    std::vector<std::span<const std::uint64_t>> out(n, std::span<const std::uint64_t>(&size, 1));
+    std::vector<std::span<std::uint64_t>> in(n);
+    for (std::size_t p = 0; p < n; ++p) in[p] = std::span<std::uint64_t>(&sizes[p], 1);
+    comm.all_to_all(std::span<const std::span<const std::uint64_t>>(out), std::span<const std::span<std::uint64_t>>(in));
+  }
+  for (std::size_t p = 0; p < n; ++p)
+    if (sizes[p] > bound)
+      transport::fail_peer(static_cast<int>(p), "all_reduce", "codec: peer ", p, " announced a payload of ", sizes[p],
+                           " bytes, over the bound of ", bound, " for ", values.size(), " values");
+  {
+    const std::vector<std::byte> own = mine;
+    std::vector<std::span<const std::byte>> out(n, std::span<const std::byte>(own));
+    std::vector<std::span<std::byte>> in(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      payloads[p].resize(static_cast<std::size_t>(sizes[p]));
+      in[p] = std::span<std::byte>(payloads[p]);
+    }
+    comm.all_to_all(std::span<const std::span<const std::byte>>(out), std::span<const std::span<std::byte>>(in));
+  }
+  auto& ws = record.workspace;
+  ws.assign(n * values.size(), 0.0f);
+  std::vector<std::span<const float>> parts(n);
+  std::vector<collective::verdict> verdicts(n, collective::verdict::kept);
+  for (std::size_t p = 0; p < n; ++p) {
+    const auto part = std::span<float>(ws).subspan(p * values.size(), values.size());
+    parts[p] = part;
+    try {
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[p]), part); });
+    } catch (const decentrain::error&) {
+      verdicts[p] = collective::verdict::malformed;
+    }
+  }
+  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts);
+}
+
+// all_reduce with an aggregator: `record` keeps what was seen of each peer (and the buffers).
+template <class Codec, class Aggregator, class Comm>
+void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
+                collective::aggregation_record& record) {
+  static_assert(collective::check_aggregator<Aggregator>());
+  const float world = static_cast<float>(comm.world());
+  if (collective::averages_in_flight(aggregator)) {
+    record.own.assign(values.begin(), values.end());
+    all_reduce(codec, comm, values, average);
+    if (collective::detail::all_finite(values)) {
+      record.last.peers.assign(static_cast<std::size_t>(comm.world()), collective::verdict::kept);
+      record.last.distance.clear();  // summed on the way: nothing seen of each peer
+      record.tally.add(record.last);
+      return;
+    }
+    // Every peer holds the same sum, so all of them come here together.
+    std::copy(record.own.begin(), record.own.end(), values.begin());
+    collective::mean m;
+    gathered_robust_all_reduce(codec, comm, values, m, record);
+  } else if (describe(codec) == "identity") {
+    collective::robust_all_reduce(aggregator, comm, values, record);
+  } else {
+    decentrain::detail::check(!collective::is_partitioned(aggregator), "aggregator '", collective::describe_aggregator(aggregator),
+                              "' aggregates per partition, which sends f32 values: use it with the identity codec, not '",
+                              describe(codec), "'");
+    gathered_robust_all_reduce(codec, comm, values, aggregator, record);
+  }
+  if (!average)
+    for (auto& v : values) v *= world;
 }
 
 }  // namespace decentrain::compress
@@ -15636,7 +16434,7 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 // ---- begin decentrain/comm/diloco.hpp ----
 // DiLoCo (Douillard et al., 2023): each peer runs H = inner_steps inner optimizer steps from the
 // shared global parameters; then the pseudo-gradient (global - local) is averaged across the
-// replicas (sent through Codec) and applied to the global parameters by an outer optimizer,
+// replicas (sent through Codec, combined by Aggregator) and applied to the global parameters by an outer optimizer,
 // Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
 // starts the next round from the new global parameters. Peers talk once per H steps instead of
 // every step.
@@ -15650,6 +16448,7 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 // The trainer calls, per peer:
 //   start(ctx)            once, before the first step (make every peer start from rank 0's model;
 //                         prepare_codec checks that every replica uses the same codec settings
+//                         and aggregator
 //                         and tells a codec that works per matrix the parameters' shapes)
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
@@ -15764,8 +16563,9 @@ void broadcast_parameters(Ctx& ctx, std::vector<float>& buffer) {
   scatter_values(ctx.parameters, buffer);
 }
 
-// What a policy does with its codec in start(): every replica must use the same settings
-// (compress::agree), and a codec that works per matrix learns the parameters' shapes.
+// What a policy does with its codec and aggregator in start(): every replica must use the same
+// codec settings and combine alike (one 16-byte comparison; where they differ, every peer fails
+// naming what differs), and a codec that works per matrix learns the parameters' shapes.
 template <class Device>
 compress::layout layout_of(const parameter_list<Device>& params) {
   compress::layout l;
@@ -15779,10 +16579,22 @@ compress::layout layout_of(const parameter_list<Device>& params) {
   }
   return l;
 }
+template <class Codec, class Aggregator, class Ctx>
+void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx) {
+  static_assert(collective::check_aggregator<Aggregator>());
+  if (!ctx.joined) {  // a joiner's members are mid-run
+    const std::string aggregation = collective::describe_aggregator(aggregator);
+    if (!ctx.replicas.all_same(decentrain::detail::fnv1a(compress::describe(codec) + " | " + aggregation))) {
+      compress::agree(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
+      decentrain::detail::fail("aggregator: the peers combine contributions differently (this one uses '", aggregation,
+                               "'); every peer must use the same aggregator");
+    }
+  }
+  compress::set_layout(codec, layout_of(ctx.parameters));
+}
 template <class Codec, class Ctx>
 void prepare_codec(Codec& codec, Ctx& ctx) {
-  if (!ctx.joined) compress::agree(codec, ctx.replicas);  // a joiner's members are mid-run
-  compress::set_layout(codec, layout_of(ctx.parameters));
+  prepare_codec(codec, collective::mean{}, ctx);
 }
 
 // A codec's state in the policy's checkpoint, where the codec has any.
@@ -15823,17 +16635,19 @@ struct sgd {
 };
 }  // namespace outer
 
-template <class Outer = outer::nesterov, class Codec = compress::identity>
+template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
 struct diloco {
   static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
                 "diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
   static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "diloco";
 
   std::int64_t inner_steps = 50;  // H: inner steps per round
   Outer outer_optimizer{};
   Codec codec{};
+  Aggregator aggregator{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -15841,7 +16655,7 @@ struct diloco {
     decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
                               "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
                               outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
-    prepare_codec(codec, ctx);
+    prepare_codec(codec, aggregator, ctx);
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -15859,7 +16673,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
     kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
                         outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
                         !momentum_started_);
@@ -15869,6 +16683,8 @@ struct diloco {
   }
 
   std::int64_t rounds() const { return rounds_; }
+  // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
 
   void save(io::checkpoint& c) const {
     c.tensors["comm.diloco.global"] = flat_tensor(global_);
@@ -15890,14 +16706,15 @@ struct diloco {
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
+  collective::aggregation_record aggregation_;
 };
 
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/diloco.hpp ----
 // ---- begin decentrain/comm/local_sgd.hpp ----
 // Local SGD (periodic averaging): replicas train on their own for `inner_steps` steps, then
-// replace their parameters by the average across replicas (sent through Codec). Optimizer state
-// stays local.
+// replace their parameters by the average across replicas (sent through Codec, combined by
+// Aggregator). Optimizer state stays local.
 
 #include <cstdint>
 #include <vector>
@@ -15905,19 +16722,21 @@ struct diloco {
 
 namespace decentrain::comm {
 
-template <class Codec = compress::identity>
+template <class Codec = compress::identity, class Aggregator = collective::mean>
 struct local_sgd {
   static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "local-sgd";
 
   std::int64_t inner_steps = 50;  // steps between averages
   Codec codec{};
+  Aggregator aggregator{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
-    prepare_codec(codec, ctx);
+    prepare_codec(codec, aggregator, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -15926,48 +16745,54 @@ struct local_sgd {
   void after_step(Ctx& ctx) {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_values(ctx.parameters, buffer_);
   }
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
   void save(io::checkpoint& c) const { save_codec(codec, c, "comm.local_sgd.codec."); }
   void load(const io::checkpoint& c) { load_codec(codec, c, "comm.local_sgd.codec."); }
 
  private:
   std::vector<float> buffer_;
+  collective::aggregation_record aggregation_;
 };
 
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/local_sgd.hpp ----
 // ---- begin decentrain/comm/sync_allreduce.hpp ----
 // The data-parallel baseline (DDP): every step, gradients are averaged across the replicas with
-// one all-reduce of the flattened gradient (through Codec), so every replica applies the same
-// update.
+// one all-reduce of the flattened gradient (through Codec, combined by Aggregator: the mean, or
+// a robust aggregator against peers that send poison), so every replica applies the same update.
 
 #include <vector>
 
 
 namespace decentrain::comm {
 
-template <class Codec = compress::identity>
+template <class Codec = compress::identity, class Aggregator = collective::mean>
 struct sync_allreduce {
   static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "sync";
 
   Codec codec{};
+  Aggregator aggregator{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
-    prepare_codec(codec, ctx);
+    prepare_codec(codec, aggregator, ctx);
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_grads(ctx.parameters, buffer_);
   }
+  // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
   void after_step(Ctx&) {}
   void save(io::checkpoint& c) const { save_codec(codec, c, "comm.sync.codec."); }
@@ -15975,6 +16800,7 @@ struct sync_allreduce {
 
  private:
   std::vector<float> buffer_;
+  collective::aggregation_record aggregation_;
 };
 
 }  // namespace decentrain::comm

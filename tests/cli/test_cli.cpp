@@ -606,6 +606,29 @@ TEST_CASE("train --codec: peers send their payloads through the codec named on t
   CHECK_THAT(bad.output, Contains("fp4 codec: block must be even and in [2, 2^24], got 3"));
 }
 
+TEST_CASE("train --aggregator: robust aggregation named on the command line, bad specs refused", "[cli][aggregator]") {
+  const auto dir = scratch("aggregator");
+  const std::string base = cli() + " train --peers 3 --comm diloco --inner-steps 5 --steps 20 --batch-size 4 --block-size 16"
+                                   " --n-layer 1 --n-embd 32 --n-head 2 --eval-every 20 --eval-batches 2 --metrics m.jsonl";
+  auto plain = run(base, dir);
+  REQUIRE(plain.status == 0);
+  auto clipped = run(base + " --aggregator centered-clip:partitioned", dir);
+  INFO(clipped.output);
+  REQUIRE(clipped.status == 0);
+  const auto val = [](const std::string& out) { return std::stod(last_line_with(out, "val loss ").substr(9)); };
+  CHECK(val(clipped.output) == Approx(val(plain.output)).epsilon(0.02));
+  CHECK_THAT(read_text(dir / "m.jsonl"), Contains("\"aggregator\":\"centered-clip:iterations=3,radius=0.000000,partitioned\""));
+  // Honest peers: nobody is named as sending poison.
+  CHECK_THAT(clipped.output, !Contains("contributions:"));
+  auto bad = run(base + " --aggregator krum", dir);
+  CHECK(bad.status == 1);
+  CHECK_THAT(bad.output, Contains("unknown aggregator 'krum'"));
+  bad = run(base + " --aggregator trimmed-mean:trim=0.7", dir);
+  CHECK_THAT(bad.output, Contains("trim must be in [0, 0.5), got 0.7"));
+  bad = run(base + " --aggregator median:partitioned --codec int8", dir);
+  CHECK_THAT(bad.output, Contains("aggregates per partition, which sends f32 values: it needs --codec identity"));
+}
+
 namespace {
 // Three TCP peers with --elastic on loopback; once peer 2 has written `after` step lines to its
 // metrics, `attack` is sent to it (by PID, and only to it). Every process is bounded by
