@@ -4,7 +4,7 @@
 // attackers of each kind in bench/attacks.hpp, and every run's final validation loss (peer 0,
 // an honest peer) is compared with the clean run under the mean.
 //
-//   bench_byzantine [--data FILE] [--steps 300] [--peers 8] [--modes sync,diloco] [--inner-steps 10]
+//   bench_byzantine [--data FILE] [--steps 200] [--peers 8] [--modes sync,diloco] [--inner-steps 10]
 //                   [--aggregators "mean;median;trimmed-mean;centered-clip"]
 //                   [--attacks non-finite,scaled,sign-flip,noise,alie] [--attackers 1,2]
 //                   [--seed 1337] [--json PATH]
@@ -24,6 +24,7 @@
 #include "args.hpp"
 #include "attacks.hpp"
 #include "output_file.hpp"
+#include "shakespeare_recipe.hpp"
 
 namespace dt = decentrain;
 
@@ -95,33 +96,17 @@ int main(int argc, char** argv) try {
   for (const auto& m : modes) dt::detail::check(m == "sync" || m == "diloco", "unknown mode '", m, "' (sync, diloco)");
   for (int c : counts) dt::detail::check(c >= 0 && 2 * c < peers, "--attackers: ", c, " of ", peers, " is not a minority");
 
-  // bench/diloco_vs_ddp's settings (nanoGPT's CPU recipe), per peer.
-  dt::train::trainer_options opts;
-  opts.steps = std::stoll(value("steps", "300"));
-  opts.batch_size = 12;
-  opts.block_size = 64;
-  opts.lr = 1e-3;
-  opts.min_lr = 1e-4;
-  opts.warmup_steps = std::min<std::int64_t>(100, opts.steps / 10);
-  opts.beta2 = 0.99;
-  opts.weight_decay = 0.1;
-  opts.grad_clip = 1.0;
+  // bench/diloco_vs_ddp's model, data and settings (bench/shakespeare_recipe.hpp).
+  auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "200")));
   opts.eval_every = opts.steps;
   opts.eval_batches = std::stoll(value("eval-batches", "25"));
   opts.seed = std::stoull(value("seed", std::to_string(opts.seed)));
   cli.finish();
   bench::output_file json(json_path);
 
-  const std::string text = dt::io::read_file(path);
-  auto tok = dt::data::char_tokenizer::from_text(text);
-  const dt::data::token_dataset data(tok.encode(text), 0.1);
-  dt::nn::gpt_config cfg;
-  cfg.n_layer = 4;
-  cfg.n_head = 4;
-  cfg.n_embd = 128;
-  cfg.block_size = 64;
-  cfg.vocab_size = tok.vocab_size();
-  cfg.dropout = 0.0;
+  const auto recipe = bench::shakespeare_recipe::load(path);
+  const auto& data = recipe.data;
+  const auto& cfg = recipe.model;
 
   using aggregator = dt::collective::any_aggregator;
   std::vector<outcome> outcomes;

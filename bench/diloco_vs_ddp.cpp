@@ -25,6 +25,7 @@
 #include "decentrain/decentrain.hpp"
 #include "args.hpp"
 #include "output_file.hpp"
+#include "shakespeare_recipe.hpp"
 
 namespace dt = decentrain;
 
@@ -78,18 +79,7 @@ int main(int argc, char** argv) try {
     for (const auto& c : codecs) (void)dt::compress::parse_codec(c);  // a bad spec fails before any run
   }
 
-  // nanoGPT's CPU recipe for tinyshakespeare (4 layers, 4 heads, 128 wide, block 64, batch 12,
-  // lr 1e-3, no dropout), per peer.
-  dt::train::trainer_options opts;
-  opts.steps = std::stoll(value("steps", "2000"));
-  opts.batch_size = 12;
-  opts.block_size = 64;
-  opts.lr = 1e-3;
-  opts.min_lr = 1e-4;
-  opts.warmup_steps = std::min<std::int64_t>(100, opts.steps / 10);
-  opts.beta2 = 0.99;
-  opts.weight_decay = 0.1;
-  opts.grad_clip = 1.0;
+  auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "2000")));
   opts.eval_every = std::stoll(value("eval-every", "100"));
   opts.eval_batches = std::stoll(value("eval-batches", "25"));
   opts.seed = std::stoull(value("seed", std::to_string(opts.seed)));  // model init and data order
@@ -98,16 +88,9 @@ int main(int argc, char** argv) try {
   // Opened first: a bad path fails before the hours of training.
   bench::output_file json(json_path), curves(curves_path);
 
-  const std::string text = dt::io::read_file(path);
-  auto tok = dt::data::char_tokenizer::from_text(text);
-  const dt::data::token_dataset data(tok.encode(text), 0.1);
-  dt::nn::gpt_config cfg;
-  cfg.n_layer = 4;
-  cfg.n_head = 4;
-  cfg.n_embd = 128;
-  cfg.block_size = 64;
-  cfg.vocab_size = tok.vocab_size();
-  cfg.dropout = 0.0;
+  const auto recipe = bench::shakespeare_recipe::load(path);
+  const auto& data = recipe.data;
+  const auto& cfg = recipe.model;
 
   std::vector<outcome> outcomes;
   using codec = dt::compress::any_codec;

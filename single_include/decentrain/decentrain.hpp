@@ -12956,6 +12956,66 @@ struct partitioned {
 #include <utility>
 #include <vector>
 
+// ---- begin decentrain/detail/spec.hpp ----
+// A command line's "NAME[:SETTING,...]" spec (--codec, --aggregator): split into the name and
+// its settings (KEY=VALUE, or a bare KEY), numbers read strictly, every error naming the flag,
+// the spec and the setting.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::detail {
+
+struct spec {
+  std::string flag;  // "--codec", for messages
+  std::string text;  // the whole spec, for messages
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> settings;  // in order; a bare KEY has no '=' and an empty value
+
+  spec(std::string flag_name, std::string_view s) : flag(std::move(flag_name)), text(s) {
+    const auto colon = s.find(':');
+    name = std::string(s.substr(0, colon));
+    if (colon == std::string_view::npos) return;
+    const std::string rest(s.substr(colon + 1));
+    for (std::size_t at = 0; at <= rest.size();) {
+      const auto comma = std::min(rest.find(',', at), rest.size());
+      const std::string p = rest.substr(at, comma - at);
+      at = comma + 1;
+      check(!p.empty(), flag, " '", text, "': an empty setting");
+      const auto eq = p.find('=');
+      settings.emplace_back(p.substr(0, eq), eq == std::string::npos ? "" : p.substr(eq + 1));
+    }
+  }
+
+  double number(const std::string& key, const std::string& value) const {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == value.size() && used > 0 && std::isfinite(v), flag, " '", text, "': ", key, " expects a number, got '", value,
+          "'");
+    return v;
+  }
+  std::uint64_t whole(const std::string& key, const std::string& value, double lo, double hi) const {
+    const double v = number(key, value);
+    check(v == std::floor(v) && v >= lo && v <= hi, flag, " '", text, "': ", key, " must be a whole number in [", lo, ", ", hi,
+          "], got ", value);
+    return static_cast<std::uint64_t>(v);
+  }
+};
+
+}  // namespace decentrain::detail
+// ---- end decentrain/detail/spec.hpp ----
 
 namespace decentrain::collective {
 
@@ -13018,48 +13078,25 @@ inline const char* aggregator_names = "mean, median, trimmed-mean, centered-clip
 inline any_aggregator parse_aggregator(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const auto colon = spec.find(':');
-  const std::string name(spec.substr(0, colon));
+  const decentrain::detail::spec parsed("--aggregator", spec);
+  const std::string& name = parsed.name;
   std::vector<std::pair<std::string, std::string>> settings;
   bool partition = false;
   std::size_t bucket = 0;
   std::optional<std::uint64_t> seed;
-  auto number = [&](const std::string& key, const std::string& text) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    check(used == text.size() && used > 0 && std::isfinite(v), "--aggregator '", spec, "': ", key, " expects a number, got '",
-          text, "'");
-    return v;
-  };
+  auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
   auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
-    const double v = number(key, text);
-    check(v == std::floor(v) && v >= lo && v <= hi, "--aggregator '", spec, "': ", key, " must be a whole number in [", lo, ", ",
-          hi, "], got ", text);
-    return v;
+    return parsed.whole(key, text, lo, hi);
   };
-  if (colon != std::string_view::npos) {
-    const std::string rest(spec.substr(colon + 1));
-    for (std::size_t at = 0; at <= rest.size();) {
-      const auto comma = std::min(rest.find(',', at), rest.size());
-      const std::string p = rest.substr(at, comma - at);
-      at = comma + 1;
-      check(!p.empty(), "--aggregator '", spec, "': an empty setting");
-      const auto eq = p.find('=');
-      const std::string key = p.substr(0, eq), value = eq == std::string::npos ? "" : p.substr(eq + 1);
-      if (key == "partitioned" && eq == std::string::npos)
-        partition = true;
-      else if (key == "bucket")
-        bucket = static_cast<std::size_t>(whole(key, value, 1, 1 << 20));
-      else if (key == "seed")
-        seed = static_cast<std::uint64_t>(whole(key, value, 0, 9007199254740992.0));
-      else
-        settings.emplace_back(key, value);
-    }
+  for (const auto& [key, value] : parsed.settings) {
+    if (key == "partitioned" && value.empty())
+      partition = true;
+    else if (key == "bucket")
+      bucket = static_cast<std::size_t>(whole(key, value, 1, 1 << 20));
+    else if (key == "seed")
+      seed = whole(key, value, 0, 9007199254740992.0);
+    else
+      settings.emplace_back(key, value);
   }
   auto unknown = [&](const std::string& key, const char* expected) {
     fail("--aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
@@ -16039,44 +16076,20 @@ inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, t
 inline any_codec parse_codec(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const auto colon = spec.find(':');
-  const std::string name(spec.substr(0, colon));
-  std::vector<std::string> parts;
-  if (colon != std::string_view::npos) {
-    std::string rest(spec.substr(colon + 1));
-    for (std::size_t at = 0; at <= rest.size();) {
-      const auto comma = std::min(rest.find(',', at), rest.size());
-      parts.push_back(rest.substr(at, comma - at));
-      at = comma + 1;
-    }
-  }
+  const decentrain::detail::spec parsed("--codec", spec);
+  const std::string& name = parsed.name;
   bool ef = false, adapt = false;
   std::vector<std::pair<std::string, std::string>> settings;
-  for (const auto& p : parts) {
-    check(!p.empty(), "--codec '", spec, "': an empty setting");
-    if (p == "ef" || p == "adaptive") {
-      (p == "ef" ? ef : adapt) = true;
+  for (const auto& [key, value] : parsed.settings) {
+    if ((key == "ef" || key == "adaptive") && value.empty()) {
+      (key == "ef" ? ef : adapt) = true;
       continue;
     }
-    const auto eq = p.find('=');
-    settings.emplace_back(p.substr(0, eq), eq == std::string::npos ? "" : p.substr(eq + 1));
+    settings.emplace_back(key, value);
   }
-  auto number = [&](const std::string& key, const std::string& text) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    check(used == text.size() && used > 0 && std::isfinite(v), "--codec '", spec, "': ", key, " expects a number, got '", text, "'");
-    return v;
-  };
+  auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
   auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
-    const double v = number(key, text);
-    check(v == std::floor(v) && v >= lo && v <= hi, "--codec '", spec, "': ", key, " must be a whole number in [", lo, ", ", hi,
-          "], got ", text);
-    return static_cast<std::uint64_t>(v);
+    return parsed.whole(key, text, lo, hi);
   };
   auto unknown = [&](const std::string& key, const char* allowed) {
     fail("--codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");

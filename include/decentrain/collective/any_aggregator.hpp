@@ -17,6 +17,7 @@
 
 #include "decentrain/collective/aggregators.hpp"
 #include "decentrain/detail/error.hpp"
+#include "decentrain/detail/spec.hpp"
 
 namespace decentrain::collective {
 
@@ -79,48 +80,25 @@ inline const char* aggregator_names = "mean, median, trimmed-mean, centered-clip
 inline any_aggregator parse_aggregator(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const auto colon = spec.find(':');
-  const std::string name(spec.substr(0, colon));
+  const decentrain::detail::spec parsed("--aggregator", spec);
+  const std::string& name = parsed.name;
   std::vector<std::pair<std::string, std::string>> settings;
   bool partition = false;
   std::size_t bucket = 0;
   std::optional<std::uint64_t> seed;
-  auto number = [&](const std::string& key, const std::string& text) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    check(used == text.size() && used > 0 && std::isfinite(v), "--aggregator '", spec, "': ", key, " expects a number, got '",
-          text, "'");
-    return v;
-  };
+  auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
   auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
-    const double v = number(key, text);
-    check(v == std::floor(v) && v >= lo && v <= hi, "--aggregator '", spec, "': ", key, " must be a whole number in [", lo, ", ",
-          hi, "], got ", text);
-    return v;
+    return parsed.whole(key, text, lo, hi);
   };
-  if (colon != std::string_view::npos) {
-    const std::string rest(spec.substr(colon + 1));
-    for (std::size_t at = 0; at <= rest.size();) {
-      const auto comma = std::min(rest.find(',', at), rest.size());
-      const std::string p = rest.substr(at, comma - at);
-      at = comma + 1;
-      check(!p.empty(), "--aggregator '", spec, "': an empty setting");
-      const auto eq = p.find('=');
-      const std::string key = p.substr(0, eq), value = eq == std::string::npos ? "" : p.substr(eq + 1);
-      if (key == "partitioned" && eq == std::string::npos)
-        partition = true;
-      else if (key == "bucket")
-        bucket = static_cast<std::size_t>(whole(key, value, 1, 1 << 20));
-      else if (key == "seed")
-        seed = static_cast<std::uint64_t>(whole(key, value, 0, 9007199254740992.0));
-      else
-        settings.emplace_back(key, value);
-    }
+  for (const auto& [key, value] : parsed.settings) {
+    if (key == "partitioned" && value.empty())
+      partition = true;
+    else if (key == "bucket")
+      bucket = static_cast<std::size_t>(whole(key, value, 1, 1 << 20));
+    else if (key == "seed")
+      seed = whole(key, value, 0, 9007199254740992.0);
+    else
+      settings.emplace_back(key, value);
   }
   auto unknown = [&](const std::string& key, const char* expected) {
     fail("--aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");

@@ -35,6 +35,7 @@
 #include "decentrain/compress/powersgd.hpp"
 #include "decentrain/compress/sign.hpp"
 #include "decentrain/compress/top_k.hpp"
+#include "decentrain/detail/spec.hpp"
 #include "decentrain/io/checkpoint.hpp"
 #include "decentrain/transport/endpoint.hpp"
 
@@ -116,44 +117,20 @@ inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, t
 inline any_codec parse_codec(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const auto colon = spec.find(':');
-  const std::string name(spec.substr(0, colon));
-  std::vector<std::string> parts;
-  if (colon != std::string_view::npos) {
-    std::string rest(spec.substr(colon + 1));
-    for (std::size_t at = 0; at <= rest.size();) {
-      const auto comma = std::min(rest.find(',', at), rest.size());
-      parts.push_back(rest.substr(at, comma - at));
-      at = comma + 1;
-    }
-  }
+  const decentrain::detail::spec parsed("--codec", spec);
+  const std::string& name = parsed.name;
   bool ef = false, adapt = false;
   std::vector<std::pair<std::string, std::string>> settings;
-  for (const auto& p : parts) {
-    check(!p.empty(), "--codec '", spec, "': an empty setting");
-    if (p == "ef" || p == "adaptive") {
-      (p == "ef" ? ef : adapt) = true;
+  for (const auto& [key, value] : parsed.settings) {
+    if ((key == "ef" || key == "adaptive") && value.empty()) {
+      (key == "ef" ? ef : adapt) = true;
       continue;
     }
-    const auto eq = p.find('=');
-    settings.emplace_back(p.substr(0, eq), eq == std::string::npos ? "" : p.substr(eq + 1));
+    settings.emplace_back(key, value);
   }
-  auto number = [&](const std::string& key, const std::string& text) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    check(used == text.size() && used > 0 && std::isfinite(v), "--codec '", spec, "': ", key, " expects a number, got '", text, "'");
-    return v;
-  };
+  auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
   auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
-    const double v = number(key, text);
-    check(v == std::floor(v) && v >= lo && v <= hi, "--codec '", spec, "': ", key, " must be a whole number in [", lo, ", ", hi,
-          "], got ", text);
-    return static_cast<std::uint64_t>(v);
+    return parsed.whole(key, text, lo, hi);
   };
   auto unknown = [&](const std::string& key, const char* allowed) {
     fail("--codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
