@@ -26,7 +26,9 @@ void save(Archive& ar, const tensor<cpu>& t) {
   decentrain::detail::check(t.defined(), "cannot serialize an undefined tensor");
   const auto c = t.contiguous();
   ar(static_cast<std::uint8_t>(c.dtype()), c.shape().sizes());
-  ar(cereal::binary_data(c.raw_data(), c.nbytes()));
+  // As bytes: cereal's portable archive takes the element size from the pointer's type, and a
+  // void pointer's (a GCC extension) does not compile with clang.
+  ar(cereal::binary_data(static_cast<const unsigned char*>(c.raw_data()), c.nbytes()));
 }
 
 template <class Archive>
@@ -44,7 +46,7 @@ void load(Archive& ar, tensor<cpu>& t) {
     numel *= s;
   }
   t = tensor<cpu>::empty(shape(sizes), static_cast<dtype>(code));
-  ar(cereal::binary_data(t.raw_data(), t.nbytes()));
+  ar(cereal::binary_data(static_cast<unsigned char*>(t.raw_data()), t.nbytes()));
 }
 
 // rng streams: name and the 256-bit state.
