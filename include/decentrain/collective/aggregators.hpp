@@ -104,6 +104,16 @@ inline void sort_small(std::span<float> v) {
   }
 }
 
+// sum_i (a_i - b_i)^2, in double: the distances clipping and the reports are made of.
+inline double squared_distance(std::span<const float> a, std::span<const float> b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    s += d * d;
+  }
+  return s;
+}
+
 inline void coordinate_median(contributions in, std::span<float> out) {
   by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
     sort_small(v);
@@ -185,14 +195,7 @@ struct centered_clip {
     detail::coordinate_median(in, out);
     std::vector<double> distance(n), weight(n);
     auto distances = [&] {
-      for (std::size_t p = 0; p < n; ++p) {
-        double s = 0;
-        for (std::size_t i = 0; i < out.size(); ++i) {
-          const double d = static_cast<double>(in[p][i]) - out[i];
-          s += d * d;
-        }
-        distance[p] = std::sqrt(s);
-      }
+      for (std::size_t p = 0; p < n; ++p) distance[p] = std::sqrt(detail::squared_distance(in[p], out));
     };
     distances();
     double tau = radius;

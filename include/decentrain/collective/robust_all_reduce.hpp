@@ -116,15 +116,8 @@ void combine_kept(Aggregator& aggregator, contributions parts, std::span<float> 
     return;
   }
   aggregator.combine(contributions(kept), out);
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    if (verdicts[p] != verdict::kept) continue;
-    double s = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const double d = static_cast<double>(parts[p][i]) - out[i];
-      s += d * d;
-    }
-    squared[p] = s;
-  }
+  for (std::size_t p = 0; p < parts.size(); ++p)
+    if (verdicts[p] == verdict::kept) squared[p] = squared_distance(parts[p], out);
 }
 
 inline void finish_report(aggregation_report& r) {
