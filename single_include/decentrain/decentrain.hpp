@@ -1287,9 +1287,16 @@ class shape {
   friend std::ostream& operator<<(std::ostream& os, const shape& s) { return os << s.to_string(); }
 
  private:
+  // Every stride (a product of trailing sizes, zeros counted as ones) must fit an int64: a shape
+  // such as [0, 2^40, 2^40] holds nothing, yet its strides would overflow (found by fuzzing a
+  // checkpoint reader).
   void validate() const {
-    for (auto s : sizes_)
+    std::int64_t span = 1;
+    for (auto s : sizes_) {
       detail::check(s >= 0, "negative dimension ", s, " in shape ", to_string());
+      detail::check(!__builtin_mul_overflow(span, std::max<std::int64_t>(s, 1), &span), "shape ", to_string(),
+                    " has more elements than an int64 can count");
+    }
   }
   std::vector<std::int64_t> sizes_;
 };
@@ -8535,13 +8542,104 @@ class background_writer {
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <istream>
 #include <ostream>
 #include <streambuf>
 #include <string>
 #include <string_view>
 #include <vector>
 
+// ---- begin decentrain/detail/bounded_archive.hpp ----
+// Reading cereal portable-binary bytes that came from outside (a peer, a file): the same format
+// as cereal::PortableBinaryInputArchive, with two checks it lacks, found by fuzzing (fuzz/):
+// - a container's length is at most the bytes left to read (every element takes at least one),
+//   so a length field cannot make the reader allocate more than a multiple of what was sent
+//   (cereal resizes a string or vector to the length it reads before reading the elements);
+// - a bool is the byte 0 or 1 (cereal copies the byte into the bool: any other is undefined
+//   behaviour).
+// Failures are decentrain::error. Writers keep cereal::PortableBinaryOutputArchive.
+
+#include <cereal/cereal.hpp>
+#include <cereal/details/helpers.hpp>
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+
+namespace decentrain::detail {
+
+class bounded_input_archive : public cereal::InputArchive<bounded_input_archive, cereal::AllowEmptyClassElision> {
+ public:
+  // `what` names the source in errors ("checkpoint from peer 3").
+  bounded_input_archive(std::string_view data, std::string_view what)
+      : cereal::InputArchive<bounded_input_archive, cereal::AllowEmptyClassElision>(this), data_(data), what_(what) {
+    std::uint8_t little = 0;
+    load_bytes(&little, 1, 1);
+    check(little <= 1, what_, ": bad byte-order flag ", int(little));
+    swap_ = (little == 1) != (std::endian::native == std::endian::little);
+  }
+
+  std::size_t remaining() const { return data_.size() - at_; }
+  std::string_view what() const { return what_; }
+
+  void load_bytes(void* out, std::size_t size, std::size_t element) {
+    check(size <= remaining(), what_, ": truncated (", size, " bytes wanted at offset ", at_, ", ", remaining(), " left)");
+    if (size == 0) return;  // (an empty string's data() may be null)
+    std::memcpy(out, data_.data() + at_, size);
+    at_ += size;
+    if (swap_ && element > 1)
+      for (std::size_t i = 0; i < size; i += element) {
+        auto* p = static_cast<unsigned char*>(out) + i;
+        for (std::size_t a = 0, b = element - 1; a < b; ++a, --b) std::swap(p[a], p[b]);
+      }
+  }
+
+ private:
+  std::string_view data_;
+  std::size_t at_ = 0;
+  std::string_view what_;
+  bool swap_ = false;
+};
+
+template <class T>
+  requires(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
+void CEREAL_LOAD_FUNCTION_NAME(bounded_input_archive& ar, T& t) {
+  ar.load_bytes(&t, sizeof t, sizeof t);
+}
+
+inline void CEREAL_LOAD_FUNCTION_NAME(bounded_input_archive& ar, bool& b) {
+  std::uint8_t byte = 0;
+  ar.load_bytes(&byte, 1, 1);
+  check(byte <= 1, ar.what(), ": a flag holds ", int(byte), ", not 0 or 1");
+  b = byte == 1;
+}
+
+template <class T>
+void CEREAL_SERIALIZE_FUNCTION_NAME(bounded_input_archive& ar, cereal::NameValuePair<T>& t) {
+  ar(t.value);
+}
+
+template <class T>
+void CEREAL_SERIALIZE_FUNCTION_NAME(bounded_input_archive& ar, cereal::SizeTag<T>& t) {
+  ar(t.size);
+  check(static_cast<std::uint64_t>(t.size) <= ar.remaining(), ar.what(), ": a length of ", static_cast<std::uint64_t>(t.size),
+        " with only ", ar.remaining(), " bytes left");
+}
+
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(bounded_input_archive& ar, cereal::BinaryData<T>& bd) {
+  using element = std::remove_cv_t<std::remove_pointer_t<T>>;
+  ar.load_bytes(const_cast<void*>(static_cast<const void*>(bd.data)), static_cast<std::size_t>(bd.size), sizeof(element));
+}
+
+}  // namespace decentrain::detail
+
+CEREAL_REGISTER_ARCHIVE(decentrain::detail::bounded_input_archive)
+// ---- end decentrain/detail/bounded_archive.hpp ----
 // ---- begin decentrain/io/tensor_archive.hpp ----
 // cereal glue for tensors and rng streams. A tensor is stored as dtype code, sizes and raw
 // little-endian bytes; loading checks every field, so a damaged archive fails with a message
@@ -8587,6 +8685,11 @@ void load(Archive& ar, tensor<cpu>& t) {
                   "archive: implausible tensor size ", s);
     numel *= s;
   }
+  // An archive that knows how much is left (detail::bounded_input_archive) refuses a size it
+  // cannot hold before allocating for it.
+  if constexpr (requires { ar.remaining(); })
+    decentrain::detail::check(static_cast<std::uint64_t>(numel) * dtype_size(static_cast<dtype>(code)) <= ar.remaining(),
+                              "archive: a tensor of ", numel, " elements, with only ", ar.remaining(), " bytes left");
   t = tensor<cpu>::empty(shape(sizes), static_cast<dtype>(code));
   ar(cereal::binary_data(static_cast<unsigned char*>(t.raw_data()), t.nbytes()));
 }
@@ -8644,7 +8747,7 @@ inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t v
 }
 
 namespace streams {
-// Stream buffers straight over the checkpoint's bytes: a large model's state is gigabytes, and
+// A stream buffer straight into the checkpoint's bytes: a large model's state is gigabytes, and
 // string streams would copy it three times over (figures: bench/RESULTS.md, bench/faults).
 class string_sink : public std::streambuf {
  public:
@@ -8664,13 +8767,6 @@ class string_sink : public std::streambuf {
   std::string& out_;
 };
 
-class memory_source : public std::streambuf {
- public:
-  explicit memory_source(std::string_view data) {
-    char* p = const_cast<char*>(data.data());  // only read: the get area is never written
-    setg(p, p, p + data.size());
-  }
-};
 // `bytes` little-endian bytes of `data` from `at` (a header field).
 inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
   std::uint64_t v = 0;
@@ -8733,9 +8829,7 @@ inline checkpoint decode_checkpoint(std::string_view data, const std::string& wh
                             " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
-    streams::memory_source source(body);
-    std::istream in(&source);
-    cereal::PortableBinaryInputArchive ar(in);
+    decentrain::detail::bounded_input_archive ar(body, where);
     ar(ckpt);
   } catch (const std::exception& e) {
     // cereal's own errors, our field checks, and bad_alloc/length_error from a container length
@@ -8980,6 +9074,7 @@ inline std::string json_quote(std::string_view s) {
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 
@@ -9058,11 +9153,10 @@ inline void save_safetensors(const std::filesystem::path& path, const named_tens
   write_file_atomically(path, file);
 }
 
-// Every tensor in the file; `metadata` (optional) receives the __metadata__ strings.
-inline named_tensors load_safetensors(const std::filesystem::path& path,
-                                      std::map<std::string, std::string>* metadata = nullptr) {
-  const std::string file = read_file(path);
-  const std::string where = "safetensors " + path.string();
+// Every tensor in `file`, the bytes of a safetensors file; `where` names it in errors and
+// `metadata` (optional) receives the __metadata__ strings.
+inline named_tensors parse_safetensors(std::string_view file, const std::string& where,
+                                       std::map<std::string, std::string>* metadata = nullptr) {
   decentrain::detail::check(file.size() >= 8, where, " is truncated (", file.size(), " bytes)");
   std::uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= static_cast<std::uint64_t>(static_cast<unsigned char>(file[static_cast<std::size_t>(i)])) << (8 * i);
@@ -9071,7 +9165,7 @@ inline named_tensors load_safetensors(const std::filesystem::path& path,
                             " bytes after the length");
   json_value header;
   try {
-    header = parse_json(std::string_view(file).substr(8, header_size));
+    header = parse_json(file.substr(8, header_size));
   } catch (const error& e) {
     decentrain::detail::fail(where, ": bad header: ", e.what());
   }
@@ -9114,6 +9208,12 @@ inline named_tensors load_safetensors(const std::filesystem::path& path,
     }
   }
   return out;
+}
+
+// Every tensor in the file at `path`; `metadata` (optional) receives the __metadata__ strings.
+inline named_tensors load_safetensors(const std::filesystem::path& path,
+                                      std::map<std::string, std::string>* metadata = nullptr) {
+  return parse_safetensors(read_file(path), "safetensors " + path.string(), metadata);
 }
 
 }  // namespace decentrain::io
@@ -9701,8 +9801,8 @@ static_assert(endpoint<any_endpoint>);
 // length in its first 24 bytes, then the frame's 16-byte authentication tag, zeros when the run
 // has no key (transport/auth.hpp), zeros after), the body, and zeros up to the next multiple of
 // 64 bytes, so every body starts 64-byte aligned in the stream (see frame_alignment). Control
-// bodies (hello, directory) are cereal portable-binary archives whose strings and lists are read
-// through bounded loaders; data bodies are the raw bytes a collective sent. Everything here treats its input as hostile: sizes are checked before
+// bodies (hello, directory) are cereal portable-binary archives, read with
+// detail::bounded_input_archive and bounded loaders for strings and lists; data bodies are the raw bytes a collective sent. Everything here treats its input as hostile: sizes are checked before
 // anything is allocated, and every failure is a decentrain::error naming what was wrong.
 
 #include <cereal/archives/portable_binary.hpp>
@@ -10183,8 +10283,7 @@ template <class T>
 T decode_body(const bytes& body, const char* what) {
   T message;
   try {
-    std::istringstream in(std::string(reinterpret_cast<const char*>(body.data()), body.size()), std::ios::binary);
-    cereal::PortableBinaryInputArchive ar(in);
+    decentrain::detail::bounded_input_archive ar(std::string_view(reinterpret_cast<const char*>(body.data()), body.size()), what);
     ar(message);
   } catch (const decentrain::error& e) {
     decentrain::detail::fail("frame: malformed ", what, ": ", e.what());
@@ -12779,7 +12878,8 @@ inline void coordinate_median(contributions in, std::span<float> out) {
   by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
     sort_small(v);
     const std::size_t h = v.size() / 2;
-    out[i] = v.size() % 2 ? v[h] : 0.5f * (v[h - 1] + v[h]);
+    // (in double: two large finite values would overflow a float sum)
+    out[i] = v.size() % 2 ? v[h] : static_cast<float>(0.5 * (static_cast<double>(v[h - 1]) + v[h]));
   });
 }
 }  // namespace detail
@@ -12823,12 +12923,11 @@ struct trimmed_mean {
   void combine(contributions in, std::span<float> out) {
     detail::check_shapes(in, out, "trimmed_mean");
     const std::size_t b = trimmed(in.size()), kept = in.size() - 2 * b;
-    const float scale = 1.0f / static_cast<float>(kept);
     detail::by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
       detail::sort_small(v);
-      float sum = 0;
+      double sum = 0;  // a float sum of large finite values could overflow; their mean cannot
       for (std::size_t j = b; j < b + kept; ++j) sum += v[j];
-      out[i] = sum * scale;
+      out[i] = static_cast<float>(sum / static_cast<double>(kept));
     });
   }
 };
@@ -12866,17 +12965,19 @@ struct centered_clip {
       tau = sorted[(n - 1) / 2];
     }
     if (tau == 0) return;  // half or more of the contributions sit on the median: it is the answer
-    std::vector<float> step(out.size());
+    // In double: a difference of two finite floats can overflow a float. The step is a convex
+    // combination of v and the x_i (the weights add up to at most 1), so v stays finite.
+    std::vector<double> step(out.size());
     for (int it = 0; it < iterations; ++it) {
       if (it) distances();
       for (std::size_t p = 0; p < n; ++p)
         weight[p] = (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
-      std::fill(step.begin(), step.end(), 0.0f);
+      std::fill(step.begin(), step.end(), 0.0);
       for (std::size_t p = 0; p < n; ++p) {
-        const auto w = static_cast<float>(weight[p]);
-        for (std::size_t i = 0; i < out.size(); ++i) step[i] += w * (in[p][i] - out[i]);
+        const double w = weight[p];
+        for (std::size_t i = 0; i < out.size(); ++i) step[i] += w * (static_cast<double>(in[p][i]) - out[i]);
       }
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] += step[i];
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(out[i] + step[i]);
     }
   }
 };
@@ -12906,15 +13007,16 @@ struct bucketing {
     for (std::size_t i = n; i > 1; --i)  // Fisher-Yates, from a counter-based stream
       std::swap(order[i - 1], order[decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(round) ^ i) % i]);
     means_.resize(groups * out.size());
+    sum_.resize(out.size());  // in double: a group's float sum of large finite values could overflow
     std::vector<std::span<const float>> parts;
     for (std::size_t g = 0; g < groups; ++g) {
       std::span<float> m(means_.data() + g * out.size(), out.size());
-      std::fill(m.begin(), m.end(), 0.0f);
+      std::fill(sum_.begin(), sum_.end(), 0.0);
       const std::size_t from = g * size, to = std::min(n, from + size);
       for (std::size_t k = from; k < to; ++k)
-        for (std::size_t i = 0; i < m.size(); ++i) m[i] += in[order[k]][i];
-      const float scale = 1.0f / static_cast<float>(to - from);
-      for (auto& v : m) v *= scale;
+        for (std::size_t i = 0; i < m.size(); ++i) sum_[i] += in[order[k]][i];
+      const double count = static_cast<double>(to - from);
+      for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(sum_[i] / count);
       parts.push_back(m);
     }
     inner.combine(contributions(parts), out);
@@ -12923,6 +13025,7 @@ struct bucketing {
  private:
   std::uint64_t calls_ = 0;
   std::vector<float> means_;
+  std::vector<double> sum_;
 };
 
 // The same aggregation, done per partition (the idea of BTARD, Gorbunov et al. 2022): peer k

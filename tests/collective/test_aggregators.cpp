@@ -8,6 +8,7 @@
 #include <decentrain/compress/compress.hpp>
 #include <decentrain/detail/hash.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -72,6 +73,19 @@ TEST_CASE("aggregators: known answers on crafted contributions", "[aggregate]") 
   CHECK(combine(col::mean{}, attacked)[0] > 1e8f);
   CHECK_THROWS_WITH(combine(col::centered_clip{0, 0}, near), Catch::Contains("iterations must be >= 1"));
   CHECK_THROWS_WITH(combine(col::median{}, {{1, 2}, {3}}), Catch::Contains("a contribution has 1 values, the output 2"));
+}
+
+TEST_CASE("aggregators: large finite contributions never add up to infinity (found by fuzz/specs)", "[aggregate]") {
+  // Each pair sums past FLT_MAX; every aggregate of them lies between them and is finite.
+  const float big = 3e38f;
+  const std::vector<std::vector<float>> pairs = {{big, -big}, {big, big}, {-big, -big}, {big, -big}};
+  auto finite = [](const std::vector<float>& v) { return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }); };
+  CHECK(combine(col::median{}, pairs) == std::vector<float>{big, -big});
+  CHECK(combine(col::trimmed_mean{0.0}, pairs) == std::vector<float>{big / 2, -big / 2});
+  CHECK(finite(combine(col::centered_clip{}, pairs)));
+  CHECK(finite(combine(col::centered_clip{3, 1.0}, pairs)));
+  col::bucketing<col::median> b;
+  CHECK(finite(combine(b, pairs)));
 }
 
 template <class Inner>

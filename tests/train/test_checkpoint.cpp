@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace dt = decentrain;
 using Catch::Matchers::Contains;
@@ -137,6 +138,33 @@ TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][error
   write(garbage);
   CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("cannot be decoded"));
   std::filesystem::remove(path);
+
+  // Payloads with valid headers that a donor peer could send (found by fuzz/checkpoint): a
+  // length field is refused before anything is allocated for it, and a shape whose strides
+  // overflow is refused though it holds no element.
+  auto payload = [](auto&& write_fields) {
+    std::ostringstream out(std::ios::binary);
+    {
+      cereal::PortableBinaryOutputArchive ar(out);
+      write_fields(ar);
+    }
+    const std::string body = out.str();
+    std::string file(dt::io::checkpoint_magic, sizeof dt::io::checkpoint_magic);
+    auto put = [&](std::uint64_t v, int bytes) {
+      for (int i = 0; i < bytes; ++i) file.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    };
+    put(dt::io::checkpoint_version, 4);
+    put(body.size(), 8);
+    put(dt::io::checkpoint_checksum(body), 8);
+    return file + body;
+  };
+  const auto long_name = payload([](auto& ar) { ar(cereal::make_size_tag(std::uint64_t{1}), cereal::make_size_tag(std::uint64_t{1} << 50)); });
+  CHECK_THROWS_WITH(dt::io::decode_checkpoint(long_name, "from a donor"), Contains("a length of 1125899906842624 with only"));
+  const auto strided = payload([](auto& ar) {
+    ar(cereal::make_size_tag(std::uint64_t{1}), std::string("w"), std::uint8_t{0},
+       std::vector<std::int64_t>{0, std::int64_t{1} << 40, std::int64_t{1} << 40});
+  });
+  CHECK_THROWS_WITH(dt::io::decode_checkpoint(strided, "from a donor"), Contains("more elements than an int64 can count"));
 }
 
 TEST_CASE("checkpoints are checksummed with XXH64 (reference values), version 1 files (FNV-1a) still load", "[io][checkpoint]") {

@@ -66,6 +66,11 @@ TEST_CASE("wire: control messages round-trip, garbage and oversized strings are 
   for (std::size_t i = 1; i < evil.size(); ++i) evil[i] = std::byte{0x10};
   CHECK_THROWS_WITH(wire::decode_body<wire::directory>(evil, "directory"), Catch::Contains("malformed directory"));
   CHECK_THROWS_WITH(wire::decode_body<wire::hello>(tr::bytes(3), "hello"), Catch::Contains("malformed hello"));
+  // A flag byte other than 0 or 1 (found by fuzz/frame): an error, not a bool holding 2. The
+  // body: byte order, rank and world (4 bytes each), purpose, then the byte-order flag.
+  tr::bytes flag = wire::encode_body(wire::hello{});
+  flag[10] = std::byte{2};
+  CHECK_THROWS_WITH(wire::decode_body<wire::hello>(flag, "hello"), Catch::Contains("a flag holds 2, not 0 or 1"));
   CHECK_THROWS_WITH(wire::split_address("localhost"), Catch::Contains("not HOST:PORT"));
   CHECK_THROWS_WITH(wire::split_address("h:99999"), Catch::Contains("over 65535"));
 }

@@ -118,7 +118,8 @@ inline void coordinate_median(contributions in, std::span<float> out) {
   by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
     sort_small(v);
     const std::size_t h = v.size() / 2;
-    out[i] = v.size() % 2 ? v[h] : 0.5f * (v[h - 1] + v[h]);
+    // (in double: two large finite values would overflow a float sum)
+    out[i] = v.size() % 2 ? v[h] : static_cast<float>(0.5 * (static_cast<double>(v[h - 1]) + v[h]));
   });
 }
 }  // namespace detail
@@ -162,12 +163,11 @@ struct trimmed_mean {
   void combine(contributions in, std::span<float> out) {
     detail::check_shapes(in, out, "trimmed_mean");
     const std::size_t b = trimmed(in.size()), kept = in.size() - 2 * b;
-    const float scale = 1.0f / static_cast<float>(kept);
     detail::by_coordinate(in, out.size(), [&](std::size_t i, std::span<float> v) {
       detail::sort_small(v);
-      float sum = 0;
+      double sum = 0;  // a float sum of large finite values could overflow; their mean cannot
       for (std::size_t j = b; j < b + kept; ++j) sum += v[j];
-      out[i] = sum * scale;
+      out[i] = static_cast<float>(sum / static_cast<double>(kept));
     });
   }
 };
@@ -205,17 +205,19 @@ struct centered_clip {
       tau = sorted[(n - 1) / 2];
     }
     if (tau == 0) return;  // half or more of the contributions sit on the median: it is the answer
-    std::vector<float> step(out.size());
+    // In double: a difference of two finite floats can overflow a float. The step is a convex
+    // combination of v and the x_i (the weights add up to at most 1), so v stays finite.
+    std::vector<double> step(out.size());
     for (int it = 0; it < iterations; ++it) {
       if (it) distances();
       for (std::size_t p = 0; p < n; ++p)
         weight[p] = (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
-      std::fill(step.begin(), step.end(), 0.0f);
+      std::fill(step.begin(), step.end(), 0.0);
       for (std::size_t p = 0; p < n; ++p) {
-        const auto w = static_cast<float>(weight[p]);
-        for (std::size_t i = 0; i < out.size(); ++i) step[i] += w * (in[p][i] - out[i]);
+        const double w = weight[p];
+        for (std::size_t i = 0; i < out.size(); ++i) step[i] += w * (static_cast<double>(in[p][i]) - out[i]);
       }
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] += step[i];
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(out[i] + step[i]);
     }
   }
 };
@@ -245,15 +247,16 @@ struct bucketing {
     for (std::size_t i = n; i > 1; --i)  // Fisher-Yates, from a counter-based stream
       std::swap(order[i - 1], order[decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(round) ^ i) % i]);
     means_.resize(groups * out.size());
+    sum_.resize(out.size());  // in double: a group's float sum of large finite values could overflow
     std::vector<std::span<const float>> parts;
     for (std::size_t g = 0; g < groups; ++g) {
       std::span<float> m(means_.data() + g * out.size(), out.size());
-      std::fill(m.begin(), m.end(), 0.0f);
+      std::fill(sum_.begin(), sum_.end(), 0.0);
       const std::size_t from = g * size, to = std::min(n, from + size);
       for (std::size_t k = from; k < to; ++k)
-        for (std::size_t i = 0; i < m.size(); ++i) m[i] += in[order[k]][i];
-      const float scale = 1.0f / static_cast<float>(to - from);
-      for (auto& v : m) v *= scale;
+        for (std::size_t i = 0; i < m.size(); ++i) sum_[i] += in[order[k]][i];
+      const double count = static_cast<double>(to - from);
+      for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(sum_[i] / count);
       parts.push_back(m);
     }
     inner.combine(contributions(parts), out);
@@ -262,6 +265,7 @@ struct bucketing {
  private:
   std::uint64_t calls_ = 0;
   std::vector<float> means_;
+  std::vector<double> sum_;
 };
 
 // The same aggregation, done per partition (the idea of BTARD, Gorbunov et al. 2022): peer k

@@ -54,9 +54,16 @@ class shape {
   friend std::ostream& operator<<(std::ostream& os, const shape& s) { return os << s.to_string(); }
 
  private:
+  // Every stride (a product of trailing sizes, zeros counted as ones) must fit an int64: a shape
+  // such as [0, 2^40, 2^40] holds nothing, yet its strides would overflow (found by fuzzing a
+  // checkpoint reader).
   void validate() const {
-    for (auto s : sizes_)
+    std::int64_t span = 1;
+    for (auto s : sizes_) {
       detail::check(s >= 0, "negative dimension ", s, " in shape ", to_string());
+      detail::check(!__builtin_mul_overflow(span, std::max<std::int64_t>(s, 1), &span), "shape ", to_string(),
+                    " has more elements than an int64 can count");
+    }
   }
   std::vector<std::int64_t> sizes_;
 };

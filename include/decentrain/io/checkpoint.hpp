@@ -11,13 +11,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <istream>
 #include <ostream>
 #include <streambuf>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "decentrain/detail/bounded_archive.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/io/atomic_file.hpp"
 #include "decentrain/io/tensor_archive.hpp"
@@ -58,7 +58,7 @@ inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t v
 }
 
 namespace streams {
-// Stream buffers straight over the checkpoint's bytes: a large model's state is gigabytes, and
+// A stream buffer straight into the checkpoint's bytes: a large model's state is gigabytes, and
 // string streams would copy it three times over (figures: bench/RESULTS.md, bench/faults).
 class string_sink : public std::streambuf {
  public:
@@ -78,13 +78,6 @@ class string_sink : public std::streambuf {
   std::string& out_;
 };
 
-class memory_source : public std::streambuf {
- public:
-  explicit memory_source(std::string_view data) {
-    char* p = const_cast<char*>(data.data());  // only read: the get area is never written
-    setg(p, p, p + data.size());
-  }
-};
 // `bytes` little-endian bytes of `data` from `at` (a header field).
 inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
   std::uint64_t v = 0;
@@ -147,9 +140,7 @@ inline checkpoint decode_checkpoint(std::string_view data, const std::string& wh
                             " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
-    streams::memory_source source(body);
-    std::istream in(&source);
-    cereal::PortableBinaryInputArchive ar(in);
+    decentrain::detail::bounded_input_archive ar(body, where);
     ar(ckpt);
   } catch (const std::exception& e) {
     // cereal's own errors, our field checks, and bad_alloc/length_error from a container length

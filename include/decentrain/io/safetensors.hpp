@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "decentrain/core/tensor.hpp"
@@ -90,11 +91,10 @@ inline void save_safetensors(const std::filesystem::path& path, const named_tens
   write_file_atomically(path, file);
 }
 
-// Every tensor in the file; `metadata` (optional) receives the __metadata__ strings.
-inline named_tensors load_safetensors(const std::filesystem::path& path,
-                                      std::map<std::string, std::string>* metadata = nullptr) {
-  const std::string file = read_file(path);
-  const std::string where = "safetensors " + path.string();
+// Every tensor in `file`, the bytes of a safetensors file; `where` names it in errors and
+// `metadata` (optional) receives the __metadata__ strings.
+inline named_tensors parse_safetensors(std::string_view file, const std::string& where,
+                                       std::map<std::string, std::string>* metadata = nullptr) {
   decentrain::detail::check(file.size() >= 8, where, " is truncated (", file.size(), " bytes)");
   std::uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= static_cast<std::uint64_t>(static_cast<unsigned char>(file[static_cast<std::size_t>(i)])) << (8 * i);
@@ -103,7 +103,7 @@ inline named_tensors load_safetensors(const std::filesystem::path& path,
                             " bytes after the length");
   json_value header;
   try {
-    header = parse_json(std::string_view(file).substr(8, header_size));
+    header = parse_json(file.substr(8, header_size));
   } catch (const error& e) {
     decentrain::detail::fail(where, ": bad header: ", e.what());
   }
@@ -146,6 +146,12 @@ inline named_tensors load_safetensors(const std::filesystem::path& path,
     }
   }
   return out;
+}
+
+// Every tensor in the file at `path`; `metadata` (optional) receives the __metadata__ strings.
+inline named_tensors load_safetensors(const std::filesystem::path& path,
+                                      std::map<std::string, std::string>* metadata = nullptr) {
+  return parse_safetensors(read_file(path), "safetensors " + path.string(), metadata);
 }
 
 }  // namespace decentrain::io

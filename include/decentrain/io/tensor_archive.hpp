@@ -45,6 +45,11 @@ void load(Archive& ar, tensor<cpu>& t) {
                   "archive: implausible tensor size ", s);
     numel *= s;
   }
+  // An archive that knows how much is left (detail::bounded_input_archive) refuses a size it
+  // cannot hold before allocating for it.
+  if constexpr (requires { ar.remaining(); })
+    decentrain::detail::check(static_cast<std::uint64_t>(numel) * dtype_size(static_cast<dtype>(code)) <= ar.remaining(),
+                              "archive: a tensor of ", numel, " elements, with only ", ar.remaining(), " bytes left");
   t = tensor<cpu>::empty(shape(sizes), static_cast<dtype>(code));
   ar(cereal::binary_data(static_cast<unsigned char*>(t.raw_data()), t.nbytes()));
 }

@@ -3,8 +3,8 @@
 // length in its first 24 bytes, then the frame's 16-byte authentication tag, zeros when the run
 // has no key (transport/auth.hpp), zeros after), the body, and zeros up to the next multiple of
 // 64 bytes, so every body starts 64-byte aligned in the stream (see frame_alignment). Control
-// bodies (hello, directory) are cereal portable-binary archives whose strings and lists are read
-// through bounded loaders; data bodies are the raw bytes a collective sent. Everything here treats its input as hostile: sizes are checked before
+// bodies (hello, directory) are cereal portable-binary archives, read with
+// detail::bounded_input_archive and bounded loaders for strings and lists; data bodies are the raw bytes a collective sent. Everything here treats its input as hostile: sizes are checked before
 // anything is allocated, and every failure is a decentrain::error naming what was wrong.
 #pragma once
 
@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "decentrain/detail/bounded_archive.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/auth.hpp"
 #include "decentrain/transport/endpoint.hpp"
@@ -269,8 +270,7 @@ template <class T>
 T decode_body(const bytes& body, const char* what) {
   T message;
   try {
-    std::istringstream in(std::string(reinterpret_cast<const char*>(body.data()), body.size()), std::ios::binary);
-    cereal::PortableBinaryInputArchive ar(in);
+    decentrain::detail::bounded_input_archive ar(std::string_view(reinterpret_cast<const char*>(body.data()), body.size()), what);
     ar(message);
   } catch (const decentrain::error& e) {
     decentrain::detail::fail("frame: malformed ", what, ": ", e.what());
