@@ -41,8 +41,8 @@ inline dtype from_code(const std::string& code, const std::string& name) {
 inline constexpr std::uint64_t max_header = std::uint64_t{100} << 20;  // as the reference implementation
 }  // namespace safetensors_detail
 
-inline void save_safetensors(const std::filesystem::path& path, const named_tensors& tensors,
-                             const std::map<std::string, std::string>& metadata = {}) {
+// The bytes of a safetensors file holding `tensors` (and `metadata` as __metadata__).
+inline std::string encode_safetensors(const named_tensors& tensors, const std::map<std::string, std::string>& metadata = {}) {
   // Built by appending: `"," + std::string` trips a GCC 12 -Wrestrict false positive.
   std::string header = "{";
   auto separate = [&header] {
@@ -88,7 +88,12 @@ inline void save_safetensors(const std::filesystem::path& path, const named_tens
     const auto c = t.contiguous();
     file.append(static_cast<const char*>(c.raw_data()), c.nbytes());
   }
-  write_file_atomically(path, file);
+  return file;
+}
+
+inline void save_safetensors(const std::filesystem::path& path, const named_tensors& tensors,
+                             const std::map<std::string, std::string>& metadata = {}) {
+  write_file_atomically(path, encode_safetensors(tensors, metadata));
 }
 
 // Every tensor in `file`, the bytes of a safetensors file; `where` names it in errors and
