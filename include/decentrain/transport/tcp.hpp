@@ -1127,7 +1127,8 @@ class tcp {
     // buffer is full loses it, and the peer finds only the closed connection).
     void part(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause, const wire::farewell& f) {
       if (c->closed) return;
-      box.close(c->rank, why, cause);
+      // The mailbox closes in close(), after the peer left `peers`: a wait woken by the closure
+      // and a send that follows it then agree that the peer is gone.
       {
         std::unique_lock lock(c->write_mutex, std::try_to_lock);
         if (lock.owns_lock() && !c->closed_for_writes.load() && flush_unsent(*c)) {
