@@ -3,7 +3,9 @@
 #pragma once
 
 #include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "decentrain/detail/error.hpp"
 
@@ -31,5 +33,14 @@ class args {
  private:
   std::map<std::string, std::string> pairs_;
 };
+
+// A list flag's items ("a,b,c"), empty items dropped.
+inline std::vector<std::string> split(const std::string& list, char by) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, by);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
 
 }  // namespace bench

@@ -38,14 +38,6 @@ struct outcome {
   std::int64_t rounds = 0;
 };
 
-std::vector<std::string> split(const std::string& s, char by) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, by);)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 template <class Policy>
 outcome run(const std::string& mode, Policy policy, const std::string& aggregator, bench::attack kind, int attackers, int peers,
             const dt::nn::gpt_config& cfg, const dt::train::trainer_options& opts, const dt::data::token_dataset& data) {
@@ -85,12 +77,12 @@ int main(int argc, char** argv) try {
   const std::string path = value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
   const int peers = std::stoi(value("peers", "8"));
   const std::string json_path = value("json", "byzantine.json");
-  const auto modes = split(value("modes", "sync,diloco"), ',');
-  const auto aggregators = split(value("aggregators", "mean;median;trimmed-mean;centered-clip"), ';');
+  const auto modes = bench::split(value("modes", "sync,diloco"), ',');
+  const auto aggregators = bench::split(value("aggregators", "mean;median;trimmed-mean;centered-clip"), ';');
   std::vector<bench::attack> attacks;
-  for (const auto& a : split(value("attacks", "non-finite,scaled,sign-flip,noise,alie"), ',')) attacks.push_back(bench::parse_attack(a));
+  for (const auto& a : bench::split(value("attacks", "non-finite,scaled,sign-flip,noise,alie"), ',')) attacks.push_back(bench::parse_attack(a));
   std::vector<int> counts;
-  for (const auto& c : split(value("attackers", "1,2"), ',')) counts.push_back(std::stoi(c));
+  for (const auto& c : bench::split(value("attackers", "1,2"), ',')) counts.push_back(std::stoi(c));
   const std::int64_t inner_steps = std::stoll(value("inner-steps", "10"));
   for (const auto& a : aggregators) (void)dt::collective::parse_aggregator(a);  // a bad spec fails before any run
   for (const auto& m : modes) dt::detail::check(m == "sync" || m == "diloco", "unknown mode '", m, "' (sync, diloco)");

@@ -141,8 +141,16 @@ decentrain-gpt train [options]
   --link-in-flight MB    over TCP or MPI: the slowest link's bandwidth x latency in MB (100 Mbit/s
                          x 100 ms = 1.25), so all-reduces move enough per step to hide latency;
                          the same on every peer (simulated links size this on their own)
-  --comm NAME            sync | local-sgd | diloco (default diloco; sync for one process alone)
-  --inner-steps H        steps between averages for local-sgd and diloco (default 50)
+  --comm NAME            sync | local-sgd | diloco | streaming-diloco (default diloco; sync for
+                         one process alone)
+  --inner-steps H        steps between averages for local-sgd and diloco, between two exchanges
+                         of the same fragment for streaming-diloco (default 50)
+  --fragments P          streaming-diloco: the model's layers dealt into P fragments (strided),
+                         each exchanged every H steps, H/P steps after the previous (default 4)
+  --overlap TAU          streaming-diloco and diloco: an exchange runs beside the next TAU inner
+                         steps before it is merged (default 1 for streaming-diloco, 0 for diloco)
+  --mix ALPHA            with --overlap: at a merge a peer keeps ALPHA of its own parameters and
+                         takes 1 - ALPHA of the new global ones (default 0.5)
   --codec SPEC           how payloads go on the wire (default identity): fp16 | bf16 |
                          int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N] |
                          sign[:block=N] | topk:FRACTION | topk:count=K (values f32, or ",int4"
@@ -504,12 +512,15 @@ void announce_resume(Trainer& t) {
 
 void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>& results, int first_rank, int world,
                    const char* comm, double wall_s) {
-  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s\n", "peer", "val loss", "MB sent", "MB received", "net wait s", "clock s");
+  // Compute utilisation: the share of the peer's clock (simulated for --peers) spent computing
+  // steps rather than waiting on the network or evaluating.
+  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s %-12s %-8s\n", "peer", "val loss", "MB sent", "MB received", "net wait s",
+              "compute s", "clock s", "util %");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& m = results[i].last;
-    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f\n", i + static_cast<std::size_t>(first_rank),
+    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f %-12.2f %-8.1f\n", i + static_cast<std::size_t>(first_rank),
                 results[i].final_val_loss, static_cast<double>(m.bytes_sent) / 1e6, static_cast<double>(m.bytes_received) / 1e6,
-                m.network_wait_s, m.clock_s);
+                m.network_wait_s, m.compute_s, m.clock_s, 100.0 * m.utilisation());
   }
   if (world > 1) {
     // What a synchronous all-reduce of the gradient every step would have put on the wire per
@@ -834,16 +845,24 @@ int cmd_train(const options& opt) {
   }
 
   const std::string comm = opt.text("comm", p.mode == launch::single ? "sync" : "diloco");
-  dt::detail::check(comm == "sync" || comm == "local-sgd" || comm == "diloco",
-                    "--comm must be sync, local-sgd or diloco, got '", comm, "'");
+  dt::detail::check(comm == "sync" || comm == "local-sgd" || comm == "diloco" || comm == "streaming-diloco",
+                    "--comm must be sync, local-sgd, diloco or streaming-diloco, got '", comm, "'");
+  const bool streaming = comm == "streaming-diloco";
+  dt::detail::check(streaming || !opt.has("fragments"), "--fragments needs --comm streaming-diloco");
+  dt::detail::check(streaming || comm == "diloco" || !opt.has("overlap"), "--overlap needs --comm diloco or streaming-diloco");
+  dt::detail::check(streaming || opt.has("overlap") || !opt.has("mix"), "--mix needs --overlap or --comm streaming-diloco");
+  const auto fragments = streaming ? opt.integer("fragments", 4) : 1;
+  const auto overlap = opt.integer("overlap", streaming ? 1 : 0);
+  const double mix = opt.real("mix", 0.5);
   const auto inner = comm == "sync" ? 1 : opt.integer("inner-steps", 50);
   const auto codec_choice = dt::compress::parse_codec(opt.text("codec", "identity"));
   p.aggregator = dt::collective::parse_aggregator(opt.text("aggregator", "mean"));
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
                     codec_choice.describe(), "'");
-  const double outer_lr = comm == "diloco" ? opt.real("outer-lr", 0.7) : 0.0;
-  const double outer_momentum = comm == "diloco" ? opt.real("outer-momentum", 0.9) : 0.0;
+  const bool outer = comm == "diloco" || streaming;
+  const double outer_lr = outer ? opt.real("outer-lr", 0.7) : 0.0;
+  const double outer_momentum = outer ? opt.real("outer-momentum", 0.9) : 0.0;
 
   // A resumed run takes the model's shape and the tokenizer from its checkpoints.
   std::optional<dt::io::checkpoint> resumed;
@@ -873,7 +892,8 @@ int cmd_train(const options& opt) {
   if (p.mode == launch::in_process) p.run.add("link", p.link);
   if (comm != "sync") p.run.add("inner_steps", inner);
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
-  if (comm == "diloco") p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
+  if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
+  if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
 
   const auto& cfg = p.model;
   std::printf("model: %lld layers, %lld heads, width %lld, block %lld, vocab %lld: %.2fM parameters\n",
@@ -901,6 +921,18 @@ int cmd_train(const options& opt) {
     policy.inner_steps = inner;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
+    return train_with(p, data, policy);
+  }
+  if (streaming || overlap > 0) {  // DiLoCo with overlap is Streaming DiLoCo with one fragment
+    dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec, aggregator> policy;
+    policy.codec = codec_choice;
+    policy.aggregator = p.aggregator;
+    policy.inner_steps = inner;
+    policy.fragments = fragments;
+    policy.overlap = overlap;
+    policy.mix = mix;
+    policy.outer_optimizer.lr = outer_lr;
+    policy.outer_optimizer.momentum = outer_momentum;
     return train_with(p, data, policy);
   }
   dt::comm::diloco<dt::comm::outer::nesterov, codec, aggregator> policy;

@@ -499,7 +499,7 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
 
   const auto bad = run(cli() + " train --peers 2 --comm gossip", dir);
   CHECK(bad.status == 1);
-  CHECK(bad.output.find("--comm must be sync, local-sgd or diloco, got 'gossip'") != std::string::npos);
+  CHECK(bad.output.find("--comm must be sync, local-sgd, diloco or streaming-diloco, got 'gossip'") != std::string::npos);
   const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
   CHECK(lonely.status == 1);
   CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
@@ -604,6 +604,38 @@ TEST_CASE("train --codec: peers send their payloads through the codec named on t
   CHECK_THAT(bad.output, Contains("fraction expects a number, got 'many'"));
   bad = run(base + " --codec fp4:block=3", dir);
   CHECK_THAT(bad.output, Contains("fp4 codec: block must be even and in [2, 2^24], got 3"));
+}
+
+TEST_CASE("train --comm streaming-diloco: fragments exchanged beside compute, utilisation in the summary", "[cli][streaming]") {
+  const auto dir = scratch("streaming");
+  const std::string base = cli() + " train --peers 2 --inner-steps 6 --steps 20 --batch-size 4 --block-size 16"
+                                   " --n-layer 2 --n-embd 32 --n-head 2 --eval-every 20 --eval-batches 2 --metrics ''";
+  auto streaming = run(base + " --comm streaming-diloco --fragments 3 --overlap 2 --mix 0.25", dir);
+  INFO(streaming.output);
+  REQUIRE(streaming.status == 0);
+  CHECK_THAT(streaming.output, Contains("comm streaming_diloco: "));
+  CHECK_THAT(streaming.output, Contains("util %"));
+  // Every peer's row: peer, val loss, MB sent, MB received, net wait, compute, clock, util %.
+  std::istringstream row(last_line_with(streaming.output, "1      "));
+  double fields[8] = {};
+  for (double& f : fields) row >> f;
+  CHECK(fields[5] > 0);                                   // compute s
+  CHECK(fields[7] > 0);                                   // util %
+  CHECK(fields[7] <= 100.0);
+  const auto val = [](const std::string& out) { return std::stod(last_line_with(out, "val loss ").substr(9)); };
+  CHECK(std::isfinite(val(streaming.output)));
+  auto overlapped = run(base + " --comm diloco --overlap 2", dir);
+  REQUIRE(overlapped.status == 0);
+  CHECK_THAT(overlapped.output, Contains("comm streaming_diloco: "));  // DiLoCo with overlap: one fragment
+  // Settings that do not apply, or are out of range, are named.
+  auto bad = run(base + " --comm diloco --fragments 2", dir);
+  CHECK(bad.status == 1);
+  CHECK_THAT(bad.output, Contains("--fragments needs --comm streaming-diloco"));
+  bad = run(base + " --comm local-sgd --overlap 1", dir);
+  CHECK_THAT(bad.output, Contains("--overlap needs --comm diloco or streaming-diloco"));
+  bad = run(base + " --comm streaming-diloco --overlap 6", dir);
+  CHECK(bad.status == 1);
+  CHECK_THAT(bad.output, Contains("overlap must be in [0, inner_steps)"));
 }
 
 TEST_CASE("train --aggregator: robust aggregation named on the command line, bad specs refused", "[cli][aggregator]") {

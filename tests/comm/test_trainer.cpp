@@ -29,41 +29,15 @@ std::vector<std::vector<float>> run_peers(int world, trainer_options opts, typen
   return fixture::final_params<Trainer>(world, fixture::tiny_gpt(), opts, comm, results);
 }
 
-// Each peer's checkpoint after `step` steps of the full run's schedule (stopped through a hook),
-// and the final parameters of a run resumed from such checkpoints.
 template <class Trainer>
 std::vector<dt::io::checkpoint> stop_at(int world, std::int64_t step, const trainer_options& opts,
                                         const typename Trainer::comm_policy& comm) {
-  std::vector<dt::io::checkpoint> saved(static_cast<std::size_t>(world));
-  const auto& c = small_corpus();
-  dt::transport::in_process(world).run([&](dt::transport::in_process::endpoint& ep) {
-    Trainer t(tiny_config(c.tok.vocab_size()), opts, ep, comm);
-    struct stop {};
-    t.on_step([&](const dt::train::step_metrics& m) {
-      if (m.step == step) {
-        saved[static_cast<std::size_t>(ep.rank())] = t.capture();
-        throw stop{};
-      }
-    });
-    try {
-      (void)t.fit(c.data);
-    } catch (const stop&) {
-    }
-  });
-  return saved;
+  return fixture::stop_at<Trainer>(world, step, fixture::tiny_gpt(), opts, comm);
 }
 template <class Trainer>
 std::vector<std::vector<float>> resume_from(const std::vector<dt::io::checkpoint>& saved, const trainer_options& opts,
                                             const typename Trainer::comm_policy& comm) {
-  std::vector<std::vector<float>> params(saved.size());
-  const auto& c = small_corpus();
-  dt::transport::in_process(static_cast<int>(saved.size())).run([&](dt::transport::in_process::endpoint& ep) {
-    Trainer t(tiny_config(c.tok.vocab_size()), opts, ep, comm);
-    t.restore(saved[static_cast<std::size_t>(ep.rank())]);
-    (void)t.fit(c.data);
-    params[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());
-  });
-  return params;
+  return fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, comm);
 }
 
 }  // namespace

@@ -136,4 +136,39 @@ std::vector<std::vector<float>> final_params(int world, const typename Trainer::
   return params;
 }
 
+// Each peer's checkpoint after `step` steps of the full run's schedule (stopped through a hook),
+// and the final parameters of a run resumed from such checkpoints.
+template <class Trainer>
+std::vector<dt::io::checkpoint> stop_at(int world, std::int64_t step, const typename Trainer::model_config& cfg,
+                                        const dt::train::trainer_options& opts, const typename Trainer::comm_policy& comm) {
+  std::vector<dt::io::checkpoint> saved(static_cast<std::size_t>(world));
+  dt::transport::in_process(world).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(cfg, opts, ep, comm);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {
+      if (m.step == step) {
+        saved[static_cast<std::size_t>(ep.rank())] = t.capture();
+        throw stop{};
+      }
+    });
+    try {
+      (void)t.fit(small_corpus().data);
+    } catch (const stop&) {
+    }
+  });
+  return saved;
+}
+template <class Trainer>
+std::vector<std::vector<float>> resume_from(const std::vector<dt::io::checkpoint>& saved, const typename Trainer::model_config& cfg,
+                                            const dt::train::trainer_options& opts, const typename Trainer::comm_policy& comm) {
+  std::vector<std::vector<float>> params(saved.size());
+  dt::transport::in_process(static_cast<int>(saved.size())).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(cfg, opts, ep, comm);
+    t.restore(saved[static_cast<std::size_t>(ep.rank())]);
+    (void)t.fit(small_corpus().data);
+    params[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());
+  });
+  return params;
+}
+
 }  // namespace fixture

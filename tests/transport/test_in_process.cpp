@@ -135,3 +135,57 @@ TEST_CASE("in_process: over high-latency links the ring pays one latency per ste
   const double chunked = run({.in_flight_multiple = 0.0});  // one chunk per step, as before
   CHECK(chunked > windowed + 1.5);
 }
+
+TEST_CASE("in_process: a transfer taking 10 s of link time beside 10 s of compute costs about 10 s, not 20") {
+  link_matrix links(2, simulated_link{0.05, 1e6, 0.0, 0.0, 0.3});  // 1 MB/s: 10 MB is 10 s on the wire
+  in_process net(links);
+  std::vector<dt::transport::traffic_stats> stats(2);
+  net.run([&](in_process::endpoint& ep) {
+    dt::collective::communicator c(ep);
+    std::vector<std::byte> payload(10'000'000);
+    auto h = c.start([&](auto& lane) {
+      if (lane.rank() == 0) lane.send_to(1, std::span<const std::byte>(payload));
+      else lane.recv_from(0, std::span<std::byte>(payload));
+    });
+    ep.computed(10.0);  // the training thread computes while the bytes travel
+    h.wait();
+    stats[static_cast<std::size_t>(ep.rank())] = ep.stats();
+  });
+  // The receiver: the bytes land at 10 s + latency, 0.05 s after its compute ended.
+  CHECK(stats[1].clock_seconds == Approx(10.05).margin(0.01));
+  CHECK(stats[1].wait_seconds == Approx(0.05).margin(0.01));
+  CHECK(stats[0].clock_seconds == Approx(10.0).margin(0.01));
+  CHECK(stats[0].wait_seconds < 0.01);
+}
+
+TEST_CASE("in_process: transfers in flight at once share a link's bandwidth, each filling the other's gaps") {
+  link_matrix links(2, simulated_link{0.0, 1e6, 0.0, 0.0, 0.3});
+  in_process net(links);
+  std::vector<double> clock(2);
+  net.run([&](in_process::endpoint& ep) {
+    dt::collective::communicator c(ep);
+    // Two background transfers of 5 s each, started together: together they need the link for 10 s.
+    std::vector<std::byte> a(5'000'000), b(5'000'000);
+    auto transfer = [&](std::vector<std::byte>& buffer) {
+      return c.start([&](auto& lane) {
+        if (lane.rank() == 0) lane.send_to(1, std::span<const std::byte>(buffer));
+        else lane.recv_from(0, std::span<std::byte>(buffer));
+      });
+    };
+    auto first = transfer(a);
+    auto second = transfer(b);
+    first.wait();
+    second.wait();
+    clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
+  });
+  CHECK(clock[1] == Approx(10.0).margin(0.01));
+
+  // The schedule itself: a message sent at an earlier simulated time than one already booked
+  // (another thread got there first in real time) takes the gap before it, then the link after it.
+  dt::transport::link_schedule link;
+  CHECK(link.book(10.0, 2.0) == Approx(12.0));  // [10, 12)
+  CHECK(link.book(9.0, 3.0) == Approx(14.0));   // [9, 10) + [12, 14)
+  CHECK(link.book(0.0, 1.0) == Approx(1.0));    // [0, 1): free
+  CHECK(link.book(14.0, 0.0) == Approx(14.0));  // nothing to send: no time on the link
+  CHECK(link.book(13.0, 1.0) == Approx(15.0));  // [14, 15)
+}

@@ -3,5 +3,6 @@
 
 #include "decentrain/comm/diloco.hpp"
 #include "decentrain/comm/local_sgd.hpp"
+#include "decentrain/comm/streaming_diloco.hpp"
 #include "decentrain/comm/policy.hpp"
 #include "decentrain/comm/sync_allreduce.hpp"

@@ -9,6 +9,8 @@
 //   Comm      using policy_concept = comm::policy_tag;   void start(Ctx&); void after_backward(Ctx&);
 //                                                        void after_step(Ctx&);
 //                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
+//                                                        (optional: void settle(), waits for what it runs in
+//                                                        the background; called before the group changes)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)

@@ -18,6 +18,11 @@ struct step_metrics {
   // Of bytes_sent, what the communication policy's own collectives sent (evaluation excluded).
   std::uint64_t policy_bytes_sent = 0;
   std::int64_t redos = 0;     // steps (parts) the fault policy had redone, cumulative
+  // Seconds this peer spent computing steps (forward, backward, optimizer), cumulative; over
+  // clock_s it is the compute utilisation: the share of the time the processor was not left
+  // waiting on the network.
+  double compute_s = 0;
+  double utilisation() const { return clock_s > 0 ? compute_s / clock_s : 0.0; }
 };
 
 struct eval_point {

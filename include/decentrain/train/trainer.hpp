@@ -178,7 +178,7 @@ class trainer {
       const auto traffic = endpoint_.stats();
       result.last = step_metrics{rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
-                                 wall, unix_now(), policy_bytes_, redos_};
+                                 wall, unix_now(), policy_bytes_, redos_, compute_s_};
       for (auto& h : step_hooks_) h(result.last);
     }
     if (result.stopped) return result;
@@ -267,7 +267,7 @@ class trainer {
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
           out.computed = true;
-          endpoint_.computed(lap(t));  // before the exchange, so simulated links see it start after the compute
+          computed(lap(t));  // before the exchange, so simulated links see it start after the compute
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();
           out.grad_norm = optim::clip_grad_norm(model_.parameters(), options_.grad_clip > 0
@@ -276,7 +276,7 @@ class trainer {
           out.lr = schedule_(step_);
           optimizer_.set_lr(out.lr);
           optimizer_.step();
-          endpoint_.computed(lap(t));
+          computed(lap(t));
           stepped = true;
         }
         counted([&] { policy_.after_step(ctx); });
@@ -390,6 +390,8 @@ class trainer {
                                                    members);  // "view"
     std::shared_ptr<transport::any_endpoint> parent(std::shared_ptr<transport::any_endpoint>{}, &endpoint_);  // not owned
     view_endpoint_ = transport::any_endpoint(collective::group_view<transport::any_endpoint>(parent, members, channel));
+    // Nothing may be in flight on the communicator that is replaced (a policy's background exchanges).
+    if constexpr (requires { policy_.settle(); }) policy_.settle();
     const auto traffic = comm_.traffic();
     comm_ = communicator(view_endpoint_, options_.collectives);
     comm_.adopt_traffic(traffic);
@@ -452,6 +454,12 @@ class trainer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
   double lap(double since) const { return compute_clock() - since; }
+  // Compute time of the steps: on the transport's clock (simulated links advance by it) and in
+  // the metrics, where compute_s / clock_s is the peer's compute utilisation.
+  void computed(double seconds) {
+    compute_s_ += seconds;
+    endpoint_.computed(seconds);
+  }
 
   // Peers restored from checkpoints of different steps would pair up the wrong collectives and
   // train on garbage; one small all-reduce at the start turns that into an error on every peer.
@@ -494,6 +502,7 @@ class trainer {
   rng dropout_;
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
+  double compute_s_ = 0;  // seconds of forward, backward and optimizer steps in this fit
   bool resumed_ = false;
   bool adopted_ = false;  // adopt() was called since the fault policy's start began
   struct resume_point {

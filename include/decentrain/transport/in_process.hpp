@@ -102,6 +102,54 @@ inline link_matrix preset(const std::string& name, int world, std::uint64_t seed
 }
 }  // namespace links
 
+// When one directed link is busy, on the simulated clock. A message takes the link's first free
+// time from when it is sent, split around what other messages already hold (the packets of two
+// streams interleave): transfers in flight at once share the bandwidth, none goes faster than
+// the link, and a message sent by one thread at an earlier simulated time than another thread's
+// still finds the gap before it. Used by a peer's endpoint and its lanes (background threads).
+class link_schedule {
+ public:
+  // Holds `seconds` of the link from `from` on; returns when the last of them ends.
+  double book(double from, double seconds) {
+    if (!(seconds > 0)) return from;
+    std::lock_guard lock(mutex_);
+    // Time long past is never asked for again (threads of one peer are never an hour apart).
+    std::erase_if(busy_, [&](const interval& b) { return b.end < from - 3600.0; });
+    double t = from, left = seconds;
+    std::vector<interval> taken;
+    for (auto it = busy_.begin(); left > 0; ++it) {
+      if (it == busy_.end() || it->begin >= t + left) {  // free for the rest of it
+        taken.push_back({t, t + left});
+        t += left;
+        left = 0;
+        break;
+      }
+      if (it->end <= t) continue;
+      if (it->begin > t) {  // a gap before this interval: use it
+        taken.push_back({t, it->begin});
+        left -= it->begin - t;
+      }
+      t = it->end;
+    }
+    busy_.insert(busy_.end(), taken.begin(), taken.end());
+    std::sort(busy_.begin(), busy_.end(), [](const interval& a, const interval& b) { return a.begin < b.begin; });
+    std::vector<interval> merged;
+    for (const auto& b : busy_) {
+      if (!merged.empty() && b.begin <= merged.back().end) merged.back().end = std::max(merged.back().end, b.end);
+      else merged.push_back(b);
+    }
+    busy_ = std::move(merged);
+    return t;
+  }
+
+ private:
+  struct interval {
+    double begin, end;
+  };
+  std::mutex mutex_;
+  std::vector<interval> busy_;  // sorted, disjoint
+};
+
 class in_process {
   struct shared;
 
@@ -125,17 +173,15 @@ class in_process {
       double arrival = clock_;
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
-        auto& free_at = link_free_at_[static_cast<std::size_t>(peer)];
         auto& gen = link_rng_[static_cast<std::size_t>(peer)];
-        const double start = std::max(clock_, free_at);
         const double on_wire = static_cast<double>(data.size()) / l.bandwidth_bytes_per_s;
         double resend = 0.0;
         while (l.drop_probability > 0 && gen.uniform() < l.drop_probability) {
           resend += l.retransmit_timeout_s + on_wire;
           ++stats_.retransmissions;
         }
-        free_at = start + on_wire;
-        arrival = free_at + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend;
+        const double sent = (*uplinks_)[static_cast<std::size_t>(peer)].book(clock_, on_wire);
+        arrival = sent + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend;
         // Delivery is in order (as on a TCP stream): nothing overtakes a delayed message.
         auto& last = last_arrival_[static_cast<std::size_t>(peer)];
         arrival = std::max(arrival, last);
@@ -193,8 +239,8 @@ class in_process {
     // transport::open_lane). Its clock starts at this one's: the transfer begins now, while this
     // peer goes on computing. rejoin() then moves this clock to when the transfer ended, if that
     // is later, and counts only that difference as waiting, so time computed while the
-    // transfer proceeded is not waited twice. The lane has links of its own (not yet shared in
-    // bandwidth with this endpoint's messages in flight) and its own seeded drop/jitter streams.
+    // transfer proceeded is not waited twice. The lane's messages share this peer's links with
+    // its other messages in flight (see link_schedule); it has its own seeded drop/jitter streams.
     std::optional<endpoint> lane() {
       endpoint l = *this;
       l.stats_ = {};
@@ -207,7 +253,6 @@ class in_process {
         stats_.wait_seconds += l.clock_ - clock_;
         clock_ = l.clock_;
       }
-      for (std::size_t d = 0; d < link_free_at_.size(); ++d) link_free_at_[d] = std::max(link_free_at_[d], l.link_free_at_[d]);
       stats_.bytes_sent += l.stats_.bytes_sent;
       stats_.bytes_received += l.stats_.bytes_received;
       stats_.messages_sent += l.stats_.messages_sent;
@@ -227,7 +272,7 @@ class in_process {
     friend class in_process;
     endpoint(std::shared_ptr<shared> net, int rank) : net_(std::move(net)), rank_(rank) {
       const auto n = static_cast<std::size_t>(world());
-      link_free_at_.assign(n, 0.0);
+      uplinks_ = std::make_shared<std::vector<link_schedule>>(n);
       last_arrival_.assign(n, 0.0);
       for (std::size_t d = 0; d < n; ++d)
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
@@ -246,7 +291,8 @@ class in_process {
     std::shared_ptr<shared> net_;
     int rank_;
     double clock_ = 0.0;
-    std::vector<double> link_free_at_, last_arrival_;
+    std::shared_ptr<std::vector<link_schedule>> uplinks_;  // to each peer; shared with this peer's lanes
+    std::vector<double> last_arrival_;
     std::vector<rng> link_rng_;
     traffic_stats stats_;
     std::uint64_t lanes_opened_ = 0;

@@ -1,0 +1,205 @@
+// bench/streaming: how much of the time peers on slow links spend computing, under synchronous
+// all-reduce, DiLoCo, DiLoCo with overlap and Streaming DiLoCo, and what it costs in loss.
+// In-process peers train bench/diloco_vs_ddp's model on its data over simulated links whose
+// bandwidth is set so that one uncompressed ring all-reduce of the whole model takes --ratio (20)
+// times one inner step's compute (measured first on this machine); latency --latency-ms (10).
+//
+//   bench_streaming [--data FILE] [--steps 500] [--peers 4] [--inner-steps 50] [--ratio 20]
+//                   [--latency-ms 10] [--rows sync,diloco,diloco-overlap,streaming-2-1,...] [--mix 0.5]
+//                   [--codecs identity;fp4] [--seed 1337] [--json PATH]
+//
+// A row is sync, diloco, diloco-overlap (tau = --overlap-steps, 5) or streaming-P-TAU (the model
+// has 7 layers to deal into fragments: wte, wpe, 4 blocks, ln_f, so P <= 7); each runs
+// once per codec (the outer gradients' codec; sync sends its gradients through it). Compute is
+// each peer's thread CPU time (trainer_options::compute_on_thread_clock), so peers sharing the
+// machine's cores do not count each other's work; utilisation = compute / simulated clock, for
+// the whole run and up to the step before the last (every policy ends with a blocking exchange
+// of the whole model, which a long run amortises and a short benchmark run does not).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "decentrain/decentrain.hpp"
+#include "args.hpp"
+#include "output_file.hpp"
+#include "shakespeare_recipe.hpp"
+
+namespace dt = decentrain;
+
+namespace {
+
+struct outcome {
+  std::string row, codec;
+  double val_loss = 0, utilisation = 0, clock_s = 0, compute_s = 0, wait_s = 0, wall_s = 0;
+  double steady = 0;  // utilisation up to the step before the last (without the final synchronisation)
+  double total_mb = 0, peak_mb = 0;  // peer 0: every byte sent; the largest single exchange
+};
+
+template <class Comm, class Peak>
+outcome run(const std::string& row, const std::string& codec, Comm comm, Peak peak_of, const dt::transport::link_matrix& links,
+            const dt::nn::gpt_config& cfg, const dt::train::trainer_options& opts, const dt::data::token_dataset& data) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm>;
+  std::fprintf(stderr, "running %s, %s ...\n", row.c_str(), codec.c_str());
+  dt::transport::in_process net(links, {opts.seed, std::chrono::minutes(30)});
+  const auto t0 = std::chrono::steady_clock::now();
+  double peak = 0, steady = 0;
+  const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm, [&](Trainer& t) {
+    if (t.rank() != 0) return;
+    t.on_eval([&peak, &t, &peak_of](const dt::train::eval_point& e) { peak = peak_of(t.policy(), e); });
+    t.on_step([&steady, &opts](const dt::train::step_metrics& m) {
+      if (m.step == opts.steps - 1) steady = m.utilisation();
+    });
+  });
+  outcome o{row, codec};
+  o.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& m = results[0].last;
+  o.val_loss = results[0].final_val_loss;
+  o.utilisation = m.utilisation();
+  o.steady = steady;
+  o.clock_s = m.clock_s;
+  o.compute_s = m.compute_s;
+  o.wait_s = m.network_wait_s;
+  o.total_mb = static_cast<double>(m.bytes_sent) / 1e6;
+  o.peak_mb = peak / 1e6;
+  std::fprintf(stderr, "  val loss %.4f, utilisation %.1f%% (%.1f%% before the last step), %.1f MB sent (peak exchange %.2f MB), %.1f s simulated, %.0f s\n",
+               o.val_loss, 100 * o.utilisation, 100 * o.steady, o.total_mb, o.peak_mb, o.clock_s, o.wall_s);
+  return o;
+}
+
+// One inner step's compute on this machine: the median of a few steps of one peer alone.
+double step_seconds(const dt::nn::gpt_config& cfg, dt::train::trainer_options opts, const dt::data::token_dataset& data) {
+  opts.steps = 12;
+  opts.warmup_steps = 2;
+  opts.compute_on_thread_clock = true;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>>;
+  dt::transport::in_process net(1);
+  std::vector<double> laps;
+  double last = 0;
+  dt::train::fit_in_process<Trainer>(net, cfg, opts, data, {}, [&](Trainer& t) {
+    t.on_step([&](const dt::train::step_metrics& m) {
+      laps.push_back(m.compute_s - last);
+      last = m.compute_s;
+    });
+  });
+  laps.erase(laps.begin(), laps.begin() + 2);  // warm-up
+  std::sort(laps.begin(), laps.end());
+  return laps[laps.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bench::args cli(argc, argv, "usage: bench_streaming [--flag value]...");
+  auto value = [&](const std::string& key, const std::string& fallback) { return cli.value(key, fallback); };
+  const std::string path = value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
+  const int peers = std::stoi(value("peers", "4"));
+  const std::string json_path = value("json", "streaming.json");
+  const auto rows = bench::split(value("rows", "sync,diloco,diloco-overlap,streaming-2-1,streaming-4-1,streaming-7-1,"
+                                        "streaming-2-5,streaming-4-5,streaming-7-5"),
+                          ',');
+  const auto codecs = bench::split(value("codecs", "identity;fp4"), ';');
+  const std::int64_t H = std::stoll(value("inner-steps", "50"));
+  const std::int64_t overlap_steps = std::stoll(value("overlap-steps", "5"));
+  const double ratio = std::stod(value("ratio", "20"));
+  const double latency = std::stod(value("latency-ms", "10")) / 1e3;
+  const double mix = std::stod(value("mix", "0.5"));
+  for (const auto& c : codecs) (void)dt::compress::parse_codec(c);
+  auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "500")));
+  opts.eval_every = opts.steps;
+  opts.eval_batches = std::stoll(value("eval-batches", "25"));
+  opts.seed = std::stoull(value("seed", std::to_string(opts.seed)));
+  opts.compute_on_thread_clock = true;
+  opts.stop_check_every = opts.steps;  // nothing asks to stop: no check between the start and the end
+  cli.finish();
+  bench::output_file json(json_path);
+
+  const auto recipe = bench::shakespeare_recipe::load(path);
+  const auto& cfg = recipe.model;
+  const auto& data = recipe.data;
+  const double step_s = step_seconds(cfg, opts, data);
+  const double model_bytes = 4.0 * static_cast<double>(cfg.parameter_count());
+  const double ring_bytes = 2.0 * (peers - 1) / peers * model_bytes;  // per peer, one all-reduce
+  const double bandwidth = ring_bytes / (ratio * step_s);
+  const dt::transport::link_matrix links(peers, dt::transport::simulated_link{latency, bandwidth, 0.0, 0.0, 0.2});
+
+  using codec = dt::compress::any_codec;
+  using Sync = dt::comm::sync_allreduce<codec>;
+  using Diloco = dt::comm::diloco<dt::comm::outer::nesterov, codec>;
+  using Streaming = dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec>;
+  // The largest exchange: a policy that exchanges the whole buffer each time sent its bytes in
+  // equal parts (the start's 16-byte checks are noise at this size).
+  auto per_round = [](std::int64_t rounds) {
+    return [rounds](const auto&, const dt::train::eval_point& e) {
+      return static_cast<double>(e.policy_bytes_sent) / static_cast<double>(rounds);
+    };
+  };
+  std::vector<outcome> outcomes;
+  for (const auto& spec : codecs)
+    for (const auto& row : rows) {
+      const auto chosen = dt::compress::parse_codec(spec);
+      if (row == "sync") {
+        Sync p;
+        p.codec = chosen;
+        outcomes.push_back(run(row, spec, p, per_round(opts.steps), links, cfg, opts, data));
+      } else if (row == "diloco") {
+        Diloco p;
+        p.codec = chosen;
+        p.inner_steps = H;
+        outcomes.push_back(run(row, spec, p, per_round((opts.steps + H - 1) / H), links, cfg, opts, data));
+      } else {
+        Streaming p;
+        p.codec = chosen;
+        p.inner_steps = H;
+        p.mix = mix;
+        if (row == "diloco-overlap") {
+          p.fragments = 1;
+          p.overlap = overlap_steps;
+        } else {
+          const auto parts = bench::split(row, '-');
+          dt::detail::check(parts.size() == 3 && parts[0] == "streaming", "unknown row '", row,
+                            "' (sync, diloco, diloco-overlap, streaming-P-TAU)");
+          p.fragments = std::stoll(parts[1]);
+          p.overlap = std::stoll(parts[2]);
+        }
+        outcomes.push_back(run(row, spec, p,
+                               [](const Streaming& s, const dt::train::eval_point&) { return static_cast<double>(s.peak_exchange_bytes()); },
+                               links, cfg, opts, data));
+      }
+    }
+
+  double reference = 0;  // DiLoCo H, uncompressed
+  for (const auto& o : outcomes)
+    if (o.row == "diloco" && o.codec == "identity") reference = o.val_loss;
+  std::printf("%d in-process peers, %s, %lld steps x %lld rows x %lld tokens per peer, model %.2fM parameters, H = %lld, "
+              "mix %.2g\none inner step computes in %.1f ms (median, thread CPU time); links %.1f ms, %.2f MB/s "
+              "(one f32 ring all-reduce of the model: %.2f s = %.0fx a step)\n\n",
+              peers, path.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.batch_size),
+              static_cast<long long>(opts.block_size), static_cast<double>(cfg.parameter_count()) / 1e6,
+              static_cast<long long>(H), mix, 1e3 * step_s, 1e3 * latency, bandwidth / 1e6, ring_bytes / bandwidth, ratio);
+  std::printf("%-16s %-10s %10s %10s %8s %8s %10s %10s %12s %8s\n", "row", "codec", "val loss", "vs diloco", "util %",
+              "steady %", "peak MB", "total MB", "simulated s", "wall s");
+  json << "[\n";
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    const auto& o = outcomes[i];
+    const double rel = reference > 0 ? (o.val_loss - reference) / reference : 0.0;
+    std::printf("%-16s %-10s %10.4f %+9.2f%% %8.1f %8.1f %10.2f %10.1f %12.1f %8.0f\n", o.row.c_str(), o.codec.c_str(),
+                o.val_loss, 100 * rel, 100 * o.utilisation, 100 * o.steady, o.peak_mb, o.total_mb, o.clock_s, o.wall_s);
+    json << "  {\"row\": \"" << o.row << "\", \"codec\": \"" << o.codec << "\", \"peers\": " << peers << ", \"steps\": " << opts.steps
+         << ", \"inner_steps\": " << H << ", \"val_loss\": " << o.val_loss << ", \"vs_diloco\": " << rel
+         << ", \"utilisation\": " << o.utilisation << ", \"utilisation_before_last_step\": " << o.steady << ", \"compute_s\": " << o.compute_s << ", \"wait_s\": " << o.wait_s
+         << ", \"peak_mb\": " << o.peak_mb << ", \"total_mb\": " << o.total_mb << ", \"simulated_s\": " << o.clock_s
+         << ", \"wall_s\": " << o.wall_s << ", \"step_ms\": " << 1e3 * step_s << ", \"link_mb_per_s\": " << bandwidth / 1e6
+         << ", \"latency_ms\": " << 1e3 * latency << "}" << (i + 1 < outcomes.size() ? ",\n" : "\n");
+  }
+  json << "]\n";
+  json.close();
+  std::printf("rows written to %s\n", json_path.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_streaming: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,341 @@
+// Streaming DiLoCo (Douillard et al., 2025, arXiv 2501.18512): DiLoCo whose parameters are cut
+// into P fragments that synchronise one after the other, each every H inner steps but offset by
+// H / P steps from the next, so a synchronisation moves 1/P of the model (P times less peak
+// bandwidth). A fragment's exchange runs in the background beside the next `overlap` (tau) inner
+// steps; when it lands, the outer optimizer updates the fragment's global copy and the peer
+// merges it into what it trained meanwhile: local = mix * local + (1 - mix) * global.
+// With one fragment, no overlap and mix 0 this is DiLoCo step for step; with one fragment and
+// overlap >= 1 it is DiLoCo with its communication hidden behind compute.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "decentrain/comm/diloco.hpp"
+#include "decentrain/comm/policy.hpp"
+#include "decentrain/kernels/optimizer.hpp"
+
+namespace decentrain::comm {
+
+// How parameters are dealt into fragments. The units are the model's layers: consecutive
+// parameters whose names share the part up to the first number ("h.3.attn.c_attn.weight" is
+// layer "h.3"), or, for names without a number, the module ("ln_f.weight" is "ln_f").
+enum class fragment_pattern : std::int8_t {
+  strided,     // unit k goes to fragment k mod P (the paper's choice: each fragment spans the depth)
+  sequential,  // consecutive units, P runs of about equal size
+};
+
+namespace detail {
+// The layer a parameter belongs to (see fragment_pattern).
+inline std::string layer_of(const std::string& name) {
+  std::size_t at = 0;
+  while (at < name.size()) {
+    const auto dot = name.find('.', at);
+    const auto end = dot == std::string::npos ? name.size() : dot;
+    if (end > at && std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at), name.begin() + static_cast<std::ptrdiff_t>(end),
+                                [](char c) { return c >= '0' && c <= '9'; }))
+      return name.substr(0, end);
+    if (dot == std::string::npos) break;
+    at = dot + 1;
+  }
+  const auto last = name.rfind('.');
+  return last == std::string::npos ? name : name.substr(0, last);
+}
+
+// A contiguous run of values in the flat parameter buffer.
+struct value_range {
+  std::size_t offset = 0, size = 0;
+};
+
+// Which parameters (by index) each of `count` fragments holds, as ranges of the flat buffer
+// (adjacent ranges merged). Fails when there are fewer layers than fragments.
+template <class Device>
+std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Device>& params, std::int64_t count,
+                                                      fragment_pattern pattern) {
+  struct unit {
+    std::string layer;
+    std::size_t offset = 0, size = 0;
+  };
+  std::vector<unit> units;
+  std::size_t at = 0;
+  for (const auto& e : params) {
+    const auto n = static_cast<std::size_t>(e.param.value().numel());
+    const auto layer = layer_of(e.name);
+    if (units.empty() || units.back().layer != layer || units.back().offset + units.back().size != at)
+      units.push_back({layer, at, 0});
+    units.back().size += n;
+    at += n;
+  }
+  decentrain::detail::check(count >= 1 && static_cast<std::size_t>(count) <= units.size(), "streaming_diloco: ", count,
+                            " fragments asked for, but the model has ", units.size(),
+                            " layers to deal out (fragments must be in [1, layers])");
+  const auto P = static_cast<std::size_t>(count);
+  std::vector<std::size_t> owner(units.size());
+  if (pattern == fragment_pattern::strided) {
+    for (std::size_t k = 0; k < units.size(); ++k) owner[k] = k % P;
+  } else {  // cut where the running total passes each multiple of total / P; at least one unit each
+    std::size_t done = 0, f = 0;
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      if (k > 0 && f + 1 < P && (done * P >= (f + 1) * at || units.size() - k == P - 1 - f)) ++f;
+      owner[k] = f;
+      done += units[k].size;
+    }
+  }
+  std::vector<std::vector<value_range>> out(P);
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    auto& r = out[owner[k]];
+    if (!r.empty() && r.back().offset + r.back().size == units[k].offset) r.back().size += units[k].size;
+    else r.push_back({units[k].offset, units[k].size});
+  }
+  for (std::size_t f = 0; f < P; ++f)
+    decentrain::detail::check(!out[f].empty(), "streaming_diloco: fragment ", f, " got no layer (", units.size(), " layers, ",
+                              P, " fragments)");
+  return out;
+}
+}  // namespace detail
+
+template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
+struct streaming_diloco {
+  static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
+                "streaming_diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "streaming_diloco";
+
+  std::int64_t inner_steps = 50;  // H: steps between two synchronisations of the same fragment
+  std::int64_t fragments = 4;     // P
+  std::int64_t overlap = 1;       // tau: inner steps an exchange runs beside before it is merged (< H)
+  double mix = 0.5;               // alpha: the share of its own parameters a peer keeps at a merge
+  fragment_pattern pattern = fragment_pattern::strided;
+  Outer outer_optimizer{};
+  Codec codec{};
+  Aggregator aggregator{};
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    using decentrain::detail::check;
+    check(inner_steps >= 1, "streaming_diloco: inner_steps must be >= 1, got ", inner_steps);
+    check(fragments >= 1 && fragments <= inner_steps, "streaming_diloco: fragments must be in [1, inner_steps = ", inner_steps,
+          "], got ", fragments);
+    check(overlap >= 0 && overlap < inner_steps, "streaming_diloco: overlap must be in [0, inner_steps) (an exchange lands before ",
+          "its fragment's next one starts), got ", overlap);
+    check(mix >= 0 && mix <= 1, "streaming_diloco: mix must be in [0, 1], got ", mix);
+    check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
+          "streaming_diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ", outer_optimizer.lr,
+          " and momentum ", outer_optimizer.momentum);
+    prepare_codec(codec, aggregator, ctx);
+    const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
+    const auto whole = layout_of(ctx.parameters);
+    // A state captured before the first step holds no fragments yet.
+    const bool restored = ctx.resumed && !restored_.empty();
+    check(!restored || restored_.size() == ranges.size(), "streaming_diloco: the restored state has ", restored_.size(),
+          " fragments, this policy has ", ranges.size());
+    parts_.clear();
+    parts_.reserve(ranges.size());  // never reallocated while an exchange runs
+    for (std::size_t f = 0; f < ranges.size(); ++f) {
+      auto& p = parts_.emplace_back();
+      p.ranges = ranges[f];
+      p.codec = codec;
+      p.aggregator = aggregator;
+      compress::layout l;  // the codec sees the fragment's matrices, packed one after the other
+      for (const auto& r : p.ranges) {
+        for (const auto& m : whole)
+          if (m.offset >= r.offset && m.offset < r.offset + r.size) l.push_back({p.size + (m.offset - r.offset), m.rows, m.cols});
+        p.size += r.size;
+      }
+      compress::set_layout(p.codec, l);
+      // Fragment f synchronises after the steps s with (s + 1) = (f + 1) H / P (mod H): the last
+      // one with DiLoCo's rounds, the others spread evenly before it.
+      p.phase = ((static_cast<std::int64_t>(f) + 1) * inner_steps / fragments) % inner_steps;
+      if (restored) p.take(std::move(restored_[f]));
+    }
+    restored_.clear();
+    if (ctx.resumed) {
+      check(global_.size() == flat_size(ctx.parameters), "streaming_diloco: restored state has ", global_.size(),
+            " values, the model has ", flat_size(ctx.parameters));
+      return;
+    }
+    broadcast_parameters(ctx, global_);
+    momentum_.assign(global_.size(), 0.0f);
+  }
+
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
+      if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, mix);
+    if (ctx.last_step) {
+      // Every fragment once more, all at once (their latencies overlap), merged with mix 0: the
+      // run ends with every peer on the same global parameters.
+      for (auto& p : parts_) send(ctx, p, ctx.step, true);
+      for (auto& p : parts_) land(ctx, p, 0.0);
+      return;
+    }
+    for (auto& p : parts_) {
+      if ((ctx.step + 1) % inner_steps != p.phase) continue;
+      send(ctx, p, ctx.step + overlap, overlap > 0);
+      if (overlap == 0) land(ctx, p, mix);
+    }
+  }
+
+  // Waits for every exchange in flight (the trainer calls it before the group changes, since
+  // they run on the group's communicator); each is still merged at its step, a failure then
+  // rethrown there.
+  void settle() {
+    for (auto& p : parts_) p.settle();
+  }
+
+  // Exchanges merged so far (one per fragment per round).
+  std::int64_t merges() const { return merges_; }
+  // The most bytes one exchange put on the wire from this peer: the peak a link must carry
+  // within `overlap` steps for the exchange to stay hidden.
+  std::uint64_t peak_exchange_bytes() const { return peak_bytes_; }
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
+
+  // An exchange in flight is waited for (not merged): its result is saved with the step it is
+  // merged after, so a run resumed from here merges the same values at the same step.
+  void save(io::checkpoint& c) const {
+    c.tensors["comm.streaming_diloco.global"] = flat_tensor(global_);
+    c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_);
+    c.counters["comm.streaming_diloco.fragments"] = static_cast<std::int64_t>(parts_.size());
+    c.counters["comm.streaming_diloco.merges"] = merges_;
+    for (std::size_t f = 0; f < parts_.size(); ++f) {
+      const auto& p = parts_[f];
+      const auto prefix = decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".");
+      p.settle();
+      decentrain::detail::check(!p.exchange.failure, "streaming_diloco: cannot save while fragment ", f,
+                                "'s exchange has failed (the fault policy handles it at the step it lands)");
+      c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
+      c.counters[prefix + "lands_after"] = p.lands_after;
+      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
+      save_codec(p.codec, c, prefix + "codec.");
+    }
+  }
+  void load(const io::checkpoint& c) {
+    const auto n = static_cast<std::size_t>(c.tensor_at("comm.streaming_diloco.global").numel());
+    load_flat(c, "comm.streaming_diloco.global", global_, n);
+    load_flat(c, "comm.streaming_diloco.momentum", momentum_, n);
+    merges_ = c.counter("comm.streaming_diloco.merges");
+    const auto count = c.counter("comm.streaming_diloco.fragments");
+    decentrain::detail::check(count >= 0 && count <= 1 << 20, "checkpoint: comm.streaming_diloco.fragments is ", count);
+    restored_.clear();
+    restored_.resize(static_cast<std::size_t>(count));
+    for (std::size_t f = 0; f < restored_.size(); ++f) {
+      auto& p = restored_[f];
+      const auto prefix = decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".");
+      p.codec = codec;
+      p.momentum_started = c.counter(prefix + "momentum_started") != 0;
+      p.lands_after = c.counter(prefix + "lands_after");
+      if (p.lands_after >= 0) p.buffer = c.tensor_at(prefix + "average").template to_vector<float>();
+      load_codec(p.codec, c, prefix + "codec.");
+    }
+  }
+
+ private:
+  struct part {
+    std::vector<detail::value_range> ranges;  // of the flat parameter buffer
+    std::size_t size = 0;                     // values in all of them
+    std::int64_t phase = 0;                   // synchronises after steps s with (s + 1) mod H == phase
+    Codec codec{};                            // its own error feedback and layout
+    Aggregator aggregator{};
+    collective::aggregation_record record;
+    std::vector<float> buffer;                // the pseudo-gradient sent, then the average received
+    std::int64_t lands_after = -1;            // the step after which the exchange in flight is merged
+    bool momentum_started = false;
+    std::uint64_t bytes = 0;                  // what the last exchange sent
+    // The exchange runs on a lane thread that owns codec, aggregator, record, buffer and bytes
+    // until it is settled; save() settles it, hence mutable. A copy of the policy (the trainer
+    // takes its policy by value, before start) has nothing in flight.
+    struct in_flight {
+      collective::pending handle;
+      std::exception_ptr failure;
+      in_flight() = default;
+      in_flight(const in_flight&) {}
+      in_flight(in_flight&&) noexcept = default;
+      in_flight& operator=(const in_flight&) { return *this; }
+      in_flight& operator=(in_flight&&) noexcept = default;
+    };
+    mutable in_flight exchange;
+
+    void settle() const {
+      try {
+        exchange.handle.wait();
+      } catch (...) {
+        exchange.failure = std::current_exception();
+      }
+    }
+    void take(part&& restored) {
+      codec = std::move(restored.codec);
+      buffer = std::move(restored.buffer);
+      lands_after = restored.lands_after;
+      momentum_started = restored.momentum_started;
+      if (lands_after >= 0)
+        decentrain::detail::check(buffer.size() == size, "streaming_diloco: a restored fragment's average has ", buffer.size(),
+                                  " values, the fragment ", size);
+    }
+  };
+
+  // Starts fragment p's exchange of its pseudo-gradient (global - local), to be merged after
+  // step `lands_after`: on a lane thread when `background`, else here, before returning.
+  template <class Ctx>
+  void send(Ctx& ctx, part& p, std::int64_t lands_after, bool background) {
+    gather_values(ctx.parameters, local_);
+    p.buffer.resize(p.size);
+    std::size_t at = 0;
+    for (const auto& r : p.ranges)
+      for (std::size_t i = 0; i < r.size; ++i, ++at) p.buffer[at] = global_[r.offset + i] - local_[r.offset + i];
+    p.lands_after = lands_after;
+    auto exchange = [&p](auto& comm) {
+      const auto before = comm.traffic().bytes_sent;
+      compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record);
+      p.bytes = comm.traffic().bytes_sent - before;
+    };
+    if (background) p.exchange.handle = ctx.replicas.start(exchange);
+    else exchange(ctx.replicas);
+  }
+
+  // Waits for fragment p's exchange, applies the outer optimizer to its global values and merges
+  // them into the local ones.
+  template <class Ctx>
+  void land(Ctx& ctx, part& p, double keep) {
+    p.settle();
+    if (p.exchange.failure) {
+      auto e = std::exchange(p.exchange.failure, nullptr);
+      p.lands_after = -1;
+      std::rethrow_exception(e);
+    }
+    p.lands_after = -1;
+    peak_bytes_ = std::max(peak_bytes_, p.bytes);
+    aggregation_.last = p.record.last;
+    aggregation_.tally.add(p.record.last);
+    gather_values(ctx.parameters, local_);
+    std::size_t at = 0;
+    for (const auto& r : p.ranges) {
+      kernels::sgd_update(cpu{}, global_.data() + r.offset, p.buffer.data() + at, momentum_.data() + r.offset,
+                          static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
+                          outer_optimizer.use_nesterov, 0.0, !p.momentum_started);
+      at += r.size;
+      const auto k = static_cast<float>(keep), g = static_cast<float>(1.0 - keep);
+      for (std::size_t i = r.offset; i < r.offset + r.size; ++i)
+        local_[i] = keep == 0 ? global_[i] : k * local_[i] + g * global_[i];
+    }
+    p.momentum_started = true;
+    scatter_values(ctx.parameters, local_);
+    ++merges_;
+  }
+
+  std::vector<float> global_, momentum_, local_;
+  std::vector<part> parts_, restored_;
+  std::int64_t merges_ = 0;
+  std::uint64_t peak_bytes_ = 0;
+  collective::aggregation_record aggregation_;
+};
+
+}  // namespace decentrain::comm
