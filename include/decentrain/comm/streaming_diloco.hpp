@@ -140,7 +140,8 @@ struct streaming_diloco {
     for (std::size_t f = 0; f < ranges.size(); ++f) {
       auto& p = parts_.emplace_back();
       p.ranges = ranges[f];
-      p.codec = codec;
+      if (restored) p.take(std::move(restored_[f]));  // its codec's state too; the layout is set below, as diloco's
+      else p.codec = codec;
       p.aggregator = aggregator;
       compress::layout l;  // the codec sees the fragment's matrices, packed one after the other
       for (const auto& r : p.ranges) {
@@ -152,7 +153,9 @@ struct streaming_diloco {
       // Fragment f synchronises after the steps s with (s + 1) = (f + 1) H / P (mod H): the last
       // one with DiLoCo's rounds, the others spread evenly before it.
       p.phase = ((static_cast<std::int64_t>(f) + 1) * inner_steps / fragments) % inner_steps;
-      if (restored) p.take(std::move(restored_[f]));
+      if (p.lands_after >= 0)
+        check(p.buffer.size() == p.size, "streaming_diloco: restored fragment ", f, "'s average has ", p.buffer.size(),
+              " values, the fragment ", p.size);
     }
     restored_.clear();
     if (ctx.resumed) {
@@ -276,9 +279,6 @@ struct streaming_diloco {
       buffer = std::move(restored.buffer);
       lands_after = restored.lands_after;
       momentum_started = restored.momentum_started;
-      if (lands_after >= 0)
-        decentrain::detail::check(buffer.size() == size, "streaming_diloco: a restored fragment's average has ", buffer.size(),
-                                  " values, the fragment ", size);
     }
   };
 
@@ -316,13 +316,13 @@ struct streaming_diloco {
     aggregation_.last = p.record.last;
     aggregation_.tally.add(p.record.last);
     gather_values(ctx.parameters, local_);
+    const auto k = static_cast<float>(keep), g = static_cast<float>(1.0 - keep);
     std::size_t at = 0;
     for (const auto& r : p.ranges) {
       kernels::sgd_update(cpu{}, global_.data() + r.offset, p.buffer.data() + at, momentum_.data() + r.offset,
                           static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
                           outer_optimizer.use_nesterov, 0.0, !p.momentum_started);
       at += r.size;
-      const auto k = static_cast<float>(keep), g = static_cast<float>(1.0 - keep);
       for (std::size_t i = r.offset; i < r.offset + r.size; ++i)
         local_[i] = keep == 0 ? global_[i] : k * local_[i] + g * global_[i];
     }
