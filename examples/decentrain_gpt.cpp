@@ -151,6 +151,9 @@ decentrain-gpt train [options]
                          steps before it is merged (default 1 for streaming-diloco, 0 for diloco)
   --mix ALPHA            with --overlap: at a merge a peer keeps ALPHA of its own parameters and
                          takes 1 - ALPHA of the new global ones (default 0.5)
+  --eager                streaming-diloco and diloco: eager updates, an exchange overlaps a whole
+                         round and the peer steps at once with its own pseudo-gradient standing in
+                         for its share of the average (instead of --overlap and --mix)
   --codec SPEC           how payloads go on the wire (default identity): fp16 | bf16 |
                          int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N] |
                          sign[:block=N] | topk:FRACTION | topk:count=K (values f32, or ",int4"
@@ -513,14 +516,16 @@ void announce_resume(Trainer& t) {
 void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>& results, int first_rank, int world,
                    const char* comm, double wall_s) {
   // Compute utilisation: the share of the peer's clock (simulated for --peers) spent computing
-  // steps rather than waiting on the network or evaluating.
-  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s %-12s %-8s\n", "peer", "val loss", "MB sent", "MB received", "net wait s",
-              "compute s", "clock s", "util %");
+  // steps rather than waiting on the network or evaluating. Send rates: the mean over the run and
+  // the peak over any second of the clock.
+  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s %-12s %-8s %-10s %-10s\n", "peer", "val loss", "MB sent", "MB received",
+              "net wait s", "compute s", "clock s", "util %", "MB/s mean", "MB/s peak");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& m = results[i].last;
-    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f %-12.2f %-8.1f\n", i + static_cast<std::size_t>(first_rank),
+    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f %-12.2f %-8.1f %-10.3f %-10.3f\n", i + static_cast<std::size_t>(first_rank),
                 results[i].final_val_loss, static_cast<double>(m.bytes_sent) / 1e6, static_cast<double>(m.bytes_received) / 1e6,
-                m.network_wait_s, m.compute_s, m.clock_s, 100.0 * m.utilisation());
+                m.network_wait_s, m.compute_s, m.clock_s, 100.0 * m.utilisation(), m.mean_send_rate() / 1e6,
+                m.peak_send_rate / 1e6);
   }
   if (world > 1) {
     // What a synchronous all-reduce of the gradient every step would have put on the wire per
@@ -851,6 +856,10 @@ int cmd_train(const options& opt) {
   dt::detail::check(streaming || !opt.has("fragments"), "--fragments needs --comm streaming-diloco");
   dt::detail::check(streaming || comm == "diloco" || !opt.has("overlap"), "--overlap needs --comm diloco or streaming-diloco");
   dt::detail::check(streaming || opt.has("overlap") || !opt.has("mix"), "--mix needs --overlap or --comm streaming-diloco");
+  const bool eager = opt.flag("eager");
+  dt::detail::check(streaming || comm == "diloco" || !eager, "--eager needs --comm diloco or streaming-diloco");
+  dt::detail::check(!eager || (!opt.has("overlap") && !opt.has("mix")),
+                    "--eager overlaps each exchange with a whole round and steps at once: --overlap and --mix do not apply");
   const auto fragments = streaming ? opt.integer("fragments", 4) : 1;
   const auto overlap = opt.integer("overlap", streaming ? 1 : 0);
   const double mix = opt.real("mix", 0.5);
@@ -893,7 +902,8 @@ int cmd_train(const options& opt) {
   if (comm != "sync") p.run.add("inner_steps", inner);
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
-  if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
+  if (eager) p.run.add("fragments", fragments).add("eager", true);
+  else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
 
   const auto& cfg = p.model;
   std::printf("model: %lld layers, %lld heads, width %lld, block %lld, vocab %lld: %.2fM parameters\n",
@@ -923,7 +933,7 @@ int cmd_train(const options& opt) {
     policy.aggregator = p.aggregator;
     return train_with(p, data, policy);
   }
-  if (streaming || overlap > 0) {  // DiLoCo with overlap is Streaming DiLoCo with one fragment
+  if (streaming || overlap > 0 || eager) {  // DiLoCo with overlap is Streaming DiLoCo with one fragment
     dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec, aggregator> policy;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
@@ -931,6 +941,7 @@ int cmd_train(const options& opt) {
     policy.fragments = fragments;
     policy.overlap = overlap;
     policy.mix = mix;
+    policy.eager = eager;
     policy.outer_optimizer.lr = outer_lr;
     policy.outer_optimizer.momentum = outer_momentum;
     return train_with(p, data, policy);
@@ -1080,7 +1091,7 @@ int cmd_sample(const options& opt) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "help";
   try {
-    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi", "elastic", "allow-non-finite"}));
+    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi", "elastic", "allow-non-finite", "eager"}));
     if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
     if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
     if (command == "help" || command == "--help" || command == "-h") {

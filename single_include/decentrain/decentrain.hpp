@@ -16934,6 +16934,14 @@ struct local_sgd {
 // merges it into what it trained meanwhile: local = mix * local + (1 - mix) * global.
 // With one fragment, no overlap and mix 0 this is DiLoCo step for step; with one fragment and
 // overlap >= 1 it is DiLoCo with its communication hidden behind compute.
+//
+// Eager updates (Kale et al., 2025, arXiv 2502.12996) overlap a fragment's exchange with a whole
+// round instead: at its synchronisation a peer takes its outer step at once, with a stand-in for
+// the average it has not received yet, made of its own new pseudo-gradient and the others' from
+// the round before: stand-in = last average + (own_t - own_{t-1}) / M for M peers. The average
+// arrives by the fragment's next synchronisation and serves the next stand-in; meanwhile it
+// advances a global copy that every peer holds alike (the delayed outer steps), on which the run
+// ends. With one peer the stand-in is the true average: eager updates are DiLoCo step for step.
 
 #include <algorithm>
 #include <cstdint>
@@ -17036,6 +17044,10 @@ struct streaming_diloco {
   std::int64_t overlap = 1;       // tau: inner steps an exchange runs beside before it is merged (< H)
   double mix = 0.5;               // alpha: the share of its own parameters a peer keeps at a merge
   fragment_pattern pattern = fragment_pattern::strided;
+  // Eager updates: an exchange runs beside a whole round and the peer steps at once with a
+  // stand-in (see above); overlap and mix do not apply. Keeps two more copies of the model (the
+  // peer's own outer parameters and their momentum) and two pseudo-gradients per fragment.
+  bool eager = false;
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
@@ -17085,10 +17097,20 @@ struct streaming_diloco {
     if (ctx.resumed) {
       check(global_.size() == flat_size(ctx.parameters), "streaming_diloco: restored state has ", global_.size(),
             " values, the model has ", flat_size(ctx.parameters));
+      check(!eager || eager_.size() == global_.size(), "streaming_diloco: eager updates asked for, but the restored state ",
+            eager_.empty() ? "was saved without them" : "has the wrong size");
+      check(eager || eager_.empty(), "streaming_diloco: the restored state was saved with eager updates, this policy has none");
       return;
     }
     broadcast_parameters(ctx, global_);
     momentum_.assign(global_.size(), 0.0f);
+    if (eager) {
+      eager_ = global_;
+      eager_momentum_.assign(global_.size(), 0.0f);
+    } else {
+      eager_.clear();
+      eager_momentum_.clear();
+    }
   }
 
   template <class Ctx>
@@ -17097,7 +17119,7 @@ struct streaming_diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
-      if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, mix);
+      if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
     if (ctx.last_step) {
       // Every fragment once more, all at once (their latencies overlap), merged with mix 0: the
       // run ends with every peer on the same global parameters.
@@ -17107,6 +17129,11 @@ struct streaming_diloco {
     }
     for (auto& p : parts_) {
       if ((ctx.step + 1) % inner_steps != p.phase) continue;
+      if (eager) {
+        send(ctx, p, ctx.step + inner_steps, true);  // lands right before this fragment's next one
+        step_eagerly(ctx, p);
+        continue;
+      }
       send(ctx, p, ctx.step + overlap, overlap > 0);
       if (overlap == 0) land(ctx, p, mix);
     }
@@ -17133,6 +17160,10 @@ struct streaming_diloco {
     c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_);
     c.counters["comm.streaming_diloco.fragments"] = static_cast<std::int64_t>(parts_.size());
     c.counters["comm.streaming_diloco.merges"] = merges_;
+    if (!eager_.empty()) {
+      c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_);
+      c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_);
+    }
     for (std::size_t f = 0; f < parts_.size(); ++f) {
       const auto& p = parts_[f];
       const auto prefix = decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".");
@@ -17142,6 +17173,11 @@ struct streaming_diloco {
       c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
       c.counters[prefix + "lands_after"] = p.lands_after;
       if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
+      if (!eager_.empty()) {
+        c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
+        c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average);
+        c.tensors[prefix + "previous_own"] = flat_tensor(p.previous_own);
+      }
       save_codec(p.codec, c, prefix + "codec.");
     }
   }
@@ -17150,6 +17186,13 @@ struct streaming_diloco {
     load_flat(c, "comm.streaming_diloco.global", global_, n);
     load_flat(c, "comm.streaming_diloco.momentum", momentum_, n);
     merges_ = c.counter("comm.streaming_diloco.merges");
+    const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
+    eager_.clear();
+    eager_momentum_.clear();
+    if (saved_eager) {
+      load_flat(c, "comm.streaming_diloco.eager", eager_, n);
+      load_flat(c, "comm.streaming_diloco.eager_momentum", eager_momentum_, n);
+    }
     const auto count = c.counter("comm.streaming_diloco.fragments");
     decentrain::detail::check(count >= 0 && count <= 1 << 20, "checkpoint: comm.streaming_diloco.fragments is ", count);
     restored_.clear();
@@ -17161,6 +17204,11 @@ struct streaming_diloco {
       p.momentum_started = c.counter(prefix + "momentum_started") != 0;
       p.lands_after = c.counter(prefix + "lands_after");
       if (p.lands_after >= 0) p.buffer = c.tensor_at(prefix + "average").template to_vector<float>();
+      if (saved_eager) {
+        p.eager_started = c.counter(prefix + "eager_started") != 0;
+        p.previous_average = c.tensor_at(prefix + "previous_average").template to_vector<float>();
+        p.previous_own = c.tensor_at(prefix + "previous_own").template to_vector<float>();
+      }
       load_codec(p.codec, c, prefix + "codec.");
     }
   }
@@ -17176,6 +17224,10 @@ struct streaming_diloco {
     std::vector<float> buffer;                // the pseudo-gradient sent, then the average received
     std::int64_t lands_after = -1;            // the step after which the exchange in flight is merged
     bool momentum_started = false;
+    // Eager updates: the average and this peer's pseudo-gradient of the round before (empty
+    // before the first), and whether the peer's own outer momentum has started.
+    std::vector<float> previous_average, previous_own;
+    bool eager_started = false;
     std::uint64_t bytes = 0;                  // what the last exchange sent
     // The exchange runs on a lane thread that owns codec, aggregator, record, buffer and bytes
     // until it is settled; save() settles it, hence mutable. A copy of the policy (the trainer
@@ -17203,18 +17255,23 @@ struct streaming_diloco {
       buffer = std::move(restored.buffer);
       lands_after = restored.lands_after;
       momentum_started = restored.momentum_started;
+      previous_average = std::move(restored.previous_average);
+      previous_own = std::move(restored.previous_own);
+      eager_started = restored.eager_started;
     }
   };
 
-  // Starts fragment p's exchange of its pseudo-gradient (global - local), to be merged after
-  // step `lands_after`: on a lane thread when `background`, else here, before returning.
+  // Starts fragment p's exchange of its pseudo-gradient (the outer parameters its round started
+  // from, less the local ones), to be merged after step `lands_after`: on a lane thread when
+  // `background`, else here, before returning.
   template <class Ctx>
   void send(Ctx& ctx, part& p, std::int64_t lands_after, bool background) {
     gather_values(ctx.parameters, local_);
+    const auto& from = eager_.empty() ? global_ : eager_;
     p.buffer.resize(p.size);
     std::size_t at = 0;
     for (const auto& r : p.ranges)
-      for (std::size_t i = 0; i < r.size; ++i, ++at) p.buffer[at] = global_[r.offset + i] - local_[r.offset + i];
+      for (std::size_t i = 0; i < r.size; ++i, ++at) p.buffer[at] = from[r.offset + i] - local_[r.offset + i];
     p.lands_after = lands_after;
     auto exchange = [&p](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
@@ -17225,8 +17282,40 @@ struct streaming_diloco {
     else exchange(ctx.replicas);
   }
 
-  // Waits for fragment p's exchange, applies the outer optimizer to its global values and merges
-  // them into the local ones.
+  // Eager updates, right after fragment p's send (local_ still holds the parameters it was
+  // computed from): the peer's outer step with the stand-in for the average, from which the
+  // fragment trains on. Reads the pseudo-gradient from previous_own, not from the buffer that
+  // the lane now owns.
+  template <class Ctx>
+  void step_eagerly(Ctx& ctx, part& p) {
+    const auto peers = static_cast<float>(ctx.replicas.world());
+    const bool first = p.previous_own.empty();
+    auto own = std::move(p.previous_own);  // this round's, written below; the last round's read first
+    own.resize(p.size);
+    stand_in_.resize(p.size);
+    std::size_t at = 0;
+    for (const auto& r : p.ranges)
+      for (std::size_t i = 0; i < r.size; ++i, ++at) {
+        const float now = eager_[r.offset + i] - local_[r.offset + i];
+        stand_in_[at] = first ? now / peers : p.previous_average[at] + (now - own[at]) / peers;
+        own[at] = now;
+      }
+    p.previous_own = std::move(own);
+    at = 0;
+    for (const auto& r : p.ranges) {
+      kernels::sgd_update(cpu{}, eager_.data() + r.offset, stand_in_.data() + at, eager_momentum_.data() + r.offset,
+                          static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
+                          outer_optimizer.use_nesterov, 0.0, !p.eager_started);
+      at += r.size;
+      std::copy_n(eager_.begin() + static_cast<std::ptrdiff_t>(r.offset), r.size, local_.begin() + static_cast<std::ptrdiff_t>(r.offset));
+    }
+    p.eager_started = true;
+    scatter_values(ctx.parameters, local_);
+  }
+
+  // Waits for fragment p's exchange and applies the outer optimizer to its global values; then
+  // merges them into the local ones, keeping `keep` of those, or, when `keep` < 0 (eager
+  // updates), leaves the local ones alone and keeps the average for the next stand-in.
   template <class Ctx>
   void land(Ctx& ctx, part& p, double keep) {
     p.settle();
@@ -17239,7 +17328,8 @@ struct streaming_diloco {
     peak_bytes_ = std::max(peak_bytes_, p.bytes);
     aggregation_.last = p.record.last;
     aggregation_.tally.add(p.record.last);
-    gather_values(ctx.parameters, local_);
+    const bool merge = keep >= 0;
+    if (merge) gather_values(ctx.parameters, local_);
     const auto k = static_cast<float>(keep), g = static_cast<float>(1.0 - keep);
     std::size_t at = 0;
     for (const auto& r : p.ranges) {
@@ -17247,15 +17337,18 @@ struct streaming_diloco {
                           static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
                           outer_optimizer.use_nesterov, 0.0, !p.momentum_started);
       at += r.size;
-      for (std::size_t i = r.offset; i < r.offset + r.size; ++i)
-        local_[i] = keep == 0 ? global_[i] : k * local_[i] + g * global_[i];
+      if (merge)
+        for (std::size_t i = r.offset; i < r.offset + r.size; ++i)
+          local_[i] = keep == 0 ? global_[i] : k * local_[i] + g * global_[i];
     }
     p.momentum_started = true;
-    scatter_values(ctx.parameters, local_);
     ++merges_;
+    if (merge) scatter_values(ctx.parameters, local_);
+    else p.previous_average.swap(p.buffer);
   }
 
-  std::vector<float> global_, momentum_, local_;
+  std::vector<float> global_, momentum_, local_, stand_in_;
+  std::vector<float> eager_, eager_momentum_;  // eager updates: this peer's outer parameters
   std::vector<part> parts_, restored_;
   std::int64_t merges_ = 0;
   std::uint64_t peak_bytes_ = 0;
@@ -18837,7 +18930,10 @@ io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
 // ---- begin decentrain/train/metrics.hpp ----
 // What a trainer reports: after every step, at every evaluation, and at the end of fit.
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <utility>
 #include <vector>
 
 namespace decentrain::train {
@@ -18858,7 +18954,32 @@ struct step_metrics {
   // clock_s it is the compute utilisation: the share of the time the processor was not left
   // waiting on the network.
   double compute_s = 0;
+  // The most bytes per second this peer's transport sent over any span of at least a second of
+  // its clock so far (see send_rate).
+  double peak_send_rate = 0;
   double utilisation() const { return clock_s > 0 ? compute_s / clock_s : 0.0; }
+  double mean_send_rate() const { return clock_s > 0 ? static_cast<double>(bytes_sent) / clock_s : 0.0; }
+};
+
+// A peer's peak send rate, fed its (clock, bytes sent) after each step in order: the largest rate
+// over the shortest run of steps that spans at least `window_s` of clock. A step alone would not
+// do: an exchange in the background sends in bursts that land between steps.
+class send_rate {
+ public:
+  explicit send_rate(double window_s = 1.0) : window_s_(window_s) {}
+  void add(double clock_s, std::uint64_t bytes_sent) {
+    seen_.emplace_back(clock_s, bytes_sent);
+    while (seen_.size() > 2 && seen_.back().first - seen_[1].first >= window_s_) seen_.pop_front();
+    const auto& [t0, b0] = seen_.front();
+    const auto& [t1, b1] = seen_.back();
+    if (t1 - t0 >= window_s_ && t1 > t0) peak_ = std::max(peak_, static_cast<double>(b1 - b0) / (t1 - t0));
+  }
+  double peak() const { return peak_; }  // bytes per second; 0 before a window has passed
+
+ private:
+  double window_s_;
+  std::deque<std::pair<double, std::uint64_t>> seen_;
+  double peak_ = 0;
 };
 
 struct eval_point {
@@ -19085,7 +19206,9 @@ class metrics_log {
           .add("bytes_received", m.bytes_received)
           .add("policy_bytes_sent", m.policy_bytes_sent)
           .add("network_wait_s", m.network_wait_s)
-          .add("clock_s", m.clock_s);
+          .add("clock_s", m.clock_s)
+          .add("compute_s", m.compute_s)
+          .add("peak_send_rate", m.peak_send_rate);
       std::lock_guard lock(mutex_);
       write(line);
     });
@@ -19311,6 +19434,7 @@ class trainer {
     }
     resumed_ = ctx.resumed = false;
     fit_result result;
+    send_rate_ = send_rate{};
     const auto wall0 = std::chrono::steady_clock::now();
     std::int64_t tokens = 0, stepped_to = -1;
     while (step_ < options_.steps) {
@@ -19350,6 +19474,8 @@ class trainer {
       result.last = step_metrics{rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
                                  wall, unix_now(), policy_bytes_, redos_, compute_s_};
+      send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
+      result.last.peak_send_rate = send_rate_.peak();
       for (auto& h : step_hooks_) h(result.last);
     }
     if (result.stopped) return result;
@@ -19674,6 +19800,7 @@ class trainer {
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
   double compute_s_ = 0;  // seconds of forward, backward and optimizer steps in this fit
+  send_rate send_rate_;
   bool resumed_ = false;
   bool adopted_ = false;  // adopt() was called since the fault policy's start began
   struct resume_point {

@@ -627,6 +627,10 @@ TEST_CASE("train --comm streaming-diloco: fragments exchanged beside compute, ut
   auto overlapped = run(base + " --comm diloco --overlap 2", dir);
   REQUIRE(overlapped.status == 0);
   CHECK_THAT(overlapped.output, Contains("comm streaming_diloco: "));  // DiLoCo with overlap: one fragment
+  auto eager = run(base + " --comm streaming-diloco --fragments 2 --eager", dir);
+  INFO(eager.output);
+  REQUIRE(eager.status == 0);
+  CHECK(std::isfinite(val(eager.output)));
   // Settings that do not apply, or are out of range, are named.
   auto bad = run(base + " --comm diloco --fragments 2", dir);
   CHECK(bad.status == 1);
@@ -636,6 +640,11 @@ TEST_CASE("train --comm streaming-diloco: fragments exchanged beside compute, ut
   bad = run(base + " --comm streaming-diloco --overlap 6", dir);
   CHECK(bad.status == 1);
   CHECK_THAT(bad.output, Contains("overlap must be in [0, inner_steps)"));
+  bad = run(base + " --comm diloco --eager --overlap 2", dir);
+  CHECK(bad.status == 1);
+  CHECK_THAT(bad.output, Contains("--eager overlaps each exchange with a whole round and steps at once: --overlap and --mix do not apply"));
+  bad = run(base + " --comm local-sgd --eager", dir);
+  CHECK_THAT(bad.output, Contains("--eager needs --comm diloco or streaming-diloco"));
 }
 
 TEST_CASE("train --aggregator: robust aggregation named on the command line, bad specs refused", "[cli][aggregator]") {

@@ -49,6 +49,33 @@ std::vector<std::vector<std::vector<float>>> params_per_step(int world, const tr
   return seen;
 }
 
+// Wraps a policy: records each peer's parameters when the policy starts and before its
+// after_step on every step (the parameters its inner step left).
+template <class Inner>
+struct recorder {
+  using policy_concept = dt::comm::policy_tag;
+  Inner inner{};
+  std::vector<std::vector<float>>* started = nullptr;              // [rank]
+  std::vector<std::vector<std::vector<float>>>* before = nullptr;  // [rank][step]
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    inner.start(ctx);
+    dt::comm::gather_values(ctx.parameters, (*started)[static_cast<std::size_t>(ctx.comm.rank())]);
+  }
+  template <class Ctx>
+  void after_backward(Ctx& ctx) {
+    inner.after_backward(ctx);
+  }
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    (*before)[static_cast<std::size_t>(ctx.comm.rank())].push_back(flat_params(ctx.parameters));
+    inner.after_step(ctx);
+  }
+  void save(dt::io::checkpoint& c) const { inner.save(c); }
+  void load(const dt::io::checkpoint& c) { inner.load(c); }
+};
+
 }  // namespace
 
 TEST_CASE("streaming_diloco: one fragment, no overlap and mix 0 is DiLoCo step for step") {
@@ -166,6 +193,113 @@ TEST_CASE("streaming_diloco: a run resumed while an exchange is in flight matche
   const auto resumed = fixture::resume_from<StreamingTrainer>(saved, two_layers(), opts, s);
   CHECK(resumed[0] == whole[0]);
   CHECK(resumed[1] == whole[1]);
+}
+
+TEST_CASE("streaming_diloco: eager updates with one peer are DiLoCo step for step") {
+  // One peer's stand-in, last average + (own_t - own_{t-1}) / 1, is its own pseudo-gradient:
+  // the same outer steps as DiLoCo's, up to rounding.
+  const auto opts = short_run(13);
+  dt::comm::diloco<> d;
+  d.inner_steps = 4;
+  Streaming s;
+  s.inner_steps = 4;
+  s.fragments = 1;
+  s.eager = true;
+  const auto diloco = params_per_step<dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>>(1, opts, d);
+  const auto eager = params_per_step<StreamingTrainer>(1, opts, s);
+  REQUIRE(eager[0].size() == 13);
+  for (std::size_t step = 0; step < 13; ++step) CHECK(fixture::max_abs_diff(eager[0][step], diloco[0][step]) < 1e-5);
+  // The same run without eager updates, overlapping one step, is not: the comparison can fail.
+  s.eager = false;
+  s.overlap = 1;
+  s.mix = 0;
+  const auto overlapped = params_per_step<StreamingTrainer>(1, opts, s);
+  CHECK(fixture::max_abs_diff(overlapped[0][4], diloco[0][4]) > 1e-3);
+}
+
+TEST_CASE("streaming_diloco: eager updates step with the own pseudo-gradient and the others' from the round before") {
+  // Three peers, one fragment, H = 3: exchanges after steps 2, 5, 8, the last step 9 ends on the
+  // global copy. The expected parameters are computed here from what each peer's inner steps left.
+  constexpr int world = 3;
+  constexpr std::size_t steps = 10;
+  const auto opts = short_run(static_cast<std::int64_t>(steps));
+  using Recorded = recorder<Streaming>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Recorded>;
+  std::vector<std::vector<float>> started(world);
+  std::vector<std::vector<std::vector<float>>> before(world);
+  Recorded policy;
+  policy.inner.inner_steps = 3;
+  policy.inner.fragments = 1;
+  policy.inner.eager = true;
+  policy.started = &started;
+  policy.before = &before;
+  const auto after = params_per_step<Trainer>(world, opts, policy);
+  const dt::comm::outer::nesterov outer;
+  auto outer_step = [&](std::vector<float>& params, const std::vector<float>& grad, std::vector<float>& momentum, bool first) {
+    dt::kernels::sgd_update(dt::cpu{}, params.data(), grad.data(), momentum.data(), static_cast<std::int64_t>(params.size()),
+                            outer.lr, outer.momentum, 0.0, outer.use_nesterov, 0.0, first);
+  };
+  const auto n = started[0].size();
+  REQUIRE(started[1] == started[0]);
+  std::vector<std::vector<float>> own(world, started[0]), own_momentum(world, std::vector<float>(n));
+  std::vector<std::vector<float>> previous(world);  // each peer's pseudo-gradient of the round before
+  std::vector<float> global = started[0], global_momentum(n), previous_average;
+  std::size_t rounds = 0;
+  for (const std::size_t s : {std::size_t{2}, std::size_t{5}, std::size_t{8}, steps - 1}) {
+    std::vector<std::vector<float>> delta(world, std::vector<float>(n));
+    std::vector<float> average(n);
+    for (std::size_t r = 0; r < world; ++r)
+      for (std::size_t i = 0; i < n; ++i) {
+        delta[r][i] = own[r][i] - before[r][s][i];
+        average[i] += delta[r][i] / world;
+      }
+    if (s == steps - 1) {
+      // The exchange from step 8 and the last one land on the global copy; every peer ends there.
+      outer_step(global, previous_average, global_momentum, false);
+      outer_step(global, average, global_momentum, false);
+      for (std::size_t r = 0; r < world; ++r) CHECK(fixture::max_abs_diff(after[r][s], global) < 1e-5);
+      CHECK(after[0][s] == after[1][s]);
+      CHECK(after[0][s] == after[2][s]);
+      break;
+    }
+    for (std::size_t r = 0; r < world; ++r) {
+      std::vector<float> stand_in(n);
+      for (std::size_t i = 0; i < n; ++i)
+        stand_in[i] = rounds == 0 ? delta[r][i] / world : previous_average[i] + (delta[r][i] - previous[r][i]) / world;
+      outer_step(own[r], stand_in, own_momentum[r], rounds == 0);
+      INFO("step " << s << ", peer " << r);
+      CHECK(fixture::max_abs_diff(after[r][s], own[r]) < 1e-5);
+      CHECK(fixture::max_abs_diff(after[r][s], before[r][s]) > 1e-3);  // the step changed something
+      previous[r] = delta[r];
+    }
+    // The average of the round before arrives with this round's send: the global copy takes it.
+    if (rounds > 0) outer_step(global, previous_average, global_momentum, rounds == 1);
+    previous_average = average;
+    ++rounds;
+    // Between exchanges the parameters are the inner steps' alone (no merge when an average lands).
+    if (s + 1 < steps - 1)
+      for (std::size_t r = 0; r < world; ++r) CHECK(after[r][s + 1] == before[r][s + 1]);
+  }
+}
+
+TEST_CASE("streaming_diloco: eager updates resume bit for bit, and their state is not taken by a policy without them") {
+  const auto opts = short_run(14);
+  Streaming s;
+  s.inner_steps = 6;
+  s.fragments = 2;
+  s.eager = true;
+  const auto whole = fixture::final_params<StreamingTrainer>(2, two_layers(), opts, s);
+  // Fragment 0 exchanges after steps 2 and 8 (its (s + 1) mod 6 is 3): stopped after 5 steps, the
+  // exchange from step 2 is in flight and lands after step 8.
+  const auto saved = fixture::stop_at<StreamingTrainer>(2, 5, two_layers(), opts, s);
+  CHECK(saved[0].counter("comm.streaming_diloco.fragment0.lands_after") == 8);
+  CHECK(saved[0].tensors.count("comm.streaming_diloco.eager") == 1);
+  const auto resumed = fixture::resume_from<StreamingTrainer>(saved, two_layers(), opts, s);
+  CHECK(resumed[0] == whole[0]);
+  CHECK(resumed[1] == whole[1]);
+  s.eager = false;
+  CHECK_THROWS_WITH(fixture::resume_from<StreamingTrainer>(saved, two_layers(), opts, s),
+                    Catch::Contains("saved with eager updates, this policy has none"));
 }
 
 TEST_CASE("streaming_diloco: bad settings are named") {

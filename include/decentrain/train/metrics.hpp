@@ -1,7 +1,10 @@
 // What a trainer reports: after every step, at every evaluation, and at the end of fit.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <utility>
 #include <vector>
 
 namespace decentrain::train {
@@ -22,7 +25,32 @@ struct step_metrics {
   // clock_s it is the compute utilisation: the share of the time the processor was not left
   // waiting on the network.
   double compute_s = 0;
+  // The most bytes per second this peer's transport sent over any span of at least a second of
+  // its clock so far (see send_rate).
+  double peak_send_rate = 0;
   double utilisation() const { return clock_s > 0 ? compute_s / clock_s : 0.0; }
+  double mean_send_rate() const { return clock_s > 0 ? static_cast<double>(bytes_sent) / clock_s : 0.0; }
+};
+
+// A peer's peak send rate, fed its (clock, bytes sent) after each step in order: the largest rate
+// over the shortest run of steps that spans at least `window_s` of clock. A step alone would not
+// do: an exchange in the background sends in bursts that land between steps.
+class send_rate {
+ public:
+  explicit send_rate(double window_s = 1.0) : window_s_(window_s) {}
+  void add(double clock_s, std::uint64_t bytes_sent) {
+    seen_.emplace_back(clock_s, bytes_sent);
+    while (seen_.size() > 2 && seen_.back().first - seen_[1].first >= window_s_) seen_.pop_front();
+    const auto& [t0, b0] = seen_.front();
+    const auto& [t1, b1] = seen_.back();
+    if (t1 - t0 >= window_s_ && t1 > t0) peak_ = std::max(peak_, static_cast<double>(b1 - b0) / (t1 - t0));
+  }
+  double peak() const { return peak_; }  // bytes per second; 0 before a window has passed
+
+ private:
+  double window_s_;
+  std::deque<std::pair<double, std::uint64_t>> seen_;
+  double peak_ = 0;
 };
 
 struct eval_point {

@@ -108,7 +108,9 @@ class metrics_log {
           .add("bytes_received", m.bytes_received)
           .add("policy_bytes_sent", m.policy_bytes_sent)
           .add("network_wait_s", m.network_wait_s)
-          .add("clock_s", m.clock_s);
+          .add("clock_s", m.clock_s)
+          .add("compute_s", m.compute_s)
+          .add("peak_send_rate", m.peak_send_rate);
       std::lock_guard lock(mutex_);
       write(line);
     });

@@ -140,6 +140,7 @@ class trainer {
     }
     resumed_ = ctx.resumed = false;
     fit_result result;
+    send_rate_ = send_rate{};
     const auto wall0 = std::chrono::steady_clock::now();
     std::int64_t tokens = 0, stepped_to = -1;
     while (step_ < options_.steps) {
@@ -179,6 +180,8 @@ class trainer {
       result.last = step_metrics{rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
                                  wall, unix_now(), policy_bytes_, redos_, compute_s_};
+      send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
+      result.last.peak_send_rate = send_rate_.peak();
       for (auto& h : step_hooks_) h(result.last);
     }
     if (result.stopped) return result;
@@ -503,6 +506,7 @@ class trainer {
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
   double compute_s_ = 0;  // seconds of forward, backward and optimizer steps in this fit
+  send_rate send_rate_;
   bool resumed_ = false;
   bool adopted_ = false;  // adopt() was called since the fault policy's start began
   struct resume_point {

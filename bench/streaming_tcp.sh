@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# bench/streaming_tcp.sh: bench/streaming's setting over real TCP between processes, on a link
+# slowed by the kernel, beside the simulator's figure for the same link.
+#
+# Two peers (two cores: one process and one compute thread each), each in a network namespace
+# this script creates, joined by a veth pair whose two ends are shaped: `tc netem` (delay and
+# rate) where the kernel has it, else `tc tbf` (rate only, and the simulated row then gets no
+# latency either); without namespaces or either qdisc the script says why and exits 0 having
+# run nothing. The link's rate is bench_streaming's: one f32 all-reduce of the model = --ratio
+# (20) inner steps, measured by its own run first.
+#
+#   bench/streaming_tcp.sh [--build DIR] [--steps 300] [--rows diloco:identity,streaming-7-5:fp4,...]
+#                          [--json PATH]
+#
+# Needs root (namespaces, tc). Everything it creates is named dt-stream-* and removed on exit.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="$root/build"
+steps=300
+rows="diloco:identity,streaming-7-5:identity,diloco:fp4,streaming-7-5:fp4"
+json="$root/bench/results/streaming_tcp.json"
+latency_ms=10
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --rows) rows="$2"; shift 2 ;;
+    --json) json="$2"; shift 2 ;;
+    *) echo "bench/streaming_tcp.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+done
+cli="$build/examples/decentrain-gpt"
+bench="$build/bench/bench_streaming"
+data="$root/../shared/data/tinyshakespeare.txt"
+for f in "$cli" "$bench"; do
+  [ -x "$f" ] || { echo "bench/streaming_tcp.sh: $f is missing (cmake --build $build --target decentrain-gpt bench_streaming)" >&2; exit 2; }
+done
+
+skip() { echo "bench/streaming_tcp.sh: skipped, $*"; exit 0; }
+[ "$(id -u)" = 0 ] || skip "it needs root for network namespaces and tc"
+command -v ip >/dev/null && command -v tc >/dev/null || skip "ip and tc (iproute2) are not installed"
+
+ns0=dt-stream-0 ns1=dt-stream-1
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  ip netns del "$ns0" 2>/dev/null || true
+  ip netns del "$ns1" 2>/dev/null || true
+}
+trap cleanup EXIT
+cleanup
+ip netns add "$ns0" 2>/dev/null || skip "network namespaces cannot be created here (ip netns add failed)"
+ip netns add "$ns1"
+ip link add dt-stream-a netns "$ns0" type veth peer name dt-stream-b netns "$ns1" ||
+  skip "veth pairs cannot be created here"
+ip -n "$ns0" addr add 10.77.0.1/24 dev dt-stream-a
+ip -n "$ns1" addr add 10.77.0.2/24 dev dt-stream-b
+for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up; done
+ip -n "$ns0" link set dt-stream-a up
+ip -n "$ns1" link set dt-stream-b up
+
+# Which shaper: netem (delay + rate) or tbf (rate). Probed before the rate is known.
+if ip netns exec "$ns0" tc qdisc add dev dt-stream-a root netem delay 1ms 2>/dev/null; then
+  shaper=netem
+elif ip netns exec "$ns0" tc qdisc add dev dt-stream-a root tbf rate 1mbit burst 32kb latency 1s 2>/dev/null; then
+  shaper=tbf
+  echo "bench/streaming_tcp.sh: this kernel has no netem qdisc; shaping the rate with tbf, no added delay" \
+       "(the simulated rows get 0 ms latency to match)"
+  latency_ms=0
+else
+  skip "neither the netem nor the tbf qdisc is available in this kernel"
+fi
+ip netns exec "$ns0" tc qdisc del dev dt-stream-a root
+
+# The simulator's rows first: they measure the step and so the link's rate.
+tmp="$(mktemp -d)"
+sim_rows="" sim_codecs=""
+IFS=',' read -r -a specs <<< "$rows"
+for spec in "${specs[@]}"; do
+  row="${spec%%:*}" codec="${spec#*:}"
+  "$bench" --peers 2 --steps "$steps" --rows "$row" --codecs "$codec" --latency-ms "$latency_ms" \
+    --json "$tmp/sim-$row-$codec.json" > "$tmp/sim-$row-$codec.txt" 2>&1
+done
+first="${specs[0]}"
+rate_mb=$(sed -n 's/.*links [0-9.]* ms, \([0-9.]*\) MB\/s.*/\1/p' "$tmp/sim-${first%%:*}-${first#*:}.txt")
+[ -n "$rate_mb" ] || { echo "bench/streaming_tcp.sh: could not read the link rate from bench_streaming" >&2; cat "$tmp/sim-${first%%:*}-${first#*:}.txt" >&2; exit 1; }
+rate_bps=$(python3 -c "print(int(float('$rate_mb') * 1e6))")
+for pair in "$ns0 dt-stream-a" "$ns1 dt-stream-b"; do
+  set -- $pair
+  if [ "$shaper" = netem ]; then
+    ip netns exec "$1" tc qdisc add dev "$2" root netem delay "${latency_ms}ms" rate "${rate_bps}bps" limit 100000
+  else
+    ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${rate_bps}bps" burst 64kb latency 10s
+  fi
+done
+echo "link: $shaper, $rate_mb MB/s each way, ${latency_ms} ms added delay"
+
+# The same rows over TCP: the recipe of bench/shakespeare_recipe.hpp on the command line.
+recipe=(--data "$data" --n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12 --lr 1e-3 --min-lr 1e-4
+        --warmup $((steps / 10 < 100 ? steps / 10 : 100)) --beta2 0.99 --weight-decay 0.1 --grad-clip 1 --dropout 0
+        --steps "$steps" --eval-every 0 --eval-batches 25 --threads 1 --metrics '' --inner-steps 50)
+policy_args() {  # row -> CLI flags
+  case "$1" in
+    diloco) echo "--comm diloco" ;;
+    diloco-overlap) echo "--comm diloco --overlap 5" ;;
+    diloco-eager) echo "--comm diloco --eager" ;;
+    streaming-*-eager) p="${1#streaming-}"; echo "--comm streaming-diloco --fragments ${p%%-*} --eager" ;;
+    streaming-*) p="${1#streaming-}"; echo "--comm streaming-diloco --fragments ${p%%-*} --overlap ${p#*-} --mix 0.5" ;;
+    *) echo "bench/streaming_tcp.sh: no CLI flags for row '$1'" >&2; exit 2 ;;
+  esac
+}
+printf '%-16s %-9s %10s %10s %10s %10s %10s %10s\n' row codec "sim util%" "tcp util%" "sim loss" "tcp loss" "tcp MB" "tcp s"
+echo "[" > "$json.tmp"
+n=0
+for spec in "${specs[@]}"; do
+  row="${spec%%:*}" codec="${spec#*:}"
+  read -r -a flags <<< "$(policy_args "$row")"
+  out0="$tmp/tcp-$row-$codec-0.txt" out1="$tmp/tcp-$row-$codec-1.txt"
+  ip netns exec "$ns0" timeout 900 "$cli" train "${recipe[@]}" "${flags[@]}" --codec "$codec" \
+    --listen 10.77.0.1:29511 --rank 0 --world 2 > "$out0" 2>&1 &
+  pids=($!)
+  sleep 0.5
+  ip netns exec "$ns1" timeout 900 "$cli" train "${recipe[@]}" "${flags[@]}" --codec "$codec" \
+    --listen 10.77.0.2:29511 --join 10.77.0.1:29511 --rank 1 --world 2 > "$out1" 2>&1 &
+  pids+=($!)
+  status=0
+  for p in "${pids[@]}"; do wait "$p" || status=$?; done
+  pids=()
+  if [ "$status" != 0 ]; then echo "bench/streaming_tcp.sh: row $row $codec failed over TCP:" >&2; tail -20 "$out0" "$out1" >&2; exit 1; fi
+  # The summary row of peer 0: peer, val loss, MB sent, MB received, net wait, compute, clock, util %.
+  read -r _ tcp_loss tcp_mb _ _ _ tcp_clock tcp_util _ < <(grep -E '^0 +[0-9]' "$out0" | tail -1)
+  sim=$(python3 -c "import json; r = json.load(open('$tmp/sim-$row-$codec.json'))[0]; print(100 * r['utilisation'], r['val_loss'], r['simulated_s'])")
+  read -r sim_util sim_loss sim_s <<< "$sim"
+  printf '%-16s %-9s %10.1f %10.1f %10.4f %10.4f %10.1f %10.1f\n' "$row" "$codec" "$sim_util" "$tcp_util" "$sim_loss" "$tcp_loss" "$tcp_mb" "$tcp_clock"
+  [ $n -gt 0 ] && echo "," >> "$json.tmp"
+  printf '  {"row": "%s", "codec": "%s", "steps": %s, "peers": 2, "shaper": "%s", "link_mb_per_s": %s, "latency_ms": %s, "simulated_utilisation": %s, "tcp_utilisation": %s, "simulated_val_loss": %s, "tcp_val_loss": %s, "simulated_s": %s, "tcp_s": %s, "tcp_mb_sent": %s}' \
+    "$row" "$codec" "$steps" "$shaper" "$rate_mb" "$latency_ms" "$(python3 -c "print($sim_util / 100)")" \
+    "$(python3 -c "print($tcp_util / 100)")" "$sim_loss" "$tcp_loss" "$sim_s" "$tcp_clock" "$tcp_mb" >> "$json.tmp"
+  n=$((n + 1))
+done
+printf '\n]\n' >> "$json.tmp"
+mv "$json.tmp" "$json"
+rm -rf "$tmp"
+echo "rows written to $json"
