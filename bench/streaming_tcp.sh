@@ -111,6 +111,7 @@ policy_args() {  # row -> CLI flags
   esac
 }
 printf '%-16s %-9s %10s %10s %10s %10s %10s %10s\n' row codec "sim util%" "tcp util%" "sim loss" "tcp loss" "tcp MB" "tcp s"
+mkdir -p "$(dirname "$json")"
 echo "[" > "$json.tmp"
 n=0
 for spec in "${specs[@]}"; do
