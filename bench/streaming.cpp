@@ -187,19 +187,14 @@ int main(int argc, char** argv) try {
   // Rows over seeds: the mean of each figure, and half the range of the validation losses.
   struct summary {
     outcome mean;
-    double spread = 0;
-    int runs = 0;
+    double lo = 0, hi = 0;  // the validation losses' range
   };
   std::vector<summary> table;
   for (const auto& o : outcomes) {
     auto it = std::find_if(table.begin(), table.end(), [&](const summary& s) { return s.mean.row == o.row && s.mean.codec == o.codec; });
-    if (it == table.end()) it = table.insert(table.end(), summary{outcome{o.row, o.codec, 0, {}}, 0.0, 0});
-    double lo = o.val_loss, hi = o.val_loss;
-    for (const auto& other : outcomes)
-      if (other.row == o.row && other.codec == o.codec) {
-        lo = std::min(lo, other.val_loss);
-        hi = std::max(hi, other.val_loss);
-      }
+    if (it == table.end()) it = table.insert(table.end(), summary{outcome{o.row, o.codec, 0, {}}, o.val_loss, o.val_loss});
+    it->lo = std::min(it->lo, o.val_loss);
+    it->hi = std::max(it->hi, o.val_loss);
     auto& m = it->mean;
     const double k = 1.0 / static_cast<double>(seeds.size());
     m.val_loss += k * o.val_loss;
@@ -210,8 +205,6 @@ int main(int argc, char** argv) try {
     m.total_mb += k * o.total_mb;
     m.peak_mb = std::max(m.peak_mb, o.peak_mb);
     m.peak_rate = std::max(m.peak_rate, o.peak_rate);
-    it->spread = (hi - lo) / 2;
-    ++it->runs;
   }
   double reference = 0;  // DiLoCo H, uncompressed
   for (const auto& s : table)
@@ -228,7 +221,7 @@ int main(int argc, char** argv) try {
     const auto& o = s.mean;
     const double rel = reference > 0 ? (o.val_loss - reference) / reference : 0.0;
     std::printf("%-18s %-10s %10.4f %8.4f %+9.2f%% %8.1f %8.1f %10.2f %10.2f %10.1f %12.1f %8.0f\n", o.row.c_str(),
-                o.codec.c_str(), o.val_loss, s.spread, 100 * rel, 100 * o.utilisation, 100 * o.steady, o.peak_mb, o.peak_rate,
+                o.codec.c_str(), o.val_loss, (s.hi - s.lo) / 2, 100 * rel, 100 * o.utilisation, 100 * o.steady, o.peak_mb, o.peak_rate,
                 o.total_mb, o.clock_s, o.wall_s);
   }
   json << "[\n";
