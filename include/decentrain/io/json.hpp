@@ -135,8 +135,7 @@ class json_parser {
     if (literal("false")) { v.type = json_value::kind::boolean; return v; }
     if (literal("null")) return v;
     const std::size_t start = pos_;
-    while (pos_ < s_.size() && (std::string_view("+-.eE0123456789").find(s_[pos_]) != std::string_view::npos)) ++pos_;
-    check(pos_ > start, "expected a value");
+    number();
     v.type = json_value::kind::number;
     v.text = std::string(s_.substr(start, pos_ - start));
     return v;
@@ -166,24 +165,75 @@ class json_parser {
         case 'r': out += '\r'; break;
         case 't': out += '\t'; break;
         case 'u': {
-          check(pos_ + 4 <= s_.size(), "short \\u escape");
-          unsigned code = 0;
-          for (int i = 0; i < 4; ++i) {
-            const char h = s_[pos_++];
-            code <<= 4;
-            if (h >= '0' && h <= '9') code |= static_cast<unsigned>(h - '0');
-            else if (h >= 'a' && h <= 'f') code |= static_cast<unsigned>(h - 'a' + 10);
-            else if (h >= 'A' && h <= 'F') code |= static_cast<unsigned>(h - 'A' + 10);
-            else check(false, "bad hex digit in \\u escape");
+          // Characters beyond the BMP come as a surrogate pair; a lone half is not text.
+          std::uint32_t code = hex4();
+          check(code < 0xdc00 || code > 0xdfff, "\\u escape holds a low surrogate without a high one");
+          if (code >= 0xd800 && code <= 0xdbff) {
+            check(s_.substr(pos_, 2) == "\\u", "\\u escape holds a high surrogate without a low one");
+            pos_ += 2;
+            const std::uint32_t low = hex4();
+            check(low >= 0xdc00 && low <= 0xdfff, "\\u escape holds a high surrogate without a low one");
+            code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
           }
-          // UTF-8 encode (surrogate pairs are kept as two 3-byte sequences: names never use them).
-          if (code < 0x80) out += static_cast<char>(code);
-          else if (code < 0x800) { out += static_cast<char>(0xc0 | (code >> 6)); out += static_cast<char>(0x80 | (code & 0x3f)); }
-          else { out += static_cast<char>(0xe0 | (code >> 12)); out += static_cast<char>(0x80 | ((code >> 6) & 0x3f)); out += static_cast<char>(0x80 | (code & 0x3f)); }
+          append_utf8(out, code);
           break;
         }
         default: check(false, "unknown escape");
       }
+    }
+  }
+
+  std::uint32_t hex4() {
+    check(pos_ + 4 <= s_.size(), "short \\u escape");
+    std::uint32_t code = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = s_[pos_++];
+      code <<= 4;
+      if (h >= '0' && h <= '9') code |= static_cast<std::uint32_t>(h - '0');
+      else if (h >= 'a' && h <= 'f') code |= static_cast<std::uint32_t>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F') code |= static_cast<std::uint32_t>(h - 'A' + 10);
+      else check(false, "bad hex digit in \\u escape");
+    }
+    return code;
+  }
+
+  static void append_utf8(std::string& out, std::uint32_t code) {
+    const auto put = [&](std::uint32_t b) { out += static_cast<char>(b); };
+    if (code < 0x80) {
+      put(code);
+    } else if (code < 0x800) {
+      put(0xc0 | (code >> 6)), put(0x80 | (code & 0x3f));
+    } else if (code < 0x10000) {
+      put(0xe0 | (code >> 12)), put(0x80 | ((code >> 6) & 0x3f)), put(0x80 | (code & 0x3f));
+    } else {
+      put(0xf0 | (code >> 18)), put(0x80 | ((code >> 12) & 0x3f)), put(0x80 | ((code >> 6) & 0x3f)),
+          put(0x80 | (code & 0x3f));
+    }
+  }
+
+  // JSON's number grammar exactly: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+  void number() {
+    const auto digit = [&] { return pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9'; };
+    const auto digits = [&](const char* what) {
+      check(digit(), what);
+      while (digit()) ++pos_;
+    };
+    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
+    check(digit(), "expected a value");
+    if (s_[pos_] == '0') {
+      ++pos_;
+      check(!digit(), "number with a leading zero");
+    } else {
+      digits("expected a digit");
+    }
+    if (pos_ < s_.size() && s_[pos_] == '.') {
+      ++pos_;
+      digits("expected a digit after the decimal point");
+    }
+    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      ++pos_;
+      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
+      digits("expected a digit in the exponent");
     }
   }
 
