@@ -6,6 +6,7 @@
 //                         [--peers N | --listen HOST:PORT ... | --mpi] [--comm NAME] ...
 //   decentrain-gpt eval   --weights W.safetensors --tokens SHARD --n-head H
 //                         [--batch-size B] [--block-size T] [--dump-grads G.safetensors]
+//   decentrain-gpt prepare --input TEXT --out DIR [--tokenizer gpt2|byte]
 //   decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors --n-head H)
 //                         [--prompt TEXT | --prompt-ids 1,2,3] [--tokens N] [--temperature X]
 //                         [--top-k K] [--seed S]
@@ -14,12 +15,15 @@
 // `decentrain-gpt help` lists every option with its default.
 #include <decentrain/decentrain.hpp>
 
+#include <glob.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,10 +62,15 @@ decentrain-gpt train [options]
   --n-layer/--n-head/--n-embd/--block-size N   override the preset
   --dropout P            (default: the preset's)
   --no-bias              no biases in linears and layer norms (nanoGPT's bias=False)
-  --data FILE            a text file (character-level) or an llm.c token shard;
-                         default: the built-in generated corpus
-  --vocab-size N         vocabulary for token shards (default: the preset's)
-  --val-fraction F       held-out fraction of the data (default 0.1)
+  --data PATH            text (a file or a glob of files), llm.c token shards (a file, a glob
+                         such as 'dir/train_*.bin', or a folder made by `prepare`, whose
+                         val_*.bin is then the validation split); default: the built-in corpus
+  --tokenizer NAME       for text: char (its distinct bytes; default) | byte | gpt2
+  --vocab DIR            GPT-2's encoder.json + vocab.bpe (default: the installed copy)
+  --vocab-size N         vocabulary for token shards (default: prepare.json's, else 50257 with
+                         --tokenizer gpt2, else the preset's)
+  --val-data PATH        token shards for validation (a file or a glob)
+  --val-fraction F       held-out fraction of the data when there is no --val-data (default 0.1)
   --steps N              optimizer steps in all (default {steps})
   --batch-size B         sequences per step, per peer (default {batch_size})
   --lr LR                peak learning rate of the cosine schedule (default {lr})
@@ -174,15 +183,26 @@ decentrain-gpt train [options]
   --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
   --outer-momentum X     DiLoCo's outer momentum (default 0.9)
 
-decentrain-gpt eval --weights W.safetensors --tokens SHARD --n-head H [options]
+decentrain-gpt prepare --input TEXT --out DIR [options]   text to llm.c token shards
+  --input PATH           a text file or a glob of them, each one document (led by <|endoftext|>)
+  --tokenizer NAME       gpt2 (default) | byte           --vocab DIR   as for train
+  --val-fraction F       the last F of the tokens go to DIR/val_000000.bin (default 0.1)
+  --shard-tokens N       tokens per DIR/train_NNNNNN.bin (default 100000000)
+  Writes DIR/prepare.json too, so `train --data DIR` knows the tokenizer.
+
+decentrain-gpt version   prints the version (also --version)
+
+decentrain-gpt eval --weights W.safetensors --tokens SHARD [--n-head H] [options]
+  --n-head H             the weights' heads; read from config.json beside them when it is there
   --batch-size B         rows (default 4)     --block-size T   tokens per row (default 64)
   --dump-grads FILE      also write d loss / d weights under the weights' names
   Reads the first B x (T+1) tokens as B rows (T inputs, the next T tokens as targets) and
   prints `loss <x>`.
 
-decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors --n-head H) [options]
+decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors [--n-head H]) [options]
   --checkpoint           a checkpoint file, or a --checkpoint-dir (its newest step of peer 0)
-  --prompt TEXT          (checkpoints with a character tokenizer)
+  --prompt TEXT          encoded with the checkpoint's tokenizer (GPT-2's for 50257-id weights)
+  --tokenizer NAME       gpt2 | byte, for a model that names none   --vocab DIR   as for train
   --prompt-ids I,J,...   token ids (any model)
   --tokens N             tokens to generate (default {sample_tokens})
   --temperature X        (default {temperature})   --top-k K   (default {top_k}; 0 = all)   --seed S
@@ -271,13 +291,20 @@ class options {
     dt::detail::check(n == values_.at(k).size() && n > 0, "--", k, " expects an integer, got '", values_.at(k), "'");
     return v;
   }
+  // An integer in [lo, hi]: a value outside is refused by name, never wrapped or truncated.
+  std::int64_t integer(const std::string& k, std::int64_t fallback, std::int64_t lo, std::int64_t hi) const {
+    const auto v = integer(k, fallback);
+    dt::detail::check(!has(k) || (v >= lo && v <= hi), "--", k, " must be in [", lo, ", ", hi, "], got ", v);
+    return v;
+  }
   double real(const std::string& k, double fallback) const {
     used_.insert(k);
     if (!has(k)) return fallback;
     std::size_t n = 0;
     double v = 0;
     try { v = std::stod(values_.at(k), &n); } catch (const std::exception&) { n = 0; }
-    dt::detail::check(n == values_.at(k).size() && n > 0, "--", k, " expects a number, got '", values_.at(k), "'");
+    dt::detail::check(n == values_.at(k).size() && n > 0 && std::isfinite(v), "--", k, " expects a finite number, got '",
+                      values_.at(k), "'");
     return v;
   }
   // Any option that no lookup asked for is a typo: say so rather than ignore it.
@@ -293,8 +320,7 @@ class options {
 
 // --threads N, or (0) what OpenMP would use: OMP_NUM_THREADS or all cores.
 int threads(const options& opt, int fallback) {
-  const auto n = opt.integer("threads", fallback);
-  dt::detail::check(n >= 0, "--threads must be >= 0, got ", n);
+  const auto n = opt.integer("threads", fallback, 0, 1024);
 #if defined(_OPENMP)
   return n > 0 ? static_cast<int>(n) : omp_get_max_threads();
 #else
@@ -368,40 +394,249 @@ fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int 
   return ck.file(std::get<0>(*best), std::get<1>(*best), std::get<2>(*best));
 }
 
+// ---- tokenizers and data files ---------------------------------------------------------------
+
+// GPT-2's vocabulary folder: --vocab DIR, else $DECENTRAIN_GPT2_VOCAB, else share/decentrain/gpt2
+// beside this program's installed bin/, else the one it was installed with, else the source tree's.
+fs::path gpt2_vocab_dir(const options& opt) {
+  if (opt.has("vocab")) return opt.text("vocab", "");
+  if (const char* env = std::getenv("DECENTRAIN_GPT2_VOCAB")) return env;
+  std::error_code ec;
+  const auto exe = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<fs::path> candidates;
+  if (!ec) candidates.push_back(exe.parent_path().parent_path() / "share/decentrain/gpt2");
+  candidates.push_back(DECENTRAIN_GPT2_VOCAB_INSTALLED);
+  candidates.push_back(DECENTRAIN_GPT2_VOCAB_SOURCE);
+  for (const auto& c : candidates)
+    if (fs::exists(c / "encoder.json") || fs::exists(c / "vocab.json")) return c;
+  dt::detail::fail("GPT-2's vocabulary (encoder.json + vocab.bpe) is not in ", candidates.back().string(),
+                   " nor where it is installed; give its folder with --vocab DIR");
+}
+
+// The tokenizer text goes through: "char" (the distinct bytes of the training text; the alphabet
+// travels in checkpoints), "byte" (256 ids) or "gpt2" (GPT-2's BPE, 50257 ids, "<|endoftext|>"
+// read as its special token).
+struct text_tokenizer {
+  std::string name;
+  std::optional<dt::data::char_tokenizer> chars;
+  std::optional<dt::data::gpt2_tokenizer> gpt2;
+
+  static text_tokenizer make(const std::string& name, const options& opt, std::string_view text) {
+    text_tokenizer t{name, std::nullopt, std::nullopt};
+    if (name == "char") t.chars = dt::data::char_tokenizer::from_text(text);
+    else if (name == "gpt2") t.gpt2 = dt::data::gpt2_tokenizer::load(gpt2_vocab_dir(opt));
+    else dt::detail::check(name == "byte", "--tokenizer must be char, byte or gpt2, got '", name, "'");
+    return t;
+  }
+  // The tokenizer a checkpoint was trained with, if it names one.
+  static std::optional<text_tokenizer> of(const dt::io::checkpoint& c, const options& opt) {
+    const auto name = c.text.count("tokenizer.name") ? c.text.at("tokenizer.name")
+                      : c.text.count("tokenizer.alphabet") ? std::string("char") : std::string();
+    if (name.empty()) return std::nullopt;
+    if (name != "char") return make(name, opt, {});
+    return text_tokenizer{name, dt::data::char_tokenizer(c.text.at("tokenizer.alphabet")), std::nullopt};
+  }
+
+  std::int64_t vocab_size() const { return chars ? chars->vocab_size() : gpt2 ? gpt2->vocab_size() : 256; }
+  std::vector<std::int32_t> encode(std::string_view text) const {
+    if (chars) return chars->encode(text);
+    if (gpt2) return gpt2->encode(text);
+    return dt::data::byte_tokenizer{}.encode(text);
+  }
+  std::string decode(const std::vector<std::int32_t>& ids) const {
+    if (chars) return chars->decode(ids);
+    if (gpt2) return gpt2->decode(ids);
+    return dt::data::byte_tokenizer{}.decode(ids);
+  }
+  // What checkpoints keep of it.
+  void record(std::map<std::string, std::string>& text) const {
+    text["tokenizer.name"] = name;
+    if (chars) text["tokenizer.alphabet"] = chars->alphabet();
+  }
+};
+
+// A --data or --input value: a folder made by `prepare`, a glob ('dir/train_*.bin', sorted) or
+// one file.
+std::vector<fs::path> data_files(const std::string& pattern, const char* option) {
+  std::vector<fs::path> files;
+  if (pattern.find_first_of("*?[") == std::string::npos) {
+    dt::detail::check(fs::exists(pattern), option, " ", pattern, " does not exist");
+    files.emplace_back(pattern);
+    return files;
+  }
+  glob_t found{};
+  const int rc = glob(pattern.c_str(), 0, nullptr, &found);
+  for (std::size_t i = 0; rc == 0 && i < found.gl_pathc; ++i) files.emplace_back(found.gl_pathv[i]);
+  globfree(&found);
+  dt::detail::check(!files.empty(), option, " '", pattern, "' matches no files");
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// The tokens of llm.c shards, each checked to be a shard, in order.
+std::vector<std::int32_t> read_shards(const std::vector<fs::path>& files) {
+  std::vector<std::int32_t> tokens;
+  for (const auto& f : files) {
+    dt::detail::check(dt::io::is_token_shard(f), f.string(), " is not an llm.c token shard (every file of a glob must be)");
+    const auto part = dt::io::read_token_shard(f);
+    tokens.insert(tokens.end(), part.begin(), part.end());
+  }
+  return tokens;
+}
+
+// ---- prepare -------------------------------------------------------------------------------
+
+// Text files to llm.c shards: each file is a document, led by <|endoftext|> as llm.c does; the
+// last --val-fraction of the tokens go to val_000000.bin, the rest to train_NNNNNN.bin of at most
+// --shard-tokens each; prepare.json says which tokenizer, so training and sampling use it too.
+int cmd_prepare(const options& opt) {
+  const std::string input = opt.text("input", ""), out = opt.text("out", ""), name = opt.text("tokenizer", "gpt2");
+  const double val_fraction = opt.real("val-fraction", 0.1);
+  const auto shard_tokens = opt.integer("shard-tokens", 100'000'000);
+  dt::detail::check(!input.empty() && !out.empty(), "prepare needs --input TEXT (a file or a glob) and --out DIR");
+  dt::detail::check(name == "gpt2" || name == "byte", "prepare's --tokenizer must be gpt2 or byte, got '", name,
+                    "' (a char vocabulary comes from the text itself: train on the text with --data)");
+  dt::detail::check(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
+  dt::detail::check(shard_tokens >= 1 && shard_tokens <= 0x7fffffff, "--shard-tokens must be in [1, 2^31), got ", shard_tokens);
+  const auto tok = text_tokenizer::make(name, opt, {});
+  opt.reject_unknown();
+  const auto inputs = data_files(input, "--input");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const auto f = e.path().filename().string();
+    dt::detail::check(!(f.rfind("train_", 0) == 0 || f.rfind("val_", 0) == 0) || e.path().extension() != ".bin", "--out ",
+                      out, " already holds shards (", f, "); remove them or choose another folder");
+  }
+  std::vector<std::int32_t> tokens;
+  std::size_t bytes = 0;
+  for (const auto& f : inputs) {
+    const auto text = dt::io::read_file(f);
+    bytes += text.size();
+    if (tok.gpt2) tokens.push_back(tok.gpt2->end_of_text_id());
+    const auto ids = tok.encode(text);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+  }
+  const auto n_val = static_cast<std::size_t>(static_cast<double>(tokens.size()) * val_fraction);
+  const auto n_train = tokens.size() - n_val;
+  fs::create_directories(out);
+  std::size_t shards = 0;
+  for (std::size_t at = 0; at < n_train || (at == 0 && n_train == 0); at += static_cast<std::size_t>(shard_tokens), ++shards) {
+    const auto end = std::min(n_train, at + static_cast<std::size_t>(shard_tokens));
+    char file[32];
+    std::snprintf(file, sizeof file, "train_%06zu.bin", shards);
+    dt::io::write_token_shard(fs::path(out) / file, {tokens.begin() + static_cast<std::ptrdiff_t>(at),
+                                                     tokens.begin() + static_cast<std::ptrdiff_t>(end)});
+  }
+  dt::io::write_token_shard(fs::path(out) / "val_000000.bin",
+                            {tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end()});
+  std::ostringstream meta;
+  meta << "{\"tokenizer\": " << dt::io::json_quote(name) << ", \"vocab_size\": " << tok.vocab_size()
+       << ", \"documents\": " << inputs.size() << ", \"text_bytes\": " << bytes << ", \"train_tokens\": " << n_train
+       << ", \"val_tokens\": " << n_val << ", \"train_shards\": " << shards << "}\n";
+  dt::io::write_file_atomically(fs::path(out) / "prepare.json", meta.str());
+  std::printf("prepare: %zu document(s), %.2f MB of text -> %zu %s tokens: %zu training in %zu shard(s), %zu validation, in %s\n",
+              inputs.size(), static_cast<double>(bytes) / 1e6, tokens.size(), name.c_str(), n_train, shards, n_val,
+              out.c_str());
+  return 0;
+}
+
+// ---- memory --------------------------------------------------------------------------------
+
+// Refuses, before anything is allocated, a run that cannot fit in this machine's memory: a bare
+// std::bad_alloc (or the kernel's OOM killer) would name nothing. The figure is a lower bound
+// (weights, gradients and AdamW's two moments; the residual stream, the MLP's hidden layer and
+// the logits), so a run that fits is never refused.
+void check_fits_in_memory(const dt::nn::gpt_config& cfg, std::int64_t batch, int peers) {
+  const double C = static_cast<double>(cfg.n_embd), L = static_cast<double>(cfg.n_layer),
+               T = static_cast<double>(cfg.block_size), V = static_cast<double>(cfg.vocab_size),
+               B = static_cast<double>(batch);
+  const double params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const double state = 16 * params;
+  const double activations = 4 * B * T * (L * 5 * C + V);
+  const double need = peers * (state + activations);
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  const auto figure = [](double v) {  // three digits: these are estimates
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+    return std::string(buf);
+  };
+  const auto gb = [&](double bytes) { return figure(bytes / 1e9) + " GB"; };
+  dt::detail::check(need <= have, "this run needs at least ", gb(need), " of memory, more than this machine's ", gb(have), ": ",
+                    peers > 1 ? std::to_string(peers) + " peers, each with " : std::string(), gb(state),
+                    " for the weights, gradients and AdamW state of ", figure(params), " parameters (--n-layer ",
+                    cfg.n_layer, ", --n-embd ", cfg.n_embd, ", vocabulary ", cfg.vocab_size, ") and ", gb(activations),
+                    " of activations (--batch-size ", batch, " x --block-size ", cfg.block_size, ")");
+}
+
 // ---- train ---------------------------------------------------------------------------------
 
 struct training_data {
   dt::data::token_dataset dataset;
-  std::optional<dt::data::char_tokenizer> tokenizer;  // for text data
+  std::optional<text_tokenizer> tokenizer;  // unknown for shards that `prepare` did not make
   std::int64_t vocab_size;
   std::string source;
 };
 
+// --data: text (tokenized here: --tokenizer char, byte or gpt2), llm.c shards (a file, a glob,
+// or a folder from `prepare`: its train_*.bin, with val_*.bin as the validation split), or
+// nothing: the built-in corpus.
 training_data load_training_data(const options& opt, std::int64_t preset_vocab, const dt::io::checkpoint* resume) {
   const double val_fraction = opt.real("val-fraction", 0.1);
-  const std::string path = opt.text("data", "");
-  if (!path.empty() && dt::io::is_token_shard(path)) {
-    auto tokens = dt::io::read_token_shard(path);
-    const auto vocab = opt.integer("vocab-size", preset_vocab);
-    for (std::size_t i = 0; i < tokens.size(); ++i)
-      dt::detail::check(tokens[i] < vocab, "token ", tokens[i], " at index ", i, " of ", path, " is outside the vocabulary of ",
-                        vocab, " (set --vocab-size)");
-    return {dt::data::token_dataset(std::move(tokens), val_fraction), std::nullopt, vocab, path + " (token shard)"};
+  std::string path = opt.text("data", "");
+  std::string val_path = opt.text("val-data", "");
+  const std::string tokenizer_name = opt.text("tokenizer", "");
+  dt::detail::check(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
+  std::optional<dt::io::json_value> prepared;  // prepare.json of a folder made by `prepare`
+  if (!path.empty() && fs::is_directory(path)) {
+    const auto meta = fs::path(path) / "prepare.json";
+    dt::detail::check(fs::exists(meta), "--data ", path, " is a folder without prepare.json (made by decentrain-gpt prepare); ",
+                      "name its shards with a glob instead, as '", (fs::path(path) / "train_*.bin").string(), "'");
+    prepared = dt::io::parse_json(dt::io::read_file(meta));
+    if (val_path.empty()) val_path = (fs::path(path) / "val_*.bin").string();
+    path = (fs::path(path) / "train_*.bin").string();
   }
+  const auto files = path.empty() ? std::vector<fs::path>{} : data_files(path, "--data");
+  if (!prepared && !files.empty() && fs::exists(files[0].parent_path() / "prepare.json"))
+    prepared = dt::io::parse_json(dt::io::read_file(files[0].parent_path() / "prepare.json"));
+  if (!files.empty() && dt::io::is_token_shard(files[0])) {
+    auto tokens = read_shards(files);
+    const std::string name = prepared ? prepared->at("tokenizer").as_string() : tokenizer_name;
+    const auto vocab = opt.integer("vocab-size", prepared ? prepared->at("vocab_size").as_int() : name == "gpt2" ? 50257 : preset_vocab);
+    std::optional<text_tokenizer> tok;
+    if (!name.empty()) tok = text_tokenizer::make(name, opt, {});
+    dt::detail::check(!tok || tok->vocab_size() <= vocab, "--vocab-size ", vocab, " is smaller than the ", name,
+                      " tokenizer's ", tok ? tok->vocab_size() : 0);
+    const auto check_range = [&](const std::vector<std::int32_t>& t, const std::string& what) {
+      for (std::size_t i = 0; i < t.size(); ++i)
+        dt::detail::check(t[i] < vocab, "token ", t[i], " at index ", i, " of ", what, " is outside the vocabulary of ", vocab,
+                          " (set --vocab-size)");
+    };
+    check_range(tokens, path);
+    std::string source = path + " (" + std::to_string(files.size()) + " token shard" + (files.size() > 1 ? "s" : "") +
+                         (name.empty() ? "" : ", " + name) + ")";
+    if (val_path.empty())
+      return {dt::data::token_dataset(std::move(tokens), val_fraction), std::move(tok), vocab, source};
+    auto val = read_shards(data_files(val_path, "--val-data"));
+    check_range(val, val_path);
+    return {dt::data::token_dataset(std::move(tokens), std::move(val)), std::move(tok), vocab, source + ", validation " + val_path};
+  }
+  dt::detail::check(val_path.empty(), "--val-data goes with token shards in --data");
   std::string text;
-  if (path.empty()) {
+  if (files.empty()) {
     text = dt::data::builtin_corpus();
   } else {
-    text = dt::io::read_file(path);
+    for (const auto& f : files) text += dt::io::read_file(f);
     dt::detail::check(!text.empty(), "--data ", path, " is empty");
   }
   // A resumed run keeps the tokenizer it started with.
-  auto tok = resume && resume->text.count("tokenizer.alphabet") ? dt::data::char_tokenizer(resume->text.at("tokenizer.alphabet"))
-                                                                : dt::data::char_tokenizer::from_text(text);
-  auto tokens = tok.encode(text);
-  const auto vocab = tok.vocab_size();
-  return {dt::data::token_dataset(std::move(tokens), val_fraction), std::move(tok), vocab,
-          path.empty() ? std::string("built-in corpus") : path + " (text, character-level)"};
+  auto tok = resume ? text_tokenizer::of(*resume, opt) : std::nullopt;
+  if (!tok) tok = text_tokenizer::make(tokenizer_name.empty() ? "char" : tokenizer_name, opt, text);
+  dt::detail::check(tokenizer_name.empty() || tokenizer_name == tok->name, "--tokenizer ", tokenizer_name,
+                    " contradicts the checkpoint's tokenizer, ", tok->name);
+  auto tokens = tok->encode(text);
+  const auto vocab = tok->vocab_size();
+  std::string source = files.empty() ? std::string("built-in corpus") : path + " (text, " + tok->name + " tokenizer)";
+  return {dt::data::token_dataset(std::move(tokens), val_fraction), std::move(tok), vocab, std::move(source)};
 }
 
 // --compute-dtype f32|bf16 (mixed precision).
@@ -415,10 +650,10 @@ dt::dtype compute_dtype(const options& opt) {
 // The model shape from --preset and its overrides (the vocabulary comes from the data).
 dt::nn::gpt_config model_config(const options& opt) {
   auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
-  cfg.n_layer = opt.integer("n-layer", cfg.n_layer);
-  cfg.n_head = opt.integer("n-head", cfg.n_head);
-  cfg.n_embd = opt.integer("n-embd", cfg.n_embd);
-  cfg.block_size = opt.integer("block-size", cfg.block_size);
+  cfg.n_layer = opt.integer("n-layer", cfg.n_layer, 1, 4096);
+  cfg.n_head = opt.integer("n-head", cfg.n_head, 1, 1 << 16);
+  cfg.n_embd = opt.integer("n-embd", cfg.n_embd, 1, 1 << 20);
+  cfg.block_size = opt.integer("block-size", cfg.block_size, 1, 1 << 24);
   cfg.dropout = opt.real("dropout", cfg.dropout);
   cfg.bias = !opt.flag("no-bias");
   return cfg;
@@ -427,8 +662,8 @@ dt::nn::gpt_config model_config(const options& opt) {
 // The trainer's settings; every default not named here is trainer_options{}'s.
 dt::train::trainer_options trainer_settings(const options& opt) {
   dt::train::trainer_options t;
-  t.steps = opt.integer("steps", t.steps);
-  t.batch_size = opt.integer("batch-size", t.batch_size);
+  t.steps = opt.integer("steps", t.steps, 1, std::int64_t{1} << 40);
+  t.batch_size = opt.integer("batch-size", t.batch_size, 1, 1 << 24);
   t.lr = opt.real("lr", t.lr);
   t.min_lr = opt.real("min-lr", t.min_lr);
   t.warmup_steps = opt.integer("warmup", t.warmup_steps);
@@ -761,17 +996,16 @@ int cmd_train(const options& opt) {
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
-    const auto n = opt.integer("peers", 4);
-    dt::detail::check(n >= 1 && n <= 256, "--peers must be in [1, 256], got ", n);
+    const auto n = opt.integer("peers", 4, 1, 256);
     p.world = static_cast<int>(n);
     p.link = opt.text("link", "lan");
   } else if (p.mode == launch::tcp) {
     p.tcp.listen = opt.text("listen", "");
     p.tcp.advertise = opt.text("advertise", "");
     p.tcp.join = split_list(opt.text("join", ""));
-    p.tcp.rank = static_cast<int>(opt.integer("rank", 0));
-    p.tcp.world = static_cast<int>(opt.integer("world", 1));
-    p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000));
+    p.tcp.rank = static_cast<int>(opt.integer("rank", 0, 0, 65535));
+    p.tcp.world = static_cast<int>(opt.integer("world", 1, 1, 65536));
+    p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000, 1, 86'400'000));
     const auto peer_timeout = opt.integer("peer-timeout-ms", p.tcp.recv_timeout.count());
     dt::detail::check(peer_timeout >= 1, "--peer-timeout-ms must be >= 1, got ", peer_timeout);
     p.tcp.recv_timeout = std::chrono::milliseconds(peer_timeout);
@@ -883,7 +1117,8 @@ int cmd_train(const options& opt) {
   opt.reject_unknown();
   p.model.vocab_size = data.vocab_size;
   if (resumed) p.model = dt::train::config_of(*resumed);
-  if (data.tokenizer) p.checkpoints.text["tokenizer.alphabet"] = data.tokenizer->alphabet();
+  if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
+  check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
 
   p.run.add("program", "decentrain-gpt")
       .add("mode", launch_name(p.mode))
@@ -957,14 +1192,31 @@ int cmd_train(const options& opt) {
 
 // ---- eval ----------------------------------------------------------------------------------
 
+// The heads of published weights: the safetensors file does not say (any divisor of the width
+// loads), so Hugging Face's config.json beside it does when present, and --n-head must agree.
+std::int64_t weights_heads(const fs::path& weights, const options& opt) {
+  const auto given = opt.integer("n-head", 0, 0, 1 << 16);
+  const auto config = weights.parent_path() / "config.json";
+  if (!fs::exists(config)) {
+    dt::detail::check(given > 0, "--weights ", weights.string(), " needs --n-head (there is no config.json beside it to say)");
+    return given;
+  }
+  const auto json = dt::io::parse_json(dt::io::read_file(config));
+  const bool has = json.members.count("n_head") != 0;
+  dt::detail::check(has || json.members.count("num_attention_heads") != 0, config.string(), " names no n_head");
+  const auto heads = json.at(has ? "n_head" : "num_attention_heads").as_int();
+  dt::detail::check(given == 0 || given == heads, "--n-head ", given, " contradicts ", config.string(), ", which says n_head ", heads);
+  return heads;
+}
+
 int cmd_eval(const options& opt) {
   set_threads(threads(opt, 0));
   const std::string weights = opt.text("weights", ""), shard = opt.text("tokens", ""), dump = opt.text("dump-grads", "");
-  const auto n_head = opt.integer("n-head", 0);
-  const auto B = opt.integer("batch-size", 4);
-  auto T = opt.integer("block-size", 64);
+  const auto B = opt.integer("batch-size", 4, 1, 1 << 20);
+  auto T = opt.integer("block-size", 64, 1, 1 << 24);
+  dt::detail::check(!weights.empty() && !shard.empty(), "eval needs --weights and --tokens");
+  const auto n_head = weights_heads(weights, opt);
   opt.reject_unknown();
-  dt::detail::check(!weights.empty() && !shard.empty() && n_head > 0, "eval needs --weights, --tokens and --n-head");
   const auto file = dt::io::load_safetensors(weights);
   const auto cfg = dt::train::gpt2_config(file, n_head);
   dt::detail::check(B > 0 && T > 0 && T <= cfg.block_size, "--batch-size must be positive and --block-size in [1, ",
@@ -1027,11 +1279,15 @@ fs::path checkpoint_file(const fs::path& path) {
 int cmd_sample(const options& opt) {
   set_threads(threads(opt, 0));
   const std::string ckpt = opt.text("checkpoint", ""), weights = opt.text("weights", "");
-  const auto n_head = opt.integer("n-head", 0);
+  const auto n_head = weights.empty() ? opt.integer("n-head", 0) : weights_heads(weights, opt);
   const std::string prompt = opt.text("prompt", ""), prompt_ids = opt.text("prompt-ids", "");
+  const std::string tokenizer_name = opt.text("tokenizer", "");
+  dt::detail::check(tokenizer_name.empty() || tokenizer_name == "gpt2" || tokenizer_name == "byte",
+                    "sample's --tokenizer must be gpt2 or byte, got '", tokenizer_name,
+                    "' (a character tokenizer comes with its checkpoint)");
   dt::nn::sample_options sampling;
-  sampling.tokens = opt.integer("tokens", sampling.tokens);
-  sampling.top_k = opt.integer("top-k", sampling.top_k);
+  sampling.tokens = opt.integer("tokens", sampling.tokens, 0, 1 << 24);
+  sampling.top_k = opt.integer("top-k", sampling.top_k, 0, 1 << 30);
   sampling.temperature = opt.real("temperature", sampling.temperature);
   dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed", static_cast<std::int64_t>(dt::train::trainer_options{}.seed))),
               "sample");
@@ -1041,7 +1297,8 @@ int cmd_sample(const options& opt) {
                     "--temperature must be > 0, --tokens and --top-k >= 0");
 
   std::optional<dt::nn::gpt<>> model;
-  std::optional<dt::data::char_tokenizer> tok;
+  std::optional<text_tokenizer> tok;
+  if (!tokenizer_name.empty()) tok = text_tokenizer::make(tokenizer_name, opt, {});
   dt::rng unused(0, "init");
   if (!ckpt.empty()) {
     const auto file = checkpoint_file(ckpt);
@@ -1049,36 +1306,44 @@ int cmd_sample(const options& opt) {
     model.emplace(dt::train::config_of(c), unused);
     dt::optim::adamw<> ignored(model->parameters());
     dt::train::restore(c, *model, ignored);
-    if (c.text.count("tokenizer.alphabet")) tok.emplace(c.text.at("tokenizer.alphabet"));
+    if (!tok) tok = text_tokenizer::of(c, opt);
     if (file != fs::path(ckpt)) std::fprintf(stderr, "sampling from %s\n", file.c_str());
   } else {
-    dt::detail::check(n_head > 0, "--weights needs --n-head");
     const auto file = dt::io::load_safetensors(weights);
     model.emplace(dt::train::gpt2_config(file, n_head), unused);
     dt::train::import_gpt2_weights(*model, file);
+    // Published GPT-2 weights: GPT-2's vocabulary.
+    if (!tok && model->config().vocab_size == 50257) tok = text_tokenizer::make("gpt2", opt, {});
   }
   const auto& cfg = model->config();
+  dt::detail::check(!tok || tok->vocab_size() <= cfg.vocab_size, "the ", tok ? tok->name : "", " tokenizer has ",
+                    tok ? tok->vocab_size() : 0, " ids, more than the model's vocabulary of ", cfg.vocab_size);
   std::vector<std::int32_t> ids;
   if (!prompt_ids.empty()) {
     for (const auto& part : split_list(prompt_ids)) {
       std::size_t n = 0;
-      long v = -1;
-      try { v = std::stol(part, &n); } catch (const std::exception&) { n = 0; }
-      dt::detail::check(n == part.size() && n > 0, "--prompt-ids expects integers separated by commas, got '", part, "'");
+      long long v = -1;
+      try { v = std::stoll(part, &n); } catch (const std::exception&) { n = 0; }
+      dt::detail::check(n == part.size() && n > 0, "--prompt-ids expects integers separated by commas; '", part,
+                        "' is not one");
+      dt::detail::check(v >= 0 && v < cfg.vocab_size, "--prompt-ids: token ", part, " is outside the vocabulary of ",
+                        cfg.vocab_size);
       ids.push_back(static_cast<std::int32_t>(v));
     }
   } else if (!prompt.empty()) {
-    dt::detail::check(tok.has_value(), "--prompt needs a checkpoint with a character tokenizer; use --prompt-ids");
+    dt::detail::check(tok.has_value(), "--prompt needs a tokenizer: this model names none; give --tokenizer gpt2|byte or use --prompt-ids");
     ids = tok->encode(prompt);
   }
-  if (ids.empty()) ids.push_back(0);
+  if (ids.empty()) ids.push_back(tok && tok->gpt2 ? tok->gpt2->end_of_text_id() : 0);
   for (auto id : ids)
     dt::detail::check(id >= 0 && id < cfg.vocab_size, "prompt token ", id, " is outside the vocabulary of ", cfg.vocab_size);
 
   const std::size_t first_new = ids.size();
   ids = dt::nn::generate(*model, std::move(ids), sampling, gen);
   if (tok) {
-    std::printf("%s\n", tok->decode(ids).c_str());
+    const auto text = tok->decode(ids);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
   } else {
     for (std::size_t i = first_new; i < ids.size(); ++i) std::printf("%s%d", i == first_new ? "" : ",", ids[i]);
     std::printf("\n");
@@ -1094,6 +1359,11 @@ int main(int argc, char** argv) {
     if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi", "elastic", "allow-non-finite", "eager"}));
     if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
     if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
+    if (command == "prepare") return cmd_prepare(options(argc, argv, 2, {}));
+    if (command == "version" || command == "--version") {
+      std::printf("decentrain-gpt %s\n", dt::version.string);
+      return 0;
+    }
     if (command == "help" || command == "--help" || command == "-h") {
       std::fputs(usage().c_str(), stdout);
       return 0;

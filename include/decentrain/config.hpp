@@ -3,8 +3,14 @@
 #pragma once
 
 #define DECENTRAIN_VERSION_MAJOR 0
-#define DECENTRAIN_VERSION_MINOR 1
+#define DECENTRAIN_VERSION_MINOR 2
 #define DECENTRAIN_VERSION_PATCH 0
+#define DECENTRAIN_STRINGIFY_(x) #x
+#define DECENTRAIN_STRINGIFY(x) DECENTRAIN_STRINGIFY_(x)
+// "0.2.0": what `decentrain-gpt --version` prints; CHANGELOG.md says what each version holds.
+#define DECENTRAIN_VERSION_STRING                                                          \
+  DECENTRAIN_STRINGIFY(DECENTRAIN_VERSION_MAJOR) "." DECENTRAIN_STRINGIFY(DECENTRAIN_VERSION_MINOR) "." \
+      DECENTRAIN_STRINGIFY(DECENTRAIN_VERSION_PATCH)
 
 // CUDA code is compiled only by nvcc; a g++ build sees none of it.
 #if defined(__CUDACC__)
@@ -30,6 +36,15 @@
 #define DECENTRAIN_OMP(x)
 #endif
 
+// `parallel for simd` for g++, plain `parallel for` for clang, which vectorises what it can by
+// itself: asked for a loop it cannot vectorise (tanh has no vector variant there, as glibc's
+// libmvec gives g++), clang warns on every instantiation (-Wpass-failed), an error under -Werror.
+#if defined(__clang__)
+#define DECENTRAIN_OMP_FOR_SIMD(clauses) DECENTRAIN_OMP(parallel for clauses)
+#else
+#define DECENTRAIN_OMP_FOR_SIMD(clauses) DECENTRAIN_OMP(parallel for simd clauses)
+#endif
+
 // For elementwise kernels whose clamps must vectorise: under GCC's default -ftrapping-math a
 // float compare-and-select is not if-converted ("control flow in loop"), and these kernels
 // never rely on floating-point traps. Other compilers if-convert without being asked.
@@ -40,9 +55,15 @@
 #endif
 
 namespace decentrain {
+namespace detail {
+// 128-bit products (Lemire's bounded draws); __extension__ keeps -Wpedantic quiet about the type.
+__extension__ using uint128 = unsigned __int128;
+}  // namespace detail
+
 struct version_info {
   int major, minor, patch;
+  const char* string;
 };
 inline constexpr version_info version{DECENTRAIN_VERSION_MAJOR, DECENTRAIN_VERSION_MINOR,
-                                      DECENTRAIN_VERSION_PATCH};
+                                      DECENTRAIN_VERSION_PATCH, DECENTRAIN_VERSION_STRING};
 }  // namespace decentrain

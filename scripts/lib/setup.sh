@@ -27,6 +27,6 @@ decentrain_install_packages() {
 
 decentrain_configure() {
   decentrain_install_packages build-essential cmake catch2 libcereal-dev libopenblas-openmp-dev python3 \
-    libasio-dev libssl-dev libopenmpi-dev openmpi-bin "$@"
+    libasio-dev libssl-dev libopenmpi-dev openmpi-bin pkg-config "$@"
   cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release
 }

@@ -10,8 +10,14 @@
 // the build system, so every other header can ask a DECENTRAIN_ macro instead.
 
 #define DECENTRAIN_VERSION_MAJOR 0
-#define DECENTRAIN_VERSION_MINOR 1
+#define DECENTRAIN_VERSION_MINOR 2
 #define DECENTRAIN_VERSION_PATCH 0
+#define DECENTRAIN_STRINGIFY_(x) #x
+#define DECENTRAIN_STRINGIFY(x) DECENTRAIN_STRINGIFY_(x)
+// "0.2.0": what `decentrain-gpt --version` prints; CHANGELOG.md says what each version holds.
+#define DECENTRAIN_VERSION_STRING                                                          \
+  DECENTRAIN_STRINGIFY(DECENTRAIN_VERSION_MAJOR) "." DECENTRAIN_STRINGIFY(DECENTRAIN_VERSION_MINOR) "." \
+      DECENTRAIN_STRINGIFY(DECENTRAIN_VERSION_PATCH)
 
 // CUDA code is compiled only by nvcc; a g++ build sees none of it.
 #if defined(__CUDACC__)
@@ -37,6 +43,15 @@
 #define DECENTRAIN_OMP(x)
 #endif
 
+// `parallel for simd` for g++, plain `parallel for` for clang, which vectorises what it can by
+// itself: asked for a loop it cannot vectorise (tanh has no vector variant there, as glibc's
+// libmvec gives g++), clang warns on every instantiation (-Wpass-failed), an error under -Werror.
+#if defined(__clang__)
+#define DECENTRAIN_OMP_FOR_SIMD(clauses) DECENTRAIN_OMP(parallel for clauses)
+#else
+#define DECENTRAIN_OMP_FOR_SIMD(clauses) DECENTRAIN_OMP(parallel for simd clauses)
+#endif
+
 // For elementwise kernels whose clamps must vectorise: under GCC's default -ftrapping-math a
 // float compare-and-select is not if-converted ("control flow in loop"), and these kernels
 // never rely on floating-point traps. Other compilers if-convert without being asked.
@@ -47,11 +62,17 @@
 #endif
 
 namespace decentrain {
+namespace detail {
+// 128-bit products (Lemire's bounded draws); __extension__ keeps -Wpedantic quiet about the type.
+__extension__ using uint128 = unsigned __int128;
+}  // namespace detail
+
 struct version_info {
   int major, minor, patch;
+  const char* string;
 };
 inline constexpr version_info version{DECENTRAIN_VERSION_MAJOR, DECENTRAIN_VERSION_MINOR,
-                                      DECENTRAIN_VERSION_PATCH};
+                                      DECENTRAIN_VERSION_PATCH, DECENTRAIN_VERSION_STRING};
 }  // namespace decentrain
 // ---- end decentrain/config.hpp ----
 // ---- begin decentrain/detail/error.hpp ----
@@ -1731,12 +1752,12 @@ class rng {
 
   // Uniform integer in [0, n) without modulo bias (Lemire's method).
   std::uint64_t below(std::uint64_t n) {
-    unsigned __int128 m = static_cast<unsigned __int128>(next_u64()) * n;
+    detail::uint128 m = static_cast<detail::uint128>(next_u64()) * n;
     auto low = static_cast<std::uint64_t>(m);
     if (low < n) {
       const std::uint64_t threshold = -n % n;
       while (low < threshold) {
-        m = static_cast<unsigned __int128>(next_u64()) * n;
+        m = static_cast<detail::uint128>(next_u64()) * n;
         low = static_cast<std::uint64_t>(m);
       }
     }
@@ -1964,21 +1985,21 @@ void binary(cpu, binary_op op, T* out, const std::vector<std::int64_t>& sizes, c
 // out = x * scale + shift
 template <class T>
 void affine(cpu, T* out, const T* x, std::int64_t n, T scale, T shift) {
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] * scale + shift;
 }
 
 // out = numerator / x
 template <class T>
 void reciprocal(cpu, T* out, const T* x, std::int64_t n, T numerator) {
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) out[i] = numerator / x[i];
 }
 
 // dst += scale * src: gradient accumulation.
 template <class T>
 void axpy(cpu, T* dst, const T* src, std::int64_t n, T scale = T(1)) {
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) dst[i] += scale * src[i];
 }
 
@@ -2022,7 +2043,7 @@ inline double gelu_tanh(double u) { return std::tanh(u); }
 template <class T>
 DECENTRAIN_VECTORIZE_SELECTS void gelu_forward(cpu, T* out, const T* x, std::int64_t n) {
   constexpr T s = detail::gelu_scale<T>, c = T(0.044715);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) {
     const T v = x[i];
     out[i] = T(0.5) * v * (T(1) + detail::gelu_tanh(s * (v + c * v * v * v)));
@@ -2033,7 +2054,7 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_forward(cpu, T* out, const T* x, std::int
 template <class T>
 DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T* dout, std::int64_t n) {
   constexpr T s = detail::gelu_scale<T>, c = T(0.044715);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) {
     const T v = x[i];
     const T inner = s * (v + c * v * v * v);
@@ -4926,7 +4947,7 @@ void adamw_update(cpu, std::span<const adamw_tensor<T>> tensors, const adamw_hyp
     T *param = t.param, *m = t.m, *v = t.v;
     const T* grad = t.grad;
     const std::int64_t n = t.n;
-    DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+    DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
     for (std::int64_t i = 0; i < n; ++i) {
       param[i] *= f.decay;
       m[i] = m[i] * f.b1 + grad[i] * f.one_minus_b1;
@@ -4944,7 +4965,7 @@ void sgd_update(cpu, T* param, const T* grad, T* buffer, std::int64_t n, double 
                 double dampening, bool nesterov, double weight_decay, bool first) {
   const T mu = static_cast<T>(momentum), keep = static_cast<T>(1.0 - dampening);
   const T wd = static_cast<T>(weight_decay), rate = static_cast<T>(lr);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) {
     T d = grad[i];
     if (weight_decay != 0.0) d += wd * param[i];
@@ -4965,7 +4986,7 @@ void sum_of_squares(cpu, std::span<const std::span<const T>> tensors, double* ou
     const T* p = x.data();
     const auto n = static_cast<std::int64_t>(x.size());
     double part = 0.0;
-    DECENTRAIN_OMP(parallel for simd reduction(+ : part) if (n >= detail::parallel_threshold))
+    DECENTRAIN_OMP_FOR_SIMD(reduction(+ : part) if (n >= detail::parallel_threshold))
     for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(p[i]) * static_cast<double>(p[i]);
     total += part;
   }
@@ -5961,11 +5982,11 @@ namespace decentrain {
 
 template <class Device>
 var<Device> gelu(const var<Device>& x) {
-  const auto cx = detail::kernel_tensor(x.value());
-  auto out = tensor<Device>::empty(x.shape(), cx.dtype());
+  const auto x_in = detail::kernel_tensor(x.value());
+  auto out = tensor<Device>::empty(x.shape(), x_in.dtype());
   detail::with_kernel_type<Device>(x.dtype(), "gelu", [&](auto tag) {
     using T = decltype(tag);
-    kernels::gelu_forward(Device{}, out.template data<T>(), cx.template data<T>(), cx.numel());
+    kernels::gelu_forward(Device{}, out.template data<T>(), x_in.template data<T>(), x_in.numel());
   });
   return record<Device>("gelu", detail::stored_as(out, x.dtype()), {x},
                         [](const tensor<Device>& g, node<Device>& n) {
@@ -6164,9 +6185,9 @@ var<Device> causal_attention_bf16(const std::vector<tensor<Device>>& parts, cons
                                   std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t n_head) {
   auto out = tensor<Device>::empty(shape{B, T, C}, dtype::bf16);
   auto lse = tensor<Device>::empty(shape{B, n_head, T}, dtype::f32);
-  const auto in = rows_of<bf16>(parts, C);
-  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(), in.q, in.k, in.v, B,
-                                  T, C, n_head, in.ld);
+  const auto rows = rows_of<bf16>(parts, C);
+  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(), rows.q, rows.k, rows.v, B,
+                                  T, C, n_head, rows.ld);
   return record<Device>("causal_attention", out, inputs,
                         [parts, out, lse, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
     const auto gb = g.dtype() == dtype::bf16 ? g.contiguous() : g.to(dtype::bf16);
@@ -6199,17 +6220,17 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
         return detail::causal_attention_bf16(parts, {q, k, v}, B, T, C, n_head);
     }
   }
-  const auto cq = detail::compute_tensor(q.value()), ck = detail::compute_tensor(k.value()),
-             cv = detail::compute_tensor(v.value());
-  auto out = tensor<Device>::empty(q.shape(), cq.dtype());
+  const auto q_in = detail::compute_tensor(q.value()), k_in = detail::compute_tensor(k.value()),
+             v_in = detail::compute_tensor(v.value());
+  auto out = tensor<Device>::empty(q.shape(), q_in.dtype());
   // The device decides what the backward needs: the probabilities (B, H, T, T) on the CPU,
   // only the logsumexp per row (B, H, T) on the GPU, which recomputes the rest.
-  auto saved = tensor<Device>::empty(shape(kernels::attention_saved_sizes(Device{}, B, n_head, T)), cq.dtype());
+  auto saved = tensor<Device>::empty(shape(kernels::attention_saved_sizes(Device{}, B, n_head, T)), q_in.dtype());
   detail::with_float_type(q.dtype(), "causal_attention", [&](auto tag) {
     using T_ = decltype(tag);
     kernels::attention_forward(Device{}, out.template data<T_>(), saved.template data<T_>(),
-                               cq.template data<T_>(), ck.template data<T_>(),
-                               cv.template data<T_>(), B, T, C, n_head);
+                               q_in.template data<T_>(), k_in.template data<T_>(),
+                               v_in.template data<T_>(), B, T, C, n_head);
   });
   // `out` in the compute dtype is kept as well: for f32 it is the very storage the next op
   // keeps anyway, so it costs nothing.
@@ -6467,16 +6488,16 @@ var<Device> layer_norm_node(const tensor<Device>& input, const tensor<Device>* r
                             const var<Device>& bias, double eps, dtype out_dtype) {
   const std::int64_t cols = input.size(-1);
   const std::int64_t rows = input.numel() / cols;
-  const auto ct = input.dtype();
-  auto out = tensor<Device>::empty(input.shape(), kernel_dtype<Device>(out_dtype) == dtype::bf16 ? dtype::bf16 : ct);
-  auto mean = tensor<Device>::empty(shape{rows}, ct), rstd = tensor<Device>::empty(shape{rows}, ct);
-  const auto res = residual ? storage_for(*residual, ct) : tensor<Device>{};
-  with_float_type(ct, "layer_norm", [&](auto tag) {
+  const auto in_type = input.dtype();
+  auto out = tensor<Device>::empty(input.shape(), kernel_dtype<Device>(out_dtype) == dtype::bf16 ? dtype::bf16 : in_type);
+  auto mean = tensor<Device>::empty(shape{rows}, in_type), rstd = tensor<Device>::empty(shape{rows}, in_type);
+  const auto res = residual ? storage_for(*residual, in_type) : tensor<Device>{};
+  with_float_type(in_type, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     const auto w = compute_tensor(weight.value()), b = compute_tensor(bias.value());
     with_storage<Device, T>(out.dtype(), [&](auto out_tag) {
       using O = decltype(out_tag);
-      with_storage<Device, T>(res.defined() ? res.dtype() : ct, [&](auto res_tag) {
+      with_storage<Device, T>(res.defined() ? res.dtype() : in_type, [&](auto res_tag) {
         using R = decltype(res_tag);
         kernels::layer_norm_forward(Device{}, out.template data<O>(), mean.template data<T>(),
                                     rstd.template data<T>(), input.template data<T>(), w.template data<T>(),
@@ -6626,13 +6647,13 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   const std::int64_t counted =
       detail::count_targets("cross_entropy", targets, "logits", logits.shape(), V, ignore_index);
   const auto ids = targets.contiguous();
-  const auto cl = detail::kernel_tensor(logits.value());
+  const auto logits_in = detail::kernel_tensor(logits.value());
   // Each row's logsumexp, kept for the backward (N values in the compute dtype).
   auto row_lse = tensor<Device>::empty(shape{N}, detail::compute_dtype(logits.dtype()));
   double total = 0.0;
   detail::with_kernel_type<Device>(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
+    total = kernels::cross_entropy_forward(Device{}, logits_in.template data<T>(), ids.template data<std::int32_t>(), N,
                                            V, ignore_index, row_lse.template data<compute_type_t<T>>());
   });
   // In the compute dtype (f32 for bf16 logits, as under autocast): a bf16 loss would keep three
@@ -7148,10 +7169,10 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   auto out_sizes = x.shape().sizes();
   out_sizes.back() = width;
   const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
-  const dtype result = detail::kernel_dtype<Device>(x.dtype());
-  auto out = tensor<Device>::empty(shape({rows, width}), result);
-  auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
-  linear_values(name, x2, math::gemm_operand(weight.value()), bias ? detail::contiguous_as(bias->value(), result) : tensor<Device>{},
+  const dtype out_type = detail::kernel_dtype<Device>(x.dtype());
+  auto out = tensor<Device>::empty(shape({rows, width}), out_type);
+  auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), out_type) : tensor<Device>{};
+  linear_values(name, x2, math::gemm_operand(weight.value()), bias ? detail::contiguous_as(bias->value(), out_type) : tensor<Device>{},
                 out, with_gelu ? &pre : nullptr);
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
   if (with_gelu) pre = detail::stored_as(std::move(pre), x.dtype());
@@ -7185,17 +7206,17 @@ var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, c
   const std::int64_t rows = flat_rows(x), in = w1.size(0), hidden = w1.size(1), width = w2.size(1);
   auto out_sizes = x.shape().sizes();
   out_sizes.back() = width;
-  const dtype result = detail::kernel_dtype<Device>(x.dtype());
-  auto h = tensor<Device>::empty(shape({rows, hidden}), result);
-  auto pre = tensor<Device>::empty(shape({rows, hidden}), result);
+  const dtype out_type = detail::kernel_dtype<Device>(x.dtype());
+  auto h = tensor<Device>::empty(shape({rows, hidden}), out_type);
+  auto pre = tensor<Device>::empty(shape({rows, hidden}), out_type);
   linear_values(name, math::gemm_operand(x.value()).reshape({rows, in}), math::gemm_operand(w1.value()),
-                b1 ? detail::contiguous_as(b1->value(), result) : tensor<Device>{}, h, &pre);
+                b1 ? detail::contiguous_as(b1->value(), out_type) : tensor<Device>{}, h, &pre);
   // Kept as the two ops would keep them: in the activation dtype.
   h = detail::stored_as(std::move(h), x.dtype());
   pre = detail::stored_as(std::move(pre), x.dtype());
-  auto out = tensor<Device>::empty(shape({rows, width}), result);
+  auto out = tensor<Device>::empty(shape({rows, width}), out_type);
   linear_values(name, math::gemm_operand(h), math::gemm_operand(w2.value()),
-                b2 ? detail::contiguous_as(b2->value(), result) : tensor<Device>{}, out);
+                b2 ? detail::contiguous_as(b2->value(), out_type) : tensor<Device>{}, out);
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
 
   const bool has_bias = b1 != nullptr;
@@ -7203,11 +7224,11 @@ var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, c
   if (has_bias) inputs.push_back(*b1);
   inputs.push_back(w2);
   if (has_bias) inputs.push_back(*b2);
-  const std::size_t iw2 = has_bias ? 3 : 2, ib2 = 4;
-  auto backward = [rows, in, hidden, width, has_bias, iw2, ib2, h, pre](const tensor<Device>& g, node<Device>& n) mutable {
+  const std::size_t iw2 = has_bias ? 3 : 2;
+  auto backward = [rows, in, hidden, width, has_bias, iw2, h, pre](const tensor<Device>& g, node<Device>& n) mutable {
     const dtype result = detail::kernel_dtype<Device>(g.dtype());
     const auto g2 = math::gemm_operand(g).reshape({rows, width});
-    linear_param_grads(n, math::gemm_operand(h), g2, iw2, has_bias, ib2);
+    linear_param_grads(n, math::gemm_operand(h), g2, iw2, has_bias, /*second bias: input*/ 4);
     h = tensor<Device>{};  // the second layer's input is done with: free it before d_pre exists
     if (!n.needs_grad(0) && !n.needs_grad(1) && !(has_bias && n.needs_grad(2))) return;
     // (g w2^T) * gelu'(pre) in one kernel call; stored as the two ops would store it.
@@ -7502,6 +7523,10 @@ class token_dataset {
     train_ = std::move(tokens);
   }
 
+  // Separate training and validation tokens (llm.c's train_*.bin and val_*.bin shards).
+  token_dataset(std::vector<std::int32_t> train, std::vector<std::int32_t> validation)
+      : train_(std::move(train)), val_(std::move(validation)) {}
+
   const std::vector<std::int32_t>& tokens(split s) const { return s == split::train ? train_ : val_; }
 
   // Inputs and next-token targets, each (batch, block) i32, for this rank's share of the
@@ -7525,7 +7550,7 @@ class token_dataset {
       using decentrain::detail::splitmix64;
       const std::uint64_t h = splitmix64(seed ^ splitmix64((s == split::train ? 0x7261696eull : 0x76616cull) ^
                                                            splitmix64(static_cast<std::uint64_t>(step) ^ splitmix64(row))));
-      const auto start = static_cast<std::size_t>((static_cast<unsigned __int128>(h) * starts) >> 64);
+      const auto start = static_cast<std::size_t>((static_cast<decentrain::detail::uint128>(h) * starts) >> 64);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start), block, x.begin() + i * block);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start) + 1, block, y.begin() + i * block);
     }
@@ -8911,17 +8936,17 @@ class adamw {
     std::vector<kernels::adamw_tensor<double>> f64;
     std::size_t i = 0;
     for (auto& e : *params_) {
-      auto& slot = slots_[i++];
+      auto& moments = slots_[i++];
       if (!e.param.grad().defined()) continue;
-      ++slot.step;
-      const double wd = slot.decay ? options_.weight_decay : 0.0;
+      ++moments.step;
+      const double wd = moments.decay ? options_.weight_decay : 0.0;
       grads.push_back(e.param.grad().contiguous());
       const auto& grad = grads.back();
       optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
         using T = decltype(tag);
         kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
-                                   slot.m.template data<T>(), slot.v.template data<T>(), e.param.value().numel(),
-                                   slot.step, wd};
+                                   moments.m.template data<T>(), moments.v.template data<T>(), e.param.value().numel(),
+                                   moments.step, wd};
         if constexpr (std::is_same_v<T, float>) f32.push_back(t);
         else f64.push_back(t);
       });
@@ -10316,7 +10341,7 @@ class any_endpoint {
   };
   template <class E>
   struct model final : base {
-    explicit model(E e) : e(std::move(e)) {}
+    explicit model(E inner) : e(std::move(inner)) {}
     int rank() const override { return static_cast<int>(e.rank()); }
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
@@ -11049,14 +11074,14 @@ class mailbox {
     if (p == posted_.end() || queued(source, tag)) return std::nullopt;
     // Postings before the first open one have their messages (landed, or being written).
     for (auto& q : p->second)
-      if (q.state == posting::open) {
+      if (q.state == posting::state_type::open) {
         if (q.into.size() != length) return std::nullopt;
-        q.state = posting::claimed;
+        q.state = posting::state_type::claimed;
         return q.into;
       }
     return std::nullopt;
   }
-  void landed(int source, tag_type tag) { settle(source, tag, posting::landed); }
+  void landed(int source, tag_type tag) { settle(source, tag, posting::state_type::landed); }
 
   // A buffer of `size` bytes for a body that lands in no posted memory: one that a receive_into
   // copied out of before, when one is large enough, so its pages are already mapped (a fresh
@@ -11075,7 +11100,7 @@ class mailbox {
     b.resize(size);
     return b;
   }
-  void abandoned(int source, tag_type tag) { settle(source, tag, posting::abandoned); }
+  void abandoned(int source, tag_type tag) { settle(source, tag, posting::state_type::abandoned); }
 
   // ---- failure ----
 
@@ -11165,9 +11190,9 @@ class mailbox {
 
  private:
   struct posting {
-    enum state_type { open, claimed, landed, abandoned };
+    enum class state_type { open, claimed, landed, abandoned };
     std::span<std::byte> into;
-    state_type state = open;
+    state_type state = state_type::open;
     std::size_t size = 0;
   };
 
@@ -11226,7 +11251,7 @@ class mailbox {
     ready_.notify_all();
   }
 
-  static bool is_claimed(const posting& p) { return p.state == posting::claimed; }
+  static bool is_claimed(const posting& p) { return p.state == posting::state_type::claimed; }
   bool any_claimed(const key& k) const {
     auto p = posted_.find(k);
     return p != posted_.end() && std::any_of(p->second.begin(), p->second.end(), is_claimed);
@@ -11243,16 +11268,16 @@ class mailbox {
     for (;;) {
       auto& postings = posted_.at(k);
       posting& first = postings.front();
-      if (first.state == posting::landed) {
+      if (first.state == posting::state_type::landed) {
         const std::size_t size = first.size;
         pop_first(k);
         return size;
       }
-      if (first.state == posting::abandoned) {
+      if (first.state == posting::state_type::abandoned) {
         throw_if_unreachable(source, tag);
         transport::fail_peer(source, "receive", "transport: the message from peer ", source, " (tag ", tag, ") was cut off");
       }
-      if (first.state == posting::open) {
+      if (first.state == posting::state_type::open) {
         // Not (or not yet) landing in place: a queued message is the next one in order.
         if (auto m = take_queued(source, tag)) {
           pop_first(k);
@@ -11265,7 +11290,7 @@ class mailbox {
       }
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
         auto& now = posted_.at(k).front();
-        if (now.state == posting::claimed || (now.state == posting::open && !queued(source, tag)))
+        if (now.state == posting::state_type::claimed || (now.state == posting::state_type::open && !queued(source, tag)))
           timed_out(source, tag, timeout);
       }
     }
@@ -11679,8 +11704,8 @@ class in_process {
 
  private:
   struct shared {
-    shared(link_matrix l, options o)
-        : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
+    shared(link_matrix matrix, options o)
+        : links(std::move(matrix)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
       for (int s = 0; s < links.world(); ++s)
         for (int d = 0; d < links.world(); ++d)
           if (s != d) {
@@ -12869,16 +12894,16 @@ class tcp {
           return false;
         }
         case wire::frame_type::heartbeat: {
-          const auto h = wire::decode_heartbeat(c->body);
+          const auto beat = wire::decode_heartbeat(c->body);
           const auto now = clock::now();
           // A round trip only from an echo of ours that makes sense (a peer's garbage is ignored).
           double round_trip = -1;
           const std::uint64_t now_ns = nanoseconds(now);
-          if (h.echo_ns != 0 && h.echo_ns <= now_ns && h.held_ns <= now_ns - h.echo_ns) {
-            round_trip = static_cast<double>(now_ns - h.echo_ns - h.held_ns) * 1e-9;
+          if (beat.echo_ns != 0 && beat.echo_ns <= now_ns && beat.held_ns <= now_ns - beat.echo_ns) {
+            round_trip = static_cast<double>(now_ns - beat.echo_ns - beat.held_ns) * 1e-9;
             if (round_trip > 600) round_trip = -1;
           }
-          c->last_in = h;
+          c->last_in = beat;
           c->last_in_at = now;
           std::lock_guard lock(mutex);
           c->beats.heartbeat(now, round_trip);
@@ -13812,7 +13837,7 @@ class any_aggregator {
   };
   template <class A>
   struct model final : base {
-    explicit model(A a) : a(std::move(a)) {}
+    explicit model(A inner) : a(std::move(inner)) {}
     std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
     std::string describe() const override { return describe_aggregator(a); }
     bool per_partition() const override { return is_partitioned(a); }
@@ -15582,7 +15607,7 @@ struct blockwise {
     // Codes first checked (-levels - 1 is never written), then added: nothing lands before all is checked.
     int bad = 0;
     const auto bytes = static_cast<std::int64_t>(code_bytes(n));
-    DECENTRAIN_OMP(parallel for simd reduction(| : bad) if (n >= (1 << 16)))
+    DECENTRAIN_OMP_FOR_SIMD(reduction(| : bad) if (n >= (1 << 16)))
     for (std::int64_t i = 0; i < bytes; ++i) {
       const std::uint8_t c = codes[i];
       if constexpr (Bits == 8)
@@ -16112,9 +16137,17 @@ struct fp4 {
     for (std::int64_t b = 0; b < nblocks; ++b) {
       const std::size_t from = static_cast<std::size_t>(b) * block, len = std::min(n, from + block) - from;
       const float* x = in.data() + from;
-      float absmax = 0;
-      DECENTRAIN_OMP(simd reduction(max : absmax))
-      for (std::size_t i = 0; i < len; ++i) absmax = std::max(absmax, std::abs(x[i]));
+      // absmax through the bits (the values are finite, checked above; finite magnitudes order
+      // as integers): an integer max reduction, which g++ and clang both vectorise.
+      std::uint32_t top = 0;
+      DECENTRAIN_OMP(simd reduction(max : top))
+      for (std::size_t i = 0; i < len; ++i) {
+        std::uint32_t u;
+        std::memcpy(&u, x + i, 4);
+        top = std::max(top, u & 0x7fffffffu);
+      }
+      float absmax;
+      std::memcpy(&absmax, &top, 4);
       const float scale = absmax / 6.0f;
       std::memcpy(out.data() + 4 * static_cast<std::size_t>(b), &scale, 4);
       // 6 / absmax overflows f32 for a denormal absmax: there, in double.
@@ -16799,7 +16832,7 @@ class any_codec {
   };
   template <class C>
   struct model final : base {
-    explicit model(C c) : c(std::move(c)) {}
+    explicit model(C inner) : c(std::move(inner)) {}
     std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
     std::string describe() const override { return compress::describe(c); }
     std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }

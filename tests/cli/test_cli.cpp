@@ -368,7 +368,7 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   }
   auto r = run(cli() + " train --steps 0", dir);
   CHECK(r.status == 1);
-  CHECK_THAT(r.output, Contains("steps must be >= 1, got 0"));
+  CHECK_THAT(r.output, Contains("--steps must be in [1, 1099511627776], got 0"));
   r = run(cli() + " train --stepz 10", dir);
   CHECK_THAT(r.output, Contains("unknown option --stepz"));
   r = run(cli() + " train --steps 5 --keep-checkpoints", dir);
@@ -389,7 +389,7 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   r = run(cli() + " train --preset huge", dir);
   CHECK_THAT(r.output, Contains("unknown model preset 'huge'"));
   r = run(cli() + " train --data missing.txt", dir);
-  CHECK_THAT(r.output, Contains("cannot open missing.txt"));
+  CHECK_THAT(r.output, Contains("--data missing.txt does not exist"));
   r = run(cli() + " train --steps 5 --compute-dtype f16", dir);
   CHECK_THAT(r.output, Contains("--compute-dtype must be f32 or bf16, got 'f16'"));
   r = run(cli() + " eval --weights missing.safetensors --tokens x --n-head 2", dir);
@@ -838,4 +838,125 @@ TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elasti
   const auto no_elastic = run(cli() + peer_args + " --peers 2 --kill 1@3", dir);
   CHECK(no_elastic.status == 1);
   CHECK_THAT(no_elastic.output, Contains("--kill needs --elastic"));
+}
+
+TEST_CASE("prepare writes llm.c shards with GPT-2's tokenizer, train reads them, sample decodes to text", "[cli][gpt2]") {
+  const auto dir = scratch("prepare");
+  fs::create_directories(dir / "docs");
+  std::string one, two;
+  for (int i = 0; i < 60; ++i) one += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ".\n";
+  for (int i = 0; i < 60; ++i) two += "Caf\xc3\xa9 na\xc3\xafve: it's \xe2\x80\x9cquoted\xe2\x80\x9d, isn't it? " + std::to_string(i) + "\n";
+  std::ofstream(dir / "docs/a.txt") << one;
+  std::ofstream(dir / "docs/b.txt") << two;
+  const auto prep = run(cli() + " prepare --input 'docs/*.txt' --out shards --shard-tokens 500", dir);
+  INFO(prep.output);
+  REQUIRE(prep.status == 0);
+  // Each document led by <|endoftext|>, then its GPT-2 ids; the last 10% are the validation split.
+  const auto gpt2 = dt::data::gpt2_tokenizer::load(DECENTRAIN_GPT2_VOCAB_DIR);
+  std::vector<std::int32_t> expected{50256};
+  for (auto id : gpt2.encode(one)) expected.push_back(id);
+  expected.push_back(50256);
+  for (auto id : gpt2.encode(two)) expected.push_back(id);
+  std::vector<std::int32_t> written;
+  int shards = 0;
+  for (; fs::exists(dir / ("shards/train_00000" + std::to_string(shards) + ".bin")); ++shards) {
+    const auto part = dt::io::read_token_shard(dir / ("shards/train_00000" + std::to_string(shards) + ".bin"));
+    CHECK(part.size() <= 500);
+    written.insert(written.end(), part.begin(), part.end());
+  }
+  const auto val = dt::io::read_token_shard(dir / "shards/val_000000.bin");
+  written.insert(written.end(), val.begin(), val.end());
+  CHECK(shards >= 2);
+  CHECK(written == expected);
+  CHECK(val.size() == expected.size() / 10);
+  const auto meta = dt::io::parse_json(read_text(dir / "shards/prepare.json"));
+  CHECK(meta.at("tokenizer").as_string() == "gpt2");
+  CHECK(meta.at("vocab_size").as_int() == 50257);
+  CHECK_THAT(run(cli() + " prepare --input 'docs/*.txt' --out shards", dir).output,
+             Contains("--out shards already holds shards"));
+
+  const auto train = run(cli() + " train --data shards --steps 4 --batch-size 2 --block-size 16 --n-embd 32 --n-layer 1 "
+                                 "--eval-batches 1 --metrics '' --checkpoint-dir ck",
+                         dir);
+  INFO(train.output);
+  REQUIRE(train.status == 0);
+  CHECK_THAT(train.output, Contains("shards/train_*.bin (" + std::to_string(shards) + " token shards, gpt2), validation"));
+  CHECK_THAT(train.output, Contains("vocab 50257"));
+  const auto sample = run(cli() + " sample --checkpoint ck --prompt 'The quick' --tokens 6 --seed 1", dir);
+  INFO(sample.output);
+  REQUIRE(sample.status == 0);
+  CHECK(last_line_with(sample.output, "The quick").size() > std::string("The quick").size());
+
+  // Globs, text with --tokenizer gpt2, and the refusals.
+  const auto glob = run(cli() + " train --data 'shards/train_*.bin' --val-data 'shards/val_*.bin' --steps 1 --batch-size 1 "
+                                "--block-size 8 --n-embd 16 --n-layer 1 --eval-batches 1 --metrics ''",
+                        dir);
+  CHECK(glob.status == 0);
+  const auto text = run(cli() + " train --data docs/a.txt --tokenizer gpt2 --steps 1 --batch-size 1 --block-size 8 "
+                                "--n-embd 16 --n-layer 1 --eval-batches 1 --metrics ''",
+                        dir);
+  CHECK(text.status == 0);
+  CHECK_THAT(text.output, Contains("docs/a.txt (text, gpt2 tokenizer)"));
+  CHECK_THAT(run(cli() + " train --data 'nowhere/*.bin' --steps 1", dir).output, Contains("--data 'nowhere/*.bin' matches no files"));
+  CHECK_THAT(run(cli() + " train --data docs --steps 1", dir).output, Contains("--data docs is a folder without prepare.json"));
+  CHECK_THAT(run(cli() + " prepare --input docs/a.txt --out x --tokenizer char", dir).output,
+             Contains("prepare's --tokenizer must be gpt2 or byte, got 'char'"));
+  CHECK_THAT(run(cli() + " prepare --input docs/a.txt --out x --vocab docs", dir).output,
+             Contains("docs holds neither encoder.json + vocab.bpe nor vocab.json + merges.txt"));
+  CHECK_THAT(run(cli() + " train --data docs/a.txt --tokenizer bpe --steps 1", dir).output,
+             Contains("--tokenizer must be char, byte or gpt2, got 'bpe'"));
+}
+
+TEST_CASE("version: decentrain-gpt --version prints the library's version", "[cli]") {
+  const auto dir = scratch("version");
+  for (const char* how : {" --version", " version"}) {
+    const auto r = run(cli() + how, dir);
+    CHECK(r.status == 0);
+    CHECK(r.output == std::string("decentrain-gpt ") + dt::version.string + "\n");
+  }
+  CHECK(std::string(dt::version.string) ==
+        std::to_string(dt::version.major) + "." + std::to_string(dt::version.minor) + "." + std::to_string(dt::version.patch));
+}
+
+TEST_CASE("numeric options are range-checked, and what cannot fit in memory is refused naming the options", "[cli][errors]") {
+  const auto dir = scratch("ranges");
+  const auto says = [&](const std::string& args, const std::string& message) {
+    const auto r = run(cli() + args, dir);
+    INFO(args << "\n" << r.output);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.output, Contains(message));
+    CHECK_THAT(r.output, !Contains("bad_alloc") && !Contains("stol"));
+  };
+  says(" train --threads 100000", "--threads must be in [0, 1024], got 100000");
+  says(" train --block-size 1099511627776", "--block-size must be in [1, 16777216], got 1099511627776");
+  says(" train --n-embd 2147483648", "--n-embd must be in [1, 1048576], got 2147483648");
+  says(" train --peers 4294967298", "--peers must be in [1, 256], got 4294967298");
+  says(" train --lr inf", "--lr expects a finite number, got 'inf'");
+  says(" train --mix nan --comm streaming-diloco --peers 2", "--mix expects a finite number, got 'nan'");
+  says(" train --grad-clip -1", "grad_clip must be >= 0, got -1");
+  says(" train --grad-clip -1 --peers 2", "grad_clip must be >= 0, got -1");
+  says(" train --batch-size 16777216", "of activations (--batch-size 16777216 x --block-size 64)");
+  says(" train --n-layer 4096 --n-embd 65536 --n-head 1",
+       "for the weights, gradients and AdamW state of 2.11e+14 parameters (--n-layer 4096, --n-embd 65536");
+  // Sampling: prompt ids are checked as given, not after a wrap to 32 bits.
+  const auto t = run(cli() + " train --steps 1 --n-layer 1 --n-embd 16 --block-size 8 --batch-size 1 --eval-batches 1 "
+                             "--metrics '' --checkpoint-dir ck",
+                     dir);
+  REQUIRE(t.status == 0);
+  says(" sample --checkpoint ck --prompt-ids 4294967296", "--prompt-ids: token 4294967296 is outside the vocabulary of");
+  says(" sample --checkpoint ck --prompt-ids 1,x", "--prompt-ids expects integers separated by commas; 'x' is not one");
+  // Published weights: config.json beside them gives the heads, and a contradicting --n-head is refused.
+  const std::string fx = DECENTRAIN_FIXTURE_DIR;
+  fs::create_directories(dir / "w");
+  fs::copy_file(fx + "/gpt_block.safetensors", dir / "w/model.safetensors");
+  std::ofstream(dir / "w/config.json") << "{\"n_head\": 2, \"n_layer\": 1}";
+  const std::string eval = " eval --weights w/model.safetensors --tokens " + fx + "/eval_tokens.bin --batch-size 2 --block-size 8";
+  const auto with_config = run(cli() + eval, dir);
+  const auto with_heads = run(cli() + " eval --weights " + fx + "/gpt_block.safetensors --tokens " + fx +
+                              "/eval_tokens.bin --batch-size 2 --block-size 8 --n-head 2", dir);
+  REQUIRE(with_config.status == 0);
+  CHECK(last_line_with(with_config.output, "loss ") == last_line_with(with_heads.output, "loss "));
+  says(eval + " --n-head 4", "--n-head 4 contradicts w/config.json, which says n_head 2");
+  says(" eval --weights " + fx + "/gpt_block.safetensors --tokens " + fx + "/eval_tokens.bin",
+       "needs --n-head (there is no config.json beside it to say)");
 }

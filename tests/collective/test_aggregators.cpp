@@ -168,8 +168,9 @@ TEMPLATE_TEST_CASE("robust all-reduce: bad peers are dropped or outvoted, named,
       return n % 2 ? bad::inf : bad::huge;
     };
     const std::size_t size = 1000 + static_cast<std::size_t>(n);  // slices of uneven sizes
-    for (const auto& [prototype, holds_from] : aggregators) {
-      const bool robust = n >= holds_from;
+    for (const auto& e : aggregators) {
+      const auto& prototype = e.aggregator;  // not a structured binding: clang 14 cannot capture one
+      const bool robust = n >= e.holds_from;
       TestType::run(n, [&](auto& ep) {
         dt::collective::communicator c(ep);
         const int r = c.rank();

@@ -1,6 +1,10 @@
 // The program every consumer project builds: fits y = x W with the library's autograd and
 // exits non-zero unless the loss falls by 100x.
+#if defined(DECENTRAIN_CONSUMER_SINGLE_HEADER)
+#include <decentrain.hpp>  // the installed single header
+#else
 #include <decentrain/decentrain.hpp>
+#endif
 
 #include <cstdio>
 
@@ -22,7 +26,6 @@ int main() {
     dt::no_grad guard;
     w.value() = dt::math::sub(w.value(), dt::math::affine(w.grad(), 0.2));
   }
-  std::printf("decentrain %d.%d.%d consumer: loss %.3g -> %.3g\n", dt::version.major,
-              dt::version.minor, dt::version.patch, first, last);
+  std::printf("decentrain %s consumer: loss %.3g -> %.3g\n", dt::version.string, first, last);
   return last < first / 100 ? 0 : 1;
 }

@@ -11,7 +11,31 @@ function(run_step what)
   message(STATUS "${out}")
 endfunction()
 
-set(args -S ${SOURCE_DIR}/tests/consumers/${KIND} -B ${WORK_DIR}/build -G "${GENERATOR}")
+# pkg_config: no CMake on the consumer's side; the installed decentrain.pc gives the flags, for
+# the umbrella header and for the installed single header <decentrain.hpp>.
+if(KIND STREQUAL "pkg_config")
+  run_step("install" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORK_DIR}/prefix)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${WORK_DIR}/prefix/${LIBDIR}/pkgconfig
+                          pkg-config --cflags --libs decentrain
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE flags ERROR_VARIABLE err OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "consumer pkg_config: pkg-config failed (${rc}): ${err}")
+  endif()
+  message(STATUS "pkg-config --cflags --libs decentrain: ${flags}")
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  foreach(variant umbrella single)
+    set(define)
+    if(variant STREQUAL "single")
+      set(define -DDECENTRAIN_CONSUMER_SINGLE_HEADER)
+    endif()
+    run_step("compile (${variant})" ${CXX} ${define} -Wall -Wextra -Wshadow -Wpedantic -Werror
+             ${SOURCE_DIR}/tests/consumers/consumer.cpp -o ${WORK_DIR}/consumer_${variant} ${flags})
+    run_step("run (${variant})" ${WORK_DIR}/consumer_${variant})
+  endforeach()
+  return()
+endif()
+
+set(args -S ${SOURCE_DIR}/tests/consumers/${KIND} -B ${WORK_DIR}/build -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX})
 if(KIND STREQUAL "find_package")
   run_step("install" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORK_DIR}/prefix)
   list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)

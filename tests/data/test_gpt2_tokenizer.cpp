@@ -133,7 +133,7 @@ TEST_CASE("gpt2_tokenizer reads Hugging Face's file names and names what is wron
   CHECK_THROWS_WITH(data::gpt2_tokenizer("{\"a\":", "a b\n", "v.json"), Contains("v.json: json: unexpected end of input"));
 }
 
-TEST_CASE("json reader: \\u surrogate pairs and JSON's number grammar", "[io][json]") {
+TEST_CASE("json reader: surrogate pairs in escapes and the number grammar of JSON", "[io][json]") {
   CHECK(io::parse_json(R"("\ud83d\ude00 \u00e9\u4e2d")").as_string() == "\xf0\x9f\x98\x80 \xc3\xa9\xe4\xb8\xad");
   CHECK_THROWS_WITH(io::parse_json(R"("\ud83d")"), Contains("high surrogate without a low one"));
   CHECK_THROWS_WITH(io::parse_json(R"("\ud83d\u0041")"), Contains("high surrogate without a low one"));

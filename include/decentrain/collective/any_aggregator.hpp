@@ -54,7 +54,7 @@ class any_aggregator {
   };
   template <class A>
   struct model final : base {
-    explicit model(A a) : a(std::move(a)) {}
+    explicit model(A inner) : a(std::move(inner)) {}
     std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
     std::string describe() const override { return describe_aggregator(a); }
     bool per_partition() const override { return is_partitioned(a); }

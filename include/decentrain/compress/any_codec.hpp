@@ -87,7 +87,7 @@ class any_codec {
   };
   template <class C>
   struct model final : base {
-    explicit model(C c) : c(std::move(c)) {}
+    explicit model(C inner) : c(std::move(inner)) {}
     std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
     std::string describe() const override { return compress::describe(c); }
     std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }

@@ -132,7 +132,7 @@ struct blockwise {
     // Codes first checked (-levels - 1 is never written), then added: nothing lands before all is checked.
     int bad = 0;
     const auto bytes = static_cast<std::int64_t>(code_bytes(n));
-    DECENTRAIN_OMP(parallel for simd reduction(| : bad) if (n >= (1 << 16)))
+    DECENTRAIN_OMP_FOR_SIMD(reduction(| : bad) if (n >= (1 << 16)))
     for (std::int64_t i = 0; i < bytes; ++i) {
       const std::uint8_t c = codes[i];
       if constexpr (Bits == 8)

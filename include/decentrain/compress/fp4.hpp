@@ -42,9 +42,17 @@ struct fp4 {
     for (std::int64_t b = 0; b < nblocks; ++b) {
       const std::size_t from = static_cast<std::size_t>(b) * block, len = std::min(n, from + block) - from;
       const float* x = in.data() + from;
-      float absmax = 0;
-      DECENTRAIN_OMP(simd reduction(max : absmax))
-      for (std::size_t i = 0; i < len; ++i) absmax = std::max(absmax, std::abs(x[i]));
+      // absmax through the bits (the values are finite, checked above; finite magnitudes order
+      // as integers): an integer max reduction, which g++ and clang both vectorise.
+      std::uint32_t top = 0;
+      DECENTRAIN_OMP(simd reduction(max : top))
+      for (std::size_t i = 0; i < len; ++i) {
+        std::uint32_t u;
+        std::memcpy(&u, x + i, 4);
+        top = std::max(top, u & 0x7fffffffu);
+      }
+      float absmax;
+      std::memcpy(&absmax, &top, 4);
       const float scale = absmax / 6.0f;
       std::memcpy(out.data() + 4 * static_cast<std::size_t>(b), &scale, 4);
       // 6 / absmax overflows f32 for a denormal absmax: there, in double.

@@ -47,12 +47,12 @@ class rng {
 
   // Uniform integer in [0, n) without modulo bias (Lemire's method).
   std::uint64_t below(std::uint64_t n) {
-    unsigned __int128 m = static_cast<unsigned __int128>(next_u64()) * n;
+    detail::uint128 m = static_cast<detail::uint128>(next_u64()) * n;
     auto low = static_cast<std::uint64_t>(m);
     if (low < n) {
       const std::uint64_t threshold = -n % n;
       while (low < threshold) {
-        m = static_cast<unsigned __int128>(next_u64()) * n;
+        m = static_cast<detail::uint128>(next_u64()) * n;
         low = static_cast<std::uint64_t>(m);
       }
     }

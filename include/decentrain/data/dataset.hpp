@@ -27,6 +27,10 @@ class token_dataset {
     train_ = std::move(tokens);
   }
 
+  // Separate training and validation tokens (llm.c's train_*.bin and val_*.bin shards).
+  token_dataset(std::vector<std::int32_t> train, std::vector<std::int32_t> validation)
+      : train_(std::move(train)), val_(std::move(validation)) {}
+
   const std::vector<std::int32_t>& tokens(split s) const { return s == split::train ? train_ : val_; }
 
   // Inputs and next-token targets, each (batch, block) i32, for this rank's share of the
@@ -50,7 +54,7 @@ class token_dataset {
       using decentrain::detail::splitmix64;
       const std::uint64_t h = splitmix64(seed ^ splitmix64((s == split::train ? 0x7261696eull : 0x76616cull) ^
                                                            splitmix64(static_cast<std::uint64_t>(step) ^ splitmix64(row))));
-      const auto start = static_cast<std::size_t>((static_cast<unsigned __int128>(h) * starts) >> 64);
+      const auto start = static_cast<std::size_t>((static_cast<decentrain::detail::uint128>(h) * starts) >> 64);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start), block, x.begin() + i * block);
       std::copy_n(t.begin() + static_cast<std::ptrdiff_t>(start) + 1, block, y.begin() + i * block);
     }

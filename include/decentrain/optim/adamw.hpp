@@ -54,17 +54,17 @@ class adamw {
     std::vector<kernels::adamw_tensor<double>> f64;
     std::size_t i = 0;
     for (auto& e : *params_) {
-      auto& slot = slots_[i++];
+      auto& moments = slots_[i++];
       if (!e.param.grad().defined()) continue;
-      ++slot.step;
-      const double wd = slot.decay ? options_.weight_decay : 0.0;
+      ++moments.step;
+      const double wd = moments.decay ? options_.weight_decay : 0.0;
       grads.push_back(e.param.grad().contiguous());
       const auto& grad = grads.back();
       optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
         using T = decltype(tag);
         kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
-                                   slot.m.template data<T>(), slot.v.template data<T>(), e.param.value().numel(),
-                                   slot.step, wd};
+                                   moments.m.template data<T>(), moments.v.template data<T>(), e.param.value().numel(),
+                                   moments.step, wd};
         if constexpr (std::is_same_v<T, float>) f32.push_back(t);
         else f64.push_back(t);
       });

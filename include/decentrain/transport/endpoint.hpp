@@ -269,7 +269,7 @@ class any_endpoint {
   };
   template <class E>
   struct model final : base {
-    explicit model(E e) : e(std::move(e)) {}
+    explicit model(E inner) : e(std::move(inner)) {}
     int rank() const override { return static_cast<int>(e.rank()); }
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }

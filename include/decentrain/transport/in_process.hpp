@@ -392,8 +392,8 @@ class in_process {
 
  private:
   struct shared {
-    shared(link_matrix l, options o)
-        : links(std::move(l)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
+    shared(link_matrix matrix, options o)
+        : links(std::move(matrix)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
       for (int s = 0; s < links.world(); ++s)
         for (int d = 0; d < links.world(); ++d)
           if (s != d) {

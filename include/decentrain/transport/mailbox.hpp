@@ -113,14 +113,14 @@ class mailbox {
     if (p == posted_.end() || queued(source, tag)) return std::nullopt;
     // Postings before the first open one have their messages (landed, or being written).
     for (auto& q : p->second)
-      if (q.state == posting::open) {
+      if (q.state == posting::state_type::open) {
         if (q.into.size() != length) return std::nullopt;
-        q.state = posting::claimed;
+        q.state = posting::state_type::claimed;
         return q.into;
       }
     return std::nullopt;
   }
-  void landed(int source, tag_type tag) { settle(source, tag, posting::landed); }
+  void landed(int source, tag_type tag) { settle(source, tag, posting::state_type::landed); }
 
   // A buffer of `size` bytes for a body that lands in no posted memory: one that a receive_into
   // copied out of before, when one is large enough, so its pages are already mapped (a fresh
@@ -139,7 +139,7 @@ class mailbox {
     b.resize(size);
     return b;
   }
-  void abandoned(int source, tag_type tag) { settle(source, tag, posting::abandoned); }
+  void abandoned(int source, tag_type tag) { settle(source, tag, posting::state_type::abandoned); }
 
   // ---- failure ----
 
@@ -229,9 +229,9 @@ class mailbox {
 
  private:
   struct posting {
-    enum state_type { open, claimed, landed, abandoned };
+    enum class state_type { open, claimed, landed, abandoned };
     std::span<std::byte> into;
-    state_type state = open;
+    state_type state = state_type::open;
     std::size_t size = 0;
   };
 
@@ -290,7 +290,7 @@ class mailbox {
     ready_.notify_all();
   }
 
-  static bool is_claimed(const posting& p) { return p.state == posting::claimed; }
+  static bool is_claimed(const posting& p) { return p.state == posting::state_type::claimed; }
   bool any_claimed(const key& k) const {
     auto p = posted_.find(k);
     return p != posted_.end() && std::any_of(p->second.begin(), p->second.end(), is_claimed);
@@ -307,16 +307,16 @@ class mailbox {
     for (;;) {
       auto& postings = posted_.at(k);
       posting& first = postings.front();
-      if (first.state == posting::landed) {
+      if (first.state == posting::state_type::landed) {
         const std::size_t size = first.size;
         pop_first(k);
         return size;
       }
-      if (first.state == posting::abandoned) {
+      if (first.state == posting::state_type::abandoned) {
         throw_if_unreachable(source, tag);
         transport::fail_peer(source, "receive", "transport: the message from peer ", source, " (tag ", tag, ") was cut off");
       }
-      if (first.state == posting::open) {
+      if (first.state == posting::state_type::open) {
         // Not (or not yet) landing in place: a queued message is the next one in order.
         if (auto m = take_queued(source, tag)) {
           pop_first(k);
@@ -329,7 +329,7 @@ class mailbox {
       }
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
         auto& now = posted_.at(k).front();
-        if (now.state == posting::claimed || (now.state == posting::open && !queued(source, tag)))
+        if (now.state == posting::state_type::claimed || (now.state == posting::state_type::open && !queued(source, tag)))
           timed_out(source, tag, timeout);
       }
     }

@@ -886,16 +886,16 @@ class tcp {
           return false;
         }
         case wire::frame_type::heartbeat: {
-          const auto h = wire::decode_heartbeat(c->body);
+          const auto beat = wire::decode_heartbeat(c->body);
           const auto now = clock::now();
           // A round trip only from an echo of ours that makes sense (a peer's garbage is ignored).
           double round_trip = -1;
           const std::uint64_t now_ns = nanoseconds(now);
-          if (h.echo_ns != 0 && h.echo_ns <= now_ns && h.held_ns <= now_ns - h.echo_ns) {
-            round_trip = static_cast<double>(now_ns - h.echo_ns - h.held_ns) * 1e-9;
+          if (beat.echo_ns != 0 && beat.echo_ns <= now_ns && beat.held_ns <= now_ns - beat.echo_ns) {
+            round_trip = static_cast<double>(now_ns - beat.echo_ns - beat.held_ns) * 1e-9;
             if (round_trip > 600) round_trip = -1;
           }
-          c->last_in = h;
+          c->last_in = beat;
           c->last_in_at = now;
           std::lock_guard lock(mutex);
           c->beats.heartbeat(now, round_trip);

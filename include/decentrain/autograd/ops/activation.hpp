@@ -10,11 +10,11 @@ namespace decentrain {
 
 template <class Device>
 var<Device> gelu(const var<Device>& x) {
-  const auto cx = detail::kernel_tensor(x.value());
-  auto out = tensor<Device>::empty(x.shape(), cx.dtype());
+  const auto x_in = detail::kernel_tensor(x.value());
+  auto out = tensor<Device>::empty(x.shape(), x_in.dtype());
   detail::with_kernel_type<Device>(x.dtype(), "gelu", [&](auto tag) {
     using T = decltype(tag);
-    kernels::gelu_forward(Device{}, out.template data<T>(), cx.template data<T>(), cx.numel());
+    kernels::gelu_forward(Device{}, out.template data<T>(), x_in.template data<T>(), x_in.numel());
   });
   return record<Device>("gelu", detail::stored_as(out, x.dtype()), {x},
                         [](const tensor<Device>& g, node<Device>& n) {

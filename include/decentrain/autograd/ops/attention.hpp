@@ -56,9 +56,9 @@ var<Device> causal_attention_bf16(const std::vector<tensor<Device>>& parts, cons
                                   std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t n_head) {
   auto out = tensor<Device>::empty(shape{B, T, C}, dtype::bf16);
   auto lse = tensor<Device>::empty(shape{B, n_head, T}, dtype::f32);
-  const auto in = rows_of<bf16>(parts, C);
-  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(), in.q, in.k, in.v, B,
-                                  T, C, n_head, in.ld);
+  const auto rows = rows_of<bf16>(parts, C);
+  kernels::attention_forward_bf16(Device{}, out.template data<bf16>(), lse.template data<float>(), rows.q, rows.k, rows.v, B,
+                                  T, C, n_head, rows.ld);
   return record<Device>("causal_attention", out, inputs,
                         [parts, out, lse, B, T, C, n_head](const tensor<Device>& g, node<Device>& n) {
     const auto gb = g.dtype() == dtype::bf16 ? g.contiguous() : g.to(dtype::bf16);
@@ -91,17 +91,17 @@ var<Device> causal_attention(const var<Device>& q, const var<Device>& k, const v
         return detail::causal_attention_bf16(parts, {q, k, v}, B, T, C, n_head);
     }
   }
-  const auto cq = detail::compute_tensor(q.value()), ck = detail::compute_tensor(k.value()),
-             cv = detail::compute_tensor(v.value());
-  auto out = tensor<Device>::empty(q.shape(), cq.dtype());
+  const auto q_in = detail::compute_tensor(q.value()), k_in = detail::compute_tensor(k.value()),
+             v_in = detail::compute_tensor(v.value());
+  auto out = tensor<Device>::empty(q.shape(), q_in.dtype());
   // The device decides what the backward needs: the probabilities (B, H, T, T) on the CPU,
   // only the logsumexp per row (B, H, T) on the GPU, which recomputes the rest.
-  auto saved = tensor<Device>::empty(shape(kernels::attention_saved_sizes(Device{}, B, n_head, T)), cq.dtype());
+  auto saved = tensor<Device>::empty(shape(kernels::attention_saved_sizes(Device{}, B, n_head, T)), q_in.dtype());
   detail::with_float_type(q.dtype(), "causal_attention", [&](auto tag) {
     using T_ = decltype(tag);
     kernels::attention_forward(Device{}, out.template data<T_>(), saved.template data<T_>(),
-                               cq.template data<T_>(), ck.template data<T_>(),
-                               cv.template data<T_>(), B, T, C, n_head);
+                               q_in.template data<T_>(), k_in.template data<T_>(),
+                               v_in.template data<T_>(), B, T, C, n_head);
   });
   // `out` in the compute dtype is kept as well: for f32 it is the very storage the next op
   // keeps anyway, so it costs nothing.

@@ -53,16 +53,16 @@ var<Device> layer_norm_node(const tensor<Device>& input, const tensor<Device>* r
                             const var<Device>& bias, double eps, dtype out_dtype) {
   const std::int64_t cols = input.size(-1);
   const std::int64_t rows = input.numel() / cols;
-  const auto ct = input.dtype();
-  auto out = tensor<Device>::empty(input.shape(), kernel_dtype<Device>(out_dtype) == dtype::bf16 ? dtype::bf16 : ct);
-  auto mean = tensor<Device>::empty(shape{rows}, ct), rstd = tensor<Device>::empty(shape{rows}, ct);
-  const auto res = residual ? storage_for(*residual, ct) : tensor<Device>{};
-  with_float_type(ct, "layer_norm", [&](auto tag) {
+  const auto in_type = input.dtype();
+  auto out = tensor<Device>::empty(input.shape(), kernel_dtype<Device>(out_dtype) == dtype::bf16 ? dtype::bf16 : in_type);
+  auto mean = tensor<Device>::empty(shape{rows}, in_type), rstd = tensor<Device>::empty(shape{rows}, in_type);
+  const auto res = residual ? storage_for(*residual, in_type) : tensor<Device>{};
+  with_float_type(in_type, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     const auto w = compute_tensor(weight.value()), b = compute_tensor(bias.value());
     with_storage<Device, T>(out.dtype(), [&](auto out_tag) {
       using O = decltype(out_tag);
-      with_storage<Device, T>(res.defined() ? res.dtype() : ct, [&](auto res_tag) {
+      with_storage<Device, T>(res.defined() ? res.dtype() : in_type, [&](auto res_tag) {
         using R = decltype(res_tag);
         kernels::layer_norm_forward(Device{}, out.template data<O>(), mean.template data<T>(),
                                     rstd.template data<T>(), input.template data<T>(), w.template data<T>(),

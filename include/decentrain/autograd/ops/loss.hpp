@@ -53,13 +53,13 @@ var<Device> cross_entropy(const var<Device>& logits, const tensor<Device>& targe
   const std::int64_t counted =
       detail::count_targets("cross_entropy", targets, "logits", logits.shape(), V, ignore_index);
   const auto ids = targets.contiguous();
-  const auto cl = detail::kernel_tensor(logits.value());
+  const auto logits_in = detail::kernel_tensor(logits.value());
   // Each row's logsumexp, kept for the backward (N values in the compute dtype).
   auto row_lse = tensor<Device>::empty(shape{N}, detail::compute_dtype(logits.dtype()));
   double total = 0.0;
   detail::with_kernel_type<Device>(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    total = kernels::cross_entropy_forward(Device{}, cl.template data<T>(), ids.template data<std::int32_t>(), N,
+    total = kernels::cross_entropy_forward(Device{}, logits_in.template data<T>(), ids.template data<std::int32_t>(), N,
                                            V, ignore_index, row_lse.template data<compute_type_t<T>>());
   });
   // In the compute dtype (f32 for bf16 logits, as under autocast): a bf16 loss would keep three

@@ -131,10 +131,10 @@ var<Device> linear_op(const var<Device>& x, const var<Device>& weight, const var
   auto out_sizes = x.shape().sizes();
   out_sizes.back() = width;
   const auto x2 = math::gemm_operand(x.value()).reshape({rows, in});
-  const dtype result = detail::kernel_dtype<Device>(x.dtype());
-  auto out = tensor<Device>::empty(shape({rows, width}), result);
-  auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), result) : tensor<Device>{};
-  linear_values(name, x2, math::gemm_operand(weight.value()), bias ? detail::contiguous_as(bias->value(), result) : tensor<Device>{},
+  const dtype out_type = detail::kernel_dtype<Device>(x.dtype());
+  auto out = tensor<Device>::empty(shape({rows, width}), out_type);
+  auto pre = with_gelu ? tensor<Device>::empty(shape({rows, width}), out_type) : tensor<Device>{};
+  linear_values(name, x2, math::gemm_operand(weight.value()), bias ? detail::contiguous_as(bias->value(), out_type) : tensor<Device>{},
                 out, with_gelu ? &pre : nullptr);
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
   if (with_gelu) pre = detail::stored_as(std::move(pre), x.dtype());
@@ -168,17 +168,17 @@ var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, c
   const std::int64_t rows = flat_rows(x), in = w1.size(0), hidden = w1.size(1), width = w2.size(1);
   auto out_sizes = x.shape().sizes();
   out_sizes.back() = width;
-  const dtype result = detail::kernel_dtype<Device>(x.dtype());
-  auto h = tensor<Device>::empty(shape({rows, hidden}), result);
-  auto pre = tensor<Device>::empty(shape({rows, hidden}), result);
+  const dtype out_type = detail::kernel_dtype<Device>(x.dtype());
+  auto h = tensor<Device>::empty(shape({rows, hidden}), out_type);
+  auto pre = tensor<Device>::empty(shape({rows, hidden}), out_type);
   linear_values(name, math::gemm_operand(x.value()).reshape({rows, in}), math::gemm_operand(w1.value()),
-                b1 ? detail::contiguous_as(b1->value(), result) : tensor<Device>{}, h, &pre);
+                b1 ? detail::contiguous_as(b1->value(), out_type) : tensor<Device>{}, h, &pre);
   // Kept as the two ops would keep them: in the activation dtype.
   h = detail::stored_as(std::move(h), x.dtype());
   pre = detail::stored_as(std::move(pre), x.dtype());
-  auto out = tensor<Device>::empty(shape({rows, width}), result);
+  auto out = tensor<Device>::empty(shape({rows, width}), out_type);
   linear_values(name, math::gemm_operand(h), math::gemm_operand(w2.value()),
-                b2 ? detail::contiguous_as(b2->value(), result) : tensor<Device>{}, out);
+                b2 ? detail::contiguous_as(b2->value(), out_type) : tensor<Device>{}, out);
   out = detail::stored_as(out.reshape(out_sizes), x.dtype());
 
   const bool has_bias = b1 != nullptr;
@@ -186,11 +186,11 @@ var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, c
   if (has_bias) inputs.push_back(*b1);
   inputs.push_back(w2);
   if (has_bias) inputs.push_back(*b2);
-  const std::size_t iw2 = has_bias ? 3 : 2, ib2 = 4;
-  auto backward = [rows, in, hidden, width, has_bias, iw2, ib2, h, pre](const tensor<Device>& g, node<Device>& n) mutable {
+  const std::size_t iw2 = has_bias ? 3 : 2;
+  auto backward = [rows, in, hidden, width, has_bias, iw2, h, pre](const tensor<Device>& g, node<Device>& n) mutable {
     const dtype result = detail::kernel_dtype<Device>(g.dtype());
     const auto g2 = math::gemm_operand(g).reshape({rows, width});
-    linear_param_grads(n, math::gemm_operand(h), g2, iw2, has_bias, ib2);
+    linear_param_grads(n, math::gemm_operand(h), g2, iw2, has_bias, /*second bias: input*/ 4);
     h = tensor<Device>{};  // the second layer's input is done with: free it before d_pre exists
     if (!n.needs_grad(0) && !n.needs_grad(1) && !(has_bias && n.needs_grad(2))) return;
     // (g w2^T) * gelu'(pre) in one kernel call; stored as the two ops would store it.

@@ -46,7 +46,7 @@ inline double gelu_tanh(double u) { return std::tanh(u); }
 template <class T>
 DECENTRAIN_VECTORIZE_SELECTS void gelu_forward(cpu, T* out, const T* x, std::int64_t n) {
   constexpr T s = detail::gelu_scale<T>, c = T(0.044715);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) {
     const T v = x[i];
     out[i] = T(0.5) * v * (T(1) + detail::gelu_tanh(s * (v + c * v * v * v)));
@@ -57,7 +57,7 @@ DECENTRAIN_VECTORIZE_SELECTS void gelu_forward(cpu, T* out, const T* x, std::int
 template <class T>
 DECENTRAIN_VECTORIZE_SELECTS void gelu_backward(cpu, T* dx, const T* x, const T* dout, std::int64_t n) {
   constexpr T s = detail::gelu_scale<T>, c = T(0.044715);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) {
     const T v = x[i];
     const T inner = s * (v + c * v * v * v);

@@ -73,21 +73,21 @@ void binary(cpu, binary_op op, T* out, const std::vector<std::int64_t>& sizes, c
 // out = x * scale + shift
 template <class T>
 void affine(cpu, T* out, const T* x, std::int64_t n, T scale, T shift) {
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] * scale + shift;
 }
 
 // out = numerator / x
 template <class T>
 void reciprocal(cpu, T* out, const T* x, std::int64_t n, T numerator) {
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) out[i] = numerator / x[i];
 }
 
 // dst += scale * src: gradient accumulation.
 template <class T>
 void axpy(cpu, T* dst, const T* src, std::int64_t n, T scale = T(1)) {
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) dst[i] += scale * src[i];
 }
 

@@ -22,7 +22,7 @@ void adamw_update(cpu, std::span<const adamw_tensor<T>> tensors, const adamw_hyp
     T *param = t.param, *m = t.m, *v = t.v;
     const T* grad = t.grad;
     const std::int64_t n = t.n;
-    DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+    DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
     for (std::int64_t i = 0; i < n; ++i) {
       param[i] *= f.decay;
       m[i] = m[i] * f.b1 + grad[i] * f.one_minus_b1;
@@ -40,7 +40,7 @@ void sgd_update(cpu, T* param, const T* grad, T* buffer, std::int64_t n, double 
                 double dampening, bool nesterov, double weight_decay, bool first) {
   const T mu = static_cast<T>(momentum), keep = static_cast<T>(1.0 - dampening);
   const T wd = static_cast<T>(weight_decay), rate = static_cast<T>(lr);
-  DECENTRAIN_OMP(parallel for simd if (n >= detail::parallel_threshold))
+  DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
   for (std::int64_t i = 0; i < n; ++i) {
     T d = grad[i];
     if (weight_decay != 0.0) d += wd * param[i];
@@ -61,7 +61,7 @@ void sum_of_squares(cpu, std::span<const std::span<const T>> tensors, double* ou
     const T* p = x.data();
     const auto n = static_cast<std::int64_t>(x.size());
     double part = 0.0;
-    DECENTRAIN_OMP(parallel for simd reduction(+ : part) if (n >= detail::parallel_threshold))
+    DECENTRAIN_OMP_FOR_SIMD(reduction(+ : part) if (n >= detail::parallel_threshold))
     for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(p[i]) * static_cast<double>(p[i]);
     total += part;
   }
