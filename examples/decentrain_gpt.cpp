@@ -1,15 +1,16 @@
 // decentrain-gpt: train (on one machine or as decentralized peers), evaluate and sample GPT-2 models.
 //
 //   decentrain-gpt train  [--preset NAME | --n-layer L --n-head H --n-embd C --block-size T]
-//                         [--data FILE] [--steps N] [--batch-size B] [--lr LR] [--seed S]
+//                         [--data PATH] [--steps N] [--batch-size B] [--lr LR] [--seed S]
 //                         [--checkpoint-dir DIR] [--resume] [--threads N] [--metrics FILE]
 //                         [--peers N | --listen HOST:PORT ... | --mpi] [--comm NAME] ...
-//   decentrain-gpt eval   --weights W.safetensors --tokens SHARD --n-head H
+//   decentrain-gpt eval   --weights W.safetensors --tokens SHARD [--n-head H]
 //                         [--batch-size B] [--block-size T] [--dump-grads G.safetensors]
 //   decentrain-gpt prepare --input TEXT --out DIR [--tokenizer gpt2|byte]
-//   decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors --n-head H)
+//   decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors [--n-head H])
 //                         [--prompt TEXT | --prompt-ids 1,2,3] [--tokens N] [--temperature X]
 //                         [--top-k K] [--seed S]
+//   decentrain-gpt --version
 //
 // Every mode of `train` is the library's trainer: one process is a world of one peer.
 // `decentrain-gpt help` lists every option with its default.
@@ -461,14 +462,16 @@ std::vector<fs::path> data_files(const std::string& pattern, const char* option)
   std::vector<fs::path> files;
   if (pattern.find_first_of("*?[") == std::string::npos) {
     dt::detail::check(fs::exists(pattern), option, " ", pattern, " does not exist");
+    dt::detail::check(fs::is_regular_file(pattern), option, " ", pattern, " is not a regular file");
     files.emplace_back(pattern);
     return files;
   }
   glob_t found{};
   const int rc = glob(pattern.c_str(), 0, nullptr, &found);
-  for (std::size_t i = 0; rc == 0 && i < found.gl_pathc; ++i) files.emplace_back(found.gl_pathv[i]);
+  for (std::size_t i = 0; rc == 0 && i < found.gl_pathc; ++i)
+    if (fs::is_regular_file(found.gl_pathv[i])) files.emplace_back(found.gl_pathv[i]);
   globfree(&found);
-  dt::detail::check(!files.empty(), option, " '", pattern, "' matches no files");
+  dt::detail::check(!files.empty(), option, " '", pattern, "' matches no regular files");
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -516,7 +519,10 @@ int cmd_prepare(const options& opt) {
     const auto ids = tok.encode(text);
     tokens.insert(tokens.end(), ids.begin(), ids.end());
   }
+  dt::detail::check(bytes > 0, "--input ", input, " holds no text");
   const auto n_val = static_cast<std::size_t>(static_cast<double>(tokens.size()) * val_fraction);
+  dt::detail::check(n_val > 0 || val_fraction == 0, "--val-fraction ", val_fraction, " of ", tokens.size(),
+                    " tokens leaves no validation tokens; give more text or a larger fraction");
   const auto n_train = tokens.size() - n_val;
   fs::create_directories(out);
   std::size_t shards = 0;
@@ -601,6 +607,12 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
   if (!files.empty() && dt::io::is_token_shard(files[0])) {
     auto tokens = read_shards(files);
     const std::string name = prepared ? prepared->at("tokenizer").as_string() : tokenizer_name;
+    dt::detail::check(tokenizer_name.empty() || tokenizer_name == name, "--tokenizer ", tokenizer_name, " contradicts ",
+                      "prepare.json beside the shards, which says ", name);
+    dt::detail::check(name != "char", "--tokenizer char is for text: shards hold ids already (use gpt2 or byte)");
+    const auto resumed = resume ? text_tokenizer::of(*resume, opt) : std::nullopt;
+    dt::detail::check(!resumed || name.empty() || resumed->name == name, "the checkpoint was trained with the ",
+                      resumed ? resumed->name : "", " tokenizer, these shards are ", name);
     const auto vocab = opt.integer("vocab-size", prepared ? prepared->at("vocab_size").as_int() : name == "gpt2" ? 50257 : preset_vocab);
     std::optional<text_tokenizer> tok;
     if (!name.empty()) tok = text_tokenizer::make(name, opt, {});
@@ -616,6 +628,7 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
                          (name.empty() ? "" : ", " + name) + ")";
     if (val_path.empty())
       return {dt::data::token_dataset(std::move(tokens), val_fraction), std::move(tok), vocab, source};
+    dt::detail::check(!opt.has("val-fraction"), "--val-fraction does not apply: the validation split is ", val_path);
     auto val = read_shards(data_files(val_path, "--val-data"));
     check_range(val, val_path);
     return {dt::data::token_dataset(std::move(tokens), std::move(val)), std::move(tok), vocab, source + ", validation " + val_path};
@@ -1119,6 +1132,14 @@ int cmd_train(const options& opt) {
   if (resumed) p.model = dt::train::config_of(*resumed);
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
+  // Both splits must hold a block and its next token, or the run would fail at its first evaluation.
+  for (const auto s : {dt::data::split::train, dt::data::split::validation}) {
+    const auto n = data.dataset.tokens(s).size();
+    dt::detail::check(static_cast<std::int64_t>(n) > p.model.block_size, "the ",
+                      s == dt::data::split::train ? "training" : "validation", " split of ", data.source, " holds ", n,
+                      " tokens, fewer than --block-size + 1 = ", p.model.block_size + 1,
+                      " (give more data, a larger --val-fraction or a smaller --block-size)");
+  }
 
   p.run.add("program", "decentrain-gpt")
       .add("mode", launch_name(p.mode))
@@ -1291,6 +1312,7 @@ int cmd_sample(const options& opt) {
   sampling.temperature = opt.real("temperature", sampling.temperature);
   dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed", static_cast<std::int64_t>(dt::train::trainer_options{}.seed))),
               "sample");
+  const bool vocab_given = !opt.text("vocab", "").empty();  // read by text_tokenizer::make below
   opt.reject_unknown();
   dt::detail::check(ckpt.empty() != weights.empty(), "sample needs exactly one of --checkpoint and --weights");
   dt::detail::check(sampling.temperature > 0 && sampling.tokens >= 0 && sampling.top_k >= 0,
@@ -1306,14 +1328,24 @@ int cmd_sample(const options& opt) {
     model.emplace(dt::train::config_of(c), unused);
     dt::optim::adamw<> ignored(model->parameters());
     dt::train::restore(c, *model, ignored);
-    if (!tok) tok = text_tokenizer::of(c, opt);
+    if (auto own = text_tokenizer::of(c, opt)) {
+      dt::detail::check(!tok || tok->name == own->name, "--tokenizer ", tokenizer_name, " contradicts the checkpoint's ",
+                        own->name, " tokenizer");
+      tok = std::move(own);
+    }
     if (file != fs::path(ckpt)) std::fprintf(stderr, "sampling from %s\n", file.c_str());
   } else {
     const auto file = dt::io::load_safetensors(weights);
     model.emplace(dt::train::gpt2_config(file, n_head), unused);
     dt::train::import_gpt2_weights(*model, file);
-    // Published GPT-2 weights: GPT-2's vocabulary.
-    if (!tok && model->config().vocab_size == 50257) tok = text_tokenizer::make("gpt2", opt, {});
+    // Published GPT-2 weights: GPT-2's vocabulary, where it is found (else ids are printed).
+    if (!tok && model->config().vocab_size == 50257) {
+      try {
+        tok = text_tokenizer::make("gpt2", opt, {});
+      } catch (const dt::error&) {
+        if (vocab_given) throw;
+      }
+    }
   }
   const auto& cfg = model->config();
   dt::detail::check(!tok || tok->vocab_size() <= cfg.vocab_size, "the ", tok ? tok->name : "", " tokenizer has ",
@@ -1340,7 +1372,12 @@ int cmd_sample(const options& opt) {
 
   const std::size_t first_new = ids.size();
   ids = dt::nn::generate(*model, std::move(ids), sampling, gen);
-  if (tok) {
+  // A model may have more ids than its tokenizer (a vocabulary padded to 50304): text only when
+  // every sampled id is the tokenizer's.
+  const bool decodable = tok && std::all_of(ids.begin(), ids.end(), [&](std::int32_t id) { return id < tok->vocab_size(); });
+  if (tok && !decodable) std::fprintf(stderr, "sampled ids beyond the %s tokenizer's %lld: printing ids\n", tok->name.c_str(),
+                                      static_cast<long long>(tok->vocab_size()));
+  if (decodable) {
     const auto text = tok->decode(ids);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");

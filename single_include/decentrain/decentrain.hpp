@@ -7567,7 +7567,8 @@ class token_dataset {
 // GPT-2's byte-level BPE tokenizer: loads the published vocabulary (OpenAI's encoder.json +
 // vocab.bpe, or Hugging Face's vocab.json + merges.txt), splits text with GPT-2's
 // pre-tokenisation rule, and merges bytes by rank. Its ids are those of GPT-2, llm.c's shards
-// and Hugging Face's GPT-2 weights.
+// and Hugging Face's GPT-2 weights; exactly gpt-3-encoder's, whose `\s` is JavaScript's (Python's
+// differs on a few rare characters: U+0085, U+001C-U+001F, U+FEFF).
 
 #include <algorithm>
 #include <cstdint>
@@ -8130,6 +8131,9 @@ class gpt2_tokenizer {
   // Every byte of `text` is text: "<|endoftext|>" is spelled out, as GPT-2's encoder.py and
   // gpt-3-encoder do.
   std::vector<std::int32_t> encode_ordinary(std::string_view text) const {
+    // Offsets below are 32-bit: a larger text goes in parts (as `prepare` does, per document).
+    detail::check(text.size() < (std::size_t{1} << 31), "gpt2_tokenizer: ", text.size(),
+                  " bytes in one call; encode at most 2 GiB at a time");
     std::vector<std::int32_t> out;
     out.reserve(text.size() / 3 + 1);
     std::unordered_map<std::string_view, std::pair<std::uint32_t, std::uint32_t>> seen;  // piece -> span of out

@@ -897,7 +897,18 @@ TEST_CASE("prepare writes llm.c shards with GPT-2's tokenizer, train reads them,
                         dir);
   CHECK(text.status == 0);
   CHECK_THAT(text.output, Contains("docs/a.txt (text, gpt2 tokenizer)"));
-  CHECK_THAT(run(cli() + " train --data 'nowhere/*.bin' --steps 1", dir).output, Contains("--data 'nowhere/*.bin' matches no files"));
+  CHECK_THAT(run(cli() + " train --data 'nowhere/*.bin' --steps 1", dir).output,
+             Contains("--data 'nowhere/*.bin' matches no regular files"));
+  CHECK_THAT(run(cli() + " train --data shards --val-fraction 0.2 --steps 1", dir).output,
+             Contains("--val-fraction does not apply: the validation split is shards/val_*.bin"));
+  CHECK_THAT(run(cli() + " train --data shards --tokenizer byte --steps 1", dir).output,
+             Contains("--tokenizer byte contradicts prepare.json beside the shards, which says gpt2"));
+  CHECK_THAT(run(cli() + " sample --checkpoint ck --tokenizer byte", dir).output,
+             Contains("--tokenizer byte contradicts the checkpoint's gpt2 tokenizer"));
+  CHECK_THAT(run(cli() + " train --data docs/a.txt --val-fraction 0 --steps 1", dir).output,
+             Contains("the validation split of docs/a.txt (text, char tokenizer) holds 0 tokens, fewer than --block-size + 1"));
+  std::ofstream(dir / "empty.txt").flush();
+  CHECK_THAT(run(cli() + " prepare --input empty.txt --out e", dir).output, Contains("--input empty.txt holds no text"));
   CHECK_THAT(run(cli() + " train --data docs --steps 1", dir).output, Contains("--data docs is a folder without prepare.json"));
   CHECK_THAT(run(cli() + " prepare --input docs/a.txt --out x --tokenizer char", dir).output,
              Contains("prepare's --tokenizer must be gpt2 or byte, got 'char'"));
