@@ -495,12 +495,11 @@ std::vector<std::int32_t> read_shards(const std::vector<fs::path>& files) {
 int cmd_prepare(const options& opt) {
   const std::string input = opt.text("input", ""), out = opt.text("out", ""), name = opt.text("tokenizer", "gpt2");
   const double val_fraction = opt.real("val-fraction", 0.1);
-  const auto shard_tokens = opt.integer("shard-tokens", 100'000'000);
+  const auto shard_tokens = opt.integer("shard-tokens", 100'000'000, 1, 0x7fffffff);
   dt::detail::check(!input.empty() && !out.empty(), "prepare needs --input TEXT (a file or a glob) and --out DIR");
   dt::detail::check(name == "gpt2" || name == "byte", "prepare's --tokenizer must be gpt2 or byte, got '", name,
                     "' (a char vocabulary comes from the text itself: train on the text with --data)");
   dt::detail::check(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
-  dt::detail::check(shard_tokens >= 1 && shard_tokens <= 0x7fffffff, "--shard-tokens must be in [1, 2^31), got ", shard_tokens);
   const auto tok = text_tokenizer::make(name, opt, {});
   opt.reject_unknown();
   const auto inputs = data_files(input, "--input");
@@ -526,7 +525,7 @@ int cmd_prepare(const options& opt) {
   const auto n_train = tokens.size() - n_val;
   fs::create_directories(out);
   std::size_t shards = 0;
-  for (std::size_t at = 0; at < n_train || (at == 0 && n_train == 0); at += static_cast<std::size_t>(shard_tokens), ++shards) {
+  for (std::size_t at = 0; at < n_train; at += static_cast<std::size_t>(shard_tokens), ++shards) {
     const auto end = std::min(n_train, at + static_cast<std::size_t>(shard_tokens));
     char file[32];
     std::snprintf(file, sizeof file, "train_%06zu.bin", shards);
@@ -610,12 +609,11 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
     dt::detail::check(tokenizer_name.empty() || tokenizer_name == name, "--tokenizer ", tokenizer_name, " contradicts ",
                       "prepare.json beside the shards, which says ", name);
     dt::detail::check(name != "char", "--tokenizer char is for text: shards hold ids already (use gpt2 or byte)");
-    const auto resumed = resume ? text_tokenizer::of(*resume, opt) : std::nullopt;
-    dt::detail::check(!resumed || name.empty() || resumed->name == name, "the checkpoint was trained with the ",
-                      resumed ? resumed->name : "", " tokenizer, these shards are ", name);
+    auto tok = resume ? text_tokenizer::of(*resume, opt) : std::nullopt;
+    dt::detail::check(!tok || name.empty() || tok->name == name, "the checkpoint was trained with the ",
+                      tok ? tok->name : "", " tokenizer, these shards are ", name);
     const auto vocab = opt.integer("vocab-size", prepared ? prepared->at("vocab_size").as_int() : name == "gpt2" ? 50257 : preset_vocab);
-    std::optional<text_tokenizer> tok;
-    if (!name.empty()) tok = text_tokenizer::make(name, opt, {});
+    if (!tok && !name.empty()) tok = text_tokenizer::make(name, opt, {});
     dt::detail::check(!tok || tok->vocab_size() <= vocab, "--vocab-size ", vocab, " is smaller than the ", name,
                       " tokenizer's ", tok ? tok->vocab_size() : 0);
     const auto check_range = [&](const std::vector<std::int32_t>& t, const std::string& what) {
@@ -1315,8 +1313,7 @@ int cmd_sample(const options& opt) {
   const bool vocab_given = !opt.text("vocab", "").empty();  // read by text_tokenizer::make below
   opt.reject_unknown();
   dt::detail::check(ckpt.empty() != weights.empty(), "sample needs exactly one of --checkpoint and --weights");
-  dt::detail::check(sampling.temperature > 0 && sampling.tokens >= 0 && sampling.top_k >= 0,
-                    "--temperature must be > 0, --tokens and --top-k >= 0");
+  dt::detail::check(sampling.temperature > 0, "--temperature must be > 0, got ", sampling.temperature);
 
   std::optional<dt::nn::gpt<>> model;
   std::optional<text_tokenizer> tok;
@@ -1367,8 +1364,6 @@ int cmd_sample(const options& opt) {
     ids = tok->encode(prompt);
   }
   if (ids.empty()) ids.push_back(tok && tok->gpt2 ? tok->gpt2->end_of_text_id() : 0);
-  for (auto id : ids)
-    dt::detail::check(id >= 0 && id < cfg.vocab_size, "prompt token ", id, " is outside the vocabulary of ", cfg.vocab_size);
 
   const std::size_t first_new = ids.size();
   ids = dt::nn::generate(*model, std::move(ids), sampling, gen);
