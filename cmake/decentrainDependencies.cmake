@@ -1,6 +1,8 @@
 # Finds what the decentrain target links, in the build tree and again in an installed
 # package config, so both give the same targets:
 #   cereal::cereal      required: checkpoints and (later) network messages are cereal archives
+#   xxhash.h            required (Debian: libxxhash-dev, used header-only): checkpoint and
+#                       state checksums (XXH3)
 #   OpenMP::OpenMP_CXX  when OpenMP is available (CPU kernels run multi-threaded)
 #   Threads::Threads    in-process peers and the TCP transport's I/O thread
 #   OpenSSL::Crypto     when OpenSSL is found (Debian: libssl-dev): the TCP transport's run key
@@ -17,6 +19,10 @@
 include_guard(GLOBAL)
 
 find_package(cereal REQUIRED)
+find_path(DECENTRAIN_XXHASH_INCLUDE_DIR xxhash.h)
+if(NOT DECENTRAIN_XXHASH_INCLUDE_DIR)
+  message(FATAL_ERROR "decentrain needs xxHash's header xxhash.h (Debian: apt-get install libxxhash-dev)")
+endif()
 find_package(OpenMP QUIET COMPONENTS CXX)
 find_package(Threads REQUIRED)
 find_package(OpenSSL QUIET COMPONENTS Crypto)

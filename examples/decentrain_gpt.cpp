@@ -13,7 +13,10 @@
 //   decentrain-gpt --version
 //
 // Every mode of `train` is the library's trainer: one process is a world of one peer.
-// `decentrain-gpt help` lists every option with its default.
+// `decentrain-gpt help` lists every option with its default; options are written --name value or
+// --name=value, and may come from a TOML file (--config run.toml) that the command line overrides.
+#include "cli/options.hpp"
+
 #include <decentrain/decentrain.hpp>
 
 #include <glob.h>
@@ -43,6 +46,7 @@
 
 namespace dt = decentrain;
 namespace fs = std::filesystem;
+using cli::options;
 
 namespace {
 
@@ -52,276 +56,329 @@ std::atomic<bool> interrupted{false};
 static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler sets it");
 extern "C" void on_interrupt(int) { interrupted = true; }
 
-// ---- help ----------------------------------------------------------------------------------
-
-// {name} marks a default that comes from the library's structs (filled in by usage()), so the
-// help cannot drift from what the trainer does.
-const char* usage_template = R"(decentrain-gpt: train, evaluate and sample GPT-2 models, on one machine or as decentralized peers.
-
-decentrain-gpt train [options]
-  --preset NAME          tiny | shakespeare-char | gpt2-124m   (default tiny)
-  --n-layer/--n-head/--n-embd/--block-size N   override the preset
-  --dropout P            (default: the preset's)
-  --no-bias              no biases in linears and layer norms (nanoGPT's bias=False)
-  --data PATH            text (a file or a glob of files), llm.c token shards (a file, a glob
-                         such as 'dir/train_*.bin', or a folder made by `prepare`, whose
-                         val_*.bin is then the validation split); default: the built-in corpus
-  --tokenizer NAME       for text: char (its distinct bytes; default) | byte | gpt2
-  --vocab DIR            GPT-2's encoder.json + vocab.bpe (default: the installed copy)
-  --vocab-size N         vocabulary for token shards (default: prepare.json's, else 50257 with
-                         --tokenizer gpt2, else the preset's)
-  --val-data PATH        token shards for validation (a file or a glob)
-  --val-fraction F       held-out fraction of the data when there is no --val-data (default 0.1)
-  --steps N              optimizer steps in all (default {steps})
-  --batch-size B         sequences per step, per peer (default {batch_size})
-  --lr LR                peak learning rate of the cosine schedule (default {lr})
-  --min-lr LR            cosine floor (default {min_lr})
-  --warmup N             warmup steps (default {warmup})
-  --beta1 B              AdamW beta1 (default {beta1})
-  --beta2 B              AdamW beta2 (default {beta2})
-  --weight-decay W       AdamW weight decay on matrices (default {weight_decay})
-  --grad-clip X          global-norm clip, 0 to disable (default {grad_clip})
-  --allow-non-finite     train on when the loss becomes NaN or infinite (by default the run
-                         stops with an error before that step is saved)
-  --compute-dtype T      f32 (default) or bf16: mixed precision, bf16 activations and products
-                         with f32 weights, optimizer state and gradients
-  --eval-every N         steps between evaluations, 0 for only at the end (default 250)
-  --eval-batches N       batches per evaluation (default 20)
-  --seed S               seed of every random stream (default {seed})
-  --threads N            CPU threads per peer (default: OMP_NUM_THREADS or all cores for one
-                         process alone, 1 in the decentralized modes)
-  --metrics FILE         JSON lines: a "config" line, then a line per step and per evaluation,
-                         each naming its peer ("rank") (default metrics.jsonl; '' to disable).
-                         One file for every peer of a process; over TCP or MPI each process
-                         writes its own: "{rank}" in FILE becomes the rank, else FILE gets
-                         .rank-R before its extension (metrics.rank-1.jsonl)
-
-  Checkpoints (every mode; one process alone is peer 0 of 1):
-  --checkpoint-dir DIR   each peer saves DIR/peer-R-of-W/step-N.ckpt (default: none; then only
-                         Ctrl-C saves, to ./checkpoints)
-  --save-every N         steps between checkpoints, and one after the last step (default {save_every};
-                         0: only on Ctrl-C)
-  --keep-checkpoints N   newest checkpoints kept per peer (default {keep_checkpoints})
-  --resume               continue from the newest step in DIR that every peer has (--elastic:
-                         each peer from its own newest)
-  Ctrl-C stops every peer at the same step (peers agree every {stop_check_every} steps), saves each
-  peer's checkpoint and exits with status 130.
-
-  Decentralized training (one of three modes; --batch-size is then per peer):
-  --peers N              N peers as threads of this process, over simulated links
-  --link NAME            ideal | lan | wan | heterogeneous (default lan)
-  --listen HOST:PORT     this process is one TCP peer, listening here...
-  --join HOST:PORT,...   ...joining through these peers (not for the first)
-  --advertise HOST       the host others reach this peer at (needed with --listen 0.0.0.0:PORT)
-  --rank R --world W     ...as peer R of W
-  --key-file PATH        over TCP: the run's secret key (16 to 4096 bytes, readable only by you;
-                         make one with: head -c 32 /dev/urandom > run.key). Only peers holding
-                         the same key can join, and every frame is authenticated. Also read from
-                         the file that DECENTRAIN_KEY_FILE names. Without one, anyone who can
-                         reach the port can join the group
-  --handshake-timeout-ms MS
-                         over TCP: a connection must say (and prove) who it is within this
-                         (default {handshake_ms})
-  --mpi                  every rank of mpirun is a peer (when built with MPI)
-  --elastic              with --peers or --listen: peers that die, freeze or are cut off are left
-                         out and the others train on (fault::elastic); the summary lists the
-                         changes; under MPI a dead rank ends the job. Ctrl-C on a TCP peer
-                         saves it and leaves the group (the others go on); with --resume a
-                         restarted group starts from each peer's newest checkpoint, and those
-                         behind take the state of the furthest.
-                         Over TCP, a peer started later with --join and a rank of its own
-                         (--rank R --world W, R at or above W, or a rank the group left out)
-                         enters the running group and takes its state from the members
-  --max-world N          --elastic over TCP: the ranks the group may ever hold, joiners included
-                         (default {max_world})
-  --peer-timeout-ms MS   over TCP: how long to wait for a live peer's message (one still computing)
-                         before failing (default {recv_timeout_ms})
-  --heartbeat-ms MS      over TCP: every connection carries a heartbeat this often; 0 turns them
-                         off, and a frozen peer is then found only by --peer-timeout-ms
-                         (default {heartbeat_ms})
-  --silence-ms MS        over TCP: a peer heard from nothing for longer than its deadline (from
-                         its measured heartbeats, never under this) is taken for frozen or cut
-                         off (default {silence_ms})
-  --agreement-timeout-ms MS
-                         --elastic: how long a live peer may take to join an agreement on the
-                         group; over TCP more than --silence-ms, since a peer may first wait
-                         that long on a frozen one (default {agreement_timeout_ms})
-  --kill R@S,...         with --peers and --elastic: kill peer R once it has done S steps (a demo
-                         and a test of the elastic group)
-  --link-in-flight MB    over TCP or MPI: the slowest link's bandwidth x latency in MB (100 Mbit/s
-                         x 100 ms = 1.25), so all-reduces move enough per step to hide latency;
-                         the same on every peer (simulated links size this on their own)
-  --comm NAME            sync | local-sgd | diloco | streaming-diloco (default diloco; sync for
-                         one process alone)
-  --inner-steps H        steps between averages for local-sgd and diloco, between two exchanges
-                         of the same fragment for streaming-diloco (default 50)
-  --fragments P          streaming-diloco: the model's layers dealt into P fragments (strided),
-                         each exchanged every H steps, H/P steps after the previous (default 4)
-  --overlap TAU          streaming-diloco and diloco: an exchange runs beside the next TAU inner
-                         steps before it is merged (default 1 for streaming-diloco, 0 for diloco)
-  --mix ALPHA            with --overlap: at a merge a peer keeps ALPHA of its own parameters and
-                         takes 1 - ALPHA of the new global ones (default 0.5)
-  --eager                streaming-diloco and diloco: eager updates, an exchange overlaps a whole
-                         round and the peer steps at once with its own pseudo-gradient standing in
-                         for its share of the average (instead of --overlap and --mix)
-  --codec SPEC           how payloads go on the wire (default identity): fp16 | bf16 |
-                         int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N] |
-                         sign[:block=N] | topk:FRACTION | topk:count=K (values f32, or ",int4"
-                         or ",int2"), each with ",ef" for error feedback and ",adaptive" to
-                         send f32 where that measures faster; dct:FRACTION with
-                         chunk=N and top-k's settings (DeMo's DCT top-k); powersgd:rank=R
-                         with noef, seed=S, factors=int8|int4|bf16|fp16|fp4 (for example
-                         --codec int4:block=64, --codec topk:0.02,int2,ef, --codec
-                         int8:adaptive, --codec powersgd:rank=4,factors=int8)
-  --aggregator SPEC      how the peers' contributions combine (default mean): mean | median |
-                         trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R], each
-                         with ",bucket=S" (average random groups of S first) and
-                         ",partitioned" (each peer aggregates a slice: a ring's traffic, not
-                         N times it); against peers that send poison, for example --aggregator
-                         centered-clip or --aggregator trimmed-mean:trim=0.25,partitioned.
-                         Contributions holding NaN or infinities are always left out, and the
-                         summary names the peers whose contributions were left out or far off
-  --outer-lr X           DiLoCo's outer Nesterov learning rate (default 0.7)
-  --outer-momentum X     DiLoCo's outer momentum (default 0.9)
-
-decentrain-gpt prepare --input TEXT --out DIR [options]   text to llm.c token shards
-  --input PATH           a text file or a glob of them, each one document (led by <|endoftext|>)
-  --tokenizer NAME       gpt2 (default) | byte           --vocab DIR   as for train
-  --val-fraction F       the last F of the tokens go to DIR/val_000000.bin (default 0.1)
-  --shard-tokens N       tokens per DIR/train_NNNNNN.bin (default 100000000)
-  Writes DIR/prepare.json too, so `train --data DIR` knows the tokenizer.
-
-decentrain-gpt version   prints the version (also --version)
-
-decentrain-gpt eval --weights W.safetensors --tokens SHARD [--n-head H] [options]
-  --n-head H             the weights' heads; read from config.json beside them when it is there
-  --batch-size B         rows (default 4)     --block-size T   tokens per row (default 64)
-  --dump-grads FILE      also write d loss / d weights under the weights' names
-  Reads the first B x (T+1) tokens as B rows (T inputs, the next T tokens as targets) and
-  prints `loss <x>`.
-
-decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors [--n-head H]) [options]
-  --checkpoint           a checkpoint file, or a --checkpoint-dir (its newest step of peer 0)
-  --prompt TEXT          encoded with the checkpoint's tokenizer (GPT-2's for 50257-id weights)
-  --tokenizer NAME       gpt2 | byte, for a model that names none   --vocab DIR   as for train
-  --prompt-ids I,J,...   token ids (any model)
-  --tokens N             tokens to generate (default {sample_tokens})
-  --temperature X        (default {temperature})   --top-k K   (default {top_k}; 0 = all)   --seed S
-)";
-
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
+// ---- options -------------------------------------------------------------------------------
 
 // --elastic over TCP: the ranks a group may hold unless --max-world says otherwise.
 constexpr int elastic_max_world = 1024;
 
-std::string usage() {
-  const dt::train::trainer_options t;
-  const dt::fault::checkpoint_every ck;
-  const dt::nn::sample_options s;
-  const dt::transport::tcp_options tcp_defaults;
-  const dt::fault::elastic elastic_defaults;
-  const std::pair<const char*, std::string> defaults[] = {
-      {"{recv_timeout_ms}", std::to_string(tcp_defaults.recv_timeout.count())},
-      {"{agreement_timeout_ms}", std::to_string(elastic_defaults.agreement.timeout.count())},
-      {"{heartbeat_ms}", std::to_string(tcp_defaults.heartbeat_interval.count())},
-      {"{handshake_ms}", std::to_string(tcp_defaults.handshake_timeout.count())},
-      {"{silence_ms}", std::to_string(tcp_defaults.min_silence.count())},
-      {"{max_world}", std::to_string(elastic_max_world)},
-      {"{steps}", std::to_string(t.steps)},
-      {"{batch_size}", std::to_string(t.batch_size)},
-      {"{lr}", number(t.lr)},
-      {"{min_lr}", t.min_lr < 0 ? "lr / 10" : number(t.min_lr)},
-      {"{warmup}", t.warmup_steps < 0 ? "steps / 10" : std::to_string(t.warmup_steps)},
-      {"{beta1}", number(t.beta1)},
-      {"{beta2}", number(t.beta2)},
-      {"{weight_decay}", number(t.weight_decay)},
-      {"{grad_clip}", number(t.grad_clip)},
-      {"{seed}", std::to_string(t.seed)},
-      {"{stop_check_every}", std::to_string(t.stop_check_every)},
-      {"{save_every}", std::to_string(ck.every)},
-      {"{keep_checkpoints}", std::to_string(ck.keep_last)},
-      {"{sample_tokens}", std::to_string(s.tokens)},
-      {"{temperature}", number(s.temperature)},
-      {"{top_k}", std::to_string(s.top_k)},
-  };
-  std::string text = usage_template;
-  for (const auto& [key, value] : defaults)
-    for (auto at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
-      text.replace(at, std::strlen(key), value);
-  return text;
+constexpr std::int64_t max_steps = std::int64_t{1} << 40;
+
+void declare_config(CLI::App& cmd) {
+  cli::text(cmd, "config", "FILE",
+            "options from a TOML file (name = value, flags = true; keys under [" + cmd.get_name() +
+                "] apply to this command only);\nthe command line overrides it");
 }
 
-// ---- options -------------------------------------------------------------------------------
+// --threads, as every command takes it.
+void declare_threads(CLI::App& cmd, const std::string& when_absent) {
+  cli::integer(cmd, "threads", "N", "CPU threads per peer, 0 for all (default: " + when_absent + ")", std::nullopt, 0, 1024);
+}
 
-// Options as --name value pairs (and bare --flags), with typed lookups that name bad values.
-class options {
- public:
-  options(int argc, char** argv, int first, const std::vector<std::string>& flags) {
-    for (int i = first; i < argc; ++i) {
-      std::string key = argv[i];
-      dt::detail::check(key.rfind("--", 0) == 0, "unexpected argument '", key, "' (options start with --)");
-      key = key.substr(2);
-      if (std::find(flags.begin(), flags.end(), key) != flags.end()) {
-        values_[key] = "1";
-        continue;
-      }
-      dt::detail::check(i + 1 < argc, "option --", key, " needs a value");
-      values_[key] = argv[++i];
-    }
-  }
-  bool has(const std::string& k) const { return values_.count(k) != 0; }
-  // A bare flag: whether it was given (and marked as known).
-  bool flag(const std::string& k) const {
-    used_.insert(k);
-    return has(k);
-  }
-  std::string text(const std::string& k, const std::string& fallback) const {
-    used_.insert(k);
-    return has(k) ? values_.at(k) : fallback;
-  }
-  std::int64_t integer(const std::string& k, std::int64_t fallback) const {
-    used_.insert(k);
-    if (!has(k)) return fallback;
-    std::size_t n = 0;
-    long long v = 0;
-    try { v = std::stoll(values_.at(k), &n); } catch (const std::exception&) { n = 0; }
-    dt::detail::check(n == values_.at(k).size() && n > 0, "--", k, " expects an integer, got '", values_.at(k), "'");
-    return v;
-  }
-  // An integer in [lo, hi]: a value outside is refused by name, never wrapped or truncated.
-  std::int64_t integer(const std::string& k, std::int64_t fallback, std::int64_t lo, std::int64_t hi) const {
-    const auto v = integer(k, fallback);
-    dt::detail::check(!has(k) || (v >= lo && v <= hi), "--", k, " must be in [", lo, ", ", hi, "], got ", v);
-    return v;
-  }
-  double real(const std::string& k, double fallback) const {
-    used_.insert(k);
-    if (!has(k)) return fallback;
-    std::size_t n = 0;
-    double v = 0;
-    try { v = std::stod(values_.at(k), &n); } catch (const std::exception&) { n = 0; }
-    dt::detail::check(n == values_.at(k).size() && n > 0 && std::isfinite(v), "--", k, " expects a finite number, got '",
-                      values_.at(k), "'");
-    return v;
-  }
-  // Any option that no lookup asked for is a typo: say so rather than ignore it.
-  void reject_unknown() const {
-    for (const auto& [k, v] : values_)
-      dt::detail::check(used_.count(k) != 0, "unknown option --", k, " (see decentrain-gpt help)");
-  }
+void declare_vocab(CLI::App& cmd) {
+  cli::text(cmd, "vocab", "DIR", "GPT-2's encoder.json + vocab.bpe (default: $DECENTRAIN_GPT2_VOCAB, else the installed copy)");
+}
 
- private:
-  std::map<std::string, std::string> values_;
-  mutable std::set<std::string> used_;
+void declare_train(CLI::App& cmd) {
+  const dt::train::trainer_options t;
+  const dt::fault::checkpoint_every ck;
+  const dt::transport::tcp_options tcp;
+  const dt::fault::elastic elastic;
+  declare_config(cmd);
+
+  const std::string model = "Model";
+  cli::text(cmd, "preset", "NAME", "tiny | shakespeare-char | gpt2-124m", "tiny")->group(model);
+  cli::integer(cmd, "n-layer", "N", "transformer blocks (default: the preset's)", std::nullopt, 1, 4096)->group(model);
+  cli::integer(cmd, "n-head", "N", "attention heads (default: the preset's)", std::nullopt, 1, 1 << 16)->group(model);
+  cli::integer(cmd, "n-embd", "N", "width (default: the preset's)", std::nullopt, 1, 1 << 20)->group(model);
+  cli::integer(cmd, "block-size", "T", "context length (default: the preset's)", std::nullopt, 1, 1 << 24)->group(model);
+  cli::real(cmd, "dropout", "P", "dropout (default: the preset's)", std::nullopt, 0, 1)->group(model);
+  cli::flag(cmd, "no-bias", "no biases in linears and layer norms (nanoGPT's bias=False)")->group(model);
+
+  const std::string data = "Data";
+  cli::text(cmd, "data", "PATH",
+            "text (a file or a glob of files), llm.c token shards (a file, a glob\n"
+            "such as 'dir/train_*.bin', or a folder made by `prepare`, whose\n"
+            "val_*.bin is then the validation split); default: the built-in corpus")
+      ->group(data);
+  cli::choice(cmd, "tokenizer", "NAME", "for text: char (its distinct bytes; default) | byte | gpt2", {"char", "byte", "gpt2"}, "")
+      ->group(data);
+  declare_vocab(cmd);
+  cmd.get_option("--vocab")->group(data);
+  cli::integer(cmd, "vocab-size", "N",
+               "vocabulary for token shards (default: prepare.json's, else 50257 with\n"
+               "--tokenizer gpt2, else the preset's)",
+               std::nullopt, 1, 1 << 30)
+      ->group(data);
+  cli::text(cmd, "val-data", "PATH", "token shards for validation (a file or a glob)")->group(data);
+  cli::real(cmd, "val-fraction", "F", "held-out fraction of the data when there is no --val-data", 0.1, 0, 0.999999)->group(data);
+
+  const std::string training = "Training";
+  cli::integer(cmd, "steps", "N", "optimizer steps in all", t.steps, 1, max_steps)->group(training);
+  cli::integer(cmd, "batch-size", "B", "sequences per step, per peer", t.batch_size, 1, 1 << 24)->group(training);
+  cli::real(cmd, "lr", "LR", "peak learning rate of the cosine schedule", t.lr)->group(training);
+  cli::real(cmd, "min-lr", "LR", "cosine floor (default " + (t.min_lr < 0 ? std::string("lr / 10") : cli::show(t.min_lr)) + ")",
+            std::nullopt)
+      ->group(training);
+  cli::integer(cmd, "warmup", "N",
+               "warmup steps (default " + (t.warmup_steps < 0 ? std::string("steps / 10") : std::to_string(t.warmup_steps)) + ")",
+               std::nullopt, 0, max_steps)
+      ->group(training);
+  cli::real(cmd, "beta1", "B", "AdamW beta1", t.beta1)->group(training);
+  cli::real(cmd, "beta2", "B", "AdamW beta2", t.beta2)->group(training);
+  cli::real(cmd, "weight-decay", "W", "AdamW weight decay on matrices", t.weight_decay)->group(training);
+  cli::real(cmd, "grad-clip", "X", "global-norm clip, 0 to disable", t.grad_clip)->group(training);
+  cli::flag(cmd, "allow-non-finite",
+            "train on when the loss becomes NaN or infinite (by default the run\n"
+            "stops with an error before that step is saved)")
+      ->group(training);
+  cli::choice(cmd, "compute-dtype", "T",
+              "f32 or bf16: mixed precision, bf16 activations and products\n"
+              "with f32 weights, optimizer state and gradients",
+              {"f32", "bf16"})
+      ->group(training);
+  cli::integer(cmd, "eval-every", "N", "steps between evaluations, 0 for only at the end", 250, 0, max_steps)
+      ->group(training);
+  cli::integer(cmd, "eval-batches", "N", "batches per evaluation", 20, 1, 1 << 20)->group(training);
+  cli::integer(cmd, "seed", "S", "seed of every random stream", static_cast<std::int64_t>(t.seed), 0,
+               std::numeric_limits<std::int64_t>::max())
+      ->group(training);
+  declare_threads(cmd, "OMP_NUM_THREADS or all cores for one process alone, 1 in the\ndecentralized modes");
+  cmd.get_option("--threads")->group(training);
+
+  const std::string output = "Output";
+  cli::text(cmd, "metrics", "FILE",
+            "JSON lines: a \"config\" line, then a line per step and per evaluation,\n"
+            "each naming its peer (\"rank\"); '' to disable. One file for every peer\n"
+            "of a process; over TCP or MPI each process writes its own: \"{rank}\"\n"
+            "in FILE becomes the rank, else FILE gets .rank-R before its extension",
+            "metrics.jsonl")
+      ->group(output);
+  cli::integer(cmd, "log-every", "N",
+               "a progress line every N steps when the output is not a terminal (on\n"
+               "a terminal a bar redraws in place instead); 0: none",
+               dt::train::progress::options{}.log_every, 0, max_steps)
+      ->group(output);
+  cli::flag(cmd, "quiet", "no progress, evaluations or model description: warnings, errors and\nthe summary only")
+      ->group(output);
+
+  const std::string checkpoints = "Checkpoints (every mode; one process alone is peer 0 of 1)";
+  cli::text(cmd, "checkpoint-dir", "DIR",
+            "each peer saves DIR/peer-R-of-W/step-N.ckpt (default: none; then only\n"
+            "Ctrl-C saves, to ./checkpoints)")
+      ->group(checkpoints);
+  cli::integer(cmd, "save-every", "N", "steps between checkpoints, and one after the last step; 0: only on Ctrl-C", ck.every, 0,
+               max_steps)
+      ->group(checkpoints);
+  cli::integer(cmd, "keep-checkpoints", "N", "newest checkpoints kept per peer", ck.keep_last, 1, 1'000'000)->group(checkpoints);
+  cli::flag(cmd, "resume",
+            "continue from the newest step in DIR that every peer has (--elastic:\n"
+            "each peer from its own newest). Ctrl-C stops every peer at the same\n"
+            "step (peers agree every " +
+                std::to_string(t.stop_check_every) +
+                " steps), saves each peer's checkpoint and exits\n"
+                "with status 130")
+      ->group(checkpoints);
+
+  const std::string peers = "Decentralized training (one of three modes; --batch-size is then per peer)";
+  cli::integer(cmd, "peers", "N", "N peers as threads of this process, over simulated links", std::nullopt, 1, 256)->group(peers);
+  cli::choice(cmd, "link", "NAME", "--peers: the simulated links", {"lan", "ideal", "wan", "heterogeneous"})->group(peers);
+  cli::text(cmd, "listen", "HOST:PORT", "this process is one TCP peer, listening here...")->group(peers);
+  cli::text(cmd, "join", "HOST:PORT,...", "...joining through these peers (not for the first)")->group(peers);
+  cli::text(cmd, "advertise", "HOST", "the host others reach this peer at (needed with --listen 0.0.0.0:PORT)")->group(peers);
+  cli::integer(cmd, "rank", "R", "...as peer R", 0, 0, 65535)->group(peers);
+  cli::integer(cmd, "world", "W", "...of W", 1, 1, 65536)->group(peers);
+  cli::flag(cmd, "mpi", "every rank of mpirun is a peer (when built with MPI)")->group(peers);
+  cli::real(cmd, "link-in-flight", "MB",
+            "over TCP or MPI: the slowest link's bandwidth x latency in MB (100 Mbit/s\n"
+            "x 100 ms = 1.25), so all-reduces move enough per step to hide latency;\n"
+            "the same on every peer (simulated links size this on their own)",
+            0.0, 0, 1e6)
+      ->group(peers);
+
+  const std::string net = "TCP peers";
+  cli::text(cmd, "key-file", "PATH",
+            "the run's secret key (16 to 4096 bytes, readable only by you;\n"
+            "make one with: head -c 32 /dev/urandom > run.key). Only peers holding\n"
+            "the same key can join, and every frame is authenticated. Also read from\n"
+            "the file that DECENTRAIN_KEY_FILE names. Without one, anyone who can\n"
+            "reach the port can join the group")
+      ->group(net);
+  cli::integer(cmd, "handshake-timeout-ms", "MS", "a connection must say (and prove) who it is within this",
+               tcp.handshake_timeout.count(), 1, 86'400'000)
+      ->group(net);
+  cli::integer(cmd, "join-timeout-ms", "MS", "how long to try to reach the group", 60000, 1, 86'400'000)->group(net);
+  cli::integer(cmd, "peer-timeout-ms", "MS", "how long to wait for a live peer's message (one still computing)\nbefore failing",
+               tcp.recv_timeout.count(), 1, 86'400'000)
+      ->group(net);
+  cli::integer(cmd, "heartbeat-ms", "MS",
+               "every connection carries a heartbeat this often; 0 turns them\n"
+               "off, and a frozen peer is then found only by --peer-timeout-ms",
+               tcp.heartbeat_interval.count(), 0, 86'400'000)
+      ->group(net);
+  cli::integer(cmd, "silence-ms", "MS",
+               "a peer heard from nothing for longer than its deadline (from\n"
+               "its measured heartbeats, never under this) is taken for frozen or cut\n"
+               "off",
+               tcp.min_silence.count(), 1, 86'400'000)
+      ->group(net);
+
+  const std::string fault = "Elastic groups";
+  cli::flag(cmd, "elastic",
+            "with --peers or --listen: peers that die, freeze or are cut off are left\n"
+            "out and the others train on (fault::elastic); the summary lists the\n"
+            "changes; under MPI a dead rank ends the job. Ctrl-C on a TCP peer\n"
+            "saves it and leaves the group (the others go on); with --resume a\n"
+            "restarted group starts from each peer's newest checkpoint, and those\n"
+            "behind take the state of the furthest.\n"
+            "Over TCP, a peer started later with --join and a rank of its own\n"
+            "(--rank R --world W, R at or above W, or a rank the group left out)\n"
+            "enters the running group and takes its state from the members")
+      ->group(fault);
+  cli::integer(cmd, "max-world", "N", "over TCP: the ranks the group may ever hold, joiners included", elastic_max_world, 1, 65536)
+      ->group(fault);
+  cli::integer(cmd, "agreement-timeout-ms", "MS",
+               "how long a live peer may take to join an agreement on the\n"
+               "group; over TCP more than --silence-ms, since a peer may first wait\n"
+               "that long on a frozen one",
+               elastic.agreement.timeout.count(), 1, 86'400'000)
+      ->group(fault);
+  cli::text(cmd, "kill", "R@S,...", "with --peers: kill peer R once it has done S steps (a demo\nand a test of the elastic group)")
+      ->group(fault);
+
+  const std::string comm = "Communication";
+  cli::choice(cmd, "comm", "NAME", "sync | local-sgd | diloco | streaming-diloco (default diloco; sync\nfor one process alone)",
+              {"sync", "local-sgd", "diloco", "streaming-diloco"}, "")
+      ->group(comm);
+  cli::integer(cmd, "inner-steps", "H",
+               "steps between averages for local-sgd and diloco, between two exchanges\n"
+               "of the same fragment for streaming-diloco",
+               50, 1, max_steps)
+      ->group(comm);
+  cli::integer(cmd, "fragments", "P",
+               "streaming-diloco: the model's layers dealt into P fragments (strided),\n"
+               "each exchanged every H steps, H/P steps after the previous",
+               4, 1, 4096)
+      ->group(comm);
+  cli::integer(cmd, "overlap", "TAU",
+               "streaming-diloco and diloco: an exchange runs beside the next TAU inner\n"
+               "steps before it is merged (default 1 for streaming-diloco, 0 for diloco)",
+               std::nullopt, 0, max_steps)
+      ->group(comm);
+  cli::real(cmd, "mix", "ALPHA",
+            "with --overlap: at a merge a peer keeps ALPHA of its own parameters and\n"
+            "takes 1 - ALPHA of the new global ones",
+            0.5, 0, 1)
+      ->group(comm);
+  cli::flag(cmd, "eager",
+            "streaming-diloco and diloco: eager updates, an exchange overlaps a whole\n"
+            "round and the peer steps at once with its own pseudo-gradient standing in\n"
+            "for its share of the average (instead of --overlap and --mix)")
+      ->group(comm);
+  cli::text(cmd, "codec", "SPEC",
+            "how payloads go on the wire: fp16 | bf16 |\n"
+            "int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N] |\n"
+            "sign[:block=N] | topk:FRACTION | topk:count=K (values f32, or \",int4\"\n"
+            "or \",int2\"), each with \",ef\" for error feedback and \",adaptive\" to\n"
+            "send f32 where that measures faster; dct:FRACTION with\n"
+            "chunk=N and top-k's settings (DeMo's DCT top-k); powersgd:rank=R\n"
+            "with noef, seed=S, factors=int8|int4|bf16|fp16|fp4 (for example\n"
+            "--codec int4:block=64, --codec topk:0.02,int2,ef, --codec\n"
+            "int8:adaptive, --codec powersgd:rank=4,factors=int8)",
+            "identity")
+      ->group(comm);
+  cli::text(cmd, "aggregator", "SPEC",
+            "how the peers' contributions combine: mean | median |\n"
+            "trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R], each\n"
+            "with \",bucket=S\" (average random groups of S first) and\n"
+            "\",partitioned\" (each peer aggregates a slice: a ring's traffic, not\n"
+            "N times it); against peers that send poison, for example --aggregator\n"
+            "centered-clip or --aggregator trimmed-mean:trim=0.25,partitioned.\n"
+            "Contributions holding NaN or infinities are always left out, and the\n"
+            "summary names the peers whose contributions were left out or far off",
+            "mean")
+      ->group(comm);
+  cli::real(cmd, "outer-lr", "X", "DiLoCo's outer Nesterov learning rate", 0.7)->group(comm);
+  cli::real(cmd, "outer-momentum", "X", "DiLoCo's outer momentum", 0.9)->group(comm);
+}
+
+void declare_prepare(CLI::App& cmd) {
+  declare_config(cmd);
+  cli::text(cmd, "input", "PATH", "a text file or a glob of them, each one document (led by <|endoftext|>)")->required();
+  cli::text(cmd, "out", "DIR", "the folder for train_NNNNNN.bin, val_000000.bin and prepare.json")->required();
+  cli::choice(cmd, "tokenizer", "NAME", "gpt2 | byte (a char vocabulary comes from the text itself: train on\nthe text with --data)",
+              {"gpt2", "byte"});
+  declare_vocab(cmd);
+  cli::real(cmd, "val-fraction", "F", "the last F of the tokens go to DIR/val_000000.bin", 0.1, 0, 0.999999);
+  cli::integer(cmd, "shard-tokens", "N", "tokens per DIR/train_NNNNNN.bin", 100'000'000, 1, 0x7fffffff);
+}
+
+void declare_eval(CLI::App& cmd) {
+  declare_config(cmd);
+  cli::text(cmd, "weights", "W.safetensors", "GPT-2 weights (Hugging Face's names)")->required();
+  cli::text(cmd, "tokens", "SHARD", "an llm.c token shard")->required();
+  cli::integer(cmd, "n-head", "H", "the weights' heads (default: config.json's beside them)", std::nullopt, 1, 1 << 16);
+  cli::integer(cmd, "batch-size", "B", "rows", 4, 1, 1 << 20);
+  cli::integer(cmd, "block-size", "T", "tokens per row", 64, 1, 1 << 24);
+  cli::text(cmd, "dump-grads", "FILE", "also write d loss / d weights under the weights' names");
+  declare_threads(cmd, "OMP_NUM_THREADS or all cores");
+}
+
+void declare_sample(CLI::App& cmd) {
+  const dt::nn::sample_options s;
+  declare_config(cmd);
+  cli::text(cmd, "checkpoint", "FILE|DIR", "a checkpoint file, or a --checkpoint-dir (its newest step of peer 0)");
+  cli::text(cmd, "weights", "W.safetensors", "GPT-2 weights (Hugging Face's names)");
+  cli::integer(cmd, "n-head", "H", "with --weights: their heads (default: config.json's beside them)", std::nullopt, 1, 1 << 16);
+  cli::text(cmd, "prompt", "TEXT", "encoded with the checkpoint's tokenizer (GPT-2's for 50257-id weights)");
+  cli::choice(cmd, "tokenizer", "NAME", "gpt2 | byte, for a model that names none (a character tokenizer\ncomes with its checkpoint)",
+              {"gpt2", "byte"}, "");
+  declare_vocab(cmd);
+  cli::text(cmd, "prompt-ids", "I,J,...", "token ids (any model)");
+  cli::integer(cmd, "tokens", "N", "tokens to generate", s.tokens, 0, 1 << 24);
+  cli::real(cmd, "temperature", "X", "softmax temperature", s.temperature, 1e-6, 1e6);
+  cli::integer(cmd, "top-k", "K", "sample from the K likeliest tokens; 0: all", s.top_k, 0, 1 << 30);
+  cli::integer(cmd, "seed", "S", "seed of the sampling", static_cast<std::int64_t>(dt::train::trainer_options{}.seed), 0,
+               std::numeric_limits<std::int64_t>::max());
+  declare_threads(cmd, "OMP_NUM_THREADS or all cores");
+}
+
+// The program's commands, each with its declared options.
+struct program {
+  CLI::App app{"decentrain-gpt: train, evaluate and sample GPT-2 models, on one machine or as decentralized peers.\n"
+               "Every mode of `train` is the library's trainer: one process is a world of one peer.",
+               "decentrain-gpt"};
+  CLI::App* train;
+  CLI::App* prepare;
+  CLI::App* eval;
+  CLI::App* sample;
+
+  program() {
+    app.formatter(std::make_shared<cli::formatter>());
+    app.footer("decentrain-gpt version   prints the version (also --version)\n"
+               "decentrain-gpt COMMAND --help   one command's options");
+    const auto command = [&](const char* name, const char* what) {
+      auto* c = app.add_subcommand(name, what);
+      c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+      c->allow_extras();  // told apart by cli::parse, which names the unknown option
+      return c;
+    };
+    train = command("train", "train a model, alone or as one of decentralized peers");
+    prepare = command("prepare", "text to llm.c token shards (GPT-2's tokenizer by default)");
+    eval = command("eval",
+                   "the loss of GPT-2 weights on a token shard: reads the first B x (T+1)\n"
+                   "tokens as B rows (T inputs, the next T tokens as targets) and prints\n"
+                   "`loss <x>`");
+    sample = command("sample", "text from a checkpoint or from GPT-2 weights");
+    declare_train(*train);
+    declare_prepare(*prepare);
+    declare_eval(*eval);
+    declare_sample(*sample);
+  }
 };
 
 // --threads N, or (0) what OpenMP would use: OMP_NUM_THREADS or all cores.
 int threads(const options& opt, int fallback) {
-  const auto n = opt.integer("threads", fallback, 0, 1024);
+  const auto n = opt.has("threads") ? opt.integer("threads") : fallback;
 #if defined(_OPENMP)
   return n > 0 ? static_cast<int>(n) : omp_get_max_threads();
 #else
@@ -400,7 +457,7 @@ fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int 
 // GPT-2's vocabulary folder: --vocab DIR, else $DECENTRAIN_GPT2_VOCAB, else share/decentrain/gpt2
 // beside this program's installed bin/, else the one it was installed with, else the source tree's.
 fs::path gpt2_vocab_dir(const options& opt) {
-  if (opt.has("vocab")) return opt.text("vocab", "");
+  if (opt.has("vocab")) return opt.text("vocab");
   if (const char* env = std::getenv("DECENTRAIN_GPT2_VOCAB")) return env;
   std::error_code ec;
   const auto exe = fs::read_symlink("/proc/self/exe", ec);
@@ -493,15 +550,10 @@ std::vector<std::int32_t> read_shards(const std::vector<fs::path>& files) {
 // last --val-fraction of the tokens go to val_000000.bin, the rest to train_NNNNNN.bin of at most
 // --shard-tokens each; prepare.json says which tokenizer, so training and sampling use it too.
 int cmd_prepare(const options& opt) {
-  const std::string input = opt.text("input", ""), out = opt.text("out", ""), name = opt.text("tokenizer", "gpt2");
-  const double val_fraction = opt.real("val-fraction", 0.1);
-  const auto shard_tokens = opt.integer("shard-tokens", 100'000'000, 1, 0x7fffffff);
-  dt::detail::check(!input.empty() && !out.empty(), "prepare needs --input TEXT (a file or a glob) and --out DIR");
-  dt::detail::check(name == "gpt2" || name == "byte", "prepare's --tokenizer must be gpt2 or byte, got '", name,
-                    "' (a char vocabulary comes from the text itself: train on the text with --data)");
-  dt::detail::check(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
+  const std::string input = opt.text("input"), out = opt.text("out"), name = opt.text("tokenizer");
+  const double val_fraction = opt.real("val-fraction");
+  const auto shard_tokens = opt.integer("shard-tokens");
   const auto tok = text_tokenizer::make(name, opt, {});
-  opt.reject_unknown();
   const auto inputs = data_files(input, "--input");
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
@@ -586,11 +638,10 @@ struct training_data {
 // or a folder from `prepare`: its train_*.bin, with val_*.bin as the validation split), or
 // nothing: the built-in corpus.
 training_data load_training_data(const options& opt, std::int64_t preset_vocab, const dt::io::checkpoint* resume) {
-  const double val_fraction = opt.real("val-fraction", 0.1);
-  std::string path = opt.text("data", "");
-  std::string val_path = opt.text("val-data", "");
-  const std::string tokenizer_name = opt.text("tokenizer", "");
-  dt::detail::check(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
+  const double val_fraction = opt.real("val-fraction");
+  std::string path = opt.text("data");
+  std::string val_path = opt.text("val-data");
+  const std::string tokenizer_name = opt.text("tokenizer");
   std::optional<dt::io::json_value> prepared;  // prepare.json of a folder made by `prepare`
   if (!path.empty() && fs::is_directory(path)) {
     const auto meta = fs::path(path) / "prepare.json";
@@ -612,7 +663,10 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
     auto tok = resume ? text_tokenizer::of(*resume, opt) : std::nullopt;
     dt::detail::check(!tok || name.empty() || tok->name == name, "the checkpoint was trained with the ",
                       tok ? tok->name : "", " tokenizer, these shards are ", name);
-    const auto vocab = opt.integer("vocab-size", prepared ? prepared->at("vocab_size").as_int() : name == "gpt2" ? 50257 : preset_vocab);
+    const auto vocab = opt.has("vocab-size") ? opt.integer("vocab-size")
+                       : prepared             ? prepared->at("vocab_size").as_int()
+                       : name == "gpt2"       ? 50257
+                                              : preset_vocab;
     if (!tok && !name.empty()) tok = text_tokenizer::make(name, opt, {});
     dt::detail::check(!tok || tok->vocab_size() <= vocab, "--vocab-size ", vocab, " is smaller than the ", name,
                       " tokenizer's ", tok ? tok->vocab_size() : 0);
@@ -652,43 +706,62 @@ training_data load_training_data(const options& opt, std::int64_t preset_vocab, 
 
 // --compute-dtype f32|bf16 (mixed precision).
 dt::dtype compute_dtype(const options& opt) {
-  const std::string name = opt.text("compute-dtype", "f32");
-  if (name == "f32") return dt::dtype::f32;
-  if (name == "bf16") return dt::dtype::bf16;
-  dt::detail::fail("--compute-dtype must be f32 or bf16, got '", name, "'");
+  return opt.text("compute-dtype") == "bf16" ? dt::dtype::bf16 : dt::dtype::f32;
 }
 
 // The model shape from --preset and its overrides (the vocabulary comes from the data).
 dt::nn::gpt_config model_config(const options& opt) {
-  auto cfg = dt::nn::gpt_preset(opt.text("preset", "tiny"));
-  cfg.n_layer = opt.integer("n-layer", cfg.n_layer, 1, 4096);
-  cfg.n_head = opt.integer("n-head", cfg.n_head, 1, 1 << 16);
-  cfg.n_embd = opt.integer("n-embd", cfg.n_embd, 1, 1 << 20);
-  cfg.block_size = opt.integer("block-size", cfg.block_size, 1, 1 << 24);
-  cfg.dropout = opt.real("dropout", cfg.dropout);
+  auto cfg = dt::nn::gpt_preset(opt.text("preset"));
+  if (opt.has("n-layer")) cfg.n_layer = opt.integer("n-layer");
+  if (opt.has("n-head")) cfg.n_head = opt.integer("n-head");
+  if (opt.has("n-embd")) cfg.n_embd = opt.integer("n-embd");
+  if (opt.has("block-size")) cfg.block_size = opt.integer("block-size");
+  if (opt.has("dropout")) cfg.dropout = opt.real("dropout");
   cfg.bias = !opt.flag("no-bias");
   return cfg;
+}
+
+// A resumed run takes the model's shape from its checkpoint: a shape or a policy given on the
+// command line that contradicts it is refused, naming both, rather than silently ignored.
+void check_resume_agrees(const dt::io::checkpoint& c, const fs::path& file, const options& opt, const dt::nn::gpt_config& given,
+                         const std::string& comm) {
+  const auto saved = dt::train::config_of(c);
+  const auto agree = [&](const char* option, std::int64_t want, std::int64_t have, const char* field) {
+    if (!opt.has(option) && !opt.has("preset")) return;
+    const auto from = opt.has(option) ? "--" + std::string(option) + " " + std::to_string(want)
+                                      : "--preset " + opt.text("preset") + " (" + field + " " + std::to_string(want) + ")";
+    dt::detail::check(want == have, "--resume: ", from, " contradicts ", file.string(), ", which has ", field, " ", have,
+                      " (leave the option out to train on with the checkpoint's)");
+  };
+  agree("n-layer", given.n_layer, saved.n_layer, "n_layer");
+  agree("n-head", given.n_head, saved.n_head, "n_head");
+  agree("n-embd", given.n_embd, saved.n_embd, "n_embd");
+  agree("block-size", given.block_size, saved.block_size, "block_size");
+  dt::detail::check(!opt.flag("no-bias") || !saved.bias, "--resume: --no-bias contradicts ", file.string(),
+                    ", whose model has biases");
+  if (const auto it = c.text.find("run.comm"); it != c.text.end())
+    dt::detail::check(it->second == comm, "--resume: --comm ", comm, opt.has("comm") ? "" : " (the default here)",
+                      " contradicts ", file.string(), ", which was trained with --comm ", it->second);
 }
 
 // The trainer's settings; every default not named here is trainer_options{}'s.
 dt::train::trainer_options trainer_settings(const options& opt) {
   dt::train::trainer_options t;
-  t.steps = opt.integer("steps", t.steps, 1, std::int64_t{1} << 40);
-  t.batch_size = opt.integer("batch-size", t.batch_size, 1, 1 << 24);
-  t.lr = opt.real("lr", t.lr);
-  t.min_lr = opt.real("min-lr", t.min_lr);
-  t.warmup_steps = opt.integer("warmup", t.warmup_steps);
-  t.beta1 = opt.real("beta1", t.beta1);
-  t.beta2 = opt.real("beta2", t.beta2);
-  t.weight_decay = opt.real("weight-decay", t.weight_decay);
-  t.grad_clip = opt.real("grad-clip", t.grad_clip);
+  t.steps = opt.integer("steps");
+  t.batch_size = opt.integer("batch-size");
+  t.lr = opt.real("lr");
+  if (opt.has("min-lr")) t.min_lr = opt.real("min-lr");
+  if (opt.has("warmup")) t.warmup_steps = opt.integer("warmup");
+  t.beta1 = opt.real("beta1");
+  t.beta2 = opt.real("beta2");
+  t.weight_decay = opt.real("weight-decay");
+  t.grad_clip = opt.real("grad-clip");
   t.stop_on_non_finite = !opt.flag("allow-non-finite");
-  t.seed = static_cast<std::uint64_t>(opt.integer("seed", static_cast<std::int64_t>(t.seed)));
-  t.eval_every = opt.integer("eval-every", 250);
-  t.eval_batches = opt.integer("eval-batches", 20);
+  t.seed = static_cast<std::uint64_t>(opt.integer("seed"));
+  t.eval_every = opt.integer("eval-every");
+  t.eval_batches = opt.integer("eval-batches");
   t.compute_dtype = compute_dtype(opt);
-  t.collectives.link_bytes_in_flight = opt.real("link-in-flight", 0.0) * 1e6;
-  dt::detail::check(t.collectives.link_bytes_in_flight >= 0, "--link-in-flight must be >= 0 (MB)");
+  t.collectives.link_bytes_in_flight = opt.real("link-in-flight") * 1e6;
   t.validate();
   return t;
 }
@@ -718,6 +791,8 @@ struct train_plan {
   dt::fault::elastic elastic_policy;
   std::vector<std::pair<int, std::int64_t>> kills;  // --kill: (rank, after steps)
   std::string metrics;  // '' for none
+  bool quiet = false;  // warnings, errors and the summary only
+  std::int64_t log_every = 50;
   dt::collective::any_aggregator aggregator;
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
 };
@@ -826,7 +901,7 @@ template <class Fault, class Comm>
 int train(const train_plan& p, const training_data& data, Comm comm, Fault fault) {
   constexpr bool elastic = std::is_same_v<Fault, dt::fault::elastic>;
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, Fault>;
-  dt::train::progress bar(stdout, ::isatty(STDOUT_FILENO) != 0);
+  dt::train::progress bar(stdout, {.tty = ::isatty(STDOUT_FILENO) != 0, .log_every = p.log_every});
   std::ofstream metrics_file;
   std::optional<dt::train::metrics_log> metrics;
   auto open_metrics = [&](const std::string& path) {
@@ -840,9 +915,9 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::optional<dt::transport::in_process> network;  // --peers
   auto setup = [&](Trainer& t) {
-    if (p.checkpoints.resume) announce_resume(t);
+    if (p.checkpoints.resume && !p.quiet) announce_resume(t);
     if (metrics) metrics->attach(t);
-    if (t.rank() == 0) bar.attach(t);
+    if (t.rank() == 0 && !p.quiet) bar.attach(t);
     if constexpr (elastic) {
       for (const auto& [victim, after] : p.kills)
         if (victim == t.rank())
@@ -890,8 +965,9 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
 #endif
     std::optional<dt::transport::any_endpoint> ep;
     if (p.mode == launch::tcp) {
-      std::printf("tcp peer %d of %d listening on %s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
-                  p.tcp.key.empty() ? "" : " (run key: peers and frames authenticated)");
+      if (!p.quiet)
+        std::printf("tcp peer %d of %d listening on %s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
+                    p.tcp.key.empty() ? "" : " (run key: peers and frames authenticated)");
       std::fflush(stdout);
       if (p.tcp.key.empty())
         std::fprintf(stderr,
@@ -991,9 +1067,23 @@ int train_with(const train_plan& p, const training_data& data, Comm comm) {
   return train(p, data, comm, p.checkpoints);
 }
 
+// What is about to train, on what, and how.
+void describe_run(const train_plan& p, const training_data& data) {
+  const auto& cfg = p.model;
+  std::printf("model: %lld layers, %lld heads, width %lld, block %lld, vocab %lld: %.2fM parameters\n",
+              static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
+              static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.vocab_size),
+              static_cast<double>(cfg.parameter_count()) / 1e6);
+  std::printf("data: %s, %zu training and %zu validation tokens\n", data.source.c_str(),
+              data.dataset.tokens(dt::data::split::train).size(), data.dataset.tokens(dt::data::split::validation).size());
+  if (p.mode == launch::in_process)
+    std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", p.world, p.link.c_str(), p.threads);
+  std::fflush(stdout);
+}
+
 int cmd_train(const options& opt) {
   train_plan p;
-  const int modes = int(opt.has("peers")) + int(opt.has("listen")) + int(opt.has("mpi"));
+  const int modes = int(opt.has("peers")) + int(opt.has("listen")) + int(opt.flag("mpi"));
   dt::detail::check(modes <= 1, "--peers, --listen and --mpi are different modes; give one of them");
   p.mode = opt.has("peers")    ? launch::in_process
            : opt.has("listen") ? launch::tcp
@@ -1007,35 +1097,27 @@ int cmd_train(const options& opt) {
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
-    const auto n = opt.integer("peers", 4, 1, 256);
-    p.world = static_cast<int>(n);
-    p.link = opt.text("link", "lan");
+    p.world = static_cast<int>(opt.integer("peers"));
+    p.link = opt.text("link");
   } else if (p.mode == launch::tcp) {
-    p.tcp.listen = opt.text("listen", "");
-    p.tcp.advertise = opt.text("advertise", "");
-    p.tcp.join = split_list(opt.text("join", ""));
-    p.tcp.rank = static_cast<int>(opt.integer("rank", 0, 0, 65535));
-    p.tcp.world = static_cast<int>(opt.integer("world", 1, 1, 65536));
-    p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms", 60000, 1, 86'400'000));
-    const auto peer_timeout = opt.integer("peer-timeout-ms", p.tcp.recv_timeout.count());
-    dt::detail::check(peer_timeout >= 1, "--peer-timeout-ms must be >= 1, got ", peer_timeout);
-    p.tcp.recv_timeout = std::chrono::milliseconds(peer_timeout);
-    const auto heartbeat = opt.integer("heartbeat-ms", p.tcp.heartbeat_interval.count());
-    dt::detail::check(heartbeat >= 0, "--heartbeat-ms must be >= 0 (0: no heartbeats), got ", heartbeat);
+    p.tcp.listen = opt.text("listen");
+    p.tcp.advertise = opt.text("advertise");
+    p.tcp.join = split_list(opt.text("join"));
+    p.tcp.rank = static_cast<int>(opt.integer("rank"));
+    p.tcp.world = static_cast<int>(opt.integer("world"));
+    p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms"));
+    p.tcp.recv_timeout = std::chrono::milliseconds(opt.integer("peer-timeout-ms"));
+    const auto heartbeat = opt.integer("heartbeat-ms");
     p.tcp.heartbeat_interval = std::chrono::milliseconds(heartbeat);
-    const auto silence = opt.integer("silence-ms", p.tcp.min_silence.count());
-    dt::detail::check(silence >= 1, "--silence-ms must be >= 1, got ", silence);
     dt::detail::check(heartbeat > 0 || !opt.has("silence-ms"), "--silence-ms needs heartbeats (--heartbeat-ms above 0)");
-    p.tcp.min_silence = std::chrono::milliseconds(silence);
-    const auto handshake = opt.integer("handshake-timeout-ms", p.tcp.handshake_timeout.count());
-    dt::detail::check(handshake >= 1, "--handshake-timeout-ms must be >= 1, got ", handshake);
-    p.tcp.handshake_timeout = std::chrono::milliseconds(handshake);
+    p.tcp.min_silence = std::chrono::milliseconds(opt.integer("silence-ms"));
+    p.tcp.handshake_timeout = std::chrono::milliseconds(opt.integer("handshake-timeout-ms"));
     // Never on the command line, where `ps` shows it to every user of the machine.
-    p.tcp.key = opt.has("key-file") ? dt::transport::auth::read_key_file(opt.text("key-file", ""))
+    p.tcp.key = opt.has("key-file") ? dt::transport::auth::read_key_file(opt.text("key-file"))
                                     : dt::transport::auth::key_from_environment();
     if (opt.flag("elastic")) {
-      const auto most = opt.integer("max-world", elastic_max_world);
-      dt::detail::check(most >= p.tcp.world && most <= 65536, "--max-world must be in [--world, 65536], got ", most);
+      const auto most = opt.integer("max-world");
+      dt::detail::check(most >= p.tcp.world, "--max-world must be at least --world (", p.tcp.world, "), got ", most);
       p.tcp.max_world = static_cast<int>(most);
     } else {
       dt::detail::check(!opt.has("max-world"), "--max-world needs --elastic (only an elastic group takes in joiners)");
@@ -1049,18 +1131,18 @@ int cmd_train(const options& opt) {
 
   // Checkpoints: DIR/peer-R-of-W/step-N.ckpt in every mode; without a directory only Ctrl-C
   // saves, to ./checkpoints.
-  const std::string dir = opt.text("checkpoint-dir", "");
-  const auto save_every = opt.integer("save-every", p.checkpoints.every);
-  const auto keep = opt.integer("keep-checkpoints", p.checkpoints.keep_last);
-  dt::detail::check(save_every >= 0, "--save-every must be >= 0 (0: only on Ctrl-C), got ", save_every);
-  dt::detail::check(keep >= 1 && keep <= 1000000, "--keep-checkpoints must be >= 1, got ", keep);
+  const std::string dir = opt.text("checkpoint-dir");
+  const auto save_every = opt.integer("save-every");
+  const auto keep = opt.integer("keep-checkpoints");
   p.checkpoints.dir = dir.empty() ? "checkpoints" : dir;
   p.checkpoints.every = dir.empty() ? 0 : save_every;
   p.checkpoints.keep_last = static_cast<int>(keep);
   p.checkpoints.resume = opt.flag("resume");
   dt::detail::check(!p.checkpoints.resume || !dir.empty(),
                     "--resume needs --checkpoint-dir (Ctrl-C without one saves to ./checkpoints)");
-  p.metrics = opt.text("metrics", "metrics.jsonl");
+  p.metrics = opt.text("metrics");
+  p.quiet = opt.flag("quiet");
+  p.log_every = opt.integer("log-every");
   p.elastic = opt.flag("elastic");
   if (p.elastic) {
     dt::detail::check(p.mode == launch::in_process || p.mode == launch::tcp,
@@ -1068,8 +1150,7 @@ int cmd_train(const options& opt) {
                       "library has ULFM)");
     // Ctrl-C on one TCP peer: it leaves and the others go on; in-process peers stop together.
     p.trainer.stop_alone = p.mode == launch::tcp;
-    const auto t = opt.integer("agreement-timeout-ms", p.elastic_policy.agreement.timeout.count());
-    dt::detail::check(t >= 1, "--agreement-timeout-ms must be >= 1, got ", t);
+    const auto t = opt.integer("agreement-timeout-ms");
     p.elastic_policy.agreement.timeout = std::chrono::milliseconds(t);
     // How long a survivor may wait on a frozen peer before it notices and joins the agreement.
     const bool beats = p.tcp.heartbeat_interval.count() > 0;
@@ -1077,7 +1158,7 @@ int cmd_train(const options& opt) {
     dt::detail::check(p.mode != launch::tcp || p.elastic_policy.agreement.timeout > frozen_found_in,
                       "--agreement-timeout-ms (", t, ") must be more than ", beats ? "--silence-ms (" : "--peer-timeout-ms (",
                       frozen_found_in.count(), "): a peer may wait that long on a frozen one before it joins the agreement");
-    for (const auto& k : split_list(opt.text("kill", ""))) {
+    for (const auto& k : split_list(opt.text("kill"))) {
       const auto at = k.find('@');
       dt::detail::check(p.mode == launch::in_process, "--kill needs --peers N (kill a TCP peer with kill -9)");
       dt::detail::check(at != std::string::npos && at > 0 && at + 1 < k.size() &&
@@ -1094,9 +1175,7 @@ int cmd_train(const options& opt) {
       dt::detail::check(!opt.has(o), "--", o, " needs --elastic");
   }
 
-  const std::string comm = opt.text("comm", p.mode == launch::single ? "sync" : "diloco");
-  dt::detail::check(comm == "sync" || comm == "local-sgd" || comm == "diloco" || comm == "streaming-diloco",
-                    "--comm must be sync, local-sgd, diloco or streaming-diloco, got '", comm, "'");
+  const std::string comm = opt.has("comm") ? opt.text("comm") : p.mode == launch::single ? "sync" : "diloco";
   const bool streaming = comm == "streaming-diloco";
   dt::detail::check(streaming || !opt.has("fragments"), "--fragments needs --comm streaming-diloco");
   dt::detail::check(streaming || comm == "diloco" || !opt.has("overlap"), "--overlap needs --comm diloco or streaming-diloco");
@@ -1105,29 +1184,34 @@ int cmd_train(const options& opt) {
   dt::detail::check(streaming || comm == "diloco" || !eager, "--eager needs --comm diloco or streaming-diloco");
   dt::detail::check(!eager || (!opt.has("overlap") && !opt.has("mix")),
                     "--eager overlaps each exchange with a whole round and steps at once: --overlap and --mix do not apply");
-  const auto fragments = streaming ? opt.integer("fragments", 4) : 1;
-  const auto overlap = opt.integer("overlap", streaming ? 1 : 0);
-  const double mix = opt.real("mix", 0.5);
-  const auto inner = comm == "sync" ? 1 : opt.integer("inner-steps", 50);
-  const auto codec_choice = dt::compress::parse_codec(opt.text("codec", "identity"));
-  p.aggregator = dt::collective::parse_aggregator(opt.text("aggregator", "mean"));
+  const auto fragments = streaming ? opt.integer("fragments") : 1;
+  const auto overlap = opt.has("overlap") ? opt.integer("overlap") : streaming ? 1 : 0;
+  const double mix = opt.real("mix");
+  const auto inner = comm == "sync" ? 1 : opt.integer("inner-steps");
+  const auto codec_choice = dt::compress::parse_codec(opt.text("codec"));
+  p.aggregator = dt::collective::parse_aggregator(opt.text("aggregator"));
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
                     codec_choice.describe(), "'");
   const bool outer = comm == "diloco" || streaming;
-  const double outer_lr = outer ? opt.real("outer-lr", 0.7) : 0.0;
-  const double outer_momentum = outer ? opt.real("outer-momentum", 0.9) : 0.0;
+  const double outer_lr = outer ? opt.real("outer-lr") : 0.0;
+  const double outer_momentum = outer ? opt.real("outer-momentum") : 0.0;
 
   // A resumed run takes the model's shape and the tokenizer from its checkpoints.
   std::optional<dt::io::checkpoint> resumed;
-  if (p.checkpoints.resume)
-    resumed = dt::io::load_checkpoint(
-        newest_checkpoint(p.checkpoints, p.mode == launch::tcp ? p.tcp.rank : 0, p.elastic ? 0 : p.world, p.elastic));
+  fs::path resumed_from;
+  if (p.checkpoints.resume) {
+    resumed_from = newest_checkpoint(p.checkpoints, p.mode == launch::tcp ? p.tcp.rank : 0, p.elastic ? 0 : p.world, p.elastic);
+    resumed = dt::io::load_checkpoint(resumed_from);
+  }
   p.model = model_config(opt);
   auto data = load_training_data(opt, p.model.vocab_size, resumed ? &*resumed : nullptr);
-  opt.reject_unknown();
   p.model.vocab_size = data.vocab_size;
-  if (resumed) p.model = dt::train::config_of(*resumed);
+  p.checkpoints.text["run.comm"] = comm;
+  if (resumed) {
+    check_resume_agrees(*resumed, resumed_from, opt, p.model, comm);
+    p.model = dt::train::config_of(*resumed);
+  }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
   // Both splits must hold a block and its next token, or the run would fail at its first evaluation.
@@ -1159,16 +1243,18 @@ int cmd_train(const options& opt) {
   if (eager) p.run.add("fragments", fragments).add("eager", true);
   else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
 
-  const auto& cfg = p.model;
-  std::printf("model: %lld layers, %lld heads, width %lld, block %lld, vocab %lld: %.2fM parameters\n",
-              static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
-              static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.vocab_size),
-              static_cast<double>(cfg.parameter_count()) / 1e6);
-  std::printf("data: %s, %zu training and %zu validation tokens\n", data.source.c_str(),
-              data.dataset.tokens(dt::data::split::train).size(), data.dataset.tokens(dt::data::split::validation).size());
-  if (p.mode == launch::in_process)
-    std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", p.world, p.link.c_str(), p.threads);
-  std::fflush(stdout);
+  // What every TCP peer of the run must agree on: a peer started otherwise is refused at once,
+  // naming the difference (peers may differ in threads, batch size, files and timeouts).
+  std::ostringstream agreed;
+  agreed << "steps=" << p.trainer.steps << ";seed=" << p.trainer.seed << ";n_layer=" << p.model.n_layer
+         << ";n_head=" << p.model.n_head << ";n_embd=" << p.model.n_embd << ";block_size=" << p.model.block_size
+         << ";vocab_size=" << p.model.vocab_size << ";bias=" << p.model.bias << ";comm=" << comm << ";inner_steps=" << inner
+         << ";codec=" << codec_choice.describe() << ";aggregator=" << p.aggregator.describe();
+  if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
+  if (streaming || overlap > 0 || eager)
+    agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;
+  p.tcp.settings = agreed.str();
+  if (!p.quiet) describe_run(p, data);
 
   // One trainer type per policy, whatever the codec and aggregator: any_codec and any_aggregator
   // choose them at run time.
@@ -1214,7 +1300,7 @@ int cmd_train(const options& opt) {
 // The heads of published weights: the safetensors file does not say (any divisor of the width
 // loads), so Hugging Face's config.json beside it does when present, and --n-head must agree.
 std::int64_t weights_heads(const fs::path& weights, const options& opt) {
-  const auto given = opt.integer("n-head", 0, 0, 1 << 16);
+  const auto given = opt.has("n-head") ? opt.integer("n-head") : 0;
   const auto config = weights.parent_path() / "config.json";
   if (!fs::exists(config)) {
     dt::detail::check(given > 0, "--weights ", weights.string(), " needs --n-head (there is no config.json beside it to say)");
@@ -1230,16 +1316,13 @@ std::int64_t weights_heads(const fs::path& weights, const options& opt) {
 
 int cmd_eval(const options& opt) {
   set_threads(threads(opt, 0));
-  const std::string weights = opt.text("weights", ""), shard = opt.text("tokens", ""), dump = opt.text("dump-grads", "");
-  const auto B = opt.integer("batch-size", 4, 1, 1 << 20);
-  auto T = opt.integer("block-size", 64, 1, 1 << 24);
-  dt::detail::check(!weights.empty() && !shard.empty(), "eval needs --weights and --tokens");
+  const std::string weights = opt.text("weights"), shard = opt.text("tokens"), dump = opt.text("dump-grads");
+  const auto B = opt.integer("batch-size");
+  const auto T = opt.integer("block-size");
   const auto n_head = weights_heads(weights, opt);
-  opt.reject_unknown();
   const auto file = dt::io::load_safetensors(weights);
   const auto cfg = dt::train::gpt2_config(file, n_head);
-  dt::detail::check(B > 0 && T > 0 && T <= cfg.block_size, "--batch-size must be positive and --block-size in [1, ",
-                    cfg.block_size, "]");
+  dt::detail::check(T <= cfg.block_size, "--block-size ", T, " is more than the weights' context of ", cfg.block_size);
   dt::rng unused(0, "init");
   dt::nn::gpt<> model(cfg, unused);
   dt::train::import_gpt2_weights(model, file);
@@ -1297,23 +1380,18 @@ fs::path checkpoint_file(const fs::path& path) {
 
 int cmd_sample(const options& opt) {
   set_threads(threads(opt, 0));
-  const std::string ckpt = opt.text("checkpoint", ""), weights = opt.text("weights", "");
-  const auto n_head = weights.empty() ? opt.integer("n-head", 0) : weights_heads(weights, opt);
-  const std::string prompt = opt.text("prompt", ""), prompt_ids = opt.text("prompt-ids", "");
-  const std::string tokenizer_name = opt.text("tokenizer", "");
-  dt::detail::check(tokenizer_name.empty() || tokenizer_name == "gpt2" || tokenizer_name == "byte",
-                    "sample's --tokenizer must be gpt2 or byte, got '", tokenizer_name,
-                    "' (a character tokenizer comes with its checkpoint)");
-  dt::nn::sample_options sampling;
-  sampling.tokens = opt.integer("tokens", sampling.tokens, 0, 1 << 24);
-  sampling.top_k = opt.integer("top-k", sampling.top_k, 0, 1 << 30);
-  sampling.temperature = opt.real("temperature", sampling.temperature);
-  dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed", static_cast<std::int64_t>(dt::train::trainer_options{}.seed))),
-              "sample");
-  const bool vocab_given = !opt.text("vocab", "").empty();  // read by text_tokenizer::make below
-  opt.reject_unknown();
+  const std::string ckpt = opt.text("checkpoint"), weights = opt.text("weights");
   dt::detail::check(ckpt.empty() != weights.empty(), "sample needs exactly one of --checkpoint and --weights");
-  dt::detail::check(sampling.temperature > 0, "--temperature must be > 0, got ", sampling.temperature);
+  dt::detail::check(!weights.empty() || !opt.has("n-head"), "--n-head goes with --weights (a checkpoint knows its heads)");
+  const auto n_head = weights.empty() ? 0 : weights_heads(weights, opt);
+  const std::string prompt = opt.text("prompt"), prompt_ids = opt.text("prompt-ids");
+  const std::string tokenizer_name = opt.text("tokenizer");
+  dt::nn::sample_options sampling;
+  sampling.tokens = opt.integer("tokens");
+  sampling.top_k = opt.integer("top-k");
+  sampling.temperature = opt.real("temperature");
+  dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed")), "sample");
+  const bool vocab_given = opt.has("vocab");  // read by text_tokenizer::make below
 
   std::optional<dt::nn::gpt<>> model;
   std::optional<text_tokenizer> tok;
@@ -1387,21 +1465,35 @@ int cmd_sample(const options& opt) {
 
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "help";
-  try {
-    if (command == "train") return cmd_train(options(argc, argv, 2, {"resume", "no-bias", "mpi", "elastic", "allow-non-finite", "eager"}));
-    if (command == "eval") return cmd_eval(options(argc, argv, 2, {}));
-    if (command == "sample") return cmd_sample(options(argc, argv, 2, {}));
-    if (command == "prepare") return cmd_prepare(options(argc, argv, 2, {}));
-    if (command == "version" || command == "--version") {
-      std::printf("decentrain-gpt %s\n", dt::version.string);
-      return 0;
-    }
-    if (command == "help" || command == "--help" || command == "-h") {
-      std::fputs(usage().c_str(), stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "unknown command '%s'\n\n%s", command.c_str(), usage().c_str());
+  program prog;
+  if (command == "version" || command == "--version") {
+    std::printf("decentrain-gpt %s\n", dt::version.string);
+    return 0;
+  }
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::fputs(prog.app.help("", CLI::AppFormatMode::All).c_str(), stdout);
+    return 0;
+  }
+  CLI::App* cmd = cli::find_command(prog.app, command);
+  if (cmd == nullptr || command.rfind("-", 0) == 0) {
+    std::fprintf(stderr, "unknown command '%s'\n\n%s", command.c_str(), prog.app.help().c_str());
     return 2;
+  }
+  try {
+    cli::parse(prog.app, *cmd, argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(cmd->help().c_str(), stdout);
+    return 0;
+  } catch (const cli::usage_error& e) {
+    std::fprintf(stderr, "decentrain-gpt %s: error: %s\n", command.c_str(), e.what());
+    return 2;
+  }
+  try {
+    const options opt(*cmd);
+    if (cmd == prog.train) return cmd_train(opt);
+    if (cmd == prog.eval) return cmd_eval(opt);
+    if (cmd == prog.sample) return cmd_sample(opt);
+    return cmd_prepare(opt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "decentrain-gpt %s: error: %s\n", command.c_str(), e.what());
     return 1;

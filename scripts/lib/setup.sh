@@ -27,6 +27,6 @@ decentrain_install_packages() {
 
 decentrain_configure() {
   decentrain_install_packages build-essential cmake catch2 libcereal-dev libopenblas-openmp-dev python3 \
-    libasio-dev libssl-dev libopenmpi-dev openmpi-bin pkg-config "$@"
+    libasio-dev libssl-dev libopenmpi-dev openmpi-bin pkg-config libcli11-dev libxxhash-dev "$@"
   cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release
 }

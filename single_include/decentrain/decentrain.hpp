@@ -114,16 +114,28 @@ void check(bool ok, Parts&&... parts) {
 }  // namespace decentrain
 // ---- end decentrain/detail/error.hpp ----
 // ---- begin decentrain/detail/hash.hpp ----
-// The hashes the library uses: FNV-1a over bytes (rng stream names), XXH64 (checkpoint and state
-// checksums: gigabytes, so speed matters), splitmix64's mixing step (seeding rng state,
-// counter-based batch sampling), and a word-wise hash for large buffers (do peers hold the same
-// parameters?).
+// The hashes the library uses: FNV-1a over bytes (rng stream names, small settings), XXH3
+// (checkpoint and state checksums: gigabytes, so speed matters; XXH64 for checkpoints of format
+// 2), splitmix64's mixing step (seeding rng state, counter-based batch sampling), and a word-wise
+// hash for large buffers (do peers hold the same parameters?).
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string_view>
+
+// xxHash (Debian libxxhash-dev), header-only: XXH_INLINE_ALL gives its functions internal
+// linkage under private names, so a program that links its own libxxhash is not disturbed.
+#if !defined(XXH_INLINE_ALL)
+#define XXH_INLINE_ALL
+#define DECENTRAIN_DEFINED_XXH_INLINE_ALL
+#endif
+#include <xxhash.h>
+#if defined(DECENTRAIN_DEFINED_XXH_INLINE_ALL)
+#undef XXH_INLINE_ALL
+#undef DECENTRAIN_DEFINED_XXH_INLINE_ALL
+#endif
 
 
 namespace decentrain::detail {
@@ -134,51 +146,10 @@ inline std::uint64_t fnv1a(std::string_view bytes) {
   return h;
 }
 
-// XXH64 (Yann Collet's xxHash, 64-bit, seed 0), written out here rather than linked: four
-// independent lanes of 8-byte words, about 8 times FNV-1a's byte-at-a-time speed. Words are
-// read little-endian, so the value is the same on every machine.
-inline std::uint64_t xxh64(std::string_view bytes, std::uint64_t seed = 0) {
-  constexpr std::uint64_t p1 = 11400714785074694791ull, p2 = 14029467366897019727ull, p3 = 1609587929392839161ull,
-                          p4 = 9650029242287828579ull, p5 = 2870177450012600261ull;
-  auto rotl = [](std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
-  auto read64 = [](const char* p) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-    return v;
-  };
-  auto round = [&](std::uint64_t acc, std::uint64_t input) { return rotl(acc + input * p2, 31) * p1; };
-  auto merge = [&](std::uint64_t acc, std::uint64_t v) { return (acc ^ round(0, v)) * p1 + p4; };
-  const char* p = bytes.data();
-  const char* const end = p + bytes.size();
-  std::uint64_t h;
-  if (bytes.size() >= 32) {
-    std::uint64_t v1 = seed + p1 + p2, v2 = seed + p2, v3 = seed, v4 = seed - p1;
-    for (; p + 32 <= end; p += 32) {
-      v1 = round(v1, read64(p));
-      v2 = round(v2, read64(p + 8));
-      v3 = round(v3, read64(p + 16));
-      v4 = round(v4, read64(p + 24));
-    }
-    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
-  } else {
-    h = seed + p5;
-  }
-  h += bytes.size();
-  for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, read64(p)), 27) * p1 + p4;
-  if (p + 4 <= end) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-    h = rotl(h ^ (v * p1), 23) * p2 + p3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = rotl(h ^ (static_cast<unsigned char>(*p) * p5), 11) * p1;
-  h ^= h >> 33;
-  h *= p2;
-  h ^= h >> 29;
-  h *= p3;
-  return h ^ (h >> 32);
-}
+// XXH64 and XXH3 (64-bit, seed 0): the same value on every machine. XXH3 is the one to use; XXH64
+// reads checkpoints of format 2.
+inline std::uint64_t xxh64(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+inline std::uint64_t xxh3(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
 // splitmix64's output for state z: advance by the golden-ratio increment, then finalise (on the
 // GPU too: the CUDA codecs draw stochastic rounding from the same stream).
@@ -9237,11 +9208,11 @@ class sgd {
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -9279,10 +9250,24 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
   }
 }
 
+// The whole file, read in large blocks (a character at a time ran at 0.5 GB/s: two seconds of
+// every gigabyte of checkpoint loaded); sized up front for a regular file, grown for anything else.
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   decentrain::detail::check(in.good(), "cannot open ", path.string());
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  const auto size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+  std::string out(ec ? 0 : static_cast<std::size_t>(size), '\0');
+  std::size_t have = 0;
+  for (;;) {
+    in.read(out.data() + have, static_cast<std::streamsize>(out.size() - have));
+    have += static_cast<std::size_t>(in.gcount());
+    if (!in || in.peek() == std::char_traits<char>::eof()) break;
+    out.resize(std::max<std::size_t>(out.size() * 2, 1 << 16));  // a file that grew, or a pipe
+  }
+  decentrain::detail::check(!in.bad(), "cannot read ", path.string());
+  out.resize(have);
+  return out;
 }
 
 }  // namespace decentrain::io
@@ -9557,8 +9542,9 @@ void load(Archive& ar, rng& r) {
 namespace decentrain::io {
 
 inline constexpr char checkpoint_magic[8] = {'D', 'T', 'C', 'K', 'P', 'T', '\0', '\0'};
-// 1: FNV-1a checksum (still read); 2: XXH64, 8 times faster on the gigabytes of a large state.
-inline constexpr std::uint32_t checkpoint_version = 2;
+// The checksum's hash: 1 FNV-1a, 2 XXH64, 3 XXH3 (memory-bound: about 20 GB/s on one core where
+// FNV-1a ran at 0.65). Every earlier version is still read.
+inline constexpr std::uint32_t checkpoint_version = 3;
 
 struct checkpoint {
   std::map<std::string, tensor<cpu>> tensors;
@@ -9586,7 +9572,11 @@ struct checkpoint {
 // A hash of the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).
 inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t version = checkpoint_version) {
-  return version == 1 ? decentrain::detail::fnv1a(bytes) : decentrain::detail::xxh64(bytes);
+  switch (version) {
+    case 1: return decentrain::detail::fnv1a(bytes);
+    case 2: return decentrain::detail::xxh64(bytes);
+    default: return decentrain::detail::xxh3(bytes);
+  }
 }
 
 namespace streams {
@@ -9621,7 +9611,7 @@ inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
 inline constexpr std::size_t checkpoint_header_bytes = sizeof checkpoint_magic + 4 + 8 + 8;
 
 // Layout (a file, or the state one peer sends another): magic (8 bytes), version (u32 LE),
-// payload length (u64 LE), XXH64 of the payload (u64 LE), payload (cereal portable binary).
+// payload length (u64 LE), checksum of the payload (u64 LE; XXH3 from version 3), payload (cereal portable binary).
 inline std::string encode_checkpoint(const checkpoint& ckpt) {
   std::size_t estimate = checkpoint_header_bytes + 4096;
   for (const auto& [name, t] : ckpt.tensors) estimate += name.size() + t.nbytes() + 128;
@@ -10677,7 +10667,7 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello.
-inline constexpr std::uint16_t version = 5;
+inline constexpr std::uint16_t version = 6;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -10699,6 +10689,7 @@ inline constexpr std::size_t max_nonce_bytes = 64;
 // The run key's challenge: the acceptor's nonce, its rank (little-endian int32), its proof.
 inline constexpr std::size_t challenge_bytes = auth::nonce_bytes + 4 + auth::proof_bytes;
 inline constexpr std::size_t max_address_chars = 255;
+inline constexpr std::size_t max_settings_chars = 4096;  // hello::settings
 inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the run key's handshake (transport/auth.hpp); welcome: the answer to a data
@@ -10806,6 +10797,7 @@ struct hello {
   std::string address;  // where the sender listens
   bool late = false;     // data: the sender joins a group that is already running
   std::string nonce;     // fresh random bytes when the sender holds a run key; empty otherwise
+  std::string settings;  // tcp_options::settings: what every peer of the run must agree on
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -10813,11 +10805,13 @@ struct hello {
     save_string(ar, address);
     ar(late);
     save_string(ar, nonce);
+    save_string(ar, settings);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
-    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes});
+    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes},
+       bounded_string{settings, max_settings_chars});
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     purpose = static_cast<hello_purpose>(p);
   }
@@ -12065,6 +12059,36 @@ class liveness {
 
 namespace decentrain::transport {
 
+// "a=1;b=2" against "a=1;b=3;c=4": "b is 2 here and 3 there, c is unset here and 4 there".
+inline std::string settings_difference(const std::string& here, const std::string& there) {
+  const auto items = [](const std::string& s) {
+    std::map<std::string, std::string> out;
+    std::size_t at = 0;
+    while (at <= s.size()) {
+      const auto end = std::min(s.find(';', at), s.size());
+      const auto item = s.substr(at, end - at);
+      if (!item.empty()) {
+        const auto eq = item.find('=');
+        out[item.substr(0, eq)] = eq == std::string::npos ? "" : item.substr(eq + 1);
+      }
+      at = end + 1;
+    }
+    return out;
+  };
+  const auto a = items(here), b = items(there);
+  std::set<std::string> names;
+  for (const auto& [k, v] : a) names.insert(k);
+  for (const auto& [k, v] : b) names.insert(k);
+  std::string out;
+  for (const auto& k : names) {
+    const auto x = a.find(k), y = b.find(k);
+    if (x != a.end() && y != b.end() && x->second == y->second) continue;
+    out += (out.empty() ? "" : ", ") + k + " is " + (x == a.end() ? "unset" : x->second) + " here and " +
+           (y == b.end() ? "unset" : y->second) + " there";
+  }
+  return out.empty() ? "the same items in another order" : out;
+}
+
 struct tcp_options {
   std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
@@ -12098,6 +12122,11 @@ struct tcp_options {
   // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
   // the port can join the group and send it anything a peer may send.
   std::string key;
+  // What every peer of a run must agree on, as "name=value" items separated by ';' (the
+  // application's: decentrain-gpt gives its steps, model shape and policy). A caller whose
+  // settings differ is refused with a message naming each difference, so peers started with
+  // different settings fail at once instead of training apart or timing out.
+  std::string settings;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -12369,7 +12398,8 @@ class tcp {
             if (j != opts.rank && !peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
           decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                    opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ",
-                                   last_error, ")");
+                                   last_error, admitted.last_rejected.empty() ? "" : "; last caller refused: ",
+                                   admitted.last_rejected, ")");
         }
         changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
         backoff = std::min(backoff * 2, opts.max_backoff);
@@ -12459,6 +12489,7 @@ class tcp {
       h.purpose = purpose;
       h.address = advertised;
       h.late = late;
+      h.settings = opts.settings;
       return h;
     }
 
@@ -12915,10 +12946,18 @@ class tcp {
         }
         case wire::frame_type::hello: {
           auto hello = wire::decode_body<wire::hello>(c->body, "hello");
-          decentrain::detail::check(hello.world == opts.world, "frame: hello from a peer of a world of ", hello.world,
-                                    ", this one has ", opts.world);
           decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.capacity() && hello.rank != opts.rank,
                                     "frame: hello claims rank ", hello.rank);
+          if (hello.world != opts.world || hello.settings != opts.settings) {
+            refuse(c, hello.world != opts.world
+                          ? decentrain::detail::concat("peer ", opts.rank, " is in a world of ", opts.world, ", the caller (rank ",
+                                                       hello.rank, ") in one of ", hello.world,
+                                                       "; start every peer with the same world size")
+                          : decentrain::detail::concat("peer ", opts.rank, " and the caller (rank ", hello.rank,
+                                                       ") were started with different settings: ",
+                                                       settings_difference(opts.settings, hello.settings)));
+            return true;  // the caller closes (or the handshake deadline does)
+          }
           decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
                                     "frame: peer ", hello.rank, " has a different byte order");
           const bool keyed = !opts.key.empty();
@@ -18851,7 +18890,7 @@ struct transfer_report {
 
 // Members behind take the state of members at the target, in chunks from several donors at
 // once (hivemind #169: every joiner hit one donor). Each donor offers its encoded state's size
-// and checksum (`state()` is an encoded checkpoint: its header holds its body's XXH64); each
+// and checksum (`state()` is an encoded checkpoint: its header holds its body's XXH3); each
 // member behind asks every donor whose offer equals the agreed donor's for its share of the
 // chunks (shifted by its place among those behind, so each donor starts on a different one),
 // and the decode verifies the whole. Donors with a different state (DiLoCo peers at the same
@@ -19879,13 +19918,21 @@ class metrics_log {
 }  // namespace decentrain::train
 // ---- end decentrain/train/metrics_log.hpp ----
 // ---- begin decentrain/train/progress.hpp ----
-// Progress on a terminal: a bar redrawn in place on a terminal, or a line every `every` steps
-// when the output is a file or a pipe, and a line per evaluation. Attach it to one peer's
-// trainer (rank 0, say); it prints that peer's figures.
+// Progress on a terminal: a bar redrawn in place, fitted to the terminal's width and at most a
+// few times a second, or a line every `log_every` steps when the output is a file or a pipe; and
+// a line per evaluation. Attach it to one peer's trainer (rank 0, say); it prints that peer's
+// figures.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+
+#if __has_include(<sys/ioctl.h>)
+#include <sys/ioctl.h>
+#include <unistd.h>
+#define DECENTRAIN_HAS_TIOCGWINSZ 1
+#endif
 
 
 namespace decentrain::train {
@@ -19902,8 +19949,16 @@ inline std::string format_duration(double seconds) {
 
 class progress {
  public:
-  // `out` must outlive the hooks; `tty` draws a bar with carriage returns.
-  progress(std::FILE* out, bool tty, std::int64_t every = 50) : out_(out), tty_(tty), every_(every > 0 ? every : 50) {}
+  struct options {
+    bool tty = false;             // draw a bar in place (the output is a terminal) rather than lines
+    std::int64_t log_every = 50;  // without a terminal: a line every this many steps, and at the last; 0: none
+    int width = 0;                // the bar's line, in columns; 0: the terminal's (TIOCGWINSZ), else 80
+    double redraw_s = 0.2;        // on a terminal: at most one redraw per this many seconds of the run
+    bool evaluations = true;      // a line per evaluation
+  };
+
+  // `out` must outlive the hooks.
+  progress(std::FILE* out, options o) : out_(out), o_(o) {}
 
   template <class Trainer>
   void attach(Trainer& t) {
@@ -19912,34 +19967,70 @@ class progress {
     // a checkpoint inside fit(), after attach.
     t.on_step([this, total, first = std::int64_t{-1}](const step_metrics& m) mutable {
       if (first < 0) first = m.step - 1;
-      const double per_step = m.wall_s / static_cast<double>(m.step - first);
-      const std::string eta = format_duration(per_step * static_cast<double>(total - m.step));
-      if (tty_) {
-        const int width = 30, done = static_cast<int>(width * m.step / total);
-        std::fprintf(out_, "\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  %.1f MB sent  ETA %s   ",
-                     std::string(static_cast<std::size_t>(done), '=').c_str(),
-                     std::string(static_cast<std::size_t>(width - done), ' ').c_str(), static_cast<long long>(m.step),
-                     static_cast<long long>(total), m.loss, m.tokens_per_s, static_cast<double>(m.bytes_sent) / 1e6, eta.c_str());
-        drawn_ = true;
-      } else if (m.step % every_ == 0 || m.step == total) {
-        std::fprintf(out_, "step %lld/%lld  loss %.4f  %.0f tok/s  %.1f MB sent  ETA %s\n", static_cast<long long>(m.step),
-                     static_cast<long long>(total), m.loss, m.tokens_per_s, static_cast<double>(m.bytes_sent) / 1e6, eta.c_str());
+      const bool last = m.step == total;
+      if (o_.tty) {
+        if (!last && drawn_ && m.wall_s - drawn_at_ < o_.redraw_s) return;
+        draw(m, total, first);
+        drawn_at_ = m.wall_s;
+      } else if (o_.log_every > 0 && (m.step % o_.log_every == 0 || last)) {
+        std::fprintf(out_, "%s\n", figures(m, total, first).c_str());
+      } else {
+        return;
       }
       std::fflush(out_);
     });
+    if (!o_.evaluations) return;
     t.on_eval([this](const eval_point& p) {
-      std::fprintf(out_, "%sstep %lld: val loss %.4f  (sent %.2f MB, clock %.1f s)\n", drawn_ ? "\n" : "",
+      std::fprintf(out_, "%sstep %lld: val loss %.4f  (sent %.2f MB, clock %.1f s)\n", drawn_ ? "\r\x1b[K" : "",
                    static_cast<long long>(p.step), p.val_loss, static_cast<double>(p.bytes_sent) / 1e6, p.clock_s);
-      drawn_ = false;
+      drawn_ = false;  // the bar comes back below it at the next redraw
       std::fflush(out_);
     });
   }
 
+  // The columns a bar may take: the set width, else the terminal's.
+  int columns() const {
+    if (o_.width > 0) return o_.width;
+#if defined(DECENTRAIN_HAS_TIOCGWINSZ)
+    winsize ws{};
+    if (::ioctl(::fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+#endif
+    return 80;
+  }
+
  private:
+  static std::string figures(const step_metrics& m, std::int64_t total, std::int64_t first) {
+    const double per_step = m.wall_s / static_cast<double>(std::max<std::int64_t>(1, m.step - first));
+    char buf[192];
+    std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  %.0f tok/s  %.1f MB sent  ETA %s", static_cast<long long>(m.step),
+                  static_cast<long long>(total), m.loss, m.tokens_per_s, static_cast<double>(m.bytes_sent) / 1e6,
+                  format_duration(per_step * static_cast<double>(total - m.step)).c_str());
+    return buf;
+  }
+  // One line, never wider than the terminal less its last column (a line that fills it would
+  // wrap, and the next carriage return would redraw below it): the bar takes what the figures
+  // leave, and goes when fewer than 10 columns are left for it.
+  void draw(const step_metrics& m, std::int64_t total, std::int64_t first) {
+    const auto room = static_cast<std::size_t>(std::max(1, columns() - 1));
+    std::string line = figures(m, total, first);
+    if (line.size() + 3 + 10 <= room) {
+      const auto width = room - line.size() - 3;
+      const auto done = static_cast<std::size_t>(static_cast<double>(width) * static_cast<double>(m.step) /
+                                                 static_cast<double>(std::max<std::int64_t>(1, total)));
+      std::string bar;
+      bar.reserve(room);
+      bar.append(1, '[').append(std::min(done, width), '=').append(width - std::min(done, width), ' ').append("] ").append(line);
+      line.swap(bar);
+    }
+    if (line.size() > room) line.resize(room);
+    std::fprintf(out_, "\r%s\x1b[K", line.c_str());  // ESC[K: clear what a longer line left
+    drawn_ = true;
+  }
+
   std::FILE* out_;
-  bool tty_;
-  std::int64_t every_;
+  options o_;
   bool drawn_ = false;
+  double drawn_at_ = 0;
 };
 
 }  // namespace decentrain::train

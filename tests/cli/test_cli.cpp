@@ -296,10 +296,13 @@ TEST_CASE("help shows the library's defaults", "[cli]") {
   CHECK_THAT(r.output, Contains("(default " + std::to_string(d.seed) + ")"));
   CHECK_THAT(r.output, Contains("--keep-checkpoints N   newest checkpoints kept per peer (default " +
                                 std::to_string(dt::fault::checkpoint_every{}.keep_last) + ")"));
-  // Every {default} of the help's template was filled in ("{rank}" is the --metrics pattern).
-  std::string unfilled = r.output;
-  for (auto at = unfilled.find("{rank}"); at != std::string::npos; at = unfilled.find("{rank}")) unfilled.erase(at, 6);
-  CHECK(unfilled.find('{') == std::string::npos);
+  // Each command's own help holds the same declarations.
+  const auto train_help = run(cli() + " train --help", dir);
+  CHECK(train_help.status == 0);
+  CHECK_THAT(train_help.output, Contains("optimizer steps in all (default " + std::to_string(d.steps) + ")"));
+  CHECK_THAT(train_help.output, Contains("--config FILE"));
+  CHECK_THAT(train_help.output, !Contains("--dump-grads"));  // eval's
+  CHECK_THAT(run(cli() + " eval --help", dir).output, Contains("--dump-grads FILE"));
 }
 
 TEST_CASE("sample: from a checkpoint file or a checkpoint directory", "[cli][sample]") {
@@ -366,16 +369,27 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
     CHECK(nan.status == 0);
     CHECK_THAT(nan.output, Contains("val loss -nan") || Contains("val loss nan"));
   }
+  // What the command line gets wrong is a usage error (status 2), named before anything runs.
   auto r = run(cli() + " train --steps 0", dir);
-  CHECK(r.status == 1);
-  CHECK_THAT(r.output, Contains("--steps must be in [1, 1099511627776], got 0"));
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, Contains("--steps: must be in [1, 1099511627776], got 0"));
   r = run(cli() + " train --stepz 10", dir);
-  CHECK_THAT(r.output, Contains("unknown option --stepz"));
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, Contains("unknown option --stepz (see decentrain-gpt train --help)"));
+  r = run(cli() + " train --stepz=10", dir);
+  CHECK_THAT(r.output, Contains("unknown option --stepz (see"));
+  r = run(cli() + " train stray", dir);
+  CHECK_THAT(r.output, Contains("unexpected argument 'stray'"));
   r = run(cli() + " train --steps 5 --keep-checkpoints", dir);
-  CHECK(r.status == 1);
-  CHECK_THAT(r.output, Contains("option --keep-checkpoints needs a value"));
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, Contains("--keep-checkpoints needs a value"));
   r = run(cli() + " train --steps 5 --keep-checkpoints 0", dir);
-  CHECK_THAT(r.output, Contains("--keep-checkpoints must be >= 1, got 0"));
+  CHECK_THAT(r.output, Contains("--keep-checkpoints: must be in [1, 1000000], got 0"));
+  r = run(cli() + " train --steps=x5", dir);
+  CHECK_THAT(r.output, Contains("--steps: expects an integer, got 'x5'"));
+  r = run(cli() + " eval --tokens x", dir);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, Contains("--weights is required"));
   r = run(cli() + " train --steps 5 --resume", dir);
   CHECK(r.status == 1);
   CHECK_THAT(r.output, Contains("--resume needs --checkpoint-dir"));
@@ -391,7 +405,7 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   r = run(cli() + " train --data missing.txt", dir);
   CHECK_THAT(r.output, Contains("--data missing.txt does not exist"));
   r = run(cli() + " train --steps 5 --compute-dtype f16", dir);
-  CHECK_THAT(r.output, Contains("--compute-dtype must be f32 or bf16, got 'f16'"));
+  CHECK_THAT(r.output, Contains("--compute-dtype: must be f32 or bf16, got 'f16'"));
   r = run(cli() + " eval --weights missing.safetensors --tokens x --n-head 2", dir);
   CHECK_THAT(r.output, Contains("cannot open missing.safetensors"));
   r = run(cli() + " frobnicate", dir);
@@ -498,8 +512,8 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   CHECK_THAT(other_world.output, Contains("no checkpoints of a run of 3 peer(s) in ck (it holds runs of 2)"));
 
   const auto bad = run(cli() + " train --peers 2 --comm gossip", dir);
-  CHECK(bad.status == 1);
-  CHECK(bad.output.find("--comm must be sync, local-sgd, diloco or streaming-diloco, got 'gossip'") != std::string::npos);
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.output, Contains("--comm: must be sync, local-sgd, diloco or streaming-diloco, got 'gossip'"));
   const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
   CHECK(lonely.status == 1);
   CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
@@ -911,11 +925,11 @@ TEST_CASE("prepare writes llm.c shards with GPT-2's tokenizer, train reads them,
   CHECK_THAT(run(cli() + " prepare --input empty.txt --out e", dir).output, Contains("--input empty.txt holds no text"));
   CHECK_THAT(run(cli() + " train --data docs --steps 1", dir).output, Contains("--data docs is a folder without prepare.json"));
   CHECK_THAT(run(cli() + " prepare --input docs/a.txt --out x --tokenizer char", dir).output,
-             Contains("prepare's --tokenizer must be gpt2 or byte, got 'char'"));
+             Contains("--tokenizer: must be gpt2 or byte, got 'char'"));
   CHECK_THAT(run(cli() + " prepare --input docs/a.txt --out x --vocab docs", dir).output,
              Contains("docs holds neither encoder.json + vocab.bpe nor vocab.json + merges.txt"));
   CHECK_THAT(run(cli() + " train --data docs/a.txt --tokenizer bpe --steps 1", dir).output,
-             Contains("--tokenizer must be char, byte or gpt2, got 'bpe'"));
+             Contains("--tokenizer: must be char, byte or gpt2, got 'bpe'"));
 }
 
 TEST_CASE("version: decentrain-gpt --version prints the library's version", "[cli]") {
@@ -931,19 +945,21 @@ TEST_CASE("version: decentrain-gpt --version prints the library's version", "[cl
 
 TEST_CASE("numeric options are range-checked, and what cannot fit in memory is refused naming the options", "[cli][errors]") {
   const auto dir = scratch("ranges");
-  const auto says = [&](const std::string& args, const std::string& message) {
+  // status 2: refused by the command line's declarations; 1: by the program, once it knows more.
+  const auto says = [&](const std::string& args, const std::string& message, int status = 1) {
     const auto r = run(cli() + args, dir);
     INFO(args << "\n" << r.output);
-    CHECK(r.status == 1);
+    CHECK(r.status == status);
     CHECK_THAT(r.output, Contains(message));
     CHECK_THAT(r.output, !Contains("bad_alloc") && !Contains("stol"));
   };
-  says(" train --threads 100000", "--threads must be in [0, 1024], got 100000");
-  says(" train --block-size 1099511627776", "--block-size must be in [1, 16777216], got 1099511627776");
-  says(" train --n-embd 2147483648", "--n-embd must be in [1, 1048576], got 2147483648");
-  says(" train --peers 4294967298", "--peers must be in [1, 256], got 4294967298");
-  says(" train --lr inf", "--lr expects a finite number, got 'inf'");
-  says(" train --mix nan --comm streaming-diloco --peers 2", "--mix expects a finite number, got 'nan'");
+  says(" train --threads 100000", "--threads: must be in [0, 1024], got 100000", 2);
+  says(" train --block-size 1099511627776", "--block-size: must be in [1, 16777216], got 1099511627776", 2);
+  says(" train --n-embd 2147483648", "--n-embd: must be in [1, 1048576], got 2147483648", 2);
+  says(" train --peers 4294967298", "--peers: must be in [1, 256], got 4294967298", 2);
+  says(" train --seed 99999999999999999999", "--seed: must be in [0, 9223372036854775807], got 99999999999999999999", 2);
+  says(" train --lr inf", "--lr: expects a finite number, got 'inf'", 2);
+  says(" train --mix nan --comm streaming-diloco --peers 2", "--mix: expects a finite number, got 'nan'", 2);
   says(" train --grad-clip -1", "grad_clip must be >= 0, got -1");
   says(" train --grad-clip -1 --peers 2", "grad_clip must be >= 0, got -1");
   says(" train --batch-size 16777216", "of activations (--batch-size 16777216 x --block-size 64)");
@@ -970,4 +986,102 @@ TEST_CASE("numeric options are range-checked, and what cannot fit in memory is r
   says(eval + " --n-head 4", "--n-head 4 contradicts w/config.json, which says n_head 2");
   says(" eval --weights " + fx + "/gpt_block.safetensors --tokens " + fx + "/eval_tokens.bin",
        "needs --n-head (there is no config.json beside it to say)");
+}
+
+TEST_CASE("train --config: options from a TOML file, overridden by the command line, and --quiet, --log-every",
+          "[cli][config]") {
+  const auto dir = scratch("config");
+  std::ofstream(dir / "run.toml") << "# a tiny run\n"
+                                     "steps = 6\n"
+                                     "n_layer = 1          # '_' stands for '-'\n"
+                                     "n-embd = 32\nn-head = 2\nblock-size = 16\nbatch-size = 4\neval-batches = 1\n"
+                                     "metrics = \"m # 1.jsonl\"\n"
+                                     "checkpoint-dir = 'ck'\n"
+                                     "[train]\nlog-every = 2\n"
+                                     "[sample]\ntokens = 3   # another command's: not train's\n";
+  const auto r = run(cli() + " train --config run.toml --steps=4", dir);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, Contains("model: 1 layers, 2 heads, width 32"));
+  CHECK_THAT(r.output, Contains("step 2/4  loss ") && Contains("step 4/4  loss "));  // --log-every 2, --steps=4 wins
+  CHECK_THAT(r.output, !Contains("step 1/4") && !Contains("/6"));
+  CHECK(read_metrics(dir / "m # 1.jsonl").per_rank("step")[0] == 4);  // the '#' inside the string is kept
+
+  const auto quiet = run(cli() + " train --config run.toml --steps 2 --quiet --metrics= --checkpoint-dir=", dir);
+  REQUIRE(quiet.status == 0);
+  CHECK_THAT(quiet.output, Contains("val loss ") && !Contains("model:") && !Contains("step 2/2"));
+  std::ofstream(dir / "quiet.toml") << "quiet = true\nsteps = 1\nn-layer = 1\nn-embd = 16\nn-head = 2\nblock-size = 8\n"
+                                       "eval-batches = 1\nmetrics = ''\n";
+  CHECK_THAT(run(cli() + " train --config quiet.toml", dir).output, !Contains("model:"));
+  CHECK_THAT(run(cli() + " train --config quiet.toml --quiet=false", dir).output, Contains("model:"));  // a flag undone
+
+  // A resumed run refuses a shape or policy that contradicts its checkpoint, naming both.
+  auto again = run(cli() + " train --config run.toml --steps 6 --resume --n-layer 2", dir);
+  CHECK(again.status == 1);
+  CHECK_THAT(again.output, Contains("--resume: --n-layer 2 contradicts ck/peer-0-of-1/step-4.ckpt, which has n_layer 1"));
+  again = run(cli() + " train --config run.toml --steps 6 --resume --comm diloco", dir);
+  CHECK_THAT(again.output, Contains("--resume: --comm diloco contradicts ck/peer-0-of-1/step-4.ckpt, which was trained with --comm sync"));
+  again = run(cli() + " train --config run.toml --steps 6 --resume", dir);
+  CHECK(again.status == 0);
+  CHECK_THAT(again.output, Contains("peer 0 resumed from ck/peer-0-of-1/step-4.ckpt at step 4"));
+
+  // What a file gets wrong is named by file and line, before anything runs.
+  const auto refused = [&](const std::string& text, const std::string& message) {
+    std::ofstream(dir / "bad.toml") << text;
+    const auto b = run(cli() + " train --config bad.toml", dir);
+    INFO(text << "\n" << b.output);
+    CHECK(b.status == 2);
+    CHECK_THAT(b.output, Contains(message));
+  };
+  refused("steps = 3\nstepz = 4\n", "bad.toml:2: 'stepz' is not an option of decentrain-gpt train");
+  refused("quiet = 1\n", "bad.toml:1: quiet is a flag: write quiet = true or false");
+  refused("steps = true\n", "bad.toml:1: steps takes a value, not true");
+  refused("data = \"x.txt\n", "bad.toml:1: a string is not closed");
+  refused("[fit]\nsteps = 1\n", "bad.toml:1: [fit] is not a command of decentrain-gpt");
+  refused("steps = 1\nsteps = 2\n", "bad.toml:2: steps is given twice (first on line 1)");
+  refused("lr = inf\n", "bad.toml:1: 'inf' is not a value");
+  refused("steps = 0\n", "--steps: must be in [1, 1099511627776], got 0");  // the same checks as the command line
+  refused("join = [\"a:1\", \"b:2\"\n", "bad.toml:1: an array is not closed");
+  CHECK_THAT(run(cli() + " train --config nowhere.toml", dir).output, Contains("--config nowhere.toml cannot be read"));
+}
+
+TEST_CASE("scripts/plot draws runs' metrics files into one PNG, and names a file that is not one", "[cli][plot]") {
+  const auto dir = scratch("plot");
+  const std::string tiny = " --steps 6 --n-layer 1 --n-embd 16 --n-head 2 --block-size 8 --batch-size 2 --eval-batches 1"
+                           " --eval-every 3 --quiet";
+  REQUIRE(run(cli() + " train" + tiny + " --metrics alone.jsonl", dir).status == 0);
+  REQUIRE(run(cli() + " train" + tiny + " --peers 2 --inner-steps 2 --metrics peers.jsonl", dir).status == 0);
+  const std::string plot = std::string("'") + DECENTRAIN_PLOT_SCRIPT + "'";
+  const auto r = run(plot + " alone.jsonl peers.jsonl -o runs.png --title 'two runs'", dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, Contains("wrote runs.png"));
+  const auto png = read_text(dir / "runs.png");
+  CHECK(png.size() > 10000);
+  CHECK(png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
+  std::ofstream(dir / "bad.jsonl") << "{\"event\":\"step\"}\nnot json\n";
+  const auto bad = run(plot + " bad.jsonl", dir);
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.output, Contains("bad.jsonl:2: not a JSON line"));
+  CHECK_THAT(run(plot + " missing.jsonl", dir).output, Contains("missing.jsonl does not exist"));
+}
+
+TEST_CASE("train over TCP: a peer started with other --steps is refused at once, naming both values", "[cli][peers]") {
+  const auto dir = scratch("tcp_settings");
+  const auto port = std::to_string(free_port());
+  const std::string tiny = " train --n-layer 1 --n-embd 16 --n-head 2 --block-size 8 --batch-size 2 --eval-batches 1 --threads 1"
+                           " --metrics '' --quiet --world 2 --join-timeout-ms 8000";
+  // Peer 0 waits for rank 1; rank 1, started with --steps 20 instead of 10, is refused.
+  const auto r = run("{ (timeout 60 " + cli() + tiny + " --steps 10 --listen 127.0.0.1:" + port + " --rank 0 > p0.txt 2>&1 &) ; " +
+                         "sleep 0.5; start=$(date +%s); timeout 60 " + cli() + tiny +
+                         " --steps 20 --listen 127.0.0.1:0 --rank 1 --join 127.0.0.1:" + port +
+                         "; echo \"status $? after $(( $(date +%s) - start )) s\"; sleep 9; cat p0.txt; }",
+                     dir);
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("refused peer 1: peer 0 and the caller (rank 1) were started with different settings: "
+                                "steps is 10 here and 20 there"));
+  CHECK_THAT(r.output, Contains("status 1 after "));
+  const auto after = r.output.substr(r.output.find("status 1 after ") + 15);
+  CHECK(std::stoi(after) < 6);  // at once, not at the 8 s join timeout
+  // Peer 0 gives up at its join timeout and says which caller it refused, and why.
+  CHECK_THAT(r.output, Contains("last caller refused: peer 0 and the caller (rank 1) were started with different settings"));
 }

@@ -125,7 +125,7 @@ TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][error
   std::string version = good;
   version[8] = 7;
   write(version);
-  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("has version 7, expected 1 to 2"));
+  CHECK_THROWS_WITH(dt::io::load_checkpoint(path), Contains("has version 7, expected 1 to 3"));
   CHECK_THROWS_WITH(dt::io::load_checkpoint(temp_file("absent.ckpt")), Contains("cannot open"));
 
   // A well-formed file whose payload is not a checkpoint: the checksum matches, decoding fails.
@@ -167,8 +167,10 @@ TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][error
   CHECK_THROWS_WITH(dt::io::decode_checkpoint(strided, "from a donor"), Contains("more elements than an int64 can count"));
 }
 
-TEST_CASE("checkpoints are checksummed with XXH64 (reference values), version 1 files (FNV-1a) still load", "[io][checkpoint]") {
-  // Values from the reference implementation (xxhsum -H1 of the same bytes).
+TEST_CASE("checkpoints are checksummed with XXH3, versions 1 (FNV-1a) and 2 (XXH64) still load", "[io][checkpoint]") {
+  // xxHash's published values for XXH3 and XXH64 (seed 0).
+  CHECK(dt::detail::xxh3("") == 0x2d06800538d394c2ull);
+  CHECK(dt::detail::xxh3("abc") == 0x78af5f94892f3950ull);
   CHECK(dt::detail::xxh64("") == 0xef46db3751d8e999ull);
   CHECK(dt::detail::xxh64("abc") == 0x44bc2cf5ad770999ull);
   std::string ramp;
@@ -179,16 +181,24 @@ TEST_CASE("checkpoints are checksummed with XXH64 (reference values), version 1 
   dt::io::checkpoint c;
   c.tensors["w"] = dt::ones(dt::shape{3, 5});
   c.counters["step"] = 11;
-  std::string v1 = dt::io::encode_checkpoint(c);
-  const std::string_view body = std::string_view(v1).substr(dt::io::checkpoint_header_bytes);
-  const auto sum = dt::detail::fnv1a(body);
-  v1[8] = 1;
-  for (int i = 0; i < 8; ++i) v1[20 + static_cast<std::size_t>(i)] = static_cast<char>((sum >> (8 * i)) & 0xff);
-  const auto back = dt::io::decode_checkpoint(v1, "a version 1 checkpoint");
-  CHECK(back.counter("step") == 11);
-  CHECK(back.tensor_at("w").numel() == 15);
-  v1[25] ^= 1;
-  CHECK_THROWS_WITH(dt::io::decode_checkpoint(v1, "a version 1 checkpoint"), Contains("checksum mismatch"));
+  const std::string v3 = dt::io::encode_checkpoint(c);
+  const std::string_view body = std::string_view(v3).substr(dt::io::checkpoint_header_bytes);
+  CHECK(static_cast<int>(v3[8]) == 3);
+  CHECK(dt::io::stored_checksum(v3) == dt::detail::xxh3(body));
+  // The same payload as an older version wrote it: its version and its hash in the header.
+  for (const auto& [version, sum] : {std::pair{1, dt::detail::fnv1a(body)}, std::pair{2, dt::detail::xxh64(body)}}) {
+    std::string old = v3;
+    old[8] = static_cast<char>(version);
+    for (int i = 0; i < 8; ++i) old[20 + static_cast<std::size_t>(i)] = static_cast<char>((sum >> (8 * i)) & 0xff);
+    const auto back = dt::io::decode_checkpoint(old, "an old checkpoint");
+    CHECK(back.counter("step") == 11);
+    CHECK(back.tensor_at("w").numel() == 15);
+    old[40] ^= 1;
+    CHECK_THROWS_WITH(dt::io::decode_checkpoint(old, "an old checkpoint"), Contains("checksum mismatch"));
+  }
+  std::string v4 = v3;
+  v4[8] = 4;
+  CHECK_THROWS_WITH(dt::io::decode_checkpoint(v4, "a newer checkpoint"), Contains("has version 4, expected 1 to 3"));
 }
 
 TEST_CASE("restoring into a different model is refused", "[io][checkpoint][errors]") {

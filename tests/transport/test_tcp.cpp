@@ -214,6 +214,46 @@ TEST_CASE("tcp: a peer that cannot reach anyone retries with backoff, then fails
   CHECK_THROWS_WITH(tr::tcp(bad_listen), Catch::Contains("not a number"));
 }
 
+TEST_CASE("tcp: a caller started with other settings or another world size is refused at once, naming the difference") {
+  tr::tcp_options o;
+  o.world = 2;
+  o.settings = "steps=100;comm=diloco;n_layer=2";
+  o.join_timeout = std::chrono::milliseconds(1500);
+  tr::tcp peer0(o);
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      peer0.connect();
+      return std::string("connected");
+    } catch (const dt::error& e) {
+      return std::string(e.what());
+    }
+  });
+  const auto refused = [&](tr::tcp_options caller) {
+    caller.rank = 1;
+    caller.join = {peer0.address()};
+    caller.join_timeout = std::chrono::milliseconds(20000);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what = "joined";
+    try {
+      (void)tr::tcp::join(caller);
+    } catch (const dt::error& e) {
+      what = e.what();
+    }
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 10);  // not the join timeout
+    return what;
+  };
+  auto other = o;
+  other.settings = "steps=200;comm=diloco;n_layer=2;codec=int8";
+  CHECK_THAT(refused(other), Catch::Contains("refused peer 1: peer 0 and the caller (rank 1) were started with different "
+                                             "settings: codec is unset here and int8 there, steps is 100 here and 200 there"));
+  auto bigger = o;
+  bigger.world = 3;
+  CHECK_THAT(refused(bigger), Catch::Contains("peer 0 is in a world of 2, the caller (rank 1) in one of 3"));
+  // The peer that refused them names why when its own wait runs out.
+  CHECK_THAT(waiting.get(), Catch::Contains("could not connect to peer(s) 1") && Catch::Contains("last caller refused: peer 0 is in a world of 2"));
+  CHECK(tr::settings_difference("a=1;b=2", "b=2;a=1") == "the same items in another order");
+}
+
 TEST_CASE("tcp: the advertised host is what others dial, a wildcard listen address needs one") {
   tr::tcp_options wildcard;
   wildcard.listen = "0.0.0.0:0";

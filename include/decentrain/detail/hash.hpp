@@ -1,7 +1,7 @@
-// The hashes the library uses: FNV-1a over bytes (rng stream names), XXH64 (checkpoint and state
-// checksums: gigabytes, so speed matters), splitmix64's mixing step (seeding rng state,
-// counter-based batch sampling), and a word-wise hash for large buffers (do peers hold the same
-// parameters?).
+// The hashes the library uses: FNV-1a over bytes (rng stream names, small settings), XXH3
+// (checkpoint and state checksums: gigabytes, so speed matters; XXH64 for checkpoints of format
+// 2), splitmix64's mixing step (seeding rng state, counter-based batch sampling), and a word-wise
+// hash for large buffers (do peers hold the same parameters?).
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,18 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+
+// xxHash (Debian libxxhash-dev), header-only: XXH_INLINE_ALL gives its functions internal
+// linkage under private names, so a program that links its own libxxhash is not disturbed.
+#if !defined(XXH_INLINE_ALL)
+#define XXH_INLINE_ALL
+#define DECENTRAIN_DEFINED_XXH_INLINE_ALL
+#endif
+#include <xxhash.h>
+#if defined(DECENTRAIN_DEFINED_XXH_INLINE_ALL)
+#undef XXH_INLINE_ALL
+#undef DECENTRAIN_DEFINED_XXH_INLINE_ALL
+#endif
 
 #include "decentrain/config.hpp"
 
@@ -20,51 +32,10 @@ inline std::uint64_t fnv1a(std::string_view bytes) {
   return h;
 }
 
-// XXH64 (Yann Collet's xxHash, 64-bit, seed 0), written out here rather than linked: four
-// independent lanes of 8-byte words, about 8 times FNV-1a's byte-at-a-time speed. Words are
-// read little-endian, so the value is the same on every machine.
-inline std::uint64_t xxh64(std::string_view bytes, std::uint64_t seed = 0) {
-  constexpr std::uint64_t p1 = 11400714785074694791ull, p2 = 14029467366897019727ull, p3 = 1609587929392839161ull,
-                          p4 = 9650029242287828579ull, p5 = 2870177450012600261ull;
-  auto rotl = [](std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
-  auto read64 = [](const char* p) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-    return v;
-  };
-  auto round = [&](std::uint64_t acc, std::uint64_t input) { return rotl(acc + input * p2, 31) * p1; };
-  auto merge = [&](std::uint64_t acc, std::uint64_t v) { return (acc ^ round(0, v)) * p1 + p4; };
-  const char* p = bytes.data();
-  const char* const end = p + bytes.size();
-  std::uint64_t h;
-  if (bytes.size() >= 32) {
-    std::uint64_t v1 = seed + p1 + p2, v2 = seed + p2, v3 = seed, v4 = seed - p1;
-    for (; p + 32 <= end; p += 32) {
-      v1 = round(v1, read64(p));
-      v2 = round(v2, read64(p + 8));
-      v3 = round(v3, read64(p + 16));
-      v4 = round(v4, read64(p + 24));
-    }
-    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
-  } else {
-    h = seed + p5;
-  }
-  h += bytes.size();
-  for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, read64(p)), 27) * p1 + p4;
-  if (p + 4 <= end) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-    h = rotl(h ^ (v * p1), 23) * p2 + p3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = rotl(h ^ (static_cast<unsigned char>(*p) * p5), 11) * p1;
-  h ^= h >> 33;
-  h *= p2;
-  h ^= h >> 29;
-  h *= p3;
-  return h ^ (h >> 32);
-}
+// XXH64 and XXH3 (64-bit, seed 0): the same value on every machine. XXH3 is the one to use; XXH64
+// reads checkpoints of format 2.
+inline std::uint64_t xxh64(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+inline std::uint64_t xxh3(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
 // splitmix64's output for state z: advance by the golden-ratio increment, then finalise (on the
 // GPU too: the CUDA codecs draw stochastic rounding from the same stream).

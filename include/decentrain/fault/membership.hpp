@@ -449,7 +449,7 @@ struct transfer_report {
 
 // Members behind take the state of members at the target, in chunks from several donors at
 // once (hivemind #169: every joiner hit one donor). Each donor offers its encoded state's size
-// and checksum (`state()` is an encoded checkpoint: its header holds its body's XXH64); each
+// and checksum (`state()` is an encoded checkpoint: its header holds its body's XXH3); each
 // member behind asks every donor whose offer equals the agreed donor's for its share of the
 // chunks (shifted by its place among those behind, so each donor starts on a different one),
 // and the decode verifies the whole. Donors with a different state (DiLoCo peers at the same

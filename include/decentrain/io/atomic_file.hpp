@@ -6,11 +6,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -49,10 +49,24 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
   }
 }
 
+// The whole file, read in large blocks (a character at a time ran at 0.5 GB/s: two seconds of
+// every gigabyte of checkpoint loaded); sized up front for a regular file, grown for anything else.
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   decentrain::detail::check(in.good(), "cannot open ", path.string());
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  const auto size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+  std::string out(ec ? 0 : static_cast<std::size_t>(size), '\0');
+  std::size_t have = 0;
+  for (;;) {
+    in.read(out.data() + have, static_cast<std::streamsize>(out.size() - have));
+    have += static_cast<std::size_t>(in.gcount());
+    if (!in || in.peek() == std::char_traits<char>::eof()) break;
+    out.resize(std::max<std::size_t>(out.size() * 2, 1 << 16));  // a file that grew, or a pipe
+  }
+  decentrain::detail::check(!in.bad(), "cannot read ", path.string());
+  out.resize(have);
+  return out;
 }
 
 }  // namespace decentrain::io

@@ -30,7 +30,7 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello.
-inline constexpr std::uint16_t version = 5;
+inline constexpr std::uint16_t version = 6;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -52,6 +52,7 @@ inline constexpr std::size_t max_nonce_bytes = 64;
 // The run key's challenge: the acceptor's nonce, its rank (little-endian int32), its proof.
 inline constexpr std::size_t challenge_bytes = auth::nonce_bytes + 4 + auth::proof_bytes;
 inline constexpr std::size_t max_address_chars = 255;
+inline constexpr std::size_t max_settings_chars = 4096;  // hello::settings
 inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the run key's handshake (transport/auth.hpp); welcome: the answer to a data
@@ -159,6 +160,7 @@ struct hello {
   std::string address;  // where the sender listens
   bool late = false;     // data: the sender joins a group that is already running
   std::string nonce;     // fresh random bytes when the sender holds a run key; empty otherwise
+  std::string settings;  // tcp_options::settings: what every peer of the run must agree on
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -166,11 +168,13 @@ struct hello {
     save_string(ar, address);
     ar(late);
     save_string(ar, nonce);
+    save_string(ar, settings);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
-    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes});
+    ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes},
+       bounded_string{settings, max_settings_chars});
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     purpose = static_cast<hello_purpose>(p);
   }

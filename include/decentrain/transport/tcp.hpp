@@ -53,6 +53,36 @@
 
 namespace decentrain::transport {
 
+// "a=1;b=2" against "a=1;b=3;c=4": "b is 2 here and 3 there, c is unset here and 4 there".
+inline std::string settings_difference(const std::string& here, const std::string& there) {
+  const auto items = [](const std::string& s) {
+    std::map<std::string, std::string> out;
+    std::size_t at = 0;
+    while (at <= s.size()) {
+      const auto end = std::min(s.find(';', at), s.size());
+      const auto item = s.substr(at, end - at);
+      if (!item.empty()) {
+        const auto eq = item.find('=');
+        out[item.substr(0, eq)] = eq == std::string::npos ? "" : item.substr(eq + 1);
+      }
+      at = end + 1;
+    }
+    return out;
+  };
+  const auto a = items(here), b = items(there);
+  std::set<std::string> names;
+  for (const auto& [k, v] : a) names.insert(k);
+  for (const auto& [k, v] : b) names.insert(k);
+  std::string out;
+  for (const auto& k : names) {
+    const auto x = a.find(k), y = b.find(k);
+    if (x != a.end() && y != b.end() && x->second == y->second) continue;
+    out += (out.empty() ? "" : ", ") + k + " is " + (x == a.end() ? "unset" : x->second) + " here and " +
+           (y == b.end() ? "unset" : y->second) + " there";
+  }
+  return out.empty() ? "the same items in another order" : out;
+}
+
 struct tcp_options {
   std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
@@ -86,6 +116,11 @@ struct tcp_options {
   // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
   // the port can join the group and send it anything a peer may send.
   std::string key;
+  // What every peer of a run must agree on, as "name=value" items separated by ';' (the
+  // application's: decentrain-gpt gives its steps, model shape and policy). A caller whose
+  // settings differ is refused with a message naming each difference, so peers started with
+  // different settings fail at once instead of training apart or timing out.
+  std::string settings;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -357,7 +392,8 @@ class tcp {
             if (j != opts.rank && !peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
           decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                    opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ",
-                                   last_error, ")");
+                                   last_error, admitted.last_rejected.empty() ? "" : "; last caller refused: ",
+                                   admitted.last_rejected, ")");
         }
         changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
         backoff = std::min(backoff * 2, opts.max_backoff);
@@ -447,6 +483,7 @@ class tcp {
       h.purpose = purpose;
       h.address = advertised;
       h.late = late;
+      h.settings = opts.settings;
       return h;
     }
 
@@ -903,10 +940,18 @@ class tcp {
         }
         case wire::frame_type::hello: {
           auto hello = wire::decode_body<wire::hello>(c->body, "hello");
-          decentrain::detail::check(hello.world == opts.world, "frame: hello from a peer of a world of ", hello.world,
-                                    ", this one has ", opts.world);
           decentrain::detail::check(hello.rank >= 0 && hello.rank < opts.capacity() && hello.rank != opts.rank,
                                     "frame: hello claims rank ", hello.rank);
+          if (hello.world != opts.world || hello.settings != opts.settings) {
+            refuse(c, hello.world != opts.world
+                          ? decentrain::detail::concat("peer ", opts.rank, " is in a world of ", opts.world, ", the caller (rank ",
+                                                       hello.rank, ") in one of ", hello.world,
+                                                       "; start every peer with the same world size")
+                          : decentrain::detail::concat("peer ", opts.rank, " and the caller (rank ", hello.rank,
+                                                       ") were started with different settings: ",
+                                                       settings_difference(opts.settings, hello.settings)));
+            return true;  // the caller closes (or the handshake deadline does)
+          }
           decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
                                     "frame: peer ", hello.rank, " has a different byte order");
           const bool keyed = !opts.key.empty();
