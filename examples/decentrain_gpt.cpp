@@ -4,12 +4,14 @@
 //                         [--data PATH] [--steps N] [--batch-size B] [--lr LR] [--seed S]
 //                         [--checkpoint-dir DIR] [--resume] [--threads N] [--metrics FILE]
 //                         [--peers N | --listen HOST:PORT ... | --mpi] [--comm NAME] ...
-//   decentrain-gpt eval   --weights W.safetensors --tokens SHARD [--n-head H]
-//                         [--batch-size B] [--block-size T] [--dump-grads G.safetensors]
+//   decentrain-gpt eval   (--checkpoint FILE|DIR | --weights W.safetensors [--n-head H])
+//                         (--tokens SHARD | --text FILE) [--batch-size B] [--block-size T]
+//                         [--batches N] [--dump-grads G.safetensors]
 //   decentrain-gpt prepare --input TEXT --out DIR [--tokenizer gpt2|byte]
 //   decentrain-gpt sample (--checkpoint FILE|DIR | --weights W.safetensors [--n-head H])
 //                         [--prompt TEXT | --prompt-ids 1,2,3] [--tokens N] [--temperature X]
 //                         [--top-k K] [--seed S]
+//   decentrain-gpt export (--checkpoint FILE|DIR) --out W.safetensors
 //   decentrain-gpt --version
 //
 // Every mode of `train` is the library's trainer: one process is a world of one peer.
@@ -93,6 +95,10 @@ void declare_train(CLI::App& cmd) {
   cli::integer(cmd, "block-size", "T", "context length (default: the preset's)", std::nullopt, 1, 1 << 24)->group(model);
   cli::real(cmd, "dropout", "P", "dropout (default: the preset's)", std::nullopt, 0, 1)->group(model);
   cli::flag(cmd, "no-bias", "no biases in linears and layer norms (nanoGPT's bias=False)")->group(model);
+  cli::text(cmd, "init-from", "W.safetensors",
+            "start from GPT-2 weights (fine-tuning): the model's shape is theirs (n_head from\n"
+            "config.json beside them, or --n-head); --block-size may crop their context")
+      ->group(model);
 
   const std::string data = "Data";
   cli::text(cmd, "data", "PATH",
@@ -312,23 +318,39 @@ void declare_prepare(CLI::App& cmd) {
   cli::integer(cmd, "shard-tokens", "N", "tokens per DIR/train_NNNNNN.bin", 100'000'000, 1, 0x7fffffff);
 }
 
+// --checkpoint or --weights, as eval, sample and export take a model.
+void declare_model_source(CLI::App& cmd) {
+  cli::text(cmd, "checkpoint", "FILE|DIR", "a checkpoint file, or a --checkpoint-dir (its newest step of peer 0)");
+  cli::text(cmd, "weights", "W.safetensors", "GPT-2 weights (Hugging Face's names)");
+  cli::integer(cmd, "n-head", "H", "with --weights: their heads (default: config.json's beside them)", std::nullopt, 1, 1 << 16);
+}
+
 void declare_eval(CLI::App& cmd) {
   declare_config(cmd);
-  cli::text(cmd, "weights", "W.safetensors", "GPT-2 weights (Hugging Face's names)")->required();
-  cli::text(cmd, "tokens", "SHARD", "an llm.c token shard")->required();
-  cli::integer(cmd, "n-head", "H", "the weights' heads (default: config.json's beside them)", std::nullopt, 1, 1 << 16);
-  cli::integer(cmd, "batch-size", "B", "rows", 4, 1, 1 << 20);
-  cli::integer(cmd, "block-size", "T", "tokens per row", 64, 1, 1 << 24);
-  cli::text(cmd, "dump-grads", "FILE", "also write d loss / d weights under the weights' names");
+  declare_model_source(cmd);
+  cli::text(cmd, "tokens", "SHARD", "an llm.c token shard");
+  cli::text(cmd, "text", "FILE", "text, encoded with the model's tokenizer");
+  cli::choice(cmd, "tokenizer", "NAME", "gpt2 | byte, for --text with a model that names none", {"gpt2", "byte"}, "");
+  declare_vocab(cmd);
+  cli::integer(cmd, "batch-size", "B", "rows per batch", 4, 1, 1 << 20);
+  cli::integer(cmd, "block-size", "T", "tokens per row (default 64, or the model's context when shorter)", std::nullopt, 1, 1 << 24);
+  cli::integer(cmd, "batches", "N", "consecutive batches the loss is the mean of", 1, 1, 1 << 20);
+  cli::text(cmd, "dump-grads", "FILE", "also write d loss / d weights under the weights' names (one batch)");
   declare_threads(cmd, "OMP_NUM_THREADS or all cores");
+}
+
+void declare_export(CLI::App& cmd) {
+  declare_config(cmd);
+  declare_model_source(cmd);
+  cli::text(cmd, "out", "W.safetensors", "where the weights go; config.json is written beside them")->required();
+  cli::flag(cmd, "force", "replace a config.json already in --out's folder");
+  declare_vocab(cmd);
 }
 
 void declare_sample(CLI::App& cmd) {
   const dt::nn::sample_options s;
   declare_config(cmd);
-  cli::text(cmd, "checkpoint", "FILE|DIR", "a checkpoint file, or a --checkpoint-dir (its newest step of peer 0)");
-  cli::text(cmd, "weights", "W.safetensors", "GPT-2 weights (Hugging Face's names)");
-  cli::integer(cmd, "n-head", "H", "with --weights: their heads (default: config.json's beside them)", std::nullopt, 1, 1 << 16);
+  declare_model_source(cmd);
   cli::text(cmd, "prompt", "TEXT", "encoded with the checkpoint's tokenizer (GPT-2's for 50257-id weights)");
   cli::choice(cmd, "tokenizer", "NAME", "gpt2 | byte, for a model that names none (a character tokenizer\ncomes with its checkpoint)",
               {"gpt2", "byte"}, "");
@@ -351,6 +373,7 @@ struct program {
   CLI::App* prepare;
   CLI::App* eval;
   CLI::App* sample;
+  CLI::App* export_;
 
   program() {
     app.formatter(std::make_shared<cli::formatter>());
@@ -365,14 +388,16 @@ struct program {
     train = command("train", "train a model, alone or as one of decentralized peers");
     prepare = command("prepare", "text to llm.c token shards (GPT-2's tokenizer by default)");
     eval = command("eval",
-                   "the loss of GPT-2 weights on a token shard: reads the first B x (T+1)\n"
-                   "tokens as B rows (T inputs, the next T tokens as targets) and prints\n"
-                   "`loss <x>`");
+                   "the loss of a checkpoint or of GPT-2 weights on a token shard or on text:\n"
+                   "reads the first --batches x B x (T+1) tokens as batches of B rows (T\n"
+                   "inputs, the next T tokens as targets) and prints `loss <x>`, their mean");
     sample = command("sample", "text from a checkpoint or from GPT-2 weights");
+    export_ = command("export", "a checkpoint as GPT-2 weights: safetensors and config.json");
     declare_train(*train);
     declare_prepare(*prepare);
     declare_eval(*eval);
     declare_sample(*sample);
+    declare_export(*export_);
   }
 };
 
@@ -795,6 +820,7 @@ struct train_plan {
   std::int64_t log_every = 50;
   dt::collective::any_aggregator aggregator;
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
+  std::shared_ptr<const dt::io::named_tensors> init;  // --init-from: every peer starts from these weights
 };
 
 // Over TCP or MPI every process writes its own metrics: "{rank}" in the path becomes the rank,
@@ -874,6 +900,19 @@ void print_suspects(const dt::collective::peer_tally& t) {
   }
 }
 
+// What this peer's TCP transport turned away: a peer under attack, or one that others reach
+// misconfigured, shows it here.
+void print_transport(const dt::transport::tcp& t) {
+  const auto s = t.stats();
+  const auto a = t.admission();
+  std::printf("transport: %llu frames malformed, %llu failed authentication; connections refused %llu, silent through "
+              "the handshake %llu, evicted %llu, accept errors %llu%s%s\n",
+              static_cast<unsigned long long>(s.malformed_frames), static_cast<unsigned long long>(s.rejected_frames),
+              static_cast<unsigned long long>(a.refused), static_cast<unsigned long long>(a.timed_out),
+              static_cast<unsigned long long>(a.evicted), static_cast<unsigned long long>(a.accept_failures),
+              a.last_rejected.empty() ? "" : "; the last turned away: ", a.last_rejected.c_str());
+}
+
 // What an elastic group went through, as one survivor saw it.
 void print_changes(const std::vector<dt::fault::membership_change>& changes) {
   if (changes.empty()) {
@@ -914,7 +953,9 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   std::vector<dt::collective::peer_tally> tallies;  // per rank: what it saw of the others' contributions
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::optional<dt::transport::in_process> network;  // --peers
+  std::optional<dt::transport::tcp> tcp_peer;  // --listen: its counters end the summary
   auto setup = [&](Trainer& t) {
+    if (p.init) dt::train::import_gpt2_weights(t.model(), *p.init);  // before fit: the policies start from them
     if (p.checkpoints.resume && !p.quiet) announce_resume(t);
     if (metrics) metrics->attach(t);
     if (t.rank() == 0 && !p.quiet) bar.attach(t);
@@ -974,7 +1015,8 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
                      "warning: no run key (--key-file or %s): anyone who can reach %s can join this group and "
                      "send it anything a peer may send\n",
                      dt::transport::auth::key_file_variable, p.tcp.listen.c_str());
-      ep.emplace(dt::transport::tcp::join(p.tcp));
+      tcp_peer.emplace(dt::transport::tcp::join(p.tcp));
+      ep.emplace(*tcp_peer);
     } else {
 #if DECENTRAIN_HAS_MPI
       mpi_env.emplace(nullptr, nullptr);
@@ -1053,6 +1095,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     print_summary(p, results, rank, world, Comm::name, wall_s);
     print_suspects(tallies[static_cast<std::size_t>(asker)]);
   }
+  if (tcp_peer) print_transport(*tcp_peer);  // every process: what its own transport turned away
   return 0;
 }
 
@@ -1065,6 +1108,55 @@ int train_with(const train_plan& p, const training_data& data, Comm comm) {
     return train(p, data, comm, elastic);
   }
   return train(p, data, comm, p.checkpoints);
+}
+
+// The heads of published weights: the safetensors file does not say (any divisor of the width
+// loads), so Hugging Face's config.json beside it does when present, and --n-head must agree.
+std::int64_t weights_heads(const fs::path& weights, const options& opt) {
+  const auto given = opt.has("n-head") ? opt.integer("n-head") : 0;
+  const auto config = weights.parent_path() / "config.json";
+  if (!fs::exists(config)) {
+    dt::detail::check(given > 0, "--weights ", weights.string(), " needs --n-head (there is no config.json beside it to say)");
+    return given;
+  }
+  const auto json = dt::io::parse_json(dt::io::read_file(config));
+  const bool has = json.members.count("n_head") != 0;
+  dt::detail::check(has || json.members.count("num_attention_heads") != 0, config.string(), " names no n_head");
+  const auto heads = json.at(has ? "n_head" : "num_attention_heads").as_int();
+  dt::detail::check(given == 0 || given == heads, "--n-head ", given, " contradicts ", config.string(), ", which says n_head ", heads);
+  return heads;
+}
+
+// --init-from W.safetensors: the weights every peer starts from, and the model shape they imply
+// (into `model`; a --block-size under their context crops their positions, as nanoGPT's
+// crop_block_size; any other shape option given must agree).
+std::shared_ptr<const dt::io::named_tensors> initial_weights(const options& opt, dt::nn::gpt_config& model) {
+  const fs::path file = opt.text("init-from");
+  dt::detail::check(!opt.flag("resume"), "--init-from starts a run from published weights and --resume continues one from ",
+                    "its checkpoints: give one of them");
+  auto weights = dt::io::load_safetensors(file);
+  auto cfg = dt::train::gpt2_config(weights, weights_heads(file, opt));
+  const auto agree = [&](const char* option, std::int64_t given, std::int64_t theirs) {
+    dt::detail::check(!opt.has(option) || given == theirs, "--", option, " ", given, " contradicts --init-from ", file.string(),
+                      ", which has ", theirs, " (leave the option out)");
+  };
+  agree("n-layer", model.n_layer, cfg.n_layer);
+  agree("n-embd", model.n_embd, cfg.n_embd);
+  dt::detail::check(!opt.flag("no-bias") || !cfg.bias, "--no-bias contradicts --init-from ", file.string(), ", which has biases");
+  if (opt.has("block-size")) {
+    dt::detail::check(model.block_size <= cfg.block_size, "--block-size ", model.block_size, " is more than --init-from's context of ",
+                      cfg.block_size);
+    for (auto& [name, t] : weights)
+      if (name == "wpe.weight" || name == "transformer.wpe.weight") {  // its first rows: positions 0 .. T-1
+        auto rows = dt::tensor<dt::cpu>::empty({model.block_size, t.size(1)}, t.dtype());
+        std::memcpy(rows.raw_data(), t.contiguous().raw_data(), rows.nbytes());
+        t = rows;
+      }
+    cfg.block_size = model.block_size;
+  }
+  cfg.dropout = model.dropout;
+  model = cfg;
+  return std::make_shared<const dt::io::named_tensors>(std::move(weights));
 }
 
 // What is about to train, on what, and how.
@@ -1205,8 +1297,20 @@ int cmd_train(const options& opt) {
     resumed = dt::io::load_checkpoint(resumed_from);
   }
   p.model = model_config(opt);
+  if (opt.has("init-from")) p.init = initial_weights(opt, p.model);
   auto data = load_training_data(opt, p.model.vocab_size, resumed ? &*resumed : nullptr);
-  p.model.vocab_size = data.vocab_size;
+  if (p.init) {
+    dt::detail::check(!data.tokenizer || data.tokenizer->vocab_size() == p.model.vocab_size ||
+                          (data.tokenizer->name == "gpt2" && p.model.vocab_size >= data.tokenizer->vocab_size()),
+                      "--init-from ", opt.text("init-from"), " has a vocabulary of ", p.model.vocab_size, ", the data's ",
+                      data.tokenizer ? data.tokenizer->name : "", " tokenizer ",
+                      data.tokenizer ? data.tokenizer->vocab_size() : 0, " ids that mean other things (GPT-2 weights need GPT-2's tokens: "
+                      "--tokenizer gpt2, or shards made by prepare)");
+    dt::detail::check(data.vocab_size <= p.model.vocab_size, "the data's ids reach ", data.vocab_size, ", beyond --init-from's vocabulary of ",
+                      p.model.vocab_size);
+  } else {
+    p.model.vocab_size = data.vocab_size;
+  }
   p.checkpoints.text["run.comm"] = comm;
   if (resumed) {
     check_resume_agrees(*resumed, resumed_from, opt, p.model, comm);
@@ -1235,7 +1339,8 @@ int cmd_train(const options& opt) {
       .add("eval_every", p.trainer.eval_every)
       .add("eval_batches", p.trainer.eval_batches)
       .add("threads_per_peer", p.threads)
-      .add("resume", p.checkpoints.resume);
+      .add("resume", p.checkpoints.resume)
+      .add("init_from", opt.text("init-from"));
   if (p.mode == launch::in_process) p.run.add("link", p.link);
   if (comm != "sync") p.run.add("inner_steps", inner);
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
@@ -1297,56 +1402,7 @@ int cmd_train(const options& opt) {
 
 // ---- eval ----------------------------------------------------------------------------------
 
-// The heads of published weights: the safetensors file does not say (any divisor of the width
-// loads), so Hugging Face's config.json beside it does when present, and --n-head must agree.
-std::int64_t weights_heads(const fs::path& weights, const options& opt) {
-  const auto given = opt.has("n-head") ? opt.integer("n-head") : 0;
-  const auto config = weights.parent_path() / "config.json";
-  if (!fs::exists(config)) {
-    dt::detail::check(given > 0, "--weights ", weights.string(), " needs --n-head (there is no config.json beside it to say)");
-    return given;
-  }
-  const auto json = dt::io::parse_json(dt::io::read_file(config));
-  const bool has = json.members.count("n_head") != 0;
-  dt::detail::check(has || json.members.count("num_attention_heads") != 0, config.string(), " names no n_head");
-  const auto heads = json.at(has ? "n_head" : "num_attention_heads").as_int();
-  dt::detail::check(given == 0 || given == heads, "--n-head ", given, " contradicts ", config.string(), ", which says n_head ", heads);
-  return heads;
-}
 
-int cmd_eval(const options& opt) {
-  set_threads(threads(opt, 0));
-  const std::string weights = opt.text("weights"), shard = opt.text("tokens"), dump = opt.text("dump-grads");
-  const auto B = opt.integer("batch-size");
-  const auto T = opt.integer("block-size");
-  const auto n_head = weights_heads(weights, opt);
-  const auto file = dt::io::load_safetensors(weights);
-  const auto cfg = dt::train::gpt2_config(file, n_head);
-  dt::detail::check(T <= cfg.block_size, "--block-size ", T, " is more than the weights' context of ", cfg.block_size);
-  dt::rng unused(0, "init");
-  dt::nn::gpt<> model(cfg, unused);
-  dt::train::import_gpt2_weights(model, file);
-  const auto tokens = dt::io::read_token_shard(shard);
-  const auto need = static_cast<std::size_t>(B * (T + 1));
-  dt::detail::check(tokens.size() >= need, shard, " holds ", tokens.size(), " tokens; ", B, " rows of ", T + 1, " need ", need);
-  std::vector<std::int32_t> x, y;
-  for (std::int64_t b = 0; b < B; ++b) {
-    const auto row = tokens.begin() + b * (T + 1);
-    x.insert(x.end(), row, row + T);
-    y.insert(y.end(), row + 1, row + T + 1);
-  }
-  for (auto t : x) dt::detail::check(t < cfg.vocab_size, "token ", t, " is outside the model's vocabulary of ", cfg.vocab_size);
-  auto loss = model.loss(dt::from_vector(x, {B, T}), dt::from_vector(y, {B, T}));
-  std::printf("loss %.9g\n", loss.item());
-  if (!dump.empty()) {
-    loss.backward();
-    dt::io::named_tensors grads;
-    for (const auto& e : model.parameters()) grads.emplace(e.name, e.param.grad());
-    dt::io::save_safetensors(dump, grads);
-    std::printf("gradients written to %s\n", dump.c_str());
-  }
-  return 0;
-}
 
 // ---- sample --------------------------------------------------------------------------------
 
@@ -1378,50 +1434,64 @@ fs::path checkpoint_file(const fs::path& path) {
   return ck.file(0, worlds[0], steps.back());
 }
 
-int cmd_sample(const options& opt) {
-  set_threads(threads(opt, 0));
-  const std::string ckpt = opt.text("checkpoint"), weights = opt.text("weights");
-  dt::detail::check(ckpt.empty() != weights.empty(), "sample needs exactly one of --checkpoint and --weights");
-  dt::detail::check(!weights.empty() || !opt.has("n-head"), "--n-head goes with --weights (a checkpoint knows its heads)");
-  const auto n_head = weights.empty() ? 0 : weights_heads(weights, opt);
-  const std::string prompt = opt.text("prompt"), prompt_ids = opt.text("prompt-ids");
-  const std::string tokenizer_name = opt.text("tokenizer");
-  dt::nn::sample_options sampling;
-  sampling.tokens = opt.integer("tokens");
-  sampling.top_k = opt.integer("top-k");
-  sampling.temperature = opt.real("temperature");
-  dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed")), "sample");
-  const bool vocab_given = opt.has("vocab");  // read by text_tokenizer::make below
-
+// The model `eval`, `sample` and `export` work on: --checkpoint FILE|DIR (a run's own, with its
+// tokenizer) or --weights W.safetensors (published GPT-2 weights: n_head from config.json beside
+// them or --n-head; GPT-2's tokenizer for 50257 ids, where its vocabulary is found). --tokenizer
+// names one for a model that names none, and may not contradict one that does.
+struct loaded_model {
   std::optional<dt::nn::gpt<>> model;
-  std::optional<text_tokenizer> tok;
+  std::optional<text_tokenizer> tokenizer;
+};
+loaded_model load_model(const options& opt, const char* doing) {
+  const std::string ckpt = opt.text("checkpoint"), weights = opt.text("weights");
+  const std::string command = opt.command().get_name();
+  dt::detail::check(ckpt.empty() != weights.empty(), command, " needs exactly one of --checkpoint and --weights");
+  dt::detail::check(!weights.empty() || !opt.has("n-head"), "--n-head goes with --weights (a checkpoint knows its heads)");
+  const std::string tokenizer_name = opt.command().get_option_no_throw("--tokenizer") ? opt.text("tokenizer") : "";
+  loaded_model out;
+  auto& tok = out.tokenizer;
   if (!tokenizer_name.empty()) tok = text_tokenizer::make(tokenizer_name, opt, {});
   dt::rng unused(0, "init");
   if (!ckpt.empty()) {
     const auto file = checkpoint_file(ckpt);
     const auto c = dt::io::load_checkpoint(file);
-    model.emplace(dt::train::config_of(c), unused);
-    dt::optim::adamw<> ignored(model->parameters());
-    dt::train::restore(c, *model, ignored);
+    out.model.emplace(dt::train::config_of(c), unused);
+    dt::optim::adamw<> ignored(out.model->parameters());
+    dt::train::restore(c, *out.model, ignored);
     if (auto own = text_tokenizer::of(c, opt)) {
       dt::detail::check(!tok || tok->name == own->name, "--tokenizer ", tokenizer_name, " contradicts the checkpoint's ",
                         own->name, " tokenizer");
       tok = std::move(own);
     }
-    if (file != fs::path(ckpt)) std::fprintf(stderr, "sampling from %s\n", file.c_str());
+    if (file != fs::path(ckpt)) std::fprintf(stderr, "%s %s\n", doing, file.c_str());
   } else {
+    const auto n_head = weights_heads(weights, opt);
     const auto file = dt::io::load_safetensors(weights);
-    model.emplace(dt::train::gpt2_config(file, n_head), unused);
-    dt::train::import_gpt2_weights(*model, file);
+    out.model.emplace(dt::train::gpt2_config(file, n_head), unused);
+    dt::train::import_gpt2_weights(*out.model, file);
     // Published GPT-2 weights: GPT-2's vocabulary, where it is found (else ids are printed).
-    if (!tok && model->config().vocab_size == 50257) {
+    if (!tok && out.model->config().vocab_size == 50257) {
       try {
         tok = text_tokenizer::make("gpt2", opt, {});
       } catch (const dt::error&) {
-        if (vocab_given) throw;
+        if (opt.has("vocab")) throw;
       }
     }
   }
+  return out;
+}
+
+int cmd_sample(const options& opt) {
+  set_threads(threads(opt, 0));
+  const std::string prompt = opt.text("prompt"), prompt_ids = opt.text("prompt-ids");
+  dt::nn::sample_options sampling;
+  sampling.tokens = opt.integer("tokens");
+  sampling.top_k = opt.integer("top-k");
+  sampling.temperature = opt.real("temperature");
+  dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed")), "sample");
+  auto loaded = load_model(opt, "sampling");
+  auto& model = loaded.model;
+  auto& tok = loaded.tokenizer;
   const auto& cfg = model->config();
   dt::detail::check(!tok || tok->vocab_size() <= cfg.vocab_size, "the ", tok ? tok->name : "", " tokenizer has ",
                     tok ? tok->vocab_size() : 0, " ids, more than the model's vocabulary of ", cfg.vocab_size);
@@ -1461,6 +1531,90 @@ int cmd_sample(const options& opt) {
   return 0;
 }
 
+// ---- eval and export -----------------------------------------------------------------------
+
+// The mean loss over --batches consecutive batches of B rows of T+1 tokens (T inputs, the next T
+// as targets) from the start of --tokens SHARD, or of --text FILE encoded with the model's
+// tokenizer. With --dump-grads (one batch), also d loss / d weights under the weights' names.
+int cmd_eval(const options& opt) {
+  set_threads(threads(opt, 0));
+  const std::string shard = opt.text("tokens"), text = opt.text("text"), dump = opt.text("dump-grads");
+  const auto B = opt.integer("batch-size");
+  const auto batches = opt.integer("batches");
+  dt::detail::check(shard.empty() != text.empty(), "eval needs exactly one of --tokens SHARD and --text FILE");
+  dt::detail::check(dump.empty() || batches == 1, "--dump-grads writes one batch's gradients: leave out --batches");
+  auto loaded = load_model(opt, "evaluating");
+  auto& model = *loaded.model;
+  const auto& cfg = model.config();
+  const auto T = opt.has("block-size") ? opt.integer("block-size") : std::min<std::int64_t>(64, cfg.block_size);
+  dt::detail::check(T <= cfg.block_size, "--block-size ", T, " is more than the model's context of ", cfg.block_size);
+  std::vector<std::int32_t> tokens;
+  if (!shard.empty()) {
+    tokens = dt::io::read_token_shard(shard);
+  } else {
+    dt::detail::check(loaded.tokenizer.has_value(), "--text needs a tokenizer: this model names none; give --tokenizer gpt2|byte");
+    tokens = loaded.tokenizer->encode(dt::io::read_file(text));
+  }
+  const auto& source = shard.empty() ? text : shard;
+  const auto row = static_cast<std::size_t>(T + 1);
+  const auto need = static_cast<std::size_t>(batches * B) * row;
+  dt::detail::check(tokens.size() >= need, source, " holds ", tokens.size(), " tokens; ", batches, " batch(es) of ", B,
+                    " rows of ", T + 1, " need ", need);
+  double sum = 0;
+  for (std::int64_t k = 0; k < batches; ++k) {
+    std::vector<std::int32_t> x, y;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto first = tokens.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(k * B + b) * row);
+      x.insert(x.end(), first, first + T);
+      y.insert(y.end(), first + 1, first + T + 1);
+    }
+    for (const auto* v : {&x, &y})
+      for (auto t : *v)
+        dt::detail::check(t >= 0 && t < cfg.vocab_size, "token ", t, " of ", source, " is outside the model's vocabulary of ",
+                          cfg.vocab_size);
+    std::optional<dt::no_grad> recording_off;  // gradients only for --dump-grads
+    if (dump.empty()) recording_off.emplace();
+    auto loss = model.loss(dt::from_vector(x, {B, T}), dt::from_vector(y, {B, T}));
+    sum += loss.item();
+    if (!dump.empty()) {
+      loss.backward();
+      dt::io::named_tensors grads;
+      for (const auto& e : model.parameters()) grads.emplace(e.name, e.param.grad());
+      dt::io::save_safetensors(dump, grads);
+    }
+  }
+  std::printf("loss %.9g\n", sum / static_cast<double>(batches));
+  if (batches > 1) std::fprintf(stderr, "(the mean of %lld batches of %lld x %lld tokens)\n", static_cast<long long>(batches),
+                                static_cast<long long>(B), static_cast<long long>(T));
+  if (!dump.empty()) std::printf("gradients written to %s\n", dump.c_str());
+  return 0;
+}
+
+// A run's checkpoint as published weights: W.safetensors under Hugging Face's GPT-2 names, and
+// config.json beside it (so eval, sample and train --init-from know its heads).
+int cmd_export(const options& opt) {
+  const fs::path out = opt.text("out");
+  dt::detail::check(out.extension() == ".safetensors", "--out ", out.string(), " must end in .safetensors");
+  auto loaded = load_model(opt, "exporting");
+  const auto& cfg = loaded.model->config();
+  const auto folder = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  fs::create_directories(folder);
+  const auto config = folder / "config.json";
+  dt::detail::check(!fs::exists(config) || opt.flag("force"), config.string(),
+                    " exists (it describes other weights?): choose another folder, or --force to replace it");
+  dt::io::save_safetensors(out, dt::train::export_gpt2_weights(*loaded.model));
+  std::ostringstream json;
+  json << "{\"model_type\": \"gpt2\", \"n_layer\": " << cfg.n_layer << ", \"n_head\": " << cfg.n_head
+       << ", \"n_embd\": " << cfg.n_embd << ", \"n_positions\": " << cfg.block_size << ", \"n_ctx\": " << cfg.block_size
+       << ", \"vocab_size\": " << cfg.vocab_size << ", \"bias\": " << (cfg.bias ? "true" : "false");
+  if (loaded.tokenizer) json << ", \"decentrain_tokenizer\": " << dt::io::json_quote(loaded.tokenizer->name);
+  json << "}\n";
+  dt::io::write_file_atomically(config, json.str());
+  std::printf("exported %.2fM parameters to %s (and %s)\n", static_cast<double>(cfg.parameter_count()) / 1e6, out.c_str(),
+              config.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1493,6 +1647,7 @@ int main(int argc, char** argv) {
     if (cmd == prog.train) return cmd_train(opt);
     if (cmd == prog.eval) return cmd_eval(opt);
     if (cmd == prog.sample) return cmd_sample(opt);
+    if (cmd == prog.export_) return cmd_export(opt);
     return cmd_prepare(opt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "decentrain-gpt %s: error: %s\n", command.c_str(), e.what());

@@ -387,9 +387,9 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   CHECK_THAT(r.output, Contains("--keep-checkpoints: must be in [1, 1000000], got 0"));
   r = run(cli() + " train --steps=x5", dir);
   CHECK_THAT(r.output, Contains("--steps: expects an integer, got 'x5'"));
-  r = run(cli() + " eval --tokens x", dir);
+  r = run(cli() + " export --checkpoint x", dir);
   CHECK(r.status == 2);
-  CHECK_THAT(r.output, Contains("--weights is required"));
+  CHECK_THAT(r.output, Contains("--out is required"));
   r = run(cli() + " train --steps 5 --resume", dir);
   CHECK(r.status == 1);
   CHECK_THAT(r.output, Contains("--resume needs --checkpoint-dir"));
@@ -510,6 +510,12 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   const auto other_world = run(cli() + peer_args + " --peers 3 --checkpoint-dir ck --resume", dir);
   CHECK(other_world.status == 1);
   CHECK_THAT(other_world.output, Contains("no checkpoints of a run of 3 peer(s) in ck (it holds runs of 2)"));
+  fs::create_directories(dir / "ck3/peer-0-of-2");
+  fs::copy_file(dir / "ck/peer-0-of-2/step-8.ckpt", dir / "ck3/peer-0-of-2/step-8.ckpt");
+  const auto one_missing = run(cli() + peer_args + " --peers 2 --checkpoint-dir ck3 --resume", dir);
+  CHECK(one_missing.status == 1);
+  CHECK_THAT(one_missing.output, Contains("some peers have checkpoints in ck3 and others have none (as peer ") &&
+                                     Contains("sees ck3: peers 0 have some, 1 have none)"));
 
   const auto bad = run(cli() + " train --peers 2 --comm gossip", dir);
   CHECK(bad.status == 2);
@@ -545,6 +551,10 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
   CHECK_THAT(keyed.output, Contains("(run key: peers and frames authenticated)"));
   CHECK(keyed.output.find("warning: no run key") == std::string::npos);
   CHECK(last_line_with(keyed.output, "val loss ") == expected);  // the tags change nothing computed
+  // Each process ends with what its transport turned away: nothing, here.
+  CHECK(last_line_with(keyed.output, "transport: ") ==
+        "transport: 0 frames malformed, 0 failed authentication; connections refused 0, silent through the handshake 0, "
+        "evicted 0, accept errors 0");
 
   // A peer without the key is refused at once; the keyed peer gives up at its join timeout.
   port = std::to_string(free_port());
@@ -1084,4 +1094,68 @@ TEST_CASE("train over TCP: a peer started with other --steps is refused at once,
   CHECK(std::stoi(after) < 6);  // at once, not at the 8 s join timeout
   // Peer 0 gives up at its join timeout and says which caller it refused, and why.
   CHECK_THAT(r.output, Contains("last caller refused: peer 0 and the caller (rank 1) were started with different settings"));
+}
+
+TEST_CASE("export writes a checkpoint as GPT-2 weights, eval reads either on shards or text, train --init-from starts "
+          "from the weights",
+          "[cli][export]") {
+  const auto dir = scratch("export");
+  const std::string tiny = " --n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --batch-size 4 --eval-batches 2 --metrics ''"
+                           " --quiet --threads 1";
+  REQUIRE(run(cli() + " train" + tiny + " --steps 40 --checkpoint-dir ck", dir).status == 0);
+  const auto exported = run(cli() + " export --checkpoint ck --out w/model.safetensors", dir);
+  INFO(exported.output);
+  REQUIRE(exported.status == 0);
+  CHECK_THAT(exported.output, Contains("to w/model.safetensors (and w/config.json)"));
+  const auto config = dt::io::parse_json(read_text(dir / "w/config.json"));
+  CHECK(config.at("n_head").as_int() == 2);
+  CHECK(config.at("n_positions").as_int() == 16);
+  CHECK(config.at("decentrain_tokenizer").as_string() == "char");
+  CHECK_THAT(run(cli() + " export --checkpoint ck --out w/model.safetensors", dir).output,
+             Contains("w/config.json exists (it describes other weights?)"));
+  CHECK(run(cli() + " export --checkpoint ck --out w/model.safetensors --force", dir).status == 0);
+  CHECK_THAT(run(cli() + " export --checkpoint ck --out w/model.bin", dir).output, Contains("must end in .safetensors"));
+
+  // The same loss from the checkpoint and from the exported weights (heads from config.json).
+  std::vector<std::int32_t> ids;
+  for (int i = 0; i < 4 * 17 * 3; ++i) ids.push_back((i * 7 + i / 5) % 29);
+  dt::io::write_token_shard(dir / "ids.bin", ids);
+  const auto from_ckpt = run(cli() + " eval --checkpoint ck --tokens ids.bin --block-size 16 --batches 3", dir);
+  const auto from_weights = run(cli() + " eval --weights w/model.safetensors --tokens ids.bin --block-size 16 --batches 3", dir);
+  INFO(from_ckpt.output << from_weights.output);
+  REQUIRE(from_ckpt.status == 0);
+  CHECK(last_line_with(from_ckpt.output, "loss ") == last_line_with(from_weights.output, "loss "));
+  CHECK_THAT(from_ckpt.output, Contains("(the mean of 3 batches of 4 x 16 tokens)"));
+  CHECK_THAT(run(cli() + " eval --checkpoint ck --tokens ids.bin --block-size 16 --batches 4", dir).output,
+             Contains("ids.bin holds 204 tokens; 4 batch(es) of 4 rows of 17 need 272"));
+  // On text, through the checkpoint's own tokenizer; weights that name none cannot read text.
+  std::ofstream(dir / "corpus.txt") << dt::data::builtin_corpus().substr(0, 20000);
+  const auto text = run(cli() + " eval --checkpoint ck --text corpus.txt --batches 5", dir);
+  REQUIRE(text.status == 0);
+  const double text_loss = std::stod(last_line_with(text.output, "loss ").substr(5));
+  CHECK(text_loss < 3.0);  // trained: a uniform guess over 29 characters is 3.37
+  CHECK_THAT(run(cli() + " eval --weights w/model.safetensors --text corpus.txt", dir).output,
+             Contains("--text needs a tokenizer: this model names none"));
+  CHECK_THAT(run(cli() + " eval --tokens ids.bin", dir).output, Contains("eval needs exactly one of --checkpoint and --weights"));
+
+  // Starting from the weights: two steps at a negligible learning rate leave them as they were
+  // (the same loss as the weights', to the digits eval prints), where a fresh start is far off.
+  const std::string still = " train" + tiny + " --steps 2 --lr 1e-12 --weight-decay 0 --warmup 0 --checkpoint-dir";
+  REQUIRE(run(cli() + still + " ck2 --init-from w/model.safetensors", dir).status == 0);
+  REQUIRE(run(cli() + still + " ck3", dir).status == 0);
+  const auto tuned = run(cli() + " eval --checkpoint ck2 --tokens ids.bin --block-size 16 --batches 3", dir);
+  const auto fresh = run(cli() + " eval --checkpoint ck3 --tokens ids.bin --block-size 16 --batches 3", dir);
+  const auto loss_of = [](const std::string& out) { return std::stod(last_line_with(out, "loss ").substr(5)); };
+  CHECK(loss_of(tuned.output) == Approx(loss_of(from_weights.output)).epsilon(1e-5));
+  CHECK(std::abs(loss_of(fresh.output) - loss_of(from_weights.output)) > 0.05);
+  // A context cropped to 8 positions; shapes that contradict the weights, and --resume, refused.
+  CHECK(run(cli() + still + " ck4 --init-from w/model.safetensors --block-size 8", dir).status == 0);
+  CHECK_THAT(run(cli() + still + " ck5 --init-from w/model.safetensors --block-size 32", dir).output,
+             Contains("--block-size 32 is more than --init-from's context of 16"));
+  CHECK_THAT(run(cli() + still + " ck5 --init-from w/model.safetensors --n-layer 2", dir).output,
+             Contains("--n-layer 2 contradicts --init-from w/model.safetensors, which has 1"));
+  CHECK_THAT(run(cli() + still + " ck2 --init-from w/model.safetensors --resume", dir).output,
+             Contains("--init-from starts a run from published weights and --resume continues one"));
+  CHECK_THAT(run(cli() + still + " ck5 --init-from w/model.safetensors --tokenizer byte", dir).output,
+             Contains("--init-from w/model.safetensors has a vocabulary of 29, the data's byte tokenizer 256 ids"));
 }

@@ -104,7 +104,7 @@ TEST_CASE("progress: an evaluation clears the bar, prints a line, and the bar co
   CHECK(text.find("step 6/10", eval) != std::string::npos);
 }
 
-TEST_CASE("progress: without a terminal, a line every log_every steps and at the last; 0 for none", "[train][progress]") {
+TEST_CASE("progress: without a terminal, a line every log_every steps and at the last, 0 for none", "[train][progress]") {
   const auto text = drive({.tty = false, .log_every = 30}, 100);
   std::istringstream in(text);
   std::vector<std::string> lines;

@@ -82,7 +82,7 @@ struct checkpoint_every {
     const std::int64_t most = agreed[0], least = -agreed[1];
     if (most < 0) return;  // a fresh run
     decentrain::detail::check(least >= 0, "checkpoint_every: some peers have checkpoints in ", dir,
-                              " and others have none (peer ", rank, " has ", mine.size(),
+                              " and others have none (as peer ", rank, " sees ", dir, ": ", who_has(world),
                               "); resume needs every peer's, or start with an empty directory");
     decentrain::detail::check(std::binary_search(mine.begin(), mine.end(), least), "checkpoint_every: peer ", rank,
                               " has no checkpoint of step ", least, ", the newest step every peer has (it has ",
@@ -151,6 +151,23 @@ struct checkpoint_every {
   }
 
  private:
+  // Which peers of a run of `world` have checkpoints in dir (machines that share no directory
+  // each see their own): "peers 0, 1 have some, 2, 3 have none".
+  std::string who_has(int world) const {
+    std::string have, lack;
+    int listed = 0;
+    for (int r = 0; r < world; ++r) {
+      auto& list = saved_steps(r, world).empty() ? lack : have;
+      if (++listed > 64) {  // a world of thousands: enough to see the pattern
+        list += ", ...";
+        break;
+      }
+      list += (list.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return "peers " + (have.empty() ? std::string("none") : have) + " have some, " + (lack.empty() ? std::string("none") : lack) +
+           " have none";
+  }
+
   static std::string describe(const std::vector<std::int64_t>& steps) {
     if (steps.empty()) return "none";
     std::string s = "steps";
