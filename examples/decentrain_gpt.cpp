@@ -18,6 +18,8 @@
 // `decentrain-gpt help` lists every option with its default; options are written --name value or
 // --name=value, and may come from a TOML file (--config run.toml) that the command line overrides.
 #include "cli/options.hpp"
+#include "cli/run_status.hpp"
+#include "cli/status_server.hpp"
 
 #include <decentrain/decentrain.hpp>
 
@@ -166,6 +168,12 @@ void declare_train(CLI::App& cmd) {
       ->group(output);
   cli::flag(cmd, "quiet", "no progress, evaluations or model description: warnings, errors and\nthe summary only")
       ->group(output);
+  cli::integer(cmd, "status-port", "P",
+               "serve a status page (loss curves, a table of the peers; JSON at /metrics) on\n"
+               "this port while training; 0: any free port (the address is printed)",
+               std::nullopt, 0, 65535)
+      ->group(output);
+  cli::text(cmd, "status-host", "ADDRESS", "where --status-port listens (0.0.0.0: every interface)", "127.0.0.1")->group(output);
 
   const std::string checkpoints = "Checkpoints (every mode; one process alone is peer 0 of 1)";
   cli::text(cmd, "checkpoint-dir", "DIR",
@@ -821,7 +829,12 @@ struct train_plan {
   dt::collective::any_aggregator aggregator;
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
   std::shared_ptr<const dt::io::named_tensors> init;  // --init-from: every peer starts from these weights
+  int status_port = -1;  // --status-port; -1: no status page
+  std::string status_host;
 };
+
+// The peers the plan starts with (MPI: known once it starts; 0 until then).
+int world_size_of(const train_plan& p) { return p.mode == launch::tcp ? p.tcp.world : p.world; }
 
 // Over TCP or MPI every process writes its own metrics: "{rank}" in the path becomes the rank,
 // or, with several peers, ".rank-R" goes before the extension.
@@ -954,7 +967,19 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::optional<dt::transport::in_process> network;  // --peers
   std::optional<dt::transport::tcp> tcp_peer;  // --listen: its counters end the summary
+  // --status-port: the page lives as long as the training (the server goes before the status).
+  std::optional<cli::run_status> status;
+  std::optional<cli::status_server> server;
+  if (p.status_port >= 0) {
+    auto config = p.run;
+    config.add("comm", Comm::name).add("world", world_size_of(p));
+    status.emplace(config.str(), p.trainer.steps);
+    server.emplace(p.status_host, p.status_port, [&status] { return status->json(); });
+    std::printf("status page: http://%s:%d/\n", p.status_host.c_str(), server->port());
+    std::fflush(stdout);
+  }
   auto setup = [&](Trainer& t) {
+    if (status) status->attach(t);
     if (p.init) dt::train::import_gpt2_weights(t.model(), *p.init);  // before fit: the policies start from them
     if (p.checkpoints.resume && !p.quiet) announce_resume(t);
     if (metrics) metrics->attach(t);
@@ -1234,6 +1259,8 @@ int cmd_train(const options& opt) {
                     "--resume needs --checkpoint-dir (Ctrl-C without one saves to ./checkpoints)");
   p.metrics = opt.text("metrics");
   p.quiet = opt.flag("quiet");
+  if (opt.has("status-port")) p.status_port = static_cast<int>(opt.integer("status-port"));
+  p.status_host = opt.text("status-host");
   p.log_every = opt.integer("log-every");
   p.elastic = opt.flag("elastic");
   if (p.elastic) {

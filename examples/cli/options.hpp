@@ -255,6 +255,7 @@ inline std::vector<std::string> config_arguments(const CLI::App& app, const CLI:
 // usage_error for anything the user got wrong, CLI::CallForHelp for --help.
 inline void parse(CLI::App& app, CLI::App& cmd, int argc, char** argv) {
   std::vector<std::string> args{cmd.get_name()};
+  std::size_t from_files = 0;  // config arguments so far: a later --config's come after (and win)
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     std::string file;
@@ -271,7 +272,8 @@ inline void parse(CLI::App& app, CLI::App& cmd, int argc, char** argv) {
       } catch (const decentrain::error& e) {
         throw usage_error(e.what());
       }
-      args.insert(args.begin() + 1, from_file.begin(), from_file.end());
+      args.insert(args.begin() + 1 + static_cast<std::ptrdiff_t>(from_files), from_file.begin(), from_file.end());
+      from_files += from_file.size();
     }
   }
   for (int i = 2; i < argc; ++i) {

@@ -7,6 +7,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -1023,6 +1026,8 @@ TEST_CASE("train --config: options from a TOML file, overridden by the command l
                                        "eval-batches = 1\nmetrics = ''\n";
   CHECK_THAT(run(cli() + " train --config quiet.toml", dir).output, !Contains("model:"));
   CHECK_THAT(run(cli() + " train --config quiet.toml --quiet=false", dir).output, Contains("model:"));  // a flag undone
+  std::ofstream(dir / "loud.toml") << "quiet = false\n";
+  CHECK_THAT(run(cli() + " train --config quiet.toml --config loud.toml", dir).output, Contains("model:"));  // the later file wins
 
   // A resumed run refuses a shape or policy that contradicts its checkpoint, naming both.
   auto again = run(cli() + " train --config run.toml --steps 6 --resume --n-layer 2", dir);
@@ -1158,4 +1163,78 @@ TEST_CASE("export writes a checkpoint as GPT-2 weights, eval reads either on sha
              Contains("--init-from starts a run from published weights and --resume continues one"));
   CHECK_THAT(run(cli() + still + " ck5 --init-from w/model.safetensors --tokenizer byte", dir).output,
              Contains("--init-from w/model.safetensors has a vocabulary of 29, the data's byte tokenizer 256 ids"));
+}
+
+namespace {
+// One HTTP/1.0 exchange with 127.0.0.1:port: what the server sent before it closed.
+std::string http(std::uint16_t port, const std::string& request) {
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::error_code ec;
+  asio::write(s, asio::buffer(request), ec);  // a server that stops reading may reset the connection
+  ec = {};
+  std::string out;
+  char buf[4096];
+  while (!ec) out.append(buf, s.read_some(asio::buffer(buf), ec));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("train --status-port: a live status page and its JSON, bounded against what clients send", "[cli][status]") {
+  const auto dir = scratch("status");
+  // Long enough to be looked at; stopped with Ctrl-C (SIGINT to this process only) at the end.
+  REQUIRE(run("(timeout 120 " + cli() +
+                  " train --peers 2 --steps 1000000 --n-layer 2 --n-embd 64 --n-head 2 --block-size 64 --batch-size 8"
+                  " --eval-every 50 --eval-batches 1 --metrics '' --quiet --status-port 0 > out.txt 2>&1 & echo $! > pid)",
+              dir)
+              .status == 0);
+  std::uint16_t port = 0;
+  for (int i = 0; i < 100 && port == 0; ++i) {
+    const auto out = read_text(dir / "out.txt");
+    if (const auto at = out.find("status page: http://127.0.0.1:"); at != std::string::npos)
+      port = static_cast<std::uint16_t>(std::stoi(out.substr(at + 30)));
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(port != 0);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto metrics = [&] {
+    const auto r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    REQUIRE(r.rfind("HTTP/1.0 200 OK\r\n", 0) == 0);
+    CHECK_THAT(r, Contains("Content-Type: application/json"));
+    return dt::io::parse_json(r.substr(r.find("\r\n\r\n") + 4));
+  };
+  const auto first = metrics();
+  REQUIRE(first.at("peers").items.size() == 2);
+  CHECK(first.at("total_steps").as_int() == 1000000);
+  CHECK(first.at("config").at("mode").as_string() == "in-process");
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto later = metrics();
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& p = later.at("peers").items[i];
+    CHECK(p.at("rank").as_int() == static_cast<std::int64_t>(i));
+    CHECK(p.at("step").as_int() > first.at("peers").items[i].at("step").as_int());  // live
+    CHECK(p.at("curve").items.size() > first.at("peers").items[i].at("curve").items.size());
+    CHECK(p.at("bytes_sent").as_int() > 0);
+  }
+  const auto page = http(port, "GET / HTTP/1.0\r\n\r\n");
+  CHECK_THAT(page, Contains("Content-Type: text/html") && Contains("<canvas id=\"curve\"") && Contains("fetch(\"/metrics\""));
+  CHECK_THAT(http(port, "GET /nope HTTP/1.0\r\n\r\n"), Contains("404 Not Found"));
+  CHECK_THAT(http(port, "POST /metrics HTTP/1.0\r\n\r\n"), Contains("405 Method Not Allowed"));
+  // A request that never ends is cut at 8 KiB; one that stalls, at its 5 s deadline: answered with
+  // nothing, and the page goes on serving.
+  CHECK(http(port, std::string(20000, 'x')).empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(http(port, "GET /metrics HTTP/1.0\r\n").empty());
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(waited >= 4.5);
+  CHECK(waited < 8);
+  CHECK(metrics().at("peers").items.size() == 2);
+
+  const auto pid = std::stoi(read_text(dir / "pid"));
+  REQUIRE(::kill(pid, SIGINT) == 0);
+  for (int i = 0; i < 300 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(::kill(pid, 0) != 0);
+  CHECK_THAT(read_text(dir / "out.txt"), Contains("interrupted at step"));
 }
