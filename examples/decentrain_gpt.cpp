@@ -1516,7 +1516,7 @@ int cmd_sample(const options& opt) {
   sampling.top_k = opt.integer("top-k");
   sampling.temperature = opt.real("temperature");
   dt::rng gen(static_cast<std::uint64_t>(opt.integer("seed")), "sample");
-  auto loaded = load_model(opt, "sampling");
+  auto loaded = load_model(opt, "sampling from");
   auto& model = loaded.model;
   auto& tok = loaded.tokenizer;
   const auto& cfg = model->config();
