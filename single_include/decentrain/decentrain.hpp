@@ -9250,8 +9250,8 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
   }
 }
 
-// The whole file, read in large blocks (a character at a time ran at 0.5 GB/s: two seconds of
-// every gigabyte of checkpoint loaded); sized up front for a regular file, grown for anything else.
+// The whole file, read in large blocks (never a character at a time: checkpoints are
+// gigabytes); sized up front for a regular file, grown for anything else.
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   decentrain::detail::check(in.good(), "cannot open ", path.string());
@@ -9542,8 +9542,8 @@ void load(Archive& ar, rng& r) {
 namespace decentrain::io {
 
 inline constexpr char checkpoint_magic[8] = {'D', 'T', 'C', 'K', 'P', 'T', '\0', '\0'};
-// The checksum's hash: 1 FNV-1a, 2 XXH64, 3 XXH3 (memory-bound: about 20 GB/s on one core where
-// FNV-1a ran at 0.65). Every earlier version is still read.
+// The checksum's hash: 1 FNV-1a, 2 XXH64, 3 XXH3 (as fast as reading the memory; see
+// bench/checksums). Every earlier version is still read.
 inline constexpr std::uint32_t checkpoint_version = 3;
 
 struct checkpoint {

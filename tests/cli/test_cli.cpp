@@ -1197,6 +1197,14 @@ TEST_CASE("train --status-port: a live status page and its JSON, bounded against
     else
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  const auto pid = std::stoi(read_text(dir / "pid"));
+  // However the test ends, the run it started is stopped (its own `timeout 120` bounds it too).
+  struct stop_run {
+    int pid;
+    ~stop_run() {
+      if (pid > 0) ::kill(pid, SIGINT);
+    }
+  } stop{pid};
   REQUIRE(port != 0);
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const auto metrics = [&] {
@@ -1232,9 +1240,9 @@ TEST_CASE("train --status-port: a live status page and its JSON, bounded against
   CHECK(waited < 8);
   CHECK(metrics().at("peers").items.size() == 2);
 
-  const auto pid = std::stoi(read_text(dir / "pid"));
   REQUIRE(::kill(pid, SIGINT) == 0);
   for (int i = 0; i < 300 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(::kill(pid, 0) != 0);
+  stop.pid = -1;  // gone: its number may be another process's from now on
   CHECK_THAT(read_text(dir / "out.txt"), Contains("interrupted at step"));
 }

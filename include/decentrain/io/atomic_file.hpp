@@ -49,8 +49,8 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
   }
 }
 
-// The whole file, read in large blocks (a character at a time ran at 0.5 GB/s: two seconds of
-// every gigabyte of checkpoint loaded); sized up front for a regular file, grown for anything else.
+// The whole file, read in large blocks (never a character at a time: checkpoints are
+// gigabytes); sized up front for a regular file, grown for anything else.
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   decentrain::detail::check(in.good(), "cannot open ", path.string());

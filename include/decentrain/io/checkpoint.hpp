@@ -25,8 +25,8 @@
 namespace decentrain::io {
 
 inline constexpr char checkpoint_magic[8] = {'D', 'T', 'C', 'K', 'P', 'T', '\0', '\0'};
-// The checksum's hash: 1 FNV-1a, 2 XXH64, 3 XXH3 (memory-bound: about 20 GB/s on one core where
-// FNV-1a ran at 0.65). Every earlier version is still read.
+// The checksum's hash: 1 FNV-1a, 2 XXH64, 3 XXH3 (as fast as reading the memory; see
+// bench/checksums). Every earlier version is still read.
 inline constexpr std::uint32_t checkpoint_version = 3;
 
 struct checkpoint {
