@@ -27,6 +27,13 @@
 #define DECENTRAIN_HAS_CBLAS 0
 #endif
 
+// DECENTRAIN_COMPILED_LIB (set by the CMake target decentrain::compiled, which links the
+// library compiled from src/compiled_cpu.cpp): the CPU instantiations a trainer needs whatever
+// its policies (the GPT on the CPU with every op and kernel of its forward and backward passes,
+// AdamW, gradient clipping) are declared `extern template` next to their templates, so a program
+// takes them from that library instead of compiling them again: a build-time switch only, the
+// same code runs either way. Without it the library is header-only.
+
 // OpenMP pragmas go through this macro so that a build without -fopenmp sees no unknown
 // pragma (which -Wall -Werror would reject) and simply runs single-threaded.
 #if defined(_OPENMP)

@@ -34,6 +34,13 @@
 #define DECENTRAIN_HAS_CBLAS 0
 #endif
 
+// DECENTRAIN_COMPILED_LIB (set by the CMake target decentrain::compiled, which links the
+// library compiled from src/compiled_cpu.cpp): the CPU instantiations a trainer needs whatever
+// its policies (the GPT on the CPU with every op and kernel of its forward and backward passes,
+// AdamW, gradient clipping) are declared `extern template` next to their templates, so a program
+// takes them from that library instead of compiling them again: a build-time switch only, the
+// same code runs either way. Without it the library is header-only.
+
 // OpenMP pragmas go through this macro so that a build without -fopenmp sees no unknown
 // pragma (which -Wall -Werror would reject) and simply runs single-threaded.
 #if defined(_OPENMP)
@@ -8639,26 +8646,15 @@ class gpt {
 
   // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
   // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
-  gpt(const gpt_config& cfg, rng& init) : cfg_(cfg) {
-    cfg_.validate();
-    wte_ = params_.add("wte.weight", parameter(randn<Device>(shape{cfg.vocab_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
-    wpe_ = params_.add("wpe.weight", parameter(randn<Device>(shape{cfg.block_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
-    for (std::int64_t l = 0; l < cfg.n_layer; ++l)
-      blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
-    ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
-  }
+  gpt(const gpt_config& cfg, rng& init);
 
   // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only
   // when `dropout_rng` is given and the configuration has a non-zero rate.
-  var<Device> logits(const tensor<Device>& idx, rng* dropout_rng = nullptr) const {
-    return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
-  }
+  var<Device> logits(const tensor<Device>& idx, rng* dropout_rng = nullptr) const;
 
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1. The head
   // and the loss are one op (linear_cross_entropy), so the (B, T, V) logits are never kept.
-  var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const {
-    return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
-  }
+  var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const;
 
   // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
   // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
@@ -8675,35 +8671,7 @@ class gpt {
 
  private:
   // The last layer norm's output (B, T, C) in the compute dtype: what the tied head multiplies.
-  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const {
-    detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
-    const std::int64_t B = idx.size(0), T = idx.size(1);
-    detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
-                  " is outside [1, block_size = ", cfg_.block_size, "]");
-    auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
-    auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
-    x = maybe_dropout(x, dropout_rng);
-    // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32, as
-    // under autocast; each layer norm stores its output in bf16, so the branch's products,
-    // attention and GELU read and keep bf16 activations, and the next layer norm adds the
-    // branch's bf16 output to the f32 stream. On the GPU those conversions happen inside the
-    // layer norm kernels; elsewhere the op makes them around its kernel, with the same values.
-    // Each branch's output is added to the residual stream by the next layer norm, which
-    // normalises the sum in the same pass (x = x + branch; ln(x)).
-    var<Device> branch;
-    const auto norm = [&](const layer_norm_layer<Device>& ln) {
-      if (!branch.defined()) return ln(x, compute_);
-      auto [sum, normed] = ln(x, branch, compute_);
-      x = std::move(sum);
-      branch = var<Device>();
-      return normed;
-    };
-    for (const auto& block : blocks_) {
-      branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
-      branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
-    }
-    return norm(*ln_f_);
-  }
+  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const;
 
   var<Device> maybe_dropout(const var<Device>& x, rng* gen) const {
     if (gen == nullptr || cfg_.dropout == 0.0) return x;
@@ -8717,6 +8685,64 @@ class gpt {
   std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;
   std::optional<layer_norm_layer<Device>> ln_f_;
 };
+
+// Defined out of the class, so not inline: a program built with DECENTRAIN_COMPILED_LIB takes
+// gpt<cpu>'s forward pass (and with it every op and kernel it calls) from the compiled library
+// instead of compiling it again (see config.hpp).
+template <class Device>
+gpt<Device>::gpt(const gpt_config& cfg, rng& init) : cfg_(cfg) {
+  cfg_.validate();
+  wte_ = params_.add("wte.weight", parameter(randn<Device>(shape{cfg.vocab_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
+  wpe_ = params_.add("wpe.weight", parameter(randn<Device>(shape{cfg.block_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
+  for (std::int64_t l = 0; l < cfg.n_layer; ++l)
+    blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
+  ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
+}
+
+template <class Device>
+var<Device> gpt<Device>::logits(const tensor<Device>& idx, rng* dropout_rng) const {
+  return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+}
+
+template <class Device>
+var<Device> gpt<Device>::loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng) const {
+  return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
+}
+
+template <class Device>
+var<Device> gpt<Device>::hidden(const tensor<Device>& idx, rng* dropout_rng) const {
+  detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
+  const std::int64_t B = idx.size(0), T = idx.size(1);
+  detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
+                " is outside [1, block_size = ", cfg_.block_size, "]");
+  auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
+  auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
+  x = maybe_dropout(x, dropout_rng);
+  // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32, as
+  // under autocast; each layer norm stores its output in bf16, so the branch's products,
+  // attention and GELU read and keep bf16 activations, and the next layer norm adds the
+  // branch's bf16 output to the f32 stream. On the GPU those conversions happen inside the
+  // layer norm kernels; elsewhere the op makes them around its kernel, with the same values.
+  // Each branch's output is added to the residual stream by the next layer norm, which
+  // normalises the sum in the same pass (x = x + branch; ln(x)).
+  var<Device> branch;
+  const auto norm = [&](const layer_norm_layer<Device>& ln) {
+    if (!branch.defined()) return ln(x, compute_);
+    auto [sum, normed] = ln(x, branch, compute_);
+    x = std::move(sum);
+    branch = var<Device>();
+    return normed;
+  };
+  for (const auto& block : blocks_) {
+    branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
+    branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
+  }
+  return norm(*ln_f_);
+}
+
+#if defined(DECENTRAIN_COMPILED_LIB)
+extern template class gpt<cpu>;
+#endif
 
 }  // namespace decentrain::nn
 // ---- end decentrain/nn/gpt.hpp ----
@@ -8904,32 +8930,7 @@ class adamw {
 
   // One update of every parameter that has a gradient (others are skipped, as in PyTorch), all
   // of one master type in one multi-tensor kernel call.
-  void step() {
-    detail_check_size();
-    std::vector<tensor<Device>> grads;  // contiguous copies live until the kernels are queued
-    std::vector<kernels::adamw_tensor<float>> f32;
-    std::vector<kernels::adamw_tensor<double>> f64;
-    std::size_t i = 0;
-    for (auto& e : *params_) {
-      auto& moments = slots_[i++];
-      if (!e.param.grad().defined()) continue;
-      ++moments.step;
-      const double wd = moments.decay ? options_.weight_decay : 0.0;
-      grads.push_back(e.param.grad().contiguous());
-      const auto& grad = grads.back();
-      optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
-        using T = decltype(tag);
-        kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
-                                   moments.m.template data<T>(), moments.v.template data<T>(), e.param.value().numel(),
-                                   moments.step, wd};
-        if constexpr (std::is_same_v<T, float>) f32.push_back(t);
-        else f64.push_back(t);
-      });
-    }
-    const kernels::adamw_hyper hyper{options_.lr, options_.beta1, options_.beta2, options_.eps};
-    if (!f32.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<float>>(f32), hyper);
-    if (!f64.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<double>>(f64), hyper);
-  }
+  void step();
 
   void set_lr(double lr) {
     decentrain::detail::check(lr >= 0.0, "adamw: lr must be >= 0, got ", lr);
@@ -8999,6 +9000,39 @@ class adamw {
   std::vector<slot> slots_;
 };
 
+// Out of the class, so not inline: see DECENTRAIN_COMPILED_LIB in config.hpp.
+template <class Device>
+void adamw<Device>::step() {
+  detail_check_size();
+  std::vector<tensor<Device>> grads;  // contiguous copies live until the kernels are queued
+  std::vector<kernels::adamw_tensor<float>> f32;
+  std::vector<kernels::adamw_tensor<double>> f64;
+  std::size_t i = 0;
+  for (auto& e : *params_) {
+    auto& moments = slots_[i++];
+    if (!e.param.grad().defined()) continue;
+    ++moments.step;
+    const double wd = moments.decay ? options_.weight_decay : 0.0;
+    grads.push_back(e.param.grad().contiguous());
+    const auto& grad = grads.back();
+    optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
+      using T = decltype(tag);
+      kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
+                                 moments.m.template data<T>(), moments.v.template data<T>(), e.param.value().numel(),
+                                 moments.step, wd};
+      if constexpr (std::is_same_v<T, float>) f32.push_back(t);
+      else f64.push_back(t);
+    });
+  }
+  const kernels::adamw_hyper hyper{options_.lr, options_.beta1, options_.beta2, options_.eps};
+  if (!f32.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<float>>(f32), hyper);
+  if (!f64.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<double>>(f64), hyper);
+}
+
+#if defined(DECENTRAIN_COMPILED_LIB)
+extern template class adamw<cpu>;
+#endif
+
 }  // namespace decentrain::optim
 // ---- end decentrain/optim/adamw.hpp ----
 // ---- begin decentrain/optim/clip.hpp ----
@@ -9060,6 +9094,10 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   }
   return norm;
 }
+
+#if defined(DECENTRAIN_COMPILED_LIB)
+extern template double clip_grad_norm<cpu>(parameter_list<cpu>&, double);  // see config.hpp
+#endif
 
 }  // namespace decentrain::optim
 // ---- end decentrain/optim/clip.hpp ----
@@ -14310,19 +14348,7 @@ class communicator {
   // ranks, the same number of times; ranks index the group in ascending order. Its bytes also
   // count in this communicator's traffic(). This communicator must outlive the group's and must
   // not move while it exists.
-  communicator<transport::any_endpoint> group(std::vector<int> ranks) {
-    std::sort(ranks.begin(), ranks.end());
-    decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
-                              "communicator: a group lists a rank twice");
-    const std::uint32_t earlier = groups_made_[ranks]++;
-    const auto channel = group_channel(channel_ ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(earlier)), ranks);
-    std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
-    transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
-    communicator<transport::any_endpoint> g(std::move(view), opts_);
-    g.rollup_ = rollup_;
-    g.rollup_.push_back(&counters_);
-    return g;
-  }
+  communicator<transport::any_endpoint> group(std::vector<int> ranks);
 
   // ---- pairwise messages ----
 
@@ -14605,67 +14631,12 @@ class communicator {
   // are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
-  void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
-    agree_on_ring_sizes();
-    const int n = world(), r = rank();
-    const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
-                      extra = total % static_cast<std::size_t>(n);
-    auto seg_begin = [&](int s) {
-      const auto k = static_cast<std::size_t>((s % n + n) % n);
-      return k * base + std::min(k, extra);
-    };
-    auto seg_size = [&](int s) {
-      const auto k = static_cast<std::size_t>((s % n + n) % n);
-      return base + (k < extra ? 1 : 0);
-    };
-    const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
-    const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
-    const std::size_t window = std::max<std::size_t>(1, opts_.window_bytes / (chunk * sizeof(T)));  // chunks
-    auto piece = [&](int s, std::size_t c) {
-      const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
-      return data.subspan(seg_begin(s) + from, to - from);
-    };
-    const auto in = scratch<T>(std::min(chunks, window) * chunk);
-    std::vector<std::span<const std::byte>> outs;
-    std::vector<std::span<std::byte>> ins;
-    // Sends chunks [first, last) of segment `out_seg`, receives those of `in_seg`: added into
-    // place when `reduce`, else written there.
-    auto step = [&](std::size_t first, std::size_t last, int out_seg, int in_seg, bool reduce) {
-      outs.clear();
-      ins.clear();
-      for (std::size_t c = first; c < last; ++c) {
-        outs.push_back(std::as_bytes(piece(out_seg, c)));
-        const auto dst = piece(in_seg, c);
-        ins.push_back(reduce ? std::as_writable_bytes(in.subspan((c - first) * chunk, dst.size())) : std::as_writable_bytes(dst));
-      }
-      transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
-        check_size(got, ins[i].size(), left(), "all_reduce");
-        count_received(got);
-        if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
-      });
-      for (const auto& o : outs) count_sent(o.size());
-    };
-    for (std::size_t first = 0; first < chunks; first += window) {
-      const std::size_t last = std::min(chunks, first + window);
-      for (int s = 0; s < n - 1; ++s) step(first, last, r - s, r - s - 1, true);  // reduce-scatter: segment r+1 ends reduced here
-      for (int s = 0; s < n - 1; ++s) step(first, last, r + 1 - s, r - s, false);  // all-gather, straight into place
-    }
-  }
+  void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
 
   // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
   // the same size, from other chunks or steps) and add them up without noticing: before the
   // first ring all-reduce the peers compare the sizes they use.
-  void agree_on_ring_sizes() {
-    if (ring_sizes_agreed_) return;
-    const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
-    std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
-    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
-    decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
-                              "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
-                              sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
-                              "): every peer must be given the same collective::options");
-    ring_sizes_agreed_ = true;
-  }
+  void agree_on_ring_sizes();
 
   // Recursive doubling: in round k every peer swaps its partial result with the peer whose rank
   // differs in bit k, and both combine the two, so after log2(P) rounds the P = 2^floor(log2 N)
@@ -14675,26 +14646,7 @@ class communicator {
   // back from it at the end. The lower ranks' part is always the left operand, so every peer
   // ends with the same bits. Each round sends the whole buffer, hence only for small buffers.
   template <class T>
-  void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
-    const int n = world(), r = rank();
-    const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
-    if (r >= p) {
-      send(r - p, tag, std::span<const T>(data));
-      receive(r - p, data, tag, "all_reduce");
-      return;
-    }
-    auto in = scratch<T>(data.size());
-    if (r + p < n) {
-      receive(r + p, in, tag, "all_reduce");
-      combine(data, std::span<const T>(in), op);
-    }
-    for (int mask = 1; mask < p; mask <<= 1) {
-      const int partner = r ^ mask;
-      exchange(partner, std::span<const T>(data), partner, in, tag, "all_reduce");
-      combine(data, std::span<const T>(in), op, partner < r);
-    }
-    if (r + p < n) send(r + p, tag, std::span<const T>(data));
-  }
+  void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
 
   std::unique_ptr<Endpoint> owned_;  // a group's view; empty for a communicator over a given endpoint
   Endpoint* ep_;
@@ -14713,6 +14665,123 @@ class communicator {
   };
   std::vector<scratch_block> scratch_;
 };
+
+// The members below are defined out of the class, so not inline: a program built with
+// DECENTRAIN_COMPILED_LIB takes them for communicator<any_endpoint> (what every policy of the
+// trainer uses) and the element types below from the compiled library (see config.hpp).
+
+template <transport::endpoint Endpoint>
+communicator<transport::any_endpoint> communicator<Endpoint>::group(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
+                            "communicator: a group lists a rank twice");
+  const std::uint32_t earlier = groups_made_[ranks]++;
+  const auto channel = group_channel(channel_ ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(earlier)), ranks);
+  std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
+  transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
+  communicator<transport::any_endpoint> g(std::move(view), opts_);
+  g.rollup_ = rollup_;
+  g.rollup_.push_back(&counters_);
+  return g;
+}
+
+template <transport::endpoint Endpoint>
+template <class T>
+void communicator<Endpoint>::ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+  agree_on_ring_sizes();
+  const int n = world(), r = rank();
+  const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
+                    extra = total % static_cast<std::size_t>(n);
+  auto seg_begin = [&](int s) {
+    const auto k = static_cast<std::size_t>((s % n + n) % n);
+    return k * base + std::min(k, extra);
+  };
+  auto seg_size = [&](int s) {
+    const auto k = static_cast<std::size_t>((s % n + n) % n);
+    return base + (k < extra ? 1 : 0);
+  };
+  const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
+  const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
+  const std::size_t window = std::max<std::size_t>(1, opts_.window_bytes / (chunk * sizeof(T)));  // chunks
+  auto piece = [&](int s, std::size_t c) {
+    const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
+    return data.subspan(seg_begin(s) + from, to - from);
+  };
+  const auto in = scratch<T>(std::min(chunks, window) * chunk);
+  std::vector<std::span<const std::byte>> outs;
+  std::vector<std::span<std::byte>> ins;
+  // Sends chunks [first, last) of segment `out_seg`, receives those of `in_seg`: added into
+  // place when `reduce`, else written there.
+  auto step = [&](std::size_t first, std::size_t last, int out_seg, int in_seg, bool reduce) {
+    outs.clear();
+    ins.clear();
+    for (std::size_t c = first; c < last; ++c) {
+      outs.push_back(std::as_bytes(piece(out_seg, c)));
+      const auto dst = piece(in_seg, c);
+      ins.push_back(reduce ? std::as_writable_bytes(in.subspan((c - first) * chunk, dst.size())) : std::as_writable_bytes(dst));
+    }
+    transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
+      check_size(got, ins[i].size(), left(), "all_reduce");
+      count_received(got);
+      if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
+    });
+    for (const auto& o : outs) count_sent(o.size());
+  };
+  for (std::size_t first = 0; first < chunks; first += window) {
+    const std::size_t last = std::min(chunks, first + window);
+    for (int s = 0; s < n - 1; ++s) step(first, last, r - s, r - s - 1, true);  // reduce-scatter: segment r+1 ends reduced here
+    for (int s = 0; s < n - 1; ++s) step(first, last, r + 1 - s, r - s, false);  // all-gather, straight into place
+  }
+}
+
+template <transport::endpoint Endpoint>
+void communicator<Endpoint>::agree_on_ring_sizes() {
+  if (ring_sizes_agreed_) return;
+  const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
+  std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
+  recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
+  decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
+                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
+                            sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
+                            "): every peer must be given the same collective::options");
+  ring_sizes_agreed_ = true;
+}
+
+template <transport::endpoint Endpoint>
+template <class T>
+void communicator<Endpoint>::recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+  const int n = world(), r = rank();
+  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+  if (r >= p) {
+    send(r - p, tag, std::span<const T>(data));
+    receive(r - p, data, tag, "all_reduce");
+    return;
+  }
+  auto in = scratch<T>(data.size());
+  if (r + p < n) {
+    receive(r + p, in, tag, "all_reduce");
+    combine(data, std::span<const T>(in), op);
+  }
+  for (int mask = 1; mask < p; mask <<= 1) {
+    const int partner = r ^ mask;
+    exchange(partner, std::span<const T>(data), partner, in, tag, "all_reduce");
+    combine(data, std::span<const T>(in), op, partner < r);
+  }
+  if (r + p < n) send(r + p, tag, std::span<const T>(data));
+}
+
+// The element types whose all-reduce the compiled library holds.
+#define DECENTRAIN_REDUCIBLE_TYPES(X) X(float) X(double) X(std::int32_t) X(std::int64_t) X(std::uint64_t)
+
+#if defined(DECENTRAIN_COMPILED_LIB)
+extern template class communicator<transport::any_endpoint>;
+#define DECENTRAIN_EXTERN_ALL_REDUCE(T)                                                                                   \
+  extern template void communicator<transport::any_endpoint>::ring_all_reduce<T>(std::span<T>, reduce_op, transport::tag_type); \
+  extern template void communicator<transport::any_endpoint>::recursive_doubling_all_reduce<T>(std::span<T>, reduce_op,      \
+                                                                                               transport::tag_type);
+DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
+#undef DECENTRAIN_EXTERN_ALL_REDUCE
+#endif
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/communicator.hpp ----

@@ -253,19 +253,7 @@ class communicator {
   // ranks, the same number of times; ranks index the group in ascending order. Its bytes also
   // count in this communicator's traffic(). This communicator must outlive the group's and must
   // not move while it exists.
-  communicator<transport::any_endpoint> group(std::vector<int> ranks) {
-    std::sort(ranks.begin(), ranks.end());
-    decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
-                              "communicator: a group lists a rank twice");
-    const std::uint32_t earlier = groups_made_[ranks]++;
-    const auto channel = group_channel(channel_ ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(earlier)), ranks);
-    std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
-    transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
-    communicator<transport::any_endpoint> g(std::move(view), opts_);
-    g.rollup_ = rollup_;
-    g.rollup_.push_back(&counters_);
-    return g;
-  }
+  communicator<transport::any_endpoint> group(std::vector<int> ranks);
 
   // ---- pairwise messages ----
 
@@ -548,67 +536,12 @@ class communicator {
   // are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
-  void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
-    agree_on_ring_sizes();
-    const int n = world(), r = rank();
-    const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
-                      extra = total % static_cast<std::size_t>(n);
-    auto seg_begin = [&](int s) {
-      const auto k = static_cast<std::size_t>((s % n + n) % n);
-      return k * base + std::min(k, extra);
-    };
-    auto seg_size = [&](int s) {
-      const auto k = static_cast<std::size_t>((s % n + n) % n);
-      return base + (k < extra ? 1 : 0);
-    };
-    const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
-    const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
-    const std::size_t window = std::max<std::size_t>(1, opts_.window_bytes / (chunk * sizeof(T)));  // chunks
-    auto piece = [&](int s, std::size_t c) {
-      const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
-      return data.subspan(seg_begin(s) + from, to - from);
-    };
-    const auto in = scratch<T>(std::min(chunks, window) * chunk);
-    std::vector<std::span<const std::byte>> outs;
-    std::vector<std::span<std::byte>> ins;
-    // Sends chunks [first, last) of segment `out_seg`, receives those of `in_seg`: added into
-    // place when `reduce`, else written there.
-    auto step = [&](std::size_t first, std::size_t last, int out_seg, int in_seg, bool reduce) {
-      outs.clear();
-      ins.clear();
-      for (std::size_t c = first; c < last; ++c) {
-        outs.push_back(std::as_bytes(piece(out_seg, c)));
-        const auto dst = piece(in_seg, c);
-        ins.push_back(reduce ? std::as_writable_bytes(in.subspan((c - first) * chunk, dst.size())) : std::as_writable_bytes(dst));
-      }
-      transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
-        check_size(got, ins[i].size(), left(), "all_reduce");
-        count_received(got);
-        if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
-      });
-      for (const auto& o : outs) count_sent(o.size());
-    };
-    for (std::size_t first = 0; first < chunks; first += window) {
-      const std::size_t last = std::min(chunks, first + window);
-      for (int s = 0; s < n - 1; ++s) step(first, last, r - s, r - s - 1, true);  // reduce-scatter: segment r+1 ends reduced here
-      for (int s = 0; s < n - 1; ++s) step(first, last, r + 1 - s, r - s, false);  // all-gather, straight into place
-    }
-  }
+  void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
 
   // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
   // the same size, from other chunks or steps) and add them up without noticing: before the
   // first ring all-reduce the peers compare the sizes they use.
-  void agree_on_ring_sizes() {
-    if (ring_sizes_agreed_) return;
-    const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
-    std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
-    recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
-    decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
-                              "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
-                              sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
-                              "): every peer must be given the same collective::options");
-    ring_sizes_agreed_ = true;
-  }
+  void agree_on_ring_sizes();
 
   // Recursive doubling: in round k every peer swaps its partial result with the peer whose rank
   // differs in bit k, and both combine the two, so after log2(P) rounds the P = 2^floor(log2 N)
@@ -618,26 +551,7 @@ class communicator {
   // back from it at the end. The lower ranks' part is always the left operand, so every peer
   // ends with the same bits. Each round sends the whole buffer, hence only for small buffers.
   template <class T>
-  void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
-    const int n = world(), r = rank();
-    const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
-    if (r >= p) {
-      send(r - p, tag, std::span<const T>(data));
-      receive(r - p, data, tag, "all_reduce");
-      return;
-    }
-    auto in = scratch<T>(data.size());
-    if (r + p < n) {
-      receive(r + p, in, tag, "all_reduce");
-      combine(data, std::span<const T>(in), op);
-    }
-    for (int mask = 1; mask < p; mask <<= 1) {
-      const int partner = r ^ mask;
-      exchange(partner, std::span<const T>(data), partner, in, tag, "all_reduce");
-      combine(data, std::span<const T>(in), op, partner < r);
-    }
-    if (r + p < n) send(r + p, tag, std::span<const T>(data));
-  }
+  void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
 
   std::unique_ptr<Endpoint> owned_;  // a group's view; empty for a communicator over a given endpoint
   Endpoint* ep_;
@@ -656,5 +570,122 @@ class communicator {
   };
   std::vector<scratch_block> scratch_;
 };
+
+// The members below are defined out of the class, so not inline: a program built with
+// DECENTRAIN_COMPILED_LIB takes them for communicator<any_endpoint> (what every policy of the
+// trainer uses) and the element types below from the compiled library (see config.hpp).
+
+template <transport::endpoint Endpoint>
+communicator<transport::any_endpoint> communicator<Endpoint>::group(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  decentrain::detail::check(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
+                            "communicator: a group lists a rank twice");
+  const std::uint32_t earlier = groups_made_[ranks]++;
+  const auto channel = group_channel(channel_ ^ static_cast<std::uint32_t>(decentrain::detail::splitmix64(earlier)), ranks);
+  std::shared_ptr<Endpoint> parent(std::shared_ptr<Endpoint>{}, ep_);  // not owned
+  transport::any_endpoint view(group_view<Endpoint>(parent, std::move(ranks), channel));
+  communicator<transport::any_endpoint> g(std::move(view), opts_);
+  g.rollup_ = rollup_;
+  g.rollup_.push_back(&counters_);
+  return g;
+}
+
+template <transport::endpoint Endpoint>
+template <class T>
+void communicator<Endpoint>::ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+  agree_on_ring_sizes();
+  const int n = world(), r = rank();
+  const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
+                    extra = total % static_cast<std::size_t>(n);
+  auto seg_begin = [&](int s) {
+    const auto k = static_cast<std::size_t>((s % n + n) % n);
+    return k * base + std::min(k, extra);
+  };
+  auto seg_size = [&](int s) {
+    const auto k = static_cast<std::size_t>((s % n + n) % n);
+    return base + (k < extra ? 1 : 0);
+  };
+  const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
+  const std::size_t chunks = (base + (extra ? 1 : 0) + chunk - 1) / chunk;
+  const std::size_t window = std::max<std::size_t>(1, opts_.window_bytes / (chunk * sizeof(T)));  // chunks
+  auto piece = [&](int s, std::size_t c) {
+    const std::size_t size = seg_size(s), from = std::min(size, c * chunk), to = std::min(size, (c + 1) * chunk);
+    return data.subspan(seg_begin(s) + from, to - from);
+  };
+  const auto in = scratch<T>(std::min(chunks, window) * chunk);
+  std::vector<std::span<const std::byte>> outs;
+  std::vector<std::span<std::byte>> ins;
+  // Sends chunks [first, last) of segment `out_seg`, receives those of `in_seg`: added into
+  // place when `reduce`, else written there.
+  auto step = [&](std::size_t first, std::size_t last, int out_seg, int in_seg, bool reduce) {
+    outs.clear();
+    ins.clear();
+    for (std::size_t c = first; c < last; ++c) {
+      outs.push_back(std::as_bytes(piece(out_seg, c)));
+      const auto dst = piece(in_seg, c);
+      ins.push_back(reduce ? std::as_writable_bytes(in.subspan((c - first) * chunk, dst.size())) : std::as_writable_bytes(dst));
+    }
+    transport::exchange(*ep_, right(), outs, left(), ins, tag, [&](std::size_t i, std::size_t got) {
+      check_size(got, ins[i].size(), left(), "all_reduce");
+      count_received(got);
+      if (reduce) combine(piece(in_seg, first + i), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op);
+    });
+    for (const auto& o : outs) count_sent(o.size());
+  };
+  for (std::size_t first = 0; first < chunks; first += window) {
+    const std::size_t last = std::min(chunks, first + window);
+    for (int s = 0; s < n - 1; ++s) step(first, last, r - s, r - s - 1, true);  // reduce-scatter: segment r+1 ends reduced here
+    for (int s = 0; s < n - 1; ++s) step(first, last, r + 1 - s, r - s, false);  // all-gather, straight into place
+  }
+}
+
+template <transport::endpoint Endpoint>
+void communicator<Endpoint>::agree_on_ring_sizes() {
+  if (ring_sizes_agreed_) return;
+  const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
+  std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
+  recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
+  decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
+                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
+                            sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
+                            "): every peer must be given the same collective::options");
+  ring_sizes_agreed_ = true;
+}
+
+template <transport::endpoint Endpoint>
+template <class T>
+void communicator<Endpoint>::recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+  const int n = world(), r = rank();
+  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+  if (r >= p) {
+    send(r - p, tag, std::span<const T>(data));
+    receive(r - p, data, tag, "all_reduce");
+    return;
+  }
+  auto in = scratch<T>(data.size());
+  if (r + p < n) {
+    receive(r + p, in, tag, "all_reduce");
+    combine(data, std::span<const T>(in), op);
+  }
+  for (int mask = 1; mask < p; mask <<= 1) {
+    const int partner = r ^ mask;
+    exchange(partner, std::span<const T>(data), partner, in, tag, "all_reduce");
+    combine(data, std::span<const T>(in), op, partner < r);
+  }
+  if (r + p < n) send(r + p, tag, std::span<const T>(data));
+}
+
+// The element types whose all-reduce the compiled library holds.
+#define DECENTRAIN_REDUCIBLE_TYPES(X) X(float) X(double) X(std::int32_t) X(std::int64_t) X(std::uint64_t)
+
+#if defined(DECENTRAIN_COMPILED_LIB)
+extern template class communicator<transport::any_endpoint>;
+#define DECENTRAIN_EXTERN_ALL_REDUCE(T)                                                                                   \
+  extern template void communicator<transport::any_endpoint>::ring_all_reduce<T>(std::span<T>, reduce_op, transport::tag_type); \
+  extern template void communicator<transport::any_endpoint>::recursive_doubling_all_reduce<T>(std::span<T>, reduce_op,      \
+                                                                                               transport::tag_type);
+DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
+#undef DECENTRAIN_EXTERN_ALL_REDUCE
+#endif
 
 }  // namespace decentrain::collective

@@ -47,32 +47,7 @@ class adamw {
 
   // One update of every parameter that has a gradient (others are skipped, as in PyTorch), all
   // of one master type in one multi-tensor kernel call.
-  void step() {
-    detail_check_size();
-    std::vector<tensor<Device>> grads;  // contiguous copies live until the kernels are queued
-    std::vector<kernels::adamw_tensor<float>> f32;
-    std::vector<kernels::adamw_tensor<double>> f64;
-    std::size_t i = 0;
-    for (auto& e : *params_) {
-      auto& moments = slots_[i++];
-      if (!e.param.grad().defined()) continue;
-      ++moments.step;
-      const double wd = moments.decay ? options_.weight_decay : 0.0;
-      grads.push_back(e.param.grad().contiguous());
-      const auto& grad = grads.back();
-      optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
-        using T = decltype(tag);
-        kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
-                                   moments.m.template data<T>(), moments.v.template data<T>(), e.param.value().numel(),
-                                   moments.step, wd};
-        if constexpr (std::is_same_v<T, float>) f32.push_back(t);
-        else f64.push_back(t);
-      });
-    }
-    const kernels::adamw_hyper hyper{options_.lr, options_.beta1, options_.beta2, options_.eps};
-    if (!f32.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<float>>(f32), hyper);
-    if (!f64.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<double>>(f64), hyper);
-  }
+  void step();
 
   void set_lr(double lr) {
     decentrain::detail::check(lr >= 0.0, "adamw: lr must be >= 0, got ", lr);
@@ -141,5 +116,38 @@ class adamw {
   adamw_options options_;
   std::vector<slot> slots_;
 };
+
+// Out of the class, so not inline: see DECENTRAIN_COMPILED_LIB in config.hpp.
+template <class Device>
+void adamw<Device>::step() {
+  detail_check_size();
+  std::vector<tensor<Device>> grads;  // contiguous copies live until the kernels are queued
+  std::vector<kernels::adamw_tensor<float>> f32;
+  std::vector<kernels::adamw_tensor<double>> f64;
+  std::size_t i = 0;
+  for (auto& e : *params_) {
+    auto& moments = slots_[i++];
+    if (!e.param.grad().defined()) continue;
+    ++moments.step;
+    const double wd = moments.decay ? options_.weight_decay : 0.0;
+    grads.push_back(e.param.grad().contiguous());
+    const auto& grad = grads.back();
+    optim::detail::with_master_type("adamw", e.name, e.param, [&](auto tag) {
+      using T = decltype(tag);
+      kernels::adamw_tensor<T> t{e.param.value().template data<T>(), grad.template data<T>(),
+                                 moments.m.template data<T>(), moments.v.template data<T>(), e.param.value().numel(),
+                                 moments.step, wd};
+      if constexpr (std::is_same_v<T, float>) f32.push_back(t);
+      else f64.push_back(t);
+    });
+  }
+  const kernels::adamw_hyper hyper{options_.lr, options_.beta1, options_.beta2, options_.eps};
+  if (!f32.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<float>>(f32), hyper);
+  if (!f64.empty()) kernels::adamw_update(Device{}, std::span<const kernels::adamw_tensor<double>>(f64), hyper);
+}
+
+#if defined(DECENTRAIN_COMPILED_LIB)
+extern template class adamw<cpu>;
+#endif
 
 }  // namespace decentrain::optim

@@ -62,4 +62,8 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   return norm;
 }
 
+#if defined(DECENTRAIN_COMPILED_LIB)
+extern template double clip_grad_norm<cpu>(parameter_list<cpu>&, double);  // see config.hpp
+#endif
+
 }  // namespace decentrain::optim
