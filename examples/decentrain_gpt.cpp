@@ -919,10 +919,11 @@ void print_transport(const dt::transport::tcp& t) {
   const auto s = t.stats();
   const auto a = t.admission();
   std::printf("transport: %llu frames malformed, %llu failed authentication; connections refused %llu, silent through "
-              "the handshake %llu, evicted %llu, accept errors %llu%s%s\n",
+              "the handshake %llu, evicted %llu, accept errors %llu; peers reconnected %llu%s%s\n",
               static_cast<unsigned long long>(s.malformed_frames), static_cast<unsigned long long>(s.rejected_frames),
               static_cast<unsigned long long>(a.refused), static_cast<unsigned long long>(a.timed_out),
               static_cast<unsigned long long>(a.evicted), static_cast<unsigned long long>(a.accept_failures),
+              static_cast<unsigned long long>(a.reconnected),
               a.last_rejected.empty() ? "" : "; the last turned away: ", a.last_rejected.c_str());
 }
 
@@ -1096,6 +1097,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     }
   }
   if (results[0].stopped) {
+    if (tcp_peer) print_transport(*tcp_peer);
     const auto step = asked_at[static_cast<std::size_t>(asker)];
     const int folders_of = p.mode == launch::in_process ? p.world : world;  // survivors keep their folders' names
     if (elastic && p.mode == launch::tcp) {

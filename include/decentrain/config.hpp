@@ -30,9 +30,12 @@
 // DECENTRAIN_COMPILED_LIB (set by the CMake target decentrain::compiled, which links the
 // library compiled from src/compiled_cpu.cpp): the CPU instantiations a trainer needs whatever
 // its policies (the GPT on the CPU with every op and kernel of its forward and backward passes,
-// AdamW, gradient clipping) are declared `extern template` next to their templates, so a program
+// AdamW, gradient clipping, the communicator's all-reduce over any_endpoint) are declared
+// `extern template` next to their templates, so a program
 // takes them from that library instead of compiling them again: a build-time switch only, the
-// same code runs either way. Without it the library is header-only.
+// same code runs either way, given the same ABI-affecting flags (the library keeps those it was
+// built with: build the program alike, e.g. not one with -D_GLIBCXX_DEBUG and one without).
+// Without it the library is header-only.
 
 // OpenMP pragmas go through this macro so that a build without -fopenmp sees no unknown
 // pragma (which -Wall -Werror would reject) and simply runs single-threaded.

@@ -37,9 +37,12 @@
 // DECENTRAIN_COMPILED_LIB (set by the CMake target decentrain::compiled, which links the
 // library compiled from src/compiled_cpu.cpp): the CPU instantiations a trainer needs whatever
 // its policies (the GPT on the CPU with every op and kernel of its forward and backward passes,
-// AdamW, gradient clipping) are declared `extern template` next to their templates, so a program
+// AdamW, gradient clipping, the communicator's all-reduce over any_endpoint) are declared
+// `extern template` next to their templates, so a program
 // takes them from that library instead of compiling them again: a build-time switch only, the
-// same code runs either way. Without it the library is header-only.
+// same code runs either way, given the same ABI-affecting flags (the library keeps those it was
+// built with: build the program alike, e.g. not one with -D_GLIBCXX_DEBUG and one without).
+// Without it the library is header-only.
 
 // OpenMP pragmas go through this macro so that a build without -fopenmp sees no unknown
 // pragma (which -Wall -Werror would reject) and simply runs single-threaded.
@@ -12293,13 +12296,17 @@ class tcp {
     return self_->last_malformed;
   }
 
-  // What became of connections that had not (yet) shown they belong to the run.
+  // What became of connections that had not (yet) shown they belong to the run, and how many
+  // peers came back.
   struct admission_stats {
     std::uint64_t timed_out = 0;        // said no hello (or proved no key) within handshake_timeout
     std::uint64_t evicted = 0;          // closed to make room: over max_pending, or out of descriptors
     std::uint64_t refused = 0;          // no run key, a different one, or a proof that did not verify
     std::uint64_t bad_tags = 0;         // frames whose authentication tag failed (modified, replayed, forged)
     std::uint64_t accept_failures = 0;  // accept() errors (out of descriptors...), each followed by a pause
+    std::uint64_t reconnected = 0;      // connections admitted for a rank that had one here before, which
+                                        // closed: a peer restarted or rejoining, or a new process taking
+                                        // a rank the group forgot (not a duplicate dial, which is dropped)
     int pending = 0;                    // connections now between accept and hello
     std::string last_rejected;          // why the last refused connection or bad frame was dropped
   };
@@ -12711,6 +12718,7 @@ class tcp {
     std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
       auto it = peers.find(c->rank);
       if (it == peers.end() || it->second == c) {
+        if (it == peers.end() && !ever_connected.insert(c->rank).second) ++admitted.reconnected;
         peers[c->rank] = c;
         return nullptr;
       }
@@ -13485,6 +13493,7 @@ class tcp {
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
     std::map<int, std::shared_ptr<connection>> peers;
+    std::set<int> ever_connected;  // ranks that have had a connection here (for admitted.reconnected)
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
     bool late = false;             // this peer joined a running group
     std::string refusal;           // why this peer cannot join at all (its rank is taken, a wrong key)

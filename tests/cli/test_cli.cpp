@@ -557,7 +557,7 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
   // Each process ends with what its transport turned away: nothing, here.
   CHECK(last_line_with(keyed.output, "transport: ") ==
         "transport: 0 frames malformed, 0 failed authentication; connections refused 0, silent through the handshake 0, "
-        "evicted 0, accept errors 0");
+        "evicted 0, accept errors 0; peers reconnected 0");
 
   // A peer without the key is refused at once; the keyed peer gives up at its join timeout.
   port = std::to_string(free_port());
@@ -832,6 +832,16 @@ TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodby
   CHECK(left == 2);
   CHECK(told >= 1);
   CHECK(back == 3);  // the survivors and the peer that came back list the view that took it in
+  // Each survivor's transport counts peer 2's return; the peer that came back saw nobody return.
+  std::istringstream transports(r.output);
+  int reconnected = 0, none = 0;
+  for (std::string line; std::getline(transports, line);) {
+    if (line.find("transport: ") != 0) continue;
+    if (line.find("; peers reconnected 1") != std::string::npos) ++reconnected;
+    if (line.find("; peers reconnected 0") != std::string::npos) ++none;
+  }
+  CHECK(reconnected == 2);
+  CHECK(none == 2);  // peer 2 before its Ctrl-C and after its return
   CHECK(fs::exists(dir / "ck" / "peer-0-of-3"));
 }
 

@@ -35,7 +35,10 @@ if(KIND STREQUAL "pkg_config")
   return()
 endif()
 
-set(args -S ${SOURCE_DIR}/tests/consumers/${KIND} -B ${WORK_DIR}/build -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX})
+# This build's type, so that a program compiled here and the decentrain::compiled it links (built
+# with this build's flags) are compiled alike.
+set(args -S ${SOURCE_DIR}/tests/consumers/${KIND} -B ${WORK_DIR}/build -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX}
+         -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
 if(KIND STREQUAL "find_package")
   run_step("install" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORK_DIR}/prefix)
   list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DDECENTRAIN_SOURCE_DIR=${SOURCE_DIR})
