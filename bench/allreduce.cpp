@@ -2,10 +2,13 @@
 // in one run with OpenMPI's MPI_Allreduce and torch.distributed's gloo backend.
 //
 //   bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]
-//                   [--only decentrain,decentrain-keyed,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]
+//                   [--only decentrain,decentrain-keyed,decentrain-tls,mpi-tcp,mpi-shm,gloo] [--rounds 1]
+//                   [--json PATH]
 //
 // decentrain-keyed is the same all-reduce with a run key (transport/auth.hpp): every frame
 // tagged by its sender and checked by its receiver, the cost of authenticated peers.
+// decentrain-tls is the same with TLS (transport/tls.hpp; certificates from scripts/tls_certs):
+// every frame encrypted as well, the cost of confidentiality.
 //
 // With --rounds R every implementation runs R times, interleaved (all of them, then all of them
 // again), and a size's time is the median of its R times: this machine has slow spells of a
@@ -114,9 +117,13 @@ std::vector<std::size_t> parse_sizes(const std::string& list) {
 
 #if DECENTRAIN_HAS_ASIO
 int tcp_worker(int rank, int world, const std::string& address_file, const std::vector<std::size_t>& sizes,
-               std::size_t chunk_bytes, const std::string& out, bool keyed) {
+               std::size_t chunk_bytes, const std::string& out, const std::string& protection, const std::string& cert_dir) {
   auto peer = bench::loopback_peer(rank, world, address_file, [&](dt::transport::tcp_options& o) {
-    if (keyed) o.key = "a benchmark's run key, 32 bytes.";
+    if (protection == "keyed") o.key = "a benchmark's run key, 32 bytes.";
+    if (protection == "tls") {
+      const auto stem = cert_dir + "/rank-" + std::to_string(rank);
+      o.tls = {stem + ".pem", stem + ".key", cert_dir + "/ca.pem", true};
+    }
   });
   dt::collective::options copts;
   if (chunk_bytes) copts.chunk_bytes = chunk_bytes;
@@ -207,9 +214,9 @@ int main(int argc, char** argv) try {
   if (!worker.empty()) {
     const auto sizes = parse_sizes(value("--sizes", ""));
 #if DECENTRAIN_HAS_ASIO
-    if (worker == "tcp" || worker == "tcp-keyed")
+    if (worker == "tcp" || worker == "tcp-keyed" || worker == "tcp-tls")
       return tcp_worker(std::stoi(value("--rank", "0")), world, value("--address-file", ""), sizes, chunk_bytes, out,
-                        worker == "tcp-keyed");
+                        worker.substr(3 + (worker.size() > 3)), value("--cert-dir", ""));
 #endif
 #if DECENTRAIN_HAS_MPI
     if (worker == "mpi") return mpi_worker(argc, argv, sizes, out);
@@ -223,11 +230,13 @@ int main(int argc, char** argv) try {
   for (auto b = lo; b <= hi; b *= 4) sizes.push_back(b);
   std::vector<std::string> impls;
   {
-    std::stringstream in(value("--only", "decentrain,decentrain-keyed,mpi-tcp,mpi-shm,gloo"));
+    std::stringstream in(value("--only", "decentrain,decentrain-keyed,decentrain-tls,mpi-tcp,mpi-shm,gloo"));
     for (std::string item; std::getline(in, item, ',');) impls.push_back(item);
     for (const auto& impl : impls)
-      dt::detail::check(impl == "decentrain" || impl == "decentrain-keyed" || impl == "mpi-tcp" || impl == "mpi-shm" || impl == "gloo",
-                        "unknown implementation '", impl, "' in --only (decentrain, decentrain-keyed, mpi-tcp, mpi-shm, gloo)");
+      dt::detail::check(impl == "decentrain" || impl == "decentrain-keyed" || impl == "decentrain-tls" || impl == "mpi-tcp" ||
+                            impl == "mpi-shm" || impl == "gloo",
+                        "unknown implementation '", impl,
+                        "' in --only (decentrain, decentrain-keyed, decentrain-tls, mpi-tcp, mpi-shm, gloo)");
   }
   const int rounds = std::stoi(value("--rounds", "1"));
   dt::detail::check(rounds >= 1, "--rounds must be at least 1");
@@ -250,11 +259,15 @@ int main(int argc, char** argv) try {
     fs::remove(file);
     fs::remove(dir + "/address");  // the workers of a new run must not join the last run's rank 0
     try {
-      if (impl == "decentrain" || impl == "decentrain-keyed") {
+      if (impl.starts_with("decentrain")) {
+        if (impl == "decentrain-tls" && !fs::exists(dir + "/certs/rank-" + std::to_string(world - 1) + ".pem"))
+          bench::run_all({{"/bin/bash", DECENTRAIN_SOURCE_DIR "/scripts/tls_certs", dir + "/certs", w, "--days", "2"}},
+                         std::chrono::seconds(60), "scripts/tls_certs");
         std::vector<std::vector<std::string>> cmds;
         for (int r = 0; r < world; ++r)
-          cmds.push_back({self, "--worker", impl == "decentrain" ? "tcp" : "tcp-keyed", "--rank", std::to_string(r), "--world", w, "--sizes", size_list, "--address-file",
-                          dir + "/address", "--chunk-bytes", std::to_string(chunk_bytes), "--out", file});
+          cmds.push_back({self, "--worker", "tcp" + impl.substr(10), "--rank", std::to_string(r), "--world", w, "--sizes", size_list,
+                          "--address-file", dir + "/address", "--chunk-bytes", std::to_string(chunk_bytes), "--out", file,
+                          "--cert-dir", dir + "/certs"});
         bench::run_all(cmds, std::chrono::seconds(900), impl);
       } else if (impl == "mpi-tcp" || impl == "mpi-shm") {
         if (!DECENTRAIN_HAS_MPI) throw dt::error("built without MPI");
@@ -297,8 +310,8 @@ int main(int argc, char** argv) try {
   };
   std::printf("all-reduce (sum, float32, in place), %d processes on this machine; bus bandwidth GB/s "
               "(nccl-tests: algbw x 2(N-1)/N)%s\n", world, rounds > 1 ? (", median of " + std::to_string(rounds) + " rounds").c_str() : "");
-  std::printf("%9s %12s %11s %11s %11s %11s %11s %9s %9s %9s\n", "size", "ours us", "ours", "ours+key", "MPI tcp", "MPI shm", "gloo",
-              "key/ours", "ours/MPI", "ours/gloo");
+  std::printf("%9s %12s %11s %11s %11s %11s %11s %11s %9s %9s %9s %9s\n", "size", "ours us", "ours", "ours+key", "ours+TLS",
+              "MPI tcp", "MPI shm", "gloo", "key/ours", "TLS/ours", "ours/MPI", "ours/gloo");
   auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
   // What was not measured prints as "-", never as a zero bandwidth or ratio.
   auto cell = [](double v, int width, const char* suffix, int digits = 3) {
@@ -314,16 +327,17 @@ int main(int argc, char** argv) try {
   };
   json << "[\n";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const double ours = busbw("decentrain", i), keyed = busbw("decentrain-keyed", i), mt = busbw("mpi-tcp", i),
-                 ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
+    const double ours = busbw("decentrain", i), keyed = busbw("decentrain-keyed", i), tls = busbw("decentrain-tls", i),
+                 mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
     const double us = results.count("decentrain") ? results["decentrain"][i].seconds * 1e6 : 0.0;
-    std::printf("%9s %12s %11s %11s %11s %11s %11s %9s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
-                cell(ours, 11, "").c_str(), cell(keyed, 11, "").c_str(), cell(mt, 11, "").c_str(), cell(ms, 11, "").c_str(),
-                cell(gl, 11, "").c_str(), cell(ratio(keyed, ours), 9, "x").c_str(), cell(ratio(ours, mt), 9, "x").c_str(),
-                cell(ratio(ours, gl), 9, "x").c_str());
+    std::printf("%9s %12s %11s %11s %11s %11s %11s %11s %9s %9s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
+                cell(ours, 11, "").c_str(), cell(keyed, 11, "").c_str(), cell(tls, 11, "").c_str(), cell(mt, 11, "").c_str(),
+                cell(ms, 11, "").c_str(), cell(gl, 11, "").c_str(), cell(ratio(keyed, ours), 9, "x").c_str(),
+                cell(ratio(tls, ours), 9, "x").c_str(), cell(ratio(ours, mt), 9, "x").c_str(), cell(ratio(ours, gl), 9, "x").c_str());
     json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"rounds\": " << rounds
          << ", \"ours_us\": " << num(us) << ", \"ours_busbw_gbs\": " << num(ours) << ", \"ours_keyed_busbw_gbs\": " << num(keyed)
-         << ", \"keyed_over_ours\": " << num(ratio(keyed, ours)) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
+         << ", \"keyed_over_ours\": " << num(ratio(keyed, ours)) << ", \"ours_tls_busbw_gbs\": " << num(tls)
+         << ", \"tls_over_ours\": " << num(ratio(tls, ours)) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
          << ", \"mpi_shm_busbw_gbs\": " << num(ms) << ", \"gloo_busbw_gbs\": " << num(gl) << ", \"ours_over_mpi_tcp\": "
          << num(ratio(ours, mt)) << ", \"ours_over_gloo\": " << num(ratio(ours, gl)) << "}";
   }

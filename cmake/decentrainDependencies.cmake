@@ -5,8 +5,9 @@
 #                       state checksums (XXH3)
 #   OpenMP::OpenMP_CXX  when OpenMP is available (CPU kernels run multi-threaded)
 #   Threads::Threads    in-process peers and the TCP transport's I/O thread
-#   OpenSSL::Crypto     when OpenSSL is found (Debian: libssl-dev): the TCP transport's run key
-#                       (transport/auth.hpp); without it a run key is refused with a message
+#   OpenSSL::SSL        when OpenSSL is found (Debian: libssl-dev): the TCP transport's run key
+#                       (transport/auth.hpp, libcrypto) and TLS (transport/tls.hpp, libssl);
+#                       without it a run key or TLS is refused with a message
 #   decentrain::mpi     when MPI is found: link it to use transport::mpi
 #   decentrain::cuda    when the CUDA toolkit is found: link it from CUDA sources that use
 #                       dt::cuda (the CUDA runtime and cuBLAS)
@@ -25,7 +26,7 @@ if(NOT DECENTRAIN_XXHASH_INCLUDE_DIR)
 endif()
 find_package(OpenMP QUIET COMPONENTS CXX)
 find_package(Threads REQUIRED)
-find_package(OpenSSL QUIET COMPONENTS Crypto)
+find_package(OpenSSL QUIET COMPONENTS Crypto SSL)
 
 # Standalone asio (Debian: libasio-dev) is header-only; transport/tcp.hpp compiles only when
 # <asio.hpp> is found. MPI is optional: decentrain::mpi carries it and DECENTRAIN_HAS_MPI=1.

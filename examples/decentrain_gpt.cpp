@@ -217,6 +217,18 @@ void declare_train(CLI::App& cmd) {
             "the file that DECENTRAIN_KEY_FILE names. Without one, anyone who can\n"
             "reach the port can join the group")
       ->group(net);
+  cli::text(cmd, "tls-cert", "PATH",
+            "TLS: this peer's certificate (PEM), signed by the run's CA (make a\n"
+            "run's CA and certificates with scripts/tls_certs DIR N). With --tls-key\n"
+            "and --tls-ca, only peers with a certificate of the run's CA can join,\n"
+            "and every frame is encrypted")
+      ->group(net);
+  cli::text(cmd, "tls-key", "PATH", "TLS: the certificate's private key (PEM, readable only by you)")->group(net);
+  cli::text(cmd, "tls-ca", "PATH", "TLS: the run's CA certificate: the only one a peer's may chain to")->group(net);
+  cli::flag(cmd, "tls-bind-ranks",
+            "TLS: every certificate must name a rank (\"rank N\", as scripts/tls_certs\n"
+            "makes them) and admits only that rank")
+      ->group(net);
   cli::integer(cmd, "handshake-timeout-ms", "MS", "a connection must say (and prove) who it is within this",
                tcp.handshake_timeout.count(), 1, 86'400'000)
       ->group(net);
@@ -1033,12 +1045,14 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     std::optional<dt::transport::any_endpoint> ep;
     if (p.mode == launch::tcp) {
       if (!p.quiet)
-        std::printf("tcp peer %d of %d listening on %s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
-                    p.tcp.key.empty() ? "" : " (run key: peers and frames authenticated)");
+        std::printf("tcp peer %d of %d listening on %s%s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
+                    p.tcp.key.empty() ? "" : " (run key: peers and frames authenticated)",
+                    p.tcp.tls.enabled() ? " (TLS: peers certified by the run's CA, frames encrypted)" : "");
       std::fflush(stdout);
-      if (p.tcp.key.empty())
+      if (p.tcp.key.empty() && !p.tcp.tls.enabled())
         std::fprintf(stderr,
-                     "warning: no run key (--key-file or %s): anyone who can reach %s can join this group and "
+                     "warning: no run key (--key-file or %s) and no TLS (--tls-cert, --tls-key, --tls-ca): anyone who "
+                     "can reach %s can join this group and "
                      "send it anything a peer may send\n",
                      dt::transport::auth::key_file_variable, p.tcp.listen.c_str());
       tcp_peer.emplace(dt::transport::tcp::join(p.tcp));
@@ -1212,7 +1226,7 @@ int cmd_train(const options& opt) {
     dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
-                          "max-world", "key-file", "handshake-timeout-ms"})
+                          "max-world", "key-file", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca", "tls-bind-ranks"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
@@ -1234,6 +1248,10 @@ int cmd_train(const options& opt) {
     // Never on the command line, where `ps` shows it to every user of the machine.
     p.tcp.key = opt.has("key-file") ? dt::transport::auth::read_key_file(opt.text("key-file"))
                                     : dt::transport::auth::key_from_environment();
+    for (const auto& [name, into] : {std::pair{"tls-cert", &p.tcp.tls.certificate}, std::pair{"tls-key", &p.tcp.tls.private_key},
+                                     std::pair{"tls-ca", &p.tcp.tls.ca}})
+      if (opt.has(name)) *into = opt.text(name);
+    p.tcp.tls.bind_ranks = opt.flag("tls-bind-ranks");
     if (opt.flag("elastic")) {
       const auto most = opt.integer("max-world");
       dt::detail::check(most >= p.tcp.world, "--max-world must be at least --world (", p.tcp.world, "), got ", most);

@@ -90,6 +90,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       // the tag (forging one means breaking Poly1305).
       auth::frame_mac receiver(auth::digest{std::byte{1}});
       decentrain_fuzz::require(!receiver.open(head, body, h.mac), "a frame tag forged without the key opened");
+      // The same for an encrypted connection (TLS), which decrypts the body in place.
+      auth::frame_mac decrypting(auth::digest{std::byte{1}}, auth::protection::decrypt);
+      bytes text = body;
+      decentrain_fuzz::require(!decrypting.open_in_place(head, text, h.mac), "an encrypted frame forged without the key opened");
     }
     control_body(h.type, body);
   }

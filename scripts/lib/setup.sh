@@ -3,7 +3,8 @@
 # Packages: g++/make (build-essential), cmake, catch2 (tests), libcereal-dev (checkpoints),
 # libopenblas-openmp-dev (CBLAS GEMM sharing the OpenMP thread pool of the other kernels),
 # python3 (single-header generator), libasio-dev (TCP transport), libssl-dev (the TCP transport's
-# run key: OpenSSL's HMAC and ChaCha20-Poly1305), libopenmpi-dev + openmpi-bin
+# run key and TLS: OpenSSL's HMAC, ChaCha20-Poly1305 and TLS 1.3), openssl (scripts/tls_certs, which
+# the TLS tests run), libopenmpi-dev + openmpi-bin
 # (MPI transport and its tests). OpenMP ships with g++.
 
 DECENTRAIN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -27,6 +28,6 @@ decentrain_install_packages() {
 
 decentrain_configure() {
   decentrain_install_packages build-essential cmake catch2 libcereal-dev libopenblas-openmp-dev python3 \
-    libasio-dev libssl-dev libopenmpi-dev openmpi-bin pkg-config libcli11-dev libxxhash-dev "$@"
+    libasio-dev libssl-dev openssl libopenmpi-dev openmpi-bin pkg-config libcli11-dev libxxhash-dev "$@"
   cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release
 }

@@ -10498,7 +10498,8 @@ static_assert(endpoint<any_endpoint>);
 // every frame carries a tag over its header and body: ChaCha20-Poly1305 (RFC 8439) with the
 // frame as associated data and the frame's sequence number on the connection as the nonce. A
 // modified frame fails its tag; a replayed, dropped or reordered one fails its sequence number;
-// a frame copied from another connection fails its key. Frames are authenticated, not encrypted.
+// a frame copied from another connection fails its key. Frames are authenticated, not encrypted
+// (with TLS, transport/tls.hpp, they are encrypted too, under keys the TLS handshake exported).
 // Why Poly1305 rather than HMAC-SHA256 per frame: it is several times faster per byte (OpenSSL's
 // figures on the development machine are in bench/RESULTS.md, "bench/allreduce with a run key").
 //
@@ -10591,6 +10592,12 @@ inline std::string key_from_environment() {
   return path && *path ? read_key_file(path) : std::string();
 }
 
+// What a connection's frames get from their key: a tag over header and body (authenticate), or
+// the body encrypted as well (encrypt and decrypt, the two ends of a TLS connection's frames,
+// transport/tls.hpp). Either way the tag is ChaCha20-Poly1305's over the header as associated
+// data and the body (plaintext, or ciphertext when encrypted).
+enum class protection : std::uint8_t { authenticate, encrypt, decrypt };
+
 #if DECENTRAIN_HAS_OPENSSL
 
 inline std::string random_nonce() {
@@ -10619,44 +10626,80 @@ inline bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-// One direction of a connection: tags frames in order (the sender) or checks them in order (the
+// One direction of a connection: seals frames in order (the sender) or opens them in order (the
 // receiver). The n-th frame uses nonce n, so each key seals each nonce once.
 class frame_mac {
  public:
-  explicit frame_mac(const digest& key) : ctx_(EVP_CIPHER_CTX_new()) {
-    decentrain::detail::check(ctx_ && EVP_EncryptInit_ex(ctx_.get(), EVP_chacha20_poly1305(), nullptr,
-                                                         reinterpret_cast<const unsigned char*>(key.data()), nullptr) == 1,
-                              "tcp: OpenSSL cannot set up ChaCha20-Poly1305");
+  explicit frame_mac(const digest& key, protection mode = protection::authenticate) : ctx_(EVP_CIPHER_CTX_new()), mode_(mode) {
+    const auto* k = reinterpret_cast<const unsigned char*>(key.data());
+    const bool ok = ctx_ && (mode == protection::decrypt ? EVP_DecryptInit_ex(ctx_.get(), EVP_chacha20_poly1305(), nullptr, k, nullptr)
+                                                        : EVP_EncryptInit_ex(ctx_.get(), EVP_chacha20_poly1305(), nullptr, k, nullptr)) == 1;
+    decentrain::detail::check(ok, "tcp: OpenSSL cannot set up ChaCha20-Poly1305");
   }
 
+  // Whether frames are encrypted: seal then needs `ciphertext`, and only open_in_place opens.
+  bool encrypts() const { return mode_ != protection::authenticate; }
+
   // The tag of the next frame (header's first bytes, then body); advances the sequence number.
-  tag seal(std::span<const std::byte> head, std::span<const std::byte> body) { return compute(head, body); }
+  // Encrypting, the body's ciphertext goes to `ciphertext` (body.size() bytes; it may be `body`).
+  tag seal(std::span<const std::byte> head, std::span<const std::byte> body, std::span<std::byte> ciphertext = {}) {
+    decentrain::detail::check(mode_ != protection::decrypt && (mode_ == protection::authenticate || ciphertext.size() == body.size()),
+                              "tcp: frame_mac::seal on a receiving key, or without room for the ciphertext");
+    return compute(head, body, ciphertext);
+  }
   // Whether `t` is the next frame's tag; advances the sequence number either way (a connection
-  // whose frame failed is closed).
+  // whose frame failed is closed). Authenticated frames only.
   bool open(std::span<const std::byte> head, std::span<const std::byte> body, const tag& t) {
-    const auto expected = compute(head, body);
+    decentrain::detail::check(mode_ == protection::authenticate, "tcp: frame_mac::open on an encrypted connection");
+    const auto expected = compute(head, body, {});
     return same(expected, t);
+  }
+  // The same for a body that may be encrypted: decrypted in place when it is (a body that fails
+  // its tag is left as garbage: the caller drops it).
+  bool open_in_place(std::span<const std::byte> head, std::span<std::byte> body, const tag& t) {
+    if (mode_ == protection::authenticate) return open(head, body, t);
+    decentrain::detail::check(mode_ == protection::decrypt, "tcp: frame_mac::open_in_place on a sending key");
+    auto* c = ctx_.get();
+    const auto iv = next_iv();
+    int n = 0;
+    bool ok = EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1 && update(head, {}) && update(body, body) &&
+              EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(tag_bytes), const_cast<std::byte*>(t.data())) == 1;
+    return ok && EVP_DecryptFinal_ex(c, nullptr, &n) == 1;
   }
   // Takes back the last seal, for a frame of which nothing was written.
   void unseal() { --sequence_; }
 
  private:
-  tag compute(std::span<const std::byte> head, std::span<const std::byte> body) {
+  std::array<unsigned char, 12> next_iv() {
     std::array<unsigned char, 12> iv{};
     for (int i = 0; i < 8; ++i) iv[4 + static_cast<std::size_t>(i)] = static_cast<unsigned char>((sequence_ >> (8 * i)) & 0xff);
     ++sequence_;
+    return iv;
+  }
+  // Feeds `in` as associated data (out empty) or as text whose other form goes to `out`. EVP
+  // lengths are int: large bodies go in pieces.
+  bool update(std::span<const std::byte> in, std::span<std::byte> out) {
+    int n = 0;
+    const bool text = !out.empty();
+    const bool decrypting = mode_ == protection::decrypt;
+    for (std::size_t at = 0; at < in.size(); at += chunk) {
+      const auto len = static_cast<int>(std::min(chunk, in.size() - at));
+      auto* to = text ? reinterpret_cast<unsigned char*>(out.data() + at) : nullptr;
+      const auto* from = reinterpret_cast<const unsigned char*>(in.data() + at);
+      if ((decrypting ? EVP_DecryptUpdate(ctx_.get(), to, &n, from, len) : EVP_EncryptUpdate(ctx_.get(), to, &n, from, len)) != 1)
+        return false;
+    }
+    return true;
+  }
+  tag compute(std::span<const std::byte> head, std::span<const std::byte> body, std::span<std::byte> ciphertext) {
+    const auto iv = next_iv();
     int n = 0;
     tag out{};
     auto* c = ctx_.get();
-    bool ok = EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1;
-    for (const auto part : {head, body}) {
-      // EVP lengths are int: feed large bodies in pieces.
-      for (std::size_t at = 0; ok && at < part.size(); at += chunk)
-        ok = EVP_EncryptUpdate(c, nullptr, &n, reinterpret_cast<const unsigned char*>(part.data() + at),
-                               static_cast<int>(std::min(chunk, part.size() - at))) == 1;
-    }
-    ok = ok && EVP_EncryptFinal_ex(c, nullptr, &n) == 1 &&
-         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, static_cast<int>(tag_bytes), out.data()) == 1;
+    const bool ok = EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1 && update(head, {}) &&
+                    update(body, mode_ == protection::encrypt ? ciphertext : std::span<std::byte>{}) &&
+                    EVP_EncryptFinal_ex(c, nullptr, &n) == 1 &&
+                    EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, static_cast<int>(tag_bytes), out.data()) == 1;
     decentrain::detail::check(ok, "tcp: OpenSSL ChaCha20-Poly1305 failed");
     return out;
   }
@@ -10665,6 +10708,7 @@ class frame_mac {
     void operator()(EVP_CIPHER_CTX* c) const { EVP_CIPHER_CTX_free(c); }
   };
   std::unique_ptr<EVP_CIPHER_CTX, free_ctx> ctx_;
+  protection mode_;
   std::uint64_t sequence_ = 0;
 };
 
@@ -10675,9 +10719,15 @@ inline digest dialer_proof(std::string_view key, std::span<const std::byte> t) {
 // Both directions' frame keys of one connection, as seen from one end.
 struct session {
   frame_mac send, receive;
+  // From the run key and the handshake's transcript: frames authenticated.
   session(std::string_view key, std::span<const std::byte> transcript, bool dialer)
       : send(keyed_digest(key, dialer ? "decentrain/5 dialer to acceptor" : "decentrain/5 acceptor to dialer", transcript)),
         receive(keyed_digest(key, dialer ? "decentrain/5 acceptor to dialer" : "decentrain/5 dialer to acceptor", transcript)) {}
+  // From keys a TLS handshake exported (the dialer's direction first, then the acceptor's):
+  // frames encrypted.
+  session(const digest& dialer_to_acceptor, const digest& acceptor_to_dialer, bool dialer)
+      : send(dialer ? dialer_to_acceptor : acceptor_to_dialer, protection::encrypt),
+        receive(dialer ? acceptor_to_dialer : dialer_to_acceptor, protection::decrypt) {}
 };
 
 #else  // no OpenSSL: check_key refuses every key before any of this is needed
@@ -10687,8 +10737,12 @@ inline bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
 }
 struct frame_mac {
-  tag seal(std::span<const std::byte>, std::span<const std::byte>) { return {}; }
+  frame_mac() = default;
+  explicit frame_mac(const digest&, protection = protection::authenticate) {}
+  bool encrypts() const { return false; }
+  tag seal(std::span<const std::byte>, std::span<const std::byte>, std::span<std::byte> = {}) { return {}; }
   bool open(std::span<const std::byte>, std::span<const std::byte>, const tag&) { return false; }
+  bool open_in_place(std::span<const std::byte>, std::span<std::byte>, const tag&) { return false; }
   void unseal() {}
 };
 inline digest acceptor_proof(std::string_view, std::span<const std::byte>) { decentrain::detail::fail("tcp: no OpenSSL in this build"); }
@@ -10696,6 +10750,7 @@ inline digest dialer_proof(std::string_view, std::span<const std::byte>) { decen
 struct session {
   frame_mac send, receive;
   session(std::string_view, std::span<const std::byte>, bool) { decentrain::detail::fail("tcp: no OpenSSL in this build"); }
+  session(const digest&, const digest&, bool) { decentrain::detail::fail("tcp: no OpenSSL in this build"); }
 };
 
 #endif
@@ -10783,7 +10838,11 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
     for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[at + static_cast<std::size_t>(i)]) << (8 * i);
     return v;
   };
-  decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4), " (not a decentrain peer)");
+  // A TLS record (handshake type 22, version 3.x) where a frame should start: a caller with TLS.
+  decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4),
+                            p[0] == std::byte{22} && p[1] == std::byte{3}
+                                ? " (a TLS handshake: the caller uses TLS and this peer does not; give every peer the same TLS settings)"
+                                : " (not a decentrain peer)");
   decentrain::detail::check(get(4, 2) == version, "frame: protocol version ", std::dec, get(4, 2), ", this peer speaks ", version);
   const auto type = get(6, 2);
   decentrain::detail::check(type >= 1 && type <= last_frame_type, "frame: unknown frame type ", type);
@@ -12028,6 +12087,283 @@ static_assert(endpoint<mpi>);
 #include <thread>
 #include <vector>
 
+// ---- begin decentrain/transport/tls.hpp ----
+// TLS for the TCP transport: who may join is decided by certificates signed by the run's CA, and
+// every frame is encrypted, not only authenticated.
+//
+// How TLS is used: the shape QUIC gives TLS 1.3 (RFC 9001) and Linux's kernel TLS takes from it.
+// TLS 1.3 runs the handshake on a fresh connection, both ends present a certificate and verify
+// the other's against the run's CA (and nothing else: the system's trusted roots are not used),
+// then the acceptor sends one TLS record (a byte, `ready`) and both ends take the frame keys the
+// session exports (RFC 8446, 7.5: one per direction) and leave TLS. Every frame after that,
+// the hello included, is encrypted and tagged by the transport's ChaCha20-Poly1305
+// (transport/auth.hpp) with its sequence number on the connection as nonce.
+// Why not TLS's record layer for the frames too: the transport writes a connection from the
+// sending thread while its I/O thread reads it, and reads a data body straight into the memory
+// its receiver posted; an OpenSSL SSL object may not be read and written by two threads at once,
+// and its records (16 KiB each) would add a copy of every byte received.
+// The `ready` record ends the handshake in a known place: the dialer sends nothing after its
+// Finished until it has read it, so neither end's TLS reads past the handshake into the frames.
+//
+// Per-peer identity (bind_ranks): a certificate whose common name is "rank N" admits only rank
+// N, so a peer cannot claim another's rank; the acceptor checks the hello's rank, the dialer
+// that it reached the rank it dialed. scripts/tls_certs makes a run CA and such certificates.
+//
+// Session tickets are off (a ticket would be a TLS record after the handshake), so every
+// connection runs a full handshake: one more round trip than a plain one.
+
+
+// OpenSSL 3 (Debian 12's): SSL_get1_peer_certificate and the providers' ChaCha20-Poly1305.
+#ifndef DECENTRAIN_HAS_TLS
+#if DECENTRAIN_HAS_OPENSSL && __has_include(<openssl/ssl.h>) && __has_include(<asio/ssl.hpp>) && !defined(__CUDACC__)
+#include <openssl/opensslv.h>
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+#define DECENTRAIN_HAS_TLS 1
+#endif
+#endif
+#ifndef DECENTRAIN_HAS_TLS
+#define DECENTRAIN_HAS_TLS 0
+#endif
+#endif
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+
+#if DECENTRAIN_HAS_TLS
+#include <asio.hpp>
+#include <asio/ssl.hpp>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#endif
+
+namespace decentrain::transport::tls {
+
+// PEM files; all three or none. The private key must not be readable by other users.
+struct options {
+  std::string certificate;  // this peer's certificate (and any intermediates), signed by the run's CA
+  std::string private_key;  // its private key
+  std::string ca;           // the run's CA certificate(s): the only ones a peer's certificate may chain to
+  // A certificate named "rank N" (its common name) admits only rank N; others admit any rank.
+  // With bind_ranks, a certificate must name one.
+  bool bind_ranks = false;
+
+  bool enabled() const { return !certificate.empty() || !private_key.empty() || !ca.empty(); }
+
+  void validate() const {
+    if (!enabled()) {
+      decentrain::detail::check(!bind_ranks, "tls: bind_ranks needs TLS (a certificate, its key and the run's CA)");
+      return;
+    }
+    decentrain::detail::check(!certificate.empty() && !private_key.empty() && !ca.empty(),
+                              "tls: needs all three of a certificate, its private key and the run's CA (--tls-cert, --tls-key, "
+                              "--tls-ca); missing: ",
+                              certificate.empty() ? "the certificate " : "", private_key.empty() ? "the private key " : "",
+                              ca.empty() ? "the CA" : "");
+    decentrain::detail::check(DECENTRAIN_HAS_TLS, "tls: this build has no TLS (it needs OpenSSL 3's libssl and asio; Debian: libssl-dev)");
+    namespace fs = std::filesystem;
+    for (const auto* f : {&certificate, &private_key, &ca}) {
+      std::error_code ec;
+      decentrain::detail::check(fs::is_regular_file(*f, ec), "tls: '", *f, "' is not a file");
+    }
+    std::error_code ec;
+    const auto perms = fs::status(private_key, ec).permissions();
+    const auto others = fs::perms::group_read | fs::perms::group_write | fs::perms::others_read | fs::perms::others_write;
+    decentrain::detail::check((perms & others) == fs::perms::none, "tls: private key '", private_key,
+                              "' can be read or written by other users; make it private (chmod 600 ", private_key, ")");
+  }
+};
+
+// The rank a certificate's common name gives ("rank N"), -1 when it names none.
+inline int rank_named(const std::string& common_name) {
+  const std::string prefix = "rank ";
+  if (common_name.size() <= prefix.size() || common_name.size() > prefix.size() + 9 || !common_name.starts_with(prefix)) return -1;
+  int r = 0;
+  for (std::size_t i = prefix.size(); i < common_name.size(); ++i) {
+    if (common_name[i] < '0' || common_name[i] > '9') return -1;
+    r = r * 10 + (common_name[i] - '0');
+  }
+  return r;
+}
+
+#if DECENTRAIN_HAS_TLS
+
+inline std::string openssl_errors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    out += (out.empty() ? "" : "; ") + std::string(buf);
+  }
+  return out.empty() ? "no detail from OpenSSL" : out;
+}
+
+using stream = asio::ssl::stream<asio::ip::tcp::socket&>;
+inline constexpr unsigned char ready = 'R';
+// RFC 5705 keeps labels starting "EXPORTER" for registered uses.
+inline constexpr const char* exporter_label = "EXPERIMENTAL-decentrain frames";
+
+// The TLS 1.3 context of peer `rank`: its certificate and key, the run's CA, both ends verified.
+inline std::shared_ptr<asio::ssl::context> make_context(const options& o, int rank) {
+  o.validate();
+  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls);
+  auto* native = ctx->native_handle();
+  ERR_clear_error();
+  decentrain::detail::check(SSL_CTX_set_min_proto_version(native, TLS1_3_VERSION) == 1, "tls: OpenSSL cannot require TLS 1.3: ",
+                            openssl_errors());
+  decentrain::detail::check(SSL_CTX_use_certificate_chain_file(native, o.certificate.c_str()) == 1, "tls: cannot use certificate '",
+                            o.certificate, "': ", openssl_errors());
+  {
+    // Read apart first, so a key of another certificate is told from a file that holds no key.
+    std::unique_ptr<BIO, decltype(&BIO_free)> in(BIO_new_file(o.private_key.c_str(), "r"), &BIO_free);
+    std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(in ? PEM_read_bio_PrivateKey(in.get(), nullptr, nullptr, nullptr) : nullptr,
+                                                            &EVP_PKEY_free);
+    decentrain::detail::check(key != nullptr, "tls: '", o.private_key, "' holds no PEM private key: ", openssl_errors());
+    decentrain::detail::check(X509_check_private_key(SSL_CTX_get0_certificate(native), key.get()) == 1, "tls: private key '",
+                              o.private_key, "' does not belong to certificate '", o.certificate, "'");
+    ERR_clear_error();
+    decentrain::detail::check(SSL_CTX_use_PrivateKey(native, key.get()) == 1, "tls: cannot use private key '", o.private_key,
+                              "': ", openssl_errors());
+  }
+  decentrain::detail::check(SSL_CTX_load_verify_locations(native, o.ca.c_str(), nullptr) == 1, "tls: cannot load the run's CA from '",
+                            o.ca, "': ", openssl_errors());
+  // This peer's own certificate must chain to the CA, or every other peer would refuse it: said
+  // here, at start, rather than as each connection's handshake failure.
+  {
+    std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> check(X509_STORE_CTX_new(), &X509_STORE_CTX_free);
+    X509* own = SSL_CTX_get0_certificate(native);
+    STACK_OF(X509)* chain = nullptr;
+    SSL_CTX_get0_chain_certs(native, &chain);
+    decentrain::detail::check(check && own && X509_STORE_CTX_init(check.get(), SSL_CTX_get_cert_store(native), own, chain) == 1,
+                              "tls: cannot check certificate '", o.certificate, "': ", openssl_errors());
+    decentrain::detail::check(X509_verify_cert(check.get()) == 1, "tls: certificate '", o.certificate,
+                              "' does not verify against the run's CA in '", o.ca,
+                              "': ", X509_verify_cert_error_string(X509_STORE_CTX_get_error(check.get())));
+    if (o.bind_ranks) {
+      char name[256] = {};
+      X509_NAME_get_text_by_NID(X509_get_subject_name(own), NID_commonName, name, sizeof name);
+      decentrain::detail::check(rank_named(name) >= 0, "tls: bind_ranks needs certificates named \"rank N\"; '", o.certificate,
+                                "' is named \"", name, "\"");
+      decentrain::detail::check(rank_named(name) == rank, "tls: certificate '", o.certificate, "' is for ", name,
+                                ", and this peer is rank ", rank, " (with bind_ranks a certificate admits only its rank)");
+    }
+  }
+  SSL_CTX_set_verify(native, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  SSL_CTX_set_num_tickets(native, 0);
+  SSL_CTX_set_options(native, SSL_OP_NO_TICKET);
+  return ctx;
+}
+
+// After the handshake: the connection's frame keys, and the rank the peer's certificate names
+// (-1: none).
+struct established {
+  auth::digest dialer_to_acceptor{}, acceptor_to_dialer{};
+  int certified_rank = -1;
+  std::string common_name;
+};
+
+inline established finish(stream& s) {
+  established e;
+  std::array<unsigned char, 2 * auth::proof_bytes> keys{};
+  decentrain::detail::check(SSL_export_keying_material(s.native_handle(), keys.data(), keys.size(), exporter_label,
+                                                       std::strlen(exporter_label), nullptr, 0, 0) == 1,
+                            "tls: OpenSSL cannot export the frame keys: ", openssl_errors());
+  std::memcpy(e.dialer_to_acceptor.data(), keys.data(), auth::proof_bytes);
+  std::memcpy(e.acceptor_to_dialer.data(), keys.data() + auth::proof_bytes, auth::proof_bytes);
+  OPENSSL_cleanse(keys.data(), keys.size());
+  if (X509* peer = SSL_get1_peer_certificate(s.native_handle())) {
+    char name[256] = {};
+    X509_NAME_get_text_by_NID(X509_get_subject_name(peer), NID_commonName, name, sizeof name);
+    e.common_name = name;
+    e.certified_rank = rank_named(e.common_name);
+    X509_free(peer);
+  }
+  return e;
+}
+
+// Why a handshake failed, and whose doing it was: the other end's certificate did not verify
+// here (verified_here), the other end refused this one's (an alert came), the other end does not
+// speak TLS, or it went away (eof, reset: not a verdict on anything; retried).
+enum class failure : std::uint8_t { went_away, not_verified_here, refused_there, not_tls, other };
+struct handshake_failure {
+  failure kind = failure::other;
+  std::string why;
+};
+
+inline handshake_failure describe(const asio::error_code& ec, SSL* ssl) {
+  if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated || ec == asio::error::connection_reset ||
+      ec == asio::error::broken_pipe)
+    return {failure::went_away, "the other end closed the connection during the TLS handshake"};
+  if (ec.category() != asio::error::get_ssl_category()) return {failure::other, ec.message()};
+  char buf[256];
+  ERR_error_string_n(static_cast<unsigned long>(ec.value()), buf, sizeof buf);
+  const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
+  if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED) {
+    const long verdict = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+    return {failure::not_verified_here, std::string("the other end's certificate does not verify against this run's CA: ") +
+                                            (verdict != X509_V_OK ? X509_verify_cert_error_string(verdict) : buf)};
+  }
+  if (reason >= SSL_AD_REASON_OFFSET)  // an alert the other end sent
+    return {failure::refused_there, std::string("the other end refused this peer's certificate or settings (") + buf + ")"};
+  if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG || reason == SSL_R_RECORD_LENGTH_MISMATCH)
+    return {failure::not_tls, std::string("the other end does not speak TLS: does it run without it? (") + buf + ")"};
+  return {failure::other, buf};
+}
+
+// A handshake that failed on a verdict (a certificate refused, a peer without TLS), as against
+// one that did not finish in time or whose other end went away: retrying cannot help it.
+class refused : public decentrain::error {
+ public:
+  using decentrain::error::error;
+};
+
+// The dialer's half, on a connected socket whose io_context nothing else runs: the handshake and
+// the acceptor's `ready`, within `limit`. Throws naming why it failed (`refused` when it failed).
+inline established dial(asio::ssl::context& ctx, asio::ip::tcp::socket& socket, std::chrono::milliseconds limit,
+                        const std::string& address) {
+  auto& io = static_cast<asio::io_context&>(socket.get_executor().context());
+  stream s(socket, ctx);
+  asio::error_code result = asio::error::would_block;
+  unsigned char got = 0;
+  s.async_handshake(asio::ssl::stream_base::client, [&](const asio::error_code& ec) {
+    if (ec) {
+      result = ec;
+      return;
+    }
+    // The acceptor refuses this peer's certificate after this end's handshake is done: its
+    // verdict comes as the answer to this read (a TLS alert, or `ready`).
+    asio::async_read(s, asio::buffer(&got, 1), [&](const asio::error_code& ec2, std::size_t) { result = ec2; });
+  });
+  io.restart();
+  io.run_for(limit);
+  if (result == asio::error::would_block) {
+    asio::error_code ignored;
+    socket.close(ignored);
+    decentrain::detail::fail("tls: the TLS handshake with the peer at ", address, " did not finish within ", limit.count(), " ms");
+  }
+  if (result) {
+    const auto f = describe(result, s.native_handle());
+    const auto why = decentrain::detail::concat("tls: the TLS handshake with the peer at ", address, " failed: ", f.why);
+    if (f.kind == failure::went_away) decentrain::detail::fail(why);
+    throw refused(why);
+  }
+  if (got != ready)
+    throw refused(decentrain::detail::concat("tls: the peer at ", address, " ended its TLS handshake with ", static_cast<int>(got),
+                                             ", not the transport's ready byte"));
+  return finish(s);
+}
+
+#endif
+
+}  // namespace decentrain::transport::tls
+// ---- end decentrain/transport/tls.hpp ----
 // ---- begin decentrain/transport/liveness.hpp ----
 // How long a peer may stay silent before it is suspected, from what its heartbeats measured.
 //
@@ -12163,6 +12499,9 @@ struct tcp_options {
   // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
   // the port can join the group and send it anything a peer may send.
   std::string key;
+  // TLS (transport/tls.hpp): peers admit only callers whose certificate the run's CA signed, and
+  // every frame is encrypted. With a run key as well, a caller must hold both.
+  tls::options tls;
   // What every peer of a run must agree on, as "name=value" items separated by ';' (the
   // application's: decentrain-gpt gives its steps, model shape and policy). A caller whose
   // settings differ is refused with a message naming each difference, so peers started with
@@ -12194,6 +12533,7 @@ struct tcp_options {
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
     if (!key.empty()) auth::check_key(key, "tcp_options::key");
+    tls.validate();
   }
 };
 
@@ -12357,10 +12697,17 @@ class tcp {
     // With a run key: both directions' frame keys. `send` under write_mutex, `receive` on the I/O
     // thread; set before the connection carries any tagged frame.
     std::optional<auth::session> keys;
+#if DECENTRAIN_HAS_TLS
+    std::unique_ptr<tls::stream> tls;  // during the TLS handshake only
+#endif
+    int certified_rank = -1;  // the rank the caller's certificate names (TLS), -1: none
   };
 
   struct impl {
     explicit impl(tcp_options o) : opts((o.validate(), std::move(o))), acceptor(io), started(std::chrono::steady_clock::now()) {
+#if DECENTRAIN_HAS_TLS
+      if (opts.tls.enabled()) tls_context = tls::make_context(opts.tls, opts.rank);
+#endif
       const auto [host, port] = wire::split_address(opts.listen);
       try {
         asio::ip::tcp::resolver resolver(io);
@@ -12590,21 +12937,39 @@ class tcp {
       return f;
     }
 
-    // The caller's half of the handshake on a fresh connection: the hello, then (with a run key)
-    // the challenge and the proof. Returns the peer's answer (a welcome, a directory, or a
-    // goodbye: the refusal is thrown, naming the reason), the connection's frame keys and, with
-    // a key, the rank the peer proved it is (-1 without).
+    // The caller's half of the handshake on a fresh connection: with TLS its handshake first;
+    // the hello, then (with a run key) the challenge and the proof. Returns the peer's answer (a
+    // welcome, a directory, or a goodbye: the refusal is thrown, naming the reason), the
+    // connection's frame keys and the rank the peer proved it is (with a run key, or a certificate
+    // that names one; -1 without). `expected`: the rank dialed (-1: a seed, any rank).
     struct answered {
       frame_in answer;
       std::optional<auth::session> keys;
       int rank = -1;
     };
-    answered handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address) {
+    answered handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address,
+                       [[maybe_unused]] int expected = -1) {
+      answered out;
+#if DECENTRAIN_HAS_TLS
+      if (tls_context) {
+        tls::established e;
+        try {
+          e = tls::dial(*tls_context, s, opts.connect_timeout, address);
+        } catch (const tls::refused& ex) {  // (a handshake that timed out is retried like any connection)
+          give_up(++unproven_refusals >= 3, ex.what());
+        }
+        if (expected >= 0 && (opts.tls.bind_ranks || e.certified_rank >= 0))
+          decentrain::detail::check(e.certified_rank == expected, "tls: the peer at ", address, " has a certificate for \"",
+                                    e.common_name, "\", not for rank ", expected, " (a stale directory, or another peer's address)");
+        out.keys.emplace(e.dialer_to_acceptor, e.acceptor_to_dialer, true);
+        out.rank = e.certified_rank;
+      }
+#endif
       auto h = my_hello(purpose);
       const bool keyed = !opts.key.empty();
       if (keyed) h.nonce = auth::random_nonce();
       const bytes hello = wire::encode_body(h);
-      write_frame(s, wire::frame_type::hello, 0, hello);
+      write_frame(s, out.keys, wire::frame_type::hello, 0, hello);
       auto refused = [&](const frame_in& f) {
         wire::farewell why{false, "no reason given"};
         if (!f.body.empty()) {
@@ -12617,9 +12982,15 @@ class tcp {
         // believed only when it comes three times (one forged goodbye must not end it).
         give_up(why.final && ++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
       };
-      answered out;
+      // With TLS every frame from the peer is encrypted, its refusals too.
+      auto open = [&](frame_in& f) {
+        const auto head = std::span<const std::byte>(f.raw).first(wire::header_used_bytes);
+        if (out.keys && !out.keys->receive.open_in_place(head, f.body, f.head.mac))
+          decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
+      };
       if (keyed) {
         auto c = read_frame(s, address);
+        open(c);
         if (c.head.type == wire::frame_type::bye) refused(c);
         decentrain::detail::check(c.head.type == wire::frame_type::challenge, "tcp: the peer at ", address,
                                   " answered the hello with frame type ", static_cast<int>(c.head.type),
@@ -12631,15 +13002,16 @@ class tcp {
         transcript.insert(transcript.end(), c.body.begin(), c.body.begin() + static_cast<std::ptrdiff_t>(proof_at));
         if (!auth::same(std::span(c.body).subspan(proof_at), auth::acceptor_proof(opts.key, transcript)))
           give_up(++unproven_refusals >= 3, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
-        out.rank = wire::challenge_rank(c.body);
+        const int proven = wire::challenge_rank(c.body);
+        decentrain::detail::check(out.rank < 0 || out.rank == proven, "tcp: the peer at ", address, " proved it is peer ", proven,
+                                  " with the run key and rank ", out.rank, " with its certificate");
+        out.rank = proven;
         const auto proof = auth::dialer_proof(opts.key, transcript);
-        write_frame(s, wire::frame_type::proof, 0, bytes(proof.begin(), proof.end()));
-        out.keys.emplace(opts.key, transcript, true);
+        write_frame(s, out.keys, wire::frame_type::proof, 0, bytes(proof.begin(), proof.end()));
+        if (!out.keys) out.keys.emplace(opts.key, transcript, true);  // (with TLS, its keys stay)
       }
       out.answer = read_frame(s, address);
-      const auto head = std::span<const std::byte>(out.answer.raw).first(wire::header_used_bytes);
-      if (out.keys && !out.keys->receive.open(head, out.answer.body, out.answer.head.mac))
-        decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
+      open(out.answer);
       if (out.answer.head.type == wire::frame_type::bye) refused(out.answer);
       return out;
     }
@@ -12678,12 +13050,12 @@ class tcp {
 
     void dial(int peer, const std::string& address) {
       with_connection(address, [&](asio::ip::tcp::socket& s) {
-        auto [answer, keys, proven_rank] = handshake(s, wire::hello_purpose::data, address);
+        auto [answer, keys, proven_rank] = handshake(s, wire::hello_purpose::data, address, peer);
         decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
                                   " answered peer ", opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
         // With a key, the rank is proven: a connection that reached another peer (relayed, or an
         // address that now belongs to another rank) is not taken for `peer`.
-        decentrain::detail::check(!keys || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ", proven_rank,
+        decentrain::detail::check(opts.key.empty() || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ", proven_rank,
                                   ", not peer ", peer, " (a stale directory, or the connection was redirected)");
         auto c = std::make_shared<connection>(io);
         const auto protocol = s.local_endpoint().protocol();
@@ -12736,8 +13108,15 @@ class tcp {
       return {asio::buffer(head), asio::buffer(body.data(), body.size()), asio::buffer(pad.data(), pad.size())};
     }
 
-    static void write_frame(asio::ip::tcp::socket& s, wire::frame_type type, tag_type tag, const bytes& body) {
-      const auto head = wire::encode_header({type, tag, body.size()});
+    // A handshake frame, sealed (and with TLS encrypted) when the connection has keys already.
+    static void write_frame(asio::ip::tcp::socket& s, std::optional<auth::session>& keys, wire::frame_type type, tag_type tag,
+                            bytes body) {
+      auto head = wire::encode_header({type, tag, body.size()});
+      if (keys) {
+        const auto mac = keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body,
+                                         keys->send.encrypts() ? std::span<std::byte>(body) : std::span<std::byte>());
+        std::memcpy(head.data() + wire::tag_offset, mac.data(), mac.size());
+      }
       asio::write(s, frame_buffers(head, body));
     }
 
@@ -12772,11 +13151,60 @@ class tcp {
           c->accepted_at = clock::now();
           all.insert(c);
           if (count_pending() > opts.max_pending) evict_oldest_pending();
-          read_next(c);
+#if DECENTRAIN_HAS_TLS
+          if (tls_context) start_tls(c);
+          else
+#endif
+            read_next(c);
         }
         accept_next();
       });
     }
+
+#if DECENTRAIN_HAS_TLS
+    // The acceptor's half of TLS (transport/tls.hpp): the handshake, `ready`, then frames under
+    // the exported keys. A caller that speaks plain frames is told, as a plain goodbye, that
+    // this peer needs TLS (its first bytes are a frame's magic, not a TLS record).
+    void start_tls(const std::shared_ptr<connection>& c) {
+      c->socket.async_wait(asio::socket_base::wait_read, [this, c](const asio::error_code& ec) {
+        if (c->closed) return;
+        if (ec) return lost(c, ec);
+        std::array<unsigned char, 4> first{};
+        const auto n = ::recv(c->socket.native_handle(), first.data(), first.size(), MSG_PEEK | MSG_DONTWAIT);
+        if (n == 4 && (first[0] | first[1] << 8 | first[2] << 16 | static_cast<std::uint32_t>(first[3]) << 24) == wire::magic) {
+          refuse(c, decentrain::detail::concat("peer ", opts.rank, " admits only peers with a certificate of the run's CA (TLS: ",
+                                               "--tls-cert, --tls-key, --tls-ca); the caller has none"));
+          return;
+        }
+        c->tls = std::make_unique<tls::stream>(c->socket, *tls_context);
+        c->tls->async_handshake(asio::ssl::stream_base::server, [this, c](const asio::error_code& ec2) {
+          if (c->closed) return;
+          if (ec2) {
+            const auto f = tls::describe(ec2, c->tls->native_handle());
+            if (f.kind == tls::failure::went_away) return lost(c, ec2);
+            return reject(c, "its TLS handshake failed: " + f.why);
+          }
+          try {
+            const auto e = tls::finish(*c->tls);
+            c->keys.emplace(e.dialer_to_acceptor, e.acceptor_to_dialer, false);
+            c->certified_rank = e.certified_rank;
+          } catch (const std::exception& ex) {
+            return reject(c, ex.what());
+          }
+          // `ready` is the first byte this end sends after its handshake, and nothing follows it
+          // until the caller's hello: an unregistered connection gets no heartbeat or other frame
+          // (see tls.hpp for why the order matters).
+          static constexpr unsigned char ready = tls::ready;
+          asio::async_write(*c->tls, asio::buffer(&ready, 1), [this, c](const asio::error_code& ec3, std::size_t) {
+            if (c->closed) return;
+            if (ec3) return lost(c, ec3);
+            c->tls.reset();
+            read_next(c);
+          });
+        });
+      });
+    }
+#endif
 
     // Connections accepted that have not shown who they are (a directory request stays one).
     int count_pending() {
@@ -12858,6 +13286,11 @@ class tcp {
       read_fully(c, std::span<std::byte>(c->head.data(), pad + wire::header_bytes), 0, [this, c, pad](const asio::error_code& ec, std::size_t) {
         if (ec) return lost(c, ec);
         wire::header h;
+        // A TLS ClientHello where a hello should be: a caller with TLS, told in a plain goodbye
+        // (its TLS fails on it at once, and says this peer does not speak TLS).
+        if (c->rank < 0 && c->next == connection::stage::hello && c->head[0] == std::byte{22} && c->head[1] == std::byte{3})
+          return refuse(c, decentrain::detail::concat("peer ", opts.rank, " runs without TLS and the caller with it; give every ",
+                                                      "peer the same TLS settings"));
         try {
           wire::check_zeros(c->head.data(), pad, "padding");
           h = wire::decode_header(c->head.data() + pad, opts.max_frame_bytes);
@@ -12930,10 +13363,11 @@ class tcp {
 
     // Whether a frame's tag is the one its connection's key gives its place in the stream (no key:
     // no tag). Checked before anything is done with the frame.
-    static bool authentic(connection& c, const wire::header& h, std::span<const std::byte> body) {
+    // With TLS the body is decrypted in place.
+    static bool authentic(connection& c, const wire::header& h, std::span<std::byte> body) {
       if (!c.keys) return h.mac == auth::tag{};
       const auto head = wire::encode_header(h);  // its covered bytes are those received
-      return c.keys->receive.open(std::span<const std::byte>(head).first(wire::header_used_bytes), body, h.mac);
+      return c.keys->receive.open_in_place(std::span<const std::byte>(head).first(wire::header_used_bytes), body, h.mac);
     }
 
     void reject_frame(const std::shared_ptr<connection>& c, const wire::header& h) {
@@ -13006,6 +13440,14 @@ class tcp {
           }
           decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
                                     "frame: peer ", hello.rank, " has a different byte order");
+          if (c->keys && c->keys->receive.encrypts() && (opts.tls.bind_ranks || c->certified_rank >= 0) &&
+              c->certified_rank != hello.rank) {
+            refuse(c, decentrain::detail::concat("the caller claims rank ", hello.rank, ", and its certificate ",
+                                                 c->certified_rank >= 0 ? "is for rank " + std::to_string(c->certified_rank)
+                                                                        : std::string("names no rank"),
+                                                 " (one peer cannot take another's rank)"));
+            return true;  // the caller closes (or the handshake deadline does)
+          }
           const bool keyed = !opts.key.empty();
           if (keyed != !hello.nonce.empty()) {
             const auto why = keyed ? decentrain::detail::concat("peer ", opts.rank, " admits only peers holding the run's key (",
@@ -13038,7 +13480,7 @@ class tcp {
                                                  " did not verify (it does not hold this run's key)"));
             return false;
           }
-          c->keys.emplace(opts.key, c->transcript, false);
+          if (!c->keys) c->keys.emplace(opts.key, c->transcript, false);  // (with TLS, its keys stay)
           c->transcript = {};
           return admit(c, std::exchange(c->asked, {}));
         }
@@ -13241,24 +13683,29 @@ class tcp {
     }
 
     // A frame's header, with its tag when the connection has keys (write_mutex held: tags must go
-    // out in the order they were made).
+    // out in the order they were made). With TLS the body is encrypted into `ciphertext` (which
+    // may be `body` itself).
     static std::array<std::byte, wire::header_bytes> sealed_header(connection& c, wire::frame_type type, tag_type tag,
-                                                                  std::span<const std::byte> body) {
+                                                                  std::span<const std::byte> body, std::span<std::byte> ciphertext) {
       auto head = wire::encode_header({type, tag, body.size(), {}});
       if (c.keys) {
-        const auto mac = c.keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body);
+        const auto mac = c.keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body, ciphertext);
         std::memcpy(head.data() + wire::tag_offset, mac.data(), mac.size());
       }
       return head;
     }
+    static bool encrypted(const connection& c) { return c.keys && c.keys->send.encrypts(); }
 
     // Queues a small control frame on c.unsent (write_mutex held).
     static void append_frame(connection& c, wire::frame_type type, const bytes& body) {
-      const auto head = sealed_header(c, type, 0, body);
-      const auto pad = wire::padding(body.size());
       auto& out = c.unsent;
-      out.insert(out.end(), head.begin(), head.end());
+      const std::size_t at = out.size();
+      out.resize(at + wire::header_bytes);
       out.insert(out.end(), body.begin(), body.end());
+      const auto text = std::span<std::byte>(out).subspan(at + wire::header_bytes, body.size());
+      const auto head = sealed_header(c, type, 0, text, encrypted(c) ? text : std::span<std::byte>());
+      std::memcpy(out.data() + at, head.data(), head.size());
+      const auto pad = wire::padding(body.size());
       out.insert(out.end(), pad.begin(), pad.end());
     }
 
@@ -13293,7 +13740,7 @@ class tcp {
       auto f = std::make_shared<frame>(frame{{}, std::move(body)});
       {
         std::lock_guard write_lock(c->write_mutex);
-        f->head = sealed_header(*c, type, 0, f->body);
+        f->head = sealed_header(*c, type, 0, f->body, encrypted(*c) ? std::span<std::byte>(f->body) : std::span<std::byte>());
       }
       asio::async_write(c->socket, frame_buffers(f->head, f->body), [this, c, f](const asio::error_code& ec, std::size_t) {
         if (ec) lost(c, ec);
@@ -13334,10 +13781,25 @@ class tcp {
     // Non-blocking writes with poll() keep the send timeout; the I/O thread reads meanwhile, so
     // peers that all send at once still drain each other.
     void write_data(connection& c, tag_type tag, std::span<const std::byte> data) {
+      std::lock_guard write_lock(c.write_mutex);
+      if (encrypted(c)) {
+        // The caller's buffer is not ours to overwrite: the frame is encrypted into one buffer per
+        // sending thread (not per connection: a peer with many connections holds one copy of its
+        // largest frame, not one per peer). The tag goes in the header, so all of it first.
+        static thread_local bytes ciphertext;
+        if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
+        const auto into = std::span<std::byte>(ciphertext).first(data.size());
+        const auto head = sealed_header(c, wire::frame_type::data, tag, data, into);
+        return write_sealed(c, tag, head, into);
+      }
+      write_sealed(c, tag, sealed_header(c, wire::frame_type::data, tag, data, {}), data);
+    }
+
+    // write_data's frame once sealed (write_mutex held).
+    void write_sealed(connection& c, tag_type tag, const std::array<std::byte, wire::header_bytes>& head,
+                      std::span<const std::byte> data) {
       const int peer = c.rank;
       const auto pad = wire::padding(data.size());
-      std::lock_guard write_lock(c.write_mutex);
-      const auto head = sealed_header(c, wire::frame_type::data, tag, data);
       const int fd = c.socket.native_handle();
       // The rest of a heartbeat goes first (see connection::unsent).
       const std::size_t before = c.unsent.size();
@@ -13476,6 +13938,9 @@ class tcp {
     }
 
     tcp_options opts;
+#if DECENTRAIN_HAS_TLS
+    std::shared_ptr<asio::ssl::context> tls_context;  // null without TLS
+#endif
     asio::io_context io;
     std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{asio::make_work_guard(io)};
     asio::ip::tcp::acceptor acceptor;

@@ -577,6 +577,55 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
   CHECK_THAT(missing.output, Contains("--key-file is for TCP peers"));
 }
 
+TEST_CASE("train over TCP with TLS: certified peers train as without it, a peer of another CA is refused, naming why",
+          "[cli][peers]") {
+  const auto dir = scratch("tls");
+  REQUIRE(run(std::string("{ bash ") + DECENTRAIN_TLS_CERTS_SCRIPT + " certs 2 --days 2 && bash " + DECENTRAIN_TLS_CERTS_SCRIPT +
+                  " other 2 --days 2; }",
+              dir)
+              .status == 0);
+  const auto in_process = run(cli() + peer_args + " --peers 2 --link wan --metrics ''", dir);
+  REQUIRE(in_process.status == 0);
+  const auto expected = last_line_with(in_process.output, "val loss ");
+  auto tls = [](const std::string& folder, int rank) {
+    const auto stem = " " + folder + "/rank-" + std::to_string(rank);
+    return " --tls-cert" + stem + ".pem --tls-key" + stem + ".key --tls-ca " + folder + "/ca.pem --tls-bind-ranks";
+  };
+  auto port = std::to_string(free_port());
+  const auto certified = run("( (timeout 120 " + cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                                 tls("certs", 1) + " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args +
+                                 " --metrics ''" + tls("certs", 0) + " --listen 127.0.0.1:" + port +
+                                 " --rank 0 --world 2; status=$?; wait; exit $status )",
+                             dir);
+  INFO(certified.output);
+  CHECK(certified.status == 0);
+  CHECK_THAT(certified.output, Contains("(TLS: peers certified by the run's CA, frames encrypted)"));
+  CHECK(certified.output.find("warning: no run key") == std::string::npos);
+  CHECK(last_line_with(certified.output, "val loss ") == expected);  // encryption changes nothing computed
+  CHECK(last_line_with(certified.output, "transport: ") ==
+        "transport: 0 frames malformed, 0 failed authentication; connections refused 0, silent through the handshake 0, "
+        "evicted 0, accept errors 0; peers reconnected 0");
+
+  // A peer whose certificate another CA signed fails its handshake at once; one given another
+  // rank's certificate does not start (tests/transport/test_tls.cpp: a caller that tries).
+  for (const auto& [caller, why] : {std::pair{tls("other", 1), std::string("TLS handshake with the peer at")},
+                                    std::pair{tls("certs", 0), std::string("is for rank 0, and this peer is rank 1")}}) {
+    port = std::to_string(free_port());
+    const auto stranger = run("( (timeout 60 " + cli() + peer_args + " --metrics ''" + tls("certs", 0) + " --listen 127.0.0.1:" +
+                                  port + " --rank 0 --world 2 --join-timeout-ms 4000 > rank0.txt 2>&1 &) ; sleep 0.5; timeout 60 " +
+                                  cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port + caller +
+                                  " --rank 1 --world 2 --join-timeout-ms 20000; status=$?; wait; exit $status )",
+                              dir);
+    INFO(stranger.output);
+    CHECK(stranger.status == 1);
+    CHECK_THAT(stranger.output, Contains(why));
+    CHECK(stranger.output.find("within 20000 ms") == std::string::npos);  // refused, not timed out
+  }
+  const auto partial = run("timeout 60 " + cli() + peer_args + " --listen 127.0.0.1:0 --rank 0 --world 2 --tls-cert certs/rank-0.pem", dir);
+  CHECK(partial.status == 1);
+  CHECK_THAT(partial.output, Contains("needs all three of a certificate, its private key and the run's CA"));
+}
+
 TEST_CASE("train --peers: Ctrl-C stops every peer at the same step and saves each", "[cli][peers]") {
   const auto dir = scratch("peers_interrupt");
   const auto r = run("timeout --preserve-status -s INT 3 " + cli() +

@@ -13,7 +13,8 @@
 // every frame carries a tag over its header and body: ChaCha20-Poly1305 (RFC 8439) with the
 // frame as associated data and the frame's sequence number on the connection as the nonce. A
 // modified frame fails its tag; a replayed, dropped or reordered one fails its sequence number;
-// a frame copied from another connection fails its key. Frames are authenticated, not encrypted.
+// a frame copied from another connection fails its key. Frames are authenticated, not encrypted
+// (with TLS, transport/tls.hpp, they are encrypted too, under keys the TLS handshake exported).
 // Why Poly1305 rather than HMAC-SHA256 per frame: it is several times faster per byte (OpenSSL's
 // figures on the development machine are in bench/RESULTS.md, "bench/allreduce with a run key").
 //
@@ -108,6 +109,12 @@ inline std::string key_from_environment() {
   return path && *path ? read_key_file(path) : std::string();
 }
 
+// What a connection's frames get from their key: a tag over header and body (authenticate), or
+// the body encrypted as well (encrypt and decrypt, the two ends of a TLS connection's frames,
+// transport/tls.hpp). Either way the tag is ChaCha20-Poly1305's over the header as associated
+// data and the body (plaintext, or ciphertext when encrypted).
+enum class protection : std::uint8_t { authenticate, encrypt, decrypt };
+
 #if DECENTRAIN_HAS_OPENSSL
 
 inline std::string random_nonce() {
@@ -136,44 +143,80 @@ inline bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-// One direction of a connection: tags frames in order (the sender) or checks them in order (the
+// One direction of a connection: seals frames in order (the sender) or opens them in order (the
 // receiver). The n-th frame uses nonce n, so each key seals each nonce once.
 class frame_mac {
  public:
-  explicit frame_mac(const digest& key) : ctx_(EVP_CIPHER_CTX_new()) {
-    decentrain::detail::check(ctx_ && EVP_EncryptInit_ex(ctx_.get(), EVP_chacha20_poly1305(), nullptr,
-                                                         reinterpret_cast<const unsigned char*>(key.data()), nullptr) == 1,
-                              "tcp: OpenSSL cannot set up ChaCha20-Poly1305");
+  explicit frame_mac(const digest& key, protection mode = protection::authenticate) : ctx_(EVP_CIPHER_CTX_new()), mode_(mode) {
+    const auto* k = reinterpret_cast<const unsigned char*>(key.data());
+    const bool ok = ctx_ && (mode == protection::decrypt ? EVP_DecryptInit_ex(ctx_.get(), EVP_chacha20_poly1305(), nullptr, k, nullptr)
+                                                        : EVP_EncryptInit_ex(ctx_.get(), EVP_chacha20_poly1305(), nullptr, k, nullptr)) == 1;
+    decentrain::detail::check(ok, "tcp: OpenSSL cannot set up ChaCha20-Poly1305");
   }
 
+  // Whether frames are encrypted: seal then needs `ciphertext`, and only open_in_place opens.
+  bool encrypts() const { return mode_ != protection::authenticate; }
+
   // The tag of the next frame (header's first bytes, then body); advances the sequence number.
-  tag seal(std::span<const std::byte> head, std::span<const std::byte> body) { return compute(head, body); }
+  // Encrypting, the body's ciphertext goes to `ciphertext` (body.size() bytes; it may be `body`).
+  tag seal(std::span<const std::byte> head, std::span<const std::byte> body, std::span<std::byte> ciphertext = {}) {
+    decentrain::detail::check(mode_ != protection::decrypt && (mode_ == protection::authenticate || ciphertext.size() == body.size()),
+                              "tcp: frame_mac::seal on a receiving key, or without room for the ciphertext");
+    return compute(head, body, ciphertext);
+  }
   // Whether `t` is the next frame's tag; advances the sequence number either way (a connection
-  // whose frame failed is closed).
+  // whose frame failed is closed). Authenticated frames only.
   bool open(std::span<const std::byte> head, std::span<const std::byte> body, const tag& t) {
-    const auto expected = compute(head, body);
+    decentrain::detail::check(mode_ == protection::authenticate, "tcp: frame_mac::open on an encrypted connection");
+    const auto expected = compute(head, body, {});
     return same(expected, t);
+  }
+  // The same for a body that may be encrypted: decrypted in place when it is (a body that fails
+  // its tag is left as garbage: the caller drops it).
+  bool open_in_place(std::span<const std::byte> head, std::span<std::byte> body, const tag& t) {
+    if (mode_ == protection::authenticate) return open(head, body, t);
+    decentrain::detail::check(mode_ == protection::decrypt, "tcp: frame_mac::open_in_place on a sending key");
+    auto* c = ctx_.get();
+    const auto iv = next_iv();
+    int n = 0;
+    bool ok = EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1 && update(head, {}) && update(body, body) &&
+              EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(tag_bytes), const_cast<std::byte*>(t.data())) == 1;
+    return ok && EVP_DecryptFinal_ex(c, nullptr, &n) == 1;
   }
   // Takes back the last seal, for a frame of which nothing was written.
   void unseal() { --sequence_; }
 
  private:
-  tag compute(std::span<const std::byte> head, std::span<const std::byte> body) {
+  std::array<unsigned char, 12> next_iv() {
     std::array<unsigned char, 12> iv{};
     for (int i = 0; i < 8; ++i) iv[4 + static_cast<std::size_t>(i)] = static_cast<unsigned char>((sequence_ >> (8 * i)) & 0xff);
     ++sequence_;
+    return iv;
+  }
+  // Feeds `in` as associated data (out empty) or as text whose other form goes to `out`. EVP
+  // lengths are int: large bodies go in pieces.
+  bool update(std::span<const std::byte> in, std::span<std::byte> out) {
+    int n = 0;
+    const bool text = !out.empty();
+    const bool decrypting = mode_ == protection::decrypt;
+    for (std::size_t at = 0; at < in.size(); at += chunk) {
+      const auto len = static_cast<int>(std::min(chunk, in.size() - at));
+      auto* to = text ? reinterpret_cast<unsigned char*>(out.data() + at) : nullptr;
+      const auto* from = reinterpret_cast<const unsigned char*>(in.data() + at);
+      if ((decrypting ? EVP_DecryptUpdate(ctx_.get(), to, &n, from, len) : EVP_EncryptUpdate(ctx_.get(), to, &n, from, len)) != 1)
+        return false;
+    }
+    return true;
+  }
+  tag compute(std::span<const std::byte> head, std::span<const std::byte> body, std::span<std::byte> ciphertext) {
+    const auto iv = next_iv();
     int n = 0;
     tag out{};
     auto* c = ctx_.get();
-    bool ok = EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1;
-    for (const auto part : {head, body}) {
-      // EVP lengths are int: feed large bodies in pieces.
-      for (std::size_t at = 0; ok && at < part.size(); at += chunk)
-        ok = EVP_EncryptUpdate(c, nullptr, &n, reinterpret_cast<const unsigned char*>(part.data() + at),
-                               static_cast<int>(std::min(chunk, part.size() - at))) == 1;
-    }
-    ok = ok && EVP_EncryptFinal_ex(c, nullptr, &n) == 1 &&
-         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, static_cast<int>(tag_bytes), out.data()) == 1;
+    const bool ok = EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1 && update(head, {}) &&
+                    update(body, mode_ == protection::encrypt ? ciphertext : std::span<std::byte>{}) &&
+                    EVP_EncryptFinal_ex(c, nullptr, &n) == 1 &&
+                    EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, static_cast<int>(tag_bytes), out.data()) == 1;
     decentrain::detail::check(ok, "tcp: OpenSSL ChaCha20-Poly1305 failed");
     return out;
   }
@@ -182,6 +225,7 @@ class frame_mac {
     void operator()(EVP_CIPHER_CTX* c) const { EVP_CIPHER_CTX_free(c); }
   };
   std::unique_ptr<EVP_CIPHER_CTX, free_ctx> ctx_;
+  protection mode_;
   std::uint64_t sequence_ = 0;
 };
 
@@ -192,9 +236,15 @@ inline digest dialer_proof(std::string_view key, std::span<const std::byte> t) {
 // Both directions' frame keys of one connection, as seen from one end.
 struct session {
   frame_mac send, receive;
+  // From the run key and the handshake's transcript: frames authenticated.
   session(std::string_view key, std::span<const std::byte> transcript, bool dialer)
       : send(keyed_digest(key, dialer ? "decentrain/5 dialer to acceptor" : "decentrain/5 acceptor to dialer", transcript)),
         receive(keyed_digest(key, dialer ? "decentrain/5 acceptor to dialer" : "decentrain/5 dialer to acceptor", transcript)) {}
+  // From keys a TLS handshake exported (the dialer's direction first, then the acceptor's):
+  // frames encrypted.
+  session(const digest& dialer_to_acceptor, const digest& acceptor_to_dialer, bool dialer)
+      : send(dialer ? dialer_to_acceptor : acceptor_to_dialer, protection::encrypt),
+        receive(dialer ? acceptor_to_dialer : dialer_to_acceptor, protection::decrypt) {}
 };
 
 #else  // no OpenSSL: check_key refuses every key before any of this is needed
@@ -204,8 +254,12 @@ inline bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
 }
 struct frame_mac {
-  tag seal(std::span<const std::byte>, std::span<const std::byte>) { return {}; }
+  frame_mac() = default;
+  explicit frame_mac(const digest&, protection = protection::authenticate) {}
+  bool encrypts() const { return false; }
+  tag seal(std::span<const std::byte>, std::span<const std::byte>, std::span<std::byte> = {}) { return {}; }
   bool open(std::span<const std::byte>, std::span<const std::byte>, const tag&) { return false; }
+  bool open_in_place(std::span<const std::byte>, std::span<std::byte>, const tag&) { return false; }
   void unseal() {}
 };
 inline digest acceptor_proof(std::string_view, std::span<const std::byte>) { decentrain::detail::fail("tcp: no OpenSSL in this build"); }
@@ -213,6 +267,7 @@ inline digest dialer_proof(std::string_view, std::span<const std::byte>) { decen
 struct session {
   frame_mac send, receive;
   session(std::string_view, std::span<const std::byte>, bool) { decentrain::detail::fail("tcp: no OpenSSL in this build"); }
+  session(const digest&, const digest&, bool) { decentrain::detail::fail("tcp: no OpenSSL in this build"); }
 };
 
 #endif

@@ -45,6 +45,7 @@
 
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/auth.hpp"
+#include "decentrain/transport/tls.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/peer_error.hpp"
 #include "decentrain/transport/frame.hpp"
@@ -116,6 +117,9 @@ struct tcp_options {
   // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
   // the port can join the group and send it anything a peer may send.
   std::string key;
+  // TLS (transport/tls.hpp): peers admit only callers whose certificate the run's CA signed, and
+  // every frame is encrypted. With a run key as well, a caller must hold both.
+  tls::options tls;
   // What every peer of a run must agree on, as "name=value" items separated by ';' (the
   // application's: decentrain-gpt gives its steps, model shape and policy). A caller whose
   // settings differ is refused with a message naming each difference, so peers started with
@@ -147,6 +151,7 @@ struct tcp_options {
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
     if (!key.empty()) auth::check_key(key, "tcp_options::key");
+    tls.validate();
   }
 };
 
@@ -310,10 +315,17 @@ class tcp {
     // With a run key: both directions' frame keys. `send` under write_mutex, `receive` on the I/O
     // thread; set before the connection carries any tagged frame.
     std::optional<auth::session> keys;
+#if DECENTRAIN_HAS_TLS
+    std::unique_ptr<tls::stream> tls;  // during the TLS handshake only
+#endif
+    int certified_rank = -1;  // the rank the caller's certificate names (TLS), -1: none
   };
 
   struct impl {
     explicit impl(tcp_options o) : opts((o.validate(), std::move(o))), acceptor(io), started(std::chrono::steady_clock::now()) {
+#if DECENTRAIN_HAS_TLS
+      if (opts.tls.enabled()) tls_context = tls::make_context(opts.tls, opts.rank);
+#endif
       const auto [host, port] = wire::split_address(opts.listen);
       try {
         asio::ip::tcp::resolver resolver(io);
@@ -543,21 +555,39 @@ class tcp {
       return f;
     }
 
-    // The caller's half of the handshake on a fresh connection: the hello, then (with a run key)
-    // the challenge and the proof. Returns the peer's answer (a welcome, a directory, or a
-    // goodbye: the refusal is thrown, naming the reason), the connection's frame keys and, with
-    // a key, the rank the peer proved it is (-1 without).
+    // The caller's half of the handshake on a fresh connection: with TLS its handshake first;
+    // the hello, then (with a run key) the challenge and the proof. Returns the peer's answer (a
+    // welcome, a directory, or a goodbye: the refusal is thrown, naming the reason), the
+    // connection's frame keys and the rank the peer proved it is (with a run key, or a certificate
+    // that names one; -1 without). `expected`: the rank dialed (-1: a seed, any rank).
     struct answered {
       frame_in answer;
       std::optional<auth::session> keys;
       int rank = -1;
     };
-    answered handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address) {
+    answered handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address,
+                       [[maybe_unused]] int expected = -1) {
+      answered out;
+#if DECENTRAIN_HAS_TLS
+      if (tls_context) {
+        tls::established e;
+        try {
+          e = tls::dial(*tls_context, s, opts.connect_timeout, address);
+        } catch (const tls::refused& ex) {  // (a handshake that timed out is retried like any connection)
+          give_up(++unproven_refusals >= 3, ex.what());
+        }
+        if (expected >= 0 && (opts.tls.bind_ranks || e.certified_rank >= 0))
+          decentrain::detail::check(e.certified_rank == expected, "tls: the peer at ", address, " has a certificate for \"",
+                                    e.common_name, "\", not for rank ", expected, " (a stale directory, or another peer's address)");
+        out.keys.emplace(e.dialer_to_acceptor, e.acceptor_to_dialer, true);
+        out.rank = e.certified_rank;
+      }
+#endif
       auto h = my_hello(purpose);
       const bool keyed = !opts.key.empty();
       if (keyed) h.nonce = auth::random_nonce();
       const bytes hello = wire::encode_body(h);
-      write_frame(s, wire::frame_type::hello, 0, hello);
+      write_frame(s, out.keys, wire::frame_type::hello, 0, hello);
       auto refused = [&](const frame_in& f) {
         wire::farewell why{false, "no reason given"};
         if (!f.body.empty()) {
@@ -570,9 +600,15 @@ class tcp {
         // believed only when it comes three times (one forged goodbye must not end it).
         give_up(why.final && ++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
       };
-      answered out;
+      // With TLS every frame from the peer is encrypted, its refusals too.
+      auto open = [&](frame_in& f) {
+        const auto head = std::span<const std::byte>(f.raw).first(wire::header_used_bytes);
+        if (out.keys && !out.keys->receive.open_in_place(head, f.body, f.head.mac))
+          decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
+      };
       if (keyed) {
         auto c = read_frame(s, address);
+        open(c);
         if (c.head.type == wire::frame_type::bye) refused(c);
         decentrain::detail::check(c.head.type == wire::frame_type::challenge, "tcp: the peer at ", address,
                                   " answered the hello with frame type ", static_cast<int>(c.head.type),
@@ -584,15 +620,16 @@ class tcp {
         transcript.insert(transcript.end(), c.body.begin(), c.body.begin() + static_cast<std::ptrdiff_t>(proof_at));
         if (!auth::same(std::span(c.body).subspan(proof_at), auth::acceptor_proof(opts.key, transcript)))
           give_up(++unproven_refusals >= 3, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
-        out.rank = wire::challenge_rank(c.body);
+        const int proven = wire::challenge_rank(c.body);
+        decentrain::detail::check(out.rank < 0 || out.rank == proven, "tcp: the peer at ", address, " proved it is peer ", proven,
+                                  " with the run key and rank ", out.rank, " with its certificate");
+        out.rank = proven;
         const auto proof = auth::dialer_proof(opts.key, transcript);
-        write_frame(s, wire::frame_type::proof, 0, bytes(proof.begin(), proof.end()));
-        out.keys.emplace(opts.key, transcript, true);
+        write_frame(s, out.keys, wire::frame_type::proof, 0, bytes(proof.begin(), proof.end()));
+        if (!out.keys) out.keys.emplace(opts.key, transcript, true);  // (with TLS, its keys stay)
       }
       out.answer = read_frame(s, address);
-      const auto head = std::span<const std::byte>(out.answer.raw).first(wire::header_used_bytes);
-      if (out.keys && !out.keys->receive.open(head, out.answer.body, out.answer.head.mac))
-        decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
+      open(out.answer);
       if (out.answer.head.type == wire::frame_type::bye) refused(out.answer);
       return out;
     }
@@ -631,12 +668,12 @@ class tcp {
 
     void dial(int peer, const std::string& address) {
       with_connection(address, [&](asio::ip::tcp::socket& s) {
-        auto [answer, keys, proven_rank] = handshake(s, wire::hello_purpose::data, address);
+        auto [answer, keys, proven_rank] = handshake(s, wire::hello_purpose::data, address, peer);
         decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
                                   " answered peer ", opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
         // With a key, the rank is proven: a connection that reached another peer (relayed, or an
         // address that now belongs to another rank) is not taken for `peer`.
-        decentrain::detail::check(!keys || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ", proven_rank,
+        decentrain::detail::check(opts.key.empty() || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ", proven_rank,
                                   ", not peer ", peer, " (a stale directory, or the connection was redirected)");
         auto c = std::make_shared<connection>(io);
         const auto protocol = s.local_endpoint().protocol();
@@ -689,8 +726,15 @@ class tcp {
       return {asio::buffer(head), asio::buffer(body.data(), body.size()), asio::buffer(pad.data(), pad.size())};
     }
 
-    static void write_frame(asio::ip::tcp::socket& s, wire::frame_type type, tag_type tag, const bytes& body) {
-      const auto head = wire::encode_header({type, tag, body.size()});
+    // A handshake frame, sealed (and with TLS encrypted) when the connection has keys already.
+    static void write_frame(asio::ip::tcp::socket& s, std::optional<auth::session>& keys, wire::frame_type type, tag_type tag,
+                            bytes body) {
+      auto head = wire::encode_header({type, tag, body.size()});
+      if (keys) {
+        const auto mac = keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body,
+                                         keys->send.encrypts() ? std::span<std::byte>(body) : std::span<std::byte>());
+        std::memcpy(head.data() + wire::tag_offset, mac.data(), mac.size());
+      }
       asio::write(s, frame_buffers(head, body));
     }
 
@@ -725,11 +769,60 @@ class tcp {
           c->accepted_at = clock::now();
           all.insert(c);
           if (count_pending() > opts.max_pending) evict_oldest_pending();
-          read_next(c);
+#if DECENTRAIN_HAS_TLS
+          if (tls_context) start_tls(c);
+          else
+#endif
+            read_next(c);
         }
         accept_next();
       });
     }
+
+#if DECENTRAIN_HAS_TLS
+    // The acceptor's half of TLS (transport/tls.hpp): the handshake, `ready`, then frames under
+    // the exported keys. A caller that speaks plain frames is told, as a plain goodbye, that
+    // this peer needs TLS (its first bytes are a frame's magic, not a TLS record).
+    void start_tls(const std::shared_ptr<connection>& c) {
+      c->socket.async_wait(asio::socket_base::wait_read, [this, c](const asio::error_code& ec) {
+        if (c->closed) return;
+        if (ec) return lost(c, ec);
+        std::array<unsigned char, 4> first{};
+        const auto n = ::recv(c->socket.native_handle(), first.data(), first.size(), MSG_PEEK | MSG_DONTWAIT);
+        if (n == 4 && (first[0] | first[1] << 8 | first[2] << 16 | static_cast<std::uint32_t>(first[3]) << 24) == wire::magic) {
+          refuse(c, decentrain::detail::concat("peer ", opts.rank, " admits only peers with a certificate of the run's CA (TLS: ",
+                                               "--tls-cert, --tls-key, --tls-ca); the caller has none"));
+          return;
+        }
+        c->tls = std::make_unique<tls::stream>(c->socket, *tls_context);
+        c->tls->async_handshake(asio::ssl::stream_base::server, [this, c](const asio::error_code& ec2) {
+          if (c->closed) return;
+          if (ec2) {
+            const auto f = tls::describe(ec2, c->tls->native_handle());
+            if (f.kind == tls::failure::went_away) return lost(c, ec2);
+            return reject(c, "its TLS handshake failed: " + f.why);
+          }
+          try {
+            const auto e = tls::finish(*c->tls);
+            c->keys.emplace(e.dialer_to_acceptor, e.acceptor_to_dialer, false);
+            c->certified_rank = e.certified_rank;
+          } catch (const std::exception& ex) {
+            return reject(c, ex.what());
+          }
+          // `ready` is the first byte this end sends after its handshake, and nothing follows it
+          // until the caller's hello: an unregistered connection gets no heartbeat or other frame
+          // (see tls.hpp for why the order matters).
+          static constexpr unsigned char ready = tls::ready;
+          asio::async_write(*c->tls, asio::buffer(&ready, 1), [this, c](const asio::error_code& ec3, std::size_t) {
+            if (c->closed) return;
+            if (ec3) return lost(c, ec3);
+            c->tls.reset();
+            read_next(c);
+          });
+        });
+      });
+    }
+#endif
 
     // Connections accepted that have not shown who they are (a directory request stays one).
     int count_pending() {
@@ -811,6 +904,11 @@ class tcp {
       read_fully(c, std::span<std::byte>(c->head.data(), pad + wire::header_bytes), 0, [this, c, pad](const asio::error_code& ec, std::size_t) {
         if (ec) return lost(c, ec);
         wire::header h;
+        // A TLS ClientHello where a hello should be: a caller with TLS, told in a plain goodbye
+        // (its TLS fails on it at once, and says this peer does not speak TLS).
+        if (c->rank < 0 && c->next == connection::stage::hello && c->head[0] == std::byte{22} && c->head[1] == std::byte{3})
+          return refuse(c, decentrain::detail::concat("peer ", opts.rank, " runs without TLS and the caller with it; give every ",
+                                                      "peer the same TLS settings"));
         try {
           wire::check_zeros(c->head.data(), pad, "padding");
           h = wire::decode_header(c->head.data() + pad, opts.max_frame_bytes);
@@ -883,10 +981,11 @@ class tcp {
 
     // Whether a frame's tag is the one its connection's key gives its place in the stream (no key:
     // no tag). Checked before anything is done with the frame.
-    static bool authentic(connection& c, const wire::header& h, std::span<const std::byte> body) {
+    // With TLS the body is decrypted in place.
+    static bool authentic(connection& c, const wire::header& h, std::span<std::byte> body) {
       if (!c.keys) return h.mac == auth::tag{};
       const auto head = wire::encode_header(h);  // its covered bytes are those received
-      return c.keys->receive.open(std::span<const std::byte>(head).first(wire::header_used_bytes), body, h.mac);
+      return c.keys->receive.open_in_place(std::span<const std::byte>(head).first(wire::header_used_bytes), body, h.mac);
     }
 
     void reject_frame(const std::shared_ptr<connection>& c, const wire::header& h) {
@@ -959,6 +1058,14 @@ class tcp {
           }
           decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little),
                                     "frame: peer ", hello.rank, " has a different byte order");
+          if (c->keys && c->keys->receive.encrypts() && (opts.tls.bind_ranks || c->certified_rank >= 0) &&
+              c->certified_rank != hello.rank) {
+            refuse(c, decentrain::detail::concat("the caller claims rank ", hello.rank, ", and its certificate ",
+                                                 c->certified_rank >= 0 ? "is for rank " + std::to_string(c->certified_rank)
+                                                                        : std::string("names no rank"),
+                                                 " (one peer cannot take another's rank)"));
+            return true;  // the caller closes (or the handshake deadline does)
+          }
           const bool keyed = !opts.key.empty();
           if (keyed != !hello.nonce.empty()) {
             const auto why = keyed ? decentrain::detail::concat("peer ", opts.rank, " admits only peers holding the run's key (",
@@ -991,7 +1098,7 @@ class tcp {
                                                  " did not verify (it does not hold this run's key)"));
             return false;
           }
-          c->keys.emplace(opts.key, c->transcript, false);
+          if (!c->keys) c->keys.emplace(opts.key, c->transcript, false);  // (with TLS, its keys stay)
           c->transcript = {};
           return admit(c, std::exchange(c->asked, {}));
         }
@@ -1194,24 +1301,29 @@ class tcp {
     }
 
     // A frame's header, with its tag when the connection has keys (write_mutex held: tags must go
-    // out in the order they were made).
+    // out in the order they were made). With TLS the body is encrypted into `ciphertext` (which
+    // may be `body` itself).
     static std::array<std::byte, wire::header_bytes> sealed_header(connection& c, wire::frame_type type, tag_type tag,
-                                                                  std::span<const std::byte> body) {
+                                                                  std::span<const std::byte> body, std::span<std::byte> ciphertext) {
       auto head = wire::encode_header({type, tag, body.size(), {}});
       if (c.keys) {
-        const auto mac = c.keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body);
+        const auto mac = c.keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body, ciphertext);
         std::memcpy(head.data() + wire::tag_offset, mac.data(), mac.size());
       }
       return head;
     }
+    static bool encrypted(const connection& c) { return c.keys && c.keys->send.encrypts(); }
 
     // Queues a small control frame on c.unsent (write_mutex held).
     static void append_frame(connection& c, wire::frame_type type, const bytes& body) {
-      const auto head = sealed_header(c, type, 0, body);
-      const auto pad = wire::padding(body.size());
       auto& out = c.unsent;
-      out.insert(out.end(), head.begin(), head.end());
+      const std::size_t at = out.size();
+      out.resize(at + wire::header_bytes);
       out.insert(out.end(), body.begin(), body.end());
+      const auto text = std::span<std::byte>(out).subspan(at + wire::header_bytes, body.size());
+      const auto head = sealed_header(c, type, 0, text, encrypted(c) ? text : std::span<std::byte>());
+      std::memcpy(out.data() + at, head.data(), head.size());
+      const auto pad = wire::padding(body.size());
       out.insert(out.end(), pad.begin(), pad.end());
     }
 
@@ -1246,7 +1358,7 @@ class tcp {
       auto f = std::make_shared<frame>(frame{{}, std::move(body)});
       {
         std::lock_guard write_lock(c->write_mutex);
-        f->head = sealed_header(*c, type, 0, f->body);
+        f->head = sealed_header(*c, type, 0, f->body, encrypted(*c) ? std::span<std::byte>(f->body) : std::span<std::byte>());
       }
       asio::async_write(c->socket, frame_buffers(f->head, f->body), [this, c, f](const asio::error_code& ec, std::size_t) {
         if (ec) lost(c, ec);
@@ -1287,10 +1399,25 @@ class tcp {
     // Non-blocking writes with poll() keep the send timeout; the I/O thread reads meanwhile, so
     // peers that all send at once still drain each other.
     void write_data(connection& c, tag_type tag, std::span<const std::byte> data) {
+      std::lock_guard write_lock(c.write_mutex);
+      if (encrypted(c)) {
+        // The caller's buffer is not ours to overwrite: the frame is encrypted into one buffer per
+        // sending thread (not per connection: a peer with many connections holds one copy of its
+        // largest frame, not one per peer). The tag goes in the header, so all of it first.
+        static thread_local bytes ciphertext;
+        if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
+        const auto into = std::span<std::byte>(ciphertext).first(data.size());
+        const auto head = sealed_header(c, wire::frame_type::data, tag, data, into);
+        return write_sealed(c, tag, head, into);
+      }
+      write_sealed(c, tag, sealed_header(c, wire::frame_type::data, tag, data, {}), data);
+    }
+
+    // write_data's frame once sealed (write_mutex held).
+    void write_sealed(connection& c, tag_type tag, const std::array<std::byte, wire::header_bytes>& head,
+                      std::span<const std::byte> data) {
       const int peer = c.rank;
       const auto pad = wire::padding(data.size());
-      std::lock_guard write_lock(c.write_mutex);
-      const auto head = sealed_header(c, wire::frame_type::data, tag, data);
       const int fd = c.socket.native_handle();
       // The rest of a heartbeat goes first (see connection::unsent).
       const std::size_t before = c.unsent.size();
@@ -1429,6 +1556,9 @@ class tcp {
     }
 
     tcp_options opts;
+#if DECENTRAIN_HAS_TLS
+    std::shared_ptr<asio::ssl::context> tls_context;  // null without TLS
+#endif
     asio::io_context io;
     std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{asio::make_work_guard(io)};
     asio::ip::tcp::acceptor acceptor;
