@@ -27,6 +27,14 @@
 #define DECENTRAIN_HAS_CBLAS 0
 #endif
 
+// The CMake target defines DECENTRAIN_HAS_TLS=1 when it found OpenSSL's libssl (and links it):
+// the TCP transport can then run TLS (transport/tls.hpp). Opt-in rather than detected, because
+// asio's TLS layer makes every program that includes it link libssl and libcrypto, TLS used or
+// not; a user of the single header defines it and links -lssl -lcrypto to get TLS.
+#ifndef DECENTRAIN_HAS_TLS
+#define DECENTRAIN_HAS_TLS 0
+#endif
+
 // DECENTRAIN_COMPILED_LIB (set by the CMake target decentrain::compiled, which links the
 // library compiled from src/compiled_cpu.cpp): the CPU instantiations a trainer needs whatever
 // its policies (the GPT on the CPU with every op and kernel of its forward and backward passes,

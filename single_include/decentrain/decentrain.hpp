@@ -34,6 +34,14 @@
 #define DECENTRAIN_HAS_CBLAS 0
 #endif
 
+// The CMake target defines DECENTRAIN_HAS_TLS=1 when it found OpenSSL's libssl (and links it):
+// the TCP transport can then run TLS (transport/tls.hpp). Opt-in rather than detected, because
+// asio's TLS layer makes every program that includes it link libssl and libcrypto, TLS used or
+// not; a user of the single header defines it and links -lssl -lcrypto to get TLS.
+#ifndef DECENTRAIN_HAS_TLS
+#define DECENTRAIN_HAS_TLS 0
+#endif
+
 // DECENTRAIN_COMPILED_LIB (set by the CMake target decentrain::compiled, which links the
 // library compiled from src/compiled_cpu.cpp): the CPU instantiations a trainer needs whatever
 // its policies (the GPT on the CPU with every op and kernel of its forward and backward passes,
@@ -12113,16 +12121,16 @@ static_assert(endpoint<mpi>);
 // connection runs a full handshake: one more round trip than a plain one.
 
 
-// OpenSSL 3 (Debian 12's): SSL_get1_peer_certificate and the providers' ChaCha20-Poly1305.
-#ifndef DECENTRAIN_HAS_TLS
-#if DECENTRAIN_HAS_OPENSSL && __has_include(<openssl/ssl.h>) && __has_include(<asio/ssl.hpp>) && !defined(__CUDACC__)
-#include <openssl/opensslv.h>
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-#define DECENTRAIN_HAS_TLS 1
-#endif
-#endif
-#ifndef DECENTRAIN_HAS_TLS
+// DECENTRAIN_HAS_TLS: see config.hpp. Never under nvcc (asio does not compile there) or without
+// OpenSSL; OpenSSL 3 (Debian 12's) for SSL_get1_peer_certificate.
+#if DECENTRAIN_HAS_TLS && (defined(__CUDACC__) || !DECENTRAIN_HAS_OPENSSL)
+#undef DECENTRAIN_HAS_TLS
 #define DECENTRAIN_HAS_TLS 0
+#endif
+#if DECENTRAIN_HAS_TLS
+#include <openssl/opensslv.h>
+#if OPENSSL_VERSION_NUMBER < 0x30000000L
+#error "decentrain: TLS (DECENTRAIN_HAS_TLS=1) needs OpenSSL 3 or later"
 #endif
 #endif
 
@@ -12167,7 +12175,9 @@ struct options {
                               "--tls-ca); missing: ",
                               certificate.empty() ? "the certificate " : "", private_key.empty() ? "the private key " : "",
                               ca.empty() ? "the CA" : "");
-    decentrain::detail::check(DECENTRAIN_HAS_TLS, "tls: this build has no TLS (it needs OpenSSL 3's libssl and asio; Debian: libssl-dev)");
+    decentrain::detail::check(DECENTRAIN_HAS_TLS, "tls: this build has no TLS (it needs OpenSSL 3's libssl and asio, Debian: libssl-dev; "
+                              "the CMake target turns it on when it finds them, a single-header build with "
+                              "-DDECENTRAIN_HAS_TLS=1 -lssl -lcrypto)");
     namespace fs = std::filesystem;
     for (const auto* f : {&certificate, &private_key, &ca}) {
       std::error_code ec;

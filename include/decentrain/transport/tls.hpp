@@ -23,18 +23,19 @@
 // connection runs a full handshake: one more round trip than a plain one.
 #pragma once
 
+#include "decentrain/config.hpp"
 #include "decentrain/transport/auth.hpp"
 
-// OpenSSL 3 (Debian 12's): SSL_get1_peer_certificate and the providers' ChaCha20-Poly1305.
-#ifndef DECENTRAIN_HAS_TLS
-#if DECENTRAIN_HAS_OPENSSL && __has_include(<openssl/ssl.h>) && __has_include(<asio/ssl.hpp>) && !defined(__CUDACC__)
-#include <openssl/opensslv.h>
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-#define DECENTRAIN_HAS_TLS 1
-#endif
-#endif
-#ifndef DECENTRAIN_HAS_TLS
+// DECENTRAIN_HAS_TLS: see config.hpp. Never under nvcc (asio does not compile there) or without
+// OpenSSL; OpenSSL 3 (Debian 12's) for SSL_get1_peer_certificate.
+#if DECENTRAIN_HAS_TLS && (defined(__CUDACC__) || !DECENTRAIN_HAS_OPENSSL)
+#undef DECENTRAIN_HAS_TLS
 #define DECENTRAIN_HAS_TLS 0
+#endif
+#if DECENTRAIN_HAS_TLS
+#include <openssl/opensslv.h>
+#if OPENSSL_VERSION_NUMBER < 0x30000000L
+#error "decentrain: TLS (DECENTRAIN_HAS_TLS=1) needs OpenSSL 3 or later"
 #endif
 #endif
 
@@ -80,7 +81,9 @@ struct options {
                               "--tls-ca); missing: ",
                               certificate.empty() ? "the certificate " : "", private_key.empty() ? "the private key " : "",
                               ca.empty() ? "the CA" : "");
-    decentrain::detail::check(DECENTRAIN_HAS_TLS, "tls: this build has no TLS (it needs OpenSSL 3's libssl and asio; Debian: libssl-dev)");
+    decentrain::detail::check(DECENTRAIN_HAS_TLS, "tls: this build has no TLS (it needs OpenSSL 3's libssl and asio, Debian: libssl-dev; "
+                              "the CMake target turns it on when it finds them, a single-header build with "
+                              "-DDECENTRAIN_HAS_TLS=1 -lssl -lcrypto)");
     namespace fs = std::filesystem;
     for (const auto* f : {&certificate, &private_key, &ca}) {
       std::error_code ec;
