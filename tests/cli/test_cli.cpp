@@ -461,7 +461,8 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
                        dir);
   INFO(tcp.output);
   CHECK(tcp.status == 0);
-  CHECK_THAT(tcp.output, Contains("warning: no run key (--key-file or DECENTRAIN_KEY_FILE): anyone who can reach"));
+  CHECK_THAT(tcp.output, Contains("warning: no run key (--key-file or DECENTRAIN_KEY_FILE) and no TLS (--tls-cert, --tls-key, "
+                                  "--tls-ca): anyone who can reach"));
   // Same algorithms, same order of sums, one thread each: the same number to the last digit.
   CHECK(last_line_with(tcp.output, "val loss ") == expected);
   // Over TCP each process writes its own metrics, named by rank.

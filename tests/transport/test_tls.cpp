@@ -137,7 +137,7 @@ TEST_CASE("tls: settings are checked at start, each problem named") {
   CHECK(tls::rank_named("decentrain peer") == -1);
 }
 
-TEST_CASE("tls: a group with certificates and a run key trains; frames, large and small, arrive whole") {
+TEST_CASE("tls: a group with certificates and a run key trains, its frames large and small arriving whole") {
   const int world = 3;
   std::vector<tr::tcp_options> opts;
   for (int r = 0; r < world; ++r) {
@@ -174,7 +174,7 @@ TEST_CASE("tls: a group with certificates and a run key trains; frames, large an
   CHECK(peer0.stats().malformed_frames == 0);
 }
 
-TEST_CASE("tls: what crosses the wire is encrypted; a changed byte or a replayed frame is rejected") {
+TEST_CASE("tls: what crosses the wire is encrypted, and a changed byte or a replayed frame is rejected") {
   auto o0 = peer(0, 2, certified("rank-0"));
   o0.heartbeat_interval = 0ms;  // nothing but the frames below on the connection
   tr::tcp peer0(o0);
