@@ -12216,6 +12216,13 @@ inline std::string openssl_errors() {
 }
 
 using stream = asio::ssl::stream<asio::ip::tcp::socket&>;
+
+// A certificate's common name ("" when it has none).
+inline std::string common_name(X509* certificate) {
+  char name[256] = {};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(certificate), NID_commonName, name, sizeof name);
+  return name;
+}
 inline constexpr unsigned char ready = 'R';
 // RFC 5705 keeps labels starting "EXPORTER" for registered uses.
 inline constexpr const char* exporter_label = "EXPERIMENTAL-decentrain frames";
@@ -12257,8 +12264,7 @@ inline std::shared_ptr<asio::ssl::context> make_context(const options& o, int ra
                               "' does not verify against the run's CA in '", o.ca,
                               "': ", X509_verify_cert_error_string(X509_STORE_CTX_get_error(check.get())));
     if (o.bind_ranks) {
-      char name[256] = {};
-      X509_NAME_get_text_by_NID(X509_get_subject_name(own), NID_commonName, name, sizeof name);
+      const auto name = common_name(own);
       decentrain::detail::check(rank_named(name) >= 0, "tls: bind_ranks needs certificates named \"rank N\"; '", o.certificate,
                                 "' is named \"", name, "\"");
       decentrain::detail::check(rank_named(name) == rank, "tls: certificate '", o.certificate, "' is for ", name,
@@ -12289,9 +12295,7 @@ inline established finish(stream& s) {
   std::memcpy(e.acceptor_to_dialer.data(), keys.data() + auth::proof_bytes, auth::proof_bytes);
   OPENSSL_cleanse(keys.data(), keys.size());
   if (X509* peer = SSL_get1_peer_certificate(s.native_handle())) {
-    char name[256] = {};
-    X509_NAME_get_text_by_NID(X509_get_subject_name(peer), NID_commonName, name, sizeof name);
-    e.common_name = name;
+    e.common_name = common_name(peer);
     e.certified_rank = rank_named(e.common_name);
     X509_free(peer);
   }
