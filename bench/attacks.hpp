@@ -69,6 +69,11 @@ struct attacked {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(settings.kind != attack::alie || settings.board, "attacked: alie needs an attack_board");
+    // Who attacks is fixed at the start: a group that excludes an attacker (fault::elastic)
+    // renumbers the others, who stay honest.
+    const int n = ctx.replicas.world(), r = ctx.replicas.rank();
+    attacker_ = r >= n - settings.attackers;
+    first_ = (n - 1 - r) % 2 == 0;
     inner.start(ctx);
     if constexpr (periodic) decentrain::comm::gather_values(ctx.parameters, round_start_);
   }
@@ -109,7 +114,7 @@ struct attacked {
   template <class Ctx>
   void poison(Ctx& ctx, std::vector<float>& v) {
     const int n = ctx.replicas.world(), r = ctx.replicas.rank();
-    const bool attacker = r >= n - settings.attackers;
+    const bool attacker = attacker_;
     ++calls_;
     if (settings.kind == attack::alie) {
       auto& b = *settings.board;
@@ -134,8 +139,7 @@ struct attacked {
     if (!attacker) return;
     switch (settings.kind) {
       case attack::non_finite: {
-        const bool first = (n - 1 - r) % 2 == 0;
-        std::fill(v.begin(), v.end(), first ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity());
+        std::fill(v.begin(), v.end(), first_ ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity());
         break;
       }
       case attack::scaled:
@@ -159,6 +163,7 @@ struct attacked {
   }
   std::vector<float> values_, delta_, round_start_;
   std::uint64_t calls_ = 0;
+  bool attacker_ = false, first_ = false;  // first_: of the attackers, the one sending NaN (the other +inf)
 };
 
 }  // namespace bench

@@ -10026,6 +10026,8 @@ enum class failure_cause {
              // of a view): it is alive, and this peer may be the one that was frozen or cut off
   reported,  // another peer reported it failed (the membership alarm)
   joining,   // no failure: the group changes its view to take in a peer that joins
+  convicted, // alive, but what it sent was poison (dropped as non-finite or malformed, or far
+             // from the aggregate, too often: fault::elastic::exclusion): the group excludes it
   other,     // it sent something malformed, or the cause is not known
 };
 
@@ -10037,6 +10039,7 @@ inline const char* describe(failure_cause c) {
     case failure_cause::excluded: return "stopped listening to this peer";
     case failure_cause::reported: return "reported failed by another peer";
     case failure_cause::joining: return "the group takes in a joiner";
+    case failure_cause::convicted: return "sent poison too often";
     case failure_cause::other: break;
   }
   return "failed";
@@ -10206,6 +10209,8 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
   { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
   // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
   e.forget(peer);
+  // forget `peer` and never take it back, also as a joiner; it is told `reason` (the group excluded it)
+  e.bar(peer, reason);
   // this peer leaves: every other peer's waits on it fail at once, as departed, saying `reason`
   e.leave(reason);
 };
@@ -10349,6 +10354,7 @@ class any_endpoint {
   void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
   std::optional<alarm> alarmed() const { return get().alarmed(); }
   void forget(int peer) { get().forget(peer); }
+  void bar(int peer, const std::string& reason) { get().bar(peer, reason); }
   void leave(const std::string& reason) { get().leave(reason); }
   // Joining (joining_endpoint); a transport without it has no late joiners.
   bool joined_late() const { return get().joined_late(); }
@@ -10376,6 +10382,7 @@ class any_endpoint {
     virtual void set_epoch(std::uint64_t) = 0;
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
+    virtual void bar(int, const std::string&) = 0;
     virtual void leave(const std::string&) = 0;
     virtual bool joined_late() const = 0;
     virtual std::vector<int> connected() const = 0;
@@ -10421,6 +10428,10 @@ class any_endpoint {
     }
     void forget(int p) override {
       if constexpr (membership_endpoint<E>) e.forget(p);
+      else no_membership();
+    }
+    void bar(int p, const std::string& reason) override {
+      if constexpr (membership_endpoint<E>) e.bar(p, reason);
       else no_membership();
     }
     void leave(const std::string& reason) override {
@@ -11243,13 +11254,27 @@ class mailbox {
     }
     ready_.notify_all();
   }
+  // Forgets `source` and never welcomes it back (the group excluded it): why, for its refusal.
+  void bar(int source, std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      barred_[source] = reason;
+    }
+    forget(source, std::move(reason));
+  }
+  std::optional<std::string> barred(int source) const {
+    std::lock_guard lock(mutex_);
+    const auto b = barred_.find(source);
+    if (b == barred_.end()) return std::nullopt;
+    return b->second;
+  }
   // A peer joins under `source`: a new rank, or one this peer forgot (a killed peer that comes
   // back), is heard from now on. False while `source` is closed but not forgotten: the group
   // has not left the previous peer of that rank out yet, and a newcomer must not take its place
-  // in collectives that still count on the old one.
+  // in collectives that still count on the old one; false for good when it is barred.
   bool welcome(int source) {
     std::lock_guard lock(mutex_);
-    if (closed_.count(source) && !forgotten_.count(source)) return false;
+    if (barred_.count(source) || (closed_.count(source) && !forgotten_.count(source))) return false;
     forgotten_.erase(source);
     closed_.erase(source);
     std::erase_if(last_taken_, [&](const auto& t) { return t.first.first == source; });
@@ -11438,6 +11463,7 @@ class mailbox {
   std::map<int, std::uint64_t> pushed_;           // per source: messages pushed so far
   std::map<key, std::uint64_t> last_taken_;       // membership tags: the sequence last taken
   std::set<int> forgotten_;
+  std::map<int, std::string> barred_;
   std::uint64_t epoch_ = 0;
   std::optional<alarm> alarm_;
 };
@@ -11632,6 +11658,15 @@ class in_process {
     void forget(int peer) {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
+    }
+    // Forgets `peer` for good (no joiners here), and its waits on this peer fail at once with
+    // `reason`, as when tcp's connection closes with a goodbye saying it was left out (not a
+    // departure: a peer that every other excluded has no majority left and stops).
+    void bar(int peer, const std::string& reason) {
+      check_peer(peer, "bar");
+      const auto why = decentrain::detail::concat("peer ", rank_, " excluded it from the run: ", reason);
+      box().bar(peer, why);
+      net_->boxes[static_cast<std::size_t>(peer)].close(rank_, why, failure_cause::excluded);
     }
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
     // after that is never read).
@@ -12601,6 +12636,19 @@ class tcp {
     self_->give_up_on(peer, "left out of the view",
                       wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
   }
+  // Forgets `peer` and refuses it from now on, also as a joiner, telling it `reason`: the group
+  // excluded it (fault::elastic, a peer whose contributions were poison).
+  void bar(int peer, const std::string& reason) {
+    decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
+                              " cannot bar peer ", peer);
+    {
+      std::lock_guard lock(self_->mutex);
+      self_->directory.erase(peer);
+    }
+    const auto why = decentrain::detail::concat("peer ", rank(), " excluded it from the run: ", reason);
+    self_->box.bar(peer, why);
+    self_->give_up_on(peer, "excluded from the run", wire::farewell{true, why});
+  }
 
   // Says goodbye to every connected peer (they find this peer departed at once, with `reason`,
   // instead of at a deadline) and closes the connections.
@@ -13517,6 +13565,11 @@ class tcp {
         c->next = connection::stage::answered;
         reply(c, wire::frame_type::directory, wire::encode_body(d));
         return true;  // the asker closes when it has read the reply
+      }
+      if (const auto why = box.barred(hello.rank)) {
+        c->next = connection::stage::answered;
+        reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why}));
+        return true;  // the caller closes
       }
       if (hello.late) {
         if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
@@ -15306,22 +15359,32 @@ struct aggregation_report {
   // |contribution - aggregate| (Euclidean, over the values kept) for a kept peer, 0 otherwise;
   // empty when the contributions were summed on the way (mean over a ring) and never seen.
   std::vector<double> distance;
+  // 1 when a kept peer lay more than peer_tally::far_factor times the typical distance from the
+  // aggregate (what a scaled, flipped or noisy contribution does, and honest ones do not: they
+  // scatter around the aggregate alike); 0 otherwise, and for all when the sum was never seen.
+  std::vector<std::uint8_t> far;
 
   int kept() const { return static_cast<int>(std::count(peers.begin(), peers.end(), verdict::kept)); }
-  // The median distance of the kept peers (0 when none): what "far" is measured against.
-  double typical_distance() const {
-    std::vector<double> d;
-    for (std::size_t p = 0; p < peers.size() && p < distance.size(); ++p)
-      if (peers[p] == verdict::kept) d.push_back(distance[p]);
-    if (d.empty()) return 0;
-    std::sort(d.begin(), d.end());
-    return d[(d.size() - 1) / 2];
+  // Whether the call found peer p's contribution dropped or far.
+  bool suspicious(std::size_t p) const {
+    return p < peers.size() && (peers[p] != verdict::kept || (p < far.size() && far[p] != 0));
   }
 };
 
-// Across calls, per peer: how often its contribution was dropped, and how often it lay more than
-// far_factor times the typical distance from the aggregate (what a scaled, flipped or noisy
-// contribution does, and honest ones do not: they scatter around the aggregate alike).
+namespace detail {
+// The median of the distances of the kept peers (0 when none): what "far" is measured against.
+inline double typical_distance(std::span<const verdict> peers, std::span<const double> distance) {
+  std::vector<double> d;
+  for (std::size_t p = 0; p < peers.size() && p < distance.size(); ++p)
+    if (peers[p] == verdict::kept) d.push_back(distance[p]);
+  if (d.empty()) return 0;
+  std::sort(d.begin(), d.end());
+  return d[(d.size() - 1) / 2];
+}
+}  // namespace detail
+
+// Across calls, per peer: how often its contribution was dropped, and how often it lay far from
+// the aggregate (aggregation_report::far).
 struct peer_tally {
   double far_factor = 3.0;
   std::int64_t calls = 0;
@@ -15335,11 +15398,10 @@ struct peer_tally {
       far.resize(n);
     }
     ++calls;
-    const double typical = r.distance.empty() ? 0.0 : r.typical_distance();
     for (std::size_t p = 0; p < n; ++p) {
       non_finite[p] += r.peers[p] == verdict::non_finite;
       malformed[p] += r.peers[p] == verdict::malformed;
-      if (r.peers[p] == verdict::kept && typical > 0 && p < r.distance.size()) far[p] += r.distance[p] > far_factor * typical;
+      far[p] += r.peers[p] == verdict::kept && p < r.far.size() && r.far[p] != 0;
     }
   }
   // Calls in which peer p's contribution was dropped or far away.
@@ -15392,8 +15454,14 @@ void combine_kept(Aggregator& aggregator, contributions parts, std::span<float> 
     if (verdicts[p] == verdict::kept) squared[p] = squared_distance(parts[p], out);
 }
 
-inline void finish_report(aggregation_report& r) {
+// Distances from the squared ones, and which kept peers lie far (compared with the typical one).
+inline void finish_report(aggregation_report& r, double far_factor) {
   for (auto& d : r.distance) d = std::sqrt(d);
+  r.far.assign(r.peers.size(), 0);
+  const double typical = typical_distance(r.peers, r.distance);
+  if (typical > 0)
+    for (std::size_t p = 0; p < r.peers.size(); ++p)
+      r.far[p] = r.peers[p] == verdict::kept && r.distance[p] > far_factor * typical;
 }
 }  // namespace detail
 
@@ -15408,7 +15476,7 @@ void aggregate_gathered(Aggregator& aggregator, contributions parts, std::span<f
   std::copy(verdicts.begin(), verdicts.end(), r.peers.begin());
   r.distance.assign(parts.size(), 0.0);
   detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance));
-  detail::finish_report(r);
+  detail::finish_report(r, record.tally.far_factor);
   record.tally.add(r);
 }
 
@@ -15469,24 +15537,47 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
   std::vector<std::span<double>> vin(nn);
   for (std::size_t k = 0; k < nn; ++k) vin[k] = std::span<double>(views).subspan(k * 2 * nn, 2 * nn);
   comm.all_to_all(std::span<const std::span<const double>>(vout), std::span<const std::span<double>>(vin));
+  // Each slice's aggregator votes on every peer: dropped (its verdict) or far in that slice. A
+  // verdict stands only when more than half of the aggregators give it, so a minority that lie
+  // in their views (naming an honest peer non-finite, say) cannot make the others report it; a
+  // peer that poisons one slice only is dropped there and goes unreported.
   auto& r = record.last;
   r.peers.assign(nn, verdict::kept);
   r.distance.assign(nn, 0.0);
-  for (std::size_t k = 0; k < nn; ++k)  // slice k's aggregator
-    for (std::size_t p = 0; p < nn; ++p) {
+  r.far.assign(nn, 0);
+  std::vector<int> non_finite(nn), malformed(nn), far(nn);
+  std::vector<bool> lying(nn);  // aggregators whose view is not one
+  std::vector<verdict> slice_verdicts(nn);
+  std::vector<double> slice_distances(nn);
+  for (std::size_t k = 0; k < nn; ++k) {  // slice k's aggregator
+    for (std::size_t p = 0; p < nn && !lying[k]; ++p) {
       const double v = views[k * 2 * nn + 2 * p], sq = views[k * 2 * nn + 2 * p + 1];
       // A view that is not one of the three verdicts, or not a finite distance, is itself a sign
       // of a bad aggregator: it counts against the aggregator, not against peer p.
-      if (!(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0) {
-        r.peers[k] = std::max(r.peers[k], verdict::malformed);
-        continue;
-      }
-      r.peers[p] = std::max(r.peers[p], static_cast<verdict>(static_cast<int>(v)));
-      r.distance[p] += sq;
+      lying[k] = !(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0;
+      slice_verdicts[p] = lying[k] ? verdict::kept : static_cast<verdict>(static_cast<int>(v));
+      slice_distances[p] = lying[k] ? 0.0 : std::sqrt(sq);
     }
-  for (std::size_t p = 0; p < nn; ++p)
-    if (r.peers[p] != verdict::kept) r.distance[p] = 0;
-  detail::finish_report(r);
+    if (lying[k]) continue;
+    const double typical = detail::typical_distance(slice_verdicts, slice_distances);
+    for (std::size_t p = 0; p < nn; ++p) {
+      non_finite[p] += slice_verdicts[p] == verdict::non_finite;
+      malformed[p] += slice_verdicts[p] == verdict::malformed;
+      if (slice_verdicts[p] != verdict::kept) continue;
+      r.distance[p] += slice_distances[p] * slice_distances[p];
+      far[p] += typical > 0 && slice_distances[p] > record.tally.far_factor * typical;
+    }
+  }
+  for (std::size_t p = 0; p < nn; ++p) {
+    if (2 * (non_finite[p] + malformed[p]) > n) r.peers[p] = non_finite[p] >= malformed[p] ? verdict::non_finite : verdict::malformed;
+    if (lying[p]) r.peers[p] = verdict::malformed;
+    if (r.peers[p] != verdict::kept) {
+      r.distance[p] = 0;
+      continue;
+    }
+    r.distance[p] = std::sqrt(r.distance[p]);
+    r.far[p] = 2 * (non_finite[p] + malformed[p] + far[p]) > n;
+  }
   record.tally.add(r);
 }
 
@@ -15879,6 +15970,7 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average,
     if (collective::detail::all_finite(values)) {
       record.last.peers.assign(static_cast<std::size_t>(comm.world()), collective::verdict::kept);
       record.last.distance.clear();  // summed on the way: nothing seen of each peer
+      record.last.far.clear();
       record.tally.add(record.last);
       return;
     }
@@ -19003,6 +19095,13 @@ struct checkpoint_every {
 // A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
 // so the others leave it out at once instead of at its heartbeat deadline.
 //
+// A peer that sends poison is excluded (`exclusion`): when the communication policy's
+// aggregation (collective/robust_all_reduce.hpp) found a member's contributions dropped
+// (non-finite, malformed) or far from the aggregate in `times` of its last `of_last` calls, the
+// others agree on a view without it, which bars it for good (fault/membership.hpp). No vote is
+// needed to start: the honest peers see the same contributions and reach the same verdicts, so
+// each finds the same peer at the same call.
+//
 // Checkpoints (`checkpoints`, off while its dir is empty): each peer writes its own folder; a
 // restarted group starts from each peer's newest, and when those differ (a peer killed while
 // saving, or restarted without its files) the ones behind take the state of the furthest, as
@@ -19011,6 +19110,7 @@ struct checkpoint_every {
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
 // tcp has joiners) and data parallelism (every peer holds the whole model).
 
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -19042,6 +19142,13 @@ struct checkpoint_every {
 // A view must keep a majority of the previous view's peers that did not depart for certain
 // (closed connection, killed): a side of a partition with fewer stops with an error instead of
 // training on as a second model. Half exactly: the side with the lowest rank goes on.
+//
+// A peer that sent poison (failure_cause::convicted: its contributions were dropped or far from
+// the aggregate too often) is alive and would take part: the peers that accuse it neither wait
+// for it nor let it lead, and the leader excludes it when it accuses it itself or when more than
+// half of the other members it heard from do (so one lying member cannot have an honest one
+// excluded).
+// The view then bars it for good (view::barred): every member refuses it, also as a joiner.
 
 #include <algorithm>
 #include <array>
@@ -19063,7 +19170,9 @@ namespace decentrain::fault {
 struct view {
   std::uint64_t epoch = 0;
   std::vector<int> members;  // world ranks, ascending
+  std::vector<int> barred;   // world ranks excluded from the run for good (convicted), ascending
   bool contains(int r) const { return std::binary_search(members.begin(), members.end(), r); }
+  bool bars(int r) const { return std::binary_search(barred.begin(), barred.end(), r); }
 };
 
 // Where a peer stands in training: the step, and the phase within it (train::phase as a
@@ -19115,12 +19224,13 @@ struct message {
   std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to
   std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
+  std::vector<std::int32_t> convicted; // report: the peers the sender accuses of poison; view: the barred
   std::string reason;                  // view without members: why the group stops
 
   template <class Archive>
   void save(Archive& ar) const {
     ar(static_cast<std::uint8_t>(what), epoch, step, phase, donor);
-    for (const auto* list : {&ranks, &departed, &behind}) {
+    for (const auto* list : {&ranks, &departed, &behind, &convicted}) {
       ar(cereal::make_size_tag(static_cast<cereal::size_type>(list->size())));
       for (auto r : *list) ar(r);
     }
@@ -19132,7 +19242,7 @@ struct message {
     ar(k, epoch, step, phase, donor);
     decentrain::detail::check(k >= 1 && k <= 3, "membership: unknown message kind ", static_cast<int>(k));
     what = static_cast<kind>(k);
-    for (auto* list : {&ranks, &departed, &behind}) {
+    for (auto* list : {&ranks, &departed, &behind, &convicted}) {
       cereal::size_type n = 0;
       ar(cereal::make_size_tag(n));
       decentrain::detail::check(n <= max_members, "membership: a list of ", n, " ranks is over the limit");
@@ -19173,7 +19283,7 @@ inline std::vector<int> as_ints(const std::vector<std::int32_t>& v) { return {v.
 // A view message as a decision (`joined` is the caller's: it knows the previous view).
 inline decision decision_of(const message& m) {
   decision d;
-  d.next = view{m.epoch, as_ints(m.ranks)};
+  d.next = view{m.epoch, as_ints(m.ranks), as_ints(m.convicted)};
   d.target = position{m.step, m.phase};
   d.donor = m.donor;
   d.behind = as_ints(m.behind);
@@ -19187,13 +19297,14 @@ inline decision decision_of(const message& m) {
 using suspicions = std::map<int, transport::failure_cause>;
 
 // Tells every member of `current` that this peer is not certain of, that `failed` failed: their
-// waits outside the membership channel fail, and they come to agree too. Members a send fails
-// to are added to `suspects`.
+// waits outside the membership channel fail, and they come to agree too. A convicted member is
+// told as well: it then learns in the agreement that it is excluded. Members a send fails to are
+// added to `suspects`.
 template <class E>
 void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects) {
   const auto body = transport::wire::encode_alarm(current.epoch, failed);
   for (int j : current.members) {
-    if (j == ep.rank() || suspects.count(j)) continue;
+    if (j == ep.rank() || (suspects.count(j) && suspects.at(j) != transport::failure_cause::convicted)) continue;
     try {
       ep.send(j, transport::alarm_tag, std::span<const std::byte>(body.data(), body.size()));
     } catch (const transport::peer_error& e) {
@@ -19210,17 +19321,22 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   using detail::kind;
   const int me = ep.rank();
   decentrain::detail::check(current.contains(me), "membership: peer ", me, " is not in view ", current.epoch);
-  // Only departures are certain. A peer that timed out on another may have been waiting on a
-  // third (a frozen one) itself: whoever is silent must also fail to report within the
-  // agreement's deadline to be left out.
+  // Only departures and convictions are certain. A peer that timed out on another may have been
+  // waiting on a third (a frozen one) itself: whoever is silent must also fail to report within
+  // the agreement's deadline to be left out.
+  using transport::failure_cause;
+  const auto certain = [](failure_cause c) { return c == failure_cause::departed || c == failure_cause::convicted; };
   int first_suspect = -1;  // named in the alarm even when this peer is not certain of it
   for (const auto& [j, cause] : suspects)
     if (j != me && first_suspect < 0) first_suspect = j;
-  std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || s_.second != transport::failure_cause::departed; });
+  std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || !certain(s_.second); });
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
       decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
     decision d = detail::decision_of(m);
+    decentrain::detail::check(!d.next.bars(me), "elastic: peer ", me, " was excluded from the run in view ", m.epoch,
+                              ": the others found what it sent dropped as non-finite or malformed, or far from the "
+                              "aggregate, too often (fault::elastic::exclusion); it stops here");
     decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
                               " (the others did not hear from it in time); it stops here");
     for (int j : d.next.members)
@@ -19234,7 +19350,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     // its connections are closed).
     if constexpr (requires { ep.connected(); })
       for (int j : ep.connected())
-        if (!current.contains(j)) out.push_back(j);
+        if (!current.contains(j) && !current.bars(j)) out.push_back(j);
     return out;
   };
 
@@ -19252,7 +19368,8 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.epoch = current.epoch;
       report.step = mine.step;
       report.phase = mine.phase;
-      for (const auto& [j, cause] : suspects) report.departed.push_back(j);  // only departures are kept
+      for (const auto& [j, cause] : suspects)  // only the certain are kept
+        (cause == failure_cause::convicted ? report.convicted : report.departed).push_back(j);
       report.ranks = detail::as_list(joiners());
       try {
         detail::post(ep, leader, report);
@@ -19275,6 +19392,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     const auto mine_joiners = joiners();
     std::set<int> admit(mine_joiners.begin(), mine_joiners.end());
     std::map<int, std::string> why;  // members this leader could not hear from, and why
+    std::map<int, int> accusers;     // members accused of poison, by how many reporters
     for (std::size_t i = 0; i < alive.size(); ++i) {
       const int j = alive[i];
       if (j == me || suspects.count(j)) continue;
@@ -19290,11 +19408,16 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         // itself, by waiting for their reports.
         for (const auto x : r.departed)
           if (x != me && current.contains(x)) suspects[x] = transport::failure_cause::departed;
+        for (const auto x : r.convicted) ++accusers[x];
       } catch (const transport::peer_error& e) {
         suspects.emplace(j, e.cause());
         why[j] = e.what();
       }
     }
+
+    for (const auto& [x, n] : accusers)  // by a majority of the others heard from (this leader counted)
+      if (x != me && current.contains(x) && !suspects.count(x) && 2 * n > static_cast<int>(where.size() - where.count(x)))
+        suspects[x] = failure_cause::convicted;
 
     detail::message v;
     v.what = kind::view;
@@ -19303,14 +19426,14 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     for (int j : current.members)
       if (!suspects.count(j) && where.count(j)) next.push_back(j);
       else v.departed.push_back(j);
-    // Quorum: a majority of the previous view less the peers that departed for certain.
+    // Quorum: a majority of the previous view less the peers that departed or were convicted.
     int departed = 0;
-    for (const auto& [j, cause] : suspects) departed += cause == transport::failure_cause::departed ? 1 : 0;
+    for (const auto& [j, cause] : suspects) departed += certain(cause) ? 1 : 0;
     const int voters = static_cast<int>(current.members.size()) - departed;
     const int have = static_cast<int>(next.size());
     const bool majority = 2 * have > voters || (2 * have == voters && [&] {
       for (int j : current.members)
-        if (!suspects.count(j) || suspects.at(j) != transport::failure_cause::departed) return j == next.front();
+        if (!suspects.count(j) || !certain(suspects.at(j))) return j == next.front();
       return false;
     }());
     if (s.require_majority && !majority) {
@@ -19341,6 +19464,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       std::sort(next.begin(), next.end());
       std::sort(v.behind.begin(), v.behind.end());
       v.ranks = detail::as_list(next);
+      std::set<int> barred(current.barred.begin(), current.barred.end());
+      for (const auto& [j, cause] : suspects)
+        if (cause == failure_cause::convicted) barred.insert(j);
+      v.convicted.assign(barred.begin(), barred.end());
     }
     // Everyone of the old view that may be listening hears it, the left-out ones included, and
     // the joiners it admits.
@@ -19348,7 +19475,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     if (!v.ranks.empty()) told.insert(told.end(), admit.begin(), admit.end());
     for (int j : told) {
       if (j == me) continue;
-      if (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed) continue;
+      if (suspects.count(j) && suspects.at(j) == failure_cause::departed) continue;
       try {
         detail::post(ep, j, v);
       } catch (const transport::peer_error&) {
@@ -19412,14 +19539,19 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   const int me = ep.rank();
   ep.set_epoch(d.next.epoch);
   for (int j : d.removed)
-    if (j != me) ep.forget(j);
+    if (j != me && !d.next.bars(j)) ep.forget(j);
+  for (int j : d.next.barred)  // also when this peer joined since: it refuses them too
+    if (j != me)
+      ep.bar(j, decentrain::detail::concat("what it sent was dropped as non-finite or malformed, or far from the aggregate, "
+                                           "too often (view ", d.next.epoch, ")"));
   // So are ranks outside the view that are not connected: a joiner whose connection here closed
   // before it was admitted would otherwise be refused as the previous holder of its rank (tcp's
   // welcome) and, as the leader admits only joiners every member reaches, never get in.
   if constexpr (requires { ep.connected(); ep.capacity(); }) {
     const auto connected = ep.connected();
     for (int j = 0; j < ep.capacity(); ++j)
-      if (j != me && !d.next.contains(j) && !std::binary_search(connected.begin(), connected.end(), j)) ep.forget(j);
+      if (j != me && !d.next.contains(j) && !d.next.bars(j) && !std::binary_search(connected.begin(), connected.end(), j))
+        ep.forget(j);
   }
   detail::message marker;
   marker.what = detail::kind::marker;
@@ -19590,6 +19722,14 @@ struct elastic {
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
+  // Members whose contributions were suspicious (see above) in at least `times` of the policy's
+  // last `of_last` aggregations are excluded; times = 0: never (they are only reported). Honest
+  // peers are not flagged in bench/byzantine's runs; a flagged call is one in which a peer lay
+  // more than peer_tally::far_factor (3) times the typical distance from the aggregate.
+  struct exclusion_rule {
+    int times = 3;
+    int of_last = 5;
+  } exclusion{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -19598,6 +19738,9 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
+    decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
+                              "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
+                              ", of_last = ", exclusion.of_last);
     if (!view_.members.empty()) return;
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
@@ -19620,14 +19763,22 @@ struct elastic {
   // agreement within one step.
   //
   // A joiner connected to this peer is taken in the same way: the error starts an agreement.
+  //
+  // So is a member that the aggregation convicted of sending poison (see exclusion).
   template <class Ctx>
   void before_step(Ctx& ctx) {
+    if (const int guilty = convict(ctx); guilty >= 0)
+      transport::fail_peer_because(transport::failure_cause::convicted, guilty, "aggregation", "elastic: peer ", guilty,
+                                   "'s contributions were dropped (non-finite or malformed) or far from the aggregate in ",
+                                   std::popcount(history_[guilty] & window()), " of the last ", exclusion.of_last,
+                                   " aggregations (exclusion: ", exclusion.times, " of ", exclusion.of_last,
+                                   "); the group excludes it");
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
     const auto now = std::chrono::steady_clock::now();
     for (int j : ctx.network.connected()) {  // outside the view: a joiner
-      if (view_.contains(j)) continue;
+      if (view_.contains(j) || view_.bars(j)) continue;
       // Half a second after it connected here (time to reach the other members too), then at
       // most once a second while the others do not reach it yet.
       auto& [seen, last] = join_tries_[j];
@@ -19688,6 +19839,7 @@ struct elastic {
     auto& ep = ctx.network;
     bool healed = false;
     for (;;) {
+      if (!first) (void)convict(ctx);  // woken by another's alarm: what this peer has seen counts too
       decision d = first ? std::move(*first)
                          : agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
       first.reset();
@@ -19717,8 +19869,48 @@ struct elastic {
         continue;
       }
       changes_.push_back(record(d, healed));
+      note_contributions(ctx);  // the tally's ranks are the new view's from here
+      // A member this peer found guilty that the group kept (the others did not see it so): the
+      // evidence starts again, rather than start the same agreement at every step.
+      for (auto& [j, h] : history_)
+        if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
       return;
     }
+  }
+
+  // Brings each member's record of suspicious calls up to date with the policy's tally (its
+  // ranks are the view's members in order), suspects every member found guilty, and returns the
+  // first (-1: none).
+  template <class Ctx>
+  int convict(Ctx& ctx) {
+    const collective::peer_tally* t = ctx.contributions;
+    if (exclusion.times == 0 || t == nullptr) return -1;
+    const std::int64_t calls = t->calls - seen_calls_;
+    for (std::size_t i = 0; i < view_.members.size(); ++i) {
+      const std::int64_t flagged = t->suspicious(i) - (i < seen_suspicious_.size() ? seen_suspicious_[i] : 0);
+      auto& h = history_[view_.members[i]];
+      for (std::int64_t k = 0; k < std::min<std::int64_t>(calls, 64); ++k)
+        h = (h << 1) | (k < flagged ? 1u : 0u);  // the order within the new calls does not matter for a count
+    }
+    note_contributions(ctx);
+    int first = -1;
+    for (int j : view_.members) {  // every guilty member goes in the agreement
+      if (j == ctx.network.rank() || std::popcount(history_[j] & window()) < exclusion.times) continue;
+      suspects_.emplace(j, transport::failure_cause::convicted);
+      if (first < 0) first = j;
+    }
+    return first;
+  }
+  std::uint64_t window() const {
+    return exclusion.of_last == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << exclusion.of_last) - 1;
+  }
+  template <class Ctx>
+  void note_contributions(Ctx& ctx) {
+    const collective::peer_tally* t = ctx.contributions;
+    if (t == nullptr) return;
+    seen_calls_ = t->calls;
+    seen_suspicious_.resize(t->non_finite.size());
+    for (std::size_t i = 0; i < seen_suspicious_.size(); ++i) seen_suspicious_[i] = t->suspicious(i);
   }
 
   bool saves() const { return !checkpoints.dir.empty(); }
@@ -19792,6 +19984,11 @@ struct elastic {
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point failed_at_{};
+  // Per world rank, whether each of its last (up to 64) aggregations found it suspicious (bit 0:
+  // the latest); and the tally as last read (calls, and suspicious calls per rank of the view).
+  std::map<int, std::uint64_t> history_;
+  std::int64_t seen_calls_ = 0;
+  std::vector<std::int64_t> seen_suspicious_;
 };
 
 }  // namespace decentrain::fault
@@ -20002,6 +20199,9 @@ struct peer_context {
   // Takes another peer's captured state as this peer's (it keeps its own identity and dropout
   // stream); ctx.step and ctx.at must then say where the donor stood.
   std::function<void(const io::checkpoint&)> adopt;
+  // What the communication policy's aggregation saw of each replica's contributions (indexed by
+  // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
+  const collective::peer_tally* contributions = nullptr;
 };
 
 }  // namespace decentrain::train
@@ -20975,7 +21175,12 @@ class trainer {
                    endpoint_,
                    phase::step,
                    [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
-                   [this](const io::checkpoint& c) { adopt(c); }};
+                   [this](const io::checkpoint& c) { adopt(c); },
+                   contributions()};
+  }
+  const collective::peer_tally* contributions() const {
+    if constexpr (requires { policy_.aggregation().tally; }) return &policy_.aggregation().tally;
+    else return nullptr;
   }
 
   // The world communicator becomes the listed world ranks, in a tag space of their own.

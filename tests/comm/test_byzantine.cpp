@@ -1,12 +1,17 @@
 // Training with peers that send poison (bench/attacks.hpp): under the mean a peer sending huge
 // pseudo-gradients ruins DiLoCo for everyone, under centered clipping the honest peers end where a
-// clean run ends; a peer sending NaN is dropped every round, never averaged in, and named.
+// clean run ends; a peer sending NaN is dropped every round, never averaged in, and named; under
+// fault::elastic the honest peers agree to exclude a peer that keeps sending poison.
 #include <catch2/catch.hpp>
 
 #include <decentrain/decentrain.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "attacks.hpp"
@@ -80,4 +85,121 @@ TEST_CASE("byzantine: a peer sending NaN or infinities is dropped every step, na
   const auto median = train(Sync{}, "median:partitioned", bench::attack::non_finite, 2);
   REQUIRE(std::isfinite(median.val_loss));
   CHECK(median.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 40, 40});
+}
+
+namespace {
+// 5 in-process peers under fault::elastic, the highest `attackers` sending poison: what each
+// peer ended with (an error for those the group excluded).
+template <class Policy>
+struct elastic_attack {
+  using Attacked = bench::attacked<Policy>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Attacked, dt::parallel::data, dt::fault::elastic>;
+  static constexpr int world = 5;
+  std::vector<std::string> errors = std::vector<std::string>(world);
+  std::vector<std::vector<float>> params = std::vector<std::vector<float>>(world);
+  std::vector<std::vector<dt::fault::membership_change>> changes = std::vector<std::vector<dt::fault::membership_change>>(world);
+  std::vector<double> val_loss = std::vector<double>(world);
+
+  elastic_attack(Policy policy, bench::attack kind, int attackers, dt::fault::elastic fault = {}) {
+    dt::train::trainer_options opts;
+    opts.steps = 30;
+    opts.eval_batches = 2;
+    opts.batch_size = 4;
+    Attacked a;
+    a.inner = policy;
+    a.settings.kind = kind;
+    a.settings.attackers = attackers;
+    dt::transport::in_process::options o;
+    o.recv_timeout = std::chrono::seconds(30);
+    o.peers_fail_alone = true;
+    fault.agreement.timeout = std::chrono::seconds(20);
+    dt::transport::in_process net(dt::transport::links::ideal(world), o);
+    std::mutex m;
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      const auto r = static_cast<std::size_t>(ep.rank());
+      Trainer t(fixture::tiny_gpt(), opts, ep, a, {}, fault);
+      try {
+        val_loss[r] = t.fit(small_corpus().data).final_val_loss;
+      } catch (const std::exception& e) {
+        std::lock_guard lock(m);
+        errors[r] = e.what();
+        return;
+      }
+      std::vector<float> flat;
+      dt::comm::gather_values(t.model().parameters(), flat);
+      std::lock_guard lock(m);
+      params[r] = std::move(flat);
+      changes[r] = t.fault().changes();
+    });
+  }
+};
+
+std::string listed(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += std::to_string(x) + " ";
+  return s;
+}
+}  // namespace
+
+TEST_CASE("byzantine: the honest peers agree to exclude a peer that keeps sending poison, and it stops", "[byzantine][elastic]") {
+  struct scenario {
+    const char* aggregator;
+    bench::attack kind;
+    int attackers;
+  };
+  for (const auto& s : {scenario{"mean", bench::attack::non_finite, 1}, scenario{"centered-clip:partitioned", bench::attack::scaled, 2},
+                        scenario{"median", bench::attack::noise, 1}}) {
+    INFO(s.aggregator << ", " << bench::attack_name(s.kind) << " x" << s.attackers);
+    Sync sync;
+    sync.aggregator = dt::collective::parse_aggregator(s.aggregator);
+    const elastic_attack<Sync> run(sync, s.kind, s.attackers);
+    const int honest = elastic_attack<Sync>::world - s.attackers;
+    for (int r = honest; r < elastic_attack<Sync>::world; ++r) {
+      INFO("attacker " << r);
+      // "was excluded from the run" when the view reached it, else (the others closed on it first)
+      // the agreement it is left alone in stops for want of a majority: "peer 0 excluded it from the run"
+      CHECK_THAT(run.errors[static_cast<std::size_t>(r)], Catch::Contains("excluded"));
+    }
+    std::vector<int> excluded;
+    for (int r = honest; r < elastic_attack<Sync>::world; ++r) excluded.push_back(r);
+    for (int r = 0; r < honest; ++r) {
+      INFO("honest peer " << r << ": " << run.errors[static_cast<std::size_t>(r)]);
+      REQUIRE(run.errors[static_cast<std::size_t>(r)].empty());
+      CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);  // the same model, bit for bit
+      CHECK(std::isfinite(run.val_loss[static_cast<std::size_t>(r)]));
+      // The same changes on every honest peer: the attackers removed (one view each, or one for
+      // both), each change caused by a conviction, within the first steps.
+      std::vector<int> removed;
+      for (const auto& c : run.changes[static_cast<std::size_t>(r)]) {
+        removed.insert(removed.end(), c.removed.begin(), c.removed.end());
+        CHECK(c.step <= 6);
+      }
+      std::sort(removed.begin(), removed.end());
+      CHECK(listed(removed) == listed(excluded));
+      REQUIRE(run.changes[static_cast<std::size_t>(r)].size() == run.changes[0].size());
+      for (std::size_t i = 0; i < run.changes[0].size(); ++i) {
+        CHECK(run.changes[static_cast<std::size_t>(r)][i].epoch == run.changes[0][i].epoch);
+        CHECK(run.changes[static_cast<std::size_t>(r)][i].step == run.changes[0][i].step);
+      }
+    }
+  }
+}
+
+TEST_CASE("byzantine: without exclusion, or with only honest peers, the group keeps everyone", "[byzantine][elastic]") {
+  Sync sync;
+  sync.aggregator = dt::collective::parse_aggregator("centered-clip:partitioned");
+  dt::fault::elastic reporting_only;
+  reporting_only.exclusion.times = 0;
+  const elastic_attack<Sync> kept(sync, bench::attack::scaled, 1, reporting_only);
+  const elastic_attack<Sync> clean(sync, bench::attack::none, 0);
+  for (std::size_t r = 0; r < 5; ++r) {
+    CHECK(kept.errors[r].empty());
+    CHECK(kept.changes[r].empty());
+    CHECK(clean.errors[r].empty());
+    CHECK(clean.changes[r].empty());
+  }
+  dt::fault::elastic bad;
+  bad.exclusion.times = 6;  // more than of_last (5)
+  const elastic_attack<Sync> refused(sync, bench::attack::none, 0, bad);
+  for (const auto& e : refused.errors) CHECK_THAT(e, Catch::Contains("exclusion needs 0 <= times <= of_last <= 64"));
 }

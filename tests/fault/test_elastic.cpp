@@ -48,6 +48,7 @@ struct dying_endpoint {
   void set_epoch(std::uint64_t e) { ep.set_epoch(e); }
   std::optional<dt::transport::alarm> alarmed() const { return ep.alarmed(); }
   void forget(int peer) { ep.forget(peer); }
+  void bar(int peer, const std::string& reason) { ep.bar(peer, reason); }
   void leave(const std::string& reason) { ep.leave(reason); }
 };
 static_assert(dt::transport::membership_endpoint<dying_endpoint>);

@@ -34,22 +34,32 @@ struct aggregation_report {
   // |contribution - aggregate| (Euclidean, over the values kept) for a kept peer, 0 otherwise;
   // empty when the contributions were summed on the way (mean over a ring) and never seen.
   std::vector<double> distance;
+  // 1 when a kept peer lay more than peer_tally::far_factor times the typical distance from the
+  // aggregate (what a scaled, flipped or noisy contribution does, and honest ones do not: they
+  // scatter around the aggregate alike); 0 otherwise, and for all when the sum was never seen.
+  std::vector<std::uint8_t> far;
 
   int kept() const { return static_cast<int>(std::count(peers.begin(), peers.end(), verdict::kept)); }
-  // The median distance of the kept peers (0 when none): what "far" is measured against.
-  double typical_distance() const {
-    std::vector<double> d;
-    for (std::size_t p = 0; p < peers.size() && p < distance.size(); ++p)
-      if (peers[p] == verdict::kept) d.push_back(distance[p]);
-    if (d.empty()) return 0;
-    std::sort(d.begin(), d.end());
-    return d[(d.size() - 1) / 2];
+  // Whether the call found peer p's contribution dropped or far.
+  bool suspicious(std::size_t p) const {
+    return p < peers.size() && (peers[p] != verdict::kept || (p < far.size() && far[p] != 0));
   }
 };
 
-// Across calls, per peer: how often its contribution was dropped, and how often it lay more than
-// far_factor times the typical distance from the aggregate (what a scaled, flipped or noisy
-// contribution does, and honest ones do not: they scatter around the aggregate alike).
+namespace detail {
+// The median of the distances of the kept peers (0 when none): what "far" is measured against.
+inline double typical_distance(std::span<const verdict> peers, std::span<const double> distance) {
+  std::vector<double> d;
+  for (std::size_t p = 0; p < peers.size() && p < distance.size(); ++p)
+    if (peers[p] == verdict::kept) d.push_back(distance[p]);
+  if (d.empty()) return 0;
+  std::sort(d.begin(), d.end());
+  return d[(d.size() - 1) / 2];
+}
+}  // namespace detail
+
+// Across calls, per peer: how often its contribution was dropped, and how often it lay far from
+// the aggregate (aggregation_report::far).
 struct peer_tally {
   double far_factor = 3.0;
   std::int64_t calls = 0;
@@ -63,11 +73,10 @@ struct peer_tally {
       far.resize(n);
     }
     ++calls;
-    const double typical = r.distance.empty() ? 0.0 : r.typical_distance();
     for (std::size_t p = 0; p < n; ++p) {
       non_finite[p] += r.peers[p] == verdict::non_finite;
       malformed[p] += r.peers[p] == verdict::malformed;
-      if (r.peers[p] == verdict::kept && typical > 0 && p < r.distance.size()) far[p] += r.distance[p] > far_factor * typical;
+      far[p] += r.peers[p] == verdict::kept && p < r.far.size() && r.far[p] != 0;
     }
   }
   // Calls in which peer p's contribution was dropped or far away.
@@ -120,8 +129,14 @@ void combine_kept(Aggregator& aggregator, contributions parts, std::span<float> 
     if (verdicts[p] == verdict::kept) squared[p] = squared_distance(parts[p], out);
 }
 
-inline void finish_report(aggregation_report& r) {
+// Distances from the squared ones, and which kept peers lie far (compared with the typical one).
+inline void finish_report(aggregation_report& r, double far_factor) {
   for (auto& d : r.distance) d = std::sqrt(d);
+  r.far.assign(r.peers.size(), 0);
+  const double typical = typical_distance(r.peers, r.distance);
+  if (typical > 0)
+    for (std::size_t p = 0; p < r.peers.size(); ++p)
+      r.far[p] = r.peers[p] == verdict::kept && r.distance[p] > far_factor * typical;
 }
 }  // namespace detail
 
@@ -136,7 +151,7 @@ void aggregate_gathered(Aggregator& aggregator, contributions parts, std::span<f
   std::copy(verdicts.begin(), verdicts.end(), r.peers.begin());
   r.distance.assign(parts.size(), 0.0);
   detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance));
-  detail::finish_report(r);
+  detail::finish_report(r, record.tally.far_factor);
   record.tally.add(r);
 }
 
@@ -197,24 +212,47 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
   std::vector<std::span<double>> vin(nn);
   for (std::size_t k = 0; k < nn; ++k) vin[k] = std::span<double>(views).subspan(k * 2 * nn, 2 * nn);
   comm.all_to_all(std::span<const std::span<const double>>(vout), std::span<const std::span<double>>(vin));
+  // Each slice's aggregator votes on every peer: dropped (its verdict) or far in that slice. A
+  // verdict stands only when more than half of the aggregators give it, so a minority that lie
+  // in their views (naming an honest peer non-finite, say) cannot make the others report it; a
+  // peer that poisons one slice only is dropped there and goes unreported.
   auto& r = record.last;
   r.peers.assign(nn, verdict::kept);
   r.distance.assign(nn, 0.0);
-  for (std::size_t k = 0; k < nn; ++k)  // slice k's aggregator
-    for (std::size_t p = 0; p < nn; ++p) {
+  r.far.assign(nn, 0);
+  std::vector<int> non_finite(nn), malformed(nn), far(nn);
+  std::vector<bool> lying(nn);  // aggregators whose view is not one
+  std::vector<verdict> slice_verdicts(nn);
+  std::vector<double> slice_distances(nn);
+  for (std::size_t k = 0; k < nn; ++k) {  // slice k's aggregator
+    for (std::size_t p = 0; p < nn && !lying[k]; ++p) {
       const double v = views[k * 2 * nn + 2 * p], sq = views[k * 2 * nn + 2 * p + 1];
       // A view that is not one of the three verdicts, or not a finite distance, is itself a sign
       // of a bad aggregator: it counts against the aggregator, not against peer p.
-      if (!(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0) {
-        r.peers[k] = std::max(r.peers[k], verdict::malformed);
-        continue;
-      }
-      r.peers[p] = std::max(r.peers[p], static_cast<verdict>(static_cast<int>(v)));
-      r.distance[p] += sq;
+      lying[k] = !(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0;
+      slice_verdicts[p] = lying[k] ? verdict::kept : static_cast<verdict>(static_cast<int>(v));
+      slice_distances[p] = lying[k] ? 0.0 : std::sqrt(sq);
     }
-  for (std::size_t p = 0; p < nn; ++p)
-    if (r.peers[p] != verdict::kept) r.distance[p] = 0;
-  detail::finish_report(r);
+    if (lying[k]) continue;
+    const double typical = detail::typical_distance(slice_verdicts, slice_distances);
+    for (std::size_t p = 0; p < nn; ++p) {
+      non_finite[p] += slice_verdicts[p] == verdict::non_finite;
+      malformed[p] += slice_verdicts[p] == verdict::malformed;
+      if (slice_verdicts[p] != verdict::kept) continue;
+      r.distance[p] += slice_distances[p] * slice_distances[p];
+      far[p] += typical > 0 && slice_distances[p] > record.tally.far_factor * typical;
+    }
+  }
+  for (std::size_t p = 0; p < nn; ++p) {
+    if (2 * (non_finite[p] + malformed[p]) > n) r.peers[p] = non_finite[p] >= malformed[p] ? verdict::non_finite : verdict::malformed;
+    if (lying[p]) r.peers[p] = verdict::malformed;
+    if (r.peers[p] != verdict::kept) {
+      r.distance[p] = 0;
+      continue;
+    }
+    r.distance[p] = std::sqrt(r.distance[p]);
+    r.far[p] = 2 * (non_finite[p] + malformed[p] + far[p]) > n;
+  }
   record.tally.add(r);
 }
 

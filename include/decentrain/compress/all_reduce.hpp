@@ -271,6 +271,7 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average,
     if (collective::detail::all_finite(values)) {
       record.last.peers.assign(static_cast<std::size_t>(comm.world()), collective::verdict::kept);
       record.last.distance.clear();  // summed on the way: nothing seen of each peer
+      record.last.far.clear();
       record.tally.add(record.last);
       return;
     }

@@ -19,6 +19,13 @@
 // A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
 // so the others leave it out at once instead of at its heartbeat deadline.
 //
+// A peer that sends poison is excluded (`exclusion`): when the communication policy's
+// aggregation (collective/robust_all_reduce.hpp) found a member's contributions dropped
+// (non-finite, malformed) or far from the aggregate in `times` of its last `of_last` calls, the
+// others agree on a view without it, which bars it for good (fault/membership.hpp). No vote is
+// needed to start: the honest peers see the same contributions and reach the same verdicts, so
+// each finds the same peer at the same call.
+//
 // Checkpoints (`checkpoints`, off while its dir is empty): each peer writes its own folder; a
 // restarted group starts from each peer's newest, and when those differ (a peer killed while
 // saving, or restarted without its files) the ones behind take the state of the furthest, as
@@ -28,6 +35,7 @@
 // tcp has joiners) and data parallelism (every peer holds the whole model).
 #pragma once
 
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -73,6 +81,14 @@ struct elastic {
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
+  // Members whose contributions were suspicious (see above) in at least `times` of the policy's
+  // last `of_last` aggregations are excluded; times = 0: never (they are only reported). Honest
+  // peers are not flagged in bench/byzantine's runs; a flagged call is one in which a peer lay
+  // more than peer_tally::far_factor (3) times the typical distance from the aggregate.
+  struct exclusion_rule {
+    int times = 3;
+    int of_last = 5;
+  } exclusion{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -81,6 +97,9 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
+    decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
+                              "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
+                              ", of_last = ", exclusion.of_last);
     if (!view_.members.empty()) return;
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
@@ -103,14 +122,22 @@ struct elastic {
   // agreement within one step.
   //
   // A joiner connected to this peer is taken in the same way: the error starts an agreement.
+  //
+  // So is a member that the aggregation convicted of sending poison (see exclusion).
   template <class Ctx>
   void before_step(Ctx& ctx) {
+    if (const int guilty = convict(ctx); guilty >= 0)
+      transport::fail_peer_because(transport::failure_cause::convicted, guilty, "aggregation", "elastic: peer ", guilty,
+                                   "'s contributions were dropped (non-finite or malformed) or far from the aggregate in ",
+                                   std::popcount(history_[guilty] & window()), " of the last ", exclusion.of_last,
+                                   " aggregations (exclusion: ", exclusion.times, " of ", exclusion.of_last,
+                                   "); the group excludes it");
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
     const auto now = std::chrono::steady_clock::now();
     for (int j : ctx.network.connected()) {  // outside the view: a joiner
-      if (view_.contains(j)) continue;
+      if (view_.contains(j) || view_.bars(j)) continue;
       // Half a second after it connected here (time to reach the other members too), then at
       // most once a second while the others do not reach it yet.
       auto& [seen, last] = join_tries_[j];
@@ -171,6 +198,7 @@ struct elastic {
     auto& ep = ctx.network;
     bool healed = false;
     for (;;) {
+      if (!first) (void)convict(ctx);  // woken by another's alarm: what this peer has seen counts too
       decision d = first ? std::move(*first)
                          : agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
       first.reset();
@@ -200,8 +228,48 @@ struct elastic {
         continue;
       }
       changes_.push_back(record(d, healed));
+      note_contributions(ctx);  // the tally's ranks are the new view's from here
+      // A member this peer found guilty that the group kept (the others did not see it so): the
+      // evidence starts again, rather than start the same agreement at every step.
+      for (auto& [j, h] : history_)
+        if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
       return;
     }
+  }
+
+  // Brings each member's record of suspicious calls up to date with the policy's tally (its
+  // ranks are the view's members in order), suspects every member found guilty, and returns the
+  // first (-1: none).
+  template <class Ctx>
+  int convict(Ctx& ctx) {
+    const collective::peer_tally* t = ctx.contributions;
+    if (exclusion.times == 0 || t == nullptr) return -1;
+    const std::int64_t calls = t->calls - seen_calls_;
+    for (std::size_t i = 0; i < view_.members.size(); ++i) {
+      const std::int64_t flagged = t->suspicious(i) - (i < seen_suspicious_.size() ? seen_suspicious_[i] : 0);
+      auto& h = history_[view_.members[i]];
+      for (std::int64_t k = 0; k < std::min<std::int64_t>(calls, 64); ++k)
+        h = (h << 1) | (k < flagged ? 1u : 0u);  // the order within the new calls does not matter for a count
+    }
+    note_contributions(ctx);
+    int first = -1;
+    for (int j : view_.members) {  // every guilty member goes in the agreement
+      if (j == ctx.network.rank() || std::popcount(history_[j] & window()) < exclusion.times) continue;
+      suspects_.emplace(j, transport::failure_cause::convicted);
+      if (first < 0) first = j;
+    }
+    return first;
+  }
+  std::uint64_t window() const {
+    return exclusion.of_last == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << exclusion.of_last) - 1;
+  }
+  template <class Ctx>
+  void note_contributions(Ctx& ctx) {
+    const collective::peer_tally* t = ctx.contributions;
+    if (t == nullptr) return;
+    seen_calls_ = t->calls;
+    seen_suspicious_.resize(t->non_finite.size());
+    for (std::size_t i = 0; i < seen_suspicious_.size(); ++i) seen_suspicious_[i] = t->suspicious(i);
   }
 
   bool saves() const { return !checkpoints.dir.empty(); }
@@ -275,6 +343,11 @@ struct elastic {
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point failed_at_{};
+  // Per world rank, whether each of its last (up to 64) aggregations found it suspicious (bit 0:
+  // the latest); and the tally as last read (calls, and suspicious calls per rank of the view).
+  std::map<int, std::uint64_t> history_;
+  std::int64_t seen_calls_ = 0;
+  std::vector<std::int64_t> seen_suspicious_;
 };
 
 }  // namespace decentrain::fault

@@ -20,6 +20,13 @@
 // A view must keep a majority of the previous view's peers that did not depart for certain
 // (closed connection, killed): a side of a partition with fewer stops with an error instead of
 // training on as a second model. Half exactly: the side with the lowest rank goes on.
+//
+// A peer that sent poison (failure_cause::convicted: its contributions were dropped or far from
+// the aggregate too often) is alive and would take part: the peers that accuse it neither wait
+// for it nor let it lead, and the leader excludes it when it accuses it itself or when more than
+// half of the other members it heard from do (so one lying member cannot have an honest one
+// excluded).
+// The view then bars it for good (view::barred): every member refuses it, also as a joiner.
 #pragma once
 
 #include <algorithm>
@@ -48,7 +55,9 @@ namespace decentrain::fault {
 struct view {
   std::uint64_t epoch = 0;
   std::vector<int> members;  // world ranks, ascending
+  std::vector<int> barred;   // world ranks excluded from the run for good (convicted), ascending
   bool contains(int r) const { return std::binary_search(members.begin(), members.end(), r); }
+  bool bars(int r) const { return std::binary_search(barred.begin(), barred.end(), r); }
 };
 
 // Where a peer stands in training: the step, and the phase within it (train::phase as a
@@ -100,12 +109,13 @@ struct message {
   std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to
   std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
+  std::vector<std::int32_t> convicted; // report: the peers the sender accuses of poison; view: the barred
   std::string reason;                  // view without members: why the group stops
 
   template <class Archive>
   void save(Archive& ar) const {
     ar(static_cast<std::uint8_t>(what), epoch, step, phase, donor);
-    for (const auto* list : {&ranks, &departed, &behind}) {
+    for (const auto* list : {&ranks, &departed, &behind, &convicted}) {
       ar(cereal::make_size_tag(static_cast<cereal::size_type>(list->size())));
       for (auto r : *list) ar(r);
     }
@@ -117,7 +127,7 @@ struct message {
     ar(k, epoch, step, phase, donor);
     decentrain::detail::check(k >= 1 && k <= 3, "membership: unknown message kind ", static_cast<int>(k));
     what = static_cast<kind>(k);
-    for (auto* list : {&ranks, &departed, &behind}) {
+    for (auto* list : {&ranks, &departed, &behind, &convicted}) {
       cereal::size_type n = 0;
       ar(cereal::make_size_tag(n));
       decentrain::detail::check(n <= max_members, "membership: a list of ", n, " ranks is over the limit");
@@ -158,7 +168,7 @@ inline std::vector<int> as_ints(const std::vector<std::int32_t>& v) { return {v.
 // A view message as a decision (`joined` is the caller's: it knows the previous view).
 inline decision decision_of(const message& m) {
   decision d;
-  d.next = view{m.epoch, as_ints(m.ranks)};
+  d.next = view{m.epoch, as_ints(m.ranks), as_ints(m.convicted)};
   d.target = position{m.step, m.phase};
   d.donor = m.donor;
   d.behind = as_ints(m.behind);
@@ -172,13 +182,14 @@ inline decision decision_of(const message& m) {
 using suspicions = std::map<int, transport::failure_cause>;
 
 // Tells every member of `current` that this peer is not certain of, that `failed` failed: their
-// waits outside the membership channel fail, and they come to agree too. Members a send fails
-// to are added to `suspects`.
+// waits outside the membership channel fail, and they come to agree too. A convicted member is
+// told as well: it then learns in the agreement that it is excluded. Members a send fails to are
+// added to `suspects`.
 template <class E>
 void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects) {
   const auto body = transport::wire::encode_alarm(current.epoch, failed);
   for (int j : current.members) {
-    if (j == ep.rank() || suspects.count(j)) continue;
+    if (j == ep.rank() || (suspects.count(j) && suspects.at(j) != transport::failure_cause::convicted)) continue;
     try {
       ep.send(j, transport::alarm_tag, std::span<const std::byte>(body.data(), body.size()));
     } catch (const transport::peer_error& e) {
@@ -195,17 +206,22 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   using detail::kind;
   const int me = ep.rank();
   decentrain::detail::check(current.contains(me), "membership: peer ", me, " is not in view ", current.epoch);
-  // Only departures are certain. A peer that timed out on another may have been waiting on a
-  // third (a frozen one) itself: whoever is silent must also fail to report within the
-  // agreement's deadline to be left out.
+  // Only departures and convictions are certain. A peer that timed out on another may have been
+  // waiting on a third (a frozen one) itself: whoever is silent must also fail to report within
+  // the agreement's deadline to be left out.
+  using transport::failure_cause;
+  const auto certain = [](failure_cause c) { return c == failure_cause::departed || c == failure_cause::convicted; };
   int first_suspect = -1;  // named in the alarm even when this peer is not certain of it
   for (const auto& [j, cause] : suspects)
     if (j != me && first_suspect < 0) first_suspect = j;
-  std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || s_.second != transport::failure_cause::departed; });
+  std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || !certain(s_.second); });
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
       decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
     decision d = detail::decision_of(m);
+    decentrain::detail::check(!d.next.bars(me), "elastic: peer ", me, " was excluded from the run in view ", m.epoch,
+                              ": the others found what it sent dropped as non-finite or malformed, or far from the "
+                              "aggregate, too often (fault::elastic::exclusion); it stops here");
     decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
                               " (the others did not hear from it in time); it stops here");
     for (int j : d.next.members)
@@ -219,7 +235,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     // its connections are closed).
     if constexpr (requires { ep.connected(); })
       for (int j : ep.connected())
-        if (!current.contains(j)) out.push_back(j);
+        if (!current.contains(j) && !current.bars(j)) out.push_back(j);
     return out;
   };
 
@@ -237,7 +253,8 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.epoch = current.epoch;
       report.step = mine.step;
       report.phase = mine.phase;
-      for (const auto& [j, cause] : suspects) report.departed.push_back(j);  // only departures are kept
+      for (const auto& [j, cause] : suspects)  // only the certain are kept
+        (cause == failure_cause::convicted ? report.convicted : report.departed).push_back(j);
       report.ranks = detail::as_list(joiners());
       try {
         detail::post(ep, leader, report);
@@ -260,6 +277,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     const auto mine_joiners = joiners();
     std::set<int> admit(mine_joiners.begin(), mine_joiners.end());
     std::map<int, std::string> why;  // members this leader could not hear from, and why
+    std::map<int, int> accusers;     // members accused of poison, by how many reporters
     for (std::size_t i = 0; i < alive.size(); ++i) {
       const int j = alive[i];
       if (j == me || suspects.count(j)) continue;
@@ -275,11 +293,16 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         // itself, by waiting for their reports.
         for (const auto x : r.departed)
           if (x != me && current.contains(x)) suspects[x] = transport::failure_cause::departed;
+        for (const auto x : r.convicted) ++accusers[x];
       } catch (const transport::peer_error& e) {
         suspects.emplace(j, e.cause());
         why[j] = e.what();
       }
     }
+
+    for (const auto& [x, n] : accusers)  // by a majority of the others heard from (this leader counted)
+      if (x != me && current.contains(x) && !suspects.count(x) && 2 * n > static_cast<int>(where.size() - where.count(x)))
+        suspects[x] = failure_cause::convicted;
 
     detail::message v;
     v.what = kind::view;
@@ -288,14 +311,14 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     for (int j : current.members)
       if (!suspects.count(j) && where.count(j)) next.push_back(j);
       else v.departed.push_back(j);
-    // Quorum: a majority of the previous view less the peers that departed for certain.
+    // Quorum: a majority of the previous view less the peers that departed or were convicted.
     int departed = 0;
-    for (const auto& [j, cause] : suspects) departed += cause == transport::failure_cause::departed ? 1 : 0;
+    for (const auto& [j, cause] : suspects) departed += certain(cause) ? 1 : 0;
     const int voters = static_cast<int>(current.members.size()) - departed;
     const int have = static_cast<int>(next.size());
     const bool majority = 2 * have > voters || (2 * have == voters && [&] {
       for (int j : current.members)
-        if (!suspects.count(j) || suspects.at(j) != transport::failure_cause::departed) return j == next.front();
+        if (!suspects.count(j) || !certain(suspects.at(j))) return j == next.front();
       return false;
     }());
     if (s.require_majority && !majority) {
@@ -326,6 +349,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       std::sort(next.begin(), next.end());
       std::sort(v.behind.begin(), v.behind.end());
       v.ranks = detail::as_list(next);
+      std::set<int> barred(current.barred.begin(), current.barred.end());
+      for (const auto& [j, cause] : suspects)
+        if (cause == failure_cause::convicted) barred.insert(j);
+      v.convicted.assign(barred.begin(), barred.end());
     }
     // Everyone of the old view that may be listening hears it, the left-out ones included, and
     // the joiners it admits.
@@ -333,7 +360,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     if (!v.ranks.empty()) told.insert(told.end(), admit.begin(), admit.end());
     for (int j : told) {
       if (j == me) continue;
-      if (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed) continue;
+      if (suspects.count(j) && suspects.at(j) == failure_cause::departed) continue;
       try {
         detail::post(ep, j, v);
       } catch (const transport::peer_error&) {
@@ -397,14 +424,19 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   const int me = ep.rank();
   ep.set_epoch(d.next.epoch);
   for (int j : d.removed)
-    if (j != me) ep.forget(j);
+    if (j != me && !d.next.bars(j)) ep.forget(j);
+  for (int j : d.next.barred)  // also when this peer joined since: it refuses them too
+    if (j != me)
+      ep.bar(j, decentrain::detail::concat("what it sent was dropped as non-finite or malformed, or far from the aggregate, "
+                                           "too often (view ", d.next.epoch, ")"));
   // So are ranks outside the view that are not connected: a joiner whose connection here closed
   // before it was admitted would otherwise be refused as the previous holder of its rank (tcp's
   // welcome) and, as the leader admits only joiners every member reaches, never get in.
   if constexpr (requires { ep.connected(); ep.capacity(); }) {
     const auto connected = ep.connected();
     for (int j = 0; j < ep.capacity(); ++j)
-      if (j != me && !d.next.contains(j) && !std::binary_search(connected.begin(), connected.end(), j)) ep.forget(j);
+      if (j != me && !d.next.contains(j) && !d.next.bars(j) && !std::binary_search(connected.begin(), connected.end(), j))
+        ep.forget(j);
   }
   detail::message marker;
   marker.what = detail::kind::marker;

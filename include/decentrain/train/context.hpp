@@ -9,6 +9,7 @@
 
 #include "decentrain/autograd/parameters.hpp"
 #include "decentrain/collective/communicator.hpp"
+#include "decentrain/collective/robust_all_reduce.hpp"
 #include "decentrain/core/device.hpp"
 #include "decentrain/core/rng.hpp"
 #include "decentrain/data/dataset.hpp"
@@ -70,6 +71,9 @@ struct peer_context {
   // Takes another peer's captured state as this peer's (it keeps its own identity and dropout
   // stream); ctx.step and ctx.at must then say where the donor stood.
   std::function<void(const io::checkpoint&)> adopt;
+  // What the communication policy's aggregation saw of each replica's contributions (indexed by
+  // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
+  const collective::peer_tally* contributions = nullptr;
 };
 
 }  // namespace decentrain::train

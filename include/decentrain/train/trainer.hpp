@@ -379,7 +379,12 @@ class trainer {
                    endpoint_,
                    phase::step,
                    [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
-                   [this](const io::checkpoint& c) { adopt(c); }};
+                   [this](const io::checkpoint& c) { adopt(c); },
+                   contributions()};
+  }
+  const collective::peer_tally* contributions() const {
+    if constexpr (requires { policy_.aggregation().tally; }) return &policy_.aggregation().tally;
+    else return nullptr;
   }
 
   // The world communicator becomes the listed world ranks, in a tag space of their own.

@@ -91,6 +91,8 @@ concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int pee
   { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
   // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
   e.forget(peer);
+  // forget `peer` and never take it back, also as a joiner; it is told `reason` (the group excluded it)
+  e.bar(peer, reason);
   // this peer leaves: every other peer's waits on it fail at once, as departed, saying `reason`
   e.leave(reason);
 };
@@ -234,6 +236,7 @@ class any_endpoint {
   void set_epoch(std::uint64_t epoch) { get().set_epoch(epoch); }
   std::optional<alarm> alarmed() const { return get().alarmed(); }
   void forget(int peer) { get().forget(peer); }
+  void bar(int peer, const std::string& reason) { get().bar(peer, reason); }
   void leave(const std::string& reason) { get().leave(reason); }
   // Joining (joining_endpoint); a transport without it has no late joiners.
   bool joined_late() const { return get().joined_late(); }
@@ -261,6 +264,7 @@ class any_endpoint {
     virtual void set_epoch(std::uint64_t) = 0;
     virtual std::optional<alarm> alarmed() const = 0;
     virtual void forget(int) = 0;
+    virtual void bar(int, const std::string&) = 0;
     virtual void leave(const std::string&) = 0;
     virtual bool joined_late() const = 0;
     virtual std::vector<int> connected() const = 0;
@@ -306,6 +310,10 @@ class any_endpoint {
     }
     void forget(int p) override {
       if constexpr (membership_endpoint<E>) e.forget(p);
+      else no_membership();
+    }
+    void bar(int p, const std::string& reason) override {
+      if constexpr (membership_endpoint<E>) e.bar(p, reason);
       else no_membership();
     }
     void leave(const std::string& reason) override {

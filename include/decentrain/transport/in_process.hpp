@@ -215,6 +215,15 @@ class in_process {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
     }
+    // Forgets `peer` for good (no joiners here), and its waits on this peer fail at once with
+    // `reason`, as when tcp's connection closes with a goodbye saying it was left out (not a
+    // departure: a peer that every other excluded has no majority left and stops).
+    void bar(int peer, const std::string& reason) {
+      check_peer(peer, "bar");
+      const auto why = decentrain::detail::concat("peer ", rank_, " excluded it from the run: ", reason);
+      box().bar(peer, why);
+      net_->boxes[static_cast<std::size_t>(peer)].close(rank_, why, failure_cause::excluded);
+    }
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
     // after that is never read).
     void leave(const std::string& reason) {

@@ -176,13 +176,27 @@ class mailbox {
     }
     ready_.notify_all();
   }
+  // Forgets `source` and never welcomes it back (the group excluded it): why, for its refusal.
+  void bar(int source, std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      barred_[source] = reason;
+    }
+    forget(source, std::move(reason));
+  }
+  std::optional<std::string> barred(int source) const {
+    std::lock_guard lock(mutex_);
+    const auto b = barred_.find(source);
+    if (b == barred_.end()) return std::nullopt;
+    return b->second;
+  }
   // A peer joins under `source`: a new rank, or one this peer forgot (a killed peer that comes
   // back), is heard from now on. False while `source` is closed but not forgotten: the group
   // has not left the previous peer of that rank out yet, and a newcomer must not take its place
-  // in collectives that still count on the old one.
+  // in collectives that still count on the old one; false for good when it is barred.
   bool welcome(int source) {
     std::lock_guard lock(mutex_);
-    if (closed_.count(source) && !forgotten_.count(source)) return false;
+    if (barred_.count(source) || (closed_.count(source) && !forgotten_.count(source))) return false;
     forgotten_.erase(source);
     closed_.erase(source);
     std::erase_if(last_taken_, [&](const auto& t) { return t.first.first == source; });
@@ -371,6 +385,7 @@ class mailbox {
   std::map<int, std::uint64_t> pushed_;           // per source: messages pushed so far
   std::map<key, std::uint64_t> last_taken_;       // membership tags: the sequence last taken
   std::set<int> forgotten_;
+  std::map<int, std::string> barred_;
   std::uint64_t epoch_ = 0;
   std::optional<alarm> alarm_;
 };

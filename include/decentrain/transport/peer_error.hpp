@@ -21,6 +21,8 @@ enum class failure_cause {
              // of a view): it is alive, and this peer may be the one that was frozen or cut off
   reported,  // another peer reported it failed (the membership alarm)
   joining,   // no failure: the group changes its view to take in a peer that joins
+  convicted, // alive, but what it sent was poison (dropped as non-finite or malformed, or far
+             // from the aggregate, too often: fault::elastic::exclusion): the group excludes it
   other,     // it sent something malformed, or the cause is not known
 };
 
@@ -32,6 +34,7 @@ inline const char* describe(failure_cause c) {
     case failure_cause::excluded: return "stopped listening to this peer";
     case failure_cause::reported: return "reported failed by another peer";
     case failure_cause::joining: return "the group takes in a joiner";
+    case failure_cause::convicted: return "sent poison too often";
     case failure_cause::other: break;
   }
   return "failed";

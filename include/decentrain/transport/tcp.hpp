@@ -205,6 +205,19 @@ class tcp {
     self_->give_up_on(peer, "left out of the view",
                       wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
   }
+  // Forgets `peer` and refuses it from now on, also as a joiner, telling it `reason`: the group
+  // excluded it (fault::elastic, a peer whose contributions were poison).
+  void bar(int peer, const std::string& reason) {
+    decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
+                              " cannot bar peer ", peer);
+    {
+      std::lock_guard lock(self_->mutex);
+      self_->directory.erase(peer);
+    }
+    const auto why = decentrain::detail::concat("peer ", rank(), " excluded it from the run: ", reason);
+    self_->box.bar(peer, why);
+    self_->give_up_on(peer, "excluded from the run", wire::farewell{true, why});
+  }
 
   // Says goodbye to every connected peer (they find this peer departed at once, with `reason`,
   // instead of at a deadline) and closes the connections.
@@ -1121,6 +1134,11 @@ class tcp {
         c->next = connection::stage::answered;
         reply(c, wire::frame_type::directory, wire::encode_body(d));
         return true;  // the asker closes when it has read the reply
+      }
+      if (const auto why = box.barred(hello.rank)) {
+        c->next = connection::stage::answered;
+        reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why}));
+        return true;  // the caller closes
       }
       if (hello.late) {
         if (!box.welcome(hello.rank)) {  // a rank this peer forgot may come back as a new peer
