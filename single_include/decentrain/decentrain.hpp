@@ -12625,34 +12625,33 @@ class tcp {
   std::optional<alarm> alarmed() const { return self_->box.alarmed(); }
   // Closes the connection to `peer` and drops what it sent: a peer left out of the view that
   // wakes up later (SIGSTOP, partition) finds its connections closed instead of being heard.
-  void forget(int peer) {
-    decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
-                              " cannot forget peer ", peer);
-    {
-      std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
-      self_->directory.erase(peer);
-    }
-    self_->box.forget(peer, decentrain::detail::concat("peer ", rank(), " left it out of its view"));
-    self_->give_up_on(peer, "left out of the view",
-                      wire::farewell{true, decentrain::detail::concat("peer ", rank(), " left it out of its view")});
-  }
+  void forget(int peer) { drop(peer, false, decentrain::detail::concat("peer ", rank(), " left it out of its view")); }
   // Forgets `peer` and refuses it from now on, also as a joiner, telling it `reason`: the group
   // excluded it (fault::elastic, a peer whose contributions were poison).
   void bar(int peer, const std::string& reason) {
-    decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
-                              " cannot bar peer ", peer);
-    {
-      std::lock_guard lock(self_->mutex);
-      self_->directory.erase(peer);
-    }
-    const auto why = decentrain::detail::concat("peer ", rank(), " excluded it from the run: ", reason);
-    self_->box.bar(peer, why);
-    self_->give_up_on(peer, "excluded from the run", wire::farewell{true, why});
+    drop(peer, true, decentrain::detail::concat("peer ", rank(), " excluded it from the run: ", reason));
   }
 
   // Says goodbye to every connected peer (they find this peer departed at once, with `reason`,
   // instead of at a deadline) and closes the connections.
   void leave(const std::string& reason) { self_->leave(reason); }
+
+ private:
+  // forget and bar: closes the connection with a goodbye saying `why`, drops what `peer` sent,
+  // and (barred) refuses it from now on.
+  void drop(int peer, bool barred, const std::string& why) {
+    decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
+                              " cannot ", barred ? "bar" : "forget", " peer ", peer);
+    {
+      std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
+      self_->directory.erase(peer);
+    }
+    if (barred) self_->box.bar(peer, why);
+    else self_->box.forget(peer, why);
+    self_->give_up_on(peer, barred ? "excluded from the run" : "left out of the view", wire::farewell{true, why});
+  }
+
+ public:
 
   // ---- joining a running group (fault::elastic) ----
   // Whether connect() found the group running: this peer then waits to be admitted to a view.
@@ -19723,9 +19722,9 @@ struct elastic {
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
   // Members whose contributions were suspicious (see above) in at least `times` of the policy's
-  // last `of_last` aggregations are excluded; times = 0: never (they are only reported). Honest
-  // peers are not flagged in bench/byzantine's runs; a flagged call is one in which a peer lay
-  // more than peer_tally::far_factor (3) times the typical distance from the aggregate.
+  // last `of_last` aggregations are excluded; times = 0: never (they are only reported). A
+  // flagged call is one in which a peer was dropped or lay more than peer_tally::far_factor (3)
+  // times the typical distance from the aggregate.
   struct exclusion_rule {
     int times = 3;
     int of_last = 5;

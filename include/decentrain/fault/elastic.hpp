@@ -82,9 +82,9 @@ struct elastic {
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
   // Members whose contributions were suspicious (see above) in at least `times` of the policy's
-  // last `of_last` aggregations are excluded; times = 0: never (they are only reported). Honest
-  // peers are not flagged in bench/byzantine's runs; a flagged call is one in which a peer lay
-  // more than peer_tally::far_factor (3) times the typical distance from the aggregate.
+  // last `of_last` aggregations are excluded; times = 0: never (they are only reported). A
+  // flagged call is one in which a peer was dropped or lay more than peer_tally::far_factor (3)
+  // times the typical distance from the aggregate.
   struct exclusion_rule {
     int times = 3;
     int of_last = 5;
