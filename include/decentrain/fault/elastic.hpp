@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "decentrain/collective/robust_all_reduce.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/fault/checkpoint_every.hpp"
 #include "decentrain/fault/membership.hpp"
