@@ -384,7 +384,7 @@ state_result measure_state() {
   dt::transport::tcp peer0(o0);
   o1.join = {peer0.address()};
   dt::fault::decision d;
-  d.next = dt::fault::view{1, {0, 1}};
+  d.next = dt::fault::view{1, {0, 1}, {}};
   d.donor = 0;
   d.behind = {1};
   const dt::fault::agreement_settings a;

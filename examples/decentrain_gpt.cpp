@@ -270,6 +270,12 @@ void declare_train(CLI::App& cmd) {
       ->group(fault);
   cli::text(cmd, "kill", "R@S,...", "with --peers: kill peer R once it has done S steps (a demo\nand a test of the elastic group)")
       ->group(fault);
+  cli::text(cmd, "exclude-after", "T/N",
+            "the others exclude a peer whose contributions the aggregation left\n"
+            "out (NaN, infinities) or found far off in T of its last N calls\n"
+            "(N at most 64); 0: only report them (default " +
+                std::to_string(elastic.exclusion.times) + "/" + std::to_string(elastic.exclusion.of_last) + ")")
+      ->group(fault);
 
   const std::string comm = "Communication";
   cli::choice(cmd, "comm", "NAME", "sync | local-sgd | diloco | streaming-diloco (default diloco; sync\nfor one process alone)",
@@ -444,6 +450,19 @@ std::vector<std::string> split_list(const std::string& s) {
   for (std::string item; std::getline(in, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+// --exclude-after: "T/N" (T of the last N aggregations), or "0" (never exclude, only report).
+dt::fault::elastic::exclusion_rule exclusion_rule(const std::string& s) {
+  if (s == "0") return {0, dt::fault::elastic{}.exclusion.of_last};
+  const auto slash = s.find('/');
+  dt::detail::check(slash != std::string::npos && slash > 0 && slash + 1 < s.size() && slash <= 2 && s.size() - slash <= 3 &&
+                        s.find_first_not_of("0123456789/") == std::string::npos && s.find('/', slash + 1) == std::string::npos,
+                    "--exclude-after takes T/N (T of the last N aggregations, for example 3/5) or 0, got '", s, "'");
+  const int times = std::stoi(s.substr(0, slash)), of_last = std::stoi(s.substr(slash + 1));
+  dt::detail::check(times >= 1 && times <= of_last && of_last <= 64, "--exclude-after ", s,
+                    ": T/N needs 1 <= T <= N <= 64 (0 alone: never exclude)");
+  return {times, of_last};
 }
 
 // ---- checkpoint folders --------------------------------------------------------------------
@@ -1309,8 +1328,9 @@ int cmd_train(const options& opt) {
       dt::detail::check(after >= 1 && after < p.trainer.steps, "--kill: step ", after, " must be in [1, --steps)");
       p.kills.emplace_back(victim, after);
     }
+    if (opt.has("exclude-after")) p.elastic_policy.exclusion = exclusion_rule(opt.text("exclude-after"));
   } else {
-    for (const char* o : {"agreement-timeout-ms", "kill"})
+    for (const char* o : {"agreement-timeout-ms", "kill", "exclude-after"})
       dt::detail::check(!opt.has(o), "--", o, " needs --elastic");
   }
 

@@ -10577,17 +10577,24 @@ inline void check_key(std::string_view key, std::string_view origin) {
                             " (for example: head -c 32 /dev/urandom > run.key)");
 }
 
+// A secret's file (a run key, a TLS private key) that other users can read or write is refused:
+// anyone who reads it can join the run, anyone who writes it can choose the key.
+inline void check_private(const std::filesystem::file_status& status, std::string_view what, const std::string& path) {
+  namespace fs = std::filesystem;
+  const auto others = fs::perms::group_read | fs::perms::group_write | fs::perms::others_read | fs::perms::others_write;
+  decentrain::detail::check((status.permissions() & others) == fs::perms::none, what, " '", path,
+                            "' can be read or written by other users; make it private (chmod 600 ", path, ")");
+}
+
 // The key in a file, without a final newline (so `echo secret > f` and `head -c 32 /dev/urandom > f`
-// both work). A key file others can read is refused: anyone who reads it can join the run.
+// both work). A key file others can read is refused (check_private).
 inline std::string read_key_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(path, ec);
   decentrain::detail::check(!ec && fs::is_regular_file(status), "tcp: key file '", path, "' is not a readable file",
                             ec ? " (" + ec.message() + ")" : std::string());
-  const auto others = fs::perms::group_read | fs::perms::group_write | fs::perms::others_read | fs::perms::others_write;
-  decentrain::detail::check((status.permissions() & others) == fs::perms::none, "tcp: key file '", path,
-                            "' can be read by other users; make it private (chmod 600 ", path, ")");
+  check_private(status, "tcp: key file", path);
   const auto size = fs::file_size(path, ec);
   decentrain::detail::check(!ec, "tcp: cannot read the size of key file '", path, "': ", ec.message());
   decentrain::detail::check(size <= max_key_bytes + 2, "tcp: key file '", path, "' is over ", max_key_bytes, " bytes");
@@ -10857,11 +10864,8 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
     for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[at + static_cast<std::size_t>(i)]) << (8 * i);
     return v;
   };
-  // A TLS record (handshake type 22, version 3.x) where a frame should start: a caller with TLS.
-  decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4),
-                            p[0] == std::byte{22} && p[1] == std::byte{3}
-                                ? " (a TLS handshake: the caller uses TLS and this peer does not; give every peer the same TLS settings)"
-                                : " (not a decentrain peer)");
+  // (A caller with TLS where this peer has none is told so by tcp.hpp before any header is decoded.)
+  decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4), " (not a decentrain peer)");
   decentrain::detail::check(get(4, 2) == version, "frame: protocol version ", std::dec, get(4, 2), ", this peer speaks ", version);
   const auto type = get(6, 2);
   decentrain::detail::check(type >= 1 && type <= last_frame_type, "frame: unknown frame type ", type);
@@ -12219,10 +12223,7 @@ struct options {
       decentrain::detail::check(fs::is_regular_file(*f, ec), "tls: '", *f, "' is not a file");
     }
     std::error_code ec;
-    const auto perms = fs::status(private_key, ec).permissions();
-    const auto others = fs::perms::group_read | fs::perms::group_write | fs::perms::others_read | fs::perms::others_write;
-    decentrain::detail::check((perms & others) == fs::perms::none, "tls: private key '", private_key,
-                              "' can be read or written by other users; make it private (chmod 600 ", private_key, ")");
+    auth::check_private(fs::status(private_key, ec), "tls: private key", private_key);
   }
 };
 
@@ -13565,9 +13566,9 @@ class tcp {
         reply(c, wire::frame_type::directory, wire::encode_body(d));
         return true;  // the asker closes when it has read the reply
       }
-      if (const auto why = box.barred(hello.rank)) {
+      if (const auto why = box.barred(hello.rank)) {  // final: trying again cannot help
         c->next = connection::stage::answered;
-        reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why}));
+        reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
         return true;  // the caller closes
       }
       if (hello.late) {

@@ -572,7 +572,7 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
   CHECK_THAT(stranger.output, Contains("refused peer 1: peer 0 admits only peers holding the run's key"));
   const auto open_key = run("timeout 60 " + cli() + peer_args + " --key-file open.key --listen 127.0.0.1:0 --rank 0 --world 2", dir);
   CHECK(open_key.status == 1);
-  CHECK_THAT(open_key.output, Contains("can be read by other users; make it private (chmod 600 open.key)"));
+  CHECK_THAT(open_key.output, Contains("can be read or written by other users; make it private (chmod 600 open.key)"));
   const auto missing = run("timeout 60 " + cli() + peer_args + " --peers 2 --key-file run.key", dir);
   CHECK(missing.status == 1);
   CHECK_THAT(missing.output, Contains("--key-file is for TCP peers"));
@@ -897,7 +897,7 @@ TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodby
 
 TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elastic refuses", "[cli][elastic]") {
   const auto dir = scratch("elastic_inproc");
-  const auto r = run(cli() + peer_args + " --peers 4 --elastic --kill 2@3,0@7 --metrics ''", dir);
+  const auto r = run(cli() + peer_args + " --peers 4 --elastic --kill 2@3,0@7 --exclude-after 2/4 --metrics ''", dir);
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK_THAT(r.output, Contains("peer 2 was killed"));
@@ -925,6 +925,15 @@ TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elasti
   const auto no_elastic = run(cli() + peer_args + " --peers 2 --kill 1@3", dir);
   CHECK(no_elastic.status == 1);
   CHECK_THAT(no_elastic.output, Contains("--kill needs --elastic"));
+  for (const char* bad : {"3", "6/5", "0/5", "3/65", "x/5", "3/5/7"}) {
+    const auto refused = run(cli() + peer_args + " --peers 2 --elastic --exclude-after " + bad, dir);
+    INFO(bad << ": " << refused.output);
+    CHECK(refused.status == 1);
+    CHECK_THAT(refused.output, Contains("--exclude-after"));
+  }
+  const auto exclusion_alone = run(cli() + peer_args + " --peers 2 --exclude-after 3/5", dir);
+  CHECK(exclusion_alone.status == 1);
+  CHECK_THAT(exclusion_alone.output, Contains("--exclude-after needs --elastic"));
 }
 
 TEST_CASE("prepare writes llm.c shards with GPT-2's tokenizer, train reads them, sample decodes to text", "[cli][gpt2]") {

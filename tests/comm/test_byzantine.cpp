@@ -7,11 +7,14 @@
 #include <decentrain/decentrain.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attacks.hpp"
@@ -203,3 +206,86 @@ TEST_CASE("byzantine: without exclusion, or with only honest peers, the group ke
   const elastic_attack<Sync> refused(sync, bench::attack::none, 0, bad);
   for (const auto& e : refused.errors) CHECK_THAT(e, Catch::Contains("exclusion needs 0 <= times <= of_last <= 64"));
 }
+
+#if DECENTRAIN_HAS_ASIO
+TEST_CASE("byzantine: over tcp the group excludes a poisoning peer, and refuses it when it tries to join again",
+          "[byzantine][elastic][tcp]") {
+  // 4 TCP peers (threads of this process, 127.0.0.1) under fault::elastic, sync all-reduce with
+  // the mean; peer 3 sends NaN. Once excluded it dials the group again as a joiner with the same
+  // rank. The honest peers wait at step 20 until that try is over (bounded), so the group still runs.
+  using Attacked = bench::attacked<Sync>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Attacked, dt::parallel::data, dt::fault::elastic>;
+  constexpr int world = 4;
+  dt::train::trainer_options opts;
+  opts.steps = 30;
+  opts.eval_batches = 2;
+  opts.batch_size = 4;
+  Attacked a;
+  a.settings.kind = bench::attack::non_finite;
+  a.settings.attackers = 1;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::seconds(20);
+  dt::transport::tcp_options base;
+  base.world = world;
+  base.recv_timeout = std::chrono::seconds(30);
+  base.join_timeout = std::chrono::seconds(10);
+  dt::transport::tcp first(base);
+  const std::string seed = first.address();
+  std::atomic<bool> tried{false};
+  std::vector<std::string> errors(world);
+  std::vector<std::vector<dt::fault::membership_change>> changes(world);
+  std::vector<std::vector<float>> params(world);
+  std::string rejoin_error;
+  std::chrono::steady_clock::duration rejoin_took{};
+  std::mutex m;
+  auto run_peer = [&](int r, std::optional<dt::transport::tcp> pre) {
+    const auto i = static_cast<std::size_t>(r);
+    auto o = base;
+    o.rank = r;
+    o.join = {seed};
+    try {
+      dt::transport::tcp ep = pre ? std::move(*pre) : dt::transport::tcp(o);
+      ep.connect();
+      Trainer t(fixture::tiny_gpt(), opts, ep, a, {}, fault);
+      t.on_step([&tried](const dt::train::step_metrics& s) {
+        for (int k = 0; s.step == 20 && !tried && k < 3000; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      });
+      t.fit(small_corpus().data);
+      std::lock_guard lock(m);
+      changes[i] = t.fault().changes();
+      params[i] = fixture::flat_params(t.model().parameters());
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m);
+      errors[i] = e.what();
+    }
+    if (r != world - 1) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {  // the excluded peer comes back
+      dt::transport::tcp again(o);
+      again.connect();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m);
+      rejoin_error = e.what();
+    }
+    rejoin_took = std::chrono::steady_clock::now() - t0;
+    tried = true;
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(run_peer, 0, std::move(first));
+  for (int r = 1; r < world; ++r) threads.emplace_back(run_peer, r, std::nullopt);
+  for (auto& t : threads) t.join();
+
+  CHECK_THAT(errors[3], Catch::Contains("excluded"));
+  INFO("the excluded peer's second try: " << rejoin_error);
+  CHECK_THAT(rejoin_error, Catch::Contains("excluded it from the run"));
+  CHECK(rejoin_took < std::chrono::seconds(5));  // it stopped trying: not at its join timeout (10 s)
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("honest peer " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    CHECK(params[r] == params[0]);
+    REQUIRE(changes[r].size() == 1);  // peer 3 removed, nobody joined
+    CHECK(changes[r][0].removed == std::vector<int>{3});
+    CHECK(changes[r][0].joined.empty());
+  }
+}
+#endif

@@ -182,7 +182,7 @@ TEST_CASE("auth: key files are checked, frame tags depend on key, sequence, head
   write("short\n", p::owner_read | p::owner_write);
   CHECK_THROWS_WITH(auth::read_key_file(path), Catch::Contains("has 5 bytes; it needs 16"));
   write(run_key, p::owner_read | p::owner_write | p::others_read);
-  CHECK_THROWS_WITH(auth::read_key_file(path), Catch::Contains("can be read by other users") && Catch::Contains("chmod 600"));
+  CHECK_THROWS_WITH(auth::read_key_file(path), Catch::Contains("can be read or written by other users") && Catch::Contains("chmod 600"));
   CHECK_THROWS_WITH(auth::read_key_file((dir / "missing").string()), Catch::Contains("is not a readable file"));
   std::filesystem::remove_all(dir);
   auto o = two_peers("too short");

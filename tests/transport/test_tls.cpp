@@ -285,6 +285,38 @@ TEST_CASE("tls: callers without a certificate of the run's CA, or with another r
   CHECK(plain.admission().refused >= 1);  // told in a plain goodbye
 }
 
+TEST_CASE("tls: a dialer that finds another rank's certificate at a peer's address does not take it for that peer") {
+  // A stale directory: peer 1 told the seed its address and went away; another peer, holding
+  // rank 0's certificate, now listens there. Peer 2 dials that address expecting rank 1.
+  auto o0 = peer(0, 3, certified("rank-0"));
+  o0.join_timeout = 6s;
+  tr::tcp peer0(o0);
+  std::string error0;
+  std::thread t0([&] {
+    try {
+      peer0.connect();
+    } catch (const std::exception& e) {
+      error0 = e.what();
+    }
+  });
+  std::string stale;
+  {
+    auto o1 = peer(1, 3, certified("rank-1"), {peer0.address()});
+    o1.join_timeout = 1s;
+    tr::tcp peer1(o1);
+    stale = peer1.address();
+    CHECK_THROWS(peer1.connect());  // peer 2 never came
+  }
+  auto o_other = peer(0, 1, certified("rank-0"));
+  o_other.listen = stale;
+  tr::tcp other(o_other);
+  auto o2 = peer(2, 3, certified("rank-2"), {peer0.address()});
+  o2.join_timeout = 3s;
+  CHECK_THROWS_WITH(tr::tcp::join(o2), Catch::Contains("has a certificate for \"rank 0\", not for rank 1"));
+  t0.join();
+  CHECK(!error0.empty());  // the group never formed: peer 0 gave up at its join timeout
+}
+
 #else
 
 TEST_CASE("tls: without OpenSSL's libssl, TLS settings are refused with a message") {

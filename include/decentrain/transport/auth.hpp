@@ -75,17 +75,24 @@ inline void check_key(std::string_view key, std::string_view origin) {
                             " (for example: head -c 32 /dev/urandom > run.key)");
 }
 
+// A secret's file (a run key, a TLS private key) that other users can read or write is refused:
+// anyone who reads it can join the run, anyone who writes it can choose the key.
+inline void check_private(const std::filesystem::file_status& status, std::string_view what, const std::string& path) {
+  namespace fs = std::filesystem;
+  const auto others = fs::perms::group_read | fs::perms::group_write | fs::perms::others_read | fs::perms::others_write;
+  decentrain::detail::check((status.permissions() & others) == fs::perms::none, what, " '", path,
+                            "' can be read or written by other users; make it private (chmod 600 ", path, ")");
+}
+
 // The key in a file, without a final newline (so `echo secret > f` and `head -c 32 /dev/urandom > f`
-// both work). A key file others can read is refused: anyone who reads it can join the run.
+// both work). A key file others can read is refused (check_private).
 inline std::string read_key_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(path, ec);
   decentrain::detail::check(!ec && fs::is_regular_file(status), "tcp: key file '", path, "' is not a readable file",
                             ec ? " (" + ec.message() + ")" : std::string());
-  const auto others = fs::perms::group_read | fs::perms::group_write | fs::perms::others_read | fs::perms::others_write;
-  decentrain::detail::check((status.permissions() & others) == fs::perms::none, "tcp: key file '", path,
-                            "' can be read by other users; make it private (chmod 600 ", path, ")");
+  check_private(status, "tcp: key file", path);
   const auto size = fs::file_size(path, ec);
   decentrain::detail::check(!ec, "tcp: cannot read the size of key file '", path, "': ", ec.message());
   decentrain::detail::check(size <= max_key_bytes + 2, "tcp: key file '", path, "' is over ", max_key_bytes, " bytes");

@@ -105,11 +105,8 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
     for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[at + static_cast<std::size_t>(i)]) << (8 * i);
     return v;
   };
-  // A TLS record (handshake type 22, version 3.x) where a frame should start: a caller with TLS.
-  decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4),
-                            p[0] == std::byte{22} && p[1] == std::byte{3}
-                                ? " (a TLS handshake: the caller uses TLS and this peer does not; give every peer the same TLS settings)"
-                                : " (not a decentrain peer)");
+  // (A caller with TLS where this peer has none is told so by tcp.hpp before any header is decoded.)
+  decentrain::detail::check(get(0, 4) == magic, "frame: bad magic 0x", std::hex, get(0, 4), " (not a decentrain peer)");
   decentrain::detail::check(get(4, 2) == version, "frame: protocol version ", std::dec, get(4, 2), ", this peer speaks ", version);
   const auto type = get(6, 2);
   decentrain::detail::check(type >= 1 && type <= last_frame_type, "frame: unknown frame type ", type);

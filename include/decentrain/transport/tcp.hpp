@@ -1134,9 +1134,9 @@ class tcp {
         reply(c, wire::frame_type::directory, wire::encode_body(d));
         return true;  // the asker closes when it has read the reply
       }
-      if (const auto why = box.barred(hello.rank)) {
+      if (const auto why = box.barred(hello.rank)) {  // final: trying again cannot help
         c->next = connection::stage::answered;
-        reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why}));
+        reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
         return true;  // the caller closes
       }
       if (hello.late) {

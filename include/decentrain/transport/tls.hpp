@@ -90,10 +90,7 @@ struct options {
       decentrain::detail::check(fs::is_regular_file(*f, ec), "tls: '", *f, "' is not a file");
     }
     std::error_code ec;
-    const auto perms = fs::status(private_key, ec).permissions();
-    const auto others = fs::perms::group_read | fs::perms::group_write | fs::perms::others_read | fs::perms::others_write;
-    decentrain::detail::check((perms & others) == fs::perms::none, "tls: private key '", private_key,
-                              "' can be read or written by other users; make it private (chmod 600 ", private_key, ")");
+    auth::check_private(fs::status(private_key, ec), "tls: private key", private_key);
   }
 };
 
