@@ -184,9 +184,9 @@ using suspicions = std::map<int, transport::failure_cause>;
 // Tells every member of `current` that this peer is not certain of, that `failed` failed: their
 // waits outside the membership channel fail, and they come to agree too. A convicted member is
 // told as well: it then learns in the agreement that it is excluded. Members a send fails to are
-// added to `suspects`.
+// added to `suspects`, and why to `why` when given.
 template <class E>
-void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects) {
+void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects, std::map<int, std::string>* why = nullptr) {
   const auto body = transport::wire::encode_alarm(current.epoch, failed);
   for (int j : current.members) {
     if (j == ep.rank() || (suspects.count(j) && suspects.at(j) != transport::failure_cause::convicted)) continue;
@@ -194,6 +194,7 @@ void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects) {
       ep.send(j, transport::alarm_tag, std::span<const std::byte>(body.data(), body.size()));
     } catch (const transport::peer_error& e) {
       suspects[j] = e.cause();
+      if (why != nullptr) (*why)[j] = e.what();
     }
   }
 }
@@ -239,13 +240,16 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     return out;
   };
 
+  // Members this peer could not reach or hear from in the agreement, and why: a view without a
+  // majority names them (the reason may be the one that explains it: "excluded it from the run").
+  std::map<int, std::string> why;
   for (;;) {
     std::vector<int> alive;
     for (int j : current.members)
       if (!suspects.count(j)) alive.push_back(j);
     const int leader = alive.front();  // `me` is in alive, so never empty
     const auto deadline = std::chrono::steady_clock::now() + s.timeout;
-    raise_alarm(ep, current, suspects.empty() ? first_suspect : suspects.begin()->first, suspects);  // wake everyone
+    raise_alarm(ep, current, suspects.empty() ? first_suspect : suspects.begin()->first, suspects, &why);  // wake everyone
 
     if (leader != me) {
       detail::message report;
@@ -265,6 +269,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         return from_view(v);
       } catch (const transport::peer_error& e) {
         suspects.emplace(leader, e.cause());
+        why[leader] = e.what();
         continue;  // the next lowest rank leads
       }
     }
@@ -276,7 +281,6 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     std::map<int, position> where{{me, mine}};
     const auto mine_joiners = joiners();
     std::set<int> admit(mine_joiners.begin(), mine_joiners.end());
-    std::map<int, std::string> why;  // members this leader could not hear from, and why
     std::map<int, int> accusers;     // members accused of poison, by how many reporters
     for (std::size_t i = 0; i < alive.size(); ++i) {
       const int j = alive[i];
