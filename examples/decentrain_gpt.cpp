@@ -40,6 +40,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -456,8 +457,11 @@ std::vector<std::string> split_list(const std::string& s) {
 dt::fault::elastic::exclusion_rule exclusion_rule(const std::string& s) {
   if (s == "0") return {0, dt::fault::elastic{}.exclusion.of_last};
   const auto slash = s.find('/');
-  dt::detail::check(slash != std::string::npos && slash > 0 && slash + 1 < s.size() && slash <= 2 && s.size() - slash <= 3 &&
-                        s.find_first_not_of("0123456789/") == std::string::npos && s.find('/', slash + 1) == std::string::npos,
+  const auto number = [](std::string_view d) {  // at most 2 digits: N is at most 64
+    return !d.empty() && d.size() <= 2 && d.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  dt::detail::check(slash != std::string::npos && number(std::string_view(s).substr(0, slash)) &&
+                        number(std::string_view(s).substr(slash + 1)),
                     "--exclude-after takes T/N (T of the last N aggregations, for example 3/5) or 0, got '", s, "'");
   const int times = std::stoi(s.substr(0, slash)), of_last = std::stoi(s.substr(slash + 1));
   dt::detail::check(times >= 1 && times <= of_last && of_last <= 64, "--exclude-after ", s,
