@@ -14331,8 +14331,9 @@ struct bucketing {
 // receives every peer's k-th slice of the buffer, aggregates it and sends the result to all, so
 // no peer receives every whole contribution (the traffic of a ring all-reduce, not n times it).
 // The price: peer k alone aggregates slice k, so a Byzantine peer can spoil its own slice of the
-// result (BTARD adds random re-checks of the aggregators for that; not done here). Clipping
-// radii are per slice.
+// result with finite values (BTARD adds random re-checks of the aggregators for that; not done
+// here); a slice it returns non-finite is taken as zeros and reported (robust_all_reduce.hpp).
+// Clipping radii are per slice.
 template <class Inner>
 struct partitioned {
   static_assert(check_aggregator<Inner>());
@@ -15335,7 +15336,8 @@ DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
 //   gathered (the default): every peer receives every whole contribution and aggregates it
 //     itself: n - 1 times the buffer received per peer, and nobody has to be trusted.
 //   partitioned<A>: peer k aggregates slice k of everyone's buffer and sends it to all (see
-//     aggregators.hpp): the traffic of a ring all-reduce.
+//     aggregators.hpp): the traffic of a ring all-reduce. A slice that comes back holding a
+//     non-finite value is taken as zeros, and its aggregator is named when most peers saw it so.
 
 #include <algorithm>
 #include <cmath>
@@ -15527,38 +15529,53 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
     in[p] = slice(p);
   }
   comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
-  // Each aggregator's view of every peer, to every peer: 2n doubles.
-  std::vector<double> view(2 * nn), views(2 * nn * nn);
+  // An aggregate slice holding a NaN or an infinity is taken as zeros (no update there this
+  // call): a bad aggregator cannot put a non-finite value into the model, and when it sends the
+  // same slice to all, the honest peers still hold the same bits.
+  std::vector<std::uint8_t> bad_result(nn);
+  for (std::size_t k = 0; k < nn; ++k)
+    if (const auto got = slice(k); !detail::all_finite(got)) {
+      bad_result[k] = 1;
+      std::fill(got.begin(), got.end(), 0.0f);
+    }
+  // Each aggregator's view of every peer (2 doubles each: verdict, squared distance), then
+  // whether each aggregate slice reached this peer non-finite (1 double each), to every peer.
+  const std::size_t width = 3 * nn;
+  std::vector<double> view(width), views(width * nn);
   for (std::size_t p = 0; p < nn; ++p) {
     view[2 * p] = static_cast<double>(verdicts[p]);
     view[2 * p + 1] = squared[p];
+    view[2 * nn + p] = bad_result[p];
   }
   std::vector<std::span<const double>> vout(nn, std::span<const double>(view));
   std::vector<std::span<double>> vin(nn);
-  for (std::size_t k = 0; k < nn; ++k) vin[k] = std::span<double>(views).subspan(k * 2 * nn, 2 * nn);
+  for (std::size_t k = 0; k < nn; ++k) vin[k] = std::span<double>(views).subspan(k * width, width);
   comm.all_to_all(std::span<const std::span<const double>>(vout), std::span<const std::span<double>>(vin));
   // Each slice's aggregator votes on every peer: dropped (its verdict) or far in that slice. A
   // verdict stands only when more than half of the aggregators give it, so a minority that lie
   // in their views (naming an honest peer non-finite, say) cannot make the others report it; a
-  // peer that poisons one slice only is dropped there and goes unreported.
+  // peer that poisons one slice only is dropped there and goes unreported. The same majority
+  // names an aggregator whose slice came back non-finite.
   auto& r = record.last;
   r.peers.assign(nn, verdict::kept);
   r.distance.assign(nn, 0.0);
   r.far.assign(nn, 0);
-  std::vector<int> non_finite(nn), malformed(nn), far(nn);
+  std::vector<int> non_finite(nn), malformed(nn), far(nn), bad_results(nn);
   std::vector<bool> lying(nn);  // aggregators whose view is not one
   std::vector<verdict> slice_verdicts(nn);
   std::vector<double> slice_distances(nn);
   for (std::size_t k = 0; k < nn; ++k) {  // slice k's aggregator
+    const double* sent = views.data() + k * width;
     for (std::size_t p = 0; p < nn && !lying[k]; ++p) {
-      const double v = views[k * 2 * nn + 2 * p], sq = views[k * 2 * nn + 2 * p + 1];
+      const double v = sent[2 * p], sq = sent[2 * p + 1], b = sent[2 * nn + p];
       // A view that is not one of the three verdicts, or not a finite distance, is itself a sign
       // of a bad aggregator: it counts against the aggregator, not against peer p.
-      lying[k] = !(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0;
+      lying[k] = !(v == 0 || v == 1 || v == 2) || !std::isfinite(sq) || sq < 0 || !(b == 0 || b == 1);
       slice_verdicts[p] = lying[k] ? verdict::kept : static_cast<verdict>(static_cast<int>(v));
       slice_distances[p] = lying[k] ? 0.0 : std::sqrt(sq);
     }
     if (lying[k]) continue;
+    for (std::size_t p = 0; p < nn; ++p) bad_results[p] += p != k && sent[2 * nn + p] == 1;
     const double typical = detail::typical_distance(slice_verdicts, slice_distances);
     for (std::size_t p = 0; p < nn; ++p) {
       non_finite[p] += slice_verdicts[p] == verdict::non_finite;
@@ -15570,6 +15587,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
   }
   for (std::size_t p = 0; p < nn; ++p) {
     if (2 * (non_finite[p] + malformed[p]) > n) r.peers[p] = non_finite[p] >= malformed[p] ? verdict::non_finite : verdict::malformed;
+    if (2 * bad_results[p] > n) r.peers[p] = verdict::non_finite;
     if (lying[p]) r.peers[p] = verdict::malformed;
     if (r.peers[p] != verdict::kept) {
       r.distance[p] = 0;

@@ -291,16 +291,27 @@ TEMPLATE_TEST_CASE("robust all-reduce: a malformed payload is left out, not the 
   });
 }
 
-TEST_CASE("robust all-reduce per partition: a lying aggregator cannot have an honest peer reported", "[aggregate]") {
-  // Peers 0-3 run partitioned<median>; peer 4 follows its protocol by hand (the three
-  // all-to-alls), aggregates its slice honestly, but tells everyone that peer 0's contribution was
-  // non-finite. One aggregator of five is not a majority: peer 0 stays kept and unsuspected.
+namespace {
+// How peer 4 of 5 lies when it aggregates slice 4 of a partitioned<median> all-reduce.
+enum class aggregator_lie {
+  blames_peer_0,   // aggregates honestly, but says peer 0's contribution and slice 0 were non-finite
+  returns_nan,     // sends everyone NaN as its slice's aggregate
+};
+
+struct partition_run {
+  std::vector<col::aggregation_record> records;  // of the honest peers 0-3
+  std::vector<std::vector<float>> results;
+};
+
+// Peers 0-3 run partitioned<median>; peer 4 follows its protocol by hand (the three all-to-alls).
+// Each honest peer's record and result are returned and checked on the test's thread: Catch2's
+// INFO and CHECK are not safe to call from the peers' threads at once.
+partition_run lying_aggregator(aggregator_lie lie) {
   constexpr int n = 5;
   constexpr std::size_t size = 1000, share = size / n;
-  // Each honest peer's record and result, checked on this thread after the run: Catch2's INFO
-  // and CHECK are not safe to call from the peers' threads at once.
-  std::vector<col::aggregation_record> records(n - 1);
-  std::vector<float> firsts(n - 1);
+  partition_run run;
+  run.records.resize(n - 1);
+  run.results.resize(n - 1);
   dt::transport::in_process(n).run([&](dt::transport::in_process::endpoint& ep) {
     dt::collective::communicator c(ep);
     const int r = c.rank();
@@ -308,8 +319,8 @@ TEST_CASE("robust all-reduce per partition: a lying aggregator cannot have an ho
     for (std::size_t i = 0; i < size; ++i) v[i] = 1.0f + 0.01f * static_cast<float>(r) + 0.001f * static_cast<float>(i % 7);
     if (r < n - 1) {
       col::partitioned<col::median> aggregator;
-      col::robust_all_reduce(aggregator, c, std::span<float>(v), records[static_cast<std::size_t>(r)]);
-      firsts[static_cast<std::size_t>(r)] = v[0];
+      col::robust_all_reduce(aggregator, c, std::span<float>(v), run.records[static_cast<std::size_t>(r)]);
+      run.results[static_cast<std::size_t>(r)] = v;
       return;
     }
     auto slice = [&](std::vector<float>& b, std::size_t k) { return std::span<float>(b).subspan(k * share, share); };
@@ -327,24 +338,59 @@ TEST_CASE("robust all-reduce per partition: a lying aggregator cannot have an ho
       std::sort(column.begin(), column.end());
       result[i] = column[n / 2];
     }
+    if (lie == aggregator_lie::returns_nan) std::fill(result.begin(), result.end(), std::numeric_limits<float>::quiet_NaN());
     for (std::size_t p = 0; p < n; ++p) {
       out[p] = result;
       in[p] = slice(v, p);
     }
     c.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
-    std::vector<double> lie(2 * n, 0.0), views(2 * n * n);
-    lie[0] = 1.0;  // peer 0: "non-finite"
-    std::vector<std::span<const double>> vout(n, std::span<const double>(lie));
+    // Its view: per peer a verdict and a squared distance, then per aggregate slice whether it
+    // arrived non-finite.
+    std::vector<double> view(3 * n, 0.0), views(3 * n * n);
+    if (lie == aggregator_lie::blames_peer_0) {
+      view[0] = 1.0;      // peer 0's contribution: "non-finite"
+      view[2 * n] = 1.0;  // slice 0's aggregate: "arrived non-finite"
+    }
+    std::vector<std::span<const double>> vout(n, std::span<const double>(view));
     std::vector<std::span<double>> vin(n);
-    for (std::size_t k = 0; k < n; ++k) vin[k] = std::span<double>(views).subspan(k * 2 * n, 2 * n);
+    for (std::size_t k = 0; k < n; ++k) vin[k] = std::span<double>(views).subspan(k * 3 * n, 3 * n);
     c.all_to_all(std::span<const std::span<const double>>(vout), std::span<const std::span<double>>(vin));
   });
-  for (std::size_t r = 0; r + 1 < n; ++r) {
-    for (std::size_t p = 0; p < n; ++p) {
+  return run;
+}
+}  // namespace
+
+TEST_CASE("robust all-reduce per partition: a lying aggregator cannot have an honest peer reported", "[aggregate]") {
+  // Peer 4 says peer 0 sent non-finite values and that slice 0 came back non-finite. One of five
+  // is not a majority: peer 0 stays kept and unsuspected, as aggregator and as contributor.
+  const auto run = lying_aggregator(aggregator_lie::blames_peer_0);
+  for (std::size_t r = 0; r < run.records.size(); ++r) {
+    for (std::size_t p = 0; p < 5; ++p) {
       INFO("peer " << r << " on peer " << p);
-      CHECK(records[r].last.peers[p] == col::verdict::kept);
-      CHECK_FALSE(records[r].last.suspicious(p));
+      CHECK(run.records[r].last.peers[p] == col::verdict::kept);
+      CHECK_FALSE(run.records[r].last.suspicious(p));
     }
-    CHECK(firsts[r] == Approx(1.02f));  // the median of 1.00 ... 1.04
+    CHECK(run.results[r][0] == Approx(1.02f));  // the median of 1.00 ... 1.04
+    CHECK(run.results[r] == run.results[0]);
+  }
+}
+
+TEST_CASE("robust all-reduce per partition: an aggregator that returns NaN leaves zeros, and is named", "[aggregate]") {
+  // Peer 4 aggregates slice 4 (values 800-999) and sends NaN back to all. The honest peers take
+  // zeros there (no update in that slice this call), keep the median elsewhere, hold the same
+  // bits, and the four of them outvote the one: peer 4 is reported non-finite.
+  const auto run = lying_aggregator(aggregator_lie::returns_nan);
+  for (std::size_t r = 0; r < run.records.size(); ++r) {
+    INFO("peer " << r);
+    const auto& v = run.results[r];
+    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }));
+    CHECK(v[0] == Approx(1.02f));
+    CHECK(v[799] == Approx(1.02f + 0.001f * static_cast<float>(799 % 7)));
+    CHECK(std::all_of(v.begin() + 800, v.end(), [](float x) { return x == 0.0f; }));
+    CHECK(v == run.results[0]);
+    const auto& report = run.records[r].last;
+    CHECK(report.peers[4] == col::verdict::non_finite);
+    for (std::size_t p = 0; p < 4; ++p) CHECK(report.peers[p] == col::verdict::kept);
+    CHECK(run.records[r].tally.suspicious(4) == 1);
   }
 }

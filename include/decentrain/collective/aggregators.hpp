@@ -272,8 +272,9 @@ struct bucketing {
 // receives every peer's k-th slice of the buffer, aggregates it and sends the result to all, so
 // no peer receives every whole contribution (the traffic of a ring all-reduce, not n times it).
 // The price: peer k alone aggregates slice k, so a Byzantine peer can spoil its own slice of the
-// result (BTARD adds random re-checks of the aggregators for that; not done here). Clipping
-// radii are per slice.
+// result with finite values (BTARD adds random re-checks of the aggregators for that; not done
+// here); a slice it returns non-finite is taken as zeros and reported (robust_all_reduce.hpp).
+// Clipping radii are per slice.
 template <class Inner>
 struct partitioned {
   static_assert(check_aggregator<Inner>());
