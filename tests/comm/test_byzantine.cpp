@@ -1,6 +1,7 @@
 // Training with peers that send poison (bench/attacks.hpp): under the mean a peer sending huge
 // pseudo-gradients ruins DiLoCo for everyone, under centered clipping the honest peers end where a
-// clean run ends; a peer sending NaN is dropped every round, never averaged in, and named; under
+// clean run ends, and so do Streaming DiLoCo's against a noisy peer, fragment by fragment; a peer
+// sending NaN is dropped every round, never averaged in, and named; under
 // fault::elastic the honest peers agree to exclude a peer that keeps sending poison.
 #include <catch2/catch.hpp>
 
@@ -27,6 +28,7 @@ namespace {
 using aggregator = dt::collective::any_aggregator;
 using Diloco = dt::comm::diloco<dt::comm::outer::nesterov, dt::compress::identity, aggregator>;
 using Sync = dt::comm::sync_allreduce<dt::compress::identity, aggregator>;
+using Streaming = dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::compress::identity, aggregator>;
 
 struct run_result {
   double val_loss = 0;
@@ -75,6 +77,34 @@ TEST_CASE("byzantine: DiLoCo under centered clipping shrugs off a peer scaling i
   // Peer 4 was far from the aggregate every round (8 rounds: 40 steps of 5); nobody else was.
   REQUIRE(held.seen.calls == 8);
   CHECK(held.seen.far[4] == 8);
+  for (std::size_t p = 0; p < 4; ++p) CHECK(held.seen.suspicious(p) == 0);
+}
+
+TEST_CASE("byzantine: Streaming DiLoCo under centered clipping shrugs off a peer adding noise to its pseudo-gradients", "[byzantine]") {
+  // At every round's end the attacker adds Gaussian noise of 10 times their RMS to its round's
+  // change, so every fragment it sends afterwards is far from the others'. Each fragment is
+  // aggregated on its own (its own call of the aggregator), so the clip holds per fragment.
+  // (Not x100 here: Streaming DiLoCo replaces only part of a peer's own parameters at each merge,
+  // so the attacker's own run diverges to a non-finite loss and stops, which ends the test's run.)
+  Streaming s;
+  s.inner_steps = 5;
+  s.fragments = 2;
+  s.overlap = 1;
+  const auto clean = train(s, "mean", bench::attack::none, 0);
+  const auto noisy = train(s, "mean", bench::attack::noise, 1);
+  const auto held = train(s, "centered-clip", bench::attack::noise, 1);
+  const auto clean_clipped = train(s, "centered-clip", bench::attack::none, 0);
+  INFO("val loss: clean " << clean.val_loss << ", noise under the mean " << noisy.val_loss << ", under the clip "
+                          << held.val_loss << ", clean under the clip " << clean_clipped.val_loss << "; peer 4 far in "
+                          << held.seen.far[4] << " of " << held.seen.calls);
+  CHECK(clean.val_loss < fixture::uniform_loss() - 0.3);  // it learned
+  CHECK(noisy.val_loss > clean.val_loss + 0.1);           // the mean takes the noise in
+  CHECK(std::abs(held.val_loss - clean.val_loss) < 0.01 * clean.val_loss);
+  CHECK(std::abs(clean_clipped.val_loss - clean.val_loss) < 0.01 * clean.val_loss);
+  // 40 steps, H = 5, 2 fragments: 16 exchanges and the last step's; the attacker's first noise
+  // lands after the first round, then it is far in every exchange; nobody else ever is.
+  REQUIRE(held.seen.calls == 17);
+  CHECK(held.seen.far[4] >= 15);
   for (std::size_t p = 0; p < 4; ++p) CHECK(held.seen.suspicious(p) == 0);
 }
 
