@@ -15560,7 +15560,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
   r.peers.assign(nn, verdict::kept);
   r.distance.assign(nn, 0.0);
   r.far.assign(nn, 0);
-  std::vector<int> non_finite(nn), malformed(nn), far(nn), bad_results(nn);
+  std::vector<int> non_finite(nn), malformed(nn), far(nn), bad_result_reports(nn);
   std::vector<bool> lying(nn);  // aggregators whose view is not one
   std::vector<verdict> slice_verdicts(nn);
   std::vector<double> slice_distances(nn);
@@ -15575,7 +15575,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
       slice_distances[p] = lying[k] ? 0.0 : std::sqrt(sq);
     }
     if (lying[k]) continue;
-    for (std::size_t p = 0; p < nn; ++p) bad_results[p] += p != k && sent[2 * nn + p] == 1;
+    for (std::size_t p = 0; p < nn; ++p) bad_result_reports[p] += p != k && sent[2 * nn + p] == 1;
     const double typical = detail::typical_distance(slice_verdicts, slice_distances);
     for (std::size_t p = 0; p < nn; ++p) {
       non_finite[p] += slice_verdicts[p] == verdict::non_finite;
@@ -15587,7 +15587,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
   }
   for (std::size_t p = 0; p < nn; ++p) {
     if (2 * (non_finite[p] + malformed[p]) > n) r.peers[p] = non_finite[p] >= malformed[p] ? verdict::non_finite : verdict::malformed;
-    if (2 * bad_results[p] > n) r.peers[p] = verdict::non_finite;
+    if (2 * bad_result_reports[p] > n) r.peers[p] = verdict::non_finite;
     if (lying[p]) r.peers[p] = verdict::malformed;
     if (r.peers[p] != verdict::kept) {
       r.distance[p] = 0;
