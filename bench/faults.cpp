@@ -5,6 +5,7 @@
 //                [--n-layer 2] [--n-embd 64] [--block-size 64] [--seed 1] [--only clean,kill,stop,survivors,state]
 //                [--silence-ms 3000] [--data tinyshakespeare.txt|builtin] [--json faults.json]
 //                [--joiners 16] [--checkpoint-steps 180] [--checkpoint-every 60]   (--only join, checkpoint)
+//                [--churn-seconds 600] [--churn-peers 5]                            (--only churn)
 //
 // Every run is `peers` processes of this program (--role peer) joined over 127.0.0.1, training a
 // character-level model on tinyshakespeare (or the built-in corpus) with fault::elastic:
@@ -20,7 +21,15 @@
 //              training thread is held per save (the last step's save waits for its write in both);
 //   join       `--joiners` peers (16) start at once once a 4-peer group has run 10% of its steps,
 //              and join it: reported per joiner, start -> admitted (its first view), and the
-//              state bytes each member served.
+//              state bytes each member served;
+//   churn      `--churn-peers` (5) peers train without end while, every 1-3 s (uniform), one of
+//              ranks 1.. chosen at random is kill -9'd and started again at once under its rank
+//              (it joins the running group afresh), for `--churn-seconds` (600); rank 0 lives
+//              throughout, to watch a long-lived peer's memory. Every peer records at each
+//              round's end (step, view, a hash of its parameters, resident memory): reported are
+//              rounds whose peers disagree (goal: none), the longest time between two round ends
+//              on rank 0 (no hang), and rank 0's resident memory after warm-up against the end
+//              (goal: within 5%).
 // Each peer appends (steady-clock time, step, view epoch) per step to a file the harness reads;
 // the harness records when it struck. Reported per fault: strike -> every survivor installed the
 // view without the victim (detection and agreement), and strike -> every survivor finished its
@@ -42,6 +51,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -72,7 +82,17 @@ struct settings {
   std::int64_t silence_ms = 3000;
   std::string data;  // a text file, or "builtin"
   int joiners = 16;
+  bool churn = false;  // a peer of the churn run (trains without end, records rounds)
+  bool late = false;   // ... started again: joins through every published address
 };
+
+// Resident memory of this process, in KiB (/proc/self/statm).
+std::int64_t rss_kib() {
+  std::ifstream in("/proc/self/statm");
+  std::int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * (::sysconf(_SC_PAGESIZE) / 1024);
+}
 
 // Every peer of a run may take joiners' ranks (the join run's joiners count up from the group's).
 constexpr int join_max_world = 64;
@@ -102,15 +122,51 @@ int peer_main(const settings& s, int rank, int world, const std::string& dir) {
   fault.agreement.timeout = std::chrono::milliseconds(std::max<std::int64_t>(20000, 4 * s.silence_ms));
 
   const auto started_ns = now_ns();
-  auto ep = bench::loopback_peer(rank, world, dir + "/address", [&](dt::transport::tcp_options& t) {
+  std::unique_ptr<dt::transport::tcp> ep;
+  if (s.churn) {
+    // Every peer publishes its address (again when it starts again); one started again joins
+    // through all of them (the seeds: any live one answers).
+    o.steps = std::int64_t{1} << 40;
+    dt::transport::tcp_options t;
+    t.rank = rank;
+    t.world = world;
     t.min_silence = std::chrono::milliseconds(s.silence_ms);
     t.max_world = join_max_world;
-  });
+    for (int r = 0; r < world; ++r) {
+      const std::string f = dir + "/address-" + std::to_string(r);
+      if (r == rank || (!s.late && r != 0)) continue;
+      if (!s.late)
+        while (!fs::exists(f)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!fs::exists(f)) continue;
+      std::ifstream in(f);
+      t.join.emplace_back();
+      std::getline(in, t.join.back());
+    }
+    ep = std::make_unique<dt::transport::tcp>(t);
+    const std::string mine = dir + "/address-" + std::to_string(rank);
+    std::ofstream(mine + ".tmp") << ep->address() << '\n';
+    fs::rename(mine + ".tmp", mine);
+    ep->connect();
+  } else {
+    ep = bench::loopback_peer(rank, world, dir + "/address", [&](dt::transport::tcp_options& t) {
+      t.min_silence = std::chrono::milliseconds(s.silence_ms);
+      t.max_world = join_max_world;
+    });
+  }
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
   Trainer t(cfg, o, *ep, comm, {}, fault);
-  std::ofstream steps(dir + "/peer-" + std::to_string(rank) + ".steps");
+  std::ofstream steps(dir + "/peer-" + std::to_string(rank) + ".steps", s.late ? std::ios::app : std::ios::out);
+  std::ofstream rounds;
+  if (s.churn) rounds.open(dir + "/peer-" + std::to_string(rank) + ".rounds", std::ios::app);
+  std::vector<float> flat;
   t.on_step([&](const dt::train::step_metrics& m) {
     steps << now_ns() << ' ' << m.step << ' ' << t.fault().current().epoch << '\n' << std::flush;
+    if (s.churn && m.step % s.inner == 0) {  // a round's end: every member holds the same parameters
+      dt::comm::gather_values(t.model().parameters(), flat);
+      rounds << now_ns() << ' ' << m.step << ' ' << t.fault().current().epoch << ' '
+             << dt::detail::hash_words(std::as_bytes(std::span<const float>(flat))) << ' ' << rss_kib() << ' '
+             << t.fault().current().members.size() << '\n' << std::flush;
+    }
   });
   const auto result = t.fit(data);
   std::ofstream out(dir + "/peer-" + std::to_string(rank) + ".result.tmp");
@@ -358,6 +414,140 @@ run_result run(const std::string& name, const settings& s, int peers, std::vecto
   return out;
 }
 
+// ---- churn ----
+struct churn_result {
+  int peers = 0;
+  double seconds = 0;
+  int kills = 0, rounds = 0, disagreeing = 0;   // round ends seen by two or more peers, and those that differ
+  double round_s = 0, longest_gap_s = 0;        // rank 0: median and longest time between round ends
+  std::int64_t rss_warm_kib = 0, rss_end_kib = 0, rss_max_kib = 0;  // rank 0, after warm-up and at the end
+  std::int64_t last_step = 0;
+};
+
+churn_result churn(const settings& s, int peers, double seconds, const std::string& self) {
+  const std::string dir = (fs::temp_directory_path() / ("decentrain_faults_" + std::to_string(::getpid()) + "_churn")).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::fprintf(stderr, "running churn (%d peers, %.0f s) ...\n", peers, seconds);
+  std::vector<pid_t> pids(static_cast<std::size_t>(peers), 0);
+  auto launch = [&](int r, bool late) {
+    const pid_t pid = ::fork();
+    dt::detail::check(pid >= 0, "fork failed");
+    if (pid == 0) {
+      const std::vector<std::string> a{self, "--role", "peer", "--churn", "1", "--late", late ? "1" : "0", "--rank",
+                                       std::to_string(r), "--world", std::to_string(peers), "--dir", dir, "--inner-steps",
+                                       std::to_string(s.inner), "--batch-size", std::to_string(s.batch), "--n-layer",
+                                       std::to_string(s.n_layer), "--n-embd", std::to_string(s.n_embd), "--block-size",
+                                       std::to_string(s.block), "--seed", std::to_string(s.seed), "--silence-ms",
+                                       std::to_string(s.silence_ms), "--data", s.data};
+      std::vector<char*> argv;
+      for (const auto& x : a) argv.push_back(const_cast<char*>(x.c_str()));
+      argv.push_back(nullptr);
+      ::execv(self.c_str(), argv.data());
+      std::perror("execv");
+      ::_exit(127);
+    }
+    pids[static_cast<std::size_t>(r)] = pid;
+  };
+  for (int r = 0; r < peers; ++r) launch(r, false);
+  std::mt19937_64 rng(s.seed);
+  std::uniform_int_distribution<int> pause_ms(1000, 3000), victim(1, peers - 1);
+  churn_result out;
+  out.peers = peers;
+  std::string failure;
+  auto exited = [&] {  // a peer that exited by itself failed (they never finish)
+    for (int r = 0; r < peers && failure.empty(); ++r) {
+      int status = 0;
+      if (::waitpid(pids[static_cast<std::size_t>(r)], &status, WNOHANG) == pids[static_cast<std::size_t>(r)])
+        failure = "peer " + std::to_string(r) + " exited by itself (status " + std::to_string(status) + ")";
+    }
+  };
+  // Warm-up: every peer through its first round.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (failure.empty()) {
+    bool all = true;
+    for (int r = 0; r < peers; ++r) all = all && fs::exists(dir + "/peer-" + std::to_string(r) + ".rounds");
+    if (all) break;
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(2)) failure = "the group did not finish a round in 2 minutes";
+    exited();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t start_ns = now_ns();
+  while (failure.empty() && std::chrono::steady_clock::now() - start < std::chrono::duration<double>(seconds)) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(pause_ms(rng));
+    while (failure.empty() && std::chrono::steady_clock::now() < until) {
+      exited();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!failure.empty()) break;
+    const int r = victim(rng);
+    ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+    ::waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
+    ++out.kills;
+    launch(r, true);
+  }
+  const std::int64_t end_ns = now_ns();
+  for (auto p : pids) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+  dt::detail::check(failure.empty(), "churn: ", failure, " (files in ", dir, ")");
+  out.seconds = static_cast<double>(end_ns - start_ns) * 1e-9;
+
+  // Every peer's round ends: (step, epoch) -> the hashes seen.
+  struct round_row {
+    std::int64_t t_ns, step;
+    std::uint64_t epoch, hash;
+    std::int64_t rss;
+    int members;
+  };
+  std::map<std::int64_t, std::set<std::uint64_t>> hashes;  // step -> hashes (a round end's step is unique)
+  std::map<std::int64_t, int> seen;
+  std::vector<round_row> rank0;
+  for (int r = 0; r < peers; ++r) {
+    std::ifstream in(dir + "/peer-" + std::to_string(r) + ".rounds");
+    round_row x{};
+    while (in >> x.t_ns >> x.step >> x.epoch >> x.hash >> x.rss >> x.members) {
+      if (x.t_ns < start_ns || x.t_ns > end_ns) {
+        if (r == 0 && x.t_ns < start_ns) rank0.clear();
+        if (x.t_ns > end_ns) continue;
+      }
+      hashes[x.step].insert(x.hash);
+      ++seen[x.step];
+      if (r == 0) rank0.push_back(x);
+    }
+  }
+  for (const auto& [step, h] : hashes) {
+    if (seen[step] < 2) continue;
+    ++out.rounds;
+    if (h.size() > 1) ++out.disagreeing;
+  }
+  std::vector<double> gaps;
+  for (std::size_t i = 1; i < rank0.size(); ++i) gaps.push_back(static_cast<double>(rank0[i].t_ns - rank0[i - 1].t_ns) * 1e-9);
+  if (!gaps.empty()) {
+    out.longest_gap_s = *std::max_element(gaps.begin(), gaps.end());
+    std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+    out.round_s = gaps[gaps.size() / 2];
+  }
+  // Rank 0's memory: the median of its first minute after warm-up against its last minute's.
+  auto median_rss = [&](std::int64_t from, std::int64_t to) {
+    std::vector<std::int64_t> v;
+    for (const auto& x : rank0)
+      if (x.t_ns >= from && x.t_ns < to) v.push_back(x.rss);
+    if (v.empty()) return std::int64_t{0};
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const std::int64_t minute = std::min<std::int64_t>(60'000'000'000LL, (end_ns - start_ns) / 4);
+  out.rss_warm_kib = median_rss(start_ns, start_ns + minute);
+  out.rss_end_kib = median_rss(end_ns - minute, end_ns + 1);
+  for (const auto& x : rank0) out.rss_max_kib = std::max(out.rss_max_kib, x.rss);
+  out.last_step = rank0.empty() ? 0 : rank0.back().step;
+  fs::remove_all(dir);
+  return out;
+}
+
 // A peer behind taking the state of a GPT-2 124M DiLoCo peer (parameters, AdamW's two moments,
 // DiLoCo's global copy and outer momentum: five f32 values per parameter) from a donor over
 // loopback, as fault::elastic heals: encode (with its checksum), send in chunks, decode.
@@ -403,7 +593,7 @@ state_result measure_state() {
   const auto t0 = std::chrono::steady_clock::now();
   const auto got = dt::fault::transfer_state(peer1, d, [] { return std::string(); }, a);
   const auto t1 = std::chrono::steady_clock::now();
-  const auto back = dt::io::decode_checkpoint(*got.state, "the donor's state");
+  const auto back = dt::io::decode_checkpoint(got.state->view(), "the donor's state");
   const auto t2 = std::chrono::steady_clock::now();
   donor.join();
   dt::detail::check(back.tensors.size() == 5 && back.tensor_at("model").numel() == n, "state: the decoded state differs");
@@ -533,6 +723,10 @@ int main(int argc, char** argv) try {
   s.silence_ms = std::stoll(cli.value("silence-ms", "3000"));
   s.data = cli.value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
   s.joiners = std::stoi(cli.value("joiners", "16"));
+  s.churn = cli.value("churn", "0") == "1";
+  s.late = cli.value("late", "0") == "1";
+  const double churn_seconds = std::stod(cli.value("churn-seconds", "600"));
+  const int churn_peers = std::stoi(cli.value("churn-peers", "5"));
   const std::int64_t ck_steps = std::stoll(cli.value("checkpoint-steps", "180"));
   const std::int64_t ck_every = std::stoll(cli.value("checkpoint-every", "60"));
   if (role == "peer") {
@@ -579,6 +773,12 @@ int main(int argc, char** argv) try {
                       join_max_world - 4, "]");
     join.emplace();
     (void)run("join", s, 4, {}, self, s.joiners, &*join);
+  }
+  std::optional<churn_result> churned;
+  if (wanted("churn")) {
+    dt::detail::check(churn_peers >= 3 && churn_peers <= join_max_world && churn_seconds > 0,
+                      "bench_faults: --churn-peers must be in [3, ", join_max_world, "] and --churn-seconds > 0");
+    churned = churn(s, churn_peers, churn_seconds, self);
   }
 
   const run_result* clean = nullptr;
@@ -700,6 +900,29 @@ int main(int argc, char** argv) try {
     }
     j.add_json("modes", m + "]");
     root.add_json("checkpoints_124m", j.str());
+  }
+  if (churned) {
+    const auto& c = *churned;
+    std::printf("churn: %d TCP peers, DiLoCo H = %lld, %.0f s, %d kill -9 + restart (every 1-3 s): %d round ends seen by two or "
+                "more peers, %d of them with different parameters; rank 0: round %.3f s median, longest %.2f s between two "
+                "round ends, at step %lld; resident memory %.1f MB after warm-up, %.1f MB at the end (%+.1f%%), most %.1f MB\n",
+                c.peers, static_cast<long long>(s.inner), c.seconds, c.kills, c.rounds, c.disagreeing, c.round_s,
+                c.longest_gap_s, static_cast<long long>(c.last_step), c.rss_warm_kib / 1024.0, c.rss_end_kib / 1024.0,
+                c.rss_warm_kib ? 100.0 * static_cast<double>(c.rss_end_kib - c.rss_warm_kib) / static_cast<double>(c.rss_warm_kib) : 0.0,
+                c.rss_max_kib / 1024.0);
+    dt::train::json_line j;
+    j.add("peers", c.peers);
+    j.add("seconds", c.seconds);
+    j.add("kills", c.kills);
+    j.add("rounds", c.rounds);
+    j.add("disagreeing", c.disagreeing);
+    j.add("round_s", c.round_s);
+    j.add("longest_gap_s", c.longest_gap_s);
+    j.add("rss_warm_kib", c.rss_warm_kib);
+    j.add("rss_end_kib", c.rss_end_kib);
+    j.add("rss_max_kib", c.rss_max_kib);
+    j.add("last_step", c.last_step);
+    root.add_json("churn", j.str());
   }
   if (join) {
     dt::train::json_line j;

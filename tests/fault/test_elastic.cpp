@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <numeric>
 #include <vector>
 
 using namespace fixture;
@@ -517,5 +518,46 @@ TEST_CASE("elastic: a joiner takes its state from several members at once when t
   }
   CHECK(donors == 3);
   CHECK(most * 3 <= total * 2);  // no donor served more than twice the mean
+}
+#endif
+
+#if DECENTRAIN_HAS_ASIO
+TEST_CASE("elastic: joiners that start at once are admitted together at a round start, served by every member in turn") {
+  // DiLoCo's members at a round start share their parameters, global copy and outer momentum but
+  // not their inner AdamW moments: each joiner takes those of its own donor (the donors in turn),
+  // and the shared chunks from whichever donor has served least.
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 4;
+  tcp_join_run run(4, 8, 6, small_run(300), comm, 20ms);
+  INFO(run.log);
+  REQUIRE(run.log.empty());
+  std::vector<int> everyone(12);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  for (int r = 0; r < 12; ++r) {
+    INFO("peer " << r);
+    CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);
+    CHECK(run.final_members[static_cast<std::size_t>(r)] == everyone);
+  }
+  // Every view that took joiners in did so at a round start, and nobody was behind but them.
+  std::size_t views = 0, most_at_once = 0;
+  for (const auto& c : run.changes[0]) {
+    if (c.joined.empty()) continue;
+    ++views;
+    most_at_once = std::max(most_at_once, c.joined.size());
+    CHECK(c.step % comm.inner_steps == 0);
+    CHECK(!c.healed);
+  }
+  INFO(views << " views took the 8 joiners in, at most " << most_at_once << " at once");
+  CHECK(most_at_once >= 2);
+  std::uint64_t total = 0, most = 0;
+  int donors = 0;
+  for (auto b : run.served) {
+    total += b;
+    most = std::max(most, b);
+    donors += b > 0 ? 1 : 0;
+  }
+  INFO(donors << " donors served " << total << " bytes, the most " << most);
+  CHECK(donors >= 4);
+  CHECK(most * static_cast<std::uint64_t>(donors) <= 2 * total);  // no donor served more than twice the mean
 }
 #endif

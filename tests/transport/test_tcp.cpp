@@ -571,3 +571,59 @@ TEST_CASE("tcp: heartbeats keep a peer that computes for longer than the silence
   t1.join();
   CHECK(!peer0.liveness_of(0));
 }
+
+TEST_CASE("tcp: a peer that receives a long stream keeps sending heartbeats (the reader yields between pieces)") {
+  // A state transfer streams gigabytes at once: the receiver's I/O thread used to keep reading
+  // for as long as bytes were there, so its heartbeats stopped and the sender took it for silent
+  // (and its stack grew by a few calls per message). Large messages and a stream of small ones.
+  using namespace std::chrono_literals;
+  for (const std::size_t size : {std::size_t{8} << 20, std::size_t{64}}) {
+    INFO("messages of " << size << " bytes");
+    tr::tcp_options o;
+    o.world = 2;
+    o.heartbeat_interval = 50ms;
+    o.min_silence = 300ms;
+    o.recv_timeout = 20000ms;
+    tr::tcp peer0(o);
+    auto o1 = o;
+    o1.rank = 1;
+    o1.join = {peer0.address()};
+    std::size_t received = 0;
+    std::string receiver_error;
+    std::thread t1([&] {
+      try {
+        auto peer1 = tr::tcp::join(o1);
+        // Groups of 64 messages, each announced on another tag (a 0 ends the stream).
+        for (;;) {
+          if (peer1.recv(0, 7).at(0) == std::byte{0}) break;
+          for (int k = 0; k < 64; ++k) received += peer1.recv(0, 5).size();
+        }
+      } catch (const std::exception& e) {
+        receiver_error = e.what();
+      }
+    });
+    peer0.connect();
+    const std::vector<std::byte> body(size, std::byte{1}), more(1, std::byte{1}), done(1, std::byte{0});
+    const auto until = std::chrono::steady_clock::now() + 1500ms;  // five deadlines of streaming
+    std::size_t sent = 0;
+    std::string error;
+    try {
+      while (std::chrono::steady_clock::now() < until) {
+        peer0.send(1, 7, more);
+        for (int k = 0; k < 64; ++k) peer0.send(1, 5, body);
+        sent += 64;
+      }
+      peer0.send(1, 7, done);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    CHECK(error.empty());
+    const auto l = peer0.liveness_of(1);
+    REQUIRE(l);
+    CHECK(l->heartbeats >= 10);
+    t1.join();
+    INFO(error << " / " << receiver_error);
+    CHECK(receiver_error.empty());
+    CHECK(received == sent * size);
+  }
+}

@@ -76,6 +76,7 @@ struct diloco {
     ++rounds_;
   }
 
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }

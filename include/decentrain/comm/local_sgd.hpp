@@ -36,6 +36,7 @@ struct local_sgd {
     compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_values(ctx.parameters, buffer_);
   }
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   void save(io::checkpoint& c) const { save_codec(codec, c, "comm.local_sgd.codec."); }
   void load(const io::checkpoint& c) { load_codec(codec, c, "comm.local_sgd.codec."); }

@@ -8,6 +8,10 @@
 //   after_backward(ctx)   every step, gradients computed, before clipping and the optimizer
 //   after_step(ctx)       every step, after the inner optimizer (ctx.last_step on the final one)
 //   save(checkpoint&) const / load(const checkpoint&)   its own state, under "comm.<name>."
+//   ends_round_at(step) const   (optional) whether after_step of `step` ends a round, a function
+//                         of the step alone (the same answer on every peer): a fault policy takes
+//                         joiners in at the start of the next step, where every replica stands
+//                         at the same point. Without it, every step ends one.
 // `ctx` is a train::peer_context: the parameters, ctx.replicas (the peers holding the same
 // parameters, whom a policy averages with), ctx.comm (the whole world), the step. The helpers
 // below gather and scatter parameters and gradients as one flat buffer. train/concepts.hpp
@@ -114,9 +118,10 @@ template <class Device>
 void scatter_grads(parameter_list<Device>& params, std::span<const float> in) { detail::scatter_flat(params, true, in); }
 
 // Periodic policies communicate after every `inner_steps`-th step, and after the last one.
+inline bool ends_round(std::int64_t step, std::int64_t inner_steps) { return (step + 1) % inner_steps == 0; }
 template <class Ctx>
 bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
-  return (ctx.step + 1) % inner_steps == 0 || ctx.last_step;
+  return ends_round(ctx.step, inner_steps) || ctx.last_step;
 }
 
 // Makes every replica hold the first replica's parameters. Peers seeded alike already hold the

@@ -222,6 +222,10 @@ struct streaming_diloco {
     for (auto& p : parts_) p.settle();
   }
 
+  // A round: H steps, in which every fragment synchronises once (the last fragment sends after
+  // the round's last step).
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+
   // Exchanges merged so far (one per fragment per round).
   std::int64_t merges() const { return merges_; }
   // The most bytes one exchange put on the wire from this peer: the peak a link must carry

@@ -11,10 +11,11 @@
 // parallel policy splits each step's rows among the survivors.
 //
 // Peers may also join the running group (tcp: a peer whose connect() finds the group running, a
-// new rank or one the group has left out): a member that sees it connected starts an agreement
-// at its next step, the leader admits a joiner that every member reaches (one per agreement),
-// and it takes the state from the members at the target, in chunks from several of them at once
-// (transfer_state).
+// new rank or one the group has left out): at the start of the next round of the communication
+// policy (comm/policy.hpp's ends_round_at) the members find that one of them sees it connected
+// and start an agreement together, the leader admits every joiner that the members and the
+// other joiners admitted reach, and each takes the state from the members at the target, in
+// chunks from several of them at once (transfer_state).
 //
 // A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
 // so the others leave it out at once instead of at its heartbeat deadline.
@@ -122,9 +123,13 @@ struct elastic {
   // use: the alarm is checked at the start of every step, so a peer busy computing joins the
   // agreement within one step.
   //
-  // A joiner connected to this peer is taken in the same way: the error starts an agreement.
-  //
   // So is a member that the aggregation convicted of sending poison (see exclusion).
+  //
+  // Joiners are taken in at the start of a round (ctx.round_start: after the communication
+  // policy's round, where every member stands at the same point and DiLoCo's members hold the
+  // same parameters): the members ask one another whether any of them sees a joiner ready (one
+  // small all-reduce a round, on transports that take joiners), and all start the agreement
+  // together, so none is behind another and every member at the target can serve the state.
   template <class Ctx>
   void before_step(Ctx& ctx) {
     if (const int guilty = convict(ctx); guilty >= 0)
@@ -136,19 +141,13 @@ struct elastic {
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
-    const auto now = std::chrono::steady_clock::now();
-    for (int j : ctx.network.connected()) {  // outside the view: a joiner
-      if (view_.contains(j) || view_.bars(j)) continue;
-      // Half a second after it connected here (time to reach the other members too), then at
-      // most once a second while the others do not reach it yet.
-      auto& [seen, last] = join_tries_[j];
-      if (seen == std::chrono::steady_clock::time_point{}) seen = now;
-      if (now - seen < std::chrono::milliseconds(500)) continue;
-      if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) continue;
-      last = now;
-      transport::fail_peer_because(transport::failure_cause::joining, j, "membership", "elastic: peer ", j,
-                                   " joins the running group (view ", view_.epoch, ")");
-    }
+    if (!ctx.round_start || !ctx.network.takes_joiners()) return;
+    std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
+    ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
+    if (joiner >= 0)
+      transport::fail_peer_because(transport::failure_cause::joining, static_cast<int>(joiner), "membership",
+                                   "elastic: peer ", joiner, " joins the running group (view ", view_.epoch, ", step ",
+                                   ctx.step, ")");
   }
 
   template <class Ctx>
@@ -219,7 +218,7 @@ struct elastic {
         const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement);
         served_ += got.bytes_served;
         if (got.state) {
-          ctx.adopt(io::decode_checkpoint(*got.state, "the state from peer(s) " + list(got.donors)));
+          ctx.adopt(io::decode_checkpoint(got.state->view(), "the state from peer(s) " + list(got.donors)));
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
           healed = true;
         }
@@ -274,6 +273,24 @@ struct elastic {
   }
 
   bool saves() const { return !checkpoints.dir.empty(); }
+
+  // A joiner connected to this peer that is due an agreement: half a second after it connected
+  // here (time to reach the other members too), then at most once a second while the others do
+  // not reach it yet. -1: none.
+  template <class Ctx>
+  int ready_joiner(Ctx& ctx) {
+    const auto now = std::chrono::steady_clock::now();
+    for (int j : ctx.network.connected()) {  // outside the view: a joiner
+      if (view_.contains(j) || view_.bars(j)) continue;
+      auto& [seen, last] = join_tries_[j];
+      if (seen == std::chrono::steady_clock::time_point{}) seen = now;
+      if (now - seen < std::chrono::milliseconds(500)) continue;
+      if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) continue;
+      last = now;
+      return j;
+    }
+    return -1;
+  }
 
   // A restarted group: every peer restores its own newest checkpoint (none: it starts from
   // step 0), and when they are of different steps the group agrees on a view as after a failure,

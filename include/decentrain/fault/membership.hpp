@@ -36,14 +36,17 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/detail/hash.hpp"
 #include "decentrain/io/checkpoint.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/frame.hpp"
@@ -97,7 +100,8 @@ inline constexpr transport::tag_type protocol_tag = transport::membership_tag(2)
 inline constexpr transport::tag_type state_tag = transport::membership_tag(3);
 inline constexpr std::size_t max_members = 1 << 16;
 
-enum class kind : std::uint8_t { report = 1, view = 2, marker = 3 };
+// hello: a joiner not admitted yet tells the members which peers it is connected to.
+enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4 };
 
 // Every protocol message: what it means depends on `what`.
 struct message {
@@ -106,7 +110,8 @@ struct message {
   std::int64_t step = 0;        // report: the sender's position; view: the target
   std::int8_t phase = 0;
   std::int32_t donor = -1;      // view
-  std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to
+  std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to;
+                                       // hello: every peer the sender is connected to
   std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
   std::vector<std::int32_t> convicted; // report: the peers the sender accuses of poison; view: the barred
@@ -125,7 +130,7 @@ struct message {
   void load(Archive& ar) {
     std::uint8_t k = 0;
     ar(k, epoch, step, phase, donor);
-    decentrain::detail::check(k >= 1 && k <= 3, "membership: unknown message kind ", static_cast<int>(k));
+    decentrain::detail::check(k >= 1 && k <= 4, "membership: unknown message kind ", static_cast<int>(k));
     what = static_cast<kind>(k);
     for (auto* list : {&ranks, &departed, &behind, &convicted}) {
       cereal::size_type n = 0;
@@ -163,6 +168,28 @@ message await(E& ep, int from, std::chrono::steady_clock::time_point deadline, W
 }
 
 inline std::vector<std::int32_t> as_list(const std::vector<int>& v) { return {v.begin(), v.end()}; }
+
+// Of `joiners` (every member reaches them), the lowest and each next one that reaches every
+// one taken before, both ways, as the joiners' latest hellos say (a joiner whose hello has not
+// come is taken only alone).
+template <class E>
+std::set<int> reaching_one_another(E& ep, const std::set<int>& joiners) {
+  std::map<int, std::set<int>> reach;
+  for (int j : joiners)
+    for (;;) {  // what it sent: hellos only, as it is no member yet; the latest counts
+      try {
+        const auto m = decode(ep.recv_within(j, protocol_tag, std::chrono::milliseconds(1)), j);
+        if (m.what == kind::hello) reach[j] = std::set<int>(m.ranks.begin(), m.ranks.end());
+      } catch (const transport::peer_error&) {
+        break;  // nothing more queued (or it is gone: the markers will tell)
+      }
+    }
+  std::set<int> out;
+  for (int j : joiners)
+    if (out.empty() || std::all_of(out.begin(), out.end(), [&](int c) { return reach[j].count(c) && reach[c].count(j); }))
+      out.insert(j);
+  return out;
+}
 inline std::vector<int> as_ints(const std::vector<std::int32_t>& v) { return {v.begin(), v.end()}; }
 
 // A view message as a decision (`joined` is the caller's: it knows the previous view).
@@ -274,10 +301,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       }
     }
 
-    // The leader: a report from every member it does not suspect. It admits a joiner that every
-    // reporting member and itself are connected to (the view's collectives need all pairs), the
-    // lowest if several: whether two joiners reach each other no member can tell, and the next
-    // joiner, once connected to this one too, is taken in at the next agreement.
+    // The leader: a report from every member it does not suspect. It admits the joiners that every
+    // reporting member and itself are connected to (the view's collectives need all pairs) and
+    // that reach one another, as their hellos say (see await_admission): the lowest always, each
+    // next one that every one admitted before reaches; the others at a later agreement.
     std::map<int, position> where{{me, mine}};
     const auto mine_joiners = joiners();
     std::set<int> admit(mine_joiners.begin(), mine_joiners.end());
@@ -339,14 +366,15 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       v.step = target.step;
       v.phase = target.phase;
       for (int j : next)
-        if (where.at(j) == target) {
-          if (v.donor < 0) v.donor = j;
-        } else {
-          v.behind.push_back(j);
-        }
-      if (!admit.empty()) {
-        const int j = *admit.begin();
-        admit = {j};
+        if (where.at(j) != target) v.behind.push_back(j);
+      // The agreed donor turns with the epoch, so that successive joiners are served by
+      // different members.
+      std::vector<int> at_target;
+      for (int j : next)
+        if (where.at(j) == target) at_target.push_back(j);
+      v.donor = at_target[static_cast<std::size_t>(v.epoch % at_target.size())];
+      admit = detail::reaching_one_another(ep, admit);
+      for (int j : admit) {
         v.behind.push_back(j);
         next.push_back(j);
       }
@@ -385,10 +413,29 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
   const auto deadline = std::chrono::steady_clock::now() + patience;
   std::map<int, std::string> gone;  // peers whose connection closed while it waited, and why
   std::map<int, std::uint64_t> markers;  // members that sent it a marker (of the view that admits it)
-  auto next_look = std::chrono::steady_clock::now();
+  auto next_look = std::chrono::steady_clock::now(), next_hello = next_look;
+  std::vector<int> told;  // the peers its last hello listed
   for (;;) {
     // The leader is whichever member is lowest and alive: listen to every connected peer.
     const auto peers = ep.connected();
+    // Hellos: every connected peer hears which peers this one reaches, when that changes and
+    // every second (the leader of an agreement takes those it has in; a leader that took a hello
+    // in an agreement that failed needs it again), so that joiners who reach one another are
+    // admitted together.
+    if (peers != told || std::chrono::steady_clock::now() >= next_hello) {
+      detail::message hello;
+      hello.what = detail::kind::hello;
+      hello.ranks = detail::as_list(peers);
+      for (int j : peers) {
+        try {
+          detail::post(ep, j, hello);
+        } catch (const transport::peer_error&) {
+          // gone: found below
+        }
+      }
+      told = peers;
+      next_hello = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
     for (int j : peers) {
       if (gone.count(j)) continue;
       try {
@@ -463,34 +510,119 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   return std::nullopt;
 }
 
-// Which members serve the state to those behind: members at the target (not behind), the
-// agreed donor first, at most `max_donors`.
+// Which members serve the state to those behind: members at the target (not behind), at most
+// `max_donors`, from the agreed donor on in the order of the view (wrapping around), so that
+// the donors turn with the agreed one.
 inline std::vector<int> donors_of(const decision& d, int max_donors) {
   std::vector<int> out;
   if (d.donor < 0) return out;
-  out.push_back(d.donor);
+  std::vector<int> at_target;
   for (int j : d.next.members)
-    if (static_cast<int>(out.size()) < max_donors && j != d.donor &&
-        std::find(d.behind.begin(), d.behind.end(), j) == d.behind.end())
-      out.push_back(j);
+    if (std::find(d.behind.begin(), d.behind.end(), j) == d.behind.end()) at_target.push_back(j);
+  const auto first = std::find(at_target.begin(), at_target.end(), d.donor);
+  if (first == at_target.end()) return {d.donor};
+  const auto at = static_cast<std::size_t>(first - at_target.begin());
+  for (std::size_t k = 0; k < at_target.size() && static_cast<int>(out.size()) < max_donors; ++k)
+    out.push_back(at_target[(at + k) % at_target.size()]);
   return out;
 }
 
+// An encoded state as received: its bytes (not zeroed first: the chunks land in them straight
+// from the sockets).
+struct received_state {
+  std::unique_ptr<char[]> bytes;
+  std::size_t size = 0;
+  std::string_view view() const { return {bytes.get(), size}; }
+};
+
 // What a state transfer did on this peer.
 struct transfer_report {
-  std::optional<std::string> state;   // the encoded state it received (it was behind)
+  std::optional<received_state> state;  // the encoded state it received (it was behind)
   std::uint64_t bytes_served = 0;     // what it sent as a donor
   std::vector<int> donors;            // receiving: the donors it took chunks from
 };
 
-// Members behind take the state of members at the target, in chunks from several donors at
-// once (hivemind #169: every joiner hit one donor). Each donor offers its encoded state's size
-// and checksum (`state()` is an encoded checkpoint: its header holds its body's XXH3); each
-// member behind asks every donor whose offer equals the agreed donor's for its share of the
-// chunks (shifted by its place among those behind, so each donor starts on a different one),
-// and the decode verifies the whole. Donors with a different state (DiLoCo peers at the same
-// step hold different inner parameters) are asked for nothing, so the result is always one
-// donor's state, bit for bit.
+namespace detail {
+
+// A donor's offer: its encoded state's size, the chunk size, the state's checksum, and (when
+// there are several donors) each chunk's XXH3, so that a peer behind can tell which chunks other
+// donors hold alike.
+struct state_offer {
+  std::uint64_t size = 0, chunk = 0, checksum = 0;
+  std::vector<std::uint64_t> hashes;
+  std::uint64_t chunks() const { return (size + chunk - 1) / chunk; }
+  bool same_layout(const state_offer& o) const { return size == o.size && chunk == o.chunk; }
+};
+
+inline std::string encode_offer(const state_offer& o) {
+  std::string b(8 * (3 + o.hashes.size()), '\0');
+  const std::uint64_t head[3] = {o.size, o.chunk, o.checksum};
+  std::memcpy(b.data(), head, 24);
+  if (!o.hashes.empty()) std::memcpy(b.data() + 24, o.hashes.data(), 8 * o.hashes.size());
+  return b;
+}
+
+inline state_offer decode_offer(const transport::bytes& b, int from, const agreement_settings& s) {
+  state_offer o;
+  if (b.size() < 24 || b.size() % 8 != 0)
+    transport::fail_peer(from, "state", "elastic: peer ", from, " sent a state offer of ", b.size(), " bytes");
+  std::uint64_t head[3];
+  std::memcpy(head, b.data(), 24);
+  o.size = head[0];
+  o.chunk = head[1];
+  o.checksum = head[2];
+  if (o.chunk < 1024 || o.size > s.max_state_bytes || o.chunks() >= (std::uint64_t{1} << 32))
+    transport::fail_peer(from, "state", "elastic: peer ", from, " announced a state of ", o.size, " bytes in chunks of ",
+                         o.chunk, " (at most ", s.max_state_bytes, " bytes are accepted: agreement_settings::max_state_bytes;"
+                         " chunks of at least 1024 bytes)");
+  const std::size_t n = (b.size() - 24) / 8;
+  if (n != 0 && n != o.chunks())
+    transport::fail_peer(from, "state", "elastic: peer ", from, " sent ", n, " chunk hashes for ", o.chunks(), " chunks");
+  o.hashes.resize(n);
+  if (n) std::memcpy(o.hashes.data(), b.data() + 24, 8 * n);
+  return o;
+}
+
+// Which donor serves each chunk to each peer behind, the same on every one of them (they all
+// hold the same offers): each peer behind takes the state of its own donor (the donors in turn:
+// DiLoCo's members at one step share their global parameters but not their inner optimizer's
+// moments), and a chunk that other donors hold alike (the same hash) goes to whichever of them
+// has been given the fewest bytes so far. Returns, for peer behind `place`, the chunks to ask
+// of each donor (indices into offers).
+inline std::vector<std::vector<std::uint32_t>> assign_chunks(const std::vector<state_offer>& offers, std::size_t behind,
+                                                            std::size_t place, std::uint64_t epoch) {
+  const std::size_t n = offers.size();
+  std::vector<std::uint64_t> load(n, 0);
+  std::vector<std::vector<std::uint32_t>> mine(n);
+  for (std::size_t p = 0; p <= place && p < behind; ++p) {
+    const std::size_t own = static_cast<std::size_t>((p + epoch) % n);
+    const auto& ref = offers[own];
+    for (std::uint64_t i = 0; i < ref.chunks(); ++i) {
+      const std::uint64_t len = std::min(ref.chunk, ref.size - i * ref.chunk);
+      std::size_t best = ref.hashes.empty() ? own : n;  // n: none yet (own holds every chunk)
+      if (!ref.hashes.empty())
+        for (std::size_t t = 0; t < n; ++t) {
+          const std::size_t k = (own + t + static_cast<std::size_t>(i)) % n;  // ties: each chunk starts elsewhere
+          const bool holds = k == own || (offers[k].same_layout(ref) && !offers[k].hashes.empty() &&
+                                          offers[k].hashes[static_cast<std::size_t>(i)] == ref.hashes[static_cast<std::size_t>(i)]);
+          if (holds && (best == n || load[k] < load[best])) best = k;
+        }
+      load[best] += len;
+      if (p == place) mine[best].push_back(static_cast<std::uint32_t>(i));
+    }
+  }
+  return mine;
+}
+
+}  // namespace detail
+
+// Members behind take the state of members at the target, in chunks from several donors at once
+// (hivemind #169: every joiner hit one donor). Each donor offers its encoded state (`state()` is
+// an encoded checkpoint: its header holds its body's XXH3) and, with several donors, each
+// chunk's hash; each member behind takes the state of one donor (the donors in turn), asking the
+// other donors for the chunks they hold alike (detail::assign_chunks), and checks each chunk's
+// hash as it comes; the decode verifies the whole. The result is always one donor's state, bit
+// for bit.
 template <class E>
 transfer_report transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
                                const agreement_settings& s) {
@@ -502,14 +634,22 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
   check(!donors.empty(), "elastic: members are behind but no member is at the target (no donor)");
   const bool donor = std::find(donors.begin(), donors.end(), me) != donors.end();
   const auto place = std::find(d.behind.begin(), d.behind.end(), me);
-  const auto as_span = [](const auto& v) { return std::as_bytes(std::span(v)); };
 
   if (donor) {
     const std::string blob = state();
-    const std::uint64_t chunk = std::max<std::size_t>(s.state_chunk_bytes, 1024);
-    const std::uint64_t chunks = (blob.size() + chunk - 1) / chunk;
-    const std::array<std::uint64_t, 3> offer{blob.size(), chunk, io::stored_checksum(blob)};
-    for (int j : d.behind) ep.send(j, detail::state_tag, as_span(offer));
+    detail::state_offer offer;
+    offer.size = blob.size();
+    // Chunks small enough that several donors share a small state, at most state_chunk_bytes.
+    const std::uint64_t spread = (offer.size + 4 * donors.size() - 1) / (4 * donors.size());
+    offer.chunk = std::max<std::uint64_t>(std::min<std::uint64_t>(s.state_chunk_bytes, spread), 1024);
+    offer.checksum = io::stored_checksum(blob);
+    const std::uint64_t chunks = offer.chunks();
+    if (donors.size() > 1)
+      for (std::uint64_t i = 0; i < chunks; ++i)
+        offer.hashes.push_back(decentrain::detail::xxh3(
+            std::string_view(blob).substr(static_cast<std::size_t>(i * offer.chunk), static_cast<std::size_t>(offer.chunk))));
+    const auto encoded = detail::encode_offer(offer);
+    for (int j : d.behind) ep.send(j, detail::state_tag, std::as_bytes(std::span(encoded)));
     for (int j : d.behind) {
       const auto request = ep.recv_within(j, detail::state_tag, s.timeout);
       const std::size_t n = request.size() / 4;
@@ -519,8 +659,8 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
         std::uint32_t i = 0;
         std::memcpy(&i, request.data() + 4 * k, 4);
         if (i >= chunks) transport::fail_peer(j, "state", "elastic: peer ", j, " asked for chunk ", i, " of ", chunks);
-        const std::size_t at = static_cast<std::size_t>(i) * chunk;
-        const std::size_t len = std::min<std::size_t>(chunk, blob.size() - at);
+        const std::size_t at = static_cast<std::size_t>(i * offer.chunk);
+        const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(offer.chunk), blob.size() - at);
         ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(blob.data() + at, len)));
         out.bytes_served += len;
       }
@@ -528,52 +668,41 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
   }
   if (place == d.behind.end()) return out;
 
-  // Offers: every donor's; the agreed donor's is the one to take.
-  std::vector<std::array<std::uint64_t, 3>> offers;
-  for (int j : donors) {
-    const auto b = ep.recv_within(j, detail::state_tag, s.timeout);
-    if (b.size() != 24) transport::fail_peer(j, "state", "elastic: peer ", j, " sent a state offer of ", b.size(), " bytes");
-    std::array<std::uint64_t, 3> o{};
-    std::memcpy(o.data(), b.data(), 24);
-    offers.push_back(o);
-  }
-  const std::uint64_t size = offers.front()[0], chunk = offers.front()[1];
-  check(chunk >= 1024 && size <= s.max_state_bytes, "elastic: peer ",
-        d.donor, " announced a state of ", size, " bytes in chunks of ", chunk, " (at most ", s.max_state_bytes,
-        " bytes are accepted: agreement_settings::max_state_bytes)");
-  std::vector<int> serving;  // indices into donors
-  for (std::size_t k = 0; k < donors.size(); ++k)
-    if (offers[k] == offers.front()) serving.push_back(static_cast<int>(k));
-  const std::uint64_t chunks = (size + chunk - 1) / chunk;
-  check(chunks < (std::uint64_t{1} << 32), "elastic: a state of ", chunks, " chunks is over the limit");
-  std::vector<std::vector<std::uint32_t>> asks(donors.size());
-  const auto shift = static_cast<std::uint64_t>(place - d.behind.begin());
-  for (std::uint64_t i = 0; i < chunks; ++i)
-    asks[static_cast<std::size_t>(serving[(i + shift) % serving.size()])].push_back(static_cast<std::uint32_t>(i));
+  std::vector<detail::state_offer> offers;
+  for (int j : donors) offers.push_back(detail::decode_offer(ep.recv_within(j, detail::state_tag, s.timeout), j, s));
+  const auto p = static_cast<std::size_t>(place - d.behind.begin());
+  const auto asks = detail::assign_chunks(offers, d.behind.size(), p, d.next.epoch);
+  const auto& ref = offers[static_cast<std::size_t>((p + d.next.epoch) % offers.size())];
   for (std::size_t k = 0; k < donors.size(); ++k) {
-    ep.send(donors[k], detail::state_tag, as_span(asks[k]));
+    ep.send(donors[k], detail::state_tag, std::as_bytes(std::span(asks[k])));
     if (!asks[k].empty()) out.donors.push_back(donors[k]);
   }
-  std::string blob(static_cast<std::size_t>(size), '\0');
-  // Chunks arrive from every donor at once (the transport queues each donor's); take them in
-  // turn, each donor's in the order asked.
-  std::vector<std::size_t> next(donors.size(), 0);
-  for (bool more = true; more;) {
-    more = false;
-    for (std::size_t k = 0; k < donors.size(); ++k) {
-      if (next[k] == asks[k].size()) continue;
-      const std::uint64_t i = asks[k][next[k]++];
-      const std::size_t at = static_cast<std::size_t>(i * chunk);
-      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size - at));
-      const auto part = ep.recv_within(donors[k], detail::state_tag, s.timeout);
-      if (part.size() != len)
-        transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent a state chunk of ", part.size(),
-                             " bytes, ", len, " were due");
-      std::memcpy(blob.data() + at, part.data(), len);
-      more = more || next[k] < asks[k].size();
+  received_state got{std::make_unique_for_overwrite<char[]>(static_cast<std::size_t>(ref.size)),
+                     static_cast<std::size_t>(ref.size)};
+  // Each donor's chunks land straight in place (transport::exchange posts the memory), one donor
+  // after the other; what the others send meanwhile the transport queues.
+  for (std::size_t k = 0; k < donors.size(); ++k) {
+    if (asks[k].empty()) continue;
+    std::vector<std::span<std::byte>> ins;
+    for (const auto i : asks[k]) {
+      const std::size_t at = static_cast<std::size_t>(i * ref.chunk);
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(ref.chunk, ref.size - at));
+      ins.push_back(std::as_writable_bytes(std::span<char>(got.bytes.get() + at, len)));
+    }
+    std::vector<std::size_t> sizes(ins.size(), 0);
+    transport::exchange(ep, -1, {}, donors[k], ins, detail::state_tag, [&](std::size_t n, std::size_t size) { sizes[n] = size; });
+    for (std::size_t n = 0; n < ins.size(); ++n) {  // checked once every posting is settled
+      const std::uint32_t i = asks[k][n];
+      if (sizes[n] != ins[n].size())
+        transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent a state chunk of ", sizes[n], " bytes, ",
+                             ins[n].size(), " were due");
+      const auto chunk = std::string_view(reinterpret_cast<const char*>(ins[n].data()), ins[n].size());
+      if (!ref.hashes.empty() && decentrain::detail::xxh3(chunk) != ref.hashes[i])
+        transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent chunk ", i,
+                             " of the state unlike the one announced (its hash differs)");
     }
   }
-  out.state = std::move(blob);
+  out.state = std::move(got);
   return out;
 }
 

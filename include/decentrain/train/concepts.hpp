@@ -10,7 +10,9 @@
 //                                                        void after_step(Ctx&);
 //                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
 //                                                        (optional: void settle(), waits for what it runs in
-//                                                        the background; called before the group changes)
+//                                                        the background; called before the group changes;
+//                                                        bool ends_round_at(std::int64_t step) const, where
+//                                                        rounds end: joiners are taken in after them)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)
@@ -64,6 +66,10 @@ constexpr bool check_comm_policy() {
                 "comm policy: needs `void save(io::checkpoint&) const` (an empty body when it has no state)");
   static_assert(requires(P& p, const io::checkpoint& in) { p.load(in); },
                 "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
+  if constexpr (requires { &P::ends_round_at; })
+    static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
+                  "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
+                  "after_step of `step` ends a round: the same answer on every peer)");
   return true;
 }
 

@@ -57,6 +57,9 @@ struct peer_context {
   std::int64_t step = 0;        // the step being computed, from 0
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
   bool last_step = false;       // policies that communicate periodically also do so on the last step
+  bool round_start = true;      // the step starts a round of the communication policy (its
+                                // ends_round_at(step - 1); the first step): where every replica
+                                // stands at the same point, and fault::elastic takes joiners in
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
   bool joined = false;          // a fault policy's start() sets it when this peer joined a running group:
                                 // its state came from the members, who are mid-run, so its

@@ -162,6 +162,7 @@ class trainer {
       if (step_ >= options_.steps) break;  // the group handed this peer a state that had finished
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
+      ctx.round_start = starts_round(step_);
       const auto s = run_step(ctx);
       if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood
       if (options_.stop_on_non_finite && s.computed && !std::isfinite(static_cast<double>(s.result.loss)))
@@ -349,6 +350,15 @@ class trainer {
     }
   }
 
+  // Whether `step` starts a round of the communication policy (see comm/policy.hpp: a policy
+  // without rounds ends one at every step).
+  bool starts_round(std::int64_t step) const {
+    if constexpr (requires { { policy_.ends_round_at(step) } -> std::convertible_to<bool>; })
+      return step == 0 || policy_.ends_round_at(step - 1);
+    else
+      return true;
+  }
+
   // Whether this peer runs phase `p` of the current step: not when it took the state of a peer
   // that stood further on (it skips to that peer's phase, and from there goes on as usual).
   bool runs(phase p) {
@@ -372,6 +382,7 @@ class trainer {
                    step_,
                    step_,
                    false,
+                   starts_round(step_),
                    resumed_,
                    false,
                    [this] { return capture(); },

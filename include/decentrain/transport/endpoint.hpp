@@ -239,6 +239,7 @@ class any_endpoint {
   void bar(int peer, const std::string& reason) { get().bar(peer, reason); }
   void leave(const std::string& reason) { get().leave(reason); }
   // Joining (joining_endpoint); a transport without it has no late joiners.
+  bool takes_joiners() const { return get().takes_joiners(); }
   bool joined_late() const { return get().joined_late(); }
   std::vector<int> connected() const { return get().connected(); }
   int capacity() const { return get().capacity(); }
@@ -266,6 +267,7 @@ class any_endpoint {
     virtual void forget(int) = 0;
     virtual void bar(int, const std::string&) = 0;
     virtual void leave(const std::string&) = 0;
+    virtual bool takes_joiners() const = 0;
     virtual bool joined_late() const = 0;
     virtual std::vector<int> connected() const = 0;
     virtual int capacity() const = 0;
@@ -320,6 +322,7 @@ class any_endpoint {
       if constexpr (membership_endpoint<E>) e.leave(reason);
       else no_membership();
     }
+    bool takes_joiners() const override { return joining_endpoint<E>; }
     bool joined_late() const override {
       if constexpr (joining_endpoint<E>) return e.joined_late();
       else return false;

@@ -884,15 +884,31 @@ class tcp {
     // bandwidth: bench/RESULTS.md). Never more than is missing: a mark above the rest of a frame
     // would wait for bytes that may never come. The kernel caps the mark at half the largest
     // receive buffer and grows the buffer to hold it.
+    //
+    // After `turn_bytes` in one go it hands the rest back to the event loop (as read_next does
+    // between frames): a peer streaming gigabytes (a state transfer) would otherwise keep this
+    // thread reading for as long as the stream lasts, and its heartbeats, timers and other
+    // connections waited that long (a donor took the receiver of a 2.5 GB state for dead after
+    // 3 s), with a stack growing by a frame per message.
     static constexpr std::size_t low_water_cap = std::size_t{4} << 20;
+    static constexpr std::size_t turn_bytes = std::size_t{4} << 20;
 
     template <class Done>
     void read_fully(const std::shared_ptr<connection>& c, std::span<std::byte> into, std::size_t got, Done done) {
       const int fd = c->socket.native_handle();
+      std::size_t this_turn = 0;
       while (got < into.size()) {
+        if (this_turn >= turn_bytes) {
+          asio::post(io, [this, c, into, got, done = std::move(done)]() mutable {
+            if (c->closed) return done(asio::error_code(asio::error::operation_aborted), got);  // settles a posting
+            read_fully(c, into, got, std::move(done));
+          });
+          return;
+        }
         const ssize_t n = ::recv(fd, into.data() + got, into.size() - got, MSG_DONTWAIT);
         if (n > 0) {
           got += static_cast<std::size_t>(n);
+          this_turn += static_cast<std::size_t>(n);
           c->heard = clock::now();
           continue;
         }
@@ -942,8 +958,15 @@ class tcp {
           } catch (const std::exception& e) {
             return malformed(c, e.what());
           }
-          read_next(c);
+          read_next_later(c);
         });
+      });
+    }
+
+    // The next frame, from the event loop (see turn_bytes).
+    void read_next_later(const std::shared_ptr<connection>& c) {
+      asio::post(io, [this, c] {
+        if (!c->closed) read_next(c);
       });
     }
 
@@ -966,7 +989,7 @@ class tcp {
           return box.abandoned(c->rank, h.tag);
         }
         box.landed(c->rank, h.tag);
-        read_next(c);
+        read_next_later(c);
       });
     }
 
