@@ -887,9 +887,9 @@ class tcp {
     //
     // After `turn_bytes` in one go it hands the rest back to the event loop (as read_next does
     // between frames): a peer streaming gigabytes (a state transfer) would otherwise keep this
-    // thread reading for as long as the stream lasts, and its heartbeats, timers and other
-    // connections waited that long (a donor took the receiver of a 2.5 GB state for dead after
-    // 3 s), with a stack growing by a frame per message.
+    // thread reading for as long as the stream lasts: its heartbeats, timers and other
+    // connections would wait that long (its peer then takes it for silent), and the stack would
+    // grow by a few calls per message.
     static constexpr std::size_t low_water_cap = std::size_t{4} << 20;
     static constexpr std::size_t turn_bytes = std::size_t{4} << 20;
 
