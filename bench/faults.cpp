@@ -421,6 +421,7 @@ struct churn_result {
   int kills = 0, rounds = 0, disagreeing = 0;   // round ends seen by two or more peers, and those that differ
   double round_s = 0, longest_gap_s = 0;        // rank 0: median and longest time between round ends
   std::int64_t rss_warm_kib = 0, rss_end_kib = 0, rss_max_kib = 0;  // rank 0, after warm-up and at the end
+  std::vector<std::int64_t> rss_tenths_kib;                          // rank 0, the median of each tenth of the run
   std::int64_t last_step = 0;
 };
 
@@ -543,6 +544,8 @@ churn_result churn(const settings& s, int peers, double seconds, const std::stri
   out.rss_warm_kib = median_rss(start_ns, start_ns + minute);
   out.rss_end_kib = median_rss(end_ns - minute, end_ns + 1);
   for (const auto& x : rank0) out.rss_max_kib = std::max(out.rss_max_kib, x.rss);
+  for (int k = 0; k < 10; ++k)
+    out.rss_tenths_kib.push_back(median_rss(start_ns + (end_ns - start_ns) * k / 10, start_ns + (end_ns - start_ns) * (k + 1) / 10));
   out.last_step = rank0.empty() ? 0 : rank0.back().step;
   fs::remove_all(dir);
   return out;
@@ -910,6 +913,13 @@ int main(int argc, char** argv) try {
                 c.longest_gap_s, static_cast<long long>(c.last_step), c.rss_warm_kib / 1024.0, c.rss_end_kib / 1024.0,
                 c.rss_warm_kib ? 100.0 * static_cast<double>(c.rss_end_kib - c.rss_warm_kib) / static_cast<double>(c.rss_warm_kib) : 0.0,
                 c.rss_max_kib / 1024.0);
+    std::printf("churn: rank 0's resident memory in each tenth of the run (MB):");
+    std::string tenths = "[";
+    for (auto kib : c.rss_tenths_kib) {
+      std::printf(" %.1f", kib / 1024.0);
+      tenths += (tenths.size() > 1 ? "," : "") + std::to_string(kib);
+    }
+    std::printf("\n");
     dt::train::json_line j;
     j.add("peers", c.peers);
     j.add("seconds", c.seconds);
@@ -921,6 +931,7 @@ int main(int argc, char** argv) try {
     j.add("rss_warm_kib", c.rss_warm_kib);
     j.add("rss_end_kib", c.rss_end_kib);
     j.add("rss_max_kib", c.rss_max_kib);
+    j.add_json("rss_tenths_kib", tenths + "]");
     j.add("last_step", c.last_step);
     root.add_json("churn", j.str());
   }

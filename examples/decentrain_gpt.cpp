@@ -963,11 +963,13 @@ void print_transport(const dt::transport::tcp& t) {
 }
 
 // What an elastic group went through, as one survivor saw it.
-void print_changes(const std::vector<dt::fault::membership_change>& changes) {
+void print_changes(const std::vector<dt::fault::membership_change>& changes, std::uint64_t count) {
   if (changes.empty()) {
     std::printf("membership: no changes\n");
     return;
   }
+  if (count > changes.size())
+    std::printf("membership: %llu changes, the last %zu of them:\n", static_cast<unsigned long long>(count), changes.size());
   auto list = [](const std::vector<int>& v) {
     std::string out;
     for (int r : v) {
@@ -1001,6 +1003,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   std::vector<std::int64_t> asked_at;  // per rank: the step at which stop_when last asked
   std::vector<dt::collective::peer_tally> tallies;  // per rank: what it saw of the others' contributions
   std::vector<std::vector<dt::fault::membership_change>> changes;
+  std::vector<std::uint64_t> change_counts;  // per rank: how many changes it saw (changes keeps the latest)
   std::optional<dt::transport::in_process> network;  // --peers
   std::optional<dt::transport::tcp> tcp_peer;  // --listen: its counters end the summary
   // --status-port: the page lives as long as the training (the server goes before the status).
@@ -1030,9 +1033,12 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
             network->kill(t.members()[static_cast<std::size_t>(t.rank())]);
             dt::detail::fail("peer killed by --kill");
           });
-      auto keep_changes = [&t, &changes] {
+      auto keep_changes = [&t, &changes, &change_counts] {
         const auto r = static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())]);
-        if (t.fault().changes().size() != changes[r].size()) changes[r] = t.fault().changes();
+        if (t.fault().change_count() != change_counts[r]) {
+          changes[r] = t.fault().changes();
+          change_counts[r] = t.fault().change_count();
+        }
       };
       t.on_step([keep_changes](const dt::train::step_metrics&) { keep_changes(); });
       t.on_eval([keep_changes](const dt::train::eval_point&) { keep_changes(); });
@@ -1058,6 +1064,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     asked_at.assign(static_cast<std::size_t>(world), 0);
     tallies.assign(static_cast<std::size_t>(world), {});
     changes.assign(static_cast<std::size_t>(world), {});
+    change_counts.assign(static_cast<std::size_t>(world), 0);
     std::signal(SIGINT, on_interrupt);
     results = dt::train::fit_in_process<Trainer>(*network, p.model, p.trainer, data.dataset, comm, setup, p.threads, {},
                                                  fault);
@@ -1096,11 +1103,13 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     asked_at.assign(static_cast<std::size_t>(world), 0);
     tallies.assign(static_cast<std::size_t>(world), {});
     changes.assign(static_cast<std::size_t>(world), {});
+    change_counts.assign(static_cast<std::size_t>(world), 0);
     setup(t);
     std::signal(SIGINT, on_interrupt);
     results.push_back(t.fit(data.dataset));
     if constexpr (elastic) {
       changes[static_cast<std::size_t>(rank)] = t.fault().changes();
+      change_counts[static_cast<std::size_t>(rank)] = t.fault().change_count();
       rank = t.rank();  // in the last view: its rank 0 reports
       world = t.world();
     }
@@ -1125,12 +1134,12 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
           if (why.empty()) std::printf("peer %zu was killed\n", r);
           else std::printf("peer %zu failed and was left out: %s\n", r, why.c_str());
         }
-      print_changes(changes[static_cast<std::size_t>(first)]);
+      print_changes(changes[static_cast<std::size_t>(first)], change_counts[static_cast<std::size_t>(first)]);
       results = kept;
       world = static_cast<int>(kept.size());
       asker = first;
     } else {
-      print_changes(changes[static_cast<std::size_t>(p.tcp.rank)]);
+      print_changes(changes[static_cast<std::size_t>(p.tcp.rank)], change_counts[static_cast<std::size_t>(p.tcp.rank)]);
     }
   }
   if (results[0].stopped) {

@@ -12886,6 +12886,8 @@ class tcp {
       for (const auto& [r, a] : todo) {
         try {
           dial(r, a);
+        } catch (const refused_for_now& e) {  // alive: not counted as gone
+          last_error = e.what();
         } catch (const std::exception& e) {
           ++failures[r];
           last_error = e.what();
@@ -12914,7 +12916,9 @@ class tcp {
 
     // The group is running: dial every peer a seed listed (all of them, whatever their rank),
     // saying this peer joins late. A listed peer that cannot be reached twice has most likely
-    // died since; the group's membership sorts that out when it admits this one.
+    // died since; the group's membership sorts that out when it admits this one. One that refuses
+    // for now is tried again until the deadline: a peer killed and started again at once finds
+    // members that saw its previous process die and have not left it out of their view yet.
     void connect_late(std::chrono::steady_clock::time_point deadline) {
       std::map<int, int> failures;
       std::string last_error = "none";
@@ -12932,8 +12936,10 @@ class tcp {
         }
         const auto now = std::chrono::steady_clock::now();
         if (now >= deadline || (settled && peers.empty()))
-          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group within ",
-                                   opts.join_timeout.count(), " ms (last error: ", last_error, ")");
+          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group ",
+                                   now >= deadline ? decentrain::detail::concat("within ", opts.join_timeout.count(), " ms")
+                                                   : std::string("(every peer listed failed twice)"),
+                                   " (last error: ", last_error, ")");
         changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
         backoff = std::min(backoff * 2, opts.max_backoff);
       }
@@ -13045,7 +13051,9 @@ class tcp {
         }
         // Nothing before the proofs is authenticated: a refusal that would end the join is
         // believed only when it comes three times (one forged goodbye must not end it).
-        give_up(why.final && ++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
+        if (!why.final)  // the peer lives and asks for another try (connect_late keeps trying it)
+          throw refused_for_now(decentrain::detail::concat("tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason));
+        give_up(++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
       };
       // With TLS every frame from the peer is encrypted, its refusals too.
       auto open = [&](frame_in& f) {
@@ -13080,6 +13088,11 @@ class tcp {
       if (out.answer.head.type == wire::frame_type::bye) refused(out.answer);
       return out;
     }
+
+    // A goodbye that is not final: the peer lives and asks for another try later.
+    struct refused_for_now : decentrain::error {
+      using decentrain::error::error;
+    };
 
     // Throws; when `final`, connect() stops at once with this error (retrying cannot help).
     template <class... Parts>
@@ -18515,11 +18528,17 @@ struct streaming_diloco {
     }
   }
 
-  // Waits for every exchange in flight (the trainer calls it before the group changes, since
-  // they run on the group's communicator); each is still merged at its step, a failure then
-  // rethrown there.
-  void settle() {
-    for (auto& p : parts_) p.settle();
+  // The group changes (the trainer calls this first: the exchanges run on the group's
+  // communicator): every exchange in flight is waited for and dropped, by every member alike. One
+  // that a lost peer took part in may have finished on some members and failed on others; a member
+  // that merged it already has stepped past the others, who take its state. Nothing is lost: the
+  // fragment's next pseudo-gradient still holds what this one did not bring.
+  void drop_in_flight() {
+    for (auto& p : parts_) {
+      p.settle();
+      p.exchange.failure = nullptr;
+      p.lands_after = -1;
+    }
   }
 
   // A round: H steps, in which every fragment synchronises once (the last fragment sends after
@@ -19910,6 +19929,8 @@ struct elastic {
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
+  // How many of the latest membership changes changes() keeps.
+  std::size_t changes_kept = 1000;
   // Members whose contributions were suspicious (see above) in at least `times` of the policy's
   // last `of_last` aggregations are excluded; times = 0: never (they are only reported). A
   // flagged call is one in which a peer was dropped or lay more than peer_tally::far_factor (3)
@@ -20013,7 +20034,10 @@ struct elastic {
   }
 
   const view& current() const { return view_; }
+  // The group's changes as this peer saw them, the latest `changes_kept` (older ones are
+  // dropped, so a run under churn for days stays the same size), and how many there were.
   const std::vector<membership_change>& changes() const { return changes_; }
+  std::uint64_t change_count() const { return change_count_; }
   // State bytes this peer sent to members behind (and joiners) as a donor.
   std::uint64_t state_bytes_served() const { return served_; }
 
@@ -20038,7 +20062,7 @@ struct elastic {
                                 min_peers);
       if (failed) {  // a member of the new view failed already: agree again, from it
         if (failed->peer() >= 0) suspects_.emplace(failed->peer(), failed->cause());
-        changes_.push_back(record(d, false));
+        note(record(d, false));
         continue;
       }
       try {
@@ -20051,10 +20075,10 @@ struct elastic {
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
-        changes_.push_back(record(d, false));
+        note(record(d, false));
         continue;
       }
-      changes_.push_back(record(d, healed));
+      note(record(d, healed));
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
       // evidence starts again, rather than start the same agreement at every step.
@@ -20173,6 +20197,11 @@ struct elastic {
     return s;
   }
 
+  void note(membership_change c) {
+    if (changes_.size() >= changes_kept && !changes_.empty()) changes_.erase(changes_.begin());
+    if (changes_kept > 0) changes_.push_back(std::move(c));
+    ++change_count_;
+  }
   membership_change record(const decision& d, bool healed) const {
     return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count(),
@@ -20182,6 +20211,7 @@ struct elastic {
   view view_;
   suspicions suspects_;
   std::vector<membership_change> changes_;
+  std::uint64_t change_count_ = 0;
   std::string cause_;
   std::uint64_t served_ = 0;
   int folder_world_ = 0;  // the W of this peer's checkpoint folder
@@ -20323,8 +20353,9 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //   Comm      using policy_concept = comm::policy_tag;   void start(Ctx&); void after_backward(Ctx&);
 //                                                        void after_step(Ctx&);
 //                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
-//                                                        (optional: void settle(), waits for what it runs in
-//                                                        the background; called before the group changes;
+//                                                        (optional: void drop_in_flight(), waits for what it
+//                                                        runs in the background and drops it; called before
+//                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
@@ -21419,7 +21450,7 @@ class trainer {
     std::shared_ptr<transport::any_endpoint> parent(std::shared_ptr<transport::any_endpoint>{}, &endpoint_);  // not owned
     view_endpoint_ = transport::any_endpoint(collective::group_view<transport::any_endpoint>(parent, members, channel));
     // Nothing may be in flight on the communicator that is replaced (a policy's background exchanges).
-    if constexpr (requires { policy_.settle(); }) policy_.settle();
+    if constexpr (requires { policy_.drop_in_flight(); }) policy_.drop_in_flight();
     const auto traffic = comm_.traffic();
     comm_ = communicator(view_endpoint_, options_.collectives);
     comm_.adopt_traffic(traffic);

@@ -70,20 +70,23 @@ struct elastic_run {
   std::vector<dt::train::fit_result> results;
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::vector<int>> members;
+  std::vector<std::uint64_t> change_counts;
   std::mutex log_mutex;
   std::string log;  // what each peer saw, for a failing check
 
-  elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills) {
+  elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills, std::size_t changes_kept = 1000) {
     params.resize(static_cast<std::size_t>(world));
     results.resize(params.size());
     changes.resize(params.size());
     members.resize(params.size());
+    change_counts.resize(params.size());
     dt::transport::in_process::options o;
     o.recv_timeout = 30s;
     o.peers_fail_alone = true;
     dt::transport::in_process net(dt::transport::links::ideal(world), o);
     dt::fault::elastic fault;
     fault.agreement.timeout = 20s;
+    fault.changes_kept = changes_kept;
     net.run([&](dt::transport::in_process::endpoint& raw) {
       const int r = raw.rank();
       auto countdown = std::make_shared<std::atomic<int>>(-1);
@@ -113,6 +116,7 @@ struct elastic_run {
       params[static_cast<std::size_t>(r)] = flat_params(t.model().parameters());
       changes[static_cast<std::size_t>(r)] = t.fault().changes();
       members[static_cast<std::size_t>(r)] = t.members();
+      change_counts[static_cast<std::size_t>(r)] = t.fault().change_count();
     });
   }
 };
@@ -190,6 +194,18 @@ TEST_CASE("elastic: a peer killed between rounds is found at the next round, two
   CHECK(ch[1].epoch == 2);
 }
 
+TEST_CASE("elastic: the record of membership changes keeps the latest ones and counts them all") {
+  // (a run under churn for days must not grow with every change)
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 3;
+  elastic_run run(5, small_run(15), comm, {{4, 2, -1}, {1, 8, 1}}, 1);
+  check_survivors(run, {0, 2, 3});
+  const auto& ch = run.changes[0];
+  REQUIRE(ch.size() == 1);
+  CHECK(ch[0].members == std::vector<int>{0, 2, 3});  // the latest
+  CHECK(run.change_counts[0] == 2);
+}
+
 TEST_CASE("elastic: the lowest rank (the first leader) can die too") {
   dt::comm::diloco<> comm;
   comm.inner_steps = 4;
@@ -202,6 +218,39 @@ TEST_CASE("elastic: of two peers, the one left goes on alone (a departed peer do
   comm.inner_steps = 2;
   elastic_run run(2, small_run(8), comm, {{1, 3, 1}});
   check_survivors(run, {0});
+}
+
+// Streaming DiLoCo's exchanges run beside the inner steps and land a step or more later, so a
+// peer lost mid-exchange fails it on the survivors at its landing step (or, for those whose
+// exchange finished, not at all: they train on and the others take their state).
+dt::comm::streaming_diloco<> streaming_for_faults() {
+  dt::comm::streaming_diloco<> comm;
+  comm.inner_steps = 4;
+  comm.fragments = 2;  // fragment 0 sends after steps 1, 5, 9, 13; fragment 1 after 3, 7, 11, 15
+  comm.overlap = 1;
+  return comm;
+}
+
+TEST_CASE("elastic: Streaming DiLoCo goes on without a peer killed in the middle of a fragment's exchange") {
+  // Peer 2 dies at its 2nd message of fragment 0's exchange after step 5 (it lands after step 6).
+  elastic_run run(4, small_run(16), streaming_for_faults(), {{2, 5, 2}});
+  check_survivors(run, {0, 1, 3});  // the last step merges every fragment with mix 0: the same parameters
+  for (int s : {0, 1, 3}) {
+    INFO("survivor " << s << "\n" << run.log);
+    const auto& ch = run.changes[static_cast<std::size_t>(s)];
+    REQUIRE(!ch.empty());
+    CHECK(ch.back().members == std::vector<int>{0, 1, 3});
+    CHECK(ch.front().removed == std::vector<int>{2});
+    CHECK(ch.front().step >= 5);
+    CHECK(ch.front().step <= 8);
+    CHECK(run.results[static_cast<std::size_t>(s)].last.step == 16);
+  }
+}
+
+TEST_CASE("elastic: Streaming DiLoCo goes on without a peer killed between steps, two kills") {
+  elastic_run run(5, small_run(16), streaming_for_faults(), {{4, 2, -1}, {1, 9, -1}});
+  check_survivors(run, {0, 2, 3});
+  CHECK(run.changes[0].back().members == std::vector<int>{0, 2, 3});
 }
 
 TEST_CASE("transport: an alarm wakes a peer blocked on a live neighbour, and only outside the membership channel") {
@@ -518,6 +567,25 @@ TEST_CASE("elastic: a joiner takes its state from several members at once when t
   }
   CHECK(donors == 3);
   CHECK(most * 3 <= total * 2);  // no donor served more than twice the mean
+}
+#endif
+
+#if DECENTRAIN_HAS_ASIO
+TEST_CASE("elastic: peers join a running TCP group under Streaming DiLoCo, every member drops the exchange in flight alike") {
+  // The last fragment's exchange starts after a round's last step and lands a step later: it is
+  // in flight when the joiners are admitted at the round start, and every member drops it.
+  auto comm = streaming_for_faults();
+  tcp_join_run run(3, 2, 6, small_run(200), comm, 20ms);
+  INFO(run.log);
+  REQUIRE(run.log.empty());
+  for (int r = 0; r < 5; ++r) {
+    INFO("peer " << r);
+    CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);  // the last step merges with mix 0
+    CHECK(run.final_members[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 2, 3, 4});
+    CHECK(run.results[static_cast<std::size_t>(r)].final_val_loss < uniform_loss());
+  }
+  for (const auto& c : run.changes[0])
+    if (!c.joined.empty()) CHECK(c.step % comm.inner_steps == 0);
 }
 #endif
 

@@ -307,6 +307,51 @@ TEST_CASE("tcp: sending to a peer that has left fails with a clear error instead
   CHECK_THROWS_WITH(peer0.recv(1, 1), Catch::Contains("peer 1"));
 }
 
+TEST_CASE("tcp: a peer started again at once under its rank is refused for now, and gets in once the group forgot the old one") {
+  // kill -9 and a restart at once: the members saw the previous process's connection close but
+  // have not left it out of their view yet. The newcomer must keep trying (it gave up after two
+  // refusals within 0.1 s, "could not reach the running group").
+  tr::tcp_options o;
+  o.world = 2;
+  o.max_world = 2;
+  o.join_timeout = std::chrono::milliseconds(10000);
+  tr::tcp peer0(o);
+  auto o1 = o;
+  o1.rank = 1;
+  o1.join = {peer0.address()};
+  {
+    std::thread t([&] { peer0.connect(); });
+    auto first = tr::tcp::join(o1);
+    t.join();
+  }  // the first peer 1 is gone: peer 0 holds its closure, not yet forgotten
+  const auto t0 = std::chrono::steady_clock::now();
+  while (peer0.connected() != std::vector<int>{} && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(peer0.connected().empty());
+  std::string error;
+  std::optional<tr::tcp> again;
+  std::chrono::steady_clock::duration took{};
+  std::thread joiner([&] {
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      tr::tcp p(o1);
+      p.connect();
+      took = std::chrono::steady_clock::now() - start;
+      again.emplace(std::move(p));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // refused meanwhile (several tries)
+  peer0.forget(1);  // what fault::elastic does when the group's next view leaves the old one out
+  joiner.join();
+  INFO(error);
+  REQUIRE(error.empty());
+  CHECK(again->joined_late());
+  CHECK(took >= std::chrono::milliseconds(550));  // it got in after the forget, not before
+  CHECK(peer0.connected() == std::vector<int>{1});
+}
+
 namespace {
 // A raw socket that says hello to `address` as "peer 1" of a world of 2.
 asio::ip::tcp::socket hello_as_peer_1(asio::io_context& io, const std::string& address) {

@@ -215,11 +215,17 @@ struct streaming_diloco {
     }
   }
 
-  // Waits for every exchange in flight (the trainer calls it before the group changes, since
-  // they run on the group's communicator); each is still merged at its step, a failure then
-  // rethrown there.
-  void settle() {
-    for (auto& p : parts_) p.settle();
+  // The group changes (the trainer calls this first: the exchanges run on the group's
+  // communicator): every exchange in flight is waited for and dropped, by every member alike. One
+  // that a lost peer took part in may have finished on some members and failed on others; a member
+  // that merged it already has stepped past the others, who take its state. Nothing is lost: the
+  // fragment's next pseudo-gradient still holds what this one did not bring.
+  void drop_in_flight() {
+    for (auto& p : parts_) {
+      p.settle();
+      p.exchange.failure = nullptr;
+      p.lands_after = -1;
+    }
   }
 
   // A round: H steps, in which every fragment synchronises once (the last fragment sends after

@@ -83,6 +83,8 @@ struct elastic {
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
+  // How many of the latest membership changes changes() keeps.
+  std::size_t changes_kept = 1000;
   // Members whose contributions were suspicious (see above) in at least `times` of the policy's
   // last `of_last` aggregations are excluded; times = 0: never (they are only reported). A
   // flagged call is one in which a peer was dropped or lay more than peer_tally::far_factor (3)
@@ -186,7 +188,10 @@ struct elastic {
   }
 
   const view& current() const { return view_; }
+  // The group's changes as this peer saw them, the latest `changes_kept` (older ones are
+  // dropped, so a run under churn for days stays the same size), and how many there were.
   const std::vector<membership_change>& changes() const { return changes_; }
+  std::uint64_t change_count() const { return change_count_; }
   // State bytes this peer sent to members behind (and joiners) as a donor.
   std::uint64_t state_bytes_served() const { return served_; }
 
@@ -211,7 +216,7 @@ struct elastic {
                                 min_peers);
       if (failed) {  // a member of the new view failed already: agree again, from it
         if (failed->peer() >= 0) suspects_.emplace(failed->peer(), failed->cause());
-        changes_.push_back(record(d, false));
+        note(record(d, false));
         continue;
       }
       try {
@@ -224,10 +229,10 @@ struct elastic {
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
-        changes_.push_back(record(d, false));
+        note(record(d, false));
         continue;
       }
-      changes_.push_back(record(d, healed));
+      note(record(d, healed));
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
       // evidence starts again, rather than start the same agreement at every step.
@@ -346,6 +351,11 @@ struct elastic {
     return s;
   }
 
+  void note(membership_change c) {
+    if (changes_.size() >= changes_kept && !changes_.empty()) changes_.erase(changes_.begin());
+    if (changes_kept > 0) changes_.push_back(std::move(c));
+    ++change_count_;
+  }
   membership_change record(const decision& d, bool healed) const {
     return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count(),
@@ -355,6 +365,7 @@ struct elastic {
   view view_;
   suspicions suspects_;
   std::vector<membership_change> changes_;
+  std::uint64_t change_count_ = 0;
   std::string cause_;
   std::uint64_t served_ = 0;
   int folder_world_ = 0;  // the W of this peer's checkpoint folder

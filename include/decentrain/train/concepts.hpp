@@ -9,8 +9,9 @@
 //   Comm      using policy_concept = comm::policy_tag;   void start(Ctx&); void after_backward(Ctx&);
 //                                                        void after_step(Ctx&);
 //                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
-//                                                        (optional: void settle(), waits for what it runs in
-//                                                        the background; called before the group changes;
+//                                                        (optional: void drop_in_flight(), waits for what it
+//                                                        runs in the background and drops it; called before
+//                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;

@@ -410,7 +410,7 @@ class trainer {
     std::shared_ptr<transport::any_endpoint> parent(std::shared_ptr<transport::any_endpoint>{}, &endpoint_);  // not owned
     view_endpoint_ = transport::any_endpoint(collective::group_view<transport::any_endpoint>(parent, members, channel));
     // Nothing may be in flight on the communicator that is replaced (a policy's background exchanges).
-    if constexpr (requires { policy_.settle(); }) policy_.settle();
+    if constexpr (requires { policy_.drop_in_flight(); }) policy_.drop_in_flight();
     const auto traffic = comm_.traffic();
     comm_ = communicator(view_endpoint_, options_.collectives);
     comm_.adopt_traffic(traffic);

@@ -451,6 +451,8 @@ class tcp {
       for (const auto& [r, a] : todo) {
         try {
           dial(r, a);
+        } catch (const refused_for_now& e) {  // alive: not counted as gone
+          last_error = e.what();
         } catch (const std::exception& e) {
           ++failures[r];
           last_error = e.what();
@@ -479,7 +481,9 @@ class tcp {
 
     // The group is running: dial every peer a seed listed (all of them, whatever their rank),
     // saying this peer joins late. A listed peer that cannot be reached twice has most likely
-    // died since; the group's membership sorts that out when it admits this one.
+    // died since; the group's membership sorts that out when it admits this one. One that refuses
+    // for now is tried again until the deadline: a peer killed and started again at once finds
+    // members that saw its previous process die and have not left it out of their view yet.
     void connect_late(std::chrono::steady_clock::time_point deadline) {
       std::map<int, int> failures;
       std::string last_error = "none";
@@ -497,8 +501,10 @@ class tcp {
         }
         const auto now = std::chrono::steady_clock::now();
         if (now >= deadline || (settled && peers.empty()))
-          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group within ",
-                                   opts.join_timeout.count(), " ms (last error: ", last_error, ")");
+          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group ",
+                                   now >= deadline ? decentrain::detail::concat("within ", opts.join_timeout.count(), " ms")
+                                                   : std::string("(every peer listed failed twice)"),
+                                   " (last error: ", last_error, ")");
         changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
         backoff = std::min(backoff * 2, opts.max_backoff);
       }
@@ -610,7 +616,9 @@ class tcp {
         }
         // Nothing before the proofs is authenticated: a refusal that would end the join is
         // believed only when it comes three times (one forged goodbye must not end it).
-        give_up(why.final && ++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
+        if (!why.final)  // the peer lives and asks for another try (connect_late keeps trying it)
+          throw refused_for_now(decentrain::detail::concat("tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason));
+        give_up(++unproven_refusals >= 3, "tcp: the peer at ", address, " refused peer ", opts.rank, ": ", why.reason);
       };
       // With TLS every frame from the peer is encrypted, its refusals too.
       auto open = [&](frame_in& f) {
@@ -645,6 +653,11 @@ class tcp {
       if (out.answer.head.type == wire::frame_type::bye) refused(out.answer);
       return out;
     }
+
+    // A goodbye that is not final: the peer lives and asks for another try later.
+    struct refused_for_now : decentrain::error {
+      using decentrain::error::error;
+    };
 
     // Throws; when `final`, connect() stops at once with this error (retrying cannot help).
     template <class... Parts>
