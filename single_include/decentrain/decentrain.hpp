@@ -18475,6 +18475,7 @@ struct streaming_diloco {
         p.size += r.size;
       }
       compress::set_layout(p.codec, l);
+      p.layout = std::move(l);
       // Fragment f synchronises after the steps s with (s + 1) = (f + 1) H / P (mod H): the last
       // one with DiLoCo's rounds, the others spread evenly before it.
       p.phase = ((static_cast<std::int64_t>(f) + 1) * inner_steps / fragments) % inner_steps;
@@ -18567,11 +18568,12 @@ struct streaming_diloco {
       const auto& p = parts_[f];
       const auto prefix = decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".");
       p.settle();
-      decentrain::detail::check(!p.exchange.failure, "streaming_diloco: cannot save while fragment ", f,
-                                "'s exchange has failed (the fault policy handles it at the step it lands)");
+      // One that failed is saved as dropped, as drop_in_flight leaves it (the fault policy
+      // handles the failure at the step it lands).
+      const std::int64_t lands_after = p.exchange.failure ? -1 : p.lands_after;
       c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
-      c.counters[prefix + "lands_after"] = p.lands_after;
-      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
+      c.counters[prefix + "lands_after"] = lands_after;
+      if (lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
       if (!eager_.empty()) {
         c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
         c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average);
@@ -18610,12 +18612,28 @@ struct streaming_diloco {
       }
       load_codec(p.codec, c, prefix + "codec.");
     }
+    if (parts_.empty()) return;  // before start: start takes them in
+    // Mid-run (fault::elastic: a member behind takes another's state): the fragments are taken
+    // in now, their codecs keeping this policy's layout.
+    decentrain::detail::check(restored_.size() == parts_.size(), "streaming_diloco: the state taken has ", restored_.size(),
+                              " fragments, this policy has ", parts_.size());
+    for (std::size_t f = 0; f < parts_.size(); ++f) {
+      auto& p = parts_[f];
+      p.settle();  // (nothing is in flight: the group changed first)
+      p.exchange.failure = nullptr;
+      p.take(std::move(restored_[f]));
+      decentrain::detail::check(p.lands_after < 0 || p.buffer.size() == p.size, "streaming_diloco: fragment ", f,
+                                "'s average in the state taken has ", p.buffer.size(), " values, the fragment ", p.size);
+      compress::set_layout(p.codec, p.layout);
+    }
+    restored_.clear();
   }
 
  private:
   struct part {
     std::vector<detail::value_range> ranges;  // of the flat parameter buffer
     std::size_t size = 0;                     // values in all of them
+    compress::layout layout;                  // its matrices, as its codec sees them
     std::int64_t phase = 0;                   // synchronises after steps s with (s + 1) mod H == phase
     Codec codec{};                            // its own error feedback and layout
     Aggregator aggregator{};

@@ -195,6 +195,48 @@ TEST_CASE("streaming_diloco: a run resumed while an exchange is in flight matche
   CHECK(resumed[1] == whole[1]);
 }
 
+TEST_CASE("streaming_diloco: a state taken mid-run (an elastic heal) replaces every fragment's, not only the global copy") {
+  // fault::elastic hands a member behind another's state with load() while the policy runs; the
+  // fragments' state went to a list that only start() reads, so the member kept its own (which
+  // fragments' outer momentum had started, what was in flight, the codecs' state).
+  const auto opts = short_run(16);
+  Streaming s;
+  s.inner_steps = 4;
+  s.fragments = 2;  // fragment 0 exchanges after steps 1, 5, ...; fragment 1 after 3, 7, ...
+  s.overlap = 2;
+  const auto further = fixture::stop_at<StreamingTrainer>(1, 6, two_layers(), opts, s)[0];  // fragment 0 in flight
+  const auto behind = fixture::stop_at<StreamingTrainer>(1, 2, two_layers(), opts, s)[0];
+  REQUIRE(behind.counter("comm.streaming_diloco.fragment1.momentum_started") == 0);
+  REQUIRE(further.counter("comm.streaming_diloco.fragment1.momentum_started") == 1);
+  dt::io::checkpoint taken;
+  dt::transport::in_process(1).run([&](dt::transport::in_process::endpoint& ep) {
+    StreamingTrainer t(two_layers(), opts, ep, s);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {
+      if (m.step != 2) return;
+      t.policy().load(further);
+      t.policy().save(taken);
+      throw stop{};
+    });
+    try {
+      t.fit(small_corpus().data);
+    } catch (const stop&) {
+    }
+  });
+  for (const auto& [name, value] : further.counters)
+    if (name.rfind("comm.streaming_diloco.", 0) == 0) {
+      INFO(name);
+      REQUIRE(taken.counters.count(name) == 1);
+      CHECK(taken.counters.at(name) == value);
+    }
+  for (const auto& [name, value] : further.tensors)
+    if (name.rfind("comm.streaming_diloco.", 0) == 0) {
+      INFO(name);
+      REQUIRE(taken.tensors.count(name) == 1);
+      CHECK(taken.tensors.at(name).to_vector<float>() == value.to_vector<float>());
+    }
+}
+
 TEST_CASE("streaming_diloco: eager updates with one peer are DiLoCo step for step") {
   // One peer's stand-in, last average + (own_t - own_{t-1}) / 1, is its own pseudo-gradient:
   // the same outer steps as DiLoCo's, up to rounding.

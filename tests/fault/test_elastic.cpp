@@ -74,7 +74,8 @@ struct elastic_run {
   std::mutex log_mutex;
   std::string log;  // what each peer saw, for a failing check
 
-  elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills, std::size_t changes_kept = 1000) {
+  elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills, std::size_t changes_kept = 1000,
+              const std::string& checkpoint_dir = "") {
     params.resize(static_cast<std::size_t>(world));
     results.resize(params.size());
     changes.resize(params.size());
@@ -87,6 +88,8 @@ struct elastic_run {
     dt::fault::elastic fault;
     fault.agreement.timeout = 20s;
     fault.changes_kept = changes_kept;
+    fault.checkpoints.dir = checkpoint_dir;  // empty: none
+    fault.checkpoints.every = 1;
     net.run([&](dt::transport::in_process::endpoint& raw) {
       const int r = raw.rank();
       auto countdown = std::make_shared<std::atomic<int>>(-1);
@@ -245,6 +248,16 @@ TEST_CASE("elastic: Streaming DiLoCo goes on without a peer killed in the middle
     CHECK(ch.front().step <= 8);
     CHECK(run.results[static_cast<std::size_t>(s)].last.step == 16);
   }
+}
+
+TEST_CASE("elastic: Streaming DiLoCo with a checkpoint at every step goes on when an exchange fails before it is saved") {
+  // The save after step 5 waits for fragment 0's exchange, which failed: it is saved as dropped
+  // (it stopped the survivors with "cannot save while fragment 0's exchange has failed").
+  const auto dir = std::filesystem::temp_directory_path() / "decentrain_elastic_streaming_checkpoints";
+  std::filesystem::remove_all(dir);
+  elastic_run run(4, small_run(12), streaming_for_faults(), {{2, 5, 2}}, 1000, dir.string());
+  check_survivors(run, {0, 1, 3});
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("elastic: Streaming DiLoCo goes on without a peer killed between steps, two kills") {
