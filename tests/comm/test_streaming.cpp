@@ -196,9 +196,9 @@ TEST_CASE("streaming_diloco: a run resumed while an exchange is in flight matche
 }
 
 TEST_CASE("streaming_diloco: a state taken mid-run (an elastic heal) replaces every fragment's, not only the global copy") {
-  // fault::elastic hands a member behind another's state with load() while the policy runs; the
-  // fragments' state went to a list that only start() reads, so the member kept its own (which
-  // fragments' outer momentum had started, what was in flight, the codecs' state).
+  // fault::elastic hands a member behind another's state with load() while the policy runs:
+  // every fragment's state must be taken (which fragments' outer momentum has started, what is
+  // in flight, the codecs' state), not only the global copy.
   const auto opts = short_run(16);
   Streaming s;
   s.inner_steps = 4;

@@ -219,8 +219,10 @@ struct streaming_diloco {
   // The group changes (the trainer calls this first: the exchanges run on the group's
   // communicator): every exchange in flight is waited for and dropped, by every member alike. One
   // that a lost peer took part in may have finished on some members and failed on others; a member
-  // that merged it already has stepped past the others, who take its state. Nothing is lost: the
-  // fragment's next pseudo-gradient still holds what this one did not bring.
+  // that merged it already has stepped past the others, who take its state. A dropped exchange
+  // costs its fragment one outer step (the local parameters keep their progress, and without
+  // eager updates the fragment's next pseudo-gradient carries it); joiners come in at a round
+  // start, where with overlap the last fragment's exchange is in flight.
   void drop_in_flight() {
     for (auto& p : parts_) {
       p.settle();
@@ -255,12 +257,13 @@ struct streaming_diloco {
       const auto& p = parts_[f];
       const auto prefix = decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".");
       p.settle();
-      // One that failed is saved as dropped, as drop_in_flight leaves it (the fault policy
-      // handles the failure at the step it lands).
-      const std::int64_t lands_after = p.exchange.failure ? -1 : p.lands_after;
+      // One that failed may have finished on other members: no state of this step is the
+      // group's, so none is saved. Its error is thrown here (fault::elastic skips this save) and
+      // again at the step it lands, where the fault policy handles it.
+      if (p.exchange.failure) std::rethrow_exception(p.exchange.failure);
       c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
-      c.counters[prefix + "lands_after"] = lands_after;
-      if (lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
+      c.counters[prefix + "lands_after"] = p.lands_after;
+      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
       if (!eager_.empty()) {
         c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
         c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average);
@@ -300,20 +303,27 @@ struct streaming_diloco {
       load_codec(p.codec, c, prefix + "codec.");
     }
     if (parts_.empty()) return;  // before start: start takes them in
-    // Mid-run (fault::elastic: a member behind takes another's state): the fragments are taken
-    // in now, their codecs keeping this policy's layout.
-    decentrain::detail::check(restored_.size() == parts_.size(), "streaming_diloco: the state taken has ", restored_.size(),
-                              " fragments, this policy has ", parts_.size());
+    // While it runs (fault::elastic: a member behind takes another's state) the fragments take
+    // the state in now, their codecs keeping this policy's layout; restored_ keeps a copy for a
+    // start that follows (a restore before another fit).
+    using decentrain::detail::check;
+    check(restored_.size() == parts_.size(), "streaming_diloco: the state taken has ", restored_.size(), " fragments, this policy has ",
+          parts_.size());
+    std::size_t values = 0;
+    for (const auto& p : parts_) values += p.size;
+    check(n == values, "streaming_diloco: the state taken has ", n, " values, the model has ", values);
+    check(eager == saved_eager, "streaming_diloco: the state taken was ", saved_eager ? "" : "not ",
+          "saved with eager updates, this policy has ", eager ? "them" : "none");
     for (std::size_t f = 0; f < parts_.size(); ++f) {
       auto& p = parts_[f];
-      p.settle();  // (nothing is in flight: the group changed first)
+      p.settle();  // waits for anything still in flight: the state taken replaces it
       p.exchange.failure = nullptr;
-      p.take(std::move(restored_[f]));
-      decentrain::detail::check(p.lands_after < 0 || p.buffer.size() == p.size, "streaming_diloco: fragment ", f,
-                                "'s average in the state taken has ", p.buffer.size(), " values, the fragment ", p.size);
+      auto copy = restored_[f];
+      check(copy.lands_after < 0 || copy.buffer.size() == p.size, "streaming_diloco: fragment ", f,
+            "'s average in the state taken has ", copy.buffer.size(), " values, the fragment ", p.size);
+      p.take(std::move(copy));
       compress::set_layout(p.codec, p.layout);
     }
-    restored_.clear();
   }
 
  private:

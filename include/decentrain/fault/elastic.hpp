@@ -154,7 +154,14 @@ struct elastic {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
-    if (saves() && checkpoints.due(ctx)) checkpoints.save_as(ctx, ctx.network.rank(), folder_world_);
+    if (saves() && checkpoints.due(ctx)) {
+      try {
+        checkpoints.save_as(ctx, ctx.network.rank(), folder_world_);
+      } catch (const transport::peer_error&) {
+        // The policy holds a failed exchange (Streaming DiLoCo): this step's state is not the
+        // group's, so it is not saved; the failure is handled where the exchange lands.
+      }
+    }
   }
 
   // Stopped alone (trainer_options::stop_alone): a goodbye to every peer, so they leave this one
@@ -352,8 +359,9 @@ struct elastic {
   }
 
   void note(membership_change c) {
-    if (changes_.size() >= changes_kept && !changes_.empty()) changes_.erase(changes_.begin());
-    if (changes_kept > 0) changes_.push_back(std::move(c));
+    changes_.push_back(std::move(c));
+    if (changes_.size() > changes_kept)
+      changes_.erase(changes_.begin(), changes_.begin() + static_cast<std::ptrdiff_t>(changes_.size() - changes_kept));
     ++change_count_;
   }
   membership_change record(const decision& d, bool healed) const {

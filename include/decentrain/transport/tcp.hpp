@@ -500,10 +500,14 @@ class tcp {
           return;
         }
         const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline && !peers.empty()) {  // some still refuse: the admission sorts that out
+          formed = true;
+          return;
+        }
         if (now >= deadline || (settled && peers.empty()))
-          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group ",
-                                   now >= deadline ? decentrain::detail::concat("within ", opts.join_timeout.count(), " ms")
-                                                   : std::string("(every peer listed failed twice)"),
+          decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group",
+                                   now >= deadline ? decentrain::detail::concat(" within ", opts.join_timeout.count(), " ms")
+                                                   : std::string(": every peer listed failed twice"),
                                    " (last error: ", last_error, ")");
         changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
         backoff = std::min(backoff * 2, opts.max_backoff);
