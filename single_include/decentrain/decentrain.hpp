@@ -18460,6 +18460,16 @@ struct streaming_diloco {
     prepare_codec(codec, aggregator, ctx);
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
     const auto whole = layout_of(ctx.parameters);
+    // Started again with a state loaded while it ran (a restore, or a heal, before another fit):
+    // its fragments hold that state already.
+    if (ctx.resumed && loaded_while_running_) {
+      for (auto& p : parts_) {
+        p.settle();
+        if (p.exchange.failure) p.lands_after = -1;  // (a fit that failed) dropped, as at a group change
+      }
+      restored_ = std::move(parts_);
+    }
+    loaded_while_running_ = false;
     // A state captured before the first step holds no fragments yet.
     const bool restored = ctx.resumed && !restored_.empty();
     check(!restored || restored_.size() == ranges.size(), "streaming_diloco: the restored state has ", restored_.size(),
@@ -18619,10 +18629,11 @@ struct streaming_diloco {
       }
       load_codec(p.codec, c, prefix + "codec.");
     }
-    if (parts_.empty()) return;  // before start: start takes them in
-    // While it runs (fault::elastic: a member behind takes another's state) the fragments take
-    // the state in now, their codecs keeping this policy's layout; restored_ keeps a copy for a
-    // start that follows (a restore before another fit).
+    // Before start, or a state from before the first step: start takes them in. While it runs
+    // (fault::elastic: a member behind takes another's state) the fragments take the state in
+    // now, their codecs keeping this policy's layout.
+    loaded_while_running_ = !parts_.empty() && !restored_.empty();
+    if (!loaded_while_running_) return;
     using decentrain::detail::check;
     check(restored_.size() == parts_.size(), "streaming_diloco: the state taken has ", restored_.size(), " fragments, this policy has ",
           parts_.size());
@@ -18635,12 +18646,12 @@ struct streaming_diloco {
       auto& p = parts_[f];
       p.settle();  // waits for anything still in flight: the state taken replaces it
       p.exchange.failure = nullptr;
-      auto copy = restored_[f];
-      check(copy.lands_after < 0 || copy.buffer.size() == p.size, "streaming_diloco: fragment ", f,
-            "'s average in the state taken has ", copy.buffer.size(), " values, the fragment ", p.size);
-      p.take(std::move(copy));
+      check(restored_[f].lands_after < 0 || restored_[f].buffer.size() == p.size, "streaming_diloco: fragment ", f,
+            "'s average in the state taken has ", restored_[f].buffer.size(), " values, the fragment ", p.size);
+      p.take(std::move(restored_[f]));
       compress::set_layout(p.codec, p.layout);
     }
+    restored_.clear();
   }
 
  private:
@@ -18781,6 +18792,7 @@ struct streaming_diloco {
   std::vector<float> global_, momentum_, local_, stand_in_;
   std::vector<float> eager_, eager_momentum_;  // eager updates: this peer's outer parameters
   std::vector<part> parts_, restored_;
+  bool loaded_while_running_ = false;  // load() took a state into parts_ (see start)
   std::int64_t merges_ = 0;
   std::uint64_t peak_bytes_ = 0;
   collective::aggregation_record aggregation_;

@@ -195,6 +195,37 @@ TEST_CASE("streaming_diloco: a run resumed while an exchange is in flight matche
   CHECK(resumed[1] == whole[1]);
 }
 
+TEST_CASE("streaming_diloco: a trainer that ran, restored and fit again matches the uninterrupted run") {
+  // restore() loads into a policy that has run (its fragments exist): the next start keeps what
+  // the load put there, exchange in flight included.
+  const auto opts = short_run(16);
+  Streaming s;
+  s.inner_steps = 6;
+  s.fragments = 3;
+  s.overlap = 2;
+  const auto whole = fixture::final_params<StreamingTrainer>(1, two_layers(), opts, s);
+  std::vector<float> again;
+  dt::transport::in_process(1).run([&](dt::transport::in_process::endpoint& ep) {
+    StreamingTrainer t(two_layers(), opts, ep, s);
+    dt::io::checkpoint saved;
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {
+      if (m.step == 8 && saved.counters.empty()) {  // fragment 0's exchange from step 7 is in flight
+        saved = t.capture();
+        throw stop{};
+      }
+    });
+    try {
+      t.fit(small_corpus().data);
+    } catch (const stop&) {
+    }
+    t.restore(saved);
+    t.fit(small_corpus().data);
+    again = flat_params(t.model().parameters());
+  });
+  CHECK(again == whole[0]);
+}
+
 TEST_CASE("streaming_diloco: a state taken mid-run (an elastic heal) replaces every fragment's, not only the global copy") {
   // fault::elastic hands a member behind another's state with load() while the policy runs:
   // every fragment's state must be taken (which fragments' outer momentum has started, what is
