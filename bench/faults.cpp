@@ -6,6 +6,7 @@
 //                [--silence-ms 3000] [--data tinyshakespeare.txt|builtin] [--json faults.json]
 //                [--joiners 16] [--checkpoint-steps 180] [--checkpoint-every 60]   (--only join, checkpoint)
 //                [--churn-seconds 600] [--churn-peers 5]                            (--only churn)
+//                [--sim-hours 8]                                                    (--only sim-churn)
 //
 // Every run is `peers` processes of this program (--role peer) joined over 127.0.0.1, training a
 // character-level model on tinyshakespeare (or the built-in corpus) with fault::elastic:
@@ -30,6 +31,13 @@
 //              rounds whose peers disagree (goal: none), the longest time between two round ends
 //              on rank 0 (no hang), and rank 0's resident memory after warm-up against the end
 //              (goal: within 5%).
+//   sim-churn  (this process) the deterministic churn simulator: 5 in-process peers and 2
+//              joiners on simulated WAN links, 1 simulated second a step, for `--sim-hours` (8)
+//              simulated hours; every 60-180 s one running peer is killed wherever it stands and
+//              starts again 10-60 s later. Run twice with the same seed: reported are the kills,
+//              views, round ends whose processes disagree (goal: none), and whether the two runs
+//              are the same (a digest of every process's losses, membership history and
+//              parameters at each round end: goal: equal).
 // Each peer appends (steady-clock time, step, view epoch) per step to a file the harness reads;
 // the harness records when it struck. Reported per fault: strike -> every survivor installed the
 // view without the victim (detection and agreement), and strike -> every survivor finished its
@@ -97,20 +105,31 @@ std::int64_t rss_kib() {
 // Every peer of a run may take joiners' ranks (the join run's joiners count up from the group's).
 constexpr int join_max_world = 64;
 
-// ---- one peer (a process of its own) ----
-int peer_main(const settings& s, int rank, int world, const std::string& dir) {
-#if defined(_OPENMP)
-  omp_set_num_threads(1);
-#endif
+// The corpus (characters as tokens) and the model every run trains.
+struct corpus_and_model {
+  dt::data::token_dataset data;
+  dt::nn::gpt_config cfg;
+};
+corpus_and_model corpus_and_model_of(const settings& s) {
   const std::string text = s.data == "builtin" ? dt::data::builtin_corpus() : dt::io::read_file(s.data);
   auto tok = dt::data::char_tokenizer::from_text(text);
-  dt::data::token_dataset data(tok.encode(text), 0.1);
   auto cfg = dt::nn::gpt_preset("tiny");
   cfg.vocab_size = tok.vocab_size();
   cfg.n_layer = s.n_layer;
   cfg.n_embd = s.n_embd;
   cfg.n_head = 4;
   cfg.block_size = s.block;
+  return {dt::data::token_dataset(tok.encode(text), 0.1), cfg};
+}
+
+// ---- one peer (a process of its own) ----
+int peer_main(const settings& s, int rank, int world, const std::string& dir) {
+#if defined(_OPENMP)
+  omp_set_num_threads(1);
+#endif
+  auto corpus = corpus_and_model_of(s);  // (not a structured binding: clang 14 cannot capture one)
+  auto& data = corpus.data;
+  auto& cfg = corpus.cfg;
   dt::train::trainer_options o;
   o.steps = s.steps;
   o.batch_size = s.batch;
@@ -710,6 +729,106 @@ checkpoint_result measure_checkpoints(std::int64_t steps, std::int64_t every) {
 
 }  // namespace
 
+// ---- the deterministic churn simulator (in_process, simulated time) ----
+struct sim_result {
+  double hours = 0, wall_s = 0;
+  std::size_t kills = 0, starts = 0, processes = 0, finished = 0, views = 0;
+  std::size_t round_ends = 0, disagreeing = 0;  // round ends seen by two or more processes; with different parameters
+  std::uint64_t digest = 0;  // of every process's losses, membership history and final parameters
+  double val_loss = 0;
+};
+
+sim_result simulate_churn(const settings& s, double hours, int peers, int joiners) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto corpus = corpus_and_model_of(s);  // (not a structured binding: clang 14 cannot capture one)
+  auto& data = corpus.data;
+  auto& cfg = corpus.cfg;
+  dt::transport::random_churn churn;
+  churn.peers = peers;
+  churn.joiners = joiners;
+  churn.seconds = hours * 3600 * 0.95;  // the last minutes without churn: the joiners still get in
+  churn.every_min_s = 60;
+  churn.every_max_s = 180;
+  churn.down_min_s = 10;
+  churn.down_max_s = 60;
+  churn.min_alive = peers / 2 + 1;
+  dt::transport::in_process::options o;
+  o.seed = s.seed;
+  o.peers_fail_alone = true;
+  o.initial_peers = peers;
+  o.deterministic = dt::transport::in_process::deterministic_run{1.0, churn.make(s.seed)};
+  sim_result out;
+  out.hours = hours;
+  for (const auto& e : o.deterministic->churn) (e.what == dt::transport::churn_event::kind::kill ? out.kills : out.starts)++;
+  dt::transport::in_process net(dt::transport::links::wan(peers + joiners), o);
+  dt::train::trainer_options opts;
+  opts.steps = static_cast<std::int64_t>(hours * 3600);  // a step is 1 simulated second
+  opts.batch_size = s.batch;
+  opts.seed = s.seed;
+  opts.eval_batches = 4;
+  dt::comm::diloco<> comm;
+  comm.inner_steps = s.inner;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::milliseconds(20000);
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
+  std::mutex m;
+  std::map<std::int64_t, std::set<std::uint64_t>> rounds;  // step -> parameter hashes seen there
+  std::map<std::int64_t, int> seen;
+  std::map<std::pair<int, std::uint64_t>, std::uint64_t> digests;
+  double loss_sum = 0;
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const auto key = std::pair{ep.rank(), net.restarts(ep.rank())};
+    std::uint64_t h = dt::detail::xxh3(std::string_view("process"));
+    auto mix = [&](const void* p, std::size_t n) {
+      h ^= dt::detail::xxh3(std::string_view(static_cast<const char*>(p), n)) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    };
+    Trainer t(cfg, opts, ep, comm, {}, fault);
+    t.on_step([&](const dt::train::step_metrics& x) {
+      mix(&x.step, sizeof x.step);
+      mix(&x.loss, sizeof x.loss);
+      if (x.step % s.inner != 0) return;
+      std::vector<float> flat;
+      dt::comm::gather_values(t.model().parameters(), flat);
+      const auto ph = dt::detail::xxh3(std::string_view(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float)));
+      mix(&ph, sizeof ph);
+      std::lock_guard lock(m);
+      rounds[x.step].insert(ph);
+      ++seen[x.step];
+    });
+    auto keep = [&](bool finished, double val) {
+      for (const auto& c : t.fault().changes()) {
+        mix(&c.epoch, sizeof c.epoch);
+        mix(c.members.data(), c.members.size() * sizeof(int));
+        mix(&c.step, sizeof c.step);
+        mix(c.cause.data(), c.cause.size());
+      }
+      std::lock_guard lock(m);
+      digests[key] = h;
+      out.views = std::max<std::size_t>(out.views, static_cast<std::size_t>(t.fault().current().epoch));
+      if (finished) ++out.finished, loss_sum += val;
+    };
+    try {
+      const auto r = t.fit(data);
+      keep(true, r.final_val_loss);
+    } catch (...) {
+      keep(false, 0);
+      throw;
+    }
+  });
+  for (const auto& [k, d] : digests) {
+    out.digest ^= dt::detail::xxh3(std::string_view(reinterpret_cast<const char*>(&d), sizeof d)) + static_cast<std::uint64_t>(k.first) * 131 + k.second;
+    ++out.processes;
+  }
+  for (const auto& [step, hashes] : rounds)
+    if (seen[step] >= 2) {
+      ++out.round_ends;
+      out.disagreeing += hashes.size() > 1 ? 1 : 0;
+    }
+  out.val_loss = out.finished ? loss_sum / static_cast<double>(out.finished) : 0;
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
 int main(int argc, char** argv) try {
   bench::args cli(argc, argv, "usage: bench_faults [--flag value]...");
   settings s;
@@ -730,6 +849,7 @@ int main(int argc, char** argv) try {
   s.late = cli.value("late", "0") == "1";
   const double churn_seconds = std::stod(cli.value("churn-seconds", "600"));
   const int churn_peers = std::stoi(cli.value("churn-peers", "5"));
+  const double sim_hours = std::stod(cli.value("sim-hours", "8"));
   const std::int64_t ck_steps = std::stoll(cli.value("checkpoint-steps", "180"));
   const std::int64_t ck_every = std::stoll(cli.value("checkpoint-every", "60"));
   if (role == "peer") {
@@ -782,6 +902,12 @@ int main(int argc, char** argv) try {
     dt::detail::check(churn_peers >= 3 && churn_peers <= join_max_world && churn_seconds > 0,
                       "bench_faults: --churn-peers must be in [3, ", join_max_world, "] and --churn-seconds > 0");
     churned = churn(s, churn_peers, churn_seconds, self);
+  }
+
+  std::optional<std::pair<sim_result, sim_result>> sim;
+  if (wanted("sim-churn")) {
+    dt::detail::check(sim_hours > 0, "bench_faults: --sim-hours must be > 0");
+    sim.emplace(simulate_churn(s, sim_hours, 5, 2), simulate_churn(s, sim_hours, 5, 2));
   }
 
   const run_result* clean = nullptr;
@@ -934,6 +1060,30 @@ int main(int argc, char** argv) try {
     j.add_json("rss_tenths_kib", tenths + "]");
     j.add("last_step", c.last_step);
     root.add_json("churn", j.str());
+  }
+  if (sim) {
+    const auto& [a, b] = *sim;
+    std::printf("sim-churn: 5 + 2 joining in-process peers, deterministic, wan links, DiLoCo H = %lld, 1 simulated s a step, "
+                "%.1f simulated hours, seed %llu: %zu kills, %zu starts, %zu processes, %zu views, %zu finished "
+                "(val loss %.4f); %zu round ends seen by two or more processes, %zu with different parameters; "
+                "run twice: digest %016llx and %016llx (%s); %.0f s and %.0f s of wall time\n",
+                static_cast<long long>(s.inner), a.hours, static_cast<unsigned long long>(s.seed), a.kills, a.starts,
+                a.processes, a.views, a.finished, a.val_loss, a.round_ends, a.disagreeing,
+                static_cast<unsigned long long>(a.digest), static_cast<unsigned long long>(b.digest),
+                a.digest == b.digest ? "the same" : "DIFFERENT", a.wall_s, b.wall_s);
+    dt::train::json_line j;
+    j.add("hours", a.hours);
+    j.add("kills", a.kills);
+    j.add("starts", a.starts);
+    j.add("processes", a.processes);
+    j.add("views", a.views);
+    j.add("finished", a.finished);
+    j.add("val_loss", a.val_loss);
+    j.add("round_ends", a.round_ends);
+    j.add("disagreeing", a.disagreeing);
+    j.add("same_digest", a.digest == b.digest ? 1 : 0);
+    j.add("wall_s", a.wall_s);
+    root.add_json("sim_churn", j.str());
   }
   if (join) {
     dt::train::json_line j;

@@ -1060,7 +1060,11 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     open_metrics(p.metrics);  // one file, one log, for every peer
     auto links = p.mode == launch::single ? dt::transport::links::ideal(1)
                                           : dt::transport::links::preset(p.link, world, p.trainer.seed);
-    network.emplace(std::move(links), dt::transport::in_process::options{p.trainer.seed, std::chrono::minutes(10), elastic});
+    dt::transport::in_process::options o;
+    o.seed = p.trainer.seed;
+    o.recv_timeout = std::chrono::minutes(10);
+    o.peers_fail_alone = elastic;
+    network.emplace(std::move(links), o);
     asked_at.assign(static_cast<std::size_t>(world), 0);
     tallies.assign(static_cast<std::size_t>(world), {});
     changes.assign(static_cast<std::size_t>(world), {});

@@ -9980,6 +9980,7 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -10243,6 +10244,36 @@ std::optional<link_estimate> slowest_link(const E& e) {
     return std::nullopt;
 }
 
+// The time protocols with deadlines read (membership agreements, admission, joiner pacing), and
+// how they wait without a message: the steady clock and a sleep on real networks; a simulated
+// network that runs its peers in turns on simulated time (in_process's deterministic mode)
+// offers now() and pause() of its own, so that a run is the same from its seed.
+template <class E>
+std::chrono::steady_clock::time_point now(const E& e) {
+  if constexpr (requires { { e.now() } -> std::same_as<std::chrono::steady_clock::time_point>; })
+    return e.now();
+  else
+    return std::chrono::steady_clock::now();
+}
+template <class E>
+void pause(E& e, std::chrono::milliseconds d) {
+  if constexpr (requires { e.pause(d); })
+    e.pause(d);
+  else
+    std::this_thread::sleep_for(d);
+}
+
+// The compute time of one training step as a simulated network models it (deterministic
+// in_process), which the trainer then reports in place of what it measured (and codecs do not
+// charge theirs); none: measure it.
+template <class E>
+std::optional<double> step_seconds(const E& e) {
+  if constexpr (requires { { e.step_seconds() } -> std::same_as<std::optional<double>>; })
+    return e.step_seconds();
+  else
+    return std::nullopt;
+}
+
 // A lane is a second endpoint of the same peer, for a collective that runs on a background
 // thread while the caller goes on (collective::communicator's non-blocking calls). The lane and
 // the endpoint are used from two threads at once, always with different tags. A transport whose
@@ -10346,6 +10377,9 @@ class any_endpoint {
     return out;
   }
   void rejoin(const any_endpoint& lane) { get().rejoin(lane.get()); }
+  std::chrono::steady_clock::time_point now() const { return get().now(); }
+  void pause(std::chrono::milliseconds d) { get().pause(d); }
+  std::optional<double> step_seconds() const { return get().step_seconds(); }
 
   // The membership members (transport/membership.hpp); they throw for a transport without them.
   bool has_membership() const { return get().has_membership(); }
@@ -10377,6 +10411,9 @@ class any_endpoint {
     virtual std::optional<link_estimate> slowest_link() const = 0;
     virtual std::shared_ptr<base> lane() = 0;
     virtual void rejoin(const base& lane) = 0;
+    virtual std::chrono::steady_clock::time_point now() const = 0;
+    virtual void pause(std::chrono::milliseconds) = 0;
+    virtual std::optional<double> step_seconds() const = 0;
     virtual bool has_membership() const = 0;
     virtual bytes recv_within(int, tag_type, std::chrono::milliseconds) = 0;
     virtual void discard_before(int, tag_type) = 0;
@@ -10411,6 +10448,9 @@ class any_endpoint {
       return std::make_shared<model<E>>(std::move(*l));
     }
     void rejoin(const base& lane) override { transport::rejoin_lane(e, static_cast<const model<E>&>(lane).e); }
+    std::chrono::steady_clock::time_point now() const override { return transport::now(e); }
+    void pause(std::chrono::milliseconds d) override { transport::pause(e, d); }
+    std::optional<double> step_seconds() const override { return transport::step_seconds(e); }
     bool has_membership() const override { return membership_endpoint<E>; }
     bytes recv_within(int p, tag_type t, std::chrono::milliseconds timeout) override {
       if constexpr (membership_endpoint<E>) return e.recv_within(p, t, timeout);
@@ -11072,6 +11112,12 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 // costs a retransmission timeout. A recv moves the receiver's clock to the arrival time, and
 // `computed(s)` adds the caller's compute time. So one machine can report how long a run on
 // real WAN links would have spent waiting on the network, with many more peers than cores.
+//
+// Deterministic mode (options::deterministic) runs the peers one at a time in the order of their
+// simulated clocks (transport/turns.hpp), with every deadline on simulated time and a step's
+// compute time given rather than measured, and applies a churn schedule (transport/churn.hpp):
+// peers killed, started again and joining at simulated times. The same seed and schedule give
+// the same losses and the same membership history, so a failure seen once can be replayed.
 
 #include <algorithm>
 #include <atomic>
@@ -11087,6 +11133,99 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <thread>
 #include <vector>
 
+// ---- begin decentrain/transport/churn.hpp ----
+// A churn schedule for simulated peers: which rank is killed or started (again, or for the first
+// time: a joiner) at which simulated time. A deterministic in_process network applies it between
+// its peers' turns (transport/turns.hpp), so a kill lands wherever the victim stands at that
+// time, in a step or mid-collective, and the same schedule and seed give the same run.
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::transport {
+
+struct churn_event {
+  enum class kind : std::uint8_t { kill, start };
+  double at_s = 0.0;  // simulated time
+  kind what = kind::kill;
+  int rank = -1;
+  bool operator==(const churn_event&) const = default;
+};
+using churn_schedule = std::vector<churn_event>;
+
+inline std::string describe(const churn_event& e) {
+  return std::string(e.what == churn_event::kind::kill ? "kill" : "start") + " peer " + std::to_string(e.rank) + " at " +
+         std::to_string(e.at_s) + " s";
+}
+
+// A seeded random churn: every `every_min_s`..`every_max_s` seconds one running peer, drawn at
+// random, is killed, and starts again `down_min_s`..`down_max_s` seconds later (as a new process
+// that joins the running group); `joiners` new ranks (from `peers` on) join once each, at random
+// times in the first half. Kills never leave fewer than `min_alive` peers running (as the
+// schedule counts them: a peer that fails for another reason is not known here).
+struct random_churn {
+  int peers = 4;
+  int joiners = 0;
+  double seconds = 3600.0;
+  double every_min_s = 60.0, every_max_s = 180.0;
+  double down_min_s = 10.0, down_max_s = 60.0;
+  int min_alive = 2;
+
+  void validate() const {
+    using decentrain::detail::check;
+    check(peers >= 1 && joiners >= 0, "random_churn: needs peers >= 1 and joiners >= 0, got ", peers, " and ", joiners);
+    check(seconds > 0, "random_churn: seconds must be > 0, got ", seconds);
+    check(every_min_s > 0 && every_max_s >= every_min_s, "random_churn: needs 0 < every_min_s <= every_max_s, got ",
+          every_min_s, " and ", every_max_s);
+    check(down_min_s >= 0 && down_max_s >= down_min_s, "random_churn: needs 0 <= down_min_s <= down_max_s, got ", down_min_s,
+          " and ", down_max_s);
+    check(min_alive >= 1, "random_churn: min_alive must be >= 1, got ", min_alive);
+  }
+
+  churn_schedule make(std::uint64_t seed) const {
+    validate();
+    rng gen(seed, "churn");
+    churn_schedule out;
+    const auto uniform = [&](double lo, double hi) { return gen.uniform(lo, hi); };
+    for (int j = 0; j < joiners; ++j) out.push_back({uniform(0.0, seconds / 2), churn_event::kind::start, peers + j});
+    std::sort(out.begin(), out.end(), [](const churn_event& a, const churn_event& b) { return a.at_s < b.at_s; });
+    // Walk the kills in time order, knowing who runs: the initial peers, the joiners once their
+    // start has passed, and the killed ones once their restart has.
+    std::vector<churn_event> restarts, pending;
+    std::set<int> running;
+    for (int r = 0; r < peers; ++r) running.insert(r);
+    std::size_t joined = 0;
+    for (double t = uniform(every_min_s, every_max_s); t < seconds; t += uniform(every_min_s, every_max_s)) {
+      for (; joined < out.size() && out[joined].at_s <= t; ++joined) running.insert(out[joined].rank);
+      std::erase_if(pending, [&](const churn_event& e) {
+        if (e.at_s > t) return false;
+        running.insert(e.rank);
+        return true;
+      });
+      if (static_cast<int>(running.size()) <= min_alive) continue;
+      auto victim = running.begin();
+      std::advance(victim, static_cast<std::ptrdiff_t>(gen.next_u64() % running.size()));
+      const int r = *victim;
+      running.erase(victim);
+      out.push_back({t, churn_event::kind::kill, r});
+      const double back = t + uniform(down_min_s, down_max_s);
+      if (back < seconds) {
+        restarts.push_back({back, churn_event::kind::start, r});
+        pending.push_back(restarts.back());
+      }
+    }
+    out.insert(out.end(), restarts.begin(), restarts.end());
+    std::stable_sort(out.begin(), out.end(), [](const churn_event& a, const churn_event& b) { return a.at_s < b.at_s; });
+    return out;
+  }
+};
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/churn.hpp ----
 // ---- begin decentrain/transport/mailbox.hpp ----
 // Where received messages wait until a recv asks for them: one FIFO per (source, tag), a
 // condition variable, a timeout, and a way to fail every waiter when a peer or the network is
@@ -11105,6 +11244,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -11153,6 +11293,50 @@ class mailbox {
       throw_if_unreachable(source, tag);
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
     }
+  }
+
+  // ---- turns on simulated time (in_process's deterministic mode) ----
+
+  // When a wait for the next message from `source` with `tag` ends: at that message's arrival
+  // time, or at once (-infinity) when it would fail now; none while it would still wait.
+  std::optional<double> due(int source, tag_type tag) const {
+    std::lock_guard lock(mutex_);
+    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty()) return it->second.front().arrival;
+    try {
+      throw_if_unreachable(source, tag);
+    } catch (const peer_error&) {
+      return -std::numeric_limits<double>::infinity();
+    }
+    return std::nullopt;
+  }
+  // The next message from `source` with `tag` when one is queued; throws as pop() does when none
+  // can come; none when it would wait.
+  std::optional<message> try_pop(int source, tag_type tag) {
+    std::lock_guard lock(mutex_);
+    if (auto m = take_queued(source, tag)) return m;
+    throw_if_unreachable(source, tag);
+    return std::nullopt;
+  }
+  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
+    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
+                                 " (tag ", tag, ") within ", timeout.count(),
+                                 " ms: the peer is slow, partitioned or has failed");
+  }
+  // Empty again, as a new process's (a simulated peer started again under its rank).
+  void reset() {
+    std::lock_guard lock(mutex_);
+    queues_.clear();
+    posted_.clear();
+    spares_.clear();
+    closed_.clear();
+    failure_.clear();
+    failed_peer_ = -1;
+    pushed_.clear();
+    last_taken_.clear();
+    forgotten_.clear();
+    barred_.clear();
+    epoch_ = 0;
+    alarm_.reset();
   }
 
   // ---- posted receives (the receiving thread) ----
@@ -11363,12 +11547,6 @@ class mailbox {
       transport::fail_peer_because(cause_of(*alarm_), alarm_->failed, "receive", "transport: ", describe(*alarm_));
   }
 
-  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
-                                 " (tag ", tag, ") within ", timeout.count(),
-                                 " ms: the peer is slow, partitioned or has failed");
-  }
-
   void keep_spare(bytes b) {
     constexpr std::size_t most = 8;
     if (b.capacity() == 0) return;
@@ -11477,6 +11655,168 @@ class mailbox {
 
 }  // namespace decentrain::transport::detail
 // ---- end decentrain/transport/mailbox.hpp ----
+// ---- begin decentrain/transport/turns.hpp ----
+// Turns for simulated peers on simulated time: the threads of in_process's deterministic mode
+// run one at a time, as the events of a discrete-event simulation. A peer runs until it waits
+// for a message that has not arrived (or whose arrival lies ahead of its clock), or yields; the
+// next to run is the peer whose next event is earliest on the simulated clock: a ready peer's
+// clock, a waiting peer's message arrival, or its deadline (then its wait times out). Ties go to
+// the lowest rank. Churn events (transport/churn.hpp) are applied between turns, in time order
+// with the peers' events. Nothing depends on how the operating system schedules the threads or
+// on the wall clock, so the same seed gives the same run, bit for bit, and a failure seen once
+// can be replayed.
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+
+namespace decentrain::transport::detail {
+
+class turns {
+ public:
+  // When a waiting peer's wait ends: at a message's arrival (or -infinity: it fails at once),
+  // none while it would go on waiting. Called with no peer running.
+  using due_fn = std::function<std::optional<double>()>;
+  // Applies a churn event with no peer running; false when it does not apply (a kill of a peer
+  // that is not running, a start of one that is). A start that applies is then a ready peer at
+  // the event's time, whose thread the callback has started (it waits in `await_turn`).
+  using apply_fn = std::function<bool(const churn_event&)>;
+
+  struct wake {
+    double at = 0.0;
+    bool timed_out = false;
+  };
+
+  turns(int peers, churn_schedule events, apply_fn apply)
+      : peers_(static_cast<std::size_t>(peers)), events_(std::move(events)), apply_(std::move(apply)) {}
+
+  // Before any turn: `rank` is ready at `clock` (the peers that start the run).
+  void add(int rank, double clock) {
+    std::lock_guard lock(mutex_);
+    auto& p = peers_.at(static_cast<std::size_t>(rank));
+    p = make(state::ready, clock);
+  }
+  // Hands out the first turn.
+  void begin() {
+    std::lock_guard lock(mutex_);
+    pass();
+  }
+  // A peer's thread waits here for its first turn.
+  void await_turn(int rank) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return holder_ == rank; });
+  }
+  // The holder lets peers whose events come before `clock` run first.
+  void yield(int rank, double clock) {
+    std::unique_lock lock(mutex_);
+    hold(rank);
+    peers_[static_cast<std::size_t>(rank)] = make(state::ready, clock);
+    pass();
+    changed_.wait(lock, [&] { return holder_ == rank; });
+  }
+  // The holder waits until `due` says its wait ends or `deadline` (simulated) comes first.
+  wake wait(int rank, double clock, double deadline, due_fn due) {
+    std::unique_lock lock(mutex_);
+    hold(rank);
+    auto& p = peers_[static_cast<std::size_t>(rank)];
+    p = make(state::waiting, clock, deadline, std::move(due));
+    pass();
+    changed_.wait(lock, [&] { return holder_ == rank; });
+    return peers_[static_cast<std::size_t>(rank)].woke;
+  }
+  // The holder's thread ends.
+  void end(int rank) {
+    std::lock_guard lock(mutex_);
+    hold(rank);
+    peers_[static_cast<std::size_t>(rank)] = make(state::done);
+    pass();
+  }
+  // Blocks until every peer has ended (churn events still due then are dropped).
+  void await_all() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return finished_; });
+  }
+
+ private:
+  enum class state { absent, ready, waiting, done };
+  struct peer {
+    state now = state::absent;
+    double clock = 0.0;
+    double deadline = 0.0;
+    due_fn due;
+    wake woke;
+  };
+  static peer make(state now, double clock = 0.0, double deadline = 0.0, due_fn due = nullptr) {
+    peer p;
+    p.now = now;
+    p.clock = clock;
+    p.deadline = deadline;
+    p.due = std::move(due);
+    return p;
+  }
+
+  void hold(int rank) const {
+    decentrain::detail::check(holder_ == rank, "in_process: peer ", rank,
+                              " acted out of turn (a deterministic run's peers use their endpoints on their own thread only)");
+  }
+
+  // Picks the next holder (applying the churn events that come first) and wakes it.
+  void pass() {
+    for (;;) {
+      double best_at = std::numeric_limits<double>::infinity();
+      int best = -1;
+      bool times_out = false;
+      bool any = false;
+      for (std::size_t r = 0; r < peers_.size(); ++r) {
+        auto& p = peers_[r];
+        if (p.now != state::ready && p.now != state::waiting) continue;
+        any = true;
+        double at = p.clock;
+        bool to = false;
+        if (p.now == state::waiting) {
+          if (const auto d = p.due()) at = std::max(p.clock, *d);
+          else at = p.deadline, to = true;
+        }
+        if (at < best_at || best < 0) best_at = at, best = static_cast<int>(r), times_out = to;
+      }
+      if (!any) {  // every peer ended: the run is over
+        holder_ = -1;
+        finished_ = true;
+        changed_.notify_all();
+        return;
+      }
+      if (next_event_ < events_.size() && events_[next_event_].at_s <= best_at) {
+        const auto e = events_[next_event_++];
+        if (apply_(e) && e.what == churn_event::kind::start) peers_.at(static_cast<std::size_t>(e.rank)) = make(state::ready, e.at_s);
+        continue;
+      }
+      auto& p = peers_[static_cast<std::size_t>(best)];
+      if (p.now == state::waiting) p.woke = wake{times_out ? p.deadline : best_at, times_out};
+      p.now = state::ready;
+      p.due = nullptr;
+      holder_ = best;
+      changed_.notify_all();
+      return;
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<peer> peers_;
+  churn_schedule events_;
+  std::size_t next_event_ = 0;
+  apply_fn apply_;
+  int holder_ = -1;
+  bool finished_ = false;
+};
+
+}  // namespace decentrain::transport::detail
+// ---- end decentrain/transport/turns.hpp ----
 
 namespace decentrain::transport {
 
@@ -11605,22 +11945,38 @@ class in_process {
   struct shared;
 
  public:
+  // A deterministic run (see above): every peer's training step computes `step_seconds` of
+  // simulated time (transport::step_seconds: the trainer reports it instead of what it measured),
+  // and `churn` is applied as the simulated clocks pass its events. Background lanes are not
+  // offered (collectives run on the caller's thread), as their threads would race.
+  struct deterministic_run {
+    double step_seconds = 1.0;
+    churn_schedule churn;
+  };
+
   struct options {
     std::uint64_t seed = 0;                           // jitter and drops
-    std::chrono::milliseconds recv_timeout{120000};   // real time a recv may wait for its sender thread
+    std::chrono::milliseconds recv_timeout{120000};   // how long a recv may wait (real time; simulated when deterministic)
     bool peers_fail_alone = false;                    // run(): a peer that throws is killed, the rest go on
+    std::optional<deterministic_run> deterministic;
+    // The ranks that start the run (0: all); the others start when the churn schedule starts them,
+    // as joiners of the running group. Needs `deterministic`.
+    int initial_peers = 0;
   };
 
   class endpoint {
    public:
     int rank() const { return rank_; }
-    int world() const { return net_->links.world(); }
+    // The peers that start the run (a joiner: at least its rank + 1, as tcp's); capacity() counts
+    // the joiners too.
+    int world() const { return std::max(net_->initial, rank_ + 1); }
 
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
       check_peer(peer, "send to");
       check_alive();
-      if (peer != rank_ && net_->dead[static_cast<std::size_t>(peer)].load())
-        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer, " was killed");
+      if (peer != rank_ && !net_->hears(peer, rank_))
+        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer,
+                                     net_->dead[static_cast<std::size_t>(peer)].load() ? " was killed" : " has not taken this peer in");
       double arrival = clock_;
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
@@ -11649,7 +12005,7 @@ class in_process {
     bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       check_peer(peer, "receive from");
       check_alive();
-      auto m = box().pop(peer, tag, timeout);
+      auto m = net_->turns ? pop_in_turn(peer, tag, timeout) : box().pop(peer, tag, timeout);
       if (m.arrival > clock_) {
         stats_.wait_seconds += m.arrival - clock_;
         clock_ = m.arrival;
@@ -11661,10 +12017,19 @@ class in_process {
 
     void discard_before(int peer, tag_type tag) { box().discard_before(peer, tag); }
     void set_epoch(std::uint64_t epoch) { box().set_epoch(epoch); }
-    std::optional<alarm> alarmed() const { return box().alarmed(); }
+    // Checked at every step's start: in a deterministic run, peers whose clocks are behind this
+    // one's go first, so what this peer finds does not depend on how far it ran ahead.
+    std::optional<alarm> alarmed() const {
+      if (net_->turns) {
+        net_->turns->yield(rank_, clock_);
+        check_alive();
+      }
+      return box().alarmed();
+    }
     void forget(int peer) {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
+      net_->unhear(rank_, peer);  // as a closed tcp connection: a joiner must ask again
     }
     // Forgets `peer` for good (no joiners here), and its waits on this peer fail at once with
     // `reason`, as when tcp's connection closes with a goodbye saying it was left out (not a
@@ -11673,6 +12038,7 @@ class in_process {
       check_peer(peer, "bar");
       const auto why = decentrain::detail::concat("peer ", rank_, " excluded it from the run: ", reason);
       box().bar(peer, why);
+      net_->unhear(rank_, peer);
       net_->boxes[static_cast<std::size_t>(peer)].close(rank_, why, failure_cause::excluded);
     }
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
@@ -11685,6 +12051,41 @@ class in_process {
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
       clock_ += seconds;
+    }
+
+    // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
+    // Started by the churn schedule (a new rank, or a killed one started again).
+    bool joined_late() const { return incarnation_ > 0 || rank_ >= net_->initial; }
+    // The running peers that this one and it each take in (as a tcp connection both ways).
+    std::vector<int> connected() const {
+      std::vector<int> out;
+      for (int r = 0; r < capacity(); ++r)
+        if (r != rank_ && net_->hears(r, rank_) && net_->hears(rank_, r)) out.push_back(r);
+      return out;
+    }
+    int capacity() const { return net_->links.world(); }
+    // A peer started again or joining asks the running peers to take it in: one that still
+    // counts on this rank's previous process refuses for now (as tcp's welcome does).
+    void rediscover() {
+      for (int r = 0; r < capacity(); ++r)
+        if (r != rank_) net_->connect(rank_, r);
+    }
+    std::chrono::steady_clock::time_point now() const {
+      if (!net_->turns) return std::chrono::steady_clock::now();
+      return std::chrono::steady_clock::time_point(
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(clock_)));
+    }
+    void pause(std::chrono::milliseconds d) {
+      if (!net_->turns) return std::this_thread::sleep_for(d);
+      const double s = std::chrono::duration<double>(d).count();
+      clock_ += s;
+      stats_.wait_seconds += s;
+      net_->turns->yield(rank_, clock_);
+      check_alive();
+    }
+    std::optional<double> step_seconds() const {
+      if (!net_->opts.deterministic) return std::nullopt;
+      return net_->opts.deterministic->step_seconds;
     }
 
     traffic_stats stats() const {
@@ -11702,6 +12103,7 @@ class in_process {
     // transfer proceeded is not waited twice. The lane's messages share this peer's links with
     // its other messages in flight (see link_schedule); it has its own seeded drop/jitter streams.
     std::optional<endpoint> lane() {
+      if (net_->turns) return std::nullopt;  // a second thread would race the turns
       endpoint l = *this;
       l.stats_ = {};
       const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
@@ -11730,8 +12132,9 @@ class in_process {
 
    private:
     friend class in_process;
-    endpoint(std::shared_ptr<shared> net, int rank) : net_(std::move(net)), rank_(rank) {
-      const auto n = static_cast<std::size_t>(world());
+    endpoint(std::shared_ptr<shared> net, int rank, double clock = 0.0)
+        : net_(std::move(net)), rank_(rank), incarnation_(net_->incarnation[static_cast<std::size_t>(rank)]), clock_(clock) {
+      const auto n = static_cast<std::size_t>(capacity());
       uplinks_ = std::make_shared<std::vector<link_schedule>>(n);
       last_arrival_.assign(n, 0.0);
       for (std::size_t d = 0; d < n; ++d)
@@ -11740,16 +12143,34 @@ class in_process {
     detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
     // A killed peer's own calls fail (not as a peer error: no fault policy should try to save it).
     void check_alive() const {
-      if (net_->dead[static_cast<std::size_t>(rank_)].load())
+      if (net_->dead[static_cast<std::size_t>(rank_)].load() || net_->incarnation[static_cast<std::size_t>(rank_)] != incarnation_)
         decentrain::detail::fail("in_process: peer ", rank_, " was killed");
     }
     void check_peer(int peer, const char* what) const {
-      decentrain::detail::check(peer >= 0 && peer < world(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
-                                " (world of ", world(), ")");
+      decentrain::detail::check(peer >= 0 && peer < capacity(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
+                                " (", capacity(), " ranks)");
+    }
+    // A deterministic run's recv: waits its turn until the message is due or the deadline (on
+    // simulated time) passes.
+    detail::message pop_in_turn(int peer, tag_type tag, std::chrono::milliseconds timeout) {
+      const double deadline = clock_ + std::chrono::duration<double>(timeout).count();
+      auto& b = box();
+      const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
+      check_alive();
+      if (w.timed_out) {
+        stats_.wait_seconds += deadline - clock_;
+        clock_ = deadline;
+        detail::mailbox::timed_out(peer, tag, timeout);
+      }
+      auto m = b.try_pop(peer, tag);  // throws when it fails at once
+      decentrain::detail::check(m.has_value(), "in_process: a turn came for a message that is not there (peer ", rank_,
+                                " waiting on peer ", peer, ")");
+      return std::move(*m);
     }
 
     std::shared_ptr<shared> net_;
     int rank_;
+    std::uint64_t incarnation_ = 0;  // which process of this rank (the churn schedule starts it again)
     double clock_ = 0.0;
     std::shared_ptr<std::vector<link_schedule>> uplinks_;  // to each peer; shared with this peer's lanes
     std::vector<double> last_arrival_;
@@ -11758,83 +12179,140 @@ class in_process {
     std::uint64_t lanes_opened_ = 0;
   };
 
-  in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), opts)) {}
+  in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), std::move(opts))) {}
   explicit in_process(link_matrix links) : in_process(std::move(links), options{}) {}
   explicit in_process(int world) : in_process(links::ideal(world)) {}
 
-  int world() const { return net_->links.world(); }
+  // The peers that start the run (options::initial_peers); capacity() counts the joiners too.
+  int world() const { return net_->initial; }
+  int capacity() const { return net_->links.world(); }
 
   // The endpoint of `rank`; each is meant to be used by one thread.
   endpoint at(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     return endpoint(net_, rank);
   }
 
   // Kills `rank` as kill -9 kills a process: its calls fail from now on, the others find it
   // gone (their waits on it fail naming it as departed, sends to it fail), and run() does not
-  // count its end as a failure. Any thread may call it, the peer's own included.
+  // count its end as a failure. Any thread may call it, the peer's own included (in a
+  // deterministic run: a peer's thread, in its turn).
   void kill(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: cannot kill rank ", rank, " of a world of ", world());
-    if (net_->dead[static_cast<std::size_t>(rank)].exchange(true)) return;
-    for (int r = 0; r < world(); ++r)
-      if (r != rank) net_->boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
-    net_->boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: cannot kill rank ", rank, " of ", capacity());
+    net_->kill(rank);
   }
   bool killed(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     return net_->dead[static_cast<std::size_t>(rank)].load();
   }
   // Why a peer that failed alone (options::peers_fail_alone) ended: its error; empty for a peer
-  // killed from outside, or still running.
+  // killed from outside, or still running. Of a rank started several times: its latest process.
   std::string failure(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     std::lock_guard lock(net_->failures_mutex);
     return net_->failures[static_cast<std::size_t>(rank)];
+  }
+  // How many processes of `rank` the churn schedule started after the first.
+  std::uint64_t restarts(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
+    return net_->incarnation[static_cast<std::size_t>(rank)];
   }
 
   // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
   // the others are woken with an error rather than left waiting, and the first failure (by rank)
   // is rethrown here. Peers that were killed are not failures; with options::peers_fail_alone a
   // peer that throws is killed (the others go on without it, as an elastic group does) and only
-  // if every peer ended so is its error rethrown.
+  // if every peer ended so is its error rethrown. In a deterministic run the peers take turns,
+  // and a peer that the churn schedule starts runs fn on a thread of its own (its endpoint's
+  // joined_late() is true).
   void run(const std::function<void(endpoint&)>& fn) const {
-    const int n = world();
+    const int n = capacity();
+    auto& net = *net_;
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::mutex errors_mutex;
     std::atomic<int> first_failure{-1};  // the root cause: peers failing after it fail because of it
+    std::mutex threads_mutex;
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        auto ep = at(r);
+    // One process of rank r, from its endpoint's creation to its end.
+    auto body = [&](endpoint ep) {
+      const int r = ep.rank();
+      try {
+        fn(ep);
+      } catch (...) {
+        if (net.dead[static_cast<std::size_t>(r)].load() || net.incarnation[static_cast<std::size_t>(r)] != ep.incarnation_) return;
+        std::string why;
         try {
-          fn(ep);
+          throw;
+        } catch (const std::exception& e) {
+          why = e.what();
         } catch (...) {
-          if (killed(r)) return;
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          std::string why;
-          try {
-            throw;
-          } catch (const std::exception& e) {
-            why = e.what();
-          } catch (...) {
-            why = "an exception that is not a std::exception";
-          }
-          if (net_->opts.peers_fail_alone) {
-            {
-              std::lock_guard lock(net_->failures_mutex);
-              net_->failures[static_cast<std::size_t>(r)] = why;
-            }
-            return kill(r);
-          }
-          int origin = -1;
-          first_failure.compare_exchange_strong(origin, r);
-          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why), origin < 0 ? r : origin);
+          why = "an exception that is not a std::exception";
         }
+        {
+          std::lock_guard lock(errors_mutex);
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+        if (net.opts.peers_fail_alone) {
+          {
+            std::lock_guard lock(net.failures_mutex);
+            net.failures[static_cast<std::size_t>(r)] = why;
+          }
+          return net.kill(r);
+        }
+        int origin = -1;
+        first_failure.compare_exchange_strong(origin, r);
+        ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why), origin < 0 ? r : origin);
+      }
+    };
+    if (net.opts.deterministic) {
+      net.turns.emplace(n, net.opts.deterministic->churn, [&](const churn_event& e) {
+        if (e.what == churn_event::kind::kill) {
+          if (net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
+          net.kill(e.rank);
+          return true;
+        }
+        if (!net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
+        net.start(e.rank);
+        {
+          std::lock_guard lock(errors_mutex);
+          errors[static_cast<std::size_t>(e.rank)] = nullptr;
+        }
+        std::lock_guard lock(threads_mutex);
+        threads.emplace_back([&, r = e.rank, ep = endpoint(net_, e.rank, e.at_s)]() mutable {
+          net.turns->await_turn(r);
+          body(std::move(ep));
+          net.turns->end(r);
+        });
+        return true;
       });
-    for (auto& t : threads) t.join();
-    if (net_->opts.peers_fail_alone) {
+      for (int r = 0; r < net.initial; ++r) net.turns->add(r, 0.0);
+    }
+    {
+      std::lock_guard lock(threads_mutex);
+      for (int r = 0; r < net.initial; ++r)
+        threads.emplace_back([&, r] {
+          if (net.turns) net.turns->await_turn(r);
+          body(at(r));
+          if (net.turns) net.turns->end(r);
+        });
+    }
+    if (net.turns) {
+      net.turns->begin();
+      net.turns->await_all();
+    }
+    for (;;) {  // the churn schedule may start threads until the last peer ends
+      std::vector<std::thread> done;
+      {
+        std::lock_guard lock(threads_mutex);
+        done.swap(threads);
+      }
+      if (done.empty()) break;
+      for (auto& t : done) t.join();
+    }
+    net.turns.reset();
+    if (net.opts.peers_fail_alone) {
       int alive = 0;
-      for (int r = 0; r < n; ++r) alive += errors[static_cast<std::size_t>(r)] || killed(r) ? 0 : 1;
+      for (int r = 0; r < n; ++r) alive += errors[static_cast<std::size_t>(r)] || net.dead[static_cast<std::size_t>(r)].load() ? 0 : 1;
       if (alive > 0) return;
     }
     // Prefer the root cause over the "peer r failed" errors it caused in the others.
@@ -11853,7 +12331,35 @@ class in_process {
  private:
   struct shared {
     shared(link_matrix matrix, options o)
-        : links(std::move(matrix)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
+        : links(std::move(matrix)),
+          opts(std::move(o)),
+          initial(opts.initial_peers > 0 ? opts.initial_peers : links.world()),
+          boxes(static_cast<std::size_t>(links.world())),
+          dead(static_cast<std::size_t>(links.world())),
+          incarnation(static_cast<std::size_t>(links.world()), 0),
+          heard(static_cast<std::size_t>(links.world()), std::vector<std::uint64_t>(static_cast<std::size_t>(links.world()), 0)) {
+      using decentrain::detail::check;
+      check(opts.initial_peers >= 0 && opts.initial_peers <= links.world(), "in_process: initial_peers must be in [0, ",
+            links.world(), "], got ", opts.initial_peers);
+      check(initial == links.world() || opts.deterministic, "in_process: initial_peers below the ranks (", initial, " of ",
+            links.world(), ") needs a deterministic run, whose churn schedule starts the others");
+      if (opts.deterministic) {
+        auto& d = *opts.deterministic;
+        check(d.step_seconds >= 0 && std::isfinite(d.step_seconds), "in_process: deterministic step_seconds must be >= 0, got ",
+              d.step_seconds);
+        std::stable_sort(d.churn.begin(), d.churn.end(), [](const churn_event& a, const churn_event& b) { return a.at_s < b.at_s; });
+        for (const auto& e : d.churn)
+          check(e.rank >= 0 && e.rank < links.world() && e.at_s >= 0 && std::isfinite(e.at_s), "in_process: churn event '",
+                describe(e), "' names a rank outside the ", links.world(), " or a time before 0");
+      }
+      for (int r = 0; r < links.world(); ++r) {
+        if (r < initial) {
+          started[static_cast<std::size_t>(r)] = 1;
+        } else {
+          dead[static_cast<std::size_t>(r)] = true;  // not started yet: nobody hears it
+          for (auto& h : heard) h[static_cast<std::size_t>(r)] = nobody;
+        }
+      }
       for (int s = 0; s < links.world(); ++s)
         for (int d = 0; d < links.world(); ++d)
           if (s != d) {
@@ -11864,18 +12370,67 @@ class in_process {
             slowest->bytes_per_s = std::min(slowest->bytes_per_s, e.bytes_per_s);
           }
     }
+
+    // Whether `listener` takes in what the current process of `speaker` sends (and `speaker` may
+    // send to it): both run, and each took the other's current process in.
+    bool hears(int listener, int speaker) const {
+      std::lock_guard lock(peers_mutex);
+      const auto l = static_cast<std::size_t>(listener), sp = static_cast<std::size_t>(speaker);
+      return !dead[l].load() && !dead[sp].load() && heard[l][sp] == incarnation[sp];
+    }
+    // `joiner` asks `member` to take it in: refused while `member` still counts on the rank's
+    // previous process (tcp's welcome).
+    void connect(int joiner, int member) {
+      std::lock_guard lock(peers_mutex);
+      const auto j = static_cast<std::size_t>(joiner), m = static_cast<std::size_t>(member);
+      if (dead[m].load() || dead[j].load() || heard[m][j] == incarnation[j]) return;
+      if (boxes[m].welcome(joiner)) heard[m][j] = incarnation[j];
+    }
+    void unhear(int listener, int speaker) {
+      std::lock_guard lock(peers_mutex);
+      heard[static_cast<std::size_t>(listener)][static_cast<std::size_t>(speaker)] = nobody;
+    }
+    void kill(int rank) {
+      if (dead[static_cast<std::size_t>(rank)].exchange(true)) return;
+      for (int r = 0; r < links.world(); ++r)
+        if (r != rank) boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
+      boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
+    }
+    // A new process of `rank` (a killed one started again, or a joiner's first): a fresh mailbox
+    // that hears every running peer, and a connection to each that takes it in.
+    void start(int rank) {
+      const auto r = static_cast<std::size_t>(rank);
+      {
+        std::lock_guard lock(peers_mutex);
+        if (started[r]) ++incarnation[r];
+        started[r] = true;
+        boxes[r].reset();
+        for (std::size_t p = 0; p < heard[r].size(); ++p) heard[r][p] = incarnation[p];
+        dead[r] = false;
+      }
+      for (int p = 0; p < links.world(); ++p)
+        if (p != rank) connect(rank, p);
+    }
+
     link_matrix links;
     options opts;
+    int initial;  // the ranks that start the run
     std::vector<detail::mailbox> boxes;
-    std::vector<std::atomic<bool>> dead;  // killed peers
+    std::vector<std::atomic<bool>> dead;  // killed peers, and ranks not started yet
+    std::vector<std::uint64_t> incarnation;  // per rank: its current process (0: the first)
+    std::vector<std::vector<std::uint64_t>> heard;  // [listener][speaker]: the process of speaker the listener takes in
+    static constexpr std::uint64_t nobody = ~std::uint64_t{0};  // in heard: no process of it
+    std::vector<char> started = std::vector<char>(dead.size(), 0);
+    mutable std::mutex peers_mutex;
     std::mutex failures_mutex;
     std::vector<std::string> failures = std::vector<std::string>(dead.size());  // see failure()
     std::optional<link_estimate> slowest;  // none for a world of one
+    std::optional<detail::turns> turns;    // a deterministic run's, while run() runs
   };
   std::shared_ptr<shared> net_;
 };
 
-static_assert(membership_endpoint<in_process::endpoint>);
+static_assert(joining_endpoint<in_process::endpoint>);
 
 }  // namespace decentrain::transport
 // ---- end decentrain/transport/in_process.hpp ----
@@ -14685,6 +15240,7 @@ class group_view {
   transport::traffic_stats stats() const { return parent_->stats(); }
   void computed(double seconds) { parent_->computed(seconds); }
   std::optional<transport::link_estimate> slowest_link() const { return transport::slowest_link(*parent_); }
+  std::optional<double> step_seconds() const { return transport::step_seconds(*parent_); }
   std::optional<group_view> lane() {
     auto l = transport::open_lane(*parent_);
     if (!l) return std::nullopt;
@@ -15813,13 +16369,17 @@ void agree(const Codec& codec, Comm& comm) {
   decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
 }
 
-// Runs f() and tells the endpoint how long it computed (real transports ignore it).
+// Runs f() and tells the endpoint how long it computed (real transports ignore it; one that
+// models a step's compute, transport::step_seconds, counts the codec in it).
 template <class Comm, class F>
 decltype(auto) charged(Comm& comm, F&& f) {
   struct charge {
     Comm& comm;
     double t0 = decentrain::detail::thread_cpu_seconds();
-    ~charge() { comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0)); }
+    ~charge() {
+      if (!transport::step_seconds(comm.endpoint()))
+        comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0));
+    }
   } c{comm};
   return f();
 }
@@ -19394,7 +19954,7 @@ void post(E& ep, int to, const message& m) {
 template <class E, class Wanted>
 message await(E& ep, int from, std::chrono::steady_clock::time_point deadline, Wanted&& wanted) {
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::now(ep));
     auto m = decode(ep.recv_within(from, protocol_tag, std::max(left, std::chrono::milliseconds(1))), from);
     if (wanted(m)) return m;
   }
@@ -19508,7 +20068,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     for (int j : current.members)
       if (!suspects.count(j)) alive.push_back(j);
     const int leader = alive.front();  // `me` is in alive, so never empty
-    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    const auto deadline = transport::now(ep) + s.timeout;
     raise_alarm(ep, current, suspects.empty() ? first_suspect : suspects.begin()->first, suspects, &why);  // wake everyone
 
     if (leader != me) {
@@ -19643,10 +20203,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
 template <class E>
 decision await_admission(E& ep, std::chrono::milliseconds patience) {
   const int me = ep.rank();
-  const auto deadline = std::chrono::steady_clock::now() + patience;
+  const auto deadline = transport::now(ep) + patience;
   std::map<int, std::string> gone;  // peers whose connection closed while it waited, and why
   std::map<int, std::uint64_t> markers;  // members that sent it a marker (of the view that admits it)
-  auto next_look = std::chrono::steady_clock::now(), next_hello = next_look;
+  auto next_look = transport::now(ep), next_hello = next_look;
   std::vector<int> told;  // the peers its last hello listed
   for (;;) {
     // The leader is whichever member is lowest and alive: listen to every connected peer.
@@ -19655,7 +20215,7 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
     // every second (the leader of an agreement takes those it has in; a leader that took a hello
     // in an agreement that failed needs it again), so that joiners who reach one another are
     // admitted together.
-    if (peers != told || std::chrono::steady_clock::now() >= next_hello) {
+    if (peers != told || transport::now(ep) >= next_hello) {
       detail::message hello;
       hello.what = detail::kind::hello;
       hello.ranks = detail::as_list(peers);
@@ -19667,7 +20227,7 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
         }
       }
       told = peers;
-      next_hello = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      next_hello = transport::now(ep) + std::chrono::seconds(1);
     }
     for (int j : peers) {
       if (gone.count(j)) continue;
@@ -19685,17 +20245,17 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
         if (e.cause() != transport::failure_cause::silent) gone[j] = e.what();
       }
     }
-    if (std::chrono::steady_clock::now() >= deadline || (!peers.empty() && gone.size() == peers.size())) {
+    if (transport::now(ep) >= deadline || (!peers.empty() && gone.size() == peers.size())) {
       std::string why;
       for (const auto& [j, w] : gone) why += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
       decentrain::detail::fail("elastic: peer ", me, " joined the running group but was not admitted within ",
                                patience.count(), " ms (connected to ", peers.size(), " peer(s))", why);
     }
-    if (peers.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (peers.empty()) transport::pause(ep, std::chrono::milliseconds(20));
     if constexpr (requires { ep.rediscover(); })
-      if (std::chrono::steady_clock::now() >= next_look) {
+      if (transport::now(ep) >= next_look) {
         ep.rediscover();  // joiners after this one: the group admits it only once it reaches every member
-        next_look = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+        next_look = transport::now(ep) + std::chrono::milliseconds(250);
       }
   }
 }
@@ -19728,7 +20288,7 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   try {
     for (int j : d.next.members)
       if (j != me) detail::post(ep, j, marker);
-    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    const auto deadline = transport::now(ep) + s.timeout;
     for (int j : d.next.members) {
       if (j == me) continue;
       if (std::find(d.marked.begin(), d.marked.end(), j) == d.marked.end())
@@ -19954,8 +20514,9 @@ struct membership_change {
   bool healed = false;           // this peer took another's state
   std::string cause;             // the error that started it, as this peer saw it
   double seconds = 0;            // from that error to the new view's first step, on this peer
-  // When this peer installed the view (steady clock: on Linux the same clock in every process
-  // of a machine, so bench/faults compares it with when it killed a peer).
+  // When this peer installed the view, on the transport's clock (transport::now): the steady
+  // clock, on Linux the same in every process of a machine, so bench/faults compares it with when
+  // it killed a peer; simulated time on a deterministic in_process network.
   std::chrono::steady_clock::time_point installed{};
 };
 
@@ -19998,7 +20559,7 @@ struct elastic {
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
-      failed_at_ = std::chrono::steady_clock::now();
+      failed_at_ = transport::now(ctx.network);
       cause_ = "joined the running group";
       const auto patience = admission_timeout.count() > 0 ? admission_timeout : 2 * agreement.timeout;
       converge(ctx, await_admission(ctx.network, patience));
@@ -20075,7 +20636,7 @@ struct elastic {
         e.cause() != transport::failure_cause::joining)
       suspects_.emplace(e.peer(), e.cause());
     cause_ = e.what();
-    failed_at_ = std::chrono::steady_clock::now();
+    failed_at_ = transport::now(ctx.network);
     return action::reform;
   }
 
@@ -20113,7 +20674,7 @@ struct elastic {
                                 min_peers);
       if (failed) {  // a member of the new view failed already: agree again, from it
         if (failed->peer() >= 0) suspects_.emplace(failed->peer(), failed->cause());
-        note(record(d, false));
+        note(record(ep, d, false));
         continue;
       }
       try {
@@ -20126,10 +20687,10 @@ struct elastic {
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
-        note(record(d, false));
+        note(record(ep, d, false));
         continue;
       }
-      note(record(d, healed));
+      note(record(ep, d, healed));
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
       // evidence starts again, rather than start the same agreement at every step.
@@ -20181,7 +20742,7 @@ struct elastic {
   // not reach it yet. -1: none.
   template <class Ctx>
   int ready_joiner(Ctx& ctx) {
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = transport::now(ctx.network);
     for (int j : ctx.network.connected()) {  // outside the view: a joiner
       if (view_.contains(j) || view_.bars(j)) continue;
       auto& [seen, last] = join_tries_[j];
@@ -20225,7 +20786,7 @@ struct elastic {
     }
     if (range[0] == -range[1]) return;
     cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0]);
-    failed_at_ = std::chrono::steady_clock::now();
+    failed_at_ = transport::now(ctx.network);
     converge(ctx, std::nullopt);
   }
 
@@ -20254,10 +20815,11 @@ struct elastic {
       changes_.erase(changes_.begin(), changes_.begin() + static_cast<std::ptrdiff_t>(changes_.size() - changes_kept));
     ++change_count_;
   }
-  membership_change record(const decision& d, bool healed) const {
+  template <class E>
+  membership_change record(const E& ep, const decision& d, bool healed) const {
+    const auto now = transport::now(ep);
     return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count(),
-                             std::chrono::steady_clock::now()};
+                             std::chrono::duration<double>(now - failed_at_).count(), now};
   }
 
   view view_;
@@ -20664,7 +21226,8 @@ io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
 // ---- end decentrain/train/gpt2_weights.hpp ----
 // ---- begin decentrain/train/in_process.hpp ----
 // Runs one trainer per rank of an in-process network, each on its own thread with
-// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank).
+// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank; joiners
+// and peers started again by a deterministic run's churn schedule included: a rank's latest).
 
 #include <functional>
 #include <vector>
@@ -20830,7 +21393,7 @@ std::vector<fit_result> fit_in_process(const transport::in_process& network, con
                                        typename Trainer::fault_policy fault = {}) {
   decentrain::detail::check(threads_per_peer >= 1, "fit_in_process: threads_per_peer must be >= 1");
   options.compute_on_thread_clock = options.compute_on_thread_clock || threads_per_peer == 1;
-  std::vector<fit_result> results(static_cast<std::size_t>(network.world()));
+  std::vector<fit_result> results(static_cast<std::size_t>(network.capacity()));  // a rank started again: its latest
   network.run([&](transport::in_process::endpoint& ep) {
 #if defined(_OPENMP)
     omp_set_num_threads(threads_per_peer);
@@ -21363,7 +21926,9 @@ class trainer {
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
           out.computed = true;
-          computed(lap(t));  // before the exchange, so simulated links see it start after the compute
+          // Before the exchange, so simulated links see it start after the compute; a network that
+          // models a step's compute (deterministic in_process) takes its own figure.
+          computed(transport::step_seconds(endpoint_).value_or(lap(t)));
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();
           out.grad_norm = optim::clip_grad_norm(model_.parameters(), options_.grad_clip > 0
@@ -21372,7 +21937,7 @@ class trainer {
           out.lr = schedule_(step_);
           optimizer_.set_lr(out.lr);
           optimizer_.step();
-          computed(lap(t));
+          computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
           stepped = true;
         }
         counted([&] { policy_.after_step(ctx); });

@@ -23,7 +23,10 @@ struct in_process {
   static constexpr const char* name = "in_process";
   template <class Fn>
   static void run(int n, Fn fn) {
-    decentrain::transport::in_process net(decentrain::transport::links::lan(n), {7, std::chrono::milliseconds(20000)});
+    decentrain::transport::in_process::options o;
+    o.seed = 7;
+    o.recv_timeout = std::chrono::milliseconds(20000);
+    decentrain::transport::in_process net(decentrain::transport::links::lan(n), o);
     net.run([&](decentrain::transport::in_process::endpoint& ep) { fn(ep); });
   }
 };

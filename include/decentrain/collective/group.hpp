@@ -61,6 +61,7 @@ class group_view {
   transport::traffic_stats stats() const { return parent_->stats(); }
   void computed(double seconds) { parent_->computed(seconds); }
   std::optional<transport::link_estimate> slowest_link() const { return transport::slowest_link(*parent_); }
+  std::optional<double> step_seconds() const { return transport::step_seconds(*parent_); }
   std::optional<group_view> lane() {
     auto l = transport::open_lane(*parent_);
     if (!l) return std::nullopt;

@@ -53,13 +53,17 @@ void agree(const Codec& codec, Comm& comm) {
   decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
 }
 
-// Runs f() and tells the endpoint how long it computed (real transports ignore it).
+// Runs f() and tells the endpoint how long it computed (real transports ignore it; one that
+// models a step's compute, transport::step_seconds, counts the codec in it).
 template <class Comm, class F>
 decltype(auto) charged(Comm& comm, F&& f) {
   struct charge {
     Comm& comm;
     double t0 = decentrain::detail::thread_cpu_seconds();
-    ~charge() { comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0)); }
+    ~charge() {
+      if (!transport::step_seconds(comm.endpoint()))
+        comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0));
+    }
   } c{comm};
   return f();
 }

@@ -64,8 +64,9 @@ struct membership_change {
   bool healed = false;           // this peer took another's state
   std::string cause;             // the error that started it, as this peer saw it
   double seconds = 0;            // from that error to the new view's first step, on this peer
-  // When this peer installed the view (steady clock: on Linux the same clock in every process
-  // of a machine, so bench/faults compares it with when it killed a peer).
+  // When this peer installed the view, on the transport's clock (transport::now): the steady
+  // clock, on Linux the same in every process of a machine, so bench/faults compares it with when
+  // it killed a peer; simulated time on a deterministic in_process network.
   std::chrono::steady_clock::time_point installed{};
 };
 
@@ -108,7 +109,7 @@ struct elastic {
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
-      failed_at_ = std::chrono::steady_clock::now();
+      failed_at_ = transport::now(ctx.network);
       cause_ = "joined the running group";
       const auto patience = admission_timeout.count() > 0 ? admission_timeout : 2 * agreement.timeout;
       converge(ctx, await_admission(ctx.network, patience));
@@ -185,7 +186,7 @@ struct elastic {
         e.cause() != transport::failure_cause::joining)
       suspects_.emplace(e.peer(), e.cause());
     cause_ = e.what();
-    failed_at_ = std::chrono::steady_clock::now();
+    failed_at_ = transport::now(ctx.network);
     return action::reform;
   }
 
@@ -223,7 +224,7 @@ struct elastic {
                                 min_peers);
       if (failed) {  // a member of the new view failed already: agree again, from it
         if (failed->peer() >= 0) suspects_.emplace(failed->peer(), failed->cause());
-        note(record(d, false));
+        note(record(ep, d, false));
         continue;
       }
       try {
@@ -236,10 +237,10 @@ struct elastic {
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
-        note(record(d, false));
+        note(record(ep, d, false));
         continue;
       }
-      note(record(d, healed));
+      note(record(ep, d, healed));
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
       // evidence starts again, rather than start the same agreement at every step.
@@ -291,7 +292,7 @@ struct elastic {
   // not reach it yet. -1: none.
   template <class Ctx>
   int ready_joiner(Ctx& ctx) {
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = transport::now(ctx.network);
     for (int j : ctx.network.connected()) {  // outside the view: a joiner
       if (view_.contains(j) || view_.bars(j)) continue;
       auto& [seen, last] = join_tries_[j];
@@ -335,7 +336,7 @@ struct elastic {
     }
     if (range[0] == -range[1]) return;
     cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0]);
-    failed_at_ = std::chrono::steady_clock::now();
+    failed_at_ = transport::now(ctx.network);
     converge(ctx, std::nullopt);
   }
 
@@ -364,10 +365,11 @@ struct elastic {
       changes_.erase(changes_.begin(), changes_.begin() + static_cast<std::ptrdiff_t>(changes_.size() - changes_kept));
     ++change_count_;
   }
-  membership_change record(const decision& d, bool healed) const {
+  template <class E>
+  membership_change record(const E& ep, const decision& d, bool healed) const {
+    const auto now = transport::now(ep);
     return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count(),
-                             std::chrono::steady_clock::now()};
+                             std::chrono::duration<double>(now - failed_at_).count(), now};
   }
 
   view view_;

@@ -161,7 +161,7 @@ void post(E& ep, int to, const message& m) {
 template <class E, class Wanted>
 message await(E& ep, int from, std::chrono::steady_clock::time_point deadline, Wanted&& wanted) {
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::now(ep));
     auto m = decode(ep.recv_within(from, protocol_tag, std::max(left, std::chrono::milliseconds(1))), from);
     if (wanted(m)) return m;
   }
@@ -275,7 +275,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     for (int j : current.members)
       if (!suspects.count(j)) alive.push_back(j);
     const int leader = alive.front();  // `me` is in alive, so never empty
-    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    const auto deadline = transport::now(ep) + s.timeout;
     raise_alarm(ep, current, suspects.empty() ? first_suspect : suspects.begin()->first, suspects, &why);  // wake everyone
 
     if (leader != me) {
@@ -410,10 +410,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
 template <class E>
 decision await_admission(E& ep, std::chrono::milliseconds patience) {
   const int me = ep.rank();
-  const auto deadline = std::chrono::steady_clock::now() + patience;
+  const auto deadline = transport::now(ep) + patience;
   std::map<int, std::string> gone;  // peers whose connection closed while it waited, and why
   std::map<int, std::uint64_t> markers;  // members that sent it a marker (of the view that admits it)
-  auto next_look = std::chrono::steady_clock::now(), next_hello = next_look;
+  auto next_look = transport::now(ep), next_hello = next_look;
   std::vector<int> told;  // the peers its last hello listed
   for (;;) {
     // The leader is whichever member is lowest and alive: listen to every connected peer.
@@ -422,7 +422,7 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
     // every second (the leader of an agreement takes those it has in; a leader that took a hello
     // in an agreement that failed needs it again), so that joiners who reach one another are
     // admitted together.
-    if (peers != told || std::chrono::steady_clock::now() >= next_hello) {
+    if (peers != told || transport::now(ep) >= next_hello) {
       detail::message hello;
       hello.what = detail::kind::hello;
       hello.ranks = detail::as_list(peers);
@@ -434,7 +434,7 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
         }
       }
       told = peers;
-      next_hello = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      next_hello = transport::now(ep) + std::chrono::seconds(1);
     }
     for (int j : peers) {
       if (gone.count(j)) continue;
@@ -452,17 +452,17 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
         if (e.cause() != transport::failure_cause::silent) gone[j] = e.what();
       }
     }
-    if (std::chrono::steady_clock::now() >= deadline || (!peers.empty() && gone.size() == peers.size())) {
+    if (transport::now(ep) >= deadline || (!peers.empty() && gone.size() == peers.size())) {
       std::string why;
       for (const auto& [j, w] : gone) why += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
       decentrain::detail::fail("elastic: peer ", me, " joined the running group but was not admitted within ",
                                patience.count(), " ms (connected to ", peers.size(), " peer(s))", why);
     }
-    if (peers.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (peers.empty()) transport::pause(ep, std::chrono::milliseconds(20));
     if constexpr (requires { ep.rediscover(); })
-      if (std::chrono::steady_clock::now() >= next_look) {
+      if (transport::now(ep) >= next_look) {
         ep.rediscover();  // joiners after this one: the group admits it only once it reaches every member
-        next_look = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+        next_look = transport::now(ep) + std::chrono::milliseconds(250);
       }
   }
 }
@@ -495,7 +495,7 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
   try {
     for (int j : d.next.members)
       if (j != me) detail::post(ep, j, marker);
-    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    const auto deadline = transport::now(ep) + s.timeout;
     for (int j : d.next.members) {
       if (j == me) continue;
       if (std::find(d.marked.begin(), d.marked.end(), j) == d.marked.end())

@@ -1,5 +1,6 @@
 // Runs one trainer per rank of an in-process network, each on its own thread with
-// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank).
+// `threads_per_peer` OpenMP threads, and returns every peer's result (index = rank; joiners
+// and peers started again by a deterministic run's churn schedule included: a rank's latest).
 #pragma once
 
 #include <functional>
@@ -28,7 +29,7 @@ std::vector<fit_result> fit_in_process(const transport::in_process& network, con
                                        typename Trainer::fault_policy fault = {}) {
   decentrain::detail::check(threads_per_peer >= 1, "fit_in_process: threads_per_peer must be >= 1");
   options.compute_on_thread_clock = options.compute_on_thread_clock || threads_per_peer == 1;
-  std::vector<fit_result> results(static_cast<std::size_t>(network.world()));
+  std::vector<fit_result> results(static_cast<std::size_t>(network.capacity()));  // a rank started again: its latest
   network.run([&](transport::in_process::endpoint& ep) {
 #if defined(_OPENMP)
     omp_set_num_threads(threads_per_peer);

@@ -271,7 +271,9 @@ class trainer {
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
           out.computed = true;
-          computed(lap(t));  // before the exchange, so simulated links see it start after the compute
+          // Before the exchange, so simulated links see it start after the compute; a network that
+          // models a step's compute (deterministic in_process) takes its own figure.
+          computed(transport::step_seconds(endpoint_).value_or(lap(t)));
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();
           out.grad_norm = optim::clip_grad_norm(model_.parameters(), options_.grad_clip > 0
@@ -280,7 +282,7 @@ class trainer {
           out.lr = schedule_(step_);
           optimizer_.set_lr(out.lr);
           optimizer_.step();
-          computed(lap(t));
+          computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
           stepped = true;
         }
         counted([&] { policy_.after_step(ctx); });

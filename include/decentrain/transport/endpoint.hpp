@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -125,6 +126,36 @@ std::optional<link_estimate> slowest_link(const E& e) {
     return std::nullopt;
 }
 
+// The time protocols with deadlines read (membership agreements, admission, joiner pacing), and
+// how they wait without a message: the steady clock and a sleep on real networks; a simulated
+// network that runs its peers in turns on simulated time (in_process's deterministic mode)
+// offers now() and pause() of its own, so that a run is the same from its seed.
+template <class E>
+std::chrono::steady_clock::time_point now(const E& e) {
+  if constexpr (requires { { e.now() } -> std::same_as<std::chrono::steady_clock::time_point>; })
+    return e.now();
+  else
+    return std::chrono::steady_clock::now();
+}
+template <class E>
+void pause(E& e, std::chrono::milliseconds d) {
+  if constexpr (requires { e.pause(d); })
+    e.pause(d);
+  else
+    std::this_thread::sleep_for(d);
+}
+
+// The compute time of one training step as a simulated network models it (deterministic
+// in_process), which the trainer then reports in place of what it measured (and codecs do not
+// charge theirs); none: measure it.
+template <class E>
+std::optional<double> step_seconds(const E& e) {
+  if constexpr (requires { { e.step_seconds() } -> std::same_as<std::optional<double>>; })
+    return e.step_seconds();
+  else
+    return std::nullopt;
+}
+
 // A lane is a second endpoint of the same peer, for a collective that runs on a background
 // thread while the caller goes on (collective::communicator's non-blocking calls). The lane and
 // the endpoint are used from two threads at once, always with different tags. A transport whose
@@ -228,6 +259,9 @@ class any_endpoint {
     return out;
   }
   void rejoin(const any_endpoint& lane) { get().rejoin(lane.get()); }
+  std::chrono::steady_clock::time_point now() const { return get().now(); }
+  void pause(std::chrono::milliseconds d) { get().pause(d); }
+  std::optional<double> step_seconds() const { return get().step_seconds(); }
 
   // The membership members (transport/membership.hpp); they throw for a transport without them.
   bool has_membership() const { return get().has_membership(); }
@@ -259,6 +293,9 @@ class any_endpoint {
     virtual std::optional<link_estimate> slowest_link() const = 0;
     virtual std::shared_ptr<base> lane() = 0;
     virtual void rejoin(const base& lane) = 0;
+    virtual std::chrono::steady_clock::time_point now() const = 0;
+    virtual void pause(std::chrono::milliseconds) = 0;
+    virtual std::optional<double> step_seconds() const = 0;
     virtual bool has_membership() const = 0;
     virtual bytes recv_within(int, tag_type, std::chrono::milliseconds) = 0;
     virtual void discard_before(int, tag_type) = 0;
@@ -293,6 +330,9 @@ class any_endpoint {
       return std::make_shared<model<E>>(std::move(*l));
     }
     void rejoin(const base& lane) override { transport::rejoin_lane(e, static_cast<const model<E>&>(lane).e); }
+    std::chrono::steady_clock::time_point now() const override { return transport::now(e); }
+    void pause(std::chrono::milliseconds d) override { transport::pause(e, d); }
+    std::optional<double> step_seconds() const override { return transport::step_seconds(e); }
     bool has_membership() const override { return membership_endpoint<E>; }
     bytes recv_within(int p, tag_type t, std::chrono::milliseconds timeout) override {
       if constexpr (membership_endpoint<E>) return e.recv_within(p, t, timeout);

@@ -5,6 +5,12 @@
 // costs a retransmission timeout. A recv moves the receiver's clock to the arrival time, and
 // `computed(s)` adds the caller's compute time. So one machine can report how long a run on
 // real WAN links would have spent waiting on the network, with many more peers than cores.
+//
+// Deterministic mode (options::deterministic) runs the peers one at a time in the order of their
+// simulated clocks (transport/turns.hpp), with every deadline on simulated time and a step's
+// compute time given rather than measured, and applies a churn schedule (transport/churn.hpp):
+// peers killed, started again and joining at simulated times. The same seed and schedule give
+// the same losses and the same membership history, so a failure seen once can be replayed.
 #pragma once
 
 #include <algorithm>
@@ -24,8 +30,10 @@
 #include "decentrain/core/rng.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/detail/hash.hpp"
+#include "decentrain/transport/churn.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/mailbox.hpp"
+#include "decentrain/transport/turns.hpp"
 
 namespace decentrain::transport {
 
@@ -154,22 +162,38 @@ class in_process {
   struct shared;
 
  public:
+  // A deterministic run (see above): every peer's training step computes `step_seconds` of
+  // simulated time (transport::step_seconds: the trainer reports it instead of what it measured),
+  // and `churn` is applied as the simulated clocks pass its events. Background lanes are not
+  // offered (collectives run on the caller's thread), as their threads would race.
+  struct deterministic_run {
+    double step_seconds = 1.0;
+    churn_schedule churn;
+  };
+
   struct options {
     std::uint64_t seed = 0;                           // jitter and drops
-    std::chrono::milliseconds recv_timeout{120000};   // real time a recv may wait for its sender thread
+    std::chrono::milliseconds recv_timeout{120000};   // how long a recv may wait (real time; simulated when deterministic)
     bool peers_fail_alone = false;                    // run(): a peer that throws is killed, the rest go on
+    std::optional<deterministic_run> deterministic;
+    // The ranks that start the run (0: all); the others start when the churn schedule starts them,
+    // as joiners of the running group. Needs `deterministic`.
+    int initial_peers = 0;
   };
 
   class endpoint {
    public:
     int rank() const { return rank_; }
-    int world() const { return net_->links.world(); }
+    // The peers that start the run (a joiner: at least its rank + 1, as tcp's); capacity() counts
+    // the joiners too.
+    int world() const { return std::max(net_->initial, rank_ + 1); }
 
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
       check_peer(peer, "send to");
       check_alive();
-      if (peer != rank_ && net_->dead[static_cast<std::size_t>(peer)].load())
-        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer, " was killed");
+      if (peer != rank_ && !net_->hears(peer, rank_))
+        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer,
+                                     net_->dead[static_cast<std::size_t>(peer)].load() ? " was killed" : " has not taken this peer in");
       double arrival = clock_;
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
@@ -198,7 +222,7 @@ class in_process {
     bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       check_peer(peer, "receive from");
       check_alive();
-      auto m = box().pop(peer, tag, timeout);
+      auto m = net_->turns ? pop_in_turn(peer, tag, timeout) : box().pop(peer, tag, timeout);
       if (m.arrival > clock_) {
         stats_.wait_seconds += m.arrival - clock_;
         clock_ = m.arrival;
@@ -210,10 +234,19 @@ class in_process {
 
     void discard_before(int peer, tag_type tag) { box().discard_before(peer, tag); }
     void set_epoch(std::uint64_t epoch) { box().set_epoch(epoch); }
-    std::optional<alarm> alarmed() const { return box().alarmed(); }
+    // Checked at every step's start: in a deterministic run, peers whose clocks are behind this
+    // one's go first, so what this peer finds does not depend on how far it ran ahead.
+    std::optional<alarm> alarmed() const {
+      if (net_->turns) {
+        net_->turns->yield(rank_, clock_);
+        check_alive();
+      }
+      return box().alarmed();
+    }
     void forget(int peer) {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
+      net_->unhear(rank_, peer);  // as a closed tcp connection: a joiner must ask again
     }
     // Forgets `peer` for good (no joiners here), and its waits on this peer fail at once with
     // `reason`, as when tcp's connection closes with a goodbye saying it was left out (not a
@@ -222,6 +255,7 @@ class in_process {
       check_peer(peer, "bar");
       const auto why = decentrain::detail::concat("peer ", rank_, " excluded it from the run: ", reason);
       box().bar(peer, why);
+      net_->unhear(rank_, peer);
       net_->boxes[static_cast<std::size_t>(peer)].close(rank_, why, failure_cause::excluded);
     }
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
@@ -234,6 +268,41 @@ class in_process {
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
       clock_ += seconds;
+    }
+
+    // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
+    // Started by the churn schedule (a new rank, or a killed one started again).
+    bool joined_late() const { return incarnation_ > 0 || rank_ >= net_->initial; }
+    // The running peers that this one and it each take in (as a tcp connection both ways).
+    std::vector<int> connected() const {
+      std::vector<int> out;
+      for (int r = 0; r < capacity(); ++r)
+        if (r != rank_ && net_->hears(r, rank_) && net_->hears(rank_, r)) out.push_back(r);
+      return out;
+    }
+    int capacity() const { return net_->links.world(); }
+    // A peer started again or joining asks the running peers to take it in: one that still
+    // counts on this rank's previous process refuses for now (as tcp's welcome does).
+    void rediscover() {
+      for (int r = 0; r < capacity(); ++r)
+        if (r != rank_) net_->connect(rank_, r);
+    }
+    std::chrono::steady_clock::time_point now() const {
+      if (!net_->turns) return std::chrono::steady_clock::now();
+      return std::chrono::steady_clock::time_point(
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(clock_)));
+    }
+    void pause(std::chrono::milliseconds d) {
+      if (!net_->turns) return std::this_thread::sleep_for(d);
+      const double s = std::chrono::duration<double>(d).count();
+      clock_ += s;
+      stats_.wait_seconds += s;
+      net_->turns->yield(rank_, clock_);
+      check_alive();
+    }
+    std::optional<double> step_seconds() const {
+      if (!net_->opts.deterministic) return std::nullopt;
+      return net_->opts.deterministic->step_seconds;
     }
 
     traffic_stats stats() const {
@@ -251,6 +320,7 @@ class in_process {
     // transfer proceeded is not waited twice. The lane's messages share this peer's links with
     // its other messages in flight (see link_schedule); it has its own seeded drop/jitter streams.
     std::optional<endpoint> lane() {
+      if (net_->turns) return std::nullopt;  // a second thread would race the turns
       endpoint l = *this;
       l.stats_ = {};
       const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
@@ -279,8 +349,9 @@ class in_process {
 
    private:
     friend class in_process;
-    endpoint(std::shared_ptr<shared> net, int rank) : net_(std::move(net)), rank_(rank) {
-      const auto n = static_cast<std::size_t>(world());
+    endpoint(std::shared_ptr<shared> net, int rank, double clock = 0.0)
+        : net_(std::move(net)), rank_(rank), incarnation_(net_->incarnation[static_cast<std::size_t>(rank)]), clock_(clock) {
+      const auto n = static_cast<std::size_t>(capacity());
       uplinks_ = std::make_shared<std::vector<link_schedule>>(n);
       last_arrival_.assign(n, 0.0);
       for (std::size_t d = 0; d < n; ++d)
@@ -289,16 +360,34 @@ class in_process {
     detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
     // A killed peer's own calls fail (not as a peer error: no fault policy should try to save it).
     void check_alive() const {
-      if (net_->dead[static_cast<std::size_t>(rank_)].load())
+      if (net_->dead[static_cast<std::size_t>(rank_)].load() || net_->incarnation[static_cast<std::size_t>(rank_)] != incarnation_)
         decentrain::detail::fail("in_process: peer ", rank_, " was killed");
     }
     void check_peer(int peer, const char* what) const {
-      decentrain::detail::check(peer >= 0 && peer < world(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
-                                " (world of ", world(), ")");
+      decentrain::detail::check(peer >= 0 && peer < capacity(), "in_process: peer ", rank_, " cannot ", what, " peer ", peer,
+                                " (", capacity(), " ranks)");
+    }
+    // A deterministic run's recv: waits its turn until the message is due or the deadline (on
+    // simulated time) passes.
+    detail::message pop_in_turn(int peer, tag_type tag, std::chrono::milliseconds timeout) {
+      const double deadline = clock_ + std::chrono::duration<double>(timeout).count();
+      auto& b = box();
+      const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
+      check_alive();
+      if (w.timed_out) {
+        stats_.wait_seconds += deadline - clock_;
+        clock_ = deadline;
+        detail::mailbox::timed_out(peer, tag, timeout);
+      }
+      auto m = b.try_pop(peer, tag);  // throws when it fails at once
+      decentrain::detail::check(m.has_value(), "in_process: a turn came for a message that is not there (peer ", rank_,
+                                " waiting on peer ", peer, ")");
+      return std::move(*m);
     }
 
     std::shared_ptr<shared> net_;
     int rank_;
+    std::uint64_t incarnation_ = 0;  // which process of this rank (the churn schedule starts it again)
     double clock_ = 0.0;
     std::shared_ptr<std::vector<link_schedule>> uplinks_;  // to each peer; shared with this peer's lanes
     std::vector<double> last_arrival_;
@@ -307,83 +396,140 @@ class in_process {
     std::uint64_t lanes_opened_ = 0;
   };
 
-  in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), opts)) {}
+  in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), std::move(opts))) {}
   explicit in_process(link_matrix links) : in_process(std::move(links), options{}) {}
   explicit in_process(int world) : in_process(links::ideal(world)) {}
 
-  int world() const { return net_->links.world(); }
+  // The peers that start the run (options::initial_peers); capacity() counts the joiners too.
+  int world() const { return net_->initial; }
+  int capacity() const { return net_->links.world(); }
 
   // The endpoint of `rank`; each is meant to be used by one thread.
   endpoint at(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     return endpoint(net_, rank);
   }
 
   // Kills `rank` as kill -9 kills a process: its calls fail from now on, the others find it
   // gone (their waits on it fail naming it as departed, sends to it fail), and run() does not
-  // count its end as a failure. Any thread may call it, the peer's own included.
+  // count its end as a failure. Any thread may call it, the peer's own included (in a
+  // deterministic run: a peer's thread, in its turn).
   void kill(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: cannot kill rank ", rank, " of a world of ", world());
-    if (net_->dead[static_cast<std::size_t>(rank)].exchange(true)) return;
-    for (int r = 0; r < world(); ++r)
-      if (r != rank) net_->boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
-    net_->boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: cannot kill rank ", rank, " of ", capacity());
+    net_->kill(rank);
   }
   bool killed(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     return net_->dead[static_cast<std::size_t>(rank)].load();
   }
   // Why a peer that failed alone (options::peers_fail_alone) ended: its error; empty for a peer
-  // killed from outside, or still running.
+  // killed from outside, or still running. Of a rank started several times: its latest process.
   std::string failure(int rank) const {
-    decentrain::detail::check(rank >= 0 && rank < world(), "in_process: rank ", rank, " is outside a world of ", world());
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     std::lock_guard lock(net_->failures_mutex);
     return net_->failures[static_cast<std::size_t>(rank)];
+  }
+  // How many processes of `rank` the churn schedule started after the first.
+  std::uint64_t restarts(int rank) const {
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
+    return net_->incarnation[static_cast<std::size_t>(rank)];
   }
 
   // Runs fn(endpoint) for every rank on its own thread and waits for all. When one peer throws,
   // the others are woken with an error rather than left waiting, and the first failure (by rank)
   // is rethrown here. Peers that were killed are not failures; with options::peers_fail_alone a
   // peer that throws is killed (the others go on without it, as an elastic group does) and only
-  // if every peer ended so is its error rethrown.
+  // if every peer ended so is its error rethrown. In a deterministic run the peers take turns,
+  // and a peer that the churn schedule starts runs fn on a thread of its own (its endpoint's
+  // joined_late() is true).
   void run(const std::function<void(endpoint&)>& fn) const {
-    const int n = world();
+    const int n = capacity();
+    auto& net = *net_;
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::mutex errors_mutex;
     std::atomic<int> first_failure{-1};  // the root cause: peers failing after it fail because of it
+    std::mutex threads_mutex;
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        auto ep = at(r);
+    // One process of rank r, from its endpoint's creation to its end.
+    auto body = [&](endpoint ep) {
+      const int r = ep.rank();
+      try {
+        fn(ep);
+      } catch (...) {
+        if (net.dead[static_cast<std::size_t>(r)].load() || net.incarnation[static_cast<std::size_t>(r)] != ep.incarnation_) return;
+        std::string why;
         try {
-          fn(ep);
+          throw;
+        } catch (const std::exception& e) {
+          why = e.what();
         } catch (...) {
-          if (killed(r)) return;
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          std::string why;
-          try {
-            throw;
-          } catch (const std::exception& e) {
-            why = e.what();
-          } catch (...) {
-            why = "an exception that is not a std::exception";
-          }
-          if (net_->opts.peers_fail_alone) {
-            {
-              std::lock_guard lock(net_->failures_mutex);
-              net_->failures[static_cast<std::size_t>(r)] = why;
-            }
-            return kill(r);
-          }
-          int origin = -1;
-          first_failure.compare_exchange_strong(origin, r);
-          ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why), origin < 0 ? r : origin);
+          why = "an exception that is not a std::exception";
         }
+        {
+          std::lock_guard lock(errors_mutex);
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+        if (net.opts.peers_fail_alone) {
+          {
+            std::lock_guard lock(net.failures_mutex);
+            net.failures[static_cast<std::size_t>(r)] = why;
+          }
+          return net.kill(r);
+        }
+        int origin = -1;
+        first_failure.compare_exchange_strong(origin, r);
+        ep.abort(decentrain::detail::concat("transport: peer ", r, " failed: ", why), origin < 0 ? r : origin);
+      }
+    };
+    if (net.opts.deterministic) {
+      net.turns.emplace(n, net.opts.deterministic->churn, [&](const churn_event& e) {
+        if (e.what == churn_event::kind::kill) {
+          if (net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
+          net.kill(e.rank);
+          return true;
+        }
+        if (!net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
+        net.start(e.rank);
+        {
+          std::lock_guard lock(errors_mutex);
+          errors[static_cast<std::size_t>(e.rank)] = nullptr;
+        }
+        std::lock_guard lock(threads_mutex);
+        threads.emplace_back([&, r = e.rank, ep = endpoint(net_, e.rank, e.at_s)]() mutable {
+          net.turns->await_turn(r);
+          body(std::move(ep));
+          net.turns->end(r);
+        });
+        return true;
       });
-    for (auto& t : threads) t.join();
-    if (net_->opts.peers_fail_alone) {
+      for (int r = 0; r < net.initial; ++r) net.turns->add(r, 0.0);
+    }
+    {
+      std::lock_guard lock(threads_mutex);
+      for (int r = 0; r < net.initial; ++r)
+        threads.emplace_back([&, r] {
+          if (net.turns) net.turns->await_turn(r);
+          body(at(r));
+          if (net.turns) net.turns->end(r);
+        });
+    }
+    if (net.turns) {
+      net.turns->begin();
+      net.turns->await_all();
+    }
+    for (;;) {  // the churn schedule may start threads until the last peer ends
+      std::vector<std::thread> done;
+      {
+        std::lock_guard lock(threads_mutex);
+        done.swap(threads);
+      }
+      if (done.empty()) break;
+      for (auto& t : done) t.join();
+    }
+    net.turns.reset();
+    if (net.opts.peers_fail_alone) {
       int alive = 0;
-      for (int r = 0; r < n; ++r) alive += errors[static_cast<std::size_t>(r)] || killed(r) ? 0 : 1;
+      for (int r = 0; r < n; ++r) alive += errors[static_cast<std::size_t>(r)] || net.dead[static_cast<std::size_t>(r)].load() ? 0 : 1;
       if (alive > 0) return;
     }
     // Prefer the root cause over the "peer r failed" errors it caused in the others.
@@ -402,7 +548,35 @@ class in_process {
  private:
   struct shared {
     shared(link_matrix matrix, options o)
-        : links(std::move(matrix)), opts(o), boxes(static_cast<std::size_t>(links.world())), dead(static_cast<std::size_t>(links.world())) {
+        : links(std::move(matrix)),
+          opts(std::move(o)),
+          initial(opts.initial_peers > 0 ? opts.initial_peers : links.world()),
+          boxes(static_cast<std::size_t>(links.world())),
+          dead(static_cast<std::size_t>(links.world())),
+          incarnation(static_cast<std::size_t>(links.world()), 0),
+          heard(static_cast<std::size_t>(links.world()), std::vector<std::uint64_t>(static_cast<std::size_t>(links.world()), 0)) {
+      using decentrain::detail::check;
+      check(opts.initial_peers >= 0 && opts.initial_peers <= links.world(), "in_process: initial_peers must be in [0, ",
+            links.world(), "], got ", opts.initial_peers);
+      check(initial == links.world() || opts.deterministic, "in_process: initial_peers below the ranks (", initial, " of ",
+            links.world(), ") needs a deterministic run, whose churn schedule starts the others");
+      if (opts.deterministic) {
+        auto& d = *opts.deterministic;
+        check(d.step_seconds >= 0 && std::isfinite(d.step_seconds), "in_process: deterministic step_seconds must be >= 0, got ",
+              d.step_seconds);
+        std::stable_sort(d.churn.begin(), d.churn.end(), [](const churn_event& a, const churn_event& b) { return a.at_s < b.at_s; });
+        for (const auto& e : d.churn)
+          check(e.rank >= 0 && e.rank < links.world() && e.at_s >= 0 && std::isfinite(e.at_s), "in_process: churn event '",
+                describe(e), "' names a rank outside the ", links.world(), " or a time before 0");
+      }
+      for (int r = 0; r < links.world(); ++r) {
+        if (r < initial) {
+          started[static_cast<std::size_t>(r)] = 1;
+        } else {
+          dead[static_cast<std::size_t>(r)] = true;  // not started yet: nobody hears it
+          for (auto& h : heard) h[static_cast<std::size_t>(r)] = nobody;
+        }
+      }
       for (int s = 0; s < links.world(); ++s)
         for (int d = 0; d < links.world(); ++d)
           if (s != d) {
@@ -413,17 +587,66 @@ class in_process {
             slowest->bytes_per_s = std::min(slowest->bytes_per_s, e.bytes_per_s);
           }
     }
+
+    // Whether `listener` takes in what the current process of `speaker` sends (and `speaker` may
+    // send to it): both run, and each took the other's current process in.
+    bool hears(int listener, int speaker) const {
+      std::lock_guard lock(peers_mutex);
+      const auto l = static_cast<std::size_t>(listener), sp = static_cast<std::size_t>(speaker);
+      return !dead[l].load() && !dead[sp].load() && heard[l][sp] == incarnation[sp];
+    }
+    // `joiner` asks `member` to take it in: refused while `member` still counts on the rank's
+    // previous process (tcp's welcome).
+    void connect(int joiner, int member) {
+      std::lock_guard lock(peers_mutex);
+      const auto j = static_cast<std::size_t>(joiner), m = static_cast<std::size_t>(member);
+      if (dead[m].load() || dead[j].load() || heard[m][j] == incarnation[j]) return;
+      if (boxes[m].welcome(joiner)) heard[m][j] = incarnation[j];
+    }
+    void unhear(int listener, int speaker) {
+      std::lock_guard lock(peers_mutex);
+      heard[static_cast<std::size_t>(listener)][static_cast<std::size_t>(speaker)] = nobody;
+    }
+    void kill(int rank) {
+      if (dead[static_cast<std::size_t>(rank)].exchange(true)) return;
+      for (int r = 0; r < links.world(); ++r)
+        if (r != rank) boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
+      boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
+    }
+    // A new process of `rank` (a killed one started again, or a joiner's first): a fresh mailbox
+    // that hears every running peer, and a connection to each that takes it in.
+    void start(int rank) {
+      const auto r = static_cast<std::size_t>(rank);
+      {
+        std::lock_guard lock(peers_mutex);
+        if (started[r]) ++incarnation[r];
+        started[r] = true;
+        boxes[r].reset();
+        for (std::size_t p = 0; p < heard[r].size(); ++p) heard[r][p] = incarnation[p];
+        dead[r] = false;
+      }
+      for (int p = 0; p < links.world(); ++p)
+        if (p != rank) connect(rank, p);
+    }
+
     link_matrix links;
     options opts;
+    int initial;  // the ranks that start the run
     std::vector<detail::mailbox> boxes;
-    std::vector<std::atomic<bool>> dead;  // killed peers
+    std::vector<std::atomic<bool>> dead;  // killed peers, and ranks not started yet
+    std::vector<std::uint64_t> incarnation;  // per rank: its current process (0: the first)
+    std::vector<std::vector<std::uint64_t>> heard;  // [listener][speaker]: the process of speaker the listener takes in
+    static constexpr std::uint64_t nobody = ~std::uint64_t{0};  // in heard: no process of it
+    std::vector<char> started = std::vector<char>(dead.size(), 0);
+    mutable std::mutex peers_mutex;
     std::mutex failures_mutex;
     std::vector<std::string> failures = std::vector<std::string>(dead.size());  // see failure()
     std::optional<link_estimate> slowest;  // none for a world of one
+    std::optional<detail::turns> turns;    // a deterministic run's, while run() runs
   };
   std::shared_ptr<shared> net_;
 };
 
-static_assert(membership_endpoint<in_process::endpoint>);
+static_assert(joining_endpoint<in_process::endpoint>);
 
 }  // namespace decentrain::transport

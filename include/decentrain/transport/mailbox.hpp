@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -68,6 +69,50 @@ class mailbox {
       throw_if_unreachable(source, tag);
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
     }
+  }
+
+  // ---- turns on simulated time (in_process's deterministic mode) ----
+
+  // When a wait for the next message from `source` with `tag` ends: at that message's arrival
+  // time, or at once (-infinity) when it would fail now; none while it would still wait.
+  std::optional<double> due(int source, tag_type tag) const {
+    std::lock_guard lock(mutex_);
+    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty()) return it->second.front().arrival;
+    try {
+      throw_if_unreachable(source, tag);
+    } catch (const peer_error&) {
+      return -std::numeric_limits<double>::infinity();
+    }
+    return std::nullopt;
+  }
+  // The next message from `source` with `tag` when one is queued; throws as pop() does when none
+  // can come; none when it would wait.
+  std::optional<message> try_pop(int source, tag_type tag) {
+    std::lock_guard lock(mutex_);
+    if (auto m = take_queued(source, tag)) return m;
+    throw_if_unreachable(source, tag);
+    return std::nullopt;
+  }
+  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
+    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
+                                 " (tag ", tag, ") within ", timeout.count(),
+                                 " ms: the peer is slow, partitioned or has failed");
+  }
+  // Empty again, as a new process's (a simulated peer started again under its rank).
+  void reset() {
+    std::lock_guard lock(mutex_);
+    queues_.clear();
+    posted_.clear();
+    spares_.clear();
+    closed_.clear();
+    failure_.clear();
+    failed_peer_ = -1;
+    pushed_.clear();
+    last_taken_.clear();
+    forgotten_.clear();
+    barred_.clear();
+    epoch_ = 0;
+    alarm_.reset();
   }
 
   // ---- posted receives (the receiving thread) ----
@@ -276,12 +321,6 @@ class mailbox {
                                    c->second.reason, ")");
     if (alarm_ && !is_membership_tag(tag))
       transport::fail_peer_because(cause_of(*alarm_), alarm_->failed, "receive", "transport: ", describe(*alarm_));
-  }
-
-  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
-                                 " (tag ", tag, ") within ", timeout.count(),
-                                 " ms: the peer is slow, partitioned or has failed");
   }
 
   void keep_spare(bytes b) {
