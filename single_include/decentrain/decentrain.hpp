@@ -11780,7 +11780,8 @@ class turns {
         bool to = false;
         if (p.now == state::waiting) {
           if (const auto d = p.due()) at = std::max(p.clock, *d);
-          else at = p.deadline, to = true;
+          else at = p.deadline;
+          if (!(at < p.deadline)) at = p.deadline, to = true;  // a message landing after the deadline is too late
         }
         if (at < best_at || best < 0) best_at = at, best = static_cast<int>(r), times_out = to;
       }
@@ -11791,9 +11792,16 @@ class turns {
         return;
       }
       if (next_event_ < events_.size() && events_[next_event_].at_s <= best_at) {
-        const auto e = events_[next_event_++];
-        if (apply_(e) && e.what == churn_event::kind::start) peers_.at(static_cast<std::size_t>(e.rank)) = make(state::ready, e.at_s);
-        continue;
+        const auto e = events_[next_event_];
+        const auto& slot = peers_.at(static_cast<std::size_t>(e.rank));
+        // A start waits until the rank's killed process has had its turn and ended (its clock
+        // may be past its kill): two threads never share a rank's turn.
+        const bool old_process_runs = e.what == churn_event::kind::start && (slot.now == state::ready || slot.now == state::waiting);
+        if (!old_process_runs) {
+          ++next_event_;
+          if (apply_(e) && e.what == churn_event::kind::start) peers_.at(static_cast<std::size_t>(e.rank)) = make(state::ready, e.at_s);
+          continue;
+        }
       }
       auto& p = peers_[static_cast<std::size_t>(best)];
       if (p.now == state::waiting) p.woke = wake{times_out ? p.deadline : best_at, times_out};
@@ -12044,7 +12052,7 @@ class in_process {
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
     // after that is never read).
     void leave(const std::string& reason) {
-      for (int r = 0; r < world(); ++r)
+      for (int r = 0; r < capacity(); ++r)
         if (r != rank_) net_->boxes[static_cast<std::size_t>(r)].close(rank_, reason);
     }
 
@@ -12276,6 +12284,10 @@ class in_process {
         {
           std::lock_guard lock(errors_mutex);
           errors[static_cast<std::size_t>(e.rank)] = nullptr;
+        }
+        {
+          std::lock_guard lock(net.failures_mutex);
+          net.failures[static_cast<std::size_t>(e.rank)].clear();
         }
         std::lock_guard lock(threads_mutex);
         threads.emplace_back([&, r = e.rank, ep = endpoint(net_, e.rank, e.at_s)]() mutable {

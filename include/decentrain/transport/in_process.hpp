@@ -261,7 +261,7 @@ class in_process {
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
     // after that is never read).
     void leave(const std::string& reason) {
-      for (int r = 0; r < world(); ++r)
+      for (int r = 0; r < capacity(); ++r)
         if (r != rank_) net_->boxes[static_cast<std::size_t>(r)].close(rank_, reason);
     }
 
@@ -493,6 +493,10 @@ class in_process {
         {
           std::lock_guard lock(errors_mutex);
           errors[static_cast<std::size_t>(e.rank)] = nullptr;
+        }
+        {
+          std::lock_guard lock(net.failures_mutex);
+          net.failures[static_cast<std::size_t>(e.rank)].clear();
         }
         std::lock_guard lock(threads_mutex);
         threads.emplace_back([&, r = e.rank, ep = endpoint(net_, e.rank, e.at_s)]() mutable {
