@@ -10225,6 +10225,16 @@ concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce)
   e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
 };
 
+// Whether this run of a joining endpoint can see joiners at all: an endpoint type that takes them
+// only in some runs (in_process: a deterministic run's churn) says so with takes_joiners(), and
+// the group then spends nothing per round on looking for them.
+template <class E>
+bool takes_joiners(const E& e) {
+  if constexpr (!joining_endpoint<E>) return false;
+  else if constexpr (requires { { e.takes_joiners() } -> std::same_as<bool>; }) return e.takes_joiners();
+  else return true;
+}
+
 // The slowest link of a network, the same figure on every peer: its largest latency and its
 // smallest bandwidth. A transport that knows its links (in_process) offers slowest_link() so the
 // collectives can size their steps to the links (see collective::options); real networks do not
@@ -10480,7 +10490,7 @@ class any_endpoint {
       if constexpr (membership_endpoint<E>) e.leave(reason);
       else no_membership();
     }
-    bool takes_joiners() const override { return joining_endpoint<E>; }
+    bool takes_joiners() const override { return transport::takes_joiners(e); }
     bool joined_late() const override {
       if constexpr (joining_endpoint<E>) return e.joined_late();
       else return false;
@@ -11116,8 +11126,10 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 // Deterministic mode (options::deterministic) runs the peers one at a time in the order of their
 // simulated clocks (transport/turns.hpp), with every deadline on simulated time and a step's
 // compute time given rather than measured, and applies a churn schedule (transport/churn.hpp):
-// peers killed, started again and joining at simulated times. The same seed and schedule give
-// the same losses and the same membership history, so a failure seen once can be replayed.
+// peers killed, started again and joining at simulated times, and partitions: while one lasts,
+// what crosses it is held (as TCP holds what it cannot deliver) and arrives once it heals, and
+// no new connection crosses it. The same seed and schedule give the same losses and the same
+// membership history, so a failure seen once can be replayed.
 
 #include <algorithm>
 #include <atomic>
@@ -11126,6 +11138,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -11272,13 +11285,8 @@ class mailbox {
       std::lock_guard lock(mutex_);
       if (forgotten_.count(source)) return;
       m.sequence = ++pushed_[source];
-      if (tag == alarm_tag) {
-        const auto a = wire::decode_alarm(m.payload, source);
-        if (!a || a->epoch < epoch_ || alarm_) return;
-        alarm_ = a;
-      } else {
-        queues_[{source, tag}].push_back(std::move(m));
-      }
+      if (tag == alarm_tag) raise(source, m);
+      else queues_[{source, tag}].push_back(std::move(m));
     }
     ready_.notify_all();
   }
@@ -11297,23 +11305,60 @@ class mailbox {
 
   // ---- turns on simulated time (in_process's deterministic mode) ----
 
+  // An alarm that takes effect when it arrives (m.arrival), not when it is sent: a peer whose
+  // clock is behind the sender's, or across a partition, does not hear it early.
+  void push_alarm_arriving(int source, message m) {
+    std::lock_guard lock(mutex_);
+    if (forgotten_.count(source)) return;
+    m.sequence = ++pushed_[source];
+    pending_alarms_.emplace_back(source, std::move(m));
+  }
+  // A closed connection (a killed peer's, a goodbye) that this peer learns of at `arrival`.
+  void close_arriving(int source, std::string reason, failure_cause cause, double arrival) {
+    std::lock_guard lock(mutex_);
+    pending_closures_.push_back({source, closure{std::move(reason), cause}, arrival});
+  }
+  // Raises the alarms and closes what has arrived by simulated time `now`.
+  void arrived(double now) {
+    std::lock_guard lock(mutex_);
+    std::stable_sort(pending_alarms_.begin(), pending_alarms_.end(),
+                     [](const auto& a, const auto& b) { return a.second.arrival < b.second.arrival; });
+    while (!pending_alarms_.empty() && pending_alarms_.front().second.arrival <= now) {
+      raise(pending_alarms_.front().first, pending_alarms_.front().second);
+      pending_alarms_.erase(pending_alarms_.begin());
+    }
+    std::erase_if(pending_closures_, [&](const pending_closure& c) {
+      if (c.arrival > now) return false;
+      closed_.emplace(c.source, c.why);
+      return true;
+    });
+  }
+
   // When a wait for the next message from `source` with `tag` ends: at that message's arrival
   // time, or at once (-infinity) when it would fail now; none while it would still wait.
   std::optional<double> due(int source, tag_type tag) const {
     std::lock_guard lock(mutex_);
-    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty()) return it->second.front().arrival;
+    std::optional<double> at;
+    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty()) at = it->second.front().arrival;
     try {
       throw_if_unreachable(source, tag);
     } catch (const peer_error&) {
       return -std::numeric_limits<double>::infinity();
     }
-    return std::nullopt;
+    if (!is_membership_tag(tag))  // an alarm on the way ends the wait when it lands
+      for (const auto& [from, m] : pending_alarms_)
+        if (!at || m.arrival < *at) at = m.arrival;
+    for (const auto& c : pending_closures_)  // so does the source's closed connection
+      if (c.source == source && (!at || c.arrival < *at)) at = c.arrival;
+    return at;
   }
   // The next message from `source` with `tag` when one is queued; throws as pop() does when none
   // can come; none when it would wait.
-  std::optional<message> try_pop(int source, tag_type tag) {
+  // With `now` (simulated time), only a message that has arrived by then is taken.
+  std::optional<message> try_pop(int source, tag_type tag, double now = std::numeric_limits<double>::infinity()) {
     std::lock_guard lock(mutex_);
-    if (auto m = take_queued(source, tag)) return m;
+    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
+      return take_queued(source, tag);
     throw_if_unreachable(source, tag);
     return std::nullopt;
   }
@@ -11337,6 +11382,8 @@ class mailbox {
     barred_.clear();
     epoch_ = 0;
     alarm_.reset();
+    pending_alarms_.clear();
+    pending_closures_.clear();
   }
 
   // ---- posted receives (the receiving thread) ----
@@ -11442,6 +11489,8 @@ class mailbox {
       forgotten_.insert(source);
       closed_[source] = closure{std::move(reason), failure_cause::departed};
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
+      std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
+      std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
     }
     ready_.notify_all();
   }
@@ -11466,6 +11515,8 @@ class mailbox {
   bool welcome(int source) {
     std::lock_guard lock(mutex_);
     if (barred_.count(source) || (closed_.count(source) && !forgotten_.count(source))) return false;
+    if (std::any_of(pending_closures_.begin(), pending_closures_.end(), [&](const pending_closure& c) { return c.source == source; }))
+      return false;  // the old connection's close has not reached this peer yet
     forgotten_.erase(source);
     closed_.erase(source);
     std::erase_if(last_taken_, [&](const auto& t) { return t.first.first == source; });
@@ -11494,6 +11545,10 @@ class mailbox {
     std::lock_guard lock(mutex_);
     epoch_ = epoch;
     if (alarm_ && alarm_->epoch < epoch) alarm_.reset();
+    std::erase_if(pending_alarms_, [&](const auto& a) {
+      const auto x = wire::decode_alarm(a.second.payload, a.first);
+      return !x || x->epoch < epoch;
+    });
   }
   std::optional<alarm> alarmed() const {
     std::lock_guard lock(mutex_);
@@ -11536,6 +11591,12 @@ class mailbox {
     if (it->second.empty()) queues_.erase(it);
     if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
+  }
+
+  void raise(int source, const message& m) {
+    const auto a = wire::decode_alarm(m.payload, source);
+    if (!a || a->epoch < epoch_ || alarm_) return;
+    alarm_ = a;
   }
 
   void throw_if_unreachable(int source, tag_type tag) const {
@@ -11651,6 +11712,13 @@ class mailbox {
   std::map<int, std::string> barred_;
   std::uint64_t epoch_ = 0;
   std::optional<alarm> alarm_;
+  std::vector<std::pair<int, message>> pending_alarms_;  // (source, alarm) on simulated time, not arrived yet
+  struct pending_closure {
+    int source;
+    closure why;
+    double arrival;
+  };
+  std::vector<pending_closure> pending_closures_;
 };
 
 }  // namespace decentrain::transport::detail
@@ -11957,16 +12025,29 @@ class in_process {
   // simulated time (transport::step_seconds: the trainer reports it instead of what it measured),
   // and `churn` is applied as the simulated clocks pass its events. Background lanes are not
   // offered (collectives run on the caller's thread), as their threads would race.
+  // From `from_s` until `until_s` (simulated; infinity: never heals), the peers of `side` and
+  // the others do not reach each other: a message sent across, or on the way when it starts,
+  // arrives after it heals (or never), and a joiner cannot connect across it.
+  struct partition {
+    double from_s = 0.0;
+    double until_s = std::numeric_limits<double>::infinity();
+    std::vector<int> side;
+    bool separates(int a, int b) const {
+      const auto in = [&](int r) { return std::find(side.begin(), side.end(), r) != side.end(); };
+      return in(a) != in(b);
+    }
+  };
   struct deterministic_run {
     double step_seconds = 1.0;
-    churn_schedule churn;
+    churn_schedule churn{};
+    std::vector<partition> partitions{};
   };
 
   struct options {
     std::uint64_t seed = 0;                           // jitter and drops
     std::chrono::milliseconds recv_timeout{120000};   // how long a recv may wait (real time; simulated when deterministic)
     bool peers_fail_alone = false;                    // run(): a peer that throws is killed, the rest go on
-    std::optional<deterministic_run> deterministic;
+    std::optional<deterministic_run> deterministic{};
     // The ranks that start the run (0: all); the others start when the churn schedule starts them,
     // as joiners of the running group. Needs `deterministic`.
     int initial_peers = 0;
@@ -11982,9 +12063,18 @@ class in_process {
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
       check_peer(peer, "send to");
       check_alive();
-      if (peer != rank_ && !net_->hears(peer, rank_))
-        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer,
-                                     net_->dead[static_cast<std::size_t>(peer)].load() ? " was killed" : " has not taken this peer in");
+      // Across a partition the sender cannot know that the peer died or closed its side: what it
+      // sends is held, and lost when it lands on a peer that forgot it or on a later process of
+      // its rank. A live peer that forgot this one answers as tcp's goodbye does: excluded (not a
+      // certain departure: it is alive, and the agreement must not count it out).
+      bool lost = false;
+      if (peer != rank_ && (net_->joiners ? !net_->hears(peer, rank_) : net_->dead[static_cast<std::size_t>(peer)].load())) {
+        const bool dead = net_->dead[static_cast<std::size_t>(peer)].load();
+        if (!net_->cut(rank_, peer, clock_))
+          transport::fail_peer_because(dead ? failure_cause::departed : failure_cause::excluded, peer, "send", "in_process: peer ",
+                                       peer, dead ? " was killed" : " has not taken this peer in");
+        lost = dead || !net_->knows_current(rank_, peer);
+      }
       double arrival = clock_;
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
@@ -11996,13 +12086,19 @@ class in_process {
           ++stats_.retransmissions;
         }
         const double sent = (*uplinks_)[static_cast<std::size_t>(peer)].book(clock_, on_wire);
-        arrival = sent + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend;
+        arrival = net_->held(rank_, peer, clock_, sent + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend,
+                             l.latency_s);
         // Delivery is in order (as on a TCP stream): nothing overtakes a delayed message.
         auto& last = last_arrival_[static_cast<std::size_t>(peer)];
         arrival = std::max(arrival, last);
         last = arrival;
       }
-      net_->boxes[static_cast<std::size_t>(peer)].push(rank_, tag, detail::message{bytes(data.begin(), data.end()), arrival});
+      auto& to = net_->boxes[static_cast<std::size_t>(peer)];
+      if (!lost) {
+        detail::message m{bytes(data.begin(), data.end()), arrival};
+        if (net_->opts.deterministic && tag == alarm_tag && peer != rank_) to.push_alarm_arriving(rank_, std::move(m));
+        else to.push(rank_, tag, std::move(m));
+      }
       stats_.bytes_sent += data.size();
       ++stats_.messages_sent;
     }
@@ -12031,13 +12127,14 @@ class in_process {
       if (net_->turns) {
         net_->turns->yield(rank_, clock_);
         check_alive();
+        box().arrived(clock_);
       }
       return box().alarmed();
     }
     void forget(int peer) {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
-      net_->unhear(rank_, peer);  // as a closed tcp connection: a joiner must ask again
+      if (net_->joiners) net_->unhear(rank_, peer);  // as a closed tcp connection: a joiner must ask again
     }
     // Forgets `peer` for good (no joiners here), and its waits on this peer fail at once with
     // `reason`, as when tcp's connection closes with a goodbye saying it was left out (not a
@@ -12046,14 +12143,14 @@ class in_process {
       check_peer(peer, "bar");
       const auto why = decentrain::detail::concat("peer ", rank_, " excluded it from the run: ", reason);
       box().bar(peer, why);
-      net_->unhear(rank_, peer);
-      net_->boxes[static_cast<std::size_t>(peer)].close(rank_, why, failure_cause::excluded);
+      if (net_->joiners) net_->unhear(rank_, peer);
+      net_->close(rank_, peer, why, failure_cause::excluded, clock_);
     }
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
     // after that is never read).
     void leave(const std::string& reason) {
       for (int r = 0; r < capacity(); ++r)
-        if (r != rank_) net_->boxes[static_cast<std::size_t>(r)].close(rank_, reason);
+        if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_);
     }
 
     void computed(double seconds) {
@@ -12062,11 +12159,15 @@ class in_process {
     }
 
     // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
+    // Only a deterministic run starts peers once it runs (its churn schedule); otherwise an
+    // elastic group spends nothing on looking for joiners.
+    bool takes_joiners() const { return net_->joiners; }
     // Started by the churn schedule (a new rank, or a killed one started again).
     bool joined_late() const { return incarnation_ > 0 || rank_ >= net_->initial; }
     // The running peers that this one and it each take in (as a tcp connection both ways).
     std::vector<int> connected() const {
       std::vector<int> out;
+      if (!net_->joiners) return out;  // nobody joins: membership asks only about joiners
       for (int r = 0; r < capacity(); ++r)
         if (r != rank_ && net_->hears(r, rank_) && net_->hears(rank_, r)) out.push_back(r);
       return out;
@@ -12076,7 +12177,7 @@ class in_process {
     // counts on this rank's previous process refuses for now (as tcp's welcome does).
     void rediscover() {
       for (int r = 0; r < capacity(); ++r)
-        if (r != rank_) net_->connect(rank_, r);
+        if (r != rank_) net_->connect(rank_, r, clock_);
     }
     std::chrono::steady_clock::time_point now() const {
       if (!net_->turns) return std::chrono::steady_clock::now();
@@ -12090,6 +12191,7 @@ class in_process {
       stats_.wait_seconds += s;
       net_->turns->yield(rank_, clock_);
       check_alive();
+      box().arrived(clock_);
     }
     std::optional<double> step_seconds() const {
       if (!net_->opts.deterministic) return std::nullopt;
@@ -12163,17 +12265,28 @@ class in_process {
     detail::message pop_in_turn(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       const double deadline = clock_ + std::chrono::duration<double>(timeout).count();
       auto& b = box();
-      const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
-      check_alive();
-      if (w.timed_out) {
-        stats_.wait_seconds += deadline - clock_;
-        clock_ = deadline;
-        detail::mailbox::timed_out(peer, tag, timeout);
+      for (;;) {
+        const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
+        check_alive();
+        if (w.timed_out) {
+          stats_.wait_seconds += deadline - clock_;
+          clock_ = deadline;
+          detail::mailbox::timed_out(peer, tag, timeout);
+        }
+        // Woken by the message landing, or by an alarm or a closed connection landing first.
+        const double woke = std::max(clock_, w.at);
+        b.arrived(woke);
+        try {
+          if (auto m = b.try_pop(peer, tag, woke)) return std::move(*m);  // throws when it fails at once
+        } catch (const peer_error&) {
+          stats_.wait_seconds += woke - clock_;
+          clock_ = woke;
+          throw;
+        }
+        // What woke it did not end the wait (an alarm of an older view): wait on from there.
+        stats_.wait_seconds += woke - clock_;
+        clock_ = woke;
       }
-      auto m = b.try_pop(peer, tag);  // throws when it fails at once
-      decentrain::detail::check(m.has_value(), "in_process: a turn came for a message that is not there (peer ", rank_,
-                                " waiting on peer ", peer, ")");
-      return std::move(*m);
     }
 
     std::shared_ptr<shared> net_;
@@ -12265,7 +12378,7 @@ class in_process {
             std::lock_guard lock(net.failures_mutex);
             net.failures[static_cast<std::size_t>(r)] = why;
           }
-          return net.kill(r);
+          return net.kill(r, ep.clock_);
         }
         int origin = -1;
         first_failure.compare_exchange_strong(origin, r);
@@ -12276,11 +12389,11 @@ class in_process {
       net.turns.emplace(n, net.opts.deterministic->churn, [&](const churn_event& e) {
         if (e.what == churn_event::kind::kill) {
           if (net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
-          net.kill(e.rank);
+          net.kill(e.rank, e.at_s);
           return true;
         }
         if (!net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
-        net.start(e.rank);
+        net.start(e.rank, e.at_s);
         {
           std::lock_guard lock(errors_mutex);
           errors[static_cast<std::size_t>(e.rank)] = nullptr;
@@ -12363,6 +12476,13 @@ class in_process {
         for (const auto& e : d.churn)
           check(e.rank >= 0 && e.rank < links.world() && e.at_s >= 0 && std::isfinite(e.at_s), "in_process: churn event '",
                 describe(e), "' names a rank outside the ", links.world(), " or a time before 0");
+        for (const auto& p : d.partitions) {
+          check(p.from_s >= 0 && std::isfinite(p.from_s) && !std::isnan(p.until_s) && p.until_s >= p.from_s, "in_process: a partition needs 0 <= from_s "
+                "<= until_s, got ", p.from_s, " to ", p.until_s);
+          check(!p.side.empty(), "in_process: a partition's side names no peer");
+          for (int r : p.side)
+            check(r >= 0 && r < links.world(), "in_process: a partition's side names rank ", r, ", outside the ", links.world());
+        }
       }
       for (int r = 0; r < links.world(); ++r) {
         if (r < initial) {
@@ -12390,27 +12510,67 @@ class in_process {
       const auto l = static_cast<std::size_t>(listener), sp = static_cast<std::size_t>(speaker);
       return !dead[l].load() && !dead[sp].load() && heard[l][sp] == incarnation[sp];
     }
-    // `joiner` asks `member` to take it in: refused while `member` still counts on the rank's
-    // previous process (tcp's welcome).
-    void connect(int joiner, int member) {
+    // `joiner` asks `member` at simulated time `at` to take it in: refused while `member` still
+    // counts on the rank's previous process (tcp's welcome), and impossible across a partition.
+    // Both ends take each other in: a peer that the group left out forgot the group too.
+    void connect(int joiner, int member, double at) {
       std::lock_guard lock(peers_mutex);
       const auto j = static_cast<std::size_t>(joiner), m = static_cast<std::size_t>(member);
-      if (dead[m].load() || dead[j].load() || heard[m][j] == incarnation[j]) return;
-      if (boxes[m].welcome(joiner)) heard[m][j] = incarnation[j];
+      if (dead[m].load() || dead[j].load() || cut(joiner, member, at)) return;
+      if (heard[m][j] != incarnation[j]) {
+        if (!boxes[m].welcome(joiner)) return;
+        heard[m][j] = incarnation[j];
+      }
+      if (heard[j][m] != incarnation[m] && boxes[j].welcome(member)) heard[j][m] = incarnation[m];
+    }
+    // Whether a partition separates `a` and `b` at simulated time `at`.
+    bool cut(int a, int b, double at) const {
+      if (!opts.deterministic) return false;
+      for (const auto& p : opts.deterministic->partitions)
+        if (p.from_s <= at && at < p.until_s && p.separates(a, b)) return true;
+      return false;
+    }
+    // When a message from `a` to `b`, sent at `sent` and due at `arrival`, arrives: after every
+    // partition between them that it meets on the way heals (as TCP delivers it then), or never.
+    double held(int a, int b, double sent, double arrival, double latency) const {
+      if (!opts.deterministic) return arrival;
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (const auto& p : opts.deterministic->partitions)
+          if (p.separates(a, b) && p.from_s <= arrival && sent < p.until_s && arrival < p.until_s + latency) {
+            arrival = p.until_s + latency;  // infinity: never
+            moved = true;
+          }
+      }
+      return arrival;
+    }
+    // Whether the process of `peer` that `from` takes in is the one running now.
+    bool knows_current(int from, int peer) const {
+      std::lock_guard lock(peers_mutex);
+      return heard[static_cast<std::size_t>(from)][static_cast<std::size_t>(peer)] == incarnation[static_cast<std::size_t>(peer)];
     }
     void unhear(int listener, int speaker) {
       std::lock_guard lock(peers_mutex);
       heard[static_cast<std::size_t>(listener)][static_cast<std::size_t>(speaker)] = nobody;
     }
-    void kill(int rank) {
+    // `to` finds `from`'s connection closed: at once, or in a deterministic run when the news
+    // arrives (a link latency after `at`, held as messages are by a partition).
+    void close(int from, int to, const std::string& reason, failure_cause cause, double at) {
+      auto& box = boxes[static_cast<std::size_t>(to)];
+      if (!opts.deterministic || !std::isfinite(at)) return box.close(from, reason, cause);
+      const double latency = links.at(from, to).latency_s;
+      box.close_arriving(from, reason, cause, held(from, to, at, at + latency, latency));
+    }
+    // Kills `rank` at simulated time `at` (-infinity: the others learn of it at once).
+    void kill(int rank, double at = -std::numeric_limits<double>::infinity()) {
       if (dead[static_cast<std::size_t>(rank)].exchange(true)) return;
       for (int r = 0; r < links.world(); ++r)
-        if (r != rank) boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
+        if (r != rank) close(rank, r, decentrain::detail::concat("peer ", rank, " was killed"), failure_cause::departed, at);
       boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
     }
     // A new process of `rank` (a killed one started again, or a joiner's first): a fresh mailbox
     // that hears every running peer, and a connection to each that takes it in.
-    void start(int rank) {
+    void start(int rank, double at) {
       const auto r = static_cast<std::size_t>(rank);
       {
         std::lock_guard lock(peers_mutex);
@@ -12421,12 +12581,13 @@ class in_process {
         dead[r] = false;
       }
       for (int p = 0; p < links.world(); ++p)
-        if (p != rank) connect(rank, p);
+        if (p != rank) connect(rank, p, at);
     }
 
     link_matrix links;
     options opts;
     int initial;  // the ranks that start the run
+    bool joiners = opts.deterministic.has_value();  // peers may start once it runs (the churn schedule)
     std::vector<detail::mailbox> boxes;
     std::vector<std::atomic<bool>> dead;  // killed peers, and ranks not started yet
     std::vector<std::uint64_t> incarnation;  // per rank: its current process (0: the first)
@@ -19783,6 +19944,13 @@ struct checkpoint_every {
 // other joiners admitted reach, and each takes the state from the members at the target, in
 // chunks from several of them at once (transfer_state).
 //
+// A partition: the side with a majority of the view goes on (fault/membership.hpp); a peer on
+// the other side, or one the others went on without, either stops with the error (`left_out`:
+// stop) or forgets the old group and waits to be taken in again as a joiner (rejoin): once the
+// partition heals it reaches the group, is admitted at a round's start and takes the group's
+// state, so the run ends as one model. What the minority trained alone is dropped, as a
+// joiner's would be: it never averages into the group's.
+//
 // A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
 // so the others leave it out at once instead of at its heartbeat deadline.
 //
@@ -19798,8 +19966,9 @@ struct checkpoint_every {
 // saving, or restarted without its files) the ones behind take the state of the furthest, as
 // after a failure. A peer that joins a running group takes the group's state, not its files.
 //
-// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
-// tcp has joiners) and data parallelism (every peer holds the whole model).
+// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
+// joiners: tcp, and in_process in a deterministic run) and data parallelism (every peer holds
+// the whole model).
 
 #include <bit>
 #include <chrono>
@@ -19886,6 +20055,14 @@ struct agreement_settings {
   int max_donors = 4;
   // The largest state a peer behind accepts from a donor (it holds all of it at once).
   std::uint64_t max_state_bytes = std::uint64_t{64} << 30;
+};
+
+// Thrown by agree() on a peer that the next view leaves out while it is alive: its side of a
+// partition has no majority, or the others went on without it (they did not hear from it in
+// time). fault::elastic may then wait to be taken in again (elastic::left_out).
+class left_out_error : public decentrain::error {
+ public:
+  using decentrain::error::error;
 };
 
 // What the survivors agreed on.
@@ -20032,8 +20209,8 @@ void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects, s
 }
 
 // Runs the agreement from this peer's side and returns the next view with where every member
-// continues from. Throws decentrain::error when this peer is left out, or its side has no
-// majority (the group stops here rather than splitting in two).
+// continues from. Throws left_out_error when this peer is left out, or its side has no majority
+// (the group stops here rather than splitting in two).
 template <class E>
 decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s) {
   using detail::kind;
@@ -20050,13 +20227,14 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || !certain(s_.second); });
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
-      decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
+      throw left_out_error(decentrain::detail::concat("elastic: the group stopped at view ", current.epoch, ": ", m.reason));
     decision d = detail::decision_of(m);
     decentrain::detail::check(!d.next.bars(me), "elastic: peer ", me, " was excluded from the run in view ", m.epoch,
                               ": the others found what it sent dropped as non-finite or malformed, or far from the "
                               "aggregate, too often (fault::elastic::exclusion); it stops here");
-    decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
-                              " (the others did not hear from it in time); it stops here");
+    if (!d.next.contains(me))
+      throw left_out_error(decentrain::detail::concat("elastic: peer ", me, " was left out of view ", m.epoch,
+                                                      " (the others did not hear from it in time)"));
     for (int j : d.next.members)
       if (!current.contains(j)) d.joined.push_back(j);
     return d;
@@ -20089,8 +20267,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.epoch = current.epoch;
       report.step = mine.step;
       report.phase = mine.phase;
-      for (const auto& [j, cause] : suspects)  // only the certain are kept
-        (cause == failure_cause::convicted ? report.convicted : report.departed).push_back(j);
+      // Only the certain: a leader this peer timed out on may be alive on the other side of a
+      // partition, and counting it as departed would hand this side a majority it does not have.
+      for (const auto& [j, cause] : suspects)
+        if (certain(cause)) (cause == failure_cause::convicted ? report.convicted : report.departed).push_back(j);
       report.ranks = detail::as_list(joiners());
       try {
         detail::post(ep, leader, report);
@@ -20541,6 +20721,13 @@ struct elastic {
   int min_peers = 1;
   // A peer that joins a running group waits this long to be admitted (0: twice agreement.timeout).
   std::chrono::milliseconds admission_timeout{0};
+  // A peer left out of the next view while alive (its side of a partition has no majority, or the
+  // others went on without it): stop with the error, or rejoin: forget the old group and wait up
+  // to `rejoin_timeout` to be admitted again once it reaches the group (see above). rejoin runs on
+  // a deterministic in_process network only so far (the simulator's partitions).
+  enum class when_left_out { stop, rejoin };
+  when_left_out left_out = when_left_out::stop;
+  std::chrono::milliseconds rejoin_timeout{std::chrono::minutes(10)};
   // This peer's checkpoints, in dir/peer-R-of-W with W its transport's world() at the start (the
   // group's first world; for a tcp joiner its rank + 1 if that is more) (dir empty: none);
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
@@ -20564,6 +20751,12 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
+    // Over tcp a peer that forgot the group cannot dial it again yet (its directory drops the
+    // peers it forgets), so rejoin is refused there rather than wait out rejoin_timeout.
+    decentrain::detail::check(left_out == when_left_out::stop || transport::step_seconds(ctx.network).has_value(),
+                              "elastic: left_out = rejoin runs on a deterministic in_process network only so far (over "
+                              "tcp a peer the group left out cannot dial it again yet); use left_out = stop");
+    decentrain::detail::check(rejoin_timeout.count() > 0, "elastic: rejoin_timeout must be > 0 ms");
     decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
                               ", of_last = ", exclusion.of_last);
@@ -20674,8 +20867,18 @@ struct elastic {
     bool healed = false;
     for (;;) {
       if (!first) (void)convict(ctx);  // woken by another's alarm: what this peer has seen counts too
-      decision d = first ? std::move(*first)
-                         : agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+      decision d;
+      if (first) {
+        d = std::move(*first);
+      } else {
+        try {
+          d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+        } catch (const left_out_error& e) {
+          if (left_out == when_left_out::stop)
+            throw left_out_error(decentrain::detail::concat(e.what(), "; it stops here (elastic::left_out = stop)"));
+          d = rejoin(ctx, e.what());
+        }
+      }
       first.reset();
       suspects_.clear();
       const auto failed = install(ep, d, agreement);
@@ -20703,12 +20906,30 @@ struct elastic {
         continue;
       }
       note(record(ep, d, healed));
+      for (int j : d.joined) join_tries_.erase(j);  // a later rejoin of its rank waits its grace again
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
       // evidence starts again, rather than start the same agreement at every step.
       for (auto& [j, h] : history_)
         if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
       return;
+    }
+  }
+
+  // Left out (see left_out): forgets the old group, as the group forgot this peer, and waits to
+  // be admitted as a joiner; the caller then installs the view and takes the group's state.
+  template <class Ctx>
+  decision rejoin(Ctx& ctx, const std::string& why) {
+    auto& ep = ctx.network;
+    for (int j : view_.members)
+      if (j != ep.rank()) ep.forget(j);
+    suspects_.clear();
+    cause_ = decentrain::detail::concat(why, "; it waited to be taken in again");
+    try {
+      return await_admission(ep, rejoin_timeout);
+    } catch (const decentrain::error& e) {
+      throw left_out_error(decentrain::detail::concat(why, "; it then waited ", rejoin_timeout.count(),
+                                                      " ms to be taken in again, in vain: ", e.what()));
     }
   }
 

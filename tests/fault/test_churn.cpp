@@ -187,3 +187,161 @@ TEST_CASE("in_process deterministic: a rank started again is refused until the o
   CHECK(net.restarts(1) == 1);
   CHECK(net.failure(1).empty());
 }
+
+namespace {
+
+struct partition_run {
+  std::map<int, process_record> peers;
+  std::vector<std::vector<std::int64_t>> removed_then_joined;  // per peer: each view's (removed count, joined count)
+};
+
+// 5 DiLoCo peers on simulated LAN links, 60 steps of 1 simulated second, with `cuts` (none: a
+// clean run) and the elastic policy's `left_out`.
+partition_run run_partitioned(std::vector<dt::transport::in_process::partition> cuts, dt::fault::elastic::when_left_out left_out) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
+  dt::transport::in_process::options o;
+  o.peers_fail_alone = true;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  o.deterministic->partitions = std::move(cuts);
+  o.recv_timeout = std::chrono::milliseconds(4000);  // a peer cut off is suspected at this deadline
+  dt::transport::in_process net(dt::transport::links::lan(5), o);
+  trainer_options opts;
+  opts.steps = 60;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 4;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::milliseconds(3000);
+  fault.left_out = left_out;
+  fault.rejoin_timeout = std::chrono::milliseconds(120000);
+  partition_run out;
+  out.removed_then_joined.resize(5);
+  std::mutex m;
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    process_record rec;
+    Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+    t.on_step([&](const dt::train::step_metrics& s) { rec.losses.emplace_back(s.step, std::bit_cast<std::uint64_t>(s.loss)); });
+    auto keep = [&] {
+      std::vector<std::int64_t> counts;
+      for (const auto& c : t.fault().changes()) {
+        rec.changes.push_back(c.cause);
+        counts.push_back(static_cast<std::int64_t>(c.removed.size()));
+        counts.push_back(static_cast<std::int64_t>(c.joined.size()));
+      }
+      std::lock_guard lock(m);
+      out.peers[ep.rank()] = rec;
+      out.removed_then_joined[static_cast<std::size_t>(ep.rank())] = counts;
+    };
+    try {
+      t.fit(small_corpus().data);
+    } catch (...) {
+      keep();
+      throw;
+    }
+    rec.params = flat_params(t.model().parameters());
+    keep();
+  });
+  for (auto& [r, rec] : out.peers) rec.failure = net.failure(r);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("churn simulator: a partition; the minority waits and rejoins, and the run ends as one model") {
+  using when = dt::fault::elastic::when_left_out;
+  // Peers 3 and 4 are cut off from 0-2 from 20 s to 45 s: longer than the agreement's deadlines.
+  const auto cut = std::vector<dt::transport::in_process::partition>{{20.0, 45.0, {3, 4}}};
+  const auto run = run_partitioned(cut, when::rejoin);
+  REQUIRE(run.peers.size() == 5);
+  const auto& reference = run.peers.at(0).params;
+  REQUIRE(!reference.empty());
+  for (const auto& [r, rec] : run.peers) {
+    std::string history;
+    for (const auto& c : rec.changes) history += "\n  " + c;
+    INFO("peer " << r << ": " << rec.failure << history);
+    CHECK(rec.failure.empty());
+    CHECK((rec.params == reference));  // one model after the partition healed
+    REQUIRE(!rec.losses.empty());
+    CHECK(rec.losses.back().first == 60);
+  }
+  // The majority went on without 3 and 4, then took them in again: a view that removed two and
+  // one that admitted two.
+  CHECK(run.removed_then_joined[0] == std::vector<std::int64_t>{2, 0, 0, 2});
+  // The minority stopped training while cut off: its losses skip the steps the majority trained
+  // meanwhile (it took the group's state at its admission), and it says why.
+  for (int r : {3, 4}) {
+    const auto& rec = run.peers.at(r);
+    std::size_t skipped = 0;
+    for (std::size_t i = 1; i < rec.losses.size(); ++i)
+      skipped += static_cast<std::size_t>(std::max<std::int64_t>(0, rec.losses[i].first - rec.losses[i - 1].first - 1));
+    CHECK(skipped >= 10);
+    REQUIRE(!rec.changes.empty());
+    CHECK(rec.changes.front().find("without a majority") != std::string::npos);
+    CHECK(rec.changes.front().find("waited to be taken in again") != std::string::npos);
+  }
+  CHECK((run_partitioned(cut, when::rejoin).peers.at(4).params == run.peers.at(4).params));  // replayed: the same run
+
+  // Healed at other moments: while the minority still waits on a leader of the other side, in
+  // the middle of its agreements, or once it stopped. Never a second group: one model each time.
+  for (const double heal : {26.0, 31.0, 34.0, 38.0, 43.0}) {
+    const auto r = run_partitioned({{20.0, heal, {3, 4}}}, when::rejoin);
+    for (const auto& [rank, rec] : r.peers) {
+      INFO("healed at " << heal << " s, peer " << rank << ": " << rec.failure);
+      CHECK(rec.failure.empty());
+      CHECK((rec.params == r.peers.at(0).params));
+    }
+  }
+}
+
+TEST_CASE("churn simulator: a partition; by default the minority stops with the reason, and a short one only delays") {
+  using when = dt::fault::elastic::when_left_out;
+  const auto stopped = run_partitioned({{20.0, 45.0, {3, 4}}}, when::stop);
+  for (int r : {0, 1, 2}) {
+    INFO("peer " << r << ": " << stopped.peers.at(r).failure);
+    CHECK(stopped.peers.at(r).failure.empty());
+    CHECK((stopped.peers.at(r).params == stopped.peers.at(0).params));
+  }
+  for (int r : {3, 4}) {
+    const auto& f = stopped.peers.at(r).failure;
+    INFO("peer " << r << ": " << f);
+    CHECK(stopped.peers.at(r).params.empty());
+    CHECK(f.find("without a majority this side stops") != std::string::npos);
+    CHECK(f.find("elastic::left_out = stop") != std::string::npos);
+  }
+  // Healed within the deadlines: what crossed it arrived late, nobody was left out, and every
+  // step's loss is what the clean run has.
+  const auto brief = run_partitioned({{20.0, 21.5, {3, 4}}}, when::stop);
+  const auto clean = run_partitioned({}, when::stop);
+  for (int r = 0; r < 5; ++r) {
+    INFO("peer " << r << ": " << brief.peers.at(r).failure);
+    CHECK(brief.peers.at(r).changes.empty());
+    CHECK(brief.peers.at(r).losses == clean.peers.at(r).losses);
+    CHECK((brief.peers.at(r).params == clean.peers.at(r).params));
+  }
+}
+
+TEST_CASE("in_process deterministic: bad partitions are refused with the reason") {
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  o.deterministic->partitions = {{5.0, 2.0, {1}}};
+  CHECK_THROWS_WITH(dt::transport::in_process(dt::transport::links::ideal(3), o), Catch::Contains("from_s <= until_s"));
+  o.deterministic->partitions = {{0.0, 2.0, {7}}};
+  CHECK_THROWS_WITH(dt::transport::in_process(dt::transport::links::ideal(3), o), Catch::Contains("rank 7"));
+  o.deterministic->partitions = {{0.0, 2.0, {}}};
+  CHECK_THROWS_WITH(dt::transport::in_process(dt::transport::links::ideal(3), o), Catch::Contains("names no peer"));
+}
+
+TEST_CASE("elastic: left_out = rejoin on a transport without joiners is refused with the reason") {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
+  dt::fault::elastic fault;
+  fault.left_out = dt::fault::elastic::when_left_out::rejoin;
+  trainer_options opts;
+  opts.steps = 1;
+  opts.batch_size = 2;
+  CHECK_THROWS_WITH(dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(tiny_gpt(), opts, ep, dt::comm::diloco<>{}, {}, fault);
+    t.fit(small_corpus().data);
+  }),
+                    Catch::Contains("left_out = rejoin runs on a deterministic in_process network only"));
+}

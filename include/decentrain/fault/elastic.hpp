@@ -17,6 +17,13 @@
 // other joiners admitted reach, and each takes the state from the members at the target, in
 // chunks from several of them at once (transfer_state).
 //
+// A partition: the side with a majority of the view goes on (fault/membership.hpp); a peer on
+// the other side, or one the others went on without, either stops with the error (`left_out`:
+// stop) or forgets the old group and waits to be taken in again as a joiner (rejoin): once the
+// partition heals it reaches the group, is admitted at a round's start and takes the group's
+// state, so the run ends as one model. What the minority trained alone is dropped, as a
+// joiner's would be: it never averages into the group's.
+//
 // A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
 // so the others leave it out at once instead of at its heartbeat deadline.
 //
@@ -32,8 +39,9 @@
 // saving, or restarted without its files) the ones behind take the state of the furthest, as
 // after a failure. A peer that joins a running group takes the group's state, not its files.
 //
-// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp; only
-// tcp has joiners) and data parallelism (every peer holds the whole model).
+// Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
+// joiners: tcp, and in_process in a deterministic run) and data parallelism (every peer holds
+// the whole model).
 #pragma once
 
 #include <bit>
@@ -79,6 +87,13 @@ struct elastic {
   int min_peers = 1;
   // A peer that joins a running group waits this long to be admitted (0: twice agreement.timeout).
   std::chrono::milliseconds admission_timeout{0};
+  // A peer left out of the next view while alive (its side of a partition has no majority, or the
+  // others went on without it): stop with the error, or rejoin: forget the old group and wait up
+  // to `rejoin_timeout` to be admitted again once it reaches the group (see above). rejoin runs on
+  // a deterministic in_process network only so far (the simulator's partitions).
+  enum class when_left_out { stop, rejoin };
+  when_left_out left_out = when_left_out::stop;
+  std::chrono::milliseconds rejoin_timeout{std::chrono::minutes(10)};
   // This peer's checkpoints, in dir/peer-R-of-W with W its transport's world() at the start (the
   // group's first world; for a tcp joiner its rank + 1 if that is more) (dir empty: none);
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
@@ -102,6 +117,12 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
+    // Over tcp a peer that forgot the group cannot dial it again yet (its directory drops the
+    // peers it forgets), so rejoin is refused there rather than wait out rejoin_timeout.
+    decentrain::detail::check(left_out == when_left_out::stop || transport::step_seconds(ctx.network).has_value(),
+                              "elastic: left_out = rejoin runs on a deterministic in_process network only so far (over "
+                              "tcp a peer the group left out cannot dial it again yet); use left_out = stop");
+    decentrain::detail::check(rejoin_timeout.count() > 0, "elastic: rejoin_timeout must be > 0 ms");
     decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
                               ", of_last = ", exclusion.of_last);
@@ -212,8 +233,18 @@ struct elastic {
     bool healed = false;
     for (;;) {
       if (!first) (void)convict(ctx);  // woken by another's alarm: what this peer has seen counts too
-      decision d = first ? std::move(*first)
-                         : agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+      decision d;
+      if (first) {
+        d = std::move(*first);
+      } else {
+        try {
+          d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+        } catch (const left_out_error& e) {
+          if (left_out == when_left_out::stop)
+            throw left_out_error(decentrain::detail::concat(e.what(), "; it stops here (elastic::left_out = stop)"));
+          d = rejoin(ctx, e.what());
+        }
+      }
       first.reset();
       suspects_.clear();
       const auto failed = install(ep, d, agreement);
@@ -241,12 +272,30 @@ struct elastic {
         continue;
       }
       note(record(ep, d, healed));
+      for (int j : d.joined) join_tries_.erase(j);  // a later rejoin of its rank waits its grace again
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
       // evidence starts again, rather than start the same agreement at every step.
       for (auto& [j, h] : history_)
         if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
       return;
+    }
+  }
+
+  // Left out (see left_out): forgets the old group, as the group forgot this peer, and waits to
+  // be admitted as a joiner; the caller then installs the view and takes the group's state.
+  template <class Ctx>
+  decision rejoin(Ctx& ctx, const std::string& why) {
+    auto& ep = ctx.network;
+    for (int j : view_.members)
+      if (j != ep.rank()) ep.forget(j);
+    suspects_.clear();
+    cause_ = decentrain::detail::concat(why, "; it waited to be taken in again");
+    try {
+      return await_admission(ep, rejoin_timeout);
+    } catch (const decentrain::error& e) {
+      throw left_out_error(decentrain::detail::concat(why, "; it then waited ", rejoin_timeout.count(),
+                                                      " ms to be taken in again, in vain: ", e.what()));
     }
   }
 

@@ -83,6 +83,14 @@ struct agreement_settings {
   std::uint64_t max_state_bytes = std::uint64_t{64} << 30;
 };
 
+// Thrown by agree() on a peer that the next view leaves out while it is alive: its side of a
+// partition has no majority, or the others went on without it (they did not hear from it in
+// time). fault::elastic may then wait to be taken in again (elastic::left_out).
+class left_out_error : public decentrain::error {
+ public:
+  using decentrain::error::error;
+};
+
 // What the survivors agreed on.
 struct decision {
   view next;
@@ -227,8 +235,8 @@ void raise_alarm(E& ep, const view& current, int failed, suspicions& suspects, s
 }
 
 // Runs the agreement from this peer's side and returns the next view with where every member
-// continues from. Throws decentrain::error when this peer is left out, or its side has no
-// majority (the group stops here rather than splitting in two).
+// continues from. Throws left_out_error when this peer is left out, or its side has no majority
+// (the group stops here rather than splitting in two).
 template <class E>
 decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s) {
   using detail::kind;
@@ -245,13 +253,14 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || !certain(s_.second); });
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
-      decentrain::detail::fail("elastic: the group stopped at view ", current.epoch, ": ", m.reason);
+      throw left_out_error(decentrain::detail::concat("elastic: the group stopped at view ", current.epoch, ": ", m.reason));
     decision d = detail::decision_of(m);
     decentrain::detail::check(!d.next.bars(me), "elastic: peer ", me, " was excluded from the run in view ", m.epoch,
                               ": the others found what it sent dropped as non-finite or malformed, or far from the "
                               "aggregate, too often (fault::elastic::exclusion); it stops here");
-    decentrain::detail::check(d.next.contains(me), "elastic: peer ", me, " was left out of view ", m.epoch,
-                              " (the others did not hear from it in time); it stops here");
+    if (!d.next.contains(me))
+      throw left_out_error(decentrain::detail::concat("elastic: peer ", me, " was left out of view ", m.epoch,
+                                                      " (the others did not hear from it in time)"));
     for (int j : d.next.members)
       if (!current.contains(j)) d.joined.push_back(j);
     return d;
@@ -284,8 +293,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       report.epoch = current.epoch;
       report.step = mine.step;
       report.phase = mine.phase;
-      for (const auto& [j, cause] : suspects)  // only the certain are kept
-        (cause == failure_cause::convicted ? report.convicted : report.departed).push_back(j);
+      // Only the certain: a leader this peer timed out on may be alive on the other side of a
+      // partition, and counting it as departed would hand this side a majority it does not have.
+      for (const auto& [j, cause] : suspects)
+        if (certain(cause)) (cause == failure_cause::convicted ? report.convicted : report.departed).push_back(j);
       report.ranks = detail::as_list(joiners());
       try {
         detail::post(ep, leader, report);

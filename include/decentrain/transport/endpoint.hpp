@@ -107,6 +107,16 @@ concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce)
   e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
 };
 
+// Whether this run of a joining endpoint can see joiners at all: an endpoint type that takes them
+// only in some runs (in_process: a deterministic run's churn) says so with takes_joiners(), and
+// the group then spends nothing per round on looking for them.
+template <class E>
+bool takes_joiners(const E& e) {
+  if constexpr (!joining_endpoint<E>) return false;
+  else if constexpr (requires { { e.takes_joiners() } -> std::same_as<bool>; }) return e.takes_joiners();
+  else return true;
+}
+
 // The slowest link of a network, the same figure on every peer: its largest latency and its
 // smallest bandwidth. A transport that knows its links (in_process) offers slowest_link() so the
 // collectives can size their steps to the links (see collective::options); real networks do not
@@ -362,7 +372,7 @@ class any_endpoint {
       if constexpr (membership_endpoint<E>) e.leave(reason);
       else no_membership();
     }
-    bool takes_joiners() const override { return joining_endpoint<E>; }
+    bool takes_joiners() const override { return transport::takes_joiners(e); }
     bool joined_late() const override {
       if constexpr (joining_endpoint<E>) return e.joined_late();
       else return false;

@@ -9,8 +9,10 @@
 // Deterministic mode (options::deterministic) runs the peers one at a time in the order of their
 // simulated clocks (transport/turns.hpp), with every deadline on simulated time and a step's
 // compute time given rather than measured, and applies a churn schedule (transport/churn.hpp):
-// peers killed, started again and joining at simulated times. The same seed and schedule give
-// the same losses and the same membership history, so a failure seen once can be replayed.
+// peers killed, started again and joining at simulated times, and partitions: while one lasts,
+// what crosses it is held (as TCP holds what it cannot deliver) and arrives once it heals, and
+// no new connection crosses it. The same seed and schedule give the same losses and the same
+// membership history, so a failure seen once can be replayed.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -166,16 +169,29 @@ class in_process {
   // simulated time (transport::step_seconds: the trainer reports it instead of what it measured),
   // and `churn` is applied as the simulated clocks pass its events. Background lanes are not
   // offered (collectives run on the caller's thread), as their threads would race.
+  // From `from_s` until `until_s` (simulated; infinity: never heals), the peers of `side` and
+  // the others do not reach each other: a message sent across, or on the way when it starts,
+  // arrives after it heals (or never), and a joiner cannot connect across it.
+  struct partition {
+    double from_s = 0.0;
+    double until_s = std::numeric_limits<double>::infinity();
+    std::vector<int> side;
+    bool separates(int a, int b) const {
+      const auto in = [&](int r) { return std::find(side.begin(), side.end(), r) != side.end(); };
+      return in(a) != in(b);
+    }
+  };
   struct deterministic_run {
     double step_seconds = 1.0;
-    churn_schedule churn;
+    churn_schedule churn{};
+    std::vector<partition> partitions{};
   };
 
   struct options {
     std::uint64_t seed = 0;                           // jitter and drops
     std::chrono::milliseconds recv_timeout{120000};   // how long a recv may wait (real time; simulated when deterministic)
     bool peers_fail_alone = false;                    // run(): a peer that throws is killed, the rest go on
-    std::optional<deterministic_run> deterministic;
+    std::optional<deterministic_run> deterministic{};
     // The ranks that start the run (0: all); the others start when the churn schedule starts them,
     // as joiners of the running group. Needs `deterministic`.
     int initial_peers = 0;
@@ -191,9 +207,18 @@ class in_process {
     void send(int peer, tag_type tag, std::span<const std::byte> data) {
       check_peer(peer, "send to");
       check_alive();
-      if (peer != rank_ && !net_->hears(peer, rank_))
-        transport::fail_peer_because(failure_cause::departed, peer, "send", "in_process: peer ", peer,
-                                     net_->dead[static_cast<std::size_t>(peer)].load() ? " was killed" : " has not taken this peer in");
+      // Across a partition the sender cannot know that the peer died or closed its side: what it
+      // sends is held, and lost when it lands on a peer that forgot it or on a later process of
+      // its rank. A live peer that forgot this one answers as tcp's goodbye does: excluded (not a
+      // certain departure: it is alive, and the agreement must not count it out).
+      bool lost = false;
+      if (peer != rank_ && (net_->joiners ? !net_->hears(peer, rank_) : net_->dead[static_cast<std::size_t>(peer)].load())) {
+        const bool dead = net_->dead[static_cast<std::size_t>(peer)].load();
+        if (!net_->cut(rank_, peer, clock_))
+          transport::fail_peer_because(dead ? failure_cause::departed : failure_cause::excluded, peer, "send", "in_process: peer ",
+                                       peer, dead ? " was killed" : " has not taken this peer in");
+        lost = dead || !net_->knows_current(rank_, peer);
+      }
       double arrival = clock_;
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
@@ -205,13 +230,19 @@ class in_process {
           ++stats_.retransmissions;
         }
         const double sent = (*uplinks_)[static_cast<std::size_t>(peer)].book(clock_, on_wire);
-        arrival = sent + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend;
+        arrival = net_->held(rank_, peer, clock_, sent + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend,
+                             l.latency_s);
         // Delivery is in order (as on a TCP stream): nothing overtakes a delayed message.
         auto& last = last_arrival_[static_cast<std::size_t>(peer)];
         arrival = std::max(arrival, last);
         last = arrival;
       }
-      net_->boxes[static_cast<std::size_t>(peer)].push(rank_, tag, detail::message{bytes(data.begin(), data.end()), arrival});
+      auto& to = net_->boxes[static_cast<std::size_t>(peer)];
+      if (!lost) {
+        detail::message m{bytes(data.begin(), data.end()), arrival};
+        if (net_->opts.deterministic && tag == alarm_tag && peer != rank_) to.push_alarm_arriving(rank_, std::move(m));
+        else to.push(rank_, tag, std::move(m));
+      }
       stats_.bytes_sent += data.size();
       ++stats_.messages_sent;
     }
@@ -240,13 +271,14 @@ class in_process {
       if (net_->turns) {
         net_->turns->yield(rank_, clock_);
         check_alive();
+        box().arrived(clock_);
       }
       return box().alarmed();
     }
     void forget(int peer) {
       check_peer(peer, "forget");
       box().forget(peer, decentrain::detail::concat("peer ", rank_, " left it out of its view"));
-      net_->unhear(rank_, peer);  // as a closed tcp connection: a joiner must ask again
+      if (net_->joiners) net_->unhear(rank_, peer);  // as a closed tcp connection: a joiner must ask again
     }
     // Forgets `peer` for good (no joiners here), and its waits on this peer fail at once with
     // `reason`, as when tcp's connection closes with a goodbye saying it was left out (not a
@@ -255,14 +287,14 @@ class in_process {
       check_peer(peer, "bar");
       const auto why = decentrain::detail::concat("peer ", rank_, " excluded it from the run: ", reason);
       box().bar(peer, why);
-      net_->unhear(rank_, peer);
-      net_->boxes[static_cast<std::size_t>(peer)].close(rank_, why, failure_cause::excluded);
+      if (net_->joiners) net_->unhear(rank_, peer);
+      net_->close(rank_, peer, why, failure_cause::excluded, clock_);
     }
     // The others' waits on this peer fail at once, as departed with `reason` (what reaches them
     // after that is never read).
     void leave(const std::string& reason) {
       for (int r = 0; r < capacity(); ++r)
-        if (r != rank_) net_->boxes[static_cast<std::size_t>(r)].close(rank_, reason);
+        if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_);
     }
 
     void computed(double seconds) {
@@ -271,11 +303,15 @@ class in_process {
     }
 
     // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
+    // Only a deterministic run starts peers once it runs (its churn schedule); otherwise an
+    // elastic group spends nothing on looking for joiners.
+    bool takes_joiners() const { return net_->joiners; }
     // Started by the churn schedule (a new rank, or a killed one started again).
     bool joined_late() const { return incarnation_ > 0 || rank_ >= net_->initial; }
     // The running peers that this one and it each take in (as a tcp connection both ways).
     std::vector<int> connected() const {
       std::vector<int> out;
+      if (!net_->joiners) return out;  // nobody joins: membership asks only about joiners
       for (int r = 0; r < capacity(); ++r)
         if (r != rank_ && net_->hears(r, rank_) && net_->hears(rank_, r)) out.push_back(r);
       return out;
@@ -285,7 +321,7 @@ class in_process {
     // counts on this rank's previous process refuses for now (as tcp's welcome does).
     void rediscover() {
       for (int r = 0; r < capacity(); ++r)
-        if (r != rank_) net_->connect(rank_, r);
+        if (r != rank_) net_->connect(rank_, r, clock_);
     }
     std::chrono::steady_clock::time_point now() const {
       if (!net_->turns) return std::chrono::steady_clock::now();
@@ -299,6 +335,7 @@ class in_process {
       stats_.wait_seconds += s;
       net_->turns->yield(rank_, clock_);
       check_alive();
+      box().arrived(clock_);
     }
     std::optional<double> step_seconds() const {
       if (!net_->opts.deterministic) return std::nullopt;
@@ -372,17 +409,28 @@ class in_process {
     detail::message pop_in_turn(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       const double deadline = clock_ + std::chrono::duration<double>(timeout).count();
       auto& b = box();
-      const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
-      check_alive();
-      if (w.timed_out) {
-        stats_.wait_seconds += deadline - clock_;
-        clock_ = deadline;
-        detail::mailbox::timed_out(peer, tag, timeout);
+      for (;;) {
+        const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
+        check_alive();
+        if (w.timed_out) {
+          stats_.wait_seconds += deadline - clock_;
+          clock_ = deadline;
+          detail::mailbox::timed_out(peer, tag, timeout);
+        }
+        // Woken by the message landing, or by an alarm or a closed connection landing first.
+        const double woke = std::max(clock_, w.at);
+        b.arrived(woke);
+        try {
+          if (auto m = b.try_pop(peer, tag, woke)) return std::move(*m);  // throws when it fails at once
+        } catch (const peer_error&) {
+          stats_.wait_seconds += woke - clock_;
+          clock_ = woke;
+          throw;
+        }
+        // What woke it did not end the wait (an alarm of an older view): wait on from there.
+        stats_.wait_seconds += woke - clock_;
+        clock_ = woke;
       }
-      auto m = b.try_pop(peer, tag);  // throws when it fails at once
-      decentrain::detail::check(m.has_value(), "in_process: a turn came for a message that is not there (peer ", rank_,
-                                " waiting on peer ", peer, ")");
-      return std::move(*m);
     }
 
     std::shared_ptr<shared> net_;
@@ -474,7 +522,7 @@ class in_process {
             std::lock_guard lock(net.failures_mutex);
             net.failures[static_cast<std::size_t>(r)] = why;
           }
-          return net.kill(r);
+          return net.kill(r, ep.clock_);
         }
         int origin = -1;
         first_failure.compare_exchange_strong(origin, r);
@@ -485,11 +533,11 @@ class in_process {
       net.turns.emplace(n, net.opts.deterministic->churn, [&](const churn_event& e) {
         if (e.what == churn_event::kind::kill) {
           if (net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
-          net.kill(e.rank);
+          net.kill(e.rank, e.at_s);
           return true;
         }
         if (!net.dead[static_cast<std::size_t>(e.rank)].load()) return false;
-        net.start(e.rank);
+        net.start(e.rank, e.at_s);
         {
           std::lock_guard lock(errors_mutex);
           errors[static_cast<std::size_t>(e.rank)] = nullptr;
@@ -572,6 +620,13 @@ class in_process {
         for (const auto& e : d.churn)
           check(e.rank >= 0 && e.rank < links.world() && e.at_s >= 0 && std::isfinite(e.at_s), "in_process: churn event '",
                 describe(e), "' names a rank outside the ", links.world(), " or a time before 0");
+        for (const auto& p : d.partitions) {
+          check(p.from_s >= 0 && std::isfinite(p.from_s) && !std::isnan(p.until_s) && p.until_s >= p.from_s, "in_process: a partition needs 0 <= from_s "
+                "<= until_s, got ", p.from_s, " to ", p.until_s);
+          check(!p.side.empty(), "in_process: a partition's side names no peer");
+          for (int r : p.side)
+            check(r >= 0 && r < links.world(), "in_process: a partition's side names rank ", r, ", outside the ", links.world());
+        }
       }
       for (int r = 0; r < links.world(); ++r) {
         if (r < initial) {
@@ -599,27 +654,67 @@ class in_process {
       const auto l = static_cast<std::size_t>(listener), sp = static_cast<std::size_t>(speaker);
       return !dead[l].load() && !dead[sp].load() && heard[l][sp] == incarnation[sp];
     }
-    // `joiner` asks `member` to take it in: refused while `member` still counts on the rank's
-    // previous process (tcp's welcome).
-    void connect(int joiner, int member) {
+    // `joiner` asks `member` at simulated time `at` to take it in: refused while `member` still
+    // counts on the rank's previous process (tcp's welcome), and impossible across a partition.
+    // Both ends take each other in: a peer that the group left out forgot the group too.
+    void connect(int joiner, int member, double at) {
       std::lock_guard lock(peers_mutex);
       const auto j = static_cast<std::size_t>(joiner), m = static_cast<std::size_t>(member);
-      if (dead[m].load() || dead[j].load() || heard[m][j] == incarnation[j]) return;
-      if (boxes[m].welcome(joiner)) heard[m][j] = incarnation[j];
+      if (dead[m].load() || dead[j].load() || cut(joiner, member, at)) return;
+      if (heard[m][j] != incarnation[j]) {
+        if (!boxes[m].welcome(joiner)) return;
+        heard[m][j] = incarnation[j];
+      }
+      if (heard[j][m] != incarnation[m] && boxes[j].welcome(member)) heard[j][m] = incarnation[m];
+    }
+    // Whether a partition separates `a` and `b` at simulated time `at`.
+    bool cut(int a, int b, double at) const {
+      if (!opts.deterministic) return false;
+      for (const auto& p : opts.deterministic->partitions)
+        if (p.from_s <= at && at < p.until_s && p.separates(a, b)) return true;
+      return false;
+    }
+    // When a message from `a` to `b`, sent at `sent` and due at `arrival`, arrives: after every
+    // partition between them that it meets on the way heals (as TCP delivers it then), or never.
+    double held(int a, int b, double sent, double arrival, double latency) const {
+      if (!opts.deterministic) return arrival;
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (const auto& p : opts.deterministic->partitions)
+          if (p.separates(a, b) && p.from_s <= arrival && sent < p.until_s && arrival < p.until_s + latency) {
+            arrival = p.until_s + latency;  // infinity: never
+            moved = true;
+          }
+      }
+      return arrival;
+    }
+    // Whether the process of `peer` that `from` takes in is the one running now.
+    bool knows_current(int from, int peer) const {
+      std::lock_guard lock(peers_mutex);
+      return heard[static_cast<std::size_t>(from)][static_cast<std::size_t>(peer)] == incarnation[static_cast<std::size_t>(peer)];
     }
     void unhear(int listener, int speaker) {
       std::lock_guard lock(peers_mutex);
       heard[static_cast<std::size_t>(listener)][static_cast<std::size_t>(speaker)] = nobody;
     }
-    void kill(int rank) {
+    // `to` finds `from`'s connection closed: at once, or in a deterministic run when the news
+    // arrives (a link latency after `at`, held as messages are by a partition).
+    void close(int from, int to, const std::string& reason, failure_cause cause, double at) {
+      auto& box = boxes[static_cast<std::size_t>(to)];
+      if (!opts.deterministic || !std::isfinite(at)) return box.close(from, reason, cause);
+      const double latency = links.at(from, to).latency_s;
+      box.close_arriving(from, reason, cause, held(from, to, at, at + latency, latency));
+    }
+    // Kills `rank` at simulated time `at` (-infinity: the others learn of it at once).
+    void kill(int rank, double at = -std::numeric_limits<double>::infinity()) {
       if (dead[static_cast<std::size_t>(rank)].exchange(true)) return;
       for (int r = 0; r < links.world(); ++r)
-        if (r != rank) boxes[static_cast<std::size_t>(r)].close(rank, decentrain::detail::concat("peer ", rank, " was killed"));
+        if (r != rank) close(rank, r, decentrain::detail::concat("peer ", rank, " was killed"), failure_cause::departed, at);
       boxes[static_cast<std::size_t>(rank)].fail_all(rank, decentrain::detail::concat("in_process: peer ", rank, " was killed"));
     }
     // A new process of `rank` (a killed one started again, or a joiner's first): a fresh mailbox
     // that hears every running peer, and a connection to each that takes it in.
-    void start(int rank) {
+    void start(int rank, double at) {
       const auto r = static_cast<std::size_t>(rank);
       {
         std::lock_guard lock(peers_mutex);
@@ -630,12 +725,13 @@ class in_process {
         dead[r] = false;
       }
       for (int p = 0; p < links.world(); ++p)
-        if (p != rank) connect(rank, p);
+        if (p != rank) connect(rank, p, at);
     }
 
     link_matrix links;
     options opts;
     int initial;  // the ranks that start the run
+    bool joiners = opts.deterministic.has_value();  // peers may start once it runs (the churn schedule)
     std::vector<detail::mailbox> boxes;
     std::vector<std::atomic<bool>> dead;  // killed peers, and ranks not started yet
     std::vector<std::uint64_t> incarnation;  // per rank: its current process (0: the first)

@@ -48,13 +48,8 @@ class mailbox {
       std::lock_guard lock(mutex_);
       if (forgotten_.count(source)) return;
       m.sequence = ++pushed_[source];
-      if (tag == alarm_tag) {
-        const auto a = wire::decode_alarm(m.payload, source);
-        if (!a || a->epoch < epoch_ || alarm_) return;
-        alarm_ = a;
-      } else {
-        queues_[{source, tag}].push_back(std::move(m));
-      }
+      if (tag == alarm_tag) raise(source, m);
+      else queues_[{source, tag}].push_back(std::move(m));
     }
     ready_.notify_all();
   }
@@ -73,23 +68,60 @@ class mailbox {
 
   // ---- turns on simulated time (in_process's deterministic mode) ----
 
+  // An alarm that takes effect when it arrives (m.arrival), not when it is sent: a peer whose
+  // clock is behind the sender's, or across a partition, does not hear it early.
+  void push_alarm_arriving(int source, message m) {
+    std::lock_guard lock(mutex_);
+    if (forgotten_.count(source)) return;
+    m.sequence = ++pushed_[source];
+    pending_alarms_.emplace_back(source, std::move(m));
+  }
+  // A closed connection (a killed peer's, a goodbye) that this peer learns of at `arrival`.
+  void close_arriving(int source, std::string reason, failure_cause cause, double arrival) {
+    std::lock_guard lock(mutex_);
+    pending_closures_.push_back({source, closure{std::move(reason), cause}, arrival});
+  }
+  // Raises the alarms and closes what has arrived by simulated time `now`.
+  void arrived(double now) {
+    std::lock_guard lock(mutex_);
+    std::stable_sort(pending_alarms_.begin(), pending_alarms_.end(),
+                     [](const auto& a, const auto& b) { return a.second.arrival < b.second.arrival; });
+    while (!pending_alarms_.empty() && pending_alarms_.front().second.arrival <= now) {
+      raise(pending_alarms_.front().first, pending_alarms_.front().second);
+      pending_alarms_.erase(pending_alarms_.begin());
+    }
+    std::erase_if(pending_closures_, [&](const pending_closure& c) {
+      if (c.arrival > now) return false;
+      closed_.emplace(c.source, c.why);
+      return true;
+    });
+  }
+
   // When a wait for the next message from `source` with `tag` ends: at that message's arrival
   // time, or at once (-infinity) when it would fail now; none while it would still wait.
   std::optional<double> due(int source, tag_type tag) const {
     std::lock_guard lock(mutex_);
-    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty()) return it->second.front().arrival;
+    std::optional<double> at;
+    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty()) at = it->second.front().arrival;
     try {
       throw_if_unreachable(source, tag);
     } catch (const peer_error&) {
       return -std::numeric_limits<double>::infinity();
     }
-    return std::nullopt;
+    if (!is_membership_tag(tag))  // an alarm on the way ends the wait when it lands
+      for (const auto& [from, m] : pending_alarms_)
+        if (!at || m.arrival < *at) at = m.arrival;
+    for (const auto& c : pending_closures_)  // so does the source's closed connection
+      if (c.source == source && (!at || c.arrival < *at)) at = c.arrival;
+    return at;
   }
   // The next message from `source` with `tag` when one is queued; throws as pop() does when none
   // can come; none when it would wait.
-  std::optional<message> try_pop(int source, tag_type tag) {
+  // With `now` (simulated time), only a message that has arrived by then is taken.
+  std::optional<message> try_pop(int source, tag_type tag, double now = std::numeric_limits<double>::infinity()) {
     std::lock_guard lock(mutex_);
-    if (auto m = take_queued(source, tag)) return m;
+    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
+      return take_queued(source, tag);
     throw_if_unreachable(source, tag);
     return std::nullopt;
   }
@@ -113,6 +145,8 @@ class mailbox {
     barred_.clear();
     epoch_ = 0;
     alarm_.reset();
+    pending_alarms_.clear();
+    pending_closures_.clear();
   }
 
   // ---- posted receives (the receiving thread) ----
@@ -218,6 +252,8 @@ class mailbox {
       forgotten_.insert(source);
       closed_[source] = closure{std::move(reason), failure_cause::departed};
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
+      std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
+      std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
     }
     ready_.notify_all();
   }
@@ -242,6 +278,8 @@ class mailbox {
   bool welcome(int source) {
     std::lock_guard lock(mutex_);
     if (barred_.count(source) || (closed_.count(source) && !forgotten_.count(source))) return false;
+    if (std::any_of(pending_closures_.begin(), pending_closures_.end(), [&](const pending_closure& c) { return c.source == source; }))
+      return false;  // the old connection's close has not reached this peer yet
     forgotten_.erase(source);
     closed_.erase(source);
     std::erase_if(last_taken_, [&](const auto& t) { return t.first.first == source; });
@@ -270,6 +308,10 @@ class mailbox {
     std::lock_guard lock(mutex_);
     epoch_ = epoch;
     if (alarm_ && alarm_->epoch < epoch) alarm_.reset();
+    std::erase_if(pending_alarms_, [&](const auto& a) {
+      const auto x = wire::decode_alarm(a.second.payload, a.first);
+      return !x || x->epoch < epoch;
+    });
   }
   std::optional<alarm> alarmed() const {
     std::lock_guard lock(mutex_);
@@ -312,6 +354,12 @@ class mailbox {
     if (it->second.empty()) queues_.erase(it);
     if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
+  }
+
+  void raise(int source, const message& m) {
+    const auto a = wire::decode_alarm(m.payload, source);
+    if (!a || a->epoch < epoch_ || alarm_) return;
+    alarm_ = a;
   }
 
   void throw_if_unreachable(int source, tag_type tag) const {
@@ -427,6 +475,13 @@ class mailbox {
   std::map<int, std::string> barred_;
   std::uint64_t epoch_ = 0;
   std::optional<alarm> alarm_;
+  std::vector<std::pair<int, message>> pending_alarms_;  // (source, alarm) on simulated time, not arrived yet
+  struct pending_closure {
+    int source;
+    closure why;
+    double arrival;
+  };
+  std::vector<pending_closure> pending_closures_;
 };
 
 }  // namespace decentrain::transport::detail
