@@ -86,7 +86,7 @@ churn_run simulate(std::uint64_t churn_seed, std::int64_t steps) {
 
 }  // namespace
 
-TEST_CASE("churn simulator: the same seed gives the same run, bit for bit; another seed another history") {
+TEST_CASE("churn simulator: the same seed gives the same run, bit for bit, and another seed another history") {
   const std::int64_t steps = 120;
   const auto a = simulate(7, steps);
   const auto b = simulate(7, steps);
@@ -248,7 +248,7 @@ partition_run run_partitioned(std::vector<dt::transport::in_process::partition> 
 
 }  // namespace
 
-TEST_CASE("churn simulator: a partition; the minority waits and rejoins, and the run ends as one model") {
+TEST_CASE("churn simulator: a partition: the minority waits and rejoins, and the run ends as one model") {
   using when = dt::fault::elastic::when_left_out;
   // Peers 3 and 4 are cut off from 0-2 from 20 s to 45 s: longer than the agreement's deadlines.
   const auto cut = std::vector<dt::transport::in_process::partition>{{20.0, 45.0, {3, 4}}};
@@ -294,7 +294,7 @@ TEST_CASE("churn simulator: a partition; the minority waits and rejoins, and the
   }
 }
 
-TEST_CASE("churn simulator: a partition; by default the minority stops with the reason, and a short one only delays") {
+TEST_CASE("churn simulator: a partition: by default the minority stops with the reason, and a short one only delays") {
   using when = dt::fault::elastic::when_left_out;
   const auto stopped = run_partitioned({{20.0, 45.0, {3, 4}}}, when::stop);
   for (int r : {0, 1, 2}) {
