@@ -23,6 +23,21 @@ struct process_record {
   std::string failure;
 };
 
+// Trains `t` on the small corpus, recording every step's loss in `rec`, and calls `keep` when
+// fit ends, also when it throws (the parameters only when it finished).
+template <class Trainer, class Keep>
+void fit_recording(Trainer& t, process_record& rec, Keep&& keep) {
+  t.on_step([&](const dt::train::step_metrics& s) { rec.losses.emplace_back(s.step, std::bit_cast<std::uint64_t>(s.loss)); });
+  try {
+    t.fit(small_corpus().data);
+  } catch (...) {
+    keep();
+    throw;
+  }
+  rec.params = flat_params(t.model().parameters());
+  keep();
+}
+
 struct churn_run {
   std::map<std::pair<int, std::uint64_t>, process_record> processes;  // (rank, process)
   std::size_t kills = 0, starts = 0;
@@ -59,7 +74,6 @@ churn_run simulate(std::uint64_t churn_seed, std::int64_t steps) {
     const auto key = std::pair{ep.rank(), net.restarts(ep.rank())};
     process_record rec;
     Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
-    t.on_step([&](const dt::train::step_metrics& s) { rec.losses.emplace_back(s.step, std::bit_cast<std::uint64_t>(s.loss)); });
     auto keep = [&] {
       for (const auto& c : t.fault().changes()) {
         std::ostringstream text;  // (not string + string: g++ 12 -O2 warns falsely, -Wrestrict)
@@ -71,14 +85,7 @@ churn_run simulate(std::uint64_t churn_seed, std::int64_t steps) {
       std::lock_guard lock(m);
       out.processes[key] = rec;
     };
-    try {
-      t.fit(small_corpus().data);
-    } catch (...) {
-      keep();
-      throw;
-    }
-    rec.params = flat_params(t.model().parameters());
-    keep();
+    fit_recording(t, rec, keep);
   });
   for (auto& [key, rec] : out.processes) rec.failure = net.failure(key.first);
   return out;
@@ -221,7 +228,6 @@ partition_run run_partitioned(std::vector<dt::transport::in_process::partition> 
   net.run([&](dt::transport::in_process::endpoint& ep) {
     process_record rec;
     Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
-    t.on_step([&](const dt::train::step_metrics& s) { rec.losses.emplace_back(s.step, std::bit_cast<std::uint64_t>(s.loss)); });
     auto keep = [&] {
       std::vector<std::int64_t> counts;
       for (const auto& c : t.fault().changes()) {
@@ -233,14 +239,7 @@ partition_run run_partitioned(std::vector<dt::transport::in_process::partition> 
       out.peers[ep.rank()] = rec;
       out.removed_then_joined[static_cast<std::size_t>(ep.rank())] = counts;
     };
-    try {
-      t.fit(small_corpus().data);
-    } catch (...) {
-      keep();
-      throw;
-    }
-    rec.params = flat_params(t.model().parameters());
-    keep();
+    fit_recording(t, rec, keep);
   });
   for (auto& [r, rec] : out.peers) rec.failure = net.failure(r);
   return out;
