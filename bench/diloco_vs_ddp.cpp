@@ -5,8 +5,10 @@
 // once per codec (a ';'-separated list of --codec specs, e.g. "identity;int4;topk:0.02,int2,ef"),
 // the payload (gradients, parameters or pseudo-gradients) sent through it.
 //
-//   bench_diloco_vs_ddp [--data FILE] [--steps 2000] [--peers 4] [--only sync,local-sgd-50,diloco-10,...]
-//                       [--codecs identity;...] [--outer-lr 0.7] [--outer-momentum 0.9] [--seed 1337]
+//   bench_diloco_vs_ddp [--data FILE] [--steps 2000] [--peers 4] [--only sync,local-sgd-50,diloco-10,...
+//                       or sync;diloco-50/CODEC;...]
+//                       [--codecs identity;...] [--outer-lr 0.7] [--outer-momentum 0.9] [--aggregator mean]
+//                       [--seed 1337]
 //                       [--json PATH] [--curves PATH]
 //
 // Links are ideal (bytes are what is compared; time on a slow link follows from them). Every run
@@ -67,16 +69,21 @@ int main(int argc, char** argv) try {
   const std::string path = value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
   const int peers = std::stoi(value("peers", "4"));
   const std::string json_path = value("json", "diloco_vs_ddp.json"), curves_path = value("curves", "diloco_vs_ddp_curves.csv");
+  // Runs, ',' or ';' between them; "NAME/CODEC" runs NAME with that codec alone (codec specs hold
+  // commas, so such a list takes ';': "sync;diloco-50/topk:0.03,chunk=4096,int2,ef=0.95").
   std::vector<std::string> only;
   {
-    std::stringstream in(value("only", "sync,local-sgd-50,diloco-10,diloco-50,diloco-100"));
-    for (std::string item; std::getline(in, item, ',');) only.push_back(item);
+    const std::string list = value("only", "sync,local-sgd-50,diloco-10,diloco-50,diloco-100");
+    std::stringstream in(list);
+    for (std::string item; std::getline(in, item, list.find(';') == std::string::npos ? ',' : ';');) only.push_back(item);
   }
   std::vector<std::string> codecs;
   {
     std::stringstream in(value("codecs", "identity"));
     for (std::string item; std::getline(in, item, ';');) codecs.push_back(item);
     for (const auto& c : codecs) (void)dt::compress::parse_codec(c);  // a bad spec fails before any run
+    for (const auto& item : only)
+      if (const auto slash = item.find('/'); slash != std::string::npos) (void)dt::compress::parse_codec(item.substr(slash + 1));
   }
 
   auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "2000")));
@@ -84,6 +91,8 @@ int main(int argc, char** argv) try {
   opts.eval_batches = std::stoll(value("eval-batches", "25"));
   opts.seed = std::stoull(value("seed", std::to_string(opts.seed)));  // model init and data order
   const double outer_lr = std::stod(value("outer-lr", "0.7")), outer_momentum = std::stod(value("outer-momentum", "0.9"));
+  const std::string aggregator = value("aggregator", "mean");  // how DiLoCo's rows combine the pseudo-gradients
+  (void)dt::collective::parse_aggregator(aggregator);
   cli.finish();
   // Opened first: a bad path fails before the hours of training.
   bench::output_file json(json_path), curves(curves_path);
@@ -94,9 +103,13 @@ int main(int argc, char** argv) try {
 
   std::vector<outcome> outcomes;
   using codec = dt::compress::any_codec;
-  for (const auto& name : only)
-    for (const auto& spec : codecs) {
-      const std::string label = spec == "identity" ? name : name + " " + spec;
+  for (const auto& item : only)
+    for (const auto& listed : codecs) {
+      const auto slash = item.find('/');
+      const std::string name = item.substr(0, slash), spec = slash == std::string::npos ? listed : item.substr(slash + 1);
+      if (slash != std::string::npos && &listed != &codecs.front()) continue;  // its own codec, once
+      std::string label = spec == "identity" ? name : name + " " + spec;
+      if (aggregator != "mean" && name.rfind("diloco-", 0) == 0) label += " " + aggregator;
       if (name == "sync") {
         dt::comm::sync_allreduce<codec> p;
         p.codec = dt::compress::parse_codec(spec);
@@ -107,8 +120,9 @@ int main(int argc, char** argv) try {
         p.codec = dt::compress::parse_codec(spec);
         outcomes.push_back(run(label, p, peers, cfg, opts, data));
       } else if (name.rfind("diloco-", 0) == 0) {
-        dt::comm::diloco<dt::comm::outer::nesterov, codec> p;
+        dt::comm::diloco<dt::comm::outer::nesterov, codec, dt::collective::any_aggregator> p;
         p.inner_steps = std::stoll(name.substr(7));
+        p.aggregator = dt::collective::parse_aggregator(aggregator);
         p.outer_optimizer.lr = outer_lr;
         p.outer_optimizer.momentum = outer_momentum;
         p.codec = dt::compress::parse_codec(spec);

@@ -311,16 +311,18 @@ void declare_train(CLI::App& cmd) {
             "how payloads go on the wire: fp16 | bf16 |\n"
             "int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N] |\n"
             "sign[:block=N] | topk:FRACTION | topk:count=K (values f32, or \",int4\"\n"
-            "or \",int2\"), each with \",ef\" for error feedback and \",adaptive\" to\n"
-            "send f32 where that measures faster; dct:FRACTION with\n"
+            "or \",int2\"; \",chunk=N\": the top values of each N), each with \",ef\"\n"
+            "for error feedback (\",ef=D\": what waits decays by D a round) and\n"
+            "\",adaptive\" to send f32 where that measures faster; dct:FRACTION with\n"
             "chunk=N and top-k's settings (DeMo's DCT top-k); powersgd:rank=R\n"
             "with noef, seed=S, factors=int8|int4|bf16|fp16|fp4 (for example\n"
-            "--codec int4:block=64, --codec topk:0.02,int2,ef, --codec\n"
+            "--codec int4:block=64, --codec topk:0.03,chunk=4096,int2,ef=0.95, --codec\n"
             "int8:adaptive, --codec powersgd:rank=4,factors=int8)",
             "identity")
       ->group(comm);
   cli::text(cmd, "aggregator", "SPEC",
-            "how the peers' contributions combine: mean | median |\n"
+            "how the peers' contributions combine: mean | sender-mean (per value,\n"
+            "the mean of the peers that sent it: for top-k, SparseLoCo's) | median |\n"
             "trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R], each\n"
             "with \",bucket=S\" (average random groups of S first) and\n"
             "\",partitioned\" (each peer aggregates a slice: a ring's traffic, not\n"

@@ -9618,6 +9618,23 @@ struct checkpoint {
   }
 };
 
+// State that belongs to one peer alone, which another peer must not take over: what an
+// error-feedback codec has not sent yet (a member that took it from a donor would send the
+// donor's unsent mass a second time). It lives under keys with an "own." segment. A state handed
+// to another peer leaves it out and says so; a component loading such a state keeps its own (a
+// joiner's own is empty: it has not sent anything yet).
+inline bool is_own_key(std::string_view key) { return key.starts_with("own.") || key.find(".own.") != std::string_view::npos; }
+inline constexpr const char* own_state_left_out = "checkpoint.own_state_left_out";
+inline void leave_out_own_state(checkpoint& c) {
+  auto drop = [](auto& map) { std::erase_if(map, [](const auto& entry) { return is_own_key(entry.first); }); };
+  drop(c.tensors);
+  drop(c.counters);
+  drop(c.rngs);
+  drop(c.text);
+  c.counters[own_state_left_out] = 1;
+}
+inline bool leaves_out_own_state(const checkpoint& c) { return c.counters.contains(own_state_left_out); }
+
 // A hash of the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).
 inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t version = checkpoint_version) {
@@ -14968,6 +14985,28 @@ struct mean {
   }
 };
 
+// Per coordinate, the mean of the contributions that hold a value there (non-zero), 0 where none
+// does: for sparse payloads (top-k), where a peer that did not send a coordinate contributes a
+// zero that means "not this round", not "zero". A coordinate sent by one peer of four moves by
+// that peer's value, not a quarter of it (SparseLoCo's scatter-mean). Dense contributions, all
+// non-zero, get the plain mean.
+struct sender_mean {
+  static constexpr const char* name = "sender-mean";
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "sender-mean");
+    std::fill(out.begin(), out.end(), 0.0f);
+    std::vector<std::uint32_t> senders(out.size(), 0);
+    for (const auto& c : in)
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (c[i] != 0.0f) {
+          out[i] += c[i];
+          ++senders[i];
+        }
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (senders[i] > 1) out[i] /= static_cast<float>(senders[i]);
+  }
+};
+
 // Per coordinate, the middle value (the mean of the two middle ones for an even count): robust
 // to fewer than half the contributions, but noisier than the mean when all are honest.
 struct median {
@@ -15121,7 +15160,7 @@ struct partitioned {
 // ---- begin decentrain/collective/any_aggregator.hpp ----
 // An aggregator chosen at run time (a command line's --aggregator): any aggregator behind one
 // type, and the parser for its specs:
-//   mean | median | trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R]
+//   mean | sender-mean | median | trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R]
 // each with ",bucket=S[,seed=N]" (bucketing in random groups of S) and ",partitioned" (aggregated
 // per partition), for example "centered-clip:bucket=2", "median:partitioned", "trimmed-mean:trim=0.2".
 
@@ -15250,7 +15289,7 @@ any_aggregator wrap_partition(A a, bool per_partition) {
 }
 }  // namespace detail
 
-inline const char* aggregator_names = "mean, median, trimmed-mean, centered-clip";
+inline const char* aggregator_names = "mean, sender-mean, median, trimmed-mean, centered-clip";
 
 // "centered-clip:iterations=3,bucket=2" -> the aggregator; an unknown name, setting or value is
 // an error naming it.
@@ -15294,6 +15333,10 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
   if (name == "mean") {
     for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
     return wrap(mean{});
+  }
+  if (name == "sender-mean") {
+    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    return wrap(sender_mean{});
   }
   if (name == "median") {
     for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
@@ -16947,9 +16990,10 @@ struct adaptive {
 //
 //   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
 //   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
-//   block=N ; any of them with ",ef" for error feedback and ",adaptive" to send f32 instead
-//   where that measures faster (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef",
-//   "sign:block=256,ef", "int8:adaptive")
+//   block=N, chunk=N (top-k within each chunk of N values) ; any of them with ",ef" for error
+//   feedback (",ef=0.95": what is kept decays by that factor each round) and ",adaptive" to send
+//   f32 instead where that measures faster (for example "int4:block=64", "topk:0.02,ef",
+//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive")
 //   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
 //   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
 //   in; "powersgd:rank=4,factors=int8")
@@ -17192,7 +17236,10 @@ static_assert(check_codec<int8_blockwise>() && check_codec<int4_blockwise>());
 // or in 4 or 2 bits (`value_bits`): a sign and a magnitude of 1..L (L = 8 or 2) in L-ths of
 // the absmax of each `block` of selected values, scale f32. No code means zero: every value
 // top-k picks is among the largest, so the grid spends its codes on magnitudes (SparseLoCo sends
-// 1-3% of the values at 2 bits). Sent by gathering (every peer decodes every peer's payload),
+// 1-3% of the values at 2 bits). With `chunk`, the k largest are taken within each chunk of that
+// many values (SparseLoCo's and DeMo's chunk-wise top-k): every part of the model sends its
+// share, where one global cut can spend the whole budget on the few tensors whose updates run
+// largest. Sent by gathering (every peer decodes every peer's payload),
 // since sparse payloads do not add up on the way around a ring. Meant to run inside
 // error_feedback<top_k>, which keeps what was not sent for the next round (Deep Gradient
 // Compression, SparseLoCo).
@@ -17214,20 +17261,21 @@ struct top_k {
   static constexpr const char* name = "topk";
   static constexpr bool dense = false;
   double fraction = 0.01;  // of the values sent (at least one)
-  std::int64_t count = 0;  // when > 0, exactly this many (at most all)
+  std::int64_t count = 0;  // when > 0, exactly this many (at most all), per chunk where chunks are set
   int value_bits = 32;     // 32 (f32), 4 or 2
   std::size_t block = 64;  // selected values per scale, when value_bits < 32
+  std::size_t chunk = 0;   // when > 0, top-k within each run of this many values (the last may be shorter)
 
   std::string describe() const {
     std::string s = count > 0 ? "topk(count=" + std::to_string(count) : "topk(fraction=" + std::to_string(fraction);
+    if (chunk > 0) s += ",chunk=" + std::to_string(chunk);
     if (value_bits < 32) s += ",int" + std::to_string(value_bits) + ",block=" + std::to_string(block);
     return s + ")";
   }
   std::size_t k_for(std::size_t n) const {
     check_settings();
-    if (n == 0) return 0;
-    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(n)));
-    return std::clamp<std::size_t>(k, 1, n);
+    if (chunk == 0 || n <= chunk) return k_within(n);
+    return n / chunk * k_within(chunk) + k_within(n % chunk);
   }
   static constexpr std::size_t header_bytes = 8 + 8 + 1 + 8;  // n, k, index format, index bytes
   std::size_t value_bytes(std::size_t k) const {
@@ -17243,13 +17291,22 @@ struct top_k {
     const std::size_t n = in.size(), k = k_for(n);
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), std::uint32_t{0});
-    // Largest magnitudes first; ties to the lower index, so every run picks the same.
+    // Largest magnitudes first; ties to the lower index, so every run picks the same. Each
+    // chunk's picks, in index order, move to the front: the k indices end up ascending.
     auto larger = [&](std::uint32_t a, std::uint32_t b) {
       const float x = std::abs(in[a]), y = std::abs(in[b]);
       return x > y || (x == y && a < b);
     };
-    if (k < n) std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(), larger);
-    std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k));
+    const std::size_t step = chunk > 0 ? chunk : std::max<std::size_t>(n, 1);
+    std::size_t picked = 0;
+    for (std::size_t from = 0; from < n; from += step) {
+      const std::size_t size = std::min(step, n - from), kc = k_within(size);
+      const auto first = order_.begin() + static_cast<std::ptrdiff_t>(from);
+      if (kc < size) std::nth_element(first, first + static_cast<std::ptrdiff_t>(kc), first + static_cast<std::ptrdiff_t>(size), larger);
+      std::sort(first, first + static_cast<std::ptrdiff_t>(kc));
+      std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
+      picked += kc;
+    }
     // Indices as varint gaps or as a bitmap.
     varints_.clear();
     std::int64_t previous = -1;
@@ -17379,6 +17436,13 @@ struct top_k {
     decentrain::detail::check(value_bits == 32 || value_bits == 4 || value_bits == 2,
                               "topk codec: value_bits must be 32, 4 or 2, got ", value_bits);
     decentrain::detail::check(block >= 1 && block <= (std::size_t{1} << 24), "topk codec: block must be in [1, 2^24], got ", block);
+    decentrain::detail::check(chunk <= (std::size_t{1} << 32), "topk codec: chunk must be at most 2^32 values, got ", chunk);
+  }
+  // How many of `size` values (one chunk, or all) are sent.
+  std::size_t k_within(std::size_t size) const {
+    if (size == 0) return 0;
+    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(size)));
+    return std::clamp<std::size_t>(k, 1, size);
   }
   int levels() const { return 1 << (value_bits - 1); }  // magnitudes 1..L, and a sign bit
   static void put(std::byte*& p, std::uint64_t v) {
@@ -17495,9 +17559,12 @@ static_assert(check_codec<dct_top_k>());
 // dense codec the whole payload is put on the codec's grid here (the residual keeps the
 // difference) and then all-reduced through the codec's ring, whose first hop re-encodes it
 // without further loss; for a sparse one, each payload that is gathered goes through encode
-// below. sent + kept == payload + what was kept before, exactly up to f32 rounding. The
-// residual is part of the checkpoint; a payload of another size than the residual's is an error
-// (a residual never silently spills into the wrong values).
+// below. sent + kept == payload + decay x what was kept before, exactly up to f32 rounding.
+// `decay` < 1 is SparseLoCo's (Sarfi et al. 2025) accumulator: what waits fades by that factor
+// each round, so mass that could not go out for many rounds (computed from parameters long
+// replaced) does not arrive late at full weight, and the decayed sum does the work of an outer
+// momentum. The residual is part of the checkpoint; a payload of another size than the residual's
+// is an error (a residual never silently spills into the wrong values).
 
 #include <algorithm>
 #include <cstddef>
@@ -17508,14 +17575,30 @@ static_assert(check_codec<dct_top_k>());
 
 namespace decentrain::compress {
 
+namespace detail {
+// A peer's unsent residual from its checkpoint: "own.residual" under the codec's prefix (a
+// checkpoint written before residuals were marked as the peer's own has "residual").
+inline std::vector<float> load_residual(const io::checkpoint& c, const std::string& prefix, const char* who) {
+  auto it = c.tensors.find(prefix + "own.residual");
+  if (it == c.tensors.end()) it = c.tensors.find(prefix + "residual");
+  decentrain::detail::check(it != c.tensors.end(), who, ": the checkpoint has no '", prefix, "own.residual'");
+  decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, who, ": '", it->first,
+                            "' must be a 1-D f32 tensor");
+  return it->second.template to_vector<float>();
+}
+}  // namespace detail
+
 template <class Codec>
 struct error_feedback {
   static_assert(check_codec<Codec>());
   static constexpr const char* name = "ef";
   static constexpr bool dense = is_dense<Codec>();
   Codec codec{};
+  double decay = 1.0;  // in (0, 1]: what is kept is multiplied by this before the next payload
 
-  std::string describe() const { return "ef(" + compress::describe(codec) + ")"; }
+  std::string describe() const {
+    return "ef(" + compress::describe(codec) + (decay == 1.0 ? std::string() : ",decay=" + std::to_string(decay)) + ")";
+  }
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
   void set_layout(const layout& l) { compress::set_layout(codec, l); }
 
@@ -17546,36 +17629,39 @@ struct error_feedback {
   }
 
   const std::vector<float>& residual() const { return residual_; }
-  // Adds what is kept into `values` and forgets it: for a round sent exactly (adaptive's f32
-  // rounds), which then carries it all.
+  // Adds what is kept (decayed, as encode would) into `values` and forgets it: for a round sent
+  // exactly (adaptive's f32 rounds), which then carries it all.
   void flush_into(std::span<float> values) {
     if (residual_.empty()) return;
-    decentrain::detail::check(residual_.size() == values.size(), "error_feedback: a payload of ", values.size(),
-                              " values, the residual holds ", residual_.size());
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] += residual_[i];
+    add_residual(values);
+    std::copy(wanted_.begin(), wanted_.end(), values.begin());
     std::fill(residual_.begin(), residual_.end(), 0.0f);
   }
 
+  // The residual is this peer's own (io::is_own_key): a state taken from another peer leaves it
+  // out, and this peer keeps what it had not sent (a joiner: nothing).
   void save(io::checkpoint& c, const std::string& prefix) const {
-    c.tensors[prefix + "residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
+    c.tensors[prefix + "own.residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
     if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix + "inner.");
   }
   void load(const io::checkpoint& c, const std::string& prefix) {
-    auto it = c.tensors.find(prefix + "residual");
-    decentrain::detail::check(it != c.tensors.end(), "error_feedback: the checkpoint has no '", prefix, "residual'");
-    decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, "error_feedback: '", prefix,
-                              "residual' must be a 1-D f32 tensor");
-    residual_ = it->second.template to_vector<float>();
+    if (!io::leaves_out_own_state(c)) residual_ = detail::load_residual(c, prefix, "error_feedback");
     if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix + "inner.");
   }
 
  private:
   void add_residual(std::span<const float> values) {
+    decentrain::detail::check(decay > 0 && decay <= 1, "error_feedback: decay must be in (0, 1], got ", decay);
     if (residual_.empty()) residual_.assign(values.size(), 0.0f);
     decentrain::detail::check(residual_.size() == values.size(), "error_feedback: a payload of ", values.size(),
                               " values, the residual holds ", residual_.size());
     wanted_.resize(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + residual_[i];
+    if (decay == 1.0) {
+      for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + residual_[i];
+    } else {
+      const auto d = static_cast<float>(decay);
+      for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + d * residual_[i];
+    }
   }
   std::vector<float> residual_, wanted_, sent_;
 };
@@ -18035,7 +18121,7 @@ struct powersgd {
     std::vector<float> qs = loaded_q_;
     for (const auto& q : q_) qs.insert(qs.end(), q.begin(), q.end());
     c.tensors[prefix + "q"] = from_vector<cpu>(qs, shape{static_cast<std::int64_t>(qs.size())});
-    c.tensors[prefix + "residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
+    c.tensors[prefix + "own.residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
     c.counters[prefix + "rounds"] = static_cast<std::int64_t>(rounds_);
     if constexpr (requires { p_codec_.save(c, prefix); }) {
       p_codec_.save(c, prefix + "p.");
@@ -18051,7 +18137,7 @@ struct powersgd {
       return it->second.template to_vector<float>();
     };
     const auto qs = vector("q");
-    residual_ = vector("residual");
+    if (!io::leaves_out_own_state(c)) residual_ = detail::load_residual(c, prefix, "powersgd codec");
     auto it = c.counters.find(prefix + "rounds");
     decentrain::detail::check(it != c.counters.end(), "powersgd codec: the checkpoint has no '", prefix, "rounds'");
     rounds_ = static_cast<std::uint64_t>(it->second);
@@ -18351,10 +18437,17 @@ inline any_codec parse_codec(std::string_view spec) {
   const decentrain::detail::spec parsed("--codec", spec);
   const std::string& name = parsed.name;
   bool ef = false, adapt = false;
+  double decay = 1.0;
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& [key, value] : parsed.settings) {
     if ((key == "ef" || key == "adaptive") && value.empty()) {
       (key == "ef" ? ef : adapt) = true;
+      continue;
+    }
+    if (key == "ef") {
+      ef = true;
+      decay = parsed.number(key, value);
+      check(decay > 0 && decay <= 1, "--codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
     settings.emplace_back(key, value);
@@ -18371,6 +18464,7 @@ inline any_codec parse_codec(std::string_view spec) {
     if (ef) {
       error_feedback<decltype(c)> e;
       e.codec = c;
+      e.decay = decay;
       chosen = e;
     }
     if (!adapt) return chosen;
@@ -18429,9 +18523,12 @@ inline any_codec parse_codec(std::string_view spec) {
   };
   if (name == "topk") {
     top_k c;
-    for (const auto& [k, v] : settings)
-      if (!topk_setting(c, k, v))
-        unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale)");
+    for (const auto& [k, v] : settings) {
+      if (k == "chunk") c.chunk = whole(k, v, 1, 4294967296.0);
+      else if (!topk_setting(c, k, v))
+        unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale), "
+                   "chunk=N (top-k within each chunk)");
+    }
     (void)c.k_for(1);
     return wrap(c);
   }
@@ -21024,13 +21121,15 @@ struct elastic {
   }
 
   // This peer's state as another takes it: without what stays with each peer (its rank, dropout
-  // stream and byte count; adopt keeps its own), so members that hold the same model encode the
-  // same bytes and can serve one joiner together.
+  // stream and byte count, and what its codec has not sent yet; adopt keeps its own), so members
+  // that hold the same model encode the same bytes and can serve one joiner together, and no
+  // unsent mass is taken over and sent twice.
   template <class Ctx>
   static std::string shared_state(Ctx& ctx) {
     auto c = ctx.capture();
     c.rngs.erase("dropout");
     for (const char* own : {"trainer.rank", "trainer.world", "trainer.policy_bytes_sent"}) c.counters.erase(own);
+    io::leave_out_own_state(c);
     return io::encode_checkpoint(c);
   }
   static std::string list(const std::vector<int>& ranks) {

@@ -75,6 +75,33 @@ TEST_CASE("aggregators: known answers on crafted contributions", "[aggregate]") 
   CHECK_THROWS_WITH(combine(col::median{}, {{1, 2}, {3}}), Catch::Contains("a contribution has 1 values, the output 2"));
 }
 
+TEST_CASE("aggregators: sender-mean averages each coordinate over the peers that sent it", "[aggregate]") {
+  // Coordinate 0: all four sent; 1: one peer; 2: two; 3: none.
+  const std::vector<std::vector<float>> sparse = {{1, 0, 2, 0}, {3, 0, 0, 0}, {5, -6, 4, 0}, {7, 0, 0, 0}};
+  CHECK(combine(col::sender_mean{}, sparse) == std::vector<float>{4, -6, 3, 0});
+  CHECK(combine(col::mean{}, sparse) == std::vector<float>{4, -1.5f, 1.5f, 0});
+  const std::vector<std::vector<float>> dense = {{1, 10}, {5, -2}, {3, 4}};
+  CHECK(combine(col::sender_mean{}, dense) == combine(col::mean{}, dense));
+  CHECK(col::parse_aggregator("sender-mean").describe() == "sender-mean");
+  CHECK(!col::parse_aggregator("sender-mean").averages_in_flight());  // it must see every contribution
+}
+
+TEMPLATE_TEST_CASE("robust all-reduce: sender-mean through top-k moves a coordinate one peer sent by its value", "[aggregate]",
+                   TRANSPORTS) {
+  TestType::run(4, [&](auto& ep) {
+    dt::collective::communicator c(ep);
+    dt::compress::top_k codec;
+    codec.count = 1;
+    std::vector<float> v(8, 0.001f);
+    v[static_cast<std::size_t>(ep.rank())] = 2.0f * static_cast<float>(ep.rank() + 1);
+    col::sender_mean a;
+    col::aggregation_record record;
+    dt::compress::all_reduce(codec, c, std::span<float>(v), true, a, record);
+    for (std::size_t i = 0; i < 4; ++i) CHECK(v[i] == 2.0f * static_cast<float>(i + 1));
+    for (std::size_t i = 4; i < 8; ++i) CHECK(v[i] == 0.0f);
+  });
+}
+
 TEST_CASE("aggregators: large finite contributions never add up to infinity (found by fuzz/specs)", "[aggregate]") {
   // Each pair sums past FLT_MAX; every aggregate of them lies between them and is finite.
   const float big = 3e38f;

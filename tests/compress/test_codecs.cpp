@@ -279,6 +279,92 @@ TEST_CASE("codecs: error feedback sends everything eventually: sent + kept == in
   CHECK_THROWS_WITH(round_trip(ef, std::vector<float>(10, 1.0f)), Catch::Contains("a payload of 10 values, the residual holds 1000"));
 }
 
+TEST_CASE("codecs: error feedback with a decay keeps payload + decay x what was kept, less what was sent") {
+  for (double decay : {1.0, 0.95, 0.5}) {
+    cz::error_feedback<cz::top_k> ef;
+    ef.codec.fraction = 0.05;
+    ef.decay = decay;
+    const std::size_t n = 1000;
+    std::vector<float> kept(n, 0.0f);
+    double worst = 0, largest = 0;
+    for (int round = 0; round < 20; ++round) {
+      const auto x = random_values(n, 300 + static_cast<std::uint64_t>(round));
+      const auto y = round_trip(ef, x);
+      for (std::size_t i = 0; i < n; ++i) {
+        const double want = x[i] + static_cast<double>(static_cast<float>(decay) * kept[i]) - y[i];
+        worst = std::max(worst, std::abs(ef.residual()[i] - want));
+        largest = std::max(largest, static_cast<double>(std::abs(ef.residual()[i])));
+      }
+      kept = ef.residual();
+    }
+    INFO("decay " << decay);
+    CHECK(worst < 1e-5);
+    // A residual that decays holds less than one that does not (95% of each round waits): the
+    // undecayed one grows like the square root of the rounds, a decayed one levels off.
+    if (decay == 0.5) CHECK(largest < 6.0);
+  }
+  // The decay is part of the settings peers compare, and a decay outside (0, 1] is refused.
+  CHECK(cz::parse_codec("topk:0.02,ef=0.95").describe() == "ef(topk(fraction=0.020000),decay=0.950000)");
+  CHECK(cz::parse_codec("topk:0.02,ef").describe() == "ef(topk(fraction=0.020000))");
+  CHECK_THROWS_WITH(cz::parse_codec("topk:0.02,ef=1.5"), Catch::Contains("ef=D takes a decay in (0, 1], got 1.5"));
+  CHECK_THROWS_WITH(cz::parse_codec("int8:ef=0"), Catch::Contains("ef=D takes a decay in (0, 1], got 0"));
+  cz::error_feedback<cz::int8_blockwise> bad;
+  bad.decay = -1;
+  CHECK_THROWS_WITH(round_trip(bad, std::vector<float>(10, 1.0f)), Catch::Contains("decay must be in (0, 1], got -1"));
+  // An adaptive f32 round takes what is kept, decayed alike.
+  cz::error_feedback<cz::top_k> a;
+  a.codec.fraction = 0.1;
+  a.decay = 0.5;
+  const auto x = random_values(100, 17);
+  (void)round_trip(a, x);
+  const auto before = a.residual();
+  std::vector<float> flushed(100, 1.0f);
+  a.flush_into(flushed);
+  for (std::size_t i = 0; i < 100; ++i) CHECK(flushed[i] == 1.0f + 0.5f * before[i]);
+  CHECK(std::all_of(a.residual().begin(), a.residual().end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST_CASE("codecs: chunk-wise top-k sends the k largest of every chunk") {
+  for (std::size_t n : {1ul, 63ul, 64ul, 1000ul, 40000ul})
+    for (std::size_t chunk : {1ul, 7ul, 64ul, 4096ul}) {
+      cz::top_k c;
+      c.fraction = 0.05;
+      c.chunk = chunk;
+      auto x = random_values(n, 11 + n + chunk);
+      // The first chunk's values run 1000x larger: a global cut would spend everything there.
+      for (std::size_t i = 0; i < std::min(n, chunk); ++i) x[i] *= 1000.0f;
+      const auto y = round_trip(c, x);
+      std::size_t total = 0;
+      for (std::size_t from = 0; from < n; from += chunk) {
+        const std::size_t size = std::min(chunk, n - from);
+        const auto kc = std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(0.05 * static_cast<double>(size))), 1, size);
+        std::vector<float> mags;
+        for (std::size_t i = from; i < from + size; ++i) mags.push_back(std::abs(x[i]));
+        std::sort(mags.begin(), mags.end(), std::greater<>());
+        std::size_t kept = 0;
+        for (std::size_t i = from; i < from + size; ++i)
+          if (y[i] != 0.0f) {
+            ++kept;
+            CHECK(y[i] == x[i]);
+            CHECK(std::abs(x[i]) >= mags[kc - 1]);
+          }
+        INFO("n " << n << ", chunk " << chunk << ", chunk at " << from);
+        CHECK(kept == kc);
+        total += kept;
+      }
+      CHECK(total == c.k_for(n));
+    }
+  // A count is per chunk; the settings name the chunk; the spec takes it.
+  cz::top_k c;
+  c.count = 3;
+  c.chunk = 10;
+  CHECK(c.k_for(25) == 3 + 3 + 3);
+  CHECK(c.k_for(21) == 3 + 3 + 1);
+  CHECK(cz::parse_codec("topk:0.02,chunk=4096,int2,ef=0.95").describe() ==
+        "ef(topk(fraction=0.020000,chunk=4096,int2,block=64),decay=0.950000)");
+  CHECK_THROWS_WITH(cz::parse_codec("topk:0.02,chunk=0"), Catch::Contains("chunk must be a whole number in [1,"));
+}
+
 TEST_CASE("codecs: state goes through a checkpoint, and a resumed codec encodes as the original would") {
   cz::error_feedback<cz::int8_blockwise> a;
   a.codec.mode = cz::rounding::stochastic;
@@ -293,6 +379,32 @@ TEST_CASE("codecs: state goes through a checkpoint, and a resumed codec encodes 
   CHECK(b.residual() == a.residual());
   const auto next = random_values(500, 99);
   CHECK(round_trip(a, next) == round_trip(b, next));
+}
+
+TEST_CASE("codecs: a state handed to another peer leaves the residual out, and the taker keeps its own") {
+  cz::error_feedback<cz::top_k> donor, member, joiner;
+  donor.codec.fraction = member.codec.fraction = joiner.codec.fraction = 0.1;
+  (void)round_trip(donor, random_values(200, 1));
+  (void)round_trip(member, random_values(200, 2));
+  dt::io::checkpoint c;
+  donor.save(c, "comm.test.codec.");
+  REQUIRE(c.tensors.count("comm.test.codec.own.residual") == 1);
+  dt::io::leave_out_own_state(c);
+  CHECK(c.tensors.count("comm.test.codec.own.residual") == 0);
+  const auto own = member.residual();
+  member.load(c, "comm.test.codec.");
+  joiner.load(c, "comm.test.codec.");
+  CHECK(member.residual() == own);     // a member behind keeps what it had not sent
+  CHECK(joiner.residual().empty());    // a joiner has nothing unsent: it does not send the donor's again
+  // A checkpoint of its own is read whole, also one that names the residual as before "own.".
+  dt::io::checkpoint old;
+  old.tensors["codec.residual"] = dt::from_vector<dt::cpu>(donor.residual(), dt::shape{200});
+  joiner.load(old, "codec.");
+  CHECK(joiner.residual() == donor.residual());
+  CHECK_THROWS_WITH(joiner.load(dt::io::checkpoint{}, "codec."), Catch::Contains("the checkpoint has no 'codec.own.residual'"));
+  CHECK(dt::io::is_own_key("comm.diloco.codec.own.residual"));
+  CHECK(dt::io::is_own_key("own.x"));
+  CHECK(!dt::io::is_own_key("comm.diloco.owner"));
 }
 
 TEST_CASE("codecs: hostile payloads are rejected with the reason, never decoded out of bounds") {
@@ -677,9 +789,9 @@ TEST_CASE("codecs: PowerSGD's factors and residual go through a checkpoint, the 
   };
   dt::io::checkpoint saved[2];
   (void)rounds(0, 2, nullptr, saved);
-  CHECK(saved[0].tensors.at("codec.residual").numel() == 1236);
+  CHECK(saved[0].tensors.at("codec.own.residual").numel() == 1236);
   CHECK(saved[0].tensors.at("codec.q").numel() == 30 * 3);
-  CHECK(saved[1].tensors.count("codec.p.residual") == 1);  // the factors' own error feedback
+  CHECK(saved[1].tensors.count("codec.p.own.residual") == 1);  // the factors' own error feedback
   const auto whole = rounds(0, 4, nullptr, nullptr);
   CHECK(rounds(2, 2, saved, nullptr) == whole);
   CHECK(rounds(2, 2, nullptr, nullptr) != whole);  // the state mattered

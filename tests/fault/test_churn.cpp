@@ -344,3 +344,57 @@ TEST_CASE("elastic: left_out = rejoin on a transport without joiners is refused 
   }),
                     Catch::Contains("left_out = rejoin runs on a deterministic in_process network only"));
 }
+
+TEST_CASE("churn simulator: a joiner takes the group's state but not a member's unsent error-feedback residual") {
+  using codec = dt::compress::error_feedback<dt::compress::top_k>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<dt::comm::outer::nesterov, codec>,
+                                     dt::parallel::data, dt::fault::elastic>;
+  dt::transport::in_process::options o;
+  o.peers_fail_alone = true;
+  o.initial_peers = 4;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  o.deterministic->churn = {{10.0, dt::transport::churn_event::kind::start, 4}};
+  dt::transport::in_process net(dt::transport::links::lan(5), o);
+  trainer_options opts;
+  opts.steps = 32;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  dt::comm::diloco<dt::comm::outer::nesterov, codec> comm;
+  comm.inner_steps = 4;
+  comm.codec.codec.fraction = 0.05;  // 95% of each round waits in the residual
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::milliseconds(5000);
+  struct seen {
+    std::map<std::int64_t, std::vector<float>> residual;  // after each step
+    std::vector<float> params;
+  };
+  std::map<int, seen> peers;
+  std::mutex m;
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+    seen mine;
+    t.on_step([&](const dt::train::step_metrics& s) { mine.residual[s.step] = t.policy().codec.residual(); });
+    t.fit(small_corpus().data);
+    mine.params = flat_params(t.model().parameters());
+    std::lock_guard lock(m);
+    peers[ep.rank()] = mine;
+  });
+  REQUIRE(peers.size() == 5);
+  const auto& joiner = peers.at(4).residual;
+  REQUIRE(!joiner.empty());
+  const std::int64_t first = joiner.begin()->first;  // its first step in the group (metrics count from 1)
+  INFO("the joiner's first step: " << first);
+  CHECK(first > comm.inner_steps);
+  CHECK((first - 1) % comm.inner_steps == 0);  // admitted at a round's start
+  // Until its first round ends it has sent nothing, so it holds nothing unsent, while every
+  // member it took the state from holds 95% of its rounds so far: taking that over would send it
+  // a second time.
+  CHECK(joiner.at(first).empty());
+  for (int r = 0; r < 4; ++r) {
+    const auto& member = peers.at(r).residual.at(first);
+    CHECK(std::count_if(member.begin(), member.end(), [](float v) { return v != 0.0f; }) > 0);
+  }
+  const auto& after_round = joiner.at(first + comm.inner_steps - 1);
+  CHECK(std::count_if(after_round.begin(), after_round.end(), [](float v) { return v != 0.0f; }) > 0);
+  for (int r = 1; r < 5; ++r) CHECK((peers.at(r).params == peers.at(0).params));
+}

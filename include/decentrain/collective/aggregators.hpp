@@ -138,6 +138,28 @@ struct mean {
   }
 };
 
+// Per coordinate, the mean of the contributions that hold a value there (non-zero), 0 where none
+// does: for sparse payloads (top-k), where a peer that did not send a coordinate contributes a
+// zero that means "not this round", not "zero". A coordinate sent by one peer of four moves by
+// that peer's value, not a quarter of it (SparseLoCo's scatter-mean). Dense contributions, all
+// non-zero, get the plain mean.
+struct sender_mean {
+  static constexpr const char* name = "sender-mean";
+  void combine(contributions in, std::span<float> out) {
+    detail::check_shapes(in, out, "sender-mean");
+    std::fill(out.begin(), out.end(), 0.0f);
+    std::vector<std::uint32_t> senders(out.size(), 0);
+    for (const auto& c : in)
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (c[i] != 0.0f) {
+          out[i] += c[i];
+          ++senders[i];
+        }
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (senders[i] > 1) out[i] /= static_cast<float>(senders[i]);
+  }
+};
+
 // Per coordinate, the middle value (the mean of the two middle ones for an even count): robust
 // to fewer than half the contributions, but noisier than the mean when all are honest.
 struct median {

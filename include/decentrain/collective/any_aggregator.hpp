@@ -1,6 +1,6 @@
 // An aggregator chosen at run time (a command line's --aggregator): any aggregator behind one
 // type, and the parser for its specs:
-//   mean | median | trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R]
+//   mean | sender-mean | median | trimmed-mean[:trim=F] | centered-clip[:iterations=N,radius=R]
 // each with ",bucket=S[,seed=N]" (bucketing in random groups of S) and ",partitioned" (aggregated
 // per partition), for example "centered-clip:bucket=2", "median:partitioned", "trimmed-mean:trim=0.2".
 #pragma once
@@ -73,7 +73,7 @@ any_aggregator wrap_partition(A a, bool per_partition) {
 }
 }  // namespace detail
 
-inline const char* aggregator_names = "mean, median, trimmed-mean, centered-clip";
+inline const char* aggregator_names = "mean, sender-mean, median, trimmed-mean, centered-clip";
 
 // "centered-clip:iterations=3,bucket=2" -> the aggregator; an unknown name, setting or value is
 // an error naming it.
@@ -117,6 +117,10 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
   if (name == "mean") {
     for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
     return wrap(mean{});
+  }
+  if (name == "sender-mean") {
+    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    return wrap(sender_mean{});
   }
   if (name == "median") {
     for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");

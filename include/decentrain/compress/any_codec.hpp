@@ -4,9 +4,10 @@
 //
 //   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
 //   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
-//   block=N ; any of them with ",ef" for error feedback and ",adaptive" to send f32 instead
-//   where that measures faster (for example "int4:block=64", "topk:0.02,ef", "topk:0.02,int2,ef",
-//   "sign:block=256,ef", "int8:adaptive")
+//   block=N, chunk=N (top-k within each chunk of N values) ; any of them with ",ef" for error
+//   feedback (",ef=0.95": what is kept decays by that factor each round) and ",adaptive" to send
+//   f32 instead where that measures faster (for example "int4:block=64", "topk:0.02,ef",
+//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive")
 //   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
 //   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
 //   in; "powersgd:rank=4,factors=int8")
@@ -120,10 +121,17 @@ inline any_codec parse_codec(std::string_view spec) {
   const decentrain::detail::spec parsed("--codec", spec);
   const std::string& name = parsed.name;
   bool ef = false, adapt = false;
+  double decay = 1.0;
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& [key, value] : parsed.settings) {
     if ((key == "ef" || key == "adaptive") && value.empty()) {
       (key == "ef" ? ef : adapt) = true;
+      continue;
+    }
+    if (key == "ef") {
+      ef = true;
+      decay = parsed.number(key, value);
+      check(decay > 0 && decay <= 1, "--codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
     settings.emplace_back(key, value);
@@ -140,6 +148,7 @@ inline any_codec parse_codec(std::string_view spec) {
     if (ef) {
       error_feedback<decltype(c)> e;
       e.codec = c;
+      e.decay = decay;
       chosen = e;
     }
     if (!adapt) return chosen;
@@ -198,9 +207,12 @@ inline any_codec parse_codec(std::string_view spec) {
   };
   if (name == "topk") {
     top_k c;
-    for (const auto& [k, v] : settings)
-      if (!topk_setting(c, k, v))
-        unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale)");
+    for (const auto& [k, v] : settings) {
+      if (k == "chunk") c.chunk = whole(k, v, 1, 4294967296.0);
+      else if (!topk_setting(c, k, v))
+        unknown(k, "a fraction (topk:0.02), fraction=F, count=K, int4 or int2 values, block=N (values per scale), "
+                   "chunk=N (top-k within each chunk)");
+    }
     (void)c.k_for(1);
     return wrap(c);
   }

@@ -31,6 +31,7 @@
 #include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
+#include "decentrain/compress/error_feedback.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/compress/layout.hpp"
 #include "decentrain/core/factory.hpp"
@@ -237,7 +238,7 @@ struct powersgd {
     std::vector<float> qs = loaded_q_;
     for (const auto& q : q_) qs.insert(qs.end(), q.begin(), q.end());
     c.tensors[prefix + "q"] = from_vector<cpu>(qs, shape{static_cast<std::int64_t>(qs.size())});
-    c.tensors[prefix + "residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
+    c.tensors[prefix + "own.residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
     c.counters[prefix + "rounds"] = static_cast<std::int64_t>(rounds_);
     if constexpr (requires { p_codec_.save(c, prefix); }) {
       p_codec_.save(c, prefix + "p.");
@@ -253,7 +254,7 @@ struct powersgd {
       return it->second.template to_vector<float>();
     };
     const auto qs = vector("q");
-    residual_ = vector("residual");
+    if (!io::leaves_out_own_state(c)) residual_ = detail::load_residual(c, prefix, "powersgd codec");
     auto it = c.counters.find(prefix + "rounds");
     decentrain::detail::check(it != c.counters.end(), "powersgd codec: the checkpoint has no '", prefix, "rounds'");
     rounds_ = static_cast<std::uint64_t>(it->second);

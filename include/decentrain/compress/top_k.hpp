@@ -3,7 +3,10 @@
 // or in 4 or 2 bits (`value_bits`): a sign and a magnitude of 1..L (L = 8 or 2) in L-ths of
 // the absmax of each `block` of selected values, scale f32. No code means zero: every value
 // top-k picks is among the largest, so the grid spends its codes on magnitudes (SparseLoCo sends
-// 1-3% of the values at 2 bits). Sent by gathering (every peer decodes every peer's payload),
+// 1-3% of the values at 2 bits). With `chunk`, the k largest are taken within each chunk of that
+// many values (SparseLoCo's and DeMo's chunk-wise top-k): every part of the model sends its
+// share, where one global cut can spend the whole budget on the few tensors whose updates run
+// largest. Sent by gathering (every peer decodes every peer's payload),
 // since sparse payloads do not add up on the way around a ring. Meant to run inside
 // error_feedback<top_k>, which keeps what was not sent for the next round (Deep Gradient
 // Compression, SparseLoCo).
@@ -28,20 +31,21 @@ struct top_k {
   static constexpr const char* name = "topk";
   static constexpr bool dense = false;
   double fraction = 0.01;  // of the values sent (at least one)
-  std::int64_t count = 0;  // when > 0, exactly this many (at most all)
+  std::int64_t count = 0;  // when > 0, exactly this many (at most all), per chunk where chunks are set
   int value_bits = 32;     // 32 (f32), 4 or 2
   std::size_t block = 64;  // selected values per scale, when value_bits < 32
+  std::size_t chunk = 0;   // when > 0, top-k within each run of this many values (the last may be shorter)
 
   std::string describe() const {
     std::string s = count > 0 ? "topk(count=" + std::to_string(count) : "topk(fraction=" + std::to_string(fraction);
+    if (chunk > 0) s += ",chunk=" + std::to_string(chunk);
     if (value_bits < 32) s += ",int" + std::to_string(value_bits) + ",block=" + std::to_string(block);
     return s + ")";
   }
   std::size_t k_for(std::size_t n) const {
     check_settings();
-    if (n == 0) return 0;
-    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(n)));
-    return std::clamp<std::size_t>(k, 1, n);
+    if (chunk == 0 || n <= chunk) return k_within(n);
+    return n / chunk * k_within(chunk) + k_within(n % chunk);
   }
   static constexpr std::size_t header_bytes = 8 + 8 + 1 + 8;  // n, k, index format, index bytes
   std::size_t value_bytes(std::size_t k) const {
@@ -57,13 +61,22 @@ struct top_k {
     const std::size_t n = in.size(), k = k_for(n);
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), std::uint32_t{0});
-    // Largest magnitudes first; ties to the lower index, so every run picks the same.
+    // Largest magnitudes first; ties to the lower index, so every run picks the same. Each
+    // chunk's picks, in index order, move to the front: the k indices end up ascending.
     auto larger = [&](std::uint32_t a, std::uint32_t b) {
       const float x = std::abs(in[a]), y = std::abs(in[b]);
       return x > y || (x == y && a < b);
     };
-    if (k < n) std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(), larger);
-    std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k));
+    const std::size_t step = chunk > 0 ? chunk : std::max<std::size_t>(n, 1);
+    std::size_t picked = 0;
+    for (std::size_t from = 0; from < n; from += step) {
+      const std::size_t size = std::min(step, n - from), kc = k_within(size);
+      const auto first = order_.begin() + static_cast<std::ptrdiff_t>(from);
+      if (kc < size) std::nth_element(first, first + static_cast<std::ptrdiff_t>(kc), first + static_cast<std::ptrdiff_t>(size), larger);
+      std::sort(first, first + static_cast<std::ptrdiff_t>(kc));
+      std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
+      picked += kc;
+    }
     // Indices as varint gaps or as a bitmap.
     varints_.clear();
     std::int64_t previous = -1;
@@ -193,6 +206,13 @@ struct top_k {
     decentrain::detail::check(value_bits == 32 || value_bits == 4 || value_bits == 2,
                               "topk codec: value_bits must be 32, 4 or 2, got ", value_bits);
     decentrain::detail::check(block >= 1 && block <= (std::size_t{1} << 24), "topk codec: block must be in [1, 2^24], got ", block);
+    decentrain::detail::check(chunk <= (std::size_t{1} << 32), "topk codec: chunk must be at most 2^32 values, got ", chunk);
+  }
+  // How many of `size` values (one chunk, or all) are sent.
+  std::size_t k_within(std::size_t size) const {
+    if (size == 0) return 0;
+    const auto k = count > 0 ? static_cast<std::size_t>(count) : static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(size)));
+    return std::clamp<std::size_t>(k, 1, size);
   }
   int levels() const { return 1 << (value_bits - 1); }  // magnitudes 1..L, and a sign bit
   static void put(std::byte*& p, std::uint64_t v) {

@@ -390,13 +390,15 @@ struct elastic {
   }
 
   // This peer's state as another takes it: without what stays with each peer (its rank, dropout
-  // stream and byte count; adopt keeps its own), so members that hold the same model encode the
-  // same bytes and can serve one joiner together.
+  // stream and byte count, and what its codec has not sent yet; adopt keeps its own), so members
+  // that hold the same model encode the same bytes and can serve one joiner together, and no
+  // unsent mass is taken over and sent twice.
   template <class Ctx>
   static std::string shared_state(Ctx& ctx) {
     auto c = ctx.capture();
     c.rngs.erase("dropout");
     for (const char* own : {"trainer.rank", "trainer.world", "trainer.policy_bytes_sent"}) c.counters.erase(own);
+    io::leave_out_own_state(c);
     return io::encode_checkpoint(c);
   }
   static std::string list(const std::vector<int>& ranks) {

@@ -52,6 +52,23 @@ struct checkpoint {
   }
 };
 
+// State that belongs to one peer alone, which another peer must not take over: what an
+// error-feedback codec has not sent yet (a member that took it from a donor would send the
+// donor's unsent mass a second time). It lives under keys with an "own." segment. A state handed
+// to another peer leaves it out and says so; a component loading such a state keeps its own (a
+// joiner's own is empty: it has not sent anything yet).
+inline bool is_own_key(std::string_view key) { return key.starts_with("own.") || key.find(".own.") != std::string_view::npos; }
+inline constexpr const char* own_state_left_out = "checkpoint.own_state_left_out";
+inline void leave_out_own_state(checkpoint& c) {
+  auto drop = [](auto& map) { std::erase_if(map, [](const auto& entry) { return is_own_key(entry.first); }); };
+  drop(c.tensors);
+  drop(c.counters);
+  drop(c.rngs);
+  drop(c.text);
+  c.counters[own_state_left_out] = 1;
+}
+inline bool leaves_out_own_state(const checkpoint& c) { return c.counters.contains(own_state_left_out); }
+
 // A hash of the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).
 inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t version = checkpoint_version) {
