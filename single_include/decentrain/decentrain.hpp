@@ -17031,6 +17031,16 @@ namespace detail {
 // Refuses to encode what it cannot represent, naming the value (a NaN gradient is a bug to
 // report, not a scale to send).
 inline void check_finite(std::span<const float> in, const char* codec) {
+  // One pass that vectorises (an exponent of all ones through the bits), then the first one named.
+  int bad = 0;
+  const auto n = static_cast<std::int64_t>(in.size());
+  DECENTRAIN_OMP_FOR_SIMD(reduction(| : bad) if (n >= (1 << 18)))
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, in.data() + i, 4);
+    bad |= (u & 0x7f800000u) == 0x7f800000u;
+  }
+  if (!bad) return;
   for (std::size_t i = 0; i < in.size(); ++i)
     if (!std::isfinite(in[i])) decentrain::detail::fail(codec, " codec: value ", i, " is ", in[i], ", not finite");
 }
@@ -17701,23 +17711,27 @@ struct fp4 {
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
     check_settings();
-    detail::check_finite(in, name);
     const std::size_t n = in.size(), nb = blocks(n);
     auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nb);
     const auto nblocks = static_cast<std::int64_t>(nb);
-    DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+    int nonfinite = 0;
+    DECENTRAIN_OMP(parallel for reduction(| : nonfinite) if (n >= (1 << 16)))
     for (std::int64_t b = 0; b < nblocks; ++b) {
       const std::size_t from = static_cast<std::size_t>(b) * block, len = std::min(n, from + block) - from;
       const float* x = in.data() + from;
-      // absmax through the bits (the values are finite, checked above; finite magnitudes order
-      // as integers): an integer max reduction, which g++ and clang both vectorise.
+      // absmax through the bits (finite magnitudes order as integers), an integer max reduction
+      // that g++ and clang both vectorise; a value that is not finite is named after the pass.
       std::uint32_t top = 0;
-      DECENTRAIN_OMP(simd reduction(max : top))
+      int bad = 0;
+      DECENTRAIN_OMP(simd reduction(max : top) reduction(| : bad))
       for (std::size_t i = 0; i < len; ++i) {
         std::uint32_t u;
         std::memcpy(&u, x + i, 4);
-        top = std::max(top, u & 0x7fffffffu);
+        u &= 0x7fffffffu;
+        top = std::max(top, u);
+        bad |= u >= 0x7f800000u;
       }
+      nonfinite |= bad;
       float absmax;
       std::memcpy(&absmax, &top, 4);
       const float scale = absmax / 6.0f;
@@ -17726,19 +17740,20 @@ struct fp4 {
       const double inv = absmax > 0 ? 6.0 / static_cast<double>(absmax) : 0.0;
       const bool tiny = inv > 1e30;
       const auto inv_f = static_cast<float>(inv);
-      std::uint8_t q[block_chunk];
-      for (std::size_t c0 = 0; c0 < len; c0 += block_chunk) {
-        const std::size_t m = std::min(block_chunk, len - c0);
-        if (tiny)
-          for (std::size_t i = 0; i < m; ++i) q[i] = code_of(x[c0 + i], static_cast<float>(std::abs(static_cast<double>(x[c0 + i]) * inv)));
-        else
-          DECENTRAIN_OMP(simd)
-          for (std::size_t i = 0; i < m; ++i) q[i] = code_of(x[c0 + i], std::abs(x[c0 + i]) * inv_f);
-        std::uint8_t* o = codes + (from + c0) / 2;  // block and block_chunk are even
-        for (std::size_t i = 0; i + 1 < m; i += 2) o[i / 2] = static_cast<std::uint8_t>(q[i] | (q[i + 1] << 4));
-        if (m % 2) o[m / 2] = q[m - 1];
+      std::uint8_t* o = codes + from / 2;  // block is even: the block starts a byte
+      if (tiny) {
+        auto code = [&](std::size_t i) { return code_of(x[i], static_cast<float>(std::abs(static_cast<double>(x[i]) * inv))); };
+        for (std::size_t i = 0; i < len / 2; ++i) o[i] = static_cast<std::uint8_t>(code(2 * i) | (code(2 * i + 1) << 4));
+        if (len % 2) o[len / 2] = code(len - 1);
+      } else {  // two codes a byte, straight from the values: one loop that vectorises
+        DECENTRAIN_OMP(simd)
+        for (std::size_t i = 0; i < len / 2; ++i)
+          o[i] = static_cast<std::uint8_t>(code_of(x[2 * i], std::abs(x[2 * i]) * inv_f) |
+                                           (code_of(x[2 * i + 1], std::abs(x[2 * i + 1]) * inv_f) << 4));
+        if (len % 2) o[len / 2] = code_of(x[len - 1], std::abs(x[len - 1]) * inv_f);
       }
     }
+    if (nonfinite) detail::check_finite(in, name);  // names the first value that is not finite
     return 4 * nb + (n + 1) / 2;
   }
 
@@ -17749,16 +17764,29 @@ struct fp4 {
                               " values (expected ", 4 * nb + (n + 1) / 2, ")");
     detail::check_scales(in.data(), nb, name);
     const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
-    for (std::size_t i = 0; i < n; ++i)  // everything checked before anything is added
-      decentrain::detail::check(code_at(codes, i) != 0x8u, name, " codec: value ", i, " has code -0, which is never written");
+    // Everything checked before anything is added: one pass over the bytes, then the first bad
+    // code named.
+    int bad = 0;
+    const auto bytes = static_cast<std::int64_t>((n + 1) / 2);
+    DECENTRAIN_OMP_FOR_SIMD(reduction(| : bad) if (n >= (1 << 16)))
+    for (std::int64_t i = 0; i < bytes; ++i) bad |= (codes[i] & 0xfu) == 0x8u || (codes[i] >> 4) == 0x8u;
     if (n % 2) decentrain::detail::check((codes[n / 2] >> 4) == 0, name, " codec: the padding nibble after value ", n - 1, " is not 0");
+    if (bad)
+      for (std::size_t i = 0; i < n; ++i)
+        decentrain::detail::check(code_at(codes, i) != 0x8u, name, " codec: value ", i, " has code -0, which is never written");
     const auto nblocks = static_cast<std::int64_t>(nb);
     DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
     for (std::int64_t b = 0; b < nblocks; ++b) {
       const std::size_t from = static_cast<std::size_t>(b) * block, len = std::min(n, from + block) - from;
       const float s = detail::load_f32(in.data() + 4 * static_cast<std::size_t>(b));
       float* y = into.data() + from;
-      for (std::size_t i = 0; i < len; ++i) y[i] += grid[code_at(codes, from + i)] * s;
+      const std::uint8_t* c = codes + from / 2;  // block is even: the block starts a byte
+      DECENTRAIN_OMP(simd)
+      for (std::size_t i = 0; i < len / 2; ++i) {
+        y[2 * i] += value_of(c[i] & 0xfu) * s;
+        y[2 * i + 1] += value_of(c[i] >> 4) * s;
+      }
+      if (len % 2) y[len - 1] += value_of(c[len / 2] & 0xfu) * s;
     }
   }
 
@@ -17767,15 +17795,27 @@ struct fp4 {
     decentrain::detail::check(block >= 2 && block % 2 == 0 && block <= (std::size_t{1} << 24), name,
                               " codec: block must be even and in [2, 2^24], got ", block);
   }
-  static constexpr std::size_t block_chunk = 256;
-  static constexpr float grid[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
   // q = |x| / scale in [0, 6]: the number of midpoints below it is the magnitude's code. The
   // midpoints whose upper neighbour has the even code (0.75, 1.75, 3.5) round up on a tie.
   static std::uint8_t code_of(float x, float q) {
-    const int m = (q > 0.25f) + (q >= 0.75f) + (q > 1.25f) + (q >= 1.75f) + (q > 2.5f) + (q >= 3.5f) + (q > 5.0f);
-    return static_cast<std::uint8_t>(m | (m > 0 && x < 0 ? 8 : 0));
+    const unsigned m = unsigned{q > 0.25f} + unsigned{q >= 0.75f} + unsigned{q > 1.25f} + unsigned{q >= 1.75f} +
+                       unsigned{q > 2.5f} + unsigned{q >= 3.5f} + unsigned{q > 5.0f};
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return static_cast<std::uint8_t>(m | ((u >> 28) & (m != 0 ? 8u : 0u)));  // a sign, never on a zero (no -0)
   }
   static unsigned code_at(const std::uint8_t* codes, std::size_t i) { return (codes[i / 2] >> (4 * (i % 2))) & 0xfu; }
+  // The grid point of a code, built from its bits (E2M1: magnitude m = 2e + mantissa; 0.5 for
+  // m = 1) instead of a table lookup, so the decode loop vectorises.
+  static float value_of(unsigned code) {
+    const unsigned m = code & 7u, e = m >> 1;
+    const std::uint32_t normal = ((e + 126u) << 23) | ((m & 1u) << 22);  // m >= 2: (1 + mantissa / 2) x 2^(e - 1)
+    const std::uint32_t magnitude = m >= 2 ? normal : (m == 1 ? 0x3f000000u : 0u);
+    float v;
+    const std::uint32_t bits = magnitude | (static_cast<std::uint32_t>(code & 8u) << 28);
+    std::memcpy(&v, &bits, 4);
+    return v;
+  }
 };
 
 static_assert(check_codec<fp4>());
@@ -17810,34 +17850,43 @@ inline float float_of(std::uint32_t u) {
   return f;
 }
 
+// Branch-free (each case computed, one selected by masks), so the encode and decode loops
+// vectorise.
+inline std::uint32_t select_bits(bool c, std::uint32_t yes, std::uint32_t no) {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return (yes & m) | (no & ~m);
+}
+
 inline std::uint16_t half_from_float(float f) {
   const std::uint32_t x = bits_of(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
-  if (a >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));  // inf, NaN
-  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7bffu);  // would round to inf: saturate at 65504
-  if (a < 0x38800000u)  // below 2^-14: a subnormal half, m x 2^-24 (exact scaling, rounded to nearest even)
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(float_of(a) * 16777216.0f)));
   std::uint32_t r = a - 0x38000000u;  // exponent bias 127 -> 15
   r += 0xfffu + ((r >> 13) & 1u);     // round the 13 dropped bits to nearest even
-  return static_cast<std::uint16_t>(sign | (r >> 13));
+  // Below 2^-14: a subnormal half, m x 2^-24. a x 2^24 < 1024 is exact, and adding 1.5 x 2^23
+  // rounds it to the nearest integer, ties to even, in the low mantissa bits.
+  const bool subnormal = a < 0x38800000u;
+  const std::uint32_t sub = bits_of(float_of(select_bits(subnormal, a, 0u)) * 16777216.0f + 12582912.0f) - 0x4b400000u;
+  std::uint32_t h = select_bits(subnormal, sub, r >> 13);
+  h = select_bits(a >= 0x477ff000u, 0x7bffu, h);  // would round to inf: saturate at 65504
+  h = select_bits(a >= 0x7f800000u, 0x7c00u | select_bits(a > 0x7f800000u, 0x200u, 0u), h);  // inf, NaN
+  return static_cast<std::uint16_t>(sign | h);
 }
 
 inline float float_from_half(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m x 2^-24
-    return sign ? -v : v;
-  }
-  if (e == 31) return float_of(sign | 0x7f800000u | (m << 13));
-  return float_of(sign | ((e + 112u) << 23) | (m << 13));
+  // e == 0: m x 2^-24 (converted as signed: SSE2 converts those)
+  const float sub = static_cast<float>(static_cast<std::int32_t>(m)) * 5.9604644775390625e-8f;
+  const std::uint32_t normal = select_bits(e == 31, 0x7f800000u | (m << 13), ((e + 112u) << 23) | (m << 13));
+  return float_of(sign | select_bits(e == 0, bits_of(sub), normal));
 }
 
 template <class To, class From>
 void sixteen_bit_encode(std::span<const float> in, std::span<std::byte> out, From&& from) {
   auto* o = reinterpret_cast<unsigned char*>(out.data());
+  const float* x = in.data();  // not read through the span: bytes written may alias it, which stops vectorising
   const auto n = static_cast<std::int64_t>(in.size());
   DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint16_t v = from(in[static_cast<std::size_t>(i)]);
+    const std::uint16_t v = from(x[i]);
     std::memcpy(o + 2 * i, &v, 2);
   }
 }
@@ -17860,13 +17909,14 @@ struct fp16 {
   std::string describe() const { return "fp16"; }
   std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
-    detail::sixteen_bit_encode<std::uint16_t>(in, out, detail::half_from_float);
+    // Lambdas, not the functions' addresses: the OpenMP body gets the conversion inlined.
+    detail::sixteen_bit_encode<std::uint16_t>(in, out, [](float f) { return detail::half_from_float(f); });
     return 2 * in.size();
   }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const {
     decentrain::detail::check(in.size() == 2 * into.size(), "fp16 codec: a payload of ", in.size(), " bytes for ",
                               into.size(), " values");
-    detail::sixteen_bit_decode_add(in, into, detail::float_from_half);
+    detail::sixteen_bit_decode_add(in, into, [](std::uint16_t h) { return detail::float_from_half(h); });
   }
 };
 
@@ -18311,22 +18361,37 @@ struct sign {
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
     check_settings();
-    detail::check_finite(in, name);
     const std::size_t n = in.size(), nb = blocks(n);
     auto* bits = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nb);
     std::memset(bits, 0, (n + 7) / 8);
     const auto nblocks = static_cast<std::int64_t>(nb);
-    DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+    unsigned nonfinite = 0;  // checked in the same pass, named after it
+    DECENTRAIN_OMP(parallel for reduction(| : nonfinite) if (n >= (1 << 16)))
     for (std::int64_t b = 0; b < nblocks; ++b) {
       const std::size_t from = static_cast<std::size_t>(b) * block, to = std::min(n, from + block);
+      // Eight running sums (one per lane: they vectorise without reordering a sum), added in
+      // double; a byte of sign bits per eight values (a block is whole bytes).
+      float lanes[8] = {};
+      auto eight = [&](std::size_t i, std::size_t m) {  // values i .. i + m - 1 (m <= 8) into one byte
+        unsigned byte = 0;
+        for (std::size_t j = 0; j < m; ++j) {
+          std::uint32_t u;
+          std::memcpy(&u, in.data() + i + j, 4);
+          lanes[j] += std::abs(in[i + j]);
+          byte |= ((u >> 31) ^ 1u) << j;
+          nonfinite |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        bits[i / 8] = static_cast<std::uint8_t>(byte);
+      };
+      std::size_t i = from;
+      for (; i + 8 <= to; i += 8) eight(i, 8);  // a fixed count: unrolled and vectorised
+      if (i < to) eight(i, to - i);
       double total = 0;
-      for (std::size_t i = from; i < to; ++i) {
-        total += std::abs(in[i]);
-        if (!std::signbit(in[i])) bits[i / 8] = static_cast<std::uint8_t>(bits[i / 8] | (1u << (i % 8)));
-      }
+      for (float l : lanes) total += l;
       const float scale = static_cast<float>(total / static_cast<double>(to - from));
       std::memcpy(out.data() + 4 * static_cast<std::size_t>(b), &scale, 4);
     }
+    if (nonfinite) detail::check_finite(in, name);  // names the first value that is not finite
     return 4 * nb + (n + 7) / 8;
   }
 
@@ -18337,14 +18402,35 @@ struct sign {
                               " values (expected ", 4 * nb + (n + 7) / 8, ")");
     detail::check_scales(in.data(), nb, name);
     const auto* bits = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nb);
-    for (std::size_t i = 0; i < n; ++i) {
-      const float s = detail::load_f32(in.data() + 4 * (i / block));
-      into[i] += (bits[i / 8] >> (i % 8)) & 1u ? s : -s;
-    }
     if (n % 8) decentrain::detail::check((bits[n / 8] >> (n % 8)) == 0, "sign codec: padding bits after value ", n - 1, " are not 0");
+    const auto nblocks = static_cast<std::int64_t>(nb);
+    DECENTRAIN_OMP(parallel for if (n >= (1 << 16)))
+    for (std::int64_t b = 0; b < nblocks; ++b) {
+      const std::size_t from = static_cast<std::size_t>(b) * block, to = std::min(n, from + block);
+      const float s = detail::load_f32(in.data() + 4 * static_cast<std::size_t>(b));
+      std::size_t i = from;
+      for (; i + 8 <= to; i += 8) {  // a byte's eight signs from a table: two vector adds
+        const float* sign = signs()[bits[i / 8]];
+        DECENTRAIN_OMP(simd)
+        for (std::size_t j = 0; j < 8; ++j) into[i + j] += sign[j] * s;
+      }
+      for (; i < to; ++i) into[i] += (bits[i / 8] >> (i % 8)) & 1u ? s : -s;
+    }
   }
 
  private:
+  // +1 or -1 for each bit of each byte (8 KB).
+  static const float (&signs())[256][8] {
+    static const auto table = [] {
+      struct t {
+        float v[256][8];
+      } out{};
+      for (unsigned b = 0; b < 256; ++b)
+        for (unsigned j = 0; j < 8; ++j) out.v[b][j] = (b >> j) & 1u ? 1.0f : -1.0f;
+      return out;
+    }();
+    return table.v;
+  }
   void check_settings() const {
     decentrain::detail::check(block >= 8 && block % 8 == 0 && block <= (std::size_t{1} << 24),
                               "sign codec: block must be a multiple of 8 in [8, 2^24], got ", block);

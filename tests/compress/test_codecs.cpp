@@ -160,14 +160,15 @@ TEST_CASE("codecs: fp4 rounds each value to the nearest E2M1 point of its block'
 }
 
 TEST_CASE("codecs: sign sends the sign and each block's mean magnitude") {
+  for (std::size_t block : {8, 256})
   for (auto n : sizes) {
     cz::sign c;
-    c.block = 8;
+    c.block = block;
     const auto x = random_values(n, 11);
     const auto y = round_trip(c, x);
-    for (std::size_t b0 = 0; b0 < n; b0 += 8) {
+    for (std::size_t b0 = 0; b0 < n; b0 += block) {
       double mean = 0;
-      const std::size_t e = std::min(n, b0 + 8);
+      const std::size_t e = std::min(n, b0 + block);
       for (std::size_t i = b0; i < e; ++i) mean += std::abs(x[i]);
       mean /= static_cast<double>(e - b0);
       for (std::size_t i = b0; i < e; ++i) {
