@@ -932,6 +932,10 @@ void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>
     const double sent = static_cast<double>(results[0].last.bytes_sent);
     std::printf("\ncomm %s: %.2f MB sent per peer; synchronous all-reduce every step would send %.2f MB (%.1fx more)\n", comm,
                 sent / 1e6, sync_bytes / 1e6, sent > 0 ? sync_bytes / sent : 0.0);
+    // The payloads above; what the transport sent beside them (tcp's frame headers, padding and
+    // control frames), apart.
+    if (const auto framing = static_cast<double>(results[0].last.framing_bytes_sent); framing > 0)
+      std::printf("framing: %.3f MB sent beside the payloads (frame headers, padding, handshakes, heartbeats)\n", framing / 1e6);
   }
   std::printf("val loss %.4f\n", results[0].final_val_loss);
   std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());

@@ -10189,8 +10189,13 @@ using bytes = std::vector<std::byte, uninitialized_allocator<std::byte>>;
 // (simulated time on simulated links); `clock_seconds` is the endpoint's notion of elapsed time:
 // wall time for real transports, simulated compute plus link time for in_process.
 struct traffic_stats {
-  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_sent = 0;      // the messages' payloads
   std::uint64_t bytes_received = 0;
+  // What the transport sent beside the payloads: frame headers and padding, and its control
+  // frames (handshakes, heartbeats, goodbyes). tcp counts its own; TLS's record overhead and
+  // TCP/IP headers are below it, and in_process (simulated messages) and mpi (whose envelopes it
+  // cannot see) count 0.
+  std::uint64_t framing_bytes_sent = 0;
   std::uint64_t messages_sent = 0;
   std::uint64_t messages_received = 0;
   std::uint64_t malformed_frames = 0;   // dropped, connection closed (tcp)
@@ -13936,8 +13941,9 @@ class tcp {
     }
 
     // A handshake frame, sealed (and with TLS encrypted) when the connection has keys already.
-    static void write_frame(asio::ip::tcp::socket& s, std::optional<auth::session>& keys, wire::frame_type type, tag_type tag,
-                            bytes body) {
+    void write_frame(asio::ip::tcp::socket& s, std::optional<auth::session>& keys, wire::frame_type type, tag_type tag,
+                     bytes body) {
+      framing_sent += wire::header_bytes + body.size() + wire::padding(body.size()).size();
       auto head = wire::encode_header({type, tag, body.size()});
       if (keys) {
         const auto mac = keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body,
@@ -14552,7 +14558,8 @@ class tcp {
     static bool encrypted(const connection& c) { return c.keys && c.keys->send.encrypts(); }
 
     // Queues a small control frame on c.unsent (write_mutex held).
-    static void append_frame(connection& c, wire::frame_type type, const bytes& body) {
+    void append_frame(connection& c, wire::frame_type type, const bytes& body) {
+      framing_sent += wire::header_bytes + body.size() + wire::padding(body.size()).size();
       auto& out = c.unsent;
       const std::size_t at = out.size();
       out.resize(at + wire::header_bytes);
@@ -14593,6 +14600,7 @@ class tcp {
         bytes body;
       };
       auto f = std::make_shared<frame>(frame{{}, std::move(body)});
+      framing_sent += wire::header_bytes + f->body.size() + wire::padding(f->body.size()).size();
       {
         std::lock_guard write_lock(c->write_mutex);
         f->head = sealed_header(*c, type, 0, f->body, encrypted(*c) ? std::span<std::byte>(f->body) : std::span<std::byte>());
@@ -14627,6 +14635,7 @@ class tcp {
       }
       write_data(*c, tag, data);
       bytes_sent += data.size();
+      framing_sent += wire::header_bytes + wire::padding(data.size()).size();
       ++messages_sent;
     }
 
@@ -14779,6 +14788,7 @@ class tcp {
     traffic_stats stats() const {
       traffic_stats s;
       s.bytes_sent = bytes_sent;
+      s.framing_bytes_sent = framing_sent;
       s.messages_sent = messages_sent;
       s.bytes_received = bytes_received;
       s.messages_received = messages_received;
@@ -14828,6 +14838,7 @@ class tcp {
     // Payload bytes, as for every transport (framing adds 24 bytes a message). Atomic: the
     // training thread and a lane's background collective (see lane()) both count here.
     std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
+    std::atomic<std::uint64_t> framing_sent = 0;  // headers, padding and control frames (traffic_stats)
     std::atomic<double> wait_seconds = 0;
   };
 
@@ -21684,6 +21695,9 @@ struct step_metrics {
   // The most bytes per second this peer's transport sent over any span of at least a second of
   // its clock so far (see send_rate).
   double peak_send_rate = 0;
+  // What the transport sent beside bytes_sent: frame headers, padding, control frames
+  // (transport::traffic_stats; 0 where the transport adds none it can count), cumulative.
+  std::uint64_t framing_bytes_sent = 0;
   double utilisation() const { return clock_s > 0 ? compute_s / clock_s : 0.0; }
   double mean_send_rate() const { return clock_s > 0 ? static_cast<double>(bytes_sent) / clock_s : 0.0; }
 };
@@ -21930,6 +21944,7 @@ class metrics_log {
           .add("grad_norm", m.grad_norm)
           .add("tokens_per_s", m.tokens_per_s)
           .add("bytes_sent", m.bytes_sent)
+          .add("framing_bytes_sent", m.framing_bytes_sent)
           .add("bytes_received", m.bytes_received)
           .add("policy_bytes_sent", m.policy_bytes_sent)
           .add("network_wait_s", m.network_wait_s)
@@ -22256,6 +22271,7 @@ class trainer {
                                  wall, unix_now(), policy_bytes_, redos_, compute_s_};
       send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
       result.last.peak_send_rate = send_rate_.peak();
+      result.last.framing_bytes_sent = traffic.framing_bytes_sent;
       for (auto& h : step_hooks_) h(result.last);
     }
     if (result.stopped) return result;

@@ -430,12 +430,20 @@ TEST_CASE("tcp: every frame starts and every body lands on a 64-byte boundary of
   auto s = hello_as_peer_1(io, peer0.address());
   peer0.connect();
   const std::vector<std::size_t> sizes{5, 0, 64, 100, 1};
-  std::size_t expected = 0;
+  std::size_t expected = 0, payload = 0;
+  const auto before = peer0.stats();
+  CHECK(before.framing_bytes_sent > 0);  // its handshake frames
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const tr::bytes body(sizes[i], static_cast<std::byte>(0x40 + i));
     peer0.send(1, 7 + i, body);
     expected += 64 + (sizes[i] + 63) / 64 * 64;
+    payload += sizes[i];
   }
+  // The bytes on the wire, counted exactly: the payloads, and apart from them the headers and
+  // padding (the stream read below holds exactly these frames).
+  const auto after = peer0.stats();
+  CHECK(after.bytes_sent - before.bytes_sent == payload);
+  CHECK(after.framing_bytes_sent - before.framing_bytes_sent == expected - payload);
   std::vector<std::byte> stream(expected);
   asio::read(s, asio::buffer(stream));
   std::size_t at = 0;

@@ -28,6 +28,9 @@ struct step_metrics {
   // The most bytes per second this peer's transport sent over any span of at least a second of
   // its clock so far (see send_rate).
   double peak_send_rate = 0;
+  // What the transport sent beside bytes_sent: frame headers, padding, control frames
+  // (transport::traffic_stats; 0 where the transport adds none it can count), cumulative.
+  std::uint64_t framing_bytes_sent = 0;
   double utilisation() const { return clock_s > 0 ? compute_s / clock_s : 0.0; }
   double mean_send_rate() const { return clock_s > 0 ? static_cast<double>(bytes_sent) / clock_s : 0.0; }
 };

@@ -105,6 +105,7 @@ class metrics_log {
           .add("grad_norm", m.grad_norm)
           .add("tokens_per_s", m.tokens_per_s)
           .add("bytes_sent", m.bytes_sent)
+          .add("framing_bytes_sent", m.framing_bytes_sent)
           .add("bytes_received", m.bytes_received)
           .add("policy_bytes_sent", m.policy_bytes_sent)
           .add("network_wait_s", m.network_wait_s)

@@ -183,6 +183,7 @@ class trainer {
                                  wall, unix_now(), policy_bytes_, redos_, compute_s_};
       send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
       result.last.peak_send_rate = send_rate_.peak();
+      result.last.framing_bytes_sent = traffic.framing_bytes_sent;
       for (auto& h : step_hooks_) h(result.last);
     }
     if (result.stopped) return result;

@@ -54,8 +54,13 @@ using bytes = std::vector<std::byte, uninitialized_allocator<std::byte>>;
 // (simulated time on simulated links); `clock_seconds` is the endpoint's notion of elapsed time:
 // wall time for real transports, simulated compute plus link time for in_process.
 struct traffic_stats {
-  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_sent = 0;      // the messages' payloads
   std::uint64_t bytes_received = 0;
+  // What the transport sent beside the payloads: frame headers and padding, and its control
+  // frames (handshakes, heartbeats, goodbyes). tcp counts its own; TLS's record overhead and
+  // TCP/IP headers are below it, and in_process (simulated messages) and mpi (whose envelopes it
+  // cannot see) count 0.
+  std::uint64_t framing_bytes_sent = 0;
   std::uint64_t messages_sent = 0;
   std::uint64_t messages_received = 0;
   std::uint64_t malformed_frames = 0;   // dropped, connection closed (tcp)

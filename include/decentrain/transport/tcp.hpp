@@ -756,8 +756,9 @@ class tcp {
     }
 
     // A handshake frame, sealed (and with TLS encrypted) when the connection has keys already.
-    static void write_frame(asio::ip::tcp::socket& s, std::optional<auth::session>& keys, wire::frame_type type, tag_type tag,
-                            bytes body) {
+    void write_frame(asio::ip::tcp::socket& s, std::optional<auth::session>& keys, wire::frame_type type, tag_type tag,
+                     bytes body) {
+      framing_sent += wire::header_bytes + body.size() + wire::padding(body.size()).size();
       auto head = wire::encode_header({type, tag, body.size()});
       if (keys) {
         const auto mac = keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body,
@@ -1372,7 +1373,8 @@ class tcp {
     static bool encrypted(const connection& c) { return c.keys && c.keys->send.encrypts(); }
 
     // Queues a small control frame on c.unsent (write_mutex held).
-    static void append_frame(connection& c, wire::frame_type type, const bytes& body) {
+    void append_frame(connection& c, wire::frame_type type, const bytes& body) {
+      framing_sent += wire::header_bytes + body.size() + wire::padding(body.size()).size();
       auto& out = c.unsent;
       const std::size_t at = out.size();
       out.resize(at + wire::header_bytes);
@@ -1413,6 +1415,7 @@ class tcp {
         bytes body;
       };
       auto f = std::make_shared<frame>(frame{{}, std::move(body)});
+      framing_sent += wire::header_bytes + f->body.size() + wire::padding(f->body.size()).size();
       {
         std::lock_guard write_lock(c->write_mutex);
         f->head = sealed_header(*c, type, 0, f->body, encrypted(*c) ? std::span<std::byte>(f->body) : std::span<std::byte>());
@@ -1447,6 +1450,7 @@ class tcp {
       }
       write_data(*c, tag, data);
       bytes_sent += data.size();
+      framing_sent += wire::header_bytes + wire::padding(data.size()).size();
       ++messages_sent;
     }
 
@@ -1599,6 +1603,7 @@ class tcp {
     traffic_stats stats() const {
       traffic_stats s;
       s.bytes_sent = bytes_sent;
+      s.framing_bytes_sent = framing_sent;
       s.messages_sent = messages_sent;
       s.bytes_received = bytes_received;
       s.messages_received = messages_received;
@@ -1648,6 +1653,7 @@ class tcp {
     // Payload bytes, as for every transport (framing adds 24 bytes a message). Atomic: the
     // training thread and a lane's background collective (see lane()) both count here.
     std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
+    std::atomic<std::uint64_t> framing_sent = 0;  // headers, padding and control frames (traffic_stats)
     std::atomic<double> wait_seconds = 0;
   };
 
