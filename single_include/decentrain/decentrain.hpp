@@ -15346,7 +15346,10 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
     return wrap(mean{});
   }
   if (name == "sender-mean") {
-    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    for (const auto& [k, v] : settings) unknown(k, "partitioned");
+    // Buckets average their members with the plain mean first, which dilutes what one peer sent.
+    check(bucket <= 1, "--aggregator '", spec, "': sender-mean takes no bucket=S (a bucket's plain mean would dilute "
+                       "a value one peer sent)");
     return wrap(sender_mean{});
   }
   if (name == "median") {
@@ -17325,7 +17328,7 @@ struct top_k {
       const auto first = order_.begin() + static_cast<std::ptrdiff_t>(from);
       if (kc < size) std::nth_element(first, first + static_cast<std::ptrdiff_t>(kc), first + static_cast<std::ptrdiff_t>(size), larger);
       std::sort(first, first + static_cast<std::ptrdiff_t>(kc));
-      std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
+      if (picked != from) std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
       picked += kc;
     }
     // Indices as varint gaps or as a bitmap.
@@ -18380,9 +18383,10 @@ struct sign {
     DECENTRAIN_OMP(parallel for reduction(| : nonfinite) if (n >= (1 << 16)))
     for (std::int64_t b = 0; b < nblocks; ++b) {
       const std::size_t from = static_cast<std::size_t>(b) * block, to = std::min(n, from + block);
-      // Eight running sums (one per lane: they vectorise without reordering a sum), added in
-      // double; a byte of sign bits per eight values (a block is whole bytes).
-      float lanes[8] = {};
+      // Eight running sums in double (one per lane: they vectorise without reordering a sum, and
+      // finite magnitudes near f32's largest cannot overflow them); a byte of sign bits per eight
+      // values (a block is whole bytes).
+      double lanes[8] = {};
       auto eight = [&](std::size_t i, std::size_t m) {  // values i .. i + m - 1 (m <= 8) into one byte
         unsigned byte = 0;
         for (std::size_t j = 0; j < m; ++j) {
@@ -18398,7 +18402,7 @@ struct sign {
       for (; i + 8 <= to; i += 8) eight(i, 8);  // a fixed count: unrolled and vectorised
       if (i < to) eight(i, to - i);
       double total = 0;
-      for (float l : lanes) total += l;
+      for (double l : lanes) total += l;
       const float scale = static_cast<float>(total / static_cast<double>(to - from));
       std::memcpy(out.data() + 4 * static_cast<std::size_t>(b), &scale, 4);
     }
@@ -19575,6 +19579,10 @@ struct streaming_diloco {
       p.exchange.failure = nullptr;
       check(restored_[f].lands_after < 0 || restored_[f].buffer.size() == p.size, "streaming_diloco: fragment ", f,
             "'s average in the state taken has ", restored_[f].buffer.size(), " values, the fragment ", p.size);
+      if (io::leaves_out_own_state(c)) {  // another peer's state: the codec keeps this peer's own (its unsent residual)
+        restored_[f].codec = std::move(p.codec);
+        load_codec(restored_[f].codec, c, decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".codec."));
+      }
       p.take(std::move(restored_[f]));
       compress::set_layout(p.codec, p.layout);
     }

@@ -84,6 +84,7 @@ TEST_CASE("aggregators: sender-mean averages each coordinate over the peers that
   CHECK(combine(col::sender_mean{}, dense) == combine(col::mean{}, dense));
   CHECK(col::parse_aggregator("sender-mean").describe() == "sender-mean");
   CHECK(!col::parse_aggregator("sender-mean").averages_in_flight());  // it must see every contribution
+  CHECK_THROWS_WITH(col::parse_aggregator("sender-mean:bucket=2"), Catch::Contains("sender-mean takes no bucket=S"));
 }
 
 TEMPLATE_TEST_CASE("robust all-reduce: sender-mean through top-k moves a coordinate one peer sent by its value", "[aggregate]",

@@ -268,6 +268,47 @@ TEST_CASE("streaming_diloco: a state taken mid-run (an elastic heal) replaces ev
     }
 }
 
+TEST_CASE("streaming_diloco: a member behind that takes another's state keeps its own error-feedback residual") {
+  // fault::elastic hands over a state without the donor's unsent residuals (io::leave_out_own_state):
+  // the member taking it must keep its own, fragment by fragment, not end with none.
+  using EfStreaming = dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::compress::error_feedback<dt::compress::top_k>>;
+  using EfTrainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, EfStreaming>;
+  const auto opts = short_run(16);
+  EfStreaming s;
+  s.inner_steps = 4;
+  s.fragments = 2;
+  s.codec.codec.fraction = 0.1;
+  auto further = fixture::stop_at<EfTrainer>(1, 9, two_layers(), opts, s)[0];
+  dt::io::leave_out_own_state(further);
+  dt::io::checkpoint mine, taken;
+  dt::transport::in_process(1).run([&](dt::transport::in_process::endpoint& ep) {
+    EfTrainer t(two_layers(), opts, ep, s);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {
+      if (m.step != 5) return;  // both fragments have exchanged: both residuals hold something
+      t.policy().save(mine);
+      t.policy().load(further);
+      t.policy().save(taken);
+      throw stop{};
+    });
+    try {
+      t.fit(small_corpus().data);
+    } catch (const stop&) {
+    }
+  });
+  for (int f = 0; f < 2; ++f) {
+    const auto key = "comm.streaming_diloco.fragment" + std::to_string(f) + ".codec.own.residual";
+    INFO(key);
+    REQUIRE(mine.tensors.count(key) == 1);
+    const auto own = mine.tensors.at(key).to_vector<float>();
+    CHECK(std::count_if(own.begin(), own.end(), [](float v) { return v != 0.0f; }) > 0);
+    CHECK(taken.tensors.at(key).to_vector<float>() == own);
+  }
+  // The shared part is the state taken.
+  CHECK(taken.tensors.at("comm.streaming_diloco.global").to_vector<float>() ==
+        further.tensors.at("comm.streaming_diloco.global").to_vector<float>());
+}
+
 TEST_CASE("streaming_diloco: eager updates with one peer are DiLoCo step for step") {
   // One peer's stand-in, last average + (own_t - own_{t-1}) / 1, is its own pseudo-gradient:
   // the same outer steps as DiLoCo's, up to rounding.

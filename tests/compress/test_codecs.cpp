@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <string_view>
 #include <vector>
@@ -159,6 +160,13 @@ TEST_CASE("codecs: fp4 rounds each value to the nearest E2M1 point of its block'
   CHECK(cz::fp4{}.max_encoded_bytes(64 * 1000) == 1000 * (4 + 32));  // as int4: 7.1x fewer bytes than f32
 }
 
+TEST_CASE("codecs: sign's scale of magnitudes near f32's largest stays finite") {
+  cz::sign c;
+  const std::vector<float> x(1000, 3e38f);
+  const auto y = round_trip(c, x);
+  for (float v : y) CHECK(v == 3e38f);
+}
+
 TEST_CASE("codecs: sign sends the sign and each block's mean magnitude") {
   for (std::size_t block : {8, 256})
   for (auto n : sizes) {
@@ -281,6 +289,7 @@ TEST_CASE("codecs: error feedback sends everything eventually: sent + kept == in
 }
 
 TEST_CASE("codecs: error feedback with a decay keeps payload + decay x what was kept, less what was sent") {
+  std::map<double, double> largest_kept;
   for (double decay : {1.0, 0.95, 0.5}) {
     cz::error_feedback<cz::top_k> ef;
     ef.codec.fraction = 0.05;
@@ -300,10 +309,12 @@ TEST_CASE("codecs: error feedback with a decay keeps payload + decay x what was 
     }
     INFO("decay " << decay);
     CHECK(worst < 1e-5);
-    // A residual that decays holds less than one that does not (95% of each round waits): the
-    // undecayed one grows like the square root of the rounds, a decayed one levels off.
-    if (decay == 0.5) CHECK(largest < 6.0);
+    largest_kept[decay] = largest;
   }
+  // A residual that decays holds less than one that does not (95% of each round waits): the
+  // undecayed one grows like the square root of the rounds, a decayed one levels off.
+  CHECK(largest_kept[0.5] < 0.6 * largest_kept[1.0]);
+  CHECK(largest_kept[0.95] < largest_kept[1.0]);
   // The decay is part of the settings peers compare, and a decay outside (0, 1] is refused.
   CHECK(cz::parse_codec("topk:0.02,ef=0.95").describe() == "ef(topk(fraction=0.020000),decay=0.950000)");
   CHECK(cz::parse_codec("topk:0.02,ef").describe() == "ef(topk(fraction=0.020000))");

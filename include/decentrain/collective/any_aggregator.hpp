@@ -119,7 +119,10 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
     return wrap(mean{});
   }
   if (name == "sender-mean") {
-    for (const auto& [k, v] : settings) unknown(k, "bucket=S, partitioned");
+    for (const auto& [k, v] : settings) unknown(k, "partitioned");
+    // Buckets average their members with the plain mean first, which dilutes what one peer sent.
+    check(bucket <= 1, "--aggregator '", spec, "': sender-mean takes no bucket=S (a bucket's plain mean would dilute "
+                       "a value one peer sent)");
     return wrap(sender_mean{});
   }
   if (name == "median") {

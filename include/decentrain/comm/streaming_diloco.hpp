@@ -331,6 +331,10 @@ struct streaming_diloco {
       p.exchange.failure = nullptr;
       check(restored_[f].lands_after < 0 || restored_[f].buffer.size() == p.size, "streaming_diloco: fragment ", f,
             "'s average in the state taken has ", restored_[f].buffer.size(), " values, the fragment ", p.size);
+      if (io::leaves_out_own_state(c)) {  // another peer's state: the codec keeps this peer's own (its unsent residual)
+        restored_[f].codec = std::move(p.codec);
+        load_codec(restored_[f].codec, c, decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".codec."));
+      }
       p.take(std::move(restored_[f]));
       compress::set_layout(p.codec, p.layout);
     }

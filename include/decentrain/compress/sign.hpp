@@ -38,9 +38,10 @@ struct sign {
     DECENTRAIN_OMP(parallel for reduction(| : nonfinite) if (n >= (1 << 16)))
     for (std::int64_t b = 0; b < nblocks; ++b) {
       const std::size_t from = static_cast<std::size_t>(b) * block, to = std::min(n, from + block);
-      // Eight running sums (one per lane: they vectorise without reordering a sum), added in
-      // double; a byte of sign bits per eight values (a block is whole bytes).
-      float lanes[8] = {};
+      // Eight running sums in double (one per lane: they vectorise without reordering a sum, and
+      // finite magnitudes near f32's largest cannot overflow them); a byte of sign bits per eight
+      // values (a block is whole bytes).
+      double lanes[8] = {};
       auto eight = [&](std::size_t i, std::size_t m) {  // values i .. i + m - 1 (m <= 8) into one byte
         unsigned byte = 0;
         for (std::size_t j = 0; j < m; ++j) {
@@ -56,7 +57,7 @@ struct sign {
       for (; i + 8 <= to; i += 8) eight(i, 8);  // a fixed count: unrolled and vectorised
       if (i < to) eight(i, to - i);
       double total = 0;
-      for (float l : lanes) total += l;
+      for (double l : lanes) total += l;
       const float scale = static_cast<float>(total / static_cast<double>(to - from));
       std::memcpy(out.data() + 4 * static_cast<std::size_t>(b), &scale, 4);
     }

@@ -74,7 +74,7 @@ struct top_k {
       const auto first = order_.begin() + static_cast<std::ptrdiff_t>(from);
       if (kc < size) std::nth_element(first, first + static_cast<std::ptrdiff_t>(kc), first + static_cast<std::ptrdiff_t>(size), larger);
       std::sort(first, first + static_cast<std::ptrdiff_t>(kc));
-      std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
+      if (picked != from) std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
       picked += kc;
     }
     // Indices as varint gaps or as a bitmap.
