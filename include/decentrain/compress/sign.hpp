@@ -80,9 +80,9 @@ struct sign {
       const float s = detail::load_f32(in.data() + 4 * static_cast<std::size_t>(b));
       std::size_t i = from;
       for (; i + 8 <= to; i += 8) {  // a byte's eight signs from a table: two vector adds
-        const float* sign = signs()[bits[i / 8]];
+        const float* plus_minus = signs()[bits[i / 8]];
         DECENTRAIN_OMP(simd)
-        for (std::size_t j = 0; j < 8; ++j) into[i + j] += sign[j] * s;
+        for (std::size_t j = 0; j < 8; ++j) into[i + j] += plus_minus[j] * s;
       }
       for (; i < to; ++i) into[i] += (bits[i / 8] >> (i % 8)) & 1u ? s : -s;
     }
