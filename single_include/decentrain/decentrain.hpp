@@ -178,11 +178,32 @@ DECENTRAIN_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// A uniform number in [0, 1) for value i of call `round` of a stream `seed`: the same on every
-// thread and on the GPU (blockwise codecs' stochastic rounding).
+// Stochastic rounding's draws (the blockwise codecs, on the CPU and the GPU alike): a uniform
+// number in [0, 1), 24 bits, for value i of call `round` of a stream `seed`, the same on every
+// thread. The call's key is one splitmix64 per call; each value's draw is a 32-bit mix of its
+// index (two 32-bit multiplies, which SSE2 vectorises, where 64-bit ones it does not), keyed for
+// each 2^32 values by a word of their own.
+DECENTRAIN_HOST_DEVICE inline std::uint64_t draw_key(std::uint64_t seed, std::uint64_t round) {
+  return splitmix64(seed ^ splitmix64(round));
+}
+// The key's word for values [2^32 high, 2^32 (high + 1)).
+DECENTRAIN_HOST_DEVICE inline std::uint32_t draw_word(std::uint64_t key, std::uint64_t high) {
+  return static_cast<std::uint32_t>(high == 0 ? key : splitmix64(key + high));
+}
+// Chris Wellons' lowbias32 (hash-prospector): a bijection on 32 bits with low bias.
+DECENTRAIN_HOST_DEVICE inline std::uint32_t lowbias32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+// Value `low` (its index's low 32 bits) under `word`; through int32, which SSE2 converts.
+DECENTRAIN_HOST_DEVICE inline float unit_draw_in(std::uint32_t word, std::uint32_t low) {
+  return static_cast<float>(static_cast<std::int32_t>(lowbias32(low ^ word) >> 8)) * 0x1.0p-24f;
+}
 DECENTRAIN_HOST_DEVICE inline float unit_draw(std::uint64_t seed, std::uint64_t round, std::uint64_t i) {
-  const std::uint64_t h = splitmix64(seed ^ splitmix64(round) ^ (i * 0x9e3779b97f4a7c15ull));
-  return static_cast<float>(h >> 40) * 0x1.0p-24f;
+  return unit_draw_in(draw_word(draw_key(seed, round), i >> 32), static_cast<std::uint32_t>(i));
 }
 
 // 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
@@ -17100,7 +17121,7 @@ struct blockwise {
     const std::size_t n = in.size(), nb = blocks(n);
     std::byte* scales = out.data();
     auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nb);
-    const std::uint64_t call = round_++;
+    const std::uint64_t call = round_++, key = decentrain::detail::draw_key(seed, call);
     const auto nblocks = static_cast<std::int64_t>(nb);
     int nonfinite = 0;
     DECENTRAIN_OMP(parallel for reduction(| : nonfinite) if (n >= (1 << 16)))
@@ -17135,8 +17156,14 @@ struct blockwise {
         else if (mode == rounding::nearest)  // |x| <= absmax, so x * inv rounds into the codes unclamped
           DECENTRAIN_OMP(simd)
           for (std::size_t i = 0; i < m; ++i) q[i] = round_even(x[c0 + i] * inv_f);
-        else
-          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw(seed, call, from + c0 + i) - 0.5f);
+        else if (const std::uint64_t at = from + c0; (at >> 32) == ((at + m - 1) >> 32)) {  // one draw word: vectorises
+          const std::uint32_t word = decentrain::detail::draw_word(key, at >> 32), low = static_cast<std::uint32_t>(at);
+          DECENTRAIN_OMP(simd)
+          for (std::size_t i = 0; i < m; ++i)
+            q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw_in(word, low + static_cast<std::uint32_t>(i)) - 0.5f);
+        } else {
+          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw(seed, call, at + i) - 0.5f);
+        }
         if constexpr (Bits == 8) {
           std::memcpy(codes + from + c0, q, m);
         } else {  // block and block_chunk are even: a byte never holds two chunks' codes
@@ -17214,13 +17241,16 @@ struct blockwise {
   static constexpr std::size_t block_chunk = 256;  // codes computed on the stack, then stored
   // Rounds to the nearest integer (ties to even: adding and taking away 1.5 x 2^23 leaves f32's
   // own rounding to do it, which vectorises where nearbyint is a call), `shift` in [-0.5, 0.5)
-  // moving the point (stochastic rounding), and clamps to the codes.
-  static std::int8_t round_even(float x) {
+  // moving the point (stochastic rounding), and clamps to the codes. |x| is at most a little over
+  // `levels` here, so the clamp can follow the conversion, in integers (clamped as floats first,
+  // g++ does not vectorise the loop).
+  static int round_to_int(float x) {
     constexpr float magic = 12582912.0f;
-    return static_cast<std::int8_t>(static_cast<int>((x + magic) - magic));
+    return static_cast<int>((x + magic) - magic);
   }
+  static std::int8_t round_even(float x) { return static_cast<std::int8_t>(round_to_int(x)); }
   static std::int8_t quantize(float x, float shift) {
-    return round_even(std::min(std::max(x + shift, -static_cast<float>(levels)), static_cast<float>(levels)));
+    return static_cast<std::int8_t>(std::min(std::max(round_to_int(x + shift), -levels), levels));
   }
   static int code_at(const std::uint8_t* codes, std::size_t i) {
     if constexpr (Bits == 8) return static_cast<std::int8_t>(codes[i]);
@@ -18358,6 +18388,10 @@ static_assert(check_codec<powersgd<>>());
 #include <span>
 #include <string>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 
 namespace decentrain::compress {
 
@@ -18399,7 +18433,34 @@ struct sign {
         bits[i / 8] = static_cast<std::uint8_t>(byte);
       };
       std::size_t i = from;
-      for (; i + 8 <= to; i += 8) eight(i, 8);  // a fixed count: unrolled and vectorised
+#if defined(__SSE2__)
+      // Eight values at a time: their sign bits straight from movemask (the loop above does not
+      // vectorise), the same lanes and the same sums in the same order as the loop, so the same
+      // payload.
+      {
+        const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+        const __m128i exponent = _mm_set1_epi32(0x7f800000);
+        __m128d l01 = _mm_setzero_pd(), l23 = l01, l45 = l01, l67 = l01;
+        __m128i ones = _mm_setzero_si128();  // lanes whose exponent is all ones: inf or NaN
+        for (; i + 8 <= to; i += 8) {
+          const __m128 lo = _mm_loadu_ps(in.data() + i), hi = _mm_loadu_ps(in.data() + i + 4);
+          bits[i / 8] = static_cast<std::uint8_t>(~(_mm_movemask_ps(lo) | (_mm_movemask_ps(hi) << 4)));
+          const __m128 ma = _mm_and_ps(lo, magnitude), mb = _mm_and_ps(hi, magnitude);
+          l01 = _mm_add_pd(l01, _mm_cvtps_pd(ma));
+          l23 = _mm_add_pd(l23, _mm_cvtps_pd(_mm_movehl_ps(ma, ma)));
+          l45 = _mm_add_pd(l45, _mm_cvtps_pd(mb));
+          l67 = _mm_add_pd(l67, _mm_cvtps_pd(_mm_movehl_ps(mb, mb)));
+          ones = _mm_or_si128(ones, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(lo), exponent), exponent));
+          ones = _mm_or_si128(ones, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(hi), exponent), exponent));
+        }
+        _mm_storeu_pd(lanes, l01);
+        _mm_storeu_pd(lanes + 2, l23);
+        _mm_storeu_pd(lanes + 4, l45);
+        _mm_storeu_pd(lanes + 6, l67);
+        nonfinite |= _mm_movemask_epi8(ones) != 0;
+      }
+#endif
+      for (; i + 8 <= to; i += 8) eight(i, 8);
       if (i < to) eight(i, to - i);
       double total = 0;
       for (double l : lanes) total += l;

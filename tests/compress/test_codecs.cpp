@@ -130,6 +130,67 @@ TEST_CASE("codecs: int8 and int4 blockwise land within half a step of each value
   CHECK(round_trip(nearest, x)[5] == Approx(2.0 / 7.0));  // nearest is biased here: 0.2857
 }
 
+TEST_CASE("codecs: stochastic rounding is unbiased across the values of one call, and its draws are uniform") {
+  // 40000 values of 0.3 in blocks of 64 whose absmax is 1: one call's codes average to 0.3 (the
+  // draws of neighbouring values are independent enough; sd 0.046 per value, 0.0002 over all).
+  for (int bits : {8, 4}) {
+    std::vector<float> x(40000, 0.3f);
+    for (std::size_t i = 0; i < x.size(); i += 64) x[i] = 1.0f;
+    auto mean_of = [&](auto codec) {
+      codec.mode = cz::rounding::stochastic;
+      codec.seed = 3;
+      const auto y = round_trip(codec, x);
+      double sum = 0;
+      std::size_t count = 0;
+      for (std::size_t i = 0; i < y.size(); ++i)
+        if (i % 64) sum += y[i], ++count;
+      return sum / static_cast<double>(count);
+    };
+    CHECK((bits == 8 ? mean_of(cz::int8_blockwise{}) : mean_of(cz::int4_blockwise{})) == Approx(0.3).margin(0.002));
+  }
+  // The draws themselves: 16 equal bins each within 5 sd (62 values) of 4096 over 2^16
+  // consecutive values (a mix that ignored the low bits would pile values into a few), and
+  // each value's draw is the same through the call's key as through the stream's three numbers.
+  std::vector<int> bins(16);
+  const std::uint64_t key = dt::detail::draw_key(9, 4);
+  for (std::uint32_t i = 0; i < (1u << 16); ++i) {
+    const float d = dt::detail::unit_draw_in(dt::detail::draw_word(key, 0), i);
+    REQUIRE(d >= 0.0f);
+    REQUIRE(d < 1.0f);
+    ++bins[static_cast<std::size_t>(d * 16)];
+  }
+  for (int b : bins) CHECK(std::abs(b - 4096) < 310);
+  for (std::uint64_t i : {std::uint64_t{0}, std::uint64_t{77}, (std::uint64_t{1} << 32) - 1, std::uint64_t{1} << 32, (std::uint64_t{5} << 32) + 3}) {
+    CHECK(dt::detail::unit_draw(9, 4, i) == dt::detail::unit_draw_in(dt::detail::draw_word(key, i >> 32), static_cast<std::uint32_t>(i)));
+  }
+  // Values 2^32 apart draw under different words.
+  CHECK(dt::detail::draw_word(key, 0) != dt::detail::draw_word(key, 1));
+}
+
+TEST_CASE("codecs: an input value that is not finite is refused by encode, naming its index") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (std::size_t at : {std::size_t{0}, std::size_t{5}, std::size_t{8}, std::size_t{13}, std::size_t{700}, std::size_t{1000}})
+    for (float bad : {inf, -inf, nan}) {
+      auto x = random_values(1001, 4);
+      x[at] = bad;
+      const std::string why = "value " + std::to_string(at) + " is ";
+      auto refuses = [&](auto codec) {
+        std::vector<std::byte> out(codec.max_encoded_bytes(x.size()));
+        CHECK_THROWS_WITH(codec.encode(std::span<const float>(x), out), Catch::Contains(why));
+      };
+      cz::int8_blockwise stochastic;
+      stochastic.mode = cz::rounding::stochastic;
+      refuses(cz::int8_blockwise{});
+      refuses(stochastic);
+      refuses(cz::int4_blockwise{});
+      refuses(cz::fp4{});
+      refuses(cz::sign{});
+      cz::sign small;
+      small.block = 8;
+      refuses(small);
+    }
+}
+
 TEST_CASE("codecs: fp4 rounds each value to the nearest E2M1 point of its block's scale, ties to the even code") {
   const float grid[] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
   for (std::size_t block : {std::size_t{2}, std::size_t{64}})

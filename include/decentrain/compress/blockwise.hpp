@@ -81,7 +81,7 @@ struct blockwise {
     const std::size_t n = in.size(), nb = blocks(n);
     std::byte* scales = out.data();
     auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nb);
-    const std::uint64_t call = round_++;
+    const std::uint64_t call = round_++, key = decentrain::detail::draw_key(seed, call);
     const auto nblocks = static_cast<std::int64_t>(nb);
     int nonfinite = 0;
     DECENTRAIN_OMP(parallel for reduction(| : nonfinite) if (n >= (1 << 16)))
@@ -116,8 +116,14 @@ struct blockwise {
         else if (mode == rounding::nearest)  // |x| <= absmax, so x * inv rounds into the codes unclamped
           DECENTRAIN_OMP(simd)
           for (std::size_t i = 0; i < m; ++i) q[i] = round_even(x[c0 + i] * inv_f);
-        else
-          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw(seed, call, from + c0 + i) - 0.5f);
+        else if (const std::uint64_t at = from + c0; (at >> 32) == ((at + m - 1) >> 32)) {  // one draw word: vectorises
+          const std::uint32_t word = decentrain::detail::draw_word(key, at >> 32), low = static_cast<std::uint32_t>(at);
+          DECENTRAIN_OMP(simd)
+          for (std::size_t i = 0; i < m; ++i)
+            q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw_in(word, low + static_cast<std::uint32_t>(i)) - 0.5f);
+        } else {
+          for (std::size_t i = 0; i < m; ++i) q[i] = quantize(x[c0 + i] * inv_f, decentrain::detail::unit_draw(seed, call, at + i) - 0.5f);
+        }
         if constexpr (Bits == 8) {
           std::memcpy(codes + from + c0, q, m);
         } else {  // block and block_chunk are even: a byte never holds two chunks' codes
@@ -195,13 +201,16 @@ struct blockwise {
   static constexpr std::size_t block_chunk = 256;  // codes computed on the stack, then stored
   // Rounds to the nearest integer (ties to even: adding and taking away 1.5 x 2^23 leaves f32's
   // own rounding to do it, which vectorises where nearbyint is a call), `shift` in [-0.5, 0.5)
-  // moving the point (stochastic rounding), and clamps to the codes.
-  static std::int8_t round_even(float x) {
+  // moving the point (stochastic rounding), and clamps to the codes. |x| is at most a little over
+  // `levels` here, so the clamp can follow the conversion, in integers (clamped as floats first,
+  // g++ does not vectorise the loop).
+  static int round_to_int(float x) {
     constexpr float magic = 12582912.0f;
-    return static_cast<std::int8_t>(static_cast<int>((x + magic) - magic));
+    return static_cast<int>((x + magic) - magic);
   }
+  static std::int8_t round_even(float x) { return static_cast<std::int8_t>(round_to_int(x)); }
   static std::int8_t quantize(float x, float shift) {
-    return round_even(std::min(std::max(x + shift, -static_cast<float>(levels)), static_cast<float>(levels)));
+    return static_cast<std::int8_t>(std::min(std::max(round_to_int(x + shift), -levels), levels));
   }
   static int code_at(const std::uint8_t* codes, std::size_t i) {
     if constexpr (Bits == 8) return static_cast<std::int8_t>(codes[i]);

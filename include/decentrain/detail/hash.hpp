@@ -46,11 +46,32 @@ DECENTRAIN_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// A uniform number in [0, 1) for value i of call `round` of a stream `seed`: the same on every
-// thread and on the GPU (blockwise codecs' stochastic rounding).
+// Stochastic rounding's draws (the blockwise codecs, on the CPU and the GPU alike): a uniform
+// number in [0, 1), 24 bits, for value i of call `round` of a stream `seed`, the same on every
+// thread. The call's key is one splitmix64 per call; each value's draw is a 32-bit mix of its
+// index (two 32-bit multiplies, which SSE2 vectorises, where 64-bit ones it does not), keyed for
+// each 2^32 values by a word of their own.
+DECENTRAIN_HOST_DEVICE inline std::uint64_t draw_key(std::uint64_t seed, std::uint64_t round) {
+  return splitmix64(seed ^ splitmix64(round));
+}
+// The key's word for values [2^32 high, 2^32 (high + 1)).
+DECENTRAIN_HOST_DEVICE inline std::uint32_t draw_word(std::uint64_t key, std::uint64_t high) {
+  return static_cast<std::uint32_t>(high == 0 ? key : splitmix64(key + high));
+}
+// Chris Wellons' lowbias32 (hash-prospector): a bijection on 32 bits with low bias.
+DECENTRAIN_HOST_DEVICE inline std::uint32_t lowbias32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+// Value `low` (its index's low 32 bits) under `word`; through int32, which SSE2 converts.
+DECENTRAIN_HOST_DEVICE inline float unit_draw_in(std::uint32_t word, std::uint32_t low) {
+  return static_cast<float>(static_cast<std::int32_t>(lowbias32(low ^ word) >> 8)) * 0x1.0p-24f;
+}
 DECENTRAIN_HOST_DEVICE inline float unit_draw(std::uint64_t seed, std::uint64_t round, std::uint64_t i) {
-  const std::uint64_t h = splitmix64(seed ^ splitmix64(round) ^ (i * 0x9e3779b97f4a7c15ull));
-  return static_cast<float>(h >> 40) * 0x1.0p-24f;
+  return unit_draw_in(draw_word(draw_key(seed, round), i >> 32), static_cast<std::uint32_t>(i));
 }
 
 // 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
