@@ -6,6 +6,7 @@
 //
 //   bench_streaming [--data FILE] [--steps 500] [--peers 4] [--inner-steps 50] [--ratio 20]
 //                   [--latency-ms 10] [--rows sync,diloco,diloco-overlap,streaming-2-1,...] [--mix 0.5]
+//                   [--outer-lr 0.7] [--outer-momentum 0.9]
 //                   [--codecs identity;fp4] [--seeds 1337,...] [--curve-every N] [--json PATH]
 //
 // A row is sync, diloco, diloco-overlap (tau = --overlap-steps, 5), diloco-eager (eager updates),
@@ -114,6 +115,9 @@ int main(int argc, char** argv) try {
   const double ratio = std::stod(value("ratio", "20"));
   const double latency = std::stod(value("latency-ms", "10")) / 1e3;
   const double mix = std::stod(value("mix", "0.5"));
+  dt::comm::outer::nesterov outer;  // DiLoCo's outer step, for every row but sync
+  outer.lr = std::stod(value("outer-lr", std::to_string(outer.lr)));
+  outer.momentum = std::stod(value("outer-momentum", std::to_string(outer.momentum)));
   for (const auto& c : codecs) (void)dt::compress::parse_codec(c);
   auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "500")));
   opts.eval_every = std::stoll(value("curve-every", std::to_string(opts.steps)));
@@ -160,11 +164,13 @@ int main(int argc, char** argv) try {
         Diloco p;
         p.codec = chosen;
         p.inner_steps = H;
+        p.outer_optimizer = outer;
         outcomes.push_back(run(row, spec, p, per_round((opts.steps + H - 1) / H), links, cfg, opts, data));
       } else {
         Streaming p;
         p.codec = chosen;
         p.inner_steps = H;
+        p.outer_optimizer = outer;
         p.mix = mix;
         if (row == "diloco-overlap" || row == "diloco-eager") {
           p.fragments = 1;

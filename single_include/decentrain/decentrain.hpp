@@ -9437,6 +9437,7 @@ class background_writer {
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/types/map.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -9643,7 +9644,9 @@ struct checkpoint {
 // error-feedback codec has not sent yet (a member that took it from a donor would send the
 // donor's unsent mass a second time). It lives under keys with an "own." segment. A state handed
 // to another peer leaves it out and says so; a component loading such a state keeps its own (a
-// joiner's own is empty: it has not sent anything yet).
+// joiner's own is empty: it has not sent anything yet). A peer that leaves on purpose hands its
+// own tensors to another, which adds them to its own (add_own_tensors below): own tensors are
+// mass that adds up.
 inline bool is_own_key(std::string_view key) { return key.starts_with("own.") || key.find(".own.") != std::string_view::npos; }
 inline constexpr const char* own_state_left_out = "checkpoint.own_state_left_out";
 inline void leave_out_own_state(checkpoint& c) {
@@ -9655,6 +9658,43 @@ inline void leave_out_own_state(checkpoint& c) {
   c.counters[own_state_left_out] = 1;
 }
 inline bool leaves_out_own_state(const checkpoint& c) { return c.counters.contains(own_state_left_out); }
+
+// Adds `theirs` (another peer's own tensors: fault/handoff.hpp, a peer that left handing over
+// its unsent residual) into the same tensors of `mine`: own state is mass that adds up, so any
+// own state a component keeps must be such (a residual, not a counter). A tensor `mine` holds
+// empty (a codec that has not encoded yet) takes theirs as it is. Refused, naming `what` ("the
+// handoff from peer 3") and the problem, unless each is an own f32 tensor that `mine` holds (empty
+// or with as many values), every value and every sum is finite, and theirs is at most
+// `max_ratio` times as large as this peer's own (L2 norm, when that is not 0): a leaver cannot
+// make its heir send an outlier that the group's aggregation would hold against the heir.
+// `mine` is changed only once all of it is checked.
+inline void add_own_tensors(checkpoint& mine, const checkpoint& theirs, const std::string& what, double max_ratio = 16) {
+  std::map<std::string, tensor<cpu>> sums;
+  for (const auto& [key, t] : theirs.tensors) {
+    decentrain::detail::check(is_own_key(key), what, " holds '", key, "', which is not a peer's own state");
+    const auto it = mine.tensors.find(key);
+    decentrain::detail::check(it != mine.tensors.end(), what, " holds '", key,
+                              "', which this peer's state has not (the peers' codecs differ?)");
+    const bool empty = it->second.numel() == 0;
+    decentrain::detail::check(t.dtype() == dtype::f32 && it->second.dtype() == dtype::f32 && (empty || t.numel() == it->second.numel()),
+                              what, " holds ", t.numel(), " values of '", key, "', this peer ", it->second.numel());
+    const auto add = t.to_vector<float>();
+    auto sum = empty ? std::vector<float>(add.size(), 0.0f) : it->second.to_vector<float>();
+    double own_norm = 0, their_norm = 0;
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      decentrain::detail::check(std::isfinite(add[i]), what, " holds ", add[i], " at value ", i, " of '", key, "'");
+      own_norm += static_cast<double>(sum[i]) * sum[i];
+      their_norm += static_cast<double>(add[i]) * add[i];
+      sum[i] += add[i];
+      decentrain::detail::check(std::isfinite(sum[i]), what, ": value ", i, " of '", key, "' overflows when added");
+    }
+    decentrain::detail::check(own_norm == 0 || their_norm <= max_ratio * max_ratio * own_norm, what, " holds '", key,
+                              "' of norm ", std::sqrt(their_norm), ", more than ", max_ratio, " times this peer's own (",
+                              std::sqrt(own_norm), ")");
+    sums.emplace(key, from_vector<cpu>(sum, t.shape()));  // new tensors: a copied checkpoint shares its tensors' storage
+  }
+  for (auto& [key, t] : sums) mine.tensors.at(key) = std::move(t);
+}
 
 // A hash of the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).
@@ -12193,7 +12233,7 @@ class in_process {
     // after that is never read).
     void leave(const std::string& reason) {
       for (int r = 0; r < capacity(); ++r)
-        if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_);
+        if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_, last_arrival_[static_cast<std::size_t>(r)]);
     }
 
     void computed(double seconds) {
@@ -12597,12 +12637,14 @@ class in_process {
       heard[static_cast<std::size_t>(listener)][static_cast<std::size_t>(speaker)] = nobody;
     }
     // `to` finds `from`'s connection closed: at once, or in a deterministic run when the news
-    // arrives (a link latency after `at`, held as messages are by a partition).
-    void close(int from, int to, const std::string& reason, failure_cause cause, double at) {
+    // arrives (a link latency after `at`, held as messages are by a partition, and not before
+    // `not_before`: a goodbye arrives after what was sent before it, as on a TCP stream).
+    void close(int from, int to, const std::string& reason, failure_cause cause, double at,
+               double not_before = -std::numeric_limits<double>::infinity()) {
       auto& box = boxes[static_cast<std::size_t>(to)];
       if (!opts.deterministic || !std::isfinite(at)) return box.close(from, reason, cause);
       const double latency = links.at(from, to).latency_s;
-      box.close_arriving(from, reason, cause, held(from, to, at, at + latency, latency));
+      box.close_arriving(from, reason, cause, std::max(held(from, to, at, at + latency, latency), not_before));
     }
     // Kills `rank` at simulated time `at` (-infinity: the others learn of it at once).
     void kill(int rank, double at = -std::numeric_limits<double>::infinity()) {
@@ -19948,7 +19990,8 @@ struct data {
 // ---- end decentrain/parallel/data.hpp ----
 // ---- end decentrain/parallel/parallel.hpp ----
 // ---- begin decentrain/fault/fault.hpp ----
-// Everything in fault: the policy concept, none, checkpoint_every, and elastic groups.
+// Everything in fault: the policy concept, none, checkpoint_every, and elastic groups (with a
+// leaver's handoff).
 
 // ---- begin decentrain/fault/checkpoint_every.hpp ----
 // Checkpoints every `every` steps: each peer writes its whole state (model, optimizer, step,
@@ -20215,7 +20258,9 @@ struct checkpoint_every {
 // joiner's would be: it never averages into the group's.
 //
 // A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
-// so the others leave it out at once instead of at its heartbeat deadline.
+// so the others leave it out at once instead of at its heartbeat deadline. Before that it hands
+// what its codec has not sent yet to the next member of the view, which adds it to its own
+// (fault/handoff.hpp): nothing of the group's unsent mass is lost or sent twice.
 //
 // A peer that sends poison is excluded (`exclusion`): when the communication policy's
 // aggregation (collective/robust_all_reduce.hpp) found a member's contributions dropped
@@ -20233,10 +20278,37 @@ struct checkpoint_every {
 // joiners: tcp, and in_process in a deterministic run) and data parallelism (every peer holds
 // the whole model).
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/fault/handoff.hpp ----
+// A peer that leaves on purpose hands its unsent residual to its heir, which adds it to its own:
+// the group's unsent mass is neither lost nor sent twice.
+//
+// What is handed over is the peer's own state (io/checkpoint.hpp's "own." tensors: what its
+// codec has not sent yet, error feedback's residual), and the heir is the next member of the
+// view after the leaver (the next after that when the first is gone too). A peer that dies hands
+// nothing over; its unsent mass is lost with it, as its unfinished round is.
+//
+// On the wire, in the membership channel (a membership alarm does not fail the wait): a header
+// (the encoded size, 8 bytes), then the encoded tensors in chunks. The leaver writes all of it
+// before its goodbye, on the same connection, so an heir that finds the leaver gone has it queued
+// already; the heir takes it before it installs the next view, which forgets what a removed peer
+// sent (fault/membership.hpp's install).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -20959,6 +21031,89 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
 
 namespace decentrain::fault {
 
+inline constexpr transport::tag_type handoff_tag = transport::membership_tag(4);
+
+// The members after `leaver` in the view's order, wrapping around: its heir first, then the
+// next ones should the heir be gone too.
+inline std::vector<int> heirs_of(int leaver, const view& v) {
+  std::vector<int> out;
+  const auto at = std::find(v.members.begin(), v.members.end(), leaver);
+  if (at == v.members.end()) return out;
+  out.insert(out.end(), std::next(at), v.members.end());
+  out.insert(out.end(), v.members.begin(), at);
+  return out;
+}
+
+// The heir of `leaver` as the survivors see it: the first member after it that `removed` does
+// not list (-1: none).
+inline int heir_of(int leaver, const view& v, const std::vector<int>& removed = {}) {
+  for (int j : heirs_of(leaver, v))
+    if (std::find(removed.begin(), removed.end(), j) == removed.end()) return j;
+  return -1;
+}
+
+// The own tensors of a captured state that hold values (empty: nothing to hand over; a codec
+// that has not encoded yet holds an empty residual).
+inline io::checkpoint own_tensors(const io::checkpoint& c) {
+  io::checkpoint out;
+  for (const auto& [key, t] : c.tensors)
+    if (io::is_own_key(key) && t.numel() > 0) out.tensors.emplace(key, t);
+  return out;
+}
+
+// The leaver: sends `own` to `heir` (a header, then chunks of at most `chunk_bytes`).
+template <class E>
+void hand_over_to(E& ep, int heir, const io::checkpoint& own, std::size_t chunk_bytes) {
+  const std::string blob = io::encode_checkpoint(own);
+  const std::uint64_t size = blob.size();
+  ep.send(heir, handoff_tag, std::as_bytes(std::span<const std::uint64_t>(&size, 1)));
+  for (std::size_t at = 0; at < blob.size(); at += chunk_bytes)
+    ep.send(heir, handoff_tag,
+            std::as_bytes(std::span<const char>(blob.data() + at, std::min(chunk_bytes, blob.size() - at))));
+}
+
+// The heir: the handoff of `leaver`, when its header arrives within `wait` (none when the leaver
+// is gone without one, or is alive and sent none: it was removed for another reason), the rest
+// within `rest` of the header. A handoff over `max_bytes`, malformed or cut off is refused with
+// an error naming the leaver. Memory grows only with the bytes that arrive.
+template <class E>
+std::optional<io::checkpoint> take_handoff(E& ep, int leaver, std::uint64_t max_bytes, std::chrono::milliseconds wait,
+                                           std::chrono::milliseconds rest) {
+  transport::bytes head;
+  try {
+    head = ep.recv_within(leaver, handoff_tag, wait);
+  } catch (const transport::peer_error&) {
+    return std::nullopt;
+  }
+  decentrain::detail::check(head.size() == 8, "elastic: peer ", leaver, " began a handoff with ", head.size(),
+                            " bytes (expected 8)");
+  std::uint64_t size;
+  std::memcpy(&size, head.data(), 8);
+  decentrain::detail::check(size > 0 && size <= max_bytes, "elastic: peer ", leaver, " announced a handoff of ", size,
+                            " bytes; this peer takes at most ", max_bytes, " (agreement_settings::max_state_bytes)");
+  const auto deadline = transport::now(ep) + rest;
+  std::string blob;
+  while (blob.size() < size) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::now(ep));
+    transport::bytes chunk;
+    try {
+      chunk = ep.recv_within(leaver, handoff_tag, std::max(left, std::chrono::milliseconds(0)));
+    } catch (const transport::peer_error& e) {
+      decentrain::detail::fail("elastic: the handoff from peer ", leaver, " was cut off after ", blob.size(), " of ", size,
+                               " bytes: ", e.what());
+    }
+    decentrain::detail::check(!chunk.empty() && blob.size() + chunk.size() <= size, "elastic: peer ", leaver,
+                              " sent a handoff chunk of ", chunk.size(), " bytes with ", size - blob.size(), " left");
+    blob.append(reinterpret_cast<const char*>(chunk.data()), chunk.size());
+  }
+  return io::decode_checkpoint(blob, decentrain::detail::concat("the handoff from peer ", leaver));
+}
+
+}  // namespace decentrain::fault
+// ---- end decentrain/fault/handoff.hpp ----
+
+namespace decentrain::fault {
+
 // One change of the group, as every survivor records it.
 struct membership_change {
   std::uint64_t epoch = 0;       // the new view's
@@ -20973,6 +21128,7 @@ struct membership_change {
   // clock, on Linux the same in every process of a machine, so bench/faults compares it with when
   // it killed a peer; simulated time on a deterministic in_process network.
   std::chrono::steady_clock::time_point installed{};
+  std::vector<int> inherited;    // removed peers whose unsent residual this peer took over (their heir)
 };
 
 struct elastic {
@@ -20996,6 +21152,14 @@ struct elastic {
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
+  // A peer that stops alone hands its codec's unsent residual to its heir (fault/handoff.hpp).
+  // The heir of a removed peer waits up to `handoff_wait` for a handoff to begin (it has usually
+  // arrived long before: the leaver wrote it before its goodbye; a dead peer's closed connection
+  // ends the wait at once, and a peer removed while alive, cut off or frozen, sends none: the
+  // wait is what that view change costs the heir), each of its chunks then within
+  // agreement.timeout, at most agreement.max_state_bytes in all.
+  bool hand_over = true;
+  std::chrono::milliseconds handoff_wait{2000};
   // How many of the latest membership changes changes() keeps.
   std::size_t changes_kept = 1000;
   // Members whose contributions were suspicious (see above) in at least `times` of the policy's
@@ -21024,6 +21188,10 @@ struct elastic {
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
                               ", of_last = ", exclusion.of_last);
     if (!view_.members.empty()) return;
+    // Whether the policy keeps own state (a codec's residual; the same on every member): only
+    // then does an heir wait for a handoff. Captured here, before the policy starts, once.
+    const auto state = ctx.capture();
+    keeps_own_ = std::any_of(state.tensors.begin(), state.tensors.end(), [](const auto& t) { return io::is_own_key(t.first); });
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
@@ -21087,6 +21255,7 @@ struct elastic {
   // out as soon as they next need it instead of at its deadline.
   template <class Ctx>
   void leave(Ctx& ctx) {
+    if (hand_over) hand_over_own(ctx);
     ctx.network.leave(decentrain::detail::concat("peer ", ctx.network.rank(), " stopped at step ", ctx.steps_done));
   }
 
@@ -21120,6 +21289,8 @@ struct elastic {
   std::uint64_t change_count() const { return change_count_; }
   // State bytes this peer sent to members behind (and joiners) as a donor.
   std::uint64_t state_bytes_served() const { return served_; }
+  // The heir this peer handed its unsent residual to when it stopped alone (-1: none).
+  int handed_to() const { return handed_to_; }
 
  private:
   // Agrees on views (starting from `first` when given: a joiner's admission) until one holds:
@@ -21144,6 +21315,7 @@ struct elastic {
       }
       first.reset();
       suspects_.clear();
+      take_handoffs(ctx, d);  // before install forgets what the removed peers sent
       const auto failed = install(ep, d, agreement);
       view_ = d.next;
       ctx.set_view(view_.epoch, view_.members);
@@ -21168,7 +21340,17 @@ struct elastic {
         note(record(ep, d, false));
         continue;
       }
-      note(record(ep, d, healed));
+      auto change = record(ep, d, healed);
+      for (auto& [j, own] : inherited_) {  // after a state taken from a donor, which kept this peer's own
+        try {
+          ctx.absorb(own, decentrain::detail::concat("elastic: the handoff from peer ", j));
+          change.inherited.push_back(j);
+        } catch (const decentrain::error& e) {
+          change.cause += decentrain::detail::concat("; ", e.what(), ": refused");
+        }
+      }
+      inherited_.clear();
+      note(std::move(change));
       for (int j : d.joined) join_tries_.erase(j);  // a later rejoin of its rank waits its grace again
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
@@ -21176,6 +21358,55 @@ struct elastic {
       for (auto& [j, h] : history_)
         if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
       return;
+    }
+  }
+
+  // Stopping alone: this peer's unsent residual to its heir (the next member after it that takes
+  // the bytes), and none of it kept: its state, saved next by on_stop, holds none, so a restart of
+  // this peer does not send it a second time (x + -x is exactly 0). Nothing here stops the
+  // goodbye: a state that cannot be captured (a failed exchange in flight) or an heir that cannot
+  // be reached leaves the residual with this peer, as a dead peer's.
+  template <class Ctx>
+  void hand_over_own(Ctx& ctx) {
+    try {
+      const auto own = own_tensors(ctx.capture());
+      if (own.tensors.empty()) return;
+      for (int heir : heirs_of(ctx.network.rank(), view_)) {
+        try {
+          hand_over_to(ctx.network, heir, own, agreement.state_chunk_bytes);
+        } catch (const transport::peer_error&) {
+          continue;  // gone: the survivors count the next member as the heir
+        }
+        handed_to_ = heir;
+        auto minus = own;
+        for (auto& [key, t] : minus.tensors) {
+          auto v = t.template to_vector<float>();
+          for (auto& x : v) x = -x;
+          t = from_vector<cpu>(v, t.shape());
+        }
+        ctx.absorb(minus, "elastic: what this peer handed over");
+        return;
+      }
+    } catch (const std::exception&) {
+    }
+  }
+
+  // The handoffs of the removed members whose heir this peer is (in the view they left). Only
+  // taken here (this peer's state is not touched before the view holds: a policy with an exchange
+  // in flight cannot save it yet); checked against this peer's own state and added once the view
+  // holds. What is malformed is refused and noted in the change's cause.
+  template <class Ctx>
+  void take_handoffs(Ctx& ctx, const decision& d) {
+    if (!hand_over || !keeps_own_) return;  // no own state in this group's policy: nobody hands any over
+    for (int j : d.removed) {
+      if (d.next.bars(j) || heir_of(j, view_, d.removed) != ctx.network.rank() || inherited_.count(j)) continue;
+      try {
+        // The rest within half the agreement's deadline: the members wait for this peer's marker.
+        if (auto h = take_handoff(ctx.network, j, agreement.max_state_bytes, handoff_wait, agreement.timeout / 2))
+          inherited_.emplace(j, std::move(*h));
+      } catch (const std::exception& e) {  // also what a hostile size would make the allocator throw
+        cause_ += decentrain::detail::concat("; ", e.what(), ": refused");
+      }
     }
   }
 
@@ -21317,7 +21548,7 @@ struct elastic {
   membership_change record(const E& ep, const decision& d, bool healed) const {
     const auto now = transport::now(ep);
     return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
-                             std::chrono::duration<double>(now - failed_at_).count(), now};
+                             std::chrono::duration<double>(now - failed_at_).count(), now, {}};
   }
 
   view view_;
@@ -21326,6 +21557,9 @@ struct elastic {
   std::uint64_t change_count_ = 0;
   std::string cause_;
   std::uint64_t served_ = 0;
+  int handed_to_ = -1;
+  bool keeps_own_ = false;
+  std::map<int, io::checkpoint> inherited_;  // handoffs taken, added once the view holds
   int folder_world_ = 0;  // the W of this peer's checkpoint folder
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
@@ -21491,6 +21725,7 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 
@@ -21554,6 +21789,10 @@ struct peer_context {
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;
+  // Adds another peer's own state (the "own." tensors of what it captured: what its codec had
+  // not sent) to this peer's, or throws naming `what` and the problem (io::add_own_tensors);
+  // fault::elastic's heir of a peer that left (fault/handoff.hpp).
+  std::function<void(const io::checkpoint&, const std::string& what)> absorb;
 };
 
 }  // namespace decentrain::train
@@ -22398,6 +22637,15 @@ class trainer {
     adopted_ = true;
   }
 
+  // Adds another peer's own state (its codec's unsent residual: fault/handoff.hpp) to this
+  // peer's: the policy's state saved, those tensors added, loaded back.
+  void absorb(const io::checkpoint& theirs, const std::string& what) {
+    io::checkpoint mine;
+    policy_.save(mine);
+    io::add_own_tensors(mine, theirs, what);
+    policy_.load(mine);
+  }
+
  private:
   struct step_outcome {
     parallel::step_result result;
@@ -22551,7 +22799,8 @@ class trainer {
                    phase::step,
                    [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
                    [this](const io::checkpoint& c) { adopt(c); },
-                   contributions()};
+                   contributions(),
+                   [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
   }
   const collective::peer_tally* contributions() const {
     if constexpr (requires { policy_.aggregation().tally; }) return &policy_.aggregation().tally;

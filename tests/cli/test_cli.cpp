@@ -848,7 +848,9 @@ TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodby
                            " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
                            " --elastic --max-world 8 --checkpoint-dir ck --save-every 20"
                            // A long heartbeat deadline: only the goodbye can tell the others at once.
-                           " --silence-ms 60000 --agreement-timeout-ms 90000";
+                           " --silence-ms 60000 --agreement-timeout-ms 90000"
+                           // A codec that keeps what it has not sent: peer 2 hands it to its heir, peer 0.
+                           " --codec int8:ef";
   const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
   // Peer 2 is interrupted, then started again with --resume while the others train on.
   const auto r = run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 3 > r0.txt 2>&1 & p0=$!; "
@@ -868,9 +870,10 @@ TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodby
   CHECK_THAT(r.output, Contains("left the group; checkpoint saved to ck/peer-2-of-3/step-"));
   // Both survivors left it out at once, saying why, and later took it back in.
   std::istringstream lines(r.output);
-  int left = 0, told = 0, back = 0;
+  int left = 0, told = 0, back = 0, inherited = 0;
   for (std::string line; std::getline(lines, line);) {
     if (line.find("membership: view ") != 0) continue;
+    inherited += line.find("took over the unsent residual of 2") != std::string::npos ? 1 : 0;
     if (line.find("peers 0,1 (left out: 2, joined: none)") != std::string::npos) {
       ++left;
       // The first to find it gone says why; the other may hear of it from that one first.
@@ -881,6 +884,7 @@ TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodby
   }
   CHECK(left == 2);
   CHECK(told >= 1);
+  CHECK(inherited == 1);  // peer 0, on its line of that view
   CHECK(back == 3);  // the survivors and the peer that came back list the view that took it in
   // Each survivor's transport counts peer 2's return; the peer that came back saw nobody return.
   std::istringstream transports(r.output);

@@ -4,6 +4,7 @@
 // same final parameters, bit for bit; another seed a different history.
 #include "support/trainer_fixture.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <map>
 #include <mutex>
@@ -162,6 +163,29 @@ TEST_CASE("in_process deterministic: waits end on simulated time, in the order o
   CHECK(order[2] == "1 received");
   CHECK(clocks[2] == 2.0);
   CHECK(clocks[1] > 5.0);
+}
+
+TEST_CASE("in_process deterministic: a goodbye arrives after what was sent before it, as on a TCP stream") {
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  dt::transport::in_process net(dt::transport::links::lan(2), o);  // 10 Gbit/s: 10 MB take 8 ms on the wire
+  std::size_t got = 0;
+  std::string after;
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    if (ep.rank() == 1) {
+      ep.send(0, 7, std::vector<std::byte>(10'000'000));
+      ep.leave("peer 1 stopped");
+      return;
+    }
+    got = ep.recv(1, 7).size();  // not failed by the goodbye, whose news would travel faster
+    try {
+      (void)ep.recv(1, 7);
+    } catch (const dt::transport::peer_error& e) {
+      after = e.what();
+    }
+  });
+  CHECK(got == 10'000'000);
+  CHECK(after.find("peer 1 stopped") != std::string::npos);
 }
 
 TEST_CASE("in_process deterministic: a rank started again is refused until the others forgot its old process") {
@@ -397,4 +421,63 @@ TEST_CASE("churn simulator: a joiner takes the group's state but not a member's 
   const auto& after_round = joiner.at(first + comm.inner_steps - 1);
   CHECK(std::count_if(after_round.begin(), after_round.end(), [](float v) { return v != 0.0f; }) > 0);
   for (int r = 1; r < 5; ++r) CHECK((peers.at(r).params == peers.at(0).params));
+}
+
+TEST_CASE("churn simulator: a peer that stops alone hands its residual to its heir, which adds it exactly") {
+  // Deterministic (messages take the lan preset's time, a goodbye arrives after what was sent
+  // before it): peer 3 stops at a round's start, the others find it gone at that step's check
+  // for joiners, and its heir, peer 0, takes its residual before the step.
+  using codec = dt::compress::error_feedback<dt::compress::top_k>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<dt::comm::outer::nesterov, codec>,
+                                     dt::parallel::data, dt::fault::elastic>;
+  dt::transport::in_process::options o;
+  o.peers_fail_alone = true;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  dt::transport::in_process net(dt::transport::links::lan(4), o);
+  trainer_options opts;
+  opts.steps = 16;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  opts.stop_alone = true;
+  dt::comm::diloco<dt::comm::outer::nesterov, codec> comm;
+  comm.inner_steps = 4;
+  comm.codec.codec.fraction = 0.05;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::milliseconds(5000);
+  struct seen {
+    std::map<std::int64_t, std::vector<float>> residual;  // after each step
+    std::vector<float> final_residual;
+    std::vector<dt::fault::membership_change> changes;
+  };
+  std::map<int, seen> peers;
+  std::mutex m;
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+    seen mine;
+    t.on_step([&](const dt::train::step_metrics& s) { mine.residual[s.step] = t.policy().codec.residual(); });
+    if (ep.rank() == 3) t.stop_when([&t] { return t.step() >= 8; });
+    t.fit(small_corpus().data);
+    mine.final_residual = t.policy().codec.residual();
+    mine.changes = t.fault().changes();
+    std::lock_guard lock(m);
+    peers[ep.rank()] = mine;
+  });
+  REQUIRE(peers.size() == 4);
+  const auto& leaver = peers.at(3).residual.at(8);  // after step 7, the round's exchange
+  REQUIRE(std::count_if(leaver.begin(), leaver.end(), [](float v) { return v != 0.0f; }) > 0);
+  CHECK(std::all_of(peers.at(3).final_residual.begin(), peers.at(3).final_residual.end(), [](float v) { return v == 0.0f; }));
+  // Step 8 exchanges nothing: the heir's residual after it is its own after step 7 plus the
+  // leaver's, value for value; the other members' are as they were.
+  const auto& before = peers.at(0).residual.at(8);
+  const auto& after = peers.at(0).residual.at(9);
+  REQUIRE(before.size() == leaver.size());
+  REQUIRE(after.size() == leaver.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) differ += after[i] != before[i] + leaver[i] ? 1 : 0;
+  CHECK(differ == 0);
+  for (int r : {1, 2}) CHECK(peers.at(r).residual.at(9) == peers.at(r).residual.at(8));
+  REQUIRE(peers.at(0).changes.size() == 1);
+  CHECK(peers.at(0).changes[0].removed == std::vector<int>{3});
+  CHECK(peers.at(0).changes[0].inherited == std::vector<int>{3});
+  for (int r : {1, 2}) CHECK(peers.at(r).changes.at(0).inherited.empty());
 }

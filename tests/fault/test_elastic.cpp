@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -450,6 +451,132 @@ TEST_CASE("elastic: a peer asked to stop alone says goodbye, the others leave it
   }
   // The peer that found it gone names why (the other may hear of it from that one first).
   CHECK((changes[0][0].cause + changes[1][0].cause).find("peer 2 stopped at step 4") != std::string::npos);
+}
+
+namespace {
+// DiLoCo with a stand-in for a codec's unsent residual: 8 values of the peer's own state, rank + 1
+// at the start, which only a handoff changes.
+struct diloco_with_own : dt::comm::diloco<> {
+  std::vector<float> own;
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    if (!ctx.resumed && !ctx.joined) own.assign(8, static_cast<float>(ctx.comm.rank() + 1));
+    dt::comm::diloco<>::start(ctx);
+  }
+  void save(dt::io::checkpoint& c) const {
+    dt::comm::diloco<>::save(c);
+    c.tensors["comm.probe.own.mass"] = dt::from_vector<dt::cpu>(own, dt::shape{static_cast<std::int64_t>(own.size())});
+  }
+  void load(const dt::io::checkpoint& c) {
+    dt::comm::diloco<>::load(c);
+    if (auto it = c.tensors.find("comm.probe.own.mass"); it != c.tensors.end()) own = it->second.to_vector<float>();
+  }
+};
+}  // namespace
+
+TEST_CASE("elastic: a peer that stops alone hands its own state to its heir, which adds it to its own") {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, diloco_with_own, dt::parallel::data, dt::fault::elastic>;
+  diloco_with_own comm;
+  comm.inner_steps = 3;
+  auto opts = small_run(12);
+  opts.stop_alone = true;
+  dt::transport::in_process::options o;
+  o.recv_timeout = 60s;
+  dt::transport::in_process net(dt::transport::links::ideal(4), o);
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 60s;
+  std::vector<std::vector<float>> own(4);
+  std::vector<std::vector<dt::fault::membership_change>> changes(4);
+  std::vector<int> handed_to(4, -2);
+  std::vector<dt::train::fit_result> results(4);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+    if (r == 1) t.stop_when([&t] { return t.step() >= 4; });  // mid-round; its heir is peer 2
+    if (r == 3) t.stop_when([&t] { return t.step() >= 8; });  // later, from the view {0, 2, 3}: its heir is peer 0
+    results[r] = t.fit(small_corpus().data);
+    own[r] = t.policy().own;
+    changes[r] = t.fault().changes();
+    handed_to[r] = t.fault().handed_to();
+  });
+  CHECK(results[1].stopped);
+  CHECK(results[3].stopped);
+  CHECK(handed_to == std::vector<int>{-1, 2, -1, 0});
+  // Peer 2 holds its own (3) and peer 1's (2); peer 0 its own (1) and peer 3's (4): all of the
+  // group's mass (1 + 2 + 3 + 4) is still there, none of it twice.
+  CHECK(own[0] == std::vector<float>(8, 5.0f));
+  CHECK(own[2] == std::vector<float>(8, 5.0f));
+  CHECK(own[1] == std::vector<float>(8, 0.0f));  // handed over: no longer theirs (what on_stop saves)
+  CHECK(own[3] == std::vector<float>(8, 0.0f));
+  REQUIRE(changes[0].size() == 2);
+  REQUIRE(changes[2].size() == 2);
+  CHECK(changes[2][0].inherited == std::vector<int>{1});
+  CHECK(changes[0][0].inherited.empty());
+  CHECK(changes[0][1].inherited == std::vector<int>{3});
+  CHECK(changes[2][1].inherited.empty());
+  CHECK(results[0].last.step == 12);
+}
+
+TEST_CASE("elastic: a handoff that is malformed, too large or not own state is refused, naming the leaver") {
+  dt::transport::in_process net(2);
+  dt::io::checkpoint mine;
+  mine.tensors["comm.x.own.residual"] = dt::from_vector<dt::cpu>(std::vector<float>{1, 2, 3}, dt::shape{3});
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    if (ep.rank() == 1) {
+      auto good = mine;
+      dt::fault::hand_over_to(ep, 0, good, 16);  // in many chunks
+      const std::uint64_t huge = std::uint64_t{1} << 40;
+      ep.send(0, dt::fault::handoff_tag, std::as_bytes(std::span<const std::uint64_t>(&huge, 1)));
+      return;
+    }
+    auto h = dt::fault::take_handoff(ep, 1, 1 << 20, 5s, 5s);
+    REQUIRE(h);
+    auto sum = mine;
+    dt::io::add_own_tensors(sum, *h, "the handoff from peer 1");
+    CHECK(sum.tensors.at("comm.x.own.residual").to_vector<float>() == std::vector<float>{2, 4, 6});
+    CHECK_THROWS_WITH(dt::fault::take_handoff(ep, 1, 1 << 20, 5s, 5s), Catch::Contains("announced a handoff of 1099511627776 bytes"));
+  });
+  // What the heir adds must be own state it holds too, of the same size, and finite; nothing is
+  // added when any of it is not.
+  auto refuses = [&](const std::string& key, std::vector<float> values, const char* why) {
+    dt::io::checkpoint theirs;
+    theirs.tensors[key] = dt::from_vector<dt::cpu>(values, dt::shape{static_cast<std::int64_t>(values.size())});
+    auto sum = mine;
+    CHECK_THROWS_WITH(dt::io::add_own_tensors(sum, theirs, "the handoff from peer 7"), Catch::Contains(why));
+    CHECK(sum.tensors.at("comm.x.own.residual").to_vector<float>() == std::vector<float>{1, 2, 3});
+  };
+  refuses("comm.diloco.global", {1, 1, 1}, "the handoff from peer 7 holds 'comm.diloco.global', which is not a peer's own");
+  refuses("comm.y.own.residual", {1, 1, 1}, "which this peer's state has not");
+  refuses("comm.x.own.residual", {1, 1}, "holds 2 values of 'comm.x.own.residual', this peer 3");
+  refuses("comm.x.own.residual", {1, std::numeric_limits<float>::quiet_NaN(), 1}, "holds nan at value 1");
+  refuses("comm.x.own.residual", {1, 3e38f, 1}, "more than 16 times this peer's own");
+  dt::io::checkpoint near_max;
+  near_max.tensors["comm.x.own.residual"] = dt::from_vector<dt::cpu>(std::vector<float>{3e38f, 3e38f, 3e38f}, dt::shape{3});
+  refuses("comm.x.own.residual", {3e38f, 0, 0}, "more than 16 times");
+  {
+    auto sum = near_max;
+    dt::io::checkpoint theirs;
+    theirs.tensors["comm.x.own.residual"] = dt::from_vector<dt::cpu>(std::vector<float>{3e38f, 0, 0}, dt::shape{3});
+    CHECK_THROWS_WITH(dt::io::add_own_tensors(sum, theirs, "the handoff from peer 7"), Catch::Contains("value 0 of 'comm.x.own.residual' overflows"));
+  }
+  // A residual this peer holds empty (its codec has not encoded yet) takes the handoff as it is.
+  {
+    dt::io::checkpoint fresh;
+    fresh.tensors["comm.x.own.residual"] = dt::from_vector<dt::cpu>(std::vector<float>{}, dt::shape{0});
+    dt::io::add_own_tensors(fresh, mine, "the handoff from peer 7");
+    CHECK(fresh.tensors.at("comm.x.own.residual").to_vector<float>() == std::vector<float>{1, 2, 3});
+  }
+  // A leaver's heir is the next member of its view, wrapping around; the survivors skip members
+  // removed with it.
+  dt::fault::view v;
+  v.members = {0, 2, 5};
+  CHECK(dt::fault::heir_of(2, v) == 5);
+  CHECK(dt::fault::heir_of(5, v) == 0);
+  CHECK(dt::fault::heir_of(2, v, {2, 5}) == 0);
+  CHECK(dt::fault::heirs_of(2, v) == std::vector<int>{5, 0});
+  CHECK(dt::fault::heir_of(1, v) == -1);
+  v.members = {3};
+  CHECK(dt::fault::heir_of(3, v) == -1);
 }
 
 TEST_CASE("trainer: stop_alone needs a fault policy that can leave") {

@@ -25,7 +25,9 @@
 // joiner's would be: it never averages into the group's.
 //
 // A peer asked to stop alone (trainer_options::stop_alone: Ctrl-C on one machine) says goodbye,
-// so the others leave it out at once instead of at its heartbeat deadline.
+// so the others leave it out at once instead of at its heartbeat deadline. Before that it hands
+// what its codec has not sent yet to the next member of the view, which adds it to its own
+// (fault/handoff.hpp): nothing of the group's unsent mass is lost or sent twice.
 //
 // A peer that sends poison is excluded (`exclusion`): when the communication policy's
 // aggregation (collective/robust_all_reduce.hpp) found a member's contributions dropped
@@ -44,9 +46,11 @@
 // the whole model).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <optional>
 #include <span>
@@ -56,6 +60,7 @@
 #include "decentrain/collective/robust_all_reduce.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/fault/checkpoint_every.hpp"
+#include "decentrain/fault/handoff.hpp"
 #include "decentrain/fault/membership.hpp"
 #include "decentrain/fault/policy.hpp"
 #include "decentrain/io/checkpoint.hpp"
@@ -76,6 +81,7 @@ struct membership_change {
   // clock, on Linux the same in every process of a machine, so bench/faults compares it with when
   // it killed a peer; simulated time on a deterministic in_process network.
   std::chrono::steady_clock::time_point installed{};
+  std::vector<int> inherited;    // removed peers whose unsent residual this peer took over (their heir)
 };
 
 struct elastic {
@@ -99,6 +105,14 @@ struct elastic {
   // `every`, `keep_last`, `background` and `resume` as for fault::checkpoint_every, except that
   // peers resume from their own newest step and those behind then take the furthest's state.
   checkpoint_every checkpoints{};
+  // A peer that stops alone hands its codec's unsent residual to its heir (fault/handoff.hpp).
+  // The heir of a removed peer waits up to `handoff_wait` for a handoff to begin (it has usually
+  // arrived long before: the leaver wrote it before its goodbye; a dead peer's closed connection
+  // ends the wait at once, and a peer removed while alive, cut off or frozen, sends none: the
+  // wait is what that view change costs the heir), each of its chunks then within
+  // agreement.timeout, at most agreement.max_state_bytes in all.
+  bool hand_over = true;
+  std::chrono::milliseconds handoff_wait{2000};
   // How many of the latest membership changes changes() keeps.
   std::size_t changes_kept = 1000;
   // Members whose contributions were suspicious (see above) in at least `times` of the policy's
@@ -127,6 +141,10 @@ struct elastic {
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
                               ", of_last = ", exclusion.of_last);
     if (!view_.members.empty()) return;
+    // Whether the policy keeps own state (a codec's residual; the same on every member): only
+    // then does an heir wait for a handoff. Captured here, before the policy starts, once.
+    const auto state = ctx.capture();
+    keeps_own_ = std::any_of(state.tensors.begin(), state.tensors.end(), [](const auto& t) { return io::is_own_key(t.first); });
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state
@@ -190,6 +208,7 @@ struct elastic {
   // out as soon as they next need it instead of at its deadline.
   template <class Ctx>
   void leave(Ctx& ctx) {
+    if (hand_over) hand_over_own(ctx);
     ctx.network.leave(decentrain::detail::concat("peer ", ctx.network.rank(), " stopped at step ", ctx.steps_done));
   }
 
@@ -223,6 +242,8 @@ struct elastic {
   std::uint64_t change_count() const { return change_count_; }
   // State bytes this peer sent to members behind (and joiners) as a donor.
   std::uint64_t state_bytes_served() const { return served_; }
+  // The heir this peer handed its unsent residual to when it stopped alone (-1: none).
+  int handed_to() const { return handed_to_; }
 
  private:
   // Agrees on views (starting from `first` when given: a joiner's admission) until one holds:
@@ -247,6 +268,7 @@ struct elastic {
       }
       first.reset();
       suspects_.clear();
+      take_handoffs(ctx, d);  // before install forgets what the removed peers sent
       const auto failed = install(ep, d, agreement);
       view_ = d.next;
       ctx.set_view(view_.epoch, view_.members);
@@ -271,7 +293,17 @@ struct elastic {
         note(record(ep, d, false));
         continue;
       }
-      note(record(ep, d, healed));
+      auto change = record(ep, d, healed);
+      for (auto& [j, own] : inherited_) {  // after a state taken from a donor, which kept this peer's own
+        try {
+          ctx.absorb(own, decentrain::detail::concat("elastic: the handoff from peer ", j));
+          change.inherited.push_back(j);
+        } catch (const decentrain::error& e) {
+          change.cause += decentrain::detail::concat("; ", e.what(), ": refused");
+        }
+      }
+      inherited_.clear();
+      note(std::move(change));
       for (int j : d.joined) join_tries_.erase(j);  // a later rejoin of its rank waits its grace again
       note_contributions(ctx);  // the tally's ranks are the new view's from here
       // A member this peer found guilty that the group kept (the others did not see it so): the
@@ -279,6 +311,55 @@ struct elastic {
       for (auto& [j, h] : history_)
         if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
       return;
+    }
+  }
+
+  // Stopping alone: this peer's unsent residual to its heir (the next member after it that takes
+  // the bytes), and none of it kept: its state, saved next by on_stop, holds none, so a restart of
+  // this peer does not send it a second time (x + -x is exactly 0). Nothing here stops the
+  // goodbye: a state that cannot be captured (a failed exchange in flight) or an heir that cannot
+  // be reached leaves the residual with this peer, as a dead peer's.
+  template <class Ctx>
+  void hand_over_own(Ctx& ctx) {
+    try {
+      const auto own = own_tensors(ctx.capture());
+      if (own.tensors.empty()) return;
+      for (int heir : heirs_of(ctx.network.rank(), view_)) {
+        try {
+          hand_over_to(ctx.network, heir, own, agreement.state_chunk_bytes);
+        } catch (const transport::peer_error&) {
+          continue;  // gone: the survivors count the next member as the heir
+        }
+        handed_to_ = heir;
+        auto minus = own;
+        for (auto& [key, t] : minus.tensors) {
+          auto v = t.template to_vector<float>();
+          for (auto& x : v) x = -x;
+          t = from_vector<cpu>(v, t.shape());
+        }
+        ctx.absorb(minus, "elastic: what this peer handed over");
+        return;
+      }
+    } catch (const std::exception&) {
+    }
+  }
+
+  // The handoffs of the removed members whose heir this peer is (in the view they left). Only
+  // taken here (this peer's state is not touched before the view holds: a policy with an exchange
+  // in flight cannot save it yet); checked against this peer's own state and added once the view
+  // holds. What is malformed is refused and noted in the change's cause.
+  template <class Ctx>
+  void take_handoffs(Ctx& ctx, const decision& d) {
+    if (!hand_over || !keeps_own_) return;  // no own state in this group's policy: nobody hands any over
+    for (int j : d.removed) {
+      if (d.next.bars(j) || heir_of(j, view_, d.removed) != ctx.network.rank() || inherited_.count(j)) continue;
+      try {
+        // The rest within half the agreement's deadline: the members wait for this peer's marker.
+        if (auto h = take_handoff(ctx.network, j, agreement.max_state_bytes, handoff_wait, agreement.timeout / 2))
+          inherited_.emplace(j, std::move(*h));
+      } catch (const std::exception& e) {  // also what a hostile size would make the allocator throw
+        cause_ += decentrain::detail::concat("; ", e.what(), ": refused");
+      }
     }
   }
 
@@ -420,7 +501,7 @@ struct elastic {
   membership_change record(const E& ep, const decision& d, bool healed) const {
     const auto now = transport::now(ep);
     return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
-                             std::chrono::duration<double>(now - failed_at_).count(), now};
+                             std::chrono::duration<double>(now - failed_at_).count(), now, {}};
   }
 
   view view_;
@@ -429,6 +510,9 @@ struct elastic {
   std::uint64_t change_count_ = 0;
   std::string cause_;
   std::uint64_t served_ = 0;
+  int handed_to_ = -1;
+  bool keeps_own_ = false;
+  std::map<int, io::checkpoint> inherited_;  // handoffs taken, added once the view holds
   int folder_world_ = 0;  // the W of this peer's checkpoint folder
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;

@@ -8,6 +8,7 @@
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/types/map.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "decentrain/core/factory.hpp"
 #include "decentrain/detail/bounded_archive.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/io/atomic_file.hpp"
@@ -56,7 +58,9 @@ struct checkpoint {
 // error-feedback codec has not sent yet (a member that took it from a donor would send the
 // donor's unsent mass a second time). It lives under keys with an "own." segment. A state handed
 // to another peer leaves it out and says so; a component loading such a state keeps its own (a
-// joiner's own is empty: it has not sent anything yet).
+// joiner's own is empty: it has not sent anything yet). A peer that leaves on purpose hands its
+// own tensors to another, which adds them to its own (add_own_tensors below): own tensors are
+// mass that adds up.
 inline bool is_own_key(std::string_view key) { return key.starts_with("own.") || key.find(".own.") != std::string_view::npos; }
 inline constexpr const char* own_state_left_out = "checkpoint.own_state_left_out";
 inline void leave_out_own_state(checkpoint& c) {
@@ -68,6 +72,43 @@ inline void leave_out_own_state(checkpoint& c) {
   c.counters[own_state_left_out] = 1;
 }
 inline bool leaves_out_own_state(const checkpoint& c) { return c.counters.contains(own_state_left_out); }
+
+// Adds `theirs` (another peer's own tensors: fault/handoff.hpp, a peer that left handing over
+// its unsent residual) into the same tensors of `mine`: own state is mass that adds up, so any
+// own state a component keeps must be such (a residual, not a counter). A tensor `mine` holds
+// empty (a codec that has not encoded yet) takes theirs as it is. Refused, naming `what` ("the
+// handoff from peer 3") and the problem, unless each is an own f32 tensor that `mine` holds (empty
+// or with as many values), every value and every sum is finite, and theirs is at most
+// `max_ratio` times as large as this peer's own (L2 norm, when that is not 0): a leaver cannot
+// make its heir send an outlier that the group's aggregation would hold against the heir.
+// `mine` is changed only once all of it is checked.
+inline void add_own_tensors(checkpoint& mine, const checkpoint& theirs, const std::string& what, double max_ratio = 16) {
+  std::map<std::string, tensor<cpu>> sums;
+  for (const auto& [key, t] : theirs.tensors) {
+    decentrain::detail::check(is_own_key(key), what, " holds '", key, "', which is not a peer's own state");
+    const auto it = mine.tensors.find(key);
+    decentrain::detail::check(it != mine.tensors.end(), what, " holds '", key,
+                              "', which this peer's state has not (the peers' codecs differ?)");
+    const bool empty = it->second.numel() == 0;
+    decentrain::detail::check(t.dtype() == dtype::f32 && it->second.dtype() == dtype::f32 && (empty || t.numel() == it->second.numel()),
+                              what, " holds ", t.numel(), " values of '", key, "', this peer ", it->second.numel());
+    const auto add = t.to_vector<float>();
+    auto sum = empty ? std::vector<float>(add.size(), 0.0f) : it->second.to_vector<float>();
+    double own_norm = 0, their_norm = 0;
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      decentrain::detail::check(std::isfinite(add[i]), what, " holds ", add[i], " at value ", i, " of '", key, "'");
+      own_norm += static_cast<double>(sum[i]) * sum[i];
+      their_norm += static_cast<double>(add[i]) * add[i];
+      sum[i] += add[i];
+      decentrain::detail::check(std::isfinite(sum[i]), what, ": value ", i, " of '", key, "' overflows when added");
+    }
+    decentrain::detail::check(own_norm == 0 || their_norm <= max_ratio * max_ratio * own_norm, what, " holds '", key,
+                              "' of norm ", std::sqrt(their_norm), ", more than ", max_ratio, " times this peer's own (",
+                              std::sqrt(own_norm), ")");
+    sums.emplace(key, from_vector<cpu>(sum, t.shape()));  // new tensors: a copied checkpoint shares its tensors' storage
+  }
+  for (auto& [key, t] : sums) mine.tensors.at(key) = std::move(t);
+}
 
 // A hash of the payload: catches torn or bit-flipped files (not tampering; that is what the
 // authenticated transport is for).

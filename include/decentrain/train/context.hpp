@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "decentrain/autograd/parameters.hpp"
@@ -77,6 +78,10 @@ struct peer_context {
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;
+  // Adds another peer's own state (the "own." tensors of what it captured: what its codec had
+  // not sent) to this peer's, or throws naming `what` and the problem (io::add_own_tensors);
+  // fault::elastic's heir of a peer that left (fault/handoff.hpp).
+  std::function<void(const io::checkpoint&, const std::string& what)> absorb;
 };
 
 }  // namespace decentrain::train

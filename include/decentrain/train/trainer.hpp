@@ -241,6 +241,15 @@ class trainer {
     adopted_ = true;
   }
 
+  // Adds another peer's own state (its codec's unsent residual: fault/handoff.hpp) to this
+  // peer's: the policy's state saved, those tensors added, loaded back.
+  void absorb(const io::checkpoint& theirs, const std::string& what) {
+    io::checkpoint mine;
+    policy_.save(mine);
+    io::add_own_tensors(mine, theirs, what);
+    policy_.load(mine);
+  }
+
  private:
   struct step_outcome {
     parallel::step_result result;
@@ -394,7 +403,8 @@ class trainer {
                    phase::step,
                    [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
                    [this](const io::checkpoint& c) { adopt(c); },
-                   contributions()};
+                   contributions(),
+                   [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
   }
   const collective::peer_tally* contributions() const {
     if constexpr (requires { policy_.aggregation().tally; }) return &policy_.aggregation().tally;

@@ -294,7 +294,7 @@ class in_process {
     // after that is never read).
     void leave(const std::string& reason) {
       for (int r = 0; r < capacity(); ++r)
-        if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_);
+        if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_, last_arrival_[static_cast<std::size_t>(r)]);
     }
 
     void computed(double seconds) {
@@ -698,12 +698,14 @@ class in_process {
       heard[static_cast<std::size_t>(listener)][static_cast<std::size_t>(speaker)] = nobody;
     }
     // `to` finds `from`'s connection closed: at once, or in a deterministic run when the news
-    // arrives (a link latency after `at`, held as messages are by a partition).
-    void close(int from, int to, const std::string& reason, failure_cause cause, double at) {
+    // arrives (a link latency after `at`, held as messages are by a partition, and not before
+    // `not_before`: a goodbye arrives after what was sent before it, as on a TCP stream).
+    void close(int from, int to, const std::string& reason, failure_cause cause, double at,
+               double not_before = -std::numeric_limits<double>::infinity()) {
       auto& box = boxes[static_cast<std::size_t>(to)];
       if (!opts.deterministic || !std::isfinite(at)) return box.close(from, reason, cause);
       const double latency = links.at(from, to).latency_s;
-      box.close_arriving(from, reason, cause, held(from, to, at, at + latency, latency));
+      box.close_arriving(from, reason, cause, std::max(held(from, to, at, at + latency, latency), not_before));
     }
     // Kills `rank` at simulated time `at` (-infinity: the others learn of it at once).
     void kill(int rank, double at = -std::numeric_limits<double>::infinity()) {
