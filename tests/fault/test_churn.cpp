@@ -369,10 +369,20 @@ TEST_CASE("elastic: left_out = rejoin on a transport without joiners is refused 
                     Catch::Contains("left_out = rejoin runs on a deterministic in_process network only"));
 }
 
+namespace {
+// DiLoCo every 4 steps whose top-k sends 5% of each round: 95% waits in the error-feedback residual.
+using ef_diloco = dt::comm::diloco<dt::comm::outer::nesterov, dt::compress::error_feedback<dt::compress::top_k>>;
+using ef_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, ef_diloco, dt::parallel::data, dt::fault::elastic>;
+ef_diloco residual_keeping_diloco() {
+  ef_diloco comm;
+  comm.inner_steps = 4;
+  comm.codec.codec.fraction = 0.05;
+  return comm;
+}
+}  // namespace
+
 TEST_CASE("churn simulator: a joiner takes the group's state but not a member's unsent error-feedback residual") {
-  using codec = dt::compress::error_feedback<dt::compress::top_k>;
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<dt::comm::outer::nesterov, codec>,
-                                     dt::parallel::data, dt::fault::elastic>;
+  using Trainer = ef_trainer;
   dt::transport::in_process::options o;
   o.peers_fail_alone = true;
   o.initial_peers = 4;
@@ -383,9 +393,7 @@ TEST_CASE("churn simulator: a joiner takes the group's state but not a member's 
   opts.steps = 32;
   opts.batch_size = 2;
   opts.eval_batches = 1;
-  dt::comm::diloco<dt::comm::outer::nesterov, codec> comm;
-  comm.inner_steps = 4;
-  comm.codec.codec.fraction = 0.05;  // 95% of each round waits in the residual
+  const auto comm = residual_keeping_diloco();
   dt::fault::elastic fault;
   fault.agreement.timeout = std::chrono::milliseconds(5000);
   struct seen {
@@ -427,9 +435,7 @@ TEST_CASE("churn simulator: a peer that stops alone hands its residual to its he
   // Deterministic (messages take the lan preset's time, a goodbye arrives after what was sent
   // before it): peer 3 stops at a round's start, the others find it gone at that step's check
   // for joiners, and its heir, peer 0, takes its residual before the step.
-  using codec = dt::compress::error_feedback<dt::compress::top_k>;
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<dt::comm::outer::nesterov, codec>,
-                                     dt::parallel::data, dt::fault::elastic>;
+  using Trainer = ef_trainer;
   dt::transport::in_process::options o;
   o.peers_fail_alone = true;
   o.deterministic = dt::transport::in_process::deterministic_run{};
@@ -439,9 +445,7 @@ TEST_CASE("churn simulator: a peer that stops alone hands its residual to its he
   opts.batch_size = 2;
   opts.eval_batches = 1;
   opts.stop_alone = true;
-  dt::comm::diloco<dt::comm::outer::nesterov, codec> comm;
-  comm.inner_steps = 4;
-  comm.codec.codec.fraction = 0.05;
+  const auto comm = residual_keeping_diloco();
   dt::fault::elastic fault;
   fault.agreement.timeout = std::chrono::milliseconds(5000);
   struct seen {
