@@ -1,6 +1,7 @@
 // bench/diloco_vs_ddp: what each communication policy buys, on the same data, model and number
 // of tokens per peer. 4 in-process peers train nanoGPT's CPU-recipe model on tinyshakespeare
-// under sync_allreduce (DDP), local_sgd<50> and diloco<H> for H in {10, 50, 100}, and the final
+// under sync_allreduce (DDP), local_sgd<50> and diloco<H> for H in {10, 50, 100} (and, asked for
+// with --only, gossip-H: comm::gossip on the one-peer exponential graph), and the final
 // validation loss is compared with the bytes each peer put on the wire. --codecs runs each policy
 // once per codec (a ';'-separated list of --codec specs, e.g. "identity;int4;topk:0.02,int2,ef"),
 // the payload (gradients, parameters or pseudo-gradients) sent through it.
@@ -127,8 +128,13 @@ int main(int argc, char** argv) try {
         p.outer_optimizer.momentum = outer_momentum;
         p.codec = dt::compress::parse_codec(spec);
         outcomes.push_back(run(label, p, peers, cfg, opts, data));
+      } else if (name.rfind("gossip-", 0) == 0) {  // the one-peer exponential graph, a round every H steps
+        dt::detail::check(spec == "identity", "gossip rows take no codec, got '", spec, "'");
+        dt::comm::gossip<dt::comm::topology::exponential> p;
+        p.inner_steps = std::stoll(name.substr(7));
+        outcomes.push_back(run(label, p, peers, cfg, opts, data));
       } else {
-        dt::detail::fail("unknown run '", name, "' (sync, local-sgd-H, diloco-H)");
+        dt::detail::fail("unknown run '", name, "' (sync, local-sgd-H, diloco-H, gossip-H)");
       }
     }
 

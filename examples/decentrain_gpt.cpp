@@ -269,6 +269,16 @@ void declare_train(CLI::App& cmd) {
                "that long on a frozen one",
                elastic.agreement.timeout.count(), 1, 86'400'000)
       ->group(fault);
+  cli::choice(cmd, "left-out", "WHAT",
+              "over TCP, a peer the others went on without (it was frozen, or\n"
+              "cut off on the smaller side of a partition): stop with an error,\n"
+              "or rejoin: wait for the group, be taken in again and take its\n"
+              "state (what it trained alone is dropped)",
+              {"stop", "rejoin"})
+      ->group(fault);
+  cli::integer(cmd, "rejoin-timeout-ms", "MS", "--left-out rejoin: how long it waits to be taken in again",
+               elastic.rejoin_timeout.count(), 1, 86'400'000)
+      ->group(fault);
   cli::text(cmd, "kill", "R@S,...", "with --peers: kill peer R once it has done S steps (a demo\nand a test of the elastic group)")
       ->group(fault);
   cli::text(cmd, "exclude-after", "T/N",
@@ -279,12 +289,16 @@ void declare_train(CLI::App& cmd) {
       ->group(fault);
 
   const std::string comm = "Communication";
-  cli::choice(cmd, "comm", "NAME", "sync | local-sgd | diloco | streaming-diloco (default diloco; sync\nfor one process alone)",
-              {"sync", "local-sgd", "diloco", "streaming-diloco"}, "")
+  cli::choice(cmd, "comm", "NAME",
+              "sync | local-sgd | diloco | streaming-diloco | gossip (default diloco;\n"
+              "sync for one process alone). gossip: each peer averages with one\n"
+              "other a round, on the one-peer exponential graph (no all-reduce)",
+              {"sync", "local-sgd", "diloco", "streaming-diloco", "gossip"}, "")
       ->group(comm);
   cli::integer(cmd, "inner-steps", "H",
                "steps between averages for local-sgd and diloco, between two exchanges\n"
-               "of the same fragment for streaming-diloco",
+               "of the same fragment for streaming-diloco, between gossip rounds\n"
+               "(default 50; 1 for gossip)",
                50, 1, max_steps)
       ->group(comm);
   cli::integer(cmd, "fragments", "P",
@@ -1051,9 +1065,10 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
       t.on_step([keep_changes](const dt::train::step_metrics&) { keep_changes(); });
       t.on_eval([keep_changes](const dt::train::eval_point&) { keep_changes(); });
     }
-    t.on_step([&t, &tallies](const dt::train::step_metrics& m) {
-      tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally;
-    });
+    if constexpr (requires { t.policy().aggregation().tally; })  // (gossip aggregates nothing)
+      t.on_step([&t, &tallies](const dt::train::step_metrics& m) {
+        tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally;
+      });
     t.stop_when([&t, &at = asked_at[static_cast<std::size_t>(t.rank())]] {
       at = t.step();
       return interrupted.load();
@@ -1354,8 +1369,16 @@ int cmd_train(const options& opt) {
       p.kills.emplace_back(victim, after);
     }
     if (opt.has("exclude-after")) p.elastic_policy.exclusion = exclusion_rule(opt.text("exclude-after"));
+    using when = dt::fault::elastic::when_left_out;
+    p.elastic_policy.left_out = opt.text("left-out") == "rejoin" ? when::rejoin : when::stop;
+    // In-process peers are only ever killed (--kill), never left out alive.
+    dt::detail::check(p.elastic_policy.left_out == when::stop || p.mode == launch::tcp,
+                      "--left-out rejoin needs --listen (over TCP): in-process peers are never left out alive");
+    dt::detail::check(p.elastic_policy.left_out == when::rejoin || !opt.has("rejoin-timeout-ms"),
+                      "--rejoin-timeout-ms needs --left-out rejoin");
+    p.elastic_policy.rejoin_timeout = std::chrono::milliseconds(opt.integer("rejoin-timeout-ms"));
   } else {
-    for (const char* o : {"agreement-timeout-ms", "kill", "exclude-after"})
+    for (const char* o : {"agreement-timeout-ms", "kill", "exclude-after", "left-out", "rejoin-timeout-ms"})
       dt::detail::check(!opt.has(o), "--", o, " needs --elastic");
   }
 
@@ -1371,7 +1394,10 @@ int cmd_train(const options& opt) {
   const auto fragments = streaming ? opt.integer("fragments") : 1;
   const auto overlap = opt.has("overlap") ? opt.integer("overlap") : streaming ? 1 : 0;
   const double mix = opt.real("mix");
-  const auto inner = comm == "sync" ? 1 : opt.integer("inner-steps");
+  const auto inner = comm == "sync" || (comm == "gossip" && !opt.has("inner-steps")) ? 1 : opt.integer("inner-steps");
+  dt::detail::check(comm != "gossip" || (!opt.has("codec") && !opt.has("aggregator")),
+                    "--comm gossip averages each peer's parameters with its neighbours' in f32: --codec and --aggregator "
+                    "do not apply");
   const auto codec_choice = dt::compress::parse_codec(opt.text("codec"));
   p.aggregator = dt::collective::parse_aggregator(opt.text("aggregator"));
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
@@ -1461,6 +1487,11 @@ int cmd_train(const options& opt) {
     dt::comm::sync_allreduce<codec, aggregator> policy;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
+    return train_with(p, data, policy);
+  }
+  if (comm == "gossip") {
+    dt::comm::gossip<dt::comm::topology::exponential> policy;
+    policy.inner_steps = inner;
     return train_with(p, data, policy);
   }
   if (comm == "local-sgd") {

@@ -13460,8 +13460,14 @@ class tcp {
     decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
                               " cannot ", barred ? "bar" : "forget", " peer ", peer);
     {
-      std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
-      self_->directory.erase(peer);
+      // A joiner asking for the directory no longer dials it. A forgotten peer's address is kept:
+      // should this peer be left out in turn and rejoin, it dials the group it knew (rediscover).
+      std::lock_guard lock(self_->mutex);
+      if (const auto it = self_->directory.find(peer); it != self_->directory.end()) {
+        if (!barred) self_->former[peer] = it->second;
+        self_->directory.erase(it);
+      }
+      if (barred) self_->former.erase(peer);
     }
     if (barred) self_->box.bar(peer, why);
     else self_->box.forget(peer, why);
@@ -13480,6 +13486,8 @@ class tcp {
   int capacity() const { return self_->opts.capacity(); }
   // A joiner waiting for admission: asks its seeds and the peers it knows for their directories
   // and connects to those it is not connected to yet (joiners that came after it; best effort).
+  // A member the group left out that forgot the group (fault::elastic's left_out = rejoin) calls
+  // it too: from then on it dials as a joiner, also the peers it forgot, whose addresses it kept.
   void rediscover() { self_->rediscover(); }
   // Every peer connected now, ascending.
   std::vector<int> connected() const {
@@ -13693,7 +13701,7 @@ class tcp {
       {
         std::lock_guard lock(mutex);
         for (const auto& [r, a] : directory)
-          if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
+          if (r != opts.rank && !peers.count(r) && failures[r] < 2 && !box.barred(r)) todo.emplace_back(r, a);
       }
       std::string last_error;
       for (const auto& [r, a] : todo) {
@@ -13713,15 +13721,25 @@ class tcp {
       std::vector<std::string> ask = opts.join;
       {
         std::lock_guard lock(mutex);
-        for (const auto& [r, c] : peers)
-          if (directory.count(r)) ask.push_back(directory[r]);
+        late = true;  // a member left out rejoins as a joiner: the others take it in only as one
+        for (const auto& [r, a] : former)
+          if (!directory.count(r)) directory[r] = a;  // (it forgot them as they forgot it)
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank) ask.push_back(a);
       }
-      for (const auto& a : ask) {
+      // One answer lists the peers it is connected to: enough. Each call starts one further along,
+      // so a peer that answers with the wrong side of a partition is not the only one ever asked.
+      for (std::size_t i = 0; i < ask.size(); ++i) {
         try {
-          poll_directory(a);
-          break;  // one answer lists the peers it is connected to: enough
+          poll_directory(ask[(i + rediscover_turn) % ask.size()]);
+          break;
         } catch (const std::exception&) {
         }
+      }
+      ++rediscover_turn;
+      {
+        std::lock_guard lock(mutex);
+        if (!refusal.empty()) decentrain::detail::fail(refusal);  // its rank was taken meanwhile
       }
       std::map<int, int> failures;  // a peer gone meanwhile: the group's membership sorts it out
       (void)dial_unconnected(failures);
@@ -13931,9 +13949,12 @@ class tcp {
                                   " answered with frame type ", static_cast<int>(answer.head.type));
         const auto dir = wire::decode_body<wire::directory>(answer.body, "directory");
         std::lock_guard lock(mutex);
-        if (dir.formed && !formed && peers.empty()) {  // a running group, and this peer is not of its mesh
+        // A running group, and this peer is not of its mesh (or was, and rejoins: then another
+        // address under its rank is another process that took the rank meanwhile).
+        const bool outside = !formed && peers.empty();
+        if (dir.formed && (outside || late)) {
           for (const auto& [r, a] : dir.entries)
-            if (r == opts.rank)
+            if (r == opts.rank && (outside || a != advertised))
               refusal = decentrain::detail::concat("tcp: rank ", opts.rank, " is taken in the running group (by the peer at ", a,
                                                    "); a peer that joins needs a rank of its own");
           late = refusal.empty();
@@ -13969,7 +13990,9 @@ class tcp {
           }
           if (dropped) close(dropped, "");
           if (dropped != c) {
-            box.reopen(c->rank);
+            // A joiner hears the peer from now on, also one it forgot (it was left out and
+            // rejoins), as the peer welcomed it.
+            if (!(late_group() && box.welcome(c->rank))) box.reopen(c->rank);
             read_next(c);
           }
           registered.set_value();
@@ -14696,7 +14719,18 @@ class tcp {
         }
         c = it->second;
       }
-      write_data(*c, tag, data);
+      try {
+        write_data(*c, tag, data);
+      } catch (const transport::peer_error& e) {
+        // A send that finds the connection closed or broken can run ahead of the reader, while
+        // the peer's goodbye (which says why: "left it out of its view") still waits in the
+        // socket; a broken pipe would tell the caller nothing of it (a peer woken from SIGSTOP).
+        // The reader records why within moments, once the write lock is free.
+        if (e.peer() == peer && e.cause() == failure_cause::other)
+          if (const auto closed = closure_soon(peer))
+            transport::fail_peer_because(closed->second, peer, "send", "tcp: peer ", peer, " is gone (", closed->first, ")");
+        throw;
+      }
       bytes_sent += data.size();
       framing_sent += wire::header_bytes + wire::padding(data.size()).size();
       ++messages_sent;
@@ -14720,6 +14754,16 @@ class tcp {
         return write_sealed(c, tag, head, into);
       }
       write_sealed(c, tag, sealed_header(c, wire::frame_type::data, tag, data, {}), data);
+    }
+
+    // Why `peer`'s connection closed, given the I/O thread up to 250 ms to find out (see send).
+    std::optional<std::pair<std::string, failure_cause>> closure_soon(int peer) const {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+      for (;;) {
+        if (auto closed = box.closure_of(peer)) return closed;
+        if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
     }
 
     // write_data's frame once sealed (write_mutex held).
@@ -14885,6 +14929,8 @@ class tcp {
     mutable std::mutex mutex;              // guards directory, peers, formed, late, malformed counters
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
+    std::map<int, std::string> former;  // addresses of the peers it forgot (not barred): rediscover dials them
+    std::size_t rediscover_turn = 0;    // training thread only
     std::map<int, std::shared_ptr<connection>> peers;
     std::set<int> ever_connected;  // ranks that have had a connection here (for admitted.reconnected)
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
@@ -19303,6 +19349,164 @@ struct diloco {
 
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/diloco.hpp ----
+// ---- begin decentrain/comm/gossip.hpp ----
+// Gossip (decentralized SGD, D-PSGD: Lian et al. 2017, arXiv 1705.09056): no all-reduce and no
+// peer that hears from everyone. Every `inner_steps` steps each replica averages its parameters
+// with the few neighbours its Topology names for that round, after its own optimizer step (the
+// adapt-then-combine order). Replicas hold different parameters between rounds; they drift
+// towards their mean at a rate set by the topology's spectral gap, and every round moves
+// `degree` models per peer whatever the group's size (an all-reduce moves about two).
+//
+// A topology says whom each replica sends to and receives from in round t (ranks of
+// ctx.replicas). Both here are doubly stochastic (every replica is received by as many peers as
+// it receives from, all with equal weight), so a round keeps the replicas' mean:
+//   topology::ring         both ring neighbours every round, weights 1/3 (Lian et al.'s setting);
+//   topology::exponential  one peer a round, 2^k ahead with k = t mod ceil(log2 n), weight 1/2
+//                          (the one-peer exponential graph: Assran et al. 2019, arXiv
+//                          1811.10792; Ying et al. 2021, arXiv 2110.13363). For n a power of two,
+//                          log2 n rounds give every replica the exact mean.
+// Under fault::elastic the topology is laid over the current view's members, so the ring closes
+// over a dead peer. Optimizer state stays local; the policy has no state of its own to save (the
+// round follows from the step), so a resumed run continues bit for bit. The trainer's
+// validation loss is then the replicas' mean, each on its own rows.
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+namespace topology {
+
+// Both neighbours on a ring (one for two replicas, none alone).
+struct ring {
+  static constexpr const char* name = "ring";
+  std::vector<int> receives_from(int rank, int n, std::int64_t) const { return neighbours(rank, n); }
+  std::vector<int> sends_to(int rank, int n, std::int64_t) const { return neighbours(rank, n); }
+
+ private:
+  static std::vector<int> neighbours(int rank, int n) {
+    std::vector<int> out;
+    for (int j : {(rank + n - 1) % n, (rank + 1) % n})
+      if (j != rank && std::find(out.begin(), out.end(), j) == out.end()) out.push_back(j);
+    return out;
+  }
+};
+
+// One peer a round, 2^k ahead (it receives from the one 2^k behind), k cycling through
+// 0 .. ceil(log2 n) - 1.
+struct exponential {
+  static constexpr const char* name = "exponential";
+  std::vector<int> receives_from(int rank, int n, std::int64_t round) const {
+    if (n < 2) return {};
+    return {static_cast<int>((rank + n - hop(n, round)) % n)};
+  }
+  std::vector<int> sends_to(int rank, int n, std::int64_t round) const {
+    if (n < 2) return {};
+    return {static_cast<int>((rank + hop(n, round)) % n)};
+  }
+
+ private:
+  static int hop(int n, std::int64_t round) {
+    const int levels = std::bit_width(static_cast<unsigned>(n - 1));  // ceil(log2 n)
+    return 1 << static_cast<int>(round % levels);
+  }
+};
+
+}  // namespace topology
+
+// One static_assert per member, so a topology that lacks one is told which.
+template <class T>
+constexpr bool check_topology() {
+  static_assert(requires { { T::name } -> std::convertible_to<const char*>; },
+                "gossip topology: needs `static constexpr const char* name`");
+  static_assert(requires(const T& t, int rank, int n, std::int64_t round) {
+    { t.receives_from(rank, n, round) } -> std::same_as<std::vector<int>>;
+  }, "gossip topology: needs `std::vector<int> receives_from(int rank, int n, std::int64_t round) const`");
+  static_assert(requires(const T& t, int rank, int n, std::int64_t round) {
+    { t.sends_to(rank, n, round) } -> std::same_as<std::vector<int>>;
+  }, "gossip topology: needs `std::vector<int> sends_to(int rank, int n, std::int64_t round) const`");
+  return true;
+}
+
+// One gossip round on `values` (this replica's, replaced by the average of its own and those it
+// receives from): sends first, then receives, so every replica may call it at once whatever the
+// topology. The neighbour lists must be consistent (j sends to i in round t exactly when i
+// receives from j); a peer named twice or out of range is refused, naming the topology.
+template <class Topology, class Comm>
+void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std::span<float> values,
+                  std::vector<float>& scratch, std::vector<double>& sum) {
+  const int me = replicas.rank(), n = replicas.world();
+  const auto to = topo.sends_to(me, n, round), from = topo.receives_from(me, n, round);
+  for (const auto* list : {&to, &from})
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const int j = (*list)[i];
+      decentrain::detail::check(j >= 0 && j < n && j != me &&
+                                    std::find(list->begin(), list->begin() + static_cast<std::ptrdiff_t>(i), j) ==
+                                        list->begin() + static_cast<std::ptrdiff_t>(i),
+                                "gossip: topology '", Topology::name, "' names peer ", j, " for replica ", me, " of ", n,
+                                " in round ", round, " (out of range, itself, or twice)");
+    }
+  for (int j : to) replicas.send_to(j, std::span<const float>(values));
+  if (from.empty()) return;
+  // In double, in the order of `from`, so a round's result does not depend on message timing.
+  sum.assign(values.begin(), values.end());
+  scratch.resize(values.size());
+  for (int j : from) {
+    replicas.recv_from(j, std::span<float>(scratch));
+    for (std::size_t i = 0; i < values.size(); ++i) sum[i] += scratch[i];
+  }
+  const double w = 1.0 / static_cast<double>(from.size() + 1);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(sum[i] * w);
+}
+
+template <class Topology = topology::exponential>
+struct gossip {
+  static_assert(check_topology<Topology>());
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "gossip";
+
+  std::int64_t inner_steps = 1;  // steps between gossip rounds (D-PSGD: 1)
+  Topology topology{};
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "gossip: inner_steps must be >= 1, got ", inner_steps);
+    // Every replica must gossip alike: a different topology or period would pair sends with
+    // receives that never come.
+    if (!ctx.joined)
+      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
+                                "gossip: the peers gossip differently (this one: ", describe(),
+                                "); every peer must use the same topology and inner_steps");
+    if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if (!ends_round(ctx, inner_steps)) return;
+    gather_values(ctx.parameters, buffer_);
+    gossip_round(topology, ctx.replicas, ctx.step / inner_steps, std::span<float>(buffer_), scratch_, sum_);
+    scatter_values(ctx.parameters, buffer_);
+  }
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  void save(io::checkpoint&) const {}
+  void load(const io::checkpoint&) {}
+
+  std::string describe() const {
+    return std::string(name) + ":" + Topology::name + ",inner_steps=" + std::to_string(inner_steps);
+  }
+
+ private:
+  std::vector<float> buffer_, scratch_;
+  std::vector<double> sum_;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/gossip.hpp ----
 // ---- begin decentrain/comm/local_sgd.hpp ----
 // Local SGD (periodic averaging): replicas train on their own for `inner_steps` steps, then
 // replace their parameters by the average across replicas (sent through Codec, combined by
@@ -21142,8 +21346,8 @@ struct elastic {
   std::chrono::milliseconds admission_timeout{0};
   // A peer left out of the next view while alive (its side of a partition has no majority, or the
   // others went on without it): stop with the error, or rejoin: forget the old group and wait up
-  // to `rejoin_timeout` to be admitted again once it reaches the group (see above). rejoin runs on
-  // a deterministic in_process network only so far (the simulator's partitions).
+  // to `rejoin_timeout` to be admitted again once it reaches the group (see above). rejoin needs
+  // a network that takes joiners: tcp, or a deterministic in_process network (its partitions).
   enum class when_left_out { stop, rejoin };
   when_left_out left_out = when_left_out::stop;
   std::chrono::milliseconds rejoin_timeout{std::chrono::minutes(10)};
@@ -21178,11 +21382,11 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
-    // Over tcp a peer that forgot the group cannot dial it again yet (its directory drops the
-    // peers it forgets), so rejoin is refused there rather than wait out rejoin_timeout.
-    decentrain::detail::check(left_out == when_left_out::stop || transport::step_seconds(ctx.network).has_value(),
-                              "elastic: left_out = rejoin runs on a deterministic in_process network only so far (over "
-                              "tcp a peer the group left out cannot dial it again yet); use left_out = stop");
+    // A peer left out rejoins as a joiner: on a network that takes none it would only wait out
+    // rejoin_timeout, so that is refused here.
+    decentrain::detail::check(left_out == when_left_out::stop || ctx.network.takes_joiners(),
+                              "elastic: left_out = rejoin needs a network that takes joiners (tcp, or a deterministic "
+                              "in_process network); this one takes none, use left_out = stop");
     decentrain::detail::check(rejoin_timeout.count() > 0, "elastic: rejoin_timeout must be > 0 ms");
     decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <map>
 #include <sstream>
 #include <string>
@@ -521,9 +522,9 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   CHECK_THAT(one_missing.output, Contains("some peers have checkpoints in ck3 and others have none (as peer ") &&
                                      Contains("sees ck3: peers 0 have some, 1 have none)"));
 
-  const auto bad = run(cli() + " train --peers 2 --comm gossip", dir);
+  const auto bad = run(cli() + " train --peers 2 --comm moshpit", dir);
   CHECK(bad.status == 2);
-  CHECK_THAT(bad.output, Contains("--comm: must be sync, local-sgd, diloco or streaming-diloco, got 'gossip'"));
+  CHECK_THAT(bad.output, Contains("--comm: must be sync, local-sgd, diloco, streaming-diloco or gossip, got 'moshpit'"));
   const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
   CHECK(lonely.status == 1);
   CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
@@ -648,6 +649,29 @@ TEST_CASE("train --peers: Ctrl-C stops every peer at the same step and saves eac
   CHECK(steps.size() == 2);
   CHECK(steps.at(0) == step);
   CHECK(steps.at(1) == step);
+}
+
+TEST_CASE("train --comm gossip: peers average with one other a step and learn, alone or elastic", "[cli][gossip]") {
+  const auto dir = scratch("gossip");
+  const std::string base = cli() + " train --comm gossip --steps 120 --batch-size 4 --block-size 16"
+                                   " --n-layer 1 --n-embd 32 --n-head 2 --eval-every 0 --eval-batches 2 --threads 1"
+                                   " --metrics ''";
+  const auto r = run(base + " --peers 4", dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  // One model sent per peer and step (the one-peer exponential graph), against 2 (n - 1) / n = 1.5
+  // for a ring all-reduce: the summary says 1.5x.
+  CHECK_THAT(r.output, Contains("comm gossip: ") && Contains("(1.5x more)"));
+  const double loss = std::stod(last_line_with(r.output, "val loss ").substr(9));
+  CHECK(loss < 2.6);  // a uniform guess over 29 characters is 3.37
+  // Under --elastic, a peer killed mid-run: the others gossip on without it.
+  const auto killed = run(base + " --peers 5 --elastic --kill 2@40", dir);
+  INFO(killed.output);
+  CHECK(killed.status == 0);
+  CHECK_THAT(killed.output, Contains("peers 0,1,3,4 (left out: 2, joined: none)"));
+  const auto coded = run(base + " --peers 4 --codec int8", dir);
+  CHECK(coded.status == 1);
+  CHECK_THAT(coded.output, Contains("--comm gossip averages each peer's parameters with its neighbours' in f32"));
 }
 
 TEST_CASE("train --codec: peers send their payloads through the codec named on the command line", "[cli][codec]") {
@@ -804,6 +828,62 @@ TEST_CASE("train --elastic over TCP: a frozen peer (SIGSTOP) is left out at its 
   CHECK_THAT(r.output, Contains("stopped listening to this peer"));
 }
 
+TEST_CASE("train --elastic --left-out rejoin over TCP: a frozen peer woken after the others went on is taken in "
+          "again, and the run ends as one model", "[cli][elastic]") {
+  const auto dir = scratch("elastic_rejoin");
+  const auto port = std::to_string(free_port());
+  const std::string args = " train --comm diloco --inner-steps 10 --steps 3000 --batch-size 4 --eval-batches 2"
+                           " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
+                           " --elastic --silence-ms 1500 --agreement-timeout-ms 6000 --left-out rejoin"
+                           " --checkpoint-dir ck --save-every 1000";
+  const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
+  // Peer 2 is frozen once it has done 40 steps and woken once the others have done 100 steps
+  // more, which they can only do in a view without it (DiLoCo averages every 10 steps).
+  const auto r = run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 3 > r0.txt 2>&1 & p0=$!; "
+                     "timeout 150 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; " +
+                     cli() + args + peer + " --rank 2 > r2.txt 2>&1 & p2=$!; "
+                     "for i in $(seq 600); do [ $(cat metrics.rank-2.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
+                     "kill -STOP $p2; n=$(wc -l < metrics.rank-0.jsonl); "
+                     "for i in $(seq 600); do [ $(wc -l < metrics.rank-0.jsonl) -ge $((n + 100)) ] && break; sleep 0.1; done; "
+                     "kill -CONT $p2; wait $p0; s0=$?; wait $p1; s1=$?; "
+                     "for i in $(seq 300); do kill -0 $p2 2>/dev/null || break; sleep 0.1; done; "
+                     "kill -9 $p2 2>/dev/null; wait $p2 2>/dev/null; s2=$?; "
+                     "cat r0.txt r1.txt; echo '--- rank 2'; cat r2.txt; echo \"exit $s0 $s1 rank2 $s2\" )",
+                     dir);
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("exit 0 0 rank2 0"));
+  std::istringstream lines(r.output);
+  int left = 0, back = 0, waited = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("membership: view ") != 0) continue;
+    if (line.find("peers 0,1 (left out: 2, joined: none)") != std::string::npos) ++left;
+    if (line.find("peers 0,1,2 (left out: none, joined: 2)") != std::string::npos) ++back;
+    if (line.find("it waited to be taken in again") != std::string::npos) ++waited;
+  }
+  CHECK(left == 2);     // the others, each once
+  CHECK(back == 3);     // all three list the view that took it back in
+  CHECK(waited == 1);   // peer 2, on that line: why it had waited
+  // One model: every peer's last evaluation gives the same loss, and their last checkpoints hold
+  // the same weights, bit for bit.
+  std::set<std::string> last_evals;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::ifstream metrics(dir / ("metrics.rank-" + std::to_string(rank) + ".jsonl"));
+    std::string eval;
+    for (std::string line; std::getline(metrics, line);)
+      if (line.find("\"event\":\"eval\"") != std::string::npos) eval = line;
+    REQUIRE_THAT(eval, Contains("\"step\":3000,"));
+    last_evals.insert(eval.substr(eval.find("\"val_loss\":"), 30));
+  }
+  CHECK(last_evals.size() == 1);
+  const auto weights = run("for r in 0 1 2; do mkdir -p w$r; " + cli() + " export --checkpoint ck/peer-$r-of-3 --out "
+                           "w$r/model.safetensors > /dev/null 2>&1 || echo \"export $r failed\"; done; "
+                           "cmp w0/model.safetensors w1/model.safetensors && cmp w0/model.safetensors w2/model.safetensors "
+                           "&& echo same",
+                           dir);
+  INFO(weights.output);
+  CHECK_THAT(weights.output, Contains("same") && !Contains("failed"));
+}
+
 TEST_CASE("train --elastic over TCP: a peer started later with a rank of its own joins the running group",
           "[cli][elastic]") {
   const auto dir = scratch("elastic_join");
@@ -938,6 +1018,18 @@ TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elasti
   const auto exclusion_alone = run(cli() + peer_args + " --peers 2 --exclude-after 3/5", dir);
   CHECK(exclusion_alone.status == 1);
   CHECK_THAT(exclusion_alone.output, Contains("--exclude-after needs --elastic"));
+  const auto rejoin_in_process = run(cli() + peer_args + " --peers 2 --elastic --left-out rejoin", dir);
+  CHECK(rejoin_in_process.status == 1);
+  CHECK_THAT(rejoin_in_process.output, Contains("--left-out rejoin needs --listen (over TCP)"));
+  const auto bad_left_out = run(cli() + peer_args + " --peers 2 --elastic --left-out wait", dir);
+  CHECK(bad_left_out.status != 0);
+  CHECK_THAT(bad_left_out.output, Contains("must be stop or rejoin, got 'wait'"));
+  const auto timeout_alone = run(cli() + peer_args + " --peers 2 --elastic --rejoin-timeout-ms 5000", dir);
+  CHECK(timeout_alone.status == 1);
+  CHECK_THAT(timeout_alone.output, Contains("--rejoin-timeout-ms needs --left-out rejoin"));
+  const auto left_out_alone = run(cli() + peer_args + " --peers 2 --left-out stop", dir);
+  CHECK(left_out_alone.status == 1);
+  CHECK_THAT(left_out_alone.output, Contains("--left-out needs --elastic"));
 }
 
 TEST_CASE("prepare writes llm.c shards with GPT-2's tokenizer, train reads them, sample decodes to text", "[cli][gpt2]") {

@@ -366,7 +366,7 @@ TEST_CASE("elastic: left_out = rejoin on a transport without joiners is refused 
     Trainer t(tiny_gpt(), opts, ep, dt::comm::diloco<>{}, {}, fault);
     t.fit(small_corpus().data);
   }),
-                    Catch::Contains("left_out = rejoin runs on a deterministic in_process network only"));
+                    Catch::Contains("left_out = rejoin needs a network that takes joiners"));
 }
 
 namespace {

@@ -5,6 +5,7 @@
 // that wakes a peer blocked on a live neighbour, markers that drop the old view's messages, and
 // forget.
 #include "support/trainer_fixture.hpp"
+#include "support/partition_relay.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -267,6 +268,28 @@ TEST_CASE("elastic: Streaming DiLoCo goes on without a peer killed between steps
   elastic_run run(5, small_run(16), streaming_for_faults(), {{4, 2, -1}, {1, 9, -1}});
   check_survivors(run, {0, 2, 3});
   CHECK(run.changes[0].back().members == std::vector<int>{0, 2, 3});
+}
+
+TEST_CASE("elastic: gossip goes on without a peer killed mid-round, the ring closing over it") {
+  // Gossip replicas hold different parameters, so the survivors are not equal; they must agree on
+  // the view, finish every step and keep learning, the ring now of 0, 1, 3 and 4.
+  dt::comm::gossip<dt::comm::topology::ring> comm;
+  // Peer 2 dies at its second send of the round that ends step 5 (it has sent to one neighbour).
+  elastic_run run(5, small_run(12), comm, {{2, 5, 2}});
+  INFO(run.log);
+  CHECK(run.params[2].empty());
+  for (int s : {0, 1, 3, 4}) {
+    INFO("survivor " << s);
+    const auto& result = run.results[static_cast<std::size_t>(s)];
+    CHECK(result.last.step == 12);
+    CHECK(result.final_val_loss < uniform_loss());
+    CHECK(run.members[static_cast<std::size_t>(s)] == std::vector<int>{0, 1, 3, 4});
+    const auto& ch = run.changes[static_cast<std::size_t>(s)];
+    REQUIRE(ch.size() == 1);
+    CHECK(ch[0].removed == std::vector<int>{2});
+    CHECK(ch[0].step == run.changes[0][0].step);
+  }
+  CHECK(run.params[0] != run.params[1]);  // gossip on a ring of four, not an average of all
 }
 
 TEST_CASE("transport: an alarm wakes a peer blocked on a live neighbour, and only outside the membership channel") {
@@ -769,5 +792,100 @@ TEST_CASE("elastic: joiners that start at once are admitted together at a round 
   INFO(donors << " donors served " << total << " bytes, the most " << most);
   CHECK(donors >= 4);
   CHECK(most * static_cast<std::uint64_t>(donors) <= 2 * total);  // no donor served more than twice the mean
+}
+
+TEST_CASE("elastic: a TCP partition: the majority trains on, the minority waits, rejoins once it heals, one model") {
+  // Three TCP peers behind a relay that cuts peer 2 off (fixture::partition_relay: connections
+  // held silent, new ones refused) once peer 0 has done 20 steps, and heals once peers 0 and 1
+  // have trained 40 steps without it and peer 2 has tried to reach them twice. Peer 2 is alive
+  // throughout: it finds itself without a majority, forgets the group and waits (left_out =
+  // rejoin); once healed it reaches the group again, is admitted at a round start and takes its
+  // state.
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 4;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 10s;
+  fault.left_out = dt::fault::elastic::when_left_out::rejoin;
+  fault.rejoin_timeout = 60s;
+  dt::transport::tcp_options base;
+  base.world = 3;
+  base.advertise = fixture::partition_relay::front_host;
+  base.min_silence = 1000ms;
+  base.recv_timeout = 30s;
+  base.join_timeout = 20s;
+  fixture::partition_relay relay;
+  std::vector<dt::transport::tcp> eps;  // bound here: the relay fronts their ports
+  for (int r = 0; r < 3; ++r) {
+    auto o = base;
+    o.rank = r;
+    if (r > 0) o.join = {eps[0].address()};  // peer 0, through the relay
+    eps.emplace_back(o);
+    const auto address = eps.back().address();
+    relay.front(r, static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  }
+  std::atomic<int> phase{0};                   // 0: whole, 1: cut, 2: healed, 3: peer 2 is back
+  std::atomic<std::int64_t> cut_at{-1};
+  std::vector<std::vector<float>> params(3);
+  std::vector<dt::train::fit_result> results(3);
+  std::vector<std::vector<dt::fault::membership_change>> changes(3);
+  std::vector<std::vector<int>> final_members(3);
+  std::mutex log_mutex;
+  std::string log;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto& ep = eps[static_cast<std::size_t>(r)];
+        ep.connect();
+        Trainer t(tiny_gpt(), small_run(400), ep, comm, {}, fault);
+        t.on_step([&, r](const dt::train::step_metrics& m) {
+          if (r == 0) {
+            if (phase == 0 && m.step == 20) {
+              cut_at = m.step;
+              relay.cut({2});
+              phase = 1;
+            } else if (phase == 1 && t.members().size() == 2 && m.step >= cut_at + 40 && relay.refused() >= 2) {
+              relay.heal();
+              phase = 2;
+            } else if (phase == 2 && t.members().size() == 3) {
+              phase = 3;
+            }
+          }
+          if (phase < 3) std::this_thread::sleep_for(10ms);  // the run lasts until peer 2 is back
+        });
+        results[static_cast<std::size_t>(r)] = t.fit(small_corpus().data);
+        params[static_cast<std::size_t>(r)] = flat_params(t.model().parameters());
+        changes[static_cast<std::size_t>(r)] = t.fault().changes();
+        final_members[static_cast<std::size_t>(r)] = t.members();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(log_mutex);
+        log += "peer " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  for (auto& t : threads) t.join();
+  INFO(log);
+  REQUIRE(log.empty());
+  CHECK(phase == 3);
+  for (int r = 0; r < 3; ++r) {
+    INFO("peer " << r);
+    CHECK(params[static_cast<std::size_t>(r)] == params[0]);
+    CHECK(final_members[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 2});
+    CHECK(results[static_cast<std::size_t>(r)].last.step == 400);
+  }
+  // The majority: a view without peer 2, then one that takes it back in.
+  for (int r : {0, 1}) {
+    const auto& ch = changes[static_cast<std::size_t>(r)];
+    REQUIRE(ch.size() == 2);
+    CHECK(ch[0].members == std::vector<int>{0, 1});
+    CHECK(ch[1].joined == std::vector<int>{2});
+  }
+  // The minority: one change, the view that took it back in, after waiting, with the group's state.
+  const auto& back = changes[2];
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].healed);
+  CHECK(back[0].joined == std::vector<int>{2});
+  CHECK_THAT(back[0].cause, Catch::Contains("it waited to be taken in again"));
+  CHECK(back[0].epoch == changes[0][1].epoch);
 }
 #endif

@@ -353,6 +353,90 @@ TEST_CASE("tcp: a peer started again at once under its rank is refused for now, 
   CHECK(peer0.connected() == std::vector<int>{1});
 }
 
+TEST_CASE("tcp: a peer the group forgot, that forgot the group, dials it again as a joiner and is heard both ways") {
+  // fault::elastic's left_out = rejoin over tcp: peer 0 was frozen (SIGSTOP) or cut off; peers 1
+  // and 2 went on without it and forgot it, and it forgot them once it found itself left out.
+  // rediscover() must then reach the group again from the addresses it kept (peer 0 has no seed
+  // to ask, and forgetting dropped them from its directory), dialing the higher ranks as a
+  // joiner, and hear them again although it forgot them.
+  tr::tcp_options o;
+  o.world = 3;
+  o.join_timeout = std::chrono::milliseconds(10000);
+  o.recv_timeout = std::chrono::milliseconds(5000);
+  tr::tcp peer0(o);
+  auto o1 = o, o2 = o;
+  o1.rank = 1;
+  o2.rank = 2;
+  o1.join = o2.join = {peer0.address()};
+  std::optional<tr::tcp> peer1, peer2;
+  {
+    std::thread t0([&] { peer0.connect(); });
+    std::thread t1([&] { peer1.emplace(tr::tcp::join(o1)); });
+    peer2.emplace(tr::tcp::join(o2));
+    t0.join();
+    t1.join();
+  }
+  REQUIRE_FALSE(peer0.joined_late());
+  auto settled = [](const tr::tcp& p, const std::vector<int>& want) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (p.connected() != want && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return p.connected() == want;
+  };
+  // Peer 0 finds itself left out first: the others have not forgotten it yet and refuse it for now.
+  peer0.forget(1);
+  peer0.forget(2);
+  REQUIRE(settled(peer0, {}));
+  REQUIRE(settled(*peer1, {2}));
+  REQUIRE(settled(*peer2, {1}));
+  peer0.rediscover();
+  CHECK(peer0.joined_late());  // it dials as a joiner now
+  CHECK(peer0.connected().empty());
+  peer1->forget(0);  // the group's next view leaves it out
+  peer2->forget(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (peer0.connected() != std::vector<int>{1, 2} && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    peer0.rediscover();
+  REQUIRE(peer0.connected() == std::vector<int>{1, 2});
+  REQUIRE(settled(*peer1, {0, 2}));
+  REQUIRE(settled(*peer2, {0, 1}));
+  CHECK(peer1->admission().reconnected == 1);
+  // Heard both ways: what each sends now arrives, on both of peer 0's links.
+  const tr::bytes a(100, std::byte{0xa0}), b(200, std::byte{0xb1}), c(300, std::byte{0xc2});
+  peer0.send(1, 7, a);
+  peer0.send(2, 7, b);
+  peer1->send(0, 7, c);
+  peer2->send(0, 7, a);
+  CHECK(peer1->recv(0, 7) == a);
+  CHECK(peer2->recv(0, 7) == b);
+  CHECK(peer0.recv(1, 7) == c);
+  CHECK(peer0.recv(2, 7) == a);
+}
+
+TEST_CASE("tcp: a peer that rejoins finds its rank taken by another process meanwhile, and is told so") {
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = std::chrono::milliseconds(10000);
+  tr::tcp peer0(o);
+  auto o1 = o;
+  o1.rank = 1;
+  o1.join = {peer0.address()};
+  std::optional<tr::tcp> old1;
+  {
+    std::thread t([&] { peer0.connect(); });
+    old1.emplace(tr::tcp::join(o1));
+    t.join();
+  }
+  old1->forget(0);
+  peer0.forget(1);
+  auto new1 = tr::tcp::join(o1);  // a new process under rank 1, taken in meanwhile
+  REQUIRE(new1.joined_late());
+  REQUIRE(new1.connected() == std::vector<int>{0});
+  CHECK_THROWS_WITH(old1->rediscover(), Catch::Contains("rank 1 is taken in the running group") &&
+                                            Catch::Contains(new1.address()));
+  CHECK(old1->connected().empty());
+}
+
 namespace {
 // A raw socket that says hello to `address` as "peer 1" of a world of 2.
 asio::ip::tcp::socket hello_as_peer_1(asio::io_context& io, const std::string& address) {

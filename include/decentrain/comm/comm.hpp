@@ -2,6 +2,7 @@
 #pragma once
 
 #include "decentrain/comm/diloco.hpp"
+#include "decentrain/comm/gossip.hpp"
 #include "decentrain/comm/local_sgd.hpp"
 #include "decentrain/comm/streaming_diloco.hpp"
 #include "decentrain/comm/policy.hpp"

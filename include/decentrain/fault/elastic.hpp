@@ -95,8 +95,8 @@ struct elastic {
   std::chrono::milliseconds admission_timeout{0};
   // A peer left out of the next view while alive (its side of a partition has no majority, or the
   // others went on without it): stop with the error, or rejoin: forget the old group and wait up
-  // to `rejoin_timeout` to be admitted again once it reaches the group (see above). rejoin runs on
-  // a deterministic in_process network only so far (the simulator's partitions).
+  // to `rejoin_timeout` to be admitted again once it reaches the group (see above). rejoin needs
+  // a network that takes joiners: tcp, or a deterministic in_process network (its partitions).
   enum class when_left_out { stop, rejoin };
   when_left_out left_out = when_left_out::stop;
   std::chrono::milliseconds rejoin_timeout{std::chrono::minutes(10)};
@@ -131,11 +131,11 @@ struct elastic {
                               "the MPI library has ULFM)");
     decentrain::detail::check(min_peers >= 1, "elastic: min_peers must be >= 1, got ", min_peers);
     decentrain::detail::check(agreement.timeout.count() > 0, "elastic: agreement.timeout must be > 0 ms");
-    // Over tcp a peer that forgot the group cannot dial it again yet (its directory drops the
-    // peers it forgets), so rejoin is refused there rather than wait out rejoin_timeout.
-    decentrain::detail::check(left_out == when_left_out::stop || transport::step_seconds(ctx.network).has_value(),
-                              "elastic: left_out = rejoin runs on a deterministic in_process network only so far (over "
-                              "tcp a peer the group left out cannot dial it again yet); use left_out = stop");
+    // A peer left out rejoins as a joiner: on a network that takes none it would only wait out
+    // rejoin_timeout, so that is refused here.
+    decentrain::detail::check(left_out == when_left_out::stop || ctx.network.takes_joiners(),
+                              "elastic: left_out = rejoin needs a network that takes joiners (tcp, or a deterministic "
+                              "in_process network); this one takes none, use left_out = stop");
     decentrain::detail::check(rejoin_timeout.count() > 0, "elastic: rejoin_timeout must be > 0 ms");
     decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,

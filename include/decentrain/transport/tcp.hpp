@@ -212,8 +212,14 @@ class tcp {
     decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
                               " cannot ", barred ? "bar" : "forget", " peer ", peer);
     {
-      std::lock_guard lock(self_->mutex);  // a joiner asking for the directory no longer dials it
-      self_->directory.erase(peer);
+      // A joiner asking for the directory no longer dials it. A forgotten peer's address is kept:
+      // should this peer be left out in turn and rejoin, it dials the group it knew (rediscover).
+      std::lock_guard lock(self_->mutex);
+      if (const auto it = self_->directory.find(peer); it != self_->directory.end()) {
+        if (!barred) self_->former[peer] = it->second;
+        self_->directory.erase(it);
+      }
+      if (barred) self_->former.erase(peer);
     }
     if (barred) self_->box.bar(peer, why);
     else self_->box.forget(peer, why);
@@ -232,6 +238,8 @@ class tcp {
   int capacity() const { return self_->opts.capacity(); }
   // A joiner waiting for admission: asks its seeds and the peers it knows for their directories
   // and connects to those it is not connected to yet (joiners that came after it; best effort).
+  // A member the group left out that forgot the group (fault::elastic's left_out = rejoin) calls
+  // it too: from then on it dials as a joiner, also the peers it forgot, whose addresses it kept.
   void rediscover() { self_->rediscover(); }
   // Every peer connected now, ascending.
   std::vector<int> connected() const {
@@ -445,7 +453,7 @@ class tcp {
       {
         std::lock_guard lock(mutex);
         for (const auto& [r, a] : directory)
-          if (r != opts.rank && !peers.count(r) && failures[r] < 2) todo.emplace_back(r, a);
+          if (r != opts.rank && !peers.count(r) && failures[r] < 2 && !box.barred(r)) todo.emplace_back(r, a);
       }
       std::string last_error;
       for (const auto& [r, a] : todo) {
@@ -465,15 +473,25 @@ class tcp {
       std::vector<std::string> ask = opts.join;
       {
         std::lock_guard lock(mutex);
-        for (const auto& [r, c] : peers)
-          if (directory.count(r)) ask.push_back(directory[r]);
+        late = true;  // a member left out rejoins as a joiner: the others take it in only as one
+        for (const auto& [r, a] : former)
+          if (!directory.count(r)) directory[r] = a;  // (it forgot them as they forgot it)
+        for (const auto& [r, a] : directory)
+          if (r != opts.rank) ask.push_back(a);
       }
-      for (const auto& a : ask) {
+      // One answer lists the peers it is connected to: enough. Each call starts one further along,
+      // so a peer that answers with the wrong side of a partition is not the only one ever asked.
+      for (std::size_t i = 0; i < ask.size(); ++i) {
         try {
-          poll_directory(a);
-          break;  // one answer lists the peers it is connected to: enough
+          poll_directory(ask[(i + rediscover_turn) % ask.size()]);
+          break;
         } catch (const std::exception&) {
         }
+      }
+      ++rediscover_turn;
+      {
+        std::lock_guard lock(mutex);
+        if (!refusal.empty()) decentrain::detail::fail(refusal);  // its rank was taken meanwhile
       }
       std::map<int, int> failures;  // a peer gone meanwhile: the group's membership sorts it out
       (void)dial_unconnected(failures);
@@ -683,9 +701,12 @@ class tcp {
                                   " answered with frame type ", static_cast<int>(answer.head.type));
         const auto dir = wire::decode_body<wire::directory>(answer.body, "directory");
         std::lock_guard lock(mutex);
-        if (dir.formed && !formed && peers.empty()) {  // a running group, and this peer is not of its mesh
+        // A running group, and this peer is not of its mesh (or was, and rejoins: then another
+        // address under its rank is another process that took the rank meanwhile).
+        const bool outside = !formed && peers.empty();
+        if (dir.formed && (outside || late)) {
           for (const auto& [r, a] : dir.entries)
-            if (r == opts.rank)
+            if (r == opts.rank && (outside || a != advertised))
               refusal = decentrain::detail::concat("tcp: rank ", opts.rank, " is taken in the running group (by the peer at ", a,
                                                    "); a peer that joins needs a rank of its own");
           late = refusal.empty();
@@ -721,7 +742,9 @@ class tcp {
           }
           if (dropped) close(dropped, "");
           if (dropped != c) {
-            box.reopen(c->rank);
+            // A joiner hears the peer from now on, also one it forgot (it was left out and
+            // rejoins), as the peer welcomed it.
+            if (!(late_group() && box.welcome(c->rank))) box.reopen(c->rank);
             read_next(c);
           }
           registered.set_value();
@@ -1448,7 +1471,18 @@ class tcp {
         }
         c = it->second;
       }
-      write_data(*c, tag, data);
+      try {
+        write_data(*c, tag, data);
+      } catch (const transport::peer_error& e) {
+        // A send that finds the connection closed or broken can run ahead of the reader, while
+        // the peer's goodbye (which says why: "left it out of its view") still waits in the
+        // socket; a broken pipe would tell the caller nothing of it (a peer woken from SIGSTOP).
+        // The reader records why within moments, once the write lock is free.
+        if (e.peer() == peer && e.cause() == failure_cause::other)
+          if (const auto closed = closure_soon(peer))
+            transport::fail_peer_because(closed->second, peer, "send", "tcp: peer ", peer, " is gone (", closed->first, ")");
+        throw;
+      }
       bytes_sent += data.size();
       framing_sent += wire::header_bytes + wire::padding(data.size()).size();
       ++messages_sent;
@@ -1472,6 +1506,16 @@ class tcp {
         return write_sealed(c, tag, head, into);
       }
       write_sealed(c, tag, sealed_header(c, wire::frame_type::data, tag, data, {}), data);
+    }
+
+    // Why `peer`'s connection closed, given the I/O thread up to 250 ms to find out (see send).
+    std::optional<std::pair<std::string, failure_cause>> closure_soon(int peer) const {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+      for (;;) {
+        if (auto closed = box.closure_of(peer)) return closed;
+        if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
     }
 
     // write_data's frame once sealed (write_mutex held).
@@ -1637,6 +1681,8 @@ class tcp {
     mutable std::mutex mutex;              // guards directory, peers, formed, late, malformed counters
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
+    std::map<int, std::string> former;  // addresses of the peers it forgot (not barred): rediscover dials them
+    std::size_t rediscover_turn = 0;    // training thread only
     std::map<int, std::shared_ptr<connection>> peers;
     std::set<int> ever_connected;  // ranks that have had a connection here (for admitted.reconnected)
     bool formed = false;           // the mesh of this peer's group is complete (it may be running)
