@@ -4,9 +4,10 @@
 #
 # Two peers (two cores: one process and one compute thread each), each in a network namespace
 # this script creates, joined by a veth pair whose two ends are shaped: `tc netem` (delay and
-# rate) where the kernel has it, else `tc tbf` (rate only, and the simulated row then gets no
-# latency either); without namespaces or either qdisc the script says why and exits 0 having
-# run nothing. The link's rate is bench_streaming's: one f32 all-reduce of the model = --ratio
+# rate) where the kernel has it, else `tc tbf` for the rate and bench/delay_relay.py for the
+# delay (each peer listens on 127.0.0.1 behind a relay in its namespace that holds every byte
+# the latency in each direction, and advertises the relay's address); without namespaces or
+# either qdisc the script says why and exits 0 having run nothing. The link's rate is bench_streaming's: one f32 all-reduce of the model = --ratio
 # (20) inner steps, measured by its own run first.
 #
 #   bench/streaming_tcp.sh [--build DIR] [--steps 300] [--rows diloco:identity,streaming-7-5:fp4,...]
@@ -65,9 +66,9 @@ if ip netns exec "$ns0" tc qdisc add dev dt-stream-a root netem delay 1ms 2>/dev
   shaper=netem
 elif ip netns exec "$ns0" tc qdisc add dev dt-stream-a root tbf rate 1mbit burst 32kb latency 1s 2>/dev/null; then
   shaper=tbf
-  echo "bench/streaming_tcp.sh: this kernel has no netem qdisc; shaping the rate with tbf, no added delay" \
-       "(the simulated rows get 0 ms latency to match)"
-  latency_ms=0
+  command -v python3 >/dev/null || skip "this kernel has no netem qdisc and python3 (for bench/delay_relay.py) is missing"
+  echo "bench/streaming_tcp.sh: this kernel has no netem qdisc; shaping the rate with tbf, the delay with" \
+       "bench/delay_relay.py in front of each peer"
 else
   skip "neither the netem nor the tbf qdisc is available in this kernel"
 fi
@@ -94,7 +95,20 @@ for pair in "$ns0 dt-stream-a" "$ns1 dt-stream-b"; do
     ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${rate_bps}bps" burst 64kb latency 10s
   fi
 done
-echo "link: $shaper, $rate_mb MB/s each way, ${latency_ms} ms added delay"
+if [ "$shaper" = tbf ]; then
+  for pair in "$ns0 10.77.0.1" "$ns1 10.77.0.2"; do
+    set -- $pair
+    ip netns exec "$1" python3 "$root/bench/delay_relay.py" "$2:29511" 127.0.0.1:29511 "$latency_ms" &
+    pids+=($!)
+  done
+  relays=("${pids[@]}")
+  sleep 0.5
+  delay_how="by bench/delay_relay.py"
+else
+  relays=()
+  delay_how="by netem"
+fi
+echo "link: $shaper, $rate_mb MB/s each way, ${latency_ms} ms added delay each way ($delay_how)"
 
 # The same rows over TCP: the recipe of bench/shakespeare_recipe.hpp on the command line.
 recipe=(--data "$data" --n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12 --lr 1e-3 --min-lr 1e-4
@@ -118,16 +132,20 @@ for spec in "${specs[@]}"; do
   row="${spec%%:*}" codec="${spec#*:}"
   read -r -a flags <<< "$(policy_args "$row")"
   out0="$tmp/tcp-$row-$codec-0.txt" out1="$tmp/tcp-$row-$codec-1.txt"
+  # Behind relays, a peer listens on 127.0.0.1 and advertises its relay's address.
+  if [ "$shaper" = tbf ]; then at0=(--listen 127.0.0.1:29511 --advertise 10.77.0.1) at1=(--listen 127.0.0.1:29511 --advertise 10.77.0.2)
+  else at0=(--listen 10.77.0.1:29511) at1=(--listen 10.77.0.2:29511); fi
   ip netns exec "$ns0" timeout 900 "$cli" train "${recipe[@]}" "${flags[@]}" --codec "$codec" \
-    --listen 10.77.0.1:29511 --rank 0 --world 2 > "$out0" 2>&1 &
-  pids=($!)
+    "${at0[@]}" --rank 0 --world 2 > "$out0" 2>&1 &
+  runs=($!)
   sleep 0.5
   ip netns exec "$ns1" timeout 900 "$cli" train "${recipe[@]}" "${flags[@]}" --codec "$codec" \
-    --listen 10.77.0.2:29511 --join 10.77.0.1:29511 --rank 1 --world 2 > "$out1" 2>&1 &
-  pids+=($!)
+    "${at1[@]}" --join 10.77.0.1:29511 --rank 1 --world 2 > "$out1" 2>&1 &
+  runs+=($!)
+  pids=("${relays[@]}" "${runs[@]}")
   status=0
-  for p in "${pids[@]}"; do wait "$p" || status=$?; done
-  pids=()
+  for p in "${runs[@]}"; do wait "$p" || status=$?; done
+  pids=("${relays[@]}")
   if [ "$status" != 0 ]; then echo "bench/streaming_tcp.sh: row $row $codec failed over TCP:" >&2; tail -20 "$out0" "$out1" >&2; exit 1; fi
   # The summary row of peer 0: peer, val loss, MB sent, MB received, net wait, compute, clock, util %.
   read -r _ tcp_loss tcp_mb _ _ _ tcp_clock tcp_util _ < <(grep -E '^0 +[0-9]' "$out0" | tail -1)

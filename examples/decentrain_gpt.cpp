@@ -890,6 +890,7 @@ int world_size_of(const train_plan& p) { return p.mode == launch::tcp ? p.tcp.wo
 // Over TCP or MPI every process writes its own metrics: "{rank}" in the path becomes the rank,
 // or, with several peers, ".rank-R" goes before the extension.
 std::string metrics_path(const std::string& path, int rank, int world) {
+  if (path.empty()) return path;  // --metrics '': none, for every rank
   std::string out = path;
   if (const auto at = out.find("{rank}"); at != std::string::npos) return out.replace(at, 6, std::to_string(rank));
   if (world == 1) return out;

@@ -556,6 +556,9 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
   CHECK_THAT(keyed.output, Contains("(run key: peers and frames authenticated)"));
   CHECK(keyed.output.find("warning: no run key") == std::string::npos);
   CHECK(last_line_with(keyed.output, "val loss ") == expected);  // the tags change nothing computed
+  // --metrics '' writes no file over TCP either (it once wrote ".rank-R").
+  CHECK(!fs::exists(dir / ".rank-0"));
+  CHECK(!fs::exists(dir / ".rank-1"));
   // Each process ends with what its transport turned away: nothing, here.
   CHECK(last_line_with(keyed.output, "transport: ") ==
         "transport: 0 frames malformed, 0 failed authentication; connections refused 0, silent through the handshake 0, "

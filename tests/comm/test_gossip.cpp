@@ -124,11 +124,7 @@ TEST_CASE("trainer: gossip trains, its replicas stay close, two replicas on a ri
   using ring_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::gossip<dt::comm::topology::ring>>;
   using exp_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::gossip<>>;
   using local_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::local_sgd<>>;
-  trainer_options opts;
-  opts.steps = 30;
-  opts.batch_size = 2;
-  opts.eval_batches = 1;
-  opts.eval_every = 0;
+  auto opts = fixture::small_run(30);
   // Two replicas: each round averages the two, as local SGD's all-reduce does (summed in another
   // order: equal to rounding).
   dt::comm::local_sgd<> every_step;
@@ -157,11 +153,7 @@ TEST_CASE("trainer: gossip trains, its replicas stay close, two replicas on a ri
 
 TEST_CASE("trainer: a gossip run resumed mid-run from per-peer checkpoints matches the uninterrupted run") {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::gossip<>>;
-  trainer_options opts;
-  opts.steps = 12;
-  opts.batch_size = 2;
-  opts.eval_batches = 1;
-  opts.eval_every = 0;
+  auto opts = fixture::small_run(12);
   dt::comm::gossip<> comm;
   comm.inner_steps = 2;
   const auto whole = fixture::final_params<Trainer>(4, fixture::tiny_gpt(), opts, comm);
@@ -172,9 +164,7 @@ TEST_CASE("trainer: a gossip run resumed mid-run from per-peer checkpoints match
 
 TEST_CASE("trainer: gossip refuses peers that gossip differently, and inner_steps < 1") {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::gossip<>>;
-  trainer_options opts;
-  opts.steps = 2;
-  opts.batch_size = 2;
+  const auto opts = fixture::small_run(2);
   CHECK_THROWS_WITH(dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
     dt::comm::gossip<> comm;
     comm.inner_steps = ep.rank() == 0 ? 1 : 2;

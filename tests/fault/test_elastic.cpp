@@ -127,15 +127,6 @@ struct elastic_run {
   }
 };
 
-trainer_options small_run(std::int64_t steps) {
-  trainer_options o;
-  o.steps = steps;
-  o.batch_size = 2;
-  o.eval_batches = 1;
-  o.eval_every = 0;
-  return o;
-}
-
 // Every survivor has the same parameters and view; the killed ones have none.
 template <class Run>
 void check_survivors(const Run& run, const std::vector<int>& survivors) {

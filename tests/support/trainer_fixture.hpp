@@ -43,6 +43,16 @@ inline dt::nn::gpt_config tiny_gpt() {
 }
 inline double uniform_loss() { return std::log(static_cast<double>(small_corpus().tok.vocab_size())); }
 
+// `steps` steps of 2 rows, evaluated once at the end on one batch.
+inline dt::train::trainer_options small_run(std::int64_t steps) {
+  dt::train::trainer_options o;
+  o.steps = steps;
+  o.batch_size = 2;
+  o.eval_batches = 1;
+  o.eval_every = 0;
+  return o;
+}
+
 inline std::vector<float> flat_params(const dt::parameter_list<dt::cpu>& p) {
   std::vector<float> v;
   dt::comm::gather_values(p, v);
