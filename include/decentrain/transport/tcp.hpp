@@ -211,15 +211,12 @@ class tcp {
   void drop(int peer, bool barred, const std::string& why) {
     decentrain::detail::check(peer >= 0 && peer < self_->opts.capacity() && peer != rank(), "tcp: peer ", rank(),
                               " cannot ", barred ? "bar" : "forget", " peer ", peer);
-    {
-      // A joiner asking for the directory no longer dials it. A forgotten peer's address is kept:
-      // should this peer be left out in turn and rejoin, it dials the group it knew (rediscover).
+    if (barred) {
+      // A forgotten peer's address stays in the directory (whose answers list connected peers
+      // only, so no joiner is sent to it): should this peer be left out in turn and rejoin, it
+      // dials the group it knew (rediscover). A barred one is never dialed again.
       std::lock_guard lock(self_->mutex);
-      if (const auto it = self_->directory.find(peer); it != self_->directory.end()) {
-        if (!barred) self_->former[peer] = it->second;
-        self_->directory.erase(it);
-      }
-      if (barred) self_->former.erase(peer);
+      self_->directory.erase(peer);
     }
     if (barred) self_->box.bar(peer, why);
     else self_->box.forget(peer, why);
@@ -474,8 +471,6 @@ class tcp {
       {
         std::lock_guard lock(mutex);
         late = true;  // a member left out rejoins as a joiner: the others take it in only as one
-        for (const auto& [r, a] : former)
-          if (!directory.count(r)) directory[r] = a;  // (it forgot them as they forgot it)
         for (const auto& [r, a] : directory)
           if (r != opts.rank) ask.push_back(a);
       }
@@ -1681,7 +1676,6 @@ class tcp {
     mutable std::mutex mutex;              // guards directory, peers, formed, late, malformed counters
     std::condition_variable changed;       // a peer connected
     std::map<int, std::string> directory;
-    std::map<int, std::string> former;  // addresses of the peers it forgot (not barred): rediscover dials them
     std::size_t rediscover_turn = 0;    // training thread only
     std::map<int, std::shared_ptr<connection>> peers;
     std::set<int> ever_connected;  // ranks that have had a connection here (for admitted.reconnected)
