@@ -1003,7 +1003,9 @@ void print_changes(const std::vector<dt::fault::membership_change>& changes, std
     const std::string inherited = c.inherited.empty() ? "" : ", took over the unsent residual of " + list(c.inherited);
     std::printf("membership: view %llu from step %lld: peers %s (left out: %s, joined: %s)%s%s, %.3f s after '%s'\n",
                 static_cast<unsigned long long>(c.epoch), static_cast<long long>(c.step), list(c.members).c_str(),
-                list(c.removed).c_str(), list(c.joined).c_str(), c.healed ? ", took a peer's state" : "", inherited.c_str(),
+                list(c.removed).c_str(), list(c.joined).c_str(),
+                c.healed ? (c.healed_in_place ? ", took a peer's state (landed in place)" : ", took a peer's state") : "",
+                inherited.c_str(),
                 c.seconds, c.cause.c_str());
   }
 }

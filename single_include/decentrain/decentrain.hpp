@@ -169,6 +169,17 @@ inline std::uint64_t fnv1a(std::string_view bytes) {
 inline std::uint64_t xxh64(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
 inline std::uint64_t xxh3(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
+// XXH3 of bytes that come in pieces: the same value as xxh3 of the pieces joined.
+class xxh3_stream {
+ public:
+  xxh3_stream() { XXH3_64bits_reset(&state_); }
+  void update(std::string_view bytes) { XXH3_64bits_update(&state_, bytes.data(), bytes.size()); }
+  std::uint64_t digest() const { return XXH3_64bits_digest(&state_); }
+
+ private:
+  XXH3_state_t state_;
+};
+
 // splitmix64's output for state z: advance by the golden-ratio increment, then finalise (on the
 // GPU too: the CUDA codecs draw stochastic rounding from the same stream).
 DECENTRAIN_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t z) {
@@ -1368,10 +1379,14 @@ template <class Device>
 struct storage {
   void* data = nullptr;
   std::size_t bytes = 0;
+  bool owned = true;  // false: memory borrowed from elsewhere (tensor::borrow), not freed here
   explicit storage(std::size_t n) : data(memory<Device>::allocate(n)), bytes(n) {}
+  storage(void* p, std::size_t n) : data(p), bytes(n), owned(false) {}
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
-  ~storage() { memory<Device>::deallocate(data, bytes); }
+  ~storage() {
+    if (owned) memory<Device>::deallocate(data, bytes);
+  }
 };
 }  // namespace detail
 
@@ -1393,6 +1408,18 @@ class tensor {
     out.dtype_ = t;
     out.storage_ = std::make_shared<detail::storage<Device>>(
         static_cast<std::size_t>(s.numel()) * dtype_size(t));
+    return out;
+  }
+
+  // A tensor over memory it does not own (a std::vector's, say): nothing is copied or freed, and
+  // the memory must outlive every handle to it. For views of state held outside tensors, read
+  // or overwritten at once (io::checkpoint::views).
+  static tensor borrow(void* data, const decentrain::shape& s, dtype t = dtype::f32) {
+    tensor out;
+    out.shape_ = s;
+    out.strides_ = contiguous_strides(s);
+    out.dtype_ = t;
+    out.storage_ = std::make_shared<detail::storage<Device>>(data, static_cast<std::size_t>(s.numel()) * dtype_size(t));
     return out;
   }
 
@@ -1545,6 +1572,8 @@ class tensor {
     src.require_defined("copy_from (source)");
     detail::check(src.shape() == shape_, "copy_from: source shape ", src.shape(),
                   " does not match destination shape ", shape_);
+    // Onto itself (a state decoded into the tensors it is then loaded into): nothing to do.
+    if (src.storage_ == storage_ && src.offset_ == offset_ && src.strides_ == strides_ && src.dtype_ == dtype_) return;
     memory<Device>::copy_strided(raw_data(), dtype_, strides_.data(), src.raw_data(), src.dtype_,
                                  src.strides_.data(), shape_.sizes().data(), rank());
   }
@@ -1552,7 +1581,7 @@ class tensor {
   // True when this handle is the only one on its storage and covers all of it, so the
   // storage can be adopted (for example as a gradient buffer) without a defensive copy.
   bool is_sole_owner() const {
-    return storage_ && storage_.use_count() == 1 && offset_ == 0 && is_contiguous() &&
+    return storage_ && storage_->owned && storage_.use_count() == 1 && offset_ == 0 && is_contiguous() &&
            nbytes() == storage_->bytes;
   }
 
@@ -9285,26 +9314,30 @@ class sgd {
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 
 namespace decentrain::io {
 
-inline void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+// The file's bytes are `parts`, one after the other.
+inline void write_file_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
   const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const auto temporary = std::filesystem::path(path.string() + ".tmp");
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   decentrain::detail::check(fd >= 0, "cannot create ", temporary.string(), ": ", std::strerror(errno));
-  std::size_t written = 0;
-  while (written < bytes.size()) {
-    const auto n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      decentrain::detail::fail("cannot write ", temporary.string(), ": ", std::strerror(err));
+  for (const auto bytes : parts) {
+    std::size_t written = 0;
+    while (written < bytes.size()) {
+      const auto n = ::write(fd, bytes.data() + written, bytes.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(temporary.c_str());
+        decentrain::detail::fail("cannot write ", temporary.string(), ": ", std::strerror(err));
+      }
+      written += static_cast<std::size_t>(n);
     }
-    written += static_cast<std::size_t>(n);
   }
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
@@ -9318,6 +9351,10 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
     ::fsync(dfd);  // makes the rename itself durable
     ::close(dfd);
   }
+}
+
+inline void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  write_file_atomically(path, std::vector<std::string_view>{bytes});
 }
 
 // The whole file, read in large blocks (never a character at a time: checkpoints are
@@ -9437,6 +9474,7 @@ class background_writer {
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/types/map.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -9460,6 +9498,7 @@ class background_writer {
 #include <cereal/cereal.hpp>
 #include <cereal/details/helpers.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -9467,6 +9506,7 @@ class background_writer {
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 
 namespace decentrain::detail {
@@ -9474,22 +9514,43 @@ namespace decentrain::detail {
 class bounded_input_archive : public cereal::InputArchive<bounded_input_archive, cereal::AllowEmptyClassElision> {
  public:
   // `what` names the source in errors ("checkpoint from peer 3").
-  bounded_input_archive(std::string_view data, std::string_view what)
-      : cereal::InputArchive<bounded_input_archive, cereal::AllowEmptyClassElision>(this), data_(data), what_(what) {
+  bounded_input_archive(std::string_view data, std::string_view what) : bounded_input_archive(std::vector{data}, what) {}
+  // The bytes in pieces, read one after the other (a state received partly in place:
+  // io::decode_checkpoint).
+  bounded_input_archive(std::vector<std::string_view> pieces, std::string_view what)
+      : cereal::InputArchive<bounded_input_archive, cereal::AllowEmptyClassElision>(this), pieces_(std::move(pieces)), what_(what) {
+    for (const auto p : pieces_) left_ += p.size();
     std::uint8_t little = 0;
     load_bytes(&little, 1, 1);
     check(little <= 1, what_, ": bad byte-order flag ", int(little));
     swap_ = (little == 1) != (std::endian::native == std::endian::little);
   }
 
-  std::size_t remaining() const { return data_.size() - at_; }
+  std::size_t remaining() const { return left_; }
   std::string_view what() const { return what_; }
+  // Whether the pieces may lie in memory the reader decodes into (a state landed in place over the
+  // one it replaces): then a tensor is decoded into such memory only where its bytes are already
+  // (io::load_tensor), since elsewhere it could overwrite bytes still to be read.
+  bool sources_may_alias() const { return alias_; }
+  void set_sources_may_alias(bool alias) { alias_ = alias; }
+  // Where the next `size` bytes lie, when one piece holds them all; else null.
+  const char* next_bytes(std::size_t size) {
+    skip_empty();
+    return piece_ < pieces_.size() && pieces_[piece_].size() - at_ >= size ? pieces_[piece_].data() + at_ : nullptr;
+  }
 
+  // Bytes already where they are to go (a state landed in place) are not copied onto themselves.
   void load_bytes(void* out, std::size_t size, std::size_t element) {
-    check(size <= remaining(), what_, ": truncated (", size, " bytes wanted at offset ", at_, ", ", remaining(), " left)");
-    if (size == 0) return;  // (an empty string's data() may be null)
-    std::memcpy(out, data_.data() + at_, size);
-    at_ += size;
+    check(size <= remaining(), what_, ": truncated (", size, " bytes wanted at offset ", offset(), ", ", remaining(), " left)");
+    for (std::size_t done = 0; done < size;) {
+      skip_empty();
+      const std::size_t n = std::min(size - done, pieces_[piece_].size() - at_);
+      auto* to = static_cast<char*>(out) + done;
+      if (to != pieces_[piece_].data() + at_) std::memcpy(to, pieces_[piece_].data() + at_, n);
+      at_ += n;
+      done += n;
+    }
+    left_ -= size;
     if (swap_ && element > 1)
       for (std::size_t i = 0; i < size; i += element) {
         auto* p = static_cast<unsigned char*>(out) + i;
@@ -9498,10 +9559,22 @@ class bounded_input_archive : public cereal::InputArchive<bounded_input_archive,
   }
 
  private:
-  std::string_view data_;
-  std::size_t at_ = 0;
+  void skip_empty() {
+    while (piece_ < pieces_.size() && at_ == pieces_[piece_].size()) {
+      ++piece_;
+      at_ = 0;
+    }
+  }
+  std::size_t offset() const {
+    std::size_t total = 0;
+    for (const auto p : pieces_) total += p.size();
+    return total - left_;
+  }
+
+  std::vector<std::string_view> pieces_;
+  std::size_t piece_ = 0, at_ = 0, left_ = 0;
   std::string_view what_;
-  bool swap_ = false;
+  bool swap_ = false, alias_ = false;
 };
 
 template <class T>
@@ -9570,8 +9643,11 @@ void save(Archive& ar, const tensor<cpu>& t) {
   ar(cereal::binary_data(static_cast<const unsigned char*>(c.raw_data()), c.nbytes()));
 }
 
+// Loads a stored tensor into `reuse`'s memory when that has the stored dtype and shape and is
+// contiguous (a state decoded over the one it replaces: no fresh allocation, which a large state
+// pays for page by page), else into new storage.
 template <class Archive>
-void load(Archive& ar, tensor<cpu>& t) {
+void load_tensor(Archive& ar, tensor<cpu>& t, const tensor<cpu>* reuse) {
   std::uint8_t code = 0;
   std::vector<std::int64_t> sizes;
   ar(code, sizes);
@@ -9584,13 +9660,26 @@ void load(Archive& ar, tensor<cpu>& t) {
                   "archive: implausible tensor size ", s);
     numel *= s;
   }
+  const auto type = static_cast<dtype>(code);
   // An archive that knows how much is left (detail::bounded_input_archive) refuses a size it
   // cannot hold before allocating for it.
   if constexpr (requires { ar.remaining(); })
-    decentrain::detail::check(static_cast<std::uint64_t>(numel) * dtype_size(static_cast<dtype>(code)) <= ar.remaining(),
+    decentrain::detail::check(static_cast<std::uint64_t>(numel) * dtype_size(type) <= ar.remaining(),
                               "archive: a tensor of ", numel, " elements, with only ", ar.remaining(), " bytes left");
-  t = tensor<cpu>::empty(shape(sizes), static_cast<dtype>(code));
+  const shape stored(sizes);
+  bool fits = reuse && reuse->defined() && reuse->dtype() == type && reuse->shape() == stored && reuse->is_contiguous();
+  if constexpr (requires { ar.sources_may_alias(); })
+    if (fits && ar.sources_may_alias()) fits = ar.next_bytes(reuse->nbytes()) == reuse->raw_data();
+  if (fits)
+    t = *reuse;
+  else
+    t = tensor<cpu>::empty(stored, type);
   ar(cereal::binary_data(static_cast<unsigned char*>(t.raw_data()), t.nbytes()));
+}
+
+template <class Archive>
+void load(Archive& ar, tensor<cpu>& t) {
+  load_tensor(ar, t, nullptr);
 }
 
 // rng streams: name and the 256-bit state.
@@ -9622,6 +9711,12 @@ struct checkpoint {
   std::map<std::string, std::int64_t> counters;
   std::map<std::string, rng::state_type> rngs;
   std::map<std::string, std::string> text;
+  // Set before it is filled: a component may put in views of its live memory instead of copies
+  // (host memory; a GPU's tensors are copied either way). For a state that is encoded, or
+  // decoded into, at once while nothing else runs (fault::elastic: a donor serves its state from
+  // it, a peer behind decodes the donor's over its own), where copies would be gigabytes of
+  // fresh memory; a checkpoint written in the background needs copies. Not stored.
+  bool views = false;
 
   template <class Archive>
   void serialize(Archive& ar) {
@@ -9707,26 +9802,6 @@ inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t v
 }
 
 namespace streams {
-// A stream buffer straight into the checkpoint's bytes: a large model's state is gigabytes, and
-// string streams would copy it three times over (figures: bench/RESULTS.md, bench/faults).
-class string_sink : public std::streambuf {
- public:
-  explicit string_sink(std::string& out) : out_(out) {}
-
- protected:
-  std::streamsize xsputn(const char* s, std::streamsize n) override {
-    out_.append(s, static_cast<std::size_t>(n));
-    return n;
-  }
-  int_type overflow(int_type c) override {
-    if (!traits_type::eq_int_type(c, traits_type::eof())) out_.push_back(traits_type::to_char_type(c));
-    return traits_type::not_eof(c);
-  }
-
- private:
-  std::string& out_;
-};
-
 // `bytes` little-endian bytes of `data` from `at` (a header field).
 inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
   std::uint64_t v = 0;
@@ -9737,60 +9812,228 @@ inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
 
 inline constexpr std::size_t checkpoint_header_bytes = sizeof checkpoint_magic + 4 + 8 + 8;
 
+// A checkpoint encoded without copying its tensors: the header and the short fields in a buffer
+// of its own, each tensor's bytes read where they lie. It keeps the checkpoint (so its tensors'
+// storage lives as long as it does); of a checkpoint of views (checkpoint::views) it holds true
+// until the state viewed changes. A donor serves a heal from it and a file is written from it:
+// a state of gigabytes is not copied once more, into memory a fresh process pays for page by
+// page (bench/RESULTS.md, bench/faults --only state).
+//
 // Layout (a file, or the state one peer sends another): magic (8 bytes), version (u32 LE),
-// payload length (u64 LE), checksum of the payload (u64 LE; XXH3 from version 3), payload (cereal portable binary).
-inline std::string encode_checkpoint(const checkpoint& ckpt) {
-  std::size_t estimate = checkpoint_header_bytes + 4096;
-  for (const auto& [name, t] : ckpt.tensors) estimate += name.size() + t.nbytes() + 128;
-  for (const auto& [name, text] : ckpt.text) estimate += name.size() + text.size() + 16;
-  estimate += 64 * (ckpt.counters.size() + ckpt.rngs.size());
-  std::string out(checkpoint_header_bytes, '\0');
-  out.reserve(estimate);
-  {
-    streams::string_sink sink(out);
-    std::ostream stream(&sink);
-    cereal::PortableBinaryOutputArchive ar(stream);
-    ar(ckpt);
+// payload length (u64 LE), checksum of the payload (u64 LE; XXH3 from version 3), payload
+// (cereal portable binary).
+class encoded_checkpoint {
+ public:
+  explicit encoded_checkpoint(checkpoint state) : kept_(std::move(state)) {
+    for (auto& [name, t] : kept_.tensors) {
+      decentrain::detail::check(t.defined(), "checkpoint: tensor '", name, "' is undefined");
+      if (!t.is_contiguous()) t = t.contiguous();  // its bytes must live in kept_, as one piece
+      if (t.nbytes() > 0) names_.emplace(t.raw_data(), &name);
+    }
+    own_.assign(checkpoint_header_bytes, '\0');
+    pieces_.push_back({0, checkpoint_header_bytes, nullptr, 0, nullptr});
+    {
+      piece_sink sink(*this);
+      std::ostream stream(&sink);
+      cereal::PortableBinaryOutputArchive ar(stream);
+      ar(kept_);
+    }
+    decentrain::detail::xxh3_stream hash;
+    for (const auto& p : pieces_) hash.update(view(p).substr(p.at == 0 ? checkpoint_header_bytes : 0));
+    checksum_ = hash.digest();
+    std::size_t at = 0;
+    auto put = [&](std::uint64_t v, int bytes) {
+      for (int i = 0; i < bytes; ++i) own_[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
+    };
+    for (char c : checkpoint_magic) own_[at++] = c;
+    put(checkpoint_version, 4);
+    put(size_ - checkpoint_header_bytes, 8);
+    put(checksum_, 8);
   }
-  const std::string_view body = std::string_view(out).substr(checkpoint_header_bytes);
-  std::size_t at = 0;
-  auto put = [&](std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
-  };
-  for (char c : checkpoint_magic) out[at++] = c;
-  put(checkpoint_version, 4);
-  put(body.size(), 8);
-  put(checkpoint_checksum(body), 8);
-  return out;
-}
+  // Moved, it still holds: its pieces point into heap memory that kept_ owns (a map's nodes stay
+  // where they are) or by offset into own_. A copy would point into the original.
+  encoded_checkpoint(encoded_checkpoint&&) = default;
+  encoded_checkpoint& operator=(encoded_checkpoint&&) = default;
+  encoded_checkpoint(const encoded_checkpoint&) = delete;
+  encoded_checkpoint& operator=(const encoded_checkpoint&) = delete;
 
-// The checksum an encoded checkpoint carries of its payload: two encodings with the same
-// checksum and size hold the same state (fault::transfer_state matches donors by it).
+  std::uint64_t size() const { return size_; }
+  // The payload's checksum, as the header holds it: two encodings with the same checksum and
+  // size hold the same state (fault::transfer_state matches donors by it).
+  std::uint64_t checksum() const { return checksum_; }
+
+  // Bytes [at, at + len): where they lie when one piece holds them (a tensor's), else copied
+  // into `scratch`.
+  std::string_view bytes(std::uint64_t at, std::size_t len, std::string& scratch) const {
+    decentrain::detail::check(at <= size_ && len <= size_ - at, "encoded_checkpoint: bytes [", at, ", ", at + len,
+                              ") of ", size_);
+    auto p = std::upper_bound(pieces_.begin(), pieces_.end(), at, [](std::uint64_t x, const piece& q) { return x < q.at; }) - 1;
+    if (at + len <= p->at + p->size) return view(*p).substr(static_cast<std::size_t>(at - p->at), len);
+    scratch.clear();
+    for (; scratch.size() < len; ++p) {
+      const auto from = static_cast<std::size_t>(at + scratch.size() - p->at);
+      scratch.append(view(*p).substr(from, len - scratch.size()));
+    }
+    return scratch;
+  }
+  // Where each piece ends, in order: chunks cut at these lie in one piece each.
+  std::vector<std::uint64_t> piece_ends() const {
+    std::vector<std::uint64_t> out;
+    for (const auto& p : pieces_) out.push_back(p.at + p.size);
+    return out;
+  }
+  // Where each tensor's bytes lie in the encoding, when they are read in place (the tensors of
+  // borrow_bytes or more): a peer that takes this state lands them in its own tensor of the same
+  // name (fault::transfer_state).
+  struct placed_tensor {
+    std::string name;
+    std::uint64_t at = 0, bytes = 0;
+  };
+  std::vector<placed_tensor> placed_tensors() const {
+    std::vector<placed_tensor> out;
+    for (const auto& p : pieces_)
+      if (p.tensor) out.push_back({*p.tensor, p.at, p.size});
+    return out;
+  }
+
+  // The whole encoding, in order, as pieces.
+  std::vector<std::string_view> pieces() const {
+    std::vector<std::string_view> out;
+    for (const auto& p : pieces_) out.push_back(view(p));
+    return out;
+  }
+  std::string str() const {
+    std::string out;
+    out.reserve(static_cast<std::size_t>(size_));
+    for (const auto& p : pieces_) out.append(view(p));
+    return out;
+  }
+
+ private:
+  // A run of the encoding: in own_ from `own_at`, or `borrowed` (a tensor's bytes in kept_,
+  // `tensor` its name, or a long string's).
+  struct piece {
+    std::uint64_t at;
+    std::size_t size;
+    const char* borrowed;
+    std::size_t own_at;
+    const std::string* tensor = nullptr;
+  };
+  std::string_view view(const piece& p) const {
+    return {p.borrowed ? p.borrowed : own_.data() + p.own_at, p.size};
+  }
+
+  // Takes what cereal writes: a write of borrow_bytes or more is a tensor's data or a long
+  // string, both held in kept_, and is referenced where it lies; shorter ones are copied.
+  class piece_sink : public std::streambuf {
+   public:
+    explicit piece_sink(encoded_checkpoint& out) : out_(out) {}
+
+   protected:
+    std::streamsize xsputn(const char* s, std::streamsize n) override {
+      const auto len = static_cast<std::size_t>(n);
+      auto& pieces = out_.pieces_;
+      if (len >= borrow_bytes) {
+        const auto named = out_.names_.find(s);
+        pieces.push_back({out_.size_, len, s, 0, named == out_.names_.end() ? nullptr : named->second});
+      } else {
+        if (pieces.back().borrowed) pieces.push_back({out_.size_, 0, nullptr, out_.own_.size(), nullptr});
+        out_.own_.append(s, len);
+        pieces.back().size += len;
+      }
+      out_.size_ += len;
+      return n;
+    }
+    int_type overflow(int_type c) override {
+      if (!traits_type::eq_int_type(c, traits_type::eof())) {
+        const char byte = traits_type::to_char_type(c);
+        xsputn(&byte, 1);
+      }
+      return traits_type::not_eof(c);
+    }
+
+   private:
+    static constexpr std::size_t borrow_bytes = 4096;
+    encoded_checkpoint& out_;
+  };
+
+  checkpoint kept_;
+  std::map<const void*, const std::string*> names_;  // each tensor's name by where its bytes start
+  std::string own_;
+  std::vector<piece> pieces_;
+  std::uint64_t size_ = checkpoint_header_bytes, checksum_ = 0;
+};
+
+inline std::string encode_checkpoint(const checkpoint& ckpt) { return encoded_checkpoint(ckpt).str(); }
+
+// The checksum an encoded checkpoint carries of its payload.
 inline std::uint64_t stored_checksum(std::string_view encoded) {
   decentrain::detail::check(encoded.size() >= checkpoint_header_bytes, "checkpoint: ", encoded.size(),
                             " bytes are shorter than a header");
   return streams::read_le(encoded, 20, 8);
 }
 
-// Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
-inline checkpoint decode_checkpoint(std::string_view data, const std::string& where) {
+// Reads what encode_checkpoint wrote, given in pieces, one after the other (one for a file);
+// `where` names the source in errors (a file, a peer). A tensor that `into` holds under the same
+// name, dtype and shape (contiguous) is decoded into that tensor's memory and returned as that
+// handle (a state taken over the one it replaces, which then loads it onto itself:
+// fault::elastic's heal), the others into new storage; bytes that lie where they are to go
+// already (a state whose tensors landed in `into`'s memory: fault::transfer_state) are not copied.
+// The checksum is checked before anything is written; a payload that passes it and is
+// malformed still fails, having overwritten the tensors before the fault.
+inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces, const std::string& where,
+                                    const checkpoint& into = {}) {
   constexpr std::size_t header = checkpoint_header_bytes;
-  decentrain::detail::check(data.size() >= header, where, " is truncated (", data.size(), " bytes, header needs ", header, ")");
-  decentrain::detail::check(data.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
+  std::size_t total = 0;
+  for (const auto p : pieces) total += p.size();
+  const std::string_view first = pieces.empty() ? std::string_view() : pieces.front();
+  decentrain::detail::check(total >= header, where, " is truncated (", total, " bytes, header needs ", header, ")");
+  decentrain::detail::check(first.size() >= header, where, ": its header is split (", first.size(), " bytes in its first piece)");
+  decentrain::detail::check(first.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
                             where, " has a bad magic number (not a decentrain checkpoint)");
-  const auto get = [&](std::size_t at, int bytes) { return streams::read_le(data, at, bytes); };
+  const auto get = [&](std::size_t at, int bytes) { return streams::read_le(first, at, bytes); };
   const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
   decentrain::detail::check(version >= 1 && version <= checkpoint_version, where, " has version ", version,
                             ", expected 1 to ", checkpoint_version);
-  decentrain::detail::check(data.size() - header == length, where, " is truncated or padded: payload of ",
-                            data.size() - header, " bytes, header says ", length);
-  const std::string_view body = data.substr(header);
-  decentrain::detail::check(checkpoint_checksum(body, static_cast<std::uint32_t>(version)) == checksum, where,
-                            " is corrupt (checksum mismatch)");
+  decentrain::detail::check(total - header == length, where, " is truncated or padded: payload of ", total - header,
+                            " bytes, header says ", length);
+  std::vector<std::string_view> body(pieces.begin(), pieces.end());
+  body.front() = body.front().substr(header);
+  std::uint64_t sum = 0;
+  if (version >= 3) {
+    decentrain::detail::xxh3_stream hash;
+    for (const auto p : body) hash.update(p);
+    sum = hash.digest();
+  } else {  // older files: one piece, read whole
+    std::string joined;
+    for (const auto p : body) joined.append(p);
+    sum = checkpoint_checksum(joined, static_cast<std::uint32_t>(version));
+  }
+  decentrain::detail::check(sum == checksum, where, " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
     decentrain::detail::bounded_input_archive ar(body, where);
-    ar(ckpt);
+    // Whether any piece lies in the memory of a tensor of `into` (a state landed there).
+    bool overlap = false;
+    for (const auto& [name, t] : into.tensors) {
+      if (!t.defined() || t.nbytes() == 0) continue;
+      const auto* lo = static_cast<const char*>(t.raw_data());
+      for (const auto p : body) overlap = overlap || (!p.empty() && p.data() < lo + t.nbytes() && lo < p.data() + p.size());
+    }
+    ar.set_sources_may_alias(overlap);
+    // checkpoint::serialize, with the tensors' map read as cereal writes a map: its size, then
+    // each name and tensor.
+    cereal::size_type n = 0;
+    ar(cereal::make_size_tag(n));
+    for (cereal::size_type i = 0; i < n; ++i) {
+      std::string name;
+      tensor<cpu> t;
+      ar(name);
+      const auto reuse = into.tensors.find(name);
+      load_tensor(ar, t, reuse == into.tensors.end() ? nullptr : &reuse->second);
+      ckpt.tensors.emplace(std::move(name), std::move(t));
+    }
+    ar(ckpt.counters, ckpt.rngs, ckpt.text);
   } catch (const std::exception& e) {
     // cereal's own errors, our field checks, and bad_alloc/length_error from a container length
     // that is garbage: all mean the payload is not a checkpoint this code wrote.
@@ -9799,8 +10042,12 @@ inline checkpoint decode_checkpoint(std::string_view data, const std::string& wh
   return ckpt;
 }
 
+inline checkpoint decode_checkpoint(std::string_view data, const std::string& where, const checkpoint& into = {}) {
+  return decode_checkpoint(std::vector{data}, where, into);
+}
+
 inline void save_checkpoint(const std::filesystem::path& path, const checkpoint& ckpt) {
-  write_file_atomically(path, encode_checkpoint(ckpt));
+  write_file_atomically(path, encoded_checkpoint(ckpt).pieces());
 }
 
 inline checkpoint load_checkpoint(const std::filesystem::path& path) {
@@ -10924,8 +11171,8 @@ namespace decentrain::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
-// run keys, no answer to a hello.
-inline constexpr std::uint16_t version = 6;
+// run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size.
+inline constexpr std::uint16_t version = 7;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -19238,12 +19485,22 @@ void load_codec(Codec& codec, const io::checkpoint& c, const std::string& prefix
   if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix);
 }
 
-inline tensor<cpu> flat_tensor(const std::vector<float>& v) { return from_vector<cpu>(v, shape{static_cast<std::int64_t>(v.size())}); }
+// `v` as a tensor of checkpoint `c`: a view of v's memory when c takes views
+// (io::checkpoint::views), else a copy.
+inline tensor<cpu> flat_tensor(const std::vector<float>& v, const io::checkpoint& c) {
+  const shape s{static_cast<std::int64_t>(v.size())};
+  // A view's writer is a decode over this state (the vector itself is not const).
+  return c.views ? tensor<cpu>::borrow(const_cast<float*>(v.data()), s) : from_vector<cpu>(v, s);
+}
+// Into `out`'s own memory (no second vector of the state's size), unless the tensor is a view of
+// it already (a state decoded over this one).
 inline void load_flat(const io::checkpoint& c, const std::string& name, std::vector<float>& out, std::size_t expected) {
   const auto& t = c.tensor_at(name);
   decentrain::detail::check(t.numel() == static_cast<std::int64_t>(expected) && t.dtype() == dtype::f32, "checkpoint: '",
                             name, "' has ", t.numel(), " elements of ", dtype_name(t.dtype()), ", expected ", expected, " f32");
-  out = t.template to_vector<float>();
+  const auto flat = t.contiguous();
+  const float* p = flat.template data<float>();
+  if (p != out.data() || out.size() != expected) out.assign(p, p + expected);
 }
 
 }  // namespace decentrain::comm
@@ -19296,6 +19553,15 @@ struct diloco {
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
   }
+  // Before the fault policy starts: the outer state at the model's size (values set by start or
+  // by a state loaded), so that a state a joiner takes from the members lands in it rather than
+  // in new memory (fault::elastic). A state restored already keeps its size (start checks it).
+  template <class Ctx>
+  void size_state(Ctx& ctx) {
+    if (!global_.empty()) return;
+    global_.resize(flat_size(ctx.parameters));
+    momentum_.resize(global_.size());
+  }
   template <class Ctx>
   void after_backward(Ctx&) {}
 
@@ -19319,8 +19585,8 @@ struct diloco {
   const collective::aggregation_record& aggregation() const { return aggregation_; }
 
   void save(io::checkpoint& c) const {
-    c.tensors["comm.diloco.global"] = flat_tensor(global_);
-    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_);
+    c.tensors["comm.diloco.global"] = flat_tensor(global_, c);
+    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_, c);
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
@@ -19775,6 +20041,15 @@ struct streaming_diloco {
     }
   }
 
+  // Before the fault policy starts: the outer state at the model's size (values set by start or
+  // by a state loaded), so that a state a joiner takes from the members lands in it rather than
+  // in new memory (fault::elastic). A state restored already keeps its size (start checks it).
+  template <class Ctx>
+  void size_state(Ctx& ctx) {
+    if (!global_.empty()) return;
+    global_.resize(flat_size(ctx.parameters));
+    momentum_.resize(global_.size());
+  }
   // The group changes (the trainer calls this first: the exchanges run on the group's
   // communicator): every exchange in flight is waited for and dropped, by every member alike. One
   // that a lost peer took part in may have finished on some members and failed on others; a member
@@ -19804,13 +20079,13 @@ struct streaming_diloco {
   // An exchange in flight is waited for (not merged): its result is saved with the step it is
   // merged after, so a run resumed from here merges the same values at the same step.
   void save(io::checkpoint& c) const {
-    c.tensors["comm.streaming_diloco.global"] = flat_tensor(global_);
-    c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_);
+    c.tensors["comm.streaming_diloco.global"] = flat_tensor(global_, c);
+    c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_, c);
     c.counters["comm.streaming_diloco.fragments"] = static_cast<std::int64_t>(parts_.size());
     c.counters["comm.streaming_diloco.merges"] = merges_;
     if (!eager_.empty()) {
-      c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_);
-      c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_);
+      c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
+      c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_, c);
     }
     for (std::size_t f = 0; f < parts_.size(); ++f) {
       const auto& p = parts_[f];
@@ -19822,11 +20097,11 @@ struct streaming_diloco {
       if (p.exchange.failure) std::rethrow_exception(p.exchange.failure);
       c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
       c.counters[prefix + "lands_after"] = p.lands_after;
-      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
+      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer, c);
       if (!eager_.empty()) {
         c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
-        c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average);
-        c.tensors[prefix + "previous_own"] = flat_tensor(p.previous_own);
+        c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average, c);
+        c.tensors[prefix + "previous_own"] = flat_tensor(p.previous_own, c);
       }
       save_codec(p.codec, c, prefix + "codec.");
     }
@@ -20543,6 +20818,10 @@ struct checkpoint_every {
 // excluded).
 // The view then bars it for good (view::barred): every member refuses it, also as a joiner.
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -20557,6 +20836,7 @@ struct checkpoint_every {
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 
@@ -21045,59 +21325,92 @@ inline std::vector<int> donors_of(const decision& d, int max_donors) {
   return out;
 }
 
-// An encoded state as received: its bytes (not zeroed first: the chunks land in them straight
-// from the sockets).
-struct received_state {
-  std::unique_ptr<char[]> bytes;
-  std::size_t size = 0;
-  std::string_view view() const { return {bytes.get(), size}; }
-};
-
-// What a state transfer did on this peer.
-struct transfer_report {
-  std::optional<received_state> state;  // the encoded state it received (it was behind)
-  std::uint64_t bytes_served = 0;     // what it sent as a donor
-  std::vector<int> donors;            // receiving: the donors it took chunks from
-};
-
 namespace detail {
 
-// A donor's offer: its encoded state's size, the chunk size, the state's checksum, and (when
-// there are several donors) each chunk's XXH3, so that a peer behind can tell which chunks other
-// donors hold alike.
+// A donor's offer: its encoded state's size, its checksum, where each chunk ends (at the
+// encoding's pieces, at most state_chunk_bytes), (when there are several donors) each chunk's
+// XXH3, so that a peer behind can tell which chunks other donors hold alike, and where each
+// tensor's bytes lie, so that a peer behind lands them in its own tensor of that name.
 struct state_offer {
-  std::uint64_t size = 0, chunk = 0, checksum = 0;
-  std::vector<std::uint64_t> hashes;
-  std::uint64_t chunks() const { return (size + chunk - 1) / chunk; }
-  bool same_layout(const state_offer& o) const { return size == o.size && chunk == o.chunk; }
+  std::uint64_t size = 0, checksum = 0;
+  std::vector<std::uint64_t> ends, hashes;
+  std::vector<io::encoded_checkpoint::placed_tensor> tensors;
+  std::uint64_t chunks() const { return ends.size(); }
+  std::uint64_t begin(std::uint64_t i) const { return i == 0 ? 0 : ends[static_cast<std::size_t>(i - 1)]; }
+  std::uint64_t length(std::uint64_t i) const { return ends[static_cast<std::size_t>(i)] - begin(i); }
+  bool same_layout(const state_offer& o) const { return size == o.size && ends == o.ends; }
 };
 
+inline constexpr std::size_t max_tensor_name_bytes = 4096;
+
+// Words: size, checksum, chunks, hashes (0 or 1), tensors; each chunk's end; each chunk's hash;
+// per tensor: where, bytes, the name's length, the name (padded to 8 bytes).
 inline std::string encode_offer(const state_offer& o) {
-  std::string b(8 * (3 + o.hashes.size()), '\0');
-  const std::uint64_t head[3] = {o.size, o.chunk, o.checksum};
-  std::memcpy(b.data(), head, 24);
-  if (!o.hashes.empty()) std::memcpy(b.data() + 24, o.hashes.data(), 8 * o.hashes.size());
+  std::string b;
+  auto word = [&](std::uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); };
+  for (const std::uint64_t v : {o.size, o.checksum, std::uint64_t{o.ends.size()}, std::uint64_t{o.hashes.empty() ? 0u : 1u},
+                                std::uint64_t{o.tensors.size()}})
+    word(v);
+  for (const auto v : o.ends) word(v);
+  for (const auto v : o.hashes) word(v);
+  for (const auto& t : o.tensors) {
+    word(t.at);
+    word(t.bytes);
+    word(t.name.size());
+    b += t.name;
+    b.append((8 - t.name.size() % 8) % 8, '\0');
+  }
   return b;
 }
 
 inline state_offer decode_offer(const transport::bytes& b, int from, const agreement_settings& s) {
   state_offer o;
-  if (b.size() < 24 || b.size() % 8 != 0)
-    transport::fail_peer(from, "state", "elastic: peer ", from, " sent a state offer of ", b.size(), " bytes");
-  std::uint64_t head[3];
-  std::memcpy(head, b.data(), 24);
-  o.size = head[0];
-  o.chunk = head[1];
-  o.checksum = head[2];
-  if (o.chunk < 1024 || o.size > s.max_state_bytes || o.chunks() >= (std::uint64_t{1} << 32))
-    transport::fail_peer(from, "state", "elastic: peer ", from, " announced a state of ", o.size, " bytes in chunks of ",
-                         o.chunk, " (at most ", s.max_state_bytes, " bytes are accepted: agreement_settings::max_state_bytes;"
-                         " chunks of at least 1024 bytes)");
-  const std::size_t n = (b.size() - 24) / 8;
-  if (n != 0 && n != o.chunks())
-    transport::fail_peer(from, "state", "elastic: peer ", from, " sent ", n, " chunk hashes for ", o.chunks(), " chunks");
-  o.hashes.resize(n);
-  if (n) std::memcpy(o.hashes.data(), b.data() + 24, 8 * n);
+  std::size_t at = 0;
+  auto malformed = [&](const auto&... what) {
+    transport::fail_peer(from, "state", "elastic: peer ", from, " sent a state offer of ", b.size(), " bytes", what...);
+  };
+  auto word = [&] {
+    if (b.size() - at < 8) malformed(", cut short at byte ", at);
+    std::uint64_t v = 0;
+    std::memcpy(&v, b.data() + at, 8);
+    at += 8;
+    return v;
+  };
+  if (b.size() < 40 || b.size() % 8 != 0) malformed();
+  o.size = word();
+  o.checksum = word();
+  const std::uint64_t n = word(), hashed = word(), placed = word();
+  if (o.size > s.max_state_bytes)
+    transport::fail_peer(from, "state", "elastic: peer ", from, " announced a state of ", o.size, " bytes (at most ",
+                         s.max_state_bytes, " are accepted: agreement_settings::max_state_bytes)");
+  const std::uint64_t words = (b.size() - at) / 8;
+  if (n == 0 || hashed > 1 || n * (1 + hashed) > words || placed > n) malformed(" (", n, " chunks, ", placed, " tensors)");
+  o.ends.resize(static_cast<std::size_t>(n));
+  for (auto& e : o.ends) e = word();
+  for (std::uint64_t i = 0; i < n; ++i)
+    if (o.ends[static_cast<std::size_t>(i)] <= o.begin(i) || (i + 1 == n && o.ends.back() != o.size))
+      transport::fail_peer(from, "state", "elastic: peer ", from, " sent a state offer whose chunk ", i, " ends at ",
+                           o.ends[static_cast<std::size_t>(i)], " (chunks must follow one another to the state's ", o.size,
+                           " bytes)");
+  if (hashed) {
+    o.hashes.resize(static_cast<std::size_t>(n));
+    for (auto& h : o.hashes) h = word();
+  }
+  std::uint64_t after = 0;  // where the previous tensor ends: they follow one another
+  for (std::uint64_t k = 0; k < placed; ++k) {
+    io::encoded_checkpoint::placed_tensor t;
+    t.at = word();
+    t.bytes = word();
+    const std::uint64_t name = word();
+    if (t.at < after || t.bytes == 0 || t.at > o.size || t.bytes > o.size - t.at || name > max_tensor_name_bytes ||
+        b.size() - at < (name + 7) / 8 * 8)
+      malformed(", tensor ", k, " of ", t.bytes, " bytes at ", t.at, " with a name of ", name, " bytes");
+    t.name.assign(reinterpret_cast<const char*>(b.data() + at), static_cast<std::size_t>(name));
+    at += static_cast<std::size_t>((name + 7) / 8 * 8);
+    after = t.at + t.bytes;
+    o.tensors.push_back(std::move(t));
+  }
+  if (at != b.size()) malformed(", ", b.size() - at, " of them after its end");
   return o;
 }
 
@@ -21116,7 +21429,7 @@ inline std::vector<std::vector<std::uint32_t>> assign_chunks(const std::vector<s
     const std::size_t own = static_cast<std::size_t>((p + epoch) % n);
     const auto& ref = offers[own];
     for (std::uint64_t i = 0; i < ref.chunks(); ++i) {
-      const std::uint64_t len = std::min(ref.chunk, ref.size - i * ref.chunk);
+      const std::uint64_t len = ref.length(i);
       std::size_t best = ref.hashes.empty() ? own : n;  // n: none yet (own holds every chunk)
       if (!ref.hashes.empty())
         for (std::size_t t = 0; t < n; ++t) {
@@ -21134,38 +21447,161 @@ inline std::vector<std::vector<std::uint32_t>> assign_chunks(const std::vector<s
 
 }  // namespace detail
 
+// An encoded state as received: each tensor's bytes landed in this peer's own tensor of that
+// name and size (`own`: views of its memory, io::checkpoint::views), where there is one, so that
+// nothing is allocated for them; the rest (names, counters, tensors it has not) in a buffer, not
+// zeroed first (the chunks land in it straight from the sockets). A large buffer is mapped with
+// its pages populated in one call, which the kernel does in bulk, faster than a page fault at a
+// time as the chunks land. Fresh memory is what a large heal pays for most on a VM
+// (bench/RESULTS.md, the heal of a GPT-2 124M state).
+class received_state {
+ public:
+  received_state() = default;
+  received_state(received_state&& o) noexcept
+      : own_(std::move(o.own_)), heap_(std::move(o.heap_)), mapped_(std::exchange(o.mapped_, nullptr)),
+        buffered_(std::exchange(o.buffered_, 0)), chunks_(std::move(o.chunks_)), landed_(o.landed_),
+        tensors_buffered_(o.tensors_buffered_) {}
+  received_state& operator=(received_state&&) = delete;
+  received_state(const received_state&) = delete;
+  received_state& operator=(const received_state&) = delete;
+  ~received_state() {
+#if defined(__linux__)
+    if (mapped_) ::munmap(mapped_, buffered_);
+#endif
+  }
+
+  // Where each chunk of `offer` lands: in `own`'s tensor of the name the offer places it in, when
+  // that tensor has as many bytes and is contiguous, else in the buffer.
+  received_state(const detail::state_offer& offer, io::checkpoint own) : own_(std::move(own)) {
+    std::map<std::string_view, const tensor<cpu>*> mine;
+    for (const auto& [name, t] : own_.tensors)
+      if (t.defined() && t.is_contiguous() && t.nbytes() > 0) mine.emplace(name, &t);
+    // Per chunk: the tensor it lies in (the offer's are in order), or none: the buffer.
+    std::vector<std::pair<char*, std::size_t>> where(static_cast<std::size_t>(offer.chunks()), {nullptr, 0});
+    std::size_t placed = 0;
+    for (std::uint64_t i = 0; i < offer.chunks(); ++i) {
+      const std::uint64_t from = offer.begin(i), len = offer.length(i);
+      while (placed < offer.tensors.size() && offer.tensors[placed].at + offer.tensors[placed].bytes <= from) ++placed;
+      auto& w = where[static_cast<std::size_t>(i)];
+      if (placed < offer.tensors.size() && offer.tensors[placed].at <= from &&
+          from + len <= offer.tensors[placed].at + offer.tensors[placed].bytes) {
+        const auto& t = offer.tensors[placed];
+        const auto it = mine.find(t.name);
+        if (it != mine.end() && it->second->nbytes() == t.bytes) {
+          w.first = static_cast<char*>(it->second->raw_data()) + (from - t.at);
+          landed_ += len;
+          continue;
+        }
+      }
+      w.second = buffered_;
+      buffered_ += static_cast<std::size_t>(len);
+    }
+    for (const auto& t : offer.tensors) {
+      const auto it = mine.find(t.name);
+      tensors_buffered_ += it == mine.end() || it->second->nbytes() != t.bytes ? 1 : 0;
+    }
+#if defined(__linux__)
+    if (buffered_ >= populate_bytes) {
+      void* p = ::mmap(nullptr, buffered_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+      if (p != MAP_FAILED) mapped_ = static_cast<char*>(p);
+    }
+#endif
+    if (!mapped_) heap_ = std::make_unique_for_overwrite<char[]>(buffered_);
+    char* buffer = mapped_ ? mapped_ : heap_.get();
+    for (std::uint64_t i = 0; i < offer.chunks(); ++i) {
+      const auto& w = where[static_cast<std::size_t>(i)];
+      chunks_.emplace_back(w.first ? w.first : buffer + w.second, static_cast<std::size_t>(offer.length(i)));
+    }
+  }
+
+  // Where chunk i lands.
+  std::span<char> chunk(std::size_t i) { return chunks_[i]; }
+  // Bytes that landed in this peer's own tensors, and tensors of the state that did not (this
+  // peer has none of that name and size).
+  std::uint64_t landed_bytes() const { return landed_; }
+  std::size_t tensors_buffered() const { return tensors_buffered_; }
+  bool in_place() const { return landed_ > 0 && tensors_buffered_ == 0; }
+  // The state received, in order (io::decode_checkpoint), and what to decode it into: this
+  // peer's own tensors, the ones its bytes landed in among them.
+  std::vector<std::string_view> pieces() const {
+    std::vector<std::string_view> out;
+    for (const auto c : chunks_) {
+      if (!out.empty() && out.back().data() + out.back().size() == c.data())
+        out.back() = std::string_view(out.back().data(), out.back().size() + c.size());  // contiguous: one piece
+      else
+        out.emplace_back(c.data(), c.size());
+    }
+    return out;
+  }
+  const io::checkpoint& into() const { return own_; }
+
+ private:
+  static constexpr std::size_t populate_bytes = std::size_t{64} << 20;
+  io::checkpoint own_;
+  std::unique_ptr<char[]> heap_;
+  char* mapped_ = nullptr;
+  std::size_t buffered_ = 0;
+  std::vector<std::span<char>> chunks_;
+  std::uint64_t landed_ = 0;
+  std::size_t tensors_buffered_ = 0;
+};
+
+// What a state transfer did on this peer.
+struct transfer_report {
+  std::optional<received_state> state;  // the encoded state it received (it was behind)
+  std::uint64_t bytes_served = 0;     // what it sent as a donor
+  std::vector<int> donors;            // receiving: the donors it took chunks from
+};
+
 // Members behind take the state of members at the target, in chunks from several donors at once
-// (hivemind #169: every joiner hit one donor). Each donor offers its encoded state (`state()` is
-// an encoded checkpoint: its header holds its body's XXH3) and, with several donors, each
-// chunk's hash; each member behind takes the state of one donor (the donors in turn), asking the
-// other donors for the chunks they hold alike (detail::assign_chunks), and checks each chunk's
-// hash as it comes; the decode verifies the whole. The result is always one donor's state, bit
-// for bit.
+// (hivemind #169: every joiner hit one donor). Each donor offers its encoded state (`state()`,
+// read in place chunk by chunk: it must not change until this returns) with its checksum, where
+// each of its tensors lies and, with several donors, each chunk's hash; each member behind takes
+// the state of one donor (the donors in turn), asking the other donors for the chunks they hold
+// alike (detail::assign_chunks), and checks each chunk's hash as it comes; the decode verifies
+// the whole. The result is always one donor's state, bit for bit.
+//
+// With `own` (views of this peer's memory: io::checkpoint::views), a member behind lands each
+// tensor's chunks in its own tensor of that name and size (received_state), and sets *torn
+// before the first lands: until the caller has loaded a state taken whole, this peer's own state
+// is not whole, and a view that has it at the target (no member left to take the state from)
+// makes this throw rather than go on from it.
 template <class E>
-transfer_report transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
-                               const agreement_settings& s) {
+transfer_report transfer_state(E& ep, const decision& d, const std::function<io::encoded_checkpoint()>& state,
+                               const agreement_settings& s, const std::function<io::checkpoint()>& own = {},
+                               bool* torn = nullptr) {
   using decentrain::detail::check;
   transfer_report out;
   const int me = ep.rank();
+  const auto place = std::find(d.behind.begin(), d.behind.end(), me);
+  check(!torn || !*torn || place != d.behind.end(), "elastic: peer ", me,
+        "'s state was overwritten in part by a state transfer that failed, and view ", d.next.epoch,
+        " has no member ahead of it to take the state from again; it stops rather than train on a torn state (its "
+        "checkpoints are intact)");
   if (d.behind.empty()) return out;
   const auto donors = donors_of(d, std::max(s.max_donors, 1));
   check(!donors.empty(), "elastic: members are behind but no member is at the target (no donor)");
   const bool donor = std::find(donors.begin(), donors.end(), me) != donors.end();
-  const auto place = std::find(d.behind.begin(), d.behind.end(), me);
 
   if (donor) {
-    const std::string blob = state();
+    const io::encoded_checkpoint blob = state();
+    std::string scratch;  // (unused: every chunk lies in one piece)
     detail::state_offer offer;
     offer.size = blob.size();
-    // Chunks small enough that several donors share a small state, at most state_chunk_bytes.
+    offer.checksum = blob.checksum();
+    offer.tensors = blob.placed_tensors();
+    // Chunks end at the encoding's pieces and are small enough that several donors share a small
+    // state, at most state_chunk_bytes.
     const std::uint64_t spread = (offer.size + 4 * donors.size() - 1) / (4 * donors.size());
-    offer.chunk = std::max<std::uint64_t>(std::min<std::uint64_t>(s.state_chunk_bytes, spread), 1024);
-    offer.checksum = io::stored_checksum(blob);
+    const std::uint64_t most = std::max<std::uint64_t>(std::min<std::uint64_t>(s.state_chunk_bytes, spread), 1024);
+    for (const std::uint64_t end : blob.piece_ends()) {
+      for (std::uint64_t at = offer.ends.empty() ? 0 : offer.ends.back(); end - at > most; at += most) offer.ends.push_back(at + most);
+      offer.ends.push_back(end);
+    }
     const std::uint64_t chunks = offer.chunks();
+    auto chunk_bytes = [&](std::uint64_t i) { return blob.bytes(offer.begin(i), static_cast<std::size_t>(offer.length(i)), scratch); };
     if (donors.size() > 1)
-      for (std::uint64_t i = 0; i < chunks; ++i)
-        offer.hashes.push_back(decentrain::detail::xxh3(
-            std::string_view(blob).substr(static_cast<std::size_t>(i * offer.chunk), static_cast<std::size_t>(offer.chunk))));
+      for (std::uint64_t i = 0; i < chunks; ++i) offer.hashes.push_back(decentrain::detail::xxh3(chunk_bytes(i)));
     const auto encoded = detail::encode_offer(offer);
     for (int j : d.behind) ep.send(j, detail::state_tag, std::as_bytes(std::span(encoded)));
     for (int j : d.behind) {
@@ -21177,15 +21613,16 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
         std::uint32_t i = 0;
         std::memcpy(&i, request.data() + 4 * k, 4);
         if (i >= chunks) transport::fail_peer(j, "state", "elastic: peer ", j, " asked for chunk ", i, " of ", chunks);
-        const std::size_t at = static_cast<std::size_t>(i * offer.chunk);
-        const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(offer.chunk), blob.size() - at);
-        ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(blob.data() + at, len)));
-        out.bytes_served += len;
+        const auto bytes = chunk_bytes(i);
+        ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+        out.bytes_served += bytes.size();
       }
     }
   }
   if (place == d.behind.end()) return out;
 
+  // This peer's own tensors, to land the state in (taken while the donors encode theirs).
+  io::checkpoint mine = own ? own() : io::checkpoint{};
   std::vector<detail::state_offer> offers;
   for (int j : donors) offers.push_back(detail::decode_offer(ep.recv_within(j, detail::state_tag, s.timeout), j, s));
   const auto p = static_cast<std::size_t>(place - d.behind.begin());
@@ -21195,18 +21632,17 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
     ep.send(donors[k], detail::state_tag, std::as_bytes(std::span(asks[k])));
     if (!asks[k].empty()) out.donors.push_back(donors[k]);
   }
-  received_state got{std::make_unique_for_overwrite<char[]>(static_cast<std::size_t>(ref.size)),
-                     static_cast<std::size_t>(ref.size)};
-  // Each donor's chunks land straight in place (transport::exchange posts the memory), one donor
-  // after the other; what the others send meanwhile the transport queues.
+  received_state got(ref, std::move(mine));
+  if (got.landed_bytes() > 0) {
+    check(torn != nullptr, "elastic: transfer_state lands a state in this peer's own tensors only given `torn`");
+    *torn = true;
+  }
+  // Each donor's chunks land straight where they go (transport::exchange posts the memory), one
+  // donor after the other; what the others send meanwhile the transport queues.
   for (std::size_t k = 0; k < donors.size(); ++k) {
     if (asks[k].empty()) continue;
     std::vector<std::span<std::byte>> ins;
-    for (const auto i : asks[k]) {
-      const std::size_t at = static_cast<std::size_t>(i * ref.chunk);
-      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(ref.chunk, ref.size - at));
-      ins.push_back(std::as_writable_bytes(std::span<char>(got.bytes.get() + at, len)));
-    }
+    for (const auto i : asks[k]) ins.push_back(std::as_writable_bytes(got.chunk(i)));
     std::vector<std::size_t> sizes(ins.size(), 0);
     transport::exchange(ep, -1, {}, donors[k], ins, detail::state_tag, [&](std::size_t n, std::size_t size) { sizes[n] = size; });
     for (std::size_t n = 0; n < ins.size(); ++n) {  // checked once every posting is settled
@@ -21220,7 +21656,7 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
                              " of the state unlike the one announced (its hash differs)");
     }
   }
-  out.state = std::move(got);
+  out.state.emplace(std::move(got));
   return out;
 }
 
@@ -21327,6 +21763,7 @@ struct membership_change {
   // it killed a peer; simulated time on a deterministic in_process network.
   std::chrono::steady_clock::time_point installed{};
   std::vector<int> inherited;    // removed peers whose unsent residual this peer took over (their heir)
+  bool healed_in_place = false;  // the state taken landed in this peer's own tensors: no copy of it was made
 };
 
 struct elastic {
@@ -21388,7 +21825,7 @@ struct elastic {
     if (!view_.members.empty()) return;
     // Whether the policy keeps own state (a codec's residual; the same on every member): only
     // then does an heir wait for a handoff. Captured here, before the policy starts, once.
-    const auto state = ctx.capture();
+    const auto state = ctx.capture_views();  // (names only: no copy of the state)
     keeps_own_ = std::any_of(state.tensors.begin(), state.tensors.end(), [](const auto& t) { return io::is_own_key(t.first); });
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
@@ -21496,7 +21933,7 @@ struct elastic {
   template <class Ctx>
   void converge(Ctx& ctx, std::optional<decision> first) {
     auto& ep = ctx.network;
-    bool healed = false;
+    bool healed = false, in_place = false;
     for (;;) {
       if (!first) (void)convict(ctx);  // woken by another's alarm: what this peer has seen counts too
       decision d;
@@ -21526,10 +21963,15 @@ struct elastic {
         continue;
       }
       try {
-        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement);
+        // A state taken lands in this peer's own tensors (which it then loads onto themselves):
+        // no second copy of gigabytes, which a fresh process pays for page by page.
+        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
+                                        &torn_);
         served_ += got.bytes_served;
         if (got.state) {
-          ctx.adopt(io::decode_checkpoint(got.state->view(), "the state from peer(s) " + list(got.donors)));
+          ctx.adopt(io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into()));
+          torn_ = false;
+          in_place = got.state->in_place();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
           healed = true;
         }
@@ -21539,6 +21981,7 @@ struct elastic {
         continue;
       }
       auto change = record(ep, d, healed);
+      change.healed_in_place = in_place;
       for (auto& [j, own] : inherited_) {  // after a state taken from a donor, which kept this peer's own
         try {
           ctx.absorb(own, decentrain::detail::concat("elastic: the handoff from peer ", j));
@@ -21718,14 +22161,15 @@ struct elastic {
   // This peer's state as another takes it: without what stays with each peer (its rank, dropout
   // stream and byte count, and what its codec has not sent yet; adopt keeps its own), so members
   // that hold the same model encode the same bytes and can serve one joiner together, and no
-  // unsent mass is taken over and sent twice.
+  // unsent mass is taken over and sent twice. Encoded from views of this peer's memory, which
+  // stays as it is while the state is served.
   template <class Ctx>
-  static std::string shared_state(Ctx& ctx) {
-    auto c = ctx.capture();
+  static io::encoded_checkpoint shared_state(Ctx& ctx) {
+    auto c = ctx.capture_views();
     c.rngs.erase("dropout");
     for (const char* own : {"trainer.rank", "trainer.world", "trainer.policy_bytes_sent"}) c.counters.erase(own);
     io::leave_out_own_state(c);
-    return io::encode_checkpoint(c);
+    return io::encoded_checkpoint(std::move(c));
   }
   static std::string list(const std::vector<int>& ranks) {
     std::string s;
@@ -21755,6 +22199,9 @@ struct elastic {
   std::uint64_t change_count_ = 0;
   std::string cause_;
   std::uint64_t served_ = 0;
+  // A state transfer that failed after its first chunks had landed over this peer's own: until a
+  // state is taken whole, this peer's own is not (fault::transfer_state).
+  bool torn_ = false;
   int handed_to_ = -1;
   bool keeps_own_ = false;
   std::map<int, io::checkpoint> inherited_;  // handoffs taken, added once the view holds
@@ -21806,6 +22253,7 @@ struct none {
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 
 namespace decentrain::train {
@@ -21822,12 +22270,22 @@ decltype(auto) parameters_to_read(const Model& m) {
   else
     return const_cast<Model&>(m).parameters();  // read only; the model offers no const access
 }
+
+// With `views`, host tensors go in as they are (io::checkpoint::views), GPU tensors as host copies.
+template <class Device>
+tensor<cpu> host_view_or_copy(const tensor<Device>& t, bool views) {
+  if constexpr (std::is_same_v<Device, cpu>)
+    if (views) return t;
+  return host_copy(t);
+}
 }  // namespace detail
 
 template <class Model, class Device>
-io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
+io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer, std::int64_t step, bool views = false) {
   io::checkpoint c;
-  for (const auto& e : detail::parameters_to_read(model)) c.tensors["model." + e.name] = host_copy(e.param.value());
+  c.views = views;
+  for (const auto& e : detail::parameters_to_read(model))
+    c.tensors["model." + e.name] = detail::host_view_or_copy(e.param.value(), views);
   if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; }) {
     const nn::gpt_config cfg = model.config();
     c.counters["config.n_layer"] = cfg.n_layer;
@@ -21842,8 +22300,8 @@ io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer
     c.text["config.dropout"] = dropout.str();
   }
   for (const auto& s : optimizer.state()) {
-    c.tensors["adamw." + s.name + ".exp_avg"] = host_copy(s.exp_avg);
-    c.tensors["adamw." + s.name + ".exp_avg_sq"] = host_copy(s.exp_avg_sq);
+    c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_view_or_copy(s.exp_avg, views);
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_view_or_copy(s.exp_avg_sq, views);
     c.counters["adamw." + s.name + ".step"] = s.step;
   }
   c.counters["step"] = step;
@@ -21901,7 +22359,10 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        runs in the background and drops it; called before
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
-//                                                        rounds end: joiners are taken in after them)
+//                                                        rounds end: joiners are taken in after them;
+//                                                        void size_state(Ctx&), its per-parameter state at
+//                                                        the model's size before the fault policy starts,
+//                                                        so that a state taken from a peer lands in it)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)
@@ -21975,6 +22436,10 @@ struct peer_context {
                                 // its state came from the members, who are mid-run, so its
                                 // policy's start() exchanges nothing
   std::function<io::checkpoint()> capture;             // this peer's whole state
+  // The same as views of this peer's memory where it is on the host (io::checkpoint::views), to
+  // read or overwrite at once while the peer waits: fault::elastic's donors serve their state
+  // from it, a peer behind decodes the donor's into it.
+  std::function<io::checkpoint()> capture_views;
   std::function<void(const io::checkpoint&)> restore;  // and back
   // For fault policies that change the group (fault::elastic):
   transport::any_endpoint& network;  // this peer's endpoint in the whole world, beneath any view
@@ -22714,6 +23179,7 @@ class trainer {
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
                                                       "lets the others go on without this peer (fault::elastic)");
     adopted_ = false;
+    if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     fault_.start(ctx);
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     // Restored, or given the state of a peer further on (a restarted elastic group's): the state
@@ -22802,9 +23268,10 @@ class trainer {
     return mean;
   }
 
-  // This peer's whole state: model, AdamW, step, dropout stream and the policy's state.
-  io::checkpoint capture() const {
-    auto c = train::capture(model_, optimizer_, step_);
+  // This peer's whole state: model, AdamW, step, dropout stream and the policy's state; with
+  // `views`, views of its host memory rather than copies (io::checkpoint::views).
+  io::checkpoint capture(bool views = false) const {
+    auto c = train::capture(model_, optimizer_, step_, views);
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
     c.counters["trainer.world"] = world();
@@ -22992,6 +23459,7 @@ class trainer {
                    resumed_,
                    false,
                    [this] { return capture(); },
+                   [this] { return capture(true); },
                    [this](const io::checkpoint& c) { restore(c); },
                    endpoint_,
                    phase::step,

@@ -913,6 +913,8 @@ TEST_CASE("train --elastic over TCP: a peer started later with a rank of its own
       CHECK_THAT(line, Contains("peers 0,1,5"));
     }
   CHECK(views == 3);
+  // The joiner's state landed in its own tensors (no copy of it was made).
+  CHECK_THAT(r.output, Contains("joined: 5), took a peer's state (landed in place)"));
   // A joiner may not take a rank that a live member holds.
   const auto taken = run("( rm -f metrics.rank-*.jsonl; timeout 60 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
                          "timeout 60 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; "

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -283,6 +284,109 @@ TEST_CASE("elastic: gossip goes on without a peer killed mid-round, the ring clo
   CHECK(run.params[0] != run.params[1]);  // gossip on a ring of four, not an average of all
 }
 
+// A state taken lands over the taker's own tensors (no second copy of it); a transfer cut off
+// once chunks have landed leaves that state torn, and the peer must not train on from it.
+TEST_CASE("elastic: a state transfer cut off once it has begun to land leaves the peer behind torn, and it stops rather than train on") {
+  using Catch::Matchers::Contains;
+  dt::transport::in_process::options o;
+  o.recv_timeout = 10s;
+  o.peers_fail_alone = true;
+  dt::transport::in_process net(dt::transport::links::ideal(2), o);
+  dt::fault::decision d;
+  d.next = dt::fault::view{1, {0, 1}, {}};
+  d.donor = 0;
+  d.behind = {1};
+  dt::fault::agreement_settings a;
+  a.timeout = 10s;
+  a.state_chunk_bytes = 4096;  // the 64 KiB tensor in 16 chunks
+  auto state_of = [](float v) {
+    dt::io::checkpoint c;
+    c.tensors["w"] = dt::full(dt::shape{64, 256}, v);
+    c.counters["step"] = v > 1 ? 20 : 10;
+    return c;
+  };
+  net.run([&](dt::transport::in_process::endpoint& raw) {
+    if (raw.rank() == 0) {  // the donor: its offer and two chunks go out, then it dies
+      const auto mine = state_of(2.0f);
+      dying_endpoint ep{net, raw, std::make_shared<std::atomic<int>>(4)};
+      CHECK_THROWS_WITH(dt::fault::transfer_state(ep, d, [&] { return dt::io::encoded_checkpoint(mine); }, a),
+                        Contains("killed at a send"));
+      return;
+    }
+    auto mine = state_of(0.5f);
+    bool torn = false;
+    auto serve = [&] { return dt::io::encoded_checkpoint(mine); };
+    CHECK_THROWS_AS(dt::fault::transfer_state(raw, d, serve, a, [&] { return mine; }, &torn), dt::transport::peer_error);
+    CHECK(torn);
+    const auto w = mine.tensors.at("w").to_vector<float>();
+    const auto landed = std::count(w.begin(), w.end(), 2.0f);
+    CHECK(landed == 1024);  // one chunk of the tensor landed in place
+    CHECK(std::count(w.begin(), w.end(), 0.5f) == static_cast<std::ptrdiff_t>(w.size()) - landed);
+    // A view that has it at the target, with no member left to take the state from again.
+    dt::fault::decision alone;
+    alone.next = dt::fault::view{2, {1}, {}};
+    alone.donor = 1;
+    CHECK_THROWS_WITH(dt::fault::transfer_state(raw, alone, serve, a, [&] { return mine; }, &torn),
+                      Contains("peer 1's state was overwritten in part by a state transfer that failed") &&
+                          Contains("rather than train on a torn state"));
+  });
+}
+
+TEST_CASE("elastic: a state offer round-trips, and a malformed one is refused naming the donor") {
+  using Catch::Matchers::Contains;
+  const dt::fault::agreement_settings a;
+  auto wire = [](const std::string& s) {
+    dt::transport::bytes b(s.size());
+    std::memcpy(b.data(), s.data(), s.size());
+    return b;
+  };
+  dt::fault::detail::state_offer o;
+  o.size = 100;
+  o.checksum = 7;
+  o.ends = {28, 60, 100};
+  o.tensors = {{"model.w", 28, 32}, {"adamw.model.w.exp_avg_sq", 60, 40}};
+  const auto back = dt::fault::detail::decode_offer(wire(dt::fault::detail::encode_offer(o)), 3, a);
+  CHECK(back.same_layout(o));
+  CHECK(back.checksum == 7);
+  CHECK(back.length(1) == 32);
+  CHECK(back.hashes.empty());
+  REQUIRE(back.tensors.size() == 2);
+  CHECK(back.tensors[1].name == "adamw.model.w.exp_avg_sq");
+  CHECK(back.tensors[1].at == 60);
+  CHECK(back.tensors[1].bytes == 40);
+  auto refused = [&](const dt::fault::detail::state_offer& bad, const std::string& why) {
+    CHECK_THROWS_WITH(dt::fault::detail::decode_offer(wire(dt::fault::detail::encode_offer(bad)), 3, a),
+                      Contains("peer 3") && Contains(why));
+  };
+  auto bad = o;
+  bad.ends = {28, 28, 100};
+  refused(bad, "chunk 1 ends at 28");
+  bad.ends = {28, 60, 99};
+  refused(bad, "chunk 2 ends at 99");
+  bad.ends.clear();
+  refused(bad, "0 chunks");
+  bad = o;
+  bad.tensors[1].at = 50;  // overlaps the first
+  refused(bad, "tensor 1 of 40 bytes at 50");
+  bad = o;
+  bad.tensors[1].bytes = 41;  // past the end
+  refused(bad, "tensor 1 of 41 bytes at 60");
+  bad = o;
+  bad.tensors[0].name.assign(5000, 'n');
+  refused(bad, "with a name of 5000 bytes");
+  bad = o;
+  bad.hashes = {1, 2};  // fewer than the chunks: read as ends, the rest does not parse
+  CHECK_THROWS_AS(dt::fault::detail::decode_offer(wire(dt::fault::detail::encode_offer(bad)), 3, a), dt::transport::peer_error);
+  auto cut = dt::fault::detail::encode_offer(o);
+  cut.resize(cut.size() - 8);
+  CHECK_THROWS_WITH(dt::fault::detail::decode_offer(wire(cut), 3, a), Contains("peer 3 sent a state offer of"));
+  bad = o;
+  bad.size = a.max_state_bytes + 1;
+  bad.ends = {bad.size};
+  refused(bad, "max_state_bytes");
+  CHECK_THROWS_WITH(dt::fault::detail::decode_offer(wire("short"), 3, a), Contains("a state offer of 5 bytes"));
+}
+
 TEST_CASE("transport: an alarm wakes a peer blocked on a live neighbour, and only outside the membership channel") {
   dt::transport::in_process net(3);
   std::atomic<bool> woke{false};
@@ -424,6 +528,7 @@ TEST_CASE("elastic: checkpoints, a restarted group resumes bit for bit, a peer b
     CHECK((healed.changes[r][0].cause.find("newest checkpoints are of steps 0 to 20") != std::string::npos ||
            healed.changes[r][0].cause.find("newest checkpoints differ (this one's is of step ") != std::string::npos));
     CHECK(healed.changes[r][0].healed == (r == 1));
+    CHECK(healed.changes[r][0].healed_in_place == (r == 1));  // no copy of the state was made
     CHECK(healed.changes[r][0].members == std::vector<int>{0, 1, 2});
   }
   CHECK(!std::filesystem::exists(layout.file(1, 3, 16).string() + ".tmp"));  // cleared at the start
@@ -691,7 +796,7 @@ TEST_CASE("elastic: peers join a running TCP group, take the members' state and 
   for (int j : {3, 4}) {
     const auto& ch = run.changes[static_cast<std::size_t>(j)];
     REQUIRE(!ch.empty());
-    CHECK(std::any_of(ch.begin(), ch.end(), [](const auto& c) { return c.healed; }));
+    CHECK(std::any_of(ch.begin(), ch.end(), [](const auto& c) { return c.healed && c.healed_in_place; }));
     CHECK(std::find(ch.front().joined.begin(), ch.front().joined.end(), j) != ch.front().joined.end());
   }
   std::size_t joined_seen = 0;
@@ -875,6 +980,7 @@ TEST_CASE("elastic: a TCP partition: the majority trains on, the minority waits,
   const auto& back = changes[2];
   REQUIRE(back.size() == 1);
   CHECK(back[0].healed);
+  CHECK(back[0].healed_in_place);
   CHECK(back[0].joined == std::vector<int>{2});
   CHECK_THAT(back[0].cause, Catch::Contains("it waited to be taken in again"));
   CHECK(back[0].epoch == changes[0][1].epoch);

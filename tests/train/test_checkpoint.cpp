@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -199,6 +201,118 @@ TEST_CASE("checkpoints are checksummed with XXH3, versions 1 (FNV-1a) and 2 (XXH
   std::string v4 = v3;
   v4[8] = 4;
   CHECK_THROWS_WITH(dt::io::decode_checkpoint(v4, "a newer checkpoint"), Contains("has version 4, expected 1 to 3"));
+}
+
+namespace {
+// A state like a peer's: tensors large enough to be read in place (>= 4096 bytes), one small one,
+// a transposed (non-contiguous) one, counters and text.
+dt::io::checkpoint peer_state(float value, std::int64_t step) {
+  dt::io::checkpoint c;
+  c.tensors["big"] = dt::full(dt::shape{64, 40}, value);
+  c.tensors["bias"] = dt::full(dt::shape{7}, value + 1);
+  c.tensors["wide"] = dt::arange(3000, dt::dtype::f32);
+  c.tensors["wide"].data<float>()[5] = value;
+  c.tensors["t"] = dt::full(dt::shape{40, 64}, value + 2).transpose(0, 1);
+  c.counters["step"] = step;
+  c.text["note"] = std::string(5000, 'x');
+  return c;
+}
+}  // namespace
+
+TEST_CASE("an encoded checkpoint reads its tensors where they lie, and its bytes are encode_checkpoint's", "[io][checkpoint]") {
+  const auto c = peer_state(1.5f, 7);
+  const dt::io::encoded_checkpoint e(c);
+  const std::string whole = dt::io::encode_checkpoint(c);
+  CHECK(e.str() == whole);
+  CHECK(e.size() == whole.size());
+  CHECK(e.checksum() == dt::io::stored_checksum(whole));
+  // The big contiguous tensor's bytes are read in place, not copied.
+  const auto pieces = e.pieces();
+  CHECK(std::any_of(pieces.begin(), pieces.end(), [&](std::string_view p) { return p.data() == c.tensors.at("big").raw_data(); }));
+  // Any range, within a piece or across several, reads as the whole encoding does.
+  std::string scratch;
+  dt::rng gen(3, "ranges");
+  for (int k = 0; k < 200; ++k) {
+    const auto at = static_cast<std::uint64_t>(gen.next_u64() % whole.size());
+    const auto len = static_cast<std::size_t>(gen.next_u64() % (whole.size() - at + 1));
+    REQUIRE(e.bytes(at, len, scratch) == std::string_view(whole).substr(static_cast<std::size_t>(at), len));
+  }
+  CHECK_THROWS_WITH(e.bytes(whole.size() - 1, 2, scratch), Contains("encoded_checkpoint: bytes ["));
+  // A file is written from the pieces.
+  const auto path = temp_file("pieces.ckpt");
+  dt::io::save_checkpoint(path, c);
+  CHECK(dt::io::read_file(path) == whole);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a checkpoint decodes into the tensors it replaces, and a state landed in place is not copied", "[io][checkpoint]") {
+  const auto theirs = peer_state(2.5f, 40);
+  const std::string blob = dt::io::encode_checkpoint(theirs);
+
+  SECTION("decoded from a buffer into matching tensors") {
+    auto mine = peer_state(0.5f, 3);
+    mine.tensors["bias"] = dt::zeros(dt::shape{8});  // another shape: decoded into new storage
+    const auto back = dt::io::decode_checkpoint(blob, "a donor", mine);
+    CHECK(back.tensor_at("big").shares_storage_with(mine.tensors.at("big")));
+    CHECK(back.tensor_at("wide").shares_storage_with(mine.tensors.at("wide")));
+    CHECK_FALSE(back.tensor_at("bias").shares_storage_with(mine.tensors.at("bias")));
+    CHECK_FALSE(back.tensor_at("t").shares_storage_with(mine.tensors.at("t")));  // not contiguous
+    for (const auto& [name, t] : theirs.tensors) CHECK(back.tensor_at(name).to_vector<float>() == t.to_vector<float>());
+    CHECK(mine.tensors.at("big").to_vector<float>() == theirs.tensors.at("big").to_vector<float>());
+    CHECK(back.counter("step") == 40);
+  }
+
+  // As fault::transfer_state lands a state: each placed tensor's bytes in this peer's tensor of
+  // that name, the rest as it came; then decoded into this peer's tensors.
+  auto landed = [&](dt::io::checkpoint& mine, std::string& rest) {
+    const dt::io::encoded_checkpoint donor(theirs);
+    rest = donor.str();
+    std::vector<std::string_view> pieces;
+    std::uint64_t at = 0;
+    for (const auto& p : donor.placed_tensors()) {
+      auto& t = mine.tensors.at(p.name);
+      REQUIRE(t.nbytes() == p.bytes);
+      pieces.push_back(std::string_view(rest).substr(static_cast<std::size_t>(at), static_cast<std::size_t>(p.at - at)));
+      std::memcpy(t.raw_data(), rest.data() + p.at, static_cast<std::size_t>(p.bytes));
+      pieces.emplace_back(static_cast<const char*>(t.raw_data()), static_cast<std::size_t>(p.bytes));
+      at = p.at + p.bytes;
+    }
+    pieces.push_back(std::string_view(rest).substr(static_cast<std::size_t>(at)));
+    return dt::io::decode_checkpoint(pieces, "a donor", mine);
+  };
+
+  SECTION("landed in the tensors of the same names: read in place, not copied") {
+    auto mine = peer_state(0.5f, 3);
+    mine.tensors["t"] = mine.tensors["t"].contiguous();
+    const dt::io::encoded_checkpoint donor(theirs);
+    std::vector<std::string> placed;
+    for (const auto& p : donor.placed_tensors()) placed.push_back(p.name);
+    CHECK(placed == std::vector<std::string>{"big", "t", "wide"});  // "bias" is short: copied
+    std::string rest;
+    const auto back = landed(mine, rest);
+    for (const auto& [name, t] : theirs.tensors) {
+      INFO(name);
+      CHECK(back.tensor_at(name).to_vector<float>() == t.to_vector<float>());
+    }
+    for (const char* name : {"big", "t", "wide"}) CHECK(back.tensor_at(name).shares_storage_with(mine.tensors.at(name)));
+    CHECK(back.counter("step") == 40);
+    CHECK(back.text.at("note") == theirs.text.at("note"));
+  }
+
+  SECTION("landed in a tensor of another shape: that one is decoded into new storage") {
+    auto mine = peer_state(0.5f, 3);
+    mine.tensors["big"] = dt::full(dt::shape{40, 64}, 0.5f);  // as many bytes, another shape
+    mine.tensors["t"] = mine.tensors["t"].contiguous();
+    std::string rest;
+    const auto back = landed(mine, rest);
+    CHECK_FALSE(back.tensor_at("big").shares_storage_with(mine.tensors.at("big")));
+    CHECK(back.tensor_at("big").shape() == dt::shape{64, 40});
+    CHECK(back.tensor_at("wide").shares_storage_with(mine.tensors.at("wide")));
+    for (const auto& [name, t] : theirs.tensors) {
+      INFO(name);
+      CHECK(back.tensor_at(name).to_vector<float>() == t.to_vector<float>());
+    }
+  }
 }
 
 TEST_CASE("restoring into a different model is refused", "[io][checkpoint][errors]") {

@@ -59,6 +59,15 @@ struct diloco {
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
   }
+  // Before the fault policy starts: the outer state at the model's size (values set by start or
+  // by a state loaded), so that a state a joiner takes from the members lands in it rather than
+  // in new memory (fault::elastic). A state restored already keeps its size (start checks it).
+  template <class Ctx>
+  void size_state(Ctx& ctx) {
+    if (!global_.empty()) return;
+    global_.resize(flat_size(ctx.parameters));
+    momentum_.resize(global_.size());
+  }
   template <class Ctx>
   void after_backward(Ctx&) {}
 
@@ -82,8 +91,8 @@ struct diloco {
   const collective::aggregation_record& aggregation() const { return aggregation_; }
 
   void save(io::checkpoint& c) const {
-    c.tensors["comm.diloco.global"] = flat_tensor(global_);
-    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_);
+    c.tensors["comm.diloco.global"] = flat_tensor(global_, c);
+    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_, c);
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");

@@ -179,12 +179,22 @@ void load_codec(Codec& codec, const io::checkpoint& c, const std::string& prefix
   if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix);
 }
 
-inline tensor<cpu> flat_tensor(const std::vector<float>& v) { return from_vector<cpu>(v, shape{static_cast<std::int64_t>(v.size())}); }
+// `v` as a tensor of checkpoint `c`: a view of v's memory when c takes views
+// (io::checkpoint::views), else a copy.
+inline tensor<cpu> flat_tensor(const std::vector<float>& v, const io::checkpoint& c) {
+  const shape s{static_cast<std::int64_t>(v.size())};
+  // A view's writer is a decode over this state (the vector itself is not const).
+  return c.views ? tensor<cpu>::borrow(const_cast<float*>(v.data()), s) : from_vector<cpu>(v, s);
+}
+// Into `out`'s own memory (no second vector of the state's size), unless the tensor is a view of
+// it already (a state decoded over this one).
 inline void load_flat(const io::checkpoint& c, const std::string& name, std::vector<float>& out, std::size_t expected) {
   const auto& t = c.tensor_at(name);
   decentrain::detail::check(t.numel() == static_cast<std::int64_t>(expected) && t.dtype() == dtype::f32, "checkpoint: '",
                             name, "' has ", t.numel(), " elements of ", dtype_name(t.dtype()), ", expected ", expected, " f32");
-  out = t.template to_vector<float>();
+  const auto flat = t.contiguous();
+  const float* p = flat.template data<float>();
+  if (p != out.data() || out.size() != expected) out.assign(p, p + expected);
 }
 
 }  // namespace decentrain::comm

@@ -226,6 +226,15 @@ struct streaming_diloco {
     }
   }
 
+  // Before the fault policy starts: the outer state at the model's size (values set by start or
+  // by a state loaded), so that a state a joiner takes from the members lands in it rather than
+  // in new memory (fault::elastic). A state restored already keeps its size (start checks it).
+  template <class Ctx>
+  void size_state(Ctx& ctx) {
+    if (!global_.empty()) return;
+    global_.resize(flat_size(ctx.parameters));
+    momentum_.resize(global_.size());
+  }
   // The group changes (the trainer calls this first: the exchanges run on the group's
   // communicator): every exchange in flight is waited for and dropped, by every member alike. One
   // that a lost peer took part in may have finished on some members and failed on others; a member
@@ -255,13 +264,13 @@ struct streaming_diloco {
   // An exchange in flight is waited for (not merged): its result is saved with the step it is
   // merged after, so a run resumed from here merges the same values at the same step.
   void save(io::checkpoint& c) const {
-    c.tensors["comm.streaming_diloco.global"] = flat_tensor(global_);
-    c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_);
+    c.tensors["comm.streaming_diloco.global"] = flat_tensor(global_, c);
+    c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_, c);
     c.counters["comm.streaming_diloco.fragments"] = static_cast<std::int64_t>(parts_.size());
     c.counters["comm.streaming_diloco.merges"] = merges_;
     if (!eager_.empty()) {
-      c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_);
-      c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_);
+      c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
+      c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_, c);
     }
     for (std::size_t f = 0; f < parts_.size(); ++f) {
       const auto& p = parts_[f];
@@ -273,11 +282,11 @@ struct streaming_diloco {
       if (p.exchange.failure) std::rethrow_exception(p.exchange.failure);
       c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
       c.counters[prefix + "lands_after"] = p.lands_after;
-      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer);
+      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer, c);
       if (!eager_.empty()) {
         c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
-        c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average);
-        c.tensors[prefix + "previous_own"] = flat_tensor(p.previous_own);
+        c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average, c);
+        c.tensors[prefix + "previous_own"] = flat_tensor(p.previous_own, c);
       }
       save_codec(p.codec, c, prefix + "codec.");
     }

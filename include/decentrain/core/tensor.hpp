@@ -23,10 +23,14 @@ template <class Device>
 struct storage {
   void* data = nullptr;
   std::size_t bytes = 0;
+  bool owned = true;  // false: memory borrowed from elsewhere (tensor::borrow), not freed here
   explicit storage(std::size_t n) : data(memory<Device>::allocate(n)), bytes(n) {}
+  storage(void* p, std::size_t n) : data(p), bytes(n), owned(false) {}
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
-  ~storage() { memory<Device>::deallocate(data, bytes); }
+  ~storage() {
+    if (owned) memory<Device>::deallocate(data, bytes);
+  }
 };
 }  // namespace detail
 
@@ -48,6 +52,18 @@ class tensor {
     out.dtype_ = t;
     out.storage_ = std::make_shared<detail::storage<Device>>(
         static_cast<std::size_t>(s.numel()) * dtype_size(t));
+    return out;
+  }
+
+  // A tensor over memory it does not own (a std::vector's, say): nothing is copied or freed, and
+  // the memory must outlive every handle to it. For views of state held outside tensors, read
+  // or overwritten at once (io::checkpoint::views).
+  static tensor borrow(void* data, const decentrain::shape& s, dtype t = dtype::f32) {
+    tensor out;
+    out.shape_ = s;
+    out.strides_ = contiguous_strides(s);
+    out.dtype_ = t;
+    out.storage_ = std::make_shared<detail::storage<Device>>(data, static_cast<std::size_t>(s.numel()) * dtype_size(t));
     return out;
   }
 
@@ -200,6 +216,8 @@ class tensor {
     src.require_defined("copy_from (source)");
     detail::check(src.shape() == shape_, "copy_from: source shape ", src.shape(),
                   " does not match destination shape ", shape_);
+    // Onto itself (a state decoded into the tensors it is then loaded into): nothing to do.
+    if (src.storage_ == storage_ && src.offset_ == offset_ && src.strides_ == strides_ && src.dtype_ == dtype_) return;
     memory<Device>::copy_strided(raw_data(), dtype_, strides_.data(), src.raw_data(), src.dtype_,
                                  src.strides_.data(), shape_.sizes().data(), rank());
   }
@@ -207,7 +225,7 @@ class tensor {
   // True when this handle is the only one on its storage and covers all of it, so the
   // storage can be adopted (for example as a gradient buffer) without a defensive copy.
   bool is_sole_owner() const {
-    return storage_ && storage_.use_count() == 1 && offset_ == 0 && is_contiguous() &&
+    return storage_ && storage_->owned && storage_.use_count() == 1 && offset_ == 0 && is_contiguous() &&
            nbytes() == storage_->bytes;
   }
 

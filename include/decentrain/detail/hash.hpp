@@ -37,6 +37,17 @@ inline std::uint64_t fnv1a(std::string_view bytes) {
 inline std::uint64_t xxh64(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
 inline std::uint64_t xxh3(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
+// XXH3 of bytes that come in pieces: the same value as xxh3 of the pieces joined.
+class xxh3_stream {
+ public:
+  xxh3_stream() { XXH3_64bits_reset(&state_); }
+  void update(std::string_view bytes) { XXH3_64bits_update(&state_, bytes.data(), bytes.size()); }
+  std::uint64_t digest() const { return XXH3_64bits_digest(&state_); }
+
+ private:
+  XXH3_state_t state_;
+};
+
 // splitmix64's output for state z: advance by the golden-ratio increment, then finalise (on the
 // GPU too: the CUDA codecs draw stochastic rounding from the same stream).
 DECENTRAIN_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t z) {

@@ -82,6 +82,7 @@ struct membership_change {
   // it killed a peer; simulated time on a deterministic in_process network.
   std::chrono::steady_clock::time_point installed{};
   std::vector<int> inherited;    // removed peers whose unsent residual this peer took over (their heir)
+  bool healed_in_place = false;  // the state taken landed in this peer's own tensors: no copy of it was made
 };
 
 struct elastic {
@@ -143,7 +144,7 @@ struct elastic {
     if (!view_.members.empty()) return;
     // Whether the policy keeps own state (a codec's residual; the same on every member): only
     // then does an heir wait for a handoff. Captured here, before the policy starts, once.
-    const auto state = ctx.capture();
+    const auto state = ctx.capture_views();  // (names only: no copy of the state)
     keeps_own_ = std::any_of(state.tensors.begin(), state.tensors.end(), [](const auto& t) { return io::is_own_key(t.first); });
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
@@ -251,7 +252,7 @@ struct elastic {
   template <class Ctx>
   void converge(Ctx& ctx, std::optional<decision> first) {
     auto& ep = ctx.network;
-    bool healed = false;
+    bool healed = false, in_place = false;
     for (;;) {
       if (!first) (void)convict(ctx);  // woken by another's alarm: what this peer has seen counts too
       decision d;
@@ -281,10 +282,15 @@ struct elastic {
         continue;
       }
       try {
-        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement);
+        // A state taken lands in this peer's own tensors (which it then loads onto themselves):
+        // no second copy of gigabytes, which a fresh process pays for page by page.
+        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
+                                        &torn_);
         served_ += got.bytes_served;
         if (got.state) {
-          ctx.adopt(io::decode_checkpoint(got.state->view(), "the state from peer(s) " + list(got.donors)));
+          ctx.adopt(io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into()));
+          torn_ = false;
+          in_place = got.state->in_place();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
           healed = true;
         }
@@ -294,6 +300,7 @@ struct elastic {
         continue;
       }
       auto change = record(ep, d, healed);
+      change.healed_in_place = in_place;
       for (auto& [j, own] : inherited_) {  // after a state taken from a donor, which kept this peer's own
         try {
           ctx.absorb(own, decentrain::detail::concat("elastic: the handoff from peer ", j));
@@ -473,14 +480,15 @@ struct elastic {
   // This peer's state as another takes it: without what stays with each peer (its rank, dropout
   // stream and byte count, and what its codec has not sent yet; adopt keeps its own), so members
   // that hold the same model encode the same bytes and can serve one joiner together, and no
-  // unsent mass is taken over and sent twice.
+  // unsent mass is taken over and sent twice. Encoded from views of this peer's memory, which
+  // stays as it is while the state is served.
   template <class Ctx>
-  static std::string shared_state(Ctx& ctx) {
-    auto c = ctx.capture();
+  static io::encoded_checkpoint shared_state(Ctx& ctx) {
+    auto c = ctx.capture_views();
     c.rngs.erase("dropout");
     for (const char* own : {"trainer.rank", "trainer.world", "trainer.policy_bytes_sent"}) c.counters.erase(own);
     io::leave_out_own_state(c);
-    return io::encode_checkpoint(c);
+    return io::encoded_checkpoint(std::move(c));
   }
   static std::string list(const std::vector<int>& ranks) {
     std::string s;
@@ -510,6 +518,9 @@ struct elastic {
   std::uint64_t change_count_ = 0;
   std::string cause_;
   std::uint64_t served_ = 0;
+  // A state transfer that failed after its first chunks had landed over this peer's own: until a
+  // state is taken whole, this peer's own is not (fault::transfer_state).
+  bool torn_ = false;
   int handed_to_ = -1;
   bool keeps_own_ = false;
   std::map<int, io::checkpoint> inherited_;  // handoffs taken, added once the view holds

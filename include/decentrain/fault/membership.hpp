@@ -29,6 +29,10 @@
 // The view then bars it for good (view::barred): every member refuses it, also as a joiner.
 #pragma once
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -43,6 +47,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
@@ -538,59 +543,92 @@ inline std::vector<int> donors_of(const decision& d, int max_donors) {
   return out;
 }
 
-// An encoded state as received: its bytes (not zeroed first: the chunks land in them straight
-// from the sockets).
-struct received_state {
-  std::unique_ptr<char[]> bytes;
-  std::size_t size = 0;
-  std::string_view view() const { return {bytes.get(), size}; }
-};
-
-// What a state transfer did on this peer.
-struct transfer_report {
-  std::optional<received_state> state;  // the encoded state it received (it was behind)
-  std::uint64_t bytes_served = 0;     // what it sent as a donor
-  std::vector<int> donors;            // receiving: the donors it took chunks from
-};
-
 namespace detail {
 
-// A donor's offer: its encoded state's size, the chunk size, the state's checksum, and (when
-// there are several donors) each chunk's XXH3, so that a peer behind can tell which chunks other
-// donors hold alike.
+// A donor's offer: its encoded state's size, its checksum, where each chunk ends (at the
+// encoding's pieces, at most state_chunk_bytes), (when there are several donors) each chunk's
+// XXH3, so that a peer behind can tell which chunks other donors hold alike, and where each
+// tensor's bytes lie, so that a peer behind lands them in its own tensor of that name.
 struct state_offer {
-  std::uint64_t size = 0, chunk = 0, checksum = 0;
-  std::vector<std::uint64_t> hashes;
-  std::uint64_t chunks() const { return (size + chunk - 1) / chunk; }
-  bool same_layout(const state_offer& o) const { return size == o.size && chunk == o.chunk; }
+  std::uint64_t size = 0, checksum = 0;
+  std::vector<std::uint64_t> ends, hashes;
+  std::vector<io::encoded_checkpoint::placed_tensor> tensors;
+  std::uint64_t chunks() const { return ends.size(); }
+  std::uint64_t begin(std::uint64_t i) const { return i == 0 ? 0 : ends[static_cast<std::size_t>(i - 1)]; }
+  std::uint64_t length(std::uint64_t i) const { return ends[static_cast<std::size_t>(i)] - begin(i); }
+  bool same_layout(const state_offer& o) const { return size == o.size && ends == o.ends; }
 };
 
+inline constexpr std::size_t max_tensor_name_bytes = 4096;
+
+// Words: size, checksum, chunks, hashes (0 or 1), tensors; each chunk's end; each chunk's hash;
+// per tensor: where, bytes, the name's length, the name (padded to 8 bytes).
 inline std::string encode_offer(const state_offer& o) {
-  std::string b(8 * (3 + o.hashes.size()), '\0');
-  const std::uint64_t head[3] = {o.size, o.chunk, o.checksum};
-  std::memcpy(b.data(), head, 24);
-  if (!o.hashes.empty()) std::memcpy(b.data() + 24, o.hashes.data(), 8 * o.hashes.size());
+  std::string b;
+  auto word = [&](std::uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); };
+  for (const std::uint64_t v : {o.size, o.checksum, std::uint64_t{o.ends.size()}, std::uint64_t{o.hashes.empty() ? 0u : 1u},
+                                std::uint64_t{o.tensors.size()}})
+    word(v);
+  for (const auto v : o.ends) word(v);
+  for (const auto v : o.hashes) word(v);
+  for (const auto& t : o.tensors) {
+    word(t.at);
+    word(t.bytes);
+    word(t.name.size());
+    b += t.name;
+    b.append((8 - t.name.size() % 8) % 8, '\0');
+  }
   return b;
 }
 
 inline state_offer decode_offer(const transport::bytes& b, int from, const agreement_settings& s) {
   state_offer o;
-  if (b.size() < 24 || b.size() % 8 != 0)
-    transport::fail_peer(from, "state", "elastic: peer ", from, " sent a state offer of ", b.size(), " bytes");
-  std::uint64_t head[3];
-  std::memcpy(head, b.data(), 24);
-  o.size = head[0];
-  o.chunk = head[1];
-  o.checksum = head[2];
-  if (o.chunk < 1024 || o.size > s.max_state_bytes || o.chunks() >= (std::uint64_t{1} << 32))
-    transport::fail_peer(from, "state", "elastic: peer ", from, " announced a state of ", o.size, " bytes in chunks of ",
-                         o.chunk, " (at most ", s.max_state_bytes, " bytes are accepted: agreement_settings::max_state_bytes;"
-                         " chunks of at least 1024 bytes)");
-  const std::size_t n = (b.size() - 24) / 8;
-  if (n != 0 && n != o.chunks())
-    transport::fail_peer(from, "state", "elastic: peer ", from, " sent ", n, " chunk hashes for ", o.chunks(), " chunks");
-  o.hashes.resize(n);
-  if (n) std::memcpy(o.hashes.data(), b.data() + 24, 8 * n);
+  std::size_t at = 0;
+  auto malformed = [&](const auto&... what) {
+    transport::fail_peer(from, "state", "elastic: peer ", from, " sent a state offer of ", b.size(), " bytes", what...);
+  };
+  auto word = [&] {
+    if (b.size() - at < 8) malformed(", cut short at byte ", at);
+    std::uint64_t v = 0;
+    std::memcpy(&v, b.data() + at, 8);
+    at += 8;
+    return v;
+  };
+  if (b.size() < 40 || b.size() % 8 != 0) malformed();
+  o.size = word();
+  o.checksum = word();
+  const std::uint64_t n = word(), hashed = word(), placed = word();
+  if (o.size > s.max_state_bytes)
+    transport::fail_peer(from, "state", "elastic: peer ", from, " announced a state of ", o.size, " bytes (at most ",
+                         s.max_state_bytes, " are accepted: agreement_settings::max_state_bytes)");
+  const std::uint64_t words = (b.size() - at) / 8;
+  if (n == 0 || hashed > 1 || n * (1 + hashed) > words || placed > n) malformed(" (", n, " chunks, ", placed, " tensors)");
+  o.ends.resize(static_cast<std::size_t>(n));
+  for (auto& e : o.ends) e = word();
+  for (std::uint64_t i = 0; i < n; ++i)
+    if (o.ends[static_cast<std::size_t>(i)] <= o.begin(i) || (i + 1 == n && o.ends.back() != o.size))
+      transport::fail_peer(from, "state", "elastic: peer ", from, " sent a state offer whose chunk ", i, " ends at ",
+                           o.ends[static_cast<std::size_t>(i)], " (chunks must follow one another to the state's ", o.size,
+                           " bytes)");
+  if (hashed) {
+    o.hashes.resize(static_cast<std::size_t>(n));
+    for (auto& h : o.hashes) h = word();
+  }
+  std::uint64_t after = 0;  // where the previous tensor ends: they follow one another
+  for (std::uint64_t k = 0; k < placed; ++k) {
+    io::encoded_checkpoint::placed_tensor t;
+    t.at = word();
+    t.bytes = word();
+    const std::uint64_t name = word();
+    if (t.at < after || t.bytes == 0 || t.at > o.size || t.bytes > o.size - t.at || name > max_tensor_name_bytes ||
+        b.size() - at < (name + 7) / 8 * 8)
+      malformed(", tensor ", k, " of ", t.bytes, " bytes at ", t.at, " with a name of ", name, " bytes");
+    t.name.assign(reinterpret_cast<const char*>(b.data() + at), static_cast<std::size_t>(name));
+    at += static_cast<std::size_t>((name + 7) / 8 * 8);
+    after = t.at + t.bytes;
+    o.tensors.push_back(std::move(t));
+  }
+  if (at != b.size()) malformed(", ", b.size() - at, " of them after its end");
   return o;
 }
 
@@ -609,7 +647,7 @@ inline std::vector<std::vector<std::uint32_t>> assign_chunks(const std::vector<s
     const std::size_t own = static_cast<std::size_t>((p + epoch) % n);
     const auto& ref = offers[own];
     for (std::uint64_t i = 0; i < ref.chunks(); ++i) {
-      const std::uint64_t len = std::min(ref.chunk, ref.size - i * ref.chunk);
+      const std::uint64_t len = ref.length(i);
       std::size_t best = ref.hashes.empty() ? own : n;  // n: none yet (own holds every chunk)
       if (!ref.hashes.empty())
         for (std::size_t t = 0; t < n; ++t) {
@@ -627,38 +665,161 @@ inline std::vector<std::vector<std::uint32_t>> assign_chunks(const std::vector<s
 
 }  // namespace detail
 
+// An encoded state as received: each tensor's bytes landed in this peer's own tensor of that
+// name and size (`own`: views of its memory, io::checkpoint::views), where there is one, so that
+// nothing is allocated for them; the rest (names, counters, tensors it has not) in a buffer, not
+// zeroed first (the chunks land in it straight from the sockets). A large buffer is mapped with
+// its pages populated in one call, which the kernel does in bulk, faster than a page fault at a
+// time as the chunks land. Fresh memory is what a large heal pays for most on a VM
+// (bench/RESULTS.md, the heal of a GPT-2 124M state).
+class received_state {
+ public:
+  received_state() = default;
+  received_state(received_state&& o) noexcept
+      : own_(std::move(o.own_)), heap_(std::move(o.heap_)), mapped_(std::exchange(o.mapped_, nullptr)),
+        buffered_(std::exchange(o.buffered_, 0)), chunks_(std::move(o.chunks_)), landed_(o.landed_),
+        tensors_buffered_(o.tensors_buffered_) {}
+  received_state& operator=(received_state&&) = delete;
+  received_state(const received_state&) = delete;
+  received_state& operator=(const received_state&) = delete;
+  ~received_state() {
+#if defined(__linux__)
+    if (mapped_) ::munmap(mapped_, buffered_);
+#endif
+  }
+
+  // Where each chunk of `offer` lands: in `own`'s tensor of the name the offer places it in, when
+  // that tensor has as many bytes and is contiguous, else in the buffer.
+  received_state(const detail::state_offer& offer, io::checkpoint own) : own_(std::move(own)) {
+    std::map<std::string_view, const tensor<cpu>*> mine;
+    for (const auto& [name, t] : own_.tensors)
+      if (t.defined() && t.is_contiguous() && t.nbytes() > 0) mine.emplace(name, &t);
+    // Per chunk: the tensor it lies in (the offer's are in order), or none: the buffer.
+    std::vector<std::pair<char*, std::size_t>> where(static_cast<std::size_t>(offer.chunks()), {nullptr, 0});
+    std::size_t placed = 0;
+    for (std::uint64_t i = 0; i < offer.chunks(); ++i) {
+      const std::uint64_t from = offer.begin(i), len = offer.length(i);
+      while (placed < offer.tensors.size() && offer.tensors[placed].at + offer.tensors[placed].bytes <= from) ++placed;
+      auto& w = where[static_cast<std::size_t>(i)];
+      if (placed < offer.tensors.size() && offer.tensors[placed].at <= from &&
+          from + len <= offer.tensors[placed].at + offer.tensors[placed].bytes) {
+        const auto& t = offer.tensors[placed];
+        const auto it = mine.find(t.name);
+        if (it != mine.end() && it->second->nbytes() == t.bytes) {
+          w.first = static_cast<char*>(it->second->raw_data()) + (from - t.at);
+          landed_ += len;
+          continue;
+        }
+      }
+      w.second = buffered_;
+      buffered_ += static_cast<std::size_t>(len);
+    }
+    for (const auto& t : offer.tensors) {
+      const auto it = mine.find(t.name);
+      tensors_buffered_ += it == mine.end() || it->second->nbytes() != t.bytes ? 1 : 0;
+    }
+#if defined(__linux__)
+    if (buffered_ >= populate_bytes) {
+      void* p = ::mmap(nullptr, buffered_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+      if (p != MAP_FAILED) mapped_ = static_cast<char*>(p);
+    }
+#endif
+    if (!mapped_) heap_ = std::make_unique_for_overwrite<char[]>(buffered_);
+    char* buffer = mapped_ ? mapped_ : heap_.get();
+    for (std::uint64_t i = 0; i < offer.chunks(); ++i) {
+      const auto& w = where[static_cast<std::size_t>(i)];
+      chunks_.emplace_back(w.first ? w.first : buffer + w.second, static_cast<std::size_t>(offer.length(i)));
+    }
+  }
+
+  // Where chunk i lands.
+  std::span<char> chunk(std::size_t i) { return chunks_[i]; }
+  // Bytes that landed in this peer's own tensors, and tensors of the state that did not (this
+  // peer has none of that name and size).
+  std::uint64_t landed_bytes() const { return landed_; }
+  std::size_t tensors_buffered() const { return tensors_buffered_; }
+  bool in_place() const { return landed_ > 0 && tensors_buffered_ == 0; }
+  // The state received, in order (io::decode_checkpoint), and what to decode it into: this
+  // peer's own tensors, the ones its bytes landed in among them.
+  std::vector<std::string_view> pieces() const {
+    std::vector<std::string_view> out;
+    for (const auto c : chunks_) {
+      if (!out.empty() && out.back().data() + out.back().size() == c.data())
+        out.back() = std::string_view(out.back().data(), out.back().size() + c.size());  // contiguous: one piece
+      else
+        out.emplace_back(c.data(), c.size());
+    }
+    return out;
+  }
+  const io::checkpoint& into() const { return own_; }
+
+ private:
+  static constexpr std::size_t populate_bytes = std::size_t{64} << 20;
+  io::checkpoint own_;
+  std::unique_ptr<char[]> heap_;
+  char* mapped_ = nullptr;
+  std::size_t buffered_ = 0;
+  std::vector<std::span<char>> chunks_;
+  std::uint64_t landed_ = 0;
+  std::size_t tensors_buffered_ = 0;
+};
+
+// What a state transfer did on this peer.
+struct transfer_report {
+  std::optional<received_state> state;  // the encoded state it received (it was behind)
+  std::uint64_t bytes_served = 0;     // what it sent as a donor
+  std::vector<int> donors;            // receiving: the donors it took chunks from
+};
+
 // Members behind take the state of members at the target, in chunks from several donors at once
-// (hivemind #169: every joiner hit one donor). Each donor offers its encoded state (`state()` is
-// an encoded checkpoint: its header holds its body's XXH3) and, with several donors, each
-// chunk's hash; each member behind takes the state of one donor (the donors in turn), asking the
-// other donors for the chunks they hold alike (detail::assign_chunks), and checks each chunk's
-// hash as it comes; the decode verifies the whole. The result is always one donor's state, bit
-// for bit.
+// (hivemind #169: every joiner hit one donor). Each donor offers its encoded state (`state()`,
+// read in place chunk by chunk: it must not change until this returns) with its checksum, where
+// each of its tensors lies and, with several donors, each chunk's hash; each member behind takes
+// the state of one donor (the donors in turn), asking the other donors for the chunks they hold
+// alike (detail::assign_chunks), and checks each chunk's hash as it comes; the decode verifies
+// the whole. The result is always one donor's state, bit for bit.
+//
+// With `own` (views of this peer's memory: io::checkpoint::views), a member behind lands each
+// tensor's chunks in its own tensor of that name and size (received_state), and sets *torn
+// before the first lands: until the caller has loaded a state taken whole, this peer's own state
+// is not whole, and a view that has it at the target (no member left to take the state from)
+// makes this throw rather than go on from it.
 template <class E>
-transfer_report transfer_state(E& ep, const decision& d, const std::function<std::string()>& state,
-                               const agreement_settings& s) {
+transfer_report transfer_state(E& ep, const decision& d, const std::function<io::encoded_checkpoint()>& state,
+                               const agreement_settings& s, const std::function<io::checkpoint()>& own = {},
+                               bool* torn = nullptr) {
   using decentrain::detail::check;
   transfer_report out;
   const int me = ep.rank();
+  const auto place = std::find(d.behind.begin(), d.behind.end(), me);
+  check(!torn || !*torn || place != d.behind.end(), "elastic: peer ", me,
+        "'s state was overwritten in part by a state transfer that failed, and view ", d.next.epoch,
+        " has no member ahead of it to take the state from again; it stops rather than train on a torn state (its "
+        "checkpoints are intact)");
   if (d.behind.empty()) return out;
   const auto donors = donors_of(d, std::max(s.max_donors, 1));
   check(!donors.empty(), "elastic: members are behind but no member is at the target (no donor)");
   const bool donor = std::find(donors.begin(), donors.end(), me) != donors.end();
-  const auto place = std::find(d.behind.begin(), d.behind.end(), me);
 
   if (donor) {
-    const std::string blob = state();
+    const io::encoded_checkpoint blob = state();
+    std::string scratch;  // (unused: every chunk lies in one piece)
     detail::state_offer offer;
     offer.size = blob.size();
-    // Chunks small enough that several donors share a small state, at most state_chunk_bytes.
+    offer.checksum = blob.checksum();
+    offer.tensors = blob.placed_tensors();
+    // Chunks end at the encoding's pieces and are small enough that several donors share a small
+    // state, at most state_chunk_bytes.
     const std::uint64_t spread = (offer.size + 4 * donors.size() - 1) / (4 * donors.size());
-    offer.chunk = std::max<std::uint64_t>(std::min<std::uint64_t>(s.state_chunk_bytes, spread), 1024);
-    offer.checksum = io::stored_checksum(blob);
+    const std::uint64_t most = std::max<std::uint64_t>(std::min<std::uint64_t>(s.state_chunk_bytes, spread), 1024);
+    for (const std::uint64_t end : blob.piece_ends()) {
+      for (std::uint64_t at = offer.ends.empty() ? 0 : offer.ends.back(); end - at > most; at += most) offer.ends.push_back(at + most);
+      offer.ends.push_back(end);
+    }
     const std::uint64_t chunks = offer.chunks();
+    auto chunk_bytes = [&](std::uint64_t i) { return blob.bytes(offer.begin(i), static_cast<std::size_t>(offer.length(i)), scratch); };
     if (donors.size() > 1)
-      for (std::uint64_t i = 0; i < chunks; ++i)
-        offer.hashes.push_back(decentrain::detail::xxh3(
-            std::string_view(blob).substr(static_cast<std::size_t>(i * offer.chunk), static_cast<std::size_t>(offer.chunk))));
+      for (std::uint64_t i = 0; i < chunks; ++i) offer.hashes.push_back(decentrain::detail::xxh3(chunk_bytes(i)));
     const auto encoded = detail::encode_offer(offer);
     for (int j : d.behind) ep.send(j, detail::state_tag, std::as_bytes(std::span(encoded)));
     for (int j : d.behind) {
@@ -670,15 +831,16 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
         std::uint32_t i = 0;
         std::memcpy(&i, request.data() + 4 * k, 4);
         if (i >= chunks) transport::fail_peer(j, "state", "elastic: peer ", j, " asked for chunk ", i, " of ", chunks);
-        const std::size_t at = static_cast<std::size_t>(i * offer.chunk);
-        const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(offer.chunk), blob.size() - at);
-        ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(blob.data() + at, len)));
-        out.bytes_served += len;
+        const auto bytes = chunk_bytes(i);
+        ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+        out.bytes_served += bytes.size();
       }
     }
   }
   if (place == d.behind.end()) return out;
 
+  // This peer's own tensors, to land the state in (taken while the donors encode theirs).
+  io::checkpoint mine = own ? own() : io::checkpoint{};
   std::vector<detail::state_offer> offers;
   for (int j : donors) offers.push_back(detail::decode_offer(ep.recv_within(j, detail::state_tag, s.timeout), j, s));
   const auto p = static_cast<std::size_t>(place - d.behind.begin());
@@ -688,18 +850,17 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
     ep.send(donors[k], detail::state_tag, std::as_bytes(std::span(asks[k])));
     if (!asks[k].empty()) out.donors.push_back(donors[k]);
   }
-  received_state got{std::make_unique_for_overwrite<char[]>(static_cast<std::size_t>(ref.size)),
-                     static_cast<std::size_t>(ref.size)};
-  // Each donor's chunks land straight in place (transport::exchange posts the memory), one donor
-  // after the other; what the others send meanwhile the transport queues.
+  received_state got(ref, std::move(mine));
+  if (got.landed_bytes() > 0) {
+    check(torn != nullptr, "elastic: transfer_state lands a state in this peer's own tensors only given `torn`");
+    *torn = true;
+  }
+  // Each donor's chunks land straight where they go (transport::exchange posts the memory), one
+  // donor after the other; what the others send meanwhile the transport queues.
   for (std::size_t k = 0; k < donors.size(); ++k) {
     if (asks[k].empty()) continue;
     std::vector<std::span<std::byte>> ins;
-    for (const auto i : asks[k]) {
-      const std::size_t at = static_cast<std::size_t>(i * ref.chunk);
-      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(ref.chunk, ref.size - at));
-      ins.push_back(std::as_writable_bytes(std::span<char>(got.bytes.get() + at, len)));
-    }
+    for (const auto i : asks[k]) ins.push_back(std::as_writable_bytes(got.chunk(i)));
     std::vector<std::size_t> sizes(ins.size(), 0);
     transport::exchange(ep, -1, {}, donors[k], ins, detail::state_tag, [&](std::size_t n, std::size_t size) { sizes[n] = size; });
     for (std::size_t n = 0; n < ins.size(); ++n) {  // checked once every posting is settled
@@ -713,7 +874,7 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<std
                              " of the state unlike the one announced (its hash differs)");
     }
   }
-  out.state = std::move(got);
+  out.state.emplace(std::move(got));
   return out;
 }
 

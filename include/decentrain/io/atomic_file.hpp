@@ -13,27 +13,31 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "decentrain/detail/error.hpp"
 
 namespace decentrain::io {
 
-inline void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+// The file's bytes are `parts`, one after the other.
+inline void write_file_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
   const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const auto temporary = std::filesystem::path(path.string() + ".tmp");
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   decentrain::detail::check(fd >= 0, "cannot create ", temporary.string(), ": ", std::strerror(errno));
-  std::size_t written = 0;
-  while (written < bytes.size()) {
-    const auto n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      decentrain::detail::fail("cannot write ", temporary.string(), ": ", std::strerror(err));
+  for (const auto bytes : parts) {
+    std::size_t written = 0;
+    while (written < bytes.size()) {
+      const auto n = ::write(fd, bytes.data() + written, bytes.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(temporary.c_str());
+        decentrain::detail::fail("cannot write ", temporary.string(), ": ", std::strerror(err));
+      }
+      written += static_cast<std::size_t>(n);
     }
-    written += static_cast<std::size_t>(n);
   }
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
@@ -47,6 +51,10 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
     ::fsync(dfd);  // makes the rename itself durable
     ::close(dfd);
   }
+}
+
+inline void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  write_file_atomically(path, std::vector<std::string_view>{bytes});
 }
 
 // The whole file, read in large blocks (never a character at a time: checkpoints are

@@ -8,6 +8,7 @@
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/types/map.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -36,6 +37,12 @@ struct checkpoint {
   std::map<std::string, std::int64_t> counters;
   std::map<std::string, rng::state_type> rngs;
   std::map<std::string, std::string> text;
+  // Set before it is filled: a component may put in views of its live memory instead of copies
+  // (host memory; a GPU's tensors are copied either way). For a state that is encoded, or
+  // decoded into, at once while nothing else runs (fault::elastic: a donor serves its state from
+  // it, a peer behind decodes the donor's over its own), where copies would be gigabytes of
+  // fresh memory; a checkpoint written in the background needs copies. Not stored.
+  bool views = false;
 
   template <class Archive>
   void serialize(Archive& ar) {
@@ -121,26 +128,6 @@ inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t v
 }
 
 namespace streams {
-// A stream buffer straight into the checkpoint's bytes: a large model's state is gigabytes, and
-// string streams would copy it three times over (figures: bench/RESULTS.md, bench/faults).
-class string_sink : public std::streambuf {
- public:
-  explicit string_sink(std::string& out) : out_(out) {}
-
- protected:
-  std::streamsize xsputn(const char* s, std::streamsize n) override {
-    out_.append(s, static_cast<std::size_t>(n));
-    return n;
-  }
-  int_type overflow(int_type c) override {
-    if (!traits_type::eq_int_type(c, traits_type::eof())) out_.push_back(traits_type::to_char_type(c));
-    return traits_type::not_eof(c);
-  }
-
- private:
-  std::string& out_;
-};
-
 // `bytes` little-endian bytes of `data` from `at` (a header field).
 inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
   std::uint64_t v = 0;
@@ -151,60 +138,228 @@ inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
 
 inline constexpr std::size_t checkpoint_header_bytes = sizeof checkpoint_magic + 4 + 8 + 8;
 
+// A checkpoint encoded without copying its tensors: the header and the short fields in a buffer
+// of its own, each tensor's bytes read where they lie. It keeps the checkpoint (so its tensors'
+// storage lives as long as it does); of a checkpoint of views (checkpoint::views) it holds true
+// until the state viewed changes. A donor serves a heal from it and a file is written from it:
+// a state of gigabytes is not copied once more, into memory a fresh process pays for page by
+// page (bench/RESULTS.md, bench/faults --only state).
+//
 // Layout (a file, or the state one peer sends another): magic (8 bytes), version (u32 LE),
-// payload length (u64 LE), checksum of the payload (u64 LE; XXH3 from version 3), payload (cereal portable binary).
-inline std::string encode_checkpoint(const checkpoint& ckpt) {
-  std::size_t estimate = checkpoint_header_bytes + 4096;
-  for (const auto& [name, t] : ckpt.tensors) estimate += name.size() + t.nbytes() + 128;
-  for (const auto& [name, text] : ckpt.text) estimate += name.size() + text.size() + 16;
-  estimate += 64 * (ckpt.counters.size() + ckpt.rngs.size());
-  std::string out(checkpoint_header_bytes, '\0');
-  out.reserve(estimate);
-  {
-    streams::string_sink sink(out);
-    std::ostream stream(&sink);
-    cereal::PortableBinaryOutputArchive ar(stream);
-    ar(ckpt);
+// payload length (u64 LE), checksum of the payload (u64 LE; XXH3 from version 3), payload
+// (cereal portable binary).
+class encoded_checkpoint {
+ public:
+  explicit encoded_checkpoint(checkpoint state) : kept_(std::move(state)) {
+    for (auto& [name, t] : kept_.tensors) {
+      decentrain::detail::check(t.defined(), "checkpoint: tensor '", name, "' is undefined");
+      if (!t.is_contiguous()) t = t.contiguous();  // its bytes must live in kept_, as one piece
+      if (t.nbytes() > 0) names_.emplace(t.raw_data(), &name);
+    }
+    own_.assign(checkpoint_header_bytes, '\0');
+    pieces_.push_back({0, checkpoint_header_bytes, nullptr, 0, nullptr});
+    {
+      piece_sink sink(*this);
+      std::ostream stream(&sink);
+      cereal::PortableBinaryOutputArchive ar(stream);
+      ar(kept_);
+    }
+    decentrain::detail::xxh3_stream hash;
+    for (const auto& p : pieces_) hash.update(view(p).substr(p.at == 0 ? checkpoint_header_bytes : 0));
+    checksum_ = hash.digest();
+    std::size_t at = 0;
+    auto put = [&](std::uint64_t v, int bytes) {
+      for (int i = 0; i < bytes; ++i) own_[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
+    };
+    for (char c : checkpoint_magic) own_[at++] = c;
+    put(checkpoint_version, 4);
+    put(size_ - checkpoint_header_bytes, 8);
+    put(checksum_, 8);
   }
-  const std::string_view body = std::string_view(out).substr(checkpoint_header_bytes);
-  std::size_t at = 0;
-  auto put = [&](std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
-  };
-  for (char c : checkpoint_magic) out[at++] = c;
-  put(checkpoint_version, 4);
-  put(body.size(), 8);
-  put(checkpoint_checksum(body), 8);
-  return out;
-}
+  // Moved, it still holds: its pieces point into heap memory that kept_ owns (a map's nodes stay
+  // where they are) or by offset into own_. A copy would point into the original.
+  encoded_checkpoint(encoded_checkpoint&&) = default;
+  encoded_checkpoint& operator=(encoded_checkpoint&&) = default;
+  encoded_checkpoint(const encoded_checkpoint&) = delete;
+  encoded_checkpoint& operator=(const encoded_checkpoint&) = delete;
 
-// The checksum an encoded checkpoint carries of its payload: two encodings with the same
-// checksum and size hold the same state (fault::transfer_state matches donors by it).
+  std::uint64_t size() const { return size_; }
+  // The payload's checksum, as the header holds it: two encodings with the same checksum and
+  // size hold the same state (fault::transfer_state matches donors by it).
+  std::uint64_t checksum() const { return checksum_; }
+
+  // Bytes [at, at + len): where they lie when one piece holds them (a tensor's), else copied
+  // into `scratch`.
+  std::string_view bytes(std::uint64_t at, std::size_t len, std::string& scratch) const {
+    decentrain::detail::check(at <= size_ && len <= size_ - at, "encoded_checkpoint: bytes [", at, ", ", at + len,
+                              ") of ", size_);
+    auto p = std::upper_bound(pieces_.begin(), pieces_.end(), at, [](std::uint64_t x, const piece& q) { return x < q.at; }) - 1;
+    if (at + len <= p->at + p->size) return view(*p).substr(static_cast<std::size_t>(at - p->at), len);
+    scratch.clear();
+    for (; scratch.size() < len; ++p) {
+      const auto from = static_cast<std::size_t>(at + scratch.size() - p->at);
+      scratch.append(view(*p).substr(from, len - scratch.size()));
+    }
+    return scratch;
+  }
+  // Where each piece ends, in order: chunks cut at these lie in one piece each.
+  std::vector<std::uint64_t> piece_ends() const {
+    std::vector<std::uint64_t> out;
+    for (const auto& p : pieces_) out.push_back(p.at + p.size);
+    return out;
+  }
+  // Where each tensor's bytes lie in the encoding, when they are read in place (the tensors of
+  // borrow_bytes or more): a peer that takes this state lands them in its own tensor of the same
+  // name (fault::transfer_state).
+  struct placed_tensor {
+    std::string name;
+    std::uint64_t at = 0, bytes = 0;
+  };
+  std::vector<placed_tensor> placed_tensors() const {
+    std::vector<placed_tensor> out;
+    for (const auto& p : pieces_)
+      if (p.tensor) out.push_back({*p.tensor, p.at, p.size});
+    return out;
+  }
+
+  // The whole encoding, in order, as pieces.
+  std::vector<std::string_view> pieces() const {
+    std::vector<std::string_view> out;
+    for (const auto& p : pieces_) out.push_back(view(p));
+    return out;
+  }
+  std::string str() const {
+    std::string out;
+    out.reserve(static_cast<std::size_t>(size_));
+    for (const auto& p : pieces_) out.append(view(p));
+    return out;
+  }
+
+ private:
+  // A run of the encoding: in own_ from `own_at`, or `borrowed` (a tensor's bytes in kept_,
+  // `tensor` its name, or a long string's).
+  struct piece {
+    std::uint64_t at;
+    std::size_t size;
+    const char* borrowed;
+    std::size_t own_at;
+    const std::string* tensor = nullptr;
+  };
+  std::string_view view(const piece& p) const {
+    return {p.borrowed ? p.borrowed : own_.data() + p.own_at, p.size};
+  }
+
+  // Takes what cereal writes: a write of borrow_bytes or more is a tensor's data or a long
+  // string, both held in kept_, and is referenced where it lies; shorter ones are copied.
+  class piece_sink : public std::streambuf {
+   public:
+    explicit piece_sink(encoded_checkpoint& out) : out_(out) {}
+
+   protected:
+    std::streamsize xsputn(const char* s, std::streamsize n) override {
+      const auto len = static_cast<std::size_t>(n);
+      auto& pieces = out_.pieces_;
+      if (len >= borrow_bytes) {
+        const auto named = out_.names_.find(s);
+        pieces.push_back({out_.size_, len, s, 0, named == out_.names_.end() ? nullptr : named->second});
+      } else {
+        if (pieces.back().borrowed) pieces.push_back({out_.size_, 0, nullptr, out_.own_.size(), nullptr});
+        out_.own_.append(s, len);
+        pieces.back().size += len;
+      }
+      out_.size_ += len;
+      return n;
+    }
+    int_type overflow(int_type c) override {
+      if (!traits_type::eq_int_type(c, traits_type::eof())) {
+        const char byte = traits_type::to_char_type(c);
+        xsputn(&byte, 1);
+      }
+      return traits_type::not_eof(c);
+    }
+
+   private:
+    static constexpr std::size_t borrow_bytes = 4096;
+    encoded_checkpoint& out_;
+  };
+
+  checkpoint kept_;
+  std::map<const void*, const std::string*> names_;  // each tensor's name by where its bytes start
+  std::string own_;
+  std::vector<piece> pieces_;
+  std::uint64_t size_ = checkpoint_header_bytes, checksum_ = 0;
+};
+
+inline std::string encode_checkpoint(const checkpoint& ckpt) { return encoded_checkpoint(ckpt).str(); }
+
+// The checksum an encoded checkpoint carries of its payload.
 inline std::uint64_t stored_checksum(std::string_view encoded) {
   decentrain::detail::check(encoded.size() >= checkpoint_header_bytes, "checkpoint: ", encoded.size(),
                             " bytes are shorter than a header");
   return streams::read_le(encoded, 20, 8);
 }
 
-// Reads what encode_checkpoint wrote; `where` names the source in errors (a file, a peer).
-inline checkpoint decode_checkpoint(std::string_view data, const std::string& where) {
+// Reads what encode_checkpoint wrote, given in pieces, one after the other (one for a file);
+// `where` names the source in errors (a file, a peer). A tensor that `into` holds under the same
+// name, dtype and shape (contiguous) is decoded into that tensor's memory and returned as that
+// handle (a state taken over the one it replaces, which then loads it onto itself:
+// fault::elastic's heal), the others into new storage; bytes that lie where they are to go
+// already (a state whose tensors landed in `into`'s memory: fault::transfer_state) are not copied.
+// The checksum is checked before anything is written; a payload that passes it and is
+// malformed still fails, having overwritten the tensors before the fault.
+inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces, const std::string& where,
+                                    const checkpoint& into = {}) {
   constexpr std::size_t header = checkpoint_header_bytes;
-  decentrain::detail::check(data.size() >= header, where, " is truncated (", data.size(), " bytes, header needs ", header, ")");
-  decentrain::detail::check(data.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
+  std::size_t total = 0;
+  for (const auto p : pieces) total += p.size();
+  const std::string_view first = pieces.empty() ? std::string_view() : pieces.front();
+  decentrain::detail::check(total >= header, where, " is truncated (", total, " bytes, header needs ", header, ")");
+  decentrain::detail::check(first.size() >= header, where, ": its header is split (", first.size(), " bytes in its first piece)");
+  decentrain::detail::check(first.compare(0, sizeof checkpoint_magic, std::string_view(checkpoint_magic, sizeof checkpoint_magic)) == 0,
                             where, " has a bad magic number (not a decentrain checkpoint)");
-  const auto get = [&](std::size_t at, int bytes) { return streams::read_le(data, at, bytes); };
+  const auto get = [&](std::size_t at, int bytes) { return streams::read_le(first, at, bytes); };
   const auto version = get(8, 4), length = get(12, 8), checksum = get(20, 8);
   decentrain::detail::check(version >= 1 && version <= checkpoint_version, where, " has version ", version,
                             ", expected 1 to ", checkpoint_version);
-  decentrain::detail::check(data.size() - header == length, where, " is truncated or padded: payload of ",
-                            data.size() - header, " bytes, header says ", length);
-  const std::string_view body = data.substr(header);
-  decentrain::detail::check(checkpoint_checksum(body, static_cast<std::uint32_t>(version)) == checksum, where,
-                            " is corrupt (checksum mismatch)");
+  decentrain::detail::check(total - header == length, where, " is truncated or padded: payload of ", total - header,
+                            " bytes, header says ", length);
+  std::vector<std::string_view> body(pieces.begin(), pieces.end());
+  body.front() = body.front().substr(header);
+  std::uint64_t sum = 0;
+  if (version >= 3) {
+    decentrain::detail::xxh3_stream hash;
+    for (const auto p : body) hash.update(p);
+    sum = hash.digest();
+  } else {  // older files: one piece, read whole
+    std::string joined;
+    for (const auto p : body) joined.append(p);
+    sum = checkpoint_checksum(joined, static_cast<std::uint32_t>(version));
+  }
+  decentrain::detail::check(sum == checksum, where, " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
     decentrain::detail::bounded_input_archive ar(body, where);
-    ar(ckpt);
+    // Whether any piece lies in the memory of a tensor of `into` (a state landed there).
+    bool overlap = false;
+    for (const auto& [name, t] : into.tensors) {
+      if (!t.defined() || t.nbytes() == 0) continue;
+      const auto* lo = static_cast<const char*>(t.raw_data());
+      for (const auto p : body) overlap = overlap || (!p.empty() && p.data() < lo + t.nbytes() && lo < p.data() + p.size());
+    }
+    ar.set_sources_may_alias(overlap);
+    // checkpoint::serialize, with the tensors' map read as cereal writes a map: its size, then
+    // each name and tensor.
+    cereal::size_type n = 0;
+    ar(cereal::make_size_tag(n));
+    for (cereal::size_type i = 0; i < n; ++i) {
+      std::string name;
+      tensor<cpu> t;
+      ar(name);
+      const auto reuse = into.tensors.find(name);
+      load_tensor(ar, t, reuse == into.tensors.end() ? nullptr : &reuse->second);
+      ckpt.tensors.emplace(std::move(name), std::move(t));
+    }
+    ar(ckpt.counters, ckpt.rngs, ckpt.text);
   } catch (const std::exception& e) {
     // cereal's own errors, our field checks, and bad_alloc/length_error from a container length
     // that is garbage: all mean the payload is not a checkpoint this code wrote.
@@ -213,8 +368,12 @@ inline checkpoint decode_checkpoint(std::string_view data, const std::string& wh
   return ckpt;
 }
 
+inline checkpoint decode_checkpoint(std::string_view data, const std::string& where, const checkpoint& into = {}) {
+  return decode_checkpoint(std::vector{data}, where, into);
+}
+
 inline void save_checkpoint(const std::filesystem::path& path, const checkpoint& ckpt) {
-  write_file_atomically(path, encode_checkpoint(ckpt));
+  write_file_atomically(path, encoded_checkpoint(ckpt).pieces());
 }
 
 inline checkpoint load_checkpoint(const std::filesystem::path& path) {

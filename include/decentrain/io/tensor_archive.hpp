@@ -31,8 +31,11 @@ void save(Archive& ar, const tensor<cpu>& t) {
   ar(cereal::binary_data(static_cast<const unsigned char*>(c.raw_data()), c.nbytes()));
 }
 
+// Loads a stored tensor into `reuse`'s memory when that has the stored dtype and shape and is
+// contiguous (a state decoded over the one it replaces: no fresh allocation, which a large state
+// pays for page by page), else into new storage.
 template <class Archive>
-void load(Archive& ar, tensor<cpu>& t) {
+void load_tensor(Archive& ar, tensor<cpu>& t, const tensor<cpu>* reuse) {
   std::uint8_t code = 0;
   std::vector<std::int64_t> sizes;
   ar(code, sizes);
@@ -45,13 +48,26 @@ void load(Archive& ar, tensor<cpu>& t) {
                   "archive: implausible tensor size ", s);
     numel *= s;
   }
+  const auto type = static_cast<dtype>(code);
   // An archive that knows how much is left (detail::bounded_input_archive) refuses a size it
   // cannot hold before allocating for it.
   if constexpr (requires { ar.remaining(); })
-    decentrain::detail::check(static_cast<std::uint64_t>(numel) * dtype_size(static_cast<dtype>(code)) <= ar.remaining(),
+    decentrain::detail::check(static_cast<std::uint64_t>(numel) * dtype_size(type) <= ar.remaining(),
                               "archive: a tensor of ", numel, " elements, with only ", ar.remaining(), " bytes left");
-  t = tensor<cpu>::empty(shape(sizes), static_cast<dtype>(code));
+  const shape stored(sizes);
+  bool fits = reuse && reuse->defined() && reuse->dtype() == type && reuse->shape() == stored && reuse->is_contiguous();
+  if constexpr (requires { ar.sources_may_alias(); })
+    if (fits && ar.sources_may_alias()) fits = ar.next_bytes(reuse->nbytes()) == reuse->raw_data();
+  if (fits)
+    t = *reuse;
+  else
+    t = tensor<cpu>::empty(stored, type);
   ar(cereal::binary_data(static_cast<unsigned char*>(t.raw_data()), t.nbytes()));
+}
+
+template <class Archive>
+void load(Archive& ar, tensor<cpu>& t) {
+  load_tensor(ar, t, nullptr);
 }
 
 // rng streams: name and the 256-bit state.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "decentrain/core/transfer.hpp"
 #include "decentrain/io/checkpoint.hpp"
@@ -26,12 +27,22 @@ decltype(auto) parameters_to_read(const Model& m) {
   else
     return const_cast<Model&>(m).parameters();  // read only; the model offers no const access
 }
+
+// With `views`, host tensors go in as they are (io::checkpoint::views), GPU tensors as host copies.
+template <class Device>
+tensor<cpu> host_view_or_copy(const tensor<Device>& t, bool views) {
+  if constexpr (std::is_same_v<Device, cpu>)
+    if (views) return t;
+  return host_copy(t);
+}
 }  // namespace detail
 
 template <class Model, class Device>
-io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer, std::int64_t step) {
+io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer, std::int64_t step, bool views = false) {
   io::checkpoint c;
-  for (const auto& e : detail::parameters_to_read(model)) c.tensors["model." + e.name] = host_copy(e.param.value());
+  c.views = views;
+  for (const auto& e : detail::parameters_to_read(model))
+    c.tensors["model." + e.name] = detail::host_view_or_copy(e.param.value(), views);
   if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; }) {
     const nn::gpt_config cfg = model.config();
     c.counters["config.n_layer"] = cfg.n_layer;
@@ -46,8 +57,8 @@ io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer
     c.text["config.dropout"] = dropout.str();
   }
   for (const auto& s : optimizer.state()) {
-    c.tensors["adamw." + s.name + ".exp_avg"] = host_copy(s.exp_avg);
-    c.tensors["adamw." + s.name + ".exp_avg_sq"] = host_copy(s.exp_avg_sq);
+    c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_view_or_copy(s.exp_avg, views);
+    c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_view_or_copy(s.exp_avg_sq, views);
     c.counters["adamw." + s.name + ".step"] = s.step;
   }
   c.counters["step"] = step;

@@ -13,7 +13,10 @@
 //                                                        runs in the background and drops it; called before
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
-//                                                        rounds end: joiners are taken in after them)
+//                                                        rounds end: joiners are taken in after them;
+//                                                        void size_state(Ctx&), its per-parameter state at
+//                                                        the model's size before the fault policy starts,
+//                                                        so that a state taken from a peer lands in it)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)

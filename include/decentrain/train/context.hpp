@@ -66,6 +66,10 @@ struct peer_context {
                                 // its state came from the members, who are mid-run, so its
                                 // policy's start() exchanges nothing
   std::function<io::checkpoint()> capture;             // this peer's whole state
+  // The same as views of this peer's memory where it is on the host (io::checkpoint::views), to
+  // read or overwrite at once while the peer waits: fault::elastic's donors serve their state
+  // from it, a peer behind decodes the donor's into it.
+  std::function<io::checkpoint()> capture_views;
   std::function<void(const io::checkpoint&)> restore;  // and back
   // For fault policies that change the group (fault::elastic):
   transport::any_endpoint& network;  // this peer's endpoint in the whole world, beneath any view

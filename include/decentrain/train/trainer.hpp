@@ -120,6 +120,7 @@ class trainer {
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
                                                       "lets the others go on without this peer (fault::elastic)");
     adopted_ = false;
+    if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     fault_.start(ctx);
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     // Restored, or given the state of a peer further on (a restarted elastic group's): the state
@@ -208,9 +209,10 @@ class trainer {
     return mean;
   }
 
-  // This peer's whole state: model, AdamW, step, dropout stream and the policy's state.
-  io::checkpoint capture() const {
-    auto c = train::capture(model_, optimizer_, step_);
+  // This peer's whole state: model, AdamW, step, dropout stream and the policy's state; with
+  // `views`, views of its host memory rather than copies (io::checkpoint::views).
+  io::checkpoint capture(bool views = false) const {
+    auto c = train::capture(model_, optimizer_, step_, views);
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
     c.counters["trainer.world"] = world();
@@ -398,6 +400,7 @@ class trainer {
                    resumed_,
                    false,
                    [this] { return capture(); },
+                   [this] { return capture(true); },
                    [this](const io::checkpoint& c) { restore(c); },
                    endpoint_,
                    phase::step,

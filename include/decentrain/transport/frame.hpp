@@ -29,8 +29,8 @@ namespace decentrain::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
-// run keys, no answer to a hello.
-inline constexpr std::uint16_t version = 6;
+// run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size.
+inline constexpr std::uint16_t version = 7;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
