@@ -9932,6 +9932,7 @@ class encoded_checkpoint {
    protected:
     std::streamsize xsputn(const char* s, std::streamsize n) override {
       const auto len = static_cast<std::size_t>(n);
+      if (len == 0) return 0;  // (no empty pieces)
       auto& pieces = out_.pieces_;
       if (len >= borrow_bytes) {
         const auto named = out_.names_.find(s);
@@ -10004,7 +10005,9 @@ inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces,
     decentrain::detail::xxh3_stream hash;
     for (const auto p : body) hash.update(p);
     sum = hash.digest();
-  } else {  // older files: one piece, read whole
+  } else if (body.size() == 1) {  // older files
+    sum = checkpoint_checksum(body.front(), static_cast<std::uint32_t>(version));
+  } else {
     std::string joined;
     for (const auto p : body) joined.append(p);
     sum = checkpoint_checksum(joined, static_cast<std::uint32_t>(version));
@@ -10030,6 +10033,7 @@ inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces,
       tensor<cpu> t;
       ar(name);
       const auto reuse = into.tensors.find(name);
+      decentrain::detail::check(!ckpt.tensors.contains(name), "tensor '", name, "' is stored twice");
       load_tensor(ar, t, reuse == into.tensors.end() ? nullptr : &reuse->second);
       ckpt.tensors.emplace(std::move(name), std::move(t));
     }
@@ -19500,7 +19504,8 @@ inline void load_flat(const io::checkpoint& c, const std::string& name, std::vec
                             name, "' has ", t.numel(), " elements of ", dtype_name(t.dtype()), ", expected ", expected, " f32");
   const auto flat = t.contiguous();
   const float* p = flat.template data<float>();
-  if (p != out.data() || out.size() != expected) out.assign(p, p + expected);
+  if (p == out.data() && out.size() == expected) return;  // decoded in place
+  out.assign(p, p + expected);
 }
 
 }  // namespace decentrain::comm
@@ -20112,11 +20117,12 @@ struct streaming_diloco {
     load_flat(c, "comm.streaming_diloco.momentum", momentum_, n);
     merges_ = c.counter("comm.streaming_diloco.merges");
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
-    eager_.clear();
-    eager_momentum_.clear();
-    if (saved_eager) {
+    if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
       load_flat(c, "comm.streaming_diloco.eager", eager_, n);
       load_flat(c, "comm.streaming_diloco.eager_momentum", eager_momentum_, n);
+    } else {
+      eager_.clear();
+      eager_momentum_.clear();
     }
     const auto count = c.counter("comm.streaming_diloco.fragments");
     decentrain::detail::check(count >= 0 && count <= 1 << 20, "checkpoint: comm.streaming_diloco.fragments is ", count);
@@ -21341,6 +21347,7 @@ struct state_offer {
   bool same_layout(const state_offer& o) const { return size == o.size && ends == o.ends; }
 };
 
+// A tensor of a longer name is not placed (a taker receives it in its buffer).
 inline constexpr std::size_t max_tensor_name_bytes = 4096;
 
 // Words: size, checksum, chunks, hashes (0 or 1), tensors; each chunk's end; each chunk's hash;
@@ -21384,7 +21391,9 @@ inline state_offer decode_offer(const transport::bytes& b, int from, const agree
     transport::fail_peer(from, "state", "elastic: peer ", from, " announced a state of ", o.size, " bytes (at most ",
                          s.max_state_bytes, " are accepted: agreement_settings::max_state_bytes)");
   const std::uint64_t words = (b.size() - at) / 8;
-  if (n == 0 || hashed > 1 || n * (1 + hashed) > words || placed > n) malformed(" (", n, " chunks, ", placed, " tensors)");
+  // (Chunks are asked for by 32-bit index.)
+  if (n == 0 || n >= (std::uint64_t{1} << 32) || hashed > 1 || n > words / (1 + hashed) || placed > n)
+    malformed(" (", n, " chunks, ", placed, " tensors)");
   o.ends.resize(static_cast<std::size_t>(n));
   for (auto& e : o.ends) e = word();
   for (std::uint64_t i = 0; i < n; ++i)
@@ -21590,6 +21599,7 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
     offer.size = blob.size();
     offer.checksum = blob.checksum();
     offer.tensors = blob.placed_tensors();
+    std::erase_if(offer.tensors, [](const auto& t) { return t.name.size() > detail::max_tensor_name_bytes; });  // sent whole
     // Chunks end at the encoding's pieces and are small enough that several donors share a small
     // state, at most state_chunk_bytes.
     const std::uint64_t spread = (offer.size + 4 * donors.size() - 1) / (4 * donors.size());
@@ -21969,6 +21979,7 @@ struct elastic {
                                         &torn_);
         served_ += got.bytes_served;
         if (got.state) {
+          torn_ = true;  // the decode writes into this peer's tensors
           ctx.adopt(io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into()));
           torn_ = false;
           in_place = got.state->in_place();

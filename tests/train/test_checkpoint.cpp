@@ -238,6 +238,15 @@ TEST_CASE("an encoded checkpoint reads its tensors where they lie, and its bytes
     REQUIRE(e.bytes(at, len, scratch) == std::string_view(whole).substr(static_cast<std::size_t>(at), len));
   }
   CHECK_THROWS_WITH(e.bytes(whole.size() - 1, 2, scratch), Contains("encoded_checkpoint: bytes ["));
+  // A payload that names a tensor twice (its checksum right) is refused.
+  dt::io::checkpoint two;
+  two.tensors["a1"] = dt::ones(dt::shape{3});
+  two.tensors["a2"] = dt::ones(dt::shape{3});
+  std::string twice = dt::io::encode_checkpoint(two);
+  twice[twice.find("a2") + 1] = '1';
+  const auto sum = dt::detail::xxh3(std::string_view(twice).substr(dt::io::checkpoint_header_bytes));
+  for (int i = 0; i < 8; ++i) twice[20 + static_cast<std::size_t>(i)] = static_cast<char>((sum >> (8 * i)) & 0xff);
+  CHECK_THROWS_WITH(dt::io::decode_checkpoint(twice, "a donor"), Contains("tensor 'a1' is stored twice"));
   // A file is written from the pieces.
   const auto path = temp_file("pieces.ckpt");
   dt::io::save_checkpoint(path, c);

@@ -194,7 +194,8 @@ inline void load_flat(const io::checkpoint& c, const std::string& name, std::vec
                             name, "' has ", t.numel(), " elements of ", dtype_name(t.dtype()), ", expected ", expected, " f32");
   const auto flat = t.contiguous();
   const float* p = flat.template data<float>();
-  if (p != out.data() || out.size() != expected) out.assign(p, p + expected);
+  if (p == out.data() && out.size() == expected) return;  // decoded in place
+  out.assign(p, p + expected);
 }
 
 }  // namespace decentrain::comm

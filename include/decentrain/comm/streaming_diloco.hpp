@@ -297,11 +297,12 @@ struct streaming_diloco {
     load_flat(c, "comm.streaming_diloco.momentum", momentum_, n);
     merges_ = c.counter("comm.streaming_diloco.merges");
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
-    eager_.clear();
-    eager_momentum_.clear();
-    if (saved_eager) {
+    if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
       load_flat(c, "comm.streaming_diloco.eager", eager_, n);
       load_flat(c, "comm.streaming_diloco.eager_momentum", eager_momentum_, n);
+    } else {
+      eager_.clear();
+      eager_momentum_.clear();
     }
     const auto count = c.counter("comm.streaming_diloco.fragments");
     decentrain::detail::check(count >= 0 && count <= 1 << 20, "checkpoint: comm.streaming_diloco.fragments is ", count);

@@ -288,6 +288,7 @@ struct elastic {
                                         &torn_);
         served_ += got.bytes_served;
         if (got.state) {
+          torn_ = true;  // the decode writes into this peer's tensors
           ctx.adopt(io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into()));
           torn_ = false;
           in_place = got.state->in_place();

@@ -559,6 +559,7 @@ struct state_offer {
   bool same_layout(const state_offer& o) const { return size == o.size && ends == o.ends; }
 };
 
+// A tensor of a longer name is not placed (a taker receives it in its buffer).
 inline constexpr std::size_t max_tensor_name_bytes = 4096;
 
 // Words: size, checksum, chunks, hashes (0 or 1), tensors; each chunk's end; each chunk's hash;
@@ -602,7 +603,9 @@ inline state_offer decode_offer(const transport::bytes& b, int from, const agree
     transport::fail_peer(from, "state", "elastic: peer ", from, " announced a state of ", o.size, " bytes (at most ",
                          s.max_state_bytes, " are accepted: agreement_settings::max_state_bytes)");
   const std::uint64_t words = (b.size() - at) / 8;
-  if (n == 0 || hashed > 1 || n * (1 + hashed) > words || placed > n) malformed(" (", n, " chunks, ", placed, " tensors)");
+  // (Chunks are asked for by 32-bit index.)
+  if (n == 0 || n >= (std::uint64_t{1} << 32) || hashed > 1 || n > words / (1 + hashed) || placed > n)
+    malformed(" (", n, " chunks, ", placed, " tensors)");
   o.ends.resize(static_cast<std::size_t>(n));
   for (auto& e : o.ends) e = word();
   for (std::uint64_t i = 0; i < n; ++i)
@@ -808,6 +811,7 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
     offer.size = blob.size();
     offer.checksum = blob.checksum();
     offer.tensors = blob.placed_tensors();
+    std::erase_if(offer.tensors, [](const auto& t) { return t.name.size() > detail::max_tensor_name_bytes; });  // sent whole
     // Chunks end at the encoding's pieces and are small enough that several donors share a small
     // state, at most state_chunk_bytes.
     const std::uint64_t spread = (offer.size + 4 * donors.size() - 1) / (4 * donors.size());

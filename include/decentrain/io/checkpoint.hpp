@@ -258,6 +258,7 @@ class encoded_checkpoint {
    protected:
     std::streamsize xsputn(const char* s, std::streamsize n) override {
       const auto len = static_cast<std::size_t>(n);
+      if (len == 0) return 0;  // (no empty pieces)
       auto& pieces = out_.pieces_;
       if (len >= borrow_bytes) {
         const auto named = out_.names_.find(s);
@@ -330,7 +331,9 @@ inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces,
     decentrain::detail::xxh3_stream hash;
     for (const auto p : body) hash.update(p);
     sum = hash.digest();
-  } else {  // older files: one piece, read whole
+  } else if (body.size() == 1) {  // older files
+    sum = checkpoint_checksum(body.front(), static_cast<std::uint32_t>(version));
+  } else {
     std::string joined;
     for (const auto p : body) joined.append(p);
     sum = checkpoint_checksum(joined, static_cast<std::uint32_t>(version));
@@ -356,6 +359,7 @@ inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces,
       tensor<cpu> t;
       ar(name);
       const auto reuse = into.tensors.find(name);
+      decentrain::detail::check(!ckpt.tensors.contains(name), "tensor '", name, "' is stored twice");
       load_tensor(ar, t, reuse == into.tensors.end() ? nullptr : &reuse->second);
       ckpt.tensors.emplace(std::move(name), std::move(t));
     }
