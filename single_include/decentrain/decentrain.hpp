@@ -9801,6 +9801,20 @@ inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t v
   }
 }
 
+// The same of a payload in pieces (as encoded_checkpoint holds it, or a state landed in place):
+// XXH3 streamed over them; the older hashes over the pieces joined (an old file is one piece).
+inline std::uint64_t checkpoint_checksum(const std::vector<std::string_view>& body, std::uint32_t version = checkpoint_version) {
+  if (version >= 3) {
+    decentrain::detail::xxh3_stream hash;
+    for (const auto p : body) hash.update(p);
+    return hash.digest();
+  }
+  if (body.size() == 1) return checkpoint_checksum(body.front(), version);
+  std::string joined;
+  for (const auto p : body) joined.append(p);
+  return checkpoint_checksum(joined, version);
+}
+
 namespace streams {
 // `bytes` little-endian bytes of `data` from `at` (a header field).
 inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
@@ -9838,9 +9852,9 @@ class encoded_checkpoint {
       cereal::PortableBinaryOutputArchive ar(stream);
       ar(kept_);
     }
-    decentrain::detail::xxh3_stream hash;
-    for (const auto& p : pieces_) hash.update(view(p).substr(p.at == 0 ? checkpoint_header_bytes : 0));
-    checksum_ = hash.digest();
+    auto body = pieces();
+    body.front().remove_prefix(checkpoint_header_bytes);
+    checksum_ = checkpoint_checksum(body);
     std::size_t at = 0;
     auto put = [&](std::uint64_t v, int bytes) {
       for (int i = 0; i < bytes; ++i) own_[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
@@ -9999,20 +10013,9 @@ inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces,
   decentrain::detail::check(total - header == length, where, " is truncated or padded: payload of ", total - header,
                             " bytes, header says ", length);
   std::vector<std::string_view> body(pieces.begin(), pieces.end());
-  body.front() = body.front().substr(header);
-  std::uint64_t sum = 0;
-  if (version >= 3) {
-    decentrain::detail::xxh3_stream hash;
-    for (const auto p : body) hash.update(p);
-    sum = hash.digest();
-  } else if (body.size() == 1) {  // older files
-    sum = checkpoint_checksum(body.front(), static_cast<std::uint32_t>(version));
-  } else {
-    std::string joined;
-    for (const auto p : body) joined.append(p);
-    sum = checkpoint_checksum(joined, static_cast<std::uint32_t>(version));
-  }
-  decentrain::detail::check(sum == checksum, where, " is corrupt (checksum mismatch)");
+  body.front().remove_prefix(header);
+  decentrain::detail::check(checkpoint_checksum(body, static_cast<std::uint32_t>(version)) == checksum, where,
+                            " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
     decentrain::detail::bounded_input_archive ar(body, where);
@@ -20824,10 +20827,6 @@ struct checkpoint_every {
 // excluded).
 // The view then bars it for good (view::barred): every member refuses it, also as a joiner.
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -21458,27 +21457,11 @@ inline std::vector<std::vector<std::uint32_t>> assign_chunks(const std::vector<s
 
 // An encoded state as received: each tensor's bytes landed in this peer's own tensor of that
 // name and size (`own`: views of its memory, io::checkpoint::views), where there is one, so that
-// nothing is allocated for them; the rest (names, counters, tensors it has not) in a buffer, not
-// zeroed first (the chunks land in it straight from the sockets). A large buffer is mapped with
-// its pages populated in one call, which the kernel does in bulk, faster than a page fault at a
-// time as the chunks land. Fresh memory is what a large heal pays for most on a VM
-// (bench/RESULTS.md, the heal of a GPT-2 124M state).
+// nothing is allocated for them (fresh memory is what a large heal pays for most on a VM:
+// bench/RESULTS.md, the heal of a GPT-2 124M state); the rest (names, counters, tensors it has
+// not) in a buffer, not zeroed first (the chunks land in it straight from the sockets).
 class received_state {
  public:
-  received_state() = default;
-  received_state(received_state&& o) noexcept
-      : own_(std::move(o.own_)), heap_(std::move(o.heap_)), mapped_(std::exchange(o.mapped_, nullptr)),
-        buffered_(std::exchange(o.buffered_, 0)), chunks_(std::move(o.chunks_)), landed_(o.landed_),
-        tensors_buffered_(o.tensors_buffered_) {}
-  received_state& operator=(received_state&&) = delete;
-  received_state(const received_state&) = delete;
-  received_state& operator=(const received_state&) = delete;
-  ~received_state() {
-#if defined(__linux__)
-    if (mapped_) ::munmap(mapped_, buffered_);
-#endif
-  }
-
   // Where each chunk of `offer` lands: in `own`'s tensor of the name the offer places it in, when
   // that tensor has as many bytes and is contiguous, else in the buffer.
   received_state(const detail::state_offer& offer, io::checkpoint own) : own_(std::move(own)) {
@@ -21509,17 +21492,10 @@ class received_state {
       const auto it = mine.find(t.name);
       tensors_buffered_ += it == mine.end() || it->second->nbytes() != t.bytes ? 1 : 0;
     }
-#if defined(__linux__)
-    if (buffered_ >= populate_bytes) {
-      void* p = ::mmap(nullptr, buffered_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-      if (p != MAP_FAILED) mapped_ = static_cast<char*>(p);
-    }
-#endif
-    if (!mapped_) heap_ = std::make_unique_for_overwrite<char[]>(buffered_);
-    char* buffer = mapped_ ? mapped_ : heap_.get();
+    buffer_ = std::make_unique_for_overwrite<char[]>(buffered_);
     for (std::uint64_t i = 0; i < offer.chunks(); ++i) {
       const auto& w = where[static_cast<std::size_t>(i)];
-      chunks_.emplace_back(w.first ? w.first : buffer + w.second, static_cast<std::size_t>(offer.length(i)));
+      chunks_.emplace_back(w.first ? w.first : buffer_.get() + w.second, static_cast<std::size_t>(offer.length(i)));
     }
   }
 
@@ -21545,10 +21521,8 @@ class received_state {
   const io::checkpoint& into() const { return own_; }
 
  private:
-  static constexpr std::size_t populate_bytes = std::size_t{64} << 20;
   io::checkpoint own_;
-  std::unique_ptr<char[]> heap_;
-  char* mapped_ = nullptr;
+  std::unique_ptr<char[]> buffer_;
   std::size_t buffered_ = 0;
   std::vector<std::span<char>> chunks_;
   std::uint64_t landed_ = 0;

@@ -127,6 +127,20 @@ inline std::uint64_t checkpoint_checksum(std::string_view bytes, std::uint32_t v
   }
 }
 
+// The same of a payload in pieces (as encoded_checkpoint holds it, or a state landed in place):
+// XXH3 streamed over them; the older hashes over the pieces joined (an old file is one piece).
+inline std::uint64_t checkpoint_checksum(const std::vector<std::string_view>& body, std::uint32_t version = checkpoint_version) {
+  if (version >= 3) {
+    decentrain::detail::xxh3_stream hash;
+    for (const auto p : body) hash.update(p);
+    return hash.digest();
+  }
+  if (body.size() == 1) return checkpoint_checksum(body.front(), version);
+  std::string joined;
+  for (const auto p : body) joined.append(p);
+  return checkpoint_checksum(joined, version);
+}
+
 namespace streams {
 // `bytes` little-endian bytes of `data` from `at` (a header field).
 inline std::uint64_t read_le(std::string_view data, std::size_t at, int bytes) {
@@ -164,9 +178,9 @@ class encoded_checkpoint {
       cereal::PortableBinaryOutputArchive ar(stream);
       ar(kept_);
     }
-    decentrain::detail::xxh3_stream hash;
-    for (const auto& p : pieces_) hash.update(view(p).substr(p.at == 0 ? checkpoint_header_bytes : 0));
-    checksum_ = hash.digest();
+    auto body = pieces();
+    body.front().remove_prefix(checkpoint_header_bytes);
+    checksum_ = checkpoint_checksum(body);
     std::size_t at = 0;
     auto put = [&](std::uint64_t v, int bytes) {
       for (int i = 0; i < bytes; ++i) own_[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
@@ -325,20 +339,9 @@ inline checkpoint decode_checkpoint(const std::vector<std::string_view>& pieces,
   decentrain::detail::check(total - header == length, where, " is truncated or padded: payload of ", total - header,
                             " bytes, header says ", length);
   std::vector<std::string_view> body(pieces.begin(), pieces.end());
-  body.front() = body.front().substr(header);
-  std::uint64_t sum = 0;
-  if (version >= 3) {
-    decentrain::detail::xxh3_stream hash;
-    for (const auto p : body) hash.update(p);
-    sum = hash.digest();
-  } else if (body.size() == 1) {  // older files
-    sum = checkpoint_checksum(body.front(), static_cast<std::uint32_t>(version));
-  } else {
-    std::string joined;
-    for (const auto p : body) joined.append(p);
-    sum = checkpoint_checksum(joined, static_cast<std::uint32_t>(version));
-  }
-  decentrain::detail::check(sum == checksum, where, " is corrupt (checksum mismatch)");
+  body.front().remove_prefix(header);
+  decentrain::detail::check(checkpoint_checksum(body, static_cast<std::uint32_t>(version)) == checksum, where,
+                            " is corrupt (checksum mismatch)");
   checkpoint ckpt;
   try {
     decentrain::detail::bounded_input_archive ar(body, where);
