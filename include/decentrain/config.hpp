@@ -27,6 +27,17 @@
 #define DECENTRAIN_HAS_CBLAS 0
 #endif
 
+// Standalone asio (Debian: libasio-dev) gives the TCP transport. nvcc (13.0) cannot compile
+// asio 1.22's executor traits, so CUDA translation units see no TCP transport; the TCP peer lives
+// in host code (a .cpp) and hands device buffers over as bytes.
+#ifndef DECENTRAIN_HAS_ASIO
+#if __has_include(<asio.hpp>) && !defined(__CUDACC__)
+#define DECENTRAIN_HAS_ASIO 1
+#else
+#define DECENTRAIN_HAS_ASIO 0
+#endif
+#endif
+
 // The CMake target defines DECENTRAIN_HAS_TLS=1 when it found OpenSSL's libssl (and links it):
 // the TCP transport can then run TLS (transport/tls.hpp). Opt-in rather than detected, because
 // asio's TLS layer makes every program that includes it link libssl and libcrypto, TLS used or

@@ -1,0 +1,270 @@
+// One TCP connection to a peer: its socket, its frame keys, the writer that seals frames in order
+// and writes them whole, and the reader's state with the primitive that fills a buffer from the
+// socket (read_fully).
+#pragma once
+
+#include "decentrain/config.hpp"
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <asio.hpp>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+
+#include "decentrain/transport/auth.hpp"
+#include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/liveness.hpp"
+#include "decentrain/transport/tcp/handshake.hpp"
+#include "decentrain/transport/tls.hpp"
+
+namespace decentrain::transport::tcp_detail {
+
+using clock = std::chrono::steady_clock;
+
+inline std::uint64_t nanoseconds(clock::time_point t) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+}
+
+// A frame as asio buffers: header, body, padding (head and body must outlive the write).
+inline std::array<asio::const_buffer, 3> frame_buffers(const std::array<std::byte, wire::header_bytes>& head,
+                                                       std::span<const std::byte> body) {
+  const auto pad = wire::padding(body.size());
+  return {asio::buffer(head), asio::buffer(body.data(), body.size()), asio::buffer(pad.data(), pad.size())};
+}
+
+// How a blocking write of a data frame ended (connection::write_data).
+enum class write_status : std::uint8_t {
+  done,
+  closed,       // the connection was closed (by the I/O thread) before the frame went out whole
+  broken,       // the socket failed (errno in `error`)
+  timed_out,    // the deadline passed first
+  interrupted,  // `interrupt` asked to stop before any byte of the frame was written
+};
+struct write_result {
+  write_status status = write_status::done;
+  int error = 0;
+};
+
+struct connection : std::enable_shared_from_this<connection> {
+  explicit connection(asio::io_context& io) : socket(io), heard(clock::now()), accepted_at(heard) {}
+
+  asio::ip::tcp::socket socket;
+  int rank = -1;  // -1 until its hello arrives (and, with a run key, its proof)
+
+  // ---- the reader (I/O thread only) ----
+  // The previous body's padding, then the next header: one read.
+  std::array<std::byte, wire::frame_alignment + wire::header_bytes> head{};
+  std::size_t padding = 0;  // bytes of padding still to read before the next header
+  int low_water = 1;        // the socket's SO_RCVLOWAT as last set
+  bytes body;
+  bool closed = false;
+
+  // ---- the writer ----
+  // Data frames are written by the sending thread; closing takes this lock, so the descriptor
+  // is never closed (and its number reused) under a writer.
+  std::mutex write_mutex;
+  std::atomic<bool> closed_for_writes{false};
+  // Guarded by write_mutex: what of a heartbeat or goodbye the socket did not take at once
+  // (they are written without blocking); the next write sends it first, so frames never mix.
+  bytes unsent;
+
+  // ---- keys ----
+  // Both directions' frame keys (a run key or TLS): `send` under write_mutex, `receive` on the I/O
+  // thread; set before the connection carries any tagged frame.
+  std::optional<auth::session> keys;
+
+  // ---- liveness (I/O thread; `beats` also read under the node's mutex) ----
+  // When anything last came from the peer, the bytes that sat in the socket at the last check
+  // (bytes waiting under SO_RCVLOWAT count as heard), the last heartbeat to echo back and when it
+  // came, and the estimates.
+  clock::time_point heard;
+  int queued = 0;
+  wire::heartbeat last_in;
+  clock::time_point last_in_at;
+  liveness beats;
+
+  // ---- the handshake (an accepted connection; a dialed one is open from the start) ----
+  handshake handshake_state;
+  clock::time_point accepted_at;
+#if DECENTRAIN_HAS_TLS
+  std::unique_ptr<tls::stream> tls;  // during the TLS handshake only
+#endif
+
+  bool encrypted() const { return keys && keys->send.encrypts(); }
+
+  // A frame's header, with its tag when the connection has keys (write_mutex held: tags must go
+  // out in the order they were made). Encrypting, the body goes to `ciphertext` (may be `body`).
+  std::array<std::byte, wire::header_bytes> sealed_header(wire::frame_type type, tag_type tag, std::span<const std::byte> text,
+                                                         std::span<std::byte> ciphertext) {
+    auto h = wire::encode_header({type, tag, text.size(), {}});
+    if (keys) {
+      const auto mac = keys->send.seal(std::span<const std::byte>(h).first(wire::header_used_bytes), text, ciphertext);
+      std::memcpy(h.data() + wire::tag_offset, mac.data(), mac.size());
+    }
+    return h;
+  }
+
+  // Queues a small control frame on `unsent` (write_mutex held); returns the bytes it adds.
+  std::size_t append_frame(wire::frame_type type, const bytes& frame_body) {
+    auto& out = unsent;
+    const std::size_t at = out.size();
+    out.resize(at + wire::header_bytes);
+    out.insert(out.end(), frame_body.begin(), frame_body.end());
+    const auto text = std::span<std::byte>(out).subspan(at + wire::header_bytes, frame_body.size());
+    const auto h = sealed_header(type, 0, text, encrypted() ? text : std::span<std::byte>());
+    std::memcpy(out.data() + at, h.data(), h.size());
+    const auto pad = wire::padding(frame_body.size());
+    out.insert(out.end(), pad.begin(), pad.end());
+    return out.size() - at;
+  }
+
+  // Writes what of `unsent` the socket takes now (write_mutex held); true once all of it went.
+  bool flush_unsent() {
+    std::size_t done = 0;
+    while (done < unsent.size()) {
+      const ssize_t n = ::send(socket.native_handle(), unsent.data() + done, unsent.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // full, or broken (the reader finds out)
+      done += static_cast<std::size_t>(n);
+    }
+    unsent.erase(unsent.begin(), unsent.begin() + static_cast<std::ptrdiff_t>(done));
+    return unsent.empty();
+  }
+
+  // The sending thread writes a data frame itself (the I/O thread only reads data connections):
+  // handing each message to the I/O thread and waiting for it cost two thread switches per
+  // message, which on a machine with fewer cores than peers was most of a small all-reduce.
+  // Non-blocking writes with poll() keep the deadline; the I/O thread reads meanwhile, so peers
+  // that all send at once still drain each other. `interrupt()` is asked while the socket is full
+  // and nothing of this frame is written yet: true stops the write (a frame half written must
+  // finish, or the stream would lose its framing). Takes write_mutex.
+  template <class Interrupt>
+  write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt) {
+    std::lock_guard lock(write_mutex);
+    if (encrypted()) {
+      // The caller's buffer is not ours to overwrite: the frame is encrypted into one buffer per
+      // sending thread (not per connection: a peer with many connections holds one copy of its
+      // largest frame, not one per peer). The tag goes in the header, so all of it first.
+      static thread_local bytes ciphertext;
+      if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
+      const auto into = std::span<std::byte>(ciphertext).first(data.size());
+      const auto h = sealed_header(wire::frame_type::data, tag, data, into);
+      return write_sealed(h, into, deadline, interrupt);
+    }
+    return write_sealed(sealed_header(wire::frame_type::data, tag, data, {}), data, deadline, interrupt);
+  }
+
+  // Reads exactly `into` (from byte `got` on), then calls done(error, bytes read). It reads
+  // until the socket is empty before it waits, and while it waits the socket's receive
+  // low-water mark (SO_RCVLOWAT) is what is still missing, up to low_water_cap, so the kernel
+  // wakes this thread once per large piece of a body rather than once per packet. asio's
+  // async_read went through epoll_wait for every 50 KB it read; this reads a 1 MB chunk in
+  // about one wake-up (bench/RESULTS.md). Never more than is missing: a mark above the rest of
+  // a frame would wait for bytes that may never come. The kernel caps the mark at half the
+  // largest receive buffer and grows the buffer to hold it.
+  //
+  // After `turn_bytes` in one go it hands the rest back to the event loop: a peer streaming
+  // gigabytes (a state transfer) would otherwise keep the I/O thread reading for as long as the
+  // stream lasts: its heartbeats, timers and other connections would wait that long (its peer
+  // then takes it for silent), and the stack would grow by a few calls per message.
+  static constexpr std::size_t low_water_cap = std::size_t{4} << 20;
+  static constexpr std::size_t turn_bytes = std::size_t{4} << 20;
+
+  template <class Done>
+  void read_fully(std::span<std::byte> into, std::size_t got, Done done) {
+    const int fd = socket.native_handle();
+    std::size_t this_turn = 0;
+    while (got < into.size()) {
+      if (this_turn >= turn_bytes) {
+        asio::post(socket.get_executor(), [self = shared_from_this(), into, got, done = std::move(done)]() mutable {
+          if (self->closed) return done(asio::error_code(asio::error::operation_aborted), got);  // settles a posting
+          self->read_fully(into, got, std::move(done));
+        });
+        return;
+      }
+      const ssize_t n = ::recv(fd, into.data() + got, into.size() - got, MSG_DONTWAIT);
+      if (n > 0) {
+        got += static_cast<std::size_t>(n);
+        this_turn += static_cast<std::size_t>(n);
+        heard = clock::now();
+        continue;
+      }
+      if (n == 0) return done(asio::error_code(asio::error::eof), got);
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err != EAGAIN && err != EWOULDBLOCK) return done(asio::error_code(err, asio::error::get_system_category()), got);
+      const int want = static_cast<int>(std::min(into.size() - got, low_water_cap));
+      if (want != low_water && ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) low_water = want;
+      socket.async_wait(asio::socket_base::wait_read,
+                        [self = shared_from_this(), into, got, done = std::move(done)](const asio::error_code& ec) mutable {
+                          if (ec) return done(ec, got);
+                          self->read_fully(into, got, std::move(done));
+                        });
+      return;
+    }
+    done(asio::error_code(), got);
+  }
+
+ private:
+  // write_data's frame once sealed (write_mutex held).
+  template <class Interrupt>
+  write_result write_sealed(const std::array<std::byte, wire::header_bytes>& h, std::span<const std::byte> data,
+                            clock::time_point deadline, Interrupt& interrupt) {
+    const auto pad = wire::padding(data.size());
+    const int fd = socket.native_handle();
+    // The rest of a heartbeat goes first (see unsent).
+    const std::size_t before = unsent.size();
+    std::array<iovec, 4> parts{iovec{unsent.data(), unsent.size()}, iovec{const_cast<std::byte*>(h.data()), h.size()},
+                               iovec{const_cast<std::byte*>(data.data()), data.size()},
+                               iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
+    std::size_t first = 0, written = 0;
+    auto stop = [&](write_status s, int error = 0) {
+      unsent.erase(unsent.begin(), unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written, before)));
+      if (written <= before && keys) keys->send.unseal();  // the frame never started: its tag is unused
+      return write_result{s, error};
+    };
+    while (first < parts.size()) {
+      if (closed_for_writes.load()) return stop(write_status::closed);
+      msghdr msg{};
+      msg.msg_iov = parts.data() + first;
+      msg.msg_iovlen = parts.size() - first;
+      const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        const int err = errno;
+        if (err == EINTR) continue;
+        if (err != EAGAIN && err != EWOULDBLOCK) return stop(write_status::broken, err);
+        if (written <= before && interrupt()) return stop(write_status::interrupted);
+        const auto left = deadline - clock::now();
+        if (left <= clock::duration::zero()) return stop(write_status::timed_out);
+        pollfd p{fd, POLLOUT, 0};
+        ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+        continue;
+      }
+      auto done = static_cast<std::size_t>(n);
+      written += done;
+      while (first < parts.size() && done >= parts[first].iov_len) done -= parts[first++].iov_len;
+      if (first < parts.size()) {
+        parts[first].iov_base = static_cast<std::byte*>(parts[first].iov_base) + done;
+        parts[first].iov_len -= done;
+      }
+    }
+    unsent.clear();
+    return {};
+  }
+};
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO

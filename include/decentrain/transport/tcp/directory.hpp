@@ -1,0 +1,47 @@
+// Where every peer of the group listens, as this peer knows it, and whether the group it belongs
+// to is formed or this peer joined it running; what a caller asking for the directory is told.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/frame.hpp"
+
+namespace decentrain::transport::tcp_detail {
+
+struct directory {
+  std::map<int, std::string> addresses;  // rank -> "host:port", this peer's own included
+  std::size_t turn = 0;                  // which known address rediscover() asks first (training thread)
+  bool formed = false;  // the mesh of this peer's group is complete (it may be running)
+  bool late = false;    // this peer joined a running group
+  std::string refusal;  // why this peer cannot join at all (its rank is taken, a wrong key)
+
+  // The answer to a directory request: before the group is formed, every address known; after,
+  // only this peer and the peers it is connected to (those a joiner must reach).
+  template <class Connected>
+  wire::directory answer(int self, Connected&& connected) const {
+    wire::directory d;
+    d.formed = formed;
+    for (const auto& [r, a] : addresses)
+      if (!formed || r == self || connected(r)) d.entries.emplace_back(r, a);
+    return d;
+  }
+
+  // A seed's answer, at peer `self` (of `capacity` ranks, listening at `advertised`): the
+  // addresses are learned, and a running group makes this peer a joiner, or refuses it when its
+  // rank is taken there by another process. `outside`: this peer has no connection yet.
+  void learn(const wire::directory& d, int self, int capacity, const std::string& advertised, bool outside) {
+    if (d.formed && (outside || late)) {
+      for (const auto& [r, a] : d.entries)
+        if (r == self && (outside || a != advertised))
+          refusal = decentrain::detail::concat("tcp: rank ", self, " is taken in the running group (by the peer at ", a,
+                                               "); a peer that joins needs a rank of its own");
+      late = refusal.empty();
+    }
+    for (const auto& [r, a] : d.entries)
+      if (r >= 0 && r < capacity && r != self) addresses[r] = a;
+  }
+};
+
+}  // namespace decentrain::transport::tcp_detail

@@ -1,0 +1,742 @@
+// This peer's end of the TCP mesh: the I/O thread that accepts connections and reads every one
+// of them (a frame's body into memory a receiver posted, or into the mailbox), what each frame
+// does (a handshake step, data, a heartbeat, a goodbye), the connections by rank, and the
+// training thread's sends and receives over them.
+//
+// One I/O thread reads every connection; the sending thread writes its frames itself and
+// returns once they are written, which bounds memory without deadlock (every peer's I/O thread
+// always reads). A frame that fails validation (magic, version, type, length, cereal) is
+// counted, its connection closed, and the peer carries on.
+#pragma once
+
+#include "decentrain/config.hpp"
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <asio.hpp>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/mailbox.hpp"
+#include "decentrain/transport/peer_error.hpp"
+#include "decentrain/transport/tcp/admission.hpp"
+#include "decentrain/transport/tcp/connection.hpp"
+#include "decentrain/transport/tcp/directory.hpp"
+#include "decentrain/transport/tcp/heartbeat.hpp"
+#include "decentrain/transport/tcp/options.hpp"
+#include "decentrain/transport/tls.hpp"
+
+namespace decentrain::transport::tcp_detail {
+
+struct node {
+  explicit node(tcp_options o)
+      : opts((o.validate(), std::move(o))), acceptor(io), started(std::chrono::steady_clock::now()) {
+#if DECENTRAIN_HAS_TLS
+    if (opts.tls.enabled()) tls_context = tls::make_context(opts.tls, opts.rank);
+#endif
+    const auto [host, port] = wire::split_address(opts.listen);
+    try {
+      asio::ip::tcp::resolver resolver(io);
+      const auto ep = *resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive).begin();
+      acceptor.open(ep.endpoint().protocol());
+      acceptor.set_option(asio::socket_base::reuse_address(true));
+      acceptor.bind(ep.endpoint());
+      acceptor.listen();
+    } catch (const std::exception& e) {
+      decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
+    }
+    advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
+    dir.addresses[opts.rank] = advertised;
+    accept_next();
+    schedule_sweep();
+    if (opts.heartbeat_interval.count() > 0) schedule_beat();
+    io_thread = std::thread([this] { io.run(); });
+  }
+
+  ~node() {
+    asio::post(io, [this] {
+      stopping = true;
+      beat_timer.cancel();
+      sweep_timer.cancel();
+      accept_timer.cancel();
+      asio::error_code ignored;
+      acceptor.close(ignored);
+      const auto open = all;  // close() erases from `all`
+      for (const auto& c : open) close(c, "");
+    });
+    work.reset();
+    if (io_thread.joinable()) io_thread.join();
+  }
+
+  // ---- the registry ----
+
+  bool late_group() const {
+    std::lock_guard lock(mutex);
+    return dir.late;
+  }
+
+  // Registers a connection this peer dialed whose handshake ended in a welcome (training thread):
+  // from then on the I/O thread reads it. Returns once it is registered.
+  void add_dialed(const std::shared_ptr<connection>& c) {
+    std::promise<void> registered;
+    auto f = registered.get_future();
+    asio::post(io, [this, c, &registered] {
+      all.insert(c);
+      std::shared_ptr<connection> dropped;
+      {
+        std::lock_guard lock(mutex);
+        dropped = keep_one(c, true);
+      }
+      if (dropped) close(dropped, "");
+      if (dropped != c) {
+        // A joiner hears the peer from now on, also one it forgot (it was left out and
+        // rejoins), as the peer welcomed it.
+        if (!(late_group() && box.welcome(c->rank))) box.reopen(c->rank);
+        read_next(c);
+      }
+      registered.set_value();
+    });
+    f.get();
+    changed.notify_all();
+  }
+
+  // Two joiners that find each other at once dial each other: of the two connections, the one
+  // the lower rank dialed is kept on both sides. Registers `c` (dialed by this peer when
+  // `outgoing`) or not; returns the connection to close quietly, if any (mutex held).
+  std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
+    auto it = peers.find(c->rank);
+    if (it == peers.end() || it->second == c) {
+      if (it == peers.end() && !ever_connected.insert(c->rank).second) adm.reconnected();
+      peers[c->rank] = c;
+      return nullptr;
+    }
+    const bool lower_dialed_c = outgoing ? opts.rank < c->rank : c->rank < opts.rank;
+    if (!lower_dialed_c) return c;
+    auto old = it->second;
+    it->second = c;
+    return old;
+  }
+
+  std::vector<int> connected() const {
+    std::lock_guard lock(mutex);
+    std::vector<int> out;
+    for (const auto& [r, c] : peers) out.push_back(r);
+    return out;
+  }
+
+  // ---- accepting (I/O thread) ----
+
+  // Accepts forever, one connection at a time. A failed accept (out of descriptors: the
+  // connection stays in the kernel's queue and accept fails again at once) pauses, doubling up
+  // to a second, and makes room by closing the oldest stranger, instead of spinning; once the
+  // acceptor is closed (shutdown) it stops.
+  void accept_next() {
+    auto c = std::make_shared<connection>(io);
+    acceptor.async_accept(c->socket, [this, c](const asio::error_code& ec) {
+      if (stopping || !acceptor.is_open() || ec == asio::error::operation_aborted) return;
+      if (ec && ec != asio::error::connection_aborted) {
+        adm.accept_failed();
+        if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
+            ec == asio::error::no_memory)
+          evict_oldest_stranger();
+        accept_timer.expires_after(accept_pause);
+        accept_pause = std::min(accept_pause * 2, std::chrono::milliseconds(1000));
+        accept_timer.async_wait([this](const asio::error_code& e) {
+          if (!e && !stopping) accept_next();
+        });
+        return;
+      }
+      accept_pause = std::chrono::milliseconds(10);
+      if (!ec) {
+        asio::error_code ignored;
+        c->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        c->accepted_at = clock::now();
+        all.insert(c);
+        adm.count_pending(all);
+        if (adm.pending() > opts.max_pending) evict_oldest_stranger();
+#if DECENTRAIN_HAS_TLS
+        if (tls_context) start_tls(c);
+        else
+#endif
+          read_next(c);
+      }
+      accept_next();
+    });
+  }
+
+#if DECENTRAIN_HAS_TLS
+  // The acceptor's half of TLS (transport/tls.hpp): the handshake, `ready`, then frames under
+  // the exported keys. A caller that speaks plain frames is told, as a plain goodbye, that
+  // this peer needs TLS (its first bytes are a frame's magic, not a TLS record).
+  void start_tls(const std::shared_ptr<connection>& c) {
+    c->socket.async_wait(asio::socket_base::wait_read, [this, c](const asio::error_code& ec) {
+      if (c->closed) return;
+      if (ec) return lost(c, ec);
+      std::array<unsigned char, 4> first{};
+      const auto n = ::recv(c->socket.native_handle(), first.data(), first.size(), MSG_PEEK | MSG_DONTWAIT);
+      if (n == 4 && (first[0] | first[1] << 8 | first[2] << 16 | static_cast<std::uint32_t>(first[3]) << 24) == wire::magic) {
+        refuse(c, decentrain::detail::concat("peer ", opts.rank, " admits only peers with a certificate of the run's CA (TLS: ",
+                                             "--tls-cert, --tls-key, --tls-ca); the caller has none"));
+        return;
+      }
+      c->tls = std::make_unique<tls::stream>(c->socket, *tls_context);
+      c->tls->async_handshake(asio::ssl::stream_base::server, [this, c](const asio::error_code& ec2) {
+        if (c->closed) return;
+        if (ec2) {
+          const auto f = tls::describe(ec2, c->tls->native_handle());
+          if (f.kind == tls::failure::went_away) return lost(c, ec2);
+          return reject(c, "its TLS handshake failed: " + f.why);
+        }
+        try {
+          const auto e = tls::finish(*c->tls);
+          c->keys.emplace(e.dialer_to_acceptor, e.acceptor_to_dialer, false);
+          c->handshake_state.accepted(e.certified_rank, true);
+        } catch (const std::exception& ex) {
+          return reject(c, ex.what());
+        }
+        // `ready` is the first byte this end sends after its handshake, and nothing follows it
+        // until the caller's hello: an unregistered connection gets no heartbeat or other frame
+        // (see tls.hpp for why the order matters).
+        static constexpr unsigned char ready = tls::ready;
+        asio::async_write(*c->tls, asio::buffer(&ready, 1), [this, c](const asio::error_code& ec3, std::size_t) {
+          if (c->closed) return;
+          if (ec3) return lost(c, ec3);
+          c->tls.reset();
+          read_next(c);
+        });
+      });
+    });
+  }
+#endif
+
+  void evict_oldest_stranger() {
+    if (const auto oldest = admission::oldest_stranger(all)) {
+      adm.evicted();
+      close(oldest, "");  // (close recounts the strangers)
+    }
+  }
+
+  // Closes the strangers past their handshake deadline, a few times per deadline.
+  void schedule_sweep() {
+    sweep_timer.expires_after(std::clamp(opts.handshake_timeout / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(500)));
+    sweep_timer.async_wait([this](const asio::error_code& ec) {
+      if (ec || stopping) return;
+      const auto late_ones = admission::overdue(all, opts.handshake_timeout);
+      if (!late_ones.empty()) adm.timed_out(late_ones.size());
+      for (const auto& c : late_ones) close(c, "");
+      schedule_sweep();
+    });
+  }
+
+  // ---- reading (I/O thread) ----
+
+  void read_next(const std::shared_ptr<connection>& c) {
+    const std::size_t pad = c->padding;
+    c->read_fully(std::span<std::byte>(c->head.data(), pad + wire::header_bytes), 0, [this, c, pad](const asio::error_code& ec, std::size_t) {
+      if (ec) return lost(c, ec);
+      wire::header h;
+      // A TLS ClientHello where a hello should be: a caller with TLS, told in a plain goodbye
+      // (its TLS fails on it at once, and says this peer does not speak TLS).
+      if (c->rank < 0 && c->handshake_state.next() == handshake::stage::hello && c->head[0] == std::byte{22} &&
+          c->head[1] == std::byte{3})
+        return refuse(c, decentrain::detail::concat("peer ", opts.rank, " runs without TLS and the caller with it; give every ",
+                                                    "peer the same TLS settings"));
+      try {
+        wire::check_zeros(c->head.data(), pad, "padding");
+        h = wire::decode_header(c->head.data() + pad, opts.max_frame_bytes);
+        c->padding = wire::padding(h.length).size();
+        c->handshake_state.check_next(h);
+      } catch (const std::exception& e) {
+        return malformed(c, e.what());
+      }
+      if (h.type == wire::frame_type::data)
+        if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
+      c->body = box.spare(static_cast<std::size_t>(h.length));
+      c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec2, std::size_t got) {
+        if (ec2 == asio::error::eof)
+          return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
+        if (ec2) return lost(c, ec2);
+        if (!authentic(*c, h, c->body)) return reject_frame(c, h);
+        try {
+          if (!dispatch(c, h)) return;
+        } catch (const std::exception& e) {
+          return malformed(c, e.what());
+        }
+        read_next_later(c);
+      });
+    });
+  }
+
+  // The next frame, from the event loop (see connection::turn_bytes).
+  void read_next_later(const std::shared_ptr<connection>& c) {
+    asio::post(io, [this, c] {
+      if (!c->closed) read_next(c);
+    });
+  }
+
+  // A data body whose receiver posted its memory (exchange): read straight into it. The
+  // posting is settled before anything else happens to the connection, so the receiver never
+  // returns while this still writes into its memory.
+  void read_in_place(const std::shared_ptr<connection>& c, const wire::header& h, std::span<std::byte> into) {
+    c->read_fully(into, 0, [this, c, h, into](const asio::error_code& ec, std::size_t got) {
+      if (ec) {
+        // Closed (and counted) before the posting is settled: the receiver wakes to a peer
+        // already marked unreachable, so its error and the stats say why.
+        if (ec == asio::error::eof)
+          malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
+        else
+          lost(c, ec);
+        return box.abandoned(c->rank, h.tag);
+      }
+      if (!authentic(*c, h, into)) {
+        reject_frame(c, h);
+        return box.abandoned(c->rank, h.tag);
+      }
+      box.landed(c->rank, h.tag);
+      read_next_later(c);
+    });
+  }
+
+  // Whether a frame's tag is the one its connection's key gives its place in the stream (no key:
+  // no tag). Checked before anything is done with the frame. With TLS the body is decrypted in
+  // place.
+  static bool authentic(connection& c, const wire::header& h, std::span<std::byte> body) {
+    if (!c.keys) return h.mac == auth::tag{};
+    const auto head = wire::encode_header(h);  // its covered bytes are those received
+    return c.keys->receive.open_in_place(std::span<const std::byte>(head).first(wire::header_used_bytes), body, h.mac);
+  }
+
+  void reject_frame(const std::shared_ptr<connection>& c, const wire::header& h) {
+    const auto from = c->rank >= 0 ? "peer " + std::to_string(c->rank) : std::string("a connection");
+    reject(c, c->keys || !opts.key.empty()
+                  ? decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                               c->keys ? " failed its authentication tag: modified, replayed or forged"
+                                                       : " carries an authentication tag before the run key's handshake ended")
+                  : decentrain::detail::concat("a frame (type ", static_cast<int>(h.type), ") from ", from,
+                                               " carries an authentication tag, but this peer has no run key"),
+           true);
+  }
+
+  // Drops a connection that failed the run key's checks, counted and named.
+  void reject(const std::shared_ptr<connection>& c, const std::string& why, bool bad_tag = false) {
+    adm.rejected(why, bad_tag);
+    close(c, "it failed authentication: " + why);
+  }
+
+  // Handles one complete frame; false when the connection is done.
+  bool dispatch(const std::shared_ptr<connection>& c, const wire::header& h) {
+    switch (h.type) {
+      case wire::frame_type::data:
+        box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
+        c->body = {};
+        return true;
+      case wire::frame_type::bye: {
+        if (c->body.empty()) {
+          close(c, "it said goodbye");
+          return false;
+        }
+        const auto f = wire::decode_body<wire::farewell>(c->body, "goodbye");
+        if (f.excluded) close(c, "it stopped listening to this peer: " + f.reason, failure_cause::excluded);
+        else close(c, "it left: " + f.reason);
+        return false;
+      }
+      case wire::frame_type::heartbeat:
+        heartbeat::heard(*c, c->body, mutex);
+        return true;
+      case wire::frame_type::hello:
+      case wire::frame_type::proof:
+        return handshake_step(c, h.type);
+      default:
+        decentrain::detail::fail("frame: unexpected frame type ", static_cast<int>(h.type));
+    }
+  }
+
+  // A handshake frame from a caller: the acceptor's side of the handshake answers it.
+  bool handshake_step(const std::shared_ptr<connection>& c, wire::frame_type type) {
+    auto v = c->handshake_state.on_frame(opts, type, c->body);
+    using kind = handshake::verdict::kind;
+    switch (v.what) {
+      case kind::reply:
+        reply(c, v.type, std::move(v.body));
+        return true;
+      case kind::refuse:
+        refuse(c, v.why);
+        return true;  // the caller closes (or the handshake deadline does)
+      case kind::reject:
+        reject(c, v.why);
+        return false;
+      case kind::proven:
+        if (v.keys) c->keys = std::move(v.keys);
+        return admit(c, v.hello);
+    }
+    return false;
+  }
+
+  // A caller that said (and proved) who it is: a directory request is answered; a peer is taken
+  // into the mesh and welcomed, or refused with a goodbye saying why. False when `c` is dropped.
+  bool admit(const std::shared_ptr<connection>& c, const wire::hello& hello) {
+    std::lock_guard lock(mutex);
+    auto answer = [&](wire::frame_type type, bytes body) {
+      c->handshake_state.answered();
+      reply(c, type, std::move(body));
+      return true;  // the caller closes when it has read the answer
+    };
+    if (hello.purpose == wire::hello_purpose::directory) {
+      if (!dir.formed && !hello.address.empty()) dir.addresses[hello.rank] = hello.address;
+      return answer(wire::frame_type::directory, wire::encode_body(dir.answer(opts.rank, [&](int r) { return peers.count(r) > 0; })));
+    }
+    if (const auto why = box.barred(hello.rank))  // final: trying again cannot help
+      return answer(wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
+    if (hello.late) {
+      if (!box.welcome(hello.rank))  // a rank this peer forgot may come back as a new peer
+        return answer(wire::frame_type::bye,
+                      wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                                  "peer ", opts.rank, " has not left the previous peer of rank ",
+                                                                  hello.rank, " out of its view yet; join again later")}));
+    } else if (hello.rank < opts.rank || peers.count(hello.rank)) {  // told why: the caller waits for an answer
+      return answer(wire::frame_type::bye,
+                    wire::encode_body(wire::farewell{
+                        false, hello.rank < opts.rank
+                                   ? decentrain::detail::concat("peer ", hello.rank, " dialed peer ", opts.rank,
+                                                                " (lower ranks are dialed, not dialing: are two peers started as rank ",
+                                                                hello.rank, "?)")
+                                   : decentrain::detail::concat("peer ", opts.rank, " is already connected to a peer of rank ",
+                                                                hello.rank, " (are two peers started as rank ", hello.rank, "?)")}));
+    }
+    if (!hello.address.empty()) dir.addresses[hello.rank] = hello.address;
+    // The welcome goes out before the connection is registered, so it is the first frame the
+    // caller reads from it (the training thread may write to it as soon as it is registered).
+    {
+      std::lock_guard write_lock(c->write_mutex);
+      framing_sent += c->append_frame(wire::frame_type::welcome, {});
+      c->flush_unsent();
+    }
+    c->rank = hello.rank;
+    c->handshake_state.opened();
+    adm.admitted_one();  // no longer a stranger
+    const auto dropped = keep_one(c, false);
+    if (dropped != c) box.reopen(c->rank);
+    changed.notify_all();
+    if (dropped) asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
+    return dropped != c;  // false: this connection is the one dropped
+  }
+
+  // A caller refused before its key was checked: told why (best effort), counted.
+  void refuse(const std::shared_ptr<connection>& c, const std::string& why) {
+    adm.rejected(why);
+    c->handshake_state.answered();
+    reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, why, true}));
+  }
+
+  void malformed(const std::shared_ptr<connection>& c, const std::string& why) {
+    {
+      std::lock_guard lock(mutex);
+      ++malformed_frames;
+      last_malformed = why;
+    }
+    close(c, "it sent a malformed frame: " + why);
+  }
+
+  void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
+    if (!c->closed && c->rank < 0 && c->handshake_state.next() == handshake::stage::proof)  // a caller whose key differs stops here
+      adm.rejected("a caller closed the connection after the run key's challenge (another key, or none)");
+    close(c, ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message());
+  }
+
+  void close(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause = failure_cause::departed) {
+    if (c->closed) return;
+    c->closed = true;
+    c->closed_for_writes = true;
+    asio::error_code ignored;
+    c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);  // wakes a writer in poll()
+    {
+      std::lock_guard write_lock(c->write_mutex);
+      c->socket.close(ignored);
+    }
+    all.erase(c);
+    if (c->rank < 0 && !stopping) adm.count_pending(all);
+    if (c->rank >= 0) {
+      std::lock_guard lock(mutex);
+      auto it = peers.find(c->rank);
+      if (it != peers.end() && it->second == c) {
+        peers.erase(it);
+        if (!why.empty()) box.close(c->rank, why, cause);
+      }
+    }
+  }
+
+  // Closes a connection with a goodbye, written without blocking (best effort: a socket whose
+  // buffer is full loses it, and the peer finds only the closed connection).
+  void part(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause, const wire::farewell& f) {
+    if (c->closed) return;
+    // The mailbox closes in close(), after the peer left `peers`: a wait woken by the closure
+    // and a send that follows it then agree that the peer is gone.
+    {
+      std::unique_lock lock(c->write_mutex, std::try_to_lock);
+      if (lock.owns_lock() && !c->closed_for_writes.load() && c->flush_unsent()) {
+        framing_sent += c->append_frame(wire::frame_type::bye, wire::encode_body(f));
+        c->flush_unsent();
+      }
+    }
+    // Unread bytes at close() would make the kernel reset the connection and drop the goodbye.
+    std::array<std::byte, 4096> sink;
+    for (int i = 0; i < 1024 && ::recv(c->socket.native_handle(), sink.data(), sink.size(), MSG_DONTWAIT) > 0; ++i) {
+    }
+    close(c, why, cause);
+  }
+
+  // Stops listening to a peer: its waits fail as silent, it is told why (best effort, without
+  // blocking: so that, if it was the frozen one, it does not take this peer for departed when it
+  // wakes), and the connection closes.
+  void exclude(const std::shared_ptr<connection>& c, const std::string& why, const wire::farewell& f) {
+    part(c, why, failure_cause::silent, f);
+  }
+
+  // On the I/O thread: a frame to a caller that is not (yet) a peer of the mesh: the run key's
+  // challenge, a directory, a refusal.
+  void reply(const std::shared_ptr<connection>& c, wire::frame_type type, bytes body) {
+    struct frame {
+      std::array<std::byte, wire::header_bytes> head;
+      bytes body;
+    };
+    auto f = std::make_shared<frame>(frame{{}, std::move(body)});
+    framing_sent += wire::header_bytes + f->body.size() + wire::padding(f->body.size()).size();
+    {
+      std::lock_guard write_lock(c->write_mutex);
+      f->head = c->sealed_header(type, 0, f->body, c->encrypted() ? std::span<std::byte>(f->body) : std::span<std::byte>());
+    }
+    asio::async_write(c->socket, frame_buffers(f->head, f->body), [this, c, f](const asio::error_code& ec, std::size_t) {
+      if (ec) lost(c, ec);
+    });
+  }
+
+  // ---- liveness (I/O thread) ----
+  void schedule_beat() {
+    beat_timer.expires_after(opts.heartbeat_interval);
+    beat_timer.async_wait([this](const asio::error_code& ec) {
+      if (ec || stopping) return;
+      std::vector<std::shared_ptr<connection>> connections;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, c] : peers) connections.push_back(c);
+      }
+      for (const auto& s : beats.beat(opts.rank, connections, opts.min_silence, mutex, framing_sent)) exclude(s.c, s.why, s.told);
+      schedule_beat();
+    });
+  }
+
+  std::optional<std::tuple<double, double, std::chrono::milliseconds, std::uint64_t>> liveness_of(int peer) const {
+    std::lock_guard lock(mutex);
+    auto it = peers.find(peer);
+    if (it == peers.end()) return std::nullopt;
+    const auto& b = it->second->beats;
+    return std::tuple{b.round_trip_seconds(), b.gap_seconds(), b.deadline(opts.min_silence), b.heartbeats()};
+  }
+
+  // ---- the training thread ----
+  void send(int peer, tag_type tag, std::span<const std::byte> data) {
+    decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot send to peer ", peer,
+                              " (ranks below ", opts.capacity(), ")");
+    decentrain::detail::check(data.size() <= opts.max_frame_bytes, "tcp: a message of ", data.size(),
+                              " bytes is over max_frame_bytes = ", opts.max_frame_bytes);
+    if (peer == opts.rank) {  // to itself: straight into its own mailbox
+      box.push(peer, tag, detail::message{bytes(data.begin(), data.end()), 0.0});
+      bytes_sent += data.size();
+      ++messages_sent;
+      return;
+    }
+    std::shared_ptr<connection> c;
+    {
+      std::lock_guard lock(mutex);
+      auto it = peers.find(peer);
+      if (it == peers.end()) {
+        if (const auto closed = box.closure_of(peer))
+          transport::fail_peer_because(closed->second, peer, "send", "tcp: peer ", peer, " is gone (", closed->first, ")");
+        transport::fail_peer(peer, "send", "tcp: peer ", opts.rank, " is not connected to peer ", peer);
+      }
+      c = it->second;
+    }
+    // An alarm (transport/membership.hpp) stops a send that has written nothing of its frame
+    // yet: its receiver may be the frozen peer.
+    std::optional<alarm> stopped_by;
+    const auto r = c->write_data(tag, data, clock::now() + opts.recv_timeout, [&] {
+      if (is_membership_tag(tag)) return false;
+      stopped_by = box.alarmed();
+      return stopped_by.has_value();
+    });
+    switch (r.status) {
+      case write_status::done:
+        break;
+      case write_status::interrupted:
+        transport::fail_peer_because(cause_of(*stopped_by), stopped_by->failed, "send", "tcp: ", describe(*stopped_by));
+      case write_status::closed:
+        if (const auto closed = box.closure_of(peer))
+          transport::fail_peer_because(closed->second, peer, "send", "tcp: peer ", peer, " is gone (", closed->first, ")");
+        broken_send(peer, "tcp: connection to peer ", peer, " is closed");
+      case write_status::broken:
+        broken_send(peer, "tcp: sending to peer ", peer, " failed: ", std::generic_category().message(r.error));
+      case write_status::timed_out:
+        transport::fail_peer_because(failure_cause::silent, peer, "send", "tcp: sending to peer ", peer, " did not finish within ",
+                                     opts.recv_timeout.count(), " ms");
+    }
+    bytes_sent += data.size();
+    framing_sent += wire::header_bytes + wire::padding(data.size()).size();
+    ++messages_sent;
+  }
+
+  // A send that finds the connection closed or broken can run ahead of the reader, while the
+  // peer's goodbye (which says why: "left it out of its view") still waits in the socket; a
+  // broken pipe would tell the caller nothing of it (a peer woken from SIGSTOP). The reader
+  // records why within moments (up to 250 ms), once the write lock is free.
+  template <class... Parts>
+  [[noreturn]] void broken_send(int peer, Parts&&... parts) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+    for (;;) {
+      if (const auto closed = box.closure_of(peer))
+        transport::fail_peer_because(closed->second, peer, "send", "tcp: peer ", peer, " is gone (", closed->first, ")");
+      if (std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    transport::fail_peer_because(failure_cause::other, peer, "send", std::forward<Parts>(parts)...);
+  }
+
+  bytes recv(int peer, tag_type tag, bool count_wait = true, std::optional<std::chrono::milliseconds> timeout = {}) {
+    decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                              " (ranks below ", opts.capacity(), ")");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = box.pop(peer, tag, timeout.value_or(opts.recv_timeout));
+    if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes_received += m.payload.size();
+    ++messages_received;
+    return std::move(m.payload);
+  }
+
+  // Posts `ins` for the messages from `from` before sending `outs`: the I/O thread then reads
+  // those bodies straight into `ins` (see mailbox::receive_into).
+  void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
+                tag_type tag, const landed_fn& landed, bool count_wait = true) {
+    decentrain::detail::check(from >= 0 && from < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", from,
+                              " (ranks below ", opts.capacity(), ")");
+    auto t0 = std::chrono::steady_clock::now();
+    box.receive_into(
+        from, tag, ins, opts.recv_timeout,
+        [&] {
+          if (to >= 0)
+            for (const auto& out : outs) send(to, tag, out);
+          t0 = std::chrono::steady_clock::now();
+        },
+        [&] { give_up_on(from, "its message did not finish within the receive timeout"); },
+        [&](std::size_t i, std::size_t size) {
+          if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          bytes_received += size;
+          ++messages_received;
+          landed(i, size);
+          t0 = std::chrono::steady_clock::now();
+        });
+  }
+
+  // From the training thread: closes the connection to `peer` on the I/O thread, which ends a
+  // read that is stuck in the middle of that peer's message; with a farewell, tells it why.
+  void give_up_on(int peer, std::string why, std::optional<wire::farewell> f = std::nullopt) {
+    asio::post(io, [this, peer, why = std::move(why), f = std::move(f)] {
+      std::shared_ptr<connection> c;
+      {
+        std::lock_guard lock(mutex);
+        if (auto it = peers.find(peer); it != peers.end()) c = it->second;
+      }
+      if (!c) return;
+      if (f) exclude(c, why, *f);
+      else close(c, why);
+    });
+  }
+
+  // From the training thread: every connection closes with a goodbye saying `reason`; returns
+  // once they are written (or after a second, should the I/O thread be stuck).
+  void leave(const std::string& reason) {
+    auto done = std::make_shared<std::promise<void>>();
+    auto written = done->get_future();
+    asio::post(io, [this, reason, done] {
+      std::vector<std::shared_ptr<connection>> open;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& [r, c] : peers) open.push_back(c);
+      }
+      for (const auto& c : open) part(c, "this peer left the group", failure_cause::departed, wire::farewell{false, reason});
+      done->set_value();
+    });
+    written.wait_for(std::chrono::seconds(1));
+  }
+
+  traffic_stats stats() const {
+    traffic_stats s;
+    s.bytes_sent = bytes_sent;
+    s.framing_bytes_sent = framing_sent;
+    s.messages_sent = messages_sent;
+    s.bytes_received = bytes_received;
+    s.messages_received = messages_received;
+    s.wait_seconds = wait_seconds;
+    {
+      std::lock_guard lock(mutex);
+      s.malformed_frames = malformed_frames;
+    }
+    const auto a = adm.stats();
+    s.rejected_frames = a.refused + a.bad_tags;
+    s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return s;
+  }
+
+  tcp_options opts;
+#if DECENTRAIN_HAS_TLS
+  std::shared_ptr<asio::ssl::context> tls_context;  // null without TLS
+#endif
+  asio::io_context io;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{asio::make_work_guard(io)};
+  asio::ip::tcp::acceptor acceptor;
+  std::chrono::steady_clock::time_point started;
+  std::string advertised;
+  std::thread io_thread;
+  asio::steady_timer beat_timer{io};
+  asio::steady_timer sweep_timer{io};   // closes strangers past their handshake deadline
+  asio::steady_timer accept_timer{io};  // the pause after a failed accept
+  std::chrono::milliseconds accept_pause{10};
+  bool stopping = false;  // I/O thread only
+  heartbeat beats;        // I/O thread only
+  admission adm;          // its own lock
+
+  mutable std::mutex mutex;         // guards dir, peers, ever_connected, the malformed counters, each connection's beats
+  std::condition_variable changed;  // a peer connected
+  directory dir;
+  std::map<int, std::shared_ptr<connection>> peers;
+  std::set<int> ever_connected;  // ranks that have had a connection here (for admission's `reconnected`)
+  std::set<std::shared_ptr<connection>> all;  // I/O thread only
+  std::uint64_t malformed_frames = 0;
+  std::string last_malformed;
+  detail::mailbox box;
+
+  // Payload bytes, as for every transport (framing adds 64 bytes a message and its padding).
+  // Atomic: the training thread and a lane's background collective (see tcp::lane) both count here.
+  std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
+  std::atomic<std::uint64_t> framing_sent = 0;  // headers, padding and control frames (traffic_stats)
+  std::atomic<double> wait_seconds = 0;
+};
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO

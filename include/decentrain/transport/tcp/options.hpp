@@ -1,0 +1,120 @@
+// What a TCP peer is started with (tcp_options), each setting checked before anything listens.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/auth.hpp"
+#include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/tls.hpp"
+
+namespace decentrain::transport {
+
+// "a=1;b=2" against "a=1;b=3;c=4": "b is 2 here and 3 there, c is unset here and 4 there".
+inline std::string settings_difference(const std::string& here, const std::string& there) {
+  const auto items = [](const std::string& s) {
+    std::map<std::string, std::string> out;
+    std::size_t at = 0;
+    while (at <= s.size()) {
+      const auto end = std::min(s.find(';', at), s.size());
+      const auto item = s.substr(at, end - at);
+      if (!item.empty()) {
+        const auto eq = item.find('=');
+        out[item.substr(0, eq)] = eq == std::string::npos ? "" : item.substr(eq + 1);
+      }
+      at = end + 1;
+    }
+    return out;
+  };
+  const auto a = items(here), b = items(there);
+  std::set<std::string> names;
+  for (const auto& [k, v] : a) names.insert(k);
+  for (const auto& [k, v] : b) names.insert(k);
+  std::string out;
+  for (const auto& k : names) {
+    const auto x = a.find(k), y = b.find(k);
+    if (x != a.end() && y != b.end() && x->second == y->second) continue;
+    out += (out.empty() ? "" : ", ") + k + " is " + (x == a.end() ? "unset" : x->second) + " here and " +
+           (y == b.end() ? "unset" : y->second) + " there";
+  }
+  return out.empty() ? "the same items in another order" : out;
+}
+
+struct tcp_options {
+  std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
+  // The host other peers dial to reach this one; empty: the listen host. Needed when listening
+  // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
+  std::string advertise;
+  std::vector<std::string> join;       // peers to learn the others from; empty for the first peer
+  int rank = 0;
+  int world = 1;
+  std::chrono::milliseconds connect_timeout{2000};   // one connection attempt
+  std::chrono::milliseconds join_timeout{30000};     // until every peer is connected
+  std::chrono::milliseconds first_backoff{50};       // doubles after each round of failures...
+  std::chrono::milliseconds max_backoff{2000};       // ...up to this
+  std::chrono::milliseconds recv_timeout{300000};    // a recv (or a send) that waits longer fails
+  // Liveness: every connection carries a heartbeat this often (0: none; then a frozen peer is
+  // found only by recv_timeout). A peer heard from nothing at all (no heartbeat, no byte) for
+  // longer than its deadline (transport/liveness.hpp: from its measured heartbeat gaps and round
+  // trips, never under min_silence) is closed as silent. recv_timeout is then how long to wait
+  // for a live peer's message (a slow peer still computing), not how long a frozen peer holds
+  // the others up.
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds min_silence{3000};
+  std::uint64_t max_frame_bytes = std::uint64_t{64} << 20;
+  // Strangers. A connection must say who it is (and, with a key, prove it) within
+  // handshake_timeout, sending at most wire::max_handshake_bytes a frame meanwhile; at most
+  // max_pending connections may be doing so at once (a new one past that closes the oldest, so
+  // strangers who hold connections open cannot lock a real peer out for longer than it takes to
+  // say hello). An idle stranger therefore costs a peer one descriptor for a few seconds.
+  std::chrono::milliseconds handshake_timeout{5000};
+  int max_pending = 64;
+  // The run's secret (transport/auth.hpp; read one with auth::read_key_file): only peers that
+  // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
+  // the port can join the group and send it anything a peer may send.
+  std::string key;
+  // TLS (transport/tls.hpp): peers admit only callers whose certificate the run's CA signed, and
+  // every frame is encrypted. With a run key as well, a caller must hold both.
+  tls::options tls;
+  // What every peer of a run must agree on, as "name=value" items separated by ';' (the
+  // application's: decentrain-gpt gives its steps, model shape and policy). A caller whose
+  // settings differ is refused with a message naming each difference, so peers started with
+  // different settings fail at once instead of training apart or timing out.
+  std::string settings;
+  // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
+  // ranks of their own below it (a rank of the first `world` whose peer left may come back).
+  int max_world = 0;
+
+  int capacity() const { return std::max(world, max_world); }
+
+  void validate() const {
+    decentrain::detail::check(world >= 1 && max_world >= 0 && max_world <= (1 << 16), "tcp: world must be >= 1 and max_world in [0, 65536]");
+    decentrain::detail::check(rank >= 0 && rank < capacity(), "tcp: rank ", rank, " is outside [0, ",
+                              max_world > world ? "max_world" : "world", " = ", capacity(), ")");
+    decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
+                              " needs at least one peer to join through (--join HOST:PORT)");
+    decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
+    decentrain::detail::check(heartbeat_interval.count() >= 0, "tcp: heartbeat_interval must be >= 0 ms, got ",
+                              heartbeat_interval.count());
+    decentrain::detail::check(heartbeat_interval.count() == 0 || min_silence >= 2 * heartbeat_interval,
+                              "tcp: min_silence (", min_silence.count(), " ms) must be at least two heartbeat intervals (",
+                              2 * heartbeat_interval.count(), " ms)");
+    const auto host = wire::split_address(listen).first;
+    decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
+                              "tcp: peer ", rank, " listens on the wildcard address ", listen,
+                              "; set advertise (--advertise HOST) to an address the other peers can reach");
+    for (const auto& j : join) (void)wire::split_address(j);
+    decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
+                              handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
+    if (!key.empty()) auth::check_key(key, "tcp_options::key");
+    tls.validate();
+  }
+};
+
+}  // namespace decentrain::transport

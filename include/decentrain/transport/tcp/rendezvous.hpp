@@ -1,0 +1,403 @@
+// How a TCP peer finds its group and builds the mesh: it asks the peers it knows (--join) for the
+// directory of everyone they know until it knows all `world` peers and dials every lower rank
+// (higher ranks dial it), so each pair shares one connection; a peer that finds the group running
+// dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
+// (tcp/handshake.hpp) on a short-lived io_context with a deadline, then hands the connection to
+// the node's I/O thread.
+#pragma once
+
+#include "decentrain/config.hpp"
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <asio.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/tcp/connection.hpp"
+#include "decentrain/transport/tcp/handshake.hpp"
+#include "decentrain/transport/tcp/node.hpp"
+#include "decentrain/transport/tls.hpp"
+
+namespace decentrain::transport::tcp_detail {
+
+class rendezvous {
+ public:
+  explicit rendezvous(node& n) : n_(n) {}
+
+  // Returns once every peer of the world is connected (or, in a running group, every peer
+  // listed), or throws.
+  void connect() {
+    const auto& opts = n_.opts;
+    const auto deadline = std::chrono::steady_clock::now() + opts.join_timeout;
+    auto backoff = opts.first_backoff;
+    std::string last_error = "no attempt finished";
+    int attempts = 0;
+    for (;;) {
+      if (known() < opts.world)
+        for (const auto& seed : opts.join) {
+          ++attempts;
+          try {
+            poll_directory(seed);
+          } catch (const std::exception& e) {
+            last_error = e.what();
+          }
+        }
+      {
+        std::lock_guard lock(n_.mutex);
+        if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // retrying would not help
+      }
+      if (n_.late_group()) return connect_late(deadline);
+      for (int j = 0; j < opts.rank; ++j) {
+        std::string address;
+        {
+          std::lock_guard lock(n_.mutex);
+          if (n_.peers.count(j) || !n_.dir.addresses.count(j)) continue;
+          address = n_.dir.addresses[j];
+        }
+        ++attempts;
+        try {
+          dial(j, address);
+        } catch (const std::exception& e) {
+          last_error = e.what();
+        }
+      }
+      std::unique_lock lock(n_.mutex);
+      if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
+      if (static_cast<int>(n_.peers.size()) == opts.world - 1) {
+        n_.dir.formed = true;
+        return;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        std::string missing;
+        for (int j = 0; j < opts.world; ++j)
+          if (j != opts.rank && !n_.peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+        const auto rejected = n_.adm.last_rejected();
+        decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
+                                 opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ", last_error,
+                                 rejected.empty() ? "" : "; last caller refused: ", rejected, ")");
+      }
+      n_.changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+      backoff = std::min(backoff * 2, opts.max_backoff);
+    }
+  }
+
+  // A joiner waiting for admission, or a member the group left out that rejoins: asks its seeds
+  // and the peers it knows for their directories and connects to those it is not connected to
+  // yet. From the first call on it dials as a joiner, also the peers it forgot.
+  void rediscover() {
+    std::vector<std::string> ask = n_.opts.join;
+    {
+      std::lock_guard lock(n_.mutex);
+      n_.dir.late = true;  // a member left out rejoins as a joiner: the others take it in only as one
+      for (const auto& [r, a] : n_.dir.addresses)
+        if (r != n_.opts.rank) ask.push_back(a);
+    }
+    // One answer lists the peers it is connected to: enough. Each call starts one further along,
+    // so a peer that answers with the wrong side of a partition is not the only one ever asked.
+    for (std::size_t i = 0; i < ask.size(); ++i) {
+      try {
+        poll_directory(ask[(i + n_.dir.turn) % ask.size()]);
+        break;
+      } catch (const std::exception&) {
+      }
+    }
+    ++n_.dir.turn;
+    {
+      std::lock_guard lock(n_.mutex);
+      if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // its rank was taken meanwhile
+    }
+    std::map<int, int> failures;  // a peer gone meanwhile: the group's membership sorts it out
+    (void)dial_unconnected(failures);
+  }
+
+ private:
+  int known() const {
+    std::lock_guard lock(n_.mutex);
+    return static_cast<int>(n_.dir.addresses.size());
+  }
+
+  // Dials the directory's peers this one is not connected to, skipping those that failed twice
+  // (`failures` counts per rank); returns the last error.
+  std::string dial_unconnected(std::map<int, int>& failures) {
+    std::vector<std::pair<int, std::string>> todo;
+    {
+      std::lock_guard lock(n_.mutex);
+      for (const auto& [r, a] : n_.dir.addresses)
+        if (r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r)) todo.emplace_back(r, a);
+    }
+    std::string last_error;
+    for (const auto& [r, a] : todo) {
+      try {
+        dial(r, a);
+      } catch (const refused_for_now& e) {  // alive: not counted as gone
+        last_error = e.what();
+      } catch (const std::exception& e) {
+        ++failures[r];
+        last_error = e.what();
+      }
+    }
+    return last_error;
+  }
+
+  // The group is running: dial every peer a seed listed (all of them, whatever their rank),
+  // saying this peer joins late. A listed peer that cannot be reached twice has most likely
+  // died since; the group's membership sorts that out when it admits this one. One that refuses
+  // for now is tried again until the deadline: a peer killed and started again at once finds
+  // members that saw its previous process die and have not left it out of their view yet.
+  void connect_late(std::chrono::steady_clock::time_point deadline) {
+    const auto& opts = n_.opts;
+    std::map<int, int> failures;
+    std::string last_error = "none";
+    auto backoff = opts.first_backoff;
+    for (;;) {
+      if (auto e = dial_unconnected(failures); !e.empty()) last_error = std::move(e);
+      std::unique_lock lock(n_.mutex);
+      if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
+      bool settled = true;
+      for (const auto& [r, a] : n_.dir.addresses)
+        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2) settled = false;
+      if (settled && !n_.peers.empty()) {
+        n_.dir.formed = true;
+        return;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline && !n_.peers.empty()) {  // some still refuse: the admission sorts that out
+        n_.dir.formed = true;
+        return;
+      }
+      if (now >= deadline || (settled && n_.peers.empty()))
+        decentrain::detail::fail("tcp: peer ", opts.rank, " could not reach the running group",
+                                 now >= deadline ? decentrain::detail::concat(" within ", opts.join_timeout.count(), " ms")
+                                                 : std::string(": every peer listed failed twice"),
+                                 " (last error: ", last_error, ")");
+      n_.changed.wait_for(lock, std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+      backoff = std::min(backoff * 2, opts.max_backoff);
+    }
+  }
+
+  wire::hello my_hello(wire::hello_purpose purpose) const {
+    wire::hello h;
+    h.rank = n_.opts.rank;
+    h.world = n_.opts.world;
+    h.purpose = purpose;
+    h.address = n_.advertised;
+    h.late = n_.late_group();
+    h.settings = n_.opts.settings;
+    return h;
+  }
+
+  // A short-lived connection on a private io_context: connect with a timeout, do `work`.
+  template <class Work>
+  void with_connection(const std::string& address, Work&& work_fn) {
+    const auto [host, port] = wire::split_address(address);
+    asio::io_context local;
+    asio::ip::tcp::socket socket(local);
+    asio::error_code result = asio::error::would_block;
+    asio::ip::tcp::resolver resolver(local);
+    const auto endpoints = resolver.resolve(host, std::to_string(port));
+    asio::async_connect(socket, endpoints, [&](const asio::error_code& ec, const asio::ip::tcp::endpoint&) { result = ec; });
+    local.run_for(n_.opts.connect_timeout);
+    if (result == asio::error::would_block) decentrain::detail::fail("tcp: connecting to ", address, " timed out");
+    if (result) decentrain::detail::fail("tcp: cannot connect to ", address, ": ", result.message());
+    socket.set_option(asio::ip::tcp::no_delay(true));
+    work_fn(socket);
+  }
+
+  // One frame read whole (header, body, padding) on a private io_context within
+  // connect_timeout; `raw` keeps the header's bytes (its tag covers them).
+  struct frame_in {
+    wire::header head;
+    std::array<std::byte, wire::header_bytes> raw{};
+    bytes body;
+  };
+  frame_in read_frame(asio::ip::tcp::socket& s, const std::string& address) const {
+    frame_in f;
+    std::array<std::byte, wire::frame_alignment> pad{};
+    std::string failure = "no answer within the connect timeout";
+    bool finished = false;
+    auto& io_ctx = static_cast<asio::io_context&>(s.get_executor().context());
+    asio::async_read(s, asio::buffer(f.raw), [&](const asio::error_code& ec, std::size_t) {
+      if (ec) {
+        failure = ec == asio::error::eof ? "it closed the connection" : ec.message();
+        return;
+      }
+      try {
+        f.head = wire::decode_header(f.raw.data(), wire::max_control_bytes);
+        f.body.resize(static_cast<std::size_t>(f.head.length));
+      } catch (const std::exception& e) {
+        failure = e.what();
+        return;
+      }
+      // The padding too, so the socket is left at the next frame.
+      std::array<asio::mutable_buffer, 2> in{asio::buffer(f.body), asio::buffer(pad.data(), wire::padding(f.body.size()).size())};
+      asio::async_read(s, in, [&](const asio::error_code& ec2, std::size_t) {
+        if (ec2) failure = ec2.message();
+        else finished = true;
+      });
+    });
+    io_ctx.restart();
+    io_ctx.run_for(n_.opts.connect_timeout);
+    decentrain::detail::check(finished, "tcp: peer ", n_.opts.rank, " got no answer from the peer at ", address, ": ", failure);
+    return f;
+  }
+
+  // A handshake frame, sealed (and with TLS encrypted) when the connection has keys already.
+  void write_frame(asio::ip::tcp::socket& s, std::optional<auth::session>& keys, wire::frame_type type, bytes body) {
+    n_.framing_sent += wire::header_bytes + body.size() + wire::padding(body.size()).size();
+    auto head = wire::encode_header({type, 0, body.size(), {}});
+    if (keys) {
+      const auto mac = keys->send.seal(std::span<const std::byte>(head).first(wire::header_used_bytes), body,
+                                       keys->send.encrypts() ? std::span<std::byte>(body) : std::span<std::byte>());
+      std::memcpy(head.data() + wire::tag_offset, mac.data(), mac.size());
+    }
+    asio::write(s, frame_buffers(head, body));
+  }
+
+  // The dialer's side of the handshake on a fresh connection: with TLS its handshake first;
+  // then the machine of tcp/handshake.hpp. Returns the peer's answer (a welcome, a directory: a
+  // refusal is thrown, naming the reason), the connection's frame keys and the rank the peer
+  // proved it is (with a run key, or a certificate that names one; -1 without). `expected`: the
+  // rank dialed (-1: a seed, any rank).
+  struct answered {
+    frame_in answer;
+    std::optional<auth::session> keys;
+    int rank = -1;
+  };
+  answered dial_handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address,
+                          [[maybe_unused]] int expected = -1) {
+    answered out;
+#if DECENTRAIN_HAS_TLS
+    if (n_.tls_context) {
+      tls::established e;
+      try {
+        e = tls::dial(*n_.tls_context, s, n_.opts.connect_timeout, address);
+      } catch (const tls::refused& ex) {  // (a handshake that timed out is retried like any connection)
+        give_up(++unproven_refusals_ >= 3, ex.what());
+      }
+      if (expected >= 0 && (n_.opts.tls.bind_ranks || e.certified_rank >= 0))
+        decentrain::detail::check(e.certified_rank == expected, "tls: the peer at ", address, " has a certificate for \"",
+                                  e.common_name, "\", not for rank ", expected, " (a stale directory, or another peer's address)");
+      out.keys.emplace(e.dialer_to_acceptor, e.acceptor_to_dialer, true);
+      out.rank = e.certified_rank;
+    }
+#endif
+    handshake machine;
+    const bool keyed = !n_.opts.key.empty();
+    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose), keyed));
+    auto refused = [&](const frame_in& f) {
+      wire::farewell why{false, "no reason given"};
+      if (!f.body.empty()) {
+        try {
+          why = wire::decode_body<wire::farewell>(f.body, "goodbye");
+        } catch (const std::exception&) {
+        }
+      }
+      // Nothing before the proofs is authenticated: a refusal that would end the join is
+      // believed only when it comes three times (one forged goodbye must not end it).
+      if (!why.final)  // the peer lives and asks for another try (connect_late keeps trying it)
+        throw refused_for_now(decentrain::detail::concat("tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason));
+      give_up(++unproven_refusals_ >= 3, "tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason);
+    };
+    // With TLS every frame from the peer is encrypted, its refusals too.
+    auto open = [&](frame_in& f) {
+      const auto head = std::span<const std::byte>(f.raw).first(wire::header_used_bytes);
+      if (out.keys && !out.keys->receive.open_in_place(head, f.body, f.head.mac))
+        decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
+    };
+    if (keyed) {
+      auto c = read_frame(s, address);
+      open(c);
+      if (c.head.type == wire::frame_type::bye) refused(c);
+      decentrain::detail::check(c.head.type == wire::frame_type::challenge, "tcp: the peer at ", address,
+                                " answered the hello with frame type ", static_cast<int>(c.head.type),
+                                ", not the run key's challenge");
+      bool unproven = false;
+      std::optional<handshake::challenged> got;
+      try {
+        got.emplace(machine.on_challenge(n_.opts.key, c.body, address, unproven));
+      } catch (const std::exception& e) {
+        if (unproven) give_up(++unproven_refusals_ >= 3, e.what());
+        throw;
+      }
+      decentrain::detail::check(out.rank < 0 || out.rank == got->rank, "tcp: the peer at ", address, " proved it is peer ", got->rank,
+                                " with the run key and rank ", out.rank, " with its certificate");
+      out.rank = got->rank;
+      write_frame(s, out.keys, wire::frame_type::proof, std::move(got->proof));
+      if (!out.keys) out.keys.emplace(std::move(got->keys));  // (with TLS, its keys stay)
+    }
+    out.answer = read_frame(s, address);
+    open(out.answer);
+    if (out.answer.head.type == wire::frame_type::bye) refused(out.answer);
+    return out;
+  }
+
+  // A goodbye that is not final: the peer lives and asks for another try later.
+  struct refused_for_now : decentrain::error {
+    using decentrain::error::error;
+  };
+
+  // Throws; when `final`, connect() stops at once with this error (retrying cannot help).
+  template <class... Parts>
+  [[noreturn]] void give_up(bool final, Parts&&... parts) {
+    const auto why = decentrain::detail::concat(std::forward<Parts>(parts)...);
+    if (final) {
+      std::lock_guard lock(n_.mutex);
+      if (n_.dir.refusal.empty()) n_.dir.refusal = why;
+    }
+    decentrain::detail::fail(why);
+  }
+
+  // Asks `seed` for its directory. The exchange runs on a private io_context with a deadline,
+  // so a seed that accepts but never answers cannot stall the join.
+  void poll_directory(const std::string& seed) {
+    with_connection(seed, [&](asio::ip::tcp::socket& s) {
+      const auto answer = dial_handshake(s, wire::hello_purpose::directory, seed).answer;
+      decentrain::detail::check(answer.head.type == wire::frame_type::directory, "tcp: directory request to ", seed,
+                                " answered with frame type ", static_cast<int>(answer.head.type));
+      const auto d = wire::decode_body<wire::directory>(answer.body, "directory");
+      std::lock_guard lock(n_.mutex);
+      // A running group, and this peer is not of its mesh (or was, and rejoins: then another
+      // address under its rank is another process that took the rank meanwhile).
+      n_.dir.learn(d, n_.opts.rank, n_.opts.capacity(), n_.advertised, !n_.dir.formed && n_.peers.empty());
+    });
+  }
+
+  void dial(int peer, const std::string& address) {
+    with_connection(address, [&](asio::ip::tcp::socket& s) {
+      auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer);
+      decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address, " answered peer ",
+                                n_.opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
+      // With a key, the rank is proven: a connection that reached another peer (relayed, or an
+      // address that now belongs to another rank) is not taken for `peer`.
+      decentrain::detail::check(n_.opts.key.empty() || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ",
+                                proven_rank, ", not peer ", peer, " (a stale directory, or the connection was redirected)");
+      auto c = std::make_shared<connection>(n_.io);
+      const auto protocol = s.local_endpoint().protocol();
+      c->socket.assign(protocol, s.release());
+      c->rank = peer;
+      c->handshake_state.opened();
+      c->keys = std::move(keys);
+      n_.add_dialed(c);
+    });
+  }
+
+  node& n_;
+  int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
+};
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO
