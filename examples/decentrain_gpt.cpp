@@ -218,6 +218,13 @@ void declare_train(CLI::App& cmd) {
             "the file that DECENTRAIN_KEY_FILE names. Without one, anyone who can\n"
             "reach the port can join the group")
       ->group(net);
+  cli::text(cmd, "identity", "PATH",
+            "this peer's own private key (Ed25519, PEM, readable only by you), listed\n"
+            "for its rank in --roster (make a run's with scripts/identities DIR N).\n"
+            "A peer then proves its rank with its own key: no other peer, run key\n"
+            "or not, can take its rank or speak for it")
+      ->group(net);
+  cli::text(cmd, "roster", "PATH", "the run's roster: every rank's public key (with --identity)")->group(net);
   cli::text(cmd, "tls-cert", "PATH",
             "TLS: this peer's certificate (PEM), signed by the run's CA (make a\n"
             "run's CA and certificates with scripts/tls_certs DIR N). With --tls-key\n"
@@ -974,12 +981,16 @@ void print_suspects(const dt::collective::peer_tally& t) {
 void print_transport(const dt::transport::tcp& t) {
   const auto s = t.stats();
   const auto a = t.admission();
+  std::uint64_t over = 0;
+  for (const auto& [r, n] : t.over_budget()) over += n;
   std::printf("transport: %llu frames malformed, %llu failed authentication; connections refused %llu, silent through "
-              "the handshake %llu, evicted %llu, accept errors %llu; peers reconnected %llu%s%s\n",
+              "the handshake %llu, evicted %llu, accept errors %llu; ranks claimed by a second process %llu, joiners "
+              "turned away %llu, queues dropped over budget %llu; peers reconnected %llu%s%s\n",
               static_cast<unsigned long long>(s.malformed_frames), static_cast<unsigned long long>(s.rejected_frames),
               static_cast<unsigned long long>(a.refused), static_cast<unsigned long long>(a.timed_out),
               static_cast<unsigned long long>(a.evicted), static_cast<unsigned long long>(a.accept_failures),
-              static_cast<unsigned long long>(a.reconnected),
+              static_cast<unsigned long long>(a.hijacks), static_cast<unsigned long long>(a.joiners_turned_away),
+              static_cast<unsigned long long>(over), static_cast<unsigned long long>(a.reconnected),
               a.last_rejected.empty() ? "" : "; the last turned away: ", a.last_rejected.c_str());
 }
 
@@ -1105,14 +1116,15 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     std::optional<dt::transport::any_endpoint> ep;
     if (p.mode == launch::tcp) {
       if (!p.quiet)
-        std::printf("tcp peer %d of %d listening on %s%s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
+        std::printf("tcp peer %d of %d listening on %s%s%s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
                     p.tcp.key.empty() ? "" : " (run key: peers and frames authenticated)",
+                    p.tcp.identity.enabled() ? " (identities: each peer proves its rank with its own key)" : "",
                     p.tcp.tls.enabled() ? " (TLS: peers certified by the run's CA, frames encrypted)" : "");
       std::fflush(stdout);
-      if (p.tcp.key.empty() && !p.tcp.tls.enabled())
+      if (p.tcp.key.empty() && !p.tcp.tls.enabled() && !p.tcp.identity.enabled())
         std::fprintf(stderr,
-                     "warning: no run key (--key-file or %s) and no TLS (--tls-cert, --tls-key, --tls-ca): anyone who "
-                     "can reach %s can join this group and "
+                     "warning: no run key (--key-file or %s), no identities (--identity, --roster) and no TLS (--tls-cert, "
+                     "--tls-key, --tls-ca): anyone who can reach %s can join this group and "
                      "send it anything a peer may send\n",
                      dt::transport::auth::key_file_variable, p.tcp.listen.c_str());
       tcp_peer.emplace(dt::transport::tcp::join(p.tcp));
@@ -1288,7 +1300,8 @@ int cmd_train(const options& opt) {
     dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
-                          "max-world", "key-file", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca", "tls-bind-ranks"})
+                          "max-world", "key-file", "identity", "roster", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca",
+                          "tls-bind-ranks"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
@@ -1314,6 +1327,8 @@ int cmd_train(const options& opt) {
                                      std::pair{"tls-ca", &p.tcp.tls.ca}})
       if (opt.has(name)) *into = opt.text(name);
     p.tcp.tls.bind_ranks = opt.flag("tls-bind-ranks");
+    p.tcp.identity.identity = opt.text("identity");
+    p.tcp.identity.roster = opt.text("roster");
     if (opt.flag("elastic")) {
       const auto most = opt.integer("max-world");
       dt::detail::check(most >= p.tcp.world, "--max-world must be at least --world (", p.tcp.world, "), got ", most);

@@ -10754,6 +10754,8 @@ class any_endpoint {
   std::vector<int> connected() const { return get().connected(); }
   int capacity() const { return get().capacity(); }
   void rediscover() { get().rediscover(); }
+  // The members of the view installed (a transport that restricts joiners takes it; others ignore it).
+  void set_members(const std::vector<int>& members) { get().set_members(members); }
 
  private:
   struct base {
@@ -10785,6 +10787,7 @@ class any_endpoint {
     virtual std::vector<int> connected() const = 0;
     virtual int capacity() const = 0;
     virtual void rediscover() = 0;
+    virtual void set_members(const std::vector<int>&) = 0;
   };
   template <class E>
   struct model final : base {
@@ -10853,6 +10856,9 @@ class any_endpoint {
     }
     void rediscover() override {
       if constexpr (joining_endpoint<E>) e.rediscover();
+    }
+    void set_members(const std::vector<int>& members) override {
+      if constexpr (requires { e.set_members(members); }) e.set_members(members);
     }
     [[noreturn]] static void no_membership() {
       decentrain::detail::fail("transport: this transport has no membership protocol support (recv_within, alarms, "
@@ -11189,8 +11195,9 @@ namespace decentrain::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
-// run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size.
-inline constexpr std::uint16_t version = 7;
+// run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
+// per-peer identities, no incarnation in the hello and the welcome.
+inline constexpr std::uint16_t version = 8;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
@@ -11209,14 +11216,16 @@ inline constexpr std::size_t max_control_bytes = std::size_t{1} << 20;
 // this in one frame: a stranger cannot make a peer hold memory for it (a hello is ~300 bytes).
 inline constexpr std::size_t max_handshake_bytes = 4096;
 inline constexpr std::size_t max_nonce_bytes = 64;
-// The run key's challenge: the acceptor's nonce, its rank (little-endian int32), its proof.
+// The run key's challenge (without identities, tcp/handshake.hpp): the acceptor's nonce, its
+// rank (little-endian int32), its proof.
 inline constexpr std::size_t challenge_bytes = auth::nonce_bytes + 4 + auth::proof_bytes;
+inline constexpr std::size_t max_exchange_bytes = 64;
 inline constexpr std::size_t max_address_chars = 255;
 inline constexpr std::size_t max_settings_chars = 4096;  // hello::settings
 inline constexpr std::size_t max_directory_entries = 65536;
 
-// challenge, proof: the run key's handshake (transport/auth.hpp); welcome: the answer to a data
-// hello that was accepted (a refused one gets a bye saying why).
+// challenge, proof: the handshake's proofs (tcp/handshake.hpp); welcome: the answer to a data
+// hello that was accepted, carrying the acceptor's incarnation (a refused one gets a bye saying why).
 enum class frame_type : std::uint16_t {
   hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8
 };
@@ -11320,8 +11329,13 @@ struct hello {
   bool little_endian = std::endian::native == std::endian::little;  // data bodies are native floats
   std::string address;  // where the sender listens
   bool late = false;     // data: the sender joins a group that is already running
-  std::string nonce;     // fresh random bytes when the sender holds a run key; empty otherwise
+  std::string nonce;     // fresh random bytes when the sender has credentials; empty otherwise
   std::string settings;  // tcp_options::settings: what every peer of the run must agree on
+  std::uint8_t credentials = 0;  // what the sender proves itself with: 1 a run key, 2 an identity (both: 3)
+  std::string exchange;          // with an identity: the sender's X25519 key for this connection
+  // Random, one per process: a second connection of the same process (two joiners that dial each
+  // other at once) is told from another process claiming a connected rank.
+  std::uint64_t incarnation = 0;
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -11330,13 +11344,17 @@ struct hello {
     ar(late);
     save_string(ar, nonce);
     save_string(ar, settings);
+    ar(credentials);
+    save_string(ar, exchange);
+    ar(incarnation);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
     ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes},
-       bounded_string{settings, max_settings_chars});
+       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes}, incarnation);
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
+    decentrain::detail::check(credentials <= 3, "frame: hello has unknown credentials ", static_cast<int>(credentials));
     purpose = static_cast<hello_purpose>(p);
   }
 };
@@ -11388,6 +11406,19 @@ struct farewell {
     ar(excluded, bounded_string{reason, 1024}, final);
   }
 };
+
+// A welcome's body: the acceptor's incarnation (wire::hello::incarnation), 8 bytes little-endian.
+inline bytes encode_incarnation(std::uint64_t v) {
+  bytes out(8);
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+  return out;
+}
+inline std::uint64_t decode_incarnation(const bytes& body) {
+  decentrain::detail::check(body.size() == 8, "frame: a welcome of ", body.size(), " bytes (it has 8)");
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[static_cast<std::size_t>(i)]) << (8 * i);
+  return v;
+}
 
 // A heartbeat's body: three little-endian u64, the sender's clock (steady, in ns) when it sent
 // this, and the last heartbeat it had from the receiver (that one's `sent_ns`, 0 if none) with
@@ -11599,12 +11630,25 @@ struct random_churn {
 // straight into its piece instead of into a fresh buffer that the receiver would copy out of (a
 // copy and an allocation a message, which in a ring all-reduce is as much memory traffic as the
 // reduction itself).
+//
+// Budgets (a network transport's: tcp sets them, in_process queues without limit): what a source
+// has queued here and nobody took yet is at most `budget::bytes_per_peer`. The network thread asks
+// room() before it reads a body that lands in no posted memory; without room it stops reading
+// that source (its sender then waits, as TCP's flow control makes it) until a receiver takes
+// something of it or posts memory. An honest sender is only ever paused: every collective posts
+// its receive before it sends, so what runs ahead is bounded and is taken in time. A source whose
+// queued messages nobody takes while a receive waits for another of its messages (a tag nobody
+// reads, flooded) is over its budget: once the receive has waited `budget::grace`, what it queued
+// is dropped and the receive fails naming it (failure_cause::convicted), so a peer that holds the
+// run's key can stall one receive but cannot make a peer hold more than its budget.
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -11624,30 +11668,80 @@ struct message {
   std::uint64_t sequence = 0;  // per source, in the order pushed (set by the mailbox)
 };
 
+// What a source may hold here (see the top of this file).
+struct budget {
+  std::uint64_t bytes_per_peer = std::numeric_limits<std::uint64_t>::max();
+  std::chrono::milliseconds grace{5000};
+};
+
 class mailbox {
   using key = std::pair<int, tag_type>;
 
  public:
+  void set_budget(budget b) {
+    std::lock_guard lock(mutex_);
+    budget_ = b;
+  }
+
   void push(int source, tag_type tag, message m) {
     {
       std::lock_guard lock(mutex_);
       if (forgotten_.count(source)) return;
       m.sequence = ++pushed_[source];
-      if (tag == alarm_tag) raise(source, m);
-      else queues_[{source, tag}].push_back(std::move(m));
+      if (tag == alarm_tag) {
+        raise(source, m);
+      } else {
+        queued_bytes_[source] += m.payload.size();
+        queues_[{source, tag}].push_back(std::move(m));
+      }
     }
     ready_.notify_all();
+  }
+
+  // ---- budgets (the network thread) ----
+
+  // Whether a body of `length` bytes from `source` may be queued now. When it may not, the
+  // source's reading stops here: `resume` is called (once, without the lock, from whichever
+  // thread made room) when a receiver took something of it, posted memory for it, or it was
+  // forgotten or dropped; the network thread then asks again.
+  bool room(int source, std::size_t length, std::function<void()> resume) {
+    {
+      std::lock_guard lock(mutex_);
+      const std::uint64_t queued = queued_bytes_[source];
+      if (queued + length <= budget_.bytes_per_peer || forgotten_.count(source)) return true;
+      paused_[source] = paused{std::move(resume), std::chrono::steady_clock::now()};
+    }
+    ready_.notify_all();  // a receive waiting on `source` now has a time to look again (throw_if_stuck)
+    return false;
+  }
+  // What `source` has queued here, not taken yet.
+  std::uint64_t queued_bytes(int source) const {
+    std::lock_guard lock(mutex_);
+    const auto it = queued_bytes_.find(source);
+    return it == queued_bytes_.end() ? 0 : it->second;
+  }
+  // Sources found over their budget (their queued messages dropped), and how often.
+  std::map<int, std::uint64_t> over_budget() const {
+    std::lock_guard lock(mutex_);
+    return over_budget_;
   }
 
   // The next message from `source` with `tag`; throws when `timeout` passes first, when
   // `source` was closed, or when the whole mailbox was failed.
   message pop(int source, tag_type tag, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + timeout;
     for (;;) {
-      if (auto m = take_queued(source, tag)) return std::move(*m);
+      if (auto m = take_queued(source, tag)) {
+        wake_if_paused(lock, source);
+        return std::move(*m);
+      }
       throw_if_unreachable(source, tag);
-      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
+      throw_if_stuck(lock, source, tag, started);
+      if (ready_.wait_until(lock, std::min(deadline, next_stuck_check(source, started))) == std::cv_status::timeout &&
+          std::chrono::steady_clock::now() >= deadline && !queued(source, tag))
+        timed_out(source, tag, timeout);
     }
   }
 
@@ -11706,7 +11800,7 @@ class mailbox {
   std::optional<message> try_pop(int source, tag_type tag, double now = std::numeric_limits<double>::infinity()) {
     std::lock_guard lock(mutex_);
     if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
-      return take_queued(source, tag);
+      return take_queued(source, tag);  // (no budget on simulated time: nothing is paused)
     throw_if_unreachable(source, tag);
     return std::nullopt;
   }
@@ -11732,6 +11826,9 @@ class mailbox {
     alarm_.reset();
     pending_alarms_.clear();
     pending_closures_.clear();
+    queued_bytes_.clear();
+    paused_.clear();
+    over_budget_.clear();
   }
 
   // ---- posted receives (the receiving thread) ----
@@ -11748,13 +11845,14 @@ class mailbox {
                     Start&& start, Stuck&& stuck, Landed&& landed) {
     const key k{source, tag};
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       decentrain::detail::check(!posted_.count(k), "transport: two receives from peer ", source, " (tag ", tag,
                                 ") wait at once; one endpoint serves one receiving thread");
       if (!into.empty()) {
         auto& postings = posted_[k];
         for (const auto& i : into) postings.push_back(posting{i});
       }
+      wake_if_paused(lock, source);  // a paused reader may land its frame in this memory
     }
     // From here `into` may be written by the network thread: settle the postings on every way out.
     try {
@@ -11833,12 +11931,14 @@ class mailbox {
   // Closes `source` for good: what it queued is dropped, what it sends later too.
   void forget(int source, std::string reason) {
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       forgotten_.insert(source);
       closed_[source] = closure{std::move(reason), failure_cause::departed};
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
+      queued_bytes_.erase(source);
       std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
       std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
+      wake_if_paused(lock, source);
     }
     ready_.notify_all();
   }
@@ -11874,13 +11974,17 @@ class mailbox {
   // marker: everything before it belongs to the previous view, a failed state transfer's
   // chunks included), except on `marker` itself.
   void discard_before(int source, tag_type marker) {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     const auto it = last_taken_.find({source, marker});
     if (it == last_taken_.end()) return;
     const std::uint64_t before = it->second;
     for (auto q = queues_.begin(); q != queues_.end();) {
       if (q->first.first == source && q->first.second != marker) {
-        std::erase_if(q->second, [&](const message& m) { return m.sequence < before; });
+        std::erase_if(q->second, [&](const message& m) {
+          if (m.sequence >= before) return false;
+          queued_bytes_[source] -= m.payload.size();
+          return true;
+        });
         if (q->second.empty()) {
           q = queues_.erase(q);
           continue;
@@ -11888,6 +11992,7 @@ class mailbox {
       }
       ++q;
     }
+    wake_if_paused(lock, source);
   }
   void set_epoch(std::uint64_t epoch) {
     std::lock_guard lock(mutex_);
@@ -11937,13 +12042,17 @@ class mailbox {
     message m = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
+    queued_bytes_[source] -= m.payload.size();
     if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
   }
 
+  // An alarm of this view or the next (a member that installed it first) is raised; an older one
+  // is stale, and one further ahead cannot come from a member of this view: ignored, or it would
+  // outlive every view this peer installs.
   void raise(int source, const message& m) {
     const auto a = wire::decode_alarm(m.payload, source);
-    if (!a || a->epoch < epoch_ || alarm_) return;
+    if (!a || a->epoch < epoch_ || a->epoch > epoch_ + 1 || alarm_) return;
     alarm_ = a;
   }
 
@@ -11954,6 +12063,57 @@ class mailbox {
                                    c->second.reason, ")");
     if (alarm_ && !is_membership_tag(tag))
       transport::fail_peer_because(cause_of(*alarm_), alarm_->failed, "receive", "transport: ", describe(*alarm_));
+  }
+
+  // A paused reader of `source` reads again (the lock is released around its callback, which
+  // posts to the network thread).
+  void wake_if_paused(std::unique_lock<std::mutex>& lock, int source) {
+    const auto it = paused_.find(source);
+    if (it == paused_.end()) return;
+    auto resume = std::move(it->second.resume);
+    paused_.erase(it);
+    lock.unlock();
+    if (resume) resume();
+    lock.lock();
+  }
+  void wake_if_paused(std::lock_guard<std::mutex>&, int) = delete;
+
+  // When a wait on `source` should look again whether it is stuck behind the source's budget.
+  std::chrono::steady_clock::time_point next_stuck_check(int source, std::chrono::steady_clock::time_point started) const {
+    const auto p = paused_.find(source);
+    if (p == paused_.end()) return std::chrono::steady_clock::time_point::max();
+    return std::max(p->second.since, started) + budget_.grace;
+  }
+
+  // A receive of (source, tag) that started at `started` waits while the source's reader is
+  // paused over its budget, none of what it queued being this tag: once that has lasted `grace`,
+  // the source is over its budget. What it queued is dropped (nobody took it while a receive
+  // needed what comes after it), its reader resumes, and the receive fails naming it.
+  void throw_if_stuck(std::unique_lock<std::mutex>& lock, int source, tag_type tag, std::chrono::steady_clock::time_point started) {
+    const auto p = paused_.find(source);
+    if (p == paused_.end() || queued(source, tag)) return;
+    if (std::chrono::steady_clock::now() < std::max(p->second.since, started) + budget_.grace) return;
+    std::uint64_t dropped = 0, messages = 0;
+    std::set<tag_type> tags;
+    for (auto q = queues_.begin(); q != queues_.end();) {
+      if (q->first.first != source) {
+        ++q;
+        continue;
+      }
+      tags.insert(q->first.second);
+      for (const auto& m : q->second) dropped += m.payload.size(), ++messages;
+      q = queues_.erase(q);
+    }
+    queued_bytes_.erase(source);
+    ++over_budget_[source];
+    const auto limit = budget_.bytes_per_peer;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(budget_.grace).count();
+    wake_if_paused(lock, source);
+    transport::fail_peer_because(failure_cause::convicted, source, "receive", "transport: peer ", source, " is over its budget: ",
+                                 messages, " message(s) of ", dropped, " bytes on ", tags.size(),
+                                 " tag(s) this peer did not read held its queue full (at most ", limit,
+                                 " bytes) while a receive waited ", waited, " ms for its message of tag ", tag,
+                                 "; they are dropped");
   }
 
   void keep_spare(bytes b) {
@@ -11989,7 +12149,8 @@ class mailbox {
   std::size_t next_landed(const key& k, std::span<std::byte> into, std::chrono::milliseconds timeout) {
     const auto [source, tag] = k;
     std::unique_lock lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + timeout;
     for (;;) {
       auto& postings = posted_.at(k);
       posting& first = postings.front();
@@ -12009,11 +12170,14 @@ class mailbox {
           const std::size_t size = m->payload.size();
           if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
           keep_spare(std::move(m->payload));
+          wake_if_paused(lock, source);
           return size;
         }
         throw_if_unreachable(source, tag);
+        throw_if_stuck(lock, source, tag, started);
       }
-      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      if (ready_.wait_until(lock, std::min(deadline, next_stuck_check(source, started))) == std::cv_status::timeout &&
+          std::chrono::steady_clock::now() >= deadline) {
         auto& now = posted_.at(k).front();
         if (now.state == posting::state_type::claimed || (now.state == posting::state_type::open && !queued(source, tag)))
           timed_out(source, tag, timeout);
@@ -12067,6 +12231,15 @@ class mailbox {
     double arrival;
   };
   std::vector<pending_closure> pending_closures_;
+  // budgets
+  budget budget_;
+  std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued, not taken
+  struct paused {
+    std::function<void()> resume;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<int, paused> paused_;               // sources whose reading waits for room
+  std::map<int, std::uint64_t> over_budget_;   // sources found over budget, and how often
 };
 
 }  // namespace decentrain::transport::detail
@@ -13183,6 +13356,7 @@ static_assert(endpoint<mpi>);
 #if DECENTRAIN_HAS_ASIO
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -13191,8 +13365,9 @@ static_assert(endpoint<mpi>);
 
 // ---- begin decentrain/transport/tcp/admission.hpp ----
 // Who may cost this peer what before it belongs to the run: strangers (connections that have not
-// said and proved who they are) get a deadline and a bounded count, and every refusal is counted
-// with its reason (admission_stats).
+// said and proved who they are) get a deadline and a bounded count, joiners a bounded count (the
+// node holds them to membership frames until a view admits them), a caller claiming a live
+// peer's rank is refused, and every refusal is counted with its reason (admission_stats).
 
 
 #if DECENTRAIN_HAS_ASIO
@@ -13305,20 +13480,341 @@ class liveness {
 // why. No sockets here (the I/O thread feeds the acceptor's side, tcp/rendezvous.hpp drives the
 // dialer's), so every step can be tested and fuzzed alone.
 //
-//   dialer                                   acceptor
-//   hello   --- hello (nonce with a key) -->  hello
-//   challenge <-- challenge (with a key) ---  proof      (nonce, rank, proof of the key: auth.hpp)
-//   answer  --- proof (with a key) -------->  open       (admitted: welcome, or a directory)
-//   open    <-- welcome | directory | bye --  answered   (a directory request, or refused)
+//   dialer                                    acceptor
+//   hello     --- hello -------------------->  hello
+//   challenge <-- challenge (with credentials)  proof
+//   answer    --- proof (with credentials) -->  open       (admitted: welcome, or a directory)
+//   open      <-- welcome | directory | bye --  answered   (a directory request, or refused)
 //
-// With TLS (tls.hpp) its own handshake comes first and every frame here is encrypted.
+// Credentials (any of, or none: an open group):
+// - a run key (auth.hpp): each side proves it holds it, HMAC over the transcript;
+// - per-peer identities (identity.hpp): each side signs the transcript with its own key, which
+//   the run's roster lists for the rank it claims, and the frame keys come from an X25519
+//   exchange of fresh keys in the hello and the challenge;
+// - TLS (tls.hpp): its own handshake comes first, and every frame here is encrypted.
+// The transcript T is the hello's bytes, then the acceptor's nonce, rank and exchange key. The
+// challenge carries the acceptor's proofs of T, the proof frame the dialer's.
+//
+// What a caller is told before it proved its credentials: only which credentials this peer
+// needs. Its world size and settings are compared, and a difference named, after the proof:
+// a stranger learns nothing of the run.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <utility>
 
+// ---- begin decentrain/transport/identity.hpp ----
+// Per-peer identities: each peer holds an Ed25519 key pair of its own, and the run's roster
+// lists the public key of every rank. A shared run key (auth.hpp) keeps strangers out but cannot
+// tell members apart: anyone holding it can derive any rank's frame keys and claim any rank.
+// With identities, a peer proves its rank by signing the handshake with its own private key, and
+// each connection's frame keys come from a fresh X25519 exchange that only its two ends took
+// part in, so no member, key holder or not, can make frames that another peer accepts as a third
+// rank's (hivemind gives each peer an RSA key for the same reason).
+//
+// Files:
+//   identity  a PEM private key (Ed25519), private to its owner (chmod 600), as
+//             `openssl genpkey -algorithm ed25519 -out peer.key` or identity::generate writes;
+//   roster    one line per rank: "rank N ed25519 <64 hex digits of the public key>", '#' starts a
+//             comment; scripts/identities writes both for a run.
+//
+// OpenSSL 3 (Debian: libssl-dev) provides the primitives; without it, identities are an error.
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+#if DECENTRAIN_HAS_OPENSSL
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#endif
+
+namespace decentrain::transport::identity {
+
+inline constexpr std::size_t public_key_bytes = 32;
+inline constexpr std::size_t signature_bytes = 64;
+inline constexpr std::size_t exchange_key_bytes = 32;  // an X25519 public key
+inline constexpr int max_roster_ranks = 1 << 16;
+
+using public_key = std::array<std::byte, public_key_bytes>;
+using signature = std::array<std::byte, signature_bytes>;
+
+inline std::string to_hex(std::span<const std::byte> b) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (const auto x : b) {
+    out += digits[static_cast<unsigned>(x) >> 4];
+    out += digits[static_cast<unsigned>(x) & 15];
+  }
+  return out;
+}
+
+// The roster: each rank's public key.
+class roster {
+ public:
+  roster() = default;
+
+  // Parses a roster's text; `origin` names it in errors (a file's path).
+  static roster parse(std::string_view text, const std::string& origin) {
+    roster r;
+    std::istringstream in{std::string(text)};
+    std::string line;
+    int number = 0;
+    while (std::getline(in, line)) {
+      ++number;
+      if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+      std::istringstream words(line);
+      std::string what, kind, hex;
+      long long rank = -1;
+      if (!(words >> what)) continue;  // blank
+      const auto where = decentrain::detail::concat("identity: roster ", origin, " line ", number);
+      decentrain::detail::check(what == "rank" && (words >> rank) && (words >> kind) && (words >> hex), where,
+                                " is not \"rank N ed25519 <public key in hex>\"");
+      std::string extra;
+      decentrain::detail::check(!(words >> extra), where, " has more than \"rank N ed25519 <public key>\" (\"", extra, "\")");
+      decentrain::detail::check(rank >= 0 && rank < max_roster_ranks, where, ": rank ", rank, " is outside [0, ", max_roster_ranks, ")");
+      decentrain::detail::check(kind == "ed25519", where, ": key type \"", kind, "\" (only ed25519 is known)");
+      decentrain::detail::check(hex.size() == 2 * public_key_bytes, where, ": a public key of ", hex.size(), " hex digits (it has ",
+                                2 * public_key_bytes, ")");
+      public_key k{};
+      for (std::size_t i = 0; i < public_key_bytes; ++i) {
+        const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
+        decentrain::detail::check(hi >= 0 && lo >= 0, where, ": \"", hex, "\" is not hexadecimal");
+        k[i] = static_cast<std::byte>(hi * 16 + lo);
+      }
+      decentrain::detail::check(!r.keys_.count(static_cast<int>(rank)), where, ": rank ", rank, " is listed twice");
+      for (const auto& [other, key] : r.keys_)
+        decentrain::detail::check(key != k, where, ": rank ", rank, " has the same key as rank ", other,
+                                  " (one identity cannot hold two ranks)");
+      r.keys_.emplace(static_cast<int>(rank), k);
+    }
+    decentrain::detail::check(!r.keys_.empty(), "identity: roster ", origin, " lists no rank");
+    return r;
+  }
+
+  static roster read(const std::string& path) {
+    std::error_code ec;
+    decentrain::detail::check(std::filesystem::is_regular_file(path, ec), "identity: roster '", path, "' is not a readable file");
+    decentrain::detail::check(std::filesystem::file_size(path, ec) <= (std::uintmax_t{16} << 20), "identity: roster '", path,
+                              "' is over 16 MiB");
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return parse(text.str(), "'" + path + "'");
+  }
+
+  bool empty() const { return keys_.empty(); }
+  const public_key* find(int rank) const {
+    const auto it = keys_.find(rank);
+    return it == keys_.end() ? nullptr : &it->second;
+  }
+  const std::map<int, public_key>& keys() const { return keys_; }
+
+  // The roster's text (parse reads it back).
+  std::string text() const {
+    std::string out = "# decentrain roster: rank, key type, public key\n";
+    for (const auto& [r, k] : keys_) out += "rank " + std::to_string(r) + " ed25519 " + to_hex(k) + "\n";
+    return out;
+  }
+  void add(int rank, const public_key& k) { keys_[rank] = k; }
+
+ private:
+  static int digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+  std::map<int, public_key> keys_;
+};
+
+#if DECENTRAIN_HAS_OPENSSL
+
+namespace detail {
+struct free_pkey {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+using pkey = std::unique_ptr<EVP_PKEY, free_pkey>;
+struct free_md {
+  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+};
+struct free_pctx {
+  void operator()(EVP_PKEY_CTX* c) const { EVP_PKEY_CTX_free(c); }
+};
+
+inline pkey generate(const char* type) {
+  pkey k(EVP_PKEY_Q_keygen(nullptr, nullptr, type));
+  decentrain::detail::check(k != nullptr, "identity: OpenSSL cannot make an ", type, " key");
+  return k;
+}
+
+inline std::array<std::byte, 32> raw_public(EVP_PKEY* k) {
+  std::array<std::byte, 32> out{};
+  std::size_t n = out.size();
+  decentrain::detail::check(EVP_PKEY_get_raw_public_key(k, reinterpret_cast<unsigned char*>(out.data()), &n) == 1 && n == out.size(),
+                            "identity: OpenSSL cannot read a public key");
+  return out;
+}
+
+// label || 0 || message: the zero byte ends the label, so no label's input is another's.
+inline std::vector<unsigned char> labelled(std::string_view label, std::span<const std::byte> message) {
+  std::vector<unsigned char> in(label.size() + 1 + message.size(), 0);
+  std::memcpy(in.data(), label.data(), label.size());
+  if (!message.empty()) std::memcpy(in.data() + label.size() + 1, message.data(), message.size());
+  return in;
+}
+}  // namespace detail
+
+// This peer's identity: its Ed25519 private key.
+class key_pair {
+ public:
+  // A fresh identity.
+  static key_pair generate() {
+    key_pair k;
+    k.key_ = detail::generate("ED25519");
+    return k;
+  }
+
+  // Reads a PEM private key, refusing a file others can read (auth::check_private).
+  static key_pair read(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto status = fs::status(path, ec);
+    decentrain::detail::check(!ec && fs::is_regular_file(status), "identity: '", path, "' is not a readable file");
+    auth::check_private(status, "identity: private key", path);
+    std::unique_ptr<FILE, decltype(&std::fclose)> f(std::fopen(path.c_str(), "r"), &std::fclose);
+    decentrain::detail::check(f != nullptr, "identity: cannot open '", path, "'");
+    key_pair k;
+    k.key_.reset(PEM_read_PrivateKey(f.get(), nullptr, nullptr, nullptr));
+    decentrain::detail::check(k.key_ != nullptr, "identity: '", path, "' holds no PEM private key");
+    decentrain::detail::check(EVP_PKEY_get_id(k.key_.get()) == EVP_PKEY_ED25519, "identity: '", path,
+                              "' holds a private key that is not Ed25519");
+    return k;
+  }
+
+  // Writes the private key (PEM, mode 600).
+  void write(const std::string& path) const {
+    namespace fs = std::filesystem;
+    {
+      std::ofstream touch(path, std::ios::trunc);
+      decentrain::detail::check(touch.good(), "identity: cannot write '", path, "'");
+    }
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+    std::unique_ptr<FILE, decltype(&std::fclose)> f(std::fopen(path.c_str(), "w"), &std::fclose);
+    decentrain::detail::check(f && PEM_write_PrivateKey(f.get(), key_.get(), nullptr, nullptr, 0, nullptr, nullptr) == 1,
+                              "identity: cannot write '", path, "'");
+  }
+
+  public_key public_part() const { return detail::raw_public(key_.get()); }
+
+  // Ed25519 over label || 0 || message.
+  signature sign(std::string_view label, std::span<const std::byte> message) const {
+    const auto in = detail::labelled(label, message);
+    std::unique_ptr<EVP_MD_CTX, detail::free_md> ctx(EVP_MD_CTX_new());
+    signature out{};
+    std::size_t n = out.size();
+    decentrain::detail::check(ctx && EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, key_.get()) == 1 &&
+                                  EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(out.data()), &n, in.data(), in.size()) == 1 &&
+                                  n == out.size(),
+                              "identity: OpenSSL cannot sign");
+    return out;
+  }
+
+ private:
+  detail::pkey key_;
+};
+
+// Whether `s` is `key`'s signature of label || 0 || message.
+inline bool verify(const public_key& key, std::string_view label, std::span<const std::byte> message, std::span<const std::byte> s) {
+  if (s.size() != signature_bytes) return false;
+  detail::pkey k(EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(key.data()), key.size()));
+  if (!k) return false;
+  const auto in = detail::labelled(label, message);
+  std::unique_ptr<EVP_MD_CTX, detail::free_md> ctx(EVP_MD_CTX_new());
+  return ctx && EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, k.get()) == 1 &&
+         EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(s.data()), s.size(), in.data(), in.size()) == 1;
+}
+
+// One side of a connection's X25519 exchange: a fresh key pair whose public half goes in the
+// handshake; with the other side's public half, the secret only the two ends know.
+class exchange {
+ public:
+  exchange() : key_(detail::generate("X25519")) {}
+  std::array<std::byte, exchange_key_bytes> public_part() const { return detail::raw_public(key_.get()); }
+  // The shared secret with the holder of `theirs`; throws on a public key that is not one (or
+  // one of the small-order points, which OpenSSL refuses).
+  auth::digest secret(std::span<const std::byte> theirs) const {
+    decentrain::detail::check(theirs.size() == exchange_key_bytes, "identity: an exchange key of ", theirs.size(), " bytes (it has ",
+                              exchange_key_bytes, ")");
+    detail::pkey peer(EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr, reinterpret_cast<const unsigned char*>(theirs.data()),
+                                                  theirs.size()));
+    std::unique_ptr<EVP_PKEY_CTX, detail::free_pctx> ctx(EVP_PKEY_CTX_new(key_.get(), nullptr));
+    auth::digest out{};
+    std::size_t n = out.size();
+    const bool ok = peer && ctx && EVP_PKEY_derive_init(ctx.get()) == 1 && EVP_PKEY_derive_set_peer(ctx.get(), peer.get()) == 1 &&
+                    EVP_PKEY_derive(ctx.get(), reinterpret_cast<unsigned char*>(out.data()), &n) == 1 && n == out.size();
+    decentrain::detail::check(ok, "identity: the other side's exchange key is not a usable X25519 key");
+    return out;
+  }
+
+ private:
+  detail::pkey key_;
+};
+
+#else  // no OpenSSL
+
+class key_pair {
+ public:
+  static key_pair generate() { decentrain::detail::fail("identity: per-peer identities need OpenSSL, which this build lacks"); }
+  static key_pair read(const std::string&) {
+    decentrain::detail::fail("identity: per-peer identities need OpenSSL, which this build lacks (Debian: libssl-dev)");
+  }
+  void write(const std::string&) const {}
+  public_key public_part() const { return {}; }
+  signature sign(std::string_view, std::span<const std::byte>) const { return {}; }
+};
+inline bool verify(const public_key&, std::string_view, std::span<const std::byte>, std::span<const std::byte>) { return false; }
+class exchange {
+ public:
+  exchange() { decentrain::detail::fail("identity: per-peer identities need OpenSSL, which this build lacks"); }
+  std::array<std::byte, exchange_key_bytes> public_part() const { return {}; }
+  auth::digest secret(std::span<const std::byte>) const { return {}; }
+};
+
+#endif
+
+// What a peer runs with: its own key pair and the roster; both or neither.
+struct options {
+  std::string identity;  // this peer's private key file
+  std::string roster;    // the run's roster file
+  bool enabled() const { return !identity.empty() || !roster.empty(); }
+  void validate() const {
+    if (!enabled()) return;
+    decentrain::detail::check(!identity.empty() && !roster.empty(), "identity: needs both this peer's private key (--identity) ",
+                              "and the run's roster (--roster); missing: ", identity.empty() ? "the private key" : "the roster");
+    decentrain::detail::check(auth::available, "identity: per-peer identities need OpenSSL, which this build lacks (Debian: libssl-dev)");
+  }
+};
+
+}  // namespace decentrain::transport::identity
+// ---- end decentrain/transport/identity.hpp ----
 // ---- begin decentrain/transport/tcp/options.hpp ----
 // What a TCP peer is started with (tcp_options), each setting checked before anything listens.
 
@@ -13671,11 +14167,31 @@ struct tcp_options {
   // strangers who hold connections open cannot lock a real peer out for longer than it takes to
   // say hello). An idle stranger therefore costs a peer one descriptor for a few seconds.
   std::chrono::milliseconds handshake_timeout{5000};
-  int max_pending = 64;
+  int max_pending = 32;
+  // Joiners: peers that dialed this one to join the running group and are not members of its
+  // view yet. At most max_joiners at once (a new one past that is asked to come back later), and
+  // until a view admits it a joiner may send only membership frames of at most
+  // max_joiner_frame_bytes, max_joiner_queued_bytes queued at once (more, and it is dropped): a
+  // key holder posing as many joiners costs a peer a few descriptors and kilobytes.
+  int max_joiners = 16;
+  std::uint64_t max_joiner_frame_bytes = std::uint64_t{64} << 10;
+  std::uint64_t max_joiner_queued_bytes = std::uint64_t{1} << 20;
+  // What a member may have queued here that no receive took yet (mailbox.hpp's budget): past it,
+  // this peer stops reading from it until a receive takes some (the sender waits, as TCP's flow
+  // control makes it); a peer whose queue stays full of messages nobody takes while a receive
+  // waits for another of its messages for `budget_grace` is over its budget: what it queued is
+  // dropped and the receive fails naming it. At least max_frame_bytes.
+  std::uint64_t max_queued_bytes = std::uint64_t{64} << 20;
+  std::chrono::milliseconds budget_grace{5000};
   // The run's secret (transport/auth.hpp; read one with auth::read_key_file): only peers that
   // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
-  // the port can join the group and send it anything a peer may send.
+  // the port can join the group and send it anything a peer may send. A shared key cannot tell
+  // its holders apart: see `identity`.
   std::string key;
+  // Per-peer identities (transport/identity.hpp): this peer's own private key and the run's
+  // roster of every rank's public key. A peer then proves its rank with its own key, and no
+  // other peer, key holder or not, can speak for it.
+  identity::options identity;
   // TLS (transport/tls.hpp): peers admit only callers whose certificate the run's CA signed, and
   // every frame is encrypted. With a run key as well, a caller must hold both.
   tls::options tls;
@@ -13709,7 +14225,14 @@ struct tcp_options {
     for (const auto& j : join) (void)wire::split_address(j);
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
+    decentrain::detail::check(max_joiners >= 1 && max_joiner_frame_bytes >= 1024 && max_joiner_queued_bytes >= max_joiner_frame_bytes,
+                              "tcp: max_joiners (", max_joiners, ") must be >= 1, max_joiner_frame_bytes (", max_joiner_frame_bytes,
+                              ") >= 1024 and max_joiner_queued_bytes (", max_joiner_queued_bytes, ") at least max_joiner_frame_bytes");
+    decentrain::detail::check(max_queued_bytes >= max_frame_bytes, "tcp: max_queued_bytes (", max_queued_bytes,
+                              ") must be at least max_frame_bytes (", max_frame_bytes, "): a frame that can never be queued stalls");
+    decentrain::detail::check(budget_grace.count() > 0, "tcp: budget_grace must be > 0 ms, got ", budget_grace.count());
     if (!key.empty()) auth::check_key(key, "tcp_options::key");
+    identity.validate();
     tls.validate();
   }
 };
@@ -13719,19 +14242,55 @@ struct tcp_options {
 
 namespace decentrain::transport::tcp_detail {
 
+// What this peer proves itself with, loaded once from tcp_options.
+struct credentials {
+  std::string key;                              // the run key (empty: none)
+  std::optional<identity::key_pair> self;       // this peer's identity (none: no identities)
+  identity::roster roster;                      // every rank's public key (with identities)
+
+  explicit credentials(const tcp_options& o) : key(o.key) {
+    if (!o.identity.enabled()) return;
+    self.emplace(identity::key_pair::read(o.identity.identity));
+    roster = identity::roster::read(o.identity.roster);
+    const auto* mine = roster.find(o.rank);
+    decentrain::detail::check(mine != nullptr, "identity: rank ", o.rank, " is not in the roster ", o.identity.roster);
+    decentrain::detail::check(*mine == self->public_part(), "identity: the roster ", o.identity.roster, " lists another key for rank ",
+                              o.rank, " than ", o.identity.identity, "'s (", identity::to_hex(self->public_part()), ")");
+  }
+  credentials() = default;
+
+  bool keyed() const { return !key.empty(); }
+  bool identities() const { return self.has_value(); }
+  std::uint8_t flags() const { return static_cast<std::uint8_t>((keyed() ? 1 : 0) | (identities() ? 2 : 0)); }
+};
+
+namespace handshake_labels {
+inline constexpr const char* accept = "decentrain/8 accept";
+inline constexpr const char* dial = "decentrain/8 dial";
+}  // namespace handshake_labels
+
 class handshake {
  public:
   // What comes next on the connection; stages only move forward.
   enum class stage : std::uint8_t {
     hello,      // acceptor: the caller's hello; dialer: its own hello, to send
-    challenge,  // dialer: the acceptor's challenge (with a run key)
-    proof,      // acceptor: the caller's proof of the key (with a run key)
+    challenge,  // dialer: the acceptor's challenge (with credentials)
+    proof,      // acceptor: the caller's proof (with credentials)
     answer,     // dialer: the welcome, the directory or a goodbye
     open,       // both: the connection carries data frames
     answered,   // acceptor: it answered a directory request or refused the caller; nothing may follow
   };
 
   stage next() const { return next_; }
+
+  // The bytes of a challenge and of a proof, for these credentials.
+  static std::size_t challenge_bytes(const credentials& c) {
+    return auth::nonce_bytes + 4 + (c.identities() ? identity::exchange_key_bytes + identity::signature_bytes : 0) +
+           (c.keyed() ? auth::proof_bytes : 0);
+  }
+  static std::size_t proof_bytes(const credentials& c) {
+    return (c.identities() ? identity::signature_bytes : 0) + (c.keyed() ? auth::proof_bytes : 0);
+  }
 
   // ---- the acceptor's side ----
 
@@ -13741,14 +14300,16 @@ class handshake {
       reply,   // send `type`/`body` and wait for the next frame
       refuse,  // tell the caller `why` (a goodbye) and take nothing more from it
       reject,  // it failed authentication (`why`): close, counted
-      proven,  // the caller is who `hello` says (and holds the key): admit it
+      proven,  // the caller is who `hello` says (and holds the credentials): admit it
     };
     kind what = kind::reply;
     wire::frame_type type = wire::frame_type::challenge;
     bytes body;
     std::string why;
     wire::hello hello;
-    std::optional<auth::session> keys;  // proven with a run key (not TLS): the connection's frame keys
+    // The connection's frame keys, when this step made them (before a refusal after the proof
+    // too: the refusal then goes out sealed, and the caller can believe it).
+    std::optional<auth::session> keys;
   };
 
   // An accepted connection: `certified_rank` is the rank its TLS certificate names (-1: none),
@@ -13775,14 +14336,14 @@ class handshake {
     decentrain::detail::check(next_ != stage::hello || h.type == wire::frame_type::hello,
                               "frame: the first frame on a connection must be a hello");
     decentrain::detail::check(next_ != stage::proof || h.type == wire::frame_type::proof,
-                              "frame: expected the run key's proof, got frame type ", static_cast<int>(h.type));
+                              "frame: expected the proof of the caller's credentials, got frame type ", static_cast<int>(h.type));
   }
 
   // The acceptor's step on a whole frame that passed check_next. Throws (a malformed frame)
   // when the body does not decode or names an impossible rank.
-  verdict on_frame(const tcp_options& o, wire::frame_type type, const bytes& body) {
-    if (type == wire::frame_type::hello) return on_hello(o, body);
-    return on_proof(o, body);
+  verdict on_frame(const tcp_options& o, const credentials& c, wire::frame_type type, const bytes& body) {
+    if (type == wire::frame_type::hello) return on_hello(o, c, body);
+    return on_proof(o, c, body);
   }
 
   // The acceptor answered (a directory, or a refusal); nothing may follow.
@@ -13792,38 +14353,75 @@ class handshake {
 
   // ---- the dialer's side ----
 
-  // The hello to send (with a fresh nonce when `keyed`); the transcript starts with it.
-  bytes start(wire::hello h, bool keyed) {
-    if (keyed) h.nonce = auth::random_nonce();
+  // The hello to send; the transcript starts with it.
+  bytes start(wire::hello h, const credentials& c) {
+    h.credentials = c.flags();
+    if (c.keyed() || c.identities()) h.nonce = auth::random_nonce();
+    if (c.identities()) {
+      exchange_.emplace();
+      const auto e = exchange_->public_part();
+      h.exchange.assign(reinterpret_cast<const char*>(e.data()), e.size());
+    }
     auto b = wire::encode_body(h);
     transcript_ = b;
-    next_ = keyed ? stage::challenge : stage::answer;
+    next_ = c.keyed() || c.identities() ? stage::challenge : stage::answer;
     return b;
   }
 
-  // The acceptor's challenge: checks its proof of the key; returns the proof to send, the rank
-  // the acceptor proved, and this connection's frame keys. Throws naming `address` otherwise
-  // (`unproven` is set when the acceptor does not hold the key: the caller decides how often
-  // that is believed).
+  // The acceptor's challenge: checks its proofs; returns the proof to send, the rank the acceptor
+  // proved, and this connection's frame keys. Throws naming `address` otherwise; `unproven` is
+  // set when the acceptor's proofs did not verify (the caller decides how often that is believed).
   struct challenged {
     bytes proof;
     int rank = -1;
     auth::session keys;
   };
-  challenged on_challenge(const std::string& key, const bytes& challenge, const std::string& address, bool& unproven) {
+  challenged on_challenge(const credentials& c, const bytes& challenge, const std::string& address, bool& unproven) {
     decentrain::detail::check(next_ == stage::challenge, "tcp: a challenge out of turn from the peer at ", address);
-    decentrain::detail::check(challenge.size() == wire::challenge_bytes, "tcp: the run key's challenge from the peer at ", address,
-                              " has ", challenge.size(), " bytes, not ", wire::challenge_bytes);
-    const std::size_t proof_at = wire::challenge_bytes - auth::proof_bytes;
-    transcript_.insert(transcript_.end(), challenge.begin(), challenge.begin() + static_cast<std::ptrdiff_t>(proof_at));
-    unproven = !auth::same(std::span(challenge).subspan(proof_at), auth::acceptor_proof(key, transcript_));
-    decentrain::detail::check(!unproven, "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
-    const auto proof = auth::dialer_proof(key, transcript_);
+    decentrain::detail::check(challenge.size() == challenge_bytes(c), "tcp: the challenge from the peer at ", address, " has ",
+                              challenge.size(), " bytes, not ", challenge_bytes(c), " (does it run with other credentials?)");
+    std::size_t at = auth::nonce_bytes + 4;
+    const int rank = wire::challenge_rank(challenge);
+    std::span<const std::byte> exchange_key;
+    if (c.identities()) exchange_key = std::span(challenge).subspan(at, identity::exchange_key_bytes), at += exchange_key.size();
+    transcript_.insert(transcript_.end(), challenge.begin(), challenge.begin() + static_cast<std::ptrdiff_t>(at));
+    unproven = true;
+    if (c.identities()) {
+      const auto* theirs = c.roster.find(rank);
+      decentrain::detail::check(theirs != nullptr, "tcp: the peer at ", address, " claims rank ", rank,
+                                ", which the roster does not list");
+      decentrain::detail::check(identity::verify(*theirs, handshake_labels::accept, transcript_,
+                                                 std::span(challenge).subspan(at, identity::signature_bytes)),
+                                "tcp: the peer at ", address, " is not rank ", rank, " of the roster (its signature did not verify)");
+      at += identity::signature_bytes;
+    }
+    if (c.keyed())
+      decentrain::detail::check(auth::same(std::span(challenge).subspan(at, auth::proof_bytes), auth::acceptor_proof(c.key, transcript_)),
+                                "tcp: the peer at ", address, " does not hold this run's key (its proof did not verify)");
+    unproven = false;
+    bytes proof;
+    if (c.identities()) {
+      const auto s = c.self->sign(handshake_labels::dial, transcript_);
+      proof.insert(proof.end(), s.begin(), s.end());
+    }
+    if (c.keyed()) {
+      const auto p = auth::dialer_proof(c.key, transcript_);
+      proof.insert(proof.end(), p.begin(), p.end());
+    }
     next_ = stage::answer;
-    return challenged{bytes(proof.begin(), proof.end()), wire::challenge_rank(challenge), auth::session(key, transcript_, true)};
+    return challenged{std::move(proof), rank, session(c, exchange_key, true)};
   }
 
  private:
+  // The frame keys: from the run key alone, or from the X25519 secret (and the run key with it).
+  auth::session session(const credentials& c, std::span<const std::byte> their_exchange, bool dialer) const {
+    if (!c.identities()) return auth::session(c.key, transcript_, dialer);
+    const auto secret = exchange_->secret(their_exchange);
+    std::string material(reinterpret_cast<const char*>(secret.data()), secret.size());
+    material += c.key;
+    return auth::session(material, transcript_, dialer);
+  }
+
   verdict refuse(std::string why) {
     next_ = stage::answered;
     verdict v;
@@ -13832,47 +14430,79 @@ class handshake {
     return v;
   }
 
-  verdict on_hello(const tcp_options& o, const bytes& body) {
+  // World size, settings and byte order: compared once the caller proved its credentials.
+  std::optional<std::string> differs(const tcp_options& o, const wire::hello& hello) const {
+    if (hello.world != o.world)
+      return decentrain::detail::concat("peer ", o.rank, " is in a world of ", o.world, ", the caller (rank ", hello.rank,
+                                        ") in one of ", hello.world, "; start every peer with the same world size");
+    if (hello.settings != o.settings)
+      return decentrain::detail::concat("peer ", o.rank, " and the caller (rank ", hello.rank, ") were started with different settings: ",
+                                        settings_difference(o.settings, hello.settings));
+    if (hello.little_endian != (std::endian::native == std::endian::little))
+      return decentrain::detail::concat("peer ", hello.rank, " has a different byte order");
+    return std::nullopt;
+  }
+
+  verdict proven(const tcp_options& o, wire::hello hello, std::optional<auth::session> keys) {
+    auto why = differs(o, hello);
+    verdict v = why ? refuse(std::move(*why)) : verdict{};
+    if (!why) {
+      v.what = verdict::kind::proven;
+      v.hello = std::move(hello);
+    }
+    v.keys = std::move(keys);
+    return v;
+  }
+
+  // Why a caller with other credentials is refused: the first that differs, named.
+  static std::string needs(const credentials& c, std::uint8_t theirs, int self) {
+    if (c.keyed() != ((theirs & 1) != 0))
+      return c.keyed() ? decentrain::detail::concat("peer ", self, " admits only peers holding the run's key (tcp_options::key; ",
+                                                    "decentrain-gpt: --key-file or ", auth::key_file_variable, "); the caller has none")
+                       : decentrain::detail::concat("the caller holds a run key and peer ", self,
+                                                    " has none; give every peer the same key");
+    return c.identities() ? decentrain::detail::concat("peer ", self, " admits only peers with an identity of the run's roster ",
+                                                       "(tcp_options::identity; decentrain-gpt: --identity, --roster); the caller has none")
+                          : decentrain::detail::concat("the caller proves its rank with an identity and peer ", self,
+                                                       " runs without identities; give every peer the same credentials");
+  }
+
+  verdict on_hello(const tcp_options& o, const credentials& c, const bytes& body) {
     auto hello = wire::decode_body<wire::hello>(body, "hello");
     decentrain::detail::check(hello.rank >= 0 && hello.rank < o.capacity() && hello.rank != o.rank, "frame: hello claims rank ",
                               hello.rank);
-    if (hello.world != o.world)
-      return refuse(decentrain::detail::concat("peer ", o.rank, " is in a world of ", o.world, ", the caller (rank ", hello.rank,
-                                               ") in one of ", hello.world, "; start every peer with the same world size"));
-    if (hello.settings != o.settings)
-      return refuse(decentrain::detail::concat("peer ", o.rank, " and the caller (rank ", hello.rank,
-                                               ") were started with different settings: ",
-                                               settings_difference(o.settings, hello.settings)));
-    decentrain::detail::check(hello.little_endian == (std::endian::native == std::endian::little), "frame: peer ", hello.rank,
-                              " has a different byte order");
     if (tls_keys_ && (o.tls.bind_ranks || certified_rank_ >= 0) && certified_rank_ != hello.rank)
       return refuse(decentrain::detail::concat("the caller claims rank ", hello.rank, ", and its certificate ",
                                                certified_rank_ >= 0 ? "is for rank " + std::to_string(certified_rank_)
                                                                     : std::string("names no rank"),
                                                " (one peer cannot take another's rank)"));
-    const bool keyed = !o.key.empty();
-    if (keyed != !hello.nonce.empty())
-      return refuse(keyed ? decentrain::detail::concat("peer ", o.rank, " admits only peers holding the run's key (",
-                                                       "tcp_options::key; decentrain-gpt: --key-file or ", auth::key_file_variable,
-                                                       "); the caller has none")
-                          : decentrain::detail::concat("the caller holds a run key and peer ", o.rank,
-                                                       " has none; give every peer the same key"));
-    if (!keyed) {
-      verdict v;
-      v.what = verdict::kind::proven;
-      v.hello = std::move(hello);
-      return v;
-    }
+    if (hello.credentials != c.flags()) return refuse(needs(c, hello.credentials, o.rank));
+    if (!c.keyed() && !c.identities()) return proven(o, std::move(hello), std::nullopt);
     decentrain::detail::check(hello.nonce.size() == auth::nonce_bytes, "frame: a hello nonce of ", hello.nonce.size(),
                               " bytes (it has ", auth::nonce_bytes, ")");
     const auto nonce = auth::random_nonce();
     const auto* n = reinterpret_cast<const std::byte*>(nonce.data());
-    bytes challenge(n, n + nonce.size());  // nonce, rank, then the proof over the transcript
+    bytes challenge(n, n + nonce.size());  // nonce, rank, exchange key, then the proofs of the transcript
     wire::put_challenge_rank(challenge, o.rank);
+    if (c.identities()) {
+      decentrain::detail::check(hello.exchange.size() == identity::exchange_key_bytes, "frame: a hello exchange key of ",
+                                hello.exchange.size(), " bytes (it has ", identity::exchange_key_bytes, ")");
+      if (c.roster.find(hello.rank) == nullptr)
+        return refuse(decentrain::detail::concat("rank ", hello.rank, " is not in the run's roster"));
+      exchange_.emplace();
+      const auto e = exchange_->public_part();
+      challenge.insert(challenge.end(), e.begin(), e.end());
+    }
     transcript_.assign(body.begin(), body.end());
     transcript_.insert(transcript_.end(), challenge.begin(), challenge.end());
-    const auto proof = auth::acceptor_proof(o.key, transcript_);
-    challenge.insert(challenge.end(), proof.begin(), proof.end());
+    if (c.identities()) {
+      const auto s = c.self->sign(handshake_labels::accept, transcript_);
+      challenge.insert(challenge.end(), s.begin(), s.end());
+    }
+    if (c.keyed()) {
+      const auto proof = auth::acceptor_proof(c.key, transcript_);
+      challenge.insert(challenge.end(), proof.begin(), proof.end());
+    }
     asked_ = std::move(hello);
     next_ = stage::proof;
     verdict v;
@@ -13882,27 +14512,44 @@ class handshake {
     return v;
   }
 
-  verdict on_proof(const tcp_options& o, const bytes& body) {
-    verdict v;
-    if (!auth::same(body, auth::dialer_proof(o.key, transcript_))) {
+  verdict on_proof(const tcp_options& o, const credentials& c, const bytes& body) {
+    auto reject = [&](std::string why) {
       next_ = stage::answered;
+      verdict v;
       v.what = verdict::kind::reject;
-      v.why = decentrain::detail::concat("the proof of the run key from the caller claiming rank ", asked_.rank,
-                                         " did not verify (it does not hold this run's key)");
+      v.why = std::move(why);
       return v;
+    };
+    if (body.size() != proof_bytes(c))
+      return reject(decentrain::detail::concat("the proof from the caller claiming rank ", asked_.rank, " has ", body.size(),
+                                               " bytes, not ", proof_bytes(c)));
+    std::size_t at = 0;
+    if (c.identities()) {
+      if (!identity::verify(*c.roster.find(asked_.rank), handshake_labels::dial, transcript_,
+                            std::span(body).first(identity::signature_bytes)))
+        return reject(decentrain::detail::concat("the caller claiming rank ", asked_.rank,
+                                                 " is not that rank of the roster (its signature did not verify)"));
+      at += identity::signature_bytes;
     }
-    if (!tls_keys_) v.keys.emplace(o.key, transcript_, false);  // (with TLS, its keys stay)
+    if (c.keyed() && !auth::same(std::span(body).subspan(at, auth::proof_bytes), auth::dialer_proof(c.key, transcript_)))
+      return reject(decentrain::detail::concat("the proof of the run key from the caller claiming rank ", asked_.rank,
+                                               " did not verify (it does not hold this run's key)"));
+    std::optional<auth::session> keys;
+    if (!tls_keys_) {  // (with TLS, its keys stay)
+      std::span<const std::byte> theirs;
+      if (c.identities()) theirs = std::as_bytes(std::span(asked_.exchange));
+      keys.emplace(session(c, theirs, false));
+    }
     transcript_ = {};
-    v.what = verdict::kind::proven;
-    v.hello = std::exchange(asked_, {});
-    return v;
+    return proven(o, std::exchange(asked_, {}), std::move(keys));
   }
 
   stage next_ = stage::hello;
   int certified_rank_ = -1;
   bool tls_keys_ = false;
   wire::hello asked_;  // the acceptor's: the hello awaiting its proof
-  bytes transcript_;   // the handshake's bytes so far (with a run key)
+  bytes transcript_;   // the handshake's bytes so far (with credentials)
+  std::optional<identity::exchange> exchange_;  // this side's X25519 key (with identities)
 };
 
 }  // namespace decentrain::transport::tcp_detail
@@ -13940,7 +14587,9 @@ struct connection : std::enable_shared_from_this<connection> {
   explicit connection(asio::io_context& io) : socket(io), heard(clock::now()), accepted_at(heard) {}
 
   asio::ip::tcp::socket socket;
-  int rank = -1;  // -1 until its hello arrives (and, with a run key, its proof)
+  int rank = -1;  // -1 until its hello arrives (and, with credentials, its proof)
+  std::uint64_t incarnation = 0;  // the peer's process (wire::hello::incarnation)
+  bool joiner = false;  // it dialed this peer to join the running group (a late hello): restricted until a view admits it
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -13949,6 +14598,7 @@ struct connection : std::enable_shared_from_this<connection> {
   int low_water = 1;        // the socket's SO_RCVLOWAT as last set
   bytes body;
   bool closed = false;
+  bool paused = false;  // a body waits for room in the mailbox (its budget): nothing is read meanwhile
 
   // ---- the writer ----
   // Data frames are written by the sending thread; closing takes this lock, so the descriptor
@@ -14162,6 +14812,8 @@ struct tcp_admission_stats {
   std::uint64_t reconnected = 0;      // connections admitted for a rank that had one here before, which
                                       // closed: a peer restarted or rejoining, or a new process taking
                                       // a rank the group forgot (not a duplicate dial, which is dropped)
+  std::uint64_t hijacks = 0;          // callers that claimed a rank connected here and alive (refused)
+  std::uint64_t joiners_turned_away = 0;  // joiners asked to come back later: max_joiners were waiting
   int pending = 0;                    // connections now between accept and hello
   std::string last_rejected;          // why the last refused connection or bad frame was dropped
 };
@@ -14186,6 +14838,15 @@ class admission {
   void reconnected() {
     std::lock_guard lock(mutex_);
     ++stats_.reconnected;
+  }
+  void hijack_refused(const std::string& why) {
+    std::lock_guard lock(mutex_);
+    ++stats_.hijacks;
+    stats_.last_rejected = why;
+  }
+  void joiner_refused() {
+    std::lock_guard lock(mutex_);
+    ++stats_.joiners_turned_away;
   }
   // A caller refused (before or at its proof), or a frame that failed its tag (`bad_tag`).
   void rejected(const std::string& why, bool bad_tag = false) {
@@ -14276,9 +14937,11 @@ class admission {
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 // ---- begin decentrain/transport/tcp/directory.hpp ----
@@ -14334,6 +14997,7 @@ struct directory {
 
 #if DECENTRAIN_HAS_ASIO
 
+#include <poll.h>
 #include <sys/ioctl.h>
 
 #include <atomic>
@@ -14349,16 +15013,21 @@ namespace decentrain::transport::tcp_detail {
 
 class heartbeat {
  public:
-  // A peer silent past its deadline: why, for its error, and what it is told.
+  // A peer silent past its deadline: why, for its error, and what it is told (`hung_up`: it
+  // closed the connection while this peer was not reading it, see below).
   struct silent {
     std::shared_ptr<connection> c;
     std::string why;
     wire::farewell told;
+    bool hung_up = false;
   };
 
   // On the I/O thread, each interval: returns the peers silent past their deadline and sends
   // the others a heartbeat. `beats_mutex` guards each connection's `beats` (read by other
   // threads); `framing` counts the bytes sent.
+  //
+  // A connection whose reading is paused (its sender is over the mailbox's budget) is not read,
+  // so its heartbeats wait in the socket: it counts as heard, and is looked at only for a hang-up.
   std::vector<silent> beat(int self, const std::vector<std::shared_ptr<connection>>& connected, std::chrono::milliseconds min_silence,
                            std::mutex& beats_mutex, std::atomic<std::uint64_t>& framing) {
     const auto now = clock::now();
@@ -14369,6 +15038,14 @@ class heartbeat {
     std::vector<silent> out;
     for (const auto& c : connected) {
       if (c->closed) continue;
+      if (c->paused) {
+        pollfd p{c->socket.native_handle(), POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+          out.push_back({c, "it closed the connection while this peer was not reading it (over its budget)", {}, true});
+          continue;
+        }
+        c->heard = now;
+      }
       int queued = 0;
       if (::ioctl(c->socket.native_handle(), FIONREAD, &queued) == 0 && queued != c->queued) {
         c->queued = queued;
@@ -14438,7 +15115,10 @@ namespace decentrain::transport::tcp_detail {
 
 struct node {
   explicit node(tcp_options o)
-      : opts((o.validate(), std::move(o))), acceptor(io), started(std::chrono::steady_clock::now()) {
+      : opts((o.validate(), std::move(o))), creds(opts), incarnation(random_incarnation()), acceptor(io),
+        started(std::chrono::steady_clock::now()) {
+    box.set_budget(detail::budget{opts.max_queued_bytes, opts.budget_grace});
+    for (int r = 0; r < opts.world; ++r) members.insert(r);
 #if DECENTRAIN_HAS_TLS
     if (opts.tls.enabled()) tls_context = tls::make_context(opts.tls, opts.rank);
 #endif
@@ -14476,6 +15156,11 @@ struct node {
     if (io_thread.joinable()) io_thread.join();
   }
 
+  static std::uint64_t random_incarnation() {
+    std::random_device device;
+    return (std::uint64_t{device()} << 32) ^ device();
+  }
+
   // ---- the registry ----
 
   bool late_group() const {
@@ -14508,9 +15193,11 @@ struct node {
     changed.notify_all();
   }
 
-  // Two joiners that find each other at once dial each other: of the two connections, the one
-  // the lower rank dialed is kept on both sides. Registers `c` (dialed by this peer when
-  // `outgoing`) or not; returns the connection to close quietly, if any (mutex held).
+  // A live connection is never replaced by one that claims its rank from another process. Two
+  // joiners that find each other at once dial each other: of the two connections of the same
+  // process (the same incarnation), the one the lower rank dialed is kept on both sides.
+  // Registers `c` (dialed by this peer when `outgoing`) or not; returns the connection to close
+  // quietly, if any (mutex held).
   std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
     auto it = peers.find(c->rank);
     if (it == peers.end() || it->second == c) {
@@ -14518,6 +15205,7 @@ struct node {
       peers[c->rank] = c;
       return nullptr;
     }
+    if (it->second->incarnation != c->incarnation) return c;
     const bool lower_dialed_c = outgoing ? opts.rank < c->rank : c->rank < opts.rank;
     if (!lower_dialed_c) return c;
     auto old = it->second;
@@ -14530,6 +15218,20 @@ struct node {
     std::vector<int> out;
     for (const auto& [r, c] : peers) out.push_back(r);
     return out;
+  }
+
+  // The members of this peer's view (fault::elastic installs each view here): a joiner that is
+  // not one of them is held to membership frames (see read_body).
+  void set_members(const std::vector<int>& ranks) {
+    std::lock_guard lock(mutex);
+    members = std::set<int>(ranks.begin(), ranks.end());
+  }
+  // Whether `c` is a joiner not admitted yet (mutex held).
+  bool restricted(const connection& c) const { return c.joiner && !members.count(c.rank); }
+  int joiners_waiting() const {  // (mutex held)
+    int n = 0;
+    for (const auto& [r, c] : peers) n += restricted(*c);
+    return n;
   }
 
   // ---- accepting (I/O thread) ----
@@ -14657,10 +15359,46 @@ struct node {
       } catch (const std::exception& e) {
         return malformed(c, e.what());
       }
-      if (h.type == wire::frame_type::data)
-        if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
-      c->body = box.spare(static_cast<std::size_t>(h.length));
-      c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec2, std::size_t got) {
+      read_body(c, h);
+    });
+  }
+
+  // A data body goes into memory a receiver posted for it, or into the mailbox when the sender's
+  // budget has room for it; without room, the reading of this connection pauses until a receiver
+  // takes some of what the sender queued (mailbox.hpp). A joiner not admitted yet may send only
+  // membership frames, small ones, and little of them queued at once: past that it is dropped.
+  void read_body(const std::shared_ptr<connection>& c, const wire::header& h) {
+    if (h.type == wire::frame_type::data && c->rank >= 0) {
+      if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
+      bool joiner = false;
+      {
+        std::lock_guard lock(mutex);
+        joiner = restricted(*c);
+      }
+      if (joiner) {
+        if (!is_membership_tag(h.tag) || h.length > opts.max_joiner_frame_bytes ||
+            box.queued_bytes(c->rank) + h.length > opts.max_joiner_queued_bytes)
+          return malformed(c, decentrain::detail::concat(
+                                  "frame: peer ", c->rank, " joins and is not admitted yet, and sent ",
+                                  !is_membership_tag(h.tag) ? "a data frame (only membership frames are read from a joiner)"
+                                  : h.length > opts.max_joiner_frame_bytes
+                                      ? decentrain::detail::concat("a frame of ", h.length, " bytes (a joiner's are at most ",
+                                                                   opts.max_joiner_frame_bytes, ")")
+                                      : decentrain::detail::concat("more than ", opts.max_joiner_queued_bytes,
+                                                                   " bytes that nobody took yet")));
+      } else if (!box.room(c->rank, static_cast<std::size_t>(h.length), [this, c, h] {
+                   asio::post(io, [this, c, h] {
+                     if (c->closed || !c->paused) return;
+                     c->paused = false;
+                     read_body(c, h);
+                   });
+                 })) {
+        c->paused = true;
+        return;
+      }
+    }
+    c->body = box.spare(static_cast<std::size_t>(h.length));
+    c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec2, std::size_t got) {
         if (ec2 == asio::error::eof)
           return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
         if (ec2) return lost(c, ec2);
@@ -14672,7 +15410,6 @@ struct node {
         }
         read_next_later(c);
       });
-    });
   }
 
   // The next frame, from the event loop (see connection::turn_bytes).
@@ -14734,10 +15471,18 @@ struct node {
   // Handles one complete frame; false when the connection is done.
   bool dispatch(const std::shared_ptr<connection>& c, const wire::header& h) {
     switch (h.type) {
-      case wire::frame_type::data:
-        box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
+      case wire::frame_type::data: {
+        bool joiner = false;
+        {
+          std::lock_guard lock(mutex);
+          joiner = restricted(*c);
+        }
+        // A joiner is not of the view: it has no failure to report (an alarm would stop every
+        // member's collectives).
+        if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
         c->body = {};
         return true;
+      }
       case wire::frame_type::bye: {
         if (c->body.empty()) {
           close(c, "it said goodbye");
@@ -14761,7 +15506,8 @@ struct node {
 
   // A handshake frame from a caller: the acceptor's side of the handshake answers it.
   bool handshake_step(const std::shared_ptr<connection>& c, wire::frame_type type) {
-    auto v = c->handshake_state.on_frame(opts, type, c->body);
+    auto v = c->handshake_state.on_frame(opts, creds, type, c->body);
+    if (v.keys) c->keys = std::move(v.keys);  // (a refusal after the proof goes out sealed)
     using kind = handshake::verdict::kind;
     switch (v.what) {
       case kind::reply:
@@ -14774,7 +15520,6 @@ struct node {
         reject(c, v.why);
         return false;
       case kind::proven:
-        if (v.keys) c->keys = std::move(v.keys);
         return admit(c, v.hello);
     }
     return false;
@@ -14796,6 +15541,20 @@ struct node {
     if (const auto why = box.barred(hello.rank))  // final: trying again cannot help
       return answer(wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
     if (hello.late) {
+      if (const auto live = peers.find(hello.rank); live != peers.end() && live->second->incarnation != hello.incarnation) {
+        adm.hijack_refused(decentrain::detail::concat("a caller claimed rank ", hello.rank, ", which is connected here and alive"));
+        return answer(wire::frame_type::bye,
+                      wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                                  "peer ", opts.rank, " is connected to a live peer of rank ",
+                                                                  hello.rank, "; another process cannot take its rank")}));
+      }
+      if (!peers.count(hello.rank) && joiners_waiting() >= opts.max_joiners) {
+        adm.joiner_refused();
+        return answer(wire::frame_type::bye,
+                      wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                                  "peer ", opts.rank, " has ", opts.max_joiners,
+                                                                  " joiners waiting to be admitted (max_joiners); join again later")}));
+      }
       if (!box.welcome(hello.rank))  // a rank this peer forgot may come back as a new peer
         return answer(wire::frame_type::bye,
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
@@ -14816,10 +15575,12 @@ struct node {
     // caller reads from it (the training thread may write to it as soon as it is registered).
     {
       std::lock_guard write_lock(c->write_mutex);
-      framing_sent += c->append_frame(wire::frame_type::welcome, {});
+      framing_sent += c->append_frame(wire::frame_type::welcome, wire::encode_incarnation(incarnation));
       c->flush_unsent();
     }
     c->rank = hello.rank;
+    c->incarnation = hello.incarnation;
+    c->joiner = hello.late;
     c->handshake_state.opened();
     adm.admitted_one();  // no longer a stranger
     const auto dropped = keep_one(c, false);
@@ -14928,7 +15689,10 @@ struct node {
         std::lock_guard lock(mutex);
         for (const auto& [r, c] : peers) connections.push_back(c);
       }
-      for (const auto& s : beats.beat(opts.rank, connections, opts.min_silence, mutex, framing_sent)) exclude(s.c, s.why, s.told);
+      for (const auto& s : beats.beat(opts.rank, connections, opts.min_silence, mutex, framing_sent)) {
+        if (s.hung_up) close(s.c, s.why);
+        else exclude(s.c, s.why, s.told);
+      }
       schedule_beat();
     });
   }
@@ -15094,6 +15858,8 @@ struct node {
   }
 
   tcp_options opts;
+  credentials creds;          // what this peer proves itself with (tcp/handshake.hpp)
+  std::uint64_t incarnation;  // this process (wire::hello::incarnation)
 #if DECENTRAIN_HAS_TLS
   std::shared_ptr<asio::ssl::context> tls_context;  // null without TLS
 #endif
@@ -15111,10 +15877,11 @@ struct node {
   heartbeat beats;        // I/O thread only
   admission adm;          // its own lock
 
-  mutable std::mutex mutex;         // guards dir, peers, ever_connected, the malformed counters, each connection's beats
+  mutable std::mutex mutex;         // guards dir, peers, members, ever_connected, the malformed counters, each connection's beats
   std::condition_variable changed;  // a peer connected
   directory dir;
   std::map<int, std::shared_ptr<connection>> peers;
+  std::set<int> members;  // the view's (set_members); at first the group's first world
   std::set<int> ever_connected;  // ranks that have had a connection here (for admission's `reconnected`)
   std::set<std::shared_ptr<connection>> all;  // I/O thread only
   std::uint64_t malformed_frames = 0;
@@ -15323,6 +16090,7 @@ class rendezvous {
     h.address = n_.advertised;
     h.late = n_.late_group();
     h.settings = n_.opts.settings;
+    h.incarnation = n_.incarnation;
     return h;
   }
 
@@ -15422,8 +16190,10 @@ class rendezvous {
     }
 #endif
     handshake machine;
-    const bool keyed = !n_.opts.key.empty();
-    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose), keyed));
+    const auto& creds = n_.creds;
+    const bool proving = creds.keyed() || creds.identities();
+    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose), creds));
+    bool proven = false;  // the acceptor proved its credentials: its answers are sealed, and believed
     auto refused = [&](const frame_in& f) {
       wire::farewell why{false, "no reason given"};
       if (!f.body.empty()) {
@@ -15433,10 +16203,11 @@ class rendezvous {
         }
       }
       // Nothing before the proofs is authenticated: a refusal that would end the join is
-      // believed only when it comes three times (one forged goodbye must not end it).
+      // believed only when it comes three times (one forged goodbye must not end it), or once it
+      // came sealed by a peer that proved its credentials.
       if (!why.final)  // the peer lives and asks for another try (connect_late keeps trying it)
         throw refused_for_now(decentrain::detail::concat("tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason));
-      give_up(++unproven_refusals_ >= 3, "tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason);
+      give_up(proven || ++unproven_refusals_ >= 3, "tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason);
     };
     // With TLS every frame from the peer is encrypted, its refusals too.
     auto open = [&](frame_in& f) {
@@ -15444,26 +16215,26 @@ class rendezvous {
       if (out.keys && !out.keys->receive.open_in_place(head, f.body, f.head.mac))
         decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
     };
-    if (keyed) {
+    if (proving) {
       auto c = read_frame(s, address);
       open(c);
       if (c.head.type == wire::frame_type::bye) refused(c);
       decentrain::detail::check(c.head.type == wire::frame_type::challenge, "tcp: the peer at ", address,
-                                " answered the hello with frame type ", static_cast<int>(c.head.type),
-                                ", not the run key's challenge");
+                                " answered the hello with frame type ", static_cast<int>(c.head.type), ", not a challenge");
       bool unproven = false;
       std::optional<handshake::challenged> got;
       try {
-        got.emplace(machine.on_challenge(n_.opts.key, c.body, address, unproven));
+        got.emplace(machine.on_challenge(creds, c.body, address, unproven));
       } catch (const std::exception& e) {
         if (unproven) give_up(++unproven_refusals_ >= 3, e.what());
         throw;
       }
       decentrain::detail::check(out.rank < 0 || out.rank == got->rank, "tcp: the peer at ", address, " proved it is peer ", got->rank,
-                                " with the run key and rank ", out.rank, " with its certificate");
+                                " with its credentials and rank ", out.rank, " with its certificate");
       out.rank = got->rank;
       write_frame(s, out.keys, wire::frame_type::proof, std::move(got->proof));
       if (!out.keys) out.keys.emplace(std::move(got->keys));  // (with TLS, its keys stay)
+      proven = true;
     }
     out.answer = read_frame(s, address);
     open(out.answer);
@@ -15507,14 +16278,17 @@ class rendezvous {
       auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer);
       decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address, " answered peer ",
                                 n_.opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
-      // With a key, the rank is proven: a connection that reached another peer (relayed, or an
-      // address that now belongs to another rank) is not taken for `peer`.
-      decentrain::detail::check(n_.opts.key.empty() || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ",
-                                proven_rank, ", not peer ", peer, " (a stale directory, or the connection was redirected)");
+      // With credentials, the rank is proven: a connection that reached another peer (relayed, or
+      // an address that now belongs to another rank) is not taken for `peer`.
+      decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ", address,
+                                " proved it is peer ", proven_rank, ", not peer ", peer,
+                                " (a stale directory, or the connection was redirected)");
+      const auto their_incarnation = wire::decode_incarnation(answer.body);
       auto c = std::make_shared<connection>(n_.io);
       const auto protocol = s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
       c->rank = peer;
+      c->incarnation = their_incarnation;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);
@@ -15596,6 +16370,12 @@ class tcp {
   void rediscover() { self_->rendezvous.rediscover(); }
   // Every peer connected now, ascending.
   std::vector<int> connected() const { return n().connected(); }
+  // The members of the view this peer installed (fault::elastic): a joiner outside it may send
+  // only membership frames, small and few (tcp_options::max_joiners and the two after it).
+  void set_members(const std::vector<int>& members) { n().set_members(members); }
+  // Members whose queued messages were dropped over their budget (tcp_options::max_queued_bytes),
+  // and how often.
+  std::map<int, std::uint64_t> over_budget() const { return n().box.over_budget(); }
 
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
   // same connection set (see transport::open_lane); its waits happen beside the caller's work and
@@ -21800,6 +22580,7 @@ template <class E>
 std::optional<transport::peer_error> install(E& ep, const decision& d, const agreement_settings& s) {
   const int me = ep.rank();
   ep.set_epoch(d.next.epoch);
+  if constexpr (requires { ep.set_members(d.next.members); }) ep.set_members(d.next.members);
   for (int j : d.removed)
     if (j != me && !d.next.bars(j)) ep.forget(j);
   for (int j : d.next.barred)  // also when this peer joined since: it refuses them too

@@ -462,7 +462,8 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
                        dir);
   INFO(tcp.output);
   CHECK(tcp.status == 0);
-  CHECK_THAT(tcp.output, Contains("warning: no run key (--key-file or DECENTRAIN_KEY_FILE) and no TLS (--tls-cert, --tls-key, "
+  CHECK_THAT(tcp.output, Contains("warning: no run key (--key-file or DECENTRAIN_KEY_FILE), no identities (--identity, --roster) "
+                                  "and no TLS (--tls-cert, --tls-key, "
                                   "--tls-ca): anyone who can reach"));
   // Same algorithms, same order of sums, one thread each: the same number to the last digit.
   CHECK(last_line_with(tcp.output, "val loss ") == expected);
@@ -562,7 +563,8 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
   // Each process ends with what its transport turned away: nothing, here.
   CHECK(last_line_with(keyed.output, "transport: ") ==
         "transport: 0 frames malformed, 0 failed authentication; connections refused 0, silent through the handshake 0, "
-        "evicted 0, accept errors 0; peers reconnected 0");
+        "evicted 0, accept errors 0; ranks claimed by a second process 0, joiners turned away 0, queues dropped over "
+        "budget 0; peers reconnected 0");
 
   // A peer without the key is refused at once; the keyed peer gives up at its join timeout.
   port = std::to_string(free_port());
@@ -580,6 +582,33 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
   const auto missing = run("timeout 60 " + cli() + peer_args + " --peers 2 --key-file run.key", dir);
   CHECK(missing.status == 1);
   CHECK_THAT(missing.output, Contains("--key-file is for TCP peers"));
+}
+
+TEST_CASE("train over TCP with identities: each peer proves its rank with its own key, another rank's key does not start",
+          "[cli][peers]") {
+  const auto dir = scratch("identities");
+  REQUIRE(run(std::string("bash ") + DECENTRAIN_IDENTITIES_SCRIPT + " ids 2", dir).status == 0);
+  const auto in_process = run(cli() + peer_args + " --peers 2 --link wan --metrics ''", dir);
+  REQUIRE(in_process.status == 0);
+  auto identity = [](int key, int rank) {
+    return " --identity ids/rank-" + std::to_string(key) + ".key --roster ids/roster --rank " + std::to_string(rank) + " --world 2";
+  };
+  const auto port = std::to_string(free_port());
+  const auto proven = run("( (timeout 120 " + cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                              identity(1, 1) + " > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args + " --metrics ''" +
+                              identity(0, 0) + " --listen 127.0.0.1:" + port + "; status=$?; wait; exit $status )",
+                          dir);
+  INFO(proven.output);
+  CHECK(proven.status == 0);
+  CHECK_THAT(proven.output, Contains("(identities: each peer proves its rank with its own key)"));
+  CHECK(proven.output.find("warning: no run key") == std::string::npos);
+  CHECK(last_line_with(proven.output, "val loss ") == last_line_with(in_process.output, "val loss "));
+  const auto impostor = run("timeout 60 " + cli() + peer_args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + identity(0, 1), dir);
+  CHECK(impostor.status == 1);
+  CHECK_THAT(impostor.output, Contains("the roster ids/roster lists another key for rank 1 than ids/rank-0.key's"));
+  const auto half = run("timeout 60 " + cli() + peer_args + " --listen 127.0.0.1:0 --rank 0 --world 2 --identity ids/rank-0.key", dir);
+  CHECK(half.status == 1);
+  CHECK_THAT(half.output, Contains("missing: the roster"));
 }
 
 TEST_CASE("train over TCP with TLS: certified peers train as without it, a peer of another CA is refused, naming why",
@@ -609,7 +638,8 @@ TEST_CASE("train over TCP with TLS: certified peers train as without it, a peer 
   CHECK(last_line_with(certified.output, "val loss ") == expected);  // encryption changes nothing computed
   CHECK(last_line_with(certified.output, "transport: ") ==
         "transport: 0 frames malformed, 0 failed authentication; connections refused 0, silent through the handshake 0, "
-        "evicted 0, accept errors 0; peers reconnected 0");
+        "evicted 0, accept errors 0; ranks claimed by a second process 0, joiners turned away 0, queues dropped over "
+        "budget 0; peers reconnected 0");
 
   // A peer whose certificate another CA signed fails its handshake at once; one given another
   // rank's certificate does not start (tests/transport/test_tls.cpp: a caller that tries).

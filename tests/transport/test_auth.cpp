@@ -92,6 +92,7 @@ wire::hello hello_from(int rank, int world, std::string nonce = {}) {
   wire::hello h;
   h.rank = rank;
   h.world = world;
+  h.credentials = nonce.empty() ? 0 : 1;  // a run key
   h.nonce = std::move(nonce);
   return h;
 }
@@ -364,7 +365,7 @@ TEST_CASE("tcp: with a run key, a stranger gets no further than the challenge: n
     REQUIRE(read_frame(s));
     asio::write(s, asio::buffer(frame(wire::frame_type::data, tr::bytes(8), 5)));
     CHECK(closed_by_peer(s));
-    CHECK_THAT(peer0.last_malformed(), Catch::Contains("expected the run key's proof"));
+    CHECK_THAT(peer0.last_malformed(), Catch::Contains("expected the proof of the caller's credentials"));
   }
   {  // a recorded handshake replayed: the new challenge's nonce makes the old proof worthless
     auto first = call_with_key(io, peer0.address(), run_key, 1, 2);

@@ -293,6 +293,8 @@ class any_endpoint {
   std::vector<int> connected() const { return get().connected(); }
   int capacity() const { return get().capacity(); }
   void rediscover() { get().rediscover(); }
+  // The members of the view installed (a transport that restricts joiners takes it; others ignore it).
+  void set_members(const std::vector<int>& members) { get().set_members(members); }
 
  private:
   struct base {
@@ -324,6 +326,7 @@ class any_endpoint {
     virtual std::vector<int> connected() const = 0;
     virtual int capacity() const = 0;
     virtual void rediscover() = 0;
+    virtual void set_members(const std::vector<int>&) = 0;
   };
   template <class E>
   struct model final : base {
@@ -392,6 +395,9 @@ class any_endpoint {
     }
     void rediscover() override {
       if constexpr (joining_endpoint<E>) e.rediscover();
+    }
+    void set_members(const std::vector<int>& members) override {
+      if constexpr (requires { e.set_members(members); }) e.set_members(members);
     }
     [[noreturn]] static void no_membership() {
       decentrain::detail::fail("transport: this transport has no membership protocol support (recv_within, alarms, "

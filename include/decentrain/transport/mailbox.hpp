@@ -9,13 +9,26 @@
 // straight into its piece instead of into a fresh buffer that the receiver would copy out of (a
 // copy and an allocation a message, which in a ring all-reduce is as much memory traffic as the
 // reduction itself).
+//
+// Budgets (a network transport's: tcp sets them, in_process queues without limit): what a source
+// has queued here and nobody took yet is at most `budget::bytes_per_peer`. The network thread asks
+// room() before it reads a body that lands in no posted memory; without room it stops reading
+// that source (its sender then waits, as TCP's flow control makes it) until a receiver takes
+// something of it or posts memory. An honest sender is only ever paused: every collective posts
+// its receive before it sends, so what runs ahead is bounded and is taken in time. A source whose
+// queued messages nobody takes while a receive waits for another of its messages (a tag nobody
+// reads, flooded) is over its budget: once the receive has waited `budget::grace`, what it queued
+// is dropped and the receive fails naming it (failure_cause::convicted), so a peer that holds the
+// run's key can stall one receive but cannot make a peer hold more than its budget.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -39,30 +52,80 @@ struct message {
   std::uint64_t sequence = 0;  // per source, in the order pushed (set by the mailbox)
 };
 
+// What a source may hold here (see the top of this file).
+struct budget {
+  std::uint64_t bytes_per_peer = std::numeric_limits<std::uint64_t>::max();
+  std::chrono::milliseconds grace{5000};
+};
+
 class mailbox {
   using key = std::pair<int, tag_type>;
 
  public:
+  void set_budget(budget b) {
+    std::lock_guard lock(mutex_);
+    budget_ = b;
+  }
+
   void push(int source, tag_type tag, message m) {
     {
       std::lock_guard lock(mutex_);
       if (forgotten_.count(source)) return;
       m.sequence = ++pushed_[source];
-      if (tag == alarm_tag) raise(source, m);
-      else queues_[{source, tag}].push_back(std::move(m));
+      if (tag == alarm_tag) {
+        raise(source, m);
+      } else {
+        queued_bytes_[source] += m.payload.size();
+        queues_[{source, tag}].push_back(std::move(m));
+      }
     }
     ready_.notify_all();
+  }
+
+  // ---- budgets (the network thread) ----
+
+  // Whether a body of `length` bytes from `source` may be queued now. When it may not, the
+  // source's reading stops here: `resume` is called (once, without the lock, from whichever
+  // thread made room) when a receiver took something of it, posted memory for it, or it was
+  // forgotten or dropped; the network thread then asks again.
+  bool room(int source, std::size_t length, std::function<void()> resume) {
+    {
+      std::lock_guard lock(mutex_);
+      const std::uint64_t queued = queued_bytes_[source];
+      if (queued + length <= budget_.bytes_per_peer || forgotten_.count(source)) return true;
+      paused_[source] = paused{std::move(resume), std::chrono::steady_clock::now()};
+    }
+    ready_.notify_all();  // a receive waiting on `source` now has a time to look again (throw_if_stuck)
+    return false;
+  }
+  // What `source` has queued here, not taken yet.
+  std::uint64_t queued_bytes(int source) const {
+    std::lock_guard lock(mutex_);
+    const auto it = queued_bytes_.find(source);
+    return it == queued_bytes_.end() ? 0 : it->second;
+  }
+  // Sources found over their budget (their queued messages dropped), and how often.
+  std::map<int, std::uint64_t> over_budget() const {
+    std::lock_guard lock(mutex_);
+    return over_budget_;
   }
 
   // The next message from `source` with `tag`; throws when `timeout` passes first, when
   // `source` was closed, or when the whole mailbox was failed.
   message pop(int source, tag_type tag, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + timeout;
     for (;;) {
-      if (auto m = take_queued(source, tag)) return std::move(*m);
+      if (auto m = take_queued(source, tag)) {
+        wake_if_paused(lock, source);
+        return std::move(*m);
+      }
       throw_if_unreachable(source, tag);
-      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && !queued(source, tag)) timed_out(source, tag, timeout);
+      throw_if_stuck(lock, source, tag, started);
+      if (ready_.wait_until(lock, std::min(deadline, next_stuck_check(source, started))) == std::cv_status::timeout &&
+          std::chrono::steady_clock::now() >= deadline && !queued(source, tag))
+        timed_out(source, tag, timeout);
     }
   }
 
@@ -121,7 +184,7 @@ class mailbox {
   std::optional<message> try_pop(int source, tag_type tag, double now = std::numeric_limits<double>::infinity()) {
     std::lock_guard lock(mutex_);
     if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
-      return take_queued(source, tag);
+      return take_queued(source, tag);  // (no budget on simulated time: nothing is paused)
     throw_if_unreachable(source, tag);
     return std::nullopt;
   }
@@ -147,6 +210,9 @@ class mailbox {
     alarm_.reset();
     pending_alarms_.clear();
     pending_closures_.clear();
+    queued_bytes_.clear();
+    paused_.clear();
+    over_budget_.clear();
   }
 
   // ---- posted receives (the receiving thread) ----
@@ -163,13 +229,14 @@ class mailbox {
                     Start&& start, Stuck&& stuck, Landed&& landed) {
     const key k{source, tag};
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       decentrain::detail::check(!posted_.count(k), "transport: two receives from peer ", source, " (tag ", tag,
                                 ") wait at once; one endpoint serves one receiving thread");
       if (!into.empty()) {
         auto& postings = posted_[k];
         for (const auto& i : into) postings.push_back(posting{i});
       }
+      wake_if_paused(lock, source);  // a paused reader may land its frame in this memory
     }
     // From here `into` may be written by the network thread: settle the postings on every way out.
     try {
@@ -248,12 +315,14 @@ class mailbox {
   // Closes `source` for good: what it queued is dropped, what it sends later too.
   void forget(int source, std::string reason) {
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       forgotten_.insert(source);
       closed_[source] = closure{std::move(reason), failure_cause::departed};
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
+      queued_bytes_.erase(source);
       std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
       std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
+      wake_if_paused(lock, source);
     }
     ready_.notify_all();
   }
@@ -289,13 +358,17 @@ class mailbox {
   // marker: everything before it belongs to the previous view, a failed state transfer's
   // chunks included), except on `marker` itself.
   void discard_before(int source, tag_type marker) {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     const auto it = last_taken_.find({source, marker});
     if (it == last_taken_.end()) return;
     const std::uint64_t before = it->second;
     for (auto q = queues_.begin(); q != queues_.end();) {
       if (q->first.first == source && q->first.second != marker) {
-        std::erase_if(q->second, [&](const message& m) { return m.sequence < before; });
+        std::erase_if(q->second, [&](const message& m) {
+          if (m.sequence >= before) return false;
+          queued_bytes_[source] -= m.payload.size();
+          return true;
+        });
         if (q->second.empty()) {
           q = queues_.erase(q);
           continue;
@@ -303,6 +376,7 @@ class mailbox {
       }
       ++q;
     }
+    wake_if_paused(lock, source);
   }
   void set_epoch(std::uint64_t epoch) {
     std::lock_guard lock(mutex_);
@@ -352,13 +426,17 @@ class mailbox {
     message m = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
+    queued_bytes_[source] -= m.payload.size();
     if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
   }
 
+  // An alarm of this view or the next (a member that installed it first) is raised; an older one
+  // is stale, and one further ahead cannot come from a member of this view: ignored, or it would
+  // outlive every view this peer installs.
   void raise(int source, const message& m) {
     const auto a = wire::decode_alarm(m.payload, source);
-    if (!a || a->epoch < epoch_ || alarm_) return;
+    if (!a || a->epoch < epoch_ || a->epoch > epoch_ + 1 || alarm_) return;
     alarm_ = a;
   }
 
@@ -369,6 +447,57 @@ class mailbox {
                                    c->second.reason, ")");
     if (alarm_ && !is_membership_tag(tag))
       transport::fail_peer_because(cause_of(*alarm_), alarm_->failed, "receive", "transport: ", describe(*alarm_));
+  }
+
+  // A paused reader of `source` reads again (the lock is released around its callback, which
+  // posts to the network thread).
+  void wake_if_paused(std::unique_lock<std::mutex>& lock, int source) {
+    const auto it = paused_.find(source);
+    if (it == paused_.end()) return;
+    auto resume = std::move(it->second.resume);
+    paused_.erase(it);
+    lock.unlock();
+    if (resume) resume();
+    lock.lock();
+  }
+  void wake_if_paused(std::lock_guard<std::mutex>&, int) = delete;
+
+  // When a wait on `source` should look again whether it is stuck behind the source's budget.
+  std::chrono::steady_clock::time_point next_stuck_check(int source, std::chrono::steady_clock::time_point started) const {
+    const auto p = paused_.find(source);
+    if (p == paused_.end()) return std::chrono::steady_clock::time_point::max();
+    return std::max(p->second.since, started) + budget_.grace;
+  }
+
+  // A receive of (source, tag) that started at `started` waits while the source's reader is
+  // paused over its budget, none of what it queued being this tag: once that has lasted `grace`,
+  // the source is over its budget. What it queued is dropped (nobody took it while a receive
+  // needed what comes after it), its reader resumes, and the receive fails naming it.
+  void throw_if_stuck(std::unique_lock<std::mutex>& lock, int source, tag_type tag, std::chrono::steady_clock::time_point started) {
+    const auto p = paused_.find(source);
+    if (p == paused_.end() || queued(source, tag)) return;
+    if (std::chrono::steady_clock::now() < std::max(p->second.since, started) + budget_.grace) return;
+    std::uint64_t dropped = 0, messages = 0;
+    std::set<tag_type> tags;
+    for (auto q = queues_.begin(); q != queues_.end();) {
+      if (q->first.first != source) {
+        ++q;
+        continue;
+      }
+      tags.insert(q->first.second);
+      for (const auto& m : q->second) dropped += m.payload.size(), ++messages;
+      q = queues_.erase(q);
+    }
+    queued_bytes_.erase(source);
+    ++over_budget_[source];
+    const auto limit = budget_.bytes_per_peer;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(budget_.grace).count();
+    wake_if_paused(lock, source);
+    transport::fail_peer_because(failure_cause::convicted, source, "receive", "transport: peer ", source, " is over its budget: ",
+                                 messages, " message(s) of ", dropped, " bytes on ", tags.size(),
+                                 " tag(s) this peer did not read held its queue full (at most ", limit,
+                                 " bytes) while a receive waited ", waited, " ms for its message of tag ", tag,
+                                 "; they are dropped");
   }
 
   void keep_spare(bytes b) {
@@ -404,7 +533,8 @@ class mailbox {
   std::size_t next_landed(const key& k, std::span<std::byte> into, std::chrono::milliseconds timeout) {
     const auto [source, tag] = k;
     std::unique_lock lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + timeout;
     for (;;) {
       auto& postings = posted_.at(k);
       posting& first = postings.front();
@@ -424,11 +554,14 @@ class mailbox {
           const std::size_t size = m->payload.size();
           if (size == into.size() && size > 0) std::memcpy(into.data(), m->payload.data(), size);
           keep_spare(std::move(m->payload));
+          wake_if_paused(lock, source);
           return size;
         }
         throw_if_unreachable(source, tag);
+        throw_if_stuck(lock, source, tag, started);
       }
-      if (ready_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      if (ready_.wait_until(lock, std::min(deadline, next_stuck_check(source, started))) == std::cv_status::timeout &&
+          std::chrono::steady_clock::now() >= deadline) {
         auto& now = posted_.at(k).front();
         if (now.state == posting::state_type::claimed || (now.state == posting::state_type::open && !queued(source, tag)))
           timed_out(source, tag, timeout);
@@ -482,6 +615,15 @@ class mailbox {
     double arrival;
   };
   std::vector<pending_closure> pending_closures_;
+  // budgets
+  budget budget_;
+  std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued, not taken
+  struct paused {
+    std::function<void()> resume;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<int, paused> paused_;               // sources whose reading waits for room
+  std::map<int, std::uint64_t> over_budget_;   // sources found over budget, and how often
 };
 
 }  // namespace decentrain::transport::detail

@@ -11,6 +11,7 @@
 #if DECENTRAIN_HAS_ASIO
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -91,6 +92,12 @@ class tcp {
   void rediscover() { self_->rendezvous.rediscover(); }
   // Every peer connected now, ascending.
   std::vector<int> connected() const { return n().connected(); }
+  // The members of the view this peer installed (fault::elastic): a joiner outside it may send
+  // only membership frames, small and few (tcp_options::max_joiners and the two after it).
+  void set_members(const std::vector<int>& members) { n().set_members(members); }
+  // Members whose queued messages were dropped over their budget (tcp_options::max_queued_bytes),
+  // and how often.
+  std::map<int, std::uint64_t> over_budget() const { return n().box.over_budget(); }
 
   // Sends, receives and counters are safe from two threads with different tags: a lane is this
   // same connection set (see transport::open_lane); its waits happen beside the caller's work and

@@ -276,6 +276,7 @@ template <class E>
 std::optional<transport::peer_error> install(E& ep, const decision& d, const agreement_settings& s) {
   const int me = ep.rank();
   ep.set_epoch(d.next.epoch);
+  if constexpr (requires { ep.set_members(d.next.members); }) ep.set_members(d.next.members);
   for (int j : d.removed)
     if (j != me && !d.next.bars(j)) ep.forget(j);
   for (int j : d.next.barred)  // also when this peer joined since: it refuses them too

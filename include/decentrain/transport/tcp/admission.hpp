@@ -1,6 +1,7 @@
 // Who may cost this peer what before it belongs to the run: strangers (connections that have not
-// said and proved who they are) get a deadline and a bounded count, and every refusal is counted
-// with its reason (admission_stats).
+// said and proved who they are) get a deadline and a bounded count, joiners a bounded count (the
+// node holds them to membership frames until a view admits them), a caller claiming a live
+// peer's rank is refused, and every refusal is counted with its reason (admission_stats).
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -31,6 +32,8 @@ struct tcp_admission_stats {
   std::uint64_t reconnected = 0;      // connections admitted for a rank that had one here before, which
                                       // closed: a peer restarted or rejoining, or a new process taking
                                       // a rank the group forgot (not a duplicate dial, which is dropped)
+  std::uint64_t hijacks = 0;          // callers that claimed a rank connected here and alive (refused)
+  std::uint64_t joiners_turned_away = 0;  // joiners asked to come back later: max_joiners were waiting
   int pending = 0;                    // connections now between accept and hello
   std::string last_rejected;          // why the last refused connection or bad frame was dropped
 };
@@ -55,6 +58,15 @@ class admission {
   void reconnected() {
     std::lock_guard lock(mutex_);
     ++stats_.reconnected;
+  }
+  void hijack_refused(const std::string& why) {
+    std::lock_guard lock(mutex_);
+    ++stats_.hijacks;
+    stats_.last_rejected = why;
+  }
+  void joiner_refused() {
+    std::lock_guard lock(mutex_);
+    ++stats_.joiners_turned_away;
   }
   // A caller refused (before or at its proof), or a frame that failed its tag (`bad_tag`).
   void rejected(const std::string& why, bool bad_tag = false) {

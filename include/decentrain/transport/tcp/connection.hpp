@@ -61,7 +61,9 @@ struct connection : std::enable_shared_from_this<connection> {
   explicit connection(asio::io_context& io) : socket(io), heard(clock::now()), accepted_at(heard) {}
 
   asio::ip::tcp::socket socket;
-  int rank = -1;  // -1 until its hello arrives (and, with a run key, its proof)
+  int rank = -1;  // -1 until its hello arrives (and, with credentials, its proof)
+  std::uint64_t incarnation = 0;  // the peer's process (wire::hello::incarnation)
+  bool joiner = false;  // it dialed this peer to join the running group (a late hello): restricted until a view admits it
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -70,6 +72,7 @@ struct connection : std::enable_shared_from_this<connection> {
   int low_water = 1;        // the socket's SO_RCVLOWAT as last set
   bytes body;
   bool closed = false;
+  bool paused = false;  // a body waits for room in the mailbox (its budget): nothing is read meanwhile
 
   // ---- the writer ----
   // Data frames are written by the sending thread; closing takes this lock, so the descriptor

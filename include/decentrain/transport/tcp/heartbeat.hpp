@@ -6,6 +6,7 @@
 
 #if DECENTRAIN_HAS_ASIO
 
+#include <poll.h>
 #include <sys/ioctl.h>
 
 #include <atomic>
@@ -24,16 +25,21 @@ namespace decentrain::transport::tcp_detail {
 
 class heartbeat {
  public:
-  // A peer silent past its deadline: why, for its error, and what it is told.
+  // A peer silent past its deadline: why, for its error, and what it is told (`hung_up`: it
+  // closed the connection while this peer was not reading it, see below).
   struct silent {
     std::shared_ptr<connection> c;
     std::string why;
     wire::farewell told;
+    bool hung_up = false;
   };
 
   // On the I/O thread, each interval: returns the peers silent past their deadline and sends
   // the others a heartbeat. `beats_mutex` guards each connection's `beats` (read by other
   // threads); `framing` counts the bytes sent.
+  //
+  // A connection whose reading is paused (its sender is over the mailbox's budget) is not read,
+  // so its heartbeats wait in the socket: it counts as heard, and is looked at only for a hang-up.
   std::vector<silent> beat(int self, const std::vector<std::shared_ptr<connection>>& connected, std::chrono::milliseconds min_silence,
                            std::mutex& beats_mutex, std::atomic<std::uint64_t>& framing) {
     const auto now = clock::now();
@@ -44,6 +50,14 @@ class heartbeat {
     std::vector<silent> out;
     for (const auto& c : connected) {
       if (c->closed) continue;
+      if (c->paused) {
+        pollfd p{c->socket.native_handle(), POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+          out.push_back({c, "it closed the connection while this peer was not reading it (over its budget)", {}, true});
+          continue;
+        }
+        c->heard = now;
+      }
       int queued = 0;
       if (::ioctl(c->socket.native_handle(), FIONREAD, &queued) == 0 && queued != c->queued) {
         c->queued = queued;

@@ -26,9 +26,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
@@ -39,6 +41,7 @@
 #include "decentrain/transport/tcp/admission.hpp"
 #include "decentrain/transport/tcp/connection.hpp"
 #include "decentrain/transport/tcp/directory.hpp"
+#include "decentrain/transport/tcp/handshake.hpp"
 #include "decentrain/transport/tcp/heartbeat.hpp"
 #include "decentrain/transport/tcp/options.hpp"
 #include "decentrain/transport/tls.hpp"
@@ -47,7 +50,10 @@ namespace decentrain::transport::tcp_detail {
 
 struct node {
   explicit node(tcp_options o)
-      : opts((o.validate(), std::move(o))), acceptor(io), started(std::chrono::steady_clock::now()) {
+      : opts((o.validate(), std::move(o))), creds(opts), incarnation(random_incarnation()), acceptor(io),
+        started(std::chrono::steady_clock::now()) {
+    box.set_budget(detail::budget{opts.max_queued_bytes, opts.budget_grace});
+    for (int r = 0; r < opts.world; ++r) members.insert(r);
 #if DECENTRAIN_HAS_TLS
     if (opts.tls.enabled()) tls_context = tls::make_context(opts.tls, opts.rank);
 #endif
@@ -85,6 +91,11 @@ struct node {
     if (io_thread.joinable()) io_thread.join();
   }
 
+  static std::uint64_t random_incarnation() {
+    std::random_device device;
+    return (std::uint64_t{device()} << 32) ^ device();
+  }
+
   // ---- the registry ----
 
   bool late_group() const {
@@ -117,9 +128,11 @@ struct node {
     changed.notify_all();
   }
 
-  // Two joiners that find each other at once dial each other: of the two connections, the one
-  // the lower rank dialed is kept on both sides. Registers `c` (dialed by this peer when
-  // `outgoing`) or not; returns the connection to close quietly, if any (mutex held).
+  // A live connection is never replaced by one that claims its rank from another process. Two
+  // joiners that find each other at once dial each other: of the two connections of the same
+  // process (the same incarnation), the one the lower rank dialed is kept on both sides.
+  // Registers `c` (dialed by this peer when `outgoing`) or not; returns the connection to close
+  // quietly, if any (mutex held).
   std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
     auto it = peers.find(c->rank);
     if (it == peers.end() || it->second == c) {
@@ -127,6 +140,7 @@ struct node {
       peers[c->rank] = c;
       return nullptr;
     }
+    if (it->second->incarnation != c->incarnation) return c;
     const bool lower_dialed_c = outgoing ? opts.rank < c->rank : c->rank < opts.rank;
     if (!lower_dialed_c) return c;
     auto old = it->second;
@@ -139,6 +153,20 @@ struct node {
     std::vector<int> out;
     for (const auto& [r, c] : peers) out.push_back(r);
     return out;
+  }
+
+  // The members of this peer's view (fault::elastic installs each view here): a joiner that is
+  // not one of them is held to membership frames (see read_body).
+  void set_members(const std::vector<int>& ranks) {
+    std::lock_guard lock(mutex);
+    members = std::set<int>(ranks.begin(), ranks.end());
+  }
+  // Whether `c` is a joiner not admitted yet (mutex held).
+  bool restricted(const connection& c) const { return c.joiner && !members.count(c.rank); }
+  int joiners_waiting() const {  // (mutex held)
+    int n = 0;
+    for (const auto& [r, c] : peers) n += restricted(*c);
+    return n;
   }
 
   // ---- accepting (I/O thread) ----
@@ -266,10 +294,46 @@ struct node {
       } catch (const std::exception& e) {
         return malformed(c, e.what());
       }
-      if (h.type == wire::frame_type::data)
-        if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
-      c->body = box.spare(static_cast<std::size_t>(h.length));
-      c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec2, std::size_t got) {
+      read_body(c, h);
+    });
+  }
+
+  // A data body goes into memory a receiver posted for it, or into the mailbox when the sender's
+  // budget has room for it; without room, the reading of this connection pauses until a receiver
+  // takes some of what the sender queued (mailbox.hpp). A joiner not admitted yet may send only
+  // membership frames, small ones, and little of them queued at once: past that it is dropped.
+  void read_body(const std::shared_ptr<connection>& c, const wire::header& h) {
+    if (h.type == wire::frame_type::data && c->rank >= 0) {
+      if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
+      bool joiner = false;
+      {
+        std::lock_guard lock(mutex);
+        joiner = restricted(*c);
+      }
+      if (joiner) {
+        if (!is_membership_tag(h.tag) || h.length > opts.max_joiner_frame_bytes ||
+            box.queued_bytes(c->rank) + h.length > opts.max_joiner_queued_bytes)
+          return malformed(c, decentrain::detail::concat(
+                                  "frame: peer ", c->rank, " joins and is not admitted yet, and sent ",
+                                  !is_membership_tag(h.tag) ? "a data frame (only membership frames are read from a joiner)"
+                                  : h.length > opts.max_joiner_frame_bytes
+                                      ? decentrain::detail::concat("a frame of ", h.length, " bytes (a joiner's are at most ",
+                                                                   opts.max_joiner_frame_bytes, ")")
+                                      : decentrain::detail::concat("more than ", opts.max_joiner_queued_bytes,
+                                                                   " bytes that nobody took yet")));
+      } else if (!box.room(c->rank, static_cast<std::size_t>(h.length), [this, c, h] {
+                   asio::post(io, [this, c, h] {
+                     if (c->closed || !c->paused) return;
+                     c->paused = false;
+                     read_body(c, h);
+                   });
+                 })) {
+        c->paused = true;
+        return;
+      }
+    }
+    c->body = box.spare(static_cast<std::size_t>(h.length));
+    c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec2, std::size_t got) {
         if (ec2 == asio::error::eof)
           return malformed(c, decentrain::detail::concat("frame: truncated body (", got, " of ", h.length, " bytes)"));
         if (ec2) return lost(c, ec2);
@@ -281,7 +345,6 @@ struct node {
         }
         read_next_later(c);
       });
-    });
   }
 
   // The next frame, from the event loop (see connection::turn_bytes).
@@ -343,10 +406,18 @@ struct node {
   // Handles one complete frame; false when the connection is done.
   bool dispatch(const std::shared_ptr<connection>& c, const wire::header& h) {
     switch (h.type) {
-      case wire::frame_type::data:
-        box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
+      case wire::frame_type::data: {
+        bool joiner = false;
+        {
+          std::lock_guard lock(mutex);
+          joiner = restricted(*c);
+        }
+        // A joiner is not of the view: it has no failure to report (an alarm would stop every
+        // member's collectives).
+        if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
         c->body = {};
         return true;
+      }
       case wire::frame_type::bye: {
         if (c->body.empty()) {
           close(c, "it said goodbye");
@@ -370,7 +441,8 @@ struct node {
 
   // A handshake frame from a caller: the acceptor's side of the handshake answers it.
   bool handshake_step(const std::shared_ptr<connection>& c, wire::frame_type type) {
-    auto v = c->handshake_state.on_frame(opts, type, c->body);
+    auto v = c->handshake_state.on_frame(opts, creds, type, c->body);
+    if (v.keys) c->keys = std::move(v.keys);  // (a refusal after the proof goes out sealed)
     using kind = handshake::verdict::kind;
     switch (v.what) {
       case kind::reply:
@@ -383,7 +455,6 @@ struct node {
         reject(c, v.why);
         return false;
       case kind::proven:
-        if (v.keys) c->keys = std::move(v.keys);
         return admit(c, v.hello);
     }
     return false;
@@ -405,6 +476,20 @@ struct node {
     if (const auto why = box.barred(hello.rank))  // final: trying again cannot help
       return answer(wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
     if (hello.late) {
+      if (const auto live = peers.find(hello.rank); live != peers.end() && live->second->incarnation != hello.incarnation) {
+        adm.hijack_refused(decentrain::detail::concat("a caller claimed rank ", hello.rank, ", which is connected here and alive"));
+        return answer(wire::frame_type::bye,
+                      wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                                  "peer ", opts.rank, " is connected to a live peer of rank ",
+                                                                  hello.rank, "; another process cannot take its rank")}));
+      }
+      if (!peers.count(hello.rank) && joiners_waiting() >= opts.max_joiners) {
+        adm.joiner_refused();
+        return answer(wire::frame_type::bye,
+                      wire::encode_body(wire::farewell{false, decentrain::detail::concat(
+                                                                  "peer ", opts.rank, " has ", opts.max_joiners,
+                                                                  " joiners waiting to be admitted (max_joiners); join again later")}));
+      }
       if (!box.welcome(hello.rank))  // a rank this peer forgot may come back as a new peer
         return answer(wire::frame_type::bye,
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
@@ -425,10 +510,12 @@ struct node {
     // caller reads from it (the training thread may write to it as soon as it is registered).
     {
       std::lock_guard write_lock(c->write_mutex);
-      framing_sent += c->append_frame(wire::frame_type::welcome, {});
+      framing_sent += c->append_frame(wire::frame_type::welcome, wire::encode_incarnation(incarnation));
       c->flush_unsent();
     }
     c->rank = hello.rank;
+    c->incarnation = hello.incarnation;
+    c->joiner = hello.late;
     c->handshake_state.opened();
     adm.admitted_one();  // no longer a stranger
     const auto dropped = keep_one(c, false);
@@ -537,7 +624,10 @@ struct node {
         std::lock_guard lock(mutex);
         for (const auto& [r, c] : peers) connections.push_back(c);
       }
-      for (const auto& s : beats.beat(opts.rank, connections, opts.min_silence, mutex, framing_sent)) exclude(s.c, s.why, s.told);
+      for (const auto& s : beats.beat(opts.rank, connections, opts.min_silence, mutex, framing_sent)) {
+        if (s.hung_up) close(s.c, s.why);
+        else exclude(s.c, s.why, s.told);
+      }
       schedule_beat();
     });
   }
@@ -703,6 +793,8 @@ struct node {
   }
 
   tcp_options opts;
+  credentials creds;          // what this peer proves itself with (tcp/handshake.hpp)
+  std::uint64_t incarnation;  // this process (wire::hello::incarnation)
 #if DECENTRAIN_HAS_TLS
   std::shared_ptr<asio::ssl::context> tls_context;  // null without TLS
 #endif
@@ -720,10 +812,11 @@ struct node {
   heartbeat beats;        // I/O thread only
   admission adm;          // its own lock
 
-  mutable std::mutex mutex;         // guards dir, peers, ever_connected, the malformed counters, each connection's beats
+  mutable std::mutex mutex;         // guards dir, peers, members, ever_connected, the malformed counters, each connection's beats
   std::condition_variable changed;  // a peer connected
   directory dir;
   std::map<int, std::shared_ptr<connection>> peers;
+  std::set<int> members;  // the view's (set_members); at first the group's first world
   std::set<int> ever_connected;  // ranks that have had a connection here (for admission's `reconnected`)
   std::set<std::shared_ptr<connection>> all;  // I/O thread only
   std::uint64_t malformed_frames = 0;

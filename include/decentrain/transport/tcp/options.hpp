@@ -12,6 +12,7 @@
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/auth.hpp"
 #include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/identity.hpp"
 #include "decentrain/transport/tls.hpp"
 
 namespace decentrain::transport {
@@ -74,11 +75,31 @@ struct tcp_options {
   // strangers who hold connections open cannot lock a real peer out for longer than it takes to
   // say hello). An idle stranger therefore costs a peer one descriptor for a few seconds.
   std::chrono::milliseconds handshake_timeout{5000};
-  int max_pending = 64;
+  int max_pending = 32;
+  // Joiners: peers that dialed this one to join the running group and are not members of its
+  // view yet. At most max_joiners at once (a new one past that is asked to come back later), and
+  // until a view admits it a joiner may send only membership frames of at most
+  // max_joiner_frame_bytes, max_joiner_queued_bytes queued at once (more, and it is dropped): a
+  // key holder posing as many joiners costs a peer a few descriptors and kilobytes.
+  int max_joiners = 16;
+  std::uint64_t max_joiner_frame_bytes = std::uint64_t{64} << 10;
+  std::uint64_t max_joiner_queued_bytes = std::uint64_t{1} << 20;
+  // What a member may have queued here that no receive took yet (mailbox.hpp's budget): past it,
+  // this peer stops reading from it until a receive takes some (the sender waits, as TCP's flow
+  // control makes it); a peer whose queue stays full of messages nobody takes while a receive
+  // waits for another of its messages for `budget_grace` is over its budget: what it queued is
+  // dropped and the receive fails naming it. At least max_frame_bytes.
+  std::uint64_t max_queued_bytes = std::uint64_t{64} << 20;
+  std::chrono::milliseconds budget_grace{5000};
   // The run's secret (transport/auth.hpp; read one with auth::read_key_file): only peers that
   // hold the same key can connect, and every frame is authenticated. Empty: anyone who can reach
-  // the port can join the group and send it anything a peer may send.
+  // the port can join the group and send it anything a peer may send. A shared key cannot tell
+  // its holders apart: see `identity`.
   std::string key;
+  // Per-peer identities (transport/identity.hpp): this peer's own private key and the run's
+  // roster of every rank's public key. A peer then proves its rank with its own key, and no
+  // other peer, key holder or not, can speak for it.
+  identity::options identity;
   // TLS (transport/tls.hpp): peers admit only callers whose certificate the run's CA signed, and
   // every frame is encrypted. With a run key as well, a caller must hold both.
   tls::options tls;
@@ -112,7 +133,14 @@ struct tcp_options {
     for (const auto& j : join) (void)wire::split_address(j);
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
+    decentrain::detail::check(max_joiners >= 1 && max_joiner_frame_bytes >= 1024 && max_joiner_queued_bytes >= max_joiner_frame_bytes,
+                              "tcp: max_joiners (", max_joiners, ") must be >= 1, max_joiner_frame_bytes (", max_joiner_frame_bytes,
+                              ") >= 1024 and max_joiner_queued_bytes (", max_joiner_queued_bytes, ") at least max_joiner_frame_bytes");
+    decentrain::detail::check(max_queued_bytes >= max_frame_bytes, "tcp: max_queued_bytes (", max_queued_bytes,
+                              ") must be at least max_frame_bytes (", max_frame_bytes, "): a frame that can never be queued stalls");
+    decentrain::detail::check(budget_grace.count() > 0, "tcp: budget_grace must be > 0 ms, got ", budget_grace.count());
     if (!key.empty()) auth::check_key(key, "tcp_options::key");
+    identity.validate();
     tls.validate();
   }
 };

@@ -196,6 +196,7 @@ class rendezvous {
     h.address = n_.advertised;
     h.late = n_.late_group();
     h.settings = n_.opts.settings;
+    h.incarnation = n_.incarnation;
     return h;
   }
 
@@ -295,8 +296,10 @@ class rendezvous {
     }
 #endif
     handshake machine;
-    const bool keyed = !n_.opts.key.empty();
-    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose), keyed));
+    const auto& creds = n_.creds;
+    const bool proving = creds.keyed() || creds.identities();
+    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose), creds));
+    bool proven = false;  // the acceptor proved its credentials: its answers are sealed, and believed
     auto refused = [&](const frame_in& f) {
       wire::farewell why{false, "no reason given"};
       if (!f.body.empty()) {
@@ -306,10 +309,11 @@ class rendezvous {
         }
       }
       // Nothing before the proofs is authenticated: a refusal that would end the join is
-      // believed only when it comes three times (one forged goodbye must not end it).
+      // believed only when it comes three times (one forged goodbye must not end it), or once it
+      // came sealed by a peer that proved its credentials.
       if (!why.final)  // the peer lives and asks for another try (connect_late keeps trying it)
         throw refused_for_now(decentrain::detail::concat("tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason));
-      give_up(++unproven_refusals_ >= 3, "tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason);
+      give_up(proven || ++unproven_refusals_ >= 3, "tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason);
     };
     // With TLS every frame from the peer is encrypted, its refusals too.
     auto open = [&](frame_in& f) {
@@ -317,26 +321,26 @@ class rendezvous {
       if (out.keys && !out.keys->receive.open_in_place(head, f.body, f.head.mac))
         decentrain::detail::fail("tcp: the answer of the peer at ", address, " failed its authentication tag");
     };
-    if (keyed) {
+    if (proving) {
       auto c = read_frame(s, address);
       open(c);
       if (c.head.type == wire::frame_type::bye) refused(c);
       decentrain::detail::check(c.head.type == wire::frame_type::challenge, "tcp: the peer at ", address,
-                                " answered the hello with frame type ", static_cast<int>(c.head.type),
-                                ", not the run key's challenge");
+                                " answered the hello with frame type ", static_cast<int>(c.head.type), ", not a challenge");
       bool unproven = false;
       std::optional<handshake::challenged> got;
       try {
-        got.emplace(machine.on_challenge(n_.opts.key, c.body, address, unproven));
+        got.emplace(machine.on_challenge(creds, c.body, address, unproven));
       } catch (const std::exception& e) {
         if (unproven) give_up(++unproven_refusals_ >= 3, e.what());
         throw;
       }
       decentrain::detail::check(out.rank < 0 || out.rank == got->rank, "tcp: the peer at ", address, " proved it is peer ", got->rank,
-                                " with the run key and rank ", out.rank, " with its certificate");
+                                " with its credentials and rank ", out.rank, " with its certificate");
       out.rank = got->rank;
       write_frame(s, out.keys, wire::frame_type::proof, std::move(got->proof));
       if (!out.keys) out.keys.emplace(std::move(got->keys));  // (with TLS, its keys stay)
+      proven = true;
     }
     out.answer = read_frame(s, address);
     open(out.answer);
@@ -380,14 +384,17 @@ class rendezvous {
       auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer);
       decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address, " answered peer ",
                                 n_.opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
-      // With a key, the rank is proven: a connection that reached another peer (relayed, or an
-      // address that now belongs to another rank) is not taken for `peer`.
-      decentrain::detail::check(n_.opts.key.empty() || proven_rank == peer, "tcp: the peer at ", address, " proved it is peer ",
-                                proven_rank, ", not peer ", peer, " (a stale directory, or the connection was redirected)");
+      // With credentials, the rank is proven: a connection that reached another peer (relayed, or
+      // an address that now belongs to another rank) is not taken for `peer`.
+      decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ", address,
+                                " proved it is peer ", proven_rank, ", not peer ", peer,
+                                " (a stale directory, or the connection was redirected)");
+      const auto their_incarnation = wire::decode_incarnation(answer.body);
       auto c = std::make_shared<connection>(n_.io);
       const auto protocol = s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
       c->rank = peer;
+      c->incarnation = their_incarnation;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);

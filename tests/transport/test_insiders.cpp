@@ -1,0 +1,215 @@
+// A peer that holds the run's key and lies, against a live TCP peer: it claims a connected rank,
+// poses as joiners by the hundred, sends a joiner's data, floods a tag nobody reads. Each attack
+// is bounded in time and count and runs on 127.0.0.1; the attacker is bench/hostile_peer.hpp,
+// the library's own handshake with frames of its choosing.
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <asio.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hostile_peer.hpp"
+
+namespace dt = decentrain;
+namespace tr = dt::transport;
+namespace wire = dt::transport::wire;
+using namespace std::chrono_literals;
+using Catch::Contains;
+
+namespace {
+
+const std::string run_key = "a run key of thirty-two bytes...";
+
+tr::tcp_options keyed(int rank, int world) {
+  tr::tcp_options o;
+  o.rank = rank;
+  o.world = world;
+  o.key = run_key;
+  o.join_timeout = 10s;
+  o.recv_timeout = 10s;
+  return o;
+}
+
+std::size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Peers 0 and 1 of a keyed group of two, connected.
+struct pair_of_peers {
+  explicit pair_of_peers(int max_world = 0) {
+    auto o0 = keyed(0, 2);
+    o0.max_world = max_world;
+    peer0.emplace(o0);
+    auto o1 = keyed(1, 2);
+    o1.max_world = max_world;
+    o1.join = {peer0->address()};
+    auto one = std::async(std::launch::async, [&] { return tr::tcp::join(o1); });
+    peer0->connect();
+    peer1.emplace(one.get());
+  }
+  // A message each way: nothing was replaced or split.
+  bool still_one_pair(tr::tag_type tag) {
+    auto echo = std::async(std::launch::async, [&] {
+      auto m = peer1->recv(0, tag);
+      peer1->send(0, tag, m);
+    });
+    const tr::bytes hello(100, std::byte{7});
+    peer0->send(1, tag, hello);
+    const auto back = peer0->recv(1, tag);
+    echo.get();
+    return back == hello;
+  }
+  std::optional<tr::tcp> peer0, peer1;
+};
+
+}  // namespace
+
+TEST_CASE("tcp: a key holder claiming a rank that is connected and alive is refused; nothing is replaced or split") {
+  pair_of_peers g(8);
+  asio::io_context io;
+  auto as_one = keyed(1, 2);
+  for (const bool late : {true, false}) {
+    bench::hostile_peer h(io, g.peer0->address(), as_one, wire::hello_purpose::data, late);
+    CHECK_FALSE(h.answer());
+    CHECK_THAT(h.refusal(), late ? Contains("connected to a live peer of rank 1; another process cannot take its rank")
+                                 : Contains("is already connected to a peer of rank 1"));
+    CHECK(g.still_one_pair(10 + late));
+  }
+  CHECK(g.peer0->admission().hijacks == 1);
+  // Peer 1 hears peer 0 as before (the connection it holds was not closed).
+  CHECK(g.peer1->connected() == std::vector<int>{0});
+  CHECK(g.peer0->connected() == std::vector<int>{1});
+}
+
+TEST_CASE("tcp: a joiner not admitted yet may send only small membership frames; its data, floods and alarms end there") {
+  pair_of_peers g(8);
+  asio::io_context io;
+  auto joiner = [&](int rank) {
+    auto o = keyed(rank, 2);
+    auto h = std::make_unique<bench::hostile_peer>(io, g.peer0->address(), o, wire::hello_purpose::data, true);
+    const auto a = h->answer();
+    REQUIRE(a);
+    REQUIRE(a->head.type == wire::frame_type::welcome);
+    return h;
+  };
+  const auto dropped = g.peer0->stats().malformed_frames;
+  {  // data on a collective's tag
+    auto h = joiner(2);
+    h->send(5, tr::bytes(100, std::byte{'x'}));
+    CHECK(h->closed_by_peer());
+    CHECK_THAT(g.peer0->last_malformed(), Contains("only membership frames are read from a joiner"));
+  }
+  {  // a membership frame over the joiner's limit
+    auto h = joiner(3);
+    h->send(tr::membership_tag(2), tr::bytes(100 << 10, std::byte{1}));
+    CHECK(h->closed_by_peer());
+    CHECK_THAT(g.peer0->last_malformed(), Contains("a joiner's are at most 65536"));
+  }
+  {  // many small ones nobody takes
+    auto h = joiner(4);
+    for (int i = 0; i < 20 && !h->broken(); ++i) h->send(tr::membership_tag(2), tr::bytes(60 << 10, std::byte{1}));
+    CHECK(h->closed_by_peer());
+    CHECK_THAT(g.peer0->last_malformed(), Contains("more than 1048576 bytes that nobody took yet"));
+  }
+  CHECK(g.peer0->stats().malformed_frames == dropped + 3);
+  // A member's alarm of a view far ahead is ignored (it would outlive every view installed).
+  {
+    const auto alarm = wire::encode_alarm(1000, 0);
+    g.peer1->send(0, tr::alarm_tag, alarm);
+    CHECK(g.still_one_pair(20));
+    CHECK_FALSE(g.peer0->alarmed());
+  }
+  {  // a joiner's alarm: ignored, the joiner stays connected
+    auto h = joiner(5);
+    const auto alarm = wire::encode_alarm(0, 1);
+    h->send(tr::alarm_tag, alarm);
+    CHECK(g.still_one_pair(21));
+    CHECK_FALSE(g.peer0->alarmed());
+  }
+  CHECK(g.still_one_pair(22));
+}
+
+TEST_CASE("tcp: a thousand fake joiners hold at most max_pending + max_joiners connections, and the group trains on") {
+  pair_of_peers g(2048);
+  asio::io_context io;
+  std::vector<std::unique_ptr<bench::hostile_peer>> fakes;
+  std::size_t welcomed = 0, turned_away = 0, most_connected = 0;
+  int most_pending = 0;
+  for (int rank = 2; rank < 1002; ++rank) {
+    auto o = keyed(rank, 2);
+    auto h = std::make_unique<bench::hostile_peer>(io, g.peer0->address(), o, wire::hello_purpose::data, true, 300ms);
+    const auto a = h->answer();
+    if (a && a->head.type == wire::frame_type::welcome) ++welcomed;
+    else if (h->refusal().find("joiners waiting") != std::string::npos) ++turned_away;
+    fakes.push_back(std::move(h));  // all held open
+    most_connected = std::max(most_connected, g.peer0->connected().size());
+    most_pending = std::max(most_pending, g.peer0->admission().pending);
+  }
+  const tr::tcp_options defaults;
+  CHECK(welcomed == static_cast<std::size_t>(defaults.max_joiners));
+  CHECK(turned_away == 1000 - welcomed);
+  CHECK(most_connected <= 1 + static_cast<std::size_t>(defaults.max_joiners));
+  CHECK(most_pending <= defaults.max_pending + 1);  // +1: sampled between an accept and its eviction
+  CHECK(g.peer0->admission().joiners_turned_away == turned_away);
+  CHECK(g.still_one_pair(30));
+}
+
+TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget; a receive it stalls names it, and it is heard again") {
+  auto o = keyed(0, 2);
+  o.budget_grace = 1000ms;
+  tr::tcp peer0(o);
+  asio::io_context io;
+  const auto address = peer0.address();
+  const auto rss0 = resident_bytes();
+  // The attacker is peer 1 of the group: it floods 96 MiB on tag 999, which nobody reads, then
+  // sends tag 7 (behind the flood on the stream), then tag 8.
+  std::atomic<int> frames_written{0};
+  auto attacker = std::async(std::launch::async, [&] {
+    bench::hostile_peer h(io, address, keyed(1, 2), wire::hello_purpose::data, false, 20s);
+    if (!h.answer()) return std::string("not welcomed: ") + h.refusal();
+    const tr::bytes flood(16 << 20, std::byte{0x66});
+    for (int i = 0; i < 6 && !h.broken(); ++i, ++frames_written) h.send(999, flood);
+    h.send(7, tr::bytes(8, std::byte{7}));
+    h.send(8, tr::bytes(8, std::byte{8}));
+    // Stay until peer 0 is done with us (it closes at the end of the test).
+    (void)h.closed_by_peer(100000);
+    return std::string(h.broken() ? "broken" : "ok");
+  });
+  peer0.connect();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<tr::peer_error> stalled;
+  try {
+    (void)peer0.recv(1, 7);
+  } catch (const tr::peer_error& e) {
+    stalled = e;
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  const auto rss_paused = resident_bytes();
+  REQUIRE(stalled);
+  CHECK(stalled->peer() == 1);
+  CHECK(stalled->cause() == tr::failure_cause::convicted);
+  CHECK_THAT(stalled->what(), Contains("over its budget") && Contains("tag 7"));
+  CHECK(waited >= 900ms);
+  CHECK(waited < 8s);
+  CHECK(peer0.over_budget().at(1) == 1);
+  // What it queued was dropped; its later messages arrive: the connection was kept.
+  CHECK(peer0.recv(1, 7) == tr::bytes(8, std::byte{7}));
+  CHECK(peer0.recv(1, 8) == tr::bytes(8, std::byte{8}));
+  CHECK(frames_written == 6);
+  // Peer 0 held at most its budget (64 MiB) and one frame being read, never the 96 MiB.
+  CHECK(rss_paused < rss0 + (std::size_t{100} << 20));
+  peer0.forget(1);
+  CHECK(attacker.get() != "");
+}
