@@ -10651,6 +10651,23 @@ void rejoin_lane(E& e, const E& lane) {
   if constexpr (requires { e.rejoin(lane); }) e.rejoin(lane);
 }
 
+// A receiver that knows what its next messages from `source` on `tag` will be says so before it
+// sends its own part of a step (a ring or gossip step sends before it receives): a transport
+// that bounds what it queues from each peer (tcp: tcp_options::max_queued_bytes) then takes
+// those `size` bytes beyond the bound, so peers that all send before they receive never wait on one
+// another. Others queue without bound and ignore it.
+template <endpoint E>
+void expect(E& e, int source, tag_type tag, std::uint64_t size) {
+  if constexpr (requires { e.expect(source, tag, size); }) e.expect(source, tag, size);
+}
+
+// The same, standing: up to `size` bytes from each peer on `tag`, whenever they come (a message
+// written before its receiver can know of it: fault/handoff.hpp's).
+template <endpoint E>
+void allow(E& e, tag_type tag, std::uint64_t size) {
+  if constexpr (requires { e.allow(tag, size); }) e.allow(tag, size);
+}
+
 // Called as each message of an exchange lands, in order: (its index, its size).
 using landed_fn = std::function<void(std::size_t index, std::size_t size)>;
 
@@ -10726,6 +10743,8 @@ class any_endpoint {
   }
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
+  void expect(int source, tag_type tag, std::uint64_t size) { get().expect(source, tag, size); }
+  void allow(tag_type tag, std::uint64_t size) { get().allow(tag, size); }
   std::optional<link_estimate> slowest_link() const { return get().slowest_link(); }
   std::optional<any_endpoint> lane() {
     auto l = get().lane();
@@ -10768,6 +10787,8 @@ class any_endpoint {
                           const landed_fn&) = 0;
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
+    virtual void expect(int, tag_type, std::uint64_t) = 0;
+    virtual void allow(tag_type, std::uint64_t) = 0;
     virtual std::optional<link_estimate> slowest_link() const = 0;
     virtual std::shared_ptr<base> lane() = 0;
     virtual void rejoin(const base& lane) = 0;
@@ -10802,6 +10823,8 @@ class any_endpoint {
     }
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
+    void expect(int source, tag_type t, std::uint64_t size) override { transport::expect(e, source, t, size); }
+    void allow(tag_type t, std::uint64_t size) override { transport::allow(e, t, size); }
     std::optional<link_estimate> slowest_link() const override { return transport::slowest_link(e); }
     std::shared_ptr<base> lane() override {
       auto l = transport::open_lane(e);
@@ -11631,16 +11654,18 @@ struct random_churn {
 // copy and an allocation a message, which in a ring all-reduce is as much memory traffic as the
 // reduction itself).
 //
-// Budgets (a network transport's: tcp sets them, in_process queues without limit): what a source
-// has queued here and nobody took yet is at most `budget::bytes_per_peer`. The network thread asks
-// room() before it reads a body that lands in no posted memory; without room it stops reading
-// that source (its sender then waits, as TCP's flow control makes it) until a receiver takes
-// something of it or posts memory. An honest sender is only ever paused: every collective posts
-// its receive before it sends, so what runs ahead is bounded and is taken in time. A source whose
+// Budgets (a network transport's: tcp sets them, in_process queues without limit): a message is
+// queued only when this peer accepts it from its source. It accepts what a receiver posted memory
+// for, what a receiver said it expects (expect(): a collective's step, before it sends its own
+// part, so that peers that all send before they receive never wait on one another), what a
+// tag's standing allowance covers (allow(): a handoff), and beyond those at most
+// `budget::bytes_per_peer` from each source. The network thread asks room() before it reads a
+// body; without room it stops reading that source (its sender then waits, as TCP's flow control
+// makes it) until a receiver takes something of it, posts memory or expects more. A source whose
 // queued messages nobody takes while a receive waits for another of its messages (a tag nobody
 // reads, flooded) is over its budget: once the receive has waited `budget::grace`, what it queued
-// is dropped and the receive fails naming it (failure_cause::convicted), so a peer that holds the
-// run's key can stall one receive but cannot make a peer hold more than its budget.
+// is dropped and the receive fails naming it (failure_cause::convicted). A peer that holds the
+// run's key can stall one receive, but cannot make a peer hold more than it accepts.
 
 #include <algorithm>
 #include <chrono>
@@ -11662,10 +11687,14 @@ struct random_churn {
 
 namespace decentrain::transport::detail {
 
+// Which of a receiver's acceptances a queued message is counted against (see budgets above).
+enum class accepted_as : std::uint8_t { budget, expected, allowed };
+
 struct message {
   bytes payload;
   double arrival = 0.0;        // simulated arrival time (in_process); 0 elsewhere
   std::uint64_t sequence = 0;  // per source, in the order pushed (set by the mailbox)
+  accepted_as as = accepted_as::budget;  // (room() says which)
 };
 
 // What a source may hold here (see the top of this file).
@@ -11691,28 +11720,49 @@ class mailbox {
       if (tag == alarm_tag) {
         raise(source, m);
       } else {
-        queued_bytes_[source] += m.payload.size();
+        count(source, tag, m, +1);
         queues_[{source, tag}].push_back(std::move(m));
       }
     }
     ready_.notify_all();
   }
 
-  // ---- budgets (the network thread) ----
+  // ---- budgets ----
 
-  // Whether a body of `length` bytes from `source` may be queued now. When it may not, the
-  // source's reading stops here: `resume` is called (once, without the lock, from whichever
-  // thread made room) when a receiver took something of it, posted memory for it, or it was
-  // forgotten or dropped; the network thread then asks again.
-  bool room(int source, std::size_t length, std::function<void()> resume) {
+  // A receiver that knows its next messages from `source` on `tag` (a collective's step) says
+  // so before it sends its own: up to `size` bytes of them are queued beyond the budget.
+  void expect(int source, tag_type tag, std::uint64_t size) {
+    std::unique_lock lock(mutex_);
+    if (expected_.size() >= max_expectations && !expected_.count({source, tag})) expected_.erase(expected_.begin());
+    expected_[{source, tag}] += size;
+    wake_if_paused(lock, source);
+  }
+  // Up to `size` bytes from each source on `tag` are queued beyond the budget, whenever they
+  // come (a leaver's handoff, written before its goodbye).
+  void allow(tag_type tag, std::uint64_t size) {
+    std::lock_guard lock(mutex_);
+    allowed_[tag] = size;
+  }
+
+  // Whether a body of `length` bytes from `source` on `tag` may be queued now, and against what
+  // (the message pushed then carries it). When it may not, the source's reading stops here:
+  // `resume` is called (once, without the lock, from whichever thread made room) when a receiver
+  // took something of it, posted memory for it, expected more, or it was forgotten or dropped;
+  // the network thread then asks again.
+  std::optional<accepted_as> room(int source, tag_type tag, std::size_t length, std::function<void()> resume) {
     {
       std::lock_guard lock(mutex_);
-      const std::uint64_t queued = queued_bytes_[source];
-      if (queued + length <= budget_.bytes_per_peer || forgotten_.count(source)) return true;
+      if (const auto e = expected_.find({source, tag}); e != expected_.end() && e->second >= length) {
+        if ((e->second -= length) == 0) expected_.erase(e);
+        return accepted_as::expected;
+      }
+      if (const auto a = allowed_.find(tag); a != allowed_.end() && allowed_bytes_[{source, tag}] + length <= a->second)
+        return accepted_as::allowed;
+      if (queued_bytes_[source] + length <= budget_.bytes_per_peer || forgotten_.count(source)) return accepted_as::budget;
       paused_[source] = paused{std::move(resume), std::chrono::steady_clock::now()};
     }
     ready_.notify_all();  // a receive waiting on `source` now has a time to look again (throw_if_stuck)
-    return false;
+    return std::nullopt;
   }
   // What `source` has queued here, not taken yet.
   std::uint64_t queued_bytes(int source) const {
@@ -11827,6 +11877,8 @@ class mailbox {
     pending_alarms_.clear();
     pending_closures_.clear();
     queued_bytes_.clear();
+    allowed_bytes_.clear();
+    expected_.clear();
     paused_.clear();
     over_budget_.clear();
   }
@@ -11878,6 +11930,9 @@ class mailbox {
       if (q.state == posting::state_type::open) {
         if (q.into.size() != length) return std::nullopt;
         q.state = posting::state_type::claimed;
+        // It lands in place: what the receiver expected of it is taken.
+        if (const auto e = expected_.find({source, tag}); e != expected_.end())
+          if ((e->second -= std::min<std::uint64_t>(e->second, length)) == 0) expected_.erase(e);
         return q.into;
       }
     return std::nullopt;
@@ -11936,6 +11991,8 @@ class mailbox {
       closed_[source] = closure{std::move(reason), failure_cause::departed};
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
       queued_bytes_.erase(source);
+      std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
+      std::erase_if(expected_, [&](const auto& e) { return e.first.first == source; });
       std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
       std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
       wake_if_paused(lock, source);
@@ -11982,7 +12039,7 @@ class mailbox {
       if (q->first.first == source && q->first.second != marker) {
         std::erase_if(q->second, [&](const message& m) {
           if (m.sequence >= before) return false;
-          queued_bytes_[source] -= m.payload.size();
+          count(source, q->first.second, m, -1);
           return true;
         });
         if (q->second.empty()) {
@@ -12042,7 +12099,7 @@ class mailbox {
     message m = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
-    queued_bytes_[source] -= m.payload.size();
+    count(source, tag, m, -1);
     if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
   }
@@ -12105,6 +12162,7 @@ class mailbox {
       q = queues_.erase(q);
     }
     queued_bytes_.erase(source);
+    std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
     ++over_budget_[source];
     const auto limit = budget_.bytes_per_peer;
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(budget_.grace).count();
@@ -12114,6 +12172,24 @@ class mailbox {
                                  " tag(s) this peer did not read held its queue full (at most ", limit,
                                  " bytes) while a receive waited ", waited, " ms for its message of tag ", tag,
                                  "; they are dropped");
+  }
+
+  // Counts a message queued (+1) or taken or dropped (-1) against what accepted it.
+  void count(int source, tag_type tag, const message& m, int sign) {
+    const auto n = static_cast<std::uint64_t>(m.payload.size());
+    switch (m.as) {
+      case accepted_as::budget:
+        queued_bytes_[source] += sign > 0 ? n : -n;
+        break;
+      case accepted_as::allowed: {
+        auto& a = allowed_bytes_[{source, tag}];
+        a += sign > 0 ? n : -n;
+        if (a == 0) allowed_bytes_.erase({source, tag});
+        break;
+      }
+      case accepted_as::expected:
+        break;  // the receiver said it takes these
+    }
   }
 
   void keep_spare(bytes b) {
@@ -12233,7 +12309,11 @@ class mailbox {
   std::vector<pending_closure> pending_closures_;
   // budgets
   budget budget_;
-  std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued, not taken
+  static constexpr std::size_t max_expectations = 4096;  // (a sender that never sent leaves one behind)
+  std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued against the budget, not taken
+  std::map<key, std::uint64_t> expected_;      // bytes a receiver still expects, per (source, tag)
+  std::map<tag_type, std::uint64_t> allowed_;  // standing allowances, per tag
+  std::map<key, std::uint64_t> allowed_bytes_; // bytes queued against them, per (source, tag)
   struct paused {
     std::function<void()> resume;
     std::chrono::steady_clock::time_point since;
@@ -14599,6 +14679,7 @@ struct connection : std::enable_shared_from_this<connection> {
   bytes body;
   bool closed = false;
   bool paused = false;  // a body waits for room in the mailbox (its budget): nothing is read meanwhile
+  detail::accepted_as accepted = detail::accepted_as::budget;  // what the body being read is queued against
 
   // ---- the writer ----
   // Data frames are written by the sending thread; closing takes this lock, so the descriptor
@@ -15386,15 +15467,19 @@ struct node {
                                                                    opts.max_joiner_frame_bytes, ")")
                                       : decentrain::detail::concat("more than ", opts.max_joiner_queued_bytes,
                                                                    " bytes that nobody took yet")));
-      } else if (!box.room(c->rank, static_cast<std::size_t>(h.length), [this, c, h] {
-                   asio::post(io, [this, c, h] {
-                     if (c->closed || !c->paused) return;
-                     c->paused = false;
-                     read_body(c, h);
-                   });
-                 })) {
-        c->paused = true;
-        return;
+      } else {
+        const auto as = box.room(c->rank, h.tag, static_cast<std::size_t>(h.length), [this, c, h] {
+          asio::post(io, [this, c, h] {
+            if (c->closed || !c->paused) return;
+            c->paused = false;
+            read_body(c, h);
+          });
+        });
+        if (!as) {
+          c->paused = true;
+          return;
+        }
+        c->accepted = *as;
       }
     }
     c->body = box.spare(static_cast<std::size_t>(h.length));
@@ -15479,7 +15564,8 @@ struct node {
         }
         // A joiner is not of the view: it has no failure to report (an alarm would stop every
         // member's collectives).
-        if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
+        if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0, 0, c->accepted});
+        c->accepted = detail::accepted_as::budget;
         c->body = {};
         return true;
       }
@@ -16339,6 +16425,10 @@ class tcp {
     n().exchange(to, outs, from, ins, tag, landed, !lane_);
   }
   void computed(double) {}
+  // What this peer will take beyond its budget (transport::expect; mailbox.hpp): the next
+  // `size` bytes from `peer` on `tag`, or up to `size` bytes from each peer on `tag` whenever they come.
+  void expect(int peer, tag_type tag, std::uint64_t size) { n().box.expect(peer, tag, size); }
+  void allow(tag_type tag, std::uint64_t size) { n().box.allow(tag, size); }
 
   // ---- membership (transport/membership.hpp) ----
   bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) { return n().recv(peer, tag, !lane_, timeout); }
@@ -17056,6 +17146,7 @@ class group_view {
                 transport::tag_type tag, const transport::landed_fn& landed) {
     transport::exchange(*parent_, to < 0 ? to : at(to), outs, at(from), ins, mapped(tag), landed);
   }
+  void expect(int source, transport::tag_type tag, std::uint64_t size) { transport::expect(*parent_, at(source), mapped(tag), size); }
   transport::traffic_stats stats() const { return parent_->stats(); }
   void computed(double seconds) { parent_->computed(seconds); }
   std::optional<transport::link_estimate> slowest_link() const { return transport::slowest_link(*parent_); }
@@ -17330,6 +17421,20 @@ class communicator {
     const auto tag = pair_tag(received_from_, peer);
     naming_the_peer("recv_from", [&] { receive(peer, values, tag, "recv_from"); });
   }
+  // The next recv_from(peer) calls will take messages of these sizes in bytes: said before this
+  // peer sends its own part of a step (a ring or gossip step), so that a transport that bounds
+  // what it queues takes them however far ahead they come (transport::expect).
+  void expect_from(int peer, std::span<const std::size_t> sizes) {
+    check_rank(peer, "expect_from peer");
+    const std::uint32_t next = received_from_[peer];
+    constexpr std::uint32_t pairwise = 0x70327000u;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      transport::expect(*ep_, peer,
+                        (static_cast<transport::tag_type>(pairwise ^ channel_) << 32) | (next + 1 + static_cast<std::uint32_t>(i)),
+                        sizes[i]);
+  }
+  void expect_from(int peer, std::size_t bytes) { expect_from(peer, std::span<const std::size_t>(&bytes, 1)); }
+
   // Sends `out` to `peer` and receives the same number of values from it into `in` (a gossip
   // step with one neighbour); both peers call it naming each other.
   template <class T>
@@ -17343,6 +17448,7 @@ class communicator {
         std::copy(out.begin(), out.end(), in.begin());
         return;
       }
+      transport::expect(*ep_, peer, in_tag, in.size_bytes());
       send(peer, out_tag, out);
       receive(peer, in, in_tag, "exchange_with");
     });
@@ -17450,7 +17556,7 @@ class communicator {
 
   // Pairwise messages: their own channel, numbered per peer and direction.
   transport::tag_type pair_tag(std::map<int, std::uint32_t>& numbers, int peer) {
-    constexpr std::uint32_t pairwise = 0x70327000u;  // "p2p"
+    constexpr std::uint32_t pairwise = 0x70327000u;  // "p2p" (expect_from numbers the same)
     return (static_cast<transport::tag_type>(pairwise ^ channel_) << 32) | ++numbers[peer];
   }
 
@@ -18232,9 +18338,10 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
     const int right = (r + 1) % n, left = (r - 1 + n) % n;
     auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>((p % n + n) % n)]; };
     for (int s = 0; s < n - 1; ++s) {  // step s forwards peer r - s's payload, receives peer r - s - 1's
-      comm.send_to(right, std::span<const std::byte>(at(r - s)));
       auto& in = at(r - s - 1);
       in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(((r - s - 1) % n + n) % n)]));
+      comm.expect_from(left, in.size());  // every peer sends first: see transport::expect
+      comm.send_to(right, std::span<const std::byte>(at(r - s)));
       comm.recv_from(left, std::span<std::byte>(in));
     }
   }
@@ -18291,8 +18398,16 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
       transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
     }
   };
+  // Every peer sends a step's pieces before it receives the step's: each says first what it
+  // will take, so a transport that bounds what it queues takes them whole (transport::expect).
+  auto expect = [&](std::span<float> seg) {
+    std::vector<std::size_t> sizes;
+    for (auto p : pieces(seg)) sizes.push_back(codec.max_encoded_bytes(p.size()));
+    comm.expect_from(left, std::span<const std::size_t>(sizes));
+  };
   // Reduce-scatter: after n - 1 steps segment r + 1 holds the sum here, in f32.
   for (int s = 0; s < n - 1; ++s) {
+    expect(segment(r - s - 1));
     for (auto p : pieces(segment(r - s))) {
       encode(p, out);
       comm.send_to(right, std::span<const std::byte>(out));
@@ -18310,6 +18425,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
     charged(comm, [&] { codec.decode_add(std::span<const std::byte>(carried.back()), p); });
   }
   for (int s = 0; s < n - 1; ++s) {
+    expect(segment(r - s));
     for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
     const auto into = pieces(segment(r - s));
     carried.resize(into.size());
@@ -20950,6 +21066,9 @@ void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std:
                                 "gossip: topology '", Topology::name, "' names peer ", j, " for replica ", me, " of ", n,
                                 " in round ", round, " (out of range, itself, or twice)");
     }
+  // Every replica sends before it receives: each says first what it will take, so a transport
+  // that bounds what it queues from a peer takes these whole (transport::expect).
+  for (int j : from) replicas.expect_from(j, values.size_bytes());
   for (int j : to) replicas.send_to(j, std::span<const float>(values));
   if (from.empty()) return;
   // In double, in the order of `from`, so a round's result does not depend on message timing.
@@ -22940,6 +23059,11 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
   const auto asks = detail::assign_chunks(offers, d.behind.size(), p, d.next.epoch);
   const auto& ref = offers[static_cast<std::size_t>((p + d.next.epoch) % offers.size())];
   for (std::size_t k = 0; k < donors.size(); ++k) {
+    // The donors serve at once and land one after the other: what a later one sends waits in
+    // the transport, which takes it beyond its budget as expected here (transport::expect).
+    std::uint64_t due = 0;
+    for (const auto i : asks[k]) due += offers[k].length(i);
+    transport::expect(ep, donors[k], detail::state_tag, due);
     ep.send(donors[k], detail::state_tag, std::as_bytes(std::span(asks[k])));
     if (!asks[k].empty()) out.donors.push_back(donors[k]);
   }
@@ -23139,6 +23263,14 @@ struct elastic {
     // then does an heir wait for a handoff. Captured here, before the policy starts, once.
     const auto state = ctx.capture_views();  // (names only: no copy of the state)
     keeps_own_ = std::any_of(state.tensors.begin(), state.tensors.end(), [](const auto& t) { return io::is_own_key(t.first); });
+    if (keeps_own_ && hand_over) {
+      // A leaver writes its handoff before its goodbye, before its heir can know of it: taken
+      // whole, up to the size of this peer's own state (what a handoff holds) and some room.
+      std::uint64_t own = 0;
+      for (const auto& [key, t] : state.tensors)
+        if (io::is_own_key(key)) own += t.nbytes();
+      transport::allow(ctx.network, handoff_tag, 2 * own + (std::uint64_t{1} << 20));
+    }
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state

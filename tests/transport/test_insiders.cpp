@@ -213,3 +213,42 @@ TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget; a
   peer0.forget(1);
   CHECK(attacker.get() != "");
 }
+
+TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, finishes under a tight budget: it says what it expects") {
+  // Each peer sends a 24 MB segment in 2 MB pieces to its neighbour before it receives the
+  // neighbour's (compress::all_reduce with fp16 goes around the ring), while each takes at most
+  // 2 MiB unasked from a peer: without the receivers' expect() all three stall on full queues
+  // (and socket buffers) until their receive timeout.
+  constexpr int world = 3;
+  std::vector<tr::tcp_options> opts;
+  for (int r = 0; r < world; ++r) {
+    auto o = keyed(r, world);
+    o.max_frame_bytes = 2 << 20;
+    o.max_queued_bytes = 2 << 20;
+    o.budget_grace = 60s;  // longer than the receive timeout: a stall here fails as a timeout
+    opts.push_back(o);
+  }
+  tr::tcp peer0(opts[0]);
+  for (int r = 1; r < world; ++r) opts[static_cast<std::size_t>(r)].join = {peer0.address()};
+  constexpr std::size_t values = std::size_t{36} << 20;  // fp16: 24 MB segments, 12 pieces each
+  auto run = [&](tr::tcp& p) {
+    dt::collective::communicator<tr::tcp> c(p);
+    std::vector<float> v(values, static_cast<float>(p.rank() + 1));
+    dt::compress::fp16 codec;
+    dt::compress::all_reduce(codec, c, std::span<float>(v), false);
+    return v.front() + v.back();
+  };
+  std::vector<std::future<float>> others;
+  for (int r = 1; r < world; ++r)
+    others.push_back(std::async(std::launch::async, [&, r] {
+      auto p = tr::tcp::join(opts[static_cast<std::size_t>(r)]);
+      return run(p);
+    }));
+  peer0.connect();
+  const auto t0 = std::chrono::steady_clock::now();
+  const float mine = run(peer0);
+  CHECK(mine == 12.0f);  // 1 + 2 + 3 at both ends
+  for (auto& f : others) CHECK(f.get() == mine);
+  CHECK(std::chrono::steady_clock::now() - t0 < 9s);
+  CHECK(peer0.over_budget().empty());
+}

@@ -275,6 +275,20 @@ class communicator {
     const auto tag = pair_tag(received_from_, peer);
     naming_the_peer("recv_from", [&] { receive(peer, values, tag, "recv_from"); });
   }
+  // The next recv_from(peer) calls will take messages of these sizes in bytes: said before this
+  // peer sends its own part of a step (a ring or gossip step), so that a transport that bounds
+  // what it queues takes them however far ahead they come (transport::expect).
+  void expect_from(int peer, std::span<const std::size_t> sizes) {
+    check_rank(peer, "expect_from peer");
+    const std::uint32_t next = received_from_[peer];
+    constexpr std::uint32_t pairwise = 0x70327000u;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      transport::expect(*ep_, peer,
+                        (static_cast<transport::tag_type>(pairwise ^ channel_) << 32) | (next + 1 + static_cast<std::uint32_t>(i)),
+                        sizes[i]);
+  }
+  void expect_from(int peer, std::size_t bytes) { expect_from(peer, std::span<const std::size_t>(&bytes, 1)); }
+
   // Sends `out` to `peer` and receives the same number of values from it into `in` (a gossip
   // step with one neighbour); both peers call it naming each other.
   template <class T>
@@ -288,6 +302,7 @@ class communicator {
         std::copy(out.begin(), out.end(), in.begin());
         return;
       }
+      transport::expect(*ep_, peer, in_tag, in.size_bytes());
       send(peer, out_tag, out);
       receive(peer, in, in_tag, "exchange_with");
     });
@@ -395,7 +410,7 @@ class communicator {
 
   // Pairwise messages: their own channel, numbered per peer and direction.
   transport::tag_type pair_tag(std::map<int, std::uint32_t>& numbers, int peer) {
-    constexpr std::uint32_t pairwise = 0x70327000u;  // "p2p"
+    constexpr std::uint32_t pairwise = 0x70327000u;  // "p2p" (expect_from numbers the same)
     return (static_cast<transport::tag_type>(pairwise ^ channel_) << 32) | ++numbers[peer];
   }
 

@@ -100,6 +100,9 @@ void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std:
                                 "gossip: topology '", Topology::name, "' names peer ", j, " for replica ", me, " of ", n,
                                 " in round ", round, " (out of range, itself, or twice)");
     }
+  // Every replica sends before it receives: each says first what it will take, so a transport
+  // that bounds what it queues from a peer takes these whole (transport::expect).
+  for (int j : from) replicas.expect_from(j, values.size_bytes());
   for (int j : to) replicas.send_to(j, std::span<const float>(values));
   if (from.empty()) return;
   // In double, in the order of `from`, so a round's result does not depend on message timing.

@@ -97,9 +97,10 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
     const int right = (r + 1) % n, left = (r - 1 + n) % n;
     auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>((p % n + n) % n)]; };
     for (int s = 0; s < n - 1; ++s) {  // step s forwards peer r - s's payload, receives peer r - s - 1's
-      comm.send_to(right, std::span<const std::byte>(at(r - s)));
       auto& in = at(r - s - 1);
       in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(((r - s - 1) % n + n) % n)]));
+      comm.expect_from(left, in.size());  // every peer sends first: see transport::expect
+      comm.send_to(right, std::span<const std::byte>(at(r - s)));
       comm.recv_from(left, std::span<std::byte>(in));
     }
   }
@@ -156,8 +157,16 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
       transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
     }
   };
+  // Every peer sends a step's pieces before it receives the step's: each says first what it
+  // will take, so a transport that bounds what it queues takes them whole (transport::expect).
+  auto expect = [&](std::span<float> seg) {
+    std::vector<std::size_t> sizes;
+    for (auto p : pieces(seg)) sizes.push_back(codec.max_encoded_bytes(p.size()));
+    comm.expect_from(left, std::span<const std::size_t>(sizes));
+  };
   // Reduce-scatter: after n - 1 steps segment r + 1 holds the sum here, in f32.
   for (int s = 0; s < n - 1; ++s) {
+    expect(segment(r - s - 1));
     for (auto p : pieces(segment(r - s))) {
       encode(p, out);
       comm.send_to(right, std::span<const std::byte>(out));
@@ -175,6 +184,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
     charged(comm, [&] { codec.decode_add(std::span<const std::byte>(carried.back()), p); });
   }
   for (int s = 0; s < n - 1; ++s) {
+    expect(segment(r - s));
     for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
     const auto into = pieces(segment(r - s));
     carried.resize(into.size());

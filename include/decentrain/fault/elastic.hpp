@@ -146,6 +146,14 @@ struct elastic {
     // then does an heir wait for a handoff. Captured here, before the policy starts, once.
     const auto state = ctx.capture_views();  // (names only: no copy of the state)
     keeps_own_ = std::any_of(state.tensors.begin(), state.tensors.end(), [](const auto& t) { return io::is_own_key(t.first); });
+    if (keeps_own_ && hand_over) {
+      // A leaver writes its handoff before its goodbye, before its heir can know of it: taken
+      // whole, up to the size of this peer's own state (what a handoff holds) and some room.
+      std::uint64_t own = 0;
+      for (const auto& [key, t] : state.tensors)
+        if (io::is_own_key(key)) own += t.nbytes();
+      transport::allow(ctx.network, handoff_tag, 2 * own + (std::uint64_t{1} << 20));
+    }
     folder_world_ = ctx.network.world();
     if (saves()) checkpoints.open(ctx.network.rank(), folder_world_);
     if (ctx.network.joined_late()) {  // admitted by the running group, and given its state

@@ -190,6 +190,23 @@ void rejoin_lane(E& e, const E& lane) {
   if constexpr (requires { e.rejoin(lane); }) e.rejoin(lane);
 }
 
+// A receiver that knows what its next messages from `source` on `tag` will be says so before it
+// sends its own part of a step (a ring or gossip step sends before it receives): a transport
+// that bounds what it queues from each peer (tcp: tcp_options::max_queued_bytes) then takes
+// those `size` bytes beyond the bound, so peers that all send before they receive never wait on one
+// another. Others queue without bound and ignore it.
+template <endpoint E>
+void expect(E& e, int source, tag_type tag, std::uint64_t size) {
+  if constexpr (requires { e.expect(source, tag, size); }) e.expect(source, tag, size);
+}
+
+// The same, standing: up to `size` bytes from each peer on `tag`, whenever they come (a message
+// written before its receiver can know of it: fault/handoff.hpp's).
+template <endpoint E>
+void allow(E& e, tag_type tag, std::uint64_t size) {
+  if constexpr (requires { e.allow(tag, size); }) e.allow(tag, size);
+}
+
 // Called as each message of an exchange lands, in order: (its index, its size).
 using landed_fn = std::function<void(std::size_t index, std::size_t size)>;
 
@@ -265,6 +282,8 @@ class any_endpoint {
   }
   traffic_stats stats() const { return get().stats(); }
   void computed(double seconds) { get().computed(seconds); }
+  void expect(int source, tag_type tag, std::uint64_t size) { get().expect(source, tag, size); }
+  void allow(tag_type tag, std::uint64_t size) { get().allow(tag, size); }
   std::optional<link_estimate> slowest_link() const { return get().slowest_link(); }
   std::optional<any_endpoint> lane() {
     auto l = get().lane();
@@ -307,6 +326,8 @@ class any_endpoint {
                           const landed_fn&) = 0;
     virtual traffic_stats stats() const = 0;
     virtual void computed(double) = 0;
+    virtual void expect(int, tag_type, std::uint64_t) = 0;
+    virtual void allow(tag_type, std::uint64_t) = 0;
     virtual std::optional<link_estimate> slowest_link() const = 0;
     virtual std::shared_ptr<base> lane() = 0;
     virtual void rejoin(const base& lane) = 0;
@@ -341,6 +362,8 @@ class any_endpoint {
     }
     traffic_stats stats() const override { return e.stats(); }
     void computed(double s) override { e.computed(s); }
+    void expect(int source, tag_type t, std::uint64_t size) override { transport::expect(e, source, t, size); }
+    void allow(tag_type t, std::uint64_t size) override { transport::allow(e, t, size); }
     std::optional<link_estimate> slowest_link() const override { return transport::slowest_link(e); }
     std::shared_ptr<base> lane() override {
       auto l = transport::open_lane(e);

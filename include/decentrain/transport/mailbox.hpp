@@ -10,16 +10,18 @@
 // copy and an allocation a message, which in a ring all-reduce is as much memory traffic as the
 // reduction itself).
 //
-// Budgets (a network transport's: tcp sets them, in_process queues without limit): what a source
-// has queued here and nobody took yet is at most `budget::bytes_per_peer`. The network thread asks
-// room() before it reads a body that lands in no posted memory; without room it stops reading
-// that source (its sender then waits, as TCP's flow control makes it) until a receiver takes
-// something of it or posts memory. An honest sender is only ever paused: every collective posts
-// its receive before it sends, so what runs ahead is bounded and is taken in time. A source whose
+// Budgets (a network transport's: tcp sets them, in_process queues without limit): a message is
+// queued only when this peer accepts it from its source. It accepts what a receiver posted memory
+// for, what a receiver said it expects (expect(): a collective's step, before it sends its own
+// part, so that peers that all send before they receive never wait on one another), what a
+// tag's standing allowance covers (allow(): a handoff), and beyond those at most
+// `budget::bytes_per_peer` from each source. The network thread asks room() before it reads a
+// body; without room it stops reading that source (its sender then waits, as TCP's flow control
+// makes it) until a receiver takes something of it, posts memory or expects more. A source whose
 // queued messages nobody takes while a receive waits for another of its messages (a tag nobody
 // reads, flooded) is over its budget: once the receive has waited `budget::grace`, what it queued
-// is dropped and the receive fails naming it (failure_cause::convicted), so a peer that holds the
-// run's key can stall one receive but cannot make a peer hold more than its budget.
+// is dropped and the receive fails naming it (failure_cause::convicted). A peer that holds the
+// run's key can stall one receive, but cannot make a peer hold more than it accepts.
 #pragma once
 
 #include <algorithm>
@@ -46,10 +48,14 @@
 
 namespace decentrain::transport::detail {
 
+// Which of a receiver's acceptances a queued message is counted against (see budgets above).
+enum class accepted_as : std::uint8_t { budget, expected, allowed };
+
 struct message {
   bytes payload;
   double arrival = 0.0;        // simulated arrival time (in_process); 0 elsewhere
   std::uint64_t sequence = 0;  // per source, in the order pushed (set by the mailbox)
+  accepted_as as = accepted_as::budget;  // (room() says which)
 };
 
 // What a source may hold here (see the top of this file).
@@ -75,28 +81,49 @@ class mailbox {
       if (tag == alarm_tag) {
         raise(source, m);
       } else {
-        queued_bytes_[source] += m.payload.size();
+        count(source, tag, m, +1);
         queues_[{source, tag}].push_back(std::move(m));
       }
     }
     ready_.notify_all();
   }
 
-  // ---- budgets (the network thread) ----
+  // ---- budgets ----
 
-  // Whether a body of `length` bytes from `source` may be queued now. When it may not, the
-  // source's reading stops here: `resume` is called (once, without the lock, from whichever
-  // thread made room) when a receiver took something of it, posted memory for it, or it was
-  // forgotten or dropped; the network thread then asks again.
-  bool room(int source, std::size_t length, std::function<void()> resume) {
+  // A receiver that knows its next messages from `source` on `tag` (a collective's step) says
+  // so before it sends its own: up to `size` bytes of them are queued beyond the budget.
+  void expect(int source, tag_type tag, std::uint64_t size) {
+    std::unique_lock lock(mutex_);
+    if (expected_.size() >= max_expectations && !expected_.count({source, tag})) expected_.erase(expected_.begin());
+    expected_[{source, tag}] += size;
+    wake_if_paused(lock, source);
+  }
+  // Up to `size` bytes from each source on `tag` are queued beyond the budget, whenever they
+  // come (a leaver's handoff, written before its goodbye).
+  void allow(tag_type tag, std::uint64_t size) {
+    std::lock_guard lock(mutex_);
+    allowed_[tag] = size;
+  }
+
+  // Whether a body of `length` bytes from `source` on `tag` may be queued now, and against what
+  // (the message pushed then carries it). When it may not, the source's reading stops here:
+  // `resume` is called (once, without the lock, from whichever thread made room) when a receiver
+  // took something of it, posted memory for it, expected more, or it was forgotten or dropped;
+  // the network thread then asks again.
+  std::optional<accepted_as> room(int source, tag_type tag, std::size_t length, std::function<void()> resume) {
     {
       std::lock_guard lock(mutex_);
-      const std::uint64_t queued = queued_bytes_[source];
-      if (queued + length <= budget_.bytes_per_peer || forgotten_.count(source)) return true;
+      if (const auto e = expected_.find({source, tag}); e != expected_.end() && e->second >= length) {
+        if ((e->second -= length) == 0) expected_.erase(e);
+        return accepted_as::expected;
+      }
+      if (const auto a = allowed_.find(tag); a != allowed_.end() && allowed_bytes_[{source, tag}] + length <= a->second)
+        return accepted_as::allowed;
+      if (queued_bytes_[source] + length <= budget_.bytes_per_peer || forgotten_.count(source)) return accepted_as::budget;
       paused_[source] = paused{std::move(resume), std::chrono::steady_clock::now()};
     }
     ready_.notify_all();  // a receive waiting on `source` now has a time to look again (throw_if_stuck)
-    return false;
+    return std::nullopt;
   }
   // What `source` has queued here, not taken yet.
   std::uint64_t queued_bytes(int source) const {
@@ -211,6 +238,8 @@ class mailbox {
     pending_alarms_.clear();
     pending_closures_.clear();
     queued_bytes_.clear();
+    allowed_bytes_.clear();
+    expected_.clear();
     paused_.clear();
     over_budget_.clear();
   }
@@ -262,6 +291,9 @@ class mailbox {
       if (q.state == posting::state_type::open) {
         if (q.into.size() != length) return std::nullopt;
         q.state = posting::state_type::claimed;
+        // It lands in place: what the receiver expected of it is taken.
+        if (const auto e = expected_.find({source, tag}); e != expected_.end())
+          if ((e->second -= std::min<std::uint64_t>(e->second, length)) == 0) expected_.erase(e);
         return q.into;
       }
     return std::nullopt;
@@ -320,6 +352,8 @@ class mailbox {
       closed_[source] = closure{std::move(reason), failure_cause::departed};
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
       queued_bytes_.erase(source);
+      std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
+      std::erase_if(expected_, [&](const auto& e) { return e.first.first == source; });
       std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
       std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
       wake_if_paused(lock, source);
@@ -366,7 +400,7 @@ class mailbox {
       if (q->first.first == source && q->first.second != marker) {
         std::erase_if(q->second, [&](const message& m) {
           if (m.sequence >= before) return false;
-          queued_bytes_[source] -= m.payload.size();
+          count(source, q->first.second, m, -1);
           return true;
         });
         if (q->second.empty()) {
@@ -426,7 +460,7 @@ class mailbox {
     message m = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
-    queued_bytes_[source] -= m.payload.size();
+    count(source, tag, m, -1);
     if (is_membership_tag(tag)) last_taken_[{source, tag}] = m.sequence;
     return m;
   }
@@ -489,6 +523,7 @@ class mailbox {
       q = queues_.erase(q);
     }
     queued_bytes_.erase(source);
+    std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
     ++over_budget_[source];
     const auto limit = budget_.bytes_per_peer;
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(budget_.grace).count();
@@ -498,6 +533,24 @@ class mailbox {
                                  " tag(s) this peer did not read held its queue full (at most ", limit,
                                  " bytes) while a receive waited ", waited, " ms for its message of tag ", tag,
                                  "; they are dropped");
+  }
+
+  // Counts a message queued (+1) or taken or dropped (-1) against what accepted it.
+  void count(int source, tag_type tag, const message& m, int sign) {
+    const auto n = static_cast<std::uint64_t>(m.payload.size());
+    switch (m.as) {
+      case accepted_as::budget:
+        queued_bytes_[source] += sign > 0 ? n : -n;
+        break;
+      case accepted_as::allowed: {
+        auto& a = allowed_bytes_[{source, tag}];
+        a += sign > 0 ? n : -n;
+        if (a == 0) allowed_bytes_.erase({source, tag});
+        break;
+      }
+      case accepted_as::expected:
+        break;  // the receiver said it takes these
+    }
   }
 
   void keep_spare(bytes b) {
@@ -617,7 +670,11 @@ class mailbox {
   std::vector<pending_closure> pending_closures_;
   // budgets
   budget budget_;
-  std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued, not taken
+  static constexpr std::size_t max_expectations = 4096;  // (a sender that never sent leaves one behind)
+  std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued against the budget, not taken
+  std::map<key, std::uint64_t> expected_;      // bytes a receiver still expects, per (source, tag)
+  std::map<tag_type, std::uint64_t> allowed_;  // standing allowances, per tag
+  std::map<key, std::uint64_t> allowed_bytes_; // bytes queued against them, per (source, tag)
   struct paused {
     std::function<void()> resume;
     std::chrono::steady_clock::time_point since;

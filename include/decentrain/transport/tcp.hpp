@@ -61,6 +61,10 @@ class tcp {
     n().exchange(to, outs, from, ins, tag, landed, !lane_);
   }
   void computed(double) {}
+  // What this peer will take beyond its budget (transport::expect; mailbox.hpp): the next
+  // `size` bytes from `peer` on `tag`, or up to `size` bytes from each peer on `tag` whenever they come.
+  void expect(int peer, tag_type tag, std::uint64_t size) { n().box.expect(peer, tag, size); }
+  void allow(tag_type tag, std::uint64_t size) { n().box.allow(tag, size); }
 
   // ---- membership (transport/membership.hpp) ----
   bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) { return n().recv(peer, tag, !lane_, timeout); }

@@ -326,6 +326,11 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
   const auto asks = detail::assign_chunks(offers, d.behind.size(), p, d.next.epoch);
   const auto& ref = offers[static_cast<std::size_t>((p + d.next.epoch) % offers.size())];
   for (std::size_t k = 0; k < donors.size(); ++k) {
+    // The donors serve at once and land one after the other: what a later one sends waits in
+    // the transport, which takes it beyond its budget as expected here (transport::expect).
+    std::uint64_t due = 0;
+    for (const auto i : asks[k]) due += offers[k].length(i);
+    transport::expect(ep, donors[k], detail::state_tag, due);
     ep.send(donors[k], detail::state_tag, std::as_bytes(std::span(asks[k])));
     if (!asks[k].empty()) out.donors.push_back(donors[k]);
   }

@@ -26,6 +26,7 @@
 #include "decentrain/transport/auth.hpp"
 #include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/liveness.hpp"
+#include "decentrain/transport/mailbox.hpp"
 #include "decentrain/transport/tcp/handshake.hpp"
 #include "decentrain/transport/tls.hpp"
 
@@ -73,6 +74,7 @@ struct connection : std::enable_shared_from_this<connection> {
   bytes body;
   bool closed = false;
   bool paused = false;  // a body waits for room in the mailbox (its budget): nothing is read meanwhile
+  detail::accepted_as accepted = detail::accepted_as::budget;  // what the body being read is queued against
 
   // ---- the writer ----
   // Data frames are written by the sending thread; closing takes this lock, so the descriptor

@@ -321,15 +321,19 @@ struct node {
                                                                    opts.max_joiner_frame_bytes, ")")
                                       : decentrain::detail::concat("more than ", opts.max_joiner_queued_bytes,
                                                                    " bytes that nobody took yet")));
-      } else if (!box.room(c->rank, static_cast<std::size_t>(h.length), [this, c, h] {
-                   asio::post(io, [this, c, h] {
-                     if (c->closed || !c->paused) return;
-                     c->paused = false;
-                     read_body(c, h);
-                   });
-                 })) {
-        c->paused = true;
-        return;
+      } else {
+        const auto as = box.room(c->rank, h.tag, static_cast<std::size_t>(h.length), [this, c, h] {
+          asio::post(io, [this, c, h] {
+            if (c->closed || !c->paused) return;
+            c->paused = false;
+            read_body(c, h);
+          });
+        });
+        if (!as) {
+          c->paused = true;
+          return;
+        }
+        c->accepted = *as;
       }
     }
     c->body = box.spare(static_cast<std::size_t>(h.length));
@@ -414,7 +418,8 @@ struct node {
         }
         // A joiner is not of the view: it has no failure to report (an alarm would stop every
         // member's collectives).
-        if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0});
+        if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0, 0, c->accepted});
+        c->accepted = detail::accepted_as::budget;
         c->body = {};
         return true;
       }
