@@ -22167,12 +22167,14 @@ struct checkpoint_every {
 #include <vector>
 
 // ---- begin decentrain/fault/membership/messages.hpp ----
-// The membership protocol's messages (reports, views, markers, joiners' hellos), how they are
-// encoded, and how one is awaited from a given peer.
+// The membership protocol's messages (reports, views, echoes, markers, joiners' hellos), how
+// they are encoded, what makes one valid where it arrives, and how one is awaited from a given
+// peer.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22186,6 +22188,7 @@ struct checkpoint_every {
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 
@@ -22217,6 +22220,14 @@ struct agreement_settings {
   int max_donors = 4;
   // The largest state a peer behind accepts from a donor (it holds all of it at once).
   std::uint64_t max_state_bytes = std::uint64_t{64} << 30;
+  // How many members of a view may lie (agreement.hpp), the leader among them. -1: as many as
+  // can be tolerated, fewer than a third of a view of 4 or more (none below 4). A departure or a
+  // conviction then needs more than half of the view to say so, and a view is followed once a
+  // quorum echoed it: when a partition leaves no side that quorum, every side waits for it to
+  // heal (up to `patience`) rather than risk two models, where with 0 (crash faults only: every
+  // member follows the protocol) a side with a majority of the view goes on and the others stop.
+  int liars = -1;
+  std::chrono::milliseconds patience{std::chrono::minutes(10)};
 };
 
 // Thrown by agree() on a peer that the next view leaves out while it is alive: its side of a
@@ -22236,6 +22247,7 @@ struct decision {
   std::vector<int> removed;     // members of the previous view left out
   std::vector<int> joined;      // members new to the group (they joined it running)
   std::vector<int> marked;      // members whose marker of `next` this peer took already (a joiner)
+  std::map<int, std::string> named;  // members this peer caught lying in the agreement, and how
 };
 
 // The failures a peer knows of: whom it suspects, and whether each departed for certain.
@@ -22250,8 +22262,11 @@ inline constexpr transport::tag_type protocol_tag = transport::membership_tag(2)
 inline constexpr transport::tag_type state_tag = transport::membership_tag(3);
 inline constexpr std::size_t max_members = 1 << 16;
 
-// hello: a joiner not admitted yet tells the members which peers it is connected to.
-enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4 };
+// hello: a joiner not admitted yet tells the members which peers it is connected to; echo: a
+// member tells the others which view its leader sent it (agreement.hpp).
+enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4, echo = 5 };
+inline constexpr std::uint8_t last_kind = 5;
+inline constexpr std::int8_t last_phase = 15;  // (train::phase has 5; room for more)
 
 // Every protocol message: what it means depends on `what`.
 struct message {
@@ -22259,13 +22274,14 @@ struct message {
   std::uint64_t epoch = 0;      // report: the view the sender leaves; view, marker: the new view
   std::int64_t step = 0;        // report: the sender's position; view: the target
   std::int8_t phase = 0;
-  std::int32_t donor = -1;      // view
+  std::int32_t donor = -1;      // view; report: the leader it is sent to; echo: the leader whose view is echoed
   std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to;
                                        // hello: every peer the sender is connected to
   std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
   std::vector<std::int32_t> convicted; // report: the peers the sender accuses of poison; view: the barred
   std::string reason;                  // view without members: why the group stops
+  std::uint64_t digest = 0;            // echo: the digest of the view echoed
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -22275,12 +22291,13 @@ struct message {
       for (auto r : *list) ar(r);
     }
     transport::wire::save_string(ar, reason);
+    ar(digest);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t k = 0;
     ar(k, epoch, step, phase, donor);
-    decentrain::detail::check(k >= 1 && k <= 4, "membership: unknown message kind ", static_cast<int>(k));
+    decentrain::detail::check(k >= 1 && k <= last_kind, "membership: unknown message kind ", static_cast<int>(k));
     what = static_cast<kind>(k);
     for (auto* list : {&ranks, &departed, &behind, &convicted}) {
       cereal::size_type n = 0;
@@ -22289,9 +22306,76 @@ struct message {
       list->resize(static_cast<std::size_t>(n));
       for (auto& r : *list) ar(r);
     }
-    ar(transport::wire::bounded_string{reason, 4096});
+    ar(transport::wire::bounded_string{reason, 4096}, digest);
   }
 };
+
+// A view's identity for echoes: the digest of its encoding.
+inline std::uint64_t digest_of(const message& view) {
+  const auto b = transport::wire::encode_body(view);
+  return decentrain::detail::xxh3(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+}
+
+// ---- what makes a message valid where it arrives (a reason when it is not) ----
+
+namespace checks {
+inline bool sorted_unique(const std::vector<std::int32_t>& v) { return std::adjacent_find(v.begin(), v.end(), std::greater_equal<>()) == v.end(); }
+inline bool within(const std::vector<std::int32_t>& v, int capacity) {
+  return std::all_of(v.begin(), v.end(), [&](std::int32_t r) { return r >= 0 && r < capacity; });
+}
+inline bool members_of(const std::vector<std::int32_t>& v, const view& current) {
+  return std::all_of(v.begin(), v.end(), [&](std::int32_t r) { return current.contains(r); });
+}
+inline bool contains(const std::vector<std::int32_t>& v, int r) { return std::binary_search(v.begin(), v.end(), r); }
+// A list of ranks as a message may carry it: ascending, each once, below `capacity`.
+inline std::optional<std::string> ranks(const char* what, const std::vector<std::int32_t>& v, int capacity) {
+  if (!sorted_unique(v)) return decentrain::detail::concat("its ", what, " are not ascending, each once");
+  if (!within(v, capacity)) return decentrain::detail::concat("its ", what, " name a rank outside [0, ", capacity, ")");
+  return std::nullopt;
+}
+}  // namespace checks
+
+// A report of a member of `current` (ranks below `capacity`).
+inline std::optional<std::string> invalid_report(const message& m, const view& current, int capacity) {
+  if (m.epoch != current.epoch) return decentrain::detail::concat("a report of view ", m.epoch, " in view ", current.epoch);
+  if (m.step < 0 || m.phase < 0 || m.phase > last_phase) return decentrain::detail::concat("a report of step ", m.step, " phase ", int{m.phase});
+  if (!current.contains(m.donor) || !m.behind.empty()) return std::string("a report to a leader outside the view, or with a view's fields");
+  for (const auto& [what, list] : {std::pair{"joiners", &m.ranks}, std::pair{"departed", &m.departed}, std::pair{"accused", &m.convicted}})
+    if (auto why = checks::ranks(what, *list, capacity)) return why;
+  if (!checks::members_of(m.departed, current) || !checks::members_of(m.convicted, current))
+    return std::string("a report that names peers outside the view as departed or accused");
+  if (std::any_of(m.ranks.begin(), m.ranks.end(), [&](int r) { return current.contains(r) || current.bars(r); }))
+    return std::string("a report that names a member or a barred peer as a joiner");
+  return std::nullopt;
+}
+
+// The next view after `current` (ranks below `capacity`): its members ascending, each once, the
+// old view's members either kept or listed as removed, the barred kept barred and none a member,
+// those behind among the members and the donor a member at the target.
+inline std::optional<std::string> invalid_view(const message& m, const view& current, int capacity) {
+  if (m.epoch != current.epoch + 1) return decentrain::detail::concat("a view of epoch ", m.epoch, " after view ", current.epoch);
+  if (m.step < 0 || m.phase < 0 || m.phase > last_phase) return decentrain::detail::concat("a view at step ", m.step, " phase ", int{m.phase});
+  for (const auto& [what, list] : {std::pair{"members", &m.ranks}, std::pair{"removed", &m.departed}, std::pair{"behind", &m.behind},
+                                   std::pair{"barred", &m.convicted}})
+    if (auto why = checks::ranks(what, *list, capacity)) return why;
+  if (!checks::members_of(m.departed, current)) return std::string("a view that removes peers that were not members");
+  for (int j : current.members)
+    if (checks::contains(m.ranks, j) == checks::contains(m.departed, j))
+      return decentrain::detail::concat("a view that neither keeps nor removes member ", j, " (or both)");
+  for (int j : current.barred)
+    if (!checks::contains(m.convicted, j)) return decentrain::detail::concat("a view that lifts the bar on peer ", j);
+  for (const auto j : m.convicted)
+    if (checks::contains(m.ranks, j)) return decentrain::detail::concat("a view that bars its own member ", j);
+  if (m.ranks.empty()) return std::nullopt;  // the group stops (m.reason says why)
+  for (const auto j : m.behind)
+    if (!checks::contains(m.ranks, j)) return decentrain::detail::concat("a view with peer ", j, " behind but not a member");
+  if (!checks::contains(m.ranks, m.donor) || checks::contains(m.behind, m.donor))
+    return decentrain::detail::concat("a view whose donor ", m.donor, " is not a member at the target");
+  for (const auto j : m.ranks)
+    if (!current.contains(j) && !checks::contains(m.behind, j))
+      return decentrain::detail::concat("a view that admits peer ", j, " without its taking the state");
+  return std::nullopt;
+}
 
 inline message decode(const transport::bytes& b, int from) {
   try {
@@ -22500,6 +22584,26 @@ inline bool certain(transport::failure_cause c) {
   return c == transport::failure_cause::departed || c == transport::failure_cause::convicted;
 }
 
+// The members of a view of `n` that may lie without harm to the others: fewer than a third
+// (agreement_settings::liars). Below 4 members none can be tolerated, and the simpler rules of a
+// group of crash faults hold.
+inline int tolerated(std::size_t n, const agreement_settings& s) {
+  const int most = n >= 4 ? static_cast<int>((n - 1) / 3) : 0;
+  return s.liars < 0 ? most : std::min(s.liars, most);
+}
+// Echoes of one view that make it the next (Bracha's echo threshold) among `n` members that did
+// not depart for certain: two such sets share more than `f` members, so an honest member echoed
+// both, which it never does.
+inline std::size_t echo_quorum(std::size_t n, int f) { return (n + static_cast<std::size_t>(f)) / 2 + 1; }
+// More than half of the view accuse it.
+inline bool by_majority(int accusers, std::size_t n) { return 2 * static_cast<std::size_t>(accusers) > n; }
+
+template <class E>
+int capacity_of(const E& ep) {
+  if constexpr (requires { ep.capacity(); }) return ep.capacity();
+  else return ep.world();
+}
+
 // Peers that joined the running group and are connected to this one (tcp; see await_admission):
 // a connected peer outside the view is one that joins (a member left out is forgotten: its
 // connections are closed).
@@ -22512,11 +22616,179 @@ std::vector<int> joiners_of(E& ep, const view& current) {
   return out;
 }
 
-// The follower's part: reports where this peer stands to `leader` and waits for its view.
-// Throws peer_error when the leader fails (the caller then suspects it: the next lowest leads).
+// What this peer heard in one agreement (kept from one leader's turn to the next, as a member
+// may run ahead of another by a turn): each member's latest report, the views leaders sent it,
+// the views members echoed, the markers of the next view some sent already (install does not
+// wait for those again).
+struct heard {
+  std::map<int, message> reports;
+  std::map<int, message> views;  // per sender: the view of the next epoch it sent this peer
+  std::map<std::pair<int, int>, std::uint64_t> echoes;  // (member, leader): the digest of that leader's view it echoed
+  std::set<int> marked;
+  std::map<int, std::string> invalid;  // members that sent something invalid, and what
+};
+
+// Takes one protocol message `m` from member `j` into `h`: a valid report of `current`, a view,
+// an echo or a marker of the next view; a report that breaks the rules is noted (others: stale,
+// skipped).
+inline void take(heard& h, int j, const message& m, const view& current, int capacity) {
+  if (m.what == kind::report && m.epoch == current.epoch) {
+    if (auto why = invalid_report(m, current, capacity)) h.invalid[j] = *why;
+    else h.reports[j] = m;
+  } else if (m.what == kind::view && m.epoch == current.epoch + 1) {
+    h.views[j] = m;
+  } else if (m.what == kind::echo && m.epoch == current.epoch + 1) {
+    h.echoes.emplace(std::pair{j, static_cast<int>(m.donor)}, m.digest);  // the first echo of each leader's view counts
+  } else if (m.what == kind::marker && m.epoch == current.epoch + 1) {
+    h.marked.insert(j);
+  }
+}
+
+// Reads what the members of `from` sent on the protocol channel until `done()` holds or
+// `deadline` passes, each in turn, waiting at most `slice` on one; a member whose connection
+// failed is left out from then on.
+template <class E, class Done>
+void gather(E& ep, const std::vector<int>& from, const view& current, heard& h, std::chrono::steady_clock::time_point deadline,
+            Done&& done, std::chrono::milliseconds slice = std::chrono::milliseconds(5)) {
+  const int capacity = capacity_of(ep);
+  std::vector<int> ask;
+  for (int j : from)
+    if (j != ep.rank()) ask.push_back(j);
+  std::set<int> gone;
+  // Each in turn: everything it has queued, waiting a slice for the first (a simulated network
+  // delivers only to a wait on its clock, so every member's turn waits a little).
+  for (std::size_t turn = 0; !done() && transport::now(ep) < deadline && gone.size() < ask.size(); ++turn) {
+    const int j = ask[turn % ask.size()];
+    if (gone.count(j)) continue;
+    auto wait = slice;
+    for (;;) {
+      try {
+        take(h, j, decode(ep.recv_within(j, protocol_tag, wait), j), current, capacity);
+      } catch (const transport::peer_error& e) {
+        if (e.cause() != transport::failure_cause::silent) gone.insert(j);
+        break;
+      }
+      wait = std::chrono::milliseconds(0);
+      if (done()) return;
+    }
+  }
+}
+
+// Reads what member `j` sends into `h` until `done()` holds; throws peer_error when `deadline`
+// passes first or `j` fails.
+template <class E, class Done>
+void pull(E& ep, int j, const view& current, heard& h, std::chrono::steady_clock::time_point deadline, Done&& done) {
+  const int capacity = capacity_of(ep);
+  while (!done()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::now(ep));
+    take(h, j, decode(ep.recv_within(j, protocol_tag, std::max(left, std::chrono::milliseconds(1))), j), current, capacity);
+  }
+}
+
+// How many of the reports in `h` (and this peer's own suspicions) accuse `x`, of departing or
+// of poison.
+inline int accusations(const heard& h, const suspicions& mine, int me, int x) {
+  int n = mine.count(x) && certain(mine.at(x)) ? 1 : 0;
+  for (const auto& [j, r] : h.reports)
+    if (j != me && j != x && (checks::contains(r.departed, x) || checks::contains(r.convicted, x))) ++n;
+  return n;
+}
+
+// Why a view that `leader` sent (valid in form) may not be followed by this peer, against
+// insiders: it removes a member that reported here, that this peer does not suspect and that
+// fewer than half the view accuse, or it bars one without a majority accusing it of poison.
+inline std::optional<std::string> unjustified(const message& v, const view& current, const heard& h, const suspicions& mine, int me) {
+  const std::size_t n = current.members.size();
+  for (int x : current.members) {
+    if (x == me || checks::contains(v.ranks, x)) continue;
+    const bool barred = checks::contains(v.convicted, x) && !current.bars(x);
+    int poison = mine.count(x) && mine.at(x) == transport::failure_cause::convicted ? 1 : 0;
+    for (const auto& [j, r] : h.reports)
+      if (j != me && j != x && checks::contains(r.convicted, x)) ++poison;
+    if (barred && !by_majority(poison, n))
+      return decentrain::detail::concat("it bars peer ", x, ", which ", poison, " of the ", n, " members accuse of poison here");
+    if (!mine.count(x) && h.reports.count(x) && !by_majority(accusations(h, mine, me, x), n))
+      return decentrain::detail::concat("it leaves out peer ", x, ", which reported here and which fewer than half of the view accuse");
+  }
+  return std::nullopt;
+}
+
+// The echo that refuses a leader's view (it broke the rules here): said at once, so that the
+// others need not wait out the deadline for a quorum that cannot come.
+inline constexpr std::uint64_t refusal = 0;
+
+// Where the echoes of `leader`'s view `digest` stand, among the members of `current` that did not
+// depart for certain (more than half of the view said so, in what this peer heard).
+struct echo_tally {
+  std::size_t same = 0, other = 0, refused = 0, quorum = 0, voters = 0;
+  bool conflict = false;  // more members than may lie echoed another view of this leader: it sent two
+  bool reached() const { return same >= quorum && !conflict; }
+  bool decided() const { return reached() || conflict || same + (voters - std::min(voters, same + other + refused)) < quorum; }
+};
+inline echo_tally tally(const view& current, int leader, std::uint64_t digest, const heard& h, const suspicions& mine, int f, int me) {
+  const std::size_t n = current.members.size();
+  std::size_t departed = 0;
+  for (int x : current.members) {
+    int says = mine.count(x) && mine.at(x) == transport::failure_cause::departed ? 1 : 0;
+    for (const auto& [j, r] : h.reports)
+      if (j != me && checks::contains(r.departed, x)) ++says;
+    departed += by_majority(says, n) ? 1 : 0;
+  }
+  echo_tally t;
+  t.voters = n - departed;
+  t.quorum = echo_quorum(t.voters, f);
+  for (const auto& [who, d] : h.echoes)
+    if (who.second == leader) (d == digest ? t.same : d == refusal ? t.refused : t.other) += 1;
+  t.conflict = t.other > static_cast<std::size_t>(f);
+  return t;
+}
+
+// Waits until a quorum echoed `leader`'s view `digest` (true), the quorum is out of reach, or
+// more members than may lie echoed another view of that leader, or `deadline` passes (false).
+template <class E>
+bool echoed(E& ep, const view& current, int leader, std::uint64_t digest, heard& h, const suspicions& mine, int f,
+            std::chrono::steady_clock::time_point deadline, bool& conflict) {
+  auto done = [&] { return tally(current, leader, digest, h, mine, f, ep.rank()).decided(); };
+  gather(ep, current.members, current, h, deadline, done);
+  const auto t = tally(current, leader, digest, h, mine, f, ep.rank());
+  conflict = t.conflict;
+  return t.reached();
+}
+
+template <class E>
+void echo(E& ep, const view& current, const suspicions& suspects, int leader, std::uint64_t digest, heard& h) {
+  message e;
+  e.what = kind::echo;
+  e.epoch = current.epoch + 1;
+  e.donor = leader;
+  e.digest = digest;
+  h.echoes[{ep.rank(), leader}] = digest;
+  for (int j : current.members) {
+    if (j == ep.rank() || (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) continue;
+    try {
+      post(ep, j, e);
+    } catch (const transport::peer_error&) {
+      // it misses the echo; the quorum does without it
+    }
+  }
+}
+
+// The leader's view failed (it lied, or no quorum followed it): the caller suspects it.
+struct leader_failed {
+  transport::failure_cause cause;
+  std::string why;
+};
+
+// The follower's part: reports where this peer stands to every member (against insiders, so
+// each can judge the leader's view) or to `leader`, waits for the leader's view, and (against
+// insiders) follows it only when it is justified by what this peer heard and a quorum of the
+// view echoed it. Throws peer_error when the leader fails or lied (the caller suspects it: the
+// next lowest leads).
 template <class E>
 message follow(E& ep, const view& current, int leader, const suspicions& suspects, position mine,
-               std::chrono::steady_clock::time_point deadline, const agreement_settings& s) {
+               std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
+  const int f = tolerated(current.members.size(), s);
+  const bool insiders = f > 0;
   message report;
   report.what = kind::report;
   report.epoch = current.epoch;
@@ -22527,19 +22799,61 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
   for (const auto& [j, cause] : suspects)
     if (certain(cause)) (cause == transport::failure_cause::convicted ? report.convicted : report.departed).push_back(j);
   report.ranks = as_list(joiners_of(ep, current));
+  report.donor = leader;  // the leader it reports to: that leader waits for one so addressed
+  h.reports[ep.rank()] = report;
+  if (insiders) {
+    for (int j : current.members)
+      if (j != ep.rank() && j != leader && !(suspects.count(j) && certain(suspects.at(j)))) {
+        try {
+          post(ep, j, report);
+        } catch (const transport::peer_error&) {
+        }
+      }
+  }
   post(ep, leader, report);
   // The leader may wait a whole deadline on a frozen member before it sends the view.
-  return await(ep, leader, deadline + s.timeout, [&](const message& m) { return m.what == kind::view && m.epoch > current.epoch; });
+  pull(ep, leader, current, h, deadline + s.timeout, [&] { return h.views.count(leader) > 0; });
+  const auto v = h.views.at(leader);
+  const auto fail = [&](transport::failure_cause cause, const auto&... why) {
+    transport::fail_peer_because(cause, leader, "membership", "membership: leader ", leader, " ", why...);
+  };
+  const auto refuse = [&](const auto&... why) {
+    if (insiders) echo(ep, current, suspects, leader, refusal, h);
+    fail(transport::failure_cause::convicted, why...);
+  };
+  if (auto why = invalid_view(v, current, capacity_of(ep))) refuse("sent an invalid view: ", *why);
+  if (!insiders) return v;
+  // The others' reports, to judge the view by (each sent its own to this peer as to the leader).
+  std::vector<int> others;
+  for (int j : current.members)
+    if (j != ep.rank() && j != leader && !suspects.count(j)) others.push_back(j);
+  gather(ep, others, current, h, std::min(transport::now(ep) + std::chrono::milliseconds(500), deadline + s.timeout), [&] {
+    return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; });
+  });
+  if (auto why = unjustified(v, current, h, suspects, ep.rank())) refuse("sent a view that ", *why);
+  auto digest = digest_of(v);
+  if (digest == refusal) digest = 1;  // (one view in 2^64)
+  echo(ep, current, suspects, leader, digest, h);
+  h.echoes[{leader, leader}] = digest;  // the view it sent is its echo
+  bool conflict = false;
+  if (!echoed(ep, current, leader, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
+    fail(conflict ? transport::failure_cause::convicted : transport::failure_cause::silent,
+         conflict ? "sent different views of epoch " : "sent a view that too few members echoed, of epoch ", v.epoch);
+  return v;
 }
 
 // The leader's part: a report from every member it does not suspect, then the next view, sent
-// to everyone of the old view that may be listening and to the joiners it admits. Returns that
-// view (or one this peer missed, sent by a leader before it).
+// to everyone of the old view that may be listening and to the joiners it admits; against
+// insiders, once a quorum echoed it. Returns that view; throws leader_failed when no quorum
+// followed it.
 template <class E>
 message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std::string>& why, const std::vector<int>& alive,
-             position mine, std::chrono::steady_clock::time_point deadline, const agreement_settings& s) {
+             position mine, std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
   using transport::failure_cause;
   const int me = ep.rank();
+  const std::size_t n = current.members.size();
+  const int f = tolerated(n, s);
+  const bool insiders = f > 0;
   // It admits the joiners that every reporting member and itself are connected to (the view's
   // collectives need all pairs) and that reach one another, as their hellos say (see
   // await_admission): the lowest always, each next one that every one admitted before reaches;
@@ -22547,50 +22861,75 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
   std::map<int, position> where{{me, mine}};
   const auto mine_joiners = joiners_of(ep, current);
   std::set<int> admit(mine_joiners.begin(), mine_joiners.end());
-  std::map<int, int> accusers;  // members accused of poison, by how many reporters
-  for (std::size_t i = 0; i < alive.size(); ++i) {
-    const int j = alive[i];
-    if (j == me || suspects.count(j)) continue;
+  std::map<int, int> departures, accusers;  // members reported departed, accused of poison, by how many reporters
+  for (const auto& [x, cause] : suspects)
+    if (cause == failure_cause::departed) ++departures[x];
+  // Against insiders this leader's own accusations are one voice among the view's: it asks
+  // every member, the accused too; otherwise it waits for no member it suspects.
+  for (std::size_t i = 0; i < (insiders ? current.members.size() : alive.size()); ++i) {
+    const int j = insiders ? current.members[i] : alive[i];
+    if (j == me || (suspects.count(j) && (!insiders || suspects.at(j) == failure_cause::departed))) continue;
     try {
-      const auto r = await(ep, j, deadline, [&](const message& m) {
-        return (m.what == kind::report && m.epoch == current.epoch) || (m.what == kind::view && m.epoch > current.epoch);
-      });
-      if (r.what == kind::view) return r;  // a view this peer missed: follow it
+      h.invalid.erase(j);
+      pull(ep, j, current, h, deadline, [&] { return h.invalid.count(j) || (h.reports.count(j) && h.reports.at(j).donor == me); });
+      if (h.invalid.count(j)) {
+        // A member that breaks the protocol takes no part in this view's decision.
+        suspects.emplace(j, failure_cause::other);
+        why[j] = decentrain::detail::concat("its report was invalid: ", h.invalid.at(j));
+        continue;
+      }
+      const auto& r = h.reports.at(j);
       where[j] = position{r.step, r.phase};
       const std::set<int> theirs(r.ranks.begin(), r.ranks.end());
       std::erase_if(admit, [&](int x) { return !theirs.count(x); });
       // What the reporter knows departed for certain; its other suspicions this leader checks
-      // itself, by waiting for their reports.
+      // itself, by waiting for their reports. Against insiders a departure, like a conviction,
+      // is certain only when more than half of the view say so.
       for (const auto x : r.departed)
-        if (x != me && current.contains(x)) suspects[x] = failure_cause::departed;
+        if (x != me && current.contains(x)) {
+          if (!insiders) suspects[x] = failure_cause::departed;
+          else if (++departures[x]; by_majority(departures[x], n)) suspects[x] = failure_cause::departed;
+        }
       for (const auto x : r.convicted) ++accusers[x];
     } catch (const transport::peer_error& e) {
       suspects.emplace(j, e.cause());
       why[j] = e.what();
     }
   }
-
-  for (const auto& [x, n] : accusers)  // by a majority of the others heard from (this leader counted)
-    if (x != me && current.contains(x) && !suspects.count(x) && 2 * n > static_cast<int>(where.size() - where.count(x)))
-      suspects[x] = failure_cause::convicted;
+  for (const auto& [x, cause] : suspects)
+    if (cause == failure_cause::convicted && x != me) ++accusers[x];  // this leader's own accusation
+  for (const auto& [x, k] : accusers) {
+    if (x == me || !current.contains(x)) continue;
+    // Against insiders: more than half of the view; a lone accusation (this leader's too) is not
+    // enough. Otherwise: this leader's own accusation (it did not wait for the accused), or more
+    // than half of the others heard from.
+    const bool convicted = insiders ? by_majority(k, n)
+                                    : (suspects.count(x) && suspects.at(x) == failure_cause::convicted) ||
+                                          2 * k > static_cast<int>(where.size() - where.count(x));
+    if (convicted) suspects[x] = failure_cause::convicted;
+    else if (insiders && suspects.count(x) && suspects.at(x) == failure_cause::convicted) suspects.erase(x);
+  }
 
   message v;
   v.what = kind::view;
   v.epoch = current.epoch + 1;
   std::vector<int> next;
   for (int j : current.members)
-    if (!suspects.count(j) && where.count(j)) next.push_back(j);
+    if (where.count(j) && (!suspects.count(j) || (insiders && !certain(suspects.at(j))))) next.push_back(j);
     else v.departed.push_back(j);
   // Quorum: a majority of the previous view less the peers that departed or were convicted.
   int departed = 0;
   for (const auto& [j, cause] : suspects) departed += certain(cause) ? 1 : 0;
-  const int voters = static_cast<int>(current.members.size()) - departed;
+  const int voters = static_cast<int>(n) - departed;
   const int have = static_cast<int>(next.size());
-  const bool majority = 2 * have > voters || (2 * have == voters && [&] {
+  const bool majority = have > 0 && (2 * have > voters || (2 * have == voters && [&] {
     for (int j : current.members)
       if (!suspects.count(j) || !certain(suspects.at(j))) return j == next.front();
     return false;
-  }());
+  }()));
+  if (s.require_majority && !majority && insiders)  // no view of this side: wait for the partition to heal (agree)
+    throw leader_failed{failure_cause::silent,
+                        decentrain::detail::concat("only ", have, " of the ", voters, " peers that did not depart for certain reached this leader")};
   if (s.require_majority && !majority) {
     v.ranks.clear();
     v.reason = decentrain::detail::concat("only ", have, " of the ", voters,
@@ -22600,8 +22939,12 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
     for (const auto& [j, c] : suspects)
       if (!why.count(j)) v.reason += decentrain::detail::concat(" (peer ", j, ": ", transport::describe(c), ")");
   } else {
-    position target = where.at(next.front());
-    for (int j : next) target = std::max(target, where.at(j));
+    // The target: the furthest position that more members reach than may lie (all of them
+    // below 4), so a liar claiming a step no one else reached does not make itself the donor.
+    std::vector<position> reached;
+    for (int j : next) reached.push_back(where.at(j));
+    std::sort(reached.begin(), reached.end(), std::greater<>());
+    const position target = reached[std::min(reached.size() - 1, static_cast<std::size_t>(f))];
     v.step = target.step;
     v.phase = target.phase;
     for (int j : next)
@@ -22622,7 +22965,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
     v.ranks = as_list(next);
     std::set<int> barred(current.barred.begin(), current.barred.end());
     for (const auto& [j, cause] : suspects)
-      if (cause == failure_cause::convicted) barred.insert(j);
+      if (cause == failure_cause::convicted && current.contains(j) && j != me) barred.insert(j);
     v.convicted.assign(barred.begin(), barred.end());
   }
   // Everyone of the old view that may be listening hears it, the left-out ones included, and
@@ -22638,6 +22981,14 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
       // it will fail the markers, and the next agreement leaves it out
     }
   }
+  if (!insiders) return v;
+  auto digest = digest_of(v);
+  if (digest == refusal) digest = 1;
+  h.echoes[{me, me}] = digest;
+  bool conflict = false;
+  if (!echoed(ep, current, me, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
+    throw leader_failed{failure_cause::silent,
+                        decentrain::detail::concat("too few members echoed the view this peer led to (epoch ", v.epoch, ")")};
   return v;
 }
 
@@ -22646,6 +22997,13 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
 // Runs the agreement from this peer's side and returns the next view with where every member
 // continues from. Throws left_out_error when this peer is left out, or its side has no majority
 // (the group stops here rather than splitting in two).
+//
+// Against insiders (agreement_settings::liars: by default fewer than a third of a view of 4 or
+// more may lie, the leader included), a departure or a conviction needs more than half of the
+// view to say so, every member hears every report, and a member follows its leader's view only
+// when what it heard justifies it and a quorum of the view echoed the same one (Bracha's echo): a
+// leader that shows different views to different members, or leaves out one that reported, is
+// followed by no one, and is named.
 template <class E>
 decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s) {
   const int me = ep.rank();
@@ -22654,6 +23012,11 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
   for (const auto& [j, cause] : suspects)
     if (j != me && first_suspect < 0) first_suspect = j;
   std::erase_if(suspects, [&](const auto& s_) { return s_.first == me || !detail::certain(s_.second); });
+  detail::heard h;
+  // Members this peer could not reach or hear from in the agreement, and why: a view without a
+  // majority names them (the reason may be the one that explains it: "excluded it from the run").
+  std::map<int, std::string> why;
+  std::map<int, std::string> caught;  // leaders whose view broke the rules here, and how (decision::named)
   auto from_view = [&](const detail::message& m) -> decision {
     if (m.ranks.empty())
       throw left_out_error(decentrain::detail::concat("elastic: the group stopped at view ", current.epoch, ": ", m.reason));
@@ -22666,29 +23029,63 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                                       " (the others did not hear from it in time)"));
     for (int j : d.next.members)
       if (!current.contains(j)) d.joined.push_back(j);
+    for (int j : h.marked)  // markers of this view taken already while waiting for echoes
+      if (d.next.contains(j)) d.marked.push_back(j);
+    d.named = caught;
+    for (const auto& [j, bad] : h.invalid) d.named.emplace(j, "its report was invalid: " + bad);
     return d;
   };
 
-  // Members this peer could not reach or hear from in the agreement, and why: a view without a
-  // majority names them (the reason may be the one that explains it: "excluded it from the run").
-  std::map<int, std::string> why;
+  const bool insiders = detail::tolerated(current.members.size(), s) > 0;
+  std::set<int> passed_over;  // members this peer does not follow in this agreement: their view failed
+  const auto started = transport::now(ep);
   for (;;) {
+    // The leader: the lowest member this peer may follow. Against insiders an accusation of
+    // poison is a voice in the report, not a reason to follow another: only a member that
+    // departed, or whose view failed here, is passed over.
     std::vector<int> alive;
     for (int j : current.members)
-      if (!suspects.count(j)) alive.push_back(j);
-    const int leader = alive.front();  // `me` is in alive, so never empty
+      if (!suspects.count(j) || (insiders && suspects.at(j) == transport::failure_cause::convicted)) alive.push_back(j);
+    auto candidate = std::find_if(alive.begin(), alive.end(), [&](int j) { return !passed_over.count(j); });
+    if (candidate == alive.end()) {
+      // Every member's view failed here: against insiders no side of a partition may go on
+      // without a quorum, so this one waits for it to heal and agrees again from the start.
+      std::string last;
+      for (const auto& [j, w] : why) last += decentrain::detail::concat(" (peer ", j, ": ", w, ")");
+      if (!insiders || transport::now(ep) - started >= s.patience)
+        throw left_out_error(decentrain::detail::concat("elastic: peer ", me, " found no member of view ", current.epoch,
+                                                        " whose view a quorum followed",
+                                                        insiders ? decentrain::detail::concat(" within ", s.patience.count(), " ms")
+                                                                 : std::string(),
+                                                        last));
+      passed_over.clear();
+      h = detail::heard{};  // (a leader that leads again may send another view)
+      transport::pause(ep, std::min(s.timeout, std::chrono::milliseconds(1000)));
+      candidate = alive.begin();
+    }
+    const int leader = *candidate;
     const auto deadline = transport::now(ep) + s.timeout;
     raise_alarm(ep, current, suspects.empty() ? first_suspect : suspects.begin()->first, suspects, &why);  // wake everyone
     if (leader != me) {
       try {
-        return from_view(detail::follow(ep, current, leader, suspects, mine, deadline, s));
+        return from_view(detail::follow(ep, current, leader, suspects, mine, deadline, s, h));
       } catch (const transport::peer_error& e) {
         suspects.emplace(leader, e.cause());
+        if (insiders && e.cause() == transport::failure_cause::convicted) {  // it lied here
+          suspects[leader] = e.cause();
+          caught.emplace(leader, e.what());
+        }
+        passed_over.insert(leader);
         why[leader] = e.what();
         continue;  // the next lowest rank leads
       }
     }
-    return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s));
+    try {
+      return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s, h));
+    } catch (const detail::leader_failed& f) {
+      why[me] = f.why;
+      passed_over.insert(me);
+    }
   }
 }
 
@@ -23200,6 +23597,7 @@ struct membership_change {
   std::chrono::steady_clock::time_point installed{};
   std::vector<int> inherited;    // removed peers whose unsent residual this peer took over (their heir)
   bool healed_in_place = false;  // the state taken landed in this peer's own tensors: no copy of it was made
+  std::map<int, std::string> named;  // members this peer caught lying in the agreement, and how (fault/membership/agreement.hpp)
 };
 
 struct elastic {
@@ -23634,8 +24032,9 @@ struct elastic {
   template <class E>
   membership_change record(const E& ep, const decision& d, bool healed) const {
     const auto now = transport::now(ep);
-    return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
-                             std::chrono::duration<double>(now - failed_at_).count(), now, {}};
+    auto c = membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
+                               std::chrono::duration<double>(now - failed_at_).count(), now, {}, false, d.named};
+    return c;
   }
 
   view view_;

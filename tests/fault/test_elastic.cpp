@@ -162,15 +162,19 @@ TEST_CASE("elastic: DiLoCo goes on without a peer killed in the middle of the ou
     CHECK(ch[0].members == std::vector<int>{0, 1, 3});
     CHECK(ch[0].removed == std::vector<int>{2});
     INFO(ch[0].cause);
-    // The survivors go on from the round of step index 7, or, when one of them finished that
-    // all-reduce before the loss (and computed on until it heard the alarm), from where it got
-    // to: the others take its state. Either way all from the same step.
+    // The survivors go on from the round of step index 7, or, when two of them finished that
+    // all-reduce before the loss (and computed on until they heard the alarm), from where they
+    // got to: the others take their state. One alone that got further is not believed (it might
+    // lie: fault/membership/agreement.hpp's target) and takes the state of those at step 7.
+    // Either way all from the same step.
     CHECK(ch[0].step >= 7);
     CHECK(ch[0].step <= 11);
     CHECK(ch[0].step == run.changes[0][0].step);
-    if (ch[0].step == 7) CHECK(!ch[0].healed);
     CHECK(run.results[static_cast<std::size_t>(s)].last.step == 16);
   }
+  int healed = 0;
+  for (int s : {0, 1, 3}) healed += run.changes[static_cast<std::size_t>(s)][0].healed ? 1 : 0;
+  if (run.changes[0][0].step == 7) CHECK(healed <= 1);  // at most the one that got further
 }
 
 TEST_CASE("elastic: sync all-reduce redoes the step on the survivors when a peer dies mid-collective") {

@@ -83,6 +83,7 @@ struct membership_change {
   std::chrono::steady_clock::time_point installed{};
   std::vector<int> inherited;    // removed peers whose unsent residual this peer took over (their heir)
   bool healed_in_place = false;  // the state taken landed in this peer's own tensors: no copy of it was made
+  std::map<int, std::string> named;  // members this peer caught lying in the agreement, and how (fault/membership/agreement.hpp)
 };
 
 struct elastic {
@@ -517,8 +518,9 @@ struct elastic {
   template <class E>
   membership_change record(const E& ep, const decision& d, bool healed) const {
     const auto now = transport::now(ep);
-    return membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
-                             std::chrono::duration<double>(now - failed_at_).count(), now, {}};
+    auto c = membership_change{d.next.epoch, d.next.members, d.removed, d.joined, d.target.step, healed, cause_,
+                               std::chrono::duration<double>(now - failed_at_).count(), now, {}, false, d.named};
+    return c;
   }
 
   view view_;

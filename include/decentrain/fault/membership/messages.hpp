@@ -1,15 +1,18 @@
-// The membership protocol's messages (reports, views, markers, joiners' hellos), how they are
-// encoded, and how one is awaited from a given peer.
+// The membership protocol's messages (reports, views, echoes, markers, joiners' hellos), how
+// they are encoded, what makes one valid where it arrives, and how one is awaited from a given
+// peer.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/detail/hash.hpp"
 #include "decentrain/fault/membership/view.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/frame.hpp"
@@ -22,8 +25,11 @@ inline constexpr transport::tag_type protocol_tag = transport::membership_tag(2)
 inline constexpr transport::tag_type state_tag = transport::membership_tag(3);
 inline constexpr std::size_t max_members = 1 << 16;
 
-// hello: a joiner not admitted yet tells the members which peers it is connected to.
-enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4 };
+// hello: a joiner not admitted yet tells the members which peers it is connected to; echo: a
+// member tells the others which view its leader sent it (agreement.hpp).
+enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4, echo = 5 };
+inline constexpr std::uint8_t last_kind = 5;
+inline constexpr std::int8_t last_phase = 15;  // (train::phase has 5; room for more)
 
 // Every protocol message: what it means depends on `what`.
 struct message {
@@ -31,13 +37,14 @@ struct message {
   std::uint64_t epoch = 0;      // report: the view the sender leaves; view, marker: the new view
   std::int64_t step = 0;        // report: the sender's position; view: the target
   std::int8_t phase = 0;
-  std::int32_t donor = -1;      // view
+  std::int32_t donor = -1;      // view; report: the leader it is sent to; echo: the leader whose view is echoed
   std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to;
                                        // hello: every peer the sender is connected to
   std::vector<std::int32_t> departed;  // report: the peers the sender knows departed; view: the removed
   std::vector<std::int32_t> behind;    // view
   std::vector<std::int32_t> convicted; // report: the peers the sender accuses of poison; view: the barred
   std::string reason;                  // view without members: why the group stops
+  std::uint64_t digest = 0;            // echo: the digest of the view echoed
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -47,12 +54,13 @@ struct message {
       for (auto r : *list) ar(r);
     }
     transport::wire::save_string(ar, reason);
+    ar(digest);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t k = 0;
     ar(k, epoch, step, phase, donor);
-    decentrain::detail::check(k >= 1 && k <= 4, "membership: unknown message kind ", static_cast<int>(k));
+    decentrain::detail::check(k >= 1 && k <= last_kind, "membership: unknown message kind ", static_cast<int>(k));
     what = static_cast<kind>(k);
     for (auto* list : {&ranks, &departed, &behind, &convicted}) {
       cereal::size_type n = 0;
@@ -61,9 +69,76 @@ struct message {
       list->resize(static_cast<std::size_t>(n));
       for (auto& r : *list) ar(r);
     }
-    ar(transport::wire::bounded_string{reason, 4096});
+    ar(transport::wire::bounded_string{reason, 4096}, digest);
   }
 };
+
+// A view's identity for echoes: the digest of its encoding.
+inline std::uint64_t digest_of(const message& view) {
+  const auto b = transport::wire::encode_body(view);
+  return decentrain::detail::xxh3(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+}
+
+// ---- what makes a message valid where it arrives (a reason when it is not) ----
+
+namespace checks {
+inline bool sorted_unique(const std::vector<std::int32_t>& v) { return std::adjacent_find(v.begin(), v.end(), std::greater_equal<>()) == v.end(); }
+inline bool within(const std::vector<std::int32_t>& v, int capacity) {
+  return std::all_of(v.begin(), v.end(), [&](std::int32_t r) { return r >= 0 && r < capacity; });
+}
+inline bool members_of(const std::vector<std::int32_t>& v, const view& current) {
+  return std::all_of(v.begin(), v.end(), [&](std::int32_t r) { return current.contains(r); });
+}
+inline bool contains(const std::vector<std::int32_t>& v, int r) { return std::binary_search(v.begin(), v.end(), r); }
+// A list of ranks as a message may carry it: ascending, each once, below `capacity`.
+inline std::optional<std::string> ranks(const char* what, const std::vector<std::int32_t>& v, int capacity) {
+  if (!sorted_unique(v)) return decentrain::detail::concat("its ", what, " are not ascending, each once");
+  if (!within(v, capacity)) return decentrain::detail::concat("its ", what, " name a rank outside [0, ", capacity, ")");
+  return std::nullopt;
+}
+}  // namespace checks
+
+// A report of a member of `current` (ranks below `capacity`).
+inline std::optional<std::string> invalid_report(const message& m, const view& current, int capacity) {
+  if (m.epoch != current.epoch) return decentrain::detail::concat("a report of view ", m.epoch, " in view ", current.epoch);
+  if (m.step < 0 || m.phase < 0 || m.phase > last_phase) return decentrain::detail::concat("a report of step ", m.step, " phase ", int{m.phase});
+  if (!current.contains(m.donor) || !m.behind.empty()) return std::string("a report to a leader outside the view, or with a view's fields");
+  for (const auto& [what, list] : {std::pair{"joiners", &m.ranks}, std::pair{"departed", &m.departed}, std::pair{"accused", &m.convicted}})
+    if (auto why = checks::ranks(what, *list, capacity)) return why;
+  if (!checks::members_of(m.departed, current) || !checks::members_of(m.convicted, current))
+    return std::string("a report that names peers outside the view as departed or accused");
+  if (std::any_of(m.ranks.begin(), m.ranks.end(), [&](int r) { return current.contains(r) || current.bars(r); }))
+    return std::string("a report that names a member or a barred peer as a joiner");
+  return std::nullopt;
+}
+
+// The next view after `current` (ranks below `capacity`): its members ascending, each once, the
+// old view's members either kept or listed as removed, the barred kept barred and none a member,
+// those behind among the members and the donor a member at the target.
+inline std::optional<std::string> invalid_view(const message& m, const view& current, int capacity) {
+  if (m.epoch != current.epoch + 1) return decentrain::detail::concat("a view of epoch ", m.epoch, " after view ", current.epoch);
+  if (m.step < 0 || m.phase < 0 || m.phase > last_phase) return decentrain::detail::concat("a view at step ", m.step, " phase ", int{m.phase});
+  for (const auto& [what, list] : {std::pair{"members", &m.ranks}, std::pair{"removed", &m.departed}, std::pair{"behind", &m.behind},
+                                   std::pair{"barred", &m.convicted}})
+    if (auto why = checks::ranks(what, *list, capacity)) return why;
+  if (!checks::members_of(m.departed, current)) return std::string("a view that removes peers that were not members");
+  for (int j : current.members)
+    if (checks::contains(m.ranks, j) == checks::contains(m.departed, j))
+      return decentrain::detail::concat("a view that neither keeps nor removes member ", j, " (or both)");
+  for (int j : current.barred)
+    if (!checks::contains(m.convicted, j)) return decentrain::detail::concat("a view that lifts the bar on peer ", j);
+  for (const auto j : m.convicted)
+    if (checks::contains(m.ranks, j)) return decentrain::detail::concat("a view that bars its own member ", j);
+  if (m.ranks.empty()) return std::nullopt;  // the group stops (m.reason says why)
+  for (const auto j : m.behind)
+    if (!checks::contains(m.ranks, j)) return decentrain::detail::concat("a view with peer ", j, " behind but not a member");
+  if (!checks::contains(m.ranks, m.donor) || checks::contains(m.behind, m.donor))
+    return decentrain::detail::concat("a view whose donor ", m.donor, " is not a member at the target");
+  for (const auto j : m.ranks)
+    if (!current.contains(j) && !checks::contains(m.behind, j))
+      return decentrain::detail::concat("a view that admits peer ", j, " without its taking the state");
+  return std::nullopt;
+}
 
 inline message decode(const transport::bytes& b, int from) {
   try {

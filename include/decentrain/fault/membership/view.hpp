@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
@@ -40,6 +41,14 @@ struct agreement_settings {
   int max_donors = 4;
   // The largest state a peer behind accepts from a donor (it holds all of it at once).
   std::uint64_t max_state_bytes = std::uint64_t{64} << 30;
+  // How many members of a view may lie (agreement.hpp), the leader among them. -1: as many as
+  // can be tolerated, fewer than a third of a view of 4 or more (none below 4). A departure or a
+  // conviction then needs more than half of the view to say so, and a view is followed once a
+  // quorum echoed it: when a partition leaves no side that quorum, every side waits for it to
+  // heal (up to `patience`) rather than risk two models, where with 0 (crash faults only: every
+  // member follows the protocol) a side with a majority of the view goes on and the others stop.
+  int liars = -1;
+  std::chrono::milliseconds patience{std::chrono::minutes(10)};
 };
 
 // Thrown by agree() on a peer that the next view leaves out while it is alive: its side of a
@@ -59,6 +68,7 @@ struct decision {
   std::vector<int> removed;     // members of the previous view left out
   std::vector<int> joined;      // members new to the group (they joined it running)
   std::vector<int> marked;      // members whose marker of `next` this peer took already (a joiner)
+  std::map<int, std::string> named;  // members this peer caught lying in the agreement, and how
 };
 
 // The failures a peer knows of: whom it suspects, and whether each departed for certain.

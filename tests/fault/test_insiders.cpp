@@ -1,0 +1,240 @@
+// Members that lie in the membership protocol (fault/membership/agreement.hpp): forged views,
+// reports that accuse an honest peer, a leader that shows different views to different members.
+// The honest members run agree() on in-process peers; the liar speaks the protocol by hand. With
+// 5 members one liar is tolerated: no honest member is barred, stops or is split off, and the
+// liar is named. Catch's checks run on this thread, from what each peer recorded.
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dt = decentrain;
+namespace fd = dt::fault::detail;
+using namespace std::chrono_literals;
+using Catch::Contains;
+
+namespace {
+
+struct outcome {
+  std::optional<dt::fault::decision> d;
+  std::string failure;
+};
+
+// Members 0..n-1 of view `current` agree; `liar` (if >= 0) runs `lie(ep)` instead. Returns each
+// honest member's outcome.
+std::map<int, outcome> agree_with(int n, const dt::fault::view& current, int liar,
+                                  const std::function<void(dt::transport::in_process::endpoint&)>& lie,
+                                  std::map<int, dt::fault::suspicions> suspects = {}) {
+  dt::transport::in_process::options o;
+  o.recv_timeout = 20s;
+  dt::transport::in_process net(dt::transport::links::ideal(n), o);
+  dt::fault::agreement_settings s;
+  s.timeout = 1500ms;
+  s.patience = 8s;
+  std::map<int, outcome> out;
+  std::mutex m;
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    if (ep.rank() == liar) return lie(ep);
+    outcome r;
+    try {
+      r.d = dt::fault::agree(ep, current, suspects[ep.rank()], dt::fault::position{10, 3}, s);
+    } catch (const std::exception& e) {
+      r.failure = e.what();
+    }
+    std::lock_guard lock(m);
+    out[ep.rank()] = std::move(r);
+  });
+  return out;
+}
+
+dt::fault::view five() {
+  dt::fault::view v;
+  v.members = {0, 1, 2, 3, 4};
+  return v;
+}
+
+fd::message report_of(std::uint64_t epoch, std::int64_t step, int leader = 0) {
+  fd::message r;
+  r.what = fd::kind::report;
+  r.epoch = epoch;
+  r.step = step;
+  r.phase = 3;
+  r.donor = leader;
+  return r;
+}
+
+// Every honest member decided the same view: returns it (checks run here, on the test's thread).
+dt::fault::view same_view(const std::map<int, outcome>& out) {
+  std::optional<dt::fault::view> v;
+  for (const auto& [r, o] : out) {
+    INFO("peer " << r << ": " << o.failure);
+    REQUIRE(o.d);
+    if (!v) v = o.d->next;
+    CHECK(o.d->next.members == v->members);
+    CHECK(o.d->next.barred == v->barred);
+    CHECK(o.d->next.epoch == v->epoch);
+  }
+  REQUIRE(v);
+  return *v;
+}
+
+}  // namespace
+
+TEST_CASE("membership: a liar that accuses an honest member alone, as departed and of poison, has it neither removed nor barred") {
+  // Peer 4 reports peer 1 departed and convicted; it follows the protocol otherwise.
+  const auto out = agree_with(5, five(), 4, [](auto& ep) {
+    auto r = report_of(0, 10);
+    r.departed = {1};
+    r.convicted = {2};
+    for (int j : {0, 1, 2, 3}) fd::post(ep, j, r);
+    const auto v = fd::await(ep, 0, dt::transport::now(ep) + 10s, [](const fd::message& m) { return m.what == fd::kind::view; });
+    fd::message e;
+    e.what = fd::kind::echo;
+    e.epoch = 1;
+    e.donor = 0;
+    e.digest = fd::digest_of(v);
+    for (int j : {0, 1, 2, 3}) fd::post(ep, j, e);
+  });
+  const auto v = same_view(out);
+  CHECK(v.members == std::vector<int>{0, 1, 2, 3, 4});  // all kept, the liar too (it only lied)
+  CHECK(v.barred.empty());
+}
+
+TEST_CASE("membership: forged views (a rank out of range, sent by a member that does not lead) are followed by no one") {
+  const auto out = agree_with(5, five(), 4, [](auto& ep) {
+    // To the leader and to the others: a view of epoch 1 naming rank 5000, then one that leaves
+    // out peer 2, both from a member that does not lead; and its report.
+    fd::message v;
+    v.what = fd::kind::view;
+    v.epoch = 1;
+    v.ranks = {0, 1, 5000};
+    v.departed = {2, 3, 4};
+    v.donor = 0;
+    fd::message w = v;
+    w.ranks = {0, 1, 3, 4};
+    w.departed = {2};
+    for (int j : {0, 1, 2, 3}) {
+      fd::post(ep, j, v);
+      fd::post(ep, j, w);
+      fd::post(ep, j, report_of(0, 10));
+    }
+    const auto real = fd::await(ep, 0, dt::transport::now(ep) + 10s, [](const fd::message& m) { return m.what == fd::kind::view; });
+    fd::message e;
+    e.what = fd::kind::echo;
+    e.epoch = 1;
+    e.donor = 0;
+    e.digest = fd::digest_of(real);
+    for (int j : {0, 1, 2, 3}) fd::post(ep, j, e);
+  });
+  const auto v = same_view(out);
+  CHECK(v.members == std::vector<int>{0, 1, 2, 3, 4});
+  // And the view a leader sends is checked: rank 5000 is refused, naming what is wrong.
+  auto bad = fd::message{};
+  bad.what = fd::kind::view;
+  bad.epoch = 1;
+  bad.ranks = {0, 1, 5000};
+  bad.departed = {2, 3, 4};
+  bad.donor = 0;
+  CHECK_THAT(*fd::invalid_view(bad, five(), 8), Contains("name a rank outside [0, 8)"));
+  bad.ranks = {1, 0};
+  CHECK_THAT(*fd::invalid_view(bad, five(), 8), Contains("not ascending"));
+  bad.ranks = {0, 1};
+  bad.departed = {2, 3};
+  CHECK_THAT(*fd::invalid_view(bad, five(), 8), Contains("neither keeps nor removes member 4"));
+  bad.departed = {2, 3, 4};
+  bad.donor = 3;
+  CHECK_THAT(*fd::invalid_view(bad, five(), 8), Contains("donor 3 is not a member at the target"));
+  auto five_barred = five();
+  five_barred.barred = {6};
+  bad.donor = 0;
+  CHECK_THAT(*fd::invalid_view(bad, five_barred, 8), Contains("lifts the bar on peer 6"));
+  auto r = report_of(0, 10);
+  r.convicted = {7};
+  CHECK_THAT(*fd::invalid_report(r, five(), 8), Contains("outside the view"));
+  r = report_of(3, 10);
+  CHECK_THAT(*fd::invalid_report(r, five(), 8), Contains("a report of view 3 in view 0"));
+  r = report_of(0, 10, 6);
+  CHECK_THAT(*fd::invalid_report(r, five(), 8), Contains("a report to a leader outside the view"));
+}
+
+TEST_CASE("membership: a leader that shows two views is caught by the echoes, followed by no one, and barred by the others") {
+  // Peer 0 leads: it takes the reports, then sends peers 1 and 2 one view and peers 3 and 4
+  // another, each well-formed and justified by the reports (they differ in the donor only), so
+  // only the echoes can tell. Or it leaves out a member that reported: the reports tell.
+  for (const bool justified : {true, false}) {
+    const auto out = agree_with(5, five(), 0, [&](auto& ep) {
+      for (int j : {1, 2, 3, 4})
+        (void)fd::await(ep, j, dt::transport::now(ep) + 10s, [](const fd::message& m) { return m.what == fd::kind::report; });
+      fd::message v1;
+      v1.what = fd::kind::view;
+      v1.epoch = 1;
+      v1.step = 10;
+      v1.phase = 3;
+      v1.ranks = {0, 1, 2, 3, 4};
+      v1.donor = 1;
+      fd::message v2 = v1;
+      v2.donor = 2;
+      if (!justified) {
+        v1.ranks = {0, 1, 2, 3};
+        v1.departed = {4};
+      }
+      for (int j : {1, 2}) fd::post(ep, j, v1);
+      for (int j : {3, 4}) fd::post(ep, j, v2);
+      dt::transport::pause(ep, 6s);  // then it waits, as a member that went on would
+    });
+    INFO((justified ? "two views, each justified" : "a view that leaves out a member that reported"));
+    const auto v = same_view(out);
+    CHECK(v.members == std::vector<int>{1, 2, 3, 4});
+    // Two views of one leader reach every honest member as echoes: all accuse it, and it is
+    // barred. A view the reports do not justify is refused by those who got it, who name it
+    // (peers 1 and 2 here); the others only find that no quorum followed it: 0 is left out.
+    CHECK(v.barred == (justified ? std::vector<int>{0} : std::vector<int>{}));
+    for (const int r : justified ? std::vector<int>{1, 2, 3, 4} : std::vector<int>{1, 2}) {
+      INFO("peer " << r);
+      REQUIRE(out.at(r).d->named.count(0));
+      CHECK_THAT(out.at(r).d->named.at(0), Contains(justified ? "sent different views of epoch 1" : "it leaves out peer 4, which reported here"));
+    }
+  }
+}
+
+TEST_CASE("membership: against insiders a partition that leaves no side the echo quorum waits for the heal; crash-only rules let the majority go on") {
+  // Peers 3 and 4 never answer (cut off, not departed): 0-2 are 3 of 5, short of the quorum of 4.
+  auto run = [](int liars) {
+    dt::transport::in_process::options o;
+    o.recv_timeout = 20s;
+    dt::transport::in_process net(dt::transport::links::ideal(5), o);
+    std::mutex m;
+    std::map<int, outcome> out;
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      if (ep.rank() >= 3) return dt::transport::pause(ep, 8s);
+      dt::fault::agreement_settings s;
+      s.timeout = 1000ms;
+      s.patience = 4s;
+      s.liars = liars;
+      outcome r;
+      try {
+        r.d = dt::fault::agree(ep, five(), {}, dt::fault::position{10, 3}, s);
+      } catch (const std::exception& e) {
+        r.failure = e.what();
+      }
+      std::lock_guard lock(m);
+      out[ep.rank()] = std::move(r);
+    });
+    return out;
+  };
+  const auto tolerated = run(-1);
+  for (int r : {0, 1, 2}) {
+    INFO("peer " << r);
+    CHECK_FALSE(tolerated.at(r).d);  // waited its patience out, then left out (no side trained meanwhile)
+    CHECK_THAT(tolerated.at(r).failure, Contains("whose view a quorum followed within 4000 ms"));
+  }
+  CHECK(same_view(run(0)).members == std::vector<int>{0, 1, 2});
+}
