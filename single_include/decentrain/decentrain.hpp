@@ -12448,9 +12448,13 @@ class turns {
         double at = p.clock;
         bool to = false;
         if (p.now == state::waiting) {
-          if (const auto d = p.due()) at = std::max(p.clock, *d);
-          else at = p.deadline;
-          if (!(at < p.deadline)) at = p.deadline, to = true;  // a message landing after the deadline is too late
+          const auto d = p.due();
+          if (d && *d <= p.clock) {
+            at = p.clock;  // landed by the peer's clock: taken now, also by a wait that ends at once (a poll)
+          } else {
+            at = d ? std::max(p.clock, *d) : p.deadline;
+            if (!(at < p.deadline)) at = p.deadline, to = true;  // a message landing after the deadline is too late
+          }
         }
         if (at < best_at || best < 0) best_at = at, best = static_cast<int>(r), times_out = to;
       }
@@ -22161,6 +22165,7 @@ struct checkpoint_every {
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -22422,21 +22427,44 @@ namespace decentrain::fault {
 
 namespace detail {
 
+}  // namespace detail
+
+// What the joiners connected to this peer say they reach (their latest hellos), read as they
+// come: a member starts an agreement for a joiner only once it reaches every member, and the
+// leader admits together joiners that reach one another.
+using joiner_reach = std::map<int, std::set<int>>;
+
+// Reads the hellos `joiner` has queued here into `reach` (the latest counts; what else a joiner
+// sends before it is a member is stale or malformed: dropped, as the transport bounds it).
+template <class E>
+void read_hellos(E& ep, int joiner, joiner_reach& reach) {
+  for (;;) {
+    try {
+      const auto m = detail::decode(ep.recv_within(joiner, detail::protocol_tag, std::chrono::milliseconds(0)), joiner);
+      if (m.what != detail::kind::hello || !detail::checks::sorted_unique(m.ranks) ||
+          !detail::checks::within(m.ranks, std::numeric_limits<int>::max()))
+        continue;
+      reach[joiner] = std::set<int>(m.ranks.begin(), m.ranks.end());
+    } catch (const transport::peer_error&) {
+      return;  // nothing more queued (or it is gone: the markers will tell)
+    }
+  }
+}
+
+// Whether `joiner` says it reaches every member of `v` (it is worth an agreement).
+inline bool reaches_all(const joiner_reach& reach, int joiner, const view& v) {
+  const auto it = reach.find(joiner);
+  return it != reach.end() && std::all_of(v.members.begin(), v.members.end(), [&](int m) { return it->second.count(m) > 0; });
+}
+
+namespace detail {
+
 // Of `joiners` (every member reaches them), the lowest and each next one that reaches every
 // one taken before, both ways, as the joiners' latest hellos say (a joiner whose hello has not
 // come is taken only alone).
 template <class E>
-std::set<int> reaching_one_another(E& ep, const std::set<int>& joiners) {
-  std::map<int, std::set<int>> reach;
-  for (int j : joiners)
-    for (;;) {  // what it sent: hellos only, as it is no member yet; the latest counts
-      try {
-        const auto m = decode(ep.recv_within(j, protocol_tag, std::chrono::milliseconds(1)), j);
-        if (m.what == kind::hello) reach[j] = std::set<int>(m.ranks.begin(), m.ranks.end());
-      } catch (const transport::peer_error&) {
-        break;  // nothing more queued (or it is gone: the markers will tell)
-      }
-    }
+std::set<int> reaching_one_another(E& ep, const std::set<int>& joiners, joiner_reach& reach) {
+  for (int j : joiners) read_hellos(ep, j, reach);
   std::set<int> out;
   for (int j : joiners)
     if (out.empty() || std::all_of(out.begin(), out.end(), [&](int c) { return reach[j].count(c) && reach[c].count(j); }))
@@ -22848,7 +22876,8 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
 // followed it.
 template <class E>
 message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std::string>& why, const std::vector<int>& alive,
-             position mine, std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
+             position mine, std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h,
+             joiner_reach& reach) {
   using transport::failure_cause;
   const int me = ep.rank();
   const std::size_t n = current.members.size();
@@ -22955,7 +22984,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
     for (int j : next)
       if (where.at(j) == target) at_target.push_back(j);
     v.donor = at_target[static_cast<std::size_t>(v.epoch % at_target.size())];
-    admit = reaching_one_another(ep, admit);
+    admit = reaching_one_another(ep, admit, reach);
     for (int j : admit) {
       v.behind.push_back(j);
       next.push_back(j);
@@ -23004,8 +23033,12 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
 // when what it heard justifies it and a quorum of the view echoed the same one (Bracha's echo): a
 // leader that shows different views to different members, or leaves out one that reported, is
 // followed by no one, and is named.
+// `reach`: what joiners said they reach (read_hellos), kept between agreements by the caller.
 template <class E>
-decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s) {
+decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s,
+               joiner_reach* reach = nullptr) {
+  joiner_reach none;
+  joiner_reach& known = reach != nullptr ? *reach : none;
   const int me = ep.rank();
   decentrain::detail::check(current.contains(me), "membership: peer ", me, " is not in view ", current.epoch);
   int first_suspect = -1;  // named in the alarm even when this peer is not certain of it
@@ -23081,7 +23114,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       }
     }
     try {
-      return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s, h));
+      return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s, h, known));
     } catch (const detail::leader_failed& f) {
       why[me] = f.why;
       passed_over.insert(me);
@@ -23783,7 +23816,7 @@ struct elastic {
         d = std::move(*first);
       } else {
         try {
-          d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+          d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement, &joiner_reach_);
         } catch (const left_out_error& e) {
           if (left_out == when_left_out::stop)
             throw left_out_error(decentrain::detail::concat(e.what(), "; it stops here (elastic::left_out = stop)"));
@@ -23948,19 +23981,25 @@ struct elastic {
 
   bool saves() const { return !checkpoints.dir.empty(); }
 
-  // A joiner connected to this peer that is due an agreement: half a second after it connected
-  // here (time to reach the other members too), then at most once a second while the others do
-  // not reach it yet. -1: none.
+  // A joiner connected to this peer that is due an agreement: one that says (its hellos) it
+  // reaches every member, half a second after it connected here (time to reach the other
+  // members too), then at most once a second while the others do not reach it yet; and at most
+  // one such agreement a second for all joiners. A joiner that never reaches every member (or
+  // sends no hello) costs the group no agreement. -1: none.
   template <class Ctx>
   int ready_joiner(Ctx& ctx) {
     const auto now = transport::now(ctx.network);
+    std::erase_if(joiner_reach_, [&](const auto& j) { return view_.contains(j.first); });
+    if (last_join_ != std::chrono::steady_clock::time_point{} && now - last_join_ < std::chrono::seconds(1)) return -1;
     for (int j : ctx.network.connected()) {  // outside the view: a joiner
       if (view_.contains(j) || view_.bars(j)) continue;
+      read_hellos(ctx.network, j, joiner_reach_);
+      if (!reaches_all(joiner_reach_, j, view_)) continue;
       auto& [seen, last] = join_tries_[j];
       if (seen == std::chrono::steady_clock::time_point{}) seen = now;
       if (now - seen < std::chrono::milliseconds(500)) continue;
       if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) continue;
-      last = now;
+      last = last_join_ = now;
       return j;
     }
     return -1;
@@ -24052,6 +24091,8 @@ struct elastic {
   int folder_world_ = 0;  // the W of this peer's checkpoint folder
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
+  std::chrono::steady_clock::time_point last_join_{};  // the last agreement a joiner started here
+  joiner_reach joiner_reach_;  // what the joiners connected here say they reach
   std::chrono::steady_clock::time_point failed_at_{};
   // Per world rank, whether each of its last (up to 64) aggregations found it suspicious (bit 0:
   // the latest); and the tally as last read (calls, and suspicious calls per rank of the view).

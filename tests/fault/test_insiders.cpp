@@ -1,11 +1,14 @@
 // Members that lie in the membership protocol (fault/membership/agreement.hpp): forged views,
-// reports that accuse an honest peer, a leader that shows different views to different members.
-// The honest members run agree() on in-process peers; the liar speaks the protocol by hand. With
-// 5 members one liar is tolerated: no honest member is barred, stops or is split off, and the
-// liar is named. Catch's checks run on this thread, from what each peer recorded.
+// reports that accuse an honest peer, a leader that shows different views to different members,
+// joiners that are never admissible. The honest members run agree() on in-process peers (or
+// train over TCP); the liar speaks the protocol by hand. With 5 members one liar is tolerated: no
+// honest member is barred, stops or is split off, and the liar is named. Catch's checks run on
+// this thread, from what each peer recorded.
 #include <catch2/catch.hpp>
 
 #include <decentrain/decentrain.hpp>
+
+#include <asio.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -14,7 +17,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "hostile_peer.hpp"
 
 namespace dt = decentrain;
 namespace fd = dt::fault::detail;
@@ -237,4 +243,94 @@ TEST_CASE("membership: against insiders a partition that leaves no side the echo
     CHECK_THAT(tolerated.at(r).failure, Contains("whose view a quorum followed within 4000 ms"));
   }
   CHECK(same_view(run(0)).members == std::vector<int>{0, 1, 2});
+}
+
+TEST_CASE("elastic over TCP: two hundred fake joiners, connected and saying nothing or that they reach too few, cost the group no view change") {
+  // Three key-holding peers train; meanwhile 200 callers that hold the key join peer 0 as new
+  // ranks: half say nothing, half say hello naming only peer 0. None is admissible (a joiner must
+  // reach every member), so none may start an agreement.
+  const std::string key = "a run key of thirty-two bytes...";
+  auto cfg = dt::nn::gpt_preset("tiny");
+  cfg.vocab_size = 32;
+  cfg.block_size = 16;
+  cfg.n_layer = 1;
+  std::vector<std::int32_t> tokens(1 << 14);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7 + i / 5) % 32);
+  const dt::data::token_dataset data(tokens);
+  dt::train::trainer_options opts;
+  opts.steps = 60;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 2;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 5s;
+  std::vector<dt::transport::tcp_options> o(3);
+  for (int r = 0; r < 3; ++r) {
+    o[static_cast<std::size_t>(r)].rank = r;
+    o[static_cast<std::size_t>(r)].world = 3;
+    o[static_cast<std::size_t>(r)].max_world = 512;
+    o[static_cast<std::size_t>(r)].key = key;
+    o[static_cast<std::size_t>(r)].join_timeout = 10s;
+    o[static_cast<std::size_t>(r)].recv_timeout = 20s;
+  }
+  dt::transport::tcp peer0(o[0]);
+  const auto address = peer0.address();
+  std::vector<std::uint64_t> changes(3, 99);
+  std::vector<std::vector<float>> params(3);
+  std::vector<std::string> failures(3);
+  std::atomic<int> steps0{0};
+  auto train = [&](int r, dt::transport::tcp ep) {
+    try {
+      Trainer t(cfg, opts, ep, comm, {}, fault);
+      if (r == 0) t.on_step([&](const dt::train::step_metrics& m) { steps0 = static_cast<int>(m.step); });
+      t.fit(data);
+      changes[static_cast<std::size_t>(r)] = t.fault().change_count();
+      dt::comm::gather_values(t.model().parameters(), params[static_cast<std::size_t>(r)]);
+    } catch (const std::exception& e) {
+      failures[static_cast<std::size_t>(r)] = e.what();
+    }
+  };
+  std::vector<std::thread> peers;
+  for (int r = 1; r < 3; ++r)
+    peers.emplace_back([&, r] {
+      auto oo = o[static_cast<std::size_t>(r)];
+      oo.join = {address};
+      train(r, dt::transport::tcp::join(oo));
+    });
+  peer0.connect();
+  std::thread zero([&] { train(0, peer0); });
+  std::thread fakes([&] {
+    asio::io_context io;
+    std::vector<std::unique_ptr<bench::hostile_peer>> held;
+    while (steps0 < 5) std::this_thread::sleep_for(10ms);
+    for (int rank = 3; rank < 203; ++rank) {
+      auto oo = o[0];
+      oo.rank = rank;
+      try {
+        auto h = std::make_unique<bench::hostile_peer>(io, address, oo, dt::transport::wire::hello_purpose::data, true, 300ms);
+        if (h->answer() && rank % 2) {
+          fd::message hello;
+          hello.what = fd::kind::hello;
+          hello.ranks = {0};
+          const auto b = dt::transport::wire::encode_body(hello);
+          h->send(fd::protocol_tag, b);
+        }
+        held.push_back(std::move(h));
+      } catch (const std::exception&) {
+      }
+    }
+    while (steps0 < opts.steps) std::this_thread::sleep_for(20ms);
+  });
+  zero.join();
+  for (auto& p : peers) p.join();
+  fakes.join();
+  for (int r = 0; r < 3; ++r) {
+    INFO("peer " << r << ": " << failures[static_cast<std::size_t>(r)]);
+    CHECK(failures[static_cast<std::size_t>(r)].empty());
+    CHECK(changes[static_cast<std::size_t>(r)] == 0);  // no view change at all
+    CHECK(params[static_cast<std::size_t>(r)] == params[0]);
+  }
+  CHECK(peer0.admission().joiners_turned_away >= 200 - 16);
 }

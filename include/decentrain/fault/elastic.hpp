@@ -269,7 +269,7 @@ struct elastic {
         d = std::move(*first);
       } else {
         try {
-          d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement);
+          d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement, &joiner_reach_);
         } catch (const left_out_error& e) {
           if (left_out == when_left_out::stop)
             throw left_out_error(decentrain::detail::concat(e.what(), "; it stops here (elastic::left_out = stop)"));
@@ -434,19 +434,25 @@ struct elastic {
 
   bool saves() const { return !checkpoints.dir.empty(); }
 
-  // A joiner connected to this peer that is due an agreement: half a second after it connected
-  // here (time to reach the other members too), then at most once a second while the others do
-  // not reach it yet. -1: none.
+  // A joiner connected to this peer that is due an agreement: one that says (its hellos) it
+  // reaches every member, half a second after it connected here (time to reach the other
+  // members too), then at most once a second while the others do not reach it yet; and at most
+  // one such agreement a second for all joiners. A joiner that never reaches every member (or
+  // sends no hello) costs the group no agreement. -1: none.
   template <class Ctx>
   int ready_joiner(Ctx& ctx) {
     const auto now = transport::now(ctx.network);
+    std::erase_if(joiner_reach_, [&](const auto& j) { return view_.contains(j.first); });
+    if (last_join_ != std::chrono::steady_clock::time_point{} && now - last_join_ < std::chrono::seconds(1)) return -1;
     for (int j : ctx.network.connected()) {  // outside the view: a joiner
       if (view_.contains(j) || view_.bars(j)) continue;
+      read_hellos(ctx.network, j, joiner_reach_);
+      if (!reaches_all(joiner_reach_, j, view_)) continue;
       auto& [seen, last] = join_tries_[j];
       if (seen == std::chrono::steady_clock::time_point{}) seen = now;
       if (now - seen < std::chrono::milliseconds(500)) continue;
       if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) continue;
-      last = now;
+      last = last_join_ = now;
       return j;
     }
     return -1;
@@ -538,6 +544,8 @@ struct elastic {
   int folder_world_ = 0;  // the W of this peer's checkpoint folder
   // Per joiner seen connected: when it was first seen, and when it last started an agreement.
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
+  std::chrono::steady_clock::time_point last_join_{};  // the last agreement a joiner started here
+  joiner_reach joiner_reach_;  // what the joiners connected here say they reach
   std::chrono::steady_clock::time_point failed_at_{};
   // Per world rank, whether each of its last (up to 64) aggregations found it suspicious (bit 0:
   // the latest); and the tally as last read (calls, and suspicious calls per rank of the view).

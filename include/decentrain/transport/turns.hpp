@@ -124,9 +124,13 @@ class turns {
         double at = p.clock;
         bool to = false;
         if (p.now == state::waiting) {
-          if (const auto d = p.due()) at = std::max(p.clock, *d);
-          else at = p.deadline;
-          if (!(at < p.deadline)) at = p.deadline, to = true;  // a message landing after the deadline is too late
+          const auto d = p.due();
+          if (d && *d <= p.clock) {
+            at = p.clock;  // landed by the peer's clock: taken now, also by a wait that ends at once (a poll)
+          } else {
+            at = d ? std::max(p.clock, *d) : p.deadline;
+            if (!(at < p.deadline)) at = p.deadline, to = true;  // a message landing after the deadline is too late
+          }
         }
         if (at < best_at || best < 0) best_at = at, best = static_cast<int>(r), times_out = to;
       }

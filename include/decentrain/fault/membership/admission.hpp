@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -20,21 +21,44 @@ namespace decentrain::fault {
 
 namespace detail {
 
+}  // namespace detail
+
+// What the joiners connected to this peer say they reach (their latest hellos), read as they
+// come: a member starts an agreement for a joiner only once it reaches every member, and the
+// leader admits together joiners that reach one another.
+using joiner_reach = std::map<int, std::set<int>>;
+
+// Reads the hellos `joiner` has queued here into `reach` (the latest counts; what else a joiner
+// sends before it is a member is stale or malformed: dropped, as the transport bounds it).
+template <class E>
+void read_hellos(E& ep, int joiner, joiner_reach& reach) {
+  for (;;) {
+    try {
+      const auto m = detail::decode(ep.recv_within(joiner, detail::protocol_tag, std::chrono::milliseconds(0)), joiner);
+      if (m.what != detail::kind::hello || !detail::checks::sorted_unique(m.ranks) ||
+          !detail::checks::within(m.ranks, std::numeric_limits<int>::max()))
+        continue;
+      reach[joiner] = std::set<int>(m.ranks.begin(), m.ranks.end());
+    } catch (const transport::peer_error&) {
+      return;  // nothing more queued (or it is gone: the markers will tell)
+    }
+  }
+}
+
+// Whether `joiner` says it reaches every member of `v` (it is worth an agreement).
+inline bool reaches_all(const joiner_reach& reach, int joiner, const view& v) {
+  const auto it = reach.find(joiner);
+  return it != reach.end() && std::all_of(v.members.begin(), v.members.end(), [&](int m) { return it->second.count(m) > 0; });
+}
+
+namespace detail {
+
 // Of `joiners` (every member reaches them), the lowest and each next one that reaches every
 // one taken before, both ways, as the joiners' latest hellos say (a joiner whose hello has not
 // come is taken only alone).
 template <class E>
-std::set<int> reaching_one_another(E& ep, const std::set<int>& joiners) {
-  std::map<int, std::set<int>> reach;
-  for (int j : joiners)
-    for (;;) {  // what it sent: hellos only, as it is no member yet; the latest counts
-      try {
-        const auto m = decode(ep.recv_within(j, protocol_tag, std::chrono::milliseconds(1)), j);
-        if (m.what == kind::hello) reach[j] = std::set<int>(m.ranks.begin(), m.ranks.end());
-      } catch (const transport::peer_error&) {
-        break;  // nothing more queued (or it is gone: the markers will tell)
-      }
-    }
+std::set<int> reaching_one_another(E& ep, const std::set<int>& joiners, joiner_reach& reach) {
+  for (int j : joiners) read_hellos(ep, j, reach);
   std::set<int> out;
   for (int j : joiners)
     if (out.empty() || std::all_of(out.begin(), out.end(), [&](int c) { return reach[j].count(c) && reach[c].count(j); }))

@@ -341,7 +341,8 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
 // followed it.
 template <class E>
 message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std::string>& why, const std::vector<int>& alive,
-             position mine, std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
+             position mine, std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h,
+             joiner_reach& reach) {
   using transport::failure_cause;
   const int me = ep.rank();
   const std::size_t n = current.members.size();
@@ -448,7 +449,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
     for (int j : next)
       if (where.at(j) == target) at_target.push_back(j);
     v.donor = at_target[static_cast<std::size_t>(v.epoch % at_target.size())];
-    admit = reaching_one_another(ep, admit);
+    admit = reaching_one_another(ep, admit, reach);
     for (int j : admit) {
       v.behind.push_back(j);
       next.push_back(j);
@@ -497,8 +498,12 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
 // when what it heard justifies it and a quorum of the view echoed the same one (Bracha's echo): a
 // leader that shows different views to different members, or leaves out one that reported, is
 // followed by no one, and is named.
+// `reach`: what joiners said they reach (read_hellos), kept between agreements by the caller.
 template <class E>
-decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s) {
+decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s,
+               joiner_reach* reach = nullptr) {
+  joiner_reach none;
+  joiner_reach& known = reach != nullptr ? *reach : none;
   const int me = ep.rank();
   decentrain::detail::check(current.contains(me), "membership: peer ", me, " is not in view ", current.epoch);
   int first_suspect = -1;  // named in the alarm even when this peer is not certain of it
@@ -574,7 +579,7 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       }
     }
     try {
-      return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s, h));
+      return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s, h, known));
     } catch (const detail::leader_failed& f) {
       why[me] = f.why;
       passed_over.insert(me);
