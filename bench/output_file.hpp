@@ -15,6 +15,10 @@ namespace bench {
 class output_file {
  public:
   explicit output_file(std::string path) : path_(std::move(path)) {
+#ifdef DECENTRAIN_BENCH_COMPILE_ONLY
+    decentrain::detail::fail("this benchmark was built only to check that it compiles (at -O0, scripts/test): "
+                             "configure with -DDECENTRAIN_BENCH_COMPILE_ONLY=OFF to measure");
+#endif
     const auto folder = std::filesystem::path(path_).parent_path();
     std::error_code ec;
     if (!folder.empty()) std::filesystem::create_directories(folder, ec);

@@ -26,8 +26,12 @@ decentrain_install_packages() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# Extra CMake arguments: the caller's DECENTRAIN_CMAKE_ARGS array (scripts/test builds the
+# benchmarks only to check them; every other script builds them to measure).
 decentrain_configure() {
+  local args=(-DDECENTRAIN_BENCH_COMPILE_ONLY=OFF)
+  [ -n "${DECENTRAIN_CMAKE_ARGS+set}" ] && args=("${DECENTRAIN_CMAKE_ARGS[@]}")
   decentrain_install_packages build-essential cmake catch2 libcereal-dev libopenblas-openmp-dev python3 \
     libasio-dev libssl-dev openssl libopenmpi-dev openmpi-bin pkg-config libcli11-dev libxxhash-dev "$@"
-  cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release
+  cmake -S "$DECENTRAIN_ROOT" -B "$DECENTRAIN_BUILD" -DCMAKE_BUILD_TYPE=Release "${args[@]}"
 }
