@@ -211,7 +211,7 @@ TEST_CASE("membership: a leader that shows two views is caught by the echoes, fo
   }
 }
 
-TEST_CASE("membership: against insiders a partition that leaves no side the echo quorum waits for the heal; crash-only rules let the majority go on") {
+TEST_CASE("membership: against insiders a partition that leaves no side the echo quorum waits for the heal, crash-only rules let the majority go on") {
   // Peers 3 and 4 never answer (cut off, not departed): 0-2 are 3 of 5, short of the quorum of 4.
   auto run = [](int liars) {
     dt::transport::in_process::options o;
@@ -333,4 +333,116 @@ TEST_CASE("elastic over TCP: two hundred fake joiners, connected and saying noth
     CHECK(params[static_cast<std::size_t>(r)] == params[0]);
   }
   CHECK(peer0.admission().joiners_turned_away >= 200 - 16);
+}
+
+namespace {
+
+// A TCP peer whose first large state chunk goes out with one byte changed: a donor that serves
+// what its offer did not say.
+struct lying_donor {
+  dt::transport::tcp ep;
+  std::shared_ptr<std::atomic<bool>> lied = std::make_shared<std::atomic<bool>>(false);
+
+  int rank() const { return ep.rank(); }
+  int world() const { return ep.world(); }
+  void send(int peer, dt::transport::tag_type tag, std::span<const std::byte> data) {
+    if (tag == fd::state_tag && data.size() >= 4096 && !lied->exchange(true)) {
+      dt::transport::bytes changed(data.begin(), data.end());
+      changed[100] ^= std::byte{0x40};
+      return ep.send(peer, tag, changed);
+    }
+    ep.send(peer, tag, data);
+  }
+  dt::transport::bytes recv(int peer, dt::transport::tag_type tag) { return ep.recv(peer, tag); }
+  dt::transport::traffic_stats stats() const { return ep.stats(); }
+  void computed(double s) { ep.computed(s); }
+  dt::transport::bytes recv_within(int peer, dt::transport::tag_type tag, std::chrono::milliseconds t) {
+    return ep.recv_within(peer, tag, t);
+  }
+  void discard_before(int peer, dt::transport::tag_type tag) { ep.discard_before(peer, tag); }
+  void set_epoch(std::uint64_t e) { ep.set_epoch(e); }
+  std::optional<dt::transport::alarm> alarmed() const { return ep.alarmed(); }
+  void forget(int peer) { ep.forget(peer); }
+  void bar(int peer, const std::string& reason) { ep.bar(peer, reason); }
+  void leave(const std::string& reason) { ep.leave(reason); }
+  bool joined_late() const { return ep.joined_late(); }
+  std::vector<int> connected() const { return ep.connected(); }
+  int capacity() const { return ep.capacity(); }
+  void rediscover() { ep.rediscover(); }
+  void set_members(const std::vector<int>& m) { ep.set_members(m); }
+  void expect(int peer, dt::transport::tag_type tag, std::uint64_t size) { ep.expect(peer, tag, size); }
+  void allow(dt::transport::tag_type tag, std::uint64_t size) { ep.allow(tag, size); }
+};
+static_assert(dt::transport::joining_endpoint<lying_donor>);
+
+}  // namespace
+
+TEST_CASE("elastic over TCP: a donor whose chunk does not hash as its offer said is named, and the chunk is taken from another") {
+  // Three members under sync all-reduce hold the same state and all serve a joiner; peer 1 changes
+  // a byte of the first chunk it serves.
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::data, dt::fault::elastic>;
+  auto cfg = dt::nn::gpt_preset("tiny");
+  cfg.vocab_size = 32;
+  cfg.block_size = 16;
+  cfg.n_layer = 1;
+  std::vector<std::int32_t> tokens(1 << 14);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7 + i / 5) % 32);
+  const dt::data::token_dataset data(tokens);
+  dt::train::trainer_options opts;
+  opts.steps = 60;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 10s;
+  fault.agreement.state_chunk_bytes = 4096;  // many chunks, every donor serves some
+  dt::transport::tcp_options base;
+  base.world = 3;
+  base.max_world = 4;
+  base.recv_timeout = 20s;
+  base.join_timeout = 10s;
+  dt::transport::tcp first(base);
+  const auto seed = first.address();
+  std::atomic<bool> open{false};
+  std::vector<std::vector<float>> params(4);
+  std::vector<std::vector<dt::fault::membership_change>> changes(4);
+  std::vector<std::string> failures(4);
+  auto run_peer = [&](int r, std::optional<dt::transport::tcp> pre) {
+    try {
+      auto o = base;
+      o.rank = r;
+      o.join = {seed};
+      if (r == 3)
+        while (!open) std::this_thread::sleep_for(5ms);
+      dt::transport::tcp ep = pre ? std::move(*pre) : dt::transport::tcp(o);
+      ep.connect();
+      auto train = [&](auto endpoint) {
+        Trainer t(cfg, opts, std::move(endpoint), dt::comm::sync_allreduce<>{}, {}, fault);
+        t.on_step([&, r](const dt::train::step_metrics& m) {
+          if (r == 0 && m.step == 5) open = true;
+          if (t.members().size() < 4) std::this_thread::sleep_for(20ms);
+        });
+        t.fit(data);
+        dt::comm::gather_values(t.model().parameters(), params[static_cast<std::size_t>(r)]);
+        changes[static_cast<std::size_t>(r)] = t.fault().changes();
+      };
+      if (r == 1) train(lying_donor{std::move(ep)});
+      else train(std::move(ep));
+    } catch (const std::exception& e) {
+      failures[static_cast<std::size_t>(r)] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(run_peer, 0, std::move(first));
+  for (int r = 1; r < 4; ++r) threads.emplace_back(run_peer, r, std::nullopt);
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) {
+    INFO("peer " << r << ": " << failures[static_cast<std::size_t>(r)]);
+    CHECK(failures[static_cast<std::size_t>(r)].empty());
+    CHECK(params[static_cast<std::size_t>(r)] == params[0]);
+  }
+  const auto& joined = changes[3];
+  REQUIRE(!joined.empty());
+  REQUIRE(joined.front().named.count(1));
+  CHECK_THAT(joined.front().named.at(1), Contains("did not hash as its offer said"));
+  CHECK(joined.front().healed);
 }

@@ -58,7 +58,7 @@ tr::tcp_options peer(int rank, int world, const run_identities& ids, int as = -1
 
 }  // namespace
 
-TEST_CASE("identity: signatures verify only for their key, label and message; rosters are checked line by line") {
+TEST_CASE("identity: signatures verify only for their key, label and message, rosters are checked line by line") {
   const auto a = identity::key_pair::generate(), b = identity::key_pair::generate();
   const std::string text = "a transcript";
   const auto msg = std::as_bytes(std::span(text));
@@ -109,7 +109,7 @@ TEST_CASE("identity: signatures verify only for their key, label and message; ro
   CHECK_THROWS_WITH(tr::tcp(peer(0, 2, ids, 1)), Contains("can be read or written by other users"));
 }
 
-TEST_CASE("tcp: peers with identities train; the run key alone, another rank's identity or a stranger's get nowhere") {
+TEST_CASE("tcp: peers with identities train, the run key alone, another rank's identity or a stranger's get nowhere") {
   run_identities ids(3, "decentrain_identity_run");
   tr::tcp peer0(peer(0, 3, ids));
   const auto address = peer0.address();
@@ -199,7 +199,7 @@ TEST_CASE("tcp: peers with identities train; the run key alone, another rank's i
   CHECK_THAT(peer0.admission().last_rejected, Contains("is not that rank of the roster"));
 }
 
-TEST_CASE("tcp: a stranger learns nothing of the run before it proves its credentials; a member is told each difference") {
+TEST_CASE("tcp: a stranger learns nothing of the run before it proves its credentials, a member is told each difference") {
   const std::string key = "a run key of thirty-two bytes...";
   tr::tcp_options o;
   o.world = 4;

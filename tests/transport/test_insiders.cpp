@@ -76,7 +76,7 @@ struct pair_of_peers {
 
 }  // namespace
 
-TEST_CASE("tcp: a key holder claiming a rank that is connected and alive is refused; nothing is replaced or split") {
+TEST_CASE("tcp: a key holder claiming a rank that is connected and alive is refused, nothing is replaced or split") {
   pair_of_peers g(8);
   asio::io_context io;
   auto as_one = keyed(1, 2);
@@ -93,7 +93,7 @@ TEST_CASE("tcp: a key holder claiming a rank that is connected and alive is refu
   CHECK(g.peer0->connected() == std::vector<int>{1});
 }
 
-TEST_CASE("tcp: a joiner not admitted yet may send only small membership frames; its data, floods and alarms end there") {
+TEST_CASE("tcp: a joiner not admitted yet may send only small membership frames, its data, floods and alarms end there") {
   pair_of_peers g(8);
   asio::io_context io;
   auto joiner = [&](int rank) {
@@ -166,7 +166,7 @@ TEST_CASE("tcp: a thousand fake joiners hold at most max_pending + max_joiners c
   CHECK(g.still_one_pair(30));
 }
 
-TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget; a receive it stalls names it, and it is heard again") {
+TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget, a receive it stalls names it, and it is heard again") {
   auto o = keyed(0, 2);
   o.budget_grace = 1000ms;
   tr::tcp peer0(o);

@@ -53,6 +53,7 @@
 #include <exception>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -268,6 +269,7 @@ struct elastic {
       if (first) {
         d = std::move(*first);
       } else {
+        for (int j : accused_) suspects_.emplace(j, transport::failure_cause::convicted);
         try {
           d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement, &joiner_reach_);
         } catch (const left_out_error& e) {
@@ -296,9 +298,19 @@ struct elastic {
         const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
                                         &torn_);
         served_ += got.bytes_served;
+        for (const auto& [j, how] : got.named) named_.emplace(j, how);
         if (got.state) {
           torn_ = true;  // the decode writes into this peer's tensors
-          ctx.adopt(io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into()));
+          io::checkpoint taken;
+          try {
+            taken = io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into());
+          } catch (const decentrain::error& e) {
+            // A state that does not decode (its checksum fails): this peer stays torn, and takes
+            // the state again in the next view, from others if the donor is left out.
+            named_.emplace(got.reference, e.what());
+            transport::fail_peer_because(transport::failure_cause::convicted, got.reference, "state", "elastic: ", e.what());
+          }
+          ctx.adopt(std::move(taken));
           torn_ = false;
           in_place = got.state->in_place();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
@@ -311,6 +323,8 @@ struct elastic {
       }
       auto change = record(ep, d, healed);
       change.healed_in_place = in_place;
+      for (const auto& [j, how] : named_) change.named.emplace(j, how);
+      named_.clear();
       for (auto& [j, own] : inherited_) {  // after a state taken from a donor, which kept this peer's own
         try {
           ctx.absorb(own, decentrain::detail::concat("elastic: the handoff from peer ", j));
@@ -323,10 +337,15 @@ struct elastic {
       note(std::move(change));
       for (int j : d.joined) join_tries_.erase(j);  // a later rejoin of its rank waits its grace again
       note_contributions(ctx);  // the tally's ranks are the new view's from here
-      // A member this peer found guilty that the group kept (the others did not see it so): the
-      // evidence starts again, rather than start the same agreement at every step.
+      // A member this peer found guilty that the group kept (not enough of the others saw it so
+      // yet): the accusation stands, in every report of this peer's from here, without starting
+      // another agreement of its own; the evidence starts again.
+      std::erase_if(accused_, [&](int j) { return !view_.contains(j); });
       for (auto& [j, h] : history_)
-        if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
+        if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) {
+          accused_.insert(j);
+          h = 0;
+        }
       return;
     }
   }
@@ -388,6 +407,7 @@ struct elastic {
     for (int j : view_.members)
       if (j != ep.rank()) ep.forget(j);
     suspects_.clear();
+    accused_.clear();
     cause_ = decentrain::detail::concat(why, "; it waited to be taken in again");
     try {
       return await_admission(ep, rejoin_timeout);
@@ -414,7 +434,7 @@ struct elastic {
     note_contributions(ctx);
     int first = -1;
     for (int j : view_.members) {  // every guilty member goes in the agreement
-      if (j == ctx.network.rank() || std::popcount(history_[j] & window()) < exclusion.times) continue;
+      if (j == ctx.network.rank() || accused_.count(j) || std::popcount(history_[j] & window()) < exclusion.times) continue;
       suspects_.emplace(j, transport::failure_cause::convicted);
       if (first < 0) first = j;
     }
@@ -546,10 +566,12 @@ struct elastic {
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point last_join_{};  // the last agreement a joiner started here
   joiner_reach joiner_reach_;  // what the joiners connected here say they reach
+  std::map<int, std::string> named_;  // donors caught serving what their offer did not say, until recorded
   std::chrono::steady_clock::time_point failed_at_{};
   // Per world rank, whether each of its last (up to 64) aggregations found it suspicious (bit 0:
   // the latest); and the tally as last read (calls, and suspicious calls per rank of the view).
   std::map<int, std::uint64_t> history_;
+  std::set<int> accused_;  // members this peer found guilty that the group kept: its accusation stands
   std::int64_t seen_calls_ = 0;
   std::vector<std::int64_t> seen_suspicious_;
 };

@@ -30,7 +30,7 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
-// per-peer identities, no incarnation in the hello and the welcome.
+// per-peer identities, directories that do not tell joiners from members.
 inline constexpr std::uint16_t version = 8;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
@@ -59,7 +59,7 @@ inline constexpr std::size_t max_settings_chars = 4096;  // hello::settings
 inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the handshake's proofs (tcp/handshake.hpp); welcome: the answer to a data
-// hello that was accepted, carrying the acceptor's incarnation (a refused one gets a bye saying why).
+// hello that was accepted (a refused one gets a bye saying why).
 enum class frame_type : std::uint16_t {
   hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8
 };
@@ -167,9 +167,6 @@ struct hello {
   std::string settings;  // tcp_options::settings: what every peer of the run must agree on
   std::uint8_t credentials = 0;  // what the sender proves itself with: 1 a run key, 2 an identity (both: 3)
   std::string exchange;          // with an identity: the sender's X25519 key for this connection
-  // Random, one per process: a second connection of the same process (two joiners that dial each
-  // other at once) is told from another process claiming a connected rank.
-  std::uint64_t incarnation = 0;
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -180,13 +177,12 @@ struct hello {
     save_string(ar, settings);
     ar(credentials);
     save_string(ar, exchange);
-    ar(incarnation);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
     ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes},
-       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes}, incarnation);
+       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes});
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     decentrain::detail::check(credentials <= 3, "frame: hello has unknown credentials ", static_cast<int>(credentials));
     purpose = static_cast<hello_purpose>(p);
@@ -194,10 +190,13 @@ struct hello {
 };
 
 // Reply to a directory hello: every (rank, address) the replying peer knows; once its group is
-// running (`formed`), only itself and the peers it is connected to (those a joiner must reach).
+// running (`formed`), only itself and the peers it is connected to (those a joiner must reach),
+// and which of those are joiners not admitted yet (a joiner dials only those of lower rank, so
+// that two joiners never dial each other at once).
 struct directory {
   std::vector<std::pair<std::int32_t, std::string>> entries;
   bool formed = false;
+  std::vector<std::int32_t> joining;
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -207,6 +206,8 @@ struct directory {
       ar(r);
       save_string(ar, a);
     }
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(joining.size())));
+    for (const auto r : joining) ar(r);
   }
   template <class Archive>
   void load(Archive& ar) {
@@ -216,6 +217,10 @@ struct directory {
     decentrain::detail::check(n <= max_directory_entries, "frame: directory of ", n, " entries is over the limit");
     entries.resize(static_cast<std::size_t>(n));
     for (auto& [r, a] : entries) ar(r, bounded_string{a, max_address_chars});
+    ar(cereal::make_size_tag(n));
+    decentrain::detail::check(n <= max_directory_entries, "frame: directory of ", n, " joiners is over the limit");
+    joining.resize(static_cast<std::size_t>(n));
+    for (auto& r : joining) ar(r);
   }
 };
 
@@ -240,19 +245,6 @@ struct farewell {
     ar(excluded, bounded_string{reason, 1024}, final);
   }
 };
-
-// A welcome's body: the acceptor's incarnation (wire::hello::incarnation), 8 bytes little-endian.
-inline bytes encode_incarnation(std::uint64_t v) {
-  bytes out(8);
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-  return out;
-}
-inline std::uint64_t decode_incarnation(const bytes& body) {
-  decentrain::detail::check(body.size() == 8, "frame: a welcome of ", body.size(), " bytes (it has 8)");
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[static_cast<std::size_t>(i)]) << (8 * i);
-  return v;
-}
 
 // A heartbeat's body: three little-endian u64, the sender's clock (steady, in ns) when it sent
 // this, and the last heartbeat it had from the receiver (that one's `sent_ns`, 0 if none) with

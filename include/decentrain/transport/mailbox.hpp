@@ -49,7 +49,7 @@
 namespace decentrain::transport::detail {
 
 // Which of a receiver's acceptances a queued message is counted against (see budgets above).
-enum class accepted_as : std::uint8_t { budget, expected, allowed };
+enum class accepted_as : std::uint8_t { budget, expected, allowed, control };
 
 struct message {
   bytes payload;
@@ -92,17 +92,43 @@ class mailbox {
 
   // A receiver that knows its next messages from `source` on `tag` (a collective's step) says
   // so before it sends its own: up to `size` bytes of them are queued beyond the budget.
+  // What came ahead of the expectation (queued against the budget) is counted against it now.
   void expect(int source, tag_type tag, std::uint64_t size) {
     std::unique_lock lock(mutex_);
-    if (expected_.size() >= max_expectations && !expected_.count({source, tag})) expected_.erase(expected_.begin());
-    expected_[{source, tag}] += size;
+    const key k{source, tag};
+    if (auto q = queues_.find(k); q != queues_.end())
+      for (auto& m : q->second)
+        if (m.as == accepted_as::budget && m.payload.size() <= size) {
+          count(source, tag, m, -1);
+          m.as = accepted_as::expected;
+          size -= m.payload.size();
+        }
+    if (size > 0) {
+      if (!expected_.count(k)) {
+        expectation_order_.push_back(k);
+        if (expectation_order_.size() > max_expectations)  // those met since are no longer held
+          std::erase_if(expectation_order_, [&](const key& o) { return !expected_.count(o) && o != k; });
+        if (expectation_order_.size() > max_expectations) {  // the oldest goes (a sender that never sent)
+          expected_.erase(expectation_order_.front());
+          expectation_order_.pop_front();
+        }
+      }
+      expected_[k] += size;
+    }
     wake_if_paused(lock, source);
   }
   // Up to `size` bytes from each source on `tag` are queued beyond the budget, whenever they
   // come (a leaver's handoff, written before its goodbye).
   void allow(tag_type tag, std::uint64_t size) {
-    std::lock_guard lock(mutex_);
-    allowed_[tag] = size;
+    std::vector<std::function<void()>> wake;
+    {
+      std::lock_guard lock(mutex_);
+      allowed_[tag] = size;
+      for (auto& [source, p] : paused_) wake.push_back(std::move(p.resume));
+      paused_.clear();
+    }
+    for (auto& w : wake)
+      if (w) w();
   }
 
   // Whether a body of `length` bytes from `source` on `tag` may be queued now, and against what
@@ -117,6 +143,10 @@ class mailbox {
         if ((e->second -= length) == 0) expected_.erase(e);
         return accepted_as::expected;
       }
+      // The membership protocol's small messages (reports, views, echoes, markers, alarms) never
+      // wait behind a peer's data: they have a room of their own.
+      if (is_membership_tag(tag) && length <= max_control_message && control_bytes_[source] + length <= max_control_queued)
+        return accepted_as::control;
       if (const auto a = allowed_.find(tag); a != allowed_.end() && allowed_bytes_[{source, tag}] + length <= a->second)
         return accepted_as::allowed;
       if (queued_bytes_[source] + length <= budget_.bytes_per_peer || forgotten_.count(source)) return accepted_as::budget;
@@ -239,7 +269,9 @@ class mailbox {
     pending_closures_.clear();
     queued_bytes_.clear();
     allowed_bytes_.clear();
+    control_bytes_.clear();
     expected_.clear();
+    expectation_order_.clear();
     paused_.clear();
     over_budget_.clear();
   }
@@ -327,6 +359,7 @@ class mailbox {
     {
       std::lock_guard lock(mutex_);
       closed_.emplace(source, closure{std::move(reason), cause});
+      paused_.erase(source);  // its connection (and reader) is gone
     }
     ready_.notify_all();
   }
@@ -340,6 +373,7 @@ class mailbox {
   void reopen(int source) {
     std::lock_guard lock(mutex_);
     if (!forgotten_.count(source)) closed_.erase(source);
+    paused_.erase(source);  // a new connection: its reader is not paused
   }
 
   // ---- membership (fault::elastic) ----
@@ -353,6 +387,7 @@ class mailbox {
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
       queued_bytes_.erase(source);
       std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
+      control_bytes_.erase(source);
       std::erase_if(expected_, [&](const auto& e) { return e.first.first == source; });
       std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
       std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
@@ -414,6 +449,11 @@ class mailbox {
   }
   void set_epoch(std::uint64_t epoch) {
     std::lock_guard lock(mutex_);
+    // What a receiver expected of the old view will not come (its collectives were cut off).
+    if (epoch != epoch_) {
+      expected_.clear();
+      expectation_order_.clear();
+    }
     epoch_ = epoch;
     if (alarm_ && alarm_->epoch < epoch) alarm_.reset();
     std::erase_if(pending_alarms_, [&](const auto& a) {
@@ -523,10 +563,11 @@ class mailbox {
       q = queues_.erase(q);
     }
     queued_bytes_.erase(source);
+    control_bytes_.erase(source);
     std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
     ++over_budget_[source];
     const auto limit = budget_.bytes_per_peer;
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(budget_.grace).count();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
     wake_if_paused(lock, source);
     transport::fail_peer_because(failure_cause::convicted, source, "receive", "transport: peer ", source, " is over its budget: ",
                                  messages, " message(s) of ", dropped, " bytes on ", tags.size(),
@@ -546,6 +587,12 @@ class mailbox {
         auto& a = allowed_bytes_[{source, tag}];
         a += sign > 0 ? n : -n;
         if (a == 0) allowed_bytes_.erase({source, tag});
+        break;
+      }
+      case accepted_as::control: {
+        auto& c = control_bytes_[source];
+        c += sign > 0 ? n : -n;
+        if (c == 0) control_bytes_.erase(source);
         break;
       }
       case accepted_as::expected:
@@ -670,7 +717,11 @@ class mailbox {
   std::vector<pending_closure> pending_closures_;
   // budgets
   budget budget_;
-  static constexpr std::size_t max_expectations = 4096;  // (a sender that never sent leaves one behind)
+  static constexpr std::size_t max_expectations = 4096;  // (cleared at each view; the oldest go first)
+  static constexpr std::size_t max_control_message = std::size_t{64} << 10;
+  static constexpr std::uint64_t max_control_queued = std::uint64_t{4} << 20;  // per source
+  std::deque<key> expectation_order_;          // expectations, oldest first
+  std::map<int, std::uint64_t> control_bytes_;  // per source: membership messages queued outside the budget
   std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued against the budget, not taken
   std::map<key, std::uint64_t> expected_;      // bytes a receiver still expects, per (source, tag)
   std::map<tag_type, std::uint64_t> allowed_;  // standing allowances, per tag

@@ -19,10 +19,6 @@
 
 namespace decentrain::fault {
 
-namespace detail {
-
-}  // namespace detail
-
 // What the joiners connected to this peer say they reach (their latest hellos), read as they
 // come: a member starts an agreement for a joiner only once it reaches every member, and the
 // leader admits together joiners that reach one another.
@@ -106,9 +102,10 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
       try {
         const auto m = detail::decode(ep.recv_within(j, detail::protocol_tag, std::chrono::milliseconds(20)), j);
         if (m.what == detail::kind::marker) markers[j] = m.epoch;  // a member that had the view first
-        if (m.what != detail::kind::view) continue;
+        if (m.what != detail::kind::view || !detail::checks::contains(m.ranks, me))
+          continue;  // a view of the members that did not admit it yet
+        if (detail::invalid_admission(m, j, me, detail::capacity_of(ep))) continue;  // not from a member of it: dropped
         decision d = detail::decision_of(m);
-        if (!d.next.contains(me)) continue;  // a view of the members that did not admit it yet
         d.joined = {me};
         for (const auto& [k, e] : markers)
           if (e == m.epoch) d.marked.push_back(k);

@@ -1,14 +1,20 @@
 // How the survivors of a failure agree on the next view (agree: a leader's part and a
 // follower's), and how a view is installed (install: markers that end the old view's messages).
 //
-// Why a leader and not a consensus protocol: the failures to survive are crashes, freezes and
-// partitions of peers that otherwise follow the protocol (peers that lie are the robust
-// aggregation's business), so a rotating leader is enough: the lowest rank that a peer does not
-// suspect. Every survivor reports to it where it stands (its step and phase, and the peers it
-// knows departed); the leader waits for each member that did not depart (a dead one fails fast:
-// its connection closed; a frozen one at the agreement's deadline), then sends the next view. A
-// leader that dies is suspected in turn and the next lowest rank leads. No coordinator outside
-// the group is needed, and no peer is special for longer than one agreement.
+// A rotating leader, the lowest member a peer may follow: every survivor reports to it where it
+// stands (its step and phase, the peers it knows departed, those it accuses of poison, the
+// joiners it reaches); the leader waits for each member that did not depart (a dead one fails
+// fast: its connection closed; a frozen one at the agreement's deadline), then sends the next
+// view. A leader that fails is passed over and the next lowest leads. No coordinator outside the
+// group is needed, and no peer is special for longer than one agreement.
+//
+// Peers that lie in the protocol (agreement_settings::liars; by default fewer than a third of a
+// view of 4 or more): every report goes to every member, a departure or a conviction needs more
+// than half of the view to say so, a follower refuses a view that its reports do not justify,
+// and follows a view only once a quorum of the view echoed it (Bracha's echo threshold): a leader
+// that shows two views is caught and barred, one that breaks the form is named, and a view no
+// quorum echoes is followed by no one. In a view of fewer than 4 (or with liars = 0) the rules
+// of crash faults hold: the leader's own accusation is enough and its view is followed at once.
 //
 // After the view, every member sends every other a marker: what a peer sent before its marker
 // belongs to the old view and is dropped (so a collective of the new view never pairs with a
@@ -19,15 +25,11 @@
 // parameters.
 //
 // A view must keep a majority of the previous view's peers that did not depart for certain
-// (closed connection, killed): a side of a partition with fewer stops with an error instead of
-// training on as a second model. Half exactly: the side with the lowest rank goes on.
-//
-// A peer that sent poison (failure_cause::convicted: its contributions were dropped or far from
-// the aggregate too often) is alive and would take part: the peers that accuse it neither wait
-// for it nor let it lead, and the leader excludes it when it accuses it itself or when more than
-// half of the other members it heard from do (so one lying member cannot have an honest one
-// excluded). The view then bars it for good (view::barred): every member refuses it, also as a
-// joiner.
+// (closed connection, killed, convicted): a side of a partition with fewer does not train on as a
+// second model. Against insiders it waits for the partition to heal (agreement_settings::
+// patience); under crash rules it stops with an error, and with half exactly the side with the
+// lowest rank goes on. A view bars the members it convicts for good (view::barred): every member
+// refuses them, also as joiners.
 #pragma once
 
 #include <algorithm>
@@ -91,12 +93,6 @@ inline std::size_t echo_quorum(std::size_t n, int f) { return (n + static_cast<s
 // More than half of the view accuse it.
 inline bool by_majority(int accusers, std::size_t n) { return 2 * static_cast<std::size_t>(accusers) > n; }
 
-template <class E>
-int capacity_of(const E& ep) {
-  if constexpr (requires { ep.capacity(); }) return ep.capacity();
-  else return ep.world();
-}
-
 // Peers that joined the running group and are connected to this one (tcp; see await_admission):
 // a connected peer outside the view is one that joins (a member left out is forgotten: its
 // connections are closed).
@@ -119,6 +115,7 @@ struct heard {
   std::map<std::pair<int, int>, std::uint64_t> echoes;  // (member, leader): the digest of that leader's view it echoed
   std::set<int> marked;
   std::map<int, std::string> invalid;  // members that sent something invalid, and what
+  std::set<int> refused;  // leaders whose view this peer refused (invalid, unjustified, or one of two)
 };
 
 // Takes one protocol message `m` from member `j` into `h`: a valid report of `current`, a view,
@@ -211,7 +208,8 @@ inline std::optional<std::string> unjustified(const message& v, const view& curr
 inline constexpr std::uint64_t refusal = 0;
 
 // Where the echoes of `leader`'s view `digest` stand, among the members of `current` that did not
-// depart for certain (more than half of the view said so, in what this peer heard).
+// depart for certain and are not convicted (more than half of the view said so, in what this
+// peer heard): a member the view bars does not echo it.
 struct echo_tally {
   std::size_t same = 0, other = 0, refused = 0, quorum = 0, voters = 0;
   bool conflict = false;  // more members than may lie echoed another view of this leader: it sent two
@@ -220,20 +218,39 @@ struct echo_tally {
 };
 inline echo_tally tally(const view& current, int leader, std::uint64_t digest, const heard& h, const suspicions& mine, int f, int me) {
   const std::size_t n = current.members.size();
-  std::size_t departed = 0;
+  std::set<int> departed;  // or convicted: more than half of the view say so
   for (int x : current.members) {
-    int says = mine.count(x) && mine.at(x) == transport::failure_cause::departed ? 1 : 0;
+    int gone = mine.count(x) && mine.at(x) == transport::failure_cause::departed ? 1 : 0;
+    int poison = mine.count(x) && mine.at(x) == transport::failure_cause::convicted ? 1 : 0;
     for (const auto& [j, r] : h.reports)
-      if (j != me && checks::contains(r.departed, x)) ++says;
-    departed += by_majority(says, n) ? 1 : 0;
+      if (j != me && j != x) {
+        gone += checks::contains(r.departed, x) ? 1 : 0;
+        poison += checks::contains(r.convicted, x) ? 1 : 0;
+      }
+    if (by_majority(gone, n) || by_majority(poison, n)) departed.insert(x);
   }
   echo_tally t;
-  t.voters = n - departed;
+  t.voters = n - departed.size();
   t.quorum = echo_quorum(t.voters, f);
   for (const auto& [who, d] : h.echoes)
-    if (who.second == leader) (d == digest ? t.same : d == refusal ? t.refused : t.other) += 1;
+    if (who.second == leader && current.contains(who.first) && !departed.count(who.first))
+      (d == digest ? t.same : d == refusal ? t.refused : t.other) += 1;
   t.conflict = t.other > static_cast<std::size_t>(f);
   return t;
+}
+
+// The digest a view is echoed by (never the refusal's).
+inline std::uint64_t echo_digest(const message& v) {
+  const auto d = digest_of(v);
+  return d == refusal ? 1 : d;  // (one view in 2^64)
+}
+
+// A view of this agreement that a quorum echoed: the next view, whoever refused it here (the
+// quorum holds more honest members than may lie, and they found it justified).
+inline std::optional<message> settled(const view& current, const heard& h, const suspicions& mine, int f, int me, int capacity) {
+  for (const auto& [leader, v] : h.views)
+    if (!invalid_view(v, current, capacity) && tally(current, leader, echo_digest(v), h, mine, f, me).reached()) return v;
+  return std::nullopt;
 }
 
 // Waits until a quorum echoed `leader`'s view `digest` (true), the quorum is out of reach, or
@@ -266,6 +283,36 @@ void echo(E& ep, const view& current, const suspicions& suspects, int leader, st
   }
 }
 
+// This peer's report in agreement on `current` to `leader`: where it stands, what it knows for
+// certain, the joiners connected here. Against insiders every member hears it (each judges the
+// leader's view by the reports), otherwise only the leader.
+template <class E>
+void report(E& ep, const view& current, int leader, const suspicions& suspects, position mine, bool insiders, heard& h) {
+  message r;
+  r.what = kind::report;
+  r.epoch = current.epoch;
+  r.step = mine.step;
+  r.phase = mine.phase;
+  // Only the certain: a leader this peer timed out on may be alive on the other side of a
+  // partition, and counting it as departed would hand this side a majority it does not have.
+  for (const auto& [j, cause] : suspects)
+    if (certain(cause)) (cause == transport::failure_cause::convicted ? r.convicted : r.departed).push_back(j);
+  r.ranks = as_list(joiners_of(ep, current));
+  r.donor = leader;  // the leader it reports to: that leader waits for one so addressed
+  h.reports[ep.rank()] = r;
+  for (int j : current.members) {
+    // (an accused member hears it too: it judges the view that bars it by the accusations)
+    if (j == ep.rank() || (!insiders && j != leader) ||
+        (j != leader && suspects.count(j) && suspects.at(j) == transport::failure_cause::departed))
+      continue;
+    try {
+      post(ep, j, r);
+    } catch (const transport::peer_error&) {
+      if (j == leader) throw;
+    }
+  }
+}
+
 // The leader's view failed (it lied, or no quorum followed it): the caller suspects it.
 struct leader_failed {
   transport::failure_cause cause;
@@ -282,56 +329,50 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
                std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
   const int f = tolerated(current.members.size(), s);
   const bool insiders = f > 0;
-  message report;
-  report.what = kind::report;
-  report.epoch = current.epoch;
-  report.step = mine.step;
-  report.phase = mine.phase;
-  // Only the certain: a leader this peer timed out on may be alive on the other side of a
-  // partition, and counting it as departed would hand this side a majority it does not have.
-  for (const auto& [j, cause] : suspects)
-    if (certain(cause)) (cause == transport::failure_cause::convicted ? report.convicted : report.departed).push_back(j);
-  report.ranks = as_list(joiners_of(ep, current));
-  report.donor = leader;  // the leader it reports to: that leader waits for one so addressed
-  h.reports[ep.rank()] = report;
-  if (insiders) {
-    for (int j : current.members)
-      if (j != ep.rank() && j != leader && !(suspects.count(j) && certain(suspects.at(j)))) {
-        try {
-          post(ep, j, report);
-        } catch (const transport::peer_error&) {
-        }
-      }
-  }
-  post(ep, leader, report);
-  // The leader may wait a whole deadline on a frozen member before it sends the view.
-  pull(ep, leader, current, h, deadline + s.timeout, [&] { return h.views.count(leader) > 0; });
-  const auto v = h.views.at(leader);
+  report(ep, current, leader, suspects, mine, insiders, h);
+  // The leader may wait a whole deadline on a frozen member before it sends the view. Against
+  // insiders a leader that installed another's view (its marker came) sends none: this peer
+  // follows that view if a quorum echoed it.
+  pull(ep, leader, current, h, deadline + s.timeout,
+       [&] { return h.views.count(leader) > 0 || (insiders && h.marked.count(leader) > 0); });
   const auto fail = [&](transport::failure_cause cause, const auto&... why) {
     transport::fail_peer_because(cause, leader, "membership", "membership: leader ", leader, " ", why...);
   };
-  const auto refuse = [&](const auto&... why) {
+  if (!h.views.count(leader)) {
+    gather(ep, current.members, current, h, deadline + s.timeout, [&] { return settled(current, h, suspects, f, ep.rank(), capacity_of(ep)).has_value(); });
+    if (auto v = settled(current, h, suspects, f, ep.rank(), capacity_of(ep))) return *v;
+    fail(transport::failure_cause::silent, "installed a view of epoch ", current.epoch + 1, " that no quorum echoed here");
+  }
+  const auto v = h.views.at(leader);
+  // A view that breaks the form convicts its leader (no honest one sends it); one this peer
+  // finds unjustified only passes it over (it may have heard what this peer did not).
+  const auto refuse = [&](transport::failure_cause cause, const auto&... why) {
+    h.refused.insert(leader);
     if (insiders) echo(ep, current, suspects, leader, refusal, h);
-    fail(transport::failure_cause::convicted, why...);
+    fail(cause, why...);
   };
-  if (auto why = invalid_view(v, current, capacity_of(ep))) refuse("sent an invalid view: ", *why);
+  if (auto why = invalid_view(v, current, capacity_of(ep))) refuse(transport::failure_cause::convicted, "sent an invalid view: ", *why);
   if (!insiders) return v;
-  // The others' reports, to judge the view by (each sent its own to this peer as to the leader).
+  // The others' reports, to judge the view by (each sent its own to every member): all of them,
+  // or those that came within half a second if they justify it (a member that failed sends none).
   std::vector<int> others;
   for (int j : current.members)
-    if (j != ep.rank() && j != leader && !suspects.count(j)) others.push_back(j);
-  gather(ep, others, current, h, std::min(transport::now(ep) + std::chrono::milliseconds(500), deadline + s.timeout), [&] {
-    return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; });
+    if (j != ep.rank() && !(suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) others.push_back(j);
+  const auto judged_from = transport::now(ep);
+  gather(ep, others, current, h, deadline + s.timeout, [&] {
+    return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
+           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank()));
   });
-  if (auto why = unjustified(v, current, h, suspects, ep.rank())) refuse("sent a view that ", *why);
-  auto digest = digest_of(v);
-  if (digest == refusal) digest = 1;  // (one view in 2^64)
+  if (auto why = unjustified(v, current, h, suspects, ep.rank())) refuse(transport::failure_cause::other, "sent a view that ", *why);
+  const auto digest = echo_digest(v);
   echo(ep, current, suspects, leader, digest, h);
   h.echoes[{leader, leader}] = digest;  // the view it sent is its echo
   bool conflict = false;
-  if (!echoed(ep, current, leader, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
+  if (!echoed(ep, current, leader, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict)) {
+    if (conflict) h.refused.insert(leader);
     fail(conflict ? transport::failure_cause::convicted : transport::failure_cause::silent,
          conflict ? "sent different views of epoch " : "sent a view that too few members echoed, of epoch ", v.epoch);
+  }
   return v;
 }
 
@@ -358,6 +399,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
   std::map<int, int> departures, accusers;  // members reported departed, accused of poison, by how many reporters
   for (const auto& [x, cause] : suspects)
     if (cause == failure_cause::departed) ++departures[x];
+  if (insiders) report(ep, current, me, suspects, mine, true, h);  // its own voice, heard by every member
   // Against insiders this leader's own accusations are one voice among the view's: it asks
   // every member, the accused too; otherwise it waits for no member it suspects.
   for (std::size_t i = 0; i < (insiders ? current.members.size() : alive.size()); ++i) {
@@ -476,8 +518,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
     }
   }
   if (!insiders) return v;
-  auto digest = digest_of(v);
-  if (digest == refusal) digest = 1;
+  const auto digest = echo_digest(v);
   h.echoes[{me, me}] = digest;
   bool conflict = false;
   if (!echoed(ep, current, me, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
@@ -520,8 +561,9 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       throw left_out_error(decentrain::detail::concat("elastic: the group stopped at view ", current.epoch, ": ", m.reason));
     decision d = detail::decision_of(m);
     decentrain::detail::check(!d.next.bars(me), "elastic: peer ", me, " was excluded from the run in view ", m.epoch,
-                              ": the others found what it sent dropped as non-finite or malformed, or far from the "
-                              "aggregate, too often (fault::elastic::exclusion); it stops here");
+                              ": the group convicted it (of poison: what it sent was dropped as non-finite or "
+                              "malformed, or far from the aggregate, too often, fault::elastic::exclusion; or of breaking "
+                              "the membership protocol); it stops here");
     if (!d.next.contains(me))
       throw left_out_error(decentrain::detail::concat("elastic: peer ", me, " was left out of view ", m.epoch,
                                                       " (the others did not hear from it in time)"));
@@ -534,7 +576,16 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     return d;
   };
 
-  const bool insiders = detail::tolerated(current.members.size(), s) > 0;
+  const int f = detail::tolerated(current.members.size(), s);
+  const bool insiders = f > 0;
+  // Against insiders, after a leader failed here: a view that a quorum echoed meanwhile (this
+  // peer refused it, or gave up on its leader too early) is the next view all the same.
+  auto agreed_meanwhile = [&]() -> std::optional<detail::message> {
+    if (!insiders) return std::nullopt;
+    const auto settled = [&] { return detail::settled(current, h, suspects, f, me, detail::capacity_of(ep)); };
+    detail::gather(ep, current.members, current, h, transport::now(ep) + std::chrono::milliseconds(50), [&] { return settled().has_value(); });
+    return settled();
+  };
   std::set<int> passed_over;  // members this peer does not follow in this agreement: their view failed
   const auto started = transport::now(ep);
   for (;;) {
@@ -557,7 +608,9 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                                                  : std::string(),
                                                         last));
       passed_over.clear();
+      auto marked = std::move(h.marked);
       h = detail::heard{};  // (a leader that leads again may send another view)
+      h.marked = std::move(marked);
       transport::pause(ep, std::min(s.timeout, std::chrono::milliseconds(1000)));
       candidate = alive.begin();
     }
@@ -569,19 +622,19 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         return from_view(detail::follow(ep, current, leader, suspects, mine, deadline, s, h));
       } catch (const transport::peer_error& e) {
         suspects.emplace(leader, e.cause());
-        if (insiders && e.cause() == transport::failure_cause::convicted) {  // it lied here
-          suspects[leader] = e.cause();
-          caught.emplace(leader, e.what());
-        }
+        if (insiders && e.cause() == transport::failure_cause::convicted) suspects[leader] = e.cause();  // it lied here
+        if (h.refused.count(leader)) caught.emplace(leader, e.what());  // named: what it sent broke the rules here
         passed_over.insert(leader);
         why[leader] = e.what();
+        if (auto v = agreed_meanwhile()) return from_view(*v);
         continue;  // the next lowest rank leads
       }
     }
     try {
       return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s, h, known));
-    } catch (const detail::leader_failed& f) {
-      why[me] = f.why;
+    } catch (const detail::leader_failed& failed) {
+      why[me] = failed.why;
+      if (auto v = agreed_meanwhile()) return from_view(*v);
       passed_over.insert(me);
     }
   }
@@ -599,8 +652,9 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
     if (j != me && !d.next.bars(j)) ep.forget(j);
   for (int j : d.next.barred)  // also when this peer joined since: it refuses them too
     if (j != me)
-      ep.bar(j, decentrain::detail::concat("what it sent was dropped as non-finite or malformed, or far from the aggregate, "
-                                           "too often (view ", d.next.epoch, ")"));
+      ep.bar(j, decentrain::detail::concat("the group convicted it of poison (what it sent was dropped or far from the "
+                                           "aggregate too often) or of breaking the membership protocol (view ",
+                                           d.next.epoch, ")"));
   // So are ranks outside the view that are not connected: a joiner whose connection here closed
   // before it was admitted would otherwise be refused as the previous holder of its rank (tcp's
   // welcome) and, as the leader admits only joiners every member reaches, never get in.

@@ -140,6 +140,32 @@ inline std::optional<std::string> invalid_view(const message& m, const view& cur
   return std::nullopt;
 }
 
+// A view that admits joiner `me`, sent it by `sender` (ranks below `capacity`): a joiner knows
+// no view to hold it against, only that the view is well formed, that the sender is one of its
+// members and that it takes this joiner in behind the target.
+inline std::optional<std::string> invalid_admission(const message& m, int sender, int me, int capacity) {
+  if (m.step < 0 || m.phase < 0 || m.phase > last_phase) return decentrain::detail::concat("a view at step ", m.step, " phase ", int{m.phase});
+  for (const auto& [what, list] : {std::pair{"members", &m.ranks}, std::pair{"removed", &m.departed}, std::pair{"behind", &m.behind},
+                                   std::pair{"barred", &m.convicted}})
+    if (auto why = checks::ranks(what, *list, capacity)) return why;
+  if (!checks::contains(m.ranks, sender)) return decentrain::detail::concat("a view sent by peer ", sender, ", not one of its members");
+  if (!checks::contains(m.behind, me)) return std::string("a view that admits this joiner without its taking the state");
+  for (const auto j : m.convicted)
+    if (checks::contains(m.ranks, j)) return decentrain::detail::concat("a view that bars its own member ", j);
+  for (const auto j : m.behind)
+    if (!checks::contains(m.ranks, j)) return decentrain::detail::concat("a view with peer ", j, " behind but not a member");
+  if (!checks::contains(m.ranks, m.donor) || checks::contains(m.behind, m.donor))
+    return decentrain::detail::concat("a view whose donor ", m.donor, " is not a member at the target");
+  return std::nullopt;
+}
+
+// The ranks a message may name on `ep`: below its capacity (tcp: the joiners' ranks too).
+template <class E>
+int capacity_of(const E& ep) {
+  if constexpr (requires { ep.capacity(); }) return ep.capacity();
+  else return ep.world();
+}
+
 inline message decode(const transport::bytes& b, int from) {
   try {
     return transport::wire::decode_body<message>(b, "membership message");

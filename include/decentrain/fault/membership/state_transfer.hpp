@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -247,15 +248,38 @@ struct transfer_report {
   std::optional<received_state> state;  // the encoded state it received (it was behind)
   std::uint64_t bytes_served = 0;     // what it sent as a donor
   std::vector<int> donors;            // receiving: the donors it took chunks from
+  int reference = -1;                 // receiving: the donor whose state it took (the others served chunks alike)
+  std::map<int, std::string> named;   // receiving: donors whose chunk failed its hash, and which (taken from another)
 };
+
+namespace detail {
+
+// A request's chunk indices on the wire: 32-bit words.
+template <class E>
+std::vector<std::uint32_t> read_request(E& ep, int from, std::uint64_t chunks, std::chrono::milliseconds timeout) {
+  const auto request = ep.recv_within(from, state_tag, timeout);
+  const std::size_t n = request.size() / 4;
+  if (request.size() % 4 != 0 || n > chunks)
+    transport::fail_peer(from, "state", "elastic: peer ", from, " sent a malformed state request of ", request.size(), " bytes");
+  std::vector<std::uint32_t> out(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    std::memcpy(&out[k], request.data() + 4 * k, 4);
+    if (out[k] >= chunks) transport::fail_peer(from, "state", "elastic: peer ", from, " asked for chunk ", out[k], " of ", chunks);
+  }
+  return out;
+}
+
+}  // namespace detail
 
 // Members behind take the state of members at the target, in chunks from several donors at once
 // (hivemind #169: every joiner hit one donor). Each donor offers its encoded state (`state()`,
 // read in place chunk by chunk: it must not change until this returns) with its checksum, where
-// each of its tensors lies and, with several donors, each chunk's hash; each member behind takes
-// the state of one donor (the donors in turn), asking the other donors for the chunks they hold
-// alike (detail::assign_chunks), and checks each chunk's hash as it comes; the decode verifies
-// the whole. The result is always one donor's state, bit for bit.
+// each of its tensors lies and each chunk's hash; each member behind takes the state of one
+// donor (the donors in turn), asking the other donors for the chunks they hold alike
+// (detail::assign_chunks), and checks each chunk's hash as it lands: a donor whose chunk does
+// not hash as its offer said is named, and the chunk is asked again of a donor whose offer holds
+// it alike (a second request, empty when nothing failed); with none, the transfer fails naming
+// the donor. The decode verifies the whole. The result is always one donor's state, bit for bit.
 //
 // With `own` (views of this peer's memory: io::checkpoint::views), a member behind lands each
 // tensor's chunks in its own tensor of that name and size (received_state), and sets *torn
@@ -297,24 +321,24 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
     }
     const std::uint64_t chunks = offer.chunks();
     auto chunk_bytes = [&](std::uint64_t i) { return blob.bytes(offer.begin(i), static_cast<std::size_t>(offer.length(i)), scratch); };
-    if (donors.size() > 1)
-      for (std::uint64_t i = 0; i < chunks; ++i) offer.hashes.push_back(decentrain::detail::xxh3(chunk_bytes(i)));
+    // Every chunk's hash, so that each is checked as it lands (and, with several donors, chunks
+    // held alike are told apart from those that differ).
+    for (std::uint64_t i = 0; i < chunks; ++i) offer.hashes.push_back(decentrain::detail::xxh3(chunk_bytes(i)));
     const auto encoded = detail::encode_offer(offer);
     for (int j : d.behind) ep.send(j, detail::state_tag, std::as_bytes(std::span(encoded)));
-    for (int j : d.behind) {
-      const auto request = ep.recv_within(j, detail::state_tag, s.timeout);
-      const std::size_t n = request.size() / 4;
-      if (request.size() % 4 != 0 || n > chunks)
-        transport::fail_peer(j, "state", "elastic: peer ", j, " sent a malformed state request of ", request.size(), " bytes");
-      for (std::size_t k = 0; k < n; ++k) {
-        std::uint32_t i = 0;
-        std::memcpy(&i, request.data() + 4 * k, 4);
-        if (i >= chunks) transport::fail_peer(j, "state", "elastic: peer ", j, " asked for chunk ", i, " of ", chunks);
+    auto serve = [&](int j, const std::vector<std::uint32_t>& asked) {
+      for (const auto i : asked) {
         const auto bytes = chunk_bytes(i);
         ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
         out.bytes_served += bytes.size();
       }
-    }
+    };
+    const auto began = transport::now(ep);
+    for (int j : d.behind) serve(j, detail::read_request(ep, j, chunks, s.timeout));
+    // Then what failed its hash elsewhere (each taker asks once it holds every chunk: a while
+    // after this donor served it, as long again as its other donors took).
+    const auto served = std::chrono::duration_cast<std::chrono::milliseconds>(transport::now(ep) - began);
+    for (int j : d.behind) serve(j, detail::read_request(ep, j, chunks, s.timeout + 2 * static_cast<int>(donors.size()) * served));
   }
   if (place == d.behind.end()) return out;
 
@@ -324,7 +348,11 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
   for (int j : donors) offers.push_back(detail::decode_offer(ep.recv_within(j, detail::state_tag, s.timeout), j, s));
   const auto p = static_cast<std::size_t>(place - d.behind.begin());
   const auto asks = detail::assign_chunks(offers, d.behind.size(), p, d.next.epoch);
-  const auto& ref = offers[static_cast<std::size_t>((p + d.next.epoch) % offers.size())];
+  const std::size_t reference = static_cast<std::size_t>((p + d.next.epoch) % offers.size());
+  const auto& ref = offers[reference];
+  out.reference = donors[reference];
+  if (ref.hashes.size() != ref.chunks())
+    transport::fail_peer(donors[reference], "state", "elastic: the state offer of peer ", donors[reference], " has no hash for each chunk");
   for (std::size_t k = 0; k < donors.size(); ++k) {
     // The donors serve at once and land one after the other: what a later one sends waits in
     // the transport, which takes it beyond its budget as expected here (transport::expect).
@@ -340,24 +368,52 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
     *torn = true;
   }
   // Each donor's chunks land straight where they go (transport::exchange posts the memory), one
-  // donor after the other; what the others send meanwhile the transport queues.
-  for (std::size_t k = 0; k < donors.size(); ++k) {
-    if (asks[k].empty()) continue;
+  // donor after the other; what the others send meanwhile the transport queues. Returns the
+  // chunks that did not hash as the reference offer says.
+  auto take = [&](std::size_t k, const std::vector<std::uint32_t>& asked) {
+    std::vector<std::uint32_t> failed;
+    if (asked.empty()) return failed;
     std::vector<std::span<std::byte>> ins;
-    for (const auto i : asks[k]) ins.push_back(std::as_writable_bytes(got.chunk(i)));
+    for (const auto i : asked) ins.push_back(std::as_writable_bytes(got.chunk(i)));
     std::vector<std::size_t> sizes(ins.size(), 0);
     transport::exchange(ep, -1, {}, donors[k], ins, detail::state_tag, [&](std::size_t n, std::size_t size) { sizes[n] = size; });
     for (std::size_t n = 0; n < ins.size(); ++n) {  // checked once every posting is settled
-      const std::uint32_t i = asks[k][n];
+      const std::uint32_t i = asked[n];
       if (sizes[n] != ins[n].size())
         transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent a state chunk of ", sizes[n], " bytes, ",
                              ins[n].size(), " were due");
       const auto chunk = std::string_view(reinterpret_cast<const char*>(ins[n].data()), ins[n].size());
-      if (!ref.hashes.empty() && decentrain::detail::xxh3(chunk) != ref.hashes[i])
-        transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent chunk ", i,
-                             " of the state unlike the one announced (its hash differs)");
+      if (decentrain::detail::xxh3(chunk) != ref.hashes[i]) failed.push_back(i);
     }
+    return failed;
+  };
+  std::vector<std::vector<std::uint32_t>> again(donors.size());
+  for (std::size_t k = 0; k < donors.size(); ++k)
+    for (const auto i : take(k, asks[k])) {
+      // Named, and asked again of another donor whose offer holds this chunk alike.
+      out.named.emplace(donors[k], decentrain::detail::concat("its chunk ", i, " of the state did not hash as its offer said"));
+      std::size_t other = donors.size();
+      for (std::size_t t = 1; t < donors.size() && other == donors.size(); ++t) {
+        const std::size_t c = (k + t) % donors.size();
+        if (offers[c].same_layout(ref) && offers[c].hashes.size() == ref.hashes.size() && offers[c].hashes[i] == ref.hashes[i] &&
+            !out.named.count(donors[c]))
+          other = c;
+      }
+      if (other == donors.size())
+        transport::fail_peer_because(transport::failure_cause::convicted, donors[k], "state", "elastic: peer ", donors[k],
+                                     " sent chunk ", i, " of the state unlike its offer (its hash differs), and no other donor holds it alike");
+      again[other].push_back(i);
+    }
+  for (std::size_t k = 0; k < donors.size(); ++k) {
+    std::uint64_t due = 0;
+    for (const auto i : again[k]) due += offers[k].length(i);
+    transport::expect(ep, donors[k], detail::state_tag, due);
+    ep.send(donors[k], detail::state_tag, std::as_bytes(std::span(again[k])));  // (empty: nothing failed)
   }
+  for (std::size_t k = 0; k < donors.size(); ++k)
+    if (const auto failed = take(k, again[k]); !failed.empty())
+      transport::fail_peer_because(transport::failure_cause::convicted, donors[k], "state", "elastic: peer ", donors[k], " sent chunk ",
+                                   failed.front(), " of the state unlike its offer (its hash differs), asked again of it");
   out.state.emplace(std::move(got));
   return out;
 }

@@ -63,8 +63,6 @@ struct connection : std::enable_shared_from_this<connection> {
 
   asio::ip::tcp::socket socket;
   int rank = -1;  // -1 until its hello arrives (and, with credentials, its proof)
-  std::uint64_t incarnation = 0;  // the peer's process (wire::hello::incarnation)
-  bool joiner = false;  // it dialed this peer to join the running group (a late hello): restricted until a view admits it
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.

@@ -2,7 +2,9 @@
 // to is formed or this peer joined it running; what a caller asking for the directory is told.
 #pragma once
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 #include "decentrain/detail/error.hpp"
@@ -12,6 +14,7 @@ namespace decentrain::transport::tcp_detail {
 
 struct directory {
   std::map<int, std::string> addresses;  // rank -> "host:port", this peer's own included
+  std::set<int> joining;                 // ranks a seed said are joiners not admitted yet
   std::size_t turn = 0;                  // which known address rediscover() asks first (training thread)
   bool formed = false;  // the mesh of this peer's group is complete (it may be running)
   bool late = false;    // this peer joined a running group
@@ -19,12 +22,16 @@ struct directory {
 
   // The answer to a directory request: before the group is formed, every address known; after,
   // only this peer and the peers it is connected to (those a joiner must reach).
-  template <class Connected>
-  wire::directory answer(int self, Connected&& connected) const {
+  // `joiner(r)`: whether connected peer r is a joiner not admitted yet.
+  template <class Connected, class Joiner>
+  wire::directory answer(int self, Connected&& connected, Joiner&& joiner) const {
     wire::directory d;
     d.formed = formed;
     for (const auto& [r, a] : addresses)
-      if (!formed || r == self || connected(r)) d.entries.emplace_back(r, a);
+      if (!formed || r == self || connected(r)) {
+        d.entries.emplace_back(r, a);
+        if (r != self && joiner(r)) d.joining.push_back(r);
+      }
     return d;
   }
 
@@ -40,7 +47,11 @@ struct directory {
       late = refusal.empty();
     }
     for (const auto& [r, a] : d.entries)
-      if (r >= 0 && r < capacity && r != self) addresses[r] = a;
+      if (r >= 0 && r < capacity && r != self) {
+        addresses[r] = a;
+        if (std::find(d.joining.begin(), d.joining.end(), r) != d.joining.end()) joining.insert(r);
+        else joining.erase(r);
+      }
   }
 };
 

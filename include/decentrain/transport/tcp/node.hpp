@@ -26,7 +26,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -50,7 +49,7 @@ namespace decentrain::transport::tcp_detail {
 
 struct node {
   explicit node(tcp_options o)
-      : opts((o.validate(), std::move(o))), creds(opts), incarnation(random_incarnation()), acceptor(io),
+      : opts((o.validate(), std::move(o))), creds(opts), acceptor(io),
         started(std::chrono::steady_clock::now()) {
     box.set_budget(detail::budget{opts.max_queued_bytes, opts.budget_grace});
     for (int r = 0; r < opts.world; ++r) members.insert(r);
@@ -91,11 +90,6 @@ struct node {
     if (io_thread.joinable()) io_thread.join();
   }
 
-  static std::uint64_t random_incarnation() {
-    std::random_device device;
-    return (std::uint64_t{device()} << 32) ^ device();
-  }
-
   // ---- the registry ----
 
   bool late_group() const {
@@ -113,7 +107,7 @@ struct node {
       std::shared_ptr<connection> dropped;
       {
         std::lock_guard lock(mutex);
-        dropped = keep_one(c, true);
+        dropped = keep_one(c);
       }
       if (dropped) close(dropped, "");
       if (dropped != c) {
@@ -128,24 +122,16 @@ struct node {
     changed.notify_all();
   }
 
-  // A live connection is never replaced by one that claims its rank from another process. Two
-  // joiners that find each other at once dial each other: of the two connections of the same
-  // process (the same incarnation), the one the lower rank dialed is kept on both sides.
-  // Registers `c` (dialed by this peer when `outgoing`) or not; returns the connection to close
-  // quietly, if any (mutex held).
-  std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
+  // A live connection is never replaced by another claiming its rank (a hijack, or a second
+  // process of a rank already here): the newcomer is dropped. Two peers never dial each other at
+  // once: ranks dial lower ranks while the group forms, joiners dial members and lower-ranked
+  // joiners. Registers `c` or not; returns the connection to close quietly, if any (mutex held).
+  std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c) {
     auto it = peers.find(c->rank);
-    if (it == peers.end() || it->second == c) {
-      if (it == peers.end() && !ever_connected.insert(c->rank).second) adm.reconnected();
-      peers[c->rank] = c;
-      return nullptr;
-    }
-    if (it->second->incarnation != c->incarnation) return c;
-    const bool lower_dialed_c = outgoing ? opts.rank < c->rank : c->rank < opts.rank;
-    if (!lower_dialed_c) return c;
-    auto old = it->second;
-    it->second = c;
-    return old;
+    if (it != peers.end() && it->second != c) return c;
+    if (it == peers.end() && !ever_connected.insert(c->rank).second) adm.reconnected();
+    peers[c->rank] = c;
+    return nullptr;
   }
 
   std::vector<int> connected() const {
@@ -161,8 +147,8 @@ struct node {
     std::lock_guard lock(mutex);
     members = std::set<int>(ranks.begin(), ranks.end());
   }
-  // Whether `c` is a joiner not admitted yet (mutex held).
-  bool restricted(const connection& c) const { return c.joiner && !members.count(c.rank); }
+  // Whether `c` is a peer outside this peer's view: a joiner not admitted yet (mutex held).
+  bool restricted(const connection& c) const { return !members.count(c.rank); }
   int joiners_waiting() const {  // (mutex held)
     int n = 0;
     for (const auto& [r, c] : peers) n += restricted(*c);
@@ -476,19 +462,22 @@ struct node {
     };
     if (hello.purpose == wire::hello_purpose::directory) {
       if (!dir.formed && !hello.address.empty()) dir.addresses[hello.rank] = hello.address;
-      return answer(wire::frame_type::directory, wire::encode_body(dir.answer(opts.rank, [&](int r) { return peers.count(r) > 0; })));
+      return answer(wire::frame_type::directory,
+                    wire::encode_body(dir.answer(
+                        opts.rank, [&](int r) { return peers.count(r) > 0; },
+                        [&](int r) { return peers.count(r) > 0 && restricted(*peers.at(r)); })));
     }
     if (const auto why = box.barred(hello.rank))  // final: trying again cannot help
       return answer(wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
     if (hello.late) {
-      if (const auto live = peers.find(hello.rank); live != peers.end() && live->second->incarnation != hello.incarnation) {
+      if (peers.count(hello.rank)) {
         adm.hijack_refused(decentrain::detail::concat("a caller claimed rank ", hello.rank, ", which is connected here and alive"));
         return answer(wire::frame_type::bye,
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
                                                                   "peer ", opts.rank, " is connected to a live peer of rank ",
                                                                   hello.rank, "; another process cannot take its rank")}));
       }
-      if (!peers.count(hello.rank) && joiners_waiting() >= opts.max_joiners) {
+      if (joiners_waiting() >= opts.max_joiners) {
         adm.joiner_refused();
         return answer(wire::frame_type::bye,
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
@@ -515,15 +504,13 @@ struct node {
     // caller reads from it (the training thread may write to it as soon as it is registered).
     {
       std::lock_guard write_lock(c->write_mutex);
-      framing_sent += c->append_frame(wire::frame_type::welcome, wire::encode_incarnation(incarnation));
+      framing_sent += c->append_frame(wire::frame_type::welcome, {});
       c->flush_unsent();
     }
     c->rank = hello.rank;
-    c->incarnation = hello.incarnation;
-    c->joiner = hello.late;
     c->handshake_state.opened();
     adm.admitted_one();  // no longer a stranger
-    const auto dropped = keep_one(c, false);
+    const auto dropped = keep_one(c);
     if (dropped != c) box.reopen(c->rank);
     changed.notify_all();
     if (dropped) asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
@@ -798,8 +785,7 @@ struct node {
   }
 
   tcp_options opts;
-  credentials creds;          // what this peer proves itself with (tcp/handshake.hpp)
-  std::uint64_t incarnation;  // this process (wire::hello::incarnation)
+  credentials creds;  // what this peer proves itself with (tcp/handshake.hpp)
 #if DECENTRAIN_HAS_TLS
   std::shared_ptr<asio::ssl::context> tls_context;  // null without TLS
 #endif

@@ -135,8 +135,11 @@ class rendezvous {
     std::vector<std::pair<int, std::string>> todo;
     {
       std::lock_guard lock(n_.mutex);
+      // Joiners of higher rank dial this one (two peers never dial each other at once).
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r)) todo.emplace_back(r, a);
+        if (r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
+            !(n_.dir.joining.count(r) && r > n_.opts.rank))
+          todo.emplace_back(r, a);
     }
     std::string last_error;
     for (const auto& [r, a] : todo) {
@@ -168,7 +171,7 @@ class rendezvous {
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
       bool settled = true;
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2) settled = false;
+        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank)) settled = false;
       if (settled && !n_.peers.empty()) {
         n_.dir.formed = true;
         return;
@@ -196,7 +199,6 @@ class rendezvous {
     h.address = n_.advertised;
     h.late = n_.late_group();
     h.settings = n_.opts.settings;
-    h.incarnation = n_.incarnation;
     return h;
   }
 
@@ -389,12 +391,10 @@ class rendezvous {
       decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ", address,
                                 " proved it is peer ", proven_rank, ", not peer ", peer,
                                 " (a stale directory, or the connection was redirected)");
-      const auto their_incarnation = wire::decode_incarnation(answer.body);
       auto c = std::make_shared<connection>(n_.io);
       const auto protocol = s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
       c->rank = peer;
-      c->incarnation = their_incarnation;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);
