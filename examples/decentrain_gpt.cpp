@@ -1018,6 +1018,9 @@ void print_changes(const std::vector<dt::fault::membership_change>& changes, std
                 c.healed ? (c.healed_in_place ? ", took a peer's state (landed in place)" : ", took a peer's state") : "",
                 inherited.c_str(),
                 c.seconds, c.cause.c_str());
+    // Members whose messages broke the protocol here (a lying leader, a donor serving other bytes).
+    for (const auto& [peer, how] : c.named) std::printf("membership: view %llu names peer %d: %s\n",
+                                                        static_cast<unsigned long long>(c.epoch), peer, how.c_str());
   }
 }
 

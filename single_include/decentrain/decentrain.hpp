@@ -11219,7 +11219,7 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
-// per-peer identities, no incarnation in the hello and the welcome.
+// per-peer identities, directories that do not tell joiners from members.
 inline constexpr std::uint16_t version = 8;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
@@ -11248,7 +11248,7 @@ inline constexpr std::size_t max_settings_chars = 4096;  // hello::settings
 inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the handshake's proofs (tcp/handshake.hpp); welcome: the answer to a data
-// hello that was accepted, carrying the acceptor's incarnation (a refused one gets a bye saying why).
+// hello that was accepted (a refused one gets a bye saying why).
 enum class frame_type : std::uint16_t {
   hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8
 };
@@ -11356,9 +11356,6 @@ struct hello {
   std::string settings;  // tcp_options::settings: what every peer of the run must agree on
   std::uint8_t credentials = 0;  // what the sender proves itself with: 1 a run key, 2 an identity (both: 3)
   std::string exchange;          // with an identity: the sender's X25519 key for this connection
-  // Random, one per process: a second connection of the same process (two joiners that dial each
-  // other at once) is told from another process claiming a connected rank.
-  std::uint64_t incarnation = 0;
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -11369,13 +11366,12 @@ struct hello {
     save_string(ar, settings);
     ar(credentials);
     save_string(ar, exchange);
-    ar(incarnation);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
     ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes},
-       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes}, incarnation);
+       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes});
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     decentrain::detail::check(credentials <= 3, "frame: hello has unknown credentials ", static_cast<int>(credentials));
     purpose = static_cast<hello_purpose>(p);
@@ -11383,10 +11379,13 @@ struct hello {
 };
 
 // Reply to a directory hello: every (rank, address) the replying peer knows; once its group is
-// running (`formed`), only itself and the peers it is connected to (those a joiner must reach).
+// running (`formed`), only itself and the peers it is connected to (those a joiner must reach),
+// and which of those are joiners not admitted yet (a joiner dials only those of lower rank, so
+// that two joiners never dial each other at once).
 struct directory {
   std::vector<std::pair<std::int32_t, std::string>> entries;
   bool formed = false;
+  std::vector<std::int32_t> joining;
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -11396,6 +11395,8 @@ struct directory {
       ar(r);
       save_string(ar, a);
     }
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(joining.size())));
+    for (const auto r : joining) ar(r);
   }
   template <class Archive>
   void load(Archive& ar) {
@@ -11405,6 +11406,10 @@ struct directory {
     decentrain::detail::check(n <= max_directory_entries, "frame: directory of ", n, " entries is over the limit");
     entries.resize(static_cast<std::size_t>(n));
     for (auto& [r, a] : entries) ar(r, bounded_string{a, max_address_chars});
+    ar(cereal::make_size_tag(n));
+    decentrain::detail::check(n <= max_directory_entries, "frame: directory of ", n, " joiners is over the limit");
+    joining.resize(static_cast<std::size_t>(n));
+    for (auto& r : joining) ar(r);
   }
 };
 
@@ -11429,19 +11434,6 @@ struct farewell {
     ar(excluded, bounded_string{reason, 1024}, final);
   }
 };
-
-// A welcome's body: the acceptor's incarnation (wire::hello::incarnation), 8 bytes little-endian.
-inline bytes encode_incarnation(std::uint64_t v) {
-  bytes out(8);
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-  return out;
-}
-inline std::uint64_t decode_incarnation(const bytes& body) {
-  decentrain::detail::check(body.size() == 8, "frame: a welcome of ", body.size(), " bytes (it has 8)");
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[static_cast<std::size_t>(i)]) << (8 * i);
-  return v;
-}
 
 // A heartbeat's body: three little-endian u64, the sender's clock (steady, in ns) when it sent
 // this, and the last heartbeat it had from the receiver (that one's `sent_ns`, 0 if none) with
@@ -11688,7 +11680,7 @@ struct random_churn {
 namespace decentrain::transport::detail {
 
 // Which of a receiver's acceptances a queued message is counted against (see budgets above).
-enum class accepted_as : std::uint8_t { budget, expected, allowed };
+enum class accepted_as : std::uint8_t { budget, expected, allowed, control };
 
 struct message {
   bytes payload;
@@ -11731,17 +11723,43 @@ class mailbox {
 
   // A receiver that knows its next messages from `source` on `tag` (a collective's step) says
   // so before it sends its own: up to `size` bytes of them are queued beyond the budget.
+  // What came ahead of the expectation (queued against the budget) is counted against it now.
   void expect(int source, tag_type tag, std::uint64_t size) {
     std::unique_lock lock(mutex_);
-    if (expected_.size() >= max_expectations && !expected_.count({source, tag})) expected_.erase(expected_.begin());
-    expected_[{source, tag}] += size;
+    const key k{source, tag};
+    if (auto q = queues_.find(k); q != queues_.end())
+      for (auto& m : q->second)
+        if (m.as == accepted_as::budget && m.payload.size() <= size) {
+          count(source, tag, m, -1);
+          m.as = accepted_as::expected;
+          size -= m.payload.size();
+        }
+    if (size > 0) {
+      if (!expected_.count(k)) {
+        expectation_order_.push_back(k);
+        if (expectation_order_.size() > max_expectations)  // those met since are no longer held
+          std::erase_if(expectation_order_, [&](const key& o) { return !expected_.count(o) && o != k; });
+        if (expectation_order_.size() > max_expectations) {  // the oldest goes (a sender that never sent)
+          expected_.erase(expectation_order_.front());
+          expectation_order_.pop_front();
+        }
+      }
+      expected_[k] += size;
+    }
     wake_if_paused(lock, source);
   }
   // Up to `size` bytes from each source on `tag` are queued beyond the budget, whenever they
   // come (a leaver's handoff, written before its goodbye).
   void allow(tag_type tag, std::uint64_t size) {
-    std::lock_guard lock(mutex_);
-    allowed_[tag] = size;
+    std::vector<std::function<void()>> wake;
+    {
+      std::lock_guard lock(mutex_);
+      allowed_[tag] = size;
+      for (auto& [source, p] : paused_) wake.push_back(std::move(p.resume));
+      paused_.clear();
+    }
+    for (auto& w : wake)
+      if (w) w();
   }
 
   // Whether a body of `length` bytes from `source` on `tag` may be queued now, and against what
@@ -11756,6 +11774,10 @@ class mailbox {
         if ((e->second -= length) == 0) expected_.erase(e);
         return accepted_as::expected;
       }
+      // The membership protocol's small messages (reports, views, echoes, markers, alarms) never
+      // wait behind a peer's data: they have a room of their own.
+      if (is_membership_tag(tag) && length <= max_control_message && control_bytes_[source] + length <= max_control_queued)
+        return accepted_as::control;
       if (const auto a = allowed_.find(tag); a != allowed_.end() && allowed_bytes_[{source, tag}] + length <= a->second)
         return accepted_as::allowed;
       if (queued_bytes_[source] + length <= budget_.bytes_per_peer || forgotten_.count(source)) return accepted_as::budget;
@@ -11878,7 +11900,9 @@ class mailbox {
     pending_closures_.clear();
     queued_bytes_.clear();
     allowed_bytes_.clear();
+    control_bytes_.clear();
     expected_.clear();
+    expectation_order_.clear();
     paused_.clear();
     over_budget_.clear();
   }
@@ -11966,6 +11990,7 @@ class mailbox {
     {
       std::lock_guard lock(mutex_);
       closed_.emplace(source, closure{std::move(reason), cause});
+      paused_.erase(source);  // its connection (and reader) is gone
     }
     ready_.notify_all();
   }
@@ -11979,6 +12004,7 @@ class mailbox {
   void reopen(int source) {
     std::lock_guard lock(mutex_);
     if (!forgotten_.count(source)) closed_.erase(source);
+    paused_.erase(source);  // a new connection: its reader is not paused
   }
 
   // ---- membership (fault::elastic) ----
@@ -11992,6 +12018,7 @@ class mailbox {
       std::erase_if(queues_, [&](const auto& q) { return q.first.first == source; });
       queued_bytes_.erase(source);
       std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
+      control_bytes_.erase(source);
       std::erase_if(expected_, [&](const auto& e) { return e.first.first == source; });
       std::erase_if(pending_alarms_, [&](const auto& a) { return a.first == source; });
       std::erase_if(pending_closures_, [&](const pending_closure& c) { return c.source == source; });
@@ -12053,6 +12080,11 @@ class mailbox {
   }
   void set_epoch(std::uint64_t epoch) {
     std::lock_guard lock(mutex_);
+    // What a receiver expected of the old view will not come (its collectives were cut off).
+    if (epoch != epoch_) {
+      expected_.clear();
+      expectation_order_.clear();
+    }
     epoch_ = epoch;
     if (alarm_ && alarm_->epoch < epoch) alarm_.reset();
     std::erase_if(pending_alarms_, [&](const auto& a) {
@@ -12162,10 +12194,11 @@ class mailbox {
       q = queues_.erase(q);
     }
     queued_bytes_.erase(source);
+    control_bytes_.erase(source);
     std::erase_if(allowed_bytes_, [&](const auto& a) { return a.first.first == source; });
     ++over_budget_[source];
     const auto limit = budget_.bytes_per_peer;
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(budget_.grace).count();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
     wake_if_paused(lock, source);
     transport::fail_peer_because(failure_cause::convicted, source, "receive", "transport: peer ", source, " is over its budget: ",
                                  messages, " message(s) of ", dropped, " bytes on ", tags.size(),
@@ -12185,6 +12218,12 @@ class mailbox {
         auto& a = allowed_bytes_[{source, tag}];
         a += sign > 0 ? n : -n;
         if (a == 0) allowed_bytes_.erase({source, tag});
+        break;
+      }
+      case accepted_as::control: {
+        auto& c = control_bytes_[source];
+        c += sign > 0 ? n : -n;
+        if (c == 0) control_bytes_.erase(source);
         break;
       }
       case accepted_as::expected:
@@ -12309,7 +12348,11 @@ class mailbox {
   std::vector<pending_closure> pending_closures_;
   // budgets
   budget budget_;
-  static constexpr std::size_t max_expectations = 4096;  // (a sender that never sent leaves one behind)
+  static constexpr std::size_t max_expectations = 4096;  // (cleared at each view; the oldest go first)
+  static constexpr std::size_t max_control_message = std::size_t{64} << 10;
+  static constexpr std::uint64_t max_control_queued = std::uint64_t{4} << 20;  // per source
+  std::deque<key> expectation_order_;          // expectations, oldest first
+  std::map<int, std::uint64_t> control_bytes_;  // per source: membership messages queued outside the budget
   std::map<int, std::uint64_t> queued_bytes_;  // per source: bytes queued against the budget, not taken
   std::map<key, std::uint64_t> expected_;      // bytes a receiver still expects, per (source, tag)
   std::map<tag_type, std::uint64_t> allowed_;  // standing allowances, per tag
@@ -14672,8 +14715,6 @@ struct connection : std::enable_shared_from_this<connection> {
 
   asio::ip::tcp::socket socket;
   int rank = -1;  // -1 until its hello arrives (and, with credentials, its proof)
-  std::uint64_t incarnation = 0;  // the peer's process (wire::hello::incarnation)
-  bool joiner = false;  // it dialed this peer to join the running group (a late hello): restricted until a view admits it
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -15022,7 +15063,6 @@ class admission {
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -15033,7 +15073,9 @@ class admission {
 // Where every peer of the group listens, as this peer knows it, and whether the group it belongs
 // to is formed or this peer joined it running; what a caller asking for the directory is told.
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 
@@ -15041,6 +15083,7 @@ namespace decentrain::transport::tcp_detail {
 
 struct directory {
   std::map<int, std::string> addresses;  // rank -> "host:port", this peer's own included
+  std::set<int> joining;                 // ranks a seed said are joiners not admitted yet
   std::size_t turn = 0;                  // which known address rediscover() asks first (training thread)
   bool formed = false;  // the mesh of this peer's group is complete (it may be running)
   bool late = false;    // this peer joined a running group
@@ -15048,12 +15091,16 @@ struct directory {
 
   // The answer to a directory request: before the group is formed, every address known; after,
   // only this peer and the peers it is connected to (those a joiner must reach).
-  template <class Connected>
-  wire::directory answer(int self, Connected&& connected) const {
+  // `joiner(r)`: whether connected peer r is a joiner not admitted yet.
+  template <class Connected, class Joiner>
+  wire::directory answer(int self, Connected&& connected, Joiner&& joiner) const {
     wire::directory d;
     d.formed = formed;
     for (const auto& [r, a] : addresses)
-      if (!formed || r == self || connected(r)) d.entries.emplace_back(r, a);
+      if (!formed || r == self || connected(r)) {
+        d.entries.emplace_back(r, a);
+        if (r != self && joiner(r)) d.joining.push_back(r);
+      }
     return d;
   }
 
@@ -15069,7 +15116,11 @@ struct directory {
       late = refusal.empty();
     }
     for (const auto& [r, a] : d.entries)
-      if (r >= 0 && r < capacity && r != self) addresses[r] = a;
+      if (r >= 0 && r < capacity && r != self) {
+        addresses[r] = a;
+        if (std::find(d.joining.begin(), d.joining.end(), r) != d.joining.end()) joining.insert(r);
+        else joining.erase(r);
+      }
   }
 };
 
@@ -15200,7 +15251,7 @@ namespace decentrain::transport::tcp_detail {
 
 struct node {
   explicit node(tcp_options o)
-      : opts((o.validate(), std::move(o))), creds(opts), incarnation(random_incarnation()), acceptor(io),
+      : opts((o.validate(), std::move(o))), creds(opts), acceptor(io),
         started(std::chrono::steady_clock::now()) {
     box.set_budget(detail::budget{opts.max_queued_bytes, opts.budget_grace});
     for (int r = 0; r < opts.world; ++r) members.insert(r);
@@ -15241,11 +15292,6 @@ struct node {
     if (io_thread.joinable()) io_thread.join();
   }
 
-  static std::uint64_t random_incarnation() {
-    std::random_device device;
-    return (std::uint64_t{device()} << 32) ^ device();
-  }
-
   // ---- the registry ----
 
   bool late_group() const {
@@ -15263,7 +15309,7 @@ struct node {
       std::shared_ptr<connection> dropped;
       {
         std::lock_guard lock(mutex);
-        dropped = keep_one(c, true);
+        dropped = keep_one(c);
       }
       if (dropped) close(dropped, "");
       if (dropped != c) {
@@ -15278,24 +15324,16 @@ struct node {
     changed.notify_all();
   }
 
-  // A live connection is never replaced by one that claims its rank from another process. Two
-  // joiners that find each other at once dial each other: of the two connections of the same
-  // process (the same incarnation), the one the lower rank dialed is kept on both sides.
-  // Registers `c` (dialed by this peer when `outgoing`) or not; returns the connection to close
-  // quietly, if any (mutex held).
-  std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c, bool outgoing) {
+  // A live connection is never replaced by another claiming its rank (a hijack, or a second
+  // process of a rank already here): the newcomer is dropped. Two peers never dial each other at
+  // once: ranks dial lower ranks while the group forms, joiners dial members and lower-ranked
+  // joiners. Registers `c` or not; returns the connection to close quietly, if any (mutex held).
+  std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c) {
     auto it = peers.find(c->rank);
-    if (it == peers.end() || it->second == c) {
-      if (it == peers.end() && !ever_connected.insert(c->rank).second) adm.reconnected();
-      peers[c->rank] = c;
-      return nullptr;
-    }
-    if (it->second->incarnation != c->incarnation) return c;
-    const bool lower_dialed_c = outgoing ? opts.rank < c->rank : c->rank < opts.rank;
-    if (!lower_dialed_c) return c;
-    auto old = it->second;
-    it->second = c;
-    return old;
+    if (it != peers.end() && it->second != c) return c;
+    if (it == peers.end() && !ever_connected.insert(c->rank).second) adm.reconnected();
+    peers[c->rank] = c;
+    return nullptr;
   }
 
   std::vector<int> connected() const {
@@ -15311,8 +15349,8 @@ struct node {
     std::lock_guard lock(mutex);
     members = std::set<int>(ranks.begin(), ranks.end());
   }
-  // Whether `c` is a joiner not admitted yet (mutex held).
-  bool restricted(const connection& c) const { return c.joiner && !members.count(c.rank); }
+  // Whether `c` is a peer outside this peer's view: a joiner not admitted yet (mutex held).
+  bool restricted(const connection& c) const { return !members.count(c.rank); }
   int joiners_waiting() const {  // (mutex held)
     int n = 0;
     for (const auto& [r, c] : peers) n += restricted(*c);
@@ -15626,19 +15664,22 @@ struct node {
     };
     if (hello.purpose == wire::hello_purpose::directory) {
       if (!dir.formed && !hello.address.empty()) dir.addresses[hello.rank] = hello.address;
-      return answer(wire::frame_type::directory, wire::encode_body(dir.answer(opts.rank, [&](int r) { return peers.count(r) > 0; })));
+      return answer(wire::frame_type::directory,
+                    wire::encode_body(dir.answer(
+                        opts.rank, [&](int r) { return peers.count(r) > 0; },
+                        [&](int r) { return peers.count(r) > 0 && restricted(*peers.at(r)); })));
     }
     if (const auto why = box.barred(hello.rank))  // final: trying again cannot help
       return answer(wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
     if (hello.late) {
-      if (const auto live = peers.find(hello.rank); live != peers.end() && live->second->incarnation != hello.incarnation) {
+      if (peers.count(hello.rank)) {
         adm.hijack_refused(decentrain::detail::concat("a caller claimed rank ", hello.rank, ", which is connected here and alive"));
         return answer(wire::frame_type::bye,
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
                                                                   "peer ", opts.rank, " is connected to a live peer of rank ",
                                                                   hello.rank, "; another process cannot take its rank")}));
       }
-      if (!peers.count(hello.rank) && joiners_waiting() >= opts.max_joiners) {
+      if (joiners_waiting() >= opts.max_joiners) {
         adm.joiner_refused();
         return answer(wire::frame_type::bye,
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
@@ -15665,15 +15706,13 @@ struct node {
     // caller reads from it (the training thread may write to it as soon as it is registered).
     {
       std::lock_guard write_lock(c->write_mutex);
-      framing_sent += c->append_frame(wire::frame_type::welcome, wire::encode_incarnation(incarnation));
+      framing_sent += c->append_frame(wire::frame_type::welcome, {});
       c->flush_unsent();
     }
     c->rank = hello.rank;
-    c->incarnation = hello.incarnation;
-    c->joiner = hello.late;
     c->handshake_state.opened();
     adm.admitted_one();  // no longer a stranger
-    const auto dropped = keep_one(c, false);
+    const auto dropped = keep_one(c);
     if (dropped != c) box.reopen(c->rank);
     changed.notify_all();
     if (dropped) asio::post(io, [this, dropped] { close(dropped, ""); });  // not under the mutex
@@ -15948,8 +15987,7 @@ struct node {
   }
 
   tcp_options opts;
-  credentials creds;          // what this peer proves itself with (tcp/handshake.hpp)
-  std::uint64_t incarnation;  // this process (wire::hello::incarnation)
+  credentials creds;  // what this peer proves itself with (tcp/handshake.hpp)
 #if DECENTRAIN_HAS_TLS
   std::shared_ptr<asio::ssl::context> tls_context;  // null without TLS
 #endif
@@ -16119,8 +16157,11 @@ class rendezvous {
     std::vector<std::pair<int, std::string>> todo;
     {
       std::lock_guard lock(n_.mutex);
+      // Joiners of higher rank dial this one (two peers never dial each other at once).
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r)) todo.emplace_back(r, a);
+        if (r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
+            !(n_.dir.joining.count(r) && r > n_.opts.rank))
+          todo.emplace_back(r, a);
     }
     std::string last_error;
     for (const auto& [r, a] : todo) {
@@ -16152,7 +16193,7 @@ class rendezvous {
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
       bool settled = true;
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2) settled = false;
+        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank)) settled = false;
       if (settled && !n_.peers.empty()) {
         n_.dir.formed = true;
         return;
@@ -16180,7 +16221,6 @@ class rendezvous {
     h.address = n_.advertised;
     h.late = n_.late_group();
     h.settings = n_.opts.settings;
-    h.incarnation = n_.incarnation;
     return h;
   }
 
@@ -16373,12 +16413,10 @@ class rendezvous {
       decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ", address,
                                 " proved it is peer ", proven_rank, ", not peer ", peer,
                                 " (a stale directory, or the connection was redirected)");
-      const auto their_incarnation = wire::decode_incarnation(answer.body);
       auto c = std::make_shared<connection>(n_.io);
       const auto protocol = s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
       c->rank = peer;
-      c->incarnation = their_incarnation;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);
@@ -22122,6 +22160,7 @@ struct checkpoint_every {
 #include <exception>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -22382,6 +22421,32 @@ inline std::optional<std::string> invalid_view(const message& m, const view& cur
   return std::nullopt;
 }
 
+// A view that admits joiner `me`, sent it by `sender` (ranks below `capacity`): a joiner knows
+// no view to hold it against, only that the view is well formed, that the sender is one of its
+// members and that it takes this joiner in behind the target.
+inline std::optional<std::string> invalid_admission(const message& m, int sender, int me, int capacity) {
+  if (m.step < 0 || m.phase < 0 || m.phase > last_phase) return decentrain::detail::concat("a view at step ", m.step, " phase ", int{m.phase});
+  for (const auto& [what, list] : {std::pair{"members", &m.ranks}, std::pair{"removed", &m.departed}, std::pair{"behind", &m.behind},
+                                   std::pair{"barred", &m.convicted}})
+    if (auto why = checks::ranks(what, *list, capacity)) return why;
+  if (!checks::contains(m.ranks, sender)) return decentrain::detail::concat("a view sent by peer ", sender, ", not one of its members");
+  if (!checks::contains(m.behind, me)) return std::string("a view that admits this joiner without its taking the state");
+  for (const auto j : m.convicted)
+    if (checks::contains(m.ranks, j)) return decentrain::detail::concat("a view that bars its own member ", j);
+  for (const auto j : m.behind)
+    if (!checks::contains(m.ranks, j)) return decentrain::detail::concat("a view with peer ", j, " behind but not a member");
+  if (!checks::contains(m.ranks, m.donor) || checks::contains(m.behind, m.donor))
+    return decentrain::detail::concat("a view whose donor ", m.donor, " is not a member at the target");
+  return std::nullopt;
+}
+
+// The ranks a message may name on `ep`: below its capacity (tcp: the joiners' ranks too).
+template <class E>
+int capacity_of(const E& ep) {
+  if constexpr (requires { ep.capacity(); }) return ep.capacity();
+  else return ep.world();
+}
+
 inline message decode(const transport::bytes& b, int from) {
   try {
     return transport::wire::decode_body<message>(b, "membership message");
@@ -22424,10 +22489,6 @@ inline decision decision_of(const message& m) {
 // ---- end decentrain/fault/membership/messages.hpp ----
 
 namespace decentrain::fault {
-
-namespace detail {
-
-}  // namespace detail
 
 // What the joiners connected to this peer say they reach (their latest hellos), read as they
 // come: a member starts an agreement for a joiner only once it reaches every member, and the
@@ -22512,9 +22573,10 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
       try {
         const auto m = detail::decode(ep.recv_within(j, detail::protocol_tag, std::chrono::milliseconds(20)), j);
         if (m.what == detail::kind::marker) markers[j] = m.epoch;  // a member that had the view first
-        if (m.what != detail::kind::view) continue;
+        if (m.what != detail::kind::view || !detail::checks::contains(m.ranks, me))
+          continue;  // a view of the members that did not admit it yet
+        if (detail::invalid_admission(m, j, me, detail::capacity_of(ep))) continue;  // not from a member of it: dropped
         decision d = detail::decision_of(m);
-        if (!d.next.contains(me)) continue;  // a view of the members that did not admit it yet
         d.joined = {me};
         for (const auto& [k, e] : markers)
           if (e == m.epoch) d.marked.push_back(k);
@@ -22544,14 +22606,20 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
 // How the survivors of a failure agree on the next view (agree: a leader's part and a
 // follower's), and how a view is installed (install: markers that end the old view's messages).
 //
-// Why a leader and not a consensus protocol: the failures to survive are crashes, freezes and
-// partitions of peers that otherwise follow the protocol (peers that lie are the robust
-// aggregation's business), so a rotating leader is enough: the lowest rank that a peer does not
-// suspect. Every survivor reports to it where it stands (its step and phase, and the peers it
-// knows departed); the leader waits for each member that did not depart (a dead one fails fast:
-// its connection closed; a frozen one at the agreement's deadline), then sends the next view. A
-// leader that dies is suspected in turn and the next lowest rank leads. No coordinator outside
-// the group is needed, and no peer is special for longer than one agreement.
+// A rotating leader, the lowest member a peer may follow: every survivor reports to it where it
+// stands (its step and phase, the peers it knows departed, those it accuses of poison, the
+// joiners it reaches); the leader waits for each member that did not depart (a dead one fails
+// fast: its connection closed; a frozen one at the agreement's deadline), then sends the next
+// view. A leader that fails is passed over and the next lowest leads. No coordinator outside the
+// group is needed, and no peer is special for longer than one agreement.
+//
+// Peers that lie in the protocol (agreement_settings::liars; by default fewer than a third of a
+// view of 4 or more): every report goes to every member, a departure or a conviction needs more
+// than half of the view to say so, a follower refuses a view that its reports do not justify,
+// and follows a view only once a quorum of the view echoed it (Bracha's echo threshold): a leader
+// that shows two views is caught and barred, one that breaks the form is named, and a view no
+// quorum echoes is followed by no one. In a view of fewer than 4 (or with liars = 0) the rules
+// of crash faults hold: the leader's own accusation is enough and its view is followed at once.
 //
 // After the view, every member sends every other a marker: what a peer sent before its marker
 // belongs to the old view and is dropped (so a collective of the new view never pairs with a
@@ -22562,15 +22630,11 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
 // parameters.
 //
 // A view must keep a majority of the previous view's peers that did not depart for certain
-// (closed connection, killed): a side of a partition with fewer stops with an error instead of
-// training on as a second model. Half exactly: the side with the lowest rank goes on.
-//
-// A peer that sent poison (failure_cause::convicted: its contributions were dropped or far from
-// the aggregate too often) is alive and would take part: the peers that accuse it neither wait
-// for it nor let it lead, and the leader excludes it when it accuses it itself or when more than
-// half of the other members it heard from do (so one lying member cannot have an honest one
-// excluded). The view then bars it for good (view::barred): every member refuses it, also as a
-// joiner.
+// (closed connection, killed, convicted): a side of a partition with fewer does not train on as a
+// second model. Against insiders it waits for the partition to heal (agreement_settings::
+// patience); under crash rules it stops with an error, and with half exactly the side with the
+// lowest rank goes on. A view bars the members it convicts for good (view::barred): every member
+// refuses them, also as joiners.
 
 #include <algorithm>
 #include <chrono>
@@ -22626,12 +22690,6 @@ inline std::size_t echo_quorum(std::size_t n, int f) { return (n + static_cast<s
 // More than half of the view accuse it.
 inline bool by_majority(int accusers, std::size_t n) { return 2 * static_cast<std::size_t>(accusers) > n; }
 
-template <class E>
-int capacity_of(const E& ep) {
-  if constexpr (requires { ep.capacity(); }) return ep.capacity();
-  else return ep.world();
-}
-
 // Peers that joined the running group and are connected to this one (tcp; see await_admission):
 // a connected peer outside the view is one that joins (a member left out is forgotten: its
 // connections are closed).
@@ -22654,6 +22712,7 @@ struct heard {
   std::map<std::pair<int, int>, std::uint64_t> echoes;  // (member, leader): the digest of that leader's view it echoed
   std::set<int> marked;
   std::map<int, std::string> invalid;  // members that sent something invalid, and what
+  std::set<int> refused;  // leaders whose view this peer refused (invalid, unjustified, or one of two)
 };
 
 // Takes one protocol message `m` from member `j` into `h`: a valid report of `current`, a view,
@@ -22724,7 +22783,9 @@ inline int accusations(const heard& h, const suspicions& mine, int me, int x) {
 
 // Why a view that `leader` sent (valid in form) may not be followed by this peer, against
 // insiders: it removes a member that reported here, that this peer does not suspect and that
-// fewer than half the view accuse, or it bars one without a majority accusing it of poison.
+// fewer than half the view accuse, or it bars one without a majority accusing it of poison. (A
+// liar that reports here but not to the leader makes this peer refuse the view that leaves it
+// out: it can delay an agreement, not bar or split anyone.)
 inline std::optional<std::string> unjustified(const message& v, const view& current, const heard& h, const suspicions& mine, int me) {
   const std::size_t n = current.members.size();
   for (int x : current.members) {
@@ -22746,7 +22807,8 @@ inline std::optional<std::string> unjustified(const message& v, const view& curr
 inline constexpr std::uint64_t refusal = 0;
 
 // Where the echoes of `leader`'s view `digest` stand, among the members of `current` that did not
-// depart for certain (more than half of the view said so, in what this peer heard).
+// depart for certain and are not convicted (more than half of the view said so, in what this
+// peer heard): a member the view bars does not echo it.
 struct echo_tally {
   std::size_t same = 0, other = 0, refused = 0, quorum = 0, voters = 0;
   bool conflict = false;  // more members than may lie echoed another view of this leader: it sent two
@@ -22755,20 +22817,39 @@ struct echo_tally {
 };
 inline echo_tally tally(const view& current, int leader, std::uint64_t digest, const heard& h, const suspicions& mine, int f, int me) {
   const std::size_t n = current.members.size();
-  std::size_t departed = 0;
+  std::set<int> departed;  // or convicted: more than half of the view say so
   for (int x : current.members) {
-    int says = mine.count(x) && mine.at(x) == transport::failure_cause::departed ? 1 : 0;
+    int gone = mine.count(x) && mine.at(x) == transport::failure_cause::departed ? 1 : 0;
+    int poison = mine.count(x) && mine.at(x) == transport::failure_cause::convicted ? 1 : 0;
     for (const auto& [j, r] : h.reports)
-      if (j != me && checks::contains(r.departed, x)) ++says;
-    departed += by_majority(says, n) ? 1 : 0;
+      if (j != me && j != x) {
+        gone += checks::contains(r.departed, x) ? 1 : 0;
+        poison += checks::contains(r.convicted, x) ? 1 : 0;
+      }
+    if (by_majority(gone, n) || by_majority(poison, n)) departed.insert(x);
   }
   echo_tally t;
-  t.voters = n - departed;
+  t.voters = n - departed.size();
   t.quorum = echo_quorum(t.voters, f);
   for (const auto& [who, d] : h.echoes)
-    if (who.second == leader) (d == digest ? t.same : d == refusal ? t.refused : t.other) += 1;
+    if (who.second == leader && current.contains(who.first) && !departed.count(who.first))
+      (d == digest ? t.same : d == refusal ? t.refused : t.other) += 1;
   t.conflict = t.other > static_cast<std::size_t>(f);
   return t;
+}
+
+// The digest a view is echoed by (never the refusal's).
+inline std::uint64_t echo_digest(const message& v) {
+  const auto d = digest_of(v);
+  return d == refusal ? 1 : d;  // (one view in 2^64)
+}
+
+// A view of this agreement that a quorum echoed: the next view, whoever refused it here (the
+// quorum holds more honest members than may lie, and they found it justified).
+inline std::optional<message> settled(const view& current, const heard& h, const suspicions& mine, int f, int me, int capacity) {
+  for (const auto& [leader, v] : h.views)
+    if (!invalid_view(v, current, capacity) && tally(current, leader, echo_digest(v), h, mine, f, me).reached()) return v;
+  return std::nullopt;
 }
 
 // Waits until a quorum echoed `leader`'s view `digest` (true), the quorum is out of reach, or
@@ -22801,6 +22882,36 @@ void echo(E& ep, const view& current, const suspicions& suspects, int leader, st
   }
 }
 
+// This peer's report in agreement on `current` to `leader`: where it stands, what it knows for
+// certain, the joiners connected here. Against insiders every member hears it (each judges the
+// leader's view by the reports), otherwise only the leader.
+template <class E>
+void report(E& ep, const view& current, int leader, const suspicions& suspects, position mine, bool insiders, heard& h) {
+  message r;
+  r.what = kind::report;
+  r.epoch = current.epoch;
+  r.step = mine.step;
+  r.phase = mine.phase;
+  // Only the certain: a leader this peer timed out on may be alive on the other side of a
+  // partition, and counting it as departed would hand this side a majority it does not have.
+  for (const auto& [j, cause] : suspects)
+    if (certain(cause)) (cause == transport::failure_cause::convicted ? r.convicted : r.departed).push_back(j);
+  r.ranks = as_list(joiners_of(ep, current));
+  r.donor = leader;  // the leader it reports to: that leader waits for one so addressed
+  h.reports[ep.rank()] = r;
+  for (int j : current.members) {
+    // (an accused member hears it too: it judges the view that bars it by the accusations)
+    if (j == ep.rank() || (!insiders && j != leader) ||
+        (j != leader && suspects.count(j) && suspects.at(j) == transport::failure_cause::departed))
+      continue;
+    try {
+      post(ep, j, r);
+    } catch (const transport::peer_error&) {
+      if (j == leader) throw;
+    }
+  }
+}
+
 // The leader's view failed (it lied, or no quorum followed it): the caller suspects it.
 struct leader_failed {
   transport::failure_cause cause;
@@ -22817,56 +22928,50 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
                std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
   const int f = tolerated(current.members.size(), s);
   const bool insiders = f > 0;
-  message report;
-  report.what = kind::report;
-  report.epoch = current.epoch;
-  report.step = mine.step;
-  report.phase = mine.phase;
-  // Only the certain: a leader this peer timed out on may be alive on the other side of a
-  // partition, and counting it as departed would hand this side a majority it does not have.
-  for (const auto& [j, cause] : suspects)
-    if (certain(cause)) (cause == transport::failure_cause::convicted ? report.convicted : report.departed).push_back(j);
-  report.ranks = as_list(joiners_of(ep, current));
-  report.donor = leader;  // the leader it reports to: that leader waits for one so addressed
-  h.reports[ep.rank()] = report;
-  if (insiders) {
-    for (int j : current.members)
-      if (j != ep.rank() && j != leader && !(suspects.count(j) && certain(suspects.at(j)))) {
-        try {
-          post(ep, j, report);
-        } catch (const transport::peer_error&) {
-        }
-      }
-  }
-  post(ep, leader, report);
-  // The leader may wait a whole deadline on a frozen member before it sends the view.
-  pull(ep, leader, current, h, deadline + s.timeout, [&] { return h.views.count(leader) > 0; });
-  const auto v = h.views.at(leader);
+  report(ep, current, leader, suspects, mine, insiders, h);
+  // The leader may wait a whole deadline on a frozen member before it sends the view. Against
+  // insiders a leader that installed another's view (its marker came) sends none: this peer
+  // follows that view if a quorum echoed it.
+  pull(ep, leader, current, h, deadline + s.timeout,
+       [&] { return h.views.count(leader) > 0 || (insiders && h.marked.count(leader) > 0); });
   const auto fail = [&](transport::failure_cause cause, const auto&... why) {
     transport::fail_peer_because(cause, leader, "membership", "membership: leader ", leader, " ", why...);
   };
-  const auto refuse = [&](const auto&... why) {
+  if (!h.views.count(leader)) {
+    gather(ep, current.members, current, h, deadline + s.timeout, [&] { return settled(current, h, suspects, f, ep.rank(), capacity_of(ep)).has_value(); });
+    if (auto v = settled(current, h, suspects, f, ep.rank(), capacity_of(ep))) return *v;
+    fail(transport::failure_cause::silent, "installed a view of epoch ", current.epoch + 1, " that no quorum echoed here");
+  }
+  const auto v = h.views.at(leader);
+  // A view that breaks the form convicts its leader (no honest one sends it); one this peer
+  // finds unjustified only passes it over (it may have heard what this peer did not).
+  const auto refuse = [&](transport::failure_cause cause, const auto&... why) {
+    h.refused.insert(leader);
     if (insiders) echo(ep, current, suspects, leader, refusal, h);
-    fail(transport::failure_cause::convicted, why...);
+    fail(cause, why...);
   };
-  if (auto why = invalid_view(v, current, capacity_of(ep))) refuse("sent an invalid view: ", *why);
+  if (auto why = invalid_view(v, current, capacity_of(ep))) refuse(transport::failure_cause::convicted, "sent an invalid view: ", *why);
   if (!insiders) return v;
-  // The others' reports, to judge the view by (each sent its own to this peer as to the leader).
+  // The others' reports, to judge the view by (each sent its own to every member): all of them,
+  // or those that came within half a second if they justify it (a member that failed sends none).
   std::vector<int> others;
   for (int j : current.members)
-    if (j != ep.rank() && j != leader && !suspects.count(j)) others.push_back(j);
-  gather(ep, others, current, h, std::min(transport::now(ep) + std::chrono::milliseconds(500), deadline + s.timeout), [&] {
-    return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; });
+    if (j != ep.rank() && !(suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) others.push_back(j);
+  const auto judged_from = transport::now(ep);
+  gather(ep, others, current, h, deadline + s.timeout, [&] {
+    return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
+           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank()));
   });
-  if (auto why = unjustified(v, current, h, suspects, ep.rank())) refuse("sent a view that ", *why);
-  auto digest = digest_of(v);
-  if (digest == refusal) digest = 1;  // (one view in 2^64)
+  if (auto why = unjustified(v, current, h, suspects, ep.rank())) refuse(transport::failure_cause::other, "sent a view that ", *why);
+  const auto digest = echo_digest(v);
   echo(ep, current, suspects, leader, digest, h);
   h.echoes[{leader, leader}] = digest;  // the view it sent is its echo
   bool conflict = false;
-  if (!echoed(ep, current, leader, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
+  if (!echoed(ep, current, leader, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict)) {
+    if (conflict) h.refused.insert(leader);
     fail(conflict ? transport::failure_cause::convicted : transport::failure_cause::silent,
          conflict ? "sent different views of epoch " : "sent a view that too few members echoed, of epoch ", v.epoch);
+  }
   return v;
 }
 
@@ -22893,20 +22998,17 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
   std::map<int, int> departures, accusers;  // members reported departed, accused of poison, by how many reporters
   for (const auto& [x, cause] : suspects)
     if (cause == failure_cause::departed) ++departures[x];
+  if (insiders) report(ep, current, me, suspects, mine, true, h);  // its own voice, heard by every member
   // Against insiders this leader's own accusations are one voice among the view's: it asks
   // every member, the accused too; otherwise it waits for no member it suspects.
   for (std::size_t i = 0; i < (insiders ? current.members.size() : alive.size()); ++i) {
     const int j = insiders ? current.members[i] : alive[i];
     if (j == me || (suspects.count(j) && (!insiders || suspects.at(j) == failure_cause::departed))) continue;
     try {
-      h.invalid.erase(j);
-      pull(ep, j, current, h, deadline, [&] { return h.invalid.count(j) || (h.reports.count(j) && h.reports.at(j).donor == me); });
-      if (h.invalid.count(j)) {
-        // A member that breaks the protocol takes no part in this view's decision.
-        suspects.emplace(j, failure_cause::other);
-        why[j] = decentrain::detail::concat("its report was invalid: ", h.invalid.at(j));
-        continue;
-      }
+      // An invalid report is noted (decision::named) and its sender waited for still: a member
+      // that sends anything is alive, and leaving it out for what it sent here alone would let it
+      // have the followers, to whom it reported, refuse every view.
+      pull(ep, j, current, h, deadline, [&] { return h.reports.count(j) && h.reports.at(j).donor == me; });
       const auto& r = h.reports.at(j);
       where[j] = position{r.step, r.phase};
       const std::set<int> theirs(r.ranks.begin(), r.ranks.end());
@@ -23011,8 +23113,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
     }
   }
   if (!insiders) return v;
-  auto digest = digest_of(v);
-  if (digest == refusal) digest = 1;
+  const auto digest = echo_digest(v);
   h.echoes[{me, me}] = digest;
   bool conflict = false;
   if (!echoed(ep, current, me, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
@@ -23055,8 +23156,9 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
       throw left_out_error(decentrain::detail::concat("elastic: the group stopped at view ", current.epoch, ": ", m.reason));
     decision d = detail::decision_of(m);
     decentrain::detail::check(!d.next.bars(me), "elastic: peer ", me, " was excluded from the run in view ", m.epoch,
-                              ": the others found what it sent dropped as non-finite or malformed, or far from the "
-                              "aggregate, too often (fault::elastic::exclusion); it stops here");
+                              ": the group convicted it (of poison: what it sent was dropped as non-finite or "
+                              "malformed, or far from the aggregate, too often, fault::elastic::exclusion; or of breaking "
+                              "the membership protocol); it stops here");
     if (!d.next.contains(me))
       throw left_out_error(decentrain::detail::concat("elastic: peer ", me, " was left out of view ", m.epoch,
                                                       " (the others did not hear from it in time)"));
@@ -23069,7 +23171,16 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     return d;
   };
 
-  const bool insiders = detail::tolerated(current.members.size(), s) > 0;
+  const int f = detail::tolerated(current.members.size(), s);
+  const bool insiders = f > 0;
+  // Against insiders, after a leader failed here: a view that a quorum echoed meanwhile (this
+  // peer refused it, or gave up on its leader too early) is the next view all the same.
+  auto agreed_meanwhile = [&]() -> std::optional<detail::message> {
+    if (!insiders) return std::nullopt;
+    const auto settled = [&] { return detail::settled(current, h, suspects, f, me, detail::capacity_of(ep)); };
+    detail::gather(ep, current.members, current, h, transport::now(ep) + std::chrono::milliseconds(50), [&] { return settled().has_value(); });
+    return settled();
+  };
   std::set<int> passed_over;  // members this peer does not follow in this agreement: their view failed
   const auto started = transport::now(ep);
   for (;;) {
@@ -23092,7 +23203,9 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                                                  : std::string(),
                                                         last));
       passed_over.clear();
+      auto marked = std::move(h.marked);
       h = detail::heard{};  // (a leader that leads again may send another view)
+      h.marked = std::move(marked);
       transport::pause(ep, std::min(s.timeout, std::chrono::milliseconds(1000)));
       candidate = alive.begin();
     }
@@ -23104,19 +23217,19 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
         return from_view(detail::follow(ep, current, leader, suspects, mine, deadline, s, h));
       } catch (const transport::peer_error& e) {
         suspects.emplace(leader, e.cause());
-        if (insiders && e.cause() == transport::failure_cause::convicted) {  // it lied here
-          suspects[leader] = e.cause();
-          caught.emplace(leader, e.what());
-        }
+        if (insiders && e.cause() == transport::failure_cause::convicted) suspects[leader] = e.cause();  // it lied here
+        if (h.refused.count(leader)) caught.emplace(leader, e.what());  // named: what it sent broke the rules here
         passed_over.insert(leader);
         why[leader] = e.what();
+        if (auto v = agreed_meanwhile()) return from_view(*v);
         continue;  // the next lowest rank leads
       }
     }
     try {
       return from_view(detail::lead(ep, current, suspects, why, alive, mine, deadline, s, h, known));
-    } catch (const detail::leader_failed& f) {
-      why[me] = f.why;
+    } catch (const detail::leader_failed& failed) {
+      why[me] = failed.why;
+      if (auto v = agreed_meanwhile()) return from_view(*v);
       passed_over.insert(me);
     }
   }
@@ -23134,8 +23247,9 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
     if (j != me && !d.next.bars(j)) ep.forget(j);
   for (int j : d.next.barred)  // also when this peer joined since: it refuses them too
     if (j != me)
-      ep.bar(j, decentrain::detail::concat("what it sent was dropped as non-finite or malformed, or far from the aggregate, "
-                                           "too often (view ", d.next.epoch, ")"));
+      ep.bar(j, decentrain::detail::concat("the group convicted it of poison (what it sent was dropped or far from the "
+                                           "aggregate too often) or of breaking the membership protocol (view ",
+                                           d.next.epoch, ")"));
   // So are ranks outside the view that are not connected: a joiner whose connection here closed
   // before it was admitted would otherwise be refused as the previous holder of its rank (tcp's
   // welcome) and, as the leader admits only joiners every member reaches, never get in.
@@ -23176,6 +23290,7 @@ std::optional<transport::peer_error> install(E& ep, const decision& d, const agr
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -23410,15 +23525,38 @@ struct transfer_report {
   std::optional<received_state> state;  // the encoded state it received (it was behind)
   std::uint64_t bytes_served = 0;     // what it sent as a donor
   std::vector<int> donors;            // receiving: the donors it took chunks from
+  int reference = -1;                 // receiving: the donor whose state it took (the others served chunks alike)
+  std::map<int, std::string> named;   // receiving: donors whose chunk failed its hash, and which (taken from another)
 };
+
+namespace detail {
+
+// A request's chunk indices on the wire: 32-bit words.
+template <class E>
+std::vector<std::uint32_t> read_request(E& ep, int from, std::uint64_t chunks, std::chrono::milliseconds timeout) {
+  const auto request = ep.recv_within(from, state_tag, timeout);
+  const std::size_t n = request.size() / 4;
+  if (request.size() % 4 != 0 || n > chunks)
+    transport::fail_peer(from, "state", "elastic: peer ", from, " sent a malformed state request of ", request.size(), " bytes");
+  std::vector<std::uint32_t> out(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    std::memcpy(&out[k], request.data() + 4 * k, 4);
+    if (out[k] >= chunks) transport::fail_peer(from, "state", "elastic: peer ", from, " asked for chunk ", out[k], " of ", chunks);
+  }
+  return out;
+}
+
+}  // namespace detail
 
 // Members behind take the state of members at the target, in chunks from several donors at once
 // (hivemind #169: every joiner hit one donor). Each donor offers its encoded state (`state()`,
 // read in place chunk by chunk: it must not change until this returns) with its checksum, where
-// each of its tensors lies and, with several donors, each chunk's hash; each member behind takes
-// the state of one donor (the donors in turn), asking the other donors for the chunks they hold
-// alike (detail::assign_chunks), and checks each chunk's hash as it comes; the decode verifies
-// the whole. The result is always one donor's state, bit for bit.
+// each of its tensors lies and each chunk's hash; each member behind takes the state of one
+// donor (the donors in turn), asking the other donors for the chunks they hold alike
+// (detail::assign_chunks), and checks each chunk's hash as it lands: a donor whose chunk does
+// not hash as its offer said is named, and the chunk is asked again of a donor whose offer holds
+// it alike (a second request, empty when nothing failed); with none, the transfer fails naming
+// the donor. The decode verifies the whole. The result is always one donor's state, bit for bit.
 //
 // With `own` (views of this peer's memory: io::checkpoint::views), a member behind lands each
 // tensor's chunks in its own tensor of that name and size (received_state), and sets *torn
@@ -23460,24 +23598,24 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
     }
     const std::uint64_t chunks = offer.chunks();
     auto chunk_bytes = [&](std::uint64_t i) { return blob.bytes(offer.begin(i), static_cast<std::size_t>(offer.length(i)), scratch); };
-    if (donors.size() > 1)
-      for (std::uint64_t i = 0; i < chunks; ++i) offer.hashes.push_back(decentrain::detail::xxh3(chunk_bytes(i)));
+    // Every chunk's hash, so that each is checked as it lands (and, with several donors, chunks
+    // held alike are told apart from those that differ).
+    for (std::uint64_t i = 0; i < chunks; ++i) offer.hashes.push_back(decentrain::detail::xxh3(chunk_bytes(i)));
     const auto encoded = detail::encode_offer(offer);
     for (int j : d.behind) ep.send(j, detail::state_tag, std::as_bytes(std::span(encoded)));
-    for (int j : d.behind) {
-      const auto request = ep.recv_within(j, detail::state_tag, s.timeout);
-      const std::size_t n = request.size() / 4;
-      if (request.size() % 4 != 0 || n > chunks)
-        transport::fail_peer(j, "state", "elastic: peer ", j, " sent a malformed state request of ", request.size(), " bytes");
-      for (std::size_t k = 0; k < n; ++k) {
-        std::uint32_t i = 0;
-        std::memcpy(&i, request.data() + 4 * k, 4);
-        if (i >= chunks) transport::fail_peer(j, "state", "elastic: peer ", j, " asked for chunk ", i, " of ", chunks);
+    auto serve = [&](int j, const std::vector<std::uint32_t>& asked) {
+      for (const auto i : asked) {
         const auto bytes = chunk_bytes(i);
         ep.send(j, detail::state_tag, std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
         out.bytes_served += bytes.size();
       }
-    }
+    };
+    const auto began = transport::now(ep);
+    for (int j : d.behind) serve(j, detail::read_request(ep, j, chunks, s.timeout));
+    // Then what failed its hash elsewhere (each taker asks once it holds every chunk: a while
+    // after this donor served it, as long again as its other donors took).
+    const auto served = std::chrono::duration_cast<std::chrono::milliseconds>(transport::now(ep) - began);
+    for (int j : d.behind) serve(j, detail::read_request(ep, j, chunks, s.timeout + 2 * static_cast<int>(donors.size()) * served));
   }
   if (place == d.behind.end()) return out;
 
@@ -23487,7 +23625,11 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
   for (int j : donors) offers.push_back(detail::decode_offer(ep.recv_within(j, detail::state_tag, s.timeout), j, s));
   const auto p = static_cast<std::size_t>(place - d.behind.begin());
   const auto asks = detail::assign_chunks(offers, d.behind.size(), p, d.next.epoch);
-  const auto& ref = offers[static_cast<std::size_t>((p + d.next.epoch) % offers.size())];
+  const std::size_t reference = static_cast<std::size_t>((p + d.next.epoch) % offers.size());
+  const auto& ref = offers[reference];
+  out.reference = donors[reference];
+  if (ref.hashes.size() != ref.chunks())
+    transport::fail_peer(donors[reference], "state", "elastic: the state offer of peer ", donors[reference], " has no hash for each chunk");
   for (std::size_t k = 0; k < donors.size(); ++k) {
     // The donors serve at once and land one after the other: what a later one sends waits in
     // the transport, which takes it beyond its budget as expected here (transport::expect).
@@ -23503,24 +23645,52 @@ transfer_report transfer_state(E& ep, const decision& d, const std::function<io:
     *torn = true;
   }
   // Each donor's chunks land straight where they go (transport::exchange posts the memory), one
-  // donor after the other; what the others send meanwhile the transport queues.
-  for (std::size_t k = 0; k < donors.size(); ++k) {
-    if (asks[k].empty()) continue;
+  // donor after the other; what the others send meanwhile the transport queues. Returns the
+  // chunks that did not hash as the reference offer says.
+  auto take = [&](std::size_t k, const std::vector<std::uint32_t>& asked) {
+    std::vector<std::uint32_t> failed;
+    if (asked.empty()) return failed;
     std::vector<std::span<std::byte>> ins;
-    for (const auto i : asks[k]) ins.push_back(std::as_writable_bytes(got.chunk(i)));
+    for (const auto i : asked) ins.push_back(std::as_writable_bytes(got.chunk(i)));
     std::vector<std::size_t> sizes(ins.size(), 0);
     transport::exchange(ep, -1, {}, donors[k], ins, detail::state_tag, [&](std::size_t n, std::size_t size) { sizes[n] = size; });
     for (std::size_t n = 0; n < ins.size(); ++n) {  // checked once every posting is settled
-      const std::uint32_t i = asks[k][n];
+      const std::uint32_t i = asked[n];
       if (sizes[n] != ins[n].size())
         transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent a state chunk of ", sizes[n], " bytes, ",
                              ins[n].size(), " were due");
       const auto chunk = std::string_view(reinterpret_cast<const char*>(ins[n].data()), ins[n].size());
-      if (!ref.hashes.empty() && decentrain::detail::xxh3(chunk) != ref.hashes[i])
-        transport::fail_peer(donors[k], "state", "elastic: peer ", donors[k], " sent chunk ", i,
-                             " of the state unlike the one announced (its hash differs)");
+      if (decentrain::detail::xxh3(chunk) != ref.hashes[i]) failed.push_back(i);
     }
+    return failed;
+  };
+  std::vector<std::vector<std::uint32_t>> again(donors.size());
+  for (std::size_t k = 0; k < donors.size(); ++k)
+    for (const auto i : take(k, asks[k])) {
+      // Named, and asked again of another donor whose offer holds this chunk alike.
+      out.named.emplace(donors[k], decentrain::detail::concat("its chunk ", i, " of the state did not hash as its offer said"));
+      std::size_t other = donors.size();
+      for (std::size_t t = 1; t < donors.size() && other == donors.size(); ++t) {
+        const std::size_t c = (k + t) % donors.size();
+        if (offers[c].same_layout(ref) && offers[c].hashes.size() == ref.hashes.size() && offers[c].hashes[i] == ref.hashes[i] &&
+            !out.named.count(donors[c]))
+          other = c;
+      }
+      if (other == donors.size())
+        transport::fail_peer_because(transport::failure_cause::convicted, donors[k], "state", "elastic: peer ", donors[k],
+                                     " sent chunk ", i, " of the state unlike its offer (its hash differs), and no other donor holds it alike");
+      again[other].push_back(i);
+    }
+  for (std::size_t k = 0; k < donors.size(); ++k) {
+    std::uint64_t due = 0;
+    for (const auto i : again[k]) due += offers[k].length(i);
+    transport::expect(ep, donors[k], detail::state_tag, due);
+    ep.send(donors[k], detail::state_tag, std::as_bytes(std::span(again[k])));  // (empty: nothing failed)
   }
+  for (std::size_t k = 0; k < donors.size(); ++k)
+    if (const auto failed = take(k, again[k]); !failed.empty())
+      transport::fail_peer_because(transport::failure_cause::convicted, donors[k], "state", "elastic: peer ", donors[k], " sent chunk ",
+                                   failed.front(), " of the state unlike its offer (its hash differs), asked again of it");
   out.state.emplace(std::move(got));
   return out;
 }
@@ -23815,6 +23985,7 @@ struct elastic {
       if (first) {
         d = std::move(*first);
       } else {
+        for (int j : accused_) suspects_.emplace(j, transport::failure_cause::convicted);
         try {
           d = agree(ep, view_, suspects_, position{ctx.step, static_cast<std::int8_t>(ctx.at)}, agreement, &joiner_reach_);
         } catch (const left_out_error& e) {
@@ -23843,9 +24014,19 @@ struct elastic {
         const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
                                         &torn_);
         served_ += got.bytes_served;
+        for (const auto& [j, how] : got.named) named_.emplace(j, how);
         if (got.state) {
           torn_ = true;  // the decode writes into this peer's tensors
-          ctx.adopt(io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into()));
+          io::checkpoint taken;
+          try {
+            taken = io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into());
+          } catch (const decentrain::error& e) {
+            // A state that does not decode (its checksum fails): this peer stays torn, and takes
+            // the state again in the next view, from others if the donor is left out.
+            named_.emplace(got.reference, e.what());
+            transport::fail_peer_because(transport::failure_cause::convicted, got.reference, "state", "elastic: ", e.what());
+          }
+          ctx.adopt(std::move(taken));
           torn_ = false;
           in_place = got.state->in_place();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
@@ -23858,6 +24039,8 @@ struct elastic {
       }
       auto change = record(ep, d, healed);
       change.healed_in_place = in_place;
+      for (const auto& [j, how] : named_) change.named.emplace(j, how);
+      named_.clear();
       for (auto& [j, own] : inherited_) {  // after a state taken from a donor, which kept this peer's own
         try {
           ctx.absorb(own, decentrain::detail::concat("elastic: the handoff from peer ", j));
@@ -23870,10 +24053,15 @@ struct elastic {
       note(std::move(change));
       for (int j : d.joined) join_tries_.erase(j);  // a later rejoin of its rank waits its grace again
       note_contributions(ctx);  // the tally's ranks are the new view's from here
-      // A member this peer found guilty that the group kept (the others did not see it so): the
-      // evidence starts again, rather than start the same agreement at every step.
+      // A member this peer found guilty that the group kept (not enough of the others saw it so
+      // yet): the accusation stands, in every report of this peer's from here, without starting
+      // another agreement of its own; the evidence starts again.
+      std::erase_if(accused_, [&](int j) { return !view_.contains(j); });
       for (auto& [j, h] : history_)
-        if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) h = 0;
+        if (view_.contains(j) && std::popcount(h & window()) >= exclusion.times) {
+          accused_.insert(j);
+          h = 0;
+        }
       return;
     }
   }
@@ -23935,6 +24123,7 @@ struct elastic {
     for (int j : view_.members)
       if (j != ep.rank()) ep.forget(j);
     suspects_.clear();
+    accused_.clear();
     cause_ = decentrain::detail::concat(why, "; it waited to be taken in again");
     try {
       return await_admission(ep, rejoin_timeout);
@@ -23961,7 +24150,7 @@ struct elastic {
     note_contributions(ctx);
     int first = -1;
     for (int j : view_.members) {  // every guilty member goes in the agreement
-      if (j == ctx.network.rank() || std::popcount(history_[j] & window()) < exclusion.times) continue;
+      if (j == ctx.network.rank() || accused_.count(j) || std::popcount(history_[j] & window()) < exclusion.times) continue;
       suspects_.emplace(j, transport::failure_cause::convicted);
       if (first < 0) first = j;
     }
@@ -24093,10 +24282,12 @@ struct elastic {
   std::map<int, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> join_tries_;
   std::chrono::steady_clock::time_point last_join_{};  // the last agreement a joiner started here
   joiner_reach joiner_reach_;  // what the joiners connected here say they reach
+  std::map<int, std::string> named_;  // donors caught serving what their offer did not say, until recorded
   std::chrono::steady_clock::time_point failed_at_{};
   // Per world rank, whether each of its last (up to 64) aggregations found it suspicious (bit 0:
   // the latest); and the tally as last read (calls, and suspicious calls per rank of the view).
   std::map<int, std::uint64_t> history_;
+  std::set<int> accused_;  // members this peer found guilty that the group kept: its accusation stands
   std::int64_t seen_calls_ = 0;
   std::vector<std::int64_t> seen_suspicious_;
 };

@@ -186,7 +186,9 @@ inline int accusations(const heard& h, const suspicions& mine, int me, int x) {
 
 // Why a view that `leader` sent (valid in form) may not be followed by this peer, against
 // insiders: it removes a member that reported here, that this peer does not suspect and that
-// fewer than half the view accuse, or it bars one without a majority accusing it of poison.
+// fewer than half the view accuse, or it bars one without a majority accusing it of poison. (A
+// liar that reports here but not to the leader makes this peer refuse the view that leaves it
+// out: it can delay an agreement, not bar or split anyone.)
 inline std::optional<std::string> unjustified(const message& v, const view& current, const heard& h, const suspicions& mine, int me) {
   const std::size_t n = current.members.size();
   for (int x : current.members) {
@@ -406,14 +408,10 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
     const int j = insiders ? current.members[i] : alive[i];
     if (j == me || (suspects.count(j) && (!insiders || suspects.at(j) == failure_cause::departed))) continue;
     try {
-      h.invalid.erase(j);
-      pull(ep, j, current, h, deadline, [&] { return h.invalid.count(j) || (h.reports.count(j) && h.reports.at(j).donor == me); });
-      if (h.invalid.count(j)) {
-        // A member that breaks the protocol takes no part in this view's decision.
-        suspects.emplace(j, failure_cause::other);
-        why[j] = decentrain::detail::concat("its report was invalid: ", h.invalid.at(j));
-        continue;
-      }
+      // An invalid report is noted (decision::named) and its sender waited for still: a member
+      // that sends anything is alive, and leaving it out for what it sent here alone would let it
+      // have the followers, to whom it reported, refuse every view.
+      pull(ep, j, current, h, deadline, [&] { return h.reports.count(j) && h.reports.at(j).donor == me; });
       const auto& r = h.reports.at(j);
       where[j] = position{r.step, r.phase};
       const std::set<int> theirs(r.ranks.begin(), r.ranks.end());
