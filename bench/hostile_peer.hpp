@@ -25,6 +25,18 @@ namespace bench {
 namespace tr = decentrain::transport;
 namespace wire = decentrain::transport::wire;
 
+// Rank `rank` of a group of `world` holding the run key `key`, with 10 s bounds on joining and
+// receiving: the members and the attackers of bench/attacks and the hostile tests.
+inline tr::tcp_options keyed_options(const std::string& key, int rank, int world) {
+  tr::tcp_options o;
+  o.rank = rank;
+  o.world = world;
+  o.key = key;
+  o.join_timeout = std::chrono::seconds(10);
+  o.recv_timeout = std::chrono::seconds(10);
+  return o;
+}
+
 class hostile_peer {
  public:
   struct frame_in {

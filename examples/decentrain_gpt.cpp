@@ -26,6 +26,7 @@
 #include <glob.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -517,10 +518,11 @@ std::string world_sizes(const std::vector<std::pair<int, int>>& folders) {
 }
 
 // The newest checkpoint in `ck.dir` of a run of `world` peers (0: of any size, when there is
-// one; `elastic`: of any sizes, as joiners' folders are), this peer's own where it has one: every
-// peer's checkpoints hold the same model shape and tokenizer, so a machine that holds only its own
-// peer's folder can resume.
-fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int world, bool elastic) {
+// one; `elastic`: of any sizes, as joiners' folders are) that reads back whole, loaded, this
+// peer's own where it has one: every peer's checkpoints hold the same model shape and tokenizer,
+// so a machine that holds only its own peer's folder can resume. A damaged file is passed over,
+// saying so (the trainer's resume passes it over too, on every peer alike).
+std::pair<fs::path, dt::io::checkpoint> newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int world, bool elastic) {
   const auto folders = peer_folders(ck.dir);
   std::set<int> worlds;
   for (const auto& [r, w] : folders)
@@ -531,16 +533,27 @@ fs::path newest_checkpoint(const dt::fault::checkpoint_every& ck, int rank, int 
                     " (it holds runs of ", world_sizes(folders), ")");
   dt::detail::check(elastic || worlds.size() == 1, "--resume: ", ck.dir, " holds runs of ", world_sizes(folders),
                     " peers; use one directory per run");
-  std::optional<std::tuple<int, int, std::int64_t>> best;  // (rank, world, step)
-  for (const auto& [r, w] : folders) {
-    if (!worlds.count(w)) continue;
-    const auto steps = ck.saved_steps(r, w);
-    if (steps.empty()) continue;
-    if (r == rank) return ck.file(r, w, steps.back());
-    if (!best || steps.back() > std::get<2>(*best)) best.emplace(r, w, steps.back());
+  std::vector<std::tuple<bool, std::int64_t, int, int>> candidates;  // (another peer's, step, rank, world)
+  for (const auto& [r, w] : folders)
+    if (worlds.count(w))
+      for (auto step : ck.saved_steps(r, w)) candidates.emplace_back(r != rank, step, r, w);
+  dt::detail::check(!candidates.empty(), "--resume: the peer folders in ", ck.dir, " hold no step-N.ckpt files");
+  // This peer's own files first, newest first.
+  std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+    return std::get<0>(a) != std::get<0>(b) ? !std::get<0>(a) : std::get<1>(a) > std::get<1>(b);
+  });
+  std::string failures;
+  for (const auto& [other, step, r, w] : candidates) {
+    const auto file = ck.file(r, w, step);
+    try {
+      auto c = dt::io::load_checkpoint(file);
+      if (!failures.empty()) std::printf("--resume: passed over%s\n", failures.c_str());
+      return {file, std::move(c)};
+    } catch (const dt::error& e) {
+      failures += dt::detail::concat("\n  ", file.string(), ": ", e.what());
+    }
   }
-  dt::detail::check(best.has_value(), "--resume: the peer folders in ", ck.dir, " hold no step-N.ckpt files");
-  return ck.file(std::get<0>(*best), std::get<1>(*best), std::get<2>(*best));
+  dt::detail::fail("--resume: no checkpoint in ", ck.dir, " reads back whole:", failures);
 }
 
 // ---- tokenizers and data files ---------------------------------------------------------------
@@ -923,6 +936,8 @@ void announce_resume(Trainer& t) {
     } else {
       ck = &t.fault();
     }
+    for (const auto& [step, why] : ck->unreadable())
+      std::printf("peer %d passed over %s, which does not read back: %s\n", rank, ck->file(rank, world, step).c_str(), why.c_str());
     if (took_state)
       std::printf("peer %d resumed at step %lld from the others' state\n", rank, static_cast<long long>(from));
     else
@@ -1432,8 +1447,9 @@ int cmd_train(const options& opt) {
   std::optional<dt::io::checkpoint> resumed;
   fs::path resumed_from;
   if (p.checkpoints.resume) {
-    resumed_from = newest_checkpoint(p.checkpoints, p.mode == launch::tcp ? p.tcp.rank : 0, p.elastic ? 0 : p.world, p.elastic);
-    resumed = dt::io::load_checkpoint(resumed_from);
+    auto [file, c] = newest_checkpoint(p.checkpoints, p.mode == launch::tcp ? p.tcp.rank : 0, p.elastic ? 0 : p.world, p.elastic);
+    resumed_from = file;
+    resumed = std::move(c);
   }
   p.model = model_config(opt);
   if (opt.has("init-from")) p.init = initial_weights(opt, p.model);

@@ -1,14 +1,16 @@
-// A live TCP peer holding a run key, forming a group, and a stranger (this input) who connects
-// to it, writes the input's bytes and hangs up. Properties, checked after every input:
-// - the stranger is never admitted (the peer connects to nobody: forging the proof of the key
-//   is out of reach of any input);
+// A live TCP peer forming a group, and a stranger (this input) who connects to it, writes the
+// input's bytes and hangs up. The peer holds a run key, or (bit 1 of the first byte set) an
+// identity of its own and the run's roster instead (transport/identity.hpp), where the stranger
+// would need another rank's private key. Properties, checked after every input:
+// - the stranger is never admitted (the peer connects to nobody: forging the proof of the key,
+//   or a signature of a roster's key, is out of reach of any input);
 // - the peer answers a stranger with nothing but the handshake's own frames (a challenge, a
 //   goodbye): no directory of the group's addresses, no welcome;
 // - the peer closes the connection once the stranger hangs up (no connection is held);
 // and, as always, no crash, no sanitizer report, no allocation past libFuzzer's limit.
 //
-// An input is either raw bytes or (first byte odd) chunks the target frames properly, so the
-// fuzzer spends its time past the header checks: [type][length: 2 bytes][body].
+// An input is either raw bytes (for the keyed peer) or (first byte odd) chunks the target frames
+// properly, so the fuzzer spends its time past the header checks: [type][length: 2 bytes][body].
 #include "fuzz.hpp"
 
 #include <arpa/inet.h>
@@ -19,6 +21,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "decentrain/transport/tcp.hpp"
 
@@ -36,6 +40,38 @@ tr::tcp& live_peer() {
     o.rank = 0;
     o.world = 2;
     o.key = run_key;
+    o.handshake_timeout = std::chrono::milliseconds(2000);
+    return tr::tcp(o);
+  }();
+  return peer;
+}
+
+// Rank 0 of 2 with an Ed25519 key of its own; the roster lists rank 1 with a key no input holds.
+// (The key files lie in a folder of this process's, removed at exit.)
+tr::tcp& identity_peer() {
+  namespace fs = std::filesystem;
+  static const struct folder {
+    fs::path path = fs::temp_directory_path() / ("decentrain-fuzz-identity-" + std::to_string(::getpid()));
+    folder() {
+      fs::create_directories(path);
+      const auto self = tr::identity::key_pair::generate(), other = tr::identity::key_pair::generate();
+      self.write((path / "peer.key").string());
+      tr::identity::roster roster;
+      roster.add(0, self.public_part());
+      roster.add(1, other.public_part());
+      std::ofstream(path / "roster") << roster.text();
+    }
+    ~folder() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } files;
+  static tr::tcp peer = [] {
+    tr::tcp_options o;
+    o.rank = 0;
+    o.world = 2;
+    o.identity.identity = (files.path / "peer.key").string();
+    o.identity.roster = (files.path / "roster").string();
     o.handshake_timeout = std::chrono::milliseconds(2000);
     return tr::tcp(o);
   }();
@@ -136,12 +172,11 @@ void visit(tr::tcp& peer, const std::string& stream) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  auto& peer = live_peer();
   // OpenSSL sets up its random generator and digests on first use, on the peer's I/O thread, and
-  // keeps them: one visit before the first input keeps that out of the leak checks of inputs.
-  static const bool warm = (visit(peer, decentrain_fuzz::seeds().front()), true);
+  // keeps them: one visit to each peer before the first input keeps that out of the leak checks of inputs.
+  static const bool warm = (visit(live_peer(), decentrain_fuzz::seeds().front()), visit(identity_peer(), decentrain_fuzz::seeds().back()), true);
   (void)warm;
-  visit(peer, stream_of({data, size}));
+  visit(size > 0 && data[0] % 2 == 1 && (data[0] & 2) ? identity_peer() : live_peer(), stream_of({data, size}));
   return 0;
 }
 
@@ -158,10 +193,23 @@ std::vector<std::string> decentrain_fuzz::seeds() {
   directory_hello.purpose = wire::hello_purpose::directory;
   auto keyless = hello;
   keyless.nonce.clear();
+  // To the identity peer (first byte 3), framed by the target: a hello with an exchange key, then
+  // a signature no roster key made.
+  auto signed_hello = hello;
+  signed_hello.credentials = 2;
+  signed_hello.exchange = std::string(tr::identity::exchange_key_bytes, 'x');
+  auto chunk = [](wire::frame_type type, std::span<const std::byte> b) {
+    std::string out{static_cast<char>(type), static_cast<char>(b.size() & 0xff), static_cast<char>(b.size() >> 8)};
+    return out.append(reinterpret_cast<const char*>(b.data()), b.size());
+  };
+  const tr::bytes forged_signature(tr::identity::signature_bytes, std::byte{0x33});
+  const std::string to_identity_peer =
+      "\x03" + chunk(wire::frame_type::hello, wire::encode_body(signed_hello)) + chunk(wire::frame_type::proof, forged_signature);
   return {hello_frame + frame(wire::frame_type::proof, forged_proof),
           frame(wire::frame_type::hello, wire::encode_body(directory_hello)) + frame(wire::frame_type::proof, forged_proof),
           frame(wire::frame_type::hello, wire::encode_body(keyless)),
           hello_frame + frame(wire::frame_type::data, forged_proof),
           hello_frame.substr(0, 80),
-          std::string(1, '\x01') + std::string("\x01\x10\x00", 3) + std::string(16, 'x')};
+          std::string(1, '\x01') + std::string("\x01\x10\x00", 3) + std::string(16, 'x'),
+          to_identity_peer};
 }

@@ -21874,13 +21874,16 @@ struct data {
 // (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. The state
 // is captured at the step; encoding and writing it happen on a background thread while training
 // goes on (one write at a time; the last step's and a stop's are waited for). With `resume`,
-// start() picks the newest step that every peer has: when one peer was killed while saving, the
-// others fall back to the step before instead of refusing to start.
+// start() picks the newest step that every peer holds intact (its file reads back whole): when
+// one peer was killed while saving, or a file was damaged since, every peer falls back to the
+// same older step instead of refusing to start, and unreadable() says which files were passed over.
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -21973,6 +21976,7 @@ struct checkpoint_every {
   // no temporary file of a write that a crash cut short (the finished files are whole).
   void open(int rank, int world) {
     wait();  // a write a failed fit() left in flight finishes before its .tmp could be taken for a torn one
+    unreadable_.clear();
     decentrain::detail::check(!dir.empty(), "checkpoint_every: dir is empty (where should checkpoints go?)");
     decentrain::detail::check(every >= 0, "checkpoint_every: every must be >= 0, got ", every);
     decentrain::detail::check(keep_last >= 1, "checkpoint_every: keep_last must be >= 1, got ", keep_last);
@@ -21988,24 +21992,53 @@ struct checkpoint_every {
     open(rank, world);
     if (!resume) return;
     const auto mine = saved_steps(rank, world);
-    // newest, -(fewest newest), and whether anyone has none: one all-reduce.
-    const std::int64_t newest = mine.empty() ? -1 : mine.back();
-    std::int64_t agreed[2] = {newest, -newest};
-    ctx.comm.all_reduce(std::span<std::int64_t>(agreed, 2), collective::reduce_op::max);
-    const std::int64_t most = agreed[0], least = -agreed[1];
-    if (most < 0) return;  // a fresh run
-    decentrain::detail::check(least >= 0, "checkpoint_every: some peers have checkpoints in ", dir,
-                              " and others have none (as peer ", rank, " sees ", dir, ": ", who_has(world),
-                              "); resume needs every peer's, or start with an empty directory");
-    decentrain::detail::check(std::binary_search(mine.begin(), mine.end(), least), "checkpoint_every: peer ", rank,
-                              " has no checkpoint of step ", least, ", the newest step every peer has (it has ",
-                              describe(mine), " in ", peer_dir(rank, world).string(), ")");
-    ctx.restore(io::load_checkpoint(file(rank, world, least)));
+    // The newest step every peer holds intact: each peer offers its newest intact step at or
+    // below a bound, and the bound falls to the least offer until every peer offers the same
+    // (one all-reduce a round; a step above the answer lacks an intact file on some peer, so the
+    // answer is the newest step intact everywhere, and every peer reaches it alike).
+    std::optional<std::pair<std::int64_t, io::checkpoint>> offer;
+    std::int64_t bound = std::numeric_limits<std::int64_t>::max();
+    for (;;) {
+      if (!offer || offer->first > bound) offer = newest_intact(rank, world, bound);
+      const std::int64_t step = offer ? offer->first : -1, has = mine.empty() ? 0 : 1;
+      // the newest offer, -(the least offer), whether any peer has files, -(whether every peer has)
+      std::int64_t agreed[4] = {step, -step, has, -has};
+      ctx.comm.all_reduce(std::span<std::int64_t>(agreed, 4), collective::reduce_op::max);
+      const std::int64_t most = agreed[0], least = -agreed[1];
+      if (agreed[2] == 0) return;  // a fresh run
+      decentrain::detail::check(agreed[3] == -1, "checkpoint_every: some peers have checkpoints in ", dir,
+                                " and others have none (as peer ", rank, " sees ", dir, ": ", who_has(world),
+                                "); resume needs every peer's, or start with an empty directory");
+      decentrain::detail::check(least >= 0, "checkpoint_every: no step has a checkpoint that reads back whole on every peer (peer ",
+                                rank, " has ", describe(mine), " in ", peer_dir(rank, world).string(), describe(unreadable_), ")");
+      if (most == least) break;
+      bound = least;
+    }
+    ctx.restore(offer->second);
     // Newer files belong to the run that was abandoned: drop them, so they neither count
     // towards keep_last nor look like a step every peer has the next time.
     for (auto s : mine)
-      if (s > least) std::filesystem::remove(file(rank, world, s));
+      if (s > offer->first) std::filesystem::remove(file(rank, world, s));
   }
+
+  // This peer's newest checkpoint of a step at most `bound` that reads back whole, loaded, or none;
+  // the newer ones that do not are noted in unreadable().
+  std::optional<std::pair<std::int64_t, io::checkpoint>> newest_intact(int rank, int world,
+                                                                       std::int64_t bound = std::numeric_limits<std::int64_t>::max()) {
+    const auto steps = saved_steps(rank, world);
+    for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
+      if (*s > bound || unreadable_.contains(*s)) continue;
+      try {
+        return std::pair{*s, io::load_checkpoint(file(rank, world, *s))};
+      } catch (const decentrain::error& e) {
+        unreadable_[*s] = e.what();
+      }
+    }
+    return std::nullopt;
+  }
+  // The checkpoints of this peer that start() passed over because they did not read back whole
+  // (a damaged or cut-off file), by step, each with the error.
+  const std::map<std::int64_t, std::string>& unreadable() const { return unreadable_; }
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
@@ -22081,6 +22114,11 @@ struct checkpoint_every {
            " have none";
   }
 
+  static std::string describe(const std::map<std::int64_t, std::string>& unreadable) {
+    std::string s;
+    for (const auto& [step, why] : unreadable) s += decentrain::detail::concat("; step ", step, " does not read back: ", why);
+    return s;
+  }
   static std::string describe(const std::vector<std::int64_t>& steps) {
     if (steps.empty()) return "none";
     std::string s = "steps";
@@ -22101,6 +22139,7 @@ struct checkpoint_every {
     own_writer(own_writer&&) noexcept = default;
     own_writer& operator=(own_writer&&) noexcept = default;
   } writer_;
+  std::map<std::int64_t, std::string> unreadable_;
 };
 
 }  // namespace decentrain::fault
@@ -22713,6 +22752,7 @@ struct heard {
   std::set<int> marked;
   std::map<int, std::string> invalid;  // members that sent something invalid, and what
   std::set<int> refused;  // leaders whose view this peer refused (invalid, unjustified, or one of two)
+  std::map<int, int> objections;  // members whose omission from a view this peer refused it for, how often
 };
 
 // Takes one protocol message `m` from member `j` into `h`: a valid report of `current`, a view,
@@ -22783,10 +22823,17 @@ inline int accusations(const heard& h, const suspicions& mine, int me, int x) {
 
 // Why a view that `leader` sent (valid in form) may not be followed by this peer, against
 // insiders: it removes a member that reported here, that this peer does not suspect and that
-// fewer than half the view accuse, or it bars one without a majority accusing it of poison. (A
-// liar that reports here but not to the leader makes this peer refuse the view that leaves it
-// out: it can delay an agreement, not bar or split anyone.)
-inline std::optional<std::string> unjustified(const message& v, const view& current, const heard& h, const suspicions& mine, int me) {
+// fewer than half the view accuse, or it bars one without a majority accusing it of poison.
+// A member that reports here but not to the leaders (a liar, or a link down) would have this
+// peer refuse every view, as each leader in turn leaves it out: its omission is objected to at
+// most `objections` times in one agreement (f + 1: one more than the views liars lead in a
+// round), after which it counts as silent: it can delay an agreement, not bar or split anyone.
+struct objection {
+  std::string why;
+  int omitted = -1;  // the member left out, when that is the objection
+};
+inline std::optional<objection> unjustified(const message& v, const view& current, const heard& h, const suspicions& mine, int me,
+                                            int objections) {
   const std::size_t n = current.members.size();
   for (int x : current.members) {
     if (x == me || checks::contains(v.ranks, x)) continue;
@@ -22795,9 +22842,12 @@ inline std::optional<std::string> unjustified(const message& v, const view& curr
     for (const auto& [j, r] : h.reports)
       if (j != me && j != x && checks::contains(r.convicted, x)) ++poison;
     if (barred && !by_majority(poison, n))
-      return decentrain::detail::concat("it bars peer ", x, ", which ", poison, " of the ", n, " members accuse of poison here");
-    if (!mine.count(x) && h.reports.count(x) && !by_majority(accusations(h, mine, me, x), n))
-      return decentrain::detail::concat("it leaves out peer ", x, ", which reported here and which fewer than half of the view accuse");
+      return objection{decentrain::detail::concat("it bars peer ", x, ", which ", poison, " of the ", n, " members accuse of poison here")};
+    const auto objected = h.objections.find(x);
+    if (!mine.count(x) && h.reports.count(x) && !by_majority(accusations(h, mine, me, x), n) &&
+        (objected == h.objections.end() || objected->second < objections))
+      return objection{decentrain::detail::concat("it leaves out peer ", x, ", which reported here and which fewer than half of the view accuse"),
+                       x};
   }
   return std::nullopt;
 }
@@ -22960,9 +23010,12 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
   const auto judged_from = transport::now(ep);
   gather(ep, others, current, h, deadline + s.timeout, [&] {
     return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
-           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank()));
+           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank(), f + 1));
   });
-  if (auto why = unjustified(v, current, h, suspects, ep.rank())) refuse(transport::failure_cause::other, "sent a view that ", *why);
+  if (auto why = unjustified(v, current, h, suspects, ep.rank(), f + 1)) {
+    if (why->omitted >= 0) ++h.objections[why->omitted];
+    refuse(transport::failure_cause::other, "sent a view that ", why->why);
+  }
   const auto digest = echo_digest(v);
   echo(ep, current, suspects, leader, digest, h);
   h.echoes[{leader, leader}] = digest;  // the view it sent is its echo
@@ -23204,8 +23257,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                                         last));
       passed_over.clear();
       auto marked = std::move(h.marked);
+      auto objections = std::move(h.objections);
       h = detail::heard{};  // (a leader that leads again may send another view)
       h.marked = std::move(marked);
+      h.objections = std::move(objections);
       transport::pause(ep, std::min(s.timeout, std::chrono::milliseconds(1000)));
       candidate = alive.begin();
     }
@@ -24200,16 +24255,20 @@ struct elastic {
   template <class Ctx>
   void resume(Ctx& ctx) {
     const int rank = ctx.network.rank();
-    const auto mine = checkpoints.saved_steps(rank, folder_world_);
     std::int64_t step = ctx.steps_done;
-    // A step-0 file (stopped before the first step) is a fresh start: every peer without files
-    // starts as that, and restoring it would start this one's policy as resumed and the others' not.
-    if (!mine.empty() && mine.back() > step) {
-      const auto c = io::load_checkpoint(checkpoints.file(rank, folder_world_, mine.back()));
-      step = c.counter("step");
-      ctx.restore(c);
+    // This peer's newest checkpoint that reads back whole: a damaged newer one is passed over
+    // (checkpoints.unreadable() says which), and the group converges as for any peers of
+    // different steps. A step-0 file (stopped before the first step) is a fresh start: every peer
+    // without files starts as that, and restoring it would start this one's policy as resumed
+    // and the others' not.
+    if (auto newest = checkpoints.newest_intact(rank, folder_world_); newest && newest->first > step) {
+      step = newest->second.counter("step");
+      ctx.restore(newest->second);
       ctx.step = ctx.steps_done = step;
     }
+    std::string passed_over;
+    for (const auto& [s, why] : checkpoints.unreadable())
+      passed_over += decentrain::detail::concat("; this peer passed over its checkpoint of step ", s, ", which does not read back: ", why);
     std::int64_t range[2] = {step, -step};
     try {
       ctx.comm.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
@@ -24219,12 +24278,12 @@ struct elastic {
       // Join the agreement (the start is outside the trainer's error routing).
       (void)on_error(ctx, e);
       cause_ = decentrain::detail::concat("the peers' newest checkpoints differ (this one's is of step ", step,
-                                          "; another peer started the agreement: ", e.what(), ")");
+                                          "; another peer started the agreement: ", e.what(), ")", passed_over);
       converge(ctx, std::nullopt);
       return;
     }
     if (range[0] == -range[1]) return;
-    cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0]);
+    cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0], passed_over);
     failed_at_ = transport::now(ctx.network);
     converge(ctx, std::nullopt);
   }

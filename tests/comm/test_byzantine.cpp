@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -313,9 +314,23 @@ TEST_CASE("byzantine: over tcp the group excludes a poisoning peer, and refuses 
     INFO("honest peer " << r << ": " << errors[r]);
     REQUIRE(errors[r].empty());
     CHECK(params[r] == params[0]);
-    REQUIRE(changes[r].size() == 1);  // peer 3 removed, nobody joined
-    CHECK(changes[r][0].removed == std::vector<int>{3});
-    CHECK(changes[r][0].joined.empty());
+    std::ostringstream views;
+    for (const auto& c : changes[r])
+      views << "\nview " << c.epoch << ": " << c.members.size() << " members, removed " << c.removed.size() << ", joined "
+            << c.joined.size() << ", cause: " << c.cause;
+    INFO("its views:" << views.str());
+    // Peer 3 removed, nobody joined. A peer whose count reached the threshold first may start an
+    // agreement before the others counted the same aggregation: a lone accusation convicts no one
+    // (fewer than a third may lie), so that view keeps everyone and the next one, with the
+    // accusation standing and the others', removes peer 3.
+    REQUIRE(!changes[r].empty());
+    CHECK(changes[r].size() <= 2);
+    CHECK(changes[r].back().removed == std::vector<int>{3});
+    CHECK(changes[r].back().members == std::vector<int>{0, 1, 2});
+    for (const auto& c : changes[r]) {
+      CHECK(c.joined.empty());
+      CHECK((c.removed.empty() || c.removed == std::vector<int>{3}));
+    }
   }
 }
 #endif

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -342,5 +343,105 @@ TEST_CASE("fault::checkpoint_every keeps the newest checkpoints and resumes from
   fs::remove_all(ck.peer_dir(1, 2));
   CHECK_THROWS_WITH(final_params<Saving>(2, tiny_gpt(), opts, h5, nullptr, {}, ck),
                     Catch::Contains("some peers have checkpoints") && Catch::Contains("others have none"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fault::checkpoint_every passes over a damaged checkpoint: every peer resumes from the newest step intact on all, saying so") {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("decentrain_ckpt_damaged_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  constexpr int world = 3;
+  trainer_options opts;
+  opts.steps = 12;
+  opts.batch_size = 2;
+  opts.eval_batches = 1;
+  dt::comm::diloco<> h4;
+  h4.inner_steps = 4;
+  using Plain = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>;
+  using Saving = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::checkpoint_every>;
+  const auto whole = final_params<Plain>(world, tiny_gpt(), opts, h4);
+  dt::fault::checkpoint_every ck;
+  ck.dir = dir.string();
+  ck.every = 4;
+  ck.keep_last = 3;
+  (void)final_params<Saving>(world, tiny_gpt(), opts, h4, nullptr, {}, ck);
+  for (int r = 0; r < world; ++r) REQUIRE(ck.saved_steps(r, world) == std::vector<std::int64_t>{4, 8, 12});
+
+  // One byte flipped in the middle of a file, or the file cut short.
+  auto flip = [](const fs::path& f) {
+    const auto at = static_cast<std::streamoff>(fs::file_size(f) / 2);
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    io.seekg(at);
+    io.get(c);
+    io.seekp(at);
+    io.put(static_cast<char>(c ^ 0x5a));
+  };
+  auto cut = [](const fs::path& f) { fs::resize_file(f, fs::file_size(f) - 100); };
+
+  struct peer_outcome {
+    std::vector<float> params;
+    std::int64_t resumed_at = -1;
+    std::map<std::int64_t, std::string> unreadable;
+  };
+  auto resume_all = [&] {
+    std::vector<peer_outcome> out(world);
+    std::mutex m;
+    dt::transport::in_process(world).run([&](dt::transport::in_process::endpoint& ep) {
+      Saving t(tiny_gpt(), opts, ep, h4, {}, ck);
+      std::int64_t first = -1;
+      std::vector<float> params;
+      t.on_step([&first](const dt::train::step_metrics& s) {
+        if (first < 0) first = s.step - 1;
+      });
+      t.on_eval([&](const dt::train::eval_point&) { params = fixture::flat_params(t.model().parameters()); });
+      t.fit(small_corpus().data);
+      std::lock_guard lock(m);
+      auto& o = out[static_cast<std::size_t>(ep.rank())];
+      o.params = std::move(params);
+      o.resumed_at = first;
+      o.unreadable = t.fault().unreadable();
+    });
+    return out;
+  };
+
+  // Peer 1's newest file is damaged: all three resume from step 8, and only peer 1 names a file.
+  flip(ck.file(1, world, 12));
+  auto out = resume_all();
+  for (int r = 0; r < world; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    INFO("peer " << r);
+    CHECK(o.resumed_at == 8);
+    CHECK(o.params == whole[static_cast<std::size_t>(r)]);
+    if (r == 1) {
+      REQUIRE(o.unreadable.size() == 1);
+      CHECK(o.unreadable.begin()->first == 12);
+      CHECK_THAT(o.unreadable.begin()->second, Catch::Contains("step-12.ckpt"));
+    } else {
+      CHECK(o.unreadable.empty());
+    }
+    CHECK(ck.saved_steps(r, world) == std::vector<std::int64_t>{4, 8, 12});  // step 12 saved again, whole
+  }
+
+  // Peer 0's step 8 damaged and peer 2's step 12 cut short: step 4 is the newest intact on all
+  // three (peer 0 still holds an intact step 12, peer 2 an intact step 8).
+  flip(ck.file(0, world, 8));
+  cut(ck.file(2, world, 12));
+  out = resume_all();
+  for (int r = 0; r < world; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    INFO("peer " << r);
+    CHECK(o.resumed_at == 4);
+    CHECK(o.params == whole[static_cast<std::size_t>(r)]);
+  }
+  CHECK(out[0].unreadable.size() == 1);
+  CHECK(out[0].unreadable.count(8) == 1);
+  CHECK(out[1].unreadable.empty());
+  CHECK(out[2].unreadable.size() == 1);
+  CHECK(out[2].unreadable.count(12) == 1);
+
+  // No step intact on every peer: an error that says which files did not read back.
+  for (auto step : ck.saved_steps(1, world)) flip(ck.file(1, world, step));
+  CHECK_THROWS_WITH(resume_all(), Catch::Contains("no step has a checkpoint that reads back whole on every peer"));
   fs::remove_all(dir);
 }

@@ -29,15 +29,7 @@ namespace {
 
 const std::string run_key = "a run key of thirty-two bytes...";
 
-tr::tcp_options keyed(int rank, int world) {
-  tr::tcp_options o;
-  o.rank = rank;
-  o.world = world;
-  o.key = run_key;
-  o.join_timeout = 10s;
-  o.recv_timeout = 10s;
-  return o;
-}
+tr::tcp_options keyed(int rank, int world) { return bench::keyed_options(run_key, rank, world); }
 
 std::size_t resident_bytes() {
   std::ifstream statm("/proc/self/statm");

@@ -3,20 +3,24 @@
 // (a crash mid-write leaves the previous files whole), keeping the newest `keep_last`. The state
 // is captured at the step; encoding and writing it happen on a background thread while training
 // goes on (one write at a time; the last step's and a stop's are waited for). With `resume`,
-// start() picks the newest step that every peer has: when one peer was killed while saving, the
-// others fall back to the step before instead of refusing to start.
+// start() picks the newest step that every peer holds intact (its file reads back whole): when
+// one peer was killed while saving, or a file was damaged since, every peer falls back to the
+// same older step instead of refusing to start, and unreadable() says which files were passed over.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "decentrain/collective/communicator.hpp"
+#include "decentrain/detail/error.hpp"
 #include "decentrain/fault/policy.hpp"
 #include "decentrain/io/background_writer.hpp"
 #include "decentrain/io/checkpoint.hpp"
@@ -60,6 +64,7 @@ struct checkpoint_every {
   // no temporary file of a write that a crash cut short (the finished files are whole).
   void open(int rank, int world) {
     wait();  // a write a failed fit() left in flight finishes before its .tmp could be taken for a torn one
+    unreadable_.clear();
     decentrain::detail::check(!dir.empty(), "checkpoint_every: dir is empty (where should checkpoints go?)");
     decentrain::detail::check(every >= 0, "checkpoint_every: every must be >= 0, got ", every);
     decentrain::detail::check(keep_last >= 1, "checkpoint_every: keep_last must be >= 1, got ", keep_last);
@@ -75,24 +80,53 @@ struct checkpoint_every {
     open(rank, world);
     if (!resume) return;
     const auto mine = saved_steps(rank, world);
-    // newest, -(fewest newest), and whether anyone has none: one all-reduce.
-    const std::int64_t newest = mine.empty() ? -1 : mine.back();
-    std::int64_t agreed[2] = {newest, -newest};
-    ctx.comm.all_reduce(std::span<std::int64_t>(agreed, 2), collective::reduce_op::max);
-    const std::int64_t most = agreed[0], least = -agreed[1];
-    if (most < 0) return;  // a fresh run
-    decentrain::detail::check(least >= 0, "checkpoint_every: some peers have checkpoints in ", dir,
-                              " and others have none (as peer ", rank, " sees ", dir, ": ", who_has(world),
-                              "); resume needs every peer's, or start with an empty directory");
-    decentrain::detail::check(std::binary_search(mine.begin(), mine.end(), least), "checkpoint_every: peer ", rank,
-                              " has no checkpoint of step ", least, ", the newest step every peer has (it has ",
-                              describe(mine), " in ", peer_dir(rank, world).string(), ")");
-    ctx.restore(io::load_checkpoint(file(rank, world, least)));
+    // The newest step every peer holds intact: each peer offers its newest intact step at or
+    // below a bound, and the bound falls to the least offer until every peer offers the same
+    // (one all-reduce a round; a step above the answer lacks an intact file on some peer, so the
+    // answer is the newest step intact everywhere, and every peer reaches it alike).
+    std::optional<std::pair<std::int64_t, io::checkpoint>> offer;
+    std::int64_t bound = std::numeric_limits<std::int64_t>::max();
+    for (;;) {
+      if (!offer || offer->first > bound) offer = newest_intact(rank, world, bound);
+      const std::int64_t step = offer ? offer->first : -1, has = mine.empty() ? 0 : 1;
+      // the newest offer, -(the least offer), whether any peer has files, -(whether every peer has)
+      std::int64_t agreed[4] = {step, -step, has, -has};
+      ctx.comm.all_reduce(std::span<std::int64_t>(agreed, 4), collective::reduce_op::max);
+      const std::int64_t most = agreed[0], least = -agreed[1];
+      if (agreed[2] == 0) return;  // a fresh run
+      decentrain::detail::check(agreed[3] == -1, "checkpoint_every: some peers have checkpoints in ", dir,
+                                " and others have none (as peer ", rank, " sees ", dir, ": ", who_has(world),
+                                "); resume needs every peer's, or start with an empty directory");
+      decentrain::detail::check(least >= 0, "checkpoint_every: no step has a checkpoint that reads back whole on every peer (peer ",
+                                rank, " has ", describe(mine), " in ", peer_dir(rank, world).string(), describe(unreadable_), ")");
+      if (most == least) break;
+      bound = least;
+    }
+    ctx.restore(offer->second);
     // Newer files belong to the run that was abandoned: drop them, so they neither count
     // towards keep_last nor look like a step every peer has the next time.
     for (auto s : mine)
-      if (s > least) std::filesystem::remove(file(rank, world, s));
+      if (s > offer->first) std::filesystem::remove(file(rank, world, s));
   }
+
+  // This peer's newest checkpoint of a step at most `bound` that reads back whole, loaded, or none;
+  // the newer ones that do not are noted in unreadable().
+  std::optional<std::pair<std::int64_t, io::checkpoint>> newest_intact(int rank, int world,
+                                                                       std::int64_t bound = std::numeric_limits<std::int64_t>::max()) {
+    const auto steps = saved_steps(rank, world);
+    for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
+      if (*s > bound || unreadable_.contains(*s)) continue;
+      try {
+        return std::pair{*s, io::load_checkpoint(file(rank, world, *s))};
+      } catch (const decentrain::error& e) {
+        unreadable_[*s] = e.what();
+      }
+    }
+    return std::nullopt;
+  }
+  // The checkpoints of this peer that start() passed over because they did not read back whole
+  // (a damaged or cut-off file), by step, each with the error.
+  const std::map<std::int64_t, std::string>& unreadable() const { return unreadable_; }
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
@@ -168,6 +202,11 @@ struct checkpoint_every {
            " have none";
   }
 
+  static std::string describe(const std::map<std::int64_t, std::string>& unreadable) {
+    std::string s;
+    for (const auto& [step, why] : unreadable) s += decentrain::detail::concat("; step ", step, " does not read back: ", why);
+    return s;
+  }
   static std::string describe(const std::vector<std::int64_t>& steps) {
     if (steps.empty()) return "none";
     std::string s = "steps";
@@ -188,6 +227,7 @@ struct checkpoint_every {
     own_writer(own_writer&&) noexcept = default;
     own_writer& operator=(own_writer&&) noexcept = default;
   } writer_;
+  std::map<std::int64_t, std::string> unreadable_;
 };
 
 }  // namespace decentrain::fault

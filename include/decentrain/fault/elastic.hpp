@@ -484,16 +484,20 @@ struct elastic {
   template <class Ctx>
   void resume(Ctx& ctx) {
     const int rank = ctx.network.rank();
-    const auto mine = checkpoints.saved_steps(rank, folder_world_);
     std::int64_t step = ctx.steps_done;
-    // A step-0 file (stopped before the first step) is a fresh start: every peer without files
-    // starts as that, and restoring it would start this one's policy as resumed and the others' not.
-    if (!mine.empty() && mine.back() > step) {
-      const auto c = io::load_checkpoint(checkpoints.file(rank, folder_world_, mine.back()));
-      step = c.counter("step");
-      ctx.restore(c);
+    // This peer's newest checkpoint that reads back whole: a damaged newer one is passed over
+    // (checkpoints.unreadable() says which), and the group converges as for any peers of
+    // different steps. A step-0 file (stopped before the first step) is a fresh start: every peer
+    // without files starts as that, and restoring it would start this one's policy as resumed
+    // and the others' not.
+    if (auto newest = checkpoints.newest_intact(rank, folder_world_); newest && newest->first > step) {
+      step = newest->second.counter("step");
+      ctx.restore(newest->second);
       ctx.step = ctx.steps_done = step;
     }
+    std::string passed_over;
+    for (const auto& [s, why] : checkpoints.unreadable())
+      passed_over += decentrain::detail::concat("; this peer passed over its checkpoint of step ", s, ", which does not read back: ", why);
     std::int64_t range[2] = {step, -step};
     try {
       ctx.comm.all_reduce(std::span<std::int64_t>(range, 2), collective::reduce_op::max);
@@ -503,12 +507,12 @@ struct elastic {
       // Join the agreement (the start is outside the trainer's error routing).
       (void)on_error(ctx, e);
       cause_ = decentrain::detail::concat("the peers' newest checkpoints differ (this one's is of step ", step,
-                                          "; another peer started the agreement: ", e.what(), ")");
+                                          "; another peer started the agreement: ", e.what(), ")", passed_over);
       converge(ctx, std::nullopt);
       return;
     }
     if (range[0] == -range[1]) return;
-    cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0]);
+    cause_ = decentrain::detail::concat("the peers' newest checkpoints are of steps ", -range[1], " to ", range[0], passed_over);
     failed_at_ = transport::now(ctx.network);
     converge(ctx, std::nullopt);
   }

@@ -116,6 +116,7 @@ struct heard {
   std::set<int> marked;
   std::map<int, std::string> invalid;  // members that sent something invalid, and what
   std::set<int> refused;  // leaders whose view this peer refused (invalid, unjustified, or one of two)
+  std::map<int, int> objections;  // members whose omission from a view this peer refused it for, how often
 };
 
 // Takes one protocol message `m` from member `j` into `h`: a valid report of `current`, a view,
@@ -186,10 +187,17 @@ inline int accusations(const heard& h, const suspicions& mine, int me, int x) {
 
 // Why a view that `leader` sent (valid in form) may not be followed by this peer, against
 // insiders: it removes a member that reported here, that this peer does not suspect and that
-// fewer than half the view accuse, or it bars one without a majority accusing it of poison. (A
-// liar that reports here but not to the leader makes this peer refuse the view that leaves it
-// out: it can delay an agreement, not bar or split anyone.)
-inline std::optional<std::string> unjustified(const message& v, const view& current, const heard& h, const suspicions& mine, int me) {
+// fewer than half the view accuse, or it bars one without a majority accusing it of poison.
+// A member that reports here but not to the leaders (a liar, or a link down) would have this
+// peer refuse every view, as each leader in turn leaves it out: its omission is objected to at
+// most `objections` times in one agreement (f + 1: one more than the views liars lead in a
+// round), after which it counts as silent: it can delay an agreement, not bar or split anyone.
+struct objection {
+  std::string why;
+  int omitted = -1;  // the member left out, when that is the objection
+};
+inline std::optional<objection> unjustified(const message& v, const view& current, const heard& h, const suspicions& mine, int me,
+                                            int objections) {
   const std::size_t n = current.members.size();
   for (int x : current.members) {
     if (x == me || checks::contains(v.ranks, x)) continue;
@@ -198,9 +206,12 @@ inline std::optional<std::string> unjustified(const message& v, const view& curr
     for (const auto& [j, r] : h.reports)
       if (j != me && j != x && checks::contains(r.convicted, x)) ++poison;
     if (barred && !by_majority(poison, n))
-      return decentrain::detail::concat("it bars peer ", x, ", which ", poison, " of the ", n, " members accuse of poison here");
-    if (!mine.count(x) && h.reports.count(x) && !by_majority(accusations(h, mine, me, x), n))
-      return decentrain::detail::concat("it leaves out peer ", x, ", which reported here and which fewer than half of the view accuse");
+      return objection{decentrain::detail::concat("it bars peer ", x, ", which ", poison, " of the ", n, " members accuse of poison here")};
+    const auto objected = h.objections.find(x);
+    if (!mine.count(x) && h.reports.count(x) && !by_majority(accusations(h, mine, me, x), n) &&
+        (objected == h.objections.end() || objected->second < objections))
+      return objection{decentrain::detail::concat("it leaves out peer ", x, ", which reported here and which fewer than half of the view accuse"),
+                       x};
   }
   return std::nullopt;
 }
@@ -363,9 +374,12 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
   const auto judged_from = transport::now(ep);
   gather(ep, others, current, h, deadline + s.timeout, [&] {
     return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
-           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank()));
+           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank(), f + 1));
   });
-  if (auto why = unjustified(v, current, h, suspects, ep.rank())) refuse(transport::failure_cause::other, "sent a view that ", *why);
+  if (auto why = unjustified(v, current, h, suspects, ep.rank(), f + 1)) {
+    if (why->omitted >= 0) ++h.objections[why->omitted];
+    refuse(transport::failure_cause::other, "sent a view that ", why->why);
+  }
   const auto digest = echo_digest(v);
   echo(ep, current, suspects, leader, digest, h);
   h.echoes[{leader, leader}] = digest;  // the view it sent is its echo
@@ -607,8 +621,10 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                                         last));
       passed_over.clear();
       auto marked = std::move(h.marked);
+      auto objections = std::move(h.objections);
       h = detail::heard{};  // (a leader that leads again may send another view)
       h.marked = std::move(marked);
+      h.objections = std::move(objections);
       transport::pause(ep, std::min(s.timeout, std::chrono::milliseconds(1000)));
       candidate = alive.begin();
     }

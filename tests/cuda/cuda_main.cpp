@@ -1,14 +1,20 @@
 // Entry point of the GPU test program: without a CUDA device it says so and exits with 77,
-// which CTest records as skipped (never as passed).
+// which CTest records as skipped (never as passed). Host code only, compiled by the C++
+// compiler: Catch2's runner through nvcc took four times as long.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include <decentrain/decentrain.hpp>
+#include <cuda_runtime_api.h>
 
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  if (decentrain::cuda_rt::device_count() == 0) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver: clear the sticky status
+    devices = 0;
+  }
+  if (devices == 0) {
     std::printf("skipped: no CUDA device\n");
     return 77;
   }
