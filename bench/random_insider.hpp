@@ -1,8 +1,8 @@
-// A member that lies at random (bench/attacks; a 30 s CI test once the membership protocol
-// holds against it, bench/RESULTS.md): one of 4 TCP peers (threads of this process, 127.0.0.1,
+// A member that lies at random (bench/attacks for 10 minutes, bench/RESULTS.md; 30 s in
+// tests/fault/test_insiders.cpp): one of 4 TCP peers (threads of this process, 127.0.0.1,
 // a run key) trains under fault::elastic like the others and, after each of its steps, sends the
 // honest peers a burst of every message a member may send: membership messages of each kind
-// (report, view, echo, marker, hello), alarms, state offers and chunks, handoffs and data frames
+// (report, view, echo, ready, marker, hello), alarms, state offers and chunks, handoffs and data frames
 // on the collectives' tags.
 // About half are well-formed and in range (the view's epoch and members, sorted lists), the rest
 // carry random fields or random bytes. Left out or excluded, it dials the group again as a
@@ -120,10 +120,10 @@ class liar {
       ep.send(to, tag, std::span<const std::byte>(b.data(), b.size()));
     };
     switch (pick(9)) {
-      case 0: case 1: case 2: case 3: case 4: {  // membership: report, view, marker, hello, echo
+      case 0: case 1: case 2: case 3: case 4: {  // membership: report, view, marker, hello, echo, ready
         fd::message m;
-        static constexpr const char* names[] = {"report", "view", "marker", "hello", "echo"};
-        const auto k = 1 + pick(5);
+        static constexpr const char* names[] = {"report", "view", "marker", "hello", "echo", "ready"};
+        const auto k = 1 + pick(6);
         m.what = static_cast<fd::kind>(k);
         if (well) {
           m.epoch = current.epoch + (m.what == fd::kind::report ? 0 : 1);
@@ -131,7 +131,7 @@ class liar {
           m.phase = static_cast<std::int8_t>(pick(5));
           m.donor = current.members[pick(current.members.size())];
           m.ranks = m.what == fd::kind::report ? std::vector<std::int32_t>{} : members_subset(current);
-          if (m.what == fd::kind::view && m.ranks.empty()) m.ranks = {m.donor};
+          if ((m.what == fd::kind::view || m.what == fd::kind::ready) && m.ranks.empty()) m.ranks = {m.donor};
           m.digest = rng_();
         } else {
           if (coin()) m.what = static_cast<fd::kind>(pick(256));

@@ -1,20 +1,28 @@
 // The membership protocol as a member reads it from another (fault/membership/): its messages
-// (reports, views, echoes, markers, joiners' hellos) and a donor's state offer. A member that
+// (reports, views, echoes, readies, markers, joiners' hellos), a donor's state offer, and a
+// leaver's handoff (fault/handoff.hpp). A member that
 // holds the run key can send any bytes on these tags, so hostile bytes must end in a
 // decentrain::error naming the sender, never in a crash or an allocation sized by a count.
 // Properties, past decoding:
 // - a message that decodes encodes back to bytes that decode to the same message (same digest);
+// - an agreement takes any bytes from a member without throwing (what does not decode, or breaks
+//   the rules, is noted against the sender, which is heard still);
 // - a view that passes invalid_view against the current view keeps or removes each old member
 //   (exactly one of the two), keeps the barred barred and out of its members, and names a donor
 //   among its members that is not behind: what agreement.hpp relies on when it installs it;
 // - a report that passes invalid_report names only members as departed or accused;
 // - a view that passes invalid_admission names its sender and the joiner among its members;
-// - an offer that decodes has chunks that follow one another to its size, and tensors inside it.
-// An input's first byte picks the reader: even, a protocol message; odd, a state offer.
+// - an offer that decodes has chunks that follow one another to its size, and tensors inside it;
+// - a handoff (the input cut into frames: a 2-byte length, then that many bytes) that is taken
+//   holds no more bytes than the heir's limit allows and encodes back to a checkpoint of its own.
+// An input's first byte picks the reader: 0 mod 3, a protocol message; 1, a state offer; 2, a
+// handoff.
 #include "fuzz.hpp"
 
 #include <algorithm>
 
+#include "decentrain/fault/handoff.hpp"
+#include "decentrain/fault/membership/agreement.hpp"
 #include "decentrain/fault/membership/messages.hpp"
 #include "decentrain/fault/membership/state_transfer.hpp"
 
@@ -37,9 +45,16 @@ const fault::view& current() {
 bool has(const std::vector<std::int32_t>& v, int r) { return std::find(v.begin(), v.end(), r) != v.end(); }
 
 void check_message(const bytes& b) {
+  fd::heard h;
+  h.f = 1;
+  int readies_said = 0;
+  h.say_ready = [&](const fd::message&) { ++readies_said; };
+  fd::take(h, sender, b, current(), capacity);
+  require(readies_said == 0, "one member's ready made this peer ready (more than may lie must be)");
   const auto m = fd::decode(b, sender);
   const auto again = fd::decode(decentrain::transport::wire::encode_body(m), sender);
-  require(fd::digest_of(again) == fd::digest_of(m), "a membership message did not decode back to itself after encoding");
+  require(again.what == m.what && fd::digest_of(again) == fd::digest_of(m),
+          "a membership message did not decode back to itself after encoding");
 
   if (!fd::invalid_view(m, current(), capacity)) {
     for (int j : current().members)
@@ -74,13 +89,47 @@ void check_offer(const bytes& b) {
   require(fd::encode_offer(o).size() == b.size(), "an offer did not encode back to as many bytes");
 }
 
+// The leaver's frames as the heir's endpoint hands them over, then silence.
+struct leaver_frames {
+  std::vector<bytes> frames;
+  std::size_t at = 0;
+  bytes recv_within(int from, decentrain::transport::tag_type, std::chrono::milliseconds) {
+    if (at == frames.size())
+      decentrain::transport::fail_peer_because(decentrain::transport::failure_cause::silent, from, "receive", "no more frames");
+    return frames[at++];
+  }
+};
+
+constexpr std::uint64_t handoff_limit = 1 << 16;
+
+void check_handoff(const bytes& b) {
+  leaver_frames ep;
+  for (std::size_t at = 0; at + 2 <= b.size();) {
+    const std::size_t n = std::to_integer<std::size_t>(b[at]) | std::to_integer<std::size_t>(b[at + 1]) << 8;
+    at += 2;
+    ep.frames.emplace_back(b.begin() + static_cast<std::ptrdiff_t>(at), b.begin() + static_cast<std::ptrdiff_t>(std::min(b.size(), at + n)));
+    at += n;
+  }
+  const auto taken = fault::take_handoff(ep, sender, handoff_limit, std::chrono::milliseconds(0), std::chrono::milliseconds(0));
+  if (!taken) return;
+  const auto encoded = decentrain::io::encode_checkpoint(*taken);
+  require(decentrain::io::encode_checkpoint(decentrain::io::decode_checkpoint(encoded, "a handoff encoded again")) == encoded,
+          "a handoff taken did not encode back to itself");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const auto* first = reinterpret_cast<const std::byte*>(data) + 1;
   const bytes body(first, first + (size - 1));
-  rejects_cleanly([&] { data[0] % 2 ? check_offer(body) : check_message(body); });
+  rejects_cleanly([&] {
+    switch (data[0] % 3) {
+      case 0: return check_message(body);
+      case 1: return check_offer(body);
+      default: return check_handoff(body);
+    }
+  });
   return 0;
 }
 
@@ -114,8 +163,25 @@ std::vector<std::string> decentrain_fuzz::seeds() {
   offer.ends = {32, 96};
   offer.hashes = {1, 2};
   offer.tensors = {{"wte", 8, 16}, {"wpe", 40, 48}};
+  fd::message ready = view;
+  ready.what = fd::kind::ready;
+  // A handoff: the 8-byte size, then the encoded checkpoint in two frames, each after its length.
+  decentrain::io::checkpoint own;
+  own.tensors.emplace("own.residual.0", decentrain::zeros<decentrain::cpu>(decentrain::shape{2, 3}));
+  const std::string blob = decentrain::io::encode_checkpoint(own);
+  std::string handoff;
+  const auto frame = [&](std::string_view part) {
+    handoff += static_cast<char>(part.size() & 0xff);
+    handoff += static_cast<char>(part.size() >> 8);
+    handoff += part;
+  };
+  const std::uint64_t blob_size = blob.size();
+  frame(std::string_view(reinterpret_cast<const char*>(&blob_size), 8));
+  frame(std::string_view(blob).substr(0, blob.size() / 2));
+  frame(std::string_view(blob).substr(blob.size() / 2));
   std::vector<std::string> out;
-  for (const auto& m : {view, report, echo}) out.push_back(with('\0', decentrain::transport::wire::encode_body(m)));
+  for (const auto& m : {view, report, echo, ready}) out.push_back(with('\0', decentrain::transport::wire::encode_body(m)));
   out.push_back(with('\1', fd::encode_offer(offer)));
+  out.push_back('\2' + handoff);
   return out;
 }

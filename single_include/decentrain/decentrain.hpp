@@ -156,6 +156,9 @@ void check(bool ok, Parts&&... parts) {
 
 // xxHash (Debian libxxhash-dev), header-only: XXH_INLINE_ALL gives its functions internal
 // linkage under private names, so a program that links its own libxxhash is not disturbed.
+// g++ at -Og refuses xxHash 0.8's forced inlining ("inlining failed in call to always_inline"):
+// such a build defines XXH_NO_INLINE_HINTS (as DECENTRAIN_TESTS_OG does), which leaves inlining to
+// the compiler; at -O2 and -O3 the hints are worth about 13% of XXH3's speed, so they stay.
 #if !defined(XXH_INLINE_ALL)
 #define XXH_INLINE_ALL
 #define DECENTRAIN_DEFINED_XXH_INLINE_ALL
@@ -21761,7 +21764,7 @@ struct sync_allreduce {
 // ---- end decentrain/comm/sync_allreduce.hpp ----
 // ---- end decentrain/comm/comm.hpp ----
 // ---- begin decentrain/parallel/parallel.hpp ----
-// Everything in parallel: the policy concept and data parallelism.
+// Everything in parallel: the policy concept, data parallelism, and pipeline schedules as data.
 
 // ---- begin decentrain/parallel/data.hpp ----
 // Data parallelism: every peer holds the whole model and trains on its own rows of the global
@@ -21863,6 +21866,408 @@ struct data {
 
 }  // namespace decentrain::parallel
 // ---- end decentrain/parallel/data.hpp ----
+// ---- begin decentrain/parallel/schedule/schedule.hpp ----
+// Pipeline schedules as data: the action lists, their check and their simulation, and the
+// generators (GPipe, 1F1B, ZB-H1).
+
+// ---- begin decentrain/parallel/schedule/action.hpp ----
+// A pipeline schedule as data: for each peer of the pipeline, the actions it runs in order (as
+// torch.distributed.pipelining's schedules are lists of actions). Generators write such
+// programs (gpipe.hpp, one_f_one_b.hpp, zb_h1.hpp), check.hpp checks one, simulate.hpp times
+// one from given costs; the executor that runs one on a model's stages takes the same data.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::parallel::schedule {
+
+// backward: a micro-batch's whole backward on a stage, input and weight gradients at once;
+// backward_input and backward_weight: its two halves, which zero-bubble schedules run apart
+// (the input gradient is what the previous stage waits for; the weight gradient fills bubbles).
+enum class op : std::uint8_t { forward, backward, backward_input, backward_weight };
+
+inline const char* name_of(op o) {
+  switch (o) {
+    case op::forward: return "F";
+    case op::backward: return "B";
+    case op::backward_input: return "I";
+    case op::backward_weight: return "W";
+  }
+  return "?";
+}
+
+// One action: `what` for micro-batch `micro` on stage `stage` (a stage is a part of the model;
+// a peer may hold several: the chunks of interleaved schedules).
+struct action {
+  op what = op::forward;
+  int micro = 0;
+  int stage = 0;
+  friend bool operator==(const action&, const action&) = default;
+};
+
+inline std::string to_string(const action& a) {
+  return decentrain::detail::concat(name_of(a.what), a.micro, "@", a.stage);
+}
+
+// A schedule for one step: `micro_batches` micro-batches through the stages, stage 0 first in
+// the model; `peer_of[s]` holds stage s; `actions[p]` is what peer p runs, in order.
+struct program {
+  int micro_batches = 0;
+  std::vector<int> peer_of;
+  std::vector<std::vector<action>> actions;
+
+  int peers() const { return static_cast<int>(actions.size()); }
+  int stages() const { return static_cast<int>(peer_of.size()); }
+};
+
+// The settings every generator checks: at least one peer and one micro-batch.
+inline void check_shape(const char* schedule, int peers, int micro_batches) {
+  decentrain::detail::check(peers >= 1, "schedule ", schedule, ": needs at least one peer (stage), got ", peers);
+  decentrain::detail::check(micro_batches >= 1, "schedule ", schedule, ": needs at least one micro-batch, got ", micro_batches);
+}
+
+// One stage per peer, stage p on peer p.
+inline program one_stage_per_peer(int peers, int micro_batches) {
+  program p;
+  p.micro_batches = micro_batches;
+  for (int s = 0; s < peers; ++s) p.peer_of.push_back(s);
+  p.actions.resize(static_cast<std::size_t>(peers));
+  return p;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/action.hpp ----
+// ---- begin decentrain/parallel/schedule/check.hpp ----
+// Whether a schedule (action.hpp) can run: every micro-batch goes forward and backward once on
+// every stage, each peer runs only its own stages, and the peers' orders never wait on one
+// another in a circle. A schedule that breaks one is refused with the action that breaks it.
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+
+namespace decentrain::parallel::schedule {
+
+namespace detail {
+
+// The actions `a` waits for, on its own peer or another: the forward of the stage before; for a
+// backward (or its input half), this stage's forward and the input gradient of the stage after;
+// for a weight half, this stage's input half.
+inline std::vector<action> needs(const program& p, const action& a) {
+  std::vector<action> out;
+  const int last = p.stages() - 1;
+  switch (a.what) {
+    case op::forward:
+      if (a.stage > 0) out.push_back({op::forward, a.micro, a.stage - 1});
+      break;
+    case op::backward:
+    case op::backward_input:
+      out.push_back({op::forward, a.micro, a.stage});
+      if (a.stage < last) out.push_back({op::backward_input, a.micro, a.stage + 1});  // or the whole backward
+      break;
+    case op::backward_weight:
+      out.push_back({op::backward_input, a.micro, a.stage});
+      break;
+  }
+  return out;
+}
+
+// The key of what another action waits for: a whole backward gives the input gradient too.
+inline std::tuple<int, int, int> key_of(const action& a) {
+  const op what = a.what == op::backward ? op::backward_input : a.what;
+  return {static_cast<int>(what), a.micro, a.stage};
+}
+
+// Runs the peers' lists in an order that respects every wait, calling `run(peer, action)` for
+// each; throws when the peers are stuck (each waits on something that waits on it), naming what
+// each stuck peer waits on.
+inline void in_dependency_order(const program& p, const std::function<void(int, const action&)>& run) {
+  std::map<std::tuple<int, int, int>, bool> done;
+  std::vector<std::size_t> next(static_cast<std::size_t>(p.peers()), 0);
+  std::size_t left = 0;
+  for (const auto& list : p.actions) left += list.size();
+  while (left > 0) {
+    bool moved = false;
+    for (int peer = 0; peer < p.peers(); ++peer) {
+      const auto& list = p.actions[static_cast<std::size_t>(peer)];
+      auto& i = next[static_cast<std::size_t>(peer)];
+      for (; i < list.size(); ++i) {
+        const auto wait = needs(p, list[i]);
+        bool ready = true;
+        for (const auto& w : wait) ready = ready && done.count(key_of(w));
+        if (!ready) break;
+        run(peer, list[i]);
+        done[key_of(list[i])] = true;
+        --left;
+        moved = true;
+      }
+    }
+    if (!moved) {
+      std::string stuck;
+      for (int peer = 0; peer < p.peers(); ++peer) {
+        const auto& list = p.actions[static_cast<std::size_t>(peer)];
+        const auto i = next[static_cast<std::size_t>(peer)];
+        if (i == list.size()) continue;
+        stuck += decentrain::detail::concat(stuck.empty() ? "" : "; ", "peer ", peer, " at ", to_string(list[i]), " waits on");
+        for (const auto& w : needs(p, list[i]))
+          if (!done.count(key_of(w))) stuck += decentrain::detail::concat(" ", to_string(w));
+      }
+      decentrain::detail::fail("schedule: the peers wait on one another and none can go on: ", stuck);
+    }
+  }
+}
+
+}  // namespace detail
+
+// Throws decentrain::error naming the first problem: a stage without a peer, an action of a
+// stage its peer does not hold, a micro-batch out of range, a forward or backward missing or
+// twice (a backward is whole, or an input half and a weight half), or peers stuck on each other.
+inline void check(const program& p) {
+  using decentrain::detail::check;
+  check(p.micro_batches >= 1, "schedule: needs at least one micro-batch, got ", p.micro_batches);
+  check(p.stages() >= 1 && p.peers() >= 1, "schedule: needs at least one stage and one peer");
+  for (int s = 0; s < p.stages(); ++s)
+    check(p.peer_of[static_cast<std::size_t>(s)] >= 0 && p.peer_of[static_cast<std::size_t>(s)] < p.peers(), "schedule: stage ", s,
+          " is held by peer ", p.peer_of[static_cast<std::size_t>(s)], ", outside [0, ", p.peers(), ")");
+  std::map<std::tuple<int, int, int>, int> count;
+  for (int peer = 0; peer < p.peers(); ++peer)
+    for (const auto& a : p.actions[static_cast<std::size_t>(peer)]) {
+      check(a.stage >= 0 && a.stage < p.stages(), "schedule: peer ", peer, " runs ", to_string(a), ", of a stage outside [0, ",
+            p.stages(), ")");
+      check(p.peer_of[static_cast<std::size_t>(a.stage)] == peer, "schedule: peer ", peer, " runs ", to_string(a), " but stage ",
+            a.stage, " is held by peer ", p.peer_of[static_cast<std::size_t>(a.stage)]);
+      check(a.micro >= 0 && a.micro < p.micro_batches, "schedule: peer ", peer, " runs ", to_string(a), ", of a micro-batch outside [0, ",
+            p.micro_batches, ")");
+      ++count[{static_cast<int>(a.what), a.micro, a.stage}];
+    }
+  for (int s = 0; s < p.stages(); ++s)
+    for (int m = 0; m < p.micro_batches; ++m) {
+      const auto n = [&](op o) {
+        const auto it = count.find({static_cast<int>(o), m, s});
+        return it == count.end() ? 0 : it->second;
+      };
+      const auto where = decentrain::detail::concat("micro-batch ", m, " on stage ", s);
+      check(n(op::forward) == 1, "schedule: ", where, " goes forward ", n(op::forward), " times (once expected)");
+      const bool whole = n(op::backward) == 1 && n(op::backward_input) == 0 && n(op::backward_weight) == 0;
+      const bool halves = n(op::backward) == 0 && n(op::backward_input) == 1 && n(op::backward_weight) == 1;
+      check(whole || halves, "schedule: ", where, " goes backward ", n(op::backward), " times whole, ", n(op::backward_input),
+            " times for its input gradient and ", n(op::backward_weight),
+            " for its weight gradient (once whole, or once each half, expected)");
+    }
+  detail::in_dependency_order(p, [](int, const action&) {});
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/check.hpp ----
+// ---- begin decentrain/parallel/schedule/gpipe.hpp ----
+// GPipe (Huang et al. 2019): every micro-batch forward through the stages, then every one
+// backward. Bubble (S - 1) / (M + S - 1); each stage holds all M micro-batches' activations.
+
+
+namespace decentrain::parallel::schedule {
+
+inline program gpipe(int peers, int micro_batches) {
+  check_shape("gpipe", peers, micro_batches);
+  auto p = one_stage_per_peer(peers, micro_batches);
+  for (int s = 0; s < peers; ++s) {
+    auto& list = p.actions[static_cast<std::size_t>(s)];
+    for (int m = 0; m < micro_batches; ++m) list.push_back({op::forward, m, s});
+    for (int m = 0; m < micro_batches; ++m) list.push_back({op::backward, m, s});
+  }
+  return p;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/gpipe.hpp ----
+// ---- begin decentrain/parallel/schedule/one_f_one_b.hpp ----
+// 1F1B, PipeDream-Flush (Narayanan et al. 2021): stage s runs S - s - 1 forwards ahead, then one
+// forward and one backward in turn, then the backwards left. GPipe's bubble, (S - 1) / (M + S - 1),
+// but stage s holds at most min(S - s, M) micro-batches' activations instead of M.
+
+#include <algorithm>
+
+
+namespace decentrain::parallel::schedule {
+
+inline program one_f_one_b(int peers, int micro_batches) {
+  check_shape("1f1b", peers, micro_batches);
+  auto p = one_stage_per_peer(peers, micro_batches);
+  for (int s = 0; s < peers; ++s) {
+    auto& list = p.actions[static_cast<std::size_t>(s)];
+    const int ahead = std::min(peers - s - 1, micro_batches);
+    int forward = 0, backward = 0;
+    for (; forward < ahead; ++forward) list.push_back({op::forward, forward, s});
+    while (forward < micro_batches) {
+      list.push_back({op::forward, forward++, s});
+      list.push_back({op::backward, backward++, s});
+    }
+    while (backward < micro_batches) list.push_back({op::backward, backward++, s});
+  }
+  return p;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/one_f_one_b.hpp ----
+// ---- begin decentrain/parallel/schedule/simulate.hpp ----
+// How long a schedule (action.hpp) takes when each action's cost is given: each peer runs its
+// list in order, an action starts once its peer is free and what it waits on is done (plus a
+// transfer time when that was on another peer). The bubble is the share of the peers' time
+// spent waiting: 1 - (time all peers were busy) / (peers x makespan), communication not counted
+// as busy. Costs are integers (units of the caller's choosing), so that the bubbles the papers
+// give in closed form can be checked exactly.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+
+namespace decentrain::parallel::schedule {
+
+// What each action costs on one stage: a forward, the input half and the weight half of a
+// backward (a whole backward costs both), and a transfer between peers.
+struct costs {
+  std::int64_t forward = 1;
+  std::int64_t backward_input = 1;
+  std::int64_t backward_weight = 1;
+  std::int64_t transfer = 0;
+
+  std::int64_t of(op o) const {
+    switch (o) {
+      case op::forward: return forward;
+      case op::backward: return backward_input + backward_weight;
+      case op::backward_input: return backward_input;
+      case op::backward_weight: return backward_weight;
+    }
+    return 0;
+  }
+};
+
+struct span {
+  action what;
+  std::int64_t start = 0, end = 0;
+};
+
+struct timeline {
+  std::int64_t makespan = 0;
+  std::vector<std::int64_t> busy;            // per peer: time spent computing
+  std::vector<int> peak_stash;               // per peer: most micro-batches whose activations it held
+                                             // at once (forward done, input gradient not yet)
+  std::vector<std::vector<span>> spans;      // per peer, in its order
+
+  // Time the peers spent waiting, in all: peers x makespan - busy.
+  std::int64_t idle() const {
+    std::int64_t all = makespan * static_cast<std::int64_t>(busy.size());
+    for (auto b : busy) all -= b;
+    return all;
+  }
+  double bubble() const {
+    return makespan == 0 ? 0.0 : static_cast<double>(idle()) / static_cast<double>(makespan * static_cast<std::int64_t>(busy.size()));
+  }
+};
+
+// Times `p` (checked first: a schedule that cannot run is refused, naming why).
+inline timeline simulate(const program& p, const costs& c = {}) {
+  check(p);
+  decentrain::detail::check(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.transfer >= 0,
+                            "schedule: costs must be >= 0");
+  timeline t;
+  const auto peers = static_cast<std::size_t>(p.peers());
+  t.busy.assign(peers, 0);
+  t.peak_stash.assign(peers, 0);
+  t.spans.resize(peers);
+  std::vector<std::int64_t> free_at(peers, 0);
+  std::vector<int> stash(peers, 0);
+  std::map<std::tuple<int, int, int>, std::int64_t> end_of;  // (op, micro, stage) -> end
+  detail::in_dependency_order(p, [&](int peer, const action& a) {
+    const auto i = static_cast<std::size_t>(peer);
+    std::int64_t start = free_at[i];
+    for (const auto& w : detail::needs(p, a)) {
+      const bool elsewhere = p.peer_of[static_cast<std::size_t>(w.stage)] != peer;
+      start = std::max(start, end_of.at(detail::key_of(w)) + (elsewhere ? c.transfer : 0));
+    }
+    const std::int64_t end = start + c.of(a.what);
+    end_of[detail::key_of(a)] = end;
+    free_at[i] = end;
+    t.busy[i] += end - start;
+    t.makespan = std::max(t.makespan, end);
+    t.spans[i].push_back({a, start, end});
+    if (a.what == op::forward) t.peak_stash[i] = std::max(t.peak_stash[i], ++stash[i]);
+    if (a.what == op::backward || a.what == op::backward_input) --stash[i];
+  });
+  return t;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/simulate.hpp ----
+// ---- begin decentrain/parallel/schedule/zb_h1.hpp ----
+// ZB-H1, zero bubble at 1F1B's memory (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the
+// backward split in two, the input half (what the stage before waits for) as early as it can
+// run, the weight half put off into the time the stage would otherwise wait. Stage s keeps at
+// most min(S - s, M) micro-batches' activations, as in 1F1B, and with equal costs the bubble
+// falls from 1F1B's (S - 1) / (M + S - 1) to (S - 1) / (3M + S - 1).
+//
+// Written by running the stages in unit time steps, each taking at every step the first of: the
+// input half of its oldest micro-batch whose output gradient has come; a forward, while it holds
+// fewer than S - s micro-batches' activations; a weight half it owes. (The paper's heuristic
+// scheduler, with the memory of 1F1B as its limit.)
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+
+namespace decentrain::parallel::schedule {
+
+inline program zb_h1(int peers, int micro_batches) {
+  check_shape("zb-h1", peers, micro_batches);
+  auto p = one_stage_per_peer(peers, micro_batches);
+  const auto S = static_cast<std::size_t>(peers);
+  const auto M = static_cast<std::size_t>(micro_batches);
+  constexpr std::int64_t never = -1;
+  // When each micro-batch's forward and input half ended on each stage (never: not yet).
+  std::vector<std::vector<std::int64_t>> forward_end(S, std::vector<std::int64_t>(M, never));
+  std::vector<std::vector<std::int64_t>> input_end(S, std::vector<std::int64_t>(M, never));
+  std::vector<std::size_t> forwards(S, 0), inputs(S, 0), weights(S, 0);  // how many of each each stage ran
+  const auto by = [](std::int64_t end, std::int64_t t) { return end != never && end <= t; };
+  std::size_t left = 3 * S * M;
+  const std::int64_t limit = 4 * static_cast<std::int64_t>(3 * M + S);  // a step count no such schedule reaches
+  for (std::int64_t t = 0; left > 0; ++t) {
+    decentrain::detail::check(t < limit, "schedule zb-h1: no progress by step ", t, " (a bug in the generator)");
+    for (std::size_t s = 0; s < S; ++s) {
+      auto& list = p.actions[s];
+      const int stage = static_cast<int>(s);
+      const std::size_t i = inputs[s], f = forwards[s];
+      if (i < f && by(forward_end[s][i], t) && (s + 1 == S || by(input_end[s + 1][i], t))) {
+        list.push_back({op::backward_input, static_cast<int>(i), stage});
+        input_end[s][i] = t + 1;
+        ++inputs[s];
+      } else if (f < M && (s == 0 || by(forward_end[s - 1][f], t)) && f - i < S - s) {
+        list.push_back({op::forward, static_cast<int>(f), stage});
+        forward_end[s][f] = t + 1;
+        ++forwards[s];
+      } else if (weights[s] < i && by(input_end[s][weights[s]], t)) {
+        list.push_back({op::backward_weight, static_cast<int>(weights[s]), stage});
+        ++weights[s];
+      } else {
+        continue;
+      }
+      --left;
+    }
+  }
+  return p;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/zb_h1.hpp ----
+// ---- end decentrain/parallel/schedule/schedule.hpp ----
 // ---- end decentrain/parallel/parallel.hpp ----
 // ---- begin decentrain/fault/fault.hpp ----
 // Everything in fault: the policy concept, none, checkpoint_every, and elastic groups (with a
@@ -22346,16 +22751,17 @@ inline constexpr transport::tag_type state_tag = transport::membership_tag(3);
 inline constexpr std::size_t max_members = 1 << 16;
 
 // hello: a joiner not admitted yet tells the members which peers it is connected to; echo: a
-// member tells the others which view its leader sent it (agreement.hpp).
-enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4, echo = 5 };
-inline constexpr std::uint8_t last_kind = 5;
+// member tells the others which view its leader sent it; ready: a member tells the others the
+// view it will install, the view itself in the message (agreement.hpp).
+enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4, echo = 5, ready = 6 };
+inline constexpr std::uint8_t last_kind = 6;
 inline constexpr std::int8_t last_phase = 15;  // (train::phase has 5; room for more)
 
 // Every protocol message: what it means depends on `what`.
 struct message {
   kind what = kind::report;
   std::uint64_t epoch = 0;      // report: the view the sender leaves; view, marker: the new view
-  std::int64_t step = 0;        // report: the sender's position; view: the target
+  std::int64_t step = 0;        // report: the sender's position; view, ready: the target
   std::int8_t phase = 0;
   std::int32_t donor = -1;      // view; report: the leader it is sent to; echo: the leader whose view is echoed
   std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to;
@@ -22393,8 +22799,9 @@ struct message {
   }
 };
 
-// A view's identity for echoes: the digest of its encoding.
-inline std::uint64_t digest_of(const message& view) {
+// A view's identity for echoes and readies: the digest of its encoding as a view.
+inline std::uint64_t digest_of(message view) {
+  view.what = kind::view;
   const auto b = transport::wire::encode_body(view);
   return decentrain::detail::xxh3(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
 }
@@ -22654,11 +23061,15 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
 //
 // Peers that lie in the protocol (agreement_settings::liars; by default fewer than a third of a
 // view of 4 or more): every report goes to every member, a departure or a conviction needs more
-// than half of the view to say so, a follower refuses a view that its reports do not justify,
-// and follows a view only once a quorum of the view echoed it (Bracha's echo threshold): a leader
-// that shows two views is caught and barred, one that breaks the form is named, and a view no
-// quorum echoes is followed by no one. In a view of fewer than 4 (or with liars = 0) the rules
-// of crash faults hold: the leader's own accusation is enough and its view is followed at once.
+// than half of the view to say so, a follower echoes only a view that its reports justify, and a
+// view is installed as in Bracha's reliable broadcast: a member that sees a quorum of the view
+// echo a view is ready for it (as is one that hears more members ready for it than may lie), and
+// every member installs the view a quorum is ready for, whichever leader it waits on meanwhile.
+// A member is ready for one view per agreement, echoes no other after it and leads with it, so
+// no two views are installed, and a view one honest member installs all do. A leader that shows
+// two views is caught and barred, one that breaks the form is named. In a view of fewer than 4
+// (or with liars = 0) the rules of crash faults hold: the leader's own accusation is enough and
+// its view is followed at once.
 //
 // After the view, every member sends every other a marker: what a peer sent before its marker
 // belongs to the old view and is dropped (so a collective of the new view never pairs with a
@@ -22678,6 +23089,7 @@ decision await_admission(E& ep, std::chrono::milliseconds patience) {
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -22743,24 +23155,45 @@ std::vector<int> joiners_of(E& ep, const view& current) {
 
 // What this peer heard in one agreement (kept from one leader's turn to the next, as a member
 // may run ahead of another by a turn): each member's latest report, the views leaders sent it,
-// the views members echoed, the markers of the next view some sent already (install does not
-// wait for those again).
+// the views members echoed and those they are ready to install, the markers of the next view
+// some sent already (install does not wait for those again).
 struct heard {
   std::map<int, message> reports;
   std::map<int, message> views;  // per sender: the view of the next epoch it sent this peer
   std::map<std::pair<int, int>, std::uint64_t> echoes;  // (member, leader): the digest of that leader's view it echoed
   std::set<int> marked;
-  std::map<int, std::string> invalid;  // members that sent something invalid, and what
+  std::map<int, std::string> invalid;  // members that sent something malformed or invalid, and what
   std::set<int> refused;  // leaders whose view this peer refused (invalid, unjustified, or one of two)
   std::map<int, int> objections;  // members whose omission from a view this peer refused it for, how often
+  // Readies (Bracha's second phase), kept for the whole agreement whoever leads: per member the
+  // digest of the view it is ready to install (its first counts), the views by digest, and the
+  // view this peer said it is ready for (it echoes no other, and leads with it).
+  std::map<int, std::uint64_t> readies;
+  std::map<std::uint64_t, message> ready_views;
+  std::optional<message> ready;
+  int f = 0;  // members that may lie: f + 1 readies of a view hold an honest one's
+  std::function<void(const message&)> say_ready;  // this peer's ready, to every member (agree sets it)
+
+  // A leader's turn ended with no view here: what was said to the leaders goes; the readies,
+  // the markers and the objections stay (they hold for the agreement, whoever leads).
+  void next_round() {
+    reports.clear();
+    views.clear();
+    echoes.clear();
+    invalid.clear();
+    refused.clear();
+  }
 };
+
+// The digest a view is echoed and readied by (never the refusal's, below).
+inline std::uint64_t echo_digest(const message& v);
 
 // Takes one protocol message `m` from member `j` into `h`: a valid report of `current`, a view,
 // an echo or a marker of the next view; a report that breaks the rules is noted (others: stale,
 // skipped).
 inline void take(heard& h, int j, const message& m, const view& current, int capacity) {
   if (m.what == kind::report && m.epoch == current.epoch) {
-    if (auto why = invalid_report(m, current, capacity)) h.invalid[j] = *why;
+    if (auto why = invalid_report(m, current, capacity)) h.invalid[j] = decentrain::detail::concat("its report was invalid: ", *why);
     else h.reports[j] = m;
   } else if (m.what == kind::view && m.epoch == current.epoch + 1) {
     h.views[j] = m;
@@ -22768,7 +23201,36 @@ inline void take(heard& h, int j, const message& m, const view& current, int cap
     h.echoes.emplace(std::pair{j, static_cast<int>(m.donor)}, m.digest);  // the first echo of each leader's view counts
   } else if (m.what == kind::marker && m.epoch == current.epoch + 1) {
     h.marked.insert(j);
+  } else if (m.what == kind::ready && m.epoch == current.epoch + 1 && !h.readies.count(j)) {
+    // More members ready for one view than may lie: an honest one is, after a quorum echoed the
+    // view, so this peer is ready for it too (unless it is for another): if any honest member
+    // installs the view, every honest one comes to (Bracha's amplification).
+    message v = m;
+    v.what = kind::view;
+    if (auto why = invalid_view(v, current, capacity)) {
+      h.invalid[j] = decentrain::detail::concat("its ready names an invalid view: ", *why);
+      return;
+    }
+    const auto d = echo_digest(v);
+    h.readies[j] = d;
+    h.ready_views.emplace(d, v);
+    const auto count = std::count_if(h.readies.begin(), h.readies.end(), [&](const auto& r) { return r.second == d; });
+    if (!h.ready && h.say_ready && count > h.f) h.say_ready(v);
   }
+}
+
+// The same for a message as it came: one that does not decode is noted like an invalid report,
+// and its sender heard still (a member that sends anything is alive, and leaving it out for junk
+// it sent one peer would have the others, who heard its report, refuse the view).
+inline void take(heard& h, int j, const transport::bytes& b, const view& current, int capacity) {
+  message m;
+  try {
+    m = transport::wire::decode_body<message>(b, "membership message");
+  } catch (const decentrain::error& e) {
+    h.invalid[j] = decentrain::detail::concat("it sent a malformed message: ", e.what());
+    return;
+  }
+  take(h, j, m, current, capacity);
 }
 
 // Reads what the members of `from` sent on the protocol channel until `done()` holds or
@@ -22790,7 +23252,7 @@ void gather(E& ep, const std::vector<int>& from, const view& current, heard& h, 
     auto wait = slice;
     for (;;) {
       try {
-        take(h, j, decode(ep.recv_within(j, protocol_tag, wait), j), current, capacity);
+        take(h, j, ep.recv_within(j, protocol_tag, wait), current, capacity);
       } catch (const transport::peer_error& e) {
         if (e.cause() != transport::failure_cause::silent) gone.insert(j);
         break;
@@ -22808,7 +23270,7 @@ void pull(E& ep, int j, const view& current, heard& h, std::chrono::steady_clock
   const int capacity = capacity_of(ep);
   while (!done()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::now(ep));
-    take(h, j, decode(ep.recv_within(j, protocol_tag, std::max(left, std::chrono::milliseconds(1))), j), current, capacity);
+    take(h, j, ep.recv_within(j, protocol_tag, std::max(left, std::chrono::milliseconds(1))), current, capacity);
   }
 }
 
@@ -22865,9 +23327,10 @@ struct echo_tally {
   bool reached() const { return same >= quorum && !conflict; }
   bool decided() const { return reached() || conflict || same + (voters - std::min(voters, same + other + refused)) < quorum; }
 };
-inline echo_tally tally(const view& current, int leader, std::uint64_t digest, const heard& h, const suspicions& mine, int f, int me) {
+// The members of `current` that departed or are convicted: more than half of the view say so.
+inline std::set<int> out_by_majority(const view& current, const heard& h, const suspicions& mine, int me) {
   const std::size_t n = current.members.size();
-  std::set<int> departed;  // or convicted: more than half of the view say so
+  std::set<int> departed;
   for (int x : current.members) {
     int gone = mine.count(x) && mine.at(x) == transport::failure_cause::departed ? 1 : 0;
     int poison = mine.count(x) && mine.at(x) == transport::failure_cause::convicted ? 1 : 0;
@@ -22878,6 +23341,12 @@ inline echo_tally tally(const view& current, int leader, std::uint64_t digest, c
       }
     if (by_majority(gone, n) || by_majority(poison, n)) departed.insert(x);
   }
+  return departed;
+}
+
+inline echo_tally tally(const view& current, int leader, std::uint64_t digest, const heard& h, const suspicions& mine, int f, int me) {
+  const std::size_t n = current.members.size();
+  const auto departed = out_by_majority(current, h, mine, me);
   echo_tally t;
   t.voters = n - departed.size();
   t.quorum = echo_quorum(t.voters, f);
@@ -22888,18 +23357,60 @@ inline echo_tally tally(const view& current, int leader, std::uint64_t digest, c
   return t;
 }
 
-// The digest a view is echoed by (never the refusal's).
 inline std::uint64_t echo_digest(const message& v) {
   const auto d = digest_of(v);
   return d == refusal ? 1 : d;  // (one view in 2^64)
 }
 
-// A view of this agreement that a quorum echoed: the next view, whoever refused it here (the
-// quorum holds more honest members than may lie, and they found it justified).
-inline std::optional<message> settled(const view& current, const heard& h, const suspicions& mine, int f, int me, int capacity) {
-  for (const auto& [leader, v] : h.views)
-    if (!invalid_view(v, current, capacity) && tally(current, leader, echo_digest(v), h, mine, f, me).reached()) return v;
+// The view of this agreement that a quorum of the view is ready to install: the next view,
+// whoever led it and whoever refused it here. Each honest member is ready for one view only, and
+// two quorums share more members than may lie, so no two views reach one.
+inline std::optional<message> delivered(const view& current, const heard& h, const suspicions& mine, int f, int me) {
+  if (h.readies.empty()) return std::nullopt;
+  const auto out = out_by_majority(current, h, mine, me);
+  const std::size_t quorum = echo_quorum(current.members.size() - out.size(), f);
+  std::map<std::uint64_t, std::size_t> count;
+  for (const auto& [j, d] : h.readies)
+    if (current.contains(j) && !out.count(j) && ++count[d] >= quorum) return h.ready_views.at(d);
   return std::nullopt;
+}
+
+// Sends `m` to every member of `current` but this peer and those departed for certain; one a send
+// fails to misses it (the quorum does without it).
+template <class E>
+void tell_members(E& ep, const view& current, const suspicions& suspects, const message& m) {
+  for (int j : current.members) {
+    if (j == ep.rank() || (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) continue;
+    try {
+      post(ep, j, m);
+    } catch (const transport::peer_error&) {
+    }
+  }
+}
+
+// This peer is ready to install `v`: it tells every member not departed, the view in the message.
+template <class E>
+void say_ready(E& ep, const view& current, const suspicions& suspects, const message& v, heard& h) {
+  if (h.ready) return;
+  h.ready = v;
+  h.ready->what = kind::view;
+  const auto d = echo_digest(*h.ready);
+  h.readies[ep.rank()] = d;
+  h.ready_views.emplace(d, *h.ready);
+  message r = *h.ready;
+  r.what = kind::ready;
+  tell_members(ep, current, suspects, r);
+}
+
+// After a quorum echoed `v` here: this peer is ready for it and waits until a quorum is ready for
+// one view (returned), or `deadline` passes.
+template <class E>
+std::optional<message> ready_for(E& ep, const view& current, const message& v, heard& h, const suspicions& mine, int f,
+                                 std::chrono::steady_clock::time_point deadline) {
+  h.say_ready(v);
+  const auto done = [&] { return delivered(current, h, mine, f, ep.rank()); };
+  gather(ep, current.members, current, h, deadline, [&] { return done().has_value(); });
+  return done();
 }
 
 // Waits until a quorum echoed `leader`'s view `digest` (true), the quorum is out of reach, or
@@ -22922,14 +23433,7 @@ void echo(E& ep, const view& current, const suspicions& suspects, int leader, st
   e.donor = leader;
   e.digest = digest;
   h.echoes[{ep.rank(), leader}] = digest;
-  for (int j : current.members) {
-    if (j == ep.rank() || (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) continue;
-    try {
-      post(ep, j, e);
-    } catch (const transport::peer_error&) {
-      // it misses the echo; the quorum does without it
-    }
-  }
+  tell_members(ep, current, suspects, e);
 }
 
 // This peer's report in agreement on `current` to `leader`: where it stands, what it knows for
@@ -22970,27 +23474,34 @@ struct leader_failed {
 
 // The follower's part: reports where this peer stands to every member (against insiders, so
 // each can judge the leader's view) or to `leader`, waits for the leader's view, and (against
-// insiders) follows it only when it is justified by what this peer heard and a quorum of the
-// view echoed it. Throws peer_error when the leader fails or lied (the caller suspects it: the
-// next lowest leads).
+// insiders) echoes it only when it is justified by what this peer heard (and is the view this
+// peer is ready for, if it is ready for one), is ready for it once a quorum of the view echoed
+// it, and follows the view a quorum is ready for. Throws peer_error when the leader fails or
+// lied (the caller suspects it: the next lowest leads).
 template <class E>
 message follow(E& ep, const view& current, int leader, const suspicions& suspects, position mine,
                std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
   const int f = tolerated(current.members.size(), s);
   const bool insiders = f > 0;
+  const auto agreed = [&] { return insiders ? delivered(current, h, suspects, f, ep.rank()) : std::nullopt; };
   report(ep, current, leader, suspects, mine, insiders, h);
   // The leader may wait a whole deadline on a frozen member before it sends the view. Against
-  // insiders a leader that installed another's view (its marker came) sends none: this peer
-  // follows that view if a quorum echoed it.
-  pull(ep, leader, current, h, deadline + s.timeout,
-       [&] { return h.views.count(leader) > 0 || (insiders && h.marked.count(leader) > 0); });
+  // insiders a leader that installed a view (its marker came) sends none: this peer follows the
+  // view a quorum is ready for.
+  // A leader that reports later than this peer (it was held up, or led another turn first) is
+  // given the same allowance from its report.
+  const auto view_in = [&] { return h.views.count(leader) > 0 || (insiders && (h.marked.count(leader) > 0 || agreed())); };
+  const auto leader_reported = [&] { return h.reports.count(leader) && h.reports.at(leader).donor == leader; };
+  pull(ep, leader, current, h, deadline + s.timeout, [&] { return view_in() || (insiders && leader_reported()); });
+  if (!view_in()) pull(ep, leader, current, h, std::max(deadline, transport::now(ep)) + s.timeout, view_in);
+  if (auto v = agreed()) return *v;
   const auto fail = [&](transport::failure_cause cause, const auto&... why) {
     transport::fail_peer_because(cause, leader, "membership", "membership: leader ", leader, " ", why...);
   };
   if (!h.views.count(leader)) {
-    gather(ep, current.members, current, h, deadline + s.timeout, [&] { return settled(current, h, suspects, f, ep.rank(), capacity_of(ep)).has_value(); });
-    if (auto v = settled(current, h, suspects, f, ep.rank(), capacity_of(ep))) return *v;
-    fail(transport::failure_cause::silent, "installed a view of epoch ", current.epoch + 1, " that no quorum echoed here");
+    gather(ep, current.members, current, h, deadline + s.timeout, [&] { return agreed().has_value(); });
+    if (auto v = agreed()) return *v;
+    fail(transport::failure_cause::silent, "installed a view of epoch ", current.epoch + 1, " that no quorum is ready for here");
   }
   const auto v = h.views.at(leader);
   // A view that breaks the form convicts its leader (no honest one sends it); one this peer
@@ -23002,30 +23513,40 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
   };
   if (auto why = invalid_view(v, current, capacity_of(ep))) refuse(transport::failure_cause::convicted, "sent an invalid view: ", *why);
   if (!insiders) return v;
+  const auto digest = echo_digest(v);
+  if (h.ready && echo_digest(*h.ready) != digest)
+    refuse(transport::failure_cause::other, "sent a view other than the one a quorum echoed here, which this peer is ready to install");
   // The others' reports, to judge the view by (each sent its own to every member): all of them,
   // or those that came within half a second if they justify it (a member that failed sends none).
   std::vector<int> others;
   for (int j : current.members)
     if (j != ep.rank() && !(suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) others.push_back(j);
   const auto judged_from = transport::now(ep);
-  gather(ep, others, current, h, deadline + s.timeout, [&] {
-    return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
-           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank(), f + 1));
-  });
-  if (auto why = unjustified(v, current, h, suspects, ep.rank(), f + 1)) {
-    if (why->omitted >= 0) ++h.objections[why->omitted];
-    refuse(transport::failure_cause::other, "sent a view that ", why->why);
+  // (The view this peer is ready for it found justified already.)
+  if (!h.ready) {
+    gather(ep, others, current, h, deadline + s.timeout, [&] {
+      return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
+             (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank(), f + 1)) ||
+             agreed();
+    });
+    if (auto d = agreed()) return *d;
+    if (auto why = unjustified(v, current, h, suspects, ep.rank(), f + 1)) {
+      if (why->omitted >= 0) ++h.objections[why->omitted];
+      refuse(transport::failure_cause::other, "sent a view that ", why->why);
+    }
   }
-  const auto digest = echo_digest(v);
   echo(ep, current, suspects, leader, digest, h);
   h.echoes[{leader, leader}] = digest;  // the view it sent is its echo
   bool conflict = false;
   if (!echoed(ep, current, leader, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict)) {
+    if (auto d = agreed()) return *d;
     if (conflict) h.refused.insert(leader);
     fail(conflict ? transport::failure_cause::convicted : transport::failure_cause::silent,
          conflict ? "sent different views of epoch " : "sent a view that too few members echoed, of epoch ", v.epoch);
   }
-  return v;
+  if (auto d = ready_for(ep, current, v, h, suspects, f, transport::now(ep) + s.timeout)) return *d;
+  transport::fail_peer_because(transport::failure_cause::silent, leader, "membership", "membership: leader ", leader,
+                               " sent a view that a quorum echoed but too few members are ready to install, of epoch ", v.epoch);
 }
 
 // The leader's part: a report from every member it does not suspect, then the next view, sent
@@ -23051,6 +23572,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
   std::map<int, int> departures, accusers;  // members reported departed, accused of poison, by how many reporters
   for (const auto& [x, cause] : suspects)
     if (cause == failure_cause::departed) ++departures[x];
+  const auto agreed = [&] { return insiders ? delivered(current, h, suspects, f, me) : std::nullopt; };
   if (insiders) report(ep, current, me, suspects, mine, true, h);  // its own voice, heard by every member
   // Against insiders this leader's own accusations are one voice among the view's: it asks
   // every member, the accused too; otherwise it waits for no member it suspects.
@@ -23061,7 +23583,15 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
       // An invalid report is noted (decision::named) and its sender waited for still: a member
       // that sends anything is alive, and leaving it out for what it sent here alone would let it
       // have the followers, to whom it reported, refuse every view.
-      pull(ep, j, current, h, deadline, [&] { return h.reports.count(j) && h.reports.at(j).donor == me; });
+      // Against insiders, a member that reported in this agreement to another leader only (it
+      // was following that one while this peer led: their turns drifted apart) is alive too, and
+      // its report stands.
+      try {
+        pull(ep, j, current, h, deadline, [&] { return (h.reports.count(j) && h.reports.at(j).donor == me) || agreed(); });
+      } catch (const transport::peer_error& e) {
+        if (!insiders || e.cause() != failure_cause::silent || !h.reports.count(j)) throw;
+      }
+      if (auto d = agreed()) return *d;
       const auto& r = h.reports.at(j);
       where[j] = position{r.step, r.phase};
       const std::set<int> theirs(r.ranks.begin(), r.ranks.end());
@@ -23152,10 +23682,33 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
       if (cause == failure_cause::convicted && current.contains(j) && j != me) barred.insert(j);
     v.convicted.assign(barred.begin(), barred.end());
   }
+  // Against insiders, a leader ready for a view (a quorum echoed it here, or more members than
+  // may lie are ready for it) leads with that one: it echoes no other, and the honest members
+  // ready for it are too. A leader that heard a member ready for a view it finds justified leads
+  // with that one as well, so that a view some are ready for is not left for another.
+  // (At the target this leader found: a liar's ready cannot move the group to a step of its own.)
+  if (insiders) {
+    if (h.ready) {
+      v = *h.ready;
+    } else if (!v.ranks.empty()) {
+      const message own = v;
+      std::map<std::uint64_t, std::size_t> votes;
+      for (const auto& [j, d] : h.readies) ++votes[d];
+      std::size_t most = 0;
+      for (const auto& [d, k] : votes) {
+        const auto& other = h.ready_views.at(d);
+        if (k > most && other.step == own.step && other.phase == own.phase && !unjustified(other, current, h, suspects, me, f + 1)) {
+          most = k;
+          v = other;
+        }
+      }
+    }
+  }
   // Everyone of the old view that may be listening hears it, the left-out ones included, and
   // the joiners it admits.
   std::vector<int> told = current.members;
-  if (!v.ranks.empty()) told.insert(told.end(), admit.begin(), admit.end());
+  for (const auto j : v.ranks)
+    if (!current.contains(j)) told.push_back(j);
   for (int j : told) {
     if (j == me) continue;
     if (suspects.count(j) && suspects.at(j) == failure_cause::departed) continue;
@@ -23169,10 +23722,15 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
   const auto digest = echo_digest(v);
   h.echoes[{me, me}] = digest;
   bool conflict = false;
-  if (!echoed(ep, current, me, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
+  if (!echoed(ep, current, me, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict)) {
+    if (auto d = agreed()) return *d;
     throw leader_failed{failure_cause::silent,
                         decentrain::detail::concat("too few members echoed the view this peer led to (epoch ", v.epoch, ")")};
-  return v;
+  }
+  if (auto d = ready_for(ep, current, v, h, suspects, f, transport::now(ep) + s.timeout)) return *d;
+  throw leader_failed{failure_cause::silent,
+                      decentrain::detail::concat("a quorum echoed the view this peer led to (epoch ", v.epoch,
+                                                 ") but too few members are ready to install it")};
 }
 
 }  // namespace detail
@@ -23183,10 +23741,10 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
 //
 // Against insiders (agreement_settings::liars: by default fewer than a third of a view of 4 or
 // more may lie, the leader included), a departure or a conviction needs more than half of the
-// view to say so, every member hears every report, and a member follows its leader's view only
-// when what it heard justifies it and a quorum of the view echoed the same one (Bracha's echo): a
-// leader that shows different views to different members, or leaves out one that reported, is
-// followed by no one, and is named.
+// view to say so, every member hears every report, a member echoes its leader's view only when
+// what it heard justifies it, and installs the view a quorum of the view is ready for (Bracha's
+// echo and ready phases): a leader that shows different views to different members, or leaves
+// out one that reported, is followed by no one, and is named.
 // `reach`: what joiners said they reach (read_hellos), kept between agreements by the caller.
 template <class E>
 decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s,
@@ -23220,19 +23778,21 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     for (int j : h.marked)  // markers of this view taken already while waiting for echoes
       if (d.next.contains(j)) d.marked.push_back(j);
     d.named = caught;
-    for (const auto& [j, bad] : h.invalid) d.named.emplace(j, "its report was invalid: " + bad);
+    for (const auto& [j, bad] : h.invalid) d.named.emplace(j, bad);
     return d;
   };
 
   const int f = detail::tolerated(current.members.size(), s);
   const bool insiders = f > 0;
-  // Against insiders, after a leader failed here: a view that a quorum echoed meanwhile (this
-  // peer refused it, or gave up on its leader too early) is the next view all the same.
+  h.f = f;
+  if (insiders) h.say_ready = [&](const detail::message& v) { detail::say_ready(ep, current, suspects, v, h); };
+  // Against insiders, after a leader failed here: a view that a quorum is ready for (this peer
+  // refused it, or gave up on its leader too early) is the next view all the same.
   auto agreed_meanwhile = [&]() -> std::optional<detail::message> {
     if (!insiders) return std::nullopt;
-    const auto settled = [&] { return detail::settled(current, h, suspects, f, me, detail::capacity_of(ep)); };
-    detail::gather(ep, current.members, current, h, transport::now(ep) + std::chrono::milliseconds(50), [&] { return settled().has_value(); });
-    return settled();
+    const auto agreed = [&] { return detail::delivered(current, h, suspects, f, me); };
+    detail::gather(ep, current.members, current, h, transport::now(ep) + std::chrono::milliseconds(50), [&] { return agreed().has_value(); });
+    return agreed();
   };
   std::set<int> passed_over;  // members this peer does not follow in this agreement: their view failed
   const auto started = transport::now(ep);
@@ -23255,14 +23815,14 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                                         insiders ? decentrain::detail::concat(" within ", s.patience.count(), " ms")
                                                                  : std::string(),
                                                         last));
+      // Every member may lead again, those this peer gave up on as silent too (a leader it
+      // timed out on may have been waiting on another): only the certain stay passed over.
       passed_over.clear();
-      auto marked = std::move(h.marked);
-      auto objections = std::move(h.objections);
-      h = detail::heard{};  // (a leader that leads again may send another view)
-      h.marked = std::move(marked);
-      h.objections = std::move(objections);
+      std::erase_if(suspects, [](const auto& x) { return !detail::certain(x.second); });
+      h.next_round();  // (a leader that leads again may send another view)
       transport::pause(ep, std::min(s.timeout, std::chrono::milliseconds(1000)));
-      candidate = alive.begin();
+      if (auto v = agreed_meanwhile()) return from_view(*v);
+      continue;
     }
     const int leader = *candidate;
     const auto deadline = transport::now(ep) + s.timeout;

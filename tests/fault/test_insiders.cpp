@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "hostile_peer.hpp"
+#include "random_insider.hpp"
+#include "support/trainer_fixture.hpp"
 
 namespace dt = decentrain;
 namespace fd = dt::fault::detail;
@@ -445,4 +447,33 @@ TEST_CASE("elastic over TCP: a donor whose chunk does not hash as its offer said
   REQUIRE(joined.front().named.count(1));
   CHECK_THAT(joined.front().named.at(1), Contains("did not hash as its offer said"));
   CHECK(joined.front().healed);
+}
+
+// bench/random_insider.hpp: peer 3 of 4 trains under fault::elastic over TCP and, after each of
+// its steps, sends the honest peers 24 messages of every type a member may send (the membership
+// protocol's six kinds, alarms, state offers and chunks, handoffs, data frames), half well-formed
+// and in range, half with random fields or bytes. bench/attacks runs it for 10 minutes.
+TEST_CASE("elastic over TCP: a member that sends every message type, half of them with random fields, for 30 s stops no honest peer, which end equal",
+          "[insiders][random-insider]") {
+  bench::random_insider::settings s;
+  s.duration = 30s;
+  s.seed = 20261126;
+  const auto out = bench::random_insider::run<dt::comm::sync_allreduce<>>(fixture::tiny_gpt(), fixture::small_corpus().data, s);
+  std::int64_t total = 0;
+  for (const auto& [what, n] : out.sent) total += n;
+  INFO("sent " << total << " (" << out.well_formed << " well-formed), liar back " << out.liar_returns
+               << " times, last: " << out.liar_last_error << "; " << out.views << " views; RSS " << out.rss_start_mb
+               << " -> " << out.rss_peak_mb << " MB");
+  for (std::size_t r = 0; r < out.honest_errors.size(); ++r) {
+    INFO("honest peer " << r << ": " << out.honest_errors[r]);
+    CHECK(out.honest_errors[r].empty());
+    CHECK(out.honest_steps[r] >= 10);
+  }
+  CHECK(out.honest_equal());
+  CHECK(out.sent.size() == 10);  // six membership kinds, alarms, state, handoffs, data
+  CHECK(2 * out.well_formed + 1 >= total);
+  CHECK(total >= 200);
+  // Three honest peers in this process, each holding at most a member's budget and control room
+  // (64 + 4 MiB) of what the liar sent: growth beyond that would be a leak.
+  CHECK(out.rss_peak_mb - out.rss_start_mb <= 3 * 68 + 64);
 }

@@ -1,5 +1,6 @@
-// Everything in parallel: the policy concept and data parallelism.
+// Everything in parallel: the policy concept, data parallelism, and pipeline schedules as data.
 #pragma once
 
 #include "decentrain/parallel/data.hpp"
 #include "decentrain/parallel/policy.hpp"
+#include "decentrain/parallel/schedule/schedule.hpp"

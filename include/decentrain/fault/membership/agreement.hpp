@@ -10,11 +10,15 @@
 //
 // Peers that lie in the protocol (agreement_settings::liars; by default fewer than a third of a
 // view of 4 or more): every report goes to every member, a departure or a conviction needs more
-// than half of the view to say so, a follower refuses a view that its reports do not justify,
-// and follows a view only once a quorum of the view echoed it (Bracha's echo threshold): a leader
-// that shows two views is caught and barred, one that breaks the form is named, and a view no
-// quorum echoes is followed by no one. In a view of fewer than 4 (or with liars = 0) the rules
-// of crash faults hold: the leader's own accusation is enough and its view is followed at once.
+// than half of the view to say so, a follower echoes only a view that its reports justify, and a
+// view is installed as in Bracha's reliable broadcast: a member that sees a quorum of the view
+// echo a view is ready for it (as is one that hears more members ready for it than may lie), and
+// every member installs the view a quorum is ready for, whichever leader it waits on meanwhile.
+// A member is ready for one view per agreement, echoes no other after it and leads with it, so
+// no two views are installed, and a view one honest member installs all do. A leader that shows
+// two views is caught and barred, one that breaks the form is named. In a view of fewer than 4
+// (or with liars = 0) the rules of crash faults hold: the leader's own accusation is enough and
+// its view is followed at once.
 //
 // After the view, every member sends every other a marker: what a peer sent before its marker
 // belongs to the old view and is dropped (so a collective of the new view never pairs with a
@@ -35,6 +39,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -107,24 +112,45 @@ std::vector<int> joiners_of(E& ep, const view& current) {
 
 // What this peer heard in one agreement (kept from one leader's turn to the next, as a member
 // may run ahead of another by a turn): each member's latest report, the views leaders sent it,
-// the views members echoed, the markers of the next view some sent already (install does not
-// wait for those again).
+// the views members echoed and those they are ready to install, the markers of the next view
+// some sent already (install does not wait for those again).
 struct heard {
   std::map<int, message> reports;
   std::map<int, message> views;  // per sender: the view of the next epoch it sent this peer
   std::map<std::pair<int, int>, std::uint64_t> echoes;  // (member, leader): the digest of that leader's view it echoed
   std::set<int> marked;
-  std::map<int, std::string> invalid;  // members that sent something invalid, and what
+  std::map<int, std::string> invalid;  // members that sent something malformed or invalid, and what
   std::set<int> refused;  // leaders whose view this peer refused (invalid, unjustified, or one of two)
   std::map<int, int> objections;  // members whose omission from a view this peer refused it for, how often
+  // Readies (Bracha's second phase), kept for the whole agreement whoever leads: per member the
+  // digest of the view it is ready to install (its first counts), the views by digest, and the
+  // view this peer said it is ready for (it echoes no other, and leads with it).
+  std::map<int, std::uint64_t> readies;
+  std::map<std::uint64_t, message> ready_views;
+  std::optional<message> ready;
+  int f = 0;  // members that may lie: f + 1 readies of a view hold an honest one's
+  std::function<void(const message&)> say_ready;  // this peer's ready, to every member (agree sets it)
+
+  // A leader's turn ended with no view here: what was said to the leaders goes; the readies,
+  // the markers and the objections stay (they hold for the agreement, whoever leads).
+  void next_round() {
+    reports.clear();
+    views.clear();
+    echoes.clear();
+    invalid.clear();
+    refused.clear();
+  }
 };
+
+// The digest a view is echoed and readied by (never the refusal's, below).
+inline std::uint64_t echo_digest(const message& v);
 
 // Takes one protocol message `m` from member `j` into `h`: a valid report of `current`, a view,
 // an echo or a marker of the next view; a report that breaks the rules is noted (others: stale,
 // skipped).
 inline void take(heard& h, int j, const message& m, const view& current, int capacity) {
   if (m.what == kind::report && m.epoch == current.epoch) {
-    if (auto why = invalid_report(m, current, capacity)) h.invalid[j] = *why;
+    if (auto why = invalid_report(m, current, capacity)) h.invalid[j] = decentrain::detail::concat("its report was invalid: ", *why);
     else h.reports[j] = m;
   } else if (m.what == kind::view && m.epoch == current.epoch + 1) {
     h.views[j] = m;
@@ -132,7 +158,36 @@ inline void take(heard& h, int j, const message& m, const view& current, int cap
     h.echoes.emplace(std::pair{j, static_cast<int>(m.donor)}, m.digest);  // the first echo of each leader's view counts
   } else if (m.what == kind::marker && m.epoch == current.epoch + 1) {
     h.marked.insert(j);
+  } else if (m.what == kind::ready && m.epoch == current.epoch + 1 && !h.readies.count(j)) {
+    // More members ready for one view than may lie: an honest one is, after a quorum echoed the
+    // view, so this peer is ready for it too (unless it is for another): if any honest member
+    // installs the view, every honest one comes to (Bracha's amplification).
+    message v = m;
+    v.what = kind::view;
+    if (auto why = invalid_view(v, current, capacity)) {
+      h.invalid[j] = decentrain::detail::concat("its ready names an invalid view: ", *why);
+      return;
+    }
+    const auto d = echo_digest(v);
+    h.readies[j] = d;
+    h.ready_views.emplace(d, v);
+    const auto count = std::count_if(h.readies.begin(), h.readies.end(), [&](const auto& r) { return r.second == d; });
+    if (!h.ready && h.say_ready && count > h.f) h.say_ready(v);
   }
+}
+
+// The same for a message as it came: one that does not decode is noted like an invalid report,
+// and its sender heard still (a member that sends anything is alive, and leaving it out for junk
+// it sent one peer would have the others, who heard its report, refuse the view).
+inline void take(heard& h, int j, const transport::bytes& b, const view& current, int capacity) {
+  message m;
+  try {
+    m = transport::wire::decode_body<message>(b, "membership message");
+  } catch (const decentrain::error& e) {
+    h.invalid[j] = decentrain::detail::concat("it sent a malformed message: ", e.what());
+    return;
+  }
+  take(h, j, m, current, capacity);
 }
 
 // Reads what the members of `from` sent on the protocol channel until `done()` holds or
@@ -154,7 +209,7 @@ void gather(E& ep, const std::vector<int>& from, const view& current, heard& h, 
     auto wait = slice;
     for (;;) {
       try {
-        take(h, j, decode(ep.recv_within(j, protocol_tag, wait), j), current, capacity);
+        take(h, j, ep.recv_within(j, protocol_tag, wait), current, capacity);
       } catch (const transport::peer_error& e) {
         if (e.cause() != transport::failure_cause::silent) gone.insert(j);
         break;
@@ -172,7 +227,7 @@ void pull(E& ep, int j, const view& current, heard& h, std::chrono::steady_clock
   const int capacity = capacity_of(ep);
   while (!done()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::now(ep));
-    take(h, j, decode(ep.recv_within(j, protocol_tag, std::max(left, std::chrono::milliseconds(1))), j), current, capacity);
+    take(h, j, ep.recv_within(j, protocol_tag, std::max(left, std::chrono::milliseconds(1))), current, capacity);
   }
 }
 
@@ -229,9 +284,10 @@ struct echo_tally {
   bool reached() const { return same >= quorum && !conflict; }
   bool decided() const { return reached() || conflict || same + (voters - std::min(voters, same + other + refused)) < quorum; }
 };
-inline echo_tally tally(const view& current, int leader, std::uint64_t digest, const heard& h, const suspicions& mine, int f, int me) {
+// The members of `current` that departed or are convicted: more than half of the view say so.
+inline std::set<int> out_by_majority(const view& current, const heard& h, const suspicions& mine, int me) {
   const std::size_t n = current.members.size();
-  std::set<int> departed;  // or convicted: more than half of the view say so
+  std::set<int> departed;
   for (int x : current.members) {
     int gone = mine.count(x) && mine.at(x) == transport::failure_cause::departed ? 1 : 0;
     int poison = mine.count(x) && mine.at(x) == transport::failure_cause::convicted ? 1 : 0;
@@ -242,6 +298,12 @@ inline echo_tally tally(const view& current, int leader, std::uint64_t digest, c
       }
     if (by_majority(gone, n) || by_majority(poison, n)) departed.insert(x);
   }
+  return departed;
+}
+
+inline echo_tally tally(const view& current, int leader, std::uint64_t digest, const heard& h, const suspicions& mine, int f, int me) {
+  const std::size_t n = current.members.size();
+  const auto departed = out_by_majority(current, h, mine, me);
   echo_tally t;
   t.voters = n - departed.size();
   t.quorum = echo_quorum(t.voters, f);
@@ -252,18 +314,60 @@ inline echo_tally tally(const view& current, int leader, std::uint64_t digest, c
   return t;
 }
 
-// The digest a view is echoed by (never the refusal's).
 inline std::uint64_t echo_digest(const message& v) {
   const auto d = digest_of(v);
   return d == refusal ? 1 : d;  // (one view in 2^64)
 }
 
-// A view of this agreement that a quorum echoed: the next view, whoever refused it here (the
-// quorum holds more honest members than may lie, and they found it justified).
-inline std::optional<message> settled(const view& current, const heard& h, const suspicions& mine, int f, int me, int capacity) {
-  for (const auto& [leader, v] : h.views)
-    if (!invalid_view(v, current, capacity) && tally(current, leader, echo_digest(v), h, mine, f, me).reached()) return v;
+// The view of this agreement that a quorum of the view is ready to install: the next view,
+// whoever led it and whoever refused it here. Each honest member is ready for one view only, and
+// two quorums share more members than may lie, so no two views reach one.
+inline std::optional<message> delivered(const view& current, const heard& h, const suspicions& mine, int f, int me) {
+  if (h.readies.empty()) return std::nullopt;
+  const auto out = out_by_majority(current, h, mine, me);
+  const std::size_t quorum = echo_quorum(current.members.size() - out.size(), f);
+  std::map<std::uint64_t, std::size_t> count;
+  for (const auto& [j, d] : h.readies)
+    if (current.contains(j) && !out.count(j) && ++count[d] >= quorum) return h.ready_views.at(d);
   return std::nullopt;
+}
+
+// Sends `m` to every member of `current` but this peer and those departed for certain; one a send
+// fails to misses it (the quorum does without it).
+template <class E>
+void tell_members(E& ep, const view& current, const suspicions& suspects, const message& m) {
+  for (int j : current.members) {
+    if (j == ep.rank() || (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) continue;
+    try {
+      post(ep, j, m);
+    } catch (const transport::peer_error&) {
+    }
+  }
+}
+
+// This peer is ready to install `v`: it tells every member not departed, the view in the message.
+template <class E>
+void say_ready(E& ep, const view& current, const suspicions& suspects, const message& v, heard& h) {
+  if (h.ready) return;
+  h.ready = v;
+  h.ready->what = kind::view;
+  const auto d = echo_digest(*h.ready);
+  h.readies[ep.rank()] = d;
+  h.ready_views.emplace(d, *h.ready);
+  message r = *h.ready;
+  r.what = kind::ready;
+  tell_members(ep, current, suspects, r);
+}
+
+// After a quorum echoed `v` here: this peer is ready for it and waits until a quorum is ready for
+// one view (returned), or `deadline` passes.
+template <class E>
+std::optional<message> ready_for(E& ep, const view& current, const message& v, heard& h, const suspicions& mine, int f,
+                                 std::chrono::steady_clock::time_point deadline) {
+  h.say_ready(v);
+  const auto done = [&] { return delivered(current, h, mine, f, ep.rank()); };
+  gather(ep, current.members, current, h, deadline, [&] { return done().has_value(); });
+  return done();
 }
 
 // Waits until a quorum echoed `leader`'s view `digest` (true), the quorum is out of reach, or
@@ -286,14 +390,7 @@ void echo(E& ep, const view& current, const suspicions& suspects, int leader, st
   e.donor = leader;
   e.digest = digest;
   h.echoes[{ep.rank(), leader}] = digest;
-  for (int j : current.members) {
-    if (j == ep.rank() || (suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) continue;
-    try {
-      post(ep, j, e);
-    } catch (const transport::peer_error&) {
-      // it misses the echo; the quorum does without it
-    }
-  }
+  tell_members(ep, current, suspects, e);
 }
 
 // This peer's report in agreement on `current` to `leader`: where it stands, what it knows for
@@ -334,27 +431,34 @@ struct leader_failed {
 
 // The follower's part: reports where this peer stands to every member (against insiders, so
 // each can judge the leader's view) or to `leader`, waits for the leader's view, and (against
-// insiders) follows it only when it is justified by what this peer heard and a quorum of the
-// view echoed it. Throws peer_error when the leader fails or lied (the caller suspects it: the
-// next lowest leads).
+// insiders) echoes it only when it is justified by what this peer heard (and is the view this
+// peer is ready for, if it is ready for one), is ready for it once a quorum of the view echoed
+// it, and follows the view a quorum is ready for. Throws peer_error when the leader fails or
+// lied (the caller suspects it: the next lowest leads).
 template <class E>
 message follow(E& ep, const view& current, int leader, const suspicions& suspects, position mine,
                std::chrono::steady_clock::time_point deadline, const agreement_settings& s, heard& h) {
   const int f = tolerated(current.members.size(), s);
   const bool insiders = f > 0;
+  const auto agreed = [&] { return insiders ? delivered(current, h, suspects, f, ep.rank()) : std::nullopt; };
   report(ep, current, leader, suspects, mine, insiders, h);
   // The leader may wait a whole deadline on a frozen member before it sends the view. Against
-  // insiders a leader that installed another's view (its marker came) sends none: this peer
-  // follows that view if a quorum echoed it.
-  pull(ep, leader, current, h, deadline + s.timeout,
-       [&] { return h.views.count(leader) > 0 || (insiders && h.marked.count(leader) > 0); });
+  // insiders a leader that installed a view (its marker came) sends none: this peer follows the
+  // view a quorum is ready for.
+  // A leader that reports later than this peer (it was held up, or led another turn first) is
+  // given the same allowance from its report.
+  const auto view_in = [&] { return h.views.count(leader) > 0 || (insiders && (h.marked.count(leader) > 0 || agreed())); };
+  const auto leader_reported = [&] { return h.reports.count(leader) && h.reports.at(leader).donor == leader; };
+  pull(ep, leader, current, h, deadline + s.timeout, [&] { return view_in() || (insiders && leader_reported()); });
+  if (!view_in()) pull(ep, leader, current, h, std::max(deadline, transport::now(ep)) + s.timeout, view_in);
+  if (auto v = agreed()) return *v;
   const auto fail = [&](transport::failure_cause cause, const auto&... why) {
     transport::fail_peer_because(cause, leader, "membership", "membership: leader ", leader, " ", why...);
   };
   if (!h.views.count(leader)) {
-    gather(ep, current.members, current, h, deadline + s.timeout, [&] { return settled(current, h, suspects, f, ep.rank(), capacity_of(ep)).has_value(); });
-    if (auto v = settled(current, h, suspects, f, ep.rank(), capacity_of(ep))) return *v;
-    fail(transport::failure_cause::silent, "installed a view of epoch ", current.epoch + 1, " that no quorum echoed here");
+    gather(ep, current.members, current, h, deadline + s.timeout, [&] { return agreed().has_value(); });
+    if (auto v = agreed()) return *v;
+    fail(transport::failure_cause::silent, "installed a view of epoch ", current.epoch + 1, " that no quorum is ready for here");
   }
   const auto v = h.views.at(leader);
   // A view that breaks the form convicts its leader (no honest one sends it); one this peer
@@ -366,30 +470,40 @@ message follow(E& ep, const view& current, int leader, const suspicions& suspect
   };
   if (auto why = invalid_view(v, current, capacity_of(ep))) refuse(transport::failure_cause::convicted, "sent an invalid view: ", *why);
   if (!insiders) return v;
+  const auto digest = echo_digest(v);
+  if (h.ready && echo_digest(*h.ready) != digest)
+    refuse(transport::failure_cause::other, "sent a view other than the one a quorum echoed here, which this peer is ready to install");
   // The others' reports, to judge the view by (each sent its own to every member): all of them,
   // or those that came within half a second if they justify it (a member that failed sends none).
   std::vector<int> others;
   for (int j : current.members)
     if (j != ep.rank() && !(suspects.count(j) && suspects.at(j) == transport::failure_cause::departed)) others.push_back(j);
   const auto judged_from = transport::now(ep);
-  gather(ep, others, current, h, deadline + s.timeout, [&] {
-    return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
-           (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank(), f + 1));
-  });
-  if (auto why = unjustified(v, current, h, suspects, ep.rank(), f + 1)) {
-    if (why->omitted >= 0) ++h.objections[why->omitted];
-    refuse(transport::failure_cause::other, "sent a view that ", why->why);
+  // (The view this peer is ready for it found justified already.)
+  if (!h.ready) {
+    gather(ep, others, current, h, deadline + s.timeout, [&] {
+      return std::all_of(others.begin(), others.end(), [&](int j) { return h.reports.count(j) && h.reports.at(j).donor == leader; }) ||
+             (transport::now(ep) - judged_from >= std::chrono::milliseconds(500) && !unjustified(v, current, h, suspects, ep.rank(), f + 1)) ||
+             agreed();
+    });
+    if (auto d = agreed()) return *d;
+    if (auto why = unjustified(v, current, h, suspects, ep.rank(), f + 1)) {
+      if (why->omitted >= 0) ++h.objections[why->omitted];
+      refuse(transport::failure_cause::other, "sent a view that ", why->why);
+    }
   }
-  const auto digest = echo_digest(v);
   echo(ep, current, suspects, leader, digest, h);
   h.echoes[{leader, leader}] = digest;  // the view it sent is its echo
   bool conflict = false;
   if (!echoed(ep, current, leader, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict)) {
+    if (auto d = agreed()) return *d;
     if (conflict) h.refused.insert(leader);
     fail(conflict ? transport::failure_cause::convicted : transport::failure_cause::silent,
          conflict ? "sent different views of epoch " : "sent a view that too few members echoed, of epoch ", v.epoch);
   }
-  return v;
+  if (auto d = ready_for(ep, current, v, h, suspects, f, transport::now(ep) + s.timeout)) return *d;
+  transport::fail_peer_because(transport::failure_cause::silent, leader, "membership", "membership: leader ", leader,
+                               " sent a view that a quorum echoed but too few members are ready to install, of epoch ", v.epoch);
 }
 
 // The leader's part: a report from every member it does not suspect, then the next view, sent
@@ -415,6 +529,7 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
   std::map<int, int> departures, accusers;  // members reported departed, accused of poison, by how many reporters
   for (const auto& [x, cause] : suspects)
     if (cause == failure_cause::departed) ++departures[x];
+  const auto agreed = [&] { return insiders ? delivered(current, h, suspects, f, me) : std::nullopt; };
   if (insiders) report(ep, current, me, suspects, mine, true, h);  // its own voice, heard by every member
   // Against insiders this leader's own accusations are one voice among the view's: it asks
   // every member, the accused too; otherwise it waits for no member it suspects.
@@ -425,7 +540,15 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
       // An invalid report is noted (decision::named) and its sender waited for still: a member
       // that sends anything is alive, and leaving it out for what it sent here alone would let it
       // have the followers, to whom it reported, refuse every view.
-      pull(ep, j, current, h, deadline, [&] { return h.reports.count(j) && h.reports.at(j).donor == me; });
+      // Against insiders, a member that reported in this agreement to another leader only (it
+      // was following that one while this peer led: their turns drifted apart) is alive too, and
+      // its report stands.
+      try {
+        pull(ep, j, current, h, deadline, [&] { return (h.reports.count(j) && h.reports.at(j).donor == me) || agreed(); });
+      } catch (const transport::peer_error& e) {
+        if (!insiders || e.cause() != failure_cause::silent || !h.reports.count(j)) throw;
+      }
+      if (auto d = agreed()) return *d;
       const auto& r = h.reports.at(j);
       where[j] = position{r.step, r.phase};
       const std::set<int> theirs(r.ranks.begin(), r.ranks.end());
@@ -516,10 +639,33 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
       if (cause == failure_cause::convicted && current.contains(j) && j != me) barred.insert(j);
     v.convicted.assign(barred.begin(), barred.end());
   }
+  // Against insiders, a leader ready for a view (a quorum echoed it here, or more members than
+  // may lie are ready for it) leads with that one: it echoes no other, and the honest members
+  // ready for it are too. A leader that heard a member ready for a view it finds justified leads
+  // with that one as well, so that a view some are ready for is not left for another.
+  // (At the target this leader found: a liar's ready cannot move the group to a step of its own.)
+  if (insiders) {
+    if (h.ready) {
+      v = *h.ready;
+    } else if (!v.ranks.empty()) {
+      const message own = v;
+      std::map<std::uint64_t, std::size_t> votes;
+      for (const auto& [j, d] : h.readies) ++votes[d];
+      std::size_t most = 0;
+      for (const auto& [d, k] : votes) {
+        const auto& other = h.ready_views.at(d);
+        if (k > most && other.step == own.step && other.phase == own.phase && !unjustified(other, current, h, suspects, me, f + 1)) {
+          most = k;
+          v = other;
+        }
+      }
+    }
+  }
   // Everyone of the old view that may be listening hears it, the left-out ones included, and
   // the joiners it admits.
   std::vector<int> told = current.members;
-  if (!v.ranks.empty()) told.insert(told.end(), admit.begin(), admit.end());
+  for (const auto j : v.ranks)
+    if (!current.contains(j)) told.push_back(j);
   for (int j : told) {
     if (j == me) continue;
     if (suspects.count(j) && suspects.at(j) == failure_cause::departed) continue;
@@ -533,10 +679,15 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
   const auto digest = echo_digest(v);
   h.echoes[{me, me}] = digest;
   bool conflict = false;
-  if (!echoed(ep, current, me, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict))
+  if (!echoed(ep, current, me, digest, h, suspects, f, transport::now(ep) + s.timeout, conflict)) {
+    if (auto d = agreed()) return *d;
     throw leader_failed{failure_cause::silent,
                         decentrain::detail::concat("too few members echoed the view this peer led to (epoch ", v.epoch, ")")};
-  return v;
+  }
+  if (auto d = ready_for(ep, current, v, h, suspects, f, transport::now(ep) + s.timeout)) return *d;
+  throw leader_failed{failure_cause::silent,
+                      decentrain::detail::concat("a quorum echoed the view this peer led to (epoch ", v.epoch,
+                                                 ") but too few members are ready to install it")};
 }
 
 }  // namespace detail
@@ -547,10 +698,10 @@ message lead(E& ep, const view& current, suspicions& suspects, std::map<int, std
 //
 // Against insiders (agreement_settings::liars: by default fewer than a third of a view of 4 or
 // more may lie, the leader included), a departure or a conviction needs more than half of the
-// view to say so, every member hears every report, and a member follows its leader's view only
-// when what it heard justifies it and a quorum of the view echoed the same one (Bracha's echo): a
-// leader that shows different views to different members, or leaves out one that reported, is
-// followed by no one, and is named.
+// view to say so, every member hears every report, a member echoes its leader's view only when
+// what it heard justifies it, and installs the view a quorum of the view is ready for (Bracha's
+// echo and ready phases): a leader that shows different views to different members, or leaves
+// out one that reported, is followed by no one, and is named.
 // `reach`: what joiners said they reach (read_hellos), kept between agreements by the caller.
 template <class E>
 decision agree(E& ep, const view& current, suspicions suspects, position mine, const agreement_settings& s,
@@ -584,19 +735,21 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
     for (int j : h.marked)  // markers of this view taken already while waiting for echoes
       if (d.next.contains(j)) d.marked.push_back(j);
     d.named = caught;
-    for (const auto& [j, bad] : h.invalid) d.named.emplace(j, "its report was invalid: " + bad);
+    for (const auto& [j, bad] : h.invalid) d.named.emplace(j, bad);
     return d;
   };
 
   const int f = detail::tolerated(current.members.size(), s);
   const bool insiders = f > 0;
-  // Against insiders, after a leader failed here: a view that a quorum echoed meanwhile (this
-  // peer refused it, or gave up on its leader too early) is the next view all the same.
+  h.f = f;
+  if (insiders) h.say_ready = [&](const detail::message& v) { detail::say_ready(ep, current, suspects, v, h); };
+  // Against insiders, after a leader failed here: a view that a quorum is ready for (this peer
+  // refused it, or gave up on its leader too early) is the next view all the same.
   auto agreed_meanwhile = [&]() -> std::optional<detail::message> {
     if (!insiders) return std::nullopt;
-    const auto settled = [&] { return detail::settled(current, h, suspects, f, me, detail::capacity_of(ep)); };
-    detail::gather(ep, current.members, current, h, transport::now(ep) + std::chrono::milliseconds(50), [&] { return settled().has_value(); });
-    return settled();
+    const auto agreed = [&] { return detail::delivered(current, h, suspects, f, me); };
+    detail::gather(ep, current.members, current, h, transport::now(ep) + std::chrono::milliseconds(50), [&] { return agreed().has_value(); });
+    return agreed();
   };
   std::set<int> passed_over;  // members this peer does not follow in this agreement: their view failed
   const auto started = transport::now(ep);
@@ -619,14 +772,14 @@ decision agree(E& ep, const view& current, suspicions suspects, position mine, c
                                                         insiders ? decentrain::detail::concat(" within ", s.patience.count(), " ms")
                                                                  : std::string(),
                                                         last));
+      // Every member may lead again, those this peer gave up on as silent too (a leader it
+      // timed out on may have been waiting on another): only the certain stay passed over.
       passed_over.clear();
-      auto marked = std::move(h.marked);
-      auto objections = std::move(h.objections);
-      h = detail::heard{};  // (a leader that leads again may send another view)
-      h.marked = std::move(marked);
-      h.objections = std::move(objections);
+      std::erase_if(suspects, [](const auto& x) { return !detail::certain(x.second); });
+      h.next_round();  // (a leader that leads again may send another view)
       transport::pause(ep, std::min(s.timeout, std::chrono::milliseconds(1000)));
-      candidate = alive.begin();
+      if (auto v = agreed_meanwhile()) return from_view(*v);
+      continue;
     }
     const int leader = *candidate;
     const auto deadline = transport::now(ep) + s.timeout;

@@ -26,16 +26,17 @@ inline constexpr transport::tag_type state_tag = transport::membership_tag(3);
 inline constexpr std::size_t max_members = 1 << 16;
 
 // hello: a joiner not admitted yet tells the members which peers it is connected to; echo: a
-// member tells the others which view its leader sent it (agreement.hpp).
-enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4, echo = 5 };
-inline constexpr std::uint8_t last_kind = 5;
+// member tells the others which view its leader sent it; ready: a member tells the others the
+// view it will install, the view itself in the message (agreement.hpp).
+enum class kind : std::uint8_t { report = 1, view = 2, marker = 3, hello = 4, echo = 5, ready = 6 };
+inline constexpr std::uint8_t last_kind = 6;
 inline constexpr std::int8_t last_phase = 15;  // (train::phase has 5; room for more)
 
 // Every protocol message: what it means depends on `what`.
 struct message {
   kind what = kind::report;
   std::uint64_t epoch = 0;      // report: the view the sender leaves; view, marker: the new view
-  std::int64_t step = 0;        // report: the sender's position; view: the target
+  std::int64_t step = 0;        // report: the sender's position; view, ready: the target
   std::int8_t phase = 0;
   std::int32_t donor = -1;      // view; report: the leader it is sent to; echo: the leader whose view is echoed
   std::vector<std::int32_t> ranks;     // view: the members; report: the joiners the sender is connected to;
@@ -73,8 +74,9 @@ struct message {
   }
 };
 
-// A view's identity for echoes: the digest of its encoding.
-inline std::uint64_t digest_of(const message& view) {
+// A view's identity for echoes and readies: the digest of its encoding as a view.
+inline std::uint64_t digest_of(message view) {
+  view.what = kind::view;
   const auto b = transport::wire::encode_body(view);
   return decentrain::detail::xxh3(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
 }
