@@ -1,31 +1,152 @@
-// Pipeline schedules on the simulator (parallel/schedule/simulate.hpp), each action one unit (a
-// forward, a backward's input half, its weight half): the bubble each schedule leaves against the
-// closed form of its paper, the activations stage 0 holds at most, and ZB-H1's step against
-// 1F1B's. Usage: bench_pipeline [--json PATH]
-#include <decentrain/parallel/schedule/schedule.hpp>
+// Pipeline schedules and stages. (1) On the simulator (parallel/schedule/simulate.hpp), each
+// action one unit (a forward, a backward's input half, its weight half): the bubble each schedule
+// leaves against the closed form of its paper, the activations stage 0 holds at most, and ZB-H1's
+// step against 1F1B's. (2) What each stage of GPT-2 124M and the shakespeare-char model holds
+// (nn::gpt cut by nn::part), against the whole model, and the peak memory of a training step
+// per stage under 1F1B against the whole model's (real compute). (3) ZB-H1 against 1F1B, and (4) the cost
+// partitioner's cut (parallel/partition.hpp) against the even cut, on the simulator fed with
+// GPT-2 124M's forward, input-gradient and weight-gradient times measured here (a block, and the
+// end stages' extra work).
+// Usage: bench_pipeline [--json PATH] [--no-measure]
+#include <decentrain/decentrain.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "output_file.hpp"
 
+namespace dt = decentrain;
 namespace ps = decentrain::parallel::schedule;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A stage of `cfg` cut into one block per stage (`part`): the median of `reps` timings of its
+// forward on a micro-batch of (rows, T), its whole backward, and its backward with the
+// parameters' gradients off (the input half; the weight half is the difference).
+struct measured {
+  double forward = 0, input = 0, weight = 0;
+  double total() const { return forward + input + weight; }
+  measured minus(const measured& o) const {
+    return {std::max(0.0, forward - o.forward), std::max(0.0, input - o.input), std::max(0.0, weight - o.weight)};
+  }
+};
+measured measure_stage(const dt::nn::gpt_config& cfg, const dt::nn::part& part, std::int64_t rows, std::int64_t T, int reps) {
+  dt::rng init(1, "init");
+  dt::nn::gpt<dt::cpu> stage(cfg, init, part);
+  dt::rng gen(2, "stream");
+  const auto stream = dt::randn<dt::cpu>(dt::shape{rows, T, cfg.n_embd}, gen);
+  const auto ids = dt::zeros<dt::cpu>(dt::shape{rows, T}, dt::dtype::i32);
+  std::vector<double> f, whole, input;
+  const auto set_weights = [&](bool on) {
+    for (auto& e : stage.parameters()) e.param.state()->requires_grad = on;
+  };
+  for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up
+    for (const bool weights : {true, false}) {
+      set_weights(true);
+      stage.parameters().zero_grad();
+      dt::var<dt::cpu> in(stream, true);
+      auto t0 = std::chrono::steady_clock::now();
+      auto out = stage.stage_forward(part.first() ? dt::var<dt::cpu>() : in, ids, ids, nullptr);
+      const double fwd = seconds_since(t0);
+      set_weights(weights);
+      const auto g = dt::ones<dt::cpu>(out.shape());
+      t0 = std::chrono::steady_clock::now();
+      out.backward(g);
+      const double bwd = seconds_since(t0);
+      if (r == 0) continue;
+      if (weights) {
+        f.push_back(fwd);
+        whole.push_back(bwd);
+      } else {
+        input.push_back(bwd);
+      }
+    }
+  }
+  set_weights(true);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  measured c;
+  c.forward = median(f);
+  c.input = median(input);
+  c.weight = std::max(0.0, median(whole) - c.input);
+  return c;
+}
+
+// Peak host memory (the allocator's high-water mark over live tensors, as PyTorch's
+// max_memory_allocated) of one training step of stage `s` of `stages` under 1F1B with `micro`
+// micro-batches of (rows, T): the part, its gradients, AdamW's state and the activations it
+// holds, with the other stages stood in for by random streams and gradients. `stages` 1: the
+// whole model taking the micro-batches' rows at once, as one peer would.
+std::size_t stage_peak_bytes(const dt::nn::gpt_config& cfg, int s, int stages, int micro, std::int64_t rows, std::int64_t T) {
+  using memory = dt::memory<dt::cpu>;
+  const auto before = memory::allocated_bytes();
+  memory::reset_peak();
+  {
+    dt::rng init(1, "init"), gen(2, "stream");
+    const dt::nn::part part{s, stages, {}};
+    dt::nn::gpt<dt::cpu> stage(cfg, init, part);
+    dt::optim::adamw<dt::cpu> opt(stage.parameters());
+    const auto ids = [&](std::int64_t r) { return dt::zeros<dt::cpu>(dt::shape{r, T}, dt::dtype::i32); };
+    if (stages == 1) {
+      stage.loss(ids(rows * micro), ids(rows * micro)).backward();
+    } else {
+      const auto program = ps::one_f_one_b(stages, micro);
+      std::map<int, std::pair<dt::var<dt::cpu>, dt::var<dt::cpu>>> held;  // micro -> (in, out)
+      for (const auto& a : program.actions[static_cast<std::size_t>(s)]) {
+        if (a.what == ps::op::forward) {
+          dt::var<dt::cpu> in;
+          if (s > 0) in = dt::var<dt::cpu>(dt::randn<dt::cpu>(dt::shape{rows, T, cfg.n_embd}, gen), true);
+          auto out = stage.stage_forward(s, in, ids(rows), ids(rows));
+          held[a.micro] = {std::move(in), std::move(out)};
+          continue;
+        }
+        auto [in, out] = std::move(held.at(a.micro));
+        held.erase(a.micro);
+        if (s == stages - 1) out.backward();
+        else out.backward(dt::randn<dt::cpu>(out.shape(), gen));
+      }
+    }
+    opt.step();
+  }
+  return memory::peak_allocated_bytes() - before;
+}
+
+std::int64_t parameter_count(const dt::parameter_list<dt::cpu>& params) {
+  std::int64_t n = 0;
+  for (const auto& e : params) n += e.param.value().numel();
+  return n;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) try {
   std::string json = "bench/results/pipeline.json";
+  bool measure = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--no-measure") {
+      measure = false;
     } else {
-      std::fprintf(stderr, "usage: bench_pipeline [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_pipeline [--json PATH] [--no-measure]\n");
       return a == "--help" ? 0 : 2;
     }
   }
   bench::output_file out(json);
   out << "[\n";
   bool first = true, all_equal = true;
-  std::printf("%-6s %3s %4s %10s %12s %6s %13s %10s\n", "sched", "S", "M", "bubble", "closed form", "equal", "stage-0 stash",
+  std::printf("%-7s %3s %4s %10s %12s %6s %13s %10s\n", "sched", "S", "M", "bubble", "closed form", "equal", "stage-0 stash",
               "vs 1F1B");
   for (int S : {2, 4, 8})
     for (int M : {S, 2 * S, 4 * S, 8 * S}) {
@@ -34,15 +155,17 @@ int main(int argc, char** argv) try {
         const char* name;
         ps::program p;
         int num, den;
+        int chunks = 1;  // a chunk's action is 1 / chunks of a stage's: its makespan counts so much less
       };
       for (const auto& r : {row{"gpipe", ps::gpipe(S, M), S - 1, M + S - 1}, row{"1f1b", ps::one_f_one_b(S, M), S - 1, M + S - 1},
-                            row{"zb-h1", ps::zb_h1(S, M), S - 1, 3 * M + S - 1}}) {
+                            row{"zb-h1", ps::zb_h1(S, M), S - 1, 3 * M + S - 1},
+                            row{"int:v=2", ps::interleaved(S, M, 2), S - 1, 2 * M + S - 1, 2}}) {
         const auto t = ps::simulate(r.p);
         const double closed = static_cast<double>(r.num) / r.den;
         const bool equal = t.idle() * r.den == r.num * t.makespan * static_cast<std::int64_t>(t.busy.size());
         all_equal = all_equal && equal;
-        const double speedup = static_cast<double>(base) / static_cast<double>(t.makespan);
-        std::printf("%-6s %3d %4d %10.4f %12.4f %6s %13d %9.3fx\n", r.name, S, M, t.bubble(), closed, equal ? "yes" : "NO",
+        const double speedup = static_cast<double>(base) * r.chunks / static_cast<double>(t.makespan);
+        std::printf("%-7s %3d %4d %10.4f %12.4f %6s %13d %9.3fx\n", r.name, S, M, t.bubble(), closed, equal ? "yes" : "NO",
                     t.peak_stash[0], speedup);
         out << (first ? "" : ",\n") << "  {\"schedule\": \"" << r.name << "\", \"stages\": " << S << ", \"micro_batches\": " << M
             << ", \"bubble\": " << t.bubble() << ", \"closed_form\": " << closed << ", \"equal\": " << (equal ? "true" : "false")
@@ -51,6 +174,111 @@ int main(int argc, char** argv) try {
         first = false;
       }
     }
+
+  // (2b) Peak memory of a training step, per stage under 1F1B against the whole model, real compute.
+  if (measure) {
+    std::printf("\n%-18s %3s %4s %6s %14s %10s\n", "model", "S", "M", "stage", "peak MB", "of whole");
+    for (const char* preset : {"shakespeare-char", "gpt2-124m"}) {
+      auto cfg = dt::nn::gpt_preset(preset);
+      const bool big = cfg.n_layer == 12;
+      const std::int64_t rows = big ? 1 : 4, T = big ? 256 : cfg.block_size;
+      for (int S : {2, 4}) {
+        const int M = 2 * S;
+        const auto whole = stage_peak_bytes(cfg, 0, 1, M, rows, T);
+        std::printf("%-18s %3d %4d %6s %14.1f %9.3fx\n", preset, 1, M, "all", whole / 1e6, 1.0);
+        out << ",\n  {\"peak\": true, \"model\": \"" << preset << "\", \"stages\": 1, \"micro_batches\": " << M
+            << ", \"rows\": " << rows << ", \"T\": " << T << ", \"peak_bytes\": " << whole << "}";
+        for (int s = 0; s < S; ++s) {
+          const auto peak = stage_peak_bytes(cfg, s, S, M, rows, T);
+          std::printf("%-18s %3d %4d %6d %14.1f %9.3fx\n", preset, S, M, s, peak / 1e6, static_cast<double>(peak) / whole);
+          out << ",\n  {\"peak\": true, \"model\": \"" << preset << "\", \"stages\": " << S << ", \"stage\": " << s
+              << ", \"micro_batches\": " << M << ", \"peak_bytes\": " << peak << ", \"of_whole\": " << static_cast<double>(peak) / whole
+              << "}";
+        }
+      }
+    }
+  }
+
+  // (2) What a stage holds: parameters (and with AdamW's two moments, 3x their bytes in f32).
+  std::printf("\n%-18s %3s %6s %14s %14s %10s\n", "model", "S", "stage", "parameters", "MB w/ AdamW", "of whole");
+  for (const char* preset : {"shakespeare-char", "gpt2-124m"}) {
+    auto cfg = dt::nn::gpt_preset(preset);
+    dt::rng init_whole(1, "init");
+    const auto whole = parameter_count(dt::nn::gpt<dt::cpu>(cfg, init_whole).parameters());
+    std::printf("%-18s %3d %6s %14lld %14.1f %9.3fx\n", preset, 1, "all", static_cast<long long>(whole), 12.0 * whole / 1e6, 1.0);
+    out << ",\n  {\"model\": \"" << preset << "\", \"stages\": 1, \"parameters\": " << whole << "}";
+    for (int S : {2, 4}) {
+      for (int s = 0; s < S; ++s) {
+        dt::rng init(1, "init");
+        const auto n = parameter_count(dt::nn::gpt<dt::cpu>(cfg, init, dt::nn::part{s, S, {}}).parameters());
+        std::printf("%-18s %3d %6d %14lld %14.1f %9.3fx\n", preset, S, s, static_cast<long long>(n), 12.0 * n / 1e6,
+                    static_cast<double>(n) / whole);
+        out << ",\n  {\"model\": \"" << preset << "\", \"stages\": " << S << ", \"stage\": " << s << ", \"parameters\": " << n
+            << ", \"of_whole\": " << static_cast<double>(n) / whole << "}";
+      }
+    }
+  }
+
+  // (3) and (4): the simulator fed with GPT-2 124M's measured costs, a micro-batch of 1 x 256
+  // tokens: a middle block, and the end stages' extra work (embeddings; final norm, head and loss)
+  // as the difference between an end stage of one block and a middle one.
+  if (measure) {
+    const auto cfg = dt::nn::gpt_preset("gpt2-124m");
+    const std::int64_t rows = 1, T = 256;
+    const int L = static_cast<int>(cfg.n_layer);
+    const auto block = measure_stage(cfg, {1, L, {}}, rows, T, 5);
+    const auto first = measure_stage(cfg, {0, L, {}}, rows, T, 5).minus(block);
+    const auto last = measure_stage(cfg, {L - 1, L, {}}, rows, T, 5).minus(block);
+    std::printf("\nGPT-2 124M, micro-batch %lld x %lld (ms)   forward  input grad  weight grad\n", static_cast<long long>(rows),
+                static_cast<long long>(T));
+    for (const auto& [what, m] : {std::pair{"a block", block}, std::pair{"first stage extra", first}, std::pair{"last stage extra", last}})
+      std::printf("  %-36s %8.1f %11.1f %12.1f\n", what, 1e3 * m.forward, 1e3 * m.input, 1e3 * m.weight);
+    out << ",\n  {\"measured_ms\": {\"block\": [" << 1e3 * block.forward << ", " << 1e3 * block.input << ", " << 1e3 * block.weight
+        << "], \"first_extra\": [" << 1e3 * first.forward << ", " << 1e3 * first.input << ", " << 1e3 * first.weight
+        << "], \"last_extra\": [" << 1e3 * last.forward << ", " << 1e3 * last.input << ", " << 1e3 * last.weight << "]}}";
+    // Per-stage costs of a cut, in units of 0.1 ms.
+    const auto costs_of = [&](const std::vector<std::int64_t>& cut) {
+      std::vector<ps::costs> out_costs;
+      const auto units = [](double sec) { return static_cast<std::int64_t>(sec * 1e4 + 0.5); };
+      for (std::size_t s = 0; s < cut.size(); ++s) {
+        auto m = measured{block.forward * cut[s], block.input * cut[s], block.weight * cut[s]};
+        for (const auto* extra : {s == 0 ? &first : nullptr, s + 1 == cut.size() ? &last : nullptr})
+          if (extra) m = {m.forward + extra->forward, m.input + extra->input, m.weight + extra->weight};
+        out_costs.push_back({.forward = units(m.forward), .backward_input = units(m.input), .backward_weight = units(m.weight)});
+      }
+      return out_costs;
+    };
+    std::printf("\n%3s %4s %-16s %12s %12s %12s %10s %16s %12s\n", "S", "M", "cut", "1f1b ms", "zb-h1 ms", "gpipe ms",
+                "zb vs 1f1b", "partitioned cut", "1f1b ms");
+    for (int S : {2, 4}) {
+      const std::vector<std::int64_t> even(static_cast<std::size_t>(S), L / S);
+      dt::parallel::model_costs mc;
+      mc.blocks.assign(static_cast<std::size_t>(L), block.total());
+      mc.first_extra = first.total();
+      mc.last_extra = last.total();
+      const auto cut = dt::parallel::partition(mc, S);
+      const auto show = [](const std::vector<std::int64_t>& k) {
+        std::string t;
+        for (const auto b : k) {
+          if (!t.empty()) t += '/';
+          t += std::to_string(b);
+        }
+        return t;
+      };
+      for (int M : {S, 2 * S, 4 * S, 8 * S}) {
+        const double f1b = 0.1 * static_cast<double>(ps::simulate(ps::one_f_one_b(S, M), costs_of(even)).makespan);
+        const double zb = 0.1 * static_cast<double>(ps::simulate(ps::zb_h1(S, M), costs_of(even)).makespan);
+        const double gp = 0.1 * static_cast<double>(ps::simulate(ps::gpipe(S, M), costs_of(even)).makespan);
+        const double cut_f1b = 0.1 * static_cast<double>(ps::simulate(ps::one_f_one_b(S, M), costs_of(cut)).makespan);
+        std::printf("%3d %4d %-16s %12.1f %12.1f %12.1f %9.3fx %16s %12.1f (%.3fx)\n", S, M, show(even).c_str(), f1b, zb, gp,
+                    f1b / zb, show(cut).c_str(), cut_f1b, cut_f1b / f1b);
+        out << ",\n  {\"measured\": true, \"stages\": " << S << ", \"micro_batches\": " << M << ", \"one_f_one_b_ms\": " << f1b
+            << ", \"zb_h1_ms\": " << zb << ", \"gpipe_ms\": " << gp << ", \"zb_h1_speedup\": " << f1b / zb
+            << ", \"partitioned_cut\": \"" << show(cut) << "\", \"partitioned_one_f_one_b_ms\": " << cut_f1b
+            << ", \"partitioned_vs_even\": " << cut_f1b / f1b << "}";
+      }
+    }
+  }
   out << "\n]\n";
   out.close();
   std::printf("rows written to %s\n", json.c_str());

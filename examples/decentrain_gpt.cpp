@@ -356,6 +356,36 @@ void declare_train(CLI::App& cmd) {
       ->group(comm);
   cli::real(cmd, "outer-lr", "X", "DiLoCo's outer Nesterov learning rate", 0.7)->group(comm);
   cli::real(cmd, "outer-momentum", "X", "DiLoCo's outer momentum", 0.9)->group(comm);
+
+  const std::string pipe = "Pipeline parallelism (the model cut into stages across peers)";
+  cli::choice(cmd, "parallel", "NAME",
+              "data: every peer holds the whole model; pipeline: the model's blocks\n"
+              "cut into --stages, a peer per stage, and peers / stages copies of that\n"
+              "pipeline (rank R holds stage R % S of copy R / S); --comm averages each\n"
+              "stage among its copies",
+              {"data", "pipeline"})
+      ->group(pipe);
+  cli::integer(cmd, "stages", "S", "the model's blocks cut into S stages (at most --n-layer)", 2, 1, 4096)->group(pipe);
+  cli::integer(cmd, "micro-batches", "M",
+               "each step's rows (--batch-size, per copy of the pipeline) cut into M\n"
+               "micro-batches that follow each other through the stages (default S)",
+               std::nullopt, 1, 1 << 20)
+      ->group(pipe);
+  cli::text(cmd, "schedule", "NAME",
+            "the order of each stage's forwards and backwards: gpipe | 1f1b (as\n"
+            "gpipe's bubble, fewer activations held) | zb-h1 (zero bubble: the\n"
+            "backward split in two) | interleaved[:v=N] (each peer holds N chunks of\n"
+            "the model, stages x N of them; a bubble N times smaller; default N 2;\n"
+            "--micro-batches a multiple of --stages)",
+            "1f1b")
+      ->group(pipe);
+  cli::integer(cmd, "replicas", "R", "copies of the pipeline: the peers must be S x R (default peers / S)", std::nullopt, 1, 65536)
+      ->group(pipe);
+  cli::text(cmd, "activation-codec", "SPEC",
+            "how activations and their gradients go between stages (a --codec\n"
+            "SPEC: bf16, int8, ...)",
+            "identity")
+      ->group(pipe);
 }
 
 void declare_prepare(CLI::App& cmd) {
@@ -898,6 +928,7 @@ struct train_plan {
   bool quiet = false;  // warnings, errors and the summary only
   std::int64_t log_every = 50;
   dt::collective::any_aggregator aggregator;
+  dt::parallel::pipeline<dt::compress::any_codec> parallel;  // one stage: data parallelism
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
   std::shared_ptr<const dt::io::named_tensors> init;  // --init-from: every peer starts from these weights
   int status_port = -1;  // --status-port; -1: no status page
@@ -978,6 +1009,41 @@ void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>
   std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());
 }
 
+// --parallel pipeline: what each stage did over the run.
+struct stage_figures {
+  std::int64_t steps = 0;
+  int peak_stashed = 0;
+  std::uint64_t bytes_sent = 0;
+  double busy_s = 0, total_s = 0;
+  void add(const dt::parallel::schedule::run_stats& s) {
+    ++steps;
+    peak_stashed = std::max(peak_stashed, s.peak_stashed);
+    bytes_sent += s.bytes_sent;
+    busy_s += s.busy_s;
+    total_s += s.total_s;
+  }
+};
+
+void print_stages(const train_plan& p, const std::vector<dt::train::fit_result>& results, const std::vector<stage_figures>& runs,
+                  int first_rank) {
+  const auto& pipe = p.parallel;
+  const int world = world_size_of(p) > 0 ? world_size_of(p) : static_cast<int>(runs.size());
+  std::printf("\npipeline: %d stages x %d copies, schedule %s%s, %d micro-batches a step, activations %s\n", pipe.stages,
+              world / pipe.stages, pipe.schedule.c_str(), pipe.chunks > 1 ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
+              pipe.micro_batches, pipe.codec.describe().c_str());
+  std::printf("%-6s %-6s %-10s %-16s %-22s %-14s\n", "peer", "stage", "tokens/s", "idle in steps %", "most micro-batches held",
+              "MB sent/step");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto rank = i + static_cast<std::size_t>(first_rank);
+    if (rank >= runs.size()) continue;
+    const auto& f = runs[rank];
+    const double steps = std::max<double>(1.0, static_cast<double>(f.steps));
+    std::printf("%-6zu %-6d %-10.0f %-16.1f %-22d %-14.3f\n", rank, static_cast<int>(rank % static_cast<std::size_t>(pipe.stages)),
+                results[i].last.tokens_per_s, f.total_s > 0 ? 100.0 * (1.0 - f.busy_s / f.total_s) : 0.0, f.peak_stashed,
+                static_cast<double>(f.bytes_sent) / steps / 1e6);
+  }
+}
+
 // The peers whose contributions were left out (non-finite, malformed) or lay far from the
 // aggregate, as one peer saw them (ranks of its replica group; after a membership change they
 // are the current view's).
@@ -1044,7 +1110,7 @@ void print_changes(const std::vector<dt::fault::membership_change>& changes, std
 template <class Fault, class Comm>
 int train(const train_plan& p, const training_data& data, Comm comm, Fault fault) {
   constexpr bool elastic = std::is_same_v<Fault, dt::fault::elastic>;
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, Fault>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::pipeline<dt::compress::any_codec>, Fault>;
   dt::train::progress bar(stdout, {.tty = ::isatty(STDOUT_FILENO) != 0, .log_every = p.log_every});
   std::ofstream metrics_file;
   std::optional<dt::train::metrics_log> metrics;
@@ -1056,6 +1122,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   };
   std::vector<std::int64_t> asked_at;  // per rank: the step at which stop_when last asked
   std::vector<dt::collective::peer_tally> tallies;  // per rank: what it saw of the others' contributions
+  std::vector<stage_figures> stage_runs;  // per rank, --parallel pipeline: its stage's figures over the run
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::uint64_t> change_counts;  // per rank: how many changes it saw (changes keeps the latest)
   std::optional<dt::transport::in_process> network;  // --peers
@@ -1101,6 +1168,10 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
       t.on_step([&t, &tallies](const dt::train::step_metrics& m) {
         tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally;
       });
+    if (p.parallel.stages > 1)
+      t.on_step([&t, &stage_runs](const dt::train::step_metrics& m) {
+        stage_runs[static_cast<std::size_t>(m.rank)].add(t.parallel().last_run());
+      });
     t.stop_when([&t, &at = asked_at[static_cast<std::size_t>(t.rank())]] {
       at = t.step();
       return interrupted.load();
@@ -1122,10 +1193,11 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     network.emplace(std::move(links), o);
     asked_at.assign(static_cast<std::size_t>(world), 0);
     tallies.assign(static_cast<std::size_t>(world), {});
+    stage_runs.assign(static_cast<std::size_t>(world), {});
     changes.assign(static_cast<std::size_t>(world), {});
     change_counts.assign(static_cast<std::size_t>(world), 0);
     std::signal(SIGINT, on_interrupt);
-    results = dt::train::fit_in_process<Trainer>(*network, p.model, p.trainer, data.dataset, comm, setup, p.threads, {},
+    results = dt::train::fit_in_process<Trainer>(*network, p.model, p.trainer, data.dataset, comm, setup, p.threads, p.parallel,
                                                  fault);
   } else {
 #if DECENTRAIN_HAS_MPI
@@ -1159,9 +1231,10 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     rank = asker = ep->rank();
     open_metrics(metrics_path(p.metrics, rank, world));  // a file per process
     set_threads(p.threads);
-    Trainer t(p.model, p.trainer, *ep, comm, {}, fault);
+    Trainer t(p.model, p.trainer, *ep, comm, p.parallel, fault);
     asked_at.assign(static_cast<std::size_t>(world), 0);
     tallies.assign(static_cast<std::size_t>(world), {});
+    stage_runs.assign(static_cast<std::size_t>(world), {});
     changes.assign(static_cast<std::size_t>(world), {});
     change_counts.assign(static_cast<std::size_t>(world), 0);
     setup(t);
@@ -1226,6 +1299,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   // Over TCP or MPI only this process's own figures are known; rank 0 reports them.
   if (rank == 0) {
     print_summary(p, results, rank, world, Comm::name, wall_s);
+    if (p.parallel.stages > 1) print_stages(p, results, stage_runs, rank);
     print_suspects(tallies[static_cast<std::size_t>(asker)]);
   }
   if (tcp_peer) print_transport(*tcp_peer);  // every process: what its own transport turned away
@@ -1304,6 +1378,54 @@ void describe_run(const train_plan& p, const training_data& data) {
   if (p.mode == launch::in_process)
     std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", p.world, p.link.c_str(), p.threads);
   std::fflush(stdout);
+}
+
+// --parallel pipeline and its settings, checked against the peers and the model.
+void pipeline_settings(const options& opt, train_plan& p) {
+  const bool piped = opt.text("parallel") == "pipeline";
+  if (!piped) {
+    for (const char* o : {"stages", "micro-batches", "schedule", "replicas", "activation-codec"})
+      dt::detail::check(!opt.has(o), "--", o, " needs --parallel pipeline");
+    p.parallel.stages = p.parallel.micro_batches = 1;
+    return;
+  }
+  dt::detail::check(!p.elastic, "--parallel pipeline does not take --elastic yet: a stage's peers cannot leave or join a "
+                                "running pipeline (checkpoints with --checkpoint-dir and --resume work)");
+  dt::detail::check(p.init == nullptr, "--parallel pipeline does not take --init-from yet");
+  auto& pipe = p.parallel;
+  pipe.stages = static_cast<int>(opt.integer("stages"));
+  pipe.micro_batches = opt.has("micro-batches") ? static_cast<int>(opt.integer("micro-batches")) : pipe.stages;
+  const auto schedule = opt.text("schedule");
+  const auto colon = schedule.find(':');
+  pipe.schedule = schedule.substr(0, colon);
+  if (pipe.schedule == "interleaved") {
+    pipe.chunks = 2;
+    if (colon != std::string::npos) {
+      const auto setting = schedule.substr(colon + 1);
+      const auto v = setting.rfind("v=", 0) == 0 ? cli::parse_integer(setting.substr(2)) : std::nullopt;
+      dt::detail::check(v && *v >= 1 && *v <= 4096, "--schedule ", schedule, ": expected interleaved:v=N with N in [1, 4096]");
+      pipe.chunks = static_cast<int>(*v);
+    }
+  } else {
+    dt::detail::check(schedule == "gpipe" || schedule == "1f1b" || schedule == "zb-h1",
+                      "--schedule: must be gpipe, 1f1b, zb-h1 or interleaved[:v=N], got '", schedule, "'");
+  }
+  pipe.codec = dt::compress::parse_codec(opt.text("activation-codec"));
+  dt::detail::check(pipe.stages * pipe.chunks <= p.model.n_layer, "--stages ", pipe.stages,
+                    pipe.chunks > 1 ? dt::detail::concat(" x ", pipe.chunks, " chunks") : std::string(), " cuts a model of ",
+                    p.model.n_layer, " layers (--n-layer); each stage needs at least one, so that must be at most ",
+                    p.model.n_layer);
+  dt::detail::check(pipe.schedule != "interleaved" || pipe.micro_batches % pipe.stages == 0, "--schedule ", schedule,
+                    ": --micro-batches (", pipe.micro_batches, ") must be a multiple of --stages (", pipe.stages, ")");
+  dt::detail::check(pipe.micro_batches <= p.trainer.batch_size, "--micro-batches ", pipe.micro_batches, " cuts ",
+                    p.trainer.batch_size, " rows (--batch-size); it must be at most --batch-size");
+  if (p.mode == launch::mpi) return;  // the world is known once MPI starts; the policy checks it then
+  const int world = world_size_of(p);
+  dt::detail::check(world % pipe.stages == 0, "--parallel pipeline: ", world, " peers do not divide into copies of --stages ",
+                    pipe.stages, " (the peers must be a multiple of the stages)");
+  if (opt.has("replicas"))
+    dt::detail::check(opt.integer("replicas") * pipe.stages == world, "--replicas ", opt.integer("replicas"), " x --stages ",
+                      pipe.stages, " is not the ", world, " peers");
 }
 
 int cmd_train(const options& opt) {
@@ -1472,6 +1594,7 @@ int cmd_train(const options& opt) {
     p.model = dt::train::config_of(*resumed);
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
+  pipeline_settings(opt, p);
   check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
   // Both splits must hold a block and its next token, or the run would fail at its first evaluation.
   for (const auto s : {dt::data::split::train, dt::data::split::validation}) {
@@ -1499,6 +1622,13 @@ int cmd_train(const options& opt) {
   if (p.mode == launch::in_process) p.run.add("link", p.link);
   if (comm != "sync") p.run.add("inner_steps", inner);
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
+  if (p.parallel.stages > 1)
+    p.run.add("parallel", "pipeline")
+        .add("stages", p.parallel.stages)
+        .add("micro_batches", p.parallel.micro_batches)
+        .add("schedule", p.parallel.schedule)
+        .add("chunks", p.parallel.chunks)
+        .add("activation_codec", p.parallel.codec.describe());
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
   if (eager) p.run.add("fragments", fragments).add("eager", true);
   else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
@@ -1509,7 +1639,9 @@ int cmd_train(const options& opt) {
   agreed << "steps=" << p.trainer.steps << ";seed=" << p.trainer.seed << ";n_layer=" << p.model.n_layer
          << ";n_head=" << p.model.n_head << ";n_embd=" << p.model.n_embd << ";block_size=" << p.model.block_size
          << ";vocab_size=" << p.model.vocab_size << ";bias=" << p.model.bias << ";comm=" << comm << ";inner_steps=" << inner
-         << ";codec=" << codec_choice.describe() << ";aggregator=" << p.aggregator.describe();
+         << ";codec=" << codec_choice.describe() << ";aggregator=" << p.aggregator.describe() << ";stages=" << p.parallel.stages
+         << ";micro_batches=" << p.parallel.micro_batches << ";schedule=" << p.parallel.schedule << ";chunks=" << p.parallel.chunks
+         << ";activation_codec=" << p.parallel.codec.describe();
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
   if (streaming || overlap > 0 || eager)
     agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;
@@ -1594,6 +1726,30 @@ fs::path checkpoint_file(const fs::path& path) {
   return ck.file(0, worlds[0], steps.back());
 }
 
+// A checkpoint of a pipeline's stage holds that stage's part of the model: the files of the
+// other stages of its copy, of the same step, join it into the whole model's.
+dt::io::checkpoint joined_stages(dt::io::checkpoint c, const fs::path& file) {
+  const auto it = c.counters.find("trainer.stages");
+  if (it == c.counters.end() || it->second <= 1) return c;
+  const auto stages = it->second, stage = c.counter("trainer.stage");
+  const auto rank = c.counter("trainer.rank"), world = c.counter("trainer.world");
+  const auto run = file.parent_path().parent_path();
+  for (std::int64_t s = 0; s < stages; ++s) {
+    if (s == stage) continue;
+    const auto other = run / ("peer-" + std::to_string(rank - stage + s) + "-of-" + std::to_string(world)) / file.filename();
+    dt::detail::check(fs::exists(other), file.string(), " holds stage ", stage, " of a ", stages, "-stage pipeline; stage ", s,
+                      "'s file of the same step, ", other.string(), ", is missing (give the run's --checkpoint-dir, whose "
+                      "stages are joined into the whole model)");
+    const auto theirs = dt::io::load_checkpoint(other);
+    const auto own = [](const std::string& name) { return name.rfind("model.", 0) == 0 || name.rfind("adamw.", 0) == 0; };
+    for (const auto& [name, t] : theirs.tensors)
+      if (own(name)) c.tensors.emplace(name, t);
+    for (const auto& [name, v] : theirs.counters)
+      if (own(name)) c.counters.emplace(name, v);
+  }
+  return c;
+}
+
 // The model `eval`, `sample` and `export` work on: --checkpoint FILE|DIR (a run's own, with its
 // tokenizer) or --weights W.safetensors (published GPT-2 weights: n_head from config.json beside
 // them or --n-head; GPT-2's tokenizer for 50257 ids, where its vocabulary is found). --tokenizer
@@ -1614,7 +1770,7 @@ loaded_model load_model(const options& opt, const char* doing) {
   dt::rng unused(0, "init");
   if (!ckpt.empty()) {
     const auto file = checkpoint_file(ckpt);
-    const auto c = dt::io::load_checkpoint(file);
+    const auto c = joined_stages(dt::io::load_checkpoint(file), file);
     out.model.emplace(dt::train::config_of(c), unused);
     dt::optim::adamw<> ignored(out.model->parameters());
     dt::train::restore(c, *out.model, ignored);

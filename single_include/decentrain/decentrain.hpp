@@ -8591,7 +8591,9 @@ inline gpt_config gpt_preset(std::string_view name) {
 // ---- begin decentrain/nn/gpt.hpp ----
 // GPT-2: token and learned position embeddings, pre-LN blocks (attention and MLP, each inside a
 // residual), a final layer norm and an LM head tied to the token embedding. Parameter names
-// and layouts are GPT-2's: wte, wpe, h.N.ln_1, h.N.attn.c_attn, ..., ln_f.
+// and layouts are GPT-2's: wte, wpe, h.N.ln_1, h.N.attn.c_attn, ..., ln_f. The model can be cut
+// into pipeline stages at whole blocks (nn::part): the first stage holds the embeddings, the
+// last the final layer norm and the head, and both hold the tied token embedding.
 
 #include <cmath>
 #include <memory>
@@ -8691,6 +8693,73 @@ struct mlp {
 
 }  // namespace decentrain::nn
 // ---- end decentrain/nn/layers.hpp ----
+// ---- begin decentrain/nn/part.hpp ----
+// A part of a model cut along its depth into pipeline stages: the part peer `stage` of `stages`
+// holds, and how many of the model's blocks each stage holds. With `chunks` v > 1 the model is
+// cut into v x stages stages and the peer holds v of them, stage, stage + stages, ... (the chunks
+// of interleaved schedules). A model that can be cut takes one in its constructor (nn::gpt:
+// embeddings with model stage 0, the final layer norm and the head with the last) and holds only
+// that part's parameters.
+
+#include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::nn {
+
+struct part {
+  int stage = 0;
+  int stages = 1;
+  // Blocks per model stage (v x stages of them), stage 0 first; empty: as even as they go, the
+  // earlier stages taking one more where the blocks do not divide (a cost partitioner fills it
+  // otherwise).
+  std::vector<std::int64_t> blocks;
+  int chunks = 1;
+
+  bool whole() const { return stages == 1 && chunks == 1; }
+  // Whether it holds the model's first stage (the embeddings) and its last (the head).
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+  int model_stages() const { return stages * chunks; }
+  // Whether model stage `s` (of model_stages()) is one of this part's.
+  bool holds(int s) const { return s >= 0 && s < model_stages() && s % stages == stage; }
+
+  // The blocks [begin, end) of model stage `s` of a model with `n_blocks`; throws naming the
+  // setting that does not fit it.
+  std::pair<std::int64_t, std::int64_t> block_range(std::int64_t n_blocks, int s) const {
+    const auto counts = blocks_per_stage(n_blocks);
+    decentrain::detail::check(s >= 0 && s < model_stages(), "model part: stage ", s, " is outside [0, ", model_stages(), ")");
+    const auto begin = std::accumulate(counts.begin(), counts.begin() + s, std::int64_t{0});
+    return {begin, begin + counts[static_cast<std::size_t>(s)]};
+  }
+
+  std::vector<std::int64_t> blocks_per_stage(std::int64_t n_blocks) const {
+    using decentrain::detail::check;
+    check(stages >= 1, "model part: stages must be >= 1, got ", stages);
+    check(chunks >= 1, "model part: chunks must be >= 1, got ", chunks);
+    check(stage >= 0 && stage < stages, "model part: stage ", stage, " is outside [0, ", stages, ")");
+    const int n = model_stages();
+    check(n <= n_blocks, "model part: ", n, " stages", chunks > 1 ? " (stages x chunks)" : "", " cut a model of ", n_blocks,
+          " blocks (layers); each stage needs at least one, so stages", chunks > 1 ? " x chunks" : "", " must be <= ", n_blocks);
+    if (blocks.empty()) {
+      std::vector<std::int64_t> even(static_cast<std::size_t>(n), n_blocks / n);
+      for (std::int64_t s = 0; s < n_blocks % n; ++s) ++even[static_cast<std::size_t>(s)];
+      return even;
+    }
+    check(blocks.size() == static_cast<std::size_t>(n), "model part: blocks per stage lists ", blocks.size(),
+          " stages, the model is cut into ", n);
+    for (std::size_t s = 0; s < blocks.size(); ++s)
+      check(blocks[s] >= 1, "model part: stage ", s, " is given ", blocks[s], " blocks; each stage needs at least one");
+    const auto total = std::accumulate(blocks.begin(), blocks.end(), std::int64_t{0});
+    check(total == n_blocks, "model part: blocks per stage add up to ", total, ", the model has ", n_blocks);
+    return blocks;
+  }
+};
+
+}  // namespace decentrain::nn
+// ---- end decentrain/nn/part.hpp ----
 
 namespace decentrain::nn {
 
@@ -8721,7 +8790,10 @@ class gpt {
 
   // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
   // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
-  gpt(const gpt_config& cfg, rng& init);
+  // With a part, only that stage's parameters, with the values the whole model gives them (the
+  // draws of the other stages' parameters are made and dropped): the stages of a pipeline
+  // start where one peer holding the whole model starts.
+  gpt(const gpt_config& cfg, rng& init, const nn::part& part = {});
 
   // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only
   // when `dropout_rng` is given and the configuration has a non-zero rate.
@@ -8730,6 +8802,24 @@ class gpt {
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1. The head
   // and the loss are one op (linear_cross_entropy), so the (B, T, V) logits are never kept.
   var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const;
+
+  // One stage's forward (see nn::part): the first stage reads the token ids, the others `in`,
+  // the residual stream (B, T, C) in f32 that the stage before returned; the last stage returns
+  // the loss of `targets`, the others the residual stream after their blocks. On the whole
+  // model it is loss(idx, targets). Without a stage: the part's own (of one chunk).
+  var<Device> stage_forward(const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
+                            rng* dropout_rng = nullptr) const {
+    return stage_forward(part_.stage, in, idx, targets, dropout_rng);
+  }
+  // The same for model stage `s`, one of the part's (a chunk of an interleaved schedule).
+  var<Device> stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
+                            rng* dropout_rng = nullptr) const;
+  // The parameters held by both the first and the last stage: their gradients are summed
+  // between the two (the token embedding, tied to the head).
+  std::vector<std::string> tied_parameters() const { return {"wte.weight"}; }
+  // The width of the residual stream that goes between stages.
+  std::int64_t stream_width() const { return cfg_.n_embd; }
+  const nn::part& part() const { return part_; }
 
   // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
   // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
@@ -8746,7 +8836,19 @@ class gpt {
 
  private:
   // The last layer norm's output (B, T, C) in the compute dtype: what the tied head multiplies.
-  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const;
+  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const {
+    return run_blocks(embed(idx, dropout_rng), dropout_rng, true);
+  }
+  // Token plus position embeddings of ids (B, T): the residual stream's start.
+  var<Device> embed(const tensor<Device>& idx, rng* dropout_rng) const;
+  // The blocks of this part's chunk `chunk` (all of them: -1) on the residual stream x; with
+  // `final_norm`, the final layer norm's output in the compute dtype, else the stream after the
+  // last block's residual add.
+  var<Device> run_blocks(var<Device> x, rng* dropout_rng, bool final_norm, int chunk = -1) const;
+  void check_whole(const char* what) const {
+    detail::check(part_.whole(), "gpt: ", what, " needs the whole model; this one is stage ", part_.stage, " of ",
+                  part_.stages, " (use stage_forward)");
+  }
 
   var<Device> maybe_dropout(const var<Device>& x, rng* gen) const {
     if (gen == nullptr || cfg_.dropout == 0.0) return x;
@@ -8754,10 +8856,12 @@ class gpt {
   }
 
   gpt_config cfg_;
+  nn::part part_;
   dtype compute_ = dtype::f32;
   parameter_list<Device> params_;
   var<Device> wte_, wpe_;
   std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;
+  std::vector<std::int64_t> chunk_start_;  // where each chunk's blocks start in blocks_, and the end
   std::optional<layer_norm_layer<Device>> ln_f_;
 };
 
@@ -8765,34 +8869,77 @@ class gpt {
 // gpt<cpu>'s forward pass (and with it every op and kernel it calls) from the compiled library
 // instead of compiling it again (see config.hpp).
 template <class Device>
-gpt<Device>::gpt(const gpt_config& cfg, rng& init) : cfg_(cfg) {
+gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(cfg), part_(part) {
   cfg_.validate();
-  wte_ = params_.add("wte.weight", parameter(randn<Device>(shape{cfg.vocab_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
-  wpe_ = params_.add("wpe.weight", parameter(randn<Device>(shape{cfg.block_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
-  for (std::int64_t l = 0; l < cfg.n_layer; ++l)
-    blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
-  ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
+  (void)part_.blocks_per_stage(cfg.n_layer);  // checks the cut
+  // A parameter of another stage is drawn as the whole model draws it, on the host, and dropped.
+  const auto draw = [&](bool mine, const char* name, shape s) {
+    if (mine) return params_.add(name, parameter(randn<Device>(s, init, dtype::f32, 0.0, 0.02)));
+    (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
+    return var<Device>();
+  };
+  wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
+  wpe_ = draw(part_.first(), "wpe.weight", shape{cfg.block_size, cfg.n_embd});
+  for (int s = 0; s < part_.model_stages(); ++s) {
+    const auto [begin, end] = part_.block_range(cfg.n_layer, s);
+    if (part_.holds(s)) chunk_start_.push_back(static_cast<std::int64_t>(blocks_.size()));
+    for (std::int64_t l = begin; l < end; ++l) {
+      if (part_.holds(s)) {
+        blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
+      } else {
+        parameter_list<cpu> elsewhere;
+        (void)gpt_block<cpu>(elsewhere, "h." + std::to_string(l), cfg_, init);
+      }
+    }
+  }
+  chunk_start_.push_back(static_cast<std::int64_t>(blocks_.size()));
+  if (part_.last()) ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
 }
 
 template <class Device>
 var<Device> gpt<Device>::logits(const tensor<Device>& idx, rng* dropout_rng) const {
+  check_whole("logits()");
   return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
 }
 
 template <class Device>
 var<Device> gpt<Device>::loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng) const {
+  check_whole("loss()");
   return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
 }
 
 template <class Device>
-var<Device> gpt<Device>::hidden(const tensor<Device>& idx, rng* dropout_rng) const {
+var<Device> gpt<Device>::stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
+                                       rng* dropout_rng) const {
+  detail::check(part_.holds(s), "gpt: stage ", s, " of ", part_.model_stages(), " is not part of this one (peer ", part_.stage,
+                " of ", part_.stages, ", ", part_.chunks, " chunk(s))");
+  const int chunk = s / part_.stages;
+  var<Device> x;
+  if (s == 0) {
+    x = embed(idx, dropout_rng);
+  } else {
+    detail::check(in.defined() && in.rank() == 3 && in.size(2) == cfg_.n_embd && in.dtype() == dtype::f32,
+                  "gpt: stage ", s, " reads the residual stream (B, T, ", cfg_.n_embd,
+                  ") in f32 from the stage before, got ", in.defined() ? in.shape() : shape{}, " ",
+                  in.defined() ? dtype_name(in.dtype()) : "(nothing)");
+    x = in;
+  }
+  if (s + 1 < part_.model_stages()) return run_blocks(std::move(x), dropout_rng, false, chunk);
+  return linear_cross_entropy(run_blocks(std::move(x), dropout_rng, true, chunk), cast(wte_, compute_), targets, -1);
+}
+
+template <class Device>
+var<Device> gpt<Device>::embed(const tensor<Device>& idx, rng* dropout_rng) const {
   detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
   const std::int64_t B = idx.size(0), T = idx.size(1);
   detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
                 " is outside [1, block_size = ", cfg_.block_size, "]");
   auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
-  auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
-  x = maybe_dropout(x, dropout_rng);
+  return maybe_dropout(embedding(idx, wte_) + embedding(positions, wpe_), dropout_rng);  // (B,T,C)
+}
+
+template <class Device>
+var<Device> gpt<Device>::run_blocks(var<Device> x, rng* dropout_rng, bool final_norm, int chunk) const {
   // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32, as
   // under autocast; each layer norm stores its output in bf16, so the branch's products,
   // attention and GELU read and keep bf16 activations, and the next layer norm adds the
@@ -8808,11 +8955,17 @@ var<Device> gpt<Device>::hidden(const tensor<Device>& idx, rng* dropout_rng) con
     branch = var<Device>();
     return normed;
   };
-  for (const auto& block : blocks_) {
+  const auto from = chunk < 0 ? 0 : chunk_start_[static_cast<std::size_t>(chunk)];
+  const auto to = chunk < 0 ? static_cast<std::int64_t>(blocks_.size()) : chunk_start_[static_cast<std::size_t>(chunk) + 1];
+  for (auto b = from; b < to; ++b) {
+    const auto& block = blocks_[static_cast<std::size_t>(b)];
     branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
     branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
   }
-  return norm(*ln_f_);
+  if (final_norm) return norm(*ln_f_);
+  // A stage that hands the stream on adds its last branch itself (the same f32 sum the next
+  // layer norm would form).
+  return branch.defined() ? x + cast(branch, x.dtype()) : x;
 }
 
 #if defined(DECENTRAIN_COMPILED_LIB)
@@ -9113,18 +9266,30 @@ extern template class adamw<cpu>;
 // ---- begin decentrain/optim/clip.hpp ----
 // Global-norm gradient clipping, as torch.nn.utils.clip_grad_norm_: when the L2 norm of all
 // gradients together exceeds max_norm, every gradient is scaled by max_norm / (norm + 1e-6).
+// The norm may span several peers (the stages of a pipeline): each gives its share.
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 
 namespace decentrain::optim {
 
+// This peer's share of a norm taken over several peers.
+struct norm_share {
+  // Parameters another peer counts (a tied copy held by two stages: counted once).
+  std::vector<std::string> counted_elsewhere;
+  // This peer's sum of squares -> everyone's (an all-reduce among the peers); none: this peer's.
+  std::function<double(double)> total;
+};
+
 // Returns the norm before clipping (for logging). Parameters without gradients are ignored.
 template <class Device>
-double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
+double clip_grad_norm(parameter_list<Device>& params, double max_norm, const norm_share& share) {
   decentrain::detail::check(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   // Every gradient's sum of squares in one multi-tensor kernel call per master type, summed on
   // the gradients' device and read back once (a GPU synchronises once per clip).
@@ -9133,6 +9298,8 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   std::vector<std::span<const double>> f64;
   for (const auto& e : params) {
     if (!e.param.grad().defined()) continue;
+    if (std::find(share.counted_elsewhere.begin(), share.counted_elsewhere.end(), e.name) != share.counted_elsewhere.end())
+      continue;
     grads.push_back(e.param.grad().contiguous());
     const auto& g = grads.back();
     optim::detail::with_master_type("clip_grad_norm", e.name, e.param, [&](auto tag) {
@@ -9145,7 +9312,8 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   auto partial = tensor<Device>::empty(shape{2}, dtype::f64);
   kernels::sum_of_squares(Device{}, std::span<const std::span<const float>>(f32), partial.template data<double>());
   kernels::sum_of_squares(Device{}, std::span<const std::span<const double>>(f64), partial.template data<double>() + 1);
-  const double total = grads.empty() ? 0.0 : math::sum(partial, {0}).item();
+  const double mine = grads.empty() ? 0.0 : math::sum(partial, {0}).item();
+  const double total = share.total ? share.total(mine) : mine;
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
@@ -9168,6 +9336,11 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
     }
   }
   return norm;
+}
+
+template <class Device>
+double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
+  return clip_grad_norm(params, max_norm, norm_share{});
 }
 
 #if defined(DECENTRAIN_COMPILED_LIB)
@@ -21764,7 +21937,8 @@ struct sync_allreduce {
 // ---- end decentrain/comm/sync_allreduce.hpp ----
 // ---- end decentrain/comm/comm.hpp ----
 // ---- begin decentrain/parallel/parallel.hpp ----
-// Everything in parallel: the policy concept, data parallelism, and pipeline schedules as data.
+// Everything in parallel: the policy concept, data parallelism, pipeline parallelism and its
+// schedules as data.
 
 // ---- begin decentrain/parallel/data.hpp ----
 // Data parallelism: every peer holds the whole model and trains on its own rows of the global
@@ -21800,10 +21974,16 @@ concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 // Where a peer sits. The communication policy averages among `replicas` only: the world's ranks
 // (ascending, this peer included) that hold the same parameters. Data parallelism: everyone.
+// With several stages (or chunks), the trainer builds only this stage's part of the model
+// (nn::part: `blocks` per model stage, empty for an even cut) and `pipeline` lists the world ranks that hold stage 0, 1,
+// ... of this peer's copy of the model (this peer at index `stage`).
 struct placement {
   int stage = 0;
   int stages = 1;
   std::vector<int> replicas;
+  std::vector<int> pipeline;
+  std::vector<std::int64_t> blocks;
+  int chunks = 1;  // model stages per peer (interleaved schedules: the model is cut into stages x chunks)
 };
 
 // The placement of plain data parallelism: one stage, every peer a replica.
@@ -21866,9 +22046,109 @@ struct data {
 
 }  // namespace decentrain::parallel
 // ---- end decentrain/parallel/data.hpp ----
+// ---- begin decentrain/parallel/partition.hpp ----
+// Where to cut a model into pipeline stages from what its parts cost (torchtitan's and
+// DeepSpeed's partitioners do the same from measured or counted costs): contiguous runs of
+// blocks, each stage at least one, so that the slowest stage, which sets the pipeline's pace,
+// is as fast as any cut can make it. The end stages carry extra work beside their blocks (the
+// embeddings on the first, the final norm, the head and the loss on the last), which an even
+// cut ignores. The result goes into parallel::pipeline::blocks (nn::part::blocks).
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+
+namespace decentrain::parallel {
+
+struct model_costs {
+  std::vector<double> blocks;  // each block's cost (a micro-batch's forward and backward, say)
+  double first_extra = 0;      // beside its blocks, on the first stage
+  double last_extra = 0;       // beside its blocks, on the last stage
+};
+
+// Each stage's cost under a cut (blocks per stage).
+inline std::vector<double> stage_costs(const model_costs& c, const std::vector<std::int64_t>& cut) {
+  std::vector<double> out;
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < cut.size(); ++s) {
+    double sum = s == 0 ? c.first_extra : 0.0;
+    if (s + 1 == cut.size()) sum += c.last_extra;
+    for (std::int64_t b = 0; b < cut[s]; ++b) sum += c.blocks.at(next++);
+    out.push_back(sum);
+  }
+  return out;
+}
+
+// Blocks per stage minimising the slowest stage's cost (dynamic programming over the cut points,
+// S x n^2 steps); among equal cuts, the first found. Throws when the stages cannot each hold a block.
+inline std::vector<std::int64_t> partition(const model_costs& c, int stages) {
+  const auto n = static_cast<int>(c.blocks.size());
+  decentrain::detail::check(stages >= 1 && stages <= n, "partition: ", stages, " stages for ", n,
+                            " blocks (each stage needs at least one)");
+  for (const double b : c.blocks) decentrain::detail::check(b >= 0, "partition: a block's cost must be >= 0, got ", b);
+  std::vector<double> prefix(static_cast<std::size_t>(n) + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i) + 1] = prefix[static_cast<std::size_t>(i)] + c.blocks[static_cast<std::size_t>(i)];
+  const auto run = [&](int from, int to, int s) {  // blocks [from, to) as stage s
+    double cost = prefix[static_cast<std::size_t>(to)] - prefix[static_cast<std::size_t>(from)];
+    if (s == 0) cost += c.first_extra;
+    if (s == stages - 1) cost += c.last_extra;
+    return cost;
+  };
+  constexpr double none = std::numeric_limits<double>::infinity();
+  // best[s][i]: the slowest of stages 0..s when they hold the first i blocks; from[s][i]: where stage s starts.
+  std::vector<std::vector<double>> best(static_cast<std::size_t>(stages), std::vector<double>(static_cast<std::size_t>(n) + 1, none));
+  std::vector<std::vector<int>> from(static_cast<std::size_t>(stages), std::vector<int>(static_cast<std::size_t>(n) + 1, -1));
+  for (int i = 1; i <= n; ++i) best[0][static_cast<std::size_t>(i)] = run(0, i, 0);
+  for (int s = 1; s < stages; ++s)
+    for (int i = s + 1; i <= n; ++i)
+      for (int j = s; j < i; ++j) {
+        const double slowest = std::max(best[static_cast<std::size_t>(s) - 1][static_cast<std::size_t>(j)], run(j, i, s));
+        if (slowest < best[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)]) {
+          best[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] = slowest;
+          from[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] = j;
+        }
+      }
+  std::vector<std::int64_t> cut(static_cast<std::size_t>(stages));
+  for (int s = stages - 1, end = n; s >= 0; --s) {
+    const int begin = s == 0 ? 0 : from[static_cast<std::size_t>(s)][static_cast<std::size_t>(end)];
+    cut[static_cast<std::size_t>(s)] = end - begin;
+    end = begin;
+  }
+  return cut;
+}
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/partition.hpp ----
+// ---- begin decentrain/parallel/pipeline.hpp ----
+// Pipeline parallelism: the model cut into `stages` parts (nn::part), one per peer (with
+// `chunks` v, into v x stages, v per peer: interleaved schedules), each step's rows split into
+// `micro_batches` that go through the stages by a schedule (schedule/), and
+// world / stages copies of the pipeline (replicas) that each take their own rows, as data
+// parallelism does. Peer r holds stage r % stages of copy r / stages; the communication policy
+// averages a stage's parameters among its copies (placement::replicas), and the clipping norm is
+// taken over the whole pipeline (the tied embedding, held by the first and the last stage,
+// counted once). With one stage and one micro-batch it is data parallelism.
+//
+// What it needs of the model, beside a constructor that builds one part (nn::gpt has them):
+//   var<D> stage_forward(int s, const var<D>& in, const tensor<D>& ids, const tensor<D>& targets, rng*)
+//   std::int64_t stream_width() const; std::vector<std::string> tied_parameters() const
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
 // ---- begin decentrain/parallel/schedule/schedule.hpp ----
-// Pipeline schedules as data: the action lists, their check and their simulation, and the
-// generators (GPipe, 1F1B, ZB-H1).
+// Pipeline schedules as data: the action lists, their check, their simulation and their
+// execution on a peer, and the generators (GPipe, 1F1B, ZB-H1, interleaved 1F1B), found by name.
+
+#include <string>
+#include <string_view>
 
 // ---- begin decentrain/parallel/schedule/action.hpp ----
 // A pipeline schedule as data: for each peer of the pipeline, the actions it runs in order (as
@@ -22065,6 +22345,193 @@ inline void check(const program& p) {
 
 }  // namespace decentrain::parallel::schedule
 // ---- end decentrain/parallel/schedule/check.hpp ----
+// ---- begin decentrain/parallel/schedule/execute.hpp ----
+// Runs a schedule (action.hpp) on one peer of a pipeline: its stage's forwards and backwards in
+// the program's order, the activations sent to the next stage and their gradients to the one
+// before, each through a codec with its shape in front (so micro-batches of any size and any
+// sequence length travel; the receiver checks the shape against what it expects). Every
+// schedule runs through this one function: a new schedule is a new generator, nothing here.
+//
+// The stage is a model part (nn::part) with
+//   var<D> stage_forward(int s, const var<D>& in, const tensor<D>& ids, const tensor<D>& targets, rng*)
+//                                        model stage s's forward (one of the part's)
+//   std::int64_t stream_width() const    the width C of the (B, T, C) stream between stages
+// The backward of a stage runs whole where a schedule splits it: the input half computes the
+// weight gradients too, and the weight half has nothing left to do (the autograd frees a graph
+// as its backward goes, so the weight half cannot be put off yet). Gradients are the same either
+// way; the simulator (simulate.hpp) is what times the split.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+
+namespace decentrain::parallel::schedule {
+
+// One micro-batch's rows: token ids and targets (rows, T), and its share of the step's loss
+// (its rows over the step's rows, so the shares' sum of losses is the whole batch's mean).
+struct micro_batch {
+  tensor<cpu> ids, targets;
+  double share = 1.0;
+};
+
+// What a run did on this peer.
+struct run_stats {
+  double loss = 0;       // the last stage: the step's loss (shares' weighted sum); others 0
+  int peak_stashed = 0;  // most micro-batches whose activations this peer held at once
+  std::uint64_t bytes_sent = 0;  // activations and gradients sent (headers included)
+  double busy_s = 0;   // in the stage's forwards and backwards
+  double total_s = 0;  // the whole run, waits on the other stages included
+  // The share of the run this peer waited: its bubble (with the transfers' time in it).
+  double idle_fraction() const { return total_s > 0 ? 1.0 - busy_s / total_s : 0.0; }
+};
+
+namespace detail {
+
+// What goes before every activation or gradient: which, whose, its shape and the encoded size.
+struct wire_header {
+  std::int32_t kind = 0;  // 0: an activation going forward, 1: its gradient going back
+  std::int32_t stage = 0;  // the stage that receives it
+  std::int32_t micro = 0;
+  std::int32_t rank = 0;  // of the shape (3: rows, T, C)
+  std::int64_t dims[4] = {0, 0, 0, 0};
+  std::uint64_t bytes = 0;  // the encoded payload that follows
+};
+
+}  // namespace detail
+
+// Runs peer `me`'s actions of `p` (train: forwards and backwards, dropout drawn from `dropout`;
+// otherwise its forwards only, without dropout, whatever backwards the program lists skipped). `comm_rank[q]` is program peer
+// q's rank in `comm` (the pipeline's communicator). The caller zeroes the gradients before and
+// sums tied parameters after.
+template <class Stage, class Comm, class Codec>
+run_stats execute(const program& p, int me, Stage& stage, Comm& comm, const std::vector<int>& comm_rank,
+                  const std::vector<micro_batch>& micro, Codec& codec, bool train, rng* dropout = nullptr) {
+  using D = typename Stage::device_type;
+  using decentrain::detail::check;
+  check(static_cast<int>(micro.size()) == p.micro_batches, "pipeline: ", micro.size(), " micro-batches for a schedule of ",
+        p.micro_batches);
+  check(me >= 0 && me < p.peers() && comm_rank.size() == static_cast<std::size_t>(p.peers()), "pipeline: peer ", me,
+        " of a schedule for ", p.peers(), " peers, with ", comm_rank.size(), " ranks given");
+  const int last = p.stages() - 1;
+  const std::int64_t width = stage.stream_width();
+  run_stats stats;
+  using clock = std::chrono::steady_clock;
+  const auto since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  const auto run_start = clock::now();
+
+  struct stashed {
+    var<D> in, out;  // out: the stream handed on, or on the last stage the loss
+  };
+  std::map<std::pair<int, int>, stashed> stash;  // (stage, micro)
+  std::map<std::tuple<int, int, int>, tensor<cpu>> mailbox;  // (kind, stage, micro): arrived ahead of its turn
+  std::vector<std::byte> wire;
+
+  const auto send = [&](int kind, int to_stage, int m, const tensor<D>& value) {
+    const auto host = to_device<cpu>(value.contiguous());
+    const auto n = static_cast<std::size_t>(host.numel());
+    wire.resize(codec.max_encoded_bytes(n));
+    const auto used = codec.encode(std::span<const float>(host.template data<float>(), n), std::span<std::byte>(wire));
+    detail::wire_header h;
+    h.kind = kind;
+    h.stage = to_stage;
+    h.micro = m;
+    h.rank = static_cast<std::int32_t>(host.rank());
+    for (std::size_t i = 0; i < host.rank(); ++i) h.dims[i] = host.size(static_cast<std::int64_t>(i));
+    h.bytes = used;
+    const int to_peer = p.peer_of[static_cast<std::size_t>(to_stage)];
+    if (to_peer == me) {  // two chunks of this peer's: no wire
+      mailbox.emplace(std::make_tuple(kind, to_stage, m), host.clone());
+      return;
+    }
+    const int to = comm_rank[static_cast<std::size_t>(to_peer)];
+    comm.send_to(to, std::span<const detail::wire_header>(&h, 1));
+    comm.send_to(to, std::span<const std::byte>(wire.data(), used));
+    stats.bytes_sent += sizeof h + used;
+  };
+  // The activation (kind 0) or gradient (kind 1) for (stage, micro), from the peer of stage
+  // `from_stage`; others that peer sent first wait in the mailbox for their turn.
+  const auto receive = [&](int kind, int at_stage, int m, int from_stage) -> tensor<D> {
+    const int from_peer = p.peer_of[static_cast<std::size_t>(from_stage)];
+    const int from = comm_rank[static_cast<std::size_t>(from_peer)];
+    for (;;) {
+      if (auto it = mailbox.find({kind, at_stage, m}); it != mailbox.end()) {
+        auto t = std::move(it->second);
+        mailbox.erase(it);
+        return to_device<D>(t);
+      }
+      check(from_peer != me, "pipeline: stage ", at_stage, " waits for stage ", from_stage,
+            " of the same peer, which has not run (the schedule's order on peer ", me, ")");
+      detail::wire_header h;
+      comm.recv_from(from, std::span<detail::wire_header>(&h, 1));
+      // What that peer may send this one: activations into a stage after one of its own,
+      // gradients into a stage before one of its own, of a micro-batch of this step.
+      const bool forward = h.kind == 0, known = h.kind == 0 || h.kind == 1;
+      const int source_stage = forward ? h.stage - 1 : h.stage + 1;
+      check(known && h.stage >= 0 && h.stage <= last && source_stage >= 0 && source_stage <= last &&
+                p.peer_of[static_cast<std::size_t>(source_stage)] == from_peer &&
+                p.peer_of[static_cast<std::size_t>(h.stage)] == me && h.micro >= 0 && h.micro < p.micro_batches &&
+                !mailbox.count({h.kind, h.stage, h.micro}),
+            "pipeline: peer ", from, " sent a message this stage does not expect (kind ", h.kind, ", stage ", h.stage,
+            ", micro-batch ", h.micro, ")");
+      const auto& mb = micro[static_cast<std::size_t>(h.micro)];
+      const shape expected{mb.ids.size(0), mb.ids.size(1), width};
+      check(h.rank == 3 && h.dims[0] == expected[0] && h.dims[1] == expected[1] && h.dims[2] == expected[2],
+            "pipeline: peer ", from, " sent ", forward ? "an activation" : "a gradient", " of micro-batch ", h.micro,
+            " with shape (", h.dims[0], ", ", h.dims[1], ", ", h.dims[2], ") of rank ", h.rank, "; expected ", expected);
+      const auto n = static_cast<std::size_t>(expected.numel());
+      check(h.bytes <= codec.max_encoded_bytes(n), "pipeline: peer ", from, " announced ", h.bytes, " bytes for ", n,
+            " values; the codec encodes them in at most ", codec.max_encoded_bytes(n));
+      wire.resize(h.bytes);
+      comm.recv_from(from, std::span<std::byte>(wire.data(), wire.size()));
+      auto values = zeros<cpu>(expected);
+      codec.decode_add(std::span<const std::byte>(wire.data(), wire.size()), std::span<float>(values.template data<float>(), n));
+      mailbox.emplace(std::make_tuple(h.kind, h.stage, h.micro), std::move(values));
+    }
+  };
+
+  for (const auto& a : p.actions[static_cast<std::size_t>(me)]) {
+    const auto& mb = micro[static_cast<std::size_t>(a.micro)];
+    if (a.what == op::forward) {
+      var<D> in;
+      if (a.stage > 0) in = var<D>(receive(0, a.stage, a.micro, a.stage - 1), train);
+      const auto t0 = clock::now();
+      auto out = stage.stage_forward(a.stage, in, to_device<D>(mb.ids), to_device<D>(mb.targets), train ? dropout : nullptr);
+      const double loss = a.stage == last ? out.item() : 0.0;
+      stats.busy_s += since(t0);
+      if (a.stage == last) stats.loss += mb.share * loss;
+      else send(0, a.stage + 1, a.micro, out.value());
+      if (train) {
+        stash[{a.stage, a.micro}] = stashed{std::move(in), std::move(out)};
+        stats.peak_stashed = std::max(stats.peak_stashed, static_cast<int>(stash.size()));
+      }
+      continue;
+    }
+    if (!train || a.what == op::backward_weight) continue;  // see the header: the input half did the weights too
+    auto it = stash.find({a.stage, a.micro});
+    check(it != stash.end(), "pipeline: ", to_string(a), " before its forward");
+    auto [in, out] = std::move(it->second);
+    stash.erase(it);
+    auto grad = a.stage == last ? full<D>(out.shape(), mb.share, out.dtype()) : receive(1, a.stage, a.micro, a.stage + 1);
+    const auto t0 = clock::now();
+    out.backward(grad);
+    stats.busy_s += since(t0);
+    if (a.stage > 0) send(1, a.stage - 1, a.micro, in.grad());
+  }
+  check(stash.empty() && mailbox.empty(), "pipeline: the schedule left ", stash.size(), " micro-batches without a backward and ",
+        mailbox.size(), " messages unread on peer ", me);
+  stats.total_s = since(run_start);
+  return stats;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/execute.hpp ----
 // ---- begin decentrain/parallel/schedule/gpipe.hpp ----
 // GPipe (Huang et al. 2019): every micro-batch forward through the stages, then every one
 // backward. Bubble (S - 1) / (M + S - 1); each stage holds all M micro-batches' activations.
@@ -22085,6 +22552,56 @@ inline program gpipe(int peers, int micro_batches) {
 
 }  // namespace decentrain::parallel::schedule
 // ---- end decentrain/parallel/schedule/gpipe.hpp ----
+// ---- begin decentrain/parallel/schedule/interleaved.hpp ----
+// Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): the model cut into v x S stages, peer p
+// holding v of them (its chunks: stages p, p + S, ..., p + (v - 1) S). Each peer goes through its
+// chunks S micro-batches at a time, chunk after chunk, forwards in chunk order and backwards in
+// the reverse; it runs (S - p - 1) x 2 + (v - 1) x S forwards ahead, then one forward and one
+// backward in turn, then the backwards left. The pipeline fills v times as fast: with a unit per
+// chunk's action the bubble is (S - 1) / (vM + S - 1) against 1F1B's (S - 1) / (M + S - 1), for
+// more transfers and more activations held (up to (S - p - 1) x 2 + (v - 1) x S + 1 micro-batch
+// chunks). As Megatron's, it needs M to be a multiple of S.
+
+#include <algorithm>
+
+
+namespace decentrain::parallel::schedule {
+
+inline program interleaved(int peers, int micro_batches, int chunks) {
+  check_shape("interleaved", peers, micro_batches);
+  decentrain::detail::check(chunks >= 1, "schedule interleaved: needs at least one chunk per peer, got ", chunks);
+  decentrain::detail::check(micro_batches % peers == 0, "schedule interleaved: micro-batches (", micro_batches,
+                            ") must be a multiple of the peers (", peers, ")");
+  const int S = peers, M = micro_batches, v = chunks;
+  program p;
+  p.micro_batches = M;
+  for (int s = 0; s < S * v; ++s) p.peer_of.push_back(s % S);
+  p.actions.resize(static_cast<std::size_t>(S));
+  const int total = M * v;  // a peer's forwards (and backwards): every micro-batch through every chunk
+  // The k-th forward or backward of peer `peer`: its chunk, the micro-batch, the model's stage.
+  const auto nth = [&](int peer, int k, op what) {
+    const int in_group = k % (S * v);
+    int chunk = in_group / S;
+    if (what != op::forward) chunk = v - 1 - chunk;
+    const int micro = (k / (S * v)) * S + k % S;
+    return action{what, micro, chunk * S + peer};
+  };
+  for (int peer = 0; peer < S; ++peer) {
+    auto& list = p.actions[static_cast<std::size_t>(peer)];
+    const int ahead = v == 1 ? std::min(S - peer - 1, total) : std::min((S - peer - 1) * 2 + (v - 1) * S, total);
+    int forward = 0, backward = 0;
+    for (; forward < ahead; ++forward) list.push_back(nth(peer, forward, op::forward));
+    while (forward < total) {
+      list.push_back(nth(peer, forward++, op::forward));
+      list.push_back(nth(peer, backward++, op::backward));
+    }
+    while (backward < total) list.push_back(nth(peer, backward++, op::backward));
+  }
+  return p;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/interleaved.hpp ----
 // ---- begin decentrain/parallel/schedule/one_f_one_b.hpp ----
 // 1F1B, PipeDream-Flush (Narayanan et al. 2021): stage s runs S - s - 1 forwards ahead, then one
 // forward and one backward in turn, then the backwards left. GPipe's bubble, (S - 1) / (M + S - 1),
@@ -22173,11 +22690,15 @@ struct timeline {
   }
 };
 
-// Times `p` (checked first: a schedule that cannot run is refused, naming why).
-inline timeline simulate(const program& p, const costs& c = {}) {
+// Times `p` with each stage's own costs, `per_stage[s]` for stage s (a transfer costs what the
+// receiving stage's says); checked first: a schedule that cannot run is refused, naming why.
+inline timeline simulate(const program& p, const std::vector<costs>& per_stage) {
   check(p);
-  decentrain::detail::check(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.transfer >= 0,
-                            "schedule: costs must be >= 0");
+  decentrain::detail::check(per_stage.size() == static_cast<std::size_t>(p.stages()), "schedule: ", per_stage.size(),
+                            " stages' costs for a program of ", p.stages(), " stages");
+  for (const auto& c : per_stage)
+    decentrain::detail::check(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.transfer >= 0,
+                              "schedule: costs must be >= 0");
   timeline t;
   const auto peers = static_cast<std::size_t>(p.peers());
   t.busy.assign(peers, 0);
@@ -22188,6 +22709,7 @@ inline timeline simulate(const program& p, const costs& c = {}) {
   std::map<std::tuple<int, int, int>, std::int64_t> end_of;  // (op, micro, stage) -> end
   detail::in_dependency_order(p, [&](int peer, const action& a) {
     const auto i = static_cast<std::size_t>(peer);
+    const auto& c = per_stage[static_cast<std::size_t>(a.stage)];
     std::int64_t start = free_at[i];
     for (const auto& w : detail::needs(p, a)) {
       const bool elsewhere = p.peer_of[static_cast<std::size_t>(w.stage)] != peer;
@@ -22203,6 +22725,11 @@ inline timeline simulate(const program& p, const costs& c = {}) {
     if (a.what == op::backward || a.what == op::backward_input) --stash[i];
   });
   return t;
+}
+
+// The same costs on every stage.
+inline timeline simulate(const program& p, const costs& c = {}) {
+  return simulate(p, std::vector<costs>(static_cast<std::size_t>(std::max(p.stages(), 0)), c));
 }
 
 }  // namespace decentrain::parallel::schedule
@@ -22267,7 +22794,207 @@ inline program zb_h1(int peers, int micro_batches) {
 
 }  // namespace decentrain::parallel::schedule
 // ---- end decentrain/parallel/schedule/zb_h1.hpp ----
+
+namespace decentrain::parallel::schedule {
+
+// The generators by name; a new schedule adds its line here. `chunks`: the model stages each
+// peer holds (interleaved's v; the others hold one).
+inline constexpr const char* names = "gpipe, 1f1b, zb-h1, interleaved";
+
+inline program by_name(std::string_view name, int peers, int micro_batches, int chunks = 1) {
+  decentrain::detail::check(name == "interleaved" || chunks == 1, "pipeline: schedule ", std::string(name),
+                            " runs one chunk per peer, not ", chunks, " (interleaved runs several)");
+  if (name == "gpipe") return gpipe(peers, micro_batches);
+  if (name == "1f1b") return one_f_one_b(peers, micro_batches);
+  if (name == "zb-h1") return zb_h1(peers, micro_batches);
+  if (name == "interleaved") return interleaved(peers, micro_batches, chunks);
+  decentrain::detail::fail("pipeline: unknown schedule '", std::string(name), "' (expected one of ", names, ")");
+}
+
+}  // namespace decentrain::parallel::schedule
 // ---- end decentrain/parallel/schedule/schedule.hpp ----
+
+namespace decentrain::parallel {
+
+template <class Codec = compress::identity>
+struct pipeline {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "pipeline";
+
+  int stages = 2;
+  int micro_batches = 1;         // per step and copy of the pipeline; at most the rows per step
+  std::string schedule = "1f1b";  // schedule::names
+  int chunks = 1;                  // model stages per peer (interleaved's v; the model is cut into stages x chunks)
+  std::vector<std::int64_t> blocks;  // blocks per model stage (empty: an even cut)
+  Codec codec{};                 // the activations and their gradients between stages
+
+  // Throws naming the setting that is out of range (the schedule's name included).
+  void validate(int world) const {
+    using decentrain::detail::check;
+    check(stages >= 1, "pipeline: stages must be >= 1, got ", stages);
+    check(micro_batches >= 1, "pipeline: micro-batches must be >= 1, got ", micro_batches);
+    check(world % stages == 0, "pipeline: ", world, " peers do not divide into copies of ", stages,
+          " stages (peers must be a multiple of stages)");
+    (void)schedule::by_name(schedule, stages, micro_batches, chunks);
+  }
+
+  placement place(int rank, int world) const {
+    validate(world);
+    if (stages == 1 && chunks == 1) return everyone(world);
+    placement p;
+    p.stage = rank % stages;
+    p.stages = stages;
+    p.chunks = chunks;
+    p.blocks = blocks;
+    for (int r = p.stage; r < world; r += stages) p.replicas.push_back(r);
+    for (int s = 0; s < stages; ++s) p.pipeline.push_back(rank - p.stage + s);
+    return p;
+  }
+
+  template <class Ctx>
+  static constexpr bool check_model() {
+    using D = typename Ctx::device_type;
+    using M = typename Ctx::model_type;
+    static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
+                    { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
+                  },
+                  "parallel::pipeline: the model needs `var<D> stage_forward(int stage, const var<D>& in, const tensor<D>& ids, "
+                  "const tensor<D>& targets, rng* dropout) const` (a model stage's forward; the last returns the loss)");
+    static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
+                  "parallel::pipeline: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) stream "
+                  "between stages)");
+    static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
+                  "parallel::pipeline: the model needs `std::vector<std::string> tied_parameters() const` (parameters "
+                  "held by the first and the last stage, whose gradients are summed; empty when none)");
+    return true;
+  }
+
+  template <class Ctx>
+  step_result forward_backward(Ctx& ctx) {
+    const auto micro = micro_batches_of(ctx, decentrain::data::split::train, ctx.step, micro_batches);
+    ctx.parameters.zero_grad();
+    const auto stats = run(ctx, program_for(micro_batches), micro, true);
+    sum_tied(ctx);
+    last_ = stats;
+    const std::int64_t B = ctx.batch_size, T = ctx.block;
+    return {shared_loss(ctx, stats.loss), B, B * T, static_cast<double>(B)};
+  }
+
+  template <class Ctx>
+  double evaluate(Ctx& ctx, std::int64_t batch) {
+    const auto micro = micro_batches_of(ctx, decentrain::data::split::validation, batch, 1);
+    // One micro-batch forward through the model's stages, each peer taking its own in order.
+    schedule::program forward;
+    forward.micro_batches = 1;
+    forward.actions.resize(static_cast<std::size_t>(stages));
+    for (int s = 0; s < stages * chunks; ++s) {
+      forward.peer_of.push_back(s % stages);
+      forward.actions[static_cast<std::size_t>(s % stages)].push_back({schedule::op::forward, 0, s});
+    }
+    const auto stats = run(ctx, forward, micro, false);
+    return shared_loss(ctx, stats.loss);
+  }
+
+  // The clipping norm over the whole pipeline: each stage's sum of squares added up, the tied
+  // parameters counted on the first stage only.
+  template <class Ctx>
+  optim::norm_share grad_norm_share(Ctx& ctx) {
+    optim::norm_share share;
+    if (ctx.placement.stages == 1) return share;
+    if (ctx.placement.stage != 0) share.counted_elsewhere = ctx.model.tied_parameters();
+    share.total = [&ctx](double mine) {
+      ctx.pipeline.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
+      return mine;
+    };
+    return share;
+  }
+
+  // The last step's figures on this peer (peak stashed micro-batches, bytes sent).
+  const schedule::run_stats& last_run() const { return last_; }
+
+ private:
+  // This copy's rows of the step (as data parallelism gives them to rank `copy` of `copies`),
+  // cut into `count` micro-batches as even as they go.
+  template <class Ctx>
+  std::vector<schedule::micro_batch> micro_batches_of(Ctx& ctx, decentrain::data::split split, std::int64_t index,
+                                                      int count) const {
+    const std::int64_t B = ctx.batch_size, T = ctx.block;
+    decentrain::detail::check(count <= B, "pipeline: ", count, " micro-batches of ", B,
+                              " rows per step (micro-batches must be at most the batch size)");
+    const int copies = ctx.comm.world() / ctx.placement.stages, copy = ctx.comm.rank() / ctx.placement.stages;
+    auto [x, y] = ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, copy, copies);
+    std::vector<schedule::micro_batch> out;
+    for (std::int64_t m = 0, row = 0; m < count; ++m) {
+      const std::int64_t rows = B / count + (m < B % count ? 1 : 0);
+      out.push_back({x.slice(0, row, row + rows).contiguous(), y.slice(0, row, row + rows).contiguous(),
+                     static_cast<double>(rows) / static_cast<double>(B)});
+      row += rows;
+    }
+    return out;
+  }
+
+  const schedule::program& program_for(int micro) {
+    if (!program_ || program_->micro_batches != micro) {
+      program_ = schedule::by_name(schedule, stages, micro, chunks);
+      schedule::check(*program_);
+    }
+    return *program_;
+  }
+
+  template <class Ctx>
+  schedule::run_stats run(Ctx& ctx, const schedule::program& p, const std::vector<schedule::micro_batch>& micro, bool train) {
+    std::vector<int> comm_rank;  // program peer s holds stage s
+    for (int s = 0; s < ctx.placement.stages; ++s) comm_rank.push_back(rank_of_stage(ctx.placement, s));
+    return schedule::execute(p, ctx.placement.stage, ctx.model, ctx.pipeline, comm_rank, micro, codec, train, &ctx.dropout);
+  }
+
+  // The tied parameters' gradients summed between the first and the last stage (each adds the
+  // two in the same order, so both hold the same sum).
+  template <class Ctx>
+  void sum_tied(Ctx& ctx) {
+    const auto& at = ctx.placement;
+    if (at.stages == 1 || (at.stage != 0 && at.stage != at.stages - 1)) return;
+    const int peer = rank_of_stage(at, at.stage == 0 ? at.stages - 1 : 0);
+    for (const auto& tied : ctx.model.tied_parameters()) {
+      auto& param = ctx.parameters.get(tied);
+      auto& g = param.grad();
+      if (!g.defined()) g = zeros_like(param.value());
+      auto mine = host_copy(g);
+      auto theirs = tensor<cpu>::empty(mine.shape(), mine.dtype());
+      const auto n = static_cast<std::size_t>(mine.numel());
+      ctx.pipeline.exchange_with(peer, std::span<const float>(mine.template data<float>(), n),
+                                 std::span<float>(theirs.template data<float>(), n));
+      const auto& first = at.stage == 0 ? mine : theirs;
+      const auto& second = at.stage == 0 ? theirs : mine;
+      auto sum = tensor<cpu>::empty(mine.shape(), mine.dtype());
+      for (std::size_t i = 0; i < n; ++i)
+        sum.template data<float>()[i] = first.template data<float>()[i] + second.template data<float>()[i];
+      g = to_device<typename Ctx::device_type>(sum);
+    }
+  }
+
+  // The step's loss, computed on the last stage, known to every stage of the pipeline.
+  template <class Ctx>
+  static double shared_loss(Ctx& ctx, double loss) {
+    if (ctx.placement.stages == 1) return loss;
+    ctx.pipeline.broadcast(std::span<double>(&loss, 1), rank_of_stage(ctx.placement, ctx.placement.stages - 1));
+    return loss;
+  }
+
+  // The rank in the pipeline's communicator (its world ranks in ascending order) of the peer
+  // that holds stage `s`.
+  static int rank_of_stage(const placement& at, int s) {
+    if (at.stages == 1) return 0;
+    const int world_rank = at.pipeline[static_cast<std::size_t>(s)];
+    return static_cast<int>(std::count_if(at.pipeline.begin(), at.pipeline.end(), [&](int r) { return r < world_rank; }));
+  }
+
+  std::optional<schedule::program> program_;
+  schedule::run_stats last_;
+};
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/pipeline.hpp ----
 // ---- end decentrain/parallel/parallel.hpp ----
 // ---- begin decentrain/fault/fault.hpp ----
 // Everything in fault: the policy concept, none, checkpoint_every, and elastic groups (with a
@@ -25047,6 +25774,9 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //   slot      opts in with                               members
 //   Model     -                                          config_type; Model(const config_type&, rng&);
 //                                                        parameter_list<D>& parameters()
+//                                                        (optional: Model(const config_type&, rng&, const nn::part&),
+//                                                        one stage's part, for a parallel policy that places
+//                                                        several stages)
 //   Comm      using policy_concept = comm::policy_tag;   void start(Ctx&); void after_backward(Ctx&);
 //                                                        void after_step(Ctx&);
 //                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
@@ -25062,7 +25792,9 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)
 //                                                        (optional: static constexpr bool check_model<Ctx>(),
-//                                                        what it needs of the model, asserted member by member)
+//                                                        what it needs of the model, asserted member by member;
+//                                                        optim::norm_share grad_norm_share(Ctx&), the clipping
+//                                                        norm's share of a peer holding a part of the model)
 //   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
 //                                                        fault::action on_error(Ctx&, const transport::peer_error&)
 //                                                        (optional: void before_step(Ctx&); void reform(Ctx&);
@@ -25115,6 +25847,8 @@ struct peer_context {
   parameter_list<device_type>& parameters;
   communicator& comm;       // every peer of the run
   communicator& replicas;   // the peers holding the same parameters (comm itself for data parallelism)
+  communicator& pipeline;   // the peers holding the other stages of this peer's copy of the model
+                            // (placement.pipeline; comm itself with one stage)
   const parallel::placement& placement;
   const data::token_dataset& dataset;
   rng& dropout;             // this peer's dropout stream (in the checkpoint)
@@ -25209,6 +25943,10 @@ constexpr bool check_parallel_policy() {
                 "(the validation loss of one batch)");
   // What the policy needs of the model, where it says (parallel::data: a loss).
   if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
+  if constexpr (requires { &P::template grad_norm_share<Ctx>; })
+    static_assert(requires(P& p, Ctx& c) { { p.grad_norm_share(c) } -> std::same_as<optim::norm_share>; },
+                  "parallel policy: grad_norm_share must read `template <class Ctx> optim::norm_share grad_norm_share(Ctx&)` "
+                  "(this peer's share of the clipping norm)");
   return true;
 }
 
@@ -25306,7 +26044,8 @@ void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) 
     e.param.value().copy_from(to_device<Device>(it->second));
     unused.erase(e.name);
   }
-  decentrain::detail::check(unused.empty(), "GPT-2 weights: unexpected tensor '", unused.empty() ? "" : *unused.begin(),
+  // A pipeline stage takes its own tensors; the rest belong to the other stages.
+  decentrain::detail::check(unused.empty() || !model.part().whole(), "GPT-2 weights: unexpected tensor '", unused.empty() ? "" : *unused.begin(),
                             "' (", unused.size(), " in all) does not belong to a ", model.config().n_layer, "-layer GPT-2");
 }
 
@@ -25816,17 +26555,18 @@ class trainer {
         endpoint_(std::move(endpoint)),
         view_endpoint_(endpoint_),
         comm_(view_endpoint_, options_.collectives),
-        model_(make_model(config, options.seed)),
+        parallel_(std::move(parallel)),
+        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
+        model_(make_model(config, options.seed, placement_)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
         schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
         policy_(std::move(comm)),
-        parallel_(std::move(parallel)),
         fault_(std::move(fault)),
-        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
+    if (placement_.stages > 1) pipeline_.emplace(comm_.group(placement_.pipeline));
     if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
       model_.set_compute_dtype(options_.compute_dtype);
     else
@@ -25873,6 +26613,10 @@ class trainer {
     if constexpr (!requires { fault_.leave(ctx); })
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
                                                       "lets the others go on without this peer (fault::elastic)");
+    if constexpr (requires { fault_.reform(ctx); })
+      decentrain::detail::check(placement_.stages == 1, "trainer: the fault policy re-forms the group when peers are "
+                                                        "lost or join, which a pipeline's stages cannot do yet (this peer "
+                                                        "holds stage ", placement_.stage, " of ", placement_.stages, ")");
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     fault_.start(ctx);
@@ -25970,6 +26714,9 @@ class trainer {
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
     c.counters["trainer.world"] = world();
+    // A pipeline's stage holds a part of the model: its place, to join the stages' files again.
+    c.counters["trainer.stage"] = placement_.stage;
+    c.counters["trainer.stages"] = placement_.stages;
     c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
     return c;
@@ -26042,9 +26789,7 @@ class trainer {
           computed(transport::step_seconds(endpoint_).value_or(lap(t)));
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();
-          out.grad_norm = optim::clip_grad_norm(model_.parameters(), options_.grad_clip > 0
-                                                                          ? options_.grad_clip
-                                                                          : std::numeric_limits<double>::infinity());
+          out.grad_norm = clip(ctx);
           out.lr = schedule_(step_);
           optimizer_.set_lr(out.lr);
           optimizer_.step();
@@ -26118,6 +26863,16 @@ class trainer {
     }
   }
 
+  // Global-norm clipping (no limit when grad_clip is 0: the norm is still reported); over the
+  // peers the parallel policy names, where it spreads the model over several (a pipeline).
+  double clip(context& ctx) {
+    const double limit = options_.grad_clip > 0 ? options_.grad_clip : std::numeric_limits<double>::infinity();
+    if constexpr (requires { { parallel_.grad_norm_share(ctx) } -> std::same_as<optim::norm_share>; })
+      return optim::clip_grad_norm(model_.parameters(), limit, parallel_.grad_norm_share(ctx));
+    else
+      return optim::clip_grad_norm(model_.parameters(), limit);
+  }
+
   // Whether `step` starts a round of the communication policy (see comm/policy.hpp: a policy
   // without rounds ends one at every step).
   bool starts_round(std::int64_t step) const {
@@ -26137,31 +26892,32 @@ class trainer {
   }
 
   context make_context(const data::token_dataset& dataset) {
-    return context{model_,
-                   model_.parameters(),
-                   comm_,
-                   replicas_ ? *replicas_ : comm_,
-                   placement_,
-                   dataset,
-                   dropout_,
-                   options_.batch_size,
-                   block(),
-                   options_.seed,
-                   step_,
-                   step_,
-                   false,
-                   starts_round(step_),
-                   resumed_,
-                   false,
-                   [this] { return capture(); },
-                   [this] { return capture(true); },
-                   [this](const io::checkpoint& c) { restore(c); },
-                   endpoint_,
-                   phase::step,
-                   [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
-                   [this](const io::checkpoint& c) { adopt(c); },
-                   contributions(),
-                   [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
+    return context{.model = model_,
+                   .parameters = model_.parameters(),
+                   .comm = comm_,
+                   .replicas = replicas_ ? *replicas_ : comm_,
+                   .pipeline = pipeline_ ? *pipeline_ : comm_,
+                   .placement = placement_,
+                   .dataset = dataset,
+                   .dropout = dropout_,
+                   .batch_size = options_.batch_size,
+                   .block = block(),
+                   .seed = options_.seed,
+                   .step = step_,
+                   .steps_done = step_,
+                   .last_step = false,
+                   .round_start = starts_round(step_),
+                   .resumed = resumed_,
+                   .joined = false,
+                   .capture = [this] { return capture(); },
+                   .capture_views = [this] { return capture(true); },
+                   .restore = [this](const io::checkpoint& c) { restore(c); },
+                   .network = endpoint_,
+                   .at = phase::step,
+                   .set_view = [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
+                   .adopt = [this](const io::checkpoint& c) { adopt(c); },
+                   .contributions = contributions(),
+                   .absorb = [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
   }
   const collective::peer_tally* contributions() const {
     if constexpr (requires { policy_.aggregation().tally; }) return &policy_.aggregation().tally;
@@ -26191,9 +26947,17 @@ class trainer {
     o.validate();
     return o;
   }
-  static Model make_model(const model_config& config, std::uint64_t seed) {
+  // The whole model, or the part of it at this peer's stage: drawn from the same stream, so the
+  // stages start where one peer with the whole model does.
+  static Model make_model(const model_config& config, std::uint64_t seed, const parallel::placement& at) {
     rng init(seed, "init");
-    return Model(config, init);
+    if (at.stages == 1 && at.chunks == 1) return Model(config, init);
+    if constexpr (std::constructible_from<Model, const model_config&, rng&, const nn::part&>)
+      return Model(config, init, nn::part{at.stage, at.stages, at.blocks, at.chunks});
+    else
+      decentrain::detail::fail("trainer: the parallel policy places this peer at stage ", at.stage, " of ", at.stages,
+                               ", but the model cannot be cut into stages (it needs a constructor "
+                               "Model(const config_type&, rng& init, const nn::part&) that builds one stage's part)");
   }
   static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
     using decentrain::detail::check;
@@ -26206,6 +26970,14 @@ class trainer {
           rank, " do not include itself");
     check(p.replicas.front() >= 0 && p.replicas.back() < world, "trainer: the parallel policy's replicas of peer ", rank,
           " go beyond a world of ", world);
+    if (p.stages == 1) return p;
+    check(p.pipeline.size() == static_cast<std::size_t>(p.stages) && p.pipeline[static_cast<std::size_t>(p.stage)] == rank,
+          "trainer: the parallel policy's pipeline of peer ", rank, " must list one world rank per stage (", p.stages,
+          "), this peer at its stage ", p.stage);
+    auto sorted = p.pipeline;
+    std::sort(sorted.begin(), sorted.end());
+    check(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() && sorted.front() >= 0 && sorted.back() < world,
+          "trainer: the parallel policy's pipeline of peer ", rank, " must name distinct ranks of a world of ", world);
     return p;
   }
 
@@ -26279,15 +27051,16 @@ class trainer {
   transport::any_endpoint view_endpoint_;  // the current view: endpoint_ itself until the group changes
   communicator comm_;
   std::vector<int> members_;
+  ParallelPolicy parallel_;
+  parallel::placement placement_;  // before the model: it says which part of the model this peer builds
   Model model_;
   optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
   CommPolicy policy_;
   std::uint64_t policy_bytes_ = 0;
-  ParallelPolicy parallel_;
   FaultPolicy fault_;
-  parallel::placement placement_;
   std::optional<communicator> replicas_;  // when they are not the whole world
+  std::optional<communicator> pipeline_;  // this peer's copy of the model, one peer per stage (several stages)
   rng dropout_;
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;

@@ -1446,3 +1446,84 @@ TEST_CASE("train --status-port: a live status page and its JSON, bounded against
   stop.pid = -1;  // gone: its number may be another process's from now on
   CHECK_THAT(read_text(dir / "out.txt"), Contains("interrupted at step"));
 }
+
+TEST_CASE("train --parallel pipeline: stages x replicas train as one process does, over --peers and TCP", "[cli][pipeline]") {
+  const auto dir = scratch("pipeline");
+  const std::string common = cli() + " train --comm sync --steps 30 --eval-batches 2 --eval-every 100 --threads 1 --dropout 0"
+                                     " --n-layer 4 --n-embd 32 --n-head 2 --block-size 16 --seed 7 --metrics ''";
+  const auto alone = run(common + " --batch-size 8", dir);
+  INFO(alone.output);
+  REQUIRE(alone.status == 0);
+  const auto loss_of = [](const std::string& out) {
+    const auto line = last_line_with(out, "val loss ");
+    return line.empty() ? -1.0 : std::stod(line.substr(9));
+  };
+  const double expected = loss_of(alone.output);
+  REQUIRE(expected > 0);
+  // 2 stages x 2 copies of 4 rows each: one process's 8 rows a step.
+  const auto piped = run(common + " --batch-size 4 --peers 4 --parallel pipeline --stages 2 --replicas 2 --schedule 1f1b"
+                                  " --checkpoint-dir ck --save-every 30",
+                         dir);
+  INFO(piped.output);
+  REQUIRE(piped.status == 0);
+  CHECK(std::abs(loss_of(piped.output) - expected) <= 1e-4);
+  CHECK_THAT(piped.output, Contains("pipeline: 2 stages x 2 copies, schedule 1f1b, 2 micro-batches a step"));
+  // Each stage saved its part; sample joins a copy's stages into the whole model.
+  const auto sampled = run(cli() + " sample --checkpoint ck --prompt-ids 1,2 --tokens 4", dir);
+  INFO(sampled.output);
+  CHECK(sampled.status == 0);
+  fs::remove(dir / "ck" / "peer-1-of-4" / "step-30.ckpt");
+  const auto half = run(cli() + " sample --checkpoint ck --prompt-ids 1,2 --tokens 4", dir);
+  CHECK(half.status != 0);
+  CHECK_THAT(half.output, Contains("holds stage 0 of a 2-stage pipeline; stage 1's file of the same step"));
+  for (const char* schedule : {"gpipe", "zb-h1"}) {
+    const auto other = run(common + " --batch-size 8 --peers 4 --parallel pipeline --stages 4 --micro-batches 3 --schedule " +
+                               schedule,
+                           dir);
+    INFO(other.output);
+    REQUIRE(other.status == 0);
+    CHECK(std::abs(loss_of(other.output) - expected) <= 1e-4);
+  }
+  const auto interleaved = run(common + " --batch-size 8 --peers 2 --parallel pipeline --stages 2 --micro-batches 4"
+                                        " --schedule interleaved:v=2",
+                              dir);
+  INFO(interleaved.output);
+  REQUIRE(interleaved.status == 0);
+  CHECK(std::abs(loss_of(interleaved.output) - expected) <= 1e-4);
+  CHECK_THAT(interleaved.output, Contains("schedule interleaved:v=2, 4 micro-batches a step"));
+  // Two TCP processes, a stage each, with int8 activations: they train and agree with each other.
+  const auto port = std::to_string(free_port());
+  const std::string tcp_args = common + " --batch-size 8 --parallel pipeline --stages 2 --activation-codec int8";
+  const auto tcp = run("( (timeout 120 " + tcp_args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                           " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + tcp_args + " --listen 127.0.0.1:" + port +
+                           " --rank 0 --world 2; status=$?; wait; exit $status )",
+                       dir);
+  INFO(tcp.output);
+  CHECK(tcp.status == 0);
+  const double over_tcp = loss_of(tcp.output);
+  CHECK(std::abs(over_tcp - expected) < 0.02);  // int8 activations: near
+  CHECK_THAT(tcp.output, Contains("activations int8"));
+}
+
+TEST_CASE("train --parallel pipeline: bad settings are refused naming the option", "[cli][pipeline][errors]") {
+  const auto dir = scratch("pipeline_errors");
+  const std::string common = cli() + " train --steps 2 --n-layer 2 --batch-size 4 --block-size 16 --metrics ''";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --peers 3 --parallel pipeline --stages 3", "--stages 3 cuts a model of 2 layers"},
+      {" --peers 3 --parallel pipeline --stages 2", "3 peers do not divide into copies of --stages 2"},
+      {" --peers 4 --parallel pipeline --stages 2 --replicas 3", "--replicas 3 x --stages 2 is not the 4 peers"},
+      {" --peers 2 --parallel pipeline --micro-batches 5", "--micro-batches 5 cuts 4 rows"},
+      {" --peers 2 --stages 2", "--stages needs --parallel pipeline"},
+      {" --peers 2 --parallel pipeline --schedule zb-v", "--schedule: must be gpipe, 1f1b, zb-h1 or interleaved[:v=N]"},
+      {" --peers 2 --parallel pipeline --schedule interleaved:v=x", "expected interleaved:v=N"},
+      {" --peers 2 --parallel pipeline --schedule interleaved:v=2", "--stages 2 x 2 chunks cuts a model of 2 layers"},
+      {" --peers 2 --parallel pipeline --elastic", "--parallel pipeline does not take --elastic yet"},
+      {" --peers 2 --parallel pipeline --activation-codec int9", "int9"},
+  };
+  for (const auto& [args, says] : cases) {
+    const auto r = run(common + args, dir);
+    INFO(args << "\n" << r.output);
+    CHECK(r.status != 0);
+    CHECK_THAT(r.output, Contains(says));
+  }
+}

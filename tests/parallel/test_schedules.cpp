@@ -4,10 +4,14 @@
 // that cannot run, naming the action.
 #include <catch2/catch.hpp>
 
+#include <decentrain/parallel/partition.hpp>
 #include <decentrain/parallel/schedule/schedule.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <numeric>
+#include <vector>
 
 namespace ps = decentrain::parallel::schedule;
 using Catch::Matchers::Contains;
@@ -98,4 +102,87 @@ TEST_CASE("schedules: the check refuses a program that cannot run, naming the ac
   }
   CHECK_THROWS_WITH(ps::gpipe(0, 4), Contains("schedule gpipe: needs at least one peer"));
   CHECK_THROWS_WITH(ps::zb_h1(4, 0), Contains("schedule zb-h1: needs at least one micro-batch, got 0"));
+}
+
+TEST_CASE("partition: the cut that makes the slowest stage fastest, against every cut, and the even cut on uneven ends") {
+  namespace par = decentrain::parallel;
+  // Every cut of n blocks into S stages, by brute force: the smallest slowest stage.
+  const auto brute = [](const par::model_costs& c, int S) {
+    const int n = static_cast<int>(c.blocks.size());
+    double best = 1e300;
+    std::vector<std::int64_t> cut(static_cast<std::size_t>(S), 1);
+    const std::function<void(int, int)> go = [&](int s, int left) {
+      if (s == S - 1) {
+        cut[static_cast<std::size_t>(s)] = left;
+        const auto costs = par::stage_costs(c, cut);
+        best = std::min(best, *std::max_element(costs.begin(), costs.end()));
+        return;
+      }
+      for (int k = 1; k <= left - (S - 1 - s); ++k) {
+        cut[static_cast<std::size_t>(s)] = k;
+        go(s + 1, left - k);
+      }
+    };
+    go(0, n);
+    return best;
+  };
+  std::uint64_t x = 12345;
+  const auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>((x >> 33) % 100) + 1.0;
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    par::model_costs c;
+    const int n = 1 + trial % 8;
+    for (int i = 0; i < n; ++i) c.blocks.push_back(next());
+    c.first_extra = trial % 3 == 0 ? next() : 0.0;
+    c.last_extra = trial % 2 == 0 ? 3 * next() : 0.0;
+    const int S = 1 + trial % n;
+    const auto cut = par::partition(c, S);
+    INFO("trial " << trial << ": " << n << " blocks, " << S << " stages");
+    REQUIRE(cut.size() == static_cast<std::size_t>(S));
+    CHECK(std::accumulate(cut.begin(), cut.end(), std::int64_t{0}) == n);
+    CHECK(*std::min_element(cut.begin(), cut.end()) >= 1);
+    const auto costs = par::stage_costs(c, cut);
+    CHECK(*std::max_element(costs.begin(), costs.end()) == brute(c, S));
+  }
+  // Equal blocks and no extras: the even cut. A last stage that costs three blocks more: it
+  // takes fewer blocks, and the slowest stage is faster than the even cut's.
+  par::model_costs even{std::vector<double>(12, 1.0), 0, 0};
+  CHECK(par::partition(even, 4) == std::vector<std::int64_t>{3, 3, 3, 3});
+  par::model_costs heavy_head{std::vector<double>(12, 1.0), 0, 3};
+  const auto cut = par::partition(heavy_head, 4);
+  const auto slowest = [&](const std::vector<std::int64_t>& k) {
+    const auto s = par::stage_costs(heavy_head, k);
+    return *std::max_element(s.begin(), s.end());
+  };
+  CHECK(slowest(cut) == 4.0);
+  CHECK(slowest({3, 3, 3, 3}) == 6.0);
+  CHECK_THROWS_WITH(par::partition(even, 13), Contains("13 stages for 12 blocks"));
+}
+
+TEST_CASE("schedules: simulated with each stage's own costs, a slow stage sets the pace") {
+  // GPipe, S = 2, M = 2; stage 0: forward 1, backward 1 + 1; stage 1 twice that. By hand:
+  // stage 1 runs F0 1-3, F1 3-5, B0 5-9, B1 9-13; stage 0 F0 0-1, F1 1-2, B0 9-11, B1 13-15.
+  const auto t = ps::simulate(ps::gpipe(2, 2), std::vector<ps::costs>{{1, 1, 1, 0}, {2, 2, 2, 0}});
+  CHECK(t.makespan == 15);
+  CHECK(t.busy == std::vector<std::int64_t>{6, 12});
+  CHECK_THROWS_WITH(ps::simulate(ps::gpipe(2, 2), std::vector<ps::costs>{{1, 1, 1, 0}}),
+                    Contains("1 stages' costs for a program of 2 stages"));
+}
+
+TEST_CASE("schedules: interleaved 1F1B with v chunks has the bubble (S - 1) / (vM + S - 1) and needs M % S == 0") {
+  for (int S : {1, 2, 4, 8})
+    for (int v : {1, 2, 3})
+      for (int M = S; M <= 8 * S; M += S) {
+        INFO("S = " << S << ", v = " << v << ", M = " << M);
+        const auto p = ps::interleaved(S, M, v);
+        REQUIRE(p.stages() == S * v);
+        const auto t = ps::simulate(p);
+        CHECK(bubble_is(t, S - 1, v * M + S - 1));
+        // Peer 0 runs (S - 1) x 2 + (v - 1) x S forwards ahead, and holds one more in the steady phase.
+        if (v > 1) CHECK(t.peak_stash[0] == std::min((S - 1) * 2 + (v - 1) * S + 1, v * M));
+      }
+  CHECK_THROWS_WITH(ps::interleaved(4, 6, 2), Contains("micro-batches (6) must be a multiple of the peers (4)"));
+  CHECK_THROWS_WITH(ps::by_name("1f1b", 4, 8, 2), Contains("runs one chunk per peer, not 2"));
 }

@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace fixture {
@@ -94,14 +96,16 @@ struct bf16_codec {
 };
 static_assert(dt::compress::codec<bf16_codec>);
 
-// Wraps a communication policy: records the flat gradient each peer holds right after the
-// policy's after_backward on step 0, and can throw a peer error once at a given step (on every
+// Wraps a communication policy: records the gradients each peer holds right after the
+// policy's after_backward on step 0 (flat, or by name), and can throw a peer error once at a given step (on every
 // peer alike, before any message is sent, like a collective that failed and was abandoned).
 template <class Inner>
 struct probe {
   using policy_concept = dt::comm::policy_tag;
   Inner inner{};
   std::vector<std::vector<float>>* grads = nullptr;
+  // The same by parameter name, where peers hold different parameters (a pipeline's stages).
+  std::vector<std::map<std::string, std::vector<float>>>* named = nullptr;
   std::int64_t fail_at = -1;
   bool failed = false;
 
@@ -113,6 +117,12 @@ struct probe {
   void after_backward(Ctx& ctx) {
     inner.after_backward(ctx);
     if (grads && ctx.step == 0) dt::comm::gather_grads(ctx.parameters, (*grads)[static_cast<std::size_t>(ctx.comm.rank())]);
+    if (named && ctx.step == 0)
+      for (const auto& e : ctx.parameters) {
+        const auto g = e.param.grad().contiguous();
+        (*named)[static_cast<std::size_t>(ctx.comm.rank())][e.name].assign(g.template data<float>(),
+                                                                           g.template data<float>() + g.numel());
+      }
   }
   template <class Ctx>
   void after_step(Ctx& ctx) {
@@ -150,10 +160,11 @@ std::vector<std::vector<float>> final_params(int world, const typename Trainer::
 // and the final parameters of a run resumed from such checkpoints.
 template <class Trainer>
 std::vector<dt::io::checkpoint> stop_at(int world, std::int64_t step, const typename Trainer::model_config& cfg,
-                                        const dt::train::trainer_options& opts, const typename Trainer::comm_policy& comm) {
+                                        const dt::train::trainer_options& opts, const typename Trainer::comm_policy& comm,
+                                        const typename Trainer::parallel_policy& parallel = {}) {
   std::vector<dt::io::checkpoint> saved(static_cast<std::size_t>(world));
   dt::transport::in_process(world).run([&](dt::transport::in_process::endpoint& ep) {
-    Trainer t(cfg, opts, ep, comm);
+    Trainer t(cfg, opts, ep, comm, parallel);
     struct stop {};
     t.on_step([&](const dt::train::step_metrics& m) {
       if (m.step == step) {
@@ -170,10 +181,11 @@ std::vector<dt::io::checkpoint> stop_at(int world, std::int64_t step, const type
 }
 template <class Trainer>
 std::vector<std::vector<float>> resume_from(const std::vector<dt::io::checkpoint>& saved, const typename Trainer::model_config& cfg,
-                                            const dt::train::trainer_options& opts, const typename Trainer::comm_policy& comm) {
+                                            const dt::train::trainer_options& opts, const typename Trainer::comm_policy& comm,
+                                            const typename Trainer::parallel_policy& parallel = {}) {
   std::vector<std::vector<float>> params(saved.size());
   dt::transport::in_process(static_cast<int>(saved.size())).run([&](dt::transport::in_process::endpoint& ep) {
-    Trainer t(cfg, opts, ep, comm);
+    Trainer t(cfg, opts, ep, comm, parallel);
     t.restore(saved[static_cast<std::size_t>(ep.rank())]);
     (void)t.fit(small_corpus().data);
     params[static_cast<std::size_t>(ep.rank())] = flat_params(t.model().parameters());

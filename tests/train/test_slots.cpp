@@ -1,6 +1,7 @@
-// The slots proved from outside the library: a gossip policy, a codec, a two-stage pipeline and
-// a fault policy that checkpoints, each written here against the public headers only, as a user
-// would, and trained; plus the library's own checkpoint_every and the fault slot's error routing.
+// The slots proved from outside the library: a gossip policy, a codec and a fault policy that
+// checkpoints, each written here against the public headers only, as a user would, and trained;
+// plus the library's own checkpoint_every and the fault slot's error routing. (A pipeline, a
+// parallel policy that cuts the model, is the library's parallel::pipeline: tests/parallel.)
 #include <catch2/catch.hpp>
 
 #include <decentrain/decentrain.hpp>
@@ -58,91 +59,6 @@ struct neighbour_gossip {
 
 // ---- a codec: fixture::bf16_codec (tests/support/trainer_fixture.hpp), values as bf16 ----
 using half_width = fixture::bf16_codec;
-
-// ---- a two-layer model and a pipeline that puts each layer on its own peer ----
-struct two_layer_config {
-  std::int64_t vocab = 0, width = 24, block_size = 16;
-};
-struct two_layer {
-  using config_type = two_layer_config;
-  two_layer(const config_type& c, dt::rng& init)
-      : cfg(c),
-        table(params.add("wte", dt::parameter(dt::randn<dt::cpu>(dt::shape{c.vocab, c.width}, init, dt::dtype::f32, 0.0, 0.1)))),
-        first(params, "first", c.width, c.width, 0.1, init),
-        second(params, "second", c.width, c.vocab, 0.1, init) {}
-  dt::parameter_list<dt::cpu>& parameters() { return params; }
-  const config_type& config() const { return cfg; }
-  // Stage 0's part, then stage 1's.
-  dt::var<dt::cpu> hidden(const dt::tensor<dt::cpu>& ids) { return dt::gelu(first(dt::embedding(ids, table))); }
-  dt::var<dt::cpu> head_loss(const dt::var<dt::cpu>& h, const dt::tensor<dt::cpu>& targets) {
-    return dt::cross_entropy(second(h), targets);
-  }
-  dt::var<dt::cpu> loss(const dt::tensor<dt::cpu>& ids, const dt::tensor<dt::cpu>& targets, dt::rng* = nullptr) {
-    return head_loss(hidden(ids), targets);
-  }
-
-  config_type cfg;
-  dt::parameter_list<dt::cpu> params;
-  dt::var<dt::cpu> table;
-  dt::nn::linear_layer<dt::cpu> first, second;
-};
-
-// Two peers, one stage each: activations go forward and their gradients back through the
-// transport; every step uses the whole batch (as one peer alone would).
-struct two_stages {
-  using policy_concept = dt::parallel::policy_tag;
-
-  dt::parallel::placement place(int rank, int world) const {
-    dt::detail::check(world == 2, "two_stages: needs exactly 2 peers, got ", world);
-    return {rank, 2, {rank}};  // stage = rank; nobody else holds the same parameters
-  }
-
-  template <class Ctx>
-  dt::parallel::step_result forward_backward(Ctx& ctx) {
-    auto [x, y] = ctx.dataset.template batch<dt::cpu>(dt::data::split::train, ctx.step, ctx.batch_size, ctx.block, ctx.seed);
-    ctx.parameters.zero_grad();
-    const double loss = pass(ctx, x, y, true);
-    return {loss, ctx.batch_size, ctx.batch_size * ctx.block, 1.0};
-  }
-
-  template <class Ctx>
-  double evaluate(Ctx& ctx, std::int64_t batch) {
-    auto [x, y] = ctx.dataset.template batch<dt::cpu>(dt::data::split::validation, batch, ctx.batch_size, ctx.block, ctx.seed);
-    return pass(ctx, x, y, false);
-  }
-
- private:
-  template <class Ctx>
-  double pass(Ctx& ctx, const dt::tensor<dt::cpu>& x, const dt::tensor<dt::cpu>& y, bool train) {
-    auto& m = ctx.model;
-    const dt::shape hs{x.size(0), x.size(1), m.cfg.width};
-    double loss = 0;
-    if (ctx.placement.stage == 0) {
-      auto h = m.hidden(x);
-      const auto hv = h.value().contiguous();
-      ctx.comm.send_to(1, std::span<const float>(hv.template data<float>(), static_cast<std::size_t>(hv.numel())));
-      if (train) {
-        auto g = dt::tensor<dt::cpu>::empty(hs, dt::dtype::f32);
-        ctx.comm.recv_from(1, std::span<float>(g.template data<float>(), static_cast<std::size_t>(g.numel())));
-        h.backward(g);
-      }
-      ctx.comm.recv_from(1, std::span<double>(&loss, 1));
-    } else {
-      auto hv = dt::tensor<dt::cpu>::empty(hs, dt::dtype::f32);
-      ctx.comm.recv_from(0, std::span<float>(hv.template data<float>(), static_cast<std::size_t>(hv.numel())));
-      dt::var<dt::cpu> h(hv, train);
-      auto l = m.head_loss(h, y);
-      if (train) {
-        l.backward();
-        const auto g = h.grad().contiguous();
-        ctx.comm.send_to(0, std::span<const float>(g.template data<float>(), static_cast<std::size_t>(g.numel())));
-      }
-      loss = l.item();
-      ctx.comm.send_to(0, std::span<const double>(&loss, 1));
-    }
-    return loss;
-  }
-};
 
 // ---- a fault policy that checkpoints in memory every `every` steps and redoes failed steps ----
 struct memory_checkpoints {
@@ -214,46 +130,6 @@ TEST_CASE("slots: a codec written outside the library compresses sync all-reduce
   const double ratio = static_cast<double>(plain[0].last.policy_bytes_sent) / static_cast<double>(half[0].last.policy_bytes_sent);
   INFO("policy bytes: identity " << plain[0].last.policy_bytes_sent << ", half width " << half[0].last.policy_bytes_sent);
   CHECK(ratio > 1.8);  // the codec's 8-byte sizes keep it below 2
-}
-
-TEST_CASE("slots: a two-stage pipeline on two peers computes the single peer's gradients and parameters") {
-  trainer_options opts;
-  opts.steps = 6;
-  opts.batch_size = 4;
-  opts.eval_batches = 2;
-  opts.grad_clip = 0;  // each stage would clip by its own part of the norm
-  two_layer_config cfg;
-  cfg.vocab = small_corpus().tok.vocab_size();
-  using Single = dt::train::trainer<two_layer, probe<dt::comm::sync_allreduce<>>>;
-  using Piped = dt::train::trainer<two_layer, probe<dt::comm::sync_allreduce<>>, two_stages>;
-  std::vector<std::vector<float>> g1(1), g2(2);
-  probe<dt::comm::sync_allreduce<>> rec1, rec2;
-  rec1.grads = &g1;
-  rec2.grads = &g2;
-  std::vector<dt::train::fit_result> single_r, piped_r;
-  const auto single = final_params<Single>(1, cfg, opts, rec1, &single_r);
-  const auto piped = final_params<Piped>(2, cfg, opts, rec2, &piped_r);
-  // Stage 0 holds wte and `first`, stage 1 `second`: the parameter list's order is wte, first.*, second.*.
-  const auto stage0 = static_cast<std::size_t>(cfg.vocab * cfg.width + cfg.width * cfg.width + cfg.width);
-  REQUIRE(single[0].size() == stage0 + static_cast<std::size_t>(cfg.width * cfg.vocab + cfg.vocab));
-  auto part = [&](const std::vector<float>& v, bool first_stage) {
-    return first_stage ? std::vector<float>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(stage0))
-                       : std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(stage0), v.end());
-  };
-  // Gradients of step 0: each stage's part equals the single peer's (the same ops on the same
-  // values; stated tolerance 1e-6 for a reordering of float sums).
-  CHECK(max_abs_diff(part(g2[0], true), part(g1[0], true)) < 1e-6);
-  CHECK(max_abs_diff(part(g2[1], false), part(g1[0], false)) < 1e-6);
-  // A stage has no gradient for the other stage's parameters: they are zeros in its flat gradient.
-  const auto other_stage = part(g2[0], false);
-  CHECK(std::all_of(other_stage.begin(), other_stage.end(), [](float v) { return v == 0.0f; }));
-  // After 6 AdamW steps each stage's parameters equal the single peer's.
-  CHECK(max_abs_diff(part(piped[0], true), part(single[0], true)) < 1e-5);
-  CHECK(max_abs_diff(part(piped[1], false), part(single[0], false)) < 1e-5);
-  // Both stages report the loss (the last stage sends it back) and the same validation loss.
-  CHECK(piped_r[0].final_val_loss == piped_r[1].final_val_loss);
-  CHECK(piped_r[0].final_val_loss == Approx(single_r[0].final_val_loss).epsilon(1e-5));
-  CHECK(piped_r[0].last.loss == Approx(single_r[0].last.loss).epsilon(1e-5));
 }
 
 TEST_CASE("slots: a fault policy written outside the library checkpoints, resumes exactly and redoes a failed step") {

@@ -1,6 +1,8 @@
 // GPT-2: token and learned position embeddings, pre-LN blocks (attention and MLP, each inside a
 // residual), a final layer norm and an LM head tied to the token embedding. Parameter names
-// and layouts are GPT-2's: wte, wpe, h.N.ln_1, h.N.attn.c_attn, ..., ln_f.
+// and layouts are GPT-2's: wte, wpe, h.N.ln_1, h.N.attn.c_attn, ..., ln_f. The model can be cut
+// into pipeline stages at whole blocks (nn::part): the first stage holds the embeddings, the
+// last the final layer norm and the head, and both hold the tied token embedding.
 #pragma once
 
 #include <cmath>
@@ -11,6 +13,7 @@
 
 #include "decentrain/nn/config.hpp"
 #include "decentrain/nn/layers.hpp"
+#include "decentrain/nn/part.hpp"
 
 namespace decentrain::nn {
 
@@ -41,7 +44,10 @@ class gpt {
 
   // Builds and initialises the model from `init` (GPT-2 initialisation: N(0, 0.02) weights and
   // embeddings, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, unit gains).
-  gpt(const gpt_config& cfg, rng& init);
+  // With a part, only that stage's parameters, with the values the whole model gives them (the
+  // draws of the other stages' parameters are made and dropped): the stages of a pipeline
+  // start where one peer holding the whole model starts.
+  gpt(const gpt_config& cfg, rng& init, const nn::part& part = {});
 
   // Next-token logits (B, T, V) for token ids (B, T), T <= block_size. Dropout is applied only
   // when `dropout_rng` is given and the configuration has a non-zero rate.
@@ -50,6 +56,24 @@ class gpt {
   // Mean cross-entropy of the next-token predictions; targets (B, T), ignore_index -1. The head
   // and the loss are one op (linear_cross_entropy), so the (B, T, V) logits are never kept.
   var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const;
+
+  // One stage's forward (see nn::part): the first stage reads the token ids, the others `in`,
+  // the residual stream (B, T, C) in f32 that the stage before returned; the last stage returns
+  // the loss of `targets`, the others the residual stream after their blocks. On the whole
+  // model it is loss(idx, targets). Without a stage: the part's own (of one chunk).
+  var<Device> stage_forward(const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
+                            rng* dropout_rng = nullptr) const {
+    return stage_forward(part_.stage, in, idx, targets, dropout_rng);
+  }
+  // The same for model stage `s`, one of the part's (a chunk of an interleaved schedule).
+  var<Device> stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
+                            rng* dropout_rng = nullptr) const;
+  // The parameters held by both the first and the last stage: their gradients are summed
+  // between the two (the token embedding, tied to the head).
+  std::vector<std::string> tied_parameters() const { return {"wte.weight"}; }
+  // The width of the residual stream that goes between stages.
+  std::int64_t stream_width() const { return cfg_.n_embd; }
+  const nn::part& part() const { return part_; }
 
   // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
   // parameters, optimizer state and gradients stay f32). Not part of the configuration: a
@@ -66,7 +90,19 @@ class gpt {
 
  private:
   // The last layer norm's output (B, T, C) in the compute dtype: what the tied head multiplies.
-  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const;
+  var<Device> hidden(const tensor<Device>& idx, rng* dropout_rng) const {
+    return run_blocks(embed(idx, dropout_rng), dropout_rng, true);
+  }
+  // Token plus position embeddings of ids (B, T): the residual stream's start.
+  var<Device> embed(const tensor<Device>& idx, rng* dropout_rng) const;
+  // The blocks of this part's chunk `chunk` (all of them: -1) on the residual stream x; with
+  // `final_norm`, the final layer norm's output in the compute dtype, else the stream after the
+  // last block's residual add.
+  var<Device> run_blocks(var<Device> x, rng* dropout_rng, bool final_norm, int chunk = -1) const;
+  void check_whole(const char* what) const {
+    detail::check(part_.whole(), "gpt: ", what, " needs the whole model; this one is stage ", part_.stage, " of ",
+                  part_.stages, " (use stage_forward)");
+  }
 
   var<Device> maybe_dropout(const var<Device>& x, rng* gen) const {
     if (gen == nullptr || cfg_.dropout == 0.0) return x;
@@ -74,10 +110,12 @@ class gpt {
   }
 
   gpt_config cfg_;
+  nn::part part_;
   dtype compute_ = dtype::f32;
   parameter_list<Device> params_;
   var<Device> wte_, wpe_;
   std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;
+  std::vector<std::int64_t> chunk_start_;  // where each chunk's blocks start in blocks_, and the end
   std::optional<layer_norm_layer<Device>> ln_f_;
 };
 
@@ -85,34 +123,77 @@ class gpt {
 // gpt<cpu>'s forward pass (and with it every op and kernel it calls) from the compiled library
 // instead of compiling it again (see config.hpp).
 template <class Device>
-gpt<Device>::gpt(const gpt_config& cfg, rng& init) : cfg_(cfg) {
+gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(cfg), part_(part) {
   cfg_.validate();
-  wte_ = params_.add("wte.weight", parameter(randn<Device>(shape{cfg.vocab_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
-  wpe_ = params_.add("wpe.weight", parameter(randn<Device>(shape{cfg.block_size, cfg.n_embd}, init, dtype::f32, 0.0, 0.02)));
-  for (std::int64_t l = 0; l < cfg.n_layer; ++l)
-    blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
-  ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
+  (void)part_.blocks_per_stage(cfg.n_layer);  // checks the cut
+  // A parameter of another stage is drawn as the whole model draws it, on the host, and dropped.
+  const auto draw = [&](bool mine, const char* name, shape s) {
+    if (mine) return params_.add(name, parameter(randn<Device>(s, init, dtype::f32, 0.0, 0.02)));
+    (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
+    return var<Device>();
+  };
+  wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
+  wpe_ = draw(part_.first(), "wpe.weight", shape{cfg.block_size, cfg.n_embd});
+  for (int s = 0; s < part_.model_stages(); ++s) {
+    const auto [begin, end] = part_.block_range(cfg.n_layer, s);
+    if (part_.holds(s)) chunk_start_.push_back(static_cast<std::int64_t>(blocks_.size()));
+    for (std::int64_t l = begin; l < end; ++l) {
+      if (part_.holds(s)) {
+        blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
+      } else {
+        parameter_list<cpu> elsewhere;
+        (void)gpt_block<cpu>(elsewhere, "h." + std::to_string(l), cfg_, init);
+      }
+    }
+  }
+  chunk_start_.push_back(static_cast<std::int64_t>(blocks_.size()));
+  if (part_.last()) ln_f_.emplace(params_, "ln_f", cfg.n_embd, cfg.bias);
 }
 
 template <class Device>
 var<Device> gpt<Device>::logits(const tensor<Device>& idx, rng* dropout_rng) const {
+  check_whole("logits()");
   return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
 }
 
 template <class Device>
 var<Device> gpt<Device>::loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng) const {
+  check_whole("loss()");
   return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
 }
 
 template <class Device>
-var<Device> gpt<Device>::hidden(const tensor<Device>& idx, rng* dropout_rng) const {
+var<Device> gpt<Device>::stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
+                                       rng* dropout_rng) const {
+  detail::check(part_.holds(s), "gpt: stage ", s, " of ", part_.model_stages(), " is not part of this one (peer ", part_.stage,
+                " of ", part_.stages, ", ", part_.chunks, " chunk(s))");
+  const int chunk = s / part_.stages;
+  var<Device> x;
+  if (s == 0) {
+    x = embed(idx, dropout_rng);
+  } else {
+    detail::check(in.defined() && in.rank() == 3 && in.size(2) == cfg_.n_embd && in.dtype() == dtype::f32,
+                  "gpt: stage ", s, " reads the residual stream (B, T, ", cfg_.n_embd,
+                  ") in f32 from the stage before, got ", in.defined() ? in.shape() : shape{}, " ",
+                  in.defined() ? dtype_name(in.dtype()) : "(nothing)");
+    x = in;
+  }
+  if (s + 1 < part_.model_stages()) return run_blocks(std::move(x), dropout_rng, false, chunk);
+  return linear_cross_entropy(run_blocks(std::move(x), dropout_rng, true, chunk), cast(wte_, compute_), targets, -1);
+}
+
+template <class Device>
+var<Device> gpt<Device>::embed(const tensor<Device>& idx, rng* dropout_rng) const {
   detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
   const std::int64_t B = idx.size(0), T = idx.size(1);
   detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
                 " is outside [1, block_size = ", cfg_.block_size, "]");
   auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
-  auto x = embedding(idx, wte_) + embedding(positions, wpe_);  // (B,T,C)
-  x = maybe_dropout(x, dropout_rng);
+  return maybe_dropout(embedding(idx, wte_) + embedding(positions, wpe_), dropout_rng);  // (B,T,C)
+}
+
+template <class Device>
+var<Device> gpt<Device>::run_blocks(var<Device> x, rng* dropout_rng, bool final_norm, int chunk) const {
   // Mixed precision (compute dtype bf16): the residual stream and layer norms stay in f32, as
   // under autocast; each layer norm stores its output in bf16, so the branch's products,
   // attention and GELU read and keep bf16 activations, and the next layer norm adds the
@@ -128,11 +209,17 @@ var<Device> gpt<Device>::hidden(const tensor<Device>& idx, rng* dropout_rng) con
     branch = var<Device>();
     return normed;
   };
-  for (const auto& block : blocks_) {
+  const auto from = chunk < 0 ? 0 : chunk_start_[static_cast<std::size_t>(chunk)];
+  const auto to = chunk < 0 ? static_cast<std::int64_t>(blocks_.size()) : chunk_start_[static_cast<std::size_t>(chunk) + 1];
+  for (auto b = from; b < to; ++b) {
+    const auto& block = blocks_[static_cast<std::size_t>(b)];
     branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
     branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
   }
-  return norm(*ln_f_);
+  if (final_norm) return norm(*ln_f_);
+  // A stage that hands the stream on adds its last branch itself (the same f32 sum the next
+  // layer norm would form).
+  return branch.defined() ? x + cast(branch, x.dtype()) : x;
 }
 
 #if defined(DECENTRAIN_COMPILED_LIB)

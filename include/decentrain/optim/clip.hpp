@@ -1,9 +1,13 @@
 // Global-norm gradient clipping, as torch.nn.utils.clip_grad_norm_: when the L2 norm of all
 // gradients together exceeds max_norm, every gradient is scaled by max_norm / (norm + 1e-6).
+// The norm may span several peers (the stages of a pipeline): each gives its share.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -14,9 +18,17 @@
 
 namespace decentrain::optim {
 
+// This peer's share of a norm taken over several peers.
+struct norm_share {
+  // Parameters another peer counts (a tied copy held by two stages: counted once).
+  std::vector<std::string> counted_elsewhere;
+  // This peer's sum of squares -> everyone's (an all-reduce among the peers); none: this peer's.
+  std::function<double(double)> total;
+};
+
 // Returns the norm before clipping (for logging). Parameters without gradients are ignored.
 template <class Device>
-double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
+double clip_grad_norm(parameter_list<Device>& params, double max_norm, const norm_share& share) {
   decentrain::detail::check(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   // Every gradient's sum of squares in one multi-tensor kernel call per master type, summed on
   // the gradients' device and read back once (a GPU synchronises once per clip).
@@ -25,6 +37,8 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   std::vector<std::span<const double>> f64;
   for (const auto& e : params) {
     if (!e.param.grad().defined()) continue;
+    if (std::find(share.counted_elsewhere.begin(), share.counted_elsewhere.end(), e.name) != share.counted_elsewhere.end())
+      continue;
     grads.push_back(e.param.grad().contiguous());
     const auto& g = grads.back();
     optim::detail::with_master_type("clip_grad_norm", e.name, e.param, [&](auto tag) {
@@ -37,7 +51,8 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
   auto partial = tensor<Device>::empty(shape{2}, dtype::f64);
   kernels::sum_of_squares(Device{}, std::span<const std::span<const float>>(f32), partial.template data<double>());
   kernels::sum_of_squares(Device{}, std::span<const std::span<const double>>(f64), partial.template data<double>() + 1);
-  const double total = grads.empty() ? 0.0 : math::sum(partial, {0}).item();
+  const double mine = grads.empty() ? 0.0 : math::sum(partial, {0}).item();
+  const double total = share.total ? share.total(mine) : mine;
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
@@ -60,6 +75,11 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
     }
   }
   return norm;
+}
+
+template <class Device>
+double clip_grad_norm(parameter_list<Device>& params, double max_norm) {
+  return clip_grad_norm(params, max_norm, norm_share{});
 }
 
 #if defined(DECENTRAIN_COMPILED_LIB)

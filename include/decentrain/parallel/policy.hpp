@@ -26,10 +26,16 @@ concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 
 // Where a peer sits. The communication policy averages among `replicas` only: the world's ranks
 // (ascending, this peer included) that hold the same parameters. Data parallelism: everyone.
+// With several stages (or chunks), the trainer builds only this stage's part of the model
+// (nn::part: `blocks` per model stage, empty for an even cut) and `pipeline` lists the world ranks that hold stage 0, 1,
+// ... of this peer's copy of the model (this peer at index `stage`).
 struct placement {
   int stage = 0;
   int stages = 1;
   std::vector<int> replicas;
+  std::vector<int> pipeline;
+  std::vector<std::int64_t> blocks;
+  int chunks = 1;  // model stages per peer (interleaved schedules: the model is cut into stages x chunks)
 };
 
 // The placement of plain data parallelism: one stage, every peer a replica.

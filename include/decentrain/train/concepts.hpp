@@ -6,6 +6,9 @@
 //   slot      opts in with                               members
 //   Model     -                                          config_type; Model(const config_type&, rng&);
 //                                                        parameter_list<D>& parameters()
+//                                                        (optional: Model(const config_type&, rng&, const nn::part&),
+//                                                        one stage's part, for a parallel policy that places
+//                                                        several stages)
 //   Comm      using policy_concept = comm::policy_tag;   void start(Ctx&); void after_backward(Ctx&);
 //                                                        void after_step(Ctx&);
 //                                                        void save(io::checkpoint&) const; void load(const io::checkpoint&)
@@ -21,7 +24,9 @@
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)
 //                                                        (optional: static constexpr bool check_model<Ctx>(),
-//                                                        what it needs of the model, asserted member by member)
+//                                                        what it needs of the model, asserted member by member;
+//                                                        optim::norm_share grad_norm_share(Ctx&), the clipping
+//                                                        norm's share of a peer holding a part of the model)
 //   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
 //                                                        fault::action on_error(Ctx&, const transport::peer_error&)
 //                                                        (optional: void before_step(Ctx&); void reform(Ctx&);
@@ -36,6 +41,7 @@
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/fault/policy.hpp"
 #include "decentrain/io/checkpoint.hpp"
+#include "decentrain/optim/clip.hpp"
 #include "decentrain/parallel/policy.hpp"
 #include "decentrain/train/context.hpp"
 
@@ -92,6 +98,10 @@ constexpr bool check_parallel_policy() {
                 "(the validation loss of one batch)");
   // What the policy needs of the model, where it says (parallel::data: a loss).
   if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
+  if constexpr (requires { &P::template grad_norm_share<Ctx>; })
+    static_assert(requires(P& p, Ctx& c) { { p.grad_norm_share(c) } -> std::same_as<optim::norm_share>; },
+                  "parallel policy: grad_norm_share must read `template <class Ctx> optim::norm_share grad_norm_share(Ctx&)` "
+                  "(this peer's share of the clipping norm)");
   return true;
 }
 

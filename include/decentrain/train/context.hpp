@@ -50,6 +50,8 @@ struct peer_context {
   parameter_list<device_type>& parameters;
   communicator& comm;       // every peer of the run
   communicator& replicas;   // the peers holding the same parameters (comm itself for data parallelism)
+  communicator& pipeline;   // the peers holding the other stages of this peer's copy of the model
+                            // (placement.pipeline; comm itself with one stage)
   const parallel::placement& placement;
   const data::token_dataset& dataset;
   rng& dropout;             // this peer's dropout stream (in the checkpoint)

@@ -25,6 +25,7 @@
 #include "decentrain/comm/sync_allreduce.hpp"
 #include "decentrain/data/dataset.hpp"
 #include "decentrain/fault/none.hpp"
+#include "decentrain/nn/part.hpp"
 #include "decentrain/optim/adamw.hpp"
 #include "decentrain/optim/clip.hpp"
 #include "decentrain/optim/schedule.hpp"
@@ -62,17 +63,18 @@ class trainer {
         endpoint_(std::move(endpoint)),
         view_endpoint_(endpoint_),
         comm_(view_endpoint_, options_.collectives),
-        model_(make_model(config, options.seed)),
+        parallel_(std::move(parallel)),
+        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
+        model_(make_model(config, options.seed, placement_)),
         optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
         schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
         policy_(std::move(comm)),
-        parallel_(std::move(parallel)),
         fault_(std::move(fault)),
-        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
+    if (placement_.stages > 1) pipeline_.emplace(comm_.group(placement_.pipeline));
     if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
       model_.set_compute_dtype(options_.compute_dtype);
     else
@@ -119,6 +121,10 @@ class trainer {
     if constexpr (!requires { fault_.leave(ctx); })
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
                                                       "lets the others go on without this peer (fault::elastic)");
+    if constexpr (requires { fault_.reform(ctx); })
+      decentrain::detail::check(placement_.stages == 1, "trainer: the fault policy re-forms the group when peers are "
+                                                        "lost or join, which a pipeline's stages cannot do yet (this peer "
+                                                        "holds stage ", placement_.stage, " of ", placement_.stages, ")");
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     fault_.start(ctx);
@@ -216,6 +222,9 @@ class trainer {
     c.rngs["dropout"] = dropout_.state();
     c.counters["trainer.rank"] = rank();
     c.counters["trainer.world"] = world();
+    // A pipeline's stage holds a part of the model: its place, to join the stages' files again.
+    c.counters["trainer.stage"] = placement_.stage;
+    c.counters["trainer.stages"] = placement_.stages;
     c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
     return c;
@@ -288,9 +297,7 @@ class trainer {
           computed(transport::step_seconds(endpoint_).value_or(lap(t)));
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();
-          out.grad_norm = optim::clip_grad_norm(model_.parameters(), options_.grad_clip > 0
-                                                                          ? options_.grad_clip
-                                                                          : std::numeric_limits<double>::infinity());
+          out.grad_norm = clip(ctx);
           out.lr = schedule_(step_);
           optimizer_.set_lr(out.lr);
           optimizer_.step();
@@ -364,6 +371,16 @@ class trainer {
     }
   }
 
+  // Global-norm clipping (no limit when grad_clip is 0: the norm is still reported); over the
+  // peers the parallel policy names, where it spreads the model over several (a pipeline).
+  double clip(context& ctx) {
+    const double limit = options_.grad_clip > 0 ? options_.grad_clip : std::numeric_limits<double>::infinity();
+    if constexpr (requires { { parallel_.grad_norm_share(ctx) } -> std::same_as<optim::norm_share>; })
+      return optim::clip_grad_norm(model_.parameters(), limit, parallel_.grad_norm_share(ctx));
+    else
+      return optim::clip_grad_norm(model_.parameters(), limit);
+  }
+
   // Whether `step` starts a round of the communication policy (see comm/policy.hpp: a policy
   // without rounds ends one at every step).
   bool starts_round(std::int64_t step) const {
@@ -383,31 +400,32 @@ class trainer {
   }
 
   context make_context(const data::token_dataset& dataset) {
-    return context{model_,
-                   model_.parameters(),
-                   comm_,
-                   replicas_ ? *replicas_ : comm_,
-                   placement_,
-                   dataset,
-                   dropout_,
-                   options_.batch_size,
-                   block(),
-                   options_.seed,
-                   step_,
-                   step_,
-                   false,
-                   starts_round(step_),
-                   resumed_,
-                   false,
-                   [this] { return capture(); },
-                   [this] { return capture(true); },
-                   [this](const io::checkpoint& c) { restore(c); },
-                   endpoint_,
-                   phase::step,
-                   [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
-                   [this](const io::checkpoint& c) { adopt(c); },
-                   contributions(),
-                   [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
+    return context{.model = model_,
+                   .parameters = model_.parameters(),
+                   .comm = comm_,
+                   .replicas = replicas_ ? *replicas_ : comm_,
+                   .pipeline = pipeline_ ? *pipeline_ : comm_,
+                   .placement = placement_,
+                   .dataset = dataset,
+                   .dropout = dropout_,
+                   .batch_size = options_.batch_size,
+                   .block = block(),
+                   .seed = options_.seed,
+                   .step = step_,
+                   .steps_done = step_,
+                   .last_step = false,
+                   .round_start = starts_round(step_),
+                   .resumed = resumed_,
+                   .joined = false,
+                   .capture = [this] { return capture(); },
+                   .capture_views = [this] { return capture(true); },
+                   .restore = [this](const io::checkpoint& c) { restore(c); },
+                   .network = endpoint_,
+                   .at = phase::step,
+                   .set_view = [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
+                   .adopt = [this](const io::checkpoint& c) { adopt(c); },
+                   .contributions = contributions(),
+                   .absorb = [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
   }
   const collective::peer_tally* contributions() const {
     if constexpr (requires { policy_.aggregation().tally; }) return &policy_.aggregation().tally;
@@ -437,9 +455,17 @@ class trainer {
     o.validate();
     return o;
   }
-  static Model make_model(const model_config& config, std::uint64_t seed) {
+  // The whole model, or the part of it at this peer's stage: drawn from the same stream, so the
+  // stages start where one peer with the whole model does.
+  static Model make_model(const model_config& config, std::uint64_t seed, const parallel::placement& at) {
     rng init(seed, "init");
-    return Model(config, init);
+    if (at.stages == 1 && at.chunks == 1) return Model(config, init);
+    if constexpr (std::constructible_from<Model, const model_config&, rng&, const nn::part&>)
+      return Model(config, init, nn::part{at.stage, at.stages, at.blocks, at.chunks});
+    else
+      decentrain::detail::fail("trainer: the parallel policy places this peer at stage ", at.stage, " of ", at.stages,
+                               ", but the model cannot be cut into stages (it needs a constructor "
+                               "Model(const config_type&, rng& init, const nn::part&) that builds one stage's part)");
   }
   static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
     using decentrain::detail::check;
@@ -452,6 +478,14 @@ class trainer {
           rank, " do not include itself");
     check(p.replicas.front() >= 0 && p.replicas.back() < world, "trainer: the parallel policy's replicas of peer ", rank,
           " go beyond a world of ", world);
+    if (p.stages == 1) return p;
+    check(p.pipeline.size() == static_cast<std::size_t>(p.stages) && p.pipeline[static_cast<std::size_t>(p.stage)] == rank,
+          "trainer: the parallel policy's pipeline of peer ", rank, " must list one world rank per stage (", p.stages,
+          "), this peer at its stage ", p.stage);
+    auto sorted = p.pipeline;
+    std::sort(sorted.begin(), sorted.end());
+    check(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() && sorted.front() >= 0 && sorted.back() < world,
+          "trainer: the parallel policy's pipeline of peer ", rank, " must name distinct ranks of a world of ", world);
     return p;
   }
 
@@ -525,15 +559,16 @@ class trainer {
   transport::any_endpoint view_endpoint_;  // the current view: endpoint_ itself until the group changes
   communicator comm_;
   std::vector<int> members_;
+  ParallelPolicy parallel_;
+  parallel::placement placement_;  // before the model: it says which part of the model this peer builds
   Model model_;
   optim::adamw<device_type> optimizer_;
   optim::cosine_schedule schedule_;
   CommPolicy policy_;
   std::uint64_t policy_bytes_ = 0;
-  ParallelPolicy parallel_;
   FaultPolicy fault_;
-  parallel::placement placement_;
   std::optional<communicator> replicas_;  // when they are not the whole world
+  std::optional<communicator> pipeline_;  // this peer's copy of the model, one peer per stage (several stages)
   rng dropout_;
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;

@@ -59,11 +59,15 @@ struct timeline {
   }
 };
 
-// Times `p` (checked first: a schedule that cannot run is refused, naming why).
-inline timeline simulate(const program& p, const costs& c = {}) {
+// Times `p` with each stage's own costs, `per_stage[s]` for stage s (a transfer costs what the
+// receiving stage's says); checked first: a schedule that cannot run is refused, naming why.
+inline timeline simulate(const program& p, const std::vector<costs>& per_stage) {
   check(p);
-  decentrain::detail::check(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.transfer >= 0,
-                            "schedule: costs must be >= 0");
+  decentrain::detail::check(per_stage.size() == static_cast<std::size_t>(p.stages()), "schedule: ", per_stage.size(),
+                            " stages' costs for a program of ", p.stages(), " stages");
+  for (const auto& c : per_stage)
+    decentrain::detail::check(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.transfer >= 0,
+                              "schedule: costs must be >= 0");
   timeline t;
   const auto peers = static_cast<std::size_t>(p.peers());
   t.busy.assign(peers, 0);
@@ -74,6 +78,7 @@ inline timeline simulate(const program& p, const costs& c = {}) {
   std::map<std::tuple<int, int, int>, std::int64_t> end_of;  // (op, micro, stage) -> end
   detail::in_dependency_order(p, [&](int peer, const action& a) {
     const auto i = static_cast<std::size_t>(peer);
+    const auto& c = per_stage[static_cast<std::size_t>(a.stage)];
     std::int64_t start = free_at[i];
     for (const auto& w : detail::needs(p, a)) {
       const bool elsewhere = p.peer_of[static_cast<std::size_t>(w.stage)] != peer;
@@ -89,6 +94,11 @@ inline timeline simulate(const program& p, const costs& c = {}) {
     if (a.what == op::backward || a.what == op::backward_input) --stash[i];
   });
   return t;
+}
+
+// The same costs on every stage.
+inline timeline simulate(const program& p, const costs& c = {}) {
+  return simulate(p, std::vector<costs>(static_cast<std::size_t>(std::max(p.stages(), 0)), c));
 }
 
 }  // namespace decentrain::parallel::schedule
