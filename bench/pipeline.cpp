@@ -54,7 +54,7 @@ measured measure_stage(const dt::nn::gpt_config& cfg, const dt::nn::part& part, 
       stage.parameters().zero_grad();
       dt::var<dt::cpu> in(stream, true);
       auto t0 = std::chrono::steady_clock::now();
-      auto out = stage.stage_forward(part.first() ? dt::var<dt::cpu>() : in, ids, ids, nullptr);
+      auto out = stage.stage_forward(part.stage, part.first() ? dt::var<dt::cpu>() : in, ids, ids, nullptr);
       const double fwd = seconds_since(t0);
       set_weights(weights);
       const auto g = dt::ones<dt::cpu>(out.shape());

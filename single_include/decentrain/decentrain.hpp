@@ -8803,15 +8803,10 @@ class gpt {
   // and the loss are one op (linear_cross_entropy), so the (B, T, V) logits are never kept.
   var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const;
 
-  // One stage's forward (see nn::part): the first stage reads the token ids, the others `in`,
-  // the residual stream (B, T, C) in f32 that the stage before returned; the last stage returns
-  // the loss of `targets`, the others the residual stream after their blocks. On the whole
-  // model it is loss(idx, targets). Without a stage: the part's own (of one chunk).
-  var<Device> stage_forward(const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
-                            rng* dropout_rng = nullptr) const {
-    return stage_forward(part_.stage, in, idx, targets, dropout_rng);
-  }
-  // The same for model stage `s`, one of the part's (a chunk of an interleaved schedule).
+  // Model stage s's forward (see nn::part; s is one of the part's stages): stage 0 reads the
+  // token ids, the others `in`, the residual stream (B, T, C) in f32 that the stage before
+  // returned; the last stage returns the loss of `targets`, the others the residual stream after
+  // their blocks. On the whole model, stage 0 is loss(idx, targets).
   var<Device> stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
                             rng* dropout_rng = nullptr) const;
   // The parameters held by both the first and the last stage: their gradients are summed
@@ -22948,8 +22943,8 @@ struct pipeline {
     return schedule::execute(p, ctx.placement.stage, ctx.model, ctx.pipeline, comm_rank, micro, codec, train, &ctx.dropout);
   }
 
-  // The tied parameters' gradients summed between the first and the last stage (each adds the
-  // two in the same order, so both hold the same sum).
+  // The tied parameters' gradients summed between the first and the last stage (a float sum of
+  // two is the same either way round, so both hold the same sum bit for bit).
   template <class Ctx>
   void sum_tied(Ctx& ctx) {
     const auto& at = ctx.placement;
@@ -22959,17 +22954,12 @@ struct pipeline {
       auto& param = ctx.parameters.get(tied);
       auto& g = param.grad();
       if (!g.defined()) g = zeros_like(param.value());
-      auto mine = host_copy(g);
+      const auto mine = host_copy(g);
       auto theirs = tensor<cpu>::empty(mine.shape(), mine.dtype());
       const auto n = static_cast<std::size_t>(mine.numel());
       ctx.pipeline.exchange_with(peer, std::span<const float>(mine.template data<float>(), n),
                                  std::span<float>(theirs.template data<float>(), n));
-      const auto& first = at.stage == 0 ? mine : theirs;
-      const auto& second = at.stage == 0 ? theirs : mine;
-      auto sum = tensor<cpu>::empty(mine.shape(), mine.dtype());
-      for (std::size_t i = 0; i < n; ++i)
-        sum.template data<float>()[i] = first.template data<float>()[i] + second.template data<float>()[i];
-      g = to_device<typename Ctx::device_type>(sum);
+      g = math::add(g, to_device<typename Ctx::device_type>(theirs));
     }
   }
 

@@ -57,15 +57,10 @@ class gpt {
   // and the loss are one op (linear_cross_entropy), so the (B, T, V) logits are never kept.
   var<Device> loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng = nullptr) const;
 
-  // One stage's forward (see nn::part): the first stage reads the token ids, the others `in`,
-  // the residual stream (B, T, C) in f32 that the stage before returned; the last stage returns
-  // the loss of `targets`, the others the residual stream after their blocks. On the whole
-  // model it is loss(idx, targets). Without a stage: the part's own (of one chunk).
-  var<Device> stage_forward(const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
-                            rng* dropout_rng = nullptr) const {
-    return stage_forward(part_.stage, in, idx, targets, dropout_rng);
-  }
-  // The same for model stage `s`, one of the part's (a chunk of an interleaved schedule).
+  // Model stage s's forward (see nn::part; s is one of the part's stages): stage 0 reads the
+  // token ids, the others `in`, the residual stream (B, T, C) in f32 that the stage before
+  // returned; the last stage returns the loss of `targets`, the others the residual stream after
+  // their blocks. On the whole model, stage 0 is loss(idx, targets).
   var<Device> stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
                             rng* dropout_rng = nullptr) const;
   // The parameters held by both the first and the last stage: their gradients are summed

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "decentrain/autograd/math.hpp"
 #include "decentrain/autograd/variable.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/data/dataset.hpp"
@@ -161,8 +162,8 @@ struct pipeline {
     return schedule::execute(p, ctx.placement.stage, ctx.model, ctx.pipeline, comm_rank, micro, codec, train, &ctx.dropout);
   }
 
-  // The tied parameters' gradients summed between the first and the last stage (each adds the
-  // two in the same order, so both hold the same sum).
+  // The tied parameters' gradients summed between the first and the last stage (a float sum of
+  // two is the same either way round, so both hold the same sum bit for bit).
   template <class Ctx>
   void sum_tied(Ctx& ctx) {
     const auto& at = ctx.placement;
@@ -172,17 +173,12 @@ struct pipeline {
       auto& param = ctx.parameters.get(tied);
       auto& g = param.grad();
       if (!g.defined()) g = zeros_like(param.value());
-      auto mine = host_copy(g);
+      const auto mine = host_copy(g);
       auto theirs = tensor<cpu>::empty(mine.shape(), mine.dtype());
       const auto n = static_cast<std::size_t>(mine.numel());
       ctx.pipeline.exchange_with(peer, std::span<const float>(mine.template data<float>(), n),
                                  std::span<float>(theirs.template data<float>(), n));
-      const auto& first = at.stage == 0 ? mine : theirs;
-      const auto& second = at.stage == 0 ? theirs : mine;
-      auto sum = tensor<cpu>::empty(mine.shape(), mine.dtype());
-      for (std::size_t i = 0; i < n; ++i)
-        sum.template data<float>()[i] = first.template data<float>()[i] + second.template data<float>()[i];
-      g = to_device<typename Ctx::device_type>(sum);
+      g = math::add(g, to_device<typename Ctx::device_type>(theirs));
     }
   }
 
