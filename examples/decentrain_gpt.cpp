@@ -18,8 +18,10 @@
 // `decentrain-gpt help` lists every option with its default; options are written --name value or
 // --name=value, and may come from a TOML file (--config run.toml) that the command line overrides.
 #include "cli/options.hpp"
+#include "cli/peer.hpp"
 #include "cli/run_status.hpp"
 #include "cli/status_server.hpp"
+#include "cli/summary.hpp"
 
 #include <decentrain/decentrain.hpp>
 
@@ -52,15 +54,21 @@
 
 namespace dt = decentrain;
 namespace fs = std::filesystem;
+using cli::launch;
+using cli::metrics_path;
 using cli::options;
+using cli::print_changes;
+using cli::print_suspects;
+using cli::print_transport;
+using cli::run_hooks;
+using cli::set_threads;
+using cli::train_plan;
 
 namespace {
 
-// Set by SIGINT; every trainer asks it between steps (trainer::stop_when), and the fault policy
-// saves each peer's state before fit returns.
-std::atomic<bool> interrupted{false};
-static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler sets it");
-extern "C" void on_interrupt(int) { interrupted = true; }
+// SIGINT: every trainer asks cli::interrupted between steps (trainer::stop_when), and the fault
+// policy saves each peer's state before fit returns.
+extern "C" void on_interrupt(int) { cli::interrupted = true; }
 
 // ---- options -------------------------------------------------------------------------------
 
@@ -154,6 +162,12 @@ void declare_train(CLI::App& cmd) {
       ->group(training);
   declare_threads(cmd, "OMP_NUM_THREADS or all cores for one process alone, 1 in the\ndecentralized modes");
   cmd.get_option("--threads")->group(training);
+  cli::text(cmd, "device", "D",
+            "cpu | cuda (peer r on GPU r % GPUs; in-process peers share\n"
+            "them) | cuda:N (every peer of this process on GPU N); TCP\n"
+            "peers of one run may differ",
+            "cpu")
+      ->group(training);
 
   const std::string output = "Output";
   cli::text(cmd, "metrics", "FILE",
@@ -489,13 +503,6 @@ int threads(const options& opt, int fallback) {
   return n > 0 ? static_cast<int>(n) : omp_get_max_threads();
 #else
   return n > 0 ? static_cast<int>(n) : 1;
-#endif
-}
-void set_threads(int n) {
-#if defined(_OPENMP)
-  omp_set_num_threads(n);
-#else
-  (void)n;
 #endif
 }
 
@@ -900,290 +907,39 @@ dt::train::trainer_options trainer_settings(const options& opt) {
   return t;
 }
 
-// How this process takes part: alone, as --peers threads, as one TCP peer, or as an MPI rank.
-enum class launch { single, in_process, tcp, mpi };
-const char* launch_name(launch l) {
-  switch (l) {
-    case launch::single: return "single";
-    case launch::in_process: return "in-process";
-    case launch::tcp: return "tcp";
-    case launch::mpi: return "mpi";
-  }
-  return "?";
-}
-
-struct train_plan {
-  launch mode = launch::single;
-  int world = 1;  // 0 for MPI until it starts
-  int threads = 1;  // per peer
-  std::string link;  // --peers: the simulated links
-  dt::transport::tcp_options tcp;
-  dt::nn::gpt_config model;
-  dt::train::trainer_options trainer;
-  dt::fault::checkpoint_every checkpoints;
-  bool elastic = false;
-  dt::fault::elastic elastic_policy;
-  std::vector<std::pair<int, std::int64_t>> kills;  // --kill: (rank, after steps)
-  std::string metrics;  // '' for none
-  bool quiet = false;  // warnings, errors and the summary only
-  std::int64_t log_every = 50;
-  dt::collective::any_aggregator aggregator;
-  dt::parallel::pipeline<dt::compress::any_codec> parallel;  // one stage: data parallelism
-  dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
-  std::shared_ptr<const dt::io::named_tensors> init;  // --init-from: every peer starts from these weights
-  int status_port = -1;  // --status-port; -1: no status page
-  std::string status_host;
-};
-
-// The peers the plan starts with (MPI: known once it starts; 0 until then).
-int world_size_of(const train_plan& p) { return p.mode == launch::tcp ? p.tcp.world : p.world; }
-
-// Over TCP or MPI every process writes its own metrics: "{rank}" in the path becomes the rank,
-// or, with several peers, ".rank-R" goes before the extension.
-std::string metrics_path(const std::string& path, int rank, int world) {
-  if (path.empty()) return path;  // --metrics '': none, for every rank
-  std::string out = path;
-  if (const auto at = out.find("{rank}"); at != std::string::npos) return out.replace(at, 6, std::to_string(rank));
-  if (world == 1) return out;
-  fs::path p(out);
-  return p.replace_filename(p.stem().string() + ".rank-" + std::to_string(rank) + p.extension().string()).string();
-}
-
-// The fault policy restores inside fit(); a peer's first step says from which step it resumed
-// (an elastic peer behind the others, or one that joined a running group, took their state).
-template <class Trainer>
-void announce_resume(Trainer& t) {
-  const int rank = t.rank(), world = t.world();  // before fit: the whole world's, as the folders are named
-  t.on_step([&t, rank, world, first = true](const dt::train::step_metrics& m) mutable {
-    if (!first) return;
-    first = false;
-    const auto from = m.step - 1;
-    if (from <= 0) return;
-    const dt::fault::checkpoint_every* ck = nullptr;
-    bool took_state = false;
-    if constexpr (requires { t.fault().checkpoints; }) {  // elastic
-      ck = &t.fault().checkpoints;
-      took_state = !t.fault().changes().empty() && t.fault().changes().front().healed;
-    } else {
-      ck = &t.fault();
-    }
-    for (const auto& [step, why] : ck->unreadable())
-      std::printf("peer %d passed over %s, which does not read back: %s\n", rank, ck->file(rank, world, step).c_str(), why.c_str());
-    if (took_state)
-      std::printf("peer %d resumed at step %lld from the others' state\n", rank, static_cast<long long>(from));
-    else
-      std::printf("peer %d resumed from %s at step %lld\n", rank, ck->file(rank, world, from).c_str(),
-                  static_cast<long long>(from));
-    std::fflush(stdout);
-  });
-}
-
-void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>& results, int first_rank, int world,
-                   const char* comm, double wall_s) {
-  // Compute utilisation: the share of the peer's clock (simulated for --peers) spent computing
-  // steps rather than waiting on the network or evaluating. Send rates: the mean over the run and
-  // the peak over any second of the clock.
-  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s %-12s %-8s %-10s %-10s\n", "peer", "val loss", "MB sent", "MB received",
-              "net wait s", "compute s", "clock s", "util %", "MB/s mean", "MB/s peak");
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const auto& m = results[i].last;
-    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f %-12.2f %-8.1f %-10.3f %-10.3f\n", i + static_cast<std::size_t>(first_rank),
-                results[i].final_val_loss, static_cast<double>(m.bytes_sent) / 1e6, static_cast<double>(m.bytes_received) / 1e6,
-                m.network_wait_s, m.compute_s, m.clock_s, 100.0 * m.utilisation(), m.mean_send_rate() / 1e6,
-                m.peak_send_rate / 1e6);
-  }
-  if (world > 1) {
-    // What a synchronous all-reduce of the gradient every step would have put on the wire per
-    // peer (ring all-reduce: 2 (N-1)/N times the gradient's bytes), for comparison.
-    const double grad_bytes = 4.0 * static_cast<double>(p.model.parameter_count());
-    const double sync_bytes = static_cast<double>(p.trainer.steps) * 2.0 * (world - 1) / world * grad_bytes;
-    const double sent = static_cast<double>(results[0].last.bytes_sent);
-    std::printf("\ncomm %s: %.2f MB sent per peer; synchronous all-reduce every step would send %.2f MB (%.1fx more)\n", comm,
-                sent / 1e6, sync_bytes / 1e6, sent > 0 ? sync_bytes / sent : 0.0);
-    // The payloads above; what the transport sent beside them (tcp's frame headers, padding and
-    // control frames), apart.
-    if (const auto framing = static_cast<double>(results[0].last.framing_bytes_sent); framing > 0)
-      std::printf("framing: %.3f MB sent beside the payloads (frame headers, padding, handshakes, heartbeats)\n", framing / 1e6);
-  }
-  std::printf("val loss %.4f\n", results[0].final_val_loss);
-  std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());
-}
-
-// --parallel pipeline: what each stage did over the run.
-struct stage_figures {
-  std::int64_t steps = 0;
-  int peak_stashed = 0;
-  std::uint64_t bytes_sent = 0;
-  double busy_s = 0, total_s = 0;
-  void add(const dt::parallel::schedule::run_stats& s) {
-    ++steps;
-    peak_stashed = std::max(peak_stashed, s.peak_stashed);
-    bytes_sent += s.bytes_sent;
-    busy_s += s.busy_s;
-    total_s += s.total_s;
-  }
-};
-
-void print_stages(const train_plan& p, const std::vector<dt::train::fit_result>& results, const std::vector<stage_figures>& runs,
-                  int first_rank) {
-  const auto& pipe = p.parallel;
-  const int world = world_size_of(p) > 0 ? world_size_of(p) : static_cast<int>(runs.size());
-  std::printf("\npipeline: %d stages x %d copies, schedule %s%s, %d micro-batches a step, activations %s\n", pipe.stages,
-              world / pipe.stages, pipe.schedule.c_str(), pipe.chunks > 1 ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
-              pipe.micro_batches, pipe.codec.describe().c_str());
-  std::printf("%-6s %-6s %-10s %-16s %-22s %-14s\n", "peer", "stage", "tokens/s", "idle in steps %", "most micro-batches held",
-              "MB sent/step");
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const auto rank = i + static_cast<std::size_t>(first_rank);
-    if (rank >= runs.size()) continue;
-    const auto& f = runs[rank];
-    const double steps = std::max<double>(1.0, static_cast<double>(f.steps));
-    std::printf("%-6zu %-6d %-10.0f %-16.1f %-22d %-14.3f\n", rank, static_cast<int>(rank % static_cast<std::size_t>(pipe.stages)),
-                results[i].last.tokens_per_s, f.total_s > 0 ? 100.0 * (1.0 - f.busy_s / f.total_s) : 0.0, f.peak_stashed,
-                static_cast<double>(f.bytes_sent) / steps / 1e6);
-  }
-}
-
-// The peers whose contributions were left out (non-finite, malformed) or lay far from the
-// aggregate, as one peer saw them (ranks of its replica group; after a membership change they
-// are the current view's).
-void print_suspects(const dt::collective::peer_tally& t) {
-  for (std::size_t r = 0; r < t.non_finite.size(); ++r) {
-    if (t.suspicious(r) == 0) continue;
-    std::printf("peer %zu's contributions: %lld of %lld left out for NaN or infinite values, %lld malformed, %lld more "
-                "than %gx the typical distance from the aggregate\n",
-                r, static_cast<long long>(t.non_finite[r]), static_cast<long long>(t.calls),
-                static_cast<long long>(t.malformed[r]), static_cast<long long>(t.far[r]), t.far_factor);
-  }
-}
-
-// What this peer's TCP transport turned away: a peer under attack, or one that others reach
-// misconfigured, shows it here.
-void print_transport(const dt::transport::tcp& t) {
-  const auto s = t.stats();
-  const auto a = t.admission();
-  std::uint64_t over = 0;
-  for (const auto& [r, n] : t.over_budget()) over += n;
-  std::printf("transport: %llu frames malformed, %llu failed authentication; connections refused %llu, silent through "
-              "the handshake %llu, evicted %llu, accept errors %llu; ranks claimed by a second process %llu, joiners "
-              "turned away %llu, queues dropped over budget %llu; peers reconnected %llu%s%s\n",
-              static_cast<unsigned long long>(s.malformed_frames), static_cast<unsigned long long>(s.rejected_frames),
-              static_cast<unsigned long long>(a.refused), static_cast<unsigned long long>(a.timed_out),
-              static_cast<unsigned long long>(a.evicted), static_cast<unsigned long long>(a.accept_failures),
-              static_cast<unsigned long long>(a.hijacks), static_cast<unsigned long long>(a.joiners_turned_away),
-              static_cast<unsigned long long>(over), static_cast<unsigned long long>(a.reconnected),
-              a.last_rejected.empty() ? "" : "; the last turned away: ", a.last_rejected.c_str());
-}
-
-// What an elastic group went through, as one survivor saw it.
-void print_changes(const std::vector<dt::fault::membership_change>& changes, std::uint64_t count) {
-  if (changes.empty()) {
-    std::printf("membership: no changes\n");
-    return;
-  }
-  if (count > changes.size())
-    std::printf("membership: %llu changes, the last %zu of them:\n", static_cast<unsigned long long>(count), changes.size());
-  auto list = [](const std::vector<int>& v) {
-    std::string out;
-    for (int r : v) {
-      if (!out.empty()) out += ',';
-      out += std::to_string(r);
-    }
-    return out.empty() ? std::string("none") : out;
-  };
-  for (const auto& c : changes) {
-    const std::string inherited = c.inherited.empty() ? "" : ", took over the unsent residual of " + list(c.inherited);
-    std::printf("membership: view %llu from step %lld: peers %s (left out: %s, joined: %s)%s%s, %.3f s after '%s'\n",
-                static_cast<unsigned long long>(c.epoch), static_cast<long long>(c.step), list(c.members).c_str(),
-                list(c.removed).c_str(), list(c.joined).c_str(),
-                c.healed ? (c.healed_in_place ? ", took a peer's state (landed in place)" : ", took a peer's state") : "",
-                inherited.c_str(),
-                c.seconds, c.cause.c_str());
-    // Members whose messages broke the protocol here (a lying leader, a donor serving other bytes).
-    for (const auto& [peer, how] : c.named) std::printf("membership: view %llu names peer %d: %s\n",
-                                                        static_cast<unsigned long long>(c.epoch), peer, how.c_str());
-  }
-}
-
-// The one training loop of every mode: the library's trainer, one per peer of this process,
-// with the same hooks (progress on rank 0, metrics, Ctrl-C) everywhere.
+// The one training loop of every mode: the library's trainer, one per peer of this process
+// (cli/peer.hpp), with the same hooks everywhere; this part makes the peers' endpoints (TCP
+// lives in host code only) and reports.
 template <class Fault, class Comm>
-int train(const train_plan& p, const training_data& data, Comm comm, Fault fault) {
+int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm, Fault fault) {
   constexpr bool elastic = std::is_same_v<Fault, dt::fault::elastic>;
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::pipeline<dt::compress::any_codec>, Fault>;
-  dt::train::progress bar(stdout, {.tty = ::isatty(STDOUT_FILENO) != 0, .log_every = p.log_every});
-  std::ofstream metrics_file;
-  std::optional<dt::train::metrics_log> metrics;
-  auto open_metrics = [&](const std::string& path) {
-    if (path.empty()) return;
-    metrics_file.open(path, p.checkpoints.resume ? std::ios::app : std::ios::trunc);
-    dt::detail::check(metrics_file.good(), "cannot open --metrics file ", path);
-    metrics.emplace(metrics_file, p.run);
+  run_hooks hooks(p);
+  const cli::peer_job<Comm, Fault> job{p, hooks, dataset, comm, fault};
+  auto run = [&](dt::transport::any_endpoint ep) {
+#if DECENTRAIN_CLI_CUDA
+    if (p.device.cuda) return cli::run_peer<dt::cuda>(job, std::move(ep));
+#endif
+    return cli::run_peer<dt::cpu>(job, std::move(ep));
   };
-  std::vector<std::int64_t> asked_at;  // per rank: the step at which stop_when last asked
-  std::vector<dt::collective::peer_tally> tallies;  // per rank: what it saw of the others' contributions
-  std::vector<stage_figures> stage_runs;  // per rank, --parallel pipeline: its stage's figures over the run
-  std::vector<std::vector<dt::fault::membership_change>> changes;
-  std::vector<std::uint64_t> change_counts;  // per rank: how many changes it saw (changes keeps the latest)
   std::optional<dt::transport::in_process> network;  // --peers
   std::optional<dt::transport::tcp> tcp_peer;  // --listen: its counters end the summary
   // --status-port: the page lives as long as the training (the server goes before the status).
-  std::optional<cli::run_status> status;
   std::optional<cli::status_server> server;
   if (p.status_port >= 0) {
     auto config = p.run;
     config.add("comm", Comm::name).add("world", world_size_of(p));
-    status.emplace(config.str(), p.trainer.steps);
-    server.emplace(p.status_host, p.status_port, [&status] { return status->json(); });
+    hooks.status.emplace(config.str(), p.trainer.steps);
+    server.emplace(p.status_host, p.status_port, [&hooks] { return hooks.status->json(); });
     std::printf("status page: http://%s:%d/\n", p.status_host.c_str(), server->port());
     std::fflush(stdout);
   }
-  auto setup = [&](Trainer& t) {
-    if (status) status->attach(t);
-    if (p.init) dt::train::import_gpt2_weights(t.model(), *p.init);  // before fit: the policies start from them
-    if (p.checkpoints.resume && !p.quiet) announce_resume(t);
-    if (metrics) metrics->attach(t);
-    if (t.rank() == 0 && !p.quiet) bar.attach(t);
-    if constexpr (elastic) {
-      for (const auto& [victim, after] : p.kills)
-        if (victim == t.rank())
-          t.on_step([&t, &network, after = after](const dt::train::step_metrics& m) {
-            if (m.step != after || !network) return;
-            std::printf("\n--kill: peer %d killed after step %lld\n", t.rank(), static_cast<long long>(m.step));
-            std::fflush(stdout);
-            network->kill(t.members()[static_cast<std::size_t>(t.rank())]);
-            dt::detail::fail("peer killed by --kill");
-          });
-      auto keep_changes = [&t, &changes, &change_counts] {
-        const auto r = static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())]);
-        if (t.fault().change_count() != change_counts[r]) {
-          changes[r] = t.fault().changes();
-          change_counts[r] = t.fault().change_count();
-        }
-      };
-      t.on_step([keep_changes](const dt::train::step_metrics&) { keep_changes(); });
-      t.on_eval([keep_changes](const dt::train::eval_point&) { keep_changes(); });
-    }
-    if constexpr (requires { t.policy().aggregation().tally; })  // (gossip aggregates nothing)
-      t.on_step([&t, &tallies](const dt::train::step_metrics& m) {
-        tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally;
-      });
-    if (p.parallel.stages > 1)
-      t.on_step([&t, &stage_runs](const dt::train::step_metrics& m) {
-        stage_runs[static_cast<std::size_t>(m.rank)].add(t.parallel().last_run());
-      });
-    t.stop_when([&t, &at = asked_at[static_cast<std::size_t>(t.rank())]] {
-      at = t.step();
-      return interrupted.load();
-    });
-  };
 
   std::vector<dt::train::fit_result> results;
   int world = p.world, rank = 0;
   int asker = 0;  // whose asked_at says where a stop happened: this process's peer, or the first survivor
   const auto t0 = std::chrono::steady_clock::now();
   if (p.mode == launch::single || p.mode == launch::in_process) {
-    open_metrics(p.metrics);  // one file, one log, for every peer
+    hooks.open_metrics(p.metrics, p);  // one file, one log, for every peer
     auto links = p.mode == launch::single ? dt::transport::links::ideal(1)
                                           : dt::transport::links::preset(p.link, world, p.trainer.seed);
     dt::transport::in_process::options o;
@@ -1191,14 +947,15 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     o.recv_timeout = std::chrono::minutes(10);
     o.peers_fail_alone = elastic;
     network.emplace(std::move(links), o);
-    asked_at.assign(static_cast<std::size_t>(world), 0);
-    tallies.assign(static_cast<std::size_t>(world), {});
-    stage_runs.assign(static_cast<std::size_t>(world), {});
-    changes.assign(static_cast<std::size_t>(world), {});
-    change_counts.assign(static_cast<std::size_t>(world), 0);
+    hooks.network = &*network;
+    hooks.size_for(world);
+    results.resize(static_cast<std::size_t>(network->capacity()));
     std::signal(SIGINT, on_interrupt);
-    results = dt::train::fit_in_process<Trainer>(*network, p.model, p.trainer, data.dataset, comm, setup, p.threads, p.parallel,
-                                                 fault);
+    network->run([&](dt::transport::in_process::endpoint& ep) {
+      set_threads(p.threads);
+      const auto r = static_cast<std::size_t>(ep.rank());
+      results[r] = run(ep);
+    });
   } else {
 #if DECENTRAIN_HAS_MPI
     std::optional<dt::transport::mpi_environment> mpi_env;  // outlives the endpoint and the trainer
@@ -1229,22 +986,14 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
     }
     world = ep->world();
     rank = asker = ep->rank();
-    open_metrics(metrics_path(p.metrics, rank, world));  // a file per process
+    hooks.open_metrics(metrics_path(p.metrics, rank, world), p);  // a file per process
     set_threads(p.threads);
-    Trainer t(p.model, p.trainer, *ep, comm, p.parallel, fault);
-    asked_at.assign(static_cast<std::size_t>(world), 0);
-    tallies.assign(static_cast<std::size_t>(world), {});
-    stage_runs.assign(static_cast<std::size_t>(world), {});
-    changes.assign(static_cast<std::size_t>(world), {});
-    change_counts.assign(static_cast<std::size_t>(world), 0);
-    setup(t);
+    hooks.size_for(world);
     std::signal(SIGINT, on_interrupt);
-    results.push_back(t.fit(data.dataset));
+    results.push_back(run(*ep));
     if constexpr (elastic) {
-      changes[static_cast<std::size_t>(rank)] = t.fault().changes();
-      change_counts[static_cast<std::size_t>(rank)] = t.fault().change_count();
-      rank = t.rank();  // in the last view: its rank 0 reports
-      world = t.world();
+      rank = hooks.final_rank;  // in the last view: its rank 0 reports
+      world = hooks.final_world;
     }
   }
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1267,17 +1016,17 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
           if (why.empty()) std::printf("peer %zu was killed\n", r);
           else std::printf("peer %zu failed and was left out: %s\n", r, why.c_str());
         }
-      print_changes(changes[static_cast<std::size_t>(first)], change_counts[static_cast<std::size_t>(first)]);
+      print_changes(hooks.changes[static_cast<std::size_t>(first)], hooks.change_counts[static_cast<std::size_t>(first)]);
       results = kept;
       world = static_cast<int>(kept.size());
       asker = first;
     } else {
-      print_changes(changes[static_cast<std::size_t>(p.tcp.rank)], change_counts[static_cast<std::size_t>(p.tcp.rank)]);
+      print_changes(hooks.changes[static_cast<std::size_t>(p.tcp.rank)], hooks.change_counts[static_cast<std::size_t>(p.tcp.rank)]);
     }
   }
   if (results[0].stopped) {
     if (tcp_peer) print_transport(*tcp_peer);
-    const auto step = asked_at[static_cast<std::size_t>(asker)];
+    const auto step = hooks.asked_at[static_cast<std::size_t>(asker)];
     const int folders_of = p.mode == launch::in_process ? p.world : world;  // survivors keep their folders' names
     if (elastic && p.mode == launch::tcp) {
       const auto file = p.checkpoints.file(p.tcp.rank, std::max(p.tcp.world, p.tcp.rank + 1), step);
@@ -1299,8 +1048,8 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
   // Over TCP or MPI only this process's own figures are known; rank 0 reports them.
   if (rank == 0) {
     print_summary(p, results, rank, world, Comm::name, wall_s);
-    if (p.parallel.stages > 1) print_stages(p, results, stage_runs, rank);
-    print_suspects(tallies[static_cast<std::size_t>(asker)]);
+    if (p.parallel.stages > 1) print_stages(p, results, hooks.stage_runs, rank);
+    print_suspects(hooks.tallies[static_cast<std::size_t>(asker)]);
   }
   if (tcp_peer) print_transport(*tcp_peer);  // every process: what its own transport turned away
   return 0;
@@ -1308,7 +1057,7 @@ int train(const train_plan& p, const training_data& data, Comm comm, Fault fault
 
 // The fault policy the plan asks for: elastic, or checkpoints.
 template <class Comm>
-int train_with(const train_plan& p, const training_data& data, Comm comm) {
+int train_with(const train_plan& p, const dt::data::token_dataset& data, Comm comm) {
   if (p.elastic) {
     auto elastic = p.elastic_policy;
     elastic.checkpoints = p.checkpoints;
@@ -1316,7 +1065,6 @@ int train_with(const train_plan& p, const training_data& data, Comm comm) {
   }
   return train(p, data, comm, p.checkpoints);
 }
-
 // The heads of published weights: the safetensors file does not say (any divisor of the width
 // loads), so Hugging Face's config.json beside it does when present, and --n-head must agree.
 std::int64_t weights_heads(const fs::path& weights, const options& opt) {
@@ -1377,6 +1125,7 @@ void describe_run(const train_plan& p, const training_data& data) {
               data.dataset.tokens(dt::data::split::train).size(), data.dataset.tokens(dt::data::split::validation).size());
   if (p.mode == launch::in_process)
     std::printf("%d in-process peers over simulated '%s' links, %d thread(s) each\n", p.world, p.link.c_str(), p.threads);
+  if (p.device.cuda) std::printf("device: %s\n", p.gpus.c_str());
   std::fflush(stdout);
 }
 
@@ -1482,6 +1231,13 @@ int cmd_train(const options& opt) {
     p.world = 0;
   }
   p.trainer = trainer_settings(opt);
+  p.device = cli::parse_device(opt.text("device"));
+#if DECENTRAIN_CLI_CUDA
+  if (p.device.cuda) p.gpus = cli::check_gpus(p.device);
+#else
+  dt::detail::check(!p.device.cuda, "--device ", p.device.describe(), ": this decentrain-gpt was built without CUDA (build it where "
+                    "nvcc is, at /usr/local/cuda or on the PATH, and the CMake configuration reports CUDA ON)");
+#endif
 
   // Checkpoints: DIR/peer-R-of-W/step-N.ckpt in every mode; without a directory only Ctrl-C
   // saves, to ./checkpoints.
@@ -1595,7 +1351,8 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
-  check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
+  // (a GPU's allocator refuses what does not fit on the GPU itself, naming the allocation)
+  if (!p.device.cuda) check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
   // Both splits must hold a block and its next token, or the run would fail at its first evaluation.
   for (const auto s : {dt::data::split::train, dt::data::split::validation}) {
     const auto n = data.dataset.tokens(s).size();
@@ -1607,6 +1364,7 @@ int cmd_train(const options& opt) {
 
   p.run.add("program", "decentrain-gpt")
       .add("mode", launch_name(p.mode))
+      .add("device", p.device.describe())
       .add("data", data.source)
       .add("n_layer", p.model.n_layer)
       .add("n_head", p.model.n_head)
@@ -1648,30 +1406,27 @@ int cmd_train(const options& opt) {
   p.tcp.settings = agreed.str();
   if (!p.quiet) describe_run(p, data);
 
-  // One trainer type per policy, whatever the codec and aggregator: any_codec and any_aggregator
-  // choose them at run time.
-  using codec = dt::compress::any_codec;
-  using aggregator = dt::collective::any_aggregator;
+  // One trainer type per policy (cli/peer.hpp), whatever the codec and aggregator.
   if (comm == "sync") {
-    dt::comm::sync_allreduce<codec, aggregator> policy;
+    cli::sync_policy policy;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
-    return train_with(p, data, policy);
+    return train_with(p, data.dataset, policy);
   }
   if (comm == "gossip") {
-    dt::comm::gossip<dt::comm::topology::exponential> policy;
+    cli::gossip_policy policy;
     policy.inner_steps = inner;
-    return train_with(p, data, policy);
+    return train_with(p, data.dataset, policy);
   }
   if (comm == "local-sgd") {
-    dt::comm::local_sgd<codec, aggregator> policy;
+    cli::local_sgd_policy policy;
     policy.inner_steps = inner;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
-    return train_with(p, data, policy);
+    return train_with(p, data.dataset, policy);
   }
   if (streaming || overlap > 0 || eager) {  // DiLoCo with overlap is Streaming DiLoCo with one fragment
-    dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec, aggregator> policy;
+    cli::streaming_policy policy;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
     policy.inner_steps = inner;
@@ -1681,15 +1436,15 @@ int cmd_train(const options& opt) {
     policy.eager = eager;
     policy.outer_optimizer.lr = outer_lr;
     policy.outer_optimizer.momentum = outer_momentum;
-    return train_with(p, data, policy);
+    return train_with(p, data.dataset, policy);
   }
-  dt::comm::diloco<dt::comm::outer::nesterov, codec, aggregator> policy;
+  cli::diloco_policy policy;
   policy.codec = codec_choice;
   policy.aggregator = p.aggregator;
   policy.inner_steps = inner;
   policy.outer_optimizer.lr = outer_lr;
   policy.outer_optimizer.momentum = outer_momentum;
-  return train_with(p, data, policy);
+  return train_with(p, data.dataset, policy);
 }
 
 // ---- eval ----------------------------------------------------------------------------------

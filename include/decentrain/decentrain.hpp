@@ -10,6 +10,7 @@
 #include "decentrain/kernels/activation.hpp"
 #include "decentrain/kernels/attention.hpp"
 #include "decentrain/kernels/cross_entropy.hpp"
+#include "decentrain/kernels/dropout.hpp"
 #include "decentrain/kernels/elementwise.hpp"
 #include "decentrain/kernels/embedding.hpp"
 #include "decentrain/kernels/gemm.hpp"

@@ -920,6 +920,8 @@ class caching_allocator {
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 
 namespace decentrain::cuda_rt {
@@ -949,6 +951,24 @@ inline int current_device() {
   int d = 0;
   check(cudaGetDevice(&d), "cudaGetDevice");
   return d;
+}
+
+// The device this host thread's tensors, kernels and cuBLAS handles use from now on (a CUDA
+// runtime setting per thread: in-process peers on threads can each take their own GPU).
+inline void set_device(int device) {
+  const int n = device_count();
+  if (device < 0 || device >= n)
+    detail::fail("CUDA device ", device, " does not exist: this machine has ", n, " CUDA device", n == 1 ? "" : "s");
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+// "NVIDIA H200, 139.8 GiB" for the summary of a run.
+inline std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  char memory[32];
+  std::snprintf(memory, sizeof memory, "%.1f GiB", static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  return std::string(prop.name) + ", " + memory;
 }
 
 namespace detail {
@@ -4071,6 +4091,79 @@ void cross_entropy_backward(cuda, T* dlogits, const T* logits, const compute_typ
 #endif  // DECENTRAIN_HAS_CUDA
 // ---- end decentrain/kernels/cuda/cross_entropy.cuh ----
 // ---- end decentrain/kernels/cross_entropy.hpp ----
+// ---- begin decentrain/kernels/dropout.hpp ----
+// The dropout kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
+// (the .cuh is empty otherwise). Ops include this, never a device folder directly.
+
+// ---- begin decentrain/kernels/cpu/dropout.hpp ----
+// Inverted dropout whose mask is a function of a key and each value's index: value i is kept
+// (and scaled by 1 / (1 - p)) when its draw, detail::unit_draw_in of the key's word and i, is at
+// least p. The forward and the backward make the same mask from the key without storing it,
+// and the GPU kernel (kernels/cuda/dropout.cuh) makes the same mask as this one.
+
+#include <algorithm>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+// out = x * mask / (1 - p); `key` chooses the mask (one key per dropout call).
+template <class T>
+DECENTRAIN_VECTORIZE_SELECTS void dropout_apply(cpu, T* out, const T* x, std::int64_t n, float p, std::uint64_t key) {
+  const T scale = p < 1.0f ? T(1) / (T(1) - T(p)) : T(0);
+  constexpr std::int64_t word_span = std::int64_t{1} << 32;  // values drawn under one word of the key
+  for (std::int64_t base = 0; base < n; base += word_span) {
+    const std::uint32_t word = decentrain::detail::draw_word(key, static_cast<std::uint64_t>(base) >> 32);
+    const std::int64_t len = std::min(n - base, word_span);
+    T* o = out + base;
+    const T* in = x + base;
+    DECENTRAIN_OMP_FOR_SIMD(if (len >= detail::parallel_threshold))
+    for (std::int64_t i = 0; i < len; ++i)
+      o[i] = decentrain::detail::unit_draw_in(word, static_cast<std::uint32_t>(i)) >= p ? in[i] * scale : T(0);
+  }
+}
+
+}  // namespace decentrain::kernels
+// ---- end decentrain/kernels/cpu/dropout.hpp ----
+// ---- begin decentrain/kernels/cuda/dropout.cuh ----
+// Dropout on the GPU: the mask of kernels/cpu/dropout.hpp (the same key and index give the same
+// draw), for f32, f64 and bf16 storage, made as the values pass instead of copied from the host.
+
+
+#if DECENTRAIN_HAS_CUDA
+#include <algorithm>
+#include <cstdint>
+
+
+namespace decentrain::kernels {
+
+namespace cuda_detail {
+// One thread a value; `word` is the key's word for the 2^32 values from `base`.
+template <class S>
+__global__ void dropout_kernel(S* out, const S* x, std::int64_t n, float p, std::uint64_t key) {
+  using M = compute_type_t<S>;
+  const M scale = p < 1.0f ? M(1) / (M(1) - M(p)) : M(0);
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+    const std::uint32_t word = decentrain::detail::draw_word(key, static_cast<std::uint64_t>(i) >> 32);
+    const bool keep = decentrain::detail::unit_draw_in(word, static_cast<std::uint32_t>(i)) >= p;
+    out[i] = keep ? S(static_cast<M>(x[i]) * scale) : S(M(0));
+  }
+}
+}  // namespace cuda_detail
+
+template <class T>
+void dropout_apply(cuda, T* out, const T* x, std::int64_t n, float p, std::uint64_t key) {
+  if (n == 0) return;
+  cuda_detail::dropout_kernel<<<cuda_rt::blocks_for(n), cuda_rt::threads_per_block, 0, cuda_rt::current_stream()>>>(out, x, n, p,
+                                                                                                                     key);
+  cuda_rt::check_launch("dropout_kernel");
+}
+
+}  // namespace decentrain::kernels
+
+#endif  // DECENTRAIN_HAS_CUDA
+// ---- end decentrain/kernels/cuda/dropout.cuh ----
+// ---- end decentrain/kernels/dropout.hpp ----
 // ---- begin decentrain/kernels/elementwise.hpp ----
 // The elementwise kernels of every device: the CPU ones always, the CUDA ones when nvcc compiles
 // (the .cuh is empty otherwise). Ops include this, never a device folder directly.
@@ -6351,22 +6444,39 @@ var<Device> cast(const var<Device>& x, dtype t) {
 // ---- end decentrain/autograd/ops/cast.hpp ----
 // ---- begin decentrain/autograd/ops/dropout.hpp ----
 // Differentiable inverted dropout: each element is kept with probability 1 - p and scaled by
-// 1 / (1 - p), so evaluation needs no rescaling. The mask comes from a caller-owned, seeded rng.
+// 1 / (1 - p), so evaluation needs no rescaling. Each call takes one number from a caller-owned,
+// seeded rng as its key; the mask is a function of the key and each element's index
+// (kernels/dropout.hpp), made by the device as the values pass (a GPU copies no mask from the
+// host) and made again by the backward, so no mask is stored. CPU and GPU make the same mask.
+
+#include <cstdint>
 
 
 namespace decentrain {
+
+namespace detail {
+// x through key's mask, stored in x's dtype.
+template <class Device>
+tensor<Device> dropout_masked(const tensor<Device>& x, float p, std::uint64_t key) {
+  const auto cx = kernel_tensor(x);
+  auto out = tensor<Device>::empty(cx.shape(), cx.dtype());
+  with_kernel_type<Device>(x.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::dropout_apply(Device{}, out.template data<T>(), cx.template data<T>(), cx.numel(), p, key);
+  });
+  return stored_as(out, x.dtype());
+}
+}  // namespace detail
 
 template <class Device>
 var<Device> dropout(const var<Device>& x, double p, rng& gen, bool training = true) {
   detail::check(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
-  const double keep_scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
-  std::vector<double> mask_values(static_cast<std::size_t>(x.value().numel()));
-  for (auto& m : mask_values) m = gen.uniform() >= p ? keep_scale : 0.0;
-  const auto mask = from_vector<Device>(mask_values, x.shape(), x.dtype());
-  return record<Device>("dropout", math::mul(x.value(), mask), {x},
-                        [mask](const tensor<Device>& g, node<Device>& n) {
-                          n.accumulate(0, math::mul(g, mask));
+  const auto key = gen.next_u64();
+  const auto q = static_cast<float>(p);
+  return record<Device>("dropout", detail::dropout_masked(x.value(), q, key), {x},
+                        [q, key](const tensor<Device>& g, node<Device>& n) {
+                          n.accumulate(0, detail::dropout_masked(g, q, key));
                         });
 }
 

@@ -172,6 +172,14 @@ TEST_CASE("dropout keeps 1 - p of the elements, scaled by 1 / (1 - p), reproduci
   }
   CHECK(wrong_scale == 0);
   CHECK(static_cast<double>(kept) / y.size() == Approx(0.75).margin(0.005));  // ~3.7 standard deviations
+  // Each call takes one number from the rng as its key, and value i is kept when its draw under
+  // the key (detail::unit_draw_in, the draw the GPU kernel makes too) is at least p.
+  const auto key = dt::rng(5, "dropout").next_u64();
+  std::size_t not_the_keys = 0;
+  for (std::size_t i = 0; i < y.size(); ++i)
+    not_the_keys += (y[i] != 0.0) != (dt::detail::unit_draw_in(dt::detail::draw_word(key, 0), static_cast<std::uint32_t>(i)) >= 0.25f);
+  CHECK(not_the_keys == 0);
+  CHECK(dt::dropout(x, 0.25, a).value().to_vector<double>() != y);  // the next call, the next key
   dt::rng c(5, "dropout");
   CHECK(dt::dropout(x, 0.25, c, /*training=*/false).value().to_vector<double>() == x.value().to_vector<double>());
   CHECK(dt::dropout(x, 1.0, c).value().to_vector<double>() == std::vector<double>(100000, 0.0));

@@ -1527,3 +1527,30 @@ TEST_CASE("train --parallel pipeline: bad settings are refused naming the option
     CHECK_THAT(r.output, Contains(says));
   }
 }
+
+TEST_CASE("train --device: cpu trains, a bad value or a GPU this build or machine lacks is refused naming the option",
+          "[cli][device][errors]") {
+  const auto dir = scratch("device");
+  const std::string common = cli() + " train --steps 4 --n-layer 1 --batch-size 4 --block-size 16 --eval-batches 1 --metrics ''";
+  const auto cpu = run(common + " --device cpu", dir);
+  INFO(cpu.output);
+  CHECK(cpu.status == 0);
+  CHECK_THAT(cpu.output, Contains("throughput: ") && Contains(" tokens/s on cpu (1 peer"));
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:1x", "cuda:99999", "CUDA"}) {
+    const auto r = run(common + " --device " + bad, dir);
+    INFO(bad << "\n" << r.output);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.output, Contains(std::string("--device: expected cpu, cuda or cuda:N (N a GPU's index, from 0), got '") + bad + "'"));
+  }
+  // Where there is no GPU (CI), or no CUDA in the build: the GPU test, cli_gpu_train, reports
+  // skipped; here the errors. A GPU index past the machine's is refused either way.
+  const auto gpu = run(common + " --device cuda:1023 --peers 2", dir);
+  INFO(gpu.output);
+  CHECK(gpu.status == 1);
+#if DECENTRAIN_CLI_CUDA
+  CHECK_THAT(gpu.output, Contains("--device cuda:1023: this machine has ") &&
+                             (Contains("no CUDA device (no GPU, or no driver") || Contains(" CUDA device")));
+#else
+  CHECK_THAT(gpu.output, Contains("--device cuda:1023: this decentrain-gpt was built without CUDA"));
+#endif
+}

@@ -433,6 +433,19 @@ TEST_CASE("cuda ops in double pass finite-difference gradient checks") {
   check("log_softmax", {random(dt::shape{2, 6}, 47, f64)}, [](const auto& x) { return dt::log_softmax(x[0]); });
 }
 
+TEST_CASE("cuda dropout makes the CPU's mask from the same key, forward and backward, in f32, f64 and bf16") {
+  // The mask comes from one number of the rng and each value's index, so the devices agree to
+  // the bit; 3 x 2^20 + 5 values: many blocks and a ragged end.
+  for (const auto t : {dt::dtype::f32, dt::dtype::f64, dt::dtype::bf16})
+    for (const std::int64_t n : {5, 3 * (1 << 20) + 5})
+      check_against_cpu(dt::detail::concat("dropout ", dt::dtype_name(t), " of ", n), {random(dt::shape{n}, 61).to(t)},
+                        [](auto& v) {
+                          dt::rng gen(3, "cuda-dropout");
+                          return dt::dropout(v[0], 0.3, gen);
+                        },
+                        0.0);
+}
+
 TEST_CASE("cuda bf16 storage: ops compute in f32 and round results like the CPU") {
   const auto x = random(dt::shape{4, 24, 64}, 50).to(dt::dtype::bf16);
   const auto w = random(dt::shape{64, 32}, 51, dt::dtype::f32, 0.2).to(dt::dtype::bf16);

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #include "decentrain/detail/error.hpp"
 
@@ -40,6 +42,24 @@ inline int current_device() {
   int d = 0;
   check(cudaGetDevice(&d), "cudaGetDevice");
   return d;
+}
+
+// The device this host thread's tensors, kernels and cuBLAS handles use from now on (a CUDA
+// runtime setting per thread: in-process peers on threads can each take their own GPU).
+inline void set_device(int device) {
+  const int n = device_count();
+  if (device < 0 || device >= n)
+    detail::fail("CUDA device ", device, " does not exist: this machine has ", n, " CUDA device", n == 1 ? "" : "s");
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+// "NVIDIA H200, 139.8 GiB" for the summary of a run.
+inline std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  char memory[32];
+  std::snprintf(memory, sizeof memory, "%.1f GiB", static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  return std::string(prop.name) + ", " + memory;
 }
 
 namespace detail {

@@ -1,0 +1,281 @@
+// One peer of `decentrain-gpt train`: the plan cmd_train makes of the options, and the library's
+// trainer on one peer's endpoint with the run's hooks (progress on rank 0, metrics, the status
+// page, Ctrl-C, --kill). decentrain_gpt.cpp runs CPU peers; for --device cuda, train_cuda.cu
+// (compiled by nvcc, which cannot compile the TCP transport) instantiates the GPU peers, declared
+// extern below, and the host program hands them their endpoints.
+#pragma once
+
+#include "device.hpp"
+#include "run_status.hpp"
+
+#include <decentrain/decentrain.hpp>
+#include <decentrain/transport/tcp/options.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace cli {
+
+namespace dt = decentrain;
+namespace fs = std::filesystem;
+
+// Set by SIGINT; every trainer asks it between steps (trainer::stop_when), and the fault policy
+// saves each peer's state before fit returns.
+inline std::atomic<bool> interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler sets it");
+
+inline void set_threads(int n) {
+#if defined(_OPENMP)
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
+// The communication policies the program trains with, one type each whatever the codec and the
+// aggregator (any_codec and any_aggregator choose them at run time).
+using codec = dt::compress::any_codec;
+using aggregator = dt::collective::any_aggregator;
+using sync_policy = dt::comm::sync_allreduce<codec, aggregator>;
+using gossip_policy = dt::comm::gossip<dt::comm::topology::exponential>;
+using local_sgd_policy = dt::comm::local_sgd<codec, aggregator>;
+using diloco_policy = dt::comm::diloco<dt::comm::outer::nesterov, codec, aggregator>;
+using streaming_policy = dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec, aggregator>;
+
+// How this process takes part: alone, as --peers threads, as one TCP peer, or as an MPI rank.
+enum class launch { single, in_process, tcp, mpi };
+inline const char* launch_name(launch l) {
+  switch (l) {
+    case launch::single: return "single";
+    case launch::in_process: return "in-process";
+    case launch::tcp: return "tcp";
+    case launch::mpi: return "mpi";
+  }
+  return "?";
+}
+
+struct train_plan {
+  launch mode = launch::single;
+  int world = 1;  // 0 for MPI until it starts
+  int threads = 1;  // per peer
+  std::string link;  // --peers: the simulated links
+  dt::transport::tcp_options tcp;
+  dt::nn::gpt_config model;
+  dt::train::trainer_options trainer;
+  dt::fault::checkpoint_every checkpoints;
+  bool elastic = false;
+  dt::fault::elastic elastic_policy;
+  std::vector<std::pair<int, std::int64_t>> kills;  // --kill: (rank, after steps)
+  std::string metrics;  // '' for none
+  bool quiet = false;  // warnings, errors and the summary only
+  std::int64_t log_every = 50;
+  dt::collective::any_aggregator aggregator;
+  dt::parallel::pipeline<dt::compress::any_codec> parallel;  // one stage: data parallelism
+  dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
+  std::shared_ptr<const dt::io::named_tensors> init;  // --init-from: every peer starts from these weights
+  int status_port = -1;  // --status-port; -1: no status page
+  std::string status_host;
+  device_choice device;  // --device
+  std::string gpus;  // --device cuda: the GPUs this process uses, for the run's description
+};
+
+// The peers the plan starts with (MPI: known once it starts; 0 until then).
+inline int world_size_of(const train_plan& p) { return p.mode == launch::tcp ? p.tcp.world : p.world; }
+
+// Over TCP or MPI every process writes its own metrics: "{rank}" in the path becomes the rank,
+// or, with several peers, ".rank-R" goes before the extension.
+inline std::string metrics_path(const std::string& path, int rank, int world) {
+  if (path.empty()) return path;  // --metrics '': none, for every rank
+  std::string out = path;
+  if (const auto at = out.find("{rank}"); at != std::string::npos) return out.replace(at, 6, std::to_string(rank));
+  if (world == 1) return out;
+  fs::path p(out);
+  return p.replace_filename(p.stem().string() + ".rank-" + std::to_string(rank) + p.extension().string()).string();
+}
+
+
+// The fault policy restores inside fit(); a peer's first step says from which step it resumed
+// (an elastic peer behind the others, or one that joined a running group, took their state).
+template <class Trainer>
+void announce_resume(Trainer& t) {
+  const int rank = t.rank(), world = t.world();  // before fit: the whole world's, as the folders are named
+  t.on_step([&t, rank, world, first = true](const dt::train::step_metrics& m) mutable {
+    if (!first) return;
+    first = false;
+    const auto from = m.step - 1;
+    if (from <= 0) return;
+    const dt::fault::checkpoint_every* ck = nullptr;
+    bool took_state = false;
+    if constexpr (requires { t.fault().checkpoints; }) {  // elastic
+      ck = &t.fault().checkpoints;
+      took_state = !t.fault().changes().empty() && t.fault().changes().front().healed;
+    } else {
+      ck = &t.fault();
+    }
+    for (const auto& [step, why] : ck->unreadable())
+      std::printf("peer %d passed over %s, which does not read back: %s\n", rank, ck->file(rank, world, step).c_str(), why.c_str());
+    if (took_state)
+      std::printf("peer %d resumed at step %lld from the others' state\n", rank, static_cast<long long>(from));
+    else
+      std::printf("peer %d resumed from %s at step %lld\n", rank, ck->file(rank, world, from).c_str(),
+                  static_cast<long long>(from));
+    std::fflush(stdout);
+  });
+}
+
+
+// --parallel pipeline: what each stage did over the run.
+struct stage_figures {
+  std::int64_t steps = 0;
+  int peak_stashed = 0;
+  std::uint64_t bytes_sent = 0;
+  double busy_s = 0, total_s = 0;
+  void add(const dt::parallel::schedule::run_stats& s) {
+    ++steps;
+    peak_stashed = std::max(peak_stashed, s.peak_stashed);
+    bytes_sent += s.bytes_sent;
+    busy_s += s.busy_s;
+    total_s += s.total_s;
+  }
+};
+
+// What the hooks of this process's peers share and leave behind, indexed by rank.
+struct run_hooks {
+  explicit run_hooks(const train_plan& p) : bar(stdout, {.tty = ::isatty(STDOUT_FILENO) != 0, .log_every = p.log_every}) {}
+  void open_metrics(const std::string& path, const train_plan& p) {
+    if (path.empty()) return;
+    metrics_file.open(path, p.checkpoints.resume ? std::ios::app : std::ios::trunc);
+    dt::detail::check(metrics_file.good(), "cannot open --metrics file ", path);
+    metrics.emplace(metrics_file, p.run);
+  }
+  void size_for(int world) {
+    const auto n = static_cast<std::size_t>(world);
+    asked_at.assign(n, 0);
+    tallies.assign(n, {});
+    stage_runs.assign(n, {});
+    changes.assign(n, {});
+    change_counts.assign(n, 0);
+  }
+
+  dt::train::progress bar;
+  std::ofstream metrics_file;
+  std::optional<dt::train::metrics_log> metrics;
+  std::optional<run_status> status;  // --status-port
+  dt::transport::in_process* network = nullptr;  // --peers: what --kill kills through
+  std::vector<std::int64_t> asked_at;  // the step at which stop_when last asked
+  std::vector<dt::collective::peer_tally> tallies;  // what each saw of the others' contributions
+  std::vector<stage_figures> stage_runs;  // --parallel pipeline: its stage's figures over the run
+  std::vector<std::vector<dt::fault::membership_change>> changes;
+  std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
+  int final_rank = -1, final_world = -1;  // an elastic TCP or MPI peer: its rank and world in the last view
+};
+
+// What one peer trains with; run_peer's argument (one type per policy pair, so that the GPU
+// peers' instantiations below are declared by their policies alone).
+template <class Comm, class Fault>
+struct peer_job {
+  const train_plan& plan;
+  run_hooks& hooks;
+  const dt::data::token_dataset& data;
+  const Comm& comm;
+  const Fault& fault;
+};
+
+// Defined in train_cuda.cu. check_gpus: --device checked against this machine's GPUs (a clear
+// error naming the option where there is none, or no such index), and what they are. use_gpu:
+// makes the calling thread's work go to peer `rank`'s GPU.
+std::string check_gpus(const device_choice& d);
+void use_gpu(const device_choice& d, int rank);
+
+// Builds one peer's trainer on `ep` with the run's hooks and trains it. Not inline: for
+// Device = dt::cuda it is instantiated only in train_cuda.cu.
+template <class Device, class Comm, class Fault>
+dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::any_endpoint ep) {
+  constexpr bool elastic = std::is_same_v<Fault, dt::fault::elastic>;
+  constexpr bool gpu = !std::is_same_v<Device, dt::cpu>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<Device>, Comm, dt::parallel::pipeline<dt::compress::any_codec>, Fault>;
+  const auto& p = job.plan;
+  auto& h = job.hooks;
+  const int first_rank = ep.rank();
+  if constexpr (gpu) use_gpu(p.device, first_rank);
+  auto options = p.trainer;
+  // Peers sharing this machine's cores time their compute on their thread's clock; a GPU peer's
+  // work is the GPU's, which only the wall clock sees.
+  if (!gpu && (p.mode == launch::single || p.mode == launch::in_process) && p.threads == 1) options.compute_on_thread_clock = true;
+  Trainer t(p.model, options, std::move(ep), job.comm, p.parallel, job.fault);
+  if (h.status) h.status->attach(t);
+  if (p.init) dt::train::import_gpt2_weights(t.model(), *p.init);  // before fit: the policies start from them
+  if (p.checkpoints.resume && !p.quiet) announce_resume(t);
+  if (h.metrics) h.metrics->attach(t);
+  if (t.rank() == 0 && !p.quiet) h.bar.attach(t);
+  if constexpr (elastic) {
+    for (const auto& [victim, after] : p.kills)
+      if (victim == t.rank())
+        t.on_step([&t, &h, after = after](const dt::train::step_metrics& m) {
+          if (m.step != after || !h.network) return;
+          std::printf("\n--kill: peer %d killed after step %lld\n", t.rank(), static_cast<long long>(m.step));
+          std::fflush(stdout);
+          h.network->kill(t.members()[static_cast<std::size_t>(t.rank())]);
+          dt::detail::fail("peer killed by --kill");
+        });
+    auto keep_changes = [&t, &h] {
+      const auto r = static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())]);
+      if (t.fault().change_count() != h.change_counts[r]) {
+        h.changes[r] = t.fault().changes();
+        h.change_counts[r] = t.fault().change_count();
+      }
+    };
+    t.on_step([keep_changes](const dt::train::step_metrics&) { keep_changes(); });
+    t.on_eval([keep_changes](const dt::train::eval_point&) { keep_changes(); });
+  }
+  if constexpr (requires { t.policy().aggregation().tally; })  // (gossip aggregates nothing)
+    t.on_step([&t, &h](const dt::train::step_metrics& m) { h.tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally; });
+  if (p.parallel.stages > 1)
+    t.on_step([&t, &h](const dt::train::step_metrics& m) { h.stage_runs[static_cast<std::size_t>(m.rank)].add(t.parallel().last_run()); });
+  t.stop_when([&t, &at = h.asked_at[static_cast<std::size_t>(t.rank())]] {
+    at = t.step();
+    return interrupted.load();
+  });
+  auto result = t.fit(job.data);
+  if constexpr (elastic) {
+    if (p.mode != launch::in_process) {
+      h.changes[static_cast<std::size_t>(first_rank)] = t.fault().changes();
+      h.change_counts[static_cast<std::size_t>(first_rank)] = t.fault().change_count();
+      h.final_rank = t.rank();  // in the last view: its rank 0 reports
+      h.final_world = t.world();
+    }
+  }
+  return result;
+}
+
+// The GPU peers, instantiated in train_cuda.cu (a build with CUDA defines DECENTRAIN_CLI_CUDA).
+#define DECENTRAIN_CLI_GPU_PEERS(X)                                                                                     \
+  X(sync_policy, dt::fault::checkpoint_every) X(sync_policy, dt::fault::elastic)                                      \
+  X(gossip_policy, dt::fault::checkpoint_every) X(gossip_policy, dt::fault::elastic)                                  \
+  X(local_sgd_policy, dt::fault::checkpoint_every) X(local_sgd_policy, dt::fault::elastic)                            \
+  X(diloco_policy, dt::fault::checkpoint_every) X(diloco_policy, dt::fault::elastic)                                  \
+  X(streaming_policy, dt::fault::checkpoint_every) X(streaming_policy, dt::fault::elastic)
+#if DECENTRAIN_CLI_CUDA
+#define DECENTRAIN_CLI_DECLARE_GPU_PEER(Comm, Fault) \
+  extern template dt::train::fit_result run_peer<dt::cuda>(const peer_job<Comm, Fault>&, dt::transport::any_endpoint);
+DECENTRAIN_CLI_GPU_PEERS(DECENTRAIN_CLI_DECLARE_GPU_PEER)
+#undef DECENTRAIN_CLI_DECLARE_GPU_PEER
+#endif
+
+}  // namespace cli

@@ -1,0 +1,145 @@
+// What `decentrain-gpt train` prints when a run ends: every peer's figures, the pipeline's
+// stages, the contributions left out, what the TCP transport turned away and the membership's
+// changes.
+#pragma once
+
+#include "peer.hpp"
+
+#include <decentrain/decentrain.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace cli {
+
+inline void print_summary(const train_plan& p, const std::vector<dt::train::fit_result>& results, int first_rank, int world,
+                   const char* comm, double wall_s) {
+  // Compute utilisation: the share of the peer's clock (simulated for --peers) spent computing
+  // steps rather than waiting on the network or evaluating. Send rates: the mean over the run and
+  // the peak over any second of the clock.
+  std::printf("\n%-6s %-10s %-14s %-14s %-12s %-12s %-12s %-8s %-10s %-10s\n", "peer", "val loss", "MB sent", "MB received",
+              "net wait s", "compute s", "clock s", "util %", "MB/s mean", "MB/s peak");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& m = results[i].last;
+    std::printf("%-6zu %-10.4f %-14.2f %-14.2f %-12.2f %-12.2f %-12.2f %-8.1f %-10.3f %-10.3f\n", i + static_cast<std::size_t>(first_rank),
+                results[i].final_val_loss, static_cast<double>(m.bytes_sent) / 1e6, static_cast<double>(m.bytes_received) / 1e6,
+                m.network_wait_s, m.compute_s, m.clock_s, 100.0 * m.utilisation(), m.mean_send_rate() / 1e6,
+                m.peak_send_rate / 1e6);
+  }
+  if (world > 1) {
+    // What a synchronous all-reduce of the gradient every step would have put on the wire per
+    // peer (ring all-reduce: 2 (N-1)/N times the gradient's bytes), for comparison.
+    const double grad_bytes = 4.0 * static_cast<double>(p.model.parameter_count());
+    const double sync_bytes = static_cast<double>(p.trainer.steps) * 2.0 * (world - 1) / world * grad_bytes;
+    const double sent = static_cast<double>(results[0].last.bytes_sent);
+    std::printf("\ncomm %s: %.2f MB sent per peer; synchronous all-reduce every step would send %.2f MB (%.1fx more)\n", comm,
+                sent / 1e6, sync_bytes / 1e6, sent > 0 ? sync_bytes / sent : 0.0);
+    // The payloads above; what the transport sent beside them (tcp's frame headers, padding and
+    // control frames), apart.
+    if (const auto framing = static_cast<double>(results[0].last.framing_bytes_sent); framing > 0)
+      std::printf("framing: %.3f MB sent beside the payloads (frame headers, padding, handshakes, heartbeats)\n", framing / 1e6);
+  }
+  // Throughput over the wall clock (evaluations included) of this process's peers; a pipeline's
+  // stages share their copy's tokens. A resumed run trained fewer steps than --steps: left out.
+  if (wall_s > 0 && !results.empty() && !p.checkpoints.resume) {
+    const auto n = results.size();
+    const auto stages = static_cast<std::size_t>(p.parallel.stages);
+    const auto copies = stages > 1 ? std::max<std::size_t>(1, n / stages) : n;
+    const double per_copy = static_cast<double>(p.trainer.steps * p.trainer.batch_size * p.model.block_size) / wall_s;
+    if (stages > 1)
+      std::printf("throughput: %.0f tokens/s on %s (%zu cop%s of the %zu-stage model, wall clock)\n", per_copy * static_cast<double>(copies),
+                  p.device.describe().c_str(), copies, copies == 1 ? "y" : "ies", stages);
+    else
+      std::printf("throughput: %.0f tokens/s on %s (%zu peer%s, %.0f each, wall clock)\n", per_copy * static_cast<double>(n),
+                  p.device.describe().c_str(), n, n == 1 ? "" : "s", per_copy);
+  }
+  std::printf("val loss %.4f\n", results[0].final_val_loss);
+  std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());
+}
+
+inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_result>& results, const std::vector<stage_figures>& runs,
+                  int first_rank) {
+  const auto& pipe = p.parallel;
+  const int world = world_size_of(p) > 0 ? world_size_of(p) : static_cast<int>(runs.size());
+  std::printf("\npipeline: %d stages x %d copies, schedule %s%s, %d micro-batches a step, activations %s\n", pipe.stages,
+              world / pipe.stages, pipe.schedule.c_str(), pipe.chunks > 1 ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
+              pipe.micro_batches, pipe.codec.describe().c_str());
+  std::printf("%-6s %-6s %-10s %-16s %-22s %-14s\n", "peer", "stage", "tokens/s", "idle in steps %", "most micro-batches held",
+              "MB sent/step");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto rank = i + static_cast<std::size_t>(first_rank);
+    if (rank >= runs.size()) continue;
+    const auto& f = runs[rank];
+    const double steps = std::max<double>(1.0, static_cast<double>(f.steps));
+    std::printf("%-6zu %-6d %-10.0f %-16.1f %-22d %-14.3f\n", rank, static_cast<int>(rank % static_cast<std::size_t>(pipe.stages)),
+                results[i].last.tokens_per_s, f.total_s > 0 ? 100.0 * (1.0 - f.busy_s / f.total_s) : 0.0, f.peak_stashed,
+                static_cast<double>(f.bytes_sent) / steps / 1e6);
+  }
+}
+
+// The peers whose contributions were left out (non-finite, malformed) or lay far from the
+// aggregate, as one peer saw them (ranks of its replica group; after a membership change they
+// are the current view's).
+inline void print_suspects(const dt::collective::peer_tally& t) {
+  for (std::size_t r = 0; r < t.non_finite.size(); ++r) {
+    if (t.suspicious(r) == 0) continue;
+    std::printf("peer %zu's contributions: %lld of %lld left out for NaN or infinite values, %lld malformed, %lld more "
+                "than %gx the typical distance from the aggregate\n",
+                r, static_cast<long long>(t.non_finite[r]), static_cast<long long>(t.calls),
+                static_cast<long long>(t.malformed[r]), static_cast<long long>(t.far[r]), t.far_factor);
+  }
+}
+
+// What this peer's TCP transport turned away: a peer under attack, or one that others reach
+// misconfigured, shows it here.
+inline void print_transport(const dt::transport::tcp& t) {
+  const auto s = t.stats();
+  const auto a = t.admission();
+  std::uint64_t over = 0;
+  for (const auto& [r, n] : t.over_budget()) over += n;
+  std::printf("transport: %llu frames malformed, %llu failed authentication; connections refused %llu, silent through "
+              "the handshake %llu, evicted %llu, accept errors %llu; ranks claimed by a second process %llu, joiners "
+              "turned away %llu, queues dropped over budget %llu; peers reconnected %llu%s%s\n",
+              static_cast<unsigned long long>(s.malformed_frames), static_cast<unsigned long long>(s.rejected_frames),
+              static_cast<unsigned long long>(a.refused), static_cast<unsigned long long>(a.timed_out),
+              static_cast<unsigned long long>(a.evicted), static_cast<unsigned long long>(a.accept_failures),
+              static_cast<unsigned long long>(a.hijacks), static_cast<unsigned long long>(a.joiners_turned_away),
+              static_cast<unsigned long long>(over), static_cast<unsigned long long>(a.reconnected),
+              a.last_rejected.empty() ? "" : "; the last turned away: ", a.last_rejected.c_str());
+}
+
+// What an elastic group went through, as one survivor saw it.
+inline void print_changes(const std::vector<dt::fault::membership_change>& changes, std::uint64_t count) {
+  if (changes.empty()) {
+    std::printf("membership: no changes\n");
+    return;
+  }
+  if (count > changes.size())
+    std::printf("membership: %llu changes, the last %zu of them:\n", static_cast<unsigned long long>(count), changes.size());
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int r : v) {
+      if (!out.empty()) out += ',';
+      out += std::to_string(r);
+    }
+    return out.empty() ? std::string("none") : out;
+  };
+  for (const auto& c : changes) {
+    const std::string inherited = c.inherited.empty() ? "" : ", took over the unsent residual of " + list(c.inherited);
+    std::printf("membership: view %llu from step %lld: peers %s (left out: %s, joined: %s)%s%s, %.3f s after '%s'\n",
+                static_cast<unsigned long long>(c.epoch), static_cast<long long>(c.step), list(c.members).c_str(),
+                list(c.removed).c_str(), list(c.joined).c_str(),
+                c.healed ? (c.healed_in_place ? ", took a peer's state (landed in place)" : ", took a peer's state") : "",
+                inherited.c_str(),
+                c.seconds, c.cause.c_str());
+    // Members whose messages broke the protocol here (a lying leader, a donor serving other bytes).
+    for (const auto& [peer, how] : c.named) std::printf("membership: view %llu names peer %d: %s\n",
+                                                        static_cast<unsigned long long>(c.epoch), peer, how.c_str());
+  }
+}
+
+
+}  // namespace cli
