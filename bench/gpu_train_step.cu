@@ -12,7 +12,17 @@
 //
 // Ours runs in bf16 mixed precision (compute_dtype bf16: bf16 products on tensor cores, f32
 // master weights) and in f32; PyTorch in bf16 autocast (eager and compiled) and f32 (TF32 off).
-#include <decentrain/decentrain.hpp>
+// The model, its optimizer and kernels, not the whole library (~45 s more through nvcc).
+#include <decentrain/autograd/autograd.hpp>
+#include <decentrain/kernels/activation.hpp>
+#include <decentrain/kernels/cross_entropy.hpp>
+#include <decentrain/kernels/gemm.hpp>
+#include <decentrain/kernels/layer_norm.hpp>
+#include <decentrain/kernels/linear.hpp>
+#include <decentrain/kernels/reduce.hpp>
+#include <decentrain/nn/gpt.hpp>
+#include <decentrain/optim/adamw.hpp>
+#include <decentrain/optim/clip.hpp>
 
 #include <algorithm>
 #include <chrono>

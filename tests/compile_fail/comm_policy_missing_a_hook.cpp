@@ -1,5 +1,6 @@
 // Must NOT compile: a communication policy that opts in but lacks after_step.
-#include <decentrain/decentrain.hpp>
+#include <decentrain/train/trainer.hpp>
+#include <decentrain/nn/gpt.hpp>
 
 namespace dt = decentrain;
 struct half_policy {

@@ -1,5 +1,5 @@
 // Must NOT compile: a transport endpoint missing one function of the concept.
-#include <decentrain/decentrain.hpp>
+#include <decentrain/transport/endpoint.hpp>
 
 namespace dt = decentrain;
 struct partial_endpoint {

@@ -1,5 +1,5 @@
 // Must NOT compile: a model type the trainer cannot train (no loss()).
-#include <decentrain/decentrain.hpp>
+#include <decentrain/train/trainer.hpp>
 
 namespace dt = decentrain;
 struct no_loss_model {

@@ -1,3 +1,4 @@
-// The Catch2 entry point shared by every test program.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The entry point of every test program that needs nothing before Catch2 runs.
+#include "support/catch_session.hpp"
+
+int main(int argc, char** argv) { return decentrain_test::run_catch(argc, argv); }
