@@ -56,24 +56,25 @@ grep -q 'resumed from .*step-60' resumed.txt || fail "the CPU run did not resume
 timeout 120 "$gpt" sample --checkpoint ck --tokens 40 --seed 1 >sample.txt 2>&1 || fail "sample from the GPU run: $(cat sample.txt)"
 [ "$(wc -c <sample.txt)" -ge 40 ] || fail "sample printed too little: $(cat sample.txt)"
 
+# Two TCP peers (sync), rank 0 on DEVICE0 writing NAME0.txt, rank 1 on DEVICE1 writing NAME1.txt.
+tcp_pair() {  # tcp_pair NAME DEVICE0 DEVICE1
+  local name=$1 port
+  port=$(free_port)
+  timeout 300 "$gpt" train --device "$3" --listen 127.0.0.1:0 --join "127.0.0.1:$port" --rank 1 --world 2 --comm sync \
+    "${common[@]}" >"${name}1.txt" 2>&1 &
+  local peer=$!
+  train "${name}0.txt" --device "$2" --listen "127.0.0.1:$port" --rank 0 --world 2 --comm sync "${common[@]}"
+  wait $peer || fail "TCP rank 1 ($3) of $name: $(cat "${name}1.txt")"
+}
+
 # Two TCP peers sharing the GPU against two in-process peers on it (sync: the same sums).
 train gpu2.txt --device cuda --peers 2 --comm sync "${common[@]}"
-port=$(free_port)
-timeout 300 "$gpt" train --device cuda --listen 127.0.0.1:0 --join "127.0.0.1:$port" --rank 1 --world 2 --comm sync \
-  "${common[@]}" >tcp1.txt 2>&1 &
-peer=$!
-train tcp0.txt --device cuda --listen "127.0.0.1:$port" --rank 0 --world 2 --comm sync "${common[@]}"
-wait $peer || fail "TCP rank 1 on the GPU: $(cat tcp1.txt)"
+tcp_pair tcp cuda cuda
 near "$(val_loss tcp0.txt)" "$(val_loss gpu2.txt)" 1e-4 "2 TCP peers on one GPU against 2 in-process GPU peers"
 
 # A CPU peer and a GPU peer in one run, against two CPU peers.
 train cpu2.txt --device cpu --peers 2 --comm sync "${common[@]}"
-port=$(free_port)
-timeout 300 "$gpt" train --device cuda --listen 127.0.0.1:0 --join "127.0.0.1:$port" --rank 1 --world 2 --comm sync \
-  "${common[@]}" >mixed1.txt 2>&1 &
-peer=$!
-train mixed0.txt --device cpu --listen "127.0.0.1:$port" --rank 0 --world 2 --comm sync "${common[@]}"
-wait $peer || fail "the GPU peer of the mixed run: $(cat mixed1.txt)"
+tcp_pair mixed cpu cuda
 near "$(val_loss mixed0.txt)" "$(val_loss cpu2.txt)" 0.02 "a CPU peer with a GPU peer against two CPU peers"
 
 # A GPU the machine lacks.
