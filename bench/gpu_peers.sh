@@ -25,7 +25,8 @@ while [ $# -gt 0 ]; do
 done
 [ -x "$cli" ] || { echo "bench/gpu_peers.sh: $cli is missing (cmake --build build --target decentrain-gpt)" >&2; exit 2; }
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+peer=""  # the TCP rank 1 in the background: killed, by its PID, if the script ends first
+trap '[ -n "$peer" ] && kill "$peer" 2>/dev/null; rm -rf "$work"' EXIT
 if ! probe=$("$cli" train --device cuda --steps 1 --eval-batches 1 --quiet 2>&1); then
   echo "bench/gpu_peers.sh: skipped, $probe"
   exit 0
@@ -55,7 +56,8 @@ timeout 900 "$cli" train --device cuda --listen 127.0.0.1:0 --join "127.0.0.1:$p
 peer=$!
 rows+=("$(run "2 TCP DiLoCo peers (2 processes)" "$work/tcp0.txt" "$cli" train --device cuda --listen "127.0.0.1:$port" --rank 0 \
   --world 2 "${settings[@]}")")
-wait $peer || { cat "$work/tcp1.txt"; exit 1; }
+wait "$peer" || { cat "$work/tcp1.txt"; exit 1; }
+peer=""
 # Rank 0 reports its own peer's throughput; the pair's is twice it (both train the same steps).
 IFS='|' read -r name tps val <<<"${rows[2]}"
 rows[2]="$name|$(awk -v t="$tps" 'BEGIN { printf "%.0f", 2 * t }')|$val"

@@ -11,6 +11,8 @@
 set -uo pipefail
 gpt=$(realpath "$1") work=$2
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+peer=""  # a TCP rank 1 running in the background: killed, by its PID, if the script ends first
+trap '[ -n "$peer" ] && kill "$peer" 2>/dev/null' EXIT
 fail() {
   echo "FAILED: $*"
   exit 1
@@ -62,9 +64,10 @@ tcp_pair() {  # tcp_pair NAME DEVICE0 DEVICE1
   port=$(free_port)
   timeout 300 "$gpt" train --device "$3" --listen 127.0.0.1:0 --join "127.0.0.1:$port" --rank 1 --world 2 --comm sync \
     "${common[@]}" >"${name}1.txt" 2>&1 &
-  local peer=$!
+  peer=$!
   train "${name}0.txt" --device "$2" --listen "127.0.0.1:$port" --rank 0 --world 2 --comm sync "${common[@]}"
-  wait $peer || fail "TCP rank 1 ($3) of $name: $(cat "${name}1.txt")"
+  wait "$peer" || fail "TCP rank 1 ($3) of $name: $(cat "${name}1.txt")"
+  peer=""
 }
 
 # Two TCP peers sharing the GPU against two in-process peers on it (sync: the same sums).
