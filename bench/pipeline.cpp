@@ -1,12 +1,15 @@
 // Pipeline schedules and stages. (1) On the simulator (parallel/schedule/simulate.hpp), each
 // action one unit (a forward, a backward's input half, its weight half): the bubble each schedule
-// leaves against the closed form of its paper, the activations stage 0 holds at most, and ZB-H1's
-// step against 1F1B's. (2) What each stage of GPT-2 124M and the shakespeare-char model holds
-// (nn::gpt cut by nn::part), against the whole model, and the peak memory of a training step
-// per stage under 1F1B against the whole model's (real compute). (3) ZB-H1 against 1F1B, and (4) the cost
+// leaves against the closed form of its paper (ZB-V's: the least any schedule can leave), the
+// activations a peer holds at most, and each step against 1F1B's. (2) What each stage of GPT-2
+// 124M and the shakespeare-char model holds (nn::gpt cut by nn::part), against the whole model,
+// and the peak memory of a training step per stage under 1F1B against the whole model's and under
+// ZB-H1 against 1F1B's (real compute; ZB-H1's input halves keep what their weight halves need).
+// (3) ZB-H1 and ZB-V against 1F1B, and (4) the cost
 // partitioner's cut (parallel/partition.hpp) against the even cut, on the simulator fed with
 // GPT-2 124M's forward, input-gradient and weight-gradient times measured here (a block, and the
-// end stages' extra work).
+// end stages' extra work). (5) The placement of 4 stages x 4 copies on 16 peers searched from the
+// links (parallel/link_placement.hpp) against random placements, on the `heterogeneous` links.
 // Usage: bench_pipeline [--json PATH] [--no-measure]
 #include <decentrain/decentrain.hpp>
 
@@ -29,8 +32,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // A stage of `cfg` cut into one block per stage (`part`): the median of `reps` timings of its
-// forward on a micro-batch of (rows, T), its whole backward, and its backward with the
-// parameters' gradients off (the input half; the weight half is the difference).
+// forward on a micro-batch of (rows, T), its backward's input half (the backward with the linear
+// layers' weight gradients put off, autograd/deferred.hpp) and its weight half (running them),
+// as the pipeline's executor runs them.
 struct measured {
   double forward = 0, input = 0, weight = 0;
   double total() const { return forward + input + weight; }
@@ -44,50 +48,44 @@ measured measure_stage(const dt::nn::gpt_config& cfg, const dt::nn::part& part, 
   dt::rng gen(2, "stream");
   const auto stream = dt::randn<dt::cpu>(dt::shape{rows, T, cfg.n_embd}, gen);
   const auto ids = dt::zeros<dt::cpu>(dt::shape{rows, T}, dt::dtype::i32);
-  std::vector<double> f, whole, input;
-  const auto set_weights = [&](bool on) {
-    for (auto& e : stage.parameters()) e.param.state()->requires_grad = on;
-  };
+  std::vector<double> f, input, weight;
   for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up
-    for (const bool weights : {true, false}) {
-      set_weights(true);
-      stage.parameters().zero_grad();
-      dt::var<dt::cpu> in(stream, true);
-      auto t0 = std::chrono::steady_clock::now();
-      auto out = stage.stage_forward(part.stage, part.first() ? dt::var<dt::cpu>() : in, ids, ids, nullptr);
-      const double fwd = seconds_since(t0);
-      set_weights(weights);
-      const auto g = dt::ones<dt::cpu>(out.shape());
-      t0 = std::chrono::steady_clock::now();
+    stage.parameters().zero_grad();
+    dt::var<dt::cpu> in(stream, true);
+    auto t0 = std::chrono::steady_clock::now();
+    auto out = stage.stage_forward(part.stage, part.first() ? dt::var<dt::cpu>() : in, ids, ids, nullptr);
+    const double fwd = seconds_since(t0);
+    const auto g = dt::ones<dt::cpu>(out.shape());
+    dt::weight_gradients later;
+    t0 = std::chrono::steady_clock::now();
+    {
+      dt::defer_weight_gradients scope(later);
       out.backward(g);
-      const double bwd = seconds_since(t0);
-      if (r == 0) continue;
-      if (weights) {
-        f.push_back(fwd);
-        whole.push_back(bwd);
-      } else {
-        input.push_back(bwd);
-      }
     }
+    const double in_half = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    later.run();
+    const double w_half = seconds_since(t0);
+    if (r == 0) continue;
+    f.push_back(fwd);
+    input.push_back(in_half);
+    weight.push_back(w_half);
   }
-  set_weights(true);
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  measured c;
-  c.forward = median(f);
-  c.input = median(input);
-  c.weight = std::max(0.0, median(whole) - c.input);
-  return c;
+  return {median(f), median(input), median(weight)};
 }
 
 // Peak host memory (the allocator's high-water mark over live tensors, as PyTorch's
-// max_memory_allocated) of one training step of stage `s` of `stages` under 1F1B with `micro`
+// max_memory_allocated) of one training step of stage `s` of `stages` under `schedule` (1f1b or
+// zb-h1, whose input halves keep their weight halves' inputs until these run) with `micro`
 // micro-batches of (rows, T): the part, its gradients, AdamW's state and the activations it
 // holds, with the other stages stood in for by random streams and gradients. `stages` 1: the
 // whole model taking the micro-batches' rows at once, as one peer would.
-std::size_t stage_peak_bytes(const dt::nn::gpt_config& cfg, int s, int stages, int micro, std::int64_t rows, std::int64_t T) {
+std::size_t stage_peak_bytes(const dt::nn::gpt_config& cfg, int s, int stages, int micro, std::int64_t rows, std::int64_t T,
+                             const char* schedule = "1f1b") {
   using memory = dt::memory<dt::cpu>;
   const auto before = memory::allocated_bytes();
   memory::reset_peak();
@@ -100,9 +98,15 @@ std::size_t stage_peak_bytes(const dt::nn::gpt_config& cfg, int s, int stages, i
     if (stages == 1) {
       stage.loss(ids(rows * micro), ids(rows * micro)).backward();
     } else {
-      const auto program = ps::one_f_one_b(stages, micro);
+      const auto program = ps::by_name(schedule, stages, micro);
       std::map<int, std::pair<dt::var<dt::cpu>, dt::var<dt::cpu>>> held;  // micro -> (in, out)
+      std::map<int, dt::weight_gradients> owed;  // micro -> its weight half
       for (const auto& a : program.actions[static_cast<std::size_t>(s)]) {
+        if (a.what == ps::op::backward_weight) {
+          owed.at(a.micro).run();
+          owed.erase(a.micro);
+          continue;
+        }
         if (a.what == ps::op::forward) {
           dt::var<dt::cpu> in;
           if (s > 0) in = dt::var<dt::cpu>(dt::randn<dt::cpu>(dt::shape{rows, T, cfg.n_embd}, gen), true);
@@ -112,8 +116,13 @@ std::size_t stage_peak_bytes(const dt::nn::gpt_config& cfg, int s, int stages, i
         }
         auto [in, out] = std::move(held.at(a.micro));
         held.erase(a.micro);
-        if (s == stages - 1) out.backward();
-        else out.backward(dt::randn<dt::cpu>(out.shape(), gen));
+        const auto g = s == stages - 1 ? dt::ones<dt::cpu>(out.shape()) : dt::randn<dt::cpu>(out.shape(), gen);
+        if (a.what == ps::op::backward_input) {
+          dt::defer_weight_gradients scope(owed[a.micro]);
+          out.backward(g);
+        } else {
+          out.backward(g);
+        }
       }
     }
     opt.step();
@@ -146,7 +155,7 @@ int main(int argc, char** argv) try {
   bench::output_file out(json);
   out << "[\n";
   bool first = true, all_equal = true;
-  std::printf("%-7s %3s %4s %10s %12s %6s %13s %10s\n", "sched", "S", "M", "bubble", "closed form", "equal", "stage-0 stash",
+  std::printf("%-7s %3s %4s %10s %12s %6s %13s %10s\n", "sched", "S", "M", "bubble", "closed form", "equal", "most held",
               "vs 1F1B");
   for (int S : {2, 4, 8})
     for (int M : {S, 2 * S, 4 * S, 8 * S}) {
@@ -159,17 +168,22 @@ int main(int argc, char** argv) try {
       };
       for (const auto& r : {row{"gpipe", ps::gpipe(S, M), S - 1, M + S - 1}, row{"1f1b", ps::one_f_one_b(S, M), S - 1, M + S - 1},
                             row{"zb-h1", ps::zb_h1(S, M), S - 1, 3 * M + S - 1},
+                            // ZB-V: 6M + S - 1 chunk actions (the least) from M = 3S/2 on, 4M + 4S - 2 below
+                            2 * M >= 3 * S ? row{"zb-v", ps::zb_v(S, M), S - 1, 6 * M + S - 1, 2}
+                                           : row{"zb-v", ps::zb_v(S, M), 2 * S - 1 - M, 2 * M + 2 * S - 1, 2},
                             row{"int:v=2", ps::interleaved(S, M, 2), S - 1, 2 * M + S - 1, 2}}) {
         const auto t = ps::simulate(r.p);
         const double closed = static_cast<double>(r.num) / r.den;
         const bool equal = t.idle() * r.den == r.num * t.makespan * static_cast<std::int64_t>(t.busy.size());
         all_equal = all_equal && equal;
         const double speedup = static_cast<double>(base) * r.chunks / static_cast<double>(t.makespan);
-        std::printf("%-7s %3d %4d %10.4f %12.4f %6s %13d %9.3fx\n", r.name, S, M, t.bubble(), closed, equal ? "yes" : "NO",
-                    t.peak_stash[0], speedup);
+        // The most activations a peer held, in stages' worth (a chunk's are 1 / chunks of a stage's).
+        const double most = static_cast<double>(*std::max_element(t.peak_stash.begin(), t.peak_stash.end())) / r.chunks;
+        std::printf("%-7s %3d %4d %10.4f %12.4f %6s %13.1f %9.3fx\n", r.name, S, M, t.bubble(), closed, equal ? "yes" : "NO",
+                    most, speedup);
         out << (first ? "" : ",\n") << "  {\"schedule\": \"" << r.name << "\", \"stages\": " << S << ", \"micro_batches\": " << M
             << ", \"bubble\": " << t.bubble() << ", \"closed_form\": " << closed << ", \"equal\": " << (equal ? "true" : "false")
-            << ", \"stage0_peak_stash\": " << t.peak_stash[0] << ", \"makespan\": " << t.makespan << ", \"speedup_vs_1f1b\": " << speedup
+            << ", \"stage0_peak_stash\": " << t.peak_stash[0] << ", \"most_held_stages\": " << most << ", \"makespan\": " << t.makespan << ", \"speedup_vs_1f1b\": " << speedup
             << "}";
         first = false;
       }
@@ -177,7 +191,8 @@ int main(int argc, char** argv) try {
 
   // (2b) Peak memory of a training step, per stage under 1F1B against the whole model, real compute.
   if (measure) {
-    std::printf("\n%-18s %3s %4s %6s %14s %10s\n", "model", "S", "M", "stage", "peak MB", "of whole");
+    std::printf("\n%-18s %3s %4s %6s %14s %10s %14s %12s\n", "model", "S", "M", "stage", "1f1b peak MB", "of whole",
+                "zb-h1 peak MB", "zb-h1/1f1b");
     for (const char* preset : {"shakespeare-char", "gpt2-124m"}) {
       auto cfg = dt::nn::gpt_preset(preset);
       const bool big = cfg.n_layer == 12;
@@ -190,10 +205,12 @@ int main(int argc, char** argv) try {
             << ", \"rows\": " << rows << ", \"T\": " << T << ", \"peak_bytes\": " << whole << "}";
         for (int s = 0; s < S; ++s) {
           const auto peak = stage_peak_bytes(cfg, s, S, M, rows, T);
-          std::printf("%-18s %3d %4d %6d %14.1f %9.3fx\n", preset, S, M, s, peak / 1e6, static_cast<double>(peak) / whole);
+          const auto zb = stage_peak_bytes(cfg, s, S, M, rows, T, "zb-h1");
+          std::printf("%-18s %3d %4d %6d %14.1f %9.3fx %14.1f %11.3fx\n", preset, S, M, s, peak / 1e6,
+                      static_cast<double>(peak) / whole, zb / 1e6, static_cast<double>(zb) / peak);
           out << ",\n  {\"peak\": true, \"model\": \"" << preset << "\", \"stages\": " << S << ", \"stage\": " << s
               << ", \"micro_batches\": " << M << ", \"peak_bytes\": " << peak << ", \"of_whole\": " << static_cast<double>(peak) / whole
-              << "}";
+              << ", \"zb_h1_peak_bytes\": " << zb << "}";
         }
       }
     }
@@ -248,8 +265,8 @@ int main(int argc, char** argv) try {
       }
       return out_costs;
     };
-    std::printf("\n%3s %4s %-16s %12s %12s %12s %10s %16s %12s\n", "S", "M", "cut", "1f1b ms", "zb-h1 ms", "gpipe ms",
-                "zb vs 1f1b", "partitioned cut", "1f1b ms");
+    std::printf("\n%3s %4s %-16s %12s %12s %12s %10s %10s %10s %16s %12s %10s %12s\n", "S", "M", "cut", "1f1b ms", "zb-h1 ms",
+                "gpipe ms", "zb vs 1f1b", "zb-v ms", "vs 1f1b", "partitioned cut", "1f1b ms", "vs even", "its zb-h1");
     for (int S : {2, 4}) {
       const std::vector<std::int64_t> even(static_cast<std::size_t>(S), L / S);
       dt::parallel::model_costs mc;
@@ -270,12 +287,70 @@ int main(int argc, char** argv) try {
         const double zb = 0.1 * static_cast<double>(ps::simulate(ps::zb_h1(S, M), costs_of(even)).makespan);
         const double gp = 0.1 * static_cast<double>(ps::simulate(ps::gpipe(S, M), costs_of(even)).makespan);
         const double cut_f1b = 0.1 * static_cast<double>(ps::simulate(ps::one_f_one_b(S, M), costs_of(cut)).makespan);
-        std::printf("%3d %4d %-16s %12.1f %12.1f %12.1f %9.3fx %16s %12.1f (%.3fx)\n", S, M, show(even).c_str(), f1b, zb, gp,
-                    f1b / zb, show(cut).c_str(), cut_f1b, cut_f1b / f1b);
+        const double cut_zb = 0.1 * static_cast<double>(ps::simulate(ps::zb_h1(S, M), costs_of(cut)).makespan);
+        // ZB-V: the blocks cut evenly into 2S model stages (the earlier ones taking one more), the
+        // first peer holding the embeddings and the head.
+        const auto v_cut = dt::nn::part{0, S, {}, 2}.blocks_per_stage(L);
+        const double zbv = 0.1 * static_cast<double>(ps::simulate(ps::zb_v(S, M), costs_of(v_cut)).makespan);
+        std::printf("%3d %4d %-16s %12.1f %12.1f %12.1f %9.3fx %10.1f %9.3fx %16s %12.1f %9.3fx %11.3fx\n", S, M, show(even).c_str(),
+                    f1b, zb, gp, f1b / zb, zbv, f1b / zbv, show(cut).c_str(), cut_f1b, cut_f1b / f1b, cut_f1b / cut_zb);
         out << ",\n  {\"measured\": true, \"stages\": " << S << ", \"micro_batches\": " << M << ", \"one_f_one_b_ms\": " << f1b
             << ", \"zb_h1_ms\": " << zb << ", \"gpipe_ms\": " << gp << ", \"zb_h1_speedup\": " << f1b / zb
+            << ", \"zb_v_ms\": " << zbv << ", \"zb_v_speedup\": " << f1b / zbv
             << ", \"partitioned_cut\": \"" << show(cut) << "\", \"partitioned_one_f_one_b_ms\": " << cut_f1b
-            << ", \"partitioned_vs_even\": " << cut_f1b / f1b << "}";
+            << ", \"partitioned_vs_even\": " << cut_f1b / f1b << ", \"partitioned_zb_h1_speedup\": " << cut_f1b / cut_zb << "}";
+      }
+    }
+
+    // (5) Placement by links (parallel/link_placement.hpp): 16 peers on the `heterogeneous` links
+    // (each peer its own uplink, 10 Mbit/s to 1 Gbit/s, and latency), GPT-2 124M in 4 stages x 4
+    // copies under 1F1B, 8 micro-batches of 1 x 256 a step, f32 activations; each stage's copies
+    // average its parameters every step (sync) or every 50 steps (DiLoCo H = 50, its bytes spread
+    // over the 50). The searched placement's step against rank order and the mean of 100 random
+    // placements, on the cost model (the measured compute, each hop on its own link).
+    std::printf("\n%-10s %5s %12s %12s %12s %12s %10s %10s\n", "traffic", "seed", "placed s", "rank-order s", "random s",
+                "best random", "vs random", "vs order");
+    const int S = 4, R = 4, M = 8;
+    const auto cut = dt::nn::part{0, S, {}}.blocks_per_stage(L);
+    dt::parallel::pipeline_traffic traffic;
+    traffic.micro_batches = M;
+    traffic.activation_bytes = static_cast<double>(rows * T * cfg.n_embd) * 4.0;
+    for (std::size_t st = 0; st < cut.size(); ++st) {
+      auto m = measured{block.forward * cut[st], block.input * cut[st], block.weight * cut[st]};
+      for (const auto* extra : {st == 0 ? &first : nullptr, st + 1 == cut.size() ? &last : nullptr})
+        if (extra) m = {m.forward + extra->forward, m.input + extra->input, m.weight + extra->weight};
+      const auto us = [](double sec) { return static_cast<std::int64_t>(sec * 1e6 + 0.5); };
+      traffic.compute.push_back({.forward = us(m.forward), .backward_input = us(m.input), .backward_weight = us(m.weight)});
+    }
+    std::vector<double> stage_bytes;
+    for (int st = 0; st < S; ++st) {
+      dt::rng init(1, "init");
+      stage_bytes.push_back(4.0 * static_cast<double>(parameter_count(dt::nn::gpt<dt::cpu>(cfg, init, dt::nn::part{st, S, {}}).parameters())));
+    }
+    for (const auto& [label, every] : {std::pair{"sync", 1.0}, std::pair{"diloco:50", 50.0}}) {
+      traffic.parameter_bytes.clear();
+      for (const double b : stage_bytes) traffic.parameter_bytes.push_back(b / every);
+      for (const std::uint64_t seed : {1, 2, 3}) {
+        const auto sim = dt::transport::links::heterogeneous(S * R, seed);
+        dt::parallel::link_table links(S * R);
+        for (int a = 0; a < S * R; ++a)
+          for (int b = 0; b < S * R; ++b) links.at(a, b) = {sim.at(a, b).latency_s, sim.at(a, b).bandwidth_bytes_per_s};
+        const auto placed = dt::parallel::place_by_links(links, traffic, S, seed, 8);
+        const double mine = dt::parallel::step_seconds(placed, links, traffic);
+        const double order = dt::parallel::step_seconds(dt::parallel::rank_order(S, R), links, traffic);
+        std::mt19937_64 gen(seed + 100);
+        double sum = 0, best_random = 1e300;
+        for (int i = 0; i < 100; ++i) {
+          const double r = dt::parallel::step_seconds(dt::parallel::random_grid(S, R, gen), links, traffic);
+          sum += r;
+          best_random = std::min(best_random, r);
+        }
+        const double random = sum / 100;
+        std::printf("%-10s %5llu %12.2f %12.2f %12.2f %12.2f %9.3fx %9.3fx\n", label, static_cast<unsigned long long>(seed), mine,
+                    order, random, best_random, mine / random, mine / order);
+        out << ",\n  {\"placement\": true, \"traffic\": \"" << label << "\", \"seed\": " << seed << ", \"placed_s\": " << mine
+            << ", \"rank_order_s\": " << order << ", \"random_mean_s\": " << random << ", \"random_best_s\": " << best_random
+            << ", \"placed_vs_random\": " << mine / random << "}";
       }
     }
   }

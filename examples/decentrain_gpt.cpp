@@ -388,7 +388,8 @@ void declare_train(CLI::App& cmd) {
   cli::text(cmd, "schedule", "NAME",
             "the order of each stage's forwards and backwards: gpipe | 1f1b (as\n"
             "gpipe's bubble, fewer activations held) | zb-h1 (zero bubble: the\n"
-            "backward split in two) | interleaved[:v=N] (each peer holds N chunks of\n"
+            "backward split in two) | zb-v (zb-h1's split, two chunks a peer in a V:\n"
+            "stages x 2 of them) | interleaved[:v=N] (each peer holds N chunks of\n"
             "the model, stages x N of them; a bubble N times smaller; default N 2;\n"
             "--micro-batches a multiple of --stages)",
             "1f1b")
@@ -1147,8 +1148,8 @@ void pipeline_settings(const options& opt, train_plan& p) {
   const auto schedule = opt.text("schedule");
   const auto colon = schedule.find(':');
   pipe.schedule = schedule.substr(0, colon);
+  pipe.chunks = dt::parallel::schedule::default_chunks(pipe.schedule);
   if (pipe.schedule == "interleaved") {
-    pipe.chunks = 2;
     if (colon != std::string::npos) {
       const auto setting = schedule.substr(colon + 1);
       const auto v = setting.rfind("v=", 0) == 0 ? cli::parse_integer(setting.substr(2)) : std::nullopt;
@@ -1156,8 +1157,8 @@ void pipeline_settings(const options& opt, train_plan& p) {
       pipe.chunks = static_cast<int>(*v);
     }
   } else {
-    dt::detail::check(schedule == "gpipe" || schedule == "1f1b" || schedule == "zb-h1",
-                      "--schedule: must be gpipe, 1f1b, zb-h1 or interleaved[:v=N], got '", schedule, "'");
+    dt::detail::check(schedule == "gpipe" || schedule == "1f1b" || schedule == "zb-h1" || schedule == "zb-v",
+                      "--schedule: must be gpipe, 1f1b, zb-h1, zb-v or interleaved[:v=N], got '", schedule, "'");
   }
   pipe.codec = dt::compress::parse_codec(opt.text("activation-codec"));
   dt::detail::check(pipe.stages * pipe.chunks <= p.model.n_layer, "--stages ", pipe.stages,

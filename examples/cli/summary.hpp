@@ -65,7 +65,7 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
   const auto& pipe = p.parallel;
   const int world = world_size_of(p) > 0 ? world_size_of(p) : static_cast<int>(runs.size());
   std::printf("\npipeline: %d stages x %d copies, schedule %s%s, %d micro-batches a step, activations %s\n", pipe.stages,
-              world / pipe.stages, pipe.schedule.c_str(), pipe.chunks > 1 ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
+              world / pipe.stages, pipe.schedule.c_str(), pipe.schedule == "interleaved" ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
               pipe.micro_batches, pipe.codec.describe().c_str());
   std::printf("%-6s %-6s %-10s %-16s %-22s %-14s\n", "peer", "stage", "tokens/s", "idle in steps %", "most micro-batches held",
               "MB sent/step");

@@ -5406,6 +5406,65 @@ void sum_columns(cpu, T* out, const T* in, std::int64_t rows, std::int64_t cols,
 // ---- begin decentrain/autograd/autograd.hpp ----
 // Everything autograd: the engine, the parameter registry and every differentiable op.
 
+// ---- begin decentrain/autograd/deferred.hpp ----
+// Weight gradients put off. Zero-bubble pipeline schedules split a stage's backward in two: the
+// input gradient, which the stage before waits for, and the weight gradients, which nobody
+// waits for and which run later, in time the stage would otherwise spend waiting (Qi et al.
+// 2023; their WeightGradStore does this for Megatron's linear layers). While a
+// `defer_weight_gradients` scope is alive on a thread, the linear layers' backward passes
+// compute their input gradient and queue the weight and bias gradients (dW = x^T dY, db = sum
+// dY) in the scope's `weight_gradients`, keeping x and dY alive until then; `run()` computes
+// them later and adds them to the same parameters' gradients, with the same products as at once.
+// The other parameters' gradients (layer norms, embeddings, a fused loss's weight) are small or
+// made in the forward pass, and are made at once.
+
+#include <cstddef>
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace decentrain {
+
+class weight_gradients {
+ public:
+  void defer(std::function<void()> work) { work_.push_back(std::move(work)); }
+  // Runs what was queued, in the order it was queued, and forgets it.
+  void run() {
+    auto work = std::move(work_);
+    work_.clear();
+    for (auto& w : work) w();
+  }
+  bool empty() const { return work_.empty(); }
+  std::size_t size() const { return work_.size(); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
+
+namespace detail {
+// Where this thread's ops queue weight gradients; null: they compute them at once.
+inline weight_gradients*& deferred_weight_gradients() {
+  thread_local weight_gradients* queue = nullptr;
+  return queue;
+}
+}  // namespace detail
+
+// While alive, backward passes on this thread queue their linear layers' weight gradients in `to`.
+class defer_weight_gradients {
+ public:
+  explicit defer_weight_gradients(weight_gradients& to) : previous_(detail::deferred_weight_gradients()) {
+    detail::deferred_weight_gradients() = &to;
+  }
+  ~defer_weight_gradients() { detail::deferred_weight_gradients() = previous_; }
+  defer_weight_gradients(const defer_weight_gradients&) = delete;
+  defer_weight_gradients& operator=(const defer_weight_gradients&) = delete;
+
+ private:
+  weight_gradients* previous_;
+};
+
+}  // namespace decentrain
+// ---- end decentrain/autograd/deferred.hpp ----
 // ---- begin decentrain/autograd/grad_mode.hpp ----
 // Whether ops record a graph. Recording is switched off by a scope (`no_grad`), as in PyTorch.
 // The flag is thread-local on purpose: each peer thread decides for itself, and there is no
@@ -7295,16 +7354,24 @@ void linear_values(const char* name, const tensor<Device>& x2, const tensor<Devi
 
 // The weight's and the bias's gradients of x2 w + b, given the product's gradient g2 (rows,
 // width), both in the kernel dtype; w and b are inputs `iw` and `ib` of the node (has_bias
-// false: no bias).
+// false: no bias). Inside a defer_weight_gradients scope they are queued there instead, x2 and
+// g2 kept until the queue runs (autograd/deferred.hpp).
 template <class Device>
 void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<Device>& g2, std::size_t iw, bool has_bias,
                         std::size_t ib) {
-  if (n.needs_grad(iw)) {
-    auto dw = tensor<Device>::empty(shape({x2.size(1), g2.size(1)}), g2.dtype());
-    math::gemm_batched(true, false, x2, g2, dw, 1.0, 0.0);
-    n.accumulate(iw, std::move(dw));
-  }
-  if (has_bias && n.needs_grad(ib)) n.accumulate(ib, math::sum(g2, {0}));
+  using state = std::shared_ptr<var_state<Device>>;
+  const state w = n.needs_grad(iw) ? n.inputs[iw] : nullptr, b = has_bias && n.needs_grad(ib) ? n.inputs[ib] : nullptr;
+  const auto make = [](const state& weight, const state& bias, const tensor<Device>& x, const tensor<Device>& g) {
+    if (weight) {
+      auto dw = tensor<Device>::empty(shape({x.size(1), g.size(1)}), g.dtype());
+      math::gemm_batched(true, false, x, g, dw, 1.0, 0.0);
+      accumulate_grad(*weight, std::move(dw));
+    }
+    if (bias) accumulate_grad(*bias, math::sum(g, {0}));
+  };
+  if (!w && !b) return;
+  if (auto* later = deferred_weight_gradients()) later->defer([make, w, b, x2, g2] { make(w, b, x2, g2); });
+  else make(w, b, x2, g2);
 }
 
 // The gradients of a linear layer whose input, weight and bias are the node's inputs 0, 1 and
@@ -8806,10 +8873,12 @@ struct mlp {
 // ---- begin decentrain/nn/part.hpp ----
 // A part of a model cut along its depth into pipeline stages: the part peer `stage` of `stages`
 // holds, and how many of the model's blocks each stage holds. With `chunks` v > 1 the model is
-// cut into v x stages stages and the peer holds v of them, stage, stage + stages, ... (the chunks
-// of interleaved schedules). A model that can be cut takes one in its constructor (nn::gpt:
-// embeddings with model stage 0, the final layer norm and the head with the last) and holds only
-// that part's parameters.
+// cut into v x stages stages and the peer holds v of them (its chunks), in one of two layouts:
+// looped, stage, stage + stages, ... (interleaved 1F1B), or v, chunk c going down the peers when
+// c is even and back up when it is odd, so that with two chunks peer p holds model stages p and
+// 2 x stages - 1 - p (ZB-V: the first peer holds both the first and the last model stage). A
+// model that can be cut takes one in its constructor (nn::gpt: embeddings with model stage 0,
+// the final layer norm and the head with the last) and holds only that part's parameters.
 
 #include <cstdint>
 #include <numeric>
@@ -8819,6 +8888,8 @@ struct mlp {
 
 namespace decentrain::nn {
 
+enum class chunk_layout : std::uint8_t { looped, v };
+
 struct part {
   int stage = 0;
   int stages = 1;
@@ -8827,14 +8898,27 @@ struct part {
   // otherwise).
   std::vector<std::int64_t> blocks;
   int chunks = 1;
+  chunk_layout layout = chunk_layout::looped;
 
   bool whole() const { return stages == 1 && chunks == 1; }
-  // Whether it holds the model's first stage (the embeddings) and its last (the head).
-  bool first() const { return stage == 0; }
-  bool last() const { return stage == stages - 1; }
   int model_stages() const { return stages * chunks; }
-  // Whether model stage `s` (of model_stages()) is one of this part's.
-  bool holds(int s) const { return s >= 0 && s < model_stages() && s % stages == stage; }
+  // The peer that holds model stage `s` (of model_stages()).
+  int peer_of(int s) const {
+    const int chunk = s / stages, i = s % stages;
+    return layout == chunk_layout::v && chunk % 2 == 1 ? stages - 1 - i : i;
+  }
+  // Whether model stage `s` is one of this part's.
+  bool holds(int s) const { return s >= 0 && s < model_stages() && peer_of(s) == stage; }
+  // Whether it holds the model's first stage (the embeddings) and its last (the head).
+  bool first() const { return holds(0); }
+  bool last() const { return holds(model_stages() - 1); }
+  // Which of this part's chunks model stage `s` is (its chunks in model order).
+  int chunk_of(int s) const {
+    decentrain::detail::check(holds(s), "model part: stage ", s, " is not held by peer ", stage, " of ", stages);
+    int chunk = 0;
+    for (int t = 0; t < s; ++t) chunk += holds(t) ? 1 : 0;
+    return chunk;
+  }
 
   // The blocks [begin, end) of model stage `s` of a model with `n_blocks`; throws naming the
   // setting that does not fit it.
@@ -9018,7 +9102,7 @@ var<Device> gpt<Device>::stage_forward(int s, const var<Device>& in, const tenso
                                        rng* dropout_rng) const {
   detail::check(part_.holds(s), "gpt: stage ", s, " of ", part_.model_stages(), " is not part of this one (peer ", part_.stage,
                 " of ", part_.stages, ", ", part_.chunks, " chunk(s))");
-  const int chunk = s / part_.stages;
+  const int chunk = part_.chunk_of(s);
   var<Device> x;
   if (s == 0) {
     x = embed(idx, dropout_rng);
@@ -22042,8 +22126,8 @@ struct sync_allreduce {
 // ---- end decentrain/comm/sync_allreduce.hpp ----
 // ---- end decentrain/comm/comm.hpp ----
 // ---- begin decentrain/parallel/parallel.hpp ----
-// Everything in parallel: the policy concept, data parallelism, pipeline parallelism and its
-// schedules as data.
+// Everything in parallel: the policy concept, data parallelism, pipeline parallelism, its
+// schedules as data, and where to cut a model and place its stages.
 
 // ---- begin decentrain/parallel/data.hpp ----
 // Data parallelism: every peer holds the whole model and trains on its own rows of the global
@@ -22085,10 +22169,12 @@ concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 struct placement {
   int stage = 0;
   int stages = 1;
+  int copy = 0;  // which copy of the pipeline (its rows of each step), of world / stages
   std::vector<int> replicas;
   std::vector<int> pipeline;
   std::vector<std::int64_t> blocks;
   int chunks = 1;  // model stages per peer (interleaved schedules: the model is cut into stages x chunks)
+  nn::chunk_layout layout = nn::chunk_layout::looped;  // which of the model's stages are this peer's chunks
 };
 
 // The placement of plain data parallelism: one stage, every peer a replica.
@@ -22151,106 +22237,29 @@ struct data {
 
 }  // namespace decentrain::parallel
 // ---- end decentrain/parallel/data.hpp ----
-// ---- begin decentrain/parallel/partition.hpp ----
-// Where to cut a model into pipeline stages from what its parts cost (torchtitan's and
-// DeepSpeed's partitioners do the same from measured or counted costs): contiguous runs of
-// blocks, each stage at least one, so that the slowest stage, which sets the pipeline's pace,
-// is as fast as any cut can make it. The end stages carry extra work beside their blocks (the
-// embeddings on the first, the final norm, the head and the loss on the last), which an even
-// cut ignores. The result goes into parallel::pipeline::blocks (nn::part::blocks).
+// ---- begin decentrain/parallel/link_placement.hpp ----
+// Which peer holds which stage of which copy of a pipeline, from the links between the peers.
+// DTFM (Yuan et al. 2022, "Decentralized Training of Foundation Models in Heterogeneous
+// Environments") models a step's communication as the pipeline's transfers along each copy plus
+// the averaging among each stage's copies, and searches the assignments of peers to (stage,
+// copy) for the one that makes it shortest; here the same model, with the pipeline timed by the
+// schedule simulator (each hop on its own link, the stages' compute given), and a local search:
+// from random assignments and the rank order, swap two peers while a swap shortens the step.
+// The result goes into parallel::pipeline::ranks.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
-#include <vector>
-
-
-namespace decentrain::parallel {
-
-struct model_costs {
-  std::vector<double> blocks;  // each block's cost (a micro-batch's forward and backward, say)
-  double first_extra = 0;      // beside its blocks, on the first stage
-  double last_extra = 0;       // beside its blocks, on the last stage
-};
-
-// Each stage's cost under a cut (blocks per stage).
-inline std::vector<double> stage_costs(const model_costs& c, const std::vector<std::int64_t>& cut) {
-  std::vector<double> out;
-  std::size_t next = 0;
-  for (std::size_t s = 0; s < cut.size(); ++s) {
-    double sum = s == 0 ? c.first_extra : 0.0;
-    if (s + 1 == cut.size()) sum += c.last_extra;
-    for (std::int64_t b = 0; b < cut[s]; ++b) sum += c.blocks.at(next++);
-    out.push_back(sum);
-  }
-  return out;
-}
-
-// Blocks per stage minimising the slowest stage's cost (dynamic programming over the cut points,
-// S x n^2 steps); among equal cuts, the first found. Throws when the stages cannot each hold a block.
-inline std::vector<std::int64_t> partition(const model_costs& c, int stages) {
-  const auto n = static_cast<int>(c.blocks.size());
-  decentrain::detail::check(stages >= 1 && stages <= n, "partition: ", stages, " stages for ", n,
-                            " blocks (each stage needs at least one)");
-  for (const double b : c.blocks) decentrain::detail::check(b >= 0, "partition: a block's cost must be >= 0, got ", b);
-  std::vector<double> prefix(static_cast<std::size_t>(n) + 1, 0.0);
-  for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i) + 1] = prefix[static_cast<std::size_t>(i)] + c.blocks[static_cast<std::size_t>(i)];
-  const auto run = [&](int from, int to, int s) {  // blocks [from, to) as stage s
-    double cost = prefix[static_cast<std::size_t>(to)] - prefix[static_cast<std::size_t>(from)];
-    if (s == 0) cost += c.first_extra;
-    if (s == stages - 1) cost += c.last_extra;
-    return cost;
-  };
-  constexpr double none = std::numeric_limits<double>::infinity();
-  // best[s][i]: the slowest of stages 0..s when they hold the first i blocks; from[s][i]: where stage s starts.
-  std::vector<std::vector<double>> best(static_cast<std::size_t>(stages), std::vector<double>(static_cast<std::size_t>(n) + 1, none));
-  std::vector<std::vector<int>> from(static_cast<std::size_t>(stages), std::vector<int>(static_cast<std::size_t>(n) + 1, -1));
-  for (int i = 1; i <= n; ++i) best[0][static_cast<std::size_t>(i)] = run(0, i, 0);
-  for (int s = 1; s < stages; ++s)
-    for (int i = s + 1; i <= n; ++i)
-      for (int j = s; j < i; ++j) {
-        const double slowest = std::max(best[static_cast<std::size_t>(s) - 1][static_cast<std::size_t>(j)], run(j, i, s));
-        if (slowest < best[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)]) {
-          best[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] = slowest;
-          from[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] = j;
-        }
-      }
-  std::vector<std::int64_t> cut(static_cast<std::size_t>(stages));
-  for (int s = stages - 1, end = n; s >= 0; --s) {
-    const int begin = s == 0 ? 0 : from[static_cast<std::size_t>(s)][static_cast<std::size_t>(end)];
-    cut[static_cast<std::size_t>(s)] = end - begin;
-    end = begin;
-  }
-  return cut;
-}
-
-}  // namespace decentrain::parallel
-// ---- end decentrain/parallel/partition.hpp ----
-// ---- begin decentrain/parallel/pipeline.hpp ----
-// Pipeline parallelism: the model cut into `stages` parts (nn::part), one per peer (with
-// `chunks` v, into v x stages, v per peer: interleaved schedules), each step's rows split into
-// `micro_batches` that go through the stages by a schedule (schedule/), and
-// world / stages copies of the pipeline (replicas) that each take their own rows, as data
-// parallelism does. Peer r holds stage r % stages of copy r / stages; the communication policy
-// averages a stage's parameters among its copies (placement::replicas), and the clipping norm is
-// taken over the whole pipeline (the tied embedding, held by the first and the last stage,
-// counted once). With one stage and one micro-batch it is data parallelism.
-//
-// What it needs of the model, beside a constructor that builds one part (nn::gpt has them):
-//   var<D> stage_forward(int s, const var<D>& in, const tensor<D>& ids, const tensor<D>& targets, rng*)
-//   std::int64_t stream_width() const; std::vector<std::string> tied_parameters() const
-
-#include <algorithm>
-#include <concepts>
-#include <cstdint>
-#include <optional>
-#include <span>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
 // ---- begin decentrain/parallel/schedule/schedule.hpp ----
 // Pipeline schedules as data: the action lists, their check, their simulation and their
-// execution on a peer, and the generators (GPipe, 1F1B, ZB-H1, interleaved 1F1B), found by name.
+// execution on a peer, and the generators (GPipe, 1F1B, ZB-H1, ZB-V, interleaved 1F1B), found by
+// name.
 
 #include <string>
 #include <string_view>
@@ -22461,10 +22470,9 @@ inline void check(const program& p) {
 //   var<D> stage_forward(int s, const var<D>& in, const tensor<D>& ids, const tensor<D>& targets, rng*)
 //                                        model stage s's forward (one of the part's)
 //   std::int64_t stream_width() const    the width C of the (B, T, C) stream between stages
-// The backward of a stage runs whole where a schedule splits it: the input half computes the
-// weight gradients too, and the weight half has nothing left to do (the autograd frees a graph
-// as its backward goes, so the weight half cannot be put off yet). Gradients are the same either
-// way; the simulator (simulate.hpp) is what times the split.
+// Where a schedule splits a backward, the input half runs the stage's backward with its linear
+// layers' weight gradients put off (autograd/deferred.hpp) and the weight half computes them:
+// the same products as a whole backward's, so the gradients are the same.
 
 #include <algorithm>
 #include <chrono>
@@ -22491,6 +22499,7 @@ struct run_stats {
   double loss = 0;       // the last stage: the step's loss (shares' weighted sum); others 0
   int peak_stashed = 0;  // most micro-batches whose activations this peer held at once
   std::uint64_t bytes_sent = 0;  // activations and gradients sent (headers included)
+  int peak_deferred = 0;  // most weight halves owed at once (their inputs and output gradients held)
   double busy_s = 0;   // in the stage's forwards and backwards
   double total_s = 0;  // the whole run, waits on the other stages included
   // The share of the run this peer waited: its bubble (with the transfers' time in it).
@@ -22535,6 +22544,7 @@ run_stats execute(const program& p, int me, Stage& stage, Comm& comm, const std:
     var<D> in, out;  // out: the stream handed on, or on the last stage the loss
   };
   std::map<std::pair<int, int>, stashed> stash;  // (stage, micro)
+  std::map<std::pair<int, int>, weight_gradients> owed;  // (stage, micro): input half run, weight half not yet
   std::map<std::tuple<int, int, int>, tensor<cpu>> mailbox;  // (kind, stage, micro): arrived ahead of its turn
   std::vector<std::byte> wire;
 
@@ -22618,19 +22628,39 @@ run_stats execute(const program& p, int me, Stage& stage, Comm& comm, const std:
       }
       continue;
     }
-    if (!train || a.what == op::backward_weight) continue;  // see the header: the input half did the weights too
+    if (!train) continue;
+    if (a.what == op::backward_weight) {
+      auto it = owed.find({a.stage, a.micro});
+      check(it != owed.end(), "pipeline: ", to_string(a), " before its input half");
+      const auto t0 = clock::now();
+      it->second.run();
+      stats.busy_s += since(t0);
+      owed.erase(it);
+      continue;
+    }
     auto it = stash.find({a.stage, a.micro});
     check(it != stash.end(), "pipeline: ", to_string(a), " before its forward");
     auto [in, out] = std::move(it->second);
     stash.erase(it);
     auto grad = a.stage == last ? full<D>(out.shape(), mb.share, out.dtype()) : receive(1, a.stage, a.micro, a.stage + 1);
     const auto t0 = clock::now();
-    out.backward(grad);
+    if (a.what == op::backward_input) {
+      weight_gradients later;
+      {
+        defer_weight_gradients scope(later);
+        out.backward(grad);
+      }
+      owed.emplace(std::make_pair(a.stage, a.micro), std::move(later));
+      stats.peak_deferred = std::max(stats.peak_deferred, static_cast<int>(owed.size()));
+    } else {
+      out.backward(grad);
+    }
     stats.busy_s += since(t0);
     if (a.stage > 0) send(1, a.stage - 1, a.micro, in.grad());
   }
-  check(stash.empty() && mailbox.empty(), "pipeline: the schedule left ", stash.size(), " micro-batches without a backward and ",
-        mailbox.size(), " messages unread on peer ", me);
+  check(stash.empty() && mailbox.empty() && owed.empty(), "pipeline: the schedule left ", stash.size(),
+        " micro-batches without a backward, ", owed.size(), " without their weight half and ", mailbox.size(),
+        " messages unread on peer ", me);
   stats.total_s = since(run_start);
   return stats;
 }
@@ -22746,6 +22776,7 @@ inline program one_f_one_b(int peers, int micro_batches) {
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -22781,7 +22812,8 @@ struct timeline {
   std::int64_t makespan = 0;
   std::vector<std::int64_t> busy;            // per peer: time spent computing
   std::vector<int> peak_stash;               // per peer: most micro-batches whose activations it held
-                                             // at once (forward done, input gradient not yet)
+                                             // at once (forward done, backward not yet; a split
+                                             // backward's weight half needs some of them)
   std::vector<std::vector<span>> spans;      // per peer, in its order
 
   // Time the peers spent waiting, in all: peers x makespan - busy.
@@ -22795,9 +22827,12 @@ struct timeline {
   }
 };
 
-// Times `p` with each stage's own costs, `per_stage[s]` for stage s (a transfer costs what the
-// receiving stage's says); checked first: a schedule that cannot run is refused, naming why.
-inline timeline simulate(const program& p, const std::vector<costs>& per_stage) {
+// Times `p` with each stage's own costs, `per_stage[s]` for stage s, and a transfer from stage
+// `from` to stage `to` (on different peers) costing `transfer(from, to)` (a link's delay: the
+// transfers do not queue behind each other); checked first: a schedule that cannot run is
+// refused, naming why.
+inline timeline simulate(const program& p, const std::vector<costs>& per_stage,
+                         const std::function<std::int64_t(int from, int to)>& transfer) {
   check(p);
   decentrain::detail::check(per_stage.size() == static_cast<std::size_t>(p.stages()), "schedule: ", per_stage.size(),
                             " stages' costs for a program of ", p.stages(), " stages");
@@ -22818,7 +22853,7 @@ inline timeline simulate(const program& p, const std::vector<costs>& per_stage) 
     std::int64_t start = free_at[i];
     for (const auto& w : detail::needs(p, a)) {
       const bool elsewhere = p.peer_of[static_cast<std::size_t>(w.stage)] != peer;
-      start = std::max(start, end_of.at(detail::key_of(w)) + (elsewhere ? c.transfer : 0));
+      start = std::max(start, end_of.at(detail::key_of(w)) + (elsewhere ? transfer(w.stage, a.stage) : 0));
     }
     const std::int64_t end = start + c.of(a.what);
     end_of[detail::key_of(a)] = end;
@@ -22827,9 +22862,16 @@ inline timeline simulate(const program& p, const std::vector<costs>& per_stage) 
     t.makespan = std::max(t.makespan, end);
     t.spans[i].push_back({a, start, end});
     if (a.what == op::forward) t.peak_stash[i] = std::max(t.peak_stash[i], ++stash[i]);
-    if (a.what == op::backward || a.what == op::backward_input) --stash[i];
+    if (a.what == op::backward || a.what == op::backward_weight) --stash[i];
   });
   return t;
+}
+
+// Each stage's own costs, a transfer costing what the receiving stage's say.
+inline timeline simulate(const program& p, const std::vector<costs>& per_stage) {
+  return simulate(p, per_stage, [&per_stage](int, int to) {
+    return to >= 0 && static_cast<std::size_t>(to) < per_stage.size() ? per_stage[static_cast<std::size_t>(to)].transfer : 0;
+  });
 }
 
 // The same costs on every stage.
@@ -22841,19 +22883,19 @@ inline timeline simulate(const program& p, const costs& c = {}) {
 // ---- end decentrain/parallel/schedule/simulate.hpp ----
 // ---- begin decentrain/parallel/schedule/zb_h1.hpp ----
 // ZB-H1, zero bubble at 1F1B's memory (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the
-// backward split in two, the input half (what the stage before waits for) as early as it can
-// run, the weight half put off into the time the stage would otherwise wait. Stage s keeps at
-// most min(S - s, M) micro-batches' activations, as in 1F1B, and with equal costs the bubble
-// falls from 1F1B's (S - 1) / (M + S - 1) to (S - 1) / (3M + S - 1).
+// backward split in two, the input half (what the stage before waits for) run as 1F1B runs its
+// backward, the weight half put off into the time the stage would otherwise wait. With equal
+// costs the bubble falls from 1F1B's (S - 1) / (M + S - 1) to (S - 1) / (3M + S - 1).
 //
-// Written by running the stages in unit time steps, each taking at every step the first of: the
-// input half of its oldest micro-batch whose output gradient has come; a forward, while it holds
-// fewer than S - s micro-batches' activations; a weight half it owes. (The paper's heuristic
-// scheduler, with the memory of 1F1B as its limit.)
+// Stage s runs S - 1 - s forwards ahead (one fewer than 1F1B: its input halves come back sooner),
+// then a forward and an input half in turn, then the input halves left; after each input half
+// from the (s + 1)-th on, the weight half of the oldest micro-batch that owes one; the weight
+// halves left at the end. So stage s holds at most S - s micro-batches between forward and input
+// half, as in 1F1B, and at most S between forward and weight half on every stage, 1F1B's most
+// (its first stage's). (The paper's handcrafted schedule, as torch.distributed.pipelining's
+// ScheduleInterleavedZeroBubble writes it for one chunk.)
 
 #include <algorithm>
-#include <cstdint>
-#include <vector>
 
 
 namespace decentrain::parallel::schedule {
@@ -22861,63 +22903,399 @@ namespace decentrain::parallel::schedule {
 inline program zb_h1(int peers, int micro_batches) {
   check_shape("zb-h1", peers, micro_batches);
   auto p = one_stage_per_peer(peers, micro_batches);
-  const auto S = static_cast<std::size_t>(peers);
-  const auto M = static_cast<std::size_t>(micro_batches);
-  constexpr std::int64_t never = -1;
-  // When each micro-batch's forward and input half ended on each stage (never: not yet).
-  std::vector<std::vector<std::int64_t>> forward_end(S, std::vector<std::int64_t>(M, never));
-  std::vector<std::vector<std::int64_t>> input_end(S, std::vector<std::int64_t>(M, never));
-  std::vector<std::size_t> forwards(S, 0), inputs(S, 0), weights(S, 0);  // how many of each each stage ran
-  const auto by = [](std::int64_t end, std::int64_t t) { return end != never && end <= t; };
-  std::size_t left = 3 * S * M;
-  const std::int64_t limit = 4 * static_cast<std::int64_t>(3 * M + S);  // a step count no such schedule reaches
-  for (std::int64_t t = 0; left > 0; ++t) {
-    decentrain::detail::check(t < limit, "schedule zb-h1: no progress by step ", t, " (a bug in the generator)");
-    for (std::size_t s = 0; s < S; ++s) {
-      auto& list = p.actions[s];
-      const int stage = static_cast<int>(s);
-      const std::size_t i = inputs[s], f = forwards[s];
-      if (i < f && by(forward_end[s][i], t) && (s + 1 == S || by(input_end[s + 1][i], t))) {
-        list.push_back({op::backward_input, static_cast<int>(i), stage});
-        input_end[s][i] = t + 1;
-        ++inputs[s];
-      } else if (f < M && (s == 0 || by(forward_end[s - 1][f], t)) && f - i < S - s) {
-        list.push_back({op::forward, static_cast<int>(f), stage});
-        forward_end[s][f] = t + 1;
-        ++forwards[s];
-      } else if (weights[s] < i && by(input_end[s][weights[s]], t)) {
-        list.push_back({op::backward_weight, static_cast<int>(weights[s]), stage});
-        ++weights[s];
-      } else {
-        continue;
-      }
-      --left;
+  const int S = peers, M = micro_batches;
+  for (int s = 0; s < S; ++s) {
+    auto& list = p.actions[static_cast<std::size_t>(s)];
+    const int ahead = std::min(S - 1 - s, M);
+    int forward = 0, input = 0, weight = 0;
+    for (; forward < ahead; ++forward) list.push_back({op::forward, forward, s});
+    while (input < M) {
+      if (forward < M) list.push_back({op::forward, forward++, s});
+      list.push_back({op::backward_input, input++, s});
+      if (input > s) list.push_back({op::backward_weight, weight++, s});
     }
+    while (weight < M) list.push_back({op::backward_weight, weight++, s});
   }
   return p;
 }
 
 }  // namespace decentrain::parallel::schedule
 // ---- end decentrain/parallel/schedule/zb_h1.hpp ----
+// ---- begin decentrain/parallel/schedule/zb_v.hpp ----
+// ZB-V (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 6): the model cut into 2S
+// stages, peer p holding stages p and 2S - 1 - p (a V: down the peers and back up, so the first
+// peer holds both ends of the model and the turn at the last peer needs no transfer), each
+// backward split into its input and weight halves as in ZB-H1. A chunk's actions cost half a
+// stage's; with equal costs a step takes 6M + S - 1 chunk actions once M >= 3S/2, the least any
+// schedule can (the last peer waits S - 1 for its first forward and then has 6M to run), and
+// 4M + 4S - 2 below that. Every peer holds at most 2S chunks' activations (forward run, weight
+// half not yet), S stages' worth: 1F1B's most.
+//
+// Peer p: 2(S - p) - 1 forwards of its first chunk; p times a forward of each chunk; S - p times
+// the second chunk's forward and both its halves; then, while forwards are left, the first
+// chunk's forward and both halves and the second's forward and both halves; then p times both
+// chunks' input halves, S - p times the first chunk's input half and an owed weight half, and
+// the weight halves left, the second chunk's first. (The paper's handcrafted schedule, as
+// torch.distributed.pipelining's ScheduleZBVZeroBubble writes it; written for max(M, 2S - 1)
+// micro-batches, those past M dropped.)
+
+#include <algorithm>
+
+
+namespace decentrain::parallel::schedule {
+
+inline program zb_v(int peers, int micro_batches) {
+  check_shape("zb-v", peers, micro_batches);
+  const int S = peers, M = micro_batches, n = std::max(M, 2 * S - 1);
+  program p;
+  p.micro_batches = M;
+  for (int s = 0; s < 2 * S; ++s) p.peer_of.push_back(s < S ? s : 2 * S - 1 - s);
+  p.actions.resize(static_cast<std::size_t>(S));
+  for (int peer = 0; peer < S; ++peer) {
+    auto& list = p.actions[static_cast<std::size_t>(peer)];
+    const int first = peer, second = 2 * S - 1 - peer;  // its model stages
+    int f0 = 0, f1 = 0, i0 = 0, i1 = 0;  // forwards and input halves run, per chunk
+    const auto add = [&](op what, int micro, int stage) {
+      if (micro < M) list.push_back({what, micro, stage});
+    };
+    const auto both_halves = [&](int& input, int stage) {
+      add(op::backward_input, input, stage);
+      add(op::backward_weight, input++, stage);
+    };
+    for (int k = 0; k < 2 * (S - peer) - 1; ++k) add(op::forward, f0++, first);
+    for (int k = 0; k < peer; ++k) {
+      add(op::forward, f1++, second);
+      add(op::forward, f0++, first);
+    }
+    for (int k = 0; k < S - peer; ++k) {
+      add(op::forward, f1++, second);
+      both_halves(i1, second);
+    }
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) add(op::forward, f0++, first);
+      both_halves(i0, first);
+      add(op::forward, f1++, second);
+      both_halves(i1, second);
+    }
+    int w0 = i0, w1 = i1;  // weight halves run
+    for (int k = 0; k < peer; ++k) {
+      add(op::backward_input, i0++, first);
+      add(op::backward_input, i1++, second);
+    }
+    for (int k = 0; k < S - peer; ++k) {
+      add(op::backward_input, i0++, first);
+      add(op::backward_weight, w0++, first);
+    }
+    while (w1 < i1) add(op::backward_weight, w1++, second);
+    while (w0 < i0) add(op::backward_weight, w0++, first);
+  }
+  return p;
+}
+
+}  // namespace decentrain::parallel::schedule
+// ---- end decentrain/parallel/schedule/zb_v.hpp ----
 
 namespace decentrain::parallel::schedule {
 
 // The generators by name; a new schedule adds its line here. `chunks`: the model stages each
-// peer holds (interleaved's v; the others hold one).
-inline constexpr const char* names = "gpipe, 1f1b, zb-h1, interleaved";
+// peer holds (interleaved's v; ZB-V's two; the others hold one).
+inline constexpr const char* names = "gpipe, 1f1b, zb-h1, zb-v, interleaved";
+
+// The chunks a schedule runs per peer by default (interleaved takes any number, 2 unless set).
+inline int default_chunks(std::string_view name) { return name == "zb-v" || name == "interleaved" ? 2 : 1; }
 
 inline program by_name(std::string_view name, int peers, int micro_batches, int chunks = 1) {
-  decentrain::detail::check(name == "interleaved" || chunks == 1, "pipeline: schedule ", std::string(name),
-                            " runs one chunk per peer, not ", chunks, " (interleaved runs several)");
+  using decentrain::detail::check;
+  if (name == "interleaved") return interleaved(peers, micro_batches, chunks);
+  check(chunks == default_chunks(name), "pipeline: schedule ", std::string(name), " runs ", default_chunks(name),
+        " chunk(s) per peer, not ", chunks, " (interleaved runs any number)");
   if (name == "gpipe") return gpipe(peers, micro_batches);
   if (name == "1f1b") return one_f_one_b(peers, micro_batches);
   if (name == "zb-h1") return zb_h1(peers, micro_batches);
-  if (name == "interleaved") return interleaved(peers, micro_batches, chunks);
+  if (name == "zb-v") return zb_v(peers, micro_batches);
   decentrain::detail::fail("pipeline: unknown schedule '", std::string(name), "' (expected one of ", names, ")");
 }
 
 }  // namespace decentrain::parallel::schedule
 // ---- end decentrain/parallel/schedule/schedule.hpp ----
+
+namespace decentrain::parallel {
+
+// A link a -> b: the time before the first byte arrives and the rate after it.
+struct link_estimate {
+  double latency_s = 0;
+  double bytes_per_s = 1e30;
+  double seconds(double bytes) const { return latency_s + bytes / bytes_per_s; }
+};
+
+// Every ordered pair's link among `world` peers (measured, or a simulator's).
+class link_table {
+ public:
+  explicit link_table(int world) : world_(world), links_(static_cast<std::size_t>(world) * static_cast<std::size_t>(world)) {
+    decentrain::detail::check(world >= 1, "link_table: world must be >= 1, got ", world);
+  }
+  int world() const { return world_; }
+  link_estimate& at(int a, int b) { return links_[index(a, b)]; }
+  const link_estimate& at(int a, int b) const { return links_[index(a, b)]; }
+
+ private:
+  std::size_t index(int a, int b) const {
+    decentrain::detail::check(a >= 0 && a < world_ && b >= 0 && b < world_, "link_table: link ", a, " -> ", b,
+                              " is outside a world of ", world_);
+    return static_cast<std::size_t>(a) * static_cast<std::size_t>(world_) + static_cast<std::size_t>(b);
+  }
+  int world_;
+  std::vector<link_estimate> links_;
+};
+
+// What a step of one copy computes and moves, for the cost model.
+struct pipeline_traffic {
+  std::string schedule = "1f1b";  // one chunk per peer: gpipe, 1f1b or zb-h1
+  int micro_batches = 1;
+  double activation_bytes = 0;  // one micro-batch's stream between two stages (its gradient as large)
+  std::vector<schedule::costs> compute;  // per stage, in microseconds (their `transfer` is not used)
+  std::vector<double> parameter_bytes;   // per stage: what its copies average a step (0: nothing)
+};
+
+// ranks[s][c]: the world rank that holds stage s of copy c.
+using stage_grid = std::vector<std::vector<int>>;
+
+// Peer r at stage r % S of copy r / S (parallel::pipeline's placement without `ranks`).
+inline stage_grid rank_order(int stages, int copies) {
+  stage_grid g(static_cast<std::size_t>(stages), std::vector<int>(static_cast<std::size_t>(copies)));
+  for (int c = 0; c < copies; ++c)
+    for (int s = 0; s < stages; ++s) g[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)] = c * stages + s;
+  return g;
+}
+
+// Throws unless `g` has `stages` rows of equal length holding each of world's ranks once.
+inline void check_grid(const stage_grid& g, int stages, int world) {
+  using decentrain::detail::check;
+  check(g.size() == static_cast<std::size_t>(stages), "pipeline ranks: ", g.size(), " rows for ", stages, " stages");
+  std::vector<int> seen;
+  for (const auto& row : g) {
+    check(row.size() == g.front().size() && !row.empty(), "pipeline ranks: every stage needs as many copies as stage 0 (",
+          g.front().size(), "), got ", row.size());
+    seen.insert(seen.end(), row.begin(), row.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  check(static_cast<int>(seen.size()) == world && seen.front() == 0 && seen.back() == world - 1 &&
+            std::adjacent_find(seen.begin(), seen.end()) == seen.end(),
+        "pipeline ranks: must hold each of the ", world, " ranks once");
+}
+
+namespace detail {
+
+inline std::int64_t microseconds(double s) { return static_cast<std::int64_t>(std::llround(s * 1e6)); }
+
+// A ring all-reduce of `bytes` among `ring` (in that order): 2(R - 1) steps, each moving 1/R of
+// the bytes to the next peer, paced by the ring's slowest link.
+inline double ring_seconds(const std::vector<int>& ring, const link_table& links, double bytes) {
+  const auto R = static_cast<int>(ring.size());
+  if (R < 2 || bytes <= 0) return 0;
+  double slowest = 0;
+  for (int i = 0; i < R; ++i)
+    slowest = std::max(slowest, links.at(ring[static_cast<std::size_t>(i)], ring[static_cast<std::size_t>((i + 1) % R)]).seconds(bytes / R));
+  return 2.0 * (R - 1) * slowest;
+}
+
+}  // namespace detail
+
+// A placement's times in seconds: `step`, the slowest copy's pipeline (the schedule simulated
+// with the stages' compute and each hop's transfer on its own link) plus the slowest stage's ring
+// all-reduce among its copies; `total`, every copy's and every stage's added up (what the search
+// also shortens, so that it can move on where a swap leaves the slowest as slow).
+struct placement_cost {
+  double step = 0, total = 0;
+  bool operator<(const placement_cost& o) const {
+    constexpr double margin = 1e-9;
+    if (step < o.step * (1 - margin)) return true;
+    if (o.step < step * (1 - margin)) return false;
+    return total < o.total * (1 - margin);
+  }
+};
+
+inline placement_cost cost_of(const stage_grid& g, const link_table& links, const pipeline_traffic& t,
+                              const schedule::program& program) {
+  const auto S = g.size();
+  decentrain::detail::check(t.compute.size() == S, "pipeline traffic: ", t.compute.size(), " stages' compute for ", S, " stages");
+  placement_cost out;
+  double slowest_copy = 0, slowest_group = 0;
+  for (std::size_t c = 0; c < g.front().size(); ++c) {
+    const auto hop = [&](int from, int to) {
+      return detail::microseconds(links.at(g[static_cast<std::size_t>(from)][c], g[static_cast<std::size_t>(to)][c]).seconds(t.activation_bytes));
+    };
+    const double copy = 1e-6 * static_cast<double>(schedule::simulate(program, t.compute, hop).makespan);
+    slowest_copy = std::max(slowest_copy, copy);
+    out.total += copy;
+  }
+  for (std::size_t s = 0; s < S; ++s) {
+    const double group = detail::ring_seconds(g[s], links, s < t.parameter_bytes.size() ? t.parameter_bytes[s] : 0.0);
+    slowest_group = std::max(slowest_group, group);
+    out.total += group;
+  }
+  out.step = slowest_copy + slowest_group;
+  return out;
+}
+
+// The step's time under `g`, in seconds (placement_cost::step).
+inline double step_seconds(const stage_grid& g, const link_table& links, const pipeline_traffic& t) {
+  return cost_of(g, links, t, schedule::by_name(t.schedule, static_cast<int>(g.size()), t.micro_batches)).step;
+}
+
+// A placement of world = stages x copies peers drawn at random (a uniform permutation).
+inline stage_grid random_grid(int stages, int copies, std::mt19937_64& gen) {
+  std::vector<int> ranks(static_cast<std::size_t>(stages * copies));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  std::shuffle(ranks.begin(), ranks.end(), gen);
+  stage_grid g = rank_order(stages, copies);
+  for (auto& row : g)
+    for (auto& r : row) r = ranks[static_cast<std::size_t>(r)];
+  return g;
+}
+
+// The placement of the links' world into `stages` x world / stages that the search finds
+// shortest: from the rank order and `restarts` random placements, each improved by swapping two
+// peers while a swap shortens the step, or keeps it and shortens the total (every pair tried in
+// turn, the first that does taken), the best of them. Deterministic for a seed.
+inline stage_grid place_by_links(const link_table& links, const pipeline_traffic& t, int stages, std::uint64_t seed = 0,
+                                 int restarts = 8) {
+  const int world = links.world();
+  decentrain::detail::check(stages >= 1 && world % stages == 0, "place_by_links: ", world, " peers do not divide into copies of ",
+                            stages, " stages");
+  const int copies = world / stages;
+  const auto program = schedule::by_name(t.schedule, stages, t.micro_batches);
+  std::mt19937_64 gen(seed);
+  stage_grid best;
+  placement_cost best_cost{std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
+  for (int start = 0; start <= restarts; ++start) {
+    auto g = start == 0 ? rank_order(stages, copies) : random_grid(stages, copies, gen);
+    auto now = cost_of(g, links, t, program);
+    for (bool improved = true; improved;) {
+      improved = false;
+      for (int a = 0; a < world && !improved; ++a)
+        for (int b = a + 1; b < world && !improved; ++b) {
+          auto& x = g[static_cast<std::size_t>(a % stages)][static_cast<std::size_t>(a / stages)];
+          auto& y = g[static_cast<std::size_t>(b % stages)][static_cast<std::size_t>(b / stages)];
+          std::swap(x, y);
+          const auto tried = cost_of(g, links, t, program);
+          if (tried < now) {
+            now = tried;
+            improved = true;
+          } else {
+            std::swap(x, y);
+          }
+        }
+    }
+    if (now < best_cost) {
+      best_cost = now;
+      best = g;
+    }
+  }
+  return best;
+}
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/link_placement.hpp ----
+// ---- begin decentrain/parallel/partition.hpp ----
+// Where to cut a model into pipeline stages from what its parts cost (torchtitan's and
+// DeepSpeed's partitioners do the same from measured or counted costs): contiguous runs of
+// blocks, each stage at least one, so that the slowest stage, which sets the pipeline's pace,
+// is as fast as any cut can make it. The end stages carry extra work beside their blocks (the
+// embeddings on the first, the final norm, the head and the loss on the last), which an even
+// cut ignores. The result goes into parallel::pipeline::blocks (nn::part::blocks).
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+
+namespace decentrain::parallel {
+
+struct model_costs {
+  std::vector<double> blocks;  // each block's cost (a micro-batch's forward and backward, say)
+  double first_extra = 0;      // beside its blocks, on the first stage
+  double last_extra = 0;       // beside its blocks, on the last stage
+};
+
+// Each stage's cost under a cut (blocks per stage).
+inline std::vector<double> stage_costs(const model_costs& c, const std::vector<std::int64_t>& cut) {
+  std::vector<double> out;
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < cut.size(); ++s) {
+    double sum = s == 0 ? c.first_extra : 0.0;
+    if (s + 1 == cut.size()) sum += c.last_extra;
+    for (std::int64_t b = 0; b < cut[s]; ++b) sum += c.blocks.at(next++);
+    out.push_back(sum);
+  }
+  return out;
+}
+
+// Blocks per stage minimising the slowest stage's cost (dynamic programming over the cut points,
+// S x n^2 steps); among equal cuts, the first found. Throws when the stages cannot each hold a block.
+inline std::vector<std::int64_t> partition(const model_costs& c, int stages) {
+  const auto n = static_cast<int>(c.blocks.size());
+  decentrain::detail::check(stages >= 1 && stages <= n, "partition: ", stages, " stages for ", n,
+                            " blocks (each stage needs at least one)");
+  for (const double b : c.blocks) decentrain::detail::check(b >= 0, "partition: a block's cost must be >= 0, got ", b);
+  std::vector<double> prefix(static_cast<std::size_t>(n) + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i) + 1] = prefix[static_cast<std::size_t>(i)] + c.blocks[static_cast<std::size_t>(i)];
+  const auto run = [&](int from, int to, int s) {  // blocks [from, to) as stage s
+    double cost = prefix[static_cast<std::size_t>(to)] - prefix[static_cast<std::size_t>(from)];
+    if (s == 0) cost += c.first_extra;
+    if (s == stages - 1) cost += c.last_extra;
+    return cost;
+  };
+  constexpr double none = std::numeric_limits<double>::infinity();
+  // best[s][i]: the slowest of stages 0..s when they hold the first i blocks; from[s][i]: where stage s starts.
+  std::vector<std::vector<double>> best(static_cast<std::size_t>(stages), std::vector<double>(static_cast<std::size_t>(n) + 1, none));
+  std::vector<std::vector<int>> from(static_cast<std::size_t>(stages), std::vector<int>(static_cast<std::size_t>(n) + 1, -1));
+  for (int i = 1; i <= n; ++i) best[0][static_cast<std::size_t>(i)] = run(0, i, 0);
+  for (int s = 1; s < stages; ++s)
+    for (int i = s + 1; i <= n; ++i)
+      for (int j = s; j < i; ++j) {
+        const double slowest = std::max(best[static_cast<std::size_t>(s) - 1][static_cast<std::size_t>(j)], run(j, i, s));
+        if (slowest < best[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)]) {
+          best[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] = slowest;
+          from[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] = j;
+        }
+      }
+  std::vector<std::int64_t> cut(static_cast<std::size_t>(stages));
+  for (int s = stages - 1, end = n; s >= 0; --s) {
+    const int begin = s == 0 ? 0 : from[static_cast<std::size_t>(s)][static_cast<std::size_t>(end)];
+    cut[static_cast<std::size_t>(s)] = end - begin;
+    end = begin;
+  }
+  return cut;
+}
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/partition.hpp ----
+// ---- begin decentrain/parallel/pipeline.hpp ----
+// Pipeline parallelism: the model cut into `stages` parts (nn::part), one per peer (with
+// `chunks` v, into v x stages, v per peer: interleaved schedules and ZB-V, each laying the
+// chunks out its own way, nn::chunk_layout), each step's rows split into
+// `micro_batches` that go through the stages by a schedule (schedule/), and
+// world / stages copies of the pipeline (replicas) that each take their own rows, as data
+// parallelism does. Peer r holds stage r % stages of copy r / stages, or where `ranks` puts it
+// (parallel::place_by_links finds a placement from the links between peers); the communication policy
+// averages a stage's parameters among its copies (placement::replicas), and the clipping norm is
+// taken over the whole pipeline (the tied embedding, held by the peers of the first and the last
+// model stage, counted once). With one stage and one micro-batch it is data parallelism.
+//
+// What it needs of the model, beside a constructor that builds one part (nn::gpt has them):
+//   var<D> stage_forward(int s, const var<D>& in, const tensor<D>& ids, const tensor<D>& targets, rng*)
+//   std::int64_t stream_width() const; std::vector<std::string> tied_parameters() const
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
 
 namespace decentrain::parallel {
 
@@ -22929,8 +23307,9 @@ struct pipeline {
   int stages = 2;
   int micro_batches = 1;         // per step and copy of the pipeline; at most the rows per step
   std::string schedule = "1f1b";  // schedule::names
-  int chunks = 1;                  // model stages per peer (interleaved's v; the model is cut into stages x chunks)
+  int chunks = 0;  // model stages per peer (interleaved's v; the model is cut into stages x chunks); 0: the schedule's
   std::vector<std::int64_t> blocks;  // blocks per model stage (empty: an even cut)
+  std::vector<std::vector<int>> ranks;  // ranks[s][c]: the world rank at stage s of copy c (empty: rank order)
   Codec codec{};                 // the activations and their gradients between stages
 
   // Throws naming the setting that is out of range (the schedule's name included).
@@ -22940,19 +23319,36 @@ struct pipeline {
     check(micro_batches >= 1, "pipeline: micro-batches must be >= 1, got ", micro_batches);
     check(world % stages == 0, "pipeline: ", world, " peers do not divide into copies of ", stages,
           " stages (peers must be a multiple of stages)");
-    (void)schedule::by_name(schedule, stages, micro_batches, chunks);
+    (void)schedule::by_name(schedule, stages, micro_batches, chunks_per_peer());
+    if (!ranks.empty()) check_grid(ranks, stages, world);
   }
+
+  int chunks_per_peer() const { return chunks > 0 ? chunks : schedule::default_chunks(schedule); }
+  // How the schedule lays a peer's chunks out: ZB-V's in a V, the others' looped.
+  nn::chunk_layout layout() const { return schedule == "zb-v" ? nn::chunk_layout::v : nn::chunk_layout::looped; }
 
   placement place(int rank, int world) const {
     validate(world);
-    if (stages == 1 && chunks == 1) return everyone(world);
+    if (stages == 1 && chunks_per_peer() == 1 && ranks.empty()) {
+      auto p = everyone(world);
+      p.copy = rank;
+      return p;
+    }
+    const auto grid = ranks.empty() ? rank_order(stages, world / stages) : ranks;
     placement p;
-    p.stage = rank % stages;
+    for (std::size_t s = 0; s < grid.size(); ++s)
+      for (std::size_t c = 0; c < grid[s].size(); ++c)
+        if (grid[s][c] == rank) {
+          p.stage = static_cast<int>(s);
+          p.copy = static_cast<int>(c);
+        }
     p.stages = stages;
-    p.chunks = chunks;
+    p.chunks = chunks_per_peer();
+    p.layout = layout();
     p.blocks = blocks;
-    for (int r = p.stage; r < world; r += stages) p.replicas.push_back(r);
-    for (int s = 0; s < stages; ++s) p.pipeline.push_back(rank - p.stage + s);
+    p.replicas = grid[static_cast<std::size_t>(p.stage)];
+    std::sort(p.replicas.begin(), p.replicas.end());
+    for (int s = 0; s < stages; ++s) p.pipeline.push_back(grid[static_cast<std::size_t>(s)][static_cast<std::size_t>(p.copy)]);
     return p;
   }
 
@@ -22978,7 +23374,7 @@ struct pipeline {
   step_result forward_backward(Ctx& ctx) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::train, ctx.step, micro_batches);
     ctx.parameters.zero_grad();
-    const auto stats = run(ctx, program_for(micro_batches), micro, true);
+    const auto stats = run(ctx, program_for(ctx, micro_batches), micro, true);
     sum_tied(ctx);
     last_ = stats;
     const std::int64_t B = ctx.batch_size, T = ctx.block;
@@ -22989,24 +23385,25 @@ struct pipeline {
   double evaluate(Ctx& ctx, std::int64_t batch) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::validation, batch, 1);
     // One micro-batch forward through the model's stages, each peer taking its own in order.
+    const auto part = part_of(ctx.placement);
     schedule::program forward;
     forward.micro_batches = 1;
     forward.actions.resize(static_cast<std::size_t>(stages));
-    for (int s = 0; s < stages * chunks; ++s) {
-      forward.peer_of.push_back(s % stages);
-      forward.actions[static_cast<std::size_t>(s % stages)].push_back({schedule::op::forward, 0, s});
+    for (int s = 0; s < part.model_stages(); ++s) {
+      forward.peer_of.push_back(part.peer_of(s));
+      forward.actions[static_cast<std::size_t>(part.peer_of(s))].push_back({schedule::op::forward, 0, s});
     }
     const auto stats = run(ctx, forward, micro, false);
     return shared_loss(ctx, stats.loss);
   }
 
   // The clipping norm over the whole pipeline: each stage's sum of squares added up, the tied
-  // parameters counted on the first stage only.
+  // parameters counted on the peer of the first model stage only.
   template <class Ctx>
   optim::norm_share grad_norm_share(Ctx& ctx) {
     optim::norm_share share;
     if (ctx.placement.stages == 1) return share;
-    if (ctx.placement.stage != 0) share.counted_elsewhere = ctx.model.tied_parameters();
+    if (!part_of(ctx.placement).first()) share.counted_elsewhere = ctx.model.tied_parameters();
     share.total = [&ctx](double mine) {
       ctx.pipeline.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
       return mine;
@@ -23026,7 +23423,9 @@ struct pipeline {
     const std::int64_t B = ctx.batch_size, T = ctx.block;
     decentrain::detail::check(count <= B, "pipeline: ", count, " micro-batches of ", B,
                               " rows per step (micro-batches must be at most the batch size)");
-    const int copies = ctx.comm.world() / ctx.placement.stages, copy = ctx.comm.rank() / ctx.placement.stages;
+    // One stage: every peer is a copy, of the group as it stands (fault::elastic re-forms it).
+    const int copies = ctx.comm.world() / ctx.placement.stages;
+    const int copy = ctx.placement.stages == 1 ? ctx.comm.rank() : ctx.placement.copy;
     auto [x, y] = ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, copy, copies);
     std::vector<schedule::micro_batch> out;
     for (std::int64_t m = 0, row = 0; m < count; ++m) {
@@ -23038,13 +23437,25 @@ struct pipeline {
     return out;
   }
 
-  const schedule::program& program_for(int micro) {
+  // The schedule's program, checked, and checked against the model part's layout: each model
+  // stage run by the peer that holds it.
+  template <class Ctx>
+  const schedule::program& program_for(const Ctx& ctx, int micro) {
     if (!program_ || program_->micro_batches != micro) {
-      program_ = schedule::by_name(schedule, stages, micro, chunks);
+      program_ = schedule::by_name(schedule, stages, micro, chunks_per_peer());
       schedule::check(*program_);
+      const auto part = part_of(ctx.placement);
+      decentrain::detail::check(program_->stages() == part.model_stages(), "pipeline: schedule ", schedule, " runs ",
+                                program_->stages(), " model stages, the model is cut into ", part.model_stages());
+      for (int s = 0; s < part.model_stages(); ++s)
+        decentrain::detail::check(program_->peer_of[static_cast<std::size_t>(s)] == part.peer_of(s), "pipeline: schedule ",
+                                  schedule, " runs model stage ", s, " on peer ", program_->peer_of[static_cast<std::size_t>(s)],
+                                  ", the model part's layout puts it on peer ", part.peer_of(s));
     }
     return *program_;
   }
+
+  static nn::part part_of(const placement& at) { return nn::part{at.stage, at.stages, at.blocks, at.chunks, at.layout}; }
 
   template <class Ctx>
   schedule::run_stats run(Ctx& ctx, const schedule::program& p, const std::vector<schedule::micro_batch>& micro, bool train) {
@@ -23053,13 +23464,16 @@ struct pipeline {
     return schedule::execute(p, ctx.placement.stage, ctx.model, ctx.pipeline, comm_rank, micro, codec, train, &ctx.dropout);
   }
 
-  // The tied parameters' gradients summed between the first and the last stage (a float sum of
-  // two is the same either way round, so both hold the same sum bit for bit).
+  // The tied parameters' gradients summed between the peers of the first and the last model
+  // stage (a float sum of two is the same either way round, so both hold the same sum bit for
+  // bit); nothing to do where one peer holds both (ZB-V's first: the autograd summed them).
   template <class Ctx>
   void sum_tied(Ctx& ctx) {
     const auto& at = ctx.placement;
-    if (at.stages == 1 || (at.stage != 0 && at.stage != at.stages - 1)) return;
-    const int peer = rank_of_stage(at, at.stage == 0 ? at.stages - 1 : 0);
+    const auto part = part_of(at);
+    const int first = part.peer_of(0), last = part.peer_of(part.model_stages() - 1);
+    if (at.stages == 1 || first == last || (at.stage != first && at.stage != last)) return;
+    const int peer = rank_of_stage(at, at.stage == first ? last : first);
     for (const auto& tied : ctx.model.tied_parameters()) {
       auto& param = ctx.parameters.get(tied);
       auto& g = param.grad();
@@ -23073,16 +23487,17 @@ struct pipeline {
     }
   }
 
-  // The step's loss, computed on the last stage, known to every stage of the pipeline.
+  // The step's loss, computed on the last model stage, known to every stage of the pipeline.
   template <class Ctx>
   static double shared_loss(Ctx& ctx, double loss) {
     if (ctx.placement.stages == 1) return loss;
-    ctx.pipeline.broadcast(std::span<double>(&loss, 1), rank_of_stage(ctx.placement, ctx.placement.stages - 1));
+    const auto part = part_of(ctx.placement);
+    ctx.pipeline.broadcast(std::span<double>(&loss, 1), rank_of_stage(ctx.placement, part.peer_of(part.model_stages() - 1)));
     return loss;
   }
 
   // The rank in the pipeline's communicator (its world ranks in ascending order) of the peer
-  // that holds stage `s`.
+  // at index `s` of the pipeline (the one that holds stage s, and with chunks its other ones).
   static int rank_of_stage(const placement& at, int s) {
     if (at.stages == 1) return 0;
     const int world_rank = at.pipeline[static_cast<std::size_t>(s)];
@@ -27053,7 +27468,7 @@ class trainer {
     rng init(seed, "init");
     if (at.stages == 1 && at.chunks == 1) return Model(config, init);
     if constexpr (std::constructible_from<Model, const model_config&, rng&, const nn::part&>)
-      return Model(config, init, nn::part{at.stage, at.stages, at.blocks, at.chunks});
+      return Model(config, init, nn::part{at.stage, at.stages, at.blocks, at.chunks, at.layout});
     else
       decentrain::detail::fail("trainer: the parallel policy places this peer at stage ", at.stage, " of ", at.stages,
                                ", but the model cannot be cut into stages (it needs a constructor "

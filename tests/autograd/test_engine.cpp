@@ -87,6 +87,56 @@ TEST_CASE("backward frees each activation once its readers are done, unless the 
   for (const auto& p : w) CHECK(p.grad().defined());
 }
 
+TEST_CASE("deferred weight gradients: the input gradient at once, the weights' when run, the same bits", "[autograd]") {
+  dt::rng gen(3, "defer");
+  const auto x0 = dt::randn<dt::cpu>(dt::shape{2, 3, 8}, gen);
+  const auto w1 = dt::randn<dt::cpu>(dt::shape{8, 16}, gen), b1 = dt::randn<dt::cpu>(dt::shape{16}, gen);
+  const auto w2 = dt::randn<dt::cpu>(dt::shape{16, 8}, gen), b2 = dt::randn<dt::cpu>(dt::shape{8}, gen);
+  const auto w3 = dt::randn<dt::cpu>(dt::shape{8, 4}, gen);
+  struct grads {
+    std::vector<float> x, w1, b1, w2, b2, w3;
+  };
+  // A linear layer, the fused MLP and a linear without bias, twice through the last one.
+  const auto pass = [&](dt::weight_gradients* later, bool check_owed) {
+    dt::var<dt::cpu> x(x0.clone(), true);
+    auto pw1 = dt::parameter(w1.clone()), pb1 = dt::parameter(b1.clone()), pw2 = dt::parameter(w2.clone()),
+         pb2 = dt::parameter(b2.clone()), pw3 = dt::parameter(w3.clone());
+    const auto h = dt::linear_gelu_linear(x, pw1, pb1, pw2, pb2);
+    auto y = dt::sum(dt::linear(h, pw3) * dt::linear(h + x, pw3));
+    if (later) {
+      dt::defer_weight_gradients scope(*later);
+      y.backward();
+    } else {
+      y.backward();
+    }
+    if (check_owed) {
+      CHECK(x.grad().defined());  // the input gradient is there at once
+      CHECK_FALSE(pw1.grad().defined());
+      CHECK_FALSE(pb2.grad().defined());
+      CHECK_FALSE(pw3.grad().defined());
+      CHECK(later->size() == 4);  // one item a linear layer: the MLP's two, and the two uses of w3
+      later->run();
+      CHECK(later->empty());
+    }
+    const auto v = [](const dt::var<dt::cpu>& p) { return p.grad().to_vector<float>(); };
+    return grads{v(x), v(pw1), v(pb1), v(pw2), v(pb2), v(pw3)};
+  };
+  const auto now = pass(nullptr, false);
+  dt::weight_gradients later;
+  const auto deferred = pass(&later, true);
+  CHECK(deferred.x == now.x);
+  CHECK(deferred.w1 == now.w1);
+  CHECK(deferred.b1 == now.b1);
+  CHECK(deferred.w2 == now.w2);
+  CHECK(deferred.b2 == now.b2);
+  CHECK(deferred.w3 == now.w3);
+  // The scope ends with its block: a backward after it computes the weights' gradients at once.
+  auto w = dt::parameter(w3.clone());
+  dt::sum(dt::linear(dt::var<dt::cpu>(x0.clone()), w)).backward();
+  CHECK(w.grad().defined());
+  CHECK(later.empty());
+}
+
 TEST_CASE("backward needs a scalar or an explicit gradient of the output's shape", "[autograd]") {
   auto x = dt::parameter(values({1, 2}, {2}));
   auto y = x * 2.0;

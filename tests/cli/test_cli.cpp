@@ -1491,6 +1491,11 @@ TEST_CASE("train --parallel pipeline: stages x replicas train as one process doe
   REQUIRE(interleaved.status == 0);
   CHECK(std::abs(loss_of(interleaved.output) - expected) <= 1e-4);
   CHECK_THAT(interleaved.output, Contains("schedule interleaved:v=2, 4 micro-batches a step"));
+  const auto zb_v = run(common + " --batch-size 8 --peers 2 --parallel pipeline --stages 2 --micro-batches 4 --schedule zb-v", dir);
+  INFO(zb_v.output);
+  REQUIRE(zb_v.status == 0);
+  CHECK(std::abs(loss_of(zb_v.output) - expected) <= 1e-4);
+  CHECK_THAT(zb_v.output, Contains("schedule zb-v, 4 micro-batches a step"));
   // Two TCP processes, a stage each, with int8 activations: they train and agree with each other.
   const auto port = std::to_string(free_port());
   const std::string tcp_args = common + " --batch-size 8 --parallel pipeline --stages 2 --activation-codec int8";
@@ -1514,7 +1519,8 @@ TEST_CASE("train --parallel pipeline: bad settings are refused naming the option
       {" --peers 4 --parallel pipeline --stages 2 --replicas 3", "--replicas 3 x --stages 2 is not the 4 peers"},
       {" --peers 2 --parallel pipeline --micro-batches 5", "--micro-batches 5 cuts 4 rows"},
       {" --peers 2 --stages 2", "--stages needs --parallel pipeline"},
-      {" --peers 2 --parallel pipeline --schedule zb-v", "--schedule: must be gpipe, 1f1b, zb-h1 or interleaved[:v=N]"},
+      {" --peers 2 --parallel pipeline --schedule zb-w", "--schedule: must be gpipe, 1f1b, zb-h1, zb-v or interleaved[:v=N]"},
+      {" --peers 2 --parallel pipeline --schedule zb-v", "--stages 2 x 2 chunks cuts a model of 2 layers"},
       {" --peers 2 --parallel pipeline --schedule interleaved:v=x", "expected interleaved:v=N"},
       {" --peers 2 --parallel pipeline --schedule interleaved:v=2", "--stages 2 x 2 chunks cuts a model of 2 layers"},
       {" --peers 2 --parallel pipeline --elastic", "--parallel pipeline does not take --elastic yet"},

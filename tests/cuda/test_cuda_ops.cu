@@ -751,7 +751,7 @@ TEMPLATE_TEST_CASE("cuda trainer: two peers on the GPU follow the CPU peers", "[
   CHECK(on_gpu[0].last.policy_bytes_sent == on_cpu[0].last.policy_bytes_sent);
 }
 
-TEST_CASE("cuda pipeline: a GPT cut into two stages on the GPU trains as one GPU peer holding the whole model") {
+TEST_CASE("cuda pipeline: a GPT cut into two stages on the GPU trains as one GPU peer holding the whole model, 1F1B, ZB-H1 and ZB-V") {
   const auto text = dt::data::builtin_corpus(std::size_t{1} << 16, 5);
   const auto tok = dt::data::char_tokenizer::from_text(text);
   const dt::data::token_dataset data(tok.encode(text));
@@ -762,17 +762,23 @@ TEST_CASE("cuda pipeline: a GPT cut into two stages on the GPU trains as one GPU
   opts.grad_clip = 0.05;  // clips every step: the stages agree on the whole model's norm
   auto cfg = dt::nn::gpt_preset("tiny");
   cfg.vocab_size = tok.vocab_size();
+  cfg.n_layer = 4;  // ZB-V cuts the model into 2 x 2 stages
   using Whole = dt::train::trainer<dt::nn::gpt<gpu>>;
   using Piped = dt::train::trainer<dt::nn::gpt<gpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>>;
   const auto whole = dt::train::fit_in_process<Whole>(dt::transport::in_process(1), cfg, opts, data);
-  dt::parallel::pipeline<> pipe;
-  pipe.stages = 2;
-  pipe.micro_batches = 3;  // rows 2, 1, 1
-  const auto piped = dt::train::fit_in_process<Piped>(dt::transport::in_process(2), cfg, opts, data, {}, {}, 1, pipe);
-  REQUIRE(piped.size() == 2);
-  for (const auto& r : piped) {
-    CHECK(std::abs(r.final_val_loss - whole[0].final_val_loss) <= 1e-4);
-    CHECK(r.last.grad_norm == Approx(whole[0].last.grad_norm).epsilon(1e-4));
+  // ZB-H1 and ZB-V put the linear layers' weight gradients off (autograd/deferred.hpp) on the GPU.
+  for (const char* schedule : {"1f1b", "zb-h1", "zb-v"}) {
+    INFO(schedule);
+    dt::parallel::pipeline<> pipe;
+    pipe.stages = 2;
+    pipe.micro_batches = 3;  // rows 2, 1, 1
+    pipe.schedule = schedule;
+    const auto piped = dt::train::fit_in_process<Piped>(dt::transport::in_process(2), cfg, opts, data, {}, {}, 1, pipe);
+    REQUIRE(piped.size() == 2);
+    for (const auto& r : piped) {
+      CHECK(std::abs(r.final_val_loss - whole[0].final_val_loss) <= 1e-4);
+      CHECK(r.last.grad_norm == Approx(whole[0].last.grad_norm).epsilon(1e-4));
+    }
   }
 }
 

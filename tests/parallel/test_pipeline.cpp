@@ -25,7 +25,7 @@ dt::nn::gpt_config four_blocks() {
   return c;
 }
 
-dt::parallel::pipeline<> piped(int stages, int micro, const char* schedule = "1f1b", int chunks = 1) {
+dt::parallel::pipeline<> piped(int stages, int micro, const char* schedule = "1f1b", int chunks = 0) {
   dt::parallel::pipeline<> p;
   p.stages = stages;
   p.micro_batches = micro;
@@ -176,16 +176,51 @@ TEST_CASE("pipeline: every schedule's gradients equal one peer's whole-model gra
           CHECK(r.grad_norm.at(p) == Approx(whole.grad_norm.at(0)).epsilon(1e-6));
         }
       }
-  // Interleaved, two chunks a peer (the 4 blocks cut into 2 x S stages): M a multiple of S.
-  for (int S = 1; S <= 2; ++S)
-    for (int M = S; M <= 8; M += S) {
-      INFO("interleaved:v=2: S = " << S << ", M = " << M);
-      const auto r = train<Piped>(S, opts, piped(S, M, "interleaved", 2));
-      const auto c = compare(r.grads, ref);
-      CHECK(c.missing.empty());
-      CHECK(c.worst <= 1e-6);
-      for (int p = 0; p < S; ++p) CHECK(r.grad_norm.at(p) == Approx(whole.grad_norm.at(0)).epsilon(1e-6));
+  // Two chunks a peer (the 4 blocks cut into 2 x S stages): interleaved (M a multiple of S) and
+  // ZB-V (the first peer holds both ends of the model, the tied embedding's two uses on one peer).
+  for (const char* schedule : {"interleaved", "zb-v"})
+    for (int S = 1; S <= 2; ++S)
+      for (int M = S; M <= 8; M += std::string(schedule) == "interleaved" ? S : 1) {
+        INFO(schedule << ", 2 chunks: S = " << S << ", M = " << M);
+        const auto r = train<Piped>(S, opts, piped(S, M, schedule, 2));
+        const auto c = compare(r.grads, ref);
+        CHECK(c.missing.empty());
+        CHECK(c.worst <= 1e-6);
+        for (int p = 0; p < S; ++p) CHECK(r.grad_norm.at(p) == Approx(whole.grad_norm.at(0)).epsilon(1e-6));
+      }
+}
+
+TEST_CASE("pipeline: ZB-V lays a peer's chunks in a V, the first peer holding both ends of the model") {
+  const auto cfg = four_blocks();
+  dt::rng init_whole(7, "init");
+  const dt::nn::gpt<dt::cpu> whole(cfg, init_whole);
+  const auto names_of = [&](int peer) {
+    dt::rng init(7, "init");
+    const dt::nn::gpt<dt::cpu> part(cfg, init, dt::nn::part{peer, 2, {}, 2, dt::nn::chunk_layout::v});
+    std::vector<std::string> names;
+    for (const auto& e : part.parameters()) {
+      names.push_back(e.name);
+      CHECK(values(e.param.value()) == values(whole.parameters().get(e.name).value()));
     }
+    return names;
+  };
+  const auto has = [](const std::vector<std::string>& names, const std::string& n) {
+    return std::find(names.begin(), names.end(), n) != names.end();
+  };
+  const auto first = names_of(0), second = names_of(1);
+  // Peer 0: model stages 0 and 3 (blocks 0 and 3, the embeddings, ln_f); peer 1: stages 1 and 2.
+  for (const char* n : {"wte.weight", "wpe.weight", "ln_f.weight", "h.0.attn.c_attn.weight", "h.3.attn.c_attn.weight"}) {
+    CHECK(has(first, n));
+    CHECK_FALSE(has(second, n));
+  }
+  for (const char* n : {"h.1.attn.c_attn.weight", "h.2.attn.c_attn.weight"}) {
+    CHECK(has(second, n));
+    CHECK_FALSE(has(first, n));
+  }
+  CHECK(first.size() + second.size() == whole.parameters().size());  // nothing held twice
+  // The pipeline places ZB-V's chunks so, the other schedules' looped.
+  CHECK(piped(2, 2, "zb-v").place(0, 2).layout == dt::nn::chunk_layout::v);
+  CHECK(piped(2, 2, "interleaved", 2).place(1, 2).layout == dt::nn::chunk_layout::looped);
 }
 
 TEST_CASE("pipeline: the tied embedding gets one gradient, the sum of its two uses, on both end stages") {
@@ -229,6 +264,24 @@ TEST_CASE("pipeline: S x R peers train as one peer with an R-times batch") {
   CHECK(r.params.at(0) == r.params.at(2));
   CHECK(r.params.at(1) == r.params.at(3));
   for (const auto& res : r.results) CHECK(res.final_val_loss == Approx(whole.results[0].final_val_loss).epsilon(1e-5));
+}
+
+TEST_CASE("pipeline: peers placed by a grid (parallel::place_by_links) train as peers in rank order do") {
+  const auto opts = run_of(4, 4);
+  const auto in_order = train<Piped>(4, opts, piped(2, 2));
+  auto placed = piped(2, 2);
+  placed.ranks = {{3, 0}, {1, 2}};  // stage 0 of copies 0 and 1 on peers 3 and 0, stage 1 on 1 and 2
+  CHECK(placed.place(3, 4).stage == 0);
+  CHECK(placed.place(3, 4).copy == 0);
+  CHECK(placed.place(0, 4).pipeline == std::vector<int>{0, 2});
+  CHECK(placed.place(2, 4).replicas == std::vector<int>{1, 2});
+  const auto r = train<Piped>(4, opts, placed);
+  // Peer 3 holds what peer 0 held in rank order (stage 0 of copy 0), peer 1 what peer 1 held.
+  CHECK(r.params.at(3) == in_order.params.at(0));
+  CHECK(r.params.at(1) == in_order.params.at(1));
+  for (const auto& res : r.results) CHECK(res.final_val_loss == Approx(in_order.results[0].final_val_loss).epsilon(1e-12));
+  placed.ranks = {{3, 0}, {1, 1}};
+  CHECK_THROWS_WITH(train<Piped>(4, opts, placed), Contains("must hold each of the 4 ranks once"));
 }
 
 TEST_CASE("pipeline: any S and M reach one process's loss within 1e-4 after 30 steps") {
@@ -301,7 +354,9 @@ TEST_CASE("pipeline: bad settings are refused naming the setting") {
   CHECK_THROWS_WITH(fails(2, piped(2, 0)), Contains("micro-batches must be >= 1"));
   CHECK_THROWS_WITH(fails(2, piped(2, 5)), Contains("5 micro-batches of 4 rows"));
   CHECK_THROWS_WITH(fails(3, piped(2, 1)), Contains("3 peers do not divide into copies of 2 stages"));
-  CHECK_THROWS_WITH(fails(2, piped(2, 1, "zb-v")), Contains("unknown schedule 'zb-v'"));
+  CHECK_THROWS_WITH(fails(2, piped(2, 1, "zb-w")), Contains("unknown schedule 'zb-w'"));
+  CHECK_THROWS_WITH(fails(2, piped(2, 2, "zb-v", 3)), Contains("schedule zb-v runs 2 chunk(s) per peer, not 3"));
+  CHECK_THROWS_WITH(fails(4, piped(4, 4, "zb-v")), Contains("8 stages (stages x chunks) cut a model of 4 blocks"));
   CHECK_THROWS_WITH(fails(2, piped(2, 3, "interleaved", 2)), Contains("micro-batches (3) must be a multiple of the peers (2)"));
   CHECK_THROWS_WITH(fails(2, piped(2, 2, "interleaved", 3)), Contains("6 stages (stages x chunks) cut a model of 4 blocks"));
   auto uneven = piped(2, 1);

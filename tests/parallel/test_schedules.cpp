@@ -4,6 +4,7 @@
 // that cannot run, naming the action.
 #include <catch2/catch.hpp>
 
+#include <decentrain/parallel/link_placement.hpp>
 #include <decentrain/parallel/partition.hpp>
 #include <decentrain/parallel/schedule/schedule.hpp>
 
@@ -41,14 +42,59 @@ TEST_CASE("schedules: GPipe and 1F1B have the bubble (S - 1) / (M + S - 1), GPip
     }
 }
 
+// The most micro-batches each peer holds between a forward and its input half (what 1F1B counts).
+std::vector<int> most_before_input(const ps::program& p) {
+  std::vector<int> most;
+  for (const auto& list : p.actions) {
+    int held = 0, peak = 0;
+    for (const auto& a : list) {
+      if (a.what == ps::op::forward) peak = std::max(peak, ++held);
+      if (a.what == ps::op::backward_input || a.what == ps::op::backward) --held;
+    }
+    most.push_back(peak);
+  }
+  return most;
+}
+
 TEST_CASE("schedules: ZB-H1 has the bubble (S - 1) / (3M + S - 1) at 1F1B's stashed activations") {
   for (int S : {1, 2, 4, 8})
     for (int M = std::max(S, 1); M <= 8 * S; ++M) {
       INFO("S = " << S << ", M = " << M);
-      const auto z = ps::simulate(ps::zb_h1(S, M));
+      const auto p = ps::zb_h1(S, M);
+      const auto z = ps::simulate(p);
       CHECK(bubble_is(z, S - 1, 3 * M + S - 1));
-      for (int s = 0; s < S; ++s) CHECK(z.peak_stash[static_cast<std::size_t>(s)] == std::min(S - s, M));
+      const auto before_input = most_before_input(p);
+      for (int s = 0; s < S; ++s) {
+        // As 1F1B between forward and input half; counting the weight halves owed, S on every
+        // stage: 1F1B's most, on its first stage.
+        CHECK(before_input[static_cast<std::size_t>(s)] == std::min(S - s, M));
+        CHECK(z.peak_stash[static_cast<std::size_t>(s)] == S);
+      }
     }
+}
+
+TEST_CASE("schedules: ZB-V takes 6M + S - 1 chunk actions from M = 3S/2 on, the least possible, at 1F1B's peak activations") {
+  for (int S : {1, 2, 3, 4, 8, 16})
+    for (int M = S; M <= 8 * S; ++M) {
+      INFO("S = " << S << ", M = " << M);
+      const auto p = ps::zb_v(S, M);
+      REQUIRE(p.stages() == 2 * S);
+      for (int s = 0; s < 2 * S; ++s) CHECK(p.peer_of[static_cast<std::size_t>(s)] == (s < S ? s : 2 * S - 1 - s));  // a V
+      const auto t = ps::simulate(p);
+      // Each peer runs 6M chunk actions (F, I and W of two chunks) and the last cannot start
+      // before the first micro-batch's S - 1 forwards: 6M + S - 1 is the least; below 3S/2
+      // micro-batches this schedule takes 4M + 4S - 2.
+      CHECK(t.makespan == std::max(6 * M + S - 1, 4 * M + 4 * S - 2));
+      if (2 * M >= 3 * S) CHECK(bubble_is(t, S - 1, 6 * M + S - 1));
+      // At most 2S chunks' activations a peer, half a stage's each: S stages' worth, 1F1B's most.
+      for (int q = 0; q < S; ++q) CHECK(t.peak_stash[static_cast<std::size_t>(q)] <= 2 * S);
+      CHECK(t.peak_stash[static_cast<std::size_t>(S - 1)] == 2 * S);
+    }
+  // In stage time (a chunk's action half a stage's), ZB-V's step against ZB-H1's at S = 4, M = 8.
+  const auto v = ps::simulate(ps::zb_v(4, 8)), h = ps::simulate(ps::zb_h1(4, 8));
+  CHECK(v.makespan == 51);  // 25.5 stage units
+  CHECK(h.makespan == 27);
+  CHECK_THROWS_WITH(ps::by_name("zb-v", 4, 8, 1), Contains("schedule zb-v runs 2 chunk(s) per peer, not 1"));
 }
 
 TEST_CASE("schedules: with other costs ZB-H1 is never slower than 1F1B, and a transfer time lengthens both") {
@@ -184,5 +230,53 @@ TEST_CASE("schedules: interleaved 1F1B with v chunks has the bubble (S - 1) / (v
         if (v > 1) CHECK(t.peak_stash[0] == std::min((S - 1) * 2 + (v - 1) * S + 1, v * M));
       }
   CHECK_THROWS_WITH(ps::interleaved(4, 6, 2), Contains("micro-batches (6) must be a multiple of the peers (4)"));
-  CHECK_THROWS_WITH(ps::by_name("1f1b", 4, 8, 2), Contains("runs one chunk per peer, not 2"));
+  CHECK_THROWS_WITH(ps::by_name("1f1b", 4, 8, 2), Contains("runs 1 chunk(s) per peer, not 2"));
+}
+
+TEST_CASE("placement by links: the search finds the best of every placement on a small world, and beats rank order") {
+  namespace dp = decentrain::parallel;
+  // Two regions, the even ranks and the odd ones: 1 GB/s and 1 ms within a region, 10 MB/s and
+  // 50 ms between. In rank order every pipeline hop crosses between regions.
+  const auto regions = [](int world) {
+    dp::link_table links(world);
+    for (int a = 0; a < world; ++a)
+      for (int b = 0; b < world; ++b)
+        links.at(a, b) = a % 2 == b % 2 ? dp::link_estimate{0.001, 1e9} : dp::link_estimate{0.05, 1e7};
+    return links;
+  };
+  dp::pipeline_traffic t;
+  t.micro_batches = 4;
+  t.activation_bytes = 4e6;  // 4 micro-batches' streams and gradients a step outweigh the stages' 1 MB
+  const ps::costs stage{.forward = 10000, .backward_input = 10000, .backward_weight = 10000};  // 10 ms each
+  t.compute = {stage, stage};
+  t.parameter_bytes = {1e6, 1e6};
+  {
+    const auto links = regions(4);  // 2 stages x 2 copies: every placement, by brute force
+    std::vector<int> perm{0, 1, 2, 3};
+    double best = 1e30;
+    do best = std::min(best, dp::step_seconds({{perm[0], perm[1]}, {perm[2], perm[3]}}, links, t));
+    while (std::next_permutation(perm.begin(), perm.end()));
+    const auto found = dp::place_by_links(links, t, 2, 1, 4);
+    dp::check_grid(found, 2, 4);
+    CHECK(dp::step_seconds(found, links, t) == Approx(best).epsilon(1e-12));
+    CHECK(dp::step_seconds(dp::rank_order(2, 2), links, t) > 2 * best);
+    for (std::size_t c = 0; c < 2; ++c) CHECK(found[0][c] % 2 == found[1][c] % 2);  // each copy within a region
+  }
+  {
+    const auto links = regions(16);  // 4 stages x 4 copies: better than rank order and than 200 random placements
+    t.compute = {stage, stage, stage, stage};
+    t.parameter_bytes = {1e6, 1e6, 1e6, 1e6};
+    const auto found = dp::place_by_links(links, t, 4, 1, 2);
+    dp::check_grid(found, 4, 16);
+    const double mine = dp::step_seconds(found, links, t);
+    CHECK(mine < 0.5 * dp::step_seconds(dp::rank_order(4, 4), links, t));
+    std::mt19937_64 gen(7);
+    for (int i = 0; i < 200; ++i) CHECK(mine <= dp::step_seconds(dp::random_grid(4, 4, gen), links, t));
+    for (std::size_t c = 0; c < 4; ++c)
+      for (std::size_t s = 1; s < 4; ++s) CHECK(found[s][c] % 2 == found[0][c] % 2);
+  }
+  // A grid that is not a placement of the world is refused, naming why.
+  CHECK_THROWS_WITH(dp::check_grid({{0, 1, 2}, {3, 4, 4}}, 2, 6), Contains("must hold each of the 6 ranks once"));
+  CHECK_THROWS_WITH(dp::check_grid({{0, 1, 2}, {3, 4}}, 2, 6), Contains("as many copies as stage 0"));
+  CHECK_THROWS_WITH(dp::place_by_links(regions(6), t, 4), Contains("6 peers do not divide into copies of 4 stages"));
 }

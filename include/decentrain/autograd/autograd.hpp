@@ -1,6 +1,7 @@
 // Everything autograd: the engine, the parameter registry and every differentiable op.
 #pragma once
 
+#include "decentrain/autograd/deferred.hpp"
 #include "decentrain/autograd/grad_mode.hpp"
 #include "decentrain/autograd/math.hpp"
 #include "decentrain/autograd/ops/activation.hpp"

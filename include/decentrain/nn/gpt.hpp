@@ -162,7 +162,7 @@ var<Device> gpt<Device>::stage_forward(int s, const var<Device>& in, const tenso
                                        rng* dropout_rng) const {
   detail::check(part_.holds(s), "gpt: stage ", s, " of ", part_.model_stages(), " is not part of this one (peer ", part_.stage,
                 " of ", part_.stages, ", ", part_.chunks, " chunk(s))");
-  const int chunk = s / part_.stages;
+  const int chunk = part_.chunk_of(s);
   var<Device> x;
   if (s == 0) {
     x = embed(idx, dropout_rng);

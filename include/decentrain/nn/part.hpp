@@ -1,9 +1,11 @@
 // A part of a model cut along its depth into pipeline stages: the part peer `stage` of `stages`
 // holds, and how many of the model's blocks each stage holds. With `chunks` v > 1 the model is
-// cut into v x stages stages and the peer holds v of them, stage, stage + stages, ... (the chunks
-// of interleaved schedules). A model that can be cut takes one in its constructor (nn::gpt:
-// embeddings with model stage 0, the final layer norm and the head with the last) and holds only
-// that part's parameters.
+// cut into v x stages stages and the peer holds v of them (its chunks), in one of two layouts:
+// looped, stage, stage + stages, ... (interleaved 1F1B), or v, chunk c going down the peers when
+// c is even and back up when it is odd, so that with two chunks peer p holds model stages p and
+// 2 x stages - 1 - p (ZB-V: the first peer holds both the first and the last model stage). A
+// model that can be cut takes one in its constructor (nn::gpt: embeddings with model stage 0,
+// the final layer norm and the head with the last) and holds only that part's parameters.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,8 @@
 
 namespace decentrain::nn {
 
+enum class chunk_layout : std::uint8_t { looped, v };
+
 struct part {
   int stage = 0;
   int stages = 1;
@@ -23,14 +27,27 @@ struct part {
   // otherwise).
   std::vector<std::int64_t> blocks;
   int chunks = 1;
+  chunk_layout layout = chunk_layout::looped;
 
   bool whole() const { return stages == 1 && chunks == 1; }
-  // Whether it holds the model's first stage (the embeddings) and its last (the head).
-  bool first() const { return stage == 0; }
-  bool last() const { return stage == stages - 1; }
   int model_stages() const { return stages * chunks; }
-  // Whether model stage `s` (of model_stages()) is one of this part's.
-  bool holds(int s) const { return s >= 0 && s < model_stages() && s % stages == stage; }
+  // The peer that holds model stage `s` (of model_stages()).
+  int peer_of(int s) const {
+    const int chunk = s / stages, i = s % stages;
+    return layout == chunk_layout::v && chunk % 2 == 1 ? stages - 1 - i : i;
+  }
+  // Whether model stage `s` is one of this part's.
+  bool holds(int s) const { return s >= 0 && s < model_stages() && peer_of(s) == stage; }
+  // Whether it holds the model's first stage (the embeddings) and its last (the head).
+  bool first() const { return holds(0); }
+  bool last() const { return holds(model_stages() - 1); }
+  // Which of this part's chunks model stage `s` is (its chunks in model order).
+  int chunk_of(int s) const {
+    decentrain::detail::check(holds(s), "model part: stage ", s, " is not held by peer ", stage, " of ", stages);
+    int chunk = 0;
+    for (int t = 0; t < s; ++t) chunk += holds(t) ? 1 : 0;
+    return chunk;
+  }
 
   // The blocks [begin, end) of model stage `s` of a model with `n_blocks`; throws naming the
   // setting that does not fit it.

@@ -1,11 +1,13 @@
 // Pipeline parallelism: the model cut into `stages` parts (nn::part), one per peer (with
-// `chunks` v, into v x stages, v per peer: interleaved schedules), each step's rows split into
+// `chunks` v, into v x stages, v per peer: interleaved schedules and ZB-V, each laying the
+// chunks out its own way, nn::chunk_layout), each step's rows split into
 // `micro_batches` that go through the stages by a schedule (schedule/), and
 // world / stages copies of the pipeline (replicas) that each take their own rows, as data
-// parallelism does. Peer r holds stage r % stages of copy r / stages; the communication policy
+// parallelism does. Peer r holds stage r % stages of copy r / stages, or where `ranks` puts it
+// (parallel::place_by_links finds a placement from the links between peers); the communication policy
 // averages a stage's parameters among its copies (placement::replicas), and the clipping norm is
-// taken over the whole pipeline (the tied embedding, held by the first and the last stage,
-// counted once). With one stage and one micro-batch it is data parallelism.
+// taken over the whole pipeline (the tied embedding, held by the peers of the first and the last
+// model stage, counted once). With one stage and one micro-batch it is data parallelism.
 //
 // What it needs of the model, beside a constructor that builds one part (nn::gpt has them):
 //   var<D> stage_forward(int s, const var<D>& in, const tensor<D>& ids, const tensor<D>& targets, rng*)
@@ -24,7 +26,9 @@
 #include "decentrain/autograd/variable.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/data/dataset.hpp"
+#include "decentrain/nn/part.hpp"
 #include "decentrain/optim/clip.hpp"
+#include "decentrain/parallel/link_placement.hpp"
 #include "decentrain/parallel/policy.hpp"
 #include "decentrain/parallel/schedule/schedule.hpp"
 
@@ -38,8 +42,9 @@ struct pipeline {
   int stages = 2;
   int micro_batches = 1;         // per step and copy of the pipeline; at most the rows per step
   std::string schedule = "1f1b";  // schedule::names
-  int chunks = 1;                  // model stages per peer (interleaved's v; the model is cut into stages x chunks)
+  int chunks = 0;  // model stages per peer (interleaved's v; the model is cut into stages x chunks); 0: the schedule's
   std::vector<std::int64_t> blocks;  // blocks per model stage (empty: an even cut)
+  std::vector<std::vector<int>> ranks;  // ranks[s][c]: the world rank at stage s of copy c (empty: rank order)
   Codec codec{};                 // the activations and their gradients between stages
 
   // Throws naming the setting that is out of range (the schedule's name included).
@@ -49,19 +54,36 @@ struct pipeline {
     check(micro_batches >= 1, "pipeline: micro-batches must be >= 1, got ", micro_batches);
     check(world % stages == 0, "pipeline: ", world, " peers do not divide into copies of ", stages,
           " stages (peers must be a multiple of stages)");
-    (void)schedule::by_name(schedule, stages, micro_batches, chunks);
+    (void)schedule::by_name(schedule, stages, micro_batches, chunks_per_peer());
+    if (!ranks.empty()) check_grid(ranks, stages, world);
   }
+
+  int chunks_per_peer() const { return chunks > 0 ? chunks : schedule::default_chunks(schedule); }
+  // How the schedule lays a peer's chunks out: ZB-V's in a V, the others' looped.
+  nn::chunk_layout layout() const { return schedule == "zb-v" ? nn::chunk_layout::v : nn::chunk_layout::looped; }
 
   placement place(int rank, int world) const {
     validate(world);
-    if (stages == 1 && chunks == 1) return everyone(world);
+    if (stages == 1 && chunks_per_peer() == 1 && ranks.empty()) {
+      auto p = everyone(world);
+      p.copy = rank;
+      return p;
+    }
+    const auto grid = ranks.empty() ? rank_order(stages, world / stages) : ranks;
     placement p;
-    p.stage = rank % stages;
+    for (std::size_t s = 0; s < grid.size(); ++s)
+      for (std::size_t c = 0; c < grid[s].size(); ++c)
+        if (grid[s][c] == rank) {
+          p.stage = static_cast<int>(s);
+          p.copy = static_cast<int>(c);
+        }
     p.stages = stages;
-    p.chunks = chunks;
+    p.chunks = chunks_per_peer();
+    p.layout = layout();
     p.blocks = blocks;
-    for (int r = p.stage; r < world; r += stages) p.replicas.push_back(r);
-    for (int s = 0; s < stages; ++s) p.pipeline.push_back(rank - p.stage + s);
+    p.replicas = grid[static_cast<std::size_t>(p.stage)];
+    std::sort(p.replicas.begin(), p.replicas.end());
+    for (int s = 0; s < stages; ++s) p.pipeline.push_back(grid[static_cast<std::size_t>(s)][static_cast<std::size_t>(p.copy)]);
     return p;
   }
 
@@ -87,7 +109,7 @@ struct pipeline {
   step_result forward_backward(Ctx& ctx) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::train, ctx.step, micro_batches);
     ctx.parameters.zero_grad();
-    const auto stats = run(ctx, program_for(micro_batches), micro, true);
+    const auto stats = run(ctx, program_for(ctx, micro_batches), micro, true);
     sum_tied(ctx);
     last_ = stats;
     const std::int64_t B = ctx.batch_size, T = ctx.block;
@@ -98,24 +120,25 @@ struct pipeline {
   double evaluate(Ctx& ctx, std::int64_t batch) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::validation, batch, 1);
     // One micro-batch forward through the model's stages, each peer taking its own in order.
+    const auto part = part_of(ctx.placement);
     schedule::program forward;
     forward.micro_batches = 1;
     forward.actions.resize(static_cast<std::size_t>(stages));
-    for (int s = 0; s < stages * chunks; ++s) {
-      forward.peer_of.push_back(s % stages);
-      forward.actions[static_cast<std::size_t>(s % stages)].push_back({schedule::op::forward, 0, s});
+    for (int s = 0; s < part.model_stages(); ++s) {
+      forward.peer_of.push_back(part.peer_of(s));
+      forward.actions[static_cast<std::size_t>(part.peer_of(s))].push_back({schedule::op::forward, 0, s});
     }
     const auto stats = run(ctx, forward, micro, false);
     return shared_loss(ctx, stats.loss);
   }
 
   // The clipping norm over the whole pipeline: each stage's sum of squares added up, the tied
-  // parameters counted on the first stage only.
+  // parameters counted on the peer of the first model stage only.
   template <class Ctx>
   optim::norm_share grad_norm_share(Ctx& ctx) {
     optim::norm_share share;
     if (ctx.placement.stages == 1) return share;
-    if (ctx.placement.stage != 0) share.counted_elsewhere = ctx.model.tied_parameters();
+    if (!part_of(ctx.placement).first()) share.counted_elsewhere = ctx.model.tied_parameters();
     share.total = [&ctx](double mine) {
       ctx.pipeline.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
       return mine;
@@ -135,7 +158,9 @@ struct pipeline {
     const std::int64_t B = ctx.batch_size, T = ctx.block;
     decentrain::detail::check(count <= B, "pipeline: ", count, " micro-batches of ", B,
                               " rows per step (micro-batches must be at most the batch size)");
-    const int copies = ctx.comm.world() / ctx.placement.stages, copy = ctx.comm.rank() / ctx.placement.stages;
+    // One stage: every peer is a copy, of the group as it stands (fault::elastic re-forms it).
+    const int copies = ctx.comm.world() / ctx.placement.stages;
+    const int copy = ctx.placement.stages == 1 ? ctx.comm.rank() : ctx.placement.copy;
     auto [x, y] = ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, copy, copies);
     std::vector<schedule::micro_batch> out;
     for (std::int64_t m = 0, row = 0; m < count; ++m) {
@@ -147,13 +172,25 @@ struct pipeline {
     return out;
   }
 
-  const schedule::program& program_for(int micro) {
+  // The schedule's program, checked, and checked against the model part's layout: each model
+  // stage run by the peer that holds it.
+  template <class Ctx>
+  const schedule::program& program_for(const Ctx& ctx, int micro) {
     if (!program_ || program_->micro_batches != micro) {
-      program_ = schedule::by_name(schedule, stages, micro, chunks);
+      program_ = schedule::by_name(schedule, stages, micro, chunks_per_peer());
       schedule::check(*program_);
+      const auto part = part_of(ctx.placement);
+      decentrain::detail::check(program_->stages() == part.model_stages(), "pipeline: schedule ", schedule, " runs ",
+                                program_->stages(), " model stages, the model is cut into ", part.model_stages());
+      for (int s = 0; s < part.model_stages(); ++s)
+        decentrain::detail::check(program_->peer_of[static_cast<std::size_t>(s)] == part.peer_of(s), "pipeline: schedule ",
+                                  schedule, " runs model stage ", s, " on peer ", program_->peer_of[static_cast<std::size_t>(s)],
+                                  ", the model part's layout puts it on peer ", part.peer_of(s));
     }
     return *program_;
   }
+
+  static nn::part part_of(const placement& at) { return nn::part{at.stage, at.stages, at.blocks, at.chunks, at.layout}; }
 
   template <class Ctx>
   schedule::run_stats run(Ctx& ctx, const schedule::program& p, const std::vector<schedule::micro_batch>& micro, bool train) {
@@ -162,13 +199,16 @@ struct pipeline {
     return schedule::execute(p, ctx.placement.stage, ctx.model, ctx.pipeline, comm_rank, micro, codec, train, &ctx.dropout);
   }
 
-  // The tied parameters' gradients summed between the first and the last stage (a float sum of
-  // two is the same either way round, so both hold the same sum bit for bit).
+  // The tied parameters' gradients summed between the peers of the first and the last model
+  // stage (a float sum of two is the same either way round, so both hold the same sum bit for
+  // bit); nothing to do where one peer holds both (ZB-V's first: the autograd summed them).
   template <class Ctx>
   void sum_tied(Ctx& ctx) {
     const auto& at = ctx.placement;
-    if (at.stages == 1 || (at.stage != 0 && at.stage != at.stages - 1)) return;
-    const int peer = rank_of_stage(at, at.stage == 0 ? at.stages - 1 : 0);
+    const auto part = part_of(at);
+    const int first = part.peer_of(0), last = part.peer_of(part.model_stages() - 1);
+    if (at.stages == 1 || first == last || (at.stage != first && at.stage != last)) return;
+    const int peer = rank_of_stage(at, at.stage == first ? last : first);
     for (const auto& tied : ctx.model.tied_parameters()) {
       auto& param = ctx.parameters.get(tied);
       auto& g = param.grad();
@@ -182,16 +222,17 @@ struct pipeline {
     }
   }
 
-  // The step's loss, computed on the last stage, known to every stage of the pipeline.
+  // The step's loss, computed on the last model stage, known to every stage of the pipeline.
   template <class Ctx>
   static double shared_loss(Ctx& ctx, double loss) {
     if (ctx.placement.stages == 1) return loss;
-    ctx.pipeline.broadcast(std::span<double>(&loss, 1), rank_of_stage(ctx.placement, ctx.placement.stages - 1));
+    const auto part = part_of(ctx.placement);
+    ctx.pipeline.broadcast(std::span<double>(&loss, 1), rank_of_stage(ctx.placement, part.peer_of(part.model_stages() - 1)));
     return loss;
   }
 
   // The rank in the pipeline's communicator (its world ranks in ascending order) of the peer
-  // that holds stage `s`.
+  // at index `s` of the pipeline (the one that holds stage s, and with chunks its other ones).
   static int rank_of_stage(const placement& at, int s) {
     if (at.stages == 1) return 0;
     const int world_rank = at.pipeline[static_cast<std::size_t>(s)];

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "decentrain/detail/meta.hpp"
+#include "decentrain/nn/part.hpp"
 
 namespace decentrain::parallel {
 
@@ -32,10 +33,12 @@ concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 struct placement {
   int stage = 0;
   int stages = 1;
+  int copy = 0;  // which copy of the pipeline (its rows of each step), of world / stages
   std::vector<int> replicas;
   std::vector<int> pipeline;
   std::vector<std::int64_t> blocks;
   int chunks = 1;  // model stages per peer (interleaved schedules: the model is cut into stages x chunks)
+  nn::chunk_layout layout = nn::chunk_layout::looped;  // which of the model's stages are this peer's chunks
 };
 
 // The placement of plain data parallelism: one stage, every peer a replica.

@@ -2,6 +2,7 @@
 // linear_gelu (the MLP's first layer, fused) and linear_gelu_linear (the whole MLP).
 #pragma once
 
+#include "decentrain/autograd/deferred.hpp"
 #include "decentrain/autograd/math.hpp"
 #include "decentrain/autograd/variable.hpp"
 #include "decentrain/kernels/activation.hpp"
@@ -94,16 +95,24 @@ void linear_values(const char* name, const tensor<Device>& x2, const tensor<Devi
 
 // The weight's and the bias's gradients of x2 w + b, given the product's gradient g2 (rows,
 // width), both in the kernel dtype; w and b are inputs `iw` and `ib` of the node (has_bias
-// false: no bias).
+// false: no bias). Inside a defer_weight_gradients scope they are queued there instead, x2 and
+// g2 kept until the queue runs (autograd/deferred.hpp).
 template <class Device>
 void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<Device>& g2, std::size_t iw, bool has_bias,
                         std::size_t ib) {
-  if (n.needs_grad(iw)) {
-    auto dw = tensor<Device>::empty(shape({x2.size(1), g2.size(1)}), g2.dtype());
-    math::gemm_batched(true, false, x2, g2, dw, 1.0, 0.0);
-    n.accumulate(iw, std::move(dw));
-  }
-  if (has_bias && n.needs_grad(ib)) n.accumulate(ib, math::sum(g2, {0}));
+  using state = std::shared_ptr<var_state<Device>>;
+  const state w = n.needs_grad(iw) ? n.inputs[iw] : nullptr, b = has_bias && n.needs_grad(ib) ? n.inputs[ib] : nullptr;
+  const auto make = [](const state& weight, const state& bias, const tensor<Device>& x, const tensor<Device>& g) {
+    if (weight) {
+      auto dw = tensor<Device>::empty(shape({x.size(1), g.size(1)}), g.dtype());
+      math::gemm_batched(true, false, x, g, dw, 1.0, 0.0);
+      accumulate_grad(*weight, std::move(dw));
+    }
+    if (bias) accumulate_grad(*bias, math::sum(g, {0}));
+  };
+  if (!w && !b) return;
+  if (auto* later = deferred_weight_gradients()) later->defer([make, w, b, x2, g2] { make(w, b, x2, g2); });
+  else make(w, b, x2, g2);
 }
 
 // The gradients of a linear layer whose input, weight and bias are the node's inputs 0, 1 and

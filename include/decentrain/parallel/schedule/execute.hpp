@@ -8,10 +8,9 @@
 //   var<D> stage_forward(int s, const var<D>& in, const tensor<D>& ids, const tensor<D>& targets, rng*)
 //                                        model stage s's forward (one of the part's)
 //   std::int64_t stream_width() const    the width C of the (B, T, C) stream between stages
-// The backward of a stage runs whole where a schedule splits it: the input half computes the
-// weight gradients too, and the weight half has nothing left to do (the autograd frees a graph
-// as its backward goes, so the weight half cannot be put off yet). Gradients are the same either
-// way; the simulator (simulate.hpp) is what times the split.
+// Where a schedule splits a backward, the input half runs the stage's backward with its linear
+// layers' weight gradients put off (autograd/deferred.hpp) and the weight half computes them:
+// the same products as a whole backward's, so the gradients are the same.
 #pragma once
 
 #include <algorithm>
@@ -45,6 +44,7 @@ struct run_stats {
   double loss = 0;       // the last stage: the step's loss (shares' weighted sum); others 0
   int peak_stashed = 0;  // most micro-batches whose activations this peer held at once
   std::uint64_t bytes_sent = 0;  // activations and gradients sent (headers included)
+  int peak_deferred = 0;  // most weight halves owed at once (their inputs and output gradients held)
   double busy_s = 0;   // in the stage's forwards and backwards
   double total_s = 0;  // the whole run, waits on the other stages included
   // The share of the run this peer waited: its bubble (with the transfers' time in it).
@@ -89,6 +89,7 @@ run_stats execute(const program& p, int me, Stage& stage, Comm& comm, const std:
     var<D> in, out;  // out: the stream handed on, or on the last stage the loss
   };
   std::map<std::pair<int, int>, stashed> stash;  // (stage, micro)
+  std::map<std::pair<int, int>, weight_gradients> owed;  // (stage, micro): input half run, weight half not yet
   std::map<std::tuple<int, int, int>, tensor<cpu>> mailbox;  // (kind, stage, micro): arrived ahead of its turn
   std::vector<std::byte> wire;
 
@@ -172,19 +173,39 @@ run_stats execute(const program& p, int me, Stage& stage, Comm& comm, const std:
       }
       continue;
     }
-    if (!train || a.what == op::backward_weight) continue;  // see the header: the input half did the weights too
+    if (!train) continue;
+    if (a.what == op::backward_weight) {
+      auto it = owed.find({a.stage, a.micro});
+      check(it != owed.end(), "pipeline: ", to_string(a), " before its input half");
+      const auto t0 = clock::now();
+      it->second.run();
+      stats.busy_s += since(t0);
+      owed.erase(it);
+      continue;
+    }
     auto it = stash.find({a.stage, a.micro});
     check(it != stash.end(), "pipeline: ", to_string(a), " before its forward");
     auto [in, out] = std::move(it->second);
     stash.erase(it);
     auto grad = a.stage == last ? full<D>(out.shape(), mb.share, out.dtype()) : receive(1, a.stage, a.micro, a.stage + 1);
     const auto t0 = clock::now();
-    out.backward(grad);
+    if (a.what == op::backward_input) {
+      weight_gradients later;
+      {
+        defer_weight_gradients scope(later);
+        out.backward(grad);
+      }
+      owed.emplace(std::make_pair(a.stage, a.micro), std::move(later));
+      stats.peak_deferred = std::max(stats.peak_deferred, static_cast<int>(owed.size()));
+    } else {
+      out.backward(grad);
+    }
     stats.busy_s += since(t0);
     if (a.stage > 0) send(1, a.stage - 1, a.micro, in.grad());
   }
-  check(stash.empty() && mailbox.empty(), "pipeline: the schedule left ", stash.size(), " micro-batches without a backward and ",
-        mailbox.size(), " messages unread on peer ", me);
+  check(stash.empty() && mailbox.empty() && owed.empty(), "pipeline: the schedule left ", stash.size(),
+        " micro-batches without a backward, ", owed.size(), " without their weight half and ", mailbox.size(),
+        " messages unread on peer ", me);
   stats.total_s = since(run_start);
   return stats;
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -45,7 +46,8 @@ struct timeline {
   std::int64_t makespan = 0;
   std::vector<std::int64_t> busy;            // per peer: time spent computing
   std::vector<int> peak_stash;               // per peer: most micro-batches whose activations it held
-                                             // at once (forward done, input gradient not yet)
+                                             // at once (forward done, backward not yet; a split
+                                             // backward's weight half needs some of them)
   std::vector<std::vector<span>> spans;      // per peer, in its order
 
   // Time the peers spent waiting, in all: peers x makespan - busy.
@@ -59,9 +61,12 @@ struct timeline {
   }
 };
 
-// Times `p` with each stage's own costs, `per_stage[s]` for stage s (a transfer costs what the
-// receiving stage's says); checked first: a schedule that cannot run is refused, naming why.
-inline timeline simulate(const program& p, const std::vector<costs>& per_stage) {
+// Times `p` with each stage's own costs, `per_stage[s]` for stage s, and a transfer from stage
+// `from` to stage `to` (on different peers) costing `transfer(from, to)` (a link's delay: the
+// transfers do not queue behind each other); checked first: a schedule that cannot run is
+// refused, naming why.
+inline timeline simulate(const program& p, const std::vector<costs>& per_stage,
+                         const std::function<std::int64_t(int from, int to)>& transfer) {
   check(p);
   decentrain::detail::check(per_stage.size() == static_cast<std::size_t>(p.stages()), "schedule: ", per_stage.size(),
                             " stages' costs for a program of ", p.stages(), " stages");
@@ -82,7 +87,7 @@ inline timeline simulate(const program& p, const std::vector<costs>& per_stage) 
     std::int64_t start = free_at[i];
     for (const auto& w : detail::needs(p, a)) {
       const bool elsewhere = p.peer_of[static_cast<std::size_t>(w.stage)] != peer;
-      start = std::max(start, end_of.at(detail::key_of(w)) + (elsewhere ? c.transfer : 0));
+      start = std::max(start, end_of.at(detail::key_of(w)) + (elsewhere ? transfer(w.stage, a.stage) : 0));
     }
     const std::int64_t end = start + c.of(a.what);
     end_of[detail::key_of(a)] = end;
@@ -91,9 +96,16 @@ inline timeline simulate(const program& p, const std::vector<costs>& per_stage) 
     t.makespan = std::max(t.makespan, end);
     t.spans[i].push_back({a, start, end});
     if (a.what == op::forward) t.peak_stash[i] = std::max(t.peak_stash[i], ++stash[i]);
-    if (a.what == op::backward || a.what == op::backward_input) --stash[i];
+    if (a.what == op::backward || a.what == op::backward_weight) --stash[i];
   });
   return t;
+}
+
+// Each stage's own costs, a transfer costing what the receiving stage's say.
+inline timeline simulate(const program& p, const std::vector<costs>& per_stage) {
+  return simulate(p, per_stage, [&per_stage](int, int to) {
+    return to >= 0 && static_cast<std::size_t>(to) < per_stage.size() ? per_stage[static_cast<std::size_t>(to)].transfer : 0;
+  });
 }
 
 // The same costs on every stage.
