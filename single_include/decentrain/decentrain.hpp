@@ -21098,6 +21098,7 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 // checks each member; docs/guide.md has a whole policy written from scratch.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -21187,6 +21188,20 @@ void scatter_grads(parameter_list<Device>& params, std::span<const float> in) { 
 
 // Periodic policies communicate after every `inner_steps`-th step, and after the last one.
 inline bool ends_round(std::int64_t step, std::int64_t inner_steps) { return (step + 1) % inner_steps == 0; }
+
+// Weighted averaging: the factor w R / (w_1 + ... + w_R) that scales this replica's values, of
+// weight w = ctx.step_weight (the parallel policy's step_result::weight: its rows, say), so that
+// the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i,
+// through any codec and aggregator. One all-reduce of a number; every replica must call it.
+template <class Ctx>
+float weight_factor(Ctx& ctx) {
+  const double mine = ctx.step_weight;
+  double total = mine;
+  ctx.replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
+  decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
+                            "; weighted averaging needs a positive sum");
+  return static_cast<float>(mine * static_cast<double>(ctx.replicas.world()) / total);
+}
 template <class Ctx>
 bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
   return ends_round(ctx.step, inner_steps) || ctx.last_step;
@@ -22097,6 +22112,9 @@ struct sync_allreduce {
 
   Codec codec{};
   Aggregator aggregator{};
+  // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
+  // say) instead of equally; one all-reduce of a number more a step. Every replica the same.
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -22107,6 +22125,8 @@ struct sync_allreduce {
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
+    if (weighted)
+      for (const float f = weight_factor(ctx); auto& g : buffer_) g *= f;
     compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_grads(ctx.parameters, buffer_);
   }
@@ -26370,6 +26390,8 @@ struct peer_context {
   std::int64_t batch_size = 0, block = 0;  // rows per peer per step, tokens per row
   std::uint64_t seed = 0;                  // data order (the same on every peer)
   std::int64_t step = 0;        // the step being computed, from 0
+  double step_weight = 1.0;     // this peer's weight in the step's averages (the parallel policy's
+                                // step_result::weight, its rows, say; set before after_backward)
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
   bool last_step = false;       // policies that communicate periodically also do so on the last step
   bool round_start = true;      // the step starts a round of the communication policy (its
@@ -27299,6 +27321,10 @@ class trainer {
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
           out.computed = true;
+          decentrain::detail::check(std::isfinite(out.result.weight) && out.result.weight >= 0,
+                                    "trainer: the parallel policy gave step ", step_, " the weight ", out.result.weight,
+                                    " (a step's weight must be finite and >= 0)");
+          ctx.step_weight = out.result.weight;
           // Before the exchange, so simulated links see it start after the compute; a network that
           // models a step's compute (deterministic in_process) takes its own figure.
           computed(transport::step_seconds(endpoint_).value_or(lap(t)));

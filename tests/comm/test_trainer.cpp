@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "support/trainer_fixture.hpp"
@@ -84,6 +85,64 @@ TEST_CASE("trainer: under sync_allreduce each peer's gradient is the mean over t
   REQUIRE(largest > 1e-3);
   for (int r = 0; r < 4; ++r) CHECK(max_abs_diff(four[static_cast<std::size_t>(r)], one[0]) < 1e-6 * largest * 10);
   CHECK(four[0] == four[3]);
+}
+
+namespace {
+// Data parallelism whose peer r says its step weighs r + 1 (as if it had taken r + 1 times the
+// rows); with `weight` set, every peer says that instead.
+struct rank_weighted : dt::parallel::data {
+  std::optional<double> weight;
+  template <class Ctx>
+  dt::parallel::step_result forward_backward(Ctx& ctx) {
+    auto r = dt::parallel::data::forward_backward(ctx);
+    r.weight = weight ? *weight : ctx.comm.rank() + 1.0;
+    return r;
+  }
+};
+}  // namespace
+
+TEST_CASE("trainer: sync_allreduce with weighted set averages the replicas' gradients by their step weights") {
+  trainer_options opts;
+  opts.steps = 1;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  opts.grad_clip = 0;
+  // Each peer's own gradient (local SGD exchanges nothing after the backward), then the weighted
+  // and the plain mean of the same gradients.
+  using Own = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<dt::comm::local_sgd<>>, rank_weighted>;
+  using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>, recorded_sync, rank_weighted>;
+  std::vector<std::vector<float>> own(3), weighted(3), plain(3);
+  fixture::probe<dt::comm::local_sgd<>> p_own;
+  p_own.grads = &own;
+  fixture::final_params<Own>(3, fixture::tiny_gpt(), opts, p_own);
+  recorded_sync p_weighted, p_plain;
+  p_weighted.inner.weighted = true;
+  p_weighted.grads = &weighted;
+  p_plain.grads = &plain;
+  run_peers<Sync>(3, opts, p_weighted);
+  run_peers<Sync>(3, opts, p_plain);
+  std::vector<float> by_weight(own[0].size()), mean(own[0].size());
+  for (std::size_t i = 0; i < mean.size(); ++i) {
+    by_weight[i] = (1.0f * own[0][i] + 2.0f * own[1][i] + 3.0f * own[2][i]) / 6.0f;
+    mean[i] = (own[0][i] + own[1][i] + own[2][i]) / 3.0f;
+  }
+  double largest = 0;
+  for (float g : mean) largest = std::max(largest, std::abs(static_cast<double>(g)));
+  REQUIRE(largest > 1e-3);
+  const double tolerance = 1e-5 * largest;
+  for (int r = 0; r < 3; ++r) {
+    CHECK(max_abs_diff(weighted[static_cast<std::size_t>(r)], by_weight) < tolerance);
+    CHECK(max_abs_diff(plain[static_cast<std::size_t>(r)], mean) < tolerance);
+  }
+  CHECK(max_abs_diff(by_weight, mean) > 100 * tolerance);  // the weights change the average
+  // A weight that cannot weigh is refused, naming the step.
+  for (const double bad : {-2.0, std::nan("")}) {
+    rank_weighted liar;
+    liar.weight = bad;
+    CHECK_THROWS_WITH(fixture::final_params<Sync>(1, fixture::tiny_gpt(), opts, p_plain, nullptr, liar),
+                      Catch::Matchers::Contains("gave step 0 the weight") &&
+                          Catch::Matchers::Contains("a step's weight must be finite and >= 0"));
+  }
 }
 
 TEST_CASE("trainer: DiLoCo with H = 1, outer lr 1 and no momentum is local SGD") {

@@ -18,6 +18,9 @@ struct sync_allreduce {
 
   Codec codec{};
   Aggregator aggregator{};
+  // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
+  // say) instead of equally; one all-reduce of a number more a step. Every replica the same.
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -28,6 +31,8 @@ struct sync_allreduce {
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
+    if (weighted)
+      for (const float f = weight_factor(ctx); auto& g : buffer_) g *= f;
     compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_grads(ctx.parameters, buffer_);
   }

@@ -58,6 +58,8 @@ struct peer_context {
   std::int64_t batch_size = 0, block = 0;  // rows per peer per step, tokens per row
   std::uint64_t seed = 0;                  // data order (the same on every peer)
   std::int64_t step = 0;        // the step being computed, from 0
+  double step_weight = 1.0;     // this peer's weight in the step's averages (the parallel policy's
+                                // step_result::weight, its rows, say; set before after_backward)
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
   bool last_step = false;       // policies that communicate periodically also do so on the last step
   bool round_start = true;      // the step starts a round of the communication policy (its

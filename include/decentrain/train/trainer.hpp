@@ -292,6 +292,10 @@ class trainer {
           auto t = compute_clock();
           out.result = parallel_.forward_backward(ctx);
           out.computed = true;
+          decentrain::detail::check(std::isfinite(out.result.weight) && out.result.weight >= 0,
+                                    "trainer: the parallel policy gave step ", step_, " the weight ", out.result.weight,
+                                    " (a step's weight must be finite and >= 0)");
+          ctx.step_weight = out.result.weight;
           // Before the exchange, so simulated links see it start after the compute; a network that
           // models a step's compute (deterministic in_process) takes its own figure.
           computed(transport::step_seconds(endpoint_).value_or(lap(t)));
