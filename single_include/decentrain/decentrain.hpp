@@ -5414,7 +5414,8 @@ void sum_columns(cpu, T* out, const T* in, std::int64_t rows, std::int64_t cols,
 // `defer_weight_gradients` scope is alive on a thread, the linear layers' backward passes
 // compute their input gradient and queue the weight and bias gradients (dW = x^T dY, db = sum
 // dY) in the scope's `weight_gradients`, keeping x and dY alive until then; `run()` computes
-// them later and adds them to the same parameters' gradients, with the same products as at once.
+// them later and adds them to the parameters' gradients (a parameter's own, also where the layer
+// multiplies a cast copy of it), with the same products as at once.
 // The other parameters' gradients (layer norms, embeddings, a fused loss's weight) are small or
 // made in the forward pass, and are made at once.
 
@@ -5428,7 +5429,9 @@ namespace decentrain {
 class weight_gradients {
  public:
   void defer(std::function<void()> work) { work_.push_back(std::move(work)); }
-  // Runs what was queued, in the order it was queued, and forgets it.
+  // Runs what was queued, in the order it was queued, and forgets it (all of it, also when one
+  // throws: what came after it is lost, and the step must be computed again). Work still queued
+  // when the queue is destroyed is lost as well: its gradients are never added.
   void run() {
     auto work = std::move(work_);
     work_.clear();
@@ -7352,25 +7355,45 @@ void linear_values(const char* name, const tensor<Device>& x2, const tensor<Devi
   }
 }
 
+// Where a put-off gradient of `s` goes: the leaf it is, or the leaf it was cast from (mixed
+// precision multiplies a bf16 copy of an f32 parameter; the gradient is rounded to the copy's
+// dtype first, as accumulating into the copy and the cast's backward would), else null: a weight
+// computed some other way gets its gradient at once, through the graph, before the graph is gone.
+template <class Device>
+std::shared_ptr<var_state<Device>> deferred_target(std::shared_ptr<var_state<Device>> s) {
+  while (s && s->creator) {
+    const auto& n = *s->creator;
+    if (n.op_name != "cast" || n.inputs.size() != 1) return nullptr;
+    s = n.inputs[0];
+  }
+  return s;
+}
+
 // The weight's and the bias's gradients of x2 w + b, given the product's gradient g2 (rows,
 // width), both in the kernel dtype; w and b are inputs `iw` and `ib` of the node (has_bias
 // false: no bias). Inside a defer_weight_gradients scope they are queued there instead, x2 and
-// g2 kept until the queue runs (autograd/deferred.hpp).
+// g2 kept until the queue runs (autograd/deferred.hpp), and added to the parameters themselves.
 template <class Device>
 void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<Device>& g2, std::size_t iw, bool has_bias,
                         std::size_t ib) {
   using state = std::shared_ptr<var_state<Device>>;
   const state w = n.needs_grad(iw) ? n.inputs[iw] : nullptr, b = has_bias && n.needs_grad(ib) ? n.inputs[ib] : nullptr;
-  const auto make = [](const state& weight, const state& bias, const tensor<Device>& x, const tensor<Device>& g) {
+  if (!w && !b) return;
+  // Each gradient is made in the kernel dtype, rounded to the dtype of what the layer multiplied
+  // (or added), and added to `to`.
+  const dtype w_type = w ? w->value.dtype() : g2.dtype(), b_type = b ? b->value.dtype() : g2.dtype();
+  const auto make = [w_type, b_type](const state& weight, const state& bias, const tensor<Device>& x, const tensor<Device>& g) {
+    const auto rounded = [](tensor<Device> t, dtype to) { return t.dtype() == to ? t : t.to(to); };
     if (weight) {
       auto dw = tensor<Device>::empty(shape({x.size(1), g.size(1)}), g.dtype());
       math::gemm_batched(true, false, x, g, dw, 1.0, 0.0);
-      accumulate_grad(*weight, std::move(dw));
+      accumulate_grad(*weight, rounded(std::move(dw), w_type));
     }
-    if (bias) accumulate_grad(*bias, math::sum(g, {0}));
+    if (bias) accumulate_grad(*bias, rounded(math::sum(g, {0}), b_type));
   };
-  if (!w && !b) return;
-  if (auto* later = deferred_weight_gradients()) later->defer([make, w, b, x2, g2] { make(w, b, x2, g2); });
+  auto* later = deferred_weight_gradients();
+  const state w_leaf = deferred_target(w), b_leaf = deferred_target(b);
+  if (later && (!w || w_leaf) && (!b || b_leaf)) later->defer([make, w_leaf, b_leaf, x2, g2] { make(w_leaf, b_leaf, x2, g2); });
   else make(w, b, x2, g2);
 }
 
@@ -7459,7 +7482,8 @@ var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, c
     const dtype result = detail::kernel_dtype<Device>(g.dtype());
     const auto g2 = math::gemm_operand(g).reshape({rows, width});
     linear_param_grads(n, math::gemm_operand(h), g2, iw2, has_bias, /*second bias: input*/ 4);
-    h = tensor<Device>{};  // the second layer's input is done with: free it before d_pre exists
+    h = tensor<Device>{};  // the second layer's input is done with: free it before d_pre exists (unless its weight
+                           // gradient was put off, autograd/deferred.hpp, which keeps it)
     if (!n.needs_grad(0) && !n.needs_grad(1) && !(has_bias && n.needs_grad(2))) return;
     // (g w2^T) * gelu'(pre) in one kernel call; stored as the two ops would store it.
     const auto cp = detail::kernel_tensor(pre);
@@ -21188,11 +21212,16 @@ void scatter_grads(parameter_list<Device>& params, std::span<const float> in) { 
 
 // Periodic policies communicate after every `inner_steps`-th step, and after the last one.
 inline bool ends_round(std::int64_t step, std::int64_t inner_steps) { return (step + 1) % inner_steps == 0; }
+template <class Ctx>
+bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
+  return ends_round(ctx.step, inner_steps) || ctx.last_step;
+}
 
 // Weighted averaging: the factor w R / (w_1 + ... + w_R) that scales this replica's values, of
 // weight w = ctx.step_weight (the parallel policy's step_result::weight: its rows, say), so that
-// the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i,
-// through any codec and aggregator. One all-reduce of a number; every replica must call it.
+// the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i
+// (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
+// weight 0 sends zeros). One all-reduce of a number; every replica must call it.
 template <class Ctx>
 float weight_factor(Ctx& ctx) {
   const double mine = ctx.step_weight;
@@ -21201,10 +21230,6 @@ float weight_factor(Ctx& ctx) {
   decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
                             "; weighted averaging needs a positive sum");
   return static_cast<float>(mine * static_cast<double>(ctx.replicas.world()) / total);
-}
-template <class Ctx>
-bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
-  return ends_round(ctx.step, inner_steps) || ctx.last_step;
 }
 
 // Makes every replica hold the first replica's parameters. Peers seeded alike already hold the
@@ -22113,7 +22138,8 @@ struct sync_allreduce {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
-  // say) instead of equally; one all-reduce of a number more a step. Every replica the same.
+  // say) instead of equally (under the mean; a robust aggregator sees the scaled gradients,
+  // comm::weight_factor); one all-reduce of a number more a step. Every replica the same.
   bool weighted = false;
 
   template <class Ctx>
@@ -23108,9 +23134,11 @@ namespace detail {
 
 inline std::int64_t microseconds(double s) { return static_cast<std::int64_t>(std::llround(s * 1e6)); }
 
-// A ring all-reduce of `bytes` among `ring` (in that order): 2(R - 1) steps, each moving 1/R of
-// the bytes to the next peer, paced by the ring's slowest link.
-inline double ring_seconds(const std::vector<int>& ring, const link_table& links, double bytes) {
+// A ring all-reduce of `bytes` among `group`: 2(R - 1) steps, each moving 1/R of the bytes to
+// the next peer, paced by the ring's slowest link. The ring goes in rank order, as a replica
+// group's does (its communicator holds its ranks ascending).
+inline double ring_seconds(std::vector<int> ring, const link_table& links, double bytes) {
+  std::sort(ring.begin(), ring.end());
   const auto R = static_cast<int>(ring.size());
   if (R < 2 || bytes <= 0) return 0;
   double slowest = 0;
@@ -23183,6 +23211,8 @@ inline stage_grid place_by_links(const link_table& links, const pipeline_traffic
   const int world = links.world();
   decentrain::detail::check(stages >= 1 && world % stages == 0, "place_by_links: ", world, " peers do not divide into copies of ",
                             stages, " stages");
+  decentrain::detail::check(schedule::default_chunks(t.schedule) == 1, "place_by_links: schedule ", t.schedule,
+                            " runs several chunks a peer; the cost model places one stage a peer (gpipe, 1f1b, zb-h1)");
   const int copies = world / stages;
   const auto program = schedule::by_name(t.schedule, stages, t.micro_batches);
   std::mt19937_64 gen(seed);

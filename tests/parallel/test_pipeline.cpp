@@ -47,6 +47,7 @@ struct run_record {
   named_values params;  // by rank, at the end
   std::vector<dt::train::fit_result> results;
   std::map<int, double> grad_norm;  // by rank, the last step's
+  std::map<int, int> peak_deferred;  // by rank, the last step's most weight halves owed at once
 };
 
 template <class Trainer>
@@ -63,6 +64,7 @@ run_record train(int world, const dt::train::trainer_options& opts, typename Tra
         t.on_step([&, &t = t](const dt::train::step_metrics& m) {
           std::lock_guard hold(lock);
           rec.grad_norm[t.rank()] = m.grad_norm;
+          if constexpr (requires { t.parallel().last_run(); }) rec.peak_deferred[t.rank()] = t.parallel().last_run().peak_deferred;
         });
         t.on_eval([&, &t = t](const dt::train::eval_point&) {
           std::map<std::string, std::vector<float>> mine;
@@ -188,6 +190,30 @@ TEST_CASE("pipeline: every schedule's gradients equal one peer's whole-model gra
         CHECK(c.worst <= 1e-6);
         for (int p = 0; p < S; ++p) CHECK(r.grad_norm.at(p) == Approx(whole.grad_norm.at(0)).epsilon(1e-6));
       }
+}
+
+TEST_CASE("pipeline: split backwards put the weight halves off, in f32 and in mixed precision, with whole backwards' gradients") {
+  for (const auto compute : {dt::dtype::f32, dt::dtype::bf16}) {
+    auto opts = run_of(1, 8);
+    opts.compute_dtype = compute;
+    // Each split schedule against a schedule of whole backwards on the same cut.
+    for (const auto& [split, whole] : {std::pair{"zb-h1", "1f1b"}, std::pair{"zb-v", "interleaved"}}) {
+      INFO(dt::dtype_name(compute) << ": " << split << " against " << whole);
+      const auto ref_run = train<Piped>(2, opts, piped(2, 4, whole));
+      std::map<std::string, std::vector<float>> ref;
+      for (const auto& peer : ref_run.grads) ref.insert(peer.begin(), peer.end());
+      REQUIRE(!ref.empty());
+      const auto r = train<Piped>(2, opts, piped(2, 4, split));
+      const auto c = compare(r.grads, ref);
+      CHECK(c.missing.empty());
+      CHECK(c.covered == ref.size());
+      CHECK(c.worst <= 1e-6);
+      for (int p = 0; p < 2; ++p) {
+        CHECK(r.peak_deferred.at(p) > 0);  // the weight halves were put off
+        CHECK(ref_run.peak_deferred.at(p) == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("pipeline: ZB-V lays a peer's chunks in a V, the first peer holding both ends of the model") {

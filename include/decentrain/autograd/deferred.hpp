@@ -5,7 +5,8 @@
 // `defer_weight_gradients` scope is alive on a thread, the linear layers' backward passes
 // compute their input gradient and queue the weight and bias gradients (dW = x^T dY, db = sum
 // dY) in the scope's `weight_gradients`, keeping x and dY alive until then; `run()` computes
-// them later and adds them to the same parameters' gradients, with the same products as at once.
+// them later and adds them to the parameters' gradients (a parameter's own, also where the layer
+// multiplies a cast copy of it), with the same products as at once.
 // The other parameters' gradients (layer norms, embeddings, a fused loss's weight) are small or
 // made in the forward pass, and are made at once.
 #pragma once
@@ -20,7 +21,9 @@ namespace decentrain {
 class weight_gradients {
  public:
   void defer(std::function<void()> work) { work_.push_back(std::move(work)); }
-  // Runs what was queued, in the order it was queued, and forgets it.
+  // Runs what was queued, in the order it was queued, and forgets it (all of it, also when one
+  // throws: what came after it is lost, and the step must be computed again). Work still queued
+  // when the queue is destroyed is lost as well: its gradients are never added.
   void run() {
     auto work = std::move(work_);
     work_.clear();

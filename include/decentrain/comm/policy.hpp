@@ -120,11 +120,16 @@ void scatter_grads(parameter_list<Device>& params, std::span<const float> in) { 
 
 // Periodic policies communicate after every `inner_steps`-th step, and after the last one.
 inline bool ends_round(std::int64_t step, std::int64_t inner_steps) { return (step + 1) % inner_steps == 0; }
+template <class Ctx>
+bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
+  return ends_round(ctx.step, inner_steps) || ctx.last_step;
+}
 
 // Weighted averaging: the factor w R / (w_1 + ... + w_R) that scales this replica's values, of
 // weight w = ctx.step_weight (the parallel policy's step_result::weight: its rows, say), so that
-// the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i,
-// through any codec and aggregator. One all-reduce of a number; every replica must call it.
+// the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i
+// (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
+// weight 0 sends zeros). One all-reduce of a number; every replica must call it.
 template <class Ctx>
 float weight_factor(Ctx& ctx) {
   const double mine = ctx.step_weight;
@@ -133,10 +138,6 @@ float weight_factor(Ctx& ctx) {
   decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
                             "; weighted averaging needs a positive sum");
   return static_cast<float>(mine * static_cast<double>(ctx.replicas.world()) / total);
-}
-template <class Ctx>
-bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
-  return ends_round(ctx.step, inner_steps) || ctx.last_step;
 }
 
 // Makes every replica hold the first replica's parameters. Peers seeded alike already hold the

@@ -19,7 +19,8 @@ struct sync_allreduce {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
-  // say) instead of equally; one all-reduce of a number more a step. Every replica the same.
+  // say) instead of equally (under the mean; a robust aggregator sees the scaled gradients,
+  // comm::weight_factor); one all-reduce of a number more a step. Every replica the same.
   bool weighted = false;
 
   template <class Ctx>

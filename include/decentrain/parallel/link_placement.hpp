@@ -89,9 +89,11 @@ namespace detail {
 
 inline std::int64_t microseconds(double s) { return static_cast<std::int64_t>(std::llround(s * 1e6)); }
 
-// A ring all-reduce of `bytes` among `ring` (in that order): 2(R - 1) steps, each moving 1/R of
-// the bytes to the next peer, paced by the ring's slowest link.
-inline double ring_seconds(const std::vector<int>& ring, const link_table& links, double bytes) {
+// A ring all-reduce of `bytes` among `group`: 2(R - 1) steps, each moving 1/R of the bytes to
+// the next peer, paced by the ring's slowest link. The ring goes in rank order, as a replica
+// group's does (its communicator holds its ranks ascending).
+inline double ring_seconds(std::vector<int> ring, const link_table& links, double bytes) {
+  std::sort(ring.begin(), ring.end());
   const auto R = static_cast<int>(ring.size());
   if (R < 2 || bytes <= 0) return 0;
   double slowest = 0;
@@ -164,6 +166,8 @@ inline stage_grid place_by_links(const link_table& links, const pipeline_traffic
   const int world = links.world();
   decentrain::detail::check(stages >= 1 && world % stages == 0, "place_by_links: ", world, " peers do not divide into copies of ",
                             stages, " stages");
+  decentrain::detail::check(schedule::default_chunks(t.schedule) == 1, "place_by_links: schedule ", t.schedule,
+                            " runs several chunks a peer; the cost model places one stage a peer (gpipe, 1f1b, zb-h1)");
   const int copies = world / stages;
   const auto program = schedule::by_name(t.schedule, stages, t.micro_batches);
   std::mt19937_64 gen(seed);

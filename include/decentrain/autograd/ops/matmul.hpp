@@ -93,25 +93,45 @@ void linear_values(const char* name, const tensor<Device>& x2, const tensor<Devi
   }
 }
 
+// Where a put-off gradient of `s` goes: the leaf it is, or the leaf it was cast from (mixed
+// precision multiplies a bf16 copy of an f32 parameter; the gradient is rounded to the copy's
+// dtype first, as accumulating into the copy and the cast's backward would), else null: a weight
+// computed some other way gets its gradient at once, through the graph, before the graph is gone.
+template <class Device>
+std::shared_ptr<var_state<Device>> deferred_target(std::shared_ptr<var_state<Device>> s) {
+  while (s && s->creator) {
+    const auto& n = *s->creator;
+    if (n.op_name != "cast" || n.inputs.size() != 1) return nullptr;
+    s = n.inputs[0];
+  }
+  return s;
+}
+
 // The weight's and the bias's gradients of x2 w + b, given the product's gradient g2 (rows,
 // width), both in the kernel dtype; w and b are inputs `iw` and `ib` of the node (has_bias
 // false: no bias). Inside a defer_weight_gradients scope they are queued there instead, x2 and
-// g2 kept until the queue runs (autograd/deferred.hpp).
+// g2 kept until the queue runs (autograd/deferred.hpp), and added to the parameters themselves.
 template <class Device>
 void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<Device>& g2, std::size_t iw, bool has_bias,
                         std::size_t ib) {
   using state = std::shared_ptr<var_state<Device>>;
   const state w = n.needs_grad(iw) ? n.inputs[iw] : nullptr, b = has_bias && n.needs_grad(ib) ? n.inputs[ib] : nullptr;
-  const auto make = [](const state& weight, const state& bias, const tensor<Device>& x, const tensor<Device>& g) {
+  if (!w && !b) return;
+  // Each gradient is made in the kernel dtype, rounded to the dtype of what the layer multiplied
+  // (or added), and added to `to`.
+  const dtype w_type = w ? w->value.dtype() : g2.dtype(), b_type = b ? b->value.dtype() : g2.dtype();
+  const auto make = [w_type, b_type](const state& weight, const state& bias, const tensor<Device>& x, const tensor<Device>& g) {
+    const auto rounded = [](tensor<Device> t, dtype to) { return t.dtype() == to ? t : t.to(to); };
     if (weight) {
       auto dw = tensor<Device>::empty(shape({x.size(1), g.size(1)}), g.dtype());
       math::gemm_batched(true, false, x, g, dw, 1.0, 0.0);
-      accumulate_grad(*weight, std::move(dw));
+      accumulate_grad(*weight, rounded(std::move(dw), w_type));
     }
-    if (bias) accumulate_grad(*bias, math::sum(g, {0}));
+    if (bias) accumulate_grad(*bias, rounded(math::sum(g, {0}), b_type));
   };
-  if (!w && !b) return;
-  if (auto* later = deferred_weight_gradients()) later->defer([make, w, b, x2, g2] { make(w, b, x2, g2); });
+  auto* later = deferred_weight_gradients();
+  const state w_leaf = deferred_target(w), b_leaf = deferred_target(b);
+  if (later && (!w || w_leaf) && (!b || b_leaf)) later->defer([make, w_leaf, b_leaf, x2, g2] { make(w_leaf, b_leaf, x2, g2); });
   else make(w, b, x2, g2);
 }
 
@@ -200,7 +220,8 @@ var<Device> linear_gelu_linear_op(const var<Device>& x, const var<Device>& w1, c
     const dtype result = detail::kernel_dtype<Device>(g.dtype());
     const auto g2 = math::gemm_operand(g).reshape({rows, width});
     linear_param_grads(n, math::gemm_operand(h), g2, iw2, has_bias, /*second bias: input*/ 4);
-    h = tensor<Device>{};  // the second layer's input is done with: free it before d_pre exists
+    h = tensor<Device>{};  // the second layer's input is done with: free it before d_pre exists (unless its weight
+                           // gradient was put off, autograd/deferred.hpp, which keeps it)
     if (!n.needs_grad(0) && !n.needs_grad(1) && !(has_bias && n.needs_grad(2))) return;
     // (g w2^T) * gelu'(pre) in one kernel call; stored as the two ops would store it.
     const auto cp = detail::kernel_tensor(pre);
