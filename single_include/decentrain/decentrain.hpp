@@ -7391,10 +7391,14 @@ void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<
     }
     if (bias) accumulate_grad(*bias, rounded(math::sum(g, {0}), b_type));
   };
-  auto* later = deferred_weight_gradients();
-  const state w_leaf = deferred_target(w), b_leaf = deferred_target(b);
-  if (later && (!w || w_leaf) && (!b || b_leaf)) later->defer([make, w_leaf, b_leaf, x2, g2] { make(w_leaf, b_leaf, x2, g2); });
-  else make(w, b, x2, g2);
+  if (auto* later = deferred_weight_gradients()) {
+    const state w_leaf = deferred_target(w), b_leaf = deferred_target(b);
+    if ((!w || w_leaf) && (!b || b_leaf)) {
+      later->defer([make, w_leaf, b_leaf, x2, g2] { make(w_leaf, b_leaf, x2, g2); });
+      return;
+    }
+  }
+  make(w, b, x2, g2);
 }
 
 // The gradients of a linear layer whose input, weight and bias are the node's inputs 0, 1 and
@@ -22221,6 +22225,9 @@ struct placement {
   std::vector<std::int64_t> blocks;
   int chunks = 1;  // model stages per peer (interleaved schedules: the model is cut into stages x chunks)
   nn::chunk_layout layout = nn::chunk_layout::looped;  // which of the model's stages are this peer's chunks
+
+  // The part of the model this peer builds and runs.
+  nn::part part() const { return nn::part{stage, stages, blocks, chunks, layout}; }
 };
 
 // The placement of plain data parallelism: one stage, every peer a replica.
@@ -23435,7 +23442,7 @@ struct pipeline {
   double evaluate(Ctx& ctx, std::int64_t batch) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::validation, batch, 1);
     // One micro-batch forward through the model's stages, each peer taking its own in order.
-    const auto part = part_of(ctx.placement);
+    const auto part = ctx.placement.part();
     schedule::program forward;
     forward.micro_batches = 1;
     forward.actions.resize(static_cast<std::size_t>(stages));
@@ -23453,7 +23460,7 @@ struct pipeline {
   optim::norm_share grad_norm_share(Ctx& ctx) {
     optim::norm_share share;
     if (ctx.placement.stages == 1) return share;
-    if (!part_of(ctx.placement).first()) share.counted_elsewhere = ctx.model.tied_parameters();
+    if (!ctx.placement.part().first()) share.counted_elsewhere = ctx.model.tied_parameters();
     share.total = [&ctx](double mine) {
       ctx.pipeline.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
       return mine;
@@ -23494,7 +23501,7 @@ struct pipeline {
     if (!program_ || program_->micro_batches != micro) {
       program_ = schedule::by_name(schedule, stages, micro, chunks_per_peer());
       schedule::check(*program_);
-      const auto part = part_of(ctx.placement);
+      const auto part = ctx.placement.part();
       decentrain::detail::check(program_->stages() == part.model_stages(), "pipeline: schedule ", schedule, " runs ",
                                 program_->stages(), " model stages, the model is cut into ", part.model_stages());
       for (int s = 0; s < part.model_stages(); ++s)
@@ -23505,7 +23512,6 @@ struct pipeline {
     return *program_;
   }
 
-  static nn::part part_of(const placement& at) { return nn::part{at.stage, at.stages, at.blocks, at.chunks, at.layout}; }
 
   template <class Ctx>
   schedule::run_stats run(Ctx& ctx, const schedule::program& p, const std::vector<schedule::micro_batch>& micro, bool train) {
@@ -23520,7 +23526,7 @@ struct pipeline {
   template <class Ctx>
   void sum_tied(Ctx& ctx) {
     const auto& at = ctx.placement;
-    const auto part = part_of(at);
+    const auto part = at.part();
     const int first = part.peer_of(0), last = part.peer_of(part.model_stages() - 1);
     if (at.stages == 1 || first == last || (at.stage != first && at.stage != last)) return;
     const int peer = rank_of_stage(at, at.stage == first ? last : first);
@@ -23541,7 +23547,7 @@ struct pipeline {
   template <class Ctx>
   static double shared_loss(Ctx& ctx, double loss) {
     if (ctx.placement.stages == 1) return loss;
-    const auto part = part_of(ctx.placement);
+    const auto part = ctx.placement.part();
     ctx.pipeline.broadcast(std::span<double>(&loss, 1), rank_of_stage(ctx.placement, part.peer_of(part.model_stages() - 1)));
     return loss;
   }
@@ -27524,7 +27530,7 @@ class trainer {
     rng init(seed, "init");
     if (at.stages == 1 && at.chunks == 1) return Model(config, init);
     if constexpr (std::constructible_from<Model, const model_config&, rng&, const nn::part&>)
-      return Model(config, init, nn::part{at.stage, at.stages, at.blocks, at.chunks, at.layout});
+      return Model(config, init, at.part());
     else
       decentrain::detail::fail("trainer: the parallel policy places this peer at stage ", at.stage, " of ", at.stages,
                                ", but the model cannot be cut into stages (it needs a constructor "

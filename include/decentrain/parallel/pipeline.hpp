@@ -120,7 +120,7 @@ struct pipeline {
   double evaluate(Ctx& ctx, std::int64_t batch) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::validation, batch, 1);
     // One micro-batch forward through the model's stages, each peer taking its own in order.
-    const auto part = part_of(ctx.placement);
+    const auto part = ctx.placement.part();
     schedule::program forward;
     forward.micro_batches = 1;
     forward.actions.resize(static_cast<std::size_t>(stages));
@@ -138,7 +138,7 @@ struct pipeline {
   optim::norm_share grad_norm_share(Ctx& ctx) {
     optim::norm_share share;
     if (ctx.placement.stages == 1) return share;
-    if (!part_of(ctx.placement).first()) share.counted_elsewhere = ctx.model.tied_parameters();
+    if (!ctx.placement.part().first()) share.counted_elsewhere = ctx.model.tied_parameters();
     share.total = [&ctx](double mine) {
       ctx.pipeline.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
       return mine;
@@ -179,7 +179,7 @@ struct pipeline {
     if (!program_ || program_->micro_batches != micro) {
       program_ = schedule::by_name(schedule, stages, micro, chunks_per_peer());
       schedule::check(*program_);
-      const auto part = part_of(ctx.placement);
+      const auto part = ctx.placement.part();
       decentrain::detail::check(program_->stages() == part.model_stages(), "pipeline: schedule ", schedule, " runs ",
                                 program_->stages(), " model stages, the model is cut into ", part.model_stages());
       for (int s = 0; s < part.model_stages(); ++s)
@@ -190,7 +190,6 @@ struct pipeline {
     return *program_;
   }
 
-  static nn::part part_of(const placement& at) { return nn::part{at.stage, at.stages, at.blocks, at.chunks, at.layout}; }
 
   template <class Ctx>
   schedule::run_stats run(Ctx& ctx, const schedule::program& p, const std::vector<schedule::micro_batch>& micro, bool train) {
@@ -205,7 +204,7 @@ struct pipeline {
   template <class Ctx>
   void sum_tied(Ctx& ctx) {
     const auto& at = ctx.placement;
-    const auto part = part_of(at);
+    const auto part = at.part();
     const int first = part.peer_of(0), last = part.peer_of(part.model_stages() - 1);
     if (at.stages == 1 || first == last || (at.stage != first && at.stage != last)) return;
     const int peer = rank_of_stage(at, at.stage == first ? last : first);
@@ -226,7 +225,7 @@ struct pipeline {
   template <class Ctx>
   static double shared_loss(Ctx& ctx, double loss) {
     if (ctx.placement.stages == 1) return loss;
-    const auto part = part_of(ctx.placement);
+    const auto part = ctx.placement.part();
     ctx.pipeline.broadcast(std::span<double>(&loss, 1), rank_of_stage(ctx.placement, part.peer_of(part.model_stages() - 1)));
     return loss;
   }

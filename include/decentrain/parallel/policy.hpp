@@ -39,6 +39,9 @@ struct placement {
   std::vector<std::int64_t> blocks;
   int chunks = 1;  // model stages per peer (interleaved schedules: the model is cut into stages x chunks)
   nn::chunk_layout layout = nn::chunk_layout::looped;  // which of the model's stages are this peer's chunks
+
+  // The part of the model this peer builds and runs.
+  nn::part part() const { return nn::part{stage, stages, blocks, chunks, layout}; }
 };
 
 // The placement of plain data parallelism: one stage, every peer a replica.

@@ -465,7 +465,7 @@ class trainer {
     rng init(seed, "init");
     if (at.stages == 1 && at.chunks == 1) return Model(config, init);
     if constexpr (std::constructible_from<Model, const model_config&, rng&, const nn::part&>)
-      return Model(config, init, nn::part{at.stage, at.stages, at.blocks, at.chunks, at.layout});
+      return Model(config, init, at.part());
     else
       decentrain::detail::fail("trainer: the parallel policy places this peer at stage ", at.stage, " of ", at.stages,
                                ", but the model cannot be cut into stages (it needs a constructor "

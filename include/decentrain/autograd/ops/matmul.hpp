@@ -129,10 +129,14 @@ void linear_param_grads(node<Device>& n, const tensor<Device>& x2, const tensor<
     }
     if (bias) accumulate_grad(*bias, rounded(math::sum(g, {0}), b_type));
   };
-  auto* later = deferred_weight_gradients();
-  const state w_leaf = deferred_target(w), b_leaf = deferred_target(b);
-  if (later && (!w || w_leaf) && (!b || b_leaf)) later->defer([make, w_leaf, b_leaf, x2, g2] { make(w_leaf, b_leaf, x2, g2); });
-  else make(w, b, x2, g2);
+  if (auto* later = deferred_weight_gradients()) {
+    const state w_leaf = deferred_target(w), b_leaf = deferred_target(b);
+    if ((!w || w_leaf) && (!b || b_leaf)) {
+      later->defer([make, w_leaf, b_leaf, x2, g2] { make(w_leaf, b_leaf, x2, g2); });
+      return;
+    }
+  }
+  make(w, b, x2, g2);
 }
 
 // The gradients of a linear layer whose input, weight and bias are the node's inputs 0, 1 and
