@@ -10,13 +10,16 @@
 // GPT-2 124M's forward, input-gradient and weight-gradient times measured here (a block, and the
 // end stages' extra work). (5) The placement of 4 stages x 4 copies on 16 peers searched from the
 // links (parallel/link_placement.hpp) against random placements, on the `heterogeneous` links.
-// Usage: bench_pipeline [--json PATH] [--no-measure]
+// (6) A morph after losing a quarter of 8 peers (fault::elastic, real compute): from the kill to
+// training again, and the state moved.
+// Usage: bench_pipeline [--json PATH] [--no-measure | --morph-only]
 #include <decentrain/decentrain.hpp>
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -130,6 +133,98 @@ std::size_t stage_peak_bytes(const dt::nn::gpt_config& cfg, int s, int stages, i
   return memory::peak_allocated_bytes() - before;
 }
 
+// (6) A morph. S x R in-process peers train `cfg` (real compute, 2 micro-batches of `rows` rows a
+// copy) under fault::elastic with sync averaging; after step 2 the `victims` are killed, and the
+// peers left re-form in the shape the pipeline's morph picks, each taking its new part from those
+// that hold it (trainer::redeal). Figures: a step before the loss and after it (the median over
+// the peers), from the kill to the first step finished after it (which redoes the step the loss
+// broke), the re-deal itself (the slowest peer), and the state moved (all peers).
+struct morph_figures {
+  int stages_after = 0, copies_after = 0, views = 0;
+  double step_before_s = 0, step_after_s = 0, back_s = 0, redeal_s = 0, moved_mb = 0;
+};
+morph_figures measure_morph(const dt::nn::gpt_config& cfg, int S, int R, const std::vector<int>& victims, std::int64_t rows,
+                            std::int64_t T) {
+  using trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>, dt::fault::elastic>;
+  using clock = std::chrono::steady_clock;
+  static const auto data = [] {
+    const auto text = dt::data::builtin_corpus(std::size_t{1} << 20, 1);
+    return dt::data::token_dataset(dt::data::char_tokenizer::from_text(text).encode(text));
+  }();
+  const int world = S * R;
+  const std::int64_t kill_after = 2, steps = 5;
+  dt::train::trainer_options o;
+  o.steps = steps;
+  o.batch_size = rows;
+  o.block_size = T;
+  o.eval_batches = 1;
+  o.eval_every = 0;
+  dt::parallel::pipeline<> pipe;
+  pipe.stages = S;
+  pipe.micro_batches = 2;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::seconds(600);
+  dt::transport::in_process::options net_options;
+  net_options.recv_timeout = std::chrono::seconds(1200);
+  net_options.peers_fail_alone = true;
+  dt::transport::in_process net(dt::transport::links::ideal(world), net_options);
+  std::mutex m;
+  clock::time_point killed_at{};
+  std::vector<std::map<std::int64_t, clock::time_point>> done(static_cast<std::size_t>(world));
+  std::vector<std::vector<trainer::redeal_record>> redeals(static_cast<std::size_t>(world));
+  std::vector<int> shape(static_cast<std::size_t>(world), 0), views(shape);
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const int r = ep.rank();
+    const bool victim = std::find(victims.begin(), victims.end(), r) != victims.end();
+    trainer t(cfg, o, ep, {}, pipe, fault);
+    t.on_step([&](const dt::train::step_metrics& s) {
+      std::lock_guard lock(m);
+      done[static_cast<std::size_t>(r)][s.step] = clock::now();
+      if (victim && s.step == kill_after) {
+        killed_at = clock::now();
+        net.kill(r);
+        dt::detail::fail("killed");
+      }
+    });
+    try {
+      (void)t.fit(data);
+      std::lock_guard lock(m);
+      redeals[static_cast<std::size_t>(r)] = t.redeals();
+      shape[static_cast<std::size_t>(r)] = t.placement().stages;
+      views[static_cast<std::size_t>(r)] = static_cast<int>(t.fault().change_count());
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m);
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  morph_figures f;
+  std::vector<double> before, after;
+  double back = 1e300;
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (std::find(victims.begin(), victims.end(), r) != victims.end()) continue;
+    if (!errors[i].empty()) dt::detail::fail("morph bench: peer ", r, ": ", errors[i]);
+    const auto& d = done[i];
+    before.push_back(std::chrono::duration<double>(d.at(kill_after) - d.at(kill_after - 1)).count());
+    after.push_back(std::chrono::duration<double>(d.at(kill_after + 2) - d.at(kill_after + 1)).count());
+    back = std::min(back, std::chrono::duration<double>(d.at(kill_after + 1) - killed_at).count());
+    for (const auto& rd : redeals[i]) {
+      f.redeal_s = std::max(f.redeal_s, rd.seconds);
+      f.moved_mb += static_cast<double>(rd.bytes_received) / 1e6;
+    }
+    f.stages_after = shape[i];
+    f.copies_after = (world - static_cast<int>(victims.size())) / shape[i];
+    f.views = views[i];
+  }
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  f.step_before_s = before[before.size() / 2];
+  f.step_after_s = after[after.size() / 2];
+  f.back_s = back;
+  return f;
+}
+
 std::int64_t parameter_count(const dt::parameter_list<dt::cpu>& params) {
   std::int64_t n = 0;
   for (const auto& e : params) n += e.param.value().numel();
@@ -140,15 +235,17 @@ std::int64_t parameter_count(const dt::parameter_list<dt::cpu>& params) {
 
 int main(int argc, char** argv) try {
   std::string json = "bench/results/pipeline.json";
-  bool measure = true;
+  bool measure = true, morph = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else if (a == "--no-measure") {
+      measure = morph = false;
+    } else if (a == "--morph-only") {
       measure = false;
     } else {
-      std::fprintf(stderr, "usage: bench_pipeline [--json PATH] [--no-measure]\n");
+      std::fprintf(stderr, "usage: bench_pipeline [--json PATH] [--no-measure | --morph-only]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -351,6 +448,31 @@ int main(int argc, char** argv) try {
         out << ",\n  {\"placement\": true, \"traffic\": \"" << label << "\", \"seed\": " << seed << ", \"placed_s\": " << mine
             << ", \"rank_order_s\": " << order << ", \"random_mean_s\": " << random << ", \"random_best_s\": " << best_random
             << ", \"placed_vs_random\": " << mine / random << "}";
+      }
+    }
+  }
+  if (morph) {
+    std::printf("\n%-18s %-9s %-8s %-9s %6s %12s %12s %14s %10s %10s\n", "model", "before", "lost", "after", "views", "step before s",
+                "step after s", "kill to step s", "redeal s", "moved MB");
+    for (const char* preset : {"shakespeare-char", "gpt2-124m"}) {
+      const auto cfg = dt::nn::gpt_preset(preset);
+      const bool big = cfg.n_layer == 12;
+      struct plan {
+        int S, R;
+        std::vector<int> victims;
+      };
+      // A quarter of 8 peers: two of stage 0 (2 x 4: the shape holds, parts move to refill the
+      // copies), or one copy's last two stages (4 x 2: no copy is whole, the model is cut anew).
+      for (const auto& [S, R, victims] : {plan{2, 4, {0, 2}}, plan{4, 2, {6, 7}}}) {
+        const auto f = measure_morph(cfg, S, R, victims, 2, big ? 64 : 128);
+        const auto lost = dt::detail::concat(victims[0], ",", victims[1]);
+        std::printf("%-18s %dx%-7d %-8s %dx%-7d %6d %12.2f %12.2f %14.2f %10.2f %10.1f\n", preset, S, R, lost.c_str(), f.stages_after,
+                    f.copies_after, f.views, f.step_before_s, f.step_after_s, f.back_s, f.redeal_s, f.moved_mb);
+        out << (first ? "" : ",\n") << "  {\"morph\": true, \"model\": \"" << preset << "\", \"stages\": " << S << ", \"copies\": " << R
+            << ", \"lost\": \"" << lost << "\", \"stages_after\": " << f.stages_after << ", \"copies_after\": " << f.copies_after
+            << ", \"views\": " << f.views << ", \"step_before_s\": " << f.step_before_s << ", \"step_after_s\": " << f.step_after_s
+            << ", \"kill_to_step_s\": " << f.back_s << ", \"redeal_s\": " << f.redeal_s << ", \"moved_mb\": " << f.moved_mb << "}";
+        first = false;
       }
     }
   }

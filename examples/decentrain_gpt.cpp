@@ -1048,7 +1048,15 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
   }
   // Over TCP or MPI only this process's own figures are known; rank 0 reports them.
   if (rank == 0) {
-    print_summary(p, results, rank, world, Comm::name, wall_s);
+    // A pipeline whose group re-formed (--elastic) ends in another shape: the summary gives that one.
+    auto ended = p;
+    std::int64_t longest = 0;
+    for (const auto& f : hooks.stage_runs)
+      if (f.stages > 0 && f.steps > longest) {
+        longest = f.steps;
+        ended.parallel.stages = f.stages;
+      }
+    print_summary(ended, results, rank, world, Comm::name, wall_s);
     if (p.parallel.stages > 1) print_stages(p, results, hooks.stage_runs, rank);
     print_suspects(hooks.tallies[static_cast<std::size_t>(asker)]);
   }
@@ -1139,8 +1147,6 @@ void pipeline_settings(const options& opt, train_plan& p) {
     p.parallel.stages = p.parallel.micro_batches = 1;
     return;
   }
-  dt::detail::check(!p.elastic, "--parallel pipeline does not take --elastic yet: a stage's peers cannot leave or join a "
-                                "running pipeline (checkpoints with --checkpoint-dir and --resume work)");
   dt::detail::check(p.init == nullptr, "--parallel pipeline does not take --init-from yet");
   auto& pipe = p.parallel;
   pipe.stages = static_cast<int>(opt.integer("stages"));
@@ -1352,6 +1358,9 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
+  dt::detail::check(!p.elastic || p.parallel.stages == 1 || comm == "sync", "--parallel pipeline with --elastic needs --comm "
+                    "sync, not ", comm, opt.has("comm") ? "" : " (the default here)", ": when peers are lost the stages' "
+                    "parts are dealt out again, and a periodic policy's state cannot follow them yet");
   // (a GPU's allocator refuses what does not fit on the GPU itself, naming the allocation)
   if (!p.device.cuda) check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
   // Both splits must hold a block and its next token, or the run would fail at its first evaluation.

@@ -146,8 +146,12 @@ struct stage_figures {
   int peak_stashed = 0;
   std::uint64_t bytes_sent = 0;
   double busy_s = 0, total_s = 0;
-  void add(const dt::parallel::schedule::run_stats& s) {
+  int stage = 0, stages = 0, copies = 0;  // where the peer stood at its last step (--elastic: the shape may change)
+  void add(const dt::parallel::schedule::run_stats& s, const dt::parallel::placement& at, int world) {
     ++steps;
+    stage = at.stage;
+    stages = at.stages;
+    copies = world / at.stages;
     peak_stashed = std::max(peak_stashed, s.peak_stashed);
     bytes_sent += s.bytes_sent;
     busy_s += s.busy_s;
@@ -247,7 +251,10 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   if constexpr (requires { t.policy().aggregation().tally; })  // (gossip aggregates nothing)
     t.on_step([&t, &h](const dt::train::step_metrics& m) { h.tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally; });
   if (p.parallel.stages > 1)
-    t.on_step([&t, &h](const dt::train::step_metrics& m) { h.stage_runs[static_cast<std::size_t>(m.rank)].add(t.parallel().last_run()); });
+    t.on_step([&t, &h](const dt::train::step_metrics&) {
+      h.stage_runs[static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())])].add(t.parallel().last_run(),
+                                                                                                   t.placement(), t.world());
+    });
   t.stop_when([&t, &at = h.asked_at[static_cast<std::size_t>(t.rank())]] {
     at = t.step();
     return interrupted.load();

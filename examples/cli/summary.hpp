@@ -64,9 +64,17 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
                   int first_rank) {
   const auto& pipe = p.parallel;
   const int world = world_size_of(p) > 0 ? world_size_of(p) : static_cast<int>(runs.size());
-  std::printf("\npipeline: %d stages x %d copies, schedule %s%s, %d micro-batches a step, activations %s\n", pipe.stages,
-              world / pipe.stages, pipe.schedule.c_str(), pipe.schedule == "interleaved" ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
-              pipe.micro_batches, pipe.codec.describe().c_str());
+  // The shape at the end: another where an elastic group re-formed after losing peers (the
+  // peer that trained longest saw the last one).
+  const auto last = std::max_element(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.steps < b.steps; });
+  const int stages = last != runs.end() && last->stages > 0 ? last->stages : pipe.stages;
+  const int copies = last != runs.end() && last->copies > 0 ? last->copies : world / pipe.stages;
+  std::printf("\npipeline: %d stages x %d copies, schedule %s%s, %d micro-batches a step, activations %s%s\n", stages, copies,
+              pipe.schedule.c_str(), pipe.schedule == "interleaved" ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
+              pipe.micro_batches, pipe.codec.describe().c_str(),
+              stages != pipe.stages || copies != world / pipe.stages
+                  ? dt::detail::concat(" (re-formed from ", pipe.stages, " x ", world / pipe.stages, " when peers were lost)").c_str()
+                  : "");
   std::printf("%-6s %-6s %-10s %-16s %-22s %-14s\n", "peer", "stage", "tokens/s", "idle in steps %", "most micro-batches held",
               "MB sent/step");
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -74,7 +82,7 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
     if (rank >= runs.size()) continue;
     const auto& f = runs[rank];
     const double steps = std::max<double>(1.0, static_cast<double>(f.steps));
-    std::printf("%-6zu %-6d %-10.0f %-16.1f %-22d %-14.3f\n", rank, static_cast<int>(rank % static_cast<std::size_t>(pipe.stages)),
+    std::printf("%-6zu %-6d %-10.0f %-16.1f %-22d %-14.3f\n", rank, f.stage,
                 results[i].last.tokens_per_s, f.total_s > 0 ? 100.0 * (1.0 - f.busy_s / f.total_s) : 0.0, f.peak_stashed,
                 static_cast<double>(f.bytes_sent) / steps / 1e6);
   }

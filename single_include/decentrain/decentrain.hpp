@@ -1910,11 +1910,32 @@ tensor<Device> arange(std::int64_t n, dtype t = dtype::f32) {
   return arange<Device>(0.0, static_cast<double>(n), 1.0, t);
 }
 
+// While one lives on this thread, randn and uniform give zeros and draw nothing from their
+// stream: a model built only to be loaded at once (a pipeline's part dealt out again, a
+// checkpoint) skips initialising what is about to be overwritten, as accelerate's
+// init_empty_weights does. Models that draw and drop other parts' values to keep the stream in
+// step (nn::gpt) may skip those too (skip_init::active()).
+class skip_init {
+ public:
+  skip_init() { ++depth(); }
+  ~skip_init() { --depth(); }
+  skip_init(const skip_init&) = delete;
+  skip_init& operator=(const skip_init&) = delete;
+  static bool active() { return depth() > 0; }
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+};
+
 // Normal(mean, stddev) values drawn from `gen`.
 template <class Device = cpu>
 tensor<Device> randn(const shape& s, rng& gen, dtype t = dtype::f32, double mean = 0.0,
                      double stddev = 1.0) {
   detail::check(stddev >= 0.0, "randn: stddev must be >= 0, got ", stddev);
+  if (skip_init::active()) return zeros<Device>(s, t);
   std::vector<double> values(static_cast<std::size_t>(s.numel()));
   for (std::size_t i = 0; i < values.size(); i += 2) {
     const auto pair = gen.normal_pair();
@@ -1929,6 +1950,7 @@ template <class Device = cpu>
 tensor<Device> uniform(const shape& s, rng& gen, double lo = 0.0, double hi = 1.0,
                        dtype t = dtype::f32) {
   detail::check(lo <= hi, "uniform: lo (", lo, ") must not exceed hi (", hi, ")");
+  if (skip_init::active()) return zeros<Device>(s, t);
   std::vector<double> values(static_cast<std::size_t>(s.numel()));
   for (auto& v : values) v = gen.uniform(lo, hi);
   return from_vector<Device>(values, s, t);
@@ -9090,9 +9112,11 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
   cfg_.validate();
   (void)part_.blocks_per_stage(cfg.n_layer);  // checks the cut
   // A parameter of another stage is drawn as the whole model draws it, on the host, and dropped.
+  // (Under skip_init nothing is drawn, so there is nothing to keep in step.)
+  const bool drawn = !skip_init::active();
   const auto draw = [&](bool mine, const char* name, shape s) {
     if (mine) return params_.add(name, parameter(randn<Device>(s, init, dtype::f32, 0.0, 0.02)));
-    (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
+    if (drawn) (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
     return var<Device>();
   };
   wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
@@ -9103,7 +9127,7 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
     for (std::int64_t l = begin; l < end; ++l) {
       if (part_.holds(s)) {
         blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
-      } else {
+      } else if (drawn) {
         parameter_list<cpu> elsewhere;
         (void)gpt_block<cpu>(elsewhere, "h." + std::to_string(l), cfg_, init);
       }
@@ -23368,6 +23392,9 @@ struct pipeline {
   std::vector<std::int64_t> blocks;  // blocks per model stage (empty: an even cut)
   std::vector<std::vector<int>> ranks;  // ranks[s][c]: the world rank at stage s of copy c (empty: rank order)
   Codec codec{};                 // the activations and their gradients between stages
+  // When the group re-forms (fault::elastic: peers lost), the job takes another stages x copies
+  // shape (morph); never fewer stages than this (a model that fits no peer whole: its stages).
+  int min_stages = 1;
 
   // Throws naming the setting that is out of range (the schedule's name included).
   void validate(int world) const {
@@ -23407,6 +23434,43 @@ struct pipeline {
     std::sort(p.replicas.begin(), p.replicas.end());
     for (int s = 0; s < stages; ++s) p.pipeline.push_back(grid[static_cast<std::size_t>(s)][static_cast<std::size_t>(p.copy)]);
     return p;
+  }
+
+  // Varuna's morphing: a new shape for `world` peers and a model of `n_blocks` blocks, chosen
+  // from the stages first asked for, so every peer (and a later morph) picks the same: the fewest
+  // stages >= those that divide the peers and that the model, the schedule and min_stages
+  // allow, else the most below them. The peers go in rank order (a placement's `ranks` was made
+  // for other peers), and a cost partitioner's `blocks` stay only where the stages are those it
+  // cut for (else an even cut). Throws naming the shape when none fits. Returns the stages.
+  int morph(int world, std::int64_t n_blocks) {
+    if (asked_stages_ == 0) {
+      asked_stages_ = stages;
+      asked_blocks_ = blocks;
+    }
+    decentrain::detail::check(world >= 1, "pipeline: cannot re-form a pipeline of ", world, " peers");
+    const auto fits = [&](int s) {
+      if (world % s != 0 || s < min_stages || static_cast<std::int64_t>(s) * chunks_per_peer() > n_blocks) return false;
+      try {
+        (void)schedule::by_name(schedule, s, micro_batches, chunks_per_peer());
+        return true;
+      } catch (const decentrain::error&) {
+        return false;
+      }
+    };
+    int chosen = 0;
+    for (int s = asked_stages_; s <= world && chosen == 0; ++s)
+      if (fits(s)) chosen = s;
+    for (int s = asked_stages_ - 1; s >= 1 && chosen == 0; --s)
+      if (fits(s)) chosen = s;
+    decentrain::detail::check(chosen > 0, "pipeline: ", world, " peer(s) cannot re-form the pipeline: no number of stages "
+                              ">= min_stages (", min_stages, ") divides them and cuts a model of ", n_blocks, " blocks",
+                              chunks_per_peer() > 1 ? " into chunks" : "", " under schedule ", schedule, " with ",
+                              micro_batches, " micro-batches");
+    stages = chosen;
+    blocks = chosen == asked_stages_ ? asked_blocks_ : std::vector<std::int64_t>{};
+    ranks.clear();
+    program_.reset();
+    return chosen;
   }
 
   template <class Ctx>
@@ -23562,6 +23626,8 @@ struct pipeline {
 
   std::optional<schedule::program> program_;
   schedule::run_stats last_;
+  int asked_stages_ = 0;  // the stages and blocks first asked for (0: not morphed yet)
+  std::vector<std::int64_t> asked_blocks_;
 };
 
 }  // namespace decentrain::parallel
@@ -23891,9 +23957,14 @@ struct checkpoint_every {
 // saving, or restarted without its files) the ones behind take the state of the furthest, as
 // after a failure. A peer that joins a running group takes the group's state, not its files.
 //
+// A pipeline (peers holding parts of the model) re-forms otherwise: once a view holds, the
+// trainer deals the parts out again over it (ctx.redeal: the pipeline's morph picks the shape,
+// each member takes its new part from the members at the target), in place of the state
+// transfer above; a stage whose every replica is lost stops the run naming it. Joiners, a
+// policy's exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
+//
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
-// joiners: tcp, and in_process in a deterministic run) and data parallelism (every peer holds
-// the whole model).
+// joiners: tcp, and in_process in a deterministic run).
 
 #include <algorithm>
 #include <bit>
@@ -25823,7 +25894,8 @@ struct elastic {
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
-    if (!ctx.round_start || !ctx.network.takes_joiners()) return;
+    // (A pipeline of several stages takes no joiners: its parts are dealt out among its members.)
+    if (!ctx.round_start || !ctx.network.takes_joiners() || ctx.placement.stages > 1) return;
     std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
     ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
     if (joiner >= 0)
@@ -25922,28 +25994,35 @@ struct elastic {
         continue;
       }
       try {
-        // A state taken lands in this peer's own tensors (which it then loads onto themselves):
-        // no second copy of gigabytes, which a fresh process pays for page by page.
-        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
-                                        &torn_);
-        served_ += got.bytes_served;
-        for (const auto& [j, how] : got.named) named_.emplace(j, how);
-        if (got.state) {
-          torn_ = true;  // the decode writes into this peer's tensors
-          io::checkpoint taken;
-          try {
-            taken = io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into());
-          } catch (const decentrain::error& e) {
-            // A state that does not decode (its checksum fails): this peer stays torn, and takes
-            // the state again in the next view, from others if the donor is left out.
-            named_.emplace(got.reference, e.what());
-            transport::fail_peer_because(transport::failure_cause::convicted, got.reference, "state", "elastic: ", e.what());
-          }
-          ctx.adopt(std::move(taken));
-          torn_ = false;
-          in_place = got.state->in_place();
+        // A pipeline deals its parts out again over the new view (the trainer's redeal): those
+        // behind take their new part from members at the target, as every member does.
+        if (ctx.redeal && ctx.redeal(d.behind, d.target.step)) {
+          healed = std::find(d.behind.begin(), d.behind.end(), ep.rank()) != d.behind.end();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
-          healed = true;
+        } else {
+          // A state taken lands in this peer's own tensors (which it then loads onto themselves):
+          // no second copy of gigabytes, which a fresh process pays for page by page.
+          const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
+                                          &torn_);
+          served_ += got.bytes_served;
+          for (const auto& [j, how] : got.named) named_.emplace(j, how);
+          if (got.state) {
+            torn_ = true;  // the decode writes into this peer's tensors
+            io::checkpoint taken;
+            try {
+              taken = io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into());
+            } catch (const decentrain::error& e) {
+              // A state that does not decode (its checksum fails): this peer stays torn, and takes
+              // the state again in the next view, from others if the donor is left out.
+              named_.emplace(got.reference, e.what());
+              transport::fail_peer_because(transport::failure_cause::convicted, got.reference, "state", "elastic: ", e.what());
+            }
+            ctx.adopt(std::move(taken));
+            torn_ = false;
+            in_place = got.state->in_place();
+            ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
+            healed = true;
+          }
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
@@ -26451,6 +26530,12 @@ struct peer_context {
   // Takes another peer's captured state as this peer's (it keeps its own identity and dropout
   // stream); ctx.step and ctx.at must then say where the donor stood.
   std::function<void(const io::checkpoint&)> adopt;
+  // When the group re-formed, deals the model's parts out again over the new view (a pipeline's
+  // stages: the parallel policy's morph): every member calls it together, `behind` the world
+  // ranks whose state is not at the agreed `step` (they take theirs from those at it). Returns
+  // false, having done nothing, where every peer holds the whole model: the fault policy then
+  // brings those behind up to date its own way. Null where the parallel policy cannot morph.
+  std::function<bool(const std::vector<int>& behind, std::int64_t step)> redeal;
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;
@@ -27085,17 +27170,22 @@ class progress {
 // backward and after the inner AdamW step, and the fault policy after the step; a peer error
 // inside a step, or in a collective between steps (the start, stop checks, evaluations), goes to
 // the fault policy, which says rethrow, redo or re-form (errors in the fault policy's own start
-// and checkpoints are not routed: they end the run). The slots are defined
+// and checkpoints are not routed: they end the run). When a pipeline's group re-forms, the
+// trainer deals the model's parts out again over it (redeal). The slots are defined
 // on one page, train/concepts.hpp; options, metrics and the context a policy sees have headers
 // of their own.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <ctime>
 #include <functional>
 #include <limits>
+#include <map>
+#include <memory>
+#include <set>
 #include <optional>
 #include <span>
 #include <string>
@@ -27131,20 +27221,16 @@ class trainer {
         parallel_(std::move(parallel)),
         placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
         model_(make_model(config, options.seed, placement_)),
-        optimizer_(model_.parameters(), {options.lr, options.beta1, options.beta2, 1e-8, options.weight_decay}),
+        optimizer_(make_optimizer()),
         schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
         policy_(std::move(comm)),
         fault_(std::move(fault)),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
-    if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
-    if (placement_.stages > 1) pipeline_.emplace(comm_.group(placement_.pipeline));
-    if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
-      model_.set_compute_dtype(options_.compute_dtype);
-    else
-      decentrain::detail::check(options_.compute_dtype == dtype::f32, "trainer: compute_dtype ",
-                                dtype_name(options_.compute_dtype), " needs a model with set_compute_dtype(dtype)");
+    note_placed();
+    make_groups();
+    set_compute_dtype();
   }
   // The optimizer and the communicators point into the trainer: it stays where it was made.
   trainer(const trainer&) = delete;
@@ -27170,6 +27256,16 @@ class trainer {
   // policy needs no bookkeeping of its own.
   std::uint64_t policy_bytes_sent() const { return policy_bytes_; }
 
+  // Each time a pipeline's parts were dealt out again after the group re-formed (redeal, below).
+  struct redeal_record {
+    std::int64_t step = 0;                // the step the group went on from
+    int stages_before = 0, copies_before = 0, stages_after = 0, copies_after = 0;
+    std::uint64_t bytes_received = 0;     // parameters and AdamW state this peer took from others
+    std::uint64_t bytes_sent = 0;         // ... and served
+    double seconds = 0;                   // building the new part and moving the state, on this peer
+  };
+  const std::vector<redeal_record>& redeals() const { return redeals_; }
+
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
   // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
@@ -27187,9 +27283,7 @@ class trainer {
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
                                                       "lets the others go on without this peer (fault::elastic)");
     if constexpr (requires { fault_.reform(ctx); })
-      decentrain::detail::check(placement_.stages == 1, "trainer: the fault policy re-forms the group when peers are "
-                                                        "lost or join, which a pipeline's stages cannot do yet (this peer "
-                                                        "holds stage ", placement_.stage, " of ", placement_.stages, ")");
+      if (placement_.stages > 1) check_redealable();
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     fault_.start(ctx);
@@ -27409,6 +27503,7 @@ class trainer {
       const auto step_before = ctx.step;
       const auto at_before = ctx.at;
       fault_.reform(ctx);
+      if (context_stale_) refresh(ctx);
       if (step_ == step_before && ctx.at == at_before) return false;
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
@@ -27493,7 +27588,9 @@ class trainer {
                    .at = phase::step,
                    .set_view = [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
                    .adopt = [this](const io::checkpoint& c) { adopt(c); },
-                   .contributions = contributions(),
+                   .redeal = redeal_hook(),
+                   // A pipeline's aggregation counts a stage's replicas, not the view's members.
+                   .contributions = placement_.stages > 1 ? nullptr : contributions(),
                    .absorb = [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
   }
   const collective::peer_tally* contributions() const {
@@ -27503,8 +27600,9 @@ class trainer {
 
   // The world communicator becomes the listed world ranks, in a tag space of their own.
   void set_view(std::uint64_t epoch, const std::vector<int>& members) {
-    decentrain::detail::check(!replicas_, "trainer: a group change needs every peer to hold the whole model (data "
-                                          "parallelism); this parallel policy places replicas of a part");
+    decentrain::detail::check(!replicas_ || can_morph(), "trainer: a group change needs every peer to hold the whole "
+                              "model, or a parallel policy that deals the parts out again (morph); this one places "
+                              "replicas of a part");
     decentrain::detail::check(std::is_sorted(members.begin(), members.end()) &&
                                   std::binary_search(members.begin(), members.end(), endpoint_.rank()),
                               "trainer: a view must list world ranks in ascending order, this peer among them");
@@ -27518,6 +27616,266 @@ class trainer {
     comm_ = communicator(view_endpoint_, options_.collectives);
     comm_.adopt_traffic(traffic);
     members_ = members;
+  }
+
+  optim::adamw<device_type> make_optimizer() {
+    return optim::adamw<device_type>(model_.parameters(), {options_.lr, options_.beta1, options_.beta2, 1e-8, options_.weight_decay});
+  }
+  void set_compute_dtype() {
+    if constexpr (requires(Model& m) { m.set_compute_dtype(dtype::f32); })
+      model_.set_compute_dtype(options_.compute_dtype);
+    else
+      decentrain::detail::check(options_.compute_dtype == dtype::f32, "trainer: compute_dtype ",
+                                dtype_name(options_.compute_dtype), " needs a model with set_compute_dtype(dtype)");
+  }
+  // The replicas' and the pipeline's communicators of the placement, in the current view.
+  void make_groups() {
+    replicas_.reset();
+    pipeline_.reset();
+    if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
+    if (placement_.stages > 1) pipeline_.emplace(comm_.group(placement_.pipeline));
+  }
+
+  // The view the placement was made for and the stage of each of its members (to name the
+  // stages of peers lost when the parts are dealt out again).
+  void note_placed() {
+    placed_members_ = members_;
+    placed_stages_.clear();
+    for (std::size_t i = 0; i < members_.size(); ++i)
+      placed_stages_.push_back(placement_.stages == 1 ? 0
+                                                      : parallel_.place(static_cast<int>(i), static_cast<int>(members_.size())).stage);
+  }
+
+  // Whether the parallel policy can deal a model's parts out again over another number of peers.
+  static constexpr bool can_morph() {
+    return requires(ParallelPolicy& p, const Model& m) {
+      { p.morph(1, std::int64_t{1}) } -> std::convertible_to<int>;
+      { m.config().n_layer } -> std::convertible_to<std::int64_t>;
+    };
+  }
+  std::function<bool(const std::vector<int>&, std::int64_t)> redeal_hook() {
+    if constexpr (can_morph() && requires(FaultPolicy& f, context& c) { f.reform(c); })
+      return [this](const std::vector<int>& behind, std::int64_t step) { return redeal(behind, step); };
+    else
+      return {};
+  }
+  // A pipeline under a fault policy that re-forms the group: what re-dealing the parts needs.
+  void check_redealable() {
+    using decentrain::detail::check;
+    check(can_morph(), "trainer: the fault policy re-forms the group when peers are lost, and this peer holds stage ",
+          placement_.stage, " of ", placement_.stages, ", but the parallel policy cannot deal the model's parts out "
+          "again (it needs int morph(int world, std::int64_t n_blocks), and the model config().n_layer)");
+    io::checkpoint kept;
+    policy_.save(kept);
+    check(kept.tensors.empty(), "trainer: when a pipeline's group re-forms, the model's parts are dealt out again, but ",
+          "the communication policy keeps state of this peer's part ('", kept.tensors.empty() ? "" : kept.tensors.begin()->first,
+          "') that cannot be dealt out with them yet; use sync averaging with a codec that keeps no state");
+  }
+
+  // The group re-formed (fault::elastic) under a pipeline: the parallel policy takes a shape for
+  // the new view (morph), and each member builds its new part and takes every parameter and its
+  // AdamW state from a member at the agreed step that holds it (itself where it can, else the
+  // holders in turn, so a morph's bytes spread over them). One general exchange serves a lost
+  // replica (most parts stay where they are) and a new shape (the layers dealt out again). The
+  // members first say what they hold (a parameter's name, held where the peer is at the step)
+  // and what they need; a parameter that no member at the step holds (its stage's every replica
+  // lost) stops the run with an error naming the lost peers' stages. Nothing of this peer's state
+  // is replaced before every part has arrived, so a failure in the middle leaves it whole (the
+  // group agrees again and re-deals from there). Own state (a dropout stream) stays.
+  bool redeal(const std::vector<int>& behind, std::int64_t step) {
+    if constexpr (!can_morph()) {
+      return false;
+    } else {
+      using decentrain::detail::check;
+      using decentrain::detail::concat;
+      if (placement_.stages == 1) return false;
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto traffic0 = endpoint_.stats();
+      redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0};
+      const int n = world(), me = rank();
+      const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
+      std::string lost;
+      for (std::size_t i = 0; i < placed_members_.size(); ++i)
+        if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))
+          lost += concat(lost.empty() ? "" : ", ", "peer ", placed_members_[i], " at stage ", placed_stages_[i], " of ",
+                         placement_.stages);
+      parallel_.morph(n, static_cast<std::int64_t>(model_.config().n_layer));
+      auto next = checked_placement(parallel_.place(me, n), me, n);
+      Model fresh = [&] {
+        skip_init loaded_below;  // every value is taken from the holders: none drawn
+        return make_model(model_.config(), options_.seed, next);
+      }();
+
+      // What each member holds and needs: "1" or "0" (at the step or not), its parameters' names,
+      // an empty line, the names it needs.
+      std::string mine = current ? "1" : "0";
+      for (const auto& e : model_.parameters()) mine += "\n" + e.name;
+      mine += "\n";
+      for (const auto& e : fresh.parameters()) mine += "\n" + e.name;
+      struct member {
+        bool current = false;
+        std::set<std::string> holds;
+        std::vector<std::string> needs;
+      };
+      std::vector<member> said(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        std::int64_t bytes = r == me ? static_cast<std::int64_t>(mine.size()) : 0;
+        comm_.broadcast(std::span<std::int64_t>(&bytes, 1), r);
+        check(bytes >= 1 && bytes <= (std::int64_t{1} << 24), "trainer: member ", r, " of the re-formed group says its ",
+              "parameters' names take ", bytes, " bytes");
+        std::string text = r == me ? mine : std::string(static_cast<std::size_t>(bytes), '\0');
+        comm_.broadcast(std::span<char>(text.data(), text.size()), r);
+        auto& m = said[static_cast<std::size_t>(r)];
+        m.current = text[0] == '1';
+        std::size_t at = 1;
+        bool needs = false;
+        while (at < text.size()) {
+          const auto end = std::min(text.find('\n', at + 1), text.size());
+          const auto name = text.substr(at + 1, end - at - 1);
+          if (name.empty() && !needs)
+            needs = true;
+          else if (needs)
+            m.needs.push_back(name);
+          else
+            m.holds.insert(name);
+          at = end;
+        }
+      }
+      // Who sends what to whom: from[d][s], the names member s sends member d, in d's order.
+      std::vector<std::vector<std::vector<std::string>>> from(static_cast<std::size_t>(n),
+                                                              std::vector<std::vector<std::string>>(static_cast<std::size_t>(n)));
+      for (int d = 0; d < n; ++d) {
+        const auto& want = said[static_cast<std::size_t>(d)].needs;
+        for (std::size_t k = 0; k < want.size(); ++k) {
+          std::vector<int> holders;
+          for (int r = 0; r < n; ++r)
+            if (said[static_cast<std::size_t>(r)].current && said[static_cast<std::size_t>(r)].holds.count(want[k])) holders.push_back(r);
+          check(!holders.empty(), "trainer: the group re-formed with ", n, " peer(s) at step ", step, ", but no member at ",
+                "that step holds parameter '", want[k], "': every replica of its stage is lost (",
+                lost.empty() ? "lost: none named" : "lost: " + lost, "), so the model cannot be dealt out again");
+          const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
+          const int source = own ? d : holders[(static_cast<std::size_t>(d) + k) % holders.size()];
+          from[static_cast<std::size_t>(d)][static_cast<std::size_t>(source)].push_back(want[k]);
+        }
+      }
+      // Each parameter travels as its values and AdamW's two moments (floats), and its step count.
+      auto numel = [](const auto& params, const std::string& name) {
+        return static_cast<std::size_t>(params.get(name).value().numel());
+      };
+      auto state_of = [this] {
+        std::map<std::string, typename optim::adamw<device_type>::state_entry> by_name;
+        for (auto& e : optimizer_.state()) by_name.emplace(e.name, std::move(e));
+        return by_name;
+      }();
+      auto pack = [&](const std::vector<std::string>& names, std::vector<float>& values, std::vector<std::int64_t>& steps) {
+        for (const auto& name : names) {
+          const auto& moments = state_of.at(name);
+          const std::array<const tensor<device_type>*, 3> parts = {&model_.parameters().get(name).value(), &moments.exp_avg,
+                                                                   &moments.exp_avg_sq};
+          for (const auto* t : parts) {
+            const auto v = host_copy(*t).contiguous();
+            values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
+          }
+          steps.push_back(moments.step);
+        }
+      };
+      auto c = train::capture(model_, optimizer_, step_, true);  // the configuration's counters
+      c.tensors.clear();
+      std::erase_if(c.counters, [](const auto& kv) { return kv.first.starts_with("adamw."); });
+      c.views = false;
+      c.counters["step"] = step;
+      auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          const auto& p = fresh.parameters().get(names[k]).value();
+          const auto count = static_cast<std::size_t>(p.numel());
+          auto slice = [&](std::size_t off) {
+            return from_vector<cpu>(std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(at + off * count),
+                                                       values.begin() + static_cast<std::ptrdiff_t>(at + (off + 1) * count)),
+                                    p.shape());
+          };
+          c.tensors["model." + names[k]] = slice(0);
+          c.tensors["adamw." + names[k] + ".exp_avg"] = slice(1);
+          c.tensors["adamw." + names[k] + ".exp_avg_sq"] = slice(2);
+          c.counters["adamw." + names[k] + ".step"] = steps[k];
+          at += 3 * count;
+        }
+      };
+      const auto& mine_from = from[static_cast<std::size_t>(me)];
+      for (int s = 0; s < n; ++s) {
+        if (s == me || mine_from[static_cast<std::size_t>(s)].empty()) continue;
+        std::size_t floats = 0;
+        for (const auto& name : mine_from[static_cast<std::size_t>(s)]) floats += 3 * numel(fresh.parameters(), name);
+        const std::size_t sizes[2] = {floats * sizeof(float), mine_from[static_cast<std::size_t>(s)].size() * sizeof(std::int64_t)};
+        comm_.expect_from(s, sizes);
+      }
+      std::int32_t ready = 1;  // every member expects what it will take before any sends
+      comm_.all_reduce(std::span<std::int32_t>(&ready, 1), collective::reduce_op::sum);
+      // Member by member, each taking from its sources in rank order: no two wait on each other.
+      for (int d = 0; d < n; ++d) {
+        const auto& to_d = from[static_cast<std::size_t>(d)];
+        if (d == me) {
+          for (int s = 0; s < n; ++s) {
+            const auto& names = to_d[static_cast<std::size_t>(s)];
+            if (names.empty()) continue;
+            std::vector<float> values;
+            std::vector<std::int64_t> steps;
+            if (s == me) {
+              pack(names, values, steps);
+            } else {
+              std::size_t floats = 0;
+              for (const auto& name : names) floats += 3 * numel(fresh.parameters(), name);
+              values.resize(floats);
+              steps.resize(names.size());
+              comm_.recv_from(s, std::span<float>(values));
+              comm_.recv_from(s, std::span<std::int64_t>(steps));
+            }
+            unpack(names, values, steps);
+          }
+        } else if (!to_d[static_cast<std::size_t>(me)].empty()) {
+          std::vector<float> values;
+          std::vector<std::int64_t> steps;
+          pack(to_d[static_cast<std::size_t>(me)], values, steps);
+          comm_.send_to(d, std::span<const float>(values));
+          comm_.send_to(d, std::span<const std::int64_t>(steps));
+        }
+      }
+      // Every part has arrived: this peer's state becomes its new part's.
+      model_ = std::move(fresh);
+      optimizer_ = make_optimizer();
+      set_compute_dtype();
+      step_ = train::restore(c, model_, optimizer_);
+      placement_ = std::move(next);
+      note_placed();
+      make_groups();
+      context_stale_ = true;
+      const auto traffic = endpoint_.stats();
+      record.stages_after = placement_.stages;
+      record.copies_after = n / placement_.stages;
+      record.bytes_received = traffic.bytes_received - traffic0.bytes_received;
+      record.bytes_sent = traffic.bytes_sent - traffic0.bytes_sent;
+      record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      redeals_.push_back(record);
+      return true;
+    }
+  }
+
+  // The context after the parts were dealt out again: the same step and phase, the new
+  // placement's communicators (rebuilt in place: the callers hold it by reference).
+  void refresh(context& ctx) {
+    auto fresh = make_context(ctx.dataset);
+    fresh.step = ctx.step;
+    fresh.steps_done = ctx.steps_done;
+    fresh.step_weight = ctx.step_weight;
+    fresh.last_step = ctx.last_step;
+    fresh.round_start = ctx.round_start;
+    fresh.resumed = ctx.resumed;
+    fresh.joined = ctx.joined;
+    fresh.at = ctx.at;
+    std::destroy_at(&ctx);
+    std::construct_at(&ctx, std::move(fresh));
+    if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
+    context_stale_ = false;
   }
 
   static const trainer_options& validated(const trainer_options& o) {
@@ -27628,6 +27986,10 @@ class trainer {
   transport::any_endpoint view_endpoint_;  // the current view: endpoint_ itself until the group changes
   communicator comm_;
   std::vector<int> members_;
+  std::vector<int> placed_members_;  // the view the placement was made for (members_ until the parts are dealt out again)
+  std::vector<int> placed_stages_;   // and the stage of each of its members
+  bool context_stale_ = false;       // the parts were dealt out again: the context's communicators are the old ones
+  std::vector<redeal_record> redeals_;
   ParallelPolicy parallel_;
   parallel::placement placement_;  // before the model: it says which part of the model this peer builds
   Model model_;

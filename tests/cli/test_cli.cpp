@@ -1496,6 +1496,16 @@ TEST_CASE("train --parallel pipeline: stages x replicas train as one process doe
   REQUIRE(zb_v.status == 0);
   CHECK(std::abs(loss_of(zb_v.output) - expected) <= 1e-4);
   CHECK_THAT(zb_v.output, Contains("schedule zb-v, 4 micro-batches a step"));
+  // --elastic: peer 3 is killed after step 10; the three left re-form as 3 stages x 1 copy (their
+  // parts dealt out again) and train on to the end.
+  const auto morphed = run(common + " --batch-size 4 --peers 4 --parallel pipeline --stages 2 --elastic --kill 3@10", dir);
+  INFO(morphed.output);
+  REQUIRE(morphed.status == 0);
+  CHECK_THAT(morphed.output, Contains("peer 3 was killed"));
+  CHECK_THAT(morphed.output, Contains("pipeline: 3 stages x 1 copies, schedule 1f1b, 2 micro-batches a step"));
+  CHECK_THAT(morphed.output, Contains("(re-formed from 2 x 2 when peers were lost)"));
+  CHECK(loss_of(morphed.output) > 0);
+  CHECK(loss_of(morphed.output) < 1.2 * expected);
   // Two TCP processes, a stage each, with int8 activations: they train and agree with each other.
   const auto port = std::to_string(free_port());
   const std::string tcp_args = common + " --batch-size 8 --parallel pipeline --stages 2 --activation-codec int8";
@@ -1523,7 +1533,7 @@ TEST_CASE("train --parallel pipeline: bad settings are refused naming the option
       {" --peers 2 --parallel pipeline --schedule zb-v", "--stages 2 x 2 chunks cuts a model of 2 layers"},
       {" --peers 2 --parallel pipeline --schedule interleaved:v=x", "expected interleaved:v=N"},
       {" --peers 2 --parallel pipeline --schedule interleaved:v=2", "--stages 2 x 2 chunks cuts a model of 2 layers"},
-      {" --peers 2 --parallel pipeline --elastic", "--parallel pipeline does not take --elastic yet"},
+      {" --peers 2 --parallel pipeline --elastic", "--parallel pipeline with --elastic needs --comm sync, not diloco (the default here)"},
       {" --peers 2 --parallel pipeline --activation-codec int9", "int9"},
   };
   for (const auto& [args, says] : cases) {

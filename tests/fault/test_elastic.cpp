@@ -67,19 +67,23 @@ struct kill_plan {
   int at_send = 1;
 };
 
-template <class Comm>
+template <class Comm, class Parallel = dt::parallel::data>
 struct elastic_run {
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::elastic>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, Parallel, dt::fault::elastic>;
   std::vector<std::vector<float>> params;           // at the end, per world rank (empty: killed)
   std::vector<dt::train::fit_result> results;
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::vector<int>> members;
   std::vector<std::uint64_t> change_counts;
+  std::vector<int> stages;                          // at the end, per world rank: its placement's stages
+  std::vector<std::vector<typename Trainer::redeal_record>> redeals;  // per world rank: its parts dealt out again
   std::mutex log_mutex;
   std::string log;  // what each peer saw, for a failing check
 
   elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills, std::size_t changes_kept = 1000,
-              const std::string& checkpoint_dir = "") {
+              const std::string& checkpoint_dir = "", Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt()) {
+    stages.resize(static_cast<std::size_t>(world));
+    redeals.resize(static_cast<std::size_t>(world));
     params.resize(static_cast<std::size_t>(world));
     results.resize(params.size());
     changes.resize(params.size());
@@ -97,7 +101,7 @@ struct elastic_run {
     net.run([&](dt::transport::in_process::endpoint& raw) {
       const int r = raw.rank();
       auto countdown = std::make_shared<std::atomic<int>>(-1);
-      Trainer t(tiny_gpt(), opts, dying_endpoint{net, raw, countdown}, comm, {}, fault);
+      Trainer t(model, opts, dying_endpoint{net, raw, countdown}, comm, parallel, fault);
       for (const auto& k : kills)
         if (k.victim == r)
           t.on_step([&, k, countdown](const dt::train::step_metrics& m) {
@@ -124,6 +128,8 @@ struct elastic_run {
       changes[static_cast<std::size_t>(r)] = t.fault().changes();
       members[static_cast<std::size_t>(r)] = t.members();
       change_counts[static_cast<std::size_t>(r)] = t.fault().change_count();
+      stages[static_cast<std::size_t>(r)] = t.placement().stages;
+      redeals[static_cast<std::size_t>(r)] = t.redeals();
     });
   }
 };
@@ -182,6 +188,156 @@ TEST_CASE("elastic: sync all-reduce redoes the step on the survivors when a peer
   elastic_run run(4, small_run(10), comm, {{1, 4, 3}});
   check_survivors(run, {0, 2, 3});
   for (int s : {0, 2, 3}) CHECK(run.results[static_cast<std::size_t>(s)].last.redos >= 1);
+}
+
+namespace {
+using pipeline_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>>;
+
+dt::nn::gpt_config three_blocks() {
+  auto c = tiny_gpt();
+  c.n_layer = 3;
+  return c;
+}
+dt::parallel::pipeline<> two_stages() {
+  dt::parallel::pipeline<> p;
+  p.stages = 2;
+  p.micro_batches = 2;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("elastic: a pipeline that loses a replica mid-step re-forms as three stages, its state dealt out bit for bit") {
+  // 2 stages x 2 copies; peer 3 (stage 1 of copy 1) dies at its first send of step 4. The three
+  // left cannot make copies of 2 stages: they re-form as 3 stages x 1 copy from the state after
+  // step 4's start, each taking its new part (parameters and AdamW moments) from the peers that
+  // hold it. The reference joins the stages' checkpoints of an undisturbed run after 4 steps and
+  // resumes them as 3 stages: every survivor must end where that run ends, bit for bit.
+  const auto opts = small_run(8);
+  const dt::comm::sync_allreduce<> comm;
+  elastic_run run(4, opts, comm, {{3, 4, 1}}, 1000, "", two_stages(), three_blocks());
+  INFO(run.log);
+
+  const auto saved = stop_at<pipeline_trainer>(4, 4, three_blocks(), opts, comm, two_stages());
+  std::vector<dt::io::checkpoint> joined(3);
+  for (int r = 0; r < 3; ++r) {
+    auto& c = joined[static_cast<std::size_t>(r)];
+    c = saved[static_cast<std::size_t>(r)];  // its counters and dropout stream
+    for (int holder : {0, 1}) {  // copy 0's two stages hold the whole model
+      for (const auto& [name, t] : saved[static_cast<std::size_t>(holder)].tensors) c.tensors[name] = t;
+      for (const auto& [name, v] : saved[static_cast<std::size_t>(holder)].counters)
+        if (name.starts_with("adamw.")) c.counters[name] = v;
+    }
+    c.counters["trainer.world"] = 3;
+  }
+  auto three = two_stages();
+  three.stages = 3;
+  const auto expected = resume_from<pipeline_trainer>(joined, three_blocks(), opts, comm, three);
+
+  for (int r = 0; r < 3; ++r) {
+    CHECK(run.stages[static_cast<std::size_t>(r)] == 3);
+    CHECK(run.members[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 2});
+    CHECK(run.results[static_cast<std::size_t>(r)].last.redos >= 1);
+    REQUIRE(!run.params[static_cast<std::size_t>(r)].empty());
+    CHECK(run.params[static_cast<std::size_t>(r)] == expected[static_cast<std::size_t>(r)]);
+  }
+  CHECK(run.params[3].empty());
+  REQUIRE(run.changes[0].size() == 1);
+  CHECK(run.changes[0][0].step == 4);
+  // Peer 1 held stage 1 of 2 (the last blocks and the head) and now holds block 1 alone: taken
+  // from the peers of the old stage 0, as are peer 2's last blocks from peer 1.
+  for (int r = 0; r < 3; ++r) {
+    const auto& rd = run.redeals[static_cast<std::size_t>(r)];
+    REQUIRE(rd.size() == 1);
+    CHECK(rd[0].step == 4);
+    CHECK((rd[0].stages_before == 2 && rd[0].copies_before == 2 && rd[0].stages_after == 3 && rd[0].copies_after == 1));
+  }
+  const std::uint64_t block_bytes = 3 * sizeof(float) * (32 * 96 + 32 * 32 + 2 * 32 * 128);  // a block's weights, two moments
+  CHECK(run.redeals[1][0].bytes_received > block_bytes);
+}
+
+TEST_CASE("elastic: a pipeline that loses a replica keeps its shape where the peers left still make whole copies") {
+  // 2 stages x 3 copies lose two peers of one copy: 2 x 2 is left, each part where it was.
+  const auto opts = small_run(6);
+  dt::comm::sync_allreduce<> comm;
+  elastic_run run(6, opts, comm, {{4, 2, 1}, {5, 2, -1}}, 1000, "", two_stages(), three_blocks());
+  INFO(run.log);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(run.stages[static_cast<std::size_t>(r)] == 2);
+    CHECK(run.members[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 2, 3});
+    CHECK(std::isfinite(run.results[static_cast<std::size_t>(r)].final_val_loss));
+  }
+  // As 4 peers resumed from the first 4's checkpoints after those 2 steps, bit for bit.
+  auto saved = stop_at<pipeline_trainer>(6, 2, three_blocks(), opts, comm, two_stages());
+  saved.resize(4);
+  for (auto& c : saved) c.counters["trainer.world"] = 4;
+  const auto expected = resume_from<pipeline_trainer>(saved, three_blocks(), opts, comm, two_stages());
+  for (int r = 0; r < 4; ++r) {
+    CHECK(run.params[static_cast<std::size_t>(r)] == expected[static_cast<std::size_t>(r)]);
+    // Every part stayed where it was: what went between the peers was the names they hold, not state.
+    for (const auto& rd : run.redeals[static_cast<std::size_t>(r)]) CHECK(rd.bytes_received < 4096);
+  }
+  CHECK(run.params[0] == run.params[2]);  // a stage's replicas end equal
+}
+
+TEST_CASE("elastic: a pipeline stage whose every replica is lost stops the run naming it, and bad shapes are refused") {
+  // 2 stages x 1 copy: peer 1 holds stage 1 alone; when it dies nobody holds its blocks.
+  dt::transport::in_process::options o;
+  o.recv_timeout = 30s;
+  o.peers_fail_alone = true;
+  dt::transport::in_process net(dt::transport::links::ideal(2), o);
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 20s;
+  std::vector<std::string> errors(2);
+  net.run([&](dt::transport::in_process::endpoint& raw) {
+    const int r = raw.rank();
+    auto countdown = std::make_shared<std::atomic<int>>(-1);
+    dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>, dt::fault::elastic> t(
+        three_blocks(), small_run(6), dying_endpoint{net, raw, countdown}, {}, two_stages(), fault);
+    if (r == 1)
+      t.on_step([&, countdown](const dt::train::step_metrics& m) {
+        if (m.step == 2) *countdown = 1;
+      });
+    try {
+      (void)t.fit(small_corpus().data);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  INFO(errors[0]);
+  CHECK(errors[0].find("every replica of its stage is lost") != std::string::npos);
+  CHECK(errors[0].find("peer 1 at stage 1 of 2") != std::string::npos);
+
+  // The shape a morph picks: the fewest stages >= those asked for that fit, else the most below.
+  auto p = two_stages();
+  CHECK(p.morph(3, 3) == 3);
+  CHECK(p.morph(4, 3) == 2);  // from the stages first asked for, not the last shape
+  CHECK(p.morph(5, 3) == 1);
+  CHECK(p.morph(6, 1) == 1);
+  p.min_stages = 2;
+  CHECK_THROWS_WITH(p.morph(3, 2), Catch::Contains("3 peer(s) cannot re-form the pipeline") &&
+                                       Catch::Contains("min_stages (2)"));
+  p.min_stages = 1;
+  auto interleaved = two_stages();
+  interleaved.schedule = "interleaved";
+  interleaved.micro_batches = 4;
+  CHECK(interleaved.morph(4, 4) == 2);  // 4 stages x 2 chunks would need 8 blocks
+}
+
+TEST_CASE("elastic: a pipeline whose communication policy keeps state of its part is refused before training") {
+  dt::transport::in_process::options o;
+  o.peers_fail_alone = true;
+  dt::transport::in_process net(dt::transport::links::ideal(2), o);
+  std::vector<std::string> errors(2);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::pipeline<>, dt::fault::elastic> t(
+        three_blocks(), small_run(2), ep, {}, two_stages(), {});
+    try {
+      (void)t.fit(small_corpus().data);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(ep.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK(e.find("keeps state of this peer's part ('comm.diloco") != std::string::npos);
 }
 
 TEST_CASE("elastic: a peer killed between rounds is found at the next round, two kills, two views") {

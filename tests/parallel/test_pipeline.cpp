@@ -154,6 +154,23 @@ TEST_CASE("pipeline: a cut GPT holds only its stage's parameters, drawn as the w
   const dt::nn::gpt<dt::cpu> part(cfg, init, dt::nn::part{1, 4, {}});
   const auto ids = dt::zeros<dt::cpu>(dt::shape{1, 4}, dt::dtype::i32);
   CHECK_THROWS_WITH(part.loss(ids, ids), Contains("stage 1 of 4") && Contains("stage_forward"));
+
+  // Built to be loaded at once (skip_init: a part dealt out again), the same parameters and
+  // shapes, zeros where the draws were, and nothing drawn from the stream.
+  dt::rng untouched(7, "init");
+  const auto before = untouched.state();
+  const auto skipped = [&] {
+    dt::skip_init loaded_later;
+    return dt::nn::gpt<dt::cpu>(cfg, untouched, dt::nn::part{1, 4, {}});
+  }();
+  CHECK(untouched.state() == before);
+  REQUIRE(skipped.parameters().size() == part.parameters().size());
+  for (const auto& e : part.parameters()) {
+    const auto& z = skipped.parameters().get(e.name).value();
+    CHECK(z.shape() == e.param.value().shape());
+    if (e.name.ends_with("attn.c_attn.weight")) CHECK(values(z) == std::vector<float>(values(z).size(), 0.0f));
+  }
+  CHECK_FALSE(dt::skip_init::active());  // its scope ended
 }
 
 TEST_CASE("pipeline: every schedule's gradients equal one peer's whole-model gradients, S = 1..4, M = 1..8, interleaved too") {

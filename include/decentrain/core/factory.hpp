@@ -57,11 +57,32 @@ tensor<Device> arange(std::int64_t n, dtype t = dtype::f32) {
   return arange<Device>(0.0, static_cast<double>(n), 1.0, t);
 }
 
+// While one lives on this thread, randn and uniform give zeros and draw nothing from their
+// stream: a model built only to be loaded at once (a pipeline's part dealt out again, a
+// checkpoint) skips initialising what is about to be overwritten, as accelerate's
+// init_empty_weights does. Models that draw and drop other parts' values to keep the stream in
+// step (nn::gpt) may skip those too (skip_init::active()).
+class skip_init {
+ public:
+  skip_init() { ++depth(); }
+  ~skip_init() { --depth(); }
+  skip_init(const skip_init&) = delete;
+  skip_init& operator=(const skip_init&) = delete;
+  static bool active() { return depth() > 0; }
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+};
+
 // Normal(mean, stddev) values drawn from `gen`.
 template <class Device = cpu>
 tensor<Device> randn(const shape& s, rng& gen, dtype t = dtype::f32, double mean = 0.0,
                      double stddev = 1.0) {
   detail::check(stddev >= 0.0, "randn: stddev must be >= 0, got ", stddev);
+  if (skip_init::active()) return zeros<Device>(s, t);
   std::vector<double> values(static_cast<std::size_t>(s.numel()));
   for (std::size_t i = 0; i < values.size(); i += 2) {
     const auto pair = gen.normal_pair();
@@ -76,6 +97,7 @@ template <class Device = cpu>
 tensor<Device> uniform(const shape& s, rng& gen, double lo = 0.0, double hi = 1.0,
                        dtype t = dtype::f32) {
   detail::check(lo <= hi, "uniform: lo (", lo, ") must not exceed hi (", hi, ")");
+  if (skip_init::active()) return zeros<Device>(s, t);
   std::vector<double> values(static_cast<std::size_t>(s.numel()));
   for (auto& v : values) v = gen.uniform(lo, hi);
   return from_vector<Device>(values, s, t);

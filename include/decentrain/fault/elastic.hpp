@@ -41,9 +41,14 @@
 // saving, or restarted without its files) the ones behind take the state of the furthest, as
 // after a failure. A peer that joins a running group takes the group's state, not its files.
 //
+// A pipeline (peers holding parts of the model) re-forms otherwise: once a view holds, the
+// trainer deals the parts out again over it (ctx.redeal: the pipeline's morph picks the shape,
+// each member takes its new part from the members at the target), in place of the state
+// transfer above; a stage whose every replica is lost stops the run naming it. Joiners, a
+// policy's exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
+//
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
-// joiners: tcp, and in_process in a deterministic run) and data parallelism (every peer holds
-// the whole model).
+// joiners: tcp, and in_process in a deterministic run).
 #pragma once
 
 #include <algorithm>
@@ -194,7 +199,8 @@ struct elastic {
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
-    if (!ctx.round_start || !ctx.network.takes_joiners()) return;
+    // (A pipeline of several stages takes no joiners: its parts are dealt out among its members.)
+    if (!ctx.round_start || !ctx.network.takes_joiners() || ctx.placement.stages > 1) return;
     std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
     ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
     if (joiner >= 0)
@@ -293,28 +299,35 @@ struct elastic {
         continue;
       }
       try {
-        // A state taken lands in this peer's own tensors (which it then loads onto themselves):
-        // no second copy of gigabytes, which a fresh process pays for page by page.
-        const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
-                                        &torn_);
-        served_ += got.bytes_served;
-        for (const auto& [j, how] : got.named) named_.emplace(j, how);
-        if (got.state) {
-          torn_ = true;  // the decode writes into this peer's tensors
-          io::checkpoint taken;
-          try {
-            taken = io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into());
-          } catch (const decentrain::error& e) {
-            // A state that does not decode (its checksum fails): this peer stays torn, and takes
-            // the state again in the next view, from others if the donor is left out.
-            named_.emplace(got.reference, e.what());
-            transport::fail_peer_because(transport::failure_cause::convicted, got.reference, "state", "elastic: ", e.what());
-          }
-          ctx.adopt(std::move(taken));
-          torn_ = false;
-          in_place = got.state->in_place();
+        // A pipeline deals its parts out again over the new view (the trainer's redeal): those
+        // behind take their new part from members at the target, as every member does.
+        if (ctx.redeal && ctx.redeal(d.behind, d.target.step)) {
+          healed = std::find(d.behind.begin(), d.behind.end(), ep.rank()) != d.behind.end();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
-          healed = true;
+        } else {
+          // A state taken lands in this peer's own tensors (which it then loads onto themselves):
+          // no second copy of gigabytes, which a fresh process pays for page by page.
+          const auto got = transfer_state(ep, d, [&] { return shared_state(ctx); }, agreement, [&] { return ctx.capture_views(); },
+                                          &torn_);
+          served_ += got.bytes_served;
+          for (const auto& [j, how] : got.named) named_.emplace(j, how);
+          if (got.state) {
+            torn_ = true;  // the decode writes into this peer's tensors
+            io::checkpoint taken;
+            try {
+              taken = io::decode_checkpoint(got.state->pieces(), "the state from peer(s) " + list(got.donors), got.state->into());
+            } catch (const decentrain::error& e) {
+              // A state that does not decode (its checksum fails): this peer stays torn, and takes
+              // the state again in the next view, from others if the donor is left out.
+              named_.emplace(got.reference, e.what());
+              transport::fail_peer_because(transport::failure_cause::convicted, got.reference, "state", "elastic: ", e.what());
+            }
+            ctx.adopt(std::move(taken));
+            torn_ = false;
+            in_place = got.state->in_place();
+            ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
+            healed = true;
+          }
         }
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());

@@ -122,9 +122,11 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
   cfg_.validate();
   (void)part_.blocks_per_stage(cfg.n_layer);  // checks the cut
   // A parameter of another stage is drawn as the whole model draws it, on the host, and dropped.
+  // (Under skip_init nothing is drawn, so there is nothing to keep in step.)
+  const bool drawn = !skip_init::active();
   const auto draw = [&](bool mine, const char* name, shape s) {
     if (mine) return params_.add(name, parameter(randn<Device>(s, init, dtype::f32, 0.0, 0.02)));
-    (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
+    if (drawn) (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
     return var<Device>();
   };
   wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
@@ -135,7 +137,7 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
     for (std::int64_t l = begin; l < end; ++l) {
       if (part_.holds(s)) {
         blocks_.push_back(std::make_unique<gpt_block<Device>>(params_, "h." + std::to_string(l), cfg_, init));
-      } else {
+      } else if (drawn) {
         parameter_list<cpu> elsewhere;
         (void)gpt_block<cpu>(elsewhere, "h." + std::to_string(l), cfg_, init);
       }

@@ -46,6 +46,9 @@ struct pipeline {
   std::vector<std::int64_t> blocks;  // blocks per model stage (empty: an even cut)
   std::vector<std::vector<int>> ranks;  // ranks[s][c]: the world rank at stage s of copy c (empty: rank order)
   Codec codec{};                 // the activations and their gradients between stages
+  // When the group re-forms (fault::elastic: peers lost), the job takes another stages x copies
+  // shape (morph); never fewer stages than this (a model that fits no peer whole: its stages).
+  int min_stages = 1;
 
   // Throws naming the setting that is out of range (the schedule's name included).
   void validate(int world) const {
@@ -85,6 +88,43 @@ struct pipeline {
     std::sort(p.replicas.begin(), p.replicas.end());
     for (int s = 0; s < stages; ++s) p.pipeline.push_back(grid[static_cast<std::size_t>(s)][static_cast<std::size_t>(p.copy)]);
     return p;
+  }
+
+  // Varuna's morphing: a new shape for `world` peers and a model of `n_blocks` blocks, chosen
+  // from the stages first asked for, so every peer (and a later morph) picks the same: the fewest
+  // stages >= those that divide the peers and that the model, the schedule and min_stages
+  // allow, else the most below them. The peers go in rank order (a placement's `ranks` was made
+  // for other peers), and a cost partitioner's `blocks` stay only where the stages are those it
+  // cut for (else an even cut). Throws naming the shape when none fits. Returns the stages.
+  int morph(int world, std::int64_t n_blocks) {
+    if (asked_stages_ == 0) {
+      asked_stages_ = stages;
+      asked_blocks_ = blocks;
+    }
+    decentrain::detail::check(world >= 1, "pipeline: cannot re-form a pipeline of ", world, " peers");
+    const auto fits = [&](int s) {
+      if (world % s != 0 || s < min_stages || static_cast<std::int64_t>(s) * chunks_per_peer() > n_blocks) return false;
+      try {
+        (void)schedule::by_name(schedule, s, micro_batches, chunks_per_peer());
+        return true;
+      } catch (const decentrain::error&) {
+        return false;
+      }
+    };
+    int chosen = 0;
+    for (int s = asked_stages_; s <= world && chosen == 0; ++s)
+      if (fits(s)) chosen = s;
+    for (int s = asked_stages_ - 1; s >= 1 && chosen == 0; --s)
+      if (fits(s)) chosen = s;
+    decentrain::detail::check(chosen > 0, "pipeline: ", world, " peer(s) cannot re-form the pipeline: no number of stages "
+                              ">= min_stages (", min_stages, ") divides them and cuts a model of ", n_blocks, " blocks",
+                              chunks_per_peer() > 1 ? " into chunks" : "", " under schedule ", schedule, " with ",
+                              micro_batches, " micro-batches");
+    stages = chosen;
+    blocks = chosen == asked_stages_ ? asked_blocks_ : std::vector<std::int64_t>{};
+    ranks.clear();
+    program_.reset();
+    return chosen;
   }
 
   template <class Ctx>
@@ -240,6 +280,8 @@ struct pipeline {
 
   std::optional<schedule::program> program_;
   schedule::run_stats last_;
+  int asked_stages_ = 0;  // the stages and blocks first asked for (0: not morphed yet)
+  std::vector<std::int64_t> asked_blocks_;
 };
 
 }  // namespace decentrain::parallel
