@@ -136,7 +136,7 @@ std::size_t stage_peak_bytes(const dt::nn::gpt_config& cfg, int s, int stages, i
 // (6) A morph. S x R in-process peers train `cfg` (real compute, 2 micro-batches of `rows` rows a
 // copy) under fault::elastic with sync averaging; after step 2 the `victims` are killed, and the
 // peers left re-form in the shape the pipeline's morph picks, each taking its new part from those
-// that hold it (trainer::redeal). Figures: a step before the loss and after it (the median over
+// that hold it (the trainer's redeals()). Figures: a step before the loss and after it (the median over
 // the peers), from the kill to the first step finished after it (which redoes the step the loss
 // broke), the re-deal itself (the slowest peer), and the state moved (all peers).
 struct morph_figures {
@@ -462,7 +462,8 @@ int main(int argc, char** argv) try {
         std::vector<int> victims;
       };
       // A quarter of 8 peers: two of stage 0 (2 x 4: the shape holds, parts move to refill the
-      // copies), or one copy's last two stages (4 x 2: no copy is whole, the model is cut anew).
+      // copies), or one copy's last two stages (4 x 2: six peers make no copies of 4 stages, the
+      // model is cut anew).
       for (const auto& [S, R, victims] : {plan{2, 4, {0, 2}}, plan{4, 2, {6, 7}}}) {
         const auto f = measure_morph(cfg, S, R, victims, 2, big ? 64 : 128);
         const auto lost = dt::detail::concat(victims[0], ",", victims[1]);

@@ -274,6 +274,7 @@ TEST_CASE("elastic: a pipeline that loses a replica keeps its shape where the pe
   for (int r = 0; r < 4; ++r) {
     CHECK(run.params[static_cast<std::size_t>(r)] == expected[static_cast<std::size_t>(r)]);
     // Every part stayed where it was: what went between the peers was the names they hold, not state.
+    REQUIRE(!run.redeals[static_cast<std::size_t>(r)].empty());
     for (const auto& rd : run.redeals[static_cast<std::size_t>(r)]) CHECK(rd.bytes_received < 4096);
   }
   CHECK(run.params[0] == run.params[2]);  // a stage's replicas end equal
@@ -320,7 +321,42 @@ TEST_CASE("elastic: a pipeline stage whose every replica is lost stops the run n
   auto interleaved = two_stages();
   interleaved.schedule = "interleaved";
   interleaved.micro_batches = 4;
-  CHECK(interleaved.morph(4, 4) == 2);  // 4 stages x 2 chunks would need 8 blocks
+  CHECK(interleaved.morph(4, 4) == 2);
+  CHECK(interleaved.morph(3, 4) == 1);  // 3 stages x 2 chunks would need 6 blocks
+}
+
+TEST_CASE("elastic: a pipeline that can make no copy of two stages re-forms as one stage, every peer the whole model") {
+  // 2 x 2 with two blocks loses a peer: 3 peers cannot hold copies of 2 stages, nor 3 stages of
+  // 2 blocks: each takes the whole model (its half it lacks from the other stage's holders) and
+  // they train on as data parallelism, ending where 3 peers resumed whole from the first 4's
+  // stages after 2 steps end.
+  auto two_blocks = tiny_gpt();
+  two_blocks.n_layer = 2;
+  const auto opts = small_run(6);
+  const dt::comm::sync_allreduce<> comm;
+  elastic_run run(4, opts, comm, {{3, 2, 1}}, 1000, "", two_stages(), two_blocks);
+  INFO(run.log);
+  const auto saved = stop_at<pipeline_trainer>(4, 2, two_blocks, opts, comm, two_stages());
+  std::vector<dt::io::checkpoint> whole(3);
+  for (int r = 0; r < 3; ++r) {
+    auto& c = whole[static_cast<std::size_t>(r)];
+    c = saved[static_cast<std::size_t>(r)];
+    for (int holder : {0, 1}) {
+      for (const auto& [name, t] : saved[static_cast<std::size_t>(holder)].tensors) c.tensors[name] = t;
+      for (const auto& [name, v] : saved[static_cast<std::size_t>(holder)].counters)
+        if (name.starts_with("adamw.")) c.counters[name] = v;
+    }
+    c.counters["trainer.world"] = 3;
+  }
+  auto one = two_stages();
+  one.stages = 1;
+  const auto expected = resume_from<pipeline_trainer>(whole, two_blocks, opts, comm, one);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(run.stages[static_cast<std::size_t>(r)] == 1);
+    REQUIRE(!run.params[static_cast<std::size_t>(r)].empty());
+    CHECK(run.params[static_cast<std::size_t>(r)] == expected[static_cast<std::size_t>(r)]);
+    CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);
+  }
 }
 
 TEST_CASE("elastic: a pipeline whose communication policy keeps state of its part is refused before training") {
@@ -338,6 +374,19 @@ TEST_CASE("elastic: a pipeline whose communication policy keeps state of its par
     }
   });
   for (const auto& e : errors) CHECK(e.find("keeps state of this peer's part ('comm.diloco") != std::string::npos);
+  // Nor one that keeps no state but leaves the replicas different between its rounds.
+  dt::transport::in_process net2(dt::transport::links::ideal(2), o);
+  net2.run([&](dt::transport::in_process::endpoint& ep) {
+    dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::local_sgd<>, dt::parallel::pipeline<>, dt::fault::elastic> t(
+        three_blocks(), small_run(2), ep, {}, two_stages(), {});
+    try {
+      (void)t.fit(small_corpus().data);
+      errors[static_cast<std::size_t>(ep.rank())].clear();
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(ep.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK(e.find("local-sgd leaves the replicas different between its rounds") != std::string::npos);
 }
 
 TEST_CASE("elastic: a peer killed between rounds is found at the next round, two kills, two views") {

@@ -15,6 +15,9 @@ struct sync_allreduce {
   static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "sync";
+  // Every step ends with the replicas' parameters the same (the averaged gradient, the same
+  // update): a stage's part may be taken from any of them (train/trainer.hpp's redeal).
+  static constexpr bool replicas_equal_after_step = true;
 
   Codec codec{};
   Aggregator aggregator{};

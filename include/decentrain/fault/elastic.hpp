@@ -145,6 +145,9 @@ struct elastic {
                               "elastic: left_out = rejoin needs a network that takes joiners (tcp, or a deterministic "
                               "in_process network); this one takes none, use left_out = stop");
     decentrain::detail::check(rejoin_timeout.count() > 0, "elastic: rejoin_timeout must be > 0 ms");
+    decentrain::detail::check(left_out == when_left_out::stop || !ctx.redeal, "elastic: left_out = rejoin: a pipeline ",
+                              "takes no joiners (its parts are dealt out among its members), so a peer left out could "
+                              "only wait; use left_out = stop");
     decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
                               ", of_last = ", exclusion.of_last);
@@ -199,8 +202,8 @@ struct elastic {
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
-    // (A pipeline of several stages takes no joiners: its parts are dealt out among its members.)
-    if (!ctx.round_start || !ctx.network.takes_joiners() || ctx.placement.stages > 1) return;
+    // (A pipeline takes no joiners: its parts are dealt out among its members.)
+    if (!ctx.round_start || !ctx.network.takes_joiners() || ctx.redeal) return;
     std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
     ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
     if (joiner >= 0)
@@ -301,7 +304,8 @@ struct elastic {
       try {
         // A pipeline deals its parts out again over the new view (the trainer's redeal): those
         // behind take their new part from members at the target, as every member does.
-        if (ctx.redeal && ctx.redeal(d.behind, d.target.step)) {
+        if (ctx.redeal) {
+          ctx.redeal(d.behind, d.target.step);
           healed = std::find(d.behind.begin(), d.behind.end(), ep.rank()) != d.behind.end();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
         } else {

@@ -19,7 +19,10 @@
 //                                                        rounds end: joiners are taken in after them;
 //                                                        void size_state(Ctx&), its per-parameter state at
 //                                                        the model's size before the fault policy starts,
-//                                                        so that a state taken from a peer lands in it)
+//                                                        so that a state taken from a peer lands in it;
+//                                                        static constexpr bool replicas_equal_after_step,
+//                                                        true where every step leaves the replicas the same
+//                                                        parameters: a pipeline's group may then re-form)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)

@@ -83,12 +83,13 @@ struct peer_context {
   // Takes another peer's captured state as this peer's (it keeps its own identity and dropout
   // stream); ctx.step and ctx.at must then say where the donor stood.
   std::function<void(const io::checkpoint&)> adopt;
-  // When the group re-formed, deals the model's parts out again over the new view (a pipeline's
-  // stages: the parallel policy's morph): every member calls it together, `behind` the world
-  // ranks whose state is not at the agreed `step` (they take theirs from those at it). Returns
-  // false, having done nothing, where every peer holds the whole model: the fault policy then
-  // brings those behind up to date its own way. Null where the parallel policy cannot morph.
-  std::function<bool(const std::vector<int>& behind, std::int64_t step)> redeal;
+  // When the group re-formed, deals the model's parts out again over the new view (a job that
+  // started as a pipeline of several stages: the parallel policy's morph); every member calls
+  // it together, `behind` the world ranks whose state is not at the agreed `step` (they take
+  // theirs from those at it). Null where every peer holds the whole model: the fault policy then
+  // brings those behind up to date its own way. Between set_view and it, `replicas` and
+  // `pipeline` are the old view's.
+  std::function<void(const std::vector<int>& behind, std::int64_t step)> redeal;
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;

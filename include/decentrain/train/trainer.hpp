@@ -78,6 +78,7 @@ class trainer {
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
+    pipelined_ = placement_.stages > 1;
     note_placed();
     make_groups();
     set_compute_dtype();
@@ -133,10 +134,15 @@ class trainer {
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
                                                       "lets the others go on without this peer (fault::elastic)");
     if constexpr (requires { fault_.reform(ctx); })
-      if (placement_.stages > 1) check_redealable();
+      if (pipelined_) check_redealable();
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
+    std::uint64_t dealt = redealt_;  // the parts ctx was made for
     fault_.start(ctx);
+    if (redealt_ != dealt) {  // a restarted group re-formed in its start
+      refresh(ctx);
+      dealt = redealt_;
+    }
     ctx.step = ctx.steps_done = step_;  // the fault policy may have restored a later step
     // Restored, or given the state of a peer further on (a restarted elastic group's): the state
     // is what it should be, so the policy starts as resumed.
@@ -159,12 +165,19 @@ class trainer {
     send_rate_ = send_rate{};
     const auto wall0 = std::chrono::steady_clock::now();
     std::int64_t tokens = 0, stepped_to = -1;
+    // The parts may be dealt out again in a call with a context of its own (an evaluation).
+    const auto current = [&] {
+      if (redealt_ == dealt) return;
+      refresh(ctx);
+      dealt = redealt_;
+    };
     while (step_ < options_.steps) {
       const bool eval_due = step_ == stepped_to && options_.eval_every > 0 && step_ % options_.eval_every == 0;
       if ((eval_due || (resume_at_ && resume_at_->at == phase::evaluation)) && runs(phase::evaluation)) {
         const auto p = record_eval(dataset, step_);
         if (!std::isnan(p.val_loss)) result.evals.push_back(p);
       }
+      current();
       bool stop = false;
       if (stop_asked_ && runs(phase::stop_check)) between_steps(ctx, phase::stop_check, [&] { stop = stop_requested(); });
       if (stop) {
@@ -179,6 +192,7 @@ class trainer {
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
       ctx.round_start = starts_round(step_);
+      current();
       const auto s = run_step(ctx);
       if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood
       if (options_.stop_on_non_finite && s.computed && !std::isfinite(static_cast<double>(s.result.loss)))
@@ -352,8 +366,9 @@ class trainer {
     if constexpr (requires { fault_.reform(ctx); }) {
       const auto step_before = ctx.step;
       const auto at_before = ctx.at;
+      const auto dealt = redealt_;
       fault_.reform(ctx);
-      if (context_stale_) refresh(ctx);
+      if (redealt_ != dealt) refresh(ctx);
       if (step_ == step_before && ctx.at == at_before) return false;
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
@@ -440,7 +455,7 @@ class trainer {
                    .adopt = [this](const io::checkpoint& c) { adopt(c); },
                    .redeal = redeal_hook(),
                    // A pipeline's aggregation counts a stage's replicas, not the view's members.
-                   .contributions = placement_.stages > 1 ? nullptr : contributions(),
+                   .contributions = pipelined_ ? nullptr : contributions(),
                    .absorb = [this](const io::checkpoint& c, const std::string& what) { absorb(c, what); }};
   }
   const collective::peer_tally* contributions() const {
@@ -503,11 +518,12 @@ class trainer {
       { m.config().n_layer } -> std::convertible_to<std::int64_t>;
     };
   }
-  std::function<bool(const std::vector<int>&, std::int64_t)> redeal_hook() {
+  // Set for a job that started as a pipeline, for the whole run (every member takes the same
+  // path when the group re-forms, whatever shape it has come to).
+  std::function<void(const std::vector<int>&, std::int64_t)> redeal_hook() {
     if constexpr (can_morph() && requires(FaultPolicy& f, context& c) { f.reform(c); })
-      return [this](const std::vector<int>& behind, std::int64_t step) { return redeal(behind, step); };
-    else
-      return {};
+      if (pipelined_) return [this](const std::vector<int>& behind, std::int64_t step) { redeal(behind, step); };
+    return {};
   }
   // A pipeline under a fault policy that re-forms the group: what re-dealing the parts needs.
   void check_redealable() {
@@ -520,6 +536,10 @@ class trainer {
     check(kept.tensors.empty(), "trainer: when a pipeline's group re-forms, the model's parts are dealt out again, but ",
           "the communication policy keeps state of this peer's part ('", kept.tensors.empty() ? "" : kept.tensors.begin()->first,
           "') that cannot be dealt out with them yet; use sync averaging with a codec that keeps no state");
+    if constexpr (!requires { requires CommPolicy::replicas_equal_after_step; })
+      decentrain::detail::fail("trainer: when a pipeline's group re-forms, each part is taken from any replica of its "
+                               "stage, but the communication policy ", CommPolicy::name, " leaves the replicas different "
+                               "between its rounds; use sync averaging (replicas_equal_after_step)");
   }
 
   // The group re-formed (fault::elastic) under a pipeline: the parallel policy takes a shape for
@@ -529,16 +549,15 @@ class trainer {
   // replica (most parts stay where they are) and a new shape (the layers dealt out again). The
   // members first say what they hold (a parameter's name, held where the peer is at the step)
   // and what they need; a parameter that no member at the step holds (its stage's every replica
-  // lost) stops the run with an error naming the lost peers' stages. Nothing of this peer's state
-  // is replaced before every part has arrived, so a failure in the middle leaves it whole (the
-  // group agrees again and re-deals from there). Own state (a dropout stream) stays.
-  bool redeal(const std::vector<int>& behind, std::int64_t step) {
-    if constexpr (!can_morph()) {
-      return false;
-    } else {
+  // lost) stops the run with an error naming the lost peers' stages. This peer's model, optimizer
+  // and placement are not replaced before every part has arrived, so a failure in the middle
+  // leaves them whole (the group agrees again and re-deals from there; the shape is picked again
+  // from the stages first asked for). Own state (a dropout stream) stays. Also for a job that
+  // came to one stage: every member takes this path (redeal_hook).
+  void redeal(const std::vector<int>& behind, std::int64_t step) {
+    if constexpr (can_morph()) {
       using decentrain::detail::check;
       using decentrain::detail::concat;
-      if (placement_.stages == 1) return false;
       const auto t0 = std::chrono::steady_clock::now();
       const auto traffic0 = endpoint_.stats();
       redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0};
@@ -695,10 +714,11 @@ class trainer {
       optimizer_ = make_optimizer();
       set_compute_dtype();
       step_ = train::restore(c, model_, optimizer_);
+      if (!current) adopted_ = true;  // (in a restarted group's start: the policy starts as resumed)
       placement_ = std::move(next);
       note_placed();
       make_groups();
-      context_stale_ = true;
+      ++redealt_;
       const auto traffic = endpoint_.stats();
       record.stages_after = placement_.stages;
       record.copies_after = n / placement_.stages;
@@ -706,11 +726,13 @@ class trainer {
       record.bytes_sent = traffic.bytes_sent - traffic0.bytes_sent;
       record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       redeals_.push_back(record);
-      return true;
+    } else {
+      (void)behind;
+      (void)step;
     }
   }
 
-  // The context after the parts were dealt out again: the same step and phase, the new
+  // A context after the parts were dealt out again: the same step and phase, the new
   // placement's communicators (rebuilt in place: the callers hold it by reference).
   void refresh(context& ctx) {
     auto fresh = make_context(ctx.dataset);
@@ -725,7 +747,6 @@ class trainer {
     std::destroy_at(&ctx);
     std::construct_at(&ctx, std::move(fresh));
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
-    context_stale_ = false;
   }
 
   static const trainer_options& validated(const trainer_options& o) {
@@ -838,7 +859,8 @@ class trainer {
   std::vector<int> members_;
   std::vector<int> placed_members_;  // the view the placement was made for (members_ until the parts are dealt out again)
   std::vector<int> placed_stages_;   // and the stage of each of its members
-  bool context_stale_ = false;       // the parts were dealt out again: the context's communicators are the old ones
+  bool pipelined_ = false;           // the job started with several stages: its group re-forms by dealing the parts out
+  std::uint64_t redealt_ = 0;        // how many times the parts were dealt out again (a context made before is stale)
   std::vector<redeal_record> redeals_;
   ParallelPolicy parallel_;
   parallel::placement placement_;  // before the model: it says which part of the model this peer builds
