@@ -198,6 +198,22 @@ dt::nn::gpt_config three_blocks() {
   c.n_layer = 3;
   return c;
 }
+// The checkpoints of peers 0 and 1 (copy 0 of two stages: the whole model) joined, for each of
+// the first `world` peers with its own counters and dropout stream, as a group of `world`.
+std::vector<dt::io::checkpoint> joined_stages(const std::vector<dt::io::checkpoint>& saved, int world) {
+  std::vector<dt::io::checkpoint> joined(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    auto& c = joined[static_cast<std::size_t>(r)];
+    c = saved[static_cast<std::size_t>(r)];
+    for (int holder : {0, 1}) {
+      for (const auto& [name, t] : saved[static_cast<std::size_t>(holder)].tensors) c.tensors[name] = t;
+      for (const auto& [name, v] : saved[static_cast<std::size_t>(holder)].counters)
+        if (name.starts_with("adamw.")) c.counters[name] = v;
+    }
+    c.counters["trainer.world"] = world;
+  }
+  return joined;
+}
 dt::parallel::pipeline<> two_stages() {
   dt::parallel::pipeline<> p;
   p.stages = 2;
@@ -218,17 +234,7 @@ TEST_CASE("elastic: a pipeline that loses a replica mid-step re-forms as three s
   INFO(run.log);
 
   const auto saved = stop_at<pipeline_trainer>(4, 4, three_blocks(), opts, comm, two_stages());
-  std::vector<dt::io::checkpoint> joined(3);
-  for (int r = 0; r < 3; ++r) {
-    auto& c = joined[static_cast<std::size_t>(r)];
-    c = saved[static_cast<std::size_t>(r)];  // its counters and dropout stream
-    for (int holder : {0, 1}) {  // copy 0's two stages hold the whole model
-      for (const auto& [name, t] : saved[static_cast<std::size_t>(holder)].tensors) c.tensors[name] = t;
-      for (const auto& [name, v] : saved[static_cast<std::size_t>(holder)].counters)
-        if (name.starts_with("adamw.")) c.counters[name] = v;
-    }
-    c.counters["trainer.world"] = 3;
-  }
+  const auto joined = joined_stages(saved, 3);
   auto three = two_stages();
   three.stages = 3;
   const auto expected = resume_from<pipeline_trainer>(joined, three_blocks(), opts, comm, three);
@@ -337,17 +343,7 @@ TEST_CASE("elastic: a pipeline that can make no copy of two stages re-forms as o
   elastic_run run(4, opts, comm, {{3, 2, 1}}, 1000, "", two_stages(), two_blocks);
   INFO(run.log);
   const auto saved = stop_at<pipeline_trainer>(4, 2, two_blocks, opts, comm, two_stages());
-  std::vector<dt::io::checkpoint> whole(3);
-  for (int r = 0; r < 3; ++r) {
-    auto& c = whole[static_cast<std::size_t>(r)];
-    c = saved[static_cast<std::size_t>(r)];
-    for (int holder : {0, 1}) {
-      for (const auto& [name, t] : saved[static_cast<std::size_t>(holder)].tensors) c.tensors[name] = t;
-      for (const auto& [name, v] : saved[static_cast<std::size_t>(holder)].counters)
-        if (name.starts_with("adamw.")) c.counters[name] = v;
-    }
-    c.counters["trainer.world"] = 3;
-  }
+  const auto whole = joined_stages(saved, 3);
   auto one = two_stages();
   one.stages = 1;
   const auto expected = resume_from<pipeline_trainer>(whole, two_blocks, opts, comm, one);
