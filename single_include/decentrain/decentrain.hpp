@@ -27841,7 +27841,9 @@ class trainer {
       }
       std::int32_t ready = 1;  // every member expects what it will take before any sends
       comm_.all_reduce(std::span<std::int32_t>(&ready, 1), collective::reduce_op::sum);
-      // Member by member, each taking from its sources in rank order: no two wait on each other.
+      // Member by member, each taking from its sources in rank order: no two wait on each other,
+      // and what is in flight is one member's new part at most (sending everything at once would
+      // queue every part together, on top of each peer's old and new ones).
       for (int d = 0; d < n; ++d) {
         const auto& to_d = from[static_cast<std::size_t>(d)];
         if (d == me) {
