@@ -27714,185 +27714,180 @@ class trainer {
   // and placement are not replaced before every part has arrived, so a failure in the middle
   // leaves them whole (the group agrees again and re-deals from there; the shape is picked again
   // from the stages first asked for). Own state (a dropout stream) stays. Also for a job that
-  // came to one stage: every member takes this path (redeal_hook).
+  // came to one stage: every member takes this path (redeal_hook, the only caller: a trainer
+  // whose policies cannot morph never instantiates this).
   void redeal(const std::vector<int>& behind, std::int64_t step) {
-    if constexpr (can_morph()) {
-      using decentrain::detail::check;
-      using decentrain::detail::concat;
-      const auto t0 = std::chrono::steady_clock::now();
-      const auto traffic0 = endpoint_.stats();
-      redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0};
-      const int n = world(), me = rank();
-      const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
-      std::string lost;
-      for (std::size_t i = 0; i < placed_members_.size(); ++i)
-        if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))
-          lost += concat(lost.empty() ? "" : ", ", "peer ", placed_members_[i], " at stage ", placed_stages_[i], " of ",
-                         placement_.stages);
-      parallel_.morph(n, static_cast<std::int64_t>(model_.config().n_layer));
-      auto next = checked_placement(parallel_.place(me, n), me, n);
-      Model fresh = [&] {
-        skip_init loaded_below;  // every value is taken from the holders: none drawn
-        return make_model(model_.config(), options_.seed, next);
-      }();
+    using decentrain::detail::check;
+    using decentrain::detail::concat;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto traffic0 = endpoint_.stats();
+    redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0};
+    const int n = world(), me = rank();
+    const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
+    std::string lost;
+    for (std::size_t i = 0; i < placed_members_.size(); ++i)
+      if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))
+        lost += concat(lost.empty() ? "" : ", ", "peer ", placed_members_[i], " at stage ", placed_stages_[i], " of ",
+                       placement_.stages);
+    parallel_.morph(n, static_cast<std::int64_t>(model_.config().n_layer));
+    auto next = checked_placement(parallel_.place(me, n), me, n);
+    Model fresh = [&] {
+      skip_init loaded_below;  // every value is taken from the holders: none drawn
+      return make_model(model_.config(), options_.seed, next);
+    }();
 
-      // What each member holds and needs: "1" or "0" (at the step or not), its parameters' names,
-      // an empty line, the names it needs.
-      std::string mine = current ? "1" : "0";
-      for (const auto& e : model_.parameters()) mine += "\n" + e.name;
-      mine += "\n";
-      for (const auto& e : fresh.parameters()) mine += "\n" + e.name;
-      struct member {
-        bool current = false;
-        std::set<std::string> holds;
-        std::vector<std::string> needs;
-      };
-      std::vector<member> said(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        std::int64_t bytes = r == me ? static_cast<std::int64_t>(mine.size()) : 0;
-        comm_.broadcast(std::span<std::int64_t>(&bytes, 1), r);
-        check(bytes >= 1 && bytes <= (std::int64_t{1} << 24), "trainer: member ", r, " of the re-formed group says its ",
-              "parameters' names take ", bytes, " bytes");
-        std::string text = r == me ? mine : std::string(static_cast<std::size_t>(bytes), '\0');
-        comm_.broadcast(std::span<char>(text.data(), text.size()), r);
-        auto& m = said[static_cast<std::size_t>(r)];
-        m.current = text[0] == '1';
-        std::size_t at = 1;
-        bool needs = false;
-        while (at < text.size()) {
-          const auto end = std::min(text.find('\n', at + 1), text.size());
-          const auto name = text.substr(at + 1, end - at - 1);
-          if (name.empty() && !needs)
-            needs = true;
-          else if (needs)
-            m.needs.push_back(name);
-          else
-            m.holds.insert(name);
-          at = end;
-        }
+    // What each member holds and needs: "1" or "0" (at the step or not), its parameters' names,
+    // an empty line, the names it needs.
+    std::string mine = current ? "1" : "0";
+    for (const auto& e : model_.parameters()) mine += "\n" + e.name;
+    mine += "\n";
+    for (const auto& e : fresh.parameters()) mine += "\n" + e.name;
+    struct member {
+      bool current = false;
+      std::set<std::string> holds;
+      std::vector<std::string> needs;
+    };
+    std::vector<member> said(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      std::int64_t bytes = r == me ? static_cast<std::int64_t>(mine.size()) : 0;
+      comm_.broadcast(std::span<std::int64_t>(&bytes, 1), r);
+      check(bytes >= 1 && bytes <= (std::int64_t{1} << 24), "trainer: member ", r, " of the re-formed group says its ",
+            "parameters' names take ", bytes, " bytes");
+      std::string text = r == me ? mine : std::string(static_cast<std::size_t>(bytes), '\0');
+      comm_.broadcast(std::span<char>(text.data(), text.size()), r);
+      auto& m = said[static_cast<std::size_t>(r)];
+      m.current = text[0] == '1';
+      std::size_t at = 1;
+      bool needs = false;
+      while (at < text.size()) {
+        const auto end = std::min(text.find('\n', at + 1), text.size());
+        const auto name = text.substr(at + 1, end - at - 1);
+        if (name.empty() && !needs)
+          needs = true;
+        else if (needs)
+          m.needs.push_back(name);
+        else
+          m.holds.insert(name);
+        at = end;
       }
-      // Who sends what to whom: from[d][s], the names member s sends member d, in d's order.
-      std::vector<std::vector<std::vector<std::string>>> from(static_cast<std::size_t>(n),
-                                                              std::vector<std::vector<std::string>>(static_cast<std::size_t>(n)));
-      for (int d = 0; d < n; ++d) {
-        const auto& want = said[static_cast<std::size_t>(d)].needs;
-        for (std::size_t k = 0; k < want.size(); ++k) {
-          std::vector<int> holders;
-          for (int r = 0; r < n; ++r)
-            if (said[static_cast<std::size_t>(r)].current && said[static_cast<std::size_t>(r)].holds.count(want[k])) holders.push_back(r);
-          check(!holders.empty(), "trainer: the group re-formed with ", n, " peer(s) at step ", step, ", but no member at ",
-                "that step holds parameter '", want[k], "': every replica of its stage is lost (",
-                lost.empty() ? "lost: none named" : "lost: " + lost, "), so the model cannot be dealt out again");
-          const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
-          const int source = own ? d : holders[(static_cast<std::size_t>(d) + k) % holders.size()];
-          from[static_cast<std::size_t>(d)][static_cast<std::size_t>(source)].push_back(want[k]);
-        }
+    }
+    // Who sends what to whom: from[d][s], the names member s sends member d, in d's order.
+    std::vector<std::vector<std::vector<std::string>>> from(static_cast<std::size_t>(n),
+                                                            std::vector<std::vector<std::string>>(static_cast<std::size_t>(n)));
+    for (int d = 0; d < n; ++d) {
+      const auto& want = said[static_cast<std::size_t>(d)].needs;
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        std::vector<int> holders;
+        for (int r = 0; r < n; ++r)
+          if (said[static_cast<std::size_t>(r)].current && said[static_cast<std::size_t>(r)].holds.count(want[k])) holders.push_back(r);
+        check(!holders.empty(), "trainer: the group re-formed with ", n, " peer(s) at step ", step, ", but no member at ",
+              "that step holds parameter '", want[k], "': every replica of its stage is lost (",
+              lost.empty() ? "lost: none named" : "lost: " + lost, "), so the model cannot be dealt out again");
+        const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
+        const int source = own ? d : holders[(static_cast<std::size_t>(d) + k) % holders.size()];
+        from[static_cast<std::size_t>(d)][static_cast<std::size_t>(source)].push_back(want[k]);
       }
-      // Each parameter travels as its values and AdamW's two moments (floats), and its step count.
-      auto numel = [](const auto& params, const std::string& name) {
-        return static_cast<std::size_t>(params.get(name).value().numel());
-      };
-      auto state_of = [this] {
-        std::map<std::string, typename optim::adamw<device_type>::state_entry> by_name;
-        for (auto& e : optimizer_.state()) by_name.emplace(e.name, std::move(e));
-        return by_name;
-      }();
-      auto pack = [&](const std::vector<std::string>& names, std::vector<float>& values, std::vector<std::int64_t>& steps) {
-        for (const auto& name : names) {
-          const auto& moments = state_of.at(name);
-          const std::array<const tensor<device_type>*, 3> parts = {&model_.parameters().get(name).value(), &moments.exp_avg,
-                                                                   &moments.exp_avg_sq};
-          for (const auto* t : parts) {
-            const auto v = host_copy(*t).contiguous();
-            values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
-          }
-          steps.push_back(moments.step);
+    }
+    // Each parameter travels as its values and AdamW's two moments (floats), and its step count.
+    const auto floats_of = [&](const std::vector<std::string>& names) {
+      std::size_t floats = 0;
+      for (const auto& name : names) floats += 3 * static_cast<std::size_t>(fresh.parameters().get(name).value().numel());
+      return floats;
+    };
+    auto state_of = [this] {
+      std::map<std::string, typename optim::adamw<device_type>::state_entry> by_name;
+      for (auto& e : optimizer_.state()) by_name.emplace(e.name, std::move(e));
+      return by_name;
+    }();
+    auto pack = [&](const std::vector<std::string>& names, std::vector<float>& values, std::vector<std::int64_t>& steps) {
+      for (const auto& name : names) {
+        const auto& moments = state_of.at(name);
+        const std::array<const tensor<device_type>*, 3> parts = {&model_.parameters().get(name).value(), &moments.exp_avg,
+                                                                 &moments.exp_avg_sq};
+        for (const auto* t : parts) {
+          const auto v = train::detail::host_view_or_copy(*t, true).contiguous();  // (host memory: read in place)
+          values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
         }
-      };
-      auto c = train::capture(model_, optimizer_, step_, true);  // the configuration's counters
-      c.tensors.clear();
-      std::erase_if(c.counters, [](const auto& kv) { return kv.first.starts_with("adamw."); });
-      c.views = false;
-      c.counters["step"] = step;
-      auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
-        std::size_t at = 0;
-        for (std::size_t k = 0; k < names.size(); ++k) {
-          const auto& p = fresh.parameters().get(names[k]).value();
-          const auto count = static_cast<std::size_t>(p.numel());
-          auto slice = [&](std::size_t off) {
-            return from_vector<cpu>(std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(at + off * count),
-                                                       values.begin() + static_cast<std::ptrdiff_t>(at + (off + 1) * count)),
-                                    p.shape());
-          };
-          c.tensors["model." + names[k]] = slice(0);
-          c.tensors["adamw." + names[k] + ".exp_avg"] = slice(1);
-          c.tensors["adamw." + names[k] + ".exp_avg_sq"] = slice(2);
-          c.counters["adamw." + names[k] + ".step"] = steps[k];
-          at += 3 * count;
-        }
-      };
-      const auto& mine_from = from[static_cast<std::size_t>(me)];
-      for (int s = 0; s < n; ++s) {
-        if (s == me || mine_from[static_cast<std::size_t>(s)].empty()) continue;
-        std::size_t floats = 0;
-        for (const auto& name : mine_from[static_cast<std::size_t>(s)]) floats += 3 * numel(fresh.parameters(), name);
-        const std::size_t sizes[2] = {floats * sizeof(float), mine_from[static_cast<std::size_t>(s)].size() * sizeof(std::int64_t)};
-        comm_.expect_from(s, sizes);
+        steps.push_back(moments.step);
       }
-      std::int32_t ready = 1;  // every member expects what it will take before any sends
-      comm_.all_reduce(std::span<std::int32_t>(&ready, 1), collective::reduce_op::sum);
-      // Member by member, each taking from its sources in rank order: no two wait on each other,
-      // and what is in flight is one member's new part at most (sending everything at once would
-      // queue every part together, on top of each peer's old and new ones).
-      for (int d = 0; d < n; ++d) {
-        const auto& to_d = from[static_cast<std::size_t>(d)];
-        if (d == me) {
-          for (int s = 0; s < n; ++s) {
-            const auto& names = to_d[static_cast<std::size_t>(s)];
-            if (names.empty()) continue;
-            std::vector<float> values;
-            std::vector<std::int64_t> steps;
-            if (s == me) {
-              pack(names, values, steps);
-            } else {
-              std::size_t floats = 0;
-              for (const auto& name : names) floats += 3 * numel(fresh.parameters(), name);
-              values.resize(floats);
-              steps.resize(names.size());
-              comm_.recv_from(s, std::span<float>(values));
-              comm_.recv_from(s, std::span<std::int64_t>(steps));
-            }
-            unpack(names, values, steps);
-          }
-        } else if (!to_d[static_cast<std::size_t>(me)].empty()) {
+    };
+    auto c = train::capture(model_, optimizer_, step_, true);  // the configuration's counters
+    c.tensors.clear();
+    std::erase_if(c.counters, [](const auto& kv) { return kv.first.starts_with("adamw."); });
+    c.views = false;
+    c.counters["step"] = step;
+    auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < names.size(); ++k) {
+        const auto& p = fresh.parameters().get(names[k]).value();
+        const auto count = static_cast<std::size_t>(p.numel());
+        auto slice = [&](std::size_t off) {
+          auto t = tensor<cpu>::empty(p.shape(), dtype::f32);
+          std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(at + off * count), count, t.template data<float>());
+          return t;
+        };
+        c.tensors["model." + names[k]] = slice(0);
+        c.tensors["adamw." + names[k] + ".exp_avg"] = slice(1);
+        c.tensors["adamw." + names[k] + ".exp_avg_sq"] = slice(2);
+        c.counters["adamw." + names[k] + ".step"] = steps[k];
+        at += 3 * count;
+      }
+    };
+    const auto& mine_from = from[static_cast<std::size_t>(me)];
+    for (int s = 0; s < n; ++s) {
+      if (s == me || mine_from[static_cast<std::size_t>(s)].empty()) continue;
+      const std::size_t sizes[2] = {floats_of(mine_from[static_cast<std::size_t>(s)]) * sizeof(float),
+                                    mine_from[static_cast<std::size_t>(s)].size() * sizeof(std::int64_t)};
+      comm_.expect_from(s, sizes);
+    }
+    std::int32_t ready = 1;  // every member expects what it will take before any sends
+    comm_.all_reduce(std::span<std::int32_t>(&ready, 1), collective::reduce_op::sum);
+    // Member by member, each taking from its sources in rank order: no two wait on each other,
+    // and what is in flight is one member's new part at most (sending everything at once would
+    // queue every part together, on top of each peer's old and new ones).
+    for (int d = 0; d < n; ++d) {
+      const auto& to_d = from[static_cast<std::size_t>(d)];
+      if (d == me) {
+        for (int s = 0; s < n; ++s) {
+          const auto& names = to_d[static_cast<std::size_t>(s)];
+          if (names.empty()) continue;
           std::vector<float> values;
           std::vector<std::int64_t> steps;
-          pack(to_d[static_cast<std::size_t>(me)], values, steps);
-          comm_.send_to(d, std::span<const float>(values));
-          comm_.send_to(d, std::span<const std::int64_t>(steps));
+          if (s == me) {
+            pack(names, values, steps);
+          } else {
+            values.resize(floats_of(names));
+            steps.resize(names.size());
+            comm_.recv_from(s, std::span<float>(values));
+            comm_.recv_from(s, std::span<std::int64_t>(steps));
+          }
+          unpack(names, values, steps);
         }
+      } else if (!to_d[static_cast<std::size_t>(me)].empty()) {
+        std::vector<float> values;
+        std::vector<std::int64_t> steps;
+        pack(to_d[static_cast<std::size_t>(me)], values, steps);
+        comm_.send_to(d, std::span<const float>(values));
+        comm_.send_to(d, std::span<const std::int64_t>(steps));
       }
-      // Every part has arrived: this peer's state becomes its new part's.
-      model_ = std::move(fresh);
-      optimizer_ = make_optimizer();
-      set_compute_dtype();
-      step_ = train::restore(c, model_, optimizer_);
-      if (!current) adopted_ = true;  // (in a restarted group's start: the policy starts as resumed)
-      placement_ = std::move(next);
-      note_placed();
-      make_groups();
-      ++redealt_;
-      const auto traffic = endpoint_.stats();
-      record.stages_after = placement_.stages;
-      record.copies_after = n / placement_.stages;
-      record.bytes_received = traffic.bytes_received - traffic0.bytes_received;
-      record.bytes_sent = traffic.bytes_sent - traffic0.bytes_sent;
-      record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      redeals_.push_back(record);
-    } else {
-      (void)behind;
-      (void)step;
     }
+    // Every part has arrived: this peer's state becomes its new part's.
+    model_ = std::move(fresh);
+    optimizer_ = make_optimizer();
+    set_compute_dtype();
+    step_ = train::restore(c, model_, optimizer_);
+    if (!current) adopted_ = true;  // (in a restarted group's start: the policy starts as resumed)
+    placement_ = std::move(next);
+    note_placed();
+    make_groups();
+    ++redealt_;
+    const auto traffic = endpoint_.stats();
+    record.stages_after = placement_.stages;
+    record.copies_after = n / placement_.stages;
+    record.bytes_received = traffic.bytes_received - traffic0.bytes_received;
+    record.bytes_sent = traffic.bytes_sent - traffic0.bytes_sent;
+    record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    redeals_.push_back(record);
   }
 
   // A context after the parts were dealt out again: the same step and phase, the new

@@ -1498,7 +1498,7 @@ TEST_CASE("train --parallel pipeline: stages x replicas train as one process doe
   CHECK_THAT(zb_v.output, Contains("schedule zb-v, 4 micro-batches a step"));
   // --elastic: peer 3 is killed after step 10; the three left re-form as 3 stages x 1 copy (their
   // parts dealt out again) and train on to the end.
-  const auto morphed = run(common + " --batch-size 4 --peers 4 --parallel pipeline --stages 2 --elastic --kill 3@10", dir);
+  const auto morphed = run("timeout 120 " + common + " --batch-size 4 --peers 4 --parallel pipeline --stages 2 --elastic --kill 3@10", dir);
   INFO(morphed.output);
   REQUIRE(morphed.status == 0);
   CHECK_THAT(morphed.output, Contains("peer 3 was killed"));
