@@ -5,7 +5,11 @@
 // as a fraction of the GPU's memory bandwidth. Writes JSON rows.
 //
 //   gpu_train_step [--seq T] [--batch B] [--steps S] [--peak-tflops X] [--peak-gbps X]
-//                  [--no-torch] [--torch-script PATH] [--json PATH] [--profile]
+//                  [--no-torch] [--torch-script PATH] [--json PATH] [--profile] [--attention]
+//
+// --attention runs only the attention table: our kernels under each cut of their rows
+// (kernels/cuda/attention_bf16.cuh) against PyTorch's scaled_dot_product_attention (FlashAttention)
+// at the same shape, each cut checked against the first.
 //
 // --profile runs only ours in bf16 and brackets one step (after the warm-up) with
 // cudaProfilerStart/Stop, for `nsys --capture-range=cudaProfilerApi` or `ncu --profile-from-start off`.
@@ -15,6 +19,7 @@
 // The model, its optimizer and kernels, not the whole library (~45 s more through nvcc).
 #include <decentrain/autograd/autograd.hpp>
 #include <decentrain/kernels/activation.hpp>
+#include <decentrain/kernels/cuda/attention_bf16.cuh>
 #include <decentrain/kernels/cross_entropy.hpp>
 #include <decentrain/kernels/gemm.hpp>
 #include <decentrain/kernels/layer_norm.hpp>
@@ -26,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cuda_profiler_api.h>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +53,7 @@ struct options {
   double peak_tflops = 0, peak_gbps = 0;  // 0: from the device name
   bool torch = true;
   bool profile = false;
+  bool attention_only = false;
   std::string torch_script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
   std::string json;
 };
@@ -273,6 +280,140 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
   return rows;
 }
 
+// The attention table: our kernels under several cuts against SDPA's FlashAttention, at the
+// step's shape (B, T, 12 heads of 64), q, k, v read in place from one (B, T, 3C) projection.
+struct attention_row {
+  std::string impl;
+  double fwd_us = 0, bwd_us = 0, fwd_tflops = 0, bwd_tflops = 0;
+  double out_error = -1, grad_error = -1;  // normwise against the first cut; -1: not compared
+};
+
+namespace fa = dt::kernels::cuda_detail::fa;
+
+// Normwise difference of two bf16 device tensors, relative to the second.
+double normwise(const dt::tensor<gpu>& a, const dt::tensor<gpu>& b) {
+  const auto x = dt::to_device<dt::cpu>(a).to_vector<double>(), y = dt::to_device<dt::cpu>(b).to_vector<double>();
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return std::isfinite(num) ? std::sqrt(num / den) : INFINITY;  // an unwritten (NaN) element shows as inf
+}
+
+struct attention_buffers {
+  std::int64_t B, T, H = 12, C = 768;
+  dt::tensor<gpu> qkv, dout, out, lse, dqkv, delta, ref_out, ref_dqkv;
+  attention_buffers(std::int64_t b, std::int64_t t, dt::rng& gen)
+      : B(b), T(t),
+        qkv(dt::to_device<gpu>(dt::randn(dt::shape{b, t, 3 * 768}, gen).to(dt::dtype::bf16))),
+        dout(dt::to_device<gpu>(dt::randn(dt::shape{b, t, 768}, gen).to(dt::dtype::bf16))),
+        out(dt::tensor<gpu>::empty(dt::shape{b, t, 768}, dt::dtype::bf16)),
+        lse(dt::tensor<gpu>::empty(dt::shape{b, 12, t})),
+        dqkv(dt::tensor<gpu>::empty(dt::shape{b, t, 3 * 768}, dt::dtype::bf16)),
+        delta(dt::tensor<gpu>::empty(dt::shape{b, 12, t})) {}
+  fa::bf* p(dt::tensor<gpu>& x, std::int64_t offset = 0) { return reinterpret_cast<fa::bf*>(x.data<dt::bf16>()) + offset; }
+};
+
+template <class Fwd, class Dq, class Dkv>
+attention_row time_cuts(const std::string& name, attention_buffers& a) {
+  const std::int64_t C = a.C, ld = 3 * C;
+  const auto forward = [&] {
+    fa::forward<64, Fwd>(a.p(a.out), a.lse.data<float>(), a.p(a.qkv), a.p(a.qkv, C), a.p(a.qkv, 2 * C), a.B, a.T, a.H, ld);
+  };
+  const auto backward = [&] {
+    fa::backward<64, Dq, Dkv>(a.p(a.dqkv), a.p(a.dqkv, C), a.p(a.dqkv, 2 * C), a.p(a.dout), a.p(a.out),
+                              a.lse.data<float>(), a.delta.data<float>(), a.p(a.qkv), a.p(a.qkv, C), a.p(a.qkv, 2 * C),
+                              a.B, a.T, a.H, ld);
+  };
+  // Poisoned first (0xffff is a bf16 NaN), so an element a cut leaves unwritten cannot pass.
+  dt::cuda_rt::check(cudaMemset(a.out.data<dt::bf16>(), 0xff, a.out.numel() * 2), "cudaMemset");
+  dt::cuda_rt::check(cudaMemset(a.dqkv.data<dt::bf16>(), 0xff, a.dqkv.numel() * 2), "cudaMemset");
+  forward();
+  backward();
+  dt::cuda_rt::synchronize();
+  attention_row r{name};
+  if (!a.ref_out.defined()) {
+    a.ref_out = a.out.clone();
+    a.ref_dqkv = a.dqkv.clone();
+  }
+  {
+    r.out_error = normwise(a.out, a.ref_out);
+    r.grad_error = normwise(a.dqkv, a.ref_dqkv);
+  }
+  const double flops = 2.0 * static_cast<double>(a.B * a.H) * static_cast<double>(a.T * a.T) * 64.0;
+  r.fwd_us = time_us(forward);
+  r.bwd_us = time_us(backward);
+  r.fwd_tflops = flops / (r.fwd_us * 1e-6) / 1e12;
+  r.bwd_tflops = 2.5 * flops / (r.bwd_us * 1e-6) / 1e12;
+  return r;
+}
+
+std::vector<attention_row> attention_table(std::int64_t B, std::int64_t T, const std::string& torch_script) {
+  dt::rng gen(7, "attention");
+  attention_buffers a(B, T, gen);
+  std::vector<attention_row> rows;
+  using cuts = fa::default_cuts<64>;
+  // The first row is the reference the others are checked against: one m-tile a warp, 64 rows
+  // staged, the cut every kernel had before the cuts were parameters.
+  rows.push_back(time_cuts<fa::cut<1, 64>, fa::cut<1, 64>, fa::cut<1, 64>>("ours: 1 m-tile, 64 staged (all three)", a));
+  rows.push_back(time_cuts<cuts::forward, cuts::dq, cuts::dkv>("ours: the library's cuts", a));
+  rows.push_back(time_cuts<fa::cut<2, 32>, fa::cut<2, 64>, fa::cut<1, 32>>("ours: fwd 2x32, dq 2x64, dkv 1x32", a));
+  rows.push_back(time_cuts<fa::cut<1, 32>, fa::cut<1, 32>, fa::cut<2, 32>>("ours: fwd 1x32, dq 1x32, dkv 2x32", a));
+  rows.push_back(time_cuts<fa::cut<2, 64>, fa::cut<1, 64>, fa::cut<1, 64>>("ours: fwd 2x64, dq 1x64, dkv 1x64", a));
+  if (!torch_script.empty()) {
+    const std::string cmd = "python3 " + torch_script + " --mode attention --batch " + std::to_string(B) + " --seq " +
+                            std::to_string(T);
+    FILE* pipe = popen(cmd.c_str(), "r");
+    attention_row r{"PyTorch scaled_dot_product_attention (FlashAttention)"};
+    bool got = false;
+    char line[512];
+    while (pipe && std::fgets(line, sizeof line, pipe))
+      if (std::sscanf(line, "RESULT backend=flash fwd_us=%lf bwd_us=%lf", &r.fwd_us, &r.bwd_us) == 2) got = true;
+    const int status = pipe ? pclose(pipe) : -1;
+    if (got && status == 0) {
+      const double flops = 2.0 * static_cast<double>(B * 12) * static_cast<double>(T * T) * 64.0;
+      r.fwd_tflops = flops / (r.fwd_us * 1e-6) / 1e12;
+      r.bwd_tflops = 2.5 * flops / (r.bwd_us * 1e-6) / 1e12;
+      rows.push_back(r);
+    } else {
+      std::fprintf(stderr, "torch attention failed (exit %d); its row is left out\n", status);
+    }
+  }
+  return rows;
+}
+
+void print_attention(const std::vector<attention_row>& rows, std::int64_t B, std::int64_t T, double bf16_peak) {
+  std::printf("\n| attention (B=%lld, T=%lld, 12 heads of 64, causal) | forward us | TFLOP/s | of peak | backward us | "
+              "TFLOP/s | of peak | error vs first (out, grads) |\n|---|---:|---:|---:|---:|---:|---:|---|\n",
+              static_cast<long long>(B), static_cast<long long>(T));
+  for (const auto& r : rows) {
+    char err[64] = "";
+    if (r.out_error >= 0) std::snprintf(err, sizeof err, "%.1e, %.1e", r.out_error, r.grad_error);
+    std::printf("| %s | %.1f | %.1f | %.1f%% | %.1f | %.1f | %.1f%% | %s |\n", r.impl.c_str(), r.fwd_us, r.fwd_tflops,
+                bf16_peak > 0 ? 100 * r.fwd_tflops / bf16_peak : 0.0, r.bwd_us, r.bwd_tflops,
+                bf16_peak > 0 ? 100 * r.bwd_tflops / bf16_peak : 0.0, err);
+  }
+}
+
+// The rows as JSON objects, each after ",\n".
+std::string attention_json(const std::vector<attention_row>& rows, std::int64_t B, std::int64_t T, const std::string& device) {
+  const auto num = [](double x) {
+    if (!std::isfinite(x)) return std::string("null");
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6g", x);
+    return std::string(b);
+  };
+  std::string s;
+  for (const auto& r : rows)
+    s += ",\n{\"attention\":\"" + r.impl + "\",\"batch\":" + std::to_string(B) + ",\"seq\":" + std::to_string(T) +
+         ",\"fwd_us\":" + num(r.fwd_us) + ",\"bwd_us\":" + num(r.bwd_us) +
+         ",\"fwd_tflops\":" + num(r.fwd_tflops) + ",\"bwd_tflops\":" + num(r.bwd_tflops) +
+         ",\"out_error\":" + num(r.out_error) + ",\"grad_error\":" + num(r.grad_error) +
+         ",\"device\":\"" + device + "\"}";
+  return s;
+}
+
 std::vector<row> run_torch(const std::string& script, std::int64_t B, std::int64_t T, int steps, double bf16_tflops,
                            double f32_tflops) {
   std::vector<row> rows;
@@ -329,9 +470,11 @@ int main(int argc, char** argv) {
     else if (a == "--torch-script") o.torch_script = next();
     else if (a == "--json") o.json = next();
     else if (a == "--profile") o.profile = true;
+    else if (a == "--attention") o.attention_only = true;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: gpu_train_step [--seq T] [--batch B] [--steps S] "
-                           "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH] [--profile]\n", a.c_str());
+                           "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH] [--profile] "
+                           "[--attention]\n", a.c_str());
       return 2;
     }
   }
@@ -349,6 +492,16 @@ int main(int argc, char** argv) {
   std::printf("device: %s (peaks used: bf16 %.0f TFLOP/s, f32 %.0f TFLOP/s, %.0f GB/s)\n", peaks.name.c_str(), bf16_peak,
               f32_peak, gbps);
 
+  if (o.attention_only) {
+    const std::int64_t B = o.batch > 0 ? o.batch : 32;
+    const auto rows = attention_table(B, o.seq, o.torch ? o.torch_script : std::string());
+    print_attention(rows, B, o.seq, bf16_peak);
+    if (out) {
+      *out << "[" << attention_json(rows, B, o.seq, peaks.name).substr(1) << "\n]\n";
+      out->close();
+    }
+    return 0;
+  }
   auto cfg = dt::nn::gpt_preset("gpt2-124m");
   cfg.vocab_size = 50304;  // padded as the reference does
   cfg.block_size = std::max<std::int64_t>(cfg.block_size, o.seq);
@@ -398,6 +551,9 @@ int main(int argc, char** argv) {
               static_cast<long long>(B), static_cast<long long>(o.seq));
   for (const auto& k : products)
     std::printf("| %s | %.1f | %.1f | %.1f%% |\n", k.kernel.c_str(), k.us, k.gbps, bf16_peak > 0 ? 100 * k.gbps / bf16_peak : 0.0);
+  dt::memory<gpu>::release_cached();
+  const auto attention = attention_table(B, o.seq, o.torch ? o.torch_script : std::string());
+  print_attention(attention, B, o.seq, bf16_peak);
 
   if (out) {
     *out << "[";
@@ -412,7 +568,7 @@ int main(int argc, char** argv) {
     for (const auto& k : products)
       *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"tflops\":" << k.gbps
            << ",\"device\":\"" << peaks.name << "\"}";
-    *out << "\n]\n";
+    *out << attention_json(attention, B, o.seq, peaks.name) << "\n]\n";
     out->close();
   }
   return 0;

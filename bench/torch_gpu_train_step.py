@@ -2,10 +2,13 @@
 """The PyTorch side of bench/gpu_train_step: GPT-2 124M as nanoGPT writes it (tied head, biases,
 tanh GELU, vocabulary padded to 50304), SDPA flash attention, fused AdamW, on one GPU.
 
-  torch_gpu_train_step.py --mode eager-bf16|compile-bf16|eager-f32 --batch B --seq T --steps S
+  torch_gpu_train_step.py --mode eager-bf16|compile-bf16|eager-f32|attention --batch B --seq T --steps S
 
 Prints `RESULT step_s=<median seconds per step> peak_mib=<torch.cuda.max_memory_allocated>
-reserved_mib=<torch.cuda.max_memory_reserved>` (MiB).
+reserved_mib=<torch.cuda.max_memory_reserved>` (MiB). --mode attention times
+`scaled_dot_product_attention` alone (12 heads of 64, causal, bf16, q, k and v viewed in one
+(B, T, 3C) projection as the model has them) and prints `RESULT backend=<name> fwd_us=<median>
+bwd_us=<median of forward and backward, less the forward>`.
 bf16 modes run the forward under torch.autocast(bfloat16) with f32 master weights, as nanoGPT;
 f32 keeps TF32 off so it is the like-for-like reference for an f32 implementation.
 """
@@ -63,13 +66,57 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
 
 
+def median_us(fn, reps=30):
+    """Median of `reps` timed calls (CUDA events), after three untimed ones."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def attention(batch, seq, H=12, D=64):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(1)
+    C = H * D
+    qkv = torch.randn(batch, seq, 3 * C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(batch, H, seq, D, device="cuda", dtype=torch.bfloat16)
+
+    def heads():
+        q, k, v = qkv.split(C, dim=2)
+        return (t.view(batch, seq, H, D).transpose(1, 2) for t in (q, k, v))
+
+    def forward():
+        with torch.no_grad():
+            q, k, v = heads()
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def both():
+        q, k, v = heads()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+    # FlashAttention's kernel, which SDPA picks for this shape; named so a fallback cannot pass for it.
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        fwd = median_us(forward)
+        total = median_us(both)
+    print("RESULT backend=flash fwd_us=%.2f bwd_us=%.2f" % (fwd, total - fwd))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager-bf16", "compile-bf16", "eager-f32"], required=True)
+    ap.add_argument("--mode", choices=["eager-bf16", "compile-bf16", "eager-f32", "attention"], required=True)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10)
     a = ap.parse_args()
+    if a.mode == "attention":
+        return attention(a.batch, a.seq)
     torch.manual_seed(1)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
