@@ -6,10 +6,11 @@
 //
 //   gpu_train_step [--seq T] [--batch B] [--steps S] [--peak-tflops X] [--peak-gbps X]
 //                  [--no-torch] [--torch-script PATH] [--json PATH] [--profile] [--attention]
+//                  [--no-f32]
 //
-// --attention runs only the attention table: our kernels under each cut of their rows
-// (kernels/cuda/attention_bf16.cuh) against PyTorch's scaled_dot_product_attention (FlashAttention)
-// at the same shape, each cut checked against the first.
+// --attention runs only the attention table: our bf16 kernels against PyTorch's
+// scaled_dot_product_attention (FlashAttention) at the same shape. --no-f32 leaves out the f32
+// rows (ours and PyTorch's).
 //
 // --profile runs only ours in bf16 and brackets one step (after the warm-up) with
 // cudaProfilerStart/Stop, for `nsys --capture-range=cudaProfilerApi` or `ncu --profile-from-start off`.
@@ -19,7 +20,7 @@
 // The model, its optimizer and kernels, not the whole library (~45 s more through nvcc).
 #include <decentrain/autograd/autograd.hpp>
 #include <decentrain/kernels/activation.hpp>
-#include <decentrain/kernels/cuda/attention_bf16.cuh>
+#include <decentrain/kernels/attention.hpp>
 #include <decentrain/kernels/cross_entropy.hpp>
 #include <decentrain/kernels/gemm.hpp>
 #include <decentrain/kernels/layer_norm.hpp>
@@ -54,6 +55,7 @@ struct options {
   bool torch = true;
   bool profile = false;
   bool attention_only = false;
+  bool f32 = true;
   std::string torch_script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
   std::string json;
 };
@@ -280,87 +282,49 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
   return rows;
 }
 
-// The attention table: our kernels under several cuts against SDPA's FlashAttention, at the
-// step's shape (B, T, 12 heads of 64), q, k, v read in place from one (B, T, 3C) projection.
+// The attention table: our bf16 kernels (kernels/cuda/attention_bf16.cuh) against SDPA's
+// FlashAttention at the step's shape (B, T, 12 heads of 64), q, k, v read in place from one
+// (B, T, 3C) projection as the model has them.
 struct attention_row {
   std::string impl;
   double fwd_us = 0, bwd_us = 0, fwd_tflops = 0, bwd_tflops = 0;
-  double out_error = -1, grad_error = -1;  // normwise against the first cut; -1: not compared
 };
 
-namespace fa = dt::kernels::cuda_detail::fa;
-
-// Normwise difference of two bf16 device tensors, relative to the second.
-double normwise(const dt::tensor<gpu>& a, const dt::tensor<gpu>& b) {
-  const auto x = dt::to_device<dt::cpu>(a).to_vector<double>(), y = dt::to_device<dt::cpu>(b).to_vector<double>();
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    num += (x[i] - y[i]) * (x[i] - y[i]);
-    den += y[i] * y[i];
-  }
-  return std::isfinite(num) ? std::sqrt(num / den) : INFINITY;  // an unwritten (NaN) element shows as inf
-}
-
-struct attention_buffers {
-  std::int64_t B, T, H = 12, C = 768;
-  dt::tensor<gpu> qkv, dout, out, lse, dqkv, delta, ref_out, ref_dqkv;
-  attention_buffers(std::int64_t b, std::int64_t t, dt::rng& gen)
-      : B(b), T(t),
-        qkv(dt::to_device<gpu>(dt::randn(dt::shape{b, t, 3 * 768}, gen).to(dt::dtype::bf16))),
-        dout(dt::to_device<gpu>(dt::randn(dt::shape{b, t, 768}, gen).to(dt::dtype::bf16))),
-        out(dt::tensor<gpu>::empty(dt::shape{b, t, 768}, dt::dtype::bf16)),
-        lse(dt::tensor<gpu>::empty(dt::shape{b, 12, t})),
-        dqkv(dt::tensor<gpu>::empty(dt::shape{b, t, 3 * 768}, dt::dtype::bf16)),
-        delta(dt::tensor<gpu>::empty(dt::shape{b, 12, t})) {}
-  fa::bf* p(dt::tensor<gpu>& x, std::int64_t offset = 0) { return reinterpret_cast<fa::bf*>(x.data<dt::bf16>()) + offset; }
-};
-
-template <class Fwd, class Dq, class Dkv>
-attention_row time_cuts(const std::string& name, attention_buffers& a) {
-  const std::int64_t C = a.C, ld = 3 * C;
-  const auto forward = [&] {
-    fa::forward<64, Fwd>(a.p(a.out), a.lse.data<float>(), a.p(a.qkv), a.p(a.qkv, C), a.p(a.qkv, 2 * C), a.B, a.T, a.H, ld);
-  };
-  const auto backward = [&] {
-    fa::backward<64, Dq, Dkv>(a.p(a.dqkv), a.p(a.dqkv, C), a.p(a.dqkv, 2 * C), a.p(a.dout), a.p(a.out),
-                              a.lse.data<float>(), a.delta.data<float>(), a.p(a.qkv), a.p(a.qkv, C), a.p(a.qkv, 2 * C),
-                              a.B, a.T, a.H, ld);
-  };
-  // Poisoned first (0xffff is a bf16 NaN), so an element a cut leaves unwritten cannot pass.
-  dt::cuda_rt::check(cudaMemset(a.out.data<dt::bf16>(), 0xff, a.out.numel() * 2), "cudaMemset");
-  dt::cuda_rt::check(cudaMemset(a.dqkv.data<dt::bf16>(), 0xff, a.dqkv.numel() * 2), "cudaMemset");
-  forward();
-  backward();
-  dt::cuda_rt::synchronize();
-  attention_row r{name};
-  if (!a.ref_out.defined()) {
-    a.ref_out = a.out.clone();
-    a.ref_dqkv = a.dqkv.clone();
-  }
-  {
-    r.out_error = normwise(a.out, a.ref_out);
-    r.grad_error = normwise(a.dqkv, a.ref_dqkv);
-  }
-  const double flops = 2.0 * static_cast<double>(a.B * a.H) * static_cast<double>(a.T * a.T) * 64.0;
-  r.fwd_us = time_us(forward);
-  r.bwd_us = time_us(backward);
-  r.fwd_tflops = flops / (r.fwd_us * 1e-6) / 1e12;
-  r.bwd_tflops = 2.5 * flops / (r.bwd_us * 1e-6) / 1e12;
-  return r;
+// Whether every element of a bf16 device tensor is finite (outputs are poisoned with NaN first).
+bool all_finite(const dt::tensor<gpu>& x) {
+  for (const double v : dt::to_device<dt::cpu>(x).to_vector<double>())
+    if (!std::isfinite(v)) return false;
+  return true;
 }
 
 std::vector<attention_row> attention_table(std::int64_t B, std::int64_t T, const std::string& torch_script) {
+  const std::int64_t H = 12, C = 768, ld = 3 * C;
   dt::rng gen(7, "attention");
-  attention_buffers a(B, T, gen);
-  std::vector<attention_row> rows;
-  using cuts = fa::default_cuts<64>;
-  // The first row is the reference the others are checked against: one m-tile a warp, 64 rows
-  // staged, the cut every kernel had before the cuts were parameters.
-  rows.push_back(time_cuts<fa::cut<1, 64>, fa::cut<1, 64>, fa::cut<1, 64>>("ours: 1 m-tile, 64 staged (all three)", a));
-  rows.push_back(time_cuts<cuts::forward, cuts::dq, cuts::dkv>("ours: the library's cuts", a));
-  rows.push_back(time_cuts<fa::cut<2, 32>, fa::cut<2, 64>, fa::cut<1, 32>>("ours: fwd 2x32, dq 2x64, dkv 1x32", a));
-  rows.push_back(time_cuts<fa::cut<1, 32>, fa::cut<1, 32>, fa::cut<2, 32>>("ours: fwd 1x32, dq 1x32, dkv 2x32", a));
-  rows.push_back(time_cuts<fa::cut<2, 64>, fa::cut<1, 64>, fa::cut<1, 64>>("ours: fwd 2x64, dq 1x64, dkv 1x64", a));
+  auto qkv = dt::to_device<gpu>(dt::randn(dt::shape{B, T, 3 * C}, gen).to(dt::dtype::bf16)),
+       dout = dt::to_device<gpu>(dt::randn(dt::shape{B, T, C}, gen).to(dt::dtype::bf16)),
+       out = dt::tensor<gpu>::empty(dt::shape{B, T, C}, dt::dtype::bf16), lse = dt::tensor<gpu>::empty(dt::shape{B, H, T}),
+       dqkv = dt::tensor<gpu>::empty(dt::shape{B, T, 3 * C}, dt::dtype::bf16);
+  dt::bf16 *x = qkv.data<dt::bf16>(), *dx = dqkv.data<dt::bf16>();
+  const auto forward = [&] {
+    dt::kernels::attention_forward_bf16(gpu{}, out.data<dt::bf16>(), lse.data<float>(), x, x + C, x + 2 * C, B, T, C, H, ld);
+  };
+  const auto backward = [&] {
+    dt::kernels::attention_backward_bf16(gpu{}, dx, dx + C, dx + 2 * C, dout.data<dt::bf16>(), out.data<dt::bf16>(),
+                                         lse.data<float>(), x, x + C, x + 2 * C, B, T, C, H, ld);
+  };
+  // Poisoned first (0xffff is a bf16 NaN): an element left unwritten would show.
+  dt::cuda_rt::check(cudaMemset(out.data<dt::bf16>(), 0xff, static_cast<std::size_t>(out.numel()) * 2), "cudaMemset");
+  dt::cuda_rt::check(cudaMemset(dx, 0xff, static_cast<std::size_t>(dqkv.numel()) * 2), "cudaMemset");
+  forward();
+  backward();
+  if (!all_finite(out) || !all_finite(dqkv)) dt::detail::fail("attention table: an output or gradient is not finite");
+  const double flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(T * T) * 64.0;
+  const auto with_rates = [&](attention_row r) {
+    r.fwd_tflops = flops / (r.fwd_us * 1e-6) / 1e12;
+    r.bwd_tflops = 2.5 * flops / (r.bwd_us * 1e-6) / 1e12;
+    return r;
+  };
+  std::vector<attention_row> rows{with_rates({"decentrain (mma.sync bf16)", time_us(forward), time_us(backward)})};
   if (!torch_script.empty()) {
     const std::string cmd = "python3 " + torch_script + " --mode attention --batch " + std::to_string(B) + " --seq " +
                             std::to_string(T);
@@ -371,29 +335,21 @@ std::vector<attention_row> attention_table(std::int64_t B, std::int64_t T, const
     while (pipe && std::fgets(line, sizeof line, pipe))
       if (std::sscanf(line, "RESULT backend=flash fwd_us=%lf bwd_us=%lf", &r.fwd_us, &r.bwd_us) == 2) got = true;
     const int status = pipe ? pclose(pipe) : -1;
-    if (got && status == 0) {
-      const double flops = 2.0 * static_cast<double>(B * 12) * static_cast<double>(T * T) * 64.0;
-      r.fwd_tflops = flops / (r.fwd_us * 1e-6) / 1e12;
-      r.bwd_tflops = 2.5 * flops / (r.bwd_us * 1e-6) / 1e12;
-      rows.push_back(r);
-    } else {
-      std::fprintf(stderr, "torch attention failed (exit %d); its row is left out\n", status);
-    }
+    if (got && status == 0) rows.push_back(with_rates(r));
+    else std::fprintf(stderr, "torch attention failed (exit %d); its row is left out\n", status);
   }
   return rows;
 }
 
 void print_attention(const std::vector<attention_row>& rows, std::int64_t B, std::int64_t T, double bf16_peak) {
   std::printf("\n| attention (B=%lld, T=%lld, 12 heads of 64, causal) | forward us | TFLOP/s | of peak | backward us | "
-              "TFLOP/s | of peak | error vs first (out, grads) |\n|---|---:|---:|---:|---:|---:|---:|---|\n",
+              "TFLOP/s | of peak | ours / this row (speed, fwd; bwd) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
               static_cast<long long>(B), static_cast<long long>(T));
-  for (const auto& r : rows) {
-    char err[64] = "";
-    if (r.out_error >= 0) std::snprintf(err, sizeof err, "%.1e, %.1e", r.out_error, r.grad_error);
-    std::printf("| %s | %.1f | %.1f | %.1f%% | %.1f | %.1f | %.1f%% | %s |\n", r.impl.c_str(), r.fwd_us, r.fwd_tflops,
-                bf16_peak > 0 ? 100 * r.fwd_tflops / bf16_peak : 0.0, r.bwd_us, r.bwd_tflops,
-                bf16_peak > 0 ? 100 * r.bwd_tflops / bf16_peak : 0.0, err);
-  }
+  const auto pct = [&](double tflops) { return bf16_peak > 0 ? 100 * tflops / bf16_peak : 0.0; };
+  for (const auto& r : rows)
+    std::printf("| %s | %.1f | %.1f | %.1f%% | %.1f | %.1f | %.1f%% | %.2fx; %.2fx |\n", r.impl.c_str(), r.fwd_us,
+                r.fwd_tflops, pct(r.fwd_tflops), r.bwd_us, r.bwd_tflops, pct(r.bwd_tflops), r.fwd_us / rows[0].fwd_us,
+                r.bwd_us / rows[0].bwd_us);
 }
 
 // The rows as JSON objects, each after ",\n".
@@ -409,15 +365,15 @@ std::string attention_json(const std::vector<attention_row>& rows, std::int64_t 
     s += ",\n{\"attention\":\"" + r.impl + "\",\"batch\":" + std::to_string(B) + ",\"seq\":" + std::to_string(T) +
          ",\"fwd_us\":" + num(r.fwd_us) + ",\"bwd_us\":" + num(r.bwd_us) +
          ",\"fwd_tflops\":" + num(r.fwd_tflops) + ",\"bwd_tflops\":" + num(r.bwd_tflops) +
-         ",\"out_error\":" + num(r.out_error) + ",\"grad_error\":" + num(r.grad_error) +
          ",\"device\":\"" + device + "\"}";
   return s;
 }
 
 std::vector<row> run_torch(const std::string& script, std::int64_t B, std::int64_t T, int steps, double bf16_tflops,
-                           double f32_tflops) {
+                           double f32_tflops, bool f32) {
   std::vector<row> rows;
   for (const std::string mode : {"eager-bf16", "compile-bf16", "eager-f32"}) {
+    if (!f32 && mode == "eager-f32") continue;
     const std::string cmd = "python3 " + script + " --mode " + mode + " --batch " + std::to_string(B) + " --seq " +
                             std::to_string(T) + " --steps " + std::to_string(steps);
     FILE* pipe = popen(cmd.c_str(), "r");
@@ -471,10 +427,11 @@ int main(int argc, char** argv) {
     else if (a == "--json") o.json = next();
     else if (a == "--profile") o.profile = true;
     else if (a == "--attention") o.attention_only = true;
+    else if (a == "--no-f32") o.f32 = false;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: gpu_train_step [--seq T] [--batch B] [--steps S] "
                            "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH] [--profile] "
-                           "[--attention]\n", a.c_str());
+                           "[--attention] [--no-f32]\n", a.c_str());
       return 2;
     }
   }
@@ -526,13 +483,13 @@ int main(int argc, char** argv) {
   }
   if (rows.empty()) return 1;
   dt::memory<gpu>::release_cached();
-  try {
-    rows.push_back(run_ours(cfg, dt::dtype::f32, B, o.seq, o.steps, f32_peak));
-  } catch (const dt::error& e) {
-    std::fprintf(stderr, "f32 at batch %lld: %s\n", static_cast<long long>(B), e.what());
-  }
+  if (o.f32) try {
+      rows.push_back(run_ours(cfg, dt::dtype::f32, B, o.seq, o.steps, f32_peak));
+    } catch (const dt::error& e) {
+      std::fprintf(stderr, "f32 at batch %lld: %s\n", static_cast<long long>(B), e.what());
+    }
   dt::memory<gpu>::release_cached();  // PyTorch runs in another process and needs the memory
-  if (o.torch) for (auto& r : run_torch(o.torch_script, B, o.seq, o.steps, bf16_peak, f32_peak)) rows.push_back(r);
+  if (o.torch) for (auto& r : run_torch(o.torch_script, B, o.seq, o.steps, bf16_peak, f32_peak, o.f32)) rows.push_back(r);
 
   std::printf("\nGPT-2 124M, B=%lld, T=%lld, median of %d steps\n", static_cast<long long>(B),
               static_cast<long long>(o.seq), o.steps);

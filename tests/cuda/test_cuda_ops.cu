@@ -346,8 +346,8 @@ TEST_CASE("cuda causal attention (flash style) matches the CPU for several head 
 TEST_CASE("cuda bf16 attention on tensor cores matches f64 attention on the same rounded inputs") {
   static_assert(dt::detail::has_bf16_attention<gpu>, "the GPU must take the tensor-core path");
   struct dims { std::int64_t B, T, C, H; };
-  // Head widths 16, 32, 64 and 128; lengths below, at and past whole 32-, 64- and 128-row
-  // blocks and staged tiles (the kernels' cuts, attention_bf16.cuh).
+  // Head widths 16, 32, 64 and 128; lengths below, at and past whole 64-row tiles, and over
+  // several tiles.
   for (const dims d : {dims{1, 65, 64, 4}, dims{2, 1, 64, 2}, dims{2, 37, 128, 2}, dims{2, 64, 128, 2},
                        dims{1, 130, 256, 2}, dims{2, 200, 768, 12}, dims{1, 300, 256, 4}, dims{1, 128, 512, 4}}) {
     INFO("B=" << d.B << " T=" << d.T << " C=" << d.C << " H=" << d.H);
