@@ -167,6 +167,39 @@ TEST_CASE("streaming_diloco: fragments exchange in turn, each a part of the mode
   CHECK(static_cast<double>(streamed_peak) < 0.5 * static_cast<double>(peak[0]));
 }
 
+TEST_CASE("streaming_diloco: a merge keeps `mix` of the peer's own parameters and takes the rest from the global copy") {
+  // Runs that differ only in the mix agree up to the first merge. There, mix 1 keeps the
+  // peer's own parameters and mix 0 takes the new global copy, so mix 0.25 must give a quarter
+  // of the first and three quarters of the second (swapped shares give the opposite).
+  const auto with_mix = [](double mix) {
+    Streaming s;
+    s.inner_steps = 4;
+    s.fragments = 1;
+    s.overlap = 0;
+    s.mix = mix;
+    return params_per_step<StreamingTrainer>(2, short_run(5), s);
+  };
+  const auto own = with_mix(1.0), global = with_mix(0.0), quarter = with_mix(0.25);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("peer " << r);
+    REQUIRE(own[r].size() == 5);
+    REQUIRE(global[r].size() == 5);
+    REQUIRE(quarter[r].size() == 5);
+    for (std::size_t step = 0; step < 3; ++step) CHECK(quarter[r][step] == own[r][step]);  // before the first merge
+    const std::size_t merged = 3;  // the fourth step ends the round
+    REQUIRE(own[r][merged] != global[r][merged]);  // the merge has something to mix
+    std::size_t off = 0;
+    double largest = 0;
+    for (std::size_t i = 0; i < own[r][merged].size(); ++i) {
+      const double expected = 0.25 * own[r][merged][i] + 0.75 * global[r][merged][i];
+      largest = std::max(largest, std::abs(expected));
+      if (std::abs(quarter[r][merged][i] - expected) > 1e-6 * (1 + std::abs(expected))) ++off;
+    }
+    CHECK(largest > 0);
+    CHECK(off == 0);
+  }
+}
+
 TEST_CASE("streaming_diloco: the last step leaves every peer on the same parameters, whatever the mix") {
   Streaming s;
   s.inner_steps = 6;

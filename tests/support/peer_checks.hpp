@@ -1,0 +1,39 @@
+// Checks made on peer threads, reported on the test's thread. Catch2 v2 is not thread-safe: a
+// CHECK on a peer thread can corrupt its counters or interleave its output, so a peer records
+// what it found here and the test reports it once the peers have joined.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace harness {
+
+class peer_checks {
+ public:
+  // Records a check; `what` is the failure's text when `ok` is false. Returns ok.
+  bool expect(bool ok, const std::string& what) {
+    std::lock_guard lock(mutex_);
+    ++checked_;
+    if (!ok) failures_.push_back(what);
+    return ok;
+  }
+  // On the test's thread, after the peers joined: each failure as a failed check, and one
+  // more if fewer than `at_least` checks ran (a peer that never got to them fails too).
+  void report(std::size_t at_least) const {
+    std::lock_guard lock(mutex_);
+    for (const auto& f : failures_) FAIL_CHECK(f);
+    INFO(checked_ << " checks made on the peers' threads");
+    CHECK(checked_ >= at_least);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::size_t checked_ = 0;
+  std::vector<std::string> failures_;
+};
+
+}  // namespace harness
