@@ -8,6 +8,9 @@
 //                [--churn-seconds 600] [--churn-peers 5]                            (--only churn)
 //                [--sim-hours 8]                                                    (--only sim-churn)
 //
+// Exits 1 when a goal about agreement is missed: churn or sim-churn round ends whose peers hold
+// different parameters, or sim-churn's two runs not the same.
+//
 // Every run is `peers` processes of this program (--role peer) joined over 127.0.0.1, training a
 // character-level model on tinyshakespeare (or the built-in corpus) with fault::elastic:
 //   clean      no faults;
@@ -28,14 +31,16 @@
 //              (it joins the running group afresh), for `--churn-seconds` (600); rank 0 lives
 //              throughout, to watch a long-lived peer's memory. Every peer records at each
 //              round's end (step, view, a hash of its parameters, resident memory): reported are
-//              rounds whose peers disagree (goal: none), the longest time between two round ends
+//              rounds whose peers disagree (goal: none; a peer's last report of a round end counts:
+//              one it redid after a view change is superseded), the longest time between two round ends
 //              on rank 0 (no hang), and rank 0's resident memory after warm-up against the end
 //              (goal: within 5%).
 //   sim-churn  (this process) the deterministic churn simulator: 5 in-process peers and 2
 //              joiners on simulated WAN links, 1 simulated second a step, for `--sim-hours` (8)
 //              simulated hours; every 60-180 s one running peer is killed wherever it stands and
 //              starts again 10-60 s later. Run twice with the same seed: reported are the kills,
-//              views, round ends whose processes disagree (goal: none), and whether the two runs
+//              views, round ends whose processes disagree (goal: none; each process's last report of
+//              a round end counts, as in churn), and whether the two runs
 //              are the same (a digest of every process's losses, membership history and
 //              parameters at each round end: goal: equal).
 // Each peer appends (steady-clock time, step, view epoch) per step to a file the harness reads;
@@ -438,6 +443,7 @@ struct churn_result {
   int peers = 0;
   double seconds = 0;
   int kills = 0, rounds = 0, disagreeing = 0;   // round ends seen by two or more peers, and those that differ
+  int redone = 0;                               // round ends a peer reported again (the first did not stand)
   double round_s = 0, longest_gap_s = 0;        // rank 0: median and longest time between round ends
   std::int64_t rss_warm_kib = 0, rss_end_kib = 0, rss_max_kib = 0;  // rank 0, after warm-up and at the end
   std::vector<std::int64_t> rss_tenths_kib;                          // rank 0, the median of each tenth of the run
@@ -522,8 +528,10 @@ churn_result churn(const settings& s, int peers, double seconds, const std::stri
     std::int64_t rss;
     int members;
   };
-  std::map<std::int64_t, std::set<std::uint64_t>> hashes;  // step -> hashes (a round end's step is unique)
-  std::map<std::int64_t, int> seen;
+  // step -> rank -> the hash of the rank's last report of that step: a round end a peer redid
+  // (the group went back to a position more members reached, see fault/elastic.hpp) is
+  // superseded by the one that stood.
+  std::map<std::int64_t, std::map<int, std::uint64_t>> last;
   std::vector<round_row> rank0;
   for (int r = 0; r < peers; ++r) {
     std::ifstream in(dir + "/peer-" + std::to_string(r) + ".rounds");
@@ -533,14 +541,17 @@ churn_result churn(const settings& s, int peers, double seconds, const std::stri
         if (r == 0 && x.t_ns < start_ns) rank0.clear();
         if (x.t_ns > end_ns) continue;
       }
-      hashes[x.step].insert(x.hash);
-      ++seen[x.step];
+      auto [at, fresh] = last[x.step].insert_or_assign(r, x.hash);
+      (void)at;
+      if (!fresh) ++out.redone;
       if (r == 0) rank0.push_back(x);
     }
   }
-  for (const auto& [step, h] : hashes) {
-    if (seen[step] < 2) continue;
+  for (const auto& [step, by_rank] : last) {
+    if (by_rank.size() < 2) continue;
     ++out.rounds;
+    std::set<std::uint64_t> h;
+    for (const auto& [r, hash] : by_rank) h.insert(hash);
     if (h.size() > 1) ++out.disagreeing;
   }
   std::vector<double> gaps;
@@ -745,6 +756,7 @@ struct sim_result {
   double hours = 0, wall_s = 0;
   std::size_t kills = 0, starts = 0, processes = 0, finished = 0, views = 0;
   std::size_t round_ends = 0, disagreeing = 0;  // round ends seen by two or more processes; with different parameters
+  std::size_t redone = 0;                        // round ends a process reported again (the first did not stand)
   std::uint64_t digest = 0;  // of every process's losses, membership history and final parameters
   double val_loss = 0;
 };
@@ -783,8 +795,10 @@ sim_result simulate_churn(const settings& s, double hours, int peers, int joiner
   fault.agreement.timeout = std::chrono::milliseconds(20000);
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
   std::mutex m;
-  std::map<std::int64_t, std::set<std::uint64_t>> rounds;  // step -> parameter hashes seen there
-  std::map<std::int64_t, int> seen;
+  // step -> process -> the parameters' hash at its last report of that step (a round end a
+  // process redid is superseded by the one that stood), and what each process reported there
+  std::map<std::int64_t, std::map<std::pair<int, std::uint64_t>, std::uint64_t>> rounds;
+  std::map<std::int64_t, std::string> who;  // step -> " rank.process:hash@view" per report
   std::map<std::pair<int, std::uint64_t>, std::uint64_t> digests;
   double loss_sum = 0;
   net.run([&](dt::transport::in_process::endpoint& ep) {
@@ -803,8 +817,11 @@ sim_result simulate_churn(const settings& s, double hours, int peers, int joiner
       const auto ph = dt::detail::xxh3(std::string_view(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float)));
       mix(&ph, sizeof ph);
       std::lock_guard lock(m);
-      rounds[x.step].insert(ph);
-      ++seen[x.step];
+      if (!rounds[x.step].insert_or_assign(key, ph).second) ++out.redone;
+      char line[96];
+      std::snprintf(line, sizeof line, " %d.%llu:%016llx@%lld", key.first, static_cast<unsigned long long>(key.second),
+                    static_cast<unsigned long long>(ph), static_cast<long long>(t.fault().current().epoch));
+      who[x.step] += line;
     });
     auto keep = [&](bool finished, double val) {
       for (const auto& c : t.fault().changes()) {
@@ -830,10 +847,14 @@ sim_result simulate_churn(const settings& s, double hours, int peers, int joiner
     out.digest ^= dt::detail::xxh3(std::string_view(reinterpret_cast<const char*>(&d), sizeof d)) + static_cast<std::uint64_t>(k.first) * 131 + k.second;
     ++out.processes;
   }
-  for (const auto& [step, hashes] : rounds)
-    if (seen[step] >= 2) {
+  for (const auto& [step, by_process] : rounds)
+    if (by_process.size() >= 2) {
       ++out.round_ends;
-      out.disagreeing += hashes.size() > 1 ? 1 : 0;
+      std::set<std::uint64_t> hashes;
+      for (const auto& [k, hash] : by_process) hashes.insert(hash);
+      if (hashes.size() > 1 && ++out.disagreeing <= 3)
+        std::fprintf(stderr, "sim-churn: step %lld ends with different parameters (rank.process:hash@view):%s\n",
+                     static_cast<long long>(step), who[step].c_str());
     }
   out.val_loss = out.finished ? loss_sum / static_cast<double>(out.finished) : 0;
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1044,9 +1065,10 @@ int main(int argc, char** argv) try {
   if (churned) {
     const auto& c = *churned;
     std::printf("churn: %d TCP peers, DiLoCo H = %lld, %.0f s, %d kill -9 + restart (every 1-3 s): %d round ends seen by two or "
-                "more peers, %d of them with different parameters; rank 0: round %.3f s median, longest %.2f s between two "
-                "round ends, at step %lld; resident memory %.1f MB after warm-up, %.1f MB at the end (%+.1f%%), most %.1f MB\n",
-                c.peers, static_cast<long long>(s.inner), c.seconds, c.kills, c.rounds, c.disagreeing, c.round_s,
+                "more peers, %d of them with different parameters, %d reported again by a peer that redid the round; rank 0: round "
+                "%.3f s median, longest %.2f s between two round ends, at step %lld; resident memory %.1f MB after warm-up, "
+                "%.1f MB at the end (%+.1f%%), most %.1f MB\n",
+                c.peers, static_cast<long long>(s.inner), c.seconds, c.kills, c.rounds, c.disagreeing, c.redone, c.round_s,
                 c.longest_gap_s, static_cast<long long>(c.last_step), c.rss_warm_kib / 1024.0, c.rss_end_kib / 1024.0,
                 c.rss_warm_kib ? 100.0 * static_cast<double>(c.rss_end_kib - c.rss_warm_kib) / static_cast<double>(c.rss_warm_kib) : 0.0,
                 c.rss_max_kib / 1024.0);
@@ -1063,6 +1085,7 @@ int main(int argc, char** argv) try {
     j.add("kills", c.kills);
     j.add("rounds", c.rounds);
     j.add("disagreeing", c.disagreeing);
+    j.add("redone", c.redone);
     j.add("round_s", c.round_s);
     j.add("longest_gap_s", c.longest_gap_s);
     j.add("rss_warm_kib", c.rss_warm_kib);
@@ -1076,10 +1099,11 @@ int main(int argc, char** argv) try {
     const auto& [a, b] = *sim;
     std::printf("sim-churn: 5 + 2 joining in-process peers, deterministic, wan links, DiLoCo H = %lld, 1 simulated s a step, "
                 "%.1f simulated hours, seed %llu: %zu kills, %zu starts, %zu processes, %zu views, %zu finished "
-                "(val loss %.4f); %zu round ends seen by two or more processes, %zu with different parameters; "
+                "(val loss %.4f); %zu round ends seen by two or more processes, %zu with different parameters, %zu reported "
+                "again by a process that redid the round; "
                 "run twice: digest %016llx and %016llx (%s); %.0f s and %.0f s of wall time\n",
                 static_cast<long long>(s.inner), a.hours, static_cast<unsigned long long>(s.seed), a.kills, a.starts,
-                a.processes, a.views, a.finished, a.val_loss, a.round_ends, a.disagreeing,
+                a.processes, a.views, a.finished, a.val_loss, a.round_ends, a.disagreeing, a.redone,
                 static_cast<unsigned long long>(a.digest), static_cast<unsigned long long>(b.digest),
                 a.digest == b.digest ? "the same" : "DIFFERENT", a.wall_s, b.wall_s);
     dt::train::json_line j;
@@ -1092,6 +1116,7 @@ int main(int argc, char** argv) try {
     j.add("val_loss", a.val_loss);
     j.add("round_ends", a.round_ends);
     j.add("disagreeing", a.disagreeing);
+    j.add("redone", a.redone);
     j.add("same_digest", a.digest == b.digest ? 1 : 0);
     j.add("wall_s", a.wall_s);
     root.add_json("sim_churn", j.str());
@@ -1118,7 +1143,17 @@ int main(int argc, char** argv) try {
   json << root.str() << "\n";
   json.close();
   std::printf("written to %s\n", json_path.c_str());
-  return 0;
+  // The goals the sections above print are checked too: peers that end a round on different
+  // parameters, or a deterministic run that does not repeat itself, fail the program (the JSON
+  // is written first, to show what differed).
+  std::vector<std::string> broken;
+  if (churned && churned->disagreeing > 0)
+    broken.push_back("churn: " + std::to_string(churned->disagreeing) + " round ends with different parameters");
+  if (sim && sim->first.disagreeing > 0)
+    broken.push_back("sim-churn: " + std::to_string(sim->first.disagreeing) + " round ends with different parameters");
+  if (sim && sim->first.digest != sim->second.digest) broken.push_back("sim-churn: the two runs' digests differ");
+  for (const auto& b : broken) std::fprintf(stderr, "bench_faults: %s\n", b.c_str());
+  return broken.empty() ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_faults: %s\n", e.what());
   return 1;
