@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "support/peer_checks.hpp"
 #include "support/transport_harness.hpp"
 
 namespace dt = decentrain;
@@ -89,6 +90,7 @@ TEST_CASE("aggregators: sender-mean averages each coordinate over the peers that
 
 TEMPLATE_TEST_CASE("robust all-reduce: sender-mean through top-k moves a coordinate one peer sent by its value", "[aggregate]",
                    TRANSPORTS) {
+  std::vector<std::vector<float>> results(4);
   TestType::run(4, [&](auto& ep) {
     dt::collective::communicator c(ep);
     dt::compress::top_k codec;
@@ -98,9 +100,9 @@ TEMPLATE_TEST_CASE("robust all-reduce: sender-mean through top-k moves a coordin
     col::sender_mean a;
     col::aggregation_record record;
     dt::compress::all_reduce(codec, c, std::span<float>(v), true, a, record);
-    for (std::size_t i = 0; i < 4; ++i) CHECK(v[i] == 2.0f * static_cast<float>(i + 1));
-    for (std::size_t i = 4; i < 8; ++i) CHECK(v[i] == 0.0f);
+    results[static_cast<std::size_t>(ep.rank())] = v;  // checked on the test's thread
   });
+  for (const auto& v : results) CHECK(v == std::vector<float>{2, 4, 6, 8, 0, 0, 0, 0});
 }
 
 TEST_CASE("aggregators: large finite contributions never add up to infinity (found by fuzz/specs)", "[aggregate]") {
@@ -198,6 +200,8 @@ TEMPLATE_TEST_CASE("robust all-reduce: bad peers are dropped or outvoted, named,
     for (const auto& e : aggregators) {
       const auto& prototype = e.aggregator;  // not a structured binding: clang 14 cannot capture one
       const bool robust = n >= e.holds_from;
+      INFO(prototype.describe() << " with " << n << " peers");
+      harness::peer_checks checks;
       TestType::run(n, [&](auto& ep) {
         dt::collective::communicator c(ep);
         const int r = c.rank();
@@ -207,41 +211,47 @@ TEMPLATE_TEST_CASE("robust all-reduce: bad peers are dropped or outvoted, named,
         for (std::size_t i = 0; i < size; ++i) v[i] = value_of(kind(r), r, i);
         col::robust_all_reduce(aggregator, c, std::span<float>(v), record);
         // Every honest peer holds the same bits; every value within the honest peers' range.
+        const std::string at = " at peer " + std::to_string(r);
         const bool same = c.all_same(dt::detail::hash_words(std::as_bytes(std::span<const float>(v))));
-        CHECK(same);
-        float low = 1e30f, high = -1e30f;
-        for (int p = 0; p < n - bad_peers; ++p)
-          for (std::size_t i = 0; i < size; i += 97) {
+        checks.expect(same, "the peers' results differ" + at);
+        // Each value within the honest peers' range of that coordinate (their spread is 0.02,
+        // the coordinates' values span [-1, 1]), with a margin of half the spread.
+        std::size_t outside = 0, first = size;
+        for (std::size_t i = 0; i < size && robust; ++i) {
+          float low = 1e30f, high = -1e30f;
+          for (int p = 0; p < n - bad_peers; ++p) {
             low = std::min(low, honest(p, i));
             high = std::max(high, honest(p, i));
           }
-        for (std::size_t i = 0; i < size && robust; i += 97) {
-          const float lo = low - 0.05f, hi = high + 0.05f;
-          if (!(v[i] >= lo && v[i] <= hi)) {
-            FAIL_CHECK(prototype.describe() << " with " << n << " peers: value " << i << " is " << v[i] << ", outside the honest range");
-            break;
-          }
+          if (!(v[i] >= low - 0.01f && v[i] <= high + 0.01f) && outside++ == 0) first = i;
         }
+        checks.expect(outside == 0, std::to_string(outside) + " values outside their coordinate's honest range, the first " +
+                                        (first < size ? std::to_string(first) + " at " + std::to_string(v[first]) : "") + at);
         // The report: NaN and infinity senders dropped, huge senders far away, honest ones kept.
         // Per partition a verdict needs a majority of the slices' aggregators: the -inf sender
         // poisons one value, so one slice, and is dropped there but not reported.
-        REQUIRE(record.last.peers.size() == static_cast<std::size_t>(n));
+        if (!checks.expect(record.last.peers.size() == static_cast<std::size_t>(n), "a report of the wrong size" + at)) return;
         const bool per_slice = col::is_partitioned(prototype);
         for (int p = 0; p < n; ++p) {
           const auto k = kind(p);
           const auto seen = record.last.peers[static_cast<std::size_t>(p)];
           const bool reported = k == bad::nan || (k == bad::inf && (!per_slice || n == 1));
-          CHECK(seen == (reported ? col::verdict::non_finite : col::verdict::kept));
-          if (k == bad::huge && robust) CHECK(record.tally.far[static_cast<std::size_t>(p)] == 1);
-          if (k == bad::none && n > 2) CHECK(record.tally.suspicious(static_cast<std::size_t>(p)) == 0);
+          const std::string of = " for peer " + std::to_string(p) + at;
+          checks.expect(seen == (reported ? col::verdict::non_finite : col::verdict::kept), "the wrong verdict" + of);
+          if (k == bad::huge && robust) checks.expect(record.tally.far[static_cast<std::size_t>(p)] == 1, "not counted far" + of);
+          if (k == bad::none && n > 2)
+            checks.expect(record.tally.suspicious(static_cast<std::size_t>(p)) == 0, "an honest peer suspected" + of);
         }
       });
+      checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * (3 + static_cast<std::size_t>(n)));
     }
   }
 }
 
 template <class Codec, class Harness>
 void mean_drops_a_nan_sender(Codec prototype) {
+  INFO(dt::compress::describe(prototype));
+  harness::peer_checks checks;
   Harness::run(4, [&](auto& ep) {
     dt::collective::communicator c(ep);
     const int r = c.rank();
@@ -255,14 +265,17 @@ void mean_drops_a_nan_sender(Codec prototype) {
       if (round == 1 && r == 2) v[100] = std::numeric_limits<float>::quiet_NaN();
       dt::compress::all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
       const float expected = round == 0 ? 2.5f : (1 + 2 + 4) / 3.0f;
-      CHECK(v[0] == Approx(expected).epsilon(0.02));
-      CHECK(std::isfinite(v[100]));
-      CHECK(record.last.peers[2] == (round == 0 ? col::verdict::kept : col::verdict::non_finite));
-      CHECK(record.last.distance.empty() == (round == 0));
+      const std::string at = " in round " + std::to_string(round) + " at peer " + std::to_string(r);
+      checks.expect(std::abs(v[0] - expected) <= 0.02f * expected, "the mean is " + std::to_string(v[0]) + at);
+      checks.expect(std::isfinite(v[100]), "a value is not finite" + at);
+      checks.expect(record.last.peers[2] == (round == 0 ? col::verdict::kept : col::verdict::non_finite),
+                    "peer 2's verdict" + at);
+      checks.expect(record.last.distance.empty() == (round == 0), "distances measured or not" + at);
     }
-    CHECK(record.tally.calls == 2);
-    CHECK(record.tally.non_finite == std::vector<std::int64_t>{0, 0, 1, 0});
+    checks.expect(record.tally.calls == 2 && record.tally.non_finite == std::vector<std::int64_t>{0, 0, 1, 0},
+                  "the tally at peer " + std::to_string(r));
   });
+  checks.report(static_cast<std::size_t>(Harness::local_peers(4)) * 9);
 }
 
 TEMPLATE_TEST_CASE("robust all-reduce: the mean drops a NaN sender and names it, also through a codec", "[aggregate]",

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "support/peer_checks.hpp"
 #include "support/trainer_fixture.hpp"
 #include "support/transport_harness.hpp"
 
@@ -26,6 +27,7 @@ using toy_bf16 = fixture::bf16_codec;  // a codec written outside the library
 TEMPLATE_TEST_CASE("communicator: groups all-reduce among their members only, concurrently with the world", "[collective]",
                    TRANSPORTS) {
   for (int n : {2, 3, 5}) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator c(ep);
       const int r = c.rank();
@@ -33,24 +35,26 @@ TEMPLATE_TEST_CASE("communicator: groups all-reduce among their members only, co
       std::vector<int> members;
       for (int k = r % 2; k < n; k += 2) members.push_back(k);
       auto g = c.group(members);
-      CHECK(g.world() == static_cast<int>(members.size()));
-      CHECK(g.rank() == static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin()));
+      PEER_CHECK(checks, g.world() == static_cast<int>(members.size()));
+      PEER_CHECK(checks, g.rank() == static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin()));
       std::vector<std::int64_t> v(1000, r + 1);
       g.all_reduce(std::span<std::int64_t>(v));
       std::int64_t expected = 0;
       for (int k : members) expected += k + 1;
-      CHECK(v.front() == expected);
-      CHECK(v.back() == expected);
+      PEER_CHECK(checks, v.front() == expected);
+      PEER_CHECK(checks, v.back() == expected);
       std::int64_t all = r;
       c.all_reduce(std::span<std::int64_t>(&all, 1));
-      CHECK(all == n * (n - 1) / 2);
-      CHECK_THROWS_WITH(c.group({(r + 1) % n}), Catch::Contains("is not one of the group's members"));
+      PEER_CHECK(checks, all == n * (n - 1) / 2);
+      harness::expect_throws_with(checks, [&] { (void)c.group({(r + 1) % n}); }, "is not one of the group's members", "group({other})");
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 6);
   }
 }
 
 TEMPLATE_TEST_CASE("communicator: pairwise messages keep order per pair and need no global call order", "[collective]",
                    TRANSPORTS) {
+  harness::peer_checks checks;
   TestType::run(4, [&](auto& ep) {
     dt::collective::communicator c(ep);
     const int r = c.rank(), partner = r ^ 1;
@@ -59,7 +63,7 @@ TEMPLATE_TEST_CASE("communicator: pairwise messages keep order per pair and need
     for (int k = 0; k < rounds; ++k) {
       std::vector<float> out(7, static_cast<float>(10 * r + k)), in(7);
       c.exchange_with(partner, std::span<const float>(out), std::span<float>(in));
-      CHECK(in[6] == static_cast<float>(10 * partner + k));
+      PEER_CHECK(checks, in[6] == static_cast<float>(10 * partner + k));
     }
     if (r == 0) {
       const std::int32_t hello[2] = {1, 2};
@@ -68,17 +72,19 @@ TEMPLATE_TEST_CASE("communicator: pairwise messages keep order per pair and need
     if (r == 3) {
       std::int32_t got[2] = {};
       c.recv_from(0, std::span<std::int32_t>(got));
-      CHECK(got[1] == 2);
+      PEER_CHECK(checks, got[1] == 2);
     }
     std::int64_t x = 1;
     c.all_reduce(std::span<std::int64_t>(&x, 1));  // the collectives' tags were not disturbed
-    CHECK(x == 4);
+    PEER_CHECK(checks, x == 4);
   });
+  checks.report(TestType::local_peers(4) == 4 ? 21 : 4);  // 4 to 7 a peer
 }
 
 TEMPLATE_TEST_CASE("communicator: a background all-reduce finishes while the world's collectives go on", "[collective]",
                    TRANSPORTS) {
   for (int n : {1, 2, 4}) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator c(ep);
       std::vector<float> big(300000, static_cast<float>(c.rank() + 1));
@@ -88,16 +94,17 @@ TEMPLATE_TEST_CASE("communicator: a background all-reduce finishes while the wor
       for (int k = 0; k < 3; ++k) {
         std::int64_t v = k;
         c.all_reduce(std::span<std::int64_t>(&v, 1));
-        CHECK(v == k * n);
+        PEER_CHECK(checks, v == k * n);
       }
       h.wait();
-      CHECK(h.ready());
-      CHECK(big[0] == static_cast<float>(n * (n + 1) / 2));
-      CHECK(big[299999] == static_cast<float>(n * (n + 1) / 2));
+      PEER_CHECK(checks, h.ready());
+      PEER_CHECK(checks, big[0] == static_cast<float>(n * (n + 1) / 2));
+      PEER_CHECK(checks, big[299999] == static_cast<float>(n * (n + 1) / 2));
       // Its bytes are counted by wait() at the latest: a ring sends 2 (n - 1) / n of the buffer.
       const double ring_bytes = 2.0 * (n - 1) / n * 1.2e6;
-      CHECK(static_cast<double>(c.traffic().bytes_sent - sent_at_start) >= ring_bytes);
+      PEER_CHECK(checks, static_cast<double>(c.traffic().bytes_sent - sent_at_start) >= ring_bytes);
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 7);
   }
 }
 
@@ -107,6 +114,7 @@ TEST_CASE("communicator: on simulated links a background transfer overlaps compu
   // = 6 s of link time. Beside 10 s of compute it must cost about 10 s, not 16.
   dt::transport::in_process net(dt::transport::link_matrix(4, {0.05, 10e6, 0.0, 0.0, 0.2}));
   std::vector<double> clocks(4), waits(4), blocking(4);
+  harness::peer_checks checks;
   net.run([&](dt::transport::in_process::endpoint& ep) {
     dt::collective::communicator c(ep);
     std::vector<float> v(10'000'000, 1.0f);
@@ -115,12 +123,13 @@ TEST_CASE("communicator: on simulated links a background transfer overlaps compu
     h.wait();
     clocks[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
     waits[static_cast<std::size_t>(ep.rank())] = ep.stats().wait_seconds;
-    CHECK(v[123] == 4.0f);
+    PEER_CHECK(checks, v[123] == 4.0f);
     // The same transfer blocking, for the link time it takes on its own.
     const double t0 = ep.stats().clock_seconds;
     c.all_reduce(std::span<float>(v), reduce_op::sum);
     blocking[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds - t0;
   });
+  checks.report(4);
   for (int r = 0; r < 4; ++r) {
     INFO("peer " << r << ": clock " << clocks[r] << " s, waited " << waits[r] << " s, the transfer alone " << blocking[r] << " s");
     CHECK(blocking[r] > 5.0);             // the transfer is long...
@@ -134,13 +143,14 @@ TEST_CASE("communicator: on simulated links a background transfer overlaps compu
 TEMPLATE_TEST_CASE("communicator: all_gather_combine hands every peer the same contributions in rank order", "[collective]",
                    TRANSPORTS) {
   for (int n : {1, 3, 4}) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator c(ep);
       const int r = c.rank();
       // Peer r contributes r*r, except the last, which contributes a wild value: the median ignores it.
       std::vector<float> v(5, r == n - 1 && n > 2 ? 1e30f : static_cast<float>(r * r));
       c.all_gather_combine(std::span<float>(v), [&](std::span<const std::span<const float>> parts, std::span<float> out) {
-        REQUIRE(parts.size() == static_cast<std::size_t>(n));
+        PEER_CHECK(checks, parts.size() == static_cast<std::size_t>(n));
         for (std::size_t i = 0; i < out.size(); ++i) {
           std::vector<float> column;
           for (const auto& p : parts) column.push_back(p[i]);
@@ -149,15 +159,17 @@ TEMPLATE_TEST_CASE("communicator: all_gather_combine hands every peer the same c
         }
       });
       const float expected = n == 1 ? 0.0f : n == 3 ? 1.0f : 4.0f;  // medians of {0}, {0,1,1e30}, {0,1,4,1e30}
-      CHECK(v[0] == expected);
-      CHECK(v[4] == expected);
+      PEER_CHECK(checks, v[0] == expected);
+      PEER_CHECK(checks, v[4] == expected);
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 3);
   }
 }
 
 TEMPLATE_TEST_CASE("codec: a user's codec all-reduces through the gathered path, bit-identical on every peer", "[collective]",
                    TRANSPORTS) {
   for (int n : {1, 2, 3, 5}) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator c(ep);
       std::vector<float> v(1001);
@@ -169,19 +181,20 @@ TEMPLATE_TEST_CASE("codec: a user's codec all-reduces through the gathered path,
       const std::uint64_t h = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
       std::uint64_t extremes[2] = {h, ~h};
       c.all_reduce(std::span<std::uint64_t>(extremes, 2), reduce_op::max);
-      CHECK(extremes[0] == h);
-      CHECK(~extremes[1] == h);
+      PEER_CHECK(checks, extremes[0] == h);
+      PEER_CHECK(checks, ~extremes[1] == h);
       // Exact mean within bf16's rounding (8 bits of mantissa: relative 2^-8 per value).
       for (std::size_t i = 0; i < v.size(); i += 97) {
         const double exact = 0.001 * static_cast<double>(i) + (n - 1) / 2.0;
-        CHECK(std::abs(v[i] - exact) <= 0.004 * (std::abs(exact) + 1.0));
+        PEER_CHECK(checks, std::abs(v[i] - exact) <= 0.004 * (std::abs(exact) + 1.0));
       }
       // identity goes through the ring and is exact for these sums of small integers plus one value.
       std::vector<float> w(64, static_cast<float>(c.rank()));
       dt::compress::identity id;
       dt::compress::all_reduce(id, c, std::span<float>(w), false);
-      CHECK(w[0] == static_cast<float>(n * (n - 1) / 2));
+      PEER_CHECK(checks, w[0] == static_cast<float>(n * (n - 1) / 2));
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 14);
   }
 }
 

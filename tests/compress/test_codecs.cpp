@@ -672,7 +672,7 @@ TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the 
     });
     // Per peer: fp16, int8, int4, fp4 (2 + 1 each, int8's bytes when n > 1), bf16, fp16 and
     // sign on exact values, four gathered codecs (3 each), top-k's bytes when n > 1.
-    checks.report(static_cast<std::size_t>(n) * 30);
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 30);
   }
 }
 
@@ -862,6 +862,8 @@ TEST_CASE("codecs: PowerSGD sends rank-r factors of each matrix, the small piece
 TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-rank mean, and keeps what it missed", "[collective]",
                    TRANSPORTS) {
   for (int n = 1; n <= 8; n += (n < 4 ? 1 : 4)) {
+    INFO(n << " peers");
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator c(ep);
       // Every peer's matrix is the same rank-2 one plus its own rank-2 part scaled by 1e-3: the
@@ -881,29 +883,34 @@ TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-ra
       const auto sent0 = c.traffic().bytes_sent;
       cz::all_reduce(p, c, std::span<float>(v), true);
       const auto sent = c.traffic().bytes_sent - sent0;
-      CHECK(same_everywhere(c, v));
-      double worst = 0;
+      const std::string at = " at peer " + std::to_string(c.rank());
+      checks.expect(same_everywhere(c, v), "powersgd: the peers' results differ" + at);
+      double worst = 0, plain_worst = 0;
       for (std::size_t i = 0; i < 1200; ++i) worst = std::max(worst, std::abs(static_cast<double>(v[i]) - exact[i]));
-      if (worst > 0.02) FAIL_CHECK("powersgd with " + std::to_string(n) + " peers: worst error " + std::to_string(worst));
-      for (std::size_t i = 1200; i < 1236; ++i)
-        if (std::abs(v[i] - exact[i]) > 1e-5f) FAIL_CHECK("powersgd: a plain value differs from the mean");
+      for (std::size_t i = 1200; i < 1236; ++i) plain_worst = std::max(plain_worst, std::abs(static_cast<double>(v[i]) - exact[i]));
+      checks.expect(worst <= 0.02, "powersgd: worst error " + std::to_string(worst) + at);
+      checks.expect(plain_worst <= 1e-5, "powersgd: a plain value differs from the mean by " + std::to_string(plain_worst) + at);
       if (n == 1) {
-        CHECK(sent == 0);
-        CHECK(v == mine);
+        checks.expect(sent == 0, "powersgd: one peer sent " + std::to_string(sent) + " bytes");
+        checks.expect(v == mine, "powersgd: one peer's values changed");
         return;
       }
       // Far fewer bytes than the f32 mean: (40 + 30) x 2 + 36 values instead of 1236, twice.
       std::vector<float> plain = mine;
       const auto plain0 = c.traffic().bytes_sent;
       c.all_reduce(std::span<float>(plain), dt::collective::reduce_op::average);
-      CHECK(sent * 5 < c.traffic().bytes_sent - plain0);
+      const auto plain_sent = c.traffic().bytes_sent - plain0;
+      checks.expect(sent * 5 < plain_sent,
+                    "powersgd: sent " + std::to_string(sent) + " bytes, the f32 mean " + std::to_string(plain_sent) + at);
       // What the peers kept adds up to what the group's approximation missed.
       std::vector<float> kept = p.residual();
       c.all_reduce(std::span<float>(kept), dt::collective::reduce_op::sum);
+      std::size_t off = 0;
       for (std::size_t i = 0; i < 1200; ++i)
-        if (std::abs(kept[i] + static_cast<float>(n) * v[i] - static_cast<float>(n) * exact[i]) > 1e-4f * static_cast<float>(n))
-          FAIL_CHECK("powersgd: kept + sent != input at value " + std::to_string(i));
+        off += std::abs(kept[i] + static_cast<float>(n) * v[i] - static_cast<float>(n) * exact[i]) > 1e-4f * static_cast<float>(n);
+      checks.expect(off == 0, "powersgd: kept + sent != input at " + std::to_string(off) + " values" + at);
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 5);
   }
 }
 

@@ -36,4 +36,22 @@ class peer_checks {
   std::vector<std::string> failures_;
 };
 
+// On a peer thread, whether `f` throws an error whose text contains `text`; recorded in `checks`.
+template <class F>
+bool expect_throws_with(peer_checks& checks, F&& f, const std::string& text, const std::string& where) {
+  std::string got = "nothing thrown";
+  try {
+    f();
+  } catch (const std::exception& e) {
+    got = e.what();
+    if (got.find(text) != std::string::npos) return checks.expect(true, "");
+  }
+  return checks.expect(false, where + ": expected an error containing \"" + text + "\", got: " + got);
+}
+
 }  // namespace harness
+
+// PEER_CHECK(checks, condition): CHECK for a peer thread; the failure names the condition as
+// written and its line.
+#define PEER_CHECK(checks, ...) \
+  (checks).expect(static_cast<bool>(__VA_ARGS__), std::string(#__VA_ARGS__) + " (" __FILE__ ":" + std::to_string(__LINE__) + ")")

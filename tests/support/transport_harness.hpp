@@ -19,8 +19,11 @@
 
 namespace harness {
 
+// Each harness runs fn(endpoint) for every peer of N it hosts in this process
+// (`local_peers(n)`: all of them, or under MPI this process's rank alone).
 struct in_process {
   static constexpr const char* name = "in_process";
+  static int local_peers(int n) { return n; }
   template <class Fn>
   static void run(int n, Fn fn) {
     decentrain::transport::in_process::options o;
@@ -34,6 +37,7 @@ struct in_process {
 // N TCP peers on 127.0.0.1, one thread each; rank 0 binds first so the others can join it.
 struct tcp {
   static constexpr const char* name = "tcp";
+  static int local_peers(int n) { return n; }
   template <class Fn>
   static void run(int n, Fn fn) {
     namespace tr = decentrain::transport;
@@ -79,6 +83,11 @@ struct tcp {
 // is rethrown on every rank, so an expected error is seen everywhere.
 struct mpi {
   static constexpr const char* name = "mpi";
+  static int local_peers(int n) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank < n ? 1 : 0;
+  }
   template <class Fn>
   static void run(int n, Fn fn) {
     namespace tr = decentrain::transport;

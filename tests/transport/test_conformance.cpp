@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/peer_checks.hpp"
 #include "support/transport_harness.hpp"
 
 namespace dt = decentrain;
@@ -27,9 +28,10 @@ std::string text_of(const dt::transport::bytes& b) { return {reinterpret_cast<co
 
 TEMPLATE_TEST_CASE("transport: tagged messages arrive in order and are matched by source and tag", "[transport]", TRANSPORTS) {
   for (int n : {1, 2, 3, 5}) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       const int r = ep.rank();
-      REQUIRE(ep.world() == n);
+      if (!PEER_CHECK(checks, ep.world() == n)) return;
       for (int p = 0; p < n; ++p) {
         for (int i = 0; i < 3; ++i) ep.send(p, 10, bytes_of("from " + std::to_string(r) + " #" + std::to_string(i)));
         ep.send(p, 20, bytes_of("tag 20 from " + std::to_string(r)));
@@ -37,35 +39,39 @@ TEMPLATE_TEST_CASE("transport: tagged messages arrive in order and are matched b
       }
       for (int p = 0; p < n; ++p) {
         // Tag 20 first although it was sent after the tag-10 messages: matching is by tag.
-        CHECK(text_of(ep.recv(p, 20)) == "tag 20 from " + std::to_string(p));
-        for (int i = 0; i < 3; ++i) CHECK(text_of(ep.recv(p, 10)) == "from " + std::to_string(p) + " #" + std::to_string(i));
-        CHECK(ep.recv(p, 30).empty());
+        PEER_CHECK(checks, text_of(ep.recv(p, 20)) == "tag 20 from " + std::to_string(p));
+        for (int i = 0; i < 3; ++i) PEER_CHECK(checks, text_of(ep.recv(p, 10)) == "from " + std::to_string(p) + " #" + std::to_string(i));
+        PEER_CHECK(checks, ep.recv(p, 30).empty());
       }
       const auto s = ep.stats();
-      CHECK(s.messages_sent == static_cast<std::uint64_t>(5 * n));
-      CHECK(s.messages_received == static_cast<std::uint64_t>(5 * n));
-      CHECK(s.bytes_sent == s.bytes_received);  // everyone sent everyone the same kinds of messages
+      PEER_CHECK(checks, s.messages_sent == static_cast<std::uint64_t>(5 * n));
+      PEER_CHECK(checks, s.messages_received == static_cast<std::uint64_t>(5 * n));
+      PEER_CHECK(checks, s.bytes_sent == s.bytes_received);  // everyone sent everyone the same kinds of messages
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
 TEMPLATE_TEST_CASE("transport: large messages arrive intact", "[transport]", TRANSPORTS) {
+  harness::peer_checks checks;
   TestType::run(2, [&](auto& ep) {
     std::vector<std::uint32_t> big(3'000'001);
     std::iota(big.begin(), big.end(), static_cast<std::uint32_t>(ep.rank()) * 7u);
     ep.send(1 - ep.rank(), 1, std::as_bytes(std::span<const std::uint32_t>(big)));
     const auto got = ep.recv(1 - ep.rank(), 1);
-    REQUIRE(got.size() == big.size() * 4);
+    if (!PEER_CHECK(checks, got.size() == big.size() * 4)) return;
     std::vector<std::uint32_t> back(big.size());
     std::memcpy(back.data(), got.data(), got.size());
-    CHECK(back.front() == static_cast<std::uint32_t>(1 - ep.rank()) * 7u);
-    CHECK(back.back() == static_cast<std::uint32_t>(1 - ep.rank()) * 7u + 3'000'000u);
+    PEER_CHECK(checks, back.front() == static_cast<std::uint32_t>(1 - ep.rank()) * 7u);
+    PEER_CHECK(checks, back.back() == static_cast<std::uint32_t>(1 - ep.rank()) * 7u + 3'000'000u);
   });
+  checks.report(static_cast<std::size_t>(TestType::local_peers(2)));
 }
 
 TEMPLATE_TEST_CASE("transport: exchange lands messages in order in the caller's memory, a size that differs is reported, not written",
                    "[transport]", TRANSPORTS) {
   for (int n : {1, 2, 3}) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       const int r = ep.rank(), right = (r + 1) % n, left = (r + n - 1) % n;
       auto pattern = [](int from, int i, std::size_t count) {
@@ -80,35 +86,37 @@ TEMPLATE_TEST_CASE("transport: exchange lands messages in order in the caller's 
         std::vector<std::uint32_t> in(70'000, 0);
         const auto got = dt::transport::exchange(ep, right, std::as_bytes(std::span<const std::uint32_t>(out)), left,
                                                  std::as_writable_bytes(std::span<std::uint32_t>(in)), 4);
-        CHECK(got == in.size() * 4);
-        CHECK(in == pattern(left, i, 70'000));
+        PEER_CHECK(checks, got == in.size() * 4);
+        PEER_CHECK(checks, in == pattern(left, i, 70'000));
       }
       // A message of another size than the memory offered: its size comes back, the memory is
       // left alone, and the next message of that tag is still the next one received.
       ep.send(right, 5, std::as_bytes(std::span<const std::uint32_t>(pattern(r, 0, 3))));
       ep.send(right, 5, std::as_bytes(std::span<const std::uint32_t>(pattern(r, 1, 5))));
       std::vector<std::uint32_t> in(5, 0xABABABABu);
-      CHECK(dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(in)), 5) == 12);
-      CHECK(in == std::vector<std::uint32_t>(5, 0xABABABABu));
-      CHECK(dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(in)), 5) == 20);
-      CHECK(in == pattern(left, 1, 5));
+      PEER_CHECK(checks, dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(in)), 5) == 12);
+      PEER_CHECK(checks, in == std::vector<std::uint32_t>(5, 0xABABABABu));
+      PEER_CHECK(checks, dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(in)), 5) == 20);
+      PEER_CHECK(checks, in == pattern(left, 1, 5));
       // To itself, and empty.
       const auto mine = pattern(r, 7, 9);
       std::vector<std::uint32_t> back(9);
-      CHECK(dt::transport::exchange(ep, r, std::as_bytes(std::span<const std::uint32_t>(mine)), r,
+      PEER_CHECK(checks, dt::transport::exchange(ep, r, std::as_bytes(std::span<const std::uint32_t>(mine)), r,
                                     std::as_writable_bytes(std::span<std::uint32_t>(back)), 6) == 36);
-      CHECK(back == mine);
-      CHECK(dt::transport::exchange(ep, right, {}, left, {}, 8) == 0);
+      PEER_CHECK(checks, back == mine);
+      PEER_CHECK(checks, dt::transport::exchange(ep, right, {}, left, {}, 8) == 0);
       const auto s = ep.stats();
-      CHECK(s.messages_received == 8);
-      CHECK(s.bytes_received == 4 * 280'000 + 12 + 20 + 36);
+      PEER_CHECK(checks, s.messages_received == 8);
+      PEER_CHECK(checks, s.bytes_received == 4 * 280'000 + 12 + 20 + 36);
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
 TEMPLATE_TEST_CASE("transport: one exchange of many messages lands each in its own memory, in order, as it arrives",
                    "[transport]", TRANSPORTS) {
   for (int n : {1, 2, 3}) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       const int r = ep.rank(), right = (r + 1) % n, left = (r + n - 1) % n;
       auto pattern = [](int from, std::size_t i, std::size_t count) {
@@ -134,36 +142,39 @@ TEMPLATE_TEST_CASE("transport: one exchange of many messages lands each in its o
       dt::transport::exchange(ep, right, out_spans, left, in_spans, 9, [&](std::size_t i, std::size_t size) {
         order.push_back(i);
         sizes.push_back(size);
-        if (sent[i] == offered[i]) CHECK(ins[i] == pattern(left, i, sent[i]));  // complete when reported
+        if (sent[i] == offered[i]) PEER_CHECK(checks, ins[i] == pattern(left, i, sent[i]));  // complete when reported
       });
-      CHECK(order == std::vector<std::size_t>{0, 1, 2, 3, 4});
-      CHECK(sizes == std::vector<std::size_t>{280'000, 0, 20, 120'000, 4});
-      CHECK(ins[2] == std::vector<std::uint32_t>(7, 0xABABABABu));
+      PEER_CHECK(checks, order == std::vector<std::size_t>{0, 1, 2, 3, 4});
+      PEER_CHECK(checks, sizes == std::vector<std::size_t>{280'000, 0, 20, 120'000, 4});
+      PEER_CHECK(checks, ins[2] == std::vector<std::uint32_t>(7, 0xABABABABu));
       // A callback that throws ends the exchange; what it did not take is not left posted, and
       // later receives of the tag find the rest in order.
       ep.send(right, 10, std::as_bytes(std::span<const std::uint32_t>(outs[0])));
       ep.send(right, 10, std::as_bytes(std::span<const std::uint32_t>(outs[3])));
-      CHECK_THROWS_WITH(dt::transport::exchange(ep, -1, {}, left, in_spans, 10,
-                                                [&](std::size_t, std::size_t) { throw dt::error("stop here"); }),
-                        Catch::Contains("stop here"));
-      CHECK(ins[0] == pattern(left, 0, 70'000));
+      harness::expect_throws_with(checks, [&] { (void)(dt::transport::exchange(ep, -1, {}, left, in_spans, 10,
+                                                [&](std::size_t, std::size_t) { throw dt::error("stop here"); })); }, "stop here", "dt::transport::exchange(ep, -1, {}, left, in_spans, 10, [&](std::size_t, std::size_t) { throw dt::error(\"stop here\"); })");
+      PEER_CHECK(checks, ins[0] == pattern(left, 0, 70'000));
       std::vector<std::uint32_t> rest(30'000);
-      CHECK(dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(rest)), 10) == 120'000);
-      CHECK(rest == pattern(left, 3, 30'000));
+      PEER_CHECK(checks, dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(rest)), 10) == 120'000);
+      PEER_CHECK(checks, rest == pattern(left, 3, 30'000));
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
 TEMPLATE_TEST_CASE("transport: a bad peer index is an error naming it", "[transport]", TRANSPORTS) {
+  harness::peer_checks checks;
   TestType::run(2, [&](auto& ep) {
-    CHECK_THROWS_WITH(ep.send(2, 1, {}), Catch::Contains("peer 2"));
-    CHECK_THROWS_WITH(ep.recv(-1, 1), Catch::Contains("peer -1"));
+    harness::expect_throws_with(checks, [&] { (void)(ep.send(2, 1, {})); }, "peer 2", "ep.send(2, 1, {})");
+    harness::expect_throws_with(checks, [&] { (void)(ep.recv(-1, 1)); }, "peer -1", "ep.recv(-1, 1)");
   });
+  checks.report(static_cast<std::size_t>(TestType::local_peers(2)));
 }
 
 TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, uneven sizes, both algorithms",
                    "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator comm(ep, {.chunk_bytes = 4096, .recursive_doubling_below_bytes = 1024});
       for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100003}}) {
@@ -175,7 +186,7 @@ TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, un
           bool all_equal = true;
           for (std::size_t i = 0; i < size; ++i)
             all_equal = all_equal && v[i] == static_cast<std::int64_t>(i * 31 + 1) * ranks_sum - 5 * n;
-          CHECK(all_equal);
+          PEER_CHECK(checks, all_equal);
           std::vector<std::int32_t> m(size);
           for (std::size_t i = 0; i < size; ++i) m[i] = static_cast<std::int32_t>((i + static_cast<std::size_t>(ep.rank()) * 13) % 17);
           comm.all_reduce(std::span<std::int32_t>(m), reduce_op::max, algo);
@@ -185,10 +196,11 @@ TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, un
             for (int r = 0; r < n; ++r) expect = std::max(expect, static_cast<std::int32_t>((i + static_cast<std::size_t>(r) * 13) % 17));
             max_ok = max_ok && m[i] == expect;
           }
-          CHECK(max_ok);
+          PEER_CHECK(checks, max_ok);
         }
       }
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
@@ -198,6 +210,7 @@ TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and l
   // ring, so each algorithm is named.
   for (int n : {2, 3, 4, 7}) {
     const std::size_t size = 50'001;
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator comm(ep, {.chunk_bytes = 8192});
       for (auto algo : {algorithm::ring, algorithm::recursive_doubling}) {
@@ -213,13 +226,14 @@ TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and l
         // A handful of float roundings of values of size <= 1. (Peers run on threads, where
         // Catch's INFO is not safe, so the failure names its case in the compared string.)
         const std::string name = algo == algorithm::ring ? "ring" : "recursive doubling";
-        CHECK((worst < 1e-6 ? "" : name + ": worst error " + std::to_string(worst)) == "");
+        PEER_CHECK(checks, (worst < 1e-6 ? "" : name + ": worst error " + std::to_string(worst)) == "");
         // Bit-identical on every peer: compare a checksum of the result across peers.
         const std::uint64_t sum = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
         const auto sums = comm.all_gather(std::span<const std::uint64_t>(&sum, 1));
-        CHECK(std::all_of(sums.begin(), sums.end(), [&](std::uint64_t s) { return s == sum; }));
+        PEER_CHECK(checks, std::all_of(sums.begin(), sums.end(), [&](std::uint64_t s) { return s == sum; }));
       }
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
@@ -254,6 +268,7 @@ bool is_average(float got, double expected, int n) {
 TEMPLATE_TEST_CASE("collective: float average is the exact mean (-0 kept) by the ring and by recursive doubling, 1..8 peers, uneven sizes",
                    "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       // Small chunks, so a segment spans several; sizes that are not multiples of n, and one
       // smaller than n (empty segments); each algorithm named, and a buffer just over the
@@ -283,9 +298,10 @@ TEMPLATE_TEST_CASE("collective: float average is the exact mean (-0 kept) by the
         if (wrong)
           failure << std::setprecision(9) << k.what << ", " << n << " peers, " << k.size << " floats: " << wrong
                   << " wrong, the first at " << first << ": got " << v[first] << ", expected " << average_expected(first);
-        CHECK(failure.str() == "");
+        PEER_CHECK(checks, failure.str() == "");
       }
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
@@ -294,6 +310,7 @@ TEMPLATE_TEST_CASE("collective: recursive doubling leaves every peer with the sa
   // Sums of floats of mixed magnitudes round differently in different orders, and max(-0, +0)
   // depends on the order of its operands: the peers must still agree bit for bit.
   for (int n = 1; n <= 8; ++n) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator comm(ep);
       const int r = ep.rank();
@@ -306,39 +323,42 @@ TEMPLATE_TEST_CASE("collective: recursive doubling leaves every peer with the sa
       }
       comm.all_reduce(std::span<float>(v), reduce_op::sum, algorithm::recursive_doubling);
       comm.all_reduce(std::span<float>(m), reduce_op::max, algorithm::recursive_doubling);
-      CHECK(std::all_of(m.begin(), m.end(), [](float x) { return x == 0.0f; }));
+      PEER_CHECK(checks, std::all_of(m.begin(), m.end(), [](float x) { return x == 0.0f; }));
       bool minus_zero_kept = true;
       for (std::size_t i = 0; i < m.size(); i += 3) minus_zero_kept = minus_zero_kept && std::signbit(m[i]);
-      CHECK(minus_zero_kept);
+      PEER_CHECK(checks, minus_zero_kept);
       const auto bits = [](const std::vector<float>& x) {
         return dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float)));
       };
       const std::uint64_t mine[2] = {bits(v), bits(m)};
       const auto all = comm.all_gather(std::span<const std::uint64_t>(mine, 2));
       for (int q = 0; q < n; ++q) {
-        CHECK(all[static_cast<std::size_t>(2 * q)] == mine[0]);
-        CHECK(all[static_cast<std::size_t>(2 * q + 1)] == mine[1]);
+        PEER_CHECK(checks, all[static_cast<std::size_t>(2 * q)] == mine[0]);
+        PEER_CHECK(checks, all[static_cast<std::size_t>(2 * q + 1)] == mine[1]);
       }
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
 TEMPLATE_TEST_CASE("collective: broadcast from every root and all-gather", "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
+    harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator comm(ep);
       for (int root = 0; root < n; ++root) {
         std::vector<double> v(1001, ep.rank() == root ? 0.5 + root : -1.0);
         comm.broadcast(std::span<double>(v), root);
-        CHECK(std::all_of(v.begin(), v.end(), [&](double x) { return x == 0.5 + root; }));
+        PEER_CHECK(checks, std::all_of(v.begin(), v.end(), [&](double x) { return x == 0.5 + root; }));
       }
       std::vector<std::int32_t> mine(5, ep.rank() * 10);
       const auto all = comm.all_gather(std::span<const std::int32_t>(mine));
-      REQUIRE(all.size() == static_cast<std::size_t>(5 * n));
-      for (int r = 0; r < n; ++r) CHECK(all[static_cast<std::size_t>(5 * r + 4)] == r * 10);
+      if (!PEER_CHECK(checks, all.size() == static_cast<std::size_t>(5 * n))) return;
+      for (int r = 0; r < n; ++r) PEER_CHECK(checks, all[static_cast<std::size_t>(5 * r + 4)] == r * 10);
       comm.barrier();
-      CHECK(comm.traffic().calls == static_cast<std::uint64_t>(n + 2));
+      PEER_CHECK(checks, comm.traffic().calls == static_cast<std::uint64_t>(n + 2));
     });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }
 }
 
