@@ -855,6 +855,18 @@ TEST_CASE("train --elastic over TCP: a frozen peer (SIGSTOP) is left out at its 
   CHECK_THAT(r.output, Contains("peers 0,1 (left out: 2, joined: none)"));
   CHECK_THAT(r.output, Contains("heard nothing from it for "));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120));
+  // Found near its setting: the deadline the heartbeats gave is the 1.5 s floor or a little over
+  // it (their measured gaps on a busy machine), and the silence that passed it is less than a
+  // second more (the check runs between heartbeats).
+  long long quiet = -1, deadline = -1;
+  const auto at = r.output.find("heard nothing from it for ");
+  if (at != std::string::npos)
+    std::sscanf(r.output.c_str() + at, "heard nothing from it for %lld ms, over its deadline of %lld ms", &quiet, &deadline);
+  INFO("silent for " << quiet << " ms, deadline " << deadline << " ms");
+  CHECK(deadline >= 1500);
+  CHECK(deadline <= 4500);
+  CHECK(quiet > deadline);
+  CHECK(quiet <= deadline + 1000);
   // Woken, it finds the others stopped listening to it: no majority, so it stops with an error
   // (exit 1) instead of training a second model alone; 137 would mean it had to be killed.
   CHECK_THAT(r.output, Contains("rank2 1"));

@@ -226,19 +226,19 @@ struct partition_run {
   std::vector<std::vector<std::int64_t>> removed_then_joined;  // per peer: each view's (removed count, joined count)
 };
 
-// 5 DiLoCo peers on simulated LAN links, 60 steps of 1 simulated second, with `cuts` (none: a
-// clean run) and the elastic policy's `left_out`.
+// `peers` (5) DiLoCo peers on simulated LAN links, 60 steps of 1 simulated second, with `cuts`
+// (none: a clean run) and the elastic policy's `left_out`.
 // `liars` 0: crash faults only, so a side with a majority of the view goes on (with liars
 // tolerated, the default, no side of a 3 + 2 cut has the echo quorum of 4: all wait for the heal).
 partition_run run_partitioned(std::vector<dt::transport::in_process::partition> cuts, dt::fault::elastic::when_left_out left_out,
-                              int liars = 0) {
+                              int liars = 0, int peers = 5) {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, dt::parallel::data, dt::fault::elastic>;
   dt::transport::in_process::options o;
   o.peers_fail_alone = true;
   o.deterministic = dt::transport::in_process::deterministic_run{};
   o.deterministic->partitions = std::move(cuts);
   o.recv_timeout = std::chrono::milliseconds(4000);  // a peer cut off is suspected at this deadline
-  dt::transport::in_process net(dt::transport::links::lan(5), o);
+  dt::transport::in_process net(dt::transport::links::lan(peers), o);
   trainer_options opts;
   opts.steps = 60;
   opts.batch_size = 2;
@@ -251,7 +251,7 @@ partition_run run_partitioned(std::vector<dt::transport::in_process::partition> 
   fault.left_out = left_out;
   fault.rejoin_timeout = std::chrono::milliseconds(120000);
   partition_run out;
-  out.removed_then_joined.resize(5);
+  out.removed_then_joined.resize(static_cast<std::size_t>(peers));
   std::mutex m;
   net.run([&](dt::transport::in_process::endpoint& ep) {
     process_record rec;
@@ -345,6 +345,32 @@ TEST_CASE("churn simulator: a partition: by default the minority stops with the 
     CHECK(brief.peers.at(r).changes.empty());
     CHECK(brief.peers.at(r).losses == clean.peers.at(r).losses);
     CHECK((brief.peers.at(r).params == clean.peers.at(r).params));
+  }
+}
+
+TEST_CASE("churn simulator: an even partition 2|2: the side with the lowest rank goes on, the other stops") {
+  using when = dt::fault::elastic::when_left_out;
+  // Two of four is half, not a majority: exactly one side may go on, or two models train. The
+  // tie goes to the side holding the lowest rank, whichever side the cut names.
+  for (const auto& cut_off : {std::vector<int>{2, 3}, std::vector<int>{0, 1}}) {
+    const auto run = run_partitioned({{20.0, 45.0, cut_off}}, when::stop, 0, 4);
+    REQUIRE(run.peers.size() == 4);
+    for (int r : {0, 1}) {
+      INFO("cut off: peers " << cut_off[0] << " and " << cut_off[1] << "; peer " << r << ": " << run.peers.at(r).failure);
+      CHECK(run.peers.at(r).failure.empty());
+      REQUIRE(!run.peers.at(r).losses.empty());
+      CHECK(run.peers.at(r).losses.back().first == 60);
+      CHECK((run.peers.at(r).params == run.peers.at(0).params));
+    }
+    // The first of them to see the cut counts 2 of 4; the other may see it gone by then (1 of 3).
+    for (int r : {2, 3}) {
+      const auto& f = run.peers.at(r).failure;
+      INFO("cut off: peers " << cut_off[0] << " and " << cut_off[1] << "; peer " << r << ": " << f);
+      CHECK(run.peers.at(r).params.empty());
+      CHECK(f.find("without a majority this side stops") != std::string::npos);
+    }
+    CHECK((run.peers.at(2).failure.find("only 2 of the 4 peers") != std::string::npos ||
+           run.peers.at(3).failure.find("only 2 of the 4 peers") != std::string::npos));
   }
 }
 
