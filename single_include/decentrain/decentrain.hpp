@@ -3445,7 +3445,8 @@ __global__ void __launch_bounds__(threads) forward_kernel(bf* out, float* lse, c
   const std::int64_t bh = blockIdx.y, C = H * D;
   const head_rows hr{bh / H, bh % H};
   const std::int64_t in = hr.base<D>(Tn, ld), o_base = hr.base<D>(Tn, C);
-  const std::int64_t q0 = reversed_tile() * rows, w0 = q0 + warp * 16;
+  const std::int64_t q0 = reversed_tile() * rows;
+  const int w0 = static_cast<int>(q0) + warp * 16;  // positions in 32 bits: the mask is per score (grid checks T)
   const int tiles = static_cast<int>(q0 / rows) + 1;  // key tiles up to the diagonal
   load_tile_async<D>(qs, q + in, q0, Tn, ld);
   load_tile_async<D>(ks, k + in, 0, Tn, ld);
@@ -3468,7 +3469,7 @@ __global__ void __launch_bounds__(threads) forward_kernel(bf* out, float* lse, c
       wait_copies<0>();
     }
     __syncthreads();
-    const std::int64_t s0 = static_cast<std::int64_t>(j) * rows;
+    const int s0 = j * rows;
     if (s0 <= w0 + 15) {  // some key of the tile is visible to the warp's rows
       float s[rows / 8][4];
       product_abt<D>(s, qs, warp * 16, ks + (j % 2) * L::elems);
@@ -3478,7 +3479,7 @@ __global__ void __launch_bounds__(threads) forward_kernel(bf* out, float* lse, c
       for (int n = 0; n < rows / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const std::int64_t col = s0 + n * 8 + 2 * lq + (e & 1), row = w0 + g + 8 * (e / 2);
+          const int col = s0 + n * 8 + 2 * lq + (e & 1), row = w0 + g + 8 * (e / 2);
           const float x = diagonal && col > row ? -INFINITY : s[n][e] * scale2;
           s[n][e] = x;
           mx[e / 2] = fmaxf(mx[e / 2], x);
@@ -3563,7 +3564,8 @@ __global__ void __launch_bounds__(threads) dq_kernel(bf* dq, const bf* dout, con
   const std::int64_t bh = blockIdx.y, C = H * D;
   const head_rows hr{bh / H, bh % H};
   const std::int64_t in = hr.base<D>(Tn, ld), o_base = hr.base<D>(Tn, C);
-  const std::int64_t q0 = reversed_tile() * rows, w0 = q0 + warp * 16;
+  const std::int64_t q0 = reversed_tile() * rows;
+  const int w0 = static_cast<int>(q0) + warp * 16, tn = static_cast<int>(Tn);
   const int tiles = static_cast<int>(q0 / rows) + 1;
   load_tile_async<D>(qs, q + in, q0, Tn, ld);
   load_tile_async<D>(dos, dout + o_base, q0, Tn, C);
@@ -3593,7 +3595,7 @@ __global__ void __launch_bounds__(threads) dq_kernel(bf* dq, const bf* dout, con
       wait_copies<0>();
     }
     __syncthreads();
-    const std::int64_t s0 = static_cast<std::int64_t>(j) * rows;
+    const int s0 = j * rows;
     if (s0 <= w0 + 15) {
       float s[rows / 8][4], dp[rows / 8][4];
       product_abt<D>(s, qs, warp * 16, ks + (j % 2) * L::elems);
@@ -3602,8 +3604,8 @@ __global__ void __launch_bounds__(threads) dq_kernel(bf* dq, const bf* dout, con
       for (int n = 0; n < rows / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const std::int64_t col = s0 + n * 8 + 2 * lq + (e & 1), row = w0 + g + 8 * (e / 2);
-          const float p = col <= row && row < Tn ? exp2f(s[n][e] * scale2 - row_lse[e / 2]) : 0.0f;
+          const int col = s0 + n * 8 + 2 * lq + (e & 1), row = w0 + g + 8 * (e / 2);
+          const float p = col <= row && row < tn ? exp2f(s[n][e] * scale2 - row_lse[e / 2]) : 0.0f;
           s[n][e] = p * (dp[n][e] - row_delta[e / 2]);  // dS
         }
       accumulate_pb<D>(acc, s, ks + (j % 2) * L::elems);
@@ -3632,7 +3634,8 @@ __global__ void __launch_bounds__(threads) dkv_kernel(bf* dk, bf* dv, const bf* 
   const std::int64_t bh = blockIdx.y, C = H * D;
   const head_rows hr{bh / H, bh % H};
   const std::int64_t in = hr.base<D>(Tn, ld), o_base = hr.base<D>(Tn, C);
-  const std::int64_t k0 = blockIdx.x * static_cast<std::int64_t>(rows), w0 = k0 + warp * 16;
+  const std::int64_t k0 = blockIdx.x * static_cast<std::int64_t>(rows);
+  const int w0 = static_cast<int>(k0) + warp * 16, tn = static_cast<int>(Tn);
   const int tiles = static_cast<int>((Tn - k0 + rows - 1) / rows);  // queries before k0 see none of these keys
   const auto stage = [&](int j) {  // query tile j into buffer j % 2
     const std::int64_t t0 = k0 + static_cast<std::int64_t>(j) * rows;
@@ -3662,7 +3665,7 @@ __global__ void __launch_bounds__(threads) dkv_kernel(bf* dk, bf* dv, const bf* 
       wait_copies<0>();
     }
     __syncthreads();
-    const std::int64_t t0 = k0 + static_cast<std::int64_t>(j) * rows;
+    const int t0 = static_cast<int>(k0) + j * rows;
     const bf* qt = qs + (j % 2) * L::elems;
     const bf* dot = dos + (j % 2) * L::elems;
     const float* lt = lse_tile + (j % 2) * rows;
@@ -3675,8 +3678,8 @@ __global__ void __launch_bounds__(threads) dkv_kernel(bf* dk, bf* dv, const bf* 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = n * 8 + 2 * lq + (e & 1);
-        const std::int64_t query = t0 + c, key = w0 + g + 8 * (e / 2);
-        const float p = query >= key && query < Tn ? exp2f(st[n][e] * scale2 - lt[c]) : 0.0f;
+        const int query = t0 + c, key = w0 + g + 8 * (e / 2);
+        const float p = query >= key && query < tn ? exp2f(st[n][e] * scale2 - lt[c]) : 0.0f;
         st[n][e] = p;
         dpt[n][e] = p * (dpt[n][e] - dt[c]);  // dS^T
       }
@@ -3721,6 +3724,7 @@ void set_smem(Kernel kernel, std::size_t bytes) {
 
 inline dim3 grid(std::int64_t B, std::int64_t H, std::int64_t Tn) {
   decentrain::detail::check(B * H < 65536, "cuda causal_attention: B * n_head = ", B * H, " is above 65535");
+  decentrain::detail::check(Tn < (std::int64_t{1} << 30), "cuda causal_attention: T = ", Tn, " is 2^30 or more");
   return dim3(static_cast<unsigned>((Tn + rows - 1) / rows), static_cast<unsigned>(B * H));
 }
 
