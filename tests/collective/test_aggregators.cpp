@@ -312,6 +312,7 @@ struct marked {
 }  // namespace
 
 TEMPLATE_TEST_CASE("robust all-reduce: a malformed payload is left out, not the end of the call", "[aggregate]", TRANSPORTS) {
+  harness::peer_checks checks;
   TestType::run(5, [&](auto& ep) {
     dt::collective::communicator c(ep);
     const int r = c.rank();
@@ -321,14 +322,16 @@ TEMPLATE_TEST_CASE("robust all-reduce: a malformed payload is left out, not the 
     col::aggregation_record record;
     std::vector<float> v(64, static_cast<float>(r));
     dt::compress::all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
-    CHECK(v[0] == 2.5f);  // the median of 0, 2, 3, 4
-    CHECK(record.last.peers[1] == col::verdict::malformed);
-    CHECK(record.tally.malformed[1] == 1);
+    PEER_CHECK(checks, v[0] == 2.5f);  // the median of 0, 2, 3, 4
+    PEER_CHECK(checks, record.last.peers[1] == col::verdict::malformed);
+    PEER_CHECK(checks, record.tally.malformed[1] == 1);
     // Per partition the payloads would have to be f32: a codec there is refused, naming both.
     col::partitioned<col::median> per_slice;
-    CHECK_THROWS_WITH(dt::compress::all_reduce(codec, c, std::span<float>(v), true, per_slice, record),
-                      Catch::Contains("aggregates per partition, which sends f32 values"));
+    harness::expect_throws_with(
+        checks, [&] { dt::compress::all_reduce(codec, c, std::span<float>(v), true, per_slice, record); },
+        "aggregates per partition, which sends f32 values", "a codec under partitioned<median>");
   });
+  checks.report(static_cast<std::size_t>(TestType::local_peers(5)) * 4);
 }
 
 namespace {

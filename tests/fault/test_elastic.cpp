@@ -4,6 +4,7 @@
 // bit for bit, and finish training. Plus the transport pieces the protocol stands on: the alarm
 // that wakes a peer blocked on a live neighbour, markers that drop the old view's messages, and
 // forget.
+#include "support/peer_checks.hpp"
 #include "support/trainer_fixture.hpp"
 #include "support/partition_relay.hpp"
 
@@ -510,31 +511,41 @@ TEST_CASE("elastic: a state transfer cut off once it has begun to land leaves th
     c.counters["step"] = v > 1 ? 20 : 10;
     return c;
   };
+  harness::peer_checks checks;
   net.run([&](dt::transport::in_process::endpoint& raw) {
     if (raw.rank() == 0) {  // the donor: its offer and two chunks go out, then it dies
       const auto mine = state_of(2.0f);
       dying_endpoint ep{net, raw, std::make_shared<std::atomic<int>>(4)};
-      CHECK_THROWS_WITH(dt::fault::transfer_state(ep, d, [&] { return dt::io::encoded_checkpoint(mine); }, a),
-                        Contains("killed at a send"));
+      harness::expect_throws_with(
+          checks, [&] { (void)dt::fault::transfer_state(ep, d, [&] { return dt::io::encoded_checkpoint(mine); }, a); },
+          "killed at a send", "the donor's transfer");
       return;
     }
     auto mine = state_of(0.5f);
     bool torn = false;
     auto serve = [&] { return dt::io::encoded_checkpoint(mine); };
-    CHECK_THROWS_AS(dt::fault::transfer_state(raw, d, serve, a, [&] { return mine; }, &torn), dt::transport::peer_error);
-    CHECK(torn);
+    harness::expect_throws_as<dt::transport::peer_error>(
+        checks, [&] { (void)dt::fault::transfer_state(raw, d, serve, a, [&] { return mine; }, &torn); },
+        "the taker's transfer");
+    PEER_CHECK(checks, torn);
     const auto w = mine.tensors.at("w").to_vector<float>();
     const auto landed = std::count(w.begin(), w.end(), 2.0f);
-    CHECK(landed == 1024);  // one chunk of the tensor landed in place
-    CHECK(std::count(w.begin(), w.end(), 0.5f) == static_cast<std::ptrdiff_t>(w.size()) - landed);
+    PEER_CHECK(checks, landed == 1024);  // one chunk of the tensor landed in place
+    PEER_CHECK(checks, std::count(w.begin(), w.end(), 0.5f) == static_cast<std::ptrdiff_t>(w.size()) - landed);
     // A view that has it at the target, with no member left to take the state from again.
     dt::fault::decision alone;
     alone.next = dt::fault::view{2, {1}, {}};
     alone.donor = 1;
-    CHECK_THROWS_WITH(dt::fault::transfer_state(raw, alone, serve, a, [&] { return mine; }, &torn),
-                      Contains("peer 1's state was overwritten in part by a state transfer that failed") &&
-                          Contains("rather than train on a torn state"));
+    std::string refused;
+    try {
+      (void)dt::fault::transfer_state(raw, alone, serve, a, [&] { return mine; }, &torn);
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+    PEER_CHECK(checks, refused.find("peer 1's state was overwritten in part by a state transfer that failed") != std::string::npos &&
+                           refused.find("rather than train on a torn state") != std::string::npos);
   });
+  checks.report(6);
 }
 
 TEST_CASE("elastic: a state offer round-trips, and a malformed one is refused naming the donor") {
@@ -595,29 +606,30 @@ TEST_CASE("elastic: a state offer round-trips, and a malformed one is refused na
 TEST_CASE("transport: an alarm wakes a peer blocked on a live neighbour, and only outside the membership channel") {
   dt::transport::in_process net(3);
   std::atomic<bool> woke{false};
+  harness::peer_checks checks;
   net.run([&](dt::transport::in_process::endpoint& ep) {
     const std::vector<std::byte> one(1);
     if (ep.rank() == 0) {
       const auto t0 = std::chrono::steady_clock::now();
       try {
         ep.recv(1, 7);  // peer 1 is alive but never sends this
-        FAIL_CHECK("the alarm did not wake the receive");
+        checks.expect(false, "the alarm did not wake the receive");
       } catch (const dt::transport::peer_error& e) {
         woke = true;
-        CHECK(e.cause() == dt::transport::failure_cause::reported);
-        CHECK(e.peer() == 1);
-        CHECK(std::string(e.what()).find("peer 2 reports that peer 1 failed") != std::string::npos);
+        PEER_CHECK(checks, e.cause() == dt::transport::failure_cause::reported);
+        PEER_CHECK(checks, e.peer() == 1);
+        PEER_CHECK(checks, std::string(e.what()).find("peer 2 reports that peer 1 failed") != std::string::npos);
       }
-      CHECK(std::chrono::steady_clock::now() - t0 < 10s);
-      CHECK(ep.alarmed().has_value());
+      PEER_CHECK(checks, std::chrono::steady_clock::now() - t0 < 10s);
+      PEER_CHECK(checks, ep.alarmed().has_value());
       // Membership messages still flow while the alarm stands.
-      CHECK(ep.recv_within(2, dt::fault::detail::protocol_tag, 10s).size() == 1);
+      PEER_CHECK(checks, ep.recv_within(2, dt::fault::detail::protocol_tag, 10s).size() == 1);
       // A newer view clears the alarm; an alarm of the old view is then ignored.
       ep.set_epoch(1);
-      CHECK(!ep.alarmed().has_value());
+      PEER_CHECK(checks, !ep.alarmed().has_value());
       ep.send(2, 9, one);
-      CHECK(ep.recv(2, 9).size() == 1);
-      CHECK(!ep.alarmed().has_value());
+      PEER_CHECK(checks, ep.recv(2, 9).size() == 1);
+      PEER_CHECK(checks, !ep.alarmed().has_value());
     } else if (ep.rank() == 2) {
       std::this_thread::sleep_for(50ms);
       const auto a = dt::transport::wire::encode_alarm(0, 1);
@@ -628,11 +640,13 @@ TEST_CASE("transport: an alarm wakes a peer blocked on a live neighbour, and onl
       ep.send(0, 9, one);
     }
   });
+  checks.report(9);
   CHECK(woke);
 }
 
 TEST_CASE("transport: a marker drops what its sender queued before it, forget drops the rest") {
   dt::transport::in_process net(2);
+  harness::peer_checks checks;
   net.run([&](dt::transport::in_process::endpoint& ep) {
     std::vector<std::byte> a(3), b(5);
     if (ep.rank() == 1) {
@@ -647,13 +661,15 @@ TEST_CASE("transport: a marker drops what its sender queued before it, forget dr
     ep.recv_within(1, dt::fault::detail::protocol_tag, 10s);
     ep.recv_within(1, 12, 10s);  // everything sent so far has arrived
     ep.discard_before(1, dt::fault::detail::protocol_tag);
-    CHECK(ep.recv(1, 11).size() == 5);  // the 3-byte one before the marker is gone
+    PEER_CHECK(checks, ep.recv(1, 11).size() == 5);  // the 3-byte one before the marker is gone
     ep.send(1, 1, a);
     // After forget, what peer 1 sends is dropped and waits on it fail at once.
     std::this_thread::sleep_for(100ms);
     ep.forget(1);
-    CHECK_THROWS_AS(ep.recv_within(1, 13, 10s), dt::transport::peer_error);
+    harness::expect_throws_as<dt::transport::peer_error>(checks, [&] { (void)ep.recv_within(1, 13, 10s); },
+                                                         "a wait on a forgotten peer");
   });
+  checks.report(2);
 }
 
 namespace {
@@ -845,6 +861,7 @@ TEST_CASE("elastic: a handoff that is malformed, too large or not own state is r
   dt::transport::in_process net(2);
   dt::io::checkpoint mine;
   mine.tensors["comm.x.own.residual"] = dt::from_vector<dt::cpu>(std::vector<float>{1, 2, 3}, dt::shape{3});
+  harness::peer_checks checks;
   net.run([&](dt::transport::in_process::endpoint& ep) {
     if (ep.rank() == 1) {
       auto good = mine;
@@ -854,12 +871,14 @@ TEST_CASE("elastic: a handoff that is malformed, too large or not own state is r
       return;
     }
     auto h = dt::fault::take_handoff(ep, 1, 1 << 20, 5s, 5s);
-    REQUIRE(h);
+    if (!PEER_CHECK(checks, h.has_value())) return;
     auto sum = mine;
     dt::io::add_own_tensors(sum, *h, "the handoff from peer 1");
-    CHECK(sum.tensors.at("comm.x.own.residual").to_vector<float>() == std::vector<float>{2, 4, 6});
-    CHECK_THROWS_WITH(dt::fault::take_handoff(ep, 1, 1 << 20, 5s, 5s), Catch::Contains("announced a handoff of 1099511627776 bytes"));
+    PEER_CHECK(checks, sum.tensors.at("comm.x.own.residual").to_vector<float>() == std::vector<float>{2, 4, 6});
+    harness::expect_throws_with(checks, [&] { (void)dt::fault::take_handoff(ep, 1, 1 << 20, 5s, 5s); },
+                                "announced a handoff of 1099511627776 bytes", "a handoff of 2^40 bytes");
   });
+  checks.report(3);
   // What the heir adds must be own state it holds too, of the same size, and finite; nothing is
   // added when any of it is not.
   auto refuses = [&](const std::string& key, std::vector<float> values, const char* why) {

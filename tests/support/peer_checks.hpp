@@ -36,6 +36,19 @@ class peer_checks {
   std::vector<std::string> failures_;
 };
 
+// On a peer thread, whether `f` throws an E; recorded in `checks`.
+template <class E, class F>
+bool expect_throws_as(peer_checks& checks, F&& f, const std::string& where) {
+  try {
+    f();
+  } catch (const E&) {
+    return checks.expect(true, "");
+  } catch (const std::exception& e) {
+    return checks.expect(false, where + ": threw another error: " + e.what());
+  }
+  return checks.expect(false, where + ": nothing thrown");
+}
+
 // On a peer thread, whether `f` throws an error whose text contains `text`; recorded in `checks`.
 template <class F>
 bool expect_throws_with(peer_checks& checks, F&& f, const std::string& text, const std::string& where) {

@@ -327,6 +327,9 @@ TEST_CASE("tcp: with a run key, a modified, replayed, forged or untagged frame i
   CHECK(peer0.admission().bad_tags == 1);
   CHECK(peer0.stats().rejected_frames == 1);
   CHECK(peer0.stats().messages_received == 1);  // only the good frame
+  // The path the sleep above was to set up: the forged body read into the posted memory (the
+  // others through the mailbox).
+  CHECK(peer0.stats().bodies_into_posted == (posted ? 1u : 0u));
 }
 
 TEST_CASE("tcp: with a run key, a stranger gets no further than the challenge: no key, a forged proof, frames out of turn") {

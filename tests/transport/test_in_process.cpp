@@ -11,6 +11,8 @@
 
 #include <vector>
 
+#include "support/peer_checks.hpp"
+
 namespace dt = decentrain;
 using dt::transport::in_process;
 using dt::transport::simulated_link;
@@ -91,13 +93,15 @@ TEST_CASE("in_process: a small all-reduce waits log2(N) link latencies, not a re
     INFO(n << " peers");
     in_process net(link_matrix(n, simulated_link{0.1, 1e12}));
     std::vector<double> clock(static_cast<std::size_t>(n));
+    harness::peer_checks checks;
     net.run([&](in_process::endpoint& ep) {
       dt::collective::communicator comm(ep);
       std::vector<float> v(16, static_cast<float>(ep.rank()));
       comm.all_reduce(std::span<float>(v));
-      CHECK(v[15] == static_cast<float>(n * (n - 1) / 2));
+      PEER_CHECK(checks, v[15] == static_cast<float>(n * (n - 1) / 2));
       clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
     });
+    checks.report(static_cast<std::size_t>(n));
     const int rounds = std::bit_width(static_cast<unsigned>(n)) - 1;
     const double slowest = *std::max_element(clock.begin(), clock.end());
     if (std::has_single_bit(static_cast<unsigned>(n)))
@@ -117,15 +121,17 @@ TEST_CASE("in_process: over high-latency links the ring pays one latency per ste
     in_process net(link_matrix(n, simulated_link{latency, bandwidth}));
     double slowest = 0;
     std::mutex m;
+    harness::peer_checks checks;
     net.run([&](in_process::endpoint& ep) {
       dt::collective::communicator comm(ep, opts);
-      if (opts.in_flight_multiple > 0) CHECK(comm.settings().window_bytes >= std::size_t{10'000'000});
+      if (opts.in_flight_multiple > 0) PEER_CHECK(checks, comm.settings().window_bytes >= std::size_t{10'000'000});
       std::vector<float> v(std::size_t{4} << 20, static_cast<float>(ep.rank() + 1));
       comm.all_reduce(std::span<float>(v), dt::collective::reduce_op::sum, dt::collective::algorithm::ring);
-      CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 10.0f; }));
+      PEER_CHECK(checks, std::all_of(v.begin(), v.end(), [](float x) { return x == 10.0f; }));
       std::lock_guard lock(m);
       slowest = std::max(slowest, ep.stats().clock_seconds);
     });
+    checks.report(n);
     return slowest;
   };
   const double wire = 1.5 * static_cast<double>(std::size_t{16} << 20) / bandwidth;

@@ -487,6 +487,7 @@ TEST_CASE("tcp: a message cut off while it lands in posted memory is an error na
     auto s = half_a_message(io, peer0.address(), in.size(), 1000);
     CHECK_THROWS_WITH(result.get(), Catch::Contains("peer 1") && Catch::Contains("3000 ms"));
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8));
+    CHECK(peer0.stats().bodies_into_posted == 1);  // posted before the frame came, as the sleep meant
     // The rest of the body may still come: it is not read into memory the caller got back.
     std::fill(in.begin(), in.end(), std::byte{0});
     asio::error_code ignored;
@@ -502,6 +503,7 @@ TEST_CASE("tcp: a message cut off while it lands in posted memory is an error na
     CHECK_THROWS_WITH(result.get(), Catch::Contains("peer 1"));
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2000));
     CHECK(peer0.stats().malformed_frames == 1);  // a truncated body
+    CHECK(peer0.stats().bodies_into_posted == 1);  // posted before the frame came, as the sleep meant
   }
 }
 
@@ -583,6 +585,7 @@ TEST_CASE("tcp: bodies that come in uneven pieces with pauses land whole, larger
   send_in_pieces(frame(wire::frame_type::data, 3, tr::bytes{std::byte{7}, std::byte{8}, std::byte{9}}, 4));
 
   REQUIRE(landed.get() == big);
+  CHECK(peer0.stats().bodies_into_posted == 1);  // the first body, as the sleep meant; the others queued
   CHECK(std::ranges::equal(posted, body));
   CHECK(peer0.recv(1, 4) == body);
   CHECK(peer0.recv(1, 4) == tr::bytes{std::byte{7}, std::byte{8}, std::byte{9}});

@@ -249,6 +249,7 @@ TEST_CASE("tls: what crosses the wire is encrypted, and a changed byte or a repl
     CHECK_THAT(err.what(), Catch::Contains("failed its authentication tag"));
   }
   CHECK(peer0.admission().bad_tags == 1);
+  CHECK(peer0.stats().bodies_into_posted == (posted ? 1u : 0u));  // the path the sleep was to set up
 }
 
 TEST_CASE("tls: callers without a certificate of the run's CA, or with another rank's, are refused at once, naming why") {

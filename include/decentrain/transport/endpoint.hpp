@@ -66,6 +66,9 @@ struct traffic_stats {
   std::uint64_t malformed_frames = 0;   // dropped, connection closed (tcp)
   std::uint64_t rejected_frames = 0;    // failed the run key's authentication; connection closed (tcp)
   std::uint64_t retransmissions = 0;    // simulated drops that cost a retransmission (in_process)
+  // Data bodies read straight into memory a receiver posted (tcp's exchange; whatever the frame
+  // turned out to be), so a test can tell that path from the mailbox's. The others count 0.
+  std::uint64_t bodies_into_posted = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;
 };

@@ -348,6 +348,7 @@ struct node {
   // posting is settled before anything else happens to the connection, so the receiver never
   // returns while this still writes into its memory.
   void read_in_place(const std::shared_ptr<connection>& c, const wire::header& h, std::span<std::byte> into) {
+    ++bodies_into_posted;
     c->read_fully(into, 0, [this, c, h, into](const asio::error_code& ec, std::size_t got) {
       if (ec) {
         // Closed (and counted) before the posting is settled: the receiver wakes to a peer
@@ -773,6 +774,7 @@ struct node {
     s.messages_sent = messages_sent;
     s.bytes_received = bytes_received;
     s.messages_received = messages_received;
+    s.bodies_into_posted = bodies_into_posted;
     s.wait_seconds = wait_seconds;
     {
       std::lock_guard lock(mutex);
@@ -818,6 +820,7 @@ struct node {
   // Atomic: the training thread and a lane's background collective (see tcp::lane) both count here.
   std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
   std::atomic<std::uint64_t> framing_sent = 0;  // headers, padding and control frames (traffic_stats)
+  std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<double> wait_seconds = 0;
 };
 
