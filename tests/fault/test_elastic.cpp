@@ -966,14 +966,20 @@ struct tcp_join_run {
     base.join_timeout = 20s;
     dt::transport::tcp first(base);  // bound here, so every peer knows where to join
     const std::string seed = first.address();
-    std::atomic<bool> open{false};
+    // Joiners wait for peer 0 to reach join_after, at most a minute, and no longer once a
+    // member has ended (died or finished): then the group will never open to them.
+    std::atomic<bool> open{false}, member_ended{false};
     auto run_peer = [&](int r, std::optional<dt::transport::tcp> pre) {
       try {
         auto o = base;
         o.rank = r;
         o.join = {seed};
         if (r >= members) {
-          while (!open) std::this_thread::sleep_for(5ms);
+          const auto deadline = std::chrono::steady_clock::now() + 60s;
+          while (!open && !member_ended && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+          if (!open)
+            throw dt::error(member_ended ? "a member ended before the group opened to joiners"
+                                         : "the group did not open to joiners within 60 s");
         }
         dt::transport::tcp ep = pre ? std::move(*pre) : dt::transport::tcp(o);
         ep.connect();
@@ -992,6 +998,7 @@ struct tcp_join_run {
         std::lock_guard lock(log_mutex);
         log += "peer " + std::to_string(r) + ": " + e.what() + "\n";
       }
+      if (r < members) member_ended = true;
     };
     std::vector<std::thread> threads;
     threads.emplace_back(run_peer, 0, std::move(first));
