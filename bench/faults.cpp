@@ -64,7 +64,6 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -439,6 +438,12 @@ run_result run(const std::string& name, const settings& s, int peers, std::vecto
 }
 
 // ---- churn ----
+// Whether the parameter hashes that peers (or processes) reported for one round end differ.
+template <class Key>
+bool differ(const std::map<Key, std::uint64_t>& hashes) {
+  return std::any_of(hashes.begin(), hashes.end(), [&](const auto& e) { return e.second != hashes.begin()->second; });
+}
+
 struct churn_result {
   int peers = 0;
   double seconds = 0;
@@ -541,18 +546,14 @@ churn_result churn(const settings& s, int peers, double seconds, const std::stri
         if (r == 0 && x.t_ns < start_ns) rank0.clear();
         if (x.t_ns > end_ns) continue;
       }
-      auto [at, fresh] = last[x.step].insert_or_assign(r, x.hash);
-      (void)at;
-      if (!fresh) ++out.redone;
+      if (!last[x.step].insert_or_assign(r, x.hash).second) ++out.redone;
       if (r == 0) rank0.push_back(x);
     }
   }
   for (const auto& [step, by_rank] : last) {
     if (by_rank.size() < 2) continue;
     ++out.rounds;
-    std::set<std::uint64_t> h;
-    for (const auto& [r, hash] : by_rank) h.insert(hash);
-    if (h.size() > 1) ++out.disagreeing;
+    if (differ(by_rank)) ++out.disagreeing;
   }
   std::vector<double> gaps;
   for (std::size_t i = 1; i < rank0.size(); ++i) gaps.push_back(static_cast<double>(rank0[i].t_ns - rank0[i - 1].t_ns) * 1e-9);
@@ -850,9 +851,7 @@ sim_result simulate_churn(const settings& s, double hours, int peers, int joiner
   for (const auto& [step, by_process] : rounds)
     if (by_process.size() >= 2) {
       ++out.round_ends;
-      std::set<std::uint64_t> hashes;
-      for (const auto& [k, hash] : by_process) hashes.insert(hash);
-      if (hashes.size() > 1 && ++out.disagreeing <= 3)
+      if (differ(by_process) && ++out.disagreeing <= 3)
         std::fprintf(stderr, "sim-churn: step %lld ends with different parameters (rank.process:hash@view):%s\n",
                      static_cast<long long>(step), who[step].c_str());
     }

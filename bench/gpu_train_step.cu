@@ -155,6 +155,27 @@ double time_us(F&& f, int reps = 20) {
   return 1000.0 * ms / reps;
 }
 
+// Causal attention's FLOPs over the visible half of the (T, T) products, forward: 2 B H T^2 D
+// (the backward counts 2.5 times that).
+double attention_flops(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D) {
+  return 2.0 * static_cast<double>(B * H) * static_cast<double>(T * T) * static_cast<double>(D);
+}
+
+// Runs the PyTorch side (`args` after the script) and hands each line it prints to `parse`,
+// which says whether it read the RESULT line; false, said on stderr naming `what`, when no
+// such line came or the script failed.
+template <class Parse>
+bool run_script(const std::string& script, const std::string& args, const std::string& what, Parse&& parse) {
+  FILE* pipe = popen(("python3 " + script + " " + args).c_str(), "r");
+  bool got = false;
+  char line[512];
+  while (pipe && std::fgets(line, sizeof line, pipe)) got = parse(line) || got;
+  const int status = pipe ? pclose(pipe) : -1;
+  if (got && status == 0) return true;
+  std::fprintf(stderr, "%s failed (exit %d); its row is left out\n", what.c_str(), status);
+  return false;
+}
+
 // Bytes each kernel must move at least (every input read once, every output written once).
 // `products` receives the rows of the FLOP-bound kernels (us and TFLOP/s in the gbps column).
 std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double peak_gbps, std::vector<kernel_row>& products) {
@@ -234,7 +255,7 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
     for (int i = 0; i < 3; ++i)
       qkv.push_back(dt::parameter(dt::to_device<gpu>(dt::randn(dt::shape{B, T, C}, gen).to(dt::dtype::bf16))));
     const auto g = dt::to_device<gpu>(dt::randn(dt::shape{B, T, C}, gen).to(dt::dtype::bf16));
-    const double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(T * T) * static_cast<double>(C / H);
+    const double fwd_flops = attention_flops(B, H, T, C / H);
     const double fwd = time_us([&] { (void)dt::causal_attention(qkv[0], qkv[1], qkv[2], H); }, 5);
     const double both = time_us([&] {
       auto y = dt::causal_attention(qkv[0], qkv[1], qkv[2], H);
@@ -318,26 +339,20 @@ std::vector<attention_row> attention_table(std::int64_t B, std::int64_t T, const
   forward();
   backward();
   if (!all_finite(out) || !all_finite(dqkv)) dt::detail::fail("attention table: an output or gradient is not finite");
-  const double flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(T * T) * 64.0;
+  const double flops = attention_flops(B, H, T, C / H);
   const auto with_rates = [&](attention_row r) {
     r.fwd_tflops = flops / (r.fwd_us * 1e-6) / 1e12;
     r.bwd_tflops = 2.5 * flops / (r.bwd_us * 1e-6) / 1e12;
     return r;
   };
   std::vector<attention_row> rows{with_rates({"decentrain (mma.sync bf16)", time_us(forward), time_us(backward)})};
-  if (!torch_script.empty()) {
-    const std::string cmd = "python3 " + torch_script + " --mode attention --batch " + std::to_string(B) + " --seq " +
-                            std::to_string(T);
-    FILE* pipe = popen(cmd.c_str(), "r");
-    attention_row r{"PyTorch scaled_dot_product_attention (FlashAttention)"};
-    bool got = false;
-    char line[512];
-    while (pipe && std::fgets(line, sizeof line, pipe))
-      if (std::sscanf(line, "RESULT backend=flash fwd_us=%lf bwd_us=%lf", &r.fwd_us, &r.bwd_us) == 2) got = true;
-    const int status = pipe ? pclose(pipe) : -1;
-    if (got && status == 0) rows.push_back(with_rates(r));
-    else std::fprintf(stderr, "torch attention failed (exit %d); its row is left out\n", status);
-  }
+  attention_row r{"PyTorch scaled_dot_product_attention (FlashAttention)"};
+  if (!torch_script.empty() &&
+      run_script(torch_script, "--mode attention --batch " + std::to_string(B) + " --seq " + std::to_string(T),
+                 "torch attention", [&](const char* line) {
+                   return std::sscanf(line, "RESULT backend=flash fwd_us=%lf bwd_us=%lf", &r.fwd_us, &r.bwd_us) == 2;
+                 }))
+    rows.push_back(with_rates(r));
   return rows;
 }
 
@@ -374,27 +389,13 @@ std::vector<row> run_torch(const std::string& script, std::int64_t B, std::int64
   std::vector<row> rows;
   for (const std::string mode : {"eager-bf16", "compile-bf16", "eager-f32"}) {
     if (!f32 && mode == "eager-f32") continue;
-    const std::string cmd = "python3 " + script + " --mode " + mode + " --batch " + std::to_string(B) + " --seq " +
-                            std::to_string(T) + " --steps " + std::to_string(steps);
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (!pipe) continue;
-    char line[512];
     row r{"pytorch " + mode.substr(0, mode.find('-')), mode.substr(mode.find('-') + 1), B};
-    bool got = false;
-    while (std::fgets(line, sizeof line, pipe)) {
-      double step_s = 0, peak = 0, reserved = 0;
-      if (std::sscanf(line, "RESULT step_s=%lf peak_mib=%lf reserved_mib=%lf", &step_s, &peak, &reserved) == 3) {
-        r.step_s = step_s;
-        r.peak_mib = peak;
-        r.reserved_mib = reserved;
-        got = true;
-      }
-    }
-    const int status = pclose(pipe);
-    if (!got || status != 0) {
-      std::fprintf(stderr, "torch %s failed (exit %d); its row is left out\n", mode.c_str(), status);
-      continue;
-    }
+    const bool ran = run_script(
+        script, "--mode " + mode + " --batch " + std::to_string(B) + " --seq " + std::to_string(T) + " --steps " + std::to_string(steps),
+        "torch " + mode, [&](const char* line) {
+          return std::sscanf(line, "RESULT step_s=%lf peak_mib=%lf reserved_mib=%lf", &r.step_s, &r.peak_mib, &r.reserved_mib) == 3;
+        });
+    if (!ran) continue;
     r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
     const double peak = r.precision == "bf16" ? bf16_tflops : f32_tflops;
     const auto cfg = dt::nn::gpt_preset("gpt2-124m");
