@@ -147,6 +147,7 @@ struct stage_figures {
   std::uint64_t bytes_sent = 0;
   double busy_s = 0, total_s = 0;
   int stage = 0, stages = 0, copies = 0;  // where the peer stood at its last step (--elastic: the shape may change)
+  std::int64_t went_back_to = -1;  // --elastic: the step whose checkpoints the group last went back to (a stage lost)
   void add(const dt::parallel::schedule::run_stats& s, const dt::parallel::placement& at, int world) {
     ++steps;
     stage = at.stage;
@@ -252,8 +253,11 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
     t.on_step([&t, &h](const dt::train::step_metrics& m) { h.tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally; });
   if (p.parallel.stages > 1)
     t.on_step([&t, &h](const dt::train::step_metrics&) {
-      h.stage_runs[static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())])].add(t.parallel().last_run(),
-                                                                                                   t.placement(), t.world());
+      auto& f = h.stage_runs[static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())])];
+      f.add(t.parallel().last_run(), t.placement(), t.world());
+      if constexpr (requires { t.redeals(); })
+        for (const auto& r : t.redeals())
+          if (r.from_checkpoints) f.went_back_to = r.step;
     });
   t.stop_when([&t, &at = h.asked_at[static_cast<std::size_t>(t.rank())]] {
     at = t.step();

@@ -69,11 +69,16 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
   const auto last = std::max_element(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.steps < b.steps; });
   const int stages = last != runs.end() && last->stages > 0 ? last->stages : pipe.stages;
   const int copies = last != runs.end() && last->copies > 0 ? last->copies : world / pipe.stages;
+  const std::int64_t went_back = last != runs.end() ? last->went_back_to : -1;
   std::printf("\npipeline: %d stages x %d copies, schedule %s%s, %d micro-batches a step, activations %s%s\n", stages, copies,
               pipe.schedule.c_str(), pipe.schedule == "interleaved" ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
               pipe.micro_batches, pipe.codec.describe().c_str(),
               stages != pipe.stages || copies != world / pipe.stages
-                  ? dt::detail::concat(" (re-formed from ", pipe.stages, " x ", world / pipe.stages, " when peers were lost)").c_str()
+                  ? dt::detail::concat(" (re-formed from ", pipe.stages, " x ", world / pipe.stages, " when peers were lost",
+                                       went_back >= 0 ? dt::detail::concat("; went back to step ", went_back,
+                                                                           "'s checkpoints, a stage's every copy lost")
+                                                      : std::string(),
+                                       ")").c_str()
                   : "");
   std::printf("%-6s %-6s %-10s %-16s %-22s %-14s\n", "peer", "stage", "tokens/s", "idle in steps %", "most micro-batches held",
               "MB sent/step");

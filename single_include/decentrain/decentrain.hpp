@@ -23973,7 +23973,11 @@ struct checkpoint_every {
 // A pipeline (peers holding parts of the model) re-forms otherwise: once a view holds, the
 // trainer deals the parts out again over it (ctx.redeal: the pipeline's morph picks the shape,
 // each member takes its new part from the members at the target), in place of the state
-// transfer above; a stage whose every replica is lost stops the run naming it. Joiners, a
+// transfer above. A stage whose every replica is lost is taken from the checkpoints the members
+// can read (their own folders, and the lost peers' where `checkpoints.dir` is shared storage, as
+// Varuna's is): the group goes back to the newest step whose files hold every part; with none,
+// the run stops naming the stage. A restarted group deals out the parts its files hold whatever
+// shape wrote them (a job that re-formed before it stopped). Joiners, a
 // policy's exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
 //
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
@@ -23984,6 +23988,7 @@ struct checkpoint_every {
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -26013,7 +26018,7 @@ struct elastic {
         // A pipeline deals its parts out again over the new view (the trainer's redeal): those
         // behind take their new part from members at the target, as every member does.
         if (ctx.redeal) {
-          ctx.redeal(d.behind, d.target.step);
+          ctx.redeal(d.behind, d.target.step, saved_files());
           healed = std::find(d.behind.begin(), d.behind.end(), ep.rank()) != d.behind.end();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
         } else {
@@ -26178,6 +26183,15 @@ struct elastic {
   }
 
   bool saves() const { return !checkpoints.dir.empty(); }
+  // The checkpoint files this peer sees in the group's folders (its own, and the others' where
+  // the directory is shared); none without checkpoints.
+  std::map<int, std::map<std::int64_t, std::filesystem::path>> saved_files() const {
+    std::map<int, std::map<std::int64_t, std::filesystem::path>> files;
+    if (!saves()) return files;
+    for (int r = 0; r < folder_world_; ++r)
+      for (auto s : checkpoints.saved_steps(r, folder_world_)) files[r][s] = checkpoints.file(r, folder_world_, s);
+    return files;
+  }
 
   // A joiner connected to this peer that is due an agreement: one that says (its hellos) it
   // reaches every member, half a second after it connected here (time to reach the other
@@ -26480,7 +26494,9 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 // settings, the step, and a way to capture and restore this peer's whole state.
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26507,6 +26523,10 @@ using communicator = collective::communicator<transport::any_endpoint>;
 // its inner optimizer has stepped (only the communication policy's after_step is left). A group
 // that re-forms compares peers by (step, phase), and those behind take the state of the furthest.
 enum class phase : std::int8_t { start = 0, evaluation = 1, stop_check = 2, step = 3, stepped = 4 };
+
+// Checkpoint files a peer can read, by the world rank whose folder holds them, then step
+// (fault::elastic's folders: where a pipeline's re-deal finds parts no member holds any more).
+using checkpoint_files = std::map<int, std::map<std::int64_t, std::filesystem::path>>;
 
 template <class Model>
 struct peer_context {
@@ -26553,10 +26573,12 @@ struct peer_context {
   // When the group re-formed, deals the model's parts out again over the new view (a job that
   // started as a pipeline of several stages: the parallel policy's morph); every member calls
   // it together, `behind` the world ranks whose state is not at the agreed `step` (they take
-  // theirs from those at it). Null where every peer holds the whole model: the fault policy then
-  // brings those behind up to date its own way. Between set_view and it, `replicas` and
-  // `pipeline` are the old view's.
-  std::function<void(const std::vector<int>& behind, std::int64_t step)> redeal;
+  // theirs from those at it). A part no member holds at that step (its stage's every replica
+  // lost) is looked for in the checkpoint `files` the members can read: the group then goes back
+  // to the newest step they hold whole (the trainer goes on from there). Null where every peer holds
+  // the whole model: the fault policy then brings those behind up to date its own way. Between
+  // set_view and it, `replicas` and `pipeline` are the old view's.
+  std::function<void(const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files)> redeal;
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;
@@ -27202,6 +27224,7 @@ class progress {
 #include <cmath>
 #include <cstdint>
 #include <ctime>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -27209,6 +27232,7 @@ class progress {
 #include <set>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27285,6 +27309,8 @@ class trainer {
     std::uint64_t bytes_received = 0;     // parameters and AdamW state this peer took from others
     std::uint64_t bytes_sent = 0;         // ... and served
     double seconds = 0;                   // building the new part and moving the state, on this peer
+    bool from_checkpoints = false;        // a stage's every replica was lost: the group went back to
+                                          // `step`, its parts read from checkpoint files
   };
   const std::vector<redeal_record>& redeals() const { return redeals_; }
 
@@ -27310,6 +27336,7 @@ class trainer {
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     std::uint64_t dealt = redealt_;  // the parts ctx was made for
     fault_.start(ctx);
+    went_back_ = false;       // (where a restarted group went back, it starts there)
     if (redealt_ != dealt) {  // a restarted group re-formed in its start
       refresh(ctx);
       dealt = redealt_;
@@ -27328,6 +27355,14 @@ class trainer {
     } else {
       between_steps(ctx, phase::start, [&] {
         check_same_step();
+        if constexpr (can_redeal())
+          if (pipelined_) {
+            settle_held();
+            if (redealt_ != dealt) {
+              refresh(ctx);
+              dealt = redealt_;
+            }
+          }
         counted([&] { policy_.start(ctx); });
       });
     }
@@ -27428,13 +27463,33 @@ class trainer {
     decentrain::detail::check(c.counter("trainer.world") == world() && c.counter("trainer.rank") == rank(),
                               "trainer: the checkpoint is peer ", c.counter("trainer.rank"), " of ",
                               c.counter("trainer.world"), ", this trainer is peer ", rank(), " of ", world());
-    step_ = train::restore(c, model_, optimizer_);
+    if (holds_another_part(c)) {
+      // Written by another shape of this job (its group re-formed before it stopped): held until
+      // the group deals the parts out (settle_held, or a re-deal when the group re-forms).
+      if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
+        decentrain::detail::check(config_of(c) == model_.config(), "checkpoint: its model configuration differs from the model's");
+      held_ = c;
+      held_->views = false;
+      step_ = c.counter("step");
+    } else {
+      held_.reset();
+      step_ = train::restore(c, model_, optimizer_);
+    }
     auto it = c.rngs.find("dropout");
     decentrain::detail::check(it != c.rngs.end(), "checkpoint: missing rng 'dropout'");
     dropout_.set_state(it->second);
     policy_bytes_ = static_cast<std::uint64_t>(c.counter("trainer.policy_bytes_sent"));
     policy_.load(c);
     resumed_ = true;
+  }
+
+  // Whether `c` holds a pipeline's part other than this peer's (a checkpoint written after the
+  // job re-formed), where the parts can be dealt out again; else restore refuses what it lacks.
+  bool holds_another_part(const io::checkpoint& c) const {
+    if (!can_redeal() || !pipelined_) return false;
+    std::set<std::string> mine;
+    for (const auto& e : model_.parameters()) mine.insert(e.name);
+    return names_in(c) != mine;
   }
 
   // Another peer's state as this peer's: model, optimizer, step and the policy's state; this
@@ -27540,6 +27595,8 @@ class trainer {
       const auto dealt = redealt_;
       fault_.reform(ctx);
       if (redealt_ != dealt) refresh(ctx);
+      // The group went back to a checkpoint's step (a stage's every replica lost): from its start.
+      if (std::exchange(went_back_, false)) ctx.at = phase::step;
       if (step_ == step_before && ctx.at == at_before) return false;
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
@@ -27691,11 +27748,15 @@ class trainer {
   }
   // Set for a job that started as a pipeline, for the whole run (every member takes the same
   // path when the group re-forms, whatever shape it has come to).
-  std::function<void(const std::vector<int>&, std::int64_t)> redeal_hook() {
-    if constexpr (can_morph() && requires(FaultPolicy& f, context& c) { f.reform(c); })
-      if (pipelined_) return [this](const std::vector<int>& behind, std::int64_t step) { redeal(behind, step); };
+  std::function<void(const std::vector<int>&, std::int64_t, const checkpoint_files&)> redeal_hook() {
+    if constexpr (can_redeal())
+      if (pipelined_)
+        return [this](const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files) {
+          redeal(behind, step, files);
+        };
     return {};
   }
+  static constexpr bool can_redeal() { return can_morph() && requires(FaultPolicy& f, context& c) { f.reform(c); }; }
   // A pipeline under a fault policy that re-forms the group: what re-dealing the parts needs.
   void check_redealable() {
     using decentrain::detail::check;
@@ -27717,21 +27778,26 @@ class trainer {
   // the new view (morph), and each member builds its new part and takes every parameter and its
   // AdamW state from a member at the agreed step that holds it (itself where it can, else the
   // holders in turn, so a morph's bytes spread over them). One general exchange serves a lost
-  // replica (most parts stay where they are) and a new shape (the layers dealt out again). The
-  // members first say what they hold (a parameter's name, held where the peer is at the step)
-  // and what they need; a parameter that no member at the step holds (its stage's every replica
-  // lost) stops the run with an error naming the lost peers' stages. This peer's model, optimizer
-  // and placement are not replaced before every part has arrived, so a failure in the middle
-  // leaves them whole (the group agrees again and re-deals from there; the shape is picked again
-  // from the stages first asked for). Own state (a dropout stream) stays. Also for a job that
-  // came to one stage: every member takes this path (redeal_hook, the only caller: a trainer
-  // whose policies cannot morph never instantiates this).
-  void redeal(const std::vector<int>& behind, std::int64_t step) {
+  // replica (most parts stay where they are), a new shape (the layers dealt out again) and a
+  // restarted group whose checkpoints another shape wrote (held_: each member serves the part
+  // it restored). The members first say what they hold (a parameter's name, held where the peer
+  // is at the step) and what they need. A parameter that no member at the step holds (its
+  // stage's every replica lost) is looked for in the checkpoint files the members can read
+  // (fault::elastic's folders, the lost peers' among them where the directory is shared, as
+  // Varuna's storage is): the group goes back to the newest step whose files hold every part,
+  // each file read by one member (its owner where it is a member) and served like a held part;
+  // with none, the run stops with an error naming the lost peers' stages. This peer's model,
+  // optimizer and placement are not replaced before every part has arrived, so a failure in the
+  // middle leaves them whole (the group agrees again and re-deals from there; the shape is
+  // picked again from the stages first asked for). Own state (a dropout stream) stays. Also for
+  // a job that came to one stage: every member takes this path (redeal_hook and settle_held,
+  // the only callers: a trainer whose policies cannot morph never instantiates this).
+  void redeal(const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files) {
     using decentrain::detail::check;
     using decentrain::detail::concat;
     const auto t0 = std::chrono::steady_clock::now();
     const auto traffic0 = endpoint_.stats();
-    redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0};
+    redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
     const int n = world(), me = rank();
     const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
     std::string lost;
@@ -27745,58 +27811,49 @@ class trainer {
       skip_init loaded_below;  // every value is taken from the holders: none drawn
       return make_model(model_.config(), options_.seed, next);
     }();
+    std::vector<std::string> needs;
+    for (const auto& e : fresh.parameters()) needs.push_back(e.name);
 
-    // What each member holds and needs: "1" or "0" (at the step or not), its parameters' names,
-    // an empty line, the names it needs.
-    std::string mine = current ? "1" : "0";
-    for (const auto& e : model_.parameters()) mine += "\n" + e.name;
-    mine += "\n";
-    for (const auto& e : fresh.parameters()) mine += "\n" + e.name;
-    struct member {
-      bool current = false;
-      std::set<std::string> holds;
-      std::vector<std::string> needs;
-    };
-    std::vector<member> said(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      std::int64_t bytes = r == me ? static_cast<std::int64_t>(mine.size()) : 0;
-      comm_.broadcast(std::span<std::int64_t>(&bytes, 1), r);
-      check(bytes >= 1 && bytes <= (std::int64_t{1} << 24), "trainer: member ", r, " of the re-formed group says its ",
-            "parameters' names take ", bytes, " bytes");
-      std::string text = r == me ? mine : std::string(static_cast<std::size_t>(bytes), '\0');
-      comm_.broadcast(std::span<char>(text.data(), text.size()), r);
-      auto& m = said[static_cast<std::size_t>(r)];
-      m.current = text[0] == '1';
-      std::size_t at = 1;
-      bool needs = false;
-      while (at < text.size()) {
-        const auto end = std::min(text.find('\n', at + 1), text.size());
-        const auto name = text.substr(at + 1, end - at - 1);
-        if (name.empty() && !needs)
-          needs = true;
-        else if (needs)
-          m.needs.push_back(name);
-        else
-          m.holds.insert(name);
-        at = end;
+    // Where this peer serves parameters from: its model (null), the part it restored from a
+    // checkpoint of another shape, or the files it read for a step the group went back to.
+    const io::checkpoint* source = held_ ? &*held_ : nullptr;
+    std::set<std::string> holds;
+    if (source) holds = names_in(*source);
+    else
+      for (const auto& e : model_.parameters()) holds.insert(e.name);
+    std::string missing;
+    auto from = plan_redeal(announce_parts(current, holds, needs), missing);
+    std::int64_t at = step;  // the step the group goes on from
+    io::checkpoint read;     // the files this peer read for it
+    if (!from) {
+      std::string tried;
+      std::int64_t any = files.empty() ? 0 : 1;  // whether any member sees checkpoint files
+      comm_.all_reduce(std::span<std::int64_t>(&any, 1), collective::reduce_op::max);
+      if (any != 0) {
+        const auto seen = announce_files(files);
+        std::set<std::int64_t, std::greater<>> steps;
+        for (const auto& m : seen)
+          for (const auto& [folder, s] : m) steps.insert(s);
+        for (const auto s : steps) {
+          if (s > step) continue;  // (files of an abandoned later run)
+          read = read_files_at(s, seen, files);
+          source = &read;
+          from = plan_redeal(announce_parts(true, names_in(read), needs), missing);
+          tried += concat(tried.empty() ? "" : ", ", s);
+          if (from) {
+            at = s;
+            break;
+          }
+        }
       }
-    }
-    // Who sends what to whom: from[d][s], the names member s sends member d, in d's order.
-    std::vector<std::vector<std::vector<std::string>>> from(static_cast<std::size_t>(n),
-                                                            std::vector<std::vector<std::string>>(static_cast<std::size_t>(n)));
-    for (int d = 0; d < n; ++d) {
-      const auto& want = said[static_cast<std::size_t>(d)].needs;
-      for (std::size_t k = 0; k < want.size(); ++k) {
-        std::vector<int> holders;
-        for (int r = 0; r < n; ++r)
-          if (said[static_cast<std::size_t>(r)].current && said[static_cast<std::size_t>(r)].holds.count(want[k])) holders.push_back(r);
-        check(!holders.empty(), "trainer: the group re-formed with ", n, " peer(s) at step ", step, ", but no member at ",
-              "that step holds parameter '", want[k], "': every replica of its stage is lost (",
-              lost.empty() ? "lost: none named" : "lost: " + lost, "), so the model cannot be dealt out again");
-        const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
-        const int source = own ? d : holders[(static_cast<std::size_t>(d) + k) % holders.size()];
-        from[static_cast<std::size_t>(d)][static_cast<std::size_t>(source)].push_back(want[k]);
-      }
+      check(from.has_value(), "trainer: the group re-formed with ", n, " peer(s) at step ", step, ", but no member at ",
+            "that step holds parameter '", missing, "': every replica of its stage is lost (",
+            lost.empty() ? "lost: none named" : "lost: " + lost, "), ",
+            any == 0 ? std::string("and no member has checkpoints to take it from (fault::elastic's checkpoints.dir, on "
+                                   "storage the members share)")
+                     : concat("and no step of the checkpoints the members can read holds every part (steps tried: ",
+                              tried.empty() ? std::string("none at or before ") + std::to_string(step) : tried, ")"),
+            ", so the model cannot be dealt out again");
     }
     // Each parameter travels as its values and AdamW's two moments (floats), and its step count.
     const auto floats_of = [&](const std::vector<std::string>& names) {
@@ -27804,20 +27861,29 @@ class trainer {
       for (const auto& name : names) floats += 3 * static_cast<std::size_t>(fresh.parameters().get(name).value().numel());
       return floats;
     };
-    auto state_of = [this] {
+    auto state_of = [&] {
       std::map<std::string, typename optim::adamw<device_type>::state_entry> by_name;
-      for (auto& e : optimizer_.state()) by_name.emplace(e.name, std::move(e));
+      if (!source)
+        for (auto& e : optimizer_.state()) by_name.emplace(e.name, std::move(e));
       return by_name;
     }();
     auto pack = [&](const std::vector<std::string>& names, std::vector<float>& values, std::vector<std::int64_t>& steps) {
+      const auto append = [&](const tensor<cpu>& t) {
+        const auto v = t.contiguous();
+        values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
+      };
       for (const auto& name : names) {
+        if (source) {
+          append(source->tensor_at("model." + name));
+          append(source->tensor_at("adamw." + name + ".exp_avg"));
+          append(source->tensor_at("adamw." + name + ".exp_avg_sq"));
+          steps.push_back(source->counter("adamw." + name + ".step"));
+          continue;
+        }
         const auto& moments = state_of.at(name);
         const std::array<const tensor<device_type>*, 3> parts = {&model_.parameters().get(name).value(), &moments.exp_avg,
                                                                  &moments.exp_avg_sq};
-        for (const auto* t : parts) {
-          const auto v = train::detail::host_view_or_copy(*t, true).contiguous();  // (host memory: read in place)
-          values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
-        }
+        for (const auto* t : parts) append(train::detail::host_view_or_copy(*t, true));  // (host memory: read in place)
         steps.push_back(moments.step);
       }
     };
@@ -27825,25 +27891,25 @@ class trainer {
     c.tensors.clear();
     std::erase_if(c.counters, [](const auto& kv) { return kv.first.starts_with("adamw."); });
     c.views = false;
-    c.counters["step"] = step;
+    c.counters["step"] = at;
     auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
-      std::size_t at = 0;
+      std::size_t off = 0;
       for (std::size_t k = 0; k < names.size(); ++k) {
         const auto& p = fresh.parameters().get(names[k]).value();
         const auto count = static_cast<std::size_t>(p.numel());
-        auto slice = [&](std::size_t off) {
+        auto slice = [&](std::size_t i) {
           auto t = tensor<cpu>::empty(p.shape(), dtype::f32);
-          std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(at + off * count), count, t.template data<float>());
+          std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(off + i * count), count, t.template data<float>());
           return t;
         };
         c.tensors["model." + names[k]] = slice(0);
         c.tensors["adamw." + names[k] + ".exp_avg"] = slice(1);
         c.tensors["adamw." + names[k] + ".exp_avg_sq"] = slice(2);
         c.counters["adamw." + names[k] + ".step"] = steps[k];
-        at += 3 * count;
+        off += 3 * count;
       }
     };
-    const auto& mine_from = from[static_cast<std::size_t>(me)];
+    const auto& mine_from = (*from)[static_cast<std::size_t>(me)];
     for (int s = 0; s < n; ++s) {
       if (s == me || mine_from[static_cast<std::size_t>(s)].empty()) continue;
       const std::size_t sizes[2] = {floats_of(mine_from[static_cast<std::size_t>(s)]) * sizeof(float),
@@ -27856,7 +27922,7 @@ class trainer {
     // and what is in flight is one member's new part at most (sending everything at once would
     // queue every part together, on top of each peer's old and new ones).
     for (int d = 0; d < n; ++d) {
-      const auto& to_d = from[static_cast<std::size_t>(d)];
+      const auto& to_d = (*from)[static_cast<std::size_t>(d)];
       if (d == me) {
         for (int s = 0; s < n; ++s) {
           const auto& names = to_d[static_cast<std::size_t>(s)];
@@ -27865,6 +27931,8 @@ class trainer {
           std::vector<std::int64_t> steps;
           if (s == me) {
             pack(names, values, steps);
+            check(values.size() == floats_of(names), "trainer: a checkpoint this peer read at step ", at,
+                  " holds parameters of other shapes than the model's");
           } else {
             values.resize(floats_of(names));
             steps.resize(names.size());
@@ -27886,18 +27954,174 @@ class trainer {
     optimizer_ = make_optimizer();
     set_compute_dtype();
     step_ = train::restore(c, model_, optimizer_);
-    if (!current) adopted_ = true;  // (in a restarted group's start: the policy starts as resumed)
+    if (!current || at != step) adopted_ = true;  // (in a restarted group's start: the policy starts as resumed)
+    held_.reset();
+    if (at != step) {
+      went_back_ = true;
+      // This peer's newer files are of the run the group abandoned: they must not pass for the
+      // newest state when the group restarts.
+      if (const auto own = files.find(endpoint_.rank()); own != files.end())
+        for (const auto& [s, path] : own->second)
+          if (s > at) {
+            std::error_code ec;
+            std::filesystem::remove(path, ec);
+          }
+    }
     placement_ = std::move(next);
     note_placed();
     make_groups();
     ++redealt_;
     const auto traffic = endpoint_.stats();
+    record.step = at;
+    record.from_checkpoints = at != step;
     record.stages_after = placement_.stages;
     record.copies_after = n / placement_.stages;
     record.bytes_received = traffic.bytes_received - traffic0.bytes_received;
     record.bytes_sent = traffic.bytes_sent - traffic0.bytes_sent;
     record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     redeals_.push_back(record);
+  }
+
+  // What a re-deal's members hold and need, as each said it: `current` (at the agreed step),
+  // the names of the parameters it holds, the names its new part needs.
+  struct member_parts {
+    bool current = false;
+    std::set<std::string> holds;
+    std::vector<std::string> needs;
+  };
+  // Every member says what it holds and needs: "1" or "0" (at the step or not), the names it
+  // holds, an empty line, the names it needs; broadcast member by member.
+  std::vector<member_parts> announce_parts(bool current, const std::set<std::string>& holds, const std::vector<std::string>& needs) {
+    std::string mine = current ? "1" : "0";
+    for (const auto& name : holds) mine += "\n" + name;
+    mine += "\n";
+    for (const auto& name : needs) mine += "\n" + name;
+    std::vector<member_parts> said(static_cast<std::size_t>(world()));
+    for (int r = 0; r < world(); ++r) {
+      const auto text = broadcast_text(mine, r, "its parameters' names");
+      auto& m = said[static_cast<std::size_t>(r)];
+      m.current = text[0] == '1';
+      std::size_t at = 1;
+      bool needed = false;
+      while (at < text.size()) {
+        const auto end = std::min(text.find('\n', at + 1), text.size());
+        auto name = text.substr(at + 1, end - at - 1);
+        if (name.empty() && !needed)
+          needed = true;
+        else if (needed)
+          m.needs.push_back(std::move(name));
+        else
+          m.holds.insert(std::move(name));
+        at = end;
+      }
+    }
+    return said;
+  }
+  // Member r's text, on every member (`mine` on r itself): its size first, bounded.
+  std::string broadcast_text(const std::string& mine, int r, const char* what) {
+    std::int64_t bytes = r == rank() ? static_cast<std::int64_t>(mine.size()) : 0;
+    comm_.broadcast(std::span<std::int64_t>(&bytes, 1), r);
+    decentrain::detail::check(bytes >= 1 && bytes <= (std::int64_t{1} << 24), "trainer: member ", r, " of the re-formed ",
+                              "group says ", what, " take ", bytes, " bytes");
+    std::string text = r == rank() ? mine : std::string(static_cast<std::size_t>(bytes), '\0');
+    comm_.broadcast(std::span<char>(text.data(), text.size()), r);
+    return text;
+  }
+  // Who sends what to whom: from[d][s], the names member s sends member d, in d's order (a
+  // member takes what it holds itself; else the holders at the step in turn); none, naming
+  // `missing`, when some name has no holder.
+  static std::optional<std::vector<std::vector<std::vector<std::string>>>> plan_redeal(const std::vector<member_parts>& said,
+                                                                                       std::string& missing) {
+    const auto n = said.size();
+    std::vector<std::vector<std::vector<std::string>>> from(n, std::vector<std::vector<std::string>>(n));
+    for (std::size_t d = 0; d < n; ++d) {
+      const auto& want = said[d].needs;
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        std::vector<std::size_t> holders;
+        for (std::size_t r = 0; r < n; ++r)
+          if (said[r].current && said[r].holds.count(want[k])) holders.push_back(r);
+        if (holders.empty()) {
+          missing = want[k];
+          return std::nullopt;
+        }
+        const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
+        from[d][own ? d : holders[(d + k) % holders.size()]].push_back(want[k]);
+      }
+    }
+    return from;
+  }
+  // The parameters a checkpoint holds whole (values, both moments and the step count).
+  static std::set<std::string> names_in(const io::checkpoint& c) {
+    std::set<std::string> names;
+    for (const auto& [key, t] : c.tensors)
+      if (key.starts_with("model.")) {
+        const auto name = key.substr(6);
+        if (c.tensors.contains("adamw." + name + ".exp_avg") && c.tensors.contains("adamw." + name + ".exp_avg_sq") &&
+            c.counters.contains("adamw." + name + ".step"))
+          names.insert(name);
+      }
+    return names;
+  }
+  // Every member says which checkpoint files it sees ("folder step" lines); per member, the pairs.
+  std::vector<std::vector<std::pair<int, std::int64_t>>> announce_files(const checkpoint_files& files) {
+    std::string mine = "f";
+    for (const auto& [folder, steps] : files)
+      for (const auto& [s, path] : steps) mine += decentrain::detail::concat("\n", folder, " ", s);
+    std::vector<std::vector<std::pair<int, std::int64_t>>> seen(static_cast<std::size_t>(world()));
+    for (int r = 0; r < world(); ++r) {
+      std::istringstream text(broadcast_text(mine, r, "its checkpoint files"));
+      std::string f;
+      text >> f;
+      int folder = 0;
+      std::int64_t s = 0;
+      while (text >> folder >> s) seen[static_cast<std::size_t>(r)].emplace_back(folder, s);
+    }
+    return seen;
+  }
+  // This member's share of the files of step s, read and joined: each file is read by one member
+  // that sees it (the peer whose folder it is, where that is a member; else the members that see
+  // it take the lost peers' folders in turn). A file that does not read back whole, or is of another step, adds nothing.
+  io::checkpoint read_files_at(std::int64_t s, const std::vector<std::vector<std::pair<int, std::int64_t>>>& seen,
+                               const checkpoint_files& files) {
+    std::set<int> folders;
+    for (const auto& m : seen)
+      for (const auto& [folder, at] : m)
+        if (at == s) folders.insert(folder);
+    io::checkpoint joined;
+    for (int folder : folders) {
+      const auto sees = [&](int r) {
+        const auto& m = seen[static_cast<std::size_t>(r)];
+        return std::find(m.begin(), m.end(), std::pair{folder, s}) != m.end();
+      };
+      std::vector<int> readers;
+      for (int r = 0; r < world(); ++r)
+        if (sees(r)) readers.push_back(r);
+      const auto owner = std::find(members_.begin(), members_.end(), folder);
+      const int own = static_cast<int>(owner - members_.begin());
+      const int reader = owner != members_.end() && sees(own) ? own : readers[static_cast<std::size_t>(folder) % readers.size()];
+      if (reader != rank()) continue;
+      try {
+        auto c = io::load_checkpoint(files.at(folder).at(s));
+        if (c.counter("step") != s) continue;
+        if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
+          if (!(config_of(c) == model_.config())) continue;
+        for (auto& [key, t] : c.tensors) joined.tensors.insert_or_assign(key, std::move(t));
+        for (const auto& [key, v] : c.counters) joined.counters.insert_or_assign(key, v);
+      } catch (const decentrain::error&) {
+        // (a damaged file: its parts are looked for elsewhere, or at an older step)
+      }
+    }
+    return joined;
+  }
+
+  // A restarted group whose checkpoints another shape wrote (the job re-formed before it
+  // stopped): each member restored its file's part as held_; the parts are dealt out over the
+  // group's shape before the first step (when the restarted group re-formed in its start, the
+  // re-deal there did this already).
+  void settle_held() {
+    std::int32_t held = held_ ? 1 : 0;
+    comm_.all_reduce(std::span<std::int32_t>(&held, 1), collective::reduce_op::max);
+    if (held != 0) redeal({}, step_, {});
   }
 
   // A context after the parts were dealt out again: the same step and phase, the new
@@ -28030,6 +28254,8 @@ class trainer {
   bool pipelined_ = false;           // the job started with several stages: its group re-forms by dealing the parts out
   std::uint64_t redealt_ = 0;        // how many times the parts were dealt out again (a context made before is stale)
   std::vector<redeal_record> redeals_;
+  std::optional<io::checkpoint> held_;  // a restored part of another shape, until it is dealt out (redeal)
+  bool went_back_ = false;              // the last re-deal went back to a checkpoint's step
   ParallelPolicy parallel_;
   parallel::placement placement_;  // before the model: it says which part of the model this peer builds
   Model model_;

@@ -1518,6 +1518,31 @@ TEST_CASE("train --parallel pipeline: stages x replicas train as one process doe
   CHECK_THAT(morphed.output, Contains("(re-formed from 2 x 2 when peers were lost)"));
   CHECK(loss_of(morphed.output) > 0);
   CHECK(loss_of(morphed.output) < 1.2 * expected);
+  // 3 stages x 1 copy with checkpoints every 4 steps: peer 1, stage 1's only copy, is killed
+  // after step 10; the two left go back to the newest step whose files hold every part (8, or 4
+  // were step 8's write not on disk yet), re-form as 2 stages and train on to the end.
+  const auto back = run("timeout 120 " + common + " --batch-size 8 --peers 3 --parallel pipeline --stages 3 --elastic --kill 1@10"
+                                                  " --checkpoint-dir back --save-every 4",
+                        dir);
+  INFO(back.output);
+  REQUIRE(back.status == 0);
+  CHECK_THAT(back.output, Contains("pipeline: 2 stages x 1 copies"));
+  CHECK((back.output.find("went back to step 8's checkpoints") != std::string::npos ||
+         back.output.find("went back to step 4's checkpoints") != std::string::npos));
+  CHECK(loss_of(back.output) > 0);
+  CHECK(loss_of(back.output) < 1.2 * expected);
+  // Restarted from those files (the two left's of the 2-stage parts at step 30, peer 1's of its
+  // 3-stage part at step 8 or 4): the group takes the furthest step, deals the parts out as the
+  // 3 stages first asked for, and trains on.
+  const auto restarted = run("timeout 120 " + common + " --batch-size 8 --peers 3 --parallel pipeline --stages 3 --elastic"
+                                                       " --checkpoint-dir back --save-every 4 --resume --steps 34",
+                             dir);
+  INFO(restarted.output);
+  REQUIRE(restarted.status == 0);
+  CHECK_THAT(restarted.output, Contains("peer 0 resumed from back/peer-0-of-3/step-30.ckpt at step 30"));
+  CHECK_THAT(restarted.output, Contains("peer 1 resumed at step 30 from the others' state"));
+  CHECK_THAT(restarted.output, Contains("pipeline: 3 stages x 1 copies"));
+  CHECK(loss_of(restarted.output) > 0);
   // Two TCP processes, a stage each, with int8 activations: they train and agree with each other.
   const auto port = std::to_string(free_port());
   const std::string tcp_args = common + " --batch-size 8 --parallel pipeline --stages 2 --activation-codec int8";

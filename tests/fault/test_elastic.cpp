@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -82,7 +83,8 @@ struct elastic_run {
   std::string log;  // what each peer saw, for a failing check
 
   elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills, std::size_t changes_kept = 1000,
-              const std::string& checkpoint_dir = "", Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt()) {
+              const std::string& checkpoint_dir = "", Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt(),
+              const std::function<void(dt::fault::elastic&)>& tune = {}) {
     stages.resize(static_cast<std::size_t>(world));
     redeals.resize(static_cast<std::size_t>(world));
     params.resize(static_cast<std::size_t>(world));
@@ -99,6 +101,7 @@ struct elastic_run {
     fault.changes_kept = changes_kept;
     fault.checkpoints.dir = checkpoint_dir;  // empty: none
     fault.checkpoints.every = 1;
+    if (tune) tune(fault);
     net.run([&](dt::transport::in_process::endpoint& raw) {
       const int r = raw.rank();
       auto countdown = std::make_shared<std::atomic<int>>(-1);
@@ -199,14 +202,14 @@ dt::nn::gpt_config three_blocks() {
   c.n_layer = 3;
   return c;
 }
-// The checkpoints of peers 0 and 1 (copy 0 of two stages: the whole model) joined, for each of
-// the first `world` peers with its own counters and dropout stream, as a group of `world`.
-std::vector<dt::io::checkpoint> joined_stages(const std::vector<dt::io::checkpoint>& saved, int world) {
+// The checkpoints of the first `stages` peers (copy 0: the whole model) joined, for each of the
+// first `world` peers with its own counters and dropout stream, as a group of `world`.
+std::vector<dt::io::checkpoint> joined_stages(const std::vector<dt::io::checkpoint>& saved, int world, int stages = 2) {
   std::vector<dt::io::checkpoint> joined(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     auto& c = joined[static_cast<std::size_t>(r)];
     c = saved[static_cast<std::size_t>(r)];
-    for (int holder : {0, 1}) {
+    for (int holder = 0; holder < stages; ++holder) {
       for (const auto& [name, t] : saved[static_cast<std::size_t>(holder)].tensors) c.tensors[name] = t;
       for (const auto& [name, v] : saved[static_cast<std::size_t>(holder)].counters)
         if (name.starts_with("adamw.")) c.counters[name] = v;
@@ -330,6 +333,117 @@ TEST_CASE("elastic: a pipeline stage whose every replica is lost stops the run n
   interleaved.micro_batches = 4;
   CHECK(interleaved.morph(4, 4) == 2);
   CHECK(interleaved.morph(3, 4) == 1);  // 3 stages x 2 chunks would need 6 blocks
+}
+
+TEST_CASE("elastic: a pipeline stage whose every replica is lost goes back to the newest checkpoint holding it, bit for bit") {
+  // 3 stages x 1 copy writing checkpoints every 2 steps into a directory the peers share (as
+  // Varuna's storage is). Peer 1, stage 1's only replica, dies at step 5: nobody holds its block
+  // any more. The two left go back to step 4, whose files hold every part, re-form as 2 stages,
+  // and must end where the undisturbed run's state after 4 steps, joined and resumed by two
+  // peers as two stages, ends. (Stage 1's every replica of a 2 x 2 pipeline would be half the
+  // group: no quorum, as for any split of the group in two.)
+  const auto dir = std::filesystem::temp_directory_path() / ("decentrain_elastic_back_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto opts = small_run(8);
+  const dt::comm::sync_allreduce<> comm;
+  auto three = two_stages();
+  three.stages = 3;
+  elastic_run run(3, opts, comm, {{1, 5, 1}}, 1000, dir.string(), three, three_blocks(), [](dt::fault::elastic& f) {
+    f.checkpoints.every = 2;
+    f.checkpoints.background = false;  // step 4's files are whole before step 5 starts
+  });
+  INFO(run.log);
+  const auto saved = stop_at<pipeline_trainer>(3, 4, three_blocks(), opts, comm, three);
+  const auto expected = resume_from<pipeline_trainer>(joined_stages(saved, 2, 3), three_blocks(), opts, comm, two_stages());
+  const int survivors[2] = {0, 2};
+  for (int i = 0; i < 2; ++i) {
+    const auto r = static_cast<std::size_t>(survivors[i]);
+    INFO("peer " << r);
+    CHECK(run.stages[r] == 2);
+    CHECK(run.members[r] == std::vector<int>{0, 2});
+    CHECK(run.results[r].last.step == 8);
+    REQUIRE(!run.params[r].empty());
+    CHECK(run.params[r] == expected[static_cast<std::size_t>(i)]);
+    const auto& rd = run.redeals[r];
+    REQUIRE(!rd.empty());
+    CHECK(rd.back().step == 4);  // went back from step 5 to step 4
+    CHECK((rd.back().stages_after == 2 && rd.back().copies_after == 1));
+  }
+  CHECK(run.params[1].empty());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("elastic: a pipeline restarted from checkpoints another shape wrote deals their parts out, bit for bit") {
+  // A 2 x 2 pipeline loses peer 3 at step 4 and re-forms as 3 x 1; it stops after step 6 with its
+  // three survivors' files of the 3 x 1 parts. Four peers restarted from the directory build the
+  // first shape (2 x 2): peers 0-2 hold parts of another shape, peer 3 its own of step 4. The
+  // group takes the furthest step, the parts dealt out from what each restored, and must end
+  // where the joined step-6 state resumed as 2 x 2 ends. Then the same with every peer at step 6
+  // (peer 3 given a copy of peer 0's file): no agreement, the parts are dealt out before the
+  // first step.
+  const auto dir = std::filesystem::temp_directory_path() / ("decentrain_elastic_reshape_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const dt::comm::sync_allreduce<> comm;
+  {
+    elastic_run first(4, small_run(6), comm, {{3, 4, 1}}, 1000, dir.string(), two_stages(), three_blocks());
+    INFO(first.log);
+    for (int r = 0; r < 3; ++r) REQUIRE(first.stages[static_cast<std::size_t>(r)] == 3);
+  }
+  dt::fault::checkpoint_every layout;
+  layout.dir = dir.string();
+  // The reference: the three step-6 files joined (the whole model) for each of four peers.
+  std::vector<dt::io::checkpoint> joined(4);
+  for (int r = 0; r < 4; ++r) {
+    auto& c = joined[static_cast<std::size_t>(r)];
+    c = dt::io::load_checkpoint(layout.file(std::min(r, 2), 4, 6));  // own counters and dropout stream
+    for (int holder = 0; holder < 3; ++holder) {
+      const auto part = dt::io::load_checkpoint(layout.file(holder, 4, 6));
+      for (const auto& [name, t] : part.tensors) c.tensors[name] = t;
+      for (const auto& [name, v] : part.counters)
+        if (name.starts_with("adamw.")) c.counters[name] = v;
+    }
+    c.counters["trainer.rank"] = r;
+    c.counters["trainer.world"] = 4;
+  }
+  const auto opts = small_run(8);
+  const auto expected = resume_from<pipeline_trainer>(joined, three_blocks(), opts, comm, two_stages());
+
+  const auto copy = dir.parent_path() / (dir.filename().string() + "_settle");
+  std::filesystem::remove_all(copy);
+  std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
+  {
+    elastic_run restarted(4, opts, comm, {}, 1000, dir.string(), two_stages(), three_blocks());
+    INFO(restarted.log);
+    for (std::size_t r = 0; r < 4; ++r) {
+      INFO("peer " << r);
+      CHECK(restarted.stages[r] == 2);
+      REQUIRE(!restarted.params[r].empty());
+      CHECK(restarted.params[r] == expected[r]);
+      REQUIRE(restarted.changes[r].size() == 1);  // peer 3 was behind: one agreement, at step 6
+      CHECK(restarted.changes[r][0].step == 6);
+      REQUIRE(restarted.redeals[r].size() == 1);
+      CHECK(restarted.redeals[r][0].step == 6);
+    }
+  }
+  {
+    dt::fault::checkpoint_every settle;
+    settle.dir = copy.string();
+    auto c = dt::io::load_checkpoint(settle.file(0, 4, 6));
+    c.counters["trainer.rank"] = 3;
+    dt::io::save_checkpoint(settle.file(3, 4, 6), c);
+    elastic_run restarted(4, opts, comm, {}, 1000, copy.string(), two_stages(), three_blocks());
+    INFO(restarted.log);
+    for (std::size_t r = 0; r < 4; ++r) {
+      INFO("peer " << r);
+      REQUIRE(!restarted.params[r].empty());
+      CHECK(restarted.params[r] == expected[r]);
+      CHECK(restarted.changes[r].empty());
+      REQUIRE(restarted.redeals[r].size() == 1);
+      CHECK(restarted.redeals[r][0].step == 6);
+    }
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(copy);
 }
 
 TEST_CASE("elastic: a pipeline that can make no copy of two stages re-forms as one stage, every peer the whole model") {

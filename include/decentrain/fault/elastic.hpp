@@ -44,7 +44,11 @@
 // A pipeline (peers holding parts of the model) re-forms otherwise: once a view holds, the
 // trainer deals the parts out again over it (ctx.redeal: the pipeline's morph picks the shape,
 // each member takes its new part from the members at the target), in place of the state
-// transfer above; a stage whose every replica is lost stops the run naming it. Joiners, a
+// transfer above. A stage whose every replica is lost is taken from the checkpoints the members
+// can read (their own folders, and the lost peers' where `checkpoints.dir` is shared storage, as
+// Varuna's is): the group goes back to the newest step whose files hold every part; with none,
+// the run stops naming the stage. A restarted group deals out the parts its files hold whatever
+// shape wrote them (a job that re-formed before it stopped). Joiners, a
 // policy's exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
 //
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
@@ -56,6 +60,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -305,7 +310,7 @@ struct elastic {
         // A pipeline deals its parts out again over the new view (the trainer's redeal): those
         // behind take their new part from members at the target, as every member does.
         if (ctx.redeal) {
-          ctx.redeal(d.behind, d.target.step);
+          ctx.redeal(d.behind, d.target.step, saved_files());
           healed = std::find(d.behind.begin(), d.behind.end(), ep.rank()) != d.behind.end();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
         } else {
@@ -470,6 +475,15 @@ struct elastic {
   }
 
   bool saves() const { return !checkpoints.dir.empty(); }
+  // The checkpoint files this peer sees in the group's folders (its own, and the others' where
+  // the directory is shared); none without checkpoints.
+  std::map<int, std::map<std::int64_t, std::filesystem::path>> saved_files() const {
+    std::map<int, std::map<std::int64_t, std::filesystem::path>> files;
+    if (!saves()) return files;
+    for (int r = 0; r < folder_world_; ++r)
+      for (auto s : checkpoints.saved_steps(r, folder_world_)) files[r][s] = checkpoints.file(r, folder_world_, s);
+    return files;
+  }
 
   // A joiner connected to this peer that is due an agreement: one that says (its hellos) it
   // reaches every member, half a second after it connected here (time to reach the other

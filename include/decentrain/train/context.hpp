@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,10 @@ using communicator = collective::communicator<transport::any_endpoint>;
 // its inner optimizer has stepped (only the communication policy's after_step is left). A group
 // that re-forms compares peers by (step, phase), and those behind take the state of the furthest.
 enum class phase : std::int8_t { start = 0, evaluation = 1, stop_check = 2, step = 3, stepped = 4 };
+
+// Checkpoint files a peer can read, by the world rank whose folder holds them, then step
+// (fault::elastic's folders: where a pipeline's re-deal finds parts no member holds any more).
+using checkpoint_files = std::map<int, std::map<std::int64_t, std::filesystem::path>>;
 
 template <class Model>
 struct peer_context {
@@ -86,10 +92,12 @@ struct peer_context {
   // When the group re-formed, deals the model's parts out again over the new view (a job that
   // started as a pipeline of several stages: the parallel policy's morph); every member calls
   // it together, `behind` the world ranks whose state is not at the agreed `step` (they take
-  // theirs from those at it). Null where every peer holds the whole model: the fault policy then
-  // brings those behind up to date its own way. Between set_view and it, `replicas` and
-  // `pipeline` are the old view's.
-  std::function<void(const std::vector<int>& behind, std::int64_t step)> redeal;
+  // theirs from those at it). A part no member holds at that step (its stage's every replica
+  // lost) is looked for in the checkpoint `files` the members can read: the group then goes back
+  // to the newest step they hold whole (the trainer goes on from there). Null where every peer holds
+  // the whole model: the fault policy then brings those behind up to date its own way. Between
+  // set_view and it, `replicas` and `pipeline` are the old view's.
+  std::function<void(const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files)> redeal;
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;
