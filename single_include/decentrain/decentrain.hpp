@@ -21162,8 +21162,11 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -21261,14 +21264,50 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
 // (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
 // weight 0 sends zeros). One all-reduce of a number; every replica must call it.
 template <class Ctx>
-float weight_factor(Ctx& ctx) {
-  const double mine = ctx.step_weight;
+float weight_factor(Ctx& ctx, double mine) {
   double total = mine;
   ctx.replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
   decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
                             "; weighted averaging needs a positive sum");
   return static_cast<float>(mine * static_cast<double>(ctx.replicas.world()) / total);
 }
+template <class Ctx>
+float weight_factor(Ctx& ctx) {
+  return weight_factor(ctx, ctx.step_weight);
+}
+
+// A replica's weight over a round of a periodic policy: the sum of its steps' ctx.step_weight
+// (each step once, though the trainer calls after_step again after a failed exchange), kept in
+// the policy's checkpoint so that a resumed round weighs what the uninterrupted one does.
+struct round_weight {
+  double sum = 0;
+  std::int64_t through = -1;  // the last step counted
+
+  template <class Ctx>
+  void add(const Ctx& ctx) {
+    if (ctx.step <= through) return;
+    sum += ctx.step_weight;
+    through = ctx.step;
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", sum);  // (a double, exactly: counters are integers)
+    c.text[prefix + "round_weight"] = text;
+    c.counters[prefix + "round_weight_through"] = through;
+  }
+  // A checkpoint without them (written before policies weighed rounds) starts the round at 0.
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    const auto it = c.text.find(prefix + "round_weight");
+    const auto at = c.counters.find(prefix + "round_weight_through");
+    sum = 0;
+    through = at == c.counters.end() ? -1 : at->second;
+    if (it == c.text.end()) return;
+    char* end = nullptr;
+    sum = std::strtod(it->second.c_str(), &end);
+    decentrain::detail::check(end != it->second.c_str() && *end == '\0' && std::isfinite(sum) && sum >= 0, "checkpoint: '",
+                              prefix, "round_weight' is '", it->second, "', not a weight");
+  }
+};
 
 // Makes every replica hold the first replica's parameters. Peers seeded alike already hold the
 // same bits: a 16-byte comparison of the parameters' hashes finds that, and the whole model goes
@@ -21377,6 +21416,10 @@ struct diloco {
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
+  // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
+  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally; one
+  // all-reduce of a number more a round (comm::weight_factor). Every replica the same.
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -21408,9 +21451,11 @@ struct diloco {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
-    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    const float f = weighted ? weight_factor(ctx, weight_.sum) : 1.0f;
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = f * (global_[i] - delta_[i]);  // pseudo-gradient
     compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
     kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
                         outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
@@ -21418,6 +21463,7 @@ struct diloco {
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
     ++rounds_;
+    weight_.sum = 0;
   }
 
   bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
@@ -21431,6 +21477,7 @@ struct diloco {
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
+    weight_.save(c, "comm.diloco.");
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -21439,12 +21486,14 @@ struct diloco {
     momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
     rounds_ = c.counter("comm.diloco.rounds");
     load_codec(codec, c, "comm.diloco.codec.");
+    weight_.load(c, "comm.diloco.");
   }
 
  private:
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
+  round_weight weight_;
   collective::aggregation_record aggregation_;
 };
 
@@ -21632,6 +21681,10 @@ struct local_sgd {
   std::int64_t inner_steps = 50;  // steps between averages
   Codec codec{};
   Aggregator aggregator{};
+  // Average the replicas by the weight of their rounds (the sum of ctx.step_weight over the
+  // round's steps: the rows each took, say) instead of equally; one all-reduce of a number more a
+  // round (comm::weight_factor). Every replica the same.
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -21643,18 +21696,29 @@ struct local_sgd {
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
+    if (weighted)
+      for (const float f = weight_factor(ctx, weight_.sum); auto& v : buffer_) v *= f;
     compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_values(ctx.parameters, buffer_);
+    weight_.sum = 0;
   }
   bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
   const collective::aggregation_record& aggregation() const { return aggregation_; }
-  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.local_sgd.codec."); }
-  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.local_sgd.codec."); }
+  void save(io::checkpoint& c) const {
+    save_codec(codec, c, "comm.local_sgd.codec.");
+    weight_.save(c, "comm.local_sgd.");
+  }
+  void load(const io::checkpoint& c) {
+    load_codec(codec, c, "comm.local_sgd.codec.");
+    weight_.load(c, "comm.local_sgd.");
+  }
 
  private:
   std::vector<float> buffer_;
+  round_weight weight_;
   collective::aggregation_record aggregation_;
 };
 

@@ -89,13 +89,15 @@ TEST_CASE("trainer: under sync_allreduce each peer's gradient is the mean over t
 
 namespace {
 // Data parallelism whose peer r says its step weighs r + 1 (as if it had taken r + 1 times the
-// rows); with `weight` set, every peer says that instead.
+// rows); with `weight` set, every peer says that instead; with `equal_from` set, every peer's
+// steps from that one on weigh 1.
 struct rank_weighted : dt::parallel::data {
   std::optional<double> weight;
+  std::int64_t equal_from = -1;
   template <class Ctx>
   dt::parallel::step_result forward_backward(Ctx& ctx) {
     auto r = dt::parallel::data::forward_backward(ctx);
-    r.weight = weight ? *weight : ctx.comm.rank() + 1.0;
+    r.weight = weight ? *weight : equal_from >= 0 && ctx.step >= equal_from ? 1.0 : ctx.comm.rank() + 1.0;
     return r;
   }
 };
@@ -142,6 +144,62 @@ TEST_CASE("trainer: sync_allreduce with weighted set averages the replicas' grad
     CHECK_THROWS_WITH(fixture::final_params<Sync>(1, fixture::tiny_gpt(), opts, p_plain, nullptr, liar),
                       Catch::Matchers::Contains("gave step 0 the weight") &&
                           Catch::Matchers::Contains("a step's weight must be finite and >= 0"));
+  }
+}
+
+namespace {
+// Runs 3 peers of rank_weighted (peer r's steps weigh r + 1) under `policy` with weighted set, 2
+// steps a round; checks every peer ends on the weighted mean of the peers' parameters before
+// the round's exchange, and that the weights changed it.
+template <class Policy>
+void check_weighted_rounds(Policy policy) {
+  trainer_options opts;
+  opts.steps = 2;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  opts.lr = 1e-2;  // replicas far enough apart that the weights show
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<Policy>, rank_weighted>;
+  std::vector<std::vector<float>> before(3);
+  fixture::probe<Policy> p;
+  p.inner = policy;
+  p.inner.inner_steps = 2;
+  p.inner.weighted = true;
+  p.before_last = &before;
+  const auto after = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, p, nullptr, rank_weighted{});
+  std::vector<float> by_weight(before[0].size()), mean(before[0].size());
+  for (std::size_t i = 0; i < mean.size(); ++i) {
+    // A round of 2 steps: peer r weighs 2 (r + 1); the factor 2 cancels.
+    by_weight[i] = (1.0f * before[0][i] + 2.0f * before[1][i] + 3.0f * before[2][i]) / 6.0f;
+    mean[i] = (before[0][i] + before[1][i] + before[2][i]) / 3.0f;
+  }
+  const double tolerance = 2e-6;
+  for (int r = 0; r < 3; ++r) CHECK(max_abs_diff(after[static_cast<std::size_t>(r)], by_weight) < tolerance);
+  CHECK(max_abs_diff(by_weight, mean) > 100 * tolerance);
+}
+}  // namespace
+
+TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas by their rounds' weights") {
+  SECTION("local SGD") { check_weighted_rounds(dt::comm::local_sgd<>{}); }
+  // Outer SGD with lr 1 and no momentum: the new global parameters are the weighted mean.
+  SECTION("DiLoCo") { check_weighted_rounds(dt::comm::diloco<dt::comm::outer::sgd>{}); }
+  SECTION("a round's weight is in the checkpoint: stopped mid-round and resumed, bit for bit") {
+    trainer_options opts;
+    opts.steps = 6;
+    opts.eval_batches = 1;
+    opts.batch_size = 2;
+    opts.lr = 1e-2;
+    dt::comm::diloco<> diloco;
+    diloco.inner_steps = 4;
+    diloco.weighted = true;
+    // Steps 0 and 1 weigh r + 1, the later ones 1: the first round weighs 4, 6 and 8, and a
+    // resumed round that forgot its first two steps would weigh 2, 2 and 2.
+    rank_weighted weights;
+    weights.equal_from = 2;
+    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, rank_weighted>;
+    const auto whole = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, diloco, nullptr, weights);
+    const auto saved = fixture::stop_at<Trainer>(3, 2, fixture::tiny_gpt(), opts, diloco, weights);
+    const auto resumed = fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, diloco, weights);
+    for (std::size_t r = 0; r < 3; ++r) CHECK(resumed[r] == whole[r]);
   }
 }
 

@@ -108,6 +108,8 @@ struct probe {
   std::vector<std::map<std::string, std::vector<float>>>* named = nullptr;
   std::int64_t fail_at = -1;
   bool failed = false;
+  // Each peer's parameters right before the inner policy's after_step of the last step.
+  std::vector<std::vector<float>>* before_last = nullptr;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -130,6 +132,7 @@ struct probe {
       failed = true;
       throw dt::transport::peer_error((ctx.comm.rank() + 1) % ctx.comm.world(), "all_reduce", "injected: the peer went away");
     }
+    if (before_last && ctx.last_step) dt::comm::gather_values(ctx.parameters, (*before_last)[static_cast<std::size_t>(ctx.comm.rank())]);
     inner.after_step(ctx);
   }
   void save(dt::io::checkpoint& c) const { inner.save(c); }

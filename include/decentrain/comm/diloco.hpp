@@ -42,6 +42,10 @@ struct diloco {
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
+  // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
+  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally; one
+  // all-reduce of a number more a round (comm::weight_factor). Every replica the same.
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -73,9 +77,11 @@ struct diloco {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
-    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    const float f = weighted ? weight_factor(ctx, weight_.sum) : 1.0f;
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = f * (global_[i] - delta_[i]);  // pseudo-gradient
     compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
     kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
                         outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
@@ -83,6 +89,7 @@ struct diloco {
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
     ++rounds_;
+    weight_.sum = 0;
   }
 
   bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
@@ -96,6 +103,7 @@ struct diloco {
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
+    weight_.save(c, "comm.diloco.");
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -104,12 +112,14 @@ struct diloco {
     momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
     rounds_ = c.counter("comm.diloco.rounds");
     load_codec(codec, c, "comm.diloco.codec.");
+    weight_.load(c, "comm.diloco.");
   }
 
  private:
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
+  round_weight weight_;
   collective::aggregation_record aggregation_;
 };
 

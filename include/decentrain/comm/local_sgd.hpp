@@ -20,6 +20,10 @@ struct local_sgd {
   std::int64_t inner_steps = 50;  // steps between averages
   Codec codec{};
   Aggregator aggregator{};
+  // Average the replicas by the weight of their rounds (the sum of ctx.step_weight over the
+  // round's steps: the rows each took, say) instead of equally; one all-reduce of a number more a
+  // round (comm::weight_factor). Every replica the same.
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -31,18 +35,29 @@ struct local_sgd {
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
+    if (weighted)
+      for (const float f = weight_factor(ctx, weight_.sum); auto& v : buffer_) v *= f;
     compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
     scatter_values(ctx.parameters, buffer_);
+    weight_.sum = 0;
   }
   bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
   const collective::aggregation_record& aggregation() const { return aggregation_; }
-  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.local_sgd.codec."); }
-  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.local_sgd.codec."); }
+  void save(io::checkpoint& c) const {
+    save_codec(codec, c, "comm.local_sgd.codec.");
+    weight_.save(c, "comm.local_sgd.");
+  }
+  void load(const io::checkpoint& c) {
+    load_codec(codec, c, "comm.local_sgd.codec.");
+    weight_.load(c, "comm.local_sgd.");
+  }
 
  private:
   std::vector<float> buffer_;
+  round_weight weight_;
   collective::aggregation_record aggregation_;
 };
 

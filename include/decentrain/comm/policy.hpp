@@ -21,8 +21,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -131,14 +134,50 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
 // (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
 // weight 0 sends zeros). One all-reduce of a number; every replica must call it.
 template <class Ctx>
-float weight_factor(Ctx& ctx) {
-  const double mine = ctx.step_weight;
+float weight_factor(Ctx& ctx, double mine) {
   double total = mine;
   ctx.replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
   decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
                             "; weighted averaging needs a positive sum");
   return static_cast<float>(mine * static_cast<double>(ctx.replicas.world()) / total);
 }
+template <class Ctx>
+float weight_factor(Ctx& ctx) {
+  return weight_factor(ctx, ctx.step_weight);
+}
+
+// A replica's weight over a round of a periodic policy: the sum of its steps' ctx.step_weight
+// (each step once, though the trainer calls after_step again after a failed exchange), kept in
+// the policy's checkpoint so that a resumed round weighs what the uninterrupted one does.
+struct round_weight {
+  double sum = 0;
+  std::int64_t through = -1;  // the last step counted
+
+  template <class Ctx>
+  void add(const Ctx& ctx) {
+    if (ctx.step <= through) return;
+    sum += ctx.step_weight;
+    through = ctx.step;
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", sum);  // (a double, exactly: counters are integers)
+    c.text[prefix + "round_weight"] = text;
+    c.counters[prefix + "round_weight_through"] = through;
+  }
+  // A checkpoint without them (written before policies weighed rounds) starts the round at 0.
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    const auto it = c.text.find(prefix + "round_weight");
+    const auto at = c.counters.find(prefix + "round_weight_through");
+    sum = 0;
+    through = at == c.counters.end() ? -1 : at->second;
+    if (it == c.text.end()) return;
+    char* end = nullptr;
+    sum = std::strtod(it->second.c_str(), &end);
+    decentrain::detail::check(end != it->second.c_str() && *end == '\0' && std::isfinite(sum) && sum >= 0, "checkpoint: '",
+                              prefix, "round_weight' is '", it->second, "', not a weight");
+  }
+};
 
 // Makes every replica hold the first replica's parameters. Peers seeded alike already hold the
 // same bits: a 16-byte comparison of the parameters' hashes finds that, and the whole model goes
