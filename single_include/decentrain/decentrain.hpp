@@ -10955,16 +10955,31 @@ struct traffic_stats {
   double clock_seconds = 0.0;
 };
 
+// A message and the peer that sent it (recv_any).
+struct received {
+  int source = -1;
+  bytes data;
+};
+
 // Messages between one (source, destination) pair arrive in the order they were sent; `recv`
 // blocks until the message with that source and tag arrives, and throws decentrain::error when
-// it cannot (timeout, peer gone). `computed` tells the endpoint how long the caller computed,
-// which a simulated network adds to its clock and a real one ignores.
+// it cannot (timeout, peer gone). `recv_any` takes the next message with that tag from whichever
+// of a set of peers has one first (each one's own still in order) and says who sent it: a
+// router that hands work to several peers takes their answers as they come (SWARM), a gossip
+// step the first neighbour ready; it throws as recv does, naming the first of the set that can
+// send nothing more while nothing is queued from the others (the caller leaves it out and asks
+// again). `try_recv` takes the next message from a peer if it has arrived, else returns none
+// at once (it throws as recv does when the peer is gone). `computed` tells the endpoint how long
+// the caller computed, which a simulated network adds to its clock and a real one ignores.
 template <class E>
-concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span<const std::byte> data, double seconds) {
+concept endpoint = requires(E& e, const E& ce, int peer, std::span<const int> sources, tag_type tag,
+                            std::span<const std::byte> data, double seconds) {
   { ce.rank() } -> std::convertible_to<int>;
   { ce.world() } -> std::convertible_to<int>;
   e.send(peer, tag, data);
   { e.recv(peer, tag) } -> std::same_as<bytes>;
+  { e.recv_any(sources, tag) } -> std::same_as<received>;
+  { e.try_recv(peer, tag) } -> std::same_as<std::optional<bytes>>;
   { ce.stats() } -> std::convertible_to<traffic_stats>;
   e.computed(seconds);
 };
@@ -11138,6 +11153,10 @@ constexpr bool check_endpoint() {
                 "a transport endpoint needs `void send(int peer, tag_type tag, std::span<const std::byte> data)`");
   static_assert(requires(E& e, int p, tag_type t) { { e.recv(p, t) } -> std::same_as<bytes>; },
                 "a transport endpoint needs `transport::bytes recv(int peer, tag_type tag)`");
+  static_assert(requires(E& e, std::span<const int> s, tag_type t) { { e.recv_any(s, t) } -> std::same_as<received>; },
+                "a transport endpoint needs `transport::received recv_any(std::span<const int> sources, tag_type tag)`");
+  static_assert(requires(E& e, int p, tag_type t) { { e.try_recv(p, t) } -> std::same_as<std::optional<bytes>>; },
+                "a transport endpoint needs `std::optional<transport::bytes> try_recv(int peer, tag_type tag)`");
   static_assert(requires(const E& e) { { e.stats() } -> std::convertible_to<traffic_stats>; },
                 "a transport endpoint needs `traffic_stats stats() const`");
   static_assert(requires(E& e, double s) { e.computed(s); },
@@ -11161,6 +11180,8 @@ class any_endpoint {
   int world() const { return get().world(); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { get().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return get().recv(peer, tag); }
+  received recv_any(std::span<const int> sources, tag_type tag) { return get().recv_any(sources, tag); }
+  std::optional<bytes> try_recv(int peer, tag_type tag) { return get().try_recv(peer, tag); }
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                 tag_type tag, const landed_fn& landed) {
     get().exchange(to, outs, from, ins, tag, landed);
@@ -11207,6 +11228,8 @@ class any_endpoint {
     virtual int world() const = 0;
     virtual void send(int, tag_type, std::span<const std::byte>) = 0;
     virtual bytes recv(int, tag_type) = 0;
+    virtual received recv_any(std::span<const int>, tag_type) = 0;
+    virtual std::optional<bytes> try_recv(int, tag_type) = 0;
     virtual void exchange(int, std::span<const std::span<const std::byte>>, int, std::span<const std::span<std::byte>>, tag_type,
                           const landed_fn&) = 0;
     virtual traffic_stats stats() const = 0;
@@ -11241,6 +11264,8 @@ class any_endpoint {
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
     bytes recv(int p, tag_type t) override { return e.recv(p, t); }
+    received recv_any(std::span<const int> sources, tag_type t) override { return e.recv_any(sources, t); }
+    std::optional<bytes> try_recv(int p, tag_type t) override { return e.try_recv(p, t); }
     void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                   tag_type t, const landed_fn& landed) override {
       transport::exchange(e, to, outs, from, ins, t, landed);
@@ -12241,6 +12266,50 @@ class mailbox {
     }
   }
 
+  // The next message with `tag` from whichever of `sources` has one, and who sent it: of those
+  // queued, the one that arrived first (simulated arrival; in the order of `sources` where they
+  // tie), each source's own in order. Throws as pop() does, for the first source that can send
+  // nothing more while none is queued (the caller leaves it out and asks again), and when
+  // `timeout` passes first (naming the source when there is one).
+  std::pair<int, message> pop_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + timeout;
+    for (;;) {
+      if (auto m = take_first_of(sources, tag)) {
+        wake_if_paused(lock, m->first);
+        return std::move(*m);
+      }
+      auto next_check = deadline;
+      for (const int source : sources) {
+        throw_if_unreachable(source, tag);
+        throw_if_stuck(lock, source, tag, started);
+        next_check = std::min(next_check, next_stuck_check(source, started));
+      }
+      if (ready_.wait_until(lock, next_check) == std::cv_status::timeout && std::chrono::steady_clock::now() >= deadline &&
+          !any_queued(sources, tag, std::numeric_limits<double>::infinity()))
+        timed_out_any(sources, tag, timeout);
+    }
+  }
+  // The same without waiting: none when no source has one queued (by simulated time `now`).
+  std::optional<std::pair<int, message>> try_pop_any(std::span<const int> sources, tag_type tag,
+                                                     double now = std::numeric_limits<double>::infinity()) {
+    std::unique_lock lock(mutex_);
+    if (auto m = take_first_of(sources, tag, now)) {
+      wake_if_paused(lock, m->first);
+      return m;
+    }
+    for (const int source : sources) throw_if_unreachable(source, tag);
+    return std::nullopt;
+  }
+  [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
+    if (sources.size() == 1) timed_out(sources.front(), tag, timeout);
+    std::string list;
+    for (const int s : sources) list += (list.empty() ? "" : ", ") + std::to_string(s);
+    transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list,
+                                 " (tag ", tag, ") within ", timeout.count(), " ms: they are slow, partitioned or have failed");
+  }
+
   // ---- turns on simulated time (in_process's deterministic mode) ----
 
   // An alarm that takes effect when it arrives (m.arrival), not when it is sent: a peer whose
@@ -12272,6 +12341,13 @@ class mailbox {
     });
   }
 
+  // The same for a wait on any of `sources`: the earliest of theirs.
+  std::optional<double> due_any(std::span<const int> sources, tag_type tag) const {
+    std::optional<double> at;
+    for (const int source : sources)
+      if (const auto d = due(source, tag); d && (!at || *d < *at)) at = d;
+    return at;
+  }
   // When a wait for the next message from `source` with `tag` ends: at that message's arrival
   // time, or at once (-infinity) when it would fail now; none while it would still wait.
   std::optional<double> due(int source, tag_type tag) const {
@@ -12547,6 +12623,27 @@ class mailbox {
   bool queued(int source, tag_type tag) const {
     auto it = queues_.find({source, tag});
     return it != queues_.end() && !it->second.empty();
+  }
+
+  bool any_queued(std::span<const int> sources, tag_type tag, double now) const {
+    for (const int source : sources)
+      if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
+        return true;
+    return false;
+  }
+  // Of `sources`' next messages with `tag` that have arrived by `now`, the earliest, taken.
+  std::optional<std::pair<int, message>> take_first_of(std::span<const int> sources, tag_type tag,
+                                                       double now = std::numeric_limits<double>::infinity()) {
+    int first = -1;
+    double at = 0;
+    for (const int source : sources)
+      if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now &&
+                                                (first < 0 || it->second.front().arrival < at)) {
+        first = source;
+        at = it->second.front().arrival;
+      }
+    if (first < 0) return std::nullopt;
+    return std::pair{first, std::move(*take_queued(first, tag))};
   }
 
   std::optional<message> take_queued(int source, tag_type tag) {
@@ -13181,14 +13278,37 @@ class in_process {
     bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       check_peer(peer, "receive from");
       check_alive();
-      auto m = net_->turns ? pop_in_turn(peer, tag, timeout) : box().pop(peer, tag, timeout);
-      if (m.arrival > clock_) {
-        stats_.wait_seconds += m.arrival - clock_;
-        clock_ = m.arrival;
+      const int sources[1] = {peer};
+      return take(net_->turns ? pop_in_turn(sources, tag, timeout).second : box().pop(peer, tag, timeout));
+    }
+    // In a deterministic run, the message due first (simulated arrival); otherwise the one
+    // queued first of those that are (real time), the clock moving to its arrival as recv's does.
+    received recv_any(std::span<const int> sources, tag_type tag) {
+      decentrain::detail::check(!sources.empty(), "in_process: peer ", rank_, " cannot receive from none of the peers");
+      for (const int p : sources) check_peer(p, "receive from");
+      check_alive();
+      auto [source, m] = net_->turns ? pop_in_turn(sources, tag, net_->opts.recv_timeout)
+                                     : box().pop_any(sources, tag, net_->opts.recv_timeout);
+      return {source, take(std::move(m))};
+    }
+    // Whether the message has arrived: in a deterministic run by this peer's clock (a poll loop
+    // moves it with transport::pause); otherwise whether it is queued, the clock moving to its
+    // arrival as recv's does.
+    std::optional<bytes> try_recv(int peer, tag_type tag) {
+      check_peer(peer, "receive from");
+      check_alive();
+      const int sources[1] = {peer};
+      std::optional<std::pair<int, detail::message>> m;
+      if (net_->turns) {
+        net_->turns->yield(rank_, clock_);  // peers whose clocks are behind go first
+        check_alive();
+        box().arrived(clock_);
+        m = box().try_pop_any(sources, tag, clock_);
+      } else {
+        m = box().try_pop_any(sources, tag);
       }
-      stats_.bytes_received += m.payload.size();
-      ++stats_.messages_received;
-      return std::move(m.payload);
+      if (!m) return std::nullopt;
+      return take(std::move(m->second));
     }
 
     void discard_before(int peer, tag_type tag) { box().discard_before(peer, tag); }
@@ -13323,6 +13443,16 @@ class in_process {
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
     }
     detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
+    // A message taken: the clock moves to its arrival, the counters count it.
+    bytes take(detail::message m) {
+      if (m.arrival > clock_) {
+        stats_.wait_seconds += m.arrival - clock_;
+        clock_ = m.arrival;
+      }
+      stats_.bytes_received += m.payload.size();
+      ++stats_.messages_received;
+      return std::move(m.payload);
+    }
     // A killed peer's own calls fail (not as a peer error: no fault policy should try to save it).
     void check_alive() const {
       if (net_->dead[static_cast<std::size_t>(rank_)].load() || net_->incarnation[static_cast<std::size_t>(rank_)] != incarnation_)
@@ -13334,22 +13464,23 @@ class in_process {
     }
     // A deterministic run's recv: waits its turn until the message is due or the deadline (on
     // simulated time) passes.
-    detail::message pop_in_turn(int peer, tag_type tag, std::chrono::milliseconds timeout) {
+    // (From any of `sources`: the one whose message is due first.)
+    std::pair<int, detail::message> pop_in_turn(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
       const double deadline = clock_ + std::chrono::duration<double>(timeout).count();
       auto& b = box();
       for (;;) {
-        const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
+        const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, sources, tag] { return b.due_any(sources, tag); });
         check_alive();
         if (w.timed_out) {
           stats_.wait_seconds += deadline - clock_;
           clock_ = deadline;
-          detail::mailbox::timed_out(peer, tag, timeout);
+          detail::mailbox::timed_out_any(sources, tag, timeout);
         }
         // Woken by the message landing, or by an alarm or a closed connection landing first.
         const double woke = std::max(clock_, w.at);
         b.arrived(woke);
         try {
-          if (auto m = b.try_pop(peer, tag, woke)) return std::move(*m);  // throws when it fails at once
+          if (auto m = b.try_pop_any(sources, tag, woke)) return std::move(*m);  // throws when it fails at once
         } catch (const peer_error&) {
           stats_.wait_seconds += woke - clock_;
           clock_ = woke;
@@ -13705,6 +13836,8 @@ static_assert(joining_endpoint<in_process::endpoint>);
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <thread>
 
 
@@ -13800,34 +13933,38 @@ class mpi {
   }
 
   bytes recv(int peer, tag_type tag) {
-    check_peer(peer, "receive from");
+    const int sources[1] = {peer};
+    return recv_any(sources, tag).data;
+  }
+  // Polls each source in turn (MPI_Iprobe), so that a message from a peer outside the set is
+  // never taken; the first found is received.
+  received recv_any(std::span<const int> sources, tag_type tag) {
+    decentrain::detail::check(!sources.empty(), "mpi: peer ", self_->rank, " cannot receive from none of the peers");
+    for (const int peer : sources) check_peer(peer, "receive from");
     const auto t0 = std::chrono::steady_clock::now();
     const auto deadline = t0 + self_->recv_timeout;
-    MPI_Status status{};
-    int ready = 0;
     for (std::uint64_t spins = 0;; ++spins) {
-      MPI_Iprobe(peer, mpi_tag(tag), self_->comm, &ready, &status);
-      if (ready) break;
+      for (const int peer : sources)
+        if (auto got = probed(peer, tag, t0)) return {peer, std::move(*got)};
       {
         std::lock_guard lock(self_->mutex);
         self_->complete_sends(false);
       }
       if (spins > 1000) {
-        if (std::chrono::steady_clock::now() > deadline)
-          decentrain::detail::fail("transport: no message from peer ", peer, " (tag ", tag, ") within ",
-                                   self_->recv_timeout.count(), " ms: the peer is slow, partitioned or has failed");
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::string list;
+          for (const int peer : sources) list += (list.empty() ? "" : ", ") + std::to_string(peer);
+          decentrain::detail::fail("transport: no message from ", sources.size() == 1 ? "peer " : "any of peers ", list,
+                                   " (tag ", tag, ") within ", self_->recv_timeout.count(),
+                                   " ms: the peer is slow, partitioned or has failed");
+        }
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    bytes out(static_cast<std::size_t>(count));
-    MPI_Recv(out.data(), count, MPI_BYTE, peer, mpi_tag(tag), self_->comm, MPI_STATUS_IGNORE);
-    std::lock_guard lock(self_->mutex);
-    if (!lane_) self_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    self_->stats.bytes_received += out.size();
-    ++self_->stats.messages_received;
-    return out;
+  }
+  std::optional<bytes> try_recv(int peer, tag_type tag) {
+    check_peer(peer, "receive from");
+    return probed(peer, tag, std::chrono::steady_clock::now());
   }
 
   traffic_stats stats() const {
@@ -13838,6 +13975,23 @@ class mpi {
   }
 
  private:
+  // The next message from `peer` with `tag` if one is there (received, counted; the wait since
+  // `t0` counted as the caller's), else none.
+  std::optional<bytes> probed(int peer, tag_type tag, std::chrono::steady_clock::time_point t0) {
+    MPI_Status status{};
+    int ready = 0;
+    MPI_Iprobe(peer, mpi_tag(tag), self_->comm, &ready, &status);
+    if (!ready) return std::nullopt;
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    bytes out(static_cast<std::size_t>(count));
+    MPI_Recv(out.data(), count, MPI_BYTE, peer, mpi_tag(tag), self_->comm, MPI_STATUS_IGNORE);
+    std::lock_guard lock(self_->mutex);
+    if (!lane_) self_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    self_->stats.bytes_received += out.size();
+    ++self_->stats.messages_received;
+    return out;
+  }
   struct pending_send {
     bytes buffer;
     MPI_Request request = MPI_REQUEST_NULL;
@@ -16337,6 +16491,29 @@ struct node {
     return std::move(m.payload);
   }
 
+  received recv_any(std::span<const int> sources, tag_type tag, bool count_wait = true) {
+    decentrain::detail::check(!sources.empty(), "tcp: peer ", opts.rank, " cannot receive from none of the peers");
+    for (const int peer : sources)
+      decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                                " (ranks below ", opts.capacity(), ")");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [source, m] = box.pop_any(sources, tag, opts.recv_timeout);
+    if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes_received += m.payload.size();
+    ++messages_received;
+    return {source, std::move(m.payload)};
+  }
+  std::optional<bytes> try_recv(int peer, tag_type tag) {
+    decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                              " (ranks below ", opts.capacity(), ")");
+    const int sources[1] = {peer};
+    auto m = box.try_pop_any(sources, tag);
+    if (!m) return std::nullopt;
+    bytes_received += m->second.payload.size();
+    ++messages_received;
+    return std::move(m->second.payload);
+  }
+
   // Posts `ins` for the messages from `from` before sending `outs`: the I/O thread then reads
   // those bodies straight into `ins` (see mailbox::receive_into).
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
@@ -16887,6 +17064,8 @@ class tcp {
   int world() const { return std::max(n().opts.world, n().opts.rank + 1); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { n().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return n().recv(peer, tag, !lane_); }
+  received recv_any(std::span<const int> sources, tag_type tag) { return n().recv_any(sources, tag, !lane_); }
+  std::optional<bytes> try_recv(int peer, tag_type tag) { return n().try_recv(peer, tag); }
   // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
   // transport::exchange.
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
@@ -17611,6 +17790,16 @@ class group_view {
     parent_->send(at(peer), mapped(tag), data);
   }
   transport::bytes recv(int peer, transport::tag_type tag) { return parent_->recv(at(peer), mapped(tag)); }
+  // (sources and the sender as members of the group)
+  transport::received recv_any(std::span<const int> sources, transport::tag_type tag) {
+    std::vector<int> ranks;
+    ranks.reserve(sources.size());
+    for (const int s : sources) ranks.push_back(at(s));
+    auto m = parent_->recv_any(ranks, mapped(tag));
+    m.source = static_cast<int>(std::find(members_.begin(), members_.end(), m.source) - members_.begin());
+    return m;
+  }
+  std::optional<transport::bytes> try_recv(int peer, transport::tag_type tag) { return parent_->try_recv(at(peer), mapped(tag)); }
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                 transport::tag_type tag, const transport::landed_fn& landed) {
     transport::exchange(*parent_, to < 0 ? to : at(to), outs, at(from), ins, mapped(tag), landed);

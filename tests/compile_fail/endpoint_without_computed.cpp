@@ -7,6 +7,8 @@ struct partial_endpoint {
   int world() const { return 1; }
   void send(int, dt::transport::tag_type, std::span<const std::byte>) {}
   dt::transport::bytes recv(int, dt::transport::tag_type) { return {}; }
+  dt::transport::received recv_any(std::span<const int>, dt::transport::tag_type) { return {}; }
+  std::optional<dt::transport::bytes> try_recv(int, dt::transport::tag_type) { return {}; }
   dt::transport::traffic_stats stats() const { return {}; }
 };
 int main() {

@@ -356,6 +356,8 @@ struct lying_donor {
     ep.send(peer, tag, data);
   }
   dt::transport::bytes recv(int peer, dt::transport::tag_type tag) { return ep.recv(peer, tag); }
+  dt::transport::received recv_any(std::span<const int> sources, dt::transport::tag_type tag) { return ep.recv_any(sources, tag); }
+  std::optional<dt::transport::bytes> try_recv(int peer, dt::transport::tag_type tag) { return ep.try_recv(peer, tag); }
   dt::transport::traffic_stats stats() const { return ep.stats(); }
   void computed(double s) { ep.computed(s); }
   dt::transport::bytes recv_within(int peer, dt::transport::tag_type tag, std::chrono::milliseconds t) {

@@ -6,10 +6,12 @@
 #include <decentrain/detail/hash.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <iomanip>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -157,6 +159,61 @@ TEMPLATE_TEST_CASE("transport: one exchange of many messages lands each in its o
       std::vector<std::uint32_t> rest(30'000);
       PEER_CHECK(checks, dt::transport::exchange(ep, -1, {}, left, std::as_writable_bytes(std::span<std::uint32_t>(rest)), 10) == 120'000);
       PEER_CHECK(checks, rest == pattern(left, 3, 30'000));
+    });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
+  }
+}
+
+TEMPLATE_TEST_CASE("transport: recv_any takes messages from a set as they come, naming the sender; try_recv never waits",
+                   "[transport]", TRANSPORTS) {
+  for (int n : {2, 4}) {
+    harness::peer_checks checks;
+    TestType::run(n, [&](auto& ep) {
+      const int r = ep.rank();
+      std::vector<int> others;
+      for (int p = 1; p < n; ++p) others.push_back(p);
+      if (r != 0) {
+        for (int i = 0; i < 3; ++i) ep.send(0, 40, bytes_of(std::to_string(r) + "#" + std::to_string(i)));
+        ep.send(0, 41, bytes_of("from " + std::to_string(r)));
+        // Tag 43 only once peer 0 said so: before that, its try_recv must find nothing.
+        PEER_CHECK(checks, text_of(ep.recv(0, 44)) == "go");
+        ep.send(0, 43, bytes_of("polled " + std::to_string(r)));
+        return;
+      }
+      // Every message of the set, once, each sender's in order, the sender named.
+      std::vector<int> next(static_cast<std::size_t>(n), 0);
+      for (int k = 0; k < 3 * (n - 1); ++k) {
+        const auto m = ep.recv_any(others, 40);
+        if (!PEER_CHECK(checks, m.source >= 1 && m.source < n)) return;
+        auto& i = next[static_cast<std::size_t>(m.source)];
+        PEER_CHECK(checks, text_of(m.data) == std::to_string(m.source) + "#" + std::to_string(i));
+        ++i;
+      }
+      for (int p = 1; p < n; ++p) PEER_CHECK(checks, next[static_cast<std::size_t>(p)] == 3);
+      // Only from the set asked: the last peer's tag-41 message stays for a recv that names it.
+      const int first_only[1] = {1};
+      const auto one = ep.recv_any(first_only, 41);
+      PEER_CHECK(checks, one.source == 1 && text_of(one.data) == "from 1");
+      for (int p = 2; p < n; ++p) PEER_CHECK(checks, text_of(ep.recv(p, 41)) == "from " + std::to_string(p));
+      // try_recv: nothing sent yet on tag 43, so none at once; then polled until it comes.
+      for (int p = 1; p < n; ++p) PEER_CHECK(checks, !ep.try_recv(p, 43).has_value());
+      for (int p = 1; p < n; ++p) ep.send(p, 44, bytes_of("go"));
+      for (int p = 1; p < n; ++p) {
+        std::optional<dt::transport::bytes> got;
+        for (int tries = 0; !got && tries < 20000; ++tries) {  // at most 20 s
+          got = ep.try_recv(p, 43);
+          if (!got) dt::transport::pause(ep, std::chrono::milliseconds(1));
+        }
+        if (PEER_CHECK(checks, got.has_value())) PEER_CHECK(checks, text_of(*got) == "polled " + std::to_string(p));
+      }
+      const auto s = ep.stats();
+      PEER_CHECK(checks, s.messages_received == static_cast<std::uint64_t>(5 * (n - 1)));
+      // Bad sets and peers are refused, naming them.
+      harness::expect_throws_with(checks, [&] { (void)(ep.recv_any({}, 40)); }, "none of the peers", "ep.recv_any({}, 40)");
+      const int outside[2] = {1, n};
+      harness::expect_throws_with(checks, [&] { (void)(ep.recv_any(outside, 40)); }, "peer " + std::to_string(n),
+                                  "ep.recv_any({1, n}, 40)");
+      harness::expect_throws_with(checks, [&] { (void)(ep.try_recv(-1, 40)); }, "peer -1", "ep.try_recv(-1, 40)");
     });
     checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
   }

@@ -195,3 +195,34 @@ TEST_CASE("in_process: transfers in flight at once share a link's bandwidth, eac
   CHECK(link.book(14.0, 0.0) == Approx(14.0));  // nothing to send: no time on the link
   CHECK(link.book(13.0, 1.0) == Approx(15.0));  // [14, 15)
 }
+
+TEST_CASE("in_process: a deterministic run's recv_any takes the message due first, try_recv what arrived by the clock") {
+  // Peer 1 sends at simulated second 2, peer 2 at second 1 (whatever the threads' real order);
+  // peer 0 polls, then asks for both at second 3 with peer 1 listed first.
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  dt::transport::in_process net(dt::transport::links::ideal(3), o);
+  std::vector<int> order;
+  std::vector<bool> polled;
+  double clock = 0;
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const auto one_byte = std::as_bytes(std::span<const char>("x", 1));
+    if (ep.rank() > 0) {
+      ep.computed(ep.rank() == 1 ? 2.0 : 1.0);
+      ep.send(0, 8, one_byte);
+      ep.send(0, 7, one_byte);
+      return;
+    }
+    polled.push_back(ep.try_recv(2, 8).has_value());  // second 0: nothing has arrived
+    dt::transport::pause(ep, std::chrono::milliseconds(1500));
+    polled.push_back(ep.try_recv(2, 8).has_value());  // arrived at second 1
+    polled.push_back(ep.try_recv(1, 8).has_value());  // arrives at second 2: not yet
+    dt::transport::pause(ep, std::chrono::milliseconds(1500));  // both have arrived by second 3
+    const int both[2] = {1, 2};
+    for (int i = 0; i < 2; ++i) order.push_back(ep.recv_any(both, 7).source);
+    clock = ep.stats().clock_seconds;
+  });
+  CHECK(polled == std::vector<bool>{false, true, false});
+  CHECK(order == std::vector<int>{2, 1});  // the earlier arrival first, not the first listed
+  CHECK(clock == 3.0);
+}

@@ -54,6 +54,16 @@ class group_view {
     parent_->send(at(peer), mapped(tag), data);
   }
   transport::bytes recv(int peer, transport::tag_type tag) { return parent_->recv(at(peer), mapped(tag)); }
+  // (sources and the sender as members of the group)
+  transport::received recv_any(std::span<const int> sources, transport::tag_type tag) {
+    std::vector<int> ranks;
+    ranks.reserve(sources.size());
+    for (const int s : sources) ranks.push_back(at(s));
+    auto m = parent_->recv_any(ranks, mapped(tag));
+    m.source = static_cast<int>(std::find(members_.begin(), members_.end(), m.source) - members_.begin());
+    return m;
+  }
+  std::optional<transport::bytes> try_recv(int peer, transport::tag_type tag) { return parent_->try_recv(at(peer), mapped(tag)); }
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                 transport::tag_type tag, const transport::landed_fn& landed) {
     transport::exchange(*parent_, to < 0 ? to : at(to), outs, at(from), ins, mapped(tag), landed);

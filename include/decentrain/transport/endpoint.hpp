@@ -73,16 +73,31 @@ struct traffic_stats {
   double clock_seconds = 0.0;
 };
 
+// A message and the peer that sent it (recv_any).
+struct received {
+  int source = -1;
+  bytes data;
+};
+
 // Messages between one (source, destination) pair arrive in the order they were sent; `recv`
 // blocks until the message with that source and tag arrives, and throws decentrain::error when
-// it cannot (timeout, peer gone). `computed` tells the endpoint how long the caller computed,
-// which a simulated network adds to its clock and a real one ignores.
+// it cannot (timeout, peer gone). `recv_any` takes the next message with that tag from whichever
+// of a set of peers has one first (each one's own still in order) and says who sent it: a
+// router that hands work to several peers takes their answers as they come (SWARM), a gossip
+// step the first neighbour ready; it throws as recv does, naming the first of the set that can
+// send nothing more while nothing is queued from the others (the caller leaves it out and asks
+// again). `try_recv` takes the next message from a peer if it has arrived, else returns none
+// at once (it throws as recv does when the peer is gone). `computed` tells the endpoint how long
+// the caller computed, which a simulated network adds to its clock and a real one ignores.
 template <class E>
-concept endpoint = requires(E& e, const E& ce, int peer, tag_type tag, std::span<const std::byte> data, double seconds) {
+concept endpoint = requires(E& e, const E& ce, int peer, std::span<const int> sources, tag_type tag,
+                            std::span<const std::byte> data, double seconds) {
   { ce.rank() } -> std::convertible_to<int>;
   { ce.world() } -> std::convertible_to<int>;
   e.send(peer, tag, data);
   { e.recv(peer, tag) } -> std::same_as<bytes>;
+  { e.recv_any(sources, tag) } -> std::same_as<received>;
+  { e.try_recv(peer, tag) } -> std::same_as<std::optional<bytes>>;
   { ce.stats() } -> std::convertible_to<traffic_stats>;
   e.computed(seconds);
 };
@@ -256,6 +271,10 @@ constexpr bool check_endpoint() {
                 "a transport endpoint needs `void send(int peer, tag_type tag, std::span<const std::byte> data)`");
   static_assert(requires(E& e, int p, tag_type t) { { e.recv(p, t) } -> std::same_as<bytes>; },
                 "a transport endpoint needs `transport::bytes recv(int peer, tag_type tag)`");
+  static_assert(requires(E& e, std::span<const int> s, tag_type t) { { e.recv_any(s, t) } -> std::same_as<received>; },
+                "a transport endpoint needs `transport::received recv_any(std::span<const int> sources, tag_type tag)`");
+  static_assert(requires(E& e, int p, tag_type t) { { e.try_recv(p, t) } -> std::same_as<std::optional<bytes>>; },
+                "a transport endpoint needs `std::optional<transport::bytes> try_recv(int peer, tag_type tag)`");
   static_assert(requires(const E& e) { { e.stats() } -> std::convertible_to<traffic_stats>; },
                 "a transport endpoint needs `traffic_stats stats() const`");
   static_assert(requires(E& e, double s) { e.computed(s); },
@@ -279,6 +298,8 @@ class any_endpoint {
   int world() const { return get().world(); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { get().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return get().recv(peer, tag); }
+  received recv_any(std::span<const int> sources, tag_type tag) { return get().recv_any(sources, tag); }
+  std::optional<bytes> try_recv(int peer, tag_type tag) { return get().try_recv(peer, tag); }
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                 tag_type tag, const landed_fn& landed) {
     get().exchange(to, outs, from, ins, tag, landed);
@@ -325,6 +346,8 @@ class any_endpoint {
     virtual int world() const = 0;
     virtual void send(int, tag_type, std::span<const std::byte>) = 0;
     virtual bytes recv(int, tag_type) = 0;
+    virtual received recv_any(std::span<const int>, tag_type) = 0;
+    virtual std::optional<bytes> try_recv(int, tag_type) = 0;
     virtual void exchange(int, std::span<const std::span<const std::byte>>, int, std::span<const std::span<std::byte>>, tag_type,
                           const landed_fn&) = 0;
     virtual traffic_stats stats() const = 0;
@@ -359,6 +382,8 @@ class any_endpoint {
     int world() const override { return static_cast<int>(e.world()); }
     void send(int p, tag_type t, std::span<const std::byte> d) override { e.send(p, t, d); }
     bytes recv(int p, tag_type t) override { return e.recv(p, t); }
+    received recv_any(std::span<const int> sources, tag_type t) override { return e.recv_any(sources, t); }
+    std::optional<bytes> try_recv(int p, tag_type t) override { return e.try_recv(p, t); }
     void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
                   tag_type t, const landed_fn& landed) override {
       transport::exchange(e, to, outs, from, ins, t, landed);

@@ -253,14 +253,37 @@ class in_process {
     bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
       check_peer(peer, "receive from");
       check_alive();
-      auto m = net_->turns ? pop_in_turn(peer, tag, timeout) : box().pop(peer, tag, timeout);
-      if (m.arrival > clock_) {
-        stats_.wait_seconds += m.arrival - clock_;
-        clock_ = m.arrival;
+      const int sources[1] = {peer};
+      return take(net_->turns ? pop_in_turn(sources, tag, timeout).second : box().pop(peer, tag, timeout));
+    }
+    // In a deterministic run, the message due first (simulated arrival); otherwise the one
+    // queued first of those that are (real time), the clock moving to its arrival as recv's does.
+    received recv_any(std::span<const int> sources, tag_type tag) {
+      decentrain::detail::check(!sources.empty(), "in_process: peer ", rank_, " cannot receive from none of the peers");
+      for (const int p : sources) check_peer(p, "receive from");
+      check_alive();
+      auto [source, m] = net_->turns ? pop_in_turn(sources, tag, net_->opts.recv_timeout)
+                                     : box().pop_any(sources, tag, net_->opts.recv_timeout);
+      return {source, take(std::move(m))};
+    }
+    // Whether the message has arrived: in a deterministic run by this peer's clock (a poll loop
+    // moves it with transport::pause); otherwise whether it is queued, the clock moving to its
+    // arrival as recv's does.
+    std::optional<bytes> try_recv(int peer, tag_type tag) {
+      check_peer(peer, "receive from");
+      check_alive();
+      const int sources[1] = {peer};
+      std::optional<std::pair<int, detail::message>> m;
+      if (net_->turns) {
+        net_->turns->yield(rank_, clock_);  // peers whose clocks are behind go first
+        check_alive();
+        box().arrived(clock_);
+        m = box().try_pop_any(sources, tag, clock_);
+      } else {
+        m = box().try_pop_any(sources, tag);
       }
-      stats_.bytes_received += m.payload.size();
-      ++stats_.messages_received;
-      return std::move(m.payload);
+      if (!m) return std::nullopt;
+      return take(std::move(m->second));
     }
 
     void discard_before(int peer, tag_type tag) { box().discard_before(peer, tag); }
@@ -395,6 +418,16 @@ class in_process {
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
     }
     detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
+    // A message taken: the clock moves to its arrival, the counters count it.
+    bytes take(detail::message m) {
+      if (m.arrival > clock_) {
+        stats_.wait_seconds += m.arrival - clock_;
+        clock_ = m.arrival;
+      }
+      stats_.bytes_received += m.payload.size();
+      ++stats_.messages_received;
+      return std::move(m.payload);
+    }
     // A killed peer's own calls fail (not as a peer error: no fault policy should try to save it).
     void check_alive() const {
       if (net_->dead[static_cast<std::size_t>(rank_)].load() || net_->incarnation[static_cast<std::size_t>(rank_)] != incarnation_)
@@ -406,22 +439,23 @@ class in_process {
     }
     // A deterministic run's recv: waits its turn until the message is due or the deadline (on
     // simulated time) passes.
-    detail::message pop_in_turn(int peer, tag_type tag, std::chrono::milliseconds timeout) {
+    // (From any of `sources`: the one whose message is due first.)
+    std::pair<int, detail::message> pop_in_turn(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
       const double deadline = clock_ + std::chrono::duration<double>(timeout).count();
       auto& b = box();
       for (;;) {
-        const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, peer, tag] { return b.due(peer, tag); });
+        const auto w = net_->turns->wait(rank_, clock_, deadline, [&b, sources, tag] { return b.due_any(sources, tag); });
         check_alive();
         if (w.timed_out) {
           stats_.wait_seconds += deadline - clock_;
           clock_ = deadline;
-          detail::mailbox::timed_out(peer, tag, timeout);
+          detail::mailbox::timed_out_any(sources, tag, timeout);
         }
         // Woken by the message landing, or by an alarm or a closed connection landing first.
         const double woke = std::max(clock_, w.at);
         b.arrived(woke);
         try {
-          if (auto m = b.try_pop(peer, tag, woke)) return std::move(*m);  // throws when it fails at once
+          if (auto m = b.try_pop_any(sources, tag, woke)) return std::move(*m);  // throws when it fails at once
         } catch (const peer_error&) {
           stats_.wait_seconds += woke - clock_;
           clock_ = woke;

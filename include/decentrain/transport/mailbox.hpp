@@ -186,6 +186,50 @@ class mailbox {
     }
   }
 
+  // The next message with `tag` from whichever of `sources` has one, and who sent it: of those
+  // queued, the one that arrived first (simulated arrival; in the order of `sources` where they
+  // tie), each source's own in order. Throws as pop() does, for the first source that can send
+  // nothing more while none is queued (the caller leaves it out and asks again), and when
+  // `timeout` passes first (naming the source when there is one).
+  std::pair<int, message> pop_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + timeout;
+    for (;;) {
+      if (auto m = take_first_of(sources, tag)) {
+        wake_if_paused(lock, m->first);
+        return std::move(*m);
+      }
+      auto next_check = deadline;
+      for (const int source : sources) {
+        throw_if_unreachable(source, tag);
+        throw_if_stuck(lock, source, tag, started);
+        next_check = std::min(next_check, next_stuck_check(source, started));
+      }
+      if (ready_.wait_until(lock, next_check) == std::cv_status::timeout && std::chrono::steady_clock::now() >= deadline &&
+          !any_queued(sources, tag, std::numeric_limits<double>::infinity()))
+        timed_out_any(sources, tag, timeout);
+    }
+  }
+  // The same without waiting: none when no source has one queued (by simulated time `now`).
+  std::optional<std::pair<int, message>> try_pop_any(std::span<const int> sources, tag_type tag,
+                                                     double now = std::numeric_limits<double>::infinity()) {
+    std::unique_lock lock(mutex_);
+    if (auto m = take_first_of(sources, tag, now)) {
+      wake_if_paused(lock, m->first);
+      return m;
+    }
+    for (const int source : sources) throw_if_unreachable(source, tag);
+    return std::nullopt;
+  }
+  [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
+    if (sources.size() == 1) timed_out(sources.front(), tag, timeout);
+    std::string list;
+    for (const int s : sources) list += (list.empty() ? "" : ", ") + std::to_string(s);
+    transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list,
+                                 " (tag ", tag, ") within ", timeout.count(), " ms: they are slow, partitioned or have failed");
+  }
+
   // ---- turns on simulated time (in_process's deterministic mode) ----
 
   // An alarm that takes effect when it arrives (m.arrival), not when it is sent: a peer whose
@@ -217,6 +261,13 @@ class mailbox {
     });
   }
 
+  // The same for a wait on any of `sources`: the earliest of theirs.
+  std::optional<double> due_any(std::span<const int> sources, tag_type tag) const {
+    std::optional<double> at;
+    for (const int source : sources)
+      if (const auto d = due(source, tag); d && (!at || *d < *at)) at = d;
+    return at;
+  }
   // When a wait for the next message from `source` with `tag` ends: at that message's arrival
   // time, or at once (-infinity) when it would fail now; none while it would still wait.
   std::optional<double> due(int source, tag_type tag) const {
@@ -492,6 +543,27 @@ class mailbox {
   bool queued(int source, tag_type tag) const {
     auto it = queues_.find({source, tag});
     return it != queues_.end() && !it->second.empty();
+  }
+
+  bool any_queued(std::span<const int> sources, tag_type tag, double now) const {
+    for (const int source : sources)
+      if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
+        return true;
+    return false;
+  }
+  // Of `sources`' next messages with `tag` that have arrived by `now`, the earliest, taken.
+  std::optional<std::pair<int, message>> take_first_of(std::span<const int> sources, tag_type tag,
+                                                       double now = std::numeric_limits<double>::infinity()) {
+    int first = -1;
+    double at = 0;
+    for (const int source : sources)
+      if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now &&
+                                                (first < 0 || it->second.front().arrival < at)) {
+        first = source;
+        at = it->second.front().arrival;
+      }
+    if (first < 0) return std::nullopt;
+    return std::pair{first, std::move(*take_queued(first, tag))};
   }
 
   std::optional<message> take_queued(int source, tag_type tag) {

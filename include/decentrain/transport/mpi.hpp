@@ -23,6 +23,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <thread>
 
 #include "decentrain/detail/error.hpp"
@@ -120,34 +122,38 @@ class mpi {
   }
 
   bytes recv(int peer, tag_type tag) {
-    check_peer(peer, "receive from");
+    const int sources[1] = {peer};
+    return recv_any(sources, tag).data;
+  }
+  // Polls each source in turn (MPI_Iprobe), so that a message from a peer outside the set is
+  // never taken; the first found is received.
+  received recv_any(std::span<const int> sources, tag_type tag) {
+    decentrain::detail::check(!sources.empty(), "mpi: peer ", self_->rank, " cannot receive from none of the peers");
+    for (const int peer : sources) check_peer(peer, "receive from");
     const auto t0 = std::chrono::steady_clock::now();
     const auto deadline = t0 + self_->recv_timeout;
-    MPI_Status status{};
-    int ready = 0;
     for (std::uint64_t spins = 0;; ++spins) {
-      MPI_Iprobe(peer, mpi_tag(tag), self_->comm, &ready, &status);
-      if (ready) break;
+      for (const int peer : sources)
+        if (auto got = probed(peer, tag, t0)) return {peer, std::move(*got)};
       {
         std::lock_guard lock(self_->mutex);
         self_->complete_sends(false);
       }
       if (spins > 1000) {
-        if (std::chrono::steady_clock::now() > deadline)
-          decentrain::detail::fail("transport: no message from peer ", peer, " (tag ", tag, ") within ",
-                                   self_->recv_timeout.count(), " ms: the peer is slow, partitioned or has failed");
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::string list;
+          for (const int peer : sources) list += (list.empty() ? "" : ", ") + std::to_string(peer);
+          decentrain::detail::fail("transport: no message from ", sources.size() == 1 ? "peer " : "any of peers ", list,
+                                   " (tag ", tag, ") within ", self_->recv_timeout.count(),
+                                   " ms: the peer is slow, partitioned or has failed");
+        }
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    bytes out(static_cast<std::size_t>(count));
-    MPI_Recv(out.data(), count, MPI_BYTE, peer, mpi_tag(tag), self_->comm, MPI_STATUS_IGNORE);
-    std::lock_guard lock(self_->mutex);
-    if (!lane_) self_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    self_->stats.bytes_received += out.size();
-    ++self_->stats.messages_received;
-    return out;
+  }
+  std::optional<bytes> try_recv(int peer, tag_type tag) {
+    check_peer(peer, "receive from");
+    return probed(peer, tag, std::chrono::steady_clock::now());
   }
 
   traffic_stats stats() const {
@@ -158,6 +164,23 @@ class mpi {
   }
 
  private:
+  // The next message from `peer` with `tag` if one is there (received, counted; the wait since
+  // `t0` counted as the caller's), else none.
+  std::optional<bytes> probed(int peer, tag_type tag, std::chrono::steady_clock::time_point t0) {
+    MPI_Status status{};
+    int ready = 0;
+    MPI_Iprobe(peer, mpi_tag(tag), self_->comm, &ready, &status);
+    if (!ready) return std::nullopt;
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    bytes out(static_cast<std::size_t>(count));
+    MPI_Recv(out.data(), count, MPI_BYTE, peer, mpi_tag(tag), self_->comm, MPI_STATUS_IGNORE);
+    std::lock_guard lock(self_->mutex);
+    if (!lane_) self_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    self_->stats.bytes_received += out.size();
+    ++self_->stats.messages_received;
+    return out;
+  }
   struct pending_send {
     bytes buffer;
     MPI_Request request = MPI_REQUEST_NULL;

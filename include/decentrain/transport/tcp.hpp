@@ -54,6 +54,8 @@ class tcp {
   int world() const { return std::max(n().opts.world, n().opts.rank + 1); }
   void send(int peer, tag_type tag, std::span<const std::byte> data) { n().send(peer, tag, data); }
   bytes recv(int peer, tag_type tag) { return n().recv(peer, tag, !lane_); }
+  received recv_any(std::span<const int> sources, tag_type tag) { return n().recv_any(sources, tag, !lane_); }
+  std::optional<bytes> try_recv(int peer, tag_type tag) { return n().try_recv(peer, tag); }
   // Sends `outs` (when `to` >= 0) and receives the messages from `from` straight into `ins`; see
   // transport::exchange.
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,

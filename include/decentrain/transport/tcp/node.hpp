@@ -711,6 +711,29 @@ struct node {
     return std::move(m.payload);
   }
 
+  received recv_any(std::span<const int> sources, tag_type tag, bool count_wait = true) {
+    decentrain::detail::check(!sources.empty(), "tcp: peer ", opts.rank, " cannot receive from none of the peers");
+    for (const int peer : sources)
+      decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                                " (ranks below ", opts.capacity(), ")");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [source, m] = box.pop_any(sources, tag, opts.recv_timeout);
+    if (count_wait) wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes_received += m.payload.size();
+    ++messages_received;
+    return {source, std::move(m.payload)};
+  }
+  std::optional<bytes> try_recv(int peer, tag_type tag) {
+    decentrain::detail::check(peer >= 0 && peer < opts.capacity(), "tcp: peer ", opts.rank, " cannot receive from peer ", peer,
+                              " (ranks below ", opts.capacity(), ")");
+    const int sources[1] = {peer};
+    auto m = box.try_pop_any(sources, tag);
+    if (!m) return std::nullopt;
+    bytes_received += m->second.payload.size();
+    ++messages_received;
+    return std::move(m->second.payload);
+  }
+
   // Posts `ins` for the messages from `from` before sending `outs`: the I/O thread then reads
   // those bodies straight into `ins` (see mailbox::receive_into).
   void exchange(int to, std::span<const std::span<const std::byte>> outs, int from, std::span<const std::span<std::byte>> ins,
