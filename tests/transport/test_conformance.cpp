@@ -164,7 +164,7 @@ TEMPLATE_TEST_CASE("transport: one exchange of many messages lands each in its o
   }
 }
 
-TEMPLATE_TEST_CASE("transport: recv_any takes messages from a set as they come, naming the sender; try_recv never waits",
+TEMPLATE_TEST_CASE("transport: recv_any takes messages from a set as they come, naming the sender, and try_recv never waits",
                    "[transport]", TRANSPORTS) {
   for (int n : {2, 4}) {
     harness::peer_checks checks;
