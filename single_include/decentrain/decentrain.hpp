@@ -26302,6 +26302,7 @@ struct elastic {
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
         note(record(ep, d, false));
+        cause_ = e.what();  // why the next view is needed
         continue;
       }
       auto change = record(ep, d, healed);
@@ -27660,6 +27661,7 @@ class trainer {
                                  "anything of this step is saved. Lower the learning rate, or set "
                                  "trainer_options::stop_on_non_finite = false to train on");
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
+      spare_.reset();
       stepped_to = step_;
       ctx.steps_done = step_;
       fault_.after_step(ctx);
@@ -27716,6 +27718,7 @@ class trainer {
     decentrain::detail::check(c.counter("trainer.world") == world() && c.counter("trainer.rank") == rank(),
                               "trainer: the checkpoint is peer ", c.counter("trainer.rank"), " of ",
                               c.counter("trainer.world"), ", this trainer is peer ", rank(), " of ", world());
+    spare_.reset();
     if (holds_another_part(c)) {
       // Written by another shape of this job (its group re-formed before it stopped): held until
       // the group deals the parts out (settle_held, or a re-deal when the group re-forms).
@@ -27749,6 +27752,7 @@ class trainer {
   // peer keeps its rank, dropout stream and byte count (an elastic group's member that was
   // behind, or a peer that joins).
   void adopt(const io::checkpoint& c) {
+    spare_.reset();
     step_ = train::restore(c, model_, optimizer_);
     policy_.load(c);
     adopted_ = true;
@@ -28070,12 +28074,11 @@ class trainer {
     // Where this peer serves parameters from: its model (null), the part it restored from a
     // checkpoint of another shape, or the files it read for a step the group went back to.
     const io::checkpoint* source = held_ ? &*held_ : nullptr;
-    std::set<std::string> holds;
-    if (source) holds = names_in(*source);
-    else
-      for (const auto& e : model_.parameters()) holds.insert(e.name);
+    // With its model, the part it held before the last re-deal where no step was done since.
+    const io::checkpoint* spare = !source && current && spare_ && spare_->counter("step") == step ? &*spare_ : nullptr;
     std::string missing;
-    auto from = plan_redeal(announce_parts(current, holds, needs), missing);
+    auto said = announce_parts(current, digests_of(source, spare), needs);
+    auto from = plan_redeal(said, missing);
     std::int64_t at = step;  // the step the group goes on from
     io::checkpoint read;     // the files this peer read for it
     if (!from) {
@@ -28091,7 +28094,9 @@ class trainer {
           if (s > step) continue;  // (files of an abandoned later run)
           read = read_files_at(s, seen, files);
           source = &read;
-          from = plan_redeal(announce_parts(true, names_in(read), needs), missing);
+          spare = nullptr;
+          said = announce_parts(true, digests_of(source, nullptr), needs);
+          from = plan_redeal(said, missing);
           tried += concat(tried.empty() ? "" : ", ", s);
           if (from) {
             at = s;
@@ -28126,11 +28131,11 @@ class trainer {
         values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
       };
       for (const auto& name : names) {
-        if (source) {
-          append(source->tensor_at("model." + name));
-          append(source->tensor_at("adamw." + name + ".exp_avg"));
-          append(source->tensor_at("adamw." + name + ".exp_avg_sq"));
-          steps.push_back(source->counter("adamw." + name + ".step"));
+        if (const auto* from_saved = source ? source : state_of.contains(name) ? nullptr : spare) {
+          append(from_saved->tensor_at("model." + name));
+          append(from_saved->tensor_at("adamw." + name + ".exp_avg"));
+          append(from_saved->tensor_at("adamw." + name + ".exp_avg_sq"));
+          steps.push_back(from_saved->counter("adamw." + name + ".step"));
           continue;
         }
         const auto& moments = state_of.at(name);
@@ -28191,6 +28196,9 @@ class trainer {
             steps.resize(names.size());
             comm_.recv_from(s, std::span<float>(values));
             comm_.recv_from(s, std::span<std::int64_t>(steps));
+            std::vector<std::size_t> counts;
+            for (const auto& name : names) counts.push_back(static_cast<std::size_t>(fresh.parameters().get(name).value().numel()));
+            check_served(said[static_cast<std::size_t>(s)], s, names, counts, values, steps, at);
           }
           unpack(names, values, steps);
         }
@@ -28201,6 +28209,19 @@ class trainer {
         comm_.send_to(d, std::span<const float>(values));
         comm_.send_to(d, std::span<const std::int64_t>(steps));
       }
+    }
+    // No member installs its new part before every member has its own: one that stops earlier (a
+    // failed receive, a holder convicted) leaves every member's state as it was. One that fails
+    // inside this all-reduce can leave some members installed and others not: the installed keep
+    // the part they held (spare_, views of its memory) until a step is done, so that the next
+    // re-deal still finds every parameter.
+    std::int32_t arrived = 1;
+    comm_.all_reduce(std::span<std::int32_t>(&arrived, 1), collective::reduce_op::sum);
+    if (current && at == step && !held_) {
+      spare_ = train::capture(model_, optimizer_, step_, true);
+      spare_->counters["step"] = step;
+    } else {
+      spare_.reset();
     }
     // Every part has arrived: this peer's state becomes its new part's.
     model_ = std::move(fresh);
@@ -28239,14 +28260,17 @@ class trainer {
   // the names of the parameters it holds, the names its new part needs.
   struct member_parts {
     bool current = false;
-    std::set<std::string> holds;
+    std::map<std::string, std::uint64_t> holds;  // name -> digest (parameter_digest)
     std::vector<std::string> needs;
+    std::set<int> distrusts;  // world ranks it takes nothing from (distrusted_)
   };
   // Every member says what it holds and needs: "1" or "0" (at the step or not), the names it
-  // holds, an empty line, the names it needs; broadcast member by member.
-  std::vector<member_parts> announce_parts(bool current, const std::set<std::string>& holds, const std::vector<std::string>& needs) {
+  // holds each with its digest, an empty line, the names it needs; broadcast member by member.
+  std::vector<member_parts> announce_parts(bool current, const std::map<std::string, std::uint64_t>& holds,
+                                           const std::vector<std::string>& needs) {
     std::string mine = current ? "1" : "0";
-    for (const auto& name : holds) mine += "\n" + name;
+    for (const auto& [name, digest] : holds) mine += decentrain::detail::concat("\n", name, " ", digest);
+    for (const int j : distrusted_) mine += decentrain::detail::concat("\n!", j);
     mine += "\n";
     for (const auto& name : needs) mine += "\n" + name;
     std::vector<member_parts> said(static_cast<std::size_t>(world()));
@@ -28263,8 +28287,10 @@ class trainer {
           needed = true;
         else if (needed)
           m.needs.push_back(std::move(name));
-        else
-          m.holds.insert(std::move(name));
+        else if (name[0] == '!')
+          m.distrusts.insert(std::atoi(name.c_str() + 1));
+        else if (const auto space = name.rfind(' '); space != std::string::npos)
+          m.holds[name.substr(0, space)] = std::strtoull(name.c_str() + space + 1, nullptr, 10);
         at = end;
       }
     }
@@ -28282,20 +28308,43 @@ class trainer {
   }
   // Who sends what to whom: from[d][s], the names member s sends member d, in d's order (a
   // member takes what it holds itself; else the holders at the step in turn); none, naming
-  // `missing`, when some name has no holder.
-  static std::optional<std::vector<std::vector<std::vector<std::string>>>> plan_redeal(const std::vector<member_parts>& said,
-                                                                                       std::string& missing) {
+  // `missing`, when some name has no holder. The holders of a name must agree on its digest
+  // (replicas at one step hold the same bits): a holder outside the majority is convicted (every
+  // member reaches the same verdict from the same announcements, and the group agrees again
+  // without it); holders split evenly stop the run, naming them.
+  std::optional<std::vector<std::vector<std::vector<std::string>>>> plan_redeal(const std::vector<member_parts>& said,
+                                                                                std::string& missing) const {
     const auto n = said.size();
     std::vector<std::vector<std::vector<std::string>>> from(n, std::vector<std::vector<std::string>>(n));
     for (std::size_t d = 0; d < n; ++d) {
       const auto& want = said[d].needs;
       for (std::size_t k = 0; k < want.size(); ++k) {
         std::vector<std::size_t> holders;
+        std::map<std::uint64_t, int> votes;
         for (std::size_t r = 0; r < n; ++r)
-          if (said[r].current && said[r].holds.count(want[k])) holders.push_back(r);
+          if (said[r].current && !said[d].distrusts.count(members_[r]))
+            if (const auto it = said[r].holds.find(want[k]); it != said[r].holds.end()) {
+              holders.push_back(r);
+              ++votes[it->second];
+            }
         if (holders.empty()) {
           missing = want[k];
           return std::nullopt;
+        }
+        if (votes.size() > 1) {
+          const auto top = std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+          std::string who;
+          for (const auto r : holders)
+            who += decentrain::detail::concat(who.empty() ? "" : ", ", "peer ", members_[r], ": ", said[r].holds.at(want[k]));
+          const bool tied = std::count_if(votes.begin(), votes.end(), [&](const auto& v) { return v.second == top->second; }) > 1;
+          decentrain::detail::check(!tied, "trainer: the holders of parameter '", want[k], "' at the re-deal's step disagree on ",
+                                    "its values, half and half (digests: ", who, "): no majority to take it from");
+          for (const auto r : holders)
+            if (said[r].holds.at(want[k]) != top->first)
+              transport::fail_peer_because(transport::failure_cause::convicted, members_[r], "redeal", "trainer: peer ",
+                                           members_[r], " holds parameter '", want[k], "' with other values than the ",
+                                           "other holders at the re-deal's step (digests: ", who, "); the group agrees "
+                                           "again without it");
         }
         const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
         from[d][own ? d : holders[(d + k) % holders.size()]].push_back(want[k]);
@@ -28303,6 +28352,71 @@ class trainer {
     }
     return from;
   }
+  // A parameter as the re-deal moves it (its values, AdamW's two moments, the step count): one
+  // XXH3 digest, for the holders to compare and a receiver to check what it was served.
+  static std::uint64_t parameter_digest(std::span<const float> value, std::span<const float> exp_avg,
+                                        std::span<const float> exp_avg_sq, std::int64_t step) {
+    decentrain::detail::xxh3_stream h;
+    for (const auto part : {value, exp_avg, exp_avg_sq})
+      h.update(std::string_view(reinterpret_cast<const char*>(part.data()), part.size_bytes()));
+    h.update(std::string_view(reinterpret_cast<const char*>(&step), sizeof step));
+    return h.digest();
+  }
+  // What this member holds for a re-deal, by name with its digest: from `source` (a checkpoint's
+  // parts), or the model and optimizer (null) and what `spare` holds beside them.
+  std::map<std::string, std::uint64_t> digests_of(const io::checkpoint* source, const io::checkpoint* spare) {
+    std::map<std::string, std::uint64_t> out;
+    const auto floats = [](const tensor<cpu>& t) { return std::span<const float>(t.template data<float>(), static_cast<std::size_t>(t.numel())); };
+    const auto saved = [&](const io::checkpoint& c) {
+      for (const auto& name : names_in(c)) {
+        if (out.contains(name)) continue;
+        const auto v = c.tensor_at("model." + name).contiguous();
+        const auto m = c.tensor_at("adamw." + name + ".exp_avg").contiguous();
+        const auto s2 = c.tensor_at("adamw." + name + ".exp_avg_sq").contiguous();
+        out[name] = parameter_digest(floats(v), floats(m), floats(s2), c.counter("adamw." + name + ".step"));
+      }
+    };
+    if (source) {
+      saved(*source);
+      return out;
+    }
+    for (auto& e : optimizer_.state()) {
+      const auto v = train::detail::host_view_or_copy(model_.parameters().get(e.name).value(), true).contiguous();
+      const auto m = train::detail::host_view_or_copy(e.exp_avg, true).contiguous();
+      const auto s2 = train::detail::host_view_or_copy(e.exp_avg_sq, true).contiguous();
+      out[e.name] = parameter_digest(floats(v), floats(m), floats(s2), e.step);
+    }
+    if (spare) saved(*spare);
+    return out;
+  }
+  // What member `s` served for `names` must be what it announced: else this peer distrusts it
+  // for good (announced with what it holds, so that every member plans the next re-deal without
+  // it as this peer's source) and fails the re-deal naming it. A lone accusation does not remove
+  // a member from the group (agreement.hpp: a liar could frame an honest one), but it can only
+  // cost the accuser its sources.
+  // (counts: each name's floats)
+  void check_served(const member_parts& announced, int s, const std::vector<std::string>& names,
+                    const std::vector<std::size_t>& counts, std::span<const float> values, std::span<const std::int64_t> steps,
+                    std::int64_t at) {
+    std::size_t off = 0;
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      const auto count = counts[k];
+      const auto digest = parameter_digest(values.subspan(off, count), values.subspan(off + count, count),
+                                           values.subspan(off + 2 * count, count), steps[k]);
+      off += 3 * count;
+      const auto it = announced.holds.find(names[k]);
+      if (it == announced.holds.end() || it->second != digest) {
+        distrusted_.insert(members_[static_cast<std::size_t>(s)]);
+        transport::fail_peer_because(transport::failure_cause::convicted, members_[static_cast<std::size_t>(s)], "redeal",
+                                     "trainer: peer ", members_[static_cast<std::size_t>(s)], " served parameter '", names[k],
+                                     "' for the re-deal at step ", at, " with other values than it announced (digest ",
+                                     digest, ", announced ", it == announced.holds.end() ? std::string("none")
+                                                                                         : std::to_string(it->second),
+                                     "); this peer takes nothing from it again");
+      }
+    }
+  }
+
   // The parameters a checkpoint holds whole (values, both moments and the step count).
   static std::set<std::string> names_in(const io::checkpoint& c) {
     std::set<std::string> names;
@@ -28508,6 +28622,8 @@ class trainer {
   std::uint64_t redealt_ = 0;        // how many times the parts were dealt out again (a context made before is stale)
   std::vector<redeal_record> redeals_;
   std::optional<io::checkpoint> held_;  // a restored part of another shape, until it is dealt out (redeal)
+  std::optional<io::checkpoint> spare_;  // the part held before the last re-deal, until a step is done (redeal)
+  std::set<int> distrusted_;             // world ranks caught serving a re-deal what they did not announce
   bool went_back_ = false;              // the last re-deal went back to a checkpoint's step
   ParallelPolicy parallel_;
   parallel::placement placement_;  // before the model: it says which part of the model this peer builds

@@ -35,6 +35,9 @@ struct dying_endpoint {
   dt::transport::in_process net;
   dt::transport::in_process::endpoint ep;
   std::shared_ptr<std::atomic<int>> countdown;  // < 0: not armed
+  // Set (and true): every message of 8 KiB or more goes out with a bit flipped, counted in lies.
+  std::shared_ptr<std::atomic<bool>> lie = nullptr;
+  std::shared_ptr<std::atomic<int>> lies = nullptr;
 
   int rank() const { return ep.rank(); }
   int world() const { return ep.world(); }
@@ -42,6 +45,12 @@ struct dying_endpoint {
     if (*countdown > 0 && --*countdown == 0) {
       net.kill(ep.rank());
       dt::detail::fail("test: peer ", ep.rank(), " killed at a send");
+    }
+    if (lie && data.size() >= 8192 && lie->load()) {
+      ++*lies;
+      dt::transport::bytes changed(data.begin(), data.end());
+      changed[data.size() / 2] ^= std::byte{0x10};
+      return ep.send(peer, tag, changed);
     }
     ep.send(peer, tag, data);
   }
@@ -446,6 +455,78 @@ TEST_CASE("elastic: a pipeline restarted from checkpoints another shape wrote de
   }
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(copy);
+}
+
+TEST_CASE("elastic: a pipeline's re-deal refuses values a holder did not announce and takes them from another") {
+  // 2 x 2 loses peer 3 at step 4 and re-forms as 3 x 1: peer 1 takes block 1 from the old stage
+  // 0's two holders (peers 0 and 2) in turn. From then on peer 2 flips a bit in everything big it
+  // sends. Peer 1 finds what peer 2 served differs from the digest peer 2 announced, refuses it
+  // (nothing is installed anywhere) and names it; in the next attempt it takes block 1 from peer 0
+  // alone. Every survivor ends where the first case's undisturbed state, resumed as 3 x 1, ends.
+  dt::transport::in_process::options o;
+  o.recv_timeout = 30s;
+  o.peers_fail_alone = true;
+  dt::transport::in_process net(dt::transport::links::ideal(4), o);
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 20s;
+  const auto opts = small_run(8);
+  const dt::comm::sync_allreduce<> comm;
+  std::vector<std::string> errors(4);
+  std::vector<std::vector<float>> params(4);
+  std::vector<std::vector<dt::fault::membership_change>> changes(4);
+  auto lie = std::make_shared<std::atomic<bool>>(false);
+  auto lies = std::make_shared<std::atomic<int>>(0);
+  std::atomic<int> at_four{0};
+  net.run([&](dt::transport::in_process::endpoint& raw) {
+    const int r = raw.rank();
+    auto countdown = std::make_shared<std::atomic<int>>(-1);
+    dying_endpoint ep{net, raw, countdown};
+    if (r == 2) {
+      ep.lie = lie;
+      ep.lies = lies;
+    }
+    dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>, dt::fault::elastic> t(
+        three_blocks(), opts, ep, comm, two_stages(), fault);
+    t.on_step([&, r, countdown](const dt::train::step_metrics& m) {
+      if (m.step != 4) return;
+      // Every peer has done 4 steps before peer 3 dies: peer 0 is at the agreed step too, so
+      // block 1 has two holders (a peer still in step 3 would take its part from the others).
+      ++at_four;
+      if (r == 3) {
+        for (int i = 0; i < 20000 && at_four.load() < 4; ++i) std::this_thread::sleep_for(1ms);
+        *countdown = 1;  // dies at its first send of step 4
+      }
+      if (r == 2) *lie = true;  // its step-4 messages are small: the first big one is the re-deal's
+    });
+    try {
+      (void)t.fit(small_corpus().data);
+      params[static_cast<std::size_t>(r)] = flat_params(t.model().parameters());
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+    changes[static_cast<std::size_t>(r)] = t.fault().changes();
+  });
+  const auto saved = stop_at<pipeline_trainer>(4, 4, three_blocks(), opts, comm, two_stages());
+  auto three = two_stages();
+  three.stages = 3;
+  const auto expected = resume_from<pipeline_trainer>(joined_stages(saved, 3), three_blocks(), opts, comm, three);
+  std::string causes;
+  for (int r = 0; r < 3; ++r)
+    for (const auto& c : changes[static_cast<std::size_t>(r)])
+      causes += dt::detail::concat("peer ", r, " view ", c.epoch, " step ", c.step, ": ", c.cause, "\n");
+  INFO(errors[0] << errors[1] << errors[2] << "\n" << causes);
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(!params[static_cast<std::size_t>(r)].empty());
+    CHECK(params[static_cast<std::size_t>(r)] == expected[static_cast<std::size_t>(r)]);
+    REQUIRE(!changes[static_cast<std::size_t>(r)].empty());
+    CHECK(changes[static_cast<std::size_t>(r)].back().members == std::vector<int>{0, 1, 2});
+  }
+  CHECK(at_four.load() == 4);
+  CHECK(lies->load() >= 1);
+  // The attempt peer 2 spoiled and why the next view was needed, as peer 1 saw it.
+  REQUIRE(changes[1].size() >= 2);
+  CHECK(changes[1].back().cause.find("peer 2 served parameter 'h.1.") != std::string::npos);
+  CHECK(changes[1].back().cause.find("with other values than it announced") != std::string::npos);
 }
 
 TEST_CASE("elastic: a pipeline that can make no copy of two stages re-forms as one stage, every peer the whole model") {

@@ -341,6 +341,7 @@ struct elastic {
       } catch (const transport::peer_error& e) {
         if (e.peer() >= 0 && e.peer() != ep.rank()) suspects_.emplace(e.peer(), e.cause());
         note(record(ep, d, false));
+        cause_ = e.what();  // why the next view is needed
         continue;
       }
       auto change = record(ep, d, healed);
