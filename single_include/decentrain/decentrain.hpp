@@ -28211,15 +28211,18 @@ class trainer {
       }
     }
     // No member installs its new part before every member has its own: one that stops earlier (a
-    // failed receive, a holder convicted) leaves every member's state as it was. One that fails
+    // failed receive, a refused holder) leaves every member's state as it was. One that fails
     // inside this all-reduce can leave some members installed and others not: the installed keep
-    // the part they held (spare_, views of its memory) until a step is done, so that the next
-    // re-deal still finds every parameter.
+    // the part they held (spare_, views of its memory) until every member says it installed
+    // (below) or a step is done, so that the next re-deal still finds every parameter.
     std::int32_t arrived = 1;
     comm_.all_reduce(std::span<std::int32_t>(&arrived, 1), collective::reduce_op::sum);
-    if (current && at == step && !held_) {
+    if (current && at == step && !held_) {  // (only what the new part drops: it holds the rest)
       spare_ = train::capture(model_, optimizer_, step_, true);
       spare_->counters["step"] = step;
+      for (const auto& e : fresh.parameters())
+        for (const auto& key : {"model." + e.name, "adamw." + e.name + ".exp_avg", "adamw." + e.name + ".exp_avg_sq"})
+          spare_->tensors.erase(key);
     } else {
       spare_.reset();
     }
@@ -28254,6 +28257,9 @@ class trainer {
     record.bytes_sent = traffic.bytes_sent - traffic0.bytes_sent;
     record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     redeals_.push_back(record);
+    std::int32_t installed = 1;  // once every member has: the parts held before are not needed
+    comm_.all_reduce(std::span<std::int32_t>(&installed, 1), collective::reduce_op::sum);
+    spare_.reset();
   }
 
   // What a re-deal's members hold and need, as each said it: `current` (at the agreed step),
@@ -28307,11 +28313,11 @@ class trainer {
     return text;
   }
   // Who sends what to whom: from[d][s], the names member s sends member d, in d's order (a
-  // member takes what it holds itself; else the holders at the step in turn); none, naming
-  // `missing`, when some name has no holder. The holders of a name must agree on its digest
-  // (replicas at one step hold the same bits): a holder outside the majority is convicted (every
-  // member reaches the same verdict from the same announcements, and the group agrees again
-  // without it); holders split evenly stop the run, naming them.
+  // member takes what it holds itself; else the holders at the step in turn, less those it
+  // distrusts); none, naming `missing`, when some name has no holder. The holders' digests are
+  // not compared with each other: the two copies of a tied parameter (the embedding, on the first
+  // and the last stage) are averaged over their stages' replicas in different orders and can
+  // differ in their last bits, so a vote would convict honest holders.
   std::optional<std::vector<std::vector<std::vector<std::string>>>> plan_redeal(const std::vector<member_parts>& said,
                                                                                 std::string& missing) const {
     const auto n = said.size();
@@ -28320,31 +28326,11 @@ class trainer {
       const auto& want = said[d].needs;
       for (std::size_t k = 0; k < want.size(); ++k) {
         std::vector<std::size_t> holders;
-        std::map<std::uint64_t, int> votes;
         for (std::size_t r = 0; r < n; ++r)
-          if (said[r].current && !said[d].distrusts.count(members_[r]))
-            if (const auto it = said[r].holds.find(want[k]); it != said[r].holds.end()) {
-              holders.push_back(r);
-              ++votes[it->second];
-            }
+          if (said[r].current && !said[d].distrusts.count(members_[r]) && said[r].holds.contains(want[k])) holders.push_back(r);
         if (holders.empty()) {
           missing = want[k];
           return std::nullopt;
-        }
-        if (votes.size() > 1) {
-          const auto top = std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-          std::string who;
-          for (const auto r : holders)
-            who += decentrain::detail::concat(who.empty() ? "" : ", ", "peer ", members_[r], ": ", said[r].holds.at(want[k]));
-          const bool tied = std::count_if(votes.begin(), votes.end(), [&](const auto& v) { return v.second == top->second; }) > 1;
-          decentrain::detail::check(!tied, "trainer: the holders of parameter '", want[k], "' at the re-deal's step disagree on ",
-                                    "its values, half and half (digests: ", who, "): no majority to take it from");
-          for (const auto r : holders)
-            if (said[r].holds.at(want[k]) != top->first)
-              transport::fail_peer_because(transport::failure_cause::convicted, members_[r], "redeal", "trainer: peer ",
-                                           members_[r], " holds parameter '", want[k], "' with other values than the ",
-                                           "other holders at the re-deal's step (digests: ", who, "); the group agrees "
-                                           "again without it");
         }
         const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
         from[d][own ? d : holders[(d + k) % holders.size()]].push_back(want[k]);
