@@ -12250,20 +12250,8 @@ class mailbox {
   // The next message from `source` with `tag`; throws when `timeout` passes first, when
   // `source` was closed, or when the whole mailbox was failed.
   message pop(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mutex_);
-    const auto started = std::chrono::steady_clock::now();
-    const auto deadline = started + timeout;
-    for (;;) {
-      if (auto m = take_queued(source, tag)) {
-        wake_if_paused(lock, source);
-        return std::move(*m);
-      }
-      throw_if_unreachable(source, tag);
-      throw_if_stuck(lock, source, tag, started);
-      if (ready_.wait_until(lock, std::min(deadline, next_stuck_check(source, started))) == std::cv_status::timeout &&
-          std::chrono::steady_clock::now() >= deadline && !queued(source, tag))
-        timed_out(source, tag, timeout);
-    }
+    const int sources[1] = {source};
+    return pop_any(sources, tag, timeout).second;
   }
 
   // The next message with `tag` from whichever of `sources` has one, and who sent it: of those
@@ -12365,16 +12353,6 @@ class mailbox {
     for (const auto& c : pending_closures_)  // so does the source's closed connection
       if (c.source == source && (!at || c.arrival < *at)) at = c.arrival;
     return at;
-  }
-  // The next message from `source` with `tag` when one is queued; throws as pop() does when none
-  // can come; none when it would wait.
-  // With `now` (simulated time), only a message that has arrived by then is taken.
-  std::optional<message> try_pop(int source, tag_type tag, double now = std::numeric_limits<double>::infinity()) {
-    std::lock_guard lock(mutex_);
-    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
-      return take_queued(source, tag);  // (no budget on simulated time: nothing is paused)
-    throw_if_unreachable(source, tag);
-    return std::nullopt;
   }
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
     transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
@@ -28114,9 +28092,14 @@ class trainer {
             ", so the model cannot be dealt out again");
     }
     // Each parameter travels as its values and AdamW's two moments (floats), and its step count.
+    const auto counts_of = [&](const std::vector<std::string>& names) {
+      std::vector<std::size_t> counts;
+      for (const auto& name : names) counts.push_back(static_cast<std::size_t>(fresh.parameters().get(name).value().numel()));
+      return counts;
+    };
     const auto floats_of = [&](const std::vector<std::string>& names) {
       std::size_t floats = 0;
-      for (const auto& name : names) floats += 3 * static_cast<std::size_t>(fresh.parameters().get(name).value().numel());
+      for (const auto count : counts_of(names)) floats += 3 * count;
       return floats;
     };
     auto state_of = [&] {
@@ -28196,9 +28179,7 @@ class trainer {
             steps.resize(names.size());
             comm_.recv_from(s, std::span<float>(values));
             comm_.recv_from(s, std::span<std::int64_t>(steps));
-            std::vector<std::size_t> counts;
-            for (const auto& name : names) counts.push_back(static_cast<std::size_t>(fresh.parameters().get(name).value().numel()));
-            check_served(said[static_cast<std::size_t>(s)], s, names, counts, values, steps, at);
+            check_served(said[static_cast<std::size_t>(s)], s, names, counts_of(names), values, steps, at);
           }
           unpack(names, values, steps);
         }
@@ -28339,7 +28320,7 @@ class trainer {
     return from;
   }
   // A parameter as the re-deal moves it (its values, AdamW's two moments, the step count): one
-  // XXH3 digest, for the holders to compare and a receiver to check what it was served.
+  // XXH3 digest, announced by its holders, for a receiver to check what it was served.
   static std::uint64_t parameter_digest(std::span<const float> value, std::span<const float> exp_avg,
                                         std::span<const float> exp_avg_sq, std::int64_t step) {
     decentrain::detail::xxh3_stream h;
@@ -28415,7 +28396,8 @@ class trainer {
       }
     return names;
   }
-  // Every member says which checkpoint files it sees ("folder step" lines); per member, the pairs.
+  // Every member says which checkpoint files it sees ("folder step" lines after a leading "f": a
+  // text is never empty); per member, the pairs.
   std::vector<std::vector<std::pair<int, std::int64_t>>> announce_files(const checkpoint_files& files) {
     std::string mine = "f";
     for (const auto& [folder, steps] : files)
@@ -28433,7 +28415,8 @@ class trainer {
   }
   // This member's share of the files of step s, read and joined: each file is read by one member
   // that sees it (the peer whose folder it is, where that is a member; else the members that see
-  // it take the lost peers' folders in turn). A file that does not read back whole, or is of another step, adds nothing.
+  // it take the lost peers' folders in turn). A file that does not read back whole, or is of
+  // another step, adds nothing.
   io::checkpoint read_files_at(std::int64_t s, const std::vector<std::vector<std::pair<int, std::int64_t>>>& seen,
                                const checkpoint_files& files) {
     std::set<int> folders;

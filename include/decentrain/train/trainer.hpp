@@ -667,9 +667,14 @@ class trainer {
             ", so the model cannot be dealt out again");
     }
     // Each parameter travels as its values and AdamW's two moments (floats), and its step count.
+    const auto counts_of = [&](const std::vector<std::string>& names) {
+      std::vector<std::size_t> counts;
+      for (const auto& name : names) counts.push_back(static_cast<std::size_t>(fresh.parameters().get(name).value().numel()));
+      return counts;
+    };
     const auto floats_of = [&](const std::vector<std::string>& names) {
       std::size_t floats = 0;
-      for (const auto& name : names) floats += 3 * static_cast<std::size_t>(fresh.parameters().get(name).value().numel());
+      for (const auto count : counts_of(names)) floats += 3 * count;
       return floats;
     };
     auto state_of = [&] {
@@ -749,9 +754,7 @@ class trainer {
             steps.resize(names.size());
             comm_.recv_from(s, std::span<float>(values));
             comm_.recv_from(s, std::span<std::int64_t>(steps));
-            std::vector<std::size_t> counts;
-            for (const auto& name : names) counts.push_back(static_cast<std::size_t>(fresh.parameters().get(name).value().numel()));
-            check_served(said[static_cast<std::size_t>(s)], s, names, counts, values, steps, at);
+            check_served(said[static_cast<std::size_t>(s)], s, names, counts_of(names), values, steps, at);
           }
           unpack(names, values, steps);
         }
@@ -892,7 +895,7 @@ class trainer {
     return from;
   }
   // A parameter as the re-deal moves it (its values, AdamW's two moments, the step count): one
-  // XXH3 digest, for the holders to compare and a receiver to check what it was served.
+  // XXH3 digest, announced by its holders, for a receiver to check what it was served.
   static std::uint64_t parameter_digest(std::span<const float> value, std::span<const float> exp_avg,
                                         std::span<const float> exp_avg_sq, std::int64_t step) {
     decentrain::detail::xxh3_stream h;
@@ -968,7 +971,8 @@ class trainer {
       }
     return names;
   }
-  // Every member says which checkpoint files it sees ("folder step" lines); per member, the pairs.
+  // Every member says which checkpoint files it sees ("folder step" lines after a leading "f": a
+  // text is never empty); per member, the pairs.
   std::vector<std::vector<std::pair<int, std::int64_t>>> announce_files(const checkpoint_files& files) {
     std::string mine = "f";
     for (const auto& [folder, steps] : files)
@@ -986,7 +990,8 @@ class trainer {
   }
   // This member's share of the files of step s, read and joined: each file is read by one member
   // that sees it (the peer whose folder it is, where that is a member; else the members that see
-  // it take the lost peers' folders in turn). A file that does not read back whole, or is of another step, adds nothing.
+  // it take the lost peers' folders in turn). A file that does not read back whole, or is of
+  // another step, adds nothing.
   io::checkpoint read_files_at(std::int64_t s, const std::vector<std::vector<std::pair<int, std::int64_t>>>& seen,
                                const checkpoint_files& files) {
     std::set<int> folders;

@@ -170,20 +170,8 @@ class mailbox {
   // The next message from `source` with `tag`; throws when `timeout` passes first, when
   // `source` was closed, or when the whole mailbox was failed.
   message pop(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mutex_);
-    const auto started = std::chrono::steady_clock::now();
-    const auto deadline = started + timeout;
-    for (;;) {
-      if (auto m = take_queued(source, tag)) {
-        wake_if_paused(lock, source);
-        return std::move(*m);
-      }
-      throw_if_unreachable(source, tag);
-      throw_if_stuck(lock, source, tag, started);
-      if (ready_.wait_until(lock, std::min(deadline, next_stuck_check(source, started))) == std::cv_status::timeout &&
-          std::chrono::steady_clock::now() >= deadline && !queued(source, tag))
-        timed_out(source, tag, timeout);
-    }
+    const int sources[1] = {source};
+    return pop_any(sources, tag, timeout).second;
   }
 
   // The next message with `tag` from whichever of `sources` has one, and who sent it: of those
@@ -285,16 +273,6 @@ class mailbox {
     for (const auto& c : pending_closures_)  // so does the source's closed connection
       if (c.source == source && (!at || c.arrival < *at)) at = c.arrival;
     return at;
-  }
-  // The next message from `source` with `tag` when one is queued; throws as pop() does when none
-  // can come; none when it would wait.
-  // With `now` (simulated time), only a message that has arrived by then is taken.
-  std::optional<message> try_pop(int source, tag_type tag, double now = std::numeric_limits<double>::infinity()) {
-    std::lock_guard lock(mutex_);
-    if (auto it = queues_.find({source, tag}); it != queues_.end() && !it->second.empty() && it->second.front().arrival <= now)
-      return take_queued(source, tag);  // (no budget on simulated time: nothing is paused)
-    throw_if_unreachable(source, tag);
-    return std::nullopt;
   }
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
     transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
