@@ -26249,7 +26249,7 @@ struct elastic {
         // A pipeline deals its parts out again over the new view (the trainer's redeal): those
         // behind take their new part from members at the target, as every member does.
         if (ctx.redeal) {
-          ctx.redeal(d.behind, d.target.step, saved_files());
+          ctx.redeal(d.behind, d.target.step, [this] { return saved_files(); });
           healed = std::find(d.behind.begin(), d.behind.end(), ep.rank()) != d.behind.end();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
         } else {
@@ -26759,6 +26759,8 @@ enum class phase : std::int8_t { start = 0, evaluation = 1, stop_check = 2, step
 // Checkpoint files a peer can read, by the world rank whose folder holds them, then step
 // (fault::elastic's folders: where a pipeline's re-deal finds parts no member holds any more).
 using checkpoint_files = std::map<int, std::map<std::int64_t, std::filesystem::path>>;
+// Lists them when called: a re-deal needs them only when a stage is lost whole.
+using checkpoint_listing = std::function<checkpoint_files()>;
 
 template <class Model>
 struct peer_context {
@@ -26810,7 +26812,7 @@ struct peer_context {
   // to the newest step they hold whole (the trainer goes on from there). Null where every peer holds
   // the whole model: the fault policy then brings those behind up to date its own way. Between
   // set_view and it, `replicas` and `pipeline` are the old view's.
-  std::function<void(const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files)> redeal;
+  std::function<void(const std::vector<int>& behind, std::int64_t step, const checkpoint_listing& files)> redeal;
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;
@@ -27469,6 +27471,291 @@ class progress {
 #include <utility>
 #include <vector>
 
+// ---- begin decentrain/train/redeal.hpp ----
+// The exchange that deals a pipeline's parts out again when its group re-forms (the trainer's
+// redeal, train/trainer.hpp): each member says what it holds and needs, a plan says who serves
+// whom, what a member was served is checked against what its sender announced, and a part no
+// member holds any more is read from the checkpoint files the members see. Apart from the
+// training loop so that the loop reads as a loop; the trainer keeps only the steps that touch
+// its model and optimizer (building the new part, packing its own state, installing).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::train {
+
+// Each time a pipeline's parts were dealt out again after the group re-formed.
+struct redeal_record {
+  std::int64_t step = 0;                // the step the group went on from
+  int stages_before = 0, copies_before = 0, stages_after = 0, copies_after = 0;
+  std::uint64_t bytes_received = 0;     // parameters and AdamW state this peer took from others
+  std::uint64_t bytes_sent = 0;         // ... and served
+  double seconds = 0;                   // building the new part and moving the state, on this peer
+  bool from_checkpoints = false;        // a stage's every replica was lost: the group went back to
+                                        // `step`, its parts read from checkpoint files
+};
+
+// What a re-deal's member holds and needs, as it said it: `current` (at the agreed step), the
+// parameters it holds each with its digest (redeal_exchange::digest), the names its new part needs.
+struct member_parts {
+  bool current = false;
+  std::map<std::string, std::uint64_t> holds;
+  std::vector<std::string> needs;
+  std::set<int> distrusts;  // world ranks it takes nothing from
+};
+
+// from[d][s]: the names member s sends member d, in d's order.
+using redeal_plan = std::vector<std::vector<std::vector<std::string>>>;
+// Per member: the (folder, step) pairs of the checkpoint files it sees.
+using files_seen = std::vector<std::vector<std::pair<int, std::int64_t>>>;
+
+// A parameter as the re-deal moves it: its values, AdamW's two moments (floats), its step count.
+// One general exchange serves a lost replica, a new shape and a restarted group of another shape.
+class redeal_exchange {
+ public:
+  // members: the view's world ranks, by rank in comm; distrusted: the world ranks this peer
+  // caught serving other values than they announced (kept by the caller for the whole run).
+  redeal_exchange(communicator& comm, const std::vector<int>& members, std::set<int>& distrusted)
+      : comm_(comm), members_(members), distrusted_(distrusted) {}
+
+  // One XXH3 digest of a parameter as it travels, announced by its holders for a receiver to
+  // check what it was served (not a cryptographic hash: it catches a holder that serves other
+  // values than it announced, not one that crafts a collision).
+  static std::uint64_t digest(std::span<const float> value, std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
+                              std::int64_t step) {
+    decentrain::detail::xxh3_stream h;
+    for (const auto part : {value, exp_avg, exp_avg_sq})
+      h.update(std::string_view(reinterpret_cast<const char*>(part.data()), part.size_bytes()));
+    h.update(std::string_view(reinterpret_cast<const char*>(&step), sizeof step));
+    return h.digest();
+  }
+
+  // The parameters a checkpoint holds whole (values, both moments and the step count).
+  static std::set<std::string> names_in(const io::checkpoint& c) {
+    std::set<std::string> names;
+    for (const auto& [key, t] : c.tensors)
+      if (key.starts_with("model.")) {
+        const auto name = key.substr(6);
+        if (c.tensors.contains("adamw." + name + ".exp_avg") && c.tensors.contains("adamw." + name + ".exp_avg_sq") &&
+            c.counters.contains("adamw." + name + ".step"))
+          names.insert(name);
+      }
+    return names;
+  }
+  // The digests of the parameters a checkpoint holds whole, added to `out` where not there yet.
+  static void add_digests(const io::checkpoint& c, std::map<std::string, std::uint64_t>& out) {
+    for (const auto& name : names_in(c)) {
+      if (out.contains(name)) continue;
+      const auto v = c.tensor_at("model." + name).contiguous();
+      const auto m = c.tensor_at("adamw." + name + ".exp_avg").contiguous();
+      const auto s2 = c.tensor_at("adamw." + name + ".exp_avg_sq").contiguous();
+      out[name] = digest(floats(v), floats(m), floats(s2), c.counter("adamw." + name + ".step"));
+    }
+  }
+  // Appends a saved parameter as it travels.
+  static void pack_saved(const io::checkpoint& c, const std::string& name, std::vector<float>& values,
+                         std::vector<std::int64_t>& steps) {
+    for (const auto& key : {"model." + name, "adamw." + name + ".exp_avg", "adamw." + name + ".exp_avg_sq"}) {
+      const auto v = c.tensor_at(key).contiguous();
+      values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
+    }
+    steps.push_back(c.counter("adamw." + name + ".step"));
+  }
+  // Puts what arrived for `names` into `c` as a checkpoint holds it; shape_of(name) gives each
+  // parameter's shape in the new part.
+  template <class ShapeOf>
+  static void unpack(const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps,
+                     ShapeOf&& shape_of, io::checkpoint& c) {
+    std::size_t off = 0;
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      const shape s = shape_of(names[k]);
+      const auto count = static_cast<std::size_t>(s.numel());
+      const auto slice = [&](std::size_t i) {
+        auto t = tensor<cpu>::empty(s, dtype::f32);
+        std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(off + i * count), count, t.template data<float>());
+        return t;
+      };
+      c.tensors["model." + names[k]] = slice(0);
+      c.tensors["adamw." + names[k] + ".exp_avg"] = slice(1);
+      c.tensors["adamw." + names[k] + ".exp_avg_sq"] = slice(2);
+      c.counters["adamw." + names[k] + ".step"] = steps[k];
+      off += 3 * count;
+    }
+  }
+
+  // Every member says what it holds and needs: "1" or "0" (at the step or not), the names it
+  // holds each with its digest, the ranks it distrusts ("!rank"), an empty line, the names it
+  // needs; broadcast member by member.
+  std::vector<member_parts> announce_parts(bool current, const std::map<std::string, std::uint64_t>& holds,
+                                           const std::vector<std::string>& needs) {
+    std::string mine = current ? "1" : "0";
+    for (const auto& [name, d] : holds) mine += decentrain::detail::concat("\n", name, " ", d);
+    for (const int j : distrusted_) mine += decentrain::detail::concat("\n!", j);
+    mine += "\n";
+    for (const auto& name : needs) mine += "\n" + name;
+    std::vector<member_parts> said(static_cast<std::size_t>(comm_.world()));
+    for (int r = 0; r < comm_.world(); ++r) {
+      const auto text = broadcast_text(mine, r, "its parameters' names");
+      auto& m = said[static_cast<std::size_t>(r)];
+      m.current = text[0] == '1';
+      std::size_t at = 1;
+      bool needed = false;
+      while (at < text.size()) {
+        const auto end = std::min(text.find('\n', at + 1), text.size());
+        auto name = text.substr(at + 1, end - at - 1);
+        if (name.empty() && !needed)
+          needed = true;
+        else if (needed)
+          m.needs.push_back(std::move(name));
+        else if (name[0] == '!')
+          m.distrusts.insert(std::atoi(name.c_str() + 1));
+        else if (const auto space = name.rfind(' '); space != std::string::npos)
+          m.holds[name.substr(0, space)] = std::strtoull(name.c_str() + space + 1, nullptr, 10);
+        at = end;
+      }
+    }
+    return said;
+  }
+
+  // Who sends what to whom (a member takes what it holds itself; else the holders at the step in
+  // turn, less those it distrusts, so a morph's bytes spread over them); none, naming `missing`,
+  // when some name has no holder. The holders' digests are not compared with each other: the
+  // two copies of a tied parameter (the embedding, on the first and the last stage) are averaged
+  // over their stages' replicas in different orders and can differ in their last bits, so a
+  // vote would convict honest holders.
+  std::optional<redeal_plan> plan(const std::vector<member_parts>& said, std::string& missing) const {
+    const auto n = said.size();
+    redeal_plan from(n, std::vector<std::vector<std::string>>(n));
+    for (std::size_t d = 0; d < n; ++d) {
+      const auto& want = said[d].needs;
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        std::vector<std::size_t> holders;
+        for (std::size_t r = 0; r < n; ++r)
+          if (said[r].current && !said[d].distrusts.count(members_[r]) && said[r].holds.contains(want[k])) holders.push_back(r);
+        if (holders.empty()) {
+          missing = want[k];
+          return std::nullopt;
+        }
+        const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
+        from[d][own ? d : holders[(d + k) % holders.size()]].push_back(want[k]);
+      }
+    }
+    return from;
+  }
+
+  // What member `s` served for `names` (counts: each name's floats) must be what it announced:
+  // else this peer distrusts it for good (announced with what it holds, so that every member
+  // plans the next re-deal without it as this peer's source) and fails the re-deal naming it. A
+  // lone accusation does not remove a member from the group (agreement.hpp: a liar could frame
+  // an honest one), but it can only cost the accuser its sources.
+  void check_served(const member_parts& announced, int s, const std::vector<std::string>& names,
+                    const std::vector<std::size_t>& counts, std::span<const float> values, std::span<const std::int64_t> steps,
+                    std::int64_t at) {
+    std::size_t off = 0;
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      const auto count = counts[k];
+      const auto got = digest(values.subspan(off, count), values.subspan(off + count, count),
+                              values.subspan(off + 2 * count, count), steps[k]);
+      off += 3 * count;
+      const auto it = announced.holds.find(names[k]);
+      if (it == announced.holds.end() || it->second != got) {
+        const int peer = members_[static_cast<std::size_t>(s)];
+        distrusted_.insert(peer);
+        transport::fail_peer_because(transport::failure_cause::convicted, peer, "redeal", "trainer: peer ", peer,
+                                     " served parameter '", names[k], "' for the re-deal at step ", at,
+                                     " with other values than it announced (digest ", got, ", announced ",
+                                     it == announced.holds.end() ? std::string("none") : std::to_string(it->second),
+                                     "); this peer takes nothing from it again");
+      }
+    }
+  }
+
+  // Every member says which checkpoint files it sees ("folder step" lines after a leading "f": a
+  // text is never empty).
+  files_seen announce_files(const checkpoint_files& files) {
+    std::string mine = "f";
+    for (const auto& [folder, steps] : files)
+      for (const auto& [s, path] : steps) mine += decentrain::detail::concat("\n", folder, " ", s);
+    files_seen seen(static_cast<std::size_t>(comm_.world()));
+    for (int r = 0; r < comm_.world(); ++r) {
+      std::istringstream text(broadcast_text(mine, r, "its checkpoint files"));
+      std::string f;
+      text >> f;
+      int folder = 0;
+      std::int64_t s = 0;
+      while (text >> folder >> s) seen[static_cast<std::size_t>(r)].emplace_back(folder, s);
+    }
+    return seen;
+  }
+
+  // This member's share of the files of step s, read and joined: each file is read by one member
+  // that sees it (the peer whose folder it is, where that is a member; else the members that see
+  // it take the lost peers' folders in turn). A file that does not read back whole, is of
+  // another step, or that `fits` refuses (another model), adds nothing.
+  template <class Fits>
+  io::checkpoint read_files_at(std::int64_t s, const files_seen& seen, const checkpoint_files& files, Fits&& fits) {
+    std::set<int> folders;
+    for (const auto& m : seen)
+      for (const auto& [folder, at] : m)
+        if (at == s) folders.insert(folder);
+    io::checkpoint joined;
+    for (int folder : folders) {
+      const auto sees = [&](int r) {
+        const auto& m = seen[static_cast<std::size_t>(r)];
+        return std::find(m.begin(), m.end(), std::pair{folder, s}) != m.end();
+      };
+      std::vector<int> readers;
+      for (int r = 0; r < comm_.world(); ++r)
+        if (sees(r)) readers.push_back(r);
+      const auto owner = std::find(members_.begin(), members_.end(), folder);
+      const int own = static_cast<int>(owner - members_.begin());
+      const int reader = owner != members_.end() && sees(own) ? own : readers[static_cast<std::size_t>(folder) % readers.size()];
+      if (reader != comm_.rank()) continue;
+      try {
+        auto c = io::load_checkpoint(files.at(folder).at(s));
+        if (c.counter("step") != s || !fits(c)) continue;
+        for (auto& [key, t] : c.tensors) joined.tensors.insert_or_assign(key, std::move(t));
+        for (const auto& [key, v] : c.counters) joined.counters.insert_or_assign(key, v);
+      } catch (const decentrain::error&) {
+        // (a damaged file: its parts are looked for elsewhere, or at an older step)
+      }
+    }
+    return joined;
+  }
+
+ private:
+  static std::span<const float> floats(const tensor<cpu>& t) {
+    return {t.template data<float>(), static_cast<std::size_t>(t.numel())};
+  }
+  // Member r's text, on every member (`mine` on r itself): its size first, bounded.
+  std::string broadcast_text(const std::string& mine, int r, const char* what) {
+    std::int64_t bytes = r == comm_.rank() ? static_cast<std::int64_t>(mine.size()) : 0;
+    comm_.broadcast(std::span<std::int64_t>(&bytes, 1), r);
+    decentrain::detail::check(bytes >= 1 && bytes <= (std::int64_t{1} << 24), "trainer: member ", r, " of the re-formed ",
+                              "group says ", what, " take ", bytes, " bytes");
+    std::string text = r == comm_.rank() ? mine : std::string(static_cast<std::size_t>(bytes), '\0');
+    comm_.broadcast(std::span<char>(text.data(), text.size()), r);
+    return text;
+  }
+
+  communicator& comm_;
+  const std::vector<int>& members_;
+  std::set<int>& distrusted_;
+};
+
+}  // namespace decentrain::train
+// ---- end decentrain/train/redeal.hpp ----
 
 namespace decentrain::train {
 
@@ -27535,15 +27822,7 @@ class trainer {
   std::uint64_t policy_bytes_sent() const { return policy_bytes_; }
 
   // Each time a pipeline's parts were dealt out again after the group re-formed (redeal, below).
-  struct redeal_record {
-    std::int64_t step = 0;                // the step the group went on from
-    int stages_before = 0, copies_before = 0, stages_after = 0, copies_after = 0;
-    std::uint64_t bytes_received = 0;     // parameters and AdamW state this peer took from others
-    std::uint64_t bytes_sent = 0;         // ... and served
-    double seconds = 0;                   // building the new part and moving the state, on this peer
-    bool from_checkpoints = false;        // a stage's every replica was lost: the group went back to
-                                          // `step`, its parts read from checkpoint files
-  };
+  using redeal_record = train::redeal_record;
   const std::vector<redeal_record>& redeals() const { return redeals_; }
 
   void on_step(std::function<void(const step_metrics&)> hook) { step_hooks_.push_back(std::move(hook)); }
@@ -27723,7 +28002,7 @@ class trainer {
     if (!can_redeal() || !pipelined_) return false;
     std::set<std::string> mine;
     for (const auto& e : model_.parameters()) mine.insert(e.name);
-    return names_in(c) != mine;
+    return redeal_exchange::names_in(c) != mine;
   }
 
   // Another peer's state as this peer's: model, optimizer, step and the policy's state; this
@@ -27983,10 +28262,10 @@ class trainer {
   }
   // Set for a job that started as a pipeline, for the whole run (every member takes the same
   // path when the group re-forms, whatever shape it has come to).
-  std::function<void(const std::vector<int>&, std::int64_t, const checkpoint_files&)> redeal_hook() {
+  std::function<void(const std::vector<int>&, std::int64_t, const checkpoint_listing&)> redeal_hook() {
     if constexpr (can_redeal())
       if (pipelined_)
-        return [this](const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files) {
+        return [this](const std::vector<int>& behind, std::int64_t step, const checkpoint_listing& files) {
           redeal(behind, step, files);
         };
     return {};
@@ -28027,7 +28306,7 @@ class trainer {
   // picked again from the stages first asked for). Own state (a dropout stream) stays. Also for
   // a job that came to one stage: every member takes this path (redeal_hook and settle_held,
   // the only callers: a trainer whose policies cannot morph never instantiates this).
-  void redeal(const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files) {
+  void redeal(const std::vector<int>& behind, std::int64_t step, const checkpoint_listing& list_files) {
     using decentrain::detail::check;
     using decentrain::detail::concat;
     const auto t0 = std::chrono::steady_clock::now();
@@ -28054,27 +28333,34 @@ class trainer {
     const io::checkpoint* source = held_ ? &*held_ : nullptr;
     // With its model, the part it held before the last re-deal where no step was done since.
     const io::checkpoint* spare = !source && current && spare_ && spare_->counter("step") == step ? &*spare_ : nullptr;
+    redeal_exchange exchange(comm_, members_, distrusted_);
     std::string missing;
-    auto said = announce_parts(current, digests_of(source, spare), needs);
-    auto from = plan_redeal(said, missing);
+    auto said = exchange.announce_parts(current, digests_of(source, spare), needs);
+    auto from = exchange.plan(said, missing);
+    checkpoint_files files;  // listed only when some part is held by no member
     std::int64_t at = step;  // the step the group goes on from
     io::checkpoint read;     // the files this peer read for it
     if (!from) {
       std::string tried;
+      if (list_files) files = list_files();
       std::int64_t any = files.empty() ? 0 : 1;  // whether any member sees checkpoint files
       comm_.all_reduce(std::span<std::int64_t>(&any, 1), collective::reduce_op::max);
       if (any != 0) {
-        const auto seen = announce_files(files);
+        const auto seen = exchange.announce_files(files);
         std::set<std::int64_t, std::greater<>> steps;
         for (const auto& m : seen)
           for (const auto& [folder, s] : m) steps.insert(s);
         for (const auto s : steps) {
           if (s > step) continue;  // (files of an abandoned later run)
-          read = read_files_at(s, seen, files);
+          read = exchange.read_files_at(s, seen, files, [&](const io::checkpoint& c) {
+            if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
+              return config_of(c) == model_.config();
+            return true;
+          });
           source = &read;
           spare = nullptr;
-          said = announce_parts(true, digests_of(source, nullptr), needs);
-          from = plan_redeal(said, missing);
+          said = exchange.announce_parts(true, digests_of(source, nullptr), needs);
+          from = exchange.plan(said, missing);
           tried += concat(tried.empty() ? "" : ", ", s);
           if (from) {
             at = s;
@@ -28109,22 +28395,18 @@ class trainer {
       return by_name;
     }();
     auto pack = [&](const std::vector<std::string>& names, std::vector<float>& values, std::vector<std::int64_t>& steps) {
-      const auto append = [&](const tensor<cpu>& t) {
-        const auto v = t.contiguous();
-        values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
-      };
       for (const auto& name : names) {
         if (const auto* from_saved = source ? source : state_of.contains(name) ? nullptr : spare) {
-          append(from_saved->tensor_at("model." + name));
-          append(from_saved->tensor_at("adamw." + name + ".exp_avg"));
-          append(from_saved->tensor_at("adamw." + name + ".exp_avg_sq"));
-          steps.push_back(from_saved->counter("adamw." + name + ".step"));
+          redeal_exchange::pack_saved(*from_saved, name, values, steps);
           continue;
         }
         const auto& moments = state_of.at(name);
         const std::array<const tensor<device_type>*, 3> parts = {&model_.parameters().get(name).value(), &moments.exp_avg,
                                                                  &moments.exp_avg_sq};
-        for (const auto* t : parts) append(train::detail::host_view_or_copy(*t, true));  // (host memory: read in place)
+        for (const auto* t : parts) {
+          const auto v = train::detail::host_view_or_copy(*t, true).contiguous();  // (host memory: read in place)
+          values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
+        }
         steps.push_back(moments.step);
       }
     };
@@ -28133,22 +28415,8 @@ class trainer {
     std::erase_if(c.counters, [](const auto& kv) { return kv.first.starts_with("adamw."); });
     c.views = false;
     c.counters["step"] = at;
-    auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
-      std::size_t off = 0;
-      for (std::size_t k = 0; k < names.size(); ++k) {
-        const auto& p = fresh.parameters().get(names[k]).value();
-        const auto count = static_cast<std::size_t>(p.numel());
-        auto slice = [&](std::size_t i) {
-          auto t = tensor<cpu>::empty(p.shape(), dtype::f32);
-          std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(off + i * count), count, t.template data<float>());
-          return t;
-        };
-        c.tensors["model." + names[k]] = slice(0);
-        c.tensors["adamw." + names[k] + ".exp_avg"] = slice(1);
-        c.tensors["adamw." + names[k] + ".exp_avg_sq"] = slice(2);
-        c.counters["adamw." + names[k] + ".step"] = steps[k];
-        off += 3 * count;
-      }
+    const auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
+      redeal_exchange::unpack(names, values, steps, [&](const std::string& name) { return fresh.parameters().get(name).value().shape(); }, c);
     };
     const auto& mine_from = (*from)[static_cast<std::size_t>(me)];
     for (int s = 0; s < n; ++s) {
@@ -28179,7 +28447,7 @@ class trainer {
             steps.resize(names.size());
             comm_.recv_from(s, std::span<float>(values));
             comm_.recv_from(s, std::span<std::int64_t>(steps));
-            check_served(said[static_cast<std::size_t>(s)], s, names, counts_of(names), values, steps, at);
+            exchange.check_served(said[static_cast<std::size_t>(s)], s, names, counts_of(names), values, steps, at);
           }
           unpack(names, values, steps);
         }
@@ -28243,211 +28511,23 @@ class trainer {
     spare_.reset();
   }
 
-  // What a re-deal's members hold and need, as each said it: `current` (at the agreed step),
-  // the names of the parameters it holds, the names its new part needs.
-  struct member_parts {
-    bool current = false;
-    std::map<std::string, std::uint64_t> holds;  // name -> digest (parameter_digest)
-    std::vector<std::string> needs;
-    std::set<int> distrusts;  // world ranks it takes nothing from (distrusted_)
-  };
-  // Every member says what it holds and needs: "1" or "0" (at the step or not), the names it
-  // holds each with its digest, an empty line, the names it needs; broadcast member by member.
-  std::vector<member_parts> announce_parts(bool current, const std::map<std::string, std::uint64_t>& holds,
-                                           const std::vector<std::string>& needs) {
-    std::string mine = current ? "1" : "0";
-    for (const auto& [name, digest] : holds) mine += decentrain::detail::concat("\n", name, " ", digest);
-    for (const int j : distrusted_) mine += decentrain::detail::concat("\n!", j);
-    mine += "\n";
-    for (const auto& name : needs) mine += "\n" + name;
-    std::vector<member_parts> said(static_cast<std::size_t>(world()));
-    for (int r = 0; r < world(); ++r) {
-      const auto text = broadcast_text(mine, r, "its parameters' names");
-      auto& m = said[static_cast<std::size_t>(r)];
-      m.current = text[0] == '1';
-      std::size_t at = 1;
-      bool needed = false;
-      while (at < text.size()) {
-        const auto end = std::min(text.find('\n', at + 1), text.size());
-        auto name = text.substr(at + 1, end - at - 1);
-        if (name.empty() && !needed)
-          needed = true;
-        else if (needed)
-          m.needs.push_back(std::move(name));
-        else if (name[0] == '!')
-          m.distrusts.insert(std::atoi(name.c_str() + 1));
-        else if (const auto space = name.rfind(' '); space != std::string::npos)
-          m.holds[name.substr(0, space)] = std::strtoull(name.c_str() + space + 1, nullptr, 10);
-        at = end;
-      }
-    }
-    return said;
-  }
-  // Member r's text, on every member (`mine` on r itself): its size first, bounded.
-  std::string broadcast_text(const std::string& mine, int r, const char* what) {
-    std::int64_t bytes = r == rank() ? static_cast<std::int64_t>(mine.size()) : 0;
-    comm_.broadcast(std::span<std::int64_t>(&bytes, 1), r);
-    decentrain::detail::check(bytes >= 1 && bytes <= (std::int64_t{1} << 24), "trainer: member ", r, " of the re-formed ",
-                              "group says ", what, " take ", bytes, " bytes");
-    std::string text = r == rank() ? mine : std::string(static_cast<std::size_t>(bytes), '\0');
-    comm_.broadcast(std::span<char>(text.data(), text.size()), r);
-    return text;
-  }
-  // Who sends what to whom: from[d][s], the names member s sends member d, in d's order (a
-  // member takes what it holds itself; else the holders at the step in turn, less those it
-  // distrusts); none, naming `missing`, when some name has no holder. The holders' digests are
-  // not compared with each other: the two copies of a tied parameter (the embedding, on the first
-  // and the last stage) are averaged over their stages' replicas in different orders and can
-  // differ in their last bits, so a vote would convict honest holders.
-  std::optional<std::vector<std::vector<std::vector<std::string>>>> plan_redeal(const std::vector<member_parts>& said,
-                                                                                std::string& missing) const {
-    const auto n = said.size();
-    std::vector<std::vector<std::vector<std::string>>> from(n, std::vector<std::vector<std::string>>(n));
-    for (std::size_t d = 0; d < n; ++d) {
-      const auto& want = said[d].needs;
-      for (std::size_t k = 0; k < want.size(); ++k) {
-        std::vector<std::size_t> holders;
-        for (std::size_t r = 0; r < n; ++r)
-          if (said[r].current && !said[d].distrusts.count(members_[r]) && said[r].holds.contains(want[k])) holders.push_back(r);
-        if (holders.empty()) {
-          missing = want[k];
-          return std::nullopt;
-        }
-        const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
-        from[d][own ? d : holders[(d + k) % holders.size()]].push_back(want[k]);
-      }
-    }
-    return from;
-  }
-  // A parameter as the re-deal moves it (its values, AdamW's two moments, the step count): one
-  // XXH3 digest, announced by its holders, for a receiver to check what it was served.
-  static std::uint64_t parameter_digest(std::span<const float> value, std::span<const float> exp_avg,
-                                        std::span<const float> exp_avg_sq, std::int64_t step) {
-    decentrain::detail::xxh3_stream h;
-    for (const auto part : {value, exp_avg, exp_avg_sq})
-      h.update(std::string_view(reinterpret_cast<const char*>(part.data()), part.size_bytes()));
-    h.update(std::string_view(reinterpret_cast<const char*>(&step), sizeof step));
-    return h.digest();
-  }
   // What this member holds for a re-deal, by name with its digest: from `source` (a checkpoint's
   // parts), or the model and optimizer (null) and what `spare` holds beside them.
   std::map<std::string, std::uint64_t> digests_of(const io::checkpoint* source, const io::checkpoint* spare) {
     std::map<std::string, std::uint64_t> out;
-    const auto floats = [](const tensor<cpu>& t) { return std::span<const float>(t.template data<float>(), static_cast<std::size_t>(t.numel())); };
-    const auto saved = [&](const io::checkpoint& c) {
-      for (const auto& name : names_in(c)) {
-        if (out.contains(name)) continue;
-        const auto v = c.tensor_at("model." + name).contiguous();
-        const auto m = c.tensor_at("adamw." + name + ".exp_avg").contiguous();
-        const auto s2 = c.tensor_at("adamw." + name + ".exp_avg_sq").contiguous();
-        out[name] = parameter_digest(floats(v), floats(m), floats(s2), c.counter("adamw." + name + ".step"));
-      }
-    };
     if (source) {
-      saved(*source);
+      redeal_exchange::add_digests(*source, out);
       return out;
     }
+    const auto floats = [](const tensor<cpu>& t) { return std::span<const float>(t.template data<float>(), static_cast<std::size_t>(t.numel())); };
     for (auto& e : optimizer_.state()) {
       const auto v = train::detail::host_view_or_copy(model_.parameters().get(e.name).value(), true).contiguous();
       const auto m = train::detail::host_view_or_copy(e.exp_avg, true).contiguous();
       const auto s2 = train::detail::host_view_or_copy(e.exp_avg_sq, true).contiguous();
-      out[e.name] = parameter_digest(floats(v), floats(m), floats(s2), e.step);
+      out[e.name] = redeal_exchange::digest(floats(v), floats(m), floats(s2), e.step);
     }
-    if (spare) saved(*spare);
+    if (spare) redeal_exchange::add_digests(*spare, out);
     return out;
-  }
-  // What member `s` served for `names` must be what it announced: else this peer distrusts it
-  // for good (announced with what it holds, so that every member plans the next re-deal without
-  // it as this peer's source) and fails the re-deal naming it. A lone accusation does not remove
-  // a member from the group (agreement.hpp: a liar could frame an honest one), but it can only
-  // cost the accuser its sources.
-  // (counts: each name's floats)
-  void check_served(const member_parts& announced, int s, const std::vector<std::string>& names,
-                    const std::vector<std::size_t>& counts, std::span<const float> values, std::span<const std::int64_t> steps,
-                    std::int64_t at) {
-    std::size_t off = 0;
-    for (std::size_t k = 0; k < names.size(); ++k) {
-      const auto count = counts[k];
-      const auto digest = parameter_digest(values.subspan(off, count), values.subspan(off + count, count),
-                                           values.subspan(off + 2 * count, count), steps[k]);
-      off += 3 * count;
-      const auto it = announced.holds.find(names[k]);
-      if (it == announced.holds.end() || it->second != digest) {
-        distrusted_.insert(members_[static_cast<std::size_t>(s)]);
-        transport::fail_peer_because(transport::failure_cause::convicted, members_[static_cast<std::size_t>(s)], "redeal",
-                                     "trainer: peer ", members_[static_cast<std::size_t>(s)], " served parameter '", names[k],
-                                     "' for the re-deal at step ", at, " with other values than it announced (digest ",
-                                     digest, ", announced ", it == announced.holds.end() ? std::string("none")
-                                                                                         : std::to_string(it->second),
-                                     "); this peer takes nothing from it again");
-      }
-    }
-  }
-
-  // The parameters a checkpoint holds whole (values, both moments and the step count).
-  static std::set<std::string> names_in(const io::checkpoint& c) {
-    std::set<std::string> names;
-    for (const auto& [key, t] : c.tensors)
-      if (key.starts_with("model.")) {
-        const auto name = key.substr(6);
-        if (c.tensors.contains("adamw." + name + ".exp_avg") && c.tensors.contains("adamw." + name + ".exp_avg_sq") &&
-            c.counters.contains("adamw." + name + ".step"))
-          names.insert(name);
-      }
-    return names;
-  }
-  // Every member says which checkpoint files it sees ("folder step" lines after a leading "f": a
-  // text is never empty); per member, the pairs.
-  std::vector<std::vector<std::pair<int, std::int64_t>>> announce_files(const checkpoint_files& files) {
-    std::string mine = "f";
-    for (const auto& [folder, steps] : files)
-      for (const auto& [s, path] : steps) mine += decentrain::detail::concat("\n", folder, " ", s);
-    std::vector<std::vector<std::pair<int, std::int64_t>>> seen(static_cast<std::size_t>(world()));
-    for (int r = 0; r < world(); ++r) {
-      std::istringstream text(broadcast_text(mine, r, "its checkpoint files"));
-      std::string f;
-      text >> f;
-      int folder = 0;
-      std::int64_t s = 0;
-      while (text >> folder >> s) seen[static_cast<std::size_t>(r)].emplace_back(folder, s);
-    }
-    return seen;
-  }
-  // This member's share of the files of step s, read and joined: each file is read by one member
-  // that sees it (the peer whose folder it is, where that is a member; else the members that see
-  // it take the lost peers' folders in turn). A file that does not read back whole, or is of
-  // another step, adds nothing.
-  io::checkpoint read_files_at(std::int64_t s, const std::vector<std::vector<std::pair<int, std::int64_t>>>& seen,
-                               const checkpoint_files& files) {
-    std::set<int> folders;
-    for (const auto& m : seen)
-      for (const auto& [folder, at] : m)
-        if (at == s) folders.insert(folder);
-    io::checkpoint joined;
-    for (int folder : folders) {
-      const auto sees = [&](int r) {
-        const auto& m = seen[static_cast<std::size_t>(r)];
-        return std::find(m.begin(), m.end(), std::pair{folder, s}) != m.end();
-      };
-      std::vector<int> readers;
-      for (int r = 0; r < world(); ++r)
-        if (sees(r)) readers.push_back(r);
-      const auto owner = std::find(members_.begin(), members_.end(), folder);
-      const int own = static_cast<int>(owner - members_.begin());
-      const int reader = owner != members_.end() && sees(own) ? own : readers[static_cast<std::size_t>(folder) % readers.size()];
-      if (reader != rank()) continue;
-      try {
-        auto c = io::load_checkpoint(files.at(folder).at(s));
-        if (c.counter("step") != s) continue;
-        if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
-          if (!(config_of(c) == model_.config())) continue;
-        for (auto& [key, t] : c.tensors) joined.tensors.insert_or_assign(key, std::move(t));
-        for (const auto& [key, v] : c.counters) joined.counters.insert_or_assign(key, v);
-      } catch (const decentrain::error&) {
-        // (a damaged file: its parts are looked for elsewhere, or at an older step)
-      }
-    }
-    return joined;
   }
 
   // A restarted group whose checkpoints another shape wrote (the job re-formed before it

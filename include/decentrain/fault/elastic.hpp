@@ -310,7 +310,7 @@ struct elastic {
         // A pipeline deals its parts out again over the new view (the trainer's redeal): those
         // behind take their new part from members at the target, as every member does.
         if (ctx.redeal) {
-          ctx.redeal(d.behind, d.target.step, saved_files());
+          ctx.redeal(d.behind, d.target.step, [this] { return saved_files(); });
           healed = std::find(d.behind.begin(), d.behind.end(), ep.rank()) != d.behind.end();
           ctx.at = static_cast<decltype(ctx.at)>(d.target.phase);
         } else {

@@ -46,6 +46,8 @@ enum class phase : std::int8_t { start = 0, evaluation = 1, stop_check = 2, step
 // Checkpoint files a peer can read, by the world rank whose folder holds them, then step
 // (fault::elastic's folders: where a pipeline's re-deal finds parts no member holds any more).
 using checkpoint_files = std::map<int, std::map<std::int64_t, std::filesystem::path>>;
+// Lists them when called: a re-deal needs them only when a stage is lost whole.
+using checkpoint_listing = std::function<checkpoint_files()>;
 
 template <class Model>
 struct peer_context {
@@ -97,7 +99,7 @@ struct peer_context {
   // to the newest step they hold whole (the trainer goes on from there). Null where every peer holds
   // the whole model: the fault policy then brings those behind up to date its own way. Between
   // set_view and it, `replicas` and `pipeline` are the old view's.
-  std::function<void(const std::vector<int>& behind, std::int64_t step, const checkpoint_files& files)> redeal;
+  std::function<void(const std::vector<int>& behind, std::int64_t step, const checkpoint_listing& files)> redeal;
   // What the communication policy's aggregation saw of each replica's contributions (indexed by
   // rank in `replicas`), when the policy keeps a tally (its aggregation()); else null.
   const collective::peer_tally* contributions = nullptr;
