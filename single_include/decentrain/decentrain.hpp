@@ -21430,13 +21430,18 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
 // the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i
 // (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
 // weight 0 sends zeros). One all-reduce of a number; every replica must call it.
-template <class Ctx>
-float weight_factor(Ctx& ctx, double mine) {
+// (replicas: the replicas' communicator, or a lane of it.)
+template <class Communicator>
+float replicas_weight_factor(Communicator& replicas, double mine) {
   double total = mine;
-  ctx.replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
+  replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
   decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
                             "; weighted averaging needs a positive sum");
-  return static_cast<float>(mine * static_cast<double>(ctx.replicas.world()) / total);
+  return static_cast<float>(mine * static_cast<double>(replicas.world()) / total);
+}
+template <class Ctx>
+float weight_factor(Ctx& ctx, double mine) {
+  return replicas_weight_factor(ctx.replicas, mine);
 }
 template <class Ctx>
 float weight_factor(Ctx& ctx) {
@@ -22014,6 +22019,11 @@ struct streaming_diloco {
   // stand-in (see above); overlap and mix do not apply. Keeps two more copies of the model (the
   // peer's own outer parameters and their momentum) and two pseudo-gradients per fragment.
   bool eager = false;
+  // Average the replicas' pseudo-gradients of a fragment by the weight of the steps it covers
+  // (the sum of ctx.step_weight since the fragment's last exchange: the rows each took, say)
+  // instead of equally; one all-reduce of a number more an exchange, in the exchange's
+  // background. Not with eager updates (their stand-in needs the weights before the exchange).
+  bool weighted = false;
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
@@ -22027,6 +22037,8 @@ struct streaming_diloco {
     check(overlap >= 0 && overlap < inner_steps, "streaming_diloco: overlap must be in [0, inner_steps) (an exchange lands before ",
           "its fragment's next one starts), got ", overlap);
     check(mix >= 0 && mix <= 1, "streaming_diloco: mix must be in [0, 1], got ", mix);
+    check(!(weighted && eager), "streaming_diloco: weighted and eager cannot be set together (an eager step stands in for ",
+          "the average before the exchange, without the replicas' weights)");
     check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
           "streaming_diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ", outer_optimizer.lr,
           " and momentum ", outer_optimizer.momentum);
@@ -22095,6 +22107,7 @@ struct streaming_diloco {
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    for (auto& p : parts_) p.weight.add(ctx);
     for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
       if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
     if (ctx.last_step) {
@@ -22136,6 +22149,7 @@ struct streaming_diloco {
     for (auto& p : parts_) {
       p.settle();
       p.exchange.failure = nullptr;
+      if (p.lands_after >= 0) p.weight.sum += p.sent.sum;  // (the next pseudo-gradient carries those steps)
       p.lands_after = -1;
     }
   }
@@ -22172,6 +22186,8 @@ struct streaming_diloco {
       if (p.exchange.failure) std::rethrow_exception(p.exchange.failure);
       c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
       c.counters[prefix + "lands_after"] = p.lands_after;
+      p.weight.save(c, prefix);
+      p.sent.save(c, prefix + "sent_");
       if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer, c);
       if (!eager_.empty()) {
         c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
@@ -22204,6 +22220,8 @@ struct streaming_diloco {
       p.codec = codec;
       p.momentum_started = c.counter(prefix + "momentum_started") != 0;
       p.lands_after = c.counter(prefix + "lands_after");
+      p.weight.load(c, prefix);
+      p.sent.load(c, prefix + "sent_");
       if (p.lands_after >= 0) p.buffer = c.tensor_at(prefix + "average").template to_vector<float>();
       if (saved_eager) {
         p.eager_started = c.counter(prefix + "eager_started") != 0;
@@ -22252,6 +22270,8 @@ struct streaming_diloco {
     collective::aggregation_record record;
     std::vector<float> buffer;                // the pseudo-gradient sent, then the average received
     std::int64_t lands_after = -1;            // the step after which the exchange in flight is merged
+    round_weight weight;                      // of the steps since the fragment's last exchange
+    round_weight sent;                        // (sum:) of the steps the exchange in flight covers
     bool momentum_started = false;
     // Eager updates: the average and this peer's pseudo-gradient of the round before (empty
     // before the first), and whether the peer's own outer momentum has started.
@@ -22283,6 +22303,8 @@ struct streaming_diloco {
       codec = std::move(restored.codec);
       buffer = std::move(restored.buffer);
       lands_after = restored.lands_after;
+      weight = restored.weight;
+      sent = restored.sent;
       momentum_started = restored.momentum_started;
       previous_average = std::move(restored.previous_average);
       previous_own = std::move(restored.previous_own);
@@ -22302,8 +22324,11 @@ struct streaming_diloco {
     for (const auto& r : p.ranges)
       for (std::size_t i = 0; i < r.size; ++i, ++at) p.buffer[at] = from[r.offset + i] - local_[r.offset + i];
     p.lands_after = lands_after;
-    auto exchange = [&p](auto& comm) {
+    p.sent.sum = std::exchange(p.weight.sum, 0.0);
+    auto exchange = [&p, weigh = weighted](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
+      if (weigh)
+        for (const float f = replicas_weight_factor(comm, p.sent.sum); auto& v : p.buffer) v *= f;
       compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record);
       p.bytes = comm.traffic().bytes_sent - before;
     };
@@ -22351,6 +22376,7 @@ struct streaming_diloco {
     if (p.exchange.failure) {
       auto e = std::exchange(p.exchange.failure, nullptr);
       p.lands_after = -1;
+      p.weight.sum += p.sent.sum;
       std::rethrow_exception(e);
     }
     p.lands_after = -1;

@@ -182,6 +182,55 @@ TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas 
   SECTION("local SGD") { check_weighted_rounds(dt::comm::local_sgd<>{}); }
   // Outer SGD with lr 1 and no momentum: the new global parameters are the weighted mean.
   SECTION("DiLoCo") { check_weighted_rounds(dt::comm::diloco<dt::comm::outer::sgd>{}); }
+  // Two fragments, each exchanged at once (no overlap) and taken whole (mix 0): fragment 0 after
+  // step 0 (one step's weight), both after the last step (fragment 0 one step's, fragment 1
+  // two): every exchange weighs the peers as r + 1 does.
+  SECTION("Streaming DiLoCo") {
+    dt::comm::streaming_diloco<dt::comm::outer::sgd> streaming;
+    streaming.fragments = 2;
+    streaming.overlap = 0;
+    streaming.mix = 0;
+    check_weighted_rounds(streaming);
+  }
+  SECTION("Streaming DiLoCo refuses weighted with eager updates") {
+    dt::comm::streaming_diloco<> both;
+    both.inner_steps = 4;
+    both.fragments = 2;
+    both.weighted = both.eager = true;
+    trainer_options opts;
+    opts.steps = 1;
+    opts.eval_batches = 1;
+    opts.batch_size = 2;
+    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::streaming_diloco<>>;
+    CHECK_THROWS_WITH(fixture::final_params<Trainer>(1, fixture::tiny_gpt(), opts, both),
+                      Catch::Matchers::Contains("weighted and eager cannot be set together"));
+  }
+  SECTION("a fragment's weight is in the checkpoint: stopped with an exchange in flight and resumed, bit for bit") {
+    trainer_options opts;
+    opts.steps = 7;
+    opts.eval_batches = 1;
+    opts.batch_size = 2;
+    opts.lr = 1e-2;
+    dt::comm::streaming_diloco<> streaming;
+    streaming.inner_steps = 4;
+    streaming.fragments = 2;
+    streaming.overlap = 1;
+    streaming.weighted = true;
+    // Steps 0 and 1 weigh r + 1, the later ones 1. Fragment 0 is sent after steps 1 and 5,
+    // fragment 1 after step 3 (landing after step 4). Stopped after step 3: fragment 1's
+    // exchange is in flight (saved with its average), fragment 0 has counted steps 2 and 3.
+    rank_weighted weights;
+    weights.equal_from = 2;
+    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::streaming_diloco<>, rank_weighted>;
+    const auto whole = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, streaming, nullptr, weights);
+    const auto saved = fixture::stop_at<Trainer>(3, 3, fixture::tiny_gpt(), opts, streaming, weights);
+    const auto resumed = fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, streaming, weights);
+    for (std::size_t r = 0; r < 3; ++r) CHECK(resumed[r] == whole[r]);
+    // Equal weights move the run: the weights are used.
+    streaming.weighted = false;
+    const auto equal = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, streaming, nullptr, weights);
+    CHECK(max_abs_diff(equal[0], whole[0]) > 1e-6);
+  }
   SECTION("a round's weight is in the checkpoint: stopped mid-round and resumed, bit for bit") {
     trainer_options opts;
     opts.steps = 6;

@@ -133,13 +133,18 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
 // the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i
 // (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
 // weight 0 sends zeros). One all-reduce of a number; every replica must call it.
-template <class Ctx>
-float weight_factor(Ctx& ctx, double mine) {
+// (replicas: the replicas' communicator, or a lane of it.)
+template <class Communicator>
+float replicas_weight_factor(Communicator& replicas, double mine) {
   double total = mine;
-  ctx.replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
+  replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
   decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
                             "; weighted averaging needs a positive sum");
-  return static_cast<float>(mine * static_cast<double>(ctx.replicas.world()) / total);
+  return static_cast<float>(mine * static_cast<double>(replicas.world()) / total);
+}
+template <class Ctx>
+float weight_factor(Ctx& ctx, double mine) {
+  return replicas_weight_factor(ctx.replicas, mine);
 }
 template <class Ctx>
 float weight_factor(Ctx& ctx) {
