@@ -24234,8 +24234,9 @@ struct checkpoint_every {
 // can read (their own folders, and the lost peers' where `checkpoints.dir` is shared storage, as
 // Varuna's is): the group goes back to the newest step whose files hold every part; with none,
 // the run stops naming the stage. A restarted group deals out the parts its files hold whatever
-// shape wrote them (a job that re-formed before it stopped). Joiners, a
-// policy's exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
+// shape wrote them (a job that re-formed before it stopped). A joiner takes its part the same way
+// (it holds nothing the group can use; the shape is picked for the view with it). A policy's
+// exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
 //
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
 // joiners: tcp, and in_process in a deterministic run).
@@ -26172,8 +26173,7 @@ struct elastic {
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
-    // (A pipeline takes no joiners: its parts are dealt out among its members.)
-    if (!ctx.round_start || !ctx.network.takes_joiners() || ctx.redeal) return;
+    if (!ctx.round_start || !ctx.network.takes_joiners()) return;
     std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
     ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
     if (joiner >= 0)
@@ -27809,7 +27809,7 @@ class trainer {
         view_endpoint_(endpoint_),
         comm_(view_endpoint_, options_.collectives),
         parallel_(std::move(parallel)),
-        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
+        placement_(first_placement(parallel_, config, endpoint_)),
         model_(make_model(config, options.seed, placement_)),
         optimizer_(make_optimizer()),
         schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
@@ -27818,7 +27818,7 @@ class trainer {
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
-    pipelined_ = placement_.stages > 1;
+    pipelined_ = placement_.stages > 1 || parallel_morphed_;
     note_placed();
     make_groups();
     set_compute_dtype();
@@ -28599,6 +28599,19 @@ class trainer {
                                ", but the model cannot be cut into stages (it needs a constructor "
                                "Model(const config_type&, rng& init, const nn::part&) that builds one stage's part)");
   }
+  // A peer that joined a running pipeline may see a world its stages do not divide: it takes a
+  // shape for it (its part is dealt out again once the group takes it in, redeal).
+  parallel::placement first_placement(ParallelPolicy& parallel, const model_config& config, const transport::any_endpoint& ep) {
+    const int r = ep.rank(), w = ep.world();
+    if constexpr (can_morph())
+      if (ep.joined_late()) try {
+          return checked_placement(parallel.place(r, w), r, w);
+        } catch (const decentrain::error&) {
+          parallel.morph(w, static_cast<std::int64_t>(config.n_layer));
+          parallel_morphed_ = true;
+        }
+    return checked_placement(parallel.place(r, w), r, w);
+  }
   static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
     using decentrain::detail::check;
     check(p.stages >= 1 && p.stage >= 0 && p.stage < p.stages, "trainer: the parallel policy placed peer ", rank,
@@ -28694,6 +28707,7 @@ class trainer {
   std::vector<int> placed_members_;  // the view the placement was made for (members_ until the parts are dealt out again)
   std::vector<int> placed_stages_;   // and the stage of each of its members
   bool pipelined_ = false;           // the job started with several stages: its group re-forms by dealing the parts out
+  bool parallel_morphed_ = false;    // a joiner's first shape is not the job's (first_placement)
   std::uint64_t redealt_ = 0;        // how many times the parts were dealt out again (a context made before is stale)
   std::vector<redeal_record> redeals_;
   std::optional<io::checkpoint> held_;  // a restored part of another shape, until it is dealt out (redeal)

@@ -1134,10 +1134,12 @@ namespace {
 // `members` TCP peers (threads of this process, 127.0.0.1) train under fault::elastic; once
 // peer 0 has done `join_after` steps, `joiners` more peers start and join the running group.
 // Every peer sleeps `pace` per step until all joiners are in, so the run lasts long enough.
-template <class Comm>
+template <class Comm, class Parallel = dt::parallel::data>
 struct tcp_join_run {
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, dt::parallel::data, dt::fault::elastic>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, Parallel, dt::fault::elastic>;
   std::vector<std::vector<float>> params;
+  std::vector<int> stages;  // at the end, per world rank: its placement's stages
+  std::vector<std::vector<typename Trainer::redeal_record>> redeals;
   std::vector<dt::train::fit_result> results;
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::vector<int>> final_members;
@@ -1146,9 +1148,11 @@ struct tcp_join_run {
   std::string log;
 
   tcp_join_run(int members, int joiners, std::int64_t join_after, trainer_options opts, Comm comm,
-               std::chrono::milliseconds pace) {
+               std::chrono::milliseconds pace, Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt()) {
     const int total = members + joiners;
     params.resize(static_cast<std::size_t>(total));
+    stages.resize(params.size());
+    redeals.resize(params.size());
     results.resize(params.size());
     changes.resize(params.size());
     final_members.resize(params.size());
@@ -1180,7 +1184,7 @@ struct tcp_join_run {
         }
         dt::transport::tcp ep = pre ? std::move(*pre) : dt::transport::tcp(o);
         ep.connect();
-        Trainer t(tiny_gpt(), opts, ep, comm, {}, fault);
+        Trainer t(model, opts, ep, comm, parallel, fault);
         t.on_step([&, r, total](const dt::train::step_metrics& m) {
           if (r == 0 && m.step == join_after) open = true;
           // Slow until every joiner is in, so the members do not finish before (whatever the load).
@@ -1191,6 +1195,8 @@ struct tcp_join_run {
         changes[static_cast<std::size_t>(r)] = t.fault().changes();
         final_members[static_cast<std::size_t>(r)] = t.members();
         served[static_cast<std::size_t>(r)] = t.fault().state_bytes_served();
+        stages[static_cast<std::size_t>(r)] = t.placement().stages;
+        redeals[static_cast<std::size_t>(r)] = t.redeals();
       } catch (const std::exception& e) {
         std::lock_guard lock(log_mutex);
         log += "peer " + std::to_string(r) + ": " + e.what() + "\n";
@@ -1231,6 +1237,55 @@ TEST_CASE("elastic: peers join a running TCP group, take the members' state and 
   for (const auto& c : run.changes[0]) joined_seen += c.joined.size();
   CHECK(joined_seen == 2);
   CHECK(run.changes[0].back().epoch == run.changes[3].back().epoch);
+}
+
+TEST_CASE("elastic: a peer joins a running pipeline, the job re-forms with it and its part is dealt to it, bit for bit") {
+  // 3 stages x 1 copy of a 3-block model; a fourth peer joins after step 4 (at a step's start,
+  // as a data-parallel joiner does). Four peers cannot be 3 stages of whole copies, nor 4 stages
+  // of 3 blocks: the job re-forms as 2 stages x 2 copies, each member taking its new part, the
+  // joiner all of its, from the members at the step the view holds. The reference joins the
+  // stages' checkpoints of an undisturbed 3 x 1 run at that step and resumes them as 2 x 2: every
+  // peer must end where it ends, bit for bit.
+  const auto opts = small_run(60);
+  const dt::comm::sync_allreduce<> comm;
+  auto three = two_stages();
+  three.stages = 3;
+  tcp_join_run run(3, 1, 4, opts, comm, 50ms, three, three_blocks());
+  INFO(run.log);
+  REQUIRE(run.log.empty());
+  const auto& joiner_changes = run.changes[3];
+  REQUIRE(!joiner_changes.empty());
+  const auto at = joiner_changes.front().step;  // the step the group went on from with the joiner
+  INFO("joined at step " << at);
+  CHECK(at >= 4);
+  REQUIRE(run.changes[0].size() == 1);  // one view: the joiner's admission
+  CHECK(run.changes[0][0].joined == std::vector<int>{3});
+  for (int r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    CHECK(run.stages[static_cast<std::size_t>(r)] == 2);
+    CHECK(run.final_members[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 2, 3});
+    const auto& rd = run.redeals[static_cast<std::size_t>(r)];
+    REQUIRE(rd.size() == 1);
+    CHECK(rd[0].step == at);
+    CHECK((rd[0].stages_after == 2 && rd[0].copies_after == 2));
+  }
+  // The joiner held nothing the group could use: its whole part (block 1 or 2 and the head, or
+  // the embeddings and block 0 and 1) came from the members.
+  const std::uint64_t block_bytes = 3 * sizeof(float) * (32 * 96 + 32 * 32 + 2 * 32 * 128);  // a block's weights, two moments
+  CHECK(run.redeals[3][0].bytes_received > block_bytes);
+  CHECK(run.redeals[3][0].bytes_sent < 8192);  // what it holds and needs, no parameter
+
+  const auto saved = stop_at<pipeline_trainer>(3, at, three_blocks(), opts, comm, three);
+  auto joined = joined_stages(saved, 3, 3);
+  joined.push_back(joined[0]);  // the joiner: dropout is off, so only its rank is its own
+  joined[3].counters["trainer.rank"] = 3;
+  for (auto& c : joined) c.counters["trainer.world"] = 4;
+  const auto expected = resume_from<pipeline_trainer>(joined, three_blocks(), opts, comm, two_stages());
+  for (int r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    REQUIRE(!run.params[static_cast<std::size_t>(r)].empty());
+    CHECK(run.params[static_cast<std::size_t>(r)] == expected[static_cast<std::size_t>(r)]);
+  }
 }
 
 TEST_CASE("elastic: a joiner takes its state from several members at once when they hold the same state") {

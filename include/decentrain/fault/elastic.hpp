@@ -48,8 +48,9 @@
 // can read (their own folders, and the lost peers' where `checkpoints.dir` is shared storage, as
 // Varuna's is): the group goes back to the newest step whose files hold every part; with none,
 // the run stops naming the stage. A restarted group deals out the parts its files hold whatever
-// shape wrote them (a job that re-formed before it stopped). Joiners, a
-// policy's exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
+// shape wrote them (a job that re-formed before it stopped). A joiner takes its part the same way
+// (it holds nothing the group can use; the shape is picked for the view with it). A policy's
+// exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
 //
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
 // joiners: tcp, and in_process in a deterministic run).
@@ -207,8 +208,7 @@ struct elastic {
     if (const auto a = ctx.network.alarmed())
       transport::fail_peer_because(transport::cause_of(*a), a->failed, "membership", "elastic: ",
                                    transport::describe(*a));
-    // (A pipeline takes no joiners: its parts are dealt out among its members.)
-    if (!ctx.round_start || !ctx.network.takes_joiners() || ctx.redeal) return;
+    if (!ctx.round_start || !ctx.network.takes_joiners()) return;
     std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
     ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
     if (joiner >= 0)

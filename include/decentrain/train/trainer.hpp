@@ -72,7 +72,7 @@ class trainer {
         view_endpoint_(endpoint_),
         comm_(view_endpoint_, options_.collectives),
         parallel_(std::move(parallel)),
-        placement_(checked_placement(parallel_.place(endpoint_.rank(), endpoint_.world()), endpoint_.rank(), endpoint_.world())),
+        placement_(first_placement(parallel_, config, endpoint_)),
         model_(make_model(config, options.seed, placement_)),
         optimizer_(make_optimizer()),
         schedule_{options.lr, options.floor_lr(), options.warmup(), options.steps},
@@ -81,7 +81,7 @@ class trainer {
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
-    pipelined_ = placement_.stages > 1;
+    pipelined_ = placement_.stages > 1 || parallel_morphed_;
     note_placed();
     make_groups();
     set_compute_dtype();
@@ -862,6 +862,19 @@ class trainer {
                                ", but the model cannot be cut into stages (it needs a constructor "
                                "Model(const config_type&, rng& init, const nn::part&) that builds one stage's part)");
   }
+  // A peer that joined a running pipeline may see a world its stages do not divide: it takes a
+  // shape for it (its part is dealt out again once the group takes it in, redeal).
+  parallel::placement first_placement(ParallelPolicy& parallel, const model_config& config, const transport::any_endpoint& ep) {
+    const int r = ep.rank(), w = ep.world();
+    if constexpr (can_morph())
+      if (ep.joined_late()) try {
+          return checked_placement(parallel.place(r, w), r, w);
+        } catch (const decentrain::error&) {
+          parallel.morph(w, static_cast<std::int64_t>(config.n_layer));
+          parallel_morphed_ = true;
+        }
+    return checked_placement(parallel.place(r, w), r, w);
+  }
   static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
     using decentrain::detail::check;
     check(p.stages >= 1 && p.stage >= 0 && p.stage < p.stages, "trainer: the parallel policy placed peer ", rank,
@@ -957,6 +970,7 @@ class trainer {
   std::vector<int> placed_members_;  // the view the placement was made for (members_ until the parts are dealt out again)
   std::vector<int> placed_stages_;   // and the stage of each of its members
   bool pipelined_ = false;           // the job started with several stages: its group re-forms by dealing the parts out
+  bool parallel_morphed_ = false;    // a joiner's first shape is not the job's (first_placement)
   std::uint64_t redealt_ = 0;        // how many times the parts were dealt out again (a context made before is stale)
   std::vector<redeal_record> redeals_;
   std::optional<io::checkpoint> held_;  // a restored part of another shape, until it is dealt out (redeal)
