@@ -867,7 +867,7 @@ dt::nn::gpt_config model_config(const options& opt) {
 // command line that contradicts it is refused, naming both, rather than silently ignored.
 void check_resume_agrees(const dt::io::checkpoint& c, const fs::path& file, const options& opt, const dt::nn::gpt_config& given,
                          const std::string& comm) {
-  const auto saved = dt::train::config_of(c);
+  const auto saved = dt::train::config_of<dt::nn::gpt_config>(c);
   const auto agree = [&](const char* option, std::int64_t want, std::int64_t have, const char* field) {
     if (!opt.has(option) && !opt.has("preset")) return;
     const auto from = opt.has(option) ? "--" + std::string(option) + " " + std::to_string(want)
@@ -1166,7 +1166,7 @@ void pipeline_settings(const options& opt, train_plan& p) {
     dt::detail::check(schedule == "gpipe" || schedule == "1f1b" || schedule == "zb-h1" || schedule == "zb-v",
                       "--schedule: must be gpipe, 1f1b, zb-h1, zb-v or interleaved[:v=N], got '", schedule, "'");
   }
-  pipe.codec = dt::compress::parse_codec(opt.text("activation-codec"));
+  pipe.codec = cli::from_flag("--activation-codec", [&] { return dt::compress::parse_codec(opt.text("activation-codec")); });
   dt::detail::check(pipe.stages * pipe.chunks <= p.model.n_layer, "--stages ", pipe.stages,
                     pipe.chunks > 1 ? dt::detail::concat(" x ", pipe.chunks, " chunks") : std::string(), " cuts a model of ",
                     p.model.n_layer, " layers (--n-layer); each stage needs at least one, so that must be at most ",
@@ -1319,8 +1319,8 @@ int cmd_train(const options& opt) {
   dt::detail::check(comm != "gossip" || (!opt.has("codec") && !opt.has("aggregator")),
                     "--comm gossip averages each peer's parameters with its neighbours' in f32: --codec and --aggregator "
                     "do not apply");
-  const auto codec_choice = dt::compress::parse_codec(opt.text("codec"));
-  p.aggregator = dt::collective::parse_aggregator(opt.text("aggregator"));
+  const auto codec_choice = cli::from_flag("--codec", [&] { return dt::compress::parse_codec(opt.text("codec")); });
+  p.aggregator = cli::from_flag("--aggregator", [&] { return dt::collective::parse_aggregator(opt.text("aggregator")); });
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
                     codec_choice.describe(), "'");
@@ -1354,7 +1354,7 @@ int cmd_train(const options& opt) {
   p.checkpoints.text["run.comm"] = comm;
   if (resumed) {
     check_resume_agrees(*resumed, resumed_from, opt, p.model, comm);
-    p.model = dt::train::config_of(*resumed);
+    p.model = dt::train::config_of<dt::nn::gpt_config>(*resumed);
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
@@ -1536,7 +1536,7 @@ loaded_model load_model(const options& opt, const char* doing) {
   if (!ckpt.empty()) {
     const auto file = checkpoint_file(ckpt);
     const auto c = joined_stages(dt::io::load_checkpoint(file), file);
-    out.model.emplace(dt::train::config_of(c), unused);
+    out.model.emplace(dt::train::config_of<dt::nn::gpt_config>(c), unused);
     dt::optim::adamw<> ignored(out.model->parameters());
     dt::train::restore(c, *out.model, ignored);
     if (auto own = text_tokenizer::of(c, opt)) {
@@ -1731,7 +1731,7 @@ int main(int argc, char** argv) {
     if (cmd == prog.export_) return cmd_export(opt);
     return cmd_prepare(opt);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "decentrain-gpt %s: error: %s\n", command.c_str(), e.what());
+    std::fprintf(stderr, "decentrain-gpt %s: error: %s\n", command.c_str(), cli::with_flags(e.what()).c_str());
     return 1;
   }
 }

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -192,6 +193,41 @@ class formatter : public CLI::Formatter {
 };
 
 // ---- parsing ---------------------------------------------------------------------------------
+
+// The library's errors name its own settings ("codec 'int5': ..."); the flag a value came from is
+// the command line's to add: `--codec: codec 'int5': unknown codec ...`.
+// Where a library error names a setting that a flag sets, the flag follows it:
+// "tcp_options::join" reads "tcp_options::join (--join HOST:PORT)".
+inline std::string with_flags(std::string what) {
+  static const std::pair<const char*, const char*> flags[] = {
+      {"tcp_options::join", "--join HOST:PORT"},
+      {"tcp_options::advertise", "--advertise HOST"},
+      {"tcp_options::key", "--key-file or DECENTRAIN_KEY_FILE"},
+      {"tcp_options::identity", "--identity, --roster"},
+      {"tcp_options::tls", "--tls-cert, --tls-key, --tls-ca"},
+      {"tls::options certificate, private_key, ca", "--tls-cert, --tls-key, --tls-ca"},
+      {"identity::options::identity", "--identity"},
+      {"identity::options::roster", "--roster"},
+  };
+  for (const auto& [setting, flag] : flags)
+    for (auto at = what.find(setting); at != std::string::npos; at = what.find(setting, at + 1)) {
+      const auto end = at + std::string_view(setting).size();
+      if (end < what.size() && (std::isalnum(static_cast<unsigned char>(what[end])) || what[end] == '_')) continue;
+      const auto note = std::string(" (") + flag + ")";
+      what.insert(end, note);
+      at = end + note.size() - 1;
+    }
+  return what;
+}
+
+template <class Parse>
+auto from_flag(const char* flag, Parse&& parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const decentrain::error& e) {
+    throw decentrain::error(decentrain::detail::concat(flag, ": ", e.what()));
+  }
+}
 
 // What a command line was: a parse error (the user's; status 2), help asked for, or options.
 struct usage_error : std::runtime_error {

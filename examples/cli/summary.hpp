@@ -64,7 +64,7 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
                   int first_rank) {
   const auto& pipe = p.parallel;
   const int world = world_size_of(p) > 0 ? world_size_of(p) : static_cast<int>(runs.size());
-  // The shape at the end: another where an elastic group re-formed after losing peers (the
+  // The shape at the end: another where an elastic group re-formed after peers were lost or joined (the
   // peer that trained longest saw the last one).
   const auto last = std::max_element(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.steps < b.steps; });
   const int stages = last != runs.end() && last->stages > 0 ? last->stages : pipe.stages;
@@ -74,7 +74,7 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
               pipe.schedule.c_str(), pipe.schedule == "interleaved" ? dt::detail::concat(":v=", pipe.chunks).c_str() : "",
               pipe.micro_batches, pipe.codec.describe().c_str(),
               stages != pipe.stages || copies != world / pipe.stages
-                  ? dt::detail::concat(" (re-formed from ", pipe.stages, " x ", world / pipe.stages, " when peers were lost",
+                  ? dt::detail::concat(" (re-formed from ", pipe.stages, " x ", world / pipe.stages, " when the group changed",
                                        went_back >= 0 ? dt::detail::concat("; went back to step ", went_back,
                                                                            "'s checkpoints, a stage's every copy lost")
                                                       : std::string(),

@@ -231,7 +231,7 @@ DECENTRAIN_HOST_DEVICE inline float unit_draw(std::uint64_t seed, std::uint64_t 
   return unit_draw_in(draw_word(draw_key(seed, round), i >> 32), static_cast<std::uint32_t>(i));
 }
 
-// 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
+// 8 bytes at a time through splitmix64, the length mixed in; not for adversaries.
 inline std::uint64_t hash_words(std::span<const std::byte> bytes) {
   std::uint64_t h = splitmix64(bytes.size());
   std::size_t i = 0;
@@ -463,7 +463,7 @@ namespace detail {
 
 // Keeps freed large CPU blocks for reuse. A fresh block costs a page fault per 4 KiB on first
 // touch, which a training step would pay for every activation it allocates; reusing blocks
-// removes that (bench/gemm: 0.77x -> ~1.0x of OpenBLAS for a matmul with a 12 MB result).
+// removes that (bench/gemm).
 // Sizes are rounded up to one of 8 classes per power of two (at most 12.5% slack), blocks
 // under 64 KiB go straight to the system (malloc serves them well), and at most `limit`
 // bytes are held. The cache is process-wide, as malloc is: it holds no values, only memory.
@@ -8804,7 +8804,30 @@ struct gpt_config {
     return vocab_size * c + block_size * c + n_layer * per_block + (1 + b) * c;
   }
 
+  // Every field, by name, to visit(name, field): how a checkpoint keeps a configuration without
+  // knowing the model (train/checkpoint.hpp).
+  template <class Visit>
+  void fields(Visit&& visit) const {
+    each_field(*this, visit);
+  }
+  template <class Visit>
+  void fields(Visit&& visit) {
+    each_field(*this, visit);
+  }
+
   friend bool operator==(const gpt_config&, const gpt_config&) = default;
+
+ private:
+  template <class Self, class Visit>
+  static void each_field(Self& self, Visit& visit) {
+    visit("n_layer", self.n_layer);
+    visit("n_head", self.n_head);
+    visit("n_embd", self.n_embd);
+    visit("block_size", self.block_size);
+    visit("vocab_size", self.vocab_size);
+    visit("bias", self.bias);
+    visit("dropout", self.dropout);
+  }
 };
 
 // `tiny` (tests), `shakespeare-char` (nanoGPT's character model), `gpt2-124m` (GPT-2 small).
@@ -10729,10 +10752,28 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 // is available) and MPI (when the build defines DECENTRAIN_HAS_MPI, as the decentrain::mpi
 // CMake target does).
 
+// ---- begin decentrain/transport/any_endpoint.hpp ----
+// any_endpoint: one type for every transport's endpoint (moved in; copies share it), so a
+// trainer and its communicators take any of them; the elastic-group members
+// (transport/membership.hpp) throw for a transport without them.
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 // ---- begin decentrain/transport/endpoint.hpp ----
 // What a transport offers a peer: its rank among `world` peers, ordered point-to-point byte
 // messages matched by (source, tag), and traffic counters. Collectives and policies are written
-// against this concept only; `any_endpoint` erases the type so a trainer can take any of them.
+// against this concept only; `any_endpoint` (transport/any_endpoint.hpp) erases the type so a
+// trainer can take any of them, and transport/membership.hpp says what an elastic group needs
+// beyond it.
 
 #include <chrono>
 #include <concepts>
@@ -10749,94 +10790,6 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <utility>
 #include <vector>
 
-// ---- begin decentrain/transport/membership.hpp ----
-// What a transport offers an elastic group (fault::elastic) beyond the endpoint concept: tags
-// reserved for the membership protocol, an alarm that wakes every peer blocked in a collective
-// when one of them saw a peer fail, receives with a deadline, and a way to drop what a peer sent
-// before a marker (the previous view's messages) or to forget a peer for good. tcp and in_process
-// offer all of it; a transport that does not (mpi: the MPI runtime aborts the job on a dead rank
-// unless it has ULFM) gets an error naming what is missing when an elastic group starts.
-//
-// The alarm is what turns "one peer saw the failure" into "every survivor stops within a bounded
-// time": without it a survivor whose own neighbours are alive would wait for a message that its
-// neighbour, busy re-forming, never sends, until the receive timeout.
-
-#include <array>
-#include <cstddef>
-#include <chrono>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-
-// ---- begin decentrain/transport/peer_error.hpp ----
-// The error a transport or a collective throws when a peer fails it: the peer that did (dead,
-// silent past its deadline, sending what it must not) and the operation that noticed. A fault
-// policy's on_error receives it and decides whether to rethrow, redo the round or re-form the
-// group; everything else that goes wrong stays a plain decentrain::error.
-
-#include <string>
-#include <utility>
-
-
-namespace decentrain::transport {
-
-// How sure the transport is that the peer is gone. An elastic group counts a departed peer out
-// of its quorum (a closed connection means the process ended or said goodbye) but not a silent
-// or excluding one, which may be alive behind a partition.
-enum class failure_cause {
-  departed,  // its connection closed, or it was killed (in_process)
-  silent,    // it missed a deadline (heartbeat or receive timeout)
-  excluded,  // it stopped listening to this peer (heard nothing from it in time, or left it out
-             // of a view): it is alive, and this peer may be the one that was frozen or cut off
-  reported,  // another peer reported it failed (the membership alarm)
-  joining,   // no failure: the group changes its view to take in a peer that joins
-  convicted, // alive, but what it sent was poison (dropped as non-finite or malformed, or far
-             // from the aggregate, too often: fault::elastic::exclusion): the group excludes it
-  other,     // it sent something malformed, or the cause is not known
-};
-
-// The cause in words, as an error message about the peer would put it.
-inline const char* describe(failure_cause c) {
-  switch (c) {
-    case failure_cause::departed: return "departed";
-    case failure_cause::silent: return "silent past its deadline";
-    case failure_cause::excluded: return "stopped listening to this peer";
-    case failure_cause::reported: return "reported failed by another peer";
-    case failure_cause::joining: return "the group takes in a joiner";
-    case failure_cause::convicted: return "sent poison too often";
-    case failure_cause::other: break;
-  }
-  return "failed";
-}
-
-class peer_error : public decentrain::error {
- public:
-  peer_error(int peer, std::string operation, const std::string& message, failure_cause cause = failure_cause::other)
-      : decentrain::error(message), peer_(peer), operation_(std::move(operation)), cause_(cause) {}
-  // The rank (in the world of the endpoint that threw) of the peer that failed.
-  int peer() const { return peer_; }
-  // What noticed: "send", "receive", or the collective ("all_reduce", "broadcast", ...).
-  const std::string& operation() const { return operation_; }
-  failure_cause cause() const { return cause_; }
-
- private:
-  int peer_;
-  std::string operation_;
-  failure_cause cause_;
-};
-
-template <class... Parts>
-[[noreturn]] void fail_peer(int peer, std::string operation, Parts&&... parts) {
-  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...));
-}
-template <class... Parts>
-[[noreturn]] void fail_peer_because(failure_cause cause, int peer, std::string operation, Parts&&... parts) {
-  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...), cause);
-}
-
-}  // namespace decentrain::transport
-// ---- end decentrain/transport/peer_error.hpp ----
 // ---- begin decentrain/transport/tag.hpp ----
 // A message's tag: what a receiver matches besides the source. Collectives put a channel in the
 // high 32 bits (the world's, a group's, a lane's; see collective::communicator) and a call
@@ -10853,62 +10806,9 @@ using tag_type = std::uint64_t;
 
 namespace decentrain::transport {
 
-// A channel (the high 32 bits of a tag) that no communicator hands out (collective::group_channel
-// and the lanes' channels skip it).
-inline constexpr std::uint32_t membership_channel = 0xffffffffu;
-inline constexpr tag_type membership_tag(std::uint32_t n) { return (tag_type{membership_channel} << 32) | n; }
-// Messages to this tag are not queued: they raise the receiver's alarm (see alarm below).
-inline constexpr tag_type alarm_tag = membership_tag(1);
-inline constexpr bool is_membership_tag(tag_type t) { return (t >> 32) == membership_channel; }
-inline constexpr std::uint32_t usable_channel(std::uint32_t c) { return c == membership_channel ? c ^ 2u : c; }
-
-// What an alarm says: in view `epoch`, `reporter` saw peer `failed` fail.
-struct alarm {
-  std::uint64_t epoch = 0;
-  int reporter = -1;
-  int failed = -1;
-};
-
-// What an alarm says, for errors: a failure, or (failed < 0) a view change for another reason
-// (a peer joins).
-inline failure_cause cause_of(const alarm& a) { return a.failed < 0 ? failure_cause::joining : failure_cause::reported; }
-inline std::string describe(const alarm& a) {
-  if (a.failed < 0)
-    return "peer " + std::to_string(a.reporter) + " started a view change (view " + std::to_string(a.epoch) + ")";
-  return "peer " + std::to_string(a.reporter) + " reports that peer " + std::to_string(a.failed) + " failed (view " +
-         std::to_string(a.epoch) + ")";
-}
-
-namespace wire {
-inline constexpr std::size_t alarm_bytes = 16;
-inline std::array<std::byte, alarm_bytes> encode_alarm(std::uint64_t epoch, int failed) {
-  std::array<std::byte, alarm_bytes> out{};
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((epoch >> (8 * i)) & 0xff);
-  const auto f = static_cast<std::uint32_t>(failed);
-  for (int i = 0; i < 4; ++i) out[static_cast<std::size_t>(8 + i)] = static_cast<std::byte>((f >> (8 * i)) & 0xff);
-  return out;
-}
-// Nothing when the body is not an alarm (wrong size): a malformed alarm is dropped, not obeyed.
-inline std::optional<alarm> decode_alarm(std::span<const std::byte> body, int reporter) {
-  if (body.size() != alarm_bytes) return std::nullopt;
-  alarm a;
-  for (int i = 0; i < 8; ++i) a.epoch |= static_cast<std::uint64_t>(body[static_cast<std::size_t>(i)]) << (8 * i);
-  std::uint32_t f = 0;
-  for (int i = 0; i < 4; ++i) f |= static_cast<std::uint32_t>(body[static_cast<std::size_t>(8 + i)]) << (8 * i);
-  a.failed = static_cast<int>(f);
-  a.reporter = reporter;
-  return a;
-}
-}  // namespace wire
-
-}  // namespace decentrain::transport
-// ---- end decentrain/transport/membership.hpp ----
-
-namespace decentrain::transport {
-
 // An allocator whose value-initialisation leaves bytes as they are: a received message's buffer
-// is sized and then overwritten by the socket, and zero-filling it first cost about a tenth of a
-// TCP all-reduce (bench/allreduce). Everything else behaves as std::allocator.
+// is sized and then overwritten by the socket, so zero-filling it first would be one more pass
+// over every byte received. Everything else behaves as std::allocator.
 template <class T>
 struct uninitialized_allocator : std::allocator<T> {
   using value_type = T;
@@ -10983,44 +10883,6 @@ concept endpoint = requires(E& e, const E& ce, int peer, std::span<const int> so
   { ce.stats() } -> std::convertible_to<traffic_stats>;
   e.computed(seconds);
 };
-
-// Whether an endpoint type takes part in elastic groups (transport/membership.hpp).
-template <class E>
-concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int peer, tag_type tag, std::chrono::milliseconds t,
-                                                      std::uint64_t epoch, const std::string& reason) {
-  // recv with its own deadline (the membership protocol's, not the transport's receive timeout)
-  { e.recv_within(peer, tag, t) } -> std::same_as<bytes>;
-  // drop the non-membership messages `peer` sent before the last message taken from it on `tag`
-  e.discard_before(peer, tag);
-  // alarms of views older than `epoch` are stale: clear the current one if it is, ignore later ones
-  e.set_epoch(epoch);
-  { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
-  // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
-  e.forget(peer);
-  // forget `peer` and never take it back, also as a joiner; it is told `reason` (the group excluded it)
-  e.bar(peer, reason);
-  // this peer leaves: every other peer's waits on it fail at once, as departed, saying `reason`
-  e.leave(reason);
-};
-
-// Whether an elastic group on this endpoint type takes in peers that join once it runs (tcp).
-template <class E>
-concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce) {
-  { ce.joined_late() } -> std::same_as<bool>;             // this peer joined a running group
-  { ce.connected() } -> std::same_as<std::vector<int>>;   // every connected peer
-  { ce.capacity() } -> std::same_as<int>;                  // ranks are below this (world() and joiners)
-  e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
-};
-
-// Whether this run of a joining endpoint can see joiners at all: an endpoint type that takes them
-// only in some runs (in_process: a deterministic run's churn) says so with takes_joiners(), and
-// the group then spends nothing per round on looking for them.
-template <class E>
-bool takes_joiners(const E& e) {
-  if constexpr (!joining_endpoint<E>) return false;
-  else if constexpr (requires { { e.takes_joiners() } -> std::same_as<bool>; }) return e.takes_joiners();
-  else return true;
-}
 
 // The slowest link of a network, the same figure on every peer: its largest latency and its
 // smallest bandwidth. A transport that knows its links (in_process) offers slowest_link() so the
@@ -11164,6 +11026,190 @@ constexpr bool check_endpoint() {
   return true;
 }
 }  // namespace detail
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/endpoint.hpp ----
+// ---- begin decentrain/transport/membership.hpp ----
+// What a transport offers an elastic group (fault::elastic) beyond the endpoint concept: tags
+// reserved for the membership protocol, an alarm that wakes every peer blocked in a collective
+// when one of them saw a peer fail, receives with a deadline, and a way to drop what a peer sent
+// before a marker (the previous view's messages) or to forget a peer for good. tcp and in_process
+// offer all of it; a transport that does not (mpi: the MPI runtime aborts the job on a dead rank
+// unless it has ULFM) gets an error naming what is missing when an elastic group starts.
+//
+// The alarm is what turns "one peer saw the failure" into "every survivor stops within a bounded
+// time": without it a survivor whose own neighbours are alive would wait for a message that its
+// neighbour, busy re-forming, never sends, until the receive timeout.
+
+#include <array>
+#include <cstddef>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+// ---- begin decentrain/transport/peer_error.hpp ----
+// The error a transport or a collective throws when a peer fails it: the peer that did (dead,
+// silent past its deadline, sending what it must not) and the operation that noticed. A fault
+// policy's on_error receives it and decides whether to rethrow, redo the round or re-form the
+// group; everything else that goes wrong stays a plain decentrain::error.
+
+#include <string>
+#include <utility>
+
+
+namespace decentrain::transport {
+
+// How sure the transport is that the peer is gone. An elastic group counts a departed peer out
+// of its quorum (a closed connection means the process ended or said goodbye) but not a silent
+// or excluding one, which may be alive behind a partition.
+enum class failure_cause {
+  departed,  // its connection closed, or it was killed (in_process)
+  silent,    // it missed a deadline (heartbeat or receive timeout)
+  excluded,  // it stopped listening to this peer (heard nothing from it in time, or left it out
+             // of a view): it is alive, and this peer may be the one that was frozen or cut off
+  reported,  // another peer reported it failed (the membership alarm)
+  joining,   // no failure: the group changes its view to take in a peer that joins
+  convicted, // alive, but what it sent was poison (dropped as non-finite or malformed, or far
+             // from the aggregate, too often: fault::elastic::exclusion): the group excludes it
+  other,     // it sent something malformed, or the cause is not known
+};
+
+// The cause in words, as an error message about the peer would put it.
+inline const char* describe(failure_cause c) {
+  switch (c) {
+    case failure_cause::departed: return "departed";
+    case failure_cause::silent: return "silent past its deadline";
+    case failure_cause::excluded: return "stopped listening to this peer";
+    case failure_cause::reported: return "reported failed by another peer";
+    case failure_cause::joining: return "the group takes in a joiner";
+    case failure_cause::convicted: return "sent poison too often";
+    case failure_cause::other: break;
+  }
+  return "failed";
+}
+
+class peer_error : public decentrain::error {
+ public:
+  peer_error(int peer, std::string operation, const std::string& message, failure_cause cause = failure_cause::other)
+      : decentrain::error(message), peer_(peer), operation_(std::move(operation)), cause_(cause) {}
+  // The rank (in the world of the endpoint that threw) of the peer that failed.
+  int peer() const { return peer_; }
+  // What noticed: "send", "receive", or the collective ("all_reduce", "broadcast", ...).
+  const std::string& operation() const { return operation_; }
+  failure_cause cause() const { return cause_; }
+
+ private:
+  int peer_;
+  std::string operation_;
+  failure_cause cause_;
+};
+
+template <class... Parts>
+[[noreturn]] void fail_peer(int peer, std::string operation, Parts&&... parts) {
+  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...));
+}
+template <class... Parts>
+[[noreturn]] void fail_peer_because(failure_cause cause, int peer, std::string operation, Parts&&... parts) {
+  throw peer_error(peer, std::move(operation), decentrain::detail::concat(std::forward<Parts>(parts)...), cause);
+}
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/peer_error.hpp ----
+
+namespace decentrain::transport {
+
+// A channel (the high 32 bits of a tag) that no communicator hands out (collective::group_channel
+// and the lanes' channels skip it).
+inline constexpr std::uint32_t membership_channel = 0xffffffffu;
+inline constexpr tag_type membership_tag(std::uint32_t n) { return (tag_type{membership_channel} << 32) | n; }
+// Messages to this tag are not queued: they raise the receiver's alarm (see alarm below).
+inline constexpr tag_type alarm_tag = membership_tag(1);
+inline constexpr bool is_membership_tag(tag_type t) { return (t >> 32) == membership_channel; }
+inline constexpr std::uint32_t usable_channel(std::uint32_t c) { return c == membership_channel ? c ^ 2u : c; }
+
+// What an alarm says: in view `epoch`, `reporter` saw peer `failed` fail.
+struct alarm {
+  std::uint64_t epoch = 0;
+  int reporter = -1;
+  int failed = -1;
+};
+
+// What an alarm says, for errors: a failure, or (failed < 0) a view change for another reason
+// (a peer joins).
+inline failure_cause cause_of(const alarm& a) { return a.failed < 0 ? failure_cause::joining : failure_cause::reported; }
+inline std::string describe(const alarm& a) {
+  if (a.failed < 0)
+    return "peer " + std::to_string(a.reporter) + " started a view change (view " + std::to_string(a.epoch) + ")";
+  return "peer " + std::to_string(a.reporter) + " reports that peer " + std::to_string(a.failed) + " failed (view " +
+         std::to_string(a.epoch) + ")";
+}
+
+namespace wire {
+inline constexpr std::size_t alarm_bytes = 16;
+inline std::array<std::byte, alarm_bytes> encode_alarm(std::uint64_t epoch, int failed) {
+  std::array<std::byte, alarm_bytes> out{};
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((epoch >> (8 * i)) & 0xff);
+  const auto f = static_cast<std::uint32_t>(failed);
+  for (int i = 0; i < 4; ++i) out[static_cast<std::size_t>(8 + i)] = static_cast<std::byte>((f >> (8 * i)) & 0xff);
+  return out;
+}
+// Nothing when the body is not an alarm (wrong size): a malformed alarm is dropped, not obeyed.
+inline std::optional<alarm> decode_alarm(std::span<const std::byte> body, int reporter) {
+  if (body.size() != alarm_bytes) return std::nullopt;
+  alarm a;
+  for (int i = 0; i < 8; ++i) a.epoch |= static_cast<std::uint64_t>(body[static_cast<std::size_t>(i)]) << (8 * i);
+  std::uint32_t f = 0;
+  for (int i = 0; i < 4; ++i) f |= static_cast<std::uint32_t>(body[static_cast<std::size_t>(8 + i)]) << (8 * i);
+  a.failed = static_cast<int>(f);
+  a.reporter = reporter;
+  return a;
+}
+}  // namespace wire
+
+// Whether an endpoint type takes part in elastic groups (transport/membership.hpp).
+template <class E>
+concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int peer, tag_type tag, std::chrono::milliseconds t,
+                                                      std::uint64_t epoch, const std::string& reason) {
+  // recv with its own deadline (the membership protocol's, not the transport's receive timeout)
+  { e.recv_within(peer, tag, t) } -> std::same_as<bytes>;
+  // drop the non-membership messages `peer` sent before the last message taken from it on `tag`
+  e.discard_before(peer, tag);
+  // alarms of views older than `epoch` are stale: clear the current one if it is, ignore later ones
+  e.set_epoch(epoch);
+  { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
+  // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
+  e.forget(peer);
+  // forget `peer` and never take it back, also as a joiner; it is told `reason` (the group excluded it)
+  e.bar(peer, reason);
+  // this peer leaves: every other peer's waits on it fail at once, as departed, saying `reason`
+  e.leave(reason);
+};
+
+// Whether an elastic group on this endpoint type takes in peers that join once it runs (tcp).
+template <class E>
+concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce) {
+  { ce.joined_late() } -> std::same_as<bool>;             // this peer joined a running group
+  { ce.connected() } -> std::same_as<std::vector<int>>;   // every connected peer
+  { ce.capacity() } -> std::same_as<int>;                  // ranks are below this (world() and joiners)
+  e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
+};
+
+// Whether this run of a joining endpoint can see joiners at all: an endpoint type that takes them
+// only in some runs (in_process: a deterministic run's churn) says so with takes_joiners(), and
+// the group then spends nothing per round on looking for them.
+template <class E>
+bool takes_joiners(const E& e) {
+  if constexpr (!joining_endpoint<E>) return false;
+  else if constexpr (requires { { e.takes_joiners() } -> std::same_as<bool>; }) return e.takes_joiners();
+  else return true;
+}
+
+}  // namespace decentrain::transport
+// ---- end decentrain/transport/membership.hpp ----
+
+namespace decentrain::transport {
 
 // Owns any endpoint behind one type. Endpoints are moved in; copies share the same endpoint.
 class any_endpoint {
@@ -11357,7 +11403,7 @@ class any_endpoint {
 static_assert(endpoint<any_endpoint>);
 
 }  // namespace decentrain::transport
-// ---- end decentrain/transport/endpoint.hpp ----
+// ---- end decentrain/transport/any_endpoint.hpp ----
 // ---- begin decentrain/transport/frame.hpp ----
 // The TCP wire format, kept free of sockets so it can be tested and fuzzed on its own.
 // A frame is a 64-byte header block (little-endian magic "DTRN", version, type, tag, body
@@ -11398,8 +11444,8 @@ static_assert(endpoint<any_endpoint>);
 // modified frame fails its tag; a replayed, dropped or reordered one fails its sequence number;
 // a frame copied from another connection fails its key. Frames are authenticated, not encrypted
 // (with TLS, transport/tls.hpp, they are encrypted too, under keys the TLS handshake exported).
-// Why Poly1305 rather than HMAC-SHA256 per frame: it is several times faster per byte (OpenSSL's
-// figures on the development machine are in bench/RESULTS.md, "bench/allreduce with a run key").
+// Why Poly1305 rather than HMAC-SHA256 per frame: it is several times faster per byte
+// (bench/RESULTS.md, "bench/allreduce with a run key").
 //
 // OpenSSL (Debian: libssl-dev) provides the primitives; without it, a run key is an error.
 
@@ -11672,11 +11718,8 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 inline constexpr std::uint16_t version = 8;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
-// aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
-// misaligned destination cost 2.8 times as much per byte as the aligned one (perf: 3726 against
-// 1306 samples of _copy_from_iter for gloo's same bytes, whose receive-side copies matched ours),
-// which cost a 4-process all-reduce over loopback about a quarter of its bandwidth (the aligned
-// frames are 30% faster on average, bench/RESULTS.md).
+// aligned, and the kernel's copy into a misaligned destination can cost several times as much
+// per byte, a large share of a TCP all-reduce's bandwidth (bench/RESULTS.md).
 // The price is at most 40 + 63 bytes of zeros per frame.
 inline constexpr std::size_t frame_alignment = 64;
 inline constexpr std::size_t header_bytes = frame_alignment;
@@ -14091,9 +14134,10 @@ static_assert(endpoint<mpi>);
 // ---- begin decentrain/transport/liveness.hpp ----
 // How long a peer may stay silent before it is suspected, from what its heartbeats measured.
 //
-// A fixed timeout is either too short for a slow link or far too long for a frozen peer (the
-// 300 s a SIGSTOP used to cost). Every heartbeat that arrives updates two smoothed estimates, as
-// TCP's retransmission timer does (RFC 6298: gains 1/8 for the mean, 1/4 for the deviation):
+// A fixed timeout is either too short for a slow link or far too long for a frozen peer
+// (without heartbeats a SIGSTOPped peer holds the others up for all of tcp's recv_timeout).
+// Every heartbeat that arrives updates two smoothed estimates, as TCP's retransmission timer
+// does (RFC 6298: gains 1/8 for the mean, 1/4 for the deviation):
 // the gap between consecutive heartbeats (the sender's interval plus its scheduling delays and
 // the link's jitter) and the round trip (echoed timestamps, so no clocks need to agree). The
 // deadline allows `misses` gaps of mean plus four deviations, plus one round trip with four
@@ -14490,8 +14534,8 @@ struct options {
   bool enabled() const { return !identity.empty() || !roster.empty(); }
   void validate() const {
     if (!enabled()) return;
-    decentrain::detail::check(!identity.empty() && !roster.empty(), "identity: needs both this peer's private key (--identity) ",
-                              "and the run's roster (--roster); missing: ", identity.empty() ? "the private key" : "the roster");
+    decentrain::detail::check(!identity.empty() && !roster.empty(), "identity: needs both this peer's private key (identity::options::identity) ",
+                              "and the run's roster (identity::options::roster); missing: ", identity.empty() ? "the private key" : "the roster");
     decentrain::detail::check(auth::available, "identity: per-peer identities need OpenSSL, which this build lacks (Debian: libssl-dev)");
   }
 };
@@ -14585,8 +14629,8 @@ struct options {
       return;
     }
     decentrain::detail::check(!certificate.empty() && !private_key.empty() && !ca.empty(),
-                              "tls: needs all three of a certificate, its private key and the run's CA (--tls-cert, --tls-key, "
-                              "--tls-ca); missing: ",
+                              "tls: needs all three of a certificate, its private key and the run's CA (tls::options "
+                              "certificate, private_key, ca); missing: ",
                               certificate.empty() ? "the certificate " : "", private_key.empty() ? "the private key " : "",
                               ca.empty() ? "the CA" : "");
     decentrain::detail::check(DECENTRAIN_HAS_TLS, "tls: this build has no TLS (it needs OpenSSL 3's libssl and asio, Debian: libssl-dev; "
@@ -14894,7 +14938,7 @@ struct tcp_options {
     decentrain::detail::check(rank >= 0 && rank < capacity(), "tcp: rank ", rank, " is outside [0, ",
                               max_world > world ? "max_world" : "world", " = ", capacity(), ")");
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
-                              " needs at least one peer to join through (--join HOST:PORT)");
+                              " needs at least one peer to join through (tcp_options::join)");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
     decentrain::detail::check(heartbeat_interval.count() >= 0, "tcp: heartbeat_interval must be >= 0 ms, got ",
                               heartbeat_interval.count());
@@ -14904,7 +14948,7 @@ struct tcp_options {
     const auto host = wire::split_address(listen).first;
     decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
                               "tcp: peer ", rank, " listens on the wildcard address ", listen,
-                              "; set advertise (--advertise HOST) to an address the other peers can reach");
+                              "; set tcp_options::advertise to an address the other peers can reach");
     for (const auto& j : join) (void)wire::split_address(j);
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
@@ -15140,12 +15184,12 @@ class handshake {
   // Why a caller with other credentials is refused: the first that differs, named.
   static std::string needs(const credentials& c, std::uint8_t theirs, int self) {
     if (c.keyed() != ((theirs & 1) != 0))
-      return c.keyed() ? decentrain::detail::concat("peer ", self, " admits only peers holding the run's key (tcp_options::key; ",
-                                                    "decentrain-gpt: --key-file or ", auth::key_file_variable, "); the caller has none")
+      return c.keyed() ? decentrain::detail::concat("peer ", self, " admits only peers holding the run's key (tcp_options::key); ",
+                                                    "the caller has none")
                        : decentrain::detail::concat("the caller holds a run key and peer ", self,
                                                     " has none; give every peer the same key");
     return c.identities() ? decentrain::detail::concat("peer ", self, " admits only peers with an identity of the run's roster ",
-                                                       "(tcp_options::identity; decentrain-gpt: --identity, --roster); the caller has none")
+                                                       "(tcp_options::identity); the caller has none")
                           : decentrain::detail::concat("the caller proves its rank with an identity and peer ", self,
                                                        " runs without identities; give every peer the same credentials");
   }
@@ -15380,11 +15424,10 @@ struct connection : std::enable_shared_from_this<connection> {
   // Reads exactly `into` (from byte `got` on), then calls done(error, bytes read). It reads
   // until the socket is empty before it waits, and while it waits the socket's receive
   // low-water mark (SO_RCVLOWAT) is what is still missing, up to low_water_cap, so the kernel
-  // wakes this thread once per large piece of a body rather than once per packet. asio's
-  // async_read went through epoll_wait for every 50 KB it read; this reads a 1 MB chunk in
-  // about one wake-up (bench/RESULTS.md). Never more than is missing: a mark above the rest of
-  // a frame would wait for bytes that may never come. The kernel caps the mark at half the
-  // largest receive buffer and grows the buffer to hold it.
+  // wakes this thread once per large piece of a body rather than once per packet (asio's
+  // async_read goes back through epoll_wait after every read: bench/RESULTS.md). Never more
+  // than is missing: a mark above the rest of a frame would wait for bytes that may never come.
+  // The kernel caps the mark at half the largest receive buffer and grows the buffer to hold it.
   //
   // After `turn_bytes` in one go it hands the rest back to the event loop: a peer streaming
   // gigabytes (a state transfer) would otherwise keep the I/O thread reading for as long as the
@@ -15965,7 +16008,7 @@ struct node {
       const auto n = ::recv(c->socket.native_handle(), first.data(), first.size(), MSG_PEEK | MSG_DONTWAIT);
       if (n == 4 && (first[0] | first[1] << 8 | first[2] << 16 | static_cast<std::uint32_t>(first[3]) << 24) == wire::magic) {
         refuse(c, decentrain::detail::concat("peer ", opts.rank, " admits only peers with a certificate of the run's CA (TLS: ",
-                                             "--tls-cert, --tls-key, --tls-ca); the caller has none"));
+                                             "tcp_options::tls); the caller has none"));
         return;
       }
       c->tls = std::make_unique<tls::stream>(c->socket, *tls_context);
@@ -17491,9 +17534,9 @@ struct partitioned {
 #include <vector>
 
 // ---- begin decentrain/detail/spec.hpp ----
-// A command line's "NAME[:SETTING,...]" spec (--codec, --aggregator): split into the name and
-// its settings (KEY=VALUE, or a bare KEY), numbers read strictly, every error naming the flag,
-// the spec and the setting.
+// A "NAME[:SETTING,...]" spec (a codec's, an aggregator's: what a command line passes as text):
+// split into the name and its settings (KEY=VALUE, or a bare KEY), numbers read strictly, every
+// error naming what the spec is of, the spec and the setting.
 
 #include <algorithm>
 #include <cmath>
@@ -17508,12 +17551,12 @@ struct partitioned {
 namespace decentrain::detail {
 
 struct spec {
-  std::string flag;  // "--codec", for messages
+  std::string what;  // "codec", for messages
   std::string text;  // the whole spec, for messages
   std::string name;
   std::vector<std::pair<std::string, std::string>> settings;  // in order; a bare KEY has no '=' and an empty value
 
-  spec(std::string flag_name, std::string_view s) : flag(std::move(flag_name)), text(s) {
+  spec(std::string of, std::string_view s) : what(std::move(of)), text(s) {
     const auto colon = s.find(':');
     name = std::string(s.substr(0, colon));
     if (colon == std::string_view::npos) return;
@@ -17522,7 +17565,7 @@ struct spec {
       const auto comma = std::min(rest.find(',', at), rest.size());
       const std::string p = rest.substr(at, comma - at);
       at = comma + 1;
-      check(!p.empty(), flag, " '", text, "': an empty setting");
+      check(!p.empty(), what, " '", text, "': an empty setting");
       const auto eq = p.find('=');
       settings.emplace_back(p.substr(0, eq), eq == std::string::npos ? "" : p.substr(eq + 1));
     }
@@ -17536,13 +17579,13 @@ struct spec {
     } catch (const std::exception&) {
       used = 0;
     }
-    check(used == value.size() && used > 0 && std::isfinite(v), flag, " '", text, "': ", key, " expects a number, got '", value,
+    check(used == value.size() && used > 0 && std::isfinite(v), what, " '", text, "': ", key, " expects a number, got '", value,
           "'");
     return v;
   }
   std::uint64_t whole(const std::string& key, const std::string& value, double lo, double hi) const {
     const double v = number(key, value);
-    check(v == std::floor(v) && v >= lo && v <= hi, flag, " '", text, "': ", key, " must be a whole number in [", lo, ", ", hi,
+    check(v == std::floor(v) && v >= lo && v <= hi, what, " '", text, "': ", key, " must be a whole number in [", lo, ", ", hi,
           "], got ", value);
     return static_cast<std::uint64_t>(v);
   }
@@ -17612,7 +17655,7 @@ inline const char* aggregator_names = "mean, sender-mean, median, trimmed-mean, 
 inline any_aggregator parse_aggregator(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const decentrain::detail::spec parsed("--aggregator", spec);
+  const decentrain::detail::spec parsed("aggregator", spec);
   const std::string& name = parsed.name;
   std::vector<std::pair<std::string, std::string>> settings;
   bool partition = false;
@@ -17633,10 +17676,10 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
       settings.emplace_back(key, value);
   }
   auto unknown = [&](const std::string& key, const char* expected) {
-    fail("--aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
+    fail("aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
   };
   auto wrap = [&](auto a) -> any_aggregator {
-    check(!seed || bucket > 1, "--aggregator '", spec, "': seed=S goes with bucket=S (the groups' draw)");
+    check(!seed || bucket > 1, "aggregator '", spec, "': seed=S goes with bucket=S (the groups' draw)");
     if (bucket > 1) {
       bucketing<decltype(a)> b;
       b.size = bucket;
@@ -17653,7 +17696,7 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
   if (name == "sender-mean") {
     for (const auto& [k, v] : settings) unknown(k, "partitioned");
     // Buckets average their members with the plain mean first, which dilutes what one peer sent.
-    check(bucket <= 1, "--aggregator '", spec, "': sender-mean takes no bucket=S (a bucket's plain mean would dilute "
+    check(bucket <= 1, "aggregator '", spec, "': sender-mean takes no bucket=S (a bucket's plain mean would dilute "
                        "a value one peer sent)");
     return wrap(sender_mean{});
   }
@@ -17666,7 +17709,7 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
     for (const auto& [k, v] : settings) {
       if (k == "trim") {
         a.trim = number(k, v);
-        check(a.trim >= 0 && a.trim < 0.5, "--aggregator '", spec, "': trim must be in [0, 0.5), got ", v);
+        check(a.trim >= 0 && a.trim < 0.5, "aggregator '", spec, "': trim must be in [0, 0.5), got ", v);
       } else {
         unknown(k, "trim=F, bucket=S, partitioned");
       }
@@ -17680,14 +17723,14 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
         a.iterations = static_cast<int>(whole(k, v, 1, 100));
       else if (k == "radius") {
         a.radius = number(k, v);
-        check(a.radius >= 0, "--aggregator '", spec, "': radius must be >= 0 (0: the median distance), got ", v);
+        check(a.radius >= 0, "aggregator '", spec, "': radius must be >= 0 (0: the median distance), got ", v);
       } else {
         unknown(k, "iterations=N, radius=R, bucket=S, partitioned");
       }
     }
     return wrap(a);
   }
-  fail("--aggregator '", spec, "': unknown aggregator '", name, "' (expected one of: ", aggregator_names, ")");
+  fail("aggregator '", spec, "': unknown aggregator '", name, "' (expected one of: ", aggregator_names, ")");
 }
 
 }  // namespace decentrain::collective
@@ -17826,12 +17869,13 @@ struct options {
   // The ring's messages: each chunk is added in as soon as it lands, while the next arrives.
   std::size_t chunk_bytes = std::size_t{1} << 20;
   // How much of a segment a ring step moves before the next step starts. One chunk keeps what a
-  // step reduces in cache for the next step's send (more was 10% slower over loopback); more
-  // hides latency: a step costs one latency per window, not one per chunk.
+  // step reduces in cache for the next step's send (a larger window lets it leave the cache
+  // first, which a fast link feels); more hides latency: a step costs one latency per window,
+  // not one per chunk.
   std::size_t window_bytes = std::size_t{1} << 20;
-  // automatic: recursive doubling under this size, the ring from it on. Over loopback with 4
-  // peers recursive doubling was 2x faster at 64 KiB and 1.4x at 256 KiB, the ring 1.3x faster
-  // at 1 MiB (bench/RESULTS.md).
+  // automatic: recursive doubling under this size, the ring from it on. 512 KiB lies between
+  // the sizes where recursive doubling's fewer latencies win over a fast link and those where
+  // the ring's bandwidth does (bench/RESULTS.md).
   std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
   // The slowest link's bandwidth x latency in bytes, for transports that cannot tell; 0: unknown.
   double link_bytes_in_flight = 0.0;
@@ -18329,8 +18373,8 @@ class communicator {
   // its right neighbour and receives one from its left, all its chunks in one exchange: they
   // follow each other on the wire without waiting for replies, so a step costs one latency
   // however many chunks it has (chunk by chunk, a 100 MB all-reduce of 4 peers over 100 ms links
-  // waited 25 x 6 latencies), and each chunk is added in as soon as it lands while the next ones
-  // are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
+  // would wait 25 x 6 latencies), and each chunk is added in as soon as it lands while the next
+  // ones are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
   void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
@@ -20916,7 +20960,7 @@ inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, t
 inline any_codec parse_codec(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const decentrain::detail::spec parsed("--codec", spec);
+  const decentrain::detail::spec parsed("codec", spec);
   const std::string& name = parsed.name;
   bool ef = false, adapt = false;
   double decay = 1.0;
@@ -20929,7 +20973,7 @@ inline any_codec parse_codec(std::string_view spec) {
     if (key == "ef") {
       ef = true;
       decay = parsed.number(key, value);
-      check(decay > 0 && decay <= 1, "--codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
+      check(decay > 0 && decay <= 1, "codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
     settings.emplace_back(key, value);
@@ -20939,7 +20983,7 @@ inline any_codec parse_codec(std::string_view spec) {
     return parsed.whole(key, text, lo, hi);
   };
   auto unknown = [&](const std::string& key, const char* allowed) {
-    fail("--codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
+    fail("codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
   auto wrap = [&](auto c) -> any_codec {
     any_codec chosen = c;
@@ -20957,7 +21001,7 @@ inline any_codec parse_codec(std::string_view spec) {
   if (name == "identity" || name == "fp16" || name == "bf16") {
     if (!settings.empty()) unknown(settings.front().first, "nothing");
     if (name == "identity") {
-      check(!ef && !adapt, "--codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
+      check(!ef && !adapt, "codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
       return identity{};
     }
     return name == "fp16" ? wrap(fp16{}) : wrap(bf16{});
@@ -21026,8 +21070,8 @@ inline any_codec parse_codec(std::string_view spec) {
     return wrap(c);
   }
   if (name == "powersgd") {
-    check(!ef, "--codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
-    check(!adapt, "--codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
+    check(!ef, "codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
+    check(!adapt, "codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
     powersgd<any_codec> c;
     for (const auto& [k, v] : settings) {
       if (k == "rank") c.rank = whole(k, v, 1, 4096);
@@ -21036,13 +21080,13 @@ inline any_codec parse_codec(std::string_view spec) {
       else if (k == "factors" && (v == "identity" || v == "fp16" || v == "bf16" || v == "int8" || v == "int4" || v == "fp4"))
         c.factors = parse_codec(v);
       else if (k == "factors")
-        fail("--codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
+        fail("codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
       else unknown(k, "rank=R, noef, seed=S, factors=identity|fp16|bf16|int8|int4|fp4");
     }
     (void)c.rank_of(matrix_piece{0, 2, 2});
     return c;
   }
-  fail("--codec '", spec, "': unknown codec '", name, "' (expected one of: ", codec_names, ")");
+  fail("codec '", spec, "': unknown codec '", name, "' (expected one of: ", codec_names, ")");
 }
 
 }  // namespace decentrain::compress
@@ -21306,6 +21350,60 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 #include <cstdint>
 #include <vector>
 
+// ---- begin decentrain/comm/outer.hpp ----
+// The outer optimizer of DiLoCo and Streaming DiLoCo: SGD with (Nesterov) momentum on the averaged
+// pseudo-gradient (global - local), applied to the global parameters. One step for both policies
+// (a Streaming DiLoCo fragment steps its ranges of the same flat buffers).
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+
+namespace decentrain::comm::outer {
+
+// SGD with Nesterov momentum: DiLoCo's settings (lr 0.7, momentum 0.9).
+struct nesterov {
+  double lr = 0.7;
+  double momentum = 0.9;
+  bool use_nesterov = true;
+};
+// Plain SGD on the pseudo-gradient; with lr 1 this is parameter averaging (local SGD).
+struct sgd {
+  double lr = 1.0;
+  double momentum = 0.0;
+  bool use_nesterov = false;
+};
+
+template <class Outer>
+constexpr bool check_outer() {
+  static_assert(requires(const Outer& o) { { o.lr } -> std::convertible_to<double>; },
+                "outer optimizer: needs `double lr` (see comm::outer::nesterov)");
+  static_assert(requires(const Outer& o) { { o.momentum } -> std::convertible_to<double>; },
+                "outer optimizer: needs `double momentum` (see comm::outer::nesterov)");
+  static_assert(requires(const Outer& o) { { o.use_nesterov } -> std::convertible_to<bool>; },
+                "outer optimizer: needs `bool use_nesterov` (see comm::outer::nesterov)");
+  return true;
+}
+
+// Fails naming `who` unless lr > 0 and momentum in [0, 1).
+template <class Outer>
+void validate(const Outer& o, const char* who) {
+  decentrain::detail::check(o.lr > 0 && o.momentum >= 0 && o.momentum < 1, who,
+                            ": the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ", o.lr, " and momentum ",
+                            o.momentum);
+}
+
+// global -= lr * (the pseudo-gradient through momentum); `first`: the momentum starts here.
+template <class Outer>
+void step(const Outer& o, std::span<float> global, std::span<const float> pseudo_gradient, std::span<float> momentum,
+          bool first) {
+  kernels::sgd_update(cpu{}, global.data(), pseudo_gradient.data(), momentum.data(), static_cast<std::int64_t>(global.size()),
+                      o.lr, o.momentum, 0.0, o.use_nesterov, 0.0, first);
+}
+
+}  // namespace decentrain::comm::outer
+// ---- end decentrain/comm/outer.hpp ----
 // ---- begin decentrain/comm/policy.hpp ----
 // What a communication policy is: a struct of settings (and a codec) that opts in with
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
@@ -21560,25 +21658,10 @@ inline void load_flat(const io::checkpoint& c, const std::string& name, std::vec
 
 namespace decentrain::comm {
 
-namespace outer {
-// SGD with (Nesterov) momentum on the averaged pseudo-gradient.
-struct nesterov {
-  double lr = 0.7;
-  double momentum = 0.9;
-  bool use_nesterov = true;
-};
-// Plain SGD on the pseudo-gradient; with lr 1 this is parameter averaging (local SGD).
-struct sgd {
-  double lr = 1.0;
-  double momentum = 0.0;
-  bool use_nesterov = false;
-};
-}  // namespace outer
 
 template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
 struct diloco {
-  static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
-                "diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  static_assert(outer::check_outer<Outer>());
   static_assert(compress::check_codec<Codec>());
   static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
@@ -21596,9 +21679,7 @@ struct diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
-    decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
-                              "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
-                              outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
+    outer::validate(outer_optimizer, "diloco");
     prepare_codec(codec, aggregator, ctx);
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
@@ -21629,9 +21710,7 @@ struct diloco {
     const float f = weighted ? weight_factor(ctx, weight_.sum) : 1.0f;
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = f * (global_[i] - delta_[i]);  // pseudo-gradient
     compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
-    kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
-                        outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
-                        !momentum_started_);
+    outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
     ++rounds_;
@@ -21921,6 +22000,21 @@ struct local_sgd {
 #include <utility>
 #include <vector>
 
+// ---- begin decentrain/comm/streaming_fragment.hpp ----
+// Streaming DiLoCo's fragment (comm/streaming_diloco.hpp): a part of the flat parameter buffer,
+// whole layers dealt out by a pattern, that synchronises on its own schedule with its own codec
+// state, exchange in flight and outer-momentum start (torchft's _StreamingDiLoCoFragment shape).
+// The policy keeps the flat global parameters and momentum; a fragment steps its ranges of them.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
 
 namespace decentrain::comm {
 
@@ -22001,10 +22095,120 @@ std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Devic
 }
 }  // namespace detail
 
+template <class Codec, class Aggregator>
+struct streaming_fragment {
+  std::vector<detail::value_range> ranges;  // of the flat parameter buffer
+  std::size_t size = 0;                     // values in all of them
+  compress::layout layout;                  // its matrices, as its codec sees them
+  std::int64_t phase = 0;                   // synchronises after steps s with (s + 1) mod H == phase
+  Codec codec{};                            // its own error feedback and layout
+  Aggregator aggregator{};
+  collective::aggregation_record record;
+  std::vector<float> buffer;                // the pseudo-gradient sent, then the average received
+  std::int64_t lands_after = -1;            // the step after which the exchange in flight is merged
+  round_weight weight;                      // of the steps since the fragment's last exchange
+  round_weight sent;                        // (sum:) of the steps the exchange in flight covers
+  bool momentum_started = false;
+  // Eager updates: the average and this peer's pseudo-gradient of the round before (empty
+  // before the first), and whether the peer's own outer momentum has started.
+  std::vector<float> previous_average, previous_own;
+  bool eager_started = false;
+  std::uint64_t bytes = 0;                  // what the last exchange sent
+  // The exchange runs on a lane thread that owns codec, aggregator, record, buffer and bytes
+  // until it is settled; save() settles it, hence mutable. A copy of the policy (the trainer
+  // takes its policy by value, before start) has nothing in flight.
+  struct in_flight {
+    collective::pending handle;
+    std::exception_ptr failure;
+    in_flight() = default;
+    in_flight(const in_flight&) {}
+    in_flight(in_flight&&) noexcept = default;
+    in_flight& operator=(const in_flight&) { return *this; }
+    in_flight& operator=(in_flight&&) noexcept = default;
+  };
+  mutable in_flight exchange;
+
+  void settle() const {
+    try {
+      exchange.handle.wait();
+    } catch (...) {
+      exchange.failure = std::current_exception();
+    }
+  }
+  void take(streaming_fragment&& restored) {
+    codec = std::move(restored.codec);
+    buffer = std::move(restored.buffer);
+    lands_after = restored.lands_after;
+    weight = restored.weight;
+    sent = restored.sent;
+    momentum_started = restored.momentum_started;
+    previous_average = std::move(restored.previous_average);
+    previous_own = std::move(restored.previous_own);
+    eager_started = restored.eager_started;
+  }
+
+  // out = from - local over the fragment's ranges, packed in their order.
+  void pseudo_gradient(std::span<const float> from, std::span<const float> local, std::vector<float>& out) const {
+    out.resize(size);
+    std::size_t at = 0;
+    for (const auto& r : ranges)
+      for (std::size_t i = 0; i < r.size; ++i, ++at) out[at] = from[r.offset + i] - local[r.offset + i];
+  }
+  // The outer step on the fragment's ranges of the flat `global` and `momentum`, from `packed`
+  // (a value per place in the fragment, in its order).
+  template <class Outer>
+  void outer_step(const Outer& o, std::span<float> global, std::span<const float> packed, std::span<float> momentum,
+                  bool first) const {
+    std::size_t at = 0;
+    for (const auto& r : ranges) {
+      outer::step(o, global.subspan(r.offset, r.size), packed.subspan(at, r.size), momentum.subspan(r.offset, r.size), first);
+      at += r.size;
+    }
+  }
+  // The fragment's ranges of `from` into `to` (flat buffers alike).
+  void copy_ranges(std::span<const float> from, std::span<float> to) const {
+    for (const auto& r : ranges) std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(r.offset), r.size, to.begin() + static_cast<std::ptrdiff_t>(r.offset));
+  }
+
+  // The checkpoint's entries under `prefix` (an exchange in flight is saved with its average,
+  // settled by the caller); `eager`: the policy runs eager updates.
+  void save(io::checkpoint& c, const std::string& prefix, bool eager) const {
+    c.counters[prefix + "momentum_started"] = momentum_started ? 1 : 0;
+    c.counters[prefix + "lands_after"] = lands_after;
+    weight.save(c, prefix);
+    sent.save(c, prefix + "sent_");
+    if (lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(buffer, c);
+    if (eager) {
+      c.counters[prefix + "eager_started"] = eager_started ? 1 : 0;
+      c.tensors[prefix + "previous_average"] = flat_tensor(previous_average, c);
+      c.tensors[prefix + "previous_own"] = flat_tensor(previous_own, c);
+    }
+    save_codec(codec, c, prefix + "codec.");
+  }
+  void load(const io::checkpoint& c, const std::string& prefix, bool eager) {
+    momentum_started = c.counter(prefix + "momentum_started") != 0;
+    lands_after = c.counter(prefix + "lands_after");
+    weight.load(c, prefix);
+    sent.load(c, prefix + "sent_");
+    if (lands_after >= 0) buffer = c.tensor_at(prefix + "average").template to_vector<float>();
+    if (eager) {
+      eager_started = c.counter(prefix + "eager_started") != 0;
+      previous_average = c.tensor_at(prefix + "previous_average").template to_vector<float>();
+      previous_own = c.tensor_at(prefix + "previous_own").template to_vector<float>();
+    }
+    load_codec(codec, c, prefix + "codec.");
+  }
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/streaming_fragment.hpp ----
+
+namespace decentrain::comm {
+
+
 template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
 struct streaming_diloco {
-  static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
-                "streaming_diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  static_assert(outer::check_outer<Outer>());
   static_assert(compress::check_codec<Codec>());
   static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
@@ -22039,9 +22243,7 @@ struct streaming_diloco {
     check(mix >= 0 && mix <= 1, "streaming_diloco: mix must be in [0, 1], got ", mix);
     check(!(weighted && eager), "streaming_diloco: weighted and eager cannot be set together (an eager step stands in for ",
           "the average before the exchange, without the replicas' weights)");
-    check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
-          "streaming_diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ", outer_optimizer.lr,
-          " and momentum ", outer_optimizer.momentum);
+    outer::validate(outer_optimizer, "streaming_diloco");
     prepare_codec(codec, aggregator, ctx);
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
     const auto whole = layout_of(ctx.parameters);
@@ -22184,17 +22386,7 @@ struct streaming_diloco {
       // group's, so none is saved. Its error is thrown here (fault::elastic skips this save) and
       // again at the step it lands, where the fault policy handles it.
       if (p.exchange.failure) std::rethrow_exception(p.exchange.failure);
-      c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
-      c.counters[prefix + "lands_after"] = p.lands_after;
-      p.weight.save(c, prefix);
-      p.sent.save(c, prefix + "sent_");
-      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer, c);
-      if (!eager_.empty()) {
-        c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
-        c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average, c);
-        c.tensors[prefix + "previous_own"] = flat_tensor(p.previous_own, c);
-      }
-      save_codec(p.codec, c, prefix + "codec.");
+      p.save(c, prefix, !eager_.empty());
     }
   }
   void load(const io::checkpoint& c) {
@@ -22218,17 +22410,7 @@ struct streaming_diloco {
       auto& p = restored_[f];
       const auto prefix = decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".");
       p.codec = codec;
-      p.momentum_started = c.counter(prefix + "momentum_started") != 0;
-      p.lands_after = c.counter(prefix + "lands_after");
-      p.weight.load(c, prefix);
-      p.sent.load(c, prefix + "sent_");
-      if (p.lands_after >= 0) p.buffer = c.tensor_at(prefix + "average").template to_vector<float>();
-      if (saved_eager) {
-        p.eager_started = c.counter(prefix + "eager_started") != 0;
-        p.previous_average = c.tensor_at(prefix + "previous_average").template to_vector<float>();
-        p.previous_own = c.tensor_at(prefix + "previous_own").template to_vector<float>();
-      }
-      load_codec(p.codec, c, prefix + "codec.");
+      p.load(c, prefix, saved_eager);
     }
     // Before start, or a state from before the first step: start takes them in. While it runs
     // (fault::elastic: a member behind takes another's state) the fragments take the state in
@@ -22260,57 +22442,7 @@ struct streaming_diloco {
   }
 
  private:
-  struct part {
-    std::vector<detail::value_range> ranges;  // of the flat parameter buffer
-    std::size_t size = 0;                     // values in all of them
-    compress::layout layout;                  // its matrices, as its codec sees them
-    std::int64_t phase = 0;                   // synchronises after steps s with (s + 1) mod H == phase
-    Codec codec{};                            // its own error feedback and layout
-    Aggregator aggregator{};
-    collective::aggregation_record record;
-    std::vector<float> buffer;                // the pseudo-gradient sent, then the average received
-    std::int64_t lands_after = -1;            // the step after which the exchange in flight is merged
-    round_weight weight;                      // of the steps since the fragment's last exchange
-    round_weight sent;                        // (sum:) of the steps the exchange in flight covers
-    bool momentum_started = false;
-    // Eager updates: the average and this peer's pseudo-gradient of the round before (empty
-    // before the first), and whether the peer's own outer momentum has started.
-    std::vector<float> previous_average, previous_own;
-    bool eager_started = false;
-    std::uint64_t bytes = 0;                  // what the last exchange sent
-    // The exchange runs on a lane thread that owns codec, aggregator, record, buffer and bytes
-    // until it is settled; save() settles it, hence mutable. A copy of the policy (the trainer
-    // takes its policy by value, before start) has nothing in flight.
-    struct in_flight {
-      collective::pending handle;
-      std::exception_ptr failure;
-      in_flight() = default;
-      in_flight(const in_flight&) {}
-      in_flight(in_flight&&) noexcept = default;
-      in_flight& operator=(const in_flight&) { return *this; }
-      in_flight& operator=(in_flight&&) noexcept = default;
-    };
-    mutable in_flight exchange;
-
-    void settle() const {
-      try {
-        exchange.handle.wait();
-      } catch (...) {
-        exchange.failure = std::current_exception();
-      }
-    }
-    void take(part&& restored) {
-      codec = std::move(restored.codec);
-      buffer = std::move(restored.buffer);
-      lands_after = restored.lands_after;
-      weight = restored.weight;
-      sent = restored.sent;
-      momentum_started = restored.momentum_started;
-      previous_average = std::move(restored.previous_average);
-      previous_own = std::move(restored.previous_own);
-      eager_started = restored.eager_started;
-    }
-  };
+  using part = streaming_fragment<Codec, Aggregator>;
 
   // Starts fragment p's exchange of its pseudo-gradient (the outer parameters its round started
   // from, less the local ones), to be merged after step `lands_after`: on a lane thread when
@@ -22318,11 +22450,7 @@ struct streaming_diloco {
   template <class Ctx>
   void send(Ctx& ctx, part& p, std::int64_t lands_after, bool background) {
     gather_values(ctx.parameters, local_);
-    const auto& from = eager_.empty() ? global_ : eager_;
-    p.buffer.resize(p.size);
-    std::size_t at = 0;
-    for (const auto& r : p.ranges)
-      for (std::size_t i = 0; i < r.size; ++i, ++at) p.buffer[at] = from[r.offset + i] - local_[r.offset + i];
+    p.pseudo_gradient(eager_.empty() ? global_ : eager_, local_, p.buffer);
     p.lands_after = lands_after;
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
@@ -22344,26 +22472,17 @@ struct streaming_diloco {
   void step_eagerly(Ctx& ctx, part& p) {
     const auto peers = static_cast<float>(ctx.replicas.world());
     const bool first = p.previous_own.empty();
-    auto own = std::move(p.previous_own);  // this round's, written below; the last round's read first
-    own.resize(p.size);
-    stand_in_.resize(p.size);
-    std::size_t at = 0;
-    for (const auto& r : p.ranges)
-      for (std::size_t i = 0; i < r.size; ++i, ++at) {
-        const float now = eager_[r.offset + i] - local_[r.offset + i];
-        stand_in_[at] = first ? now / peers : p.previous_average[at] + (now - own[at]) / peers;
-        own[at] = now;
-      }
-    p.previous_own = std::move(own);
-    at = 0;
-    for (const auto& r : p.ranges) {
-      kernels::sgd_update(cpu{}, eager_.data() + r.offset, stand_in_.data() + at, eager_momentum_.data() + r.offset,
-                          static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
-                          outer_optimizer.use_nesterov, 0.0, !p.eager_started);
-      at += r.size;
-      std::copy_n(eager_.begin() + static_cast<std::ptrdiff_t>(r.offset), r.size, local_.begin() + static_cast<std::ptrdiff_t>(r.offset));
+    auto& now = stand_in_;  // this round's pseudo-gradient, then the stand-in made from it
+    p.pseudo_gradient(eager_, local_, now);
+    p.previous_own.resize(now.size());  // the last round's, read before it is overwritten
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      const float own = now[i];
+      now[i] = first ? own / peers : p.previous_average[i] + (own - p.previous_own[i]) / peers;
+      p.previous_own[i] = own;
     }
+    p.outer_step(outer_optimizer, eager_, stand_in_, eager_momentum_, !p.eager_started);
     p.eager_started = true;
+    p.copy_ranges(eager_, local_);
     scatter_values(ctx.parameters, local_);
   }
 
@@ -22385,18 +22504,13 @@ struct streaming_diloco {
     aggregation_.tally.add(p.record.last);
     const bool merge = keep >= 0;
     if (merge) gather_values(ctx.parameters, local_);
+    p.outer_step(outer_optimizer, global_, p.buffer, momentum_, !p.momentum_started);
+    p.momentum_started = true;
     const auto k = static_cast<float>(keep), g = static_cast<float>(1.0 - keep);
-    std::size_t at = 0;
-    for (const auto& r : p.ranges) {
-      kernels::sgd_update(cpu{}, global_.data() + r.offset, p.buffer.data() + at, momentum_.data() + r.offset,
-                          static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
-                          outer_optimizer.use_nesterov, 0.0, !p.momentum_started);
-      at += r.size;
-      if (merge)
+    if (merge)
+      for (const auto& r : p.ranges)
         for (std::size_t i = r.offset; i < r.offset + r.size; ++i)
           local_[i] = keep == 0 ? global_[i] : k * local_[i] + g * global_[i];
-    }
-    p.momentum_started = true;
     ++merges_;
     if (merge) scatter_values(ctx.parameters, local_);
     else p.previous_average.swap(p.buffer);
@@ -26607,10 +26721,13 @@ struct none {
 // progress hooks, checkpointing a run, and GPT-2 weight interchange.
 
 // ---- begin decentrain/train/checkpoint.hpp ----
-// Moving a training run in and out of a checkpoint: the GPT's parameters ("model.<name>") and
-// configuration ("config.*"), AdamW's state ("adamw.<name>.*") and the step. Resuming from it
-// reproduces the uninterrupted run bit for bit (tests/train/test_checkpoint.cpp).
+// Moving a training run in and out of a checkpoint: the model's parameters ("model.<name>") and
+// configuration ("config.*", for a configuration that names its fields), AdamW's state
+// ("adamw.<name>.*") and the step. Resuming from it reproduces the uninterrupted run bit for bit
+// (tests/train/test_checkpoint.cpp).
 
+#include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -26619,9 +26736,54 @@ struct none {
 
 namespace decentrain::train {
 
-// Model parameters ("model.<name>"), a GPT's configuration ("config.*"), AdamW state
+// A model configuration a checkpoint can keep: one that hands each field to visit(name, field)
+// (nn::gpt_config::fields). Whole numbers and flags go in as counters "config.<name>", the others
+// as text (a double to its last bit).
+template <class Config>
+concept storable_config = std::equality_comparable<Config> && requires(const Config& c, Config& m) {
+  c.fields([](const char*, const auto&) {});
+  m.fields([](const char*, auto&) {});
+};
+
+template <storable_config Config>
+void save_config(io::checkpoint& c, const Config& cfg) {
+  cfg.fields([&](const char* name, const auto& v) {
+    const auto key = std::string("config.") + name;
+    if constexpr (std::is_integral_v<std::remove_cvref_t<decltype(v)>>) {
+      c.counters[key] = static_cast<std::int64_t>(v);
+    } else {
+      std::ostringstream text;
+      text.precision(17);
+      text << v;
+      c.text[key] = text.str();
+    }
+  });
+}
+
+// The configuration a checkpoint keeps (validated where the type can: validate()).
+template <storable_config Config>
+Config config_of(const io::checkpoint& c) {
+  Config cfg{};
+  cfg.fields([&](const char* name, auto& v) {
+    using field = std::remove_cvref_t<decltype(v)>;
+    const auto key = std::string("config.") + name;
+    if constexpr (std::is_integral_v<field>) {
+      v = static_cast<field>(c.counter(key));
+    } else {
+      const auto it = c.text.find(key);
+      decentrain::detail::check(it != c.text.end(), "checkpoint: missing text '", key, "'");
+      std::istringstream text(it->second);
+      text >> v;
+      decentrain::detail::check(!text.fail() && text.eof(), "checkpoint: '", key, "' is '", it->second, "', not a value of its field");
+    }
+  });
+  if constexpr (requires { cfg.validate(); }) cfg.validate();
+  return cfg;
+}
+
+// Model parameters ("model.<name>"), its configuration ("config.*"), AdamW state
 // ("adamw.<name>.*") and the step, in one checkpoint. Any model with parameters() will do; the
-// configuration is stored for models whose config() is a GPT's.
+// configuration is stored for models whose config() is storable_config.
 namespace detail {
 // A model's parameters for reading, through its const parameters() where it has one.
 template <class Model>
@@ -26647,19 +26809,8 @@ io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer
   c.views = views;
   for (const auto& e : detail::parameters_to_read(model))
     c.tensors["model." + e.name] = detail::host_view_or_copy(e.param.value(), views);
-  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; }) {
-    const nn::gpt_config cfg = model.config();
-    c.counters["config.n_layer"] = cfg.n_layer;
-    c.counters["config.n_head"] = cfg.n_head;
-    c.counters["config.n_embd"] = cfg.n_embd;
-    c.counters["config.block_size"] = cfg.block_size;
-    c.counters["config.vocab_size"] = cfg.vocab_size;
-    c.counters["config.bias"] = cfg.bias ? 1 : 0;
-    std::ostringstream dropout;
-    dropout.precision(17);
-    dropout << cfg.dropout;
-    c.text["config.dropout"] = dropout.str();
-  }
+  if constexpr (requires { requires storable_config<std::remove_cvref_t<decltype(model.config())>>; })
+    save_config(c, model.config());
   for (const auto& s : optimizer.state()) {
     c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_view_or_copy(s.exp_avg, views);
     c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_view_or_copy(s.exp_avg_sq, views);
@@ -26669,23 +26820,13 @@ io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer
   return c;
 }
 
-inline nn::gpt_config config_of(const io::checkpoint& c) {
-  nn::gpt_config cfg{c.counter("config.n_layer"), c.counter("config.n_head"), c.counter("config.n_embd"),
-                     c.counter("config.block_size"), c.counter("config.vocab_size"), 0.0};
-  auto it = c.text.find("config.dropout");
-  decentrain::detail::check(it != c.text.end(), "checkpoint: missing text 'config.dropout'");
-  cfg.dropout = std::stod(it->second);
-  cfg.bias = c.counter("config.bias") != 0;
-  cfg.validate();
-  return cfg;
-}
-
-// Loads parameters and optimizer state into a model built with config_of(c) (any model whose
+// Loads parameters and optimizer state into a model built with config_of<its config>(c) (any model whose
 // parameters have the checkpoint's names and shapes); returns the step.
 template <class Model, class Device>
 std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>& optimizer) {
-  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; })
-    decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
+  if constexpr (requires { requires storable_config<std::remove_cvref_t<decltype(model.config())>>; })
+    decentrain::detail::check(config_of<std::remove_cvref_t<decltype(model.config())>>(c) == model.config(),
+                              "checkpoint: its model configuration differs from the model's");
   for (auto& e : model.parameters()) {
     const auto& t = c.tensor_at("model." + e.name);
     decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),
@@ -28005,8 +28146,8 @@ class trainer {
     if (holds_another_part(c)) {
       // Written by another shape of this job (its group re-formed before it stopped): held until
       // the group deals the parts out (settle_held, or a re-deal when the group re-forms).
-      if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
-        decentrain::detail::check(config_of(c) == model_.config(), "checkpoint: its model configuration differs from the model's");
+      if constexpr (storable_config<model_config>)
+        decentrain::detail::check(config_of<model_config>(c) == model_.config(), "checkpoint: its model configuration differs from the model's");
       held_ = c;
       held_->views = false;
       step_ = c.counter("step");
@@ -28379,8 +28520,8 @@ class trainer {
         for (const auto s : steps) {
           if (s > step) continue;  // (files of an abandoned later run)
           read = exchange.read_files_at(s, seen, files, [&](const io::checkpoint& c) {
-            if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
-              return config_of(c) == model_.config();
+            if constexpr (storable_config<model_config>)
+              return config_of<model_config>(c) == model_.config();
             return true;
           });
           source = &read;

@@ -1,5 +1,5 @@
 // Must NOT compile: a transport endpoint missing one function of the concept.
-#include <decentrain/transport/endpoint.hpp>
+#include <decentrain/transport/any_endpoint.hpp>
 
 namespace dt = decentrain;
 struct partial_endpoint {

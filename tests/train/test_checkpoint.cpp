@@ -88,7 +88,7 @@ TEST_CASE("resuming from a checkpoint reproduces the uninterrupted run bit for b
 
   const auto loaded = dt::io::load_checkpoint(path);
   dt::rng other_init(99, "init"), drop_c(0, "dropout");  // everything must come from the file
-  dt::nn::gpt<> resumed(dt::train::config_of(loaded), other_init);
+  dt::nn::gpt<> resumed(dt::train::config_of<dt::nn::gpt_config>(loaded), other_init);
   dt::optim::adamw<> opt_c(resumed.parameters(), {2e-3, 0.9, 0.95, 1e-8, 0.1});
   const auto step = dt::train::restore(loaded, resumed, opt_c);
   drop_c.set_state(loaded.rngs.at("dropout"));

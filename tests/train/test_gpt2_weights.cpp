@@ -114,7 +114,7 @@ TEST_CASE("a bias-free model round-trips through checkpoints and safetensors", "
   dt::nn::gpt<> model(cfg, gen);
   dt::optim::adamw<> opt(model.parameters());
   const auto ckpt = train::capture(model, opt, 3);
-  CHECK(train::config_of(ckpt) == cfg);
+  CHECK(train::config_of<decentrain::nn::gpt_config>(ckpt) == cfg);
   const auto weights = train::export_gpt2_weights(model);
   CHECK(train::gpt2_config(weights, cfg.n_head) == cfg);
   dt::rng other(7, "init");

@@ -258,7 +258,7 @@ TEST_CASE("tcp: the advertised host is what others dial, a wildcard listen addre
   tr::tcp_options wildcard;
   wildcard.listen = "0.0.0.0:0";
   wildcard.world = 2;
-  CHECK_THROWS_WITH(tr::tcp(wildcard), Catch::Contains("wildcard address 0.0.0.0:0") && Catch::Contains("--advertise"));
+  CHECK_THROWS_WITH(tr::tcp(wildcard), Catch::Contains("wildcard address 0.0.0.0:0") && Catch::Contains("set tcp_options::advertise"));
 
   tr::tcp_options o;
   o.world = 2;

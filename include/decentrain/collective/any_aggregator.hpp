@@ -80,7 +80,7 @@ inline const char* aggregator_names = "mean, sender-mean, median, trimmed-mean, 
 inline any_aggregator parse_aggregator(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const decentrain::detail::spec parsed("--aggregator", spec);
+  const decentrain::detail::spec parsed("aggregator", spec);
   const std::string& name = parsed.name;
   std::vector<std::pair<std::string, std::string>> settings;
   bool partition = false;
@@ -101,10 +101,10 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
       settings.emplace_back(key, value);
   }
   auto unknown = [&](const std::string& key, const char* expected) {
-    fail("--aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
+    fail("aggregator '", spec, "': unknown setting '", key, "' for ", name, " (expected ", expected, ")");
   };
   auto wrap = [&](auto a) -> any_aggregator {
-    check(!seed || bucket > 1, "--aggregator '", spec, "': seed=S goes with bucket=S (the groups' draw)");
+    check(!seed || bucket > 1, "aggregator '", spec, "': seed=S goes with bucket=S (the groups' draw)");
     if (bucket > 1) {
       bucketing<decltype(a)> b;
       b.size = bucket;
@@ -121,7 +121,7 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
   if (name == "sender-mean") {
     for (const auto& [k, v] : settings) unknown(k, "partitioned");
     // Buckets average their members with the plain mean first, which dilutes what one peer sent.
-    check(bucket <= 1, "--aggregator '", spec, "': sender-mean takes no bucket=S (a bucket's plain mean would dilute "
+    check(bucket <= 1, "aggregator '", spec, "': sender-mean takes no bucket=S (a bucket's plain mean would dilute "
                        "a value one peer sent)");
     return wrap(sender_mean{});
   }
@@ -134,7 +134,7 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
     for (const auto& [k, v] : settings) {
       if (k == "trim") {
         a.trim = number(k, v);
-        check(a.trim >= 0 && a.trim < 0.5, "--aggregator '", spec, "': trim must be in [0, 0.5), got ", v);
+        check(a.trim >= 0 && a.trim < 0.5, "aggregator '", spec, "': trim must be in [0, 0.5), got ", v);
       } else {
         unknown(k, "trim=F, bucket=S, partitioned");
       }
@@ -148,14 +148,14 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
         a.iterations = static_cast<int>(whole(k, v, 1, 100));
       else if (k == "radius") {
         a.radius = number(k, v);
-        check(a.radius >= 0, "--aggregator '", spec, "': radius must be >= 0 (0: the median distance), got ", v);
+        check(a.radius >= 0, "aggregator '", spec, "': radius must be >= 0 (0: the median distance), got ", v);
       } else {
         unknown(k, "iterations=N, radius=R, bucket=S, partitioned");
       }
     }
     return wrap(a);
   }
-  fail("--aggregator '", spec, "': unknown aggregator '", name, "' (expected one of: ", aggregator_names, ")");
+  fail("aggregator '", spec, "': unknown aggregator '", name, "' (expected one of: ", aggregator_names, ")");
 }
 
 }  // namespace decentrain::collective

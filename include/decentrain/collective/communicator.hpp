@@ -25,7 +25,7 @@
 #include "decentrain/collective/group.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/detail/hash.hpp"
-#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/any_endpoint.hpp"
 #include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::collective {
@@ -44,12 +44,13 @@ struct options {
   // The ring's messages: each chunk is added in as soon as it lands, while the next arrives.
   std::size_t chunk_bytes = std::size_t{1} << 20;
   // How much of a segment a ring step moves before the next step starts. One chunk keeps what a
-  // step reduces in cache for the next step's send (more was 10% slower over loopback); more
-  // hides latency: a step costs one latency per window, not one per chunk.
+  // step reduces in cache for the next step's send (a larger window lets it leave the cache
+  // first, which a fast link feels); more hides latency: a step costs one latency per window,
+  // not one per chunk.
   std::size_t window_bytes = std::size_t{1} << 20;
-  // automatic: recursive doubling under this size, the ring from it on. Over loopback with 4
-  // peers recursive doubling was 2x faster at 64 KiB and 1.4x at 256 KiB, the ring 1.3x faster
-  // at 1 MiB (bench/RESULTS.md).
+  // automatic: recursive doubling under this size, the ring from it on. 512 KiB lies between
+  // the sizes where recursive doubling's fewer latencies win over a fast link and those where
+  // the ring's bandwidth does (bench/RESULTS.md).
   std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
   // The slowest link's bandwidth x latency in bytes, for transports that cannot tell; 0: unknown.
   double link_bytes_in_flight = 0.0;
@@ -547,8 +548,8 @@ class communicator {
   // its right neighbour and receives one from its left, all its chunks in one exchange: they
   // follow each other on the wire without waiting for replies, so a step costs one latency
   // however many chunks it has (chunk by chunk, a 100 MB all-reduce of 4 peers over 100 ms links
-  // waited 25 x 6 latencies), and each chunk is added in as soon as it lands while the next ones
-  // are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
+  // would wait 25 x 6 latencies), and each chunk is added in as soon as it lands while the next
+  // ones are still arriving. Segments move window_bytes at a time, which bounds the scratch memory.
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
   void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);

@@ -9,30 +9,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
-#include "decentrain/kernels/optimizer.hpp"
 
 namespace decentrain::comm {
 
-namespace outer {
-// SGD with (Nesterov) momentum on the averaged pseudo-gradient.
-struct nesterov {
-  double lr = 0.7;
-  double momentum = 0.9;
-  bool use_nesterov = true;
-};
-// Plain SGD on the pseudo-gradient; with lr 1 this is parameter averaging (local SGD).
-struct sgd {
-  double lr = 1.0;
-  double momentum = 0.0;
-  bool use_nesterov = false;
-};
-}  // namespace outer
 
 template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
 struct diloco {
-  static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
-                "diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  static_assert(outer::check_outer<Outer>());
   static_assert(compress::check_codec<Codec>());
   static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
@@ -50,9 +35,7 @@ struct diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
-    decentrain::detail::check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
-                              "diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ",
-                              outer_optimizer.lr, " and momentum ", outer_optimizer.momentum);
+    outer::validate(outer_optimizer, "diloco");
     prepare_codec(codec, aggregator, ctx);
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
@@ -83,9 +66,7 @@ struct diloco {
     const float f = weighted ? weight_factor(ctx, weight_.sum) : 1.0f;
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = f * (global_[i] - delta_[i]);  // pseudo-gradient
     compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
-    kernels::sgd_update(cpu{}, global_.data(), delta_.data(), momentum_.data(), static_cast<std::int64_t>(global_.size()),
-                        outer_optimizer.lr, outer_optimizer.momentum, 0.0, outer_optimizer.use_nesterov, 0.0,
-                        !momentum_started_);
+    outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
     ++rounds_;

@@ -24,92 +24,16 @@
 #include <vector>
 
 #include "decentrain/comm/diloco.hpp"
+#include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
-#include "decentrain/kernels/optimizer.hpp"
+#include "decentrain/comm/streaming_fragment.hpp"
 
 namespace decentrain::comm {
 
-// How parameters are dealt into fragments. The units are the model's layers: consecutive
-// parameters whose names share the part up to the first number ("h.3.attn.c_attn.weight" is
-// layer "h.3"), or, for names without a number, the module ("ln_f.weight" is "ln_f").
-enum class fragment_pattern : std::int8_t {
-  strided,     // unit k goes to fragment k mod P (the paper's choice: each fragment spans the depth)
-  sequential,  // consecutive units, P runs of about equal size
-};
-
-namespace detail {
-// The layer a parameter belongs to (see fragment_pattern).
-inline std::string layer_of(const std::string& name) {
-  std::size_t at = 0;
-  while (at < name.size()) {
-    const auto dot = name.find('.', at);
-    const auto end = dot == std::string::npos ? name.size() : dot;
-    if (end > at && std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at), name.begin() + static_cast<std::ptrdiff_t>(end),
-                                [](char c) { return c >= '0' && c <= '9'; }))
-      return name.substr(0, end);
-    if (dot == std::string::npos) break;
-    at = dot + 1;
-  }
-  const auto last = name.rfind('.');
-  return last == std::string::npos ? name : name.substr(0, last);
-}
-
-// A contiguous run of values in the flat parameter buffer.
-struct value_range {
-  std::size_t offset = 0, size = 0;
-};
-
-// Which parameters (by index) each of `count` fragments holds, as ranges of the flat buffer
-// (adjacent ranges merged). Fails when there are fewer layers than fragments.
-template <class Device>
-std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Device>& params, std::int64_t count,
-                                                      fragment_pattern pattern) {
-  struct unit {
-    std::string layer;
-    std::size_t offset = 0, size = 0;
-  };
-  std::vector<unit> units;
-  std::size_t at = 0;
-  for (const auto& e : params) {
-    const auto n = static_cast<std::size_t>(e.param.value().numel());
-    const auto layer = layer_of(e.name);
-    if (units.empty() || units.back().layer != layer || units.back().offset + units.back().size != at)
-      units.push_back({layer, at, 0});
-    units.back().size += n;
-    at += n;
-  }
-  decentrain::detail::check(count >= 1 && static_cast<std::size_t>(count) <= units.size(), "streaming_diloco: ", count,
-                            " fragments asked for, but the model has ", units.size(),
-                            " layers to deal out (fragments must be in [1, layers])");
-  const auto P = static_cast<std::size_t>(count);
-  std::vector<std::size_t> owner(units.size());
-  if (pattern == fragment_pattern::strided) {
-    for (std::size_t k = 0; k < units.size(); ++k) owner[k] = k % P;
-  } else {  // cut where the running total passes each multiple of total / P; at least one unit each
-    std::size_t done = 0, f = 0;
-    for (std::size_t k = 0; k < units.size(); ++k) {
-      if (k > 0 && f + 1 < P && (done * P >= (f + 1) * at || units.size() - k == P - 1 - f)) ++f;
-      owner[k] = f;
-      done += units[k].size;
-    }
-  }
-  std::vector<std::vector<value_range>> out(P);
-  for (std::size_t k = 0; k < units.size(); ++k) {
-    auto& r = out[owner[k]];
-    if (!r.empty() && r.back().offset + r.back().size == units[k].offset) r.back().size += units[k].size;
-    else r.push_back({units[k].offset, units[k].size});
-  }
-  for (std::size_t f = 0; f < P; ++f)
-    decentrain::detail::check(!out[f].empty(), "streaming_diloco: fragment ", f, " got no layer (", units.size(), " layers, ",
-                              P, " fragments)");
-  return out;
-}
-}  // namespace detail
 
 template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
 struct streaming_diloco {
-  static_assert(requires(Outer o) { o.lr; o.momentum; o.use_nesterov; },
-                "streaming_diloco<Outer, Codec>: Outer must have `double lr, momentum; bool use_nesterov` (see comm::outer::nesterov)");
+  static_assert(outer::check_outer<Outer>());
   static_assert(compress::check_codec<Codec>());
   static_assert(collective::check_aggregator<Aggregator>());
   using policy_concept = policy_tag;
@@ -144,9 +68,7 @@ struct streaming_diloco {
     check(mix >= 0 && mix <= 1, "streaming_diloco: mix must be in [0, 1], got ", mix);
     check(!(weighted && eager), "streaming_diloco: weighted and eager cannot be set together (an eager step stands in for ",
           "the average before the exchange, without the replicas' weights)");
-    check(outer_optimizer.lr > 0 && outer_optimizer.momentum >= 0 && outer_optimizer.momentum < 1,
-          "streaming_diloco: the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ", outer_optimizer.lr,
-          " and momentum ", outer_optimizer.momentum);
+    outer::validate(outer_optimizer, "streaming_diloco");
     prepare_codec(codec, aggregator, ctx);
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
     const auto whole = layout_of(ctx.parameters);
@@ -289,17 +211,7 @@ struct streaming_diloco {
       // group's, so none is saved. Its error is thrown here (fault::elastic skips this save) and
       // again at the step it lands, where the fault policy handles it.
       if (p.exchange.failure) std::rethrow_exception(p.exchange.failure);
-      c.counters[prefix + "momentum_started"] = p.momentum_started ? 1 : 0;
-      c.counters[prefix + "lands_after"] = p.lands_after;
-      p.weight.save(c, prefix);
-      p.sent.save(c, prefix + "sent_");
-      if (p.lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(p.buffer, c);
-      if (!eager_.empty()) {
-        c.counters[prefix + "eager_started"] = p.eager_started ? 1 : 0;
-        c.tensors[prefix + "previous_average"] = flat_tensor(p.previous_average, c);
-        c.tensors[prefix + "previous_own"] = flat_tensor(p.previous_own, c);
-      }
-      save_codec(p.codec, c, prefix + "codec.");
+      p.save(c, prefix, !eager_.empty());
     }
   }
   void load(const io::checkpoint& c) {
@@ -323,17 +235,7 @@ struct streaming_diloco {
       auto& p = restored_[f];
       const auto prefix = decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".");
       p.codec = codec;
-      p.momentum_started = c.counter(prefix + "momentum_started") != 0;
-      p.lands_after = c.counter(prefix + "lands_after");
-      p.weight.load(c, prefix);
-      p.sent.load(c, prefix + "sent_");
-      if (p.lands_after >= 0) p.buffer = c.tensor_at(prefix + "average").template to_vector<float>();
-      if (saved_eager) {
-        p.eager_started = c.counter(prefix + "eager_started") != 0;
-        p.previous_average = c.tensor_at(prefix + "previous_average").template to_vector<float>();
-        p.previous_own = c.tensor_at(prefix + "previous_own").template to_vector<float>();
-      }
-      load_codec(p.codec, c, prefix + "codec.");
+      p.load(c, prefix, saved_eager);
     }
     // Before start, or a state from before the first step: start takes them in. While it runs
     // (fault::elastic: a member behind takes another's state) the fragments take the state in
@@ -365,57 +267,7 @@ struct streaming_diloco {
   }
 
  private:
-  struct part {
-    std::vector<detail::value_range> ranges;  // of the flat parameter buffer
-    std::size_t size = 0;                     // values in all of them
-    compress::layout layout;                  // its matrices, as its codec sees them
-    std::int64_t phase = 0;                   // synchronises after steps s with (s + 1) mod H == phase
-    Codec codec{};                            // its own error feedback and layout
-    Aggregator aggregator{};
-    collective::aggregation_record record;
-    std::vector<float> buffer;                // the pseudo-gradient sent, then the average received
-    std::int64_t lands_after = -1;            // the step after which the exchange in flight is merged
-    round_weight weight;                      // of the steps since the fragment's last exchange
-    round_weight sent;                        // (sum:) of the steps the exchange in flight covers
-    bool momentum_started = false;
-    // Eager updates: the average and this peer's pseudo-gradient of the round before (empty
-    // before the first), and whether the peer's own outer momentum has started.
-    std::vector<float> previous_average, previous_own;
-    bool eager_started = false;
-    std::uint64_t bytes = 0;                  // what the last exchange sent
-    // The exchange runs on a lane thread that owns codec, aggregator, record, buffer and bytes
-    // until it is settled; save() settles it, hence mutable. A copy of the policy (the trainer
-    // takes its policy by value, before start) has nothing in flight.
-    struct in_flight {
-      collective::pending handle;
-      std::exception_ptr failure;
-      in_flight() = default;
-      in_flight(const in_flight&) {}
-      in_flight(in_flight&&) noexcept = default;
-      in_flight& operator=(const in_flight&) { return *this; }
-      in_flight& operator=(in_flight&&) noexcept = default;
-    };
-    mutable in_flight exchange;
-
-    void settle() const {
-      try {
-        exchange.handle.wait();
-      } catch (...) {
-        exchange.failure = std::current_exception();
-      }
-    }
-    void take(part&& restored) {
-      codec = std::move(restored.codec);
-      buffer = std::move(restored.buffer);
-      lands_after = restored.lands_after;
-      weight = restored.weight;
-      sent = restored.sent;
-      momentum_started = restored.momentum_started;
-      previous_average = std::move(restored.previous_average);
-      previous_own = std::move(restored.previous_own);
-      eager_started = restored.eager_started;
-    }
-  };
+  using part = streaming_fragment<Codec, Aggregator>;
 
   // Starts fragment p's exchange of its pseudo-gradient (the outer parameters its round started
   // from, less the local ones), to be merged after step `lands_after`: on a lane thread when
@@ -423,11 +275,7 @@ struct streaming_diloco {
   template <class Ctx>
   void send(Ctx& ctx, part& p, std::int64_t lands_after, bool background) {
     gather_values(ctx.parameters, local_);
-    const auto& from = eager_.empty() ? global_ : eager_;
-    p.buffer.resize(p.size);
-    std::size_t at = 0;
-    for (const auto& r : p.ranges)
-      for (std::size_t i = 0; i < r.size; ++i, ++at) p.buffer[at] = from[r.offset + i] - local_[r.offset + i];
+    p.pseudo_gradient(eager_.empty() ? global_ : eager_, local_, p.buffer);
     p.lands_after = lands_after;
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
@@ -449,26 +297,17 @@ struct streaming_diloco {
   void step_eagerly(Ctx& ctx, part& p) {
     const auto peers = static_cast<float>(ctx.replicas.world());
     const bool first = p.previous_own.empty();
-    auto own = std::move(p.previous_own);  // this round's, written below; the last round's read first
-    own.resize(p.size);
-    stand_in_.resize(p.size);
-    std::size_t at = 0;
-    for (const auto& r : p.ranges)
-      for (std::size_t i = 0; i < r.size; ++i, ++at) {
-        const float now = eager_[r.offset + i] - local_[r.offset + i];
-        stand_in_[at] = first ? now / peers : p.previous_average[at] + (now - own[at]) / peers;
-        own[at] = now;
-      }
-    p.previous_own = std::move(own);
-    at = 0;
-    for (const auto& r : p.ranges) {
-      kernels::sgd_update(cpu{}, eager_.data() + r.offset, stand_in_.data() + at, eager_momentum_.data() + r.offset,
-                          static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
-                          outer_optimizer.use_nesterov, 0.0, !p.eager_started);
-      at += r.size;
-      std::copy_n(eager_.begin() + static_cast<std::ptrdiff_t>(r.offset), r.size, local_.begin() + static_cast<std::ptrdiff_t>(r.offset));
+    auto& now = stand_in_;  // this round's pseudo-gradient, then the stand-in made from it
+    p.pseudo_gradient(eager_, local_, now);
+    p.previous_own.resize(now.size());  // the last round's, read before it is overwritten
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      const float own = now[i];
+      now[i] = first ? own / peers : p.previous_average[i] + (own - p.previous_own[i]) / peers;
+      p.previous_own[i] = own;
     }
+    p.outer_step(outer_optimizer, eager_, stand_in_, eager_momentum_, !p.eager_started);
     p.eager_started = true;
+    p.copy_ranges(eager_, local_);
     scatter_values(ctx.parameters, local_);
   }
 
@@ -490,18 +329,13 @@ struct streaming_diloco {
     aggregation_.tally.add(p.record.last);
     const bool merge = keep >= 0;
     if (merge) gather_values(ctx.parameters, local_);
+    p.outer_step(outer_optimizer, global_, p.buffer, momentum_, !p.momentum_started);
+    p.momentum_started = true;
     const auto k = static_cast<float>(keep), g = static_cast<float>(1.0 - keep);
-    std::size_t at = 0;
-    for (const auto& r : p.ranges) {
-      kernels::sgd_update(cpu{}, global_.data() + r.offset, p.buffer.data() + at, momentum_.data() + r.offset,
-                          static_cast<std::int64_t>(r.size), outer_optimizer.lr, outer_optimizer.momentum, 0.0,
-                          outer_optimizer.use_nesterov, 0.0, !p.momentum_started);
-      at += r.size;
-      if (merge)
+    if (merge)
+      for (const auto& r : p.ranges)
         for (std::size_t i = r.offset; i < r.offset + r.size; ++i)
           local_[i] = keep == 0 ? global_[i] : k * local_[i] + g * global_[i];
-    }
-    p.momentum_started = true;
     ++merges_;
     if (merge) scatter_values(ctx.parameters, local_);
     else p.previous_average.swap(p.buffer);

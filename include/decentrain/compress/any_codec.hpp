@@ -118,7 +118,7 @@ inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, t
 inline any_codec parse_codec(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
-  const decentrain::detail::spec parsed("--codec", spec);
+  const decentrain::detail::spec parsed("codec", spec);
   const std::string& name = parsed.name;
   bool ef = false, adapt = false;
   double decay = 1.0;
@@ -131,7 +131,7 @@ inline any_codec parse_codec(std::string_view spec) {
     if (key == "ef") {
       ef = true;
       decay = parsed.number(key, value);
-      check(decay > 0 && decay <= 1, "--codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
+      check(decay > 0 && decay <= 1, "codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
     settings.emplace_back(key, value);
@@ -141,7 +141,7 @@ inline any_codec parse_codec(std::string_view spec) {
     return parsed.whole(key, text, lo, hi);
   };
   auto unknown = [&](const std::string& key, const char* allowed) {
-    fail("--codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
+    fail("codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
   auto wrap = [&](auto c) -> any_codec {
     any_codec chosen = c;
@@ -159,7 +159,7 @@ inline any_codec parse_codec(std::string_view spec) {
   if (name == "identity" || name == "fp16" || name == "bf16") {
     if (!settings.empty()) unknown(settings.front().first, "nothing");
     if (name == "identity") {
-      check(!ef && !adapt, "--codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
+      check(!ef && !adapt, "codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
       return identity{};
     }
     return name == "fp16" ? wrap(fp16{}) : wrap(bf16{});
@@ -228,8 +228,8 @@ inline any_codec parse_codec(std::string_view spec) {
     return wrap(c);
   }
   if (name == "powersgd") {
-    check(!ef, "--codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
-    check(!adapt, "--codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
+    check(!ef, "codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
+    check(!adapt, "codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
     powersgd<any_codec> c;
     for (const auto& [k, v] : settings) {
       if (k == "rank") c.rank = whole(k, v, 1, 4096);
@@ -238,13 +238,13 @@ inline any_codec parse_codec(std::string_view spec) {
       else if (k == "factors" && (v == "identity" || v == "fp16" || v == "bf16" || v == "int8" || v == "int4" || v == "fp4"))
         c.factors = parse_codec(v);
       else if (k == "factors")
-        fail("--codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
+        fail("codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
       else unknown(k, "rank=R, noef, seed=S, factors=identity|fp16|bf16|int8|int4|fp4");
     }
     (void)c.rank_of(matrix_piece{0, 2, 2});
     return c;
   }
-  fail("--codec '", spec, "': unknown codec '", name, "' (expected one of: ", codec_names, ")");
+  fail("codec '", spec, "': unknown codec '", name, "' (expected one of: ", codec_names, ")");
 }
 
 }  // namespace decentrain::compress

@@ -28,7 +28,7 @@ namespace detail {
 
 // Keeps freed large CPU blocks for reuse. A fresh block costs a page fault per 4 KiB on first
 // touch, which a training step would pay for every activation it allocates; reusing blocks
-// removes that (bench/gemm: 0.77x -> ~1.0x of OpenBLAS for a matmul with a 12 MB result).
+// removes that (bench/gemm).
 // Sizes are rounded up to one of 8 classes per power of two (at most 12.5% slack), blocks
 // under 64 KiB go straight to the system (malloc serves them well), and at most `limit`
 // bytes are held. The cache is process-wide, as malloc is: it holds no values, only memory.

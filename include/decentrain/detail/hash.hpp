@@ -88,7 +88,7 @@ DECENTRAIN_HOST_DEVICE inline float unit_draw(std::uint64_t seed, std::uint64_t 
   return unit_draw_in(draw_word(draw_key(seed, round), i >> 32), static_cast<std::uint32_t>(i));
 }
 
-// 8 bytes at a time through splitmix64 (about 1 GB/s), the length mixed in; not for adversaries.
+// 8 bytes at a time through splitmix64, the length mixed in; not for adversaries.
 inline std::uint64_t hash_words(std::span<const std::byte> bytes) {
   std::uint64_t h = splitmix64(bytes.size());
   std::size_t i = 0;

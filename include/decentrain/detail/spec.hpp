@@ -1,6 +1,6 @@
-// A command line's "NAME[:SETTING,...]" spec (--codec, --aggregator): split into the name and
-// its settings (KEY=VALUE, or a bare KEY), numbers read strictly, every error naming the flag,
-// the spec and the setting.
+// A "NAME[:SETTING,...]" spec (a codec's, an aggregator's: what a command line passes as text):
+// split into the name and its settings (KEY=VALUE, or a bare KEY), numbers read strictly, every
+// error naming what the spec is of, the spec and the setting.
 #pragma once
 
 #include <algorithm>
@@ -17,12 +17,12 @@
 namespace decentrain::detail {
 
 struct spec {
-  std::string flag;  // "--codec", for messages
+  std::string what;  // "codec", for messages
   std::string text;  // the whole spec, for messages
   std::string name;
   std::vector<std::pair<std::string, std::string>> settings;  // in order; a bare KEY has no '=' and an empty value
 
-  spec(std::string flag_name, std::string_view s) : flag(std::move(flag_name)), text(s) {
+  spec(std::string of, std::string_view s) : what(std::move(of)), text(s) {
     const auto colon = s.find(':');
     name = std::string(s.substr(0, colon));
     if (colon == std::string_view::npos) return;
@@ -31,7 +31,7 @@ struct spec {
       const auto comma = std::min(rest.find(',', at), rest.size());
       const std::string p = rest.substr(at, comma - at);
       at = comma + 1;
-      check(!p.empty(), flag, " '", text, "': an empty setting");
+      check(!p.empty(), what, " '", text, "': an empty setting");
       const auto eq = p.find('=');
       settings.emplace_back(p.substr(0, eq), eq == std::string::npos ? "" : p.substr(eq + 1));
     }
@@ -45,13 +45,13 @@ struct spec {
     } catch (const std::exception&) {
       used = 0;
     }
-    check(used == value.size() && used > 0 && std::isfinite(v), flag, " '", text, "': ", key, " expects a number, got '", value,
+    check(used == value.size() && used > 0 && std::isfinite(v), what, " '", text, "': ", key, " expects a number, got '", value,
           "'");
     return v;
   }
   std::uint64_t whole(const std::string& key, const std::string& value, double lo, double hi) const {
     const double v = number(key, value);
-    check(v == std::floor(v) && v >= lo && v <= hi, flag, " '", text, "': ", key, " must be a whole number in [", lo, ", ", hi,
+    check(v == std::floor(v) && v >= lo && v <= hi, what, " '", text, "': ", key, " must be a whole number in [", lo, ", ", hi,
           "], got ", value);
     return static_cast<std::uint64_t>(v);
   }

@@ -45,7 +45,30 @@ struct gpt_config {
     return vocab_size * c + block_size * c + n_layer * per_block + (1 + b) * c;
   }
 
+  // Every field, by name, to visit(name, field): how a checkpoint keeps a configuration without
+  // knowing the model (train/checkpoint.hpp).
+  template <class Visit>
+  void fields(Visit&& visit) const {
+    each_field(*this, visit);
+  }
+  template <class Visit>
+  void fields(Visit&& visit) {
+    each_field(*this, visit);
+  }
+
   friend bool operator==(const gpt_config&, const gpt_config&) = default;
+
+ private:
+  template <class Self, class Visit>
+  static void each_field(Self& self, Visit& visit) {
+    visit("n_layer", self.n_layer);
+    visit("n_head", self.n_head);
+    visit("n_embd", self.n_embd);
+    visit("block_size", self.block_size);
+    visit("vocab_size", self.vocab_size);
+    visit("bias", self.bias);
+    visit("dropout", self.dropout);
+  }
 };
 
 // `tiny` (tests), `shakespeare-char` (nanoGPT's character model), `gpt2-124m` (GPT-2 small).

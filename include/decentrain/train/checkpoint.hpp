@@ -1,8 +1,11 @@
-// Moving a training run in and out of a checkpoint: the GPT's parameters ("model.<name>") and
-// configuration ("config.*"), AdamW's state ("adamw.<name>.*") and the step. Resuming from it
-// reproduces the uninterrupted run bit for bit (tests/train/test_checkpoint.cpp).
+// Moving a training run in and out of a checkpoint: the model's parameters ("model.<name>") and
+// configuration ("config.*", for a configuration that names its fields), AdamW's state
+// ("adamw.<name>.*") and the step. Resuming from it reproduces the uninterrupted run bit for bit
+// (tests/train/test_checkpoint.cpp).
 #pragma once
 
+#include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -10,14 +13,58 @@
 
 #include "decentrain/core/transfer.hpp"
 #include "decentrain/io/checkpoint.hpp"
-#include "decentrain/nn/gpt.hpp"
 #include "decentrain/optim/adamw.hpp"
 
 namespace decentrain::train {
 
-// Model parameters ("model.<name>"), a GPT's configuration ("config.*"), AdamW state
+// A model configuration a checkpoint can keep: one that hands each field to visit(name, field)
+// (nn::gpt_config::fields). Whole numbers and flags go in as counters "config.<name>", the others
+// as text (a double to its last bit).
+template <class Config>
+concept storable_config = std::equality_comparable<Config> && requires(const Config& c, Config& m) {
+  c.fields([](const char*, const auto&) {});
+  m.fields([](const char*, auto&) {});
+};
+
+template <storable_config Config>
+void save_config(io::checkpoint& c, const Config& cfg) {
+  cfg.fields([&](const char* name, const auto& v) {
+    const auto key = std::string("config.") + name;
+    if constexpr (std::is_integral_v<std::remove_cvref_t<decltype(v)>>) {
+      c.counters[key] = static_cast<std::int64_t>(v);
+    } else {
+      std::ostringstream text;
+      text.precision(17);
+      text << v;
+      c.text[key] = text.str();
+    }
+  });
+}
+
+// The configuration a checkpoint keeps (validated where the type can: validate()).
+template <storable_config Config>
+Config config_of(const io::checkpoint& c) {
+  Config cfg{};
+  cfg.fields([&](const char* name, auto& v) {
+    using field = std::remove_cvref_t<decltype(v)>;
+    const auto key = std::string("config.") + name;
+    if constexpr (std::is_integral_v<field>) {
+      v = static_cast<field>(c.counter(key));
+    } else {
+      const auto it = c.text.find(key);
+      decentrain::detail::check(it != c.text.end(), "checkpoint: missing text '", key, "'");
+      std::istringstream text(it->second);
+      text >> v;
+      decentrain::detail::check(!text.fail() && text.eof(), "checkpoint: '", key, "' is '", it->second, "', not a value of its field");
+    }
+  });
+  if constexpr (requires { cfg.validate(); }) cfg.validate();
+  return cfg;
+}
+
+// Model parameters ("model.<name>"), its configuration ("config.*"), AdamW state
 // ("adamw.<name>.*") and the step, in one checkpoint. Any model with parameters() will do; the
-// configuration is stored for models whose config() is a GPT's.
+// configuration is stored for models whose config() is storable_config.
 namespace detail {
 // A model's parameters for reading, through its const parameters() where it has one.
 template <class Model>
@@ -43,19 +90,8 @@ io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer
   c.views = views;
   for (const auto& e : detail::parameters_to_read(model))
     c.tensors["model." + e.name] = detail::host_view_or_copy(e.param.value(), views);
-  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; }) {
-    const nn::gpt_config cfg = model.config();
-    c.counters["config.n_layer"] = cfg.n_layer;
-    c.counters["config.n_head"] = cfg.n_head;
-    c.counters["config.n_embd"] = cfg.n_embd;
-    c.counters["config.block_size"] = cfg.block_size;
-    c.counters["config.vocab_size"] = cfg.vocab_size;
-    c.counters["config.bias"] = cfg.bias ? 1 : 0;
-    std::ostringstream dropout;
-    dropout.precision(17);
-    dropout << cfg.dropout;
-    c.text["config.dropout"] = dropout.str();
-  }
+  if constexpr (requires { requires storable_config<std::remove_cvref_t<decltype(model.config())>>; })
+    save_config(c, model.config());
   for (const auto& s : optimizer.state()) {
     c.tensors["adamw." + s.name + ".exp_avg"] = detail::host_view_or_copy(s.exp_avg, views);
     c.tensors["adamw." + s.name + ".exp_avg_sq"] = detail::host_view_or_copy(s.exp_avg_sq, views);
@@ -65,23 +101,13 @@ io::checkpoint capture(const Model& model, const optim::adamw<Device>& optimizer
   return c;
 }
 
-inline nn::gpt_config config_of(const io::checkpoint& c) {
-  nn::gpt_config cfg{c.counter("config.n_layer"), c.counter("config.n_head"), c.counter("config.n_embd"),
-                     c.counter("config.block_size"), c.counter("config.vocab_size"), 0.0};
-  auto it = c.text.find("config.dropout");
-  decentrain::detail::check(it != c.text.end(), "checkpoint: missing text 'config.dropout'");
-  cfg.dropout = std::stod(it->second);
-  cfg.bias = c.counter("config.bias") != 0;
-  cfg.validate();
-  return cfg;
-}
-
-// Loads parameters and optimizer state into a model built with config_of(c) (any model whose
+// Loads parameters and optimizer state into a model built with config_of<its config>(c) (any model whose
 // parameters have the checkpoint's names and shapes); returns the step.
 template <class Model, class Device>
 std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>& optimizer) {
-  if constexpr (requires { { model.config() } -> std::convertible_to<nn::gpt_config>; })
-    decentrain::detail::check(config_of(c) == model.config(), "checkpoint: its model configuration differs from the model's");
+  if constexpr (requires { requires storable_config<std::remove_cvref_t<decltype(model.config())>>; })
+    decentrain::detail::check(config_of<std::remove_cvref_t<decltype(model.config())>>(c) == model.config(),
+                              "checkpoint: its model configuration differs from the model's");
   for (auto& e : model.parameters()) {
     const auto& t = c.tensor_at("model." + e.name);
     decentrain::detail::check(t.shape() == e.param.shape(), "checkpoint: 'model.", e.name, "' has shape ", t.shape(),

@@ -18,7 +18,7 @@
 #include "decentrain/data/dataset.hpp"
 #include "decentrain/io/checkpoint.hpp"
 #include "decentrain/parallel/policy.hpp"
-#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/any_endpoint.hpp"
 
 namespace decentrain::train {
 

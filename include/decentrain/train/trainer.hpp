@@ -43,7 +43,7 @@
 #include "decentrain/train/metrics.hpp"
 #include "decentrain/train/options.hpp"
 #include "decentrain/train/redeal.hpp"
-#include "decentrain/transport/endpoint.hpp"
+#include "decentrain/transport/any_endpoint.hpp"
 #include "decentrain/transport/peer_error.hpp"
 
 namespace decentrain::train {
@@ -268,8 +268,8 @@ class trainer {
     if (holds_another_part(c)) {
       // Written by another shape of this job (its group re-formed before it stopped): held until
       // the group deals the parts out (settle_held, or a re-deal when the group re-forms).
-      if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
-        decentrain::detail::check(config_of(c) == model_.config(), "checkpoint: its model configuration differs from the model's");
+      if constexpr (storable_config<model_config>)
+        decentrain::detail::check(config_of<model_config>(c) == model_.config(), "checkpoint: its model configuration differs from the model's");
       held_ = c;
       held_->views = false;
       step_ = c.counter("step");
@@ -642,8 +642,8 @@ class trainer {
         for (const auto s : steps) {
           if (s > step) continue;  // (files of an abandoned later run)
           read = exchange.read_files_at(s, seen, files, [&](const io::checkpoint& c) {
-            if constexpr (requires { { model_.config() } -> std::convertible_to<nn::gpt_config>; })
-              return config_of(c) == model_.config();
+            if constexpr (storable_config<model_config>)
+              return config_of<model_config>(c) == model_.config();
             return true;
           });
           source = &read;

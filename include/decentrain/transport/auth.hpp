@@ -15,8 +15,8 @@
 // modified frame fails its tag; a replayed, dropped or reordered one fails its sequence number;
 // a frame copied from another connection fails its key. Frames are authenticated, not encrypted
 // (with TLS, transport/tls.hpp, they are encrypted too, under keys the TLS handshake exported).
-// Why Poly1305 rather than HMAC-SHA256 per frame: it is several times faster per byte (OpenSSL's
-// figures on the development machine are in bench/RESULTS.md, "bench/allreduce with a run key").
+// Why Poly1305 rather than HMAC-SHA256 per frame: it is several times faster per byte
+// (bench/RESULTS.md, "bench/allreduce with a run key").
 //
 // OpenSSL (Debian: libssl-dev) provides the primitives; without it, a run key is an error.
 #pragma once

@@ -34,11 +34,8 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 inline constexpr std::uint16_t version = 8;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
-// aligned. On the development machine (AMD EPYC, Linux 6.18) the sender's copy into a
-// misaligned destination cost 2.8 times as much per byte as the aligned one (perf: 3726 against
-// 1306 samples of _copy_from_iter for gloo's same bytes, whose receive-side copies matched ours),
-// which cost a 4-process all-reduce over loopback about a quarter of its bandwidth (the aligned
-// frames are 30% faster on average, bench/RESULTS.md).
+// aligned, and the kernel's copy into a misaligned destination can cost several times as much
+// per byte, a large share of a TCP all-reduce's bandwidth (bench/RESULTS.md).
 // The price is at most 40 + 63 bytes of zeros per frame.
 inline constexpr std::size_t frame_alignment = 64;
 inline constexpr std::size_t header_bytes = frame_alignment;

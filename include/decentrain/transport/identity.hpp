@@ -301,8 +301,8 @@ struct options {
   bool enabled() const { return !identity.empty() || !roster.empty(); }
   void validate() const {
     if (!enabled()) return;
-    decentrain::detail::check(!identity.empty() && !roster.empty(), "identity: needs both this peer's private key (--identity) ",
-                              "and the run's roster (--roster); missing: ", identity.empty() ? "the private key" : "the roster");
+    decentrain::detail::check(!identity.empty() && !roster.empty(), "identity: needs both this peer's private key (identity::options::identity) ",
+                              "and the run's roster (identity::options::roster); missing: ", identity.empty() ? "the private key" : "the roster");
     decentrain::detail::check(auth::available, "identity: per-peer identities need OpenSSL, which this build lacks (Debian: libssl-dev)");
   }
 };

@@ -1,8 +1,9 @@
 // How long a peer may stay silent before it is suspected, from what its heartbeats measured.
 //
-// A fixed timeout is either too short for a slow link or far too long for a frozen peer (the
-// 300 s a SIGSTOP used to cost). Every heartbeat that arrives updates two smoothed estimates, as
-// TCP's retransmission timer does (RFC 6298: gains 1/8 for the mean, 1/4 for the deviation):
+// A fixed timeout is either too short for a slow link or far too long for a frozen peer
+// (without heartbeats a SIGSTOPped peer holds the others up for all of tcp's recv_timeout).
+// Every heartbeat that arrives updates two smoothed estimates, as TCP's retransmission timer
+// does (RFC 6298: gains 1/8 for the mean, 1/4 for the deviation):
 // the gap between consecutive heartbeats (the sender's interval plus its scheduling delays and
 // the link's jitter) and the round trip (echoed timestamps, so no clocks need to agree). The
 // deadline allows `misses` gaps of mean plus four deviations, plus one round trip with four

@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 
+#include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/peer_error.hpp"
 #include "decentrain/transport/tag.hpp"
 
@@ -70,5 +71,43 @@ inline std::optional<alarm> decode_alarm(std::span<const std::byte> body, int re
   return a;
 }
 }  // namespace wire
+
+// Whether an endpoint type takes part in elastic groups (transport/membership.hpp).
+template <class E>
+concept membership_endpoint = endpoint<E> && requires(E& e, const E& ce, int peer, tag_type tag, std::chrono::milliseconds t,
+                                                      std::uint64_t epoch, const std::string& reason) {
+  // recv with its own deadline (the membership protocol's, not the transport's receive timeout)
+  { e.recv_within(peer, tag, t) } -> std::same_as<bytes>;
+  // drop the non-membership messages `peer` sent before the last message taken from it on `tag`
+  e.discard_before(peer, tag);
+  // alarms of views older than `epoch` are stale: clear the current one if it is, ignore later ones
+  e.set_epoch(epoch);
+  { ce.alarmed() } -> std::same_as<std::optional<alarm>>;
+  // close `peer` for good: waits on it fail, what it queued is dropped, sends to it fail
+  e.forget(peer);
+  // forget `peer` and never take it back, also as a joiner; it is told `reason` (the group excluded it)
+  e.bar(peer, reason);
+  // this peer leaves: every other peer's waits on it fail at once, as departed, saying `reason`
+  e.leave(reason);
+};
+
+// Whether an elastic group on this endpoint type takes in peers that join once it runs (tcp).
+template <class E>
+concept joining_endpoint = membership_endpoint<E> && requires(E& e, const E& ce) {
+  { ce.joined_late() } -> std::same_as<bool>;             // this peer joined a running group
+  { ce.connected() } -> std::same_as<std::vector<int>>;   // every connected peer
+  { ce.capacity() } -> std::same_as<int>;                  // ranks are below this (world() and joiners)
+  e.rediscover();  // a joiner: connect to the group's peers it is not connected to yet (later joiners)
+};
+
+// Whether this run of a joining endpoint can see joiners at all: an endpoint type that takes them
+// only in some runs (in_process: a deterministic run's churn) says so with takes_joiners(), and
+// the group then spends nothing per round on looking for them.
+template <class E>
+bool takes_joiners(const E& e) {
+  if constexpr (!joining_endpoint<E>) return false;
+  else if constexpr (requires { { e.takes_joiners() } -> std::same_as<bool>; }) return e.takes_joiners();
+  else return true;
+}
 
 }  // namespace decentrain::transport

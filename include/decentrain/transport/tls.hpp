@@ -77,8 +77,8 @@ struct options {
       return;
     }
     decentrain::detail::check(!certificate.empty() && !private_key.empty() && !ca.empty(),
-                              "tls: needs all three of a certificate, its private key and the run's CA (--tls-cert, --tls-key, "
-                              "--tls-ca); missing: ",
+                              "tls: needs all three of a certificate, its private key and the run's CA (tls::options "
+                              "certificate, private_key, ca); missing: ",
                               certificate.empty() ? "the certificate " : "", private_key.empty() ? "the private key " : "",
                               ca.empty() ? "the CA" : "");
     decentrain::detail::check(DECENTRAIN_HAS_TLS, "tls: this build has no TLS (it needs OpenSSL 3's libssl and asio, Debian: libssl-dev; "

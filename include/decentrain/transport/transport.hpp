@@ -3,6 +3,7 @@
 // CMake target does).
 #pragma once
 
+#include "decentrain/transport/any_endpoint.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/in_process.hpp"

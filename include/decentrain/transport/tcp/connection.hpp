@@ -172,11 +172,10 @@ struct connection : std::enable_shared_from_this<connection> {
   // Reads exactly `into` (from byte `got` on), then calls done(error, bytes read). It reads
   // until the socket is empty before it waits, and while it waits the socket's receive
   // low-water mark (SO_RCVLOWAT) is what is still missing, up to low_water_cap, so the kernel
-  // wakes this thread once per large piece of a body rather than once per packet. asio's
-  // async_read went through epoll_wait for every 50 KB it read; this reads a 1 MB chunk in
-  // about one wake-up (bench/RESULTS.md). Never more than is missing: a mark above the rest of
-  // a frame would wait for bytes that may never come. The kernel caps the mark at half the
-  // largest receive buffer and grows the buffer to hold it.
+  // wakes this thread once per large piece of a body rather than once per packet (asio's
+  // async_read goes back through epoll_wait after every read: bench/RESULTS.md). Never more
+  // than is missing: a mark above the rest of a frame would wait for bytes that may never come.
+  // The kernel caps the mark at half the largest receive buffer and grows the buffer to hold it.
   //
   // After `turn_bytes` in one go it hands the rest back to the event loop: a peer streaming
   // gigabytes (a state transfer) would otherwise keep the I/O thread reading for as long as the

@@ -253,12 +253,12 @@ class handshake {
   // Why a caller with other credentials is refused: the first that differs, named.
   static std::string needs(const credentials& c, std::uint8_t theirs, int self) {
     if (c.keyed() != ((theirs & 1) != 0))
-      return c.keyed() ? decentrain::detail::concat("peer ", self, " admits only peers holding the run's key (tcp_options::key; ",
-                                                    "decentrain-gpt: --key-file or ", auth::key_file_variable, "); the caller has none")
+      return c.keyed() ? decentrain::detail::concat("peer ", self, " admits only peers holding the run's key (tcp_options::key); ",
+                                                    "the caller has none")
                        : decentrain::detail::concat("the caller holds a run key and peer ", self,
                                                     " has none; give every peer the same key");
     return c.identities() ? decentrain::detail::concat("peer ", self, " admits only peers with an identity of the run's roster ",
-                                                       "(tcp_options::identity; decentrain-gpt: --identity, --roster); the caller has none")
+                                                       "(tcp_options::identity); the caller has none")
                           : decentrain::detail::concat("the caller proves its rank with an identity and peer ", self,
                                                        " runs without identities; give every peer the same credentials");
   }

@@ -207,7 +207,7 @@ struct node {
       const auto n = ::recv(c->socket.native_handle(), first.data(), first.size(), MSG_PEEK | MSG_DONTWAIT);
       if (n == 4 && (first[0] | first[1] << 8 | first[2] << 16 | static_cast<std::uint32_t>(first[3]) << 24) == wire::magic) {
         refuse(c, decentrain::detail::concat("peer ", opts.rank, " admits only peers with a certificate of the run's CA (TLS: ",
-                                             "--tls-cert, --tls-key, --tls-ca); the caller has none"));
+                                             "tcp_options::tls); the caller has none"));
         return;
       }
       c->tls = std::make_unique<tls::stream>(c->socket, *tls_context);

@@ -119,7 +119,7 @@ struct tcp_options {
     decentrain::detail::check(rank >= 0 && rank < capacity(), "tcp: rank ", rank, " is outside [0, ",
                               max_world > world ? "max_world" : "world", " = ", capacity(), ")");
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
-                              " needs at least one peer to join through (--join HOST:PORT)");
+                              " needs at least one peer to join through (tcp_options::join)");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
     decentrain::detail::check(heartbeat_interval.count() >= 0, "tcp: heartbeat_interval must be >= 0 ms, got ",
                               heartbeat_interval.count());
@@ -129,7 +129,7 @@ struct tcp_options {
     const auto host = wire::split_address(listen).first;
     decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
                               "tcp: peer ", rank, " listens on the wildcard address ", listen,
-                              "; set advertise (--advertise HOST) to an address the other peers can reach");
+                              "; set tcp_options::advertise to an address the other peers can reach");
     for (const auto& j : join) (void)wire::split_address(j);
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
