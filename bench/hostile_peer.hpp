@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bounded_read.hpp"
 #include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/tcp/handshake.hpp"
 #include "decentrain/transport/tcp/options.hpp"
@@ -48,7 +49,7 @@ class hostile_peer {
   // handshake. The answer (welcome, directory or goodbye) is left for answer().
   hostile_peer(asio::io_context& io, const std::string& address, const tr::tcp_options& self, wire::hello_purpose purpose,
                bool late, std::chrono::milliseconds limit = std::chrono::milliseconds(2000))
-      : socket_(io) {
+      : socket_(io), limit_(limit) {
     const auto [host, port] = wire::split_address(address);
     socket_.connect({asio::ip::make_address(host), port});
     const timeval t{static_cast<time_t>(limit.count() / 1000), static_cast<suseconds_t>((limit.count() % 1000) * 1000)};
@@ -114,9 +115,7 @@ class hostile_peer {
   // limit passed).
   std::optional<frame_in> read() {
     std::array<std::byte, wire::header_bytes> raw{};
-    asio::error_code ec;
-    asio::read(socket_, asio::buffer(raw), ec);
-    if (ec) return std::nullopt;
+    if (bench::read_within(socket_, asio::buffer(raw), limit_)) return std::nullopt;
     frame_in f;
     try {
       f.head = wire::decode_header(raw.data(), std::uint64_t{1} << 32);
@@ -124,25 +123,16 @@ class hostile_peer {
       return std::nullopt;
     }
     f.body.resize(static_cast<std::size_t>(f.head.length + wire::padding(f.head.length).size()));
-    asio::read(socket_, asio::buffer(f.body), ec);
-    if (ec) return std::nullopt;
+    if (bench::read_within(socket_, asio::buffer(f.body), limit_)) return std::nullopt;
     f.body.resize(static_cast<std::size_t>(f.head.length));
     if (keys_ && !keys_->receive.open_in_place(std::span<const std::byte>(raw).first(wire::header_used_bytes), f.body, f.head.mac))
       return std::nullopt;
     return f;
   }
 
-  // True once the other end has closed the connection (everything it sends meanwhile is read).
-  bool closed_by_peer(int reads = 10000) {
-    std::array<std::byte, 4096> sink{};
-    for (int i = 0; i < reads; ++i) {
-      asio::error_code ec;
-      socket_.read_some(asio::buffer(sink), ec);
-      if (ec == asio::error::eof || ec == asio::error::connection_reset) return true;
-      if (ec) return false;  // the limit: still open
-    }
-    return false;
-  }
+  // True once the other end has closed the connection within `reads` times the limit
+  // (everything it sends meanwhile is read).
+  bool closed_by_peer(int reads = 1) { return bench::closed_within(socket_, reads * limit_); }
   bool broken() const { return broken_; }
   asio::ip::tcp::socket& socket() { return socket_; }
 
@@ -156,6 +146,7 @@ class hostile_peer {
   }
 
   asio::ip::tcp::socket socket_;
+  std::chrono::milliseconds limit_;  // each read waits at most this long
   tr::tcp_detail::credentials creds_;
   tr::tcp_detail::handshake machine_;
   std::optional<tr::auth::session> keys_;

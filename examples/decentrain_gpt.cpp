@@ -507,11 +507,17 @@ int threads(const options& opt, int fallback) {
 #endif
 }
 
-std::vector<std::string> split_list(const std::string& s) {
+// "a,b,c" as its items; none for an empty value; an empty item ("1,,2", a trailing comma) is a
+// typo, refused naming the flag.
+std::vector<std::string> split_list(const std::string& s, const char* flag) {
   std::vector<std::string> out;
+  if (s.empty()) return out;
   std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
+  for (std::string item; std::getline(in, item, ',');) {
+    dt::detail::check(!item.empty(), "--", flag, " '", s, "': an empty item between commas");
+    out.push_back(item);
+  }
+  dt::detail::check(s.back() != ',', "--", flag, " '", s, "': an empty item after the last comma");
   return out;
 }
 
@@ -717,7 +723,7 @@ int cmd_prepare(const options& opt) {
   dt::detail::check(n_val > 0 || val_fraction == 0, "--val-fraction ", val_fraction, " of ", tokens.size(),
                     " tokens leaves no validation tokens; give more text or a larger fraction");
   const auto n_train = tokens.size() - n_val;
-  fs::create_directories(out);
+  dt::io::make_folder(out);
   std::size_t shards = 0;
   for (std::size_t at = 0; at < n_train; at += static_cast<std::size_t>(shard_tokens), ++shards) {
     const auto end = std::min(n_train, at + static_cast<std::size_t>(shard_tokens));
@@ -1206,7 +1212,7 @@ int cmd_train(const options& opt) {
   } else if (p.mode == launch::tcp) {
     p.tcp.listen = opt.text("listen");
     p.tcp.advertise = opt.text("advertise");
-    p.tcp.join = split_list(opt.text("join"));
+    p.tcp.join = split_list(opt.text("join"), "join");
     p.tcp.rank = static_cast<int>(opt.integer("rank"));
     p.tcp.world = static_cast<int>(opt.integer("world"));
     p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms"));
@@ -1277,7 +1283,7 @@ int cmd_train(const options& opt) {
     dt::detail::check(p.mode != launch::tcp || p.elastic_policy.agreement.timeout > frozen_found_in,
                       "--agreement-timeout-ms (", t, ") must be more than ", beats ? "--silence-ms (" : "--peer-timeout-ms (",
                       frozen_found_in.count(), "): a peer may wait that long on a frozen one before it joins the agreement");
-    for (const auto& k : split_list(opt.text("kill"))) {
+    for (const auto& k : split_list(opt.text("kill"), "kill")) {
       const auto at = k.find('@');
       dt::detail::check(p.mode == launch::in_process, "--kill needs --peers N (kill a TCP peer with kill -9)");
       dt::detail::check(at != std::string::npos && at > 0 && at + 1 < k.size() &&
@@ -1578,7 +1584,7 @@ int cmd_sample(const options& opt) {
                     tok ? tok->vocab_size() : 0, " ids, more than the model's vocabulary of ", cfg.vocab_size);
   std::vector<std::int32_t> ids;
   if (!prompt_ids.empty()) {
-    for (const auto& part : split_list(prompt_ids)) {
+    for (const auto& part : split_list(prompt_ids, "prompt-ids")) {
       std::size_t n = 0;
       long long v = -1;
       try { v = std::stoll(part, &n); } catch (const std::exception&) { n = 0; }
@@ -1679,7 +1685,7 @@ int cmd_export(const options& opt) {
   auto loaded = load_model(opt, "exporting");
   const auto& cfg = loaded.model->config();
   const auto folder = out.parent_path().empty() ? fs::path(".") : out.parent_path();
-  fs::create_directories(folder);
+  dt::io::make_folder(folder);
   const auto config = folder / "config.json";
   dt::detail::check(!fs::exists(config) || opt.flag("force"), config.string(),
                     " exists (it describes other weights?): choose another folder, or --force to replace it");

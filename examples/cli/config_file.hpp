@@ -19,6 +19,7 @@
 
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -195,6 +196,16 @@ inline std::vector<config_entry> read_config_file(const std::string& file) {
   int table_line = 0;
   for (int line = 1; std::getline(in, text); ++line) {
     if (!text.empty() && text.back() == '\r') text.pop_back();
+    // Not text (a binary file given by mistake): named by its first such byte, never echoed.
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      if ((c < 0x20 && c != '\t') || c == 0x7f) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", c);
+        decentrain::detail::fail(file, ":", line, ": not a text file (byte ", hex, " at column ", i + 1,
+                                 "); --config takes a TOML file of key = value lines");
+      }
+    }
     detail::config_line_parser p(file, line, text);
     if (p.done()) continue;
     if (p.peek() == '[') {

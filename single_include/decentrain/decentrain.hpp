@@ -9800,12 +9800,33 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
     ::unlink(temporary.c_str());
     decentrain::detail::fail("cannot flush ", temporary.string(), " to disk: ", std::strerror(errno));
   }
-  std::filesystem::rename(temporary, path);
+  std::error_code renamed;
+  std::filesystem::rename(temporary, path, renamed);
+  if (renamed) {  // (a folder of that name, say): nothing is left behind
+    ::unlink(temporary.c_str());
+    decentrain::detail::fail("cannot write ", path.string(), ": ",
+                             std::filesystem::is_directory(path) ? std::string("it is a folder") : renamed.message());
+  }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);  // makes the rename itself durable
     ::close(dfd);
   }
+}
+
+// Makes a folder and its parents, or fails naming the part of the path in the way.
+inline void make_folder(const std::filesystem::path& folder) {
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (!ec) return;
+  std::filesystem::path so_far;
+  for (const auto& part : folder) {
+    so_far /= part;
+    std::error_code e;
+    if (std::filesystem::exists(so_far, e) && !std::filesystem::is_directory(so_far, e))
+      decentrain::detail::fail("cannot make the folder ", folder.string(), ": ", so_far.string(), " is a file");
+  }
+  decentrain::detail::fail("cannot make the folder ", folder.string(), ": ", ec.message());
 }
 
 inline void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
@@ -17557,7 +17578,9 @@ struct spec {
   std::vector<std::pair<std::string, std::string>> settings;  // in order; a bare KEY has no '=' and an empty value
 
   spec(std::string of, std::string_view s) : what(std::move(of)), text(s) {
-    const auto colon = s.find(':');
+    // The name ends at ':' or, without settings of its own, at ',' ("median,partitioned" is
+    // "median:partitioned").
+    const auto colon = s.find_first_of(":,");
     name = std::string(s.substr(0, colon));
     if (colon == std::string_view::npos) return;
     const std::string rest(s.substr(colon + 1));
@@ -19398,6 +19421,7 @@ struct adaptive {
 //   in; "powersgd:rank=4,factors=int8")
 
 #include <cmath>
+#include <cctype>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -21039,8 +21063,9 @@ inline any_codec parse_codec(std::string_view spec) {
   }
   // top-k's settings, shared with dct (which picks coefficients the same way).
   auto topk_setting = [&](top_k& c, const std::string& k, const std::string& v) {
+    const bool numeral = !k.empty() && (std::isdigit(static_cast<unsigned char>(k[0])) || k[0] == '.');
     if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
-    else if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
+    else if (v.empty() && numeral) c.fraction = number("fraction", k);  // topk:0.02
     else if (k == "fraction") c.fraction = number(k, v);
     else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
     else if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
@@ -21065,6 +21090,9 @@ inline any_codec parse_codec(std::string_view spec) {
       else if (!topk_setting(c.select, k, v))
         unknown(k, "chunk=N (values per transform), and top-k's: a fraction (dct:0.02), fraction=F, count=K, int4 or int2, block=N");
     }
+    // (named here: the top-k inside would name itself)
+    check(c.select.count > 0 || (c.select.fraction > 0 && c.select.fraction <= 1), "codec '", spec,
+          "': dct's fraction must be in (0, 1], got ", c.select.fraction);
     (void)c.max_encoded_bytes(1);
     (void)c.select.k_for(1);
     return wrap(c);
@@ -24233,7 +24261,7 @@ struct checkpoint_every {
     where.dir = dir;
     where.keep_last = keep_last;
     auto write = [where, c, path, rank, world] {
-      std::filesystem::create_directories(where.peer_dir(rank, world));
+      io::make_folder(where.peer_dir(rank, world));
       io::save_checkpoint(path, *c);
       auto steps = where.saved_steps(rank, world);
       for (std::size_t i = 0; i + static_cast<std::size_t>(where.keep_last) < steps.size(); ++i)

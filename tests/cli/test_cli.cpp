@@ -740,7 +740,9 @@ TEST_CASE("train --codec: peers send their payloads through the codec named on t
   bad = run(base + " --codec int4:block=63", dir);
   CHECK_THAT(bad.output, Contains("int4 codec: block must be even, got 63"));
   bad = run(base + " --codec topk:many", dir);
-  CHECK_THAT(bad.output, Contains("fraction expects a number, got 'many'"));
+  CHECK_THAT(bad.output, Contains("topk has no setting 'many'"));
+  bad = run(base + " --codec topk:0.0.2", dir);
+  CHECK_THAT(bad.output, Contains("fraction expects a number, got '0.0.2'"));
   bad = run(base + " --codec fp4:block=3", dir);
   CHECK_THAT(bad.output, Contains("fp4 codec: block must be even and in [2, 2^24], got 3"));
 }
@@ -1202,6 +1204,20 @@ TEST_CASE("numeric options are range-checked, and what cannot fit in memory is r
   REQUIRE(t.status == 0);
   says(" sample --checkpoint ck --prompt-ids 4294967296", "--prompt-ids: token 4294967296 is outside the vocabulary of");
   says(" sample --checkpoint ck --prompt-ids 1,x", "--prompt-ids expects integers separated by commas; 'x' is not one");
+  says(" sample --checkpoint ck --prompt-ids 1,,2", "--prompt-ids '1,,2': an empty item between commas");
+  says(" sample --checkpoint ck --prompt-ids 1,2,", "--prompt-ids '1,2,': an empty item after the last comma");
+  // A checkpoint folder that is a file, and a binary file as --config: named, not a raw
+  // filesystem error or the file's bytes echoed.
+  std::ofstream(dir / "a-file") << "x";
+  says(" train --steps 1 --n-layer 1 --n-embd 16 --block-size 8 --batch-size 1 --eval-batches 1 --metrics '' "
+       "--checkpoint-dir a-file",
+       "cannot make the folder a-file/peer-0-of-1: a-file is a file");
+  {
+    std::ofstream bin(dir / "binary.cfg", std::ios::binary);
+    const char bytes[] = {'n', '\x01', '\xff', '\x00', 'q'};
+    bin.write(bytes, sizeof bytes);
+  }
+  says(" train --config binary.cfg", "binary.cfg:1: not a text file (byte 0x01 at column 2)", 2);
   // Published weights: config.json beside them gives the heads, and a contradicting --n-head is refused.
   const std::string fx = DECENTRAIN_FIXTURE_DIR;
   fs::create_directories(dir / "w");

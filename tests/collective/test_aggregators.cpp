@@ -164,6 +164,9 @@ TEST_CASE("aggregators: specs from the command line", "[aggregate]") {
   }
   CHECK_THROWS_WITH(col::parse_aggregator("median:seed=3"), Catch::Contains("seed=S goes with bucket=S"));
   CHECK_THROWS_WITH(col::parse_aggregator("krum"), Catch::Contains("unknown aggregator 'krum'"));
+  // As the command line's help writes it: NAME,SETTING is NAME:SETTING.
+  CHECK(col::parse_aggregator("median,partitioned").per_partition());
+  CHECK(col::parse_aggregator("median,partitioned").describe() == col::parse_aggregator("median:partitioned").describe());
   CHECK_THROWS_WITH(col::parse_aggregator("median:trim=0.1"), Catch::Contains("unknown setting 'trim' for median"));
   CHECK_THROWS_WITH(col::parse_aggregator("trimmed-mean:trim=0.5"), Catch::Contains("trim must be in [0, 0.5)"));
   CHECK_THROWS_WITH(col::parse_aggregator("centered-clip:iterations=0"), Catch::Contains("iterations must be a whole number"));

@@ -382,6 +382,12 @@ TEST_CASE("codecs: error feedback with a decay keeps payload + decay x what was 
   CHECK(cz::parse_codec("topk:0.02,ef").describe() == "ef(topk(fraction=0.020000))");
   CHECK_THROWS_WITH(cz::parse_codec("topk:0.02,ef=1.5"), Catch::Contains("ef=D takes a decay in (0, 1], got 1.5"));
   CHECK_THROWS_WITH(cz::parse_codec("int8:ef=0"), Catch::Contains("ef=D takes a decay in (0, 1], got 0"));
+  // A word where top-k takes a fraction is an unknown setting, not a bad number; dct names itself.
+  CHECK_THROWS_WITH(cz::parse_codec("topk:0.03,int3"), Catch::Contains("topk has no setting 'int3'") &&
+                                                           Catch::Contains("int4 or int2 values"));
+  CHECK_THROWS_WITH(cz::parse_codec("dct:5"), Catch::Contains("codec 'dct:5': dct's fraction must be in (0, 1], got 5"));
+  // The help's "NAME,SETTING" form is NAME:SETTING.
+  CHECK(cz::parse_codec("int8,ef").describe() == cz::parse_codec("int8:ef").describe());
   cz::error_feedback<cz::int8_blockwise> bad;
   bad.decay = -1;
   CHECK_THROWS_WITH(round_trip(bad, std::vector<float>(10, 1.0f)), Catch::Contains("decay must be in (0, 1], got -1"));

@@ -283,6 +283,7 @@ TEST_CASE("elastic over TCP: two hundred fake joiners, connected and saying noth
   std::vector<std::vector<float>> params(3);
   std::vector<std::string> failures(3);
   std::atomic<int> steps0{0};
+  std::atomic<bool> zero_ended{false};  // peer 0 finished or failed: nothing more to wait for
   auto train = [&](int r, dt::transport::tcp ep) {
     try {
       Trainer t(cfg, opts, ep, comm, {}, fault);
@@ -293,6 +294,12 @@ TEST_CASE("elastic over TCP: two hundred fake joiners, connected and saying noth
     } catch (const std::exception& e) {
       failures[static_cast<std::size_t>(r)] = e.what();
     }
+    if (r == 0) zero_ended = true;
+  };
+  // Until peer 0 has done `steps` steps, it has ended, or a minute has passed.
+  const auto wait_for_zero = [&](int steps) {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (steps0 < steps && !zero_ended && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
   };
   std::vector<std::thread> peers;
   for (int r = 1; r < 3; ++r)
@@ -306,7 +313,7 @@ TEST_CASE("elastic over TCP: two hundred fake joiners, connected and saying noth
   std::thread fakes([&] {
     asio::io_context io;
     std::vector<std::unique_ptr<bench::hostile_peer>> held;
-    while (steps0 < 5) std::this_thread::sleep_for(10ms);
+    wait_for_zero(5);
     for (int rank = 3; rank < 203; ++rank) {
       auto oo = o[0];
       oo.rank = rank;
@@ -323,7 +330,7 @@ TEST_CASE("elastic over TCP: two hundred fake joiners, connected and saying noth
       } catch (const std::exception&) {
       }
     }
-    while (steps0 < opts.steps) std::this_thread::sleep_for(20ms);
+    wait_for_zero(static_cast<int>(opts.steps));
   });
   zero.join();
   for (auto& p : peers) p.join();
@@ -406,7 +413,9 @@ TEST_CASE("elastic over TCP: a donor whose chunk does not hash as its offer said
   base.join_timeout = 10s;
   dt::transport::tcp first(base);
   const auto seed = first.address();
-  std::atomic<bool> open{false};
+  // The joiner waits for peer 0's step 5, at most a minute, and no longer once a member has
+  // ended (the group will not open to it then).
+  std::atomic<bool> open{false}, member_ended{false};
   std::vector<std::vector<float>> params(4);
   std::vector<std::vector<dt::fault::membership_change>> changes(4);
   std::vector<std::string> failures(4);
@@ -415,8 +424,13 @@ TEST_CASE("elastic over TCP: a donor whose chunk does not hash as its offer said
       auto o = base;
       o.rank = r;
       o.join = {seed};
-      if (r == 3)
-        while (!open) std::this_thread::sleep_for(5ms);
+      if (r == 3) {
+        const auto deadline = std::chrono::steady_clock::now() + 60s;
+        while (!open && !member_ended && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+        if (!open)
+          throw dt::error(member_ended ? "a member ended before the group opened to the joiner"
+                                       : "the group did not open to the joiner within 60 s");
+      }
       dt::transport::tcp ep = pre ? std::move(*pre) : dt::transport::tcp(o);
       ep.connect();
       auto train = [&](auto endpoint) {
@@ -434,6 +448,7 @@ TEST_CASE("elastic over TCP: a donor whose chunk does not hash as its offer said
     } catch (const std::exception& e) {
       failures[static_cast<std::size_t>(r)] = e.what();
     }
+    if (r < 3) member_ended = true;
   };
   std::vector<std::thread> threads;
   threads.emplace_back(run_peer, 0, std::move(first));

@@ -169,6 +169,22 @@ TEST_CASE("bad checkpoint files fail with clear errors", "[io][checkpoint][error
   CHECK_THROWS_WITH(dt::io::decode_checkpoint(strided, "from a donor"), Contains("more elements than an int64 can count"));
 }
 
+TEST_CASE("a checkpoint written where a folder is, or into a folder under a file, is refused naming it, nothing left behind",
+          "[io][checkpoint][errors]") {
+  const auto folder = std::filesystem::path(temp_file("a-folder.ckpt"));
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directories(folder);
+  dt::io::checkpoint c;
+  c.counters["step"] = 1;
+  CHECK_THROWS_WITH(dt::io::save_checkpoint(folder, c), Contains("cannot write " + folder.string() + ": it is a folder"));
+  CHECK(!std::filesystem::exists(folder.string() + ".tmp"));
+  const auto file = folder / "plain";
+  std::ofstream(file) << "x";
+  CHECK_THROWS_WITH(dt::io::make_folder(file / "sub" / "deeper"),
+                    Contains("cannot make the folder " + (file / "sub" / "deeper").string() + ": " + file.string() + " is a file"));
+  std::filesystem::remove_all(folder);
+}
+
 TEST_CASE("checkpoints are checksummed with XXH3, versions 1 (FNV-1a) and 2 (XXH64) still load", "[io][checkpoint]") {
   // xxHash's published values for XXH3 and XXH64 (seed 0).
   CHECK(dt::detail::xxh3("") == 0x2d06800538d394c2ull);

@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include "bounded_read.hpp"
+
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -31,7 +33,8 @@ namespace {
 
 const std::string run_key = "a run key of thirty-two bytes...";
 
-// A client socket whose blocking reads and writes give up after two seconds (so no test hangs).
+// A client socket whose blocking writes give up after two seconds; its reads go through
+// bench::read_within, which keeps a limit (asio does not keep SO_RCVTIMEO's).
 asio::ip::tcp::socket connect_to(asio::io_context& io, const std::string& address) {
   const auto [host, port] = wire::split_address(address);
   asio::ip::tcp::socket s(io);
@@ -62,31 +65,20 @@ struct frame_in {
   tr::bytes body;
 };
 
-// Reads one frame; nullopt when the peer closed the connection (or two seconds passed).
+// Reads one frame; nullopt when the peer closed the connection (or ten seconds passed).
 std::optional<frame_in> read_frame(asio::ip::tcp::socket& s) {
   std::array<std::byte, wire::header_bytes> head{};
-  asio::error_code ec;
-  asio::read(s, asio::buffer(head), ec);
-  if (ec) return std::nullopt;
+  if (bench::read_within(s, asio::buffer(head), 10s)) return std::nullopt;
   frame_in f{wire::decode_header(head.data(), wire::max_control_bytes), {}};
   f.body.resize(f.head.length + wire::padding(f.head.length).size());
-  asio::read(s, asio::buffer(f.body), ec);
-  if (ec) return std::nullopt;
+  if (bench::read_within(s, asio::buffer(f.body), 10s)) return std::nullopt;
   f.body.resize(f.head.length);
   return f;
 }
 
-// True once the peer has closed the connection: everything it still sends is read and dropped.
-bool closed_by_peer(asio::ip::tcp::socket& s) {
-  std::array<std::byte, 4096> sink{};
-  for (int i = 0; i < 10000; ++i) {
-    asio::error_code ec;
-    s.read_some(asio::buffer(sink), ec);
-    if (ec == asio::error::eof || ec == asio::error::connection_reset) return true;
-    if (ec) return false;  // the two-second limit: still open
-  }
-  return false;
-}
+// True once the peer has closed the connection (within ten seconds): everything it still sends
+// is read and dropped.
+bool closed_by_peer(asio::ip::tcp::socket& s) { return bench::closed_within(s, 10s); }
 
 wire::hello hello_from(int rank, int world, std::string nonce = {}) {
   wire::hello h;

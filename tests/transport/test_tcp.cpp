@@ -2,6 +2,10 @@
 // peer that cannot reach anyone. Everything binds to 127.0.0.1 and is bounded in time.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+
+#include "bounded_read.hpp"
+
 #include <decentrain/decentrain.hpp>
 
 #include <asio.hpp>
@@ -264,6 +268,7 @@ TEST_CASE("tcp: the advertised host is what others dial, a wildcard listen addre
   o.world = 2;
   o.advertise = "localhost";
   o.join_timeout = std::chrono::milliseconds(10000);
+  o.recv_timeout = std::chrono::milliseconds(20000);  // a lost message fails the test, well inside ctest's limit
   tr::tcp peer0(o);
   CHECK_THAT(peer0.address(), Catch::StartsWith("localhost:"));
   auto o1 = o;
@@ -450,7 +455,7 @@ asio::ip::tcp::socket hello_as_peer_1(asio::io_context& io, const std::string& a
   const auto body = wire::encode_body(h);
   asio::write(s, asio::buffer(frame(wire::frame_type::hello, body.size(), body)));
   std::array<std::byte, wire::header_bytes> welcome{};  // peer 0 answers before anything else
-  asio::read(s, asio::buffer(welcome));
+  REQUIRE(!bench::read_within(s, asio::buffer(welcome), std::chrono::seconds(20)));
   REQUIRE(wire::decode_header(welcome.data(), 0).type == wire::frame_type::welcome);
   return s;
 }
@@ -531,7 +536,7 @@ TEST_CASE("tcp: every frame starts and every body lands on a 64-byte boundary of
   CHECK(after.bytes_sent - before.bytes_sent == payload);
   CHECK(after.framing_bytes_sent - before.framing_bytes_sent == expected - payload);
   std::vector<std::byte> stream(expected);
-  asio::read(s, asio::buffer(stream));
+  REQUIRE(!bench::read_within(s, asio::buffer(stream), std::chrono::seconds(20)));
   std::size_t at = 0;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     INFO("message " << i << " of " << sizes[i] << " bytes at stream offset " << at);
@@ -657,6 +662,9 @@ TEST_CASE("tcp: a peer that says hello and then nothing is closed as silent at i
   int heartbeats = 0;
   std::optional<wire::farewell> farewell;
   for (;;) {
+    // Peer 0 closes the link after its goodbye: a read that would wait past 10 s fails the test.
+    pollfd ready{s.native_handle(), POLLIN, 0};
+    REQUIRE(::poll(&ready, 1, 10000) == 1);
     std::array<std::byte, wire::header_bytes> head{};
     asio::error_code ec;
     asio::read(s, asio::buffer(head), ec);

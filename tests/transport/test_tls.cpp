@@ -11,6 +11,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "bounded_read.hpp"
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -82,15 +84,13 @@ struct raw_frame {
   tr::bytes body;  // as it crossed the wire
 };
 
+// (nothing once the peer closed, or ten seconds passed)
 std::optional<raw_frame> read_raw(asio::ip::tcp::socket& s) {
   std::array<std::byte, wire::header_bytes> head{};
-  asio::error_code ec;
-  asio::read(s, asio::buffer(head), ec);
-  if (ec) return std::nullopt;
+  if (bench::read_within(s, asio::buffer(head), 10s)) return std::nullopt;
   raw_frame f{wire::decode_header(head.data(), std::uint64_t{1} << 30), {}};
   f.body.resize(f.head.length + wire::padding(f.head.length).size());
-  asio::read(s, asio::buffer(f.body), ec);
-  if (ec) return std::nullopt;
+  if (bench::read_within(s, asio::buffer(f.body), 10s)) return std::nullopt;
   f.body.resize(f.head.length);
   return f;
 }

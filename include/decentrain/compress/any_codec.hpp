@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cmath>
+#include <cctype>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -197,8 +198,9 @@ inline any_codec parse_codec(std::string_view spec) {
   }
   // top-k's settings, shared with dct (which picks coefficients the same way).
   auto topk_setting = [&](top_k& c, const std::string& k, const std::string& v) {
+    const bool numeral = !k.empty() && (std::isdigit(static_cast<unsigned char>(k[0])) || k[0] == '.');
     if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
-    else if (v.empty()) c.fraction = number("fraction", k);  // topk:0.02
+    else if (v.empty() && numeral) c.fraction = number("fraction", k);  // topk:0.02
     else if (k == "fraction") c.fraction = number(k, v);
     else if (k == "count") c.count = static_cast<std::int64_t>(whole(k, v, 1, 9e15));
     else if (k == "block") c.block = whole(k, v, 1, double(1 << 24));
@@ -223,6 +225,9 @@ inline any_codec parse_codec(std::string_view spec) {
       else if (!topk_setting(c.select, k, v))
         unknown(k, "chunk=N (values per transform), and top-k's: a fraction (dct:0.02), fraction=F, count=K, int4 or int2, block=N");
     }
+    // (named here: the top-k inside would name itself)
+    check(c.select.count > 0 || (c.select.fraction > 0 && c.select.fraction <= 1), "codec '", spec,
+          "': dct's fraction must be in (0, 1], got ", c.select.fraction);
     (void)c.max_encoded_bytes(1);
     (void)c.select.k_for(1);
     return wrap(c);

@@ -23,7 +23,9 @@ struct spec {
   std::vector<std::pair<std::string, std::string>> settings;  // in order; a bare KEY has no '=' and an empty value
 
   spec(std::string of, std::string_view s) : what(std::move(of)), text(s) {
-    const auto colon = s.find(':');
+    // The name ends at ':' or, without settings of its own, at ',' ("median,partitioned" is
+    // "median:partitioned").
+    const auto colon = s.find_first_of(":,");
     name = std::string(s.substr(0, colon));
     if (colon == std::string_view::npos) return;
     const std::string rest(s.substr(colon + 1));

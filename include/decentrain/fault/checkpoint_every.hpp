@@ -22,6 +22,7 @@
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/fault/policy.hpp"
+#include "decentrain/io/atomic_file.hpp"
 #include "decentrain/io/background_writer.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
@@ -168,7 +169,7 @@ struct checkpoint_every {
     where.dir = dir;
     where.keep_last = keep_last;
     auto write = [where, c, path, rank, world] {
-      std::filesystem::create_directories(where.peer_dir(rank, world));
+      io::make_folder(where.peer_dir(rank, world));
       io::save_checkpoint(path, *c);
       auto steps = where.saved_steps(rank, world);
       for (std::size_t i = 0; i + static_cast<std::size_t>(where.keep_last) < steps.size(); ++i)

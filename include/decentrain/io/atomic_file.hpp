@@ -45,12 +45,33 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
     ::unlink(temporary.c_str());
     decentrain::detail::fail("cannot flush ", temporary.string(), " to disk: ", std::strerror(errno));
   }
-  std::filesystem::rename(temporary, path);
+  std::error_code renamed;
+  std::filesystem::rename(temporary, path, renamed);
+  if (renamed) {  // (a folder of that name, say): nothing is left behind
+    ::unlink(temporary.c_str());
+    decentrain::detail::fail("cannot write ", path.string(), ": ",
+                             std::filesystem::is_directory(path) ? std::string("it is a folder") : renamed.message());
+  }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);  // makes the rename itself durable
     ::close(dfd);
   }
+}
+
+// Makes a folder and its parents, or fails naming the part of the path in the way.
+inline void make_folder(const std::filesystem::path& folder) {
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (!ec) return;
+  std::filesystem::path so_far;
+  for (const auto& part : folder) {
+    so_far /= part;
+    std::error_code e;
+    if (std::filesystem::exists(so_far, e) && !std::filesystem::is_directory(so_far, e))
+      decentrain::detail::fail("cannot make the folder ", folder.string(), ": ", so_far.string(), " is a file");
+  }
+  decentrain::detail::fail("cannot make the folder ", folder.string(), ": ", ec.message());
 }
 
 inline void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
