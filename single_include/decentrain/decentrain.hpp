@@ -24377,8 +24377,9 @@ struct checkpoint_every {
 // Varuna's is): the group goes back to the newest step whose files hold every part; with none,
 // the run stops naming the stage. A restarted group deals out the parts its files hold whatever
 // shape wrote them (a job that re-formed before it stopped). A joiner takes its part the same way
-// (it holds nothing the group can use; the shape is picked for the view with it). A policy's
-// exclusions (its tally counts a stage's replicas) and rejoining are data parallelism's.
+// (it holds nothing the group can use; the shape is picked for the view with it), as does a peer
+// left out that rejoins. A policy's exclusions (its tally counts a stage's replicas) are data
+// parallelism's.
 //
 // Needs a transport with membership support (tcp, in_process; see transport/membership.hpp;
 // joiners: tcp, and in_process in a deterministic run).
@@ -26258,9 +26259,6 @@ struct elastic {
                               "elastic: left_out = rejoin needs a network that takes joiners (tcp, or a deterministic "
                               "in_process network); this one takes none, use left_out = stop");
     decentrain::detail::check(rejoin_timeout.count() > 0, "elastic: rejoin_timeout must be > 0 ms");
-    decentrain::detail::check(left_out == when_left_out::stop || !ctx.redeal, "elastic: left_out = rejoin: a pipeline ",
-                              "takes no joiners (its parts are dealt out among its members), so a peer left out could "
-                              "only wait; use left_out = stop");
     decentrain::detail::check(exclusion.times >= 0 && exclusion.of_last >= exclusion.times && exclusion.of_last <= 64,
                               "elastic: exclusion needs 0 <= times <= of_last <= 64, got times = ", exclusion.times,
                               ", of_last = ", exclusion.of_last);

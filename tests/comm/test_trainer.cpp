@@ -176,6 +176,26 @@ void check_weighted_rounds(Policy policy) {
   for (int r = 0; r < 3; ++r) CHECK(max_abs_diff(after[static_cast<std::size_t>(r)], by_weight) < tolerance);
   CHECK(max_abs_diff(by_weight, mean) > 100 * tolerance);
 }
+
+// Runs 3 peers of rank_weighted whose steps from step 2 on weigh 1 under `policy` (weighted)
+// for `steps` steps, whole and stopped after step `stop` then resumed: both must end bit for bit
+// alike. Returns the whole run's parameters.
+template <class Policy>
+std::vector<std::vector<float>> check_resumed_alike(const Policy& policy, std::int64_t steps, std::int64_t stop) {
+  trainer_options opts;
+  opts.steps = steps;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  opts.lr = 1e-2;
+  rank_weighted weights;
+  weights.equal_from = 2;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Policy, rank_weighted>;
+  const auto whole = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, policy, nullptr, weights);
+  const auto saved = fixture::stop_at<Trainer>(3, stop, fixture::tiny_gpt(), opts, policy, weights);
+  const auto resumed = fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, policy, weights);
+  for (std::size_t r = 0; r < 3; ++r) CHECK(resumed[r] == whole[r]);
+  return whole;
+}
 }  // namespace
 
 TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas by their rounds' weights") {
@@ -206,11 +226,6 @@ TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas 
                       Catch::Matchers::Contains("weighted and eager cannot be set together"));
   }
   SECTION("a fragment's weight is in the checkpoint: stopped with an exchange in flight and resumed, bit for bit") {
-    trainer_options opts;
-    opts.steps = 7;
-    opts.eval_batches = 1;
-    opts.batch_size = 2;
-    opts.lr = 1e-2;
     dt::comm::streaming_diloco<> streaming;
     streaming.inner_steps = 4;
     streaming.fragments = 2;
@@ -219,36 +234,19 @@ TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas 
     // Steps 0 and 1 weigh r + 1, the later ones 1. Fragment 0 is sent after steps 1 and 5,
     // fragment 1 after step 3 (landing after step 4). Stopped after step 3: fragment 1's
     // exchange is in flight (saved with its average), fragment 0 has counted steps 2 and 3.
-    rank_weighted weights;
-    weights.equal_from = 2;
-    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::streaming_diloco<>, rank_weighted>;
-    const auto whole = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, streaming, nullptr, weights);
-    const auto saved = fixture::stop_at<Trainer>(3, 3, fixture::tiny_gpt(), opts, streaming, weights);
-    const auto resumed = fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, streaming, weights);
-    for (std::size_t r = 0; r < 3; ++r) CHECK(resumed[r] == whole[r]);
+    const auto whole = check_resumed_alike(streaming, 7, 3);
     // Equal weights move the run: the weights are used.
     streaming.weighted = false;
-    const auto equal = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, streaming, nullptr, weights);
+    const auto equal = check_resumed_alike(streaming, 7, 3);
     CHECK(max_abs_diff(equal[0], whole[0]) > 1e-6);
   }
   SECTION("a round's weight is in the checkpoint: stopped mid-round and resumed, bit for bit") {
-    trainer_options opts;
-    opts.steps = 6;
-    opts.eval_batches = 1;
-    opts.batch_size = 2;
-    opts.lr = 1e-2;
     dt::comm::diloco<> diloco;
     diloco.inner_steps = 4;
     diloco.weighted = true;
     // Steps 0 and 1 weigh r + 1, the later ones 1: the first round weighs 4, 6 and 8, and a
     // resumed round that forgot its first two steps would weigh 2, 2 and 2.
-    rank_weighted weights;
-    weights.equal_from = 2;
-    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>, rank_weighted>;
-    const auto whole = fixture::final_params<Trainer>(3, fixture::tiny_gpt(), opts, diloco, nullptr, weights);
-    const auto saved = fixture::stop_at<Trainer>(3, 2, fixture::tiny_gpt(), opts, diloco, weights);
-    const auto resumed = fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, diloco, weights);
-    for (std::size_t r = 0; r < 3; ++r) CHECK(resumed[r] == whole[r]);
+    (void)check_resumed_alike(diloco, 6, 2);
   }
 }
 

@@ -1468,4 +1468,118 @@ TEST_CASE("elastic: a TCP partition: the majority trains on, the minority waits,
   CHECK_THAT(back[0].cause, Catch::Contains("it waited to be taken in again"));
   CHECK(back[0].epoch == changes[0][1].epoch);
 }
+
+TEST_CASE("elastic: a TCP partition of a pipeline: the majority re-forms, the peer cut off rejoins once it heals and takes a part") {
+  // 2 stages x 2 copies of a 3-block model behind a relay that cuts peer 3 off once peer 0 has
+  // done 10 steps, and heals once the three others have trained 20 steps without it (as 3 x 1)
+  // and peer 3 has tried to reach them twice. Peer 3 finds itself without a majority, forgets
+  // the group and waits (left_out = rejoin); once healed it is taken in again, the job re-forms
+  // as 2 x 2 and it takes its new part from the members, holding what it held before the cut
+  // only as a stale copy.
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>,
+                                     dt::fault::elastic>;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 5s;
+  fault.left_out = dt::fault::elastic::when_left_out::rejoin;
+  fault.rejoin_timeout = 60s;
+  // Four members tolerate an insider: a side without a quorum waits for the partition to heal
+  // before it gives up on the view (10 minutes by default); peer 3 gives up after 3 s and waits
+  // to be taken in again.
+  fault.agreement.patience = 3s;
+  dt::transport::tcp_options base;
+  base.world = 4;
+  base.advertise = fixture::partition_relay::front_host;
+  base.min_silence = 1000ms;
+  base.recv_timeout = 30s;
+  base.join_timeout = 20s;
+  fixture::partition_relay relay;
+  std::vector<dt::transport::tcp> eps;  // bound here: the relay fronts their ports
+  for (int r = 0; r < 4; ++r) {
+    auto o = base;
+    o.rank = r;
+    if (r > 0) o.join = {eps[0].address()};  // peer 0, through the relay
+    eps.emplace_back(o);
+    const auto address = eps.back().address();
+    relay.front(r, static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  }
+  std::atomic<int> phase{0};  // 0: whole, 1: cut, 2: healed, 3: peer 3 is back
+  std::atomic<std::int64_t> cut_at{-1};
+  std::vector<std::vector<float>> params(4);
+  std::vector<int> stage(4, -1), stages(4, 0);
+  std::vector<dt::train::fit_result> results(4);
+  std::vector<std::vector<dt::fault::membership_change>> changes(4);
+  std::vector<std::vector<typename Trainer::redeal_record>> redeals(4);
+  std::vector<std::vector<int>> final_members(4);
+  std::mutex log_mutex;
+  std::string log;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto& ep = eps[static_cast<std::size_t>(r)];
+        ep.connect();
+        Trainer t(three_blocks(), small_run(150), ep, {}, two_stages(), fault);
+        t.on_step([&, r](const dt::train::step_metrics& m) {
+          if (r == 0) {
+            if (phase == 0 && m.step == 10) {
+              cut_at = m.step;
+              relay.cut({3});
+              phase = 1;
+            } else if (phase == 1 && t.members().size() == 3 && m.step >= cut_at + 20 && relay.refused() >= 2) {
+              relay.heal();
+              phase = 2;
+            } else if (phase == 2 && t.members().size() == 4) {
+              phase = 3;
+            }
+          }
+          // The run lasts until peer 3 is back: its agreement times out (5 s, and 3 s of
+          // patience) before it waits to be taken in again.
+          if (phase < 3) std::this_thread::sleep_for(200ms);
+        });
+        results[static_cast<std::size_t>(r)] = t.fit(small_corpus().data);
+        params[static_cast<std::size_t>(r)] = flat_params(t.model().parameters());
+        stage[static_cast<std::size_t>(r)] = t.placement().stage;
+        stages[static_cast<std::size_t>(r)] = t.placement().stages;
+        changes[static_cast<std::size_t>(r)] = t.fault().changes();
+        redeals[static_cast<std::size_t>(r)] = t.redeals();
+        final_members[static_cast<std::size_t>(r)] = t.members();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(log_mutex);
+        log += "peer " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  for (auto& t : threads) t.join();
+  INFO(log);
+  REQUIRE(log.empty());
+  CHECK(phase == 3);
+  for (int r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    CHECK(stages[static_cast<std::size_t>(r)] == 2);
+    CHECK(final_members[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 2, 3});
+    CHECK(results[static_cast<std::size_t>(r)].last.step == 150);
+    CHECK(results[static_cast<std::size_t>(r)].final_val_loss < uniform_loss());
+    // The copies of a stage hold the same parameters (sync averaging, after the re-deal too).
+    for (int q = 0; q < 4; ++q)
+      if (stage[static_cast<std::size_t>(q)] == stage[static_cast<std::size_t>(r)])
+        CHECK(params[static_cast<std::size_t>(q)] == params[static_cast<std::size_t>(r)]);
+  }
+  // The majority: a view without peer 3 (re-formed as 3 x 1), then one that takes it back in.
+  for (int r : {0, 1, 2}) {
+    const auto& ch = changes[static_cast<std::size_t>(r)];
+    REQUIRE(ch.size() == 2);
+    CHECK(ch[0].members == std::vector<int>{0, 1, 2});
+    CHECK(ch[1].joined == std::vector<int>{3});
+    const auto& rd = redeals[static_cast<std::size_t>(r)];
+    REQUIRE(rd.size() == 2);
+    CHECK((rd[0].stages_after == 3 && rd[1].stages_after == 2));
+  }
+  // Peer 3: one change, the view that took it back in, after waiting; its part dealt to it.
+  const auto& back = changes[3];
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].joined == std::vector<int>{3});
+  CHECK_THAT(back[0].cause, Catch::Contains("it waited to be taken in again"));
+  CHECK(back[0].epoch == changes[0][1].epoch);
+  REQUIRE(redeals[3].size() == 1);
+  CHECK(redeals[3][0].bytes_received > 0);
+}
 #endif
