@@ -512,6 +512,7 @@ int threads(const options& opt, int fallback) {
 std::vector<std::string> split_list(const std::string& s, const char* flag) {
   std::vector<std::string> out;
   if (s.empty()) return out;
+  dt::detail::check(s.front() != ',', "--", flag, " '", s, "': an empty item before the first comma");
   std::stringstream in(s);
   for (std::string item; std::getline(in, item, ',');) {
     dt::detail::check(!item.empty(), "--", flag, " '", s, "': an empty item between commas");

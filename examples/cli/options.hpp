@@ -194,8 +194,6 @@ class formatter : public CLI::Formatter {
 
 // ---- parsing ---------------------------------------------------------------------------------
 
-// The library's errors name its own settings ("codec 'int5': ..."); the flag a value came from is
-// the command line's to add: `--codec: codec 'int5': unknown codec ...`.
 // Where a library error names a setting that a flag sets, the flag follows it:
 // "tcp_options::join" reads "tcp_options::join (--join HOST:PORT)".
 inline std::string with_flags(std::string what) {
@@ -220,6 +218,8 @@ inline std::string with_flags(std::string what) {
   return what;
 }
 
+// The library's errors name its own settings ("codec 'int5': ..."); the flag a value came from is
+// the command line's to add: `--codec: codec 'int5': unknown codec ...`.
 template <class Parse>
 auto from_flag(const char* flag, Parse&& parse) -> decltype(parse()) {
   try {

@@ -9804,8 +9804,9 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
   std::filesystem::rename(temporary, path, renamed);
   if (renamed) {  // (a folder of that name, say): nothing is left behind
     ::unlink(temporary.c_str());
+    std::error_code is_folder;
     decentrain::detail::fail("cannot write ", path.string(), ": ",
-                             std::filesystem::is_directory(path) ? std::string("it is a folder") : renamed.message());
+                             std::filesystem::is_directory(path, is_folder) ? std::string("it is a folder") : renamed.message());
   }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
@@ -21063,7 +21064,7 @@ inline any_codec parse_codec(std::string_view spec) {
   }
   // top-k's settings, shared with dct (which picks coefficients the same way).
   auto topk_setting = [&](top_k& c, const std::string& k, const std::string& v) {
-    const bool numeral = !k.empty() && (std::isdigit(static_cast<unsigned char>(k[0])) || k[0] == '.');
+    const bool numeral = !k.empty() && (std::isdigit(static_cast<unsigned char>(k[0])) || k[0] == '.' || k[0] == '-' || k[0] == '+');
     if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
     else if (v.empty() && numeral) c.fraction = number("fraction", k);  // topk:0.02
     else if (k == "fraction") c.fraction = number(k, v);
@@ -27987,6 +27988,10 @@ class trainer {
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     pipelined_ = placement_.stages > 1 || parallel_morphed_;
     note_placed();
+    if (endpoint_.joined_late()) {  // its shape is a guess until the group deals it a part: no stage of it was lost
+      placed_members_.clear();
+      placed_stages_.clear();
+    }
     make_groups();
     set_compute_dtype();
   }
@@ -28504,7 +28509,9 @@ class trainer {
     using decentrain::detail::concat;
     const auto t0 = std::chrono::steady_clock::now();
     const auto traffic0 = endpoint_.stats();
-    redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
+    // (a joiner's first: no shape before)
+    const int stages_before = placed_members_.empty() ? 0 : placement_.stages;
+    redeal_record record{step, stages_before, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
     const int n = world(), me = rank();
     const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
     std::string lost;
@@ -28770,8 +28777,8 @@ class trainer {
   // shape for it (its part is dealt out again once the group takes it in, redeal).
   parallel::placement first_placement(ParallelPolicy& parallel, const model_config& config, const transport::any_endpoint& ep) {
     const int r = ep.rank(), w = ep.world();
-    if constexpr (can_morph())
-      if (ep.joined_late()) try {
+    if constexpr (can_morph() && requires { { parallel.stages } -> std::convertible_to<int>; })
+      if (ep.joined_late() && parallel.stages > 1) try {  // (one stage places any world: no shape to guess)
           return checked_placement(parallel.place(r, w), r, w);
         } catch (const decentrain::error&) {
           parallel.morph(w, static_cast<std::int64_t>(config.n_layer));

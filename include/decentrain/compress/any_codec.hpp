@@ -198,7 +198,7 @@ inline any_codec parse_codec(std::string_view spec) {
   }
   // top-k's settings, shared with dct (which picks coefficients the same way).
   auto topk_setting = [&](top_k& c, const std::string& k, const std::string& v) {
-    const bool numeral = !k.empty() && (std::isdigit(static_cast<unsigned char>(k[0])) || k[0] == '.');
+    const bool numeral = !k.empty() && (std::isdigit(static_cast<unsigned char>(k[0])) || k[0] == '.' || k[0] == '-' || k[0] == '+');
     if (v.empty() && (k == "int4" || k == "int2")) c.value_bits = k == "int4" ? 4 : 2;
     else if (v.empty() && numeral) c.fraction = number("fraction", k);  // topk:0.02
     else if (k == "fraction") c.fraction = number(k, v);

@@ -49,8 +49,9 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
   std::filesystem::rename(temporary, path, renamed);
   if (renamed) {  // (a folder of that name, say): nothing is left behind
     ::unlink(temporary.c_str());
+    std::error_code is_folder;
     decentrain::detail::fail("cannot write ", path.string(), ": ",
-                             std::filesystem::is_directory(path) ? std::string("it is a folder") : renamed.message());
+                             std::filesystem::is_directory(path, is_folder) ? std::string("it is a folder") : renamed.message());
   }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {

@@ -83,6 +83,10 @@ class trainer {
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     pipelined_ = placement_.stages > 1 || parallel_morphed_;
     note_placed();
+    if (endpoint_.joined_late()) {  // its shape is a guess until the group deals it a part: no stage of it was lost
+      placed_members_.clear();
+      placed_stages_.clear();
+    }
     make_groups();
     set_compute_dtype();
   }
@@ -600,7 +604,9 @@ class trainer {
     using decentrain::detail::concat;
     const auto t0 = std::chrono::steady_clock::now();
     const auto traffic0 = endpoint_.stats();
-    redeal_record record{step, placement_.stages, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
+    // (a joiner's first: no shape before)
+    const int stages_before = placed_members_.empty() ? 0 : placement_.stages;
+    redeal_record record{step, stages_before, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
     const int n = world(), me = rank();
     const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
     std::string lost;
@@ -866,8 +872,8 @@ class trainer {
   // shape for it (its part is dealt out again once the group takes it in, redeal).
   parallel::placement first_placement(ParallelPolicy& parallel, const model_config& config, const transport::any_endpoint& ep) {
     const int r = ep.rank(), w = ep.world();
-    if constexpr (can_morph())
-      if (ep.joined_late()) try {
+    if constexpr (can_morph() && requires { { parallel.stages } -> std::convertible_to<int>; })
+      if (ep.joined_late() && parallel.stages > 1) try {  // (one stage places any world: no shape to guess)
           return checked_placement(parallel.place(r, w), r, w);
         } catch (const decentrain::error&) {
           parallel.morph(w, static_cast<std::int64_t>(config.n_layer));
