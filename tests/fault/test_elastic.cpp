@@ -1373,6 +1373,29 @@ TEST_CASE("elastic: joiners that start at once are admitted together at a round 
   CHECK(most * static_cast<std::uint64_t>(donors) <= 2 * total);  // no donor served more than twice the mean
 }
 
+namespace {
+// `world` TCP peers bound here, each fronted by `relay` (they advertise its host and join
+// through peer 0's front), heartbeats on, for the partition tests.
+std::vector<dt::transport::tcp> behind_relay(fixture::partition_relay& relay, int world) {
+  dt::transport::tcp_options base;
+  base.world = world;
+  base.advertise = fixture::partition_relay::front_host;
+  base.min_silence = 1000ms;
+  base.recv_timeout = 30s;
+  base.join_timeout = 20s;
+  std::vector<dt::transport::tcp> eps;
+  for (int r = 0; r < world; ++r) {
+    auto o = base;
+    o.rank = r;
+    if (r > 0) o.join = {eps[0].address()};  // peer 0, through the relay
+    eps.emplace_back(o);
+    const auto address = eps.back().address();
+    relay.front(r, static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  }
+  return eps;
+}
+}  // namespace
+
 TEST_CASE("elastic: a TCP partition: the majority trains on, the minority waits, rejoins once it heals, one model") {
   // Three TCP peers behind a relay that cuts peer 2 off (fixture::partition_relay: connections
   // held silent, new ones refused) once peer 0 has done 20 steps, and heals once peers 0 and 1
@@ -1387,22 +1410,8 @@ TEST_CASE("elastic: a TCP partition: the majority trains on, the minority waits,
   fault.agreement.timeout = 10s;
   fault.left_out = dt::fault::elastic::when_left_out::rejoin;
   fault.rejoin_timeout = 60s;
-  dt::transport::tcp_options base;
-  base.world = 3;
-  base.advertise = fixture::partition_relay::front_host;
-  base.min_silence = 1000ms;
-  base.recv_timeout = 30s;
-  base.join_timeout = 20s;
   fixture::partition_relay relay;
-  std::vector<dt::transport::tcp> eps;  // bound here: the relay fronts their ports
-  for (int r = 0; r < 3; ++r) {
-    auto o = base;
-    o.rank = r;
-    if (r > 0) o.join = {eps[0].address()};  // peer 0, through the relay
-    eps.emplace_back(o);
-    const auto address = eps.back().address();
-    relay.front(r, static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-  }
+  auto eps = behind_relay(relay, 3);
   std::atomic<int> phase{0};                   // 0: whole, 1: cut, 2: healed, 3: peer 2 is back
   std::atomic<std::int64_t> cut_at{-1};
   std::vector<std::vector<float>> params(3);
@@ -1486,22 +1495,8 @@ TEST_CASE("elastic: a TCP partition of a pipeline: the majority re-forms, the pe
   // before it gives up on the view (10 minutes by default); peer 3 gives up after 3 s and waits
   // to be taken in again.
   fault.agreement.patience = 3s;
-  dt::transport::tcp_options base;
-  base.world = 4;
-  base.advertise = fixture::partition_relay::front_host;
-  base.min_silence = 1000ms;
-  base.recv_timeout = 30s;
-  base.join_timeout = 20s;
   fixture::partition_relay relay;
-  std::vector<dt::transport::tcp> eps;  // bound here: the relay fronts their ports
-  for (int r = 0; r < 4; ++r) {
-    auto o = base;
-    o.rank = r;
-    if (r > 0) o.join = {eps[0].address()};  // peer 0, through the relay
-    eps.emplace_back(o);
-    const auto address = eps.back().address();
-    relay.front(r, static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-  }
+  auto eps = behind_relay(relay, 4);
   std::atomic<int> phase{0};  // 0: whole, 1: cut, 2: healed, 3: peer 3 is back
   std::atomic<std::int64_t> cut_at{-1};
   std::vector<std::vector<float>> params(4);
