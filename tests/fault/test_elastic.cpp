@@ -80,6 +80,21 @@ struct kill_plan {
   int at_send = 1;
 };
 
+// In-process peers each of which fails alone (a death ends the victim's thread, not the run), a
+// receive bounded at 30 s; and fault::elastic with a 20 s agreement timeout (generous: the
+// cases share two cores with other tests).
+dt::transport::in_process::options failing_alone() {
+  dt::transport::in_process::options o;
+  o.recv_timeout = 30s;
+  o.peers_fail_alone = true;
+  return o;
+}
+dt::fault::elastic patient_elastic() {
+  dt::fault::elastic fault;
+  fault.agreement.timeout = 20s;
+  return fault;
+}
+
 template <class Comm, class Parallel = dt::parallel::data>
 struct elastic_run {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm, Parallel, dt::fault::elastic>;
@@ -103,12 +118,8 @@ struct elastic_run {
     changes.resize(params.size());
     members.resize(params.size());
     change_counts.resize(params.size());
-    dt::transport::in_process::options o;
-    o.recv_timeout = 30s;
-    o.peers_fail_alone = true;
-    dt::transport::in_process net(dt::transport::links::ideal(world), o);
-    dt::fault::elastic fault;
-    fault.agreement.timeout = 20s;
+    dt::transport::in_process net(dt::transport::links::ideal(world), failing_alone());
+    auto fault = patient_elastic();
     fault.changes_kept = changes_kept;
     fault.checkpoints.dir = checkpoint_dir;  // empty: none
     fault.checkpoints.every = 1;
@@ -303,12 +314,8 @@ TEST_CASE("elastic: a pipeline that loses a replica keeps its shape where the pe
 
 TEST_CASE("elastic: a pipeline stage whose every replica is lost stops the run naming it, and bad shapes are refused") {
   // 2 stages x 1 copy: peer 1 holds stage 1 alone; when it dies nobody holds its blocks.
-  dt::transport::in_process::options o;
-  o.recv_timeout = 30s;
-  o.peers_fail_alone = true;
-  dt::transport::in_process net(dt::transport::links::ideal(2), o);
-  dt::fault::elastic fault;
-  fault.agreement.timeout = 20s;
+  dt::transport::in_process net(dt::transport::links::ideal(2), failing_alone());
+  auto fault = patient_elastic();
   std::vector<std::string> errors(2);
   net.run([&](dt::transport::in_process::endpoint& raw) {
     const int r = raw.rank();
@@ -463,12 +470,8 @@ TEST_CASE("elastic: a pipeline's re-deal refuses values a holder did not announc
   // sends. Peer 1 finds what peer 2 served differs from the digest peer 2 announced, refuses it
   // (nothing is installed anywhere) and names it; in the next attempt it takes block 1 from peer 0
   // alone. Every survivor ends where the first case's undisturbed state, resumed as 3 x 1, ends.
-  dt::transport::in_process::options o;
-  o.recv_timeout = 30s;
-  o.peers_fail_alone = true;
-  dt::transport::in_process net(dt::transport::links::ideal(4), o);
-  dt::fault::elastic fault;
-  fault.agreement.timeout = 20s;
+  dt::transport::in_process net(dt::transport::links::ideal(4), failing_alone());
+  auto fault = patient_elastic();
   const auto opts = small_run(8);
   const dt::comm::sync_allreduce<> comm;
   std::vector<std::string> errors(4);
