@@ -1365,9 +1365,11 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
-  dt::detail::check(!p.elastic || p.parallel.stages == 1 || comm == "sync", "--parallel pipeline with --elastic needs --comm "
-                    "sync, not ", comm, opt.has("comm") ? "" : " (the default here)", ": when peers are lost the stages' "
-                    "parts are dealt out again, and a periodic policy's state cannot follow them yet");
+  dt::detail::check(!p.elastic || p.parallel.stages == 1 || !(streaming || overlap > 0 || eager),
+                    "--parallel pipeline with --elastic cannot take --comm streaming-diloco, nor --comm diloco with ",
+                    "--overlap or --eager (Streaming DiLoCo): when peers are lost the stages' parts are dealt out again, ",
+                    "and its fragments' state is not laid out over the parameters to follow them (sync, local-sgd, diloco ",
+                    "and gossip can)");
   // (a GPU's allocator refuses what does not fit on the GPU itself, naming the allocation)
   if (!p.device.cuda) check_fits_in_memory(p.model, p.trainer.batch_size, p.mode == launch::in_process ? p.world : 1);
   // Both splits must hold a block and its next token, or the run would fail at its first evaluation.

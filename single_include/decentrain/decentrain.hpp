@@ -17235,6 +17235,9 @@ static_assert(joining_endpoint<tcp>);
 //       writes the aggregate of one or more contributions, each out.size() finite values (a
 //       contribution holding a non-finite value never gets here: the collective drops it)
 // and may add
+//   void combine_weighted(contributions, std::span<const double> weights, std::span<float> out)
+//       the same with each contribution weighing weights[i] (> 0, finite: a step's or a round's
+//       weight, the rows a replica took; the robust all-reduce drops and caps what a peer claims)
 //   std::string describe() const             its settings, compared across peers
 //   bool per_partition() const               aggregate per partition (robust_all_reduce)
 //   bool averages_in_flight() const          a plain mean: the collective may sum on the way
@@ -17268,6 +17271,11 @@ constexpr bool check_aggregator() {
   static_assert(requires(A& a, contributions in, std::span<float> out) { a.combine(in, out); },
                 "aggregator: needs `void combine(std::span<const std::span<const float>> contributions, std::span<float> out)`");
   return true;
+}
+
+template <class A>
+constexpr bool can_weigh() {
+  return requires(A& a, contributions in, std::span<const double> w, std::span<float> out) { a.combine_weighted(in, w, out); };
 }
 
 template <class A>
@@ -17332,6 +17340,65 @@ inline void sort_small(std::span<float> v) {
   }
 }
 
+// Sorts a handful of values in place, each with its weight.
+template <class T>
+void sort_small(std::span<T> v, std::span<double> w) {
+  for (std::size_t i = 1; i < v.size(); ++i) {
+    const T x = v[i];
+    const double wx = w[i];
+    std::size_t j = i;
+    for (; j > 0 && v[j - 1] > x; --j) {
+      v[j] = v[j - 1];
+      w[j] = w[j - 1];
+    }
+    v[j] = x;
+    w[j] = wx;
+  }
+}
+
+// The weighted median of sorted values: the first whose cumulative weight passes half the total
+// (the mean of two where it lands on half exactly, as the median of an even count does; with
+// `lower`, the first that reaches half, as sorted[(n - 1) / 2] is).
+template <class T>
+T weighted_median_sorted(std::span<const T> v, std::span<const double> w, double total, bool lower = false) {
+  double below = 0;
+  for (std::size_t j = 0; j < v.size(); ++j) {
+    below += w[j];
+    if (2 * below > total || j + 1 == v.size() || (lower && 2 * below == total)) return v[j];
+    if (2 * below == total) return static_cast<T>(0.5 * (static_cast<double>(v[j]) + static_cast<double>(v[j + 1])));
+  }
+  return v.empty() ? T{} : v.back();
+}
+
+// Calls f(i, values, weights) per coordinate as by_coordinate does, with each contribution's
+// weight beside its value (a fresh copy per coordinate: the callee may sort them together).
+template <class F>
+void by_coordinate_weighted(contributions in, std::span<const double> weights, std::size_t size, F&& f) {
+  std::vector<double> w(weights.size());
+  by_coordinate(in, size, [&](std::size_t i, std::span<float> v) {
+    std::copy(weights.begin(), weights.end(), w.begin());
+    f(i, v, std::span<double>(w));
+  });
+}
+
+inline double total_weight(contributions in, std::span<const double> weights, const char* who) {
+  decentrain::detail::check(weights.size() == in.size(), who, ": ", weights.size(), " weights for ", in.size(), " contributions");
+  double total = 0;
+  for (const double w : weights) {
+    decentrain::detail::check(std::isfinite(w) && w > 0, who, ": a contribution's weight is ", w, ", not a positive number");
+    total += w;
+  }
+  return total;
+}
+
+inline void weighted_median(contributions in, std::span<const double> weights, std::span<float> out) {
+  const double total = total_weight(in, weights, "median");
+  by_coordinate_weighted(in, weights, out.size(), [&](std::size_t i, std::span<float> v, std::span<double> w) {
+    sort_small(v, w);
+    out[i] = weighted_median_sorted<float>(v, w, total);
+  });
+}
+
 // sum_i (a_i - b_i)^2, in double: the distances clipping and the reports are made of.
 inline double squared_distance(std::span<const float> a, std::span<const float> b) {
   double s = 0;
@@ -17363,6 +17430,14 @@ struct mean {
       for (std::size_t i = 0; i < out.size(); ++i) out[i] += c[i];
     const float scale = 1.0f / static_cast<float>(in.size());
     for (auto& v : out) v *= scale;
+  }
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) {
+    detail::check_shapes(in, out, "mean");
+    const double total = detail::total_weight(in, weights, "mean");
+    std::vector<double> sum(out.size(), 0.0);
+    for (std::size_t p = 0; p < in.size(); ++p)
+      for (std::size_t i = 0; i < out.size(); ++i) sum[i] += weights[p] * in[p][i];
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum[i] / total);
   }
 };
 
@@ -17396,6 +17471,11 @@ struct median {
     detail::check_shapes(in, out, "median");
     detail::coordinate_median(in, out);
   }
+  // Per coordinate, the value where half the weight lies on each side.
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) {
+    detail::check_shapes(in, out, "median");
+    detail::weighted_median(in, weights, out);
+  }
 };
 
 // Per coordinate, the mean after dropping the floor(trim x n) largest and smallest values (at
@@ -17420,6 +17500,24 @@ struct trimmed_mean {
       out[i] = static_cast<float>(sum / static_cast<double>(kept));
     });
   }
+  // Per coordinate, the weighted mean of what lies between the lightest `trim` of the total
+  // weight at each end (a value straddling the cut counts with the part of its weight inside).
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) {
+    detail::check_shapes(in, out, "trimmed_mean");
+    (void)trimmed(in.size());  // (checks trim)
+    const double total = detail::total_weight(in, weights, "trimmed_mean"), cut = trim * total;
+    detail::by_coordinate_weighted(in, weights, out.size(), [&](std::size_t i, std::span<float> v, std::span<double> w) {
+      detail::sort_small(v, w);
+      double below = 0, sum = 0, kept = 0;
+      for (std::size_t j = 0; j < v.size(); ++j) {
+        const double inside = std::max(0.0, std::min(below + w[j], total - cut) - std::max(below, cut));
+        sum += inside * v[j];
+        kept += inside;
+        below += w[j];
+      }
+      out[i] = kept > 0 ? static_cast<float>(sum / kept) : detail::weighted_median_sorted<float>(v, w, total);
+    });
+  }
 };
 
 // Centered clipping: from a starting point v, `iterations` times
@@ -17437,22 +17535,38 @@ struct centered_clip {
   std::string describe() const {
     return "centered-clip:iterations=" + std::to_string(iterations) + ",radius=" + std::to_string(radius);
   }
-  void combine(contributions in, std::span<float> out) {
+  void combine(contributions in, std::span<float> out) { clip(in, {}, out); }
+  // The same from the weighted median, each contribution pulling by its share of the weight, the
+  // radius the weighted median distance.
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) { clip(in, weights, out); }
+
+ private:
+  void clip(contributions in, std::span<const double> weights, std::span<float> out) {
     detail::check_shapes(in, out, "centered_clip");
     decentrain::detail::check(iterations >= 1, "centered_clip: iterations must be >= 1, got ", iterations);
     decentrain::detail::check(radius >= 0 && std::isfinite(radius), "centered_clip: radius must be finite and >= 0, got ", radius);
     const std::size_t n = in.size();
-    detail::coordinate_median(in, out);
+    const bool weighed = !weights.empty();
+    const double total = weighed ? detail::total_weight(in, weights, "centered_clip") : 0.0;
+    if (weighed)
+      detail::weighted_median(in, weights, out);
+    else
+      detail::coordinate_median(in, out);
     std::vector<double> distance(n), weight(n);
     auto distances = [&] {
       for (std::size_t p = 0; p < n; ++p) distance[p] = std::sqrt(detail::squared_distance(in[p], out));
     };
     distances();
     double tau = radius;
-    if (tau == 0) {
+    if (tau == 0 && !weighed) {
       auto sorted = distance;
       std::sort(sorted.begin(), sorted.end());
       tau = sorted[(n - 1) / 2];
+    } else if (tau == 0) {
+      auto d = distance;
+      std::vector<double> w(weights.begin(), weights.end());
+      detail::sort_small<double>(d, w);
+      tau = detail::weighted_median_sorted<double>(d, w, total, true);
     }
     if (tau == 0) return;  // half or more of the contributions sit on the median: it is the answer
     // In double: a difference of two finite floats can overflow a float. The step is a convex
@@ -17461,7 +17575,8 @@ struct centered_clip {
     for (int it = 0; it < iterations; ++it) {
       if (it) distances();
       for (std::size_t p = 0; p < n; ++p)
-        weight[p] = (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
+        weight[p] = weighed ? (distance[p] > tau ? tau / distance[p] : 1.0) * (weights[p] / total)
+                            : (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
       std::fill(step.begin(), step.end(), 0.0);
       for (std::size_t p = 0; p < n; ++p) {
         const double w = weight[p];
@@ -17487,7 +17602,17 @@ struct bucketing {
     return detail::with_setting(describe_aggregator(inner), "bucket=" + std::to_string(size) + ",seed=" + std::to_string(seed));
   }
   bool per_partition() const { return is_partitioned(inner); }
-  void combine(contributions in, std::span<float> out) {
+  void combine(contributions in, std::span<float> out) { group(in, {}, out); }
+  // Each group's weighted mean, weighing the group's total for the inner aggregator.
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out)
+    requires(can_weigh<Inner>())
+  {
+    (void)detail::total_weight(in, weights, "bucketing");
+    group(in, weights, out);
+  }
+
+ private:
+  void group(contributions in, std::span<const double> weights, std::span<float> out) {
     detail::check_shapes(in, out, "bucketing");
     decentrain::detail::check(size >= 1, "bucketing: size must be >= 1");
     const std::size_t n = in.size(), groups = (n + size - 1) / size;
@@ -17499,20 +17624,27 @@ struct bucketing {
     means_.resize(groups * out.size());
     sum_.resize(out.size());  // in double: a group's float sum of large finite values could overflow
     std::vector<std::span<const float>> parts;
+    std::vector<double> group_weights;
     for (std::size_t g = 0; g < groups; ++g) {
       std::span<float> m(means_.data() + g * out.size(), out.size());
       std::fill(sum_.begin(), sum_.end(), 0.0);
       const std::size_t from = g * size, to = std::min(n, from + size);
-      for (std::size_t k = from; k < to; ++k)
-        for (std::size_t i = 0; i < m.size(); ++i) sum_[i] += in[order[k]][i];
-      const double count = static_cast<double>(to - from);
+      double count = 0;
+      for (std::size_t k = from; k < to; ++k) {
+        const double w = weights.empty() ? 1.0 : weights[order[k]];
+        for (std::size_t i = 0; i < m.size(); ++i) sum_[i] += weights.empty() ? in[order[k]][i] : w * in[order[k]][i];
+        count += w;
+      }
       for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(sum_[i] / count);
       parts.push_back(m);
+      group_weights.push_back(count);
     }
-    inner.combine(contributions(parts), out);
+    if (weights.empty())
+      inner.combine(contributions(parts), out);
+    else if constexpr (can_weigh<Inner>())
+      inner.combine_weighted(contributions(parts), group_weights, out);
   }
 
- private:
   std::uint64_t calls_ = 0;
   std::vector<float> means_;
   std::vector<double> sum_;
@@ -17534,6 +17666,11 @@ struct partitioned {
   bool per_partition() const { return true; }
   bool averages_in_flight() const { return false; }
   void combine(contributions in, std::span<float> out) { inner.combine(in, out); }
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out)
+    requires(can_weigh<Inner>())
+  {
+    inner.combine_weighted(in, weights, out);
+  }
 };
 
 }  // namespace decentrain::collective
@@ -18571,6 +18708,7 @@ DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18645,6 +18783,13 @@ struct peer_tally {
 struct aggregation_record {
   aggregation_report last;
   peer_tally tally;
+  // Weighted contributions (a policy's `weighted`): one weighs at most weight_cap times the
+  // median weight of those kept, so a peer that claims a huge weight (rows it did not take)
+  // counts as two honest ones at most, and f such peers outweigh the honest only where
+  // f x weight_cap >= the honest count (a third of the peers); honest weights a few times apart
+  // (peers of different speeds) lose what lies beyond it. A negative weight, or one that is not
+  // a number, drops its contribution (malformed).
+  double weight_cap = 2.0;
   std::vector<float> workspace, own;
   std::vector<std::vector<std::byte>> payloads;
 };
@@ -18663,23 +18808,40 @@ inline bool all_finite(std::span<const float> v) {
   return total == 0.0f;
 }
 
-// Drops the contributions that are not finite (verdicts already malformed stay so), aggregates
-// the rest into `out` (zeros when none is left), and writes each kept one's squared distance
-// to the result into `squared`.
+// Drops the contributions that are not finite (verdicts already malformed stay so), and with
+// `weights` (one per contribution; empty: unweighted) those whose weight is negative or not a
+// number (malformed; one of weight 0 is left out, as a peer that took no rows), caps the rest's
+// weights (aggregation_record::weight_cap), aggregates what is left into `out` (zeros when none
+// is), and writes each kept one's squared distance to the result into `squared`.
 template <class Aggregator>
 void combine_kept(Aggregator& aggregator, contributions parts, std::span<float> out, std::span<verdict> verdicts,
-                  std::span<double> squared) {
+                  std::span<double> squared, std::span<const double> weights = {}, double weight_cap = 0) {
   std::vector<std::span<const float>> kept;
+  std::vector<double> kept_weights;
   for (std::size_t p = 0; p < parts.size(); ++p) {
     squared[p] = 0;
     if (verdicts[p] == verdict::kept && !all_finite(parts[p])) verdicts[p] = verdict::non_finite;
-    if (verdicts[p] == verdict::kept) kept.push_back(parts[p]);
+    if (verdicts[p] == verdict::kept && !weights.empty() && !(std::isfinite(weights[p]) && weights[p] >= 0))
+      verdicts[p] = verdict::malformed;
+    if (verdicts[p] != verdict::kept || (!weights.empty() && weights[p] == 0)) continue;  // (weight 0: took no rows)
+    kept.push_back(parts[p]);
+    if (!weights.empty()) kept_weights.push_back(weights[p]);
   }
   if (kept.empty()) {
     std::fill(out.begin(), out.end(), 0.0f);
     return;
   }
-  aggregator.combine(contributions(kept), out);
+  if (weights.empty()) {
+    aggregator.combine(contributions(kept), out);
+  } else if constexpr (can_weigh<Aggregator>()) {
+    auto sorted = kept_weights;
+    std::sort(sorted.begin(), sorted.end());
+    if (const double cap = weight_cap * sorted[(sorted.size() - 1) / 2]; weight_cap > 0)
+      for (auto& w : kept_weights) w = std::min(w, cap);
+    aggregator.combine_weighted(contributions(kept), kept_weights, out);
+  } else {
+    decentrain::detail::fail("aggregator '", describe_aggregator(aggregator), "' cannot weigh contributions");
+  }
   for (std::size_t p = 0; p < parts.size(); ++p)
     if (verdicts[p] == verdict::kept) squared[p] = squared_distance(parts[p], out);
 }
@@ -18700,25 +18862,54 @@ inline void finish_report(aggregation_report& r, double far_factor) {
 // `verdicts` may mark some as malformed beforehand.
 template <class Aggregator>
 void aggregate_gathered(Aggregator& aggregator, contributions parts, std::span<float> values, aggregation_record& record,
-                        std::span<const verdict> verdicts = {}) {
+                        std::span<const verdict> verdicts = {}, std::span<const double> weights = {}) {
   auto& r = record.last;
   r.peers.assign(parts.size(), verdict::kept);
   std::copy(verdicts.begin(), verdicts.end(), r.peers.begin());
   r.distance.assign(parts.size(), 0.0);
-  detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance));
+  detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance), weights,
+                       record.weight_cap);
   detail::finish_report(r, record.tally.far_factor);
   record.tally.add(r);
 }
 
+// The factor that makes a mean of scaled contributions their weighted mean: each peer scales
+// its values by mine x R / (the weights' sum), so that the mean over the R peers is
+// sum w_i v_i / sum w_i (one all-reduce of a number).
+template <class Comm>
+float weight_factor(Comm& comm, double mine) {
+  double total = mine;
+  comm.all_reduce(std::span<double>(&total, 1), reduce_op::sum);
+  decentrain::detail::check(std::isfinite(total) && total > 0, "weighted averaging: the peers' weights add up to ", total,
+                            "; it needs a positive sum");
+  return static_cast<float>(mine * static_cast<double>(comm.world()) / total);
+}
+
+// Every peer's `mine`, on every peer (one all-to-all of a number; empty without one).
+template <class Comm>
+std::vector<double> exchange_weights(Comm& comm, std::optional<double> mine) {
+  if (!mine) return {};
+  const auto nn = static_cast<std::size_t>(comm.world());
+  std::vector<double> all(nn);
+  std::vector<std::span<const double>> out(nn, std::span<const double>(&*mine, 1));
+  std::vector<std::span<double>> in(nn);
+  for (std::size_t p = 0; p < nn; ++p) in[p] = std::span<double>(&all[p], 1);
+  comm.all_to_all(std::span<const std::span<const double>>(out), std::span<const std::span<double>>(in));
+  return all;
+}
+
 // The aggregate of every peer's `values`, left in `values` on every peer; the same bits on
 // every peer when all are honest (a peer that sends different peers different values makes
-// them differ; their aggregates still stay within what the aggregator allows).
+// them differ; their aggregates still stay within what the aggregator allows). With `weight`,
+// each peer's contribution weighs what it says (capped: aggregation_record::weight_cap).
 template <class Aggregator, class Comm>
-void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> values, aggregation_record& record) {
+void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> values, aggregation_record& record,
+                       std::optional<double> weight = std::nullopt) {
   static_assert(check_aggregator<Aggregator>());
   const int n = comm.world(), me = comm.rank();
   const auto nn = static_cast<std::size_t>(n);
   const std::size_t size = values.size();
+  const auto weights = exchange_weights(comm, weight);
   std::vector<std::span<const float>> out(nn);
   std::vector<std::span<float>> in(nn);
   auto& ws = record.workspace;
@@ -18730,7 +18921,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
     }
     comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
     std::vector<std::span<const float>> parts(in.begin(), in.end());
-    aggregate_gathered(aggregator, contributions(parts), values, record);
+    aggregate_gathered(aggregator, contributions(parts), values, record, {}, weights);
     return;
   }
   // Slices as the ring cuts them: the first size % n one value longer.
@@ -18750,7 +18941,8 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
   std::vector<double> squared(nn);
   {
     std::vector<std::span<const float>> parts(in.begin(), in.end());
-    detail::combine_kept(aggregator, contributions(parts), result, std::span<verdict>(verdicts), std::span<double>(squared));
+    detail::combine_kept(aggregator, contributions(parts), result, std::span<verdict>(verdicts), std::span<double>(squared),
+                         weights, record.weight_cap);
   }
   for (std::size_t p = 0; p < nn; ++p) {
     out[p] = result;
@@ -18873,6 +19065,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -19171,7 +19364,8 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
 // not stop the others.
 template <class Codec, class Aggregator, class Comm>
 void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> values, Aggregator& aggregator,
-                                collective::aggregation_record& record) {
+                                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
+  const auto weights = collective::exchange_weights(comm, weight);
   const auto n = static_cast<std::size_t>(comm.world()), me = static_cast<std::size_t>(comm.rank());
   const std::size_t bound = codec.max_encoded_bytes(values.size());
   auto& payloads = record.payloads;
@@ -19215,15 +19409,28 @@ void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> value
       verdicts[p] = collective::verdict::malformed;
     }
   }
-  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts);
+  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts, weights);
 }
 
 // all_reduce with an aggregator: `record` keeps what was seen of each peer (and the buffers).
+// With `weight` (a policy's `weighted`: the rows this replica took, say), each peer's
+// contribution weighs what it says: a mean scales it by weight x world / (the weights' sum) and
+// sums on the way (one all-reduce of a number more), any other aggregator gets every weight
+// with the contributions (capped: aggregation_record::weight_cap; one that cannot weigh is
+// refused: collective::can_weigh).
 template <class Codec, class Aggregator, class Comm>
 void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
-                collective::aggregation_record& record) {
+                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
   static_assert(collective::check_aggregator<Aggregator>());
   const float world = static_cast<float>(comm.world());
+  if (weight && collective::averages_in_flight(aggregator)) {
+    for (const float f = collective::weight_factor(comm, *weight); auto& v : values) v *= f;
+    weight.reset();
+  }
+  if (weight && !collective::can_weigh<Aggregator>())
+    decentrain::detail::fail("aggregator '", collective::describe_aggregator(aggregator), "' cannot weigh contributions, ",
+                             "which a weighted policy asks for (mean, median, trimmed-mean, centered-clip, bucketing and ",
+                             "partitioned of those can)");
   if (collective::averages_in_flight(aggregator)) {
     record.own.assign(values.begin(), values.end());
     all_reduce(codec, comm, values, average);
@@ -19239,12 +19446,12 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average,
     collective::mean m;
     gathered_robust_all_reduce(codec, comm, values, m, record);
   } else if (describe(codec) == "identity") {
-    collective::robust_all_reduce(aggregator, comm, values, record);
+    collective::robust_all_reduce(aggregator, comm, values, record, weight);
   } else {
     decentrain::detail::check(!collective::is_partitioned(aggregator), "aggregator '", collective::describe_aggregator(aggregator),
                               "' aggregates per partition, which sends f32 values: use it with the identity codec, not '",
                               describe(codec), "'");
-    gathered_robust_all_reduce(codec, comm, values, aggregator, record);
+    gathered_robust_all_reduce(codec, comm, values, aggregator, record, weight);
   }
   if (!average)
     for (auto& v : values) v *= world;
@@ -21376,6 +21583,7 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 // starts the next round from the new global parameters. Peers talk once per H steps instead of
 // every step.
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -21459,6 +21667,7 @@ void step(const Outer& o, std::span<float> global, std::span<const float> pseudo
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -21552,27 +21761,19 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
   return ends_round(ctx.step, inner_steps) || ctx.last_step;
 }
 
-// Weighted averaging: the factor w R / (w_1 + ... + w_R) that scales this replica's values, of
-// weight w = ctx.step_weight (the parallel policy's step_result::weight: its rows, say), so that
-// the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i
-// (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
-// weight 0 sends zeros). One all-reduce of a number; every replica must call it.
-// (replicas: the replicas' communicator, or a lane of it.)
-template <class Communicator>
-float replicas_weight_factor(Communicator& replicas, double mine) {
-  double total = mine;
-  replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
-  decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
-                            "; weighted averaging needs a positive sum");
-  return static_cast<float>(mine * static_cast<double>(replicas.world()) / total);
+// Weighted averaging (a policy's `weighted`): its weight, where it weighs, for
+// compress::all_reduce, which weighs each replica's contribution by what it says (under the
+// mean by scaling, w R / (w_1 + ... + w_R); any other aggregator gets the weights, capped).
+inline std::optional<double> weight_if(bool weighted, double weight) {
+  return weighted ? std::optional<double>(weight) : std::nullopt;
 }
-template <class Ctx>
-float weight_factor(Ctx& ctx, double mine) {
-  return replicas_weight_factor(ctx.replicas, mine);
-}
-template <class Ctx>
-float weight_factor(Ctx& ctx) {
-  return weight_factor(ctx, ctx.step_weight);
+// In a policy's start: an aggregator that cannot weigh contributions is refused by name.
+template <class Aggregator>
+void check_weighs(const Aggregator& aggregator, bool weighted, const char* who) {
+  decentrain::detail::check(!weighted || collective::averages_in_flight(aggregator) || collective::can_weigh<Aggregator>(), who,
+                            ": weighted averaging with aggregator '", collective::describe_aggregator(aggregator),
+                            "', which cannot weigh contributions (mean, median, trimmed-mean, centered-clip, and bucketing ",
+                            "or partitioned of those, can)");
 }
 
 // A replica's weight over a round of a periodic policy: the sum of its steps' ctx.step_weight
@@ -21701,15 +21902,19 @@ struct diloco {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
-  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally; one
-  // all-reduce of a number more a round (comm::weight_factor). Every replica the same.
+  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
+  // (compress::all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
+  // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
+  // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
+  static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
 
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
     outer::validate(outer_optimizer, "diloco");
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "diloco");
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -21736,9 +21941,9 @@ struct diloco {
     weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
-    const float f = weighted ? weight_factor(ctx, weight_.sum) : 1.0f;
-    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = f * (global_[i] - delta_[i]);  // pseudo-gradient
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
+                         weight_if(weighted, weight_.sum));
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -21962,14 +22167,15 @@ struct local_sgd {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas by the weight of their rounds (the sum of ctx.step_weight over the
-  // round's steps: the rows each took, say) instead of equally; one all-reduce of a number more a
-  // round (comm::weight_factor). Every replica the same.
+  // round's steps: the rows each took, say) instead of equally (compress::all_reduce: the mean
+  // scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "local_sgd");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -21979,9 +22185,8 @@ struct local_sgd {
     weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    if (weighted)
-      for (const float f = weight_factor(ctx, weight_.sum); auto& v : buffer_) v *= f;
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+                         weight_if(weighted, weight_.sum));
     scatter_values(ctx.parameters, buffer_);
     weight_.sum = 0;
   }
@@ -22274,6 +22479,7 @@ struct streaming_diloco {
           "the average before the exchange, without the replicas' weights)");
     outer::validate(outer_optimizer, "streaming_diloco");
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "streaming_diloco");
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
     const auto whole = layout_of(ctx.parameters);
     // Started again with a state loaded while it ran (a restore, or a heal, before another fit):
@@ -22484,9 +22690,7 @@ struct streaming_diloco {
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
-      if (weigh)
-        for (const float f = replicas_weight_factor(comm, p.sent.sum); auto& v : p.buffer) v *= f;
-      compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record);
+      compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
       p.bytes = comm.traffic().bytes_sent - before;
     };
     if (background) p.exchange.handle = ctx.replicas.start(exchange);
@@ -22579,22 +22783,22 @@ struct sync_allreduce {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
-  // say) instead of equally (under the mean; a robust aggregator sees the scaled gradients,
-  // comm::weight_factor); one all-reduce of a number more a step. Every replica the same.
+  // say) instead of equally: the mean scales them (one all-reduce of a number more a step), a
+  // robust aggregator weighs them (compress::all_reduce). Every replica the same.
   bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "sync_allreduce");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    if (weighted)
-      for (const float f = weight_factor(ctx); auto& g : buffer_) g *= f;
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+                         weight_if(weighted, ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
@@ -26897,7 +27101,12 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        so that a state taken from a peer lands in it;
 //                                                        static constexpr bool replicas_equal_after_step,
 //                                                        true where every step leaves the replicas the same
-//                                                        parameters: a pipeline's group may then re-form)
+//                                                        parameters: a pipeline's re-deal then takes a part
+//                                                        from any replica, spreading the bytes;
+//                                                        static constexpr std::array<const char*, N>
+//                                                        per_parameter_state, keys of save()'s flat tensors
+//                                                        laid out over the parameters, which a pipeline's
+//                                                        re-deal moves with them)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)
@@ -26912,7 +27121,11 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //   Codec     (inside a comm policy; compress/codec.hpp) max_encoded_bytes, encode, decode_add
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <string>
+#include <type_traits>
 
 // ---- begin decentrain/train/context.hpp ----
 // What a policy sees when the trainer calls it: the model and its parameters, the world's
@@ -27054,6 +27267,13 @@ constexpr bool check_comm_policy() {
     static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
                   "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
                   "after_step of `step` ends a round: the same answer on every peer)");
+  if constexpr (requires { P::per_parameter_state; })
+    static_assert(requires {
+      std::string(*std::begin(P::per_parameter_state));
+      std::integral_constant<std::size_t, std::size(P::per_parameter_state)>{};
+    },
+                  "comm policy: per_parameter_state must read `static constexpr std::array<const char*, N> "
+                  "per_parameter_state` (keys of save()'s flat tensors laid out over the parameters, in their order)");
   return true;
 }
 
@@ -27674,6 +27894,7 @@ class progress {
 // its model and optimizer (building the new part, packing its own state, installing).
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -27698,15 +27919,22 @@ struct redeal_record {
   double seconds = 0;                   // building the new part and moving the state, on this peer
   bool from_checkpoints = false;        // a stage's every replica was lost: the group went back to
                                         // `step`, its parts read from checkpoint files
+  bool at_step = true;                  // this peer stood at `step` (else a step from it, or behind)
 };
 
-// What a re-deal's member holds and needs, as it said it: `current` (at the agreed step), the
-// parameters it holds each with its digest (redeal_exchange::digest), the names its new part needs.
+// What a re-deal's member holds and needs, as it said it: `current` (at the agreed step) or
+// `near` (a step from it, in the same round of a policy whose replicas differ between rounds),
+// the parameters it holds each with its digest (redeal_exchange::digest), the names its new part
+// needs.
 struct member_parts {
   bool current = false;
+  bool near = false;
   std::map<std::string, std::uint64_t> holds;
   std::vector<std::string> needs;
   std::set<int> distrusts;  // world ranks it takes nothing from
+  // The communication policy's state that is not per parameter (its counters and texts: a
+  // round's count, whether the outer momentum started), where this member has it.
+  std::optional<io::checkpoint> policy_state;
 };
 
 // from[d][s]: the names member s sends member d, in d's order.
@@ -27714,53 +27942,66 @@ using redeal_plan = std::vector<std::vector<std::vector<std::string>>>;
 // Per member: the (folder, step) pairs of the checkpoint files it sees.
 using files_seen = std::vector<std::vector<std::pair<int, std::int64_t>>>;
 
-// A parameter as the re-deal moves it: its values, AdamW's two moments (floats), its step count.
-// One general exchange serves a lost replica, a new shape and a restarted group of another shape.
+// A parameter as the re-deal moves it: its values, AdamW's two moments, the communication
+// policy's state over it (its per_parameter_state: DiLoCo's global parameters and outer
+// momentum), all floats of the parameter's size, and AdamW's step count. One general exchange
+// serves a lost replica, a new shape and a restarted group of another shape.
 class redeal_exchange {
  public:
   // members: the view's world ranks, by rank in comm; distrusted: the world ranks this peer
-  // caught serving other values than they announced (kept by the caller for the whole run).
-  redeal_exchange(communicator& comm, const std::vector<int>& members, std::set<int>& distrusted)
-      : comm_(comm), members_(members), distrusted_(distrusted) {}
+  // caught serving other values than they announced (kept by the caller for the whole run);
+  // policy_fields: the policy's per-parameter state, as keys of its flat tensors.
+  redeal_exchange(communicator& comm, const std::vector<int>& members, std::set<int>& distrusted,
+                  std::vector<std::string> policy_fields)
+      : comm_(comm), members_(members), distrusted_(distrusted), fields_(std::move(policy_fields)) {}
+
+  // The checkpoint keys of a parameter's state as it travels, in order (each the parameter's size).
+  static std::vector<std::string> keys_of(const std::string& name, const std::vector<std::string>& policy_fields) {
+    std::vector<std::string> keys = {"model." + name, "adamw." + name + ".exp_avg", "adamw." + name + ".exp_avg_sq"};
+    for (const auto& f : policy_fields) keys.push_back(f + "/" + name);
+    return keys;
+  }
+  std::vector<std::string> keys_of(const std::string& name) const { return keys_of(name, fields_); }
+  // How many floats of the parameter's size travel for each parameter.
+  std::size_t parts() const { return 3 + fields_.size(); }
 
   // One XXH3 digest of a parameter as it travels, announced by its holders for a receiver to
   // check what it was served (not a cryptographic hash: it catches a holder that serves other
   // values than it announced, not one that crafts a collision).
-  static std::uint64_t digest(std::span<const float> value, std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
-                              std::int64_t step) {
+  static std::uint64_t digest(std::span<const std::span<const float>> parts, std::int64_t step) {
     decentrain::detail::xxh3_stream h;
-    for (const auto part : {value, exp_avg, exp_avg_sq})
-      h.update(std::string_view(reinterpret_cast<const char*>(part.data()), part.size_bytes()));
+    for (const auto part : parts) h.update(std::string_view(reinterpret_cast<const char*>(part.data()), part.size_bytes()));
     h.update(std::string_view(reinterpret_cast<const char*>(&step), sizeof step));
     return h.digest();
   }
 
-  // The parameters a checkpoint holds whole (values, both moments and the step count).
-  static std::set<std::string> names_in(const io::checkpoint& c) {
+  // The parameters a checkpoint holds whole (every key of keys_of and the step count).
+  static std::set<std::string> names_in(const io::checkpoint& c, const std::vector<std::string>& policy_fields) {
     std::set<std::string> names;
     for (const auto& [key, t] : c.tensors)
       if (key.starts_with("model.")) {
         const auto name = key.substr(6);
-        if (c.tensors.contains("adamw." + name + ".exp_avg") && c.tensors.contains("adamw." + name + ".exp_avg_sq") &&
+        const auto keys = keys_of(name, policy_fields);
+        if (std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return c.tensors.contains(k); }) &&
             c.counters.contains("adamw." + name + ".step"))
           names.insert(name);
       }
     return names;
   }
   // The digests of the parameters a checkpoint holds whole, added to `out` where not there yet.
-  static void add_digests(const io::checkpoint& c, std::map<std::string, std::uint64_t>& out) {
-    for (const auto& name : names_in(c)) {
+  void add_digests(const io::checkpoint& c, std::map<std::string, std::uint64_t>& out) const {
+    for (const auto& name : names_in(c, fields_)) {
       if (out.contains(name)) continue;
-      const auto v = c.tensor_at("model." + name).contiguous();
-      const auto m = c.tensor_at("adamw." + name + ".exp_avg").contiguous();
-      const auto s2 = c.tensor_at("adamw." + name + ".exp_avg_sq").contiguous();
-      out[name] = digest(floats(v), floats(m), floats(s2), c.counter("adamw." + name + ".step"));
+      std::vector<tensor<cpu>> held;
+      std::vector<std::span<const float>> spans;
+      for (const auto& key : keys_of(name)) held.push_back(c.tensor_at(key).contiguous());
+      for (const auto& t : held) spans.push_back(floats(t));
+      out[name] = digest(spans, c.counter("adamw." + name + ".step"));
     }
   }
   // Appends a saved parameter as it travels.
-  static void pack_saved(const io::checkpoint& c, const std::string& name, std::vector<float>& values,
-                         std::vector<std::int64_t>& steps) {
-    for (const auto& key : {"model." + name, "adamw." + name + ".exp_avg", "adamw." + name + ".exp_avg_sq"}) {
+  void pack_saved(const io::checkpoint& c, const std::string& name, std::vector<float>& values, std::vector<std::int64_t>& steps) const {
+    for (const auto& key : keys_of(name)) {
       const auto v = c.tensor_at(key).contiguous();
       values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
     }
@@ -27769,33 +28010,56 @@ class redeal_exchange {
   // Puts what arrived for `names` into `c` as a checkpoint holds it; shape_of(name) gives each
   // parameter's shape in the new part.
   template <class ShapeOf>
-  static void unpack(const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps,
-                     ShapeOf&& shape_of, io::checkpoint& c) {
+  void unpack(const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps,
+              ShapeOf&& shape_of, io::checkpoint& c) const {
     std::size_t off = 0;
     for (std::size_t k = 0; k < names.size(); ++k) {
       const shape s = shape_of(names[k]);
       const auto count = static_cast<std::size_t>(s.numel());
-      const auto slice = [&](std::size_t i) {
+      for (const auto& key : keys_of(names[k])) {
         auto t = tensor<cpu>::empty(s, dtype::f32);
-        std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(off + i * count), count, t.template data<float>());
-        return t;
-      };
-      c.tensors["model." + names[k]] = slice(0);
-      c.tensors["adamw." + names[k] + ".exp_avg"] = slice(1);
-      c.tensors["adamw." + names[k] + ".exp_avg_sq"] = slice(2);
+        std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(off), count, t.template data<float>());
+        c.tensors[key] = std::move(t);
+        off += count;
+      }
       c.counters["adamw." + names[k] + ".step"] = steps[k];
-      off += 3 * count;
     }
   }
 
-  // Every member says what it holds and needs: "1" or "0" (at the step or not), the names it
-  // holds each with its digest, the ranks it distrusts ("!rank"), an empty line, the names it
-  // needs; broadcast member by member.
-  std::vector<member_parts> announce_parts(bool current, const std::map<std::string, std::uint64_t>& holds,
-                                           const std::vector<std::string>& needs) {
-    std::string mine = current ? "1" : "0";
-    for (const auto& [name, d] : holds) mine += decentrain::detail::concat("\n", name, " ", d);
-    for (const int j : distrusted_) mine += decentrain::detail::concat("\n!", j);
+  // A policy state's counters and texts as one text (equal states, equal texts).
+  static std::string describe_state(const io::checkpoint& c) {
+    std::string out;
+    for (const auto& [key, v] : c.counters) out += decentrain::detail::concat("c ", key, " ", v, "\n");
+    for (const auto& [key, v] : c.text) out += "t " + key + " " + v + "\n";
+    return out;
+  }
+
+  // Every member says what it holds and needs: "1", "n" or "0" (at the step, near it, or
+  // neither), the names it
+  // holds each with its digest, the ranks it distrusts ("!rank"), the policy's counters and
+  // texts where it has them ("#c key value", "#t key value"), an empty line, the names it needs;
+  // broadcast member by member.
+  std::vector<member_parts> announce_parts(bool current, bool near, const std::map<std::string, std::uint64_t>& holds,
+                                           const std::vector<std::string>& needs, const io::checkpoint* policy_state) {
+    using decentrain::detail::concat;
+    std::string mine = current ? "1" : near ? "n" : "0";
+    for (const auto& [name, d] : holds) mine += concat("\n", name, " ", d);
+    for (const int j : distrusted_) mine += concat("\n!", j);
+    if (policy_state) {
+      const auto plain = [](const std::string& key) { return !key.empty() && key.find_first_of(" \n") == std::string::npos; };
+      mine += "\n#p";  // (has it, though it be empty)
+      for (const auto& [key, v] : policy_state->counters) {
+        decentrain::detail::check(plain(key), "trainer: the communication policy's counter '", key,
+                                  "' cannot be dealt out in a re-deal (a key with a space or a line break)");
+        mine += concat("\n#c ", key, " ", v);
+      }
+      for (const auto& [key, v] : policy_state->text) {
+        decentrain::detail::check(plain(key) && v.find('\n') == std::string::npos, "trainer: the communication policy's text '",
+                                  key, "' cannot be dealt out in a re-deal (a key with a space or a line break, or a ",
+                                  "value with a line break)");
+        mine += concat("\n#t ", key, " ", v);
+      }
+    }
     mine += "\n";
     for (const auto& name : needs) mine += "\n" + name;
     std::vector<member_parts> said(static_cast<std::size_t>(comm_.world()));
@@ -27803,46 +28067,79 @@ class redeal_exchange {
       const auto text = broadcast_text(mine, r, "its parameters' names");
       auto& m = said[static_cast<std::size_t>(r)];
       m.current = text[0] == '1';
+      m.near = text[0] == 'n';
       std::size_t at = 1;
       bool needed = false;
       while (at < text.size()) {
         const auto end = std::min(text.find('\n', at + 1), text.size());
         auto name = text.substr(at + 1, end - at - 1);
-        if (name.empty() && !needed)
-          needed = true;
-        else if (needed)
-          m.needs.push_back(std::move(name));
-        else if (name[0] == '!')
-          m.distrusts.insert(std::atoi(name.c_str() + 1));
-        else if (const auto space = name.rfind(' '); space != std::string::npos)
-          m.holds[name.substr(0, space)] = std::strtoull(name.c_str() + space + 1, nullptr, 10);
         at = end;
+        if (name.empty() && !needed) {
+          needed = true;
+        } else if (needed) {
+          m.needs.push_back(std::move(name));
+        } else if (name[0] == '!') {
+          int rank = -1;
+          std::from_chars(name.data() + 1, name.data() + name.size(), rank);
+          m.distrusts.insert(rank);
+        } else if (name == "#p") {
+          if (!m.policy_state) m.policy_state.emplace();
+        } else if (name.starts_with("#c ") || name.starts_with("#t ")) {
+          const auto space = name.find(' ', 3);
+          if (!m.policy_state || space == std::string::npos) continue;  // (not after "#p": not one)
+          const auto key = name.substr(3, space - 3);
+          if (name[1] == 'c') {
+            std::int64_t v = 0;
+            std::from_chars(name.data() + space + 1, name.data() + name.size(), v);
+            m.policy_state->counters[key] = v;
+          } else {
+            m.policy_state->text[key] = name.substr(space + 1);
+          }
+        } else if (const auto space = name.rfind(' '); space != std::string::npos) {
+          m.holds[name.substr(0, space)] = std::strtoull(name.c_str() + space + 1, nullptr, 10);
+        }
       }
     }
     return said;
   }
 
-  // Who sends what to whom (a member takes what it holds itself; else the holders at the step in
-  // turn, less those it distrusts, so a morph's bytes spread over them); none, naming `missing`,
-  // when some name has no holder. The holders' digests are not compared with each other: the
-  // two copies of a tied parameter (the embedding, on the first and the last stage) are averaged
-  // over their stages' replicas in different orders and can differ in their last bits, so a
-  // vote would convict honest holders.
-  std::optional<redeal_plan> plan(const std::vector<member_parts>& said, std::string& missing) const {
+  // Who sends what to whom. With `spread` (every step leaves a stage's replicas equal), a member
+  // takes what it holds itself, else from the holders at the step in turn, less those it
+  // distrusts, so a morph's bytes spread over them. Without (local SGD, DiLoCo, gossip: the
+  // replicas differ between rounds), where every member holds its whole new part each keeps
+  // its own (a lost replica, the shape kept); else every member takes every parameter from its
+  // lowest-ranked holder it trusts, so that the new parts make up one replica wherever one is whole (a part mixing two
+  // replicas' values would keep them apart: the tied embedding's two copies on the first and
+  // the last stage, say, are averaged only within their own stages); the other replicas' steps
+  // since the round began are dropped, as a lost replica's are. There a member a step from the
+  // agreed one (the copies of a pipeline run apart between rounds, and one that hears of a
+  // failure can stop a step before or after its neighbour) serves what no member at the step
+  // holds. None, naming `missing`, when some name has no holder.
+  std::optional<redeal_plan> plan(const std::vector<member_parts>& said, bool spread, std::string& missing) const {
     const auto n = said.size();
     redeal_plan from(n, std::vector<std::vector<std::string>>(n));
+    const bool all_whole = std::all_of(said.begin(), said.end(), [&](const member_parts& m) {
+      return m.current &&
+             std::all_of(m.needs.begin(), m.needs.end(), [&](const std::string& name) { return m.holds.contains(name); });
+    });
     for (std::size_t d = 0; d < n; ++d) {
       const auto& want = said[d].needs;
       for (std::size_t k = 0; k < want.size(); ++k) {
-        std::vector<std::size_t> holders;
-        for (std::size_t r = 0; r < n; ++r)
-          if (said[r].current && !said[d].distrusts.count(members_[r]) && said[r].holds.contains(want[k])) holders.push_back(r);
+        const auto holders_if = [&](auto&& standing) {
+          std::vector<std::size_t> out;
+          for (std::size_t r = 0; r < n; ++r)
+            if (standing(said[r]) && !said[d].distrusts.count(members_[r]) && said[r].holds.contains(want[k])) out.push_back(r);
+          return out;
+        };
+        auto holders = holders_if([](const member_parts& m) { return m.current; });
+        if (holders.empty() && !spread) holders = holders_if([](const member_parts& m) { return m.near; });
         if (holders.empty()) {
           missing = want[k];
           return std::nullopt;
         }
         const bool own = std::find(holders.begin(), holders.end(), d) != holders.end();
-        from[d][own ? d : holders[(d + k) % holders.size()]].push_back(want[k]);
+        const auto source = spread ? (own ? d : holders[(d + k) % holders.size()]) : all_whole ? d : holders.front();
+        from[d][source].push_back(want[k]);
       }
     }
     return from;
@@ -27859,9 +28156,9 @@ class redeal_exchange {
     std::size_t off = 0;
     for (std::size_t k = 0; k < names.size(); ++k) {
       const auto count = counts[k];
-      const auto got = digest(values.subspan(off, count), values.subspan(off + count, count),
-                              values.subspan(off + 2 * count, count), steps[k]);
-      off += 3 * count;
+      std::vector<std::span<const float>> spans;
+      for (std::size_t i = 0; i < parts(); ++i, off += count) spans.push_back(values.subspan(off, count));
+      const auto got = digest(spans, steps[k]);
       const auto it = announced.holds.find(names[k]);
       if (it == announced.holds.end() || it->second != got) {
         const int peer = members_[static_cast<std::size_t>(s)];
@@ -27946,6 +28243,7 @@ class redeal_exchange {
   communicator& comm_;
   const std::vector<int>& members_;
   std::set<int>& distrusted_;
+  std::vector<std::string> fields_;
 };
 
 }  // namespace decentrain::train
@@ -28166,6 +28464,7 @@ class trainer {
     c.counters["trainer.stages"] = placement_.stages;
     c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
+    if (pipelined_) split_policy_state(c);
     return c;
   }
 
@@ -28190,7 +28489,7 @@ class trainer {
     decentrain::detail::check(it != c.rngs.end(), "checkpoint: missing rng 'dropout'");
     dropout_.set_state(it->second);
     policy_bytes_ = static_cast<std::uint64_t>(c.counter("trainer.policy_bytes_sent"));
-    policy_.load(c);
+    if (!held_) load_policy(c);  // (a held part's policy state is dealt out with it)
     resumed_ = true;
   }
 
@@ -28200,7 +28499,9 @@ class trainer {
     if (!can_redeal() || !pipelined_) return false;
     std::set<std::string> mine;
     for (const auto& e : model_.parameters()) mine.insert(e.name);
-    return redeal_exchange::names_in(c) != mine;
+    // (a checkpoint that keeps the policy's state flat, written before it was kept by parameter,
+    // is looked at without it: of this peer's part, it restores as it was written)
+    return redeal_exchange::names_in(c, holds_policy_slices(c) ? policy_fields() : std::vector<std::string>{}) != mine;
   }
 
   // Another peer's state as this peer's: model, optimizer, step and the policy's state; this
@@ -28209,7 +28510,7 @@ class trainer {
   void adopt(const io::checkpoint& c) {
     spare_.reset();
     step_ = train::restore(c, model_, optimizer_);
-    policy_.load(c);
+    load_policy(c);
     adopted_ = true;
   }
 
@@ -28358,6 +28659,11 @@ class trainer {
     else
       return true;
   }
+  // Whether the step after `steps_done` steps ends a round (its after_step exchanges; the run's
+  // last step ends one).
+  bool ends_round_between(std::int64_t steps_done) const {
+    return starts_round(steps_done + 1) || steps_done + 1 >= options_.steps;
+  }
 
   // Whether this peer runs phase `p` of the current step: not when it took the state of a peer
   // that stood further on (it skips to that peer's phase, and from there goes on as usual).
@@ -28476,15 +28782,94 @@ class trainer {
           placement_.stage, " of ", placement_.stages, ", but the parallel policy cannot deal the model's parts out "
           "again (it needs int morph(int world, std::int64_t n_blocks), and the model config().n_layer)");
     io::checkpoint kept;
+    kept.views = true;
     policy_.save(kept);
+    const auto fields = policy_fields();
+    std::erase_if(kept.tensors, [&](const auto& kv) { return std::find(fields.begin(), fields.end(), kv.first) != fields.end(); });
     check(kept.tensors.empty(), "trainer: when a pipeline's group re-forms, the model's parts are dealt out again, but ",
           "the communication policy keeps state of this peer's part ('", kept.tensors.empty() ? "" : kept.tensors.begin()->first,
-          "') that cannot be dealt out with them yet; use sync averaging with a codec that keeps no state");
-    if constexpr (!requires { requires CommPolicy::replicas_equal_after_step; })
-      decentrain::detail::fail("trainer: when a pipeline's group re-forms, each part is taken from any replica of its "
-                               "stage, but the communication policy ", CommPolicy::name, " leaves the replicas different "
-                               "between its rounds; use sync averaging (replicas_equal_after_step)");
+          "') that it does not lay out over the parameters (per_parameter_state), so it cannot be dealt out with them; use ",
+          "sync averaging, local SGD, DiLoCo or gossip, with a codec that keeps no state");
   }
+
+  // The communication policy's state laid out over the parameters (its per_parameter_state: flat
+  // tensors of its checkpoint, in parameter order), which a pipeline's re-deal moves with them.
+  static std::vector<std::string> policy_fields() {
+    if constexpr (requires { CommPolicy::per_parameter_state; })
+      return {std::begin(CommPolicy::per_parameter_state), std::end(CommPolicy::per_parameter_state)};
+    return {};
+  }
+  // A pipeline's checkpoint keeps that state by parameter ("comm.diloco.global/h.0.attn.c_attn.weight",
+  // beside "model.h.0.attn.c_attn.weight"), so that a part of another shape can be dealt out
+  // from it; views of the flat tensors where they are views.
+  void split_policy_state(io::checkpoint& c) const {
+    for (const auto& field : policy_fields()) {
+      const auto it = c.tensors.find(field);
+      if (it == c.tensors.end()) continue;
+      const auto flat = it->second.contiguous().reshape({it->second.numel()});
+      decentrain::detail::check(flat.numel() == model_.parameters().numel(), "trainer: the communication policy's '", field,
+                                "' has ", flat.numel(), " values, the parameters ", model_.parameters().numel());
+      std::int64_t at = 0;
+      for (const auto& e : model_.parameters()) {
+        const auto n = e.param.value().numel();
+        c.tensors[field + "/" + e.name] = flat.slice(0, at, at + n).reshape(e.param.value().shape());
+        at += n;
+      }
+      c.tensors.erase(field);
+    }
+  }
+  // `c` with the policy's state by parameter joined back into its flat tensors, in this peer's
+  // parameter order (a checkpoint without it as it is: written before, or not by a pipeline).
+  io::checkpoint joined_policy_state(const io::checkpoint& c) const {
+    io::checkpoint out = c;  // (the tensors' storage shared, not copied)
+    for (const auto& field : policy_fields()) {
+      if (std::none_of(c.tensors.begin(), c.tensors.end(), [&](const auto& kv) { return kv.first.starts_with(field + "/"); }))
+        continue;
+      auto flat = tensor<cpu>::empty(shape{model_.parameters().numel()}, dtype::f32);
+      std::int64_t at = 0;
+      for (const auto& e : model_.parameters()) {
+        const auto key = field + "/" + e.name;
+        const auto& t = c.tensor_at(key);
+        decentrain::detail::check(t.numel() == e.param.value().numel() && t.dtype() == dtype::f32, "checkpoint: '", key,
+                                  "' has ", t.numel(), " values, the parameter ", e.param.value().numel());
+        flat.slice(0, at, at + t.numel()).copy_from(t.contiguous().reshape({t.numel()}));
+        at += t.numel();
+      }
+      std::erase_if(out.tensors, [&](const auto& kv) { return kv.first.starts_with(field + "/"); });
+      out.tensors[field] = std::move(flat);
+    }
+    return out;
+  }
+  void load_policy(const io::checkpoint& c) {
+    if (policy_fields().empty())
+      policy_.load(c);
+    else
+      policy_.load(joined_policy_state(c));
+  }
+  // The policy's state that is not per parameter (counters and texts), as a re-deal announces it:
+  // from `source` (a checkpoint's, under the keys the policy saves), or from the policy (null).
+  std::optional<io::checkpoint> policy_counters(const io::checkpoint* source) const {
+    io::checkpoint live;
+    live.views = true;
+    policy_.save(live);
+    const auto& from = source ? *source : live;
+    io::checkpoint out;
+    for (const auto& [key, v] : live.counters)
+      if (const auto it = from.counters.find(key); it != from.counters.end()) out.counters[key] = it->second;
+    for (const auto& [key, v] : live.text)
+      if (const auto it = from.text.find(key); it != from.text.end()) out.text[key] = it->second;
+    if (source && out.counters.empty() && out.text.empty() && !holds_policy_slices(*source))
+      return std::nullopt;  // (a member that read no checkpoint file)
+    return out;
+  }
+  // Whether `c` keeps the policy's state by parameter (split_policy_state).
+  bool holds_policy_slices(const io::checkpoint& c) const {
+    const auto fields = policy_fields();
+    return std::any_of(c.tensors.begin(), c.tensors.end(), [&](const auto& kv) {
+      return std::any_of(fields.begin(), fields.end(), [&](const std::string& f) { return kv.first.starts_with(f + "/"); });
+    });
+  }
+  static const io::checkpoint* ptr(const std::optional<io::checkpoint>& c) { return c ? &*c : nullptr; }
 
   // The group re-formed (fault::elastic) under a pipeline: the parallel policy takes a shape for
   // the new view (morph), and each member builds its new part and takes every parameter and its
@@ -28513,7 +28898,13 @@ class trainer {
     const int stages_before = placed_members_.empty() ? 0 : placement_.stages;
     redeal_record record{step, stages_before, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
     const int n = world(), me = rank();
+    // Near the step: a step before or after it in the same round (redeal_exchange::plan says
+    // when that serves). Not a joiner's first part, nor a part held from a checkpoint.
+    constexpr bool spread = requires { requires CommPolicy::replicas_equal_after_step; };
+    const bool placed = !placed_members_.empty() && !held_;
     const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
+    const bool near = !current && placed && !spread &&
+                      ((step_ + 1 == step && !ends_round_between(step_)) || (step_ == step + 1 && !ends_round_between(step)));
     std::string lost;
     for (std::size_t i = 0; i < placed_members_.size(); ++i)
       if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))
@@ -28533,10 +28924,19 @@ class trainer {
     const io::checkpoint* source = held_ ? &*held_ : nullptr;
     // With its model, the part it held before the last re-deal where no step was done since.
     const io::checkpoint* spare = !source && current && spare_ && spare_->counter("step") == step ? &*spare_ : nullptr;
-    redeal_exchange exchange(comm_, members_, distrusted_);
+    redeal_exchange exchange(comm_, members_, distrusted_, policy_fields());
+    // The policy's state by parameter as this peer holds it (views: nothing changes it before
+    // the parts are installed).
+    io::checkpoint live;
+    live.views = true;
+    if (!source && !policy_fields().empty()) {
+      policy_.save(live);
+      split_policy_state(live);
+    }
     std::string missing;
-    auto said = exchange.announce_parts(current, digests_of(source, spare), needs);
-    auto from = exchange.plan(said, missing);
+    auto said = exchange.announce_parts(current, near, digests_of(exchange, source, spare, live), needs,
+                                        current ? ptr(policy_counters(source)) : nullptr);
+    auto from = exchange.plan(said, spread, missing);
     checkpoint_files files;  // listed only when some part is held by no member
     std::int64_t at = step;  // the step the group goes on from
     io::checkpoint read;     // the files this peer read for it
@@ -28559,8 +28959,8 @@ class trainer {
           });
           source = &read;
           spare = nullptr;
-          said = exchange.announce_parts(true, digests_of(source, nullptr), needs);
-          from = exchange.plan(said, missing);
+          said = exchange.announce_parts(true, false, digests_of(exchange, source, nullptr, live), needs, ptr(policy_counters(source)));
+          from = exchange.plan(said, spread, missing);
           tried += concat(tried.empty() ? "" : ", ", s);
           if (from) {
             at = s;
@@ -28585,7 +28985,7 @@ class trainer {
     };
     const auto floats_of = [&](const std::vector<std::string>& names) {
       std::size_t floats = 0;
-      for (const auto count : counts_of(names)) floats += 3 * count;
+      for (const auto count : counts_of(names)) floats += exchange.parts() * count;
       return floats;
     };
     auto state_of = [&] {
@@ -28597,7 +28997,7 @@ class trainer {
     auto pack = [&](const std::vector<std::string>& names, std::vector<float>& values, std::vector<std::int64_t>& steps) {
       for (const auto& name : names) {
         if (const auto* from_saved = source ? source : state_of.contains(name) ? nullptr : spare) {
-          redeal_exchange::pack_saved(*from_saved, name, values, steps);
+          exchange.pack_saved(*from_saved, name, values, steps);
           continue;
         }
         const auto& moments = state_of.at(name);
@@ -28605,6 +29005,10 @@ class trainer {
                                                                  &moments.exp_avg_sq};
         for (const auto* t : parts) {
           const auto v = train::detail::host_view_or_copy(*t, true).contiguous();  // (host memory: read in place)
+          values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
+        }
+        for (const auto& field : policy_fields()) {
+          const auto v = live.tensor_at(field + "/" + name).contiguous();
           values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
         }
         steps.push_back(moments.step);
@@ -28616,7 +29020,7 @@ class trainer {
     c.views = false;
     c.counters["step"] = at;
     const auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
-      redeal_exchange::unpack(names, values, steps, [&](const std::string& name) { return fresh.parameters().get(name).value().shape(); }, c);
+      exchange.unpack(names, values, steps, [&](const std::string& name) { return fresh.parameters().get(name).value().shape(); }, c);
     };
     const auto& mine_from = (*from)[static_cast<std::size_t>(me)];
     for (int s = 0; s < n; ++s) {
@@ -28669,9 +29073,16 @@ class trainer {
     if (current && at == step && !held_) {  // (only what the new part drops: it holds the rest)
       spare_ = train::capture(model_, optimizer_, step_, true);
       spare_->counters["step"] = step;
+      if (!policy_fields().empty()) {  // (copies: the policy's memory takes the new part's state)
+        io::checkpoint p;
+        policy_.save(p);
+        split_policy_state(p);
+        for (const auto& field : policy_fields())
+          for (const auto& e : model_.parameters())
+            if (!fresh.parameters().contains(e.name)) spare_->tensors[field + "/" + e.name] = p.tensor_at(field + "/" + e.name).clone();
+      }
       for (const auto& e : fresh.parameters())
-        for (const auto& key : {"model." + e.name, "adamw." + e.name + ".exp_avg", "adamw." + e.name + ".exp_avg_sq"})
-          spare_->tensors.erase(key);
+        for (const auto& key : exchange.keys_of(e.name)) spare_->tensors.erase(key);
     } else {
       spare_.reset();
     }
@@ -28680,6 +29091,47 @@ class trainer {
     optimizer_ = make_optimizer();
     set_compute_dtype();
     step_ = train::restore(c, model_, optimizer_);
+    // The policy's state: by parameter as it arrived; its counters and texts this peer's own
+    // where its whole new part is its own, else what most members at the step announced (those
+    // this peer distrusts not counted, the lowest rank among equals), so that no one member sets
+    // them alone. A state that does not load convicts the member it came from.
+    {
+      bool all_own = current;
+      for (int s = 0; s < n; ++s) all_own = all_own && (s == me || mine_from[static_cast<std::size_t>(s)].empty());
+      const auto own = all_own ? policy_counters(source) : std::nullopt;
+      int donor = own ? me : -1;
+      if (!own) {
+        std::map<std::string, std::pair<int, int>> votes;  // the state as text: (members, the first)
+        for (int r = 0; r < n; ++r) {
+          const auto& m = said[static_cast<std::size_t>(r)];
+          if (m.current && m.policy_state && !distrusted_.count(members_[static_cast<std::size_t>(r)]))
+            ++votes.try_emplace(redeal_exchange::describe_state(*m.policy_state), 0, r).first->second.first;
+        }
+        int most = 0;
+        for (const auto& [text, v] : votes)
+          if (v.first > most || (v.first == most && v.second < donor)) {
+            most = v.first;
+            donor = v.second;
+          }
+      }
+      check(donor >= 0 || policy_fields().empty(), "trainer: no member at step ", at, " of the re-formed group announced ",
+            "the communication policy's state, which its new part needs");
+      if (donor >= 0) {
+        auto p = own ? *own : *said[static_cast<std::size_t>(donor)].policy_state;
+        for (const auto& e : model_.parameters())
+          for (const auto& field : policy_fields()) p.tensors[field + "/" + e.name] = c.tensor_at(field + "/" + e.name);
+        try {
+          load_policy(p);
+        } catch (const decentrain::error& e) {
+          if (donor == me) throw;
+          const int peer = members_[static_cast<std::size_t>(donor)];
+          distrusted_.insert(peer);
+          transport::fail_peer_because(transport::failure_cause::convicted, peer, "redeal", "trainer: the communication ",
+                                       "policy's state peer ", peer, " announced for the re-deal at step ", at,
+                                       " does not load (", e.what(), "); this peer takes nothing from it again");
+        }
+      }
+    }
     if (!current || at != step) adopted_ = true;  // (in a restarted group's start: the policy starts as resumed)
     held_.reset();
     if (at != step) {
@@ -28700,6 +29152,7 @@ class trainer {
     const auto traffic = endpoint_.stats();
     record.step = at;
     record.from_checkpoints = at != step;
+    record.at_step = current;
     record.stages_after = placement_.stages;
     record.copies_after = n / placement_.stages;
     record.bytes_received = traffic.bytes_received - traffic0.bytes_received;
@@ -28713,20 +29166,24 @@ class trainer {
 
   // What this member holds for a re-deal, by name with its digest: from `source` (a checkpoint's
   // parts), or the model and optimizer (null) and what `spare` holds beside them.
-  std::map<std::string, std::uint64_t> digests_of(const io::checkpoint* source, const io::checkpoint* spare) {
+  std::map<std::string, std::uint64_t> digests_of(const redeal_exchange& exchange, const io::checkpoint* source,
+                                                  const io::checkpoint* spare, const io::checkpoint& live) {
     std::map<std::string, std::uint64_t> out;
     if (source) {
-      redeal_exchange::add_digests(*source, out);
+      exchange.add_digests(*source, out);
       return out;
     }
     const auto floats = [](const tensor<cpu>& t) { return std::span<const float>(t.template data<float>(), static_cast<std::size_t>(t.numel())); };
     for (auto& e : optimizer_.state()) {
-      const auto v = train::detail::host_view_or_copy(model_.parameters().get(e.name).value(), true).contiguous();
-      const auto m = train::detail::host_view_or_copy(e.exp_avg, true).contiguous();
-      const auto s2 = train::detail::host_view_or_copy(e.exp_avg_sq, true).contiguous();
-      out[e.name] = redeal_exchange::digest(floats(v), floats(m), floats(s2), e.step);
+      std::vector<tensor<cpu>> held = {train::detail::host_view_or_copy(model_.parameters().get(e.name).value(), true).contiguous(),
+                                       train::detail::host_view_or_copy(e.exp_avg, true).contiguous(),
+                                       train::detail::host_view_or_copy(e.exp_avg_sq, true).contiguous()};
+      for (const auto& field : policy_fields()) held.push_back(live.tensor_at(field + "/" + e.name).contiguous());
+      std::vector<std::span<const float>> spans;
+      for (const auto& t : held) spans.push_back(floats(t));
+      out[e.name] = redeal_exchange::digest(spans, e.step);
     }
-    if (spare) redeal_exchange::add_digests(*spare, out);
+    if (spare) exchange.add_digests(*spare, out);
     return out;
   }
 

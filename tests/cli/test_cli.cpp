@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -1597,6 +1598,39 @@ TEST_CASE("train --parallel pipeline: stages x replicas train as one process doe
   CHECK_THAT(tcp.output, Contains("activations int8"));
 }
 
+TEST_CASE("train --parallel pipeline --elastic under DiLoCo: the outer state follows the parts when the job re-forms and restarts",
+          "[cli][pipeline]") {
+  // 2 x 2 under DiLoCo loses peer 3 after step 10 (mid-round) and re-forms as 3 x 1; restarted
+  // from the files (three of 3 x 1 parts at step 30, peer 3's of its 2 x 2 part at step 8), the
+  // group deals the parts, with DiLoCo's outer state over them, out as 2 x 2 again and trains on.
+  const auto dir = scratch("pipeline_diloco");
+  const std::string common = cli() + " train --comm diloco --inner-steps 4 --eval-batches 2 --eval-every 100 --threads 1"
+                                     " --dropout 0 --n-layer 4 --n-embd 32 --n-head 2 --block-size 16 --seed 7 --metrics ''"
+                                     " --batch-size 4 --peers 4 --parallel pipeline --stages 2 --elastic --checkpoint-dir d"
+                                     " --save-every 4";
+  const auto val_loss = [](const std::string& out) {
+    const auto line = last_line_with(out, "val loss ");
+    return line.empty() ? -1.0 : std::stod(line.substr(9));
+  };
+  const auto morphed = run("timeout 120 " + common + " --steps 30 --kill 3@10", dir);
+  INFO(morphed.output);
+  REQUIRE(morphed.status == 0);
+  CHECK_THAT(morphed.output, Contains("peer 3 was killed"));
+  CHECK_THAT(morphed.output, Contains("pipeline: 3 stages x 1 copies, schedule 1f1b, 2 micro-batches a step"));
+  CHECK_THAT(morphed.output, Contains("(re-formed from 2 x 2 when the group changed)"));
+  const double uniform = std::log(29.0);  // the built-in corpus's 29 characters
+  CHECK(val_loss(morphed.output) > 0);
+  CHECK(val_loss(morphed.output) < 0.9 * uniform);
+  const auto restarted = run("timeout 120 " + common + " --resume --steps 34", dir);
+  INFO(restarted.output);
+  REQUIRE(restarted.status == 0);
+  CHECK_THAT(restarted.output, Contains("peer 0 resumed from d/peer-0-of-4/step-30.ckpt at step 30"));
+  CHECK_THAT(restarted.output, Contains("peer 3 resumed at step 30 from the others' state"));
+  CHECK_THAT(restarted.output, Contains("pipeline: 2 stages x 2 copies"));
+  CHECK(val_loss(restarted.output) > 0);
+  CHECK(val_loss(restarted.output) < 0.9 * uniform);
+}
+
 TEST_CASE("train --parallel pipeline: bad settings are refused naming the option", "[cli][pipeline][errors]") {
   const auto dir = scratch("pipeline_errors");
   const std::string common = cli() + " train --steps 2 --n-layer 2 --batch-size 4 --block-size 16 --metrics ''";
@@ -1610,7 +1644,9 @@ TEST_CASE("train --parallel pipeline: bad settings are refused naming the option
       {" --peers 2 --parallel pipeline --schedule zb-v", "--stages 2 x 2 chunks cuts a model of 2 layers"},
       {" --peers 2 --parallel pipeline --schedule interleaved:v=x", "expected interleaved:v=N"},
       {" --peers 2 --parallel pipeline --schedule interleaved:v=2", "--stages 2 x 2 chunks cuts a model of 2 layers"},
-      {" --peers 2 --parallel pipeline --elastic", "--parallel pipeline with --elastic needs --comm sync, not diloco (the default here)"},
+      {" --peers 2 --parallel pipeline --elastic --comm streaming-diloco", "--parallel pipeline with --elastic cannot take --comm streaming-diloco"},
+      {" --peers 2 --parallel pipeline --elastic --comm diloco --overlap 2", "nor --comm diloco with --overlap or --eager"},
+      {" --peers 2 --parallel pipeline --elastic --comm diloco --eager", "nor --comm diloco with --overlap or --eager"},
       {" --peers 2 --parallel pipeline --activation-codec int9", "int9"},
   };
   for (const auto& [args, says] : cases) {

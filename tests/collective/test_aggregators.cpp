@@ -440,3 +440,73 @@ TEST_CASE("robust all-reduce per partition: an aggregator that returns NaN leave
     CHECK(run.records[r].tally.suspicious(4) == 1);
   }
 }
+
+namespace {
+std::vector<float> combine_weighted(auto aggregator, const std::vector<std::vector<float>>& in, const std::vector<double>& w) {
+  std::vector<std::span<const float>> parts(in.begin(), in.end());
+  std::vector<float> out(in.front().size());
+  aggregator.combine_weighted(col::contributions(parts), std::span<const double>(w), std::span<float>(out));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("aggregators: weighted, equal weights give the unweighted answer and a heavy contribution pulls", "[aggregate]") {
+  const std::vector<std::vector<float>> in = {{1, 10, -3}, {2, 20, 0}, {3, 30, 5}, {100, -5, 1}};
+  const std::vector<double> equal = {2, 2, 2, 2};
+  CHECK(combine_weighted(col::median{}, in, equal) == combine(col::median{}, in));
+  CHECK(combine_weighted(col::trimmed_mean{}, in, equal) == combine(col::trimmed_mean{}, in));
+  CHECK(combine_weighted(col::centered_clip{}, in, equal) == combine(col::centered_clip{}, in));
+  const auto m = combine_weighted(col::mean{}, in, equal), plain = combine(col::mean{}, in);
+  for (std::size_t i = 0; i < m.size(); ++i) CHECK(m[i] == Approx(plain[i]).epsilon(1e-6));
+  // The third contribution weighs 5 of 8: more than half, so the weighted median is its value.
+  const std::vector<double> heavy = {1, 1, 5, 1};
+  CHECK(combine_weighted(col::median{}, in, heavy) == std::vector<float>{3, 30, 5});
+  // Trimming 0.25 of the weight (2 of 8) off each end: 1 x 1 + 5 x ... per coordinate, what lies
+  // in the middle 4: coordinate 0 sorted 1(1) 2(1) 3(5) 100(1): 2 trimmed below (values 1 and 2),
+  // 2 above (100, and 1 of 3's 5): 3 x 4 / 4 = 3.
+  CHECK(combine_weighted(col::trimmed_mean{}, in, heavy)[0] == Approx(3.0f));
+  const auto wm = combine_weighted(col::mean{}, in, heavy);
+  CHECK(wm[0] == Approx((1 + 2 + 15 + 100) / 8.0));
+  // Bucketing weighs its groups' means by their total weight; sender-mean cannot weigh.
+  col::bucketing<col::median> buckets;
+  buckets.size = 1;  // groups of one: the weighted median of the contributions themselves
+  CHECK(combine_weighted(buckets, in, heavy) == std::vector<float>{3, 30, 5});
+  static_assert(col::can_weigh<col::median>() && col::can_weigh<col::partitioned<col::trimmed_mean>>());
+  static_assert(!col::can_weigh<col::sender_mean>() && !col::can_weigh<col::bucketing<col::sender_mean>>());
+  CHECK_THROWS_WITH(combine_weighted(col::median{}, in, std::vector<double>{1, 1, -1, 1}),
+                    Catch::Contains("a contribution's weight is -1, not a positive number"));
+}
+
+TEMPLATE_TEST_CASE("robust all-reduce: weighted contributions, a claimed weight capped and a negative one dropped", "[aggregate]",
+                   col::median, col::partitioned<col::median>) {
+  // Four peers send r + 1 everywhere; peer 3 claims `lie` as its weight, the others 1.
+  const auto run = [](double lie) {
+    std::vector<std::vector<float>> got(4);
+    std::vector<col::aggregation_report> reports(4);
+    dt::transport::in_process(4).run([&](dt::transport::in_process::endpoint& ep) {
+      dt::collective::communicator comm(ep);
+      std::vector<float> v(5, static_cast<float>(ep.rank() + 1));
+      TestType aggregator;
+      col::aggregation_record record;
+      dt::compress::identity codec;
+      dt::compress::all_reduce(codec, comm, std::span<float>(v), true, aggregator, record, ep.rank() == 3 ? lie : 1.0);
+      got[static_cast<std::size_t>(ep.rank())] = v;
+      reports[static_cast<std::size_t>(ep.rank())] = record.last;
+    });
+    return std::pair(got, reports);
+  };
+  // Weights 1, 1, 1, 2: the weighted median of 1, 2, 3, 4 is 3 (the plain one 2.5).
+  const auto two = run(2.0).first;
+  for (const auto& v : two) CHECK(v == std::vector<float>(5, 3.0f));
+  // A claim of 1e9 counts as 2 (twice the median weight): the same answer, not peer 3's 4.
+  const auto [huge, huge_reports] = run(1e9);
+  for (const auto& v : huge) CHECK(v == std::vector<float>(5, 3.0f));
+  CHECK(huge_reports[0].peers[3] == col::verdict::kept);
+  // A negative weight, or one that is not a number, drops the contribution as malformed: the
+  // median of 1, 2, 3.
+  for (const double bad : {-1.0, std::nan("")}) {
+    const auto [dropped, reports] = run(bad);
+    for (const auto& v : dropped) CHECK(v == std::vector<float>(5, 2.0f));
+    for (const auto& r : reports) CHECK(r.peers[3] == col::verdict::malformed);
+  }
+}

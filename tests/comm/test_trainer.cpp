@@ -147,6 +147,57 @@ TEST_CASE("trainer: sync_allreduce with weighted set averages the replicas' grad
   }
 }
 
+TEST_CASE("trainer: weighted with a robust aggregator weighs each replica's gradient, and one that cannot weigh is refused") {
+  trainer_options opts;
+  opts.steps = 1;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  opts.grad_clip = 0;
+  // Each peer's own gradient, then the weighted median of the three (weights 1, 2, 3: per
+  // coordinate the value where more than half the weight, 3 of 6, lies at or below it; the mean
+  // of two values where exactly half does).
+  using Own = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<dt::comm::local_sgd<>>, rank_weighted>;
+  using Median = fixture::probe<dt::comm::sync_allreduce<dt::compress::identity, dt::collective::median>>;
+  using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>, Median, rank_weighted>;
+  std::vector<std::vector<float>> own(3), weighted(3), plain(3);
+  fixture::probe<dt::comm::local_sgd<>> p_own;
+  p_own.grads = &own;
+  fixture::final_params<Own>(3, fixture::tiny_gpt(), opts, p_own);
+  Median p_weighted, p_plain;
+  p_weighted.inner.weighted = true;
+  p_weighted.grads = &weighted;
+  p_plain.grads = &plain;
+  fixture::final_params<Sync>(3, fixture::tiny_gpt(), opts, p_weighted);
+  fixture::final_params<Sync>(3, fixture::tiny_gpt(), opts, p_plain);
+  std::size_t differ = 0, off_weighted = 0, off_plain = 0;
+  for (std::size_t i = 0; i < own[0].size(); ++i) {
+    std::vector<std::pair<float, double>> v = {{own[0][i], 1.0}, {own[1][i], 2.0}, {own[2][i], 3.0}};
+    std::sort(v.begin(), v.end());
+    const auto mean_of = [](float a, float b) { return static_cast<float>(0.5 * (static_cast<double>(a) + b)); };
+    const double two = v[0].second + v[1].second;
+    const float by_weight = v[0].second == 3.0 ? mean_of(v[0].first, v[1].first)
+                            : two > 3.0        ? v[1].first
+                            : two == 3.0       ? mean_of(v[1].first, v[2].first)
+                                               : v[2].first;
+    const float middle = v[1].first;
+    for (int r = 0; r < 3; ++r) {
+      off_weighted += weighted[static_cast<std::size_t>(r)][i] != by_weight;
+      off_plain += plain[static_cast<std::size_t>(r)][i] != middle;
+    }
+    differ += by_weight != middle;
+  }
+  CHECK(off_weighted == 0);  // every peer, every value
+  CHECK(off_plain == 0);
+  CHECK(differ > own[0].size() / 4);  // the weights change the median
+  // sender-mean cannot weigh: refused at the start, naming it.
+  using Sender = fixture::probe<dt::comm::sync_allreduce<dt::compress::identity, dt::collective::sender_mean>>;
+  Sender sender;
+  sender.inner.weighted = true;
+  CHECK_THROWS_WITH((fixture::final_params<dt::train::trainer<dt::nn::gpt<dt::cpu>, Sender, rank_weighted>>(
+                        2, fixture::tiny_gpt(), opts, sender)),
+                    Catch::Matchers::Contains("sync_allreduce: weighted averaging with aggregator 'sender-mean', which cannot weigh"));
+}
+
 namespace {
 // Runs 3 peers of rank_weighted (peer r's steps weigh r + 1) under `policy` with weighted set, 2
 // steps a round; checks every peer ends on the weighted mean of the peers' parameters before

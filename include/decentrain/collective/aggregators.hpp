@@ -4,6 +4,9 @@
 //       writes the aggregate of one or more contributions, each out.size() finite values (a
 //       contribution holding a non-finite value never gets here: the collective drops it)
 // and may add
+//   void combine_weighted(contributions, std::span<const double> weights, std::span<float> out)
+//       the same with each contribution weighing weights[i] (> 0, finite: a step's or a round's
+//       weight, the rows a replica took; the robust all-reduce drops and caps what a peer claims)
 //   std::string describe() const             its settings, compared across peers
 //   bool per_partition() const               aggregate per partition (robust_all_reduce)
 //   bool averages_in_flight() const          a plain mean: the collective may sum on the way
@@ -40,6 +43,11 @@ constexpr bool check_aggregator() {
   static_assert(requires(A& a, contributions in, std::span<float> out) { a.combine(in, out); },
                 "aggregator: needs `void combine(std::span<const std::span<const float>> contributions, std::span<float> out)`");
   return true;
+}
+
+template <class A>
+constexpr bool can_weigh() {
+  return requires(A& a, contributions in, std::span<const double> w, std::span<float> out) { a.combine_weighted(in, w, out); };
 }
 
 template <class A>
@@ -104,6 +112,65 @@ inline void sort_small(std::span<float> v) {
   }
 }
 
+// Sorts a handful of values in place, each with its weight.
+template <class T>
+void sort_small(std::span<T> v, std::span<double> w) {
+  for (std::size_t i = 1; i < v.size(); ++i) {
+    const T x = v[i];
+    const double wx = w[i];
+    std::size_t j = i;
+    for (; j > 0 && v[j - 1] > x; --j) {
+      v[j] = v[j - 1];
+      w[j] = w[j - 1];
+    }
+    v[j] = x;
+    w[j] = wx;
+  }
+}
+
+// The weighted median of sorted values: the first whose cumulative weight passes half the total
+// (the mean of two where it lands on half exactly, as the median of an even count does; with
+// `lower`, the first that reaches half, as sorted[(n - 1) / 2] is).
+template <class T>
+T weighted_median_sorted(std::span<const T> v, std::span<const double> w, double total, bool lower = false) {
+  double below = 0;
+  for (std::size_t j = 0; j < v.size(); ++j) {
+    below += w[j];
+    if (2 * below > total || j + 1 == v.size() || (lower && 2 * below == total)) return v[j];
+    if (2 * below == total) return static_cast<T>(0.5 * (static_cast<double>(v[j]) + static_cast<double>(v[j + 1])));
+  }
+  return v.empty() ? T{} : v.back();
+}
+
+// Calls f(i, values, weights) per coordinate as by_coordinate does, with each contribution's
+// weight beside its value (a fresh copy per coordinate: the callee may sort them together).
+template <class F>
+void by_coordinate_weighted(contributions in, std::span<const double> weights, std::size_t size, F&& f) {
+  std::vector<double> w(weights.size());
+  by_coordinate(in, size, [&](std::size_t i, std::span<float> v) {
+    std::copy(weights.begin(), weights.end(), w.begin());
+    f(i, v, std::span<double>(w));
+  });
+}
+
+inline double total_weight(contributions in, std::span<const double> weights, const char* who) {
+  decentrain::detail::check(weights.size() == in.size(), who, ": ", weights.size(), " weights for ", in.size(), " contributions");
+  double total = 0;
+  for (const double w : weights) {
+    decentrain::detail::check(std::isfinite(w) && w > 0, who, ": a contribution's weight is ", w, ", not a positive number");
+    total += w;
+  }
+  return total;
+}
+
+inline void weighted_median(contributions in, std::span<const double> weights, std::span<float> out) {
+  const double total = total_weight(in, weights, "median");
+  by_coordinate_weighted(in, weights, out.size(), [&](std::size_t i, std::span<float> v, std::span<double> w) {
+    sort_small(v, w);
+    out[i] = weighted_median_sorted<float>(v, w, total);
+  });
+}
+
 // sum_i (a_i - b_i)^2, in double: the distances clipping and the reports are made of.
 inline double squared_distance(std::span<const float> a, std::span<const float> b) {
   double s = 0;
@@ -135,6 +202,14 @@ struct mean {
       for (std::size_t i = 0; i < out.size(); ++i) out[i] += c[i];
     const float scale = 1.0f / static_cast<float>(in.size());
     for (auto& v : out) v *= scale;
+  }
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) {
+    detail::check_shapes(in, out, "mean");
+    const double total = detail::total_weight(in, weights, "mean");
+    std::vector<double> sum(out.size(), 0.0);
+    for (std::size_t p = 0; p < in.size(); ++p)
+      for (std::size_t i = 0; i < out.size(); ++i) sum[i] += weights[p] * in[p][i];
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(sum[i] / total);
   }
 };
 
@@ -168,6 +243,11 @@ struct median {
     detail::check_shapes(in, out, "median");
     detail::coordinate_median(in, out);
   }
+  // Per coordinate, the value where half the weight lies on each side.
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) {
+    detail::check_shapes(in, out, "median");
+    detail::weighted_median(in, weights, out);
+  }
 };
 
 // Per coordinate, the mean after dropping the floor(trim x n) largest and smallest values (at
@@ -192,6 +272,24 @@ struct trimmed_mean {
       out[i] = static_cast<float>(sum / static_cast<double>(kept));
     });
   }
+  // Per coordinate, the weighted mean of what lies between the lightest `trim` of the total
+  // weight at each end (a value straddling the cut counts with the part of its weight inside).
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) {
+    detail::check_shapes(in, out, "trimmed_mean");
+    (void)trimmed(in.size());  // (checks trim)
+    const double total = detail::total_weight(in, weights, "trimmed_mean"), cut = trim * total;
+    detail::by_coordinate_weighted(in, weights, out.size(), [&](std::size_t i, std::span<float> v, std::span<double> w) {
+      detail::sort_small(v, w);
+      double below = 0, sum = 0, kept = 0;
+      for (std::size_t j = 0; j < v.size(); ++j) {
+        const double inside = std::max(0.0, std::min(below + w[j], total - cut) - std::max(below, cut));
+        sum += inside * v[j];
+        kept += inside;
+        below += w[j];
+      }
+      out[i] = kept > 0 ? static_cast<float>(sum / kept) : detail::weighted_median_sorted<float>(v, w, total);
+    });
+  }
 };
 
 // Centered clipping: from a starting point v, `iterations` times
@@ -209,22 +307,38 @@ struct centered_clip {
   std::string describe() const {
     return "centered-clip:iterations=" + std::to_string(iterations) + ",radius=" + std::to_string(radius);
   }
-  void combine(contributions in, std::span<float> out) {
+  void combine(contributions in, std::span<float> out) { clip(in, {}, out); }
+  // The same from the weighted median, each contribution pulling by its share of the weight, the
+  // radius the weighted median distance.
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out) { clip(in, weights, out); }
+
+ private:
+  void clip(contributions in, std::span<const double> weights, std::span<float> out) {
     detail::check_shapes(in, out, "centered_clip");
     decentrain::detail::check(iterations >= 1, "centered_clip: iterations must be >= 1, got ", iterations);
     decentrain::detail::check(radius >= 0 && std::isfinite(radius), "centered_clip: radius must be finite and >= 0, got ", radius);
     const std::size_t n = in.size();
-    detail::coordinate_median(in, out);
+    const bool weighed = !weights.empty();
+    const double total = weighed ? detail::total_weight(in, weights, "centered_clip") : 0.0;
+    if (weighed)
+      detail::weighted_median(in, weights, out);
+    else
+      detail::coordinate_median(in, out);
     std::vector<double> distance(n), weight(n);
     auto distances = [&] {
       for (std::size_t p = 0; p < n; ++p) distance[p] = std::sqrt(detail::squared_distance(in[p], out));
     };
     distances();
     double tau = radius;
-    if (tau == 0) {
+    if (tau == 0 && !weighed) {
       auto sorted = distance;
       std::sort(sorted.begin(), sorted.end());
       tau = sorted[(n - 1) / 2];
+    } else if (tau == 0) {
+      auto d = distance;
+      std::vector<double> w(weights.begin(), weights.end());
+      detail::sort_small<double>(d, w);
+      tau = detail::weighted_median_sorted<double>(d, w, total, true);
     }
     if (tau == 0) return;  // half or more of the contributions sit on the median: it is the answer
     // In double: a difference of two finite floats can overflow a float. The step is a convex
@@ -233,7 +347,8 @@ struct centered_clip {
     for (int it = 0; it < iterations; ++it) {
       if (it) distances();
       for (std::size_t p = 0; p < n; ++p)
-        weight[p] = (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
+        weight[p] = weighed ? (distance[p] > tau ? tau / distance[p] : 1.0) * (weights[p] / total)
+                            : (distance[p] > tau ? tau / distance[p] : 1.0) / static_cast<double>(n);
       std::fill(step.begin(), step.end(), 0.0);
       for (std::size_t p = 0; p < n; ++p) {
         const double w = weight[p];
@@ -259,7 +374,17 @@ struct bucketing {
     return detail::with_setting(describe_aggregator(inner), "bucket=" + std::to_string(size) + ",seed=" + std::to_string(seed));
   }
   bool per_partition() const { return is_partitioned(inner); }
-  void combine(contributions in, std::span<float> out) {
+  void combine(contributions in, std::span<float> out) { group(in, {}, out); }
+  // Each group's weighted mean, weighing the group's total for the inner aggregator.
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out)
+    requires(can_weigh<Inner>())
+  {
+    (void)detail::total_weight(in, weights, "bucketing");
+    group(in, weights, out);
+  }
+
+ private:
+  void group(contributions in, std::span<const double> weights, std::span<float> out) {
     detail::check_shapes(in, out, "bucketing");
     decentrain::detail::check(size >= 1, "bucketing: size must be >= 1");
     const std::size_t n = in.size(), groups = (n + size - 1) / size;
@@ -271,20 +396,27 @@ struct bucketing {
     means_.resize(groups * out.size());
     sum_.resize(out.size());  // in double: a group's float sum of large finite values could overflow
     std::vector<std::span<const float>> parts;
+    std::vector<double> group_weights;
     for (std::size_t g = 0; g < groups; ++g) {
       std::span<float> m(means_.data() + g * out.size(), out.size());
       std::fill(sum_.begin(), sum_.end(), 0.0);
       const std::size_t from = g * size, to = std::min(n, from + size);
-      for (std::size_t k = from; k < to; ++k)
-        for (std::size_t i = 0; i < m.size(); ++i) sum_[i] += in[order[k]][i];
-      const double count = static_cast<double>(to - from);
+      double count = 0;
+      for (std::size_t k = from; k < to; ++k) {
+        const double w = weights.empty() ? 1.0 : weights[order[k]];
+        for (std::size_t i = 0; i < m.size(); ++i) sum_[i] += weights.empty() ? in[order[k]][i] : w * in[order[k]][i];
+        count += w;
+      }
       for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(sum_[i] / count);
       parts.push_back(m);
+      group_weights.push_back(count);
     }
-    inner.combine(contributions(parts), out);
+    if (weights.empty())
+      inner.combine(contributions(parts), out);
+    else if constexpr (can_weigh<Inner>())
+      inner.combine_weighted(contributions(parts), group_weights, out);
   }
 
- private:
   std::uint64_t calls_ = 0;
   std::vector<float> means_;
   std::vector<double> sum_;
@@ -306,6 +438,11 @@ struct partitioned {
   bool per_partition() const { return true; }
   bool averages_in_flight() const { return false; }
   void combine(contributions in, std::span<float> out) { inner.combine(in, out); }
+  void combine_weighted(contributions in, std::span<const double> weights, std::span<float> out)
+    requires(can_weigh<Inner>())
+  {
+    inner.combine_weighted(in, weights, out);
+  }
 };
 
 }  // namespace decentrain::collective

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -91,6 +92,13 @@ struct peer_tally {
 struct aggregation_record {
   aggregation_report last;
   peer_tally tally;
+  // Weighted contributions (a policy's `weighted`): one weighs at most weight_cap times the
+  // median weight of those kept, so a peer that claims a huge weight (rows it did not take)
+  // counts as two honest ones at most, and f such peers outweigh the honest only where
+  // f x weight_cap >= the honest count (a third of the peers); honest weights a few times apart
+  // (peers of different speeds) lose what lies beyond it. A negative weight, or one that is not
+  // a number, drops its contribution (malformed).
+  double weight_cap = 2.0;
   std::vector<float> workspace, own;
   std::vector<std::vector<std::byte>> payloads;
 };
@@ -109,23 +117,40 @@ inline bool all_finite(std::span<const float> v) {
   return total == 0.0f;
 }
 
-// Drops the contributions that are not finite (verdicts already malformed stay so), aggregates
-// the rest into `out` (zeros when none is left), and writes each kept one's squared distance
-// to the result into `squared`.
+// Drops the contributions that are not finite (verdicts already malformed stay so), and with
+// `weights` (one per contribution; empty: unweighted) those whose weight is negative or not a
+// number (malformed; one of weight 0 is left out, as a peer that took no rows), caps the rest's
+// weights (aggregation_record::weight_cap), aggregates what is left into `out` (zeros when none
+// is), and writes each kept one's squared distance to the result into `squared`.
 template <class Aggregator>
 void combine_kept(Aggregator& aggregator, contributions parts, std::span<float> out, std::span<verdict> verdicts,
-                  std::span<double> squared) {
+                  std::span<double> squared, std::span<const double> weights = {}, double weight_cap = 0) {
   std::vector<std::span<const float>> kept;
+  std::vector<double> kept_weights;
   for (std::size_t p = 0; p < parts.size(); ++p) {
     squared[p] = 0;
     if (verdicts[p] == verdict::kept && !all_finite(parts[p])) verdicts[p] = verdict::non_finite;
-    if (verdicts[p] == verdict::kept) kept.push_back(parts[p]);
+    if (verdicts[p] == verdict::kept && !weights.empty() && !(std::isfinite(weights[p]) && weights[p] >= 0))
+      verdicts[p] = verdict::malformed;
+    if (verdicts[p] != verdict::kept || (!weights.empty() && weights[p] == 0)) continue;  // (weight 0: took no rows)
+    kept.push_back(parts[p]);
+    if (!weights.empty()) kept_weights.push_back(weights[p]);
   }
   if (kept.empty()) {
     std::fill(out.begin(), out.end(), 0.0f);
     return;
   }
-  aggregator.combine(contributions(kept), out);
+  if (weights.empty()) {
+    aggregator.combine(contributions(kept), out);
+  } else if constexpr (can_weigh<Aggregator>()) {
+    auto sorted = kept_weights;
+    std::sort(sorted.begin(), sorted.end());
+    if (const double cap = weight_cap * sorted[(sorted.size() - 1) / 2]; weight_cap > 0)
+      for (auto& w : kept_weights) w = std::min(w, cap);
+    aggregator.combine_weighted(contributions(kept), kept_weights, out);
+  } else {
+    decentrain::detail::fail("aggregator '", describe_aggregator(aggregator), "' cannot weigh contributions");
+  }
   for (std::size_t p = 0; p < parts.size(); ++p)
     if (verdicts[p] == verdict::kept) squared[p] = squared_distance(parts[p], out);
 }
@@ -146,25 +171,54 @@ inline void finish_report(aggregation_report& r, double far_factor) {
 // `verdicts` may mark some as malformed beforehand.
 template <class Aggregator>
 void aggregate_gathered(Aggregator& aggregator, contributions parts, std::span<float> values, aggregation_record& record,
-                        std::span<const verdict> verdicts = {}) {
+                        std::span<const verdict> verdicts = {}, std::span<const double> weights = {}) {
   auto& r = record.last;
   r.peers.assign(parts.size(), verdict::kept);
   std::copy(verdicts.begin(), verdicts.end(), r.peers.begin());
   r.distance.assign(parts.size(), 0.0);
-  detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance));
+  detail::combine_kept(aggregator, parts, values, std::span<verdict>(r.peers), std::span<double>(r.distance), weights,
+                       record.weight_cap);
   detail::finish_report(r, record.tally.far_factor);
   record.tally.add(r);
 }
 
+// The factor that makes a mean of scaled contributions their weighted mean: each peer scales
+// its values by mine x R / (the weights' sum), so that the mean over the R peers is
+// sum w_i v_i / sum w_i (one all-reduce of a number).
+template <class Comm>
+float weight_factor(Comm& comm, double mine) {
+  double total = mine;
+  comm.all_reduce(std::span<double>(&total, 1), reduce_op::sum);
+  decentrain::detail::check(std::isfinite(total) && total > 0, "weighted averaging: the peers' weights add up to ", total,
+                            "; it needs a positive sum");
+  return static_cast<float>(mine * static_cast<double>(comm.world()) / total);
+}
+
+// Every peer's `mine`, on every peer (one all-to-all of a number; empty without one).
+template <class Comm>
+std::vector<double> exchange_weights(Comm& comm, std::optional<double> mine) {
+  if (!mine) return {};
+  const auto nn = static_cast<std::size_t>(comm.world());
+  std::vector<double> all(nn);
+  std::vector<std::span<const double>> out(nn, std::span<const double>(&*mine, 1));
+  std::vector<std::span<double>> in(nn);
+  for (std::size_t p = 0; p < nn; ++p) in[p] = std::span<double>(&all[p], 1);
+  comm.all_to_all(std::span<const std::span<const double>>(out), std::span<const std::span<double>>(in));
+  return all;
+}
+
 // The aggregate of every peer's `values`, left in `values` on every peer; the same bits on
 // every peer when all are honest (a peer that sends different peers different values makes
-// them differ; their aggregates still stay within what the aggregator allows).
+// them differ; their aggregates still stay within what the aggregator allows). With `weight`,
+// each peer's contribution weighs what it says (capped: aggregation_record::weight_cap).
 template <class Aggregator, class Comm>
-void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> values, aggregation_record& record) {
+void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> values, aggregation_record& record,
+                       std::optional<double> weight = std::nullopt) {
   static_assert(check_aggregator<Aggregator>());
   const int n = comm.world(), me = comm.rank();
   const auto nn = static_cast<std::size_t>(n);
   const std::size_t size = values.size();
+  const auto weights = exchange_weights(comm, weight);
   std::vector<std::span<const float>> out(nn);
   std::vector<std::span<float>> in(nn);
   auto& ws = record.workspace;
@@ -176,7 +230,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
     }
     comm.all_to_all(std::span<const std::span<const float>>(out), std::span<const std::span<float>>(in));
     std::vector<std::span<const float>> parts(in.begin(), in.end());
-    aggregate_gathered(aggregator, contributions(parts), values, record);
+    aggregate_gathered(aggregator, contributions(parts), values, record, {}, weights);
     return;
   }
   // Slices as the ring cuts them: the first size % n one value longer.
@@ -196,7 +250,8 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
   std::vector<double> squared(nn);
   {
     std::vector<std::span<const float>> parts(in.begin(), in.end());
-    detail::combine_kept(aggregator, contributions(parts), result, std::span<verdict>(verdicts), std::span<double>(squared));
+    detail::combine_kept(aggregator, contributions(parts), result, std::span<verdict>(verdicts), std::span<double>(squared),
+                         weights, record.weight_cap);
   }
   for (std::size_t p = 0; p < nn; ++p) {
     out[p] = result;

@@ -6,6 +6,7 @@
 // every step.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -28,15 +29,19 @@ struct diloco {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
-  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally; one
-  // all-reduce of a number more a round (comm::weight_factor). Every replica the same.
+  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
+  // (compress::all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
+  // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
+  // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
+  static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
 
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
     outer::validate(outer_optimizer, "diloco");
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "diloco");
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -63,9 +68,9 @@ struct diloco {
     weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
-    const float f = weighted ? weight_factor(ctx, weight_.sum) : 1.0f;
-    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = f * (global_[i] - delta_[i]);  // pseudo-gradient
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_);
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
+                         weight_if(weighted, weight_.sum));
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);

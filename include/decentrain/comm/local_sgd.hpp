@@ -21,14 +21,15 @@ struct local_sgd {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas by the weight of their rounds (the sum of ctx.step_weight over the
-  // round's steps: the rows each took, say) instead of equally; one all-reduce of a number more a
-  // round (comm::weight_factor). Every replica the same.
+  // round's steps: the rows each took, say) instead of equally (compress::all_reduce: the mean
+  // scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "local_sgd: inner_steps must be >= 1, got ", inner_steps);
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "local_sgd");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -38,9 +39,8 @@ struct local_sgd {
     weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    if (weighted)
-      for (const float f = weight_factor(ctx, weight_.sum); auto& v : buffer_) v *= f;
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+                         weight_if(weighted, weight_.sum));
     scatter_values(ctx.parameters, buffer_);
     weight_.sum = 0;
   }

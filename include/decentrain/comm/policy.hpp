@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -128,27 +129,19 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
   return ends_round(ctx.step, inner_steps) || ctx.last_step;
 }
 
-// Weighted averaging: the factor w R / (w_1 + ... + w_R) that scales this replica's values, of
-// weight w = ctx.step_weight (the parallel policy's step_result::weight: its rows, say), so that
-// the mean of the scaled values over the R replicas is their weighted mean, sum w_i v_i / sum w_i
-// (through any codec; a robust aggregator takes the scaled values as they are, and a replica of
-// weight 0 sends zeros). One all-reduce of a number; every replica must call it.
-// (replicas: the replicas' communicator, or a lane of it.)
-template <class Communicator>
-float replicas_weight_factor(Communicator& replicas, double mine) {
-  double total = mine;
-  replicas.all_reduce(std::span<double>(&total, 1), collective::reduce_op::sum);
-  decentrain::detail::check(std::isfinite(total) && total > 0, "comm: the replicas' step weights add up to ", total,
-                            "; weighted averaging needs a positive sum");
-  return static_cast<float>(mine * static_cast<double>(replicas.world()) / total);
+// Weighted averaging (a policy's `weighted`): its weight, where it weighs, for
+// compress::all_reduce, which weighs each replica's contribution by what it says (under the
+// mean by scaling, w R / (w_1 + ... + w_R); any other aggregator gets the weights, capped).
+inline std::optional<double> weight_if(bool weighted, double weight) {
+  return weighted ? std::optional<double>(weight) : std::nullopt;
 }
-template <class Ctx>
-float weight_factor(Ctx& ctx, double mine) {
-  return replicas_weight_factor(ctx.replicas, mine);
-}
-template <class Ctx>
-float weight_factor(Ctx& ctx) {
-  return weight_factor(ctx, ctx.step_weight);
+// In a policy's start: an aggregator that cannot weigh contributions is refused by name.
+template <class Aggregator>
+void check_weighs(const Aggregator& aggregator, bool weighted, const char* who) {
+  decentrain::detail::check(!weighted || collective::averages_in_flight(aggregator) || collective::can_weigh<Aggregator>(), who,
+                            ": weighted averaging with aggregator '", collective::describe_aggregator(aggregator),
+                            "', which cannot weigh contributions (mean, median, trimmed-mean, centered-clip, and bucketing ",
+                            "or partitioned of those, can)");
 }
 
 // A replica's weight over a round of a periodic policy: the sum of its steps' ctx.step_weight

@@ -70,6 +70,7 @@ struct streaming_diloco {
           "the average before the exchange, without the replicas' weights)");
     outer::validate(outer_optimizer, "streaming_diloco");
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "streaming_diloco");
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
     const auto whole = layout_of(ctx.parameters);
     // Started again with a state loaded while it ran (a restore, or a heal, before another fit):
@@ -280,9 +281,7 @@ struct streaming_diloco {
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
-      if (weigh)
-        for (const float f = replicas_weight_factor(comm, p.sent.sum); auto& v : p.buffer) v *= f;
-      compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record);
+      compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
       p.bytes = comm.traffic().bytes_sent - before;
     };
     if (background) p.exchange.handle = ctx.replicas.start(exchange);

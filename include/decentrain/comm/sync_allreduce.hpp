@@ -22,22 +22,22 @@ struct sync_allreduce {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
-  // say) instead of equally (under the mean; a robust aggregator sees the scaled gradients,
-  // comm::weight_factor); one all-reduce of a number more a step. Every replica the same.
+  // say) instead of equally: the mean scales them (one all-reduce of a number more a step), a
+  // robust aggregator weighs them (compress::all_reduce). Every replica the same.
   bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
     prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "sync_allreduce");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    if (weighted)
-      for (const float f = weight_factor(ctx); auto& g : buffer_) g *= f;
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_);
+    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+                         weight_if(weighted, ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.

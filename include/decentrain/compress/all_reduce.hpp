@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -226,7 +227,8 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
 // not stop the others.
 template <class Codec, class Aggregator, class Comm>
 void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> values, Aggregator& aggregator,
-                                collective::aggregation_record& record) {
+                                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
+  const auto weights = collective::exchange_weights(comm, weight);
   const auto n = static_cast<std::size_t>(comm.world()), me = static_cast<std::size_t>(comm.rank());
   const std::size_t bound = codec.max_encoded_bytes(values.size());
   auto& payloads = record.payloads;
@@ -270,15 +272,28 @@ void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> value
       verdicts[p] = collective::verdict::malformed;
     }
   }
-  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts);
+  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts, weights);
 }
 
 // all_reduce with an aggregator: `record` keeps what was seen of each peer (and the buffers).
+// With `weight` (a policy's `weighted`: the rows this replica took, say), each peer's
+// contribution weighs what it says: a mean scales it by weight x world / (the weights' sum) and
+// sums on the way (one all-reduce of a number more), any other aggregator gets every weight
+// with the contributions (capped: aggregation_record::weight_cap; one that cannot weigh is
+// refused: collective::can_weigh).
 template <class Codec, class Aggregator, class Comm>
 void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
-                collective::aggregation_record& record) {
+                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
   static_assert(collective::check_aggregator<Aggregator>());
   const float world = static_cast<float>(comm.world());
+  if (weight && collective::averages_in_flight(aggregator)) {
+    for (const float f = collective::weight_factor(comm, *weight); auto& v : values) v *= f;
+    weight.reset();
+  }
+  if (weight && !collective::can_weigh<Aggregator>())
+    decentrain::detail::fail("aggregator '", collective::describe_aggregator(aggregator), "' cannot weigh contributions, ",
+                             "which a weighted policy asks for (mean, median, trimmed-mean, centered-clip, bucketing and ",
+                             "partitioned of those can)");
   if (collective::averages_in_flight(aggregator)) {
     record.own.assign(values.begin(), values.end());
     all_reduce(codec, comm, values, average);
@@ -294,12 +309,12 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average,
     collective::mean m;
     gathered_robust_all_reduce(codec, comm, values, m, record);
   } else if (describe(codec) == "identity") {
-    collective::robust_all_reduce(aggregator, comm, values, record);
+    collective::robust_all_reduce(aggregator, comm, values, record, weight);
   } else {
     decentrain::detail::check(!collective::is_partitioned(aggregator), "aggregator '", collective::describe_aggregator(aggregator),
                               "' aggregates per partition, which sends f32 values: use it with the identity codec, not '",
                               describe(codec), "'");
-    gathered_robust_all_reduce(codec, comm, values, aggregator, record);
+    gathered_robust_all_reduce(codec, comm, values, aggregator, record, weight);
   }
   if (!average)
     for (auto& v : values) v *= world;

@@ -22,7 +22,12 @@
 //                                                        so that a state taken from a peer lands in it;
 //                                                        static constexpr bool replicas_equal_after_step,
 //                                                        true where every step leaves the replicas the same
-//                                                        parameters: a pipeline's group may then re-form)
+//                                                        parameters: a pipeline's re-deal then takes a part
+//                                                        from any replica, spreading the bytes;
+//                                                        static constexpr std::array<const char*, N>
+//                                                        per_parameter_state, keys of save()'s flat tensors
+//                                                        laid out over the parameters, which a pipeline's
+//                                                        re-deal moves with them)
 //   Parallel  using policy_concept = parallel::policy_tag;  parallel::placement place(int rank, int world) const;
 //                                                        parallel::step_result forward_backward(Ctx&);
 //                                                        double evaluate(Ctx&, std::int64_t batch)
@@ -38,7 +43,11 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <string>
+#include <type_traits>
 
 #include "decentrain/comm/policy.hpp"
 #include "decentrain/compress/codec.hpp"
@@ -83,6 +92,13 @@ constexpr bool check_comm_policy() {
     static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
                   "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
                   "after_step of `step` ends a round: the same answer on every peer)");
+  if constexpr (requires { P::per_parameter_state; })
+    static_assert(requires {
+      std::string(*std::begin(P::per_parameter_state));
+      std::integral_constant<std::size_t, std::size(P::per_parameter_state)>{};
+    },
+                  "comm policy: per_parameter_state must read `static constexpr std::array<const char*, N> "
+                  "per_parameter_state` (keys of save()'s flat tensors laid out over the parameters, in their order)");
   return true;
 }
 

@@ -261,6 +261,7 @@ class trainer {
     c.counters["trainer.stages"] = placement_.stages;
     c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
+    if (pipelined_) split_policy_state(c);
     return c;
   }
 
@@ -285,7 +286,7 @@ class trainer {
     decentrain::detail::check(it != c.rngs.end(), "checkpoint: missing rng 'dropout'");
     dropout_.set_state(it->second);
     policy_bytes_ = static_cast<std::uint64_t>(c.counter("trainer.policy_bytes_sent"));
-    policy_.load(c);
+    if (!held_) load_policy(c);  // (a held part's policy state is dealt out with it)
     resumed_ = true;
   }
 
@@ -295,7 +296,9 @@ class trainer {
     if (!can_redeal() || !pipelined_) return false;
     std::set<std::string> mine;
     for (const auto& e : model_.parameters()) mine.insert(e.name);
-    return redeal_exchange::names_in(c) != mine;
+    // (a checkpoint that keeps the policy's state flat, written before it was kept by parameter,
+    // is looked at without it: of this peer's part, it restores as it was written)
+    return redeal_exchange::names_in(c, holds_policy_slices(c) ? policy_fields() : std::vector<std::string>{}) != mine;
   }
 
   // Another peer's state as this peer's: model, optimizer, step and the policy's state; this
@@ -304,7 +307,7 @@ class trainer {
   void adopt(const io::checkpoint& c) {
     spare_.reset();
     step_ = train::restore(c, model_, optimizer_);
-    policy_.load(c);
+    load_policy(c);
     adopted_ = true;
   }
 
@@ -453,6 +456,11 @@ class trainer {
     else
       return true;
   }
+  // Whether the step after `steps_done` steps ends a round (its after_step exchanges; the run's
+  // last step ends one).
+  bool ends_round_between(std::int64_t steps_done) const {
+    return starts_round(steps_done + 1) || steps_done + 1 >= options_.steps;
+  }
 
   // Whether this peer runs phase `p` of the current step: not when it took the state of a peer
   // that stood further on (it skips to that peer's phase, and from there goes on as usual).
@@ -571,15 +579,94 @@ class trainer {
           placement_.stage, " of ", placement_.stages, ", but the parallel policy cannot deal the model's parts out "
           "again (it needs int morph(int world, std::int64_t n_blocks), and the model config().n_layer)");
     io::checkpoint kept;
+    kept.views = true;
     policy_.save(kept);
+    const auto fields = policy_fields();
+    std::erase_if(kept.tensors, [&](const auto& kv) { return std::find(fields.begin(), fields.end(), kv.first) != fields.end(); });
     check(kept.tensors.empty(), "trainer: when a pipeline's group re-forms, the model's parts are dealt out again, but ",
           "the communication policy keeps state of this peer's part ('", kept.tensors.empty() ? "" : kept.tensors.begin()->first,
-          "') that cannot be dealt out with them yet; use sync averaging with a codec that keeps no state");
-    if constexpr (!requires { requires CommPolicy::replicas_equal_after_step; })
-      decentrain::detail::fail("trainer: when a pipeline's group re-forms, each part is taken from any replica of its "
-                               "stage, but the communication policy ", CommPolicy::name, " leaves the replicas different "
-                               "between its rounds; use sync averaging (replicas_equal_after_step)");
+          "') that it does not lay out over the parameters (per_parameter_state), so it cannot be dealt out with them; use ",
+          "sync averaging, local SGD, DiLoCo or gossip, with a codec that keeps no state");
   }
+
+  // The communication policy's state laid out over the parameters (its per_parameter_state: flat
+  // tensors of its checkpoint, in parameter order), which a pipeline's re-deal moves with them.
+  static std::vector<std::string> policy_fields() {
+    if constexpr (requires { CommPolicy::per_parameter_state; })
+      return {std::begin(CommPolicy::per_parameter_state), std::end(CommPolicy::per_parameter_state)};
+    return {};
+  }
+  // A pipeline's checkpoint keeps that state by parameter ("comm.diloco.global/h.0.attn.c_attn.weight",
+  // beside "model.h.0.attn.c_attn.weight"), so that a part of another shape can be dealt out
+  // from it; views of the flat tensors where they are views.
+  void split_policy_state(io::checkpoint& c) const {
+    for (const auto& field : policy_fields()) {
+      const auto it = c.tensors.find(field);
+      if (it == c.tensors.end()) continue;
+      const auto flat = it->second.contiguous().reshape({it->second.numel()});
+      decentrain::detail::check(flat.numel() == model_.parameters().numel(), "trainer: the communication policy's '", field,
+                                "' has ", flat.numel(), " values, the parameters ", model_.parameters().numel());
+      std::int64_t at = 0;
+      for (const auto& e : model_.parameters()) {
+        const auto n = e.param.value().numel();
+        c.tensors[field + "/" + e.name] = flat.slice(0, at, at + n).reshape(e.param.value().shape());
+        at += n;
+      }
+      c.tensors.erase(field);
+    }
+  }
+  // `c` with the policy's state by parameter joined back into its flat tensors, in this peer's
+  // parameter order (a checkpoint without it as it is: written before, or not by a pipeline).
+  io::checkpoint joined_policy_state(const io::checkpoint& c) const {
+    io::checkpoint out = c;  // (the tensors' storage shared, not copied)
+    for (const auto& field : policy_fields()) {
+      if (std::none_of(c.tensors.begin(), c.tensors.end(), [&](const auto& kv) { return kv.first.starts_with(field + "/"); }))
+        continue;
+      auto flat = tensor<cpu>::empty(shape{model_.parameters().numel()}, dtype::f32);
+      std::int64_t at = 0;
+      for (const auto& e : model_.parameters()) {
+        const auto key = field + "/" + e.name;
+        const auto& t = c.tensor_at(key);
+        decentrain::detail::check(t.numel() == e.param.value().numel() && t.dtype() == dtype::f32, "checkpoint: '", key,
+                                  "' has ", t.numel(), " values, the parameter ", e.param.value().numel());
+        flat.slice(0, at, at + t.numel()).copy_from(t.contiguous().reshape({t.numel()}));
+        at += t.numel();
+      }
+      std::erase_if(out.tensors, [&](const auto& kv) { return kv.first.starts_with(field + "/"); });
+      out.tensors[field] = std::move(flat);
+    }
+    return out;
+  }
+  void load_policy(const io::checkpoint& c) {
+    if (policy_fields().empty())
+      policy_.load(c);
+    else
+      policy_.load(joined_policy_state(c));
+  }
+  // The policy's state that is not per parameter (counters and texts), as a re-deal announces it:
+  // from `source` (a checkpoint's, under the keys the policy saves), or from the policy (null).
+  std::optional<io::checkpoint> policy_counters(const io::checkpoint* source) const {
+    io::checkpoint live;
+    live.views = true;
+    policy_.save(live);
+    const auto& from = source ? *source : live;
+    io::checkpoint out;
+    for (const auto& [key, v] : live.counters)
+      if (const auto it = from.counters.find(key); it != from.counters.end()) out.counters[key] = it->second;
+    for (const auto& [key, v] : live.text)
+      if (const auto it = from.text.find(key); it != from.text.end()) out.text[key] = it->second;
+    if (source && out.counters.empty() && out.text.empty() && !holds_policy_slices(*source))
+      return std::nullopt;  // (a member that read no checkpoint file)
+    return out;
+  }
+  // Whether `c` keeps the policy's state by parameter (split_policy_state).
+  bool holds_policy_slices(const io::checkpoint& c) const {
+    const auto fields = policy_fields();
+    return std::any_of(c.tensors.begin(), c.tensors.end(), [&](const auto& kv) {
+      return std::any_of(fields.begin(), fields.end(), [&](const std::string& f) { return kv.first.starts_with(f + "/"); });
+    });
+  }
+  static const io::checkpoint* ptr(const std::optional<io::checkpoint>& c) { return c ? &*c : nullptr; }
 
   // The group re-formed (fault::elastic) under a pipeline: the parallel policy takes a shape for
   // the new view (morph), and each member builds its new part and takes every parameter and its
@@ -608,7 +695,13 @@ class trainer {
     const int stages_before = placed_members_.empty() ? 0 : placement_.stages;
     redeal_record record{step, stages_before, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
     const int n = world(), me = rank();
+    // Near the step: a step before or after it in the same round (redeal_exchange::plan says
+    // when that serves). Not a joiner's first part, nor a part held from a checkpoint.
+    constexpr bool spread = requires { requires CommPolicy::replicas_equal_after_step; };
+    const bool placed = !placed_members_.empty() && !held_;
     const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
+    const bool near = !current && placed && !spread &&
+                      ((step_ + 1 == step && !ends_round_between(step_)) || (step_ == step + 1 && !ends_round_between(step)));
     std::string lost;
     for (std::size_t i = 0; i < placed_members_.size(); ++i)
       if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))
@@ -628,10 +721,19 @@ class trainer {
     const io::checkpoint* source = held_ ? &*held_ : nullptr;
     // With its model, the part it held before the last re-deal where no step was done since.
     const io::checkpoint* spare = !source && current && spare_ && spare_->counter("step") == step ? &*spare_ : nullptr;
-    redeal_exchange exchange(comm_, members_, distrusted_);
+    redeal_exchange exchange(comm_, members_, distrusted_, policy_fields());
+    // The policy's state by parameter as this peer holds it (views: nothing changes it before
+    // the parts are installed).
+    io::checkpoint live;
+    live.views = true;
+    if (!source && !policy_fields().empty()) {
+      policy_.save(live);
+      split_policy_state(live);
+    }
     std::string missing;
-    auto said = exchange.announce_parts(current, digests_of(source, spare), needs);
-    auto from = exchange.plan(said, missing);
+    auto said = exchange.announce_parts(current, near, digests_of(exchange, source, spare, live), needs,
+                                        current ? ptr(policy_counters(source)) : nullptr);
+    auto from = exchange.plan(said, spread, missing);
     checkpoint_files files;  // listed only when some part is held by no member
     std::int64_t at = step;  // the step the group goes on from
     io::checkpoint read;     // the files this peer read for it
@@ -654,8 +756,8 @@ class trainer {
           });
           source = &read;
           spare = nullptr;
-          said = exchange.announce_parts(true, digests_of(source, nullptr), needs);
-          from = exchange.plan(said, missing);
+          said = exchange.announce_parts(true, false, digests_of(exchange, source, nullptr, live), needs, ptr(policy_counters(source)));
+          from = exchange.plan(said, spread, missing);
           tried += concat(tried.empty() ? "" : ", ", s);
           if (from) {
             at = s;
@@ -680,7 +782,7 @@ class trainer {
     };
     const auto floats_of = [&](const std::vector<std::string>& names) {
       std::size_t floats = 0;
-      for (const auto count : counts_of(names)) floats += 3 * count;
+      for (const auto count : counts_of(names)) floats += exchange.parts() * count;
       return floats;
     };
     auto state_of = [&] {
@@ -692,7 +794,7 @@ class trainer {
     auto pack = [&](const std::vector<std::string>& names, std::vector<float>& values, std::vector<std::int64_t>& steps) {
       for (const auto& name : names) {
         if (const auto* from_saved = source ? source : state_of.contains(name) ? nullptr : spare) {
-          redeal_exchange::pack_saved(*from_saved, name, values, steps);
+          exchange.pack_saved(*from_saved, name, values, steps);
           continue;
         }
         const auto& moments = state_of.at(name);
@@ -700,6 +802,10 @@ class trainer {
                                                                  &moments.exp_avg_sq};
         for (const auto* t : parts) {
           const auto v = train::detail::host_view_or_copy(*t, true).contiguous();  // (host memory: read in place)
+          values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
+        }
+        for (const auto& field : policy_fields()) {
+          const auto v = live.tensor_at(field + "/" + name).contiguous();
           values.insert(values.end(), v.template data<float>(), v.template data<float>() + v.numel());
         }
         steps.push_back(moments.step);
@@ -711,7 +817,7 @@ class trainer {
     c.views = false;
     c.counters["step"] = at;
     const auto unpack = [&](const std::vector<std::string>& names, std::span<const float> values, std::span<const std::int64_t> steps) {
-      redeal_exchange::unpack(names, values, steps, [&](const std::string& name) { return fresh.parameters().get(name).value().shape(); }, c);
+      exchange.unpack(names, values, steps, [&](const std::string& name) { return fresh.parameters().get(name).value().shape(); }, c);
     };
     const auto& mine_from = (*from)[static_cast<std::size_t>(me)];
     for (int s = 0; s < n; ++s) {
@@ -764,9 +870,16 @@ class trainer {
     if (current && at == step && !held_) {  // (only what the new part drops: it holds the rest)
       spare_ = train::capture(model_, optimizer_, step_, true);
       spare_->counters["step"] = step;
+      if (!policy_fields().empty()) {  // (copies: the policy's memory takes the new part's state)
+        io::checkpoint p;
+        policy_.save(p);
+        split_policy_state(p);
+        for (const auto& field : policy_fields())
+          for (const auto& e : model_.parameters())
+            if (!fresh.parameters().contains(e.name)) spare_->tensors[field + "/" + e.name] = p.tensor_at(field + "/" + e.name).clone();
+      }
       for (const auto& e : fresh.parameters())
-        for (const auto& key : {"model." + e.name, "adamw." + e.name + ".exp_avg", "adamw." + e.name + ".exp_avg_sq"})
-          spare_->tensors.erase(key);
+        for (const auto& key : exchange.keys_of(e.name)) spare_->tensors.erase(key);
     } else {
       spare_.reset();
     }
@@ -775,6 +888,47 @@ class trainer {
     optimizer_ = make_optimizer();
     set_compute_dtype();
     step_ = train::restore(c, model_, optimizer_);
+    // The policy's state: by parameter as it arrived; its counters and texts this peer's own
+    // where its whole new part is its own, else what most members at the step announced (those
+    // this peer distrusts not counted, the lowest rank among equals), so that no one member sets
+    // them alone. A state that does not load convicts the member it came from.
+    {
+      bool all_own = current;
+      for (int s = 0; s < n; ++s) all_own = all_own && (s == me || mine_from[static_cast<std::size_t>(s)].empty());
+      const auto own = all_own ? policy_counters(source) : std::nullopt;
+      int donor = own ? me : -1;
+      if (!own) {
+        std::map<std::string, std::pair<int, int>> votes;  // the state as text: (members, the first)
+        for (int r = 0; r < n; ++r) {
+          const auto& m = said[static_cast<std::size_t>(r)];
+          if (m.current && m.policy_state && !distrusted_.count(members_[static_cast<std::size_t>(r)]))
+            ++votes.try_emplace(redeal_exchange::describe_state(*m.policy_state), 0, r).first->second.first;
+        }
+        int most = 0;
+        for (const auto& [text, v] : votes)
+          if (v.first > most || (v.first == most && v.second < donor)) {
+            most = v.first;
+            donor = v.second;
+          }
+      }
+      check(donor >= 0 || policy_fields().empty(), "trainer: no member at step ", at, " of the re-formed group announced ",
+            "the communication policy's state, which its new part needs");
+      if (donor >= 0) {
+        auto p = own ? *own : *said[static_cast<std::size_t>(donor)].policy_state;
+        for (const auto& e : model_.parameters())
+          for (const auto& field : policy_fields()) p.tensors[field + "/" + e.name] = c.tensor_at(field + "/" + e.name);
+        try {
+          load_policy(p);
+        } catch (const decentrain::error& e) {
+          if (donor == me) throw;
+          const int peer = members_[static_cast<std::size_t>(donor)];
+          distrusted_.insert(peer);
+          transport::fail_peer_because(transport::failure_cause::convicted, peer, "redeal", "trainer: the communication ",
+                                       "policy's state peer ", peer, " announced for the re-deal at step ", at,
+                                       " does not load (", e.what(), "); this peer takes nothing from it again");
+        }
+      }
+    }
     if (!current || at != step) adopted_ = true;  // (in a restarted group's start: the policy starts as resumed)
     held_.reset();
     if (at != step) {
@@ -795,6 +949,7 @@ class trainer {
     const auto traffic = endpoint_.stats();
     record.step = at;
     record.from_checkpoints = at != step;
+    record.at_step = current;
     record.stages_after = placement_.stages;
     record.copies_after = n / placement_.stages;
     record.bytes_received = traffic.bytes_received - traffic0.bytes_received;
@@ -808,20 +963,24 @@ class trainer {
 
   // What this member holds for a re-deal, by name with its digest: from `source` (a checkpoint's
   // parts), or the model and optimizer (null) and what `spare` holds beside them.
-  std::map<std::string, std::uint64_t> digests_of(const io::checkpoint* source, const io::checkpoint* spare) {
+  std::map<std::string, std::uint64_t> digests_of(const redeal_exchange& exchange, const io::checkpoint* source,
+                                                  const io::checkpoint* spare, const io::checkpoint& live) {
     std::map<std::string, std::uint64_t> out;
     if (source) {
-      redeal_exchange::add_digests(*source, out);
+      exchange.add_digests(*source, out);
       return out;
     }
     const auto floats = [](const tensor<cpu>& t) { return std::span<const float>(t.template data<float>(), static_cast<std::size_t>(t.numel())); };
     for (auto& e : optimizer_.state()) {
-      const auto v = train::detail::host_view_or_copy(model_.parameters().get(e.name).value(), true).contiguous();
-      const auto m = train::detail::host_view_or_copy(e.exp_avg, true).contiguous();
-      const auto s2 = train::detail::host_view_or_copy(e.exp_avg_sq, true).contiguous();
-      out[e.name] = redeal_exchange::digest(floats(v), floats(m), floats(s2), e.step);
+      std::vector<tensor<cpu>> held = {train::detail::host_view_or_copy(model_.parameters().get(e.name).value(), true).contiguous(),
+                                       train::detail::host_view_or_copy(e.exp_avg, true).contiguous(),
+                                       train::detail::host_view_or_copy(e.exp_avg_sq, true).contiguous()};
+      for (const auto& field : policy_fields()) held.push_back(live.tensor_at(field + "/" + e.name).contiguous());
+      std::vector<std::span<const float>> spans;
+      for (const auto& t : held) spans.push_back(floats(t));
+      out[e.name] = redeal_exchange::digest(spans, e.step);
     }
-    if (spare) redeal_exchange::add_digests(*spare, out);
+    if (spare) exchange.add_digests(*spare, out);
     return out;
   }
 
