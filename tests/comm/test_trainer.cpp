@@ -101,22 +101,34 @@ struct rank_weighted : dt::parallel::data {
     return r;
   }
 };
-}  // namespace
 
-TEST_CASE("trainer: sync_allreduce with weighted set averages the replicas' gradients by their step weights") {
+// One step of 2 rows, unclipped: the gradients a weighted exchange combines.
+trainer_options one_step() {
   trainer_options opts;
   opts.steps = 1;
   opts.eval_batches = 1;
   opts.batch_size = 2;
   opts.grad_clip = 0;
-  // Each peer's own gradient (local SGD exchanges nothing after the backward), then the weighted
-  // and the plain mean of the same gradients.
+  return opts;
+}
+// Each of 3 rank_weighted peers' own gradient of that step (local SGD exchanges nothing after
+// the backward).
+std::vector<std::vector<float>> own_gradients() {
   using Own = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<dt::comm::local_sgd<>>, rank_weighted>;
-  using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>, recorded_sync, rank_weighted>;
-  std::vector<std::vector<float>> own(3), weighted(3), plain(3);
+  std::vector<std::vector<float>> own(3);
   fixture::probe<dt::comm::local_sgd<>> p_own;
   p_own.grads = &own;
-  fixture::final_params<Own>(3, fixture::tiny_gpt(), opts, p_own);
+  fixture::final_params<Own>(3, fixture::tiny_gpt(), one_step(), p_own);
+  return own;
+}
+}  // namespace
+
+TEST_CASE("trainer: sync_allreduce with weighted set averages the replicas' gradients by their step weights") {
+  const auto opts = one_step();
+  // Each peer's own gradient, then the weighted and the plain mean of the same gradients.
+  using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>, recorded_sync, rank_weighted>;
+  const auto own = own_gradients();
+  std::vector<std::vector<float>> weighted(3), plain(3);
   recorded_sync p_weighted, p_plain;
   p_weighted.inner.weighted = true;
   p_weighted.grads = &weighted;
@@ -148,21 +160,14 @@ TEST_CASE("trainer: sync_allreduce with weighted set averages the replicas' grad
 }
 
 TEST_CASE("trainer: weighted with a robust aggregator weighs each replica's gradient, and one that cannot weigh is refused") {
-  trainer_options opts;
-  opts.steps = 1;
-  opts.eval_batches = 1;
-  opts.batch_size = 2;
-  opts.grad_clip = 0;
+  const auto opts = one_step();
   // Each peer's own gradient, then the weighted median of the three (weights 1, 2, 3: per
   // coordinate the value where more than half the weight, 3 of 6, lies at or below it; the mean
   // of two values where exactly half does).
-  using Own = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<dt::comm::local_sgd<>>, rank_weighted>;
   using Median = fixture::probe<dt::comm::sync_allreduce<dt::compress::identity, dt::collective::median>>;
   using Sync = dt::train::trainer<dt::nn::gpt<dt::cpu>, Median, rank_weighted>;
-  std::vector<std::vector<float>> own(3), weighted(3), plain(3);
-  fixture::probe<dt::comm::local_sgd<>> p_own;
-  p_own.grads = &own;
-  fixture::final_params<Own>(3, fixture::tiny_gpt(), opts, p_own);
+  const auto own = own_gradients();
+  std::vector<std::vector<float>> weighted(3), plain(3);
   Median p_weighted, p_plain;
   p_weighted.inner.weighted = true;
   p_weighted.grads = &weighted;
