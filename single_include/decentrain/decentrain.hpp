@@ -27253,27 +27253,29 @@ constexpr bool check_comm_policy() {
   static_assert(comm::declares_comm_policy<P>,
                 "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
                 "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
-  static_assert(requires(P& p, Ctx& c) { p.start(c); },
-                "comm policy: needs `template <class Ctx> void start(Ctx&)` (once, before the first step)");
-  static_assert(requires(P& p, Ctx& c) { p.after_backward(c); },
-                "comm policy: needs `template <class Ctx> void after_backward(Ctx&)` (every step, gradients computed)");
-  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
-                "comm policy: needs `template <class Ctx> void after_step(Ctx&)` (every step, after the inner optimizer)");
-  static_assert(requires(const P& p, io::checkpoint& out) { p.save(out); },
-                "comm policy: needs `void save(io::checkpoint&) const` (an empty body when it has no state)");
-  static_assert(requires(P& p, const io::checkpoint& in) { p.load(in); },
-                "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
-  if constexpr (requires { &P::ends_round_at; })
-    static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
-                  "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
-                  "after_step of `step` ends a round: the same answer on every peer)");
-  if constexpr (requires { P::per_parameter_state; })
-    static_assert(requires {
-      std::string(*std::begin(P::per_parameter_state));
-      std::integral_constant<std::size_t, std::size(P::per_parameter_state)>{};
-    },
-                  "comm policy: per_parameter_state must read `static constexpr std::array<const char*, N> "
-                  "per_parameter_state` (keys of save()'s flat tensors laid out over the parameters, in their order)");
+  if constexpr (comm::declares_comm_policy<P>) {  // (else the tag alone is the error)
+    static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                  "comm policy: needs `template <class Ctx> void start(Ctx&)` (once, before the first step)");
+    static_assert(requires(P& p, Ctx& c) { p.after_backward(c); },
+                  "comm policy: needs `template <class Ctx> void after_backward(Ctx&)` (every step, gradients computed)");
+    static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                  "comm policy: needs `template <class Ctx> void after_step(Ctx&)` (every step, after the inner optimizer)");
+    static_assert(requires(const P& p, io::checkpoint& out) { p.save(out); },
+                  "comm policy: needs `void save(io::checkpoint&) const` (an empty body when it has no state)");
+    static_assert(requires(P& p, const io::checkpoint& in) { p.load(in); },
+                  "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
+    if constexpr (requires { &P::ends_round_at; })
+      static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
+                    "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
+                    "after_step of `step` ends a round: the same answer on every peer)");
+    if constexpr (requires { P::per_parameter_state; })
+      static_assert(requires {
+        std::string(*std::begin(P::per_parameter_state));
+        std::integral_constant<std::size_t, std::size(P::per_parameter_state)>{};
+      },
+                    "comm policy: per_parameter_state must read `static constexpr std::array<const char*, N> "
+                    "per_parameter_state` (keys of save()'s flat tensors laid out over the parameters, in their order)");
+  }
   return true;
 }
 
@@ -27282,20 +27284,22 @@ constexpr bool check_parallel_policy() {
   static_assert(parallel::declares_parallel_policy<P>,
                 "trainer<Model, Comm, ParallelPolicy, ...>: ParallelPolicy must declare "
                 "`using policy_concept = decentrain::parallel::policy_tag;` (for example parallel::data)");
-  static_assert(requires(const P& p, int r) { { p.place(r, r) } -> std::same_as<parallel::placement>; },
-                "parallel policy: needs `parallel::placement place(int rank, int world) const` (its stage and replicas)");
-  static_assert(requires(P& p, Ctx& c) { { p.forward_backward(c) } -> std::same_as<parallel::step_result>; },
-                "parallel policy: needs `template <class Ctx> parallel::step_result forward_backward(Ctx&)` "
-                "(one step's forward and backward, gradients left in the parameters)");
-  static_assert(requires(P& p, Ctx& c, std::int64_t i) { { p.evaluate(c, i) } -> std::convertible_to<double>; },
-                "parallel policy: needs `template <class Ctx> double evaluate(Ctx&, std::int64_t batch)` "
-                "(the validation loss of one batch)");
-  // What the policy needs of the model, where it says (parallel::data: a loss).
-  if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
-  if constexpr (requires { &P::template grad_norm_share<Ctx>; })
-    static_assert(requires(P& p, Ctx& c) { { p.grad_norm_share(c) } -> std::same_as<optim::norm_share>; },
-                  "parallel policy: grad_norm_share must read `template <class Ctx> optim::norm_share grad_norm_share(Ctx&)` "
-                  "(this peer's share of the clipping norm)");
+  if constexpr (parallel::declares_parallel_policy<P>) {
+    static_assert(requires(const P& p, int r) { { p.place(r, r) } -> std::same_as<parallel::placement>; },
+                  "parallel policy: needs `parallel::placement place(int rank, int world) const` (its stage and replicas)");
+    static_assert(requires(P& p, Ctx& c) { { p.forward_backward(c) } -> std::same_as<parallel::step_result>; },
+                  "parallel policy: needs `template <class Ctx> parallel::step_result forward_backward(Ctx&)` "
+                  "(one step's forward and backward, gradients left in the parameters)");
+    static_assert(requires(P& p, Ctx& c, std::int64_t i) { { p.evaluate(c, i) } -> std::convertible_to<double>; },
+                  "parallel policy: needs `template <class Ctx> double evaluate(Ctx&, std::int64_t batch)` "
+                  "(the validation loss of one batch)");
+    // What the policy needs of the model, where it says (parallel::data: a loss).
+    if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
+    if constexpr (requires { &P::template grad_norm_share<Ctx>; })
+      static_assert(requires(P& p, Ctx& c) { { p.grad_norm_share(c) } -> std::same_as<optim::norm_share>; },
+                    "parallel policy: grad_norm_share must read `template <class Ctx> optim::norm_share grad_norm_share(Ctx&)` "
+                    "(this peer's share of the clipping norm)");
+  }
   return true;
 }
 
@@ -27304,13 +27308,34 @@ constexpr bool check_fault_policy() {
   static_assert(fault::declares_fault_policy<P>,
                 "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
                 "`using policy_concept = decentrain::fault::policy_tag;` (for example fault::none)");
-  static_assert(requires(P& p, Ctx& c) { p.start(c); },
-                "fault policy: needs `template <class Ctx> void start(Ctx&)` (once, before anything is exchanged)");
-  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
-                "fault policy: needs `template <class Ctx> void after_step(Ctx&)` (after every step)");
-  static_assert(requires(P& p, Ctx& c, const transport::peer_error& e) { { p.on_error(c, e) } -> std::same_as<fault::action>; },
-                "fault policy: needs `template <class Ctx> fault::action on_error(Ctx&, const transport::peer_error&)` "
-                "(rethrow, redo or reform)");
+  if constexpr (fault::declares_fault_policy<P>) {
+    static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                  "fault policy: needs `template <class Ctx> void start(Ctx&)` (once, before anything is exchanged)");
+    static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                  "fault policy: needs `template <class Ctx> void after_step(Ctx&)` (after every step)");
+    static_assert(requires(P& p, Ctx& c, const transport::peer_error& e) { { p.on_error(c, e) } -> std::same_as<fault::action>; },
+                  "fault policy: needs `template <class Ctx> fault::action on_error(Ctx&, const transport::peer_error&)` "
+                  "(rethrow, redo or reform)");
+  }
+  return true;
+}
+
+// Every slot: the first policy not in its slot is the one error (policies in the wrong order
+// would otherwise fail each slot's every member), else each slot member by member.
+template <class M, class Comm, class Parallel, class Fault, class Ctx>
+constexpr bool check_slots() {
+  static_assert(check_model<M>());
+  if constexpr (!comm::declares_comm_policy<Comm>)
+    static_assert(check_comm_policy<Comm, Ctx>());
+  else if constexpr (!parallel::declares_parallel_policy<Parallel>)
+    static_assert(check_parallel_policy<Parallel, Ctx>());
+  else if constexpr (!fault::declares_fault_policy<Fault>)
+    static_assert(check_fault_policy<Fault, Ctx>());
+  else {
+    static_assert(check_comm_policy<Comm, Ctx>());
+    static_assert(check_parallel_policy<Parallel, Ctx>());
+    static_assert(check_fault_policy<Fault, Ctx>());
+  }
   return true;
 }
 
@@ -27431,7 +27456,7 @@ io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
 namespace decentrain::train {
 
 struct step_metrics {
-  int rank = 0;
+  int rank = 0;  // the peer's world rank (its endpoint's): the same after its group's view changes
   std::int64_t step = 0;  // steps done so far
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;  // by this peer's transport, cumulative
@@ -27478,7 +27503,7 @@ class send_rate {
 };
 
 struct eval_point {
-  int rank = 0;
+  int rank = 0;  // the peer's world rank, as step_metrics::rank
   std::int64_t step = 0;
   double val_loss = 0;
   std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
@@ -28254,10 +28279,7 @@ namespace decentrain::train {
 template <class Model, class CommPolicy = comm::sync_allreduce<>, class ParallelPolicy = parallel::data,
           class FaultPolicy = fault::none>
 class trainer {
-  static_assert(check_model<Model>());
-  static_assert(check_comm_policy<CommPolicy, peer_context<Model>>());
-  static_assert(check_parallel_policy<ParallelPolicy, peer_context<Model>>());
-  static_assert(check_fault_policy<FaultPolicy, peer_context<Model>>());
+  static_assert(check_slots<Model, CommPolicy, ParallelPolicy, FaultPolicy, peer_context<Model>>());
 
  public:
   using model_type = Model;
@@ -28422,7 +28444,7 @@ class trainer {
 
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
       const auto traffic = endpoint_.stats();
-      result.last = step_metrics{rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
+      result.last = step_metrics{endpoint_.rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
                                  wall, unix_now(), policy_bytes_, redos_, compute_s_};
       send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
@@ -29276,7 +29298,7 @@ class trainer {
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
+    eval_point p{endpoint_.rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
     for (auto& h : eval_hooks_) h(p);
     return p;
   }

@@ -207,6 +207,8 @@ TEST_CASE("elastic: DiLoCo goes on without a peer killed in the middle of the ou
     CHECK(ch[0].step <= 11);
     CHECK(ch[0].step == run.changes[0][0].step);
     CHECK(run.results[static_cast<std::size_t>(s)].last.step == 16);
+    // The metrics name the peer by its world rank, though peer 3 is the third of the view.
+    CHECK(run.results[static_cast<std::size_t>(s)].last.rank == s);
   }
   int healed = 0;
   for (int s : {0, 1, 3}) healed += run.changes[static_cast<std::size_t>(s)][0].healed ? 1 : 0;

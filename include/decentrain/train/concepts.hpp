@@ -78,27 +78,29 @@ constexpr bool check_comm_policy() {
   static_assert(comm::declares_comm_policy<P>,
                 "trainer<Model, CommPolicy, ...>: CommPolicy must declare `using policy_concept = decentrain::comm::policy_tag;` "
                 "(is a parallel or fault policy in the communication slot? the order is <Model, Comm, Parallel, Fault>)");
-  static_assert(requires(P& p, Ctx& c) { p.start(c); },
-                "comm policy: needs `template <class Ctx> void start(Ctx&)` (once, before the first step)");
-  static_assert(requires(P& p, Ctx& c) { p.after_backward(c); },
-                "comm policy: needs `template <class Ctx> void after_backward(Ctx&)` (every step, gradients computed)");
-  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
-                "comm policy: needs `template <class Ctx> void after_step(Ctx&)` (every step, after the inner optimizer)");
-  static_assert(requires(const P& p, io::checkpoint& out) { p.save(out); },
-                "comm policy: needs `void save(io::checkpoint&) const` (an empty body when it has no state)");
-  static_assert(requires(P& p, const io::checkpoint& in) { p.load(in); },
-                "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
-  if constexpr (requires { &P::ends_round_at; })
-    static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
-                  "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
-                  "after_step of `step` ends a round: the same answer on every peer)");
-  if constexpr (requires { P::per_parameter_state; })
-    static_assert(requires {
-      std::string(*std::begin(P::per_parameter_state));
-      std::integral_constant<std::size_t, std::size(P::per_parameter_state)>{};
-    },
-                  "comm policy: per_parameter_state must read `static constexpr std::array<const char*, N> "
-                  "per_parameter_state` (keys of save()'s flat tensors laid out over the parameters, in their order)");
+  if constexpr (comm::declares_comm_policy<P>) {  // (else the tag alone is the error)
+    static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                  "comm policy: needs `template <class Ctx> void start(Ctx&)` (once, before the first step)");
+    static_assert(requires(P& p, Ctx& c) { p.after_backward(c); },
+                  "comm policy: needs `template <class Ctx> void after_backward(Ctx&)` (every step, gradients computed)");
+    static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                  "comm policy: needs `template <class Ctx> void after_step(Ctx&)` (every step, after the inner optimizer)");
+    static_assert(requires(const P& p, io::checkpoint& out) { p.save(out); },
+                  "comm policy: needs `void save(io::checkpoint&) const` (an empty body when it has no state)");
+    static_assert(requires(P& p, const io::checkpoint& in) { p.load(in); },
+                  "comm policy: needs `void load(const io::checkpoint&)` (an empty body when it has no state)");
+    if constexpr (requires { &P::ends_round_at; })
+      static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
+                    "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
+                    "after_step of `step` ends a round: the same answer on every peer)");
+    if constexpr (requires { P::per_parameter_state; })
+      static_assert(requires {
+        std::string(*std::begin(P::per_parameter_state));
+        std::integral_constant<std::size_t, std::size(P::per_parameter_state)>{};
+      },
+                    "comm policy: per_parameter_state must read `static constexpr std::array<const char*, N> "
+                    "per_parameter_state` (keys of save()'s flat tensors laid out over the parameters, in their order)");
+  }
   return true;
 }
 
@@ -107,20 +109,22 @@ constexpr bool check_parallel_policy() {
   static_assert(parallel::declares_parallel_policy<P>,
                 "trainer<Model, Comm, ParallelPolicy, ...>: ParallelPolicy must declare "
                 "`using policy_concept = decentrain::parallel::policy_tag;` (for example parallel::data)");
-  static_assert(requires(const P& p, int r) { { p.place(r, r) } -> std::same_as<parallel::placement>; },
-                "parallel policy: needs `parallel::placement place(int rank, int world) const` (its stage and replicas)");
-  static_assert(requires(P& p, Ctx& c) { { p.forward_backward(c) } -> std::same_as<parallel::step_result>; },
-                "parallel policy: needs `template <class Ctx> parallel::step_result forward_backward(Ctx&)` "
-                "(one step's forward and backward, gradients left in the parameters)");
-  static_assert(requires(P& p, Ctx& c, std::int64_t i) { { p.evaluate(c, i) } -> std::convertible_to<double>; },
-                "parallel policy: needs `template <class Ctx> double evaluate(Ctx&, std::int64_t batch)` "
-                "(the validation loss of one batch)");
-  // What the policy needs of the model, where it says (parallel::data: a loss).
-  if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
-  if constexpr (requires { &P::template grad_norm_share<Ctx>; })
-    static_assert(requires(P& p, Ctx& c) { { p.grad_norm_share(c) } -> std::same_as<optim::norm_share>; },
-                  "parallel policy: grad_norm_share must read `template <class Ctx> optim::norm_share grad_norm_share(Ctx&)` "
-                  "(this peer's share of the clipping norm)");
+  if constexpr (parallel::declares_parallel_policy<P>) {
+    static_assert(requires(const P& p, int r) { { p.place(r, r) } -> std::same_as<parallel::placement>; },
+                  "parallel policy: needs `parallel::placement place(int rank, int world) const` (its stage and replicas)");
+    static_assert(requires(P& p, Ctx& c) { { p.forward_backward(c) } -> std::same_as<parallel::step_result>; },
+                  "parallel policy: needs `template <class Ctx> parallel::step_result forward_backward(Ctx&)` "
+                  "(one step's forward and backward, gradients left in the parameters)");
+    static_assert(requires(P& p, Ctx& c, std::int64_t i) { { p.evaluate(c, i) } -> std::convertible_to<double>; },
+                  "parallel policy: needs `template <class Ctx> double evaluate(Ctx&, std::int64_t batch)` "
+                  "(the validation loss of one batch)");
+    // What the policy needs of the model, where it says (parallel::data: a loss).
+    if constexpr (requires { P::template check_model<Ctx>(); }) static_assert(P::template check_model<Ctx>());
+    if constexpr (requires { &P::template grad_norm_share<Ctx>; })
+      static_assert(requires(P& p, Ctx& c) { { p.grad_norm_share(c) } -> std::same_as<optim::norm_share>; },
+                    "parallel policy: grad_norm_share must read `template <class Ctx> optim::norm_share grad_norm_share(Ctx&)` "
+                    "(this peer's share of the clipping norm)");
+  }
   return true;
 }
 
@@ -129,13 +133,34 @@ constexpr bool check_fault_policy() {
   static_assert(fault::declares_fault_policy<P>,
                 "trainer<Model, Comm, Parallel, FaultPolicy>: FaultPolicy must declare "
                 "`using policy_concept = decentrain::fault::policy_tag;` (for example fault::none)");
-  static_assert(requires(P& p, Ctx& c) { p.start(c); },
-                "fault policy: needs `template <class Ctx> void start(Ctx&)` (once, before anything is exchanged)");
-  static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
-                "fault policy: needs `template <class Ctx> void after_step(Ctx&)` (after every step)");
-  static_assert(requires(P& p, Ctx& c, const transport::peer_error& e) { { p.on_error(c, e) } -> std::same_as<fault::action>; },
-                "fault policy: needs `template <class Ctx> fault::action on_error(Ctx&, const transport::peer_error&)` "
-                "(rethrow, redo or reform)");
+  if constexpr (fault::declares_fault_policy<P>) {
+    static_assert(requires(P& p, Ctx& c) { p.start(c); },
+                  "fault policy: needs `template <class Ctx> void start(Ctx&)` (once, before anything is exchanged)");
+    static_assert(requires(P& p, Ctx& c) { p.after_step(c); },
+                  "fault policy: needs `template <class Ctx> void after_step(Ctx&)` (after every step)");
+    static_assert(requires(P& p, Ctx& c, const transport::peer_error& e) { { p.on_error(c, e) } -> std::same_as<fault::action>; },
+                  "fault policy: needs `template <class Ctx> fault::action on_error(Ctx&, const transport::peer_error&)` "
+                  "(rethrow, redo or reform)");
+  }
+  return true;
+}
+
+// Every slot: the first policy not in its slot is the one error (policies in the wrong order
+// would otherwise fail each slot's every member), else each slot member by member.
+template <class M, class Comm, class Parallel, class Fault, class Ctx>
+constexpr bool check_slots() {
+  static_assert(check_model<M>());
+  if constexpr (!comm::declares_comm_policy<Comm>)
+    static_assert(check_comm_policy<Comm, Ctx>());
+  else if constexpr (!parallel::declares_parallel_policy<Parallel>)
+    static_assert(check_parallel_policy<Parallel, Ctx>());
+  else if constexpr (!fault::declares_fault_policy<Fault>)
+    static_assert(check_fault_policy<Fault, Ctx>());
+  else {
+    static_assert(check_comm_policy<Comm, Ctx>());
+    static_assert(check_parallel_policy<Parallel, Ctx>());
+    static_assert(check_fault_policy<Fault, Ctx>());
+  }
   return true;
 }
 

@@ -10,7 +10,7 @@
 namespace decentrain::train {
 
 struct step_metrics {
-  int rank = 0;
+  int rank = 0;  // the peer's world rank (its endpoint's): the same after its group's view changes
   std::int64_t step = 0;  // steps done so far
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;  // by this peer's transport, cumulative
@@ -57,7 +57,7 @@ class send_rate {
 };
 
 struct eval_point {
-  int rank = 0;
+  int rank = 0;  // the peer's world rank, as step_metrics::rank
   std::int64_t step = 0;
   double val_loss = 0;
   std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far

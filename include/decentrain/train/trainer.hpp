@@ -51,10 +51,7 @@ namespace decentrain::train {
 template <class Model, class CommPolicy = comm::sync_allreduce<>, class ParallelPolicy = parallel::data,
           class FaultPolicy = fault::none>
 class trainer {
-  static_assert(check_model<Model>());
-  static_assert(check_comm_policy<CommPolicy, peer_context<Model>>());
-  static_assert(check_parallel_policy<ParallelPolicy, peer_context<Model>>());
-  static_assert(check_fault_policy<FaultPolicy, peer_context<Model>>());
+  static_assert(check_slots<Model, CommPolicy, ParallelPolicy, FaultPolicy, peer_context<Model>>());
 
  public:
   using model_type = Model;
@@ -219,7 +216,7 @@ class trainer {
 
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
       const auto traffic = endpoint_.stats();
-      result.last = step_metrics{rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
+      result.last = step_metrics{endpoint_.rank(), step_, s.result.loss, s.lr, s.grad_norm, static_cast<double>(tokens) / wall,
                                  traffic.bytes_sent, traffic.bytes_received, traffic.wait_seconds, traffic.clock_seconds,
                                  wall, unix_now(), policy_bytes_, redos_, compute_s_};
       send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
@@ -1073,7 +1070,7 @@ class trainer {
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
+    eval_point p{endpoint_.rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
     for (auto& h : eval_hooks_) h(p);
     return p;
   }
