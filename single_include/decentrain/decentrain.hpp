@@ -29095,14 +29095,11 @@ class trainer {
     if (current && at == step && !held_) {  // (only what the new part drops: it holds the rest)
       spare_ = train::capture(model_, optimizer_, step_, true);
       spare_->counters["step"] = step;
-      if (!policy_fields().empty()) {  // (copies: the policy's memory takes the new part's state)
-        io::checkpoint p;
-        policy_.save(p);
-        split_policy_state(p);
-        for (const auto& field : policy_fields())
-          for (const auto& e : model_.parameters())
-            if (!fresh.parameters().contains(e.name)) spare_->tensors[field + "/" + e.name] = p.tensor_at(field + "/" + e.name).clone();
-      }
+      // The policy's state over the names dropped, from `live` (copies: the policy's memory takes
+      // the new part's state).
+      for (const auto& field : policy_fields())
+        for (const auto& e : model_.parameters())
+          if (!fresh.parameters().contains(e.name)) spare_->tensors[field + "/" + e.name] = live.tensor_at(field + "/" + e.name).clone();
       for (const auto& e : fresh.parameters())
         for (const auto& key : exchange.keys_of(e.name)) spare_->tensors.erase(key);
     } else {
