@@ -9,14 +9,16 @@
 //   alie        "a little is enough" (Baruch et al. 2019): the honest peers' mean minus z (1)
 //               times their standard deviation, per coordinate; the attackers see every honest
 //               value of the round (the strongest form: they collude and know the others')
-// In-process only: the peers share an attack_board (a barrier) for alie.
+// In-process only: the peers share an attack_board (a barrier with a deadline) for alie.
 #pragma once
 
-#include <barrier>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,10 +46,31 @@ inline attack parse_attack(const std::string& s) {
 }
 
 // What the peers of one in-process run share: every peer posts its value, the attackers read.
+// The barrier has a deadline: a peer that stopped (a failed run) ends the others' wait with an
+// error naming it, instead of holding them for ever.
 struct attack_board {
-  explicit attack_board(int peers) : sync(peers), posted(static_cast<std::size_t>(peers)) {}
-  std::barrier<> sync;
+  explicit attack_board(int peers) : posted(static_cast<std::size_t>(peers)), peers_(peers) {}
   std::vector<std::vector<float>> posted;
+
+  void arrive_and_wait(std::chrono::seconds within = std::chrono::seconds(60)) {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t round = round_;
+    if (++arrived_ == peers_) {
+      arrived_ = 0;
+      ++round_;
+      changed_.notify_all();
+      return;
+    }
+    if (!changed_.wait_for(lock, within, [&] { return round_ != round; }))
+      decentrain::detail::fail("attack_board: ", peers_ - arrived_, " of ", peers_, " peers did not reach the round within ",
+                               within.count(), " s (one stopped?)");
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int peers_, arrived_ = 0;
+  std::uint64_t round_ = 0;
 };
 
 struct attack_settings {
@@ -119,7 +142,7 @@ struct attacked {
     if (settings.kind == attack::alie) {
       auto& b = *settings.board;
       b.posted[static_cast<std::size_t>(r)] = v;
-      b.sync.arrive_and_wait();
+      b.arrive_and_wait();
       if (attacker) {
         const int honest = n - settings.attackers;
         for (std::size_t i = 0; i < v.size(); ++i) {
@@ -133,7 +156,7 @@ struct attacked {
           v[i] = static_cast<float>(m - settings.z * sd);
         }
       }
-      b.sync.arrive_and_wait();  // nobody posts the next round before the attackers have read
+      b.arrive_and_wait();  // nobody posts the next round before the attackers have read
       return;
     }
     if (!attacker) return;

@@ -2,7 +2,7 @@
 // GPT-2-124M-sized pseudo-gradient among 4 peers through each codec, against identity (f32):
 //   loopback  4 processes over TCP on 127.0.0.1, wall clock (the slowest peer), one thread each;
 //   wan, lan  4 in-process peers on the simulated presets: link time plus the codecs' encode and
-//             decode CPU time, which compress::all_reduce charges to the endpoint (one thread
+//             decode CPU time, which collective::encoded_all_reduce charges to the endpoint (one thread
 //             each), so a codec pays for its work as on a real machine.
 // A round's time is the slowest peer's; a codec's time is the median of --rounds rounds.
 //
@@ -22,6 +22,8 @@
 #include <omp.h>
 #endif
 
+#include "decentrain/collective/any_codec.hpp"
+#include "decentrain/collective/encoded_all_reduce.hpp"
 #include "decentrain/compress/compress.hpp"
 #include "decentrain/core/rng.hpp"
 #include "decentrain/transport/in_process.hpp"
@@ -68,10 +70,10 @@ double simulated(const std::string& link, int world, std::size_t n, const std::s
     single_thread();
     dt::transport::any_endpoint any(ep);  // the codec is chosen at run time: any_codec's communicator
     dt::collective::communicator comm(any);
-    auto codec = dt::compress::parse_codec(spec);
+    auto codec = dt::collective::parse_codec(spec);
     auto v = values_of(ep.rank(), n);
     const double t0 = any.stats().clock_seconds;
-    dt::compress::all_reduce(codec, comm, std::span<float>(v), true);
+    dt::collective::encoded_all_reduce(codec, comm, std::span<float>(v), true);
     clock[static_cast<std::size_t>(ep.rank())] = any.stats().clock_seconds - t0;
   });
   return *std::max_element(clock.begin(), clock.end());
@@ -89,12 +91,12 @@ int tcp_worker(int rank, int world, const std::string& address_file, std::size_t
   std::ofstream file;
   if (rank == 0) file.open(out);
   for (const auto& spec : codecs) {
-    auto codec = dt::compress::parse_codec(spec);
+    auto codec = dt::collective::parse_codec(spec);
     for (int r = 0; r <= rounds; ++r) {  // round 0 warms up (buffers, connections' windows)
       v = mine;
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      dt::compress::all_reduce(codec, comm, std::span<float>(v), true);
+      dt::collective::encoded_all_reduce(codec, comm, std::span<float>(v), true);
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       comm.all_reduce(std::span<double>(&s, 1), dt::collective::reduce_op::max);
       if (rank == 0 && r > 0) file << spec << ',' << s << '\n';
@@ -116,7 +118,7 @@ int main(int argc, char** argv) try {
   const int world = std::stoi(value("world", "4"));
   const int rounds = std::stoi(value("rounds", "3"));
   const auto codecs = split(value("codecs", "identity;bf16;fp16;int8;int4;fp4;sign"), ';');
-  for (const auto& c : codecs) (void)dt::compress::parse_codec(c);  // a bad spec fails now
+  for (const auto& c : codecs) (void)dt::collective::parse_codec(c);  // a bad spec fails now
   dt::detail::check(world >= 2 && rounds >= 1 && n >= static_cast<std::size_t>(world), "--world >= 2, --rounds >= 1, --values >= world");
 
   const std::string worker = value("worker", "");

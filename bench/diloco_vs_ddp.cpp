@@ -82,9 +82,9 @@ int main(int argc, char** argv) try {
   {
     std::stringstream in(value("codecs", "identity"));
     for (std::string item; std::getline(in, item, ';');) codecs.push_back(item);
-    for (const auto& c : codecs) (void)dt::compress::parse_codec(c);  // a bad spec fails before any run
+    for (const auto& c : codecs) (void)dt::collective::parse_codec(c);  // a bad spec fails before any run
     for (const auto& item : only)
-      if (const auto slash = item.find('/'); slash != std::string::npos) (void)dt::compress::parse_codec(item.substr(slash + 1));
+      if (const auto slash = item.find('/'); slash != std::string::npos) (void)dt::collective::parse_codec(item.substr(slash + 1));
   }
 
   auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "2000")));
@@ -103,7 +103,7 @@ int main(int argc, char** argv) try {
   const auto& cfg = recipe.model;
 
   std::vector<outcome> outcomes;
-  using codec = dt::compress::any_codec;
+  using codec = dt::collective::any_codec;
   for (const auto& item : only)
     for (const auto& listed : codecs) {
       const auto slash = item.find('/');
@@ -113,12 +113,12 @@ int main(int argc, char** argv) try {
       if (aggregator != "mean" && name.rfind("diloco-", 0) == 0) label += " " + aggregator;
       if (name == "sync") {
         dt::comm::sync_allreduce<codec> p;
-        p.codec = dt::compress::parse_codec(spec);
+        p.codec = dt::collective::parse_codec(spec);
         outcomes.push_back(run(label, p, peers, cfg, opts, data));
       } else if (name.rfind("local-sgd-", 0) == 0) {
         dt::comm::local_sgd<codec> p;
         p.inner_steps = std::stoll(name.substr(10));
-        p.codec = dt::compress::parse_codec(spec);
+        p.codec = dt::collective::parse_codec(spec);
         outcomes.push_back(run(label, p, peers, cfg, opts, data));
       } else if (name.rfind("diloco-", 0) == 0) {
         dt::comm::diloco<dt::comm::outer::nesterov, codec, dt::collective::any_aggregator> p;
@@ -126,7 +126,7 @@ int main(int argc, char** argv) try {
         p.aggregator = dt::collective::parse_aggregator(aggregator);
         p.outer_optimizer.lr = outer_lr;
         p.outer_optimizer.momentum = outer_momentum;
-        p.codec = dt::compress::parse_codec(spec);
+        p.codec = dt::collective::parse_codec(spec);
         outcomes.push_back(run(label, p, peers, cfg, opts, data));
       } else if (name.rfind("gossip-", 0) == 0) {  // the one-peer exponential graph, a round every H steps
         dt::detail::check(spec == "identity", "gossip rows take no codec, got '", spec, "'");

@@ -118,7 +118,7 @@ int main(int argc, char** argv) try {
   dt::comm::outer::nesterov outer;  // DiLoCo's outer step, for every row but sync
   outer.lr = std::stod(value("outer-lr", std::to_string(outer.lr)));
   outer.momentum = std::stod(value("outer-momentum", std::to_string(outer.momentum)));
-  for (const auto& c : codecs) (void)dt::compress::parse_codec(c);
+  for (const auto& c : codecs) (void)dt::collective::parse_codec(c);
   auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "500")));
   opts.eval_every = std::stoll(value("curve-every", std::to_string(opts.steps)));
   dt::detail::check(opts.eval_every >= 1, "--curve-every must be >= 1");
@@ -139,7 +139,7 @@ int main(int argc, char** argv) try {
   const double bandwidth = ring_bytes / (ratio * step_s);
   const dt::transport::link_matrix links(peers, dt::transport::simulated_link{latency, bandwidth, 0.0, 0.0, 0.2});
 
-  using codec = dt::compress::any_codec;
+  using codec = dt::collective::any_codec;
   using Sync = dt::comm::sync_allreduce<codec>;
   using Diloco = dt::comm::diloco<dt::comm::outer::nesterov, codec>;
   using Streaming = dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec>;
@@ -155,7 +155,7 @@ int main(int argc, char** argv) try {
     for (const auto& row : rows)
       for (const auto seed : seeds) {
       opts.seed = seed;
-      const auto chosen = dt::compress::parse_codec(spec);
+      const auto chosen = dt::collective::parse_codec(spec);
       if (row == "sync") {
         Sync p;
         p.codec = chosen;

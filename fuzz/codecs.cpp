@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "decentrain/compress/any_codec.hpp"
+#include "decentrain/collective/any_codec.hpp"
 
 namespace compress = decentrain::compress;
 
@@ -34,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto mode = r.number(1);
   const auto which = static_cast<std::size_t>(r.number(1)) % spec_count;
   const std::size_t n = 1 + static_cast<std::size_t>(r.number(2)) % 2048;
-  auto codec = compress::parse_codec(specs[which]);
+  auto codec = decentrain::collective::parse_codec(specs[which]);
   codec.set_layout(layout_of(n));
   std::vector<float> into(n, 0.0f);
   if (mode % 2 == 0) {

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "decentrain/collective/any_aggregator.hpp"
-#include "decentrain/compress/any_codec.hpp"
+#include "decentrain/collective/any_codec.hpp"
 
 namespace collective = decentrain::collective;
 using decentrain_fuzz::require;
@@ -17,7 +17,7 @@ using decentrain_fuzz::require;
 namespace {
 
 void parse_specs(std::string_view text) {
-  decentrain_fuzz::rejects_cleanly([&] { (void)decentrain::compress::parse_codec(text); });
+  decentrain_fuzz::rejects_cleanly([&] { (void)decentrain::collective::parse_codec(text); });
   decentrain_fuzz::rejects_cleanly([&] {
     const auto a = collective::parse_aggregator(text);
     require(collective::parse_aggregator(a.describe()).describe() == a.describe(),

@@ -99,7 +99,7 @@ TEMPLATE_TEST_CASE("robust all-reduce: sender-mean through top-k moves a coordin
     v[static_cast<std::size_t>(ep.rank())] = 2.0f * static_cast<float>(ep.rank() + 1);
     col::sender_mean a;
     col::aggregation_record record;
-    dt::compress::all_reduce(codec, c, std::span<float>(v), true, a, record);
+    dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), true, a, record);
     results[static_cast<std::size_t>(ep.rank())] = v;  // checked on the test's thread
   });
   for (const auto& v : results) CHECK(v == std::vector<float>{2, 4, 6, 8, 0, 0, 0, 0});
@@ -266,7 +266,7 @@ void mean_drops_a_nan_sender(Codec prototype) {
       // codec that refuses to encode it, as int8 does, never lets it out).
       std::vector<float> v(512, static_cast<float>(r + 1));
       if (round == 1 && r == 2) v[100] = std::numeric_limits<float>::quiet_NaN();
-      dt::compress::all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
+      dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
       const float expected = round == 0 ? 2.5f : (1 + 2 + 4) / 3.0f;
       const std::string at = " in round " + std::to_string(round) + " at peer " + std::to_string(r);
       checks.expect(std::abs(v[0] - expected) <= 0.02f * expected, "the mean is " + std::to_string(v[0]) + at);
@@ -324,14 +324,14 @@ TEMPLATE_TEST_CASE("robust all-reduce: a malformed payload is left out, not the 
     col::median aggregator;
     col::aggregation_record record;
     std::vector<float> v(64, static_cast<float>(r));
-    dt::compress::all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
+    dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), true, aggregator, record);
     PEER_CHECK(checks, v[0] == 2.5f);  // the median of 0, 2, 3, 4
     PEER_CHECK(checks, record.last.peers[1] == col::verdict::malformed);
     PEER_CHECK(checks, record.tally.malformed[1] == 1);
     // Per partition the payloads would have to be f32: a codec there is refused, naming both.
     col::partitioned<col::median> per_slice;
     harness::expect_throws_with(
-        checks, [&] { dt::compress::all_reduce(codec, c, std::span<float>(v), true, per_slice, record); },
+        checks, [&] { dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), true, per_slice, record); },
         "aggregates per partition, which sends f32 values", "a codec under partitioned<median>");
   });
   checks.report(static_cast<std::size_t>(TestType::local_peers(5)) * 4);
@@ -489,7 +489,7 @@ TEMPLATE_TEST_CASE("robust all-reduce: weighted contributions, a claimed weight 
       TestType aggregator;
       col::aggregation_record record;
       dt::compress::identity codec;
-      dt::compress::all_reduce(codec, comm, std::span<float>(v), true, aggregator, record, ep.rank() == 3 ? lie : 1.0);
+      dt::collective::encoded_all_reduce(codec, comm, std::span<float>(v), true, aggregator, record, ep.rank() == 3 ? lie : 1.0);
       got[static_cast<std::size_t>(ep.rank())] = v;
       reports[static_cast<std::size_t>(ep.rank())] = record.last;
     });

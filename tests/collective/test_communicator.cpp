@@ -175,7 +175,7 @@ TEMPLATE_TEST_CASE("codec: a user's codec all-reduces through the gathered path,
       std::vector<float> v(1001);
       for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.001f * static_cast<float>(i) + static_cast<float>(c.rank());
       toy_bf16 codec;
-      dt::compress::all_reduce(codec, c, std::span<float>(v), true);
+      dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), true);
       // The same bits on every peer (each process of an MPI run sees only its own): the
       // largest and the smallest hash over the peers are this peer's.
       const std::uint64_t h = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
@@ -191,7 +191,7 @@ TEMPLATE_TEST_CASE("codec: a user's codec all-reduces through the gathered path,
       // identity goes through the ring and is exact for these sums of small integers plus one value.
       std::vector<float> w(64, static_cast<float>(c.rank()));
       dt::compress::identity id;
-      dt::compress::all_reduce(id, c, std::span<float>(w), false);
+      dt::collective::encoded_all_reduce(id, c, std::span<float>(w), false);
       PEER_CHECK(checks, w[0] == static_cast<float>(n * (n - 1) / 2));
     });
     checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 14);
@@ -212,7 +212,7 @@ TEST_CASE("codec: a payload over the codec's bound is rejected naming the peer, 
       return;
     }
     toy_bf16 codec;
-    dt::compress::all_reduce(codec, c, std::span<float>(v), true);
+    dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), true);
   }),
                     Catch::Contains("peer 1 sent a payload of 1000 bytes, over the bound of 16"));
 }

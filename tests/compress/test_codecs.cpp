@@ -4,6 +4,8 @@
 // a checkpoint; hostile payloads rejected; peers with different settings refused.
 #include <catch2/catch.hpp>
 
+#include <decentrain/collective/any_codec.hpp>
+#include <decentrain/collective/encoded_all_reduce.hpp>
 #include <decentrain/compress/compress.hpp>
 #include <decentrain/core/rng.hpp>
 #include <decentrain/detail/hash.hpp>
@@ -378,16 +380,16 @@ TEST_CASE("codecs: error feedback with a decay keeps payload + decay x what was 
   CHECK(largest_kept[0.5] < 0.6 * largest_kept[1.0]);
   CHECK(largest_kept[0.95] < largest_kept[1.0]);
   // The decay is part of the settings peers compare, and a decay outside (0, 1] is refused.
-  CHECK(cz::parse_codec("topk:0.02,ef=0.95").describe() == "ef(topk(fraction=0.020000),decay=0.950000)");
-  CHECK(cz::parse_codec("topk:0.02,ef").describe() == "ef(topk(fraction=0.020000))");
-  CHECK_THROWS_WITH(cz::parse_codec("topk:0.02,ef=1.5"), Catch::Contains("ef=D takes a decay in (0, 1], got 1.5"));
-  CHECK_THROWS_WITH(cz::parse_codec("int8:ef=0"), Catch::Contains("ef=D takes a decay in (0, 1], got 0"));
+  CHECK(dt::collective::parse_codec("topk:0.02,ef=0.95").describe() == "ef(topk(fraction=0.020000),decay=0.950000)");
+  CHECK(dt::collective::parse_codec("topk:0.02,ef").describe() == "ef(topk(fraction=0.020000))");
+  CHECK_THROWS_WITH(dt::collective::parse_codec("topk:0.02,ef=1.5"), Catch::Contains("ef=D takes a decay in (0, 1], got 1.5"));
+  CHECK_THROWS_WITH(dt::collective::parse_codec("int8:ef=0"), Catch::Contains("ef=D takes a decay in (0, 1], got 0"));
   // A word where top-k takes a fraction is an unknown setting, not a bad number; dct names itself.
-  CHECK_THROWS_WITH(cz::parse_codec("topk:0.03,int3"), Catch::Contains("topk has no setting 'int3'") &&
+  CHECK_THROWS_WITH(dt::collective::parse_codec("topk:0.03,int3"), Catch::Contains("topk has no setting 'int3'") &&
                                                            Catch::Contains("int4 or int2 values"));
-  CHECK_THROWS_WITH(cz::parse_codec("dct:5"), Catch::Contains("codec 'dct:5': dct's fraction must be in (0, 1], got 5"));
+  CHECK_THROWS_WITH(dt::collective::parse_codec("dct:5"), Catch::Contains("codec 'dct:5': dct's fraction must be in (0, 1], got 5"));
   // The help's "NAME,SETTING" form is NAME:SETTING.
-  CHECK(cz::parse_codec("int8,ef").describe() == cz::parse_codec("int8:ef").describe());
+  CHECK(dt::collective::parse_codec("int8,ef").describe() == dt::collective::parse_codec("int8:ef").describe());
   cz::error_feedback<cz::int8_blockwise> bad;
   bad.decay = -1;
   CHECK_THROWS_WITH(round_trip(bad, std::vector<float>(10, 1.0f)), Catch::Contains("decay must be in (0, 1], got -1"));
@@ -440,9 +442,9 @@ TEST_CASE("codecs: chunk-wise top-k sends the k largest of every chunk") {
   c.chunk = 10;
   CHECK(c.k_for(25) == 3 + 3 + 3);
   CHECK(c.k_for(21) == 3 + 3 + 1);
-  CHECK(cz::parse_codec("topk:0.02,chunk=4096,int2,ef=0.95").describe() ==
+  CHECK(dt::collective::parse_codec("topk:0.02,chunk=4096,int2,ef=0.95").describe() ==
         "ef(topk(fraction=0.020000,chunk=4096,int2,block=64),decay=0.950000)");
-  CHECK_THROWS_WITH(cz::parse_codec("topk:0.02,chunk=0"), Catch::Contains("chunk must be a whole number in [1,"));
+  CHECK_THROWS_WITH(dt::collective::parse_codec("topk:0.02,chunk=0"), Catch::Contains("chunk must be a whole number in [1,"));
 }
 
 TEST_CASE("codecs: state goes through a checkpoint, and a resumed codec encodes as the original would") {
@@ -584,7 +586,7 @@ TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the 
       // Through `codec` from this peer's `values`: the result, and the bytes this peer sent.
       const auto reduce = [&](auto codec, std::vector<float> values) {
         const auto sent0 = c.traffic().bytes_sent;
-        cz::all_reduce(codec, c, std::span<float>(values), true);
+        dt::collective::encoded_all_reduce(codec, c, std::span<float>(values), true);
         const auto sent = c.traffic().bytes_sent - sent0;
         checks.expect(same_everywhere(c, values), cz::describe(codec) + at + ": the peers' results differ");
         return std::pair{values, sent};
@@ -692,7 +694,7 @@ TEST_CASE("codecs: peers with different codec settings are refused at the first 
       cz::int8_blockwise codec;
       codec.block = ep.rank() == 0 ? 64 : 32;
       try {
-        cz::agree(codec, c);
+        dt::collective::agree_codec(codec, c);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(ep.rank())] = e.what();
         throw;
@@ -706,7 +708,7 @@ TEST_CASE("codecs: peers with different codec settings are refused at the first 
   // The same settings pass.
   dt::transport::in_process(3).run([&](dt::transport::in_process::endpoint& ep) {
     dt::collective::communicator c(ep);
-    cz::agree(cz::error_feedback<cz::top_k>{}, c);
+    dt::collective::agree_codec(cz::error_feedback<cz::top_k>{}, c);
   });
 }
 #endif
@@ -722,7 +724,7 @@ TEST_CASE("codecs: adaptive sends f32 where the codec's work costs more than its
       std::vector<float> v;
       for (int k = 0; k < count; ++k) {
         v = random_values(1 << 20, 50 + static_cast<std::uint64_t>(ep.rank()));
-        cz::all_reduce(mine, c, std::span<float>(v), true);
+        dt::collective::encoded_all_reduce(mine, c, std::span<float>(v), true);
       }
       after[static_cast<std::size_t>(ep.rank())] = mine;
       results[static_cast<std::size_t>(ep.rank())] = v;
@@ -752,7 +754,7 @@ TEST_CASE("codecs: adaptive sends f32 where the codec's work costs more than its
   auto [flushed, unused2] = rounds(dt::transport::in_process(2), ef, 2);
   const auto& kept = flushed.codec.residual();
   CHECK(std::all_of(kept.begin(), kept.end(), [](float r) { return r == 0.0f; }));
-  CHECK(cz::parse_codec("int8:adaptive").describe() == "adaptive(int8(block=64),probe_every=100)");
+  CHECK(dt::collective::parse_codec("int8:adaptive").describe() == "adaptive(int8(block=64),probe_every=100)");
 }
 #endif
 
@@ -784,8 +786,8 @@ TEST_CASE("codecs: DCT top-k sends the largest coefficients, all of them give th
   };
   const double with_dct = error(round_trip(dct, smooth)), without = error(round_trip(raw, smooth));
   CHECK(with_dct < 0.1 * without);
-  CHECK(cz::parse_codec("dct:0.05,chunk=32,int2,ef").describe() == "ef(dct(chunk=32,topk(fraction=0.050000,int2,block=64)))");
-  CHECK_THROWS_WITH(cz::parse_codec("dct:chunk=1"), Catch::Contains("chunk must be a whole number in [2, 4096]"));
+  CHECK(dt::collective::parse_codec("dct:0.05,chunk=32,int2,ef").describe() == "ef(dct(chunk=32,topk(fraction=0.050000,int2,block=64)))");
+  CHECK_THROWS_WITH(dt::collective::parse_codec("dct:chunk=1"), Catch::Contains("chunk must be a whole number in [2, 4096]"));
   // Coefficients whose transform overflows are refused, and nothing is added.
   {
     cz::dct_top_k d;
@@ -858,11 +860,11 @@ TEST_CASE("codecs: PowerSGD sends rank-r factors of each matrix, the small piece
   for (std::size_t j = 0; j < 140; ++j) std::memcpy(bad.data() + 8 + 4 * j, &big, 4);
   rejects(bad, "factors too large");
   CHECK(std::all_of(into.begin(), into.end(), [](float v) { return v == 0.0f; }));
-  CHECK(cz::parse_codec("powersgd:rank=2,factors=int8").describe() ==
+  CHECK(dt::collective::parse_codec("powersgd:rank=2,factors=int8").describe() ==
         "powersgd(rank=2,ef,seed=" + std::to_string(cz::powersgd<>{}.seed) + ",factors=int8(block=64))");
-  CHECK_THROWS_WITH(cz::parse_codec("powersgd:ef"), Catch::Contains("keeps its own error feedback"));
-  CHECK_THROWS_WITH(cz::parse_codec("powersgd:factors=topk"), Catch::Contains("factors must be one of"));
-  CHECK_THROWS_WITH(cz::parse_codec("powersgd:rank=0"), Catch::Contains("rank must be a whole number in [1, 4096]"));
+  CHECK_THROWS_WITH(dt::collective::parse_codec("powersgd:ef"), Catch::Contains("keeps its own error feedback"));
+  CHECK_THROWS_WITH(dt::collective::parse_codec("powersgd:factors=topk"), Catch::Contains("factors must be one of"));
+  CHECK_THROWS_WITH(dt::collective::parse_codec("powersgd:rank=0"), Catch::Contains("rank must be a whole number in [1, 4096]"));
 }
 
 TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-rank mean, and keeps what it missed", "[collective]",
@@ -887,7 +889,7 @@ TEMPLATE_TEST_CASE("codecs: PowerSGD all-reduce gives every peer the same low-ra
       p.set_layout(small_layout);
       auto v = mine;
       const auto sent0 = c.traffic().bytes_sent;
-      cz::all_reduce(p, c, std::span<float>(v), true);
+      dt::collective::encoded_all_reduce(p, c, std::span<float>(v), true);
       const auto sent = c.traffic().bytes_sent - sent0;
       const std::string at = " at peer " + std::to_string(c.rank());
       checks.expect(same_everywhere(c, v), "powersgd: the peers' results differ" + at);
@@ -933,7 +935,7 @@ TEST_CASE("codecs: PowerSGD's factors and residual go through a checkpoint, the 
       p.set_layout(small_layout);
       for (int k = first; k < first + count; ++k) {
         auto v = random_values(1236, 300 + static_cast<std::uint64_t>(k + 10 * ep.rank()));
-        cz::all_reduce(p, c, std::span<float>(v), true);
+        dt::collective::encoded_all_reduce(p, c, std::span<float>(v), true);
         last[static_cast<std::size_t>(ep.rank())] = v;
       }
       if (to) p.save(to[ep.rank()], "codec.");

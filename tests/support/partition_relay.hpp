@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -120,9 +121,15 @@ class partition_relay {
     return n == 0;
   }
 
-  static bool write_all(int fd, const std::byte* p, std::size_t n) {
+  // Writes all `n` bytes, waiting for room in steps of 50 ms: a peer that reads nothing (held,
+  // frozen) cannot keep this thread in a send when the relay stops or the link is closed.
+  bool write_all(int fd, const std::byte* p, std::size_t n, const std::atomic<bool>& closing) const {
     while (n > 0) {
-      const auto put = ::send(fd, p, n, MSG_NOSIGNAL);
+      if (stopping_ || closing) return false;
+      pollfd w{fd, POLLOUT, 0};
+      if (::poll(&w, 1, 50) <= 0) continue;
+      const auto put = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (put < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (put <= 0) return false;
       p += put;
       n -= static_cast<std::size_t>(put);
@@ -175,7 +182,7 @@ class partition_relay {
     const int server = ::socket(AF_INET, SOCK_STREAM, 0);
     const auto to = address("127.0.0.1", port);
     if (server >= 0 && ::connect(server, reinterpret_cast<const sockaddr*>(&to), sizeof to) == 0 &&
-        write_all(server, hello.data(), hello.size())) {
+        write_all(server, hello.data(), hello.size(), l->closing)) {
       std::byte buffer[1 << 16];
       pollfd both[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
       while (!stopping_ && !l->closing) {
@@ -189,7 +196,7 @@ class partition_relay {
         for (int i = 0; i < 2 && open; ++i) {
           if (!(both[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
           const auto got = ::recv(both[i].fd, buffer, sizeof buffer, 0);
-          open = got > 0 && write_all(both[1 - i].fd, buffer, static_cast<std::size_t>(got));
+          open = got > 0 && write_all(both[1 - i].fd, buffer, static_cast<std::size_t>(got), l->closing);
         }
         if (!open) break;
       }

@@ -6,8 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace harness {
@@ -35,6 +37,26 @@ class peer_checks {
   std::size_t checked_ = 0;
   std::vector<std::string> failures_;
 };
+
+// Runs fn(r) for r in [0, n), each on a thread of its own, and joins them: what any peer threw,
+// one line each ("peer 2: ..."), for the test's thread to check (empty when none threw).
+template <class F>
+std::string on_peer_threads(int n, F&& fn) {
+  std::mutex mutex;
+  std::string log;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        log += "peer " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return log;
+}
 
 // On a peer thread, whether `f` throws an E; recorded in `checks`.
 template <class E, class F>

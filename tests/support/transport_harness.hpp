@@ -4,16 +4,15 @@
 
 #include <decentrain/collective/communicator.hpp>
 #include <decentrain/transport/in_process.hpp>
-
-#include <functional>
-#include <string>
-
 #include <decentrain/transport/mpi.hpp>
 #include <decentrain/transport/tcp.hpp>
 
+#include <chrono>
 #include <climits>
-
+#include <cstdio>
+#include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,7 +105,20 @@ struct mpi {
     int rank = 0, failed_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int mine = error.empty() ? INT_MAX : rank;
-    MPI_Allreduce(&mine, &failed_rank, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    // Bounded: a rank still in the case after 120 s (one that hangs) ends the run naming the wait,
+    // rather than leaving the others in the all-reduce until CTest's timeout.
+    MPI_Request request;
+    MPI_Iallreduce(&mine, &failed_rank, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &request);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (int done = 0; !done;) {
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (done) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "harness::mpi: rank %d finished the case and waited 120 s for the others: one hangs\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     if (failed_rank == INT_MAX) return;
     int length = static_cast<int>(error.size());
     MPI_Bcast(&length, 1, MPI_INT, failed_rank, MPI_COMM_WORLD);

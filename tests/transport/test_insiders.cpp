@@ -208,7 +208,7 @@ TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget, a
 
 TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, finishes under a tight budget: it says what it expects") {
   // Each peer sends a 24 MB segment in 2 MB pieces to its neighbour before it receives the
-  // neighbour's (compress::all_reduce with fp16 goes around the ring), while each takes at most
+  // neighbour's (collective::encoded_all_reduce with fp16 goes around the ring), while each takes at most
   // 2 MiB unasked from a peer: without the receivers' expect() all three stall on full queues
   // (and socket buffers) until their receive timeout.
   constexpr int world = 3;
@@ -227,7 +227,7 @@ TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, fin
     dt::collective::communicator<tr::tcp> c(p);
     std::vector<float> v(values, static_cast<float>(p.rank() + 1));
     dt::compress::fp16 codec;
-    dt::compress::all_reduce(codec, c, std::span<float>(v), false);
+    dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), false);
     return v.front() + v.back();
   };
   std::vector<std::future<float>> others;

@@ -1,9 +1,12 @@
 // The collectives: the communicator (all-reduce, broadcast, all-gather, all-to-all, groups,
-// handles), the aggregators and the robust all-reduce that uses them.
+// handles), the aggregators and the robust all-reduce that uses them, the encoded all-reduce
+// that carries a codec, and any_codec.
 #pragma once
 
 #include "decentrain/collective/aggregators.hpp"
 #include "decentrain/collective/any_aggregator.hpp"
+#include "decentrain/collective/any_codec.hpp"
 #include "decentrain/collective/communicator.hpp"
+#include "decentrain/collective/encoded_all_reduce.hpp"
 #include "decentrain/collective/group.hpp"
 #include "decentrain/collective/robust_all_reduce.hpp"

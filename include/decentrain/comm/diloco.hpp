@@ -30,7 +30,7 @@ struct diloco {
   Aggregator aggregator{};
   // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
   // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
-  // (compress::all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
+  // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
@@ -69,7 +69,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
+    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                          weight_if(weighted, weight_.sum));
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;

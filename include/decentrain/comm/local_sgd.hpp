@@ -21,7 +21,7 @@ struct local_sgd {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas by the weight of their rounds (the sum of ctx.step_weight over the
-  // round's steps: the rows each took, say) instead of equally (compress::all_reduce: the mean
+  // round's steps: the rows each took, say) instead of equally (collective::encoded_all_reduce: the mean
   // scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
 
@@ -39,7 +39,7 @@ struct local_sgd {
     weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
                          weight_if(weighted, weight_.sum));
     scatter_values(ctx.parameters, buffer_);
     weight_.sum = 0;

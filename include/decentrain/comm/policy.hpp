@@ -33,7 +33,7 @@
 #include "decentrain/autograd/parameters.hpp"
 #include "decentrain/collective/aggregators.hpp"
 #include "decentrain/collective/communicator.hpp"
-#include "decentrain/compress/all_reduce.hpp"
+#include "decentrain/collective/encoded_all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/compress/layout.hpp"
@@ -130,7 +130,7 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
 }
 
 // Weighted averaging (a policy's `weighted`): its weight, where it weighs, for
-// compress::all_reduce, which weighs each replica's contribution by what it says (under the
+// collective::encoded_all_reduce, which weighs each replica's contribution by what it says (under the
 // mean by scaling, w R / (w_1 + ... + w_R); any other aggregator gets the weights, capped).
 inline std::optional<double> weight_if(bool weighted, double weight) {
   return weighted ? std::optional<double>(weight) : std::nullopt;
@@ -210,7 +210,7 @@ void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx) {
   if (!ctx.joined) {  // a joiner's members are mid-run
     const std::string aggregation = collective::describe_aggregator(aggregator);
     if (!ctx.replicas.all_same(decentrain::detail::fnv1a(compress::describe(codec) + " | " + aggregation))) {
-      compress::agree(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
+      collective::agree_codec(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
       decentrain::detail::fail("aggregator: the peers combine contributions differently (this one uses '", aggregation,
                                "'); every peer must use the same aggregator");
     }

@@ -281,7 +281,7 @@ struct streaming_diloco {
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
-      compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
+      collective::encoded_all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
       p.bytes = comm.traffic().bytes_sent - before;
     };
     if (background) p.exchange.handle = ctx.replicas.start(exchange);

@@ -23,7 +23,7 @@ struct sync_allreduce {
   Aggregator aggregator{};
   // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
   // say) instead of equally: the mean scales them (one all-reduce of a number more a step), a
-  // robust aggregator weighs them (compress::all_reduce). Every replica the same.
+  // robust aggregator weighs them (collective::encoded_all_reduce). Every replica the same.
   bool weighted = false;
 
   template <class Ctx>
@@ -36,7 +36,7 @@ struct sync_allreduce {
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
                          weight_if(weighted, ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }

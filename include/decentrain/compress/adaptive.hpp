@@ -15,9 +15,7 @@
 #include <span>
 #include <string>
 
-#include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
-#include "decentrain/compress/identity.hpp"
 #include "decentrain/compress/layout.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
@@ -39,24 +37,20 @@ struct adaptive {
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return codec.encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
 
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+  // A round (collective::encoded_all_reduce runs it): whether it goes through the codec, and
+  // whether it is a probe, whose time (the slowest peer's) goes to probed() after it.
+  struct round_plan {
+    bool through_codec;
+    bool probe;
+  };
+  round_plan begin_round() {
     decentrain::detail::check(probe_every >= 2, "adaptive codec: probe_every must be >= 2, got ", probe_every);
-    const std::int64_t phase = round_++ % probe_every;
-    const bool through_codec = phase == 0 || (phase > 1 && codec_faster_);
-    const double t0 = comm.endpoint().stats().clock_seconds;
-    if (through_codec) {
-      compress::all_reduce(codec, comm, values, average);
-    } else {
-      if constexpr (requires { codec.flush_into(values); }) codec.flush_into(values);
-      identity plain;
-      compress::all_reduce(plain, comm, values, average);
-    }
-    if (phase > 1) return;
-    double took = comm.endpoint().stats().clock_seconds - t0;
-    comm.all_reduce(std::span<double>(&took, 1), collective::reduce_op::max);
-    (phase == 0 ? codec_seconds_ : plain_seconds_) = took;
-    if (phase == 1) codec_faster_ = codec_seconds_ < plain_seconds_;
+    phase_ = round_++ % probe_every;
+    return {phase_ == 0 || (phase_ > 1 && codec_faster_), phase_ <= 1};
+  }
+  void probed(double seconds) {
+    (phase_ == 0 ? codec_seconds_ : plain_seconds_) = seconds;
+    if (phase_ == 1) codec_faster_ = codec_seconds_ < plain_seconds_;
   }
 
   // Whether the rounds between probes go through the codec, and the last probes' times.
@@ -85,7 +79,7 @@ struct adaptive {
   }
 
  private:
-  std::int64_t round_ = 0;
+  std::int64_t round_ = 0, phase_ = 0;
   bool codec_faster_ = true;
   double codec_seconds_ = 0, plain_seconds_ = 0;
 };

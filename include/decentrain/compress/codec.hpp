@@ -9,7 +9,9 @@
 //                                                             it could not have written
 // and may add
 //   template <class Comm> void all_reduce(Comm&, std::span<float>, bool average)
-//                                                             a collective of its own (identity: the ring)
+//                                                             a collective of its own, which
+//                                                             collective::encoded_all_reduce runs
+//                                                             (the library's codecs have theirs there)
 //   static constexpr bool dense                               fixed-size payloads that add up on a ring
 //   void set_layout(const compress::layout&)                   the matrices the payload is made of (powersgd)
 //   std::string describe() const                              its settings, compared across peers

@@ -1,10 +1,8 @@
-// Everything in compress: the codec concept, all-reduce through a codec, the codecs, and their
-// GPU kernels when nvcc compiles.
+// Everything in compress: the codec concept, the codecs, the parser of codec specs, and their GPU
+// kernels when nvcc compiles (the collective that carries a codec: collective/encoded_all_reduce.hpp).
 #pragma once
 
 #include "decentrain/compress/adaptive.hpp"
-#include "decentrain/compress/all_reduce.hpp"
-#include "decentrain/compress/any_codec.hpp"
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/dct_top_k.hpp"
@@ -13,6 +11,7 @@
 #include "decentrain/compress/half.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/compress/layout.hpp"
+#include "decentrain/compress/parse_codec.hpp"
 #include "decentrain/compress/powersgd.hpp"
 #include "decentrain/compress/sign.hpp"
 #include "decentrain/compress/top_k.hpp"

@@ -3,7 +3,7 @@
 // dense codec the whole payload is put on the codec's grid here (the residual keeps the
 // difference) and then all-reduced through the codec's ring, whose first hop re-encodes it
 // without further loss; for a sparse one, each payload that is gathered goes through encode
-// below. sent + kept == payload + decay x what was kept before, exactly up to f32 rounding.
+// below (collective::encoded_all_reduce does both). sent + kept == payload + decay x what was kept before, exactly up to f32 rounding.
 // `decay` < 1 is SparseLoCo's (Sarfi et al. 2025) accumulator: what waits fades by that factor
 // each round, so mass that could not go out for many rounds (computed from parameters long
 // replaced) does not arrive late at full weight, and the decayed sum does the work of an outer
@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/layout.hpp"
 #include "decentrain/core/factory.hpp"
@@ -63,21 +62,9 @@ struct error_feedback {
   }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
 
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
-    if constexpr (dense) {
-      if (comm.world() == 1) return;  // nothing is sent, nothing is lost
-      // Onto the codec's grid here, with the residual; the ring's first hop then re-encodes
-      // these values to the same payload.
-      std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
-      payload.resize(charged(comm, [&] { return encode(std::span<const float>(values), payload); }));
-      std::copy(sent_.begin(), sent_.end(), values.begin());
-      ring_all_reduce(codec, comm, values, average);
-    } else {
-      gathered_all_reduce(*this, comm, values, average);
-    }
-  }
-
+  // What the last encode sent, decoded (a dense codec's ring carries these values: its first hop
+  // re-encodes them to the same payload).
+  const std::vector<float>& sent() const { return sent_; }
   const std::vector<float>& residual() const { return residual_; }
   // Adds what is kept (decayed, as encode would) into `values` and forgets it: for a round sent
   // exactly (adaptive's f32 rounds), which then carries it all.

@@ -1,5 +1,6 @@
-// The codec that sends f32 values as they are, through the collectives' own all-reduce (the
-// pipelined ring or recursive doubling): what every policy uses unless told otherwise.
+// The codec that sends f32 values as they are: what every policy uses unless told otherwise.
+// Nothing to encode, so collective::encoded_all_reduce sends it through the communicator's own
+// all-reduce (the pipelined ring or recursive doubling), which adds up as it goes.
 #pragma once
 
 #include <cstddef>
@@ -7,7 +8,6 @@
 #include <span>
 #include <string>
 
-#include "decentrain/collective/communicator.hpp"
 #include "decentrain/compress/codec.hpp"
 
 namespace decentrain::compress {
@@ -30,11 +30,6 @@ struct identity {
       std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
       into[i] += v;
     }
-  }
-  // No encoding to do: the plain all-reduce, which adds up as it goes instead of gathering.
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
-    comm.all_reduce(values, average ? collective::reduce_op::average : collective::reduce_op::sum);
   }
 };
 

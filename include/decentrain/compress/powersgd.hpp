@@ -11,7 +11,7 @@
 // its own share of the approximation missed, and adds it to the next round's M; the kept parts
 // sum to what the group's approximation missed, with no per-peer drift. What Factors' rounding
 // loses is not kept (wrap Factors in error_feedback for that).
-// Outside all_reduce (encode / decode_add, the gathered path) it is one peer's own rank-r
+// Outside that collective (encode / decode_add, the gathered path) it is one peer's own rank-r
 // approximation in f32, without feedback.
 // Every peer computes P's orthonormalisation and P Q^T itself, from the same collective results:
 // the same bits on all as long as they run the same arithmetic (one build; a compiler that fuses
@@ -28,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/error_feedback.hpp"
@@ -145,91 +144,126 @@ struct powersgd {
     for (std::size_t j = 0; j < out.size(); ++j) into[j] += out[j];
   }
 
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+  // One round of the group's approximation, in three parts around two all-reduces (which
+  // collective::encoded_all_reduce runs through p_codec() and q_codec()):
+  //   round_first(values)   values (+ the residual) -> P = M Q per low-rank piece, the others as they are
+  //   round_second()        P orthonormalised (the same P on every peer) -> Q = M^T P; the residual
+  //   round_finish(values)  P Q^T (and the plain pieces) -> values; Q kept for the next round's warm start
+  // A round where nothing is sent (one peer) calls round_first's check only: ready(values.size()).
+  void ready(std::size_t n) {
+    decentrain::detail::check(!layout_.empty() || n == 0, "powersgd codec: no layout: it needs the payload's matrices "
+                              "(set_layout(); the communication policies do it in start())");
+    check_layout(layout_, n, "powersgd codec");
+    set_factors();
+    decentrain::detail::check(residual_.empty() || residual_.size() == n, "powersgd codec: the residual holds ",
+                              residual_.size(), " values, the payload has ", n);
+    if (q_.size() == layout_.size() && q_rank_ == rank) return;
+    q_rank_ = rank;
+    q_.assign(layout_.size(), {});
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const std::size_t len = layout_[i].cols * rank_of(layout_[i]);
+      if (loaded_q_.empty()) {
+        q_[i].assign(len, 0.0f);  // drawn from the seed on first use (refresh)
+      } else {
+        decentrain::detail::check(at + len <= loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
+                                  loaded_q_.size(), " values, fewer than this layout at rank ", rank, " needs");
+        q_[i].assign(loaded_q_.begin() + static_cast<std::ptrdiff_t>(at), loaded_q_.begin() + static_cast<std::ptrdiff_t>(at + len));
+      }
+      at += len;
+    }
+    decentrain::detail::check(loaded_q_.empty() || at == loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
+                              loaded_q_.size(), " values, this layout at rank ", rank, " needs ", at);
+    loaded_q_.clear();
+  }
+  std::span<float> round_first(std::span<const float> values) {
     ready(values.size());
-    if (comm.world() == 1) return;  // nothing is sent, nothing is lost
-    charged(comm, [&] {
-      detail::check_finite(std::span<const float>(values), name);
-      wanted_.assign(values.begin(), values.end());
-      if (feedback) {
-        if (residual_.empty()) residual_.assign(values.size(), 0.0f);
-        for (std::size_t j = 0; j < values.size(); ++j) wanted_[j] += residual_[j];
+    detail::check_finite(values, name);
+    wanted_.assign(values.begin(), values.end());
+    if (feedback) {
+      if (residual_.empty()) residual_.assign(values.size(), 0.0f);
+      for (std::size_t j = 0; j < values.size(); ++j) wanted_[j] += residual_[j];
+    }
+    first_.resize(first_values());
+    float* at = first_.data();
+    std::vector<float> P;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& m = layout_[i];
+      const float* M = wanted_.data() + m.offset;
+      if (const std::size_t r = rank_of(m)) {
+        refresh(i, r);
+        multiply(M, m, q_[i], r, P);
+        at = std::copy(P.begin(), P.end(), at);
+      } else {
+        at = std::copy(M, M + m.size(), at);
       }
-      // First all-reduce: P = M Q per low-rank piece, the others as they are.
-      first_.resize(first_values());
-      float* at = first_.data();
-      std::vector<float> P;
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
-        const auto& m = layout_[i];
-        const float* M = wanted_.data() + m.offset;
-        if (const std::size_t r = rank_of(m)) {
-          refresh(i, r);
-          multiply(M, m, q_[i], r, P);
-          at = std::copy(P.begin(), P.end(), at);
-        } else {
-          at = std::copy(M, M + m.size(), at);
-        }
+    }
+    return first_;
+  }
+  std::span<float> round_second() {
+    second_.resize(second_values());
+    float* p_at = first_.data();
+    float* q_at = second_.data();
+    std::vector<float> P, Q;
+    for (const auto& m : layout_) {
+      if (const std::size_t r = rank_of(m)) {
+        P.assign(p_at, p_at + m.rows * r);
+        orthonormalise(P, m.rows, r);
+        std::copy(P.begin(), P.end(), p_at);
+        multiply_transposed(wanted_.data() + m.offset, m, P, r, Q);
+        q_at = std::copy(Q.begin(), Q.end(), q_at);
+        p_at += m.rows * r;
+      } else {
+        p_at += m.size();
       }
-    });
-    compress::all_reduce(p_codec_, comm, std::span<float>(first_), average);
-    charged(comm, [&] {
-      // Second all-reduce: Q = M^T P with P orthonormal (the same P on every peer).
-      second_.resize(second_values());
-      float* p_at = first_.data();
-      float* q_at = second_.data();
-      std::vector<float> P, Q;
+    }
+    // What this peer's share misses: M - P (M^T P)^T, with its own (not yet reduced) Q.
+    if (feedback) {
+      std::fill(residual_.begin(), residual_.end(), 0.0f);
+      const float* first = first_.data();
+      const float* mine = second_.data();
       for (const auto& m : layout_) {
-        if (const std::size_t r = rank_of(m)) {
-          P.assign(p_at, p_at + m.rows * r);
-          orthonormalise(P, m.rows, r);
-          std::copy(P.begin(), P.end(), p_at);
-          multiply_transposed(wanted_.data() + m.offset, m, P, r, Q);
-          q_at = std::copy(Q.begin(), Q.end(), q_at);
-          p_at += m.rows * r;
-        } else {
-          p_at += m.size();
+        const std::size_t r = rank_of(m);
+        if (!r) {
+          first += m.size();
+          continue;
         }
+        float* e = residual_.data() + m.offset;
+        product(first, mine, m, r, e);
+        const float* M = wanted_.data() + m.offset;
+        for (std::size_t j = 0; j < m.size(); ++j) e[j] = M[j] - e[j];
+        first += m.rows * r;
+        mine += m.cols * r;
       }
-      // What this peer's share misses: M - P (M^T P)^T, with its own (not yet reduced) Q.
-      if (feedback) {
-        std::fill(residual_.begin(), residual_.end(), 0.0f);
-        const float* first = first_.data();
-        const float* mine = second_.data();
-        for (const auto& m : layout_) {
-          const std::size_t r = rank_of(m);
-          if (!r) {
-            first += m.size();
-            continue;
-          }
-          float* e = residual_.data() + m.offset;
-          product(first, mine, m, r, e);
-          const float* M = wanted_.data() + m.offset;
-          for (std::size_t j = 0; j < m.size(); ++j) e[j] = M[j] - e[j];
-          first += m.rows * r;
-          mine += m.cols * r;
-        }
+    }
+    return second_;
+  }
+  void round_finish(std::span<float> values) {
+    const float* p_at = first_.data();
+    const float* q_at = second_.data();
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& m = layout_[i];
+      float* out = values.data() + m.offset;
+      if (const std::size_t r = rank_of(m)) {
+        product(p_at, q_at, m, r, out);
+        q_[i].assign(q_at, q_at + m.cols * r);  // the next round's warm start
+        p_at += m.rows * r;
+        q_at += m.cols * r;
+      } else {
+        std::copy(p_at, p_at + m.size(), out);
+        p_at += m.size();
       }
-    });
-    compress::all_reduce(q_codec_, comm, std::span<float>(second_), average);
-    charged(comm, [&] {
-      const float* p_at = first_.data();
-      const float* q_at = second_.data();
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
-        const auto& m = layout_[i];
-        float* out = values.data() + m.offset;
-        if (const std::size_t r = rank_of(m)) {
-          product(p_at, q_at, m, r, out);
-          q_[i].assign(q_at, q_at + m.cols * r);  // the next round's warm start
-          p_at += m.rows * r;
-          q_at += m.cols * r;
-        } else {
-          std::copy(p_at, p_at + m.size(), out);
-          p_at += m.size();
-        }
-      }
-      ++rounds_;
-    });
+    }
+    ++rounds_;
+  }
+  // The two all-reduces' codecs: copies of `factors`, each with its own state.
+  Factors& p_codec() {
+    set_factors();
+    return p_codec_;
+  }
+  Factors& q_codec() {
+    set_factors();
+    return q_codec_;
   }
 
   const std::vector<float>& residual() const { return residual_; }
@@ -270,33 +304,6 @@ struct powersgd {
  private:
   void check_settings() const {
     decentrain::detail::check(rank >= 1 && rank <= 4096, "powersgd codec: rank must be in [1, 4096], got ", rank);
-  }
-  // Layout known and matching n; the warm-start factors exist (from the seed on first use).
-  void ready(std::size_t n) {
-    decentrain::detail::check(!layout_.empty() || n == 0, "powersgd codec: no layout: it needs the payload's matrices "
-                              "(set_layout(); the communication policies do it in start())");
-    check_layout(layout_, n, "powersgd codec");
-    set_factors();
-    decentrain::detail::check(residual_.empty() || residual_.size() == n, "powersgd codec: the residual holds ",
-                              residual_.size(), " values, the payload has ", n);
-    if (q_.size() == layout_.size() && q_rank_ == rank) return;
-    q_rank_ = rank;
-    q_.assign(layout_.size(), {});
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const std::size_t len = layout_[i].cols * rank_of(layout_[i]);
-      if (loaded_q_.empty()) {
-        q_[i].assign(len, 0.0f);  // drawn from the seed on first use (refresh)
-      } else {
-        decentrain::detail::check(at + len <= loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
-                                  loaded_q_.size(), " values, fewer than this layout at rank ", rank, " needs");
-        q_[i].assign(loaded_q_.begin() + static_cast<std::ptrdiff_t>(at), loaded_q_.begin() + static_cast<std::ptrdiff_t>(at + len));
-      }
-      at += len;
-    }
-    decentrain::detail::check(loaded_q_.empty() || at == loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
-                              loaded_q_.size(), " values, this layout at rank ", rank, " needs ", at);
-    loaded_q_.clear();
   }
   // The two all-reduces' codecs start as copies of `factors` (each keeps its own state).
   void set_factors() {

@@ -24,6 +24,7 @@
 
 #include "decentrain/autograd/math.hpp"
 #include "decentrain/autograd/variable.hpp"
+#include "decentrain/collective/communicator.hpp"
 #include "decentrain/compress/identity.hpp"
 #include "decentrain/data/dataset.hpp"
 #include "decentrain/nn/part.hpp"

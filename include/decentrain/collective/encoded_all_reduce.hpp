@@ -1,4 +1,5 @@
-// All-reduce through a codec, and the check that every peer uses the same one.
+// The encoded all-reduce: a payload through a codec (compress/), and the check that every peer
+// uses the same one. Codecs encode and decode; the collective that carries them is here.
 //   ring (dense codecs): reduce-scatter then all-gather around the ring; each hop carries the
 //     encoded partial sum of a segment, the receiver decodes it and adds its own values in f32,
 //     and re-encodes for the next hop, so each hop costs one rounding and none compounds
@@ -11,7 +12,10 @@
 // With an aggregator (the policies' slot): the mean sums on the way as above, and only when the
 // result holds a non-finite value is the call redone with each contribution seen (so the peer
 // that sent it is dropped and named); any other aggregator gets every contribution straight
-// from its sender (collective::robust_all_reduce; through a codec: each payload decoded alone).
+// from its sender (robust_all_reduce; through a codec: each payload decoded alone).
+// Codecs whose round is more than one payload have their collective here too: error feedback
+// (the payload put on the codec's grid first), adaptive (probe rounds timed through the codec and
+// as f32) and PowerSGD (two all-reduces of factors around its own arithmetic).
 // Encoding and decoding are charged to the endpoint as compute (the thread's CPU time), so on
 // simulated links a codec pays for its work as it would on a real machine.
 #pragma once
@@ -29,20 +33,24 @@
 #include "decentrain/collective/aggregators.hpp"
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/collective/robust_all_reduce.hpp"
+#include "decentrain/compress/adaptive.hpp"
 #include "decentrain/compress/codec.hpp"
+#include "decentrain/compress/error_feedback.hpp"
+#include "decentrain/compress/identity.hpp"
+#include "decentrain/compress/powersgd.hpp"
 #include "decentrain/detail/clock.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/transport/peer_error.hpp"
 
-namespace decentrain::compress {
+namespace decentrain::collective {
 
 // Fails on every peer, naming the peers' settings, when they do not all use the same codec
 // settings (a policy calls it in start()).
 template <class Codec, class Comm>
-void agree(const Codec& codec, Comm& comm) {
+void agree_codec(const Codec& codec, Comm& comm) {
   if (comm.world() == 1) return;
-  const std::string mine = describe(codec);
+  const std::string mine = compress::describe(codec);
   if (comm.all_same(decentrain::detail::fnv1a(mine))) return;
   // They differ: gather everyone's text (cut to 120 bytes) to say who uses what.
   char text[120] = {};
@@ -76,6 +84,17 @@ std::size_t codec_block(const Codec& codec) {
   else
     return 1;
 }
+
+// The all-reduce of every codec, declared before any is defined: a codec's collective calls the
+// one of the codec inside it (adaptive<error_feedback<int8>>, powersgd<any_codec>).
+template <class Codec, class Comm>
+void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average);
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::error_feedback<Codec>& codec, Comm& comm, std::span<float> values, bool average);
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::adaptive<Codec>& codec, Comm& comm, std::span<float> values, bool average);
+template <class Factors, class Comm>
+void encoded_all_reduce(compress::powersgd<Factors>& codec, Comm& comm, std::span<float> values, bool average);
 
 template <class Codec, class Comm>
 void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
@@ -202,24 +221,76 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
 }
 
 // The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
-// peer (the same bits on all). A codec with a collective of its own runs it; a dense one goes
-// around the ring, any other is gathered. A payload that breaks the codec's format is rejected
-// naming the peer (a transport::peer_error), never decoded out of bounds.
+// peer (the same bits on all). identity goes through the communicator's all-reduce, a codec with
+// a collective of its own (a user's, any_codec) runs it, a dense one goes around the ring, any
+// other is gathered. A payload that breaks the codec's format is rejected naming the peer (a
+// transport::peer_error), never decoded out of bounds.
 template <class Codec, class Comm>
-void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  static_assert(check_codec<Codec>());
+void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  static_assert(compress::check_codec<Codec>());
   // A codec chosen at run time (any_codec) dispatches on one communicator type; on another it
   // would fall through to the gathered path, silently slower for dense codecs.
   if constexpr (requires { typename Codec::communicator_type; })
     static_assert(std::is_same_v<Comm, typename Codec::communicator_type>,
-                  "compress::all_reduce: this codec runs on its communicator_type (any_codec: a communicator over "
-                  "transport::any_endpoint; wrap the endpoint in one)");
-  if constexpr (requires { codec.all_reduce(comm, values, average); })
+                  "collective::encoded_all_reduce: this codec runs on its communicator_type (any_codec: a communicator "
+                  "over transport::any_endpoint; wrap the endpoint in one)");
+  if constexpr (std::is_same_v<Codec, compress::identity>)
+    comm.all_reduce(values, average ? reduce_op::average : reduce_op::sum);
+  else if constexpr (requires { codec.all_reduce(comm, values, average); })
     codec.all_reduce(comm, values, average);
-  else if constexpr (is_dense<Codec>())
+  else if constexpr (compress::is_dense<Codec>())
     ring_all_reduce(codec, comm, values, average);
   else
     gathered_all_reduce(codec, comm, values, average);
+}
+
+// Error feedback: a dense codec's payload is put on its grid here, with the residual, and the
+// ring's first hop re-encodes those values to the same payload; a sparse one is gathered, each
+// payload through the feedback's encode.
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::error_feedback<Codec>& codec, Comm& comm, std::span<float> values, bool average) {
+  if constexpr (compress::is_dense<Codec>()) {
+    if (comm.world() == 1) return;  // nothing is sent, nothing is lost
+    std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
+    payload.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), payload); }));
+    std::copy(codec.sent().begin(), codec.sent().end(), values.begin());
+    ring_all_reduce(codec.codec, comm, values, average);
+  } else {
+    gathered_all_reduce(codec, comm, values, average);
+  }
+}
+
+// Adaptive: the round through the codec or as f32 (with what error feedback kept), as the
+// codec's plan says; a probe's time is the slowest peer's (an 8-byte all-reduce), so every peer
+// makes the same choice.
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::adaptive<Codec>& codec, Comm& comm, std::span<float> values, bool average) {
+  const auto plan = codec.begin_round();
+  const double t0 = comm.endpoint().stats().clock_seconds;
+  if (plan.through_codec) {
+    encoded_all_reduce(codec.codec, comm, values, average);
+  } else {
+    if constexpr (requires { codec.codec.flush_into(values); }) codec.codec.flush_into(values);
+    compress::identity plain;
+    encoded_all_reduce(plain, comm, values, average);
+  }
+  if (!plan.probe) return;
+  double took = comm.endpoint().stats().clock_seconds - t0;
+  comm.all_reduce(std::span<double>(&took, 1), reduce_op::max);
+  codec.probed(took);
+}
+
+// PowerSGD: P through p_codec(), then Q through q_codec(), the codec's arithmetic around them
+// charged as compute.
+template <class Factors, class Comm>
+void encoded_all_reduce(compress::powersgd<Factors>& codec, Comm& comm, std::span<float> values, bool average) {
+  codec.ready(values.size());
+  if (comm.world() == 1) return;  // nothing is sent, nothing is lost
+  const auto first = charged(comm, [&] { return codec.round_first(std::span<const float>(values)); });
+  encoded_all_reduce(codec.p_codec(), comm, first, average);
+  const auto second = charged(comm, [&] { return codec.round_second(); });
+  encoded_all_reduce(codec.q_codec(), comm, second, average);
+  charged(comm, [&] { codec.round_finish(values); });
 }
 
 // Every peer's payload, straight from its sender, decoded alone and aggregated. A payload the
@@ -227,8 +298,8 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average)
 // not stop the others.
 template <class Codec, class Aggregator, class Comm>
 void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> values, Aggregator& aggregator,
-                                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
-  const auto weights = collective::exchange_weights(comm, weight);
+                                aggregation_record& record, std::optional<double> weight = std::nullopt) {
+  const auto weights = exchange_weights(comm, weight);
   const auto n = static_cast<std::size_t>(comm.world()), me = static_cast<std::size_t>(comm.rank());
   const std::size_t bound = codec.max_encoded_bytes(values.size());
   auto& payloads = record.payloads;
@@ -262,17 +333,17 @@ void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> value
   auto& ws = record.workspace;
   ws.assign(n * values.size(), 0.0f);
   std::vector<std::span<const float>> parts(n);
-  std::vector<collective::verdict> verdicts(n, collective::verdict::kept);
+  std::vector<verdict> verdicts(n, verdict::kept);
   for (std::size_t p = 0; p < n; ++p) {
     const auto part = std::span<float>(ws).subspan(p * values.size(), values.size());
     parts[p] = part;
     try {
       charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[p]), part); });
     } catch (const decentrain::error&) {
-      verdicts[p] = collective::verdict::malformed;
+      verdicts[p] = verdict::malformed;
     }
   }
-  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts, weights);
+  aggregate_gathered(aggregator, contributions(parts), values, record, verdicts, weights);
 }
 
 // all_reduce with an aggregator: `record` keeps what was seen of each peer (and the buffers).
@@ -280,25 +351,25 @@ void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> value
 // contribution weighs what it says: a mean scales it by weight x world / (the weights' sum) and
 // sums on the way (one all-reduce of a number more), any other aggregator gets every weight
 // with the contributions (capped: aggregation_record::weight_cap; one that cannot weigh is
-// refused: collective::can_weigh).
+// refused: can_weigh).
 template <class Codec, class Aggregator, class Comm>
-void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
-                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
-  static_assert(collective::check_aggregator<Aggregator>());
+void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
+                aggregation_record& record, std::optional<double> weight = std::nullopt) {
+  static_assert(check_aggregator<Aggregator>());
   const float world = static_cast<float>(comm.world());
-  if (weight && collective::averages_in_flight(aggregator)) {
-    for (const float f = collective::weight_factor(comm, *weight); auto& v : values) v *= f;
+  if (weight && averages_in_flight(aggregator)) {
+    for (const float f = weight_factor(comm, *weight); auto& v : values) v *= f;
     weight.reset();
   }
-  if (weight && !collective::can_weigh<Aggregator>())
-    decentrain::detail::fail("aggregator '", collective::describe_aggregator(aggregator), "' cannot weigh contributions, ",
+  if (weight && !can_weigh<Aggregator>())
+    decentrain::detail::fail("aggregator '", describe_aggregator(aggregator), "' cannot weigh contributions, ",
                              "which a weighted policy asks for (mean, median, trimmed-mean, centered-clip, bucketing and ",
                              "partitioned of those can)");
-  if (collective::averages_in_flight(aggregator)) {
+  if (averages_in_flight(aggregator)) {
     record.own.assign(values.begin(), values.end());
-    all_reduce(codec, comm, values, average);
-    if (collective::detail::all_finite(values)) {
-      record.last.peers.assign(static_cast<std::size_t>(comm.world()), collective::verdict::kept);
+    encoded_all_reduce(codec, comm, values, average);
+    if (detail::all_finite(values)) {
+      record.last.peers.assign(static_cast<std::size_t>(comm.world()), verdict::kept);
       record.last.distance.clear();  // summed on the way: nothing seen of each peer
       record.last.far.clear();
       record.tally.add(record.last);
@@ -306,18 +377,18 @@ void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average,
     }
     // Every peer holds the same sum, so all of them come here together.
     std::copy(record.own.begin(), record.own.end(), values.begin());
-    collective::mean m;
+    mean m;
     gathered_robust_all_reduce(codec, comm, values, m, record);
-  } else if (describe(codec) == "identity") {
-    collective::robust_all_reduce(aggregator, comm, values, record, weight);
+  } else if (compress::describe(codec) == "identity") {
+    robust_all_reduce(aggregator, comm, values, record, weight);
   } else {
-    decentrain::detail::check(!collective::is_partitioned(aggregator), "aggregator '", collective::describe_aggregator(aggregator),
+    decentrain::detail::check(!is_partitioned(aggregator), "aggregator '", describe_aggregator(aggregator),
                               "' aggregates per partition, which sends f32 values: use it with the identity codec, not '",
-                              describe(codec), "'");
+                              compress::describe(codec), "'");
     gathered_robust_all_reduce(codec, comm, values, aggregator, record, weight);
   }
   if (!average)
     for (auto& v : values) v *= world;
 }
 
-}  // namespace decentrain::compress
+}  // namespace decentrain::collective

@@ -1,6 +1,6 @@
-// A codec chosen at run time (a command line's --codec): any codec behind one type, and the
-// parser for "NAME[:SETTING,...]" specs. Policies that take any_codec are compiled once for
-// every codec. Its collective runs on the trainer's communicator type.
+// The parser for a codec chosen at run time (a command line's --codec): "NAME[:SETTING,...]" to
+// a codec held in `Any`, a type any codec converts to (collective::any_codec, which carries each
+// codec's collective). An unknown name, setting or value is an error naming it.
 //
 //   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
 //   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
@@ -16,16 +16,13 @@
 #include <cmath>
 #include <cctype>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "decentrain/collective/communicator.hpp"
 #include "decentrain/compress/adaptive.hpp"
-#include "decentrain/compress/all_reduce.hpp"
 #include "decentrain/compress/blockwise.hpp"
 #include "decentrain/compress/codec.hpp"
 #include "decentrain/compress/dct_top_k.hpp"
@@ -38,85 +35,14 @@
 #include "decentrain/compress/sign.hpp"
 #include "decentrain/compress/top_k.hpp"
 #include "decentrain/detail/spec.hpp"
-#include "decentrain/io/checkpoint.hpp"
-#include "decentrain/transport/endpoint.hpp"
 
 namespace decentrain::compress {
 
-class any_codec {
- public:
-  using communicator_type = collective::communicator<transport::any_endpoint>;
-  static constexpr const char* name = "any";
-
-  any_codec() : any_codec(identity{}) {}
-  template <class C>
-    requires(!std::same_as<std::remove_cvref_t<C>, any_codec>)
-  any_codec(C c)  // NOLINT: implicit, so any codec converts
-      : self_(std::make_shared<model<C>>(std::move(c))) {
-    static_assert(check_codec<C>());
-  }
-  any_codec(const any_codec& o) : self_(o.self_->clone()) {}
-  any_codec& operator=(const any_codec& o) {
-    if (this != &o) self_ = o.self_->clone();
-    return *this;
-  }
-  any_codec(any_codec&&) noexcept = default;
-  any_codec& operator=(any_codec&&) noexcept = default;
-
-  std::string describe() const { return self_->describe(); }
-  std::size_t max_encoded_bytes(std::size_t n) const { return self_->max_encoded_bytes(n); }
-  std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
-  void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
-  void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
-  void flush_into(std::span<float> values) { self_->flush_into(values); }
-  void set_layout(const layout& l) { self_->set_layout(l); }
-  void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
-  void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
-
- private:
-  struct base {
-    virtual ~base() = default;
-    virtual std::shared_ptr<base> clone() const = 0;
-    virtual std::string describe() const = 0;
-    virtual std::size_t max_encoded_bytes(std::size_t) const = 0;
-    virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
-    virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
-    virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
-    virtual void flush_into(std::span<float>) = 0;
-    virtual void set_layout(const layout&) = 0;
-    virtual void save(io::checkpoint&, const std::string&) const = 0;
-    virtual void load(const io::checkpoint&, const std::string&) = 0;
-  };
-  template <class C>
-  struct model final : base {
-    explicit model(C inner) : c(std::move(inner)) {}
-    std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
-    std::string describe() const override { return compress::describe(c); }
-    std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }
-    std::size_t encode(std::span<const float> in, std::span<std::byte> out) override { return c.encode(in, out); }
-    void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
-    void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {
-      compress::all_reduce(c, comm, values, average);
-    }
-    void flush_into(std::span<float> values) override {
-      if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
-    }
-    void set_layout(const layout& l) override { compress::set_layout(c, l); }
-    void save(io::checkpoint& ck, const std::string& prefix) const override {
-      if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
-    }
-    void load(const io::checkpoint& ck, const std::string& prefix) override {
-      if constexpr (requires { c.load(ck, prefix); }) c.load(ck, prefix);
-    }
-    C c;
-  };
-  std::shared_ptr<base> self_;
-};
-
 inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, topk, dct (each may add ',ef'), powersgd";
 
-// "int4:block=64,ef" -> the codec; an unknown name, setting or value is an error naming it.
-inline any_codec parse_codec(std::string_view spec) {
+// "int4:block=64,ef" -> the codec, held in Any.
+template <class Any>
+Any parse_codec_as(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
   const decentrain::detail::spec parsed("codec", spec);
@@ -144,8 +70,8 @@ inline any_codec parse_codec(std::string_view spec) {
   auto unknown = [&](const std::string& key, const char* allowed) {
     fail("codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
-  auto wrap = [&](auto c) -> any_codec {
-    any_codec chosen = c;
+  auto wrap = [&](auto c) -> Any {
+    Any chosen = c;
     if (ef) {
       error_feedback<decltype(c)> e;
       e.codec = c;
@@ -153,7 +79,7 @@ inline any_codec parse_codec(std::string_view spec) {
       chosen = e;
     }
     if (!adapt) return chosen;
-    adaptive<any_codec> a;
+    adaptive<Any> a;
     a.codec = chosen;
     return a;
   };
@@ -235,13 +161,13 @@ inline any_codec parse_codec(std::string_view spec) {
   if (name == "powersgd") {
     check(!ef, "codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
     check(!adapt, "codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
-    powersgd<any_codec> c;
+    powersgd<Any> c;
     for (const auto& [k, v] : settings) {
       if (k == "rank") c.rank = whole(k, v, 1, 4096);
       else if (k == "noef" && v.empty()) c.feedback = false;
       else if (k == "seed") c.seed = whole(k, v, 0, 9e15);
       else if (k == "factors" && (v == "identity" || v == "fp16" || v == "bf16" || v == "int8" || v == "int4" || v == "fp4"))
-        c.factors = parse_codec(v);
+        c.factors = parse_codec_as<Any>(v);
       else if (k == "factors")
         fail("codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
       else unknown(k, "rank=R, noef, seed=S, factors=identity|fp16|bf16|int8|int4|fp4");
