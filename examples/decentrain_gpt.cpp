@@ -994,15 +994,25 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     }
     world = ep->world();
     rank = asker = ep->rank();
+    // Each page links the others' (the peers that start together swap addresses; a joiner's
+    // page links none).
+    if (!ep->joined_late()) {
+      std::string page;
+      if (server) {
+        // A page on every interface is reached at the address the peer listens on.
+        std::string host = p.status_host;
+        if ((host == "0.0.0.0" || host == "::") && p.mode == launch::tcp) host = p.tcp.listen.substr(0, p.tcp.listen.rfind(':'));
+        page = "http://" + host + ":" + std::to_string(server->port()) + "/";
+      }
+      const auto pages = cli::swap_status_pages(*ep, page);
+      if (hooks.status) hooks.status->set_group(pages);
+    }
     hooks.open_metrics(metrics_path(p.metrics, rank, world), p);  // a file per process
     set_threads(p.threads);
     hooks.size_for(world);
     std::signal(SIGINT, on_interrupt);
     results.push_back(run(*ep));
-    if constexpr (elastic) {
-      rank = hooks.final_rank;  // in the last view: its rank 0 reports
-      world = hooks.final_world;
-    }
+    if constexpr (elastic) world = hooks.final_world;  // the group it ended in
   }
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -1053,8 +1063,9 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     std::printf("continue with --checkpoint-dir %s --resume\n", p.checkpoints.dir.c_str());
     return 130;
   }
-  // Over TCP or MPI only this process's own figures are known; rank 0 reports them.
-  if (rank == 0) {
+  // Every process reports what it knows: over TCP or MPI its own peer's figures, named by its
+  // world rank (each prints its own validation loss).
+  {
     // A pipeline whose group re-formed (--elastic) ends in another shape: the summary gives that one.
     auto ended = p;
     std::int64_t longest = 0;
@@ -1173,7 +1184,7 @@ void pipeline_settings(const options& opt, train_plan& p) {
     dt::detail::check(schedule == "gpipe" || schedule == "1f1b" || schedule == "zb-h1" || schedule == "zb-v",
                       "--schedule: must be gpipe, 1f1b, zb-h1, zb-v or interleaved[:v=N], got '", schedule, "'");
   }
-  pipe.codec = cli::from_flag("--activation-codec", [&] { return dt::compress::parse_codec(opt.text("activation-codec")); });
+  pipe.codec = cli::from_flag("--activation-codec", [&] { return dt::collective::parse_codec(opt.text("activation-codec")); });
   dt::detail::check(pipe.stages * pipe.chunks <= p.model.n_layer, "--stages ", pipe.stages,
                     pipe.chunks > 1 ? dt::detail::concat(" x ", pipe.chunks, " chunks") : std::string(), " cuts a model of ",
                     p.model.n_layer, " layers (--n-layer); each stage needs at least one, so that must be at most ",
@@ -1326,7 +1337,7 @@ int cmd_train(const options& opt) {
   dt::detail::check(comm != "gossip" || (!opt.has("codec") && !opt.has("aggregator")),
                     "--comm gossip averages each peer's parameters with its neighbours' in f32: --codec and --aggregator "
                     "do not apply");
-  const auto codec_choice = cli::from_flag("--codec", [&] { return dt::compress::parse_codec(opt.text("codec")); });
+  const auto codec_choice = cli::from_flag("--codec", [&] { return dt::collective::parse_codec(opt.text("codec")); });
   p.aggregator = cli::from_flag("--aggregator", [&] { return dt::collective::parse_aggregator(opt.text("aggregator")); });
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",

@@ -50,7 +50,7 @@ inline void set_threads(int n) {
 
 // The communication policies the program trains with, one type each whatever the codec and the
 // aggregator (any_codec and any_aggregator choose them at run time).
-using codec = dt::compress::any_codec;
+using codec = dt::collective::any_codec;
 using aggregator = dt::collective::any_aggregator;
 using sync_policy = dt::comm::sync_allreduce<codec, aggregator>;
 using gossip_policy = dt::comm::gossip<dt::comm::topology::exponential>;
@@ -86,7 +86,7 @@ struct train_plan {
   bool quiet = false;  // warnings, errors and the summary only
   std::int64_t log_every = 50;
   dt::collective::any_aggregator aggregator;
-  dt::parallel::pipeline<dt::compress::any_codec> parallel;  // one stage: data parallelism
+  dt::parallel::pipeline<dt::collective::any_codec> parallel;  // one stage: data parallelism
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
   std::shared_ptr<const dt::io::named_tensors> init;  // --init-from: every peer starts from these weights
   int status_port = -1;  // --status-port; -1: no status page
@@ -188,7 +188,7 @@ struct run_hooks {
   std::vector<stage_figures> stage_runs;  // --parallel pipeline: its stage's figures over the run
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
-  int final_rank = -1, final_world = -1;  // an elastic TCP or MPI peer: its rank and world in the last view
+  int final_world = -1;  // an elastic TCP or MPI peer: the world of its last view
 };
 
 // What one peer trains with; run_peer's argument (one type per policy pair, so that the GPU
@@ -214,7 +214,7 @@ template <class Device, class Comm, class Fault>
 dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::any_endpoint ep) {
   constexpr bool elastic = std::is_same_v<Fault, dt::fault::elastic>;
   constexpr bool gpu = !std::is_same_v<Device, dt::cpu>;
-  using Trainer = dt::train::trainer<dt::nn::gpt<Device>, Comm, dt::parallel::pipeline<dt::compress::any_codec>, Fault>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<Device>, Comm, dt::parallel::pipeline<dt::collective::any_codec>, Fault>;
   const auto& p = job.plan;
   auto& h = job.hooks;
   const int first_rank = ep.rank();
@@ -268,7 +268,6 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
     if (p.mode != launch::in_process) {
       h.changes[static_cast<std::size_t>(first_rank)] = t.fault().changes();
       h.change_counts[static_cast<std::size_t>(first_rank)] = t.fault().change_count();
-      h.final_rank = t.rank();  // in the last view: its rank 0 reports
       h.final_world = t.world();
     }
   }

@@ -5,9 +5,12 @@
 
 #include <decentrain/decentrain.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <span>
 #include <map>
 #include <mutex>
 #include <string>
@@ -39,11 +42,22 @@ class run_status {
     });
   }
 
+  // The other peers' pages (a TCP or MPI group: each process serves its own peer's figures and
+  // links the others'), as (rank, address).
+  void set_group(std::vector<std::pair<int, std::string>> pages) {
+    std::lock_guard lock(mutex_);
+    group_ = std::move(pages);
+  }
+
   std::string json() const {
     std::lock_guard lock(mutex_);
     std::string out = "{\"config\": " + (config_.empty() ? std::string("{}") : config_) +
                       ", \"total_steps\": " + std::to_string(total_steps_) + ", \"members\": [";
     for (std::size_t i = 0; i < members_.size(); ++i) out += (i ? ", " : "") + std::to_string(members_[i]);
+    out += "], \"group\": [";
+    for (std::size_t i = 0; i < group_.size(); ++i)
+      out += std::string(i ? ", " : "") + "{\"rank\": " + std::to_string(group_[i].first) + ", \"page\": " +
+             decentrain::io::json_quote(group_[i].second) + "}";
     out += "], \"peers\": [";
     bool first = true;
     for (const auto& [rank, p] : peers_) {
@@ -98,6 +112,26 @@ class run_status {
   std::int64_t total_steps_;
   std::map<int, peer> peers_;
   std::vector<int> members_;
+  std::vector<std::pair<int, std::string>> group_;
 };
+
+// The peers that start a TCP or MPI run together swap their status pages' addresses: one
+// all-gather of 128 bytes each on a channel of its own, before training (a peer without a page,
+// or whose address does not fit, sends an empty one). Every such peer calls it, page or not.
+template <class Endpoint>
+std::vector<std::pair<int, std::string>> swap_status_pages(Endpoint& ep, const std::string& mine) {
+  constexpr std::size_t width = 128;
+  char own[width] = {};
+  if (mine.size() < width) std::copy(mine.begin(), mine.end(), own);
+  decentrain::collective::communicator<Endpoint> c(ep, {}, 0x53544154u);  // "STAT"
+  const auto all = c.all_gather(std::span<const char>(own, width));
+  std::vector<std::pair<int, std::string>> pages;
+  for (int r = 0; r < c.world(); ++r) {
+    const char* at = all.data() + static_cast<std::size_t>(r) * width;
+    const std::string page(at, strnlen(at, width));
+    if (r != ep.rank() && !page.empty()) pages.emplace_back(r, page);
+  }
+  return pages;
+}
 
 }  // namespace cli

@@ -26,6 +26,7 @@ inline constexpr const char* status_page_html = R"html(<!DOCTYPE html>
 <h1>decentrain training</h1>
 <div id="summary">waiting for the first step...</div>
 <div id="error"></div>
+<div id="group"></div>
 <canvas id="curve" width="900" height="360" data-points="0"></canvas>
 <table id="peers">
   <thead><tr><th>peer</th><th>step</th><th>loss</th><th>val loss</th><th>tokens/s</th><th>MB sent</th>
@@ -103,6 +104,16 @@ async function refresh() {
         (m.members.length ? `; members ${m.members.join(", ")}` : "");
     document.title = `decentrain: step ${step}/${m.total_steps}`;
     document.getElementById("error").textContent = "";
+    const group = document.getElementById("group");
+    group.textContent = m.group.length ? "the other peers' pages: " : "";
+    m.group.forEach((g, i) => {
+      const a = document.createElement("a");
+      a.href = g.page;
+      a.textContent = "peer " + g.rank;
+      a.className = "peer-page";
+      if (i) group.appendChild(document.createTextNode(", "));
+      group.appendChild(a);
+    });
     draw(m);
     table(m);
   } catch (e) {

@@ -10818,10 +10818,23 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 // number in the low ones.
 
 #include <cstdint>
+#include <string>
 
 namespace decentrain::transport {
 
 using tag_type = std::uint64_t;
+
+// "tag 7", or "tag 7 of channel 0x70327000" where the channel is not the world's: for messages
+// that name a wait.
+inline std::string describe_tag(tag_type tag) {
+  const auto channel = static_cast<std::uint32_t>(tag >> 32);
+  std::string out = "tag " + std::to_string(static_cast<std::uint32_t>(tag));
+  if (channel == 0) return out;
+  static constexpr char digits[] = "0123456789abcdef";
+  out += " of channel 0x";
+  for (int shift = 28; shift >= 0; shift -= 4) out += digits[(channel >> shift) & 0xf];
+  return out;
+}
 
 }  // namespace decentrain::transport
 // ---- end decentrain/transport/tag.hpp ----
@@ -12043,10 +12056,12 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <limits>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -12054,6 +12069,39 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <thread>
 #include <vector>
 
+// ---- begin decentrain/detail/activity.hpp ----
+// What this thread is doing, for the diagnostics that name it (in_process's deadlock report):
+// the trainer's step and the collective call in progress. The trainer and the communicator set
+// it with the scopes below; a transport reads it on the same thread. Costs a thread-local store.
+
+#include <cstdint>
+
+namespace decentrain::detail {
+
+struct activity {
+  std::int64_t step = -1;      // the step being trained (-1: none)
+  const char* call = nullptr;  // the collective in progress ("all_reduce"), or none
+};
+
+inline activity& this_thread_activity() {
+  thread_local activity a;
+  return a;
+}
+
+// Sets this thread's call for the scope's life (the enclosing one's again after it).
+class doing_call {
+ public:
+  explicit doing_call(const char* call) : before_(this_thread_activity().call) { this_thread_activity().call = call; }
+  ~doing_call() { this_thread_activity().call = before_; }
+  doing_call(const doing_call&) = delete;
+  doing_call& operator=(const doing_call&) = delete;
+
+ private:
+  const char* before_;
+};
+
+}  // namespace decentrain::detail
+// ---- end decentrain/detail/activity.hpp ----
 // ---- begin decentrain/transport/churn.hpp ----
 // A churn schedule for simulated peers: which rank is killed or started (again, or for the first
 // time: a joiner) at which simulated time. A deterministic in_process network applies it between
@@ -12341,7 +12389,7 @@ class mailbox {
       }
       if (ready_.wait_until(lock, next_check) == std::cv_status::timeout && std::chrono::steady_clock::now() >= deadline &&
           !any_queued(sources, tag, std::numeric_limits<double>::infinity()))
-        timed_out_any(sources, tag, timeout);
+        timed_out_any(sources, tag, timeout, not_taken(sources));
     }
   }
   // The same without waiting: none when no source has one queued (by simulated time `now`).
@@ -12355,12 +12403,17 @@ class mailbox {
     for (const int source : sources) throw_if_unreachable(source, tag);
     return std::nullopt;
   }
-  [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
-    if (sources.size() == 1) timed_out(sources.front(), tag, timeout);
+  // A wait's end at its timeout names the call this thread was in (detail::activity) and, in
+  // `not_taken`, what the sources sent that no wait took: calls that do not match on the two
+  // sides (a recv_from of one size, a send_to of another; a collective against another) look so.
+  [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout,
+                                         const std::string& not_taken = {}) {
+    if (sources.size() == 1) timed_out(sources.front(), tag, timeout, not_taken);
     std::string list;
     for (const int s : sources) list += (list.empty() ? "" : ", ") + std::to_string(s);
-    transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list,
-                                 " (tag ", tag, ") within ", timeout.count(), " ms: they are slow, partitioned or have failed");
+    transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list, " (",
+                                 describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
+                                 ": they are slow, partitioned or have failed", not_taken);
   }
 
   // ---- turns on simulated time (in_process's deterministic mode) ----
@@ -12419,10 +12472,15 @@ class mailbox {
       if (c.source == source && (!at || c.arrival < *at)) at = c.arrival;
     return at;
   }
-  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
-                                 " (tag ", tag, ") within ", timeout.count(),
-                                 " ms: the peer is slow, partitioned or has failed");
+  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout,
+                                     const std::string& not_taken = {}) {
+    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source, " (",
+                                 describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
+                                 ": the peer is slow, partitioned or has failed", not_taken);
+  }
+  static std::string in_call() {
+    const char* call = decentrain::detail::this_thread_activity().call;
+    return call ? std::string(" in ") + call : std::string();
   }
   // Empty again, as a new process's (a simulated peer started again under its rank).
   void reset() {
@@ -12432,6 +12490,7 @@ class mailbox {
     spares_.clear();
     closed_.clear();
     failure_.clear();
+    fatal_.clear();
     failed_peer_ = -1;
     pushed_.clear();
     last_taken_.clear();
@@ -12649,6 +12708,23 @@ class mailbox {
     }
     ready_.notify_all();
   }
+  // Every wait fails with `reason` as an error of the program, not of a peer (a deadlock: no
+  // fault policy should take it for a peer's failure and go on).
+  void fail_all_as_error(std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      if (fatal_.empty()) fatal_ = std::move(reason);
+    }
+    ready_.notify_all();
+  }
+  // What is queued here and not taken, as (source, tag), at most `most` of them: for a diagnostic.
+  std::vector<std::pair<int, tag_type>> queued_keys(std::size_t most) const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::pair<int, tag_type>> out;
+    for (const auto& [k, q] : queues_)
+      if (!q.empty() && out.size() < most) out.push_back(k);
+    return out;
+  }
 
  private:
   struct posting {
@@ -12710,6 +12786,7 @@ class mailbox {
   }
 
   void throw_if_unreachable(int source, tag_type tag) const {
+    if (!fatal_.empty()) decentrain::detail::fail(fatal_);
     if (!failure_.empty()) transport::fail_peer(failed_peer_, "receive", failure_);
     if (auto c = closed_.find(source); c != closed_.end())
       transport::fail_peer_because(c->second.cause, source, "receive", "transport: peer ", source, " is gone (",
@@ -12859,9 +12936,23 @@ class mailbox {
           std::chrono::steady_clock::now() >= deadline) {
         auto& now = posted_.at(k).front();
         if (now.state == posting::state_type::claimed || (now.state == posting::state_type::open && !queued(source, tag)))
-          timed_out(source, tag, timeout);
+          timed_out(source, tag, timeout, not_taken(std::span<const int>(&source, 1)));
       }
     }
+  }
+  // (The lock held.) What `sources` sent here that no wait took, for a timeout's message.
+  std::string not_taken(std::span<const int> sources) const {
+    std::string tags;
+    int more = 0;
+    for (const auto& [k, q] : queues_) {
+      if (q.empty() || std::find(sources.begin(), sources.end(), k.first) == sources.end()) continue;
+      if (++more > 4) continue;
+      tags += decentrain::detail::concat(tags.empty() ? "" : ", ", "peer ", k.first, " ", describe_tag(k.second), " (",
+                                         q.size(), q.size() == 1 ? " message" : " messages", ")");
+    }
+    if (tags.empty()) return {};
+    return decentrain::detail::concat("; not taken here: ", tags, more > 4 ? decentrain::detail::concat(" and ", more - 4, " more") : "",
+                                      " (the calls on the two sides may not match)");
   }
 
   void pop_first(const key& k) {
@@ -12894,7 +12985,7 @@ class mailbox {
   std::map<key, std::deque<posting>> posted_;  // in the order their messages will come
   std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, closure> closed_;
-  std::string failure_;
+  std::string failure_, fatal_;
   int failed_peer_ = -1;
   // membership
   std::map<int, std::uint64_t> pushed_;           // per source: messages pushed so far
@@ -13313,25 +13404,26 @@ class in_process {
       }
       stats_.bytes_sent += data.size();
       ++stats_.messages_sent;
+      ++net_->progress;
     }
 
-    bytes recv(int peer, tag_type tag) { return recv_within(peer, tag, net_->opts.recv_timeout); }
+    bytes recv(int peer, tag_type tag) { return receive(peer, tag, net_->opts.recv_timeout, "recv"); }
 
     // ---- membership (transport/membership.hpp) ----
-    bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
-      check_peer(peer, "receive from");
-      check_alive();
-      const int sources[1] = {peer};
-      return take(net_->turns ? pop_in_turn(sources, tag, timeout).second : box().pop(peer, tag, timeout));
-    }
+    // (A wait with a timeout of its own is the caller's to end: the deadlock watch leaves it out.)
+    bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) { return receive(peer, tag, timeout, nullptr); }
     // In a deterministic run, the message due first (simulated arrival); otherwise the one
     // queued first of those that are (real time), the clock moving to its arrival as recv's does.
     received recv_any(std::span<const int> sources, tag_type tag) {
       decentrain::detail::check(!sources.empty(), "in_process: peer ", rank_, " cannot receive from none of the peers");
       for (const int p : sources) check_peer(p, "receive from");
       check_alive();
-      auto [source, m] = net_->turns ? pop_in_turn(sources, tag, net_->opts.recv_timeout)
-                                     : box().pop_any(sources, tag, net_->opts.recv_timeout);
+      if (net_->turns) {
+        auto [source, m] = pop_in_turn(sources, tag, net_->opts.recv_timeout);
+        return {source, take(std::move(m))};
+      }
+      const auto watched = net_->watch_wait(rank_, sources, tag, "recv_any");
+      auto [source, m] = box().pop_any(sources, tag, net_->opts.recv_timeout);
       return {source, take(std::move(m))};
     }
     // Whether the message has arrived: in a deterministic run by this peer's clock (a poll loop
@@ -13451,6 +13543,7 @@ class in_process {
       if (net_->turns) return std::nullopt;  // a second thread would race the turns
       endpoint l = *this;
       l.stats_ = {};
+      l.lane_token_ = net_->lane_opened(rank_);
       const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
       for (auto& g : l.link_rng_) g = rng(g.next_u64() ^ salt, "lane-link");
       return l;
@@ -13486,6 +13579,14 @@ class in_process {
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
     }
     detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
+    bytes receive(int peer, tag_type tag, std::chrono::milliseconds timeout, const char* watched_as) {
+      check_peer(peer, "receive from");
+      check_alive();
+      const int sources[1] = {peer};
+      if (net_->turns) return take(pop_in_turn(sources, tag, timeout).second);
+      const auto watched = net_->watch_wait(watched_as ? rank_ : -1, sources, tag, watched_as);
+      return take(box().pop(peer, tag, timeout));
+    }
     // A message taken: the clock moves to its arrival, the counters count it.
     bytes take(detail::message m) {
       if (m.arrival > clock_) {
@@ -13544,6 +13645,7 @@ class in_process {
     std::vector<rng> link_rng_;
     traffic_stats stats_;
     std::uint64_t lanes_opened_ = 0;
+    std::shared_ptr<void> lane_token_;  // a lane's: while a copy lives, its thread may still send
   };
 
   in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), std::move(opts))) {}
@@ -13603,6 +13705,7 @@ class in_process {
     // One process of rank r, from its endpoint's creation to its end.
     auto body = [&](endpoint ep) {
       const int r = ep.rank();
+      const auto running = net.running_until_return(r);
       try {
         fn(ep);
       } catch (...) {
@@ -13660,6 +13763,7 @@ class in_process {
     }
     {
       std::lock_guard lock(threads_mutex);
+      net.set_running(net.initial);  // before any thread starts: one not started yet is not "ended"
       for (int r = 0; r < net.initial; ++r)
         threads.emplace_back([&, r] {
           if (net.turns) net.turns->await_turn(r);
@@ -13671,6 +13775,8 @@ class in_process {
       net.turns->begin();
       net.turns->await_all();
     }
+    std::optional<deadlock_watch> watch;
+    if (!net.turns) watch.emplace(net);
     for (;;) {  // the churn schedule may start threads until the last peer ends
       std::vector<std::thread> done;
       {
@@ -13680,6 +13786,7 @@ class in_process {
       if (done.empty()) break;
       for (auto& t : done) t.join();
     }
+    watch.reset();
     net.turns.reset();
     if (net.opts.peers_fail_alone) {
       int alive = 0;
@@ -13832,6 +13939,117 @@ class in_process {
         if (p != rank) connect(rank, p, at);
     }
 
+    // ---- the deadlock watch (run() without a deterministic schedule) ----
+    // Each receive that only the run's receive timeout would end is noted while it waits, with
+    // what the thread is doing (detail::activity); a rank's threads are run()'s (until fn
+    // returns) and its lanes' (while a copy of the lane lives). When every rank not killed has
+    // all its threads in such waits and nothing was sent, begun or ended for a while, no message
+    // can come: deadlock_watch ends every wait with an error that names them all.
+    struct wait_note {
+      std::vector<int> sources;
+      tag_type tag;
+      const char* op;
+      const char* call;
+      std::int64_t step;
+    };
+    struct wait_scope {
+      shared* net = nullptr;
+      int rank = -1;
+      std::list<wait_note>::iterator at{};
+      wait_scope() = default;
+      wait_scope(const wait_scope&) = delete;
+      wait_scope& operator=(const wait_scope&) = delete;
+      ~wait_scope() {
+        if (!net) return;
+        std::lock_guard lock(net->watch_mutex);
+        net->waits[static_cast<std::size_t>(rank)].erase(at);
+        ++net->progress;
+      }
+    };
+    std::unique_ptr<wait_scope> watch_wait(int rank, std::span<const int> sources, tag_type tag, const char* op) {
+      auto w = std::make_unique<wait_scope>();
+      if (rank < 0 || opts.deterministic) return w;
+      const auto& a = decentrain::detail::this_thread_activity();
+      std::lock_guard lock(watch_mutex);
+      auto& list = waits[static_cast<std::size_t>(rank)];
+      w->at = list.insert(list.end(), wait_note{std::vector<int>(sources.begin(), sources.end()), tag, op, a.call, a.step});
+      w->net = this;
+      w->rank = rank;
+      ++progress;
+      return w;
+    }
+    std::shared_ptr<void> lane_opened(int rank) {
+      {
+        std::lock_guard lock(watch_mutex);
+        ++lanes[static_cast<std::size_t>(rank)];
+      }
+      return std::shared_ptr<void>(nullptr, [this, rank](void*) {
+        std::lock_guard lock(watch_mutex);
+        --lanes[static_cast<std::size_t>(rank)];
+        ++progress;
+      });
+    }
+    void set_running(int ranks) {
+      std::lock_guard lock(watch_mutex);
+      for (int r = 0; r < ranks; ++r) running[static_cast<std::size_t>(r)] = 1;
+    }
+    struct running_mark {
+      shared* net;
+      int rank;
+      running_mark(shared* n, int r) : net(n), rank(r) {}
+      running_mark(const running_mark&) = delete;
+      running_mark& operator=(const running_mark&) = delete;
+      ~running_mark() {
+        std::lock_guard lock(net->watch_mutex);
+        net->running[static_cast<std::size_t>(rank)] = 0;
+        ++net->progress;
+      }
+    };
+    running_mark running_until_return(int rank) {
+      {
+        std::lock_guard lock(watch_mutex);
+        running[static_cast<std::size_t>(rank)] = 1;
+      }
+      return running_mark{this, rank};
+    }
+    // The report when every rank's threads wait (and the ranks are in a deadlock), else none.
+    std::optional<std::string> deadlocked() {
+      std::lock_guard lock(watch_mutex);
+      bool waiting = false;
+      for (std::size_t r = 0; r < waits.size(); ++r) {
+        if (dead[r].load()) continue;
+        if (static_cast<int>(waits[r].size()) < running[r] + lanes[r]) return std::nullopt;
+        waiting = waiting || !waits[r].empty();
+      }
+      if (!waiting) return std::nullopt;
+      std::string text = decentrain::detail::concat(
+          "in_process: deadlock: every running peer waits for a message that no peer will send (the receive timeout, ",
+          opts.recv_timeout.count(), " ms, would have ended it):");
+      for (std::size_t r = 0; r < waits.size(); ++r) {
+        text += decentrain::detail::concat("\n  peer ", r);
+        if (dead[r].load()) {
+          text += ": killed";
+          continue;
+        }
+        if (waits[r].empty()) {
+          text += ": ended";
+          continue;
+        }
+        for (const auto& w : waits[r]) {
+          std::string from;
+          for (const int p : w.sources) from += (from.empty() ? "" : ", ") + std::to_string(p);
+          text += decentrain::detail::concat(w.step >= 0 ? decentrain::detail::concat(", step ", w.step) : std::string(),
+                                             w.call ? decentrain::detail::concat(", in ", w.call) : std::string(), ": ", w.op,
+                                             " from peer", w.sources.size() > 1 ? "s " : " ", from, ", ", describe_tag(w.tag));
+        }
+        std::string unread;
+        for (const auto& [source, tag] : boxes[r].queued_keys(4))
+          unread += decentrain::detail::concat(unread.empty() ? "" : "; ", "from peer ", source, ", ", describe_tag(tag));
+        if (!unread.empty()) text += "; queued here, not taken: " + unread;
+      }
+      return text;
+    }
+
     link_matrix links;
     options opts;
     int initial;  // the ranks that start the run
@@ -13847,7 +14065,54 @@ class in_process {
     std::vector<std::string> failures = std::vector<std::string>(dead.size());  // see failure()
     std::optional<link_estimate> slowest;  // none for a world of one
     std::optional<detail::turns> turns;    // a deterministic run's, while run() runs
+    // The deadlock watch's (after `dead`, whose size they take).
+    std::mutex watch_mutex;  // guards waits, lanes and running
+    std::vector<std::list<wait_note>> waits = std::vector<std::list<wait_note>>(dead.size());
+    std::vector<int> lanes = std::vector<int>(dead.size(), 0);
+    std::vector<int> running = std::vector<int>(dead.size(), 0);
+    std::atomic<std::uint64_t> progress{0};  // messages sent, waits begun and ended, threads ended
   };
+  // Looks every 50 ms whether the peers are in a deadlock (shared::deadlocked) with nothing
+  // sent, begun or ended for the last 0.5 s, and then ends every wait with the report.
+  class deadlock_watch {
+   public:
+    explicit deadlock_watch(shared& net) : net_(net), thread_([this] { watch(); }) {}
+    ~deadlock_watch() {
+      {
+        std::lock_guard lock(mutex_);
+        over_ = true;
+      }
+      wake_.notify_all();
+      thread_.join();
+    }
+    deadlock_watch(const deadlock_watch&) = delete;
+    deadlock_watch& operator=(const deadlock_watch&) = delete;
+
+   private:
+    void watch() {
+      std::uint64_t seen = ~std::uint64_t{0};
+      int quiet = 0;
+      std::unique_lock lock(mutex_);
+      while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return over_; })) {
+        const std::uint64_t now = net_.progress.load();
+        auto report = net_.deadlocked();
+        if (!report || now != seen) {
+          seen = now;
+          quiet = 0;
+          continue;
+        }
+        if (++quiet < 10) continue;
+        for (auto& b : net_.boxes) b.fail_all_as_error(*report);
+        return;
+      }
+    }
+    shared& net_;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    bool over_ = false;
+    std::thread thread_;
+  };
+
   std::shared_ptr<shared> net_;
 };
 
@@ -17226,7 +17491,8 @@ static_assert(joining_endpoint<tcp>);
 // ---- end decentrain/transport/transport.hpp ----
 // ---- begin decentrain/collective/collective.hpp ----
 // The collectives: the communicator (all-reduce, broadcast, all-gather, all-to-all, groups,
-// handles), the aggregators and the robust all-reduce that uses them.
+// handles), the aggregators and the robust all-reduce that uses them, the encoded all-reduce
+// that carries a codec, and any_codec.
 
 // ---- begin decentrain/collective/aggregators.hpp ----
 // How the peers' contributions to an averaged value combine: the aggregator slot of the
@@ -17896,6 +18162,22 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/any_aggregator.hpp ----
+// ---- begin decentrain/collective/any_codec.hpp ----
+// A codec chosen at run time (a command line's --codec): any codec behind one type, with the
+// encoded all-reduce that carries it bound when the codec is put in (type erasure needs the
+// concrete codec for that). Policies that take any_codec are compiled once for every codec; its
+// collective runs on the trainer's communicator type. parse_codec reads compress::parse_codec_as's
+// specs ("int4:block=64,ef", "powersgd:rank=4,factors=int8").
+
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
 // ---- begin decentrain/collective/communicator.hpp ----
 // Collectives over any transport endpoint: all-reduce (a chunked, pipelined ring for large
 // buffers; recursive doubling for small ones), broadcast, all-gather (+ combine) and barrier,
@@ -18327,7 +18609,9 @@ class communicator {
     auto lane_counters = std::make_shared<counters>();
     auto* st = h.s_.get();
     st->worker = std::thread([st, lane_ep, lane_counters, opts = opts_, channel = channel ^ channel_,
-                              agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
+                              agreed = ring_sizes_agreed_, op = std::move(op),
+                              step = decentrain::detail::this_thread_activity().step]() mutable {
+      decentrain::detail::this_thread_activity().step = step;  // the step that started it
       try {
         communicator sub(*lane_ep, opts, channel);
         sub.ring_sizes_agreed_ = agreed;
@@ -18388,6 +18672,7 @@ class communicator {
   // the world rank the transport saw fail).
   template <class F>
   static void naming_the_peer(const char* operation, F&& f) {
+    const decentrain::detail::doing_call doing(operation);  // named by in_process's deadlock report
     try {
       f();
     } catch (const transport::peer_error& e) {
@@ -18692,6 +18977,38 @@ DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/communicator.hpp ----
+// ---- begin decentrain/collective/encoded_all_reduce.hpp ----
+// The encoded all-reduce: a payload through a codec (compress/), and the check that every peer
+// uses the same one. Codecs encode and decode; the collective that carries them is here.
+//   ring (dense codecs): reduce-scatter then all-gather around the ring; each hop carries the
+//     encoded partial sum of a segment, the receiver decodes it and adds its own values in f32,
+//     and re-encodes for the next hop, so each hop costs one rounding and none compounds
+//     silently. Segments are cut at multiples of the codec's block, so a payload that is already
+//     on the codec's grid re-encodes to itself. In the all-gather each segment is encoded once
+//     by the peer that holds its sum and forwarded as is: every peer decodes the same bytes
+//     and ends with the same bits.
+//   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
+//     in rank order.
+// With an aggregator (the policies' slot): the mean sums on the way as above, and only when the
+// result holds a non-finite value is the call redone with each contribution seen (so the peer
+// that sent it is dropped and named); any other aggregator gets every contribution straight
+// from its sender (robust_all_reduce; through a codec: each payload decoded alone).
+// Codecs whose round is more than one payload have their collective here too: error feedback
+// (the payload put on the codec's grid first), adaptive (probe rounds timed through the codec and
+// as f32) and PowerSGD (two all-reduces of factors around its own arithmetic).
+// Encoding and decoding are charged to the endpoint as compute (the thread's CPU time), so on
+// simulated links a codec pays for its work as it would on a real machine.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 // ---- begin decentrain/collective/robust_all_reduce.hpp ----
 // Robust all-reduce: every peer's contribution, as sent, reaches the peers that aggregate it
 // (straight from its sender: no peer relays another's values, which it could rewrite), a
@@ -19021,11 +19338,6 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/robust_all_reduce.hpp ----
-// ---- end decentrain/collective/collective.hpp ----
-// ---- begin decentrain/compress/compress.hpp ----
-// Everything in compress: the codec concept, all-reduce through a codec, the codecs, and their
-// GPU kernels when nvcc compiles.
-
 // ---- begin decentrain/compress/adaptive.hpp ----
 // adaptive<Codec>: all-reduces through Codec where that is faster than plain f32, and as plain
 // f32 where it is not. On a fast link encoding can cost more than the bytes it saves (prime-diloco
@@ -19043,34 +19355,6 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
 #include <span>
 #include <string>
 
-// ---- begin decentrain/compress/all_reduce.hpp ----
-// All-reduce through a codec, and the check that every peer uses the same one.
-//   ring (dense codecs): reduce-scatter then all-gather around the ring; each hop carries the
-//     encoded partial sum of a segment, the receiver decodes it and adds its own values in f32,
-//     and re-encodes for the next hop, so each hop costs one rounding and none compounds
-//     silently. Segments are cut at multiples of the codec's block, so a payload that is already
-//     on the codec's grid re-encodes to itself. In the all-gather each segment is encoded once
-//     by the peer that holds its sum and forwarded as is: every peer decodes the same bytes
-//     and ends with the same bits.
-//   gathered (the others): every peer's payload goes to every peer, which decodes and adds them
-//     in rank order.
-// With an aggregator (the policies' slot): the mean sums on the way as above, and only when the
-// result holds a non-finite value is the call redone with each contribution seen (so the peer
-// that sent it is dropped and named); any other aggregator gets every contribution straight
-// from its sender (collective::robust_all_reduce; through a codec: each payload decoded alone).
-// Encoding and decoding are charged to the endpoint as compute (the thread's CPU time), so on
-// simulated links a codec pays for its work as it would on a real machine.
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <optional>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <vector>
-
 // ---- begin decentrain/compress/codec.hpp ----
 // What a codec is: how a communication policy's f32 payload is put on the wire. A codec is a
 // value type of settings (and any state it keeps, such as an error-feedback residual) with
@@ -19083,7 +19367,9 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
 //                                                             it could not have written
 // and may add
 //   template <class Comm> void all_reduce(Comm&, std::span<float>, bool average)
-//                                                             a collective of its own (identity: the ring)
+//                                                             a collective of its own, which
+//                                                             collective::encoded_all_reduce runs
+//                                                             (the library's codecs have theirs there)
 //   static constexpr bool dense                               fixed-size payloads that add up on a ring
 //   void set_layout(const compress::layout&)                   the matrices the payload is made of (powersgd)
 //   std::string describe() const                              its settings, compared across peers
@@ -19152,355 +19438,6 @@ constexpr bool is_dense() {
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/codec.hpp ----
-// ---- begin decentrain/detail/clock.hpp ----
-// The calling thread's CPU time: what a simulated link charges as compute when in-process peers
-// share fewer cores than there are peers (wall time would count the other peers' turns).
-
-#include <chrono>
-#include <ctime>
-
-namespace decentrain::detail {
-
-inline double thread_cpu_seconds() {
-#if defined(CLOCK_THREAD_CPUTIME_ID)
-  timespec ts{};
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-#endif
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace decentrain::detail
-// ---- end decentrain/detail/clock.hpp ----
-
-namespace decentrain::compress {
-
-// Fails on every peer, naming the peers' settings, when they do not all use the same codec
-// settings (a policy calls it in start()).
-template <class Codec, class Comm>
-void agree(const Codec& codec, Comm& comm) {
-  if (comm.world() == 1) return;
-  const std::string mine = describe(codec);
-  if (comm.all_same(decentrain::detail::fnv1a(mine))) return;
-  // They differ: gather everyone's text (cut to 120 bytes) to say who uses what.
-  char text[120] = {};
-  std::memcpy(text, mine.data(), std::min(mine.size(), sizeof text - 1));
-  const auto all = comm.all_gather(std::span<const char>(text, sizeof text));
-  std::string who;
-  for (int r = 0; r < comm.world(); ++r)
-    who += (r ? ", peer " : "peer ") + std::to_string(r) + " " + std::string(all.data() + static_cast<std::size_t>(r) * sizeof text);
-  decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
-}
-
-// Runs f() and tells the endpoint how long it computed (real transports ignore it; one that
-// models a step's compute, transport::step_seconds, counts the codec in it).
-template <class Comm, class F>
-decltype(auto) charged(Comm& comm, F&& f) {
-  struct charge {
-    Comm& comm;
-    double t0 = decentrain::detail::thread_cpu_seconds();
-    ~charge() {
-      if (!transport::step_seconds(comm.endpoint()))
-        comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0));
-    }
-  } c{comm};
-  return f();
-}
-
-template <class Codec>
-std::size_t codec_block(const Codec& codec) {
-  if constexpr (requires { { codec.block } -> std::convertible_to<std::size_t>; })
-    return std::max<std::size_t>(1, codec.block);
-  else
-    return 1;
-}
-
-template <class Codec, class Comm>
-void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  const int n = comm.world(), r = comm.rank();
-  const std::size_t bound = codec.max_encoded_bytes(values.size());
-  std::vector<std::vector<std::byte>> payloads(static_cast<std::size_t>(n));
-  auto& mine = payloads[static_cast<std::size_t>(r)];
-  mine.resize(bound);
-  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
-  decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
-  if (n > 1) {
-    // Sizes first (8 bytes a peer), then each payload at its own size around the ring: a sparse
-    // payload is sent as long as it is, not padded to the codec's bound.
-    const std::uint64_t size = mine.size();
-    const auto sizes = comm.all_gather(std::span<const std::uint64_t>(&size, 1));
-    for (int p = 0; p < n; ++p)
-      if (sizes[static_cast<std::size_t>(p)] > bound)
-        transport::fail_peer(p, "all_reduce", "codec: peer ", p, " sent a payload of ", sizes[static_cast<std::size_t>(p)],
-                             " bytes, over the bound of ", bound, " for ", values.size(), " values");
-    const int right = (r + 1) % n, left = (r - 1 + n) % n;
-    auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>((p % n + n) % n)]; };
-    for (int s = 0; s < n - 1; ++s) {  // step s forwards peer r - s's payload, receives peer r - s - 1's
-      auto& in = at(r - s - 1);
-      in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(((r - s - 1) % n + n) % n)]));
-      comm.expect_from(left, in.size());  // every peer sends first: see transport::expect
-      comm.send_to(right, std::span<const std::byte>(at(r - s)));
-      comm.recv_from(left, std::span<std::byte>(in));
-    }
-  }
-  std::fill(values.begin(), values.end(), 0.0f);
-  for (int p = 0; p < n; ++p) {
-    try {
-      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[static_cast<std::size_t>(p)]), values); });
-    } catch (const decentrain::error& e) {
-      transport::fail_peer(p, "all_reduce", "codec: the payload of peer ", p, " was rejected: ", e.what());
-    }
-  }
-  if (average && n > 1) {
-    const float scale = 1.0f / static_cast<float>(n);
-    for (auto& v : values) v *= scale;
-  }
-}
-
-template <class Codec, class Comm>
-void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  const int n = comm.world(), r = comm.rank();
-  if (n == 1) return;
-  // Segments in whole blocks; each goes in pieces of at most ~1M values (one message each).
-  const std::size_t block = codec_block(codec), total = values.size();
-  const std::size_t blocks = (total + block - 1) / block;
-  auto seg_begin = [&](int s) {
-    const auto k = static_cast<std::size_t>((s % n + n) % n);
-    const std::size_t b = blocks / static_cast<std::size_t>(n), extra = blocks % static_cast<std::size_t>(n);
-    return std::min(total, (k * b + std::min(k, extra)) * block);
-  };
-  auto segment = [&](int s) {
-    const std::size_t from = seg_begin(s), to = ((s % n + n) % n) == n - 1 ? total : seg_begin(s + 1);
-    return values.subspan(from, to - from);
-  };
-  const std::size_t piece = std::max<std::size_t>(block, ((std::size_t{1} << 20) / block) * block);
-  auto pieces = [&](std::span<float> seg) {
-    std::vector<std::span<float>> out;
-    for (std::size_t at = 0; at < seg.size(); at += piece) out.push_back(seg.subspan(at, std::min(piece, seg.size() - at)));
-    return out;
-  };
-  const int right = (r + 1) % n, left = (r - 1 + n) % n;
-  std::vector<std::byte> out, in;
-  auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
-    into.resize(codec.max_encoded_bytes(p.size()));
-    into.resize(charged(comm, [&] { return codec.encode(std::span<const float>(p), into); }));
-  };
-  auto receive = [&](std::span<float> p, std::vector<std::byte>& into) {
-    into.resize(codec.max_encoded_bytes(p.size()));
-    comm.recv_from(left, std::span<std::byte>(into));
-  };
-  auto decode_add = [&](std::span<float> p, const std::vector<std::byte>& from) {
-    try {
-      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(from), p); });
-    } catch (const decentrain::error& e) {
-      transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
-    }
-  };
-  // Every peer sends a step's pieces before it receives the step's: each says first what it
-  // will take, so a transport that bounds what it queues takes them whole (transport::expect).
-  auto expect = [&](std::span<float> seg) {
-    std::vector<std::size_t> sizes;
-    for (auto p : pieces(seg)) sizes.push_back(codec.max_encoded_bytes(p.size()));
-    comm.expect_from(left, std::span<const std::size_t>(sizes));
-  };
-  // Reduce-scatter: after n - 1 steps segment r + 1 holds the sum here, in f32.
-  for (int s = 0; s < n - 1; ++s) {
-    expect(segment(r - s - 1));
-    for (auto p : pieces(segment(r - s))) {
-      encode(p, out);
-      comm.send_to(right, std::span<const std::byte>(out));
-    }
-    for (auto p : pieces(segment(r - s - 1))) {
-      receive(p, in);
-      decode_add(p, in);
-    }
-  }
-  // All-gather: the sum's owner encodes it once; everyone (the owner too) decodes those bytes.
-  std::vector<std::vector<std::byte>> carried;
-  for (auto p : pieces(segment(r + 1))) {
-    encode(p, carried.emplace_back());
-    std::fill(p.begin(), p.end(), 0.0f);
-    charged(comm, [&] { codec.decode_add(std::span<const std::byte>(carried.back()), p); });
-  }
-  for (int s = 0; s < n - 1; ++s) {
-    expect(segment(r - s));
-    for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
-    const auto into = pieces(segment(r - s));
-    carried.resize(into.size());
-    for (std::size_t i = 0; i < into.size(); ++i) {
-      receive(into[i], carried[i]);
-      std::fill(into[i].begin(), into[i].end(), 0.0f);
-      decode_add(into[i], carried[i]);
-    }
-  }
-  if (average) {
-    const float scale = 1.0f / static_cast<float>(n);
-    for (auto& v : values) v *= scale;
-  }
-}
-
-// The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
-// peer (the same bits on all). A codec with a collective of its own runs it; a dense one goes
-// around the ring, any other is gathered. A payload that breaks the codec's format is rejected
-// naming the peer (a transport::peer_error), never decoded out of bounds.
-template <class Codec, class Comm>
-void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  static_assert(check_codec<Codec>());
-  // A codec chosen at run time (any_codec) dispatches on one communicator type; on another it
-  // would fall through to the gathered path, silently slower for dense codecs.
-  if constexpr (requires { typename Codec::communicator_type; })
-    static_assert(std::is_same_v<Comm, typename Codec::communicator_type>,
-                  "compress::all_reduce: this codec runs on its communicator_type (any_codec: a communicator over "
-                  "transport::any_endpoint; wrap the endpoint in one)");
-  if constexpr (requires { codec.all_reduce(comm, values, average); })
-    codec.all_reduce(comm, values, average);
-  else if constexpr (is_dense<Codec>())
-    ring_all_reduce(codec, comm, values, average);
-  else
-    gathered_all_reduce(codec, comm, values, average);
-}
-
-// Every peer's payload, straight from its sender, decoded alone and aggregated. A payload the
-// codec rejects is left out (verdict malformed) rather than ending the call: one bad peer does
-// not stop the others.
-template <class Codec, class Aggregator, class Comm>
-void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> values, Aggregator& aggregator,
-                                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
-  const auto weights = collective::exchange_weights(comm, weight);
-  const auto n = static_cast<std::size_t>(comm.world()), me = static_cast<std::size_t>(comm.rank());
-  const std::size_t bound = codec.max_encoded_bytes(values.size());
-  auto& payloads = record.payloads;
-  payloads.resize(n);
-  auto& mine = payloads[me];
-  mine.resize(bound);
-  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
-  decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
-  std::vector<std::uint64_t> sizes(n);
-  const std::uint64_t size = mine.size();
-  {
-    std::vector<std::span<const std::uint64_t>> out(n, std::span<const std::uint64_t>(&size, 1));
-    std::vector<std::span<std::uint64_t>> in(n);
-    for (std::size_t p = 0; p < n; ++p) in[p] = std::span<std::uint64_t>(&sizes[p], 1);
-    comm.all_to_all(std::span<const std::span<const std::uint64_t>>(out), std::span<const std::span<std::uint64_t>>(in));
-  }
-  for (std::size_t p = 0; p < n; ++p)
-    if (sizes[p] > bound)
-      transport::fail_peer(static_cast<int>(p), "all_reduce", "codec: peer ", p, " announced a payload of ", sizes[p],
-                           " bytes, over the bound of ", bound, " for ", values.size(), " values");
-  {
-    const std::vector<std::byte> own = mine;
-    std::vector<std::span<const std::byte>> out(n, std::span<const std::byte>(own));
-    std::vector<std::span<std::byte>> in(n);
-    for (std::size_t p = 0; p < n; ++p) {
-      payloads[p].resize(static_cast<std::size_t>(sizes[p]));
-      in[p] = std::span<std::byte>(payloads[p]);
-    }
-    comm.all_to_all(std::span<const std::span<const std::byte>>(out), std::span<const std::span<std::byte>>(in));
-  }
-  auto& ws = record.workspace;
-  ws.assign(n * values.size(), 0.0f);
-  std::vector<std::span<const float>> parts(n);
-  std::vector<collective::verdict> verdicts(n, collective::verdict::kept);
-  for (std::size_t p = 0; p < n; ++p) {
-    const auto part = std::span<float>(ws).subspan(p * values.size(), values.size());
-    parts[p] = part;
-    try {
-      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[p]), part); });
-    } catch (const decentrain::error&) {
-      verdicts[p] = collective::verdict::malformed;
-    }
-  }
-  collective::aggregate_gathered(aggregator, collective::contributions(parts), values, record, verdicts, weights);
-}
-
-// all_reduce with an aggregator: `record` keeps what was seen of each peer (and the buffers).
-// With `weight` (a policy's `weighted`: the rows this replica took, say), each peer's
-// contribution weighs what it says: a mean scales it by weight x world / (the weights' sum) and
-// sums on the way (one all-reduce of a number more), any other aggregator gets every weight
-// with the contributions (capped: aggregation_record::weight_cap; one that cannot weigh is
-// refused: collective::can_weigh).
-template <class Codec, class Aggregator, class Comm>
-void all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
-                collective::aggregation_record& record, std::optional<double> weight = std::nullopt) {
-  static_assert(collective::check_aggregator<Aggregator>());
-  const float world = static_cast<float>(comm.world());
-  if (weight && collective::averages_in_flight(aggregator)) {
-    for (const float f = collective::weight_factor(comm, *weight); auto& v : values) v *= f;
-    weight.reset();
-  }
-  if (weight && !collective::can_weigh<Aggregator>())
-    decentrain::detail::fail("aggregator '", collective::describe_aggregator(aggregator), "' cannot weigh contributions, ",
-                             "which a weighted policy asks for (mean, median, trimmed-mean, centered-clip, bucketing and ",
-                             "partitioned of those can)");
-  if (collective::averages_in_flight(aggregator)) {
-    record.own.assign(values.begin(), values.end());
-    all_reduce(codec, comm, values, average);
-    if (collective::detail::all_finite(values)) {
-      record.last.peers.assign(static_cast<std::size_t>(comm.world()), collective::verdict::kept);
-      record.last.distance.clear();  // summed on the way: nothing seen of each peer
-      record.last.far.clear();
-      record.tally.add(record.last);
-      return;
-    }
-    // Every peer holds the same sum, so all of them come here together.
-    std::copy(record.own.begin(), record.own.end(), values.begin());
-    collective::mean m;
-    gathered_robust_all_reduce(codec, comm, values, m, record);
-  } else if (describe(codec) == "identity") {
-    collective::robust_all_reduce(aggregator, comm, values, record, weight);
-  } else {
-    decentrain::detail::check(!collective::is_partitioned(aggregator), "aggregator '", collective::describe_aggregator(aggregator),
-                              "' aggregates per partition, which sends f32 values: use it with the identity codec, not '",
-                              describe(codec), "'");
-    gathered_robust_all_reduce(codec, comm, values, aggregator, record, weight);
-  }
-  if (!average)
-    for (auto& v : values) v *= world;
-}
-
-}  // namespace decentrain::compress
-// ---- end decentrain/compress/all_reduce.hpp ----
-// ---- begin decentrain/compress/identity.hpp ----
-// The codec that sends f32 values as they are, through the collectives' own all-reduce (the
-// pipelined ring or recursive doubling): what every policy uses unless told otherwise.
-
-#include <cstddef>
-#include <cstring>
-#include <span>
-#include <string>
-
-
-namespace decentrain::compress {
-
-struct identity {
-  static constexpr const char* name = "identity";
-  static constexpr bool dense = true;
-  std::string describe() const { return "identity"; }
-
-  std::size_t max_encoded_bytes(std::size_t values) const { return values * sizeof(float); }
-  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
-    if (!values.empty()) std::memcpy(out.data(), values.data(), values.size_bytes());
-    return values.size_bytes();
-  }
-  void decode_add(std::span<const std::byte> payload, std::span<float> into) const {
-    decentrain::detail::check(payload.size() == into.size_bytes(), "identity codec: a payload of ", payload.size(),
-                              " bytes for ", into.size(), " values");
-    for (std::size_t i = 0; i < into.size(); ++i) {
-      float v;
-      std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
-      into[i] += v;
-    }
-  }
-  // No encoding to do: the plain all-reduce, which adds up as it goes instead of gathering.
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
-    comm.all_reduce(values, average ? collective::reduce_op::average : collective::reduce_op::sum);
-  }
-};
-
-static_assert(check_codec<identity>());
-
-}  // namespace decentrain::compress
-// ---- end decentrain/compress/identity.hpp ----
 // ---- begin decentrain/compress/layout.hpp ----
 // What a flat payload is made of: the tensors a policy packed into it, in order, each seen as a
 // matrix (rows = the product of all but the last dimension, cols = the last; a vector is one
@@ -19560,24 +19497,20 @@ struct adaptive {
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return codec.encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
 
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
+  // A round (collective::encoded_all_reduce runs it): whether it goes through the codec, and
+  // whether it is a probe, whose time (the slowest peer's) goes to probed() after it.
+  struct round_plan {
+    bool through_codec;
+    bool probe;
+  };
+  round_plan begin_round() {
     decentrain::detail::check(probe_every >= 2, "adaptive codec: probe_every must be >= 2, got ", probe_every);
-    const std::int64_t phase = round_++ % probe_every;
-    const bool through_codec = phase == 0 || (phase > 1 && codec_faster_);
-    const double t0 = comm.endpoint().stats().clock_seconds;
-    if (through_codec) {
-      compress::all_reduce(codec, comm, values, average);
-    } else {
-      if constexpr (requires { codec.flush_into(values); }) codec.flush_into(values);
-      identity plain;
-      compress::all_reduce(plain, comm, values, average);
-    }
-    if (phase > 1) return;
-    double took = comm.endpoint().stats().clock_seconds - t0;
-    comm.all_reduce(std::span<double>(&took, 1), collective::reduce_op::max);
-    (phase == 0 ? codec_seconds_ : plain_seconds_) = took;
-    if (phase == 1) codec_faster_ = codec_seconds_ < plain_seconds_;
+    phase_ = round_++ % probe_every;
+    return {phase_ == 0 || (phase_ > 1 && codec_faster_), phase_ <= 1};
+  }
+  void probed(double seconds) {
+    (phase_ == 0 ? codec_seconds_ : plain_seconds_) = seconds;
+    if (phase_ == 1) codec_faster_ = codec_seconds_ < plain_seconds_;
   }
 
   // Whether the rounds between probes go through the codec, and the last probes' times.
@@ -19606,36 +19539,182 @@ struct adaptive {
   }
 
  private:
-  std::int64_t round_ = 0;
+  std::int64_t round_ = 0, phase_ = 0;
   bool codec_faster_ = true;
   double codec_seconds_ = 0, plain_seconds_ = 0;
 };
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/adaptive.hpp ----
-// ---- begin decentrain/compress/any_codec.hpp ----
-// A codec chosen at run time (a command line's --codec): any codec behind one type, and the
-// parser for "NAME[:SETTING,...]" specs. Policies that take any_codec are compiled once for
-// every codec. Its collective runs on the trainer's communicator type.
-//
-//   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
-//   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
-//   block=N, chunk=N (top-k within each chunk of N values) ; any of them with ",ef" for error
-//   feedback (",ef=0.95": what is kept decays by that factor each round) and ",adaptive" to send
-//   f32 instead where that measures faster (for example "int4:block=64", "topk:0.02,ef",
-//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive")
-//   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
-//   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
-//   in; "powersgd:rank=4,factors=int8")
+// ---- begin decentrain/compress/error_feedback.hpp ----
+// Error feedback: what the codec could not send this round is kept and added to the next
+// payload, so nothing is lost, only delayed (Seide et al. 2014; Karimireddy et al. 2019). For a
+// dense codec the whole payload is put on the codec's grid here (the residual keeps the
+// difference) and then all-reduced through the codec's ring, whose first hop re-encodes it
+// without further loss; for a sparse one, each payload that is gathered goes through encode
+// below (collective::encoded_all_reduce does both). sent + kept == payload + decay x what was kept before, exactly up to f32 rounding.
+// `decay` < 1 is SparseLoCo's (Sarfi et al. 2025) accumulator: what waits fades by that factor
+// each round, so mass that could not go out for many rounds (computed from parameters long
+// replaced) does not arrive late at full weight, and the decayed sum does the work of an outer
+// momentum. The residual is part of the checkpoint; a payload of another size than the residual's
+// is an error (a residual never silently spills into the wrong values).
 
-#include <cmath>
-#include <cctype>
-#include <cstdint>
-#include <memory>
+#include <algorithm>
+#include <cstddef>
 #include <span>
 #include <string>
-#include <string_view>
-#include <utility>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+namespace detail {
+// A peer's unsent residual from its checkpoint: "own.residual" under the codec's prefix (a
+// checkpoint written before residuals were marked as the peer's own has "residual").
+inline std::vector<float> load_residual(const io::checkpoint& c, const std::string& prefix, const char* who) {
+  auto it = c.tensors.find(prefix + "own.residual");
+  if (it == c.tensors.end()) it = c.tensors.find(prefix + "residual");
+  decentrain::detail::check(it != c.tensors.end(), who, ": the checkpoint has no '", prefix, "own.residual'");
+  decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, who, ": '", it->first,
+                            "' must be a 1-D f32 tensor");
+  return it->second.template to_vector<float>();
+}
+}  // namespace detail
+
+template <class Codec>
+struct error_feedback {
+  static_assert(check_codec<Codec>());
+  static constexpr const char* name = "ef";
+  static constexpr bool dense = is_dense<Codec>();
+  Codec codec{};
+  double decay = 1.0;  // in (0, 1]: what is kept is multiplied by this before the next payload
+
+  std::string describe() const {
+    return "ef(" + compress::describe(codec) + (decay == 1.0 ? std::string() : ",decay=" + std::to_string(decay)) + ")";
+  }
+  std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+  void set_layout(const layout& l) { compress::set_layout(codec, l); }
+
+  // Encodes values + residual; the residual becomes what the payload does not carry.
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
+    add_residual(values);
+    const std::size_t size = codec.encode(std::span<const float>(wanted_), out);
+    sent_.assign(wanted_.size(), 0.0f);
+    codec.decode_add(std::span<const std::byte>(out.data(), size), std::span<float>(sent_));
+    for (std::size_t i = 0; i < wanted_.size(); ++i) residual_[i] = wanted_[i] - sent_[i];
+    return size;
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
+
+  // What the last encode sent, decoded (a dense codec's ring carries these values: its first hop
+  // re-encodes them to the same payload).
+  const std::vector<float>& sent() const { return sent_; }
+  const std::vector<float>& residual() const { return residual_; }
+  // Adds what is kept (decayed, as encode would) into `values` and forgets it: for a round sent
+  // exactly (adaptive's f32 rounds), which then carries it all.
+  void flush_into(std::span<float> values) {
+    if (residual_.empty()) return;
+    add_residual(values);
+    std::copy(wanted_.begin(), wanted_.end(), values.begin());
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
+  }
+
+  // The residual is this peer's own (io::is_own_key): a state taken from another peer leaves it
+  // out, and this peer keeps what it had not sent (a joiner: nothing).
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    c.tensors[prefix + "own.residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
+    if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix + "inner.");
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    if (!io::leaves_out_own_state(c)) residual_ = detail::load_residual(c, prefix, "error_feedback");
+    if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix + "inner.");
+  }
+
+ private:
+  void add_residual(std::span<const float> values) {
+    decentrain::detail::check(decay > 0 && decay <= 1, "error_feedback: decay must be in (0, 1], got ", decay);
+    if (residual_.empty()) residual_.assign(values.size(), 0.0f);
+    decentrain::detail::check(residual_.size() == values.size(), "error_feedback: a payload of ", values.size(),
+                              " values, the residual holds ", residual_.size());
+    wanted_.resize(values.size());
+    if (decay == 1.0) {
+      for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + residual_[i];
+    } else {
+      const auto d = static_cast<float>(decay);
+      for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + d * residual_[i];
+    }
+  }
+  std::vector<float> residual_, wanted_, sent_;
+};
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/error_feedback.hpp ----
+// ---- begin decentrain/compress/identity.hpp ----
+// The codec that sends f32 values as they are: what every policy uses unless told otherwise.
+// Nothing to encode, so collective::encoded_all_reduce sends it through the communicator's own
+// all-reduce (the pipelined ring or recursive doubling), which adds up as it goes.
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+
+
+namespace decentrain::compress {
+
+struct identity {
+  static constexpr const char* name = "identity";
+  static constexpr bool dense = true;
+  std::string describe() const { return "identity"; }
+
+  std::size_t max_encoded_bytes(std::size_t values) const { return values * sizeof(float); }
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
+    if (!values.empty()) std::memcpy(out.data(), values.data(), values.size_bytes());
+    return values.size_bytes();
+  }
+  void decode_add(std::span<const std::byte> payload, std::span<float> into) const {
+    decentrain::detail::check(payload.size() == into.size_bytes(), "identity codec: a payload of ", payload.size(),
+                              " bytes for ", into.size(), " values");
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      float v;
+      std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
+      into[i] += v;
+    }
+  }
+};
+
+static_assert(check_codec<identity>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/identity.hpp ----
+// ---- begin decentrain/compress/powersgd.hpp ----
+// PowerSGD (Vogels, Karimireddy and Jaggi, 2019): each matrix M of the payload (rows x cols, from
+// the policy's layout) is sent as a rank-r approximation P Q^T found by one step of power
+// iteration from the previous round's Q (warm start):
+//   P = M Q, all-reduced;  P orthonormalised (Gram-Schmidt);  Q = M^T P, all-reduced;  M ~ P Q^T
+// Both all-reduces are linear in M, so every peer ends with P P^T mean(M), the same bits on all
+// (P and Q are the collectives' results, identical everywhere). A matrix costs (rows + cols) r
+// values instead of rows cols; vectors and matrices where that saves nothing go as they are in
+// the first all-reduce. P, Q and those go through `Factors`, a dense codec (identity: f32;
+// int8_blockwise shrinks them 4x more), so a round is two ring all-reduces.
+// Error feedback is built in (`feedback`, the paper's setting): each peer keeps M - P P^T M, what
+// its own share of the approximation missed, and adds it to the next round's M; the kept parts
+// sum to what the group's approximation missed, with no per-peer drift. What Factors' rounding
+// loses is not kept (wrap Factors in error_feedback for that).
+// Outside that collective (encode / decode_add, the gathered path) it is one peer's own rank-r
+// approximation in f32, without feedback.
+// Every peer computes P's orthonormalisation and P Q^T itself, from the same collective results:
+// the same bits on all as long as they run the same arithmetic (one build; a compiler that fuses
+// multiply-adds on some peers and not others, e.g. -ffp-contract=fast on one architecture, would
+// let them drift apart).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
 #include <vector>
 
 // ---- begin decentrain/compress/blockwise.hpp ----
@@ -19863,6 +19942,769 @@ static_assert(check_codec<int8_blockwise>() && check_codec<int4_blockwise>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/blockwise.hpp ----
+
+namespace decentrain::compress {
+
+template <class Factors = identity>
+struct powersgd {
+  static_assert(check_codec<Factors>());
+  static constexpr const char* name = "powersgd";
+  std::size_t rank = 4;
+  bool feedback = true;                     // keep what the approximation missed for the next round
+  std::uint64_t seed = 0x706f77657273ull;   // the first Q of every matrix, equal on every peer
+  Factors factors{};                        // what P, Q and the uncompressed pieces travel through
+
+  std::string describe() const {
+    return "powersgd(rank=" + std::to_string(rank) + (feedback ? ",ef" : ",noef") + ",seed=" + std::to_string(seed) +
+           ",factors=" + compress::describe(factors) + ")";
+  }
+
+  // A new layout starts its factors from the seed, or from a checkpoint loaded before it.
+  void set_layout(const layout& l) {
+    if (l == layout_) return;  // a second fit() with the same model keeps its warm start
+    layout_ = l;
+    q_.clear();
+  }
+  const layout& payload_layout() const { return layout_; }
+
+  // The rank a piece is sent at, 0 when it goes as it is.
+  std::size_t rank_of(const matrix_piece& m) const {
+    check_settings();
+    const std::size_t r = std::min({rank, m.rows, m.cols});
+    return m.rows > 1 && m.cols > 1 && (m.rows + m.cols) * r < m.rows * m.cols ? r : 0;
+  }
+  // Values sent per round in the first and second all-reduce (P and the plain pieces; Q).
+  std::size_t first_values() const {
+    std::size_t s = 0;
+    for (const auto& m : layout_) s += rank_of(m) ? m.rows * rank_of(m) : m.size();
+    return s;
+  }
+  std::size_t second_values() const {
+    std::size_t s = 0;
+    for (const auto& m : layout_) s += m.cols * rank_of(m);
+    return s;
+  }
+
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    return layout_.empty() ? 8 + 4 * n : 8 + 4 * (first_values() + second_values());
+  }
+
+  // One peer's own approximation: n, then per piece P and Q (or the values), all f32.
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    ready(in.size());
+    detail::check_finite(in, name);
+    std::byte* p = out.data();
+    const std::uint64_t n = in.size();
+    std::memcpy(p, &n, 8);
+    p += 8;
+    auto put = [&](const std::vector<float>& v) {
+      std::memcpy(p, v.data(), 4 * v.size());
+      p += 4 * v.size();
+    };
+    std::vector<float> P, Q;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& m = layout_[i];
+      const float* M = in.data() + m.offset;
+      if (const std::size_t r = rank_of(m)) {
+        refresh(i, r);
+        multiply(M, m, q_[i], r, P);
+        orthonormalise(P, m.rows, r);
+        multiply_transposed(M, m, P, r, Q);
+        put(P);
+        put(Q);
+      } else {
+        std::memcpy(p, M, 4 * m.size());
+        p += 4 * m.size();
+      }
+    }
+    return static_cast<std::size_t>(p - out.data());
+  }
+
+  // Checks the size and every value, and that the product stays finite, before adding anything.
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
+    auto fail = [&](auto&&... why) { decentrain::detail::fail("powersgd codec: ", why...); };
+    if (layout_.empty()) fail("no layout: set_layout() first (the communication policies do it in start())");
+    check_layout(layout_, into.size(), "powersgd codec");
+    const std::size_t want = max_encoded_bytes(into.size());
+    if (in.size() != want) fail("a payload of ", in.size(), " bytes, expected ", want, " for ", into.size(), " values");
+    std::uint64_t n;
+    std::memcpy(&n, in.data(), 8);
+    if (n != into.size()) fail("the payload is for ", n, " values, the receiver has ", into.size());
+    std::vector<float> all((in.size() - 8) / 4);
+    std::memcpy(all.data(), in.data() + 8, 4 * all.size());
+    for (std::size_t j = 0; j < all.size(); ++j)
+      if (!std::isfinite(all[j])) fail("value ", j, " is ", all[j]);
+    std::vector<float> out(into.size());
+    const float* at = all.data();
+    for (const auto& m : layout_) {
+      if (const std::size_t r = rank_of(m)) {
+        product(at, at + m.rows * r, m, r, out.data() + m.offset);
+        at += (m.rows + m.cols) * r;
+      } else {
+        std::copy(at, at + m.size(), out.begin() + static_cast<std::ptrdiff_t>(m.offset));
+        at += m.size();
+      }
+    }
+    for (std::size_t j = 0; j < out.size(); ++j)
+      if (!std::isfinite(out[j])) fail("the decoded value ", j, " is ", out[j], " (factors too large)");
+    for (std::size_t j = 0; j < out.size(); ++j) into[j] += out[j];
+  }
+
+  // One round of the group's approximation, in three parts around two all-reduces (which
+  // collective::encoded_all_reduce runs through p_codec() and q_codec()):
+  //   round_first(values)   values (+ the residual) -> P = M Q per low-rank piece, the others as they are
+  //   round_second()        P orthonormalised (the same P on every peer) -> Q = M^T P; the residual
+  //   round_finish(values)  P Q^T (and the plain pieces) -> values; Q kept for the next round's warm start
+  // A round where nothing is sent (one peer) calls round_first's check only: ready(values.size()).
+  void ready(std::size_t n) {
+    decentrain::detail::check(!layout_.empty() || n == 0, "powersgd codec: no layout: it needs the payload's matrices "
+                              "(set_layout(); the communication policies do it in start())");
+    check_layout(layout_, n, "powersgd codec");
+    set_factors();
+    decentrain::detail::check(residual_.empty() || residual_.size() == n, "powersgd codec: the residual holds ",
+                              residual_.size(), " values, the payload has ", n);
+    if (q_.size() == layout_.size() && q_rank_ == rank) return;
+    q_rank_ = rank;
+    q_.assign(layout_.size(), {});
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const std::size_t len = layout_[i].cols * rank_of(layout_[i]);
+      if (loaded_q_.empty()) {
+        q_[i].assign(len, 0.0f);  // drawn from the seed on first use (refresh)
+      } else {
+        decentrain::detail::check(at + len <= loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
+                                  loaded_q_.size(), " values, fewer than this layout at rank ", rank, " needs");
+        q_[i].assign(loaded_q_.begin() + static_cast<std::ptrdiff_t>(at), loaded_q_.begin() + static_cast<std::ptrdiff_t>(at + len));
+      }
+      at += len;
+    }
+    decentrain::detail::check(loaded_q_.empty() || at == loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
+                              loaded_q_.size(), " values, this layout at rank ", rank, " needs ", at);
+    loaded_q_.clear();
+  }
+  std::span<float> round_first(std::span<const float> values) {
+    ready(values.size());
+    detail::check_finite(values, name);
+    wanted_.assign(values.begin(), values.end());
+    if (feedback) {
+      if (residual_.empty()) residual_.assign(values.size(), 0.0f);
+      for (std::size_t j = 0; j < values.size(); ++j) wanted_[j] += residual_[j];
+    }
+    first_.resize(first_values());
+    float* at = first_.data();
+    std::vector<float> P;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& m = layout_[i];
+      const float* M = wanted_.data() + m.offset;
+      if (const std::size_t r = rank_of(m)) {
+        refresh(i, r);
+        multiply(M, m, q_[i], r, P);
+        at = std::copy(P.begin(), P.end(), at);
+      } else {
+        at = std::copy(M, M + m.size(), at);
+      }
+    }
+    return first_;
+  }
+  std::span<float> round_second() {
+    second_.resize(second_values());
+    float* p_at = first_.data();
+    float* q_at = second_.data();
+    std::vector<float> P, Q;
+    for (const auto& m : layout_) {
+      if (const std::size_t r = rank_of(m)) {
+        P.assign(p_at, p_at + m.rows * r);
+        orthonormalise(P, m.rows, r);
+        std::copy(P.begin(), P.end(), p_at);
+        multiply_transposed(wanted_.data() + m.offset, m, P, r, Q);
+        q_at = std::copy(Q.begin(), Q.end(), q_at);
+        p_at += m.rows * r;
+      } else {
+        p_at += m.size();
+      }
+    }
+    // What this peer's share misses: M - P (M^T P)^T, with its own (not yet reduced) Q.
+    if (feedback) {
+      std::fill(residual_.begin(), residual_.end(), 0.0f);
+      const float* first = first_.data();
+      const float* mine = second_.data();
+      for (const auto& m : layout_) {
+        const std::size_t r = rank_of(m);
+        if (!r) {
+          first += m.size();
+          continue;
+        }
+        float* e = residual_.data() + m.offset;
+        product(first, mine, m, r, e);
+        const float* M = wanted_.data() + m.offset;
+        for (std::size_t j = 0; j < m.size(); ++j) e[j] = M[j] - e[j];
+        first += m.rows * r;
+        mine += m.cols * r;
+      }
+    }
+    return second_;
+  }
+  void round_finish(std::span<float> values) {
+    const float* p_at = first_.data();
+    const float* q_at = second_.data();
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& m = layout_[i];
+      float* out = values.data() + m.offset;
+      if (const std::size_t r = rank_of(m)) {
+        product(p_at, q_at, m, r, out);
+        q_[i].assign(q_at, q_at + m.cols * r);  // the next round's warm start
+        p_at += m.rows * r;
+        q_at += m.cols * r;
+      } else {
+        std::copy(p_at, p_at + m.size(), out);
+        p_at += m.size();
+      }
+    }
+    ++rounds_;
+  }
+  // The two all-reduces' codecs: copies of `factors`, each with its own state.
+  Factors& p_codec() {
+    set_factors();
+    return p_codec_;
+  }
+  Factors& q_codec() {
+    set_factors();
+    return q_codec_;
+  }
+
+  const std::vector<float>& residual() const { return residual_; }
+
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    std::vector<float> qs = loaded_q_;
+    for (const auto& q : q_) qs.insert(qs.end(), q.begin(), q.end());
+    c.tensors[prefix + "q"] = from_vector<cpu>(qs, shape{static_cast<std::int64_t>(qs.size())});
+    c.tensors[prefix + "own.residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
+    c.counters[prefix + "rounds"] = static_cast<std::int64_t>(rounds_);
+    if constexpr (requires { p_codec_.save(c, prefix); }) {
+      p_codec_.save(c, prefix + "p.");
+      q_codec_.save(c, prefix + "q.");
+    }
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    auto vector = [&](const std::string& key) {
+      auto it = c.tensors.find(prefix + key);
+      decentrain::detail::check(it != c.tensors.end(), "powersgd codec: the checkpoint has no '", prefix, key, "'");
+      decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, "powersgd codec: '", prefix, key,
+                                "' must be a 1-D f32 tensor");
+      return it->second.template to_vector<float>();
+    };
+    const auto qs = vector("q");
+    if (!io::leaves_out_own_state(c)) residual_ = detail::load_residual(c, prefix, "powersgd codec");
+    auto it = c.counters.find(prefix + "rounds");
+    decentrain::detail::check(it != c.counters.end(), "powersgd codec: the checkpoint has no '", prefix, "rounds'");
+    rounds_ = static_cast<std::uint64_t>(it->second);
+    q_.clear();
+    loaded_q_ = qs;  // split per matrix once the layout is known
+    set_factors();
+    if constexpr (requires { p_codec_.load(c, prefix); }) {
+      p_codec_.load(c, prefix + "p.");
+      q_codec_.load(c, prefix + "q.");
+    }
+  }
+
+ private:
+  void check_settings() const {
+    decentrain::detail::check(rank >= 1 && rank <= 4096, "powersgd codec: rank must be in [1, 4096], got ", rank);
+  }
+  // The two all-reduces' codecs start as copies of `factors` (each keeps its own state).
+  void set_factors() {
+    if (factors_set_) return;
+    p_codec_ = factors;
+    q_codec_ = factors;
+    factors_set_ = true;
+  }
+  // Q's columns scaled to unit length, so P = M Q stays of M's size (Q = M^T P grew by |M| each
+  // round: P would by |M|^2, out of fp16's range for factors=fp16); P's directions do not change.
+  // A column that is all zero (a matrix that was zero, so M^T P was) would stay zero forever: it
+  // is drawn again from the seed, the round and the piece. Alike on every peer (Q is).
+  void refresh(std::size_t piece, std::size_t r) {
+    auto& q = q_[piece];
+    const std::size_t cols = layout_[piece].cols;
+    for (std::size_t j = 0; j < r; ++j) {
+      double norm = 0;
+      for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
+      if (norm == 0) {
+        std::uint64_t s = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(rounds_ * 0x10000u + piece) ^ j);
+        for (std::size_t c = 0; c < cols; ++c) q[c * r + j] = normal(s);
+        norm = 0;
+        for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
+      }
+      const auto inv = static_cast<float>(1.0 / std::sqrt(norm));
+      for (std::size_t c = 0; c < cols; ++c) q[c * r + j] *= inv;
+    }
+  }
+  // A standard normal from a counter (Box-Muller on two splitmix64 draws): the same on every
+  // platform, unlike std::normal_distribution.
+  static float normal(std::uint64_t& s) {
+    s = decentrain::detail::splitmix64(s);
+    const double u1 = (static_cast<double>(s >> 11) + 1.0) * 0x1.0p-53;
+    s = decentrain::detail::splitmix64(s);
+    const double u2 = static_cast<double>(s >> 11) * 0x1.0p-53;
+    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+  // P (rows x r) = M Q, M rows x cols, Q cols x r; all row-major.
+  static void multiply(const float* M, const matrix_piece& m, const std::vector<float>& Q, std::size_t r, std::vector<float>& P) {
+    P.assign(m.rows * r, 0.0f);
+    for (std::size_t i = 0; i < m.rows; ++i) {
+      float* p = P.data() + i * r;
+      for (std::size_t c = 0; c < m.cols; ++c) {
+        const float x = M[i * m.cols + c];
+        const float* q = Q.data() + c * r;
+        for (std::size_t j = 0; j < r; ++j) p[j] += x * q[j];
+      }
+    }
+  }
+  // Q (cols x r) = M^T P.
+  static void multiply_transposed(const float* M, const matrix_piece& m, const std::vector<float>& P, std::size_t r,
+                                  std::vector<float>& Q) {
+    Q.assign(m.cols * r, 0.0f);
+    for (std::size_t i = 0; i < m.rows; ++i) {
+      const float* p = P.data() + i * r;
+      for (std::size_t c = 0; c < m.cols; ++c) {
+        const float x = M[i * m.cols + c];
+        float* q = Q.data() + c * r;
+        for (std::size_t j = 0; j < r; ++j) q[j] += x * p[j];
+      }
+    }
+  }
+  // out (rows x cols) = P Q^T.
+  static void product(const float* P, const float* Q, const matrix_piece& m, std::size_t r, float* out) {
+    for (std::size_t i = 0; i < m.rows; ++i)
+      for (std::size_t c = 0; c < m.cols; ++c) {
+        float s = 0;
+        for (std::size_t j = 0; j < r; ++j) s += P[i * r + j] * Q[c * r + j];
+        out[i * m.cols + c] = s;
+      }
+  }
+  // Gram-Schmidt on P's columns (sums in double); a column with nothing left is set to zero.
+  static void orthonormalise(std::vector<float>& P, std::size_t rows, std::size_t r) {
+    for (std::size_t j = 0; j < r; ++j) {
+      for (std::size_t k = 0; k < j; ++k) {
+        double dot = 0;
+        for (std::size_t i = 0; i < rows; ++i) dot += static_cast<double>(P[i * r + j]) * P[i * r + k];
+        for (std::size_t i = 0; i < rows; ++i) P[i * r + j] -= static_cast<float>(dot) * P[i * r + k];
+      }
+      double norm = 0;
+      for (std::size_t i = 0; i < rows; ++i) norm += static_cast<double>(P[i * r + j]) * P[i * r + j];
+      norm = std::sqrt(norm);
+      const float inv = norm > 1e-30 ? static_cast<float>(1.0 / norm) : 0.0f;
+      for (std::size_t i = 0; i < rows; ++i) P[i * r + j] *= inv;
+    }
+  }
+
+  layout layout_;
+  std::vector<std::vector<float>> q_;
+  std::vector<float> loaded_q_;
+  std::vector<float> residual_, wanted_, first_, second_;
+  std::uint64_t rounds_ = 0;
+  Factors p_codec_{}, q_codec_{};
+  bool factors_set_ = false;
+  std::size_t q_rank_ = 0;  // the rank q_ was built for (a changed rank starts again from the seed)
+};
+
+static_assert(check_codec<powersgd<>>());
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/powersgd.hpp ----
+// ---- begin decentrain/detail/clock.hpp ----
+// The calling thread's CPU time: what a simulated link charges as compute when in-process peers
+// share fewer cores than there are peers (wall time would count the other peers' turns).
+
+#include <chrono>
+#include <ctime>
+
+namespace decentrain::detail {
+
+inline double thread_cpu_seconds() {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+#endif
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace decentrain::detail
+// ---- end decentrain/detail/clock.hpp ----
+
+namespace decentrain::collective {
+
+// Fails on every peer, naming the peers' settings, when they do not all use the same codec
+// settings (a policy calls it in start()).
+template <class Codec, class Comm>
+void agree_codec(const Codec& codec, Comm& comm) {
+  if (comm.world() == 1) return;
+  const std::string mine = compress::describe(codec);
+  if (comm.all_same(decentrain::detail::fnv1a(mine))) return;
+  // They differ: gather everyone's text (cut to 120 bytes) to say who uses what.
+  char text[120] = {};
+  std::memcpy(text, mine.data(), std::min(mine.size(), sizeof text - 1));
+  const auto all = comm.all_gather(std::span<const char>(text, sizeof text));
+  std::string who;
+  for (int r = 0; r < comm.world(); ++r)
+    who += (r ? ", peer " : "peer ") + std::to_string(r) + " " + std::string(all.data() + static_cast<std::size_t>(r) * sizeof text);
+  decentrain::detail::fail("codec: the peers use different codec settings (", who, "); every peer must use the same");
+}
+
+// Runs f() and tells the endpoint how long it computed (real transports ignore it; one that
+// models a step's compute, transport::step_seconds, counts the codec in it).
+template <class Comm, class F>
+decltype(auto) charged(Comm& comm, F&& f) {
+  struct charge {
+    Comm& comm;
+    double t0 = decentrain::detail::thread_cpu_seconds();
+    ~charge() {
+      if (!transport::step_seconds(comm.endpoint()))
+        comm.endpoint().computed(std::max(0.0, decentrain::detail::thread_cpu_seconds() - t0));
+    }
+  } c{comm};
+  return f();
+}
+
+template <class Codec>
+std::size_t codec_block(const Codec& codec) {
+  if constexpr (requires { { codec.block } -> std::convertible_to<std::size_t>; })
+    return std::max<std::size_t>(1, codec.block);
+  else
+    return 1;
+}
+
+// The all-reduce of every codec, declared before any is defined: a codec's collective calls the
+// one of the codec inside it (adaptive<error_feedback<int8>>, powersgd<any_codec>).
+template <class Codec, class Comm>
+void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average);
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::error_feedback<Codec>& codec, Comm& comm, std::span<float> values, bool average);
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::adaptive<Codec>& codec, Comm& comm, std::span<float> values, bool average);
+template <class Factors, class Comm>
+void encoded_all_reduce(compress::powersgd<Factors>& codec, Comm& comm, std::span<float> values, bool average);
+
+template <class Codec, class Comm>
+void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const int n = comm.world(), r = comm.rank();
+  const std::size_t bound = codec.max_encoded_bytes(values.size());
+  std::vector<std::vector<std::byte>> payloads(static_cast<std::size_t>(n));
+  auto& mine = payloads[static_cast<std::size_t>(r)];
+  mine.resize(bound);
+  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
+  decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
+  if (n > 1) {
+    // Sizes first (8 bytes a peer), then each payload at its own size around the ring: a sparse
+    // payload is sent as long as it is, not padded to the codec's bound.
+    const std::uint64_t size = mine.size();
+    const auto sizes = comm.all_gather(std::span<const std::uint64_t>(&size, 1));
+    for (int p = 0; p < n; ++p)
+      if (sizes[static_cast<std::size_t>(p)] > bound)
+        transport::fail_peer(p, "all_reduce", "codec: peer ", p, " sent a payload of ", sizes[static_cast<std::size_t>(p)],
+                             " bytes, over the bound of ", bound, " for ", values.size(), " values");
+    const int right = (r + 1) % n, left = (r - 1 + n) % n;
+    auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>((p % n + n) % n)]; };
+    for (int s = 0; s < n - 1; ++s) {  // step s forwards peer r - s's payload, receives peer r - s - 1's
+      auto& in = at(r - s - 1);
+      in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(((r - s - 1) % n + n) % n)]));
+      comm.expect_from(left, in.size());  // every peer sends first: see transport::expect
+      comm.send_to(right, std::span<const std::byte>(at(r - s)));
+      comm.recv_from(left, std::span<std::byte>(in));
+    }
+  }
+  std::fill(values.begin(), values.end(), 0.0f);
+  for (int p = 0; p < n; ++p) {
+    try {
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[static_cast<std::size_t>(p)]), values); });
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(p, "all_reduce", "codec: the payload of peer ", p, " was rejected: ", e.what());
+    }
+  }
+  if (average && n > 1) {
+    const float scale = 1.0f / static_cast<float>(n);
+    for (auto& v : values) v *= scale;
+  }
+}
+
+template <class Codec, class Comm>
+void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const int n = comm.world(), r = comm.rank();
+  if (n == 1) return;
+  // Segments in whole blocks; each goes in pieces of at most ~1M values (one message each).
+  const std::size_t block = codec_block(codec), total = values.size();
+  const std::size_t blocks = (total + block - 1) / block;
+  auto seg_begin = [&](int s) {
+    const auto k = static_cast<std::size_t>((s % n + n) % n);
+    const std::size_t b = blocks / static_cast<std::size_t>(n), extra = blocks % static_cast<std::size_t>(n);
+    return std::min(total, (k * b + std::min(k, extra)) * block);
+  };
+  auto segment = [&](int s) {
+    const std::size_t from = seg_begin(s), to = ((s % n + n) % n) == n - 1 ? total : seg_begin(s + 1);
+    return values.subspan(from, to - from);
+  };
+  const std::size_t piece = std::max<std::size_t>(block, ((std::size_t{1} << 20) / block) * block);
+  auto pieces = [&](std::span<float> seg) {
+    std::vector<std::span<float>> out;
+    for (std::size_t at = 0; at < seg.size(); at += piece) out.push_back(seg.subspan(at, std::min(piece, seg.size() - at)));
+    return out;
+  };
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  std::vector<std::byte> out, in;
+  auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    into.resize(charged(comm, [&] { return codec.encode(std::span<const float>(p), into); }));
+  };
+  auto receive = [&](std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    comm.recv_from(left, std::span<std::byte>(into));
+  };
+  auto decode_add = [&](std::span<float> p, const std::vector<std::byte>& from) {
+    try {
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(from), p); });
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
+    }
+  };
+  // Every peer sends a step's pieces before it receives the step's: each says first what it
+  // will take, so a transport that bounds what it queues takes them whole (transport::expect).
+  auto expect = [&](std::span<float> seg) {
+    std::vector<std::size_t> sizes;
+    for (auto p : pieces(seg)) sizes.push_back(codec.max_encoded_bytes(p.size()));
+    comm.expect_from(left, std::span<const std::size_t>(sizes));
+  };
+  // Reduce-scatter: after n - 1 steps segment r + 1 holds the sum here, in f32.
+  for (int s = 0; s < n - 1; ++s) {
+    expect(segment(r - s - 1));
+    for (auto p : pieces(segment(r - s))) {
+      encode(p, out);
+      comm.send_to(right, std::span<const std::byte>(out));
+    }
+    for (auto p : pieces(segment(r - s - 1))) {
+      receive(p, in);
+      decode_add(p, in);
+    }
+  }
+  // All-gather: the sum's owner encodes it once; everyone (the owner too) decodes those bytes.
+  std::vector<std::vector<std::byte>> carried;
+  for (auto p : pieces(segment(r + 1))) {
+    encode(p, carried.emplace_back());
+    std::fill(p.begin(), p.end(), 0.0f);
+    charged(comm, [&] { codec.decode_add(std::span<const std::byte>(carried.back()), p); });
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    expect(segment(r - s));
+    for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
+    const auto into = pieces(segment(r - s));
+    carried.resize(into.size());
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      receive(into[i], carried[i]);
+      std::fill(into[i].begin(), into[i].end(), 0.0f);
+      decode_add(into[i], carried[i]);
+    }
+  }
+  if (average) {
+    const float scale = 1.0f / static_cast<float>(n);
+    for (auto& v : values) v *= scale;
+  }
+}
+
+// The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
+// peer (the same bits on all). identity goes through the communicator's all-reduce, a codec with
+// a collective of its own (a user's, any_codec) runs it, a dense one goes around the ring, any
+// other is gathered. A payload that breaks the codec's format is rejected naming the peer (a
+// transport::peer_error), never decoded out of bounds.
+template <class Codec, class Comm>
+void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  static_assert(compress::check_codec<Codec>());
+  // A codec chosen at run time (any_codec) dispatches on one communicator type; on another it
+  // would fall through to the gathered path, silently slower for dense codecs.
+  if constexpr (requires { typename Codec::communicator_type; })
+    static_assert(std::is_same_v<Comm, typename Codec::communicator_type>,
+                  "collective::encoded_all_reduce: this codec runs on its communicator_type (any_codec: a communicator "
+                  "over transport::any_endpoint; wrap the endpoint in one)");
+  if constexpr (std::is_same_v<Codec, compress::identity>)
+    comm.all_reduce(values, average ? reduce_op::average : reduce_op::sum);
+  else if constexpr (requires { codec.all_reduce(comm, values, average); })
+    codec.all_reduce(comm, values, average);
+  else if constexpr (compress::is_dense<Codec>())
+    ring_all_reduce(codec, comm, values, average);
+  else
+    gathered_all_reduce(codec, comm, values, average);
+}
+
+// Error feedback: a dense codec's payload is put on its grid here, with the residual, and the
+// ring's first hop re-encodes those values to the same payload; a sparse one is gathered, each
+// payload through the feedback's encode.
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::error_feedback<Codec>& codec, Comm& comm, std::span<float> values, bool average) {
+  if constexpr (compress::is_dense<Codec>()) {
+    if (comm.world() == 1) return;  // nothing is sent, nothing is lost
+    std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
+    payload.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), payload); }));
+    std::copy(codec.sent().begin(), codec.sent().end(), values.begin());
+    ring_all_reduce(codec.codec, comm, values, average);
+  } else {
+    gathered_all_reduce(codec, comm, values, average);
+  }
+}
+
+// Adaptive: the round through the codec or as f32 (with what error feedback kept), as the
+// codec's plan says; a probe's time is the slowest peer's (an 8-byte all-reduce), so every peer
+// makes the same choice.
+template <class Codec, class Comm>
+void encoded_all_reduce(compress::adaptive<Codec>& codec, Comm& comm, std::span<float> values, bool average) {
+  const auto plan = codec.begin_round();
+  const double t0 = comm.endpoint().stats().clock_seconds;
+  if (plan.through_codec) {
+    encoded_all_reduce(codec.codec, comm, values, average);
+  } else {
+    if constexpr (requires { codec.codec.flush_into(values); }) codec.codec.flush_into(values);
+    compress::identity plain;
+    encoded_all_reduce(plain, comm, values, average);
+  }
+  if (!plan.probe) return;
+  double took = comm.endpoint().stats().clock_seconds - t0;
+  comm.all_reduce(std::span<double>(&took, 1), reduce_op::max);
+  codec.probed(took);
+}
+
+// PowerSGD: P through p_codec(), then Q through q_codec(), the codec's arithmetic around them
+// charged as compute.
+template <class Factors, class Comm>
+void encoded_all_reduce(compress::powersgd<Factors>& codec, Comm& comm, std::span<float> values, bool average) {
+  codec.ready(values.size());
+  if (comm.world() == 1) return;  // nothing is sent, nothing is lost
+  const auto first = charged(comm, [&] { return codec.round_first(std::span<const float>(values)); });
+  encoded_all_reduce(codec.p_codec(), comm, first, average);
+  const auto second = charged(comm, [&] { return codec.round_second(); });
+  encoded_all_reduce(codec.q_codec(), comm, second, average);
+  charged(comm, [&] { codec.round_finish(values); });
+}
+
+// Every peer's payload, straight from its sender, decoded alone and aggregated. A payload the
+// codec rejects is left out (verdict malformed) rather than ending the call: one bad peer does
+// not stop the others.
+template <class Codec, class Aggregator, class Comm>
+void gathered_robust_all_reduce(Codec& codec, Comm& comm, std::span<float> values, Aggregator& aggregator,
+                                aggregation_record& record, std::optional<double> weight = std::nullopt) {
+  const auto weights = exchange_weights(comm, weight);
+  const auto n = static_cast<std::size_t>(comm.world()), me = static_cast<std::size_t>(comm.rank());
+  const std::size_t bound = codec.max_encoded_bytes(values.size());
+  auto& payloads = record.payloads;
+  payloads.resize(n);
+  auto& mine = payloads[me];
+  mine.resize(bound);
+  mine.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), std::span<std::byte>(mine)); }));
+  decentrain::detail::check(mine.size() <= bound, "codec: encode wrote ", mine.size(), " bytes, over its own bound of ", bound);
+  std::vector<std::uint64_t> sizes(n);
+  const std::uint64_t size = mine.size();
+  {
+    std::vector<std::span<const std::uint64_t>> out(n, std::span<const std::uint64_t>(&size, 1));
+    std::vector<std::span<std::uint64_t>> in(n);
+    for (std::size_t p = 0; p < n; ++p) in[p] = std::span<std::uint64_t>(&sizes[p], 1);
+    comm.all_to_all(std::span<const std::span<const std::uint64_t>>(out), std::span<const std::span<std::uint64_t>>(in));
+  }
+  for (std::size_t p = 0; p < n; ++p)
+    if (sizes[p] > bound)
+      transport::fail_peer(static_cast<int>(p), "all_reduce", "codec: peer ", p, " announced a payload of ", sizes[p],
+                           " bytes, over the bound of ", bound, " for ", values.size(), " values");
+  {
+    const std::vector<std::byte> own = mine;
+    std::vector<std::span<const std::byte>> out(n, std::span<const std::byte>(own));
+    std::vector<std::span<std::byte>> in(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      payloads[p].resize(static_cast<std::size_t>(sizes[p]));
+      in[p] = std::span<std::byte>(payloads[p]);
+    }
+    comm.all_to_all(std::span<const std::span<const std::byte>>(out), std::span<const std::span<std::byte>>(in));
+  }
+  auto& ws = record.workspace;
+  ws.assign(n * values.size(), 0.0f);
+  std::vector<std::span<const float>> parts(n);
+  std::vector<verdict> verdicts(n, verdict::kept);
+  for (std::size_t p = 0; p < n; ++p) {
+    const auto part = std::span<float>(ws).subspan(p * values.size(), values.size());
+    parts[p] = part;
+    try {
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(payloads[p]), part); });
+    } catch (const decentrain::error&) {
+      verdicts[p] = verdict::malformed;
+    }
+  }
+  aggregate_gathered(aggregator, contributions(parts), values, record, verdicts, weights);
+}
+
+// all_reduce with an aggregator: `record` keeps what was seen of each peer (and the buffers).
+// With `weight` (a policy's `weighted`: the rows this replica took, say), each peer's
+// contribution weighs what it says: a mean scales it by weight x world / (the weights' sum) and
+// sums on the way (one all-reduce of a number more), any other aggregator gets every weight
+// with the contributions (capped: aggregation_record::weight_cap; one that cannot weigh is
+// refused: can_weigh).
+template <class Codec, class Aggregator, class Comm>
+void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average, Aggregator& aggregator,
+                aggregation_record& record, std::optional<double> weight = std::nullopt) {
+  static_assert(check_aggregator<Aggregator>());
+  const float world = static_cast<float>(comm.world());
+  if (weight && averages_in_flight(aggregator)) {
+    for (const float f = weight_factor(comm, *weight); auto& v : values) v *= f;
+    weight.reset();
+  }
+  if (weight && !can_weigh<Aggregator>())
+    decentrain::detail::fail("aggregator '", describe_aggregator(aggregator), "' cannot weigh contributions, ",
+                             "which a weighted policy asks for (mean, median, trimmed-mean, centered-clip, bucketing and ",
+                             "partitioned of those can)");
+  if (averages_in_flight(aggregator)) {
+    record.own.assign(values.begin(), values.end());
+    encoded_all_reduce(codec, comm, values, average);
+    if (detail::all_finite(values)) {
+      record.last.peers.assign(static_cast<std::size_t>(comm.world()), verdict::kept);
+      record.last.distance.clear();  // summed on the way: nothing seen of each peer
+      record.last.far.clear();
+      record.tally.add(record.last);
+      return;
+    }
+    // Every peer holds the same sum, so all of them come here together.
+    std::copy(record.own.begin(), record.own.end(), values.begin());
+    mean m;
+    gathered_robust_all_reduce(codec, comm, values, m, record);
+  } else if (compress::describe(codec) == "identity") {
+    robust_all_reduce(aggregator, comm, values, record, weight);
+  } else {
+    decentrain::detail::check(!is_partitioned(aggregator), "aggregator '", describe_aggregator(aggregator),
+                              "' aggregates per partition, which sends f32 values: use it with the identity codec, not '",
+                              compress::describe(codec), "'");
+    gathered_robust_all_reduce(codec, comm, values, aggregator, record, weight);
+  }
+  if (!average)
+    for (auto& v : values) v *= world;
+}
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/encoded_all_reduce.hpp ----
+// ---- begin decentrain/compress/parse_codec.hpp ----
+// The parser for a codec chosen at run time (a command line's --codec): "NAME[:SETTING,...]" to
+// a codec held in `Any`, a type any codec converts to (collective::any_codec, which carries each
+// codec's collective). An unknown name, setting or value is an error naming it.
+//
+//   identity | fp16 | bf16 | int8[:block=N,stochastic,seed=S] | int4[:...] | fp4[:block=N]
+//   | sign[:block=N] | topk:F (a fraction) | topk:count=K, with int4 or int2 values and
+//   block=N, chunk=N (top-k within each chunk of N values) ; any of them with ",ef" for error
+//   feedback (",ef=0.95": what is kept decays by that factor each round) and ",adaptive" to send
+//   f32 instead where that measures faster (for example "int4:block=64", "topk:0.02,ef",
+//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive")
+//   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
+//   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
+//   in; "powersgd:rank=4,factors=int8")
+
+#include <cmath>
+#include <cctype>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 // ---- begin decentrain/compress/dct_top_k.hpp ----
 // DCT top-k, after DeMo (Peng, Quesnelle and Kingma, 2024): the payload is cut into chunks of
 // `chunk` values, each chunk goes through an orthonormal DCT-II, and the largest coefficients of
@@ -20203,121 +21045,6 @@ static_assert(check_codec<dct_top_k>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/dct_top_k.hpp ----
-// ---- begin decentrain/compress/error_feedback.hpp ----
-// Error feedback: what the codec could not send this round is kept and added to the next
-// payload, so nothing is lost, only delayed (Seide et al. 2014; Karimireddy et al. 2019). For a
-// dense codec the whole payload is put on the codec's grid here (the residual keeps the
-// difference) and then all-reduced through the codec's ring, whose first hop re-encodes it
-// without further loss; for a sparse one, each payload that is gathered goes through encode
-// below. sent + kept == payload + decay x what was kept before, exactly up to f32 rounding.
-// `decay` < 1 is SparseLoCo's (Sarfi et al. 2025) accumulator: what waits fades by that factor
-// each round, so mass that could not go out for many rounds (computed from parameters long
-// replaced) does not arrive late at full weight, and the decayed sum does the work of an outer
-// momentum. The residual is part of the checkpoint; a payload of another size than the residual's
-// is an error (a residual never silently spills into the wrong values).
-
-#include <algorithm>
-#include <cstddef>
-#include <span>
-#include <string>
-#include <vector>
-
-
-namespace decentrain::compress {
-
-namespace detail {
-// A peer's unsent residual from its checkpoint: "own.residual" under the codec's prefix (a
-// checkpoint written before residuals were marked as the peer's own has "residual").
-inline std::vector<float> load_residual(const io::checkpoint& c, const std::string& prefix, const char* who) {
-  auto it = c.tensors.find(prefix + "own.residual");
-  if (it == c.tensors.end()) it = c.tensors.find(prefix + "residual");
-  decentrain::detail::check(it != c.tensors.end(), who, ": the checkpoint has no '", prefix, "own.residual'");
-  decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, who, ": '", it->first,
-                            "' must be a 1-D f32 tensor");
-  return it->second.template to_vector<float>();
-}
-}  // namespace detail
-
-template <class Codec>
-struct error_feedback {
-  static_assert(check_codec<Codec>());
-  static constexpr const char* name = "ef";
-  static constexpr bool dense = is_dense<Codec>();
-  Codec codec{};
-  double decay = 1.0;  // in (0, 1]: what is kept is multiplied by this before the next payload
-
-  std::string describe() const {
-    return "ef(" + compress::describe(codec) + (decay == 1.0 ? std::string() : ",decay=" + std::to_string(decay)) + ")";
-  }
-  std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
-  void set_layout(const layout& l) { compress::set_layout(codec, l); }
-
-  // Encodes values + residual; the residual becomes what the payload does not carry.
-  std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
-    add_residual(values);
-    const std::size_t size = codec.encode(std::span<const float>(wanted_), out);
-    sent_.assign(wanted_.size(), 0.0f);
-    codec.decode_add(std::span<const std::byte>(out.data(), size), std::span<float>(sent_));
-    for (std::size_t i = 0; i < wanted_.size(); ++i) residual_[i] = wanted_[i] - sent_[i];
-    return size;
-  }
-  void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
-
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
-    if constexpr (dense) {
-      if (comm.world() == 1) return;  // nothing is sent, nothing is lost
-      // Onto the codec's grid here, with the residual; the ring's first hop then re-encodes
-      // these values to the same payload.
-      std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
-      payload.resize(charged(comm, [&] { return encode(std::span<const float>(values), payload); }));
-      std::copy(sent_.begin(), sent_.end(), values.begin());
-      ring_all_reduce(codec, comm, values, average);
-    } else {
-      gathered_all_reduce(*this, comm, values, average);
-    }
-  }
-
-  const std::vector<float>& residual() const { return residual_; }
-  // Adds what is kept (decayed, as encode would) into `values` and forgets it: for a round sent
-  // exactly (adaptive's f32 rounds), which then carries it all.
-  void flush_into(std::span<float> values) {
-    if (residual_.empty()) return;
-    add_residual(values);
-    std::copy(wanted_.begin(), wanted_.end(), values.begin());
-    std::fill(residual_.begin(), residual_.end(), 0.0f);
-  }
-
-  // The residual is this peer's own (io::is_own_key): a state taken from another peer leaves it
-  // out, and this peer keeps what it had not sent (a joiner: nothing).
-  void save(io::checkpoint& c, const std::string& prefix) const {
-    c.tensors[prefix + "own.residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
-    if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix + "inner.");
-  }
-  void load(const io::checkpoint& c, const std::string& prefix) {
-    if (!io::leaves_out_own_state(c)) residual_ = detail::load_residual(c, prefix, "error_feedback");
-    if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix + "inner.");
-  }
-
- private:
-  void add_residual(std::span<const float> values) {
-    decentrain::detail::check(decay > 0 && decay <= 1, "error_feedback: decay must be in (0, 1], got ", decay);
-    if (residual_.empty()) residual_.assign(values.size(), 0.0f);
-    decentrain::detail::check(residual_.size() == values.size(), "error_feedback: a payload of ", values.size(),
-                              " values, the residual holds ", residual_.size());
-    wanted_.resize(values.size());
-    if (decay == 1.0) {
-      for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + residual_[i];
-    } else {
-      const auto d = static_cast<float>(decay);
-      for (std::size_t i = 0; i < values.size(); ++i) wanted_[i] = values[i] + d * residual_[i];
-    }
-  }
-  std::vector<float> residual_, wanted_, sent_;
-};
-
-}  // namespace decentrain::compress
-// ---- end decentrain/compress/error_feedback.hpp ----
 // ---- begin decentrain/compress/fp4.hpp ----
 // fp4: each value as an E2M1 float (a sign and one of 0, 0.5, 1, 1.5, 2, 3, 4, 6) times a scale
 // per block (absmax / 6, as an f32), as Streaming DiLoCo sends its outer gradients: 7.1x fewer
@@ -20580,397 +21307,6 @@ static_assert(check_codec<fp16>() && check_codec<bf16>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/half.hpp ----
-// ---- begin decentrain/compress/powersgd.hpp ----
-// PowerSGD (Vogels, Karimireddy and Jaggi, 2019): each matrix M of the payload (rows x cols, from
-// the policy's layout) is sent as a rank-r approximation P Q^T found by one step of power
-// iteration from the previous round's Q (warm start):
-//   P = M Q, all-reduced;  P orthonormalised (Gram-Schmidt);  Q = M^T P, all-reduced;  M ~ P Q^T
-// Both all-reduces are linear in M, so every peer ends with P P^T mean(M), the same bits on all
-// (P and Q are the collectives' results, identical everywhere). A matrix costs (rows + cols) r
-// values instead of rows cols; vectors and matrices where that saves nothing go as they are in
-// the first all-reduce. P, Q and those go through `Factors`, a dense codec (identity: f32;
-// int8_blockwise shrinks them 4x more), so a round is two ring all-reduces.
-// Error feedback is built in (`feedback`, the paper's setting): each peer keeps M - P P^T M, what
-// its own share of the approximation missed, and adds it to the next round's M; the kept parts
-// sum to what the group's approximation missed, with no per-peer drift. What Factors' rounding
-// loses is not kept (wrap Factors in error_feedback for that).
-// Outside all_reduce (encode / decode_add, the gathered path) it is one peer's own rank-r
-// approximation in f32, without feedback.
-// Every peer computes P's orthonormalisation and P Q^T itself, from the same collective results:
-// the same bits on all as long as they run the same arithmetic (one build; a compiler that fuses
-// multiply-adds on some peers and not others, e.g. -ffp-contract=fast on one architecture, would
-// let them drift apart).
-
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <vector>
-
-
-namespace decentrain::compress {
-
-template <class Factors = identity>
-struct powersgd {
-  static_assert(check_codec<Factors>());
-  static constexpr const char* name = "powersgd";
-  std::size_t rank = 4;
-  bool feedback = true;                     // keep what the approximation missed for the next round
-  std::uint64_t seed = 0x706f77657273ull;   // the first Q of every matrix, equal on every peer
-  Factors factors{};                        // what P, Q and the uncompressed pieces travel through
-
-  std::string describe() const {
-    return "powersgd(rank=" + std::to_string(rank) + (feedback ? ",ef" : ",noef") + ",seed=" + std::to_string(seed) +
-           ",factors=" + compress::describe(factors) + ")";
-  }
-
-  // A new layout starts its factors from the seed, or from a checkpoint loaded before it.
-  void set_layout(const layout& l) {
-    if (l == layout_) return;  // a second fit() with the same model keeps its warm start
-    layout_ = l;
-    q_.clear();
-  }
-  const layout& payload_layout() const { return layout_; }
-
-  // The rank a piece is sent at, 0 when it goes as it is.
-  std::size_t rank_of(const matrix_piece& m) const {
-    check_settings();
-    const std::size_t r = std::min({rank, m.rows, m.cols});
-    return m.rows > 1 && m.cols > 1 && (m.rows + m.cols) * r < m.rows * m.cols ? r : 0;
-  }
-  // Values sent per round in the first and second all-reduce (P and the plain pieces; Q).
-  std::size_t first_values() const {
-    std::size_t s = 0;
-    for (const auto& m : layout_) s += rank_of(m) ? m.rows * rank_of(m) : m.size();
-    return s;
-  }
-  std::size_t second_values() const {
-    std::size_t s = 0;
-    for (const auto& m : layout_) s += m.cols * rank_of(m);
-    return s;
-  }
-
-  std::size_t max_encoded_bytes(std::size_t n) const {
-    return layout_.empty() ? 8 + 4 * n : 8 + 4 * (first_values() + second_values());
-  }
-
-  // One peer's own approximation: n, then per piece P and Q (or the values), all f32.
-  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
-    ready(in.size());
-    detail::check_finite(in, name);
-    std::byte* p = out.data();
-    const std::uint64_t n = in.size();
-    std::memcpy(p, &n, 8);
-    p += 8;
-    auto put = [&](const std::vector<float>& v) {
-      std::memcpy(p, v.data(), 4 * v.size());
-      p += 4 * v.size();
-    };
-    std::vector<float> P, Q;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& m = layout_[i];
-      const float* M = in.data() + m.offset;
-      if (const std::size_t r = rank_of(m)) {
-        refresh(i, r);
-        multiply(M, m, q_[i], r, P);
-        orthonormalise(P, m.rows, r);
-        multiply_transposed(M, m, P, r, Q);
-        put(P);
-        put(Q);
-      } else {
-        std::memcpy(p, M, 4 * m.size());
-        p += 4 * m.size();
-      }
-    }
-    return static_cast<std::size_t>(p - out.data());
-  }
-
-  // Checks the size and every value, and that the product stays finite, before adding anything.
-  void decode_add(std::span<const std::byte> in, std::span<float> into) const {
-    auto fail = [&](auto&&... why) { decentrain::detail::fail("powersgd codec: ", why...); };
-    if (layout_.empty()) fail("no layout: set_layout() first (the communication policies do it in start())");
-    check_layout(layout_, into.size(), "powersgd codec");
-    const std::size_t want = max_encoded_bytes(into.size());
-    if (in.size() != want) fail("a payload of ", in.size(), " bytes, expected ", want, " for ", into.size(), " values");
-    std::uint64_t n;
-    std::memcpy(&n, in.data(), 8);
-    if (n != into.size()) fail("the payload is for ", n, " values, the receiver has ", into.size());
-    std::vector<float> all((in.size() - 8) / 4);
-    std::memcpy(all.data(), in.data() + 8, 4 * all.size());
-    for (std::size_t j = 0; j < all.size(); ++j)
-      if (!std::isfinite(all[j])) fail("value ", j, " is ", all[j]);
-    std::vector<float> out(into.size());
-    const float* at = all.data();
-    for (const auto& m : layout_) {
-      if (const std::size_t r = rank_of(m)) {
-        product(at, at + m.rows * r, m, r, out.data() + m.offset);
-        at += (m.rows + m.cols) * r;
-      } else {
-        std::copy(at, at + m.size(), out.begin() + static_cast<std::ptrdiff_t>(m.offset));
-        at += m.size();
-      }
-    }
-    for (std::size_t j = 0; j < out.size(); ++j)
-      if (!std::isfinite(out[j])) fail("the decoded value ", j, " is ", out[j], " (factors too large)");
-    for (std::size_t j = 0; j < out.size(); ++j) into[j] += out[j];
-  }
-
-  template <class Comm>
-  void all_reduce(Comm& comm, std::span<float> values, bool average) {
-    ready(values.size());
-    if (comm.world() == 1) return;  // nothing is sent, nothing is lost
-    charged(comm, [&] {
-      detail::check_finite(std::span<const float>(values), name);
-      wanted_.assign(values.begin(), values.end());
-      if (feedback) {
-        if (residual_.empty()) residual_.assign(values.size(), 0.0f);
-        for (std::size_t j = 0; j < values.size(); ++j) wanted_[j] += residual_[j];
-      }
-      // First all-reduce: P = M Q per low-rank piece, the others as they are.
-      first_.resize(first_values());
-      float* at = first_.data();
-      std::vector<float> P;
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
-        const auto& m = layout_[i];
-        const float* M = wanted_.data() + m.offset;
-        if (const std::size_t r = rank_of(m)) {
-          refresh(i, r);
-          multiply(M, m, q_[i], r, P);
-          at = std::copy(P.begin(), P.end(), at);
-        } else {
-          at = std::copy(M, M + m.size(), at);
-        }
-      }
-    });
-    compress::all_reduce(p_codec_, comm, std::span<float>(first_), average);
-    charged(comm, [&] {
-      // Second all-reduce: Q = M^T P with P orthonormal (the same P on every peer).
-      second_.resize(second_values());
-      float* p_at = first_.data();
-      float* q_at = second_.data();
-      std::vector<float> P, Q;
-      for (const auto& m : layout_) {
-        if (const std::size_t r = rank_of(m)) {
-          P.assign(p_at, p_at + m.rows * r);
-          orthonormalise(P, m.rows, r);
-          std::copy(P.begin(), P.end(), p_at);
-          multiply_transposed(wanted_.data() + m.offset, m, P, r, Q);
-          q_at = std::copy(Q.begin(), Q.end(), q_at);
-          p_at += m.rows * r;
-        } else {
-          p_at += m.size();
-        }
-      }
-      // What this peer's share misses: M - P (M^T P)^T, with its own (not yet reduced) Q.
-      if (feedback) {
-        std::fill(residual_.begin(), residual_.end(), 0.0f);
-        const float* first = first_.data();
-        const float* mine = second_.data();
-        for (const auto& m : layout_) {
-          const std::size_t r = rank_of(m);
-          if (!r) {
-            first += m.size();
-            continue;
-          }
-          float* e = residual_.data() + m.offset;
-          product(first, mine, m, r, e);
-          const float* M = wanted_.data() + m.offset;
-          for (std::size_t j = 0; j < m.size(); ++j) e[j] = M[j] - e[j];
-          first += m.rows * r;
-          mine += m.cols * r;
-        }
-      }
-    });
-    compress::all_reduce(q_codec_, comm, std::span<float>(second_), average);
-    charged(comm, [&] {
-      const float* p_at = first_.data();
-      const float* q_at = second_.data();
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
-        const auto& m = layout_[i];
-        float* out = values.data() + m.offset;
-        if (const std::size_t r = rank_of(m)) {
-          product(p_at, q_at, m, r, out);
-          q_[i].assign(q_at, q_at + m.cols * r);  // the next round's warm start
-          p_at += m.rows * r;
-          q_at += m.cols * r;
-        } else {
-          std::copy(p_at, p_at + m.size(), out);
-          p_at += m.size();
-        }
-      }
-      ++rounds_;
-    });
-  }
-
-  const std::vector<float>& residual() const { return residual_; }
-
-  void save(io::checkpoint& c, const std::string& prefix) const {
-    std::vector<float> qs = loaded_q_;
-    for (const auto& q : q_) qs.insert(qs.end(), q.begin(), q.end());
-    c.tensors[prefix + "q"] = from_vector<cpu>(qs, shape{static_cast<std::int64_t>(qs.size())});
-    c.tensors[prefix + "own.residual"] = from_vector<cpu>(residual_, shape{static_cast<std::int64_t>(residual_.size())});
-    c.counters[prefix + "rounds"] = static_cast<std::int64_t>(rounds_);
-    if constexpr (requires { p_codec_.save(c, prefix); }) {
-      p_codec_.save(c, prefix + "p.");
-      q_codec_.save(c, prefix + "q.");
-    }
-  }
-  void load(const io::checkpoint& c, const std::string& prefix) {
-    auto vector = [&](const std::string& key) {
-      auto it = c.tensors.find(prefix + key);
-      decentrain::detail::check(it != c.tensors.end(), "powersgd codec: the checkpoint has no '", prefix, key, "'");
-      decentrain::detail::check(it->second.dtype() == dtype::f32 && it->second.rank() == 1, "powersgd codec: '", prefix, key,
-                                "' must be a 1-D f32 tensor");
-      return it->second.template to_vector<float>();
-    };
-    const auto qs = vector("q");
-    if (!io::leaves_out_own_state(c)) residual_ = detail::load_residual(c, prefix, "powersgd codec");
-    auto it = c.counters.find(prefix + "rounds");
-    decentrain::detail::check(it != c.counters.end(), "powersgd codec: the checkpoint has no '", prefix, "rounds'");
-    rounds_ = static_cast<std::uint64_t>(it->second);
-    q_.clear();
-    loaded_q_ = qs;  // split per matrix once the layout is known
-    set_factors();
-    if constexpr (requires { p_codec_.load(c, prefix); }) {
-      p_codec_.load(c, prefix + "p.");
-      q_codec_.load(c, prefix + "q.");
-    }
-  }
-
- private:
-  void check_settings() const {
-    decentrain::detail::check(rank >= 1 && rank <= 4096, "powersgd codec: rank must be in [1, 4096], got ", rank);
-  }
-  // Layout known and matching n; the warm-start factors exist (from the seed on first use).
-  void ready(std::size_t n) {
-    decentrain::detail::check(!layout_.empty() || n == 0, "powersgd codec: no layout: it needs the payload's matrices "
-                              "(set_layout(); the communication policies do it in start())");
-    check_layout(layout_, n, "powersgd codec");
-    set_factors();
-    decentrain::detail::check(residual_.empty() || residual_.size() == n, "powersgd codec: the residual holds ",
-                              residual_.size(), " values, the payload has ", n);
-    if (q_.size() == layout_.size() && q_rank_ == rank) return;
-    q_rank_ = rank;
-    q_.assign(layout_.size(), {});
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const std::size_t len = layout_[i].cols * rank_of(layout_[i]);
-      if (loaded_q_.empty()) {
-        q_[i].assign(len, 0.0f);  // drawn from the seed on first use (refresh)
-      } else {
-        decentrain::detail::check(at + len <= loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
-                                  loaded_q_.size(), " values, fewer than this layout at rank ", rank, " needs");
-        q_[i].assign(loaded_q_.begin() + static_cast<std::ptrdiff_t>(at), loaded_q_.begin() + static_cast<std::ptrdiff_t>(at + len));
-      }
-      at += len;
-    }
-    decentrain::detail::check(loaded_q_.empty() || at == loaded_q_.size(), "powersgd codec: the checkpoint's factors hold ",
-                              loaded_q_.size(), " values, this layout at rank ", rank, " needs ", at);
-    loaded_q_.clear();
-  }
-  // The two all-reduces' codecs start as copies of `factors` (each keeps its own state).
-  void set_factors() {
-    if (factors_set_) return;
-    p_codec_ = factors;
-    q_codec_ = factors;
-    factors_set_ = true;
-  }
-  // Q's columns scaled to unit length, so P = M Q stays of M's size (Q = M^T P grew by |M| each
-  // round: P would by |M|^2, out of fp16's range for factors=fp16); P's directions do not change.
-  // A column that is all zero (a matrix that was zero, so M^T P was) would stay zero forever: it
-  // is drawn again from the seed, the round and the piece. Alike on every peer (Q is).
-  void refresh(std::size_t piece, std::size_t r) {
-    auto& q = q_[piece];
-    const std::size_t cols = layout_[piece].cols;
-    for (std::size_t j = 0; j < r; ++j) {
-      double norm = 0;
-      for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
-      if (norm == 0) {
-        std::uint64_t s = decentrain::detail::splitmix64(seed ^ decentrain::detail::splitmix64(rounds_ * 0x10000u + piece) ^ j);
-        for (std::size_t c = 0; c < cols; ++c) q[c * r + j] = normal(s);
-        norm = 0;
-        for (std::size_t c = 0; c < cols; ++c) norm += static_cast<double>(q[c * r + j]) * q[c * r + j];
-      }
-      const auto inv = static_cast<float>(1.0 / std::sqrt(norm));
-      for (std::size_t c = 0; c < cols; ++c) q[c * r + j] *= inv;
-    }
-  }
-  // A standard normal from a counter (Box-Muller on two splitmix64 draws): the same on every
-  // platform, unlike std::normal_distribution.
-  static float normal(std::uint64_t& s) {
-    s = decentrain::detail::splitmix64(s);
-    const double u1 = (static_cast<double>(s >> 11) + 1.0) * 0x1.0p-53;
-    s = decentrain::detail::splitmix64(s);
-    const double u2 = static_cast<double>(s >> 11) * 0x1.0p-53;
-    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
-  // P (rows x r) = M Q, M rows x cols, Q cols x r; all row-major.
-  static void multiply(const float* M, const matrix_piece& m, const std::vector<float>& Q, std::size_t r, std::vector<float>& P) {
-    P.assign(m.rows * r, 0.0f);
-    for (std::size_t i = 0; i < m.rows; ++i) {
-      float* p = P.data() + i * r;
-      for (std::size_t c = 0; c < m.cols; ++c) {
-        const float x = M[i * m.cols + c];
-        const float* q = Q.data() + c * r;
-        for (std::size_t j = 0; j < r; ++j) p[j] += x * q[j];
-      }
-    }
-  }
-  // Q (cols x r) = M^T P.
-  static void multiply_transposed(const float* M, const matrix_piece& m, const std::vector<float>& P, std::size_t r,
-                                  std::vector<float>& Q) {
-    Q.assign(m.cols * r, 0.0f);
-    for (std::size_t i = 0; i < m.rows; ++i) {
-      const float* p = P.data() + i * r;
-      for (std::size_t c = 0; c < m.cols; ++c) {
-        const float x = M[i * m.cols + c];
-        float* q = Q.data() + c * r;
-        for (std::size_t j = 0; j < r; ++j) q[j] += x * p[j];
-      }
-    }
-  }
-  // out (rows x cols) = P Q^T.
-  static void product(const float* P, const float* Q, const matrix_piece& m, std::size_t r, float* out) {
-    for (std::size_t i = 0; i < m.rows; ++i)
-      for (std::size_t c = 0; c < m.cols; ++c) {
-        float s = 0;
-        for (std::size_t j = 0; j < r; ++j) s += P[i * r + j] * Q[c * r + j];
-        out[i * m.cols + c] = s;
-      }
-  }
-  // Gram-Schmidt on P's columns (sums in double); a column with nothing left is set to zero.
-  static void orthonormalise(std::vector<float>& P, std::size_t rows, std::size_t r) {
-    for (std::size_t j = 0; j < r; ++j) {
-      for (std::size_t k = 0; k < j; ++k) {
-        double dot = 0;
-        for (std::size_t i = 0; i < rows; ++i) dot += static_cast<double>(P[i * r + j]) * P[i * r + k];
-        for (std::size_t i = 0; i < rows; ++i) P[i * r + j] -= static_cast<float>(dot) * P[i * r + k];
-      }
-      double norm = 0;
-      for (std::size_t i = 0; i < rows; ++i) norm += static_cast<double>(P[i * r + j]) * P[i * r + j];
-      norm = std::sqrt(norm);
-      const float inv = norm > 1e-30 ? static_cast<float>(1.0 / norm) : 0.0f;
-      for (std::size_t i = 0; i < rows; ++i) P[i * r + j] *= inv;
-    }
-  }
-
-  layout layout_;
-  std::vector<std::vector<float>> q_;
-  std::vector<float> loaded_q_;
-  std::vector<float> residual_, wanted_, first_, second_;
-  std::uint64_t rounds_ = 0;
-  Factors p_codec_{}, q_codec_{};
-  bool factors_set_ = false;
-  std::size_t q_rank_ = 0;  // the rank q_ was built for (a changed rank starts again from the seed)
-};
-
-static_assert(check_codec<powersgd<>>());
-
-}  // namespace decentrain::compress
-// ---- end decentrain/compress/powersgd.hpp ----
 // ---- begin decentrain/compress/sign.hpp ----
 // signSGD-style: one bit per value (its sign) and, per block, the mean magnitude as the scale:
 // 32x fewer bytes than f32 at large blocks. Very lossy on its own; meant to run inside
@@ -21116,80 +21452,11 @@ static_assert(check_codec<sign>());
 
 namespace decentrain::compress {
 
-class any_codec {
- public:
-  using communicator_type = collective::communicator<transport::any_endpoint>;
-  static constexpr const char* name = "any";
-
-  any_codec() : any_codec(identity{}) {}
-  template <class C>
-    requires(!std::same_as<std::remove_cvref_t<C>, any_codec>)
-  any_codec(C c)  // NOLINT: implicit, so any codec converts
-      : self_(std::make_shared<model<C>>(std::move(c))) {
-    static_assert(check_codec<C>());
-  }
-  any_codec(const any_codec& o) : self_(o.self_->clone()) {}
-  any_codec& operator=(const any_codec& o) {
-    if (this != &o) self_ = o.self_->clone();
-    return *this;
-  }
-  any_codec(any_codec&&) noexcept = default;
-  any_codec& operator=(any_codec&&) noexcept = default;
-
-  std::string describe() const { return self_->describe(); }
-  std::size_t max_encoded_bytes(std::size_t n) const { return self_->max_encoded_bytes(n); }
-  std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
-  void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
-  void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
-  void flush_into(std::span<float> values) { self_->flush_into(values); }
-  void set_layout(const layout& l) { self_->set_layout(l); }
-  void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
-  void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
-
- private:
-  struct base {
-    virtual ~base() = default;
-    virtual std::shared_ptr<base> clone() const = 0;
-    virtual std::string describe() const = 0;
-    virtual std::size_t max_encoded_bytes(std::size_t) const = 0;
-    virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
-    virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
-    virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
-    virtual void flush_into(std::span<float>) = 0;
-    virtual void set_layout(const layout&) = 0;
-    virtual void save(io::checkpoint&, const std::string&) const = 0;
-    virtual void load(const io::checkpoint&, const std::string&) = 0;
-  };
-  template <class C>
-  struct model final : base {
-    explicit model(C inner) : c(std::move(inner)) {}
-    std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
-    std::string describe() const override { return compress::describe(c); }
-    std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }
-    std::size_t encode(std::span<const float> in, std::span<std::byte> out) override { return c.encode(in, out); }
-    void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
-    void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {
-      compress::all_reduce(c, comm, values, average);
-    }
-    void flush_into(std::span<float> values) override {
-      if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
-    }
-    void set_layout(const layout& l) override { compress::set_layout(c, l); }
-    void save(io::checkpoint& ck, const std::string& prefix) const override {
-      if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
-    }
-    void load(const io::checkpoint& ck, const std::string& prefix) override {
-      if constexpr (requires { c.load(ck, prefix); }) c.load(ck, prefix);
-    }
-    C c;
-  };
-  std::shared_ptr<base> self_;
-};
-
 inline const char* codec_names = "identity, fp16, bf16, int8, int4, fp4, sign, topk, dct (each may add ',ef'), powersgd";
 
-// "int4:block=64,ef" -> the codec; an unknown name, setting or value is an error naming it.
-inline any_codec parse_codec(std::string_view spec) {
+// "int4:block=64,ef" -> the codec, held in Any.
+template <class Any>
+Any parse_codec_as(std::string_view spec) {
   using decentrain::detail::check;
   using decentrain::detail::fail;
   const decentrain::detail::spec parsed("codec", spec);
@@ -21217,8 +21484,8 @@ inline any_codec parse_codec(std::string_view spec) {
   auto unknown = [&](const std::string& key, const char* allowed) {
     fail("codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
-  auto wrap = [&](auto c) -> any_codec {
-    any_codec chosen = c;
+  auto wrap = [&](auto c) -> Any {
+    Any chosen = c;
     if (ef) {
       error_feedback<decltype(c)> e;
       e.codec = c;
@@ -21226,7 +21493,7 @@ inline any_codec parse_codec(std::string_view spec) {
       chosen = e;
     }
     if (!adapt) return chosen;
-    adaptive<any_codec> a;
+    adaptive<Any> a;
     a.codec = chosen;
     return a;
   };
@@ -21308,13 +21575,13 @@ inline any_codec parse_codec(std::string_view spec) {
   if (name == "powersgd") {
     check(!ef, "codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
     check(!adapt, "codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
-    powersgd<any_codec> c;
+    powersgd<Any> c;
     for (const auto& [k, v] : settings) {
       if (k == "rank") c.rank = whole(k, v, 1, 4096);
       else if (k == "noef" && v.empty()) c.feedback = false;
       else if (k == "seed") c.seed = whole(k, v, 0, 9e15);
       else if (k == "factors" && (v == "identity" || v == "fp16" || v == "bf16" || v == "int8" || v == "int4" || v == "fp4"))
-        c.factors = parse_codec(v);
+        c.factors = parse_codec_as<Any>(v);
       else if (k == "factors")
         fail("codec '", spec, "': factors must be one of identity, fp16, bf16, int8, int4, fp4 (dense codecs), got '", v, "'");
       else unknown(k, "rank=R, noef, seed=S, factors=identity|fp16|bf16|int8|int4|fp4");
@@ -21326,7 +21593,89 @@ inline any_codec parse_codec(std::string_view spec) {
 }
 
 }  // namespace decentrain::compress
-// ---- end decentrain/compress/any_codec.hpp ----
+// ---- end decentrain/compress/parse_codec.hpp ----
+
+namespace decentrain::collective {
+
+class any_codec {
+ public:
+  using communicator_type = collective::communicator<transport::any_endpoint>;
+  static constexpr const char* name = "any";
+
+  any_codec() : any_codec(compress::identity{}) {}
+  template <class C>
+    requires(!std::same_as<std::remove_cvref_t<C>, any_codec>)
+  any_codec(C c)  // NOLINT: implicit, so any codec converts
+      : self_(std::make_shared<model<C>>(std::move(c))) {
+    static_assert(compress::check_codec<C>());
+  }
+  any_codec(const any_codec& o) : self_(o.self_->clone()) {}
+  any_codec& operator=(const any_codec& o) {
+    if (this != &o) self_ = o.self_->clone();
+    return *this;
+  }
+  any_codec(any_codec&&) noexcept = default;
+  any_codec& operator=(any_codec&&) noexcept = default;
+
+  std::string describe() const { return self_->describe(); }
+  std::size_t max_encoded_bytes(std::size_t n) const { return self_->max_encoded_bytes(n); }
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
+  void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
+  void flush_into(std::span<float> values) { self_->flush_into(values); }
+  void set_layout(const compress::layout& l) { self_->set_layout(l); }
+  void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
+  void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual std::shared_ptr<base> clone() const = 0;
+    virtual std::string describe() const = 0;
+    virtual std::size_t max_encoded_bytes(std::size_t) const = 0;
+    virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
+    virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
+    virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
+    virtual void flush_into(std::span<float>) = 0;
+    virtual void set_layout(const compress::layout&) = 0;
+    virtual void save(io::checkpoint&, const std::string&) const = 0;
+    virtual void load(const io::checkpoint&, const std::string&) = 0;
+  };
+  template <class C>
+  struct model final : base {
+    explicit model(C inner) : c(std::move(inner)) {}
+    std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
+    std::string describe() const override { return compress::describe(c); }
+    std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }
+    std::size_t encode(std::span<const float> in, std::span<std::byte> out) override { return c.encode(in, out); }
+    void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
+    void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {
+      encoded_all_reduce(c, comm, values, average);
+    }
+    void flush_into(std::span<float> values) override {
+      if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
+    }
+    void set_layout(const compress::layout& l) override { compress::set_layout(c, l); }
+    void save(io::checkpoint& ck, const std::string& prefix) const override {
+      if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
+    }
+    void load(const io::checkpoint& ck, const std::string& prefix) override {
+      if constexpr (requires { c.load(ck, prefix); }) c.load(ck, prefix);
+    }
+    C c;
+  };
+  std::shared_ptr<base> self_;
+};
+
+inline any_codec parse_codec(std::string_view spec) { return compress::parse_codec_as<any_codec>(spec); }
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/any_codec.hpp ----
+// ---- end decentrain/collective/collective.hpp ----
+// ---- begin decentrain/compress/compress.hpp ----
+// Everything in compress: the codec concept, the codecs, the parser of codec specs, and their GPU
+// kernels when nvcc compiles (the collective that carries a codec: collective/encoded_all_reduce.hpp).
+
 // ---- begin decentrain/kernels/quantize.hpp ----
 // The codecs' device paths: blockwise quantisation and top-k of magnitudes on the GPU when nvcc
 // compiles (the .cuh is empty otherwise); on the CPU the codecs in compress/ do this themselves.
@@ -21762,7 +22111,7 @@ bool ends_round(const Ctx& ctx, std::int64_t inner_steps) {
 }
 
 // Weighted averaging (a policy's `weighted`): its weight, where it weighs, for
-// compress::all_reduce, which weighs each replica's contribution by what it says (under the
+// collective::encoded_all_reduce, which weighs each replica's contribution by what it says (under the
 // mean by scaling, w R / (w_1 + ... + w_R); any other aggregator gets the weights, capped).
 inline std::optional<double> weight_if(bool weighted, double weight) {
   return weighted ? std::optional<double>(weight) : std::nullopt;
@@ -21842,7 +22191,7 @@ void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx) {
   if (!ctx.joined) {  // a joiner's members are mid-run
     const std::string aggregation = collective::describe_aggregator(aggregator);
     if (!ctx.replicas.all_same(decentrain::detail::fnv1a(compress::describe(codec) + " | " + aggregation))) {
-      compress::agree(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
+      collective::agree_codec(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
       decentrain::detail::fail("aggregator: the peers combine contributions differently (this one uses '", aggregation,
                                "'); every peer must use the same aggregator");
     }
@@ -21903,7 +22252,7 @@ struct diloco {
   Aggregator aggregator{};
   // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
   // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
-  // (compress::all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
+  // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
@@ -21942,7 +22291,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
+    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                          weight_if(weighted, weight_.sum));
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
@@ -22167,7 +22516,7 @@ struct local_sgd {
   Codec codec{};
   Aggregator aggregator{};
   // Average the replicas by the weight of their rounds (the sum of ctx.step_weight over the
-  // round's steps: the rows each took, say) instead of equally (compress::all_reduce: the mean
+  // round's steps: the rows each took, say) instead of equally (collective::encoded_all_reduce: the mean
   // scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
 
@@ -22185,7 +22534,7 @@ struct local_sgd {
     weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
                          weight_if(weighted, weight_.sum));
     scatter_values(ctx.parameters, buffer_);
     weight_.sum = 0;
@@ -22690,7 +23039,7 @@ struct streaming_diloco {
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
-      compress::all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
+      collective::encoded_all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
       p.bytes = comm.traffic().bytes_sent - before;
     };
     if (background) p.exchange.handle = ctx.replicas.start(exchange);
@@ -22784,7 +23133,7 @@ struct sync_allreduce {
   Aggregator aggregator{};
   // Average the replicas' gradients by their step weights (ctx.step_weight: the rows each took,
   // say) instead of equally: the mean scales them (one all-reduce of a number more a step), a
-  // robust aggregator weighs them (compress::all_reduce). Every replica the same.
+  // robust aggregator weighs them (collective::encoded_all_reduce). Every replica the same.
   bool weighted = false;
 
   template <class Ctx>
@@ -22797,7 +23146,7 @@ struct sync_allreduce {
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    compress::all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
                          weight_if(weighted, ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }
@@ -28355,6 +28704,9 @@ class trainer {
   // Trains from the current step to options().steps and returns the metrics; every peer of the
   // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
+    struct no_step_after {  // what this thread does after fit is no step of it
+      ~no_step_after() { decentrain::detail::this_thread_activity().step = -1; }
+    } after;
     auto ctx = make_context(dataset);
     if constexpr (!requires { fault_.leave(ctx); })
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
@@ -28427,6 +28779,7 @@ class trainer {
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
       ctx.round_start = starts_round(step_);
+      decentrain::detail::this_thread_activity().step = step_;  // named by in_process's deadlock report
       current();
       const auto s = run_step(ctx);
       if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood

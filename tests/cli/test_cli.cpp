@@ -7,7 +7,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,6 +22,7 @@
 #include <set>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -468,6 +474,20 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
                                   "--tls-ca): anyone who can reach"));
   // Same algorithms, same order of sums, one thread each: the same number to the last digit.
   CHECK(last_line_with(tcp.output, "val loss ") == expected);
+  // Every process prints its own summary: rank 1's row and validation loss, in its own output
+  // (the in-process run's row of peer 1 holds the same figures' loss).
+  const auto rank1 = read_text(dir / "rank1.txt");
+  INFO(rank1);
+  CHECK(!last_line_with(rank1, "val loss ").empty());
+  const auto row_of = [](const std::string& out, const char* rank) {
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(rank, 0) == 0 && line.size() > 7 && line.find_first_not_of(' ', 1) == 7) return line.substr(7, 10);
+    return std::string();
+  };
+  CHECK(!row_of(rank1, "1 ").empty());
+  CHECK(row_of(rank1, "1 ") == row_of(in_process.output, "1 "));
+  CHECK(row_of(tcp.output, "0 ") == row_of(in_process.output, "0 "));
   // Over TCP each process writes its own metrics, named by rank.
   for (int rank : {0, 1}) {
     INFO("tcp metrics of rank " << rank);
@@ -1400,18 +1420,41 @@ TEST_CASE("export writes a checkpoint as GPT-2 weights, eval reads either on sha
 }
 
 namespace {
-// One HTTP/1.0 exchange with 127.0.0.1:port: what the server sent before it closed.
-std::string http(std::uint16_t port, const std::string& request) {
-  asio::io_context io;
-  asio::ip::tcp::socket s(io);
-  s.connect({asio::ip::make_address("127.0.0.1"), port});
-  asio::error_code ec;
-  asio::write(s, asio::buffer(request), ec);  // a server that stops reading may reset the connection
-  ec = {};
+// One HTTP/1.0 exchange with 127.0.0.1:port: what the server sent before it closed. Bounded: a
+// server that neither answers nor closes within `within` fails the case (an exception on the
+// test's thread) instead of holding it until the run's own `timeout 120`.
+std::string http(std::uint16_t port, const std::string& request, std::chrono::seconds within = std::chrono::seconds(15)) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("http: socket() failed");
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_it{fd};
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0)
+    throw std::runtime_error("http: cannot connect to 127.0.0.1:" + std::to_string(port));
+  // A server that stops reading may reset the connection: what it sent until then is the answer.
+  for (std::size_t at = 0; at < request.size();) {
+    const auto put = ::send(fd, request.data() + at, request.size() - at, MSG_NOSIGNAL);
+    if (put <= 0) break;
+    at += static_cast<std::size_t>(put);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + within;
   std::string out;
   char buf[4096];
-  while (!ec) out.append(buf, s.read_some(asio::buffer(buf), ec));
-  return out;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+      throw std::runtime_error("http: 127.0.0.1:" + std::to_string(port) + " neither answered nor closed within " +
+                               std::to_string(within.count()) + " s (got " + std::to_string(out.size()) + " bytes)");
+    const auto got = ::recv(fd, buf, sizeof buf, 0);
+    if (got <= 0) return out;
+    out.append(buf, static_cast<std::size_t>(got));
+  }
 }
 }  // namespace
 
@@ -1498,6 +1541,68 @@ TEST_CASE("train --status-port: a live status page and its JSON, bounded against
   CHECK(::kill(pid, 0) != 0);
   stop.pid = -1;  // gone: its number may be another process's from now on
   CHECK_THAT(read_text(dir / "out.txt"), Contains("interrupted at step"));
+}
+
+TEST_CASE("train over TCP --status-port: each peer's page serves its own figures and links the others'", "[cli][status]") {
+  const auto dir = scratch("status_tcp");
+  const auto port = std::to_string(free_port());
+  const std::string common = " train --steps 1000000 --n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --batch-size 4"
+                             " --eval-every 1000 --eval-batches 1 --metrics '' --quiet --status-port 0 --threads 1";
+  // Both bounded by their own `timeout 120`, and stopped with SIGINT at the end.
+  REQUIRE(run("(timeout 120 " + cli() + common + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                  " --rank 1 --world 2 > rank1.txt 2>&1 & echo $! > pid1; timeout 120 " + cli() + common +
+                  " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > rank0.txt 2>&1 & echo $! > pid0)",
+              dir)
+              .status == 0);
+  struct stop_runs {
+    std::vector<int> pids;
+    ~stop_runs() {
+      for (int pid : pids)
+        if (pid > 0) ::kill(pid, SIGINT);
+    }
+  } stop{{std::stoi(read_text(dir / "pid0")), std::stoi(read_text(dir / "pid1"))}};
+  const auto page_port = [&](const char* file) {
+    for (int i = 0; i < 300; ++i) {
+      const auto out = read_text(dir / file);
+      if (const auto at = out.find("status page: http://127.0.0.1:"); at != std::string::npos)
+        return static_cast<std::uint16_t>(std::stoi(out.substr(at + 30)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return std::uint16_t{0};
+  };
+  const auto port0 = page_port("rank0.txt"), port1 = page_port("rank1.txt");
+  REQUIRE(port0 != 0);
+  REQUIRE(port1 != 0);
+  const auto metrics = [&](std::uint16_t at) {
+    const auto r = http(at, "GET /metrics HTTP/1.0\r\n\r\n");
+    REQUIRE(r.rfind("HTTP/1.0 200 OK\r\n", 0) == 0);
+    return dt::io::parse_json(r.substr(r.find("\r\n\r\n") + 4));
+  };
+  // Polled: the pages exist before the peers have swapped addresses and stepped.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto m0 = metrics(port0);
+  while ((m0.at("group").items.empty() || m0.at("peers").items.empty()) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    m0 = metrics(port0);
+  }
+  REQUIRE(m0.at("group").items.size() == 1);
+  CHECK(m0.at("group").items[0].at("rank").as_int() == 1);
+  CHECK(m0.at("group").items[0].at("page").as_string() == "http://127.0.0.1:" + std::to_string(port1) + "/");
+  REQUIRE(m0.at("peers").items.size() == 1);
+  CHECK(m0.at("peers").items[0].at("rank").as_int() == 0);
+  const auto m1 = metrics(port1);
+  REQUIRE(m1.at("group").items.size() == 1);
+  CHECK(m1.at("group").items[0].at("rank").as_int() == 0);
+  CHECK(m1.at("group").items[0].at("page").as_string() == "http://127.0.0.1:" + std::to_string(port0) + "/");
+  for (const auto& p : m1.at("peers").items) CHECK(p.at("rank").as_int() == 1);
+  CHECK_THAT(http(port0, "GET / HTTP/1.0\r\n\r\n"), Contains("id=\"group\"") && Contains("peer-page"));
+  // Stopped together (the one stopped first may end the other's run before its own signal).
+  for (int pid : stop.pids) ::kill(pid, SIGINT);
+  for (int& pid : stop.pids) {
+    for (int i = 0; i < 300 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(::kill(pid, 0) != 0);
+    pid = -1;  // gone: its number may be another process's from now on
+  }
 }
 
 TEST_CASE("train --parallel pipeline: stages x replicas train as one process does, over --peers and TCP", "[cli][pipeline]") {

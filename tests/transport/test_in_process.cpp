@@ -2,10 +2,12 @@
 #include <catch2/catch.hpp>
 
 #include <decentrain/collective/communicator.hpp>
+#include <decentrain/detail/activity.hpp>
 #include <decentrain/transport/in_process.hpp>
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <mutex>
 #include <span>
 
@@ -225,4 +227,82 @@ TEST_CASE("in_process: a deterministic run's recv_any takes the message due firs
   CHECK(polled == std::vector<bool>{false, true, false});
   CHECK(order == std::vector<int>{2, 1});  // the earlier arrival first, not the first listed
   CHECK(clock == 3.0);
+}
+
+namespace {
+// Runs fn on `n` peers and returns run()'s error text and the seconds it took (the receive
+// timeout is a minute: only the deadlock watch ends these runs within seconds).
+template <class F>
+std::pair<std::string, double> run_for_error(int n, F&& fn) {
+  in_process::options o;
+  o.recv_timeout = std::chrono::milliseconds(60000);
+  in_process net(dt::transport::links::ideal(n), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    net.run(fn);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  return {error, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+}  // namespace
+
+TEST_CASE("in_process: a deadlock is reported at once: each peer's wait and step and call named") {
+  SECTION("peers that disagree on whom to pair with: each waits for the next") {
+    const auto [error, seconds] = run_for_error(3, [](in_process::endpoint& ep) {
+      dt::detail::this_thread_activity().step = 12;
+      const int r = ep.rank();
+      ep.send((r + 1) % 3, 5, std::vector<std::byte>(4));  // to the next, who waits for the one after it
+      (void)ep.recv((r + 1) % 3, 5);
+    });
+    INFO(error);
+    CHECK(seconds < 10);
+    CHECK_THAT(error, Catch::StartsWith("in_process: deadlock: every running peer waits for a message that no peer will send"));
+    CHECK_THAT(error, Catch::Contains("peer 0, step 12: recv from peer 1, tag 5; queued here, not taken: from peer 2, tag 5"));
+    CHECK_THAT(error, Catch::Contains("peer 1, step 12: recv from peer 2, tag 5"));
+    CHECK_THAT(error, Catch::Contains("peer 2, step 12: recv from peer 0, tag 5"));
+  }
+  SECTION("one peer in an all-reduce, the other in a broadcast of another size") {
+    const auto [error, seconds] = run_for_error(2, [](in_process::endpoint& ep) {
+      dt::collective::communicator<in_process::endpoint> c(ep);
+      std::vector<float> v(4, 1.0f);
+      if (ep.rank() == 0) c.all_reduce(std::span<float>(v));
+      else c.broadcast(std::span<float>(v), 0);  // takes peer 0's first message as its data, and ends
+    });
+    INFO(error);
+    CHECK(seconds < 10);
+    CHECK_THAT(error, Catch::Contains("peer 0, in all_reduce: recv from peer 1"));
+    CHECK_THAT(error, Catch::Contains("peer 1: ended"));
+  }
+  SECTION("a peer waits for one that has ended: what it was sent instead is named") {
+    const auto [error, seconds] = run_for_error(2, [](in_process::endpoint& ep) {
+      if (ep.rank() == 1) return ep.send(0, 8, std::vector<std::byte>(4));  // tag 8, not 7
+      (void)ep.recv(1, 7);
+    });
+    INFO(error);
+    CHECK(seconds < 10);
+    CHECK_THAT(error, Catch::Contains("peer 0: recv from peer 1, tag 7; queued here, not taken: from peer 1, tag 8"));
+    CHECK_THAT(error, Catch::Contains("peer 1: ended"));
+  }
+  SECTION("no report while a peer computes, or waits with a timeout of its own") {
+    std::vector<std::string> got(2);
+    const auto [error, seconds] = run_for_error(2, [&](in_process::endpoint& ep) {
+      if (ep.rank() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // computing: the other's wait is no deadlock
+        ep.send(1, 3, std::vector<std::byte>(4));
+        try {
+          (void)ep.recv_within(1, 4, std::chrono::milliseconds(1500));  // ended by its own timeout
+        } catch (const std::exception& e) {
+          got[0] = e.what();
+        }
+      } else {
+        got[1] = std::to_string(ep.recv(0, 3).size());
+        std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+      }
+    });
+    CHECK(error.empty());
+    CHECK(got[1] == "4");
+    CHECK_THAT(got[0], Catch::Contains("within 1500 ms"));
+  }
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "decentrain/collective/group.hpp"
+#include "decentrain/detail/activity.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/transport/any_endpoint.hpp"
@@ -341,7 +342,9 @@ class communicator {
     auto lane_counters = std::make_shared<counters>();
     auto* st = h.s_.get();
     st->worker = std::thread([st, lane_ep, lane_counters, opts = opts_, channel = channel ^ channel_,
-                              agreed = ring_sizes_agreed_, op = std::move(op)]() mutable {
+                              agreed = ring_sizes_agreed_, op = std::move(op),
+                              step = decentrain::detail::this_thread_activity().step]() mutable {
+      decentrain::detail::this_thread_activity().step = step;  // the step that started it
       try {
         communicator sub(*lane_ep, opts, channel);
         sub.ring_sizes_agreed_ = agreed;
@@ -402,6 +405,7 @@ class communicator {
   // the world rank the transport saw fail).
   template <class F>
   static void naming_the_peer(const char* operation, F&& f) {
+    const decentrain::detail::doing_call doing(operation);  // named by in_process's deadlock report
     try {
       f();
     } catch (const transport::peer_error& e) {

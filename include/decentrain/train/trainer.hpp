@@ -31,6 +31,7 @@
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/comm/sync_allreduce.hpp"
 #include "decentrain/data/dataset.hpp"
+#include "decentrain/detail/activity.hpp"
 #include "decentrain/fault/none.hpp"
 #include "decentrain/nn/part.hpp"
 #include "decentrain/optim/adamw.hpp"
@@ -127,6 +128,9 @@ class trainer {
   // Trains from the current step to options().steps and returns the metrics; every peer of the
   // world must call it (they meet in the policies' collectives).
   fit_result fit(const data::token_dataset& dataset) {
+    struct no_step_after {  // what this thread does after fit is no step of it
+      ~no_step_after() { decentrain::detail::this_thread_activity().step = -1; }
+    } after;
     auto ctx = make_context(dataset);
     if constexpr (!requires { fault_.leave(ctx); })
       decentrain::detail::check(!options_.stop_alone, "trainer: stop_alone needs a fault policy with leave(ctx) that "
@@ -199,6 +203,7 @@ class trainer {
       ctx.step = ctx.steps_done = step_;
       ctx.last_step = step_ + 1 == options_.steps;
       ctx.round_start = starts_round(step_);
+      decentrain::detail::this_thread_activity().step = step_;  // named by in_process's deadlock report
       current();
       const auto s = run_step(ctx);
       if (s.adopted) continue;  // took the state of a peer that got further: go on from where it stood

@@ -19,10 +19,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <limits>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "decentrain/core/rng.hpp"
+#include "decentrain/detail/activity.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/detail/hash.hpp"
 #include "decentrain/transport/churn.hpp"
@@ -245,25 +248,26 @@ class in_process {
       }
       stats_.bytes_sent += data.size();
       ++stats_.messages_sent;
+      ++net_->progress;
     }
 
-    bytes recv(int peer, tag_type tag) { return recv_within(peer, tag, net_->opts.recv_timeout); }
+    bytes recv(int peer, tag_type tag) { return receive(peer, tag, net_->opts.recv_timeout, "recv"); }
 
     // ---- membership (transport/membership.hpp) ----
-    bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) {
-      check_peer(peer, "receive from");
-      check_alive();
-      const int sources[1] = {peer};
-      return take(net_->turns ? pop_in_turn(sources, tag, timeout).second : box().pop(peer, tag, timeout));
-    }
+    // (A wait with a timeout of its own is the caller's to end: the deadlock watch leaves it out.)
+    bytes recv_within(int peer, tag_type tag, std::chrono::milliseconds timeout) { return receive(peer, tag, timeout, nullptr); }
     // In a deterministic run, the message due first (simulated arrival); otherwise the one
     // queued first of those that are (real time), the clock moving to its arrival as recv's does.
     received recv_any(std::span<const int> sources, tag_type tag) {
       decentrain::detail::check(!sources.empty(), "in_process: peer ", rank_, " cannot receive from none of the peers");
       for (const int p : sources) check_peer(p, "receive from");
       check_alive();
-      auto [source, m] = net_->turns ? pop_in_turn(sources, tag, net_->opts.recv_timeout)
-                                     : box().pop_any(sources, tag, net_->opts.recv_timeout);
+      if (net_->turns) {
+        auto [source, m] = pop_in_turn(sources, tag, net_->opts.recv_timeout);
+        return {source, take(std::move(m))};
+      }
+      const auto watched = net_->watch_wait(rank_, sources, tag, "recv_any");
+      auto [source, m] = box().pop_any(sources, tag, net_->opts.recv_timeout);
       return {source, take(std::move(m))};
     }
     // Whether the message has arrived: in a deterministic run by this peer's clock (a poll loop
@@ -383,6 +387,7 @@ class in_process {
       if (net_->turns) return std::nullopt;  // a second thread would race the turns
       endpoint l = *this;
       l.stats_ = {};
+      l.lane_token_ = net_->lane_opened(rank_);
       const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
       for (auto& g : l.link_rng_) g = rng(g.next_u64() ^ salt, "lane-link");
       return l;
@@ -418,6 +423,14 @@ class in_process {
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
     }
     detail::mailbox& box() const { return net_->boxes[static_cast<std::size_t>(rank_)]; }
+    bytes receive(int peer, tag_type tag, std::chrono::milliseconds timeout, const char* watched_as) {
+      check_peer(peer, "receive from");
+      check_alive();
+      const int sources[1] = {peer};
+      if (net_->turns) return take(pop_in_turn(sources, tag, timeout).second);
+      const auto watched = net_->watch_wait(watched_as ? rank_ : -1, sources, tag, watched_as);
+      return take(box().pop(peer, tag, timeout));
+    }
     // A message taken: the clock moves to its arrival, the counters count it.
     bytes take(detail::message m) {
       if (m.arrival > clock_) {
@@ -476,6 +489,7 @@ class in_process {
     std::vector<rng> link_rng_;
     traffic_stats stats_;
     std::uint64_t lanes_opened_ = 0;
+    std::shared_ptr<void> lane_token_;  // a lane's: while a copy lives, its thread may still send
   };
 
   in_process(link_matrix links, options opts) : net_(std::make_shared<shared>(std::move(links), std::move(opts))) {}
@@ -535,6 +549,7 @@ class in_process {
     // One process of rank r, from its endpoint's creation to its end.
     auto body = [&](endpoint ep) {
       const int r = ep.rank();
+      const auto running = net.running_until_return(r);
       try {
         fn(ep);
       } catch (...) {
@@ -592,6 +607,7 @@ class in_process {
     }
     {
       std::lock_guard lock(threads_mutex);
+      net.set_running(net.initial);  // before any thread starts: one not started yet is not "ended"
       for (int r = 0; r < net.initial; ++r)
         threads.emplace_back([&, r] {
           if (net.turns) net.turns->await_turn(r);
@@ -603,6 +619,8 @@ class in_process {
       net.turns->begin();
       net.turns->await_all();
     }
+    std::optional<deadlock_watch> watch;
+    if (!net.turns) watch.emplace(net);
     for (;;) {  // the churn schedule may start threads until the last peer ends
       std::vector<std::thread> done;
       {
@@ -612,6 +630,7 @@ class in_process {
       if (done.empty()) break;
       for (auto& t : done) t.join();
     }
+    watch.reset();
     net.turns.reset();
     if (net.opts.peers_fail_alone) {
       int alive = 0;
@@ -764,6 +783,117 @@ class in_process {
         if (p != rank) connect(rank, p, at);
     }
 
+    // ---- the deadlock watch (run() without a deterministic schedule) ----
+    // Each receive that only the run's receive timeout would end is noted while it waits, with
+    // what the thread is doing (detail::activity); a rank's threads are run()'s (until fn
+    // returns) and its lanes' (while a copy of the lane lives). When every rank not killed has
+    // all its threads in such waits and nothing was sent, begun or ended for a while, no message
+    // can come: deadlock_watch ends every wait with an error that names them all.
+    struct wait_note {
+      std::vector<int> sources;
+      tag_type tag;
+      const char* op;
+      const char* call;
+      std::int64_t step;
+    };
+    struct wait_scope {
+      shared* net = nullptr;
+      int rank = -1;
+      std::list<wait_note>::iterator at{};
+      wait_scope() = default;
+      wait_scope(const wait_scope&) = delete;
+      wait_scope& operator=(const wait_scope&) = delete;
+      ~wait_scope() {
+        if (!net) return;
+        std::lock_guard lock(net->watch_mutex);
+        net->waits[static_cast<std::size_t>(rank)].erase(at);
+        ++net->progress;
+      }
+    };
+    std::unique_ptr<wait_scope> watch_wait(int rank, std::span<const int> sources, tag_type tag, const char* op) {
+      auto w = std::make_unique<wait_scope>();
+      if (rank < 0 || opts.deterministic) return w;
+      const auto& a = decentrain::detail::this_thread_activity();
+      std::lock_guard lock(watch_mutex);
+      auto& list = waits[static_cast<std::size_t>(rank)];
+      w->at = list.insert(list.end(), wait_note{std::vector<int>(sources.begin(), sources.end()), tag, op, a.call, a.step});
+      w->net = this;
+      w->rank = rank;
+      ++progress;
+      return w;
+    }
+    std::shared_ptr<void> lane_opened(int rank) {
+      {
+        std::lock_guard lock(watch_mutex);
+        ++lanes[static_cast<std::size_t>(rank)];
+      }
+      return std::shared_ptr<void>(nullptr, [this, rank](void*) {
+        std::lock_guard lock(watch_mutex);
+        --lanes[static_cast<std::size_t>(rank)];
+        ++progress;
+      });
+    }
+    void set_running(int ranks) {
+      std::lock_guard lock(watch_mutex);
+      for (int r = 0; r < ranks; ++r) running[static_cast<std::size_t>(r)] = 1;
+    }
+    struct running_mark {
+      shared* net;
+      int rank;
+      running_mark(shared* n, int r) : net(n), rank(r) {}
+      running_mark(const running_mark&) = delete;
+      running_mark& operator=(const running_mark&) = delete;
+      ~running_mark() {
+        std::lock_guard lock(net->watch_mutex);
+        net->running[static_cast<std::size_t>(rank)] = 0;
+        ++net->progress;
+      }
+    };
+    running_mark running_until_return(int rank) {
+      {
+        std::lock_guard lock(watch_mutex);
+        running[static_cast<std::size_t>(rank)] = 1;
+      }
+      return running_mark{this, rank};
+    }
+    // The report when every rank's threads wait (and the ranks are in a deadlock), else none.
+    std::optional<std::string> deadlocked() {
+      std::lock_guard lock(watch_mutex);
+      bool waiting = false;
+      for (std::size_t r = 0; r < waits.size(); ++r) {
+        if (dead[r].load()) continue;
+        if (static_cast<int>(waits[r].size()) < running[r] + lanes[r]) return std::nullopt;
+        waiting = waiting || !waits[r].empty();
+      }
+      if (!waiting) return std::nullopt;
+      std::string text = decentrain::detail::concat(
+          "in_process: deadlock: every running peer waits for a message that no peer will send (the receive timeout, ",
+          opts.recv_timeout.count(), " ms, would have ended it):");
+      for (std::size_t r = 0; r < waits.size(); ++r) {
+        text += decentrain::detail::concat("\n  peer ", r);
+        if (dead[r].load()) {
+          text += ": killed";
+          continue;
+        }
+        if (waits[r].empty()) {
+          text += ": ended";
+          continue;
+        }
+        for (const auto& w : waits[r]) {
+          std::string from;
+          for (const int p : w.sources) from += (from.empty() ? "" : ", ") + std::to_string(p);
+          text += decentrain::detail::concat(w.step >= 0 ? decentrain::detail::concat(", step ", w.step) : std::string(),
+                                             w.call ? decentrain::detail::concat(", in ", w.call) : std::string(), ": ", w.op,
+                                             " from peer", w.sources.size() > 1 ? "s " : " ", from, ", ", describe_tag(w.tag));
+        }
+        std::string unread;
+        for (const auto& [source, tag] : boxes[r].queued_keys(4))
+          unread += decentrain::detail::concat(unread.empty() ? "" : "; ", "from peer ", source, ", ", describe_tag(tag));
+        if (!unread.empty()) text += "; queued here, not taken: " + unread;
+      }
+      return text;
+    }
+
     link_matrix links;
     options opts;
     int initial;  // the ranks that start the run
@@ -779,7 +909,54 @@ class in_process {
     std::vector<std::string> failures = std::vector<std::string>(dead.size());  // see failure()
     std::optional<link_estimate> slowest;  // none for a world of one
     std::optional<detail::turns> turns;    // a deterministic run's, while run() runs
+    // The deadlock watch's (after `dead`, whose size they take).
+    std::mutex watch_mutex;  // guards waits, lanes and running
+    std::vector<std::list<wait_note>> waits = std::vector<std::list<wait_note>>(dead.size());
+    std::vector<int> lanes = std::vector<int>(dead.size(), 0);
+    std::vector<int> running = std::vector<int>(dead.size(), 0);
+    std::atomic<std::uint64_t> progress{0};  // messages sent, waits begun and ended, threads ended
   };
+  // Looks every 50 ms whether the peers are in a deadlock (shared::deadlocked) with nothing
+  // sent, begun or ended for the last 0.5 s, and then ends every wait with the report.
+  class deadlock_watch {
+   public:
+    explicit deadlock_watch(shared& net) : net_(net), thread_([this] { watch(); }) {}
+    ~deadlock_watch() {
+      {
+        std::lock_guard lock(mutex_);
+        over_ = true;
+      }
+      wake_.notify_all();
+      thread_.join();
+    }
+    deadlock_watch(const deadlock_watch&) = delete;
+    deadlock_watch& operator=(const deadlock_watch&) = delete;
+
+   private:
+    void watch() {
+      std::uint64_t seen = ~std::uint64_t{0};
+      int quiet = 0;
+      std::unique_lock lock(mutex_);
+      while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return over_; })) {
+        const std::uint64_t now = net_.progress.load();
+        auto report = net_.deadlocked();
+        if (!report || now != seen) {
+          seen = now;
+          quiet = 0;
+          continue;
+        }
+        if (++quiet < 10) continue;
+        for (auto& b : net_.boxes) b.fail_all_as_error(*report);
+        return;
+      }
+    }
+    shared& net_;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    bool over_ = false;
+    std::thread thread_;
+  };
+
   std::shared_ptr<shared> net_;
 };
 

@@ -41,10 +41,12 @@
 #include <utility>
 #include <vector>
 
+#include "decentrain/detail/activity.hpp"
 #include "decentrain/detail/error.hpp"
 #include "decentrain/transport/endpoint.hpp"
 #include "decentrain/transport/membership.hpp"
 #include "decentrain/transport/peer_error.hpp"
+#include "decentrain/transport/tag.hpp"
 
 namespace decentrain::transport::detail {
 
@@ -196,7 +198,7 @@ class mailbox {
       }
       if (ready_.wait_until(lock, next_check) == std::cv_status::timeout && std::chrono::steady_clock::now() >= deadline &&
           !any_queued(sources, tag, std::numeric_limits<double>::infinity()))
-        timed_out_any(sources, tag, timeout);
+        timed_out_any(sources, tag, timeout, not_taken(sources));
     }
   }
   // The same without waiting: none when no source has one queued (by simulated time `now`).
@@ -210,12 +212,17 @@ class mailbox {
     for (const int source : sources) throw_if_unreachable(source, tag);
     return std::nullopt;
   }
-  [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout) {
-    if (sources.size() == 1) timed_out(sources.front(), tag, timeout);
+  // A wait's end at its timeout names the call this thread was in (detail::activity) and, in
+  // `not_taken`, what the sources sent that no wait took: calls that do not match on the two
+  // sides (a recv_from of one size, a send_to of another; a collective against another) look so.
+  [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout,
+                                         const std::string& not_taken = {}) {
+    if (sources.size() == 1) timed_out(sources.front(), tag, timeout, not_taken);
     std::string list;
     for (const int s : sources) list += (list.empty() ? "" : ", ") + std::to_string(s);
-    transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list,
-                                 " (tag ", tag, ") within ", timeout.count(), " ms: they are slow, partitioned or have failed");
+    transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list, " (",
+                                 describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
+                                 ": they are slow, partitioned or have failed", not_taken);
   }
 
   // ---- turns on simulated time (in_process's deterministic mode) ----
@@ -274,10 +281,15 @@ class mailbox {
       if (c.source == source && (!at || c.arrival < *at)) at = c.arrival;
     return at;
   }
-  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout) {
-    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source,
-                                 " (tag ", tag, ") within ", timeout.count(),
-                                 " ms: the peer is slow, partitioned or has failed");
+  [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout,
+                                     const std::string& not_taken = {}) {
+    transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source, " (",
+                                 describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
+                                 ": the peer is slow, partitioned or has failed", not_taken);
+  }
+  static std::string in_call() {
+    const char* call = decentrain::detail::this_thread_activity().call;
+    return call ? std::string(" in ") + call : std::string();
   }
   // Empty again, as a new process's (a simulated peer started again under its rank).
   void reset() {
@@ -287,6 +299,7 @@ class mailbox {
     spares_.clear();
     closed_.clear();
     failure_.clear();
+    fatal_.clear();
     failed_peer_ = -1;
     pushed_.clear();
     last_taken_.clear();
@@ -504,6 +517,23 @@ class mailbox {
     }
     ready_.notify_all();
   }
+  // Every wait fails with `reason` as an error of the program, not of a peer (a deadlock: no
+  // fault policy should take it for a peer's failure and go on).
+  void fail_all_as_error(std::string reason) {
+    {
+      std::lock_guard lock(mutex_);
+      if (fatal_.empty()) fatal_ = std::move(reason);
+    }
+    ready_.notify_all();
+  }
+  // What is queued here and not taken, as (source, tag), at most `most` of them: for a diagnostic.
+  std::vector<std::pair<int, tag_type>> queued_keys(std::size_t most) const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::pair<int, tag_type>> out;
+    for (const auto& [k, q] : queues_)
+      if (!q.empty() && out.size() < most) out.push_back(k);
+    return out;
+  }
 
  private:
   struct posting {
@@ -565,6 +595,7 @@ class mailbox {
   }
 
   void throw_if_unreachable(int source, tag_type tag) const {
+    if (!fatal_.empty()) decentrain::detail::fail(fatal_);
     if (!failure_.empty()) transport::fail_peer(failed_peer_, "receive", failure_);
     if (auto c = closed_.find(source); c != closed_.end())
       transport::fail_peer_because(c->second.cause, source, "receive", "transport: peer ", source, " is gone (",
@@ -714,9 +745,23 @@ class mailbox {
           std::chrono::steady_clock::now() >= deadline) {
         auto& now = posted_.at(k).front();
         if (now.state == posting::state_type::claimed || (now.state == posting::state_type::open && !queued(source, tag)))
-          timed_out(source, tag, timeout);
+          timed_out(source, tag, timeout, not_taken(std::span<const int>(&source, 1)));
       }
     }
+  }
+  // (The lock held.) What `sources` sent here that no wait took, for a timeout's message.
+  std::string not_taken(std::span<const int> sources) const {
+    std::string tags;
+    int more = 0;
+    for (const auto& [k, q] : queues_) {
+      if (q.empty() || std::find(sources.begin(), sources.end(), k.first) == sources.end()) continue;
+      if (++more > 4) continue;
+      tags += decentrain::detail::concat(tags.empty() ? "" : ", ", "peer ", k.first, " ", describe_tag(k.second), " (",
+                                         q.size(), q.size() == 1 ? " message" : " messages", ")");
+    }
+    if (tags.empty()) return {};
+    return decentrain::detail::concat("; not taken here: ", tags, more > 4 ? decentrain::detail::concat(" and ", more - 4, " more") : "",
+                                      " (the calls on the two sides may not match)");
   }
 
   void pop_first(const key& k) {
@@ -749,7 +794,7 @@ class mailbox {
   std::map<key, std::deque<posting>> posted_;  // in the order their messages will come
   std::vector<bytes> spares_;  // at most a few, oldest first
   std::map<int, closure> closed_;
-  std::string failure_;
+  std::string failure_, fatal_;
   int failed_peer_ = -1;
   // membership
   std::map<int, std::uint64_t> pushed_;           // per source: messages pushed so far
