@@ -212,6 +212,9 @@ void declare_train(CLI::App& cmd) {
   const std::string peers = "Decentralized training (one of three modes; --batch-size is then per peer)";
   cli::integer(cmd, "peers", "N", "N peers as threads of this process, over simulated links", std::nullopt, 1, 256)->group(peers);
   cli::choice(cmd, "link", "NAME", "--peers: the simulated links", {"lan", "ideal", "wan", "heterogeneous"})->group(peers);
+  cli::text(cmd, "speeds", "S,S,...|spread",
+            "--peers: how fast each peer computes (2: twice this machine's speed;\none number a peer), or 'spread': 1x to 4x")
+      ->group(peers);
   cli::text(cmd, "listen", "HOST:PORT", "this process is one TCP peer, listening here...")->group(peers);
   cli::text(cmd, "join", "HOST:PORT,...", "...joining through these peers (not for the first)")->group(peers);
   cli::text(cmd, "advertise", "HOST", "the host others reach this peer at (needed with --listen 0.0.0.0:PORT)")->group(peers);
@@ -954,6 +957,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     o.seed = p.trainer.seed;
     o.recv_timeout = std::chrono::minutes(10);
     o.peers_fail_alone = elastic;
+    o.speeds = p.speeds;
     network.emplace(std::move(links), o);
     hooks.network = &*network;
     hooks.size_for(world);
@@ -1202,6 +1206,20 @@ void pipeline_settings(const options& opt, train_plan& p) {
                       pipe.stages, " is not the ", world, " peers");
 }
 
+// --speeds: one number a peer, or "spread" (speeds::spread: 1x to 4x, dealt by the seed).
+std::vector<double> peer_speeds(const std::string& text, int world, std::uint64_t seed) {
+  if (text == "spread") return dt::transport::speeds::spread(world, seed);
+  std::vector<double> out;
+  for (const auto& item : split_list(text, "speeds")) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    dt::detail::check(end && *end == '\0' && v > 0 && std::isfinite(v), "'", item, "' is not a speed (a number > 0)");
+    out.push_back(v);
+  }
+  dt::detail::check(static_cast<int>(out.size()) == world, "gives ", out.size(), " speeds for ", world, " peers (one each)");
+  return out;
+}
+
 int cmd_train(const options& opt) {
   train_plan p;
   const int modes = int(opt.has("peers")) + int(opt.has("listen")) + int(opt.flag("mpi"));
@@ -1211,7 +1229,8 @@ int cmd_train(const options& opt) {
            : opt.flag("mpi")   ? launch::mpi
                                : launch::single;
   if (p.mode != launch::in_process)
-    dt::detail::check(!opt.has("link"), "--link sets the simulated links of --peers N; it needs --peers");
+    for (const char* o : {"link", "speeds"})
+      dt::detail::check(!opt.has(o), "--", o, " simulates the peers of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
                           "max-world", "key-file", "identity", "roster", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca",
@@ -1221,6 +1240,10 @@ int cmd_train(const options& opt) {
   if (p.mode == launch::in_process) {
     p.world = static_cast<int>(opt.integer("peers"));
     p.link = opt.text("link");
+    if (opt.has("speeds"))
+      p.speeds = cli::from_flag("--speeds", [&] {
+        return peer_speeds(opt.text("speeds"), p.world, static_cast<std::uint64_t>(opt.integer("seed")));
+      });
   } else if (p.mode == launch::tcp) {
     p.tcp.listen = opt.text("listen");
     p.tcp.advertise = opt.text("advertise");
@@ -1408,6 +1431,11 @@ int cmd_train(const options& opt) {
       .add("resume", p.checkpoints.resume)
       .add("init_from", opt.text("init-from"));
   if (p.mode == launch::in_process) p.run.add("link", p.link);
+  if (!p.speeds.empty()) {
+    std::string list;
+    for (const double v : p.speeds) list += (list.empty() ? "" : ",") + dt::detail::concat(v);
+    p.run.add("speeds", list);
+  }
   if (comm != "sync") p.run.add("inner_steps", inner);
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
   if (p.parallel.stages > 1)

@@ -75,6 +75,7 @@ struct train_plan {
   int world = 1;  // 0 for MPI until it starts
   int threads = 1;  // per peer
   std::string link;  // --peers: the simulated links
+  std::vector<double> speeds;  // --peers: each peer's compute speed (empty: all 1)
   dt::transport::tcp_options tcp;
   dt::nn::gpt_config model;
   dt::train::trainer_options trainer;

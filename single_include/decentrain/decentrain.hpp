@@ -10968,6 +10968,16 @@ std::optional<double> step_seconds(const E& e) {
     return std::nullopt;
 }
 
+// How fast this peer computes relative to the machine it runs on, as a simulated network models
+// it (in_process::options::speeds): computed(s) charges s / speed. 1 for a real one.
+template <class E>
+double compute_speed(const E& e) {
+  if constexpr (requires { { e.compute_speed() } -> std::convertible_to<double>; })
+    return e.compute_speed();
+  else
+    return 1.0;
+}
+
 // A lane is a second endpoint of the same peer, for a collective that runs on a background
 // thread while the caller goes on (collective::communicator's non-blocking calls). The lane and
 // the endpoint are used from two threads at once, always with different tags. A transport whose
@@ -11283,6 +11293,7 @@ class any_endpoint {
   std::chrono::steady_clock::time_point now() const { return get().now(); }
   void pause(std::chrono::milliseconds d) { get().pause(d); }
   std::optional<double> step_seconds() const { return get().step_seconds(); }
+  double compute_speed() const { return get().compute_speed(); }
 
   // The membership members (transport/membership.hpp); they throw for a transport without them.
   bool has_membership() const { return get().has_membership(); }
@@ -11323,6 +11334,7 @@ class any_endpoint {
     virtual std::chrono::steady_clock::time_point now() const = 0;
     virtual void pause(std::chrono::milliseconds) = 0;
     virtual std::optional<double> step_seconds() const = 0;
+    virtual double compute_speed() const = 0;
     virtual bool has_membership() const = 0;
     virtual bytes recv_within(int, tag_type, std::chrono::milliseconds) = 0;
     virtual void discard_before(int, tag_type) = 0;
@@ -11365,6 +11377,7 @@ class any_endpoint {
     std::chrono::steady_clock::time_point now() const override { return transport::now(e); }
     void pause(std::chrono::milliseconds d) override { transport::pause(e, d); }
     std::optional<double> step_seconds() const override { return transport::step_seconds(e); }
+    double compute_speed() const override { return transport::compute_speed(e); }
     bool has_membership() const override { return membership_endpoint<E>; }
     bytes recv_within(int p, tag_type t, std::chrono::milliseconds timeout) override {
       if constexpr (membership_endpoint<E>) return e.recv_within(p, t, timeout);
@@ -13272,6 +13285,21 @@ inline link_matrix preset(const std::string& name, int world, std::uint64_t seed
 }
 }  // namespace links
 
+// Compute speeds of simulated peers (in_process::options::speeds).
+namespace speeds {
+// `world` speeds from 1x to `fastest`x, spaced evenly on a log scale (1, 1.59, 2.52, 4 for four
+// at 4x), dealt to the ranks in an order drawn from `seed`: no rank's place tells its speed.
+inline std::vector<double> spread(int world, std::uint64_t seed = 0, double fastest = 4.0) {
+  decentrain::detail::check(world >= 1, "speeds::spread: world must be >= 1, got ", world);
+  decentrain::detail::check(fastest >= 1 && std::isfinite(fastest), "speeds::spread: fastest must be >= 1, got ", fastest);
+  std::vector<double> out(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(r)] = world == 1 ? 1.0 : std::pow(fastest, double(r) / (world - 1));
+  rng gen(seed, "speeds");
+  for (std::size_t i = out.size(); i > 1; --i) std::swap(out[i - 1], out[static_cast<std::size_t>(gen.next_u64() % i)]);
+  return out;
+}
+}  // namespace speeds
+
 // When one directed link is busy, on the simulated clock. A message takes the link's first free
 // time from when it is sent, split around what other messages already hold (the packets of two
 // streams interleave): transfers in flight at once share the bandwidth, none goes faster than
@@ -13354,6 +13382,9 @@ class in_process {
     // The ranks that start the run (0: all); the others start when the churn schedule starts them,
     // as joiners of the running group. Needs `deterministic`.
     int initial_peers = 0;
+    // How fast each rank computes, relative to this machine (2: twice as fast; its compute moves
+    // its clock half as far); empty: every rank 1. speeds::spread gives peers of different speeds.
+    std::vector<double> speeds{};
   };
 
   class endpoint {
@@ -13480,10 +13511,13 @@ class in_process {
         if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_, last_arrival_[static_cast<std::size_t>(r)]);
     }
 
+    // Compute takes 1 / speed of what it took here (options::speeds): a peer of speed 2 moves
+    // its clock half as far for the same work.
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
-      clock_ += seconds;
+      clock_ += seconds / compute_speed();
     }
+    double compute_speed() const { return net_->opts.speeds.empty() ? 1.0 : net_->opts.speeds[static_cast<std::size_t>(rank_)]; }
 
     // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
     // Only a deterministic run starts peers once it runs (its churn schedule); otherwise an
@@ -13821,6 +13855,11 @@ class in_process {
             links.world(), "], got ", opts.initial_peers);
       check(initial == links.world() || opts.deterministic, "in_process: initial_peers below the ranks (", initial, " of ",
             links.world(), ") needs a deterministic run, whose churn schedule starts the others");
+      check(opts.speeds.empty() || static_cast<int>(opts.speeds.size()) == links.world(), "in_process: speeds names ",
+            opts.speeds.size(), " ranks, the network has ", links.world(), " (one speed each, or none)");
+      for (std::size_t r = 0; r < opts.speeds.size(); ++r)
+        check(opts.speeds[r] > 0 && std::isfinite(opts.speeds[r]), "in_process: the speed of rank ", r,
+              " must be a number > 0, got ", opts.speeds[r]);
       if (opts.deterministic) {
         auto& d = *opts.deterministic;
         check(d.step_seconds >= 0 && std::isfinite(d.step_seconds), "in_process: deterministic step_seconds must be >= 0, got ",
@@ -23167,7 +23206,7 @@ struct sync_allreduce {
 // ---- end decentrain/comm/comm.hpp ----
 // ---- begin decentrain/parallel/parallel.hpp ----
 // Everything in parallel: the policy concept, data parallelism, pipeline parallelism, its
-// schedules as data, and where to cut a model and place its stages.
+// schedules as data, where to cut a model and place its stages, and SWARM's parts.
 
 // ---- begin decentrain/parallel/data.hpp ----
 // Data parallelism: every peer holds the whole model and trains on its own rows of the global
@@ -24598,6 +24637,376 @@ struct pipeline {
 
 }  // namespace decentrain::parallel
 // ---- end decentrain/parallel/pipeline.hpp ----
+// ---- begin decentrain/parallel/swarm/rebalance.hpp ----
+// When a SWARM peer should serve another stage: Petals' rule (bigscience-workshop/petals,
+// block_selection.py) with the hysteresis its users asked for. A stage's throughput is the sum of
+// its peers' speeds over the stage's cost (seconds a sample takes a peer of speed 1); the
+// pipeline runs at its slowest stage's. A peer moves only when that bottleneck, now over what it
+// would be after the move, is under `gain`; never back to a stage it left within `cooldown`
+// checks (Petals issue 389: peers "rebalancing" onto the same blocks back and forth); and only
+// once the same move was the best in `confirm` checks in a row (PR 493's confirmation), each
+// check judging a peer by the moving average of the speeds the checks saw, so that noise in the
+// measured speeds moves nobody. Petals' gain is 0.75 (a move must make the pipeline a third
+// faster), which leaves it far from its best assignment once a few peers are lost; with the
+// averaging and the confirmation holding noise off, 0.97 here (bench/swarm: within 3% of the
+// best assignment found, a move per peer every ~500 checks under +-20% noise). A move is one
+// peer's, or a swap of two peers of different speeds between their stages (which balances
+// stages no single move can); a move that leaves a stage without peers leaves a pipeline of
+// throughput 0, so none does, and any move that serves a stage without peers passes. Of the
+// moves that pass, the one that leaves the fastest pipeline goes (ties: the lowest peer, single
+// moves before swaps, then the lowest stage), one per check. Every peer computes the same move
+// from the same figures (agreed as a view is), so a move needs no leader.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <vector>
+
+
+namespace decentrain::parallel::swarm {
+
+struct rebalance_settings {
+  double gain = 0.97;  // move when bottleneck now / bottleneck after < gain (Petals: 0.75)
+  int confirm = 3;     // the same best move in this many checks in a row
+  int cooldown = 20;   // checks before a peer may go back to a stage it left
+  double smoothing = 0.2;  // a peer's speed is the moving average (bias-corrected) of what the checks saw
+
+  void validate() const {
+    decentrain::detail::check(gain > 0 && gain < 1, "swarm rebalance: gain must be in (0, 1), got ", gain);
+    decentrain::detail::check(confirm >= 1, "swarm rebalance: confirm must be >= 1, got ", confirm);
+    decentrain::detail::check(cooldown >= 0, "swarm rebalance: cooldown must be >= 0, got ", cooldown);
+    decentrain::detail::check(smoothing > 0 && smoothing <= 1, "swarm rebalance: smoothing must be in (0, 1], got ", smoothing);
+  }
+};
+
+// A peer as the check sees it: the stage it serves and its speed (samples a second at a stage of
+// cost 1: its measured throughput times its stage's cost).
+struct pool_peer {
+  int peer = 0;
+  int stage = 0;
+  double speed = 0;
+};
+
+// `peer` goes from stage `from` to `to`; with a `partner` (>= 0), that peer goes the other way
+// at the same time (a swap: where no single move balances the stages, two peers of different
+// speeds trading places may).
+struct stage_move {
+  int peer = 0, from = 0, to = 0;
+  int partner = -1;
+  double before = 0, after = 0;  // the pipeline's throughput (its slowest stage's), samples a second;
+                                 // minus the stages without peers where there are such
+  friend bool operator==(const stage_move& a, const stage_move& b) {
+    return a.peer == b.peer && a.from == b.from && a.to == b.to && a.partner == b.partner;
+  }
+};
+
+// Each stage's throughput, and the slowest's.
+inline std::vector<double> stage_throughputs(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+  std::vector<double> t(cost.size(), 0.0);
+  for (const auto& p : peers) t[static_cast<std::size_t>(p.stage)] += p.speed / cost[static_cast<std::size_t>(p.stage)];
+  return t;
+}
+inline double bottleneck(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+  const auto t = stage_throughputs(peers, cost);
+  return t.empty() ? 0.0 : *std::min_element(t.begin(), t.end());
+}
+
+// The stage a joiner serves: the slowest (ties: the lowest), where its speed adds most to the
+// pipeline's.
+inline int stage_for_joiner(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+  decentrain::detail::check(!cost.empty(), "swarm rebalance: no stages");
+  const auto t = stage_throughputs(peers, cost);
+  return static_cast<int>(std::min_element(t.begin(), t.end()) - t.begin());
+}
+
+class rebalancer {
+ public:
+  explicit rebalancer(rebalance_settings s = {}) : settings_(s) { settings_.validate(); }
+
+  // One check on the group's figures: the move to make now, if one passed.
+  std::optional<stage_move> check(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+    ++checks_;
+    for (const auto& p : peers)
+      decentrain::detail::check(p.stage >= 0 && p.stage < static_cast<int>(cost.size()) && p.speed >= 0 && std::isfinite(p.speed),
+                                "swarm rebalance: peer ", p.peer, " has stage ", p.stage, " of ", cost.size(), " and speed ", p.speed);
+    for (const double c : cost) decentrain::detail::check(c > 0 && std::isfinite(c), "swarm rebalance: a stage's cost must be > 0, got ", c);
+    // Each peer's speed averaged over the checks (a peer gone is forgotten).
+    std::map<int, std::pair<double, int>> kept;
+    auto smoothed = peers;
+    for (auto& p : smoothed) {
+      auto [average, count] = speeds_.count(p.peer) ? speeds_[p.peer] : std::pair<double, int>{0.0, 0};
+      average = (1 - settings_.smoothing) * average + settings_.smoothing * p.speed;
+      ++count;
+      kept[p.peer] = {average, count};
+      p.speed = average / (1 - std::pow(1 - settings_.smoothing, count));
+    }
+    speeds_ = std::move(kept);
+    const auto best = best_move(smoothed, cost);
+    // (A stage without peers stops the pipeline: any move that serves one more such stage passes.)
+    if (!best || !(best->before <= 0 ? best->after > best->before : best->before < settings_.gain * best->after)) {
+      streak_ = 0;
+      return std::nullopt;
+    }
+    streak_ = last_ && *last_ == *best ? streak_ + 1 : 1;
+    last_ = best;
+    if (streak_ < settings_.confirm) return std::nullopt;
+    streak_ = 0;
+    last_.reset();
+    left_[best->peer] = {best->from, checks_};
+    if (best->partner >= 0) left_[best->partner] = {best->to, checks_};
+    ++moves_;
+    return best;
+  }
+  std::uint64_t moves() const { return moves_; }
+  std::uint64_t checks() const { return checks_; }
+
+ private:
+  std::optional<stage_move> best_move(const std::vector<pool_peer>& peers, const std::vector<double>& cost) const {
+    auto t = stage_throughputs(peers, cost);
+    const double now = score(t);
+    auto by_peer = peers;  // ties go the same way whatever order the figures came in
+    std::sort(by_peer.begin(), by_peer.end(), [](const pool_peer& x, const pool_peer& y) { return x.peer < y.peer; });
+    std::optional<stage_move> best;
+    for (const auto& p : by_peer) {
+      const auto a = static_cast<std::size_t>(p.stage);
+      for (std::size_t b = 0; b < cost.size(); ++b) {
+        if (b == a || blocked(p.peer, static_cast<int>(b))) continue;
+        auto after = t;
+        after[a] -= p.speed / cost[a];
+        after[b] += p.speed / cost[b];
+        const double slowest = score(after);
+        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, static_cast<int>(b), -1, now, slowest};
+      }
+      for (const auto& q : by_peer) {  // swaps with a slower peer of another stage
+        const auto b = static_cast<std::size_t>(q.stage);
+        if (b == a || q.speed >= p.speed || blocked(p.peer, q.stage) || blocked(q.peer, p.stage)) continue;
+        auto after = t;
+        after[a] += (q.speed - p.speed) / cost[a];
+        after[b] += (p.speed - q.speed) / cost[b];
+        const double slowest = score(after);
+        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, q.stage, q.peer, now, slowest};
+      }
+    }
+    return best;
+  }
+  // The slowest stage's throughput; with stages that have no peer, minus how many (so that a
+  // move serving one of them scores higher though the pipeline stays stopped).
+  static double score(const std::vector<double>& t) {
+    const auto empty = std::count(t.begin(), t.end(), 0.0);
+    if (empty > 0) return -static_cast<double>(empty);
+    return t.empty() ? 0.0 : *std::min_element(t.begin(), t.end());
+  }
+  bool blocked(int peer, int stage) const {
+    const auto it = left_.find(peer);
+    return it != left_.end() && it->second.first == stage && checks_ - it->second.second < static_cast<std::uint64_t>(settings_.cooldown);
+  }
+
+  rebalance_settings settings_;
+  std::map<int, std::pair<int, std::uint64_t>> left_;  // peer -> (the stage it left, the check it left at)
+  std::map<int, std::pair<double, int>> speeds_;       // peer -> (its speed's moving average, checks in it)
+  std::optional<stage_move> last_;
+  int streak_ = 0;
+  std::uint64_t checks_ = 0, moves_ = 0;
+};
+
+}  // namespace decentrain::parallel::swarm
+// ---- end decentrain/parallel/swarm/rebalance.hpp ----
+// ---- begin decentrain/parallel/swarm/router.hpp ----
+// Where SWARM sends a micro-batch next: among the peers of the next stage, each gets a share of
+// the micro-batches proportional to its measured throughput (samples per second, its link
+// included: a measurement is the round trip of a micro-batch sent to it), in an interleaved
+// order (smooth weighted round-robin: every peer's weight is added to its credit, the peer with
+// the most credit goes next and pays the weights' sum, so shares are exact over any window of a
+// few picks and no peer gets a burst).
+// The estimate is SWARM's (yandex-research/swarm, balancer.py): an exponential moving average
+// of seconds per sample, alpha 0.1, bias-corrected (a peer's first measurement is its estimate,
+// not a tenth of it). Unlike it, a change of speed is followed at once: `confirm` measurements in
+// a row that are each over `change_ratio` times the estimate (or under 1 / that) restart the
+// average from them, so a peer that became 4x slower loses its share after two micro-batches
+// rather than over the ~30 it takes an average with alpha 0.1 to forget, while noise of +-20%
+// (a ratio of 1.5 at most) never restarts it. A peer not measured yet is assumed as fast as the
+// mean of those that are, so a joiner gets work and is measured.
+// The state (estimates, credits) is in the checkpoint: a deterministic run resumes bit for bit.
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+
+
+namespace decentrain::parallel::swarm {
+
+struct router_settings {
+  double alpha = 0.1;         // the weight of a new measurement in the average
+  double change_ratio = 2.0;  // a measurement this many times off the estimate (either way) counts toward a restart
+  int confirm = 2;            // that many in a row, the same way, restart the average from them
+
+  void validate() const {
+    decentrain::detail::check(alpha > 0 && alpha <= 1, "swarm router: alpha must be in (0, 1], got ", alpha);
+    decentrain::detail::check(change_ratio > 1 && std::isfinite(change_ratio), "swarm router: change_ratio must be > 1, got ",
+                              change_ratio);
+    decentrain::detail::check(confirm >= 1, "swarm router: confirm must be >= 1, got ", confirm);
+  }
+};
+
+class router {
+ public:
+  explicit router(router_settings s = {}) : settings_(s) { settings_.validate(); }
+
+  // The peers that may take micro-batches; one added again keeps what was measured of it.
+  void add(int peer) { peers_.try_emplace(peer); }
+  void remove(int peer) { peers_.erase(peer); }
+  bool contains(int peer) const { return peers_.count(peer) != 0; }
+  std::size_t size() const { return peers_.size(); }
+
+  // The next peer, skipping `excluded` (those that failed this micro-batch or passed its
+  // deadline); none when every peer is excluded.
+  std::optional<int> next(const std::set<int>& excluded = {}) {
+    double total = 0;
+    entry* best = nullptr;
+    int chosen = -1;
+    const double fallback = mean_throughput();
+    for (auto& [peer, e] : peers_) {
+      if (excluded.count(peer)) continue;
+      const double w = throughput_of(e, fallback);
+      e.credit += w;
+      total += w;
+      if (!best || e.credit > best->credit) best = &e, chosen = peer;
+    }
+    if (!best) return std::nullopt;
+    best->credit -= total;
+    return chosen;
+  }
+
+  // One micro-batch of `samples` went to `peer` and came back `seconds` later.
+  void measured(int peer, double seconds, double samples = 1) {
+    decentrain::detail::check(seconds > 0 && std::isfinite(seconds) && samples > 0 && std::isfinite(samples),
+                              "swarm router: a measurement needs seconds > 0 and samples > 0, got ", seconds, " s for ",
+                              samples, " samples");
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return;  // left since it was sent
+    entry& e = it->second;
+    const double x = seconds / samples;
+    if (e.count > 0) {
+      const double estimate = seconds_per_sample(e), ratio = x / estimate;
+      const int way = ratio > settings_.change_ratio ? 1 : ratio < 1 / settings_.change_ratio ? -1 : 0;
+      if (way != 0 && way == e.way) {
+        e.run_sum += x;
+        ++e.run;
+      } else {
+        e.way = way;
+        e.run = way != 0 ? 1 : 0;
+        e.run_sum = way != 0 ? x : 0;
+      }
+      if (e.run >= settings_.confirm) {  // the peer changed: start again from what it does now
+        e.average = 0;
+        e.count = 0;
+        e.way = 0;
+        take(e, e.run_sum / e.run);
+        e.run = 0;
+        e.run_sum = 0;
+        ++restarts_;
+        return;
+      }
+    }
+    take(e, x);
+  }
+
+  // Samples per second the router expects of `peer` (the mean of the measured ones until it is
+  // measured; 1 when none is).
+  double throughput(int peer) const {
+    const auto it = peers_.find(peer);
+    decentrain::detail::check(it != peers_.end(), "swarm router: peer ", peer, " is not among its peers");
+    return throughput_of(it->second, mean_throughput());
+  }
+  // How long `samples` should take `peer`, by the estimate (none before its first measurement).
+  std::optional<double> expected_seconds(int peer, double samples = 1) const {
+    const auto it = peers_.find(peer);
+    if (it == peers_.end() || it->second.count == 0) return std::nullopt;
+    return samples * seconds_per_sample(it->second);
+  }
+  // How often a peer's average was restarted by a change of speed.
+  std::uint64_t restarts() const { return restarts_; }
+
+  // Exact (hexadecimal floats): a deterministic run resumes with the same picks.
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    std::string text;
+    char buf[160];
+    for (const auto& [peer, e] : peers_) {
+      std::snprintf(buf, sizeof buf, "%d %a %lld %a %d %d %a;", peer, e.average, static_cast<long long>(e.count), e.credit, e.way,
+                    e.run, e.run_sum);
+      text += buf;
+    }
+    c.text[prefix + "router"] = text;
+    c.counters[prefix + "router.restarts"] = static_cast<std::int64_t>(restarts_);
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    const auto it = c.text.find(prefix + "router");
+    decentrain::detail::check(it != c.text.end(), "swarm router: the checkpoint has no '", prefix, "router'");
+    std::map<int, entry> loaded;
+    std::istringstream in(it->second);
+    for (std::string item; std::getline(in, item, ';');) {
+      if (item.empty()) continue;
+      std::istringstream fields(item);
+      std::string average, credit, run_sum;
+      int peer = 0;
+      long long count = 0;
+      entry e;
+      fields >> peer >> average >> count >> credit >> e.way >> e.run >> run_sum;
+      decentrain::detail::check(!fields.fail(), "swarm router: the checkpoint's entry '", item, "' is malformed");
+      e.average = std::strtod(average.c_str(), nullptr);
+      e.count = count;
+      e.credit = std::strtod(credit.c_str(), nullptr);
+      e.run_sum = std::strtod(run_sum.c_str(), nullptr);
+      decentrain::detail::check(std::isfinite(e.average) && e.average >= 0 && count >= 0 && std::isfinite(e.credit),
+                                "swarm router: the checkpoint's entry '", item, "' is out of range");
+      loaded[peer] = e;
+    }
+    peers_ = std::move(loaded);
+    const auto r = c.counters.find(prefix + "router.restarts");
+    restarts_ = r == c.counters.end() ? 0 : static_cast<std::uint64_t>(r->second);
+  }
+
+ private:
+  struct entry {
+    double average = 0;      // the moving average of seconds per sample, before bias correction
+    std::int64_t count = 0;  // measurements in it
+    double credit = 0;       // smooth weighted round-robin
+    int way = 0, run = 0;    // measurements in a row off the estimate, and which way (+1 slower, -1 faster)
+    double run_sum = 0;      // their seconds per sample, summed
+  };
+
+  void take(entry& e, double x) {  // one measurement into the average
+    e.average = (1 - settings_.alpha) * e.average + settings_.alpha * x;
+    ++e.count;
+  }
+  double seconds_per_sample(const entry& e) const {
+    return e.average / (1 - std::pow(1 - settings_.alpha, static_cast<double>(e.count)));
+  }
+  double throughput_of(const entry& e, double fallback) const { return e.count > 0 ? 1 / seconds_per_sample(e) : fallback; }
+  double mean_throughput() const {
+    double sum = 0;
+    int n = 0;
+    for (const auto& [peer, e] : peers_)
+      if (e.count > 0) sum += 1 / seconds_per_sample(e), ++n;
+    return n > 0 ? sum / n : 1.0;
+  }
+
+  router_settings settings_;
+  std::map<int, entry> peers_;
+  std::uint64_t restarts_ = 0;
+};
+
+}  // namespace decentrain::parallel::swarm
+// ---- end decentrain/parallel/swarm/router.hpp ----
 // ---- end decentrain/parallel/parallel.hpp ----
 // ---- begin decentrain/fault/fault.hpp ----
 // Everything in fault: the policy concept, none, checkpoint_every, and elastic groups (with a
@@ -29674,7 +30083,7 @@ class trainer {
   // Compute time of the steps: on the transport's clock (simulated links advance by it) and in
   // the metrics, where compute_s / clock_s is the peer's compute utilisation.
   void computed(double seconds) {
-    compute_s_ += seconds;
+    compute_s_ += seconds / transport::compute_speed(endpoint_);  // what the peer's clock was charged
     endpoint_.computed(seconds);
   }
 

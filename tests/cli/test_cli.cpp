@@ -408,7 +408,15 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   CHECK(r.status == 1);
   CHECK_THAT(r.output, Contains("--resume: no checkpoints in nothing"));
   r = run(cli() + " train --steps 5 --link wan", dir);
-  CHECK_THAT(r.output, Contains("--link sets the simulated links of --peers N"));
+  CHECK_THAT(r.output, Contains("--link simulates the peers of --peers N; it needs --peers"));
+  r = run(cli() + " train --steps 5 --speeds 1,2", dir);
+  CHECK_THAT(r.output, Contains("--speeds simulates the peers of --peers N; it needs --peers"));
+  r = run(cli() + " train --steps 5 --peers 3 --speeds 1,2", dir);
+  CHECK_THAT(r.output, Contains("--speeds: gives 2 speeds for 3 peers (one each)"));
+  r = run(cli() + " train --steps 5 --peers 2 --speeds 1,fast", dir);
+  CHECK_THAT(r.output, Contains("--speeds: 'fast' is not a speed (a number > 0)"));
+  r = run(cli() + " train --steps 5 --peers 2 --speeds 1,-2", dir);
+  CHECK_THAT(r.output, Contains("--speeds: '-2' is not a speed (a number > 0)"));
   r = run(cli() + " train --steps 5 --peers 2 --mpi", dir);
   CHECK_THAT(r.output, Contains("--peers, --listen and --mpi are different modes"));
   r = run(cli() + " train --preset huge", dir);
@@ -437,6 +445,31 @@ const std::string peer_args =
     " train --comm diloco --inner-steps 5 --steps 12 --batch-size 4 --eval-batches 2 --eval-every 100 --threads 1"
     " --n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --seed 7";
 }  // namespace
+
+TEST_CASE("train --peers --speeds: a peer 4x as fast is charged a quarter of the compute", "[cli][peers]") {
+  const auto dir = scratch("speeds");
+  // Local SGD (no exchange before step 12): each peer's compute is its own, the same work on
+  // both, so the 4x peer is charged about a quarter of the other's.
+  const auto r = run(cli() + " train --comm local-sgd --inner-steps 12 --steps 12 --batch-size 8 --eval-batches 1"
+                             " --eval-every 100 --threads 1 --n-layer 1 --n-embd 64 --n-head 2 --block-size 32"
+                             " --peers 2 --speeds 1,4 --metrics m.jsonl",
+                     dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const auto m = read_metrics(dir / "m.jsonl");
+  REQUIRE(!m.parsed.empty());
+  CHECK(m.parsed[0].at("speeds").text == "1,4");
+  // Each peer's compute at its last step (the metrics keep every digit the summary rounds).
+  std::map<int, double> compute;
+  for (std::size_t i = 0; i < m.parsed.size(); ++i)
+    if (m.event(i) == "step") compute[static_cast<int>(m.parsed[i].at("rank").as_int())] = std::stod(m.parsed[i].at("compute_s").text);
+  REQUIRE(compute.size() == 2);
+  REQUIRE(compute[1] > 0);
+  const double ratio = compute[0] / compute[1];
+  INFO("compute s: peer 0 " << compute[0] << ", peer 1 " << compute[1]);
+  CHECK(ratio > 2.5);
+  CHECK(ratio < 6.5);
+}
 
 TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]") {
   const auto dir = scratch("peers");

@@ -8,9 +8,13 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <mutex>
 #include <span>
-
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/peer_checks.hpp"
@@ -305,4 +309,38 @@ TEST_CASE("in_process: a deadlock is reported at once: each peer's wait and step
     CHECK(got[1] == "4");
     CHECK_THAT(got[0], Catch::Contains("within 1500 ms"));
   }
+}
+
+TEST_CASE("in_process: a peer's compute speed scales what its compute costs its clock") {
+  in_process::options o;
+  o.speeds = {1.0, 2.0, 4.0};
+  in_process net(dt::transport::links::ideal(3), o);
+  std::vector<double> clocks(3), speeds(3);
+  net.run([&](in_process::endpoint& ep) {
+    ep.computed(1.0);
+    clocks[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
+    speeds[static_cast<std::size_t>(ep.rank())] = dt::transport::compute_speed(ep);
+  });
+  CHECK(clocks == std::vector<double>{1.0, 0.5, 0.25});
+  CHECK(speeds == std::vector<double>{1.0, 2.0, 4.0});
+
+  // spread: 1x to 4x on a log scale, each speed once, in an order the seed draws.
+  auto sorted = dt::transport::speeds::spread(4, 7);
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted[0] == 1.0);
+  CHECK(sorted[1] == Approx(std::pow(4.0, 1.0 / 3)));
+  CHECK(sorted[2] == Approx(std::pow(4.0, 2.0 / 3)));
+  CHECK(sorted[3] == 4.0);
+  CHECK(dt::transport::speeds::spread(4, 7) == dt::transport::speeds::spread(4, 7));
+  bool orders_differ = false;
+  for (std::uint64_t seed = 1; seed < 8; ++seed) orders_differ |= dt::transport::speeds::spread(4, seed) != dt::transport::speeds::spread(4, 0);
+  CHECK(orders_differ);
+  CHECK(dt::transport::speeds::spread(1) == std::vector<double>{1.0});
+
+  in_process::options bad;
+  bad.speeds = {1.0, 2.0};
+  CHECK_THROWS_WITH(in_process(dt::transport::links::ideal(3), bad), Catch::Contains("speeds names 2 ranks, the network has 3"));
+  bad.speeds = {1.0, 0.0, 2.0};
+  CHECK_THROWS_WITH(in_process(dt::transport::links::ideal(3), bad), Catch::Contains("the speed of rank 1 must be a number > 0, got 0"));
+  CHECK_THROWS_WITH(dt::transport::speeds::spread(4, 0, 0.5), Catch::Contains("fastest must be >= 1"));
 }

@@ -1,5 +1,5 @@
 // Everything in parallel: the policy concept, data parallelism, pipeline parallelism, its
-// schedules as data, and where to cut a model and place its stages.
+// schedules as data, where to cut a model and place its stages, and SWARM's parts.
 #pragma once
 
 #include "decentrain/parallel/data.hpp"
@@ -8,3 +8,5 @@
 #include "decentrain/parallel/pipeline.hpp"
 #include "decentrain/parallel/policy.hpp"
 #include "decentrain/parallel/schedule/schedule.hpp"
+#include "decentrain/parallel/swarm/rebalance.hpp"
+#include "decentrain/parallel/swarm/router.hpp"

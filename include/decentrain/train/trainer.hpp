@@ -1098,7 +1098,7 @@ class trainer {
   // Compute time of the steps: on the transport's clock (simulated links advance by it) and in
   // the metrics, where compute_s / clock_s is the peer's compute utilisation.
   void computed(double seconds) {
-    compute_s_ += seconds;
+    compute_s_ += seconds / transport::compute_speed(endpoint_);  // what the peer's clock was charged
     endpoint_.computed(seconds);
   }
 

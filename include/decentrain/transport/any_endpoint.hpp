@@ -57,6 +57,7 @@ class any_endpoint {
   std::chrono::steady_clock::time_point now() const { return get().now(); }
   void pause(std::chrono::milliseconds d) { get().pause(d); }
   std::optional<double> step_seconds() const { return get().step_seconds(); }
+  double compute_speed() const { return get().compute_speed(); }
 
   // The membership members (transport/membership.hpp); they throw for a transport without them.
   bool has_membership() const { return get().has_membership(); }
@@ -97,6 +98,7 @@ class any_endpoint {
     virtual std::chrono::steady_clock::time_point now() const = 0;
     virtual void pause(std::chrono::milliseconds) = 0;
     virtual std::optional<double> step_seconds() const = 0;
+    virtual double compute_speed() const = 0;
     virtual bool has_membership() const = 0;
     virtual bytes recv_within(int, tag_type, std::chrono::milliseconds) = 0;
     virtual void discard_before(int, tag_type) = 0;
@@ -139,6 +141,7 @@ class any_endpoint {
     std::chrono::steady_clock::time_point now() const override { return transport::now(e); }
     void pause(std::chrono::milliseconds d) override { transport::pause(e, d); }
     std::optional<double> step_seconds() const override { return transport::step_seconds(e); }
+    double compute_speed() const override { return transport::compute_speed(e); }
     bool has_membership() const override { return membership_endpoint<E>; }
     bytes recv_within(int p, tag_type t, std::chrono::milliseconds timeout) override {
       if constexpr (membership_endpoint<E>) return e.recv_within(p, t, timeout);

@@ -152,6 +152,16 @@ std::optional<double> step_seconds(const E& e) {
     return std::nullopt;
 }
 
+// How fast this peer computes relative to the machine it runs on, as a simulated network models
+// it (in_process::options::speeds): computed(s) charges s / speed. 1 for a real one.
+template <class E>
+double compute_speed(const E& e) {
+  if constexpr (requires { { e.compute_speed() } -> std::convertible_to<double>; })
+    return e.compute_speed();
+  else
+    return 1.0;
+}
+
 // A lane is a second endpoint of the same peer, for a collective that runs on a background
 // thread while the caller goes on (collective::communicator's non-blocking calls). The lane and
 // the endpoint are used from two threads at once, always with different tags. A transport whose

@@ -116,6 +116,21 @@ inline link_matrix preset(const std::string& name, int world, std::uint64_t seed
 }
 }  // namespace links
 
+// Compute speeds of simulated peers (in_process::options::speeds).
+namespace speeds {
+// `world` speeds from 1x to `fastest`x, spaced evenly on a log scale (1, 1.59, 2.52, 4 for four
+// at 4x), dealt to the ranks in an order drawn from `seed`: no rank's place tells its speed.
+inline std::vector<double> spread(int world, std::uint64_t seed = 0, double fastest = 4.0) {
+  decentrain::detail::check(world >= 1, "speeds::spread: world must be >= 1, got ", world);
+  decentrain::detail::check(fastest >= 1 && std::isfinite(fastest), "speeds::spread: fastest must be >= 1, got ", fastest);
+  std::vector<double> out(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(r)] = world == 1 ? 1.0 : std::pow(fastest, double(r) / (world - 1));
+  rng gen(seed, "speeds");
+  for (std::size_t i = out.size(); i > 1; --i) std::swap(out[i - 1], out[static_cast<std::size_t>(gen.next_u64() % i)]);
+  return out;
+}
+}  // namespace speeds
+
 // When one directed link is busy, on the simulated clock. A message takes the link's first free
 // time from when it is sent, split around what other messages already hold (the packets of two
 // streams interleave): transfers in flight at once share the bandwidth, none goes faster than
@@ -198,6 +213,9 @@ class in_process {
     // The ranks that start the run (0: all); the others start when the churn schedule starts them,
     // as joiners of the running group. Needs `deterministic`.
     int initial_peers = 0;
+    // How fast each rank computes, relative to this machine (2: twice as fast; its compute moves
+    // its clock half as far); empty: every rank 1. speeds::spread gives peers of different speeds.
+    std::vector<double> speeds{};
   };
 
   class endpoint {
@@ -324,10 +342,13 @@ class in_process {
         if (r != rank_) net_->close(rank_, r, reason, failure_cause::departed, clock_, last_arrival_[static_cast<std::size_t>(r)]);
     }
 
+    // Compute takes 1 / speed of what it took here (options::speeds): a peer of speed 2 moves
+    // its clock half as far for the same work.
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
-      clock_ += seconds;
+      clock_ += seconds / compute_speed();
     }
+    double compute_speed() const { return net_->opts.speeds.empty() ? 1.0 : net_->opts.speeds[static_cast<std::size_t>(rank_)]; }
 
     // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
     // Only a deterministic run starts peers once it runs (its churn schedule); otherwise an
@@ -665,6 +686,11 @@ class in_process {
             links.world(), "], got ", opts.initial_peers);
       check(initial == links.world() || opts.deterministic, "in_process: initial_peers below the ranks (", initial, " of ",
             links.world(), ") needs a deterministic run, whose churn schedule starts the others");
+      check(opts.speeds.empty() || static_cast<int>(opts.speeds.size()) == links.world(), "in_process: speeds names ",
+            opts.speeds.size(), " ranks, the network has ", links.world(), " (one speed each, or none)");
+      for (std::size_t r = 0; r < opts.speeds.size(); ++r)
+        check(opts.speeds[r] > 0 && std::isfinite(opts.speeds[r]), "in_process: the speed of rank ", r,
+              " must be a number > 0, got ", opts.speeds[r]);
       if (opts.deterministic) {
         auto& d = *opts.deterministic;
         check(d.step_seconds >= 0 && std::isfinite(d.step_seconds), "in_process: deterministic step_seconds must be >= 0, got ",

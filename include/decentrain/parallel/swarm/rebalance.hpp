@@ -1,0 +1,177 @@
+// When a SWARM peer should serve another stage: Petals' rule (bigscience-workshop/petals,
+// block_selection.py) with the hysteresis its users asked for. A stage's throughput is the sum of
+// its peers' speeds over the stage's cost (seconds a sample takes a peer of speed 1); the
+// pipeline runs at its slowest stage's. A peer moves only when that bottleneck, now over what it
+// would be after the move, is under `gain`; never back to a stage it left within `cooldown`
+// checks (Petals issue 389: peers "rebalancing" onto the same blocks back and forth); and only
+// once the same move was the best in `confirm` checks in a row (PR 493's confirmation), each
+// check judging a peer by the moving average of the speeds the checks saw, so that noise in the
+// measured speeds moves nobody. Petals' gain is 0.75 (a move must make the pipeline a third
+// faster), which leaves it far from its best assignment once a few peers are lost; with the
+// averaging and the confirmation holding noise off, 0.97 here (bench/swarm: within 3% of the
+// best assignment found, a move per peer every ~500 checks under +-20% noise). A move is one
+// peer's, or a swap of two peers of different speeds between their stages (which balances
+// stages no single move can); a move that leaves a stage without peers leaves a pipeline of
+// throughput 0, so none does, and any move that serves a stage without peers passes. Of the
+// moves that pass, the one that leaves the fastest pipeline goes (ties: the lowest peer, single
+// moves before swaps, then the lowest stage), one per check. Every peer computes the same move
+// from the same figures (agreed as a view is), so a move needs no leader.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+
+namespace decentrain::parallel::swarm {
+
+struct rebalance_settings {
+  double gain = 0.97;  // move when bottleneck now / bottleneck after < gain (Petals: 0.75)
+  int confirm = 3;     // the same best move in this many checks in a row
+  int cooldown = 20;   // checks before a peer may go back to a stage it left
+  double smoothing = 0.2;  // a peer's speed is the moving average (bias-corrected) of what the checks saw
+
+  void validate() const {
+    decentrain::detail::check(gain > 0 && gain < 1, "swarm rebalance: gain must be in (0, 1), got ", gain);
+    decentrain::detail::check(confirm >= 1, "swarm rebalance: confirm must be >= 1, got ", confirm);
+    decentrain::detail::check(cooldown >= 0, "swarm rebalance: cooldown must be >= 0, got ", cooldown);
+    decentrain::detail::check(smoothing > 0 && smoothing <= 1, "swarm rebalance: smoothing must be in (0, 1], got ", smoothing);
+  }
+};
+
+// A peer as the check sees it: the stage it serves and its speed (samples a second at a stage of
+// cost 1: its measured throughput times its stage's cost).
+struct pool_peer {
+  int peer = 0;
+  int stage = 0;
+  double speed = 0;
+};
+
+// `peer` goes from stage `from` to `to`; with a `partner` (>= 0), that peer goes the other way
+// at the same time (a swap: where no single move balances the stages, two peers of different
+// speeds trading places may).
+struct stage_move {
+  int peer = 0, from = 0, to = 0;
+  int partner = -1;
+  double before = 0, after = 0;  // the pipeline's throughput (its slowest stage's), samples a second;
+                                 // minus the stages without peers where there are such
+  friend bool operator==(const stage_move& a, const stage_move& b) {
+    return a.peer == b.peer && a.from == b.from && a.to == b.to && a.partner == b.partner;
+  }
+};
+
+// Each stage's throughput, and the slowest's.
+inline std::vector<double> stage_throughputs(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+  std::vector<double> t(cost.size(), 0.0);
+  for (const auto& p : peers) t[static_cast<std::size_t>(p.stage)] += p.speed / cost[static_cast<std::size_t>(p.stage)];
+  return t;
+}
+inline double bottleneck(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+  const auto t = stage_throughputs(peers, cost);
+  return t.empty() ? 0.0 : *std::min_element(t.begin(), t.end());
+}
+
+// The stage a joiner serves: the slowest (ties: the lowest), where its speed adds most to the
+// pipeline's.
+inline int stage_for_joiner(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+  decentrain::detail::check(!cost.empty(), "swarm rebalance: no stages");
+  const auto t = stage_throughputs(peers, cost);
+  return static_cast<int>(std::min_element(t.begin(), t.end()) - t.begin());
+}
+
+class rebalancer {
+ public:
+  explicit rebalancer(rebalance_settings s = {}) : settings_(s) { settings_.validate(); }
+
+  // One check on the group's figures: the move to make now, if one passed.
+  std::optional<stage_move> check(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
+    ++checks_;
+    for (const auto& p : peers)
+      decentrain::detail::check(p.stage >= 0 && p.stage < static_cast<int>(cost.size()) && p.speed >= 0 && std::isfinite(p.speed),
+                                "swarm rebalance: peer ", p.peer, " has stage ", p.stage, " of ", cost.size(), " and speed ", p.speed);
+    for (const double c : cost) decentrain::detail::check(c > 0 && std::isfinite(c), "swarm rebalance: a stage's cost must be > 0, got ", c);
+    // Each peer's speed averaged over the checks (a peer gone is forgotten).
+    std::map<int, std::pair<double, int>> kept;
+    auto smoothed = peers;
+    for (auto& p : smoothed) {
+      auto [average, count] = speeds_.count(p.peer) ? speeds_[p.peer] : std::pair<double, int>{0.0, 0};
+      average = (1 - settings_.smoothing) * average + settings_.smoothing * p.speed;
+      ++count;
+      kept[p.peer] = {average, count};
+      p.speed = average / (1 - std::pow(1 - settings_.smoothing, count));
+    }
+    speeds_ = std::move(kept);
+    const auto best = best_move(smoothed, cost);
+    // (A stage without peers stops the pipeline: any move that serves one more such stage passes.)
+    if (!best || !(best->before <= 0 ? best->after > best->before : best->before < settings_.gain * best->after)) {
+      streak_ = 0;
+      return std::nullopt;
+    }
+    streak_ = last_ && *last_ == *best ? streak_ + 1 : 1;
+    last_ = best;
+    if (streak_ < settings_.confirm) return std::nullopt;
+    streak_ = 0;
+    last_.reset();
+    left_[best->peer] = {best->from, checks_};
+    if (best->partner >= 0) left_[best->partner] = {best->to, checks_};
+    ++moves_;
+    return best;
+  }
+  std::uint64_t moves() const { return moves_; }
+  std::uint64_t checks() const { return checks_; }
+
+ private:
+  std::optional<stage_move> best_move(const std::vector<pool_peer>& peers, const std::vector<double>& cost) const {
+    auto t = stage_throughputs(peers, cost);
+    const double now = score(t);
+    auto by_peer = peers;  // ties go the same way whatever order the figures came in
+    std::sort(by_peer.begin(), by_peer.end(), [](const pool_peer& x, const pool_peer& y) { return x.peer < y.peer; });
+    std::optional<stage_move> best;
+    for (const auto& p : by_peer) {
+      const auto a = static_cast<std::size_t>(p.stage);
+      for (std::size_t b = 0; b < cost.size(); ++b) {
+        if (b == a || blocked(p.peer, static_cast<int>(b))) continue;
+        auto after = t;
+        after[a] -= p.speed / cost[a];
+        after[b] += p.speed / cost[b];
+        const double slowest = score(after);
+        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, static_cast<int>(b), -1, now, slowest};
+      }
+      for (const auto& q : by_peer) {  // swaps with a slower peer of another stage
+        const auto b = static_cast<std::size_t>(q.stage);
+        if (b == a || q.speed >= p.speed || blocked(p.peer, q.stage) || blocked(q.peer, p.stage)) continue;
+        auto after = t;
+        after[a] += (q.speed - p.speed) / cost[a];
+        after[b] += (p.speed - q.speed) / cost[b];
+        const double slowest = score(after);
+        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, q.stage, q.peer, now, slowest};
+      }
+    }
+    return best;
+  }
+  // The slowest stage's throughput; with stages that have no peer, minus how many (so that a
+  // move serving one of them scores higher though the pipeline stays stopped).
+  static double score(const std::vector<double>& t) {
+    const auto empty = std::count(t.begin(), t.end(), 0.0);
+    if (empty > 0) return -static_cast<double>(empty);
+    return t.empty() ? 0.0 : *std::min_element(t.begin(), t.end());
+  }
+  bool blocked(int peer, int stage) const {
+    const auto it = left_.find(peer);
+    return it != left_.end() && it->second.first == stage && checks_ - it->second.second < static_cast<std::uint64_t>(settings_.cooldown);
+  }
+
+  rebalance_settings settings_;
+  std::map<int, std::pair<int, std::uint64_t>> left_;  // peer -> (the stage it left, the check it left at)
+  std::map<int, std::pair<double, int>> speeds_;       // peer -> (its speed's moving average, checks in it)
+  std::optional<stage_move> last_;
+  int streak_ = 0;
+  std::uint64_t checks_ = 0, moves_ = 0;
+};
+
+}  // namespace decentrain::parallel::swarm
