@@ -1003,13 +1003,21 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     if (!ep->joined_late()) {
       std::string page;
       if (server) {
-        // A page on every interface is reached at the address the peer listens on.
+        // A page on every interface is reached at the address the peer is reached at.
         std::string host = p.status_host;
-        if ((host == "0.0.0.0" || host == "::") && p.mode == launch::tcp) host = p.tcp.listen.substr(0, p.tcp.listen.rfind(':'));
+        if ((host == "0.0.0.0" || host == "::") && p.mode == launch::tcp)
+          host = !p.tcp.advertise.empty() ? p.tcp.advertise : p.tcp.listen.substr(0, p.tcp.listen.rfind(':'));
+        if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";  // IPv6
         page = "http://" + host + ":" + std::to_string(server->port()) + "/";
       }
-      const auto pages = cli::swap_status_pages(*ep, page);
-      if (hooks.status) hooks.status->set_group(pages);
+      // The links are a convenience: a peer lost before training starts (which an elastic group
+      // goes on without) costs them, not the run.
+      try {
+        const auto pages = cli::swap_status_pages(*ep, page);
+        if (hooks.status) hooks.status->set_group(pages);
+      } catch (const dt::transport::peer_error& e) {
+        std::fprintf(stderr, "warning: the status pages could not swap addresses (%s); this page links no other\n", e.what());
+      }
     }
     hooks.open_metrics(metrics_path(p.metrics, rank, world), p);  // a file per process
     set_threads(p.threads);

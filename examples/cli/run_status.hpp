@@ -117,7 +117,8 @@ class run_status {
 
 // The peers that start a TCP or MPI run together swap their status pages' addresses: one
 // all-gather of 128 bytes each on a channel of its own, before training (a peer without a page,
-// or whose address does not fit, sends an empty one). Every such peer calls it, page or not.
+// or whose address does not fit, sends an empty one; what is not a plain http:// address is
+// dropped). Every such peer calls it, page or not.
 template <class Endpoint>
 std::vector<std::pair<int, std::string>> swap_status_pages(Endpoint& ep, const std::string& mine) {
   constexpr std::size_t width = 128;
@@ -129,7 +130,11 @@ std::vector<std::pair<int, std::string>> swap_status_pages(Endpoint& ep, const s
   for (int r = 0; r < c.world(); ++r) {
     const char* at = all.data() + static_cast<std::size_t>(r) * width;
     const std::string page(at, strnlen(at, width));
-    if (r != ep.rank() && !page.empty()) pages.emplace_back(r, page);
+    // Another peer's text goes into this page's links: only a plain http:// address is taken.
+    const bool plain = page.rfind("http://", 0) == 0 && std::all_of(page.begin(), page.end(), [](char ch) {
+      return ch > ' ' && ch < 127 && ch != '"' && ch != '\'' && ch != '<' && ch != '>' && ch != '\\';
+    });
+    if (r != ep.rank() && plain) pages.emplace_back(r, page);
   }
   return pages;
 }

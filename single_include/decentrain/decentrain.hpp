@@ -12080,6 +12080,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 // ---- begin decentrain/detail/activity.hpp ----
@@ -12417,16 +12418,17 @@ class mailbox {
     return std::nullopt;
   }
   // A wait's end at its timeout names the call this thread was in (detail::activity) and, in
-  // `not_taken`, what the sources sent that no wait took: calls that do not match on the two
-  // sides (a recv_from of one size, a send_to of another; a collective against another) look so.
+  // `unread`, what the sources sent that no wait took: calls that do not match on the two sides
+  // (a recv_from without its send_to; a collective against another) look so, though messages of
+  // a later call that came early are listed too.
   [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout,
-                                         const std::string& not_taken = {}) {
-    if (sources.size() == 1) timed_out(sources.front(), tag, timeout, not_taken);
+                                         const std::string& unread = {}) {
+    if (sources.size() == 1) timed_out(sources.front(), tag, timeout, unread);
     std::string list;
     for (const int s : sources) list += (list.empty() ? "" : ", ") + std::to_string(s);
     transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list, " (",
                                  describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
-                                 ": they are slow, partitioned or have failed", not_taken);
+                                 ": they are slow, partitioned or have failed", unread);
   }
 
   // ---- turns on simulated time (in_process's deterministic mode) ----
@@ -12486,10 +12488,10 @@ class mailbox {
     return at;
   }
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout,
-                                     const std::string& not_taken = {}) {
+                                     const std::string& unread = {}) {
     transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source, " (",
                                  describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
-                                 ": the peer is slow, partitioned or has failed", not_taken);
+                                 ": the peer is slow, partitioned or has failed", unread);
   }
   static std::string in_call() {
     const char* call = decentrain::detail::this_thread_activity().call;
@@ -12730,6 +12732,11 @@ class mailbox {
     }
     ready_.notify_all();
   }
+  // Whether a message from one of `sources` with `tag` is queued here (a wait for it is about to end).
+  bool has_queued(std::span<const int> sources, tag_type tag) const {
+    std::lock_guard lock(mutex_);
+    return any_queued(sources, tag, std::numeric_limits<double>::infinity());
+  }
   // What is queued here and not taken, as (source, tag), at most `most` of them: for a diagnostic.
   std::vector<std::pair<int, tag_type>> queued_keys(std::size_t most) const {
     std::lock_guard lock(mutex_);
@@ -12965,7 +12972,7 @@ class mailbox {
     }
     if (tags.empty()) return {};
     return decentrain::detail::concat("; not taken here: ", tags, more > 4 ? decentrain::detail::concat(" and ", more - 4, " more") : "",
-                                      " (the calls on the two sides may not match)");
+                                      " (where nothing else is coming, the calls on the two sides do not match)");
   }
 
   void pop_first(const key& k) {
@@ -13382,6 +13389,10 @@ class in_process {
     // The ranks that start the run (0: all); the others start when the churn schedule starts them,
     // as joiners of the running group. Needs `deterministic`.
     int initial_peers = 0;
+    // run() ends a deadlock at once with an error naming every peer's wait (see deadlock_watch);
+    // off: the receive timeout ends it (for a run that counts on timeouts, as when a peer is
+    // suspected for its silence, or on a thread outside run() that sends or kills later).
+    bool report_deadlocks = true;
     // How fast each rank computes, relative to this machine (2: twice as fast; its compute moves
     // its clock half as far); empty: every rank 1. speeds::spread gives peers of different speeds.
     std::vector<double> speeds{};
@@ -13577,7 +13588,7 @@ class in_process {
       if (net_->turns) return std::nullopt;  // a second thread would race the turns
       endpoint l = *this;
       l.stats_ = {};
-      l.lane_token_ = net_->lane_opened(rank_);
+      l.lane_token_ = shared::lane_opened(net_, rank_);
       const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
       for (auto& g : l.link_rng_) g = rng(g.next_u64() ^ salt, "lane-link");
       return l;
@@ -13810,7 +13821,7 @@ class in_process {
       net.turns->await_all();
     }
     std::optional<deadlock_watch> watch;
-    if (!net.turns) watch.emplace(net);
+    if (!net.turns && net.opts.report_deadlocks) watch.emplace(net);
     for (;;) {  // the churn schedule may start threads until the last peer ends
       std::vector<std::thread> done;
       {
@@ -14017,15 +14028,15 @@ class in_process {
       ++progress;
       return w;
     }
-    std::shared_ptr<void> lane_opened(int rank) {
+    static std::shared_ptr<void> lane_opened(const std::shared_ptr<shared>& net, int rank) {
       {
-        std::lock_guard lock(watch_mutex);
-        ++lanes[static_cast<std::size_t>(rank)];
+        std::lock_guard lock(net->watch_mutex);
+        ++net->lanes[static_cast<std::size_t>(rank)];
       }
-      return std::shared_ptr<void>(nullptr, [this, rank](void*) {
-        std::lock_guard lock(watch_mutex);
-        --lanes[static_cast<std::size_t>(rank)];
-        ++progress;
+      return std::shared_ptr<void>(nullptr, [net, rank](void*) {  // (holds the network while the lane lives)
+        std::lock_guard lock(net->watch_mutex);
+        --net->lanes[static_cast<std::size_t>(rank)];
+        ++net->progress;
       });
     }
     void set_running(int ranks) {
@@ -14058,6 +14069,8 @@ class in_process {
       for (std::size_t r = 0; r < waits.size(); ++r) {
         if (dead[r].load()) continue;
         if (static_cast<int>(waits[r].size()) < running[r] + lanes[r]) return std::nullopt;
+        for (const auto& w : waits[r])  // its message came: the waiter is about to take it
+          if (boxes[r].has_queued(w.sources, w.tag)) return std::nullopt;
         waiting = waiting || !waits[r].empty();
       }
       if (!waiting) return std::nullopt;
@@ -14074,7 +14087,9 @@ class in_process {
           text += ": ended";
           continue;
         }
+        bool first = true;
         for (const auto& w : waits[r]) {
+          if (!std::exchange(first, false)) text += decentrain::detail::concat("\n  peer ", r, " (another thread)");
           std::string from;
           for (const int p : w.sources) from += (from.empty() ? "" : ", ") + std::to_string(p);
           text += decentrain::detail::concat(w.step >= 0 ? decentrain::detail::concat(", step ", w.step) : std::string(),
@@ -24660,9 +24675,13 @@ struct pipeline {
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 
@@ -24696,8 +24715,8 @@ struct pool_peer {
 struct stage_move {
   int peer = 0, from = 0, to = 0;
   int partner = -1;
-  double before = 0, after = 0;  // the pipeline's throughput (its slowest stage's), samples a second;
-                                 // minus the stages without peers where there are such
+  double before = 0, after = 0;        // the slowest stage's throughput, samples a second (of those with peers)
+  int empty_before = 0, empty_after = 0;  // stages without peers
   friend bool operator==(const stage_move& a, const stage_move& b) {
     return a.peer == b.peer && a.from == b.from && a.to == b.to && a.partner == b.partner;
   }
@@ -24728,11 +24747,11 @@ class rebalancer {
 
   // One check on the group's figures: the move to make now, if one passed.
   std::optional<stage_move> check(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
-    ++checks_;
     for (const auto& p : peers)
       decentrain::detail::check(p.stage >= 0 && p.stage < static_cast<int>(cost.size()) && p.speed >= 0 && std::isfinite(p.speed),
                                 "swarm rebalance: peer ", p.peer, " has stage ", p.stage, " of ", cost.size(), " and speed ", p.speed);
     for (const double c : cost) decentrain::detail::check(c > 0 && std::isfinite(c), "swarm rebalance: a stage's cost must be > 0, got ", c);
+    ++checks_;
     // Each peer's speed averaged over the checks (a peer gone is forgotten).
     std::map<int, std::pair<double, int>> kept;
     auto smoothed = peers;
@@ -24745,8 +24764,9 @@ class rebalancer {
     }
     speeds_ = std::move(kept);
     const auto best = best_move(smoothed, cost);
-    // (A stage without peers stops the pipeline: any move that serves one more such stage passes.)
-    if (!best || !(best->before <= 0 ? best->after > best->before : best->before < settings_.gain * best->after)) {
+    // A move that serves one more stage without peers passes (such a stage stops the pipeline).
+    if (!best || !(best->empty_after < best->empty_before ||
+                   (best->empty_after == best->empty_before && best->before < settings_.gain * best->after))) {
       streak_ = 0;
       return std::nullopt;
     }
@@ -24763,22 +24783,129 @@ class rebalancer {
   std::uint64_t moves() const { return moves_; }
   std::uint64_t checks() const { return checks_; }
 
+  // What the checks remember (speeds' averages, the move being confirmed, the stages peers left),
+  // exactly: a peer that resumes or joins takes it with the rest of the group's state, so that
+  // every peer makes the same move at the same check.
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    char buf[160];
+    std::string text;
+    for (const auto& [peer, v] : speeds_) {
+      std::snprintf(buf, sizeof buf, "s %d %a %d;", peer, v.first, v.second);
+      text += buf;
+    }
+    for (const auto& [peer, v] : left_) {
+      std::snprintf(buf, sizeof buf, "l %d %d %llu;", peer, v.first, static_cast<unsigned long long>(v.second));
+      text += buf;
+    }
+    if (last_) {
+      std::snprintf(buf, sizeof buf, "m %d %d %d %d;", last_->peer, last_->from, last_->to, last_->partner);
+      text += buf;
+    }
+    c.text[prefix + "rebalance"] = text;
+    c.counters[prefix + "rebalance.checks"] = static_cast<std::int64_t>(checks_);
+    c.counters[prefix + "rebalance.moves"] = static_cast<std::int64_t>(moves_);
+    c.counters[prefix + "rebalance.streak"] = streak_;
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    using decentrain::detail::check;
+    const auto it = c.text.find(prefix + "rebalance");
+    check(it != c.text.end(), "swarm rebalance: the checkpoint has no '", prefix, "rebalance'");
+    const auto counter = [&](const char* key) {
+      const auto k = c.counters.find(prefix + key);
+      check(k != c.counters.end() && k->second >= 0, "swarm rebalance: the checkpoint has no '", prefix, key, "'");
+      return k->second;
+    };
+    std::map<int, std::pair<double, int>> speeds;
+    std::map<int, std::pair<int, std::uint64_t>> left;
+    std::optional<stage_move> last;
+    std::istringstream in(it->second);
+    for (std::string item; std::getline(in, item, ';');) {
+      if (item.empty()) continue;
+      std::istringstream fields(item);
+      std::string kind;
+      fields >> kind;
+      int peer = 0;
+      if (kind == "s") {
+        std::string average;
+        int count = 0;
+        fields >> peer >> average >> count;
+        char* end = nullptr;
+        const double a = std::strtod(average.c_str(), &end);
+        check(!fields.fail() && end && *end == '\0' && std::isfinite(a) && a >= 0 && count >= 1,
+              "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+        speeds[peer] = {a, count};
+      } else if (kind == "l") {
+        int stage = 0;
+        unsigned long long at = 0;
+        fields >> peer >> stage >> at;
+        check(!fields.fail() && stage >= 0, "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+        left[peer] = {stage, at};
+      } else if (kind == "m") {
+        stage_move m;
+        fields >> m.peer >> m.from >> m.to >> m.partner;
+        check(!fields.fail(), "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+        last = m;
+      } else {
+        check(false, "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+      }
+    }
+    checks_ = static_cast<std::uint64_t>(counter("rebalance.checks"));
+    moves_ = static_cast<std::uint64_t>(counter("rebalance.moves"));
+    streak_ = static_cast<int>(counter("rebalance.streak"));
+    speeds_ = std::move(speeds);
+    left_ = std::move(left);
+    last_ = last;
+  }
+
  private:
+  struct score_of {
+    int empty = 0;         // stages without peers
+    double slowest = 0;    // the slowest of the others' throughputs
+  };
+  // Fewer stages without peers first, then the faster pipeline.
+  static bool better(const score_of& a, const score_of& b) {
+    return a.empty != b.empty ? a.empty < b.empty : a.slowest > b.slowest;
+  }
+  static score_of score(const std::vector<double>& t, const std::vector<int>& count) {
+    score_of s{0, std::numeric_limits<double>::infinity()};
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      if (count[k] == 0) ++s.empty;
+      else s.slowest = std::min(s.slowest, t[k]);
+    }
+    if (!std::isfinite(s.slowest)) s.slowest = 0;
+    return s;
+  }
+
   std::optional<stage_move> best_move(const std::vector<pool_peer>& peers, const std::vector<double>& cost) const {
-    auto t = stage_throughputs(peers, cost);
-    const double now = score(t);
+    const auto t = stage_throughputs(peers, cost);
+    std::vector<int> count(cost.size(), 0);
+    for (const auto& p : peers) ++count[static_cast<std::size_t>(p.stage)];
+    const auto now = score(t, count);
     auto by_peer = peers;  // ties go the same way whatever order the figures came in
     std::sort(by_peer.begin(), by_peer.end(), [](const pool_peer& x, const pool_peer& y) { return x.peer < y.peer; });
     std::optional<stage_move> best;
+    score_of best_score;
+    const auto consider = [&](const stage_move& m, const std::vector<double>& after, const std::vector<int>& counts) {
+      const auto sc = score(after, counts);
+      if (best && !better(sc, best_score)) return;
+      best = m;
+      best->before = now.slowest;
+      best->after = sc.slowest;
+      best->empty_before = now.empty;
+      best->empty_after = sc.empty;
+      best_score = sc;
+    };
     for (const auto& p : by_peer) {
       const auto a = static_cast<std::size_t>(p.stage);
       for (std::size_t b = 0; b < cost.size(); ++b) {
         if (b == a || blocked(p.peer, static_cast<int>(b))) continue;
         auto after = t;
+        auto counts = count;
         after[a] -= p.speed / cost[a];
         after[b] += p.speed / cost[b];
-        const double slowest = score(after);
-        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, static_cast<int>(b), -1, now, slowest};
+        --counts[a];
+        ++counts[b];
+        consider(stage_move{p.peer, p.stage, static_cast<int>(b)}, after, counts);
       }
       for (const auto& q : by_peer) {  // swaps with a slower peer of another stage
         const auto b = static_cast<std::size_t>(q.stage);
@@ -24786,18 +24913,10 @@ class rebalancer {
         auto after = t;
         after[a] += (q.speed - p.speed) / cost[a];
         after[b] += (p.speed - q.speed) / cost[b];
-        const double slowest = score(after);
-        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, q.stage, q.peer, now, slowest};
+        consider(stage_move{p.peer, p.stage, q.stage, q.peer}, after, count);
       }
     }
     return best;
-  }
-  // The slowest stage's throughput; with stages that have no peer, minus how many (so that a
-  // move serving one of them scores higher though the pipeline stays stopped).
-  static double score(const std::vector<double>& t) {
-    const auto empty = std::count(t.begin(), t.end(), 0.0);
-    if (empty > 0) return -static_cast<double>(empty);
-    return t.empty() ? 0.0 : *std::min_element(t.begin(), t.end());
   }
   bool blocked(int peer, int stage) const {
     const auto it = left_.find(peer);
@@ -24819,8 +24938,8 @@ class rebalancer {
 // the micro-batches proportional to its measured throughput (samples per second, its link
 // included: a measurement is the round trip of a micro-batch sent to it), in an interleaved
 // order (smooth weighted round-robin: every peer's weight is added to its credit, the peer with
-// the most credit goes next and pays the weights' sum, so shares are exact over any window of a
-// few picks and no peer gets a burst).
+// the most credit goes next and pays the weights' sum; with weights that hold still, every peer's
+// count is within one of its share over any window, and no peer gets a burst).
 // The estimate is SWARM's (yandex-research/swarm, balancer.py): an exponential moving average
 // of seconds per sample, alpha 0.1, bias-corrected (a peer's first measurement is its estimate,
 // not a tenth of it). Unlike it, a change of speed is followed at once: `confirm` measurements in
@@ -24861,7 +24980,7 @@ class router {
  public:
   explicit router(router_settings s = {}) : settings_(s) { settings_.validate(); }
 
-  // The peers that may take micro-batches; one added again keeps what was measured of it.
+  // The peers that may take micro-batches (one removed and added again starts unmeasured).
   void add(int peer) { peers_.try_emplace(peer); }
   void remove(int peer) { peers_.erase(peer); }
   bool contains(int peer) const { return peers_.count(peer) != 0; }
@@ -24895,6 +25014,8 @@ class router {
     if (it == peers_.end()) return;  // left since it was sent
     entry& e = it->second;
     const double x = seconds / samples;
+    decentrain::detail::check(x > 0 && std::isfinite(x), "swarm router: ", seconds, " s for ", samples,
+                              " samples is no time a sample can take");
     if (e.count > 0) {
       const double estimate = seconds_per_sample(e), ratio = x / estimate;
       const int way = ratio > settings_.change_ratio ? 1 : ratio < 1 / settings_.change_ratio ? -1 : 0;
@@ -24962,11 +25083,19 @@ class router {
       entry e;
       fields >> peer >> average >> count >> credit >> e.way >> e.run >> run_sum;
       decentrain::detail::check(!fields.fail(), "swarm router: the checkpoint's entry '", item, "' is malformed");
-      e.average = std::strtod(average.c_str(), nullptr);
+      const auto number = [&](const std::string& text) {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        decentrain::detail::check(end && end != text.c_str() && *end == '\0' && std::isfinite(v), "swarm router: the checkpoint's entry '",
+                                  item, "' is malformed");
+        return v;
+      };
+      e.average = number(average);
       e.count = count;
-      e.credit = std::strtod(credit.c_str(), nullptr);
-      e.run_sum = std::strtod(run_sum.c_str(), nullptr);
-      decentrain::detail::check(std::isfinite(e.average) && e.average >= 0 && count >= 0 && std::isfinite(e.credit),
+      e.credit = number(credit);
+      e.run_sum = number(run_sum);
+      decentrain::detail::check(count >= 0 && (count == 0 ? e.average == 0 : e.average > 0) && e.way >= -1 && e.way <= 1 &&
+                                    e.run >= 0 && e.run_sum >= 0,
                                 "swarm router: the checkpoint's entry '", item, "' is out of range");
       loaded[peer] = e;
     }

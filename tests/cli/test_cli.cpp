@@ -519,6 +519,7 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
     return std::string();
   };
   CHECK(!row_of(rank1, "1 ").empty());
+  CHECK(!row_of(tcp.output, "0 ").empty());
   CHECK(row_of(rank1, "1 ") == row_of(in_process.output, "1 "));
   CHECK(row_of(tcp.output, "0 ") == row_of(in_process.output, "0 "));
   // Over TCP each process writes its own metrics, named by rank.
@@ -1623,7 +1624,12 @@ TEST_CASE("train over TCP --status-port: each peer's page serves its own figures
   CHECK(m0.at("group").items[0].at("page").as_string() == "http://127.0.0.1:" + std::to_string(port1) + "/");
   REQUIRE(m0.at("peers").items.size() == 1);
   CHECK(m0.at("peers").items[0].at("rank").as_int() == 0);
-  const auto m1 = metrics(port1);
+  auto m1 = metrics(port1);
+  while (m1.at("peers").items.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    m1 = metrics(port1);
+  }
+  REQUIRE(m1.at("peers").items.size() == 1);
   REQUIRE(m1.at("group").items.size() == 1);
   CHECK(m1.at("group").items[0].at("rank").as_int() == 0);
   CHECK(m1.at("group").items[0].at("page").as_string() == "http://127.0.0.1:" + std::to_string(port0) + "/");

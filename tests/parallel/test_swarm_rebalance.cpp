@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <decentrain/core/rng.hpp>
+#include <decentrain/io/checkpoint.hpp>
 #include <decentrain/parallel/swarm/rebalance.hpp>
 
 #include <algorithm>
@@ -47,6 +48,28 @@ TEST_CASE("swarm rebalance: the bottleneck gets a peer once the move is confirme
   for (int i = 0; i < 20; ++i) CHECK(!r.check(peers, cost));
   CHECK(dt::parallel::swarm::bottleneck(peers, cost) == 3.0);
   CHECK(r.moves() == 1);
+
+  // Saved in the middle of a confirmation and loaded, a rebalancer makes the same moves.
+  std::vector<pool_peer> again{{0, 0, 2}, {1, 0, 2}, {2, 0, 2}, {3, 1, 2}, {4, 1, 2}, {5, 2, 1}};
+  rebalancer first;
+  CHECK(!first.check(again, cost));
+  dt::io::checkpoint c;
+  first.save(c, "swarm.");
+  rebalancer resumed;
+  resumed.load(c, "swarm.");
+  for (int i = 0; i < 4; ++i) {
+    const auto a = first.check(again, cost), b = resumed.check(again, cost);
+    REQUIRE(a.has_value() == b.has_value());
+    if (a) {
+      CHECK(*a == *b);
+      CHECK(i == 1);  // the third check of the streak
+      carry_out(again, *a);
+    }
+  }
+  CHECK(resumed.moves() == 1);
+  dt::io::checkpoint bad = c;
+  bad.text["swarm.rebalance"] = "s 0 zz 1;";
+  CHECK_THROWS_WITH(resumed.load(bad, "swarm."), Catch::Contains("the checkpoint's entry 's 0 zz 1' is malformed"));
 }
 
 TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and noise moves nobody") {
@@ -56,8 +79,8 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
   const std::vector<pool_peer> lone{{0, 0, 10}, {1, 1, 1}};
   for (int i = 0; i < 10; ++i) CHECK(!r.check(lone, cost));
 
-  // Peer 0 leaves stage 0 for stage 1; when stage 0 then needs a peer, peer 0 is not the one to
-  // go back within the cooldown (peer 1 goes, though peer 0 would give the same).
+  // Peer 0 leaves stage 0 for stage 1; when stage 0 then needs a faster peer, peer 0 is not the
+  // one to go back within the cooldown.
   dt::parallel::swarm::rebalance_settings s;
   s.confirm = 1;
   rebalancer back(s);
@@ -69,7 +92,10 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
   for (auto& p : peers) p.speed = p.peer == 0 || p.peer == 3 ? 3 : 1;  // stage 0 (peers 1, 2) is now the bottleneck
   m = back.check(peers, cost);
   REQUIRE(m);
-  CHECK(m->peer == 3);  // peer 0 would give as much, but it left stage 0 a check ago
+  // Peers 3 and 1 trade places (peers 0 and 1 would give as much, but peer 0 left stage 0 a
+  // check ago).
+  CHECK(m->peer == 3);
+  CHECK(m->partner == 1);
   CHECK(m->to == 0);
 
   // +-20% noise on a pool where the best move gains 1.5% (stage 1 at 1.97 samples/s, 2.0 with
@@ -90,6 +116,7 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
   const auto [confirmed, confirmed_end] = noisy(3);
   INFO("moves in 1000 checks of 5 peers under noise: " << unconfirmed << " unconfirmed (ending at " << unconfirmed_end
        << " samples/s), " << confirmed << " confirmed (ending at " << confirmed_end << ")");
+  CHECK(unconfirmed > 0);  // noise alone does look like a gain
   CHECK(unconfirmed >= 2 * confirmed);
   CHECK(confirmed * 10 <= 1000 * 5 / 10);  // under a move a peer per 10 checks (the bench's goal) by 10x
   CHECK(confirmed_end >= 1.97);            // no slower than where it started
@@ -108,6 +135,12 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
   }
   CHECK(dt::parallel::swarm::bottleneck(left, four) == 1.0);
   CHECK(!refill.check(left, four));
+  // The filler comes from where it is missed least: the fast stage, not the lowest peer's.
+  rebalancer fill(now_settings);
+  const auto mv = fill.check({{0, 0, 1}, {1, 0, 1}, {2, 1, 3}, {3, 1, 3}}, four);
+  REQUIRE(mv);
+  CHECK(mv->peer == 2);
+  CHECK(mv->empty_after == 1);
   CHECK(dt::parallel::swarm::stage_for_joiner({{0, 0, 1}, {1, 2, 1}}, std::vector<double>(3, 1.0)) == 1);
   CHECK_THROWS_WITH(calm.check({{0, 5, 1.0}}, std::vector<double>(4, 1.0)), Catch::Contains("peer 0 has stage 5 of 4"));
   s.gain = 1.5;

@@ -296,17 +296,19 @@ TEST_CASE("in_process: a deadlock is reported at once: each peer's wait and step
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // computing: the other's wait is no deadlock
         ep.send(1, 3, std::vector<std::byte>(4));
         try {
-          (void)ep.recv_within(1, 4, std::chrono::milliseconds(1500));  // ended by its own timeout
+          (void)ep.recv_within(1, 4, std::chrono::milliseconds(1500));  // ended by its own timeout...
         } catch (const std::exception& e) {
           got[0] = e.what();
         }
+        ep.send(1, 9, std::vector<std::byte>(4));  // ... after which it sends what the other waits for
       } else {
         got[1] = std::to_string(ep.recv(0, 3).size());
-        std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+        got[1] += " " + std::to_string(ep.recv(0, 9).size());  // waits while peer 0 waits on its own timeout
       }
     });
+    INFO(error);
     CHECK(error.empty());
-    CHECK(got[1] == "4");
+    CHECK(got[1] == "4 4");
     CHECK_THAT(got[0], Catch::Contains("within 1500 ms"));
   }
 }

@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "decentrain/core/rng.hpp"
@@ -213,6 +214,10 @@ class in_process {
     // The ranks that start the run (0: all); the others start when the churn schedule starts them,
     // as joiners of the running group. Needs `deterministic`.
     int initial_peers = 0;
+    // run() ends a deadlock at once with an error naming every peer's wait (see deadlock_watch);
+    // off: the receive timeout ends it (for a run that counts on timeouts, as when a peer is
+    // suspected for its silence, or on a thread outside run() that sends or kills later).
+    bool report_deadlocks = true;
     // How fast each rank computes, relative to this machine (2: twice as fast; its compute moves
     // its clock half as far); empty: every rank 1. speeds::spread gives peers of different speeds.
     std::vector<double> speeds{};
@@ -408,7 +413,7 @@ class in_process {
       if (net_->turns) return std::nullopt;  // a second thread would race the turns
       endpoint l = *this;
       l.stats_ = {};
-      l.lane_token_ = net_->lane_opened(rank_);
+      l.lane_token_ = shared::lane_opened(net_, rank_);
       const auto salt = decentrain::detail::splitmix64(++lanes_opened_ ^ (std::uint64_t{0x1a9e} << 32));
       for (auto& g : l.link_rng_) g = rng(g.next_u64() ^ salt, "lane-link");
       return l;
@@ -641,7 +646,7 @@ class in_process {
       net.turns->await_all();
     }
     std::optional<deadlock_watch> watch;
-    if (!net.turns) watch.emplace(net);
+    if (!net.turns && net.opts.report_deadlocks) watch.emplace(net);
     for (;;) {  // the churn schedule may start threads until the last peer ends
       std::vector<std::thread> done;
       {
@@ -848,15 +853,15 @@ class in_process {
       ++progress;
       return w;
     }
-    std::shared_ptr<void> lane_opened(int rank) {
+    static std::shared_ptr<void> lane_opened(const std::shared_ptr<shared>& net, int rank) {
       {
-        std::lock_guard lock(watch_mutex);
-        ++lanes[static_cast<std::size_t>(rank)];
+        std::lock_guard lock(net->watch_mutex);
+        ++net->lanes[static_cast<std::size_t>(rank)];
       }
-      return std::shared_ptr<void>(nullptr, [this, rank](void*) {
-        std::lock_guard lock(watch_mutex);
-        --lanes[static_cast<std::size_t>(rank)];
-        ++progress;
+      return std::shared_ptr<void>(nullptr, [net, rank](void*) {  // (holds the network while the lane lives)
+        std::lock_guard lock(net->watch_mutex);
+        --net->lanes[static_cast<std::size_t>(rank)];
+        ++net->progress;
       });
     }
     void set_running(int ranks) {
@@ -889,6 +894,8 @@ class in_process {
       for (std::size_t r = 0; r < waits.size(); ++r) {
         if (dead[r].load()) continue;
         if (static_cast<int>(waits[r].size()) < running[r] + lanes[r]) return std::nullopt;
+        for (const auto& w : waits[r])  // its message came: the waiter is about to take it
+          if (boxes[r].has_queued(w.sources, w.tag)) return std::nullopt;
         waiting = waiting || !waits[r].empty();
       }
       if (!waiting) return std::nullopt;
@@ -905,7 +912,9 @@ class in_process {
           text += ": ended";
           continue;
         }
+        bool first = true;
         for (const auto& w : waits[r]) {
+          if (!std::exchange(first, false)) text += decentrain::detail::concat("\n  peer ", r, " (another thread)");
           std::string from;
           for (const int p : w.sources) from += (from.empty() ? "" : ", ") + std::to_string(p);
           text += decentrain::detail::concat(w.step >= 0 ? decentrain::detail::concat(", step ", w.step) : std::string(),

@@ -213,16 +213,17 @@ class mailbox {
     return std::nullopt;
   }
   // A wait's end at its timeout names the call this thread was in (detail::activity) and, in
-  // `not_taken`, what the sources sent that no wait took: calls that do not match on the two
-  // sides (a recv_from of one size, a send_to of another; a collective against another) look so.
+  // `unread`, what the sources sent that no wait took: calls that do not match on the two sides
+  // (a recv_from without its send_to; a collective against another) look so, though messages of
+  // a later call that came early are listed too.
   [[noreturn]] static void timed_out_any(std::span<const int> sources, tag_type tag, std::chrono::milliseconds timeout,
-                                         const std::string& not_taken = {}) {
-    if (sources.size() == 1) timed_out(sources.front(), tag, timeout, not_taken);
+                                         const std::string& unread = {}) {
+    if (sources.size() == 1) timed_out(sources.front(), tag, timeout, unread);
     std::string list;
     for (const int s : sources) list += (list.empty() ? "" : ", ") + std::to_string(s);
     transport::fail_peer_because(failure_cause::silent, -1, "receive", "transport: no message from any of peers ", list, " (",
                                  describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
-                                 ": they are slow, partitioned or have failed", not_taken);
+                                 ": they are slow, partitioned or have failed", unread);
   }
 
   // ---- turns on simulated time (in_process's deterministic mode) ----
@@ -282,10 +283,10 @@ class mailbox {
     return at;
   }
   [[noreturn]] static void timed_out(int source, tag_type tag, std::chrono::milliseconds timeout,
-                                     const std::string& not_taken = {}) {
+                                     const std::string& unread = {}) {
     transport::fail_peer_because(failure_cause::silent, source, "receive", "transport: no message from peer ", source, " (",
                                  describe_tag(tag), ") within ", timeout.count(), " ms", in_call(),
-                                 ": the peer is slow, partitioned or has failed", not_taken);
+                                 ": the peer is slow, partitioned or has failed", unread);
   }
   static std::string in_call() {
     const char* call = decentrain::detail::this_thread_activity().call;
@@ -526,6 +527,11 @@ class mailbox {
     }
     ready_.notify_all();
   }
+  // Whether a message from one of `sources` with `tag` is queued here (a wait for it is about to end).
+  bool has_queued(std::span<const int> sources, tag_type tag) const {
+    std::lock_guard lock(mutex_);
+    return any_queued(sources, tag, std::numeric_limits<double>::infinity());
+  }
   // What is queued here and not taken, as (source, tag), at most `most` of them: for a diagnostic.
   std::vector<std::pair<int, tag_type>> queued_keys(std::size_t most) const {
     std::lock_guard lock(mutex_);
@@ -761,7 +767,7 @@ class mailbox {
     }
     if (tags.empty()) return {};
     return decentrain::detail::concat("; not taken here: ", tags, more > 4 ? decentrain::detail::concat(" and ", more - 4, " more") : "",
-                                      " (the calls on the two sides may not match)");
+                                      " (where nothing else is coming, the calls on the two sides do not match)");
   }
 
   void pop_first(const key& k) {

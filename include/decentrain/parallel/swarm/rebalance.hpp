@@ -21,12 +21,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
+#include "decentrain/io/checkpoint.hpp"
 
 namespace decentrain::parallel::swarm {
 
@@ -58,8 +63,8 @@ struct pool_peer {
 struct stage_move {
   int peer = 0, from = 0, to = 0;
   int partner = -1;
-  double before = 0, after = 0;  // the pipeline's throughput (its slowest stage's), samples a second;
-                                 // minus the stages without peers where there are such
+  double before = 0, after = 0;        // the slowest stage's throughput, samples a second (of those with peers)
+  int empty_before = 0, empty_after = 0;  // stages without peers
   friend bool operator==(const stage_move& a, const stage_move& b) {
     return a.peer == b.peer && a.from == b.from && a.to == b.to && a.partner == b.partner;
   }
@@ -90,11 +95,11 @@ class rebalancer {
 
   // One check on the group's figures: the move to make now, if one passed.
   std::optional<stage_move> check(const std::vector<pool_peer>& peers, const std::vector<double>& cost) {
-    ++checks_;
     for (const auto& p : peers)
       decentrain::detail::check(p.stage >= 0 && p.stage < static_cast<int>(cost.size()) && p.speed >= 0 && std::isfinite(p.speed),
                                 "swarm rebalance: peer ", p.peer, " has stage ", p.stage, " of ", cost.size(), " and speed ", p.speed);
     for (const double c : cost) decentrain::detail::check(c > 0 && std::isfinite(c), "swarm rebalance: a stage's cost must be > 0, got ", c);
+    ++checks_;
     // Each peer's speed averaged over the checks (a peer gone is forgotten).
     std::map<int, std::pair<double, int>> kept;
     auto smoothed = peers;
@@ -107,8 +112,9 @@ class rebalancer {
     }
     speeds_ = std::move(kept);
     const auto best = best_move(smoothed, cost);
-    // (A stage without peers stops the pipeline: any move that serves one more such stage passes.)
-    if (!best || !(best->before <= 0 ? best->after > best->before : best->before < settings_.gain * best->after)) {
+    // A move that serves one more stage without peers passes (such a stage stops the pipeline).
+    if (!best || !(best->empty_after < best->empty_before ||
+                   (best->empty_after == best->empty_before && best->before < settings_.gain * best->after))) {
       streak_ = 0;
       return std::nullopt;
     }
@@ -125,22 +131,129 @@ class rebalancer {
   std::uint64_t moves() const { return moves_; }
   std::uint64_t checks() const { return checks_; }
 
+  // What the checks remember (speeds' averages, the move being confirmed, the stages peers left),
+  // exactly: a peer that resumes or joins takes it with the rest of the group's state, so that
+  // every peer makes the same move at the same check.
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    char buf[160];
+    std::string text;
+    for (const auto& [peer, v] : speeds_) {
+      std::snprintf(buf, sizeof buf, "s %d %a %d;", peer, v.first, v.second);
+      text += buf;
+    }
+    for (const auto& [peer, v] : left_) {
+      std::snprintf(buf, sizeof buf, "l %d %d %llu;", peer, v.first, static_cast<unsigned long long>(v.second));
+      text += buf;
+    }
+    if (last_) {
+      std::snprintf(buf, sizeof buf, "m %d %d %d %d;", last_->peer, last_->from, last_->to, last_->partner);
+      text += buf;
+    }
+    c.text[prefix + "rebalance"] = text;
+    c.counters[prefix + "rebalance.checks"] = static_cast<std::int64_t>(checks_);
+    c.counters[prefix + "rebalance.moves"] = static_cast<std::int64_t>(moves_);
+    c.counters[prefix + "rebalance.streak"] = streak_;
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    using decentrain::detail::check;
+    const auto it = c.text.find(prefix + "rebalance");
+    check(it != c.text.end(), "swarm rebalance: the checkpoint has no '", prefix, "rebalance'");
+    const auto counter = [&](const char* key) {
+      const auto k = c.counters.find(prefix + key);
+      check(k != c.counters.end() && k->second >= 0, "swarm rebalance: the checkpoint has no '", prefix, key, "'");
+      return k->second;
+    };
+    std::map<int, std::pair<double, int>> speeds;
+    std::map<int, std::pair<int, std::uint64_t>> left;
+    std::optional<stage_move> last;
+    std::istringstream in(it->second);
+    for (std::string item; std::getline(in, item, ';');) {
+      if (item.empty()) continue;
+      std::istringstream fields(item);
+      std::string kind;
+      fields >> kind;
+      int peer = 0;
+      if (kind == "s") {
+        std::string average;
+        int count = 0;
+        fields >> peer >> average >> count;
+        char* end = nullptr;
+        const double a = std::strtod(average.c_str(), &end);
+        check(!fields.fail() && end && *end == '\0' && std::isfinite(a) && a >= 0 && count >= 1,
+              "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+        speeds[peer] = {a, count};
+      } else if (kind == "l") {
+        int stage = 0;
+        unsigned long long at = 0;
+        fields >> peer >> stage >> at;
+        check(!fields.fail() && stage >= 0, "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+        left[peer] = {stage, at};
+      } else if (kind == "m") {
+        stage_move m;
+        fields >> m.peer >> m.from >> m.to >> m.partner;
+        check(!fields.fail(), "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+        last = m;
+      } else {
+        check(false, "swarm rebalance: the checkpoint's entry '", item, "' is malformed");
+      }
+    }
+    checks_ = static_cast<std::uint64_t>(counter("rebalance.checks"));
+    moves_ = static_cast<std::uint64_t>(counter("rebalance.moves"));
+    streak_ = static_cast<int>(counter("rebalance.streak"));
+    speeds_ = std::move(speeds);
+    left_ = std::move(left);
+    last_ = last;
+  }
+
  private:
+  struct score_of {
+    int empty = 0;         // stages without peers
+    double slowest = 0;    // the slowest of the others' throughputs
+  };
+  // Fewer stages without peers first, then the faster pipeline.
+  static bool better(const score_of& a, const score_of& b) {
+    return a.empty != b.empty ? a.empty < b.empty : a.slowest > b.slowest;
+  }
+  static score_of score(const std::vector<double>& t, const std::vector<int>& count) {
+    score_of s{0, std::numeric_limits<double>::infinity()};
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      if (count[k] == 0) ++s.empty;
+      else s.slowest = std::min(s.slowest, t[k]);
+    }
+    if (!std::isfinite(s.slowest)) s.slowest = 0;
+    return s;
+  }
+
   std::optional<stage_move> best_move(const std::vector<pool_peer>& peers, const std::vector<double>& cost) const {
-    auto t = stage_throughputs(peers, cost);
-    const double now = score(t);
+    const auto t = stage_throughputs(peers, cost);
+    std::vector<int> count(cost.size(), 0);
+    for (const auto& p : peers) ++count[static_cast<std::size_t>(p.stage)];
+    const auto now = score(t, count);
     auto by_peer = peers;  // ties go the same way whatever order the figures came in
     std::sort(by_peer.begin(), by_peer.end(), [](const pool_peer& x, const pool_peer& y) { return x.peer < y.peer; });
     std::optional<stage_move> best;
+    score_of best_score;
+    const auto consider = [&](const stage_move& m, const std::vector<double>& after, const std::vector<int>& counts) {
+      const auto sc = score(after, counts);
+      if (best && !better(sc, best_score)) return;
+      best = m;
+      best->before = now.slowest;
+      best->after = sc.slowest;
+      best->empty_before = now.empty;
+      best->empty_after = sc.empty;
+      best_score = sc;
+    };
     for (const auto& p : by_peer) {
       const auto a = static_cast<std::size_t>(p.stage);
       for (std::size_t b = 0; b < cost.size(); ++b) {
         if (b == a || blocked(p.peer, static_cast<int>(b))) continue;
         auto after = t;
+        auto counts = count;
         after[a] -= p.speed / cost[a];
         after[b] += p.speed / cost[b];
-        const double slowest = score(after);
-        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, static_cast<int>(b), -1, now, slowest};
+        --counts[a];
+        ++counts[b];
+        consider(stage_move{p.peer, p.stage, static_cast<int>(b)}, after, counts);
       }
       for (const auto& q : by_peer) {  // swaps with a slower peer of another stage
         const auto b = static_cast<std::size_t>(q.stage);
@@ -148,18 +261,10 @@ class rebalancer {
         auto after = t;
         after[a] += (q.speed - p.speed) / cost[a];
         after[b] += (p.speed - q.speed) / cost[b];
-        const double slowest = score(after);
-        if (!best || slowest > best->after) best = stage_move{p.peer, p.stage, q.stage, q.peer, now, slowest};
+        consider(stage_move{p.peer, p.stage, q.stage, q.peer}, after, count);
       }
     }
     return best;
-  }
-  // The slowest stage's throughput; with stages that have no peer, minus how many (so that a
-  // move serving one of them scores higher though the pipeline stays stopped).
-  static double score(const std::vector<double>& t) {
-    const auto empty = std::count(t.begin(), t.end(), 0.0);
-    if (empty > 0) return -static_cast<double>(empty);
-    return t.empty() ? 0.0 : *std::min_element(t.begin(), t.end());
   }
   bool blocked(int peer, int stage) const {
     const auto it = left_.find(peer);

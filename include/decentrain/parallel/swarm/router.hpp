@@ -2,8 +2,8 @@
 // the micro-batches proportional to its measured throughput (samples per second, its link
 // included: a measurement is the round trip of a micro-batch sent to it), in an interleaved
 // order (smooth weighted round-robin: every peer's weight is added to its credit, the peer with
-// the most credit goes next and pays the weights' sum, so shares are exact over any window of a
-// few picks and no peer gets a burst).
+// the most credit goes next and pays the weights' sum; with weights that hold still, every peer's
+// count is within one of its share over any window, and no peer gets a burst).
 // The estimate is SWARM's (yandex-research/swarm, balancer.py): an exponential moving average
 // of seconds per sample, alpha 0.1, bias-corrected (a peer's first measurement is its estimate,
 // not a tenth of it). Unlike it, a change of speed is followed at once: `confirm` measurements in
@@ -47,7 +47,7 @@ class router {
  public:
   explicit router(router_settings s = {}) : settings_(s) { settings_.validate(); }
 
-  // The peers that may take micro-batches; one added again keeps what was measured of it.
+  // The peers that may take micro-batches (one removed and added again starts unmeasured).
   void add(int peer) { peers_.try_emplace(peer); }
   void remove(int peer) { peers_.erase(peer); }
   bool contains(int peer) const { return peers_.count(peer) != 0; }
@@ -81,6 +81,8 @@ class router {
     if (it == peers_.end()) return;  // left since it was sent
     entry& e = it->second;
     const double x = seconds / samples;
+    decentrain::detail::check(x > 0 && std::isfinite(x), "swarm router: ", seconds, " s for ", samples,
+                              " samples is no time a sample can take");
     if (e.count > 0) {
       const double estimate = seconds_per_sample(e), ratio = x / estimate;
       const int way = ratio > settings_.change_ratio ? 1 : ratio < 1 / settings_.change_ratio ? -1 : 0;
@@ -148,11 +150,19 @@ class router {
       entry e;
       fields >> peer >> average >> count >> credit >> e.way >> e.run >> run_sum;
       decentrain::detail::check(!fields.fail(), "swarm router: the checkpoint's entry '", item, "' is malformed");
-      e.average = std::strtod(average.c_str(), nullptr);
+      const auto number = [&](const std::string& text) {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        decentrain::detail::check(end && end != text.c_str() && *end == '\0' && std::isfinite(v), "swarm router: the checkpoint's entry '",
+                                  item, "' is malformed");
+        return v;
+      };
+      e.average = number(average);
       e.count = count;
-      e.credit = std::strtod(credit.c_str(), nullptr);
-      e.run_sum = std::strtod(run_sum.c_str(), nullptr);
-      decentrain::detail::check(std::isfinite(e.average) && e.average >= 0 && count >= 0 && std::isfinite(e.credit),
+      e.credit = number(credit);
+      e.run_sum = number(run_sum);
+      decentrain::detail::check(count >= 0 && (count == 0 ? e.average == 0 : e.average > 0) && e.way >= -1 && e.way <= 1 &&
+                                    e.run >= 0 && e.run_sum >= 0,
                                 "swarm router: the checkpoint's entry '", item, "' is out of range");
       loaded[peer] = e;
     }
