@@ -13464,7 +13464,8 @@ class in_process {
         auto [source, m] = pop_in_turn(sources, tag, net_->opts.recv_timeout);
         return {source, take(std::move(m))};
       }
-      const auto watched = net_->watch_wait(rank_, sources, tag, "recv_any");
+      shared::wait_scope watched;
+      net_->watch_wait(watched, rank_, sources, tag, "recv_any");
       auto [source, m] = box().pop_any(sources, tag, net_->opts.recv_timeout);
       return {source, take(std::move(m))};
     }
@@ -13629,7 +13630,8 @@ class in_process {
       check_alive();
       const int sources[1] = {peer};
       if (net_->turns) return take(pop_in_turn(sources, tag, timeout).second);
-      const auto watched = net_->watch_wait(watched_as ? rank_ : -1, sources, tag, watched_as);
+      shared::wait_scope watched;
+      net_->watch_wait(watched, watched_as ? rank_ : -1, sources, tag, watched_as);
       return take(box().pop(peer, tag, timeout));
     }
     // A message taken: the clock moves to its arrival, the counters count it.
@@ -14002,6 +14004,8 @@ class in_process {
       const char* call;
       std::int64_t step;
     };
+    // A noted wait, taken off the list when it ends (returned by value: a receive allocates
+    // nothing for it unless the watch notes it).
     struct wait_scope {
       shared* net = nullptr;
       int rank = -1;
@@ -14016,17 +14020,15 @@ class in_process {
         ++net->progress;
       }
     };
-    std::unique_ptr<wait_scope> watch_wait(int rank, std::span<const int> sources, tag_type tag, const char* op) {
-      auto w = std::make_unique<wait_scope>();
-      if (rank < 0 || opts.deterministic) return w;
+    void watch_wait(wait_scope& w, int rank, std::span<const int> sources, tag_type tag, const char* op) {
+      if (rank < 0 || opts.deterministic || !opts.report_deadlocks) return;
       const auto& a = decentrain::detail::this_thread_activity();
       std::lock_guard lock(watch_mutex);
       auto& list = waits[static_cast<std::size_t>(rank)];
-      w->at = list.insert(list.end(), wait_note{std::vector<int>(sources.begin(), sources.end()), tag, op, a.call, a.step});
-      w->net = this;
-      w->rank = rank;
+      w.at = list.insert(list.end(), wait_note{std::vector<int>(sources.begin(), sources.end()), tag, op, a.call, a.step});
+      w.net = this;
+      w.rank = rank;
       ++progress;
-      return w;
     }
     static std::shared_ptr<void> lane_opened(const std::shared_ptr<shared>& net, int rank) {
       {
@@ -24662,9 +24664,9 @@ struct pipeline {
 // once the same move was the best in `confirm` checks in a row (PR 493's confirmation), each
 // check judging a peer by the moving average of the speeds the checks saw, so that noise in the
 // measured speeds moves nobody. Petals' gain is 0.75 (a move must make the pipeline a third
-// faster), which leaves it far from its best assignment once a few peers are lost; with the
-// averaging and the confirmation holding noise off, 0.97 here (bench/swarm: within 3% of the
-// best assignment found, a move per peer every ~500 checks under +-20% noise). A move is one
+// faster); a gain that coarse leaves a pipeline short of its best assignment once a few peers are
+// lost, since no single move of those left gains that much. With the averaging and the
+// confirmation holding noise off, 0.97 here (bench/swarm measures both sides). A move is one
 // peer's, or a swap of two peers of different speeds between their stages (which balances
 // stages no single move can); a move that leaves a stage without peers leaves a pipeline of
 // throughput 0, so none does, and any move that serves a stage without peers passes. Of the

@@ -289,7 +289,8 @@ class in_process {
         auto [source, m] = pop_in_turn(sources, tag, net_->opts.recv_timeout);
         return {source, take(std::move(m))};
       }
-      const auto watched = net_->watch_wait(rank_, sources, tag, "recv_any");
+      shared::wait_scope watched;
+      net_->watch_wait(watched, rank_, sources, tag, "recv_any");
       auto [source, m] = box().pop_any(sources, tag, net_->opts.recv_timeout);
       return {source, take(std::move(m))};
     }
@@ -454,7 +455,8 @@ class in_process {
       check_alive();
       const int sources[1] = {peer};
       if (net_->turns) return take(pop_in_turn(sources, tag, timeout).second);
-      const auto watched = net_->watch_wait(watched_as ? rank_ : -1, sources, tag, watched_as);
+      shared::wait_scope watched;
+      net_->watch_wait(watched, watched_as ? rank_ : -1, sources, tag, watched_as);
       return take(box().pop(peer, tag, timeout));
     }
     // A message taken: the clock moves to its arrival, the counters count it.
@@ -827,6 +829,8 @@ class in_process {
       const char* call;
       std::int64_t step;
     };
+    // A noted wait, taken off the list when it ends (returned by value: a receive allocates
+    // nothing for it unless the watch notes it).
     struct wait_scope {
       shared* net = nullptr;
       int rank = -1;
@@ -841,17 +845,15 @@ class in_process {
         ++net->progress;
       }
     };
-    std::unique_ptr<wait_scope> watch_wait(int rank, std::span<const int> sources, tag_type tag, const char* op) {
-      auto w = std::make_unique<wait_scope>();
-      if (rank < 0 || opts.deterministic) return w;
+    void watch_wait(wait_scope& w, int rank, std::span<const int> sources, tag_type tag, const char* op) {
+      if (rank < 0 || opts.deterministic || !opts.report_deadlocks) return;
       const auto& a = decentrain::detail::this_thread_activity();
       std::lock_guard lock(watch_mutex);
       auto& list = waits[static_cast<std::size_t>(rank)];
-      w->at = list.insert(list.end(), wait_note{std::vector<int>(sources.begin(), sources.end()), tag, op, a.call, a.step});
-      w->net = this;
-      w->rank = rank;
+      w.at = list.insert(list.end(), wait_note{std::vector<int>(sources.begin(), sources.end()), tag, op, a.call, a.step});
+      w.net = this;
+      w.rank = rank;
       ++progress;
-      return w;
     }
     static std::shared_ptr<void> lane_opened(const std::shared_ptr<shared>& net, int rank) {
       {

@@ -7,9 +7,9 @@
 // once the same move was the best in `confirm` checks in a row (PR 493's confirmation), each
 // check judging a peer by the moving average of the speeds the checks saw, so that noise in the
 // measured speeds moves nobody. Petals' gain is 0.75 (a move must make the pipeline a third
-// faster), which leaves it far from its best assignment once a few peers are lost; with the
-// averaging and the confirmation holding noise off, 0.97 here (bench/swarm: within 3% of the
-// best assignment found, a move per peer every ~500 checks under +-20% noise). A move is one
+// faster); a gain that coarse leaves a pipeline short of its best assignment once a few peers are
+// lost, since no single move of those left gains that much. With the averaging and the
+// confirmation holding noise off, 0.97 here (bench/swarm measures both sides). A move is one
 // peer's, or a swap of two peers of different speeds between their stages (which balances
 // stages no single move can); a move that leaves a stage without peers leaves a pipeline of
 // throughput 0, so none does, and any move that serves a stage without peers passes. Of the
