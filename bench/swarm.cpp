@@ -35,7 +35,7 @@
 #include "output_file.hpp"
 
 namespace dt = decentrain;
-using dt::parallel::swarm::router;
+using dt::parallel::pools::router;
 
 namespace {
 
@@ -72,7 +72,7 @@ struct row {
   std::uint64_t restarts = 0;
 };
 
-row measure(const std::string& name, dt::parallel::swarm::router_settings settings, int seed, double noise) {
+row measure(const std::string& name, dt::parallel::pools::router_settings settings, int seed, double noise) {
   row out{name, seed};
   const auto all = dt::transport::speeds::spread(stages * per_stage, static_cast<std::uint64_t>(seed));
   dt::rng gen(static_cast<std::uint64_t>(seed), "bench-swarm");
@@ -98,7 +98,7 @@ row measure(const std::string& name, dt::parallel::swarm::router_settings settin
   return out;
 }
 
-using dt::parallel::swarm::pool_peer;
+using dt::parallel::pools::pool_peer;
 
 // The best assignment of these speeds to `stages` stages of cost 1 a local search finds: from
 // many random starts, move or swap peers while that raises the slowest stage.
@@ -111,22 +111,22 @@ double best_found(const std::vector<double>& speeds, int stage_count, dt::rng& g
       a.push_back({static_cast<int>(p), static_cast<int>(gen.next_u64() % static_cast<std::uint64_t>(stage_count)), speeds[p]});
     for (bool better = true; better;) {
       better = false;
-      const double now = dt::parallel::swarm::bottleneck(a, cost);
+      const double now = dt::parallel::pools::bottleneck(a, cost);
       for (std::size_t i = 0; i < a.size() && !better; ++i) {
         for (int s = 0; s < stage_count && !better; ++s) {  // move i to s
           const int was = a[i].stage;
           a[i].stage = s;
-          if (dt::parallel::swarm::bottleneck(a, cost) > now + 1e-12) better = true;
+          if (dt::parallel::pools::bottleneck(a, cost) > now + 1e-12) better = true;
           else a[i].stage = was;
         }
         for (std::size_t j = i + 1; j < a.size() && !better; ++j) {  // swap i and j
           std::swap(a[i].stage, a[j].stage);
-          if (dt::parallel::swarm::bottleneck(a, cost) > now + 1e-12) better = true;
+          if (dt::parallel::pools::bottleneck(a, cost) > now + 1e-12) better = true;
           else std::swap(a[i].stage, a[j].stage);
         }
       }
     }
-    best = std::max(best, dt::parallel::swarm::bottleneck(a, cost));
+    best = std::max(best, dt::parallel::pools::bottleneck(a, cost));
   }
   return best;
 }
@@ -147,7 +147,7 @@ balance_row rebalance(int seed, double noise) {
   // A quarter lost, at random.
   for (int k = 0; k < stages * per_stage / 4; ++k) peers.erase(peers.begin() + static_cast<std::ptrdiff_t>(gen.next_u64() % peers.size()));
   auto still = peers;  // without rebalancing
-  dt::parallel::swarm::rebalancer r;
+  dt::parallel::pools::rebalancer r;
   std::uint64_t peer_checks = 0;
   const auto settle = [&](int checks) {
     for (int i = 0; i < checks; ++i) {
@@ -169,16 +169,16 @@ balance_row rebalance(int seed, double noise) {
   settle(200);
   double best = best_found(speeds_of(peers), stages, gen), total = 0;
   for (const auto& p : peers) total += p.speed;
-  out.lost_with = dt::parallel::swarm::bottleneck(peers, cost) / best;
-  out.lost_without = dt::parallel::swarm::bottleneck(still, cost) / best;
+  out.lost_with = dt::parallel::pools::bottleneck(peers, cost) / best;
+  out.lost_without = dt::parallel::pools::bottleneck(still, cost) / best;
   out.lost_bound = best / (total / stages);
   // Four joiners, 1x-4x, each on the slowest stage as it comes.
   const auto joiners = dt::transport::speeds::spread(4, static_cast<std::uint64_t>(seed) + 100);
   for (int j = 0; j < 4; ++j) {
     const pool_peer p{100 + j, 0, joiners[static_cast<std::size_t>(j)]};
     auto placed = p, placed_still = p;
-    placed.stage = dt::parallel::swarm::stage_for_joiner(peers, cost);
-    placed_still.stage = dt::parallel::swarm::stage_for_joiner(still, cost);
+    placed.stage = dt::parallel::pools::stage_for_joiner(peers, cost);
+    placed_still.stage = dt::parallel::pools::stage_for_joiner(still, cost);
     peers.push_back(placed);
     still.push_back(placed_still);
   }
@@ -186,8 +186,8 @@ balance_row rebalance(int seed, double noise) {
   best = best_found(speeds_of(peers), stages, gen);
   total = 0;
   for (const auto& p : peers) total += p.speed;
-  out.joined_with = dt::parallel::swarm::bottleneck(peers, cost) / best;
-  out.joined_without = dt::parallel::swarm::bottleneck(still, cost) / best;
+  out.joined_with = dt::parallel::pools::bottleneck(peers, cost) / best;
+  out.joined_without = dt::parallel::pools::bottleneck(still, cost) / best;
   out.joined_bound = best / (total / stages);
   out.moves_per_peer_per_10 = 10.0 * static_cast<double>(r.moves()) / static_cast<double>(peer_checks);  // peer_checks: peers x checks
   return out;
@@ -204,7 +204,7 @@ int main(int argc, char** argv) try {
   a.finish();
   dt::detail::check(noise >= 0 && noise < 1, "bench_swarm: --noise must be in [0, 1), got ", noise);
 
-  dt::parallel::swarm::router_settings reference;  // SWARM's balancer: the moving average alone
+  dt::parallel::pools::router_settings reference;  // SWARM's balancer: the moving average alone
   reference.change_ratio = 1e300;
   std::printf("routing among the 4 peers of each of 4 stages, speeds 1x-4x, round trips +-%.0f%%; the worst peer's\n"
               "share error (relative; goal <= 3%%)\n\n",

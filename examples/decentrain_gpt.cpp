@@ -374,18 +374,24 @@ void declare_train(CLI::App& cmd) {
   cli::real(cmd, "outer-lr", "X", "DiLoCo's outer Nesterov learning rate", 0.7)->group(comm);
   cli::real(cmd, "outer-momentum", "X", "DiLoCo's outer momentum", 0.9)->group(comm);
 
-  const std::string pipe = "Pipeline parallelism (the model cut into stages across peers)";
+  const std::string pipe = "Pipeline and SWARM parallelism (the model cut into stages across peers)";
   cli::choice(cmd, "parallel", "NAME",
               "data: every peer holds the whole model; pipeline: the model's blocks\n"
               "cut into --stages, a peer per stage, and peers / stages copies of that\n"
               "pipeline (rank R holds stage R % S of copy R / S); --comm averages each\n"
-              "stage among its copies",
-              {"data", "pipeline"})
+              "stage among its copies. swarm: the same cut, each stage held by a pool\n"
+              "of peers (rank R starts at stage R % S), every micro-batch sent to the\n"
+              "next stage's peer its router expects to be done first (faster peers\n"
+              "take more); --comm averages each pool weighted by the rows each peer\n"
+              "processed; with --elastic a lost peer's step is redone by the pools\n"
+              "left, each keeping its stage",
+              {"data", "pipeline", "swarm"})
       ->group(pipe);
   cli::integer(cmd, "stages", "S", "the model's blocks cut into S stages (at most --n-layer)", 2, 1, 4096)->group(pipe);
   cli::integer(cmd, "micro-batches", "M",
-               "each step's rows (--batch-size, per copy of the pipeline) cut into M\n"
-               "micro-batches that follow each other through the stages (default S)",
+               "each step's rows (--batch-size, per copy of the pipeline; swarm: per\n"
+               "peers / S) cut into M micro-batches that follow each other through\n"
+               "the stages (default S)",
                std::nullopt, 1, 1 << 20)
       ->group(pipe);
   cli::text(cmd, "schedule", "NAME",
@@ -1084,10 +1090,11 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     for (const auto& f : hooks.stage_runs)
       if (f.stages > 0 && f.steps > longest) {
         longest = f.steps;
-        ended.parallel.stages = f.stages;
+        ended.parallel.pipe.stages = f.stages;
       }
     print_summary(ended, results, rank, world, Comm::name, wall_s);
-    if (p.parallel.stages > 1) print_stages(p, results, hooks.stage_runs, rank);
+    if (p.parallel.swarm) print_swarm(p, hooks.swarm_runs, hooks.rows_by_stage, wall_s);
+    else if (p.parallel.stages() > 1) print_stages(p, results, hooks.stage_runs, rank);
     print_suspects(hooks.tallies[static_cast<std::size_t>(asker)]);
   }
   if (tcp_peer) print_transport(*tcp_peer);  // every process: what its own transport turned away
@@ -1168,17 +1175,43 @@ void describe_run(const train_plan& p, const training_data& data) {
   std::fflush(stdout);
 }
 
+// --parallel swarm and its settings, checked against the peers and the model.
+void swarm_settings(const options& opt, train_plan& p) {
+  for (const char* o : {"schedule", "replicas"}) dt::detail::check(!opt.has(o), "--", o, " needs --parallel pipeline (swarm has no fixed copies or schedule)");
+  p.parallel.swarm = true;
+  auto& pools = p.parallel.pools;
+  pools.stages = static_cast<int>(opt.integer("stages"));
+  pools.micro_batches = opt.has("micro-batches") ? static_cast<int>(opt.integer("micro-batches")) : pools.stages;
+  pools.codec = cli::from_flag("--activation-codec", [&] { return dt::collective::parse_codec(opt.text("activation-codec")); });
+  p.parallel.pipe.stages = 1;  // (the pipeline is not used)
+  dt::detail::check(pools.stages <= p.model.n_layer, "--stages ", pools.stages, " cuts a model of ", p.model.n_layer,
+                    " layers (--n-layer); each stage needs at least one, so that must be at most ", p.model.n_layer);
+  dt::detail::check(pools.micro_batches <= p.trainer.batch_size, "--micro-batches ", pools.micro_batches, " cuts ",
+                    p.trainer.batch_size, " rows (--batch-size); it must be at most --batch-size");
+  if (p.mode == launch::mpi) return;  // the world is known once MPI starts; the policy checks it then
+  const int world = world_size_of(p);
+  dt::detail::check(world >= pools.stages, "--parallel swarm: ", world, " peer(s) cannot hold --stages ", pools.stages,
+                    " (every stage needs a peer)");
+}
+
 // --parallel pipeline and its settings, checked against the peers and the model.
 void pipeline_settings(const options& opt, train_plan& p) {
-  const bool piped = opt.text("parallel") == "pipeline";
-  if (!piped) {
+  const auto parallel = opt.text("parallel");
+  if (parallel == "data") {
     for (const char* o : {"stages", "micro-batches", "schedule", "replicas", "activation-codec"})
-      dt::detail::check(!opt.has(o), "--", o, " needs --parallel pipeline");
-    p.parallel.stages = p.parallel.micro_batches = 1;
+      dt::detail::check(!opt.has(o), "--", o, " needs --parallel pipeline", std::string(o) == "stages" || std::string(o) == "micro-batches" ||
+                                                                             std::string(o) == "activation-codec"
+                                                                         ? " or swarm"
+                                                                         : "");
+    p.parallel.pipe.stages = p.parallel.pipe.micro_batches = 1;
     return;
   }
-  dt::detail::check(p.init == nullptr, "--parallel pipeline does not take --init-from yet");
-  auto& pipe = p.parallel;
+  dt::detail::check(p.init == nullptr, "--parallel ", parallel, " does not take --init-from yet");
+  if (parallel == "swarm") {
+    swarm_settings(opt, p);
+    return;
+  }
+  auto& pipe = p.parallel.pipe;
   pipe.stages = static_cast<int>(opt.integer("stages"));
   pipe.micro_batches = opt.has("micro-batches") ? static_cast<int>(opt.integer("micro-batches")) : pipe.stages;
   const auto schedule = opt.text("schedule");
@@ -1407,8 +1440,11 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
-  dt::detail::check(!p.elastic || p.parallel.stages == 1 || !(streaming || overlap > 0 || eager),
-                    "--parallel pipeline with --elastic cannot take --comm streaming-diloco, nor --comm diloco with ",
+  dt::detail::check(!p.parallel.swarm || comm != "gossip", "--parallel swarm cannot take --comm gossip: a stage's pool ",
+                    "averages weighted by the rows each peer processed, and gossip weighs its neighbours equally (use sync, ",
+                    "local-sgd, diloco or streaming-diloco)");
+  dt::detail::check(!p.elastic || p.parallel.stages() == 1 || !(streaming || overlap > 0 || eager),
+                    "--parallel ", opt.text("parallel"), " with --elastic cannot take --comm streaming-diloco, nor --comm diloco with ",
                     "--overlap or --eager (Streaming DiLoCo): when peers are lost the stages' parts are dealt out again, ",
                     "and its fragments' state is not laid out over the parameters to follow them (sync, local-sgd, diloco ",
                     "and gossip can)");
@@ -1446,13 +1482,18 @@ int cmd_train(const options& opt) {
   }
   if (comm != "sync") p.run.add("inner_steps", inner);
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
-  if (p.parallel.stages > 1)
+  if (p.parallel.swarm)
+    p.run.add("parallel", "swarm")
+        .add("stages", p.parallel.pools.stages)
+        .add("micro_batches", p.parallel.pools.micro_batches)
+        .add("activation_codec", p.parallel.pools.codec.describe());
+  else if (p.parallel.stages() > 1)
     p.run.add("parallel", "pipeline")
-        .add("stages", p.parallel.stages)
-        .add("micro_batches", p.parallel.micro_batches)
-        .add("schedule", p.parallel.schedule)
-        .add("chunks", p.parallel.chunks)
-        .add("activation_codec", p.parallel.codec.describe());
+        .add("stages", p.parallel.pipe.stages)
+        .add("micro_batches", p.parallel.pipe.micro_batches)
+        .add("schedule", p.parallel.pipe.schedule)
+        .add("chunks", p.parallel.pipe.chunks)
+        .add("activation_codec", p.parallel.pipe.codec.describe());
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
   if (eager) p.run.add("fragments", fragments).add("eager", true);
   else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
@@ -1463,9 +1504,10 @@ int cmd_train(const options& opt) {
   agreed << "steps=" << p.trainer.steps << ";seed=" << p.trainer.seed << ";n_layer=" << p.model.n_layer
          << ";n_head=" << p.model.n_head << ";n_embd=" << p.model.n_embd << ";block_size=" << p.model.block_size
          << ";vocab_size=" << p.model.vocab_size << ";bias=" << p.model.bias << ";comm=" << comm << ";inner_steps=" << inner
-         << ";codec=" << codec_choice.describe() << ";aggregator=" << p.aggregator.describe() << ";stages=" << p.parallel.stages
-         << ";micro_batches=" << p.parallel.micro_batches << ";schedule=" << p.parallel.schedule << ";chunks=" << p.parallel.chunks
-         << ";activation_codec=" << p.parallel.codec.describe();
+         << ";codec=" << codec_choice.describe() << ";aggregator=" << p.aggregator.describe() << ";parallel=" << opt.text("parallel")
+         << ";stages=" << p.parallel.stages() << ";micro_batches=" << p.parallel.micro_batches()
+         << ";schedule=" << p.parallel.pipe.schedule << ";chunks=" << p.parallel.pipe.chunks
+         << ";activation_codec=" << p.parallel.codec().describe();
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
   if (streaming || overlap > 0 || eager)
     agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;
@@ -1475,6 +1517,7 @@ int cmd_train(const options& opt) {
   // One trainer type per policy (cli/peer.hpp), whatever the codec and aggregator.
   if (comm == "sync") {
     cli::sync_policy policy;
+    policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
     return train_with(p, data.dataset, policy);
@@ -1486,6 +1529,7 @@ int cmd_train(const options& opt) {
   }
   if (comm == "local-sgd") {
     cli::local_sgd_policy policy;
+    policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
     policy.inner_steps = inner;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
@@ -1493,6 +1537,7 @@ int cmd_train(const options& opt) {
   }
   if (streaming || overlap > 0 || eager) {  // DiLoCo with overlap is Streaming DiLoCo with one fragment
     cli::streaming_policy policy;
+    policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
     policy.inner_steps = inner;
@@ -1505,6 +1550,7 @@ int cmd_train(const options& opt) {
     return train_with(p, data.dataset, policy);
   }
   cli::diloco_policy policy;
+  policy.weighted = p.parallel.swarm;
   policy.codec = codec_choice;
   policy.aggregator = p.aggregator;
   policy.inner_steps = inner;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "device.hpp"
+#include "parallel_choice.hpp"
 #include "run_status.hpp"
 
 #include <decentrain/decentrain.hpp>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,7 +89,7 @@ struct train_plan {
   bool quiet = false;  // warnings, errors and the summary only
   std::int64_t log_every = 50;
   dt::collective::any_aggregator aggregator;
-  dt::parallel::pipeline<dt::collective::any_codec> parallel;  // one stage: data parallelism
+  parallel_choice parallel;  // data (one stage), pipeline or swarm
   dt::train::json_line run;  // the metrics' config line, beyond the trainer's own fields
   std::shared_ptr<const dt::io::named_tensors> init;  // --init-from: every peer starts from these weights
   int status_port = -1;  // --status-port; -1: no status page
@@ -161,6 +163,29 @@ struct stage_figures {
   }
 };
 
+// --parallel swarm: what a peer did over the steps it completed.
+struct swarm_figures {
+  std::int64_t steps = 0;
+  int stage = 0;
+  std::int64_t micro_batches = 0, rows = 0;  // processed at its stage
+  std::int64_t step_rows = 0;                // the steps' batches: what each stage must process
+  std::int64_t retried = 0;
+  int moves = 0;
+  std::uint64_t bytes_sent = 0;
+  double busy_s = 0;
+  void add(const dt::parallel::swarm_stats& s) {
+    ++steps;
+    stage = s.stage;
+    micro_batches += s.micro_batches;
+    rows += s.rows;
+    step_rows += s.step_rows;
+    retried = s.retried;
+    moves = s.moves;
+    bytes_sent = s.bytes_sent;
+    busy_s = s.busy_s;
+  }
+};
+
 // What the hooks of this process's peers share and leave behind, indexed by rank.
 struct run_hooks {
   explicit run_hooks(const train_plan& p) : bar(stdout, {.tty = ::isatty(STDOUT_FILENO) != 0, .log_every = p.log_every}) {}
@@ -175,6 +200,8 @@ struct run_hooks {
     asked_at.assign(n, 0);
     tallies.assign(n, {});
     stage_runs.assign(n, {});
+    swarm_runs.assign(n, {});
+    rows_by_stage.assign(n, {});
     changes.assign(n, {});
     change_counts.assign(n, 0);
   }
@@ -187,6 +214,8 @@ struct run_hooks {
   std::vector<std::int64_t> asked_at;  // the step at which stop_when last asked
   std::vector<dt::collective::peer_tally> tallies;  // what each saw of the others' contributions
   std::vector<stage_figures> stage_runs;  // --parallel pipeline: its stage's figures over the run
+  std::vector<swarm_figures> swarm_runs;  // --parallel swarm: each peer's
+  std::vector<std::map<int, std::int64_t>> rows_by_stage;  // --parallel swarm: the rows each peer processed at each stage
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
   int final_world = -1;  // an elastic TCP or MPI peer: the world of its last view
@@ -215,7 +244,7 @@ template <class Device, class Comm, class Fault>
 dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::any_endpoint ep) {
   constexpr bool elastic = std::is_same_v<Fault, dt::fault::elastic>;
   constexpr bool gpu = !std::is_same_v<Device, dt::cpu>;
-  using Trainer = dt::train::trainer<dt::nn::gpt<Device>, Comm, dt::parallel::pipeline<dt::collective::any_codec>, Fault>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<Device>, Comm, parallel_choice, Fault>;
   const auto& p = job.plan;
   auto& h = job.hooks;
   const int first_rank = ep.rank();
@@ -230,6 +259,13 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   if (p.checkpoints.resume && !p.quiet) announce_resume(t);
   if (h.metrics) h.metrics->attach(t);
   if (t.rank() == 0 && !p.quiet) h.bar.attach(t);
+  if (p.parallel.swarm)  // (before --kill's hook: the step a peer is killed after counts)
+    t.on_step([&t, &h](const dt::train::step_metrics&) {
+      const auto r = static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())]);
+      const auto& s = t.parallel().swarm_stats();
+      h.swarm_runs[r].add(s);
+      h.rows_by_stage[r][s.stage] += s.rows;
+    });
   if constexpr (elastic) {
     for (const auto& [victim, after] : p.kills)
       if (victim == t.rank())
@@ -252,7 +288,7 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   }
   if constexpr (requires { t.policy().aggregation().tally; })  // (gossip aggregates nothing)
     t.on_step([&t, &h](const dt::train::step_metrics& m) { h.tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally; });
-  if (p.parallel.stages > 1)
+  if (p.parallel.stages() > 1 && !p.parallel.swarm)
     t.on_step([&t, &h](const dt::train::step_metrics&) {
       auto& f = h.stage_runs[static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())])];
       f.add(t.parallel().last_run(), t.placement(), t.world());

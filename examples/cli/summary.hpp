@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -44,9 +45,9 @@ inline void print_summary(const train_plan& p, const std::vector<dt::train::fit_
   }
   // Throughput over the wall clock (evaluations included) of this process's peers; a pipeline's
   // stages share their copy's tokens. A resumed run trained fewer steps than --steps: left out.
-  if (wall_s > 0 && !results.empty() && !p.checkpoints.resume) {
+  if (wall_s > 0 && !results.empty() && !p.checkpoints.resume && !p.parallel.swarm) {  // (swarm: print_swarm)
     const auto n = results.size();
-    const auto stages = static_cast<std::size_t>(p.parallel.stages);
+    const auto stages = static_cast<std::size_t>(p.parallel.stages());
     const auto copies = stages > 1 ? std::max<std::size_t>(1, n / stages) : n;
     const double per_copy = static_cast<double>(p.trainer.steps * p.trainer.batch_size * p.model.block_size) / wall_s;
     if (stages > 1)
@@ -62,7 +63,7 @@ inline void print_summary(const train_plan& p, const std::vector<dt::train::fit_
 
 inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_result>& results, const std::vector<stage_figures>& runs,
                   int first_rank) {
-  const auto& pipe = p.parallel;
+  const auto& pipe = p.parallel.pipe;
   const int world = world_size_of(p) > 0 ? world_size_of(p) : static_cast<int>(runs.size());
   // The shape at the end: another where an elastic group re-formed after peers were lost or joined (the
   // peer that trained longest saw the last one).
@@ -90,6 +91,58 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
     std::printf("%-6zu %-6d %-10.0f %-16.1f %-22d %-14.3f\n", rank, f.stage,
                 results[i].last.tokens_per_s, f.total_s > 0 ? 100.0 * (1.0 - f.busy_s / f.total_s) : 0.0, f.peak_stashed,
                 static_cast<double>(f.bytes_sent) / steps / 1e6);
+  }
+}
+
+// --parallel swarm: each stage's pool at the end, what it processed, retried and moved, and the
+// tokens trained: the rows each stage processed over the completed steps (each peer's, the
+// killed ones' up to their last step), which must be the steps' batches at every stage. Over TCP
+// or MPI a process knows its own peer's only, and its table shows that.
+inline void print_swarm(const train_plan& p, const std::vector<swarm_figures>& runs,
+                        const std::vector<std::map<int, std::int64_t>>& rows_by_stage, double wall_s) {
+  const auto& pools = p.parallel.pools;
+  const int stages = pools.stages;
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(stages), 0), micro(rows.size(), 0), retried(rows.size(), 0);
+  std::vector<int> peers(rows.size(), 0), moves(rows.size(), 0);
+  std::vector<double> busy(rows.size(), 0.0);
+  std::int64_t batches = 0;  // the steps' rows, from the peer that completed the most steps
+  std::int64_t most_steps = -1;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const auto& f = runs[r];
+    if (f.steps == 0) continue;
+    for (const auto& [s, n] : rows_by_stage[r]) rows[static_cast<std::size_t>(s)] += n;
+    const auto s = static_cast<std::size_t>(f.stage);
+    micro[s] += f.micro_batches;
+    retried[s] += f.retried;
+    moves[s] += f.moves;
+    busy[s] += f.busy_s;
+    if (f.steps > most_steps) {
+      most_steps = f.steps;
+      batches = f.step_rows;
+    }
+  }
+  // The pools at the end: the peers that completed the run (the last step), by their stage then.
+  for (const auto& f : runs)
+    if (f.steps > 0 && f.steps == most_steps) ++peers[static_cast<std::size_t>(f.stage)];
+  std::printf("\nswarm: %d stages, %d micro-batches a step per %lld rows, activations %s\n", stages, pools.micro_batches,
+              static_cast<long long>(p.trainer.batch_size), pools.codec.describe().c_str());
+  std::printf("%-6s %-12s %-16s %-14s %-10s %-8s %-10s\n", "stage", "peers (end)", "micro-batches", "tokens", "retried",
+              "moves", "busy s");
+  bool exact = true;
+  const std::int64_t T = p.model.block_size;
+  for (int s = 0; s < stages; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    std::printf("%-6d %-12d %-16lld %-14lld %-10lld %-8d %-10.2f\n", s, peers[i], static_cast<long long>(micro[i]),
+                static_cast<long long>(rows[i] * T), static_cast<long long>(retried[i]), moves[i], busy[i]);
+    exact = exact && rows[i] == batches;
+  }
+  if (p.mode == launch::in_process) {  // (a TCP or MPI process knows its own peer's figures only)
+    std::printf("tokens trained: %lld at every stage, the %lld steps' batches hold %lld%s\n", static_cast<long long>(rows[0] * T),
+                static_cast<long long>(most_steps), static_cast<long long>(batches * T),
+                exact ? " (exact: no micro-batch lost or counted twice)" : " (NOT EXACT: a stage's count differs)");
+    if (wall_s > 0 && !p.checkpoints.resume)
+      std::printf("throughput: %.0f tokens/s on %s (the %d-stage model's pools, wall clock)\n", static_cast<double>(rows[0] * T) / wall_s,
+                  p.device.describe().c_str(), stages);
   }
 }
 

@@ -1775,6 +1775,60 @@ TEST_CASE("train --parallel pipeline --elastic under DiLoCo: the outer state fol
   CHECK(val_loss(restarted.output) < 0.9 * uniform);
 }
 
+TEST_CASE("train --parallel swarm: pools per stage track the pipeline, a killed peer's step is redone, tokens exact",
+          "[cli][swarm]") {
+  const auto dir = scratch("swarm");
+  const std::string common = cli() + " train --comm sync --steps 30 --eval-batches 2 --eval-every 100 --threads 1 --dropout 0"
+                                     " --n-layer 2 --n-embd 32 --n-head 2 --block-size 16 --seed 7 --batch-size 4 --metrics ''";
+  const auto loss_of = [](const std::string& out) {
+    const auto line = last_line_with(out, "val loss ");
+    return line.empty() ? -1.0 : std::stod(line.substr(9));
+  };
+  const auto piped = run("timeout 120 " + common + " --peers 4 --parallel pipeline --stages 2", dir);
+  INFO(piped.output);
+  REQUIRE(piped.status == 0);
+  // The same rows a step (2 copies' worth), each micro-batch to whichever peer of stage 1 its
+  // router picks: the pipeline's loss but for the order of float sums.
+  const auto pools = run("timeout 120 " + common + " --peers 4 --parallel swarm --stages 2", dir);
+  INFO(pools.output);
+  REQUIRE(pools.status == 0);
+  CHECK(std::abs(loss_of(pools.output) - loss_of(piped.output)) <= 1e-3);
+  CHECK_THAT(pools.output, Contains("swarm: 2 stages, 2 micro-batches a step per 4 rows, activations identity"));
+  CHECK_THAT(pools.output, Contains("tokens trained: 3840 at every stage, the 30 steps' batches hold 3840 (exact"));
+  // 6 peers (pools of 3); peer 3 (stage 1) is killed after step 10: the five left keep their
+  // stages and train on, 2 copies' rows a step: 10 x 3 x 4 x 16 + 20 x 2 x 4 x 16 tokens.
+  const auto killed = run("timeout 120 " + common + " --peers 6 --parallel swarm --stages 2 --elastic --kill 3@10", dir);
+  INFO(killed.output);
+  REQUIRE(killed.status == 0);
+  CHECK_THAT(killed.output, Contains("peer 3 was killed"));
+  CHECK_THAT(killed.output, Contains("tokens trained: 4480 at every stage, the 30 steps' batches hold 4480 (exact"));
+  const auto pool_line = [&](int stage) { return last_line_with(killed.output, std::to_string(stage) + "      "); };
+  CHECK(pool_line(0).rfind("0      3 ", 0) == 0);  // stage 0 keeps its three peers
+  CHECK(pool_line(1).rfind("1      2 ", 0) == 0);  // stage 1 goes on with two
+  CHECK(loss_of(killed.output) > 0);
+  CHECK(loss_of(killed.output) < 1.2 * loss_of(piped.output));
+}
+
+TEST_CASE("train --parallel swarm: bad settings are refused naming the option", "[cli][swarm][errors]") {
+  const auto dir = scratch("swarm_errors");
+  const std::string common = cli() + " train --steps 2 --n-layer 2 --batch-size 4 --block-size 16 --metrics ''";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --peers 1 --parallel swarm --stages 2", "--parallel swarm: 1 peer(s) cannot hold --stages 2"},
+      {" --peers 3 --parallel swarm --stages 3", "--stages 3 cuts a model of 2 layers"},
+      {" --peers 2 --parallel swarm --micro-batches 5", "--micro-batches 5 cuts 4 rows"},
+      {" --peers 2 --parallel swarm --schedule gpipe", "--schedule needs --parallel pipeline (swarm has no fixed copies"},
+      {" --peers 2 --parallel swarm --comm gossip", "--parallel swarm cannot take --comm gossip"},
+      {" --peers 2 --parallel swarm --activation-codec int9", "int9"},
+      {" --peers 2 --micro-batches 2", "--micro-batches needs --parallel pipeline or swarm"},
+  };
+  for (const auto& [args, says] : cases) {
+    const auto r = run(common + args, dir);
+    INFO(args << "\n" << r.output);
+    CHECK(r.status != 0);
+    CHECK_THAT(r.output, Contains(says));
+  }
+}
+
 TEST_CASE("train --parallel pipeline: bad settings are refused naming the option", "[cli][pipeline][errors]") {
   const auto dir = scratch("pipeline_errors");
   const std::string common = cli() + " train --steps 2 --n-layer 2 --batch-size 4 --block-size 16 --metrics ''";

@@ -105,6 +105,8 @@ struct elastic_run {
   std::vector<std::vector<int>> members;
   std::vector<std::uint64_t> change_counts;
   std::vector<int> stages;                          // at the end, per world rank: its placement's stages
+  std::vector<int> stage;                           // and its stage
+  std::vector<dt::parallel::swarm_stats> swarm;     // per world rank: what it did (parallel::swarm)
   std::vector<std::vector<typename Trainer::redeal_record>> redeals;  // per world rank: its parts dealt out again
   std::mutex log_mutex;
   std::string log;  // what each peer saw, for a failing check
@@ -113,6 +115,8 @@ struct elastic_run {
               const std::string& checkpoint_dir = "", Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt(),
               const std::function<void(dt::fault::elastic&)>& tune = {}) {
     stages.resize(static_cast<std::size_t>(world));
+    stage.resize(static_cast<std::size_t>(world));
+    swarm.resize(static_cast<std::size_t>(world));
     redeals.resize(static_cast<std::size_t>(world));
     params.resize(static_cast<std::size_t>(world));
     embedding.resize(params.size());
@@ -159,7 +163,9 @@ struct elastic_run {
       members[static_cast<std::size_t>(r)] = t.members();
       change_counts[static_cast<std::size_t>(r)] = t.fault().change_count();
       stages[static_cast<std::size_t>(r)] = t.placement().stages;
+      stage[static_cast<std::size_t>(r)] = t.placement().stage;
       redeals[static_cast<std::size_t>(r)] = t.redeals();
+      if constexpr (requires { t.parallel().stats(); }) swarm[static_cast<std::size_t>(r)] = t.parallel().stats();
     });
   }
 };
@@ -291,6 +297,52 @@ TEST_CASE("elastic: a pipeline that loses a replica mid-step re-forms as three s
   }
   const std::uint64_t block_bytes = 3 * sizeof(float) * (32 * 96 + 32 * 32 + 2 * 32 * 128);  // a block's weights, two moments
   CHECK(run.redeals[1][0].bytes_received > block_bytes);
+}
+
+namespace {
+dt::parallel::swarm<> two_pools() {
+  dt::parallel::swarm<> s;
+  s.stages = 2;
+  s.micro_batches = 2;
+  return s;
+}
+// SWARM's survivors: each keeps its stage, the replicas of a stage hold the same parameters, and
+// every step completed (each one's rows counted once at every stage: parallel::swarm checks it
+// every step, so a run that finished lost and doubled none).
+template <class Run>
+void check_pools(const Run& run, const std::vector<int>& survivors, const std::vector<int>& stage_of) {
+  INFO(run.log);
+  for (std::size_t r = 0; r < run.params.size(); ++r) {
+    INFO("peer " << r);
+    const bool alive = std::find(survivors.begin(), survivors.end(), static_cast<int>(r)) != survivors.end();
+    REQUIRE(run.params[r].empty() == !alive);
+    if (!alive) continue;
+    CHECK(run.stage[r] == stage_of[r]);
+    CHECK(run.members[r] == survivors);
+    CHECK(run.results[r].last.step == 8);
+    CHECK(run.results[r].last.redos >= 1);
+    CHECK(run.results[r].final_val_loss < uniform_loss());
+    for (int s : survivors)
+      if (run.stage[static_cast<std::size_t>(s)] == run.stage[r]) CHECK(run.params[static_cast<std::size_t>(s)] == run.params[r]);
+  }
+}
+}  // namespace
+
+TEST_CASE("elastic: SWARM loses a peer mid-forward and mid-backward, the step is redone by the pools left, each row once") {
+  dt::comm::sync_allreduce<> comm;
+  comm.weighted = true;
+  const auto opts = small_run(8);
+  SECTION("mid-forward: a first-stage peer dies at its first activation of step 3") {
+    elastic_run run(6, opts, comm, {{2, 3, 1}}, 1000, "", two_pools(), three_blocks());
+    check_pools(run, {0, 1, 3, 4, 5}, {0, 1, 0, 1, 0, 1});
+    std::int64_t retried = 0;
+    for (int r : {0, 4}) retried += run.swarm[static_cast<std::size_t>(r)].retried;
+    CHECK(retried >= 1);  // the first stage's peers left began micro-batches of the failed step again
+  }
+  SECTION("mid-backward: a last-stage peer dies at its second gradient of step 3") {
+    elastic_run run(6, opts, comm, {{3, 3, 2}}, 1000, "", two_pools(), three_blocks());
+    check_pools(run, {0, 1, 2, 4, 5}, {0, 1, 0, 1, 0, 1});
+  }
 }
 
 TEST_CASE("elastic: a pipeline that loses a replica keeps its shape where the peers left still make whole copies") {

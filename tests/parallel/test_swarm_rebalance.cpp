@@ -11,8 +11,8 @@
 #include <vector>
 
 namespace dt = decentrain;
-using dt::parallel::swarm::pool_peer;
-using dt::parallel::swarm::rebalancer;
+using dt::parallel::pools::pool_peer;
+using dt::parallel::pools::rebalancer;
 
 namespace {
 // The figures a check sees: each speed off by up to +-noise (uniform).
@@ -21,7 +21,7 @@ std::vector<pool_peer> measured(const std::vector<pool_peer>& truth, double nois
   for (auto& p : out) p.speed *= 1 + noise * (2 * gen.uniform() - 1);
   return out;
 }
-void carry_out(std::vector<pool_peer>& peers, const dt::parallel::swarm::stage_move& m) {
+void carry_out(std::vector<pool_peer>& peers, const dt::parallel::pools::stage_move& m) {
   for (auto& p : peers) {
     if (p.peer == m.peer) p.stage = m.to;
     if (p.peer == m.partner) p.stage = m.from;
@@ -46,7 +46,7 @@ TEST_CASE("swarm rebalance: the bottleneck gets a peer once the move is confirme
   carry_out(peers, *m);
   // Settled: 4, 4, 3 samples/s; no move gains a ninth.
   for (int i = 0; i < 20; ++i) CHECK(!r.check(peers, cost));
-  CHECK(dt::parallel::swarm::bottleneck(peers, cost) == 3.0);
+  CHECK(dt::parallel::pools::bottleneck(peers, cost) == 3.0);
   CHECK(r.moves() == 1);
 
   // Saved in the middle of a confirmation and loaded, a rebalancer makes the same moves.
@@ -81,7 +81,7 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
 
   // Peer 0 leaves stage 0 for stage 1; when stage 0 then needs a faster peer, peer 0 is not the
   // one to go back within the cooldown.
-  dt::parallel::swarm::rebalance_settings s;
+  dt::parallel::pools::rebalance_settings s;
   s.confirm = 1;
   rebalancer back(s);
   std::vector<pool_peer> peers{{0, 0, 1}, {1, 0, 1}, {2, 0, 1}, {3, 1, 1}};
@@ -103,14 +103,14 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
   // there. The confirmation cuts the moves that makes; the pipeline ends no slower.
   const std::vector<pool_peer> near{{0, 0, 1}, {1, 0, 1}, {2, 0, 0.25}, {3, 1, 1}, {4, 1, 0.97}};
   const auto noisy = [&](int confirm) {
-    dt::parallel::swarm::rebalance_settings settings;
+    dt::parallel::pools::rebalance_settings settings;
     settings.confirm = confirm;
     rebalancer calm(settings);
     auto pool = near;
     dt::rng gen(3, "rebalance-test");
     for (int i = 0; i < 1000; ++i)
       if (const auto mv = calm.check(measured(pool, 0.2, gen), cost)) carry_out(pool, *mv);
-    return std::pair{static_cast<int>(calm.moves()), dt::parallel::swarm::bottleneck(pool, cost)};
+    return std::pair{static_cast<int>(calm.moves()), dt::parallel::pools::bottleneck(pool, cost)};
   };
   const auto [unconfirmed, unconfirmed_end] = noisy(1);
   const auto [confirmed, confirmed_end] = noisy(3);
@@ -122,7 +122,7 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
   CHECK(confirmed_end >= 1.97);            // no slower than where it started
   rebalancer calm;
   // Two stages left without peers (theirs were lost): each check fills one, however little it gains.
-  dt::parallel::swarm::rebalance_settings now_settings;
+  dt::parallel::pools::rebalance_settings now_settings;
   now_settings.confirm = 1;
   rebalancer refill(now_settings);
   std::vector<pool_peer> left{{0, 0, 1}, {1, 0, 1}, {2, 0, 1}, {3, 1, 1}};
@@ -133,7 +133,7 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
     CHECK(mv->from == 0);
     carry_out(left, *mv);
   }
-  CHECK(dt::parallel::swarm::bottleneck(left, four) == 1.0);
+  CHECK(dt::parallel::pools::bottleneck(left, four) == 1.0);
   CHECK(!refill.check(left, four));
   // The filler comes from where it is missed least: the fast stage, not the lowest peer's.
   rebalancer fill(now_settings);
@@ -141,7 +141,7 @@ TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and nois
   REQUIRE(mv);
   CHECK(mv->peer == 2);
   CHECK(mv->empty_after == 1);
-  CHECK(dt::parallel::swarm::stage_for_joiner({{0, 0, 1}, {1, 2, 1}}, std::vector<double>(3, 1.0)) == 1);
+  CHECK(dt::parallel::pools::stage_for_joiner({{0, 0, 1}, {1, 2, 1}}, std::vector<double>(3, 1.0)) == 1);
   CHECK_THROWS_WITH(calm.check({{0, 5, 1.0}}, std::vector<double>(4, 1.0)), Catch::Contains("peer 0 has stage 5 of 4"));
   s.gain = 1.5;
   CHECK_THROWS_WITH(rebalancer(s), Catch::Contains("gain must be in (0, 1), got 1.5"));

@@ -14,7 +14,7 @@
 #include <vector>
 
 namespace dt = decentrain;
-using dt::parallel::swarm::router;
+using dt::parallel::pools::router;
 
 namespace {
 // Routes `micro_batches` through `r` to peers of the given speeds (samples per second), each
@@ -67,7 +67,7 @@ TEST_CASE("swarm router: shares follow the peers' speeds within 3%, and a 4x cha
 
   // Ten micro-batches after such a change, the router knows the new speed; a moving average
   // with alpha 0.1 alone (SWARM's balancer: no restart) still expects about twice it.
-  dt::parallel::swarm::router_settings plain;
+  dt::parallel::pools::router_settings plain;
   plain.change_ratio = 1e9;
   router restarting, averaging(plain);
   for (int p = 0; p < 4; ++p) restarting.add(p), averaging.add(p);
@@ -118,7 +118,7 @@ TEST_CASE("swarm router: interleaved picks, exclusions, joiners, and a state tha
   CHECK_THROWS_WITH(resumed.load(bad, "swarm."), Catch::Contains("the checkpoint's entry '0 zz' is malformed"));
   CHECK_THROWS_WITH(resumed.load(dt::io::checkpoint{}, "swarm."), Catch::Contains("the checkpoint has no 'swarm.router'"));
   CHECK_THROWS_WITH(r.measured(0, -1.0), Catch::Contains("needs seconds > 0"));
-  dt::parallel::swarm::router_settings s;
+  dt::parallel::pools::router_settings s;
   s.alpha = 0;
   CHECK_THROWS_WITH(router(s), Catch::Contains("alpha must be in (0, 1], got 0"));
 }

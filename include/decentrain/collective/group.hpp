@@ -69,6 +69,7 @@ class group_view {
     transport::exchange(*parent_, to < 0 ? to : at(to), outs, at(from), ins, mapped(tag), landed);
   }
   void expect(int source, transport::tag_type tag, std::uint64_t size) { transport::expect(*parent_, at(source), mapped(tag), size); }
+  void allow(transport::tag_type tag, std::uint64_t size) { transport::allow(*parent_, mapped(tag), size); }
   transport::traffic_stats stats() const { return parent_->stats(); }
   void computed(double seconds) { parent_->computed(seconds); }
   std::optional<transport::link_estimate> slowest_link() const { return transport::slowest_link(*parent_); }

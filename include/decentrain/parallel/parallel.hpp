@@ -8,5 +8,6 @@
 #include "decentrain/parallel/pipeline.hpp"
 #include "decentrain/parallel/policy.hpp"
 #include "decentrain/parallel/schedule/schedule.hpp"
+#include "decentrain/parallel/swarm.hpp"
 #include "decentrain/parallel/swarm/rebalance.hpp"
 #include "decentrain/parallel/swarm/router.hpp"

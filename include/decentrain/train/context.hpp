@@ -83,6 +83,12 @@ struct peer_context {
   // from it, a peer behind decodes the donor's into it.
   std::function<io::checkpoint()> capture_views;
   std::function<void(const io::checkpoint&)> restore;  // and back
+  // A parallel policy that computes in pieces between messages (SWARM's stages) charges each
+  // piece as it goes, so a simulated network's clock (and the router's measurements on it) sees
+  // the compute where it happened: the trainer's compute clock, and the charge (which the trainer
+  // then leaves out of the step's own).
+  std::function<double()> compute_clock;
+  std::function<void(double seconds)> computed;
   // For fault policies that change the group (fault::elastic):
   transport::any_endpoint& network;  // this peer's endpoint in the whole world, beneath any view
   phase at = phase::step;            // on_error: where the failure struck (with step)

@@ -78,6 +78,10 @@ class trainer {
         fault_(std::move(fault)),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
+    if constexpr (requires { requires ParallelPolicy::weights_vary; } && requires { { policy_.weighted } -> std::convertible_to<bool>; })
+      decentrain::detail::check(policy_.weighted, "trainer: parallel::", ParallelPolicy::name, " gives each peer a step weight of the "
+                                "rows it processed, which differ from peer to peer; set the communication policy's `weighted` "
+                                "(", CommPolicy::name, ") so that its averages use them");
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     pipelined_ = placement_.stages > 1 || parallel_morphed_;
     note_placed();
@@ -351,6 +355,7 @@ class trainer {
         if (!stepped) {
           dropout_.set_state(dropout_before);
           auto t = compute_clock();
+          charged_ = 0;
           out.result = parallel_.forward_backward(ctx);
           out.computed = true;
           decentrain::detail::check(std::isfinite(out.result.weight) && out.result.weight >= 0,
@@ -359,7 +364,7 @@ class trainer {
           ctx.step_weight = out.result.weight;
           // Before the exchange, so simulated links see it start after the compute; a network that
           // models a step's compute (deterministic in_process) takes its own figure.
-          computed(transport::step_seconds(endpoint_).value_or(lap(t)));
+          computed(transport::step_seconds(endpoint_).value_or(std::max(0.0, lap(t) - charged_)));
           counted([&] { policy_.after_backward(ctx); });
           t = compute_clock();
           out.grad_norm = clip(ctx);
@@ -494,6 +499,13 @@ class trainer {
                    .capture = [this] { return capture(); },
                    .capture_views = [this] { return capture(true); },
                    .restore = [this](const io::checkpoint& c) { restore(c); },
+                   .compute_clock = [this] { return compute_clock(); },
+                   // (a network that models a step's compute, deterministic in_process, charges its own figure)
+                   .computed = [this](double s) {
+                     if (transport::step_seconds(endpoint_)) return;
+                     computed(s);
+                     charged_ += s;
+                   },
                    .network = endpoint_,
                    .at = phase::step,
                    .set_view = [this](std::uint64_t epoch, const std::vector<int>& members) { set_view(epoch, members); },
@@ -709,7 +721,12 @@ class trainer {
       if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))
         lost += concat(lost.empty() ? "" : ", ", "peer ", placed_members_[i], " at stage ", placed_stages_[i], " of ",
                        placement_.stages);
-    parallel_.morph(n, static_cast<std::int64_t>(model_.config().n_layer));
+    // A policy whose peers keep their places as the group changes (SWARM's pools) is told the
+    // views; one that reshapes the job for the new number of peers (a pipeline) morphs.
+    if constexpr (requires { parallel_.regroup(placed_members_, placed_stages_, members_, std::int64_t{1}); })
+      parallel_.regroup(placed_members_, placed_stages_, members_, static_cast<std::int64_t>(model_.config().n_layer));
+    else
+      parallel_.morph(n, static_cast<std::int64_t>(model_.config().n_layer));
     auto next = checked_placement(parallel_.place(me, n), me, n);
     Model fresh = [&] {
       skip_init loaded_below;  // every value is taken from the holders: none drawn
@@ -1030,8 +1047,8 @@ class trainer {
   // shape for it (its part is dealt out again once the group takes it in, redeal).
   parallel::placement first_placement(ParallelPolicy& parallel, const model_config& config, const transport::any_endpoint& ep) {
     const int r = ep.rank(), w = ep.world();
-    if constexpr (can_morph() && requires { { parallel.stages } -> std::convertible_to<int>; })
-      if (ep.joined_late() && parallel.stages > 1) try {  // (one stage places any world: no shape to guess)
+    if constexpr (can_morph())
+      if (ep.joined_late()) try {
           return checked_placement(parallel.place(r, w), r, w);
         } catch (const decentrain::error&) {
           parallel.morph(w, static_cast<std::int64_t>(config.n_layer));
@@ -1155,6 +1172,7 @@ class trainer {
   std::int64_t step_ = 0;
   std::int64_t redos_ = 0;
   double compute_s_ = 0;  // seconds of forward, backward and optimizer steps in this fit
+  double charged_ = 0;    // of the current forward and backward, what the parallel policy charged as it went (ctx.computed)
   send_rate send_rate_;
   bool resumed_ = false;
   bool adopted_ = false;  // adopt() was called since the fault policy's start began

@@ -33,7 +33,7 @@
 #include "decentrain/detail/error.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
-namespace decentrain::parallel::swarm {
+namespace decentrain::parallel::pools {
 
 struct rebalance_settings {
   double gain = 0.97;  // move when bottleneck now / bottleneck after < gain (Petals: 0.75)
@@ -279,4 +279,4 @@ class rebalancer {
   std::uint64_t checks_ = 0, moves_ = 0;
 };
 
-}  // namespace decentrain::parallel::swarm
+}  // namespace decentrain::parallel::pools

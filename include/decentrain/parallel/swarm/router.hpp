@@ -28,7 +28,7 @@
 #include "decentrain/detail/error.hpp"
 #include "decentrain/io/checkpoint.hpp"
 
-namespace decentrain::parallel::swarm {
+namespace decentrain::parallel::pools {
 
 struct router_settings {
   double alpha = 0.1;         // the weight of a new measurement in the average
@@ -201,4 +201,4 @@ class router {
   std::uint64_t restarts_ = 0;
 };
 
-}  // namespace decentrain::parallel::swarm
+}  // namespace decentrain::parallel::pools

@@ -1,0 +1,499 @@
+// SWARM parallelism (Ryabinin et al. 2023, yandex-research/swarm): the model cut into `stages`
+// parts as a pipeline's, but each stage held by a pool of peers instead of one, and no fixed
+// copies: every micro-batch of a step goes to a peer of the next stage chosen by that stage's
+// router (swarm/router.hpp: interleaved weighted round-robin over measured throughput, the
+// links included), so a faster peer takes more of them and a slow one does not hold its stage
+// back. Its gradient comes back to the peer that sent it (the one that holds the forward's
+// activations: the same parameters, the anchor's re-sent backward may reach another).
+//
+// A step: the rows of world / stages copies of `batch_size` (what a pipeline of that shape
+// trains) cut into `micro_batches` each, dealt out among the first stage's peers; every stage
+// takes what comes from any peer of the stage before (receive-from-any), forwards it, and answers
+// with the gradient of its input once the stage after answered; a peer that has sent its last
+// activation says so to every peer of the next stage, so a stage knows when the step is over.
+// Each peer then holds the mean gradient over the rows it processed, and its step weight is those
+// rows: the communication policy averages each stage's pool by them (sync, DiLoCo, gossip: any
+// policy, over placement::replicas), which gives the whole step's gradient. Every step checks
+// that each stage processed every row exactly once (a world all-reduce of the rows per stage), so
+// no micro-batch is lost or counted twice; a failed peer fails the step, and under fault::elastic
+// the survivors re-form (regroup: each keeps its stage; a stage left empty takes a peer from the
+// largest pool, which takes the stage's parameters from a peer there) and redo it.
+//
+// What it needs of the model: what parallel::pipeline needs (stage_forward, stream_width,
+// tied_parameters and a constructor that builds one part).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decentrain/autograd/math.hpp"
+#include "decentrain/autograd/variable.hpp"
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/compress/identity.hpp"
+#include "decentrain/core/factory.hpp"
+#include "decentrain/core/transfer.hpp"
+#include "decentrain/data/dataset.hpp"
+#include "decentrain/nn/part.hpp"
+#include "decentrain/optim/clip.hpp"
+#include "decentrain/parallel/policy.hpp"
+#include "decentrain/parallel/swarm/router.hpp"
+#include "decentrain/transport/endpoint.hpp"
+
+namespace decentrain::parallel {
+
+namespace swarm_detail {
+
+// What goes before every message between stages: which, of which step and micro-batch, the
+// payload's size; the receiver checks each field against what it expects of that sender.
+struct header {
+  std::uint32_t kind = 0;  // 0: an activation going forward, 1: its gradient going back, 2: no more activations this step
+  std::uint32_t step = 0;  // the step (or evaluation batch) it belongs to, low 32 bits
+  std::int32_t micro = -1;
+  std::int32_t rows = 0;
+  std::int64_t width = 0;
+  std::uint64_t bytes = 0;  // the encoded payload that follows
+};
+inline constexpr std::uint32_t activation = 0, gradient = 1, finished = 2;
+
+}  // namespace swarm_detail
+
+// What a SWARM peer did: in the last step, and over the run.
+struct swarm_stats {
+  int stage = 0;
+  std::int64_t micro_batches = 0;   // the last step's, at this peer's stage
+  std::int64_t rows = 0;            // the last step's
+  std::int64_t step_rows = 0;       // the last step's whole batch (each stage processes every row once)
+  std::int64_t total_micro_batches = 0;  // over the run (steps that completed)
+  std::int64_t retried = 0;         // micro-batches this peer had begun in steps that failed and were redone
+  std::uint64_t bytes_sent = 0;     // activations and gradients, over the run
+  int moves = 0;                    // times this peer's stage changed when the group re-formed
+  double busy_s = 0;                // forwards and backwards, over the run
+};
+
+template <class Codec = compress::identity>
+struct swarm {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "swarm";
+  // A peer's step weight is the rows it processed, which differ from peer to peer: the
+  // communication policy must average by them (the trainer refuses one that is not weighted).
+  static constexpr bool weights_vary = true;
+
+  int stages = 2;
+  int micro_batches = 1;  // per step and copy's batch_size rows (world / stages copies a step)
+  std::vector<std::int64_t> blocks;  // blocks per stage (empty: an even cut)
+  Codec codec{};                     // the activations and their gradients between stages
+  pools::router_settings routing{};
+  // The stage of each rank of the view (empty: rank % stages); regroup keeps it as the group
+  // changes.
+  std::vector<int> assignment;
+
+  void validate(int world) const {
+    using decentrain::detail::check;
+    check(stages >= 1, "swarm: stages must be >= 1, got ", stages);
+    check(micro_batches >= 1, "swarm: micro-batches must be >= 1, got ", micro_batches);
+    check(world >= stages, "swarm: ", world, " peer(s) cannot hold ", stages, " stages (every stage needs a peer)");
+    routing.validate();
+    if (!assignment.empty()) {
+      check(assignment.size() == static_cast<std::size_t>(world), "swarm: the assignment places ", assignment.size(),
+            " peers, the group has ", world);
+      for (int s = 0; s < stages; ++s)
+        check(std::count(assignment.begin(), assignment.end(), s) > 0, "swarm: the assignment leaves stage ", s, " without a peer");
+      for (const int s : assignment) check(s >= 0 && s < stages, "swarm: the assignment names stage ", s, " of ", stages);
+    }
+  }
+
+  // The stage of each rank of a view of `world`.
+  std::vector<int> stage_of(int world) const {
+    if (assignment.size() == static_cast<std::size_t>(world)) return assignment;
+    std::vector<int> out;
+    for (int r = 0; r < world; ++r) out.push_back(r % stages);
+    return out;
+  }
+  // The ranks of each stage's pool, ascending.
+  std::vector<std::vector<int>> pools(int world) const {
+    std::vector<std::vector<int>> out(static_cast<std::size_t>(stages));
+    const auto a = stage_of(world);
+    for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(a[static_cast<std::size_t>(r)])].push_back(r);
+    return out;
+  }
+
+  placement place(int rank, int world) const {
+    validate(world);
+    const auto pool = pools(world);
+    placement p;
+    p.stage = stage_of(world)[static_cast<std::size_t>(rank)];
+    p.stages = stages;
+    p.blocks = blocks;
+    p.replicas = pool[static_cast<std::size_t>(p.stage)];
+    p.copy = static_cast<int>(std::find(p.replicas.begin(), p.replicas.end(), rank) - p.replicas.begin());
+    // (one peer per stage, this one at its own: the trainer's pipeline group, which SWARM does
+    // not use; it sends through the view)
+    for (int s = 0; s < stages; ++s) p.pipeline.push_back(s == p.stage ? rank : pool[static_cast<std::size_t>(s)].front());
+    return p;
+  }
+
+  // A view of `world` peers with no placement to keep (a joiner's first guess): rank % stages.
+  int morph(int world, std::int64_t n_blocks) {
+    decentrain::detail::check(world >= stages, "swarm: ", world, " peer(s) cannot hold ", stages, " stages");
+    decentrain::detail::check(stages <= n_blocks, "swarm: a model of ", n_blocks, " blocks cannot be cut into ", stages, " stages");
+    assignment.clear();
+    return stages;
+  }
+
+  // The group changed from `before` (world ranks, with their stages) to `after` (world ranks,
+  // ascending): every peer that stays keeps its stage; a new one goes to the smallest pool; a
+  // stage left without peers takes one from the largest pool (its highest rank), which then takes
+  // the stage's parameters from the re-deal. Every member computes the same from the same views.
+  void regroup(const std::vector<int>& before, const std::vector<int>& before_stages, const std::vector<int>& after,
+               std::int64_t n_blocks) {
+    using decentrain::detail::check;
+    check(stages <= n_blocks, "swarm: a model of ", n_blocks, " blocks cannot be cut into ", stages, " stages");
+    check(after.size() >= static_cast<std::size_t>(stages), "swarm: ", after.size(), " peer(s) are left to hold ", stages,
+          " stages (every stage needs a peer)");
+    std::vector<int> a(after.size(), -1);
+    std::vector<int> count(static_cast<std::size_t>(stages), 0);
+    for (std::size_t i = 0; i < after.size(); ++i)
+      for (std::size_t j = 0; j < before.size() && j < before_stages.size(); ++j)
+        if (before[j] == after[i] && before_stages[j] >= 0 && before_stages[j] < stages) {
+          a[i] = before_stages[j];
+          ++count[static_cast<std::size_t>(a[i])];
+        }
+    const auto smallest = [&] { return static_cast<int>(std::min_element(count.begin(), count.end()) - count.begin()); };
+    for (auto& s : a)
+      if (s < 0) {
+        s = smallest();
+        ++count[static_cast<std::size_t>(s)];
+      }
+    for (int empty = smallest(); count[static_cast<std::size_t>(empty)] == 0; empty = smallest()) {
+      const int largest = static_cast<int>(std::max_element(count.begin(), count.end()) - count.begin());
+      for (std::size_t i = a.size(); i-- > 0;)
+        if (a[i] == largest) {
+          a[i] = empty;
+          break;
+        }
+      --count[static_cast<std::size_t>(largest)];
+      ++count[static_cast<std::size_t>(empty)];
+    }
+    assignment = std::move(a);
+  }
+
+  template <class Ctx>
+  static constexpr bool check_model() {
+    using D = typename Ctx::device_type;
+    using M = typename Ctx::model_type;
+    static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
+                    { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
+                  },
+                  "parallel::swarm: the model needs `var<D> stage_forward(int stage, const var<D>& in, const tensor<D>& ids, "
+                  "const tensor<D>& targets, rng* dropout) const` (a stage's forward; the last returns the loss)");
+    static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
+                  "parallel::swarm: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) stream between stages)");
+    static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
+                  "parallel::swarm: the model needs `std::vector<std::string> tied_parameters() const` (parameters held by "
+                  "the first and the last stage, whose gradients are summed; empty when none)");
+    return true;
+  }
+
+  template <class Ctx>
+  step_result forward_backward(Ctx& ctx) {
+    ctx.parameters.zero_grad();
+    if (placed_stage_ >= 0 && placed_stage_ != ctx.placement.stage) ++stats_.moves;
+    placed_stage_ = ctx.placement.stage;
+    // A step that failed on some peer and is run again: what this peer had begun of it is retried.
+    if (begun_step_ == ctx.step) stats_.retried += begun_;
+    begun_step_ = ctx.step;
+    begun_ = 0;
+    const auto outcome = run(ctx, decentrain::data::split::train, ctx.step, true);
+    // Each peer's gradient is the mean over the rows it processed (the shares below are of the
+    // step's rows): its pool's average weighted by rows is then the step's gradient.
+    if (outcome.rows > 0) {
+      const double scale = static_cast<double>(outcome.step_rows) / static_cast<double>(outcome.rows);
+      for (auto& e : ctx.parameters)
+        if (e.param.grad().defined()) e.param.grad() = math::affine(e.param.grad(), scale);
+    }
+    sum_tied(ctx, outcome);
+    begun_step_ = -1;
+    stats_.stage = ctx.placement.stage;
+    stats_.micro_batches = outcome.micro;
+    stats_.rows = outcome.rows;
+    stats_.step_rows = outcome.step_rows;
+    stats_.total_micro_batches += outcome.micro;
+    const std::int64_t T = ctx.block;
+    return {outcome.loss, outcome.rows, outcome.rows * T, static_cast<double>(outcome.rows)};
+  }
+
+  template <class Ctx>
+  double evaluate(Ctx& ctx, std::int64_t batch) {
+    return run(ctx, decentrain::data::split::validation, batch, false).loss;
+  }
+
+  // The clipping norm over the whole model: each stage's sum of squares counted once (a pool's
+  // peers each add a share of theirs), the tied parameters on the first stage only.
+  template <class Ctx>
+  optim::norm_share grad_norm_share(Ctx& ctx) {
+    optim::norm_share share;
+    if (ctx.placement.stages == 1) return share;
+    if (!ctx.placement.part().first()) share.counted_elsewhere = ctx.model.tied_parameters();
+    const double pool = static_cast<double>(ctx.placement.replicas.size());
+    share.total = [&ctx, pool](double mine) {
+      mine /= pool;
+      ctx.comm.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
+      return mine;
+    };
+    return share;
+  }
+
+  const swarm_stats& stats() const { return stats_; }
+
+ private:
+  struct outcome {
+    double loss = 0;
+    std::int64_t rows = 0, micro = 0, step_rows = 0;
+  };
+
+  // One step's (or evaluation batch's) micro-batches through the stages, this peer's part of it.
+  template <class Ctx>
+  outcome run(Ctx& ctx, decentrain::data::split split, std::int64_t index, bool train) {
+    using D = typename Ctx::device_type;
+    using decentrain::detail::check;
+    namespace wire = swarm_detail;
+    auto& ep = ctx.comm.endpoint();
+    const int n = ctx.comm.world(), me = ctx.comm.rank();
+    const int s = ctx.placement.stage, last = stages - 1;
+    const auto pool = pools(n);
+    const auto& up = s > 0 ? pool[static_cast<std::size_t>(s - 1)] : std::vector<int>{};
+    const auto& down = s < last ? pool[static_cast<std::size_t>(s + 1)] : std::vector<int>{};
+    std::vector<int> sources = up;
+    sources.insert(sources.end(), down.begin(), down.end());
+    auto& route = router_for(down);
+
+    const std::int64_t B = ctx.batch_size, T = ctx.block, C = ctx.model.stream_width();
+    check(micro_batches <= B, "swarm: ", micro_batches, " micro-batches of ", B, " rows (micro-batches must be at most the batch size)");
+    const int copies = std::max(1, n / stages);
+    const int count = copies * micro_batches;
+    const std::int64_t step_rows = B * copies;
+    const auto rows_of = [&](int m) { const int j = m % micro_batches; return B / micro_batches + (j < B % micro_batches ? 1 : 0); };
+    std::map<int, std::pair<tensor<cpu>, tensor<cpu>>> batches;  // by copy, as they are needed
+    const auto rows_for = [&](int m) {
+      const int c = m / micro_batches, j = m % micro_batches;
+      auto it = batches.find(c);
+      if (it == batches.end())
+        it = batches.emplace(c, ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, c, copies)).first;
+      std::int64_t from = 0;
+      for (int k = 0; k < j; ++k) from += rows_of(c * micro_batches + k);
+      return std::make_pair(to_device<D>(it->second.first.slice(0, from, from + rows_of(m)).contiguous()),
+                            to_device<D>(it->second.second.slice(0, from, from + rows_of(m)).contiguous()));
+    };
+    const auto share_of = [&](int m) { return static_cast<double>(rows_of(m)) / static_cast<double>(step_rows); };
+    const transport::tag_type tag = (transport::tag_type{0x73776d00u | (train ? 0u : 1u)} << 32) | static_cast<std::uint32_t>(index);
+    const auto message_bytes = [&](int m) {
+      return sizeof(wire::header) + codec.max_encoded_bytes(static_cast<std::size_t>(rows_of(m) * T * C));
+    };
+    // Whatever peers of the stages beside this one send it this step, however far ahead.
+    transport::allow(ep, tag, static_cast<std::uint64_t>(count + 1) * message_bytes(0));
+
+    outcome out;
+    out.step_rows = step_rows;
+    std::vector<std::byte> encoded;
+    const auto send = [&](int to, std::uint32_t kind, int m, const tensor<D>* value) {
+      wire::header h;
+      h.kind = kind;
+      h.step = static_cast<std::uint32_t>(index);
+      h.micro = m;
+      transport::bytes msg;
+      if (value) {
+        const auto host = to_device<cpu>(value->contiguous());
+        const auto nv = static_cast<std::size_t>(host.numel());
+        encoded.resize(codec.max_encoded_bytes(nv));
+        h.bytes = codec.encode(std::span<const float>(host.template data<float>(), nv), std::span<std::byte>(encoded));
+        h.rows = static_cast<std::int32_t>(host.size(0));
+        h.width = host.size(2);
+      }
+      msg.resize(sizeof h + h.bytes);
+      std::memcpy(msg.data(), &h, sizeof h);
+      if (h.bytes > 0) std::memcpy(msg.data() + sizeof h, encoded.data(), h.bytes);
+      ep.send(to, tag, std::span<const std::byte>(msg.data(), msg.size()));
+      stats_.bytes_sent += msg.size();
+    };
+    // The values of an activation or gradient of micro-batch m from `from`, checked.
+    const auto values_of = [&](const transport::received& r, const wire::header& h) {
+      const auto m = h.micro;
+      check(h.rows == rows_of(m) && h.width == C, "swarm: peer ", r.source, " sent micro-batch ", m, " with ", h.rows,
+            " rows of width ", h.width, "; expected ", rows_of(m), " of width ", C);
+      const auto nv = static_cast<std::size_t>(rows_of(m) * T * C);
+      check(h.bytes <= codec.max_encoded_bytes(nv) && r.data.size() == sizeof h + h.bytes, "swarm: peer ", r.source,
+            " sent a payload of ", r.data.size() - sizeof h, " bytes announcing ", h.bytes, " for ", nv, " values");
+      auto v = zeros<cpu>(shape{rows_of(m), T, C});
+      codec.decode_add(std::span<const std::byte>(r.data.data() + sizeof h, h.bytes), std::span<float>(v.template data<float>(), nv));
+      return to_device<D>(v);
+    };
+    // The round trip on the endpoint's clock: simulated links and compute in simulation, the wall
+    // on a real network (the same figure drives the router in both).
+    const auto clock = [&] { return ep.stats().clock_seconds; };
+
+    struct stashed {
+      var<D> in, out;
+      int from = -1, to = -1;  // the peers it came from (-1: this peer's own rows) and went to
+      double sent = 0;
+    };
+    std::map<int, stashed> stash;
+    std::set<int> seen, finished_from;
+    bool said_finished = false;
+    const auto compute = [&](auto&& f) {
+      const double t0 = ctx.compute_clock ? ctx.compute_clock() : 0.0;
+      f();
+      if (ctx.compute_clock) {
+        const double took = ctx.compute_clock() - t0;
+        stats_.busy_s += took;
+        if (ctx.computed) ctx.computed(took);
+      }
+    };
+    // A micro-batch's forward on this peer: on the last stage its loss and backward, the input's
+    // gradient back to where it came from; else on to the next stage's peer the router picks.
+    const auto forward = [&](int m, var<D> in, int from) {
+      ++out.micro;
+      out.rows += rows_of(m);
+      if (train) ++begun_;
+      const auto [ids, targets] = rows_for(m);
+      var<D> y;
+      compute([&] { y = ctx.model.stage_forward(s, in, ids, targets, train ? &ctx.dropout : nullptr); });
+      if (s == last) {
+        out.loss += share_of(m) * static_cast<double>(y.item());
+        if (!train) return;
+        compute([&] { y.backward(full<D>(y.shape(), static_cast<float>(share_of(m)), y.dtype())); });
+        if (from >= 0) {
+          const auto g = in.grad();
+          send(from, wire::gradient, m, &g);
+        }
+        return;
+      }
+      const auto to = route.next();
+      check(to.has_value(), "swarm: stage ", s + 1, " has no peer to send micro-batch ", m, " to");
+      const auto value = y.value();
+      send(*to, wire::activation, m, &value);
+      if (train) stash[m] = stashed{std::move(in), std::move(y), from, *to, clock()};
+    };
+    const auto say_finished = [&] {
+      if (said_finished || s == last) return;
+      for (const int d : down) send(d, wire::finished, -1, nullptr);
+      said_finished = true;
+    };
+
+    if (s == 0) {
+      const int mine = static_cast<int>(std::find(pool[0].begin(), pool[0].end(), me) - pool[0].begin());
+      const int first_pool = static_cast<int>(pool[0].size());
+      for (int m = mine; m < count; m += first_pool) forward(m, var<D>{}, -1);
+      say_finished();
+    }
+    const auto done = [&] { return stash.empty() && finished_from.size() == up.size(); };
+    while (!done()) {
+      const auto r = ep.recv_any(std::span<const int>(sources), tag);
+      wire::header h;
+      check(r.data.size() >= sizeof h, "swarm: peer ", r.source, " sent a message of ", r.data.size(),
+            " bytes, shorter than its header");
+      std::memcpy(&h, r.data.data(), sizeof h);
+      const bool from_up = std::binary_search(up.begin(), up.end(), r.source);
+      const bool from_down = std::binary_search(down.begin(), down.end(), r.source);
+      check(h.step == static_cast<std::uint32_t>(index), "swarm: peer ", r.source, " sent a message of step ", h.step,
+            " during step ", index);
+      if (h.kind == wire::finished) {
+        check(from_up && finished_from.insert(r.source).second, "swarm: peer ", r.source,
+              " said it finished the step, and is not a peer of the stage before that had not");
+        if (finished_from.size() == up.size()) say_finished();
+        continue;
+      }
+      check(h.micro >= 0 && h.micro < count, "swarm: peer ", r.source, " sent micro-batch ", h.micro, " of a step of ", count);
+      if (h.kind == wire::activation) {
+        check(from_up && !finished_from.count(r.source) && seen.insert(h.micro).second, "swarm: peer ", r.source,
+              " sent an activation of micro-batch ", h.micro, " this stage does not expect (a second time, after it "
+              "finished, or from a peer not of the stage before)");
+        forward(h.micro, var<D>(values_of(r, h), train), r.source);
+        continue;
+      }
+      auto it = stash.find(h.micro);
+      check(h.kind == wire::gradient && from_down && it != stash.end() && it->second.to == r.source, "swarm: peer ",
+            r.source, " sent a message (kind ", h.kind, ") for micro-batch ", h.micro, " that this stage did not send it");
+      const auto g = values_of(r, h);
+      auto st = std::move(it->second);
+      stash.erase(it);
+      route.measured(st.to, std::max(1e-9, clock() - st.sent),
+                     static_cast<double>(rows_of(h.micro)));
+      compute([&] { st.out.backward(g); });
+      if (st.from >= 0) {
+        const auto gi = st.in.grad();
+        send(st.from, wire::gradient, h.micro, &gi);
+      }
+    }
+    // The loss, known on every peer, and every stage's rows: each must be the step's, once.
+    std::vector<double> totals(static_cast<std::size_t>(stages) + 1, 0.0);
+    totals[0] = out.loss;
+    totals[static_cast<std::size_t>(s) + 1] = static_cast<double>(out.rows);
+    ctx.comm.all_reduce(std::span<double>(totals), collective::reduce_op::sum);
+    for (int k = 0; k < stages; ++k)
+      check(totals[static_cast<std::size_t>(k) + 1] == static_cast<double>(step_rows), "swarm: ",
+            train ? "step " : "evaluation batch ", index, ": stage ", k, " processed ", totals[static_cast<std::size_t>(k) + 1],
+            " rows, the step has ", step_rows, " (a micro-batch lost or processed twice)");
+    out.loss = totals[0];
+    return out;
+  }
+
+  // The tied parameters' two uses (the first stage's embedding, the last stage's head) summed:
+  // each end stage adds the other's pool gradient, weighted by rows, so its pool's average is
+  // the whole gradient. One all-reduce among the end stages' peers.
+  template <class Ctx>
+  void sum_tied(Ctx& ctx, const outcome& o) {
+    const auto& at = ctx.placement;
+    if (at.stages == 1 || ctx.model.tied_parameters().empty()) return;
+    const auto pool = pools(ctx.comm.world());
+    std::vector<int> ends = pool.front();
+    ends.insert(ends.end(), pool.back().begin(), pool.back().end());
+    std::sort(ends.begin(), ends.end());
+    const bool first = at.stage == 0, last_stage = at.stage == at.stages - 1;
+    if (!first && !last_stage) return;
+    auto group = ctx.comm.group(ends);
+    const double weight = static_cast<double>(o.rows) / static_cast<double>(o.step_rows);
+    for (const auto& tied : ctx.model.tied_parameters()) {
+      auto& param = ctx.parameters.get(tied);
+      auto& g = param.grad();
+      if (!g.defined()) g = zeros_like(param.value());
+      const auto mine = host_copy(g);
+      const auto nv = static_cast<std::size_t>(mine.numel());
+      std::vector<float> both(2 * nv, 0.0f);  // [first stage's, last stage's]
+      float* slot = both.data() + (first ? 0 : nv);
+      const float* v = mine.template data<float>();
+      for (std::size_t i = 0; i < nv; ++i) slot[i] = static_cast<float>(weight * v[i]);
+      group.all_reduce(std::span<float>(both), collective::reduce_op::sum);
+      auto other = tensor<cpu>::empty(mine.shape(), mine.dtype());
+      std::memcpy(other.template data<float>(), both.data() + (first ? nv : 0), nv * sizeof(float));
+      g = math::add(g, to_device<typename Ctx::device_type>(other));
+    }
+  }
+
+  // The router of the stage after this peer's; measured afresh when that pool changes (its
+  // ranks are the view's, which a re-formed group numbers anew).
+  pools::router& router_for(const std::vector<int>& down) {
+    if (!router_ || pool_routed_ != down) {
+      router_.emplace(routing);
+      for (const int p : down) router_->add(p);
+      pool_routed_ = down;
+    }
+    return *router_;
+  }
+
+  std::optional<pools::router> router_;
+  std::vector<int> pool_routed_;
+  swarm_stats stats_;
+  std::int64_t begun_step_ = -1, begun_ = 0;
+  int placed_stage_ = -1;
+};
+
+}  // namespace decentrain::parallel

@@ -1,0 +1,189 @@
+// SWARM parallelism (parallel/swarm.hpp): pools of peers per stage, micro-batches routed to the
+// next stage's peers by the router. One peer per stage trains as the pipeline does (GPipe's
+// order), S x R peers track a pipeline of the same shape, every stage processes each row of a
+// step once, the replicas of a stage agree after averaging, and bad settings are refused.
+#include "../support/trainer_fixture.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dt = decentrain;
+using fixture::small_corpus;
+using fixture::tiny_gpt;
+
+namespace {
+
+dt::nn::gpt_config two_blocks() {
+  auto c = tiny_gpt();
+  c.n_layer = 2;
+  return c;
+}
+
+dt::parallel::swarm<> swarmed(int stages, int micro) {
+  dt::parallel::swarm<> s;
+  s.stages = stages;
+  s.micro_batches = micro;
+  return s;
+}
+
+// SWARM's peers weigh in by the rows they processed (the trainer refuses an unweighted policy).
+dt::comm::sync_allreduce<> weighted() {
+  dt::comm::sync_allreduce<> c;
+  c.weighted = true;
+  return c;
+}
+
+using Swarm = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::swarm<>>;
+using Pipe = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>>;
+
+struct run_record {
+  std::vector<std::map<std::string, std::vector<float>>> params;  // by rank, at the end
+  std::vector<dt::train::fit_result> results;
+  std::vector<dt::parallel::swarm_stats> stats;  // by rank (SWARM runs)
+  std::vector<int> stage;
+};
+
+template <class Trainer>
+run_record train(int world, const dt::train::trainer_options& opts, typename Trainer::parallel_policy parallel,
+                 dt::transport::in_process::options net = {}) {
+  run_record rec;
+  rec.params.resize(static_cast<std::size_t>(world));
+  rec.stats.resize(static_cast<std::size_t>(world));
+  rec.stage.resize(static_cast<std::size_t>(world));
+  rec.results = dt::train::fit_in_process<Trainer>(
+      dt::transport::in_process(dt::transport::links::ideal(world), net), two_blocks(), opts, small_corpus().data, weighted(),
+      [&](Trainer& t) {
+        t.on_eval([&, &t = t](const dt::train::eval_point&) {  // (each peer writes its own slot)
+          std::map<std::string, std::vector<float>> mine;
+          for (const auto& e : t.model().parameters()) mine[e.name] = e.param.value().template to_vector<float>();
+          const auto r = static_cast<std::size_t>(t.rank());
+          rec.params[r] = std::move(mine);
+          rec.stage[r] = t.placement().stage;
+          if constexpr (requires { t.parallel().stats(); }) rec.stats[r] = t.parallel().stats();
+        });
+      },
+      1, parallel);
+  return rec;
+}
+
+double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 1e30;
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale == 0 ? worst : worst / scale;
+}
+
+dt::train::trainer_options run_of(std::int64_t steps, std::int64_t batch) {
+  auto o = fixture::small_run(steps);
+  o.batch_size = batch;
+  o.eval_every = 0;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("swarm: one peer per stage trains as a GPipe pipeline, bit for bit") {
+  const auto opts = run_of(6, 4);
+  auto pipe = dt::parallel::pipeline<>{};
+  pipe.stages = 2;
+  pipe.micro_batches = 2;
+  pipe.schedule = "gpipe";
+  const auto expected = train<Pipe>(2, opts, pipe);
+  const auto got = train<Swarm>(2, opts, swarmed(2, 2));
+  for (int r = 0; r < 2; ++r) {
+    INFO("peer " << r);
+    REQUIRE(!got.params[static_cast<std::size_t>(r)].empty());
+    CHECK(got.params[static_cast<std::size_t>(r)] == expected.params[static_cast<std::size_t>(r)]);
+    CHECK(got.results[static_cast<std::size_t>(r)].final_val_loss == expected.results[static_cast<std::size_t>(r)].final_val_loss);
+    CHECK(got.stats[static_cast<std::size_t>(r)].micro_batches == 2);
+  }
+}
+
+TEST_CASE("swarm: pools of peers per stage track the pipeline of the same shape, each stage's replicas equal") {
+  // 6 peers: 2 stages x 3 copies for the pipeline; for SWARM pools of 3, every micro-batch going
+  // to whichever peer of stage 1 the router picks. The same rows each step: the same gradients
+  // but for the order of the float sums (AdamW makes the near-zero biases differ most).
+  const auto opts = run_of(8, 4);
+  auto pipe = dt::parallel::pipeline<>{};
+  pipe.stages = 2;
+  pipe.micro_batches = 2;
+  const auto expected = train<Pipe>(6, opts, pipe);
+  const auto got = train<Swarm>(6, opts, swarmed(2, 2));
+  std::int64_t stage1_micro = 0;
+  for (int r = 0; r < 6; ++r) {
+    INFO("peer " << r);
+    const auto& mine = got.params[static_cast<std::size_t>(r)];
+    REQUIRE(!mine.empty());
+    CHECK(got.stage[static_cast<std::size_t>(r)] == r % 2);
+    // Replicas of a stage hold the same parameters (sync averaging), bit for bit.
+    CHECK(mine == got.params[static_cast<std::size_t>(r % 2)]);
+    for (const auto& [name, v] : mine) {
+      INFO(name);
+      CHECK(relative_diff(v, expected.params[static_cast<std::size_t>(r % 2)].at(name)) < 1e-3);
+    }
+    if (r % 2 == 1) stage1_micro += got.stats[static_cast<std::size_t>(r)].micro_batches;
+    CHECK(std::abs(got.results[static_cast<std::size_t>(r)].final_val_loss - expected.results[0].final_val_loss) < 1e-4);
+  }
+  CHECK(stage1_micro == 6);  // 3 copies x 2 micro-batches a step, each once
+}
+
+TEST_CASE("swarm: a faster peer of a stage takes more of its micro-batches") {
+  // Stage 1's peers 1 and 3 on simulated links and speeds: peer 3 four times as fast. Over the
+  // run the router gives it the larger share of stage 1's micro-batches.
+  auto opts = run_of(12, 8);
+  dt::transport::in_process::options net;
+  net.speeds = {1, 1, 1, 4};
+  auto record = run_record{};
+  {
+    dt::transport::link_matrix l(4, dt::transport::simulated_link{1e-3, 1e9, 0.0, 0.0, 0.0});
+    record.stats.resize(4);
+    dt::train::fit_in_process<Swarm>(
+        dt::transport::in_process(l, net), two_blocks(), opts, small_corpus().data, weighted(),
+        [&](Swarm& t) {
+          t.on_eval([&, &t = t](const dt::train::eval_point&) { record.stats[static_cast<std::size_t>(t.rank())] = t.parallel().stats(); });
+        },
+        1, swarmed(2, 4));
+  }
+  INFO("peer 1: " << record.stats[1].total_micro_batches << ", peer 3: " << record.stats[3].total_micro_batches);
+  CHECK(record.stats[1].total_micro_batches + record.stats[3].total_micro_batches == 12 * 8);
+  CHECK(record.stats[3].total_micro_batches > record.stats[1].total_micro_batches);
+}
+
+TEST_CASE("swarm: bad settings are refused naming the setting") {
+  using Catch::Matchers::Contains;
+  auto s = swarmed(3, 2);
+  CHECK_THROWS_WITH(s.place(0, 2), Contains("2 peer(s) cannot hold 3 stages"));
+  s = swarmed(0, 1);
+  CHECK_THROWS_WITH(s.place(0, 2), Contains("stages must be >= 1"));
+  s = swarmed(2, 0);
+  CHECK_THROWS_WITH(s.place(0, 2), Contains("micro-batches must be >= 1"));
+  s = swarmed(2, 1);
+  s.assignment = {0, 0, 0};
+  CHECK_THROWS_WITH(s.place(0, 3), Contains("leaves stage 1 without a peer"));
+  s.assignment = {0, 1};
+  CHECK_THROWS_WITH(s.place(0, 3), Contains("places 2 peers, the group has 3"));
+  s.assignment.clear();
+  CHECK_THROWS_WITH(s.regroup({0, 1, 2}, {0, 1, 0}, {0}, 2), Contains("1 peer(s) are left to hold 2 stages"));
+}
+
+TEST_CASE("swarm: a re-formed group keeps each peer's stage, puts joiners in the smallest pool, fills an empty stage") {
+  auto s = swarmed(2, 1);
+  // Peers 0..5 at stages 0,1,0,1,0,1; peer 3 leaves: the others keep theirs.
+  s.regroup({0, 1, 2, 3, 4, 5}, {0, 1, 0, 1, 0, 1}, {0, 1, 2, 4, 5}, 2);
+  CHECK(s.assignment == std::vector<int>{0, 1, 0, 0, 1});
+  // A joiner (world rank 6) goes to stage 1, the smaller pool.
+  s.regroup({0, 1, 2, 4, 5}, {0, 1, 0, 0, 1}, {0, 1, 2, 4, 5, 6}, 2);
+  CHECK(s.assignment == std::vector<int>{0, 1, 0, 0, 1, 1});
+  // Stage 1's peers 1 and 5 leave: the largest pool's highest rank (4) moves there.
+  s.regroup({0, 1, 2, 4, 5}, {0, 1, 0, 0, 1}, {0, 2, 4}, 2);
+  CHECK(s.assignment == std::vector<int>{0, 0, 1});
+  const auto p = s.place(2, 3);
+  CHECK(p.stage == 1);
+  CHECK(p.replicas == std::vector<int>{2});
+}
