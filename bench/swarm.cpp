@@ -16,8 +16,7 @@
 // the pipeline's throughput (its slowest stage's) as a share of the best assignment a local
 // search finds (moves and swaps from many starts) and of the bound total speed / stages, with
 // and without rebalancing; and moves per peer per 10 checks over the whole run (goal: <= 1).
-// Only the routing and rebalancing are built so far: the stages' training, retries and
-// averaging of the SWARM benchmark are not (RESULTS says so).
+// The stages' training (loss against the pipeline, DiLoCo inside the pools): bench/swarm_training.
 //
 //   bench_swarm [--seeds 1,2,3] [--noise 0.2] [--json bench/results/swarm.json]
 #include <algorithm>

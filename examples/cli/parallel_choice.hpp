@@ -50,6 +50,20 @@ struct parallel_choice {
   dt::optim::norm_share grad_norm_share(Ctx& ctx) {
     return swarm ? pools.grad_norm_share(ctx) : pipe.grad_norm_share(ctx);
   }
+  template <class Ctx>
+  void after_averaging(Ctx& ctx) {
+    if (swarm) pools.after_averaging(ctx);
+  }
+  template <class Ctx>
+  void between_steps(Ctx& ctx) {
+    if (swarm) pools.between_steps(ctx);
+  }
+  void save(dt::io::checkpoint& c) const {
+    if (swarm) pools.save(c);
+  }
+  void load(const dt::io::checkpoint& c) {
+    if (swarm) pools.load(c);
+  }
   const dt::parallel::schedule::run_stats& last_run() const { return pipe.last_run(); }
   const dt::parallel::swarm_stats& swarm_stats() const { return pools.stats(); }
 };

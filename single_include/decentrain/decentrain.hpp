@@ -10803,6 +10803,7 @@ inline bool is_token_shard(const std::filesystem::path& path) {
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -10890,10 +10891,13 @@ struct traffic_stats {
   double clock_seconds = 0.0;
 };
 
-// A message and the peer that sent it (recv_any).
+// A message and the peer that sent it (recv_any), and when it arrived on the receiver's clock
+// (stats().clock_seconds) where the transport knows it: a simulated network's arrival, which may
+// lie before the receive when the receiver was busy; NaN elsewhere (the receive's own time).
 struct received {
   int source = -1;
   bytes data;
+  double arrival_s = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Messages between one (source, destination) pair arrive in the order they were sent; `recv`
@@ -13462,12 +13466,14 @@ class in_process {
       check_alive();
       if (net_->turns) {
         auto [source, m] = pop_in_turn(sources, tag, net_->opts.recv_timeout);
-        return {source, take(std::move(m))};
+        const double arrival = m.arrival;
+        return {source, take(std::move(m)), arrival};
       }
       shared::wait_scope watched;
       net_->watch_wait(watched, rank_, sources, tag, "recv_any");
       auto [source, m] = box().pop_any(sources, tag, net_->opts.recv_timeout);
-      return {source, take(std::move(m))};
+      const double arrival = m.arrival;
+      return {source, take(std::move(m)), arrival};
     }
     // Whether the message has arrived: in a deterministic run by this peer's clock (a poll loop
     // moves it with transport::pause); otherwise whether it is queued, the clock moving to its
@@ -23262,7 +23268,8 @@ concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 // (ascending, this peer included) that hold the same parameters. Data parallelism: everyone.
 // With several stages (or chunks), the trainer builds only this stage's part of the model
 // (nn::part: `blocks` per model stage, empty for an even cut) and `pipeline` lists the world ranks that hold stage 0, 1,
-// ... of this peer's copy of the model (this peer at index `stage`).
+// ... of this peer's copy of the model (this peer at index `stage`); empty where there is no fixed
+// copy (SWARM: each stage's pool takes micro-batches from any peer of the stage before).
 struct placement {
   int stage = 0;
   int stages = 1;
@@ -24692,660 +24699,6 @@ struct pipeline {
 #include <string>
 #include <vector>
 
-// ---- begin decentrain/parallel/swarm/router.hpp ----
-// Where SWARM sends a micro-batch next: among the peers of the next stage, each gets a share of
-// the micro-batches proportional to its measured throughput (samples per second, its link
-// included: a measurement is the round trip of a micro-batch sent to it), in an interleaved
-// order (smooth weighted round-robin: every peer's weight is added to its credit, the peer with
-// the most credit goes next and pays the weights' sum; with weights that hold still, every peer's
-// count is within one of its share over any window, and no peer gets a burst).
-// The estimate is SWARM's (yandex-research/swarm, balancer.py): an exponential moving average
-// of seconds per sample, alpha 0.1, bias-corrected (a peer's first measurement is its estimate,
-// not a tenth of it). Unlike it, a change of speed is followed at once: `confirm` measurements in
-// a row that are each over `change_ratio` times the estimate (or under 1 / that) restart the
-// average from them, so a peer that became 4x slower loses its share after two micro-batches
-// rather than over the ~30 it takes an average with alpha 0.1 to forget, while noise of +-20%
-// (a ratio of 1.5 at most) never restarts it. A peer not measured yet is assumed as fast as the
-// mean of those that are, so a joiner gets work and is measured.
-// The state (estimates, credits) is in the checkpoint: a deterministic run resumes bit for bit.
-
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <map>
-#include <optional>
-#include <set>
-#include <sstream>
-#include <string>
-
-
-namespace decentrain::parallel::pools {
-
-struct router_settings {
-  double alpha = 0.1;         // the weight of a new measurement in the average
-  double change_ratio = 2.0;  // a measurement this many times off the estimate (either way) counts toward a restart
-  int confirm = 2;            // that many in a row, the same way, restart the average from them
-
-  void validate() const {
-    decentrain::detail::check(alpha > 0 && alpha <= 1, "swarm router: alpha must be in (0, 1], got ", alpha);
-    decentrain::detail::check(change_ratio > 1 && std::isfinite(change_ratio), "swarm router: change_ratio must be > 1, got ",
-                              change_ratio);
-    decentrain::detail::check(confirm >= 1, "swarm router: confirm must be >= 1, got ", confirm);
-  }
-};
-
-class router {
- public:
-  explicit router(router_settings s = {}) : settings_(s) { settings_.validate(); }
-
-  // The peers that may take micro-batches (one removed and added again starts unmeasured).
-  void add(int peer) { peers_.try_emplace(peer); }
-  void remove(int peer) { peers_.erase(peer); }
-  bool contains(int peer) const { return peers_.count(peer) != 0; }
-  std::size_t size() const { return peers_.size(); }
-
-  // The next peer, skipping `excluded` (those that failed this micro-batch or passed its
-  // deadline); none when every peer is excluded.
-  std::optional<int> next(const std::set<int>& excluded = {}) {
-    double total = 0;
-    entry* best = nullptr;
-    int chosen = -1;
-    const double fallback = mean_throughput();
-    for (auto& [peer, e] : peers_) {
-      if (excluded.count(peer)) continue;
-      const double w = throughput_of(e, fallback);
-      e.credit += w;
-      total += w;
-      if (!best || e.credit > best->credit) best = &e, chosen = peer;
-    }
-    if (!best) return std::nullopt;
-    best->credit -= total;
-    return chosen;
-  }
-
-  // One micro-batch of `samples` went to `peer` and came back `seconds` later.
-  void measured(int peer, double seconds, double samples = 1) {
-    decentrain::detail::check(seconds > 0 && std::isfinite(seconds) && samples > 0 && std::isfinite(samples),
-                              "swarm router: a measurement needs seconds > 0 and samples > 0, got ", seconds, " s for ",
-                              samples, " samples");
-    auto it = peers_.find(peer);
-    if (it == peers_.end()) return;  // left since it was sent
-    entry& e = it->second;
-    const double x = seconds / samples;
-    decentrain::detail::check(x > 0 && std::isfinite(x), "swarm router: ", seconds, " s for ", samples,
-                              " samples is no time a sample can take");
-    if (e.count > 0) {
-      const double estimate = seconds_per_sample(e), ratio = x / estimate;
-      const int way = ratio > settings_.change_ratio ? 1 : ratio < 1 / settings_.change_ratio ? -1 : 0;
-      if (way != 0 && way == e.way) {
-        e.run_sum += x;
-        ++e.run;
-      } else {
-        e.way = way;
-        e.run = way != 0 ? 1 : 0;
-        e.run_sum = way != 0 ? x : 0;
-      }
-      if (e.run >= settings_.confirm) {  // the peer changed: start again from what it does now
-        e.average = 0;
-        e.count = 0;
-        e.way = 0;
-        take(e, e.run_sum / e.run);
-        e.run = 0;
-        e.run_sum = 0;
-        ++restarts_;
-        return;
-      }
-    }
-    take(e, x);
-  }
-
-  // Samples per second the router expects of `peer` (the mean of the measured ones until it is
-  // measured; 1 when none is).
-  double throughput(int peer) const {
-    const auto it = peers_.find(peer);
-    decentrain::detail::check(it != peers_.end(), "swarm router: peer ", peer, " is not among its peers");
-    return throughput_of(it->second, mean_throughput());
-  }
-  // How long `samples` should take `peer`, by the estimate (none before its first measurement).
-  std::optional<double> expected_seconds(int peer, double samples = 1) const {
-    const auto it = peers_.find(peer);
-    if (it == peers_.end() || it->second.count == 0) return std::nullopt;
-    return samples * seconds_per_sample(it->second);
-  }
-  // How often a peer's average was restarted by a change of speed.
-  std::uint64_t restarts() const { return restarts_; }
-
-  // Exact (hexadecimal floats): a deterministic run resumes with the same picks.
-  void save(io::checkpoint& c, const std::string& prefix) const {
-    std::string text;
-    char buf[160];
-    for (const auto& [peer, e] : peers_) {
-      std::snprintf(buf, sizeof buf, "%d %a %lld %a %d %d %a;", peer, e.average, static_cast<long long>(e.count), e.credit, e.way,
-                    e.run, e.run_sum);
-      text += buf;
-    }
-    c.text[prefix + "router"] = text;
-    c.counters[prefix + "router.restarts"] = static_cast<std::int64_t>(restarts_);
-  }
-  void load(const io::checkpoint& c, const std::string& prefix) {
-    const auto it = c.text.find(prefix + "router");
-    decentrain::detail::check(it != c.text.end(), "swarm router: the checkpoint has no '", prefix, "router'");
-    std::map<int, entry> loaded;
-    std::istringstream in(it->second);
-    for (std::string item; std::getline(in, item, ';');) {
-      if (item.empty()) continue;
-      std::istringstream fields(item);
-      std::string average, credit, run_sum;
-      int peer = 0;
-      long long count = 0;
-      entry e;
-      fields >> peer >> average >> count >> credit >> e.way >> e.run >> run_sum;
-      decentrain::detail::check(!fields.fail(), "swarm router: the checkpoint's entry '", item, "' is malformed");
-      const auto number = [&](const std::string& text) {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        decentrain::detail::check(end && end != text.c_str() && *end == '\0' && std::isfinite(v), "swarm router: the checkpoint's entry '",
-                                  item, "' is malformed");
-        return v;
-      };
-      e.average = number(average);
-      e.count = count;
-      e.credit = number(credit);
-      e.run_sum = number(run_sum);
-      decentrain::detail::check(count >= 0 && (count == 0 ? e.average == 0 : e.average > 0) && e.way >= -1 && e.way <= 1 &&
-                                    e.run >= 0 && e.run_sum >= 0,
-                                "swarm router: the checkpoint's entry '", item, "' is out of range");
-      loaded[peer] = e;
-    }
-    peers_ = std::move(loaded);
-    const auto r = c.counters.find(prefix + "router.restarts");
-    restarts_ = r == c.counters.end() ? 0 : static_cast<std::uint64_t>(r->second);
-  }
-
- private:
-  struct entry {
-    double average = 0;      // the moving average of seconds per sample, before bias correction
-    std::int64_t count = 0;  // measurements in it
-    double credit = 0;       // smooth weighted round-robin
-    int way = 0, run = 0;    // measurements in a row off the estimate, and which way (+1 slower, -1 faster)
-    double run_sum = 0;      // their seconds per sample, summed
-  };
-
-  void take(entry& e, double x) {  // one measurement into the average
-    e.average = (1 - settings_.alpha) * e.average + settings_.alpha * x;
-    ++e.count;
-  }
-  double seconds_per_sample(const entry& e) const {
-    return e.average / (1 - std::pow(1 - settings_.alpha, static_cast<double>(e.count)));
-  }
-  double throughput_of(const entry& e, double fallback) const { return e.count > 0 ? 1 / seconds_per_sample(e) : fallback; }
-  double mean_throughput() const {
-    double sum = 0;
-    int n = 0;
-    for (const auto& [peer, e] : peers_)
-      if (e.count > 0) sum += 1 / seconds_per_sample(e), ++n;
-    return n > 0 ? sum / n : 1.0;
-  }
-
-  router_settings settings_;
-  std::map<int, entry> peers_;
-  std::uint64_t restarts_ = 0;
-};
-
-}  // namespace decentrain::parallel::pools
-// ---- end decentrain/parallel/swarm/router.hpp ----
-
-namespace decentrain::parallel {
-
-namespace swarm_detail {
-
-// What goes before every message between stages: which, of which step and micro-batch, the
-// payload's size; the receiver checks each field against what it expects of that sender.
-struct header {
-  std::uint32_t kind = 0;  // 0: an activation going forward, 1: its gradient going back, 2: no more activations this step
-  std::uint32_t step = 0;  // the step (or evaluation batch) it belongs to, low 32 bits
-  std::int32_t micro = -1;
-  std::int32_t rows = 0;
-  std::int64_t width = 0;
-  std::uint64_t bytes = 0;  // the encoded payload that follows
-};
-inline constexpr std::uint32_t activation = 0, gradient = 1, finished = 2;
-
-}  // namespace swarm_detail
-
-// What a SWARM peer did: in the last step, and over the run.
-struct swarm_stats {
-  int stage = 0;
-  std::int64_t micro_batches = 0;   // the last step's, at this peer's stage
-  std::int64_t rows = 0;            // the last step's
-  std::int64_t step_rows = 0;       // the last step's whole batch (each stage processes every row once)
-  std::int64_t total_micro_batches = 0;  // over the run (steps that completed)
-  std::int64_t retried = 0;         // micro-batches this peer had begun in steps that failed and were redone
-  std::uint64_t bytes_sent = 0;     // activations and gradients, over the run
-  int moves = 0;                    // times this peer's stage changed when the group re-formed
-  double busy_s = 0;                // forwards and backwards, over the run
-};
-
-template <class Codec = compress::identity>
-struct swarm {
-  using policy_concept = policy_tag;
-  static constexpr const char* name = "swarm";
-  // A peer's step weight is the rows it processed, which differ from peer to peer: the
-  // communication policy must average by them (the trainer refuses one that is not weighted).
-  static constexpr bool weights_vary = true;
-
-  int stages = 2;
-  int micro_batches = 1;  // per step and copy's batch_size rows (world / stages copies a step)
-  std::vector<std::int64_t> blocks;  // blocks per stage (empty: an even cut)
-  Codec codec{};                     // the activations and their gradients between stages
-  pools::router_settings routing{};
-  // The stage of each rank of the view (empty: rank % stages); regroup keeps it as the group
-  // changes.
-  std::vector<int> assignment;
-
-  void validate(int world) const {
-    using decentrain::detail::check;
-    check(stages >= 1, "swarm: stages must be >= 1, got ", stages);
-    check(micro_batches >= 1, "swarm: micro-batches must be >= 1, got ", micro_batches);
-    check(world >= stages, "swarm: ", world, " peer(s) cannot hold ", stages, " stages (every stage needs a peer)");
-    routing.validate();
-    if (!assignment.empty()) {
-      check(assignment.size() == static_cast<std::size_t>(world), "swarm: the assignment places ", assignment.size(),
-            " peers, the group has ", world);
-      for (int s = 0; s < stages; ++s)
-        check(std::count(assignment.begin(), assignment.end(), s) > 0, "swarm: the assignment leaves stage ", s, " without a peer");
-      for (const int s : assignment) check(s >= 0 && s < stages, "swarm: the assignment names stage ", s, " of ", stages);
-    }
-  }
-
-  // The stage of each rank of a view of `world`.
-  std::vector<int> stage_of(int world) const {
-    if (assignment.size() == static_cast<std::size_t>(world)) return assignment;
-    std::vector<int> out;
-    for (int r = 0; r < world; ++r) out.push_back(r % stages);
-    return out;
-  }
-  // The ranks of each stage's pool, ascending.
-  std::vector<std::vector<int>> pools(int world) const {
-    std::vector<std::vector<int>> out(static_cast<std::size_t>(stages));
-    const auto a = stage_of(world);
-    for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(a[static_cast<std::size_t>(r)])].push_back(r);
-    return out;
-  }
-
-  placement place(int rank, int world) const {
-    validate(world);
-    const auto pool = pools(world);
-    placement p;
-    p.stage = stage_of(world)[static_cast<std::size_t>(rank)];
-    p.stages = stages;
-    p.blocks = blocks;
-    p.replicas = pool[static_cast<std::size_t>(p.stage)];
-    p.copy = static_cast<int>(std::find(p.replicas.begin(), p.replicas.end(), rank) - p.replicas.begin());
-    // (one peer per stage, this one at its own: the trainer's pipeline group, which SWARM does
-    // not use; it sends through the view)
-    for (int s = 0; s < stages; ++s) p.pipeline.push_back(s == p.stage ? rank : pool[static_cast<std::size_t>(s)].front());
-    return p;
-  }
-
-  // A view of `world` peers with no placement to keep (a joiner's first guess): rank % stages.
-  int morph(int world, std::int64_t n_blocks) {
-    decentrain::detail::check(world >= stages, "swarm: ", world, " peer(s) cannot hold ", stages, " stages");
-    decentrain::detail::check(stages <= n_blocks, "swarm: a model of ", n_blocks, " blocks cannot be cut into ", stages, " stages");
-    assignment.clear();
-    return stages;
-  }
-
-  // The group changed from `before` (world ranks, with their stages) to `after` (world ranks,
-  // ascending): every peer that stays keeps its stage; a new one goes to the smallest pool; a
-  // stage left without peers takes one from the largest pool (its highest rank), which then takes
-  // the stage's parameters from the re-deal. Every member computes the same from the same views.
-  void regroup(const std::vector<int>& before, const std::vector<int>& before_stages, const std::vector<int>& after,
-               std::int64_t n_blocks) {
-    using decentrain::detail::check;
-    check(stages <= n_blocks, "swarm: a model of ", n_blocks, " blocks cannot be cut into ", stages, " stages");
-    check(after.size() >= static_cast<std::size_t>(stages), "swarm: ", after.size(), " peer(s) are left to hold ", stages,
-          " stages (every stage needs a peer)");
-    std::vector<int> a(after.size(), -1);
-    std::vector<int> count(static_cast<std::size_t>(stages), 0);
-    for (std::size_t i = 0; i < after.size(); ++i)
-      for (std::size_t j = 0; j < before.size() && j < before_stages.size(); ++j)
-        if (before[j] == after[i] && before_stages[j] >= 0 && before_stages[j] < stages) {
-          a[i] = before_stages[j];
-          ++count[static_cast<std::size_t>(a[i])];
-        }
-    const auto smallest = [&] { return static_cast<int>(std::min_element(count.begin(), count.end()) - count.begin()); };
-    for (auto& s : a)
-      if (s < 0) {
-        s = smallest();
-        ++count[static_cast<std::size_t>(s)];
-      }
-    for (int empty = smallest(); count[static_cast<std::size_t>(empty)] == 0; empty = smallest()) {
-      const int largest = static_cast<int>(std::max_element(count.begin(), count.end()) - count.begin());
-      for (std::size_t i = a.size(); i-- > 0;)
-        if (a[i] == largest) {
-          a[i] = empty;
-          break;
-        }
-      --count[static_cast<std::size_t>(largest)];
-      ++count[static_cast<std::size_t>(empty)];
-    }
-    assignment = std::move(a);
-  }
-
-  template <class Ctx>
-  static constexpr bool check_model() {
-    using D = typename Ctx::device_type;
-    using M = typename Ctx::model_type;
-    static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
-                    { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
-                  },
-                  "parallel::swarm: the model needs `var<D> stage_forward(int stage, const var<D>& in, const tensor<D>& ids, "
-                  "const tensor<D>& targets, rng* dropout) const` (a stage's forward; the last returns the loss)");
-    static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
-                  "parallel::swarm: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) stream between stages)");
-    static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
-                  "parallel::swarm: the model needs `std::vector<std::string> tied_parameters() const` (parameters held by "
-                  "the first and the last stage, whose gradients are summed; empty when none)");
-    return true;
-  }
-
-  template <class Ctx>
-  step_result forward_backward(Ctx& ctx) {
-    ctx.parameters.zero_grad();
-    if (placed_stage_ >= 0 && placed_stage_ != ctx.placement.stage) ++stats_.moves;
-    placed_stage_ = ctx.placement.stage;
-    // A step that failed on some peer and is run again: what this peer had begun of it is retried.
-    if (begun_step_ == ctx.step) stats_.retried += begun_;
-    begun_step_ = ctx.step;
-    begun_ = 0;
-    const auto outcome = run(ctx, decentrain::data::split::train, ctx.step, true);
-    // Each peer's gradient is the mean over the rows it processed (the shares below are of the
-    // step's rows): its pool's average weighted by rows is then the step's gradient.
-    if (outcome.rows > 0) {
-      const double scale = static_cast<double>(outcome.step_rows) / static_cast<double>(outcome.rows);
-      for (auto& e : ctx.parameters)
-        if (e.param.grad().defined()) e.param.grad() = math::affine(e.param.grad(), scale);
-    }
-    sum_tied(ctx, outcome);
-    begun_step_ = -1;
-    stats_.stage = ctx.placement.stage;
-    stats_.micro_batches = outcome.micro;
-    stats_.rows = outcome.rows;
-    stats_.step_rows = outcome.step_rows;
-    stats_.total_micro_batches += outcome.micro;
-    const std::int64_t T = ctx.block;
-    return {outcome.loss, outcome.rows, outcome.rows * T, static_cast<double>(outcome.rows)};
-  }
-
-  template <class Ctx>
-  double evaluate(Ctx& ctx, std::int64_t batch) {
-    return run(ctx, decentrain::data::split::validation, batch, false).loss;
-  }
-
-  // The clipping norm over the whole model: each stage's sum of squares counted once (a pool's
-  // peers each add a share of theirs), the tied parameters on the first stage only.
-  template <class Ctx>
-  optim::norm_share grad_norm_share(Ctx& ctx) {
-    optim::norm_share share;
-    if (ctx.placement.stages == 1) return share;
-    if (!ctx.placement.part().first()) share.counted_elsewhere = ctx.model.tied_parameters();
-    const double pool = static_cast<double>(ctx.placement.replicas.size());
-    share.total = [&ctx, pool](double mine) {
-      mine /= pool;
-      ctx.comm.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
-      return mine;
-    };
-    return share;
-  }
-
-  const swarm_stats& stats() const { return stats_; }
-
- private:
-  struct outcome {
-    double loss = 0;
-    std::int64_t rows = 0, micro = 0, step_rows = 0;
-  };
-
-  // One step's (or evaluation batch's) micro-batches through the stages, this peer's part of it.
-  template <class Ctx>
-  outcome run(Ctx& ctx, decentrain::data::split split, std::int64_t index, bool train) {
-    using D = typename Ctx::device_type;
-    using decentrain::detail::check;
-    namespace wire = swarm_detail;
-    auto& ep = ctx.comm.endpoint();
-    const int n = ctx.comm.world(), me = ctx.comm.rank();
-    const int s = ctx.placement.stage, last = stages - 1;
-    const auto pool = pools(n);
-    const auto& up = s > 0 ? pool[static_cast<std::size_t>(s - 1)] : std::vector<int>{};
-    const auto& down = s < last ? pool[static_cast<std::size_t>(s + 1)] : std::vector<int>{};
-    std::vector<int> sources = up;
-    sources.insert(sources.end(), down.begin(), down.end());
-    auto& route = router_for(down);
-
-    const std::int64_t B = ctx.batch_size, T = ctx.block, C = ctx.model.stream_width();
-    check(micro_batches <= B, "swarm: ", micro_batches, " micro-batches of ", B, " rows (micro-batches must be at most the batch size)");
-    const int copies = std::max(1, n / stages);
-    const int count = copies * micro_batches;
-    const std::int64_t step_rows = B * copies;
-    const auto rows_of = [&](int m) { const int j = m % micro_batches; return B / micro_batches + (j < B % micro_batches ? 1 : 0); };
-    std::map<int, std::pair<tensor<cpu>, tensor<cpu>>> batches;  // by copy, as they are needed
-    const auto rows_for = [&](int m) {
-      const int c = m / micro_batches, j = m % micro_batches;
-      auto it = batches.find(c);
-      if (it == batches.end())
-        it = batches.emplace(c, ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, c, copies)).first;
-      std::int64_t from = 0;
-      for (int k = 0; k < j; ++k) from += rows_of(c * micro_batches + k);
-      return std::make_pair(to_device<D>(it->second.first.slice(0, from, from + rows_of(m)).contiguous()),
-                            to_device<D>(it->second.second.slice(0, from, from + rows_of(m)).contiguous()));
-    };
-    const auto share_of = [&](int m) { return static_cast<double>(rows_of(m)) / static_cast<double>(step_rows); };
-    const transport::tag_type tag = (transport::tag_type{0x73776d00u | (train ? 0u : 1u)} << 32) | static_cast<std::uint32_t>(index);
-    const auto message_bytes = [&](int m) {
-      return sizeof(wire::header) + codec.max_encoded_bytes(static_cast<std::size_t>(rows_of(m) * T * C));
-    };
-    // Whatever peers of the stages beside this one send it this step, however far ahead.
-    transport::allow(ep, tag, static_cast<std::uint64_t>(count + 1) * message_bytes(0));
-
-    outcome out;
-    out.step_rows = step_rows;
-    std::vector<std::byte> encoded;
-    const auto send = [&](int to, std::uint32_t kind, int m, const tensor<D>* value) {
-      wire::header h;
-      h.kind = kind;
-      h.step = static_cast<std::uint32_t>(index);
-      h.micro = m;
-      transport::bytes msg;
-      if (value) {
-        const auto host = to_device<cpu>(value->contiguous());
-        const auto nv = static_cast<std::size_t>(host.numel());
-        encoded.resize(codec.max_encoded_bytes(nv));
-        h.bytes = codec.encode(std::span<const float>(host.template data<float>(), nv), std::span<std::byte>(encoded));
-        h.rows = static_cast<std::int32_t>(host.size(0));
-        h.width = host.size(2);
-      }
-      msg.resize(sizeof h + h.bytes);
-      std::memcpy(msg.data(), &h, sizeof h);
-      if (h.bytes > 0) std::memcpy(msg.data() + sizeof h, encoded.data(), h.bytes);
-      ep.send(to, tag, std::span<const std::byte>(msg.data(), msg.size()));
-      stats_.bytes_sent += msg.size();
-    };
-    // The values of an activation or gradient of micro-batch m from `from`, checked.
-    const auto values_of = [&](const transport::received& r, const wire::header& h) {
-      const auto m = h.micro;
-      check(h.rows == rows_of(m) && h.width == C, "swarm: peer ", r.source, " sent micro-batch ", m, " with ", h.rows,
-            " rows of width ", h.width, "; expected ", rows_of(m), " of width ", C);
-      const auto nv = static_cast<std::size_t>(rows_of(m) * T * C);
-      check(h.bytes <= codec.max_encoded_bytes(nv) && r.data.size() == sizeof h + h.bytes, "swarm: peer ", r.source,
-            " sent a payload of ", r.data.size() - sizeof h, " bytes announcing ", h.bytes, " for ", nv, " values");
-      auto v = zeros<cpu>(shape{rows_of(m), T, C});
-      codec.decode_add(std::span<const std::byte>(r.data.data() + sizeof h, h.bytes), std::span<float>(v.template data<float>(), nv));
-      return to_device<D>(v);
-    };
-    // The round trip on the endpoint's clock: simulated links and compute in simulation, the wall
-    // on a real network (the same figure drives the router in both).
-    const auto clock = [&] { return ep.stats().clock_seconds; };
-
-    struct stashed {
-      var<D> in, out;
-      int from = -1, to = -1;  // the peers it came from (-1: this peer's own rows) and went to
-      double sent = 0;
-    };
-    std::map<int, stashed> stash;
-    std::set<int> seen, finished_from;
-    bool said_finished = false;
-    const auto compute = [&](auto&& f) {
-      const double t0 = ctx.compute_clock ? ctx.compute_clock() : 0.0;
-      f();
-      if (ctx.compute_clock) {
-        const double took = ctx.compute_clock() - t0;
-        stats_.busy_s += took;
-        if (ctx.computed) ctx.computed(took);
-      }
-    };
-    // A micro-batch's forward on this peer: on the last stage its loss and backward, the input's
-    // gradient back to where it came from; else on to the next stage's peer the router picks.
-    const auto forward = [&](int m, var<D> in, int from) {
-      ++out.micro;
-      out.rows += rows_of(m);
-      if (train) ++begun_;
-      const auto [ids, targets] = rows_for(m);
-      var<D> y;
-      compute([&] { y = ctx.model.stage_forward(s, in, ids, targets, train ? &ctx.dropout : nullptr); });
-      if (s == last) {
-        out.loss += share_of(m) * static_cast<double>(y.item());
-        if (!train) return;
-        compute([&] { y.backward(full<D>(y.shape(), static_cast<float>(share_of(m)), y.dtype())); });
-        if (from >= 0) {
-          const auto g = in.grad();
-          send(from, wire::gradient, m, &g);
-        }
-        return;
-      }
-      const auto to = route.next();
-      check(to.has_value(), "swarm: stage ", s + 1, " has no peer to send micro-batch ", m, " to");
-      const auto value = y.value();
-      send(*to, wire::activation, m, &value);
-      if (train) stash[m] = stashed{std::move(in), std::move(y), from, *to, clock()};
-    };
-    const auto say_finished = [&] {
-      if (said_finished || s == last) return;
-      for (const int d : down) send(d, wire::finished, -1, nullptr);
-      said_finished = true;
-    };
-
-    if (s == 0) {
-      const int mine = static_cast<int>(std::find(pool[0].begin(), pool[0].end(), me) - pool[0].begin());
-      const int first_pool = static_cast<int>(pool[0].size());
-      for (int m = mine; m < count; m += first_pool) forward(m, var<D>{}, -1);
-      say_finished();
-    }
-    const auto done = [&] { return stash.empty() && finished_from.size() == up.size(); };
-    while (!done()) {
-      const auto r = ep.recv_any(std::span<const int>(sources), tag);
-      wire::header h;
-      check(r.data.size() >= sizeof h, "swarm: peer ", r.source, " sent a message of ", r.data.size(),
-            " bytes, shorter than its header");
-      std::memcpy(&h, r.data.data(), sizeof h);
-      const bool from_up = std::binary_search(up.begin(), up.end(), r.source);
-      const bool from_down = std::binary_search(down.begin(), down.end(), r.source);
-      check(h.step == static_cast<std::uint32_t>(index), "swarm: peer ", r.source, " sent a message of step ", h.step,
-            " during step ", index);
-      if (h.kind == wire::finished) {
-        check(from_up && finished_from.insert(r.source).second, "swarm: peer ", r.source,
-              " said it finished the step, and is not a peer of the stage before that had not");
-        if (finished_from.size() == up.size()) say_finished();
-        continue;
-      }
-      check(h.micro >= 0 && h.micro < count, "swarm: peer ", r.source, " sent micro-batch ", h.micro, " of a step of ", count);
-      if (h.kind == wire::activation) {
-        check(from_up && !finished_from.count(r.source) && seen.insert(h.micro).second, "swarm: peer ", r.source,
-              " sent an activation of micro-batch ", h.micro, " this stage does not expect (a second time, after it "
-              "finished, or from a peer not of the stage before)");
-        forward(h.micro, var<D>(values_of(r, h), train), r.source);
-        continue;
-      }
-      auto it = stash.find(h.micro);
-      check(h.kind == wire::gradient && from_down && it != stash.end() && it->second.to == r.source, "swarm: peer ",
-            r.source, " sent a message (kind ", h.kind, ") for micro-batch ", h.micro, " that this stage did not send it");
-      const auto g = values_of(r, h);
-      auto st = std::move(it->second);
-      stash.erase(it);
-      route.measured(st.to, std::max(1e-9, clock() - st.sent),
-                     static_cast<double>(rows_of(h.micro)));
-      compute([&] { st.out.backward(g); });
-      if (st.from >= 0) {
-        const auto gi = st.in.grad();
-        send(st.from, wire::gradient, h.micro, &gi);
-      }
-    }
-    // The loss, known on every peer, and every stage's rows: each must be the step's, once.
-    std::vector<double> totals(static_cast<std::size_t>(stages) + 1, 0.0);
-    totals[0] = out.loss;
-    totals[static_cast<std::size_t>(s) + 1] = static_cast<double>(out.rows);
-    ctx.comm.all_reduce(std::span<double>(totals), collective::reduce_op::sum);
-    for (int k = 0; k < stages; ++k)
-      check(totals[static_cast<std::size_t>(k) + 1] == static_cast<double>(step_rows), "swarm: ",
-            train ? "step " : "evaluation batch ", index, ": stage ", k, " processed ", totals[static_cast<std::size_t>(k) + 1],
-            " rows, the step has ", step_rows, " (a micro-batch lost or processed twice)");
-    out.loss = totals[0];
-    return out;
-  }
-
-  // The tied parameters' two uses (the first stage's embedding, the last stage's head) summed:
-  // each end stage adds the other's pool gradient, weighted by rows, so its pool's average is
-  // the whole gradient. One all-reduce among the end stages' peers.
-  template <class Ctx>
-  void sum_tied(Ctx& ctx, const outcome& o) {
-    const auto& at = ctx.placement;
-    if (at.stages == 1 || ctx.model.tied_parameters().empty()) return;
-    const auto pool = pools(ctx.comm.world());
-    std::vector<int> ends = pool.front();
-    ends.insert(ends.end(), pool.back().begin(), pool.back().end());
-    std::sort(ends.begin(), ends.end());
-    const bool first = at.stage == 0, last_stage = at.stage == at.stages - 1;
-    if (!first && !last_stage) return;
-    auto group = ctx.comm.group(ends);
-    const double weight = static_cast<double>(o.rows) / static_cast<double>(o.step_rows);
-    for (const auto& tied : ctx.model.tied_parameters()) {
-      auto& param = ctx.parameters.get(tied);
-      auto& g = param.grad();
-      if (!g.defined()) g = zeros_like(param.value());
-      const auto mine = host_copy(g);
-      const auto nv = static_cast<std::size_t>(mine.numel());
-      std::vector<float> both(2 * nv, 0.0f);  // [first stage's, last stage's]
-      float* slot = both.data() + (first ? 0 : nv);
-      const float* v = mine.template data<float>();
-      for (std::size_t i = 0; i < nv; ++i) slot[i] = static_cast<float>(weight * v[i]);
-      group.all_reduce(std::span<float>(both), collective::reduce_op::sum);
-      auto other = tensor<cpu>::empty(mine.shape(), mine.dtype());
-      std::memcpy(other.template data<float>(), both.data() + (first ? nv : 0), nv * sizeof(float));
-      g = math::add(g, to_device<typename Ctx::device_type>(other));
-    }
-  }
-
-  // The router of the stage after this peer's; measured afresh when that pool changes (its
-  // ranks are the view's, which a re-formed group numbers anew).
-  pools::router& router_for(const std::vector<int>& down) {
-    if (!router_ || pool_routed_ != down) {
-      router_.emplace(routing);
-      for (const int p : down) router_->add(p);
-      pool_routed_ = down;
-    }
-    return *router_;
-  }
-
-  std::optional<pools::router> router_;
-  std::vector<int> pool_routed_;
-  swarm_stats stats_;
-  std::int64_t begun_step_ = -1, begun_ = 0;
-  int placed_stage_ = -1;
-};
-
-}  // namespace decentrain::parallel
-// ---- end decentrain/parallel/swarm.hpp ----
 // ---- begin decentrain/parallel/swarm/rebalance.hpp ----
 // When a SWARM peer should serve another stage: Petals' rule (bigscience-workshop/petals,
 // block_selection.py) with the hysteresis its users asked for. A stage's throughput is the sum of
@@ -25627,6 +24980,739 @@ class rebalancer {
 
 }  // namespace decentrain::parallel::pools
 // ---- end decentrain/parallel/swarm/rebalance.hpp ----
+// ---- begin decentrain/parallel/swarm/router.hpp ----
+// Where SWARM sends a micro-batch next: among the peers of the next stage, each gets a share of
+// the micro-batches proportional to its measured throughput (samples per second, its link
+// included: a measurement is the round trip of a micro-batch sent to it), in an interleaved
+// order (smooth weighted round-robin: every peer's weight is added to its credit, the peer with
+// the most credit goes next and pays the weights' sum; with weights that hold still, every peer's
+// count is within one of its share over any window, and no peer gets a burst).
+// The estimate is SWARM's (yandex-research/swarm, balancer.py): an exponential moving average
+// of seconds per sample, alpha 0.1, bias-corrected (a peer's first measurement is its estimate,
+// not a tenth of it). Unlike it, a change of speed is followed at once: `confirm` measurements in
+// a row that are each over `change_ratio` times the estimate (or under 1 / that) restart the
+// average from them, so a peer that became 4x slower loses its share after two micro-batches
+// rather than over the ~30 it takes an average with alpha 0.1 to forget, while noise of +-20%
+// (a ratio of 1.5 at most) never restarts it. A peer not measured yet is assumed as fast as the
+// mean of those that are, so a joiner gets work and is measured.
+// The state (estimates, credits) is in the checkpoint: a deterministic run resumes bit for bit.
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+
+
+namespace decentrain::parallel::pools {
+
+struct router_settings {
+  double alpha = 0.1;         // the weight of a new measurement in the average
+  double change_ratio = 2.0;  // a measurement this many times off the estimate (either way) counts toward a restart
+  int confirm = 2;            // that many in a row, the same way, restart the average from them
+
+  void validate() const {
+    decentrain::detail::check(alpha > 0 && alpha <= 1, "swarm router: alpha must be in (0, 1], got ", alpha);
+    decentrain::detail::check(change_ratio > 1 && std::isfinite(change_ratio), "swarm router: change_ratio must be > 1, got ",
+                              change_ratio);
+    decentrain::detail::check(confirm >= 1, "swarm router: confirm must be >= 1, got ", confirm);
+  }
+};
+
+class router {
+ public:
+  explicit router(router_settings s = {}) : settings_(s) { settings_.validate(); }
+
+  // The peers that may take micro-batches (one removed and added again starts unmeasured).
+  void add(int peer) { peers_.try_emplace(peer); }
+  void remove(int peer) { peers_.erase(peer); }
+  bool contains(int peer) const { return peers_.count(peer) != 0; }
+  std::size_t size() const { return peers_.size(); }
+
+  // The next peer, skipping `excluded` (those that failed this micro-batch or passed its
+  // deadline); none when every peer is excluded.
+  std::optional<int> next(const std::set<int>& excluded = {}) {
+    double total = 0;
+    entry* best = nullptr;
+    int chosen = -1;
+    const double fallback = mean_throughput();
+    for (auto& [peer, e] : peers_) {
+      if (excluded.count(peer)) continue;
+      const double w = throughput_of(e, fallback);
+      e.credit += w;
+      total += w;
+      if (!best || e.credit > best->credit) best = &e, chosen = peer;
+    }
+    if (!best) return std::nullopt;
+    best->credit -= total;
+    return chosen;
+  }
+
+  // One micro-batch of `samples` went to `peer` and came back `seconds` later.
+  void measured(int peer, double seconds, double samples = 1) {
+    decentrain::detail::check(seconds > 0 && std::isfinite(seconds) && samples > 0 && std::isfinite(samples),
+                              "swarm router: a measurement needs seconds > 0 and samples > 0, got ", seconds, " s for ",
+                              samples, " samples");
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return;  // left since it was sent
+    entry& e = it->second;
+    const double x = seconds / samples;
+    decentrain::detail::check(x > 0 && std::isfinite(x), "swarm router: ", seconds, " s for ", samples,
+                              " samples is no time a sample can take");
+    if (e.count > 0) {
+      const double estimate = seconds_per_sample(e), ratio = x / estimate;
+      const int way = ratio > settings_.change_ratio ? 1 : ratio < 1 / settings_.change_ratio ? -1 : 0;
+      if (way != 0 && way == e.way) {
+        e.run_sum += x;
+        ++e.run;
+      } else {
+        e.way = way;
+        e.run = way != 0 ? 1 : 0;
+        e.run_sum = way != 0 ? x : 0;
+      }
+      if (e.run >= settings_.confirm) {  // the peer changed: start again from what it does now
+        e.average = 0;
+        e.count = 0;
+        e.way = 0;
+        take(e, e.run_sum / e.run);
+        e.run = 0;
+        e.run_sum = 0;
+        ++restarts_;
+        return;
+      }
+    }
+    take(e, x);
+  }
+
+  // Samples per second the router expects of `peer` (the mean of the measured ones until it is
+  // measured; 1 when none is).
+  double throughput(int peer) const {
+    const auto it = peers_.find(peer);
+    decentrain::detail::check(it != peers_.end(), "swarm router: peer ", peer, " is not among its peers");
+    return throughput_of(it->second, mean_throughput());
+  }
+  // How long `samples` should take `peer`, by the estimate (none before its first measurement).
+  std::optional<double> expected_seconds(int peer, double samples = 1) const {
+    const auto it = peers_.find(peer);
+    if (it == peers_.end() || it->second.count == 0) return std::nullopt;
+    return samples * seconds_per_sample(it->second);
+  }
+  // How often a peer's average was restarted by a change of speed.
+  std::uint64_t restarts() const { return restarts_; }
+
+  // Exact (hexadecimal floats): a deterministic run resumes with the same picks.
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    std::string text;
+    char buf[160];
+    for (const auto& [peer, e] : peers_) {
+      std::snprintf(buf, sizeof buf, "%d %a %lld %a %d %d %a;", peer, e.average, static_cast<long long>(e.count), e.credit, e.way,
+                    e.run, e.run_sum);
+      text += buf;
+    }
+    c.text[prefix + "router"] = text;
+    c.counters[prefix + "router.restarts"] = static_cast<std::int64_t>(restarts_);
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    const auto it = c.text.find(prefix + "router");
+    decentrain::detail::check(it != c.text.end(), "swarm router: the checkpoint has no '", prefix, "router'");
+    std::map<int, entry> loaded;
+    std::istringstream in(it->second);
+    for (std::string item; std::getline(in, item, ';');) {
+      if (item.empty()) continue;
+      std::istringstream fields(item);
+      std::string average, credit, run_sum;
+      int peer = 0;
+      long long count = 0;
+      entry e;
+      fields >> peer >> average >> count >> credit >> e.way >> e.run >> run_sum;
+      decentrain::detail::check(!fields.fail(), "swarm router: the checkpoint's entry '", item, "' is malformed");
+      const auto number = [&](const std::string& text) {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        decentrain::detail::check(end && end != text.c_str() && *end == '\0' && std::isfinite(v), "swarm router: the checkpoint's entry '",
+                                  item, "' is malformed");
+        return v;
+      };
+      e.average = number(average);
+      e.count = count;
+      e.credit = number(credit);
+      e.run_sum = number(run_sum);
+      decentrain::detail::check(count >= 0 && (count == 0 ? e.average == 0 : e.average > 0) && e.way >= -1 && e.way <= 1 &&
+                                    e.run >= 0 && e.run_sum >= 0,
+                                "swarm router: the checkpoint's entry '", item, "' is out of range");
+      loaded[peer] = e;
+    }
+    peers_ = std::move(loaded);
+    const auto r = c.counters.find(prefix + "router.restarts");
+    restarts_ = r == c.counters.end() ? 0 : static_cast<std::uint64_t>(r->second);
+  }
+
+ private:
+  struct entry {
+    double average = 0;      // the moving average of seconds per sample, before bias correction
+    std::int64_t count = 0;  // measurements in it
+    double credit = 0;       // smooth weighted round-robin
+    int way = 0, run = 0;    // measurements in a row off the estimate, and which way (+1 slower, -1 faster)
+    double run_sum = 0;      // their seconds per sample, summed
+  };
+
+  void take(entry& e, double x) {  // one measurement into the average
+    e.average = (1 - settings_.alpha) * e.average + settings_.alpha * x;
+    ++e.count;
+  }
+  double seconds_per_sample(const entry& e) const {
+    return e.average / (1 - std::pow(1 - settings_.alpha, static_cast<double>(e.count)));
+  }
+  double throughput_of(const entry& e, double fallback) const { return e.count > 0 ? 1 / seconds_per_sample(e) : fallback; }
+  double mean_throughput() const {
+    double sum = 0;
+    int n = 0;
+    for (const auto& [peer, e] : peers_)
+      if (e.count > 0) sum += 1 / seconds_per_sample(e), ++n;
+    return n > 0 ? sum / n : 1.0;
+  }
+
+  router_settings settings_;
+  std::map<int, entry> peers_;
+  std::uint64_t restarts_ = 0;
+};
+
+}  // namespace decentrain::parallel::pools
+// ---- end decentrain/parallel/swarm/router.hpp ----
+
+namespace decentrain::parallel {
+
+namespace swarm_detail {
+
+// What goes before every message between stages: which, of which step and micro-batch, the
+// payload's size; the receiver checks each field against what it expects of that sender.
+struct header {
+  std::uint32_t kind = 0;  // 0: an activation going forward, 1: its gradient going back, 2: no more activations this step
+  std::uint32_t step = 0;  // the step (or evaluation batch) it belongs to, low 32 bits
+  std::int32_t micro = -1;
+  std::int32_t rows = 0;
+  std::int64_t width = 0;
+  std::uint64_t bytes = 0;  // the encoded payload that follows
+};
+inline constexpr std::uint32_t activation = 0, gradient = 1, finished = 2;
+
+}  // namespace swarm_detail
+
+// What a SWARM peer did: in the last step, and over the run.
+struct swarm_stats {
+  int stage = 0;
+  std::int64_t micro_batches = 0;   // the last step's, at this peer's stage
+  std::int64_t rows = 0;            // the last step's
+  std::int64_t step_rows = 0;       // the last step's whole batch (each stage processes every row once)
+  std::int64_t total_micro_batches = 0;  // over the run (steps that completed)
+  std::int64_t retried = 0;         // micro-batches this peer had begun in steps that failed and were redone
+  std::uint64_t bytes_sent = 0;     // activations and gradients, over the run
+  int moves = 0;                    // times this peer's stage changed when the group re-formed
+  double busy_s = 0;                // forwards and backwards, over the run
+};
+
+template <class Codec = compress::identity>
+struct swarm {
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "swarm";
+  // A peer's step weight is the rows it processed, which differ from peer to peer: the
+  // communication policy must average by them (the trainer refuses one that is not weighted).
+  static constexpr bool weights_vary = true;
+
+  int stages = 2;
+  int micro_batches = 1;  // per step and copy's batch_size rows (world / stages copies a step)
+  std::vector<std::int64_t> blocks;  // blocks per stage (empty: an even cut)
+  Codec codec{};                     // the activations and their gradients between stages
+  pools::router_settings routing{};
+  // Rebalancing: every `rebalance_every` steps (0: never) the peers share their measured speeds and
+  // each runs the same check (swarm/rebalance.hpp: Petals' rule with confirmation and a
+  // cooldown); a move is made as a re-deal (the mover takes its new stage's parameters and AdamW
+  // state from a peer there), so it needs a fault policy that re-deals parts (fault::elastic).
+  int rebalance_every = 0;
+  pools::rebalance_settings rebalancing{};
+  // The stage of each rank of the view (empty: rank % stages); regroup keeps it as the group
+  // changes.
+  std::vector<int> assignment;
+
+  void validate(int world) const {
+    using decentrain::detail::check;
+    check(stages >= 1, "swarm: stages must be >= 1, got ", stages);
+    check(micro_batches >= 1, "swarm: micro-batches must be >= 1, got ", micro_batches);
+    check(world >= stages, "swarm: ", world, " peer(s) cannot hold ", stages, " stages (every stage needs a peer)");
+    routing.validate();
+    rebalancing.validate();
+    check(rebalance_every >= 0, "swarm: rebalance_every must be >= 0, got ", rebalance_every);
+    if (!assignment.empty()) {
+      check(assignment.size() == static_cast<std::size_t>(world), "swarm: the assignment places ", assignment.size(),
+            " peers, the group has ", world);
+      for (int s = 0; s < stages; ++s)
+        check(std::count(assignment.begin(), assignment.end(), s) > 0, "swarm: the assignment leaves stage ", s, " without a peer");
+      for (const int s : assignment) check(s >= 0 && s < stages, "swarm: the assignment names stage ", s, " of ", stages);
+    }
+  }
+
+  // The stage of each rank of a view of `world`.
+  std::vector<int> stage_of(int world) const {
+    if (assignment.size() == static_cast<std::size_t>(world)) return assignment;
+    std::vector<int> out;
+    for (int r = 0; r < world; ++r) out.push_back(r % stages);
+    return out;
+  }
+  // The ranks of each stage's pool, ascending.
+  std::vector<std::vector<int>> pools(int world) const {
+    std::vector<std::vector<int>> out(static_cast<std::size_t>(stages));
+    const auto a = stage_of(world);
+    for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(a[static_cast<std::size_t>(r)])].push_back(r);
+    return out;
+  }
+
+  placement place(int rank, int world) const {
+    validate(world);
+    const auto pool = pools(world);
+    placement p;
+    p.stage = stage_of(world)[static_cast<std::size_t>(rank)];
+    p.stages = stages;
+    p.blocks = blocks;
+    p.replicas = pool[static_cast<std::size_t>(p.stage)];
+    p.copy = static_cast<int>(std::find(p.replicas.begin(), p.replicas.end(), rank) - p.replicas.begin());
+    return p;  // (no `pipeline`: no fixed copy of the model; the stages' messages go through the view)
+  }
+
+  // A view of `world` peers with no placement to keep (a joiner's first guess): rank % stages.
+  int morph(int world, std::int64_t n_blocks) {
+    decentrain::detail::check(world >= stages, "swarm: ", world, " peer(s) cannot hold ", stages, " stages");
+    decentrain::detail::check(stages <= n_blocks, "swarm: a model of ", n_blocks, " blocks cannot be cut into ", stages, " stages");
+    assignment.clear();
+    return stages;
+  }
+
+  // The group changed from `before` (world ranks, with their stages) to `after` (world ranks,
+  // ascending): every peer that stays keeps its stage; a new one goes to the smallest pool; a
+  // stage left without peers takes one from the largest pool (its highest rank), which then takes
+  // the stage's parameters from the re-deal. Every member computes the same from the same views.
+  void regroup(const std::vector<int>& before, const std::vector<int>& before_stages, const std::vector<int>& after,
+               std::int64_t n_blocks) {
+    using decentrain::detail::check;
+    check(stages <= n_blocks, "swarm: a model of ", n_blocks, " blocks cannot be cut into ", stages, " stages");
+    check(after.size() >= static_cast<std::size_t>(stages), "swarm: ", after.size(), " peer(s) are left to hold ", stages,
+          " stages (every stage needs a peer)");
+    std::vector<int> a(after.size(), -1);
+    std::vector<int> count(static_cast<std::size_t>(stages), 0);
+    for (std::size_t i = 0; i < after.size(); ++i)
+      for (std::size_t j = 0; j < before.size() && j < before_stages.size(); ++j)
+        if (before[j] == after[i] && before_stages[j] >= 0 && before_stages[j] < stages) {
+          a[i] = before_stages[j];
+          ++count[static_cast<std::size_t>(a[i])];
+        }
+    const auto smallest = [&] { return static_cast<int>(std::min_element(count.begin(), count.end()) - count.begin()); };
+    for (auto& s : a)
+      if (s < 0) {
+        s = smallest();
+        ++count[static_cast<std::size_t>(s)];
+      }
+    for (int empty = smallest(); count[static_cast<std::size_t>(empty)] == 0; empty = smallest()) {
+      const int largest = static_cast<int>(std::max_element(count.begin(), count.end()) - count.begin());
+      for (std::size_t i = a.size(); i-- > 0;)
+        if (a[i] == largest) {
+          a[i] = empty;
+          break;
+        }
+      --count[static_cast<std::size_t>(largest)];
+      ++count[static_cast<std::size_t>(empty)];
+    }
+    // A rebalancing move agreed in the view `before` (between_steps): its peers go where it says.
+    if (pending_ && before.size() == after.size()) {
+      for (const auto& [peer, to] : *pending_)
+        for (std::size_t i = 0; i < after.size(); ++i)
+          if (peer >= 0 && static_cast<std::size_t>(peer) < before.size() && after[i] == before[static_cast<std::size_t>(peer)]) a[i] = to;
+    }
+    pending_.reset();
+    assignment = std::move(a);
+  }
+
+  // Between steps (the trainer calls it before each step's forward): the rebalancing check.
+  template <class Ctx>
+  void between_steps(Ctx& ctx) {
+    if (rebalance_every <= 0 || !ctx.redeal || ctx.step == 0 || ctx.step % rebalance_every != 0 || checked_step_ == ctx.step) return;
+    checked_step_ = ctx.step;
+    const int n = ctx.comm.world(), me = ctx.comm.rank();
+    // Each peer's rows and compute seconds since the last check, shared.
+    std::vector<double> figures(2 * static_cast<std::size_t>(n), 0.0);
+    figures[2 * static_cast<std::size_t>(me)] = static_cast<double>(rows_since_);
+    figures[2 * static_cast<std::size_t>(me) + 1] = busy_since_;
+    rows_since_ = 0;
+    busy_since_ = 0;
+    ctx.comm.all_reduce(std::span<double>(figures), collective::reduce_op::sum);
+    if (checked_world_ != n) rebalancer_.emplace(rebalancing);  // (a re-formed view numbers its peers anew)
+    if (!rebalancer_) rebalancer_.emplace(rebalancing);
+    checked_world_ = n;
+    // A stage's cost: its blocks (the embedding and the head are small beside them).
+    std::vector<double> cost;
+    for (const auto b : ctx.placement.part().blocks_per_stage(static_cast<std::int64_t>(ctx.model.config().n_layer)))
+      cost.push_back(static_cast<double>(b));
+    const auto stage_of_rank = stage_of(n);
+    std::vector<pools::pool_peer> peers;
+    for (int r = 0; r < n; ++r) {
+      const double rows = figures[2 * static_cast<std::size_t>(r)], busy = figures[2 * static_cast<std::size_t>(r) + 1];
+      if (rows <= 0 || busy <= 0) return;  // (a peer that processed nothing since: no figure to judge it by)
+      const int st = stage_of_rank[static_cast<std::size_t>(r)];
+      peers.push_back({r, st, rows / busy * cost[static_cast<std::size_t>(st)]});
+    }
+    const auto move = rebalancer_->check(peers, cost);
+    if (!move) return;
+    pending_.emplace();
+    pending_->push_back({move->peer, move->to});
+    if (move->partner >= 0) pending_->push_back({move->partner, move->from});
+    ctx.redeal({}, ctx.step, {});  // every member at once: the view is the same, the pools change
+  }
+
+  // The router's and the rebalancer's state (exact: a deterministic run resumes with the same
+  // picks).
+  void save(io::checkpoint& c) const {
+    if (router_) router_->save(c, "parallel.swarm.");
+    if (rebalancer_) rebalancer_->save(c, "parallel.swarm.");
+  }
+  // (a checkpoint written without them, or by a peer of the last stage, which routes nothing,
+  // leaves them as they are)
+  void load(const io::checkpoint& c) {
+    if (c.text.count("parallel.swarm.router")) {
+      router_.emplace(routing);
+      router_->load(c, "parallel.swarm.");
+    }
+    if (c.text.count("parallel.swarm.rebalance")) {
+      rebalancer_.emplace(rebalancing);
+      rebalancer_->load(c, "parallel.swarm.");
+    }
+  }
+
+  template <class Ctx>
+  static constexpr bool check_model() {
+    using D = typename Ctx::device_type;
+    using M = typename Ctx::model_type;
+    static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
+                    { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
+                  },
+                  "parallel::swarm: the model needs `var<D> stage_forward(int stage, const var<D>& in, const tensor<D>& ids, "
+                  "const tensor<D>& targets, rng* dropout) const` (a stage's forward; the last returns the loss)");
+    static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
+                  "parallel::swarm: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) stream between stages)");
+    static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
+                  "parallel::swarm: the model needs `std::vector<std::string> tied_parameters() const` (parameters held by "
+                  "the first and the last stage, whose gradients are summed; empty when none)");
+    return true;
+  }
+
+  template <class Ctx>
+  step_result forward_backward(Ctx& ctx) {
+    ctx.parameters.zero_grad();
+    if (placed_stage_ >= 0 && placed_stage_ != ctx.placement.stage) ++stats_.moves;
+    placed_stage_ = ctx.placement.stage;
+    // A step that failed on some peer and is run again: what this peer had begun of it is retried.
+    if (begun_step_ == ctx.step) stats_.retried += begun_;
+    begun_step_ = ctx.step;
+    begun_ = 0;
+    const auto done = run(ctx, decentrain::data::split::train, ctx.step, true);
+    // Each peer's gradient is the mean over the rows it processed (the shares below are of the
+    // step's rows): its pool's average weighted by rows is then the step's gradient.
+    if (done.rows > 0) {
+      const double scale = static_cast<double>(done.step_rows) / static_cast<double>(done.rows);
+      for (auto& e : ctx.parameters)
+        if (e.param.grad().defined()) e.param.grad() = math::affine(e.param.grad(), scale);
+    }
+    begun_step_ = -1;
+    stats_.stage = ctx.placement.stage;
+    stats_.micro_batches = done.micro;
+    stats_.rows = done.rows;
+    rows_since_ += done.rows;
+    stats_.step_rows = done.step_rows;
+    stats_.total_micro_batches += done.micro;
+    const std::int64_t T = ctx.block;
+    return {done.loss, done.rows, done.rows * T, static_cast<double>(done.rows)};
+  }
+
+  // After the communication policy's exchange (the trainer calls it before the clipping): the
+  // tied parameters' two uses (the first stage's embedding, the last stage's head) summed on the
+  // peers of both end stages. The lowest rank of each end's pool gives its gradient (averaged
+  // over its pool by then, under sync), the others add nothing, and each end peer adds the other
+  // end's to its own: a sum of two in either order, so that under sync both ends' copies stay the
+  // same bit for bit (a peer that moves between them takes the other's with nothing to mend).
+  // Under a policy that steps each peer on its own gradient (DiLoCo) the other end's is that
+  // peer's: an estimate of its pool's.
+  template <class Ctx>
+  void after_averaging(Ctx& ctx) {
+    const auto& at = ctx.placement;
+    if (at.stages == 1 || ctx.model.tied_parameters().empty()) return;
+    const bool first = at.stage == 0, last_stage = at.stage == at.stages - 1;
+    if (!first && !last_stage) return;
+    const auto pool = pools(ctx.comm.world());
+    std::vector<int> ends = pool.front();
+    ends.insert(ends.end(), pool.back().begin(), pool.back().end());
+    std::sort(ends.begin(), ends.end());
+    auto group = ctx.comm.group(ends);
+    const bool gives = ctx.comm.rank() == pool[static_cast<std::size_t>(at.stage)].front();
+    for (const auto& tied : ctx.model.tied_parameters()) {
+      auto& param = ctx.parameters.get(tied);
+      auto& g = param.grad();
+      if (!g.defined()) g = zeros_like(param.value());
+      const auto mine = host_copy(g);
+      const auto nv = static_cast<std::size_t>(mine.numel());
+      std::vector<float> both(2 * nv, 0.0f);  // [the first stage's, the last stage's]
+      if (gives) std::memcpy(both.data() + (first ? 0 : nv), mine.template data<float>(), nv * sizeof(float));
+      group.all_reduce(std::span<float>(both), collective::reduce_op::sum);
+      auto other = tensor<cpu>::empty(mine.shape(), mine.dtype());
+      std::memcpy(other.template data<float>(), both.data() + (first ? nv : 0), nv * sizeof(float));
+      g = math::add(g, to_device<typename Ctx::device_type>(other));
+    }
+  }
+
+  template <class Ctx>
+  double evaluate(Ctx& ctx, std::int64_t batch) {
+    return run(ctx, decentrain::data::split::validation, batch, false).loss;
+  }
+
+  // The clipping norm over the whole model: each stage's sum of squares counted once (a pool's
+  // peers each add a share of theirs), the tied parameters on the first stage only.
+  template <class Ctx>
+  optim::norm_share grad_norm_share(Ctx& ctx) {
+    optim::norm_share share;
+    if (ctx.placement.stages == 1) return share;
+    if (!ctx.placement.part().first()) share.counted_elsewhere = ctx.model.tied_parameters();
+    const double pool = static_cast<double>(ctx.placement.replicas.size());
+    share.total = [&ctx, pool](double mine) {
+      mine /= pool;
+      ctx.comm.all_reduce(std::span<double>(&mine, 1), collective::reduce_op::sum);
+      return mine;
+    };
+    return share;
+  }
+
+  const swarm_stats& stats() const { return stats_; }
+
+ private:
+  struct outcome {
+    double loss = 0;
+    std::int64_t rows = 0, micro = 0, step_rows = 0;
+  };
+
+  // One step's (or evaluation batch's) micro-batches through the stages, this peer's part of it.
+  template <class Ctx>
+  outcome run(Ctx& ctx, decentrain::data::split split, std::int64_t index, bool train) {
+    using D = typename Ctx::device_type;
+    using decentrain::detail::check;
+    namespace wire = swarm_detail;
+    auto& ep = ctx.comm.endpoint();
+    const int n = ctx.comm.world(), me = ctx.comm.rank();
+    const int s = ctx.placement.stage, last = stages - 1;
+    const auto pool = pools(n);
+    const auto& up = s > 0 ? pool[static_cast<std::size_t>(s - 1)] : std::vector<int>{};
+    const auto& down = s < last ? pool[static_cast<std::size_t>(s + 1)] : std::vector<int>{};
+    std::vector<int> sources = up;
+    sources.insert(sources.end(), down.begin(), down.end());
+    auto& route = router_for(down);
+
+    const std::int64_t B = ctx.batch_size, T = ctx.block, C = ctx.model.stream_width();
+    check(micro_batches <= B, "swarm: ", micro_batches, " micro-batches of ", B, " rows (micro-batches must be at most the batch size)");
+    const int copies = std::max(1, n / stages);
+    const int count = copies * micro_batches;
+    const std::int64_t step_rows = B * copies;
+    const auto rows_of = [&](int m) { const int j = m % micro_batches; return B / micro_batches + (j < B % micro_batches ? 1 : 0); };
+    std::map<int, std::pair<tensor<cpu>, tensor<cpu>>> batches;  // by copy, as they are needed
+    const auto rows_for = [&](int m) {
+      const int c = m / micro_batches, j = m % micro_batches;
+      auto it = batches.find(c);
+      if (it == batches.end())
+        it = batches.emplace(c, ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, c, copies)).first;
+      std::int64_t from = 0;
+      for (int k = 0; k < j; ++k) from += rows_of(c * micro_batches + k);
+      return std::make_pair(to_device<D>(it->second.first.slice(0, from, from + rows_of(m)).contiguous()),
+                            to_device<D>(it->second.second.slice(0, from, from + rows_of(m)).contiguous()));
+    };
+    const auto share_of = [&](int m) { return static_cast<double>(rows_of(m)) / static_cast<double>(step_rows); };
+    const transport::tag_type tag = (transport::tag_type{0x73776d00u | (train ? 0u : 1u)} << 32) | static_cast<std::uint32_t>(index);
+    const auto message_bytes = [&](int m) {
+      return sizeof(wire::header) + codec.max_encoded_bytes(static_cast<std::size_t>(rows_of(m) * T * C));
+    };
+    // Whatever peers of the stages beside this one send it this step, however far ahead.
+    transport::allow(ep, tag, static_cast<std::uint64_t>(count + 1) * message_bytes(0));
+
+    outcome out;
+    out.step_rows = step_rows;
+    std::vector<std::byte> encoded;
+    const auto send = [&](int to, std::uint32_t kind, int m, const tensor<D>* value) {
+      wire::header h;
+      h.kind = kind;
+      h.step = static_cast<std::uint32_t>(index);
+      h.micro = m;
+      transport::bytes msg;
+      if (value) {
+        const auto host = to_device<cpu>(value->contiguous());
+        const auto nv = static_cast<std::size_t>(host.numel());
+        encoded.resize(codec.max_encoded_bytes(nv));
+        h.bytes = codec.encode(std::span<const float>(host.template data<float>(), nv), std::span<std::byte>(encoded));
+        h.rows = static_cast<std::int32_t>(host.size(0));
+        h.width = host.size(2);
+      }
+      msg.resize(sizeof h + h.bytes);
+      std::memcpy(msg.data(), &h, sizeof h);
+      if (h.bytes > 0) std::memcpy(msg.data() + sizeof h, encoded.data(), h.bytes);
+      ep.send(to, tag, std::span<const std::byte>(msg.data(), msg.size()));
+      stats_.bytes_sent += msg.size();
+    };
+    // The values of an activation or gradient of micro-batch m from `from`, checked.
+    const auto values_of = [&](const transport::received& r, const wire::header& h) {
+      const auto m = h.micro;
+      check(h.rows == rows_of(m) && h.width == C, "swarm: peer ", r.source, " sent micro-batch ", m, " with ", h.rows,
+            " rows of width ", h.width, "; expected ", rows_of(m), " of width ", C);
+      const auto nv = static_cast<std::size_t>(rows_of(m) * T * C);
+      check(h.bytes <= codec.max_encoded_bytes(nv) && r.data.size() == sizeof h + h.bytes, "swarm: peer ", r.source,
+            " sent a payload of ", r.data.size() - sizeof h, " bytes announcing ", h.bytes, " for ", nv, " values");
+      auto v = zeros<cpu>(shape{rows_of(m), T, C});
+      codec.decode_add(std::span<const std::byte>(r.data.data() + sizeof h, h.bytes), std::span<float>(v.template data<float>(), nv));
+      return to_device<D>(v);
+    };
+    // The round trip on the endpoint's clock: simulated links and compute in simulation, the wall
+    // on a real network (the same figure drives the router in both).
+    const auto clock = [&] { return ep.stats().clock_seconds; };
+
+    struct stashed {
+      var<D> in, out;
+      int from = -1, to = -1;  // the peers it came from (-1: this peer's own rows) and went to
+      double sent = 0;
+    };
+    std::map<int, stashed> stash;
+    std::set<int> seen, finished_from;
+    bool said_finished = false;
+    const auto compute = [&](auto&& f) {
+      const double t0 = ctx.compute_clock ? ctx.compute_clock() : 0.0;
+      f();
+      if (ctx.compute_clock) {
+        const double took = ctx.compute_clock() - t0;
+        stats_.busy_s += took;
+        busy_since_ += took / transport::compute_speed(ctx.network);
+        if (ctx.computed) ctx.computed(took);
+      }
+    };
+    // A micro-batch's forward on this peer: on the last stage its loss and backward, the input's
+    // gradient back to where it came from; else on to the next stage's peer the router picks.
+    const auto forward = [&](int m, var<D> in, int from) {
+      ++out.micro;
+      out.rows += rows_of(m);
+      if (train) ++begun_;
+      const auto [ids, targets] = rows_for(m);
+      var<D> y;
+      compute([&] { y = ctx.model.stage_forward(s, in, ids, targets, train ? &ctx.dropout : nullptr); });
+      if (s == last) {
+        out.loss += share_of(m) * static_cast<double>(y.item());
+        if (!train) return;
+        compute([&] { y.backward(full<D>(y.shape(), static_cast<float>(share_of(m)), y.dtype())); });
+        if (from >= 0) {
+          const auto g = in.grad();
+          send(from, wire::gradient, m, &g);
+        }
+        return;
+      }
+      const auto to = route.next();
+      check(to.has_value(), "swarm: stage ", s + 1, " has no peer to send micro-batch ", m, " to");
+      const auto value = y.value();
+      send(*to, wire::activation, m, &value);
+      if (train) stash[m] = stashed{std::move(in), std::move(y), from, *to, clock()};
+    };
+    const auto say_finished = [&] {
+      if (said_finished || s == last) return;
+      for (const int d : down) send(d, wire::finished, -1, nullptr);
+      said_finished = true;
+    };
+
+    if (s == 0) {
+      const int mine = static_cast<int>(std::find(pool[0].begin(), pool[0].end(), me) - pool[0].begin());
+      const int first_pool = static_cast<int>(pool[0].size());
+      for (int m = mine; m < count; m += first_pool) forward(m, var<D>{}, -1);
+      say_finished();
+    }
+    const auto done = [&] { return stash.empty() && finished_from.size() == up.size(); };
+    while (!done()) {
+      const auto r = ep.recv_any(std::span<const int>(sources), tag);
+      wire::header h;
+      check(r.data.size() >= sizeof h, "swarm: peer ", r.source, " sent a message of ", r.data.size(),
+            " bytes, shorter than its header");
+      std::memcpy(&h, r.data.data(), sizeof h);
+      const bool from_up = std::binary_search(up.begin(), up.end(), r.source);
+      const bool from_down = std::binary_search(down.begin(), down.end(), r.source);
+      check(h.step == static_cast<std::uint32_t>(index), "swarm: peer ", r.source, " sent a message of step ", h.step,
+            " during step ", index);
+      if (h.kind == wire::finished) {
+        check(from_up && finished_from.insert(r.source).second, "swarm: peer ", r.source,
+              " said it finished the step, and is not a peer of the stage before that had not");
+        if (finished_from.size() == up.size()) say_finished();
+        continue;
+      }
+      check(h.micro >= 0 && h.micro < count, "swarm: peer ", r.source, " sent micro-batch ", h.micro, " of a step of ", count);
+      if (h.kind == wire::activation) {
+        check(from_up && !finished_from.count(r.source) && seen.insert(h.micro).second, "swarm: peer ", r.source,
+              " sent an activation of micro-batch ", h.micro, " this stage does not expect (a second time, after it "
+              "finished, or from a peer not of the stage before)");
+        forward(h.micro, var<D>(values_of(r, h), train), r.source);
+        continue;
+      }
+      auto it = stash.find(h.micro);
+      check(h.kind == wire::gradient && from_down && it != stash.end() && it->second.to == r.source, "swarm: peer ",
+            r.source, " sent a message (kind ", h.kind, ") for micro-batch ", h.micro, " that this stage did not send it");
+      const auto g = values_of(r, h);
+      auto st = std::move(it->second);
+      stash.erase(it);
+      // (on a simulated network, when the answer arrived: this peer may have been busy since)
+      const double answered = std::isnan(r.arrival_s) ? clock() : r.arrival_s;
+      route.measured(st.to, std::max(1e-9, answered - st.sent),
+                     static_cast<double>(rows_of(h.micro)));
+      compute([&] { st.out.backward(g); });
+      if (st.from >= 0) {
+        const auto gi = st.in.grad();
+        send(st.from, wire::gradient, h.micro, &gi);
+      }
+    }
+    // The loss, known on every peer, and every stage's rows: each must be the step's, once.
+    std::vector<double> totals(static_cast<std::size_t>(stages) + 1, 0.0);
+    totals[0] = out.loss;
+    totals[static_cast<std::size_t>(s) + 1] = static_cast<double>(out.rows);
+    ctx.comm.all_reduce(std::span<double>(totals), collective::reduce_op::sum);
+    for (int k = 0; k < stages; ++k)
+      check(totals[static_cast<std::size_t>(k) + 1] == static_cast<double>(step_rows), "swarm: ",
+            train ? "step " : "evaluation batch ", index, ": stage ", k, " processed ", totals[static_cast<std::size_t>(k) + 1],
+            " rows, the step has ", step_rows, " (a micro-batch lost or processed twice)");
+    out.loss = totals[0];
+    return out;
+  }
+
+  // The router of the stage after this peer's; measured afresh when that pool changes (its
+  // ranks are the view's, which a re-formed group numbers anew).
+  pools::router& router_for(const std::vector<int>& down) {
+    const bool same = router_ && router_->size() == down.size() &&
+                      std::all_of(down.begin(), down.end(), [&](int p) { return router_->contains(p); });
+    if (!same) {
+      router_.emplace(routing);
+      for (const int p : down) router_->add(p);
+    }
+    return *router_;
+  }
+
+  std::optional<pools::router> router_;
+  std::optional<pools::rebalancer> rebalancer_;
+  std::optional<std::vector<std::pair<int, int>>> pending_;  // a rebalancing move: (view rank, stage)
+  std::int64_t checked_step_ = -1;
+  int checked_world_ = 0;
+  std::int64_t rows_since_ = 0;  // since the last rebalancing check
+  double busy_since_ = 0;        // compute seconds at this peer's speed (a simulated peer's own)
+  swarm_stats stats_;
+  std::int64_t begun_step_ = -1, begun_ = 0;
+  int placed_stage_ = -1;
+};
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/swarm.hpp ----
 // ---- end decentrain/parallel/parallel.hpp ----
 // ---- begin decentrain/fault/fault.hpp ----
 // Everything in fault: the policy concept, none, checkpoint_every, and elastic groups (with a
@@ -29879,6 +29965,7 @@ class trainer {
     c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
     if (pipelined_) split_policy_state(c);
+    if constexpr (requires { parallel_.save(c); }) parallel_.save(c);  // (SWARM's routers)
     return c;
   }
 
@@ -29904,6 +29991,7 @@ class trainer {
     dropout_.set_state(it->second);
     policy_bytes_ = static_cast<std::uint64_t>(c.counter("trainer.policy_bytes_sent"));
     if (!held_) load_policy(c);  // (a held part's policy state is dealt out with it)
+    if constexpr (requires { parallel_.load(c); }) parallel_.load(c);
     resumed_ = true;
   }
 
@@ -29964,6 +30052,13 @@ class trainer {
         if constexpr (requires { fault_.before_step(ctx); })
           if (!stepped) fault_.before_step(ctx);
         if (!stepped) {
+          // A parallel policy whose placement changes between steps (SWARM's rebalancing: a
+          // re-deal) does so here, once the group stands where the step starts.
+          if constexpr (requires { parallel_.between_steps(ctx); }) {
+            const auto dealt = redealt_;
+            parallel_.between_steps(ctx);
+            if (redealt_ != dealt) refresh(ctx);
+          }
           dropout_.set_state(dropout_before);
           auto t = compute_clock();
           charged_ = 0;
@@ -29977,6 +30072,9 @@ class trainer {
           // models a step's compute (deterministic in_process) takes its own figure.
           computed(transport::step_seconds(endpoint_).value_or(std::max(0.0, lap(t) - charged_)));
           counted([&] { policy_.after_backward(ctx); });
+          // A parallel policy that finishes the gradients once the replicas' exchange is done
+          // (SWARM's tied parameters, summed between the end stages' pools).
+          if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
           t = compute_clock();
           out.grad_norm = clip(ctx);
           out.lr = schedule_(step_);
@@ -30166,7 +30264,7 @@ class trainer {
     replicas_.reset();
     pipeline_.reset();
     if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
-    if (placement_.stages > 1) pipeline_.emplace(comm_.group(placement_.pipeline));
+    if (placement_.stages > 1 && !placement_.pipeline.empty()) pipeline_.emplace(comm_.group(placement_.pipeline));
   }
 
   // The view the placement was made for and the stage of each of its members (to name the
@@ -30334,10 +30432,29 @@ class trainer {
                        placement_.stages);
     // A policy whose peers keep their places as the group changes (SWARM's pools) is told the
     // views; one that reshapes the job for the new number of peers (a pipeline) morphs.
-    if constexpr (requires { parallel_.regroup(placed_members_, placed_stages_, members_, std::int64_t{1}); })
-      parallel_.regroup(placed_members_, placed_stages_, members_, static_cast<std::int64_t>(model_.config().n_layer));
-    else
+    if constexpr (requires { parallel_.regroup(placed_members_, placed_stages_, members_, std::int64_t{1}); }) {
+      // Where each member stood, agreed (a joiner knows none of it): the stage every member
+      // that was placed knows of it, -1 for one that was not.
+      std::vector<std::int32_t> was(members_.size(), -1);
+      for (std::size_t i = 0; i < members_.size(); ++i)
+        for (std::size_t j = 0; j < placed_members_.size(); ++j)
+          if (placed_members_[j] == members_[i]) was[i] = placed_stages_[j];
+      comm_.all_reduce(std::span<std::int32_t>(was), collective::reduce_op::max);
+      std::vector<int> before, before_stages;
+      for (std::size_t i = 0; i < members_.size(); ++i)
+        if (was[i] >= 0) {
+          before.push_back(members_[i]);
+          before_stages.push_back(was[i]);
+        }
+      for (std::size_t j = 0; j < placed_members_.size(); ++j)  // (those who left, as this peer knows them)
+        if (!std::binary_search(members_.begin(), members_.end(), placed_members_[j])) {
+          before.push_back(placed_members_[j]);
+          before_stages.push_back(placed_stages_[j]);
+        }
+      parallel_.regroup(before, before_stages, members_, static_cast<std::int64_t>(model_.config().n_layer));
+    } else {
       parallel_.morph(n, static_cast<std::int64_t>(model_.config().n_layer));
+    }
     auto next = checked_placement(parallel_.place(me, n), me, n);
     Model fresh = [&] {
       skip_init loaded_below;  // every value is taken from the holders: none drawn
@@ -30678,7 +30795,7 @@ class trainer {
           rank, " do not include itself");
     check(p.replicas.front() >= 0 && p.replicas.back() < world, "trainer: the parallel policy's replicas of peer ", rank,
           " go beyond a world of ", world);
-    if (p.stages == 1) return p;
+    if (p.stages == 1 || p.pipeline.empty()) return p;  // (SWARM's pools: no fixed copy of the model)
     check(p.pipeline.size() == static_cast<std::size_t>(p.stages) && p.pipeline[static_cast<std::size_t>(p.stage)] == rank,
           "trainer: the parallel policy's pipeline of peer ", rank, " must list one world rank per stage (", p.stages,
           "), this peer at its stage ", p.stage);

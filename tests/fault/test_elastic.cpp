@@ -345,6 +345,90 @@ TEST_CASE("elastic: SWARM loses a peer mid-forward and mid-backward, the step is
   }
 }
 
+TEST_CASE("elastic: SWARM's rebalancing moves a fast peer to the bottleneck stage, where it takes the stage's state") {
+  // Peers 0 and 2 are 4x as fast as 1 and 3: stage 0's pool (0, 2) does 8 rows in the time stage
+  // 1's (1, 3) does 2. Checked every 2 steps, the same best move three checks in a row moves
+  // peer 0 to stage 1 (a re-deal: it takes stage 1's parameters and AdamW state from a peer
+  // there); the pools then train on, each one's replicas equal.
+  dt::transport::in_process::options o = failing_alone();
+  o.speeds = {4, 1, 4, 1};
+  dt::transport::in_process net(dt::transport::links::ideal(4), o);
+  auto model = tiny_gpt();
+  model.n_layer = 2;
+  auto pools = two_pools();
+  pools.rebalance_every = 2;
+  dt::comm::sync_allreduce<> comm;
+  comm.weighted = true;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::swarm<>, dt::fault::elastic>;
+  std::vector<std::vector<float>> params(4);
+  std::vector<int> stage(4, -1), first_move(4, -1);
+  std::vector<dt::parallel::swarm_stats> stats(4);
+  std::vector<std::size_t> redeals(4);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    Trainer t(model, small_run(16), ep, comm, pools, patient_elastic());
+    t.on_step([&, r](const dt::train::step_metrics& m) {
+      if (first_move[r] < 0 && t.placement().stage != static_cast<int>(r % 2)) first_move[r] = static_cast<int>(m.step);
+    });
+    (void)t.fit(small_corpus().data);
+    params[r] = flat_params(t.model().parameters());
+    stage[r] = t.placement().stage;
+    stats[r] = t.parallel().stats();
+    redeals[r] = t.redeals().size();
+  });
+  INFO("stages at the end: " << stage[0] << stage[1] << stage[2] << stage[3] << "; peer 0 moved after step " << first_move[0]);
+  CHECK(stage[0] == 1);
+  CHECK(stats[0].moves >= 1);
+  CHECK(first_move[0] >= 6);  // not before the third check confirmed it
+  for (std::size_t r = 0; r < 4; ++r) CHECK(redeals[r] >= 1);
+  // Each stage's replicas hold the same parameters, the mover among them.
+  for (std::size_t a = 0; a < 4; ++a)
+    for (std::size_t b = a + 1; b < 4; ++b)
+      if (stage[a] == stage[b]) CHECK(params[a] == params[b]);
+}
+
+TEST_CASE("elastic: a joiner of a SWARM run goes to the smallest pool, placed as the members place it, with its stage's state") {
+  // 5 peers in pools {0, 1, 2} and {3, 4} (deterministic simulator); rank 5 starts at 3 simulated
+  // seconds, knowing nothing of the pools: the members' stages are agreed in the re-deal, so it
+  // lands in stage 1 (the smaller pool) as every member computes, and takes stage 1's state.
+  dt::transport::in_process::options o;
+  o.peers_fail_alone = true;
+  o.initial_peers = 5;
+  o.deterministic = dt::transport::in_process::deterministic_run{
+      1.0, {dt::transport::churn_event{3.0, dt::transport::churn_event::kind::start, 5}}};
+  dt::transport::in_process net(dt::transport::links::lan(6), o);
+  auto model = tiny_gpt();
+  model.n_layer = 2;
+  dt::comm::sync_allreduce<> comm;
+  comm.weighted = true;
+  dt::fault::elastic fault;
+  fault.agreement.timeout = std::chrono::milliseconds(5000);
+  auto opts = small_run(10);
+  opts.eval_every = 0;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::swarm<>, dt::fault::elastic>;
+  std::vector<std::vector<float>> params(6);
+  std::vector<int> stage(6, -1);
+  std::vector<std::int64_t> steps(6, 0);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    auto pools = two_pools();
+    pools.assignment = {0, 0, 0, 1, 1};
+    Trainer t(model, opts, ep, comm, pools, fault);
+    const auto result = t.fit(small_corpus().data);
+    params[r] = flat_params(t.model().parameters());
+    stage[r] = t.placement().stage;
+    steps[r] = result.last.step;
+  });
+  INFO("failures: " << net.failure(5));
+  CHECK(stage == std::vector<int>{0, 0, 0, 1, 1, 1});
+  for (std::size_t r = 0; r < 6; ++r) CHECK(steps[r] == 10);
+  REQUIRE(!params[5].empty());
+  CHECK(params[5] == params[3]);
+  CHECK(params[4] == params[3]);
+  CHECK(params[1] == params[0]);
+  CHECK(params[2] == params[0]);
+}
+
 TEST_CASE("elastic: a pipeline that loses a replica keeps its shape where the peers left still make whole copies") {
   // 2 stages x 3 copies lose two peers of one copy: 2 x 2 is left, each part where it was.
   const auto opts = small_run(6);

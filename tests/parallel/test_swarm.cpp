@@ -134,25 +134,75 @@ TEST_CASE("swarm: pools of peers per stage track the pipeline of the same shape,
 }
 
 TEST_CASE("swarm: a faster peer of a stage takes more of its micro-batches") {
-  // Stage 1's peers 1 and 3 on simulated links and speeds: peer 3 four times as fast. Over the
-  // run the router gives it the larger share of stage 1's micro-batches.
+  // Stage 1's peers 1 and 3 on simulated links and speeds: peer 3 four times as fast. Stage 1
+  // holds three of the four blocks, so its compute is most of a micro-batch's round trip. Over
+  // the run the router gives peer 3 the larger share of stage 1's micro-batches.
   auto opts = run_of(12, 8);
   dt::transport::in_process::options net;
   net.speeds = {1, 1, 1, 4};
   auto record = run_record{};
+  auto model = two_blocks();
+  model.n_layer = 4;
+  auto pools = swarmed(2, 4);
+  pools.blocks = {1, 3};
   {
     dt::transport::link_matrix l(4, dt::transport::simulated_link{1e-3, 1e9, 0.0, 0.0, 0.0});
     record.stats.resize(4);
     dt::train::fit_in_process<Swarm>(
-        dt::transport::in_process(l, net), two_blocks(), opts, small_corpus().data, weighted(),
+        dt::transport::in_process(l, net), model, opts, small_corpus().data, weighted(),
         [&](Swarm& t) {
           t.on_eval([&, &t = t](const dt::train::eval_point&) { record.stats[static_cast<std::size_t>(t.rank())] = t.parallel().stats(); });
         },
-        1, swarmed(2, 4));
+        1, pools);
   }
   INFO("peer 1: " << record.stats[1].total_micro_batches << ", peer 3: " << record.stats[3].total_micro_batches);
   CHECK(record.stats[1].total_micro_batches + record.stats[3].total_micro_batches == 12 * 8);
-  CHECK(record.stats[3].total_micro_batches > record.stats[1].total_micro_batches);
+  // (Not 4:1: a stage-0 peer routes a step's micro-batches before their answers come back, and
+  // the round trips include the wait in the fast peer's queue, which its larger share lengthens;
+  // bench/swarm measures the router's shares against the speeds.)
+  CHECK(static_cast<double>(record.stats[3].total_micro_batches) > 1.15 * static_cast<double>(record.stats[1].total_micro_batches));
+}
+
+TEST_CASE("swarm: a deterministic run resumes bit for bit, the routers' state in the checkpoint") {
+  // Links of different latencies, so the routers' weights differ and their credits matter: a
+  // resumed router that started afresh would pick other peers, and the sums' order would differ.
+  auto opts = run_of(7, 4);
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  const auto net = [&] { return dt::transport::in_process(dt::transport::links::heterogeneous(6, 3), o); };
+  const auto pools = swarmed(2, 2);
+  std::vector<std::vector<float>> full(6), resumed(6);
+  std::vector<dt::io::checkpoint> saved(6);
+  net().run([&](dt::transport::in_process::endpoint& ep) {
+    Swarm t(two_blocks(), opts, ep, weighted(), pools);
+    (void)t.fit(small_corpus().data);
+    full[static_cast<std::size_t>(ep.rank())] = fixture::flat_params(t.model().parameters());
+  });
+  net().run([&](dt::transport::in_process::endpoint& ep) {
+    Swarm t(two_blocks(), opts, ep, weighted(), pools);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {
+      if (m.step != 4) return;
+      saved[static_cast<std::size_t>(ep.rank())] = t.capture();
+      throw stop{};
+    });
+    try {
+      (void)t.fit(small_corpus().data);
+    } catch (const stop&) {
+    }
+  });
+  for (int r = 0; r < 6; r += 2) CHECK(saved[static_cast<std::size_t>(r)].text.count("parallel.swarm.router") == 1);
+  net().run([&](dt::transport::in_process::endpoint& ep) {
+    Swarm t(two_blocks(), opts, ep, weighted(), pools);
+    t.restore(saved[static_cast<std::size_t>(ep.rank())]);
+    (void)t.fit(small_corpus().data);
+    resumed[static_cast<std::size_t>(ep.rank())] = fixture::flat_params(t.model().parameters());
+  });
+  for (std::size_t r = 0; r < 6; ++r) {
+    INFO("peer " << r);
+    REQUIRE(!full[r].empty());
+    CHECK(resumed[r] == full[r]);
+  }
 }
 
 TEST_CASE("swarm: bad settings are refused naming the setting") {

@@ -29,7 +29,8 @@ concept declares_parallel_policy = decentrain::detail::opts_into<P, policy_tag>;
 // (ascending, this peer included) that hold the same parameters. Data parallelism: everyone.
 // With several stages (or chunks), the trainer builds only this stage's part of the model
 // (nn::part: `blocks` per model stage, empty for an even cut) and `pipeline` lists the world ranks that hold stage 0, 1,
-// ... of this peer's copy of the model (this peer at index `stage`).
+// ... of this peer's copy of the model (this peer at index `stage`); empty where there is no fixed
+// copy (SWARM: each stage's pool takes micro-batches from any peer of the stage before).
 struct placement {
   int stage = 0;
   int stages = 1;

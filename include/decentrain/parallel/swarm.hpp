@@ -45,6 +45,7 @@
 #include "decentrain/nn/part.hpp"
 #include "decentrain/optim/clip.hpp"
 #include "decentrain/parallel/policy.hpp"
+#include "decentrain/parallel/swarm/rebalance.hpp"
 #include "decentrain/parallel/swarm/router.hpp"
 #include "decentrain/transport/endpoint.hpp"
 
@@ -92,6 +93,12 @@ struct swarm {
   std::vector<std::int64_t> blocks;  // blocks per stage (empty: an even cut)
   Codec codec{};                     // the activations and their gradients between stages
   pools::router_settings routing{};
+  // Rebalancing: every `rebalance_every` steps (0: never) the peers share their measured speeds and
+  // each runs the same check (swarm/rebalance.hpp: Petals' rule with confirmation and a
+  // cooldown); a move is made as a re-deal (the mover takes its new stage's parameters and AdamW
+  // state from a peer there), so it needs a fault policy that re-deals parts (fault::elastic).
+  int rebalance_every = 0;
+  pools::rebalance_settings rebalancing{};
   // The stage of each rank of the view (empty: rank % stages); regroup keeps it as the group
   // changes.
   std::vector<int> assignment;
@@ -102,6 +109,8 @@ struct swarm {
     check(micro_batches >= 1, "swarm: micro-batches must be >= 1, got ", micro_batches);
     check(world >= stages, "swarm: ", world, " peer(s) cannot hold ", stages, " stages (every stage needs a peer)");
     routing.validate();
+    rebalancing.validate();
+    check(rebalance_every >= 0, "swarm: rebalance_every must be >= 0, got ", rebalance_every);
     if (!assignment.empty()) {
       check(assignment.size() == static_cast<std::size_t>(world), "swarm: the assignment places ", assignment.size(),
             " peers, the group has ", world);
@@ -135,10 +144,7 @@ struct swarm {
     p.blocks = blocks;
     p.replicas = pool[static_cast<std::size_t>(p.stage)];
     p.copy = static_cast<int>(std::find(p.replicas.begin(), p.replicas.end(), rank) - p.replicas.begin());
-    // (one peer per stage, this one at its own: the trainer's pipeline group, which SWARM does
-    // not use; it sends through the view)
-    for (int s = 0; s < stages; ++s) p.pipeline.push_back(s == p.stage ? rank : pool[static_cast<std::size_t>(s)].front());
-    return p;
+    return p;  // (no `pipeline`: no fixed copy of the model; the stages' messages go through the view)
   }
 
   // A view of `world` peers with no placement to keep (a joiner's first guess): rank % stages.
@@ -183,7 +189,69 @@ struct swarm {
       --count[static_cast<std::size_t>(largest)];
       ++count[static_cast<std::size_t>(empty)];
     }
+    // A rebalancing move agreed in the view `before` (between_steps): its peers go where it says.
+    if (pending_ && before.size() == after.size()) {
+      for (const auto& [peer, to] : *pending_)
+        for (std::size_t i = 0; i < after.size(); ++i)
+          if (peer >= 0 && static_cast<std::size_t>(peer) < before.size() && after[i] == before[static_cast<std::size_t>(peer)]) a[i] = to;
+    }
+    pending_.reset();
     assignment = std::move(a);
+  }
+
+  // Between steps (the trainer calls it before each step's forward): the rebalancing check.
+  template <class Ctx>
+  void between_steps(Ctx& ctx) {
+    if (rebalance_every <= 0 || !ctx.redeal || ctx.step == 0 || ctx.step % rebalance_every != 0 || checked_step_ == ctx.step) return;
+    checked_step_ = ctx.step;
+    const int n = ctx.comm.world(), me = ctx.comm.rank();
+    // Each peer's rows and compute seconds since the last check, shared.
+    std::vector<double> figures(2 * static_cast<std::size_t>(n), 0.0);
+    figures[2 * static_cast<std::size_t>(me)] = static_cast<double>(rows_since_);
+    figures[2 * static_cast<std::size_t>(me) + 1] = busy_since_;
+    rows_since_ = 0;
+    busy_since_ = 0;
+    ctx.comm.all_reduce(std::span<double>(figures), collective::reduce_op::sum);
+    if (checked_world_ != n) rebalancer_.emplace(rebalancing);  // (a re-formed view numbers its peers anew)
+    if (!rebalancer_) rebalancer_.emplace(rebalancing);
+    checked_world_ = n;
+    // A stage's cost: its blocks (the embedding and the head are small beside them).
+    std::vector<double> cost;
+    for (const auto b : ctx.placement.part().blocks_per_stage(static_cast<std::int64_t>(ctx.model.config().n_layer)))
+      cost.push_back(static_cast<double>(b));
+    const auto stage_of_rank = stage_of(n);
+    std::vector<pools::pool_peer> peers;
+    for (int r = 0; r < n; ++r) {
+      const double rows = figures[2 * static_cast<std::size_t>(r)], busy = figures[2 * static_cast<std::size_t>(r) + 1];
+      if (rows <= 0 || busy <= 0) return;  // (a peer that processed nothing since: no figure to judge it by)
+      const int st = stage_of_rank[static_cast<std::size_t>(r)];
+      peers.push_back({r, st, rows / busy * cost[static_cast<std::size_t>(st)]});
+    }
+    const auto move = rebalancer_->check(peers, cost);
+    if (!move) return;
+    pending_.emplace();
+    pending_->push_back({move->peer, move->to});
+    if (move->partner >= 0) pending_->push_back({move->partner, move->from});
+    ctx.redeal({}, ctx.step, {});  // every member at once: the view is the same, the pools change
+  }
+
+  // The router's and the rebalancer's state (exact: a deterministic run resumes with the same
+  // picks).
+  void save(io::checkpoint& c) const {
+    if (router_) router_->save(c, "parallel.swarm.");
+    if (rebalancer_) rebalancer_->save(c, "parallel.swarm.");
+  }
+  // (a checkpoint written without them, or by a peer of the last stage, which routes nothing,
+  // leaves them as they are)
+  void load(const io::checkpoint& c) {
+    if (c.text.count("parallel.swarm.router")) {
+      router_.emplace(routing);
+      router_->load(c, "parallel.swarm.");
+    }
+    if (c.text.count("parallel.swarm.rebalance")) {
+      rebalancer_.emplace(rebalancing);
+      rebalancer_->load(c, "parallel.swarm.");
+    }
   }
 
   template <class Ctx>
@@ -212,23 +280,58 @@ struct swarm {
     if (begun_step_ == ctx.step) stats_.retried += begun_;
     begun_step_ = ctx.step;
     begun_ = 0;
-    const auto outcome = run(ctx, decentrain::data::split::train, ctx.step, true);
+    const auto done = run(ctx, decentrain::data::split::train, ctx.step, true);
     // Each peer's gradient is the mean over the rows it processed (the shares below are of the
     // step's rows): its pool's average weighted by rows is then the step's gradient.
-    if (outcome.rows > 0) {
-      const double scale = static_cast<double>(outcome.step_rows) / static_cast<double>(outcome.rows);
+    if (done.rows > 0) {
+      const double scale = static_cast<double>(done.step_rows) / static_cast<double>(done.rows);
       for (auto& e : ctx.parameters)
         if (e.param.grad().defined()) e.param.grad() = math::affine(e.param.grad(), scale);
     }
-    sum_tied(ctx, outcome);
     begun_step_ = -1;
     stats_.stage = ctx.placement.stage;
-    stats_.micro_batches = outcome.micro;
-    stats_.rows = outcome.rows;
-    stats_.step_rows = outcome.step_rows;
-    stats_.total_micro_batches += outcome.micro;
+    stats_.micro_batches = done.micro;
+    stats_.rows = done.rows;
+    rows_since_ += done.rows;
+    stats_.step_rows = done.step_rows;
+    stats_.total_micro_batches += done.micro;
     const std::int64_t T = ctx.block;
-    return {outcome.loss, outcome.rows, outcome.rows * T, static_cast<double>(outcome.rows)};
+    return {done.loss, done.rows, done.rows * T, static_cast<double>(done.rows)};
+  }
+
+  // After the communication policy's exchange (the trainer calls it before the clipping): the
+  // tied parameters' two uses (the first stage's embedding, the last stage's head) summed on the
+  // peers of both end stages. The lowest rank of each end's pool gives its gradient (averaged
+  // over its pool by then, under sync), the others add nothing, and each end peer adds the other
+  // end's to its own: a sum of two in either order, so that under sync both ends' copies stay the
+  // same bit for bit (a peer that moves between them takes the other's with nothing to mend).
+  // Under a policy that steps each peer on its own gradient (DiLoCo) the other end's is that
+  // peer's: an estimate of its pool's.
+  template <class Ctx>
+  void after_averaging(Ctx& ctx) {
+    const auto& at = ctx.placement;
+    if (at.stages == 1 || ctx.model.tied_parameters().empty()) return;
+    const bool first = at.stage == 0, last_stage = at.stage == at.stages - 1;
+    if (!first && !last_stage) return;
+    const auto pool = pools(ctx.comm.world());
+    std::vector<int> ends = pool.front();
+    ends.insert(ends.end(), pool.back().begin(), pool.back().end());
+    std::sort(ends.begin(), ends.end());
+    auto group = ctx.comm.group(ends);
+    const bool gives = ctx.comm.rank() == pool[static_cast<std::size_t>(at.stage)].front();
+    for (const auto& tied : ctx.model.tied_parameters()) {
+      auto& param = ctx.parameters.get(tied);
+      auto& g = param.grad();
+      if (!g.defined()) g = zeros_like(param.value());
+      const auto mine = host_copy(g);
+      const auto nv = static_cast<std::size_t>(mine.numel());
+      std::vector<float> both(2 * nv, 0.0f);  // [the first stage's, the last stage's]
+      if (gives) std::memcpy(both.data() + (first ? 0 : nv), mine.template data<float>(), nv * sizeof(float));
+      group.all_reduce(std::span<float>(both), collective::reduce_op::sum);
+      auto other = tensor<cpu>::empty(mine.shape(), mine.dtype());
+      std::memcpy(other.template data<float>(), both.data() + (first ? nv : 0), nv * sizeof(float));
+      g = math::add(g, to_device<typename Ctx::device_type>(other));
+    }
   }
 
   template <class Ctx>
@@ -354,6 +457,7 @@ struct swarm {
       if (ctx.compute_clock) {
         const double took = ctx.compute_clock() - t0;
         stats_.busy_s += took;
+        busy_since_ += took / transport::compute_speed(ctx.network);
         if (ctx.computed) ctx.computed(took);
       }
     };
@@ -425,7 +529,9 @@ struct swarm {
       const auto g = values_of(r, h);
       auto st = std::move(it->second);
       stash.erase(it);
-      route.measured(st.to, std::max(1e-9, clock() - st.sent),
+      // (on a simulated network, when the answer arrived: this peer may have been busy since)
+      const double answered = std::isnan(r.arrival_s) ? clock() : r.arrival_s;
+      route.measured(st.to, std::max(1e-9, answered - st.sent),
                      static_cast<double>(rows_of(h.micro)));
       compute([&] { st.out.backward(g); });
       if (st.from >= 0) {
@@ -446,51 +552,25 @@ struct swarm {
     return out;
   }
 
-  // The tied parameters' two uses (the first stage's embedding, the last stage's head) summed:
-  // each end stage adds the other's pool gradient, weighted by rows, so its pool's average is
-  // the whole gradient. One all-reduce among the end stages' peers.
-  template <class Ctx>
-  void sum_tied(Ctx& ctx, const outcome& o) {
-    const auto& at = ctx.placement;
-    if (at.stages == 1 || ctx.model.tied_parameters().empty()) return;
-    const auto pool = pools(ctx.comm.world());
-    std::vector<int> ends = pool.front();
-    ends.insert(ends.end(), pool.back().begin(), pool.back().end());
-    std::sort(ends.begin(), ends.end());
-    const bool first = at.stage == 0, last_stage = at.stage == at.stages - 1;
-    if (!first && !last_stage) return;
-    auto group = ctx.comm.group(ends);
-    const double weight = static_cast<double>(o.rows) / static_cast<double>(o.step_rows);
-    for (const auto& tied : ctx.model.tied_parameters()) {
-      auto& param = ctx.parameters.get(tied);
-      auto& g = param.grad();
-      if (!g.defined()) g = zeros_like(param.value());
-      const auto mine = host_copy(g);
-      const auto nv = static_cast<std::size_t>(mine.numel());
-      std::vector<float> both(2 * nv, 0.0f);  // [first stage's, last stage's]
-      float* slot = both.data() + (first ? 0 : nv);
-      const float* v = mine.template data<float>();
-      for (std::size_t i = 0; i < nv; ++i) slot[i] = static_cast<float>(weight * v[i]);
-      group.all_reduce(std::span<float>(both), collective::reduce_op::sum);
-      auto other = tensor<cpu>::empty(mine.shape(), mine.dtype());
-      std::memcpy(other.template data<float>(), both.data() + (first ? nv : 0), nv * sizeof(float));
-      g = math::add(g, to_device<typename Ctx::device_type>(other));
-    }
-  }
-
   // The router of the stage after this peer's; measured afresh when that pool changes (its
   // ranks are the view's, which a re-formed group numbers anew).
   pools::router& router_for(const std::vector<int>& down) {
-    if (!router_ || pool_routed_ != down) {
+    const bool same = router_ && router_->size() == down.size() &&
+                      std::all_of(down.begin(), down.end(), [&](int p) { return router_->contains(p); });
+    if (!same) {
       router_.emplace(routing);
       for (const int p : down) router_->add(p);
-      pool_routed_ = down;
     }
     return *router_;
   }
 
   std::optional<pools::router> router_;
-  std::vector<int> pool_routed_;
+  std::optional<pools::rebalancer> rebalancer_;
+  std::optional<std::vector<std::pair<int, int>>> pending_;  // a rebalancing move: (view rank, stage)
+  std::int64_t checked_step_ = -1;
+  int checked_world_ = 0;
+  std::int64_t rows_since_ = 0;  // since the last rebalancing check
+  double busy_since_ = 0;        // compute seconds at this peer's speed (a simulated peer's own)
   swarm_stats stats_;
   std::int64_t begun_step_ = -1, begun_ = 0;
   int placed_stage_ = -1;

@@ -268,6 +268,7 @@ class trainer {
     c.counters["trainer.policy_bytes_sent"] = static_cast<std::int64_t>(policy_bytes_);
     policy_.save(c);
     if (pipelined_) split_policy_state(c);
+    if constexpr (requires { parallel_.save(c); }) parallel_.save(c);  // (SWARM's routers)
     return c;
   }
 
@@ -293,6 +294,7 @@ class trainer {
     dropout_.set_state(it->second);
     policy_bytes_ = static_cast<std::uint64_t>(c.counter("trainer.policy_bytes_sent"));
     if (!held_) load_policy(c);  // (a held part's policy state is dealt out with it)
+    if constexpr (requires { parallel_.load(c); }) parallel_.load(c);
     resumed_ = true;
   }
 
@@ -353,6 +355,13 @@ class trainer {
         if constexpr (requires { fault_.before_step(ctx); })
           if (!stepped) fault_.before_step(ctx);
         if (!stepped) {
+          // A parallel policy whose placement changes between steps (SWARM's rebalancing: a
+          // re-deal) does so here, once the group stands where the step starts.
+          if constexpr (requires { parallel_.between_steps(ctx); }) {
+            const auto dealt = redealt_;
+            parallel_.between_steps(ctx);
+            if (redealt_ != dealt) refresh(ctx);
+          }
           dropout_.set_state(dropout_before);
           auto t = compute_clock();
           charged_ = 0;
@@ -366,6 +375,9 @@ class trainer {
           // models a step's compute (deterministic in_process) takes its own figure.
           computed(transport::step_seconds(endpoint_).value_or(std::max(0.0, lap(t) - charged_)));
           counted([&] { policy_.after_backward(ctx); });
+          // A parallel policy that finishes the gradients once the replicas' exchange is done
+          // (SWARM's tied parameters, summed between the end stages' pools).
+          if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
           t = compute_clock();
           out.grad_norm = clip(ctx);
           out.lr = schedule_(step_);
@@ -555,7 +567,7 @@ class trainer {
     replicas_.reset();
     pipeline_.reset();
     if (placement_.replicas.size() != static_cast<std::size_t>(world())) replicas_.emplace(comm_.group(placement_.replicas));
-    if (placement_.stages > 1) pipeline_.emplace(comm_.group(placement_.pipeline));
+    if (placement_.stages > 1 && !placement_.pipeline.empty()) pipeline_.emplace(comm_.group(placement_.pipeline));
   }
 
   // The view the placement was made for and the stage of each of its members (to name the
@@ -723,10 +735,29 @@ class trainer {
                        placement_.stages);
     // A policy whose peers keep their places as the group changes (SWARM's pools) is told the
     // views; one that reshapes the job for the new number of peers (a pipeline) morphs.
-    if constexpr (requires { parallel_.regroup(placed_members_, placed_stages_, members_, std::int64_t{1}); })
-      parallel_.regroup(placed_members_, placed_stages_, members_, static_cast<std::int64_t>(model_.config().n_layer));
-    else
+    if constexpr (requires { parallel_.regroup(placed_members_, placed_stages_, members_, std::int64_t{1}); }) {
+      // Where each member stood, agreed (a joiner knows none of it): the stage every member
+      // that was placed knows of it, -1 for one that was not.
+      std::vector<std::int32_t> was(members_.size(), -1);
+      for (std::size_t i = 0; i < members_.size(); ++i)
+        for (std::size_t j = 0; j < placed_members_.size(); ++j)
+          if (placed_members_[j] == members_[i]) was[i] = placed_stages_[j];
+      comm_.all_reduce(std::span<std::int32_t>(was), collective::reduce_op::max);
+      std::vector<int> before, before_stages;
+      for (std::size_t i = 0; i < members_.size(); ++i)
+        if (was[i] >= 0) {
+          before.push_back(members_[i]);
+          before_stages.push_back(was[i]);
+        }
+      for (std::size_t j = 0; j < placed_members_.size(); ++j)  // (those who left, as this peer knows them)
+        if (!std::binary_search(members_.begin(), members_.end(), placed_members_[j])) {
+          before.push_back(placed_members_[j]);
+          before_stages.push_back(placed_stages_[j]);
+        }
+      parallel_.regroup(before, before_stages, members_, static_cast<std::int64_t>(model_.config().n_layer));
+    } else {
       parallel_.morph(n, static_cast<std::int64_t>(model_.config().n_layer));
+    }
     auto next = checked_placement(parallel_.place(me, n), me, n);
     Model fresh = [&] {
       skip_init loaded_below;  // every value is taken from the holders: none drawn
@@ -1067,7 +1098,7 @@ class trainer {
           rank, " do not include itself");
     check(p.replicas.front() >= 0 && p.replicas.back() < world, "trainer: the parallel policy's replicas of peer ", rank,
           " go beyond a world of ", world);
-    if (p.stages == 1) return p;
+    if (p.stages == 1 || p.pipeline.empty()) return p;  // (SWARM's pools: no fixed copy of the model)
     check(p.pipeline.size() == static_cast<std::size_t>(p.stages) && p.pipeline[static_cast<std::size_t>(p.stage)] == rank,
           "trainer: the parallel policy's pipeline of peer ", rank, " must list one world rank per stage (", p.stages,
           "), this peer at its stage ", p.stage);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -74,10 +75,13 @@ struct traffic_stats {
   double clock_seconds = 0.0;
 };
 
-// A message and the peer that sent it (recv_any).
+// A message and the peer that sent it (recv_any), and when it arrived on the receiver's clock
+// (stats().clock_seconds) where the transport knows it: a simulated network's arrival, which may
+// lie before the receive when the receiver was busy; NaN elsewhere (the receive's own time).
 struct received {
   int source = -1;
   bytes data;
+  double arrival_s = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Messages between one (source, destination) pair arrive in the order they were sent; `recv`

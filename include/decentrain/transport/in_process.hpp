@@ -287,12 +287,14 @@ class in_process {
       check_alive();
       if (net_->turns) {
         auto [source, m] = pop_in_turn(sources, tag, net_->opts.recv_timeout);
-        return {source, take(std::move(m))};
+        const double arrival = m.arrival;
+        return {source, take(std::move(m)), arrival};
       }
       shared::wait_scope watched;
       net_->watch_wait(watched, rank_, sources, tag, "recv_any");
       auto [source, m] = box().pop_any(sources, tag, net_->opts.recv_timeout);
-      return {source, take(std::move(m))};
+      const double arrival = m.arrival;
+      return {source, take(std::move(m)), arrival};
     }
     // Whether the message has arrived: in a deterministic run by this peer's clock (a poll loop
     // moves it with transport::pause); otherwise whether it is queued, the clock moving to its
