@@ -410,6 +410,13 @@ void declare_train(CLI::App& cmd) {
             "SPEC: bf16, int8, ...)",
             "identity")
       ->group(pipe);
+  cli::integer(cmd, "rebalance-every", "N",
+               "--parallel swarm --elastic: every N steps the peers share their measured\n"
+               "speeds and move a peer to the slowest stage where that makes the\n"
+               "pipeline faster (confirmed over 3 checks; the mover takes its new\n"
+               "stage's state from a peer there); 0: never",
+               0, 0, 1 << 20)
+      ->group(pipe);
 }
 
 void declare_prepare(CLI::App& cmd) {
@@ -1175,9 +1182,17 @@ void describe_run(const train_plan& p, const training_data& data) {
   std::fflush(stdout);
 }
 
+// --rebalance-every: a move is a re-deal, which --elastic makes.
+void pools_rebalance(const options& opt, train_plan& p) {
+  p.parallel.pools.rebalance_every = static_cast<int>(opt.integer("rebalance-every"));
+  dt::detail::check(p.parallel.pools.rebalance_every == 0 || p.elastic, "--rebalance-every needs --elastic (a peer that moves "
+                    "takes its new stage's state as the group re-deals its parts)");
+}
+
 // --parallel swarm and its settings, checked against the peers and the model.
 void swarm_settings(const options& opt, train_plan& p) {
   for (const char* o : {"schedule", "replicas"}) dt::detail::check(!opt.has(o), "--", o, " needs --parallel pipeline (swarm has no fixed copies or schedule)");
+  pools_rebalance(opt, p);
   p.parallel.swarm = true;
   auto& pools = p.parallel.pools;
   pools.stages = static_cast<int>(opt.integer("stages"));
@@ -1197,6 +1212,7 @@ void swarm_settings(const options& opt, train_plan& p) {
 // --parallel pipeline and its settings, checked against the peers and the model.
 void pipeline_settings(const options& opt, train_plan& p) {
   const auto parallel = opt.text("parallel");
+  if (parallel != "swarm") dt::detail::check(!opt.has("rebalance-every"), "--rebalance-every needs --parallel swarm");
   if (parallel == "data") {
     for (const char* o : {"stages", "micro-batches", "schedule", "replicas", "activation-codec"})
       dt::detail::check(!opt.has(o), "--", o, " needs --parallel pipeline", std::string(o) == "stages" || std::string(o) == "micro-batches" ||
@@ -1486,6 +1502,7 @@ int cmd_train(const options& opt) {
     p.run.add("parallel", "swarm")
         .add("stages", p.parallel.pools.stages)
         .add("micro_batches", p.parallel.pools.micro_batches)
+        .add("rebalance_every", p.parallel.pools.rebalance_every)
         .add("activation_codec", p.parallel.pools.codec.describe());
   else if (p.parallel.stages() > 1)
     p.run.add("parallel", "pipeline")
@@ -1507,7 +1524,7 @@ int cmd_train(const options& opt) {
          << ";codec=" << codec_choice.describe() << ";aggregator=" << p.aggregator.describe() << ";parallel=" << opt.text("parallel")
          << ";stages=" << p.parallel.stages() << ";micro_batches=" << p.parallel.micro_batches()
          << ";schedule=" << p.parallel.pipe.schedule << ";chunks=" << p.parallel.pipe.chunks
-         << ";activation_codec=" << p.parallel.codec().describe();
+         << ";activation_codec=" << p.parallel.codec().describe() << ";rebalance_every=" << p.parallel.pools.rebalance_every;
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
   if (streaming || overlap > 0 || eager)
     agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;

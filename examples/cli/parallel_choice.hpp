@@ -66,6 +66,7 @@ struct parallel_choice {
   }
   const dt::parallel::schedule::run_stats& last_run() const { return pipe.last_run(); }
   const dt::parallel::swarm_stats& swarm_stats() const { return pools.stats(); }
+  auto take_checked(std::int64_t before_step) { return pools.take_checked(before_step); }
 };
 
 }  // namespace cli

@@ -173,12 +173,15 @@ struct swarm_figures {
   int moves = 0;
   std::uint64_t bytes_sent = 0;
   double busy_s = 0;
-  void add(const dt::parallel::swarm_stats& s) {
+  template <class Checked>
+  void add(const Checked& step) {
     ++steps;
-    stage = s.stage;
-    micro_batches += s.micro_batches;
-    rows += s.rows;
-    step_rows += s.step_rows;
+    stage = step.stage;
+    micro_batches += step.micro_batches;
+    rows += step.rows;
+    step_rows += step.step_rows;
+  }
+  void add(const dt::parallel::swarm_stats& s) {
     retried = s.retried;
     moves = s.moves;
     bytes_sent = s.bytes_sent;
@@ -260,11 +263,15 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   if (h.metrics) h.metrics->attach(t);
   if (t.rank() == 0 && !p.quiet) h.bar.attach(t);
   if (p.parallel.swarm)  // (before --kill's hook: the step a peer is killed after counts)
-    t.on_step([&t, &h](const dt::train::step_metrics&) {
+    t.on_step([&t, &h](const dt::train::step_metrics& m) {
       const auto r = static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())]);
-      const auto& s = t.parallel().swarm_stats();
-      h.swarm_runs[r].add(s);
-      h.rows_by_stage[r][s.stage] += s.rows;
+      // Every step this peer's rows went into up to this one (one it took another's state for
+      // included), each once.
+      for (const auto& [step, c] : t.parallel().take_checked(m.step)) {
+        h.swarm_runs[r].add(c);
+        h.rows_by_stage[r][c.stage] += c.rows;
+      }
+      h.swarm_runs[r].add(t.parallel().swarm_stats());
     });
   if constexpr (elastic) {
     for (const auto& [victim, after] : p.kills)

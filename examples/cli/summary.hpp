@@ -126,14 +126,17 @@ inline void print_swarm(const train_plan& p, const std::vector<swarm_figures>& r
     if (f.steps > 0 && f.steps == most_steps) ++peers[static_cast<std::size_t>(f.stage)];
   std::printf("\nswarm: %d stages, %d micro-batches a step per %lld rows, activations %s\n", stages, pools.micro_batches,
               static_cast<long long>(p.trainer.batch_size), pools.codec.describe().c_str());
-  std::printf("%-6s %-12s %-16s %-14s %-10s %-8s %-10s\n", "stage", "peers (end)", "micro-batches", "tokens", "retried",
-              "moves", "busy s");
+  // tok/s/peer: the tokens the stage processed over the seconds its peers computed, a peer's
+  // throughput at that stage were it never kept waiting.
+  std::printf("%-6s %-12s %-16s %-14s %-12s %-10s %-8s %-10s\n", "stage", "peers (end)", "micro-batches", "tokens", "tok/s/peer",
+              "retried", "moves", "busy s");
   bool exact = true;
   const std::int64_t T = p.model.block_size;
   for (int s = 0; s < stages; ++s) {
     const auto i = static_cast<std::size_t>(s);
-    std::printf("%-6d %-12d %-16lld %-14lld %-10lld %-8d %-10.2f\n", s, peers[i], static_cast<long long>(micro[i]),
-                static_cast<long long>(rows[i] * T), static_cast<long long>(retried[i]), moves[i], busy[i]);
+    std::printf("%-6d %-12d %-16lld %-14lld %-12.0f %-10lld %-8d %-10.2f\n", s, peers[i], static_cast<long long>(micro[i]),
+                static_cast<long long>(rows[i] * T), busy[i] > 0 ? static_cast<double>(rows[i] * T) / busy[i] : 0.0,
+                static_cast<long long>(retried[i]), moves[i], busy[i]);
     exact = exact && rows[i] == batches;
   }
   if (p.mode == launch::in_process) {  // (a TCP or MPI process knows its own peer's figures only)

@@ -1819,6 +1819,23 @@ TEST_CASE("train --parallel swarm: pools per stage track the pipeline, a killed 
   CHECK(pool_line(1).rfind("1      2 ", 0) == 0);  // stage 1 goes on with two
   CHECK(loss_of(killed.output) > 0);
   CHECK(loss_of(killed.output) < 1.2 * loss_of(piped.output));
+  // --rebalance-every: peers 0 and 2 (stage 0) are 4x as fast as 1 and 3 (stage 1); checked every
+  // 2 steps, a fast peer moves (or swaps) to stage 1 once three checks agree.
+  const auto moved = run("timeout 120 " + common + " --peers 4 --parallel swarm --stages 2 --elastic --speeds 4,1,4,1"
+                                                   " --rebalance-every 2",
+                         dir);
+  INFO(moved.output);
+  REQUIRE(moved.status == 0);
+  int moves = 0;
+  for (int stage = 0; stage < 2; ++stage) {
+    std::istringstream fields(last_line_with(moved.output, std::to_string(stage) + "      "));
+    std::string column;
+    for (int i = 0; i < 7 && fields >> column; ++i) {
+    }
+    moves += column.empty() ? 0 : std::stoi(column);  // (the 7th column: moves)
+  }
+  CHECK(moves >= 1);
+  CHECK_THAT(moved.output, Contains("(exact: no micro-batch lost or counted twice)"));
 }
 
 TEST_CASE("train --parallel swarm: bad settings are refused naming the option", "[cli][swarm][errors]") {
@@ -1832,6 +1849,9 @@ TEST_CASE("train --parallel swarm: bad settings are refused naming the option", 
       {" --peers 2 --parallel swarm --comm gossip", "--parallel swarm cannot take --comm gossip"},
       {" --peers 2 --parallel swarm --activation-codec int9", "int9"},
       {" --peers 2 --micro-batches 2", "--micro-batches needs --parallel pipeline or swarm"},
+      {" --peers 2 --parallel swarm --rebalance-every 5", "--rebalance-every needs --elastic"},
+      {" --peers 2 --elastic --rebalance-every 5", "--rebalance-every needs --parallel swarm"},
+      {" --peers 2 --parallel swarm --elastic --rebalance-every -1", "rebalance-every"},
   };
   for (const auto& [args, says] : cases) {
     const auto r = run(common + args, dir);

@@ -295,6 +295,8 @@ struct swarm {
     rows_since_ += done.rows;
     stats_.step_rows = done.step_rows;
     stats_.total_micro_batches += done.micro;
+    checked_[ctx.step] = checked_step{stats_.stage, done.micro, done.rows, done.step_rows};  // (a later attempt replaces it)
+    if (checked_.size() > 4096) checked_.erase(checked_.begin());  // (bounded where no one takes them)
     const std::int64_t T = ctx.block;
     return {done.loss, done.rows, done.rows * T, static_cast<double>(done.rows)};
   }
@@ -356,6 +358,24 @@ struct swarm {
   }
 
   const swarm_stats& stats() const { return stats_; }
+
+  // What this peer processed in each step whose rows were checked, until taken: a step that
+  // failed after its check and was redone keeps the redo's; one this peer left for the state of
+  // a peer that completed it (fault::elastic: its own attempt passed the check, then a later
+  // collective failed here only) keeps this peer's, which that step trained. A caller that
+  // counts tokens per completed step takes those before `step` (ctx.steps_done) each time.
+  struct checked_step {
+    int stage = 0;
+    std::int64_t micro_batches = 0, rows = 0, step_rows = 0;
+  };
+  std::map<std::int64_t, checked_step> take_checked(std::int64_t before_step) {
+    std::map<std::int64_t, checked_step> out;
+    for (auto it = checked_.begin(); it != checked_.end() && it->first < before_step;) {
+      out.insert(*it);
+      it = checked_.erase(it);
+    }
+    return out;
+  }
 
  private:
   struct outcome {
@@ -565,6 +585,7 @@ struct swarm {
   }
 
   std::optional<pools::router> router_;
+  std::map<std::int64_t, checked_step> checked_;
   std::optional<pools::rebalancer> rebalancer_;
   std::optional<std::vector<std::pair<int, int>>> pending_;  // a rebalancing move: (view rank, stage)
   std::int64_t checked_step_ = -1;
