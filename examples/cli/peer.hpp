@@ -218,7 +218,9 @@ struct run_hooks {
   std::vector<dt::collective::peer_tally> tallies;  // what each saw of the others' contributions
   std::vector<stage_figures> stage_runs;  // --parallel pipeline: its stage's figures over the run
   std::vector<swarm_figures> swarm_runs;  // --parallel swarm: each peer's
-  std::vector<std::map<int, std::int64_t>> rows_by_stage;  // --parallel swarm: the rows each peer processed at each stage
+  // --parallel swarm: the rows and micro-batches each peer processed at each stage (a peer that
+  // moved processed at several)
+  std::vector<std::map<int, std::pair<std::int64_t, std::int64_t>>> rows_by_stage;
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
   int final_world = -1;  // an elastic TCP or MPI peer: the world of its last view
@@ -269,7 +271,9 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
       // included), each once.
       for (const auto& [step, c] : t.parallel().take_checked(m.step)) {
         h.swarm_runs[r].add(c);
-        h.rows_by_stage[r][c.stage] += c.rows;
+        auto& [rows, micro] = h.rows_by_stage[r][c.stage];
+        rows += c.rows;
+        micro += c.micro_batches;
       }
       h.swarm_runs[r].add(t.parallel().swarm_stats());
     });

@@ -99,7 +99,7 @@ inline void print_stages(const train_plan& p, const std::vector<dt::train::fit_r
 // killed ones' up to their last step), which must be the steps' batches at every stage. Over TCP
 // or MPI a process knows its own peer's only, and its table shows that.
 inline void print_swarm(const train_plan& p, const std::vector<swarm_figures>& runs,
-                        const std::vector<std::map<int, std::int64_t>>& rows_by_stage, double wall_s) {
+                        const std::vector<std::map<int, std::pair<std::int64_t, std::int64_t>>>& rows_by_stage, double wall_s) {
   const auto& pools = p.parallel.pools;
   const int stages = pools.stages;
   std::vector<std::int64_t> rows(static_cast<std::size_t>(stages), 0), micro(rows.size(), 0), retried(rows.size(), 0);
@@ -110,9 +110,11 @@ inline void print_swarm(const train_plan& p, const std::vector<swarm_figures>& r
   for (std::size_t r = 0; r < runs.size(); ++r) {
     const auto& f = runs[r];
     if (f.steps == 0) continue;
-    for (const auto& [s, n] : rows_by_stage[r]) rows[static_cast<std::size_t>(s)] += n;
-    const auto s = static_cast<std::size_t>(f.stage);
-    micro[s] += f.micro_batches;
+    for (const auto& [stage, n] : rows_by_stage[r]) {
+      rows[static_cast<std::size_t>(stage)] += n.first;
+      micro[static_cast<std::size_t>(stage)] += n.second;
+    }
+    const auto s = static_cast<std::size_t>(f.stage);  // (its compute, retries and moves: at the stage it ended at)
     retried[s] += f.retried;
     moves[s] += f.moves;
     busy[s] += f.busy_s;

@@ -24407,6 +24407,40 @@ inline std::vector<std::int64_t> partition(const model_costs& c, int stages) {
 #include <string>
 #include <vector>
 
+// ---- begin decentrain/parallel/stage_model.hpp ----
+// What a model cut into stages must offer the policies that run it in parts (parallel::pipeline,
+// parallel::swarm), beside a constructor that builds one part (nn::gpt has them); each member
+// checked with a sentence naming it.
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::parallel {
+
+template <class Ctx>
+constexpr bool check_stage_model() {
+  using D = typename Ctx::device_type;
+  using M = typename Ctx::model_type;
+  static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
+                  { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
+                },
+                "parallel::pipeline and swarm: the model needs `var<D> stage_forward(int stage, const var<D>& in, const "
+                "tensor<D>& ids, const tensor<D>& targets, rng* dropout) const` (a model stage's forward; the last returns "
+                "the loss)");
+  static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
+                "parallel::pipeline and swarm: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) "
+                "stream between stages)");
+  static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
+                "parallel::pipeline and swarm: the model needs `std::vector<std::string> tied_parameters() const` "
+                "(parameters held by the first and the last stage, whose gradients are summed; empty when none)");
+  return true;
+}
+
+}  // namespace decentrain::parallel
+// ---- end decentrain/parallel/stage_model.hpp ----
 
 namespace decentrain::parallel {
 
@@ -24505,20 +24539,7 @@ struct pipeline {
 
   template <class Ctx>
   static constexpr bool check_model() {
-    using D = typename Ctx::device_type;
-    using M = typename Ctx::model_type;
-    static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
-                    { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
-                  },
-                  "parallel::pipeline: the model needs `var<D> stage_forward(int stage, const var<D>& in, const tensor<D>& ids, "
-                  "const tensor<D>& targets, rng* dropout) const` (a model stage's forward; the last returns the loss)");
-    static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
-                  "parallel::pipeline: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) stream "
-                  "between stages)");
-    static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
-                  "parallel::pipeline: the model needs `std::vector<std::string> tied_parameters() const` (parameters "
-                  "held by the first and the last stage, whose gradients are summed; empty when none)");
-    return true;
+    return check_stage_model<Ctx>();
   }
 
   template <class Ctx>
@@ -24668,8 +24689,9 @@ struct pipeline {
 // copies: every micro-batch of a step goes to a peer of the next stage chosen by that stage's
 // router (swarm/router.hpp: interleaved weighted round-robin over measured throughput, the
 // links included), so a faster peer takes more of them and a slow one does not hold its stage
-// back. Its gradient comes back to the peer that sent it (the one that holds the forward's
-// activations: the same parameters, the anchor's re-sent backward may reach another).
+// back. Its gradient comes back to the peer that sent it, the one that holds the forward's
+// activations and the parameters they were computed with (the anchor re-sends a backward's
+// inputs, which may reach another peer of the stage, holding other parameters).
 //
 // A step: the rows of world / stages copies of `batch_size` (what a pipeline of that shape
 // trains) cut into `micro_batches` each, dealt out among the first stage's peers; every stage
@@ -24677,15 +24699,17 @@ struct pipeline {
 // with the gradient of its input once the stage after answered; a peer that has sent its last
 // activation says so to every peer of the next stage, so a stage knows when the step is over.
 // Each peer then holds the mean gradient over the rows it processed, and its step weight is those
-// rows: the communication policy averages each stage's pool by them (sync, DiLoCo, gossip: any
-// policy, over placement::replicas), which gives the whole step's gradient. Every step checks
-// that each stage processed every row exactly once (a world all-reduce of the rows per stage), so
-// no micro-batch is lost or counted twice; a failed peer fails the step, and under fault::elastic
-// the survivors re-form (regroup: each keeps its stage; a stage left empty takes a peer from the
-// largest pool, which takes the stage's parameters from a peer there) and redo it.
+// rows: the communication policy averages each stage's pool by them (sync, local SGD, DiLoCo,
+// Streaming DiLoCo: a policy with `weighted`, over placement::replicas), which gives the whole
+// step's gradient. Every step checks that each stage processed every micro-batch exactly once (a
+// world all-reduce of a count per stage and micro-batch), so none is lost or counted twice; a
+// failed peer fails the step, and under fault::elastic the survivors re-form (regroup: each keeps
+// its stage; a stage left empty takes a peer from the largest pool, which takes the stage's
+// parameters from a peer there) and redo it. A message that breaks the protocol stops the peer
+// that received it with an error naming the sender (as the pipeline's executor does).
 //
-// What it needs of the model: what parallel::pipeline needs (stage_forward, stream_width,
-// tied_parameters and a constructor that builds one part).
+// What it needs of the model: what parallel::pipeline needs (parallel/stage_model.hpp, and a
+// constructor that builds one part).
 
 #include <algorithm>
 #include <cmath>
@@ -24831,8 +24855,9 @@ class rebalancer {
   std::uint64_t checks() const { return checks_; }
 
   // What the checks remember (speeds' averages, the move being confirmed, the stages peers left),
-  // exactly: a peer that resumes or joins takes it with the rest of the group's state, so that
-  // every peer makes the same move at the same check.
+  // exactly: a group that resumes from its checkpoints makes the same moves at the same checks.
+  // (parallel::swarm starts the checks afresh on every member when the group changes: a joiner
+  // has none of it.)
   void save(io::checkpoint& c, const std::string& prefix) const {
     char buf[160];
     std::string text;
@@ -25324,13 +25349,23 @@ struct swarm {
       --count[static_cast<std::size_t>(largest)];
       ++count[static_cast<std::size_t>(empty)];
     }
-    // A rebalancing move agreed in the view `before` (between_steps): its peers go where it says.
-    if (pending_ && before.size() == after.size()) {
+    // A rebalancing move agreed in the view it was decided in (between_steps): its peers go where
+    // it says, on every member, only if the group is still that view (else it is dropped on
+    // every member, a joiner's included, which never had it).
+    if (pending_ && after == members_)
       for (const auto& [peer, to] : *pending_)
         for (std::size_t i = 0; i < after.size(); ++i)
-          if (peer >= 0 && static_cast<std::size_t>(peer) < before.size() && after[i] == before[static_cast<std::size_t>(peer)]) a[i] = to;
-    }
+          if (static_cast<std::size_t>(peer) < members_.size() && after[i] == members_[static_cast<std::size_t>(peer)]) a[i] = to;
     pending_.reset();
+    // Another group: the checks start again on every member alike (a joiner has no history; the
+    // ranks of a view name other peers than the last view's).
+    if (after != members_) {
+      rebalancer_.reset();
+      checked_step_ = -1;
+      rows_since_ = 0;
+      busy_since_ = 0;
+    }
+    members_ = after;
     assignment = std::move(a);
   }
 
@@ -25340,6 +25375,8 @@ struct swarm {
     if (rebalance_every <= 0 || !ctx.redeal || ctx.step == 0 || ctx.step % rebalance_every != 0 || checked_step_ == ctx.step) return;
     checked_step_ = ctx.step;
     const int n = ctx.comm.world(), me = ctx.comm.rank();
+    if (members_.empty())  // (the first view: the world's ranks)
+      for (int r = 0; r < n; ++r) members_.push_back(r);
     // Each peer's rows and compute seconds since the last check, shared.
     std::vector<double> figures(2 * static_cast<std::size_t>(n), 0.0);
     figures[2 * static_cast<std::size_t>(me)] = static_cast<double>(rows_since_);
@@ -25347,24 +25384,31 @@ struct swarm {
     rows_since_ = 0;
     busy_since_ = 0;
     ctx.comm.all_reduce(std::span<double>(figures), collective::reduce_op::sum);
-    if (checked_world_ != n) rebalancer_.emplace(rebalancing);  // (a re-formed view numbers its peers anew)
     if (!rebalancer_) rebalancer_.emplace(rebalancing);
-    checked_world_ = n;
     // A stage's cost: its blocks (the embedding and the head are small beside them).
     std::vector<double> cost;
     for (const auto b : ctx.placement.part().blocks_per_stage(static_cast<std::int64_t>(ctx.model.config().n_layer)))
       cost.push_back(static_cast<double>(b));
     const auto stage_of_rank = stage_of(n);
     std::vector<pools::pool_peer> peers;
+    double measured = 0;
+    int counted = 0;
     for (int r = 0; r < n; ++r) {
       const double rows = figures[2 * static_cast<std::size_t>(r)], busy = figures[2 * static_cast<std::size_t>(r) + 1];
-      if (rows <= 0 || busy <= 0) return;  // (a peer that processed nothing since: no figure to judge it by)
       const int st = stage_of_rank[static_cast<std::size_t>(r)];
-      peers.push_back({r, st, rows / busy * cost[static_cast<std::size_t>(st)]});
+      const double speed = rows > 0 && busy > 0 ? rows / busy * cost[static_cast<std::size_t>(st)] : -1;
+      if (speed > 0) {
+        measured += speed;
+        ++counted;
+      }
+      peers.push_back({r, st, speed});
     }
+    if (counted == 0) return;
+    for (auto& p : peers)  // (one that processed nothing since, as the others' mean)
+      if (p.speed < 0) p.speed = measured / counted;
     const auto move = rebalancer_->check(peers, cost);
     if (!move) return;
-    pending_.emplace();
+    pending_.emplace();  // (view ranks of members_, the view it was decided in)
     pending_->push_back({move->peer, move->to});
     if (move->partner >= 0) pending_->push_back({move->partner, move->from});
     ctx.redeal({}, ctx.step, {});  // every member at once: the view is the same, the pools change
@@ -25391,19 +25435,7 @@ struct swarm {
 
   template <class Ctx>
   static constexpr bool check_model() {
-    using D = typename Ctx::device_type;
-    using M = typename Ctx::model_type;
-    static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
-                    { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
-                  },
-                  "parallel::swarm: the model needs `var<D> stage_forward(int stage, const var<D>& in, const tensor<D>& ids, "
-                  "const tensor<D>& targets, rng* dropout) const` (a stage's forward; the last returns the loss)");
-    static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
-                  "parallel::swarm: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) stream between stages)");
-    static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
-                  "parallel::swarm: the model needs `std::vector<std::string> tied_parameters() const` (parameters held by "
-                  "the first and the last stage, whose gradients are summed; empty when none)");
-    return true;
+    return check_stage_model<Ctx>();
   }
 
   template <class Ctx>
@@ -25552,7 +25584,9 @@ struct swarm {
                             to_device<D>(it->second.second.slice(0, from, from + rows_of(m)).contiguous()));
     };
     const auto share_of = [&](int m) { return static_cast<double>(rows_of(m)) / static_cast<double>(step_rows); };
-    const transport::tag_type tag = (transport::tag_type{0x73776d00u | (train ? 0u : 1u)} << 32) | static_cast<std::uint32_t>(index);
+    // One tag for every step (the header names the step): a standing allowance, set once per
+    // size, not one per step. A failed step's messages stay behind in the old view's tag space.
+    const transport::tag_type tag = transport::tag_type{0x73776d00u | (train ? 0u : 1u)} << 32;
     const auto message_bytes = [&](int m) {
       return sizeof(wire::header) + codec.max_encoded_bytes(static_cast<std::size_t>(rows_of(m) * T * C));
     };
@@ -25604,6 +25638,7 @@ struct swarm {
       double sent = 0;
     };
     std::map<int, stashed> stash;
+    std::vector<int> processed;  // the micro-batches this peer forwarded at its stage
     std::set<int> seen, finished_from;
     bool said_finished = false;
     const auto compute = [&](auto&& f) {
@@ -25620,11 +25655,12 @@ struct swarm {
     // gradient back to where it came from; else on to the next stage's peer the router picks.
     const auto forward = [&](int m, var<D> in, int from) {
       ++out.micro;
+      processed.push_back(m);
       out.rows += rows_of(m);
       if (train) ++begun_;
-      const auto [ids, targets] = rows_for(m);
+      const auto rows = rows_for(m);
       var<D> y;
-      compute([&] { y = ctx.model.stage_forward(s, in, ids, targets, train ? &ctx.dropout : nullptr); });
+      compute([&] { y = ctx.model.stage_forward(s, in, rows.first, rows.second, train ? &ctx.dropout : nullptr); });
       if (s == last) {
         out.loss += share_of(m) * static_cast<double>(y.item());
         if (!train) return;
@@ -25694,15 +25730,18 @@ struct swarm {
         send(st.from, wire::gradient, h.micro, &gi);
       }
     }
-    // The loss, known on every peer, and every stage's rows: each must be the step's, once.
-    std::vector<double> totals(static_cast<std::size_t>(stages) + 1, 0.0);
+    // The loss, known on every peer, and how many times each stage processed each micro-batch:
+    // once, every one.
+    std::vector<double> totals(1 + static_cast<std::size_t>(stages) * static_cast<std::size_t>(count), 0.0);
     totals[0] = out.loss;
-    totals[static_cast<std::size_t>(s) + 1] = static_cast<double>(out.rows);
+    for (const int m : processed) totals[1 + static_cast<std::size_t>(s) * static_cast<std::size_t>(count) + static_cast<std::size_t>(m)] += 1;
     ctx.comm.all_reduce(std::span<double>(totals), collective::reduce_op::sum);
     for (int k = 0; k < stages; ++k)
-      check(totals[static_cast<std::size_t>(k) + 1] == static_cast<double>(step_rows), "swarm: ",
-            train ? "step " : "evaluation batch ", index, ": stage ", k, " processed ", totals[static_cast<std::size_t>(k) + 1],
-            " rows, the step has ", step_rows, " (a micro-batch lost or processed twice)");
+      for (int m = 0; m < count; ++m) {
+        const double times = totals[1 + static_cast<std::size_t>(k) * static_cast<std::size_t>(count) + static_cast<std::size_t>(m)];
+        check(times == 1, "swarm: ", train ? "step " : "evaluation batch ", index, ": stage ", k, " processed micro-batch ", m,
+              " ", times, " times (each must be processed once: a micro-batch lost or processed twice)");
+      }
     out.loss = totals[0];
     return out;
   }
@@ -25724,7 +25763,7 @@ struct swarm {
   std::optional<pools::rebalancer> rebalancer_;
   std::optional<std::vector<std::pair<int, int>>> pending_;  // a rebalancing move: (view rank, stage)
   std::int64_t checked_step_ = -1;
-  int checked_world_ = 0;
+  std::vector<int> members_;  // the world ranks of the view, as the last regroup gave them (empty: the first view)
   std::int64_t rows_since_ = 0;  // since the last rebalancing check
   double busy_since_ = 0;        // compute seconds at this peer's speed (a simulated peer's own)
   swarm_stats stats_;
@@ -29796,10 +29835,15 @@ class trainer {
         fault_(std::move(fault)),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
-    if constexpr (requires { requires ParallelPolicy::weights_vary; } && requires { { policy_.weighted } -> std::convertible_to<bool>; })
+    if constexpr (requires { requires ParallelPolicy::weights_vary; }) {
+      static_assert(requires { { policy_.weighted } -> std::convertible_to<bool>; },
+                    "trainer: this parallel policy (parallel::swarm) gives each peer a step weight of the rows it "
+                    "processed, which differ from peer to peer: the communication policy must average by them (a "
+                    "`bool weighted` member: sync_allreduce, local_sgd, diloco, streaming_diloco)");
       decentrain::detail::check(policy_.weighted, "trainer: parallel::", ParallelPolicy::name, " gives each peer a step weight of the "
                                 "rows it processed, which differ from peer to peer; set the communication policy's `weighted` "
                                 "(", CommPolicy::name, ") so that its averages use them");
+    }
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     pipelined_ = placement_.stages > 1 || parallel_morphed_;
     note_placed();
@@ -30091,7 +30135,8 @@ class trainer {
           ctx.step_weight = out.result.weight;
           // Before the exchange, so simulated links see it start after the compute; a network that
           // models a step's compute (deterministic in_process) takes its own figure.
-          computed(transport::step_seconds(endpoint_).value_or(std::max(0.0, lap(t) - charged_)));
+          // (a policy that charged its compute as it went waited in between: the rest is not compute)
+          computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
           counted([&] { policy_.after_backward(ctx); });
           // A parallel policy that finishes the gradients once the replicas' exchange is done
           // (SWARM's tied parameters, summed between the end stages' pools).
@@ -30797,13 +30842,18 @@ class trainer {
   parallel::placement first_placement(ParallelPolicy& parallel, const model_config& config, const transport::any_endpoint& ep) {
     const int r = ep.rank(), w = ep.world();
     if constexpr (can_morph())
-      if (ep.joined_late()) try {
+      if (ep.joined_late() && stages_of(parallel) > 1) try {  // (one stage places any world: no shape to guess)
           return checked_placement(parallel.place(r, w), r, w);
         } catch (const decentrain::error&) {
           parallel.morph(w, static_cast<std::int64_t>(config.n_layer));
           parallel_morphed_ = true;
         }
     return checked_placement(parallel.place(r, w), r, w);
+  }
+  static int stages_of(const ParallelPolicy& p) {
+    if constexpr (requires { { p.stages() } -> std::convertible_to<int>; }) return p.stages();
+    else if constexpr (requires { { p.stages } -> std::convertible_to<int>; }) return p.stages;
+    else return 1;
   }
   static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
     using decentrain::detail::check;

@@ -1773,7 +1773,10 @@ TEST_CASE("train --parallel pipeline --elastic under DiLoCo: the outer state fol
   REQUIRE(morphed.status == 0);
   CHECK_THAT(morphed.output, Contains("peer 3 was killed"));
   CHECK_THAT(morphed.output, Contains("pipeline: 3 stages x 1 copies, schedule 1f1b, 2 micro-batches a step"));
-  CHECK_THAT(morphed.output, Contains("(re-formed from 2 x 2 when the group changed)"));
+  // (Where copy 0 got past the round's end before the loss and copy 1 did not, a stage's members
+  // stand across a round and the group goes back to the checkpoints: "...; went back to step N's
+  // checkpoints", as the guide's limits say. Either way it re-formed.)
+  CHECK_THAT(morphed.output, Contains("(re-formed from 2 x 2 when the group changed"));
   const double uniform = std::log(29.0);  // the built-in corpus's 29 characters
   CHECK(val_loss(morphed.output) > 0);
   CHECK(val_loss(morphed.output) < 0.9 * uniform);
@@ -1820,9 +1823,12 @@ TEST_CASE("train --parallel swarm: pools per stage track the pipeline, a killed 
   CHECK(loss_of(killed.output) > 0);
   CHECK(loss_of(killed.output) < 1.2 * loss_of(piped.output));
   // --rebalance-every: peers 0 and 2 (stage 0) are 4x as fast as 1 and 3 (stage 1); checked every
-  // 2 steps, a fast peer moves (or swaps) to stage 1 once three checks agree.
-  const auto moved = run("timeout 120 " + common + " --peers 4 --parallel swarm --stages 2 --elastic --speeds 4,1,4,1"
-                                                   " --rebalance-every 2",
+  // 2 steps, a fast peer moves (or swaps) to stage 1 once three checks agree. (Rows enough that a
+  // micro-batch's compute, which the speeds are measured from, is not lost in the clock's noise.)
+  const auto moved = run("timeout 120 " + cli() + " train --comm sync --steps 40 --eval-batches 2 --eval-every 100 --threads 1"
+                                                  " --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7 --batch-size 16"
+                                                  " --metrics '' --peers 4 --parallel swarm --stages 2 --elastic"
+                                                  " --speeds 4,1,4,1 --rebalance-every 2",
                          dir);
   INFO(moved.output);
   REQUIRE(moved.status == 0);

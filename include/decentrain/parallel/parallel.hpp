@@ -8,6 +8,7 @@
 #include "decentrain/parallel/pipeline.hpp"
 #include "decentrain/parallel/policy.hpp"
 #include "decentrain/parallel/schedule/schedule.hpp"
+#include "decentrain/parallel/stage_model.hpp"
 #include "decentrain/parallel/swarm.hpp"
 #include "decentrain/parallel/swarm/rebalance.hpp"
 #include "decentrain/parallel/swarm/router.hpp"

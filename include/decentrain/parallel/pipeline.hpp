@@ -31,6 +31,7 @@
 #include "decentrain/optim/clip.hpp"
 #include "decentrain/parallel/link_placement.hpp"
 #include "decentrain/parallel/policy.hpp"
+#include "decentrain/parallel/stage_model.hpp"
 #include "decentrain/parallel/schedule/schedule.hpp"
 
 namespace decentrain::parallel {
@@ -130,20 +131,7 @@ struct pipeline {
 
   template <class Ctx>
   static constexpr bool check_model() {
-    using D = typename Ctx::device_type;
-    using M = typename Ctx::model_type;
-    static_assert(requires(const M& m, int s, const var<D>& in, const tensor<D>& ids, rng* r) {
-                    { m.stage_forward(s, in, ids, ids, r) } -> std::same_as<var<D>>;
-                  },
-                  "parallel::pipeline: the model needs `var<D> stage_forward(int stage, const var<D>& in, const tensor<D>& ids, "
-                  "const tensor<D>& targets, rng* dropout) const` (a model stage's forward; the last returns the loss)");
-    static_assert(requires(const M& m) { { m.stream_width() } -> std::convertible_to<std::int64_t>; },
-                  "parallel::pipeline: the model needs `std::int64_t stream_width() const` (C of the (B, T, C) stream "
-                  "between stages)");
-    static_assert(requires(const M& m) { { m.tied_parameters() } -> std::same_as<std::vector<std::string>>; },
-                  "parallel::pipeline: the model needs `std::vector<std::string> tied_parameters() const` (parameters "
-                  "held by the first and the last stage, whose gradients are summed; empty when none)");
-    return true;
+    return check_stage_model<Ctx>();
   }
 
   template <class Ctx>

@@ -78,10 +78,15 @@ class trainer {
         fault_(std::move(fault)),
         dropout_(options.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(endpoint_.rank()) + 1), "dropout") {
     schedule_.validate();
-    if constexpr (requires { requires ParallelPolicy::weights_vary; } && requires { { policy_.weighted } -> std::convertible_to<bool>; })
+    if constexpr (requires { requires ParallelPolicy::weights_vary; }) {
+      static_assert(requires { { policy_.weighted } -> std::convertible_to<bool>; },
+                    "trainer: this parallel policy (parallel::swarm) gives each peer a step weight of the rows it "
+                    "processed, which differ from peer to peer: the communication policy must average by them (a "
+                    "`bool weighted` member: sync_allreduce, local_sgd, diloco, streaming_diloco)");
       decentrain::detail::check(policy_.weighted, "trainer: parallel::", ParallelPolicy::name, " gives each peer a step weight of the "
                                 "rows it processed, which differ from peer to peer; set the communication policy's `weighted` "
                                 "(", CommPolicy::name, ") so that its averages use them");
+    }
     for (int r = 0; r < endpoint_.world(); ++r) members_.push_back(r);
     pipelined_ = placement_.stages > 1 || parallel_morphed_;
     note_placed();
@@ -373,7 +378,8 @@ class trainer {
           ctx.step_weight = out.result.weight;
           // Before the exchange, so simulated links see it start after the compute; a network that
           // models a step's compute (deterministic in_process) takes its own figure.
-          computed(transport::step_seconds(endpoint_).value_or(std::max(0.0, lap(t) - charged_)));
+          // (a policy that charged its compute as it went waited in between: the rest is not compute)
+          computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
           counted([&] { policy_.after_backward(ctx); });
           // A parallel policy that finishes the gradients once the replicas' exchange is done
           // (SWARM's tied parameters, summed between the end stages' pools).
@@ -1079,13 +1085,18 @@ class trainer {
   parallel::placement first_placement(ParallelPolicy& parallel, const model_config& config, const transport::any_endpoint& ep) {
     const int r = ep.rank(), w = ep.world();
     if constexpr (can_morph())
-      if (ep.joined_late()) try {
+      if (ep.joined_late() && stages_of(parallel) > 1) try {  // (one stage places any world: no shape to guess)
           return checked_placement(parallel.place(r, w), r, w);
         } catch (const decentrain::error&) {
           parallel.morph(w, static_cast<std::int64_t>(config.n_layer));
           parallel_morphed_ = true;
         }
     return checked_placement(parallel.place(r, w), r, w);
+  }
+  static int stages_of(const ParallelPolicy& p) {
+    if constexpr (requires { { p.stages() } -> std::convertible_to<int>; }) return p.stages();
+    else if constexpr (requires { { p.stages } -> std::convertible_to<int>; }) return p.stages;
+    else return 1;
   }
   static parallel::placement checked_placement(parallel::placement p, int rank, int world) {
     using decentrain::detail::check;

@@ -132,8 +132,9 @@ class rebalancer {
   std::uint64_t checks() const { return checks_; }
 
   // What the checks remember (speeds' averages, the move being confirmed, the stages peers left),
-  // exactly: a peer that resumes or joins takes it with the rest of the group's state, so that
-  // every peer makes the same move at the same check.
+  // exactly: a group that resumes from its checkpoints makes the same moves at the same checks.
+  // (parallel::swarm starts the checks afresh on every member when the group changes: a joiner
+  // has none of it.)
   void save(io::checkpoint& c, const std::string& prefix) const {
     char buf[160];
     std::string text;
