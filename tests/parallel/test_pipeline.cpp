@@ -14,6 +14,7 @@
 namespace dt = decentrain;
 using Catch::Matchers::Contains;
 using fixture::small_corpus;
+using fixture::relative_diff;
 using fixture::tiny_gpt;
 
 namespace {
@@ -82,17 +83,6 @@ run_record train(int world, const dt::train::trainer_options& opts, typename Tra
 std::vector<float> values(const dt::tensor<dt::cpu>& t) {
   const auto c = t.contiguous();
   return {c.template data<float>(), c.template data<float>() + c.numel()};
-}
-
-// The largest difference of `a` from the reference `b`, relative to b's largest magnitude.
-double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 1e30;
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return scale == 0 ? worst : worst / scale;
 }
 
 // Every parameter a peer holds against the whole model's of the same name: the worst relative

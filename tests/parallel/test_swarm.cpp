@@ -12,6 +12,7 @@
 
 namespace dt = decentrain;
 using fixture::small_corpus;
+using fixture::relative_diff;
 using fixture::tiny_gpt;
 
 namespace {
@@ -67,16 +68,6 @@ run_record train(int world, const dt::train::trainer_options& opts, typename Tra
       },
       1, parallel);
   return rec;
-}
-
-double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 1e30;
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return scale == 0 ? worst : worst / scale;
 }
 
 dt::train::trainer_options run_of(std::int64_t steps, std::int64_t batch) {

@@ -43,6 +43,18 @@ inline dt::nn::gpt_config tiny_gpt() {
   c.n_head = 2;
   return c;
 }
+
+// The largest difference of `a` from the reference `b`, relative to b's largest magnitude (a
+// size mismatch counts as 1e30).
+inline double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 1e30;
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale == 0 ? worst : worst / scale;
+}
 inline double uniform_loss() { return std::log(static_cast<double>(small_corpus().tok.vocab_size())); }
 
 // `steps` steps of 2 rows, evaluated once at the end on one batch.
