@@ -25233,7 +25233,7 @@ struct swarm_stats {
   std::int64_t micro_batches = 0;   // the last step's, at this peer's stage
   std::int64_t rows = 0;            // the last step's
   std::int64_t step_rows = 0;       // the last step's whole batch (each stage processes every row once)
-  std::int64_t total_micro_batches = 0;  // over the run (steps that completed)
+  std::int64_t total_micro_batches = 0;  // over the run's forward passes (a step redone after them counts again; take_checked counts each step once)
   std::int64_t retried = 0;         // micro-batches this peer had begun in steps that failed and were redone
   std::uint64_t bytes_sent = 0;     // activations and gradients, over the run
   int moves = 0;                    // times this peer's stage changed when the group re-formed
@@ -28637,7 +28637,15 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        (optional: static constexpr bool check_model<Ctx>(),
 //                                                        what it needs of the model, asserted member by member;
 //                                                        optim::norm_share grad_norm_share(Ctx&), the clipping
-//                                                        norm's share of a peer holding a part of the model)
+//                                                        norm's share of a peer holding a part of the model;
+//                                                        int morph(int world, std::int64_t n_blocks), a new
+//                                                        shape when the group re-forms, or void regroup(before,
+//                                                        before_stages, after, n_blocks), places kept across
+//                                                        views; void between_steps(Ctx&), where a placement
+//                                                        may change (ctx.redeal); void after_averaging(Ctx&),
+//                                                        after the comm policy's after_backward; save/load of
+//                                                        its own state in the checkpoint; static constexpr bool
+//                                                        weights_vary, the comm policy must then be `weighted`)
 //   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
 //                                                        fault::action on_error(Ctx&, const transport::peer_error&)
 //                                                        (optional: void before_step(Ctx&); void reform(Ctx&);

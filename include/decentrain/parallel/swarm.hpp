@@ -77,7 +77,7 @@ struct swarm_stats {
   std::int64_t micro_batches = 0;   // the last step's, at this peer's stage
   std::int64_t rows = 0;            // the last step's
   std::int64_t step_rows = 0;       // the last step's whole batch (each stage processes every row once)
-  std::int64_t total_micro_batches = 0;  // over the run (steps that completed)
+  std::int64_t total_micro_batches = 0;  // over the run's forward passes (a step redone after them counts again; take_checked counts each step once)
   std::int64_t retried = 0;         // micro-batches this peer had begun in steps that failed and were redone
   std::uint64_t bytes_sent = 0;     // activations and gradients, over the run
   int moves = 0;                    // times this peer's stage changed when the group re-formed

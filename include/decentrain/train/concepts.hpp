@@ -34,7 +34,15 @@
 //                                                        (optional: static constexpr bool check_model<Ctx>(),
 //                                                        what it needs of the model, asserted member by member;
 //                                                        optim::norm_share grad_norm_share(Ctx&), the clipping
-//                                                        norm's share of a peer holding a part of the model)
+//                                                        norm's share of a peer holding a part of the model;
+//                                                        int morph(int world, std::int64_t n_blocks), a new
+//                                                        shape when the group re-forms, or void regroup(before,
+//                                                        before_stages, after, n_blocks), places kept across
+//                                                        views; void between_steps(Ctx&), where a placement
+//                                                        may change (ctx.redeal); void after_averaging(Ctx&),
+//                                                        after the comm policy's after_backward; save/load of
+//                                                        its own state in the checkpoint; static constexpr bool
+//                                                        weights_vary, the comm policy must then be `weighted`)
 //   Fault     using policy_concept = fault::policy_tag;  void start(Ctx&); void after_step(Ctx&);
 //                                                        fault::action on_error(Ctx&, const transport::peer_error&)
 //                                                        (optional: void before_step(Ctx&); void reform(Ctx&);
