@@ -107,6 +107,12 @@ void declare_train(CLI::App& cmd) {
   cli::integer(cmd, "block-size", "T", "context length (default: the preset's)", std::nullopt, 1, 1 << 24)->group(model);
   cli::real(cmd, "dropout", "P", "dropout (default: the preset's)", std::nullopt, 0, 1)->group(model);
   cli::flag(cmd, "no-bias", "no biases in linears and layer norms (nanoGPT's bias=False)")->group(model);
+  cli::integer(cmd, "subspace", "K",
+               "confine what the residual stream learns to a fixed K-dimensional subspace\n"
+               "(Protocol Models): pipeline and SWARM stages then send K numbers a token\n"
+               "instead of n_embd, both ways; the head is untied (default 0: off)",
+               std::nullopt, 0, 1 << 20)
+      ->group(model);
   cli::text(cmd, "init-from", "W.safetensors",
             "start from GPT-2 weights (fine-tuning): the model's shape is theirs (n_head from\n"
             "config.json beside them, or --n-head); --block-size may crop their context")
@@ -883,6 +889,8 @@ dt::nn::gpt_config model_config(const options& opt) {
   if (opt.has("block-size")) cfg.block_size = opt.integer("block-size");
   if (opt.has("dropout")) cfg.dropout = opt.real("dropout");
   cfg.bias = !opt.flag("no-bias");
+  if (opt.has("subspace")) cfg.subspace = opt.integer("subspace");
+  dt::detail::check(cfg.subspace < cfg.n_embd, "--subspace ", cfg.subspace, " must be less than the width, --n-embd ", cfg.n_embd);
   return cfg;
 }
 
@@ -902,6 +910,7 @@ void check_resume_agrees(const dt::io::checkpoint& c, const fs::path& file, cons
   agree("n-head", given.n_head, saved.n_head, "n_head");
   agree("n-embd", given.n_embd, saved.n_embd, "n_embd");
   agree("block-size", given.block_size, saved.block_size, "block_size");
+  agree("subspace", given.subspace, saved.subspace, "subspace");
   dt::detail::check(!opt.flag("no-bias") || !saved.bias, "--resume: --no-bias contradicts ", file.string(),
                     ", whose model has biases");
   if (const auto it = c.text.find("run.comm"); it != c.text.end())
@@ -1150,6 +1159,8 @@ std::shared_ptr<const dt::io::named_tensors> initial_weights(const options& opt,
   };
   agree("n-layer", model.n_layer, cfg.n_layer);
   agree("n-embd", model.n_embd, cfg.n_embd);
+  dt::detail::check(!opt.has("subspace") || model.subspace == 0, "--subspace ", model.subspace, " contradicts --init-from ",
+                    file.string(), ": GPT-2 weights fill a model without a subspace");
   dt::detail::check(!opt.flag("no-bias") || !cfg.bias, "--no-bias contradicts --init-from ", file.string(), ", which has biases");
   if (opt.has("block-size")) {
     dt::detail::check(model.block_size <= cfg.block_size, "--block-size ", model.block_size, " is more than --init-from's context of ",
@@ -1174,6 +1185,10 @@ void describe_run(const train_plan& p, const training_data& data) {
               static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head), static_cast<long long>(cfg.n_embd),
               static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.vocab_size),
               static_cast<double>(cfg.parameter_count()) / 1e6);
+  if (cfg.subspace > 0)
+    std::printf("subspace: the residual stream learns in %lld of its %lld dimensions; stages send %lld numbers a token, %.1fx fewer\n",
+                static_cast<long long>(cfg.subspace), static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.subspace),
+                static_cast<double>(cfg.n_embd) / static_cast<double>(cfg.subspace));
   std::printf("data: %s, %zu training and %zu validation tokens\n", data.source.c_str(),
               data.dataset.tokens(dt::data::split::train).size(), data.dataset.tokens(dt::data::split::validation).size());
   if (p.mode == launch::in_process)
@@ -1485,6 +1500,7 @@ int cmd_train(const options& opt) {
       .add("block_size", p.model.block_size)
       .add("vocab_size", p.model.vocab_size)
       .add("dropout", p.model.dropout)
+      .add("subspace", p.model.subspace)
       .add("eval_every", p.trainer.eval_every)
       .add("eval_batches", p.trainer.eval_batches)
       .add("threads_per_peer", p.threads)
@@ -1520,7 +1536,7 @@ int cmd_train(const options& opt) {
   std::ostringstream agreed;
   agreed << "steps=" << p.trainer.steps << ";seed=" << p.trainer.seed << ";n_layer=" << p.model.n_layer
          << ";n_head=" << p.model.n_head << ";n_embd=" << p.model.n_embd << ";block_size=" << p.model.block_size
-         << ";vocab_size=" << p.model.vocab_size << ";bias=" << p.model.bias << ";comm=" << comm << ";inner_steps=" << inner
+         << ";vocab_size=" << p.model.vocab_size << ";bias=" << p.model.bias << ";subspace=" << p.model.subspace << ";comm=" << comm << ";inner_steps=" << inner
          << ";codec=" << codec_choice.describe() << ";aggregator=" << p.aggregator.describe() << ";parallel=" << opt.text("parallel")
          << ";stages=" << p.parallel.stages() << ";micro_batches=" << p.parallel.micro_batches()
          << ";schedule=" << p.parallel.pipe.schedule << ";chunks=" << p.parallel.pipe.chunks

@@ -141,6 +141,11 @@ inline void print_swarm(const train_plan& p, const std::vector<swarm_figures>& r
                 static_cast<long long>(retried[i]), moves[i], busy[i]);
     exact = exact && rows[i] == batches;
   }
+  std::uint64_t sent = 0;
+  for (const auto& f : runs) sent += f.bytes_sent;
+  std::printf("activations and their gradients sent: %.2f MB (%s%s)\n", static_cast<double>(sent) / 1e6,
+              p.mode == launch::in_process ? "all peers" : "this peer",
+              p.model.subspace > 0 ? ", as subspace coefficients" : "");
   if (p.mode == launch::in_process) {  // (a TCP or MPI process knows its own peer's figures only)
     std::printf("tokens trained: %lld at every stage, the %lld steps' batches hold %lld%s\n", static_cast<long long>(rows[0] * T),
                 static_cast<long long>(most_steps), static_cast<long long>(batches * T),

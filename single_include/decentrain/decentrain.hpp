@@ -8756,7 +8756,7 @@ class char_tokenizer {
 // ---- end decentrain/data/tokenizer.hpp ----
 // ---- end decentrain/data/data.hpp ----
 // ---- begin decentrain/nn/nn.hpp ----
-// Everything in nn: the GPT-2 configuration, presets, layers, model and sampling.
+// Everything in nn: the GPT-2 configuration, presets, layers, model, its subspace and sampling.
 
 // ---- begin decentrain/nn/config.hpp ----
 // GPT-2 model configuration and the named presets. The parameter count is computed from the
@@ -8779,6 +8779,13 @@ struct gpt_config {
   // GPT-2 has biases in every linear and layer norm; nanoGPT's `bias=False` drops them all,
   // which trains slightly better on small data (the convergence recipe in bench/RESULTS.md).
   bool bias = true;
+  // Protocol Models' subspace (arXiv 2506.01260), for a model cut into stages: k > 0 confines
+  // what the model learns in its residual stream to a fixed k-dimensional subspace shared by
+  // every layer (the blocks' output projections write k coefficients, the learned token and
+  // position embeddings are k wide), on top of a fixed high-rank embedding every stage can
+  // rebuild from the token ids. The stream between stages is then k coefficients a token, not
+  // n_embd, in both directions and without loss; the head is untied (lm_head). 0: off (GPT-2).
+  std::int64_t subspace = 0;
 
   // Throws decentrain::error naming the first bad field.
   void validate() const {
@@ -8790,19 +8797,25 @@ struct gpt_config {
     detail::check(vocab_size > 0 && vocab_size <= (std::int64_t{1} << 31) - 1,
                   "gpt_config: vocab_size must be in [1, 2^31), got ", vocab_size);
     detail::check(dropout >= 0.0 && dropout < 1.0, "gpt_config: dropout must be in [0, 1), got ", dropout);
+    detail::check(subspace >= 0 && subspace < n_embd, "gpt_config: subspace must be in [0, n_embd = ", n_embd,
+                  ") (0: off), got ", subspace);
   }
 
-  // Trainable parameters (the LM head is tied to the token embedding, so counted once).
+  // Trainable parameters (the LM head is tied to the token embedding, so counted once; with a
+  // subspace, the head is its own and the fixed embedding is not trained).
   std::int64_t parameter_count() const {
-    const std::int64_t c = n_embd, b = bias ? 1 : 0;
-    const std::int64_t per_block = (1 + b) * c            // ln_1
-                                   + c * 3 * c + b * 3 * c  // attn.c_attn
-                                   + c * c + b * c          // attn.c_proj
-                                   + (1 + b) * c            // ln_2
-                                   + c * 4 * c + b * 4 * c  // mlp.c_fc
-                                   + 4 * c * c + b * c;     // mlp.c_proj
-    return vocab_size * c + block_size * c + n_layer * per_block + (1 + b) * c;
+    const std::int64_t c = n_embd, b = bias ? 1 : 0, out = subspace > 0 ? subspace : c;
+    const std::int64_t per_block = (1 + b) * c                // ln_1
+                                   + c * 3 * c + b * 3 * c      // attn.c_attn
+                                   + c * out + b * out          // attn.c_proj
+                                   + (1 + b) * c                // ln_2
+                                   + c * 4 * c + b * 4 * c      // mlp.c_fc
+                                   + 4 * c * out + b * out;     // mlp.c_proj
+    const std::int64_t head = subspace > 0 ? vocab_size * c : 0;
+    return vocab_size * out + block_size * out + head + n_layer * per_block + (1 + b) * c;
   }
+  // A field a checkpoint written before it existed lacks, read as its default (train/checkpoint.hpp).
+  static bool optional_field(const std::string& name) { return name == "subspace"; }
 
   // Every field, by name, to visit(name, field): how a checkpoint keeps a configuration without
   // knowing the model (train/checkpoint.hpp).
@@ -8827,6 +8840,7 @@ struct gpt_config {
     visit("vocab_size", self.vocab_size);
     visit("bias", self.bias);
     visit("dropout", self.dropout);
+    visit("subspace", self.subspace);
   }
 };
 
@@ -8847,7 +8861,10 @@ inline gpt_config gpt_preset(std::string_view name) {
 // residual), a final layer norm and an LM head tied to the token embedding. Parameter names
 // and layouts are GPT-2's: wte, wpe, h.N.ln_1, h.N.attn.c_attn, ..., ln_f. The model can be cut
 // into pipeline stages at whole blocks (nn::part): the first stage holds the embeddings, the
-// last the final layer norm and the head, and both hold the tied token embedding.
+// last the final layer norm and the head, and both hold the tied token embedding. With a
+// subspace (gpt_config::subspace, nn/subspace.hpp), the stages pass k coefficients a token
+// instead of the residual stream, and the head is untied: lm_head at the last stage, and the
+// token and position embeddings' learned parts (k wide) at the first.
 
 #include <cmath>
 #include <memory>
@@ -8916,13 +8933,14 @@ struct causal_self_attention {
   std::int64_t n_head, n_embd;
   linear_layer<Device> c_attn, c_proj;
 
+  // The output projection writes `out` columns: the width, or a subspace's k (gpt_config::subspace).
   causal_self_attention(parameter_list<Device>& params, const std::string& name, std::int64_t width,
-                        std::int64_t heads, double proj_std, rng& gen, bool has_bias = true)
+                        std::int64_t heads, double proj_std, rng& gen, bool has_bias = true, std::int64_t out = 0)
       : n_head(heads), n_embd(width),
         c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen, has_bias),
-        c_proj(params, name + ".c_proj", width, width, proj_std, gen, has_bias) {}
+        c_proj(params, name + ".c_proj", width, out > 0 ? out : width, proj_std, gen, has_bias) {}
 
-  var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
+  var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,out)
     return c_proj(causal_attention(c_attn(x), n_head));  // q, k, v: column blocks of the fused projection
   }
 };
@@ -8932,9 +8950,9 @@ struct mlp {
   linear_layer<Device> c_fc, c_proj;
 
   mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen,
-      bool has_bias = true)
+      bool has_bias = true, std::int64_t out = 0)
       : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
-        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
+        c_proj(params, name + ".c_proj", 4 * width, out > 0 ? out : width, proj_std, gen, has_bias) {}
 
   // c_proj(gelu(c_fc(x))) as one op (linear_gelu_linear): bias and GELU fused into the first
   // product, and the backward multiplies by gelu' as the second product's input gradient forms.
@@ -9031,6 +9049,64 @@ struct part {
 
 }  // namespace decentrain::nn
 // ---- end decentrain/nn/part.hpp ----
+// ---- begin decentrain/nn/subspace.hpp ----
+// The fixed part of a model whose residual stream is confined to a subspace (Protocol Models,
+// arXiv 2506.01260; gpt_config::subspace): an orthonormal basis U (C, k) shared by every layer,
+// and a fixed, high-rank token and position embedding. The residual stream at any depth is then
+//   x = fixed_token[ids] + fixed_position[t] + U c
+// where only the k coefficients c depend on what was learned, so a stage hands the next one c
+// (and takes back dL/dc = U^T dL/dx): no more is needed, in either direction, to rebuild x and
+// its gradient exactly. Everything here comes from the configuration alone (a fixed seed, not
+// the run's), so every stage, a joiner and a resumed run build the same, and none of it is a
+// parameter: nothing of it is trained, averaged or saved.
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+
+namespace decentrain::nn {
+
+template <class Device>
+struct subspace_frame {
+  var<Device> basis;           // (C, k), orthonormal columns
+  var<Device> fixed_token;     // (V, C), N(0, 0.02) as GPT-2 draws its embeddings
+  var<Device> fixed_position;  // (block_size, C), N(0, 0.02)
+
+  explicit subspace_frame(const gpt_config& cfg) {
+    const auto C = cfg.n_embd, k = cfg.subspace;
+    decentrain::detail::check(k > 0 && k < C, "subspace: k must be in [1, n_embd = ", C, "), got ", k);
+    // Drawn whatever skip_init says: these are not initial values about to be overwritten.
+    rng gen(0x5375627370616365ull, "gpt.subspace");
+    const auto normals = [&](std::int64_t n, double stddev) {
+      std::vector<double> v(static_cast<std::size_t>(n));
+      for (auto& x : v) x = stddev * gen.normal();
+      return v;
+    };
+    // Gram-Schmidt (twice, for orthogonality to double precision) on a Gaussian C x k matrix:
+    // a uniformly random k-dimensional subspace.
+    auto u = normals(C * k, 1.0);
+    const auto at = [&](std::int64_t row, std::int64_t col) -> double& { return u[static_cast<std::size_t>(row * k + col)]; };
+    for (std::int64_t j = 0; j < k; ++j) {
+      for (int pass = 0; pass < 2; ++pass)
+        for (std::int64_t i = 0; i < j; ++i) {
+          double dot = 0;
+          for (std::int64_t r = 0; r < C; ++r) dot += at(r, i) * at(r, j);
+          for (std::int64_t r = 0; r < C; ++r) at(r, j) -= dot * at(r, i);
+        }
+      double norm = 0;
+      for (std::int64_t r = 0; r < C; ++r) norm += at(r, j) * at(r, j);
+      norm = std::sqrt(norm);
+      for (std::int64_t r = 0; r < C; ++r) at(r, j) /= norm;
+    }
+    basis = var<Device>(from_vector<Device>(u, shape{C, k}, dtype::f32));
+    fixed_token = var<Device>(from_vector<Device>(normals(cfg.vocab_size * C, 0.02), shape{cfg.vocab_size, C}, dtype::f32));
+    fixed_position = var<Device>(from_vector<Device>(normals(cfg.block_size * C, 0.02), shape{cfg.block_size, C}, dtype::f32));
+  }
+};
+
+}  // namespace decentrain::nn
+// ---- end decentrain/nn/subspace.hpp ----
 
 namespace decentrain::nn {
 
@@ -9043,13 +9119,16 @@ struct gpt_block {
 
   gpt_block(parameter_list<Device>& params, const std::string& name, const gpt_config& cfg, rng& gen)
       : ln_1(params, name + ".ln_1", cfg.n_embd, cfg.bias),
-        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen, cfg.bias),
+        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen, cfg.bias, cfg.subspace),
         ln_2(params, name + ".ln_2", cfg.n_embd, cfg.bias),
-        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen, cfg.bias) {}
+        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen, cfg.bias, cfg.subspace) {}
 
-  // Residual projections start smaller so the residual stream's variance does not grow with depth.
+  // Residual projections start smaller so the residual stream's variance does not grow with
+  // depth. Into a subspace of k, they write k coefficients instead of C values, each drawn
+  // sqrt(C / k) wider: a branch adds as much to the stream's variance either way.
   static double residual_std(const gpt_config& cfg) {
-    return 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
+    const double widen = cfg.subspace > 0 ? std::sqrt(static_cast<double>(cfg.n_embd) / static_cast<double>(cfg.subspace)) : 1.0;
+    return 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.n_layer)) * widen;
   }
 };
 
@@ -9081,10 +9160,12 @@ class gpt {
   var<Device> stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
                             rng* dropout_rng = nullptr) const;
   // The parameters held by both the first and the last stage: their gradients are summed
-  // between the two (the token embedding, tied to the head).
-  std::vector<std::string> tied_parameters() const { return {"wte.weight"}; }
-  // The width of the residual stream that goes between stages.
-  std::int64_t stream_width() const { return cfg_.n_embd; }
+  // between the two (the token embedding, tied to the head; none with a subspace).
+  std::vector<std::string> tied_parameters() const {
+    return subspace_ ? std::vector<std::string>{} : std::vector<std::string>{"wte.weight"};
+  }
+  // The width of what goes between stages: the residual stream's C, or a subspace's k.
+  std::int64_t stream_width() const { return subspace_ ? cfg_.subspace : cfg_.n_embd; }
   const nn::part& part() const { return part_; }
 
   // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
@@ -9107,6 +9188,19 @@ class gpt {
   }
   // Token plus position embeddings of ids (B, T): the residual stream's start.
   var<Device> embed(const tensor<Device>& idx, rng* dropout_rng) const;
+  // With a subspace: the stream's fixed part for ids (B, T), and coefficients (..., k) as the
+  // stream's values (..., C), in f32 so that what a stage adds stays in the subspace to f32's
+  // rounding (the next stage keeps only the subspace's part).
+  var<Device> fixed_part(const tensor<Device>& idx) const {
+    return embedding(idx, subspace_->fixed_token) + embedding(positions(idx), subspace_->fixed_position);
+  }
+  var<Device> to_stream(const var<Device>& coefficients) const {
+    return subspace_ ? matmul(cast(coefficients, dtype::f32), subspace_->basis, false, true) : coefficients;
+  }
+  tensor<Device> positions(const tensor<Device>& idx) const {
+    const std::int64_t B = idx.size(0), T = idx.size(1);
+    return arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
+  }
   // The blocks of this part's chunk `chunk` (all of them: -1) on the residual stream x; with
   // `final_norm`, the final layer norm's output in the compute dtype, else the stream after the
   // last block's residual add.
@@ -9125,7 +9219,8 @@ class gpt {
   nn::part part_;
   dtype compute_ = dtype::f32;
   parameter_list<Device> params_;
-  var<Device> wte_, wpe_;
+  var<Device> wte_, wpe_, head_;  // head_: wte_ (tied), or lm_head with a subspace
+  std::optional<subspace_frame<Device>> subspace_;
   std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;
   std::vector<std::int64_t> chunk_start_;  // where each chunk's blocks start in blocks_, and the end
   std::optional<layer_norm_layer<Device>> ln_f_;
@@ -9146,8 +9241,20 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
     if (drawn) (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
     return var<Device>();
   };
-  wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
-  wpe_ = draw(part_.first(), "wpe.weight", shape{cfg.block_size, cfg.n_embd});
+  if (cfg_.subspace == 0) {
+    wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
+    wpe_ = draw(part_.first(), "wpe.weight", shape{cfg.block_size, cfg.n_embd});
+    head_ = wte_;
+  } else {
+    // The head is drawn where the tied model draws wte; the learned embeddings start at zero
+    // (the fixed embedding alone, as random as GPT-2's first one).
+    subspace_.emplace(cfg_);
+    head_ = draw(part_.last(), "lm_head.weight", shape{cfg.vocab_size, cfg.n_embd});
+    if (part_.first()) {
+      wte_ = params_.add("wte.weight", parameter(zeros<Device>(shape{cfg.vocab_size, cfg.subspace})));
+      wpe_ = params_.add("wpe.weight", parameter(zeros<Device>(shape{cfg.block_size, cfg.subspace})));
+    }
+  }
   for (int s = 0; s < part_.model_stages(); ++s) {
     const auto [begin, end] = part_.block_range(cfg.n_layer, s);
     if (part_.holds(s)) chunk_start_.push_back(static_cast<std::int64_t>(blocks_.size()));
@@ -9167,13 +9274,13 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
 template <class Device>
 var<Device> gpt<Device>::logits(const tensor<Device>& idx, rng* dropout_rng) const {
   check_whole("logits()");
-  return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+  return matmul(hidden(idx, dropout_rng), cast(head_, compute_), false, true);  // head: (B,T,C) x (V,C)^T
 }
 
 template <class Device>
 var<Device> gpt<Device>::loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng) const {
   check_whole("loss()");
-  return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
+  return linear_cross_entropy(hidden(idx, dropout_rng), cast(head_, compute_), targets, -1);
 }
 
 template <class Device>
@@ -9186,24 +9293,36 @@ var<Device> gpt<Device>::stage_forward(int s, const var<Device>& in, const tenso
   if (s == 0) {
     x = embed(idx, dropout_rng);
   } else {
-    detail::check(in.defined() && in.rank() == 3 && in.size(2) == cfg_.n_embd && in.dtype() == dtype::f32,
-                  "gpt: stage ", s, " reads the residual stream (B, T, ", cfg_.n_embd,
-                  ") in f32 from the stage before, got ", in.defined() ? in.shape() : shape{}, " ",
+    detail::check(in.defined() && in.rank() == 3 && in.size(2) == stream_width() && in.dtype() == dtype::f32,
+                  "gpt: stage ", s, " reads ", subspace_ ? "the subspace's coefficients" : "the residual stream", " (B, T, ",
+                  stream_width(), ") in f32 from the stage before, got ", in.defined() ? in.shape() : shape{}, " ",
                   in.defined() ? dtype_name(in.dtype()) : "(nothing)");
-    x = in;
+    if (subspace_) {
+      detail::check(idx.rank() == 2 && idx.size(0) == in.size(0) && idx.size(1) == in.size(1), "gpt: stage ", s,
+                    " rebuilds the stream from the token ids, which must be (B, T) = (", in.size(0), ", ", in.size(1),
+                    ") as the coefficients are, got ", idx.shape());
+      x = fixed_part(idx) + to_stream(in);
+    } else {
+      x = in;
+    }
   }
-  if (s + 1 < part_.model_stages()) return run_blocks(std::move(x), dropout_rng, false, chunk);
-  return linear_cross_entropy(run_blocks(std::move(x), dropout_rng, true, chunk), cast(wte_, compute_), targets, -1);
+  if (s + 1 < part_.model_stages()) {
+    auto out = run_blocks(std::move(x), dropout_rng, false, chunk);
+    // The stream less its fixed part lies in the subspace: its coefficients are all the next stage needs.
+    return subspace_ ? matmul(out - fixed_part(idx), subspace_->basis) : out;
+  }
+  return linear_cross_entropy(run_blocks(std::move(x), dropout_rng, true, chunk), cast(head_, compute_), targets, -1);
 }
 
 template <class Device>
 var<Device> gpt<Device>::embed(const tensor<Device>& idx, rng* dropout_rng) const {
   detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
-  const std::int64_t B = idx.size(0), T = idx.size(1);
+  const std::int64_t T = idx.size(1);
   detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
                 " is outside [1, block_size = ", cfg_.block_size, "]");
-  auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
-  return maybe_dropout(embedding(idx, wte_) + embedding(positions, wpe_), dropout_rng);  // (B,T,C)
+  const auto pos = positions(idx);
+  auto learned = maybe_dropout(embedding(idx, wte_) + embedding(pos, wpe_), dropout_rng);  // (B,T,C), or (B,T,k)
+  return subspace_ ? fixed_part(idx) + to_stream(learned) : learned;
 }
 
 template <class Device>
@@ -9227,8 +9346,8 @@ var<Device> gpt<Device>::run_blocks(var<Device> x, rng* dropout_rng, bool final_
   const auto to = chunk < 0 ? static_cast<std::int64_t>(blocks_.size()) : chunk_start_[static_cast<std::size_t>(chunk) + 1];
   for (auto b = from; b < to; ++b) {
     const auto& block = blocks_[static_cast<std::size_t>(b)];
-    branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
-    branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
+    branch = to_stream(maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng));
+    branch = to_stream(maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng));
   }
   if (final_norm) return norm(*ln_f_);
   // A stage that hands the stream on adds its last branch itself (the same f32 sum the next
@@ -28515,13 +28634,17 @@ void save_config(io::checkpoint& c, const Config& cfg) {
   });
 }
 
-// The configuration a checkpoint keeps (validated where the type can: validate()).
+// The configuration a checkpoint keeps (validated where the type can: validate()). A field the
+// configuration names optional (Config::optional_field) and the checkpoint lacks, because it was
+// written before the field existed, keeps its default; any other missing field is an error.
 template <storable_config Config>
 Config config_of(const io::checkpoint& c) {
   Config cfg{};
   cfg.fields([&](const char* name, auto& v) {
     using field = std::remove_cvref_t<decltype(v)>;
     const auto key = std::string("config.") + name;
+    if constexpr (requires { { Config::optional_field(name) } -> std::convertible_to<bool>; })
+      if (Config::optional_field(name) && !c.counters.contains(key) && !c.text.contains(key)) return;  // its default
     if constexpr (std::is_integral_v<field>) {
       v = static_cast<field>(c.counter(key));
     } else {
@@ -28943,6 +29066,8 @@ inline nn::gpt_config gpt2_config(const io::named_tensors& file, std::int64_t n_
 // Copies every parameter from `file` into `model` (converting dtype where needed).
 template <class Device>
 void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) {
+  decentrain::detail::check(model.config().subspace == 0, "GPT-2 weights: they do not fit a model whose residual stream is "
+                            "confined to a subspace (subspace ", model.config().subspace, "); start it from its own initialisation");
   const auto tensors = detail::normalized(file);
   std::set<std::string> unused;
   for (const auto& [name, t] : tensors) unused.insert(name);
@@ -28963,6 +29088,9 @@ void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) 
 
 template <class Device>
 io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
+  decentrain::detail::check(model.config().subspace == 0, "GPT-2 weights: this model confines its residual stream to a subspace "
+                            "(subspace ", model.config().subspace, "), so it is not a GPT-2 and has no Hugging Face layout; "
+                            "keep its checkpoint instead");
   io::named_tensors out;
   for (const auto& e : model.parameters()) out.emplace(e.name, host_copy(e.param.value()));
   return out;

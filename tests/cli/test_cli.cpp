@@ -1810,6 +1810,21 @@ TEST_CASE("train --parallel swarm: pools per stage track the pipeline, a killed 
   CHECK(std::abs(loss_of(pools.output) - loss_of(piped.output)) <= 1e-3);
   CHECK_THAT(pools.output, Contains("swarm: 2 stages, 2 micro-batches a step per 4 rows, activations identity"));
   CHECK_THAT(pools.output, Contains("tokens trained: 3840 at every stage, the 30 steps' batches hold 3840 (exact"));
+  // --subspace 4 of the width 32: the stages send 4 coefficients a token instead of 32 values.
+  const auto narrow = run("timeout 120 " + common + " --peers 4 --parallel swarm --stages 2 --subspace 4", dir);
+  INFO(narrow.output);
+  REQUIRE(narrow.status == 0);
+  CHECK_THAT(narrow.output, Contains("subspace: the residual stream learns in 4 of its 32 dimensions; stages send 4 numbers a token, 8.0x fewer"));
+  CHECK_THAT(narrow.output, Contains("tokens trained: 3840 at every stage, the 30 steps' batches hold 3840 (exact"));
+  const auto megabytes = [](const std::string& out) {
+    const auto line = last_line_with(out, "activations and their gradients sent: ");
+    return line.empty() ? -1.0 : std::stod(line.substr(39));
+  };
+  INFO("MB sent: " << megabytes(narrow.output) << " against " << megabytes(pools.output));
+  CHECK(megabytes(narrow.output) > 0);
+  CHECK(megabytes(narrow.output) < 0.2 * megabytes(pools.output));  // 1/8 of the values, and the headers
+  CHECK(loss_of(narrow.output) > 0);
+  CHECK(loss_of(narrow.output) < 1.2 * loss_of(pools.output));
   // 6 peers (pools of 3); peer 3 (stage 1) is killed after step 10: the five left keep their
   // stages and train on, 2 copies' rows a step: 10 x 3 x 4 x 16 + 20 x 2 x 4 x 16 tokens.
   const auto killed = run("timeout 120 " + common + " --peers 6 --parallel swarm --stages 2 --elastic --kill 3@10", dir);
@@ -1858,6 +1873,8 @@ TEST_CASE("train --parallel swarm: bad settings are refused naming the option", 
       {" --peers 2 --parallel swarm --rebalance-every 5", "--rebalance-every needs --elastic"},
       {" --peers 2 --elastic --rebalance-every 5", "--rebalance-every needs --parallel swarm"},
       {" --peers 2 --parallel swarm --elastic --rebalance-every -1", "rebalance-every"},
+      {" --peers 2 --parallel swarm --n-embd 64 --subspace 64", "--subspace 64 must be less than the width, --n-embd 64"},
+      {" --peers 2 --parallel swarm --subspace -3", "subspace"},
   };
   for (const auto& [args, says] : cases) {
     const auto r = run(common + args, dir);

@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <memory>
+#include <vector>
 
 namespace nn = decentrain::nn;
 using Catch::Matchers::Contains;
@@ -106,4 +108,93 @@ TEST_CASE("the bias-free variant has no biases and counts its parameters", "[nn]
   auto loss = model.loss(dt::from_vector(std::vector<std::int32_t>{1, 2, 3}, {1, 3}), dt::from_vector(std::vector<std::int32_t>{2, 3, 4}, {1, 3}));
   loss.backward();
   for (const auto& e : model.parameters()) CHECK(e.param.grad().defined());
+}
+
+namespace {
+nn::gpt_config subspace_config(std::int64_t k) {
+  nn::gpt_config cfg{4, 2, 32, 16, 20, 0.0};
+  cfg.subspace = k;
+  return cfg;
+}
+}  // namespace
+
+TEST_CASE("a subspace model: k-wide projections and learned embeddings, an untied head, counted and validated", "[nn][gpt][subspace]") {
+  const auto cfg = subspace_config(4);
+  dt::rng gen(1, "init");
+  nn::gpt<> model(cfg, gen);
+  CHECK(model.parameters().numel() == cfg.parameter_count());
+  CHECK(model.parameters().get("h.0.attn.c_proj.weight").shape() == dt::shape{32, 4});
+  CHECK(model.parameters().get("h.3.mlp.c_proj.weight").shape() == dt::shape{128, 4});
+  CHECK(model.parameters().get("h.3.mlp.c_proj.bias").shape() == dt::shape{4});
+  CHECK(model.parameters().get("wte.weight").shape() == dt::shape{20, 4});
+  CHECK(model.parameters().get("wpe.weight").shape() == dt::shape{16, 4});
+  CHECK(model.parameters().get("lm_head.weight").shape() == dt::shape{20, 32});
+  CHECK(model.tied_parameters().empty());
+  CHECK(model.stream_width() == 4);
+  CHECK_THROWS_WITH(subspace_config(32).validate(), Contains("subspace must be in [0, n_embd = 32)"));
+  CHECK_THROWS_WITH(subspace_config(-1).validate(), Contains("subspace must be in [0, n_embd = 32)"));
+  // The fixed frame comes from the configuration alone: two builds agree, whatever the run's seed.
+  const nn::subspace_frame<dt::cpu> a(cfg), b(cfg);
+  CHECK(dt::allclose(a.basis.value(), b.basis.value(), 0.0, 0.0));
+  CHECK(dt::allclose(a.fixed_token.value(), b.fixed_token.value(), 0.0, 0.0));
+  const auto u = a.basis.value().to_vector<double>();
+  double worst = 0;  // U^T U = I
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double dot = 0;
+      for (int r = 0; r < 32; ++r) dot += u[static_cast<std::size_t>(r * 4 + i)] * u[static_cast<std::size_t>(r * 4 + j)];
+      worst = std::max(worst, std::abs(dot - (i == j ? 1.0 : 0.0)));
+    }
+  CHECK(worst < 1e-6);
+  // Not a GPT-2: no Hugging Face layout either way.
+  CHECK_THROWS_WITH(dt::train::export_gpt2_weights(model), Contains("confines its residual stream to a subspace"));
+  dt::rng other(1, "init");
+  nn::gpt<> plain(nn::gpt_config{4, 2, 32, 16, 20, 0.0}, other);
+  CHECK_THROWS_WITH(dt::train::import_gpt2_weights(model, dt::train::export_gpt2_weights(plain)), Contains("subspace 4"));
+}
+
+TEST_CASE("a subspace model's stages pass k coefficients a token and compute the whole model's loss", "[nn][gpt][subspace]") {
+  for (std::int64_t k : {1, 4, 12}) {
+    INFO("k = " << k);
+    const auto cfg = subspace_config(k);
+    dt::rng gen(7, "init");
+    nn::gpt<> whole(cfg, gen);
+    // Train the whole model a few steps first, so that the learned parts are not zero.
+    dt::optim::adamw_options o;
+    o.lr = 1e-2;
+    dt::optim::adamw<dt::cpu> opt(whole.parameters(), o);
+    dt::rng data(3, "data");
+    const auto ids = dt::uniform(dt::shape{2, 16}, data, 0.0, 20.0, dt::dtype::f32).to(dt::dtype::i32);
+    const auto targets = dt::uniform(dt::shape{2, 16}, data, 0.0, 20.0, dt::dtype::f32).to(dt::dtype::i32);
+    for (int step = 0; step < 5; ++step) {
+      whole.parameters().zero_grad();
+      whole.loss(ids, targets).backward();
+      opt.step();
+    }
+    const double loss = whole.loss(ids, targets).value().item<float>();
+    // The same weights cut into 3 stages (4 blocks: 2, 1, 1).
+    std::vector<std::unique_ptr<nn::gpt<>>> stages;
+    for (int s = 0; s < 3; ++s) {
+      dt::rng again(7, "init");
+      stages.push_back(std::make_unique<nn::gpt<>>(cfg, again, nn::part{s, 3, {}}));
+      for (auto& e : stages.back()->parameters()) e.param.value().copy_from(whole.parameters().get(e.name).value());
+    }
+    dt::var<dt::cpu> x;
+    for (int s = 0; s < 2; ++s) {
+      x = stages[static_cast<std::size_t>(s)]->stage_forward(s, x, ids, targets);
+      CHECK(x.shape() == dt::shape{2, 16, k});
+      x = dt::var<dt::cpu>(x.value());  // what travels: the coefficients alone
+    }
+    const double piped = stages[2]->stage_forward(2, x, ids, targets).value().item<float>();
+    CHECK(piped == Approx(loss).epsilon(1e-5));
+  }
+  // Coefficients of the wrong width or for other ids are refused by name.
+  const auto cfg = subspace_config(4);
+  dt::rng gen(7, "init");
+  nn::gpt<> last(cfg, gen, nn::part{1, 2, {}});
+  const auto ids = dt::zeros(dt::shape{2, 16}, dt::dtype::i32);
+  CHECK_THROWS_WITH(last.stage_forward(1, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 16, 32})), ids, ids),
+                    Contains("the subspace's coefficients (B, T, 4)"));
+  CHECK_THROWS_WITH(last.stage_forward(1, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 8, 4})), ids, ids),
+                    Contains("must be (B, T) = (2, 8)"));
 }

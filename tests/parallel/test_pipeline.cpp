@@ -52,7 +52,8 @@ struct run_record {
 };
 
 template <class Trainer>
-run_record train(int world, const dt::train::trainer_options& opts, typename Trainer::parallel_policy parallel = {}) {
+run_record train(int world, const dt::train::trainer_options& opts, typename Trainer::parallel_policy parallel = {},
+                 const dt::nn::gpt_config& model = four_blocks()) {
   run_record rec;
   rec.grads.resize(static_cast<std::size_t>(world));
   rec.params.resize(static_cast<std::size_t>(world));
@@ -60,7 +61,7 @@ run_record train(int world, const dt::train::trainer_options& opts, typename Tra
   by_name comm;
   comm.named = &rec.grads;
   rec.results = dt::train::fit_in_process<Trainer>(
-      dt::transport::in_process(world), four_blocks(), opts, small_corpus().data, comm,
+      dt::transport::in_process(world), model, opts, small_corpus().data, comm,
       [&](Trainer& t) {
         t.on_step([&, &t = t](const dt::train::step_metrics& m) {
           std::lock_guard hold(lock);
@@ -376,6 +377,40 @@ TEST_CASE("pipeline: activations through a codec: the bytes it says, and gradien
   const auto c = compare(grads, whole.grads.at(0));
   CHECK(c.worst > 1e-6);  // rounded on the way
   CHECK(c.worst < 0.05);
+}
+
+TEST_CASE("pipeline: a subspace model's stages send k coefficients a token, with the whole model's gradients") {
+  auto model = four_blocks();
+  model.subspace = 4;  // of n_embd 32: 8x fewer values between stages
+  const auto opts = run_of(1, 4);
+  const auto whole = train<Whole>(1, opts, {}, model);
+  const auto& ref = whole.grads.at(0);
+  REQUIRE(ref.count("lm_head.weight") == 1);
+  for (int S : {2, 4}) {
+    INFO("S = " << S);
+    std::vector<std::uint64_t> sent(static_cast<std::size_t>(S));  // by rank: each peer writes its own
+    by_name comm;
+    named_values grads(static_cast<std::size_t>(S));
+    comm.named = &grads;
+    dt::train::fit_in_process<Piped>(dt::transport::in_process(S), model, opts, small_corpus().data, comm,
+                                     [&sent](auto& t) {
+                                       t.on_step([&sent, &t](const dt::train::step_metrics&) {
+                                         sent[static_cast<std::size_t>(t.rank())] = t.parallel().last_run().bytes_sent;
+                                       });
+                                     },
+                                     1, piped(S, 2));
+    // The stream is rebuilt exactly from the coefficients and the ids: every gradient is the
+    // whole model's but for the order of float sums.
+    const auto c = compare(grads, ref);
+    CHECK(c.missing.empty());
+    CHECK(c.worst <= 1e-5);
+    // Each boundary carries 2 micro-batches of 2 rows x 16 tokens x k = 4 values (f32) a way, and
+    // a 56-byte header each: the first stage sends activations only, the last gradients only.
+    const std::uint64_t one_way = 2 * 2 * 16 * 4 * 4 + 2 * 56;
+    CHECK(sent.front() == one_way);
+    CHECK(sent.back() == one_way);
+    for (int p = 1; p + 1 < S; ++p) CHECK(sent[static_cast<std::size_t>(p)] == 2 * one_way);
+  }
 }
 
 TEST_CASE("pipeline: bad settings are refused naming the setting") {

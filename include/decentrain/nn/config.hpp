@@ -20,6 +20,13 @@ struct gpt_config {
   // GPT-2 has biases in every linear and layer norm; nanoGPT's `bias=False` drops them all,
   // which trains slightly better on small data (the convergence recipe in bench/RESULTS.md).
   bool bias = true;
+  // Protocol Models' subspace (arXiv 2506.01260), for a model cut into stages: k > 0 confines
+  // what the model learns in its residual stream to a fixed k-dimensional subspace shared by
+  // every layer (the blocks' output projections write k coefficients, the learned token and
+  // position embeddings are k wide), on top of a fixed high-rank embedding every stage can
+  // rebuild from the token ids. The stream between stages is then k coefficients a token, not
+  // n_embd, in both directions and without loss; the head is untied (lm_head). 0: off (GPT-2).
+  std::int64_t subspace = 0;
 
   // Throws decentrain::error naming the first bad field.
   void validate() const {
@@ -31,19 +38,25 @@ struct gpt_config {
     detail::check(vocab_size > 0 && vocab_size <= (std::int64_t{1} << 31) - 1,
                   "gpt_config: vocab_size must be in [1, 2^31), got ", vocab_size);
     detail::check(dropout >= 0.0 && dropout < 1.0, "gpt_config: dropout must be in [0, 1), got ", dropout);
+    detail::check(subspace >= 0 && subspace < n_embd, "gpt_config: subspace must be in [0, n_embd = ", n_embd,
+                  ") (0: off), got ", subspace);
   }
 
-  // Trainable parameters (the LM head is tied to the token embedding, so counted once).
+  // Trainable parameters (the LM head is tied to the token embedding, so counted once; with a
+  // subspace, the head is its own and the fixed embedding is not trained).
   std::int64_t parameter_count() const {
-    const std::int64_t c = n_embd, b = bias ? 1 : 0;
-    const std::int64_t per_block = (1 + b) * c            // ln_1
-                                   + c * 3 * c + b * 3 * c  // attn.c_attn
-                                   + c * c + b * c          // attn.c_proj
-                                   + (1 + b) * c            // ln_2
-                                   + c * 4 * c + b * 4 * c  // mlp.c_fc
-                                   + 4 * c * c + b * c;     // mlp.c_proj
-    return vocab_size * c + block_size * c + n_layer * per_block + (1 + b) * c;
+    const std::int64_t c = n_embd, b = bias ? 1 : 0, out = subspace > 0 ? subspace : c;
+    const std::int64_t per_block = (1 + b) * c                // ln_1
+                                   + c * 3 * c + b * 3 * c      // attn.c_attn
+                                   + c * out + b * out          // attn.c_proj
+                                   + (1 + b) * c                // ln_2
+                                   + c * 4 * c + b * 4 * c      // mlp.c_fc
+                                   + 4 * c * out + b * out;     // mlp.c_proj
+    const std::int64_t head = subspace > 0 ? vocab_size * c : 0;
+    return vocab_size * out + block_size * out + head + n_layer * per_block + (1 + b) * c;
   }
+  // A field a checkpoint written before it existed lacks, read as its default (train/checkpoint.hpp).
+  static bool optional_field(const std::string& name) { return name == "subspace"; }
 
   // Every field, by name, to visit(name, field): how a checkpoint keeps a configuration without
   // knowing the model (train/checkpoint.hpp).
@@ -68,6 +81,7 @@ struct gpt_config {
     visit("vocab_size", self.vocab_size);
     visit("bias", self.bias);
     visit("dropout", self.dropout);
+    visit("subspace", self.subspace);
   }
 };
 

@@ -2,7 +2,10 @@
 // residual), a final layer norm and an LM head tied to the token embedding. Parameter names
 // and layouts are GPT-2's: wte, wpe, h.N.ln_1, h.N.attn.c_attn, ..., ln_f. The model can be cut
 // into pipeline stages at whole blocks (nn::part): the first stage holds the embeddings, the
-// last the final layer norm and the head, and both hold the tied token embedding.
+// last the final layer norm and the head, and both hold the tied token embedding. With a
+// subspace (gpt_config::subspace, nn/subspace.hpp), the stages pass k coefficients a token
+// instead of the residual stream, and the head is untied: lm_head at the last stage, and the
+// token and position embeddings' learned parts (k wide) at the first.
 #pragma once
 
 #include <cmath>
@@ -14,6 +17,7 @@
 #include "decentrain/nn/config.hpp"
 #include "decentrain/nn/layers.hpp"
 #include "decentrain/nn/part.hpp"
+#include "decentrain/nn/subspace.hpp"
 
 namespace decentrain::nn {
 
@@ -26,13 +30,16 @@ struct gpt_block {
 
   gpt_block(parameter_list<Device>& params, const std::string& name, const gpt_config& cfg, rng& gen)
       : ln_1(params, name + ".ln_1", cfg.n_embd, cfg.bias),
-        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen, cfg.bias),
+        attn(params, name + ".attn", cfg.n_embd, cfg.n_head, residual_std(cfg), gen, cfg.bias, cfg.subspace),
         ln_2(params, name + ".ln_2", cfg.n_embd, cfg.bias),
-        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen, cfg.bias) {}
+        mlp(params, name + ".mlp", cfg.n_embd, residual_std(cfg), gen, cfg.bias, cfg.subspace) {}
 
-  // Residual projections start smaller so the residual stream's variance does not grow with depth.
+  // Residual projections start smaller so the residual stream's variance does not grow with
+  // depth. Into a subspace of k, they write k coefficients instead of C values, each drawn
+  // sqrt(C / k) wider: a branch adds as much to the stream's variance either way.
   static double residual_std(const gpt_config& cfg) {
-    return 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
+    const double widen = cfg.subspace > 0 ? std::sqrt(static_cast<double>(cfg.n_embd) / static_cast<double>(cfg.subspace)) : 1.0;
+    return 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.n_layer)) * widen;
   }
 };
 
@@ -64,10 +71,12 @@ class gpt {
   var<Device> stage_forward(int s, const var<Device>& in, const tensor<Device>& idx, const tensor<Device>& targets,
                             rng* dropout_rng = nullptr) const;
   // The parameters held by both the first and the last stage: their gradients are summed
-  // between the two (the token embedding, tied to the head).
-  std::vector<std::string> tied_parameters() const { return {"wte.weight"}; }
-  // The width of the residual stream that goes between stages.
-  std::int64_t stream_width() const { return cfg_.n_embd; }
+  // between the two (the token embedding, tied to the head; none with a subspace).
+  std::vector<std::string> tied_parameters() const {
+    return subspace_ ? std::vector<std::string>{} : std::vector<std::string>{"wte.weight"};
+  }
+  // The width of what goes between stages: the residual stream's C, or a subspace's k.
+  std::int64_t stream_width() const { return subspace_ ? cfg_.subspace : cfg_.n_embd; }
   const nn::part& part() const { return part_; }
 
   // The dtype of the blocks' activations and products: f32 (default) or bf16 (mixed precision:
@@ -90,6 +99,19 @@ class gpt {
   }
   // Token plus position embeddings of ids (B, T): the residual stream's start.
   var<Device> embed(const tensor<Device>& idx, rng* dropout_rng) const;
+  // With a subspace: the stream's fixed part for ids (B, T), and coefficients (..., k) as the
+  // stream's values (..., C), in f32 so that what a stage adds stays in the subspace to f32's
+  // rounding (the next stage keeps only the subspace's part).
+  var<Device> fixed_part(const tensor<Device>& idx) const {
+    return embedding(idx, subspace_->fixed_token) + embedding(positions(idx), subspace_->fixed_position);
+  }
+  var<Device> to_stream(const var<Device>& coefficients) const {
+    return subspace_ ? matmul(cast(coefficients, dtype::f32), subspace_->basis, false, true) : coefficients;
+  }
+  tensor<Device> positions(const tensor<Device>& idx) const {
+    const std::int64_t B = idx.size(0), T = idx.size(1);
+    return arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
+  }
   // The blocks of this part's chunk `chunk` (all of them: -1) on the residual stream x; with
   // `final_norm`, the final layer norm's output in the compute dtype, else the stream after the
   // last block's residual add.
@@ -108,7 +130,8 @@ class gpt {
   nn::part part_;
   dtype compute_ = dtype::f32;
   parameter_list<Device> params_;
-  var<Device> wte_, wpe_;
+  var<Device> wte_, wpe_, head_;  // head_: wte_ (tied), or lm_head with a subspace
+  std::optional<subspace_frame<Device>> subspace_;
   std::vector<std::unique_ptr<gpt_block<Device>>> blocks_;
   std::vector<std::int64_t> chunk_start_;  // where each chunk's blocks start in blocks_, and the end
   std::optional<layer_norm_layer<Device>> ln_f_;
@@ -129,8 +152,20 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
     if (drawn) (void)randn<cpu>(s, init, dtype::f32, 0.0, 0.02);
     return var<Device>();
   };
-  wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
-  wpe_ = draw(part_.first(), "wpe.weight", shape{cfg.block_size, cfg.n_embd});
+  if (cfg_.subspace == 0) {
+    wte_ = draw(part_.first() || part_.last(), "wte.weight", shape{cfg.vocab_size, cfg.n_embd});
+    wpe_ = draw(part_.first(), "wpe.weight", shape{cfg.block_size, cfg.n_embd});
+    head_ = wte_;
+  } else {
+    // The head is drawn where the tied model draws wte; the learned embeddings start at zero
+    // (the fixed embedding alone, as random as GPT-2's first one).
+    subspace_.emplace(cfg_);
+    head_ = draw(part_.last(), "lm_head.weight", shape{cfg.vocab_size, cfg.n_embd});
+    if (part_.first()) {
+      wte_ = params_.add("wte.weight", parameter(zeros<Device>(shape{cfg.vocab_size, cfg.subspace})));
+      wpe_ = params_.add("wpe.weight", parameter(zeros<Device>(shape{cfg.block_size, cfg.subspace})));
+    }
+  }
   for (int s = 0; s < part_.model_stages(); ++s) {
     const auto [begin, end] = part_.block_range(cfg.n_layer, s);
     if (part_.holds(s)) chunk_start_.push_back(static_cast<std::int64_t>(blocks_.size()));
@@ -150,13 +185,13 @@ gpt<Device>::gpt(const gpt_config& cfg, rng& init, const nn::part& part) : cfg_(
 template <class Device>
 var<Device> gpt<Device>::logits(const tensor<Device>& idx, rng* dropout_rng) const {
   check_whole("logits()");
-  return matmul(hidden(idx, dropout_rng), cast(wte_, compute_), false, true);  // tied head: (B,T,C) x (V,C)^T
+  return matmul(hidden(idx, dropout_rng), cast(head_, compute_), false, true);  // head: (B,T,C) x (V,C)^T
 }
 
 template <class Device>
 var<Device> gpt<Device>::loss(const tensor<Device>& idx, const tensor<Device>& targets, rng* dropout_rng) const {
   check_whole("loss()");
-  return linear_cross_entropy(hidden(idx, dropout_rng), cast(wte_, compute_), targets, -1);
+  return linear_cross_entropy(hidden(idx, dropout_rng), cast(head_, compute_), targets, -1);
 }
 
 template <class Device>
@@ -169,24 +204,36 @@ var<Device> gpt<Device>::stage_forward(int s, const var<Device>& in, const tenso
   if (s == 0) {
     x = embed(idx, dropout_rng);
   } else {
-    detail::check(in.defined() && in.rank() == 3 && in.size(2) == cfg_.n_embd && in.dtype() == dtype::f32,
-                  "gpt: stage ", s, " reads the residual stream (B, T, ", cfg_.n_embd,
-                  ") in f32 from the stage before, got ", in.defined() ? in.shape() : shape{}, " ",
+    detail::check(in.defined() && in.rank() == 3 && in.size(2) == stream_width() && in.dtype() == dtype::f32,
+                  "gpt: stage ", s, " reads ", subspace_ ? "the subspace's coefficients" : "the residual stream", " (B, T, ",
+                  stream_width(), ") in f32 from the stage before, got ", in.defined() ? in.shape() : shape{}, " ",
                   in.defined() ? dtype_name(in.dtype()) : "(nothing)");
-    x = in;
+    if (subspace_) {
+      detail::check(idx.rank() == 2 && idx.size(0) == in.size(0) && idx.size(1) == in.size(1), "gpt: stage ", s,
+                    " rebuilds the stream from the token ids, which must be (B, T) = (", in.size(0), ", ", in.size(1),
+                    ") as the coefficients are, got ", idx.shape());
+      x = fixed_part(idx) + to_stream(in);
+    } else {
+      x = in;
+    }
   }
-  if (s + 1 < part_.model_stages()) return run_blocks(std::move(x), dropout_rng, false, chunk);
-  return linear_cross_entropy(run_blocks(std::move(x), dropout_rng, true, chunk), cast(wte_, compute_), targets, -1);
+  if (s + 1 < part_.model_stages()) {
+    auto out = run_blocks(std::move(x), dropout_rng, false, chunk);
+    // The stream less its fixed part lies in the subspace: its coefficients are all the next stage needs.
+    return subspace_ ? matmul(out - fixed_part(idx), subspace_->basis) : out;
+  }
+  return linear_cross_entropy(run_blocks(std::move(x), dropout_rng, true, chunk), cast(head_, compute_), targets, -1);
 }
 
 template <class Device>
 var<Device> gpt<Device>::embed(const tensor<Device>& idx, rng* dropout_rng) const {
   detail::check(idx.rank() == 2, "gpt: input ids must be (B, T), got shape ", idx.shape());
-  const std::int64_t B = idx.size(0), T = idx.size(1);
+  const std::int64_t T = idx.size(1);
   detail::check(T >= 1 && T <= cfg_.block_size, "gpt: sequence length ", T,
                 " is outside [1, block_size = ", cfg_.block_size, "]");
-  auto positions = arange<Device>(T, dtype::i32).reshape({1, T}).expand(shape{B, T}).contiguous();
-  return maybe_dropout(embedding(idx, wte_) + embedding(positions, wpe_), dropout_rng);  // (B,T,C)
+  const auto pos = positions(idx);
+  auto learned = maybe_dropout(embedding(idx, wte_) + embedding(pos, wpe_), dropout_rng);  // (B,T,C), or (B,T,k)
+  return subspace_ ? fixed_part(idx) + to_stream(learned) : learned;
 }
 
 template <class Device>
@@ -210,8 +257,8 @@ var<Device> gpt<Device>::run_blocks(var<Device> x, rng* dropout_rng, bool final_
   const auto to = chunk < 0 ? static_cast<std::int64_t>(blocks_.size()) : chunk_start_[static_cast<std::size_t>(chunk) + 1];
   for (auto b = from; b < to; ++b) {
     const auto& block = blocks_[static_cast<std::size_t>(b)];
-    branch = maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng);
-    branch = maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng);
+    branch = to_stream(maybe_dropout(block->attn(norm(block->ln_1)), dropout_rng));
+    branch = to_stream(maybe_dropout(block->mlp(norm(block->ln_2)), dropout_rng));
   }
   if (final_norm) return norm(*ln_f_);
   // A stage that hands the stream on adds its last branch itself (the same f32 sum the next

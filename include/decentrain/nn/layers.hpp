@@ -61,13 +61,14 @@ struct causal_self_attention {
   std::int64_t n_head, n_embd;
   linear_layer<Device> c_attn, c_proj;
 
+  // The output projection writes `out` columns: the width, or a subspace's k (gpt_config::subspace).
   causal_self_attention(parameter_list<Device>& params, const std::string& name, std::int64_t width,
-                        std::int64_t heads, double proj_std, rng& gen, bool has_bias = true)
+                        std::int64_t heads, double proj_std, rng& gen, bool has_bias = true, std::int64_t out = 0)
       : n_head(heads), n_embd(width),
         c_attn(params, name + ".c_attn", width, 3 * width, 0.02, gen, has_bias),
-        c_proj(params, name + ".c_proj", width, width, proj_std, gen, has_bias) {}
+        c_proj(params, name + ".c_proj", width, out > 0 ? out : width, proj_std, gen, has_bias) {}
 
-  var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,C)
+  var<Device> operator()(const var<Device>& x) const {  // (B,T,C) -> (B,T,out)
     return c_proj(causal_attention(c_attn(x), n_head));  // q, k, v: column blocks of the fused projection
   }
 };
@@ -77,9 +78,9 @@ struct mlp {
   linear_layer<Device> c_fc, c_proj;
 
   mlp(parameter_list<Device>& params, const std::string& name, std::int64_t width, double proj_std, rng& gen,
-      bool has_bias = true)
+      bool has_bias = true, std::int64_t out = 0)
       : c_fc(params, name + ".c_fc", width, 4 * width, 0.02, gen, has_bias),
-        c_proj(params, name + ".c_proj", 4 * width, width, proj_std, gen, has_bias) {}
+        c_proj(params, name + ".c_proj", 4 * width, out > 0 ? out : width, proj_std, gen, has_bias) {}
 
   // c_proj(gelu(c_fc(x))) as one op (linear_gelu_linear): bias and GELU fused into the first
   // product, and the backward multiplies by gelu' as the second product's input gradient forms.

@@ -41,13 +41,17 @@ void save_config(io::checkpoint& c, const Config& cfg) {
   });
 }
 
-// The configuration a checkpoint keeps (validated where the type can: validate()).
+// The configuration a checkpoint keeps (validated where the type can: validate()). A field the
+// configuration names optional (Config::optional_field) and the checkpoint lacks, because it was
+// written before the field existed, keeps its default; any other missing field is an error.
 template <storable_config Config>
 Config config_of(const io::checkpoint& c) {
   Config cfg{};
   cfg.fields([&](const char* name, auto& v) {
     using field = std::remove_cvref_t<decltype(v)>;
     const auto key = std::string("config.") + name;
+    if constexpr (requires { { Config::optional_field(name) } -> std::convertible_to<bool>; })
+      if (Config::optional_field(name) && !c.counters.contains(key) && !c.text.contains(key)) return;  // its default
     if constexpr (std::is_integral_v<field>) {
       v = static_cast<field>(c.counter(key));
     } else {

@@ -60,6 +60,8 @@ inline nn::gpt_config gpt2_config(const io::named_tensors& file, std::int64_t n_
 // Copies every parameter from `file` into `model` (converting dtype where needed).
 template <class Device>
 void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) {
+  decentrain::detail::check(model.config().subspace == 0, "GPT-2 weights: they do not fit a model whose residual stream is "
+                            "confined to a subspace (subspace ", model.config().subspace, "); start it from its own initialisation");
   const auto tensors = detail::normalized(file);
   std::set<std::string> unused;
   for (const auto& [name, t] : tensors) unused.insert(name);
@@ -80,6 +82,9 @@ void import_gpt2_weights(nn::gpt<Device>& model, const io::named_tensors& file) 
 
 template <class Device>
 io::named_tensors export_gpt2_weights(const nn::gpt<Device>& model) {
+  decentrain::detail::check(model.config().subspace == 0, "GPT-2 weights: this model confines its residual stream to a subspace "
+                            "(subspace ", model.config().subspace, "), so it is not a GPT-2 and has no Hugging Face layout; "
+                            "keep its checkpoint instead");
   io::named_tensors out;
   for (const auto& e : model.parameters()) out.emplace(e.name, host_copy(e.param.value()));
   return out;
