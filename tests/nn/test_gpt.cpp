@@ -198,3 +198,16 @@ TEST_CASE("a subspace model's stages pass k coefficients a token and compute the
   CHECK_THROWS_WITH(last.stage_forward(1, dt::var<dt::cpu>(dt::zeros(dt::shape{2, 8, 4})), ids, ids),
                     Contains("must be (B, T) = (2, 8)"));
 }
+
+TEST_CASE("a checkpoint written before the subspace field reads as a model without one, other fields stay required",
+          "[nn][gpt][subspace]") {
+  auto cfg = subspace_config(4);
+  dt::io::checkpoint c;
+  dt::train::save_config(c, cfg);
+  CHECK(dt::train::config_of<nn::gpt_config>(c) == cfg);
+  c.counters.erase("config.subspace");
+  cfg.subspace = 0;
+  CHECK(dt::train::config_of<nn::gpt_config>(c) == cfg);
+  c.counters.erase("config.n_layer");
+  CHECK_THROWS_WITH(dt::train::config_of<nn::gpt_config>(c), Contains("missing counter 'config.n_layer'"));
+}
