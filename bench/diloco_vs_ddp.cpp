@@ -130,7 +130,7 @@ int main(int argc, char** argv) try {
         outcomes.push_back(run(label, p, peers, cfg, opts, data));
       } else if (name.rfind("gossip-", 0) == 0) {  // the one-peer exponential graph, a round every H steps
         dt::detail::check(spec == "identity", "gossip rows take no codec, got '", spec, "'");
-        dt::comm::gossip<dt::comm::topology::exponential> p;
+        dt::comm::gossip<dt::comm::topology::one_peer_exponential> p;
         p.inner_steps = std::stoll(name.substr(7));
         outcomes.push_back(run(label, p, peers, cfg, opts, data));
       } else {

@@ -322,9 +322,15 @@ void declare_train(CLI::App& cmd) {
   const std::string comm = "Communication";
   cli::choice(cmd, "comm", "NAME",
               "sync | local-sgd | diloco | streaming-diloco | gossip (default diloco;\n"
-              "sync for one process alone). gossip: each peer averages with one\n"
-              "other a round, on the one-peer exponential graph (no all-reduce)",
+              "sync for one process alone). gossip: each peer averages with the\n"
+              "neighbours --topology names (no all-reduce)",
               {"sync", "local-sgd", "diloco", "streaming-diloco", "gossip"}, "")
+      ->group(comm);
+  cli::choice(cmd, "topology", "NAME",
+              "gossip's graph: one-peer-exponential (one peer a round, 2^k ahead;\n"
+              "default) | exponential (every 2^k ahead, every round) | ring | torus\n"
+              "| random (a new random pairing each round)",
+              {"one-peer-exponential", "exponential", "ring", "torus", "random"})
       ->group(comm);
   cli::integer(cmd, "inner-steps", "H",
                "steps between averages for local-sgd and diloco, between two exchanges\n"
@@ -1432,6 +1438,7 @@ int cmd_train(const options& opt) {
   dt::detail::check(comm != "gossip" || (!opt.has("codec") && !opt.has("aggregator")),
                     "--comm gossip averages each peer's parameters with its neighbours' in f32: --codec and --aggregator "
                     "do not apply");
+  dt::detail::check(comm == "gossip" || !opt.has("topology"), "--topology is gossip's graph: it needs --comm gossip");
   const auto codec_choice = cli::from_flag("--codec", [&] { return dt::collective::parse_codec(opt.text("codec")); });
   p.aggregator = cli::from_flag("--aggregator", [&] { return dt::collective::parse_aggregator(opt.text("aggregator")); });
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
@@ -1513,6 +1520,7 @@ int cmd_train(const options& opt) {
     p.run.add("speeds", list);
   }
   if (comm != "sync") p.run.add("inner_steps", inner);
+  if (comm == "gossip") p.run.add("topology", opt.text("topology"));
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
   if (p.parallel.swarm)
     p.run.add("parallel", "swarm")
@@ -1542,6 +1550,7 @@ int cmd_train(const options& opt) {
          << ";schedule=" << p.parallel.pipe.schedule << ";chunks=" << p.parallel.pipe.chunks
          << ";activation_codec=" << p.parallel.codec().describe() << ";rebalance_every=" << p.parallel.pools.rebalance_every;
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
+  if (comm == "gossip") agreed << ";topology=" << opt.text("topology");
   if (streaming || overlap > 0 || eager)
     agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;
   p.tcp.settings = agreed.str();
@@ -1558,6 +1567,8 @@ int cmd_train(const options& opt) {
   if (comm == "gossip") {
     cli::gossip_policy policy;
     policy.inner_steps = inner;
+    policy.topology = dt::comm::topology::named::parse(opt.text("topology"));
+    policy.topology.seed = p.trainer.seed;  // (random's pairings: the same on every peer of the run)
     return train_with(p, data.dataset, policy);
   }
   if (comm == "local-sgd") {

@@ -55,7 +55,7 @@ inline void set_threads(int n) {
 using codec = dt::collective::any_codec;
 using aggregator = dt::collective::any_aggregator;
 using sync_policy = dt::comm::sync_allreduce<codec, aggregator>;
-using gossip_policy = dt::comm::gossip<dt::comm::topology::exponential>;
+using gossip_policy = dt::comm::gossip<dt::comm::topology::named>;  // (--topology)
 using local_sgd_policy = dt::comm::local_sgd<codec, aggregator>;
 using diloco_policy = dt::comm::diloco<dt::comm::outer::nesterov, codec, aggregator>;
 using streaming_policy = dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec, aggregator>;

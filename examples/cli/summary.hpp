@@ -57,6 +57,9 @@ inline void print_summary(const train_plan& p, const std::vector<dt::train::fit_
       std::printf("throughput: %.0f tokens/s on %s (%zu peer%s, %.0f each, wall clock)\n", per_copy * static_cast<double>(n),
                   p.device.describe().c_str(), n, n == 1 ? "" : "s", per_copy);
   }
+  if (!results.empty() && !results[0].evals.empty() && results[0].evals.back().consensus_distance >= 0)
+    std::printf("consensus distance %.6g (the replicas' mean L2 distance from their mean, at the last evaluation)\n",
+                results[0].evals.back().consensus_distance);
   std::printf("val loss %.4f\n", results[0].final_val_loss);
   std::printf("trained in %s\n", dt::train::format_duration(wall_s).c_str());
 }

@@ -22518,34 +22518,62 @@ struct diloco {
 // ---- begin decentrain/comm/gossip.hpp ----
 // Gossip (decentralized SGD, D-PSGD: Lian et al. 2017, arXiv 1705.09056): no all-reduce and no
 // peer that hears from everyone. Every `inner_steps` steps each replica averages its parameters
-// with the few neighbours its Topology names for that round, after its own optimizer step (the
-// adapt-then-combine order). Replicas hold different parameters between rounds; they drift
-// towards their mean at a rate set by the topology's spectral gap, and every round moves
-// `degree` models per peer whatever the group's size (an all-reduce moves about two).
-//
-// A topology says whom each replica sends to and receives from in round t (ranks of
-// ctx.replicas). Both here are doubly stochastic (every replica is received by as many peers as
-// it receives from, all with equal weight), so a round keeps the replicas' mean:
-//   topology::ring         both ring neighbours every round, weights 1/3 (Lian et al.'s setting);
-//   topology::exponential  one peer a round, 2^k ahead with k = t mod ceil(log2 n), weight 1/2
-//                          (the one-peer exponential graph: Assran et al. 2019, arXiv
-//                          1811.10792; Ying et al. 2021, arXiv 2110.13363). For n a power of two,
-//                          log2 n rounds give every replica the exact mean.
-// Under fault::elastic the topology is laid over the current view's members, so the ring closes
-// over a dead peer. Optimizer state stays local; the policy has no state of its own to save (the
-// round follows from the step), so a resumed run continues bit for bit. The trainer's
+// with the few neighbours its Topology (comm/topology.hpp) names for that round, after its own
+// optimizer step (the adapt-then-combine order). Replicas hold different parameters between
+// rounds; they drift towards their mean at a rate set by the topology's spectral gap, and every
+// round moves `degree` models per peer whatever the group's size (an all-reduce moves about two).
+// Every topology there is doubly stochastic under equal weights, so a round keeps the replicas'
+// mean. Under fault::elastic the topology is laid over the current view's members, so the ring
+// closes over a dead peer. Optimizer state stays local; the policy has no state of its own to
+// save (the round follows from the step), so a resumed run continues bit for bit. The trainer's
 // validation loss is then the replicas' mean, each on its own rows.
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/comm/topology.hpp ----
+// Gossip graphs: whom each replica sends to and receives from in round t (ranks of ctx.replicas,
+// n of them). Every graph here is doubly stochastic under equal weights (each replica is received
+// by as many peers as it receives from), so a round of comm::gossip_round keeps the replicas'
+// mean, and each round's lists are consistent (j sends to i exactly when i receives from j):
+//   ring                  both ring neighbours, every round (Lian et al. 2017's setting);
+//   torus                 the four neighbours on an r x c grid that wraps (r the largest divisor
+//                         of n up to sqrt(n); a prime n is a ring);
+//   exponential           every peer 2^k ahead and behind for 2^k < n, every round (the static
+//                         exponential graph: ceil(log2 n) neighbours each way);
+//   one_peer_exponential  one peer a round, 2^k ahead with k = t mod ceil(log2 n), weight 1/2
+//                         (Assran et al. 2019, arXiv 1811.10792; Ying et al. 2021, arXiv
+//                         2110.13363): for n a power of two, log2 n rounds give every replica
+//                         the exact mean;
+//   random                a random pairing each round (one replica left out when n is odd),
+//                         the same on every replica (drawn from the seed and the round).
+// topology::named picks one of them at run time by its name (the CLI's --topology).
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 
 namespace decentrain::comm {
 
 namespace topology {
+
+namespace detail {
+// `ranks` less `rank` itself and repeats, in their first order.
+inline std::vector<int> distinct_others(const std::vector<int>& ranks, int rank) {
+  std::vector<int> out;
+  for (const int j : ranks)
+    if (j != rank && std::find(out.begin(), out.end(), j) == out.end()) out.push_back(j);
+  return out;
+}
+}  // namespace detail
 
 // Both neighbours on a ring (one for two replicas, none alone).
 struct ring {
@@ -22555,17 +22583,53 @@ struct ring {
 
  private:
   static std::vector<int> neighbours(int rank, int n) {
+    if (n < 2) return {};
+    return detail::distinct_others({(rank + n - 1) % n, (rank + 1) % n}, rank);
+  }
+};
+
+// Up, down, left and right on an r x c grid that wraps at its edges.
+struct torus {
+  static constexpr const char* name = "torus";
+  std::vector<int> receives_from(int rank, int n, std::int64_t) const { return neighbours(rank, n); }
+  std::vector<int> sends_to(int rank, int n, std::int64_t) const { return neighbours(rank, n); }
+  // The grid's rows: the largest divisor of n that is at most sqrt(n).
+  static int rows(int n) {
+    int r = 1;
+    for (int d = 1; d * d <= n; ++d)
+      if (n % d == 0) r = d;
+    return r;
+  }
+
+ private:
+  static std::vector<int> neighbours(int rank, int n) {
+    if (n < 2) return {};
+    const int r = rows(n), c = n / r, row = rank / c, col = rank % c;
+    const auto at = [c](int y, int x) { return y * c + x; };
+    return detail::distinct_others({at((row + r - 1) % r, col), at((row + 1) % r, col), at(row, (col + c - 1) % c),
+                                    at(row, (col + 1) % c)},
+                                   rank);
+  }
+};
+
+// Every peer 2^k ahead (sends) and behind (receives) for 2^k < n, every round.
+struct exponential {
+  static constexpr const char* name = "exponential";
+  std::vector<int> receives_from(int rank, int n, std::int64_t) const { return hops(rank, n, -1); }
+  std::vector<int> sends_to(int rank, int n, std::int64_t) const { return hops(rank, n, +1); }
+
+ private:
+  static std::vector<int> hops(int rank, int n, int direction) {
     std::vector<int> out;
-    for (int j : {(rank + n - 1) % n, (rank + 1) % n})
-      if (j != rank && std::find(out.begin(), out.end(), j) == out.end()) out.push_back(j);
+    for (int hop = 1; hop < n; hop *= 2) out.push_back(((rank + direction * hop) % n + n) % n);
     return out;
   }
 };
 
 // One peer a round, 2^k ahead (it receives from the one 2^k behind), k cycling through
 // 0 .. ceil(log2 n) - 1.
-struct exponential {
-  static constexpr const char* name = "exponential";
+struct one_peer_exponential {
+  static constexpr const char* name = "one-peer-exponential";
   std::vector<int> receives_from(int rank, int n, std::int64_t round) const {
     if (n < 2) return {};
     return {static_cast<int>((rank + n - hop(n, round)) % n)};
@@ -22579,6 +22643,70 @@ struct exponential {
   static int hop(int n, std::int64_t round) {
     const int levels = std::bit_width(static_cast<unsigned>(n - 1));  // ceil(log2 n)
     return 1 << static_cast<int>(round % levels);
+  }
+};
+
+// A random pairing of the replicas each round: a shuffle of 0 .. n-1 drawn from the seed and the
+// round, each pair of places 2m, 2m+1 averaging together (the last left out when n is odd).
+struct random {
+  static constexpr const char* name = "random";
+  std::uint64_t seed = 0;
+  std::vector<int> receives_from(int rank, int n, std::int64_t round) const { return partner(rank, n, round); }
+  std::vector<int> sends_to(int rank, int n, std::int64_t round) const { return partner(rank, n, round); }
+
+ private:
+  std::vector<int> partner(int rank, int n, std::int64_t round) const {
+    if (n < 2) return {};
+    std::vector<int> order(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+    rng gen(seed ^ (static_cast<std::uint64_t>(round) * 0x9e3779b97f4a7c15ull), "gossip.random");
+    for (std::size_t i = order.size(); i-- > 1;) std::swap(order[i], order[gen.below(i + 1)]);
+    const auto at = static_cast<std::size_t>(std::find(order.begin(), order.end(), rank) - order.begin());
+    const std::size_t other = at ^ 1u;
+    if (other >= order.size()) return {};
+    return {order[other]};
+  }
+};
+
+// One of the graphs above, chosen by its name at run time.
+struct named {
+  static constexpr const char* name = "named";
+  static constexpr const char* names = "ring, torus, exponential, one-peer-exponential or random";
+  std::string which = one_peer_exponential::name;
+  std::uint64_t seed = 0;  // random's
+
+  // Throws naming the graphs there are; `exponential` is the static graph (the one-peer graph,
+  // which an earlier `exponential` meant, is `one-peer-exponential`).
+  static named parse(std::string_view text) {
+    named t;
+    t.which = std::string(text);
+    t.validate();
+    return t;
+  }
+  void validate() const {
+    const bool known = which == ring::name || which == torus::name || which == exponential::name ||
+                       which == one_peer_exponential::name || which == random::name;
+    decentrain::detail::check(known, "gossip: unknown topology '", which, "' (expected ", names, ")");
+  }
+  std::string describe() const { return which == random::name ? which + "(seed=" + std::to_string(seed) + ")" : which; }
+
+  std::vector<int> receives_from(int rank, int n, std::int64_t round) const {
+    return visit([&](const auto& t) { return t.receives_from(rank, n, round); });
+  }
+  std::vector<int> sends_to(int rank, int n, std::int64_t round) const {
+    return visit([&](const auto& t) { return t.sends_to(rank, n, round); });
+  }
+
+ private:
+  template <class F>
+  std::vector<int> visit(F&& f) const {
+    if (which == ring::name) return f(ring{});
+    if (which == torus::name) return f(torus{});
+    if (which == exponential::name) return f(exponential{});
+    if (which == one_peer_exponential::name) return f(one_peer_exponential{});
+    if (which == random::name) return f(random{seed});
+    validate();
+    return {};
   }
 };
 
@@ -22598,6 +22726,19 @@ constexpr bool check_topology() {
   return true;
 }
 
+// What a topology is called in messages and agreements: its describe() where it has one (a
+// choice made at run time), else its name.
+template <class T>
+std::string topology_name(const T& t) {
+  if constexpr (requires { { t.describe() } -> std::convertible_to<std::string>; }) return t.describe();
+  else return T::name;
+}
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/topology.hpp ----
+
+namespace decentrain::comm {
+
 // One gossip round on `values` (this replica's, replaced by the average of its own and those it
 // receives from): sends first, then receives, so every replica may call it at once whatever the
 // topology. The neighbour lists must be consistent (j sends to i in round t exactly when i
@@ -22613,7 +22754,7 @@ void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std:
       decentrain::detail::check(j >= 0 && j < n && j != me &&
                                     std::find(list->begin(), list->begin() + static_cast<std::ptrdiff_t>(i), j) ==
                                         list->begin() + static_cast<std::ptrdiff_t>(i),
-                                "gossip: topology '", Topology::name, "' names peer ", j, " for replica ", me, " of ", n,
+                                "gossip: topology '", topology_name(topo), "' names peer ", j, " for replica ", me, " of ", n,
                                 " in round ", round, " (out of range, itself, or twice)");
     }
   // Every replica sends before it receives: each says first what it will take, so a transport
@@ -22632,11 +22773,14 @@ void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std:
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(sum[i] * w);
 }
 
-template <class Topology = topology::exponential>
+template <class Topology = topology::one_peer_exponential>
 struct gossip {
   static_assert(check_topology<Topology>());
   using policy_concept = policy_tag;
   static constexpr const char* name = "gossip";
+  // The replicas differ between rounds: the trainer measures their consensus distance at each
+  // evaluation (eval_point::consensus_distance).
+  static constexpr bool replicas_differ = true;
 
   std::int64_t inner_steps = 1;  // steps between gossip rounds (D-PSGD: 1)
   Topology topology{};
@@ -22644,6 +22788,7 @@ struct gossip {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "gossip: inner_steps must be >= 1, got ", inner_steps);
+    if constexpr (requires { topology.validate(); }) topology.validate();
     // Every replica must gossip alike: a different topology or period would pair sends with
     // receives that never come.
     if (!ctx.joined)
@@ -22666,7 +22811,7 @@ struct gossip {
   void load(const io::checkpoint&) {}
 
   std::string describe() const {
-    return std::string(name) + ":" + Topology::name + ",inner_steps=" + std::to_string(inner_steps);
+    return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps);
   }
 
  private:
@@ -28750,6 +28895,10 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        true where every step leaves the replicas the same
 //                                                        parameters: a pipeline's re-deal then takes a part
 //                                                        from any replica, spreading the bytes;
+//                                                        static constexpr bool replicas_differ, true where
+//                                                        the replicas hold different parameters between
+//                                                        exchanges (gossip): the trainer then measures their
+//                                                        consensus distance at each evaluation;
 //                                                        static constexpr std::array<const char*, N>
 //                                                        per_parameter_state, keys of save()'s flat tensors
 //                                                        laid out over the parameters, which a pipeline's
@@ -29175,6 +29324,10 @@ struct eval_point {
   std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
   double clock_s = 0;
   std::uint64_t policy_bytes_sent = 0;  // of which the communication policy's
+  // Under a policy whose replicas hold different parameters between its exchanges (gossip:
+  // CommPolicy::replicas_differ), the mean over the replicas of the L2 distance of each one's
+  // parameters from their mean; -1 where not measured (the replicas are equal by construction).
+  double consensus_distance = -1;
 };
 
 struct fit_result {
@@ -29409,6 +29562,7 @@ class metrics_log {
           .add("bytes_sent", p.bytes_sent)
           .add("policy_bytes_sent", p.policy_bytes_sent)
           .add("clock_s", p.clock_s);
+      if (p.consensus_distance >= 0) line.add("consensus_distance", p.consensus_distance);
       std::lock_guard lock(mutex_);
       write(line);
     });
@@ -30149,6 +30303,7 @@ class trainer {
       for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
       mean = sum / static_cast<double>(batches);
       comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
+      if constexpr (requires { requires CommPolicy::replicas_differ; }) consensus_ = consensus_distance(ctx);
     });
     return mean;
   }
@@ -31021,10 +31176,28 @@ class trainer {
       decentrain::detail::fail("trainer: set trainer_options::block_size (the model has no config().block_size)");
   }
 
+  // The mean over the replicas of ||x_i - mean||: one all-reduce of the parameters among them
+  // (at evaluations only: it moves a model, as an all-reduce of the gradient would).
+  template <class Ctx>
+  static double consensus_distance(Ctx& ctx) {
+    std::vector<float> mine, mean;
+    comm::gather_values(ctx.parameters, mine);
+    mean = mine;
+    ctx.replicas.all_reduce(std::span<float>(mean), collective::reduce_op::average);
+    double squares = 0;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const double d = static_cast<double>(mine[i]) - static_cast<double>(mean[i]);
+      squares += d * d;
+    }
+    double distance = std::sqrt(squares);
+    ctx.replicas.all_reduce(std::span<double>(&distance, 1), collective::reduce_op::average);
+    return distance;
+  }
+
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{endpoint_.rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
+    eval_point p{endpoint_.rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_, consensus_};
     for (auto& h : eval_hooks_) h(p);
     return p;
   }
@@ -31118,6 +31291,7 @@ class trainer {
   std::optional<resume_point> resume_at_;
   std::vector<std::function<void(const step_metrics&)>> step_hooks_;
   std::vector<std::function<void(const eval_point&)>> eval_hooks_;
+  double consensus_ = -1;  // the last evaluation's (eval_point::consensus_distance)
   std::function<bool()> stop_asked_;
 };
 

@@ -755,6 +755,7 @@ TEST_CASE("train --comm gossip: peers average with one other a step and learn, a
   // One model sent per peer and step (the one-peer exponential graph), against 2 (n - 1) / n = 1.5
   // for a ring all-reduce: the summary says 1.5x.
   CHECK_THAT(r.output, Contains("comm gossip: ") && Contains("(1.5x more)"));
+  CHECK_THAT(r.output, Contains("consensus distance ") && Contains("(the replicas' mean L2 distance from their mean, at the last evaluation)"));
   const double loss = std::stod(last_line_with(r.output, "val loss ").substr(9));
   CHECK(loss < 2.6);  // a uniform guess over 29 characters is 3.37
   // Under --elastic, a peer killed mid-run: the others gossip on without it.
@@ -765,6 +766,23 @@ TEST_CASE("train --comm gossip: peers average with one other a step and learn, a
   const auto coded = run(base + " --peers 4 --codec int8", dir);
   CHECK(coded.status == 1);
   CHECK_THAT(coded.output, Contains("--comm gossip averages each peer's parameters with its neighbours' in f32"));
+  // --topology ring on 6 peers: two models sent a round, where an all-reduce sends 2 x 5/6.
+  const auto ring = run(base + " --peers 6 --topology ring", dir);
+  INFO(ring.output);
+  REQUIRE(ring.status == 0);
+  CHECK_THAT(ring.output, Contains("(0.8x more)"));
+  CHECK(std::stod(last_line_with(ring.output, "val loss ").substr(9)) < 2.6);
+  for (const char* graph : {"torus", "exponential", "random"}) {
+    const auto other = run(base + " --steps 20 --peers 5 --topology " + graph, dir);
+    INFO(graph << "\n" << other.output);
+    CHECK(other.status == 0);
+  }
+  const auto unknown = run(base + " --peers 2 --topology hypercube", dir);
+  CHECK(unknown.status != 0);
+  CHECK_THAT(unknown.output, Contains("must be one-peer-exponential, exponential, ring, torus or random, got 'hypercube'"));
+  const auto not_gossip = run(cli() + " train --comm diloco --peers 2 --steps 2 --topology ring --metrics ''", dir);
+  CHECK(not_gossip.status != 0);
+  CHECK_THAT(not_gossip.output, Contains("--topology is gossip's graph: it needs --comm gossip"));
 }
 
 TEST_CASE("train --codec: peers send their payloads through the codec named on the command line", "[cli][codec]") {

@@ -1,6 +1,6 @@
-// Gossip: the topologies' mixing (the mean kept, the exact mean in log2 n rounds on the
-// exponential graph, the spread narrowing on a ring), the trainer under gossip, resume, and what
-// is refused.
+// Gossip: the topologies (consistent lists, the mean kept, the exact mean in log2 n rounds on the
+// one-peer exponential graph, the spread narrowing on the others, one chosen by name), the
+// trainer under gossip, resume, and what is refused.
 #include <catch2/catch.hpp>
 
 #include <decentrain/decentrain.hpp>
@@ -51,10 +51,10 @@ double spread(const std::vector<std::vector<float>>& replicas) {
 }  // namespace
 
 TEST_CASE("gossip: the one-peer exponential graph gives every replica the exact mean in log2 n rounds") {
-  for (int n : {2, 4, 8}) {
+  for (int n : {2, 4, 8, 16, 32, 64}) {
     INFO(n << " replicas");
     const int rounds = std::bit_width(static_cast<unsigned>(n - 1));
-    const auto out = mix<dt::comm::topology::exponential>(n, rounds);
+    const auto out = mix<dt::comm::topology::one_peer_exponential>(n, rounds);
     for (std::size_t i = 0; i < 8; ++i) {
       const double mean = (n - 1) * 4.0 + static_cast<double>(i);  // the mean of r * 8 + i over r
       for (const auto& replica : out.back()) CHECK(replica[i] == static_cast<float>(mean));
@@ -79,8 +79,8 @@ TEST_CASE("gossip: every round keeps the replicas' mean, and the spread narrows 
     const auto out = mix<dt::comm::topology::ring>(3, 1);
     for (const auto& replica : out[0]) CHECK(replica[0] == Approx(8.0f));
   }
-  SECTION("exponential graph of 6 (not a power of two: the spread narrows, not to zero at once)") {
-    check(mix<dt::comm::topology::exponential>(6, 12), 6);
+  SECTION("one-peer exponential graph of 6 (not a power of two: the spread narrows, not to zero at once)") {
+    check(mix<dt::comm::topology::one_peer_exponential>(6, 12), 6);
   }
 }
 
@@ -89,7 +89,7 @@ TEST_CASE("gossip: the topologies name each replica's neighbours, none twice, no
   CHECK(ring.receives_from(0, 5, 0) == std::vector<int>{4, 1});
   CHECK(ring.receives_from(1, 2, 0) == std::vector<int>{0});
   CHECK(ring.receives_from(0, 1, 0).empty());
-  const dt::comm::topology::exponential exp;
+  const dt::comm::topology::one_peer_exponential exp;
   // 6 replicas: hops 1, 2, 4, then 1 again.
   CHECK(exp.sends_to(5, 6, 0) == std::vector<int>{0});
   CHECK(exp.sends_to(5, 6, 1) == std::vector<int>{1});
@@ -104,6 +104,107 @@ TEST_CASE("gossip: the topologies name each replica's neighbours, none twice, no
           const auto to = exp.sends_to(j, n, t);
           CHECK(std::find(to.begin(), to.end(), i) != to.end());
         }
+}
+
+TEST_CASE("gossip: every graph's sends meet their receives, each peer names none twice nor itself, and in-degree equals out-degree") {
+  const auto check_graph = [](const auto& topo) {
+    for (int n = 1; n <= 17; ++n)
+      for (std::int64_t t = 0; t < 7; ++t) {
+        INFO(dt::comm::topology_name(topo) << ": " << n << " replicas, round " << t);
+        std::vector<int> in(static_cast<std::size_t>(n), 0), out(static_cast<std::size_t>(n), 0);
+        for (int i = 0; i < n; ++i) {
+          const auto from = topo.receives_from(i, n, t), to = topo.sends_to(i, n, t);
+          in[static_cast<std::size_t>(i)] = static_cast<int>(from.size());
+          out[static_cast<std::size_t>(i)] = static_cast<int>(to.size());
+          for (const auto* list : {&from, &to})
+            for (std::size_t k = 0; k < list->size(); ++k) {
+              const int j = (*list)[k];
+              CHECK((j >= 0 && j < n && j != i));
+              CHECK(std::count(list->begin(), list->end(), j) == 1);
+            }
+          for (int j : from) {
+            const auto back = topo.sends_to(j, n, t);
+            CHECK(std::find(back.begin(), back.end(), i) != back.end());
+          }
+        }
+        // Equal weights are doubly stochastic only if every replica's in-degree is its out-degree
+        // and all are equal (one idle replica of an odd pairing aside).
+        for (int i = 0; i < n; ++i) CHECK(in[static_cast<std::size_t>(i)] == out[static_cast<std::size_t>(i)]);
+        const auto most = *std::max_element(in.begin(), in.end());
+        CHECK(std::count(in.begin(), in.end(), most) >= n - 1);
+      }
+  };
+  check_graph(dt::comm::topology::ring{});
+  check_graph(dt::comm::topology::torus{});
+  check_graph(dt::comm::topology::exponential{});
+  check_graph(dt::comm::topology::one_peer_exponential{});
+  check_graph(dt::comm::topology::random{3});
+  // The torus of 12 is 3 x 4; of 7 (prime), a ring; the static exponential graph of 6 reaches 1, 2, 4 ahead.
+  CHECK(dt::comm::topology::torus::rows(12) == 3);
+  CHECK(dt::comm::topology::torus{}.sends_to(5, 12, 0) == std::vector<int>{1, 9, 4, 6});
+  CHECK(dt::comm::topology::torus{}.sends_to(0, 7, 0) == dt::comm::topology::ring{}.sends_to(0, 7, 0));
+  CHECK(dt::comm::topology::exponential{}.sends_to(5, 6, 0) == std::vector<int>{0, 1, 3});
+  CHECK(dt::comm::topology::exponential{}.receives_from(0, 6, 9) == std::vector<int>{5, 4, 2});
+  // The random pairing changes with the round and the seed, and is the same for every caller.
+  const dt::comm::topology::random a{1}, b{2};
+  bool differs_by_round = false, differs_by_seed = false;
+  for (std::int64_t t = 1; t < 8; ++t) {
+    differs_by_round = differs_by_round || a.sends_to(0, 16, t) != a.sends_to(0, 16, 0);
+    differs_by_seed = differs_by_seed || a.sends_to(0, 16, t) != b.sends_to(0, 16, t);
+  }
+  CHECK(differs_by_round);
+  CHECK(differs_by_seed);
+  CHECK(a.sends_to(3, 16, 5) == dt::comm::topology::random{1}.sends_to(3, 16, 5));
+}
+
+TEST_CASE("gossip: the torus, the static exponential graph and random pairings keep the mean and narrow the spread") {
+  auto check = [](const auto& out, int n) {
+    double before = 8.0 * (n - 1);
+    for (const auto& round : out) {
+      for (std::size_t i = 0; i < 8; ++i) CHECK(mean_of(round, i) == Approx((n - 1) * 4.0 + static_cast<double>(i)).epsilon(1e-6));
+      const double s = spread(round);
+      CHECK(s <= before + 1e-4);
+      before = s;
+    }
+    CHECK(before < 0.05 * 8.0 * (n - 1));
+  };
+  SECTION("torus of 12 (3 x 4)") { check(mix<dt::comm::topology::torus>(12, 16), 12); }
+  SECTION("static exponential graph of 6") { check(mix<dt::comm::topology::exponential>(6, 8), 6); }
+  SECTION("static exponential graph of 16") { check(mix<dt::comm::topology::exponential>(16, 8), 16); }
+  SECTION("random pairings of 8") { check(mix<dt::comm::topology::random>(8, 24), 8); }
+}
+
+TEST_CASE("gossip: a topology named at run time is the graph of that name, and an unknown name is refused listing them") {
+  namespace topo = dt::comm::topology;
+  const auto same = [](const auto& typed, const topo::named& by_name) {
+    for (int n : {1, 2, 5, 8, 12})
+      for (std::int64_t t = 0; t < 5; ++t)
+        for (int i = 0; i < n; ++i) {
+          CHECK(typed.sends_to(i, n, t) == by_name.sends_to(i, n, t));
+          CHECK(typed.receives_from(i, n, t) == by_name.receives_from(i, n, t));
+        }
+  };
+  same(topo::ring{}, topo::named::parse("ring"));
+  same(topo::torus{}, topo::named::parse("torus"));
+  same(topo::exponential{}, topo::named::parse("exponential"));
+  same(topo::one_peer_exponential{}, topo::named::parse("one-peer-exponential"));
+  auto r = topo::named::parse("random");
+  r.seed = 9;
+  same(topo::random{9}, r);
+  CHECK(dt::comm::topology_name(r) == "random(seed=9)");
+  CHECK(topo::named{}.which == "one-peer-exponential");  // the default: the graph gossip had alone before
+  CHECK_THROWS_WITH(topo::named::parse("hypercube"),
+                    Catch::Contains("unknown topology 'hypercube' (expected ring, torus, exponential, one-peer-exponential or random)"));
+  // Peers on different graphs are refused before they pair sends with receives that never come.
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::gossip<topo::named>>;
+  const auto opts = fixture::small_run(2);
+  CHECK_THROWS_WITH(dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    dt::comm::gossip<topo::named> comm;
+    comm.topology = topo::named::parse(ep.rank() == 0 ? "ring" : "torus");
+    Trainer t(fixture::tiny_gpt(), opts, ep, comm);
+    (void)t.fit(fixture::small_corpus().data);
+  }),
+                    Catch::Contains("the peers gossip differently (this one: gossip:"));
 }
 
 namespace {
@@ -133,7 +234,7 @@ TEST_CASE("trainer: gossip trains, its replicas stay close, two replicas on a ri
   const auto local2 = fixture::final_params<local_trainer>(2, fixture::tiny_gpt(), opts, every_step);
   CHECK(fixture::max_abs_diff(ring2[0], ring2[1]) == 0.0f);
   CHECK(fixture::max_abs_diff(ring2[0], local2[0]) < 1e-4f);
-  // Four replicas on the exponential graph: they learn; they differ, but by far less than how
+  // Four replicas on the one-peer exponential graph: they learn; they differ, but by far less than how
   // far training moved them.
   std::vector<dt::train::fit_result> results;
   const auto four = fixture::final_params<exp_trainer>(4, fixture::tiny_gpt(), opts, {}, &results);
@@ -149,6 +250,23 @@ TEST_CASE("trainer: gossip trains, its replicas stay close, two replicas on a ri
           0.1f * fixture::max_abs_diff(four[static_cast<std::size_t>(r)], start));
   }
   CHECK(four[1] != four[0]);  // gossip does not make them equal between rounds
+  // The consensus distance each peer reports at the last evaluation is the mean over the replicas
+  // of ||x_i - mean||, computed here from their final parameters.
+  std::vector<double> mean(four[0].size(), 0.0);
+  for (const auto& replica : four)
+    for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += replica[i] / 4.0;
+  double expected = 0;
+  for (const auto& replica : four) {
+    double squares = 0;
+    for (std::size_t i = 0; i < mean.size(); ++i) squares += (replica[i] - mean[i]) * (replica[i] - mean[i]);
+    expected += std::sqrt(squares) / 4.0;
+  }
+  REQUIRE(expected > 0);
+  for (const auto& r : results) CHECK(r.evals.back().consensus_distance == Approx(expected).epsilon(1e-4));
+  // Under local SGD the replicas are equal after every average: nothing is measured.
+  std::vector<dt::train::fit_result> local;
+  (void)fixture::final_params<local_trainer>(2, fixture::tiny_gpt(), opts, every_step, &local);
+  CHECK(local[0].evals.back().consensus_distance == -1);
 }
 
 TEST_CASE("trainer: a gossip run resumed mid-run from per-peer checkpoints matches the uninterrupted run") {

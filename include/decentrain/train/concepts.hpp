@@ -24,6 +24,10 @@
 //                                                        true where every step leaves the replicas the same
 //                                                        parameters: a pipeline's re-deal then takes a part
 //                                                        from any replica, spreading the bytes;
+//                                                        static constexpr bool replicas_differ, true where
+//                                                        the replicas hold different parameters between
+//                                                        exchanges (gossip): the trainer then measures their
+//                                                        consensus distance at each evaluation;
 //                                                        static constexpr std::array<const char*, N>
 //                                                        per_parameter_state, keys of save()'s flat tensors
 //                                                        laid out over the parameters, which a pipeline's

@@ -63,6 +63,10 @@ struct eval_point {
   std::uint64_t bytes_sent = 0;         // everything this peer's transport sent so far
   double clock_s = 0;
   std::uint64_t policy_bytes_sent = 0;  // of which the communication policy's
+  // Under a policy whose replicas hold different parameters between its exchanges (gossip:
+  // CommPolicy::replicas_differ), the mean over the replicas of the L2 distance of each one's
+  // parameters from their mean; -1 where not measured (the replicas are equal by construction).
+  double consensus_distance = -1;
 };
 
 struct fit_result {

@@ -125,6 +125,7 @@ class metrics_log {
           .add("bytes_sent", p.bytes_sent)
           .add("policy_bytes_sent", p.policy_bytes_sent)
           .add("clock_s", p.clock_s);
+      if (p.consensus_distance >= 0) line.add("consensus_distance", p.consensus_distance);
       std::lock_guard lock(mutex_);
       write(line);
     });

@@ -256,6 +256,7 @@ class trainer {
       for (std::int64_t i = 0; i < batches; ++i) sum += static_cast<double>(parallel_.evaluate(ctx, i));
       mean = sum / static_cast<double>(batches);
       comm_.all_reduce(std::span<double>(&mean, 1), collective::reduce_op::average);
+      if constexpr (requires { requires CommPolicy::replicas_differ; }) consensus_ = consensus_distance(ctx);
     });
     return mean;
   }
@@ -1128,10 +1129,28 @@ class trainer {
       decentrain::detail::fail("trainer: set trainer_options::block_size (the model has no config().block_size)");
   }
 
+  // The mean over the replicas of ||x_i - mean||: one all-reduce of the parameters among them
+  // (at evaluations only: it moves a model, as an all-reduce of the gradient would).
+  template <class Ctx>
+  static double consensus_distance(Ctx& ctx) {
+    std::vector<float> mine, mean;
+    comm::gather_values(ctx.parameters, mine);
+    mean = mine;
+    ctx.replicas.all_reduce(std::span<float>(mean), collective::reduce_op::average);
+    double squares = 0;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const double d = static_cast<double>(mine[i]) - static_cast<double>(mean[i]);
+      squares += d * d;
+    }
+    double distance = std::sqrt(squares);
+    ctx.replicas.all_reduce(std::span<double>(&distance, 1), collective::reduce_op::average);
+    return distance;
+  }
+
   eval_point record_eval(const data::token_dataset& dataset, std::int64_t at) {
     const double v = evaluate(dataset);
     const auto traffic = endpoint_.stats();
-    eval_point p{endpoint_.rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_};
+    eval_point p{endpoint_.rank(), at, v, traffic.bytes_sent, traffic.clock_seconds, policy_bytes_, consensus_};
     for (auto& h : eval_hooks_) h(p);
     return p;
   }
@@ -1225,6 +1244,7 @@ class trainer {
   std::optional<resume_point> resume_at_;
   std::vector<std::function<void(const step_metrics&)>> step_hooks_;
   std::vector<std::function<void(const eval_point&)>> eval_hooks_;
+  double consensus_ = -1;  // the last evaluation's (eval_point::consensus_distance)
   std::function<bool()> stop_asked_;
 };
 
