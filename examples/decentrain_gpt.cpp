@@ -321,21 +321,26 @@ void declare_train(CLI::App& cmd) {
 
   const std::string comm = "Communication";
   cli::choice(cmd, "comm", "NAME",
-              "sync | local-sgd | diloco | streaming-diloco | gossip (default diloco;\n"
-              "sync for one process alone). gossip: each peer averages with the\n"
-              "neighbours --topology names (no all-reduce)",
-              {"sync", "local-sgd", "diloco", "streaming-diloco", "gossip"}, "")
+              "sync | local-sgd | diloco | streaming-diloco | gossip | push-sum |\n"
+              "moshpit | choco (default diloco; sync for one process alone). gossip:\n"
+              "each peer averages with the neighbours --topology names (D-PSGD, no\n"
+              "all-reduce); push-sum: the same graphs, values and weights pushed\n"
+              "(SGP; --overlap 1: OSGP); moshpit: local SGD averaged in groups of\n"
+              "--moshpit-group along one axis of a grid a round; choco: gossip on a\n"
+              "ring or torus through --codec (default sign), CHOCO-SGD",
+              {"sync", "local-sgd", "diloco", "streaming-diloco", "gossip", "push-sum", "moshpit", "choco"}, "")
       ->group(comm);
   cli::choice(cmd, "topology", "NAME",
-              "gossip's graph: one-peer-exponential (one peer a round, 2^k ahead;\n"
-              "default) | exponential (every 2^k ahead, every round) | ring | torus\n"
-              "| random (a new random pairing each round)",
+              "the graph of gossip, push-sum and choco: one-peer-exponential (one\n"
+              "peer a round, 2^k ahead; default) | exponential (every 2^k ahead,\n"
+              "every round) | ring (choco's default) | torus | random (a new random\n"
+              "pairing each round); choco takes ring or torus",
               {"one-peer-exponential", "exponential", "ring", "torus", "random"})
       ->group(comm);
   cli::integer(cmd, "inner-steps", "H",
                "steps between averages for local-sgd and diloco, between two exchanges\n"
-               "of the same fragment for streaming-diloco, between gossip rounds\n"
-               "(default 50; 1 for gossip)",
+               "of the same fragment for streaming-diloco, between gossip, push-sum and\n"
+               "moshpit rounds (default 50; 1 for gossip and push-sum)",
                50, 1, max_steps)
       ->group(comm);
   cli::integer(cmd, "fragments", "P",
@@ -345,7 +350,8 @@ void declare_train(CLI::App& cmd) {
       ->group(comm);
   cli::integer(cmd, "overlap", "TAU",
                "streaming-diloco and diloco: an exchange runs beside the next TAU inner\n"
-               "steps before it is merged (default 1 for streaming-diloco, 0 for diloco)",
+               "steps before it is merged (default 1 for streaming-diloco, 0 for diloco);\n"
+               "push-sum: 1 takes each round's messages a round late (OSGP), 0 not",
                std::nullopt, 0, max_steps)
       ->group(comm);
   cli::real(cmd, "mix", "ALPHA",
@@ -357,6 +363,22 @@ void declare_train(CLI::App& cmd) {
             "streaming-diloco and diloco: eager updates, an exchange overlaps a whole\n"
             "round and the peer steps at once with its own pseudo-gradient standing in\n"
             "for its share of the average (instead of --overlap and --mix)")
+      ->group(comm);
+  cli::real(cmd, "consensus-step", "GAMMA",
+            "choco: how far a peer moves towards its neighbours' public copies a\n"
+            "round, in (0, 1]; 0: a third of the codec's measured fidelity (default)",
+            0, 0, 1)
+      ->group(comm);
+  cli::choice(cmd, "outer-averaging", "HOW",
+              "diloco: how the pseudo-gradients are averaged: all-reduce (one among\n"
+              "all peers; default) | moshpit (rounds in groups of --moshpit-group\n"
+              "along the axes of a grid: no collective spans every peer)",
+              {"all-reduce", "moshpit"})
+      ->group(comm);
+  cli::integer(cmd, "moshpit-group", "M",
+               "moshpit and --outer-averaging moshpit: the grid's side; M^d peers\n"
+               "reach the exact mean in d rounds (default 4)",
+               4, 2, 1 << 20)
       ->group(comm);
   cli::text(cmd, "codec", "SPEC",
             "how payloads go on the wire: fp16 | bf16 |\n"
@@ -1425,21 +1447,45 @@ int cmd_train(const options& opt) {
   const std::string comm = opt.has("comm") ? opt.text("comm") : p.mode == launch::single ? "sync" : "diloco";
   const bool streaming = comm == "streaming-diloco";
   dt::detail::check(streaming || !opt.has("fragments"), "--fragments needs --comm streaming-diloco");
-  dt::detail::check(streaming || comm == "diloco" || !opt.has("overlap"), "--overlap needs --comm diloco or streaming-diloco");
-  dt::detail::check(streaming || opt.has("overlap") || !opt.has("mix"), "--mix needs --overlap or --comm streaming-diloco");
+  const bool push_sum = comm == "push-sum", moshpit = comm == "moshpit";
+  dt::detail::check(streaming || comm == "diloco" || push_sum || !opt.has("overlap"),
+                    "--overlap needs --comm diloco, streaming-diloco or push-sum");
+  dt::detail::check(!push_sum || !opt.has("overlap") || opt.integer("overlap") <= 1,
+                    "--overlap with --comm push-sum is 0 or 1 (OSGP: a round's messages taken a round late), got ",
+                    opt.has("overlap") ? opt.integer("overlap") : 0);
+  dt::detail::check(streaming || (opt.has("overlap") && !push_sum) || !opt.has("mix"),
+                    "--mix needs --overlap with --comm diloco, or --comm streaming-diloco");
   const bool eager = opt.flag("eager");
   dt::detail::check(streaming || comm == "diloco" || !eager, "--eager needs --comm diloco or streaming-diloco");
   dt::detail::check(!eager || (!opt.has("overlap") && !opt.has("mix")),
                     "--eager overlaps each exchange with a whole round and steps at once: --overlap and --mix do not apply");
   const auto fragments = streaming ? opt.integer("fragments") : 1;
-  const auto overlap = opt.has("overlap") ? opt.integer("overlap") : streaming ? 1 : 0;
+  const auto overlap = push_sum || !opt.has("overlap") ? (streaming ? 1 : 0) : opt.integer("overlap");
+  const bool osgp = push_sum && opt.has("overlap") && opt.integer("overlap") == 1;
   const double mix = opt.real("mix");
-  const auto inner = comm == "sync" || (comm == "gossip" && !opt.has("inner-steps")) ? 1 : opt.integer("inner-steps");
-  dt::detail::check(comm != "gossip" || (!opt.has("codec") && !opt.has("aggregator")),
-                    "--comm gossip averages each peer's parameters with its neighbours' in f32: --codec and --aggregator "
-                    "do not apply");
-  dt::detail::check(comm == "gossip" || !opt.has("topology"), "--topology is gossip's graph: it needs --comm gossip");
-  const auto codec_choice = cli::from_flag("--codec", [&] { return dt::collective::parse_codec(opt.text("codec")); });
+  const bool choco = comm == "choco";
+  const bool graph = comm == "gossip" || push_sum || choco;  // (--topology's)
+  const auto inner = comm == "sync" || (graph && !opt.has("inner-steps")) ? 1 : opt.integer("inner-steps");
+  dt::detail::check(!graph || choco || (!opt.has("codec") && !opt.has("aggregator")), "--comm ", comm,
+                    " averages each peer's parameters with its neighbours' in f32: --codec and --aggregator do not apply "
+                    "(--comm choco gossips through a codec)");
+  dt::detail::check(!choco || !opt.has("aggregator"), "--comm choco adds its neighbours' public copies: --aggregator does not apply");
+  dt::detail::check(graph || !opt.has("topology"),
+                    "--topology is the graph of gossip, push-sum and choco: it needs --comm gossip, push-sum or choco");
+  const std::string topology = opt.has("topology") ? opt.text("topology") : choco ? "ring" : "one-peer-exponential";
+  dt::detail::check(!choco || topology == "ring" || topology == "torus", "--comm choco keeps its neighbours' public copies, so ",
+                    "its graph must be fixed and undirected: --topology ring or torus, not ", topology);
+  dt::detail::check(choco || !opt.has("consensus-step"), "--consensus-step is CHOCO's: it needs --comm choco");
+  const bool moshpit_outer = opt.has("outer-averaging") && opt.text("outer-averaging") == "moshpit";
+  dt::detail::check(comm == "diloco" || !opt.has("outer-averaging"), "--outer-averaging is DiLoCo's: it needs --comm diloco");
+  dt::detail::check(!moshpit_outer || (!opt.has("overlap") && !eager), "--outer-averaging moshpit averages each round at once: ",
+                    "--overlap and --eager (Streaming DiLoCo's) do not apply");
+  dt::detail::check(moshpit || moshpit_outer || !opt.has("moshpit-group"),
+                    "--moshpit-group needs --comm moshpit or --outer-averaging moshpit");
+  const int moshpit_group = static_cast<int>(opt.integer("moshpit-group"));
+  const auto codec_choice = cli::from_flag("--codec", [&] {
+    return dt::collective::parse_codec(choco && !opt.has("codec") ? std::string("sign") : opt.text("codec"));
+  });
   p.aggregator = cli::from_flag("--aggregator", [&] { return dt::collective::parse_aggregator(opt.text("aggregator")); });
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
@@ -1478,9 +1524,9 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
-  dt::detail::check(!p.parallel.swarm || comm != "gossip", "--parallel swarm cannot take --comm gossip: a stage's pool ",
-                    "averages weighted by the rows each peer processed, and gossip weighs its neighbours equally (use sync, ",
-                    "local-sgd, diloco or streaming-diloco)");
+  dt::detail::check(!p.parallel.swarm || !graph, "--parallel swarm cannot take --comm ", comm, ": a stage's pool ",
+                    "averages weighted by the rows each peer processed, and ", comm, " weighs its neighbours equally (use sync, ",
+                    "local-sgd, diloco, streaming-diloco or moshpit)");
   dt::detail::check(!p.elastic || p.parallel.stages() == 1 || !(streaming || overlap > 0 || eager),
                     "--parallel ", opt.text("parallel"), " with --elastic cannot take --comm streaming-diloco, nor --comm diloco with ",
                     "--overlap or --eager (Streaming DiLoCo): when peers are lost the stages' parts are dealt out again, ",
@@ -1520,7 +1566,11 @@ int cmd_train(const options& opt) {
     p.run.add("speeds", list);
   }
   if (comm != "sync") p.run.add("inner_steps", inner);
-  if (comm == "gossip") p.run.add("topology", opt.text("topology"));
+  if (graph) p.run.add("topology", topology);
+  if (choco) p.run.add("consensus_step", opt.real("consensus-step"));
+  if (push_sum) p.run.add("overlap", osgp ? 1 : 0);
+  if (comm == "diloco") p.run.add("outer_averaging", moshpit_outer ? "moshpit" : "all-reduce");
+  if (moshpit || moshpit_outer) p.run.add("moshpit_group", moshpit_group);
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
   if (p.parallel.swarm)
     p.run.add("parallel", "swarm")
@@ -1550,7 +1600,10 @@ int cmd_train(const options& opt) {
          << ";schedule=" << p.parallel.pipe.schedule << ";chunks=" << p.parallel.pipe.chunks
          << ";activation_codec=" << p.parallel.codec().describe() << ";rebalance_every=" << p.parallel.pools.rebalance_every;
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
-  if (comm == "gossip") agreed << ";topology=" << opt.text("topology");
+  if (graph) agreed << ";topology=" << topology;
+  if (choco) agreed << ";consensus_step=" << opt.real("consensus-step");
+  if (push_sum) agreed << ";osgp=" << osgp;
+  if (moshpit || moshpit_outer) agreed << ";moshpit_group=" << moshpit_group << ";outer_averaging=" << moshpit_outer;
   if (streaming || overlap > 0 || eager)
     agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;
   p.tcp.settings = agreed.str();
@@ -1567,8 +1620,33 @@ int cmd_train(const options& opt) {
   if (comm == "gossip") {
     cli::gossip_policy policy;
     policy.inner_steps = inner;
-    policy.topology = dt::comm::topology::named::parse(opt.text("topology"));
+    policy.topology = dt::comm::topology::named::parse(topology);
     policy.topology.seed = p.trainer.seed;  // (random's pairings: the same on every peer of the run)
+    return train_with(p, data.dataset, policy);
+  }
+  if (push_sum) {
+    cli::push_sum_policy policy;
+    policy.inner_steps = inner;
+    policy.topology = dt::comm::topology::named::parse(topology);
+    policy.topology.seed = p.trainer.seed;
+    policy.overlap = osgp;
+    return train_with(p, data.dataset, policy);
+  }
+  if (choco) {
+    cli::choco_policy policy;
+    policy.inner_steps = inner;
+    policy.topology = dt::comm::topology::named::parse(topology);
+    policy.codec = codec_choice;
+    policy.consensus_step = opt.real("consensus-step");
+    return train_with(p, data.dataset, policy);
+  }
+  if (moshpit) {
+    cli::moshpit_policy policy;
+    policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
+    policy.inner_steps = inner;
+    policy.grid.group_size = moshpit_group;
+    policy.codec = codec_choice;
+    policy.aggregator = p.aggregator;
     return train_with(p, data.dataset, policy);
   }
   if (comm == "local-sgd") {
@@ -1600,6 +1678,7 @@ int cmd_train(const options& opt) {
   policy.inner_steps = inner;
   policy.outer_optimizer.lr = outer_lr;
   policy.outer_optimizer.momentum = outer_momentum;
+  if (moshpit_outer) policy.moshpit = dt::comm::moshpit_grid{.group_size = moshpit_group};
   return train_with(p, data.dataset, policy);
 }
 

@@ -56,6 +56,9 @@ using codec = dt::collective::any_codec;
 using aggregator = dt::collective::any_aggregator;
 using sync_policy = dt::comm::sync_allreduce<codec, aggregator>;
 using gossip_policy = dt::comm::gossip<dt::comm::topology::named>;  // (--topology)
+using push_sum_policy = dt::comm::push_sum<dt::comm::topology::named>;
+using moshpit_policy = dt::comm::moshpit<codec, aggregator>;
+using choco_policy = dt::comm::choco<dt::comm::topology::named, codec>;  // (--topology, --codec)
 using local_sgd_policy = dt::comm::local_sgd<codec, aggregator>;
 using diloco_policy = dt::comm::diloco<dt::comm::outer::nesterov, codec, aggregator>;
 using streaming_policy = dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec, aggregator>;
@@ -326,6 +329,9 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
 #define DECENTRAIN_CLI_GPU_PEERS(X)                                                                                     \
   X(sync_policy, dt::fault::checkpoint_every) X(sync_policy, dt::fault::elastic)                                      \
   X(gossip_policy, dt::fault::checkpoint_every) X(gossip_policy, dt::fault::elastic)                                  \
+  X(push_sum_policy, dt::fault::checkpoint_every) X(push_sum_policy, dt::fault::elastic)                              \
+  X(moshpit_policy, dt::fault::checkpoint_every) X(moshpit_policy, dt::fault::elastic)                                \
+  X(choco_policy, dt::fault::checkpoint_every) X(choco_policy, dt::fault::elastic)                                    \
   X(local_sgd_policy, dt::fault::checkpoint_every) X(local_sgd_policy, dt::fault::elastic)                            \
   X(diloco_policy, dt::fault::checkpoint_every) X(diloco_policy, dt::fault::elastic)                                  \
   X(streaming_policy, dt::fault::checkpoint_every) X(streaming_policy, dt::fault::elastic)

@@ -22106,72 +22106,35 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 // ---- begin decentrain/comm/comm.hpp ----
 // Everything in comm: the policy concept and the communication policies.
 
-// ---- begin decentrain/comm/diloco.hpp ----
-// DiLoCo (Douillard et al., 2023): each peer runs H = inner_steps inner optimizer steps from the
-// shared global parameters; then the pseudo-gradient (global - local) is averaged across the
-// replicas (sent through Codec, combined by Aggregator) and applied to the global parameters by an outer optimizer,
-// Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
-// starts the next round from the new global parameters. Peers talk once per H steps instead of
-// every step.
+// ---- begin decentrain/comm/choco.hpp ----
+// CHOCO-SGD (Koloskova et al. 2019, arXiv 1902.00340): gossip through any codec of compress/.
+// Averaging compressed parameters loses what the codec drops every round; CHOCO instead keeps a
+// public copy x^ of every replica's parameters, which all its neighbours hold alike, and each
+// round sends only the compressed difference q = Q(x - x^). Sender and receivers add the same
+// decoded q to their copies of x^, so the copies never disagree, and the replica moves towards its
+// neighbours' public copies by the consensus step size gamma:
+//   x += gamma * sum_j w_ij (x^_j - x^_i),    w_ij = 1 / (d + 1) (equal weights on a regular graph).
+// What the codec drops stays in x - x^ and goes out in a later round (error feedback by
+// construction), so biased codecs (sign, top-k) converge where plain compressed gossip does not;
+// but only for gamma small enough for the codec: at gamma = 1 a biased codec overshoots and
+// diverges (tests/comm/test_choco.cpp shows both). Theory sets gamma in proportion to the codec's
+// fidelity delta = 1 - |Q(v) - v|^2 / |v|^2 (Koloskova et al.'s Theorem 2); the default
+// (consensus_step 0) measures delta on a fixed Gaussian vector and takes gamma = delta / 3: 0.21
+// for sign, 0.028 for top-1%. On a ring of 16, top-1% diverged at gamma 0.1 and above and
+// converged at 0.03 (measured in that test's setting); sign converged at 1.
+// Memory: the replica's own public copy and the sum of its neighbours' (CHOCO's efficient form),
+// so the graph must be fixed: a topology whose neighbours change with the round is refused. Under
+// fault::elastic a new view starts the copies afresh on every member (they are per neighbour).
 
-#include <array>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string>
 #include <vector>
 
-// ---- begin decentrain/comm/outer.hpp ----
-// The outer optimizer of DiLoCo and Streaming DiLoCo: SGD with (Nesterov) momentum on the averaged
-// pseudo-gradient (global - local), applied to the global parameters. One step for both policies
-// (a Streaming DiLoCo fragment steps its ranges of the same flat buffers).
-
-#include <concepts>
-#include <cstdint>
-#include <span>
-
-
-namespace decentrain::comm::outer {
-
-// SGD with Nesterov momentum: DiLoCo's settings (lr 0.7, momentum 0.9).
-struct nesterov {
-  double lr = 0.7;
-  double momentum = 0.9;
-  bool use_nesterov = true;
-};
-// Plain SGD on the pseudo-gradient; with lr 1 this is parameter averaging (local SGD).
-struct sgd {
-  double lr = 1.0;
-  double momentum = 0.0;
-  bool use_nesterov = false;
-};
-
-template <class Outer>
-constexpr bool check_outer() {
-  static_assert(requires(const Outer& o) { { o.lr } -> std::convertible_to<double>; },
-                "outer optimizer: needs `double lr` (see comm::outer::nesterov)");
-  static_assert(requires(const Outer& o) { { o.momentum } -> std::convertible_to<double>; },
-                "outer optimizer: needs `double momentum` (see comm::outer::nesterov)");
-  static_assert(requires(const Outer& o) { { o.use_nesterov } -> std::convertible_to<bool>; },
-                "outer optimizer: needs `bool use_nesterov` (see comm::outer::nesterov)");
-  return true;
-}
-
-// Fails naming `who` unless lr > 0 and momentum in [0, 1).
-template <class Outer>
-void validate(const Outer& o, const char* who) {
-  decentrain::detail::check(o.lr > 0 && o.momentum >= 0 && o.momentum < 1, who,
-                            ": the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ", o.lr, " and momentum ",
-                            o.momentum);
-}
-
-// global -= lr * (the pseudo-gradient through momentum); `first`: the momentum starts here.
-template <class Outer>
-void step(const Outer& o, std::span<float> global, std::span<const float> pseudo_gradient, std::span<float> momentum,
-          bool first) {
-  kernels::sgd_update(cpu{}, global.data(), pseudo_gradient.data(), momentum.data(), static_cast<std::int64_t>(global.size()),
-                      o.lr, o.momentum, 0.0, o.use_nesterov, 0.0, first);
-}
-
-}  // namespace decentrain::comm::outer
-// ---- end decentrain/comm/outer.hpp ----
 // ---- begin decentrain/comm/policy.hpp ----
 // What a communication policy is: a struct of settings (and a codec) that opts in with
 // `using policy_concept = comm::policy_tag;` and answers the trainer at the points it asks for.
@@ -22367,11 +22330,13 @@ compress::layout layout_of(const parameter_list<Device>& params) {
   }
   return l;
 }
+// `combining` names anything else in how the replicas combine that all must share (DiLoCo's
+// Moshpit grid), compared in the same 16 bytes.
 template <class Codec, class Aggregator, class Ctx>
-void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx) {
+void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx, const std::string& combining = "") {
   static_assert(collective::check_aggregator<Aggregator>());
   if (!ctx.joined) {  // a joiner's members are mid-run
-    const std::string aggregation = collective::describe_aggregator(aggregator);
+    const std::string aggregation = collective::describe_aggregator(aggregator) + combining;
     if (!ctx.replicas.all_same(decentrain::detail::fnv1a(compress::describe(codec) + " | " + aggregation))) {
       collective::agree_codec(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
       decentrain::detail::fail("aggregator: the peers combine contributions differently (this one uses '", aggregation,
@@ -22416,125 +22381,6 @@ inline void load_flat(const io::checkpoint& c, const std::string& name, std::vec
 
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/policy.hpp ----
-
-namespace decentrain::comm {
-
-
-template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
-struct diloco {
-  static_assert(outer::check_outer<Outer>());
-  static_assert(compress::check_codec<Codec>());
-  static_assert(collective::check_aggregator<Aggregator>());
-  using policy_concept = policy_tag;
-  static constexpr const char* name = "diloco";
-
-  std::int64_t inner_steps = 50;  // H: inner steps per round
-  Outer outer_optimizer{};
-  Codec codec{};
-  Aggregator aggregator{};
-  // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
-  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
-  // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
-  bool weighted = false;
-  // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
-  // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
-  static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
-
-  template <class Ctx>
-  void start(Ctx& ctx) {
-    decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
-    outer::validate(outer_optimizer, "diloco");
-    prepare_codec(codec, aggregator, ctx);
-    check_weighs(aggregator, weighted, "diloco");
-    if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
-      decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
-                                " values, the model has ", flat_size(ctx.parameters));
-      return;
-    }
-    broadcast_parameters(ctx, global_);
-    momentum_.assign(global_.size(), 0.0f);
-    momentum_started_ = false;
-  }
-  // Before the fault policy starts: the outer state at the model's size (values set by start or
-  // by a state loaded), so that a state a joiner takes from the members lands in it rather than
-  // in new memory (fault::elastic). A state restored already keeps its size (start checks it).
-  template <class Ctx>
-  void size_state(Ctx& ctx) {
-    if (!global_.empty()) return;
-    global_.resize(flat_size(ctx.parameters));
-    momentum_.resize(global_.size());
-  }
-  template <class Ctx>
-  void after_backward(Ctx&) {}
-
-  template <class Ctx>
-  void after_step(Ctx& ctx) {
-    weight_.add(ctx);
-    if (!ends_round(ctx, inner_steps)) return;
-    gather_values(ctx.parameters, delta_);
-    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
-                         weight_if(weighted, weight_.sum));
-    outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
-    momentum_started_ = true;
-    scatter_values(ctx.parameters, global_);
-    ++rounds_;
-    weight_.sum = 0;
-  }
-
-  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
-  std::int64_t rounds() const { return rounds_; }
-  // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
-  const collective::aggregation_record& aggregation() const { return aggregation_; }
-
-  void save(io::checkpoint& c) const {
-    c.tensors["comm.diloco.global"] = flat_tensor(global_, c);
-    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_, c);
-    c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
-    c.counters["comm.diloco.rounds"] = rounds_;
-    save_codec(codec, c, "comm.diloco.codec.");
-    weight_.save(c, "comm.diloco.");
-  }
-  void load(const io::checkpoint& c) {
-    const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
-    load_flat(c, "comm.diloco.global", global_, n);
-    load_flat(c, "comm.diloco.momentum", momentum_, n);
-    momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
-    rounds_ = c.counter("comm.diloco.rounds");
-    load_codec(codec, c, "comm.diloco.codec.");
-    weight_.load(c, "comm.diloco.");
-  }
-
- private:
-  std::vector<float> global_, momentum_, delta_;
-  bool momentum_started_ = false;
-  std::int64_t rounds_ = 0;
-  round_weight weight_;
-  collective::aggregation_record aggregation_;
-};
-
-}  // namespace decentrain::comm
-// ---- end decentrain/comm/diloco.hpp ----
-// ---- begin decentrain/comm/gossip.hpp ----
-// Gossip (decentralized SGD, D-PSGD: Lian et al. 2017, arXiv 1705.09056): no all-reduce and no
-// peer that hears from everyone. Every `inner_steps` steps each replica averages its parameters
-// with the few neighbours its Topology (comm/topology.hpp) names for that round, after its own
-// optimizer step (the adapt-then-combine order). Replicas hold different parameters between
-// rounds; they drift towards their mean at a rate set by the topology's spectral gap, and every
-// round moves `degree` models per peer whatever the group's size (an all-reduce moves about two).
-// Every topology there is doubly stochastic under equal weights, so a round keeps the replicas'
-// mean. Under fault::elastic the topology is laid over the current view's members, so the ring
-// closes over a dead peer. Optimizer state stays local; the policy has no state of its own to
-// save (the round follows from the step), so a resumed run continues bit for bit. The trainer's
-// validation loss is then the replicas' mean, each on its own rows.
-
-#include <algorithm>
-#include <bit>
-#include <cstdint>
-#include <span>
-#include <string>
-#include <vector>
-
 // ---- begin decentrain/comm/topology.hpp ----
 // Gossip graphs: whom each replica sends to and receives from in round t (ranks of ctx.replicas,
 // n of them). Every graph here is doubly stochastic under equal weights (each replica is received
@@ -22739,6 +22585,581 @@ std::string topology_name(const T& t) {
 
 namespace decentrain::comm {
 
+// One replica's public copy and its neighbours' sum; choco (below) drives it from the trainer.
+class choco_mixer {
+ public:
+  // Refused unless the topology names the same neighbours, both ways, in every round (a ring, a
+  // torus, the static exponential graph).
+  template <class Topology>
+  static void check_fixed(const Topology& topo, int n) {
+    for (int r = 0; r < n; ++r) {
+      const auto to = topo.sends_to(r, n, 0), from = topo.receives_from(r, n, 0);
+      for (std::int64_t t = 1; t < 16; ++t)
+        decentrain::detail::check(topo.sends_to(r, n, t) == to, "choco: topology '", topology_name(topo),
+                                  "' changes its neighbours with the round; CHOCO keeps its neighbours' public copies, so it needs ",
+                                  "a fixed graph (ring, torus)");
+      decentrain::detail::check(std::is_permutation(to.begin(), to.end(), from.begin(), from.end()), "choco: topology '",
+                                topology_name(topo), "' has replica ", r, " send to other peers than it receives from; ",
+                                "CHOCO needs an undirected graph (ring, torus)");
+    }
+  }
+
+  // A round on `x`: encode x - x^, add the decoded difference to x^, send it to the neighbours,
+  // add theirs to the neighbours' sum, and step x by gamma towards them.
+  template <class Topology, class Codec, class Comm>
+  void round(const Topology& topo, Codec& codec, Comm& replicas, double gamma, std::span<float> x) {
+    const int me = replicas.rank(), n = replicas.world();
+    const auto neighbours = topo.sends_to(me, n, 0);
+    for (std::size_t i = 0; i < neighbours.size(); ++i) {
+      const int j = neighbours[i];
+      decentrain::detail::check(j >= 0 && j < n && j != me && std::count(neighbours.begin(), neighbours.end(), j) == 1, "choco: topology '",
+                                topology_name(topo), "' names peer ", j, " for replica ", me, " of ", n, " (out of range, itself, or twice)");
+    }
+    if (own_.size() != x.size()) {
+      own_.assign(x.size(), 0.0f);
+      others_.assign(x.size(), 0.0f);
+    }
+    const std::size_t bound = codec.max_encoded_bytes(x.size());
+    for (int j : neighbours) replicas.expect_from(j, 8 + bound);
+    diff_.resize(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) diff_[i] = x[i] - own_[i];
+    message_.assign(8 + bound, std::byte{0});
+    const std::uint64_t size = codec.encode(std::span<const float>(diff_), std::span<std::byte>(message_).subspan(8));
+    decentrain::detail::check(size <= bound, "choco: the codec wrote ", size, " bytes, over its own bound of ", bound);
+    std::memcpy(message_.data(), &size, 8);
+    codec.decode_add(std::span<const std::byte>(message_).subspan(8, size), std::span<float>(own_));
+    for (int j : neighbours) replicas.send_to(j, std::span<const std::byte>(message_));
+    inbox_.resize(8 + bound);
+    for (int j : neighbours) {
+      replicas.recv_from(j, std::span<std::byte>(inbox_));
+      std::uint64_t got = 0;
+      std::memcpy(&got, inbox_.data(), 8);
+      decentrain::detail::check(got <= bound, "choco: peer ", j, " announced a payload of ", got, " bytes, over the codec's bound of ",
+                                bound);
+      try {
+        codec.decode_add(std::span<const std::byte>(inbox_).subspan(8, got), std::span<float>(others_));
+      } catch (const decentrain::error& e) {
+        decentrain::detail::fail("choco: peer ", j, " sent a payload the codec rejects: ", e.what());
+      }
+    }
+    const double w = 1.0 / static_cast<double>(neighbours.size() + 1), d = static_cast<double>(neighbours.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      x[i] = static_cast<float>(x[i] + gamma * w * (others_[i] - d * own_[i]));
+      decentrain::detail::check(std::isfinite(x[i]), "choco: value ", i, " is not finite after a round (a neighbour's ",
+                                "public copy is not, or gamma ", gamma, " diverges with this codec)");
+    }
+  }
+  // The neighbours are other peers: every copy starts afresh (every member does the same).
+  void forget_peers() {
+    own_.clear();
+    others_.clear();
+  }
+  // Saved by the peer that holds them; `load` holds them until `take_restored` (a peer restored
+  // from its own checkpoint), a state adopted from another peer leaves them (its neighbours').
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    c.tensors[prefix + "public_own"] = flat_tensor(own_, c);
+    c.tensors[prefix + "public_neighbours"] = flat_tensor(others_, c);
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    restored_own_ = c.tensor_at(prefix + "public_own").to_vector<float>();
+    restored_others_ = c.tensor_at(prefix + "public_neighbours").to_vector<float>();
+    decentrain::detail::check(restored_own_.size() == restored_others_.size(), "checkpoint: '", prefix,
+                              "public_own' and 'public_neighbours' differ in size");
+  }
+  void take_restored() {
+    own_ = std::move(restored_own_);
+    others_ = std::move(restored_others_);
+    drop_restored();
+  }
+  void drop_restored() {
+    restored_own_.clear();
+    restored_others_.clear();
+  }
+
+ private:
+  std::vector<float> own_, others_, diff_, restored_own_, restored_others_;
+  std::vector<std::byte> message_, inbox_;
+};
+
+template <class Topology = topology::ring, class Codec = compress::sign>
+struct choco {
+  static_assert(check_topology<Topology>());
+  static_assert(compress::check_codec<Codec>());
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "choco";
+  static constexpr bool replicas_differ = true;
+
+  std::int64_t inner_steps = 1;  // steps between rounds (CHOCO-SGD: 1)
+  Topology topology{};
+  Codec codec{};
+  double consensus_step = 0;     // gamma; 0: a third of the codec's measured fidelity (see above)
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "choco: inner_steps must be >= 1, got ", inner_steps);
+    decentrain::detail::check(consensus_step >= 0 && consensus_step <= 1,
+                              "choco: consensus_step must be in (0, 1] (0: from the codec's fidelity), got ", consensus_step);
+    if constexpr (requires { topology.validate(); }) topology.validate();
+    const std::string codec_name = compress::describe(codec);
+    for (const char* own_round : {"ef(", "adaptive(", "powersgd("})
+      decentrain::detail::check(codec_name.find(own_round) == std::string::npos, "choco: codec '", codec_name,
+                                "' runs a collective of its own; CHOCO sends one payload to each neighbour and already ",
+                                "keeps what the codec drops (use its plain form)");
+    choco_mixer::check_fixed(topology, ctx.replicas.world());
+    prepare_codec(codec, ctx);
+    gamma_ = consensus_step > 0 ? consensus_step : fidelity(codec, flat_size(ctx.parameters)) / 3;
+    if (!ctx.joined)
+      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
+                                "choco: the peers mix differently (this one: ", describe(),
+                                "); every peer must use the same topology, inner_steps and consensus_step");
+    if (ctx.resumed && !ctx.joined && restored_rank_ == ctx.replicas.rank() && restored_world_ == ctx.replicas.world()) {
+      mixer_.take_restored();
+    } else {
+      mixer_.drop_restored();
+      if (ctx.joined) mixer_.forget_peers();
+    }
+    rank_ = ctx.replicas.rank();
+    world_ = ctx.replicas.world();
+    if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if (!ends_round(ctx, inner_steps)) return;
+    if (ctx.replicas.world() != world_) choco_mixer::check_fixed(topology, ctx.replicas.world());
+    rank_ = ctx.replicas.rank();
+    world_ = ctx.replicas.world();
+    gather_values(ctx.parameters, buffer_);
+    mixer_.round(topology, codec, ctx.replicas, gamma_, std::span<float>(buffer_));
+    scatter_values(ctx.parameters, buffer_);
+  }
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  void drop_in_flight() { mixer_.forget_peers(); }
+  double gamma() const { return gamma_; }
+
+  // delta = 1 - |Q(g) - g|^2 / |g|^2 for g a fixed N(0, 1) vector of the model's size (at most
+  // 2^20 values), through a copy of the codec (its state untouched): the same on every peer.
+  static double fidelity(const Codec& codec, std::size_t size) {
+    size = std::clamp<std::size_t>(size, 1, std::size_t{1} << 20);
+    rng gen(0x63686f636fu, "choco.fidelity");  // "choco"
+    std::vector<float> g(size), decoded(size, 0.0f);
+    for (auto& v : g) v = static_cast<float>(gen.normal());
+    Codec probe = codec;
+    std::vector<std::byte> payload(probe.max_encoded_bytes(size));
+    const std::size_t bytes = probe.encode(std::span<const float>(g), std::span<std::byte>(payload));
+    probe.decode_add(std::span<const std::byte>(payload).subspan(0, bytes), std::span<float>(decoded));
+    double err = 0, norm = 0;
+    for (std::size_t i = 0; i < size; ++i) {
+      err += (static_cast<double>(decoded[i]) - g[i]) * (static_cast<double>(decoded[i]) - g[i]);
+      norm += static_cast<double>(g[i]) * g[i];
+    }
+    return std::clamp(1.0 - err / norm, 1e-6, 1.0);
+  }
+
+  void save(io::checkpoint& c) const {
+    mixer_.save(c, "comm.choco.");
+    save_codec(codec, c, "comm.choco.codec.");
+    c.counters["comm.choco.rank"] = rank_;
+    c.counters["comm.choco.world"] = world_;
+  }
+  void load(const io::checkpoint& c) {
+    mixer_.load(c, "comm.choco.");
+    load_codec(codec, c, "comm.choco.codec.");
+    restored_rank_ = static_cast<int>(c.counter("comm.choco.rank"));
+    restored_world_ = static_cast<int>(c.counter("comm.choco.world"));
+  }
+
+  std::string describe() const {
+    char gamma[32];
+    std::snprintf(gamma, sizeof gamma, "%.17g", consensus_step);
+    return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps) + ",gamma=" + gamma;
+  }
+
+ private:
+  choco_mixer mixer_;
+  std::vector<float> buffer_;
+  int rank_ = -1, world_ = -1, restored_rank_ = -2, restored_world_ = -2;
+  double gamma_ = 0;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/choco.hpp ----
+// ---- begin decentrain/comm/diloco.hpp ----
+// DiLoCo (Douillard et al., 2023): each peer runs H = inner_steps inner optimizer steps from the
+// shared global parameters; then the pseudo-gradient (global - local) is averaged across the
+// replicas (sent through Codec, combined by Aggregator) and applied to the global parameters by an outer optimizer,
+// Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
+// starts the next round from the new global parameters. Peers talk once per H steps instead of
+// every step. The average is one all-reduce among all the replicas, or Moshpit's rounds in small
+// groups (`moshpit`: comm/moshpit.hpp), so that no collective spans every replica.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin decentrain/comm/moshpit.hpp ----
+// Moshpit averaging (Ryabinin et al. 2021, arXiv 2103.03239): the replicas stand in a virtual
+// grid of side M (group_size) and d = ceil(log_M n) dimensions, replica r at the base-M digits of
+// r. Round k averages within the groups that share every coordinate but dimension k mod d: an
+// all-reduce among at most M peers, never among all. For n = M^d, d rounds give every replica the
+// exact mean (each round averages out one digit); for other n the grid has holes, its groups are
+// smaller, and the replicas converge to the mean over more rounds. A lost peer fails only its
+// group's all-reduce; under fault::elastic the grid is laid over the members that remain, so its
+// groups shrink instead of stalling.
+//   moshpit_grid       the grid: groups per round, and how many rounds make one average;
+//   moshpit_averager   averages a flat buffer through the grid's rounds, each group's all-reduce
+//                      through a codec and an aggregator (the policies' slot), weighted where
+//                      asked (a group's weight is then its members' sum, carried to the next round,
+//                      so the rounds keep a weighted mean);
+//   moshpit            the communication policy: local SGD whose periodic average is Moshpit's
+//                      (the replicas differ where the rounds leave them unequal).
+// DiLoCo takes the averager for its outer averaging (diloco::averaging), so an outer step needs
+// no global all-reduce.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+struct moshpit_grid {
+  int group_size = 4;  // M: the grid's side
+  int rounds = 0;      // rounds per average; 0: the grid's dimensions (the exact mean for n = M^d)
+
+  void validate(const char* who) const {
+    decentrain::detail::check(group_size >= 2, who, ": Moshpit's group_size must be >= 2, got ", group_size);
+    decentrain::detail::check(rounds >= 0, who, ": Moshpit's rounds must be >= 0 (0: the grid's dimensions), got ", rounds);
+  }
+  // d: the fewest dimensions whose grid holds n replicas (1 for n <= M).
+  int dims(int n) const {
+    int d = 1;
+    for (std::int64_t cells = group_size; cells < n; cells *= group_size) ++d;
+    return d;
+  }
+  int rounds_per_average(int n) const { return rounds > 0 ? rounds : dims(n); }
+  // The replicas that average with `rank` in round `round` (ascending, `rank` among them): those
+  // whose coordinates equal its own except along dimension round mod d.
+  std::vector<int> group_of(int rank, int n, std::int64_t round) const {
+    const int d = dims(n);
+    std::int64_t stride = 1;
+    for (int k = 0; k < static_cast<int>(round % d); ++k) stride *= group_size;
+    const std::int64_t digit = (rank / stride) % group_size, base = rank - digit * stride;
+    std::vector<int> out;
+    for (std::int64_t m = 0; m < group_size; ++m)
+      if (const std::int64_t r = base + m * stride; r < n) out.push_back(static_cast<int>(r));
+    return out;
+  }
+  std::string describe() const {
+    return "moshpit(group_size=" + std::to_string(group_size) + ",rounds=" + (rounds ? std::to_string(rounds) : "dims") + ")";
+  }
+};
+
+// The groups' communicators of the current view, made once each (a group's first collective
+// agrees its members' settings: on a slow link, a round trip not paid every round).
+class moshpit_averager {
+ public:
+  moshpit_averager() = default;
+  // A copy (a policy handed to a trainer) makes its own groups when it first averages.
+  moshpit_averager(const moshpit_averager&) {}
+  moshpit_averager& operator=(const moshpit_averager& other) {
+    if (this != &other) forget();
+    return *this;
+  }
+  // `average` with Moshpit rounds first_round .. first_round + rounds - 1 over `replicas`; with
+  // `weight`, every group's mean weighs its members by it, and `weight` becomes their sum.
+  template <class Codec, class Aggregator, class Comm>
+  void average(const moshpit_grid& grid, Codec& codec, Aggregator& aggregator, Comm& replicas, std::span<float> values,
+               std::int64_t first_round, std::optional<double>& weight) {
+    const int n = replicas.world(), me = replicas.rank();
+    if (n != world_ || me != rank_) forget();
+    world_ = n;
+    rank_ = me;
+    for (int k = 0; k < grid.rounds_per_average(n); ++k) {
+      const auto members = grid.group_of(me, n, first_round + k);
+      if (members.size() < 2) continue;
+      auto it = groups_.find(members);
+      if (it == groups_.end()) it = groups_.emplace(members, replicas.group(members)).first;
+      auto& group = it->second;
+      collective::encoded_all_reduce(codec, group, values, true, aggregator, record_, weight);
+      if (weight.has_value()) {
+        double sum = weight.value();
+        group.all_reduce(std::span<double>(&sum, 1), collective::reduce_op::sum);
+        weight = sum;
+      }
+    }
+  }
+  // A re-formed view: its groups are other peers.
+  void forget() {
+    groups_.clear();
+    world_ = rank_ = -1;
+  }
+
+ private:
+  std::map<std::vector<int>, collective::communicator<transport::any_endpoint>> groups_;
+  collective::aggregation_record record_;  // (a group's ranks are not the replicas': no tally kept)
+  int world_ = -1, rank_ = -1;
+};
+
+template <class Codec = compress::identity, class Aggregator = collective::mean>
+struct moshpit {
+  static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "moshpit";
+  static constexpr bool replicas_differ = true;
+
+  std::int64_t inner_steps = 1;  // steps between averages
+  moshpit_grid grid{};
+  Codec codec{};
+  Aggregator aggregator{};
+  // Average by the weight of the replicas' rounds (the sum of ctx.step_weight over the round's
+  // steps), carried through the grid's rounds; every replica the same.
+  bool weighted = false;
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "moshpit: inner_steps must be >= 1, got ", inner_steps);
+    grid.validate("moshpit");
+    prepare_codec(codec, aggregator, ctx);
+    check_weighs(aggregator, weighted, "moshpit");
+    if (!ctx.joined)
+      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(grid.describe() + std::to_string(inner_steps))),
+                                "moshpit: the peers average differently (this one: ", grid.describe(), ", inner_steps ",
+                                inner_steps, "); every peer must use the same grid and inner_steps");
+    if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    weight_.add(ctx);
+    if (!ends_round(ctx, inner_steps)) return;
+    gather_values(ctx.parameters, buffer_);
+    std::optional<double> w = weight_if(weighted, weight_.sum);
+    // Each average goes on where the last one's rounds stopped (with fewer rounds than
+    // dimensions, the next average takes the next dimensions).
+    const std::int64_t average = ctx.step / inner_steps;
+    averager_.average(grid, codec, aggregator, ctx.replicas, std::span<float>(buffer_),
+                      average * grid.rounds_per_average(ctx.replicas.world()), w);
+    scatter_values(ctx.parameters, buffer_);
+    weight_.sum = 0;
+  }
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  void drop_in_flight() { averager_.forget(); }
+  void save(io::checkpoint& c) const {
+    save_codec(codec, c, "comm.moshpit.codec.");
+    weight_.save(c, "comm.moshpit.");
+  }
+  void load(const io::checkpoint& c) {
+    load_codec(codec, c, "comm.moshpit.codec.");
+    weight_.load(c, "comm.moshpit.");
+  }
+
+ private:
+  std::vector<float> buffer_;
+  round_weight weight_;
+  moshpit_averager averager_;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/moshpit.hpp ----
+// ---- begin decentrain/comm/outer.hpp ----
+// The outer optimizer of DiLoCo and Streaming DiLoCo: SGD with (Nesterov) momentum on the averaged
+// pseudo-gradient (global - local), applied to the global parameters. One step for both policies
+// (a Streaming DiLoCo fragment steps its ranges of the same flat buffers).
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+
+namespace decentrain::comm::outer {
+
+// SGD with Nesterov momentum: DiLoCo's settings (lr 0.7, momentum 0.9).
+struct nesterov {
+  double lr = 0.7;
+  double momentum = 0.9;
+  bool use_nesterov = true;
+};
+// Plain SGD on the pseudo-gradient; with lr 1 this is parameter averaging (local SGD).
+struct sgd {
+  double lr = 1.0;
+  double momentum = 0.0;
+  bool use_nesterov = false;
+};
+
+template <class Outer>
+constexpr bool check_outer() {
+  static_assert(requires(const Outer& o) { { o.lr } -> std::convertible_to<double>; },
+                "outer optimizer: needs `double lr` (see comm::outer::nesterov)");
+  static_assert(requires(const Outer& o) { { o.momentum } -> std::convertible_to<double>; },
+                "outer optimizer: needs `double momentum` (see comm::outer::nesterov)");
+  static_assert(requires(const Outer& o) { { o.use_nesterov } -> std::convertible_to<bool>; },
+                "outer optimizer: needs `bool use_nesterov` (see comm::outer::nesterov)");
+  return true;
+}
+
+// Fails naming `who` unless lr > 0 and momentum in [0, 1).
+template <class Outer>
+void validate(const Outer& o, const char* who) {
+  decentrain::detail::check(o.lr > 0 && o.momentum >= 0 && o.momentum < 1, who,
+                            ": the outer optimizer needs lr > 0 and momentum in [0, 1), got lr ", o.lr, " and momentum ",
+                            o.momentum);
+}
+
+// global -= lr * (the pseudo-gradient through momentum); `first`: the momentum starts here.
+template <class Outer>
+void step(const Outer& o, std::span<float> global, std::span<const float> pseudo_gradient, std::span<float> momentum,
+          bool first) {
+  kernels::sgd_update(cpu{}, global.data(), pseudo_gradient.data(), momentum.data(), static_cast<std::int64_t>(global.size()),
+                      o.lr, o.momentum, 0.0, o.use_nesterov, 0.0, first);
+}
+
+}  // namespace decentrain::comm::outer
+// ---- end decentrain/comm/outer.hpp ----
+
+namespace decentrain::comm {
+
+
+template <class Outer = outer::nesterov, class Codec = compress::identity, class Aggregator = collective::mean>
+struct diloco {
+  static_assert(outer::check_outer<Outer>());
+  static_assert(compress::check_codec<Codec>());
+  static_assert(collective::check_aggregator<Aggregator>());
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "diloco";
+
+  std::int64_t inner_steps = 50;  // H: inner steps per round
+  Outer outer_optimizer{};
+  Codec codec{};
+  Aggregator aggregator{};
+  // Average the replicas' pseudo-gradients by the weight of their rounds (the sum of
+  // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
+  // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
+  bool weighted = false;
+  // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
+  // its default rounds) instead of one all-reduce; every replica the same.
+  std::optional<moshpit_grid> moshpit{};
+  // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
+  // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
+  static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
+    outer::validate(outer_optimizer, "diloco");
+    if (moshpit) moshpit->validate("diloco");
+    prepare_codec(codec, aggregator, ctx, moshpit ? ", averaged by " + moshpit->describe() : std::string());
+    check_weighs(aggregator, weighted, "diloco");
+    if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
+      decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
+                                " values, the model has ", flat_size(ctx.parameters));
+      return;
+    }
+    broadcast_parameters(ctx, global_);
+    momentum_.assign(global_.size(), 0.0f);
+    momentum_started_ = false;
+  }
+  // Before the fault policy starts: the outer state at the model's size (values set by start or
+  // by a state loaded), so that a state a joiner takes from the members lands in it rather than
+  // in new memory (fault::elastic). A state restored already keeps its size (start checks it).
+  template <class Ctx>
+  void size_state(Ctx& ctx) {
+    if (!global_.empty()) return;
+    global_.resize(flat_size(ctx.parameters));
+    momentum_.resize(global_.size());
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    weight_.add(ctx);
+    if (!ends_round(ctx, inner_steps)) return;
+    gather_values(ctx.parameters, delta_);
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    if (moshpit) {
+      std::optional<double> w = weight_if(weighted, weight_.sum);
+      averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
+                        rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
+    } else {
+      collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
+                                     weight_if(weighted, weight_.sum));
+    }
+    outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
+    momentum_started_ = true;
+    scatter_values(ctx.parameters, global_);
+    ++rounds_;
+    weight_.sum = 0;
+  }
+
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  // A re-formed view: Moshpit's groups are other peers.
+  void drop_in_flight() { averager_.forget(); }
+  std::int64_t rounds() const { return rounds_; }
+  // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
+  const collective::aggregation_record& aggregation() const { return aggregation_; }
+
+  void save(io::checkpoint& c) const {
+    c.tensors["comm.diloco.global"] = flat_tensor(global_, c);
+    c.tensors["comm.diloco.momentum"] = flat_tensor(momentum_, c);
+    c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
+    c.counters["comm.diloco.rounds"] = rounds_;
+    save_codec(codec, c, "comm.diloco.codec.");
+    weight_.save(c, "comm.diloco.");
+  }
+  void load(const io::checkpoint& c) {
+    const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
+    load_flat(c, "comm.diloco.global", global_, n);
+    load_flat(c, "comm.diloco.momentum", momentum_, n);
+    momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
+    rounds_ = c.counter("comm.diloco.rounds");
+    load_codec(codec, c, "comm.diloco.codec.");
+    weight_.load(c, "comm.diloco.");
+  }
+
+ private:
+  std::vector<float> global_, momentum_, delta_;
+  bool momentum_started_ = false;
+  std::int64_t rounds_ = 0;
+  round_weight weight_;
+  collective::aggregation_record aggregation_;
+  moshpit_averager averager_;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/diloco.hpp ----
+// ---- begin decentrain/comm/gossip.hpp ----
+// Gossip (decentralized SGD, D-PSGD: Lian et al. 2017, arXiv 1705.09056): no all-reduce and no
+// peer that hears from everyone. Every `inner_steps` steps each replica averages its parameters
+// with the few neighbours its Topology (comm/topology.hpp) names for that round, after its own
+// optimizer step (the adapt-then-combine order). Replicas hold different parameters between
+// rounds; they drift towards their mean at a rate set by the topology's spectral gap, and every
+// round moves `degree` models per peer whatever the group's size (an all-reduce moves about two).
+// Every topology there is doubly stochastic under equal weights, so a round keeps the replicas'
+// mean. Under fault::elastic the topology is laid over the current view's members, so the ring
+// closes over a dead peer. Optimizer state stays local; the policy has no state of its own to
+// save (the round follows from the step), so a resumed run continues bit for bit. The trainer's
+// validation loss is then the replicas' mean, each on its own rows.
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::comm {
+
 // One gossip round on `values` (this replica's, replaced by the average of its own and those it
 // receives from): sends first, then receives, so every replica may call it at once whatever the
 // topology. The neighbour lists must be consistent (j sends to i in round t exactly when i
@@ -22821,6 +23242,341 @@ struct gossip {
 
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/gossip.hpp ----
+// ---- begin decentrain/comm/push_sum.hpp ----
+// Push-sum gossip (Stochastic Gradient Push: Assran et al. 2019, arXiv 1811.10792; push-sum:
+// Kempe et al. 2003). Each replica holds its parameters z and a push-sum weight w (1 at the
+// start); a round splits the numerator x = w z and the weight into d + 1 equal shares, keeps one
+// and pushes one to each of the d peers its Topology sends to, then adds what it receives and
+// de-biases: z = x / w. Only column sums matter, so the graph may be directed, irregular and
+// different every round (a peer need not receive from those it sends to): the replicas' weighted
+// mean sum(x) / sum(w) is kept whatever the graph, where D-PSGD's equal weights keep the mean only
+// on graphs whose in-degree equals out-degree everywhere.
+//   overlap       (OSGP) a round adds the messages of the round before: they travelled while this
+//                 peer computed a step, so sending overlaps compute; one round stale. The last
+//                 step takes both, leaving nothing in flight.
+//   running_sums  each message carries everything ever sent along its edge (in f64), and the
+//                 receiver adds the difference from the last one it got (Hadjicostis et al. 2016,
+//                 arXiv 1412.8014): a lost message's mass arrives with the next one on that edge
+//                 instead of being lost (BlueFog and SGP assume no loss). It doubles the bytes
+//                 and keeps 2 x (model + 1) f64 per edge used.
+//   drop_fraction fault injection for tests and benchmarks: that fraction of messages (drawn from
+//                 drop_seed, the round and the edge) arrives as "lost", the receiver learning
+//                 nothing from it.
+// Under fault::elastic a re-formed view starts the edges afresh (drop_in_flight): mass in flight
+// to the old view is lost, which push-sum's de-biasing tolerates (the weights lose it too). A
+// resumed run continues bit for bit: the weight, the running sums and the messages in flight are
+// in the checkpoint, and a peer restored from its own state sends its in-flight messages again.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+// One replica's push-sum state and its messages; push_sum (below) drives it from the trainer,
+// and it works on any flat values (tests and benchmarks mix plain vectors).
+class push_sum_mixer {
+ public:
+  struct settings {
+    bool running_sums = false;
+    double drop_fraction = 0;
+    std::uint64_t drop_seed = 0;
+  };
+  push_sum_mixer() = default;
+  explicit push_sum_mixer(settings s) : s_(s) {}
+
+  double weight() const { return weight_; }
+  void set_weight(double w) { weight_ = w; }
+  void configure(settings s) { s_ = s; }
+
+  // Round `round`'s messages to this replica will come: said before this peer sends its own
+  // (transport::expect), so a transport that bounds what it queues from a peer takes them whole.
+  template <class Topology, class Comm>
+  void expect(const Topology& topo, Comm& replicas, std::int64_t round, std::size_t size) {
+    const int me = replicas.rank(), n = replicas.world();
+    for (int j : checked(topo.receives_from(me, n, round), topo, me, n, round))
+      replicas.expect_from(j, message_floats(size) * sizeof(float));
+  }
+
+  // Round `round`'s shares of (w z, w): one kept, one sent to each peer the topology names.
+  // Messages of this round are expected from the peers that send to this one (said before
+  // sending, as gossip_round does).
+  template <class Topology, class Comm>
+  void send(const Topology& topo, Comm& replicas, std::int64_t round, std::span<const float> z) {
+    const int me = replicas.rank(), n = replicas.world();
+    const auto to = checked(topo.sends_to(me, n, round), topo, me, n, round);
+    expect(topo, replicas, round, z.size());
+    // The weight splits exactly: each peer gets s = w / (d + 1) rounded, and w - d s (a multiple
+    // of s's unit in the last place, near s) is exact, so the total weight drifts by rounding
+    // alone, not by w (1/3) rounding the same way every round.
+    const auto d = static_cast<double>(to.size());
+    const double sent_w = weight_ / (d + 1);
+    kept_w_ = std::fma(-d, sent_w, weight_);
+    kept_x_.resize(z.size());
+    for (std::size_t i = 0; i < z.size(); ++i) kept_x_[i] = kept_w_ * static_cast<double>(z[i]);
+    outbox_.clear();
+    for (int j : to) {
+      auto& m = outbox_[j];
+      m.assign(message_floats(z.size()), 0.0f);
+      if (s_.running_sums) {
+        auto& sum = sent_[j];
+        sum.resize(z.size() + 1, 0.0);
+        sum[0] += sent_w;
+        for (std::size_t i = 0; i < z.size(); ++i) sum[i + 1] += sent_w * static_cast<double>(z[i]);
+        put_double(m, 2, sum[0]);
+        std::memcpy(m.data() + 4, sum.data() + 1, z.size() * sizeof(double));
+      } else {
+        put_double(m, 2, sent_w);
+        for (std::size_t i = 0; i < z.size(); ++i) m[4 + i] = static_cast<float>(sent_w * static_cast<double>(z[i]));
+      }
+      if (dropped(round, me, j)) put_double(m, 0, 1.0);  // arrives as "lost"
+      replicas.send_to(j, std::span<const float>(m));
+    }
+  }
+
+  // Adds round `round`'s messages from the peers that send to this one (their send of that
+  // round), in the order of the topology's list: a round's result does not depend on timing.
+  template <class Topology, class Comm>
+  void receive(const Topology& topo, Comm& replicas, std::int64_t round, std::size_t size) {
+    const int me = replicas.rank(), n = replicas.world();
+    inbox_.resize(message_floats(size));
+    for (int j : checked(topo.receives_from(me, n, round), topo, me, n, round)) {
+      replicas.recv_from(j, std::span<float>(inbox_));
+      if (get_double(inbox_, 0) != 0.0) continue;  // lost: nothing learned (a running sum brings it later)
+      const double w = get_double(inbox_, 2);
+      decentrain::detail::check(std::isfinite(w) && w > 0, "push-sum: peer ", j, " sent the weight ", w,
+                                " (a weight must be finite and > 0)");
+      if (s_.running_sums) {
+        auto& seen = seen_[j];
+        seen.resize(size + 1, 0.0);
+        kept_w_ += w - seen[0];
+        seen[0] = w;
+        for (std::size_t i = 0; i < size; ++i) {
+          double v;
+          std::memcpy(&v, inbox_.data() + 4 + 2 * i, sizeof v);
+          kept_x_[i] += v - seen[i + 1];
+          seen[i + 1] = v;
+        }
+      } else {
+        kept_w_ += w;
+        for (std::size_t i = 0; i < size; ++i) kept_x_[i] += static_cast<double>(inbox_[4 + i]);
+      }
+    }
+  }
+
+  // The new weight, and z = x / w.
+  void finish(std::span<float> z) {
+    decentrain::detail::check(std::isfinite(kept_w_) && kept_w_ > 0, "push-sum: this replica's weight became ", kept_w_);
+    weight_ = kept_w_;
+    for (std::size_t i = 0; i < z.size(); ++i) {
+      z[i] = static_cast<float>(kept_x_[i] / weight_);
+      decentrain::detail::check(std::isfinite(z[i]), "push-sum: value ", i, " is not finite after a round (a peer sent ",
+                                "values that are not)");
+    }
+  }
+
+  // The edges start afresh: a view of other peers (running sums and messages kept per peer).
+  void forget_peers() {
+    sent_.clear();
+    seen_.clear();
+    outbox_.clear();
+  }
+
+  // Messages sent but perhaps not received (an overlapped round's), the running sums and the
+  // weight. `load` takes the weight, and holds the rest until `resend_after_restore` takes it
+  // back and sends those messages again (a whole group resumed from its checkpoints stands where
+  // it saved, every message it had sent still to be received); a state adopted from another peer
+  // is left there (its edges are that peer's).
+  void save(io::checkpoint& c, const std::string& prefix, bool in_flight) const {
+    c.tensors[prefix + "weight"] = from_vector<cpu>(std::vector<double>{weight_}, shape{1});
+    for (const auto& [j, v] : sent_) c.tensors[prefix + "sent." + std::to_string(j)] = from_vector<cpu>(v, shape{static_cast<std::int64_t>(v.size())});
+    for (const auto& [j, v] : seen_) c.tensors[prefix + "seen." + std::to_string(j)] = from_vector<cpu>(v, shape{static_cast<std::int64_t>(v.size())});
+    if (in_flight)
+      for (const auto& [j, m] : outbox_)
+        c.tensors[prefix + "outbox." + std::to_string(j)] = from_vector<cpu>(m, shape{static_cast<std::int64_t>(m.size())});
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    const auto w = c.tensor_at(prefix + "weight");
+    decentrain::detail::check(w.dtype() == dtype::f64 && w.numel() == 1, "checkpoint: '", prefix, "weight' is not one f64");
+    weight_ = w.to_vector<double>()[0];
+    decentrain::detail::check(std::isfinite(weight_) && weight_ > 0, "checkpoint: '", prefix, "weight' is ", weight_);
+    restored_sent_.clear();
+    restored_seen_.clear();
+    restored_outbox_.clear();
+    for (const auto& [key, t] : c.tensors) {
+      if (!key.starts_with(prefix)) continue;
+      const std::string rest = key.substr(prefix.size());
+      for (const char* kind : {"sent.", "seen.", "outbox."}) {
+        if (!rest.starts_with(kind)) continue;
+        const int j = std::stoi(rest.substr(std::strlen(kind)));
+        if (std::strcmp(kind, "outbox.") == 0) restored_outbox_[j] = t.to_vector<float>();
+        else (std::strcmp(kind, "sent.") == 0 ? restored_sent_ : restored_seen_)[j] = t.to_vector<double>();
+      }
+    }
+  }
+  template <class Comm>
+  void resend_after_restore(Comm& replicas) {
+    for (const auto& [j, m] : restored_outbox_) {
+      decentrain::detail::check(j >= 0 && j < replicas.world() && j != replicas.rank(), "push-sum: a restored message is for peer ", j,
+                                ", not a peer of this group of ", replicas.world());
+      replicas.send_to(j, std::span<const float>(m));
+    }
+    outbox_ = std::move(restored_outbox_);
+    sent_ = std::move(restored_sent_);
+    seen_ = std::move(restored_seen_);
+    drop_restored();
+  }
+  // A state taken from another peer (a joiner's, an adopted one) keeps the weight only.
+  void drop_restored() {
+    restored_outbox_.clear();
+    restored_sent_.clear();
+    restored_seen_.clear();
+  }
+
+ private:
+  // A message: [lost flag (f64), weight (f64), values]: f32 values, or f64 running sums.
+  std::size_t message_floats(std::size_t size) const { return 4 + size * (s_.running_sums ? 2 : 1); }
+  static void put_double(std::vector<float>& m, std::size_t at, double v) { std::memcpy(m.data() + at, &v, sizeof v); }
+  static double get_double(const std::vector<float>& m, std::size_t at) {
+    double v;
+    std::memcpy(&v, m.data() + at, sizeof v);
+    return v;
+  }
+  bool dropped(std::int64_t round, int from, int to) const {
+    if (s_.drop_fraction <= 0) return false;
+    std::uint64_t h = decentrain::detail::splitmix64(s_.drop_seed ^ 0x64726f70ull);
+    for (const std::uint64_t v : {static_cast<std::uint64_t>(round), static_cast<std::uint64_t>(from), static_cast<std::uint64_t>(to)})
+      h = decentrain::detail::splitmix64(h ^ v);
+    return static_cast<double>(h >> 11) * 0x1.0p-53 < s_.drop_fraction;
+  }
+  template <class Topology>
+  static std::vector<int> checked(std::vector<int> list, const Topology& topo, int me, int n, std::int64_t round) {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const int j = list[i];
+      decentrain::detail::check(j >= 0 && j < n && j != me && std::count(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(i), j) == 0,
+                                "push-sum: topology '", topology_name(topo), "' names peer ", j, " for replica ", me, " of ", n,
+                                " in round ", round, " (out of range, itself, or twice)");
+    }
+    return list;
+  }
+
+  settings s_{};
+  double weight_ = 1, kept_w_ = 1;
+  std::vector<double> kept_x_;
+  std::vector<float> inbox_;
+  std::map<int, std::vector<double>> sent_, seen_, restored_sent_, restored_seen_;
+  std::map<int, std::vector<float>> outbox_, restored_outbox_;
+};
+
+template <class Topology = topology::one_peer_exponential>
+struct push_sum {
+  static_assert(check_topology<Topology>());
+  using policy_concept = policy_tag;
+  static constexpr const char* name = "push-sum";
+  static constexpr bool replicas_differ = true;
+
+  std::int64_t inner_steps = 1;  // steps between rounds (SGP: 1)
+  Topology topology{};
+  bool overlap = false;          // OSGP: a round takes the previous round's messages
+  bool running_sums = false;     // robust to lost messages
+  double drop_fraction = 0;      // fault injection: messages that arrive as lost
+  std::uint64_t drop_seed = 0;
+
+  template <class Ctx>
+  void start(Ctx& ctx) {
+    decentrain::detail::check(inner_steps >= 1, "push-sum: inner_steps must be >= 1, got ", inner_steps);
+    decentrain::detail::check(drop_fraction >= 0 && drop_fraction < 1, "push-sum: drop_fraction must be in [0, 1), got ",
+                              drop_fraction);
+    if constexpr (requires { topology.validate(); }) topology.validate();
+    if (!ctx.joined)
+      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
+                                "push-sum: the peers mix differently (this one: ", describe(),
+                                "); every peer must use the same topology, inner_steps, overlap and running sums");
+    mixer_.configure({running_sums, drop_fraction, drop_seed});
+    rank_ = ctx.replicas.rank();
+    world_ = ctx.replicas.world();
+    if (ctx.resumed && !ctx.joined && restored_rank_ == rank_ && restored_world_ == world_) {
+      // Every peer restored from its own checkpoint of the same step: the messages it had sent
+      // and the others had not received go out again.
+      if (restored_awaiting_) mixer_.expect(topology, ctx.replicas, *restored_awaiting_, flat_size(ctx.parameters));
+      mixer_.resend_after_restore(ctx.replicas);
+      awaiting_ = restored_awaiting_;
+    } else {
+      mixer_.drop_restored();
+      if (ctx.joined) mixer_.forget_peers();
+      awaiting_.reset();
+    }
+    if (!ctx.resumed) {
+      broadcast_parameters(ctx, buffer_);
+      mixer_.set_weight(1.0);
+    }
+  }
+  template <class Ctx>
+  void after_backward(Ctx&) {}
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if (!ends_round(ctx, inner_steps)) return;
+    const std::int64_t round = ctx.step / inner_steps;
+    rank_ = ctx.replicas.rank();
+    world_ = ctx.replicas.world();
+    gather_values(ctx.parameters, buffer_);
+    mixer_.send(topology, ctx.replicas, round, std::span<const float>(buffer_));
+    if (!overlap) {
+      mixer_.receive(topology, ctx.replicas, round, buffer_.size());
+    } else {
+      if (awaiting_) mixer_.receive(topology, ctx.replicas, *awaiting_, buffer_.size());
+      awaiting_ = round;
+      if (ctx.last_step) {  // nothing left in flight
+        mixer_.receive(topology, ctx.replicas, round, buffer_.size());
+        awaiting_.reset();
+      }
+    }
+    mixer_.finish(std::span<float>(buffer_));
+    scatter_values(ctx.parameters, buffer_);
+  }
+  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  // A re-formed view: other peers at these ranks, nothing in flight (the trainer's set_view).
+  void drop_in_flight() {
+    mixer_.forget_peers();
+    awaiting_.reset();
+  }
+  double weight() const { return mixer_.weight(); }
+
+  void save(io::checkpoint& c) const {
+    mixer_.save(c, "comm.push_sum.", awaiting_.has_value());
+    c.counters["comm.push_sum.awaiting"] = awaiting_ ? *awaiting_ : -1;
+    c.counters["comm.push_sum.rank"] = rank_;
+    c.counters["comm.push_sum.world"] = world_;
+  }
+  void load(const io::checkpoint& c) {
+    mixer_.load(c, "comm.push_sum.");
+    const auto a = c.counter("comm.push_sum.awaiting");
+    restored_awaiting_ = a >= 0 ? std::optional<std::int64_t>(a) : std::nullopt;
+    restored_rank_ = static_cast<int>(c.counter("comm.push_sum.rank"));
+    restored_world_ = static_cast<int>(c.counter("comm.push_sum.world"));
+    awaiting_.reset();
+  }
+
+  std::string describe() const {
+    return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps) +
+           (overlap ? ",overlap" : "") + (running_sums ? ",running_sums" : "");
+  }
+
+ private:
+  push_sum_mixer mixer_;
+  std::vector<float> buffer_;
+  std::optional<std::int64_t> awaiting_, restored_awaiting_;
+  int rank_ = -1, world_ = -1, restored_rank_ = -2, restored_world_ = -2;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/push_sum.hpp ----
 // ---- begin decentrain/comm/local_sgd.hpp ----
 // Local SGD (periodic averaging): replicas train on their own for `inner_steps` steps, then
 // replace their parameters by the average across replicas (sent through Codec, combined by

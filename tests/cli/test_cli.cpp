@@ -578,9 +578,9 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
   CHECK_THAT(one_missing.output, Contains("some peers have checkpoints in ck3 and others have none (as peer ") &&
                                      Contains("sees ck3: peers 0 have some, 1 have none)"));
 
-  const auto bad = run(cli() + " train --peers 2 --comm moshpit", dir);
+  const auto bad = run(cli() + " train --peers 2 --comm chaos", dir);
   CHECK(bad.status == 2);
-  CHECK_THAT(bad.output, Contains("--comm: must be sync, local-sgd, diloco, streaming-diloco or gossip, got 'moshpit'"));
+  CHECK_THAT(bad.output, Contains("--comm: must be sync, local-sgd, diloco, streaming-diloco, gossip, push-sum, moshpit or choco, got 'chaos'"));
   const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
   CHECK(lonely.status == 1);
   CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
@@ -782,7 +782,92 @@ TEST_CASE("train --comm gossip: peers average with one other a step and learn, a
   CHECK_THAT(unknown.output, Contains("must be one-peer-exponential, exponential, ring, torus or random, got 'hypercube'"));
   const auto not_gossip = run(cli() + " train --comm diloco --peers 2 --steps 2 --topology ring --metrics ''", dir);
   CHECK(not_gossip.status != 0);
-  CHECK_THAT(not_gossip.output, Contains("--topology is gossip's graph: it needs --comm gossip"));
+  CHECK_THAT(not_gossip.output, Contains("--topology is the graph of gossip, push-sum and choco: it needs --comm gossip, push-sum or choco"));
+}
+
+TEST_CASE("train --comm push-sum, moshpit and choco, and DiLoCo with Moshpit outer averaging: peers learn without a global all-reduce", "[cli][gossip]") {
+  const auto dir = scratch("gossip-family");
+  const std::string base = cli() + " train --steps 60 --batch-size 4 --block-size 16 --n-layer 2 --n-embd 32 --n-head 2"
+                                   " --eval-every 0 --eval-batches 2 --threads 1 --metrics ''";
+  const auto loss_of = [](const std::string& out) { return std::stod(last_line_with(out, "val loss ").substr(9)); };
+  const auto pushed = run(base + " --comm push-sum --peers 4", dir);
+  INFO(pushed.output);
+  REQUIRE(pushed.status == 0);
+  CHECK_THAT(pushed.output, Contains("comm push-sum: ") && Contains("consensus distance "));
+  CHECK(loss_of(pushed.output) < 2.9);  // a uniform guess over 29 characters is 3.37
+  const auto osgp = run(base + " --comm push-sum --overlap 1 --topology exponential --peers 5 --elastic --kill 3@20", dir);
+  INFO(osgp.output);
+  CHECK(osgp.status == 0);
+  CHECK_THAT(osgp.output, Contains("peers 0,1,2,4 (left out: 3, joined: none)"));
+  // Moshpit in groups of 2 on 4 peers (a 2 x 2 grid): every average is exact, the replicas equal.
+  const auto mosh = run(base + " --comm moshpit --inner-steps 5 --moshpit-group 2 --peers 4", dir);
+  INFO(mosh.output);
+  REQUIRE(mosh.status == 0);
+  CHECK(loss_of(mosh.output) < 2.9);
+  CHECK_THAT(mosh.output, Contains("consensus distance 0 "));
+  const auto outer = run(base + " --comm diloco --inner-steps 5 --outer-averaging moshpit --moshpit-group 2 --peers 5 --elastic --kill 4@20", dir);
+  INFO(outer.output);
+  CHECK(outer.status == 0);
+  CHECK(loss_of(outer.output) < 2.9);
+  // CHOCO through sign (its default codec) on a ring of 5, one peer killed: the ring closes over it.
+  const auto choco = run(base + " --comm choco --peers 5 --elastic --kill 1@20", dir);
+  INFO(choco.output);
+  REQUIRE(choco.status == 0);
+  CHECK_THAT(choco.output, Contains("comm choco: ") && Contains("consensus distance "));
+  CHECK_THAT(choco.output, Contains("peers 0,2,3,4 (left out: 1, joined: none)"));
+  CHECK(loss_of(choco.output) < 2.9);
+  // Bad settings, each refused by name.
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {" --comm choco --topology exponential", "its graph must be fixed and undirected: --topology ring or torus, not exponential"},
+           {" --comm choco --codec topk:0.01,ef", "runs a collective of its own"},
+           {" --comm choco --aggregator median", "--comm choco adds its neighbours' public copies: --aggregator does not apply"},
+           {" --comm choco --consensus-step 1.5", "--consensus-step"},
+           {" --comm diloco --consensus-step 0.5", "--consensus-step is CHOCO's: it needs --comm choco"},
+           {" --comm push-sum --overlap 2", "--overlap with --comm push-sum is 0 or 1"},
+           {" --comm push-sum --codec int8", "--comm push-sum averages each peer's parameters with its neighbours' in f32"},
+           {" --comm moshpit --moshpit-group 1", "--moshpit-group"},
+           {" --comm local-sgd --moshpit-group 3", "--moshpit-group needs --comm moshpit or --outer-averaging moshpit"},
+           {" --comm local-sgd --outer-averaging moshpit", "--outer-averaging is DiLoCo's: it needs --comm diloco"},
+           {" --comm diloco --outer-averaging moshpit --overlap 1", "--overlap and --eager (Streaming DiLoCo's) do not apply"},
+           {" --comm diloco --outer-averaging ring", "--outer-averaging: must be all-reduce or moshpit, got 'ring'"},
+           {" --comm moshpit --topology ring", "--topology is the graph of gossip, push-sum and choco"},
+           {" --parallel swarm --stages 2 --comm push-sum", "--parallel swarm cannot take --comm push-sum"}}) {
+    const auto bad = run(base + " --peers 2 --steps 2" + args, dir);
+    INFO(args << "\n" << bad.output);
+    CHECK(bad.status != 0);
+    CHECK_THAT(bad.output, Contains(message));
+  }
+}
+
+TEST_CASE("train --comm push-sum, choco, moshpit and DiLoCo's Moshpit averaging: the same run in --peers, TCP and MPI modes", "[cli][gossip]") {
+  const auto dir = scratch("gossip-modes");
+  for (const std::string comm : {" --comm push-sum --overlap 1", " --comm choco --codec int8", " --comm moshpit --inner-steps 3 --moshpit-group 2",
+                                 " --comm diloco --inner-steps 3 --outer-averaging moshpit --moshpit-group 2"}) {
+    INFO(comm);
+    const std::string args = " train --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32 --n-head 2 --eval-every 0"
+                             " --eval-batches 2 --threads 1 --seed 3 --metrics ''" + comm;
+    const auto in_process = run(cli() + args + " --peers 3", dir);
+    INFO(in_process.output);
+    REQUIRE(in_process.status == 0);
+    const auto expected = last_line_with(in_process.output, "val loss ");
+    REQUIRE(!expected.empty());
+    // Three processes on loopback, each bounded by `timeout`: the same sums in the same order.
+    const auto port = std::to_string(free_port());
+    const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
+    const auto tcp = run("( (timeout 120 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 &) ; (timeout 120 " + cli() + args + peer +
+                             " --rank 2 > r2.txt 2>&1 &) ; timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
+                             " --rank 0 --world 3; status=$?; wait; exit $status )",
+                         dir);
+    INFO(tcp.output);
+    CHECK(tcp.status == 0);
+    CHECK(last_line_with(tcp.output, "val loss ") == expected);
+#if defined(DECENTRAIN_MPIRUN)
+    const auto mpi = run("timeout 120 " DECENTRAIN_MPIRUN " --allow-run-as-root --oversubscribe -np 3 " + cli() + args + " --mpi", dir);
+    INFO(mpi.output);
+    CHECK(mpi.status == 0);
+    CHECK(last_line_with(mpi.output, "val loss ") == expected);
+#endif
+  }
 }
 
 TEST_CASE("train --codec: peers send their payloads through the codec named on the command line", "[cli][codec]") {
@@ -850,7 +935,7 @@ TEST_CASE("train --comm streaming-diloco: fragments exchanged beside compute, ut
   CHECK(bad.status == 1);
   CHECK_THAT(bad.output, Contains("--fragments needs --comm streaming-diloco"));
   bad = run(base + " --comm local-sgd --overlap 1", dir);
-  CHECK_THAT(bad.output, Contains("--overlap needs --comm diloco or streaming-diloco"));
+  CHECK_THAT(bad.output, Contains("--overlap needs --comm diloco, streaming-diloco or push-sum"));
   bad = run(base + " --comm streaming-diloco --overlap 6", dir);
   CHECK(bad.status == 1);
   CHECK_THAT(bad.output, Contains("overlap must be in [0, inner_steps)"));

@@ -3,13 +3,17 @@
 // replicas (sent through Codec, combined by Aggregator) and applied to the global parameters by an outer optimizer,
 // Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
 // starts the next round from the new global parameters. Peers talk once per H steps instead of
-// every step.
+// every step. The average is one all-reduce among all the replicas, or Moshpit's rounds in small
+// groups (`moshpit`: comm/moshpit.hpp), so that no collective spans every replica.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "decentrain/comm/moshpit.hpp"
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
 
@@ -32,6 +36,9 @@ struct diloco {
   // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
   // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
+  // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
+  // its default rounds) instead of one all-reduce; every replica the same.
+  std::optional<moshpit_grid> moshpit{};
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
   static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
@@ -40,7 +47,8 @@ struct diloco {
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
     outer::validate(outer_optimizer, "diloco");
-    prepare_codec(codec, aggregator, ctx);
+    if (moshpit) moshpit->validate("diloco");
+    prepare_codec(codec, aggregator, ctx, moshpit ? ", averaged by " + moshpit->describe() : std::string());
     check_weighs(aggregator, weighted, "diloco");
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
@@ -69,8 +77,14 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
-    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
-                         weight_if(weighted, weight_.sum));
+    if (moshpit) {
+      std::optional<double> w = weight_if(weighted, weight_.sum);
+      averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
+                        rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
+    } else {
+      collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
+                                     weight_if(weighted, weight_.sum));
+    }
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -79,6 +93,8 @@ struct diloco {
   }
 
   bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  // A re-formed view: Moshpit's groups are other peers.
+  void drop_in_flight() { averager_.forget(); }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
@@ -107,6 +123,7 @@ struct diloco {
   std::int64_t rounds_ = 0;
   round_weight weight_;
   collective::aggregation_record aggregation_;
+  moshpit_averager averager_;
 };
 
 }  // namespace decentrain::comm

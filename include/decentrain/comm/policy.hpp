@@ -204,11 +204,13 @@ compress::layout layout_of(const parameter_list<Device>& params) {
   }
   return l;
 }
+// `combining` names anything else in how the replicas combine that all must share (DiLoCo's
+// Moshpit grid), compared in the same 16 bytes.
 template <class Codec, class Aggregator, class Ctx>
-void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx) {
+void prepare_codec(Codec& codec, const Aggregator& aggregator, Ctx& ctx, const std::string& combining = "") {
   static_assert(collective::check_aggregator<Aggregator>());
   if (!ctx.joined) {  // a joiner's members are mid-run
-    const std::string aggregation = collective::describe_aggregator(aggregator);
+    const std::string aggregation = collective::describe_aggregator(aggregator) + combining;
     if (!ctx.replicas.all_same(decentrain::detail::fnv1a(compress::describe(codec) + " | " + aggregation))) {
       collective::agree_codec(codec, ctx.replicas);  // fails naming every peer's codec, where those differ
       decentrain::detail::fail("aggregator: the peers combine contributions differently (this one uses '", aggregation,
