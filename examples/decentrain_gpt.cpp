@@ -339,8 +339,8 @@ void declare_train(CLI::App& cmd) {
       ->group(comm);
   cli::integer(cmd, "inner-steps", "H",
                "steps between averages for local-sgd and diloco, between two exchanges\n"
-               "of the same fragment for streaming-diloco, between gossip, push-sum and\n"
-               "moshpit rounds (default 50; 1 for gossip and push-sum)",
+               "of the same fragment for streaming-diloco, between the rounds of gossip,\n"
+               "push-sum, choco and moshpit (default 50; 1 for gossip, push-sum, choco)",
                50, 1, max_steps)
       ->group(comm);
   cli::integer(cmd, "fragments", "P",
