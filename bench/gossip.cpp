@@ -11,10 +11,16 @@
 //   choco-sign, choco-topk  CHOCO-SGD on a ring through sign, or top-1% (f32 values), at its default step
 //   diloco-H            DiLoCo, H inner steps, all-reduce outer averaging
 //   diloco-H-moshpit    DiLoCo, H inner steps, Moshpit outer averaging
+//   ad-psgd             AD-PSGD (comm::ad_psgd) on the static exponential graph
+//   ROW-slow            ROW (sync or ad-psgd) with the last peer computing 4x slower, evaluated
+//                       only at the end (an evaluation is an all-reduce: every peer waits there)
+//   ROW-even            ROW evaluated only at the end, every peer at speed 1: ROW-slow's reference
 // Columns: the mean of the peers' final validation losses, the consensus distance at the end,
 // MB the policy sent per peer, the simulated time, and the simulated time at which peer 0 first
-// evaluated at or below sync's final loss ("-" where it did not). Peak memory of the process
-// follows each row (what --peers simulated peers of this model cost).
+// evaluated at or below sync's final loss ("-" where it did not), and the steps per simulated
+// second of the peers of speed 1 up to their second-to-last step (the last one waits for every
+// peer: the run's end). Peak memory of the process follows each row (what --peers simulated
+// peers of this model cost).
 // --part moshpit-values: Moshpit on values alone, 1000 simulated peers (--values-peers) in a
 // 10 x 10 x 10 grid, each round each peer failing with probability 0.1 (it keeps its values and
 // misses that round's group): the largest relative error against the starting mean, per round.
@@ -45,6 +51,7 @@ namespace {
 struct row {
   std::string name;
   double val_loss = 0, consensus = -1, mb_per_peer = 0, simulated_s = 0, reached_s = -1, wall_s = 0, peak_gb = 0;
+  double fast_rate = 0;  // steps per simulated second of the peers of speed 1 (see above)
   std::vector<dt::train::eval_point> curve;  // peer 0's
 };
 
@@ -59,6 +66,7 @@ struct setup {
   std::string link = "wan";
   double step_seconds = 0.1;
   std::uint64_t seed = 1337;
+  std::vector<double> speeds{};  // empty: every peer 1
 };
 
 template <class Comm>
@@ -70,9 +78,15 @@ row run(const std::string& name, Comm comm, const setup& s, const dt::nn::gpt_co
   o.seed = s.seed;
   o.recv_timeout = std::chrono::minutes(30);
   o.deterministic = dt::transport::in_process::deterministic_run{.step_seconds = s.step_seconds};
+  o.speeds = s.speeds;
   dt::transport::in_process net(dt::transport::links::preset(s.link, s.peers, s.seed), o);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm);
+  std::vector<double> clock_before_last(static_cast<std::size_t>(s.peers), 0.0);
+  const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm, [&](Trainer& t) {
+    t.on_step([&, &t = t](const dt::train::step_metrics& m) {
+      if (m.step == opts.steps - 1) clock_before_last[static_cast<std::size_t>(t.rank())] = m.clock_s;
+    });
+  });
   row r;
   r.name = name;
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -80,6 +94,13 @@ row run(const std::string& name, Comm comm, const setup& s, const dt::nn::gpt_co
     r.val_loss += f.final_val_loss / static_cast<double>(results.size());
     r.simulated_s = std::max(r.simulated_s, f.last.clock_s);
   }
+  int fast = 0;
+  for (int p = 0; p < s.peers; ++p)
+    if ((s.speeds.empty() || s.speeds[static_cast<std::size_t>(p)] == 1.0) && clock_before_last[static_cast<std::size_t>(p)] > 0) {
+      r.fast_rate += static_cast<double>(opts.steps - 1) / clock_before_last[static_cast<std::size_t>(p)];
+      ++fast;
+    }
+  if (fast > 0) r.fast_rate /= fast;
   r.curve = results[0].evals;
   if (!r.curve.empty()) {
     r.consensus = r.curve.back().consensus_distance;
@@ -92,10 +113,23 @@ row run(const std::string& name, Comm comm, const setup& s, const dt::nn::gpt_co
 }
 
 // The row named `name`.
-row train_row(const std::string& name, const setup& s, const dt::nn::gpt_config& cfg, const dt::train::trainer_options& opts,
+row train_row(const std::string& name, setup s, const dt::nn::gpt_config& cfg, const dt::train::trainer_options& opts,
               const dt::data::token_dataset& data) {
   namespace topo = dt::comm::topology;
+  for (const std::string suffix : {"-slow", "-even"})
+    if (name.size() > suffix.size() && name.ends_with(suffix)) {  // evaluated at the end only
+      auto end_only = opts;
+      end_only.eval_every = 0;
+      if (suffix == "-slow") {  // the last peer 4x slower
+        s.speeds.assign(static_cast<std::size_t>(s.peers), 1.0);
+        s.speeds.back() = 0.25;
+      }
+      auto r = train_row(name.substr(0, name.size() - suffix.size()), s, cfg, end_only, data);
+      r.name = name;
+      return r;
+    }
   if (name == "sync") return run(name, dt::comm::sync_allreduce<>{}, s, cfg, opts, data);
+  if (name == "ad-psgd") return run(name, dt::comm::ad_psgd<>{}, s, cfg, opts, data);
   if (name.rfind("dpsgd-", 0) == 0) {
     dt::comm::gossip<topo::named> p;
     p.topology = topo::named::parse(name.substr(6));
@@ -129,7 +163,8 @@ row train_row(const std::string& name, const setup& s, const dt::nn::gpt_config&
     return run(name, p, s, cfg, opts, data);
   }
   dt::detail::fail("bench_gossip: unknown row '", name,
-                   "' (sync, dpsgd-GRAPH, push-sum, osgp, choco-sign, choco-topk, moshpit, moshpit-1, diloco-H, diloco-H-moshpit)");
+                   "' (sync, dpsgd-GRAPH, push-sum, osgp, ad-psgd, choco-sign, choco-topk, moshpit, moshpit-1, diloco-H, "
+                   "diloco-H-moshpit, ROW-slow, ROW-even)");
 }
 
 // Moshpit on values: `n` peers in groups of `m`, each failing a round with probability `fail`.
@@ -227,21 +262,22 @@ int main(int argc, char** argv) try {
         }
     std::printf("%d in-process peers on '%s' links, %.2f simulated s of compute a step, %lld steps of 12 x 64 tokens each\n\n",
                 s.peers, s.link.c_str(), s.step_seconds, static_cast<long long>(opts.steps));
-    std::printf("%-30s %9s %11s %12s %13s %15s %9s\n", "run", "val loss", "consensus", "MB/peer", "simulated s", "s to sync loss",
-                "peak GB");
+    std::printf("%-30s %9s %11s %12s %13s %15s %13s %9s\n", "run", "val loss", "consensus", "MB/peer", "simulated s", "s to sync loss",
+                "fast steps/s", "peak GB");
     for (const auto& r : rows) {
       char consensus[32] = "-", reached[32] = "-";
       if (r.consensus >= 0) std::snprintf(consensus, sizeof consensus, "%.4f", r.consensus);
       if (r.reached_s >= 0) std::snprintf(reached, sizeof reached, "%.0f", r.reached_s);
-      std::printf("%-30s %9.4f %11s %12.1f %13.0f %15s %9.2f\n", r.name.c_str(), r.val_loss, consensus, r.mb_per_peer, r.simulated_s,
-                  reached, r.peak_gb);
+      std::printf("%-30s %9.4f %11s %12.1f %13.0f %15s %13.3f %9.2f\n", r.name.c_str(), r.val_loss, consensus, r.mb_per_peer,
+                  r.simulated_s, reached, r.fast_rate, r.peak_gb);
     }
     out << ",\n  \"rows\": [";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       out << (i ? ",\n" : "\n") << "    {\"run\": \"" << r.name << "\", \"val_loss\": " << r.val_loss << ", \"consensus_distance\": "
           << r.consensus << ", \"mb_per_peer\": " << r.mb_per_peer << ", \"simulated_s\": " << r.simulated_s
-          << ", \"simulated_s_to_sync_loss\": " << r.reached_s << ", \"peak_gb\": " << r.peak_gb << ", \"wall_s\": " << r.wall_s
+          << ", \"simulated_s_to_sync_loss\": " << r.reached_s << ", \"fast_steps_per_s\": " << r.fast_rate
+          << ", \"peak_gb\": " << r.peak_gb << ", \"wall_s\": " << r.wall_s
           << ", \"curve\": [";
       for (std::size_t k = 0; k < r.curve.size(); ++k)
         out << (k ? ", " : "") << "[" << r.curve[k].step << ", " << r.curve[k].clock_s << ", " << r.curve[k].val_loss << "]";

@@ -322,25 +322,31 @@ void declare_train(CLI::App& cmd) {
   const std::string comm = "Communication";
   cli::choice(cmd, "comm", "NAME",
               "sync | local-sgd | diloco | streaming-diloco | gossip | push-sum |\n"
-              "moshpit | choco (default diloco; sync for one process alone). gossip:\n"
-              "each peer averages with the neighbours --topology names (D-PSGD, no\n"
-              "all-reduce); push-sum: the same graphs, values and weights pushed\n"
-              "(SGP; --overlap 1: OSGP); moshpit: local SGD averaged in groups of\n"
-              "--moshpit-group along one axis of a grid a round; choco: gossip on a\n"
-              "ring or torus through --codec (default sign), CHOCO-SGD",
-              {"sync", "local-sgd", "diloco", "streaming-diloco", "gossip", "push-sum", "moshpit", "choco"}, "")
+              "ad-psgd | moshpit | choco (default diloco; sync for one process alone).\n"
+              "gossip: each peer averages with the neighbours --topology names\n"
+              "(D-PSGD, no all-reduce); push-sum: the same graphs, values and weights\n"
+              "pushed (SGP; --overlap 1: OSGP); ad-psgd: each step a peer asks one\n"
+              "neighbour to average and never waits (AD-PSGD; peers wait for the\n"
+              "slowest only at checkpoints, evaluations and the end, each wait within\n"
+              "--peer-timeout-ms; not with --elastic); moshpit:\n"
+              "local SGD averaged in groups of --moshpit-group along one axis of a\n"
+              "grid a round; choco: gossip on a ring or torus through --codec\n"
+              "(default sign), CHOCO-SGD",
+              {"sync", "local-sgd", "diloco", "streaming-diloco", "gossip", "push-sum", "ad-psgd", "moshpit", "choco"}, "")
       ->group(comm);
   cli::choice(cmd, "topology", "NAME",
-              "the graph of gossip, push-sum and choco: one-peer-exponential (one\n"
-              "peer a round, 2^k ahead; default) | exponential (every 2^k ahead,\n"
-              "every round) | ring (choco's default) | torus | random (a new random\n"
-              "pairing each round); choco takes ring or torus",
+              "the graph of gossip, push-sum, ad-psgd and choco: one-peer-exponential\n"
+              "(one peer a round, 2^k ahead; default) | exponential (every 2^k ahead,\n"
+              "every round; ad-psgd's default) | ring (choco's default) | torus |\n"
+              "random (a new random pairing each round); choco takes ring or torus,\n"
+              "ad-psgd a graph that does not change (exponential, ring, torus)",
               {"one-peer-exponential", "exponential", "ring", "torus", "random"})
       ->group(comm);
   cli::integer(cmd, "inner-steps", "H",
                "steps between averages for local-sgd and diloco, between two exchanges\n"
                "of the same fragment for streaming-diloco, between the rounds of gossip,\n"
-               "push-sum, choco and moshpit (default 50; 1 for gossip, push-sum, choco)",
+               "push-sum, choco and moshpit, between ad-psgd's requests (default 50; 1\n"
+               "for gossip, push-sum, ad-psgd, choco)",
                50, 1, max_steps)
       ->group(comm);
   cli::integer(cmd, "fragments", "P",
@@ -1148,7 +1154,11 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
 // The fault policy the plan asks for: elastic, or checkpoints.
 template <class Comm>
 int train_with(const train_plan& p, const dt::data::token_dataset& data, Comm comm) {
-  if (p.elastic) {
+  if constexpr (requires { requires Comm::asynchronous; }) {  // (the trainer refuses fault::elastic with it)
+    dt::detail::check(!p.elastic, "--comm ", Comm::name, " leaves each peer at its own step, and --elastic re-forms the group "
+                      "at a step every member shares: they do not go together");
+    return train(p, data, comm, p.checkpoints);
+  } else if (p.elastic) {
     auto elastic = p.elastic_policy;
     elastic.checkpoints = p.checkpoints;
     return train(p, data, comm, elastic);
@@ -1463,16 +1473,21 @@ int cmd_train(const options& opt) {
   const auto overlap = push_sum || !opt.has("overlap") ? (streaming ? 1 : 0) : opt.integer("overlap");
   const bool osgp = push_sum && opt.has("overlap") && opt.integer("overlap") == 1;
   const double mix = opt.real("mix");
-  const bool choco = comm == "choco";
-  const bool graph = comm == "gossip" || push_sum || choco;  // (--topology's)
+  const bool choco = comm == "choco", ad_psgd = comm == "ad-psgd";
+  const bool graph = comm == "gossip" || push_sum || choco || ad_psgd;  // (--topology's)
   const auto inner = comm == "sync" || (graph && !opt.has("inner-steps")) ? 1 : opt.integer("inner-steps");
   dt::detail::check(!graph || choco || (!opt.has("codec") && !opt.has("aggregator")), "--comm ", comm,
                     " averages each peer's parameters with its neighbours' in f32: --codec and --aggregator do not apply "
                     "(--comm choco gossips through a codec)");
   dt::detail::check(!choco || !opt.has("aggregator"), "--comm choco adds its neighbours' public copies: --aggregator does not apply");
   dt::detail::check(graph || !opt.has("topology"),
-                    "--topology is the graph of gossip, push-sum and choco: it needs --comm gossip, push-sum or choco");
-  const std::string topology = opt.has("topology") ? opt.text("topology") : choco ? "ring" : "one-peer-exponential";
+                    "--topology is the graph of gossip, push-sum, ad-psgd and choco: it needs --comm gossip, push-sum, ad-psgd or choco");
+  const std::string topology = opt.has("topology") ? opt.text("topology") : choco ? "ring" : ad_psgd ? "exponential" : "one-peer-exponential";
+  dt::detail::check(!ad_psgd || (topology != "one-peer-exponential" && topology != "random"), "--comm ad-psgd keeps its open ",
+                    "requests by neighbour, so its graph must not change with the round: --topology exponential, ring or torus, not ",
+                    topology);
+  dt::detail::check(!ad_psgd || !p.elastic, "--comm ad-psgd leaves each peer at its own step, and --elastic re-forms the group ",
+                    "at a step every member shares: they do not go together (--save-every checkpoints at drains instead)");
   dt::detail::check(!choco || topology == "ring" || topology == "torus", "--comm choco keeps its neighbours' public copies, so ",
                     "its graph must be fixed and undirected: --topology ring or torus, not ", topology);
   dt::detail::check(choco || !opt.has("consensus-step"), "--consensus-step is CHOCO's: it needs --comm choco");
@@ -1630,6 +1645,15 @@ int cmd_train(const options& opt) {
     policy.topology = dt::comm::topology::named::parse(topology);
     policy.topology.seed = p.trainer.seed;
     policy.overlap = osgp;
+    return train_with(p, data.dataset, policy);
+  }
+  if (ad_psgd) {
+    cli::ad_psgd_policy policy;
+    policy.inner_steps = inner;
+    policy.topology = dt::comm::topology::named::parse(topology);
+    policy.seed = p.trainer.seed;
+    // Checkpoints at drains, where nothing is in flight: a resumed run then loses no exchange.
+    policy.drain_every = p.checkpoints.every;
     return train_with(p, data.dataset, policy);
   }
   if (choco) {

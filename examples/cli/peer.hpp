@@ -59,6 +59,7 @@ using gossip_policy = dt::comm::gossip<dt::comm::topology::named>;  // (--topolo
 using push_sum_policy = dt::comm::push_sum<dt::comm::topology::named>;
 using moshpit_policy = dt::comm::moshpit<codec, aggregator>;
 using choco_policy = dt::comm::choco<dt::comm::topology::named, codec>;  // (--topology, --codec)
+using ad_psgd_policy = dt::comm::ad_psgd<dt::comm::topology::named>;     // (--topology; no --elastic)
 using local_sgd_policy = dt::comm::local_sgd<codec, aggregator>;
 using diloco_policy = dt::comm::diloco<dt::comm::outer::nesterov, codec, aggregator>;
 using streaming_policy = dt::comm::streaming_diloco<dt::comm::outer::nesterov, codec, aggregator>;
@@ -332,6 +333,7 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   X(push_sum_policy, dt::fault::checkpoint_every) X(push_sum_policy, dt::fault::elastic)                              \
   X(moshpit_policy, dt::fault::checkpoint_every) X(moshpit_policy, dt::fault::elastic)                                \
   X(choco_policy, dt::fault::checkpoint_every) X(choco_policy, dt::fault::elastic)                                    \
+  X(ad_psgd_policy, dt::fault::checkpoint_every)                                                                      \
   X(local_sgd_policy, dt::fault::checkpoint_every) X(local_sgd_policy, dt::fault::elastic)                            \
   X(diloco_policy, dt::fault::checkpoint_every) X(diloco_policy, dt::fault::elastic)                                  \
   X(streaming_policy, dt::fault::checkpoint_every) X(streaming_policy, dt::fault::elastic)

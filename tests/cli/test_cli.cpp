@@ -444,6 +444,15 @@ std::uint16_t free_port() {
 const std::string peer_args =
     " train --comm diloco --inner-steps 5 --steps 12 --batch-size 4 --eval-batches 2 --eval-every 100 --threads 1"
     " --n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --seed 7";
+// `args` run as three TCP processes on loopback, each bounded by `timeout`; rank 0's output.
+result run_three_tcp_peers(const std::string& args, const fs::path& dir) {
+  const auto port = std::to_string(free_port());
+  const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
+  return run("( (timeout 120 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 &) ; (timeout 120 " + cli() + args + peer +
+                 " --rank 2 > r2.txt 2>&1 &) ; timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
+                 " --rank 0 --world 3; status=$?; wait; exit $status )",
+             dir);
+}
 }  // namespace
 
 TEST_CASE("train --peers --speeds: a peer 4x as fast is charged a quarter of the compute", "[cli][peers]") {
@@ -580,7 +589,7 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
 
   const auto bad = run(cli() + " train --peers 2 --comm chaos", dir);
   CHECK(bad.status == 2);
-  CHECK_THAT(bad.output, Contains("--comm: must be sync, local-sgd, diloco, streaming-diloco, gossip, push-sum, moshpit or choco, got 'chaos'"));
+  CHECK_THAT(bad.output, Contains("--comm: must be sync, local-sgd, diloco, streaming-diloco, gossip, push-sum, ad-psgd, moshpit or choco, got 'chaos'"));
   const auto lonely = run("timeout 60 " + cli() + " train --listen 127.0.0.1:0 --rank 1 --world 2", dir);
   CHECK(lonely.status == 1);
   CHECK(lonely.output.find("needs at least one peer to join through") != std::string::npos);
@@ -782,7 +791,7 @@ TEST_CASE("train --comm gossip: peers average with one other a step and learn, a
   CHECK_THAT(unknown.output, Contains("must be one-peer-exponential, exponential, ring, torus or random, got 'hypercube'"));
   const auto not_gossip = run(cli() + " train --comm diloco --peers 2 --steps 2 --topology ring --metrics ''", dir);
   CHECK(not_gossip.status != 0);
-  CHECK_THAT(not_gossip.output, Contains("--topology is the graph of gossip, push-sum and choco: it needs --comm gossip, push-sum or choco"));
+  CHECK_THAT(not_gossip.output, Contains("--topology is the graph of gossip, push-sum, ad-psgd and choco: it needs --comm gossip, push-sum, ad-psgd or choco"));
 }
 
 TEST_CASE("train --comm push-sum, moshpit and choco, and DiLoCo with Moshpit outer averaging: peers learn without a global all-reduce", "[cli][gossip]") {
@@ -830,7 +839,10 @@ TEST_CASE("train --comm push-sum, moshpit and choco, and DiLoCo with Moshpit out
            {" --comm local-sgd --outer-averaging moshpit", "--outer-averaging is DiLoCo's: it needs --comm diloco"},
            {" --comm diloco --outer-averaging moshpit --overlap 1", "--overlap and --eager (Streaming DiLoCo's) do not apply"},
            {" --comm diloco --outer-averaging ring", "--outer-averaging: must be all-reduce or moshpit, got 'ring'"},
-           {" --comm moshpit --topology ring", "--topology is the graph of gossip, push-sum and choco"},
+           {" --comm moshpit --topology ring", "--topology is the graph of gossip, push-sum, ad-psgd and choco"},
+           {" --comm ad-psgd --topology one-peer-exponential", "its graph must not change with the round: --topology exponential, ring or torus"},
+           {" --comm ad-psgd --elastic", "--comm ad-psgd leaves each peer at its own step, and --elastic re-forms the group"},
+           {" --comm ad-psgd --codec int8", "--comm ad-psgd averages each peer's parameters with its neighbours' in f32"},
            {" --parallel swarm --stages 2 --comm push-sum", "--parallel swarm cannot take --comm push-sum"}}) {
     const auto bad = run(base + " --peers 2 --steps 2" + args, dir);
     INFO(args << "\n" << bad.output);
@@ -851,13 +863,8 @@ TEST_CASE("train --comm push-sum, choco, moshpit and DiLoCo's Moshpit averaging:
     REQUIRE(in_process.status == 0);
     const auto expected = last_line_with(in_process.output, "val loss ");
     REQUIRE(!expected.empty());
-    // Three processes on loopback, each bounded by `timeout`: the same sums in the same order.
-    const auto port = std::to_string(free_port());
-    const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
-    const auto tcp = run("( (timeout 120 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 &) ; (timeout 120 " + cli() + args + peer +
-                             " --rank 2 > r2.txt 2>&1 &) ; timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
-                             " --rank 0 --world 3; status=$?; wait; exit $status )",
-                         dir);
+    // Three processes on loopback: the same sums in the same order.
+    const auto tcp = run_three_tcp_peers(args, dir);
     INFO(tcp.output);
     CHECK(tcp.status == 0);
     CHECK(last_line_with(tcp.output, "val loss ") == expected);
@@ -868,6 +875,41 @@ TEST_CASE("train --comm push-sum, choco, moshpit and DiLoCo's Moshpit averaging:
     CHECK(last_line_with(mpi.output, "val loss ") == expected);
 #endif
   }
+}
+
+TEST_CASE("train --comm ad-psgd: peers that never wait for one another learn in --peers, TCP and MPI modes, and resume at a drain", "[cli][gossip]") {
+  const auto dir = scratch("ad-psgd");
+  // Asynchronous: what a peer finds when it polls depends on timing, so the modes agree on
+  // learning, not on the bits.
+  const std::string args = " train --steps 40 --batch-size 4 --block-size 16 --n-layer 1 --n-embd 32 --n-head 2 --eval-every 0"
+                           " --eval-batches 2 --threads 1 --seed 3 --metrics '' --comm ad-psgd";
+  const auto loss_of = [](const std::string& out) { return std::stod(last_line_with(out, "val loss ").substr(9)); };
+  const auto in_process = run(cli() + args + " --peers 4 --topology ring", dir);
+  INFO(in_process.output);
+  REQUIRE(in_process.status == 0);
+  CHECK_THAT(in_process.output, Contains("comm ad-psgd: ") && Contains("consensus distance "));
+  CHECK(loss_of(in_process.output) < 3.0);  // a uniform guess over 29 characters is 3.37
+  const auto tcp = run_three_tcp_peers(args, dir);
+  INFO(tcp.output);
+  REQUIRE(tcp.status == 0);
+  CHECK(loss_of(tcp.output) < 3.0);
+#if defined(DECENTRAIN_MPIRUN)
+  const auto mpi = run("timeout 120 " DECENTRAIN_MPIRUN " --allow-run-as-root --oversubscribe -np 3 " + cli() + args + " --mpi", dir);
+  INFO(mpi.output);
+  REQUIRE(mpi.status == 0);
+  CHECK(loss_of(mpi.output) < 3.0);
+#endif
+  // Checkpoints every 10 steps drain there; a run resumed from step 20 goes on to 40.
+  const auto saved = run(cli() + args + " --peers 3 --checkpoint-dir ck --save-every 10 --keep-checkpoints 4", dir);
+  INFO(saved.output);
+  REQUIRE(saved.status == 0);
+  for (int r = 0; r < 3; ++r) fs::remove(dir / "ck" / ("peer-" + std::to_string(r) + "-of-3") / "step-30.ckpt");
+  for (int r = 0; r < 3; ++r) fs::remove(dir / "ck" / ("peer-" + std::to_string(r) + "-of-3") / "step-40.ckpt");
+  const auto resumed = run(cli() + args + " --peers 3 --checkpoint-dir ck --save-every 10 --resume", dir);
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from ck/peer-0-of-3/step-20.ckpt at step 20"));
+  CHECK(loss_of(resumed.output) < 3.0);
 }
 
 TEST_CASE("train --codec: peers send their payloads through the codec named on the command line", "[cli][codec]") {

@@ -133,5 +133,5 @@ TEST_CASE("trainer: CHOCO refuses a graph that changes with the round, codecs wi
   wild.consensus_step = 1.5;
   CHECK_THROWS_WITH(fixture::final_params<Trainer>(2, fixture::tiny_gpt(), opts, wild), Catch::Contains("consensus_step must be in (0, 1]"));
   using directed = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::choco<dt::comm::topology::exponential>>;
-  CHECK_THROWS_WITH(fixture::final_params<directed>(4, fixture::tiny_gpt(), opts), Catch::Contains("CHOCO needs an undirected graph"));
+  CHECK_THROWS_WITH(fixture::final_params<directed>(4, fixture::tiny_gpt(), opts), Catch::Contains("public copies (ring, torus), so it needs an undirected graph"));
 }

@@ -12,10 +12,12 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -276,6 +278,23 @@ class communicator {
     check_rank(peer, "recv_from peer");
     const auto tag = pair_tag(received_from_, peer);
     naming_the_peer("recv_from", [&] { receive(peer, values, tag, "recv_from"); });
+  }
+  // The next recv_from(peer) message if it has arrived (true, `values` filled), else false at
+  // once: a peer that never waits for another polls its neighbours between steps (AD-PSGD).
+  template <class T>
+  bool try_recv_from(int peer, std::span<T> values) {
+    static_assert(std::is_trivially_copyable_v<T>, "try_recv_from: elements must be trivially copyable");
+    check_rank(peer, "try_recv_from peer");
+    constexpr std::uint32_t pairwise = 0x70327000u;  // (pair_tag's numbering)
+    const auto tag = (static_cast<transport::tag_type>(pairwise ^ channel_) << 32) | (received_from_[peer] + 1);
+    std::optional<transport::bytes> m;
+    naming_the_peer("try_recv_from", [&] { m = ep_->try_recv(peer, tag); });
+    if (!m) return false;
+    ++received_from_[peer];
+    count_received(m->size());
+    check_size(m->size(), values.size_bytes(), peer, "try_recv_from");
+    if (!m->empty()) std::memcpy(values.data(), m->data(), m->size());
+    return true;
   }
   // The next recv_from(peer) calls will take messages of these sizes in bytes: said before this
   // peer sends its own part of a step (a ring or gossip step), so that a transport that bounds

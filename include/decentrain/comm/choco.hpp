@@ -41,16 +41,7 @@ class choco_mixer {
   // torus, the static exponential graph).
   template <class Topology>
   static void check_fixed(const Topology& topo, int n) {
-    for (int r = 0; r < n; ++r) {
-      const auto to = topo.sends_to(r, n, 0), from = topo.receives_from(r, n, 0);
-      for (std::int64_t t = 1; t < 16; ++t)
-        decentrain::detail::check(topo.sends_to(r, n, t) == to, "choco: topology '", topology_name(topo),
-                                  "' changes its neighbours with the round; CHOCO keeps its neighbours' public copies, so it needs ",
-                                  "a fixed graph (ring, torus)");
-      decentrain::detail::check(std::is_permutation(to.begin(), to.end(), from.begin(), from.end()), "choco: topology '",
-                                topology_name(topo), "' has replica ", r, " send to other peers than it receives from; ",
-                                "CHOCO needs an undirected graph (ring, torus)");
-    }
+    comm::check_fixed(topo, n, "choco", "CHOCO keeps its neighbours' public copies (ring, torus)", true);
   }
 
   // A round on `x`: encode x - x^, add the decoded difference to x^, send it to the neighbours,
@@ -58,12 +49,7 @@ class choco_mixer {
   template <class Topology, class Codec, class Comm>
   void round(const Topology& topo, Codec& codec, Comm& replicas, double gamma, std::span<float> x) {
     const int me = replicas.rank(), n = replicas.world();
-    const auto neighbours = topo.sends_to(me, n, 0);
-    for (std::size_t i = 0; i < neighbours.size(); ++i) {
-      const int j = neighbours[i];
-      decentrain::detail::check(j >= 0 && j < n && j != me && std::count(neighbours.begin(), neighbours.end(), j) == 1, "choco: topology '",
-                                topology_name(topo), "' names peer ", j, " for replica ", me, " of ", n, " (out of range, itself, or twice)");
-    }
+    const auto neighbours = checked_neighbours(topo.sends_to(me, n, 0), topo, me, n, 0, "choco");
     if (own_.size() != x.size()) {
       own_.assign(x.size(), 0.0f);
       others_.assign(x.size(), 0.0f);

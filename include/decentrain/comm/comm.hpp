@@ -1,6 +1,7 @@
 // Everything in comm: the policy concept and the communication policies.
 #pragma once
 
+#include "decentrain/comm/ad_psgd.hpp"
 #include "decentrain/comm/choco.hpp"
 #include "decentrain/comm/diloco.hpp"
 #include "decentrain/comm/gossip.hpp"

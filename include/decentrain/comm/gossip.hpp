@@ -31,16 +31,8 @@ template <class Topology, class Comm>
 void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std::span<float> values,
                   std::vector<float>& scratch, std::vector<double>& sum) {
   const int me = replicas.rank(), n = replicas.world();
-  const auto to = topo.sends_to(me, n, round), from = topo.receives_from(me, n, round);
-  for (const auto* list : {&to, &from})
-    for (std::size_t i = 0; i < list->size(); ++i) {
-      const int j = (*list)[i];
-      decentrain::detail::check(j >= 0 && j < n && j != me &&
-                                    std::find(list->begin(), list->begin() + static_cast<std::ptrdiff_t>(i), j) ==
-                                        list->begin() + static_cast<std::ptrdiff_t>(i),
-                                "gossip: topology '", topology_name(topo), "' names peer ", j, " for replica ", me, " of ", n,
-                                " in round ", round, " (out of range, itself, or twice)");
-    }
+  const auto to = checked_neighbours(topo.sends_to(me, n, round), topo, me, n, round, "gossip");
+  const auto from = checked_neighbours(topo.receives_from(me, n, round), topo, me, n, round, "gossip");
   // Every replica sends before it receives: each says first what it will take, so a transport
   // that bounds what it queues from a peer takes these whole (transport::expect).
   for (int j : from) replicas.expect_from(j, values.size_bytes());

@@ -59,7 +59,7 @@ class push_sum_mixer {
   template <class Topology, class Comm>
   void expect(const Topology& topo, Comm& replicas, std::int64_t round, std::size_t size) {
     const int me = replicas.rank(), n = replicas.world();
-    for (int j : checked(topo.receives_from(me, n, round), topo, me, n, round))
+    for (int j : checked_neighbours(topo.receives_from(me, n, round), topo, me, n, round, "push-sum"))
       replicas.expect_from(j, message_floats(size) * sizeof(float));
   }
 
@@ -69,7 +69,7 @@ class push_sum_mixer {
   template <class Topology, class Comm>
   void send(const Topology& topo, Comm& replicas, std::int64_t round, std::span<const float> z) {
     const int me = replicas.rank(), n = replicas.world();
-    const auto to = checked(topo.sends_to(me, n, round), topo, me, n, round);
+    const auto to = checked_neighbours(topo.sends_to(me, n, round), topo, me, n, round, "push-sum");
     expect(topo, replicas, round, z.size());
     // The weight splits exactly: each peer gets s = w / (d + 1) rounded, and w - d s (a multiple
     // of s's unit in the last place, near s) is exact, so the total weight drifts by rounding
@@ -105,7 +105,7 @@ class push_sum_mixer {
   void receive(const Topology& topo, Comm& replicas, std::int64_t round, std::size_t size) {
     const int me = replicas.rank(), n = replicas.world();
     inbox_.resize(message_floats(size));
-    for (int j : checked(topo.receives_from(me, n, round), topo, me, n, round)) {
+    for (int j : checked_neighbours(topo.receives_from(me, n, round), topo, me, n, round, "push-sum")) {
       replicas.recv_from(j, std::span<float>(inbox_));
       if (get_double(inbox_, 0) != 0.0) continue;  // lost: nothing learned (a running sum brings it later)
       const double w = get_double(inbox_, 2);
@@ -213,16 +213,6 @@ class push_sum_mixer {
     for (const std::uint64_t v : {static_cast<std::uint64_t>(round), static_cast<std::uint64_t>(from), static_cast<std::uint64_t>(to)})
       h = decentrain::detail::splitmix64(h ^ v);
     return static_cast<double>(h >> 11) * 0x1.0p-53 < s_.drop_fraction;
-  }
-  template <class Topology>
-  static std::vector<int> checked(std::vector<int> list, const Topology& topo, int me, int n, std::int64_t round) {
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      const int j = list[i];
-      decentrain::detail::check(j >= 0 && j < n && j != me && std::count(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(i), j) == 0,
-                                "push-sum: topology '", topology_name(topo), "' names peer ", j, " for replica ", me, " of ", n,
-                                " in round ", round, " (out of range, itself, or twice)");
-    }
-    return list;
   }
 
   settings s_{};

@@ -199,4 +199,34 @@ std::string topology_name(const T& t) {
   else return T::name;
 }
 
+// The peers `topo` names for replica `me` of `n` in `round` (one of its lists), checked: each in
+// range, not `me`, none twice; else an error naming the policy (`who`), the graph and the peer.
+template <class T>
+std::vector<int> checked_neighbours(std::vector<int> list, const T& topo, int me, int n, std::int64_t round, const char* who) {
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const int j = list[i];
+    decentrain::detail::check(j >= 0 && j < n && j != me && std::count(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(i), j) == 0,
+                              who, ": topology '", topology_name(topo), "' names peer ", j, " for replica ", me, " of ", n,
+                              " in round ", round, " (out of range, itself, or twice)");
+  }
+  return list;
+}
+
+// A policy that keeps something per neighbour (CHOCO's public copies, AD-PSGD's open requests)
+// needs every replica's neighbours the same every round; CHOCO also needs each one a neighbour
+// of its neighbours (`undirected`). Else an error naming the policy (`who`), the graph and what
+// it needs (`needs`).
+template <class T>
+void check_fixed(const T& topo, int n, const char* who, const char* needs, bool undirected) {
+  for (int r = 0; r < n; ++r) {
+    const auto to = topo.sends_to(r, n, 0), from = topo.receives_from(r, n, 0);
+    for (std::int64_t t = 1; t < 16; ++t)
+      decentrain::detail::check(topo.sends_to(r, n, t) == to && topo.receives_from(r, n, t) == from, who, ": topology '",
+                                topology_name(topo), "' changes its neighbours with the round; ", needs, ", so it needs a fixed graph");
+    decentrain::detail::check(!undirected || std::is_permutation(to.begin(), to.end(), from.begin(), from.end()), who,
+                              ": topology '", topology_name(topo), "' has replica ", r, " send to other peers than it receives from; ",
+                              needs, ", so it needs an undirected graph");
+  }
+}
+
 }  // namespace decentrain::comm

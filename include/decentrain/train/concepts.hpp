@@ -28,6 +28,9 @@
 //                                                        the replicas hold different parameters between
 //                                                        exchanges (gossip): the trainer then measures their
 //                                                        consensus distance at each evaluation;
+//                                                        static constexpr bool asynchronous, true where
+//                                                        peers do not wait for one another (ad_psgd): no
+//                                                        fault policy that re-forms the group (reform);
 //                                                        static constexpr std::array<const char*, N>
 //                                                        per_parameter_state, keys of save()'s flat tensors
 //                                                        laid out over the parameters, which a pipeline's
@@ -172,6 +175,13 @@ constexpr bool check_slots() {
     static_assert(check_comm_policy<Comm, Ctx>());
     static_assert(check_parallel_policy<Parallel, Ctx>());
     static_assert(check_fault_policy<Fault, Ctx>());
+    // An asynchronous policy's peers stand at different steps; a fault policy that re-forms the
+    // group (fault::elastic) agrees on one step for every member.
+    if constexpr (requires { requires Comm::asynchronous; })
+      static_assert(!requires(Fault& f, Ctx& c) { f.reform(c); },
+                    "trainer: comm::ad_psgd and other asynchronous policies leave each peer at its own step, and this fault "
+                    "policy re-forms the group at a step every member shares (fault::elastic): use fault::checkpoint_every "
+                    "or fault::none");
   }
   return true;
 }
