@@ -22326,6 +22326,17 @@ struct round_weight {
   }
 };
 
+// Every replica must use the same settings (`settings`: a policy's graph, period, ...), or the
+// sends of one meet receives of another that never come: one 16-byte comparison, and where they
+// differ every peer fails with "<mismatch> (this one: <settings>); every peer must use <what>".
+// A joiner's settings were the members' when it was admitted: it compares nothing.
+template <class Ctx>
+void check_same_settings(Ctx& ctx, const std::string& settings, const char* mismatch, const char* what) {
+  if (ctx.joined) return;
+  decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(settings)), mismatch, " (this one: ", settings,
+                            "); every peer must use ", what);
+}
+
 // Makes every replica hold the first replica's parameters. Peers seeded alike already hold the
 // same bits: a 16-byte comparison of the parameters' hashes finds that, and the whole model goes
 // out from the first replica only when they differ (on a slow link, megabytes not sent).
@@ -22808,10 +22819,8 @@ struct ad_psgd {
     if constexpr (requires { topology.validate(); }) topology.validate();
     const int me = ctx.replicas.rank(), n = ctx.replicas.world();
     check_fixed(topology, n, "ad-psgd", "AD-PSGD keeps its open requests by neighbour (ring, torus, exponential)", false);
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "ad-psgd: the peers exchange differently (this one: ", describe(),
-                                "); every peer must use the same topology, inner_steps, drain_every and seed");
+    check_same_settings(ctx, describe(), "ad-psgd: the peers exchange differently",
+                        "the same topology, inner_steps, drain_every and seed");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
     averager_.begin(ctx.replicas, neighbours(topology, me, n), flat_size(ctx.parameters));
   }
@@ -22999,10 +23008,7 @@ struct choco {
     choco_mixer::check_fixed(topology, ctx.replicas.world());
     prepare_codec(codec, ctx);
     gamma_ = consensus_step > 0 ? consensus_step : fidelity(codec, flat_size(ctx.parameters)) / 3;
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "choco: the peers mix differently (this one: ", describe(),
-                                "); every peer must use the same topology, inner_steps and consensus_step");
+    check_same_settings(ctx, describe(), "choco: the peers mix differently", "the same topology, inner_steps and consensus_step");
     if (ctx.resumed && !ctx.joined && restored_rank_ == ctx.replicas.rank() && restored_world_ == ctx.replicas.world()) {
       mixer_.take_restored();
     } else {
@@ -23221,10 +23227,8 @@ struct moshpit {
     grid.validate("moshpit");
     prepare_codec(codec, aggregator, ctx);
     check_weighs(aggregator, weighted, "moshpit");
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(grid.describe() + std::to_string(inner_steps))),
-                                "moshpit: the peers average differently (this one: ", grid.describe(), ", inner_steps ",
-                                inner_steps, "); every peer must use the same grid and inner_steps");
+    check_same_settings(ctx, grid.describe() + ", inner_steps " + std::to_string(inner_steps),
+                        "moshpit: the peers average differently", "the same grid and inner_steps");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -23493,12 +23497,7 @@ struct gossip {
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "gossip: inner_steps must be >= 1, got ", inner_steps);
     if constexpr (requires { topology.validate(); }) topology.validate();
-    // Every replica must gossip alike: a different topology or period would pair sends with
-    // receives that never come.
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "gossip: the peers gossip differently (this one: ", describe(),
-                                "); every peer must use the same topology and inner_steps");
+    check_same_settings(ctx, describe(), "gossip: the peers gossip differently", "the same topology and inner_steps");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>
@@ -23767,10 +23766,8 @@ struct push_sum {
     decentrain::detail::check(drop_fraction >= 0 && drop_fraction < 1, "push-sum: drop_fraction must be in [0, 1), got ",
                               drop_fraction);
     if constexpr (requires { topology.validate(); }) topology.validate();
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "push-sum: the peers mix differently (this one: ", describe(),
-                                "); every peer must use the same topology, inner_steps, overlap and running sums");
+    check_same_settings(ctx, describe(), "push-sum: the peers mix differently",
+                        "the same topology, inner_steps, overlap and running sums");
     mixer_.configure({running_sums, drop_fraction, drop_seed});
     rank_ = ctx.replicas.rank();
     world_ = ctx.replicas.world();

@@ -207,10 +207,8 @@ struct ad_psgd {
     if constexpr (requires { topology.validate(); }) topology.validate();
     const int me = ctx.replicas.rank(), n = ctx.replicas.world();
     check_fixed(topology, n, "ad-psgd", "AD-PSGD keeps its open requests by neighbour (ring, torus, exponential)", false);
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "ad-psgd: the peers exchange differently (this one: ", describe(),
-                                "); every peer must use the same topology, inner_steps, drain_every and seed");
+    check_same_settings(ctx, describe(), "ad-psgd: the peers exchange differently",
+                        "the same topology, inner_steps, drain_every and seed");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
     averager_.begin(ctx.replicas, neighbours(topology, me, n), flat_size(ctx.parameters));
   }

@@ -143,10 +143,7 @@ struct choco {
     choco_mixer::check_fixed(topology, ctx.replicas.world());
     prepare_codec(codec, ctx);
     gamma_ = consensus_step > 0 ? consensus_step : fidelity(codec, flat_size(ctx.parameters)) / 3;
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "choco: the peers mix differently (this one: ", describe(),
-                                "); every peer must use the same topology, inner_steps and consensus_step");
+    check_same_settings(ctx, describe(), "choco: the peers mix differently", "the same topology, inner_steps and consensus_step");
     if (ctx.resumed && !ctx.joined && restored_rank_ == ctx.replicas.rank() && restored_world_ == ctx.replicas.world()) {
       mixer_.take_restored();
     } else {

@@ -65,12 +65,7 @@ struct gossip {
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "gossip: inner_steps must be >= 1, got ", inner_steps);
     if constexpr (requires { topology.validate(); }) topology.validate();
-    // Every replica must gossip alike: a different topology or period would pair sends with
-    // receives that never come.
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "gossip: the peers gossip differently (this one: ", describe(),
-                                "); every peer must use the same topology and inner_steps");
+    check_same_settings(ctx, describe(), "gossip: the peers gossip differently", "the same topology and inner_steps");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>

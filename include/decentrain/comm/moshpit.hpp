@@ -130,10 +130,8 @@ struct moshpit {
     grid.validate("moshpit");
     prepare_codec(codec, aggregator, ctx);
     check_weighs(aggregator, weighted, "moshpit");
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(grid.describe() + std::to_string(inner_steps))),
-                                "moshpit: the peers average differently (this one: ", grid.describe(), ", inner_steps ",
-                                inner_steps, "); every peer must use the same grid and inner_steps");
+    check_same_settings(ctx, grid.describe() + ", inner_steps " + std::to_string(inner_steps),
+                        "moshpit: the peers average differently", "the same grid and inner_steps");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
   }
   template <class Ctx>

@@ -177,6 +177,17 @@ struct round_weight {
   }
 };
 
+// Every replica must use the same settings (`settings`: a policy's graph, period, ...), or the
+// sends of one meet receives of another that never come: one 16-byte comparison, and where they
+// differ every peer fails with "<mismatch> (this one: <settings>); every peer must use <what>".
+// A joiner's settings were the members' when it was admitted: it compares nothing.
+template <class Ctx>
+void check_same_settings(Ctx& ctx, const std::string& settings, const char* mismatch, const char* what) {
+  if (ctx.joined) return;
+  decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(settings)), mismatch, " (this one: ", settings,
+                            "); every peer must use ", what);
+}
+
 // Makes every replica hold the first replica's parameters. Peers seeded alike already hold the
 // same bits: a 16-byte comparison of the parameters' hashes finds that, and the whole model goes
 // out from the first replica only when they differ (on a slow link, megabytes not sent).

@@ -243,10 +243,8 @@ struct push_sum {
     decentrain::detail::check(drop_fraction >= 0 && drop_fraction < 1, "push-sum: drop_fraction must be in [0, 1), got ",
                               drop_fraction);
     if constexpr (requires { topology.validate(); }) topology.validate();
-    if (!ctx.joined)
-      decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(describe())),
-                                "push-sum: the peers mix differently (this one: ", describe(),
-                                "); every peer must use the same topology, inner_steps, overlap and running sums");
+    check_same_settings(ctx, describe(), "push-sum: the peers mix differently",
+                        "the same topology, inner_steps, overlap and running sums");
     mixer_.configure({running_sums, drop_fraction, drop_seed});
     rank_ = ctx.replicas.rank();
     world_ = ctx.replicas.world();
