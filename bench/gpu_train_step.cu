@@ -222,6 +222,18 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
     // What it must move: dx read and written, x and the gradient read once, the row statistics
     // (the gain and bias pass reads x and the gradient a second time, which counts as time).
     add("layer_norm backward (bf16 gradient)", (8.0 + 4.0 + 2.0) * N * C + 4.0 * 2.0 * N, us);
+    // The same work in two passes, as rows the one-pass kernel does not take run it (wider than
+    // 1024 columns, f64, unaligned): dx, then the gain and bias gradients, which read x and the
+    // gradient again.
+    const double two = time_us([&] {
+      dt::kernels::layer_norm_backward(gpu{}, dx.data<float>(), static_cast<float*>(nullptr), static_cast<float*>(nullptr),
+                                       g.data<dt::bf16>(), x.data<float>(), w.data<float>(), mean.data<float>(),
+                                       rstd.data<float>(), N, C);
+      dt::kernels::layer_norm_backward(gpu{}, static_cast<float*>(nullptr), dw.data<float>(), db.data<float>(),
+                                       g.data<dt::bf16>(), x.data<float>(), w.data<float>(), mean.data<float>(),
+                                       rstd.data<float>(), N, C);
+    });
+    add("layer_norm backward as two passes (dx; gain and bias)", (8.0 + 4.0 + 2.0) * N * C + 4.0 * 2.0 * N, two);
   }
   {
     // A bias gradient of the bf16 step: the column sums of the MLP's (N, 4C) output gradient.

@@ -4690,7 +4690,8 @@ void layer_norm_backward(cpu, T* dx, T* dweight, T* dbias, const G* dout, const 
 // ---- begin decentrain/kernels/cuda/layer_norm.cuh ----
 // Layer normalisation over the last dim on the GPU: one warp per row for the row statistics
 // and the input gradient, and a column-tiled reduction for the gain and bias gradients (a fixed
-// order, no atomics). f32 rows whose pointers allow it are read and written 16 bytes a lane.
+// order, no atomics). f32 rows whose pointers allow it are read and written 16 bytes a lane, and
+// their backward pass (up to 1024 columns) is one kernel that reads each row once.
 
 
 #if DECENTRAIN_HAS_CUDA
@@ -4769,16 +4770,34 @@ __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t ro
   }
 }
 
-// out[c] (= or +=) scale * sum over chunks of partial[chunk, c], in chunk order.
+// out[c] (= or +=) scale * sum over chunks of partial[chunk, c]: 32 columns a block, the
+// block's 8 row groups taking every 8th chunk in order, then the groups added in order (a
+// fixed order; a thread walks chunks / 8 partial sums, not all of them).
 template <class T>
 __global__ void finish_columns_kernel(T* out, const double* partial, std::int64_t chunks, std::int64_t cols,
                                       double scale, bool accumulate) {
-  for (std::int64_t c = thread_index(); c < cols; c += thread_count()) {
-    double total = 0.0;
-    for (std::int64_t k = 0; k < chunks; ++k) total += partial[k * cols + c];
-    using M = compute_type_t<T>;
-    out[c] = accumulate ? T(static_cast<M>(out[c]) + static_cast<M>(total * scale)) : static_cast<T>(total * scale);
-  }
+  const std::int64_t c = blockIdx.x * std::int64_t{column_tile} + threadIdx.x;
+  double acc = 0.0;
+  if (c < cols)
+#pragma unroll 4
+    for (std::int64_t k = threadIdx.y; k < chunks; k += column_row_groups) acc += partial[k * cols + c];
+  __shared__ double groups[column_row_groups][column_tile];
+  groups[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  double total = 0.0;
+  for (int g = 0; g < column_row_groups; ++g) total += groups[g][threadIdx.x];
+  using M = compute_type_t<T>;
+  out[c] = accumulate ? T(static_cast<M>(out[c]) + static_cast<M>(total * scale)) : static_cast<T>(total * scale);
+}
+
+template <class T>
+void finish_columns(T* out, const double* partial, std::int64_t chunks, std::int64_t cols, double scale, bool accumulate,
+                    cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>((cols + column_tile - 1) / column_tile);
+  finish_columns_kernel<<<grid, dim3(column_tile, column_row_groups), 0, stream>>>(out, partial, chunks, cols, scale,
+                                                                                 accumulate);
+  cuda_rt::check_launch("finish_columns_kernel");
 }
 }  // namespace cuda_detail
 
@@ -4809,9 +4828,7 @@ void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols
   if (cuda_detail::rows_packable<T, cuda_detail::pack_of<T>>(in, cols)) launch(std::integral_constant<int, cuda_detail::pack_of<T>>{});
   else launch(std::integral_constant<int, 1>{});
   cuda_rt::check_launch("sum_columns_kernel");
-  cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
-      out, partial.get(), chunks, cols, static_cast<double>(scale), false);
-  cuda_rt::check_launch("finish_columns_kernel");
+  cuda_detail::finish_columns(out, partial.get(), chunks, cols, static_cast<double>(scale), false, stream);
 }
 
 }  // namespace decentrain::kernels
@@ -4967,6 +4984,85 @@ __global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, c
     partial_b[blockIdx.y * cols + col] = tb;
   }
 }
+
+// The whole backward pass of f32 rows of at most fused_ln_max_packs * 128 columns in one kernel:
+// dx (added into) and each chunk's partial gain and bias gradients, so dout and x are read from
+// memory once, not once for dx and again for the parameters. A warp takes the chunk's rows
+// fused_ln_warps apart and holds its lanes' columns of the row (x, dout, dx) in registers, loaded
+// together; each lane sums its columns' gain and bias gradients over its rows in f32, and the
+// warps' sums are added in warp order in double: a fixed order, no atomics.
+inline constexpr int fused_ln_max_packs = 8;  // up to 1024 columns, 4 a lane per pack
+inline constexpr int fused_ln_warps = 4;
+inline constexpr std::int64_t fused_ln_chunk_rows = 64;
+
+template <class G>
+__global__ void __launch_bounds__(32 * fused_ln_warps)
+    layer_norm_backward_fused_kernel(float* dx, double* partial_w, double* partial_b, const G* dout, const float* x,
+                                     const float* weight, const float* mean, const float* rstd, std::int64_t rows,
+                                     std::int64_t cols) {
+  constexpr int K = fused_ln_max_packs;
+  const int packs = static_cast<int>(cols / 128), lane = static_cast<int>(threadIdx.x);
+  const std::int64_t per = chunk_rows(rows, gridDim.x), begin = blockIdx.x * per, end = min64(rows, begin + per);
+  float dw[K][4] = {}, db[K][4] = {};
+  for (std::int64_t r = begin + threadIdx.y; r < end; r += fused_ln_warps) {
+    const float m = mean[r], s = rstd[r];
+    packed<float, 4> xs[K], ds[K];
+    packed<G, 4> gs[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs) {  // dx too, so a row costs one trip to memory, not two
+        const std::int64_t c = k * 128 + lane * 4;
+        xs[k] = load<4>(x + r * cols + c);
+        gs[k] = load<4>(dout + r * cols + c);
+        ds[k] = load<4>(dx + r * cols + c);
+      }
+    float sum_dn = 0, sum_dn_xhat = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs) {
+        const auto w = load<4>(weight + k * 128 + lane * 4);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float dn = w.v[j] * widen<float>(gs[k].v[j]);
+          sum_dn += dn;
+          sum_dn_xhat += dn * (xs[k].v[j] - m) * s;
+        }
+      }
+    const float mean_dn = warp_reduce(sum_dn, sum_op{}) / static_cast<float>(cols),
+                mean_dn_xhat = warp_reduce(sum_dn_xhat, sum_op{}) / static_cast<float>(cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs) {
+        const std::int64_t c = k * 128 + lane * 4;
+        const auto w = load<4>(weight + c);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float g = widen<float>(gs[k].v[j]), xhat = (xs[k].v[j] - m) * s;
+          ds[k].v[j] += (w.v[j] * g - mean_dn - xhat * mean_dn_xhat) * s;
+          dw[k][j] += xhat * g;
+          db[k][j] += g;
+        }
+        store<4>(dx + r * cols + c, ds[k]);
+      }
+  }
+  // The warps' sums, one parameter at a time through the same shared rows.
+  __shared__ float sums[fused_ln_warps][K * 128];
+  for (int which = 0; which < 2; ++which) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sums[threadIdx.y][k * 128 + lane * 4 + j] = which == 0 ? dw[k][j] : db[k][j];
+    __syncthreads();
+    double* partial = which == 0 ? partial_w : partial_b;
+    for (std::int64_t c = threadIdx.y * 32 + lane; c < cols; c += 32 * fused_ln_warps) {
+      double total = 0.0;
+      for (int w = 0; w < fused_ln_warps; ++w) total += sums[w][c];
+      partial[blockIdx.x * cols + c] = total;
+    }
+    __syncthreads();
+  }
+}
 }  // namespace cuda_detail
 
 // With `residual`, normalises x + residual and writes that sum to `sum`; O and R as on the CPU
@@ -5003,6 +5099,20 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const
                          std::int64_t cols) {
   if (rows == 0) return;
   const auto stream = cuda_rt::current_stream();
+  if constexpr (std::is_same_v<T, float>) {
+    namespace cd = cuda_detail;
+    if (dx && (dweight || dbias) && cols % 128 == 0 && cols <= 128 * cd::fused_ln_max_packs && cd::rows_packable<T, 4>(dx, cols) &&
+        cd::rows_packable<G, 4>(dout, cols) && cd::rows_packable<T, 4>(x, cols) && cd::rows_packable<T, 4>(weight, cols)) {
+      const std::int64_t chunks = std::min<std::int64_t>((rows + cd::fused_ln_chunk_rows - 1) / cd::fused_ln_chunk_rows, 1 << 20);
+      cd::scratch<double> partial_w(chunks * cols), partial_b(chunks * cols);
+      cd::layer_norm_backward_fused_kernel<<<static_cast<unsigned>(chunks), dim3(32, cd::fused_ln_warps), 0, stream>>>(
+          dx, partial_w.get(), partial_b.get(), dout, x, weight, mean, rstd, rows, cols);
+      cuda_rt::check_launch("layer_norm_backward_fused_kernel");
+      if (dweight) cd::finish_columns(dweight, partial_w.get(), chunks, cols, 1.0, true, stream);
+      if (dbias) cd::finish_columns(dbias, partial_b.get(), chunks, cols, 1.0, true, stream);
+      return;
+    }
+  }
   if (dx) {
     const dim3 block(32, cuda_detail::rows_per_block);
     const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
@@ -5035,14 +5145,8 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const
     }
     if (!packed) launch(std::integral_constant<int, 1>{});
     cuda_rt::check_launch("layer_norm_params_kernel");
-    const auto finish_grid = cuda_rt::blocks_for(cols);
-    if (dweight)
-      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
-          dweight, partial_w.get(), chunks, cols, 1.0, true);
-    if (dbias)
-      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
-          dbias, partial_b.get(), chunks, cols, 1.0, true);
-    cuda_rt::check_launch("finish_columns_kernel");
+    if (dweight) cuda_detail::finish_columns(dweight, partial_w.get(), chunks, cols, 1.0, true, stream);
+    if (dbias) cuda_detail::finish_columns(dbias, partial_b.get(), chunks, cols, 1.0, true, stream);
   }
 }
 
@@ -7080,9 +7184,11 @@ void linear_backward_through_gelu(cpu, std::int64_t m, std::int64_t n, std::int6
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <compare>
 #include <cstdint>
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <type_traits>
 
 
@@ -7147,6 +7253,17 @@ inline std::uint32_t lt_alignment(const void* p) {
   return a;
 }
 
+// What cuBLASLt's heuristic is asked about: the device, the epilogue, types, transposes, sizes
+// and the alignment of every pointer it assumes (an epilogue's own pointers included).
+struct lt_problem {
+  int device, epilogue, in_type, out_type;
+  bool trans_a;
+  std::uint64_t M, N, K;
+  std::uint32_t align_a, align_b, align_d, align_bias, align_aux;
+  std::int64_t aux_ld;
+  auto operator<=>(const lt_problem&) const = default;
+};
+
 // D = op(A) op(B) in cuBLASLt's column-major terms (A is M x K after op, B is K x N, D is M x N,
 // leading dimensions as stored), with the epilogue `op` already describes; false when cuBLASLt
 // offers no algorithm for it (nothing has been written then).
@@ -7180,12 +7297,34 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of D)");
   const auto handle = cublaslt_handles::get();
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1, &heuristic,
-                                     &found) != CUBLAS_STATUS_SUCCESS ||
-      found == 0)
-    return false;
+  // The heuristic's answer depends only on the problem, so it is asked once per problem and host
+  // thread: a step repeats the same few dozen, and each query costs microseconds of host time.
+  cublasLtEpilogue_t epilogue{};
+  const void *bias = nullptr, *aux = nullptr;
+  std::int64_t aux_ld = 0;
+  std::size_t written = 0;
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue, &written),
+               "cublasLtMatmulDescGetAttribute (epilogue)");
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, &written),
+               "cublasLtMatmulDescGetAttribute (bias)");
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, &written),
+               "cublasLtMatmulDescGetAttribute (aux pointer)");
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld, &written),
+               "cublasLtMatmulDescGetAttribute (aux ld)");
+  const lt_problem problem{cuda_rt::current_device(), static_cast<int>(epilogue), static_cast<int>(in_type),
+                           static_cast<int>(out_type), trans_a, M, N, K, align_a, align_b, align_d,
+                           bias ? lt_alignment(bias) : 0u, aux ? lt_alignment(aux) : 0u, aux_ld};
+  thread_local std::map<lt_problem, std::optional<cublasLtMatmulHeuristicResult_t>> answers;
+  auto it = answers.find(problem);
+  if (it == answers.end()) {
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const bool ok = cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1,
+                                                   &result, &found) == CUBLAS_STATUS_SUCCESS && found > 0;
+    it = answers.emplace(problem, ok ? std::optional(result) : std::nullopt).first;
+  }
+  if (!it->second) return false;
+  const cublasLtMatmulHeuristicResult_t& heuristic = *it->second;
   scratch<unsigned char> workspace(static_cast<std::int64_t>(std::max<std::size_t>(heuristic.workspaceSize, 1)));
   const float one = 1.0f, zero = 0.0f;
   cublas_check(cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,

@@ -1,6 +1,7 @@
 // Layer normalisation over the last dim on the GPU: one warp per row for the row statistics
 // and the input gradient, and a column-tiled reduction for the gain and bias gradients (a fixed
-// order, no atomics). f32 rows whose pointers allow it are read and written 16 bytes a lane.
+// order, no atomics). f32 rows whose pointers allow it are read and written 16 bytes a lane, and
+// their backward pass (up to 1024 columns) is one kernel that reads each row once.
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -161,6 +162,85 @@ __global__ void layer_norm_params_kernel(double* partial_w, double* partial_b, c
     partial_b[blockIdx.y * cols + col] = tb;
   }
 }
+
+// The whole backward pass of f32 rows of at most fused_ln_max_packs * 128 columns in one kernel:
+// dx (added into) and each chunk's partial gain and bias gradients, so dout and x are read from
+// memory once, not once for dx and again for the parameters. A warp takes the chunk's rows
+// fused_ln_warps apart and holds its lanes' columns of the row (x, dout, dx) in registers, loaded
+// together; each lane sums its columns' gain and bias gradients over its rows in f32, and the
+// warps' sums are added in warp order in double: a fixed order, no atomics.
+inline constexpr int fused_ln_max_packs = 8;  // up to 1024 columns, 4 a lane per pack
+inline constexpr int fused_ln_warps = 4;
+inline constexpr std::int64_t fused_ln_chunk_rows = 64;
+
+template <class G>
+__global__ void __launch_bounds__(32 * fused_ln_warps)
+    layer_norm_backward_fused_kernel(float* dx, double* partial_w, double* partial_b, const G* dout, const float* x,
+                                     const float* weight, const float* mean, const float* rstd, std::int64_t rows,
+                                     std::int64_t cols) {
+  constexpr int K = fused_ln_max_packs;
+  const int packs = static_cast<int>(cols / 128), lane = static_cast<int>(threadIdx.x);
+  const std::int64_t per = chunk_rows(rows, gridDim.x), begin = blockIdx.x * per, end = min64(rows, begin + per);
+  float dw[K][4] = {}, db[K][4] = {};
+  for (std::int64_t r = begin + threadIdx.y; r < end; r += fused_ln_warps) {
+    const float m = mean[r], s = rstd[r];
+    packed<float, 4> xs[K], ds[K];
+    packed<G, 4> gs[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs) {  // dx too, so a row costs one trip to memory, not two
+        const std::int64_t c = k * 128 + lane * 4;
+        xs[k] = load<4>(x + r * cols + c);
+        gs[k] = load<4>(dout + r * cols + c);
+        ds[k] = load<4>(dx + r * cols + c);
+      }
+    float sum_dn = 0, sum_dn_xhat = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs) {
+        const auto w = load<4>(weight + k * 128 + lane * 4);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float dn = w.v[j] * widen<float>(gs[k].v[j]);
+          sum_dn += dn;
+          sum_dn_xhat += dn * (xs[k].v[j] - m) * s;
+        }
+      }
+    const float mean_dn = warp_reduce(sum_dn, sum_op{}) / static_cast<float>(cols),
+                mean_dn_xhat = warp_reduce(sum_dn_xhat, sum_op{}) / static_cast<float>(cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs) {
+        const std::int64_t c = k * 128 + lane * 4;
+        const auto w = load<4>(weight + c);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float g = widen<float>(gs[k].v[j]), xhat = (xs[k].v[j] - m) * s;
+          ds[k].v[j] += (w.v[j] * g - mean_dn - xhat * mean_dn_xhat) * s;
+          dw[k][j] += xhat * g;
+          db[k][j] += g;
+        }
+        store<4>(dx + r * cols + c, ds[k]);
+      }
+  }
+  // The warps' sums, one parameter at a time through the same shared rows.
+  __shared__ float sums[fused_ln_warps][K * 128];
+  for (int which = 0; which < 2; ++which) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < packs)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sums[threadIdx.y][k * 128 + lane * 4 + j] = which == 0 ? dw[k][j] : db[k][j];
+    __syncthreads();
+    double* partial = which == 0 ? partial_w : partial_b;
+    for (std::int64_t c = threadIdx.y * 32 + lane; c < cols; c += 32 * fused_ln_warps) {
+      double total = 0.0;
+      for (int w = 0; w < fused_ln_warps; ++w) total += sums[w][c];
+      partial[blockIdx.x * cols + c] = total;
+    }
+    __syncthreads();
+  }
+}
 }  // namespace cuda_detail
 
 // With `residual`, normalises x + residual and writes that sum to `sum`; O and R as on the CPU
@@ -197,6 +277,20 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const
                          std::int64_t cols) {
   if (rows == 0) return;
   const auto stream = cuda_rt::current_stream();
+  if constexpr (std::is_same_v<T, float>) {
+    namespace cd = cuda_detail;
+    if (dx && (dweight || dbias) && cols % 128 == 0 && cols <= 128 * cd::fused_ln_max_packs && cd::rows_packable<T, 4>(dx, cols) &&
+        cd::rows_packable<G, 4>(dout, cols) && cd::rows_packable<T, 4>(x, cols) && cd::rows_packable<T, 4>(weight, cols)) {
+      const std::int64_t chunks = std::min<std::int64_t>((rows + cd::fused_ln_chunk_rows - 1) / cd::fused_ln_chunk_rows, 1 << 20);
+      cd::scratch<double> partial_w(chunks * cols), partial_b(chunks * cols);
+      cd::layer_norm_backward_fused_kernel<<<static_cast<unsigned>(chunks), dim3(32, cd::fused_ln_warps), 0, stream>>>(
+          dx, partial_w.get(), partial_b.get(), dout, x, weight, mean, rstd, rows, cols);
+      cuda_rt::check_launch("layer_norm_backward_fused_kernel");
+      if (dweight) cd::finish_columns(dweight, partial_w.get(), chunks, cols, 1.0, true, stream);
+      if (dbias) cd::finish_columns(dbias, partial_b.get(), chunks, cols, 1.0, true, stream);
+      return;
+    }
+  }
   if (dx) {
     const dim3 block(32, cuda_detail::rows_per_block);
     const auto grid = static_cast<unsigned>((rows + cuda_detail::rows_per_block - 1) / cuda_detail::rows_per_block);
@@ -229,14 +323,8 @@ void layer_norm_backward(cuda, T* dx, T* dweight, T* dbias, const G* dout, const
     }
     if (!packed) launch(std::integral_constant<int, 1>{});
     cuda_rt::check_launch("layer_norm_params_kernel");
-    const auto finish_grid = cuda_rt::blocks_for(cols);
-    if (dweight)
-      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
-          dweight, partial_w.get(), chunks, cols, 1.0, true);
-    if (dbias)
-      cuda_detail::finish_columns_kernel<<<finish_grid, cuda_rt::threads_per_block, 0, stream>>>(
-          dbias, partial_b.get(), chunks, cols, 1.0, true);
-    cuda_rt::check_launch("finish_columns_kernel");
+    if (dweight) cuda_detail::finish_columns(dweight, partial_w.get(), chunks, cols, 1.0, true, stream);
+    if (dbias) cuda_detail::finish_columns(dbias, partial_b.get(), chunks, cols, 1.0, true, stream);
   }
 }
 

@@ -15,9 +15,11 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <compare>
 #include <cstdint>
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <type_traits>
 
 #include "decentrain/kernels/cuda/activation.cuh"
@@ -85,6 +87,17 @@ inline std::uint32_t lt_alignment(const void* p) {
   return a;
 }
 
+// What cuBLASLt's heuristic is asked about: the device, the epilogue, types, transposes, sizes
+// and the alignment of every pointer it assumes (an epilogue's own pointers included).
+struct lt_problem {
+  int device, epilogue, in_type, out_type;
+  bool trans_a;
+  std::uint64_t M, N, K;
+  std::uint32_t align_a, align_b, align_d, align_bias, align_aux;
+  std::int64_t aux_ld;
+  auto operator<=>(const lt_problem&) const = default;
+};
+
 // D = op(A) op(B) in cuBLASLt's column-major terms (A is M x K after op, B is K x N, D is M x N,
 // leading dimensions as stored), with the epilogue `op` already describes; false when cuBLASLt
 // offers no algorithm for it (nothing has been written then).
@@ -118,12 +131,34 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of D)");
   const auto handle = cublaslt_handles::get();
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1, &heuristic,
-                                     &found) != CUBLAS_STATUS_SUCCESS ||
-      found == 0)
-    return false;
+  // The heuristic's answer depends only on the problem, so it is asked once per problem and host
+  // thread: a step repeats the same few dozen, and each query costs microseconds of host time.
+  cublasLtEpilogue_t epilogue{};
+  const void *bias = nullptr, *aux = nullptr;
+  std::int64_t aux_ld = 0;
+  std::size_t written = 0;
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue, &written),
+               "cublasLtMatmulDescGetAttribute (epilogue)");
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, &written),
+               "cublasLtMatmulDescGetAttribute (bias)");
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, &written),
+               "cublasLtMatmulDescGetAttribute (aux pointer)");
+  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld, &written),
+               "cublasLtMatmulDescGetAttribute (aux ld)");
+  const lt_problem problem{cuda_rt::current_device(), static_cast<int>(epilogue), static_cast<int>(in_type),
+                           static_cast<int>(out_type), trans_a, M, N, K, align_a, align_b, align_d,
+                           bias ? lt_alignment(bias) : 0u, aux ? lt_alignment(aux) : 0u, aux_ld};
+  thread_local std::map<lt_problem, std::optional<cublasLtMatmulHeuristicResult_t>> answers;
+  auto it = answers.find(problem);
+  if (it == answers.end()) {
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const bool ok = cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1,
+                                                   &result, &found) == CUBLAS_STATUS_SUCCESS && found > 0;
+    it = answers.emplace(problem, ok ? std::optional(result) : std::nullopt).first;
+  }
+  if (!it->second) return false;
+  const cublasLtMatmulHeuristicResult_t& heuristic = *it->second;
   scratch<unsigned char> workspace(static_cast<std::int64_t>(std::max<std::size_t>(heuristic.workspaceSize, 1)));
   const float one = 1.0f, zero = 0.0f;
   cublas_check(cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,

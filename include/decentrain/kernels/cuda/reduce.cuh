@@ -72,16 +72,34 @@ __global__ void sum_columns_kernel(double* partial, const T* in, std::int64_t ro
   }
 }
 
-// out[c] (= or +=) scale * sum over chunks of partial[chunk, c], in chunk order.
+// out[c] (= or +=) scale * sum over chunks of partial[chunk, c]: 32 columns a block, the
+// block's 8 row groups taking every 8th chunk in order, then the groups added in order (a
+// fixed order; a thread walks chunks / 8 partial sums, not all of them).
 template <class T>
 __global__ void finish_columns_kernel(T* out, const double* partial, std::int64_t chunks, std::int64_t cols,
                                       double scale, bool accumulate) {
-  for (std::int64_t c = thread_index(); c < cols; c += thread_count()) {
-    double total = 0.0;
-    for (std::int64_t k = 0; k < chunks; ++k) total += partial[k * cols + c];
-    using M = compute_type_t<T>;
-    out[c] = accumulate ? T(static_cast<M>(out[c]) + static_cast<M>(total * scale)) : static_cast<T>(total * scale);
-  }
+  const std::int64_t c = blockIdx.x * std::int64_t{column_tile} + threadIdx.x;
+  double acc = 0.0;
+  if (c < cols)
+#pragma unroll 4
+    for (std::int64_t k = threadIdx.y; k < chunks; k += column_row_groups) acc += partial[k * cols + c];
+  __shared__ double groups[column_row_groups][column_tile];
+  groups[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  double total = 0.0;
+  for (int g = 0; g < column_row_groups; ++g) total += groups[g][threadIdx.x];
+  using M = compute_type_t<T>;
+  out[c] = accumulate ? T(static_cast<M>(out[c]) + static_cast<M>(total * scale)) : static_cast<T>(total * scale);
+}
+
+template <class T>
+void finish_columns(T* out, const double* partial, std::int64_t chunks, std::int64_t cols, double scale, bool accumulate,
+                    cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>((cols + column_tile - 1) / column_tile);
+  finish_columns_kernel<<<grid, dim3(column_tile, column_row_groups), 0, stream>>>(out, partial, chunks, cols, scale,
+                                                                                 accumulate);
+  cuda_rt::check_launch("finish_columns_kernel");
 }
 }  // namespace cuda_detail
 
@@ -112,9 +130,7 @@ void sum_columns(cuda, T* out, const T* in, std::int64_t rows, std::int64_t cols
   if (cuda_detail::rows_packable<T, cuda_detail::pack_of<T>>(in, cols)) launch(std::integral_constant<int, cuda_detail::pack_of<T>>{});
   else launch(std::integral_constant<int, 1>{});
   cuda_rt::check_launch("sum_columns_kernel");
-  cuda_detail::finish_columns_kernel<<<cuda_rt::blocks_for(cols), cuda_rt::threads_per_block, 0, stream>>>(
-      out, partial.get(), chunks, cols, static_cast<double>(scale), false);
-  cuda_rt::check_launch("finish_columns_kernel");
+  cuda_detail::finish_columns(out, partial.get(), chunks, cols, static_cast<double>(scale), false, stream);
 }
 
 }  // namespace decentrain::kernels
