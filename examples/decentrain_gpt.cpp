@@ -399,6 +399,13 @@ void declare_train(CLI::App& cmd) {
             "int8:adaptive, --codec powersgd:rank=4,factors=int8)",
             "identity")
       ->group(comm);
+  cli::real(cmd, "significance", "T",
+            "diloco: Gaia's filter before the codec: a pseudo-gradient value goes out\n"
+            "only once its accumulated size passes T x |its parameter| (T falls with\n"
+            "the learning rate); the rest waits in the codec's error feedback. Needs\n"
+            "a sparse codec with ef (topk or dct), for example 0.01",
+            std::nullopt, 0, 1e9)
+      ->group(comm);
   cli::text(cmd, "aggregator", "SPEC",
             "how the peers' contributions combine: mean | sender-mean (per value,\n"
             "the mean of the peers that sent it: for top-k, SparseLoCo's) | median |\n"
@@ -1498,8 +1505,16 @@ int cmd_train(const options& opt) {
   dt::detail::check(moshpit || moshpit_outer || !opt.has("moshpit-group"),
                     "--moshpit-group needs --comm moshpit or --outer-averaging moshpit");
   const int moshpit_group = static_cast<int>(opt.integer("moshpit-group"));
-  const auto codec_choice = cli::from_flag("--codec", [&] {
-    return dt::collective::parse_codec(choco && !opt.has("codec") ? std::string("sign") : opt.text("codec"));
+  dt::detail::check(!opt.has("significance") || (comm == "diloco" && overlap == 0 && !eager),
+                    "--significance filters DiLoCo's pseudo-gradients against its global parameters: it needs --comm diloco ",
+                    "(without --overlap or --eager)");
+  dt::detail::check(!opt.has("significance") || opt.has("codec"), "--significance needs a sparse codec with error feedback ",
+                    "to hold back what it filters: add --codec, for example topk:0.03,chunk=4096,int2,ef=0.95");
+  const auto codec_choice = cli::from_flag(opt.has("significance") ? "--codec with --significance" : "--codec", [&] {
+    std::string spec = choco && !opt.has("codec") ? std::string("sign") : opt.text("codec");
+    if (opt.has("significance"))  // Gaia's filter goes inside the codec's error feedback (compress/parse_codec.hpp)
+      spec += (spec.find(':') == std::string::npos ? ":" : ",") + std::string("significance=") + opt.text("significance");
+    return dt::collective::parse_codec(spec);
   });
   p.aggregator = cli::from_flag("--aggregator", [&] { return dt::collective::parse_aggregator(opt.text("aggregator")); });
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",

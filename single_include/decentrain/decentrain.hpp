@@ -19712,6 +19712,7 @@ void robust_all_reduce(Aggregator& aggregator, Comm& comm, std::span<float> valu
 //                                                             (the library's codecs have theirs there)
 //   static constexpr bool dense                               fixed-size payloads that add up on a ring
 //   void set_layout(const compress::layout&)                   the matrices the payload is made of (powersgd)
+//   void set_reference(std::span<const float>, double lr_scale) the values the payload updates (significance)
 //   std::string describe() const                              its settings, compared across peers
 //   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).
@@ -19783,9 +19784,11 @@ constexpr bool is_dense() {
 // matrix (rows = the product of all but the last dimension, cols = the last; a vector is one
 // row). Elementwise codecs ignore it; a codec that works per matrix (powersgd) takes it with
 //   void set_layout(const layout&)
-// and the communication policies hand it over in start() (comm::prepare_codec).
+// and the communication policies hand it over in start() (comm::prepare_codec). Also here: the
+// reference values a payload updates, for codecs that weigh each value against them.
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 
@@ -19803,6 +19806,16 @@ using layout = std::vector<matrix_piece>;
 template <class Codec>
 void set_layout(Codec& codec, const layout& l) {
   if constexpr (requires { codec.set_layout(l); }) codec.set_layout(l);
+}
+
+// The values the payload changes (DiLoCo: its global parameters) and the inner learning rate
+// over its peak, for a codec that judges each value against them (significance, Gaia's filter)
+// with
+//   void set_reference(std::span<const float> reference, double lr_scale)
+// (wrappers pass them on to what they wrap). The communication policy calls it before each payload.
+template <class Codec>
+void set_reference(Codec& codec, std::span<const float> reference, double lr_scale) {
+  if constexpr (requires { codec.set_reference(reference, lr_scale); }) codec.set_reference(reference, lr_scale);
 }
 
 // The pieces must tile a payload of n values, in order, without gaps.
@@ -19834,6 +19847,9 @@ struct adaptive {
   // Used directly (outside all_reduce) it is the codec.
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
   void set_layout(const layout& l) { compress::set_layout(codec, l); }
+  void set_reference(std::span<const float> reference, double lr_scale) {
+    compress::set_reference(codec, reference, lr_scale);
+  }
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return codec.encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
 
@@ -19934,6 +19950,9 @@ struct error_feedback {
   }
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
   void set_layout(const layout& l) { compress::set_layout(codec, l); }
+  void set_reference(std::span<const float> reference, double lr_scale) {
+    compress::set_reference(codec, reference, lr_scale);
+  }
 
   // Encodes values + residual; the residual becomes what the payload does not carry.
   std::size_t encode(std::span<const float> values, std::span<std::byte> out) {
@@ -21031,7 +21050,9 @@ void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool 
 //   block=N, chunk=N (top-k within each chunk of N values) ; any of them with ",ef" for error
 //   feedback (",ef=0.95": what is kept decays by that factor each round) and ",adaptive" to send
 //   f32 instead where that measures faster (for example "int4:block=64", "topk:0.02,ef",
-//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive")
+//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive");
+//   topk and dct with error feedback may add ",significance=T": Gaia's filter in front of the codec,
+//   inside the error feedback ("topk:0.03,chunk=4096,int2,ef=0.95,significance=0.01")
 //   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
 //   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
 //   in; "powersgd:rank=4,factors=int8")
@@ -21039,6 +21060,7 @@ void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool 
 #include <cmath>
 #include <cctype>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21063,7 +21085,8 @@ void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool 
 #include <vector>
 
 // ---- begin decentrain/compress/top_k.hpp ----
-// Top-k sparsification: the k values of largest magnitude and where they are. Indices go as
+// Top-k sparsification: the k values of largest magnitude and where they are (zeros are never
+// sent: fewer go where fewer than k are not zero). Indices go as
 // gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32,
 // or in 4 or 2 bits (`value_bits`): a sign and a magnitude of 1..L (L = 8 or 2) in L-ths of
 // the absmax of each `block` of selected values, scale f32. No code means zero: every value
@@ -21120,7 +21143,7 @@ struct top_k {
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
     detail::check_finite(in, name);
-    const std::size_t n = in.size(), k = k_for(n);
+    const std::size_t n = in.size();
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), std::uint32_t{0});
     // Largest magnitudes first; ties to the lower index, so every run picks the same. Each
@@ -21135,10 +21158,15 @@ struct top_k {
       const std::size_t size = std::min(step, n - from), kc = k_within(size);
       const auto first = order_.begin() + static_cast<std::ptrdiff_t>(from);
       if (kc < size) std::nth_element(first, first + static_cast<std::ptrdiff_t>(kc), first + static_cast<std::ptrdiff_t>(size), larger);
-      std::sort(first, first + static_cast<std::ptrdiff_t>(kc));
-      if (picked != from) std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
-      picked += kc;
+      // Zeros carry nothing (and the 4- and 2-bit grids have no code for them): a chunk with
+      // fewer than kc values that are not zero sends only those (a filter in front, such as
+      // significance, zeroes what it holds back).
+      const auto nonzero = std::partition(first, first + static_cast<std::ptrdiff_t>(kc), [&](std::uint32_t i) { return in[i] != 0.0f; });
+      std::sort(first, nonzero);
+      if (picked != from) std::copy(first, nonzero, order_.begin() + static_cast<std::ptrdiff_t>(picked));
+      picked += static_cast<std::size_t>(nonzero - first);
     }
+    const std::size_t k = picked;
     // Indices as varint gaps or as a bitmap.
     varints_.clear();
     std::int64_t previous = -1;
@@ -21789,6 +21817,87 @@ static_assert(check_codec<sign>());
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/sign.hpp ----
+// ---- begin decentrain/compress/significance.hpp ----
+// Gaia's significance filter (Hsieh et al., NSDI 2017) in front of a sparse codec: of a payload
+// of updates to parameters w, only the entries whose relative size |u_i| / |w_i| passes a
+// threshold go on to the codec; the others become zeros, which a sparse codec does not send
+// (top-k skips them). Error feedback around the filter keeps what it held back, so a small update
+// is not lost: it goes out once its accumulated change passes the threshold (Gaia's accumulation).
+// The threshold falls with the inner learning rate, as Gaia lowers it while the rate decays: an
+// entry passes when |u_i| > threshold x lr_scale x |w_i|, lr_scale being the rate over its peak.
+// The communication policy hands the filter w and lr_scale before each payload
+// (compress::set_reference; DiLoCo gives its global parameters). Gaia's bounded-staleness barrier
+// between data centres is the policy's round here: every peer applies a round's significant
+// updates at the same step.
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::compress {
+
+template <class Codec>
+struct significance {
+  static_assert(check_codec<Codec>());
+  static_assert(!is_dense<Codec>(), "significance: the filter's zeros would still be sent by a dense codec; use a sparse one (top_k)");
+  static constexpr const char* name = "significance";
+  static constexpr bool dense = false;
+  Codec codec{};
+  double threshold = 0.01;  // the relative change an entry needs at the peak learning rate (Gaia's 1%)
+
+  std::string describe() const {
+    return "significance(" + std::to_string(threshold) + "," + compress::describe(codec) + ")";
+  }
+  std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
+  void set_layout(const layout& l) { compress::set_layout(codec, l); }
+  void set_reference(std::span<const float> reference, double lr_scale) {
+    decentrain::detail::check(std::isfinite(lr_scale) && lr_scale >= 0, "significance filter: lr_scale must be finite and >= 0, got ",
+                              lr_scale);
+    reference_.assign(reference.begin(), reference.end());
+    lr_scale_ = lr_scale;
+  }
+
+  std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
+    decentrain::detail::check(std::isfinite(threshold) && threshold >= 0, "significance filter: threshold must be finite and >= 0, got ",
+                              threshold);
+    decentrain::detail::check(!reference_.empty() || in.empty(),
+                              "significance filter: no reference values were set (the communication policy hands over "
+                              "the parameters the payload updates: comm::diloco does)");
+    decentrain::detail::check(reference_.size() == in.size(), "significance filter: a payload of ", in.size(),
+                              " values against ", reference_.size(), " reference values");
+    const double t = threshold * lr_scale_;
+    filtered_.resize(in.size());
+    passed_ = 0;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const bool keep = std::abs(static_cast<double>(in[i])) > t * std::abs(static_cast<double>(reference_[i]));
+      filtered_[i] = keep ? in[i] : 0.0f;
+      passed_ += keep;
+    }
+    return codec.encode(std::span<const float>(filtered_), out);
+  }
+  void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
+
+  // How many entries passed the filter in the last payload.
+  std::size_t passed() const { return passed_; }
+
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    if constexpr (requires { codec.save(c, prefix); }) codec.save(c, prefix);
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    if constexpr (requires { codec.load(c, prefix); }) codec.load(c, prefix);
+  }
+
+ private:
+  std::vector<float> reference_, filtered_;
+  double lr_scale_ = 1.0;
+  std::size_t passed_ = 0;
+};
+
+}  // namespace decentrain::compress
+// ---- end decentrain/compress/significance.hpp ----
 
 namespace decentrain::compress {
 
@@ -21803,6 +21912,7 @@ Any parse_codec_as(std::string_view spec) {
   const std::string& name = parsed.name;
   bool ef = false, adapt = false;
   double decay = 1.0;
+  std::optional<double> gaia;  // significance=T
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& [key, value] : parsed.settings) {
     if ((key == "ef" || key == "adaptive") && value.empty()) {
@@ -21815,6 +21925,11 @@ Any parse_codec_as(std::string_view spec) {
       check(decay > 0 && decay <= 1, "codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
+    if (key == "significance") {
+      gaia = parsed.number(key, value);
+      check(std::isfinite(*gaia) && *gaia >= 0, "codec '", spec, "': significance=T takes a threshold >= 0, got ", value);
+      continue;
+    }
     settings.emplace_back(key, value);
   }
   auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
@@ -21824,13 +21939,28 @@ Any parse_codec_as(std::string_view spec) {
   auto unknown = [&](const std::string& key, const char* allowed) {
     fail("codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
+  auto with_feedback = [&](auto c) -> Any {
+    if (!ef) return c;
+    error_feedback<decltype(c)> e;
+    e.codec = c;
+    e.decay = decay;
+    return e;
+  };
   auto wrap = [&](auto c) -> Any {
-    Any chosen = c;
-    if (ef) {
-      error_feedback<decltype(c)> e;
-      e.codec = c;
-      e.decay = decay;
-      chosen = e;
+    Any chosen;
+    if (gaia) {
+      if constexpr (is_dense<decltype(c)>()) {
+        fail("codec '", spec, "': significance=T needs a sparse codec (topk or dct): ", name,
+             " would still send the zeros the filter leaves");
+      } else {
+        check(ef, "codec '", spec, "': significance=T needs ',ef' (or ',ef=D'), which keeps the updates the filter holds back");
+        significance<decltype(c)> g;
+        g.codec = c;
+        g.threshold = *gaia;
+        chosen = with_feedback(g);
+      }
+    } else {
+      chosen = with_feedback(c);
     }
     if (!adapt) return chosen;
     adaptive<Any> a;
@@ -21840,7 +21970,8 @@ Any parse_codec_as(std::string_view spec) {
   if (name == "identity" || name == "fp16" || name == "bf16") {
     if (!settings.empty()) unknown(settings.front().first, "nothing");
     if (name == "identity") {
-      check(!ef && !adapt, "codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
+      check(!ef && !adapt && !gaia, "codec '", spec,
+            "': identity loses nothing and is plain f32 (no ',ef', ',adaptive' or ',significance')");
       return identity{};
     }
     return name == "fp16" ? wrap(fp16{}) : wrap(bf16{});
@@ -21915,6 +22046,7 @@ Any parse_codec_as(std::string_view spec) {
   if (name == "powersgd") {
     check(!ef, "codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
     check(!adapt, "codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
+    check(!gaia, "codec '", spec, "': significance=T needs a sparse codec (topk or dct), not powersgd");
     powersgd<Any> c;
     for (const auto& [k, v] : settings) {
       if (k == "rank") c.rank = whole(k, v, 1, 4096);
@@ -21964,6 +22096,7 @@ class any_codec {
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
   void flush_into(std::span<float> values) { self_->flush_into(values); }
   void set_layout(const compress::layout& l) { self_->set_layout(l); }
+  void set_reference(std::span<const float> reference, double lr_scale) { self_->set_reference(reference, lr_scale); }
   void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
   void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
 
@@ -21978,6 +22111,7 @@ class any_codec {
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
     virtual void flush_into(std::span<float>) = 0;
     virtual void set_layout(const compress::layout&) = 0;
+    virtual void set_reference(std::span<const float>, double) = 0;
     virtual void save(io::checkpoint&, const std::string&) const = 0;
     virtual void load(const io::checkpoint&, const std::string&) = 0;
   };
@@ -21996,6 +22130,9 @@ class any_codec {
       if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
     }
     void set_layout(const compress::layout& l) override { compress::set_layout(c, l); }
+    void set_reference(std::span<const float> reference, double lr_scale) override {
+      compress::set_reference(c, reference, lr_scale);
+    }
     void save(io::checkpoint& ck, const std::string& prefix) const override {
       if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
     }
@@ -23520,6 +23657,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
     if (moshpit) {
       std::optional<double> w = weight_if(weighted, weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
@@ -30161,6 +30299,8 @@ struct peer_context {
   double step_weight = 1.0;     // this peer's weight in the step's averages (the parallel policy's
                                 // step_result::weight, its rows, say; set before after_backward)
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
+  double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
+                                // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step
   bool round_start = true;      // the step starts a round of the communication policy (its
                                 // ends_round_at(step - 1); the first step): where every replica
@@ -31610,6 +31750,7 @@ class trainer {
           t = compute_clock();
           out.grad_norm = clip(ctx);
           out.lr = schedule_(step_);
+          ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
           optimizer_.set_lr(out.lr);
           optimizer_.step();
           computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));

@@ -945,6 +945,33 @@ TEST_CASE("train --codec: peers send their payloads through the codec named on t
   CHECK_THAT(bad.output, Contains("fraction expects a number, got '0.0.2'"));
   bad = run(base + " --codec fp4:block=3", dir);
   CHECK_THAT(bad.output, Contains("fp4 codec: block must be even and in [2, 2^24], got 3"));
+
+  // Gaia's filter in front of top-k: fewer bytes than top-k alone, and it still learns.
+  // (the tiny model's round moves its largest weights by tens of percent: a high threshold shows the filter)
+  auto gaia = run(base + " --codec topk:0.05,int2,ef --significance 100", dir);
+  INFO(gaia.output);
+  REQUIRE(gaia.status == 0);
+  // "... would send X MB (R x more)": R, which keeps its precision where the MB round to 0.00.
+  const auto times_fewer = [](const std::string& out) {
+    const auto end = out.rfind("x more)");
+    REQUIRE(end != std::string::npos);
+    const auto open = out.rfind('(', end);
+    return std::stod(out.substr(open + 1, end - open - 1));
+  };
+  CHECK(times_fewer(gaia.output) > 1.2 * times_fewer(topk.output));
+  CHECK(val(gaia.output) < val(plain.output) + 0.5);
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {" --significance 0.01", "--significance needs a sparse codec with error feedback"},
+           {" --codec int8:ef --significance 0.01", "significance=T needs a sparse codec (topk or dct)"},
+           {" --codec topk:0.05 --significance 0.01", "needs ',ef'"},
+           {" --codec topk:0.05,ef --significance -1", "--significance"},
+           {" --codec topk:0.05,ef --significance 0.01 --comm local-sgd", "--significance filters DiLoCo's pseudo-gradients"},
+           {" --codec topk:0.05,ef --significance 0.01 --eager", "(without --overlap or --eager)"}}) {
+    bad = run(base + args, dir);
+    INFO(args << "\n" << bad.output);
+    CHECK(bad.status != 0);
+    CHECK_THAT(bad.output, Contains(message));
+  }
 }
 
 TEST_CASE("train --comm streaming-diloco: fragments exchanged beside compute, utilisation in the summary", "[cli][streaming]") {

@@ -451,6 +451,61 @@ TEST_CASE("trainer: DiLoCo through PowerSGD gets the parameters' shapes, sends f
   CHECK(resumed[1] == whole[1]);
 }
 
+TEST_CASE("trainer: DiLoCo hands Gaia's filter its global parameters: nothing passes, nothing moves, threshold 0 is the codec alone") {
+  trainer_options opts;
+  opts.steps = 12;
+  opts.eval_batches = 1;
+  opts.batch_size = 2;
+  using Filtered = dt::comm::diloco<dt::comm::outer::sgd, dt::compress::error_feedback<dt::compress::significance<dt::compress::top_k>>>;
+  using Plain = dt::comm::diloco<dt::comm::outer::sgd, dt::compress::error_feedback<dt::compress::top_k>>;
+  using Gaia = dt::train::trainer<dt::nn::gpt<dt::cpu>, Filtered>;
+  Filtered gaia;
+  gaia.inner_steps = 5;
+  gaia.codec.codec.codec.fraction = 1.0;  // every value the filter lets through, in f32
+  Plain plain;
+  plain.inner_steps = 5;
+  plain.codec.codec.fraction = 1.0;
+  std::vector<dt::train::fit_result> none_r, all_r, some_r;
+
+  // A threshold no relative change passes: only updates of weights at zero (whose relative
+  // change is unbounded: the biases start there) go out, and every other global parameter, which
+  // every round ends on, stays where it started.
+  gaia.codec.codec.threshold = 1e30;
+  const auto held = run_peers<Gaia>(2, opts, gaia, &none_r);
+  dt::rng init(opts.seed, "init");  // as the trainer draws its model
+  const auto start = flat_params(dt::nn::gpt<dt::cpu>(tiny_config(small_corpus().tok.vocab_size()), init).parameters());
+  REQUIRE(held[0].size() == start.size());
+  std::size_t moved = 0, zeros = 0;
+  for (std::size_t i = 0; i < start.size(); ++i) {
+    zeros += start[i] == 0.0f;
+    moved += start[i] != 0.0f && held[0][i] != start[i];
+  }
+  CHECK(moved == 0);
+  CHECK(zeros * 10 < start.size());
+  CHECK(held[0] == held[1]);
+
+  // Threshold 0 lets every value that is not zero through: the codec alone, bit for bit.
+  gaia.codec.codec.threshold = 0;
+  const auto all = run_peers<Gaia>(2, opts, gaia, &all_r);
+  const auto alone = run_peers<dt::train::trainer<dt::nn::gpt<dt::cpu>, Plain>>(2, opts, plain);
+  CHECK(all[0] == alone[0]);
+  CHECK(all[1] == alone[1]);
+  CHECK(none_r[0].last.policy_bytes_sent * 5 < all_r[0].last.policy_bytes_sent);
+
+  // 1%: fewer values than all of them, the peers on the same parameters, and the held-back
+  // updates (the error feedback's residual) through a checkpoint: resumed bit-exact.
+  gaia.codec.codec.threshold = 0.01;
+  const auto some = run_peers<Gaia>(2, opts, gaia, &some_r);
+  CHECK(some[0] == some[1]);
+  CHECK(some[0] != start);
+  CHECK(some_r[0].last.policy_bytes_sent < all_r[0].last.policy_bytes_sent);
+  const auto saved = stop_at<Gaia>(2, 7, opts, gaia);
+  CHECK(saved[0].tensors.count("comm.diloco.codec.own.residual") == 1);
+  const auto resumed = resume_from<Gaia>(saved, opts, gaia);
+  CHECK(resumed[0] == some[0]);
+  CHECK(resumed[1] == some[1]);
+}
+
 TEST_CASE("trainer: bad options and mismatched checkpoints are errors") {
   const auto cfg = tiny_config(small_corpus().tok.vocab_size());
   using T = dt::train::trainer<dt::nn::gpt<dt::cpu>>;

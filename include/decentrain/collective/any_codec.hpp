@@ -52,6 +52,7 @@ class any_codec {
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
   void flush_into(std::span<float> values) { self_->flush_into(values); }
   void set_layout(const compress::layout& l) { self_->set_layout(l); }
+  void set_reference(std::span<const float> reference, double lr_scale) { self_->set_reference(reference, lr_scale); }
   void save(io::checkpoint& c, const std::string& prefix) const { self_->save(c, prefix); }
   void load(const io::checkpoint& c, const std::string& prefix) { self_->load(c, prefix); }
 
@@ -66,6 +67,7 @@ class any_codec {
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
     virtual void flush_into(std::span<float>) = 0;
     virtual void set_layout(const compress::layout&) = 0;
+    virtual void set_reference(std::span<const float>, double) = 0;
     virtual void save(io::checkpoint&, const std::string&) const = 0;
     virtual void load(const io::checkpoint&, const std::string&) = 0;
   };
@@ -84,6 +86,9 @@ class any_codec {
       if constexpr (requires { c.flush_into(values); }) c.flush_into(values);
     }
     void set_layout(const compress::layout& l) override { compress::set_layout(c, l); }
+    void set_reference(std::span<const float> reference, double lr_scale) override {
+      compress::set_reference(c, reference, lr_scale);
+    }
     void save(io::checkpoint& ck, const std::string& prefix) const override {
       if constexpr (requires { c.save(ck, prefix); }) c.save(ck, prefix);
     }

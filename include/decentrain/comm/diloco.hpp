@@ -77,6 +77,7 @@ struct diloco {
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
+    compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
     if (moshpit) {
       std::optional<double> w = weight_if(weighted, weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),

@@ -34,6 +34,9 @@ struct adaptive {
   // Used directly (outside all_reduce) it is the codec.
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
   void set_layout(const layout& l) { compress::set_layout(codec, l); }
+  void set_reference(std::span<const float> reference, double lr_scale) {
+    compress::set_reference(codec, reference, lr_scale);
+  }
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return codec.encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { codec.decode_add(in, into); }
 

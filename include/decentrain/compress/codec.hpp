@@ -14,6 +14,7 @@
 //                                                             (the library's codecs have theirs there)
 //   static constexpr bool dense                               fixed-size payloads that add up on a ring
 //   void set_layout(const compress::layout&)                   the matrices the payload is made of (powersgd)
+//   void set_reference(std::span<const float>, double lr_scale) the values the payload updates (significance)
 //   std::string describe() const                              its settings, compared across peers
 //   void save(io::checkpoint&, const std::string& prefix) const / void load(const io::checkpoint&, const std::string& prefix)
 // Users write their own codecs without touching the library (as nlohmann/json's adl_serializer).

@@ -14,5 +14,6 @@
 #include "decentrain/compress/parse_codec.hpp"
 #include "decentrain/compress/powersgd.hpp"
 #include "decentrain/compress/sign.hpp"
+#include "decentrain/compress/significance.hpp"
 #include "decentrain/compress/top_k.hpp"
 #include "decentrain/kernels/quantize.hpp"

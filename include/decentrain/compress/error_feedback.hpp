@@ -50,6 +50,9 @@ struct error_feedback {
   }
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
   void set_layout(const layout& l) { compress::set_layout(codec, l); }
+  void set_reference(std::span<const float> reference, double lr_scale) {
+    compress::set_reference(codec, reference, lr_scale);
+  }
 
   // Encodes values + residual; the residual becomes what the payload does not carry.
   std::size_t encode(std::span<const float> values, std::span<std::byte> out) {

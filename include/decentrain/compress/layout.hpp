@@ -2,10 +2,12 @@
 // matrix (rows = the product of all but the last dimension, cols = the last; a vector is one
 // row). Elementwise codecs ignore it; a codec that works per matrix (powersgd) takes it with
 //   void set_layout(const layout&)
-// and the communication policies hand it over in start() (comm::prepare_codec).
+// and the communication policies hand it over in start() (comm::prepare_codec). Also here: the
+// reference values a payload updates, for codecs that weigh each value against them.
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "decentrain/detail/error.hpp"
@@ -24,6 +26,16 @@ using layout = std::vector<matrix_piece>;
 template <class Codec>
 void set_layout(Codec& codec, const layout& l) {
   if constexpr (requires { codec.set_layout(l); }) codec.set_layout(l);
+}
+
+// The values the payload changes (DiLoCo: its global parameters) and the inner learning rate
+// over its peak, for a codec that judges each value against them (significance, Gaia's filter)
+// with
+//   void set_reference(std::span<const float> reference, double lr_scale)
+// (wrappers pass them on to what they wrap). The communication policy calls it before each payload.
+template <class Codec>
+void set_reference(Codec& codec, std::span<const float> reference, double lr_scale) {
+  if constexpr (requires { codec.set_reference(reference, lr_scale); }) codec.set_reference(reference, lr_scale);
 }
 
 // The pieces must tile a payload of n values, in order, without gaps.

@@ -7,7 +7,9 @@
 //   block=N, chunk=N (top-k within each chunk of N values) ; any of them with ",ef" for error
 //   feedback (",ef=0.95": what is kept decays by that factor each round) and ",adaptive" to send
 //   f32 instead where that measures faster (for example "int4:block=64", "topk:0.02,ef",
-//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive")
+//   "topk:0.02,int2,ef", "topk:0.02,chunk=4096,int2,ef=0.95", "sign:block=256,ef", "int8:adaptive");
+//   topk and dct with error feedback may add ",significance=T": Gaia's filter in front of the codec,
+//   inside the error feedback ("topk:0.03,chunk=4096,int2,ef=0.95,significance=0.01")
 //   | dct:F with chunk=N and top-k's settings (DeMo's DCT top-k; "dct:0.02,chunk=64,int2,ef")
 //   | powersgd:rank=R,noef,seed=S,factors=identity|fp16|bf16|int8|int4|fp4 (error feedback built
 //   in; "powersgd:rank=4,factors=int8")
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <cctype>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +36,7 @@
 #include "decentrain/compress/layout.hpp"
 #include "decentrain/compress/powersgd.hpp"
 #include "decentrain/compress/sign.hpp"
+#include "decentrain/compress/significance.hpp"
 #include "decentrain/compress/top_k.hpp"
 #include "decentrain/detail/spec.hpp"
 
@@ -49,6 +53,7 @@ Any parse_codec_as(std::string_view spec) {
   const std::string& name = parsed.name;
   bool ef = false, adapt = false;
   double decay = 1.0;
+  std::optional<double> gaia;  // significance=T
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& [key, value] : parsed.settings) {
     if ((key == "ef" || key == "adaptive") && value.empty()) {
@@ -61,6 +66,11 @@ Any parse_codec_as(std::string_view spec) {
       check(decay > 0 && decay <= 1, "codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
+    if (key == "significance") {
+      gaia = parsed.number(key, value);
+      check(std::isfinite(*gaia) && *gaia >= 0, "codec '", spec, "': significance=T takes a threshold >= 0, got ", value);
+      continue;
+    }
     settings.emplace_back(key, value);
   }
   auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
@@ -70,13 +80,28 @@ Any parse_codec_as(std::string_view spec) {
   auto unknown = [&](const std::string& key, const char* allowed) {
     fail("codec '", spec, "': ", name, " has no setting '", key, "' (it takes: ", allowed, ")");
   };
+  auto with_feedback = [&](auto c) -> Any {
+    if (!ef) return c;
+    error_feedback<decltype(c)> e;
+    e.codec = c;
+    e.decay = decay;
+    return e;
+  };
   auto wrap = [&](auto c) -> Any {
-    Any chosen = c;
-    if (ef) {
-      error_feedback<decltype(c)> e;
-      e.codec = c;
-      e.decay = decay;
-      chosen = e;
+    Any chosen;
+    if (gaia) {
+      if constexpr (is_dense<decltype(c)>()) {
+        fail("codec '", spec, "': significance=T needs a sparse codec (topk or dct): ", name,
+             " would still send the zeros the filter leaves");
+      } else {
+        check(ef, "codec '", spec, "': significance=T needs ',ef' (or ',ef=D'), which keeps the updates the filter holds back");
+        significance<decltype(c)> g;
+        g.codec = c;
+        g.threshold = *gaia;
+        chosen = with_feedback(g);
+      }
+    } else {
+      chosen = with_feedback(c);
     }
     if (!adapt) return chosen;
     adaptive<Any> a;
@@ -86,7 +111,8 @@ Any parse_codec_as(std::string_view spec) {
   if (name == "identity" || name == "fp16" || name == "bf16") {
     if (!settings.empty()) unknown(settings.front().first, "nothing");
     if (name == "identity") {
-      check(!ef && !adapt, "codec '", spec, "': identity loses nothing and is plain f32 (no ',ef' or ',adaptive')");
+      check(!ef && !adapt && !gaia, "codec '", spec,
+            "': identity loses nothing and is plain f32 (no ',ef', ',adaptive' or ',significance')");
       return identity{};
     }
     return name == "fp16" ? wrap(fp16{}) : wrap(bf16{});
@@ -161,6 +187,7 @@ Any parse_codec_as(std::string_view spec) {
   if (name == "powersgd") {
     check(!ef, "codec '", spec, "': powersgd keeps its own error feedback (',noef' turns it off)");
     check(!adapt, "codec '", spec, "': powersgd cannot be adaptive (its residual would not go out in the f32 rounds)");
+    check(!gaia, "codec '", spec, "': significance=T needs a sparse codec (topk or dct), not powersgd");
     powersgd<Any> c;
     for (const auto& [k, v] : settings) {
       if (k == "rank") c.rank = whole(k, v, 1, 4096);

@@ -1,4 +1,5 @@
-// Top-k sparsification: the k values of largest magnitude and where they are. Indices go as
+// Top-k sparsification: the k values of largest magnitude and where they are (zeros are never
+// sent: fewer go where fewer than k are not zero). Indices go as
 // gaps in LEB128 varints or as a bitmap, whichever is smaller for this payload; values as f32,
 // or in 4 or 2 bits (`value_bits`): a sign and a magnitude of 1..L (L = 8 or 2) in L-ths of
 // the absmax of each `block` of selected values, scale f32. No code means zero: every value
@@ -58,7 +59,7 @@ struct top_k {
 
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) {
     detail::check_finite(in, name);
-    const std::size_t n = in.size(), k = k_for(n);
+    const std::size_t n = in.size();
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), std::uint32_t{0});
     // Largest magnitudes first; ties to the lower index, so every run picks the same. Each
@@ -73,10 +74,15 @@ struct top_k {
       const std::size_t size = std::min(step, n - from), kc = k_within(size);
       const auto first = order_.begin() + static_cast<std::ptrdiff_t>(from);
       if (kc < size) std::nth_element(first, first + static_cast<std::ptrdiff_t>(kc), first + static_cast<std::ptrdiff_t>(size), larger);
-      std::sort(first, first + static_cast<std::ptrdiff_t>(kc));
-      if (picked != from) std::copy(first, first + static_cast<std::ptrdiff_t>(kc), order_.begin() + static_cast<std::ptrdiff_t>(picked));
-      picked += kc;
+      // Zeros carry nothing (and the 4- and 2-bit grids have no code for them): a chunk with
+      // fewer than kc values that are not zero sends only those (a filter in front, such as
+      // significance, zeroes what it holds back).
+      const auto nonzero = std::partition(first, first + static_cast<std::ptrdiff_t>(kc), [&](std::uint32_t i) { return in[i] != 0.0f; });
+      std::sort(first, nonzero);
+      if (picked != from) std::copy(first, nonzero, order_.begin() + static_cast<std::ptrdiff_t>(picked));
+      picked += static_cast<std::size_t>(nonzero - first);
     }
+    const std::size_t k = picked;
     // Indices as varint gaps or as a bitmap.
     varints_.clear();
     std::int64_t previous = -1;

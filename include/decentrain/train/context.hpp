@@ -69,6 +69,8 @@ struct peer_context {
   double step_weight = 1.0;     // this peer's weight in the step's averages (the parallel policy's
                                 // step_result::weight, its rows, say; set before after_backward)
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
+  double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
+                                // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step
   bool round_start = true;      // the step starts a round of the communication policy (its
                                 // ends_round_at(step - 1); the first step): where every replica

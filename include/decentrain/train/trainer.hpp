@@ -388,6 +388,7 @@ class trainer {
           t = compute_clock();
           out.grad_norm = clip(ctx);
           out.lr = schedule_(step_);
+          ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
           optimizer_.set_lr(out.lr);
           optimizer_.step();
           computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
