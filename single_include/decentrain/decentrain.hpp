@@ -21847,9 +21847,14 @@ struct significance {
   static constexpr bool dense = false;
   Codec codec{};
   double threshold = 0.01;  // the relative change an entry needs at the peak learning rate (Gaia's 1%)
+  // false: the filter goes first and the codec chooses among what passed (Gaia's filter). true:
+  // the codec chooses first (top-k: the largest values) and the filter takes out of that choice
+  // what is not significant, so it only ever sends less (the codec must keep no state of its own
+  // between payloads: it encodes twice).
+  bool veto = false;
 
   std::string describe() const {
-    return "significance(" + std::to_string(threshold) + "," + compress::describe(codec) + ")";
+    return "significance(" + std::to_string(threshold) + (veto ? ",veto," : ",") + compress::describe(codec) + ")";
   }
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
   void set_layout(const layout& l) { compress::set_layout(codec, l); }
@@ -21869,10 +21874,16 @@ struct significance {
     decentrain::detail::check(reference_.size() == in.size(), "significance filter: a payload of ", in.size(),
                               " values against ", reference_.size(), " reference values");
     const double t = threshold * lr_scale_;
+    if (veto) {  // what the codec would send of the whole payload
+      chosen_.assign(in.size(), 0.0f);
+      const std::size_t size = codec.encode(in, out);
+      codec.decode_add(std::span<const std::byte>(out.data(), size), std::span<float>(chosen_));
+    }
     filtered_.resize(in.size());
     passed_ = 0;
     for (std::size_t i = 0; i < in.size(); ++i) {
-      const bool keep = std::abs(static_cast<double>(in[i])) > t * std::abs(static_cast<double>(reference_[i]));
+      const bool keep = (!veto || chosen_[i] != 0.0f) &&
+                        std::abs(static_cast<double>(in[i])) > t * std::abs(static_cast<double>(reference_[i]));
       filtered_[i] = keep ? in[i] : 0.0f;
       passed_ += keep;
     }
@@ -21891,7 +21902,7 @@ struct significance {
   }
 
  private:
-  std::vector<float> reference_, filtered_;
+  std::vector<float> reference_, filtered_, chosen_;
   double lr_scale_ = 1.0;
   std::size_t passed_ = 0;
 };
@@ -21913,6 +21924,7 @@ Any parse_codec_as(std::string_view spec) {
   bool ef = false, adapt = false;
   double decay = 1.0;
   std::optional<double> gaia;  // significance=T
+  bool veto = false;           // significance's veto
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& [key, value] : parsed.settings) {
     if ((key == "ef" || key == "adaptive") && value.empty()) {
@@ -21925,6 +21937,10 @@ Any parse_codec_as(std::string_view spec) {
       check(decay > 0 && decay <= 1, "codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
+    if (key == "veto" && value.empty()) {
+      veto = true;
+      continue;
+    }
     if (key == "significance") {
       gaia = parsed.number(key, value);
       check(std::isfinite(*gaia) && *gaia >= 0, "codec '", spec, "': significance=T takes a threshold >= 0, got ", value);
@@ -21932,6 +21948,7 @@ Any parse_codec_as(std::string_view spec) {
     }
     settings.emplace_back(key, value);
   }
+  check(!veto || gaia, "codec '", spec, "': veto is significance's (significance=T,veto)");
   auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
   auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
     return parsed.whole(key, text, lo, hi);
@@ -21957,6 +21974,7 @@ Any parse_codec_as(std::string_view spec) {
         significance<decltype(c)> g;
         g.codec = c;
         g.threshold = *gaia;
+        g.veto = veto;
         chosen = with_feedback(g);
       }
     } else {

@@ -518,6 +518,22 @@ TEST_CASE("codecs: Gaia's filter sends what passes threshold x lr_scale x |w|, e
   CHECK_THROWS_WITH(cz::set_reference(e, std::span<const float>(w), -1.0), Catch::Contains("lr_scale must be finite"));
 }
 
+TEST_CASE("codecs: Gaia's filter first lets top-k choose among what passed; as a veto it only takes out of top-k's choice") {
+  // Weight 100 makes the largest update insignificant at 10%; top-2 of four.
+  const std::vector<float> w{100, 1, 1, 1}, u{0.5f, 0.3f, 0.2f, 0.015f};
+  cz::significance<cz::top_k> g;
+  g.codec.count = 2;
+  g.threshold = 0.1;
+  cz::set_reference(g, std::span<const float>(w), 1.0);
+  CHECK(round_trip(g, u) == std::vector<float>{0.0f, 0.3f, 0.2f, 0.0f});  // the two largest of what passed
+  CHECK(g.passed() == 2);
+  g.veto = true;
+  CHECK(round_trip(g, u) == std::vector<float>{0.0f, 0.3f, 0.0f, 0.0f});  // top-2 is {0.5, 0.3}; 0.5 is vetoed
+  CHECK(g.passed() == 1);
+  CHECK(dt::collective::parse_codec("topk:0.03,ef,significance=1,veto").describe().find("significance(1.000000,veto,topk") != std::string::npos);
+  CHECK_THROWS_WITH(dt::collective::parse_codec("topk:0.03,ef,veto"), Catch::Contains("veto is significance's"));
+}
+
 TEST_CASE("codecs: significance=T puts Gaia's filter inside a sparse codec's error feedback, other uses refused by name") {
   CHECK(dt::collective::parse_codec("topk:0.03,chunk=4096,int2,ef=0.95,significance=0.01").describe() ==
         "ef(significance(0.010000,topk(fraction=0.030000,chunk=4096,int2,block=64)),decay=0.950000)");

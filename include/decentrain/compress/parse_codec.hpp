@@ -54,6 +54,7 @@ Any parse_codec_as(std::string_view spec) {
   bool ef = false, adapt = false;
   double decay = 1.0;
   std::optional<double> gaia;  // significance=T
+  bool veto = false;           // significance's veto
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& [key, value] : parsed.settings) {
     if ((key == "ef" || key == "adaptive") && value.empty()) {
@@ -66,6 +67,10 @@ Any parse_codec_as(std::string_view spec) {
       check(decay > 0 && decay <= 1, "codec '", spec, "': ef=D takes a decay in (0, 1], got ", value);
       continue;
     }
+    if (key == "veto" && value.empty()) {
+      veto = true;
+      continue;
+    }
     if (key == "significance") {
       gaia = parsed.number(key, value);
       check(std::isfinite(*gaia) && *gaia >= 0, "codec '", spec, "': significance=T takes a threshold >= 0, got ", value);
@@ -73,6 +78,7 @@ Any parse_codec_as(std::string_view spec) {
     }
     settings.emplace_back(key, value);
   }
+  check(!veto || gaia, "codec '", spec, "': veto is significance's (significance=T,veto)");
   auto number = [&](const std::string& key, const std::string& text) { return parsed.number(key, text); };
   auto whole = [&](const std::string& key, const std::string& text, double lo, double hi) {
     return parsed.whole(key, text, lo, hi);
@@ -98,6 +104,7 @@ Any parse_codec_as(std::string_view spec) {
         significance<decltype(c)> g;
         g.codec = c;
         g.threshold = *gaia;
+        g.veto = veto;
         chosen = with_feedback(g);
       }
     } else {

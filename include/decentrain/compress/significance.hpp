@@ -31,9 +31,14 @@ struct significance {
   static constexpr bool dense = false;
   Codec codec{};
   double threshold = 0.01;  // the relative change an entry needs at the peak learning rate (Gaia's 1%)
+  // false: the filter goes first and the codec chooses among what passed (Gaia's filter). true:
+  // the codec chooses first (top-k: the largest values) and the filter takes out of that choice
+  // what is not significant, so it only ever sends less (the codec must keep no state of its own
+  // between payloads: it encodes twice).
+  bool veto = false;
 
   std::string describe() const {
-    return "significance(" + std::to_string(threshold) + "," + compress::describe(codec) + ")";
+    return "significance(" + std::to_string(threshold) + (veto ? ",veto," : ",") + compress::describe(codec) + ")";
   }
   std::size_t max_encoded_bytes(std::size_t n) const { return codec.max_encoded_bytes(n); }
   void set_layout(const layout& l) { compress::set_layout(codec, l); }
@@ -53,10 +58,16 @@ struct significance {
     decentrain::detail::check(reference_.size() == in.size(), "significance filter: a payload of ", in.size(),
                               " values against ", reference_.size(), " reference values");
     const double t = threshold * lr_scale_;
+    if (veto) {  // what the codec would send of the whole payload
+      chosen_.assign(in.size(), 0.0f);
+      const std::size_t size = codec.encode(in, out);
+      codec.decode_add(std::span<const std::byte>(out.data(), size), std::span<float>(chosen_));
+    }
     filtered_.resize(in.size());
     passed_ = 0;
     for (std::size_t i = 0; i < in.size(); ++i) {
-      const bool keep = std::abs(static_cast<double>(in[i])) > t * std::abs(static_cast<double>(reference_[i]));
+      const bool keep = (!veto || chosen_[i] != 0.0f) &&
+                        std::abs(static_cast<double>(in[i])) > t * std::abs(static_cast<double>(reference_[i]));
       filtered_[i] = keep ? in[i] : 0.0f;
       passed_ += keep;
     }
@@ -75,7 +86,7 @@ struct significance {
   }
 
  private:
-  std::vector<float> reference_, filtered_;
+  std::vector<float> reference_, filtered_, chosen_;
   double lr_scale_ = 1.0;
   std::size_t passed_ = 0;
 };
