@@ -518,7 +518,7 @@ TEST_CASE("codecs: Gaia's filter sends what passes threshold x lr_scale x |w|, e
   CHECK_THROWS_WITH(cz::set_reference(e, std::span<const float>(w), -1.0), Catch::Contains("lr_scale must be finite"));
 }
 
-TEST_CASE("codecs: Gaia's filter first lets top-k choose among what passed; as a veto it only takes out of top-k's choice") {
+TEST_CASE("codecs: Gaia's filter first lets top-k choose among what passed, as a veto it only takes out of top-k's choice") {
   // Weight 100 makes the largest update insignificant at 10%; top-2 of four.
   const std::vector<float> w{100, 1, 1, 1}, u{0.5f, 0.3f, 0.2f, 0.015f};
   cz::significance<cz::top_k> g;
