@@ -431,7 +431,7 @@ int main(int argc, char** argv) try {
         const auto sim = dt::transport::links::heterogeneous(S * R, seed);
         dt::parallel::link_table links(S * R);
         for (int a = 0; a < S * R; ++a)
-          for (int b = 0; b < S * R; ++b) links.at(a, b) = {sim.at(a, b).latency_s, sim.at(a, b).bandwidth_bytes_per_s};
+          for (int b = 0; b < S * R; ++b) links.at(a, b) = {sim.at(a, b).latency_s, sim.bandwidth(a, b)};
         const auto placed = dt::parallel::place_by_links(links, traffic, S, seed, 8);
         const double mine = dt::parallel::step_seconds(placed, links, traffic);
         const double order = dt::parallel::step_seconds(dt::parallel::rank_order(S, R), links, traffic);

@@ -137,7 +137,9 @@ int main(int argc, char** argv) try {
   const double model_bytes = 4.0 * static_cast<double>(cfg.parameter_count());
   const double ring_bytes = 2.0 * (peers - 1) / peers * model_bytes;  // per peer, one all-reduce
   const double bandwidth = ring_bytes / (ratio * step_s);
-  const dt::transport::link_matrix links(peers, dt::transport::simulated_link{latency, bandwidth, 0.0, 0.0, 0.2});
+  // Each peer's own connection at the same rate, shared by all it sends and all it receives.
+  const dt::transport::link_matrix links(peers, dt::transport::simulated_link{latency, bandwidth, 0.0, 0.0, 0.2},
+                                         dt::transport::access_link{bandwidth, bandwidth});
 
   using codec = dt::collective::any_codec;
   using Sync = dt::comm::sync_allreduce<codec>;

@@ -1,7 +1,10 @@
 // N peers as threads of one process, joined by simulated links. Each directed link has a
-// latency, a bandwidth, jitter and a drop probability; nothing sleeps. Instead every endpoint
-// keeps a simulated clock: a message leaves when both the sender's clock and the link are free,
-// occupies the link for size / bandwidth, arrives latency (+ jitter) later, and a dropped copy
+// latency, a bandwidth, jitter and a drop probability, and each peer an access link (its NIC or
+// its home connection) whose uplink all it sends shares and whose downlink all it receives
+// shares; nothing sleeps. Instead every endpoint keeps a simulated clock: a message leaves when
+// the sender's clock, the link and the sender's uplink are free, occupies each for size /
+// its bandwidth, takes the receiver's downlink from when its first bytes can land, arrives
+// latency (+ jitter) later (or when the downlink has taken the last byte), and a dropped copy
 // costs a retransmission timeout. A recv moves the receiver's clock to the arrival time, and
 // `computed(s)` adds the caller's compute time. So one machine can report how long a run on
 // real WAN links would have spent waiting on the network, with many more peers than cores.
@@ -60,20 +63,48 @@ struct simulated_link {
   }
 };
 
-// One link per ordered (source, destination) pair.
+// A peer's own link to the network (its NIC, its home connection): every message it sends
+// shares the uplink, every message it receives the downlink, so sending to 7 peers at once costs
+// 7 times what sending to one does. Infinite: not modelled (only each pair's link counts).
+struct access_link {
+  double uplink_bytes_per_s = std::numeric_limits<double>::infinity();
+  double downlink_bytes_per_s = std::numeric_limits<double>::infinity();
+
+  void validate() const {
+    decentrain::detail::check(uplink_bytes_per_s > 0 && downlink_bytes_per_s > 0, "access link: uplink and downlink must be > 0 bytes/s, got ",
+                              uplink_bytes_per_s, " and ", downlink_bytes_per_s);
+  }
+};
+
+// One link per ordered (source, destination) pair, and one access link per peer.
 class link_matrix {
  public:
-  link_matrix(int world, simulated_link l) : world_(world), links_(static_cast<std::size_t>(world) * static_cast<std::size_t>(world), l) {
+  link_matrix(int world, simulated_link l, access_link a = {})
+      : world_(world),
+        links_(static_cast<std::size_t>(std::max(world, 0)) * static_cast<std::size_t>(std::max(world, 0)), l),
+        access_(static_cast<std::size_t>(std::max(world, 0)), a) {
     decentrain::detail::check(world >= 1, "link_matrix: world must be >= 1, got ", world);
     l.validate();
+    a.validate();
   }
   int world() const { return world_; }
   simulated_link& at(int source, int destination) {
     return links_[index(source, destination)];
   }
   const simulated_link& at(int source, int destination) const { return links_[index(source, destination)]; }
+  access_link& access(int rank) { return access_[rank_index(rank)]; }
+  const access_link& access(int rank) const { return access_[rank_index(rank)]; }
+  // What `source` -> `destination` can carry alone: the slowest of the link and the two ends.
+  double bandwidth(int source, int destination) const {
+    return std::min({at(source, destination).bandwidth_bytes_per_s, access(source).uplink_bytes_per_s,
+                     access(destination).downlink_bytes_per_s});
+  }
 
  private:
+  std::size_t rank_index(int r) const {
+    decentrain::detail::check(r >= 0 && r < world_, "link_matrix: rank ", r, " is outside a world of ", world_);
+    return static_cast<std::size_t>(r);
+  }
   std::size_t index(int s, int d) const {
     decentrain::detail::check(s >= 0 && s < world_ && d >= 0 && d < world_, "link_matrix: link ", s, " -> ", d,
                               " is outside a world of ", world_);
@@ -81,15 +112,18 @@ class link_matrix {
   }
   int world_;
   std::vector<simulated_link> links_;
+  std::vector<access_link> access_;
 };
 
 namespace links {
-// A datacenter-ish LAN: 50 us, 10 Gbit/s.
-inline link_matrix lan(int world) { return {world, simulated_link{50e-6, 1.25e9, 5e-6, 0.0, 0.2}}; }
-// Peers across the internet: 100 ms, 100 Mbit/s, 10 ms jitter, 0.1% loss.
-inline link_matrix wan(int world) { return {world, simulated_link{0.1, 12.5e6, 0.01, 0.001, 0.3}}; }
-// Peers of different quality: each peer has its own uplink (10 Mbit/s to 1 Gbit/s) and
-// latency (10-150 ms); a link runs at the slower end's bandwidth, with the two latencies added.
+// A datacenter-ish LAN: 50 us, each peer's NIC 10 Gbit/s each way.
+inline link_matrix lan(int world) { return {world, simulated_link{50e-6, 1.25e9, 5e-6, 0.0, 0.2}, access_link{1.25e9, 1.25e9}}; }
+// Peers across the internet: 100 ms, 10 ms jitter, 0.1% loss, each peer's connection 100 Mbit/s
+// each way.
+inline link_matrix wan(int world) { return {world, simulated_link{0.1, 12.5e6, 0.01, 0.001, 0.3}, access_link{12.5e6, 12.5e6}}; }
+// Peers of different quality: each peer has its own connection (10 Mbit/s to 1 Gbit/s, the same
+// each way) and latency (10-150 ms); a link runs at the slower end's bandwidth, with the two
+// latencies added, and each peer's transfers share its connection.
 inline link_matrix heterogeneous(int world, std::uint64_t seed = 0) {
   link_matrix m(world, simulated_link{});
   rng gen(seed, "heterogeneous-links");
@@ -102,6 +136,7 @@ inline link_matrix heterogeneous(int world, std::uint64_t seed = 0) {
     for (int d = 0; d < world; ++d)
       m.at(s, d) = simulated_link{lat[static_cast<std::size_t>(s)] + lat[static_cast<std::size_t>(d)],
                         std::min(bw[static_cast<std::size_t>(s)], bw[static_cast<std::size_t>(d)]), 0.005, 0.001, 0.3};
+  for (int r = 0; r < world; ++r) m.access(r) = access_link{bw[static_cast<std::size_t>(r)], bw[static_cast<std::size_t>(r)]};
   return m;
 }
 // No cost at all: for tests of the algorithms themselves.
@@ -249,14 +284,27 @@ class in_process {
       if (peer != rank_) {
         const simulated_link& l = net_->links.at(rank_, peer);
         auto& gen = link_rng_[static_cast<std::size_t>(peer)];
-        const double on_wire = static_cast<double>(data.size()) / l.bandwidth_bytes_per_s;
+        const double size = static_cast<double>(data.size());
+        const double on_wire = size / net_->links.bandwidth(rank_, peer);
         double resend = 0.0;
         while (l.drop_probability > 0 && gen.uniform() < l.drop_probability) {
           resend += l.retransmit_timeout_s + on_wire;
           ++stats_.retransmissions;
         }
-        const double sent = (*uplinks_)[static_cast<std::size_t>(peer)].book(clock_, on_wire);
-        arrival = net_->held(rank_, peer, clock_, sent + l.latency_s + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend,
+        // The bytes cross the link and the sender's uplink at once (the slower sets the pace),
+        // then the receiver's downlink, which takes them from when the first can land: alone,
+        // a message costs size / the slowest of the three + latency; beside others, each
+        // shared part is booked around what the others hold (link_schedule).
+        const double path_end = (*paths_)[static_cast<std::size_t>(peer)].book(clock_, size / l.bandwidth_bytes_per_s);
+        const double up_end = uplink_->book(clock_, size / net_->links.access(rank_).uplink_bytes_per_s);
+        const double sent = std::max(path_end, up_end);
+        double landed = sent + l.latency_s;
+        if (!lost) {
+          const double first_lands = std::max(clock_, sent - on_wire) + l.latency_s;
+          landed = std::max(landed, net_->downlinks[static_cast<std::size_t>(peer)].book(
+                                        first_lands, size / net_->links.access(peer).downlink_bytes_per_s));
+        }
+        arrival = net_->held(rank_, peer, clock_, landed + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend,
                              l.latency_s);
         // Delivery is in order (as on a TCP stream): nothing overtakes a delayed message.
         auto& last = last_arrival_[static_cast<std::size_t>(peer)];
@@ -410,8 +458,9 @@ class in_process {
     // transport::open_lane). Its clock starts at this one's: the transfer begins now, while this
     // peer goes on computing. rejoin() then moves this clock to when the transfer ended, if that
     // is later, and counts only that difference as waiting, so time computed while the
-    // transfer proceeded is not waited twice. The lane's messages share this peer's links with
-    // its other messages in flight (see link_schedule); it has its own seeded drop/jitter streams.
+    // transfer proceeded is not waited twice. The lane's messages share this peer's links and
+    // uplink with its other messages in flight (see link_schedule); it has its own seeded
+    // drop/jitter streams.
     std::optional<endpoint> lane() {
       if (net_->turns) return std::nullopt;  // a second thread would race the turns
       endpoint l = *this;
@@ -446,7 +495,8 @@ class in_process {
     endpoint(std::shared_ptr<shared> net, int rank, double clock = 0.0)
         : net_(std::move(net)), rank_(rank), incarnation_(net_->incarnation[static_cast<std::size_t>(rank)]), clock_(clock) {
       const auto n = static_cast<std::size_t>(capacity());
-      uplinks_ = std::make_shared<std::vector<link_schedule>>(n);
+      paths_ = std::make_shared<std::vector<link_schedule>>(n);
+      uplink_ = std::make_shared<link_schedule>();
       last_arrival_.assign(n, 0.0);
       for (std::size_t d = 0; d < n; ++d)
         link_rng_.emplace_back(net_->opts.seed ^ decentrain::detail::splitmix64(static_cast<std::uint64_t>(rank_) * n + d), "link");
@@ -514,7 +564,8 @@ class in_process {
     int rank_;
     std::uint64_t incarnation_ = 0;  // which process of this rank (the churn schedule starts it again)
     double clock_ = 0.0;
-    std::shared_ptr<std::vector<link_schedule>> uplinks_;  // to each peer; shared with this peer's lanes
+    std::shared_ptr<std::vector<link_schedule>> paths_;  // to each peer; shared with this peer's lanes
+    std::shared_ptr<link_schedule> uplink_;               // its access link's; shared with its lanes
     std::vector<double> last_arrival_;
     std::vector<rng> link_rng_;
     traffic_stats stats_;
@@ -728,7 +779,7 @@ class in_process {
         for (int d = 0; d < links.world(); ++d)
           if (s != d) {
             const auto& l = links.at(s, d);
-            link_estimate e{l.latency_s + l.jitter_s, l.bandwidth_bytes_per_s};
+            link_estimate e{l.latency_s + l.jitter_s, links.bandwidth(s, d)};
             if (!slowest) slowest = e;
             slowest->latency_s = std::max(slowest->latency_s, e.latency_s);
             slowest->bytes_per_s = std::min(slowest->bytes_per_s, e.bytes_per_s);
@@ -938,6 +989,7 @@ class in_process {
     int initial;  // the ranks that start the run
     bool joiners = opts.deterministic.has_value();  // peers may start once it runs (the churn schedule)
     std::vector<detail::mailbox> boxes;
+    std::vector<link_schedule> downlinks = std::vector<link_schedule>(boxes.size());  // each rank's access link's
     std::vector<std::atomic<bool>> dead;  // killed peers, and ranks not started yet
     std::vector<std::uint64_t> incarnation;  // per rank: its current process (0: the first)
     std::vector<std::vector<std::uint64_t>> heard;  // [listener][speaker]: the process of speaker the listener takes in
