@@ -3,10 +3,12 @@
 // In-process peers train bench/diloco_vs_ddp's model on its data over simulated links whose
 // bandwidth is set so that one uncompressed ring all-reduce of the whole model takes --ratio (20)
 // times one inner step's compute (measured first on this machine); latency --latency-ms (10).
+// Each peer's connection (its access link) carries that bandwidth too, shared by all it sends and
+// all it receives; --access-links 0 leaves it out (each pair a link of its own, as before 962169c).
 //
 //   bench_streaming [--data FILE] [--steps 500] [--peers 4] [--inner-steps 50] [--ratio 20]
 //                   [--latency-ms 10] [--rows sync,diloco,diloco-overlap,streaming-2-1,...] [--mix 0.5]
-//                   [--outer-lr 0.7] [--outer-momentum 0.9]
+//                   [--outer-lr 0.7] [--outer-momentum 0.9] [--access-links 1]
 //                   [--codecs identity;fp4] [--seeds 1337,...] [--curve-every N] [--json PATH]
 //
 // A row is sync, diloco, diloco-overlap (tau = --overlap-steps, 5), diloco-eager (eager updates),
@@ -115,6 +117,8 @@ int main(int argc, char** argv) try {
   const double ratio = std::stod(value("ratio", "20"));
   const double latency = std::stod(value("latency-ms", "10")) / 1e3;
   const double mix = std::stod(value("mix", "0.5"));
+  // 0: each pair of peers a link of its own and no access links (the model before 962169c)
+  const bool access = value("access-links", "1") != "0";
   dt::comm::outer::nesterov outer;  // DiLoCo's outer step, for every row but sync
   outer.lr = std::stod(value("outer-lr", std::to_string(outer.lr)));
   outer.momentum = std::stod(value("outer-momentum", std::to_string(outer.momentum)));
@@ -139,7 +143,7 @@ int main(int argc, char** argv) try {
   const double bandwidth = ring_bytes / (ratio * step_s);
   // Each peer's own connection at the same rate, shared by all it sends and all it receives.
   const dt::transport::link_matrix links(peers, dt::transport::simulated_link{latency, bandwidth, 0.0, 0.0, 0.2},
-                                         dt::transport::access_link{bandwidth, bandwidth});
+                                         access ? dt::transport::access_link{bandwidth, bandwidth} : dt::transport::access_link{});
 
   using codec = dt::collective::any_codec;
   using Sync = dt::comm::sync_allreduce<codec>;
@@ -219,10 +223,11 @@ int main(int argc, char** argv) try {
     if (s.mean.row == "diloco" && s.mean.codec == "identity") reference = s.mean.val_loss;
   std::printf("%d in-process peers, %s, %lld steps x %lld rows x %lld tokens per peer, model %.2fM parameters, H = %lld, "
               "mix %.2g, %zu seed(s)\none inner step computes in %.1f ms (median, thread CPU time); links %.1f ms, %.2f MB/s "
-              "(one f32 ring all-reduce of the model: %.2f s = %.0fx a step)\n\n",
+              "(one f32 ring all-reduce of the model: %.2f s = %.0fx a step), %s\n\n",
               peers, path.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.batch_size),
               static_cast<long long>(opts.block_size), static_cast<double>(cfg.parameter_count()) / 1e6,
-              static_cast<long long>(H), mix, seeds.size(), 1e3 * step_s, 1e3 * latency, bandwidth / 1e6, ring_bytes / bandwidth, ratio);
+              static_cast<long long>(H), mix, seeds.size(), 1e3 * step_s, 1e3 * latency, bandwidth / 1e6, ring_bytes / bandwidth, ratio,
+              access ? "each peer's connection shared by its transfers" : "no access links (each pair a link of its own)");
   std::printf("%-18s %-10s %10s %8s %10s %8s %8s %10s %10s %10s %12s %8s\n", "row", "codec", "val loss", "+-", "vs diloco",
               "util %", "steady %", "peak MB", "peak MB/s", "total MB", "simulated s", "wall s");
   for (const auto& s : table) {
