@@ -123,8 +123,8 @@ TEST_CASE("in_process: over high-latency links the ring pays one latency per ste
   // ring) that they use the same sizes. Chunk by chunk (4 chunks a segment): 24 latencies.
   const int n = 4;
   const double latency = 0.1, bandwidth = 12.5e6;
-  auto run = [&](dt::collective::options opts) {
-    in_process net(link_matrix(n, simulated_link{latency, bandwidth}));
+  auto run = [&](dt::collective::options opts, dt::transport::access_link access = {}) {
+    in_process net(link_matrix(n, simulated_link{latency, bandwidth}, access));
     double slowest = 0;
     std::mutex m;
     harness::peer_checks checks;
@@ -146,6 +146,9 @@ TEST_CASE("in_process: over high-latency links the ring pays one latency per ste
   CHECK(windowed <= 1.05 * (wire + (2 * (n - 1) + 2) * latency));
   const double chunked = run({.in_flight_multiple = 0.0});  // one chunk per step, as before
   CHECK(chunked > windowed + 1.5);
+  // Each peer sends to one neighbour and hears from the other: its own connection at the links'
+  // rate (access links) costs the ring nothing more.
+  CHECK(run({}, dt::transport::access_link{bandwidth, bandwidth}) == Approx(windowed));
 }
 
 TEST_CASE("in_process: a transfer taking 10 s of link time beside 10 s of compute costs about 10 s, not 20") {
