@@ -13615,7 +13615,8 @@ class link_schedule {
   double book(double from, double seconds) {
     if (!(seconds > 0)) return from;
     std::lock_guard lock(mutex_);
-    // Time long past is never asked for again (threads of one peer are never an hour apart).
+    // Time long past is forgotten: the threads of one peer are never an hour apart; a sender an
+    // hour behind the others that share a downlink would find that hour of it free.
     std::erase_if(busy_, [&](const interval& b) { return b.end < from - 3600.0; });
     double t = from, left = seconds;
     std::vector<interval> taken;
