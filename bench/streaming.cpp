@@ -118,7 +118,9 @@ int main(int argc, char** argv) try {
   const double latency = std::stod(value("latency-ms", "10")) / 1e3;
   const double mix = std::stod(value("mix", "0.5"));
   // 0: each pair of peers a link of its own and no access links (the model before 962169c)
-  const bool access = value("access-links", "1") != "0";
+  const std::string access_links = value("access-links", "1");
+  dt::detail::check(access_links == "0" || access_links == "1", "--access-links takes 0 or 1, got '", access_links, "'");
+  const bool access = access_links == "1";
   dt::comm::outer::nesterov outer;  // DiLoCo's outer step, for every row but sync
   outer.lr = std::stod(value("outer-lr", std::to_string(outer.lr)));
   outer.momentum = std::stod(value("outer-momentum", std::to_string(outer.momentum)));
