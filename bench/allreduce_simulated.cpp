@@ -2,11 +2,15 @@
 // would take on the links rather than what this machine takes: the message sizes chosen for the
 // links (collective::options raised to 8x the slowest link's bandwidth x latency) against fixed
 // sizes (one 1 MiB chunk per ring step, recursive doubling below 512 KiB), and the wire time
-// alone as the floor. Usage: bench_allreduce_simulated [--world 4] [--json PATH]
+// alone as the floor. With --balanced, the partitioned all-reduce on `heterogeneous` links
+// instead: equal shares against shares balanced by each peer's connection (DeDLOC), and the ring.
+// Usage: bench_allreduce_simulated [--world 4] [--balanced] [--json PATH]
+#include <decentrain/collective/balanced_all_reduce.hpp>
 #include <decentrain/collective/communicator.hpp>
 #include <decentrain/transport/in_process.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -36,22 +40,98 @@ double simulate(const std::string& link, int world, std::size_t bytes, dt::colle
   return *std::max_element(clock.begin(), clock.end());
 }
 
+// Simulated seconds of one partitioned all-reduce of `bytes` by `shares` (empty: the ring) on
+// these links, -1 when the sum is wrong.
+double simulate_partitioned(const dt::transport::link_matrix& links, std::size_t bytes, const std::vector<double>& shares) {
+  const int world = links.world();
+  dt::transport::in_process net(links, {1, std::chrono::milliseconds(600000)});
+  std::vector<double> clock(static_cast<std::size_t>(world));
+  std::vector<int> right(static_cast<std::size_t>(world));
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    dt::collective::communicator comm(ep);
+    std::vector<float> v(bytes / sizeof(float), static_cast<float>(ep.rank() + 1));
+    if (shares.empty())
+      comm.all_reduce(std::span<float>(v));
+    else
+      dt::collective::balanced_all_reduce(comm, std::span<float>(v), std::span<const double>(shares));
+    const float expect = static_cast<float>(world * (world + 1) / 2);
+    right[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [&](float x) { return x == expect; });
+    clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
+  });
+  if (!std::all_of(right.begin(), right.end(), [](int ok) { return ok != 0; })) return -1;
+  return *std::max_element(clock.begin(), clock.end());
+}
+
+// The partitioned all-reduce on `heterogeneous` links of 4, 8 and 16 peers (five draws each):
+// shares balanced by what each peer states of its connection (the slower of its two
+// directions, as a speed test would give it), against equal shares and the ring.
+int balanced_table(const std::string& json) {
+  bench::output_file out(json);
+  out << "[\n";
+  bool first = true;
+  const std::size_t bytes = 16'000'000;
+  std::printf("all-reduce (sum, float32) of 16 MB on heterogeneous links: simulated seconds (the slowest peer)\n");
+  std::printf("%6s %5s %9s %10s %10s %10s %14s %13s %14s\n", "world", "seed", "ring", "equal", "balanced", "bal/equal",
+              "bal/ring", "model ratio", "slowest Mbit/s");
+  for (int world : {4, 8, 16}) {
+    double sum_ratio = 0, sum_ring = 0;
+    const int seeds = 5;
+    for (int seed = 0; seed < seeds; ++seed) {
+      const auto links = dt::transport::links::heterogeneous(world, static_cast<std::uint64_t>(seed));
+      std::vector<dt::collective::peer_capacity> peers;
+      double slowest = INFINITY;
+      for (int r = 0; r < world; ++r) {
+        const auto a = links.access(r);
+        peers.push_back({std::min(a.uplink_bytes_per_s, a.downlink_bytes_per_s), true});
+        slowest = std::min(slowest, peers.back().bytes_per_s);
+      }
+      const auto balanced = dt::collective::balanced_shares(peers), equal = dt::collective::equal_shares(world);
+      const double ring = simulate_partitioned(links, bytes, {}), e = simulate_partitioned(links, bytes, equal),
+                   b = simulate_partitioned(links, bytes, balanced);
+      if (ring < 0 || e < 0 || b < 0) {
+        std::fprintf(stderr, "bench_allreduce_simulated: wrong sum (world %d, seed %d)\n", world, seed);
+        return 1;
+      }
+      const double model = dt::collective::partitioned_seconds(balanced, peers, bytes) / dt::collective::partitioned_seconds(equal, peers, bytes);
+      std::printf("%6d %5d %9.2f %10.2f %10.2f %9.2fx %13.2fx %12.2fx %14.1f\n", world, seed, ring, e, b, b / e, b / ring, model,
+                  slowest * 8 / 1e6);
+      out << (first ? "" : ",\n") << "  {\"world\": " << world << ", \"seed\": " << seed << ", \"bytes\": " << bytes
+          << ", \"ring_s\": " << ring << ", \"equal_s\": " << e << ", \"balanced_s\": " << b << ", \"model_ratio\": " << model
+          << ", \"slowest_bytes_per_s\": " << slowest << "}";
+      first = false;
+      sum_ratio += b / e;
+      sum_ring += b / ring;
+    }
+    std::printf("%6d %5s %9s %10s %10s %9.2fx %13.2fx   (mean of %d draws)\n", world, "mean", "", "", "", sum_ratio / seeds,
+                sum_ring / seeds, seeds);
+  }
+  out << "\n]\n";
+  out.close();
+  std::printf("rows written to %s\n", json.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int world = 4;
-  std::string json = "bench/results/allreduce_simulated.json";
+  bool balanced = false;
+  std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--world" && i + 1 < argc) {
       world = std::stoi(argv[++i]);
+    } else if (a == "--balanced") {
+      balanced = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--balanced] [--json PATH]\n");
       return a == "--help" ? 0 : 2;
     }
   }
+  if (balanced) return balanced_table(json.empty() ? "bench/results/allreduce_balanced.json" : json);
+  if (json.empty()) json = "bench/results/allreduce_simulated.json";
   if (world < 2) {
     std::fprintf(stderr, "bench_allreduce_simulated: --world must be >= 2\n");
     return 2;

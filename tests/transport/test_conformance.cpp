@@ -398,6 +398,103 @@ TEMPLATE_TEST_CASE("collective: recursive doubling leaves every peer with the sa
   }
 }
 
+TEMPLATE_TEST_CASE("collective: a partitioned all-reduce is exact for any counts, zeros included, and leaves every peer the same bits",
+                   "[collective]", TRANSPORTS) {
+  for (int n = 1; n <= 8; ++n) {
+    harness::peer_checks checks;
+    TestType::run(n, [&](auto& ep) {
+      // 64-byte chunks: every range of more than 8 int64 or 16 floats goes in several messages.
+      dt::collective::communicator comm(ep, {.chunk_bytes = 64, .in_flight_multiple = 0});
+      const int r = ep.rank();
+      const std::size_t size = 1001;
+      // Equal-ish counts; everything on the last peer (the others are clients); odd ranks reduce
+      // nothing and the rest share unevenly.
+      std::vector<std::vector<std::size_t>> partitions(3, std::vector<std::size_t>(static_cast<std::size_t>(n), 0));
+      for (int q = 0; q < n; ++q) partitions[0][static_cast<std::size_t>(q)] = size / n + (q < static_cast<int>(size % n) ? 1 : 0);
+      partitions[1].back() = size;
+      std::size_t given = 0;
+      for (int q = 0; q < n; q += 2) given += partitions[2][static_cast<std::size_t>(q)] = q == 0 ? 0 : 37 * static_cast<std::size_t>(q);
+      partitions[2][0] = size - given;
+      for (const auto& counts : partitions) {
+        std::vector<std::int64_t> v(size);
+        for (std::size_t i = 0; i < size; ++i) v[i] = static_cast<std::int64_t>(i * 31 + 1) * (r + 1) - 5;
+        comm.partitioned_all_reduce(std::span<std::int64_t>(v), std::span<const std::size_t>(counts));
+        const std::int64_t ranks_sum = static_cast<std::int64_t>(n) * (n + 1) / 2;
+        bool exact = true;
+        for (std::size_t i = 0; i < size; ++i) exact = exact && v[i] == static_cast<std::int64_t>(i * 31 + 1) * ranks_sum - 5 * n;
+        PEER_CHECK(checks, exact);
+        std::vector<std::int32_t> m(size);
+        for (std::size_t i = 0; i < size; ++i) m[i] = static_cast<std::int32_t>((i + static_cast<std::size_t>(r) * 13) % 17);
+        comm.partitioned_all_reduce(std::span<std::int32_t>(m), std::span<const std::size_t>(counts), reduce_op::max);
+        bool max_ok = true;
+        for (std::size_t i = 0; i < size; ++i) {
+          std::int32_t expect = 0;
+          for (int q = 0; q < n; ++q) expect = std::max(expect, static_cast<std::int32_t>((i + static_cast<std::size_t>(q) * 13) % 17));
+          max_ok = max_ok && m[i] == expect;
+        }
+        PEER_CHECK(checks, max_ok);
+        // Floats of mixed magnitudes, averaged: the same bits everywhere, within rounding of the mean.
+        std::vector<float> f(size);
+        for (std::size_t i = 0; i < size; ++i)
+          f[i] = std::ldexp(1.0f + 0.1f * static_cast<float>(i % 7), static_cast<int>((i + static_cast<std::size_t>(r) * 5) % 40) - 20);
+        comm.partitioned_all_reduce(std::span<float>(f), std::span<const std::size_t>(counts), reduce_op::average);
+        bool near_mean = true;
+        for (std::size_t i = 0; i < size; ++i) {
+          double mean = 0;
+          for (int q = 0; q < n; ++q)
+            mean += std::ldexp(1.0 + 0.1 * static_cast<double>(i % 7), static_cast<int>((i + static_cast<std::size_t>(q) * 5) % 40) - 20);
+          mean /= n;
+          near_mean = near_mean && std::abs(f[i] - mean) <= 1e-6 * std::abs(mean);
+        }
+        PEER_CHECK(checks, near_mean);
+        const std::uint64_t mine = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(float)));
+        const auto all = comm.all_gather(std::span<const std::uint64_t>(&mine, 1));
+        PEER_CHECK(checks, std::all_of(all.begin(), all.end(), [&](std::uint64_t h) { return h == mine; }));
+      }
+      // A client (count 0) moves its buffer out and the result in, and where it thinks each other
+      // peer's range lies (16 bytes to each, 16 from each), nothing more.
+      const auto before = comm.traffic();
+      std::vector<std::int64_t> v(size, 1);
+      comm.partitioned_all_reduce(std::span<std::int64_t>(v), std::span<const std::size_t>(partitions[1]));
+      PEER_CHECK(checks, v.front() == n && v.back() == n);
+      if (r < n - 1) {
+        const std::uint64_t where = 2 * sizeof(std::uint64_t);
+        const std::uint64_t expected = size * sizeof(std::int64_t) + (static_cast<std::uint64_t>(n) - 1) * where;
+        PEER_CHECK(checks, comm.traffic().bytes_sent - before.bytes_sent == expected);
+        PEER_CHECK(checks, comm.traffic().bytes_received - before.bytes_received == expected);
+      }
+    });
+    checks.report(static_cast<std::size_t>(TestType::local_peers(n)));
+  }
+}
+
+TEMPLATE_TEST_CASE("collective: peers given different counts for a partitioned all-reduce get an error naming a peer, not a wrong sum",
+                   "[collective]", TRANSPORTS) {
+  // Peer 1 puts the boundary between peers 0 and 1 elsewhere. Without saying where it thinks a
+  // range lies, a sender leaves the receiver a size that disagrees or a wait for values that
+  // never come (a timeout later); told, the receiver names the disagreement at once.
+  CHECK_THROWS_WITH(TestType::run(3,
+                                  [&](auto& ep) {
+                                    dt::collective::communicator comm(ep);
+                                    const std::size_t counts[2][3] = {{4, 2, 4}, {2, 4, 4}};
+                                    std::vector<float> v(10, 1.0f);
+                                    comm.partitioned_all_reduce(std::span<float>(v),
+                                                                std::span<const std::size_t>(counts[ep.rank() == 1 ? 1 : 0]));
+                                  }),
+                    Catch::Contains("were given different counts"));
+  harness::peer_checks checks;
+  TestType::run(2, [&](auto& ep) {
+    dt::collective::communicator comm(ep);
+    std::vector<float> v(10, 1.0f);
+    const std::size_t three[3] = {4, 3, 3}, short_of[2] = {4, 5};
+    harness::expect_throws_with(checks, [&] { comm.partitioned_all_reduce(std::span<float>(v), std::span<const std::size_t>(three)); },
+                                "needs one count per peer (2), got 3", "three counts");
+    harness::expect_throws_with(checks, [&] { comm.partitioned_all_reduce(std::span<float>(v), std::span<const std::size_t>(short_of)); },
+                                "the counts add up to 9 values, the buffer has 10", "counts short of the buffer");
+  });
+  checks.report(static_cast<std::size_t>(TestType::local_peers(2)) * 2);
+}
+
 TEMPLATE_TEST_CASE("collective: broadcast from every root and all-gather", "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
     harness::peer_checks checks;

@@ -1,11 +1,12 @@
-// The collectives: the communicator (all-reduce, broadcast, all-gather, all-to-all, groups,
-// handles), the aggregators and the robust all-reduce that uses them, the encoded all-reduce
+// The collectives: the communicator (all-reduce, partitioned all-reduce, broadcast, all-gather,
+// all-to-all, groups, handles), shares balanced by bandwidth, the aggregators and the robust all-reduce that uses them, the encoded all-reduce
 // that carries a codec, and any_codec.
 #pragma once
 
 #include "decentrain/collective/aggregators.hpp"
 #include "decentrain/collective/any_aggregator.hpp"
 #include "decentrain/collective/any_codec.hpp"
+#include "decentrain/collective/balanced_all_reduce.hpp"
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/collective/encoded_all_reduce.hpp"
 #include "decentrain/collective/group.hpp"

@@ -176,6 +176,18 @@ class communicator {
     finish(data, op);
   }
 
+  // A partitioned ("butterfly") all-reduce: peer i reduces counts[i] consecutive values, which
+  // every peer sends it directly, then sends the reduced values to every peer. A peer's traffic
+  // is (1 + (world - 2) share) of the buffer each way, so shares sized by bandwidth
+  // (collective/balanced_all_reduce.hpp) let a slow peer reduce less instead of pacing a ring,
+  // and a peer given 0 reduces nothing (client mode: it only sends its values and receives the
+  // result). Every peer gives the same counts, summing to data.size(): a peer whose counts
+  // differ is an error naming it. Each range is reduced on one peer only, in rank order, so every
+  // peer ends with the same bits. A peer's values all leave before it waits for any message, and
+  // each range is reduced and sent back a chunk at a time, so results flow in while values flow out.
+  template <class T>
+  void partitioned_all_reduce(std::span<T> data, std::span<const std::size_t> counts, reduce_op op = reduce_op::sum);
+
   // Every peer ends with root's values.
   template <class T>
   void broadcast(std::span<T> data, int root = 0) {
@@ -676,6 +688,77 @@ void communicator<Endpoint>::ring_all_reduce(std::span<T> data, reduce_op op, tr
     for (int s = 0; s < n - 1; ++s) step(first, last, r - s, r - s - 1, true);  // reduce-scatter: segment r+1 ends reduced here
     for (int s = 0; s < n - 1; ++s) step(first, last, r + 1 - s, r - s, false);  // all-gather, straight into place
   }
+}
+
+template <transport::endpoint Endpoint>
+template <class T>
+void communicator<Endpoint>::partitioned_all_reduce(std::span<T> data, std::span<const std::size_t> counts, reduce_op op) {
+  static_assert(std::is_arithmetic_v<T>, "partitioned_all_reduce: elements must be arithmetic");
+  const int n = world(), r = rank();
+  decentrain::detail::check(counts.size() == static_cast<std::size_t>(n), "partitioned_all_reduce: needs one count per peer (",
+                            n, "), got ", counts.size());
+  std::vector<std::uint64_t> begin(static_cast<std::size_t>(n) + 1, 0);
+  for (int q = 0; q < n; ++q) begin[static_cast<std::size_t>(q) + 1] = begin[static_cast<std::size_t>(q)] + counts[static_cast<std::size_t>(q)];
+  decentrain::detail::check(begin.back() == data.size(), "partitioned_all_reduce: the counts add up to ", begin.back(),
+                            " values, the buffer has ", data.size());
+  const auto tag = next_tag(), result_tag = fresh_tag();
+  const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
+  auto range = [&](int q) { return data.subspan(begin[static_cast<std::size_t>(q)], counts[static_cast<std::size_t>(q)]); };
+  auto piece = [&](int q, std::size_t c) {
+    const auto all = range(q);
+    return all.subspan(std::min(all.size(), c * chunk), std::min(chunk, all.size() - std::min(all.size(), c * chunk)));
+  };
+  auto chunks = [&](int q) { return (counts[static_cast<std::size_t>(q)] + chunk - 1) / chunk; };
+  std::size_t most = 0;
+  for (int q = 0; q < n; ++q) most = std::max(most, chunks(q));
+  const auto mine = range(r);
+  naming_the_peer("partitioned_all_reduce", [&] {
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      transport::expect(*ep_, from, tag, 2 * sizeof(std::uint64_t) + mine.size_bytes());
+      transport::expect(*ep_, from, result_tag, range(from).size_bytes());
+    }
+    // To each peer, first where this peer thinks its range lies (so that counts which differ are
+    // found, not summed); then this peer's values, chunk c of every range before chunk c + 1 of
+    // any, so that each peer can reduce and send on its first chunks while the last are on
+    // their way (a peer with a slow connection then receives results while it still sends).
+    for (int k = 1; k < n; ++k) {
+      const int to = (r + k) % n;
+      const std::uint64_t where[2] = {begin[static_cast<std::size_t>(to)], counts[static_cast<std::size_t>(to)]};
+      send(to, tag, std::span<const std::uint64_t>(where));
+    }
+    for (std::size_t c = 0; c < most; ++c)
+      for (int k = 1; k < n; ++k) {
+        const int to = (r + k) % n;
+        if (c < chunks(to)) send(to, tag, std::span<const T>(piece(to, c)));
+      }
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      std::uint64_t where[2] = {};
+      receive(from, std::span<std::uint64_t>(where), tag, "partitioned_all_reduce");
+      if (where[0] != begin[static_cast<std::size_t>(r)] || where[1] != mine.size())
+        transport::fail_peer(from, "partitioned_all_reduce", "partitioned_all_reduce: peer ", from, " sends ", where[1],
+                             " values from ", where[0], " for peer ", r, " to reduce, which reduces ", mine.size(), " from ",
+                             begin[static_cast<std::size_t>(r)], " (the peers were given different counts)");
+    }
+    // This peer's range, chunk by chunk: the others' values added in rank distance order (so the
+    // same bits whatever the arrival order), and each reduced chunk sent on at once.
+    const auto in = scratch<T>(std::min(chunk, mine.size()));
+    for (std::size_t c = 0; c < chunks(r); ++c) {
+      const auto reduced = piece(r, c);
+      for (int k = 1; k < n; ++k) {
+        const auto got = in.first(reduced.size());
+        receive((r - k + n) % n, got, tag, "partitioned_all_reduce");
+        combine(reduced, std::span<const T>(got), op);
+      }
+      finish(reduced, op);
+      for (int k = 1; k < n; ++k) send((r + k) % n, result_tag, std::span<const T>(reduced));
+    }
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      for (std::size_t c = 0; c < chunks(from); ++c) receive(from, piece(from, c), result_tag, "partitioned_all_reduce");
+    }
+  });
 }
 
 template <transport::endpoint Endpoint>
