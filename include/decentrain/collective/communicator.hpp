@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -181,8 +182,8 @@ class communicator {
   // is (1 + (world - 2) share) of the buffer each way, so shares sized by bandwidth
   // (collective/balanced_all_reduce.hpp) let a slow peer reduce less instead of pacing a ring,
   // and a peer given 0 reduces nothing (client mode: it only sends its values and receives the
-  // result). Every peer gives the same counts, summing to data.size(): a peer whose counts
-  // differ is an error naming it. Each range is reduced on one peer only, in rank order, so every
+  // result). Every peer gives the same counts, summing to data.size(): the first call with new
+  // counts compares them, and fails on every peer if they differ. Each range is reduced on one peer only, in rank order, so every
   // peer ends with the same bits. A peer's values all leave before it waits for any message, and
   // each range is reduced and sent back a chunk at a time, so results flow in while values flow out.
   template <class T>
@@ -594,6 +595,11 @@ class communicator {
   // first ring all-reduce the peers compare the sizes they use.
   void agree_on_ring_sizes();
 
+  // Peers given different counts for a partitioned all-reduce would each reduce a range the
+  // others do not send them: before the first one with these counts the peers compare them (a
+  // hash, in one small all-reduce), and every peer fails alike when they differ.
+  void agree_on_counts(std::span<const std::size_t> counts);
+
   // Recursive doubling: in round k every peer swaps its partial result with the peer whose rank
   // differs in bit k, and both combine the two, so after log2(P) rounds the P = 2^floor(log2 N)
   // lowest peers all hold the total: log2(P) latencies, where reducing to one peer and
@@ -611,6 +617,7 @@ class communicator {
   counters counters_;
   std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
+  std::optional<std::uint64_t> counts_agreed_;  // the hash of the counts the peers last agreed on
   std::map<int, std::uint32_t> sent_to_, received_from_;
   std::map<std::vector<int>, std::uint32_t> groups_made_;
   std::vector<counters*> rollup_;  // the counters of the communicators this one is a group of
@@ -713,34 +720,20 @@ void communicator<Endpoint>::partitioned_all_reduce(std::span<T> data, std::span
   for (int q = 0; q < n; ++q) most = std::max(most, chunks(q));
   const auto mine = range(r);
   naming_the_peer("partitioned_all_reduce", [&] {
+    agree_on_counts(counts);
     for (int k = 1; k < n; ++k) {
       const int from = (r - k + n) % n;
-      transport::expect(*ep_, from, tag, 2 * sizeof(std::uint64_t) + mine.size_bytes());
+      transport::expect(*ep_, from, tag, mine.size_bytes());
       transport::expect(*ep_, from, result_tag, range(from).size_bytes());
     }
-    // To each peer, first where this peer thinks its range lies (so that counts which differ are
-    // found, not summed); then this peer's values, chunk c of every range before chunk c + 1 of
-    // any, so that each peer can reduce and send on its first chunks while the last are on
-    // their way (a peer with a slow connection then receives results while it still sends).
-    for (int k = 1; k < n; ++k) {
-      const int to = (r + k) % n;
-      const std::uint64_t where[2] = {begin[static_cast<std::size_t>(to)], counts[static_cast<std::size_t>(to)]};
-      send(to, tag, std::span<const std::uint64_t>(where));
-    }
+    // This peer's values, chunk c of every range before chunk c + 1 of any, so that each peer
+    // can reduce and send on its first chunks while the last are on their way (a peer with a
+    // slow connection then receives results while it still sends).
     for (std::size_t c = 0; c < most; ++c)
       for (int k = 1; k < n; ++k) {
         const int to = (r + k) % n;
         if (c < chunks(to)) send(to, tag, std::span<const T>(piece(to, c)));
       }
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n;
-      std::uint64_t where[2] = {};
-      receive(from, std::span<std::uint64_t>(where), tag, "partitioned_all_reduce");
-      if (where[0] != begin[static_cast<std::size_t>(r)] || where[1] != mine.size())
-        transport::fail_peer(from, "partitioned_all_reduce", "partitioned_all_reduce: peer ", from, " sends ", where[1],
-                             " values from ", where[0], " for peer ", r, " to reduce, which reduces ", mine.size(), " from ",
-                             begin[static_cast<std::size_t>(r)], " (the peers were given different counts)");
-    }
     // This peer's range, chunk by chunk: the others' values added in rank distance order (so the
     // same bits whatever the arrival order), and each reduced chunk sent on at once.
     const auto in = scratch<T>(std::min(chunk, mine.size()));
@@ -759,6 +752,25 @@ void communicator<Endpoint>::partitioned_all_reduce(std::span<T> data, std::span
       for (std::size_t c = 0; c < chunks(from); ++c) receive(from, piece(from, c), result_tag, "partitioned_all_reduce");
     }
   });
+}
+
+template <transport::endpoint Endpoint>
+void communicator<Endpoint>::agree_on_counts(std::span<const std::size_t> counts) {
+  std::vector<std::uint64_t> wide(counts.begin(), counts.end());
+  const auto hash = decentrain::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(wide.data()), wide.size() * sizeof(std::uint64_t)));
+  if (counts_agreed_ == hash) return;
+  std::uint64_t extremes[2] = {hash, ~hash};  // max, and the complement of the min
+  recursive_doubling_all_reduce(std::span<std::uint64_t>(extremes), reduce_op::max, fresh_tag());
+  if (extremes[0] != hash || ~extremes[1] != hash) {
+    std::string mine;
+    for (std::size_t i = 0; i < counts.size() && i < 8; ++i) {
+      if (i > 0) mine += ' ';
+      mine += std::to_string(counts[i]);
+    }
+    decentrain::detail::fail("partitioned_all_reduce: the peers were given different counts (peer ", rank(), "'s: ", mine,
+                             counts.size() > 8 ? " ..." : "", "): every peer must give the same counts");
+  }
+  counts_agreed_ = hash;
 }
 
 template <transport::endpoint Endpoint>
