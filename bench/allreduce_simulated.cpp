@@ -22,33 +22,17 @@ namespace dt = decentrain;
 
 namespace {
 
-// Simulated seconds of one all-reduce of `bytes` (the slowest peer's clock), or -1 when it is
-// wrong (every peer checks the exact sum).
-double simulate(const std::string& link, int world, std::size_t bytes, dt::collective::options opts) {
-  dt::transport::in_process net(dt::transport::links::preset(link, world), {1, std::chrono::milliseconds(600000)});
-  std::vector<double> clock(static_cast<std::size_t>(world));
-  std::vector<int> right(static_cast<std::size_t>(world));
-  net.run([&](dt::transport::in_process::endpoint& ep) {
-    dt::collective::communicator comm(ep, opts);
-    std::vector<float> v(bytes / sizeof(float), static_cast<float>(ep.rank() + 1));
-    comm.all_reduce(std::span<float>(v));
-    const float expect = static_cast<float>(world * (world + 1) / 2);
-    right[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [&](float x) { return x == expect; });
-    clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
-  });
-  if (!std::all_of(right.begin(), right.end(), [](int ok) { return ok != 0; })) return -1;
-  return *std::max_element(clock.begin(), clock.end());
-}
-
-// Simulated seconds of one partitioned all-reduce of `bytes` by `shares` (empty: the ring) on
-// these links, -1 when the sum is wrong.
-double simulate_partitioned(const dt::transport::link_matrix& links, std::size_t bytes, const std::vector<double>& shares) {
+// Simulated seconds of one all-reduce of `bytes` of f32 on these links (the slowest peer's
+// clock), or -1 when it is wrong (every peer checks the exact sum): the ring or recursive
+// doubling as `opts` choose, or with `shares` the partitioned all-reduce by them.
+double simulate(const dt::transport::link_matrix& links, std::size_t bytes, dt::collective::options opts,
+                const std::vector<double>& shares = {}) {
   const int world = links.world();
   dt::transport::in_process net(links, {1, std::chrono::milliseconds(600000)});
   std::vector<double> clock(static_cast<std::size_t>(world));
   std::vector<int> right(static_cast<std::size_t>(world));
   net.run([&](dt::transport::in_process::endpoint& ep) {
-    dt::collective::communicator comm(ep);
+    dt::collective::communicator comm(ep, opts);
     std::vector<float> v(bytes / sizeof(float), static_cast<float>(ep.rank() + 1));
     if (shares.empty())
       comm.all_reduce(std::span<float>(v));
@@ -86,8 +70,7 @@ int balanced_table(const std::string& json) {
         slowest = std::min(slowest, peers.back().bytes_per_s);
       }
       const auto balanced = dt::collective::balanced_shares(peers), equal = dt::collective::equal_shares(world);
-      const double ring = simulate_partitioned(links, bytes, {}), e = simulate_partitioned(links, bytes, equal),
-                   b = simulate_partitioned(links, bytes, balanced);
+      const double ring = simulate(links, bytes, {}), e = simulate(links, bytes, {}, equal), b = simulate(links, bytes, {}, balanced);
       if (ring < 0 || e < 0 || b < 0) {
         std::fprintf(stderr, "bench_allreduce_simulated: wrong sum (world %d, seed %d)\n", world, seed);
         return 1;
@@ -148,7 +131,8 @@ int main(int argc, char** argv) {
     const auto slowest = *dt::transport::in_process(dt::transport::links::preset(link, world)).at(0).slowest_link();
     for (std::size_t mb : {1, 4, 16, 100}) {
       const std::size_t bytes = mb * 1000 * 1000;
-      const double a = simulate(link, world, bytes, fixed), b = simulate(link, world, bytes, {});
+      const auto links = dt::transport::links::preset(link, world);
+      const double a = simulate(links, bytes, fixed), b = simulate(links, bytes, {});
       const double wire = 2.0 * (world - 1) / world * static_cast<double>(bytes) / slowest.bytes_per_s;
       if (a < 0 || b < 0) {
         std::fprintf(stderr, "bench_allreduce_simulated: wrong sum (%s, %zu MB)\n", link.c_str(), mb);

@@ -28,7 +28,7 @@ if(KIND STREQUAL "pkg_config")
     if(variant STREQUAL "single")
       set(define -DDECENTRAIN_CONSUMER_SINGLE_HEADER)
     endif()
-    run_step("compile (${variant})" ${CXX} ${define} ${OPTIMISE} -Wall -Wextra -Wshadow -Wpedantic -Werror
+    run_step("compile (${variant})" ${CXX} ${define} -Wall -Wextra -Wshadow -Wpedantic -Werror
              ${SOURCE_DIR}/tests/consumers/consumer.cpp -o ${WORK_DIR}/consumer_${variant} ${flags})
     run_step("run (${variant})" ${WORK_DIR}/consumer_${variant})
   endforeach()
@@ -39,14 +39,6 @@ endif()
 # with this build's flags) are compiled alike.
 set(args -S ${SOURCE_DIR}/tests/consumers/${KIND} -B ${WORK_DIR}/build -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX}
          -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
-if(OPTIMISE AND BUILD_TYPE)  # in place of the build type's -O (the losses compared below are the same at any level)
-  string(TOUPPER "${BUILD_TYPE}" type)
-  set(flags ${OPTIMISE})
-  if(NOT type STREQUAL "DEBUG")
-    string(APPEND flags " -DNDEBUG")
-  endif()
-  list(APPEND args "-DCMAKE_CXX_FLAGS_${type}=${flags}")
-endif()
 if(KIND STREQUAL "find_package")
   run_step("install" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORK_DIR}/prefix)
   list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DDECENTRAIN_SOURCE_DIR=${SOURCE_DIR})

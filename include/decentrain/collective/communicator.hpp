@@ -183,9 +183,10 @@ class communicator {
   // (collective/balanced_all_reduce.hpp) let a slow peer reduce less instead of pacing a ring,
   // and a peer given 0 reduces nothing (client mode: it only sends its values and receives the
   // result). Every peer gives the same counts, summing to data.size(): the first call with new
-  // counts compares them, and fails on every peer if they differ. Each range is reduced on one peer only, in rank order, so every
-  // peer ends with the same bits. A peer's values all leave before it waits for any message, and
-  // each range is reduced and sent back a chunk at a time, so results flow in while values flow out.
+  // counts compares them, and fails on every peer if they differ. Each range is reduced on one
+  // peer only, in a fixed order, so every peer ends with the same bits. A peer's values all leave
+  // before it waits for any message, and each range is reduced and sent back a chunk at a time,
+  // so results flow in while values flow out.
   template <class T>
   void partitioned_all_reduce(std::span<T> data, std::span<const std::size_t> counts, reduce_op op = reduce_op::sum);
 
@@ -711,9 +712,9 @@ void communicator<Endpoint>::partitioned_all_reduce(std::span<T> data, std::span
   const auto tag = next_tag(), result_tag = fresh_tag();
   const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
   auto range = [&](int q) { return data.subspan(begin[static_cast<std::size_t>(q)], counts[static_cast<std::size_t>(q)]); };
-  auto piece = [&](int q, std::size_t c) {
+  auto piece = [&](int q, std::size_t c) {  // chunk c < chunks(q) of q's range
     const auto all = range(q);
-    return all.subspan(std::min(all.size(), c * chunk), std::min(chunk, all.size() - std::min(all.size(), c * chunk)));
+    return all.subspan(c * chunk, std::min(chunk, all.size() - c * chunk));
   };
   auto chunks = [&](int q) { return (counts[static_cast<std::size_t>(q)] + chunk - 1) / chunk; };
   std::size_t most = 0;
@@ -759,9 +760,7 @@ void communicator<Endpoint>::agree_on_counts(std::span<const std::size_t> counts
   std::vector<std::uint64_t> wide(counts.begin(), counts.end());
   const auto hash = decentrain::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(wide.data()), wide.size() * sizeof(std::uint64_t)));
   if (counts_agreed_ == hash) return;
-  std::uint64_t extremes[2] = {hash, ~hash};  // max, and the complement of the min
-  recursive_doubling_all_reduce(std::span<std::uint64_t>(extremes), reduce_op::max, fresh_tag());
-  if (extremes[0] != hash || ~extremes[1] != hash) {
+  if (!all_same(hash)) {
     std::string mine;
     for (std::size_t i = 0; i < counts.size() && i < 8; ++i) {
       if (i > 0) mine += ' ';
