@@ -13,7 +13,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -21,11 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
 #include "decentrain/decentrain.hpp"
 #include "decentrain/fault/handoff.hpp"
 #include "decentrain/transport/tcp.hpp"
+#include "resident_memory.hpp"
 
 namespace bench::random_insider {
 
@@ -61,12 +59,7 @@ struct outcome {
   }
 };
 
-inline double rss_mb() {
-  std::ifstream statm("/proc/self/statm");
-  long pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
-}
+inline double rss_mb() { return static_cast<double>(resident_bytes()) / (1024.0 * 1024.0); }
 
 // The liar's messages: `well` ones in range of `current`, the others with random fields.
 class liar {

@@ -27,9 +27,9 @@ using fixture::small_corpus;
 
 namespace {
 using aggregator = dt::collective::any_aggregator;
-using Diloco = dt::comm::diloco<dt::comm::outer::nesterov, dt::compress::identity, aggregator>;
-using Sync = dt::comm::sync_allreduce<dt::compress::identity, aggregator>;
-using Streaming = dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::compress::identity, aggregator>;
+using RobustDiloco = dt::comm::diloco<dt::comm::outer::nesterov, dt::compress::identity, aggregator>;
+using RobustSync = dt::comm::sync_allreduce<dt::compress::identity, aggregator>;
+using RobustStreaming = dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::compress::identity, aggregator>;
 
 struct run_result {
   double val_loss = 0;
@@ -65,7 +65,7 @@ run_result train(Policy policy, const char* spec, bench::attack kind, int attack
 }  // namespace
 
 TEST_CASE("byzantine: DiLoCo under centered clipping shrugs off a peer scaling its pseudo-gradient by 100", "[byzantine]") {
-  Diloco d;
+  RobustDiloco d;
   d.inner_steps = 5;
   const auto clean = train(d, "mean", bench::attack::none, 0);
   const auto ruined = train(d, "mean", bench::attack::scaled, 1);
@@ -87,7 +87,7 @@ TEST_CASE("byzantine: Streaming DiLoCo under centered clipping shrugs off a peer
   // aggregated on its own (its own call of the aggregator), so the clip holds per fragment.
   // (Not x100 here: Streaming DiLoCo replaces only part of a peer's own parameters at each merge,
   // so the attacker's own run diverges to a non-finite loss and stops, which ends the test's run.)
-  Streaming s;
+  RobustStreaming s;
   s.inner_steps = 5;
   s.fragments = 2;
   s.overlap = 1;
@@ -110,13 +110,13 @@ TEST_CASE("byzantine: Streaming DiLoCo under centered clipping shrugs off a peer
 }
 
 TEST_CASE("byzantine: a peer sending NaN or infinities is dropped every step, named, and never averaged in", "[byzantine]") {
-  const auto clean = train(Sync{}, "mean", bench::attack::none, 0);
-  const auto attacked = train(Sync{}, "mean", bench::attack::non_finite, 2);  // peer 4 NaN, peer 3 +inf
+  const auto clean = train(RobustSync{}, "mean", bench::attack::none, 0);
+  const auto attacked = train(RobustSync{}, "mean", bench::attack::non_finite, 2);  // peer 4 NaN, peer 3 +inf
   REQUIRE(std::isfinite(attacked.val_loss));
   CHECK(std::abs(attacked.val_loss - clean.val_loss) < 0.05 * clean.val_loss);
   REQUIRE(attacked.seen.calls == 40);
   CHECK(attacked.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 40, 40});
-  const auto median = train(Sync{}, "median:partitioned", bench::attack::non_finite, 2);
+  const auto median = train(RobustSync{}, "median:partitioned", bench::attack::non_finite, 2);
   REQUIRE(std::isfinite(median.val_loss));
   CHECK(median.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 40, 40});
 }
@@ -184,18 +184,18 @@ TEST_CASE("byzantine: the honest peers agree to exclude a peer that keeps sendin
   for (const auto& s : {scenario{"mean", bench::attack::non_finite, 1}, scenario{"centered-clip:partitioned", bench::attack::scaled, 2},
                         scenario{"median", bench::attack::noise, 1}}) {
     INFO(s.aggregator << ", " << bench::attack_name(s.kind) << " x" << s.attackers);
-    Sync sync;
+    RobustSync sync;
     sync.aggregator = dt::collective::parse_aggregator(s.aggregator);
-    const elastic_attack<Sync> run(sync, s.kind, s.attackers);
-    const int honest = elastic_attack<Sync>::world - s.attackers;
-    for (int r = honest; r < elastic_attack<Sync>::world; ++r) {
+    const elastic_attack<RobustSync> run(sync, s.kind, s.attackers);
+    const int honest = elastic_attack<RobustSync>::world - s.attackers;
+    for (int r = honest; r < elastic_attack<RobustSync>::world; ++r) {
       INFO("attacker " << r);
       // "was excluded from the run" when the view reached it, else (the others closed on it first)
       // the agreement it is left alone in stops for want of a majority: "peer 0 excluded it from the run"
       CHECK_THAT(run.errors[static_cast<std::size_t>(r)], Catch::Contains("excluded"));
     }
     std::vector<int> excluded;
-    for (int r = honest; r < elastic_attack<Sync>::world; ++r) excluded.push_back(r);
+    for (int r = honest; r < elastic_attack<RobustSync>::world; ++r) excluded.push_back(r);
     for (int r = 0; r < honest; ++r) {
       INFO("honest peer " << r << ": " << run.errors[static_cast<std::size_t>(r)]);
       REQUIRE(run.errors[static_cast<std::size_t>(r)].empty());
@@ -220,12 +220,12 @@ TEST_CASE("byzantine: the honest peers agree to exclude a peer that keeps sendin
 }
 
 TEST_CASE("byzantine: without exclusion, or with only honest peers, the group keeps everyone", "[byzantine][elastic]") {
-  Sync sync;
+  RobustSync sync;
   sync.aggregator = dt::collective::parse_aggregator("centered-clip:partitioned");
   dt::fault::elastic reporting_only;
   reporting_only.exclusion.times = 0;
-  const elastic_attack<Sync> kept(sync, bench::attack::scaled, 1, reporting_only);
-  const elastic_attack<Sync> clean(sync, bench::attack::none, 0);
+  const elastic_attack<RobustSync> kept(sync, bench::attack::scaled, 1, reporting_only);
+  const elastic_attack<RobustSync> clean(sync, bench::attack::none, 0);
   for (std::size_t r = 0; r < 5; ++r) {
     CHECK(kept.errors[r].empty());
     CHECK(kept.changes[r].empty());
@@ -234,7 +234,7 @@ TEST_CASE("byzantine: without exclusion, or with only honest peers, the group ke
   }
   dt::fault::elastic bad;
   bad.exclusion.times = 6;  // more than of_last (5)
-  const elastic_attack<Sync> refused(sync, bench::attack::none, 0, bad);
+  const elastic_attack<RobustSync> refused(sync, bench::attack::none, 0, bad);
   for (const auto& e : refused.errors) CHECK_THAT(e, Catch::Contains("exclusion needs 0 <= times <= of_last <= 64"));
 }
 
@@ -244,7 +244,7 @@ TEST_CASE("byzantine: over tcp the group excludes a poisoning peer, and refuses 
   // 4 TCP peers (threads of this process, 127.0.0.1) under fault::elastic, sync all-reduce with
   // the mean; peer 3 sends NaN. Once excluded it dials the group again as a joiner with the same
   // rank. The honest peers wait at step 20 until that try is over (bounded), so the group still runs.
-  using Attacked = bench::attacked<Sync>;
+  using Attacked = bench::attacked<RobustSync>;
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Attacked, dt::parallel::data, dt::fault::elastic>;
   constexpr int world = 4;
   dt::train::trainer_options opts;

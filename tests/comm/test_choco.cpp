@@ -44,13 +44,6 @@ outcome gossip(int n, int rounds, double gamma, Codec codec, std::size_t size = 
   return out;
 }
 
-double spread(const std::vector<std::vector<float>>& values) {
-  double most = 0;
-  for (const auto& a : values)
-    for (std::size_t i = 0; i < a.size(); ++i)
-      most = std::max(most, std::isfinite(a[i]) ? std::abs(static_cast<double>(a[i]) - values[0][i]) : 1e30);
-  return most;
-}
 double mean_error(const std::vector<std::vector<float>>& values, int n) {
   double worst = 0;
   for (std::size_t i = 0; i < values[0].size(); ++i) {
@@ -68,7 +61,7 @@ double mean_error(const std::vector<std::vector<float>>& values, int n) {
 
 TEST_CASE("choco: top-1% diverges at consensus step 1 and reaches consensus at the default, as sign does, keeping the mean") {
   const int n = 16;
-  const double initial = spread(gossip(n, 0, 0.1, dt::compress::sign{}).values);
+  const double initial = fixture::spread(gossip(n, 0, 0.1, dt::compress::sign{}).values);
   dt::compress::top_k top;
   top.fraction = 0.01;
   // The default: a third of each codec's fidelity on a Gaussian vector of the payload's size.
@@ -80,16 +73,16 @@ TEST_CASE("choco: top-1% diverges at consensus step 1 and reaches consensus at t
   const auto sign = gossip(n, 1500, sign_gamma, dt::compress::sign{});
   const auto topk = gossip(n, 3000, top_gamma, top);
   for (const auto* settled : {&sign, &topk}) {
-    INFO("spread " << spread(settled->values) << " of " << initial << ", mean off by " << mean_error(settled->values, n));
+    INFO("spread " << fixture::spread(settled->values) << " of " << initial << ", mean off by " << mean_error(settled->values, n));
     CHECK(settled->error.empty());
-    CHECK(spread(settled->values) < 1e-2 * initial);
+    CHECK(fixture::spread(settled->values) < 1e-2 * initial);
     CHECK(mean_error(settled->values, n) < 1e-4);
   }
   // Top-1% at step 1, and at 0.1: what the codec leaves out overshoots, and the replicas diverge.
   for (const double wild_gamma : {1.0, 0.1}) {
     const auto wild = gossip(n, 3000, wild_gamma, top);
-    INFO("top-1% at step " << wild_gamma << ": spread " << spread(wild.values) << (wild.error.empty() ? "" : ", " + wild.error));
-    CHECK((!wild.error.empty() || spread(wild.values) > initial));
+    INFO("top-1% at step " << wild_gamma << ": spread " << fixture::spread(wild.values) << (wild.error.empty() ? "" : ", " + wild.error));
+    CHECK((!wild.error.empty() || fixture::spread(wild.values) > initial));
   }
 }
 

@@ -41,13 +41,6 @@ double mean_of(const std::vector<std::vector<float>>& replicas, std::size_t i) {
   for (const auto& r : replicas) s += r[i];
   return s / static_cast<double>(replicas.size());
 }
-double spread(const std::vector<std::vector<float>>& replicas) {
-  double most = 0;
-  for (const auto& a : replicas)
-    for (const auto& b : replicas) most = std::max(most, static_cast<double>(fixture::max_abs_diff(a, b)));
-  return most;
-}
-
 }  // namespace
 
 TEST_CASE("gossip: the one-peer exponential graph gives every replica the exact mean in log2 n rounds") {
@@ -59,7 +52,7 @@ TEST_CASE("gossip: the one-peer exponential graph gives every replica the exact 
       const double mean = (n - 1) * 4.0 + static_cast<double>(i);  // the mean of r * 8 + i over r
       for (const auto& replica : out.back()) CHECK(replica[i] == static_cast<float>(mean));
     }
-    if (n > 2) CHECK(spread(out.front()) > 0);  // not before
+    if (n > 2) CHECK(fixture::spread(out.front()) > 0);  // not before
   }
 }
 
@@ -68,7 +61,7 @@ TEST_CASE("gossip: every round keeps the replicas' mean, and the spread narrows 
     double before = 8.0 * (n - 1);  // the spread of the starting values
     for (const auto& round : out) {
       for (std::size_t i = 0; i < 8; ++i) CHECK(mean_of(round, i) == Approx((n - 1) * 4.0 + static_cast<double>(i)).epsilon(1e-6));
-      const double s = spread(round);
+      const double s = fixture::spread(round);
       CHECK(s <= before);
       before = s;
     }
@@ -162,7 +155,7 @@ TEST_CASE("gossip: the torus, the static exponential graph and random pairings k
     double before = 8.0 * (n - 1);
     for (const auto& round : out) {
       for (std::size_t i = 0; i < 8; ++i) CHECK(mean_of(round, i) == Approx((n - 1) * 4.0 + static_cast<double>(i)).epsilon(1e-6));
-      const double s = spread(round);
+      const double s = fixture::spread(round);
       CHECK(s <= before + 1e-4);
       before = s;
     }

@@ -37,12 +37,6 @@ std::vector<std::vector<float>> average(int n, dt::comm::moshpit_grid grid, int 
   return out;
 }
 
-double spread(const std::vector<std::vector<float>>& values) {
-  double most = 0;
-  for (const auto& a : values) most = std::max(most, fixture::max_abs_diff(a, values[0]));
-  return most;
-}
-
 }  // namespace
 
 TEST_CASE("moshpit: the grid's groups share every coordinate but the round's") {
@@ -68,7 +62,7 @@ TEST_CASE("moshpit: d rounds give every replica the exact mean for N = M^d, weig
     for (const auto& v : out)
       for (std::size_t i = 0; i < v.size(); ++i) CHECK(v[i] == Approx((n - 1) * 4.0 + static_cast<double>(i)).epsilon(1e-6));
     // Fewer rounds than dimensions: not yet.
-    CHECK(spread(average(n, {.group_size = m, .rounds = 1}, 1)) > 1);
+    CHECK(fixture::spread(average(n, {.group_size = m, .rounds = 1}, 1)) > 1);
     // Weighted by r + 1: the weighted mean, sum (r + 1)(8r + i) / sum (r + 1).
     const auto w = average(n, {.group_size = m}, 1, true);
     double num = 0, den = 0;
@@ -86,8 +80,8 @@ TEST_CASE("moshpit: a grid with holes keeps the mean and converges to it") {
     INFO(n << " replicas in groups of 4");
     const auto once = average(n, {.group_size = 4}, 1);
     const auto more = average(n, {.group_size = 4}, 12);
-    CHECK(spread(once) > 1e-3);  // not exact in d rounds
-    CHECK(spread(more) < 1e-3 * spread(average(n, {.group_size = 4}, 0)));
+    CHECK(fixture::spread(once) > 1e-3);  // not exact in d rounds
+    CHECK(fixture::spread(more) < 1e-3 * fixture::spread(average(n, {.group_size = 4}, 0)));
     for (std::size_t i = 0; i < 4; ++i) {
       double mean = 0;
       for (const auto& v : more) mean += v[i];

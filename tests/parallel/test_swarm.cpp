@@ -40,7 +40,7 @@ dt::comm::sync_allreduce<> weighted() {
 using Swarm = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::swarm<>>;
 using Pipe = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>, dt::parallel::pipeline<>>;
 
-struct run_record {
+struct swarm_record {
   std::vector<std::map<std::string, std::vector<float>>> params;  // by rank, at the end
   std::vector<dt::train::fit_result> results;
   std::vector<dt::parallel::swarm_stats> stats;  // by rank (SWARM runs)
@@ -48,9 +48,9 @@ struct run_record {
 };
 
 template <class Trainer>
-run_record train(int world, const dt::train::trainer_options& opts, typename Trainer::parallel_policy parallel,
+swarm_record train_swarm(int world, const dt::train::trainer_options& opts, typename Trainer::parallel_policy parallel,
                  dt::transport::in_process::options net = {}) {
-  run_record rec;
+  swarm_record rec;
   rec.params.resize(static_cast<std::size_t>(world));
   rec.stats.resize(static_cast<std::size_t>(world));
   rec.stage.resize(static_cast<std::size_t>(world));
@@ -70,7 +70,7 @@ run_record train(int world, const dt::train::trainer_options& opts, typename Tra
   return rec;
 }
 
-dt::train::trainer_options run_of(std::int64_t steps, std::int64_t batch) {
+dt::train::trainer_options swarm_run(std::int64_t steps, std::int64_t batch) {
   auto o = fixture::small_run(steps);
   o.batch_size = batch;
   o.eval_every = 0;
@@ -80,13 +80,13 @@ dt::train::trainer_options run_of(std::int64_t steps, std::int64_t batch) {
 }  // namespace
 
 TEST_CASE("swarm: one peer per stage trains as a GPipe pipeline, bit for bit") {
-  const auto opts = run_of(6, 4);
+  const auto opts = swarm_run(6, 4);
   auto pipe = dt::parallel::pipeline<>{};
   pipe.stages = 2;
   pipe.micro_batches = 2;
   pipe.schedule = "gpipe";
-  const auto expected = train<Pipe>(2, opts, pipe);
-  const auto got = train<Swarm>(2, opts, swarmed(2, 2));
+  const auto expected = train_swarm<Pipe>(2, opts, pipe);
+  const auto got = train_swarm<Swarm>(2, opts, swarmed(2, 2));
   for (int r = 0; r < 2; ++r) {
     INFO("peer " << r);
     REQUIRE(!got.params[static_cast<std::size_t>(r)].empty());
@@ -100,12 +100,12 @@ TEST_CASE("swarm: pools of peers per stage track the pipeline of the same shape,
   // 6 peers: 2 stages x 3 copies for the pipeline; for SWARM pools of 3, every micro-batch going
   // to whichever peer of stage 1 the router picks. The same rows each step: the same gradients
   // but for the order of the float sums (AdamW makes the near-zero biases differ most).
-  const auto opts = run_of(8, 4);
+  const auto opts = swarm_run(8, 4);
   auto pipe = dt::parallel::pipeline<>{};
   pipe.stages = 2;
   pipe.micro_batches = 2;
-  const auto expected = train<Pipe>(6, opts, pipe);
-  const auto got = train<Swarm>(6, opts, swarmed(2, 2));
+  const auto expected = train_swarm<Pipe>(6, opts, pipe);
+  const auto got = train_swarm<Swarm>(6, opts, swarmed(2, 2));
   std::int64_t stage1_micro = 0;
   for (int r = 0; r < 6; ++r) {
     INFO("peer " << r);
@@ -128,10 +128,10 @@ TEST_CASE("swarm: a faster peer of a stage takes more of its micro-batches") {
   // Stage 1's peers 1 and 3 on simulated links and speeds: peer 3 four times as fast. Stage 1
   // holds three of the four blocks, so its compute is most of a micro-batch's round trip. Over
   // the run the router gives peer 3 the larger share of stage 1's micro-batches.
-  auto opts = run_of(12, 8);
+  auto opts = swarm_run(12, 8);
   dt::transport::in_process::options net;
   net.speeds = {1, 1, 1, 4};
-  auto record = run_record{};
+  auto record = swarm_record{};
   auto model = two_blocks();
   model.n_layer = 4;
   auto pools = swarmed(2, 4);
@@ -157,7 +157,7 @@ TEST_CASE("swarm: a faster peer of a stage takes more of its micro-batches") {
 TEST_CASE("swarm: a deterministic run resumes bit for bit, the routers' state in the checkpoint") {
   // Links of different latencies, so the routers' weights differ and their credits matter: a
   // resumed router that started afresh would pick other peers, and the sums' order would differ.
-  auto opts = run_of(7, 4);
+  auto opts = swarm_run(7, 4);
   dt::transport::in_process::options o;
   o.deterministic = dt::transport::in_process::deterministic_run{};
   const auto net = [&] { return dt::transport::in_process(dt::transport::links::heterogeneous(6, 3), o); };

@@ -80,6 +80,23 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return worst;
 }
 
+// The replicas' spread: the largest difference between two replicas in any coordinate, infinite
+// when a value is not finite. Mixing by a doubly stochastic matrix never widens it.
+inline double spread(const std::vector<std::vector<float>>& replicas) {
+  double most = 0;
+  for (std::size_t i = 0; !replicas.empty() && i < replicas[0].size(); ++i) {
+    double low = INFINITY, high = -INFINITY;
+    for (const auto& r : replicas) {
+      REQUIRE(r.size() == replicas[0].size());
+      if (!std::isfinite(r[i])) return INFINITY;
+      low = std::min(low, static_cast<double>(r[i]));
+      high = std::max(high, static_cast<double>(r[i]));
+    }
+    most = std::max(most, high - low);
+  }
+  return most;
+}
+
 // Values rounded to bf16 (nearest even), 2 bytes each: a codec from outside the library.
 struct bf16_codec {
   std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }

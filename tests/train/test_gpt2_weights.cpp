@@ -13,7 +13,7 @@ namespace train = decentrain::train;
 using Catch::Matchers::Contains;
 
 namespace {
-std::filesystem::path temp_file(const std::string& name) {
+std::filesystem::path weights_file(const std::string& name) {
   return std::filesystem::temp_directory_path() / ("decentrain_st_" + name);
 }
 void write_raw(const std::filesystem::path& p, const std::string& header, const std::string& data) {
@@ -42,7 +42,7 @@ TEST_CASE("Hugging Face GPT-2 weights load and give PyTorch's logits", "[io][saf
 TEST_CASE("export and import round-trip through a safetensors file", "[io][safetensors]") {
   dt::rng gen(4, "init");
   dt::nn::gpt<> model(dt::nn::gpt_preset("tiny"), gen);
-  const auto path = temp_file("roundtrip.safetensors");
+  const auto path = weights_file("roundtrip.safetensors");
   io::save_safetensors(path, train::export_gpt2_weights(model), {{"format", "pt"}});
   std::map<std::string, std::string> meta;
   const auto file = io::load_safetensors(path, &meta);
@@ -80,7 +80,7 @@ TEST_CASE("mismatched weights are refused, never partially loaded", "[io][safete
 }
 
 TEST_CASE("bad safetensors files give clear errors", "[io][safetensors][errors]") {
-  const auto path = temp_file("bad.safetensors");
+  const auto path = weights_file("bad.safetensors");
   std::ofstream(path, std::ios::binary) << "abc";
   CHECK_THROWS_WITH(io::load_safetensors(path), Contains("is truncated (3 bytes)"));
   write_raw(path, "{}", "");

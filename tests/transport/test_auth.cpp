@@ -12,6 +12,7 @@
 #include <sys/time.h>
 
 #include "bounded_read.hpp"
+#include "resident_memory.hpp"
 
 #include <array>
 #include <chrono>
@@ -114,13 +115,6 @@ keyed_caller call_with_key(asio::io_context& io, const std::string& address, con
   asio::write(k.socket, asio::buffer(frame(wire::frame_type::proof, tr::bytes(proof.begin(), proof.end()))));
   k.keys.emplace(key, k.transcript, true);
   return k;
-}
-
-std::size_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::size_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 }
 
 double cpu_seconds() {
@@ -385,7 +379,7 @@ TEST_CASE("tcp: strangers hold a peer's memory and descriptors only briefly: slo
   o.max_pending = 16;
   tr::tcp peer0(o);
   asio::io_context io;
-  const auto rss0 = resident_bytes();
+  const auto rss0 = bench::resident_bytes();
 
   // A hello announced at 1 MiB is refused at its header, before any of its body is held.
   auto huge = connect_to(io, peer0.address());
@@ -418,7 +412,7 @@ TEST_CASE("tcp: strangers hold a peer's memory and descriptors only briefly: slo
   for (auto& s : held) closed += closed_by_peer(s);
   CHECK(closed == strangers);
   // Before: each slow hello pinned its announced body (up to 1 MiB) for as long as it stalled.
-  CHECK(resident_bytes() < rss0 + (std::size_t{16} << 20));
+  CHECK(bench::resident_bytes() < rss0 + (std::size_t{16} << 20));
 }
 
 TEST_CASE("tcp: out of descriptors, a peer pauses between accepts instead of spinning, recovers, and shuts down") {

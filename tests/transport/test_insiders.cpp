@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "hostile_peer.hpp"
+#include "resident_memory.hpp"
 
 namespace dt = decentrain;
 namespace tr = dt::transport;
@@ -27,16 +28,7 @@ using Catch::Contains;
 
 namespace {
 
-const std::string run_key = "a run key of thirty-two bytes...";
-
-tr::tcp_options keyed(int rank, int world) { return bench::keyed_options(run_key, rank, world); }
-
-std::size_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::size_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-}
+tr::tcp_options keyed(int rank, int world) { return bench::keyed_options("a run key of thirty-two bytes...", rank, world); }
 
 // Peers 0 and 1 of a keyed group of two, connected.
 struct pair_of_peers {
@@ -164,7 +156,7 @@ TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget, a
   tr::tcp peer0(o);
   asio::io_context io;
   const auto address = peer0.address();
-  const auto rss0 = resident_bytes();
+  const auto rss0 = bench::resident_bytes();
   // The attacker is peer 1 of the group: it floods 96 MiB on tag 999, which nobody reads, then
   // sends tag 7 (behind the flood on the stream), then tag 8.
   std::atomic<int> frames_written{0};
@@ -188,7 +180,7 @@ TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget, a
     stalled = e;
   }
   const auto waited = std::chrono::steady_clock::now() - t0;
-  const auto rss_paused = resident_bytes();
+  const auto rss_paused = bench::resident_bytes();
   REQUIRE(stalled);
   CHECK(stalled->peer() == 1);
   CHECK(stalled->cause() == tr::failure_cause::convicted);

@@ -69,7 +69,7 @@ tr::tcp_options peer(int rank, int world, tls::options t, std::vector<std::strin
 }
 
 // A frame sealed (and encrypted) under `keys`, as bytes: header, body, padding.
-std::vector<std::byte> sealed(auth::frame_mac& keys, wire::frame_type type, tr::bytes body, tr::tag_type tag = 0) {
+std::vector<std::byte> encrypted_frame(auth::frame_mac& keys, wire::frame_type type, tr::bytes body, tr::tag_type tag = 0) {
   auto h = wire::encode_header({type, tag, body.size(), {}});
   const auto mac = keys.seal(std::span<const std::byte>(h).first(wire::header_used_bytes), body, body);
   std::memcpy(h.data() + wire::tag_offset, mac.data(), mac.size());
@@ -193,7 +193,7 @@ TEST_CASE("tls: what crosses the wire is encrypted, and a changed byte or a repl
   wire::hello h;
   h.rank = 1;
   h.world = 2;
-  asio::write(s, asio::buffer(sealed(keys.send, wire::frame_type::hello, wire::encode_body(h))));
+  asio::write(s, asio::buffer(encrypted_frame(keys.send, wire::frame_type::hello, wire::encode_body(h))));
   peer0.connect();
   auto welcome = read_raw(s);
   REQUIRE(welcome);
@@ -218,18 +218,18 @@ TEST_CASE("tls: what crosses the wire is encrypted, and a changed byte or a repl
   CHECK(data->body == plain);  // ...and the keys read it
 
   // To peer 0: a good frame lands; then one with a byte changed, or the good one again.
-  const auto good = sealed(keys.send, wire::frame_type::data, plain, 8);
+  const auto good = encrypted_frame(keys.send, wire::frame_type::data, plain, 8);
   asio::write(s, asio::buffer(good));
   CHECK(peer0.recv(1, 8) == plain);
   std::vector<std::byte> bad;
   SECTION("a byte of the ciphertext changed") {
-    bad = sealed(keys.send, wire::frame_type::data, plain, 8);
+    bad = encrypted_frame(keys.send, wire::frame_type::data, plain, 8);
     bad[wire::header_bytes + 100] ^= std::byte{1};
   }
   SECTION("replayed") { bad = good; }
   bool posted = false;
   SECTION("a byte changed in a frame that lands in memory a receiver posted (decrypted there)") {
-    bad = sealed(keys.send, wire::frame_type::data, plain, 8);
+    bad = encrypted_frame(keys.send, wire::frame_type::data, plain, 8);
     bad[wire::header_bytes + 5000] ^= std::byte{1};
     posted = true;
   }
