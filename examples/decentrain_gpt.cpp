@@ -365,6 +365,12 @@ void declare_train(CLI::App& cmd) {
             "takes 1 - ALPHA of the new global ones",
             0.5, 0, 1)
       ->group(comm);
+  cli::flag(cmd, "sized-to-speed",
+            "diloco: work sized to speed (DyLU): from the second round on, each peer\n"
+            "takes as many inner steps as it computes while the slowest takes H, and\n"
+            "its pseudo-gradient weighs by its rows (with --speeds, or peers of\n"
+            "different machines)")
+      ->group(comm);
   cli::flag(cmd, "eager",
             "streaming-diloco and diloco: eager updates, an exchange overlaps a whole\n"
             "round and the peer steps at once with its own pseudo-gradient standing in\n"
@@ -1520,6 +1526,10 @@ int cmd_train(const options& opt) {
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
                     codec_choice.describe(), "'");
+  const bool sized_to_speed = opt.flag("sized-to-speed");
+  dt::detail::check(!sized_to_speed || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer),
+                    "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco (without --overlap, --eager or "
+                    "--outer-averaging moshpit)");
   const bool outer = comm == "diloco" || streaming;
   const double outer_lr = outer ? opt.real("outer-lr") : 0.0;
   const double outer_momentum = outer ? opt.real("outer-momentum") : 0.0;
@@ -1554,6 +1564,8 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
+  dt::detail::check(!sized_to_speed || p.parallel.stages() == 1, "--sized-to-speed gives a peer several inner steps in ",
+                    "one step, which a peer holding one stage of a pipeline cannot take: it needs --parallel data");
   dt::detail::check(!p.parallel.swarm || !graph, "--parallel swarm cannot take --comm ", comm, ": a stage's pool ",
                     "averages weighted by the rows each peer processed, and ", comm, " weighs its neighbours equally (use sync, ",
                     "local-sgd, diloco, streaming-diloco or moshpit)");
@@ -1616,6 +1628,7 @@ int cmd_train(const options& opt) {
         .add("chunks", p.parallel.pipe.chunks)
         .add("activation_codec", p.parallel.pipe.codec.describe());
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
+  if (sized_to_speed) p.run.add("sized_to_speed", true);
   if (eager) p.run.add("fragments", fragments).add("eager", true);
   else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
 
@@ -1630,6 +1643,7 @@ int cmd_train(const options& opt) {
          << ";schedule=" << p.parallel.pipe.schedule << ";chunks=" << p.parallel.pipe.chunks
          << ";activation_codec=" << p.parallel.codec().describe() << ";rebalance_every=" << p.parallel.pools.rebalance_every;
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
+  if (sized_to_speed) agreed << ";sized_to_speed=1";
   if (graph) agreed << ";topology=" << topology;
   if (choco) agreed << ";consensus_step=" << opt.real("consensus-step");
   if (push_sum) agreed << ";osgp=" << osgp;
@@ -1718,6 +1732,7 @@ int cmd_train(const options& opt) {
   policy.outer_optimizer.lr = outer_lr;
   policy.outer_optimizer.momentum = outer_momentum;
   if (moshpit_outer) policy.moshpit = dt::comm::moshpit_grid{.group_size = moshpit_group};
+  policy.sized_to_speed = sized_to_speed;
   return train_with(p, data.dataset, policy);
 }
 

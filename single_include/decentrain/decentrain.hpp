@@ -22931,6 +22931,63 @@ struct round_weight {
   }
 };
 
+// Work sized to speed (a periodic policy's sized_to_speed, DyLU): what this replica's inner steps
+// cost it over the round so far, and how many it takes in the current round.
+struct speed_sizing {
+  static constexpr std::int64_t max_ratio = 64;  // the most inner steps a round, in units of H
+  double compute_s = 0;          // compute seconds of this round's inner steps, on this peer's clock
+  std::int64_t steps = 0;        // inner steps taken this round
+  std::int64_t round_steps = 0;  // inner steps of the current round (0: one a step, until measured)
+  std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
+
+  template <class Ctx>
+  void add(const Ctx& ctx) {
+    if (ctx.step <= through) return;
+    compute_s += ctx.step_compute_s;
+    steps += ctx.local_steps;
+    through = ctx.step;
+  }
+  // At a round's end, after its exchange: the replicas agree on the slowest one's seconds per
+  // inner step (one all-reduce of a double), and this one takes H s_slowest / s_mine inner steps
+  // in the next round (at least H, at most max_ratio H). Nothing measured (no compute clock):
+  // H. A value that is not a number (from a peer) counts as this replica's own.
+  template <class Ctx>
+  void next_round(Ctx& ctx, std::int64_t inner_steps) {
+    const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
+    double slowest = mine;
+    ctx.replicas.all_reduce(std::span<double>(&slowest, 1), collective::reduce_op::max);
+    if (!std::isfinite(slowest)) slowest = mine;
+    const double ratio = mine > 0 && slowest > mine ? std::min(slowest / mine, static_cast<double>(max_ratio)) : 1.0;
+    round_steps = std::max(inner_steps, static_cast<std::int64_t>(std::llround(static_cast<double>(inner_steps) * ratio)));
+    compute_s = 0;
+    steps = 0;
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", compute_s);
+    c.text[prefix + "speed_compute_s"] = text;
+    c.counters[prefix + "speed_steps"] = steps;
+    c.counters[prefix + "speed_round_steps"] = round_steps;
+    c.counters[prefix + "speed_through"] = through;
+  }
+  // A checkpoint without them (written before sizing, or by a replica that did not size) starts
+  // unmeasured.
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    *this = {};
+    const auto it = c.text.find(prefix + "speed_compute_s");
+    if (it == c.text.end()) return;
+    char* end = nullptr;
+    compute_s = std::strtod(it->second.c_str(), &end);
+    decentrain::detail::check(end != it->second.c_str() && *end == '\0' && std::isfinite(compute_s) && compute_s >= 0,
+                              "checkpoint: '", prefix, "speed_compute_s' is '", it->second, "', not a number of seconds");
+    steps = c.counter(prefix + "speed_steps");
+    round_steps = c.counter(prefix + "speed_round_steps");
+    through = c.counter(prefix + "speed_through");
+    decentrain::detail::check(steps >= 0 && round_steps >= 0, "checkpoint: '", prefix, "speed_steps' (", steps, ") or '",
+                              prefix, "speed_round_steps' (", round_steps, ") is negative");
+  }
+};
+
 // Every replica must use the same settings (`settings`: a policy's graph, period, ...), or the
 // sends of one meet receives of another that never come: one 16-byte comparison, and where they
 // differ every peer fails with "<mismatch> (this one: <settings>); every peer must use <what>".
@@ -23945,6 +24002,14 @@ struct diloco {
   // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
   // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
+  // Work sized to speed (DyLU: Liu et al., 2024, "Asynchronous Local-SGD Training for Language
+  // Modeling"): from the second round on, a replica takes as many inner steps as it computes in
+  // the time the slowest takes inner_steps (H_i = H s_slowest / s_i, s being the compute seconds
+  // an inner step took it in the round before, agreed by one 8-byte all-reduce a round), spread
+  // over the round's steps, and its pseudo-gradient weighs by the rows it trained (as `weighted`).
+  // Every replica's round then takes about as long, so none waits for the slowest. Every replica
+  // the same; not with `moshpit` (the speeds' all-reduce would span every replica).
+  bool sized_to_speed = false;
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
@@ -23955,10 +24020,12 @@ struct diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
+    decentrain::detail::check(!(sized_to_speed && moshpit), "diloco: sized_to_speed needs one all-reduce of the "
+                              "replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     prepare_codec(codec, aggregator, ctx, moshpit ? ", averaged by " + moshpit->describe() : std::string());
-    check_weighs(aggregator, weighted, "diloco");
+    check_weighs(aggregator, weighs(), "diloco");
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -23967,6 +24034,7 @@ struct diloco {
     broadcast_parameters(ctx, global_);
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
+    speed_ = {};
   }
   // Before the fault policy starts: the outer state at the model's size (values set by start or
   // by a state loaded), so that a state a joiner takes from the members lands in it rather than
@@ -23980,21 +24048,31 @@ struct diloco {
   template <class Ctx>
   void after_backward(Ctx&) {}
 
+  // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed this
+  // round's H_i spread evenly over its inner_steps steps.
+  std::int64_t local_steps(std::int64_t step) const {
+    if (!sized_to_speed || speed_.round_steps <= inner_steps) return 1;
+    const std::int64_t j = step % inner_steps;
+    return (j + 1) * speed_.round_steps / inner_steps - j * speed_.round_steps / inner_steps;
+  }
+
   template <class Ctx>
   void after_step(Ctx& ctx) {
     weight_.add(ctx);
+    if (sized_to_speed) speed_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
     if (moshpit) {
-      std::optional<double> w = weight_if(weighted, weight_.sum);
+      std::optional<double> w = weight_if(weighs(), weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
     } else {
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
-                                     weight_if(weighted, weight_.sum));
+                                     weight_if(weighs(), weight_.sum));
     }
+    if (sized_to_speed) speed_.next_round(ctx, inner_steps);
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -24016,6 +24094,7 @@ struct diloco {
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
     weight_.save(c, "comm.diloco.");
+    if (sized_to_speed) speed_.save(c, "comm.diloco.");
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -24025,13 +24104,20 @@ struct diloco {
     rounds_ = c.counter("comm.diloco.rounds");
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
+    speed_ = {};
+    if (sized_to_speed) speed_.load(c, "comm.diloco.");
   }
+  // This round's inner steps on this replica (sized_to_speed; inner_steps before it measured).
+  std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
 
  private:
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
+  bool weighs() const { return weighted || sized_to_speed; }
+
   round_weight weight_;
+  speed_sizing speed_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
 };
@@ -25221,8 +25307,11 @@ struct data {
   step_result forward_backward(Ctx& ctx) {
     using D = typename Ctx::device_type;
     const std::int64_t B = ctx.batch_size, T = ctx.block;
-    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed, ctx.comm.rank(),
-                                                  ctx.comm.world());
+    // Rows of their own for each of a step's inner steps (ctx.sub_step, where work is sized to
+    // speed): the k-th takes the rows of a world k times over, the first those of this one.
+    const std::int64_t world = ctx.comm.world();
+    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed,
+                                                  ctx.sub_step * world + ctx.comm.rank(), (ctx.sub_step + 1) * world);
     auto loss = ctx.model.loss(to_device<D>(x), to_device<D>(y), &ctx.dropout);
     ctx.parameters.zero_grad();
     loss.backward();
@@ -30520,6 +30609,11 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them;
+//                                                        std::int64_t local_steps(std::int64_t step) const,
+//                                                        the inner steps this peer takes in `step` (work
+//                                                        sized to speed: diloco's sized_to_speed), each on
+//                                                        rows of its own; its after_backward must then
+//                                                        exchange nothing;
 //                                                        void size_state(Ctx&), its per-parameter state at
 //                                                        the model's size before the fault policy starts,
 //                                                        so that a state taken from a peer lands in it;
@@ -30626,8 +30720,14 @@ struct peer_context {
   std::uint64_t seed = 0;                  // data order (the same on every peer)
   std::int64_t step = 0;        // the step being computed, from 0
   double step_weight = 1.0;     // this peer's weight in the step's averages (the parallel policy's
-                                // step_result::weight, its rows, say; set before after_backward)
+                                // step_result::weight, its rows, say; set before after_backward,
+                                // and before after_step the sum over the step's inner steps)
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
+  // A policy that sizes work to speed (its local_steps) has the trainer take several inner steps
+  // in one step, each on rows of its own: which one is being computed, of how many. And, before
+  // after_step, the compute seconds the step took on this peer's clock (all its inner steps).
+  std::int64_t sub_step = 0, local_steps = 1;
+  double step_compute_s = 0;
   double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
                                 // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step
@@ -30715,6 +30815,10 @@ constexpr bool check_comm_policy() {
       static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
                     "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
                     "after_step of `step` ends a round: the same answer on every peer)");
+    if constexpr (requires { &P::local_steps; })
+      static_assert(requires(const P& p, std::int64_t step) { { p.local_steps(step) } -> std::convertible_to<std::int64_t>; },
+                    "comm policy: local_steps must read `std::int64_t local_steps(std::int64_t step) const` (the inner "
+                    "steps this peer takes in `step`, at least 1)");
     if constexpr (requires { P::per_parameter_state; })
       static_assert(requires {
         std::string(*std::begin(P::per_parameter_state));
@@ -32060,29 +32164,40 @@ class trainer {
             if (redealt_ != dealt) refresh(ctx);
           }
           dropout_.set_state(dropout_before);
-          auto t = compute_clock();
-          charged_ = 0;
-          out.result = parallel_.forward_backward(ctx);
-          out.computed = true;
-          decentrain::detail::check(std::isfinite(out.result.weight) && out.result.weight >= 0,
-                                    "trainer: the parallel policy gave step ", step_, " the weight ", out.result.weight,
-                                    " (a step's weight must be finite and >= 0)");
-          ctx.step_weight = out.result.weight;
-          // Before the exchange, so simulated links see it start after the compute; a network that
-          // models a step's compute (deterministic in_process) takes its own figure.
-          // (a policy that charged its compute as it went waited in between: the rest is not compute)
-          computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
-          counted([&] { policy_.after_backward(ctx); });
-          // A parallel policy that finishes the gradients once the replicas' exchange is done
-          // (SWARM's tied parameters, summed between the end stages' pools).
-          if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
-          t = compute_clock();
-          out.grad_norm = clip(ctx);
-          out.lr = schedule_(step_);
-          ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
-          optimizer_.set_lr(out.lr);
-          optimizer_.step();
-          computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
+          const double compute_before = compute_s_;
+          ctx.local_steps = local_steps();
+          parallel::step_result total{0.0, 0, 0, 0.0};
+          for (ctx.sub_step = 0; ctx.sub_step < ctx.local_steps; ++ctx.sub_step) {
+            auto t = compute_clock();
+            charged_ = 0;
+            const auto r = parallel_.forward_backward(ctx);
+            out.computed = true;
+            decentrain::detail::check(std::isfinite(r.weight) && r.weight >= 0, "trainer: the parallel policy gave step ",
+                                      step_, " the weight ", r.weight, " (a step's weight must be finite and >= 0)");
+            total = {total.loss + r.loss, total.rows + r.rows, total.tokens + r.tokens, total.weight + r.weight};
+            ctx.step_weight = r.weight;
+            // Before the exchange, so simulated links see it start after the compute; a network that
+            // models a step's compute (deterministic in_process) takes its own figure.
+            // (a policy that charged its compute as it went waited in between: the rest is not compute)
+            computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
+            counted([&] { policy_.after_backward(ctx); });
+            // A parallel policy that finishes the gradients once the replicas' exchange is done
+            // (SWARM's tied parameters, summed between the end stages' pools).
+            if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
+            t = compute_clock();
+            out.grad_norm = clip(ctx);
+            out.lr = schedule_(step_);
+            ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
+            optimizer_.set_lr(out.lr);
+            optimizer_.step();
+            computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
+          }
+          ctx.sub_step = 0;
+          // The step as a whole: its mean loss, and the weight of all its inner steps.
+          out.result = total;
+          out.result.loss = total.loss / static_cast<double>(ctx.local_steps);
+          ctx.step_weight = total.weight;
+          ctx.step_compute_s = compute_s_ - compute_before;
           stepped = true;
         }
         counted([&] { policy_.after_step(ctx); });
@@ -32858,6 +32973,20 @@ class trainer {
 
   static double unix_now() {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.
+  std::int64_t local_steps() const {
+    if constexpr (requires { policy_.local_steps(step_); }) {
+      const std::int64_t k = policy_.local_steps(step_);
+      decentrain::detail::check(k >= 1, "trainer: the communication policy asked for ", k, " inner steps at step ", step_,
+                                " (at least 1)");
+      decentrain::detail::check(k == 1 || !pipelined_, "trainer: the communication policy asked for ", k,
+                                " inner steps at step ", step_, ", which a peer holding part of the model cannot take");
+      return k;
+    } else {
+      return 1;
+    }
   }
 
   double compute_clock() const {

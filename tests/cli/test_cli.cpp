@@ -480,6 +480,37 @@ TEST_CASE("train --peers --speeds: a peer 4x as fast is charged a quarter of the
   CHECK(ratio < 6.5);
 }
 
+TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps instead of waiting", "[cli][peers]") {
+  const auto dir = scratch("sized");
+  // Four rounds of H = 4 on peers of speeds 1 and 4: equal steps leave the fast peer computing
+  // a quarter of the time; sized from round 2 on, it computes about (1 + 3 x 4) / 16 of it
+  // (measured 0.24 and 0.69).
+  const std::string args = " train --comm diloco --inner-steps 4 --steps 16 --batch-size 8 --eval-batches 1 --eval-every 100"
+                           " --threads 1 --n-layer 1 --n-embd 64 --n-head 2 --block-size 32 --peers 2 --speeds 1,4";
+  const auto fast_utilisation = [&](const std::string& extra, const char* file) {
+    const auto r = run(cli() + args + extra + " --metrics " + file, dir);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const auto m = read_metrics(dir / file);
+    double util = -1;
+    for (std::size_t i = 0; i < m.parsed.size(); ++i)
+      if (m.event(i) == "step" && m.parsed[i].at("rank").as_int() == 1)
+        util = std::stod(m.parsed[i].at("compute_s").text) / std::stod(m.parsed[i].at("clock_s").text);
+    return util;
+  };
+  const double equal = fast_utilisation("", "equal.jsonl");
+  const double sized = fast_utilisation(" --sized-to-speed", "sized.jsonl");
+  INFO("the fast peer's utilisation: " << equal << " with equal steps, " << sized << " sized to speed");
+  CHECK(read_metrics(dir / "sized.jsonl").parsed.at(0).at("sized_to_speed").boolean);
+  CHECK(equal < 0.45);
+  CHECK(sized > 0.55);  // (the compute is timed on each peer's thread clock: a margin for a loaded machine)
+
+  auto r = run(cli() + args + " --sized-to-speed --comm sync", dir);
+  CHECK_THAT(r.output, Contains("--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco"));
+  r = run(cli() + args + " --sized-to-speed --parallel pipeline --stages 2 --n-layer 2", dir);
+  CHECK_THAT(r.output, Contains("--sized-to-speed gives a peer several inner steps in one step"));
+}
+
 TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]") {
   const auto dir = scratch("peers");
   const auto in_process = run(cli() + peer_args + " --peers 2 --link wan", dir);

@@ -164,6 +164,12 @@ struct probe {
     if (before_last && ctx.last_step) dt::comm::gather_values(ctx.parameters, (*before_last)[static_cast<std::size_t>(ctx.comm.rank())]);
     inner.after_step(ctx);
   }
+  // (the inner policy's work sized to speed, where it has it)
+  std::int64_t local_steps(std::int64_t step) const
+    requires requires(const Inner& i, std::int64_t s) { i.local_steps(s); }
+  {
+    return inner.local_steps(step);
+  }
   void save(dt::io::checkpoint& c) const { inner.save(c); }
   void load(const dt::io::checkpoint& c) { inner.load(c); }
 };

@@ -36,6 +36,14 @@ struct diloco {
   // ctx.step_weight over the round's steps: the rows each took, say) instead of equally
   // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
+  // Work sized to speed (DyLU: Liu et al., 2024, "Asynchronous Local-SGD Training for Language
+  // Modeling"): from the second round on, a replica takes as many inner steps as it computes in
+  // the time the slowest takes inner_steps (H_i = H s_slowest / s_i, s being the compute seconds
+  // an inner step took it in the round before, agreed by one 8-byte all-reduce a round), spread
+  // over the round's steps, and its pseudo-gradient weighs by the rows it trained (as `weighted`).
+  // Every replica's round then takes about as long, so none waits for the slowest. Every replica
+  // the same; not with `moshpit` (the speeds' all-reduce would span every replica).
+  bool sized_to_speed = false;
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
@@ -46,10 +54,12 @@ struct diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
+    decentrain::detail::check(!(sized_to_speed && moshpit), "diloco: sized_to_speed needs one all-reduce of the "
+                              "replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     prepare_codec(codec, aggregator, ctx, moshpit ? ", averaged by " + moshpit->describe() : std::string());
-    check_weighs(aggregator, weighted, "diloco");
+    check_weighs(aggregator, weighs(), "diloco");
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -58,6 +68,7 @@ struct diloco {
     broadcast_parameters(ctx, global_);
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
+    speed_ = {};
   }
   // Before the fault policy starts: the outer state at the model's size (values set by start or
   // by a state loaded), so that a state a joiner takes from the members lands in it rather than
@@ -71,21 +82,31 @@ struct diloco {
   template <class Ctx>
   void after_backward(Ctx&) {}
 
+  // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed this
+  // round's H_i spread evenly over its inner_steps steps.
+  std::int64_t local_steps(std::int64_t step) const {
+    if (!sized_to_speed || speed_.round_steps <= inner_steps) return 1;
+    const std::int64_t j = step % inner_steps;
+    return (j + 1) * speed_.round_steps / inner_steps - j * speed_.round_steps / inner_steps;
+  }
+
   template <class Ctx>
   void after_step(Ctx& ctx) {
     weight_.add(ctx);
+    if (sized_to_speed) speed_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
     if (moshpit) {
-      std::optional<double> w = weight_if(weighted, weight_.sum);
+      std::optional<double> w = weight_if(weighs(), weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
     } else {
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
-                                     weight_if(weighted, weight_.sum));
+                                     weight_if(weighs(), weight_.sum));
     }
+    if (sized_to_speed) speed_.next_round(ctx, inner_steps);
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -107,6 +128,7 @@ struct diloco {
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
     weight_.save(c, "comm.diloco.");
+    if (sized_to_speed) speed_.save(c, "comm.diloco.");
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -116,13 +138,20 @@ struct diloco {
     rounds_ = c.counter("comm.diloco.rounds");
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
+    speed_ = {};
+    if (sized_to_speed) speed_.load(c, "comm.diloco.");
   }
+  // This round's inner steps on this replica (sized_to_speed; inner_steps before it measured).
+  std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
 
  private:
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
+  bool weighs() const { return weighted || sized_to_speed; }
+
   round_weight weight_;
+  speed_sizing speed_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
 };

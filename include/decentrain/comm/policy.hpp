@@ -177,6 +177,63 @@ struct round_weight {
   }
 };
 
+// Work sized to speed (a periodic policy's sized_to_speed, DyLU): what this replica's inner steps
+// cost it over the round so far, and how many it takes in the current round.
+struct speed_sizing {
+  static constexpr std::int64_t max_ratio = 64;  // the most inner steps a round, in units of H
+  double compute_s = 0;          // compute seconds of this round's inner steps, on this peer's clock
+  std::int64_t steps = 0;        // inner steps taken this round
+  std::int64_t round_steps = 0;  // inner steps of the current round (0: one a step, until measured)
+  std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
+
+  template <class Ctx>
+  void add(const Ctx& ctx) {
+    if (ctx.step <= through) return;
+    compute_s += ctx.step_compute_s;
+    steps += ctx.local_steps;
+    through = ctx.step;
+  }
+  // At a round's end, after its exchange: the replicas agree on the slowest one's seconds per
+  // inner step (one all-reduce of a double), and this one takes H s_slowest / s_mine inner steps
+  // in the next round (at least H, at most max_ratio H). Nothing measured (no compute clock):
+  // H. A value that is not a number (from a peer) counts as this replica's own.
+  template <class Ctx>
+  void next_round(Ctx& ctx, std::int64_t inner_steps) {
+    const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
+    double slowest = mine;
+    ctx.replicas.all_reduce(std::span<double>(&slowest, 1), collective::reduce_op::max);
+    if (!std::isfinite(slowest)) slowest = mine;
+    const double ratio = mine > 0 && slowest > mine ? std::min(slowest / mine, static_cast<double>(max_ratio)) : 1.0;
+    round_steps = std::max(inner_steps, static_cast<std::int64_t>(std::llround(static_cast<double>(inner_steps) * ratio)));
+    compute_s = 0;
+    steps = 0;
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", compute_s);
+    c.text[prefix + "speed_compute_s"] = text;
+    c.counters[prefix + "speed_steps"] = steps;
+    c.counters[prefix + "speed_round_steps"] = round_steps;
+    c.counters[prefix + "speed_through"] = through;
+  }
+  // A checkpoint without them (written before sizing, or by a replica that did not size) starts
+  // unmeasured.
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    *this = {};
+    const auto it = c.text.find(prefix + "speed_compute_s");
+    if (it == c.text.end()) return;
+    char* end = nullptr;
+    compute_s = std::strtod(it->second.c_str(), &end);
+    decentrain::detail::check(end != it->second.c_str() && *end == '\0' && std::isfinite(compute_s) && compute_s >= 0,
+                              "checkpoint: '", prefix, "speed_compute_s' is '", it->second, "', not a number of seconds");
+    steps = c.counter(prefix + "speed_steps");
+    round_steps = c.counter(prefix + "speed_round_steps");
+    through = c.counter(prefix + "speed_through");
+    decentrain::detail::check(steps >= 0 && round_steps >= 0, "checkpoint: '", prefix, "speed_steps' (", steps, ") or '",
+                              prefix, "speed_round_steps' (", round_steps, ") is negative");
+  }
+};
+
 // Every replica must use the same settings (`settings`: a policy's graph, period, ...), or the
 // sends of one meet receives of another that never come: one 16-byte comparison, and where they
 // differ every peer fails with "<mismatch> (this one: <settings>); every peer must use <what>".

@@ -33,8 +33,11 @@ struct data {
   step_result forward_backward(Ctx& ctx) {
     using D = typename Ctx::device_type;
     const std::int64_t B = ctx.batch_size, T = ctx.block;
-    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed, ctx.comm.rank(),
-                                                  ctx.comm.world());
+    // Rows of their own for each of a step's inner steps (ctx.sub_step, where work is sized to
+    // speed): the k-th takes the rows of a world k times over, the first those of this one.
+    const std::int64_t world = ctx.comm.world();
+    auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed,
+                                                  ctx.sub_step * world + ctx.comm.rank(), (ctx.sub_step + 1) * world);
     auto loss = ctx.model.loss(to_device<D>(x), to_device<D>(y), &ctx.dropout);
     ctx.parameters.zero_grad();
     loss.backward();

@@ -17,6 +17,11 @@
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them;
+//                                                        std::int64_t local_steps(std::int64_t step) const,
+//                                                        the inner steps this peer takes in `step` (work
+//                                                        sized to speed: diloco's sized_to_speed), each on
+//                                                        rows of its own; its after_backward must then
+//                                                        exchange nothing;
 //                                                        void size_state(Ctx&), its per-parameter state at
 //                                                        the model's size before the fault policy starts,
 //                                                        so that a state taken from a peer lands in it;
@@ -108,6 +113,10 @@ constexpr bool check_comm_policy() {
       static_assert(requires(const P& p, std::int64_t step) { { p.ends_round_at(step) } -> std::convertible_to<bool>; },
                     "comm policy: ends_round_at must read `bool ends_round_at(std::int64_t step) const` (whether "
                     "after_step of `step` ends a round: the same answer on every peer)");
+    if constexpr (requires { &P::local_steps; })
+      static_assert(requires(const P& p, std::int64_t step) { { p.local_steps(step) } -> std::convertible_to<std::int64_t>; },
+                    "comm policy: local_steps must read `std::int64_t local_steps(std::int64_t step) const` (the inner "
+                    "steps this peer takes in `step`, at least 1)");
     if constexpr (requires { P::per_parameter_state; })
       static_assert(requires {
         std::string(*std::begin(P::per_parameter_state));

@@ -67,8 +67,14 @@ struct peer_context {
   std::uint64_t seed = 0;                  // data order (the same on every peer)
   std::int64_t step = 0;        // the step being computed, from 0
   double step_weight = 1.0;     // this peer's weight in the step's averages (the parallel policy's
-                                // step_result::weight, its rows, say; set before after_backward)
+                                // step_result::weight, its rows, say; set before after_backward,
+                                // and before after_step the sum over the step's inner steps)
   std::int64_t steps_done = 0;  // steps finished (what a checkpoint taken now resumes after)
+  // A policy that sizes work to speed (its local_steps) has the trainer take several inner steps
+  // in one step, each on rows of its own: which one is being computed, of how many. And, before
+  // after_step, the compute seconds the step took on this peer's clock (all its inner steps).
+  std::int64_t sub_step = 0, local_steps = 1;
+  double step_compute_s = 0;
   double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
                                 // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step

@@ -369,29 +369,40 @@ class trainer {
             if (redealt_ != dealt) refresh(ctx);
           }
           dropout_.set_state(dropout_before);
-          auto t = compute_clock();
-          charged_ = 0;
-          out.result = parallel_.forward_backward(ctx);
-          out.computed = true;
-          decentrain::detail::check(std::isfinite(out.result.weight) && out.result.weight >= 0,
-                                    "trainer: the parallel policy gave step ", step_, " the weight ", out.result.weight,
-                                    " (a step's weight must be finite and >= 0)");
-          ctx.step_weight = out.result.weight;
-          // Before the exchange, so simulated links see it start after the compute; a network that
-          // models a step's compute (deterministic in_process) takes its own figure.
-          // (a policy that charged its compute as it went waited in between: the rest is not compute)
-          computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
-          counted([&] { policy_.after_backward(ctx); });
-          // A parallel policy that finishes the gradients once the replicas' exchange is done
-          // (SWARM's tied parameters, summed between the end stages' pools).
-          if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
-          t = compute_clock();
-          out.grad_norm = clip(ctx);
-          out.lr = schedule_(step_);
-          ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
-          optimizer_.set_lr(out.lr);
-          optimizer_.step();
-          computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
+          const double compute_before = compute_s_;
+          ctx.local_steps = local_steps();
+          parallel::step_result total{0.0, 0, 0, 0.0};
+          for (ctx.sub_step = 0; ctx.sub_step < ctx.local_steps; ++ctx.sub_step) {
+            auto t = compute_clock();
+            charged_ = 0;
+            const auto r = parallel_.forward_backward(ctx);
+            out.computed = true;
+            decentrain::detail::check(std::isfinite(r.weight) && r.weight >= 0, "trainer: the parallel policy gave step ",
+                                      step_, " the weight ", r.weight, " (a step's weight must be finite and >= 0)");
+            total = {total.loss + r.loss, total.rows + r.rows, total.tokens + r.tokens, total.weight + r.weight};
+            ctx.step_weight = r.weight;
+            // Before the exchange, so simulated links see it start after the compute; a network that
+            // models a step's compute (deterministic in_process) takes its own figure.
+            // (a policy that charged its compute as it went waited in between: the rest is not compute)
+            computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
+            counted([&] { policy_.after_backward(ctx); });
+            // A parallel policy that finishes the gradients once the replicas' exchange is done
+            // (SWARM's tied parameters, summed between the end stages' pools).
+            if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
+            t = compute_clock();
+            out.grad_norm = clip(ctx);
+            out.lr = schedule_(step_);
+            ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
+            optimizer_.set_lr(out.lr);
+            optimizer_.step();
+            computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
+          }
+          ctx.sub_step = 0;
+          // The step as a whole: its mean loss, and the weight of all its inner steps.
+          out.result = total;
+          out.result.loss = total.loss / static_cast<double>(ctx.local_steps);
+          ctx.step_weight = total.weight;
+          ctx.step_compute_s = compute_s_ - compute_before;
           stepped = true;
         }
         counted([&] { policy_.after_step(ctx); });
@@ -1167,6 +1178,20 @@ class trainer {
 
   static double unix_now() {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.
+  std::int64_t local_steps() const {
+    if constexpr (requires { policy_.local_steps(step_); }) {
+      const std::int64_t k = policy_.local_steps(step_);
+      decentrain::detail::check(k >= 1, "trainer: the communication policy asked for ", k, " inner steps at step ", step_,
+                                " (at least 1)");
+      decentrain::detail::check(k == 1 || !pipelined_, "trainer: the communication policy asked for ", k,
+                                " inner steps at step ", step_, ", which a peer holding part of the model cannot take");
+      return k;
+    } else {
+      return 1;
+    }
   }
 
   double compute_clock() const {

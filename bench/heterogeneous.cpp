@@ -1,0 +1,180 @@
+// bench/heterogeneous: peers of different speeds, equal work against work sized to speed. 8
+// in-process peers (--peers) of speeds 1x to 4x (transport::speeds::spread: log-spaced, dealt by
+// the seed) train nanoGPT's CPU-recipe model on tinyshakespeare over simulated `heterogeneous`
+// links (--link), each inner step charged --step-seconds / speed of simulated time (the
+// deterministic simulator). Rows (--only, ',' between names):
+//   sync                  synchronous all-reduce every step, equal batches
+//   diloco-equal          DiLoCo, every peer H inner steps a round
+//   diloco-sized          DiLoCo with sized_to_speed: H_i = H s_slowest / s_i from round 2 on
+//   diloco-homogeneous    DiLoCo on 8 peers all at the speeds' mean, for as many steps as give the
+//                         tokens diloco-sized trained (run after it): the time the same compute
+//                         needs on identical peers
+//   sync-homogeneous      sync on peers at the mean speed, the same steps (sync's reference)
+// Columns: the compute utilisation (compute over clock) of the slowest and of the fastest peer,
+// the simulated time to finish, the mean of the peers' final validation losses, MB the policy sent
+// per peer, and the inner steps all peers took (x rows x tokens: the tokens trained).
+//
+//   bench_heterogeneous [--data FILE] [--steps 600] [--peers 8] [--inner-steps 50] [--fastest 4]
+//                       [--link heterogeneous] [--step-seconds 0.1] [--only ...] [--json heterogeneous.json]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "decentrain/decentrain.hpp"
+#include "args.hpp"
+#include "output_file.hpp"
+#include "shakespeare_recipe.hpp"
+
+namespace dt = decentrain;
+
+namespace {
+
+struct setup {
+  int peers = 8;
+  std::string link = "heterogeneous";
+  double step_seconds = 0.1;
+  std::uint64_t seed = 1337;
+  std::int64_t inner_steps = 50;
+  std::vector<double> speeds;
+};
+
+struct row {
+  std::string name;
+  double util_slowest = 0, util_fastest = 0, simulated_s = 0, val_loss = 0, mb_per_peer = 0, wall_s = 0;
+  double inner_steps = 0;  // all peers' together
+  std::int64_t steps = 0;
+};
+
+template <class Comm>
+row run(const std::string& name, const Comm& comm, const setup& s, const std::vector<double>& speeds, const dt::nn::gpt_config& cfg,
+        dt::train::trainer_options opts, const dt::data::token_dataset& data) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Comm>;
+  std::fprintf(stderr, "running %s (%lld steps) ...\n", name.c_str(), static_cast<long long>(opts.steps));
+  dt::transport::in_process::options o;
+  o.seed = s.seed;
+  o.recv_timeout = std::chrono::minutes(30);
+  o.deterministic = dt::transport::in_process::deterministic_run{.step_seconds = s.step_seconds};
+  o.speeds = speeds;
+  dt::transport::in_process net(dt::transport::links::preset(s.link, s.peers, s.seed), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm);
+  row r;
+  r.name = name;
+  r.steps = opts.steps;
+  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto slowest = static_cast<std::size_t>(std::min_element(speeds.begin(), speeds.end()) - speeds.begin());
+  const auto fastest = static_cast<std::size_t>(std::max_element(speeds.begin(), speeds.end()) - speeds.begin());
+  for (std::size_t p = 0; p < results.size(); ++p) {
+    const auto& m = results[p].last;
+    r.val_loss += results[p].final_val_loss / static_cast<double>(results.size());
+    r.simulated_s = std::max(r.simulated_s, m.clock_s);
+    r.mb_per_peer += static_cast<double>(m.policy_bytes_sent) / 1e6 / static_cast<double>(results.size());
+    // Deterministic: each inner step charged step_seconds / speed.
+    r.inner_steps += m.compute_s * speeds[p] / s.step_seconds;
+  }
+  r.util_slowest = results[slowest].last.utilisation();
+  r.util_fastest = results[fastest].last.utilisation();
+  std::fprintf(stderr, "  %s: val loss %.4f, utilisation %.1f%% .. %.1f%%, %.0f simulated s, %.0f s\n", name.c_str(), r.val_loss,
+               100 * r.util_slowest, 100 * r.util_fastest, r.simulated_s, r.wall_s);
+  return r;
+}
+
+dt::comm::diloco<> diloco(const setup& s, bool sized) {
+  dt::comm::diloco<> p;
+  p.inner_steps = s.inner_steps;
+  p.sized_to_speed = sized;
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bench::args cli(argc, argv, "usage: bench_heterogeneous [--flag value]...");
+  auto value = [&](const std::string& key, const std::string& fallback) { return cli.value(key, fallback); };
+  const std::string path = value("data", DECENTRAIN_SOURCE_DIR "/../shared/data/tinyshakespeare.txt");
+  setup s;
+  s.peers = std::stoi(value("peers", "8"));
+  s.link = value("link", "heterogeneous");
+  s.step_seconds = std::stod(value("step-seconds", "0.1"));
+  s.inner_steps = std::stoll(value("inner-steps", "50"));
+  const double fastest = std::stod(value("fastest", "4"));
+  const std::string json_path = value("json", "heterogeneous.json");
+  std::vector<std::string> only;
+  {
+    std::stringstream in(value("only", "sync,sync-homogeneous,diloco-equal,diloco-sized,diloco-homogeneous"));
+    for (std::string item; std::getline(in, item, ',');) only.push_back(item);
+  }
+  auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "600")));
+  opts.eval_every = 0;
+  opts.eval_batches = std::stoll(value("eval-batches", "10"));
+  cli.finish();
+  bench::output_file json(json_path);
+  s.speeds = dt::transport::speeds::spread(s.peers, s.seed, fastest);
+  const double mean_speed = std::accumulate(s.speeds.begin(), s.speeds.end(), 0.0) / s.peers;
+  const std::vector<double> even(static_cast<std::size_t>(s.peers), mean_speed);
+
+  const auto recipe = bench::shakespeare_recipe::load(path);
+  std::vector<row> rows;
+  double sized_tokens_steps = -1;  // inner steps of diloco-sized, all peers together
+  for (const auto& name : only) {
+    if (name == "sync") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, s.speeds, recipe.model, opts, recipe.data));
+    else if (name == "sync-homogeneous") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, even, recipe.model, opts, recipe.data));
+    else if (name == "diloco-equal") rows.push_back(run(name, diloco(s, false), s, s.speeds, recipe.model, opts, recipe.data));
+    else if (name == "diloco-sized") {
+      rows.push_back(run(name, diloco(s, true), s, s.speeds, recipe.model, opts, recipe.data));
+      sized_tokens_steps = rows.back().inner_steps;
+    } else if (name == "diloco-homogeneous") {
+      dt::detail::check(sized_tokens_steps > 0, "bench_heterogeneous: diloco-homogeneous runs after diloco-sized (its tokens)");
+      auto same_tokens = opts;
+      same_tokens.steps = std::llround(sized_tokens_steps / s.peers);
+      rows.push_back(run(name, diloco(s, false), s, even, recipe.model, same_tokens, recipe.data));
+    } else {
+      dt::detail::fail("bench_heterogeneous: unknown row '", name,
+                       "' (sync, sync-homogeneous, diloco-equal, diloco-sized, diloco-homogeneous)");
+    }
+  }
+
+  std::printf("%d in-process peers of speeds", s.peers);
+  for (const double v : s.speeds) std::printf(" %.2f", v);
+  std::printf(" (mean %.2f) on '%s' links, %.2f simulated s of compute an inner step at speed 1, H = %lld, %lld steps of %lld x %lld tokens\n\n",
+              mean_speed, s.link.c_str(), s.step_seconds, static_cast<long long>(s.inner_steps), static_cast<long long>(opts.steps),
+              static_cast<long long>(opts.batch_size), static_cast<long long>(opts.block_size));
+  std::printf("%-22s %7s %12s %12s %13s %9s %9s %12s\n", "run", "steps", "util slowest", "util fastest", "simulated s", "val loss",
+              "MB/peer", "inner steps");
+  for (const auto& r : rows)
+    std::printf("%-22s %7lld %11.1f%% %11.1f%% %13.0f %9.4f %9.1f %12.0f\n", r.name.c_str(), static_cast<long long>(r.steps),
+                100 * r.util_slowest, 100 * r.util_fastest, r.simulated_s, r.val_loss, r.mb_per_peer, r.inner_steps);
+  const auto find = [&](const std::string& name) -> const row* {
+    for (const auto& r : rows)
+      if (r.name == name) return &r;
+    return nullptr;
+  };
+  if (const auto *sized = find("diloco-sized"), *homogeneous = find("diloco-homogeneous"); sized && homogeneous)
+    std::printf("\ndiloco-sized against diloco-homogeneous (the same tokens): time %.3fx (goal <= 1.1x), loss %+.2f%% (goal "
+                "within 2%%), every peer >= 95%% busy: %s\n",
+                sized->simulated_s / homogeneous->simulated_s, 100 * (sized->val_loss / homogeneous->val_loss - 1),
+                std::min(sized->util_slowest, sized->util_fastest) >= 0.95 ? "yes" : "no");
+
+  std::ostringstream out;
+  out << "{\n  \"peers\": " << s.peers << ", \"link\": \"" << s.link << "\", \"step_seconds\": " << s.step_seconds
+      << ", \"inner_steps\": " << s.inner_steps << ", \"steps\": " << opts.steps << ", \"speeds\": [";
+  for (std::size_t i = 0; i < s.speeds.size(); ++i) out << (i ? ", " : "") << s.speeds[i];
+  out << "],\n  \"rows\": [";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    out << (i ? ",\n" : "\n") << "    {\"run\": \"" << r.name << "\", \"steps\": " << r.steps << ", \"util_slowest\": " << r.util_slowest
+        << ", \"util_fastest\": " << r.util_fastest << ", \"simulated_s\": " << r.simulated_s << ", \"val_loss\": " << r.val_loss
+        << ", \"mb_per_peer\": " << r.mb_per_peer << ", \"inner_steps\": " << r.inner_steps << ", \"wall_s\": " << r.wall_s << "}";
+  }
+  out << "\n  ]\n}\n";
+  json.stream() << out.str();
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_heterogeneous: %s\n", e.what());
+  return 1;
+}

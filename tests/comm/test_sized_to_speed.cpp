@@ -1,0 +1,178 @@
+// DiLoCo's work sized to speed (sized_to_speed, DyLU): on simulated peers of different speeds
+// (deterministic in_process: a peer's inner step costs step_seconds / speed of its clock), each
+// replica takes inner steps in proportion to its speed from the second round on, its rows of its
+// own for each, its pseudo-gradient weighed by its rows; and a run resumed mid-round ends as
+// the whole run does.
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "support/trainer_fixture.hpp"
+
+namespace dt = decentrain;
+
+namespace {
+
+dt::transport::in_process timed_peers(std::vector<double> speeds) {
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};  // an inner step: 1 s / speed
+  const int world = static_cast<int>(speeds.size());
+  o.speeds = std::move(speeds);
+  return dt::transport::in_process(dt::transport::links::ideal(world), o);
+}
+
+dt::train::trainer_options run_of(std::int64_t steps) {
+  auto o = fixture::small_run(steps);
+  o.batch_size = 2;
+  o.lr = 1e-2;  // replicas far enough apart that the weights show
+  return o;
+}
+
+template <class Policy>
+struct sized_run {
+  std::vector<std::vector<float>> params;                // by rank, at the end
+  std::vector<std::vector<std::int64_t>> inner_steps;    // by rank, each step's round_inner_steps()
+  std::vector<std::vector<dt::train::step_metrics>> by_step;  // by rank
+};
+
+// Trains peers of `speeds` under DiLoCo (wrapped in fixture::probe, which records each peer's
+// parameters before the last exchange into *before_last), from `saved` where given, stopping
+// after `stop_after` steps (returning each peer's checkpoint in *saved_out) where >= 0.
+template <class Policy>
+sized_run<Policy> train(const std::vector<double>& speeds, const fixture::probe<Policy>& policy, std::int64_t steps,
+                        const std::vector<dt::io::checkpoint>* saved = nullptr, std::int64_t stop_after = -1,
+                        std::vector<dt::io::checkpoint>* saved_out = nullptr) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<Policy>>;
+  const auto n = speeds.size();
+  sized_run<Policy> out{std::vector<std::vector<float>>(n), std::vector<std::vector<std::int64_t>>(n),
+                        std::vector<std::vector<dt::train::step_metrics>>(n)};
+  if (saved_out) saved_out->assign(n, {});
+  timed_peers(speeds).run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    Trainer t(fixture::tiny_gpt(), run_of(steps), ep, policy);
+    if (saved) t.restore((*saved)[r]);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {  // (each peer writes its own slot)
+      out.inner_steps[r].push_back(t.policy().inner.round_inner_steps());
+      out.by_step[r].push_back(m);
+      if (m.step == stop_after) {
+        (*saved_out)[r] = t.capture();
+        throw stop{};
+      }
+    });
+    try {
+      (void)t.fit(fixture::small_corpus().data);
+    } catch (const stop&) {
+    }
+    out.params[r] = fixture::flat_params(t.model().parameters());
+  });
+  return out;
+}
+
+fixture::probe<dt::comm::diloco<dt::comm::outer::sgd>> sized(std::int64_t h, std::vector<std::vector<float>>* before_last = nullptr) {
+  fixture::probe<dt::comm::diloco<dt::comm::outer::sgd>> p;
+  p.inner.inner_steps = h;
+  p.inner.sized_to_speed = true;
+  p.before_last = before_last;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("diloco sized_to_speed: a peer 4x as fast takes 4H inner steps a round from the second on, and waits no more") {
+  // H = 4, three rounds. Round 1: both take 4 inner steps (nothing measured yet): the fast peer
+  // computes 1 s of the round's 4. Rounds 2 and 3: it takes 16, 4 s of compute a round, as the
+  // slow one's 4 inner steps take.
+  const auto run = train({1, 4}, sized(4), 12);
+  for (std::size_t r = 0; r < 2; ++r) REQUIRE(run.by_step[r].size() == 12);
+  CHECK(run.inner_steps[0].back() == 4);
+  CHECK(run.inner_steps[1][2] == 4);   // inside round 1
+  CHECK(run.inner_steps[1][3] == 16);  // sized after round 1's exchange
+  CHECK(run.inner_steps[1].back() == 16);
+  const auto& slow = run.by_step[0];
+  const auto& fast = run.by_step[1];
+  CHECK(slow.back().compute_s == Approx(12.0));
+  CHECK(fast.back().compute_s == Approx(1.0 + 4.0 + 4.0));
+  // Ideal links: the exchanges take no time, so the clocks are the slow peer's compute.
+  CHECK(fast.back().clock_s == Approx(12.0));
+  // After round 1, the fast peer computes the whole time: 8 s of the last 8.
+  CHECK(fast.back().compute_s - fast[3].compute_s == Approx(fast.back().clock_s - fast[3].clock_s));
+  CHECK(fast.back().compute_s - fast[3].compute_s == Approx(8.0));
+
+  // Unsized, the fast peer computes a quarter of the time.
+  auto equal = sized(4);
+  equal.inner.sized_to_speed = false;
+  const auto plain = train({1, 4}, equal, 12);
+  CHECK(plain.by_step[1].back().compute_s == Approx(3.0));
+  CHECK(plain.by_step[1].back().clock_s == Approx(12.0));
+  CHECK(plain.inner_steps[1].back() == 4);
+
+  // Peers of one speed: one inner step a step, and the same run as weighted DiLoCo.
+  const auto even = train({2, 2}, sized(4), 12);
+  auto weighted = sized(4);
+  weighted.inner.sized_to_speed = false;
+  weighted.inner.weighted = true;
+  const auto same = train({2, 2}, weighted, 12);
+  CHECK(even.inner_steps[1].back() == 4);
+  CHECK(even.params == same.params);
+}
+
+TEST_CASE("diloco sized_to_speed: a peer with twice the rows counts twice in the average") {
+  // Speeds 1 and 2, H = 2, two rounds, outer SGD with lr 1 and no momentum: the new global
+  // parameters are the rows-weighted mean of the replicas' parameters before the exchange. In
+  // round 2 peer 1 takes 4 inner steps of 2 rows to peer 0's 2.
+  std::vector<std::vector<float>> before(2);
+  const auto run = train({1, 2}, sized(2, &before), 4);
+  REQUIRE(run.inner_steps[1].back() == 4);
+  std::vector<float> by_rows(before[0].size()), mean(before[0].size());
+  for (std::size_t i = 0; i < mean.size(); ++i) {
+    by_rows[i] = (1.0f * before[0][i] + 2.0f * before[1][i]) / 3.0f;
+    mean[i] = (before[0][i] + before[1][i]) / 2.0f;
+  }
+  const double tolerance = 2e-6;
+  for (std::size_t r = 0; r < 2; ++r) CHECK(fixture::max_abs_diff(run.params[r], by_rows) < tolerance);
+  CHECK(fixture::max_abs_diff(by_rows, mean) > 100 * tolerance);
+}
+
+TEST_CASE("diloco sized_to_speed: a run stopped mid-round and resumed ends bit for bit as the whole run") {
+  // Speeds 1 and 3, H = 3, three rounds; stopped after step 4 (in round 2, where peer 1 takes
+  // 9 inner steps spread 3 a step): the round's sizing and what it has measured so far are in
+  // the checkpoint.
+  const auto policy = sized(3);
+  const auto whole = train({1, 3}, policy, 9);
+  std::vector<dt::io::checkpoint> saved;
+  (void)train({1, 3}, policy, 9, nullptr, 4, &saved);
+  REQUIRE(saved[1].counter("comm.diloco.speed_round_steps") == 9);
+  const auto resumed = train({1, 3}, policy, 9, &saved);
+  CHECK(resumed.params == whole.params);
+  CHECK(whole.inner_steps[1].back() == 9);
+
+  // A checkpoint whose measurement is not a number is refused, naming the key.
+  saved[0].text["comm.diloco.speed_compute_s"] = "fast";
+  CHECK_THROWS_WITH(train({1, 3}, policy, 9, &saved), Catch::Matchers::Contains("'comm.diloco.speed_compute_s' is 'fast'"));
+}
+
+TEST_CASE("diloco sized_to_speed: a round's inner steps spread evenly over its steps, and what it refuses") {
+  dt::comm::diloco<> d;
+  d.inner_steps = 4;
+  d.sized_to_speed = true;
+  for (std::int64_t s = 0; s < 8; ++s) CHECK(d.local_steps(s) == 1);  // not measured yet
+  // Speeds 1 and 2.5, H = 4: from round 2 the fast peer takes 10 inner steps a round, 2, 3, 2
+  // and 3 a step (0.4 s each on its clock).
+  const auto run = train({1, 2.5}, sized(4), 8);
+  const auto& fast = run.by_step[1];
+  REQUIRE(fast.size() == 8);
+  CHECK(run.inner_steps[1].back() == 10);
+  const double per_step[] = {2, 3, 2, 3};
+  for (std::size_t j = 0; j < 4; ++j) {
+    INFO("step " << 4 + j);
+    CHECK(fast[4 + j].compute_s - fast[3 + j].compute_s == Approx(per_step[j] / 2.5));
+  }
+  // Moshpit's averaging is there to avoid an all-reduce over every replica; sizing needs one.
+  auto mosh = sized(4);
+  mosh.inner.moshpit = dt::comm::moshpit_grid{};
+  CHECK_THROWS_WITH(train({1, 1}, mosh, 2), Catch::Matchers::Contains("sized_to_speed needs one all-reduce"));
+}
