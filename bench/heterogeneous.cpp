@@ -5,7 +5,7 @@
 // deterministic simulator). Rows (--only, ',' between names):
 //   sync                  synchronous all-reduce every step, equal batches
 //   diloco-equal          DiLoCo, every peer H inner steps a round
-//   diloco-sized          DiLoCo with sized_to_speed: H_i = H s_slowest / s_i from round 2 on
+//   diloco-sized          DiLoCo with sized_to_speed: H_i = H s_slowest / s_i, sized after step 0
 //   diloco-homogeneous    DiLoCo on 8 peers all at the speeds' mean, for as many steps as give the
 //                         tokens diloco-sized trained (run after it): the time the same compute
 //                         needs on identical peers

@@ -366,7 +366,7 @@ void declare_train(CLI::App& cmd) {
             0.5, 0, 1)
       ->group(comm);
   cli::flag(cmd, "sized-to-speed",
-            "diloco: work sized to speed (DyLU): from the second round on, each peer\n"
+            "diloco: work sized to speed (DyLU): from the second step on, each peer\n"
             "takes as many inner steps as it computes while the slowest takes H, and\n"
             "its pseudo-gradient weighs by its rows (with --speeds, or peers of\n"
             "different machines)")

@@ -483,8 +483,8 @@ TEST_CASE("train --peers --speeds: a peer 4x as fast is charged a quarter of the
 TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps instead of waiting", "[cli][peers]") {
   const auto dir = scratch("sized");
   // Four rounds of H = 4 on peers of speeds 1 and 4: equal steps leave the fast peer computing
-  // a quarter of the time; sized from round 2 on, it computes about (1 + 3 x 4) / 16 of it
-  // (measured 0.24 and 0.69).
+  // a quarter of the time; sized from its second step on, it computes nearly all of it (the
+  // compute is timed on each peer's thread clock, so the sizing follows what the machine gave it).
   const std::string args = " train --comm diloco --inner-steps 4 --steps 16 --batch-size 8 --eval-batches 1 --eval-every 100"
                            " --threads 1 --n-layer 1 --n-embd 64 --n-head 2 --block-size 32 --peers 2 --speeds 1,4";
   const auto fast_utilisation = [&](const std::string& extra, const char* file) {
@@ -503,7 +503,7 @@ TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps ins
   INFO("the fast peer's utilisation: " << equal << " with equal steps, " << sized << " sized to speed");
   CHECK(read_metrics(dir / "sized.jsonl").parsed.at(0).at("sized_to_speed").boolean);
   CHECK(equal < 0.45);
-  CHECK(sized > 0.55);  // (the compute is timed on each peer's thread clock: a margin for a loaded machine)
+  CHECK(sized > 0.6);  // (a margin for a loaded machine)
 
   auto r = run(cli() + args + " --sized-to-speed --comm sync", dir);
   CHECK_THAT(r.output, Contains("--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco"));

@@ -1,6 +1,6 @@
 // DiLoCo's work sized to speed (sized_to_speed, DyLU): on simulated peers of different speeds
 // (deterministic in_process: a peer's inner step costs step_seconds / speed of its clock), each
-// replica takes inner steps in proportion to its speed from the second round on, its rows of its
+// replica takes inner steps in proportion to its speed (sized after its first step), its rows of its
 // own for each, its pseudo-gradient weighed by its rows; and a run resumed mid-round ends as
 // the whole run does.
 #include <catch2/catch.hpp>
@@ -82,25 +82,26 @@ fixture::probe<dt::comm::diloco<dt::comm::outer::sgd>> sized(std::int64_t h, std
 
 }  // namespace
 
-TEST_CASE("diloco sized_to_speed: a peer 4x as fast takes 4H inner steps a round from the second on, and waits no more") {
-  // H = 4, three rounds. Round 1: both take 4 inner steps (nothing measured yet): the fast peer
-  // computes 1 s of the round's 4. Rounds 2 and 3: it takes 16, 4 s of compute a round, as the
-  // slow one's 4 inner steps take.
+TEST_CASE("diloco sized_to_speed: a peer 4x as fast takes 4H inner steps a round, and waits no more") {
+  // H = 4, three rounds. Step 0: one inner step each (nothing measured yet); the first round's
+  // other steps are sized at once: the fast peer takes 4 in each (3.25 s of compute in the
+  // round's 4). Rounds 2 and 3: 16 inner steps, 4 s of compute a round, as the slow one's 4 take.
   const auto run = train({1, 4}, sized(4), 12);
   for (std::size_t r = 0; r < 2; ++r) REQUIRE(run.by_step[r].size() == 12);
   CHECK(run.inner_steps[0].back() == 4);
-  CHECK(run.inner_steps[1][2] == 4);   // inside round 1
-  CHECK(run.inner_steps[1][3] == 16);  // sized after round 1's exchange
+  CHECK(run.inner_steps[1][0] == 16);  // sized after step 0
   CHECK(run.inner_steps[1].back() == 16);
   const auto& slow = run.by_step[0];
   const auto& fast = run.by_step[1];
   CHECK(slow.back().compute_s == Approx(12.0));
-  CHECK(fast.back().compute_s == Approx(1.0 + 4.0 + 4.0));
+  CHECK(fast[0].compute_s == Approx(0.25));
+  CHECK(fast[3].compute_s == Approx(3.25));
+  CHECK(fast.back().compute_s == Approx(3.25 + 4.0 + 4.0));
   // Ideal links: the exchanges take no time, so the clocks are the slow peer's compute.
   CHECK(fast.back().clock_s == Approx(12.0));
-  // After round 1, the fast peer computes the whole time: 8 s of the last 8.
-  CHECK(fast.back().compute_s - fast[3].compute_s == Approx(fast.back().clock_s - fast[3].clock_s));
-  CHECK(fast.back().compute_s - fast[3].compute_s == Approx(8.0));
+  // From step 1 on, the fast peer computes the whole time: 11 s of the last 11.
+  CHECK(fast.back().compute_s - fast[0].compute_s == Approx(fast.back().clock_s - fast[0].clock_s));
+  CHECK(fast.back().compute_s - fast[0].compute_s == Approx(11.0));
 
   // Unsized, the fast peer computes a quarter of the time.
   auto equal = sized(4);
@@ -123,7 +124,7 @@ TEST_CASE("diloco sized_to_speed: a peer 4x as fast takes 4H inner steps a round
 TEST_CASE("diloco sized_to_speed: a peer with twice the rows counts twice in the average") {
   // Speeds 1 and 2, H = 2, two rounds, outer SGD with lr 1 and no momentum: the new global
   // parameters are the rows-weighted mean of the replicas' parameters before the exchange. In
-  // round 2 peer 1 takes 4 inner steps of 2 rows to peer 0's 2.
+  // round 2 peer 1 takes 4 inner steps of 2 rows to peer 0's 2 (in round 1, 3 to 2).
   std::vector<std::vector<float>> before(2);
   const auto run = train({1, 2}, sized(2, &before), 4);
   REQUIRE(run.inner_steps[1].back() == 4);
@@ -160,16 +161,16 @@ TEST_CASE("diloco sized_to_speed: a round's inner steps spread evenly over its s
   d.inner_steps = 4;
   d.sized_to_speed = true;
   for (std::int64_t s = 0; s < 8; ++s) CHECK(d.local_steps(s) == 1);  // not measured yet
-  // Speeds 1 and 2.5, H = 4: from round 2 the fast peer takes 10 inner steps a round, 2, 3, 2
-  // and 3 a step (0.4 s each on its clock).
+  // Speeds 1 and 2.5, H = 4: the fast peer takes 10 inner steps a round, 2, 3, 2 and 3 a step
+  // (0.4 s each on its clock); in the first round 1 (unmeasured), 3, 2 and 3.
   const auto run = train({1, 2.5}, sized(4), 8);
   const auto& fast = run.by_step[1];
   REQUIRE(fast.size() == 8);
   CHECK(run.inner_steps[1].back() == 10);
-  const double per_step[] = {2, 3, 2, 3};
-  for (std::size_t j = 0; j < 4; ++j) {
-    INFO("step " << 4 + j);
-    CHECK(fast[4 + j].compute_s - fast[3 + j].compute_s == Approx(per_step[j] / 2.5));
+  const double per_step[] = {1, 3, 2, 3, 2, 3, 2, 3};
+  for (std::size_t j = 0; j < 8; ++j) {
+    INFO("step " << j);
+    CHECK(fast[j].compute_s - (j > 0 ? fast[j - 1].compute_s : 0.0) == Approx(per_step[j] / 2.5));
   }
   // Moshpit's averaging is there to avoid an all-reduce over every replica; sizing needs one.
   auto mosh = sized(4);

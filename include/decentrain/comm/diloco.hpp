@@ -37,10 +37,10 @@ struct diloco {
   // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
   // Work sized to speed (DyLU: Liu et al., 2024, "Asynchronous Local-SGD Training for Language
-  // Modeling"): from the second round on, a replica takes as many inner steps as it computes in
-  // the time the slowest takes inner_steps (H_i = H s_slowest / s_i, s being the compute seconds
-  // an inner step took it in the round before, agreed by one 8-byte all-reduce a round), spread
-  // over the round's steps, and its pseudo-gradient weighs by the rows it trained (as `weighted`).
+  // Modeling"): a replica takes as many inner steps as it computes in the time the slowest takes
+  // inner_steps (H_i = H s_slowest / s_i, s being the compute seconds an inner step took it in the
+  // round before, agreed by one 8-byte all-reduce a round; the first round sized after its first
+  // step), spread over the round's steps, and its pseudo-gradient weighs by the rows it trained (as `weighted`).
   // Every replica's round then takes about as long, so none waits for the slowest. Every replica
   // the same; not with `moshpit` (the speeds' all-reduce would span every replica).
   bool sized_to_speed = false;
@@ -93,7 +93,11 @@ struct diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     weight_.add(ctx);
-    if (sized_to_speed) speed_.add(ctx);
+    if (sized_to_speed) {
+      speed_.add(ctx);
+      // Not measured yet (a run's first step): the rest of the first round is sized at once.
+      if (speed_.round_steps == 0 && !ends_round(ctx, inner_steps)) speed_.next_round(ctx, inner_steps);
+    }
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
@@ -141,7 +145,7 @@ struct diloco {
     speed_ = {};
     if (sized_to_speed) speed_.load(c, "comm.diloco.");
   }
-  // This round's inner steps on this replica (sized_to_speed; inner_steps before it measured).
+  // This round's inner steps on this replica (sized_to_speed; inner_steps until it measured).
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
 
  private:
