@@ -22901,6 +22901,23 @@ void check_weighs(const Aggregator& aggregator, bool weighted, const char* who) 
 // A replica's weight over a round of a periodic policy: the sum of its steps' ctx.step_weight
 // (each step once, though the trainer calls after_step again after a failed exchange), kept in
 // the policy's checkpoint so that a resumed round weighs what the uninterrupted one does.
+// A non-negative double in a checkpoint, exactly (counters are integers): as text. Reading a
+// key that is not there gives nullopt; one that is not such a number is refused, naming `what`.
+inline void save_exact(io::checkpoint& c, const std::string& key, double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", v);
+  c.text[key] = text;
+}
+inline std::optional<double> load_exact(const io::checkpoint& c, const std::string& key, const char* what) {
+  const auto it = c.text.find(key);
+  if (it == c.text.end()) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  decentrain::detail::check(end != it->second.c_str() && *end == '\0' && std::isfinite(v) && v >= 0, "checkpoint: '", key,
+                            "' is '", it->second, "', not ", what);
+  return v;
+}
+
 struct round_weight {
   double sum = 0;
   std::int64_t through = -1;  // the last step counted
@@ -22912,22 +22929,14 @@ struct round_weight {
     through = ctx.step;
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.17g", sum);  // (a double, exactly: counters are integers)
-    c.text[prefix + "round_weight"] = text;
+    save_exact(c, prefix + "round_weight", sum);
     c.counters[prefix + "round_weight_through"] = through;
   }
   // A checkpoint without them (written before policies weighed rounds) starts the round at 0.
   void load(const io::checkpoint& c, const std::string& prefix) {
-    const auto it = c.text.find(prefix + "round_weight");
     const auto at = c.counters.find(prefix + "round_weight_through");
-    sum = 0;
     through = at == c.counters.end() ? -1 : at->second;
-    if (it == c.text.end()) return;
-    char* end = nullptr;
-    sum = std::strtod(it->second.c_str(), &end);
-    decentrain::detail::check(end != it->second.c_str() && *end == '\0' && std::isfinite(sum) && sum >= 0, "checkpoint: '",
-                              prefix, "round_weight' is '", it->second, "', not a weight");
+    sum = load_exact(c, prefix + "round_weight", "a weight").value_or(0.0);
   }
 };
 
@@ -22963,9 +22972,7 @@ struct speed_sizing {
     steps = 0;
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.17g", compute_s);
-    c.text[prefix + "speed_compute_s"] = text;
+    save_exact(c, prefix + "speed_compute_s", compute_s);
     c.counters[prefix + "speed_steps"] = steps;
     c.counters[prefix + "speed_round_steps"] = round_steps;
     c.counters[prefix + "speed_through"] = through;
@@ -22974,12 +22981,9 @@ struct speed_sizing {
   // unmeasured.
   void load(const io::checkpoint& c, const std::string& prefix) {
     *this = {};
-    const auto it = c.text.find(prefix + "speed_compute_s");
-    if (it == c.text.end()) return;
-    char* end = nullptr;
-    compute_s = std::strtod(it->second.c_str(), &end);
-    decentrain::detail::check(end != it->second.c_str() && *end == '\0' && std::isfinite(compute_s) && compute_s >= 0,
-                              "checkpoint: '", prefix, "speed_compute_s' is '", it->second, "', not a number of seconds");
+    const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
+    if (!seconds) return;
+    compute_s = *seconds;
     steps = c.counter(prefix + "speed_steps");
     round_steps = c.counter(prefix + "speed_round_steps");
     through = c.counter(prefix + "speed_through");
@@ -32171,6 +32175,9 @@ class trainer {
           const double compute_before = compute_s_;
           ctx.local_steps = local_steps();
           parallel::step_result total{0.0, 0, 0, 0.0};
+          out.lr = schedule_(step_);  // (every inner step of a step at the step's rate)
+          ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
+          optimizer_.set_lr(out.lr);
           for (ctx.sub_step = 0; ctx.sub_step < ctx.local_steps; ++ctx.sub_step) {
             auto t = compute_clock();
             charged_ = 0;
@@ -32190,9 +32197,6 @@ class trainer {
             if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
             t = compute_clock();
             out.grad_norm = clip(ctx);
-            out.lr = schedule_(step_);
-            ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
-            optimizer_.set_lr(out.lr);
             optimizer_.step();
             computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
           }

@@ -31,7 +31,6 @@ dt::train::trainer_options run_of(std::int64_t steps) {
   return o;
 }
 
-template <class Policy>
 struct sized_run {
   std::vector<std::vector<float>> params;                // by rank, at the end
   std::vector<std::vector<std::int64_t>> inner_steps;    // by rank, each step's round_inner_steps()
@@ -42,12 +41,12 @@ struct sized_run {
 // parameters before the last exchange into *before_last), from `saved` where given, stopping
 // after `stop_after` steps (returning each peer's checkpoint in *saved_out) where >= 0.
 template <class Policy>
-sized_run<Policy> train(const std::vector<double>& speeds, const fixture::probe<Policy>& policy, std::int64_t steps,
+sized_run train(const std::vector<double>& speeds, const fixture::probe<Policy>& policy, std::int64_t steps,
                         const std::vector<dt::io::checkpoint>* saved = nullptr, std::int64_t stop_after = -1,
                         std::vector<dt::io::checkpoint>* saved_out = nullptr) {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<Policy>>;
   const auto n = speeds.size();
-  sized_run<Policy> out{std::vector<std::vector<float>>(n), std::vector<std::vector<std::int64_t>>(n),
+  sized_run out{std::vector<std::vector<float>>(n), std::vector<std::vector<std::int64_t>>(n),
                         std::vector<std::vector<dt::train::step_metrics>>(n)};
   if (saved_out) saved_out->assign(n, {});
   timed_peers(speeds).run([&](dt::transport::in_process::endpoint& ep) {

@@ -372,6 +372,9 @@ class trainer {
           const double compute_before = compute_s_;
           ctx.local_steps = local_steps();
           parallel::step_result total{0.0, 0, 0, 0.0};
+          out.lr = schedule_(step_);  // (every inner step of a step at the step's rate)
+          ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
+          optimizer_.set_lr(out.lr);
           for (ctx.sub_step = 0; ctx.sub_step < ctx.local_steps; ++ctx.sub_step) {
             auto t = compute_clock();
             charged_ = 0;
@@ -391,9 +394,6 @@ class trainer {
             if constexpr (requires { parallel_.after_averaging(ctx); }) parallel_.after_averaging(ctx);
             t = compute_clock();
             out.grad_norm = clip(ctx);
-            out.lr = schedule_(step_);
-            ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
-            optimizer_.set_lr(out.lr);
             optimizer_.step();
             computed(transport::step_seconds(endpoint_) ? 0.0 : lap(t));
           }
