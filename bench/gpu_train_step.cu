@@ -6,7 +6,12 @@
 //
 //   gpu_train_step [--seq T] [--batch B] [--steps S] [--peak-tflops X] [--peak-gbps X]
 //                  [--no-torch] [--torch-script PATH] [--json PATH] [--profile] [--attention]
-//                  [--no-f32]
+//                  [--no-f32] [--codec]
+//
+// --codec runs only the outer-step codec table: a GPT-2 124M pseudo-gradient (global minus local
+// parameters) encoded as int8 blockwise and as top-k 1%, on the host after copying the parameters
+// there (what the communication policies do) against on the GPU with the codecs' CUDA kernels,
+// copying only the payload; time, bytes over PCIe, and whether the payloads agree.
 //
 // --attention runs only the attention table: our bf16 kernels against PyTorch's
 // scaled_dot_product_attention (FlashAttention) at the same shape. --no-f32 leaves out the f32
@@ -20,11 +25,14 @@
 // The model, its optimizer and kernels, not the whole library (~45 s more through nvcc).
 #include <decentrain/autograd/autograd.hpp>
 #include <decentrain/kernels/activation.hpp>
+#include <decentrain/compress/blockwise.hpp>
+#include <decentrain/compress/top_k.hpp>
 #include <decentrain/kernels/attention.hpp>
 #include <decentrain/kernels/cross_entropy.hpp>
 #include <decentrain/kernels/gemm.hpp>
 #include <decentrain/kernels/layer_norm.hpp>
 #include <decentrain/kernels/linear.hpp>
+#include <decentrain/kernels/quantize.hpp>
 #include <decentrain/kernels/reduce.hpp>
 #include <decentrain/nn/gpt.hpp>
 #include <decentrain/optim/adamw.hpp>
@@ -36,6 +44,7 @@
 #include <cuda_profiler_api.h>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -56,6 +65,7 @@ struct options {
   bool profile = false;
   bool attention_only = false;
   bool f32 = true;
+  bool codec_only = false;
   std::string torch_script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
   std::string json;
 };
@@ -396,6 +406,119 @@ std::string attention_json(const std::vector<attention_row>& rows, std::int64_t 
   return s;
 }
 
+// The outer step's codec, two routes for one pseudo-gradient of n values. Host: the parameters
+// copied to (pageable) host memory, as comm::gather_values does, the difference to the global
+// copy taken there, then the CPU codec. GPU: the difference taken on the GPU, the codec's CUDA
+// kernel, then only its output copied. Host times include the copies; each is the median of 3.
+struct codec_row {
+  std::string codec, route;
+  double ms = 0;
+  std::size_t pcie_bytes = 0, payload_bytes = 0;
+  std::string agrees;
+};
+
+template <class F>
+double host_ms(F&& f) {
+  std::vector<double> t;
+  for (int i = 0; i < 4; ++i) {
+    dt::cuda_rt::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    dt::cuda_rt::synchronize();
+    if (i > 0) t.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[1];
+}
+
+std::vector<codec_row> codec_table(std::int64_t n) {
+  dt::rng gen(11, "codec-table");
+  const auto global = dt::randn<gpu>(dt::shape{n}, gen, dt::dtype::f32, 0.0, 0.02);
+  auto local = dt::randn<gpu>(dt::shape{n}, gen, dt::dtype::f32, 0.0, 1e-3);
+  local = dt::math::add(local, global);  // a round's drift from the global parameters
+  std::vector<float> global_host = global.to_vector<float>(), pulled(static_cast<std::size_t>(n)), delta(pulled.size());
+  const auto un = static_cast<std::size_t>(n);
+  auto pseudo_gradient_on_host = [&] {
+    dt::memory<gpu>::copy_to_host(pulled.data(), local.data<float>(), 4 * un);
+    for (std::size_t i = 0; i < un; ++i) delta[i] = global_host[i] - pulled[i];
+  };
+  std::vector<codec_row> rows;
+
+  dt::compress::int8_blockwise int8;
+  std::vector<std::byte> host_payload(int8.max_encoded_bytes(un)), gpu_payload(host_payload.size());
+  std::size_t host_bytes = 0;
+  const double int8_host = host_ms([&] {
+    pseudo_gradient_on_host();
+    host_bytes = int8.encode(std::span<const float>(delta), host_payload);
+  });
+  // Raw device bytes for the payload (no tensor dtype holds bytes).
+  struct device_bytes {
+    explicit device_bytes(std::size_t n) : size(n), p(static_cast<std::byte*>(dt::memory<gpu>::allocate(n))) {}
+    ~device_bytes() { dt::memory<gpu>::deallocate(p, size); }
+    device_bytes(const device_bytes&) = delete;
+    device_bytes& operator=(const device_bytes&) = delete;
+    std::size_t size;
+    std::byte* p;
+  } payload_dev(host_payload.size());
+  const double int8_gpu = host_ms([&] {
+    const auto d = dt::math::sub(global, local);
+    dt::kernels::blockwise_encode<8>(gpu{}, d.data<float>(), n, {64, false, 0, 0}, payload_dev.p);
+    dt::memory<gpu>::copy_to_host(gpu_payload.data(), payload_dev.p, gpu_payload.size());
+  });
+  const bool same = host_bytes == gpu_payload.size() && std::memcmp(host_payload.data(), gpu_payload.data(), host_bytes) == 0;
+  rows.push_back({int8.describe(), "host: copy parameters, encode on the CPU", int8_host, 4 * un, host_bytes, ""});
+  rows.push_back({int8.describe(), "GPU: encode with the CUDA kernel, copy the payload", int8_gpu, gpu_payload.size(), gpu_payload.size(),
+                  same ? "same bytes" : "DIFFERENT bytes"});
+
+  dt::compress::top_k topk;
+  topk.fraction = 0.01;
+  const std::size_t k = topk.k_for(un);
+  std::vector<std::byte> topk_payload(topk.max_encoded_bytes(un));
+  std::size_t topk_bytes = 0;
+  const double topk_host = host_ms([&] {
+    pseudo_gradient_on_host();
+    topk_bytes = topk.encode(std::span<const float>(delta), topk_payload);
+  });
+  auto idx = dt::tensor<gpu>::empty(dt::shape{static_cast<std::int64_t>(k)}, dt::dtype::i32);
+  auto val = dt::tensor<gpu>::empty(dt::shape{static_cast<std::int64_t>(k)}, dt::dtype::f32);
+  std::vector<std::int32_t> idx_host(k);
+  std::vector<float> val_host(k);
+  const double topk_gpu = host_ms([&] {
+    const auto d = dt::math::sub(global, local);
+    dt::kernels::top_k_magnitude(gpu{}, d.data<float>(), n, static_cast<std::int64_t>(k), idx.data<std::int32_t>(), val.data<float>());
+    dt::memory<gpu>::copy_to_host(idx_host.data(), idx.data<std::int32_t>(), 4 * k);
+    dt::memory<gpu>::copy_to_host(val_host.data(), val.data<float>(), 4 * k);
+  });
+  // The GPU's picks against what the CPU codec's payload decodes to.
+  std::vector<float> sent(un, 0.0f), picked(un, 0.0f);
+  topk.decode_add(std::span<const std::byte>(topk_payload.data(), topk_bytes), std::span<float>(sent));
+  for (std::size_t j = 0; j < k; ++j) picked[static_cast<std::size_t>(idx_host[j])] = val_host[j];
+  rows.push_back({topk.describe(), "host: copy parameters, encode on the CPU", topk_host, 4 * un, topk_bytes, ""});
+  rows.push_back({topk.describe(), "GPU: pick with CUB's radix sort, copy indices and values (not packed)", topk_gpu, 8 * k, 8 * k,
+                  picked == sent ? "same picks" : "DIFFERENT picks"});
+  return rows;
+}
+
+void print_codecs(const std::vector<codec_row>& rows, std::int64_t n) {
+  std::printf("\n| outer-step codec (%lld values) | route | ms | MB over PCIe | payload MB | host route / this row | check |\n"
+              "|---|---|---:|---:|---:|---:|---|\n", static_cast<long long>(n));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    const double host = rows[i - i % 2].ms;
+    std::printf("| %s | %s | %.1f | %.1f | %.1f | %.2fx | %s |\n", r.codec.c_str(), r.route.c_str(), r.ms, r.pcie_bytes / 1e6,
+                r.payload_bytes / 1e6, host / r.ms, r.agrees.c_str());
+  }
+}
+
+std::string codec_json(const std::vector<codec_row>& rows, std::int64_t n, const std::string& device) {
+  std::string s;
+  for (const auto& r : rows)
+    s += ",\n{\"codec\":\"" + r.codec + "\",\"route\":\"" + r.route + "\",\"values\":" + std::to_string(n) +
+         ",\"ms\":" + std::to_string(r.ms) + ",\"pcie_bytes\":" + std::to_string(r.pcie_bytes) +
+         ",\"payload_bytes\":" + std::to_string(r.payload_bytes) + ",\"check\":\"" + r.agrees + "\",\"device\":\"" + device + "\"}";
+  return s;
+}
+
 std::vector<row> run_torch(const std::string& script, std::int64_t B, std::int64_t T, int steps, double bf16_tflops,
                            double f32_tflops, bool f32) {
   std::vector<row> rows;
@@ -441,10 +564,11 @@ int main(int argc, char** argv) {
     else if (a == "--profile") o.profile = true;
     else if (a == "--attention") o.attention_only = true;
     else if (a == "--no-f32") o.f32 = false;
+    else if (a == "--codec") o.codec_only = true;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: gpu_train_step [--seq T] [--batch B] [--steps S] "
                            "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH] [--profile] "
-                           "[--attention] [--no-f32]\n", a.c_str());
+                           "[--attention] [--no-f32] [--codec]\n", a.c_str());
       return 2;
     }
   }
@@ -474,6 +598,22 @@ int main(int argc, char** argv) {
   }
   auto cfg = dt::nn::gpt_preset("gpt2-124m");
   cfg.vocab_size = 50304;  // padded as the reference does
+  if (o.codec_only) {
+    std::int64_t n = 0;  // GPT-2 124M's parameter count (the vocabulary unpadded, as a peer sends it)
+    {
+      const dt::skip_init no_draws;
+      dt::rng init(1, "init");
+      n = param_count(dt::nn::gpt<gpu>(dt::nn::gpt_preset("gpt2-124m"), init).parameters());
+    }
+    dt::memory<gpu>::release_cached();
+    const auto rows = codec_table(n);
+    print_codecs(rows, n);
+    if (out) {
+      *out << "[" << codec_json(rows, n, peaks.name).substr(1) << "\n]\n";
+      out->close();
+    }
+    return 0;
+  }
   cfg.block_size = std::max<std::int64_t>(cfg.block_size, o.seq);
   if (o.profile) {
     const auto r = run_ours(cfg, dt::dtype::bf16, o.batch > 0 ? o.batch : 32, o.seq, 1, bf16_peak, true);

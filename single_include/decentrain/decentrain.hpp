@@ -5269,6 +5269,17 @@ void sum_of_squares(cpu, std::span<const std::span<const T>> tensors, double* ou
   *out = total;
 }
 
+// Every tensor's values times `factor`, in place (gradient clipping's scaling).
+template <class T>
+void scale_all(cpu, std::span<const std::span<T>> tensors, T factor) {
+  for (const auto& x : tensors) {
+    T* p = x.data();
+    const auto n = static_cast<std::int64_t>(x.size());
+    DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
+    for (std::int64_t i = 0; i < n; ++i) p[i] *= factor;
+  }
+}
+
 }  // namespace decentrain::kernels
 // ---- end decentrain/kernels/cpu/optimizer.hpp ----
 // ---- begin decentrain/kernels/cuda/optimizer.cuh ----
@@ -5376,6 +5387,24 @@ __global__ void __launch_bounds__(multi_threads) sum_of_squares_kernel(double* p
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+template <class T>
+struct scale_entry {
+  T* x;
+  std::int64_t n;
+};
+
+template <class T>
+__global__ void __launch_bounds__(multi_threads) scale_kernel(const __grid_constant__ tensor_batch<scale_entry<T>> batch, T factor) {
+  const std::int64_t chunks = batch.first_chunk[batch.count];
+  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const int k = entry_of_chunk(batch, c);
+    const auto& e = batch.entries[k];
+    const std::int64_t begin = (c - batch.first_chunk[k]) * chunk_elements;
+    const std::int64_t end = min64(e.n, begin + chunk_elements);
+    for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) e.x[i] *= factor;
+  }
+}
+
 // Cuts `count` entries into batches and calls launch(batch, blocks) for each; `make(i, entry)`
 // fills entry i and returns its element count. Empty tensors take no chunk.
 template <class Entry, class Make, class Launch>
@@ -5477,6 +5506,24 @@ void sum_of_squares(cuda, std::span<const std::span<const T>> tensors, double* o
       });
   cuda_detail::sum_array_kernel<1024><<<1, 1024, 0, cuda_rt::current_stream()>>>(out, partial.get(), partials);
   cuda_rt::check_launch("sum_array_kernel");
+}
+
+// Every tensor's values times `factor`, in place, in as few launches as fit (the clip's scaling:
+// a launch per gradient was 148 launches a GPT-2 step).
+template <class T>
+void scale_all(cuda, std::span<const std::span<T>> tensors, T factor) {
+  using entry = cuda_detail::scale_entry<T>;
+  cuda_detail::for_each_batch<entry>(
+      tensors.size(),
+      [&](std::size_t i, entry& e) {
+        e = {tensors[i].data(), static_cast<std::int64_t>(tensors[i].size())};
+        return e.n;
+      },
+      [&](const cuda_detail::tensor_batch<entry>& batch, std::int64_t blocks) {
+        cuda_detail::scale_kernel<T><<<static_cast<unsigned>(blocks), cuda_detail::multi_threads, 0,
+                                      cuda_rt::current_stream()>>>(batch, factor);
+        cuda_rt::check_launch("scale_kernel");
+      });
 }
 
 }  // namespace decentrain::kernels
@@ -9844,22 +9891,21 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm, const nor
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     grads.clear();  // so each gradient below is held by its parameter alone
+    std::vector<std::span<float>> f32_in_place;
+    std::vector<std::span<double>> f64_in_place;
     for (auto& e : params) {
       auto& g = e.param.grad();
       if (!g.defined()) continue;
       // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
       // every gradient would hold a second set of them until the last was done.
-      const bool in_place = g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
-      if (!in_place) {
-        g = math::affine(g, coef);
-        continue;
-      }
-      visit_dtype(g.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-          kernels::affine(Device{}, g.template data<T>(), g.template data<T>(), g.numel(), static_cast<T>(coef), T(0));
-      });
+      if (!g.is_sole_owner()) g = math::affine(g, coef);
+      else if (g.dtype() == dtype::f32) f32_in_place.emplace_back(g.template data<float>(), static_cast<std::size_t>(g.numel()));
+      else if (g.dtype() == dtype::f64) f64_in_place.emplace_back(g.template data<double>(), static_cast<std::size_t>(g.numel()));
+      else g = math::affine(g, coef);
     }
+    // All of one type in one multi-tensor call (a GPU launch per gradient otherwise).
+    kernels::scale_all(Device{}, std::span<const std::span<float>>(f32_in_place), static_cast<float>(coef));
+    kernels::scale_all(Device{}, std::span<const std::span<double>>(f64_in_place), coef);
   }
   return norm;
 }

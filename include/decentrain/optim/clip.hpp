@@ -57,22 +57,21 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm, const nor
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     grads.clear();  // so each gradient below is held by its parameter alone
+    std::vector<std::span<float>> f32_in_place;
+    std::vector<std::span<double>> f64_in_place;
     for (auto& e : params) {
       auto& g = e.param.grad();
       if (!g.defined()) continue;
       // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
       // every gradient would hold a second set of them until the last was done.
-      const bool in_place = g.is_sole_owner() && (g.dtype() == dtype::f32 || g.dtype() == dtype::f64);
-      if (!in_place) {
-        g = math::affine(g, coef);
-        continue;
-      }
-      visit_dtype(g.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-          kernels::affine(Device{}, g.template data<T>(), g.template data<T>(), g.numel(), static_cast<T>(coef), T(0));
-      });
+      if (!g.is_sole_owner()) g = math::affine(g, coef);
+      else if (g.dtype() == dtype::f32) f32_in_place.emplace_back(g.template data<float>(), static_cast<std::size_t>(g.numel()));
+      else if (g.dtype() == dtype::f64) f64_in_place.emplace_back(g.template data<double>(), static_cast<std::size_t>(g.numel()));
+      else g = math::affine(g, coef);
     }
+    // All of one type in one multi-tensor call (a GPU launch per gradient otherwise).
+    kernels::scale_all(Device{}, std::span<const std::span<float>>(f32_in_place), static_cast<float>(coef));
+    kernels::scale_all(Device{}, std::span<const std::span<double>>(f64_in_place), coef);
   }
   return norm;
 }

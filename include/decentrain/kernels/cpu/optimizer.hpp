@@ -68,4 +68,15 @@ void sum_of_squares(cpu, std::span<const std::span<const T>> tensors, double* ou
   *out = total;
 }
 
+// Every tensor's values times `factor`, in place (gradient clipping's scaling).
+template <class T>
+void scale_all(cpu, std::span<const std::span<T>> tensors, T factor) {
+  for (const auto& x : tensors) {
+    T* p = x.data();
+    const auto n = static_cast<std::int64_t>(x.size());
+    DECENTRAIN_OMP_FOR_SIMD(if (n >= detail::parallel_threshold))
+    for (std::int64_t i = 0; i < n; ++i) p[i] *= factor;
+  }
+}
+
 }  // namespace decentrain::kernels
