@@ -7,6 +7,7 @@
 
 #include <decentrain/decentrain.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -175,4 +176,41 @@ TEST_CASE("diloco sized_to_speed: a round's inner steps spread evenly over its s
   auto mosh = sized(4);
   mosh.inner.moshpit = dt::comm::moshpit_grid{};
   CHECK_THROWS_WITH(train({1, 1}, mosh, 2), Catch::Matchers::Contains("sized_to_speed needs one all-reduce"));
+}
+
+namespace {
+
+// A GPT that keeps the token ids of every batch it computes a loss on (training and evaluation).
+struct ids_recording_gpt : dt::nn::gpt<dt::cpu> {
+  using dt::nn::gpt<dt::cpu>::gpt;
+  std::vector<std::vector<std::int32_t>> seen;
+  dt::var<dt::cpu> loss(const dt::tensor<dt::cpu>& ids, const dt::tensor<dt::cpu>& targets, dt::rng* dropout = nullptr) {
+    seen.push_back(ids.to_vector<std::int32_t>());
+    return dt::nn::gpt<dt::cpu>::loss(ids, targets, dropout);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("diloco sized_to_speed: each of a step's inner steps trains on rows of its own") {
+  // Speeds 1 and 3, H = 2, 4 steps: the fast peer takes 3 inner steps in each step after the
+  // first. Rows repeated within a step (the sub-step ignored where the rows are drawn) would show
+  // as one batch seen twice; each step's and each peer's rows differ as well.
+  using Trainer = dt::train::trainer<ids_recording_gpt, dt::comm::diloco<dt::comm::outer::sgd>>;
+  dt::comm::diloco<dt::comm::outer::sgd> policy;
+  policy.inner_steps = 2;
+  policy.sized_to_speed = true;
+  std::vector<std::vector<std::vector<std::int32_t>>> seen(2);
+  timed_peers({1, 3}).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(fixture::tiny_gpt(), run_of(4), ep, policy);
+    (void)t.fit(fixture::small_corpus().data);
+    seen[static_cast<std::size_t>(ep.rank())] = t.model().seen;  // (each peer writes its own slot)
+  });
+  INFO("batches seen: " << seen[0].size() << " by the slow peer, " << seen[1].size() << " by the fast one");
+  // Inner steps 1 + 3 + 3 + 3 against 4 (and one evaluation batch each at the end).
+  REQUIRE(seen[1].size() == seen[0].size() + 6);
+  std::vector<std::vector<std::int32_t>> all;
+  for (const auto& peer : seen) all.insert(all.end(), peer.begin(), peer.end());
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());  // no batch seen twice, by one peer or two
 }
