@@ -145,6 +145,18 @@ void for_each_batch(std::size_t count, Make&& make, Launch&& launch) {
   flush();
 }
 
+// for_each_batch over plain spans: each entry is {data, size} (squares_entry, scale_entry).
+template <class Entry, class T, class Launch>
+void for_each_span_batch(std::span<const std::span<T>> tensors, Launch&& launch) {
+  for_each_batch<Entry>(
+      tensors.size(),
+      [&](std::size_t i, Entry& e) {
+        e = {tensors[i].data(), static_cast<std::int64_t>(tensors[i].size())};
+        return e.n;
+      },
+      launch);
+}
+
 template <class T>
 __global__ void sgd_kernel(T* param, const T* grad, T* buffer, std::int64_t n, T lr, T mu, T keep,
                            bool nesterov, T wd, bool first) {
@@ -198,26 +210,16 @@ template <class T>
 void sum_of_squares(cuda, std::span<const std::span<const T>> tensors, double* out) {
   using entry = cuda_detail::squares_entry<T>;
   std::int64_t partials = 0;  // an upper bound first: every launch's blocks
-  cuda_detail::for_each_batch<entry>(
-      tensors.size(),
-      [&](std::size_t i, entry& e) {
-        e = {tensors[i].data(), static_cast<std::int64_t>(tensors[i].size())};
-        return e.n;
-      },
-      [&](const cuda_detail::tensor_batch<entry>&, std::int64_t blocks) { partials += blocks; });
+  cuda_detail::for_each_span_batch<entry>(
+      tensors, [&](const cuda_detail::tensor_batch<entry>&, std::int64_t blocks) { partials += blocks; });
   if (partials == 0) {
     memory<cuda>::fill(out, dtype::f64, 1, 0.0);
     return;
   }
   cuda_detail::scratch<double> partial(partials);
   std::int64_t at = 0;
-  cuda_detail::for_each_batch<entry>(
-      tensors.size(),
-      [&](std::size_t i, entry& e) {
-        e = {tensors[i].data(), static_cast<std::int64_t>(tensors[i].size())};
-        return e.n;
-      },
-      [&](const cuda_detail::tensor_batch<entry>& batch, std::int64_t blocks) {
+  cuda_detail::for_each_span_batch<entry>(
+      tensors, [&](const cuda_detail::tensor_batch<entry>& batch, std::int64_t blocks) {
         cuda_detail::sum_of_squares_kernel<T><<<static_cast<unsigned>(blocks), cuda_detail::multi_threads, 0,
                                                cuda_rt::current_stream()>>>(partial.get() + at, batch);
         cuda_rt::check_launch("sum_of_squares_kernel");
@@ -232,13 +234,8 @@ void sum_of_squares(cuda, std::span<const std::span<const T>> tensors, double* o
 template <class T>
 void scale_all(cuda, std::span<const std::span<T>> tensors, T factor) {
   using entry = cuda_detail::scale_entry<T>;
-  cuda_detail::for_each_batch<entry>(
-      tensors.size(),
-      [&](std::size_t i, entry& e) {
-        e = {tensors[i].data(), static_cast<std::int64_t>(tensors[i].size())};
-        return e.n;
-      },
-      [&](const cuda_detail::tensor_batch<entry>& batch, std::int64_t blocks) {
+  cuda_detail::for_each_span_batch<entry>(
+      tensors, [&](const cuda_detail::tensor_batch<entry>& batch, std::int64_t blocks) {
         cuda_detail::scale_kernel<T><<<static_cast<unsigned>(blocks), cuda_detail::multi_threads, 0,
                                       cuda_rt::current_stream()>>>(batch, factor);
         cuda_rt::check_launch("scale_kernel");
