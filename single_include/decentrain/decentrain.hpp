@@ -5329,6 +5329,19 @@ __device__ int entry_of_chunk(const Batch& batch, std::int64_t chunk) {
   return lo;
 }
 
+// The batch's chunks this block takes (a grid-stride loop), each as f(entry, begin, end): its
+// tensor's entry and the range of that tensor's elements the chunk covers.
+template <class Batch, class F>
+__device__ void for_each_chunk(const Batch& batch, F&& f) {
+  const std::int64_t chunks = batch.first_chunk[batch.count];
+  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const int k = entry_of_chunk(batch, c);
+    const auto& e = batch.entries[k];
+    const std::int64_t begin = (c - batch.first_chunk[k]) * chunk_elements;
+    f(e, begin, min64(e.n, begin + chunk_elements));
+  }
+}
+
 template <class T>
 struct adamw_entry {
   T* param;
@@ -5341,12 +5354,7 @@ struct adamw_entry {
 
 template <class T>
 __global__ void __launch_bounds__(multi_threads) adamw_kernel(const __grid_constant__ tensor_batch<adamw_entry<T>> batch) {
-  const std::int64_t chunks = batch.first_chunk[batch.count];
-  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const int k = entry_of_chunk(batch, c);
-    const auto& e = batch.entries[k];
-    const std::int64_t begin = (c - batch.first_chunk[k]) * chunk_elements;
-    const std::int64_t end = min64(e.n, begin + chunk_elements);
+  for_each_chunk(batch, [](const adamw_entry<T>& e, std::int64_t begin, std::int64_t end) {
     const adamw_factors<T> f = e.f;
     for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       const T p = e.param[i] * f.decay;
@@ -5358,7 +5366,7 @@ __global__ void __launch_bounds__(multi_threads) adamw_kernel(const __grid_const
       const T denom = device_sqrt(vi) / f.bias2_sqrt + f.eps;
       e.param[i] = p + -f.step_size * mi / denom;
     }
-  }
+  });
 }
 
 template <class T>
@@ -5371,18 +5379,13 @@ struct squares_entry {
 template <class T>
 __global__ void __launch_bounds__(multi_threads) sum_of_squares_kernel(double* partial,
                                                                        const __grid_constant__ tensor_batch<squares_entry<T>> batch) {
-  const std::int64_t chunks = batch.first_chunk[batch.count];
   double acc = 0.0;
-  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const int k = entry_of_chunk(batch, c);
-    const auto& e = batch.entries[k];
-    const std::int64_t begin = (c - batch.first_chunk[k]) * chunk_elements;
-    const std::int64_t end = min64(e.n, begin + chunk_elements);
+  for_each_chunk(batch, [&acc](const squares_entry<T>& e, std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       const double v = static_cast<double>(e.x[i]);
       acc += v * v;
     }
-  }
+  });
   acc = block_reduce<multi_threads>(acc, sum_op{});
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -5395,14 +5398,9 @@ struct scale_entry {
 
 template <class T>
 __global__ void __launch_bounds__(multi_threads) scale_kernel(const __grid_constant__ tensor_batch<scale_entry<T>> batch, T factor) {
-  const std::int64_t chunks = batch.first_chunk[batch.count];
-  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const int k = entry_of_chunk(batch, c);
-    const auto& e = batch.entries[k];
-    const std::int64_t begin = (c - batch.first_chunk[k]) * chunk_elements;
-    const std::int64_t end = min64(e.n, begin + chunk_elements);
+  for_each_chunk(batch, [factor](const scale_entry<T>& e, std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) e.x[i] *= factor;
-  }
+  });
 }
 
 // Cuts `count` entries into batches and calls launch(batch, blocks) for each; `make(i, entry)`
@@ -5511,7 +5509,7 @@ void sum_of_squares(cuda, std::span<const std::span<const T>> tensors, double* o
 }
 
 // Every tensor's values times `factor`, in place, in as few launches as fit (the clip's scaling:
-// a launch per gradient was 148 launches a GPT-2 step).
+// one launch a batch of tensors, not one a gradient).
 template <class T>
 void scale_all(cuda, std::span<const std::span<T>> tensors, T factor) {
   using entry = cuda_detail::scale_entry<T>;
