@@ -16,7 +16,7 @@ class output_file {
  public:
   explicit output_file(std::string path) : path_(std::move(path)) {
 #ifdef DECENTRAIN_BENCH_COMPILE_ONLY
-    decentrain::detail::fail("this benchmark was built only to check that it compiles (at -Og, scripts/test): "
+    decentrain::detail::fail("this benchmark was built only to check that it compiles (scripts/test): "
                              "configure with -DDECENTRAIN_BENCH_COMPILE_ONLY=OFF to measure");
 #endif
     const auto folder = std::filesystem::path(path_).parent_path();
