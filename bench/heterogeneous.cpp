@@ -4,6 +4,10 @@
 // links (--link), each inner step charged --step-seconds / speed of simulated time (the
 // deterministic simulator). Rows (--only, ',' between names):
 //   sync                  synchronous all-reduce every step, equal batches
+//   sync-target           sync with a target batch of peers x batch rows a step (the same rows as
+//                         sync's), each peer adding up micro-batches of batch / --micro-batches rows
+//                         (each charged that share of an inner step), as many as its speed makes
+//                         its share (sized after step 0, then every 10 steps)
 //   diloco-equal          DiLoCo, every peer H inner steps a round
 //   diloco-sized          DiLoCo with sized_to_speed: H_i = H s_slowest / s_i, sized after step 0
 //   diloco-homogeneous    DiLoCo on 8 peers all at the speeds' mean, for as many steps as give the
@@ -16,7 +20,8 @@
 // per peer, and the inner steps all peers took (x rows x tokens: the tokens trained).
 //
 //   bench_heterogeneous [--data FILE] [--steps 600] [--peers 8] [--inner-steps 50] [--fastest 4]
-//                       [--link heterogeneous] [--step-seconds 0.1] [--only ...] [--json heterogeneous.json]
+//                       [--link heterogeneous] [--step-seconds 0.1] [--micro-batches 4] [--only ...]
+//                       [--json heterogeneous.json]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -105,10 +110,11 @@ int main(int argc, char** argv) try {
   s.step_seconds = std::stod(value("step-seconds", "0.1"));
   s.inner_steps = std::stoll(value("inner-steps", "50"));
   const double fastest = std::stod(value("fastest", "4"));
+  const std::int64_t micro_batches = std::stoll(value("micro-batches", "4"));
   const std::string json_path = value("json", "heterogeneous.json");
   std::vector<std::string> only;
   {
-    std::stringstream in(value("only", "sync,sync-homogeneous,diloco-equal,diloco-sized,diloco-homogeneous"));
+    std::stringstream in(value("only", "sync,sync-target,sync-homogeneous,diloco-equal,diloco-sized,diloco-homogeneous"));
     for (std::string item; std::getline(in, item, ',');) only.push_back(item);
   }
   auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "600")));
@@ -125,6 +131,18 @@ int main(int argc, char** argv) try {
   double sized_tokens_steps = -1;  // inner steps of diloco-sized, all peers together
   for (const auto& name : only) {
     if (name == "sync") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, s.speeds, recipe.model, opts, recipe.data));
+    else if (name == "sync-target") {
+      dt::detail::check(micro_batches >= 1 && opts.batch_size % micro_batches == 0, "bench_heterogeneous: --micro-batches ",
+                        micro_batches, " must divide the batch of ", opts.batch_size, " rows");
+      dt::comm::sync_allreduce<> target;
+      target.target_batch = opts.batch_size * s.peers;
+      auto micro = opts;
+      micro.batch_size = opts.batch_size / micro_batches;
+      auto charged = s;  // a micro-batch costs its share of an inner step
+      charged.step_seconds = s.step_seconds / static_cast<double>(micro_batches);
+      rows.push_back(run(name, target, charged, s.speeds, recipe.model, micro, recipe.data));
+      rows.back().inner_steps /= static_cast<double>(micro_batches);  // (in inner steps of the batch's rows)
+    }
     else if (name == "sync-homogeneous") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, even, recipe.model, opts, recipe.data));
     else if (name == "diloco-equal") rows.push_back(run(name, diloco(s, false), s, s.speeds, recipe.model, opts, recipe.data));
     else if (name == "diloco-sized") {
@@ -137,7 +155,7 @@ int main(int argc, char** argv) try {
       rows.push_back(run(name, diloco(s, false), s, even, recipe.model, same_tokens, recipe.data));
     } else {
       dt::detail::fail("bench_heterogeneous: unknown row '", name,
-                       "' (sync, sync-homogeneous, diloco-equal, diloco-sized, diloco-homogeneous)");
+                       "' (sync, sync-target, sync-homogeneous, diloco-equal, diloco-sized, diloco-homogeneous)");
     }
   }
 
@@ -161,6 +179,12 @@ int main(int argc, char** argv) try {
                 "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%)\n",
                 sized->simulated_s / homogeneous->simulated_s, 100 * (sized->val_loss / homogeneous->val_loss - 1),
                 sized->util_lowest >= 0.95 ? "yes" : "no", 100 * sized->util_lowest);
+  if (const auto *target = find("sync-target"), *homogeneous = find("sync-homogeneous"); target && homogeneous)
+    std::printf("sync-target against sync-homogeneous (the same rows a step): time %.3fx, loss %+.2f%%, the least busy "
+                "peer %.1f%% (sync with equal batches: %s)\n",
+                target->simulated_s / homogeneous->simulated_s, 100 * (target->val_loss / homogeneous->val_loss - 1),
+                100 * target->util_lowest,
+                find("sync") ? dt::detail::concat(100 * find("sync")->util_lowest, "%").c_str() : "not run");
 
   std::ostringstream out;
   out << "{\n  \"peers\": " << s.peers << ", \"link\": \"" << s.link << "\", \"step_seconds\": " << s.step_seconds

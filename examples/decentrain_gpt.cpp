@@ -365,6 +365,13 @@ void declare_train(CLI::App& cmd) {
             "takes 1 - ALPHA of the new global ones",
             0.5, 0, 1)
       ->group(comm);
+  cli::integer(cmd, "target-batch", "ROWS",
+               "sync: rows a step for the whole group (hivemind's target batch): each\n"
+               "peer adds up micro-batches of --batch-size rows, as many as its measured\n"
+               "speed makes its share, and weighs by its rows; for peers of different\n"
+               "speeds (--speeds, or different machines). Default: off",
+               std::nullopt, 1, std::int64_t{1} << 40)
+      ->group(comm);
   cli::flag(cmd, "sized-to-speed",
             "diloco: work sized to speed (DyLU): from the second step on, each peer\n"
             "takes as many inner steps as it computes while the slowest takes H, and\n"
@@ -1530,6 +1537,9 @@ int cmd_train(const options& opt) {
   dt::detail::check(!sized_to_speed || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer),
                     "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco (without --overlap, --eager or "
                     "--outer-averaging moshpit)");
+  const std::int64_t target_batch = opt.has("target-batch") ? opt.integer("target-batch") : 0;
+  dt::detail::check(target_batch == 0 || comm == "sync", "--target-batch sizes synchronous steps: it needs --comm sync, not ",
+                    comm, " (--sized-to-speed sizes DiLoCo's rounds)");
   const bool outer = comm == "diloco" || streaming;
   const double outer_lr = outer ? opt.real("outer-lr") : 0.0;
   const double outer_momentum = outer ? opt.real("outer-momentum") : 0.0;
@@ -1566,6 +1576,10 @@ int cmd_train(const options& opt) {
   pipeline_settings(opt, p);
   dt::detail::check(!sized_to_speed || p.parallel.stages() == 1, "--sized-to-speed gives a peer several inner steps in ",
                     "one step, which a peer holding one stage of a pipeline cannot take: it needs --parallel data");
+  dt::detail::check(target_batch == 0 || p.parallel.stages() == 1, "--target-batch adds micro-batches up on a peer holding ",
+                    "the whole model: it needs --parallel data, not ", opt.text("parallel"));
+  dt::detail::check(target_batch == 0 || target_batch >= p.trainer.batch_size, "--target-batch ", target_batch,
+                    " is less than one micro-batch of --batch-size ", p.trainer.batch_size, " rows");
   dt::detail::check(!p.parallel.swarm || !graph, "--parallel swarm cannot take --comm ", comm, ": a stage's pool ",
                     "averages weighted by the rows each peer processed, and ", comm, " weighs its neighbours equally (use sync, ",
                     "local-sgd, diloco, streaming-diloco or moshpit)");
@@ -1629,6 +1643,7 @@ int cmd_train(const options& opt) {
         .add("activation_codec", p.parallel.pipe.codec.describe());
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
   if (sized_to_speed) p.run.add("sized_to_speed", true);
+  if (target_batch > 0) p.run.add("target_batch", target_batch);
   if (eager) p.run.add("fragments", fragments).add("eager", true);
   else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
 
@@ -1644,6 +1659,7 @@ int cmd_train(const options& opt) {
          << ";activation_codec=" << p.parallel.codec().describe() << ";rebalance_every=" << p.parallel.pools.rebalance_every;
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
   if (sized_to_speed) agreed << ";sized_to_speed=1";
+  if (target_batch > 0) agreed << ";target_batch=" << target_batch;
   if (graph) agreed << ";topology=" << topology;
   if (choco) agreed << ";consensus_step=" << opt.real("consensus-step");
   if (push_sum) agreed << ";osgp=" << osgp;
@@ -1657,6 +1673,7 @@ int cmd_train(const options& opt) {
   if (comm == "sync") {
     cli::sync_policy policy;
     policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
+    policy.target_batch = target_batch;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
     return train_with(p, data.dataset, policy);

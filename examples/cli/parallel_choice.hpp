@@ -38,6 +38,7 @@ struct parallel_choice {
   static constexpr bool check_model() {
     return pipeline_type::check_model<Ctx>() && swarm_type::check_model<Ctx>();
   }
+  bool accumulates_gradients() const { return !swarm; }
   template <class Ctx>
   dt::parallel::step_result forward_backward(Ctx& ctx) {
     return swarm ? pools.forward_backward(ctx) : pipe.forward_backward(ctx);

@@ -9855,6 +9855,25 @@ struct norm_share {
   std::function<double(double)> total;
 };
 
+// Every gradient times `coef`: in place where nobody else sees the gradient (as PyTorch's mul_:
+// a scaled copy of every gradient would hold a second set of them until the last was done), all
+// of one type in one multi-tensor call (a GPU launch per gradient otherwise).
+template <class Device>
+void scale_grads(parameter_list<Device>& params, double coef) {
+  std::vector<std::span<float>> f32_in_place;
+  std::vector<std::span<double>> f64_in_place;
+  for (auto& e : params) {
+    auto& g = e.param.grad();
+    if (!g.defined()) continue;
+    if (!g.is_sole_owner()) g = math::affine(g, coef);
+    else if (g.dtype() == dtype::f32) f32_in_place.emplace_back(g.template data<float>(), static_cast<std::size_t>(g.numel()));
+    else if (g.dtype() == dtype::f64) f64_in_place.emplace_back(g.template data<double>(), static_cast<std::size_t>(g.numel()));
+    else g = math::affine(g, coef);
+  }
+  kernels::scale_all(Device{}, std::span<const std::span<float>>(f32_in_place), static_cast<float>(coef));
+  kernels::scale_all(Device{}, std::span<const std::span<double>>(f64_in_place), coef);
+}
+
 // Returns the norm before clipping (for logging). Parameters without gradients are ignored.
 template <class Device>
 double clip_grad_norm(parameter_list<Device>& params, double max_norm, const norm_share& share) {
@@ -9886,21 +9905,7 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm, const nor
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     grads.clear();  // so each gradient below is held by its parameter alone
-    std::vector<std::span<float>> f32_in_place;
-    std::vector<std::span<double>> f64_in_place;
-    for (auto& e : params) {
-      auto& g = e.param.grad();
-      if (!g.defined()) continue;
-      // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
-      // every gradient would hold a second set of them until the last was done.
-      if (!g.is_sole_owner()) g = math::affine(g, coef);
-      else if (g.dtype() == dtype::f32) f32_in_place.emplace_back(g.template data<float>(), static_cast<std::size_t>(g.numel()));
-      else if (g.dtype() == dtype::f64) f64_in_place.emplace_back(g.template data<double>(), static_cast<std::size_t>(g.numel()));
-      else g = math::affine(g, coef);
-    }
-    // All of one type in one multi-tensor call (a GPU launch per gradient otherwise).
-    kernels::scale_all(Device{}, std::span<const std::span<float>>(f32_in_place), static_cast<float>(coef));
-    kernels::scale_all(Device{}, std::span<const std::span<double>>(f64_in_place), coef);
+    scale_grads(params, coef);
   }
   return norm;
 }
@@ -23033,6 +23038,109 @@ struct speed_sizing {
   }
 };
 
+// A target batch (a synchronous policy's target_batch: hivemind's rule): a step ends once the
+// replicas together have trained on the target's rows, each taking micro-batches as its speed
+// allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
+// (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
+// the replicas exchange those after the first step and then every `every` steps (an all-gather of
+// two numbers each), and until then each takes an equal share. The target's micro-batches are
+// then dealt so that the step's longest compute is least (shares()), the same on every replica.
+struct batch_sizing {
+  // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
+  struct cost {
+    double batch_s = 0, fixed_s = 0;
+  };
+  std::int64_t every = 10;     // steps between exchanges of the costs
+  double passes_s = 0;         // since the last exchange: the micro-batches' compute seconds,
+  double fixed_s = 0;          // the rest of the steps' compute seconds,
+  std::int64_t taken = 0;      // the micro-batches,
+  std::int64_t steps = 0;      // and the steps
+  std::int64_t current = 0;    // this replica's micro-batches a step (0: an equal share, not sized yet)
+  std::int64_t through = -1;   // the last step counted (a redone after_step counts once)
+
+  // Micro-batches this replica takes in a step, of `total` for the group of `world`.
+  std::int64_t share(std::int64_t total, int world) const {
+    return current > 0 ? current : (total + world - 1) / world;
+  }
+  // `total` micro-batches dealt to replicas of these costs so that the longest of their steps,
+  // fixed_s + k batch_s, is least, at least one each: the level of time at which they would have
+  // taken the total (bisected), then each next one to the replica that would finish it soonest
+  // (the lowest rank on a tie). A cost that is not a number, or a micro-batch that costs nothing
+  // (unmeasured, or from a peer that lies), gives every replica an equal share.
+  static std::vector<std::int64_t> shares(std::int64_t total, const std::vector<cost>& costs) {
+    const auto n = static_cast<std::int64_t>(costs.size());
+    std::vector<std::int64_t> k(costs.size(), (total + n - 1) / n);
+    double hi = 0;
+    for (const auto& c : costs) {
+      if (!(c.batch_s > 0) || !std::isfinite(c.batch_s) || !(c.fixed_s >= 0) || !std::isfinite(c.fixed_s)) return k;
+      hi = std::max(hi, c.fixed_s + static_cast<double>(total) * c.batch_s);
+    }
+    if (!std::isfinite(hi)) return k;
+    // Micro-batches each replica finishes by time t (at least one, at most the total), and their sum.
+    const auto by = [&](double t) {
+      std::int64_t sum = 0;
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        const double fit = std::floor((t - costs[i].fixed_s) / costs[i].batch_s);
+        k[i] = fit < 1 ? 1 : fit > static_cast<double>(total) ? total : static_cast<std::int64_t>(fit);
+        sum += k[i];
+      }
+      return sum;
+    };
+    double lo = 0;
+    for (int i = 0; i < 200 && lo < hi; ++i) {
+      const double mid = lo + (hi - lo) / 2;
+      if (mid <= lo || mid >= hi) break;
+      (by(mid) >= total ? hi : lo) = mid;
+    }
+    for (std::int64_t dealt = by(lo); dealt < total; ++dealt) {
+      std::size_t soonest = 0;
+      const auto finish = [&](std::size_t i) { return costs[i].fixed_s + static_cast<double>(k[i] + 1) * costs[i].batch_s; };
+      for (std::size_t i = 1; i < k.size(); ++i)
+        if (finish(i) < finish(soonest)) soonest = i;
+      ++k[soonest];
+    }
+    return k;
+  }
+  template <class Ctx>
+  void add(Ctx& ctx, std::int64_t total) {
+    if (ctx.step <= through) return;
+    through = ctx.step;
+    passes_s += ctx.step_passes_s;
+    fixed_s += ctx.step_compute_s - ctx.step_passes_s;
+    taken += ctx.local_steps;
+    ++steps;
+    if (ctx.step != 0 && (ctx.step + 1) % every != 0) return;
+    const cost mine{taken > 0 ? passes_s / static_cast<double>(taken) : 0.0,
+                    steps > 0 ? std::max(0.0, fixed_s / static_cast<double>(steps)) : 0.0};
+    const auto costs = ctx.replicas.all_gather(std::span<const cost>(&mine, 1));
+    current = shares(total, costs)[static_cast<std::size_t>(ctx.replicas.rank())];
+    *this = {.every = every, .current = current, .through = through};
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    save_exact(c, prefix + "batch_passes_s", passes_s);
+    save_exact(c, prefix + "batch_fixed_s", fixed_s);
+    c.counters[prefix + "batch_taken"] = taken;
+    c.counters[prefix + "batch_steps"] = steps;
+    c.counters[prefix + "batch_current"] = current;
+    c.counters[prefix + "batch_through"] = through;
+  }
+  // A checkpoint without them (written without a target batch) starts unmeasured.
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    *this = {.every = every};
+    const auto passes = load_exact(c, prefix + "batch_passes_s", "a number of seconds");
+    if (!passes) return;
+    passes_s = *passes;
+    fixed_s = load_exact(c, prefix + "batch_fixed_s", "a number of seconds").value_or(0.0);
+    taken = c.counter(prefix + "batch_taken");
+    steps = c.counter(prefix + "batch_steps");
+    current = c.counter(prefix + "batch_current");
+    through = c.counter(prefix + "batch_through");
+    decentrain::detail::check(taken >= 0 && steps >= 0 && current >= 0, "checkpoint: '", prefix, "batch_taken' (", taken,
+                              "), '", prefix, "batch_steps' (", steps, ") or '", prefix, "batch_current' (", current,
+                              ") is negative");
+  }
+};
+
 // Every replica must use the same settings (`settings`: a policy's graph, period, ...), or the
 // sends of one meet receives of another that never come: one 16-byte comparison, and where they
 // differ every peer fails with "<mismatch> (this one: <settings>); every peer must use <what>".
@@ -25207,7 +25315,11 @@ struct streaming_diloco {
 // The data-parallel baseline (DDP): every step, gradients are averaged across the replicas with
 // one all-reduce of the flattened gradient (through Codec, combined by Aggregator: the mean, or
 // a robust aggregator against peers that send poison), so every replica applies the same update.
+// With a target batch (hivemind's rule for peers of different speeds), each replica adds up as many
+// micro-batches of its rows a step as its speed makes its share of the target, so the fast ones do
+// not wait for the slow ones, and the replicas' gradients weigh by the rows each took.
 
+#include <cstdint>
 #include <vector>
 
 
@@ -25229,30 +25341,70 @@ struct sync_allreduce {
   // say) instead of equally: the mean scales them (one all-reduce of a number more a step), a
   // robust aggregator weighs them (collective::encoded_all_reduce). Every replica the same.
   bool weighted = false;
+  // Rows a step for the whole group (0: off, each replica takes batch_size rows a step). Each
+  // replica takes micro-batches of batch_size rows, as many as its measured speed makes its share
+  // (comm/policy.hpp's batch_sizing: re-measured every resize_every steps), adds their gradients
+  // up (the trainer: accumulates()), and weighs by its rows (as `weighted`). Every replica the same.
+  std::int64_t target_batch = 0;
+  std::int64_t resize_every = 10;
 
   template <class Ctx>
   void start(Ctx& ctx) {
+    decentrain::detail::check(target_batch >= 0, "sync_allreduce: target_batch must be >= 0 (0: off), got ", target_batch);
+    decentrain::detail::check(resize_every >= 1, "sync_allreduce: resize_every must be >= 1, got ", resize_every);
+    decentrain::detail::check(target_batch == 0 || target_batch >= ctx.batch_size, "sync_allreduce: target_batch (",
+                              target_batch, " rows) is less than one micro-batch of batch_size (", ctx.batch_size, " rows)");
     prepare_codec(codec, aggregator, ctx);
-    check_weighs(aggregator, weighted, "sync_allreduce");
-    if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
+    check_weighs(aggregator, weighs(), "sync_allreduce");
+    micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
+    world_ = ctx.replicas.world();
+    sizing_.every = resize_every;
+    if (!ctx.resumed) {
+      broadcast_parameters(ctx, buffer_);
+      sizing_ = batch_sizing{.every = resize_every};
+    }
+  }
+  // With a target batch: a step's inner steps are micro-batches whose gradients add up (the trainer).
+  bool accumulates() const { return target_batch > 0; }
+  // Micro-batches this replica takes in `step` (its share of the target batch), else 1.
+  std::int64_t local_steps(std::int64_t) const {
+    return target_batch > 0 ? sizing_.share(micro_batches_, world_) : 1;
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
     collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
-                         weight_if(weighted, ctx.step_weight));
+                         weight_if(weighs(), ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
-  void after_step(Ctx&) {}
-  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.sync.codec."); }
-  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.sync.codec."); }
+  void after_step(Ctx& ctx) {
+    if (target_batch == 0) return;
+    sizing_.add(ctx, micro_batches_);
+    world_ = ctx.replicas.world();
+  }
+  void save(io::checkpoint& c) const {
+    save_codec(codec, c, "comm.sync.codec.");
+    if (target_batch > 0) sizing_.save(c, "comm.sync.");
+  }
+  void load(const io::checkpoint& c) {
+    load_codec(codec, c, "comm.sync.codec.");
+    sizing_.every = resize_every;
+    sizing_.load(c, "comm.sync.");
+  }
+  // This replica's micro-batches a step under a target batch (0 until the first exchange of speeds).
+  std::int64_t sized_micro_batches() const { return sizing_.current; }
 
  private:
+  bool weighs() const { return weighted || target_batch > 0; }
+
   std::vector<float> buffer_;
+  batch_sizing sizing_;
+  std::int64_t micro_batches_ = 0;  // of the whole group a step: target_batch in micro-batches
+  int world_ = 1;
   collective::aggregation_record aggregation_;
 };
 
@@ -25338,6 +25490,8 @@ namespace decentrain::parallel {
 struct data {
   using policy_concept = policy_tag;
   static constexpr const char* name = "data";
+  // Adds a step's inner steps' gradients up where the trainer asks (ctx.accumulating).
+  bool accumulates_gradients() const { return true; }
 
   placement place(int, int world) const { return everyone(world); }
 
@@ -25362,7 +25516,7 @@ struct data {
     auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed,
                                                   ctx.sub_step * world + ctx.comm.rank(), (ctx.sub_step + 1) * world);
     auto loss = ctx.model.loss(to_device<D>(x), to_device<D>(y), &ctx.dropout);
-    ctx.parameters.zero_grad();
+    if (!ctx.accumulating || ctx.sub_step == 0) ctx.parameters.zero_grad();  // (else added to: ctx.accumulating)
     loss.backward();
     return {loss.item(), B, B * T, static_cast<double>(B)};
   }
@@ -26482,6 +26636,9 @@ template <class Codec = compress::identity>
 struct pipeline {
   using policy_concept = policy_tag;
   static constexpr const char* name = "pipeline";
+  // Adds a step's inner steps' gradients up where the trainer asks (ctx.accumulating); a peer
+  // holding one stage of several takes one inner step a step (the trainer refuses more).
+  bool accumulates_gradients() const { return true; }
 
   int stages = 2;
   int micro_batches = 1;         // per step and copy of the pipeline; at most the rows per step
@@ -26579,7 +26736,7 @@ struct pipeline {
   template <class Ctx>
   step_result forward_backward(Ctx& ctx) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::train, ctx.step, micro_batches);
-    ctx.parameters.zero_grad();
+    if (!ctx.accumulating || ctx.sub_step == 0) ctx.parameters.zero_grad();  // (else added to: ctx.accumulating)
     const auto stats = run(ctx, program_for(ctx, micro_batches), micro, true);
     sum_tied(ctx);
     last_ = stats;
@@ -26621,7 +26778,8 @@ struct pipeline {
   const schedule::run_stats& last_run() const { return last_; }
 
  private:
-  // This copy's rows of the step (as data parallelism gives them to rank `copy` of `copies`),
+  // This copy's rows of the step (as data parallelism gives them to rank `copy` of `copies`, and
+  // to each of a step's inner steps rows of its own: ctx.sub_step, where work is sized to speed),
   // cut into `count` micro-batches as even as they go.
   template <class Ctx>
   std::vector<schedule::micro_batch> micro_batches_of(Ctx& ctx, decentrain::data::split split, std::int64_t index,
@@ -26632,7 +26790,8 @@ struct pipeline {
     // One stage: every peer is a copy, of the group as it stands (fault::elastic re-forms it).
     const int copies = ctx.comm.world() / ctx.placement.stages;
     const int copy = ctx.placement.stages == 1 ? ctx.comm.rank() : ctx.placement.copy;
-    auto [x, y] = ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, copy, copies);
+    const std::int64_t sub = split == decentrain::data::split::train ? ctx.sub_step : 0;
+    auto [x, y] = ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, sub * copies + copy, (sub + 1) * copies);
     std::vector<schedule::micro_batch> out;
     for (std::int64_t m = 0, row = 0; m < count; ++m) {
       const std::int64_t rows = B / count + (m < B % count ? 1 : 0);
@@ -30662,7 +30821,13 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        the inner steps this peer takes in `step` (work
 //                                                        sized to speed: diloco's sized_to_speed), each on
 //                                                        rows of its own; its after_backward must then
-//                                                        exchange nothing;
+//                                                        exchange nothing, unless
+//                                                        bool accumulates() const says they are
+//                                                        micro-batches of one step (sync's target_batch):
+//                                                        their gradients add up (where the parallel
+//                                                        policy's bool accumulates_gradients() const
+//                                                        says it does) and after_backward and the
+//                                                        optimizer run once, after the last;
 //                                                        void size_state(Ctx&), its per-parameter state at
 //                                                        the model's size before the fault policy starts,
 //                                                        so that a state taken from a peer lands in it;
@@ -30777,6 +30942,12 @@ struct peer_context {
   // after_step, the compute seconds the step took on this peer's clock (all its inner steps).
   std::int64_t sub_step = 0, local_steps = 1;
   double step_compute_s = 0;
+  double step_passes_s = 0;  // of step_compute_s, the forward and backward passes (the rest: the
+                             // optimizer and the clip, once an inner step or, accumulating, a step)
+  // Set where the policy's inner steps are micro-batches of one step (its accumulates(): sync's
+  // target batch): the parallel policy then keeps the gradients of the step's earlier inner steps
+  // and adds to them, and the trainer exchanges and steps the optimizer once, after the last.
+  bool accumulating = false;
   double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
                                 // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step
@@ -30868,6 +31039,10 @@ constexpr bool check_comm_policy() {
       static_assert(requires(const P& p, std::int64_t step) { { p.local_steps(step) } -> std::convertible_to<std::int64_t>; },
                     "comm policy: local_steps must read `std::int64_t local_steps(std::int64_t step) const` (the inner "
                     "steps this peer takes in `step`, at least 1)");
+    if constexpr (requires { &P::accumulates; })
+      static_assert(requires(const P& p) { { p.accumulates() } -> std::convertible_to<bool>; },
+                    "comm policy: accumulates must read `bool accumulates() const` (whether a step's inner steps are "
+                    "micro-batches whose gradients add up, exchanged and stepped once)");
     if constexpr (requires { P::per_parameter_state; })
       static_assert(requires {
         std::string(*std::begin(P::per_parameter_state));
@@ -32214,7 +32389,9 @@ class trainer {
           }
           dropout_.set_state(dropout_before);
           const double compute_before = compute_s_;
+          double passes_s = 0;  // of that, the forward and backward passes
           ctx.local_steps = local_steps();
+          ctx.accumulating = accumulates();
           parallel::step_result total{0.0, 0, 0, 0.0};
           out.lr = schedule_(step_);  // (every inner step of a step at the step's rate)
           ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
@@ -32231,7 +32408,16 @@ class trainer {
             // Before the exchange, so simulated links see it start after the compute; a network that
             // models a step's compute (deterministic in_process) takes its own figure.
             // (a policy that charged its compute as it went waited in between: the rest is not compute)
+            const double passes_before = compute_s_;
             computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
+            passes_s += compute_s_ - passes_before;
+            if (ctx.accumulating) {
+              // Micro-batches of one step: the gradients add up until the last, which then holds
+              // their mean and weighs as all of them.
+              if (ctx.sub_step + 1 < ctx.local_steps) continue;
+              if (ctx.local_steps > 1) optim::scale_grads(ctx.parameters, 1.0 / static_cast<double>(ctx.local_steps));
+              ctx.step_weight = total.weight;
+            }
             counted([&] { policy_.after_backward(ctx); });
             // A parallel policy that finishes the gradients once the replicas' exchange is done
             // (SWARM's tied parameters, summed between the end stages' pools).
@@ -32247,6 +32433,7 @@ class trainer {
           out.result.loss = total.loss / static_cast<double>(ctx.local_steps);
           ctx.step_weight = total.weight;
           ctx.step_compute_s = compute_s_ - compute_before;
+          ctx.step_passes_s = passes_s;
           stepped = true;
         }
         counted([&] { policy_.after_step(ctx); });
@@ -33022,6 +33209,20 @@ class trainer {
 
   static double unix_now() {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  // Whether the policy's inner steps are micro-batches of one step (its accumulates(): gradients
+  // add up over them, one exchange and one optimizer step), which the parallel policy must do.
+  bool accumulates() const {
+    if constexpr (requires { { policy_.accumulates() } -> std::convertible_to<bool>; }) {
+      if (!policy_.accumulates()) return false;
+      if constexpr (requires(const ParallelPolicy& p) { { p.accumulates_gradients() } -> std::convertible_to<bool>; })
+        if (parallel_.accumulates_gradients()) return true;
+      decentrain::detail::fail("trainer: the communication policy adds a step's micro-batches up (sync_allreduce's "
+                               "target_batch), which this parallel policy does not do (parallel::data and the pipeline do)");
+    } else {
+      return false;
+    }
   }
 
   // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.

@@ -480,6 +480,24 @@ TEST_CASE("train --peers --speeds: a peer 4x as fast is charged a quarter of the
   CHECK(ratio < 6.5);
 }
 
+namespace {
+
+// Rank 1's compute over its clock at its last step, in a run of the program with `args` and
+// --metrics `file`.
+double rank1_busy(const std::string& args, const fs::path& dir, const char* file) {
+  const auto r = run(cli() + args + " --metrics " + file, dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const auto m = read_metrics(dir / file);
+  double util = -1;
+  for (std::size_t i = 0; i < m.parsed.size(); ++i)
+    if (m.event(i) == "step" && m.parsed[i].at("rank").as_int() == 1)
+      util = std::stod(m.parsed[i].at("compute_s").text) / std::stod(m.parsed[i].at("clock_s").text);
+  return util;
+}
+
+}  // namespace
+
 TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps instead of waiting", "[cli][peers]") {
   const auto dir = scratch("sized");
   // Four rounds of H = 4 on peers of speeds 1 and 4: equal steps leave the fast peer computing
@@ -487,17 +505,7 @@ TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps ins
   // compute is timed on each peer's thread clock, so the sizing follows what the machine gave it).
   const std::string args = " train --comm diloco --inner-steps 4 --steps 16 --batch-size 8 --eval-batches 1 --eval-every 100"
                            " --threads 1 --n-layer 1 --n-embd 64 --n-head 2 --block-size 32 --peers 2 --speeds 1,4";
-  const auto fast_utilisation = [&](const std::string& extra, const char* file) {
-    const auto r = run(cli() + args + extra + " --metrics " + file, dir);
-    INFO(r.output);
-    REQUIRE(r.status == 0);
-    const auto m = read_metrics(dir / file);
-    double util = -1;
-    for (std::size_t i = 0; i < m.parsed.size(); ++i)
-      if (m.event(i) == "step" && m.parsed[i].at("rank").as_int() == 1)
-        util = std::stod(m.parsed[i].at("compute_s").text) / std::stod(m.parsed[i].at("clock_s").text);
-    return util;
-  };
+  const auto fast_utilisation = [&](const std::string& extra, const char* file) { return rank1_busy(args + extra, dir, file); };
   const double equal = fast_utilisation("", "equal.jsonl");
   const double sized = fast_utilisation(" --sized-to-speed", "sized.jsonl");
   INFO("the fast peer's utilisation: " << equal << " with equal steps, " << sized << " sized to speed");
@@ -509,6 +517,33 @@ TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps ins
   CHECK_THAT(r.output, Contains("--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco"));
   r = run(cli() + args + " --sized-to-speed --parallel pipeline --stages 2 --n-layer 2", dir);
   CHECK_THAT(r.output, Contains("--sized-to-speed gives a peer several inner steps in one step"));
+}
+
+TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {
+  const auto dir = scratch("target_batch");
+  // 16 steps on peers of speeds 1 and 4: equal batches of 16 rows leave the fast peer computing a
+  // quarter of the time; with a target of 32 rows (8 micro-batches of 4 rows), sized after its
+  // first step by what its micro-batches and the rest of its step cost it, it takes most of them
+  // and computes most of the time.
+  const std::string args = " train --comm sync --steps 16 --batch-size 4 --eval-batches 1 --eval-every 100"
+                           " --threads 1 --n-layer 1 --n-embd 64 --n-head 2 --block-size 32 --peers 2 --speeds 1,4";
+  const auto fast_utilisation = [&](const std::string& extra, const char* file) { return rank1_busy(args + extra, dir, file); };
+  const double equal = fast_utilisation(" --batch-size 16", "equal.jsonl");
+  const double target = fast_utilisation(" --target-batch 32", "target.jsonl");
+  INFO("the fast peer's utilisation: " << equal << " with equal batches, " << target << " with a target batch");
+  CHECK(read_metrics(dir / "target.jsonl").parsed.at(0).at("target_batch").as_int() == 32);
+  CHECK(equal < 0.45);
+  CHECK(target > 0.6);  // (a margin for a loaded machine)
+
+  auto r = run(cli() + args + " --target-batch 16 --comm diloco", dir);
+  CHECK_THAT(r.output, Contains("--target-batch sizes synchronous steps: it needs --comm sync, not diloco"));
+  r = run(cli() + args + " --target-batch 16 --parallel pipeline --stages 2 --n-layer 2", dir);
+  CHECK_THAT(r.output, Contains("--target-batch adds micro-batches up on a peer holding the whole model"));
+  r = run(cli() + args + " --target-batch 2", dir);
+  CHECK_THAT(r.output, Contains("--target-batch 2 is less than one micro-batch of --batch-size 4 rows"));
+  r = run(cli() + args + " --target-batch 0", dir);
+  CHECK_THAT(r.output, Contains("--target-batch"));
+  CHECK(r.status != 0);
 }
 
 TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]") {

@@ -1,13 +1,15 @@
-// DiLoCo's work sized to speed (sized_to_speed, DyLU): on simulated peers of different speeds
-// (deterministic in_process: a peer's inner step costs step_seconds / speed of its clock), each
+// Work sized to speed on simulated peers of different speeds (deterministic in_process: a peer's
+// inner step costs step_seconds / speed of its clock). DiLoCo's sized_to_speed (DyLU): each
 // replica takes inner steps in proportion to its speed (sized after its first step), its rows of its
 // own for each, its pseudo-gradient weighed by its rows; and a run resumed mid-round ends as
-// the whole run does.
+// the whole run does. Sync's target batch (hivemind's rule): each replica adds up micro-batches
+// in proportion to its speed, their mean gradient weighed by its rows, one exchange a step.
 #include <catch2/catch.hpp>
 
 #include <decentrain/decentrain.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -38,14 +40,14 @@ struct sized_run {
   std::vector<std::vector<dt::train::step_metrics>> by_step;  // by rank
 };
 
-// Trains peers of `speeds` under DiLoCo (wrapped in fixture::probe, which records each peer's
+// Trains peers of `speeds` under the policy (DiLoCo wrapped in fixture::probe records each peer's
 // parameters before the last exchange into *before_last), from `saved` where given, stopping
 // after `stop_after` steps (returning each peer's checkpoint in *saved_out) where >= 0.
 template <class Policy>
-sized_run train(const std::vector<double>& speeds, const fixture::probe<Policy>& policy, std::int64_t steps,
+sized_run train(const std::vector<double>& speeds, const Policy& policy, std::int64_t steps,
                         const std::vector<dt::io::checkpoint>* saved = nullptr, std::int64_t stop_after = -1,
                         std::vector<dt::io::checkpoint>* saved_out = nullptr) {
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<Policy>>;
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Policy>;
   const auto n = speeds.size();
   sized_run out{std::vector<std::vector<float>>(n), std::vector<std::vector<std::int64_t>>(n),
                         std::vector<std::vector<dt::train::step_metrics>>(n)};
@@ -56,7 +58,8 @@ sized_run train(const std::vector<double>& speeds, const fixture::probe<Policy>&
     if (saved) t.restore((*saved)[r]);
     struct stop {};
     t.on_step([&](const dt::train::step_metrics& m) {  // (each peer writes its own slot)
-      out.inner_steps[r].push_back(t.policy().inner.round_inner_steps());
+      if constexpr (requires { t.policy().inner.round_inner_steps(); })
+        out.inner_steps[r].push_back(t.policy().inner.round_inner_steps());
       out.by_step[r].push_back(m);
       if (m.step == stop_after) {
         (*saved_out)[r] = t.capture();
@@ -180,29 +183,53 @@ TEST_CASE("diloco sized_to_speed: a round's inner steps spread evenly over its s
 
 namespace {
 
-// A GPT that keeps the token ids of every batch it computes a loss on (training and evaluation).
+// A GPT that keeps the token ids of every batch it computes a loss on (training and evaluation),
+// whole (parallel::data) or through its first stage (parallel::pipeline).
 struct ids_recording_gpt : dt::nn::gpt<dt::cpu> {
   using dt::nn::gpt<dt::cpu>::gpt;
-  std::vector<std::vector<std::int32_t>> seen;
+  mutable std::vector<std::vector<std::int32_t>> seen;  // (a stage's forward is const)
   dt::var<dt::cpu> loss(const dt::tensor<dt::cpu>& ids, const dt::tensor<dt::cpu>& targets, dt::rng* dropout = nullptr) {
     seen.push_back(ids.to_vector<std::int32_t>());
+    return dt::nn::gpt<dt::cpu>::loss(ids, targets, dropout);
+  }
+  dt::var<dt::cpu> stage_forward(int s, const dt::var<dt::cpu>& in, const dt::tensor<dt::cpu>& ids,
+                                 const dt::tensor<dt::cpu>& targets, dt::rng* dropout = nullptr) const {
+    if (s == 0) seen.push_back(ids.to_vector<std::int32_t>());
+    return dt::nn::gpt<dt::cpu>::stage_forward(s, in, ids, targets, dropout);
+  }
+};
+
+// A GPT that keeps each batch it computes a loss on, with the weights it had then.
+struct batch_recording_gpt : dt::nn::gpt<dt::cpu> {
+  using dt::nn::gpt<dt::cpu>::gpt;
+  struct batch {
+    dt::tensor<dt::cpu> ids, targets;
+    std::vector<float> weights;
+  };
+  std::vector<batch> batches;
+  dt::var<dt::cpu> loss(const dt::tensor<dt::cpu>& ids, const dt::tensor<dt::cpu>& targets, dt::rng* dropout = nullptr) {
+    batches.push_back({ids, targets, fixture::flat_params(parameters())});
     return dt::nn::gpt<dt::cpu>::loss(ids, targets, dropout);
   }
 };
 
 }  // namespace
 
-TEST_CASE("diloco sized_to_speed: each of a step's inner steps trains on rows of its own") {
+TEMPLATE_TEST_CASE("diloco sized_to_speed: each of a step's inner steps trains on rows of its own", "", dt::parallel::data,
+                   dt::parallel::pipeline<>) {
   // Speeds 1 and 3, H = 2, 4 steps: the fast peer takes 3 inner steps in each step after the
   // first. Rows repeated within a step (the sub-step ignored where the rows are drawn) would show
-  // as one batch seen twice; each step's and each peer's rows differ as well.
-  using Trainer = dt::train::trainer<ids_recording_gpt, dt::comm::diloco<dt::comm::outer::sgd>>;
+  // as one batch seen twice; each step's and each peer's rows differ as well. Whole models, and
+  // one-stage pipelines (data parallelism as the command line runs it).
+  using Trainer = dt::train::trainer<ids_recording_gpt, dt::comm::diloco<dt::comm::outer::sgd>, TestType>;
   dt::comm::diloco<dt::comm::outer::sgd> policy;
   policy.inner_steps = 2;
   policy.sized_to_speed = true;
+  TestType parallel{};
+  if constexpr (requires { parallel.stages; }) parallel.stages = 1;
   std::vector<std::vector<std::vector<std::int32_t>>> seen(2);
   timed_peers({1, 3}).run([&](dt::transport::in_process::endpoint& ep) {
-    Trainer t(fixture::tiny_gpt(), run_of(4), ep, policy);
+    Trainer t(fixture::tiny_gpt(), run_of(4), ep, policy, parallel);
     (void)t.fit(fixture::small_corpus().data);
     seen[static_cast<std::size_t>(ep.rank())] = t.model().seen;  // (each peer writes its own slot)
   });
@@ -213,4 +240,151 @@ TEST_CASE("diloco sized_to_speed: each of a step's inner steps trains on rows of
   for (const auto& peer : seen) all.insert(all.end(), peer.begin(), peer.end());
   std::sort(all.begin(), all.end());
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());  // no batch seen twice, by one peer or two
+}
+
+namespace {
+
+// Sync with a target batch of `rows` (micro-batches of run_of's 2 rows), its costs exchanged
+// every `every` steps; where given, each replica's gradients at step `at` before the exchange
+// (*before) and after it (*after).
+fixture::probe<dt::comm::sync_allreduce<>> target_batch_of(std::int64_t rows, std::int64_t every = 10, std::int64_t at = 0,
+                                                           std::vector<std::vector<float>>* before = nullptr,
+                                                           std::vector<std::vector<float>>* after = nullptr) {
+  fixture::probe<dt::comm::sync_allreduce<>> p;
+  p.inner.target_batch = rows;
+  p.inner.resize_every = every;
+  p.grads_at = at;
+  p.grads_before = before;
+  p.grads = after;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("sync target_batch: peers 1x and 3x share the target's micro-batches by speed, and the fast one waits no more") {
+  // A target of 8 rows: 4 micro-batches of 2 rows a step. Step 0 unmeasured: 2 each (the slow
+  // peer 2 s, the fast one 2/3 s of compute). Sized after it: 1 and 3, 1 s of compute each a step.
+  const auto run = train({1, 3}, target_batch_of(8), 6);
+  for (std::size_t r = 0; r < 2; ++r) REQUIRE(run.by_step[r].size() == 6);
+  const auto& slow = run.by_step[0];
+  const auto& fast = run.by_step[1];
+  CHECK(slow[0].compute_s == Approx(2.0));
+  CHECK(fast[0].compute_s == Approx(2.0 / 3.0));
+  for (std::size_t j = 1; j < 6; ++j) {
+    INFO("step " << j);
+    CHECK(slow[j].compute_s - slow[j - 1].compute_s == Approx(1.0));
+    CHECK(fast[j].compute_s - fast[j - 1].compute_s == Approx(1.0));
+    CHECK(fast[j].clock_s - fast[j - 1].clock_s == Approx(1.0));  // (ideal links: the exchange takes no time)
+  }
+  // Without a target: one micro-batch each a step, the fast peer computing a third of the time.
+  const auto plain = train({1, 3}, target_batch_of(0), 6);
+  CHECK(plain.by_step[1].back().compute_s == Approx(2.0));
+  CHECK(plain.by_step[1].back().clock_s == Approx(6.0));
+  // Peers of one speed and a target of one micro-batch each: the plain weighted sync, bit for bit.
+  auto weighted = target_batch_of(0);
+  weighted.inner.weighted = true;
+  CHECK(train({2, 2}, target_batch_of(4), 4).params == train({2, 2}, weighted, 4).params);
+}
+
+TEST_CASE("sync target_batch: a replica's micro-batches add up to their mean, and replicas weigh by their rows") {
+  // Speeds 1 and 3, a target of 8 rows: at step 1 the slow peer takes 1 micro-batch (2 rows), the
+  // fast one 3 (6 rows). The average after the exchange is the rows-weighted one of the replicas'
+  // gradients before it, not their plain mean.
+  std::vector<std::vector<float>> before(2), after(2);
+  (void)train({1, 3}, target_batch_of(8, 10, 1, &before, &after), 3);
+  REQUIRE(before[0].size() == before[1].size());
+  std::vector<float> by_rows(before[0].size()), mean(before[0].size());
+  for (std::size_t i = 0; i < mean.size(); ++i) {
+    by_rows[i] = (2.0f * before[0][i] + 6.0f * before[1][i]) / 8.0f;
+    mean[i] = (before[0][i] + before[1][i]) / 2.0f;
+  }
+  for (std::size_t r = 0; r < 2; ++r) CHECK(fixture::max_abs_diff(after[r], by_rows) < 1e-6);
+  CHECK(fixture::max_abs_diff(by_rows, mean) > 1e-4);
+
+  // One replica, a target of 3 micro-batches: its gradient at the exchange is the mean of the
+  // three micro-batches' gradients, each computed apart from the same weights.
+  using Trainer = dt::train::trainer<batch_recording_gpt, fixture::probe<dt::comm::sync_allreduce<>>>;
+  std::vector<std::vector<float>> alone_before(1), alone_after(1);
+  std::vector<batch_recording_gpt::batch> batches;
+  timed_peers({1}).run([&](dt::transport::in_process::endpoint& ep) {
+    Trainer t(fixture::tiny_gpt(), run_of(1), ep, target_batch_of(6, 10, 0, &alone_before, &alone_after));
+    (void)t.fit(fixture::small_corpus().data);
+    batches = t.model().batches;
+  });
+  REQUIRE(batches.size() >= 3);  // the step's three micro-batches (then the evaluation's)
+  dt::rng init(1, "init");
+  dt::nn::gpt<dt::cpu> apart(fixture::tiny_gpt(), init);
+  std::vector<float> mean_of_three;
+  for (std::size_t k = 0; k < 3; ++k) {
+    REQUIRE(batches[k].weights == batches[0].weights);  // (no optimizer step between them)
+    dt::comm::scatter_values(apart.parameters(), batches[0].weights);
+    apart.parameters().zero_grad();
+    apart.loss(batches[k].ids, batches[k].targets).backward();
+    std::vector<float> g;
+    dt::comm::gather_grads(apart.parameters(), g);
+    mean_of_three.resize(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) mean_of_three[i] += g[i] / 3.0f;
+  }
+  CHECK(fixture::max_abs_diff(alone_before[0], mean_of_three) < 1e-6);
+  CHECK(alone_before[0] == alone_after[0]);  // one replica: the exchange leaves it as it is
+}
+
+TEST_CASE("sync target_batch: a run stopped between exchanges of speeds and resumed ends bit for bit as the whole run") {
+  // Speeds 1 and 3, a target of 10 rows (5 micro-batches), speeds exchanged every 3 steps;
+  // stopped after step 4, where the sizing of step 2's exchange and what step 3 and 4 measured
+  // are in the checkpoint.
+  const auto policy = target_batch_of(10, 3);
+  const auto whole = train({1, 3}, policy, 8);
+  std::vector<dt::io::checkpoint> saved;
+  (void)train({1, 3}, policy, 8, nullptr, 4, &saved);
+  REQUIRE(saved[0].counter("comm.sync.batch_current") == 1);  // of 5: 1 and 3 whole shares, the
+  REQUIRE(saved[1].counter("comm.sync.batch_current") == 4);  // fifth to the one done with it first
+  CHECK(train({1, 3}, policy, 8, &saved).params == whole.params);
+  saved[0].text["comm.sync.batch_passes_s"] = "slow";
+  CHECK_THROWS_WITH(train({1, 3}, policy, 8, &saved), Catch::Matchers::Contains("'comm.sync.batch_passes_s' is 'slow'"));
+}
+
+TEST_CASE("sync target_batch: the micro-batches dealt keep the step's longest compute least") {
+  using sizing = dt::comm::batch_sizing;
+  const auto speeds = [](std::vector<double> v) {  // micro-batches a second, nothing else a step
+    std::vector<sizing::cost> c;
+    for (const double x : v) c.push_back({1.0 / x, 0.0});
+    return c;
+  };
+  CHECK(sizing::shares(4, speeds({1, 3})) == std::vector<std::int64_t>{1, 3});
+  CHECK(sizing::shares(5, speeds({1, 3})) == std::vector<std::int64_t>{1, 4});
+  CHECK(sizing::shares(3, speeds({1, 100})) == std::vector<std::int64_t>{1, 2});  // at least one each
+  CHECK(sizing::shares(6, speeds({2, 2, 2})) == std::vector<std::int64_t>{2, 2, 2});
+  CHECK(sizing::shares(5, speeds({1, 0, 2})) == std::vector<std::int64_t>{2, 2, 2});  // one unmeasured: equal
+  CHECK(sizing::shares(5, {{1, 0}, {std::nan(""), 0}, {1, 0}}) == std::vector<std::int64_t>{2, 2, 2});
+  CHECK(sizing::shares(5, {{1, -1}, {1, 0}}) == std::vector<std::int64_t>{3, 3});
+  // What a step costs besides its micro-batches counts: a peer 4x as fast whose step costs it 2 s
+  // besides (the slow one's micro-batch: 1 s) takes 5 of 8 (its step 3.25 s), not the 7 its
+  // speed alone gives it (3.75 s).
+  CHECK(sizing::shares(8, {{1, 0}, {0.25, 2}}) == std::vector<std::int64_t>{3, 5});
+  CHECK(sizing::shares(8, speeds({1, 4})) == std::vector<std::int64_t>{1, 7});
+  // Against every way of dealing them (at least one each) on random costs: the same longest
+  // step, and exactly the total.
+  dt::rng gen(7, "shares");
+  for (int draw = 0; draw < 200; ++draw) {
+    std::vector<sizing::cost> c;
+    for (int i = 0; i < 3; ++i) c.push_back({0.1 + 2 * gen.uniform(), draw % 2 ? 3 * gen.uniform() : 0.0});
+    const std::int64_t total = 3 + static_cast<std::int64_t>(gen.uniform() * 20);
+    const auto k = sizing::shares(total, c);
+    REQUIRE(k[0] + k[1] + k[2] == total);
+    const auto longest = [&](std::int64_t x, std::int64_t y, std::int64_t z) {
+      return std::max({c[0].fixed_s + x * c[0].batch_s, c[1].fixed_s + y * c[1].batch_s, c[2].fixed_s + z * c[2].batch_s});
+    };
+    double best = 1e300;
+    for (std::int64_t x = 1; x <= total - 2; ++x)
+      for (std::int64_t y = 1; x + y <= total - 1; ++y) best = std::min(best, longest(x, y, total - x - y));
+    INFO("draw " << draw << ": " << total << " micro-batches");
+    CHECK(longest(k[0], k[1], k[2]) == Approx(best));
+  }
+}
+
+TEST_CASE("sync target_batch: what it refuses") {
+  CHECK_THROWS_WITH(train({1, 1}, target_batch_of(1), 1), Catch::Matchers::Contains("less than one micro-batch"));
+  CHECK_THROWS_WITH(train({1, 1}, target_batch_of(-2), 1), Catch::Matchers::Contains("target_batch must be >= 0"));
+  CHECK_THROWS_WITH(train({1, 1}, target_batch_of(4, 0), 1), Catch::Matchers::Contains("resize_every must be >= 1"));
 }

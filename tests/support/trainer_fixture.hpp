@@ -132,7 +132,10 @@ template <class Inner>
 struct probe {
   using policy_concept = dt::comm::policy_tag;
   Inner inner{};
+  // Each peer's gradients at step grads_at, after the inner policy's after_backward (and before it).
   std::vector<std::vector<float>>* grads = nullptr;
+  std::vector<std::vector<float>>* grads_before = nullptr;
+  std::int64_t grads_at = 0;
   // The same by parameter name, where peers hold different parameters (a pipeline's stages).
   std::vector<std::map<std::string, std::vector<float>>>* named = nullptr;
   std::int64_t fail_at = -1;
@@ -146,8 +149,10 @@ struct probe {
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
+    if (grads_before && ctx.step == grads_at)
+      dt::comm::gather_grads(ctx.parameters, (*grads_before)[static_cast<std::size_t>(ctx.comm.rank())]);
     inner.after_backward(ctx);
-    if (grads && ctx.step == 0) dt::comm::gather_grads(ctx.parameters, (*grads)[static_cast<std::size_t>(ctx.comm.rank())]);
+    if (grads && ctx.step == grads_at) dt::comm::gather_grads(ctx.parameters, (*grads)[static_cast<std::size_t>(ctx.comm.rank())]);
     if (named && ctx.step == 0)
       for (const auto& e : ctx.parameters) {
         const auto g = e.param.grad().contiguous();
@@ -169,6 +174,11 @@ struct probe {
     requires requires(const Inner& i, std::int64_t s) { i.local_steps(s); }
   {
     return inner.local_steps(step);
+  }
+  bool accumulates() const
+    requires requires(const Inner& i) { i.accumulates(); }
+  {
+    return inner.accumulates();
   }
   void save(dt::io::checkpoint& c) const { inner.save(c); }
   void load(const dt::io::checkpoint& c) { inner.load(c); }

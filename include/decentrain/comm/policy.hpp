@@ -238,6 +238,109 @@ struct speed_sizing {
   }
 };
 
+// A target batch (a synchronous policy's target_batch: hivemind's rule): a step ends once the
+// replicas together have trained on the target's rows, each taking micro-batches as its speed
+// allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
+// (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
+// the replicas exchange those after the first step and then every `every` steps (an all-gather of
+// two numbers each), and until then each takes an equal share. The target's micro-batches are
+// then dealt so that the step's longest compute is least (shares()), the same on every replica.
+struct batch_sizing {
+  // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
+  struct cost {
+    double batch_s = 0, fixed_s = 0;
+  };
+  std::int64_t every = 10;     // steps between exchanges of the costs
+  double passes_s = 0;         // since the last exchange: the micro-batches' compute seconds,
+  double fixed_s = 0;          // the rest of the steps' compute seconds,
+  std::int64_t taken = 0;      // the micro-batches,
+  std::int64_t steps = 0;      // and the steps
+  std::int64_t current = 0;    // this replica's micro-batches a step (0: an equal share, not sized yet)
+  std::int64_t through = -1;   // the last step counted (a redone after_step counts once)
+
+  // Micro-batches this replica takes in a step, of `total` for the group of `world`.
+  std::int64_t share(std::int64_t total, int world) const {
+    return current > 0 ? current : (total + world - 1) / world;
+  }
+  // `total` micro-batches dealt to replicas of these costs so that the longest of their steps,
+  // fixed_s + k batch_s, is least, at least one each: the level of time at which they would have
+  // taken the total (bisected), then each next one to the replica that would finish it soonest
+  // (the lowest rank on a tie). A cost that is not a number, or a micro-batch that costs nothing
+  // (unmeasured, or from a peer that lies), gives every replica an equal share.
+  static std::vector<std::int64_t> shares(std::int64_t total, const std::vector<cost>& costs) {
+    const auto n = static_cast<std::int64_t>(costs.size());
+    std::vector<std::int64_t> k(costs.size(), (total + n - 1) / n);
+    double hi = 0;
+    for (const auto& c : costs) {
+      if (!(c.batch_s > 0) || !std::isfinite(c.batch_s) || !(c.fixed_s >= 0) || !std::isfinite(c.fixed_s)) return k;
+      hi = std::max(hi, c.fixed_s + static_cast<double>(total) * c.batch_s);
+    }
+    if (!std::isfinite(hi)) return k;
+    // Micro-batches each replica finishes by time t (at least one, at most the total), and their sum.
+    const auto by = [&](double t) {
+      std::int64_t sum = 0;
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        const double fit = std::floor((t - costs[i].fixed_s) / costs[i].batch_s);
+        k[i] = fit < 1 ? 1 : fit > static_cast<double>(total) ? total : static_cast<std::int64_t>(fit);
+        sum += k[i];
+      }
+      return sum;
+    };
+    double lo = 0;
+    for (int i = 0; i < 200 && lo < hi; ++i) {
+      const double mid = lo + (hi - lo) / 2;
+      if (mid <= lo || mid >= hi) break;
+      (by(mid) >= total ? hi : lo) = mid;
+    }
+    for (std::int64_t dealt = by(lo); dealt < total; ++dealt) {
+      std::size_t soonest = 0;
+      const auto finish = [&](std::size_t i) { return costs[i].fixed_s + static_cast<double>(k[i] + 1) * costs[i].batch_s; };
+      for (std::size_t i = 1; i < k.size(); ++i)
+        if (finish(i) < finish(soonest)) soonest = i;
+      ++k[soonest];
+    }
+    return k;
+  }
+  template <class Ctx>
+  void add(Ctx& ctx, std::int64_t total) {
+    if (ctx.step <= through) return;
+    through = ctx.step;
+    passes_s += ctx.step_passes_s;
+    fixed_s += ctx.step_compute_s - ctx.step_passes_s;
+    taken += ctx.local_steps;
+    ++steps;
+    if (ctx.step != 0 && (ctx.step + 1) % every != 0) return;
+    const cost mine{taken > 0 ? passes_s / static_cast<double>(taken) : 0.0,
+                    steps > 0 ? std::max(0.0, fixed_s / static_cast<double>(steps)) : 0.0};
+    const auto costs = ctx.replicas.all_gather(std::span<const cost>(&mine, 1));
+    current = shares(total, costs)[static_cast<std::size_t>(ctx.replicas.rank())];
+    *this = {.every = every, .current = current, .through = through};
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    save_exact(c, prefix + "batch_passes_s", passes_s);
+    save_exact(c, prefix + "batch_fixed_s", fixed_s);
+    c.counters[prefix + "batch_taken"] = taken;
+    c.counters[prefix + "batch_steps"] = steps;
+    c.counters[prefix + "batch_current"] = current;
+    c.counters[prefix + "batch_through"] = through;
+  }
+  // A checkpoint without them (written without a target batch) starts unmeasured.
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    *this = {.every = every};
+    const auto passes = load_exact(c, prefix + "batch_passes_s", "a number of seconds");
+    if (!passes) return;
+    passes_s = *passes;
+    fixed_s = load_exact(c, prefix + "batch_fixed_s", "a number of seconds").value_or(0.0);
+    taken = c.counter(prefix + "batch_taken");
+    steps = c.counter(prefix + "batch_steps");
+    current = c.counter(prefix + "batch_current");
+    through = c.counter(prefix + "batch_through");
+    decentrain::detail::check(taken >= 0 && steps >= 0 && current >= 0, "checkpoint: '", prefix, "batch_taken' (", taken,
+                              "), '", prefix, "batch_steps' (", steps, ") or '", prefix, "batch_current' (", current,
+                              ") is negative");
+  }
+};
+
 // Every replica must use the same settings (`settings`: a policy's graph, period, ...), or the
 // sends of one meet receives of another that never come: one 16-byte comparison, and where they
 // differ every peer fails with "<mismatch> (this one: <settings>); every peer must use <what>".

@@ -1,8 +1,12 @@
 // The data-parallel baseline (DDP): every step, gradients are averaged across the replicas with
 // one all-reduce of the flattened gradient (through Codec, combined by Aggregator: the mean, or
 // a robust aggregator against peers that send poison), so every replica applies the same update.
+// With a target batch (hivemind's rule for peers of different speeds), each replica adds up as many
+// micro-batches of its rows a step as its speed makes its share of the target, so the fast ones do
+// not wait for the slow ones, and the replicas' gradients weigh by the rows each took.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "decentrain/comm/policy.hpp"
@@ -25,30 +29,70 @@ struct sync_allreduce {
   // say) instead of equally: the mean scales them (one all-reduce of a number more a step), a
   // robust aggregator weighs them (collective::encoded_all_reduce). Every replica the same.
   bool weighted = false;
+  // Rows a step for the whole group (0: off, each replica takes batch_size rows a step). Each
+  // replica takes micro-batches of batch_size rows, as many as its measured speed makes its share
+  // (comm/policy.hpp's batch_sizing: re-measured every resize_every steps), adds their gradients
+  // up (the trainer: accumulates()), and weighs by its rows (as `weighted`). Every replica the same.
+  std::int64_t target_batch = 0;
+  std::int64_t resize_every = 10;
 
   template <class Ctx>
   void start(Ctx& ctx) {
+    decentrain::detail::check(target_batch >= 0, "sync_allreduce: target_batch must be >= 0 (0: off), got ", target_batch);
+    decentrain::detail::check(resize_every >= 1, "sync_allreduce: resize_every must be >= 1, got ", resize_every);
+    decentrain::detail::check(target_batch == 0 || target_batch >= ctx.batch_size, "sync_allreduce: target_batch (",
+                              target_batch, " rows) is less than one micro-batch of batch_size (", ctx.batch_size, " rows)");
     prepare_codec(codec, aggregator, ctx);
-    check_weighs(aggregator, weighted, "sync_allreduce");
-    if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
+    check_weighs(aggregator, weighs(), "sync_allreduce");
+    micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
+    world_ = ctx.replicas.world();
+    sizing_.every = resize_every;
+    if (!ctx.resumed) {
+      broadcast_parameters(ctx, buffer_);
+      sizing_ = batch_sizing{.every = resize_every};
+    }
+  }
+  // With a target batch: a step's inner steps are micro-batches whose gradients add up (the trainer).
+  bool accumulates() const { return target_batch > 0; }
+  // Micro-batches this replica takes in `step` (its share of the target batch), else 1.
+  std::int64_t local_steps(std::int64_t) const {
+    return target_batch > 0 ? sizing_.share(micro_batches_, world_) : 1;
   }
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
     collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
-                         weight_if(weighted, ctx.step_weight));
+                         weight_if(weighs(), ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
-  void after_step(Ctx&) {}
-  void save(io::checkpoint& c) const { save_codec(codec, c, "comm.sync.codec."); }
-  void load(const io::checkpoint& c) { load_codec(codec, c, "comm.sync.codec."); }
+  void after_step(Ctx& ctx) {
+    if (target_batch == 0) return;
+    sizing_.add(ctx, micro_batches_);
+    world_ = ctx.replicas.world();
+  }
+  void save(io::checkpoint& c) const {
+    save_codec(codec, c, "comm.sync.codec.");
+    if (target_batch > 0) sizing_.save(c, "comm.sync.");
+  }
+  void load(const io::checkpoint& c) {
+    load_codec(codec, c, "comm.sync.codec.");
+    sizing_.every = resize_every;
+    sizing_.load(c, "comm.sync.");
+  }
+  // This replica's micro-batches a step under a target batch (0 until the first exchange of speeds).
+  std::int64_t sized_micro_batches() const { return sizing_.current; }
 
  private:
+  bool weighs() const { return weighted || target_batch > 0; }
+
   std::vector<float> buffer_;
+  batch_sizing sizing_;
+  std::int64_t micro_batches_ = 0;  // of the whole group a step: target_batch in micro-batches
+  int world_ = 1;
   collective::aggregation_record aggregation_;
 };
 

@@ -26,6 +26,25 @@ struct norm_share {
   std::function<double(double)> total;
 };
 
+// Every gradient times `coef`: in place where nobody else sees the gradient (as PyTorch's mul_:
+// a scaled copy of every gradient would hold a second set of them until the last was done), all
+// of one type in one multi-tensor call (a GPU launch per gradient otherwise).
+template <class Device>
+void scale_grads(parameter_list<Device>& params, double coef) {
+  std::vector<std::span<float>> f32_in_place;
+  std::vector<std::span<double>> f64_in_place;
+  for (auto& e : params) {
+    auto& g = e.param.grad();
+    if (!g.defined()) continue;
+    if (!g.is_sole_owner()) g = math::affine(g, coef);
+    else if (g.dtype() == dtype::f32) f32_in_place.emplace_back(g.template data<float>(), static_cast<std::size_t>(g.numel()));
+    else if (g.dtype() == dtype::f64) f64_in_place.emplace_back(g.template data<double>(), static_cast<std::size_t>(g.numel()));
+    else g = math::affine(g, coef);
+  }
+  kernels::scale_all(Device{}, std::span<const std::span<float>>(f32_in_place), static_cast<float>(coef));
+  kernels::scale_all(Device{}, std::span<const std::span<double>>(f64_in_place), coef);
+}
+
 // Returns the norm before clipping (for logging). Parameters without gradients are ignored.
 template <class Device>
 double clip_grad_norm(parameter_list<Device>& params, double max_norm, const norm_share& share) {
@@ -57,21 +76,7 @@ double clip_grad_norm(parameter_list<Device>& params, double max_norm, const nor
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     grads.clear();  // so each gradient below is held by its parameter alone
-    std::vector<std::span<float>> f32_in_place;
-    std::vector<std::span<double>> f64_in_place;
-    for (auto& e : params) {
-      auto& g = e.param.grad();
-      if (!g.defined()) continue;
-      // In place where nobody else sees the gradient (as PyTorch's mul_): a scaled copy of
-      // every gradient would hold a second set of them until the last was done.
-      if (!g.is_sole_owner()) g = math::affine(g, coef);
-      else if (g.dtype() == dtype::f32) f32_in_place.emplace_back(g.template data<float>(), static_cast<std::size_t>(g.numel()));
-      else if (g.dtype() == dtype::f64) f64_in_place.emplace_back(g.template data<double>(), static_cast<std::size_t>(g.numel()));
-      else g = math::affine(g, coef);
-    }
-    // All of one type in one multi-tensor call (a GPU launch per gradient otherwise).
-    kernels::scale_all(Device{}, std::span<const std::span<float>>(f32_in_place), static_cast<float>(coef));
-    kernels::scale_all(Device{}, std::span<const std::span<double>>(f64_in_place), coef);
+    scale_grads(params, coef);
   }
   return norm;
 }

@@ -15,6 +15,8 @@ namespace decentrain::parallel {
 struct data {
   using policy_concept = policy_tag;
   static constexpr const char* name = "data";
+  // Adds a step's inner steps' gradients up where the trainer asks (ctx.accumulating).
+  bool accumulates_gradients() const { return true; }
 
   placement place(int, int world) const { return everyone(world); }
 
@@ -39,7 +41,7 @@ struct data {
     auto [x, y] = ctx.dataset.template batch<cpu>(decentrain::data::split::train, ctx.step, B, T, ctx.seed,
                                                   ctx.sub_step * world + ctx.comm.rank(), (ctx.sub_step + 1) * world);
     auto loss = ctx.model.loss(to_device<D>(x), to_device<D>(y), &ctx.dropout);
-    ctx.parameters.zero_grad();
+    if (!ctx.accumulating || ctx.sub_step == 0) ctx.parameters.zero_grad();  // (else added to: ctx.accumulating)
     loss.backward();
     return {loss.item(), B, B * T, static_cast<double>(B)};
   }

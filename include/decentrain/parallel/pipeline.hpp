@@ -40,6 +40,9 @@ template <class Codec = compress::identity>
 struct pipeline {
   using policy_concept = policy_tag;
   static constexpr const char* name = "pipeline";
+  // Adds a step's inner steps' gradients up where the trainer asks (ctx.accumulating); a peer
+  // holding one stage of several takes one inner step a step (the trainer refuses more).
+  bool accumulates_gradients() const { return true; }
 
   int stages = 2;
   int micro_batches = 1;         // per step and copy of the pipeline; at most the rows per step
@@ -137,7 +140,7 @@ struct pipeline {
   template <class Ctx>
   step_result forward_backward(Ctx& ctx) {
     const auto micro = micro_batches_of(ctx, decentrain::data::split::train, ctx.step, micro_batches);
-    ctx.parameters.zero_grad();
+    if (!ctx.accumulating || ctx.sub_step == 0) ctx.parameters.zero_grad();  // (else added to: ctx.accumulating)
     const auto stats = run(ctx, program_for(ctx, micro_batches), micro, true);
     sum_tied(ctx);
     last_ = stats;
@@ -179,7 +182,8 @@ struct pipeline {
   const schedule::run_stats& last_run() const { return last_; }
 
  private:
-  // This copy's rows of the step (as data parallelism gives them to rank `copy` of `copies`),
+  // This copy's rows of the step (as data parallelism gives them to rank `copy` of `copies`, and
+  // to each of a step's inner steps rows of its own: ctx.sub_step, where work is sized to speed),
   // cut into `count` micro-batches as even as they go.
   template <class Ctx>
   std::vector<schedule::micro_batch> micro_batches_of(Ctx& ctx, decentrain::data::split split, std::int64_t index,
@@ -190,7 +194,8 @@ struct pipeline {
     // One stage: every peer is a copy, of the group as it stands (fault::elastic re-forms it).
     const int copies = ctx.comm.world() / ctx.placement.stages;
     const int copy = ctx.placement.stages == 1 ? ctx.comm.rank() : ctx.placement.copy;
-    auto [x, y] = ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, copy, copies);
+    const std::int64_t sub = split == decentrain::data::split::train ? ctx.sub_step : 0;
+    auto [x, y] = ctx.dataset.template batch<cpu>(split, index, B, T, ctx.seed, sub * copies + copy, (sub + 1) * copies);
     std::vector<schedule::micro_batch> out;
     for (std::int64_t m = 0, row = 0; m < count; ++m) {
       const std::int64_t rows = B / count + (m < B % count ? 1 : 0);

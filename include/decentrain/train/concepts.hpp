@@ -21,7 +21,13 @@
 //                                                        the inner steps this peer takes in `step` (work
 //                                                        sized to speed: diloco's sized_to_speed), each on
 //                                                        rows of its own; its after_backward must then
-//                                                        exchange nothing;
+//                                                        exchange nothing, unless
+//                                                        bool accumulates() const says they are
+//                                                        micro-batches of one step (sync's target_batch):
+//                                                        their gradients add up (where the parallel
+//                                                        policy's bool accumulates_gradients() const
+//                                                        says it does) and after_backward and the
+//                                                        optimizer run once, after the last;
 //                                                        void size_state(Ctx&), its per-parameter state at
 //                                                        the model's size before the fault policy starts,
 //                                                        so that a state taken from a peer lands in it;
@@ -117,6 +123,10 @@ constexpr bool check_comm_policy() {
       static_assert(requires(const P& p, std::int64_t step) { { p.local_steps(step) } -> std::convertible_to<std::int64_t>; },
                     "comm policy: local_steps must read `std::int64_t local_steps(std::int64_t step) const` (the inner "
                     "steps this peer takes in `step`, at least 1)");
+    if constexpr (requires { &P::accumulates; })
+      static_assert(requires(const P& p) { { p.accumulates() } -> std::convertible_to<bool>; },
+                    "comm policy: accumulates must read `bool accumulates() const` (whether a step's inner steps are "
+                    "micro-batches whose gradients add up, exchanged and stepped once)");
     if constexpr (requires { P::per_parameter_state; })
       static_assert(requires {
         std::string(*std::begin(P::per_parameter_state));

@@ -75,6 +75,12 @@ struct peer_context {
   // after_step, the compute seconds the step took on this peer's clock (all its inner steps).
   std::int64_t sub_step = 0, local_steps = 1;
   double step_compute_s = 0;
+  double step_passes_s = 0;  // of step_compute_s, the forward and backward passes (the rest: the
+                             // optimizer and the clip, once an inner step or, accumulating, a step)
+  // Set where the policy's inner steps are micro-batches of one step (its accumulates(): sync's
+  // target batch): the parallel policy then keeps the gradients of the step's earlier inner steps
+  // and adds to them, and the trainer exchanges and steps the optimizer once, after the last.
+  bool accumulating = false;
   double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
                                 // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step

@@ -370,7 +370,9 @@ class trainer {
           }
           dropout_.set_state(dropout_before);
           const double compute_before = compute_s_;
+          double passes_s = 0;  // of that, the forward and backward passes
           ctx.local_steps = local_steps();
+          ctx.accumulating = accumulates();
           parallel::step_result total{0.0, 0, 0, 0.0};
           out.lr = schedule_(step_);  // (every inner step of a step at the step's rate)
           ctx.lr_scale = options_.lr > 0 ? out.lr / options_.lr : 1.0;
@@ -387,7 +389,16 @@ class trainer {
             // Before the exchange, so simulated links see it start after the compute; a network that
             // models a step's compute (deterministic in_process) takes its own figure.
             // (a policy that charged its compute as it went waited in between: the rest is not compute)
+            const double passes_before = compute_s_;
             computed(transport::step_seconds(endpoint_).value_or(charged_ > 0 ? 0.0 : lap(t)));
+            passes_s += compute_s_ - passes_before;
+            if (ctx.accumulating) {
+              // Micro-batches of one step: the gradients add up until the last, which then holds
+              // their mean and weighs as all of them.
+              if (ctx.sub_step + 1 < ctx.local_steps) continue;
+              if (ctx.local_steps > 1) optim::scale_grads(ctx.parameters, 1.0 / static_cast<double>(ctx.local_steps));
+              ctx.step_weight = total.weight;
+            }
             counted([&] { policy_.after_backward(ctx); });
             // A parallel policy that finishes the gradients once the replicas' exchange is done
             // (SWARM's tied parameters, summed between the end stages' pools).
@@ -403,6 +414,7 @@ class trainer {
           out.result.loss = total.loss / static_cast<double>(ctx.local_steps);
           ctx.step_weight = total.weight;
           ctx.step_compute_s = compute_s_ - compute_before;
+          ctx.step_passes_s = passes_s;
           stepped = true;
         }
         counted([&] { policy_.after_step(ctx); });
@@ -1178,6 +1190,20 @@ class trainer {
 
   static double unix_now() {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  // Whether the policy's inner steps are micro-batches of one step (its accumulates(): gradients
+  // add up over them, one exchange and one optimizer step), which the parallel policy must do.
+  bool accumulates() const {
+    if constexpr (requires { { policy_.accumulates() } -> std::convertible_to<bool>; }) {
+      if (!policy_.accumulates()) return false;
+      if constexpr (requires(const ParallelPolicy& p) { { p.accumulates_gradients() } -> std::convertible_to<bool>; })
+        if (parallel_.accumulates_gradients()) return true;
+      decentrain::detail::fail("trainer: the communication policy adds a step's micro-batches up (sync_allreduce's "
+                               "target_batch), which this parallel policy does not do (parallel::data and the pipeline do)");
+    } else {
+      return false;
+    }
   }
 
   // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.
