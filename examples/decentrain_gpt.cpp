@@ -1540,6 +1540,8 @@ int cmd_train(const options& opt) {
   const std::int64_t target_batch = opt.has("target-batch") ? opt.integer("target-batch") : 0;
   dt::detail::check(target_batch == 0 || comm == "sync", "--target-batch sizes synchronous steps: it needs --comm sync, not ",
                     comm, " (--sized-to-speed sizes DiLoCo's rounds)");
+  dt::detail::check(target_batch == 0 || p.aggregator.averages_in_flight(), "--target-batch weighs each peer by the rows ",
+                    "it was dealt, which --aggregator ", p.aggregator.describe(), " caps: it needs --aggregator mean");
   const bool outer = comm == "diloco" || streaming;
   const double outer_lr = outer ? opt.real("outer-lr") : 0.0;
   const double outer_momentum = outer ? opt.real("outer-momentum") : 0.0;

@@ -23043,8 +23043,10 @@ struct speed_sizing {
 // allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
 // (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
 // the replicas exchange those after the first step and then every `every` steps (an all-gather of
-// two numbers each), and until then each takes an equal share. The target's micro-batches are
-// then dealt so that the step's longest compute is least (shares()), the same on every replica.
+// two numbers each) after steps 0, every - 1, 2 every - 1, ..., and after any step at which the
+// group is not the one of the last deal (fault::elastic: peers left or joined); until the first,
+// each takes an equal share. The target's micro-batches are dealt so that the step's longest
+// compute is least (shares()), the same on every replica.
 struct batch_sizing {
   // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
   struct cost {
@@ -23057,6 +23059,7 @@ struct batch_sizing {
   std::int64_t steps = 0;      // and the steps
   std::int64_t current = 0;    // this replica's micro-batches a step (0: an equal share, not sized yet)
   std::int64_t through = -1;   // the last step counted (a redone after_step counts once)
+  std::int64_t group = 0;      // the group's size at the last deal (0: none yet)
 
   // Micro-batches this replica takes in a step, of `total` for the group of `world`.
   std::int64_t share(std::int64_t total, int world) const {
@@ -23101,20 +23104,28 @@ struct batch_sizing {
     }
     return k;
   }
+  // After a step: counts it (once, though a failed after_step is redone), then deals where it is
+  // time to (every replica alike: the step, and the group's size, which a joiner takes with the
+  // state; a deal that failed is done again with the redone after_step).
   template <class Ctx>
   void add(Ctx& ctx, std::int64_t total) {
-    if (ctx.step <= through) return;
-    through = ctx.step;
-    passes_s += ctx.step_passes_s;
-    fixed_s += ctx.step_compute_s - ctx.step_passes_s;
-    taken += ctx.local_steps;
-    ++steps;
-    if (ctx.step != 0 && (ctx.step + 1) % every != 0) return;
+    if (ctx.step > through) {
+      through = ctx.step;
+      passes_s += ctx.step_passes_s;
+      fixed_s += ctx.step_compute_s - ctx.step_passes_s;
+      taken += ctx.local_steps;
+      ++steps;
+    }
+    if (ctx.step != 0 && (ctx.step + 1) % every != 0 && ctx.replicas.world() == group) return;
     const cost mine{taken > 0 ? passes_s / static_cast<double>(taken) : 0.0,
                     steps > 0 ? std::max(0.0, fixed_s / static_cast<double>(steps)) : 0.0};
     const auto costs = ctx.replicas.all_gather(std::span<const cost>(&mine, 1));
     current = shares(total, costs)[static_cast<std::size_t>(ctx.replicas.rank())];
-    *this = {.every = every, .current = current, .through = through};
+    group = ctx.replicas.world();
+    // (member by member: nvcc 13's front end drops the designators of a designated initializer
+    // holding a dependent expression in a template, and fills the members in order)
+    passes_s = fixed_s = 0;
+    taken = steps = 0;
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "batch_passes_s", passes_s);
@@ -23123,10 +23134,13 @@ struct batch_sizing {
     c.counters[prefix + "batch_steps"] = steps;
     c.counters[prefix + "batch_current"] = current;
     c.counters[prefix + "batch_through"] = through;
+    c.counters[prefix + "batch_group"] = group;
   }
   // A checkpoint without them (written without a target batch) starts unmeasured.
   void load(const io::checkpoint& c, const std::string& prefix) {
-    *this = {.every = every};
+    const auto keep = every;
+    *this = {};
+    every = keep;
     const auto passes = load_exact(c, prefix + "batch_passes_s", "a number of seconds");
     if (!passes) return;
     passes_s = *passes;
@@ -23135,6 +23149,7 @@ struct batch_sizing {
     steps = c.counter(prefix + "batch_steps");
     current = c.counter(prefix + "batch_current");
     through = c.counter(prefix + "batch_through");
+    group = c.counters.contains(prefix + "batch_group") ? c.counter(prefix + "batch_group") : 0;
     decentrain::detail::check(taken >= 0 && steps >= 0 && current >= 0, "checkpoint: '", prefix, "batch_taken' (", taken,
                               "), '", prefix, "batch_steps' (", steps, ") or '", prefix, "batch_current' (", current,
                               ") is negative");
@@ -25320,6 +25335,7 @@ struct streaming_diloco {
 // not wait for the slow ones, and the replicas' gradients weigh by the rows each took.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 
@@ -25354,14 +25370,29 @@ struct sync_allreduce {
     decentrain::detail::check(resize_every >= 1, "sync_allreduce: resize_every must be >= 1, got ", resize_every);
     decentrain::detail::check(target_batch == 0 || target_batch >= ctx.batch_size, "sync_allreduce: target_batch (",
                               target_batch, " rows) is less than one micro-batch of batch_size (", ctx.batch_size, " rows)");
-    prepare_codec(codec, aggregator, ctx);
+    decentrain::detail::check(target_batch <= (std::int64_t{1} << 40), "sync_allreduce: target_batch must be at most 2^40 ",
+                              "rows, got ", target_batch);
+    // The shares differ by design: a robust aggregator, which caps what a peer's weight may claim
+    // (aggregation_record::weight_cap), would undo them.
+    decentrain::detail::check(target_batch == 0 || collective::averages_in_flight(aggregator), "sync_allreduce: target_batch ",
+                              "weighs each replica by the rows it was dealt, which aggregator '",
+                              collective::describe_aggregator(aggregator), "' caps: use the mean");
+    // Its micro-batches are dealt among replicas holding the whole model: one holding one stage of
+    // several takes one step's rows with the other stages.
+    decentrain::detail::check(target_batch == 0 || ctx.placement.stages == 1, "sync_allreduce: target_batch deals micro-batches ",
+                              "to replicas holding the whole model, and this one holds one stage of ", ctx.placement.stages);
+    prepare_codec(codec, aggregator, ctx,
+                  target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
+                                                                resize_every, " steps")
+                                   : std::string());
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
     sizing_.every = resize_every;
     if (!ctx.resumed) {
       broadcast_parameters(ctx, buffer_);
-      sizing_ = batch_sizing{.every = resize_every};
+      sizing_ = {};
+      sizing_.every = resize_every;
     }
   }
   // With a target batch: a step's inner steps are micro-batches whose gradients add up (the trainer).

@@ -541,6 +541,8 @@ TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a s
   CHECK_THAT(r.output, Contains("--target-batch adds micro-batches up on a peer holding the whole model"));
   r = run(cli() + args + " --target-batch 2", dir);
   CHECK_THAT(r.output, Contains("--target-batch 2 is less than one micro-batch of --batch-size 4 rows"));
+  r = run(cli() + args + " --target-batch 16 --aggregator median", dir);
+  CHECK_THAT(r.output, Contains("--target-batch weighs each peer by the rows it was dealt, which --aggregator median caps"));
   r = run(cli() + args + " --target-batch 0", dir);
   CHECK_THAT(r.output, Contains("--target-batch"));
   CHECK(r.status != 0);

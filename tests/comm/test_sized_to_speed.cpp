@@ -199,17 +199,23 @@ struct ids_recording_gpt : dt::nn::gpt<dt::cpu> {
   }
 };
 
-// A GPT that keeps each batch it computes a loss on, with the weights it had then.
+// A GPT that keeps each batch it computes a loss on, with the weights it had then, whole
+// (parallel::data) or through its first stage (parallel::pipeline).
 struct batch_recording_gpt : dt::nn::gpt<dt::cpu> {
   using dt::nn::gpt<dt::cpu>::gpt;
   struct batch {
     dt::tensor<dt::cpu> ids, targets;
     std::vector<float> weights;
   };
-  std::vector<batch> batches;
+  mutable std::vector<batch> batches;  // (a stage's forward is const)
   dt::var<dt::cpu> loss(const dt::tensor<dt::cpu>& ids, const dt::tensor<dt::cpu>& targets, dt::rng* dropout = nullptr) {
     batches.push_back({ids, targets, fixture::flat_params(parameters())});
     return dt::nn::gpt<dt::cpu>::loss(ids, targets, dropout);
+  }
+  dt::var<dt::cpu> stage_forward(int s, const dt::var<dt::cpu>& in, const dt::tensor<dt::cpu>& ids,
+                                 const dt::tensor<dt::cpu>& targets, dt::rng* dropout = nullptr) const {
+    if (s == 0) batches.push_back({ids, targets, fixture::flat_params(parameters())});
+    return dt::nn::gpt<dt::cpu>::stage_forward(s, in, ids, targets, dropout);
   }
 };
 
@@ -286,7 +292,7 @@ TEST_CASE("sync target_batch: peers 1x and 3x share the target's micro-batches b
   CHECK(train({2, 2}, target_batch_of(4), 4).params == train({2, 2}, weighted, 4).params);
 }
 
-TEST_CASE("sync target_batch: a replica's micro-batches add up to their mean, and replicas weigh by their rows") {
+TEST_CASE("sync target_batch: replicas weigh by the rows they were dealt") {
   // Speeds 1 and 3, a target of 8 rows: at step 1 the slow peer takes 1 micro-batch (2 rows), the
   // fast one 3 (6 rows). The average after the exchange is the rows-weighted one of the replicas'
   // gradients before it, not their plain mean.
@@ -300,14 +306,20 @@ TEST_CASE("sync target_batch: a replica's micro-batches add up to their mean, an
   }
   for (std::size_t r = 0; r < 2; ++r) CHECK(fixture::max_abs_diff(after[r], by_rows) < 1e-6);
   CHECK(fixture::max_abs_diff(by_rows, mean) > 1e-4);
+}
 
-  // One replica, a target of 3 micro-batches: its gradient at the exchange is the mean of the
-  // three micro-batches' gradients, each computed apart from the same weights.
-  using Trainer = dt::train::trainer<batch_recording_gpt, fixture::probe<dt::comm::sync_allreduce<>>>;
+TEMPLATE_TEST_CASE("sync target_batch: one replica's gradient at the exchange is the mean of its micro-batches' gradients", "",
+                   dt::parallel::data, dt::parallel::pipeline<>) {
+  // A target of 3 micro-batches on one replica: each micro-batch's gradient computed apart from
+  // the same weights, then their mean. Whole models, and one-stage pipelines (data parallelism as
+  // the command line runs it).
+  using Trainer = dt::train::trainer<batch_recording_gpt, fixture::probe<dt::comm::sync_allreduce<>>, TestType>;
+  TestType parallel{};
+  if constexpr (requires { parallel.stages; }) parallel.stages = 1;
   std::vector<std::vector<float>> alone_before(1), alone_after(1);
   std::vector<batch_recording_gpt::batch> batches;
   timed_peers({1}).run([&](dt::transport::in_process::endpoint& ep) {
-    Trainer t(fixture::tiny_gpt(), run_of(1), ep, target_batch_of(6, 10, 0, &alone_before, &alone_after));
+    Trainer t(fixture::tiny_gpt(), run_of(1), ep, target_batch_of(6, 10, 0, &alone_before, &alone_after), parallel);
     (void)t.fit(fixture::small_corpus().data);
     batches = t.model().batches;
   });
@@ -387,4 +399,24 @@ TEST_CASE("sync target_batch: what it refuses") {
   CHECK_THROWS_WITH(train({1, 1}, target_batch_of(1), 1), Catch::Matchers::Contains("less than one micro-batch"));
   CHECK_THROWS_WITH(train({1, 1}, target_batch_of(-2), 1), Catch::Matchers::Contains("target_batch must be >= 0"));
   CHECK_THROWS_WITH(train({1, 1}, target_batch_of(4, 0), 1), Catch::Matchers::Contains("resize_every must be >= 1"));
+  // A robust aggregator caps the weights that the shares give.
+  fixture::probe<dt::comm::sync_allreduce<dt::compress::identity, dt::collective::any_aggregator>> robust;
+  robust.inner.target_batch = 4;
+  robust.inner.aggregator = dt::collective::parse_aggregator("median");
+  CHECK_THROWS_WITH(train({1, 1}, robust, 1), Catch::Matchers::Contains("which aggregator 'median' caps: use the mean"));
+  // Peers dealing other targets would pair the deal's all-gather with another's all-reduce.
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  std::vector<std::string> errors(2);
+  dt::transport::in_process(dt::transport::links::ideal(2), o).run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    try {
+      dt::train::trainer<dt::nn::gpt<dt::cpu>, fixture::probe<dt::comm::sync_allreduce<>>> t(
+          fixture::tiny_gpt(), run_of(2), ep, target_batch_of(r == 0 ? 4 : 8));
+      (void)t.fit(fixture::small_corpus().data);
+    } catch (const std::exception& e) {
+      errors[r] = e.what();  // (each peer writes its own slot)
+    }
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains("a target batch of"));
 }

@@ -243,8 +243,10 @@ struct speed_sizing {
 // allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
 // (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
 // the replicas exchange those after the first step and then every `every` steps (an all-gather of
-// two numbers each), and until then each takes an equal share. The target's micro-batches are
-// then dealt so that the step's longest compute is least (shares()), the same on every replica.
+// two numbers each) after steps 0, every - 1, 2 every - 1, ..., and after any step at which the
+// group is not the one of the last deal (fault::elastic: peers left or joined); until the first,
+// each takes an equal share. The target's micro-batches are dealt so that the step's longest
+// compute is least (shares()), the same on every replica.
 struct batch_sizing {
   // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
   struct cost {
@@ -257,6 +259,7 @@ struct batch_sizing {
   std::int64_t steps = 0;      // and the steps
   std::int64_t current = 0;    // this replica's micro-batches a step (0: an equal share, not sized yet)
   std::int64_t through = -1;   // the last step counted (a redone after_step counts once)
+  std::int64_t group = 0;      // the group's size at the last deal (0: none yet)
 
   // Micro-batches this replica takes in a step, of `total` for the group of `world`.
   std::int64_t share(std::int64_t total, int world) const {
@@ -301,20 +304,28 @@ struct batch_sizing {
     }
     return k;
   }
+  // After a step: counts it (once, though a failed after_step is redone), then deals where it is
+  // time to (every replica alike: the step, and the group's size, which a joiner takes with the
+  // state; a deal that failed is done again with the redone after_step).
   template <class Ctx>
   void add(Ctx& ctx, std::int64_t total) {
-    if (ctx.step <= through) return;
-    through = ctx.step;
-    passes_s += ctx.step_passes_s;
-    fixed_s += ctx.step_compute_s - ctx.step_passes_s;
-    taken += ctx.local_steps;
-    ++steps;
-    if (ctx.step != 0 && (ctx.step + 1) % every != 0) return;
+    if (ctx.step > through) {
+      through = ctx.step;
+      passes_s += ctx.step_passes_s;
+      fixed_s += ctx.step_compute_s - ctx.step_passes_s;
+      taken += ctx.local_steps;
+      ++steps;
+    }
+    if (ctx.step != 0 && (ctx.step + 1) % every != 0 && ctx.replicas.world() == group) return;
     const cost mine{taken > 0 ? passes_s / static_cast<double>(taken) : 0.0,
                     steps > 0 ? std::max(0.0, fixed_s / static_cast<double>(steps)) : 0.0};
     const auto costs = ctx.replicas.all_gather(std::span<const cost>(&mine, 1));
     current = shares(total, costs)[static_cast<std::size_t>(ctx.replicas.rank())];
-    *this = {.every = every, .current = current, .through = through};
+    group = ctx.replicas.world();
+    // (member by member: nvcc 13's front end drops the designators of a designated initializer
+    // holding a dependent expression in a template, and fills the members in order)
+    passes_s = fixed_s = 0;
+    taken = steps = 0;
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "batch_passes_s", passes_s);
@@ -323,10 +334,13 @@ struct batch_sizing {
     c.counters[prefix + "batch_steps"] = steps;
     c.counters[prefix + "batch_current"] = current;
     c.counters[prefix + "batch_through"] = through;
+    c.counters[prefix + "batch_group"] = group;
   }
   // A checkpoint without them (written without a target batch) starts unmeasured.
   void load(const io::checkpoint& c, const std::string& prefix) {
-    *this = {.every = every};
+    const auto keep = every;
+    *this = {};
+    every = keep;
     const auto passes = load_exact(c, prefix + "batch_passes_s", "a number of seconds");
     if (!passes) return;
     passes_s = *passes;
@@ -335,6 +349,7 @@ struct batch_sizing {
     steps = c.counter(prefix + "batch_steps");
     current = c.counter(prefix + "batch_current");
     through = c.counter(prefix + "batch_through");
+    group = c.counters.contains(prefix + "batch_group") ? c.counter(prefix + "batch_group") : 0;
     decentrain::detail::check(taken >= 0 && steps >= 0 && current >= 0, "checkpoint: '", prefix, "batch_taken' (", taken,
                               "), '", prefix, "batch_steps' (", steps, ") or '", prefix, "batch_current' (", current,
                               ") is negative");

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "decentrain/comm/policy.hpp"
@@ -42,14 +43,29 @@ struct sync_allreduce {
     decentrain::detail::check(resize_every >= 1, "sync_allreduce: resize_every must be >= 1, got ", resize_every);
     decentrain::detail::check(target_batch == 0 || target_batch >= ctx.batch_size, "sync_allreduce: target_batch (",
                               target_batch, " rows) is less than one micro-batch of batch_size (", ctx.batch_size, " rows)");
-    prepare_codec(codec, aggregator, ctx);
+    decentrain::detail::check(target_batch <= (std::int64_t{1} << 40), "sync_allreduce: target_batch must be at most 2^40 ",
+                              "rows, got ", target_batch);
+    // The shares differ by design: a robust aggregator, which caps what a peer's weight may claim
+    // (aggregation_record::weight_cap), would undo them.
+    decentrain::detail::check(target_batch == 0 || collective::averages_in_flight(aggregator), "sync_allreduce: target_batch ",
+                              "weighs each replica by the rows it was dealt, which aggregator '",
+                              collective::describe_aggregator(aggregator), "' caps: use the mean");
+    // Its micro-batches are dealt among replicas holding the whole model: one holding one stage of
+    // several takes one step's rows with the other stages.
+    decentrain::detail::check(target_batch == 0 || ctx.placement.stages == 1, "sync_allreduce: target_batch deals micro-batches ",
+                              "to replicas holding the whole model, and this one holds one stage of ", ctx.placement.stages);
+    prepare_codec(codec, aggregator, ctx,
+                  target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
+                                                                resize_every, " steps")
+                                   : std::string());
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
     sizing_.every = resize_every;
     if (!ctx.resumed) {
       broadcast_parameters(ctx, buffer_);
-      sizing_ = batch_sizing{.every = resize_every};
+      sizing_ = {};
+      sizing_.every = resize_every;
     }
   }
   // With a target batch: a step's inner steps are micro-batches whose gradients add up (the trainer).
