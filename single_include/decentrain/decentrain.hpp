@@ -23042,10 +23042,9 @@ struct speed_sizing {
 // replicas together have trained on the target's rows, each taking micro-batches as its speed
 // allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
 // (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
-// the replicas exchange those after the first step and then every `every` steps (an all-gather of
-// two numbers each) after steps 0, every - 1, 2 every - 1, ..., and after any step at which the
-// group is not the one of the last deal (fault::elastic: peers left or joined); until the first,
-// each takes an equal share. The target's micro-batches are dealt so that the step's longest
+// the replicas exchange those (an all-gather of two numbers each) after steps 0, every - 1,
+// 2 every - 1, ..., and after any step at which the group is not the one of the last deal
+// (fault::elastic: peers left or joined); until the first, each takes an equal share. The target's micro-batches are dealt so that the step's longest
 // compute is least (shares()), the same on every replica.
 struct batch_sizing {
   // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
@@ -23136,7 +23135,7 @@ struct batch_sizing {
     c.counters[prefix + "batch_through"] = through;
     c.counters[prefix + "batch_group"] = group;
   }
-  // A checkpoint without them (written without a target batch) starts unmeasured.
+  // A checkpoint without them (written without a target batch) starts unmeasured (its period kept).
   void load(const io::checkpoint& c, const std::string& prefix) {
     const auto keep = every;
     *this = {};
@@ -25388,12 +25387,11 @@ struct sync_allreduce {
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
-    sizing_.every = resize_every;
     if (!ctx.resumed) {
       broadcast_parameters(ctx, buffer_);
       sizing_ = {};
-      sizing_.every = resize_every;
     }
+    sizing_.every = resize_every;
   }
   // With a target batch: a step's inner steps are micro-batches whose gradients add up (the trainer).
   bool accumulates() const { return target_batch > 0; }
@@ -25423,11 +25421,8 @@ struct sync_allreduce {
   }
   void load(const io::checkpoint& c) {
     load_codec(codec, c, "comm.sync.codec.");
-    sizing_.every = resize_every;
-    sizing_.load(c, "comm.sync.");
+    sizing_.load(c, "comm.sync.");  // (its period: start() sets it)
   }
-  // This replica's micro-batches a step under a target batch (0 until the first exchange of speeds).
-  std::int64_t sized_micro_batches() const { return sizing_.current; }
 
  private:
   bool weighs() const { return weighted || target_batch > 0; }

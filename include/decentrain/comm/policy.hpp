@@ -242,10 +242,9 @@ struct speed_sizing {
 // replicas together have trained on the target's rows, each taking micro-batches as its speed
 // allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
 // (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
-// the replicas exchange those after the first step and then every `every` steps (an all-gather of
-// two numbers each) after steps 0, every - 1, 2 every - 1, ..., and after any step at which the
-// group is not the one of the last deal (fault::elastic: peers left or joined); until the first,
-// each takes an equal share. The target's micro-batches are dealt so that the step's longest
+// the replicas exchange those (an all-gather of two numbers each) after steps 0, every - 1,
+// 2 every - 1, ..., and after any step at which the group is not the one of the last deal
+// (fault::elastic: peers left or joined); until the first, each takes an equal share. The target's micro-batches are dealt so that the step's longest
 // compute is least (shares()), the same on every replica.
 struct batch_sizing {
   // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
@@ -336,7 +335,7 @@ struct batch_sizing {
     c.counters[prefix + "batch_through"] = through;
     c.counters[prefix + "batch_group"] = group;
   }
-  // A checkpoint without them (written without a target batch) starts unmeasured.
+  // A checkpoint without them (written without a target batch) starts unmeasured (its period kept).
   void load(const io::checkpoint& c, const std::string& prefix) {
     const auto keep = every;
     *this = {};

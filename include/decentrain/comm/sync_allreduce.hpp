@@ -61,12 +61,11 @@ struct sync_allreduce {
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
-    sizing_.every = resize_every;
     if (!ctx.resumed) {
       broadcast_parameters(ctx, buffer_);
       sizing_ = {};
-      sizing_.every = resize_every;
     }
+    sizing_.every = resize_every;
   }
   // With a target batch: a step's inner steps are micro-batches whose gradients add up (the trainer).
   bool accumulates() const { return target_batch > 0; }
@@ -96,11 +95,8 @@ struct sync_allreduce {
   }
   void load(const io::checkpoint& c) {
     load_codec(codec, c, "comm.sync.codec.");
-    sizing_.every = resize_every;
-    sizing_.load(c, "comm.sync.");
+    sizing_.load(c, "comm.sync.");  // (its period: start() sets it)
   }
-  // This replica's micro-batches a step under a target batch (0 until the first exchange of speeds).
-  std::int64_t sized_micro_batches() const { return sizing_.current; }
 
  private:
   bool weighs() const { return weighted || target_batch > 0; }
