@@ -40,11 +40,12 @@ if(MPI_CXX_FOUND AND NOT TARGET decentrain::mpi)
 endif()
 
 # The CUDA toolkit (at /usr/local/cuda or on the PATH) is optional as well. CPU-only users never
-# link CUDA libraries: only decentrain::cuda carries them.
+# link CUDA libraries: only decentrain::cuda carries them, the runtime alone (cuBLAS is opened at
+# the first GEMM on a GPU: kernels/cuda/cublas_library.hpp says why).
 find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND AND NOT TARGET decentrain::cuda)
   add_library(decentrain::cuda INTERFACE IMPORTED)
-  set_target_properties(decentrain::cuda PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;CUDA::cublas;CUDA::cublasLt")
+  set_target_properties(decentrain::cuda PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;${CMAKE_DL_LIBS}")
 endif()
 
 if(NOT TARGET decentrain::cblas)

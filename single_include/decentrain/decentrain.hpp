@@ -4423,20 +4423,128 @@ void embedding_backward(cuda, T* dtable, const std::int32_t* ids, const T* dout,
 // (the .cuh is empty otherwise). Ops include this, never a device folder directly.
 
 // ---- begin decentrain/kernels/cuda/gemm.cuh ----
-// GEMM on the GPU through cuBLAS. decentrain is row-major and cuBLAS column-major: a row-major
+// GEMM on the GPU through cuBLAS (opened on first use: cublas_library.hpp). decentrain is row-major and cuBLAS column-major: a row-major
 // C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped
 // and nothing is transposed in memory. Pure f32 math (no TF32), so results match the CPU to
 // float rounding.
 
 
 #if DECENTRAIN_HAS_CUDA
-#include <cublas_v2.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <type_traits>
 
+// ---- begin decentrain/kernels/cuda/cublas_library.hpp ----
+// cuBLAS and cuBLASLt, opened (dlopen) the first time a GEMM needs them rather than linked.
+// Linked, cuBLASLt's static initialisers and relocations cost every start of the program about
+// 0.4 s of CPU before main, whether or not it ever touches a GPU: `decentrain-gpt --help` or a
+// CPU run paid it, and so did each of the hundreds of processes the tests start. Opened here,
+// a program pays it once, at its first GEMM on a GPU; decentrain::cuda links the CUDA runtime
+// only. The library of the toolkit the program was compiled against (its major version, as the
+// headers say) is looked for as the dynamic loader does (LD_LIBRARY_PATH, the program's RUNPATH,
+// ld.so.cache), then beside the CUDA runtime the program runs with.
+
+
+// Compiled wherever the toolkit's headers are (g++ too: tests/cuda/test_cublas_library.cpp).
+#if DECENTRAIN_HAS_CUDA || __has_include(<cublasLt.h>)
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <string>
+
+
+namespace decentrain::kernels::cuda_detail {
+
+// The functions the kernels call, each by the name its header gives it (cublas_v2.h maps some to
+// a _v2 symbol: the member and the symbol looked up are that one). cublasGemmEx is apart: its
+// header overloads it in C++.
+#define DECENTRAIN_CUBLAS_FUNCTIONS(X) \
+  X(cublasCreate) X(cublasDestroy) X(cublasSetStream) X(cublasSgemm) X(cublasDgemm)
+#define DECENTRAIN_CUBLASLT_FUNCTIONS(X)                                                                    \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic)                  \
+  X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                \
+  X(cublasLtMatmulDescGetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)            \
+  X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)
+#define DECENTRAIN_CUBLAS_STRING(name) DECENTRAIN_CUBLAS_STRING_(name)
+#define DECENTRAIN_CUBLAS_STRING_(name) #name
+
+struct cublas_library {
+#define DECENTRAIN_CUBLAS_MEMBER(name) decltype(&::name) name = nullptr;
+  DECENTRAIN_CUBLAS_FUNCTIONS(DECENTRAIN_CUBLAS_MEMBER)
+  DECENTRAIN_CUBLASLT_FUNCTIONS(DECENTRAIN_CUBLAS_MEMBER)
+#undef DECENTRAIN_CUBLAS_MEMBER
+  cublasStatus_t (*cublasGemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                 const void*, cudaDataType_t, int, const void*, cudaDataType_t, int, const void*, void*,
+                                 cudaDataType_t, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+
+  // The file names opened, for messages and the tests.
+  std::string cublas_file, cublaslt_file;
+
+  static std::string file_name(const char* stem) {
+    return std::string(stem) + ".so." + std::to_string(CUBLAS_VER_MAJOR);
+  }
+
+  // `stem` (libcublas, libcublasLt) of the compiled-against major version: as the loader finds
+  // it, else in the directory of the CUDA runtime this program uses. Fails naming both places.
+  static void* open_file(const char* stem, std::string& opened) {
+    const std::string name = file_name(stem);
+    if (void* h = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      opened = name;
+      return h;
+    }
+    const std::string first_error = ::dlerror();
+    std::string beside;
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<const void*>(&::cudaGetDeviceCount), &info) != 0 && info.dli_fname) {
+      beside = info.dli_fname;
+      beside = beside.substr(0, beside.find_last_of('/') + 1) + name;
+      if (void* h = ::dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+        opened = beside;
+        return h;
+      }
+    }
+    decentrain::detail::fail("cannot open ", name, " (cuBLAS of CUDA ", CUBLAS_VER_MAJOR, ", which this program was "
+                             "compiled against): ", first_error, beside.empty() ? "" : "; nor " + beside,
+                             ". Put the CUDA toolkit's library directory on LD_LIBRARY_PATH");
+  }
+
+  static void* symbol(void* file, const char* name, const std::string& file_name) {
+    void* f = ::dlsym(file, name);
+    decentrain::detail::check(f != nullptr, "cuBLAS: ", file_name, " has no ", name,
+                              " (a library of another version than the headers this program was compiled with?)");
+    return f;
+  }
+
+  static cublas_library open() {
+    cublas_library lib;
+    void* blas = open_file("libcublas", lib.cublas_file);
+    void* lt = open_file("libcublasLt", lib.cublaslt_file);
+#define DECENTRAIN_CUBLAS_LOOKUP(name) \
+  lib.name = reinterpret_cast<decltype(lib.name)>(symbol(blas, DECENTRAIN_CUBLAS_STRING(name), lib.cublas_file));
+#define DECENTRAIN_CUBLASLT_LOOKUP(name) \
+  lib.name = reinterpret_cast<decltype(lib.name)>(symbol(lt, DECENTRAIN_CUBLAS_STRING(name), lib.cublaslt_file));
+    DECENTRAIN_CUBLAS_FUNCTIONS(DECENTRAIN_CUBLAS_LOOKUP)
+    DECENTRAIN_CUBLASLT_FUNCTIONS(DECENTRAIN_CUBLASLT_LOOKUP)
+    DECENTRAIN_CUBLAS_LOOKUP(cublasGemmEx)
+#undef DECENTRAIN_CUBLAS_LOOKUP
+#undef DECENTRAIN_CUBLASLT_LOOKUP
+    return lib;  // (never closed: handles are destroyed at thread exit, after main)
+  }
+};
+
+// Opened once per program, on first use (a failure is thrown to each caller).
+inline const cublas_library& cublas() {
+  static const cublas_library lib = cublas_library::open();
+  return lib;
+}
+
+}  // namespace decentrain::kernels::cuda_detail
+
+#endif
+// ---- end decentrain/kernels/cuda/cublas_library.hpp ----
 
 namespace decentrain::kernels {
 
@@ -4472,14 +4580,14 @@ class cublas_handles {
     auto it = handles.by_device_.find(device);
     if (it == handles.by_device_.end()) {
       cublasHandle_t h = nullptr;
-      cublas_check(cublasCreate(&h), "cublasCreate");
+      cublas_check(cublas().cublasCreate(&h), "cublasCreate");
       it = handles.by_device_.emplace(device, h).first;
     }
-    cublas_check(cublasSetStream(it->second, cuda_rt::current_stream()), "cublasSetStream");
+    cublas_check(cublas().cublasSetStream(it->second, cuda_rt::current_stream()), "cublasSetStream");
     return it->second;
   }
   ~cublas_handles() {
-    for (auto& [device, h] : by_device_) (void)cublasDestroy(h);
+    for (auto& [device, h] : by_device_) (void)cublas().cublasDestroy(h);
   }
 
  private:
@@ -4489,12 +4597,12 @@ class cublas_handles {
 inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                 int k, const float* alpha, const float* a, int lda, const float* b, int ldb,
                                 const float* beta, float* c, int ldc) {
-  return cublasSgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return cublas().cublasSgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                 int k, const double* alpha, const double* a, int lda, const double* b, int ldb,
                                 const double* beta, double* c, int ldc) {
-  return cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return cublas().cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 inline int as_int(std::int64_t v, const char* what) {
@@ -4550,7 +4658,7 @@ void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
   using cuda_detail::as_int;
   constexpr cudaDataType_t out_type = std::is_same_v<Out, bf16> ? CUDA_R_16BF : CUDA_R_32F;
   cuda_detail::cublas_check(
-      cublasGemmEx(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      cuda_detail::cublas().cublasGemmEx(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(n, "n"), as_int(m, "m"), as_int(k, "k"), &alpha, b,
                    CUDA_R_16BF, as_int(ldb, "ldb"), a, CUDA_R_16BF, as_int(lda, "lda"), &beta, c, out_type,
                    as_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -7223,8 +7331,6 @@ void linear_backward_through_gelu(cpu, std::int64_t m, std::int64_t n, std::int6
 
 
 #if DECENTRAIN_HAS_CUDA
-#include <cublasLt.h>
-
 #include <algorithm>
 #include <compare>
 #include <cstdint>
@@ -7247,13 +7353,13 @@ class cublaslt_handles {
     auto it = handles.by_device_.find(device);
     if (it == handles.by_device_.end()) {
       cublasLtHandle_t h = nullptr;
-      cublas_check(cublasLtCreate(&h), "cublasLtCreate");
+      cublas_check(cublas().cublasLtCreate(&h), "cublasLtCreate");
       it = handles.by_device_.emplace(device, h).first;
     }
     return it->second;
   }
   ~cublaslt_handles() {
-    for (auto& [device, h] : by_device_) (void)cublasLtDestroy(h);
+    for (auto& [device, h] : by_device_) (void)cublas().cublasLtDestroy(h);
   }
 
  private:
@@ -7263,15 +7369,15 @@ class cublaslt_handles {
 // Owners for cuBLASLt's descriptors, so an error thrown midway leaks none.
 struct lt_matmul_desc {
   cublasLtMatmulDesc_t desc = nullptr;
-  ~lt_matmul_desc() { if (desc) (void)cublasLtMatmulDescDestroy(desc); }
+  ~lt_matmul_desc() { if (desc) (void)cublas().cublasLtMatmulDescDestroy(desc); }
 };
 struct lt_layout {
   cublasLtMatrixLayout_t layout = nullptr;
-  ~lt_layout() { if (layout) (void)cublasLtMatrixLayoutDestroy(layout); }
+  ~lt_layout() { if (layout) (void)cublas().cublasLtMatrixLayoutDestroy(layout); }
 };
 struct lt_preference {
   cublasLtMatmulPreference_t pref = nullptr;
-  ~lt_preference() { if (pref) (void)cublasLtMatmulPreferenceDestroy(pref); }
+  ~lt_preference() { if (pref) (void)cublas().cublasLtMatmulPreferenceDestroy(pref); }
 };
 
 // Hopper's cuBLASLt kernels want up to 32 MiB of workspace (as llm.c gives them).
@@ -7312,31 +7418,31 @@ struct lt_problem {
 inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t out_type, bool trans_a,
                       std::uint64_t M, std::uint64_t N, std::uint64_t K, const void* A, const void* B, void* D) {
   const cublasOperation_t transa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, transb = CUBLAS_OP_N;
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
+  cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
                "cublasLtMatmulDescSetAttribute (transa)");
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
+  cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
                "cublasLtMatmulDescSetAttribute (transb)");
   lt_layout a, b, d;  // layouts of the stored matrices: a transposed A is stored K x M
   const auto lda = static_cast<std::int64_t>(trans_a ? K : M);
-  cublas_check(cublasLtMatrixLayoutCreate(&a.layout, in_type, trans_a ? K : M, trans_a ? M : K, lda), "cublasLtMatrixLayoutCreate (A)");
-  cublas_check(cublasLtMatrixLayoutCreate(&b.layout, in_type, K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
-  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, out_type, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
+  cublas_check(cublas().cublasLtMatrixLayoutCreate(&a.layout, in_type, trans_a ? K : M, trans_a ? M : K, lda), "cublasLtMatrixLayoutCreate (A)");
+  cublas_check(cublas().cublasLtMatrixLayoutCreate(&b.layout, in_type, K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
+  cublas_check(cublas().cublasLtMatrixLayoutCreate(&d.layout, out_type, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
   lt_preference pref;
-  cublas_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
+  cublas_check(cublas().cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace_bytes = lt_workspace_bytes;
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                     sizeof workspace_bytes),
                "cublasLtMatmulPreferenceSetAttribute (workspace)");
   // The heuristic assumes 256-byte aligned matrices unless told otherwise; views can start
   // anywhere, so it is told the alignment each pointer really has (as PyTorch does).
   const std::uint32_t align_a = lt_alignment(A), align_b = lt_alignment(B), align_d = lt_alignment(D);
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a),
                "cublasLtMatmulPreferenceSetAttribute (alignment of A)");
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b),
                "cublasLtMatmulPreferenceSetAttribute (alignment of B)");
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of C)");
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of D)");
   const auto handle = cublaslt_handles::get();
   // The heuristic's answer depends only on the problem, so it is asked once per problem and host
@@ -7345,13 +7451,13 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   const void *bias = nullptr, *aux = nullptr;
   std::int64_t aux_ld = 0;
   std::size_t written = 0;
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue, &written),
                "cublasLtMatmulDescGetAttribute (epilogue)");
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, &written),
                "cublasLtMatmulDescGetAttribute (bias)");
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, &written),
                "cublasLtMatmulDescGetAttribute (aux pointer)");
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld, &written),
                "cublasLtMatmulDescGetAttribute (aux ld)");
   const lt_problem problem{cuda_rt::current_device(), static_cast<int>(epilogue), static_cast<int>(in_type),
                            static_cast<int>(out_type), trans_a, M, N, K, align_a, align_b, align_d,
@@ -7361,7 +7467,7 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   if (it == answers.end()) {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const bool ok = cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1,
+    const bool ok = cublas().cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1,
                                                    &result, &found) == CUBLAS_STATUS_SUCCESS && found > 0;
     it = answers.emplace(problem, ok ? std::optional(result) : std::nullopt).first;
   }
@@ -7369,7 +7475,7 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   const cublasLtMatmulHeuristicResult_t& heuristic = *it->second;
   scratch<unsigned char> workspace(static_cast<std::int64_t>(std::max<std::size_t>(heuristic.workspaceSize, 1)));
   const float one = 1.0f, zero = 0.0f;
-  cublas_check(cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,
+  cublas_check(cublas().cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,
                               &heuristic.algo, workspace.get(), heuristic.workspaceSize, cuda_rt::current_stream()),
                "cublasLtMatmul");
   return true;
@@ -7378,16 +7484,16 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
 // A matmul descriptor (f32 accumulation and scale) with `epilogue`, and, when `aux` is given,
 // that matrix as the epilogue's auxiliary input or output with leading dimension `aux_ld`.
 inline void lt_describe(lt_matmul_desc& op, cublasLtEpilogue_t epilogue, const void* bias, const void* aux, std::int64_t aux_ld) {
-  cublas_check(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+  cublas_check(cublas().cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
                "cublasLtMatmulDescSetAttribute (epilogue)");
   if (bias)
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+    cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                  "cublasLtMatmulDescSetAttribute (bias)");
   if (aux) {
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+    cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
                  "cublasLtMatmulDescSetAttribute (aux pointer)");
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+    cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
                  "cublasLtMatmulDescSetAttribute (aux ld)");
   }
 }

@@ -1,4 +1,4 @@
-// GEMM on the GPU through cuBLAS. decentrain is row-major and cuBLAS column-major: a row-major
+// GEMM on the GPU through cuBLAS (opened on first use: cublas_library.hpp). decentrain is row-major and cuBLAS column-major: a row-major
 // C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped
 // and nothing is transposed in memory. Pure f32 math (no TF32), so results match the CPU to
 // float rounding.
@@ -7,8 +7,6 @@
 #include "decentrain/config.hpp"
 
 #if DECENTRAIN_HAS_CUDA
-#include <cublas_v2.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -18,6 +16,7 @@
 #include "decentrain/core/device.hpp"
 #include "decentrain/core/dtype.hpp"
 #include "decentrain/kernels/cpu/gemm.hpp"
+#include "decentrain/kernels/cuda/cublas_library.hpp"
 
 namespace decentrain::kernels {
 
@@ -53,14 +52,14 @@ class cublas_handles {
     auto it = handles.by_device_.find(device);
     if (it == handles.by_device_.end()) {
       cublasHandle_t h = nullptr;
-      cublas_check(cublasCreate(&h), "cublasCreate");
+      cublas_check(cublas().cublasCreate(&h), "cublasCreate");
       it = handles.by_device_.emplace(device, h).first;
     }
-    cublas_check(cublasSetStream(it->second, cuda_rt::current_stream()), "cublasSetStream");
+    cublas_check(cublas().cublasSetStream(it->second, cuda_rt::current_stream()), "cublasSetStream");
     return it->second;
   }
   ~cublas_handles() {
-    for (auto& [device, h] : by_device_) (void)cublasDestroy(h);
+    for (auto& [device, h] : by_device_) (void)cublas().cublasDestroy(h);
   }
 
  private:
@@ -70,12 +69,12 @@ class cublas_handles {
 inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                 int k, const float* alpha, const float* a, int lda, const float* b, int ldb,
                                 const float* beta, float* c, int ldc) {
-  return cublasSgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return cublas().cublasSgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                 int k, const double* alpha, const double* a, int lda, const double* b, int ldb,
                                 const double* beta, double* c, int ldc) {
-  return cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return cublas().cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 inline int as_int(std::int64_t v, const char* what) {
@@ -131,7 +130,7 @@ void gemm(cuda, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
   using cuda_detail::as_int;
   constexpr cudaDataType_t out_type = std::is_same_v<Out, bf16> ? CUDA_R_16BF : CUDA_R_32F;
   cuda_detail::cublas_check(
-      cublasGemmEx(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      cuda_detail::cublas().cublasGemmEx(cuda_detail::cublas_handles::get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(n, "n"), as_int(m, "m"), as_int(k, "k"), &alpha, b,
                    CUDA_R_16BF, as_int(ldb, "ldb"), a, CUDA_R_16BF, as_int(lda, "lda"), &beta, c, out_type,
                    as_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),

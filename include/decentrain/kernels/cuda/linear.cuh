@@ -12,8 +12,6 @@
 #include "decentrain/config.hpp"
 
 #if DECENTRAIN_HAS_CUDA
-#include <cublasLt.h>
-
 #include <algorithm>
 #include <compare>
 #include <cstdint>
@@ -39,13 +37,13 @@ class cublaslt_handles {
     auto it = handles.by_device_.find(device);
     if (it == handles.by_device_.end()) {
       cublasLtHandle_t h = nullptr;
-      cublas_check(cublasLtCreate(&h), "cublasLtCreate");
+      cublas_check(cublas().cublasLtCreate(&h), "cublasLtCreate");
       it = handles.by_device_.emplace(device, h).first;
     }
     return it->second;
   }
   ~cublaslt_handles() {
-    for (auto& [device, h] : by_device_) (void)cublasLtDestroy(h);
+    for (auto& [device, h] : by_device_) (void)cublas().cublasLtDestroy(h);
   }
 
  private:
@@ -55,15 +53,15 @@ class cublaslt_handles {
 // Owners for cuBLASLt's descriptors, so an error thrown midway leaks none.
 struct lt_matmul_desc {
   cublasLtMatmulDesc_t desc = nullptr;
-  ~lt_matmul_desc() { if (desc) (void)cublasLtMatmulDescDestroy(desc); }
+  ~lt_matmul_desc() { if (desc) (void)cublas().cublasLtMatmulDescDestroy(desc); }
 };
 struct lt_layout {
   cublasLtMatrixLayout_t layout = nullptr;
-  ~lt_layout() { if (layout) (void)cublasLtMatrixLayoutDestroy(layout); }
+  ~lt_layout() { if (layout) (void)cublas().cublasLtMatrixLayoutDestroy(layout); }
 };
 struct lt_preference {
   cublasLtMatmulPreference_t pref = nullptr;
-  ~lt_preference() { if (pref) (void)cublasLtMatmulPreferenceDestroy(pref); }
+  ~lt_preference() { if (pref) (void)cublas().cublasLtMatmulPreferenceDestroy(pref); }
 };
 
 // Hopper's cuBLASLt kernels want up to 32 MiB of workspace (as llm.c gives them).
@@ -104,31 +102,31 @@ struct lt_problem {
 inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t out_type, bool trans_a,
                       std::uint64_t M, std::uint64_t N, std::uint64_t K, const void* A, const void* B, void* D) {
   const cublasOperation_t transa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, transb = CUBLAS_OP_N;
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
+  cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
                "cublasLtMatmulDescSetAttribute (transa)");
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
+  cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
                "cublasLtMatmulDescSetAttribute (transb)");
   lt_layout a, b, d;  // layouts of the stored matrices: a transposed A is stored K x M
   const auto lda = static_cast<std::int64_t>(trans_a ? K : M);
-  cublas_check(cublasLtMatrixLayoutCreate(&a.layout, in_type, trans_a ? K : M, trans_a ? M : K, lda), "cublasLtMatrixLayoutCreate (A)");
-  cublas_check(cublasLtMatrixLayoutCreate(&b.layout, in_type, K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
-  cublas_check(cublasLtMatrixLayoutCreate(&d.layout, out_type, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
+  cublas_check(cublas().cublasLtMatrixLayoutCreate(&a.layout, in_type, trans_a ? K : M, trans_a ? M : K, lda), "cublasLtMatrixLayoutCreate (A)");
+  cublas_check(cublas().cublasLtMatrixLayoutCreate(&b.layout, in_type, K, N, static_cast<std::int64_t>(K)), "cublasLtMatrixLayoutCreate (B)");
+  cublas_check(cublas().cublasLtMatrixLayoutCreate(&d.layout, out_type, M, N, static_cast<std::int64_t>(M)), "cublasLtMatrixLayoutCreate (D)");
   lt_preference pref;
-  cublas_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
+  cublas_check(cublas().cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace_bytes = lt_workspace_bytes;
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                     sizeof workspace_bytes),
                "cublasLtMatmulPreferenceSetAttribute (workspace)");
   // The heuristic assumes 256-byte aligned matrices unless told otherwise; views can start
   // anywhere, so it is told the alignment each pointer really has (as PyTorch does).
   const std::uint32_t align_a = lt_alignment(A), align_b = lt_alignment(B), align_d = lt_alignment(D);
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a),
                "cublasLtMatmulPreferenceSetAttribute (alignment of A)");
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b),
                "cublasLtMatmulPreferenceSetAttribute (alignment of B)");
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of C)");
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
+  cublas_check(cublas().cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d),
                "cublasLtMatmulPreferenceSetAttribute (alignment of D)");
   const auto handle = cublaslt_handles::get();
   // The heuristic's answer depends only on the problem, so it is asked once per problem and host
@@ -137,13 +135,13 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   const void *bias = nullptr, *aux = nullptr;
   std::int64_t aux_ld = 0;
   std::size_t written = 0;
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue, &written),
                "cublasLtMatmulDescGetAttribute (epilogue)");
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias, &written),
                "cublasLtMatmulDescGetAttribute (bias)");
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, &written),
                "cublasLtMatmulDescGetAttribute (aux pointer)");
-  cublas_check(cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld, &written),
+  cublas_check(cublas().cublasLtMatmulDescGetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld, &written),
                "cublasLtMatmulDescGetAttribute (aux ld)");
   const lt_problem problem{cuda_rt::current_device(), static_cast<int>(epilogue), static_cast<int>(in_type),
                            static_cast<int>(out_type), trans_a, M, N, K, align_a, align_b, align_d,
@@ -153,7 +151,7 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   if (it == answers.end()) {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const bool ok = cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1,
+    const bool ok = cublas().cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1,
                                                    &result, &found) == CUBLAS_STATUS_SUCCESS && found > 0;
     it = answers.emplace(problem, ok ? std::optional(result) : std::nullopt).first;
   }
@@ -161,7 +159,7 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
   const cublasLtMatmulHeuristicResult_t& heuristic = *it->second;
   scratch<unsigned char> workspace(static_cast<std::int64_t>(std::max<std::size_t>(heuristic.workspaceSize, 1)));
   const float one = 1.0f, zero = 0.0f;
-  cublas_check(cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,
+  cublas_check(cublas().cublasLtMatmul(handle, op.desc, &one, A, a.layout, B, b.layout, &zero, D, d.layout, D, d.layout,
                               &heuristic.algo, workspace.get(), heuristic.workspaceSize, cuda_rt::current_stream()),
                "cublasLtMatmul");
   return true;
@@ -170,16 +168,16 @@ inline bool lt_matmul(lt_matmul_desc& op, cudaDataType_t in_type, cudaDataType_t
 // A matmul descriptor (f32 accumulation and scale) with `epilogue`, and, when `aux` is given,
 // that matrix as the epilogue's auxiliary input or output with leading dimension `aux_ld`.
 inline void lt_describe(lt_matmul_desc& op, cublasLtEpilogue_t epilogue, const void* bias, const void* aux, std::int64_t aux_ld) {
-  cublas_check(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+  cublas_check(cublas().cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
                "cublasLtMatmulDescSetAttribute (epilogue)");
   if (bias)
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+    cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                  "cublasLtMatmulDescSetAttribute (bias)");
   if (aux) {
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+    cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
                  "cublasLtMatmulDescSetAttribute (aux pointer)");
-    cublas_check(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+    cublas_check(cublas().cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
                  "cublasLtMatmulDescSetAttribute (aux ld)");
   }
 }
