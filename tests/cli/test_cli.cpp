@@ -1191,7 +1191,7 @@ TEST_CASE("train --elastic --left-out rejoin over TCP: a frozen peer woken after
           "again, and the run ends as one model", "[cli][elastic]") {
   const auto dir = scratch("elastic_rejoin");
   const auto port = std::to_string(free_port());
-  const std::string args = " train --comm diloco --inner-steps 10 --steps 3000 --batch-size 4 --eval-batches 2"
+  const std::string args = " train --comm diloco --inner-steps 10 --steps 1000 --batch-size 4 --eval-batches 2"
                            " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
                            " --elastic --silence-ms 1500 --agreement-timeout-ms 6000 --left-out rejoin"
                            " --checkpoint-dir ck --save-every 1000";
@@ -1230,7 +1230,7 @@ TEST_CASE("train --elastic --left-out rejoin over TCP: a frozen peer woken after
     std::string eval;
     for (std::string line; std::getline(metrics, line);)
       if (line.find("\"event\":\"eval\"") != std::string::npos) eval = line;
-    REQUIRE_THAT(eval, Contains("\"step\":3000,"));
+    REQUIRE_THAT(eval, Contains("\"step\":1000,"));
     last_evals.insert(eval.substr(eval.find("\"val_loss\":"), 30));
   }
   CHECK(last_evals.size() == 1);
@@ -1248,7 +1248,7 @@ TEST_CASE("train --elastic over TCP: a peer started later with a rank of its own
   const auto dir = scratch("elastic_join");
   const auto port = std::to_string(free_port());
   // Long enough (several seconds) for the joiner to be admitted well before the members finish.
-  const std::string args = " train --comm diloco --inner-steps 10 --steps 3000 --batch-size 4 --eval-batches 2"
+  const std::string args = " train --comm diloco --inner-steps 10 --steps 1000 --batch-size 4 --eval-batches 2"
                            " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
                            " --elastic --max-world 8";
   const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 2";
@@ -1285,7 +1285,7 @@ TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodby
           "[cli][elastic]") {
   const auto dir = scratch("elastic_leave");
   const auto port = std::to_string(free_port());
-  const std::string args = " train --comm diloco --inner-steps 10 --steps 3000 --batch-size 4 --eval-batches 2"
+  const std::string args = " train --comm diloco --inner-steps 10 --steps 1000 --batch-size 4 --eval-batches 2"
                            " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
                            " --elastic --max-world 8 --checkpoint-dir ck --save-every 20"
                            // A long heartbeat deadline: only the goodbye can tell the others at once.
