@@ -1,5 +1,5 @@
-// The program every consumer project builds: fits y = x W with the library's autograd and
-// exits non-zero unless the loss falls by 100x.
+// The program the add_subdirectory, single-header and pkg-config consumers build: fits y = x W with
+// the library's autograd and exits non-zero unless the loss falls by 100x.
 #if defined(DECENTRAIN_CONSUMER_SINGLE_HEADER)
 #include <decentrain.hpp>  // the installed single header
 #else
