@@ -26,10 +26,13 @@ if(KIND STREQUAL "pkg_config")
   run_step("compile" ${CXX} -Wall -Wextra -Wshadow -Wpedantic -Werror
            ${SOURCE_DIR}/tests/consumers/consumer.cpp -o ${WORK_DIR}/consumer ${flags})
   run_step("run" ${WORK_DIR}/consumer)
-  # The installed single header with the same flags: that it is there and compiles is what this
-  # adds (consumer_single_header builds and runs the program from it).
-  run_step("compile (single header)" ${CXX} -DDECENTRAIN_CONSUMER_SINGLE_HEADER -fsyntax-only -Wall -Wextra -Wshadow
-           -Wpedantic -Werror ${SOURCE_DIR}/tests/consumers/consumer.cpp ${flags})
+  # The installed single header: the same flags find it (preprocessed through them), and it is
+  # single_include's (which single_header_program compiles with g++ and consumer_single_header
+  # with clang++).
+  run_step("preprocess (single header)" ${CXX} -DDECENTRAIN_CONSUMER_SINGLE_HEADER -E
+           ${SOURCE_DIR}/tests/consumers/consumer.cpp ${flags} -o ${WORK_DIR}/consumer_single_header.ii)
+  run_step("compare (single header)" ${CMAKE_COMMAND} -E compare_files ${WORK_DIR}/prefix/include/decentrain.hpp
+           ${SOURCE_DIR}/single_include/decentrain/decentrain.hpp)
   return()
 endif()
 
