@@ -10,7 +10,7 @@
 #                       without it a run key or TLS is refused with a message
 #   decentrain::mpi     when MPI is found: link it to use transport::mpi
 #   decentrain::cuda    when the CUDA toolkit is found: link it from CUDA sources that use
-#                       dt::cuda (the CUDA runtime and cuBLAS)
+#                       dt::cuda (the CUDA runtime; cuBLAS is opened at the first GEMM)
 #   decentrain::cblas   always; it carries a CBLAS and DECENTRAIN_HAS_CBLAS=1 when one is
 #                       found, and is empty otherwise (the portable GEMM is used then)
 # With OpenMP, OpenBLAS's OpenMP build (Debian: libopenblas-openmp-dev) is preferred: the

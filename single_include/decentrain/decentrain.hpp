@@ -4423,10 +4423,10 @@ void embedding_backward(cuda, T* dtable, const std::int32_t* ids, const T* dout,
 // (the .cuh is empty otherwise). Ops include this, never a device folder directly.
 
 // ---- begin decentrain/kernels/cuda/gemm.cuh ----
-// GEMM on the GPU through cuBLAS (opened on first use: cublas_library.hpp). decentrain is row-major and cuBLAS column-major: a row-major
-// C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped
-// and nothing is transposed in memory. Pure f32 math (no TF32), so results match the CPU to
-// float rounding.
+// GEMM on the GPU through cuBLAS (opened at the first call: cublas_library.hpp). decentrain is
+// row-major and cuBLAS column-major: a row-major C = op(A) op(B) is the column-major
+// C^T = op(B)^T op(A)^T, so the operands are passed swapped and nothing is transposed in memory.
+// Pure f32 math (no TF32), so results match the CPU to float rounding.
 
 
 #if DECENTRAIN_HAS_CUDA
@@ -4496,7 +4496,9 @@ struct cublas_library {
       return h;
     }
     const std::string first_error = ::dlerror();
-    std::string beside;
+    // (A program linked with the shared runtime: dladdr names its file. With the static one it
+    // names the program, and its own directory is tried.)
+    std::string beside, beside_error;
     Dl_info info{};
     if (::dladdr(reinterpret_cast<const void*>(&::cudaGetDeviceCount), &info) != 0 && info.dli_fname) {
       beside = info.dli_fname;
@@ -4505,9 +4507,10 @@ struct cublas_library {
         opened = beside;
         return h;
       }
+      beside_error = ::dlerror();
     }
     decentrain::detail::fail("cannot open ", name, " (cuBLAS of CUDA ", CUBLAS_VER_MAJOR, ", which this program was "
-                             "compiled against): ", first_error, beside.empty() ? "" : "; nor " + beside,
+                             "compiled against): ", first_error, beside.empty() ? "" : "; nor beside the CUDA runtime: " + beside_error,
                              ". Put the CUDA toolkit's library directory on LD_LIBRARY_PATH");
   }
 
@@ -4521,7 +4524,7 @@ struct cublas_library {
   static cublas_library open() {
     cublas_library lib;
     void* blas = open_file("libcublas", lib.cublas_file);
-    void* lt = open_file("libcublasLt", lib.cublaslt_file);
+    void* lt = open_file("libcublasLt", lib.cublaslt_file);  // (cuBLAS loaded its own: this is that one)
 #define DECENTRAIN_CUBLAS_LOOKUP(name) \
   lib.name = reinterpret_cast<decltype(lib.name)>(symbol(blas, DECENTRAIN_CUBLAS_STRING(name), lib.cublas_file));
 #define DECENTRAIN_CUBLASLT_LOOKUP(name) \
@@ -4535,9 +4538,10 @@ struct cublas_library {
   }
 };
 
-// Opened once per program, on first use (a failure is thrown to each caller).
+// Opened once per program, on first use (a failure is thrown to each caller). Never destroyed: a
+// thread's handles are destroyed when it exits, which may be after static destruction.
 inline const cublas_library& cublas() {
-  static const cublas_library lib = cublas_library::open();
+  static const cublas_library& lib = *new cublas_library(cublas_library::open());
   return lib;
 }
 

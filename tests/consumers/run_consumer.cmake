@@ -31,6 +31,10 @@ if(KIND STREQUAL "pkg_config")
   # with clang++).
   run_step("preprocess (single header)" ${CXX} -DDECENTRAIN_CONSUMER_SINGLE_HEADER -E
            ${SOURCE_DIR}/tests/consumers/consumer.cpp ${flags} -o ${WORK_DIR}/consumer_single_header.ii)
+  file(STRINGS ${WORK_DIR}/consumer_single_header.ii from_prefix LIMIT_COUNT 1 REGEX "^# 1 \"${WORK_DIR}/prefix/")
+  if(NOT from_prefix)
+    message(FATAL_ERROR "consumer pkg_config: <decentrain.hpp> was not taken from ${WORK_DIR}/prefix")
+  endif()
   run_step("compare (single header)" ${CMAKE_COMMAND} -E compare_files ${WORK_DIR}/prefix/include/decentrain.hpp
            ${SOURCE_DIR}/single_include/decentrain/decentrain.hpp)
   return()

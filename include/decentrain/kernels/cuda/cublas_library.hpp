@@ -61,7 +61,9 @@ struct cublas_library {
       return h;
     }
     const std::string first_error = ::dlerror();
-    std::string beside;
+    // (A program linked with the shared runtime: dladdr names its file. With the static one it
+    // names the program, and its own directory is tried.)
+    std::string beside, beside_error;
     Dl_info info{};
     if (::dladdr(reinterpret_cast<const void*>(&::cudaGetDeviceCount), &info) != 0 && info.dli_fname) {
       beside = info.dli_fname;
@@ -70,9 +72,10 @@ struct cublas_library {
         opened = beside;
         return h;
       }
+      beside_error = ::dlerror();
     }
     decentrain::detail::fail("cannot open ", name, " (cuBLAS of CUDA ", CUBLAS_VER_MAJOR, ", which this program was "
-                             "compiled against): ", first_error, beside.empty() ? "" : "; nor " + beside,
+                             "compiled against): ", first_error, beside.empty() ? "" : "; nor beside the CUDA runtime: " + beside_error,
                              ". Put the CUDA toolkit's library directory on LD_LIBRARY_PATH");
   }
 
@@ -86,7 +89,7 @@ struct cublas_library {
   static cublas_library open() {
     cublas_library lib;
     void* blas = open_file("libcublas", lib.cublas_file);
-    void* lt = open_file("libcublasLt", lib.cublaslt_file);
+    void* lt = open_file("libcublasLt", lib.cublaslt_file);  // (cuBLAS loaded its own: this is that one)
 #define DECENTRAIN_CUBLAS_LOOKUP(name) \
   lib.name = reinterpret_cast<decltype(lib.name)>(symbol(blas, DECENTRAIN_CUBLAS_STRING(name), lib.cublas_file));
 #define DECENTRAIN_CUBLASLT_LOOKUP(name) \
@@ -100,9 +103,10 @@ struct cublas_library {
   }
 };
 
-// Opened once per program, on first use (a failure is thrown to each caller).
+// Opened once per program, on first use (a failure is thrown to each caller). Never destroyed: a
+// thread's handles are destroyed when it exits, which may be after static destruction.
 inline const cublas_library& cublas() {
-  static const cublas_library lib = cublas_library::open();
+  static const cublas_library& lib = *new cublas_library(cublas_library::open());
   return lib;
 }
 

@@ -1,7 +1,7 @@
-// GEMM on the GPU through cuBLAS (opened on first use: cublas_library.hpp). decentrain is row-major and cuBLAS column-major: a row-major
-// C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped
-// and nothing is transposed in memory. Pure f32 math (no TF32), so results match the CPU to
-// float rounding.
+// GEMM on the GPU through cuBLAS (opened at the first call: cublas_library.hpp). decentrain is
+// row-major and cuBLAS column-major: a row-major C = op(A) op(B) is the column-major
+// C^T = op(B)^T op(A)^T, so the operands are passed swapped and nothing is transposed in memory.
+// Pure f32 math (no TF32), so results match the CPU to float rounding.
 #pragma once
 
 #include "decentrain/config.hpp"
