@@ -4437,11 +4437,10 @@ void embedding_backward(cuda, T* dtable, const std::int32_t* ids, const T* dout,
 
 // ---- begin decentrain/kernels/cuda/cublas_library.hpp ----
 // cuBLAS and cuBLASLt, opened (dlopen) the first time a GEMM needs them rather than linked.
-// Linked, cuBLASLt's static initialisers and relocations cost every start of the program about
-// 0.4 s of CPU before main, whether or not it ever touches a GPU: `decentrain-gpt --help` or a
-// CPU run paid it, and so did each of the hundreds of processes the tests start. Opened here,
-// a program pays it once, at its first GEMM on a GPU; decentrain::cuda links the CUDA runtime
-// only. The library of the toolkit the program was compiled against (its major version, as the
+// Linked, cuBLASLt's static initialisers and relocations run at every start of the program,
+// whether or not it ever touches a GPU (`decentrain-gpt --help`, a CPU run, each process the
+// tests start; bench/RESULTS.md, CI, has what it cost). Opened here, a program pays it once, at
+// its first GEMM on a GPU; decentrain::cuda links the CUDA runtime only. The library of the toolkit the program was compiled against (its major version, as the
 // headers say) is looked for as the dynamic loader does (LD_LIBRARY_PATH, the program's RUNPATH,
 // ld.so.cache), then beside the CUDA runtime the program runs with.
 
@@ -23154,8 +23153,9 @@ struct speed_sizing {
 // (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
 // the replicas exchange those (an all-gather of two numbers each) after steps 0, every - 1,
 // 2 every - 1, ..., and after any step at which the group is not the one of the last deal
-// (fault::elastic: peers left or joined); until the first, each takes an equal share. The target's micro-batches are dealt so that the step's longest
-// compute is least (shares()), the same on every replica.
+// (fault::elastic: peers left or joined); until the first, each takes an equal share. The
+// target's micro-batches are dealt so that the step's longest compute is least (shares()), the
+// same on every replica.
 struct batch_sizing {
   // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
   struct cost {

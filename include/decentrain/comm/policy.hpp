@@ -244,8 +244,9 @@ struct speed_sizing {
 // (its forward and backward passes) and what a step costs it besides (the optimizer, the clip);
 // the replicas exchange those (an all-gather of two numbers each) after steps 0, every - 1,
 // 2 every - 1, ..., and after any step at which the group is not the one of the last deal
-// (fault::elastic: peers left or joined); until the first, each takes an equal share. The target's micro-batches are dealt so that the step's longest
-// compute is least (shares()), the same on every replica.
+// (fault::elastic: peers left or joined); until the first, each takes an equal share. The
+// target's micro-batches are dealt so that the step's longest compute is least (shares()), the
+// same on every replica.
 struct batch_sizing {
   // What a replica's step costs it: fixed_s + k x batch_s for k micro-batches (compute seconds).
   struct cost {
