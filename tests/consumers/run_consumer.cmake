@@ -41,9 +41,17 @@ if(KIND STREQUAL "pkg_config")
 endif()
 
 # This build's type, so that a program compiled here and the decentrain::compiled it links (built
-# with this build's flags) are compiled alike.
+# with this build's flags) are compiled alike (NDEBUG the same in both).
 set(args -S ${SOURCE_DIR}/tests/consumers/${KIND} -B ${WORK_DIR}/build -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX}
          -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+# OPTIMIZE (CMakeLists.txt beside this file says when): the optimisation level of everything built
+# here, the decentrain::compiled that add_subdirectory builds included.
+if(OPTIMIZE AND BUILD_TYPE)
+  string(TOUPPER "${BUILD_TYPE}" type)
+  list(APPEND args "-DCMAKE_CXX_FLAGS_${type}=${OPTIMIZE} -DNDEBUG")
+elseif(OPTIMIZE)
+  list(APPEND args -DCMAKE_CXX_FLAGS=${OPTIMIZE})
+endif()
 if(KIND STREQUAL "find_package")
   run_step("install" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORK_DIR}/prefix)
   list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DDECENTRAIN_SOURCE_DIR=${SOURCE_DIR})
