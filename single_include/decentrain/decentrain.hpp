@@ -23095,13 +23095,22 @@ struct round_weight {
   }
 };
 
-// Work sized to speed (a periodic policy's sized_to_speed, DyLU): what this replica's inner steps
-// cost it over the round so far, and how many it takes in the current round.
+// Work sized to speed (a periodic policy's sized_to_speed, DyLU): each replica takes as many
+// inner steps as fit before the round's deadline, the time the slowest replica needs for one
+// inner step a step of the round. The replicas agree on the slowest one's seconds per inner step
+// at each round's end; during the round each step takes its share of what still fits: the
+// seconds left to the deadline over this replica's seconds per inner step (measured so far this
+// round), spread over the round's steps left. A step that ran slow is made up by the steps after
+// it, so measurements that wander from round to round (peers sharing cores, caches, clocks)
+// cost little waiting; the slowest replica, one inner step a step, also takes more where it ran
+// fast. Seconds are compute seconds on this peer's clock.
 struct speed_sizing {
-  static constexpr std::int64_t max_ratio = 64;  // the most inner steps a round, in units of H
-  double compute_s = 0;          // compute seconds of this round's inner steps, on this peer's clock
-  std::int64_t steps = 0;        // inner steps taken this round
-  std::int64_t round_steps = 0;  // inner steps of the current round (0: one a step, until measured)
+  static constexpr std::int64_t max_ratio = 64;  // the most inner steps a step
+  double compute_s = 0;          // compute seconds of the inner steps since the sizing, on this peer's clock
+  std::int64_t steps = 0;        // inner steps taken since the sizing
+  std::int64_t round_steps = 0;  // inner steps a whole round was planned at when sized (0: not sized yet)
+  double deadline_s = 0;         // compute seconds from the sizing to the round's end (0: not sized)
+  double per_step_s = 0;         // this replica's seconds per inner step at the sizing
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
 
   template <class Ctx>
@@ -23111,34 +23120,58 @@ struct speed_sizing {
     steps += ctx.local_steps;
     through = ctx.step;
   }
-  // At a round's end, after its exchange: the replicas agree on the slowest one's seconds per
-  // inner step (one all-reduce of a double), and this one takes H s_slowest / s_mine inner steps
-  // in the next round (at least H, at most max_ratio H). Nothing measured (no compute clock):
-  // H. A value that is not a number (from a peer) counts as this replica's own.
+  // The inner steps of a step with `steps_left` steps of the round left, this one included: 1
+  // until sized; then its share of the inner steps that fit before the deadline (at least 1, at
+  // most max_ratio).
+  std::int64_t share(std::int64_t steps_left) const {
+    if (deadline_s <= 0 || steps_left < 1) return 1;
+    const double each = steps > 0 && compute_s > 0 ? compute_s / static_cast<double>(steps) : per_step_s;
+    if (!(each > 0)) return 1;
+    const double fit = std::max(0.0, deadline_s - compute_s) / each;
+    return std::clamp<std::int64_t>(std::llround(fit / static_cast<double>(steps_left)), 1, max_ratio);
+  }
+  // After a step with `steps_left` of the round's `inner_steps` steps after it (a round's end:
+  // all of the next round's): the replicas agree on the slowest one's seconds per inner step (one all-reduce of a
+  // double, which also leaves them at about one time), and the deadline is steps_left of them.
+  // Nothing measured (no compute clock): not sized, one inner step a step. A value that is not a
+  // number (from a peer) counts as this replica's own.
   template <class Ctx>
-  void next_round(Ctx& ctx, std::int64_t inner_steps) {
+  void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left) {
     const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
     double slowest = mine;
     ctx.replicas.all_reduce(std::span<double>(&slowest, 1), collective::reduce_op::max);
     if (!std::isfinite(slowest)) slowest = mine;
-    const double ratio = mine > 0 && slowest > mine ? std::min(slowest / mine, static_cast<double>(max_ratio)) : 1.0;
-    round_steps = std::max(inner_steps, static_cast<std::int64_t>(std::llround(static_cast<double>(inner_steps) * ratio)));
     compute_s = 0;
     steps = 0;
+    if (!(mine > 0) || !(slowest > 0)) {
+      deadline_s = per_step_s = 0;
+      round_steps = inner_steps;
+      return;
+    }
+    per_step_s = mine;
+    const double ratio = std::max(slowest, mine) / mine;
+    deadline_s = static_cast<double>(steps_left) * mine * ratio;
+    round_steps = std::min(max_ratio * inner_steps,
+                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * ratio)));
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "speed_compute_s", compute_s);
+    save_exact(c, prefix + "speed_deadline_s", deadline_s);
+    save_exact(c, prefix + "speed_per_step_s", per_step_s);
     c.counters[prefix + "speed_steps"] = steps;
     c.counters[prefix + "speed_round_steps"] = round_steps;
     c.counters[prefix + "speed_through"] = through;
   }
   // A checkpoint without them (written before sizing, or by a replica that did not size) starts
-  // unmeasured.
+  // unmeasured; one without a deadline (written before deadlines) takes one inner step a step
+  // until the round's end.
   void load(const io::checkpoint& c, const std::string& prefix) {
     *this = {};
     const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
     if (!seconds) return;
     compute_s = *seconds;
+    deadline_s = load_exact(c, prefix + "speed_deadline_s", "a number of seconds").value_or(0.0);
+    per_step_s = load_exact(c, prefix + "speed_per_step_s", "a number of seconds").value_or(0.0);
     steps = c.counter(prefix + "speed_steps");
     round_steps = c.counter(prefix + "speed_round_steps");
     through = c.counter(prefix + "speed_through");
@@ -24280,12 +24313,13 @@ struct diloco {
   // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
   // Work sized to speed (DyLU: Liu et al., 2024, "Asynchronous Local-SGD Training for Language
-  // Modeling"): a replica takes as many inner steps as it computes in the time the slowest takes
-  // inner_steps (H_i = H s_slowest / s_i, s being the compute seconds an inner step took it in the
-  // round before, agreed by one 8-byte all-reduce a round; the first round sized after its first
-  // step), spread over the round's steps, and its pseudo-gradient weighs by the rows it trained (as `weighted`).
-  // Every replica's round then takes about as long, so none waits for the slowest. Every replica
-  // the same; not with `moshpit` (the speeds' all-reduce would span every replica).
+  // Modeling"): a replica takes as many inner steps as fit in the time the slowest needs for
+  // inner_steps (about H_i = H s_slowest / s_i, s being the compute seconds an inner step took it, the
+  // slowest's agreed by one 8-byte all-reduce a round; the first round sized after its first
+  // step), spread over the round's steps and made up as it goes (speed_sizing), and its
+  // pseudo-gradient weighs by the rows it trained (as `weighted`). Every replica's round then
+  // takes about as long, so none waits for the slowest. Every replica the same; not with
+  // `moshpit` (the speeds' all-reduce would span every replica).
   bool sized_to_speed = false;
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
@@ -24325,12 +24359,10 @@ struct diloco {
   template <class Ctx>
   void after_backward(Ctx&) {}
 
-  // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed this
-  // round's H_i spread evenly over its inner_steps steps.
+  // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed its
+  // share of the inner steps that fit before the round's deadline (speed_sizing).
   std::int64_t local_steps(std::int64_t step) const {
-    if (!sized_to_speed || speed_.round_steps <= inner_steps) return 1;
-    const std::int64_t j = step % inner_steps;
-    return (j + 1) * speed_.round_steps / inner_steps - j * speed_.round_steps / inner_steps;
+    return sized_to_speed ? speed_.share(inner_steps - step % inner_steps) : 1;
   }
 
   template <class Ctx>
@@ -24339,7 +24371,8 @@ struct diloco {
     if (sized_to_speed) {
       speed_.add(ctx);
       // Not measured yet (a run's first step): the rest of the first round is sized at once.
-      if (speed_.round_steps == 0 && !ends_round(ctx, inner_steps)) speed_.next_round(ctx, inner_steps);
+      if (speed_.round_steps == 0 && !ends_round(ctx, inner_steps))
+        speed_.next_round(ctx, inner_steps, inner_steps - 1 - ctx.step % inner_steps);
     }
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
@@ -24353,7 +24386,7 @@ struct diloco {
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                                      weight_if(weighs(), weight_.sum));
     }
-    if (sized_to_speed) speed_.next_round(ctx, inner_steps);
+    if (sized_to_speed) speed_.next_round(ctx, inner_steps, inner_steps);
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -24388,7 +24421,8 @@ struct diloco {
     speed_ = {};
     if (sized_to_speed) speed_.load(c, "comm.diloco.");
   }
-  // This round's inner steps on this replica (sized_to_speed; inner_steps until it measured).
+  // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
+  // until it measured).
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
 
  private:

@@ -37,12 +37,13 @@ struct diloco {
   // (collective::encoded_all_reduce: the mean scales, a robust aggregator weighs). Every replica the same.
   bool weighted = false;
   // Work sized to speed (DyLU: Liu et al., 2024, "Asynchronous Local-SGD Training for Language
-  // Modeling"): a replica takes as many inner steps as it computes in the time the slowest takes
-  // inner_steps (H_i = H s_slowest / s_i, s being the compute seconds an inner step took it in the
-  // round before, agreed by one 8-byte all-reduce a round; the first round sized after its first
-  // step), spread over the round's steps, and its pseudo-gradient weighs by the rows it trained (as `weighted`).
-  // Every replica's round then takes about as long, so none waits for the slowest. Every replica
-  // the same; not with `moshpit` (the speeds' all-reduce would span every replica).
+  // Modeling"): a replica takes as many inner steps as fit in the time the slowest needs for
+  // inner_steps (about H_i = H s_slowest / s_i, s being the compute seconds an inner step took it, the
+  // slowest's agreed by one 8-byte all-reduce a round; the first round sized after its first
+  // step), spread over the round's steps and made up as it goes (speed_sizing), and its
+  // pseudo-gradient weighs by the rows it trained (as `weighted`). Every replica's round then
+  // takes about as long, so none waits for the slowest. Every replica the same; not with
+  // `moshpit` (the speeds' all-reduce would span every replica).
   bool sized_to_speed = false;
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
@@ -82,12 +83,10 @@ struct diloco {
   template <class Ctx>
   void after_backward(Ctx&) {}
 
-  // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed this
-  // round's H_i spread evenly over its inner_steps steps.
+  // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed its
+  // share of the inner steps that fit before the round's deadline (speed_sizing).
   std::int64_t local_steps(std::int64_t step) const {
-    if (!sized_to_speed || speed_.round_steps <= inner_steps) return 1;
-    const std::int64_t j = step % inner_steps;
-    return (j + 1) * speed_.round_steps / inner_steps - j * speed_.round_steps / inner_steps;
+    return sized_to_speed ? speed_.share(inner_steps - step % inner_steps) : 1;
   }
 
   template <class Ctx>
@@ -96,7 +95,8 @@ struct diloco {
     if (sized_to_speed) {
       speed_.add(ctx);
       // Not measured yet (a run's first step): the rest of the first round is sized at once.
-      if (speed_.round_steps == 0 && !ends_round(ctx, inner_steps)) speed_.next_round(ctx, inner_steps);
+      if (speed_.round_steps == 0 && !ends_round(ctx, inner_steps))
+        speed_.next_round(ctx, inner_steps, inner_steps - 1 - ctx.step % inner_steps);
     }
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, delta_);
@@ -110,7 +110,7 @@ struct diloco {
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                                      weight_if(weighs(), weight_.sum));
     }
-    if (sized_to_speed) speed_.next_round(ctx, inner_steps);
+    if (sized_to_speed) speed_.next_round(ctx, inner_steps, inner_steps);
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -145,7 +145,8 @@ struct diloco {
     speed_ = {};
     if (sized_to_speed) speed_.load(c, "comm.diloco.");
   }
-  // This round's inner steps on this replica (sized_to_speed; inner_steps until it measured).
+  // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
+  // until it measured).
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
 
  private:

@@ -186,13 +186,22 @@ struct round_weight {
   }
 };
 
-// Work sized to speed (a periodic policy's sized_to_speed, DyLU): what this replica's inner steps
-// cost it over the round so far, and how many it takes in the current round.
+// Work sized to speed (a periodic policy's sized_to_speed, DyLU): each replica takes as many
+// inner steps as fit before the round's deadline, the time the slowest replica needs for one
+// inner step a step of the round. The replicas agree on the slowest one's seconds per inner step
+// at each round's end; during the round each step takes its share of what still fits: the
+// seconds left to the deadline over this replica's seconds per inner step (measured so far this
+// round), spread over the round's steps left. A step that ran slow is made up by the steps after
+// it, so measurements that wander from round to round (peers sharing cores, caches, clocks)
+// cost little waiting; the slowest replica, one inner step a step, also takes more where it ran
+// fast. Seconds are compute seconds on this peer's clock.
 struct speed_sizing {
-  static constexpr std::int64_t max_ratio = 64;  // the most inner steps a round, in units of H
-  double compute_s = 0;          // compute seconds of this round's inner steps, on this peer's clock
-  std::int64_t steps = 0;        // inner steps taken this round
-  std::int64_t round_steps = 0;  // inner steps of the current round (0: one a step, until measured)
+  static constexpr std::int64_t max_ratio = 64;  // the most inner steps a step
+  double compute_s = 0;          // compute seconds of the inner steps since the sizing, on this peer's clock
+  std::int64_t steps = 0;        // inner steps taken since the sizing
+  std::int64_t round_steps = 0;  // inner steps a whole round was planned at when sized (0: not sized yet)
+  double deadline_s = 0;         // compute seconds from the sizing to the round's end (0: not sized)
+  double per_step_s = 0;         // this replica's seconds per inner step at the sizing
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
 
   template <class Ctx>
@@ -202,34 +211,58 @@ struct speed_sizing {
     steps += ctx.local_steps;
     through = ctx.step;
   }
-  // At a round's end, after its exchange: the replicas agree on the slowest one's seconds per
-  // inner step (one all-reduce of a double), and this one takes H s_slowest / s_mine inner steps
-  // in the next round (at least H, at most max_ratio H). Nothing measured (no compute clock):
-  // H. A value that is not a number (from a peer) counts as this replica's own.
+  // The inner steps of a step with `steps_left` steps of the round left, this one included: 1
+  // until sized; then its share of the inner steps that fit before the deadline (at least 1, at
+  // most max_ratio).
+  std::int64_t share(std::int64_t steps_left) const {
+    if (deadline_s <= 0 || steps_left < 1) return 1;
+    const double each = steps > 0 && compute_s > 0 ? compute_s / static_cast<double>(steps) : per_step_s;
+    if (!(each > 0)) return 1;
+    const double fit = std::max(0.0, deadline_s - compute_s) / each;
+    return std::clamp<std::int64_t>(std::llround(fit / static_cast<double>(steps_left)), 1, max_ratio);
+  }
+  // After a step with `steps_left` of the round's `inner_steps` steps after it (a round's end:
+  // all of the next round's): the replicas agree on the slowest one's seconds per inner step (one all-reduce of a
+  // double, which also leaves them at about one time), and the deadline is steps_left of them.
+  // Nothing measured (no compute clock): not sized, one inner step a step. A value that is not a
+  // number (from a peer) counts as this replica's own.
   template <class Ctx>
-  void next_round(Ctx& ctx, std::int64_t inner_steps) {
+  void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left) {
     const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
     double slowest = mine;
     ctx.replicas.all_reduce(std::span<double>(&slowest, 1), collective::reduce_op::max);
     if (!std::isfinite(slowest)) slowest = mine;
-    const double ratio = mine > 0 && slowest > mine ? std::min(slowest / mine, static_cast<double>(max_ratio)) : 1.0;
-    round_steps = std::max(inner_steps, static_cast<std::int64_t>(std::llround(static_cast<double>(inner_steps) * ratio)));
     compute_s = 0;
     steps = 0;
+    if (!(mine > 0) || !(slowest > 0)) {
+      deadline_s = per_step_s = 0;
+      round_steps = inner_steps;
+      return;
+    }
+    per_step_s = mine;
+    const double ratio = std::max(slowest, mine) / mine;
+    deadline_s = static_cast<double>(steps_left) * mine * ratio;
+    round_steps = std::min(max_ratio * inner_steps,
+                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * ratio)));
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "speed_compute_s", compute_s);
+    save_exact(c, prefix + "speed_deadline_s", deadline_s);
+    save_exact(c, prefix + "speed_per_step_s", per_step_s);
     c.counters[prefix + "speed_steps"] = steps;
     c.counters[prefix + "speed_round_steps"] = round_steps;
     c.counters[prefix + "speed_through"] = through;
   }
   // A checkpoint without them (written before sizing, or by a replica that did not size) starts
-  // unmeasured.
+  // unmeasured; one without a deadline (written before deadlines) takes one inner step a step
+  // until the round's end.
   void load(const io::checkpoint& c, const std::string& prefix) {
     *this = {};
     const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
     if (!seconds) return;
     compute_s = *seconds;
+    deadline_s = load_exact(c, prefix + "speed_deadline_s", "a number of seconds").value_or(0.0);
+    per_step_s = load_exact(c, prefix + "speed_per_step_s", "a number of seconds").value_or(0.0);
     steps = c.counter(prefix + "speed_steps");
     round_steps = c.counter(prefix + "speed_round_steps");
     through = c.counter(prefix + "speed_through");
