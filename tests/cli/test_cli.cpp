@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <set>
 #include <map>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -436,10 +438,28 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
 }
 
 namespace {
+// A port for a peer to listen on, found free below the kernel's ephemeral range (Linux's
+// ip_local_port_range, 32768-60999 by default). The kernel deals from that range to every socket
+// bound to port 0 (the other peers' listeners, every outgoing connection), so a port found free
+// there could be dealt to another test's peer before this test's peer binds it; once, a
+// concurrent test's peer took it, and this test's peers joined that run. Drawn at random, so test
+// programs started side by side do not try the same ports in turn.
 std::uint16_t free_port() {
+  int ephemeral_low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> ephemeral_low;
+  const int low = 10000, high = std::min(ephemeral_low, 65536) - 1;
+  if (high - low < 1000) throw std::runtime_error("free_port: too few ports below the ephemeral range");
+  static std::mt19937 draw(std::random_device{}());
   asio::io_context io;
-  asio::ip::tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const auto port = static_cast<std::uint16_t>(std::uniform_int_distribution<int>(low, high)(draw));
+    asio::ip::tcp::acceptor a(io);
+    asio::error_code ec;
+    a.open(asio::ip::tcp::v4(), ec);
+    if (!ec) a.bind({asio::ip::make_address("127.0.0.1"), port}, ec);
+    if (!ec) return port;
+  }
+  throw std::runtime_error("free_port: no port free below the ephemeral range in 1000 tries");
 }
 const std::string peer_args =
     " train --comm diloco --inner-steps 5 --steps 12 --batch-size 4 --eval-batches 2 --eval-every 100 --threads 1"
