@@ -222,10 +222,10 @@ struct speed_sizing {
     return std::clamp<std::int64_t>(std::llround(fit / static_cast<double>(steps_left)), 1, max_ratio);
   }
   // After a step with `steps_left` of the round's `inner_steps` steps after it (a round's end:
-  // all of the next round's): the replicas agree on the slowest one's seconds per inner step (one all-reduce of a
-  // double, which also leaves them at about one time), and the deadline is steps_left of them.
-  // Nothing measured (no compute clock): not sized, one inner step a step. A value that is not a
-  // number (from a peer) counts as this replica's own.
+  // all of the next round's): the replicas agree on the slowest one's seconds per inner step (one
+  // all-reduce of a double, which also leaves them at about one time), and the deadline is
+  // steps_left of them. Nothing measured (no compute clock): not sized, one inner step a step. A
+  // value that is not a number (from a peer) counts as this replica's own.
   template <class Ctx>
   void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left) {
     const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
@@ -240,10 +240,10 @@ struct speed_sizing {
       return;
     }
     per_step_s = mine;
-    const double ratio = std::max(slowest, mine) / mine;
-    deadline_s = static_cast<double>(steps_left) * mine * ratio;
+    slowest = std::max(slowest, mine);
+    deadline_s = static_cast<double>(steps_left) * slowest;
     round_steps = std::min(max_ratio * inner_steps,
-                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * ratio)));
+                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * slowest / mine)));
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "speed_compute_s", compute_s);

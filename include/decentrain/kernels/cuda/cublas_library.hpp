@@ -2,9 +2,10 @@
 // Linked, cuBLASLt's static initialisers and relocations run at every start of the program,
 // whether or not it ever touches a GPU (`decentrain-gpt --help`, a CPU run, each process the
 // tests start; bench/RESULTS.md, CI, has what it cost). Opened here, a program pays it once, at
-// its first GEMM on a GPU; decentrain::cuda links the CUDA runtime only. The library of the toolkit the program was compiled against (its major version, as the
-// headers say) is looked for as the dynamic loader does (LD_LIBRARY_PATH, the program's RUNPATH,
-// ld.so.cache), then beside the CUDA runtime the program runs with.
+// its first GEMM on a GPU; decentrain::cuda links the CUDA runtime only. The library of the
+// toolkit the program was compiled against (its major version, as the headers say) is looked for
+// as the dynamic loader does (LD_LIBRARY_PATH, the program's RUNPATH, ld.so.cache), then beside
+// the CUDA runtime the program runs with.
 #pragma once
 
 #include "decentrain/config.hpp"
