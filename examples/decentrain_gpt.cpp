@@ -1582,9 +1582,12 @@ int cmd_train(const options& opt) {
                     "the whole model: it needs --parallel data, not ", opt.text("parallel"));
   dt::detail::check(target_batch == 0 || target_batch >= p.trainer.batch_size, "--target-batch ", target_batch,
                     " is less than one micro-batch of --batch-size ", p.trainer.batch_size, " rows");
-  dt::detail::check(!p.parallel.swarm || !graph, "--parallel swarm cannot take --comm ", comm, ": a stage's pool ",
-                    "averages weighted by the rows each peer processed, and ", comm, " weighs its neighbours equally (use sync, ",
-                    "local-sgd, diloco, streaming-diloco or moshpit)");
+  dt::detail::check(!p.parallel.swarm || !choco, "--parallel swarm cannot take --comm choco: a stage's pool averages ",
+                    "weighted by the rows each peer processed, and CHOCO keeps only the sum of its neighbours' public copies, ",
+                    "which cannot be weighed (use sync, local-sgd, diloco, streaming-diloco, moshpit, gossip or push-sum)");
+  dt::detail::check(!p.parallel.swarm || !ad_psgd, "--parallel swarm cannot take --comm ad-psgd: a SWARM step passes ",
+                    "activations between every stage's pools, so its peers step together and AD-PSGD's exchanges gain nothing ",
+                    "(use gossip or push-sum)");
   dt::detail::check(!p.elastic || p.parallel.stages() == 1 || !(streaming || overlap > 0 || eager),
                     "--parallel ", opt.text("parallel"), " with --elastic cannot take --comm streaming-diloco, nor --comm diloco with ",
                     "--overlap or --eager (Streaming DiLoCo): when peers are lost the stages' parts are dealt out again, ",
@@ -1682,6 +1685,7 @@ int cmd_train(const options& opt) {
   }
   if (comm == "gossip") {
     cli::gossip_policy policy;
+    policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
     policy.inner_steps = inner;
     policy.topology = dt::comm::topology::named::parse(topology);
     policy.topology.seed = p.trainer.seed;  // (random's pairings: the same on every peer of the run)
@@ -1689,6 +1693,7 @@ int cmd_train(const options& opt) {
   }
   if (push_sum) {
     cli::push_sum_policy policy;
+    policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
     policy.inner_steps = inner;
     policy.topology = dt::comm::topology::named::parse(topology);
     policy.topology.seed = p.trainer.seed;

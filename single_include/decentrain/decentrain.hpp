@@ -22898,6 +22898,11 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 // they stand when the answer comes (the steps it took meanwhile kept), where AD-PSGD averages
 // under a lock. Nobody waits on a peer: a slow one delays only the answers it owes (a neighbour
 // waiting for one asks nobody else meanwhile, but computes on).
+// With `weighted`, each side weighs by the weight of its latest step (ctx.step_weight: the rows it
+// took, say), the request carrying the asker's a: the neighbour, of weight b, moves by
+// a (x_j - x_i) / (a + b) and answers b (x_j - x_i) / (a + b), so an exchange keeps the pair's
+// weighted sum a x_i + b x_j and both land on its weighted mean (a peer's speed is in how often
+// it asks and answers, not in its weight).
 //
 // A drain settles every exchange: each replica tells its neighbours it asks no more, answers
 // what they still send until they have said the same, then waits for its own open answers. It
@@ -22915,6 +22920,7 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -23628,23 +23634,27 @@ class pairwise_averager {
  public:
   // Ranks of `replicas` this replica exchanges with, and the values' count: every exchange
   // starts afresh (a new run, a resumed one, another communicator).
+  // With `weighted`, every replica's calls say its weight (see above; a message then carries it).
   template <class Comm>
-  void begin(Comm& replicas, std::vector<int> neighbours, std::size_t size) {
+  void begin(Comm& replicas, std::vector<int> neighbours, std::size_t size, bool weighted = false) {
     neighbours_ = std::move(neighbours);
     size_ = size;
+    head_ = weighted ? 3 : 1;
     const std::size_t d = neighbours_.size();
     open_.assign(d, false);
     done_.assign(d, false);
     taken_.assign(d, 0);
     expected_.assign(d, 0);
-    inbox_.assign(size + 1, 0.0f);
-    outbox_.assign(size + 1, 0.0f);
+    inbox_.assign(head_ + size, 0.0f);
+    outbox_.assign(head_ + size, 0.0f);
     for (std::size_t k = 0; k < d; ++k) expect_ahead(replicas, k);
   }
 
   // Answers the requests that have arrived and adds the answers; never waits. Whether `x` changed.
+  // `weight`: this replica's, where it weighs (begin's `weighted`).
   template <class Comm>
-  bool poll(Comm& replicas, std::span<float> x) {
+  bool poll(Comm& replicas, std::span<float> x, double weight = 1) {
+    weight_ = checked_weight(weight);
     bool changed = false;
     for (std::size_t k = 0; k < neighbours_.size(); ++k)
       while (replicas.try_recv_from(neighbours_[k], std::span<float>(inbox_))) {
@@ -23659,7 +23669,8 @@ class pairwise_averager {
   // moves it half-way from the values it asked with, so two answers on the same values would
   // move it twice as far (answers to requests open at once add up, and overshoot).
   template <class Comm>
-  void ask(Comm& replicas, std::span<const float> x, std::uint64_t draw) {
+  void ask(Comm& replicas, std::span<const float> x, std::uint64_t draw, double weight = 1) {
+    weight_ = checked_weight(weight);
     if (std::find(open_.begin(), open_.end(), true) != open_.end()) return;
     std::vector<std::size_t> free;
     for (std::size_t k = 0; k < neighbours_.size(); ++k)
@@ -23675,7 +23686,8 @@ class pairwise_averager {
   // more, takes what each still sends until it has said the same (answering), then waits for its
   // own open answers. Whether `x` changed.
   template <class Comm>
-  bool drain(Comm& replicas, std::span<float> x) {
+  bool drain(Comm& replicas, std::span<float> x, double weight = 1) {
+    weight_ = checked_weight(weight);
     bool changed = false;
     for (std::size_t k = 0; k < neighbours_.size(); ++k) send(replicas, k, kind::done, std::span<const float>());
     for (std::size_t k = 0; k < neighbours_.size(); ++k)
@@ -23717,26 +23729,49 @@ class pairwise_averager {
     expected_[k] = taken_[k] + ahead;
   }
 
+  double checked_weight(double w) const {
+    decentrain::detail::check(head_ == 1 || (std::isfinite(w) && w >= 0), "ad-psgd: this replica weighs ", w,
+                              " (a weighted exchange needs a weight that is finite and >= 0)");
+    return w;
+  }
+  // [kind, (weighted: the sender's weight, f64,) values]
   template <class Comm>
   void send(Comm& replicas, std::size_t k, kind what, std::span<const float> values) {
     outbox_[0] = static_cast<float>(static_cast<int>(what));
-    std::fill(outbox_.begin() + 1, outbox_.end(), 0.0f);
-    std::copy(values.begin(), values.end(), outbox_.begin() + 1);
+    if (head_ > 1) std::memcpy(outbox_.data() + 1, &weight_, sizeof weight_);
+    std::fill(outbox_.begin() + static_cast<std::ptrdiff_t>(head_), outbox_.end(), 0.0f);
+    std::copy(values.begin(), values.end(), outbox_.begin() + static_cast<std::ptrdiff_t>(head_));
     replicas.send_to(neighbours_[k], std::span<const float>(outbox_));
   }
 
   template <class Comm>
   bool handle(Comm& replicas, std::size_t k, std::span<float> x) {
     const int j = neighbours_[k];
-    const std::span<const float> values(inbox_.data() + 1, size_);
+    const std::span<const float> values(inbox_.data() + head_, size_);
     const float what = inbox_[0];
     if (what == static_cast<float>(static_cast<int>(kind::request))) {
       decentrain::detail::check(!done_[k], "ad-psgd: peer ", j, " asked to average after it said it asks no more before the drain");
-      // Half-way towards the asker's values; the answer carries the same half back.
-      std::span<float> d(outbox_.data() + 1, size_);
-      for (std::size_t i = 0; i < size_; ++i) {
-        d[i] = (x[i] - values[i]) * 0.5f;
-        x[i] -= d[i];
+      std::span<float> d(outbox_.data() + head_, size_);
+      if (head_ == 1) {
+        // Half-way towards the asker's values; the answer carries the same half back.
+        for (std::size_t i = 0; i < size_; ++i) {
+          d[i] = (x[i] - values[i]) * 0.5f;
+          x[i] -= d[i];
+        }
+      } else {
+        // To the pair's weighted mean: this side moves a / (a + b) of the way, the asker b / (a + b).
+        double a = 0;
+        std::memcpy(&a, inbox_.data() + 1, sizeof a);
+        decentrain::detail::check(std::isfinite(a) && a >= 0, "ad-psgd: peer ", j, " asked with the weight ", a,
+                                  " (a weight must be finite and >= 0)");
+        const double b = weight_, sum = a + b;
+        const double mine = sum > 0 ? a / sum : 0.5, theirs = sum > 0 ? b / sum : 0.5;
+        for (std::size_t i = 0; i < size_; ++i) {
+          const double diff = static_cast<double>(x[i]) - values[i];
+          x[i] = static_cast<float>(x[i] - mine * diff);
+          d[i] = static_cast<float>(theirs * diff);
+        }
+        std::memcpy(outbox_.data() + 1, &weight_, sizeof weight_);
       }
       check_finite(x, j);
       outbox_[0] = static_cast<float>(static_cast<int>(kind::answer));
@@ -23764,10 +23799,11 @@ class pairwise_averager {
   }
 
   std::vector<int> neighbours_;
-  std::size_t size_ = 0;
+  std::size_t size_ = 0, head_ = 1;  // floats before the values: the kind, and the weight where weighted
+  double weight_ = 1;                // this replica's, as its latest call said
   std::vector<bool> open_, done_;  // per neighbour: a request of this replica unanswered; it said "done"
   std::vector<std::uint64_t> taken_, expected_;  // messages taken from it; told the transport of
-  std::vector<float> inbox_, outbox_;            // [kind, values]
+  std::vector<float> inbox_, outbox_;            // [kind, (weight,) values]
   std::int64_t asked_ = 0, answered_ = 0;
 };
 
@@ -23784,6 +23820,7 @@ struct ad_psgd {
   std::int64_t drain_every = 0;  // steps between drains; 0: the last step only
   Topology topology{};
   std::uint64_t seed = 0;        // the neighbours drawn (with the rank and the step)
+  bool weighted = false;         // exchanges weigh each side by its latest step's weight (see above)
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -23795,21 +23832,22 @@ struct ad_psgd {
     check_same_settings(ctx, describe(), "ad-psgd: the peers exchange differently",
                         "the same topology, inner_steps, drain_every and seed");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
-    averager_.begin(ctx.replicas, neighbours(topology, me, n), flat_size(ctx.parameters));
+    averager_.begin(ctx.replicas, neighbours(topology, me, n), flat_size(ctx.parameters), weighted);
   }
   template <class Ctx>
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
     gather_values(ctx.parameters, buffer_);
-    bool changed = averager_.poll(ctx.replicas, std::span<float>(buffer_));
+    const double w = weighted ? ctx.step_weight : 1.0;
+    bool changed = averager_.poll(ctx.replicas, std::span<float>(buffer_), w);
     if (ctx.last_step || ends_round_at(ctx.step)) {
-      changed |= averager_.drain(ctx.replicas, std::span<float>(buffer_));
+      changed |= averager_.drain(ctx.replicas, std::span<float>(buffer_), w);
     } else if (ends_round(ctx.step, inner_steps)) {
       std::uint64_t draw = decentrain::detail::splitmix64(seed ^ 0x61647073ull);  // "adps"
       for (const auto v : {static_cast<std::uint64_t>(ctx.replicas.rank()), static_cast<std::uint64_t>(ctx.step)})
         draw = decentrain::detail::splitmix64(draw ^ v);
-      averager_.ask(ctx.replicas, std::span<const float>(buffer_), draw);
+      averager_.ask(ctx.replicas, std::span<const float>(buffer_), draw, w);
     }
     if (changed) scatter_values(ctx.parameters, buffer_);
   }
@@ -23830,7 +23868,7 @@ struct ad_psgd {
   }
   std::string describe() const {
     return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps) +
-           ",drain_every=" + std::to_string(drain_every) + ",seed=" + std::to_string(seed);
+           ",drain_every=" + std::to_string(drain_every) + ",seed=" + std::to_string(seed) + (weighted ? ",weighted" : "");
   }
 
  private:
@@ -23859,6 +23897,8 @@ struct ad_psgd {
 // Memory: the replica's own public copy and the sum of its neighbours' (CHOCO's efficient form),
 // so the graph must be fixed: a topology whose neighbours change with the round is refused. Under
 // fault::elastic a new view starts the copies afresh on every member (they are per neighbour).
+// It has no `weighted`: weighing neighbour j by its round's weight needs sum_j r_j x^_j, which the
+// sum of the copies cannot give when r_j changes (it would take a copy per neighbour).
 
 #include <algorithm>
 #include <cmath>
@@ -24452,10 +24492,19 @@ struct diloco {
 // closes over a dead peer. Optimizer state stays local; the policy has no state of its own to
 // save (the round follows from the step), so a resumed run continues bit for bit. The trainer's
 // validation loss is then the replicas' mean, each on its own rows.
+// With `weighted`, a round weighs each replica by the weight of its round (the sum of its steps'
+// ctx.step_weight, the rows it took, say), sent with its values: replica i takes
+// sum_j r_j x_j / sum_j r_j over itself and those it hears from. The mix is then P_ij r_j / D_i
+// (D_i = sum_j P_ij r_j) for the topology's doubly stochastic P, so a round keeps
+// sum_i D_i x_i = sum_j r_j x_j: the values weighted by this round's weights, each replica's
+// steps entering by its rows; at equal weights it is D-PSGD.
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24466,27 +24515,57 @@ namespace decentrain::comm {
 // One gossip round on `values` (this replica's, replaced by the average of its own and those it
 // receives from): sends first, then receives, so every replica may call it at once whatever the
 // topology. The neighbour lists must be consistent (j sends to i in round t exactly when i
-// receives from j); a peer named twice or out of range is refused, naming the topology.
+// receives from j); a peer named twice or out of range is refused, naming the topology. With
+// `weight`, every replica must pass one: the average weighs each replica's values by it (a
+// message then leads with the sender's weight, an f64), and a weight that is not finite and
+// >= 0 is refused, naming the peer; where every weight heard is 0 (no replica took a row), the
+// values stay as they are.
 template <class Topology, class Comm>
 void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std::span<float> values,
-                  std::vector<float>& scratch, std::vector<double>& sum) {
+                  std::vector<float>& scratch, std::vector<double>& sum, std::optional<double> weight = std::nullopt) {
   const int me = replicas.rank(), n = replicas.world();
   const auto to = checked_neighbours(topo.sends_to(me, n, round), topo, me, n, round, "gossip");
   const auto from = checked_neighbours(topo.receives_from(me, n, round), topo, me, n, round, "gossip");
+  const std::size_t head = weight ? 2 : 0;  // floats holding the weight
+  if (weight)
+    decentrain::detail::check(std::isfinite(*weight) && *weight >= 0, "gossip: this replica's round weighs ", *weight,
+                              " (a weighted round needs a weight that is finite and >= 0)");
   // Every replica sends before it receives: each says first what it will take, so a transport
   // that bounds what it queues from a peer takes these whole (transport::expect).
-  for (int j : from) replicas.expect_from(j, values.size_bytes());
-  for (int j : to) replicas.send_to(j, std::span<const float>(values));
+  for (int j : from) replicas.expect_from(j, (head + values.size()) * sizeof(float));
+  if (!to.empty()) {
+    if (weight) {
+      scratch.resize(head + values.size());
+      std::memcpy(scratch.data(), &*weight, sizeof(double));
+      std::copy(values.begin(), values.end(), scratch.begin() + 2);
+    }
+    const std::span<const float> message = weight ? std::span<const float>(scratch) : std::span<const float>(values);
+    for (int j : to) replicas.send_to(j, message);
+  }
   if (from.empty()) return;
   // In double, in the order of `from`, so a round's result does not depend on message timing.
-  sum.assign(values.begin(), values.end());
-  scratch.resize(values.size());
+  const double own = weight.value_or(1.0);
+  sum.resize(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) sum[i] = weight ? own * values[i] : static_cast<double>(values[i]);
+  double total = own;
+  scratch.resize(head + values.size());
   for (int j : from) {
     replicas.recv_from(j, std::span<float>(scratch));
-    for (std::size_t i = 0; i < values.size(); ++i) sum[i] += scratch[i];
+    if (!weight) {
+      for (std::size_t i = 0; i < values.size(); ++i) sum[i] += scratch[i];
+      total += 1;
+      continue;
+    }
+    double w = 0;
+    std::memcpy(&w, scratch.data(), sizeof w);
+    decentrain::detail::check(std::isfinite(w) && w >= 0, "gossip: peer ", j, " sent the round weight ", w,
+                              " (a weight must be finite and >= 0)");
+    for (std::size_t i = 0; i < values.size(); ++i) sum[i] += w * scratch[head + i];
+    total += w;
   }
-  const double w = 1.0 / static_cast<double>(from.size() + 1);
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(sum[i] * w);
+  if (total == 0) return;
+  const double scale = 1.0 / total;
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(sum[i] * scale);
 }
 
 template <class Topology = topology::one_peer_exponential>
@@ -24500,6 +24579,9 @@ struct gossip {
 
   std::int64_t inner_steps = 1;  // steps between gossip rounds (D-PSGD: 1)
   Topology topology{};
+  // Average by the weight of the replicas' rounds (the sum of ctx.step_weight over the round's
+  // steps, kept in the checkpoint), sent with the values (see above).
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -24512,22 +24594,29 @@ struct gossip {
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     gather_values(ctx.parameters, buffer_);
-    gossip_round(topology, ctx.replicas, ctx.step / inner_steps, std::span<float>(buffer_), scratch_, sum_);
+    gossip_round(topology, ctx.replicas, ctx.step / inner_steps, std::span<float>(buffer_), scratch_, sum_,
+                 weight_if(weighted, weight_.sum));
+    weight_.sum = 0;
     scatter_values(ctx.parameters, buffer_);
   }
   bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
-  void save(io::checkpoint&) const {}
-  void load(const io::checkpoint&) {}
+  void save(io::checkpoint& c) const {
+    if (weighted) weight_.save(c, "comm.gossip.");
+  }
+  void load(const io::checkpoint& c) { weight_.load(c, "comm.gossip."); }
 
   std::string describe() const {
-    return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps);
+    return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps) +
+           (weighted ? ",weighted" : "");
   }
 
  private:
   std::vector<float> buffer_, scratch_;
   std::vector<double> sum_;
+  round_weight weight_;
 };
 
 }  // namespace decentrain::comm
@@ -24552,6 +24641,13 @@ struct gossip {
 //   drop_fraction fault injection for tests and benchmarks: that fraction of messages (drawn from
 //                 drop_seed, the round and the edge) arrives as "lost", the receiver learning
 //                 nothing from it.
+//   weighted      a round weighs each replica by the weight of its round r (the sum of its steps'
+//                 ctx.step_weight, the rows it took, say) as well as by its push-sum weight: the
+//                 shares carry r w z and r w beside w, and z = sum(r w z) / sum(r w) over what
+//                 the replica keeps and receives, while w mixes as before (so it still de-biases
+//                 the graph, and r does not compound from round to round). A round then keeps
+//                 sum_i D_i z_i = sum_j r_j w_j z_j (D_i: the replica's sum(r w)); at equal r it is
+//                 plain push-sum.
 // Under fault::elastic a re-formed view starts the edges afresh (drop_in_flight): mass in flight
 // to the old view is lost, which push-sum's de-biasing tolerates (the weights lose it too). A
 // resumed run continues bit for bit: the weight, the running sums and the messages in flight are
@@ -24575,6 +24671,7 @@ class push_sum_mixer {
  public:
   struct settings {
     bool running_sums = false;
+    bool weighted = false;  // messages carry r w beside w (see above); send then takes r
     double drop_fraction = 0;
     std::uint64_t drop_seed = 0;
   };
@@ -24594,13 +24691,17 @@ class push_sum_mixer {
       replicas.expect_from(j, message_floats(size) * sizeof(float));
   }
 
-  // Round `round`'s shares of (w z, w): one kept, one sent to each peer the topology names.
-  // Messages of this round are expected from the peers that send to this one (said before
-  // sending, as gossip_round does).
+  // Round `round`'s shares of (w z, w), or under `weighted` of (r w z, r w, w) with r this
+  // replica's round weight: one kept, one sent to each peer the topology names. Messages of this
+  // round are expected from the peers that send to this one (said before sending, as
+  // gossip_round does).
   template <class Topology, class Comm>
-  void send(const Topology& topo, Comm& replicas, std::int64_t round, std::span<const float> z) {
+  void send(const Topology& topo, Comm& replicas, std::int64_t round, std::span<const float> z, double r = 1) {
     const int me = replicas.rank(), n = replicas.world();
     const auto to = checked_neighbours(topo.sends_to(me, n, round), topo, me, n, round, "push-sum");
+    decentrain::detail::check(std::isfinite(r) && r >= 0, "push-sum: this replica's round weighs ", r,
+                              " (a weighted round needs a weight that is finite and >= 0)");
+    if (!s_.weighted) r = 1;
     expect(topo, replicas, round, z.size());
     // The weight splits exactly: each peer gets s = w / (d + 1) rounded, and w - d s (a multiple
     // of s's unit in the last place, near s) is exact, so the total weight drifts by rounding
@@ -24608,22 +24709,28 @@ class push_sum_mixer {
     const auto d = static_cast<double>(to.size());
     const double sent_w = weight_ / (d + 1);
     kept_w_ = std::fma(-d, sent_w, weight_);
+    // The values' shares: of w z, or of r w z (then with r w's share beside w's).
+    const double sent_v = s_.weighted ? sent_w * r : sent_w, kept_v = s_.weighted ? kept_w_ * r : kept_w_;
+    kept_rw_ = kept_v;
     kept_x_.resize(z.size());
-    for (std::size_t i = 0; i < z.size(); ++i) kept_x_[i] = kept_w_ * static_cast<double>(z[i]);
+    for (std::size_t i = 0; i < z.size(); ++i) kept_x_[i] = kept_v * static_cast<double>(z[i]);
+    const std::size_t head = header_floats(), masses = s_.weighted ? 2 : 1;
     outbox_.clear();
     for (int j : to) {
       auto& m = outbox_[j];
       m.assign(message_floats(z.size()), 0.0f);
       if (s_.running_sums) {
-        auto& sum = sent_[j];
-        sum.resize(z.size() + 1, 0.0);
+        auto& sum = sent_[j];  // [w, (r w,) values]
+        sum.resize(z.size() + masses, 0.0);
         sum[0] += sent_w;
-        for (std::size_t i = 0; i < z.size(); ++i) sum[i + 1] += sent_w * static_cast<double>(z[i]);
-        put_double(m, 2, sum[0]);
-        std::memcpy(m.data() + 4, sum.data() + 1, z.size() * sizeof(double));
+        if (s_.weighted) sum[1] += sent_v;
+        for (std::size_t i = 0; i < z.size(); ++i) sum[i + masses] += sent_v * static_cast<double>(z[i]);
+        for (std::size_t k = 0; k < masses; ++k) put_double(m, 2 + 2 * k, sum[k]);
+        std::memcpy(m.data() + head, sum.data() + masses, z.size() * sizeof(double));
       } else {
         put_double(m, 2, sent_w);
-        for (std::size_t i = 0; i < z.size(); ++i) m[4 + i] = static_cast<float>(sent_w * static_cast<double>(z[i]));
+        if (s_.weighted) put_double(m, 4, sent_v);
+        for (std::size_t i = 0; i < z.size(); ++i) m[head + i] = static_cast<float>(sent_v * static_cast<double>(z[i]));
       }
       if (dropped(round, me, j)) put_double(m, 0, 1.0);  // arrives as "lost"
       replicas.send_to(j, std::span<const float>(m));
@@ -24636,36 +24743,47 @@ class push_sum_mixer {
   void receive(const Topology& topo, Comm& replicas, std::int64_t round, std::size_t size) {
     const int me = replicas.rank(), n = replicas.world();
     inbox_.resize(message_floats(size));
+    const std::size_t head = header_floats(), masses = s_.weighted ? 2 : 1;
     for (int j : checked_neighbours(topo.receives_from(me, n, round), topo, me, n, round, "push-sum")) {
       replicas.recv_from(j, std::span<float>(inbox_));
       if (get_double(inbox_, 0) != 0.0) continue;  // lost: nothing learned (a running sum brings it later)
-      const double w = get_double(inbox_, 2);
+      const double w = get_double(inbox_, 2), rw = s_.weighted ? get_double(inbox_, 4) : w;
       decentrain::detail::check(std::isfinite(w) && w > 0, "push-sum: peer ", j, " sent the weight ", w,
                                 " (a weight must be finite and > 0)");
+      decentrain::detail::check(std::isfinite(rw) && rw >= 0, "push-sum: peer ", j, " sent the weighted mass ", rw,
+                                " (it must be finite and >= 0)");
       if (s_.running_sums) {
         auto& seen = seen_[j];
-        seen.resize(size + 1, 0.0);
+        seen.resize(size + masses, 0.0);
         kept_w_ += w - seen[0];
         seen[0] = w;
+        if (s_.weighted) {
+          kept_rw_ += rw - seen[1];
+          seen[1] = rw;
+        }
         for (std::size_t i = 0; i < size; ++i) {
           double v;
-          std::memcpy(&v, inbox_.data() + 4 + 2 * i, sizeof v);
-          kept_x_[i] += v - seen[i + 1];
-          seen[i + 1] = v;
+          std::memcpy(&v, inbox_.data() + head + 2 * i, sizeof v);
+          kept_x_[i] += v - seen[i + masses];
+          seen[i + masses] = v;
         }
       } else {
         kept_w_ += w;
-        for (std::size_t i = 0; i < size; ++i) kept_x_[i] += static_cast<double>(inbox_[4 + i]);
+        kept_rw_ += rw;
+        for (std::size_t i = 0; i < size; ++i) kept_x_[i] += static_cast<double>(inbox_[head + i]);
       }
     }
   }
 
-  // The new weight, and z = x / w.
+  // The new weight, and z = x / w (weighted: sum(r w z) / sum(r w), z kept where that is 0:
+  // no replica it heard from took a row).
   void finish(std::span<float> z) {
     decentrain::detail::check(std::isfinite(kept_w_) && kept_w_ > 0, "push-sum: this replica's weight became ", kept_w_);
     weight_ = kept_w_;
+    const double mass = s_.weighted ? kept_rw_ : weight_;
+    if (mass == 0) return;
     for (std::size_t i = 0; i < z.size(); ++i) {
-      z[i] = static_cast<float>(kept_x_[i] / weight_);
+      z[i] = static_cast<float>(kept_x_[i] / mass);
       decentrain::detail::check(std::isfinite(z[i]), "push-sum: value ", i, " is not finite after a round (a peer sent ",
                                 "values that are not)");
     }
@@ -24730,8 +24848,10 @@ class push_sum_mixer {
   }
 
  private:
-  // A message: [lost flag (f64), weight (f64), values]: f32 values, or f64 running sums.
-  std::size_t message_floats(std::size_t size) const { return 4 + size * (s_.running_sums ? 2 : 1); }
+  // A message: [lost flag (f64), weight (f64), (weighted: r w (f64),) values]: f32 values, or f64
+  // running sums.
+  std::size_t header_floats() const { return s_.weighted ? 6 : 4; }
+  std::size_t message_floats(std::size_t size) const { return header_floats() + size * (s_.running_sums ? 2 : 1); }
   static void put_double(std::vector<float>& m, std::size_t at, double v) { std::memcpy(m.data() + at, &v, sizeof v); }
   static double get_double(const std::vector<float>& m, std::size_t at) {
     double v;
@@ -24747,7 +24867,7 @@ class push_sum_mixer {
   }
 
   settings s_{};
-  double weight_ = 1, kept_w_ = 1;
+  double weight_ = 1, kept_w_ = 1, kept_rw_ = 1;
   std::vector<double> kept_x_;
   std::vector<float> inbox_;
   std::map<int, std::vector<double>> sent_, seen_, restored_sent_, restored_seen_;
@@ -24767,6 +24887,9 @@ struct push_sum {
   bool running_sums = false;     // robust to lost messages
   double drop_fraction = 0;      // fault injection: messages that arrive as lost
   std::uint64_t drop_seed = 0;
+  // Average by the weight of the replicas' rounds (the sum of ctx.step_weight over the round's
+  // steps, kept in the checkpoint) as well as by the push-sum weight (see above).
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -24776,7 +24899,7 @@ struct push_sum {
     if constexpr (requires { topology.validate(); }) topology.validate();
     check_same_settings(ctx, describe(), "push-sum: the peers mix differently",
                         "the same topology, inner_steps, overlap and running sums");
-    mixer_.configure({running_sums, drop_fraction, drop_seed});
+    mixer_.configure({running_sums, weighted, drop_fraction, drop_seed});
     rank_ = ctx.replicas.rank();
     world_ = ctx.replicas.world();
     if (ctx.resumed && !ctx.joined && restored_rank_ == rank_ && restored_world_ == world_) {
@@ -24799,12 +24922,14 @@ struct push_sum {
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     const std::int64_t round = ctx.step / inner_steps;
     rank_ = ctx.replicas.rank();
     world_ = ctx.replicas.world();
     gather_values(ctx.parameters, buffer_);
-    mixer_.send(topology, ctx.replicas, round, std::span<const float>(buffer_));
+    mixer_.send(topology, ctx.replicas, round, std::span<const float>(buffer_), weight_.sum);
+    weight_.sum = 0;
     if (!overlap) {
       mixer_.receive(topology, ctx.replicas, round, buffer_.size());
     } else {
@@ -24831,6 +24956,7 @@ struct push_sum {
     c.counters["comm.push_sum.awaiting"] = awaiting_ ? *awaiting_ : -1;
     c.counters["comm.push_sum.rank"] = rank_;
     c.counters["comm.push_sum.world"] = world_;
+    if (weighted) weight_.save(c, "comm.push_sum.");
   }
   void load(const io::checkpoint& c) {
     mixer_.load(c, "comm.push_sum.");
@@ -24839,15 +24965,17 @@ struct push_sum {
     restored_rank_ = static_cast<int>(c.counter("comm.push_sum.rank"));
     restored_world_ = static_cast<int>(c.counter("comm.push_sum.world"));
     awaiting_.reset();
+    weight_.load(c, "comm.push_sum.");
   }
 
   std::string describe() const {
     return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps) +
-           (overlap ? ",overlap" : "") + (running_sums ? ",running_sums" : "");
+           (overlap ? ",overlap" : "") + (running_sums ? ",running_sums" : "") + (weighted ? ",weighted" : "");
   }
 
  private:
   push_sum_mixer mixer_;
+  round_weight weight_;
   std::vector<float> buffer_;
   std::optional<std::int64_t> awaiting_, restored_awaiting_;
   int rank_ = -1, world_ = -1, restored_rank_ = -2, restored_world_ = -2;
@@ -32272,7 +32400,8 @@ class trainer {
       static_assert(requires { { policy_.weighted } -> std::convertible_to<bool>; },
                     "trainer: this parallel policy (parallel::swarm) gives each peer a step weight of the rows it "
                     "processed, which differ from peer to peer: the communication policy must average by them (a "
-                    "`bool weighted` member: sync_allreduce, local_sgd, diloco, streaming_diloco)");
+                    "`bool weighted` member: sync_allreduce, local_sgd, diloco, streaming_diloco, moshpit, gossip, push_sum, "
+                    "ad_psgd; choco keeps only the sum of its neighbours' public copies, so it cannot weigh them)");
       decentrain::detail::check(policy_.weighted, "trainer: parallel::", ParallelPolicy::name, " gives each peer a step weight of the "
                                 "rows it processed, which differ from peer to peer; set the communication policy's `weighted` "
                                 "(", CommPolicy::name, ") so that its averages use them");

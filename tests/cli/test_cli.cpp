@@ -931,7 +931,8 @@ TEST_CASE("train --comm push-sum, moshpit and choco, and DiLoCo with Moshpit out
            {" --comm ad-psgd --topology one-peer-exponential", "its graph must not change with the round: --topology exponential, ring or torus"},
            {" --comm ad-psgd --elastic", "--comm ad-psgd leaves each peer at its own step, and --elastic re-forms the group"},
            {" --comm ad-psgd --codec int8", "--comm ad-psgd averages each peer's parameters with its neighbours' in f32"},
-           {" --parallel swarm --stages 2 --comm push-sum", "--parallel swarm cannot take --comm push-sum"}}) {
+           {" --parallel swarm --stages 2 --comm choco", "--parallel swarm cannot take --comm choco: a stage's pool averages weighted"},
+           {" --parallel swarm --stages 2 --comm ad-psgd", "--parallel swarm cannot take --comm ad-psgd"}}) {
     const auto bad = run(base + " --peers 2 --steps 2" + args, dir);
     INFO(args << "\n" << bad.output);
     CHECK(bad.status != 0);
@@ -2070,6 +2071,18 @@ TEST_CASE("train --parallel swarm: pools per stage track the pipeline, a killed 
   CHECK(std::abs(loss_of(pools.output) - loss_of(piped.output)) <= 1e-3);
   CHECK_THAT(pools.output, Contains("swarm: 2 stages, 2 micro-batches a step per 4 rows, activations identity"));
   CHECK_THAT(pools.output, Contains("tokens trained: 3840 at every stage, the 30 steps' batches hold 3840 (exact"));
+  // Gossip and push-sum inside the pools, weighing each peer by the rows it processed (a pool of 2
+  // hears from both its peers every step: each step ends on the pool's weighted mean).
+  for (const std::string comm : {"gossip", "push-sum"}) {
+    auto cmd = common + " --peers 4 --parallel swarm --stages 2 --comm " + comm;
+    cmd.replace(cmd.find(" --comm sync"), 12, "");
+    const auto graph = run("timeout 120 " + cmd, dir);
+    INFO(graph.output);
+    REQUIRE(graph.status == 0);
+    CHECK_THAT(graph.output, Contains("tokens trained: 3840 at every stage, the 30 steps' batches hold 3840 (exact"));
+    CHECK(loss_of(graph.output) > 0);
+    CHECK(loss_of(graph.output) < 1.2 * loss_of(piped.output));
+  }
   // --subspace 4 of the width 32: the stages send 4 coefficients a token instead of 32 values.
   const auto narrow = run("timeout 120 " + common + " --peers 4 --parallel swarm --stages 2 --subspace 4", dir);
   INFO(narrow.output);
@@ -2127,7 +2140,7 @@ TEST_CASE("train --parallel swarm: bad settings are refused naming the option", 
       {" --peers 3 --parallel swarm --stages 3", "--stages 3 cuts a model of 2 layers"},
       {" --peers 2 --parallel swarm --micro-batches 5", "--micro-batches 5 cuts 4 rows"},
       {" --peers 2 --parallel swarm --schedule gpipe", "--schedule needs --parallel pipeline (swarm has no fixed copies"},
-      {" --peers 2 --parallel swarm --comm gossip", "--parallel swarm cannot take --comm gossip"},
+      {" --peers 2 --parallel swarm --comm choco", "CHOCO keeps only the sum of its neighbours' public copies"},
       {" --peers 2 --parallel swarm --activation-codec int9", "int9"},
       {" --peers 2 --micro-batches 2", "--micro-batches needs --parallel pipeline or swarm"},
       {" --peers 2 --parallel swarm --rebalance-every 5", "--rebalance-every needs --elastic"},

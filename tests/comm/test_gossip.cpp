@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "support/trainer_fixture.hpp"
@@ -286,4 +289,69 @@ TEST_CASE("trainer: gossip refuses peers that gossip differently, and inner_step
   dt::comm::gossip<> zero;
   zero.inner_steps = 0;
   CHECK_THROWS_WITH(fixture::final_params<Trainer>(1, fixture::tiny_gpt(), opts, zero), Catch::Contains("inner_steps must be >= 1"));
+}
+
+TEST_CASE("gossip: weighted, a round takes each replica's neighbourhood mean by the round weights and keeps the values weighted by them") {
+  using Topology = dt::comm::topology::one_peer_exponential;
+  const int n = 8;
+  const std::vector<double> rw{1, 3, 2, 5, 0, 4, 2, 7};  // (replica 4 took no rows: it weighs nothing)
+  auto round = [&](const std::vector<double>& weights, bool weighted) {
+    std::vector<std::vector<float>> out(static_cast<std::size_t>(n));
+    dt::transport::in_process(n).run([&](dt::transport::in_process::endpoint& ep) {
+      dt::collective::communicator c(ep);
+      std::vector<float> v(8), scratch;
+      std::vector<double> sum;
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(c.rank() * 8 + static_cast<int>(i));
+      const auto me = static_cast<std::size_t>(c.rank());
+      dt::comm::gossip_round(Topology{}, c, 1, std::span<float>(v), scratch, sum,
+                             weighted ? std::optional<double>(weights[me]) : std::nullopt);
+      out[me] = v;
+    });
+    return out;
+  };
+  const auto after = round(rw, true);
+  std::vector<double> kept(8, 0.0), weighted_sum(8, 0.0);
+  for (int i = 0; i < n; ++i) {
+    auto from = Topology{}.receives_from(i, n, 1);
+    from.push_back(i);
+    double den = 0;
+    for (const int j : from) den += rw[static_cast<std::size_t>(j)];
+    for (std::size_t k = 0; k < 8; ++k) {
+      double num = 0;
+      for (const int j : from) num += rw[static_cast<std::size_t>(j)] * (j * 8 + static_cast<double>(k));
+      INFO("replica " << i << ", value " << k);
+      CHECK(std::abs(after[static_cast<std::size_t>(i)][k] - num / den) < 1e-5 * num / den);
+      // sum_i D_i x_i' with D_i = sum_j P_ij r_j (P: 1 / (d + 1) on the neighbourhood).
+      kept[k] += den / static_cast<double>(from.size()) * after[static_cast<std::size_t>(i)][k];
+      weighted_sum[k] += rw[static_cast<std::size_t>(i)] * (i * 8 + static_cast<double>(k));
+    }
+  }
+  for (std::size_t k = 0; k < 8; ++k) CHECK(std::abs(kept[k] - weighted_sum[k]) < 1e-5 * weighted_sum[k]);
+  // Equal weights: D-PSGD's round (to rounding); unequal ones move it.
+  const auto equal = round(std::vector<double>(static_cast<std::size_t>(n), 2.5), true);
+  const auto plain = round({}, false);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) CHECK(fixture::max_abs_diff(equal[r], plain[r]) < 1e-5);
+  CHECK(fixture::max_abs_diff(after[1], plain[1]) > 0.5);
+}
+
+TEST_CASE("gossip: weighted, a peer that sends a weight that is not finite and >= 0 is named") {
+  std::vector<std::string> errors(2);
+  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    dt::collective::communicator c(ep);
+    std::vector<float> v(4, 1.0f), scratch;
+    std::vector<double> sum;
+    if (c.rank() == 1) {  // a hand-made message: weight -1, then values
+      std::vector<float> m(6, 0.0f);
+      const double weight = -1;
+      std::memcpy(m.data(), &weight, sizeof weight);
+      c.send_to(0, std::span<const float>(m));
+      return;
+    }
+    try {
+      dt::comm::gossip_round(dt::comm::topology::ring{}, c, 0, std::span<float>(v), scratch, sum, 1.0);
+    } catch (const std::exception& e) {
+      errors[0] = e.what();
+    }
+  });
+  CHECK_THAT(errors[0], Catch::Contains("gossip: peer 1 sent the round weight -1"));
 }

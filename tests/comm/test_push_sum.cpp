@@ -219,3 +219,79 @@ TEST_CASE("trainer: push-sum refuses peers that mix differently and a drop fract
   lossy.drop_fraction = 1;
   CHECK_THROWS_WITH(fixture::final_params<Trainer>(1, fixture::tiny_gpt(), opts, lossy), Catch::Contains("drop_fraction must be in [0, 1)"));
 }
+
+namespace {
+// One push-sum round on n in-process replicas of random_out, replica r starting from r * 8 + i
+// with push-sum weight `w0[r]` (reached by a plain round before, so the weights differ) and round
+// weight `rw[r]`, weighted: each replica's values, weight and sum(r w) afterwards, and its values
+// and weight before.
+struct weighted_round {
+  std::vector<std::vector<float>> before, after;
+  std::vector<double> w_before, w_after;
+};
+weighted_round push_weighted(int n, const std::vector<double>& rw) {
+  weighted_round out;
+  const auto size = static_cast<std::size_t>(n);
+  out.before.resize(size);
+  out.after.resize(size);
+  out.w_before.resize(size);
+  out.w_after.resize(size);
+  dt::transport::in_process(n).run([&](dt::transport::in_process::endpoint& ep) {
+    dt::collective::communicator c(ep);
+    const auto me = static_cast<std::size_t>(c.rank());
+    dt::comm::push_sum_mixer m({.weighted = true});
+    std::vector<float> v(4);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(c.rank() * 8 + static_cast<int>(i));
+    m.send(random_out{}, c, 0, std::span<const float>(v));  // (round weight 1 everywhere: plain push-sum)
+    m.receive(random_out{}, c, 0, v.size());
+    m.finish(std::span<float>(v));
+    out.before[me] = v;
+    out.w_before[me] = m.weight();
+    m.send(random_out{}, c, 1, std::span<const float>(v), rw[me]);
+    m.receive(random_out{}, c, 1, v.size());
+    m.finish(std::span<float>(v));
+    out.after[me] = v;
+    out.w_after[me] = m.weight();
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("push-sum: weighted, a round weighs each replica by its round weight times its push-sum weight, and the push-sum weights mix as before") {
+  const int n = 8;
+  const std::vector<double> rw{1, 3, 2, 5, 1, 4, 2, 7};
+  const auto o = push_weighted(n, rw);
+  // By hand: replica i takes sum_j s_j r_j z_j / sum_j s_j r_j over itself and those that send
+  // to it in round 1, s_j = w_j / (d_j + 1) its share of w (d_j: how many it sends to).
+  double total_w = 0;
+  bool weights_differ = false;
+  for (int i = 0; i < n; ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    auto from = random_out{}.receives_from(i, n, 1);
+    from.push_back(i);
+    double num[4] = {0, 0, 0, 0}, den = 0, w = 0;
+    for (const int j : from) {
+      const auto uj = static_cast<std::size_t>(j);
+      const double share = o.w_before[uj] / static_cast<double>(random_out{}.sends_to(j, n, 1).size() + 1);
+      den += share * rw[uj];
+      w += share;
+      for (std::size_t k = 0; k < 4; ++k) num[k] += share * rw[uj] * o.before[uj][k];
+    }
+    INFO("replica " << i);
+    for (std::size_t k = 0; k < 4; ++k) CHECK(std::abs(o.after[ui][k] - num[k] / den) <= 1e-5 * std::max(1.0, std::abs(num[k] / den)));
+    CHECK(std::abs(o.w_after[ui] - w) < 1e-12);  // the push-sum weight mixed as if unweighted
+    total_w += o.w_after[ui];
+    weights_differ = weights_differ || std::abs(o.w_before[ui] - 1) > 1e-3;
+  }
+  CHECK(weights_differ);  // the round before left unequal push-sum weights: both weights are in the mix
+  CHECK(std::abs(total_w - n) < 1e-12);
+  // Equal round weights are plain push-sum (to rounding).
+  const auto equal = push_weighted(n, std::vector<double>(static_cast<std::size_t>(n), 2.5));
+  const auto plain = push_weighted(n, std::vector<double>(static_cast<std::size_t>(n), 1.0));
+  double moved = 0;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+    CHECK(fixture::max_abs_diff(equal.after[r], plain.after[r]) < 1e-5);
+    moved = std::max(moved, static_cast<double>(fixture::max_abs_diff(o.after[r], plain.after[r])));
+  }
+  CHECK(moved > 0.5);  // and the weights move the result
+}

@@ -254,7 +254,7 @@ std::vector<std::vector<float>> check_resumed_alike(const Policy& policy, std::i
 }
 }  // namespace
 
-TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas by their rounds' weights") {
+TEST_CASE("trainer: local SGD, DiLoCo, gossip and push-sum with weighted set average the replicas by their rounds' weights") {
   SECTION("local SGD") { check_weighted_rounds(dt::comm::local_sgd<>{}); }
   // Outer SGD with lr 1 and no momentum: the new global parameters are the weighted mean.
   SECTION("DiLoCo") { check_weighted_rounds(dt::comm::diloco<dt::comm::outer::sgd>{}); }
@@ -268,6 +268,9 @@ TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas 
     streaming.mix = 0;
     check_weighted_rounds(streaming);
   }
+  // On a ring of 3 each replica hears from both others: the round's mean is the group's.
+  SECTION("gossip") { check_weighted_rounds(dt::comm::gossip<dt::comm::topology::ring>{}); }
+  SECTION("push-sum") { check_weighted_rounds(dt::comm::push_sum<dt::comm::topology::ring>{}); }
   SECTION("Streaming DiLoCo refuses weighted with eager updates") {
     dt::comm::streaming_diloco<> both;
     both.inner_steps = 4;
@@ -303,6 +306,18 @@ TEST_CASE("trainer: local SGD and DiLoCo with weighted set average the replicas 
     // Steps 0 and 1 weigh r + 1, the later ones 1: the first round weighs 4, 6 and 8, and a
     // resumed round that forgot its first two steps would weigh 2, 2 and 2.
     (void)check_resumed_alike(diloco, 6, 2);
+  }
+  SECTION("gossip's and push-sum's round weights are in the checkpoint: stopped mid-round and resumed, bit for bit") {
+    dt::comm::gossip<dt::comm::topology::ring> gossip;
+    gossip.inner_steps = 4;
+    gossip.weighted = true;
+    const auto whole = check_resumed_alike(gossip, 6, 2);
+    gossip.weighted = false;
+    CHECK(max_abs_diff(check_resumed_alike(gossip, 6, 2)[0], whole[0]) > 1e-6);  // the weights are used
+    dt::comm::push_sum<dt::comm::topology::ring> push;
+    push.inner_steps = 4;
+    push.weighted = true;
+    (void)check_resumed_alike(push, 6, 2);
   }
 }
 

@@ -9,6 +9,11 @@
 // they stand when the answer comes (the steps it took meanwhile kept), where AD-PSGD averages
 // under a lock. Nobody waits on a peer: a slow one delays only the answers it owes (a neighbour
 // waiting for one asks nobody else meanwhile, but computes on).
+// With `weighted`, each side weighs by the weight of its latest step (ctx.step_weight: the rows it
+// took, say), the request carrying the asker's a: the neighbour, of weight b, moves by
+// a (x_j - x_i) / (a + b) and answers b (x_j - x_i) / (a + b), so an exchange keeps the pair's
+// weighted sum a x_i + b x_j and both land on its weighted mean (a peer's speed is in how often
+// it asks and answers, not in its weight).
 //
 // A drain settles every exchange: each replica tells its neighbours it asks no more, answers
 // what they still send until they have said the same, then waits for its own open answers. It
@@ -27,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,23 +49,27 @@ class pairwise_averager {
  public:
   // Ranks of `replicas` this replica exchanges with, and the values' count: every exchange
   // starts afresh (a new run, a resumed one, another communicator).
+  // With `weighted`, every replica's calls say its weight (see above; a message then carries it).
   template <class Comm>
-  void begin(Comm& replicas, std::vector<int> neighbours, std::size_t size) {
+  void begin(Comm& replicas, std::vector<int> neighbours, std::size_t size, bool weighted = false) {
     neighbours_ = std::move(neighbours);
     size_ = size;
+    head_ = weighted ? 3 : 1;
     const std::size_t d = neighbours_.size();
     open_.assign(d, false);
     done_.assign(d, false);
     taken_.assign(d, 0);
     expected_.assign(d, 0);
-    inbox_.assign(size + 1, 0.0f);
-    outbox_.assign(size + 1, 0.0f);
+    inbox_.assign(head_ + size, 0.0f);
+    outbox_.assign(head_ + size, 0.0f);
     for (std::size_t k = 0; k < d; ++k) expect_ahead(replicas, k);
   }
 
   // Answers the requests that have arrived and adds the answers; never waits. Whether `x` changed.
+  // `weight`: this replica's, where it weighs (begin's `weighted`).
   template <class Comm>
-  bool poll(Comm& replicas, std::span<float> x) {
+  bool poll(Comm& replicas, std::span<float> x, double weight = 1) {
+    weight_ = checked_weight(weight);
     bool changed = false;
     for (std::size_t k = 0; k < neighbours_.size(); ++k)
       while (replicas.try_recv_from(neighbours_[k], std::span<float>(inbox_))) {
@@ -74,7 +84,8 @@ class pairwise_averager {
   // moves it half-way from the values it asked with, so two answers on the same values would
   // move it twice as far (answers to requests open at once add up, and overshoot).
   template <class Comm>
-  void ask(Comm& replicas, std::span<const float> x, std::uint64_t draw) {
+  void ask(Comm& replicas, std::span<const float> x, std::uint64_t draw, double weight = 1) {
+    weight_ = checked_weight(weight);
     if (std::find(open_.begin(), open_.end(), true) != open_.end()) return;
     std::vector<std::size_t> free;
     for (std::size_t k = 0; k < neighbours_.size(); ++k)
@@ -90,7 +101,8 @@ class pairwise_averager {
   // more, takes what each still sends until it has said the same (answering), then waits for its
   // own open answers. Whether `x` changed.
   template <class Comm>
-  bool drain(Comm& replicas, std::span<float> x) {
+  bool drain(Comm& replicas, std::span<float> x, double weight = 1) {
+    weight_ = checked_weight(weight);
     bool changed = false;
     for (std::size_t k = 0; k < neighbours_.size(); ++k) send(replicas, k, kind::done, std::span<const float>());
     for (std::size_t k = 0; k < neighbours_.size(); ++k)
@@ -132,26 +144,49 @@ class pairwise_averager {
     expected_[k] = taken_[k] + ahead;
   }
 
+  double checked_weight(double w) const {
+    decentrain::detail::check(head_ == 1 || (std::isfinite(w) && w >= 0), "ad-psgd: this replica weighs ", w,
+                              " (a weighted exchange needs a weight that is finite and >= 0)");
+    return w;
+  }
+  // [kind, (weighted: the sender's weight, f64,) values]
   template <class Comm>
   void send(Comm& replicas, std::size_t k, kind what, std::span<const float> values) {
     outbox_[0] = static_cast<float>(static_cast<int>(what));
-    std::fill(outbox_.begin() + 1, outbox_.end(), 0.0f);
-    std::copy(values.begin(), values.end(), outbox_.begin() + 1);
+    if (head_ > 1) std::memcpy(outbox_.data() + 1, &weight_, sizeof weight_);
+    std::fill(outbox_.begin() + static_cast<std::ptrdiff_t>(head_), outbox_.end(), 0.0f);
+    std::copy(values.begin(), values.end(), outbox_.begin() + static_cast<std::ptrdiff_t>(head_));
     replicas.send_to(neighbours_[k], std::span<const float>(outbox_));
   }
 
   template <class Comm>
   bool handle(Comm& replicas, std::size_t k, std::span<float> x) {
     const int j = neighbours_[k];
-    const std::span<const float> values(inbox_.data() + 1, size_);
+    const std::span<const float> values(inbox_.data() + head_, size_);
     const float what = inbox_[0];
     if (what == static_cast<float>(static_cast<int>(kind::request))) {
       decentrain::detail::check(!done_[k], "ad-psgd: peer ", j, " asked to average after it said it asks no more before the drain");
-      // Half-way towards the asker's values; the answer carries the same half back.
-      std::span<float> d(outbox_.data() + 1, size_);
-      for (std::size_t i = 0; i < size_; ++i) {
-        d[i] = (x[i] - values[i]) * 0.5f;
-        x[i] -= d[i];
+      std::span<float> d(outbox_.data() + head_, size_);
+      if (head_ == 1) {
+        // Half-way towards the asker's values; the answer carries the same half back.
+        for (std::size_t i = 0; i < size_; ++i) {
+          d[i] = (x[i] - values[i]) * 0.5f;
+          x[i] -= d[i];
+        }
+      } else {
+        // To the pair's weighted mean: this side moves a / (a + b) of the way, the asker b / (a + b).
+        double a = 0;
+        std::memcpy(&a, inbox_.data() + 1, sizeof a);
+        decentrain::detail::check(std::isfinite(a) && a >= 0, "ad-psgd: peer ", j, " asked with the weight ", a,
+                                  " (a weight must be finite and >= 0)");
+        const double b = weight_, sum = a + b;
+        const double mine = sum > 0 ? a / sum : 0.5, theirs = sum > 0 ? b / sum : 0.5;
+        for (std::size_t i = 0; i < size_; ++i) {
+          const double diff = static_cast<double>(x[i]) - values[i];
+          x[i] = static_cast<float>(x[i] - mine * diff);
+          d[i] = static_cast<float>(theirs * diff);
+        }
+        std::memcpy(outbox_.data() + 1, &weight_, sizeof weight_);
       }
       check_finite(x, j);
       outbox_[0] = static_cast<float>(static_cast<int>(kind::answer));
@@ -179,10 +214,11 @@ class pairwise_averager {
   }
 
   std::vector<int> neighbours_;
-  std::size_t size_ = 0;
+  std::size_t size_ = 0, head_ = 1;  // floats before the values: the kind, and the weight where weighted
+  double weight_ = 1;                // this replica's, as its latest call said
   std::vector<bool> open_, done_;  // per neighbour: a request of this replica unanswered; it said "done"
   std::vector<std::uint64_t> taken_, expected_;  // messages taken from it; told the transport of
-  std::vector<float> inbox_, outbox_;            // [kind, values]
+  std::vector<float> inbox_, outbox_;            // [kind, (weight,) values]
   std::int64_t asked_ = 0, answered_ = 0;
 };
 
@@ -199,6 +235,7 @@ struct ad_psgd {
   std::int64_t drain_every = 0;  // steps between drains; 0: the last step only
   Topology topology{};
   std::uint64_t seed = 0;        // the neighbours drawn (with the rank and the step)
+  bool weighted = false;         // exchanges weigh each side by its latest step's weight (see above)
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -210,21 +247,22 @@ struct ad_psgd {
     check_same_settings(ctx, describe(), "ad-psgd: the peers exchange differently",
                         "the same topology, inner_steps, drain_every and seed");
     if (!ctx.resumed) broadcast_parameters(ctx, buffer_);
-    averager_.begin(ctx.replicas, neighbours(topology, me, n), flat_size(ctx.parameters));
+    averager_.begin(ctx.replicas, neighbours(topology, me, n), flat_size(ctx.parameters), weighted);
   }
   template <class Ctx>
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
     gather_values(ctx.parameters, buffer_);
-    bool changed = averager_.poll(ctx.replicas, std::span<float>(buffer_));
+    const double w = weighted ? ctx.step_weight : 1.0;
+    bool changed = averager_.poll(ctx.replicas, std::span<float>(buffer_), w);
     if (ctx.last_step || ends_round_at(ctx.step)) {
-      changed |= averager_.drain(ctx.replicas, std::span<float>(buffer_));
+      changed |= averager_.drain(ctx.replicas, std::span<float>(buffer_), w);
     } else if (ends_round(ctx.step, inner_steps)) {
       std::uint64_t draw = decentrain::detail::splitmix64(seed ^ 0x61647073ull);  // "adps"
       for (const auto v : {static_cast<std::uint64_t>(ctx.replicas.rank()), static_cast<std::uint64_t>(ctx.step)})
         draw = decentrain::detail::splitmix64(draw ^ v);
-      averager_.ask(ctx.replicas, std::span<const float>(buffer_), draw);
+      averager_.ask(ctx.replicas, std::span<const float>(buffer_), draw, w);
     }
     if (changed) scatter_values(ctx.parameters, buffer_);
   }
@@ -245,7 +283,7 @@ struct ad_psgd {
   }
   std::string describe() const {
     return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps) +
-           ",drain_every=" + std::to_string(drain_every) + ",seed=" + std::to_string(seed);
+           ",drain_every=" + std::to_string(drain_every) + ",seed=" + std::to_string(seed) + (weighted ? ",weighted" : "");
   }
 
  private:

@@ -16,6 +16,8 @@
 // Memory: the replica's own public copy and the sum of its neighbours' (CHOCO's efficient form),
 // so the graph must be fixed: a topology whose neighbours change with the round is refused. Under
 // fault::elastic a new view starts the copies afresh on every member (they are per neighbour).
+// It has no `weighted`: weighing neighbour j by its round's weight needs sum_j r_j x^_j, which the
+// sum of the copies cannot give when r_j changes (it would take a copy per neighbour).
 #pragma once
 
 #include <algorithm>

@@ -17,6 +17,13 @@
 //   drop_fraction fault injection for tests and benchmarks: that fraction of messages (drawn from
 //                 drop_seed, the round and the edge) arrives as "lost", the receiver learning
 //                 nothing from it.
+//   weighted      a round weighs each replica by the weight of its round r (the sum of its steps'
+//                 ctx.step_weight, the rows it took, say) as well as by its push-sum weight: the
+//                 shares carry r w z and r w beside w, and z = sum(r w z) / sum(r w) over what
+//                 the replica keeps and receives, while w mixes as before (so it still de-biases
+//                 the graph, and r does not compound from round to round). A round then keeps
+//                 sum_i D_i z_i = sum_j r_j w_j z_j (D_i: the replica's sum(r w)); at equal r it is
+//                 plain push-sum.
 // Under fault::elastic a re-formed view starts the edges afresh (drop_in_flight): mass in flight
 // to the old view is lost, which push-sum's de-biasing tolerates (the weights lose it too). A
 // resumed run continues bit for bit: the weight, the running sums and the messages in flight are
@@ -44,6 +51,7 @@ class push_sum_mixer {
  public:
   struct settings {
     bool running_sums = false;
+    bool weighted = false;  // messages carry r w beside w (see above); send then takes r
     double drop_fraction = 0;
     std::uint64_t drop_seed = 0;
   };
@@ -63,13 +71,17 @@ class push_sum_mixer {
       replicas.expect_from(j, message_floats(size) * sizeof(float));
   }
 
-  // Round `round`'s shares of (w z, w): one kept, one sent to each peer the topology names.
-  // Messages of this round are expected from the peers that send to this one (said before
-  // sending, as gossip_round does).
+  // Round `round`'s shares of (w z, w), or under `weighted` of (r w z, r w, w) with r this
+  // replica's round weight: one kept, one sent to each peer the topology names. Messages of this
+  // round are expected from the peers that send to this one (said before sending, as
+  // gossip_round does).
   template <class Topology, class Comm>
-  void send(const Topology& topo, Comm& replicas, std::int64_t round, std::span<const float> z) {
+  void send(const Topology& topo, Comm& replicas, std::int64_t round, std::span<const float> z, double r = 1) {
     const int me = replicas.rank(), n = replicas.world();
     const auto to = checked_neighbours(topo.sends_to(me, n, round), topo, me, n, round, "push-sum");
+    decentrain::detail::check(std::isfinite(r) && r >= 0, "push-sum: this replica's round weighs ", r,
+                              " (a weighted round needs a weight that is finite and >= 0)");
+    if (!s_.weighted) r = 1;
     expect(topo, replicas, round, z.size());
     // The weight splits exactly: each peer gets s = w / (d + 1) rounded, and w - d s (a multiple
     // of s's unit in the last place, near s) is exact, so the total weight drifts by rounding
@@ -77,22 +89,28 @@ class push_sum_mixer {
     const auto d = static_cast<double>(to.size());
     const double sent_w = weight_ / (d + 1);
     kept_w_ = std::fma(-d, sent_w, weight_);
+    // The values' shares: of w z, or of r w z (then with r w's share beside w's).
+    const double sent_v = s_.weighted ? sent_w * r : sent_w, kept_v = s_.weighted ? kept_w_ * r : kept_w_;
+    kept_rw_ = kept_v;
     kept_x_.resize(z.size());
-    for (std::size_t i = 0; i < z.size(); ++i) kept_x_[i] = kept_w_ * static_cast<double>(z[i]);
+    for (std::size_t i = 0; i < z.size(); ++i) kept_x_[i] = kept_v * static_cast<double>(z[i]);
+    const std::size_t head = header_floats(), masses = s_.weighted ? 2 : 1;
     outbox_.clear();
     for (int j : to) {
       auto& m = outbox_[j];
       m.assign(message_floats(z.size()), 0.0f);
       if (s_.running_sums) {
-        auto& sum = sent_[j];
-        sum.resize(z.size() + 1, 0.0);
+        auto& sum = sent_[j];  // [w, (r w,) values]
+        sum.resize(z.size() + masses, 0.0);
         sum[0] += sent_w;
-        for (std::size_t i = 0; i < z.size(); ++i) sum[i + 1] += sent_w * static_cast<double>(z[i]);
-        put_double(m, 2, sum[0]);
-        std::memcpy(m.data() + 4, sum.data() + 1, z.size() * sizeof(double));
+        if (s_.weighted) sum[1] += sent_v;
+        for (std::size_t i = 0; i < z.size(); ++i) sum[i + masses] += sent_v * static_cast<double>(z[i]);
+        for (std::size_t k = 0; k < masses; ++k) put_double(m, 2 + 2 * k, sum[k]);
+        std::memcpy(m.data() + head, sum.data() + masses, z.size() * sizeof(double));
       } else {
         put_double(m, 2, sent_w);
-        for (std::size_t i = 0; i < z.size(); ++i) m[4 + i] = static_cast<float>(sent_w * static_cast<double>(z[i]));
+        if (s_.weighted) put_double(m, 4, sent_v);
+        for (std::size_t i = 0; i < z.size(); ++i) m[head + i] = static_cast<float>(sent_v * static_cast<double>(z[i]));
       }
       if (dropped(round, me, j)) put_double(m, 0, 1.0);  // arrives as "lost"
       replicas.send_to(j, std::span<const float>(m));
@@ -105,36 +123,47 @@ class push_sum_mixer {
   void receive(const Topology& topo, Comm& replicas, std::int64_t round, std::size_t size) {
     const int me = replicas.rank(), n = replicas.world();
     inbox_.resize(message_floats(size));
+    const std::size_t head = header_floats(), masses = s_.weighted ? 2 : 1;
     for (int j : checked_neighbours(topo.receives_from(me, n, round), topo, me, n, round, "push-sum")) {
       replicas.recv_from(j, std::span<float>(inbox_));
       if (get_double(inbox_, 0) != 0.0) continue;  // lost: nothing learned (a running sum brings it later)
-      const double w = get_double(inbox_, 2);
+      const double w = get_double(inbox_, 2), rw = s_.weighted ? get_double(inbox_, 4) : w;
       decentrain::detail::check(std::isfinite(w) && w > 0, "push-sum: peer ", j, " sent the weight ", w,
                                 " (a weight must be finite and > 0)");
+      decentrain::detail::check(std::isfinite(rw) && rw >= 0, "push-sum: peer ", j, " sent the weighted mass ", rw,
+                                " (it must be finite and >= 0)");
       if (s_.running_sums) {
         auto& seen = seen_[j];
-        seen.resize(size + 1, 0.0);
+        seen.resize(size + masses, 0.0);
         kept_w_ += w - seen[0];
         seen[0] = w;
+        if (s_.weighted) {
+          kept_rw_ += rw - seen[1];
+          seen[1] = rw;
+        }
         for (std::size_t i = 0; i < size; ++i) {
           double v;
-          std::memcpy(&v, inbox_.data() + 4 + 2 * i, sizeof v);
-          kept_x_[i] += v - seen[i + 1];
-          seen[i + 1] = v;
+          std::memcpy(&v, inbox_.data() + head + 2 * i, sizeof v);
+          kept_x_[i] += v - seen[i + masses];
+          seen[i + masses] = v;
         }
       } else {
         kept_w_ += w;
-        for (std::size_t i = 0; i < size; ++i) kept_x_[i] += static_cast<double>(inbox_[4 + i]);
+        kept_rw_ += rw;
+        for (std::size_t i = 0; i < size; ++i) kept_x_[i] += static_cast<double>(inbox_[head + i]);
       }
     }
   }
 
-  // The new weight, and z = x / w.
+  // The new weight, and z = x / w (weighted: sum(r w z) / sum(r w), z kept where that is 0:
+  // no replica it heard from took a row).
   void finish(std::span<float> z) {
     decentrain::detail::check(std::isfinite(kept_w_) && kept_w_ > 0, "push-sum: this replica's weight became ", kept_w_);
     weight_ = kept_w_;
+    const double mass = s_.weighted ? kept_rw_ : weight_;
+    if (mass == 0) return;
     for (std::size_t i = 0; i < z.size(); ++i) {
-      z[i] = static_cast<float>(kept_x_[i] / weight_);
+      z[i] = static_cast<float>(kept_x_[i] / mass);
       decentrain::detail::check(std::isfinite(z[i]), "push-sum: value ", i, " is not finite after a round (a peer sent ",
                                 "values that are not)");
     }
@@ -199,8 +228,10 @@ class push_sum_mixer {
   }
 
  private:
-  // A message: [lost flag (f64), weight (f64), values]: f32 values, or f64 running sums.
-  std::size_t message_floats(std::size_t size) const { return 4 + size * (s_.running_sums ? 2 : 1); }
+  // A message: [lost flag (f64), weight (f64), (weighted: r w (f64),) values]: f32 values, or f64
+  // running sums.
+  std::size_t header_floats() const { return s_.weighted ? 6 : 4; }
+  std::size_t message_floats(std::size_t size) const { return header_floats() + size * (s_.running_sums ? 2 : 1); }
   static void put_double(std::vector<float>& m, std::size_t at, double v) { std::memcpy(m.data() + at, &v, sizeof v); }
   static double get_double(const std::vector<float>& m, std::size_t at) {
     double v;
@@ -216,7 +247,7 @@ class push_sum_mixer {
   }
 
   settings s_{};
-  double weight_ = 1, kept_w_ = 1;
+  double weight_ = 1, kept_w_ = 1, kept_rw_ = 1;
   std::vector<double> kept_x_;
   std::vector<float> inbox_;
   std::map<int, std::vector<double>> sent_, seen_, restored_sent_, restored_seen_;
@@ -236,6 +267,9 @@ struct push_sum {
   bool running_sums = false;     // robust to lost messages
   double drop_fraction = 0;      // fault injection: messages that arrive as lost
   std::uint64_t drop_seed = 0;
+  // Average by the weight of the replicas' rounds (the sum of ctx.step_weight over the round's
+  // steps, kept in the checkpoint) as well as by the push-sum weight (see above).
+  bool weighted = false;
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -245,7 +279,7 @@ struct push_sum {
     if constexpr (requires { topology.validate(); }) topology.validate();
     check_same_settings(ctx, describe(), "push-sum: the peers mix differently",
                         "the same topology, inner_steps, overlap and running sums");
-    mixer_.configure({running_sums, drop_fraction, drop_seed});
+    mixer_.configure({running_sums, weighted, drop_fraction, drop_seed});
     rank_ = ctx.replicas.rank();
     world_ = ctx.replicas.world();
     if (ctx.resumed && !ctx.joined && restored_rank_ == rank_ && restored_world_ == world_) {
@@ -268,12 +302,14 @@ struct push_sum {
   void after_backward(Ctx&) {}
   template <class Ctx>
   void after_step(Ctx& ctx) {
+    weight_.add(ctx);
     if (!ends_round(ctx, inner_steps)) return;
     const std::int64_t round = ctx.step / inner_steps;
     rank_ = ctx.replicas.rank();
     world_ = ctx.replicas.world();
     gather_values(ctx.parameters, buffer_);
-    mixer_.send(topology, ctx.replicas, round, std::span<const float>(buffer_));
+    mixer_.send(topology, ctx.replicas, round, std::span<const float>(buffer_), weight_.sum);
+    weight_.sum = 0;
     if (!overlap) {
       mixer_.receive(topology, ctx.replicas, round, buffer_.size());
     } else {
@@ -300,6 +336,7 @@ struct push_sum {
     c.counters["comm.push_sum.awaiting"] = awaiting_ ? *awaiting_ : -1;
     c.counters["comm.push_sum.rank"] = rank_;
     c.counters["comm.push_sum.world"] = world_;
+    if (weighted) weight_.save(c, "comm.push_sum.");
   }
   void load(const io::checkpoint& c) {
     mixer_.load(c, "comm.push_sum.");
@@ -308,15 +345,17 @@ struct push_sum {
     restored_rank_ = static_cast<int>(c.counter("comm.push_sum.rank"));
     restored_world_ = static_cast<int>(c.counter("comm.push_sum.world"));
     awaiting_.reset();
+    weight_.load(c, "comm.push_sum.");
   }
 
   std::string describe() const {
     return std::string(name) + ":" + topology_name(topology) + ",inner_steps=" + std::to_string(inner_steps) +
-           (overlap ? ",overlap" : "") + (running_sums ? ",running_sums" : "");
+           (overlap ? ",overlap" : "") + (running_sums ? ",running_sums" : "") + (weighted ? ",weighted" : "");
   }
 
  private:
   push_sum_mixer mixer_;
+  round_weight weight_;
   std::vector<float> buffer_;
   std::optional<std::int64_t> awaiting_, restored_awaiting_;
   int rank_ = -1, world_ = -1, restored_rank_ = -2, restored_world_ = -2;
