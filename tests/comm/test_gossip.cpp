@@ -355,3 +355,47 @@ TEST_CASE("gossip: weighted, a peer that sends a weight that is not finite and >
   });
   CHECK_THAT(errors[0], Catch::Contains("gossip: peer 1 sent the round weight -1"));
 }
+
+namespace {
+// `policy` on 1 to 8 replicas under fault::elastic: each run learns, and one stopped after step 1
+// and resumed from the peers' checkpoints ends where the whole run does, bit for bit.
+template <class Policy>
+void trains_and_resumes_on_1_to_8(const Policy& policy) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Policy, dt::parallel::data, dt::fault::elastic>;
+  const auto opts = fixture::small_run(4);
+  for (int n = 1; n <= 8; ++n) {
+    INFO(n << " replicas");
+    std::vector<dt::train::fit_result> results;
+    const auto whole = fixture::final_params<Trainer>(n, fixture::tiny_gpt(), opts, policy, &results);
+    const auto saved = fixture::stop_at<Trainer>(n, 1, fixture::tiny_gpt(), opts, policy);
+    const auto resumed = fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, policy);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+      CHECK(resumed[r] == whole[r]);
+      CHECK(results[r].final_val_loss < fixture::uniform_loss());
+    }
+  }
+}
+}  // namespace
+
+// (AD-PSGD's: tests/comm/test_ad_psgd.cpp, in the deterministic simulator; every policy from the
+// command line in --peers, TCP and MPI modes: tests/cli/test_cli.cpp.)
+TEST_CASE("every decentralized policy trains 1 to 8 replicas under fault::elastic and resumes bit for bit") {
+  namespace topo = dt::comm::topology;
+  SECTION("gossip") { trains_and_resumes_on_1_to_8(dt::comm::gossip<>{}); }
+  SECTION("gossip, weighted") {
+    dt::comm::gossip<topo::exponential> g;
+    g.weighted = true;
+    trains_and_resumes_on_1_to_8(g);
+  }
+  SECTION("push-sum, overlapped, weighted") {
+    dt::comm::push_sum<> p;
+    p.overlap = p.weighted = true;
+    trains_and_resumes_on_1_to_8(p);
+  }
+  SECTION("choco") { trains_and_resumes_on_1_to_8(dt::comm::choco<>{}); }
+  SECTION("moshpit") {
+    dt::comm::moshpit<> m;
+    m.grid.group_size = 2;
+    trains_and_resumes_on_1_to_8(m);
+  }
+}
