@@ -45,7 +45,7 @@ run() {  # run NAME LOG ARGS...: a row from the program's throughput and validat
   echo "$name: $tps tokens/s, val loss $val" >&2
   echo "$name|$tps|$val"
 }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$root/scripts/lib/free_port.py"; }  # (below the ephemeral range: its comment says why)
 
 rows=()
 rows+=("$(run "1 peer alone" "$work/one.txt" "$cli" train --device cuda "${settings[@]}")")

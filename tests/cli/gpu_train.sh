@@ -12,6 +12,7 @@
 #   tests/cli/gpu_train.sh DECENTRAIN_GPT WORK_DIR
 set -uo pipefail
 gpt=$(realpath "$1") work=$2
+lib=$(realpath "$(dirname "$0")/../../scripts/lib")  # (before the cd below: $0 may be relative)
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 peer=""  # a TCP rank 1 running in the background: killed, by its PID, if the script ends first
 trap '[ -n "$peer" ] && kill "$peer" 2>/dev/null' EXIT
@@ -31,7 +32,7 @@ near() {  # near A B TOLERANCE WHAT
     fail "$4: $1 against $2 (tolerance $3)"
   echo "ok: $4: $1 against $2"
 }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$lib/free_port.py"; }  # (below the ephemeral range: its comment says why)
 
 probe=$(timeout 120 "$gpt" train --device cuda --steps 1 --eval-batches 1 --quiet 2>&1)
 case $? in
