@@ -24563,9 +24563,15 @@ void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std:
     for (std::size_t i = 0; i < values.size(); ++i) sum[i] += w * scratch[head + i];
     total += w;
   }
+  decentrain::detail::check(std::isfinite(total), "gossip: the round weights heard add up to ", total,
+                            " (a peer sent one too large)");
   if (total == 0) return;
   const double scale = 1.0 / total;
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(sum[i] * scale);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<float>(sum[i] * scale);
+    decentrain::detail::check(!weight || std::isfinite(values[i]), "gossip: value ", i, " is not finite after a weighted ",
+                              "round (a peer sent weights or values too large)");
+  }
 }
 
 template <class Topology = topology::one_peer_exponential>
@@ -24781,6 +24787,8 @@ class push_sum_mixer {
     decentrain::detail::check(std::isfinite(kept_w_) && kept_w_ > 0, "push-sum: this replica's weight became ", kept_w_);
     weight_ = kept_w_;
     const double mass = s_.weighted ? kept_rw_ : weight_;
+    decentrain::detail::check(std::isfinite(mass) && mass >= 0, "push-sum: this replica's weighted mass became ", mass,
+                              " (its peers sent masses that are too large, or running sums that went down)");
     if (mass == 0) return;
     for (std::size_t i = 0; i < z.size(); ++i) {
       z[i] = static_cast<float>(kept_x_[i] / mass);
@@ -24898,7 +24906,7 @@ struct push_sum {
                               drop_fraction);
     if constexpr (requires { topology.validate(); }) topology.validate();
     check_same_settings(ctx, describe(), "push-sum: the peers mix differently",
-                        "the same topology, inner_steps, overlap and running sums");
+                        "the same topology, inner_steps, overlap, running sums and weighted");
     mixer_.configure({running_sums, weighted, drop_fraction, drop_seed});
     rank_ = ctx.replicas.rank();
     world_ = ctx.replicas.world();
@@ -24929,7 +24937,6 @@ struct push_sum {
     world_ = ctx.replicas.world();
     gather_values(ctx.parameters, buffer_);
     mixer_.send(topology, ctx.replicas, round, std::span<const float>(buffer_), weight_.sum);
-    weight_.sum = 0;
     if (!overlap) {
       mixer_.receive(topology, ctx.replicas, round, buffer_.size());
     } else {
@@ -24942,6 +24949,7 @@ struct push_sum {
     }
     mixer_.finish(std::span<float>(buffer_));
     scatter_values(ctx.parameters, buffer_);
+    weight_.sum = 0;  // (only now: an exchange that failed is redone with the round's weight)
   }
   bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
   // A re-formed view: other peers at these ranks, nothing in flight (the trainer's set_view).
@@ -24956,9 +24964,15 @@ struct push_sum {
     c.counters["comm.push_sum.awaiting"] = awaiting_ ? *awaiting_ : -1;
     c.counters["comm.push_sum.rank"] = rank_;
     c.counters["comm.push_sum.world"] = world_;
+    c.counters["comm.push_sum.weighted"] = weighted;  // (its messages and running sums carry r w)
     if (weighted) weight_.save(c, "comm.push_sum.");
   }
   void load(const io::checkpoint& c) {
+    // A checkpoint without the key was written before push-sum weighed: unweighted.
+    const auto saved_weighted = c.counters.find("comm.push_sum.weighted");
+    decentrain::detail::check((saved_weighted != c.counters.end() && saved_weighted->second != 0) == weighted,
+                              "checkpoint: push-sum was saved with weighted ", weighted ? "off" : "on", ", and this policy has it ",
+                              weighted ? "on" : "off", " (its messages and running sums are laid out differently)");
     mixer_.load(c, "comm.push_sum.");
     const auto a = c.counter("comm.push_sum.awaiting");
     restored_awaiting_ = a >= 0 ? std::optional<std::int64_t>(a) : std::nullopt;

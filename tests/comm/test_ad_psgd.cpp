@@ -76,11 +76,10 @@ TEST_CASE("ad-psgd: weighted, each exchange keeps the pair's weighted sum, and t
       kept += weights[r] * e.values[r][i];
       start += weights[r] * (10.0 * static_cast<double>(r) + static_cast<double>(i));
     }
-    const double mean = start / total, plain = 10.0 * (n - 1) / 2.0 + static_cast<double>(i);
+    const double mean = start / total;  // 42.8 + i, where the plain mean is 35 + i
     INFO("value " << i);
     CHECK(std::abs(kept - start) < 1e-4 * start);
     for (const auto& v : e.values) CHECK(std::abs(v[i] - mean) < 1e-3 * 35);
-    CHECK(std::abs(mean - plain) > 5);  // (the weights move the mean: 42.8 + i against 35 + i)
   }
 }
 

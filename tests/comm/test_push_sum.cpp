@@ -223,13 +223,13 @@ TEST_CASE("trainer: push-sum refuses peers that mix differently and a drop fract
 namespace {
 // One push-sum round on n in-process replicas of random_out, replica r starting from r * 8 + i
 // with push-sum weight `w0[r]` (reached by a plain round before, so the weights differ) and round
-// weight `rw[r]`, weighted: each replica's values, weight and sum(r w) afterwards, and its values
-// and weight before.
+// weight `rw[r]`, weighted (or not, the round weights then unused): each replica's values and
+// weight afterwards, and its values and weight before.
 struct weighted_round {
   std::vector<std::vector<float>> before, after;
   std::vector<double> w_before, w_after;
 };
-weighted_round push_weighted(int n, const std::vector<double>& rw) {
+weighted_round push_weighted(int n, const std::vector<double>& rw, bool weighted = true) {
   weighted_round out;
   const auto size = static_cast<std::size_t>(n);
   out.before.resize(size);
@@ -239,10 +239,10 @@ weighted_round push_weighted(int n, const std::vector<double>& rw) {
   dt::transport::in_process(n).run([&](dt::transport::in_process::endpoint& ep) {
     dt::collective::communicator c(ep);
     const auto me = static_cast<std::size_t>(c.rank());
-    dt::comm::push_sum_mixer m({.weighted = true});
+    dt::comm::push_sum_mixer m({.weighted = weighted});
     std::vector<float> v(4);
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(c.rank() * 8 + static_cast<int>(i));
-    m.send(random_out{}, c, 0, std::span<const float>(v));  // (round weight 1 everywhere: plain push-sum)
+    m.send(random_out{}, c, 0, std::span<const float>(v));  // (round weight 1 everywhere: plain push-sum's round)
     m.receive(random_out{}, c, 0, v.size());
     m.finish(std::span<float>(v));
     out.before[me] = v;
@@ -287,7 +287,7 @@ TEST_CASE("push-sum: weighted, a round weighs each replica by its round weight t
   CHECK(std::abs(total_w - n) < 1e-12);
   // Equal round weights are plain push-sum (to rounding).
   const auto equal = push_weighted(n, std::vector<double>(static_cast<std::size_t>(n), 2.5));
-  const auto plain = push_weighted(n, std::vector<double>(static_cast<std::size_t>(n), 1.0));
+  const auto plain = push_weighted(n, rw, false);
   double moved = 0;
   for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
     CHECK(fixture::max_abs_diff(equal.after[r], plain.after[r]) < 1e-5);

@@ -317,7 +317,16 @@ TEST_CASE("trainer: local SGD, DiLoCo, gossip and push-sum with weighted set ave
     dt::comm::push_sum<dt::comm::topology::ring> push;
     push.inner_steps = 4;
     push.weighted = true;
-    (void)check_resumed_alike(push, 6, 2);
+    const auto pushed = check_resumed_alike(push, 6, 2);
+    push.weighted = false;
+    CHECK(max_abs_diff(check_resumed_alike(push, 6, 2)[0], pushed[0]) > 1e-6);
+    // A checkpoint saved with the other setting lays its messages out otherwise: refused.
+    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::push_sum<dt::comm::topology::ring>, rank_weighted>;
+    auto opts = fixture::small_run(6);
+    const auto saved = fixture::stop_at<Trainer>(3, 2, fixture::tiny_gpt(), opts, push);
+    push.weighted = true;
+    CHECK_THROWS_WITH(fixture::resume_from<Trainer>(saved, fixture::tiny_gpt(), opts, push),
+                      Catch::Matchers::Contains("checkpoint: push-sum was saved with weighted off, and this policy has it on"));
   }
 }
 

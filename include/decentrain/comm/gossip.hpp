@@ -83,9 +83,15 @@ void gossip_round(const Topology& topo, Comm& replicas, std::int64_t round, std:
     for (std::size_t i = 0; i < values.size(); ++i) sum[i] += w * scratch[head + i];
     total += w;
   }
+  decentrain::detail::check(std::isfinite(total), "gossip: the round weights heard add up to ", total,
+                            " (a peer sent one too large)");
   if (total == 0) return;
   const double scale = 1.0 / total;
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(sum[i] * scale);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<float>(sum[i] * scale);
+    decentrain::detail::check(!weight || std::isfinite(values[i]), "gossip: value ", i, " is not finite after a weighted ",
+                              "round (a peer sent weights or values too large)");
+  }
 }
 
 template <class Topology = topology::one_peer_exponential>
