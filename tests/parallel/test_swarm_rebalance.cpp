@@ -72,6 +72,29 @@ TEST_CASE("swarm rebalance: the bottleneck gets a peer once the move is confirme
   CHECK_THROWS_WITH(resumed.load(bad, "swarm."), Catch::Contains("the checkpoint's entry 's 0 zz 1' is malformed"));
 }
 
+TEST_CASE("swarm rebalance: moves that gain the same are ties, so noise does not keep the confirmation from completing") {
+  // Peers 0 and 2 (stage 0) 4x as fast as 1 and 3 (stage 1): any of the four swaps of a fast
+  // peer with a slow one balances the stages, within noise of each other.
+  const std::vector<double> cost(2, 1.0);
+  const std::vector<pool_peer> truth{{0, 0, 4}, {1, 1, 1}, {2, 0, 4}, {3, 1, 1}};
+  const auto first_move_after = [&](double tie) {
+    dt::parallel::pools::rebalance_settings s;
+    s.tie = tie;
+    rebalancer r(s);
+    dt::rng gen(5, "rebalance-tie-test");
+    for (int i = 1; i <= 20; ++i)
+      if (r.check(measured(truth, 0.3, gen), cost)) return i;
+    return -1;
+  };
+  const int with_ties = first_move_after(0.02), without = first_move_after(0);
+  INFO("checks to the first move: " << with_ties << " with a 2% tie, " << without << " without (-1: none in 20)");
+  CHECK((with_ties >= 3 && with_ties <= 4));  // the confirmation's 3, or one more
+  CHECK((without == -1 || without > with_ties));
+  dt::parallel::pools::rebalance_settings bad;
+  bad.tie = 1;
+  CHECK_THROWS_WITH(rebalancer(bad), Catch::Contains("tie must be in [0, 1)"));
+}
+
 TEST_CASE("swarm rebalance: never a stage emptied, never straight back, and noise moves nobody") {
   const std::vector<double> cost(2, 1.0);
   // One peer a stage: no move may leave a stage empty, however unbalanced.

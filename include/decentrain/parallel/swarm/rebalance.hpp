@@ -14,7 +14,10 @@
 // stages no single move can); a move that leaves a stage without peers leaves a pipeline of
 // throughput 0, so none does, and any move that serves a stage without peers passes. Of the
 // moves that pass, the one that leaves the fastest pipeline goes (ties: the lowest peer, single
-// moves before swaps, then the lowest stage), one per check. Every peer computes the same move
+// moves before swaps, then the lowest stage; moves whose pipelines are within `tie` of each
+// other's are ties, so noise in the speeds does not flip the choice between moves that gain the
+// same, two fast peers each able to trade with either of two slow ones, and reset the
+// confirmation every check), one per check. Every peer computes the same move
 // from the same figures (agreed as a view is), so a move needs no leader.
 #pragma once
 
@@ -40,12 +43,14 @@ struct rebalance_settings {
   int confirm = 3;     // the same best move in this many checks in a row
   int cooldown = 20;   // checks before a peer may go back to a stage it left
   double smoothing = 0.2;  // a peer's speed is the moving average (bias-corrected) of what the checks saw
+  double tie = 0.02;       // pipelines within this share of each other's throughput: a tie (see above)
 
   void validate() const {
     decentrain::detail::check(gain > 0 && gain < 1, "swarm rebalance: gain must be in (0, 1), got ", gain);
     decentrain::detail::check(confirm >= 1, "swarm rebalance: confirm must be >= 1, got ", confirm);
     decentrain::detail::check(cooldown >= 0, "swarm rebalance: cooldown must be >= 0, got ", cooldown);
     decentrain::detail::check(smoothing > 0 && smoothing <= 1, "swarm rebalance: smoothing must be in (0, 1], got ", smoothing);
+    decentrain::detail::check(tie >= 0 && tie < 1, "swarm rebalance: tie must be in [0, 1), got ", tie);
   }
 };
 
@@ -211,9 +216,9 @@ class rebalancer {
     int empty = 0;         // stages without peers
     double slowest = 0;    // the slowest of the others' throughputs
   };
-  // Fewer stages without peers first, then the faster pipeline.
-  static bool better(const score_of& a, const score_of& b) {
-    return a.empty != b.empty ? a.empty < b.empty : a.slowest > b.slowest;
+  // Fewer stages without peers first, then the faster pipeline by more than the tie.
+  bool better(const score_of& a, const score_of& b) const {
+    return a.empty != b.empty ? a.empty < b.empty : a.slowest > b.slowest * (1 + settings_.tie);
   }
   static score_of score(const std::vector<double>& t, const std::vector<int>& count) {
     score_of s{0, std::numeric_limits<double>::infinity()};
