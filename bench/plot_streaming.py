@@ -15,15 +15,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+import plot_args  # noqa: E402  (beside this script)
+
 
 def main():
-    args = sys.argv[1:]
-    title = None
-    if len(args) >= 3 and not args[-1].endswith(".png"):
-        title = args.pop()
-    if len(args) < 2 or not args[-1].endswith(".png"):
-        sys.exit(__doc__)
-    out = args.pop()
+    args, out, title = plot_args.parse(sys.argv[1:], __doc__)
     runs = []
     for path in args:
         with open(path) as f:
