@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/trainer_fixture.hpp"
+#include "support/transport_harness.hpp"
 
 namespace dt = decentrain;
 using dt::train::trainer_options;
@@ -357,8 +358,10 @@ TEST_CASE("gossip: weighted, a peer that sends a weight that is not finite and >
 }
 
 namespace {
-// `policy` on 1 to 8 replicas under fault::elastic: each run learns, and one stopped after step 1
-// and resumed from the peers' checkpoints ends where the whole run does, bit for bit.
+// `policy` on 1 to 8 replicas under fault::elastic, in process and over TCP on 127.0.0.1 (a
+// thread a peer, tests/support/transport_harness.hpp): each run learns, one stopped after step 1
+// and resumed from the peers' checkpoints ends where the whole run does, bit for bit, and the TCP
+// run ends where the in-process one does.
 template <class Policy>
 void trains_and_resumes_on_1_to_8(const Policy& policy) {
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Policy, dt::parallel::data, dt::fault::elastic>;
@@ -373,13 +376,30 @@ void trains_and_resumes_on_1_to_8(const Policy& policy) {
       CHECK(resumed[r] == whole[r]);
       CHECK(results[r].final_val_loss < fixture::uniform_loss());
     }
+    // Over TCP: the whole run, then one resumed from the in-process run's checkpoints.
+    std::vector<std::vector<float>> over_tcp(static_cast<std::size_t>(n)), resumed_tcp(static_cast<std::size_t>(n));
+    harness::tcp::run(n, [&](dt::transport::tcp& ep) {
+      Trainer t(fixture::tiny_gpt(), opts, ep, policy);
+      (void)t.fit(fixture::small_corpus().data);
+      over_tcp[static_cast<std::size_t>(ep.rank())] = fixture::flat_params(t.model().parameters());
+    });
+    harness::tcp::run(n, [&](dt::transport::tcp& ep) {
+      Trainer t(fixture::tiny_gpt(), opts, ep, policy);
+      t.restore(saved[static_cast<std::size_t>(ep.rank())]);
+      (void)t.fit(fixture::small_corpus().data);
+      resumed_tcp[static_cast<std::size_t>(ep.rank())] = fixture::flat_params(t.model().parameters());
+    });
+    for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+      CHECK(over_tcp[r] == whole[r]);
+      CHECK(resumed_tcp[r] == whole[r]);
+    }
   }
 }
 }  // namespace
 
 // (AD-PSGD's: tests/comm/test_ad_psgd.cpp, in the deterministic simulator; every policy from the
 // command line in --peers, TCP and MPI modes: tests/cli/test_cli.cpp.)
-TEST_CASE("every decentralized policy trains 1 to 8 replicas under fault::elastic and resumes bit for bit") {
+TEST_CASE("every decentralized policy trains 1 to 8 replicas under fault::elastic, in process and over TCP, and resumes bit for bit") {
   namespace topo = dt::comm::topology;
   SECTION("gossip") { trains_and_resumes_on_1_to_8(dt::comm::gossip<>{}); }
   SECTION("gossip, weighted") {
