@@ -32419,8 +32419,7 @@ class trainer {
       static_assert(requires { { policy_.weighted } -> std::convertible_to<bool>; },
                     "trainer: this parallel policy (parallel::swarm) gives each peer a step weight of the rows it "
                     "processed, which differ from peer to peer: the communication policy must average by them (a "
-                    "`bool weighted` member: sync_allreduce, local_sgd, diloco, streaming_diloco, moshpit, gossip, push_sum, "
-                    "ad_psgd; choco keeps only the sum of its neighbours' public copies, so it cannot weigh them)");
+                    "`bool weighted` member, as comm/policy.hpp's round_weight serves it)");
       decentrain::detail::check(policy_.weighted, "trainer: parallel::", ParallelPolicy::name, " gives each peer a step weight of the "
                                 "rows it processed, which differ from peer to peer; set the communication policy's `weighted` "
                                 "(", CommPolicy::name, ") so that its averages use them");
