@@ -14,6 +14,11 @@
 //                         tokens diloco-sized trained (run after it): the time the same compute
 //                         needs on identical peers
 //   sync-homogeneous      sync on peers at the mean speed, the same steps (sync's reference)
+//   diloco-auto           DiLoCo tuned (comm/auto_tuning.hpp, the command line's --auto): H and
+//                         the codec (identity, int8, int4) picked from the probed links and the
+//                         slowest peer's compute after step 0, picked again on drift; sized to speed
+//   diloco-auto-homogeneous  the same, tuned, on peers at the mean speed for as many steps as give
+//                         the tokens diloco-auto trained (run after it)
 // Columns: the compute utilisation (compute over clock) of the slowest and of the fastest peer
 // (and, in the JSON and the comparison line, of the least busy peer),
 // the simulated time to finish, the mean of the peers' final validation losses, MB the policy sent
@@ -54,6 +59,7 @@ struct row {
   double util_slowest = 0, util_fastest = 0, util_lowest = 1, simulated_s = 0, val_loss = 0, mb_per_peer = 0, wall_s = 0;
   double inner_steps = 0;  // all peers' together
   std::int64_t steps = 0;
+  std::vector<dt::comm::tuning_choice> picks;  // a tuned run's (rank 0's)
 };
 
 template <class Comm>
@@ -68,8 +74,13 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   o.speeds = speeds;
   dt::transport::in_process net(dt::transport::links::preset(s.link, s.peers, s.seed), o);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm);
   row r;
+  const auto keep_picks = [&r](Trainer& t) {
+    if constexpr (requires { t.policy().choices(); })
+      if (t.rank() == 0)
+        t.on_step([&r, &t](const dt::train::step_metrics&) { r.picks = t.policy().choices(); });
+  };
+  const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm, keep_picks);
   r.name = name;
   r.steps = opts.steps;
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -88,6 +99,10 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   r.util_fastest = results[fastest].last.utilisation();
   std::fprintf(stderr, "  %s: val loss %.4f, utilisation %.1f%% .. %.1f%%, %.0f simulated s, %.0f s\n", name.c_str(), r.val_loss,
                100 * r.util_slowest, 100 * r.util_fastest, r.simulated_s, r.wall_s);
+  for (const auto& c : r.picks)
+    std::fprintf(stderr, "    pick after step %lld (%s): H %lld, %s, exchange %.3f s, %.1f%% busy predicted; step %.4f s, fixed %.3f s, "
+                 "%.3g s/MB\n", static_cast<long long>(c.step), c.why.c_str(), static_cast<long long>(c.inner_steps),
+                 c.codec_name.c_str(), c.exchange_s, 100 * c.busy, c.measured.step_s, c.measured.fixed_s, 1e6 * c.measured.per_byte_s);
   return r;
 }
 
@@ -95,6 +110,15 @@ dt::comm::diloco<> diloco(const setup& s, bool sized) {
   dt::comm::diloco<> p;
   p.inner_steps = s.inner_steps;
   p.sized_to_speed = sized;
+  return p;
+}
+
+// Tuned: H and the codec picked from measures (H = --inner-steps until the first pick).
+dt::comm::diloco<dt::comm::outer::nesterov, dt::collective::any_codec> tuned(const setup& s) {
+  dt::comm::diloco<dt::comm::outer::nesterov, dt::collective::any_codec> p;
+  p.inner_steps = s.inner_steps;
+  p.tune.emplace();
+  for (const char* spec : {"identity", "int8", "int4"}) p.tune->codecs.push_back(dt::collective::parse_codec(spec));
   return p;
 }
 
@@ -129,6 +153,7 @@ int main(int argc, char** argv) try {
   const auto recipe = bench::shakespeare_recipe::load(path);
   std::vector<row> rows;
   double sized_tokens_steps = -1;  // inner steps of diloco-sized, all peers together
+  double auto_tokens_steps = -1;   // and of diloco-auto
   for (const auto& name : only) {
     if (name == "sync") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, s.speeds, recipe.model, opts, recipe.data));
     else if (name == "sync-target") {
@@ -153,9 +178,17 @@ int main(int argc, char** argv) try {
       auto same_tokens = opts;
       same_tokens.steps = std::llround(sized_tokens_steps / s.peers);
       rows.push_back(run(name, diloco(s, false), s, even, recipe.model, same_tokens, recipe.data));
+    } else if (name == "diloco-auto") {
+      rows.push_back(run(name, tuned(s), s, s.speeds, recipe.model, opts, recipe.data));
+      auto_tokens_steps = rows.back().inner_steps;
+    } else if (name == "diloco-auto-homogeneous") {
+      dt::detail::check(auto_tokens_steps > 0, "bench_heterogeneous: diloco-auto-homogeneous runs after diloco-auto (its tokens)");
+      auto same_tokens = opts;
+      same_tokens.steps = std::llround(auto_tokens_steps / s.peers);
+      rows.push_back(run(name, tuned(s), s, even, recipe.model, same_tokens, recipe.data));
     } else {
-      dt::detail::fail("bench_heterogeneous: unknown row '", name,
-                       "' (sync, sync-target, sync-homogeneous, diloco-equal, diloco-sized, diloco-homogeneous)");
+      dt::detail::fail("bench_heterogeneous: unknown row '", name, "' (sync, sync-target, sync-homogeneous, diloco-equal, ",
+                       "diloco-sized, diloco-homogeneous, diloco-auto, diloco-auto-homogeneous)");
     }
   }
 
@@ -179,6 +212,11 @@ int main(int argc, char** argv) try {
                 "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%)\n",
                 sized->simulated_s / homogeneous->simulated_s, 100 * (sized->val_loss / homogeneous->val_loss - 1),
                 sized->util_lowest >= 0.95 ? "yes" : "no", 100 * sized->util_lowest);
+  if (const auto *tuned_row = find("diloco-auto"), *homogeneous = find("diloco-auto-homogeneous"); tuned_row && homogeneous)
+    std::printf("diloco-auto against diloco-auto-homogeneous (the same tokens): time %.3fx (goal <= 1.1x), loss %+.2f%% (goal "
+                "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%)\n",
+                tuned_row->simulated_s / homogeneous->simulated_s, 100 * (tuned_row->val_loss / homogeneous->val_loss - 1),
+                tuned_row->util_lowest >= 0.95 ? "yes" : "no", 100 * tuned_row->util_lowest);
   if (const auto *target = find("sync-target"), *homogeneous = find("sync-homogeneous"); target && homogeneous)
     std::printf("sync-target against sync-homogeneous (the same rows a step): time %.3fx, loss %+.2f%%, the least busy "
                 "peer %.1f%% (sync with equal batches: %s)\n",
@@ -195,7 +233,18 @@ int main(int argc, char** argv) try {
     const auto& r = rows[i];
     out << (i ? ",\n" : "\n") << "    {\"run\": \"" << r.name << "\", \"steps\": " << r.steps << ", \"util_slowest\": " << r.util_slowest
         << ", \"util_fastest\": " << r.util_fastest << ", \"util_lowest\": " << r.util_lowest << ", \"simulated_s\": " << r.simulated_s << ", \"val_loss\": " << r.val_loss
-        << ", \"mb_per_peer\": " << r.mb_per_peer << ", \"inner_steps\": " << r.inner_steps << ", \"wall_s\": " << r.wall_s << "}";
+        << ", \"mb_per_peer\": " << r.mb_per_peer << ", \"inner_steps\": " << r.inner_steps << ", \"wall_s\": " << r.wall_s;
+    if (!r.picks.empty()) {
+      out << ", \"picks\": [";
+      for (std::size_t k = 0; k < r.picks.size(); ++k) {
+        const auto& c = r.picks[k];
+        out << (k ? ", " : "") << "{\"step\": " << c.step << ", \"why\": \"" << c.why << "\", \"inner_steps\": " << c.inner_steps
+            << ", \"codec\": \"" << c.codec_name << "\", \"exchange_s\": " << c.exchange_s << ", \"busy\": " << c.busy
+            << ", \"step_s\": " << c.measured.step_s << ", \"fixed_s\": " << c.measured.fixed_s << ", \"per_byte_s\": " << c.measured.per_byte_s << "}";
+      }
+      out << "]";
+    }
+    out << "}";
   }
   out << "\n  ]\n}\n";
   json.stream() << out.str();

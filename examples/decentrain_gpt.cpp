@@ -378,6 +378,16 @@ void declare_train(CLI::App& cmd) {
             "its pseudo-gradient weighs by its rows (with --speeds, or peers of\n"
             "different machines)")
       ->group(comm);
+  cli::flag(cmd, "auto",
+            "diloco: pick H and the codec from measures (the links probed at the\n"
+            "start and timed at each exchange, the slowest peer's compute), the same on\n"
+            "every peer, and pick again when a measure drifts by 30%: the least lossy\n"
+            "of identity, int8 and int4 (only --codec's, if given) whose rounds of at\n"
+            "most 100 inner steps keep the peers computing 97% of the time, and the\n"
+            "fewest such steps (10 to 1000, at most --steps / 4; --inner-steps until\n"
+            "the first pick, after step 0). Sizes work to speed as --sized-to-speed\n"
+            "does; every pick is printed and in the metrics")
+      ->group(comm);
   cli::flag(cmd, "eager",
             "streaming-diloco and diloco: eager updates, an exchange overlaps a whole\n"
             "round and the peer steps at once with its own pseudo-gradient standing in\n"
@@ -1163,6 +1173,9 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
         ended.parallel.pipe.stages = f.stages;
       }
     print_summary(ended, results, rank, world, Comm::name, wall_s);
+    if (const auto& picks = hooks.picks[static_cast<std::size_t>(asker)]; !picks.empty())
+      std::printf("auto: %zu pick%s; at the end %s (picked after step %lld: %s)\n", picks.size(), picks.size() == 1 ? "" : "s",
+                  cli::describe_pick(picks.back()).c_str(), static_cast<long long>(picks.back().step), picks.back().why.c_str());
     if (p.parallel.swarm) print_swarm(p, hooks.swarm_runs, hooks.rows_by_stage, wall_s);
     else if (p.parallel.stages() > 1) print_stages(p, results, hooks.stage_runs, rank);
     print_suspects(hooks.tallies[static_cast<std::size_t>(asker)]);
@@ -1533,7 +1546,12 @@ int cmd_train(const options& opt) {
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
                     codec_choice.describe(), "'");
-  const bool sized_to_speed = opt.flag("sized-to-speed");
+  const bool tuned = opt.flag("auto");
+  dt::detail::check(!tuned || comm == "diloco", "--auto picks DiLoCo's H and codec: it needs --comm diloco, not --comm ", comm);
+  dt::detail::check(!tuned || (overlap == 0 && !eager && !moshpit_outer && !opt.has("significance")),
+                    "--auto picks H and the codec of DiLoCo rounds that exchange at their ends, all at once: --overlap, ",
+                    "--eager, --significance and --outer-averaging moshpit do not go with it");
+  const bool sized_to_speed = opt.flag("sized-to-speed") || tuned;
   dt::detail::check(!sized_to_speed || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer),
                     "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco (without --overlap, --eager or "
                     "--outer-averaging moshpit)");
@@ -1576,8 +1594,8 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
-  dt::detail::check(!sized_to_speed || p.parallel.stages() == 1, "--sized-to-speed gives a peer several inner steps in ",
-                    "one step, which a peer holding one stage of a pipeline cannot take: it needs --parallel data");
+  dt::detail::check(!sized_to_speed || p.parallel.stages() == 1, tuned ? "--auto" : "--sized-to-speed", " gives a peer several ",
+                    "inner steps in one step, which a peer holding one stage of a pipeline cannot take: it needs --parallel data");
   dt::detail::check(target_batch == 0 || p.parallel.stages() == 1, "--target-batch adds micro-batches up on a peer holding ",
                     "the whole model: it needs --parallel data, not ", opt.text("parallel"));
   dt::detail::check(target_batch == 0 || target_batch >= p.trainer.batch_size, "--target-batch ", target_batch,
@@ -1648,6 +1666,7 @@ int cmd_train(const options& opt) {
         .add("activation_codec", p.parallel.pipe.codec.describe());
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
   if (sized_to_speed) p.run.add("sized_to_speed", true);
+  if (tuned) p.run.add("auto", true);
   if (target_batch > 0) p.run.add("target_batch", target_batch);
   if (eager) p.run.add("fragments", fragments).add("eager", true);
   else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
@@ -1664,6 +1683,7 @@ int cmd_train(const options& opt) {
          << ";activation_codec=" << p.parallel.codec().describe() << ";rebalance_every=" << p.parallel.pools.rebalance_every;
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
   if (sized_to_speed) agreed << ";sized_to_speed=1";
+  if (tuned) agreed << ";auto=1";
   if (target_batch > 0) agreed << ";target_batch=" << target_batch;
   if (graph) agreed << ";topology=" << topology;
   if (choco) agreed << ";consensus_step=" << opt.real("consensus-step");
@@ -1757,6 +1777,13 @@ int cmd_train(const options& opt) {
   policy.outer_optimizer.momentum = outer_momentum;
   if (moshpit_outer) policy.moshpit = dt::comm::moshpit_grid{.group_size = moshpit_group};
   policy.sized_to_speed = sized_to_speed;
+  if (tuned) {
+    policy.tune.emplace();
+    // The codecs to pick from: --codec's alone where given (only H tuned), else these, least
+    // lossy first; an aggregator that combines per partition sends f32 only.
+    if (!opt.has("codec") && !p.aggregator.per_partition())
+      for (const char* spec : {"identity", "int8", "int4"}) policy.tune->codecs.push_back(dt::collective::parse_codec(spec));
+  }
   return train_with(p, data.dataset, policy);
 }
 

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -211,6 +212,7 @@ struct run_hooks {
     rows_by_stage.assign(n, {});
     changes.assign(n, {});
     change_counts.assign(n, 0);
+    picks.assign(n, {});
   }
 
   dt::train::progress bar;
@@ -227,8 +229,32 @@ struct run_hooks {
   std::vector<std::map<int, std::pair<std::int64_t, std::int64_t>>> rows_by_stage;
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
+  std::vector<std::vector<dt::comm::tuning_choice>> picks;  // --auto: each peer's picks so far
   int final_world = -1;  // an elastic TCP or MPI peer: the world of its last view
 };
+
+// --auto's picks: a line on the terminal, and one in the metrics with the measures.
+inline std::string describe_pick(const dt::comm::tuning_choice& c) {
+  const auto& m = c.measured;
+  char out[400];
+  std::snprintf(out, sizeof out,
+                "H = %lld, codec %s (exchange %.3f s predicted, %.1f%% busy) from: the slowest inner step %.4f s, an "
+                "exchange's fixed %.3f s + %.3g MB/s sent a peer",
+                static_cast<long long>(c.inner_steps), c.codec_name.c_str(), c.exchange_s, 100 * c.busy, m.step_s, m.fixed_s,
+                m.per_byte_s > 0 ? 1e-6 / m.per_byte_s : std::numeric_limits<double>::infinity());
+  return out;
+}
+inline void print_pick(const dt::comm::tuning_choice& c) {
+  std::printf("\nauto: after step %lld (%s): %s\n", static_cast<long long>(c.step), c.why.c_str(), describe_pick(c).c_str());
+  std::fflush(stdout);
+}
+inline dt::train::json_line pick_line(int rank, const dt::comm::tuning_choice& c) {
+  dt::train::json_line l;
+  l.add("event", "auto").add("rank", rank).add("step", c.step).add("why", c.why).add("inner_steps", c.inner_steps)
+      .add("codec", c.codec_name).add("exchange_s", c.exchange_s).add("busy", c.busy).add("step_s", c.measured.step_s)
+      .add("fixed_s", c.measured.fixed_s).add("per_byte_s", c.measured.per_byte_s);
+  return l;
+}
 
 // What one peer trains with; run_peer's argument (one type per policy pair, so that the GPU
 // peers' instantiations below are declared by their policies alone).
@@ -303,6 +329,18 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   }
   if constexpr (requires { t.policy().aggregation().tally; })  // (gossip aggregates nothing)
     t.on_step([&t, &h](const dt::train::step_metrics& m) { h.tallies[static_cast<std::size_t>(m.rank)] = t.policy().aggregation().tally; });
+  if constexpr (requires { t.policy().choices(); t.policy().tune.has_value(); })
+    if (t.policy().tune)  // --auto: each new pick printed (by rank 0) and in the metrics
+      t.on_step([&t, &h, quiet = p.quiet](const dt::train::step_metrics& m) {
+        const auto& all = t.policy().choices();
+        auto& seen = h.picks[static_cast<std::size_t>(m.rank)];
+        for (auto i = seen.size(); i < all.size(); ++i) {
+          if (all[i].step < 0) continue;  // made before a resume (not in the checkpoint)
+          if (m.rank == 0 && !quiet) print_pick(all[i]);
+          if (h.metrics) h.metrics->event(pick_line(m.rank, all[i]));
+        }
+        seen = all;
+      });
   if (p.parallel.stages() > 1 && !p.parallel.swarm)
     t.on_step([&t, &h](const dt::train::step_metrics&) {
       auto& f = h.stage_runs[static_cast<std::size_t>(t.members()[static_cast<std::size_t>(t.rank())])];

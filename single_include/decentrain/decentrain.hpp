@@ -13850,6 +13850,13 @@ class in_process {
     // How fast each rank computes, relative to this machine (2: twice as fast; its compute moves
     // its clock half as far); empty: every rank 1. speeds::spread gives peers of different speeds.
     std::vector<double> speeds{};
+    // Links that change mid-run: a message its sender sends at or after `from_s` on its clock
+    // takes `factor` times as long on the wire (every link and access link; the entry with the
+    // latest from_s not after the send counts). Tests and benchmarks of a policy that re-tunes.
+    struct slowdown {
+      double from_s = 0, factor = 1;
+    };
+    std::vector<slowdown> slowdowns{};
   };
 
   class endpoint {
@@ -13879,7 +13886,8 @@ class in_process {
         const simulated_link& l = net_->links.at(rank_, peer);
         auto& gen = link_rng_[static_cast<std::size_t>(peer)];
         const double size = static_cast<double>(data.size());
-        const double on_wire = size / net_->links.bandwidth(rank_, peer);
+        const double slow = net_->slowdown_at(clock_);
+        const double on_wire = slow * size / net_->links.bandwidth(rank_, peer);
         double resend = 0.0;
         while (l.drop_probability > 0 && gen.uniform() < l.drop_probability) {
           resend += l.retransmit_timeout_s + on_wire;
@@ -13889,14 +13897,14 @@ class in_process {
         // then the receiver's downlink, which takes them from when the first can land: alone,
         // a message costs size / the slowest of the three + latency; beside others, each
         // shared part is booked around what the others hold (link_schedule).
-        const double path_end = (*paths_)[static_cast<std::size_t>(peer)].book(clock_, size / l.bandwidth_bytes_per_s);
-        const double up_end = uplink_->book(clock_, size / net_->links.access(rank_).uplink_bytes_per_s);
+        const double path_end = (*paths_)[static_cast<std::size_t>(peer)].book(clock_, slow * size / l.bandwidth_bytes_per_s);
+        const double up_end = uplink_->book(clock_, slow * size / net_->links.access(rank_).uplink_bytes_per_s);
         const double sent = std::max(path_end, up_end);
         double landed = sent + l.latency_s;
         if (!lost) {
           const double first_lands = std::max(clock_, sent - on_wire) + l.latency_s;
           landed = std::max(landed, net_->downlinks[static_cast<std::size_t>(peer)].book(
-                                        first_lands, size / net_->links.access(peer).downlink_bytes_per_s));
+                                        first_lands, slow * size / net_->links.access(peer).downlink_bytes_per_s));
         }
         arrival = net_->held(rank_, peer, clock_, landed + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend,
                              l.latency_s);
@@ -14361,6 +14369,10 @@ class in_process {
             check(r >= 0 && r < links.world(), "in_process: a partition's side names rank ", r, ", outside the ", links.world());
         }
       }
+      std::stable_sort(opts.slowdowns.begin(), opts.slowdowns.end(), [](const auto& a, const auto& b) { return a.from_s < b.from_s; });
+      for (const auto& d : opts.slowdowns)
+        check(d.from_s >= 0 && std::isfinite(d.from_s) && d.factor > 0 && std::isfinite(d.factor), "in_process: a slowdown ",
+              "needs from_s >= 0 and a factor > 0, got ", d.factor, " from ", d.from_s, " s");
       for (int r = 0; r < links.world(); ++r) {
         if (r < initial) {
           started[static_cast<std::size_t>(r)] = 1;
@@ -14378,6 +14390,14 @@ class in_process {
             slowest->latency_s = std::max(slowest->latency_s, e.latency_s);
             slowest->bytes_per_s = std::min(slowest->bytes_per_s, e.bytes_per_s);
           }
+    }
+
+    // How many times as long as its links say a message sent at `clock_s` takes (options::slowdowns).
+    double slowdown_at(double clock_s) const {
+      double factor = 1;
+      for (const auto& d : opts.slowdowns)
+        if (d.from_s <= clock_s) factor = d.factor;
+      return factor;
     }
 
     // Whether `listener` takes in what the current process of `speaker` sends (and `speaker` may
@@ -20079,6 +20099,15 @@ constexpr bool is_dense() {
   else
     return false;
 }
+// The same of a codec value: a codec chosen at run time (collective::any_codec) says with
+// `bool is_dense() const`.
+template <class C>
+bool is_dense(const C& c) {
+  if constexpr (requires { { c.is_dense() } -> std::convertible_to<bool>; })
+    return c.is_dense();
+  else
+    return is_dense<C>();
+}
 
 }  // namespace decentrain::compress
 // ---- end decentrain/compress/codec.hpp ----
@@ -22412,6 +22441,8 @@ class any_codec {
 
   std::string describe() const { return self_->describe(); }
   std::size_t max_encoded_bytes(std::size_t n) const { return self_->max_encoded_bytes(n); }
+  // Whether the codec inside goes around a ring (compress::is_dense of it).
+  bool is_dense() const { return self_->is_dense(); }
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
@@ -22427,6 +22458,7 @@ class any_codec {
     virtual std::shared_ptr<base> clone() const = 0;
     virtual std::string describe() const = 0;
     virtual std::size_t max_encoded_bytes(std::size_t) const = 0;
+    virtual bool is_dense() const = 0;
     virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
     virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
@@ -22442,6 +22474,7 @@ class any_codec {
     std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
     std::string describe() const override { return compress::describe(c); }
     std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }
+    bool is_dense() const override { return compress::is_dense<C>(); }
     std::size_t encode(std::span<const float> in, std::span<std::byte> out) override { return c.encode(in, out); }
     void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
     void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {
@@ -22946,6 +22979,7 @@ inline void top_k_magnitude(cuda, const float* x, std::int64_t n, std::int64_t k
 // checks each member; docs/guide.md has a whole policy written from scratch.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23118,6 +23152,7 @@ struct speed_sizing {
   std::int64_t round_steps = 0;  // inner steps a whole round was planned at when sized (0: not sized yet)
   double deadline_s = 0;         // compute seconds from the sizing to the round's end (0: not sized)
   double per_step_s = 0;         // this replica's seconds per inner step at the sizing
+  double slowest_s = 0;          // the slowest replica's, agreed at the sizing (not saved: used in the same step)
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
 
   template <class Ctx>
@@ -23139,27 +23174,36 @@ struct speed_sizing {
   }
   // After a step with `steps_left` of the round's `inner_steps` steps after it (a round's end:
   // all of the next round's): the replicas agree on the slowest one's seconds per inner step (one
-  // all-reduce of a double, which also leaves them at about one time), and the deadline is
-  // steps_left of them. Nothing measured (no compute clock): not sized, one inner step a step. A
-  // value that is not a number (from a peer) counts as this replica's own.
+  // all-reduce of a double, which also leaves them at about one time, and carries the largest of
+  // each of `also_max`: up to 3 more values the caller agrees on), and the deadline is steps_left
+  // of them. Nothing measured (no compute clock): not sized, one inner step a step. A value that
+  // is not a number (from a peer) counts as this replica's own.
   template <class Ctx>
-  void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left) {
+  void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left, std::span<double> also_max = {}) {
+    decentrain::detail::check(also_max.size() <= 3, "speed_sizing: at most 3 values ride along, got ", also_max.size());
     const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
-    double slowest = mine;
-    ctx.replicas.all_reduce(std::span<double>(&slowest, 1), collective::reduce_op::max);
-    if (!std::isfinite(slowest)) slowest = mine;
+    std::array<double, 4> agreed{mine, 0, 0, 0};
+    std::copy(also_max.begin(), also_max.end(), agreed.begin() + 1);
+    ctx.replicas.all_reduce(std::span<double>(agreed.data(), 1 + also_max.size()), collective::reduce_op::max);
+    std::copy_n(agreed.begin() + 1, also_max.size(), also_max.begin());
+    slowest_s = std::isfinite(agreed[0]) ? agreed[0] : mine;
     compute_s = 0;
     steps = 0;
-    if (!(mine > 0) || !(slowest > 0)) {
+    per_step_s = mine;
+    set_round(inner_steps, steps_left);
+  }
+  // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned
+  // policy's new H), from the speeds agreed last.
+  void set_round(std::int64_t inner_steps, std::int64_t steps_left) {
+    if (!(per_step_s > 0) || !(slowest_s > 0)) {
       deadline_s = per_step_s = 0;
       round_steps = inner_steps;
       return;
     }
-    per_step_s = mine;
-    slowest = std::max(slowest, mine);
+    const double slowest = std::max(slowest_s, per_step_s);
     deadline_s = static_cast<double>(steps_left) * slowest;
     round_steps = std::min(max_ratio * inner_steps,
-                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * slowest / mine)));
+                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * slowest / per_step_s)));
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "speed_compute_s", compute_s);
@@ -23878,6 +23922,195 @@ struct ad_psgd {
 
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/ad_psgd.hpp ----
+// ---- begin decentrain/comm/auto_tuning.hpp ----
+// A periodic policy that picks its own settings (DiLoCo's `tune`; the command line's --auto).
+// The replicas measure their links (a probe of three all-reduces at the start, then each round's
+// own exchange) and their compute (the slowest replica's seconds per inner step, which work sized
+// to speed agrees on anyway), agree on the numbers (max all-reduces: every replica holds the same
+// bits), and each picks the same settings from them with one pure function, choose():
+//   - the least lossy codec among `codecs` whose exchange lets a round of at most
+//     prefer_inner_steps inner steps keep the replicas computing `busy` of its time, and the
+//     fewest inner steps H that do (between min_inner_steps and max_inner_steps);
+//   - where no codec does within prefer_inner_steps, the codec that needs the fewest.
+// Fewer inner steps and less compression both keep a run closer to synchronous training, so
+// the pick is the closest that still keeps the compute busy. When the agreed measures of a
+// round drift by more than `drift` from those the settings came from (a link slowed, a peer
+// left or got busy), the settings are picked again. Every pick is kept with the measures it
+// came from (choices()), for the metrics and the summary.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+// What a pick comes from, agreed by every replica. An exchange of a model of n values through a
+// codec costs fixed_s + per_byte_s x the bytes a replica of the group sends for it (a ring's
+// 2 (N - 1) / N of the payload for a dense codec, (N - 1) payloads for one that is gathered).
+struct tuning_measure {
+  double step_s = 0;      // the slowest replica's compute seconds per inner step
+  double fixed_s = 0;     // a round's exchange cost that does not grow with its bytes (latencies)
+  double per_byte_s = 0;  // seconds per byte a replica sends
+};
+
+// One pick: the settings and what they were picked from.
+struct tuning_choice {
+  std::int64_t step = -1;        // made after this step
+  std::int64_t inner_steps = 0;  // H
+  std::size_t codec = 0;         // index into auto_tuning::codecs (0 where it has none)
+  std::string codec_name;
+  double exchange_s = 0;         // the exchange's predicted seconds
+  double busy = 0;               // the round's predicted compute share
+  tuning_measure measured;
+  std::string why;               // "start", or which measure drifted and by how much
+};
+
+// The bytes one replica of `world` sends in an all-reduce of `values` values through `codec`.
+template <class Codec>
+double exchange_bytes(const Codec& codec, std::size_t values, int world) {
+  if (world <= 1) return 0;
+  const double payload = static_cast<double>(codec.max_encoded_bytes(values));
+  const double w = world;
+  return compress::is_dense(codec) ? 2.0 * (w - 1) / w * payload : (w - 1) * payload;
+}
+
+template <class Codec>
+struct auto_tuning {
+  // What it may pick from, least lossy first (each a fresh copy: a codec picked anew starts
+  // without the state, an error-feedback residual, of the one it replaces). Empty: the policy's
+  // own codec, only H tuned.
+  std::vector<Codec> codecs{};
+  double busy = 0.97;                   // the compute share a round should keep
+  std::int64_t min_inner_steps = 10;    // H's range
+  std::int64_t max_inner_steps = 1000;
+  std::int64_t prefer_inner_steps = 100;  // a codec needing more gives way to the next one
+  std::int64_t min_rounds = 4;          // H at most the run's steps / min_rounds (at least min_inner_steps)
+  double drift = 0.3;                   // a measure this far off the pick's (relative) picks again
+  // Each round's share in the measures judged for drift (an exponential average since the last
+  // pick): one round's noise, a peer's arrival late by part of an inner step, picks nothing.
+  double smoothing = 0.3;
+  std::size_t probe_values = 1 << 17;   // f32 values of the start's probe (at most an eighth of the model)
+
+  void validate(const char* who) const {
+    decentrain::detail::check(busy > 0 && busy < 1, who, ": tune.busy must be in (0, 1), got ", busy);
+    decentrain::detail::check(min_inner_steps >= 2 && min_inner_steps <= prefer_inner_steps && prefer_inner_steps <= max_inner_steps,
+                              who, ": tune needs 2 <= min_inner_steps <= prefer_inner_steps <= max_inner_steps, got ",
+                              min_inner_steps, ", ", prefer_inner_steps, " and ", max_inner_steps);
+    decentrain::detail::check(drift > 0 && std::isfinite(drift), who, ": tune.drift must be > 0, got ", drift);
+    decentrain::detail::check(min_rounds >= 1, who, ": tune.min_rounds must be >= 1, got ", min_rounds);
+    decentrain::detail::check(smoothing > 0 && smoothing <= 1, who, ": tune.smoothing must be in (0, 1], got ", smoothing);
+    decentrain::detail::check(probe_values >= 1024, who, ": tune.probe_values must be >= 1024, got ", probe_values);
+  }
+  // Compared across the replicas with the policy's other settings.
+  std::string describe() const {
+    std::string out = "tune(busy=" + std::to_string(busy) + ",rounds>=" + std::to_string(min_rounds) + ",H=" + std::to_string(min_inner_steps) + ".." +
+                      std::to_string(prefer_inner_steps) + ".." + std::to_string(max_inner_steps) + ",drift=" + std::to_string(drift) +
+                      ",smoothing=" + std::to_string(smoothing) + ",codecs=";
+    for (std::size_t i = 0; i < codecs.size(); ++i) out += (i ? ";" : "") + compress::describe(codecs[i]);
+    return out + ")";
+  }
+
+  // The pick for measures `m`, a model of `values` values and `world` replicas, from `own` when
+  // codecs is empty, in a run of `run_steps` steps (0: unknown). The same inputs give the same
+  // pick on every replica.
+  tuning_choice choose(const tuning_measure& m, std::size_t values, int world, const Codec& own, std::int64_t run_steps = 0) const {
+    const std::size_t n = codecs.empty() ? 1 : codecs.size();
+    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    const double ratio = busy / (1 - busy);
+    tuning_choice best;
+    double best_needed = 0;  // (unclamped: at max_inner_steps, the codec that would need fewest)
+    for (std::size_t i = 0; i < n; ++i) {
+      const Codec& c = codecs.empty() ? own : codecs[i];
+      tuning_choice pick;
+      pick.codec = i;
+      pick.codec_name = compress::describe(c);
+      pick.exchange_s = world > 1 ? m.fixed_s + m.per_byte_s * exchange_bytes(c, values, world) : 0.0;
+      const double needed = m.step_s > 0 ? std::ceil(ratio * pick.exchange_s / m.step_s) : 0.0;
+      pick.inner_steps = std::clamp<std::int64_t>(needed > 1e15 ? most : static_cast<std::int64_t>(needed), min_inner_steps, most);
+      const double compute = static_cast<double>(pick.inner_steps) * m.step_s;
+      pick.busy = compute + pick.exchange_s > 0 ? compute / (compute + pick.exchange_s) : 1.0;
+      pick.measured = m;
+      if (needed <= static_cast<double>(std::min(prefer_inner_steps, most))) return pick;  // (it keeps `busy`)
+      if (i == 0 || needed < best_needed) {
+        best = pick;
+        best_needed = needed;
+      }
+    }
+    return best;
+  }
+
+  // `recent` moved toward a round's `now` by `smoothing`.
+  tuning_measure smoothed(const tuning_measure& recent, const tuning_measure& now) const {
+    const auto mix = [this](double a, double b) { return a + smoothing * (b - a); };
+    return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s)};
+  }
+  // How far `now` is off `then`, relative, in the measure furthest off, and which: the compute,
+  // or the link (the exchange of `bytes` a replica sends, as each predicts it, relative to at
+  // least `floor_s`).
+  static std::pair<double, const char*> drift_of(const tuning_measure& now, const tuning_measure& then, double bytes,
+                                                 double floor_s = 0) {
+    const auto off = [](double a, double b) { return b > 0 ? std::abs(a / b - 1) : (a > 0 ? 1e300 : 0.0); };
+    const double compute = off(now.step_s, then.step_s);
+    const double was = then.fixed_s + then.per_byte_s * bytes, is = now.fixed_s + now.per_byte_s * bytes;
+    const double link = was >= floor_s ? off(is, was) : off(floor_s + (is - was), floor_s);
+    return compute >= link ? std::pair{compute, "compute"} : std::pair{link, "link"};
+  }
+};
+
+// The start's probe: three all-reduces among `comm`'s replicas, after one that waits for them
+// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
+// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
+// and whose rest the ring's latency. Each replica's figures, then the largest of each (one more
+// small all-reduce): what the slowest replica saw, the same on every replica. A first guess: the
+// rounds' own exchanges correct it (the exchange may take another algorithm at the model's size).
+struct probed_links {
+  tuning_measure link;  // (step_s 0: the compute is measured at the first step)
+  double small_s = 0;   // a small collective's latency (work sized to speed adds one a round)
+};
+template <class Comm>
+probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values) {
+  if (comm.world() <= 1) return {};
+  const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
+  const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
+  std::vector<float> buffer(2 * s, 0.0f);
+  double one = 0;
+  comm.all_reduce(std::span<double>(&one, 1));  // every replica here
+  const double t0 = clock();
+  comm.all_reduce(std::span<double>(&one, 1));
+  const double t1 = clock();
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t2 = clock();
+  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t3 = clock();
+  const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
+  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
+  // A ring's latencies and a small collective's.
+  double figures[3] = {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
+  comm.all_reduce(std::span<double>(figures, 3), collective::reduce_op::max);
+  for (double& f : figures)
+    if (!std::isfinite(f) || f < 0) f = 0;  // (a peer's nonsense measures nothing)
+  return {{0.0, figures[0], figures[1]}, figures[2]};
+}
+
+// A pick's measures in a checkpoint, exactly (a resumed run drifts from the same numbers).
+inline void save_measure(io::checkpoint& c, const std::string& prefix, const tuning_measure& m) {
+  save_exact(c, prefix + "step_s", m.step_s);
+  save_exact(c, prefix + "fixed_s", m.fixed_s);
+  save_exact(c, prefix + "per_byte_s", m.per_byte_s);
+}
+inline tuning_measure load_measure(const io::checkpoint& c, const std::string& prefix) {
+  return {load_exact(c, prefix + "step_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "fixed_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0)};
+}
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/auto_tuning.hpp ----
 // ---- begin decentrain/comm/choco.hpp ----
 // CHOCO-SGD (Koloskova et al. 2019, arXiv 1902.00340): gossip through any codec of compress/.
 // Averaging compressed parameters loses what the codec drops every round; CHOCO instead keeps a
@@ -24362,6 +24595,12 @@ struct diloco {
   // takes about as long, so none waits for the slowest. Every replica the same; not with
   // `moshpit` (the speeds' all-reduce would span every replica).
   bool sized_to_speed = false;
+  // Set: H and the codec are picked from measures (comm/auto_tuning.hpp: the links probed at the
+  // start and timed at each exchange, the slowest replica's compute), first after step 0, then
+  // again whenever a round's measures drift; `inner_steps` is the H until the first pick. Work
+  // is sized to speed as with sized_to_speed (which measures the compute). Every replica the
+  // same; not with `moshpit`.
+  std::optional<auto_tuning<Codec>> tune{};
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
@@ -24372,11 +24611,13 @@ struct diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
-    decentrain::detail::check(!(sized_to_speed && moshpit), "diloco: sized_to_speed needs one all-reduce of the "
-                              "replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
+    decentrain::detail::check(!(sizes() && moshpit), "diloco: ", tune ? "tune" : "sized_to_speed", " needs one all-reduce ",
+                              "of the replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
-    prepare_codec(codec, aggregator, ctx, moshpit ? ", averaged by " + moshpit->describe() : std::string());
+    if (tune) tune->validate("diloco");
+    prepare_codec(codec, aggregator, ctx,
+                  (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
@@ -24387,6 +24628,13 @@ struct diloco {
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
     speed_ = {};
+    round_from_ = 0;
+    choices_.clear();
+    if (tune) {  // (a joiner resumed: its state came)
+      const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
+      link_ = probed.link;
+      small_s_ = probed.small_s;
+    }
   }
   // Before the fault policy starts: the outer state at the model's size (values set by start or
   // by a state loaded), so that a state a joiner takes from the members lands in it rather than
@@ -24402,20 +24650,25 @@ struct diloco {
 
   // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed its
   // share of the inner steps that fit before the round's deadline (speed_sizing).
-  std::int64_t local_steps(std::int64_t step) const {
-    return sized_to_speed ? speed_.share(inner_steps - step % inner_steps) : 1;
-  }
+  std::int64_t local_steps(std::int64_t step) const { return sizes() ? speed_.share(steps_left(step)) : 1; }
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
     weight_.add(ctx);
-    if (sized_to_speed) {
+    const bool ends = ends_round_at(ctx.step) || ctx.last_step;
+    if (sizes()) {
       speed_.add(ctx);
-      // Not measured yet (a run's first step): the rest of the first round is sized at once.
-      if (speed_.round_steps == 0 && !ends_round(ctx, inner_steps))
-        speed_.next_round(ctx, inner_steps, inner_steps - 1 - ctx.step % inner_steps);
+      // Not measured yet (a run's first step): the rest of the first round is sized at once,
+      // and a tuned policy picks its settings.
+      if (speed_.round_steps == 0 && !ends) {
+        speed_.next_round(ctx, inner_steps, steps_left(ctx.step) - 1);
+        if (tune && choices_.empty() && speed_.slowest_s > 0) {
+          pick(ctx, {speed_.slowest_s, link_.fixed_s, link_.per_byte_s}, "start");
+          speed_.set_round(inner_steps, steps_left(ctx.step) - 1);
+        }
+      }
     }
-    if (!ends_round(ctx, inner_steps)) return;
+    if (!ends) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
@@ -24424,10 +24677,23 @@ struct diloco {
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
     } else {
+      const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                                      weight_if(weighs(), weight_.sum));
+      exchange_s_ = ctx.replicas.endpoint().stats().clock_seconds - t0;
     }
-    if (sized_to_speed) speed_.next_round(ctx, inner_steps, inner_steps);
+    if (tune) {
+      // The exchange as the replica that waited longest for it saw it (those that reached it
+      // first also waited for the others: what a round costs the least busy replica), agreed
+      // beside the speeds.
+      double longest = exchange_s_;
+      speed_.next_round(ctx, inner_steps, inner_steps, std::span<double>(&longest, 1));
+      retune(ctx, std::isfinite(longest) ? std::max(0.0, longest) : 0.0);
+      round_from_ = ctx.step + 1;
+      speed_.set_round(inner_steps, inner_steps);
+    } else if (sized_to_speed) {
+      speed_.next_round(ctx, inner_steps, inner_steps);
+    }
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -24435,7 +24701,11 @@ struct diloco {
     weight_.sum = 0;
   }
 
-  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  // Tuned, H changes at rounds' ends: a round ends H steps after the one that started it.
+  bool ends_round_at(std::int64_t step) const {
+    if (!tune) return ends_round(step, inner_steps);
+    return step + 1 == round_from_ || (step >= round_from_ && (step + 1 - round_from_) % inner_steps == 0);
+  }
   // A re-formed view: Moshpit's groups are other peers.
   void drop_in_flight() { averager_.forget(); }
   std::int64_t rounds() const { return rounds_; }
@@ -24449,7 +24719,17 @@ struct diloco {
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
     weight_.save(c, "comm.diloco.");
-    if (sized_to_speed) speed_.save(c, "comm.diloco.");
+    if (sizes()) speed_.save(c, "comm.diloco.");
+    if (tune) {
+      c.counters["comm.diloco.tune.inner_steps"] = inner_steps;
+      c.counters["comm.diloco.tune.round_from"] = round_from_;
+      c.counters["comm.diloco.tune.codec"] = static_cast<std::int64_t>(codec_at_);
+      c.counters["comm.diloco.tune.picks"] = static_cast<std::int64_t>(choices_.size());
+      save_measure(c, "comm.diloco.tune.link.", link_);
+      save_exact(c, "comm.diloco.tune.small_s", small_s_);
+      save_measure(c, "comm.diloco.tune.basis.", basis_);
+      save_measure(c, "comm.diloco.tune.recent.", recent_);
+    }
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -24457,23 +24737,93 @@ struct diloco {
     load_flat(c, "comm.diloco.momentum", momentum_, n);
     momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
     rounds_ = c.counter("comm.diloco.rounds");
+    if (tune && c.counters.contains("comm.diloco.tune.inner_steps")) {  // (before the codec: the codec picked)
+      inner_steps = c.counter("comm.diloco.tune.inner_steps");
+      round_from_ = c.counter("comm.diloco.tune.round_from");
+      const auto at = c.counter("comm.diloco.tune.codec");
+      const auto picks = static_cast<std::int64_t>(tune->codecs.size());
+      decentrain::detail::check(inner_steps >= 1 && round_from_ >= 0 && at >= 0 && (at < picks || (picks == 0 && at == 0)),
+                                "checkpoint: diloco's tuned settings (H ", inner_steps, ", round from step ", round_from_,
+                                ", codec ", at, " of ", picks, ") do not fit this policy's tune");
+      codec_at_ = static_cast<std::size_t>(at);
+      if (picks > 0) codec = tune->codecs[codec_at_];
+      link_ = load_measure(c, "comm.diloco.tune.link.");
+      small_s_ = load_exact(c, "comm.diloco.tune.small_s", "a number of seconds").value_or(0.0);
+      basis_ = load_measure(c, "comm.diloco.tune.basis.");
+      recent_ = load_measure(c, "comm.diloco.tune.recent.");
+      // The picks made before are not in the checkpoint; a placeholder keeps their count (the
+      // first pick is not made again).
+      choices_.assign(static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks"))), tuning_choice{});
+    }
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     speed_ = {};
-    if (sized_to_speed) speed_.load(c, "comm.diloco.");
+    if (sizes()) speed_.load(c, "comm.diloco.");
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
   // until it measured).
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
+  // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
+  // placeholders with step -1).
+  const std::vector<tuning_choice>& choices() const { return choices_; }
 
  private:
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
-  bool weighs() const { return weighted || sized_to_speed; }
+  bool weighs() const { return weighted || sizes(); }
+  bool sizes() const { return sized_to_speed || tune.has_value(); }
+  // Steps of the round from `step` on, `step` included.
+  std::int64_t steps_left(std::int64_t step) const {
+    return tune ? round_from_ + inner_steps - step : inner_steps - step % inner_steps;
+  }
+  // Sets H and the codec from measures `m` (the same on every replica), and keeps the pick.
+  template <class Ctx>
+  void pick(Ctx& ctx, const tuning_measure& m, std::string why) {
+    auto c = tune->choose(m, global_.size(), ctx.replicas.world(), codec, ctx.run_steps);
+    c.step = ctx.step;
+    c.why = std::move(why);
+    inner_steps = c.inner_steps;
+    if (!tune->codecs.empty() && c.codec != codec_at_) {
+      codec = tune->codecs[c.codec];
+      compress::set_layout(codec, layout_of(ctx.parameters));
+    }
+    codec_at_ = c.codec;
+    basis_ = recent_ = m;
+    choices_.push_back(std::move(c));
+  }
+  // At a round's end: the round's measures, the agreed slowest compute, and the link's model
+  // scaled to what the round's exchange (and its small all-reduce) took, against what the model
+  // predicted for the codec in use (the probe's model before the first pick); picked again where
+  // they drifted.
+  template <class Ctx>
+  void retune(Ctx& ctx, double exchange_s) {
+    if (!(speed_.slowest_s > 0)) return;  // nothing measured (no compute clock)
+    const tuning_measure& model = choices_.empty() ? link_ : basis_;
+    const double bytes = exchange_bytes(codec, global_.size(), ctx.replicas.world());
+    const double took = exchange_s + small_s_, predicted = model.fixed_s + model.per_byte_s * bytes;
+    tuning_measure now{speed_.slowest_s, took, 0.0};
+    if (predicted > 0) now = {speed_.slowest_s, model.fixed_s * took / predicted, model.per_byte_s * took / predicted};
+    if (choices_.empty()) return pick(ctx, now, "start");
+    recent_ = tune->smoothed(recent_, now);
+    // (an exchange within the round's allowance, (1 - busy) / busy of its compute, drifts only
+    // relative to that allowance: a fast link's noise picks nothing again)
+    const double allowance = (1 - tune->busy) / tune->busy * static_cast<double>(inner_steps) * basis_.step_s;
+    const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, bytes, allowance);
+    if (off > tune->drift)
+      pick(ctx, recent_, std::string("drift: ") + what + " " + std::to_string(std::lround(100 * off)) + "% off");
+  }
 
   round_weight weight_;
   speed_sizing speed_;
+  // Tuned: the step the round started at, the codec's index in tune->codecs, the measures, the
+  // round's exchange seconds, and the picks.
+  std::int64_t round_from_ = 0;
+  std::size_t codec_at_ = 0;
+  tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
+  double small_s_ = 0;                    // the probe's small all-reduce
+  double exchange_s_ = 0;
+  std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
 };
@@ -31269,6 +31619,8 @@ struct peer_context {
   double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
                                 // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step
+  std::int64_t run_steps = 0;   // the run's steps (trainer_options::steps): a policy that picks
+                                // its own period keeps several rounds in the run
   bool round_start = true;      // the step starts a round of the communication policy (its
                                 // ends_round_at(step - 1); the first step): where every replica
                                 // stands at the same point, and fault::elastic takes joiners in
@@ -31856,6 +32208,11 @@ class metrics_log {
       std::lock_guard lock(mutex_);
       write(line);
     });
+  }
+  // A line of the caller's, for what the trainer does not report itself (a tuned policy's pick).
+  void event(const json_line& line) {
+    std::lock_guard lock(mutex_);
+    write(line);
   }
 
  private:
@@ -32873,6 +33230,7 @@ class trainer {
                    .step = step_,
                    .steps_done = step_,
                    .last_step = false,
+                   .run_steps = options_.steps,
                    .round_start = starts_round(step_),
                    .resumed = resumed_,
                    .joined = false,

@@ -539,6 +539,46 @@ TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps ins
   CHECK_THAT(r.output, Contains("--sized-to-speed gives a peer several inner steps in one step"));
 }
 
+TEST_CASE("train --auto: DiLoCo's peers pick H and the codec from measures, the same picks on every peer", "[cli][peers]") {
+  const auto dir = scratch("auto");
+  // Peers of speeds 1, 1, 2, 4 on simulated `lan` links: a pick after step 0 and again wherever
+  // the rounds' measures drift, every one printed by rank 0 and written by every peer to the
+  // metrics, where the four must agree to the last digit of every measure.
+  const std::string args = " train --comm diloco --auto --steps 60 --batch-size 8 --eval-batches 1 --eval-every 100"
+                           " --threads 1 --n-layer 1 --n-embd 64 --n-head 2 --block-size 32 --peers 4 --speeds 1,1,2,4";
+  auto r = run(cli() + args + " --metrics auto.jsonl", dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, Contains("auto: after step 0 (start): H = "));
+  CHECK_THAT(r.output, Contains(" pick") && Contains("; at the end H = "));
+  const auto m = read_metrics(dir / "auto.jsonl");
+  CHECK(m.parsed.at(0).at("auto").boolean);
+  CHECK(m.parsed.at(0).at("sized_to_speed").boolean);
+  std::map<std::int64_t, std::vector<std::string>> picks;  // by rank: each pick's fields but the rank
+  for (std::size_t i = 0; i < m.parsed.size(); ++i)
+    if (m.event(i) == "auto") {
+      std::string line = m.lines[i];
+      const auto rank = m.parsed[i].at("rank").as_int();
+      line.erase(line.find("\"rank\""), line.find(',', line.find("\"rank\"")) - line.find("\"rank\"") + 1);
+      picks[rank].push_back(line);
+    }
+  REQUIRE(picks.size() == 4);
+  for (const auto& [rank, list] : picks) CHECK(list == picks[0]);
+  REQUIRE(!picks[0].empty());
+  CHECK_THAT(picks[0][0], Contains("\"step\":0,\"why\":\"start\""));
+  // H between the tuner's bounds (10 to the run's 60 steps / 4 rounds, at least 10).
+  const auto first = dt::io::parse_json(picks[0][0]);
+  CHECK(first.at("inner_steps").as_int() >= 10);
+  CHECK(first.at("inner_steps").as_int() <= 15);
+
+  r = run(cli() + args + " --comm sync", dir);
+  CHECK_THAT(r.output, Contains("--auto picks DiLoCo's H and codec: it needs --comm diloco"));
+  r = run(cli() + args + " --overlap 1", dir);
+  CHECK_THAT(r.output, Contains("--overlap, --eager, --significance and --outer-averaging moshpit do not go with it"));
+  r = run(cli() + args + " --parallel pipeline --stages 2 --n-layer 2", dir);
+  CHECK_THAT(r.output, Contains("--auto gives a peer several inner steps in one step"));
+}
+
 TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {
   const auto dir = scratch("target_batch");
   // 16 steps on peers of speeds 1 and 4: equal batches of 16 rows leave the fast peer computing a

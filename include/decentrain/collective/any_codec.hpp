@@ -47,6 +47,8 @@ class any_codec {
 
   std::string describe() const { return self_->describe(); }
   std::size_t max_encoded_bytes(std::size_t n) const { return self_->max_encoded_bytes(n); }
+  // Whether the codec inside goes around a ring (compress::is_dense of it).
+  bool is_dense() const { return self_->is_dense(); }
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) { return self_->encode(in, out); }
   void decode_add(std::span<const std::byte> in, std::span<float> into) const { self_->decode_add(in, into); }
   void all_reduce(communicator_type& comm, std::span<float> values, bool average) { self_->all_reduce(comm, values, average); }
@@ -62,6 +64,7 @@ class any_codec {
     virtual std::shared_ptr<base> clone() const = 0;
     virtual std::string describe() const = 0;
     virtual std::size_t max_encoded_bytes(std::size_t) const = 0;
+    virtual bool is_dense() const = 0;
     virtual std::size_t encode(std::span<const float>, std::span<std::byte>) = 0;
     virtual void decode_add(std::span<const std::byte>, std::span<float>) const = 0;
     virtual void all_reduce(communicator_type&, std::span<float>, bool) = 0;
@@ -77,6 +80,7 @@ class any_codec {
     std::shared_ptr<base> clone() const override { return std::make_shared<model>(*this); }
     std::string describe() const override { return compress::describe(c); }
     std::size_t max_encoded_bytes(std::size_t n) const override { return c.max_encoded_bytes(n); }
+    bool is_dense() const override { return compress::is_dense<C>(); }
     std::size_t encode(std::span<const float> in, std::span<std::byte> out) override { return c.encode(in, out); }
     void decode_add(std::span<const std::byte> in, std::span<float> into) const override { c.decode_add(in, into); }
     void all_reduce(communicator_type& comm, std::span<float> values, bool average) override {

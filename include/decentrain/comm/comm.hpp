@@ -2,6 +2,7 @@
 #pragma once
 
 #include "decentrain/comm/ad_psgd.hpp"
+#include "decentrain/comm/auto_tuning.hpp"
 #include "decentrain/comm/choco.hpp"
 #include "decentrain/comm/diloco.hpp"
 #include "decentrain/comm/gossip.hpp"

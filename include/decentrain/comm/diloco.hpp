@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "decentrain/comm/auto_tuning.hpp"
 #include "decentrain/comm/moshpit.hpp"
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
@@ -45,6 +46,12 @@ struct diloco {
   // takes about as long, so none waits for the slowest. Every replica the same; not with
   // `moshpit` (the speeds' all-reduce would span every replica).
   bool sized_to_speed = false;
+  // Set: H and the codec are picked from measures (comm/auto_tuning.hpp: the links probed at the
+  // start and timed at each exchange, the slowest replica's compute), first after step 0, then
+  // again whenever a round's measures drift; `inner_steps` is the H until the first pick. Work
+  // is sized to speed as with sized_to_speed (which measures the compute). Every replica the
+  // same; not with `moshpit`.
+  std::optional<auto_tuning<Codec>> tune{};
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
@@ -55,11 +62,13 @@ struct diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
-    decentrain::detail::check(!(sized_to_speed && moshpit), "diloco: sized_to_speed needs one all-reduce of the "
-                              "replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
+    decentrain::detail::check(!(sizes() && moshpit), "diloco: ", tune ? "tune" : "sized_to_speed", " needs one all-reduce ",
+                              "of the replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
-    prepare_codec(codec, aggregator, ctx, moshpit ? ", averaged by " + moshpit->describe() : std::string());
+    if (tune) tune->validate("diloco");
+    prepare_codec(codec, aggregator, ctx,
+                  (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
@@ -70,6 +79,13 @@ struct diloco {
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
     speed_ = {};
+    round_from_ = 0;
+    choices_.clear();
+    if (tune) {  // (a joiner resumed: its state came)
+      const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
+      link_ = probed.link;
+      small_s_ = probed.small_s;
+    }
   }
   // Before the fault policy starts: the outer state at the model's size (values set by start or
   // by a state loaded), so that a state a joiner takes from the members lands in it rather than
@@ -85,20 +101,25 @@ struct diloco {
 
   // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed its
   // share of the inner steps that fit before the round's deadline (speed_sizing).
-  std::int64_t local_steps(std::int64_t step) const {
-    return sized_to_speed ? speed_.share(inner_steps - step % inner_steps) : 1;
-  }
+  std::int64_t local_steps(std::int64_t step) const { return sizes() ? speed_.share(steps_left(step)) : 1; }
 
   template <class Ctx>
   void after_step(Ctx& ctx) {
     weight_.add(ctx);
-    if (sized_to_speed) {
+    const bool ends = ends_round_at(ctx.step) || ctx.last_step;
+    if (sizes()) {
       speed_.add(ctx);
-      // Not measured yet (a run's first step): the rest of the first round is sized at once.
-      if (speed_.round_steps == 0 && !ends_round(ctx, inner_steps))
-        speed_.next_round(ctx, inner_steps, inner_steps - 1 - ctx.step % inner_steps);
+      // Not measured yet (a run's first step): the rest of the first round is sized at once,
+      // and a tuned policy picks its settings.
+      if (speed_.round_steps == 0 && !ends) {
+        speed_.next_round(ctx, inner_steps, steps_left(ctx.step) - 1);
+        if (tune && choices_.empty() && speed_.slowest_s > 0) {
+          pick(ctx, {speed_.slowest_s, link_.fixed_s, link_.per_byte_s}, "start");
+          speed_.set_round(inner_steps, steps_left(ctx.step) - 1);
+        }
+      }
     }
-    if (!ends_round(ctx, inner_steps)) return;
+    if (!ends) return;
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
@@ -107,10 +128,23 @@ struct diloco {
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
     } else {
+      const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                                      weight_if(weighs(), weight_.sum));
+      exchange_s_ = ctx.replicas.endpoint().stats().clock_seconds - t0;
     }
-    if (sized_to_speed) speed_.next_round(ctx, inner_steps, inner_steps);
+    if (tune) {
+      // The exchange as the replica that waited longest for it saw it (those that reached it
+      // first also waited for the others: what a round costs the least busy replica), agreed
+      // beside the speeds.
+      double longest = exchange_s_;
+      speed_.next_round(ctx, inner_steps, inner_steps, std::span<double>(&longest, 1));
+      retune(ctx, std::isfinite(longest) ? std::max(0.0, longest) : 0.0);
+      round_from_ = ctx.step + 1;
+      speed_.set_round(inner_steps, inner_steps);
+    } else if (sized_to_speed) {
+      speed_.next_round(ctx, inner_steps, inner_steps);
+    }
     outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
     momentum_started_ = true;
     scatter_values(ctx.parameters, global_);
@@ -118,7 +152,11 @@ struct diloco {
     weight_.sum = 0;
   }
 
-  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  // Tuned, H changes at rounds' ends: a round ends H steps after the one that started it.
+  bool ends_round_at(std::int64_t step) const {
+    if (!tune) return ends_round(step, inner_steps);
+    return step + 1 == round_from_ || (step >= round_from_ && (step + 1 - round_from_) % inner_steps == 0);
+  }
   // A re-formed view: Moshpit's groups are other peers.
   void drop_in_flight() { averager_.forget(); }
   std::int64_t rounds() const { return rounds_; }
@@ -132,7 +170,17 @@ struct diloco {
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
     weight_.save(c, "comm.diloco.");
-    if (sized_to_speed) speed_.save(c, "comm.diloco.");
+    if (sizes()) speed_.save(c, "comm.diloco.");
+    if (tune) {
+      c.counters["comm.diloco.tune.inner_steps"] = inner_steps;
+      c.counters["comm.diloco.tune.round_from"] = round_from_;
+      c.counters["comm.diloco.tune.codec"] = static_cast<std::int64_t>(codec_at_);
+      c.counters["comm.diloco.tune.picks"] = static_cast<std::int64_t>(choices_.size());
+      save_measure(c, "comm.diloco.tune.link.", link_);
+      save_exact(c, "comm.diloco.tune.small_s", small_s_);
+      save_measure(c, "comm.diloco.tune.basis.", basis_);
+      save_measure(c, "comm.diloco.tune.recent.", recent_);
+    }
   }
   void load(const io::checkpoint& c) {
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.diloco.global").numel());
@@ -140,23 +188,93 @@ struct diloco {
     load_flat(c, "comm.diloco.momentum", momentum_, n);
     momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
     rounds_ = c.counter("comm.diloco.rounds");
+    if (tune && c.counters.contains("comm.diloco.tune.inner_steps")) {  // (before the codec: the codec picked)
+      inner_steps = c.counter("comm.diloco.tune.inner_steps");
+      round_from_ = c.counter("comm.diloco.tune.round_from");
+      const auto at = c.counter("comm.diloco.tune.codec");
+      const auto picks = static_cast<std::int64_t>(tune->codecs.size());
+      decentrain::detail::check(inner_steps >= 1 && round_from_ >= 0 && at >= 0 && (at < picks || (picks == 0 && at == 0)),
+                                "checkpoint: diloco's tuned settings (H ", inner_steps, ", round from step ", round_from_,
+                                ", codec ", at, " of ", picks, ") do not fit this policy's tune");
+      codec_at_ = static_cast<std::size_t>(at);
+      if (picks > 0) codec = tune->codecs[codec_at_];
+      link_ = load_measure(c, "comm.diloco.tune.link.");
+      small_s_ = load_exact(c, "comm.diloco.tune.small_s", "a number of seconds").value_or(0.0);
+      basis_ = load_measure(c, "comm.diloco.tune.basis.");
+      recent_ = load_measure(c, "comm.diloco.tune.recent.");
+      // The picks made before are not in the checkpoint; a placeholder keeps their count (the
+      // first pick is not made again).
+      choices_.assign(static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks"))), tuning_choice{});
+    }
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     speed_ = {};
-    if (sized_to_speed) speed_.load(c, "comm.diloco.");
+    if (sizes()) speed_.load(c, "comm.diloco.");
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
   // until it measured).
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
+  // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
+  // placeholders with step -1).
+  const std::vector<tuning_choice>& choices() const { return choices_; }
 
  private:
   std::vector<float> global_, momentum_, delta_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
-  bool weighs() const { return weighted || sized_to_speed; }
+  bool weighs() const { return weighted || sizes(); }
+  bool sizes() const { return sized_to_speed || tune.has_value(); }
+  // Steps of the round from `step` on, `step` included.
+  std::int64_t steps_left(std::int64_t step) const {
+    return tune ? round_from_ + inner_steps - step : inner_steps - step % inner_steps;
+  }
+  // Sets H and the codec from measures `m` (the same on every replica), and keeps the pick.
+  template <class Ctx>
+  void pick(Ctx& ctx, const tuning_measure& m, std::string why) {
+    auto c = tune->choose(m, global_.size(), ctx.replicas.world(), codec, ctx.run_steps);
+    c.step = ctx.step;
+    c.why = std::move(why);
+    inner_steps = c.inner_steps;
+    if (!tune->codecs.empty() && c.codec != codec_at_) {
+      codec = tune->codecs[c.codec];
+      compress::set_layout(codec, layout_of(ctx.parameters));
+    }
+    codec_at_ = c.codec;
+    basis_ = recent_ = m;
+    choices_.push_back(std::move(c));
+  }
+  // At a round's end: the round's measures, the agreed slowest compute, and the link's model
+  // scaled to what the round's exchange (and its small all-reduce) took, against what the model
+  // predicted for the codec in use (the probe's model before the first pick); picked again where
+  // they drifted.
+  template <class Ctx>
+  void retune(Ctx& ctx, double exchange_s) {
+    if (!(speed_.slowest_s > 0)) return;  // nothing measured (no compute clock)
+    const tuning_measure& model = choices_.empty() ? link_ : basis_;
+    const double bytes = exchange_bytes(codec, global_.size(), ctx.replicas.world());
+    const double took = exchange_s + small_s_, predicted = model.fixed_s + model.per_byte_s * bytes;
+    tuning_measure now{speed_.slowest_s, took, 0.0};
+    if (predicted > 0) now = {speed_.slowest_s, model.fixed_s * took / predicted, model.per_byte_s * took / predicted};
+    if (choices_.empty()) return pick(ctx, now, "start");
+    recent_ = tune->smoothed(recent_, now);
+    // (an exchange within the round's allowance, (1 - busy) / busy of its compute, drifts only
+    // relative to that allowance: a fast link's noise picks nothing again)
+    const double allowance = (1 - tune->busy) / tune->busy * static_cast<double>(inner_steps) * basis_.step_s;
+    const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, bytes, allowance);
+    if (off > tune->drift)
+      pick(ctx, recent_, std::string("drift: ") + what + " " + std::to_string(std::lround(100 * off)) + "% off");
+  }
 
   round_weight weight_;
   speed_sizing speed_;
+  // Tuned: the step the round started at, the codec's index in tune->codecs, the measures, the
+  // round's exchange seconds, and the picks.
+  std::int64_t round_from_ = 0;
+  std::size_t codec_at_ = 0;
+  tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
+  double small_s_ = 0;                    // the probe's small all-reduce
+  double exchange_s_ = 0;
+  std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
 };

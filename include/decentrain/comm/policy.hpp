@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -202,6 +203,7 @@ struct speed_sizing {
   std::int64_t round_steps = 0;  // inner steps a whole round was planned at when sized (0: not sized yet)
   double deadline_s = 0;         // compute seconds from the sizing to the round's end (0: not sized)
   double per_step_s = 0;         // this replica's seconds per inner step at the sizing
+  double slowest_s = 0;          // the slowest replica's, agreed at the sizing (not saved: used in the same step)
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
 
   template <class Ctx>
@@ -223,27 +225,36 @@ struct speed_sizing {
   }
   // After a step with `steps_left` of the round's `inner_steps` steps after it (a round's end:
   // all of the next round's): the replicas agree on the slowest one's seconds per inner step (one
-  // all-reduce of a double, which also leaves them at about one time), and the deadline is
-  // steps_left of them. Nothing measured (no compute clock): not sized, one inner step a step. A
-  // value that is not a number (from a peer) counts as this replica's own.
+  // all-reduce of a double, which also leaves them at about one time, and carries the largest of
+  // each of `also_max`: up to 3 more values the caller agrees on), and the deadline is steps_left
+  // of them. Nothing measured (no compute clock): not sized, one inner step a step. A value that
+  // is not a number (from a peer) counts as this replica's own.
   template <class Ctx>
-  void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left) {
+  void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left, std::span<double> also_max = {}) {
+    decentrain::detail::check(also_max.size() <= 3, "speed_sizing: at most 3 values ride along, got ", also_max.size());
     const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
-    double slowest = mine;
-    ctx.replicas.all_reduce(std::span<double>(&slowest, 1), collective::reduce_op::max);
-    if (!std::isfinite(slowest)) slowest = mine;
+    std::array<double, 4> agreed{mine, 0, 0, 0};
+    std::copy(also_max.begin(), also_max.end(), agreed.begin() + 1);
+    ctx.replicas.all_reduce(std::span<double>(agreed.data(), 1 + also_max.size()), collective::reduce_op::max);
+    std::copy_n(agreed.begin() + 1, also_max.size(), also_max.begin());
+    slowest_s = std::isfinite(agreed[0]) ? agreed[0] : mine;
     compute_s = 0;
     steps = 0;
-    if (!(mine > 0) || !(slowest > 0)) {
+    per_step_s = mine;
+    set_round(inner_steps, steps_left);
+  }
+  // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned
+  // policy's new H), from the speeds agreed last.
+  void set_round(std::int64_t inner_steps, std::int64_t steps_left) {
+    if (!(per_step_s > 0) || !(slowest_s > 0)) {
       deadline_s = per_step_s = 0;
       round_steps = inner_steps;
       return;
     }
-    per_step_s = mine;
-    slowest = std::max(slowest, mine);
+    const double slowest = std::max(slowest_s, per_step_s);
     deadline_s = static_cast<double>(steps_left) * slowest;
     round_steps = std::min(max_ratio * inner_steps,
-                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * slowest / mine)));
+                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * slowest / per_step_s)));
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "speed_compute_s", compute_s);

@@ -80,5 +80,14 @@ constexpr bool is_dense() {
   else
     return false;
 }
+// The same of a codec value: a codec chosen at run time (collective::any_codec) says with
+// `bool is_dense() const`.
+template <class C>
+bool is_dense(const C& c) {
+  if constexpr (requires { { c.is_dense() } -> std::convertible_to<bool>; })
+    return c.is_dense();
+  else
+    return is_dense<C>();
+}
 
 }  // namespace decentrain::compress

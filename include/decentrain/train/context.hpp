@@ -84,6 +84,8 @@ struct peer_context {
   double lr_scale = 1.0;        // the inner learning rate of the step over its peak (set before
                                 // after_step): Gaia's significance threshold falls with it
   bool last_step = false;       // policies that communicate periodically also do so on the last step
+  std::int64_t run_steps = 0;   // the run's steps (trainer_options::steps): a policy that picks
+                                // its own period keeps several rounds in the run
   bool round_start = true;      // the step starts a round of the communication policy (its
                                 // ends_round_at(step - 1); the first step): where every replica
                                 // stands at the same point, and fault::elastic takes joiners in

@@ -130,6 +130,11 @@ class metrics_log {
       write(line);
     });
   }
+  // A line of the caller's, for what the trainer does not report itself (a tuned policy's pick).
+  void event(const json_line& line) {
+    std::lock_guard lock(mutex_);
+    write(line);
+  }
 
  private:
   void write(const json_line& line) {

@@ -536,6 +536,7 @@ class trainer {
                    .step = step_,
                    .steps_done = step_,
                    .last_step = false,
+                   .run_steps = options_.steps,
                    .round_start = starts_round(step_),
                    .resumed = resumed_,
                    .joined = false,

@@ -257,6 +257,13 @@ class in_process {
     // How fast each rank computes, relative to this machine (2: twice as fast; its compute moves
     // its clock half as far); empty: every rank 1. speeds::spread gives peers of different speeds.
     std::vector<double> speeds{};
+    // Links that change mid-run: a message its sender sends at or after `from_s` on its clock
+    // takes `factor` times as long on the wire (every link and access link; the entry with the
+    // latest from_s not after the send counts). Tests and benchmarks of a policy that re-tunes.
+    struct slowdown {
+      double from_s = 0, factor = 1;
+    };
+    std::vector<slowdown> slowdowns{};
   };
 
   class endpoint {
@@ -286,7 +293,8 @@ class in_process {
         const simulated_link& l = net_->links.at(rank_, peer);
         auto& gen = link_rng_[static_cast<std::size_t>(peer)];
         const double size = static_cast<double>(data.size());
-        const double on_wire = size / net_->links.bandwidth(rank_, peer);
+        const double slow = net_->slowdown_at(clock_);
+        const double on_wire = slow * size / net_->links.bandwidth(rank_, peer);
         double resend = 0.0;
         while (l.drop_probability > 0 && gen.uniform() < l.drop_probability) {
           resend += l.retransmit_timeout_s + on_wire;
@@ -296,14 +304,14 @@ class in_process {
         // then the receiver's downlink, which takes them from when the first can land: alone,
         // a message costs size / the slowest of the three + latency; beside others, each
         // shared part is booked around what the others hold (link_schedule).
-        const double path_end = (*paths_)[static_cast<std::size_t>(peer)].book(clock_, size / l.bandwidth_bytes_per_s);
-        const double up_end = uplink_->book(clock_, size / net_->links.access(rank_).uplink_bytes_per_s);
+        const double path_end = (*paths_)[static_cast<std::size_t>(peer)].book(clock_, slow * size / l.bandwidth_bytes_per_s);
+        const double up_end = uplink_->book(clock_, slow * size / net_->links.access(rank_).uplink_bytes_per_s);
         const double sent = std::max(path_end, up_end);
         double landed = sent + l.latency_s;
         if (!lost) {
           const double first_lands = std::max(clock_, sent - on_wire) + l.latency_s;
           landed = std::max(landed, net_->downlinks[static_cast<std::size_t>(peer)].book(
-                                        first_lands, size / net_->links.access(peer).downlink_bytes_per_s));
+                                        first_lands, slow * size / net_->links.access(peer).downlink_bytes_per_s));
         }
         arrival = net_->held(rank_, peer, clock_, landed + (l.jitter_s > 0 ? l.jitter_s * gen.uniform() : 0.0) + resend,
                              l.latency_s);
@@ -768,6 +776,10 @@ class in_process {
             check(r >= 0 && r < links.world(), "in_process: a partition's side names rank ", r, ", outside the ", links.world());
         }
       }
+      std::stable_sort(opts.slowdowns.begin(), opts.slowdowns.end(), [](const auto& a, const auto& b) { return a.from_s < b.from_s; });
+      for (const auto& d : opts.slowdowns)
+        check(d.from_s >= 0 && std::isfinite(d.from_s) && d.factor > 0 && std::isfinite(d.factor), "in_process: a slowdown ",
+              "needs from_s >= 0 and a factor > 0, got ", d.factor, " from ", d.from_s, " s");
       for (int r = 0; r < links.world(); ++r) {
         if (r < initial) {
           started[static_cast<std::size_t>(r)] = 1;
@@ -785,6 +797,14 @@ class in_process {
             slowest->latency_s = std::max(slowest->latency_s, e.latency_s);
             slowest->bytes_per_s = std::min(slowest->bytes_per_s, e.bytes_per_s);
           }
+    }
+
+    // How many times as long as its links say a message sent at `clock_s` takes (options::slowdowns).
+    double slowdown_at(double clock_s) const {
+      double factor = 1;
+      for (const auto& d : opts.slowdowns)
+        if (d.from_s <= clock_s) factor = d.factor;
+      return factor;
     }
 
     // Whether `listener` takes in what the current process of `speaker` sends (and `speaker` may

@@ -1,0 +1,193 @@
+// A periodic policy that picks its own settings (DiLoCo's `tune`; the command line's --auto).
+// The replicas measure their links (a probe of three all-reduces at the start, then each round's
+// own exchange) and their compute (the slowest replica's seconds per inner step, which work sized
+// to speed agrees on anyway), agree on the numbers (max all-reduces: every replica holds the same
+// bits), and each picks the same settings from them with one pure function, choose():
+//   - the least lossy codec among `codecs` whose exchange lets a round of at most
+//     prefer_inner_steps inner steps keep the replicas computing `busy` of its time, and the
+//     fewest inner steps H that do (between min_inner_steps and max_inner_steps);
+//   - where no codec does within prefer_inner_steps, the codec that needs the fewest.
+// Fewer inner steps and less compression both keep a run closer to synchronous training, so
+// the pick is the closest that still keeps the compute busy. When the agreed measures of a
+// round drift by more than `drift` from those the settings came from (a link slowed, a peer
+// left or got busy), the settings are picked again. Every pick is kept with the measures it
+// came from (choices()), for the metrics and the summary.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/comm/policy.hpp"
+#include "decentrain/compress/codec.hpp"
+#include "decentrain/detail/error.hpp"
+#include "decentrain/io/checkpoint.hpp"
+
+namespace decentrain::comm {
+
+// What a pick comes from, agreed by every replica. An exchange of a model of n values through a
+// codec costs fixed_s + per_byte_s x the bytes a replica of the group sends for it (a ring's
+// 2 (N - 1) / N of the payload for a dense codec, (N - 1) payloads for one that is gathered).
+struct tuning_measure {
+  double step_s = 0;      // the slowest replica's compute seconds per inner step
+  double fixed_s = 0;     // a round's exchange cost that does not grow with its bytes (latencies)
+  double per_byte_s = 0;  // seconds per byte a replica sends
+};
+
+// One pick: the settings and what they were picked from.
+struct tuning_choice {
+  std::int64_t step = -1;        // made after this step
+  std::int64_t inner_steps = 0;  // H
+  std::size_t codec = 0;         // index into auto_tuning::codecs (0 where it has none)
+  std::string codec_name;
+  double exchange_s = 0;         // the exchange's predicted seconds
+  double busy = 0;               // the round's predicted compute share
+  tuning_measure measured;
+  std::string why;               // "start", or which measure drifted and by how much
+};
+
+// The bytes one replica of `world` sends in an all-reduce of `values` values through `codec`.
+template <class Codec>
+double exchange_bytes(const Codec& codec, std::size_t values, int world) {
+  if (world <= 1) return 0;
+  const double payload = static_cast<double>(codec.max_encoded_bytes(values));
+  const double w = world;
+  return compress::is_dense(codec) ? 2.0 * (w - 1) / w * payload : (w - 1) * payload;
+}
+
+template <class Codec>
+struct auto_tuning {
+  // What it may pick from, least lossy first (each a fresh copy: a codec picked anew starts
+  // without the state, an error-feedback residual, of the one it replaces). Empty: the policy's
+  // own codec, only H tuned.
+  std::vector<Codec> codecs{};
+  double busy = 0.97;                   // the compute share a round should keep
+  std::int64_t min_inner_steps = 10;    // H's range
+  std::int64_t max_inner_steps = 1000;
+  std::int64_t prefer_inner_steps = 100;  // a codec needing more gives way to the next one
+  std::int64_t min_rounds = 4;          // H at most the run's steps / min_rounds (at least min_inner_steps)
+  double drift = 0.3;                   // a measure this far off the pick's (relative) picks again
+  // Each round's share in the measures judged for drift (an exponential average since the last
+  // pick): one round's noise, a peer's arrival late by part of an inner step, picks nothing.
+  double smoothing = 0.3;
+  std::size_t probe_values = 1 << 17;   // f32 values of the start's probe (at most an eighth of the model)
+
+  void validate(const char* who) const {
+    decentrain::detail::check(busy > 0 && busy < 1, who, ": tune.busy must be in (0, 1), got ", busy);
+    decentrain::detail::check(min_inner_steps >= 2 && min_inner_steps <= prefer_inner_steps && prefer_inner_steps <= max_inner_steps,
+                              who, ": tune needs 2 <= min_inner_steps <= prefer_inner_steps <= max_inner_steps, got ",
+                              min_inner_steps, ", ", prefer_inner_steps, " and ", max_inner_steps);
+    decentrain::detail::check(drift > 0 && std::isfinite(drift), who, ": tune.drift must be > 0, got ", drift);
+    decentrain::detail::check(min_rounds >= 1, who, ": tune.min_rounds must be >= 1, got ", min_rounds);
+    decentrain::detail::check(smoothing > 0 && smoothing <= 1, who, ": tune.smoothing must be in (0, 1], got ", smoothing);
+    decentrain::detail::check(probe_values >= 1024, who, ": tune.probe_values must be >= 1024, got ", probe_values);
+  }
+  // Compared across the replicas with the policy's other settings.
+  std::string describe() const {
+    std::string out = "tune(busy=" + std::to_string(busy) + ",rounds>=" + std::to_string(min_rounds) + ",H=" + std::to_string(min_inner_steps) + ".." +
+                      std::to_string(prefer_inner_steps) + ".." + std::to_string(max_inner_steps) + ",drift=" + std::to_string(drift) +
+                      ",smoothing=" + std::to_string(smoothing) + ",codecs=";
+    for (std::size_t i = 0; i < codecs.size(); ++i) out += (i ? ";" : "") + compress::describe(codecs[i]);
+    return out + ")";
+  }
+
+  // The pick for measures `m`, a model of `values` values and `world` replicas, from `own` when
+  // codecs is empty, in a run of `run_steps` steps (0: unknown). The same inputs give the same
+  // pick on every replica.
+  tuning_choice choose(const tuning_measure& m, std::size_t values, int world, const Codec& own, std::int64_t run_steps = 0) const {
+    const std::size_t n = codecs.empty() ? 1 : codecs.size();
+    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    const double ratio = busy / (1 - busy);
+    tuning_choice best;
+    double best_needed = 0;  // (unclamped: at max_inner_steps, the codec that would need fewest)
+    for (std::size_t i = 0; i < n; ++i) {
+      const Codec& c = codecs.empty() ? own : codecs[i];
+      tuning_choice pick;
+      pick.codec = i;
+      pick.codec_name = compress::describe(c);
+      pick.exchange_s = world > 1 ? m.fixed_s + m.per_byte_s * exchange_bytes(c, values, world) : 0.0;
+      const double needed = m.step_s > 0 ? std::ceil(ratio * pick.exchange_s / m.step_s) : 0.0;
+      pick.inner_steps = std::clamp<std::int64_t>(needed > 1e15 ? most : static_cast<std::int64_t>(needed), min_inner_steps, most);
+      const double compute = static_cast<double>(pick.inner_steps) * m.step_s;
+      pick.busy = compute + pick.exchange_s > 0 ? compute / (compute + pick.exchange_s) : 1.0;
+      pick.measured = m;
+      if (needed <= static_cast<double>(std::min(prefer_inner_steps, most))) return pick;  // (it keeps `busy`)
+      if (i == 0 || needed < best_needed) {
+        best = pick;
+        best_needed = needed;
+      }
+    }
+    return best;
+  }
+
+  // `recent` moved toward a round's `now` by `smoothing`.
+  tuning_measure smoothed(const tuning_measure& recent, const tuning_measure& now) const {
+    const auto mix = [this](double a, double b) { return a + smoothing * (b - a); };
+    return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s)};
+  }
+  // How far `now` is off `then`, relative, in the measure furthest off, and which: the compute,
+  // or the link (the exchange of `bytes` a replica sends, as each predicts it, relative to at
+  // least `floor_s`).
+  static std::pair<double, const char*> drift_of(const tuning_measure& now, const tuning_measure& then, double bytes,
+                                                 double floor_s = 0) {
+    const auto off = [](double a, double b) { return b > 0 ? std::abs(a / b - 1) : (a > 0 ? 1e300 : 0.0); };
+    const double compute = off(now.step_s, then.step_s);
+    const double was = then.fixed_s + then.per_byte_s * bytes, is = now.fixed_s + now.per_byte_s * bytes;
+    const double link = was >= floor_s ? off(is, was) : off(floor_s + (is - was), floor_s);
+    return compute >= link ? std::pair{compute, "compute"} : std::pair{link, "link"};
+  }
+};
+
+// The start's probe: three all-reduces among `comm`'s replicas, after one that waits for them
+// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
+// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
+// and whose rest the ring's latency. Each replica's figures, then the largest of each (one more
+// small all-reduce): what the slowest replica saw, the same on every replica. A first guess: the
+// rounds' own exchanges correct it (the exchange may take another algorithm at the model's size).
+struct probed_links {
+  tuning_measure link;  // (step_s 0: the compute is measured at the first step)
+  double small_s = 0;   // a small collective's latency (work sized to speed adds one a round)
+};
+template <class Comm>
+probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values) {
+  if (comm.world() <= 1) return {};
+  const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
+  const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
+  std::vector<float> buffer(2 * s, 0.0f);
+  double one = 0;
+  comm.all_reduce(std::span<double>(&one, 1));  // every replica here
+  const double t0 = clock();
+  comm.all_reduce(std::span<double>(&one, 1));
+  const double t1 = clock();
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t2 = clock();
+  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t3 = clock();
+  const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
+  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
+  // A ring's latencies and a small collective's.
+  double figures[3] = {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
+  comm.all_reduce(std::span<double>(figures, 3), collective::reduce_op::max);
+  for (double& f : figures)
+    if (!std::isfinite(f) || f < 0) f = 0;  // (a peer's nonsense measures nothing)
+  return {{0.0, figures[0], figures[1]}, figures[2]};
+}
+
+// A pick's measures in a checkpoint, exactly (a resumed run drifts from the same numbers).
+inline void save_measure(io::checkpoint& c, const std::string& prefix, const tuning_measure& m) {
+  save_exact(c, prefix + "step_s", m.step_s);
+  save_exact(c, prefix + "fixed_s", m.fixed_s);
+  save_exact(c, prefix + "per_byte_s", m.per_byte_s);
+}
+inline tuning_measure load_measure(const io::checkpoint& c, const std::string& prefix) {
+  return {load_exact(c, prefix + "step_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "fixed_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0)};
+}
+
+}  // namespace decentrain::comm

@@ -1,0 +1,243 @@
+// A DiLoCo that picks its own H and codec (comm/auto_tuning.hpp): the pick by hand, and peers of
+// speeds 1, 1, 2, 4 on simulated links (deterministic in_process: an inner step costs 1 s / speed
+// of a peer's clock) that agree on their picks bit for bit, keep the compute busy, pick again
+// when the links slow mid-run, and resume bit for bit.
+#include <catch2/catch.hpp>
+
+#include <decentrain/decentrain.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "support/trainer_fixture.hpp"
+
+namespace dt = decentrain;
+
+namespace {
+
+using tuned_diloco = dt::comm::diloco<dt::comm::outer::sgd, dt::collective::any_codec>;
+
+dt::comm::auto_tuning<dt::collective::any_codec> ladder() {
+  dt::comm::auto_tuning<dt::collective::any_codec> t;
+  for (const char* spec : {"identity", "int8", "int4"}) t.codecs.push_back(dt::collective::parse_codec(spec));
+  return t;
+}
+
+tuned_diloco tuned() {
+  tuned_diloco d;
+  d.inner_steps = 4;  // until the first pick
+  d.tune = ladder();
+  d.tune->busy = 0.9;  // (H of tens, not hundreds: a short test)
+  d.tune->min_inner_steps = 4;
+  d.tune->prefer_inner_steps = 40;
+  d.tune->max_inner_steps = 400;
+  d.tune->min_rounds = 2;  // (runs of 80-100 steps)
+  return d;
+}
+
+// The model's f32 values, and links (10 ms) on which 4 replicas' f32 all-reduce of it takes
+// about 10 s of a replica's clock (a ring: each replica sends 1.5x the model's bytes).
+std::size_t tiny_values() { return static_cast<std::size_t>(fixture::tiny_gpt().parameter_count()); }
+dt::transport::link_matrix ten_second_links() {
+  const double bytes_per_s = 1.5 * 4.0 * static_cast<double>(tiny_values()) / 10.0;
+  return {4, dt::transport::simulated_link{0.01, bytes_per_s, 0.0, 0.0, 0.0}};
+}
+
+struct tuned_run {
+  std::vector<std::vector<float>> params;                       // by rank, at the end
+  std::vector<std::vector<dt::comm::tuning_choice>> choices;    // by rank
+  std::vector<std::vector<dt::train::step_metrics>> by_step;    // by rank
+  std::vector<std::vector<std::int64_t>> round_ends;            // by rank: the steps that ended a round
+};
+
+// Four peers of speeds 1, 1, 2, 4 under `policy` for `steps` steps, the links slowed by
+// `slowdown` from `slow_from` s on; from `saved` where given, stopping after `stop_after` steps
+// (their checkpoints in *saved_out) where >= 0.
+tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_from = -1, double slowdown = 1,
+                    const std::vector<dt::io::checkpoint>* saved = nullptr, std::int64_t stop_after = -1,
+                    std::vector<dt::io::checkpoint>* saved_out = nullptr) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_diloco>;
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};  // an inner step: 1 s / speed
+  o.speeds = {1, 1, 2, 4};
+  if (slow_from >= 0) o.slowdowns = {{slow_from, slowdown}};
+  tuned_run out{std::vector<std::vector<float>>(4), std::vector<std::vector<dt::comm::tuning_choice>>(4),
+                std::vector<std::vector<dt::train::step_metrics>>(4), std::vector<std::vector<std::int64_t>>(4)};
+  if (saved_out) saved_out->assign(4, {});
+  dt::transport::in_process(ten_second_links(), o).run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    auto options = fixture::small_run(steps);
+    options.lr = 1e-2;
+    Trainer t(fixture::tiny_gpt(), options, ep, policy);
+    if (saved) t.restore((*saved)[r]);
+    struct stop {};
+    t.on_step([&](const dt::train::step_metrics& m) {  // (each peer writes its own slot)
+      out.by_step[r].push_back(m);
+      if (t.policy().ends_round_at(m.step)) out.round_ends[r].push_back(m.step);
+      if (m.step == stop_after) {
+        (*saved_out)[r] = t.capture();
+        throw stop{};
+      }
+    });
+    try {
+      (void)t.fit(fixture::small_corpus().data);
+    } catch (const stop&) {
+    }
+    out.params[r] = fixture::flat_params(t.model().parameters());
+    out.choices[r] = t.policy().choices();
+  });
+  return out;
+}
+
+bool same_picks(const std::vector<dt::comm::tuning_choice>& a, const std::vector<dt::comm::tuning_choice>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].step != b[i].step || a[i].inner_steps != b[i].inner_steps || a[i].codec != b[i].codec || a[i].why != b[i].why ||
+        a[i].measured.step_s != b[i].measured.step_s || a[i].measured.fixed_s != b[i].measured.fixed_s ||
+        a[i].measured.per_byte_s != b[i].measured.per_byte_s)
+      return false;
+  return true;
+}
+
+// The compute share of peer r's clock from after step `from` to after step `to`.
+double busy_between(const tuned_run& run, std::size_t r, std::int64_t from, std::int64_t to) {
+  const auto& a = run.by_step[r][static_cast<std::size_t>(from)];
+  const auto& b = run.by_step[r][static_cast<std::size_t>(to)];
+  return (b.compute_s - a.compute_s) / (b.clock_s - a.clock_s);
+}
+
+}  // namespace
+
+TEST_CASE("auto_tuning: the least lossy codec whose round keeps the compute busy within the preferred H, by hand") {
+  auto t = ladder();  // identity, int8, int4; busy 0.97: H >= 97/3 x exchange / step
+  const std::size_t n = 1'000'000;
+  const dt::collective::any_codec own;
+  const auto exchange = [&](std::size_t codec, const dt::comm::tuning_measure& m) {
+    return m.fixed_s + m.per_byte_s * 1.5 * static_cast<double>(t.codecs[codec].max_encoded_bytes(n));  // 4 replicas: a ring's 1.5x
+  };
+  // A fast link: f32's exchange of 4 MB (6 MB sent) takes 0.2 + 0.06 s, H = ceil(32.33 x 2.6) = 85.
+  const dt::comm::tuning_measure fast{0.1, 0.2, 1e-8};
+  const auto f = t.choose(fast, n, 4, own);
+  CHECK(f.codec == 0);
+  CHECK(f.codec_name == "identity");
+  CHECK(f.exchange_s == Approx(0.26));
+  CHECK(f.inner_steps == 85);
+  CHECK(f.busy >= 0.97);
+  CHECK(f.busy == Approx(8.5 / (8.5 + 0.26)));
+  // A slower one: f32 needs ceil(32.33 x 0.95 / 0.1) = 308 > 100 inner steps; int8 (a byte a
+  // value and a 4-byte scale a block of 64: 1,062,500 B) fits in ceil(32.33 x 0.289 / 0.1) = 94.
+  const dt::comm::tuning_measure slow{0.1, 0.05, 1.5e-7};
+  const auto s = t.choose(slow, n, 4, own);
+  CHECK(s.codec == 1);
+  CHECK(s.exchange_s == Approx(exchange(1, slow)));
+  CHECK(s.inner_steps == static_cast<std::int64_t>(std::ceil(0.97 / 0.03 * exchange(1, slow) / 0.1)));
+  CHECK(s.inner_steps == 94);
+  // Slower still: nothing fits in 100; int4 needs the fewest: ceil(32.33 x (0.05 + 1.5 x 562,500 B x 1e-6) / 0.1) = 289.
+  const dt::comm::tuning_measure slower{0.1, 0.05, 1e-6};
+  const auto v = t.choose(slower, n, 4, own);
+  CHECK(v.codec == 2);
+  CHECK(v.inner_steps == static_cast<std::int64_t>(std::ceil(0.97 / 0.03 * exchange(2, slower) / 0.1)));
+  CHECK(v.inner_steps == 289);
+  // So slow that every codec needs more than max_inner_steps: int4 still, at the most allowed.
+  const auto w = t.choose({0.1, 0.2, 1e-5}, n, 4, own);
+  CHECK((w.codec == 2 && w.inner_steps == t.max_inner_steps));
+  // Compute slow enough that f32 costs little: the fewest inner steps allowed. One replica: no exchange.
+  CHECK(t.choose({100.0, 0.2, 1e-8}, n, 4, own).inner_steps == t.min_inner_steps);
+  const auto alone = t.choose(slow, n, 1, own);
+  CHECK((alone.codec == 0 && alone.inner_steps == t.min_inner_steps && alone.exchange_s == 0));
+  // A run of 1000 steps keeps at least 4 rounds: H at most 250 (int4 needs 289).
+  CHECK(t.choose(slower, n, 4, own, 1000).inner_steps == 250);
+  CHECK(t.choose(slower, n, 4, own, 1000).codec == 2);
+  CHECK(t.choose(slower, n, 4, own, 20).inner_steps == t.min_inner_steps);
+  // Without codecs, the policy's own, H alone tuned.
+  const dt::comm::auto_tuning<dt::collective::any_codec> h_only;
+  const auto o = h_only.choose(fast, n, 4, dt::collective::parse_codec("int8"));
+  CHECK((o.codec == 0 && o.codec_name == dt::compress::describe(dt::collective::parse_codec("int8"))));
+
+  // Drift: the measure furthest off, relative; the link's by the exchange it predicts.
+  using tuning = dt::comm::auto_tuning<dt::collective::any_codec>;
+  auto [off, what] = tuning::drift_of({0.13, 0.2, 1e-8}, fast, 6e6);
+  CHECK(off == Approx(0.3));
+  CHECK(std::string(what) == "compute");
+  std::tie(off, what) = tuning::drift_of({0.1, 0.2, 2e-8}, fast, 6e6);
+  CHECK(off == Approx(0.06 / 0.26));
+  CHECK(std::string(what) == "link");
+
+  // What it refuses.
+  tuned_diloco d = tuned();
+  d.tune->busy = 1.0;
+  CHECK_THROWS_WITH(d.tune->validate("diloco"), Catch::Matchers::Contains("tune.busy must be in (0, 1), got 1"));
+  d = tuned();
+  d.tune->min_inner_steps = 50;
+  CHECK_THROWS_WITH(d.tune->validate("diloco"), Catch::Matchers::Contains("2 <= min_inner_steps <= prefer_inner_steps"));
+}
+
+TEST_CASE("diloco tune: peers of speeds 1, 1, 2, 4 agree on one pick bit for bit and keep their compute busy") {
+  // f32's exchange takes ~10 s against 1 s a round-step: 9 x 10 inner steps would keep 90% busy,
+  // more than the preferred 40; int8's ~2.6 s needs ~24.
+  const auto run = run_tuned(tuned(), 80);
+  for (std::size_t r = 0; r < 4; ++r) {
+    REQUIRE(run.by_step[r].size() == 80);
+    REQUIRE(!run.choices[r].empty());
+    CHECK(same_picks(run.choices[r], run.choices[0]));
+    CHECK(run.round_ends[r] == run.round_ends[0]);
+  }
+  const auto& first = run.choices[0].front();
+  CHECK(first.step == 0);
+  CHECK(first.why == "start");
+  CHECK(first.codec_name.rfind("int8", 0) == 0);
+  CHECK(first.inner_steps > 4);
+  CHECK(first.inner_steps <= 40);
+  CHECK(first.measured.step_s == Approx(1.0));  // the slowest peer's inner step
+  CHECK(first.busy >= 0.9);
+  // Rounds of the picked H from step 0 on.
+  const auto h = first.inner_steps;
+  REQUIRE(run.round_ends[0].size() >= 2);
+  CHECK(run.round_ends[0][0] == h - 1);
+  // The fast peer takes 4 inner steps a step. Over the rounds after the first, every peer
+  // computes at least 89% of its clock (the pick predicts 90%; with the 4 steps of f32
+  // before it, every peer waited on f32's ~10 s exchange each 4 s of compute).
+  const auto from = run.round_ends[0][0], to = run.round_ends[0].back();
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("peer " << r << " busy " << busy_between(run, r, from, to));
+    CHECK(busy_between(run, r, from, to) >= 0.89);
+  }
+}
+
+TEST_CASE("diloco tune: links slowed 5x mid-run are found at the next round's end and picked for again") {
+  const auto run = run_tuned(tuned(), 100, 40.0, 5.0);
+  for (std::size_t r = 0; r < 4; ++r) CHECK(same_picks(run.choices[r], run.choices[0]));
+  const auto& picks = run.choices[0];
+  REQUIRE(picks.size() >= 2);
+  const auto& again = picks[1];
+  CHECK(again.why.rfind("drift: link", 0) == 0);
+  // (The rounds' measures are smoothed: the first round after the slowdown moves them 30% of the
+  // way, 2.2x; each pick after that is judged against the one before.)
+  CHECK(again.measured.per_byte_s > 2 * picks[0].measured.per_byte_s);
+  CHECK(picks.back().measured.per_byte_s > 2.5 * picks[0].measured.per_byte_s);
+  // int8 would now need more than 40 inner steps: int4, the codec that needs fewest.
+  CHECK(again.codec_name.rfind("int4", 0) == 0);
+  CHECK(again.inner_steps > picks[0].inner_steps);
+  // Not slowed: no second pick (the measures stay within 30%).
+  CHECK(run_tuned(tuned(), 100).choices[0].size() == 1);
+}
+
+TEST_CASE("diloco tune: a run stopped mid-round after its pick and resumed ends bit for bit as the whole run") {
+  // (Without the slowdown: a resumed simulation's clocks start again at 0.)
+  const auto policy = tuned();
+  const auto whole = run_tuned(policy, 80);
+  REQUIRE(!whole.choices[0].empty());
+  const auto stop_at = whole.choices[0][0].inner_steps + 3;  // in the second round
+  std::vector<dt::io::checkpoint> saved;
+  (void)run_tuned(policy, 80, -1, 1, nullptr, stop_at, &saved);
+  CHECK(saved[0].counter("comm.diloco.tune.inner_steps") == whole.choices[0][0].inner_steps);
+  CHECK(saved[0].counter("comm.diloco.tune.codec") == 1);  // int8, picked: the codec's state and H came back
+  const auto resumed = run_tuned(policy, 80, -1, 1, &saved);
+  CHECK(resumed.params == whole.params);
+  CHECK(resumed.choices[0].size() == whole.choices[0].size());  // (no pick made again)
+  // A checkpoint whose codec is not one of the policy's is refused, naming it.
+  saved[0].counters["comm.diloco.tune.codec"] = 7;
+  CHECK_THROWS_WITH(run_tuned(policy, 80, -1, 1, &saved), Catch::Matchers::Contains("codec 7 of 3"));
+}
