@@ -50,6 +50,7 @@ struct tuned_run {
   std::vector<std::vector<dt::comm::tuning_choice>> choices;    // by rank
   std::vector<std::vector<dt::train::step_metrics>> by_step;    // by rank
   std::vector<std::vector<std::int64_t>> round_ends;            // by rank: the steps that ended a round
+  std::vector<std::string> codec_in_use;                        // by rank, at the end
 };
 
 // Four peers of speeds 1, 1, 2, 4 under `policy` for `steps` steps, the links slowed by
@@ -64,7 +65,8 @@ tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_
   o.speeds = {1, 1, 2, 4};
   if (slow_from >= 0) o.slowdowns = {{slow_from, slowdown}};
   tuned_run out{std::vector<std::vector<float>>(4), std::vector<std::vector<dt::comm::tuning_choice>>(4),
-                std::vector<std::vector<dt::train::step_metrics>>(4), std::vector<std::vector<std::int64_t>>(4)};
+                std::vector<std::vector<dt::train::step_metrics>>(4), std::vector<std::vector<std::int64_t>>(4),
+                std::vector<std::string>(4)};
   if (saved_out) saved_out->assign(4, {});
   dt::transport::in_process(ten_second_links(), o).run([&](dt::transport::in_process::endpoint& ep) {
     const auto r = static_cast<std::size_t>(ep.rank());
@@ -87,6 +89,7 @@ tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_
     }
     out.params[r] = fixture::flat_params(t.model().parameters());
     out.choices[r] = t.policy().choices();
+    out.codec_in_use[r] = dt::compress::describe(t.policy().codec);
   });
   return out;
 }
@@ -185,6 +188,7 @@ TEST_CASE("diloco tune: peers of speeds 1, 1, 2, 4 agree on one pick bit for bit
     CHECK(run.round_ends[r] == run.round_ends[0]);
   }
   const auto& first = run.choices[0].front();
+  for (std::size_t r = 0; r < 4; ++r) CHECK(run.codec_in_use[r] == first.codec_name);
   CHECK(first.step == 0);
   CHECK(first.why == "start");
   CHECK(first.codec_name.rfind("int8", 0) == 0);
@@ -240,4 +244,39 @@ TEST_CASE("diloco tune: a run stopped mid-round after its pick and resumed ends 
   // A checkpoint whose codec is not one of the policy's is refused, naming it.
   saved[0].counters["comm.diloco.tune.codec"] = 7;
   CHECK_THROWS_WITH(run_tuned(policy, 80, -1, 1, &saved), Catch::Matchers::Contains("codec 7 of 3"));
+}
+
+TEST_CASE("diloco tune: the codec picked is the one in use, also where the policy's own is none of those it picks from") {
+  // Its own codec f32, its choices int8 and int4: int8, the first of them, is picked and used.
+  auto policy = tuned();
+  policy.tune->codecs.erase(policy.tune->codecs.begin());
+  const auto run = run_tuned(policy, 60);
+  REQUIRE(!run.choices[0].empty());
+  CHECK(run.choices[0][0].codec == 0);
+  CHECK(run.choices[0][0].codec_name.rfind("int8", 0) == 0);
+  for (std::size_t r = 0; r < 4; ++r) CHECK(run.codec_in_use[r] == run.choices[0][0].codec_name);
+}
+
+TEST_CASE("diloco tune: checkpoints of a tuned run and of an untuned one, each resumed the other way") {
+  // A tuned run's checkpoint resumed without tune is refused (its H and codec would be lost).
+  std::vector<dt::io::checkpoint> saved;
+  (void)run_tuned(tuned(), 60, -1, 1, nullptr, 30, &saved);
+  auto untuned = tuned();
+  untuned.tune.reset();
+  CHECK_THROWS_WITH(run_tuned(untuned, 60, -1, 1, &saved), Catch::Matchers::Contains("resume it with tune set (--auto)"));
+  // An untuned run's (H = 4, f32), resumed with tune after 5 steps, mid-round: the group probes
+  // at its start and picks after its first step (step 5); every peer alike, the round it was in kept.
+  std::vector<dt::io::checkpoint> plain;
+  (void)run_tuned(untuned, 60, -1, 1, nullptr, 5, &plain);
+  const auto resumed = run_tuned(tuned(), 60, -1, 1, &plain);
+  REQUIRE(!resumed.choices[0].empty());
+  CHECK(resumed.choices[0][0].step == 5);
+  CHECK(resumed.choices[0][0].codec_name.rfind("int8", 0) == 0);
+  for (std::size_t r = 0; r < 4; ++r) {
+    CHECK(same_picks(resumed.choices[r], resumed.choices[0]));
+    CHECK(resumed.codec_in_use[r] == resumed.choices[0].back().codec_name);
+  }
+  // The round that began at step 4 under H = 4 ends H steps after its start, at the picked H.
+  REQUIRE(!resumed.round_ends[0].empty());
+  CHECK(resumed.round_ends[0][0] == 4 + resumed.choices[0][0].inner_steps - 1);
 }

@@ -70,9 +70,16 @@ struct diloco {
     prepare_codec(codec, aggregator, ctx,
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
+    if (tune) {  // the codecs it may pick, priced (and picked) with the parameters' shapes
+      layout_ = layout_of(ctx.parameters);
+      for (auto& c : tune->codecs) compress::set_layout(c, layout_);
+    }
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
+      // Tuned from a state that was not (an untuned run resumed with tune): the group probes now
+      // (every replica restored the same state; a joiner takes the members' tuned state).
+      if (tune && !tuned_state_ && !ctx.joined) probe(ctx);
       return;
     }
     broadcast_parameters(ctx, global_);
@@ -81,11 +88,8 @@ struct diloco {
     speed_ = {};
     round_from_ = 0;
     choices_.clear();
-    if (tune) {  // (a joiner resumed: its state came)
-      const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
-      link_ = probed.link;
-      small_s_ = probed.small_s;
-    }
+    codec_at_ = own_codec;
+    if (tune) probe(ctx);
   }
   // Before the fault policy starts: the outer state at the model's size (values set by start or
   // by a state loaded), so that a state a joiner takes from the members lands in it rather than
@@ -113,8 +117,12 @@ struct diloco {
       // and a tuned policy picks its settings.
       if (speed_.round_steps == 0 && !ends) {
         speed_.next_round(ctx, inner_steps, steps_left(ctx.step) - 1);
-        if (tune && choices_.empty() && speed_.slowest_s > 0) {
+        if (tune && choices_.empty() && speed_.agreed && speed_.slowest_s > 0) {
+          // Mid-round (step 0, or an untuned state resumed): the round keeps its start under
+          // the H it had, and has at least this step's successor left.
+          if (round_from_ == 0) round_from_ = ctx.step - ctx.step % inner_steps;
           pick(ctx, {speed_.slowest_s, link_.fixed_s, link_.per_byte_s}, "start");
+          round_from_ = std::max(round_from_, ctx.step + 2 - inner_steps);
           speed_.set_round(inner_steps, steps_left(ctx.step) - 1);
         }
       }
@@ -174,7 +182,8 @@ struct diloco {
     if (tune) {
       c.counters["comm.diloco.tune.inner_steps"] = inner_steps;
       c.counters["comm.diloco.tune.round_from"] = round_from_;
-      c.counters["comm.diloco.tune.codec"] = static_cast<std::int64_t>(codec_at_);
+      c.counters["comm.diloco.tune.codec"] = codec_at_ == own_codec ? -1 : static_cast<std::int64_t>(codec_at_);
+      c.text["comm.diloco.tune.codec_name"] = compress::describe(codec);
       c.counters["comm.diloco.tune.picks"] = static_cast<std::int64_t>(choices_.size());
       save_measure(c, "comm.diloco.tune.link.", link_);
       save_exact(c, "comm.diloco.tune.small_s", small_s_);
@@ -188,23 +197,39 @@ struct diloco {
     load_flat(c, "comm.diloco.momentum", momentum_, n);
     momentum_started_ = c.counter("comm.diloco.momentum_started") != 0;
     rounds_ = c.counter("comm.diloco.rounds");
-    if (tune && c.counters.contains("comm.diloco.tune.inner_steps")) {  // (before the codec: the codec picked)
+    const bool tuned = c.counters.contains("comm.diloco.tune.inner_steps");
+    if (tuned && !tune)
+      decentrain::detail::fail("checkpoint: written by a DiLoCo that picked its own H and codec (H ",
+                               c.counter("comm.diloco.tune.inner_steps"), " when saved); resume it with tune set (--auto)");
+    tuned_state_ = tuned;
+    if (tuned) {  // (before the codec's state: the codec picked)
       inner_steps = c.counter("comm.diloco.tune.inner_steps");
       round_from_ = c.counter("comm.diloco.tune.round_from");
       const auto at = c.counter("comm.diloco.tune.codec");
       const auto picks = static_cast<std::int64_t>(tune->codecs.size());
-      decentrain::detail::check(inner_steps >= 1 && round_from_ >= 0 && at >= 0 && (at < picks || (picks == 0 && at == 0)),
+      decentrain::detail::check(inner_steps >= 1 && round_from_ >= 0 && at >= -1 && at < std::max<std::int64_t>(picks, 1),
                                 "checkpoint: diloco's tuned settings (H ", inner_steps, ", round from step ", round_from_,
                                 ", codec ", at, " of ", picks, ") do not fit this policy's tune");
-      codec_at_ = static_cast<std::size_t>(at);
-      if (picks > 0) codec = tune->codecs[codec_at_];
+      const auto saved_name = c.text.find("comm.diloco.tune.codec_name");
+      if (at >= 0 && picks > 0) {
+        decentrain::detail::check(saved_name == c.text.end() || saved_name->second == compress::describe(tune->codecs[static_cast<std::size_t>(at)]),
+                                  "checkpoint: diloco picked codec ", at, ", '", saved_name == c.text.end() ? "" : saved_name->second,
+                                  "', where this policy's tune has '", compress::describe(tune->codecs[static_cast<std::size_t>(at)]),
+                                  "' (its codecs must be the same, in the same order)");
+        if (static_cast<std::size_t>(at) != codec_at_) {  // (a live policy loading mid-run keeps its codec's layout)
+          codec = tune->codecs[static_cast<std::size_t>(at)];
+          if (!layout_.empty()) compress::set_layout(codec, layout_);
+        }
+      }
+      codec_at_ = at < 0 ? own_codec : static_cast<std::size_t>(at);
       link_ = load_measure(c, "comm.diloco.tune.link.");
       small_s_ = load_exact(c, "comm.diloco.tune.small_s", "a number of seconds").value_or(0.0);
       basis_ = load_measure(c, "comm.diloco.tune.basis.");
       recent_ = load_measure(c, "comm.diloco.tune.recent.");
-      // The picks made before are not in the checkpoint; a placeholder keeps their count (the
-      // first pick is not made again).
-      choices_.assign(static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks"))), tuning_choice{});
+      // The picks made before are not in the checkpoint; placeholders keep their count (the
+      // first pick is not made again), and a live policy loading mid-run keeps its own.
+      const auto count = static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks")));
+      if (choices_.size() < count) choices_.resize(count, tuning_choice{});
     }
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
@@ -228,18 +253,27 @@ struct diloco {
   std::int64_t steps_left(std::int64_t step) const {
     return tune ? round_from_ + inner_steps - step : inner_steps - step % inner_steps;
   }
+  // The start's probe of the replicas' links.
+  template <class Ctx>
+  void probe(Ctx& ctx) {
+    const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
+    link_ = probed.link;
+    small_s_ = probed.small_s;
+  }
   // Sets H and the codec from measures `m` (the same on every replica), and keeps the pick.
   template <class Ctx>
   void pick(Ctx& ctx, const tuning_measure& m, std::string why) {
     auto c = tune->choose(m, global_.size(), ctx.replicas.world(), codec, ctx.run_steps);
     c.step = ctx.step;
     c.why = std::move(why);
+    // Every replica must have picked alike (the same measures, one pure function; a build that
+    // rounds otherwise would split the run): one 16-byte comparison a pick.
+    const auto settings = std::to_string(c.inner_steps) + " inner steps, codec " + c.codec_name;
+    decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(settings)), "diloco: the replicas picked ",
+                              "different settings after step ", ctx.step, " (this one: ", settings, ")");
     inner_steps = c.inner_steps;
-    if (!tune->codecs.empty() && c.codec != codec_at_) {
-      codec = tune->codecs[c.codec];
-      compress::set_layout(codec, layout_of(ctx.parameters));
-    }
-    codec_at_ = c.codec;
+    if (!tune->codecs.empty() && c.codec != codec_at_) codec = tune->codecs[c.codec];  // (its layout set at the start)
+    codec_at_ = tune->codecs.empty() ? own_codec : c.codec;
     basis_ = recent_ = m;
     choices_.push_back(std::move(c));
   }
@@ -249,7 +283,8 @@ struct diloco {
   // they drifted.
   template <class Ctx>
   void retune(Ctx& ctx, double exchange_s) {
-    if (!(speed_.slowest_s > 0)) return;  // nothing measured (no compute clock)
+    // Nothing measured (no compute clock), or a peer's figure not a number; or the run ends.
+    if (!speed_.agreed || !(speed_.slowest_s > 0) || ctx.last_step) return;
     const tuning_measure& model = choices_.empty() ? link_ : basis_;
     const double bytes = exchange_bytes(codec, global_.size(), ctx.replicas.world());
     const double took = exchange_s + small_s_, predicted = model.fixed_s + model.per_byte_s * bytes;
@@ -270,9 +305,12 @@ struct diloco {
   // Tuned: the step the round started at, the codec's index in tune->codecs, the measures, the
   // round's exchange seconds, and the picks.
   std::int64_t round_from_ = 0;
-  std::size_t codec_at_ = 0;
+  std::size_t codec_at_ = own_codec;
   tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
   double small_s_ = 0;                    // the probe's small all-reduce
+  bool tuned_state_ = false;              // the state loaded was a tuned policy's
+  compress::layout layout_;               // the parameters' (the codecs picked work on them)
+  static constexpr std::size_t own_codec = static_cast<std::size_t>(-1);  // codec_at_: the policy's own, none picked
   double exchange_s_ = 0;
   std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;

@@ -204,6 +204,7 @@ struct speed_sizing {
   double deadline_s = 0;         // compute seconds from the sizing to the round's end (0: not sized)
   double per_step_s = 0;         // this replica's seconds per inner step at the sizing
   double slowest_s = 0;          // the slowest replica's, agreed at the sizing (not saved: used in the same step)
+  bool agreed = false;           // slowest_s is the agreed figure (a peer's that is not a number: this one's own)
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
 
   template <class Ctx>
@@ -233,11 +234,12 @@ struct speed_sizing {
   void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left, std::span<double> also_max = {}) {
     decentrain::detail::check(also_max.size() <= 3, "speed_sizing: at most 3 values ride along, got ", also_max.size());
     const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
-    std::array<double, 4> agreed{mine, 0, 0, 0};
-    std::copy(also_max.begin(), also_max.end(), agreed.begin() + 1);
-    ctx.replicas.all_reduce(std::span<double>(agreed.data(), 1 + also_max.size()), collective::reduce_op::max);
-    std::copy_n(agreed.begin() + 1, also_max.size(), also_max.begin());
-    slowest_s = std::isfinite(agreed[0]) ? agreed[0] : mine;
+    std::array<double, 4> values{mine, 0, 0, 0};
+    std::copy(also_max.begin(), also_max.end(), values.begin() + 1);
+    ctx.replicas.all_reduce(std::span<double>(values.data(), 1 + also_max.size()), collective::reduce_op::max);
+    std::copy_n(values.begin() + 1, also_max.size(), also_max.begin());
+    agreed = std::isfinite(values[0]);
+    slowest_s = agreed ? values[0] : mine;
     compute_s = 0;
     steps = 0;
     per_step_s = mine;

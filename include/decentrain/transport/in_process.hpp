@@ -776,10 +776,10 @@ class in_process {
             check(r >= 0 && r < links.world(), "in_process: a partition's side names rank ", r, ", outside the ", links.world());
         }
       }
-      std::stable_sort(opts.slowdowns.begin(), opts.slowdowns.end(), [](const auto& a, const auto& b) { return a.from_s < b.from_s; });
       for (const auto& d : opts.slowdowns)
         check(d.from_s >= 0 && std::isfinite(d.from_s) && d.factor > 0 && std::isfinite(d.factor), "in_process: a slowdown ",
               "needs from_s >= 0 and a factor > 0, got ", d.factor, " from ", d.from_s, " s");
+      std::stable_sort(opts.slowdowns.begin(), opts.slowdowns.end(), [](const auto& a, const auto& b) { return a.from_s < b.from_s; });
       for (int r = 0; r < links.world(); ++r) {
         if (r < initial) {
           started[static_cast<std::size_t>(r)] = 1;
