@@ -280,3 +280,33 @@ TEST_CASE("diloco tune: checkpoints of a tuned run and of an untuned one, each r
   REQUIRE(!resumed.round_ends[0].empty());
   CHECK(resumed.round_ends[0][0] == 4 + resumed.choices[0][0].inner_steps - 1);
 }
+
+TEST_CASE("diloco tune under fault::elastic: a fast peer never outruns the group into a state reload, and the run is the plain one") {
+  // hivemind issue 443: a peer 4x as fast, ahead of the group, kept reloading the group's state.
+  // Here every round ends at one step for all (sized to speed, picked alike): over 80 steps no
+  // membership change, no state taken, and the parameters bit for bit those of the run without
+  // the fault policy.
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_diloco, dt::parallel::data, dt::fault::elastic>;
+  const auto plain = run_tuned(tuned(), 80);
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  o.speeds = {1, 1, 2, 4};
+  std::vector<std::vector<float>> params(4);
+  std::vector<std::uint64_t> changes(4, 99);
+  std::vector<std::int64_t> steps(4, 0);
+  dt::transport::in_process(ten_second_links(), o).run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    auto options = fixture::small_run(80);
+    options.lr = 1e-2;
+    Trainer t(fixture::tiny_gpt(), options, ep, tuned());
+    t.on_step([&](const dt::train::step_metrics& m) { steps[r] = m.step; });
+    (void)t.fit(fixture::small_corpus().data);
+    params[r] = fixture::flat_params(t.model().parameters());
+    changes[r] = t.fault().change_count();
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    CHECK(changes[r] == 0);
+    CHECK(steps[r] == 80);
+    CHECK(params[r] == plain.params[r]);
+  }
+}
