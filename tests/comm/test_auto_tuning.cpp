@@ -218,9 +218,8 @@ TEST_CASE("diloco tune: links slowed 5x mid-run are found at the next round's en
   const auto& again = picks[1];
   CHECK(again.why.rfind("drift: link", 0) == 0);
   // (The rounds' measures are smoothed: the first round after the slowdown moves them 30% of the
-  // way, 2.2x; each pick after that is judged against the one before.)
+  // way, 2.2x; a pick after that is judged against this one.)
   CHECK(again.measured.per_byte_s > 2 * picks[0].measured.per_byte_s);
-  CHECK(picks.back().measured.per_byte_s > 2.5 * picks[0].measured.per_byte_s);
   // int8 would now need more than 40 inner steps: int4, the codec that needs fewest.
   CHECK(again.codec_name.rfind("int4", 0) == 0);
   CHECK(again.inner_steps > picks[0].inner_steps);

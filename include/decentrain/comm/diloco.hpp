@@ -292,9 +292,11 @@ struct diloco {
     if (predicted > 0) now = {speed_.slowest_s, model.fixed_s * took / predicted, model.per_byte_s * took / predicted};
     if (choices_.empty()) return pick(ctx, now, "start");
     recent_ = tune->smoothed(recent_, now);
-    // (an exchange within the round's allowance, (1 - busy) / busy of its compute, drifts only
-    // relative to that allowance: a fast link's noise picks nothing again)
-    const double allowance = (1 - tune->busy) / tune->busy * static_cast<double>(inner_steps) * basis_.step_s;
+    // (an exchange within the round's allowance, (1 - busy) / busy of its compute, plus one of
+    // the slowest replica's inner steps, drifts only relative to that: the replicas sized to
+    // speed reach the exchange up to about an inner step apart, and that noise of a fast link
+    // picks nothing again)
+    const double allowance = (1 - tune->busy) / tune->busy * static_cast<double>(inner_steps) * basis_.step_s + basis_.step_s;
     const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, bytes, allowance);
     if (off > tune->drift)
       pick(ctx, recent_, std::string("drift: ") + what + " " + std::to_string(std::lround(100 * off)) + "% off");
