@@ -131,6 +131,7 @@ struct diloco {
     gather_values(ctx.parameters, delta_);
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
+    double exchange_s = 0;  // on this replica's clock
     if (moshpit) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
@@ -139,13 +140,13 @@ struct diloco {
       const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                                      weight_if(weighs(), weight_.sum));
-      exchange_s_ = ctx.replicas.endpoint().stats().clock_seconds - t0;
+      exchange_s = ctx.replicas.endpoint().stats().clock_seconds - t0;
     }
     if (tune) {
       // The exchange as the replica that waited longest for it saw it (those that reached it
       // first also waited for the others: what a round costs the least busy replica), agreed
       // beside the speeds.
-      double longest = exchange_s_;
+      double longest = exchange_s;
       speed_.next_round(ctx, inner_steps, inner_steps, std::span<double>(&longest, 1));
       retune(ctx, std::isfinite(longest) ? std::max(0.0, longest) : 0.0);
       round_from_ = ctx.step + 1;
@@ -304,8 +305,8 @@ struct diloco {
 
   round_weight weight_;
   speed_sizing speed_;
-  // Tuned: the step the round started at, the codec's index in tune->codecs, the measures, the
-  // round's exchange seconds, and the picks.
+  // Tuned: the step the round started at, the codec's index in tune->codecs, the measures and
+  // the picks.
   std::int64_t round_from_ = 0;
   std::size_t codec_at_ = own_codec;
   tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
@@ -313,7 +314,6 @@ struct diloco {
   bool tuned_state_ = false;              // the state loaded was a tuned policy's
   compress::layout layout_;               // the parameters' (the codecs picked work on them)
   static constexpr std::size_t own_codec = static_cast<std::size_t>(-1);  // codec_at_: the policy's own, none picked
-  double exchange_s_ = 0;
   std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
