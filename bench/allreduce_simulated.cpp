@@ -4,9 +4,14 @@
 // sizes (one 1 MiB chunk per ring step, recursive doubling below 512 KiB), and the wire time
 // alone as the floor. With --balanced, the partitioned all-reduce on `heterogeneous` links
 // instead: equal shares against shares balanced by each peer's connection (DeDLOC), and the ring.
-// Usage: bench_allreduce_simulated [--world 4] [--balanced] [--json PATH]
+// With --sites, two sites of k peers (a LAN inside each, `wan` between): the flat ring with the
+// sites in rank order and dealt at random, against the two-level all-reduce, the bytes that
+// cross between the sites counted on every link.
+// Usage: bench_allreduce_simulated [--world 4] [--balanced | --sites] [--json PATH]
 #include <decentrain/collective/balanced_all_reduce.hpp>
 #include <decentrain/collective/communicator.hpp>
+#include <decentrain/collective/two_level_all_reduce.hpp>
+#include <decentrain/core/rng.hpp>
 #include <decentrain/transport/in_process.hpp>
 
 #include <algorithm>
@@ -94,11 +99,92 @@ int balanced_table(const std::string& json) {
   return 0;
 }
 
+// One all-reduce of `bytes` of f32 by peers at sites (site_of[r]) on these links, flat (the
+// ring, as automatic picks it for this size) or two-level: the slowest peer's simulated seconds
+// (-1 when a sum is wrong), the payload bytes sent between sites in all, and the busiest link
+// between sites.
+struct site_run {
+  double seconds = -1, across_bytes = 0, busiest_bytes = 0;
+};
+site_run simulate_sites(const std::vector<int>& site_of, std::size_t bytes, bool two_level) {
+  const int world = static_cast<int>(site_of.size());
+  const auto links = dt::transport::links::by_site(dt::transport::links::wan(world), dt::transport::links::lan(world), site_of);
+  dt::transport::in_process net(links, {1, std::chrono::milliseconds(600000)});
+  std::vector<double> clock(static_cast<std::size_t>(world));
+  std::vector<int> right(static_cast<std::size_t>(world));
+  std::vector<std::string> names;
+  for (int s : site_of) names.push_back("site-" + std::to_string(s));
+  const auto map = dt::collective::site_map::from_names(names);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    dt::collective::communicator comm(ep);
+    std::vector<float> v(bytes / sizeof(float), static_cast<float>(ep.rank() + 1));
+    if (two_level) dt::collective::two_level(comm, map).all_reduce(std::span<float>(v));
+    else comm.all_reduce(std::span<float>(v));
+    const float expect = static_cast<float>(world * (world + 1) / 2);
+    right[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [&](float x) { return x == expect; });
+    clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
+  });
+  site_run out;
+  for (int s = 0; s < world; ++s)
+    for (int d = 0; d < world; ++d)
+      if (site_of[static_cast<std::size_t>(s)] != site_of[static_cast<std::size_t>(d)]) {
+        const auto b = static_cast<double>(net.bytes_sent(s, d));
+        out.across_bytes += b;
+        out.busiest_bytes = std::max(out.busiest_bytes, b);
+      }
+  if (std::all_of(right.begin(), right.end(), [](int ok) { return ok != 0; })) out.seconds = *std::max_element(clock.begin(), clock.end());
+  return out;
+}
+
+// Two sites of 2, 4 and 8 peers: the flat ring with the sites in rank order (the ring leaves each
+// site once) and dealt to the ranks at random (three draws), against the two-level all-reduce.
+int sites_table(const std::string& json) {
+  bench::output_file out(json);
+  out << "[\n";
+  bool first = true;
+  const std::size_t bytes = 16'000'000;
+  std::printf("all-reduce (sum, float32) of 16 MB by two sites: lan inside, wan between (100 ms, 100 Mbit/s a pair)\n");
+  std::printf("%9s %-30s %11s %12s %16s %17s\n", "per site", "collective", "simulated s", "MB across", "busiest link MB",
+              "across / 2-level");
+  for (int k : {2, 4, 8}) {
+    std::vector<int> ordered;
+    for (int r = 0; r < 2 * k; ++r) ordered.push_back(r < k ? 0 : 1);
+    std::vector<std::pair<std::string, std::vector<int>>> layouts = {{"in rank order", ordered}};
+    for (int draw = 0; draw < 3; ++draw) {
+      auto dealt = ordered;
+      dt::rng gen(static_cast<std::uint64_t>(draw) + 1, "sites");
+      for (std::size_t i = dealt.size() - 1; i > 0; --i) std::swap(dealt[i], dealt[gen.next_u64() % (i + 1)]);
+      layouts.push_back({"dealt at random " + std::to_string(draw + 1), dealt});
+    }
+    const auto two = simulate_sites(ordered, bytes, true);
+    for (const auto& [layout, site_of] : layouts)
+      for (const bool two_level : {false, true}) {
+        if (two_level && layout != "in rank order") continue;
+        const auto r = two_level ? two : simulate_sites(site_of, bytes, false);
+        if (r.seconds < 0) {
+          std::fprintf(stderr, "bench_allreduce_simulated: wrong sum (%d a site, %s)\n", k, layout.c_str());
+          return 1;
+        }
+        const std::string name = two_level ? "two-level" : "flat ring, " + layout;
+        std::printf("%9d %-30s %11.3f %12.2f %16.2f %16.2fx\n", k, name.c_str(), r.seconds, r.across_bytes / 1e6,
+                    r.busiest_bytes / 1e6, r.across_bytes / two.across_bytes);
+        out << (first ? "" : ",\n") << "  {\"per_site\": " << k << ", \"collective\": \"" << name << "\", \"bytes\": " << bytes
+            << ", \"seconds\": " << r.seconds << ", \"across_bytes\": " << r.across_bytes
+            << ", \"busiest_across_bytes\": " << r.busiest_bytes << "}";
+        first = false;
+      }
+  }
+  out << "\n]\n";
+  out.close();
+  std::printf("rows written to %s\n", json.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int world = 4;
-  bool balanced = false;
+  bool balanced = false, sites = false;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -106,14 +192,21 @@ int main(int argc, char** argv) {
       world = std::stoi(argv[++i]);
     } else if (a == "--balanced") {
       balanced = true;
+    } else if (a == "--sites") {
+      sites = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--balanced] [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--balanced | --sites] [--json PATH]\n");
       return a == "--help" ? 0 : 2;
     }
   }
+  if (balanced && sites) {
+    std::fprintf(stderr, "bench_allreduce_simulated: --balanced and --sites are different tables; give one\n");
+    return 2;
+  }
   if (balanced) return balanced_table(json.empty() ? "bench/results/allreduce_balanced.json" : json);
+  if (sites) return sites_table(json.empty() ? "bench/results/allreduce_sites.json" : json);
   if (json.empty()) json = "bench/results/allreduce_simulated.json";
   if (world < 2) {
     std::fprintf(stderr, "bench_allreduce_simulated: --world must be >= 2\n");

@@ -58,6 +58,8 @@ using cli::launch;
 using cli::metrics_path;
 using cli::options;
 using cli::print_changes;
+using cli::print_link_traffic;
+using cli::print_site_traffic;
 using cli::print_suspects;
 using cli::print_transport;
 using cli::run_hooks;
@@ -403,6 +405,19 @@ void declare_train(CLI::App& cmd) {
               "all peers; default) | moshpit (rounds in groups of --moshpit-group\n"
               "along the axes of a grid: no collective spans every peer)",
               {"all-reduce", "moshpit"})
+      ->group(comm);
+  cli::text(cmd, "site", "NAME|NAME,...",
+            "diloco: average the pseudo-gradients over sites (datacenters,\n"
+            "machines): summed inside each site, 1/k of them across per member,\n"
+            "the result shared inside (two-level all-reduce). Over TCP or MPI:\n"
+            "this peer's site; with --peers N: N names, one a peer, whose links\n"
+            "inside a site are lan's and --link's between sites. The summary\n"
+            "gives the bytes per link")
+      ->group(comm);
+  cli::flag(cmd, "sync-inside-site",
+            "--site: also average the gradients inside each site at every step, so\n"
+            "that a site trains as one replica and only DiLoCo's outer average\n"
+            "crosses between sites (INTELLECT-1's shape)")
       ->group(comm);
   cli::integer(cmd, "moshpit-group", "M",
                "moshpit and --outer-averaging moshpit: the grid's side; M^d peers\n"
@@ -1039,6 +1054,12 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     hooks.open_metrics(p.metrics, p);  // one file, one log, for every peer
     auto links = p.mode == launch::single ? dt::transport::links::ideal(1)
                                           : dt::transport::links::preset(p.link, world, p.trainer.seed);
+    if (!p.sites.empty()) {  // --site: lan inside a site
+      const auto map = dt::collective::site_map::from_names(p.sites);
+      std::vector<int> site_of;
+      for (int r = 0; r < world; ++r) site_of.push_back(map.site_of(r));
+      links = dt::transport::links::by_site(links, dt::transport::links::lan(world), site_of);
+    }
     dt::transport::in_process::options o;
     o.seed = p.trainer.seed;
     o.recv_timeout = std::chrono::minutes(10);
@@ -1173,6 +1194,8 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
         ended.parallel.pipe.stages = f.stages;
       }
     print_summary(ended, results, rank, world, Comm::name, wall_s);
+    if (!p.sites.empty() && network) print_site_traffic(p.sites, *network);
+    if (!p.sites.empty() && tcp_peer) print_link_traffic(p.sites[0], *tcp_peer);
     if (const auto& picks = hooks.picks[static_cast<std::size_t>(asker)]; !picks.empty())
       std::printf("auto: %zu pick%s; at the end %s (picked after step %lld: %s)\n", picks.size(), picks.size() == 1 ? "" : "s",
                   cli::describe_pick(picks.back()).c_str(), static_cast<long long>(picks.back().step), picks.back().why.c_str());
@@ -1560,6 +1583,26 @@ int cmd_train(const options& opt) {
                     comm, " (--sized-to-speed sizes DiLoCo's rounds)");
   dt::detail::check(target_batch == 0 || p.aggregator.averages_in_flight(), "--target-batch weighs each peer by the rows ",
                     "it was dealt, which --aggregator ", p.aggregator.describe(), " caps: it needs --aggregator mean");
+  dt::detail::check(opt.has("site") || !opt.flag("sync-inside-site"), "--sync-inside-site needs --site");
+  if (opt.has("site")) {
+    dt::detail::check(comm == "diloco" && overlap == 0 && !eager && !moshpit_outer, "--site averages DiLoCo's rounds over ",
+                      "sites at their ends: it needs --comm diloco (without --overlap, --eager or --outer-averaging moshpit)");
+    dt::detail::check(!sized_to_speed && !opt.has("significance"), "--site averages over sites in one plain mean: ",
+                      tuned ? "--auto" : sized_to_speed ? "--sized-to-speed" : "--significance", " does not go with it");
+    dt::detail::check(p.aggregator.averages_in_flight(), "--site sums on the way between sites, which --aggregator ",
+                      p.aggregator.describe(), " does not allow: it needs --aggregator mean");
+    dt::detail::check(codec_choice.is_dense(), "--site adds the codec's payloads on the way, which --codec ", codec_choice.describe(),
+                      "'s cannot be: use identity, fp16, bf16, int8, int4 or fp4");
+    p.sites = split_list(opt.text("site"), "site");
+    for (const auto& name : p.sites)
+      dt::detail::check(!name.empty() && name.size() <= dt::collective::site_map::max_name_bytes, "--site: '", name,
+                        "' is not a site name (1 to ", dt::collective::site_map::max_name_bytes, " bytes)");
+    if (p.mode == launch::in_process)
+      dt::detail::check(static_cast<int>(p.sites.size()) == p.world, "--site gives ", p.sites.size(), " names for ", p.world,
+                        " peers (with --peers, one a peer: --site a,a,b,b)");
+    else
+      dt::detail::check(p.sites.size() == 1, "--site gives ", p.sites.size(), " names; over TCP or MPI it names this peer's site");
+  }
   const bool outer = comm == "diloco" || streaming;
   const double outer_lr = outer ? opt.real("outer-lr") : 0.0;
   const double outer_momentum = outer ? opt.real("outer-momentum") : 0.0;
@@ -1650,6 +1693,7 @@ int cmd_train(const options& opt) {
   if (push_sum) p.run.add("overlap", osgp ? 1 : 0);
   if (comm == "diloco") p.run.add("outer_averaging", moshpit_outer ? "moshpit" : "all-reduce");
   if (moshpit || moshpit_outer) p.run.add("moshpit_group", moshpit_group);
+  if (!p.sites.empty()) p.run.add("site", opt.text("site")).add("sync_inside_site", opt.flag("sync-inside-site"));
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
   if (p.parallel.swarm)
     p.run.add("parallel", "swarm")
@@ -1689,6 +1733,7 @@ int cmd_train(const options& opt) {
   if (choco) agreed << ";consensus_step=" << opt.real("consensus-step");
   if (push_sum) agreed << ";osgp=" << osgp;
   if (moshpit || moshpit_outer) agreed << ";moshpit_group=" << moshpit_group << ";outer_averaging=" << moshpit_outer;
+  if (!p.sites.empty()) agreed << ";sites=1;sync_inside_site=" << opt.flag("sync-inside-site");  // (each peer names its own)
   if (streaming || overlap > 0 || eager)
     agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;
   p.tcp.settings = agreed.str();
@@ -1777,6 +1822,7 @@ int cmd_train(const options& opt) {
   policy.outer_optimizer.momentum = outer_momentum;
   if (moshpit_outer) policy.moshpit = dt::comm::moshpit_grid{.group_size = moshpit_group};
   policy.sized_to_speed = sized_to_speed;
+  policy.sync_inside_site = opt.flag("sync-inside-site");  // (each peer's site: cli::run_peer)
   if (tuned) {
     policy.tune.emplace();
     // The codecs to pick from: --codec's alone where given (only H tuned), else these, least

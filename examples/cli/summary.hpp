@@ -172,6 +172,44 @@ inline void print_suspects(const dt::collective::peer_tally& t) {
   }
 }
 
+// --site with --peers: the payload bytes of every link, added up by the sites at its ends, and
+// how many links carried any.
+inline void print_site_traffic(const std::vector<std::string>& sites, const dt::transport::in_process& network) {
+  const auto map = dt::collective::site_map::from_names(sites);
+  const int n = map.world();
+  std::printf("\nbytes per link, by site (payloads, each direction apart):\n");
+  double all = 0, between = 0;
+  for (int a = 0; a < map.sites(); ++a)
+    for (int b = 0; b < map.sites(); ++b) {
+      double sum = 0, largest = 0;
+      int used = 0, links = 0;
+      for (int s = 0; s < n; ++s)
+        for (int d = 0; d < n; ++d)
+          if (s != d && map.site_of(s) == a && map.site_of(d) == b) {
+            const auto bytes = static_cast<double>(network.bytes_sent(s, d));
+            sum += bytes;
+            largest = std::max(largest, bytes);
+            used += bytes > 0 ? 1 : 0;
+            ++links;
+          }
+      if (links == 0) continue;
+      std::printf("  %s -> %s: %10.2f MB over %d of %d links (the busiest %.2f MB)\n", map.name(a).c_str(), map.name(b).c_str(),
+                  sum / 1e6, used, links, largest / 1e6);
+      all += sum;
+      if (a != b) between += sum;
+    }
+  std::printf("between sites: %.2f MB of %.2f MB sent (%.1f%%)\n", between / 1e6, all / 1e6, all > 0 ? 100.0 * between / all : 0.0);
+}
+
+// --site over TCP: what this peer sent over each of its links (the other peers' sites are the
+// run's to agree, not this process's to know).
+inline void print_link_traffic(const std::string& site, const dt::transport::tcp& t) {
+  std::printf("\nbytes per link from this peer (site %s):", site.c_str());
+  for (int peer = 0; peer < t.capacity(); ++peer)
+    if (const auto bytes = t.bytes_sent_to(peer); bytes > 0) std::printf(" to %d: %.2f MB;", peer, static_cast<double>(bytes) / 1e6);
+  std::printf("\n");
+}
+
 // What this peer's TCP transport turned away: a peer under attack, or one that others reach
 // misconfigured, shows it here.
 inline void print_transport(const dt::transport::tcp& t) {

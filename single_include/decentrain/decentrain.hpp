@@ -12499,6 +12499,7 @@ inline std::pair<std::string, std::uint16_t> split_address(const std::string& ad
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -13732,6 +13733,21 @@ inline link_matrix heterogeneous(int world, std::uint64_t seed = 0) {
   for (int r = 0; r < world; ++r) m.access(r) = access_link{bw[static_cast<std::size_t>(r)], bw[static_cast<std::size_t>(r)]};
   return m;
 }
+// Peers at sites (datacenters, machines): two peers of one site talk over `inside`'s link
+// (a LAN), two of different sites over `between`'s, and each peer's access link is `inside`'s
+// (its NIC), so traffic inside a site does not queue behind the WAN's. Each pair of sites then
+// has a WAN link per pair of peers (the paths of a site's peers to another site are not one
+// shared pipe). site_of[r] is rank r's site, any integers.
+inline link_matrix by_site(const link_matrix& between, const link_matrix& inside, std::span<const int> site_of) {
+  const int n = static_cast<int>(site_of.size());
+  decentrain::detail::check(between.world() == n && inside.world() == n, "links::by_site: ", n, " sites given for networks of ",
+                            between.world(), " and ", inside.world(), " peers");
+  link_matrix m = inside;
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d)
+      if (site_of[static_cast<std::size_t>(s)] != site_of[static_cast<std::size_t>(d)]) m.at(s, d) = between.at(s, d);
+  return m;
+}
 // No cost at all: for tests of the algorithms themselves.
 inline link_matrix ideal(int world) { return {world, simulated_link{0.0, 1e30, 0.0, 0.0, 0.0}}; }
 
@@ -13921,6 +13937,8 @@ class in_process {
       }
       stats_.bytes_sent += data.size();
       ++stats_.messages_sent;
+      net_->link_bytes[static_cast<std::size_t>(rank_) * static_cast<std::size_t>(capacity()) + static_cast<std::size_t>(peer)] +=
+          data.size();
       ++net_->progress;
     }
 
@@ -14207,6 +14225,14 @@ class in_process {
     decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     std::lock_guard lock(net_->failures_mutex);
     return net_->failures[static_cast<std::size_t>(rank)];
+  }
+  // The payload bytes every endpoint of `source` (its lanes included) sent to `destination` so
+  // far: the traffic of one directed link (a summary's bytes between sites).
+  std::uint64_t bytes_sent(int source, int destination) const {
+    decentrain::detail::check(source >= 0 && source < capacity() && destination >= 0 && destination < capacity(), "in_process: link ",
+                              source, " -> ", destination, " is outside the ", capacity(), " ranks");
+    return net_->link_bytes[static_cast<std::size_t>(source) * static_cast<std::size_t>(capacity()) + static_cast<std::size_t>(destination)]
+        .load();
   }
   // How many processes of `rank` the churn schedule started after the first.
   std::uint64_t restarts(int rank) const {
@@ -14620,6 +14646,9 @@ class in_process {
     std::vector<int> lanes = std::vector<int>(dead.size(), 0);
     std::vector<int> running = std::vector<int>(dead.size(), 0);
     std::atomic<std::uint64_t> progress{0};  // messages sent, waits begun and ended, threads ended
+    // Payload bytes sent over each directed link, lost ones included (bytes_sent(s, d)).
+    std::unique_ptr<std::atomic<std::uint64_t>[]> link_bytes =
+        std::make_unique<std::atomic<std::uint64_t>[]>(dead.size() * dead.size());
   };
   // Looks every 50 ms whether the peers are in a deadlock (shared::deadlocked) with nothing
   // sent, begun or ended for the last 0.5 s, and then ends every wait with the report.
@@ -17279,6 +17308,7 @@ struct node {
     if (peer == opts.rank) {  // to itself: straight into its own mailbox
       box.push(peer, tag, detail::message{bytes(data.begin(), data.end()), 0.0});
       bytes_sent += data.size();
+      sent_to[static_cast<std::size_t>(peer)] += data.size();
       ++messages_sent;
       return;
     }
@@ -17317,6 +17347,7 @@ struct node {
                                      opts.recv_timeout.count(), " ms");
     }
     bytes_sent += data.size();
+    sent_to[static_cast<std::size_t>(peer)] += data.size();
     framing_sent += wire::header_bytes + wire::padding(data.size()).size();
     ++messages_sent;
   }
@@ -17480,6 +17511,9 @@ struct node {
   // Atomic: the training thread and a lane's background collective (see tcp::lane) both count here.
   std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
   std::atomic<std::uint64_t> framing_sent = 0;  // headers, padding and control frames (traffic_stats)
+  // The payload bytes sent to each rank (tcp::bytes_sent_to: a summary's bytes per link).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> sent_to = std::make_unique<std::atomic<std::uint64_t>[]>(
+      static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<double> wait_seconds = 0;
 };
@@ -17981,6 +18015,11 @@ class tcp {
     return l;
   }
   traffic_stats stats() const { return n().stats(); }
+  // The payload bytes this peer (its lanes included) sent to `peer` so far: one link's traffic.
+  std::uint64_t bytes_sent_to(int peer) const {
+    decentrain::detail::check(peer >= 0 && peer < n().opts.capacity(), "tcp: no rank ", peer, " (ranks below ", n().opts.capacity(), ")");
+    return n().sent_to[static_cast<std::size_t>(peer)].load();
+  }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {
@@ -18041,7 +18080,7 @@ static_assert(joining_endpoint<tcp>);
 // ---- begin decentrain/collective/collective.hpp ----
 // The collectives: the communicator (all-reduce, partitioned all-reduce, broadcast, all-gather,
 // all-to-all, groups, handles), shares balanced by bandwidth, the aggregators and the robust all-reduce that uses them, the encoded all-reduce
-// that carries a codec, and any_codec.
+// that carries a codec, any_codec, and the two-level all-reduce over sites.
 
 // ---- begin decentrain/collective/aggregators.hpp ----
 // How the peers' contributions to an averaged value combine: the aggregator slot of the
@@ -22666,6 +22705,270 @@ void balanced_all_reduce(Communicator& comm, std::span<T> data, std::span<const 
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/balanced_all_reduce.hpp ----
+// ---- begin decentrain/collective/sites.hpp ----
+// Which site each peer is at. Peers of one site (a datacenter, a machine) share a fast network;
+// sites reach each other over the WAN. Each peer knows its own site's name (`--site NAME`), and
+// the peers agree on everyone's by one all-gather, so that every peer builds the same map and
+// the same groups from it (collective/two_level_all_reduce.hpp).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::collective {
+
+class site_map {
+ public:
+  static constexpr std::size_t max_name_bytes = 63;
+
+  // From each rank's site name, in rank order; sites are numbered in the order their first
+  // rank appears. A name is 1 to 63 bytes.
+  static site_map from_names(std::span<const std::string> per_rank) {
+    decentrain::detail::check(!per_rank.empty(), "sites: no peers named");
+    site_map m;
+    for (std::size_t r = 0; r < per_rank.size(); ++r) {
+      const auto& name = per_rank[r];
+      decentrain::detail::check(!name.empty() && name.size() <= max_name_bytes, "sites: peer ", r, "'s site name must be 1 to ",
+                                max_name_bytes, " bytes, got ", name.size());
+      const auto at = std::find(m.names_.begin(), m.names_.end(), name);
+      m.site_of_.push_back(static_cast<int>(at - m.names_.begin()));
+      if (at == m.names_.end()) m.names_.push_back(name);
+    }
+    return m;
+  }
+
+  int world() const { return static_cast<int>(site_of_.size()); }
+  int sites() const { return static_cast<int>(names_.size()); }
+  int site_of(int rank) const { return site_of_.at(static_cast<std::size_t>(rank)); }
+  const std::string& name(int site) const { return names_.at(static_cast<std::size_t>(site)); }
+  // The ranks of `site`, ascending.
+  std::vector<int> members(int site) const {
+    std::vector<int> out;
+    for (int r = 0; r < world(); ++r)
+      if (site_of(r) == site) out.push_back(r);
+    return out;
+  }
+  // `rank`'s place among its site's members.
+  int position(int rank) const {
+    int p = 0;
+    for (int r = 0; r < rank; ++r) p += site_of(r) == site_of(rank) ? 1 : 0;
+    return p;
+  }
+  // The fewest members a site has.
+  int smallest() const {
+    int least = world();
+    for (int s = 0; s < sites(); ++s) least = std::min(least, static_cast<int>(members(s).size()));
+    return least;
+  }
+  // "a: 0 1, b: 2 3": for messages and summaries.
+  std::string describe() const {
+    std::string out;
+    for (int s = 0; s < sites(); ++s) {
+      out += (s ? ", " : "") + name(s) + ":";
+      for (int r : members(s)) out += " " + std::to_string(r);
+    }
+    return out;
+  }
+  bool operator==(const site_map&) const = default;
+
+ private:
+  std::vector<int> site_of_;
+  std::vector<std::string> names_;
+};
+
+// The peers of `comm` each say their own site's name; every peer returns the same map. Every
+// peer calls it (a policy with sites agrees that it has them in its settings' check first).
+// Fails on every peer, naming them, when some peers name no site (an empty name).
+template <class Comm>
+site_map agree_on_sites(Comm& comm, const std::string& mine) {
+  decentrain::detail::check(mine.size() <= site_map::max_name_bytes, "sites: this peer's site name is ", mine.size(),
+                            " bytes, at most ", site_map::max_name_bytes, " are allowed");
+  char text[site_map::max_name_bytes + 1] = {};
+  std::memcpy(text, mine.data(), mine.size());
+  const auto all = comm.all_gather(std::span<const char>(text, sizeof text));
+  std::vector<std::string> names;
+  std::string unnamed;
+  for (int r = 0; r < comm.world(); ++r) {
+    const char* at = all.data() + static_cast<std::size_t>(r) * sizeof text;
+    names.emplace_back(at, strnlen(at, sizeof text - 1));
+    if (names.back().empty()) unnamed += (unnamed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  decentrain::detail::check(unnamed.empty(), "sites: peers ", unnamed, " name no site (this peer: '", mine,
+                            "'): every peer of a collective by sites needs one");
+  return site_map::from_names(names);
+}
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/sites.hpp ----
+// ---- begin decentrain/collective/two_level_all_reduce.hpp ----
+// A two-level all-reduce over peers at sites (collective/sites.hpp; the shape of NCCL's and
+// Horovod's hierarchical all-reduce, and of INTELLECT-1's outer averaging between clusters).
+// The buffer is cut into k segments, k the members of the smallest site:
+//   1. inside each site, every member sends segment j to the site's member j, which adds them up
+//      (its own values first, then the others' in site order);
+//   2. member j of each site reduces segment j with member j of every other site (a collective
+//      of its own: the communicator's all-reduce, or a codec's): each member carries 1/k of the
+//      traffic between sites, and each byte leaves a site once per step of that collective,
+//      where a flat ring sends the whole buffer over every hop that leaves a site;
+//   3. member j sends the result to the others of its site.
+// Members beyond the k-th of a larger site reduce nothing: they send their values and receive
+// the result. Every peer ends with the same bits: a segment is reduced on one member per site in
+// a fixed order, then by one collective. The sums are taken in another order than a flat
+// all-reduce's, so the two agree bit for bit where the values add exactly (integers) and within
+// rounding otherwise.
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::collective {
+
+// The groups a peer takes part in: its site's members, and the members at its place in every
+// site (those of place k and beyond take part in none across). Every peer of `world` makes one
+// with the same map at the same point of its run (each makes its groups: communicator::group).
+// `world` must outlive it and stay where it is.
+template <transport::endpoint Endpoint>
+class two_level {
+ public:
+  two_level(communicator<Endpoint>& world, site_map sites) : map_(std::move(sites)) {
+    decentrain::detail::check(map_.world() == world.world(), "two_level: the site map names ", map_.world(), " peers, the group has ",
+                              world.world());
+    const int me = world.rank();
+    segments_ = map_.smallest();
+    place_ = map_.position(me);
+    site_.emplace(world.group(map_.members(map_.site_of(me))));
+    if (place_ < segments_) {
+      std::vector<int> across;
+      for (int s = 0; s < map_.sites(); ++s) across.push_back(map_.members(s)[static_cast<std::size_t>(place_)]);
+      across_.emplace(world.group(std::move(across)));
+    }
+  }
+
+  const site_map& sites() const { return map_; }
+  // The members at this peer's place in every site (none beyond the smallest site's size).
+  communicator<transport::any_endpoint>* across() { return across_ ? &*across_ : nullptr; }
+  communicator<transport::any_endpoint>& site() { return *site_; }
+  // The segment of `size` values that the members at place `j` reduce, cut at multiples of
+  // `align` values (a codec's block).
+  std::pair<std::size_t, std::size_t> segment(std::size_t size, int j, std::size_t align = 1) const {
+    const std::size_t blocks = (size + align - 1) / align, k = static_cast<std::size_t>(segments_), at = static_cast<std::size_t>(j);
+    const std::size_t base = blocks / k, extra = blocks % k;
+    const std::size_t first = (at * base + std::min(at, extra)) * align;
+    const std::size_t last = ((at + 1) * base + std::min(at + 1, extra)) * align;
+    return {std::min(first, size), std::min(last, size)};
+  }
+
+  // Sum (or min, max, average) of every peer's `data`, into `data` on every peer.
+  template <class T>
+  void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+    static_assert(std::is_arithmetic_v<T>, "two_level::all_reduce: elements must be arithmetic");
+    const reduce_op across_op = op == reduce_op::average ? reduce_op::sum : op;
+    reduce(data, op, 1, [across_op](communicator<transport::any_endpoint>& across, std::span<T> segment) {
+      across.all_reduce(segment, across_op);
+    });
+  }
+
+  // The same with step 2 given: across(communicator, segment) must leave in `segment` the sum
+  // (for sum and average; min, max: that) of the segment over the communicator's members, the
+  // same bits on each (a codec's encoded all-reduce). Segments are cut at multiples of `align`.
+  // `same_in_site`: every member of a site holds the same values (a site that trains as one
+  // replica), so step 1 sends nothing: a sum counts the site's values once per member (its
+  // segment scaled by the site's size), and min and max once.
+  template <class T, class Across>
+  void reduce(std::span<T> data, reduce_op op, std::size_t align, Across&& across, bool same_in_site = false) {
+    decentrain::detail::check(align >= 1, "two_level: align must be >= 1");
+    auto& site = *site_;
+    const int m = site.world(), p = place_;
+    const std::size_t chunk = std::max<std::size_t>(1, site.settings().chunk_bytes / sizeof(T));
+    auto part = [&](int j) {
+      const auto [first, last] = segment(data.size(), j, align);
+      return data.subspan(first, last - first);
+    };
+    auto chunks = [&](std::span<T> s) {
+      std::vector<std::span<T>> out;
+      for (std::size_t at = 0; at < s.size(); at += chunk) out.push_back(s.subspan(at, std::min(chunk, s.size() - at)));
+      return out;
+    };
+    auto sizes = [&](std::span<T> s, std::vector<std::size_t>& into) {
+      for (const auto& c : chunks(s)) into.push_back(c.size_bytes());
+    };
+    const bool owns = p < segments_;
+    if (m > 1 && same_in_site) {
+      for (int q = 0; q < m; ++q) {
+        if (q == p || q >= segments_) continue;
+        std::vector<std::size_t> expected;
+        sizes(part(q), expected);
+        site.expect_from(q, std::span<const std::size_t>(expected));
+      }
+      if (owns && (op == reduce_op::sum || op == reduce_op::average))
+        for (auto& x : part(p)) x = static_cast<T>(x * static_cast<T>(m));
+    } else if (m > 1) {
+      // What comes from each member, in order: its values of this peer's segment (step 1), then
+      // the result of its own segment (step 3).
+      for (int q = 0; q < m; ++q) {
+        if (q == p) continue;
+        std::vector<std::size_t> expected;
+        if (owns) sizes(part(p), expected);
+        if (q < segments_) sizes(part(q), expected);
+        site.expect_from(q, std::span<const std::size_t>(expected));
+      }
+      for (int j = 0; j < segments_; ++j)
+        if (j != p)
+          for (const auto& c : chunks(part(j))) site.send_to(j, std::span<const T>(c));
+      if (owns) {
+        std::vector<T> in(std::min(chunk, part(p).size()));
+        for (int q = 0; q < m; ++q) {
+          if (q == p) continue;
+          for (const auto& c : chunks(part(p))) {
+            const auto got = std::span<T>(in).first(c.size());
+            site.recv_from(q, got);
+            combine(c, std::span<const T>(got), op);
+          }
+        }
+      }
+    }
+    if (owns) {
+      const auto mine = part(p);
+      if (across_ && across_->world() > 1) across(*across_, mine);
+      if (op == reduce_op::average)
+        for (auto& x : mine) x = static_cast<T>(x / static_cast<T>(map_.world()));
+      if (m > 1)
+        for (int q = 0; q < m; ++q)
+          if (q != p)
+            for (const auto& c : chunks(mine)) site.send_to(q, std::span<const T>(c));
+    }
+    if (m > 1)
+      for (int j = 0; j < segments_; ++j)
+        if (j != p)
+          for (const auto& c : chunks(part(j))) site.recv_from(j, c);
+  }
+
+ private:
+  template <class T>
+  static void combine(std::span<T> into, std::span<const T> from, reduce_op op) {
+    for (std::size_t i = 0; i < into.size(); ++i) {
+      if (op == reduce_op::max) into[i] = std::max(into[i], from[i]);
+      else if (op == reduce_op::min) into[i] = std::min(into[i], from[i]);
+      else into[i] = static_cast<T>(into[i] + from[i]);
+    }
+  }
+
+  site_map map_;
+  int segments_ = 1, place_ = 0;
+  std::optional<communicator<transport::any_endpoint>> site_, across_;
+};
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/two_level_all_reduce.hpp ----
 // ---- end decentrain/collective/collective.hpp ----
 // ---- begin decentrain/compress/compress.hpp ----
 // Everything in compress: the codec concept, the codecs, the parser of codec specs, and their GPU
@@ -24337,10 +24640,14 @@ struct choco {
 // Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
 // starts the next round from the new global parameters. Peers talk once per H steps instead of
 // every step. The average is one all-reduce among all the replicas, or Moshpit's rounds in small
-// groups (`moshpit`: comm/moshpit.hpp), so that no collective spans every replica.
+// groups (`moshpit`: comm/moshpit.hpp), so that no collective spans every replica, or the
+// two-level all-reduce over sites (`site`: collective/two_level_all_reduce.hpp), so that each
+// byte crosses between sites once per step of the collective across them, carried by every
+// member of a site in equal parts.
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24606,6 +24913,18 @@ struct diloco {
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
+  // This replica's site (a datacenter, a machine; 1 to 63 bytes): set, the replicas agree on
+  // everyone's at the first exchange and after each new view, and the pseudo-gradients are
+  // averaged by the two-level all-reduce: summed inside each site, each member of a site
+  // reducing its 1/k of them with its counterparts of the other sites (through Codec), and the
+  // result shared inside the site. Every replica names a site or none does; with the mean
+  // aggregator and a dense codec, not weighted, sized to speed, tuned nor with Moshpit.
+  std::string site{};
+  // With a site: the inner steps' gradients are also averaged inside the site at every step
+  // (f32, one all-reduce among its members), so that a site trains as one data-parallel replica
+  // and only the outer average crosses between sites (INTELLECT-1's shape). The sites then
+  // weigh in the outer average by their members.
+  bool sync_inside_site = false;
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
   static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
@@ -24618,8 +24937,24 @@ struct diloco {
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
+    decentrain::detail::check(!sync_inside_site || !site.empty(), "diloco: sync_inside_site averages the gradients inside ",
+                              "this replica's site, and it names none (set site)");
+    if (!site.empty()) {
+      decentrain::detail::check(site.size() <= collective::site_map::max_name_bytes, "diloco: site names are at most ",
+                                collective::site_map::max_name_bytes, " bytes, got ", site.size());
+      decentrain::detail::check(!moshpit && !weighs() && !tune, "diloco: averaging over sites (site '", site, "') is one ",
+                                "plain mean; set it without ", moshpit ? "moshpit" : tune ? "tune" : sized_to_speed ? "sized_to_speed" : "weighted");
+      decentrain::detail::check(collective::averages_in_flight(aggregator), "diloco: averaging over sites sums on the way, so it ",
+                                "takes the mean aggregator, not ", collective::describe_aggregator(aggregator));
+      decentrain::detail::check(compress::is_dense(codec), "diloco: averaging over sites adds the codec's payloads on the way, ",
+                                "which a sparse codec's cannot be (", compress::describe(codec), "): use a dense one (identity, ",
+                                "fp16, bf16, int8, int4, fp4)");
+    }
+    levels_.reset();
     prepare_codec(codec, aggregator, ctx,
-                  (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()));
+                  (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
+                      (site.empty() ? std::string() : std::string(", averaged over sites")) +
+                      (sync_inside_site ? std::string(", synchronous inside each") : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (tune) {  // the codecs it may pick, priced (and picked) with the parameters' shapes
       layout_ = layout_of(ctx.parameters);
@@ -24652,7 +24987,14 @@ struct diloco {
     momentum_.resize(global_.size());
   }
   template <class Ctx>
-  void after_backward(Ctx&) {}
+  void after_backward(Ctx& ctx) {
+    if (!sync_inside_site) return;
+    auto& inside = levels(ctx).site();
+    if (inside.world() == 1) return;
+    gather_grads(ctx.parameters, grads_);
+    inside.all_reduce(std::span<float>(grads_), collective::reduce_op::average);
+    scatter_grads(ctx.parameters, grads_);
+  }
 
   // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed its
   // share of the inner steps that fit before the round's deadline (speed_sizing).
@@ -24683,7 +25025,11 @@ struct diloco {
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
     double exchange_s = 0;  // on this replica's clock
-    if (moshpit) {
+    if (!site.empty()) {
+      const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
+      average_over_sites(ctx);
+      exchange_s = ctx.replicas.endpoint().stats().clock_seconds - t0;
+    } else if (moshpit) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
@@ -24717,8 +25063,11 @@ struct diloco {
     if (!tune) return ends_round(step, inner_steps);
     return step + 1 == round_from_ || (step >= round_from_ && (step + 1 - round_from_) % inner_steps == 0);
   }
-  // A re-formed view: Moshpit's groups are other peers.
-  void drop_in_flight() { averager_.forget(); }
+  // A re-formed view: Moshpit's groups and the sites' are other peers.
+  void drop_in_flight() {
+    averager_.forget();
+    levels_.reset();
+  }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
@@ -24796,7 +25145,7 @@ struct diloco {
   const std::vector<tuning_choice>& choices() const { return choices_; }
 
  private:
-  std::vector<float> global_, momentum_, delta_;
+  std::vector<float> global_, momentum_, delta_, grads_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
   bool weighs() const { return weighted || sizes(); }
@@ -24804,6 +25153,23 @@ struct diloco {
   // Steps of the round from `step` on, `step` included.
   std::int64_t steps_left(std::int64_t step) const {
     return tune ? round_from_ + inner_steps - step : inner_steps - step % inner_steps;
+  }
+  // The pseudo-gradient averaged by the two-level all-reduce; the sites agreed first where the
+  // group is new (the start, a new view: every replica at the same round's end).
+  template <class Ctx>
+  void average_over_sites(Ctx& ctx) {
+    levels(ctx).reduce(
+        std::span<float>(delta_), collective::reduce_op::average, collective::codec_block(codec),
+        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); },
+        sync_inside_site);
+  }
+  template <class Ctx>
+  collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
+    if (!levels_ || levels_of_ != &ctx.replicas)
+      levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
+          ctx.replicas, collective::agree_on_sites(ctx.replicas, site));
+    levels_of_ = &ctx.replicas;
+    return *levels_;
   }
   // The start's probe of the replicas' links.
   template <class Ctx>
@@ -24868,6 +25234,10 @@ struct diloco {
   std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
+  // With a site: the groups of the two-level all-reduce, made over the communicator at levels_of_
+  // (shared so that the policy stays copyable; one trainer uses it).
+  std::shared_ptr<collective::two_level<transport::any_endpoint>> levels_;
+  const void* levels_of_ = nullptr;
 };
 
 }  // namespace decentrain::comm

@@ -579,6 +579,57 @@ TEST_CASE("train --auto: DiLoCo's peers pick H and the codec from measures, the 
   CHECK_THAT(r.output, Contains("--auto gives a peer several inner steps in one step"));
 }
 
+TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the summary, and TCP peers at sites", "[cli][peers]") {
+  const auto dir = scratch("sites");
+  const std::string args = " train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32"
+                           " --n-head 2 --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics ''";
+  // The summary's megabytes from site `from` to site `to`.
+  const auto megabytes = [](const std::string& out, const std::string& from, const std::string& to) {
+    const auto at = out.find("  " + from + " -> " + to + ": ");
+    if (at == std::string::npos) return -1.0;
+    return std::stod(out.substr(out.find(':', at) + 1));
+  };
+  const auto plain = run(cli() + args + " --peers 4 --link wan --site a,a,b,b", dir);
+  INFO(plain.output);
+  REQUIRE(plain.status == 0);
+  CHECK_THAT(plain.output, Contains("bytes per link, by site (payloads, each direction apart):"));
+  const auto synced = run(cli() + args + " --peers 4 --link wan --site a,a,b,b --sync-inside-site", dir);
+  INFO(synced.output);
+  REQUIRE(synced.status == 0);
+  // Synchronous inside the sites: the gradients of every step stay inside them, and what crosses
+  // is the outer average's alone, as without.
+  CHECK(megabytes(plain.output, "a", "b") > 0);
+  CHECK(megabytes(synced.output, "a", "b") <= megabytes(plain.output, "a", "b"));
+  CHECK(megabytes(synced.output, "a", "a") > 2 * megabytes(plain.output, "a", "a"));
+
+  // Three TCP processes at sites a, a and b: the same sums in the same order as in-process.
+  const auto three = run(cli() + args + " --peers 3 --site a,a,b", dir);
+  INFO(three.output);
+  REQUIRE(three.status == 0);
+  const auto port = std::to_string(free_port());
+  const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
+  const auto tcp = run("( (timeout 120 " + cli() + args + peer + " --rank 1 --site a > r1.txt 2>&1 &) ; (timeout 120 " + cli() +
+                           args + peer + " --rank 2 --site b > r2.txt 2>&1 &) ; timeout 120 " + cli() + args +
+                           " --listen 127.0.0.1:" + port + " --rank 0 --world 3 --site a; status=$?; wait; exit $status )",
+                       dir);
+  INFO(tcp.output);
+  CHECK(tcp.status == 0);
+  CHECK(last_line_with(tcp.output, "val loss ") == last_line_with(three.output, "val loss "));
+  CHECK_THAT(tcp.output, Contains("bytes per link from this peer (site a): to 1: "));
+  CHECK_THAT(read_text(dir / "r2.txt"), Contains("bytes per link from this peer (site b): to 0: "));
+
+  auto r = run(cli() + args + " --peers 4 --site a,b", dir);
+  CHECK_THAT(r.output, Contains("--site gives 2 names for 4 peers (with --peers, one a peer: --site a,a,b,b)"));
+  r = run(cli() + args + " --peers 2 --sync-inside-site", dir);
+  CHECK_THAT(r.output, Contains("--sync-inside-site needs --site"));
+  r = run(cli() + args + " --peers 2 --site a,b --comm sync", dir);
+  CHECK_THAT(r.output, Contains("--site averages DiLoCo's rounds over sites at their ends: it needs --comm diloco"));
+  r = run(cli() + args + " --peers 2 --site a,b --codec topk:0.01", dir);
+  CHECK_THAT(r.output, Contains("--site adds the codec's payloads on the way, which --codec topk"));
+  r = run(cli() + args + " --peers 2 --site a,", dir);
+  CHECK_THAT(r.output, Contains("--site 'a,': an empty item after the last comma"));
+}
+
 TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {
   const auto dir = scratch("target_batch");
   // 16 steps on peers of speeds 1 and 4: equal batches of 16 rows leave the fast peer computing a

@@ -165,3 +165,121 @@ TEST_CASE("trainer: moshpit refuses groups of fewer than 2 and peers that averag
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("the peers combine contributions differently"));
 }
+
+namespace {
+// DiLoCo on `sites.size()` in-process replicas, replica r at sites[r] (or none, `flat`); each
+// replica's parameters at its last evaluation, or the error each threw, and the bytes sent
+// between replicas of different sites.
+template <class Codec = dt::compress::identity>
+std::vector<std::vector<float>> diloco_at_sites(const std::vector<std::string>& sites, dt::comm::diloco<dt::comm::outer::nesterov, Codec> comm,
+                                                std::vector<std::string>* errors = nullptr, std::uint64_t* across = nullptr,
+                                                bool flat = false, std::vector<std::vector<float>>* after_step_1 = nullptr,
+                                                std::uint64_t* inside = nullptr) {
+  using trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<dt::comm::outer::nesterov, Codec>>;
+  const int n = static_cast<int>(sites.size());
+  std::vector<std::vector<float>> params(sites.size());
+  if (errors) errors->assign(sites.size(), "");
+  if (across) *across = 0;
+  if (inside) *inside = 0;
+  dt::transport::in_process net(n);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    auto mine = comm;
+    if (!flat) mine.site = sites[static_cast<std::size_t>(ep.rank())];
+    try {
+      trainer t(fixture::tiny_gpt(), fixture::small_run(12), ep, mine);
+      t.on_eval([&](const dt::train::eval_point&) { params[static_cast<std::size_t>(ep.rank())] = fixture::flat_params(t.model().parameters()); });
+      if (after_step_1) {
+        after_step_1->resize(sites.size());
+        t.on_step([&](const dt::train::step_metrics& m) {
+          if (m.step == 2) (*after_step_1)[static_cast<std::size_t>(ep.rank())] = fixture::flat_params(t.model().parameters());
+        });
+      }
+      (void)t.fit(fixture::small_corpus().data);
+    } catch (const std::exception& e) {
+      if (!errors) throw;
+      (*errors)[static_cast<std::size_t>(ep.rank())] = e.what();
+    }
+  });
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      const bool apart = sites[static_cast<std::size_t>(a)] != sites[static_cast<std::size_t>(b)];
+      if (across && apart) *across += net.bytes_sent(a, b);
+      if (inside && !apart) *inside += net.bytes_sent(a, b);
+    }
+  return params;
+}
+}  // namespace
+
+TEST_CASE("trainer: DiLoCo averaged over sites by the two-level all-reduce is DiLoCo's all-reduce, through a codec too") {
+  using diloco_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::diloco<>>;
+  dt::comm::diloco<> flat;
+  flat.inner_steps = 3;
+  const auto reference = fixture::final_params<diloco_trainer>(4, fixture::tiny_gpt(), fixture::small_run(12), flat);
+  // Two sites, ranks interleaved; and sites of 3 and 1.
+  // The tiny model's all-reduce is small enough for the flat run to double recursively, whose
+  // first exchange sends each replica's whole vector to the other site in a, b, a, b; by sites
+  // each replica sends half of it across.
+  for (const auto& sites : std::vector<std::vector<std::string>>{{"a", "b", "a", "b"}, {"x", "x", "y", "x"}}) {
+    std::uint64_t across = 0, flat_across = 0;
+    const auto by_sites = diloco_at_sites(sites, flat, nullptr, &across);
+    (void)diloco_at_sites(sites, flat, nullptr, &flat_across, true);
+    INFO(sites[1] << ": " << across << " bytes between sites, " << flat_across << " flat");
+    for (std::size_t r = 0; r < 4; ++r) {
+      CHECK(by_sites[r] == by_sites[0]);  // the same bits on every replica
+      CHECK(fixture::max_abs_diff(by_sites[r], reference[r]) < 1e-5);
+    }
+    if (sites[1] == "b") CHECK(static_cast<double>(across) < 0.6 * static_cast<double>(flat_across));
+  }
+  // int8 across sites: every replica still ends alike, near the f32 run.
+  dt::comm::diloco<dt::comm::outer::nesterov, dt::compress::int8_blockwise> int8;
+  int8.inner_steps = 3;
+  const auto coded = diloco_at_sites({"a", "a", "b", "b"}, int8);
+  for (std::size_t r = 0; r < 4; ++r) {
+    CHECK(coded[r] == coded[0]);
+    CHECK(fixture::relative_diff(coded[r], reference[r]) < 0.05);
+  }
+}
+
+TEST_CASE("trainer: DiLoCo synchronous inside each site trains a site as one replica, and only the outer average crosses") {
+  dt::comm::diloco<> plain;
+  plain.inner_steps = 3;
+  auto synced = plain;
+  synced.sync_inside_site = true;
+  const std::vector<std::string> sites = {"a", "b", "a", "b"};
+  std::uint64_t plain_across = 0, plain_inside = 0, synced_across = 0, synced_inside = 0;
+  std::vector<std::vector<float>> mid, plain_mid;
+  const auto end = diloco_at_sites(sites, synced, nullptr, &synced_across, false, &mid, &synced_inside);
+  (void)diloco_at_sites(sites, plain, nullptr, &plain_across, false, &plain_mid, &plain_inside);
+  INFO("across: " << synced_across << " B synchronous inside, " << plain_across << " B not; inside: " << synced_inside << " B, "
+                  << plain_inside << " B");
+  // Mid-round (after step 1 of 3), the members of a site hold the same parameters, the sites not.
+  CHECK(mid[0] == mid[2]);
+  CHECK(mid[1] == mid[3]);
+  CHECK(mid[0] != mid[1]);
+  CHECK(plain_mid[0] != plain_mid[2]);  // (without it, every replica steps alone)
+  for (const auto& p : end) CHECK(p == end[0]);
+  // The gradients stay inside the sites: what crosses is the outer average's (a site's members
+  // hold the same pseudo-gradient, so its step 1 sends nothing), no more than without.
+  CHECK(synced_across <= plain_across);
+  CHECK(synced_inside > 3 * plain_inside);
+}
+
+TEST_CASE("trainer: DiLoCo over sites refuses replicas without one and settings it cannot average") {
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 3;
+  std::vector<std::string> errors;
+  (void)diloco_at_sites({"a", "", "b", "b"}, comm, &errors);
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("the peers combine contributions differently"));
+  comm.weighted = true;
+  (void)diloco_at_sites({"a", "a"}, comm, &errors);
+  CHECK_THAT(errors[0], Catch::Contains("averaging over sites (site 'a') is one plain mean; set it without weighted"));
+  comm.weighted = false;
+  (void)diloco_at_sites({"a", std::string(64, 'b')}, comm, &errors);
+  CHECK_THAT(errors[1], Catch::Contains("site names are at most 63 bytes, got 64"));
+  dt::comm::diloco<dt::comm::outer::nesterov, dt::compress::top_k> sparse;
+  (void)diloco_at_sites({"a", "b"}, sparse, &errors);
+  CHECK_THAT(errors[0], Catch::Contains("a sparse codec's cannot be"));
+  comm.sync_inside_site = true;
+  (void)diloco_at_sites({"a", "a"}, comm, &errors, nullptr, true);
+  CHECK_THAT(errors[0], Catch::Contains("sync_inside_site averages the gradients inside this replica's site, and it names none"));
+}

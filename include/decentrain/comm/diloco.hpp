@@ -4,15 +4,20 @@
 // Nesterov momentum by default (lr 0.7, momentum 0.9, the paper's settings), and every peer
 // starts the next round from the new global parameters. Peers talk once per H steps instead of
 // every step. The average is one all-reduce among all the replicas, or Moshpit's rounds in small
-// groups (`moshpit`: comm/moshpit.hpp), so that no collective spans every replica.
+// groups (`moshpit`: comm/moshpit.hpp), so that no collective spans every replica, or the
+// two-level all-reduce over sites (`site`: collective/two_level_all_reduce.hpp), so that each
+// byte crosses between sites once per step of the collective across them, carried by every
+// member of a site in equal parts.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "decentrain/collective/two_level_all_reduce.hpp"
 #include "decentrain/comm/auto_tuning.hpp"
 #include "decentrain/comm/moshpit.hpp"
 #include "decentrain/comm/outer.hpp"
@@ -55,6 +60,18 @@ struct diloco {
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
+  // This replica's site (a datacenter, a machine; 1 to 63 bytes): set, the replicas agree on
+  // everyone's at the first exchange and after each new view, and the pseudo-gradients are
+  // averaged by the two-level all-reduce: summed inside each site, each member of a site
+  // reducing its 1/k of them with its counterparts of the other sites (through Codec), and the
+  // result shared inside the site. Every replica names a site or none does; with the mean
+  // aggregator and a dense codec, not weighted, sized to speed, tuned nor with Moshpit.
+  std::string site{};
+  // With a site: the inner steps' gradients are also averaged inside the site at every step
+  // (f32, one all-reduce among its members), so that a site trains as one data-parallel replica
+  // and only the outer average crosses between sites (INTELLECT-1's shape). The sites then
+  // weigh in the outer average by their members.
+  bool sync_inside_site = false;
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
   static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
@@ -67,8 +84,24 @@ struct diloco {
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
+    decentrain::detail::check(!sync_inside_site || !site.empty(), "diloco: sync_inside_site averages the gradients inside ",
+                              "this replica's site, and it names none (set site)");
+    if (!site.empty()) {
+      decentrain::detail::check(site.size() <= collective::site_map::max_name_bytes, "diloco: site names are at most ",
+                                collective::site_map::max_name_bytes, " bytes, got ", site.size());
+      decentrain::detail::check(!moshpit && !weighs() && !tune, "diloco: averaging over sites (site '", site, "') is one ",
+                                "plain mean; set it without ", moshpit ? "moshpit" : tune ? "tune" : sized_to_speed ? "sized_to_speed" : "weighted");
+      decentrain::detail::check(collective::averages_in_flight(aggregator), "diloco: averaging over sites sums on the way, so it ",
+                                "takes the mean aggregator, not ", collective::describe_aggregator(aggregator));
+      decentrain::detail::check(compress::is_dense(codec), "diloco: averaging over sites adds the codec's payloads on the way, ",
+                                "which a sparse codec's cannot be (", compress::describe(codec), "): use a dense one (identity, ",
+                                "fp16, bf16, int8, int4, fp4)");
+    }
+    levels_.reset();
     prepare_codec(codec, aggregator, ctx,
-                  (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()));
+                  (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
+                      (site.empty() ? std::string() : std::string(", averaged over sites")) +
+                      (sync_inside_site ? std::string(", synchronous inside each") : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (tune) {  // the codecs it may pick, priced (and picked) with the parameters' shapes
       layout_ = layout_of(ctx.parameters);
@@ -101,7 +134,14 @@ struct diloco {
     momentum_.resize(global_.size());
   }
   template <class Ctx>
-  void after_backward(Ctx&) {}
+  void after_backward(Ctx& ctx) {
+    if (!sync_inside_site) return;
+    auto& inside = levels(ctx).site();
+    if (inside.world() == 1) return;
+    gather_grads(ctx.parameters, grads_);
+    inside.all_reduce(std::span<float>(grads_), collective::reduce_op::average);
+    scatter_grads(ctx.parameters, grads_);
+  }
 
   // Inner steps this replica takes in `step` (the trainer asks): 1, or under sized_to_speed its
   // share of the inner steps that fit before the round's deadline (speed_sizing).
@@ -132,7 +172,11 @@ struct diloco {
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - delta_[i];  // pseudo-gradient
     compress::set_reference(codec, std::span<const float>(global_), ctx.lr_scale);  // for a significance filter
     double exchange_s = 0;  // on this replica's clock
-    if (moshpit) {
+    if (!site.empty()) {
+      const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
+      average_over_sites(ctx);
+      exchange_s = ctx.replicas.endpoint().stats().clock_seconds - t0;
+    } else if (moshpit) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
@@ -166,8 +210,11 @@ struct diloco {
     if (!tune) return ends_round(step, inner_steps);
     return step + 1 == round_from_ || (step >= round_from_ && (step + 1 - round_from_) % inner_steps == 0);
   }
-  // A re-formed view: Moshpit's groups are other peers.
-  void drop_in_flight() { averager_.forget(); }
+  // A re-formed view: Moshpit's groups and the sites' are other peers.
+  void drop_in_flight() {
+    averager_.forget();
+    levels_.reset();
+  }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
@@ -245,7 +292,7 @@ struct diloco {
   const std::vector<tuning_choice>& choices() const { return choices_; }
 
  private:
-  std::vector<float> global_, momentum_, delta_;
+  std::vector<float> global_, momentum_, delta_, grads_;
   bool momentum_started_ = false;
   std::int64_t rounds_ = 0;
   bool weighs() const { return weighted || sizes(); }
@@ -253,6 +300,23 @@ struct diloco {
   // Steps of the round from `step` on, `step` included.
   std::int64_t steps_left(std::int64_t step) const {
     return tune ? round_from_ + inner_steps - step : inner_steps - step % inner_steps;
+  }
+  // The pseudo-gradient averaged by the two-level all-reduce; the sites agreed first where the
+  // group is new (the start, a new view: every replica at the same round's end).
+  template <class Ctx>
+  void average_over_sites(Ctx& ctx) {
+    levels(ctx).reduce(
+        std::span<float>(delta_), collective::reduce_op::average, collective::codec_block(codec),
+        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); },
+        sync_inside_site);
+  }
+  template <class Ctx>
+  collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
+    if (!levels_ || levels_of_ != &ctx.replicas)
+      levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
+          ctx.replicas, collective::agree_on_sites(ctx.replicas, site));
+    levels_of_ = &ctx.replicas;
+    return *levels_;
   }
   // The start's probe of the replicas' links.
   template <class Ctx>
@@ -317,6 +381,10 @@ struct diloco {
   std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
+  // With a site: the groups of the two-level all-reduce, made over the communicator at levels_of_
+  // (shared so that the policy stays copyable; one trainer uses it).
+  std::shared_ptr<collective::two_level<transport::any_endpoint>> levels_;
+  const void* levels_of_ = nullptr;
 };
 
 }  // namespace decentrain::comm

@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -137,6 +138,21 @@ inline link_matrix heterogeneous(int world, std::uint64_t seed = 0) {
       m.at(s, d) = simulated_link{lat[static_cast<std::size_t>(s)] + lat[static_cast<std::size_t>(d)],
                         std::min(bw[static_cast<std::size_t>(s)], bw[static_cast<std::size_t>(d)]), 0.005, 0.001, 0.3};
   for (int r = 0; r < world; ++r) m.access(r) = access_link{bw[static_cast<std::size_t>(r)], bw[static_cast<std::size_t>(r)]};
+  return m;
+}
+// Peers at sites (datacenters, machines): two peers of one site talk over `inside`'s link
+// (a LAN), two of different sites over `between`'s, and each peer's access link is `inside`'s
+// (its NIC), so traffic inside a site does not queue behind the WAN's. Each pair of sites then
+// has a WAN link per pair of peers (the paths of a site's peers to another site are not one
+// shared pipe). site_of[r] is rank r's site, any integers.
+inline link_matrix by_site(const link_matrix& between, const link_matrix& inside, std::span<const int> site_of) {
+  const int n = static_cast<int>(site_of.size());
+  decentrain::detail::check(between.world() == n && inside.world() == n, "links::by_site: ", n, " sites given for networks of ",
+                            between.world(), " and ", inside.world(), " peers");
+  link_matrix m = inside;
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d)
+      if (site_of[static_cast<std::size_t>(s)] != site_of[static_cast<std::size_t>(d)]) m.at(s, d) = between.at(s, d);
   return m;
 }
 // No cost at all: for tests of the algorithms themselves.
@@ -328,6 +344,8 @@ class in_process {
       }
       stats_.bytes_sent += data.size();
       ++stats_.messages_sent;
+      net_->link_bytes[static_cast<std::size_t>(rank_) * static_cast<std::size_t>(capacity()) + static_cast<std::size_t>(peer)] +=
+          data.size();
       ++net_->progress;
     }
 
@@ -614,6 +632,14 @@ class in_process {
     decentrain::detail::check(rank >= 0 && rank < capacity(), "in_process: rank ", rank, " is outside the ", capacity(), " ranks");
     std::lock_guard lock(net_->failures_mutex);
     return net_->failures[static_cast<std::size_t>(rank)];
+  }
+  // The payload bytes every endpoint of `source` (its lanes included) sent to `destination` so
+  // far: the traffic of one directed link (a summary's bytes between sites).
+  std::uint64_t bytes_sent(int source, int destination) const {
+    decentrain::detail::check(source >= 0 && source < capacity() && destination >= 0 && destination < capacity(), "in_process: link ",
+                              source, " -> ", destination, " is outside the ", capacity(), " ranks");
+    return net_->link_bytes[static_cast<std::size_t>(source) * static_cast<std::size_t>(capacity()) + static_cast<std::size_t>(destination)]
+        .load();
   }
   // How many processes of `rank` the churn schedule started after the first.
   std::uint64_t restarts(int rank) const {
@@ -1027,6 +1053,9 @@ class in_process {
     std::vector<int> lanes = std::vector<int>(dead.size(), 0);
     std::vector<int> running = std::vector<int>(dead.size(), 0);
     std::atomic<std::uint64_t> progress{0};  // messages sent, waits begun and ended, threads ended
+    // Payload bytes sent over each directed link, lost ones included (bytes_sent(s, d)).
+    std::unique_ptr<std::atomic<std::uint64_t>[]> link_bytes =
+        std::make_unique<std::atomic<std::uint64_t>[]>(dead.size() * dead.size());
   };
   // Looks every 50 ms whether the peers are in a deadlock (shared::deadlocked) with nothing
   // sent, begun or ended for the last 0.5 s, and then ends every wait with the report.

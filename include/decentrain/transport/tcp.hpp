@@ -114,6 +114,11 @@ class tcp {
     return l;
   }
   traffic_stats stats() const { return n().stats(); }
+  // The payload bytes this peer (its lanes included) sent to `peer` so far: one link's traffic.
+  std::uint64_t bytes_sent_to(int peer) const {
+    decentrain::detail::check(peer >= 0 && peer < n().opts.capacity(), "tcp: no rank ", peer, " (ranks below ", n().opts.capacity(), ")");
+    return n().sent_to[static_cast<std::size_t>(peer)].load();
+  }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {

@@ -642,6 +642,7 @@ struct node {
     if (peer == opts.rank) {  // to itself: straight into its own mailbox
       box.push(peer, tag, detail::message{bytes(data.begin(), data.end()), 0.0});
       bytes_sent += data.size();
+      sent_to[static_cast<std::size_t>(peer)] += data.size();
       ++messages_sent;
       return;
     }
@@ -680,6 +681,7 @@ struct node {
                                      opts.recv_timeout.count(), " ms");
     }
     bytes_sent += data.size();
+    sent_to[static_cast<std::size_t>(peer)] += data.size();
     framing_sent += wire::header_bytes + wire::padding(data.size()).size();
     ++messages_sent;
   }
@@ -843,6 +845,9 @@ struct node {
   // Atomic: the training thread and a lane's background collective (see tcp::lane) both count here.
   std::atomic<std::uint64_t> bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
   std::atomic<std::uint64_t> framing_sent = 0;  // headers, padding and control frames (traffic_stats)
+  // The payload bytes sent to each rank (tcp::bytes_sent_to: a summary's bytes per link).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> sent_to = std::make_unique<std::atomic<std::uint64_t>[]>(
+      static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<double> wait_seconds = 0;
 };

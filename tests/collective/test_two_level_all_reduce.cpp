@@ -1,0 +1,162 @@
+// The two-level all-reduce over sites: the map the peers agree on, sums equal to the flat
+// all-reduce's (bit for bit on integers, within rounding on floats, the same bits on every peer),
+// sites of different sizes, and on simulated WAN links between sites the bytes that cross
+// between them, counted per link, against a flat ring.
+#include <catch2/catch.hpp>
+
+#include <decentrain/collective/sites.hpp>
+#include <decentrain/collective/two_level_all_reduce.hpp>
+#include <decentrain/core/rng.hpp>
+#include <decentrain/transport/in_process.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "support/peer_checks.hpp"
+#include "support/transport_harness.hpp"
+
+namespace dt = decentrain;
+using dt::collective::site_map;
+
+namespace {
+std::vector<std::string> site_names(std::initializer_list<const char*> names) { return {names.begin(), names.end()}; }
+}  // namespace
+
+TEST_CASE("sites: the map from each peer's site name, and bad names") {
+  const auto m = site_map::from_names(site_names({"b", "a", "b", "c", "a", "b"}));
+  CHECK(m.world() == 6);
+  CHECK(m.sites() == 3);
+  CHECK(m.name(0) == "b");  // numbered by their first rank
+  CHECK(m.site_of(4) == 1);
+  CHECK(m.members(0) == std::vector<int>{0, 2, 5});
+  CHECK(m.members(2) == std::vector<int>{3});
+  CHECK(m.position(5) == 2);
+  CHECK(m.position(4) == 1);
+  CHECK(m.smallest() == 1);
+  CHECK(m.describe() == "b: 0 2 5, a: 1 4, c: 3");
+  CHECK_THROWS_WITH(site_map::from_names(site_names({"a", ""})), Catch::Contains("peer 1's site name must be 1 to 63 bytes, got 0"));
+  CHECK_THROWS_WITH(site_map::from_names(std::vector<std::string>{"a", std::string(64, 'x')}),
+                    Catch::Contains("peer 1's site name must be 1 to 63 bytes, got 64"));
+  CHECK_THROWS_WITH(site_map::from_names(std::vector<std::string>{}), Catch::Contains("no peers named"));
+}
+
+TEMPLATE_TEST_CASE("two-level all-reduce: equals the flat one, the same bits on every peer", "[collective]", TRANSPORTS) {
+  // Six peers at three sites of 3, 2 and 1 (ranks interleaved): one segment each across (the
+  // smallest site has one member), and the others of the larger sites send and receive only.
+  // Then 2 + 2 + 2 for three segments.
+  const int n = 6;
+  const std::vector<std::vector<std::string>> layouts = {site_names({"x", "y", "x", "z", "y", "x"}),
+                                                         site_names({"x", "y", "z", "x", "y", "z"})};
+  harness::peer_checks checks;
+  TestType::run(n, [&](auto& ep) {
+    dt::collective::communicator comm(ep);
+    const int r = ep.rank();
+    for (const auto& names : layouts) {
+      const auto sites = dt::collective::agree_on_sites(comm, names[static_cast<std::size_t>(r)]);
+      PEER_CHECK(checks, sites == site_map::from_names(names));
+      dt::collective::two_level levels(comm, sites);
+      // Integers add exactly in any order: bit for bit the flat sum.
+      std::vector<std::int64_t> ints(10007), flat_ints;
+      std::iota(ints.begin(), ints.end(), std::int64_t{r} * 1000);
+      flat_ints = ints;
+      levels.all_reduce(std::span<std::int64_t>(ints));
+      comm.all_reduce(std::span<std::int64_t>(flat_ints));
+      PEER_CHECK(checks, ints == flat_ints);
+      // Floats: within rounding of the flat average, and one result on every peer.
+      dt::rng gen(static_cast<std::uint64_t>(r) + 11, "two-level");
+      std::vector<float> values(4099), flat;
+      for (auto& v : values) v = static_cast<float>(gen.uniform() * 2 - 1);
+      flat = values;
+      levels.all_reduce(std::span<float>(values), dt::collective::reduce_op::average);
+      comm.all_reduce(std::span<float>(flat), dt::collective::reduce_op::average);
+      float worst = 0;
+      for (std::size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::abs(values[i] - flat[i]));
+      PEER_CHECK(checks, worst <= 4 * std::numeric_limits<float>::epsilon());
+      std::uint64_t bits = 0;
+      for (float v : values) {
+        std::uint32_t b = 0;
+        std::memcpy(&b, &v, sizeof b);
+        bits = bits * 1099511628211ull + b;
+      }
+      PEER_CHECK(checks, comm.all_same(bits));
+      // Sites whose members hold the same values (synchronous inside): step 1 sends nothing, and
+      // the sum still counts every member's.
+      std::vector<std::int64_t> same(1001), flat_same;
+      std::iota(same.begin(), same.end(), std::int64_t{sites.site_of(r)} * 100000);
+      flat_same = same;
+      levels.reduce(std::span<std::int64_t>(same), dt::collective::reduce_op::sum, 1,
+                    [](auto& across, std::span<std::int64_t> segment) { across.all_reduce(segment); }, true);
+      comm.all_reduce(std::span<std::int64_t>(flat_same));
+      PEER_CHECK(checks, same == flat_same);
+      std::vector<double> top(3, static_cast<double>(r));
+      levels.all_reduce(std::span<double>(top), dt::collective::reduce_op::max);
+      PEER_CHECK(checks, top == std::vector<double>(3, n - 1.0));
+    }
+    // A peer without a site: every peer fails, naming it.
+    harness::expect_throws_with(checks, [&] { (void)dt::collective::agree_on_sites(comm, r == 4 ? "" : "x"); },
+                                "sites: peers 4 name no site", "a peer without a site");
+  });
+  checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 13);
+}
+
+TEST_CASE("two-level all-reduce: on WAN links between two sites, the bytes that cross them and the time") {
+  // Two sites of 4 peers, a LAN inside each and `wan` between (100 ms, 12.5 MB/s a pair), 1M
+  // floats (4 MB). Two-level: each member all-reduces a quarter with its counterpart, a ring of
+  // two sending its whole segment (1 MB) once, so 8 x 1 MB cross. A flat ring in site order
+  // crosses twice, each hop carrying 2 x 7/8 of the buffer: 2 x 7 MB.
+  const int n = 8;
+  const std::vector<int> site_of = {0, 0, 0, 0, 1, 1, 1, 1};
+  const std::size_t values = 1'000'000;
+  const auto links = dt::transport::links::by_site(dt::transport::links::wan(n), dt::transport::links::lan(n), site_of);
+  CHECK(links.at(0, 1).latency_s == dt::transport::links::lan(n).at(0, 1).latency_s);
+  CHECK(links.at(0, 4).latency_s == dt::transport::links::wan(n).at(0, 4).latency_s);
+  struct outcome {
+    std::uint64_t across = 0, inside = 0;
+    double seconds = 0;
+    bool exact = true;
+  };
+  auto run = [&](bool two) {
+    dt::transport::in_process::options o;
+    o.seed = 3;
+    dt::transport::in_process net(links, o);
+    std::vector<double> clock(n);
+    std::vector<int> exact(n);
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      dt::collective::communicator comm(ep);
+      std::vector<float> v(values, static_cast<float>(ep.rank() + 1));
+      if (two) {
+        std::vector<std::string> names;
+        for (int s : site_of) names.push_back(s ? "b" : "a");
+        dt::collective::two_level levels(comm, site_map::from_names(names));
+        levels.all_reduce(std::span<float>(v));
+      } else {
+        comm.all_reduce(std::span<float>(v), dt::collective::reduce_op::sum, dt::collective::algorithm::ring);
+      }
+      exact[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [](float x) { return x == 36.0f; });
+      clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
+    });
+    outcome out;
+    for (int s = 0; s < n; ++s)
+      for (int d = 0; d < n; ++d)
+        (site_of[static_cast<std::size_t>(s)] == site_of[static_cast<std::size_t>(d)] ? out.inside : out.across) += net.bytes_sent(s, d);
+    out.seconds = *std::max_element(clock.begin(), clock.end());
+    out.exact = std::all_of(exact.begin(), exact.end(), [](int e) { return e != 0; });
+    return out;
+  };
+  const auto flat = run(false), two = run(true);
+  INFO("flat: " << flat.across << " B across in " << flat.seconds << " s; two-level: " << two.across << " B across, " << two.inside
+                << " B inside, in " << two.seconds << " s");
+  CHECK(flat.exact);
+  CHECK(two.exact);
+  CHECK(two.across == 8 * values);                   // 8 members x a quarter of 4 bytes a value
+  // 2 hops x 2 (n - 1) / n of the buffer, and the ring's first call agreeing on its sizes (4
+  // int64 by recursive doubling, whose last exchange pairs every peer across)
+  CHECK(flat.across == 2 * 2 * 7 * values / 8 * 4 + 8 * 32);
+  CHECK(two.inside == 2 * (4 * 3 + 4 * 3) * values);  // steps 1 and 3: 3 quarters out of each member, each
+  CHECK(two.seconds < 0.5 * flat.seconds);
+}
