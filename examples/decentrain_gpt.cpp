@@ -1643,6 +1643,8 @@ int cmd_train(const options& opt) {
                     "the whole model: it needs --parallel data, not ", opt.text("parallel"));
   dt::detail::check(target_batch == 0 || target_batch >= p.trainer.batch_size, "--target-batch ", target_batch,
                     " is less than one micro-batch of --batch-size ", p.trainer.batch_size, " rows");
+  dt::detail::check(!p.parallel.swarm || p.sites.empty(), "--parallel swarm cannot take --site: a stage's pool averages ",
+                    "weighted by the rows each peer processed, and the average over sites is one plain mean");
   dt::detail::check(!p.parallel.swarm || !choco, "--parallel swarm cannot take --comm choco: a stage's pool averages ",
                     "weighted by the rows each peer processed, and CHOCO keeps only the sum of its neighbours' public copies, ",
                     "which cannot be weighed (use sync, local-sgd, diloco, streaming-diloco, moshpit, gossip or push-sum)");

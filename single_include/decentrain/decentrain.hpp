@@ -22889,51 +22889,52 @@ class two_level {
     auto& site = *site_;
     const int m = site.world(), p = place_;
     const std::size_t chunk = std::max<std::size_t>(1, site.settings().chunk_bytes / sizeof(T));
+    // Steps 1 and 3 go a window of chunks at a time, each said (expect_from) before its
+    // messages are sent: what a transport with bounded queues holds for this collective stays
+    // within a window from each member, however large the buffer.
+    const std::size_t window = std::max<std::size_t>(1, site.settings().window_bytes / (chunk * sizeof(T)));
     auto part = [&](int j) {
       const auto [first, last] = segment(data.size(), j, align);
       return data.subspan(first, last - first);
     };
-    auto chunks = [&](std::span<T> s) {
+    // Chunks [from, to) of segment j (fewer where it ends sooner).
+    auto chunks = [&](int j, std::size_t from, std::size_t to) {
+      const auto s = part(j);
       std::vector<std::span<T>> out;
-      for (std::size_t at = 0; at < s.size(); at += chunk) out.push_back(s.subspan(at, std::min(chunk, s.size() - at)));
+      for (std::size_t c = from; c < to && c * chunk < s.size(); ++c)
+        out.push_back(s.subspan(c * chunk, std::min(chunk, s.size() - c * chunk)));
       return out;
     };
-    auto sizes = [&](std::span<T> s, std::vector<std::size_t>& into) {
-      for (const auto& c : chunks(s)) into.push_back(c.size_bytes());
+    auto expect = [&](int q, int j, std::size_t from, std::size_t to) {
+      std::vector<std::size_t> sizes;
+      for (const auto& c : chunks(j, from, to)) sizes.push_back(c.size_bytes());
+      if (!sizes.empty()) site.expect_from(q, std::span<const std::size_t>(sizes));
     };
+    std::size_t most = 0;
+    for (int j = 0; j < segments_; ++j) most = std::max(most, (part(j).size() + chunk - 1) / chunk);
     const bool owns = p < segments_;
     if (m > 1 && same_in_site) {
-      for (int q = 0; q < m; ++q) {
-        if (q == p || q >= segments_) continue;
-        std::vector<std::size_t> expected;
-        sizes(part(q), expected);
-        site.expect_from(q, std::span<const std::size_t>(expected));
-      }
       if (owns && (op == reduce_op::sum || op == reduce_op::average))
         for (auto& x : part(p)) x = static_cast<T>(x * static_cast<T>(m));
     } else if (m > 1) {
-      // What comes from each member, in order: its values of this peer's segment (step 1), then
-      // the result of its own segment (step 3).
-      for (int q = 0; q < m; ++q) {
-        if (q == p) continue;
-        std::vector<std::size_t> expected;
-        if (owns) sizes(part(p), expected);
-        if (q < segments_) sizes(part(q), expected);
-        site.expect_from(q, std::span<const std::size_t>(expected));
-      }
-      for (int j = 0; j < segments_; ++j)
-        if (j != p)
-          for (const auto& c : chunks(part(j))) site.send_to(j, std::span<const T>(c));
-      if (owns) {
-        std::vector<T> in(std::min(chunk, part(p).size()));
-        for (int q = 0; q < m; ++q) {
-          if (q == p) continue;
-          for (const auto& c : chunks(part(p))) {
-            const auto got = std::span<T>(in).first(c.size());
-            site.recv_from(q, got);
-            combine(c, std::span<const T>(got), op);
+      std::vector<T> in(chunk);
+      for (std::size_t from = 0; from < most; from += window) {
+        const std::size_t to = std::min(most, from + window);
+        if (owns)
+          for (int q = 0; q < m; ++q)
+            if (q != p) expect(q, p, from, to);
+        for (int j = 0; j < segments_; ++j)
+          if (j != p)
+            for (const auto& c : chunks(j, from, to)) site.send_to(j, std::span<const T>(c));
+        if (owns)
+          for (int q = 0; q < m; ++q) {
+            if (q == p) continue;
+            for (const auto& c : chunks(p, from, to)) {
+              const auto got = std::span<T>(in).first(c.size());
+              site.recv_from(q, got);
+              combine(c, std::span<const T>(got), op);
+            }
           }
-        }
       }
     }
     if (owns) {
@@ -22941,15 +22942,20 @@ class two_level {
       if (across_ && across_->world() > 1) across(*across_, mine);
       if (op == reduce_op::average)
         for (auto& x : mine) x = static_cast<T>(x / static_cast<T>(map_.world()));
-      if (m > 1)
-        for (int q = 0; q < m; ++q)
-          if (q != p)
-            for (const auto& c : chunks(mine)) site.send_to(q, std::span<const T>(c));
     }
     if (m > 1)
-      for (int j = 0; j < segments_; ++j)
-        if (j != p)
-          for (const auto& c : chunks(part(j))) site.recv_from(j, c);
+      for (std::size_t from = 0; from < most; from += window) {
+        const std::size_t to = std::min(most, from + window);
+        for (int j = 0; j < segments_; ++j)
+          if (j != p) expect(j, j, from, to);
+        if (owns)
+          for (int q = 0; q < m; ++q)
+            if (q != p)
+              for (const auto& c : chunks(p, from, to)) site.send_to(q, std::span<const T>(c));
+        for (int j = 0; j < segments_; ++j)
+          if (j != p)
+            for (const auto& c : chunks(j, from, to)) site.recv_from(j, c);
+      }
   }
 
  private:
@@ -24645,11 +24651,14 @@ struct choco {
 // byte crosses between sites once per step of the collective across them, carried by every
 // member of a site in equal parts.
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // ---- begin decentrain/comm/moshpit.hpp ----
@@ -24951,6 +24960,7 @@ struct diloco {
                                 "fp16, bf16, int8, int4, fp4)");
     }
     levels_.reset();
+    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (a resumed one: load() took it)
     prepare_codec(codec, aggregator, ctx,
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
@@ -25078,6 +25088,7 @@ struct diloco {
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
+    if (!across_key_.empty()) c.text["comm.diloco.site.across"] = across_key_;
     weight_.save(c, "comm.diloco.");
     if (sizes()) speed_.save(c, "comm.diloco.");
     if (tune) {
@@ -25132,6 +25143,9 @@ struct diloco {
       const auto count = static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks")));
       if (choices_.size() < count) choices_.resize(count, tuning_choice{});
     }
+    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (before its state is loaded)
+    const auto across = c.text.find("comm.diloco.site.across");
+    across_key_ = across == c.text.end() ? std::string() : across->second;
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     speed_ = {};
@@ -25156,19 +25170,46 @@ struct diloco {
   }
   // The pseudo-gradient averaged by the two-level all-reduce; the sites agreed first where the
   // group is new (the start, a new view: every replica at the same round's end).
+  // Synchronous inside the site, its members' pseudo-gradients are the same, and step 1 sends
+  // nothing; the members check it (8 bytes): a member that took another site's state (a joiner)
+  // or a run resumed otherwise may hold others, and then step 1 adds them up. A result that is
+  // not finite is redone flat, in f32, through the aggregator, which drops and names the replica
+  // that sent it (every replica sees the same result, so all redo it).
   template <class Ctx>
   void average_over_sites(Ctx& ctx) {
-    levels(ctx).reduce(
+    auto& two = levels(ctx);
+    bool same = false;
+    if (sync_inside_site && two.site().world() > 1)
+      same = two.site().all_same(decentrain::detail::fnv1a(
+          std::string_view(reinterpret_cast<const char*>(delta_.data()), delta_.size() * sizeof(float))));
+    sent_ = delta_;
+    two.reduce(
         std::span<float>(delta_), collective::reduce_op::average, collective::codec_block(codec),
-        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); },
-        sync_inside_site);
+        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); }, same);
+    if (std::all_of(delta_.begin(), delta_.end(), [](float x) { return std::isfinite(x); })) return;
+    delta_ = sent_;
+    compress::identity f32;
+    collective::encoded_all_reduce(f32, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, std::nullopt);
   }
+  // The groups over the sites, made where there are none for this communicator (the first
+  // exchange, a new view). A codec with state (error feedback's residual) holds it for the
+  // segment this replica reduced across: where that changed since (a new view, another layout
+  // resumed, a state taken from another member), the codec starts afresh.
   template <class Ctx>
   collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
-    if (!levels_ || levels_of_ != &ctx.replicas)
-      levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
-          ctx.replicas, collective::agree_on_sites(ctx.replicas, site));
+    if (levels_ && levels_of_ == &ctx.replicas) return *levels_;
+    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(ctx.replicas,
+                                                                              collective::agree_on_sites(ctx.replicas, site));
     levels_of_ = &ctx.replicas;
+    const auto [first, last] = levels_->across() ? levels_->segment(global_.size(), levels_->sites().position(ctx.replicas.rank()),
+                                                                    collective::codec_block(codec))
+                                                 : std::pair<std::size_t, std::size_t>{0, 0};
+    const auto key = levels_->sites().describe() + " | values " + std::to_string(first) + " to " + std::to_string(last);
+    if (!across_key_.empty() && key != across_key_ && fresh_codec_) {
+      codec = *fresh_codec_;
+      compress::set_layout(codec, layout_of(ctx.parameters));
+    }
+    across_key_ = key;
     return *levels_;
   }
   // The start's probe of the replicas' links.
@@ -25238,6 +25279,9 @@ struct diloco {
   // (shared so that the policy stays copyable; one trainer uses it).
   std::shared_ptr<collective::two_level<transport::any_endpoint>> levels_;
   const void* levels_of_ = nullptr;
+  std::vector<float> sent_;            // the pseudo-gradient as sent (a result not finite is redone)
+  std::string across_key_;             // the sites and the segment this replica reduced across
+  std::optional<Codec> fresh_codec_;   // the codec before any state (start or load, the first)
 };
 
 }  // namespace decentrain::comm

@@ -602,6 +602,14 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   CHECK(megabytes(synced.output, "a", "b") <= megabytes(plain.output, "a", "b"));
   CHECK(megabytes(synced.output, "a", "a") > 2 * megabytes(plain.output, "a", "a"));
 
+  // A peer lost: the sites shrink, each replica's segment across may move, and error feedback's
+  // residual (its segment's) starts afresh where it did, instead of failing on the new size.
+  const auto lost = run(cli() + args + " --peers 4 --link wan --site a,a,b,b --codec int8,ef --elastic --kill 3@4", dir);
+  INFO(lost.output);
+  CHECK(lost.status == 0);
+  CHECK_THAT(lost.output, Contains("membership: view 1 from step 5: peers 0,1,2"));
+  CHECK_THAT(lost.output, !Contains("failed and was left out"));
+
   // Three TCP processes at sites a, a and b: the same sums in the same order as in-process.
   const auto three = run(cli() + args + " --peers 3 --site a,a,b", dir);
   INFO(three.output);
@@ -626,6 +634,8 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   CHECK_THAT(r.output, Contains("--site averages DiLoCo's rounds over sites at their ends: it needs --comm diloco"));
   r = run(cli() + args + " --peers 2 --site a,b --codec topk:0.01", dir);
   CHECK_THAT(r.output, Contains("--site adds the codec's payloads on the way, which --codec topk"));
+  r = run(cli() + args + " --peers 4 --site a,a,b,b --parallel swarm --stages 2 --n-layer 2", dir);
+  CHECK_THAT(r.output, Contains("--parallel swarm cannot take --site"));
   r = run(cli() + args + " --peers 2 --site a,", dir);
   CHECK_THAT(r.output, Contains("--site 'a,': an empty item after the last comma"));
 }

@@ -8,13 +8,17 @@
 #include <decentrain/collective/two_level_all_reduce.hpp>
 #include <decentrain/core/rng.hpp>
 #include <decentrain/transport/in_process.hpp>
+#include <decentrain/transport/tcp.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/peer_checks.hpp"
@@ -104,6 +108,63 @@ TEMPLATE_TEST_CASE("two-level all-reduce: equals the flat one, the same bits on 
   checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 13);
 }
 
+TEST_CASE("two-level all-reduce over TCP: many chunks through small queues, a window at a time") {
+  // Three peers at one site, 4 KiB chunks and 32 KiB windows, 32 MB of floats: each segment is
+  // 2600 chunks, so a peer receives over 10,000 messages in the call, more than a mailbox keeps
+  // expectations for, and more bytes from a member than the sockets' buffers hold; each peer may
+  // queue only 256 KiB that no receive expected. Said a window at a time, every message is
+  // expected before it is sent, and the call ends with the exact sum.
+  namespace tr = dt::transport;
+  const int n = 3;
+  const std::size_t values = 8'000'000;
+  auto options = [&](int r) {
+    tr::tcp_options o;
+    o.rank = r;
+    o.world = n;
+    o.join_timeout = std::chrono::milliseconds(20000);
+    o.recv_timeout = std::chrono::milliseconds(20000);
+    o.max_frame_bytes = o.max_queued_bytes = 256 << 10;
+    o.budget_grace = std::chrono::milliseconds(2000);
+    return o;
+  };
+  tr::tcp first(options(0));
+  const std::string seed = first.address();
+  std::vector<std::string> errors(n);
+  std::vector<int> exact(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        std::optional<tr::tcp> ep;
+        if (r == 0) {
+          ep.emplace(std::move(first));
+        } else {
+          auto o = options(r);
+          o.join = {seed};
+          ep.emplace(o);
+        }
+        ep->connect();
+        dt::collective::options small;
+        small.chunk_bytes = 4 << 10;
+        small.window_bytes = 32 << 10;
+        dt::collective::communicator comm(*ep, small);
+        dt::collective::two_level levels(comm, site_map::from_names(site_names({"a", "a", "a"})));
+        std::vector<float> v(values, static_cast<float>(r + 1));
+        levels.all_reduce(std::span<float>(v));
+        exact[static_cast<std::size_t>(r)] = std::all_of(v.begin(), v.end(), [](float x) { return x == 6.0f; });
+        comm.barrier();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("peer " << r << ": " << errors[static_cast<std::size_t>(r)]);
+    CHECK(errors[static_cast<std::size_t>(r)].empty());
+    CHECK(exact[static_cast<std::size_t>(r)] == 1);
+  }
+}
+
 TEST_CASE("two-level all-reduce: on WAN links between two sites, the bytes that cross them and the time") {
   // Two sites of 4 peers, a LAN inside each and `wan` between (100 ms, 12.5 MB/s a pair), 1M
   // floats (4 MB). Two-level: each member all-reduces a quarter with its counterpart, a ring of
@@ -120,7 +181,7 @@ TEST_CASE("two-level all-reduce: on WAN links between two sites, the bytes that 
     double seconds = 0;
     bool exact = true;
   };
-  auto run = [&](bool two) {
+  auto run = [&](bool two, bool same_in_site = false) {
     dt::transport::in_process::options o;
     o.seed = 3;
     dt::transport::in_process net(links, o);
@@ -128,12 +189,14 @@ TEST_CASE("two-level all-reduce: on WAN links between two sites, the bytes that 
     std::vector<int> exact(n);
     net.run([&](dt::transport::in_process::endpoint& ep) {
       dt::collective::communicator comm(ep);
-      std::vector<float> v(values, static_cast<float>(ep.rank() + 1));
+      // (the same values at every member of a site: 1 at site a, 8 at b, summing to 36 as well)
+      std::vector<float> v(values, same_in_site ? (ep.rank() < 4 ? 1.0f : 8.0f) : static_cast<float>(ep.rank() + 1));
       if (two) {
         std::vector<std::string> names;
         for (int s : site_of) names.push_back(s ? "b" : "a");
         dt::collective::two_level levels(comm, site_map::from_names(names));
-        levels.all_reduce(std::span<float>(v));
+        levels.reduce(std::span<float>(v), dt::collective::reduce_op::sum, 1,
+                      [](auto& across, std::span<float> segment) { across.all_reduce(segment); }, same_in_site);
       } else {
         comm.all_reduce(std::span<float>(v), dt::collective::reduce_op::sum, dt::collective::algorithm::ring);
       }
@@ -148,7 +211,7 @@ TEST_CASE("two-level all-reduce: on WAN links between two sites, the bytes that 
     out.exact = std::all_of(exact.begin(), exact.end(), [](int e) { return e != 0; });
     return out;
   };
-  const auto flat = run(false), two = run(true);
+  const auto flat = run(false), two = run(true), same = run(true, true);
   INFO("flat: " << flat.across << " B across in " << flat.seconds << " s; two-level: " << two.across << " B across, " << two.inside
                 << " B inside, in " << two.seconds << " s");
   CHECK(flat.exact);
@@ -157,6 +220,11 @@ TEST_CASE("two-level all-reduce: on WAN links between two sites, the bytes that 
   // 2 hops x 2 (n - 1) / n of the buffer, and the ring's first call agreeing on its sizes (4
   // int64 by recursive doubling, whose last exchange pairs every peer across)
   CHECK(flat.across == 2 * 2 * 7 * values / 8 * 4 + 8 * 32);
-  CHECK(two.inside == 2 * (4 * 3 + 4 * 3) * values);  // steps 1 and 3: 3 quarters out of each member, each
+  // Steps 1 and 3 inside each site: every member sends 3 quarters (step 1), every owner its
+  // quarter to 3 members (step 3). Equal values inside a site: step 3 alone.
+  CHECK(two.inside == 2 * (4 * 3 + 4 * 3) * values);
+  CHECK(same.exact);
+  CHECK(same.across == two.across);
+  CHECK(same.inside == 2 * 4 * 3 * values);
   CHECK(two.seconds < 0.5 * flat.seconds);
 }

@@ -121,6 +121,21 @@ TEST_CASE("byzantine: a peer sending NaN or infinities is dropped every step, na
   CHECK(median.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 40, 40});
 }
 
+TEST_CASE("byzantine: DiLoCo averaged over sites drops a peer sending NaN or infinities as the flat all-reduce does", "[byzantine]") {
+  // One site of five: the two-level all-reduce's result holds the poison, so every replica redoes
+  // the round flat, through the aggregator, which drops the two attackers and names them.
+  RobustDiloco d;
+  d.inner_steps = 4;
+  const auto flat = train(d, "mean", bench::attack::non_finite, 2);
+  d.site = "a";
+  const auto clean = train(d, "mean", bench::attack::none, 0);
+  const auto attacked = train(d, "mean", bench::attack::non_finite, 2);
+  REQUIRE(std::isfinite(attacked.val_loss));
+  CHECK(attacked.val_loss == flat.val_loss);  // the same robust round, bit for bit
+  CHECK(attacked.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 10, 10});  // every round of 40 steps
+  CHECK(clean.seen.calls == 0);  // (clean rounds never fall back)
+}
+
 namespace {
 // 5 in-process peers under fault::elastic, the highest `attackers` sending poison: what each
 // peer ended with (an error for those the group excluded).

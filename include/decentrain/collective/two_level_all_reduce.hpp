@@ -87,51 +87,52 @@ class two_level {
     auto& site = *site_;
     const int m = site.world(), p = place_;
     const std::size_t chunk = std::max<std::size_t>(1, site.settings().chunk_bytes / sizeof(T));
+    // Steps 1 and 3 go a window of chunks at a time, each said (expect_from) before its
+    // messages are sent: what a transport with bounded queues holds for this collective stays
+    // within a window from each member, however large the buffer.
+    const std::size_t window = std::max<std::size_t>(1, site.settings().window_bytes / (chunk * sizeof(T)));
     auto part = [&](int j) {
       const auto [first, last] = segment(data.size(), j, align);
       return data.subspan(first, last - first);
     };
-    auto chunks = [&](std::span<T> s) {
+    // Chunks [from, to) of segment j (fewer where it ends sooner).
+    auto chunks = [&](int j, std::size_t from, std::size_t to) {
+      const auto s = part(j);
       std::vector<std::span<T>> out;
-      for (std::size_t at = 0; at < s.size(); at += chunk) out.push_back(s.subspan(at, std::min(chunk, s.size() - at)));
+      for (std::size_t c = from; c < to && c * chunk < s.size(); ++c)
+        out.push_back(s.subspan(c * chunk, std::min(chunk, s.size() - c * chunk)));
       return out;
     };
-    auto sizes = [&](std::span<T> s, std::vector<std::size_t>& into) {
-      for (const auto& c : chunks(s)) into.push_back(c.size_bytes());
+    auto expect = [&](int q, int j, std::size_t from, std::size_t to) {
+      std::vector<std::size_t> sizes;
+      for (const auto& c : chunks(j, from, to)) sizes.push_back(c.size_bytes());
+      if (!sizes.empty()) site.expect_from(q, std::span<const std::size_t>(sizes));
     };
+    std::size_t most = 0;
+    for (int j = 0; j < segments_; ++j) most = std::max(most, (part(j).size() + chunk - 1) / chunk);
     const bool owns = p < segments_;
     if (m > 1 && same_in_site) {
-      for (int q = 0; q < m; ++q) {
-        if (q == p || q >= segments_) continue;
-        std::vector<std::size_t> expected;
-        sizes(part(q), expected);
-        site.expect_from(q, std::span<const std::size_t>(expected));
-      }
       if (owns && (op == reduce_op::sum || op == reduce_op::average))
         for (auto& x : part(p)) x = static_cast<T>(x * static_cast<T>(m));
     } else if (m > 1) {
-      // What comes from each member, in order: its values of this peer's segment (step 1), then
-      // the result of its own segment (step 3).
-      for (int q = 0; q < m; ++q) {
-        if (q == p) continue;
-        std::vector<std::size_t> expected;
-        if (owns) sizes(part(p), expected);
-        if (q < segments_) sizes(part(q), expected);
-        site.expect_from(q, std::span<const std::size_t>(expected));
-      }
-      for (int j = 0; j < segments_; ++j)
-        if (j != p)
-          for (const auto& c : chunks(part(j))) site.send_to(j, std::span<const T>(c));
-      if (owns) {
-        std::vector<T> in(std::min(chunk, part(p).size()));
-        for (int q = 0; q < m; ++q) {
-          if (q == p) continue;
-          for (const auto& c : chunks(part(p))) {
-            const auto got = std::span<T>(in).first(c.size());
-            site.recv_from(q, got);
-            combine(c, std::span<const T>(got), op);
+      std::vector<T> in(chunk);
+      for (std::size_t from = 0; from < most; from += window) {
+        const std::size_t to = std::min(most, from + window);
+        if (owns)
+          for (int q = 0; q < m; ++q)
+            if (q != p) expect(q, p, from, to);
+        for (int j = 0; j < segments_; ++j)
+          if (j != p)
+            for (const auto& c : chunks(j, from, to)) site.send_to(j, std::span<const T>(c));
+        if (owns)
+          for (int q = 0; q < m; ++q) {
+            if (q == p) continue;
+            for (const auto& c : chunks(p, from, to)) {
+              const auto got = std::span<T>(in).first(c.size());
+              site.recv_from(q, got);
+              combine(c, std::span<const T>(got), op);
+            }
           }
-        }
       }
     }
     if (owns) {
@@ -139,15 +140,20 @@ class two_level {
       if (across_ && across_->world() > 1) across(*across_, mine);
       if (op == reduce_op::average)
         for (auto& x : mine) x = static_cast<T>(x / static_cast<T>(map_.world()));
-      if (m > 1)
-        for (int q = 0; q < m; ++q)
-          if (q != p)
-            for (const auto& c : chunks(mine)) site.send_to(q, std::span<const T>(c));
     }
     if (m > 1)
-      for (int j = 0; j < segments_; ++j)
-        if (j != p)
-          for (const auto& c : chunks(part(j))) site.recv_from(j, c);
+      for (std::size_t from = 0; from < most; from += window) {
+        const std::size_t to = std::min(most, from + window);
+        for (int j = 0; j < segments_; ++j)
+          if (j != p) expect(j, j, from, to);
+        if (owns)
+          for (int q = 0; q < m; ++q)
+            if (q != p)
+              for (const auto& c : chunks(p, from, to)) site.send_to(q, std::span<const T>(c));
+        for (int j = 0; j < segments_; ++j)
+          if (j != p)
+            for (const auto& c : chunks(j, from, to)) site.recv_from(j, c);
+      }
   }
 
  private:

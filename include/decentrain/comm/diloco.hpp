@@ -10,11 +10,14 @@
 // member of a site in equal parts.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "decentrain/collective/two_level_all_reduce.hpp"
@@ -98,6 +101,7 @@ struct diloco {
                                 "fp16, bf16, int8, int4, fp4)");
     }
     levels_.reset();
+    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (a resumed one: load() took it)
     prepare_codec(codec, aggregator, ctx,
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
@@ -225,6 +229,7 @@ struct diloco {
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
+    if (!across_key_.empty()) c.text["comm.diloco.site.across"] = across_key_;
     weight_.save(c, "comm.diloco.");
     if (sizes()) speed_.save(c, "comm.diloco.");
     if (tune) {
@@ -279,6 +284,9 @@ struct diloco {
       const auto count = static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks")));
       if (choices_.size() < count) choices_.resize(count, tuning_choice{});
     }
+    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (before its state is loaded)
+    const auto across = c.text.find("comm.diloco.site.across");
+    across_key_ = across == c.text.end() ? std::string() : across->second;
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     speed_ = {};
@@ -303,19 +311,46 @@ struct diloco {
   }
   // The pseudo-gradient averaged by the two-level all-reduce; the sites agreed first where the
   // group is new (the start, a new view: every replica at the same round's end).
+  // Synchronous inside the site, its members' pseudo-gradients are the same, and step 1 sends
+  // nothing; the members check it (8 bytes): a member that took another site's state (a joiner)
+  // or a run resumed otherwise may hold others, and then step 1 adds them up. A result that is
+  // not finite is redone flat, in f32, through the aggregator, which drops and names the replica
+  // that sent it (every replica sees the same result, so all redo it).
   template <class Ctx>
   void average_over_sites(Ctx& ctx) {
-    levels(ctx).reduce(
+    auto& two = levels(ctx);
+    bool same = false;
+    if (sync_inside_site && two.site().world() > 1)
+      same = two.site().all_same(decentrain::detail::fnv1a(
+          std::string_view(reinterpret_cast<const char*>(delta_.data()), delta_.size() * sizeof(float))));
+    sent_ = delta_;
+    two.reduce(
         std::span<float>(delta_), collective::reduce_op::average, collective::codec_block(codec),
-        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); },
-        sync_inside_site);
+        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); }, same);
+    if (std::all_of(delta_.begin(), delta_.end(), [](float x) { return std::isfinite(x); })) return;
+    delta_ = sent_;
+    compress::identity f32;
+    collective::encoded_all_reduce(f32, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, std::nullopt);
   }
+  // The groups over the sites, made where there are none for this communicator (the first
+  // exchange, a new view). A codec with state (error feedback's residual) holds it for the
+  // segment this replica reduced across: where that changed since (a new view, another layout
+  // resumed, a state taken from another member), the codec starts afresh.
   template <class Ctx>
   collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
-    if (!levels_ || levels_of_ != &ctx.replicas)
-      levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
-          ctx.replicas, collective::agree_on_sites(ctx.replicas, site));
+    if (levels_ && levels_of_ == &ctx.replicas) return *levels_;
+    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(ctx.replicas,
+                                                                              collective::agree_on_sites(ctx.replicas, site));
     levels_of_ = &ctx.replicas;
+    const auto [first, last] = levels_->across() ? levels_->segment(global_.size(), levels_->sites().position(ctx.replicas.rank()),
+                                                                    collective::codec_block(codec))
+                                                 : std::pair<std::size_t, std::size_t>{0, 0};
+    const auto key = levels_->sites().describe() + " | values " + std::to_string(first) + " to " + std::to_string(last);
+    if (!across_key_.empty() && key != across_key_ && fresh_codec_) {
+      codec = *fresh_codec_;
+      compress::set_layout(codec, layout_of(ctx.parameters));
+    }
+    across_key_ = key;
     return *levels_;
   }
   // The start's probe of the replicas' links.
@@ -385,6 +420,9 @@ struct diloco {
   // (shared so that the policy stays copyable; one trainer uses it).
   std::shared_ptr<collective::two_level<transport::any_endpoint>> levels_;
   const void* levels_of_ = nullptr;
+  std::vector<float> sent_;            // the pseudo-gradient as sent (a result not finite is redone)
+  std::string across_key_;             // the sites and the segment this replica reduced across
+  std::optional<Codec> fresh_codec_;   // the codec before any state (start or load, the first)
 };
 
 }  // namespace decentrain::comm
