@@ -411,7 +411,8 @@ void declare_train(CLI::App& cmd) {
             "machines): summed inside each site, 1/k of them across per member,\n"
             "the result shared inside (two-level all-reduce). Over TCP or MPI:\n"
             "this peer's site; with --peers N: N names, one a peer, whose links\n"
-            "inside a site are lan's and --link's between sites. The summary\n"
+            "inside a site are lan's and --link's between sites; or auto (every\n"
+            "peer): the sites found from measured round trips. The summary\n"
             "gives the bytes per link")
       ->group(comm);
   cli::flag(cmd, "sync-inside-site",
@@ -1054,7 +1055,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     hooks.open_metrics(p.metrics, p);  // one file, one log, for every peer
     auto links = p.mode == launch::single ? dt::transport::links::ideal(1)
                                           : dt::transport::links::preset(p.link, world, p.trainer.seed);
-    if (!p.sites.empty()) {  // --site: lan inside a site
+    if (!p.sites.empty() && p.sites.size() > 1) {  // --site: lan inside a site
       const auto map = dt::collective::site_map::from_names(p.sites);
       std::vector<int> site_of;
       for (int r = 0; r < world; ++r) site_of.push_back(map.site_of(r));
@@ -1194,7 +1195,15 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
         ended.parallel.pipe.stages = f.stages;
       }
     print_summary(ended, results, rank, world, Comm::name, wall_s);
-    if (!p.sites.empty() && network) print_site_traffic(p.sites, *network);
+    if (const auto& found = hooks.site_maps[static_cast<std::size_t>(asker)]; found && p.sites == std::vector<std::string>{"auto"})
+      std::printf("sites found by round trips: %s\n", found->describe().c_str());
+    if (!p.sites.empty() && network) {
+      std::vector<std::string> names = p.sites;  // (auto: the sites found)
+      if (const auto& found = hooks.site_maps[static_cast<std::size_t>(asker)]; found && found->world() == p.world && names.size() == 1)
+        for (names.clear(); static_cast<int>(names.size()) < p.world;)
+          names.push_back(found->name(found->site_of(static_cast<int>(names.size()))));
+      if (static_cast<int>(names.size()) == p.world) print_site_traffic(names, *network);  // (auto: once no peer was lost)
+    }
     if (!p.sites.empty() && tcp_peer) print_link_traffic(p.sites[0], *tcp_peer);
     if (const auto& picks = hooks.picks[static_cast<std::size_t>(asker)]; !picks.empty())
       std::printf("auto: %zu pick%s; at the end %s (picked after step %lld: %s)\n", picks.size(), picks.size() == 1 ? "" : "s",
@@ -1597,9 +1606,9 @@ int cmd_train(const options& opt) {
     for (const auto& name : p.sites)
       dt::detail::check(!name.empty() && name.size() <= dt::collective::site_map::max_name_bytes, "--site: '", name,
                         "' is not a site name (1 to ", dt::collective::site_map::max_name_bytes, " bytes)");
-    if (p.mode == launch::in_process)
+    if (p.mode == launch::in_process && p.sites != std::vector<std::string>{"auto"})
       dt::detail::check(static_cast<int>(p.sites.size()) == p.world, "--site gives ", p.sites.size(), " names for ", p.world,
-                        " peers (with --peers, one a peer: --site a,a,b,b)");
+                        " peers (with --peers, one a peer: --site a,a,b,b; or auto)");
     else
       dt::detail::check(p.sites.size() == 1, "--site gives ", p.sites.size(), " names; over TCP or MPI it names this peer's site");
   }

@@ -214,6 +214,7 @@ struct run_hooks {
     changes.assign(n, {});
     change_counts.assign(n, 0);
     picks.assign(n, {});
+    site_maps.assign(n, {});
   }
 
   dt::train::progress bar;
@@ -231,6 +232,7 @@ struct run_hooks {
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
   std::vector<std::vector<dt::comm::tuning_choice>> picks;  // --auto: each peer's picks so far
+  std::vector<std::optional<dt::collective::site_map>> site_maps;  // --site: each peer's sites at the end
   int final_world = -1;  // an elastic TCP or MPI peer: the world of its last view
 };
 
@@ -358,6 +360,7 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
     return interrupted.load();
   });
   auto result = t.fit(job.data);
+  if constexpr (requires { t.policy().sites(); }) h.site_maps[static_cast<std::size_t>(first_rank)] = t.policy().sites();
   if constexpr (elastic) {
     if (p.mode != launch::in_process) {
       h.changes[static_cast<std::size_t>(first_rank)] = t.fault().changes();

@@ -22709,11 +22709,15 @@ void balanced_all_reduce(Communicator& comm, std::span<T> data, std::span<const 
 // Which site each peer is at. Peers of one site (a datacenter, a machine) share a fast network;
 // sites reach each other over the WAN. Each peer knows its own site's name (`--site NAME`), and
 // the peers agree on everyone's by one all-gather, so that every peer builds the same map and
-// the same groups from it (collective/two_level_all_reduce.hpp).
+// the same groups from it (collective/two_level_all_reduce.hpp). Or the peers measure the round
+// trips between them and group those that are near (sites_by_latency).
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -22800,6 +22804,100 @@ site_map agree_on_sites(Comm& comm, const std::string& mine) {
   decentrain::detail::check(unnamed.empty(), "sites: peers ", unnamed, " name no site (this peer: '", mine,
                             "'): every peer of a collective by sites needs one");
   return site_map::from_names(names);
+}
+
+// The round trip between every pair of `comm`'s peers, in seconds on the endpoints' clocks
+// (simulated time on simulated links), row-major n x n, the same on every peer. Each peer sends
+// a ping to every other at once and answers every ping the moment it takes it, in the order
+// they come, until it has every answer: a pair's figure is the smaller of the two peers'
+// measures, so that a peer that reached the probe late (whose answers went out late) does not
+// make the pair look far. `probe` numbers the call (the same on every peer; a tag of its own).
+template <class Comm>
+std::vector<double> measure_round_trips(Comm& comm, std::uint32_t probe = 0) {
+  auto& ep = comm.endpoint();
+  const int n = comm.world(), me = comm.rank();
+  std::vector<double> mine(static_cast<std::size_t>(n), 0.0);
+  if (n > 1) {
+    const transport::tag_type tag = (transport::tag_type{0x70696e67u} << 32) | probe;  // "ping"
+    std::vector<int> others;
+    for (int q = 0; q < n; ++q)
+      if (q != me) others.push_back(q);
+    const auto clock = [&] { return ep.stats().clock_seconds; };
+    const std::byte ping[1] = {std::byte{0}}, pong[1] = {std::byte{1}};
+    const double start = clock();
+    for (const int q : others) ep.send(q, tag, std::span<const std::byte>(ping));
+    std::vector<int> answered(static_cast<std::size_t>(n), 0), asked(static_cast<std::size_t>(n), 0);
+    for (std::size_t pending = 2 * others.size(); pending > 0; --pending) {
+      const auto m = ep.recv_any(std::span<const int>(others), tag);
+      const auto q = static_cast<std::size_t>(m.source);
+      decentrain::detail::check(m.data.size() == 1 && (m.data[0] == std::byte{0} || m.data[0] == std::byte{1}), "sites: peer ",
+                                m.source, " sent a ", m.data.size(), "-byte message where a ping or its answer (1 byte) belongs");
+      auto& seen = m.data[0] == std::byte{0} ? asked[q] : answered[q];
+      decentrain::detail::check(seen == 0, "sites: peer ", m.source, " sent a second ", m.data[0] == std::byte{0} ? "ping" : "answer");
+      seen = 1;
+      if (m.data[0] == std::byte{0}) {
+        ep.send(m.source, tag, std::span<const std::byte>(pong));
+      } else {
+        const double at = std::isfinite(m.arrival_s) ? m.arrival_s : clock();
+        mine[q] = std::max(0.0, at - start);
+      }
+    }
+  }
+  const auto all = comm.all_gather(std::span<const double>(mine));
+  std::vector<double> out(all.size());
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      const auto ab = static_cast<std::size_t>(a * n + b), ba = static_cast<std::size_t>(b * n + a);
+      out[ab] = a == b ? 0.0 : std::min(all[ab], all[ba]);
+    }
+  return out;
+}
+
+// Sites from the round trips of n peers (row-major, symmetric): the pairs' figures sorted, the
+// largest factor between two neighbours splits near from far where it is at least `gap`, and
+// peers joined by near pairs share a site, named "near-R" by its lowest rank R. No such jump
+// (peers about equally far from each other): one site. The same figures give the same map.
+inline site_map sites_from_round_trips(std::span<const double> rtt, int n, double gap = 4.0) {
+  decentrain::detail::check(n >= 1 && rtt.size() == static_cast<std::size_t>(n) * static_cast<std::size_t>(n), "sites: ", rtt.size(),
+                            " round trips for ", n, " peers (n x n)");
+  decentrain::detail::check(gap > 1 && std::isfinite(gap), "sites: the gap must be a factor > 1, got ", gap);
+  const auto at = [&](int a, int b) { return rtt[static_cast<std::size_t>(a * n + b)]; };
+  std::vector<double> pairs;
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b) {
+      decentrain::detail::check(std::isfinite(at(a, b)) && at(a, b) >= 0, "sites: the round trip of peers ", a, " and ", b,
+                                " is not a time (", at(a, b), ")");
+      pairs.push_back(std::max(at(a, b), 1e-6));  // (a microsecond at least: ideal links measure 0)
+    }
+  std::sort(pairs.begin(), pairs.end());
+  double threshold = -1, widest = gap;
+  for (std::size_t i = 0; i + 1 < pairs.size(); ++i)
+    if (pairs[i + 1] / pairs[i] >= widest) {
+      widest = pairs[i + 1] / pairs[i];
+      threshold = std::sqrt(pairs[i] * pairs[i + 1]);
+    }
+  std::vector<int> root(static_cast<std::size_t>(n));
+  std::iota(root.begin(), root.end(), 0);
+  const auto find = [&](int x) {
+    while (root[static_cast<std::size_t>(x)] != x) x = root[static_cast<std::size_t>(x)] = root[static_cast<std::size_t>(root[static_cast<std::size_t>(x)])];
+    return x;
+  };
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b)
+      if (threshold < 0 || std::max(at(a, b), 1e-6) <= threshold) {
+        const int ra = find(a), rb = find(b);
+        root[static_cast<std::size_t>(std::max(ra, rb))] = std::min(ra, rb);  // (the lowest rank stays the root)
+      }
+  std::vector<std::string> names;
+  for (int r = 0; r < n; ++r) names.push_back("near-" + std::to_string(find(r)));
+  return site_map::from_names(names);
+}
+
+// The sites of `comm`'s peers from their measured round trips (measure_round_trips, then
+// sites_from_round_trips): every peer returns the same map.
+template <class Comm>
+site_map sites_by_latency(Comm& comm, double gap = 4.0, std::uint32_t probe = 0) {
+  return sites_from_round_trips(measure_round_trips(comm, probe), comm.world(), gap);
 }
 
 }  // namespace decentrain::collective
@@ -24922,8 +25020,9 @@ struct diloco {
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
-  // This replica's site (a datacenter, a machine; 1 to 63 bytes): set, the replicas agree on
-  // everyone's at the first exchange and after each new view, and the pseudo-gradients are
+  // This replica's site (a datacenter, a machine; 1 to 63 bytes), or "auto" on every replica:
+  // the sites found from the round trips the replicas measure (collective::sites_by_latency).
+  // Set, the replicas agree on everyone's at the first exchange and after each new view, and the pseudo-gradients are
   // averaged by the two-level all-reduce: summed inside each site, each member of a site
   // reducing its 1/k of them with its counterparts of the other sites (through Codec), and the
   // result shared inside the site. Every replica names a site or none does; with the mean
@@ -25154,6 +25253,12 @@ struct diloco {
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
   // until it measured).
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
+  // With a site: the sites of the group's last exchange (named, or found by their round trips
+  // with "auto"); none before the first.
+  std::optional<collective::site_map> sites() const {
+    if (!levels_) return std::nullopt;
+    return levels_->sites();
+  }
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
@@ -25198,8 +25303,9 @@ struct diloco {
   template <class Ctx>
   collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
     if (levels_ && levels_of_ == &ctx.replicas) return *levels_;
-    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(ctx.replicas,
-                                                                              collective::agree_on_sites(ctx.replicas, site));
+    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
+        ctx.replicas, site == "auto" ? collective::sites_by_latency(ctx.replicas, 4.0, site_probes_++)
+                                     : collective::agree_on_sites(ctx.replicas, site));
     levels_of_ = &ctx.replicas;
     const auto [first, last] = levels_->across() ? levels_->segment(global_.size(), levels_->sites().position(ctx.replicas.rank()),
                                                                     collective::codec_block(codec))
@@ -25281,6 +25387,7 @@ struct diloco {
   const void* levels_of_ = nullptr;
   std::vector<float> sent_;            // the pseudo-gradient as sent (a result not finite is redone)
   std::string across_key_;             // the sites and the segment this replica reduced across
+  std::uint32_t site_probes_ = 0;      // site "auto": the round trips measured so far (each a tag)
   std::optional<Codec> fresh_codec_;   // the codec before any state (start or load, the first)
 };
 

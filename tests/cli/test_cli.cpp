@@ -602,6 +602,14 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   CHECK(megabytes(synced.output, "a", "b") <= megabytes(plain.output, "a", "b"));
   CHECK(megabytes(synced.output, "a", "a") > 2 * megabytes(plain.output, "a", "a"));
 
+  // --site auto: the sites found from the round trips the peers measure; on `wan` every pair is
+  // about as far as any other, so one site.
+  const auto found = run(cli() + args + " --peers 4 --link wan --site auto", dir);
+  INFO(found.output);
+  CHECK(found.status == 0);
+  CHECK_THAT(found.output, Contains("sites found by round trips: near-0: 0 1 2 3"));
+  CHECK_THAT(found.output, Contains("  near-0 -> near-0: "));
+
   // A peer lost: the sites shrink, each replica's segment across may move, and error feedback's
   // residual (its segment's) starts afresh where it did, instead of failing on the new size.
   const auto lost = run(cli() + args + " --peers 4 --link wan --site a,a,b,b --codec int8,ef --elastic --kill 3@4", dir);
@@ -625,9 +633,19 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   CHECK(last_line_with(tcp.output, "val loss ") == last_line_with(three.output, "val loss "));
   CHECK_THAT(tcp.output, Contains("bytes per link from this peer (site a): to 1: "));
   CHECK_THAT(read_text(dir / "r2.txt"), Contains("bytes per link from this peer (site b): to 0: "));
+#if defined(DECENTRAIN_MPIRUN)
+  // Three MPI ranks, each naming its own site (mpirun's colon-separated programs).
+  const std::string rank_args = cli() + args + " --mpi --site ";
+  const auto mpi = run("timeout 120 " DECENTRAIN_MPIRUN " --allow-run-as-root --oversubscribe -np 1 " + rank_args + "a : -np 1 " +
+                           rank_args + "a : -np 1 " + rank_args + "b",
+                       dir);
+  INFO(mpi.output);
+  CHECK(mpi.status == 0);
+  CHECK(last_line_with(mpi.output, "val loss ") == last_line_with(three.output, "val loss "));
+#endif
 
   auto r = run(cli() + args + " --peers 4 --site a,b", dir);
-  CHECK_THAT(r.output, Contains("--site gives 2 names for 4 peers (with --peers, one a peer: --site a,a,b,b)"));
+  CHECK_THAT(r.output, Contains("--site gives 2 names for 4 peers (with --peers, one a peer: --site a,a,b,b; or auto)"));
   r = run(cli() + args + " --peers 2 --sync-inside-site", dir);
   CHECK_THAT(r.output, Contains("--sync-inside-site needs --site"));
   r = run(cli() + args + " --peers 2 --site a,b --comm sync", dir);

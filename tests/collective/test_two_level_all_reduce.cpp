@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -47,6 +48,59 @@ TEST_CASE("sites: the map from each peer's site name, and bad names") {
   CHECK_THROWS_WITH(site_map::from_names(std::vector<std::string>{"a", std::string(64, 'x')}),
                     Catch::Contains("peer 1's site name must be 1 to 63 bytes, got 64"));
   CHECK_THROWS_WITH(site_map::from_names(std::vector<std::string>{}), Catch::Contains("no peers named"));
+}
+
+TEST_CASE("sites from round trips: near pairs joined, the widest jump the split, one site without one") {
+  using dt::collective::sites_from_round_trips;
+  // 0 and 2 near (1 ms), 1, 3 and 4 near (2-3 ms: 3 near 4, 1 near 3), the sites 100-200 ms apart.
+  const std::vector<double> rtt = {0,     0.2,   0.001, 0.15,  0.2,    //
+                                   0.2,   0,     0.17,  0.002, 0.05,   // (1-4: 50 ms, joined through 3)
+                                   0.001, 0.17,  0,     0.19,  0.18,   //
+                                   0.15,  0.002, 0.19,  0,     0.003,  //
+                                   0.2,   0.05,  0.18,  0.003, 0};
+  const auto m = sites_from_round_trips(rtt, 5);
+  CHECK(m.describe() == "near-0: 0 2, near-1: 1 3 4");
+  // About equally far (within the factor of 4): one site.
+  CHECK(sites_from_round_trips(std::vector<double>{0, 0.1, 0.12, 0.1, 0, 0.3, 0.12, 0.3, 0}, 3).sites() == 1);
+  CHECK(sites_from_round_trips(std::vector<double>{0, 0, 0, 0}, 2).sites() == 1);  // ideal links
+  CHECK(sites_from_round_trips(std::vector<double>{0}, 1).sites() == 1);
+  CHECK_THROWS_WITH(sites_from_round_trips(std::vector<double>{0, 1, 1}, 2), Catch::Contains("3 round trips for 2 peers"));
+  CHECK_THROWS_WITH(sites_from_round_trips(std::vector<double>{0, -1, -1, 0}, 2), Catch::Contains("peers 0 and 1 is not a time"));
+  CHECK_THROWS_WITH(sites_from_round_trips(std::vector<double>{0, 1, 1, 0}, 2, 1.0), Catch::Contains("gap must be a factor > 1"));
+}
+
+TEST_CASE("sites by latency: simulated peers of two sites are found from the round trips they measure") {
+  // Six peers, the sites dealt a, b, a, b, b, a; lan inside, wan between (100 ms, 10 ms jitter).
+  const std::vector<int> site_of = {0, 1, 0, 1, 1, 0};
+  const int n = 6;
+  const auto links = dt::transport::links::by_site(dt::transport::links::wan(n), dt::transport::links::lan(n), site_of);
+  std::vector<std::string> found(n);
+  std::vector<double> near(n), far(n);
+  dt::transport::in_process(links, {5, std::chrono::milliseconds(20000)}).run([&](dt::transport::in_process::endpoint& ep) {
+    dt::collective::communicator comm(ep);
+    const auto rtt = dt::collective::measure_round_trips(comm);
+    const auto r = static_cast<std::size_t>(ep.rank());
+    near[r] = rtt[0 * n + 2];
+    far[r] = rtt[0 * n + 1];
+    found[r] = dt::collective::sites_from_round_trips(rtt, n).describe();
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(found[static_cast<std::size_t>(r)] == "near-0: 0 2 5, near-1: 1 3 4");
+    CHECK(near[static_cast<std::size_t>(r)] < 0.001);  // two LAN latencies of 50 us
+    CHECK(far[static_cast<std::size_t>(r)] >= 0.2);    // two WAN latencies
+  }
+}
+
+TEMPLATE_TEST_CASE("sites by latency: peers on one machine are one site, the same map on every peer", "[collective]", TRANSPORTS) {
+  const int n = 4;
+  harness::peer_checks checks;
+  TestType::run(n, [&](auto& ep) {
+    dt::collective::communicator comm(ep);
+    const auto sites = dt::collective::sites_by_latency(comm, 4.0, 1);
+    PEER_CHECK(checks, sites.world() == n);
+    PEER_CHECK(checks, comm.all_same(std::hash<std::string>{}(sites.describe())));
+  });
+  checks.report(static_cast<std::size_t>(TestType::local_peers(n)) * 2);
 }
 
 TEMPLATE_TEST_CASE("two-level all-reduce: equals the flat one, the same bits on every peer", "[collective]", TRANSPORTS) {

@@ -63,8 +63,9 @@ struct diloco {
   // Set: the pseudo-gradients are averaged by this grid's Moshpit rounds (exact for n = M^d with
   // its default rounds) instead of one all-reduce; every replica the same.
   std::optional<moshpit_grid> moshpit{};
-  // This replica's site (a datacenter, a machine; 1 to 63 bytes): set, the replicas agree on
-  // everyone's at the first exchange and after each new view, and the pseudo-gradients are
+  // This replica's site (a datacenter, a machine; 1 to 63 bytes), or "auto" on every replica:
+  // the sites found from the round trips the replicas measure (collective::sites_by_latency).
+  // Set, the replicas agree on everyone's at the first exchange and after each new view, and the pseudo-gradients are
   // averaged by the two-level all-reduce: summed inside each site, each member of a site
   // reducing its 1/k of them with its counterparts of the other sites (through Codec), and the
   // result shared inside the site. Every replica names a site or none does; with the mean
@@ -295,6 +296,12 @@ struct diloco {
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
   // until it measured).
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
+  // With a site: the sites of the group's last exchange (named, or found by their round trips
+  // with "auto"); none before the first.
+  std::optional<collective::site_map> sites() const {
+    if (!levels_) return std::nullopt;
+    return levels_->sites();
+  }
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
@@ -339,8 +346,9 @@ struct diloco {
   template <class Ctx>
   collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
     if (levels_ && levels_of_ == &ctx.replicas) return *levels_;
-    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(ctx.replicas,
-                                                                              collective::agree_on_sites(ctx.replicas, site));
+    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
+        ctx.replicas, site == "auto" ? collective::sites_by_latency(ctx.replicas, 4.0, site_probes_++)
+                                     : collective::agree_on_sites(ctx.replicas, site));
     levels_of_ = &ctx.replicas;
     const auto [first, last] = levels_->across() ? levels_->segment(global_.size(), levels_->sites().position(ctx.replicas.rank()),
                                                                     collective::codec_block(codec))
@@ -422,6 +430,7 @@ struct diloco {
   const void* levels_of_ = nullptr;
   std::vector<float> sent_;            // the pseudo-gradient as sent (a result not finite is redone)
   std::string across_key_;             // the sites and the segment this replica reduced across
+  std::uint32_t site_probes_ = 0;      // site "auto": the round trips measured so far (each a tag)
   std::optional<Codec> fresh_codec_;   // the codec before any state (start or load, the first)
 };
 
