@@ -224,7 +224,11 @@ void declare_train(CLI::App& cmd) {
             "--peers: how fast each peer computes (2: twice this machine's speed;\none number a peer), or 'spread': 1x to 4x")
       ->group(peers);
   cli::text(cmd, "listen", "HOST:PORT", "this process is one TCP peer, listening here...")->group(peers);
-  cli::text(cmd, "join", "HOST:PORT,...", "...joining through these peers (not for the first)")->group(peers);
+  cli::text(cmd, "join", "HOST:PORT,...",
+            "...joining through these peers (not for the first); without --listen\n"
+            "it accepts no connections (behind a NAT) and dials every peer (one\n"
+            "such peer a group)")
+      ->group(peers);
   cli::text(cmd, "advertise", "HOST", "the host others reach this peer at (needed with --listen 0.0.0.0:PORT)")->group(peers);
   cli::integer(cmd, "rank", "R", "...as peer R", 0, 0, 65535)->group(peers);
   cli::integer(cmd, "world", "W", "...of W", 1, 1, 65536)->group(peers);
@@ -1083,7 +1087,8 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     std::optional<dt::transport::any_endpoint> ep;
     if (p.mode == launch::tcp) {
       if (!p.quiet)
-        std::printf("tcp peer %d of %d listening on %s%s%s%s\n", p.tcp.rank, p.tcp.world, p.tcp.listen.c_str(),
+        std::printf("tcp peer %d of %d %s%s%s%s%s\n", p.tcp.rank, p.tcp.world,
+                    p.tcp.listen.empty() ? "accepting no connections (it dials every peer)" : "listening on ", p.tcp.listen.c_str(),
                     p.tcp.key.empty() ? "" : " (run key: peers and frames authenticated)",
                     p.tcp.identity.enabled() ? " (identities: each peer proves its rank with its own key)" : "",
                     p.tcp.tls.enabled() ? " (TLS: peers certified by the run's CA, frames encrypted)" : "");
@@ -1093,7 +1098,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
                      "warning: no run key (--key-file or %s), no identities (--identity, --roster) and no TLS (--tls-cert, "
                      "--tls-key, --tls-ca): anyone who can reach %s can join this group and "
                      "send it anything a peer may send\n",
-                     dt::transport::auth::key_file_variable, p.tcp.listen.c_str());
+                     dt::transport::auth::key_file_variable, p.tcp.listen.empty() ? "its peers" : p.tcp.listen.c_str());
       tcp_peer.emplace(dt::transport::tcp::join(p.tcp));
       ep.emplace(*tcp_peer);
     } else {
@@ -1113,7 +1118,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
       if (server) {
         // A page on every interface is reached at the address the peer is reached at.
         std::string host = p.status_host;
-        if ((host == "0.0.0.0" || host == "::") && p.mode == launch::tcp)
+        if ((host == "0.0.0.0" || host == "::") && p.mode == launch::tcp && !p.tcp.listen.empty())
           host = !p.tcp.advertise.empty() ? p.tcp.advertise : p.tcp.listen.substr(0, p.tcp.listen.rfind(':'));
         if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";  // IPv6
         page = "http://" + host + ":" + std::to_string(server->port()) + "/";
@@ -1397,10 +1402,12 @@ std::vector<double> peer_speeds(const std::string& text, int world, std::uint64_
 
 int cmd_train(const options& opt) {
   train_plan p;
-  const int modes = int(opt.has("peers")) + int(opt.has("listen")) + int(opt.flag("mpi"));
-  dt::detail::check(modes <= 1, "--peers, --listen and --mpi are different modes; give one of them");
+  // (--join without --listen: a TCP peer that accepts no connections, as behind a NAT)
+  const bool tcp = opt.has("listen") || opt.has("join");
+  const int modes = int(opt.has("peers")) + int(tcp) + int(opt.flag("mpi"));
+  dt::detail::check(modes <= 1, "--peers, --listen (or --join) and --mpi are different modes; give one of them");
   p.mode = opt.has("peers")    ? launch::in_process
-           : opt.has("listen") ? launch::tcp
+           : tcp               ? launch::tcp
            : opt.flag("mpi")   ? launch::mpi
                                : launch::single;
   if (p.mode != launch::in_process)
@@ -1420,7 +1427,7 @@ int cmd_train(const options& opt) {
         return peer_speeds(opt.text("speeds"), p.world, static_cast<std::uint64_t>(opt.integer("seed")));
       });
   } else if (p.mode == launch::tcp) {
-    p.tcp.listen = opt.text("listen");
+    p.tcp.listen = opt.has("listen") ? opt.text("listen") : std::string();  // none: it dials every peer
     p.tcp.advertise = opt.text("advertise");
     p.tcp.join = split_list(opt.text("join"), "join");
     p.tcp.rank = static_cast<int>(opt.integer("rank"));

@@ -15732,7 +15732,12 @@ inline std::string settings_difference(const std::string& here, const std::strin
 }
 
 struct tcp_options {
-  std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
+  // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
+  // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group, lower
+  // ranks and higher, and nobody dials it. Not peer 0 (the group's first seed). Two such peers
+  // cannot reach each other (a relay between them is not built), so a group holds one; the
+  // peers that join a running group must reach every member, so none is admitted while it is in.
+  std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
   std::string advertise;
@@ -15810,10 +15815,17 @@ struct tcp_options {
     decentrain::detail::check(heartbeat_interval.count() == 0 || min_silence >= 2 * heartbeat_interval,
                               "tcp: min_silence (", min_silence.count(), " ms) must be at least two heartbeat intervals (",
                               2 * heartbeat_interval.count(), " ms)");
-    const auto host = wire::split_address(listen).first;
-    decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
-                              "tcp: peer ", rank, " listens on the wildcard address ", listen,
-                              "; set tcp_options::advertise to an address the other peers can reach");
+    if (listen.empty()) {  // accepts no connections: it dials every peer
+      decentrain::detail::check(rank != 0 || world == 1, "tcp: peer 0 accepts no connections (listen is empty), but the others ",
+                                "join the group through it: peer 0 must listen");
+      decentrain::detail::check(advertise.empty(), "tcp: peer ", rank, " accepts no connections (listen is empty), so it has no ",
+                                "address to advertise (", advertise, ")");
+    } else {
+      const auto host = wire::split_address(listen).first;
+      decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
+                                "tcp: peer ", rank, " listens on the wildcard address ", listen,
+                                "; set tcp_options::advertise to an address the other peers can reach");
+    }
     for (const auto& j : join) (void)wire::split_address(j);
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");
@@ -16546,7 +16558,9 @@ class admission {
 namespace decentrain::transport::tcp_detail {
 
 struct directory {
-  std::map<int, std::string> addresses;  // rank -> "host:port", this peer's own included
+  // rank -> "host:port", this peer's own included; "" for a peer that accepts no connections
+  // (it dials every peer itself)
+  std::map<int, std::string> addresses;
   std::set<int> joining;                 // ranks a seed said are joiners not admitted yet
   std::size_t turn = 0;                  // which known address rediscover() asks first (training thread)
   bool formed = false;  // the mesh of this peer's group is complete (it may be running)
@@ -16581,7 +16595,7 @@ struct directory {
     }
     for (const auto& [r, a] : d.entries)
       if (r >= 0 && r < capacity && r != self) {
-        addresses[r] = a;
+        if (!a.empty() || !addresses.count(r)) addresses[r] = a;  // (an empty address never hides one known)
         if (std::find(d.joining.begin(), d.joining.end(), r) != d.joining.end()) joining.insert(r);
         else joining.erase(r);
       }
@@ -16722,20 +16736,22 @@ struct node {
 #if DECENTRAIN_HAS_TLS
     if (opts.tls.enabled()) tls_context = tls::make_context(opts.tls, opts.rank);
 #endif
-    const auto [host, port] = wire::split_address(opts.listen);
-    try {
-      asio::ip::tcp::resolver resolver(io);
-      const auto ep = *resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive).begin();
-      acceptor.open(ep.endpoint().protocol());
-      acceptor.set_option(asio::socket_base::reuse_address(true));
-      acceptor.bind(ep.endpoint());
-      acceptor.listen();
-    } catch (const std::exception& e) {
-      decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
+    if (!opts.listen.empty()) {
+      const auto [host, port] = wire::split_address(opts.listen);
+      try {
+        asio::ip::tcp::resolver resolver(io);
+        const auto ep = *resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive).begin();
+        acceptor.open(ep.endpoint().protocol());
+        acceptor.set_option(asio::socket_base::reuse_address(true));
+        acceptor.bind(ep.endpoint());
+        acceptor.listen();
+      } catch (const std::exception& e) {
+        decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
+      }
+      advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
+      accept_next();
     }
-    advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
-    dir.addresses[opts.rank] = advertised;
-    accept_next();
+    dir.addresses[opts.rank] = advertised;  // (empty: this peer accepts no connections)
     schedule_sweep();
     if (opts.heartbeat_interval.count() > 0) schedule_beat();
     io_thread = std::thread([this] { io.run(); });
@@ -17128,7 +17144,10 @@ struct node {
       return true;  // the caller closes when it has read the answer
     };
     if (hello.purpose == wire::hello_purpose::directory) {
+      // (a caller that accepts no connections is listed without an address: nobody dials it, and
+      // an empty address never hides one known)
       if (!dir.formed && !hello.address.empty()) dir.addresses[hello.rank] = hello.address;
+      else if (!dir.formed) dir.addresses.try_emplace(hello.rank, "");
       return answer(wire::frame_type::directory,
                     wire::encode_body(dir.answer(
                         opts.rank, [&](int r) { return peers.count(r) > 0; },
@@ -17156,7 +17175,9 @@ struct node {
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
                                                                   "peer ", opts.rank, " has not left the previous peer of rank ",
                                                                   hello.rank, " out of its view yet; join again later")}));
-    } else if (hello.rank < opts.rank || peers.count(hello.rank)) {  // told why: the caller waits for an answer
+    } else if ((hello.rank < opts.rank && !(hello.address.empty() && !dir.formed)) || peers.count(hello.rank)) {
+      // (told why: the caller waits for an answer; a lower rank that accepts no connections
+      // dials every peer while the group forms)
       return answer(wire::frame_type::bye,
                     wire::encode_body(wire::farewell{
                         false, hello.rank < opts.rank
@@ -17167,6 +17188,7 @@ struct node {
                                                                 hello.rank, " (are two peers started as rank ", hello.rank, "?)")}));
     }
     if (!hello.address.empty()) dir.addresses[hello.rank] = hello.address;
+    else dir.addresses.try_emplace(hello.rank, "");
     // The welcome goes out before the connection is registered, so it is the first frame the
     // caller reads from it (the training thread may write to it as soon as it is registered).
     {
@@ -17525,8 +17547,9 @@ struct node {
 // ---- begin decentrain/transport/tcp/rendezvous.hpp ----
 // How a TCP peer finds its group and builds the mesh: it asks the peers it knows (--join) for the
 // directory of everyone they know until it knows all `world` peers and dials every lower rank
-// (higher ranks dial it), so each pair shares one connection; a peer that finds the group running
-// dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
+// (higher ranks dial it), so each pair shares one connection; a peer that accepts no connections
+// (no listen address: behind a NAT) dials every peer, lower and higher, and is dialed by none; a
+// peer that finds the group running dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
 // (tcp/handshake.hpp) on a short-lived io_context with a deadline, then hands the connection to
 // the node's I/O thread.
 
@@ -17576,11 +17599,12 @@ class rendezvous {
         if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // retrying would not help
       }
       if (n_.late_group()) return connect_late(deadline);
-      for (int j = 0; j < opts.rank; ++j) {
+      const bool dials_all = n_.advertised.empty();  // (nobody can dial this peer)
+      for (int j = 0; j < (dials_all ? opts.world : opts.rank); ++j) {
         std::string address;
         {
           std::lock_guard lock(n_.mutex);
-          if (n_.peers.count(j) || !n_.dir.addresses.count(j)) continue;
+          if (j == opts.rank || n_.peers.count(j) || !n_.dir.addresses.count(j) || n_.dir.addresses[j].empty()) continue;
           address = n_.dir.addresses[j];
         }
         ++attempts;
@@ -17598,10 +17622,18 @@ class rendezvous {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        std::string missing;
+        std::string missing, unreachable;
         for (int j = 0; j < opts.world; ++j)
-          if (j != opts.rank && !n_.peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+          if (j != opts.rank && !n_.peers.count(j)) {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+            const auto a = n_.dir.addresses.find(j);
+            if (a != n_.dir.addresses.end() && a->second.empty()) unreachable += (unreachable.empty() ? "" : ", ") + std::to_string(j);
+          }
         const auto rejected = n_.adm.last_rejected();
+        if (!unreachable.empty() && n_.advertised.empty())
+          decentrain::detail::fail("tcp: peer ", opts.rank, " accepts no connections, and so do peer(s) ", unreachable,
+                                   ": two such peers cannot reach each other (a relay between them is not built); give all but "
+                                   "one of them a listen address the others can reach");
         decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                  opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ", last_error,
                                  rejected.empty() ? "" : "; last caller refused: ", rejected, ")");
@@ -17620,7 +17652,7 @@ class rendezvous {
       std::lock_guard lock(n_.mutex);
       n_.dir.late = true;  // a member left out rejoins as a joiner: the others take it in only as one
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != n_.opts.rank) ask.push_back(a);
+        if (r != n_.opts.rank && !a.empty()) ask.push_back(a);
     }
     // One answer lists the peers it is connected to: enough. Each call starts one further along,
     // so a peer that answers with the wrong side of a partition is not the only one ever asked.
@@ -17653,8 +17685,9 @@ class rendezvous {
     {
       std::lock_guard lock(n_.mutex);
       // Joiners of higher rank dial this one (two peers never dial each other at once).
+      // (A peer that accepts no connections dials this one.)
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
+        if (r != n_.opts.rank && !a.empty() && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
             !(n_.dir.joining.count(r) && r > n_.opts.rank))
           todo.emplace_back(r, a);
     }
@@ -17688,7 +17721,8 @@ class rendezvous {
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
       bool settled = true;
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank)) settled = false;
+        if (r != opts.rank && !a.empty() && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank))
+          settled = false;
       if (settled && !n_.peers.empty()) {
         n_.dir.formed = true;
         return;
@@ -17947,6 +17981,7 @@ class tcp {
     return t;
   }
 
+  // Where the others reach this peer ("host:port"); empty when it accepts no connections.
   std::string address() const { return n().advertised; }
   void connect() { self_->rendezvous.connect(); }
 

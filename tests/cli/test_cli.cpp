@@ -658,6 +658,32 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   CHECK_THAT(r.output, Contains("--site 'a,': an empty item after the last comma"));
 }
 
+TEST_CASE("train over TCP with a peer that accepts no connections (--join without --listen): it dials every peer", "[cli][peers]") {
+  const auto dir = scratch("no_listen");
+  const std::string args = " train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32"
+                           " --n-head 2 --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics ''";
+  const auto in_process = run(cli() + args + " --peers 3", dir);
+  REQUIRE(in_process.status == 0);
+  // Rank 1 has no listening socket (behind a NAT, say): peers 0 and 2 cannot dial it, so it
+  // dials them both, rank 2 included, which waits for it.
+  const auto port = std::to_string(free_port());
+  const auto tcp = run("( (timeout 120 " + cli() + args + " --join 127.0.0.1:" + port + " --rank 1 --world 3 > r1.txt 2>&1 &) ; "
+                           "(timeout 120 " + cli() + args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                           " --rank 2 --world 3 > r2.txt 2>&1 &) ; timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
+                           " --rank 0 --world 3; status=$?; wait; exit $status )",
+                       dir);
+  INFO(tcp.output);
+  const auto rank1 = read_text(dir / "r1.txt");
+  INFO(rank1);
+  CHECK(tcp.status == 0);
+  CHECK_THAT(rank1, Contains("tcp peer 1 of 3 accepting no connections (it dials every peer)"));
+  CHECK(last_line_with(tcp.output, "val loss ") == last_line_with(in_process.output, "val loss "));
+  CHECK(last_line_with(rank1, "val loss ") == last_line_with(in_process.output, "val loss "));
+  // Peer 0 must listen: the others join through it.
+  const auto r = run(cli() + args + " --join 127.0.0.1:" + port + " --rank 0 --world 3", dir);
+  CHECK_THAT(r.output, Contains("peer 0 accepts no connections (listen is empty), but the others join the group through it"));
+}
+
 TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {
   const auto dir = scratch("target_batch");
   // 16 steps on peers of speeds 1 and 4: equal batches of 16 rows leave the fast peer computing a

@@ -12,12 +12,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <future>
 #include <optional>
 #include <array>
 #include <cstring>
 #include <chrono>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace dt = decentrain;
 namespace tr = dt::transport;
@@ -281,6 +284,91 @@ TEST_CASE("tcp: the advertised host is what others dial, a wildcard listen addre
   const std::array<std::byte, 3> hi{std::byte{1}, std::byte{2}, std::byte{3}};
   peer1.send(0, 7, hi);
   CHECK(peer0.recv(1, 7).size() == 3);
+}
+
+namespace {
+// `world` TCP peers on 127.0.0.1, one thread each; the ranks in `closed` accept no connections
+// (listen empty). Each runs `body`; what each threw, or "".
+std::vector<std::string> run_with_closed(int world, std::vector<int> closed, const std::function<void(tr::tcp&)>& body,
+                                         std::chrono::milliseconds join_timeout = std::chrono::milliseconds(10000)) {
+  auto options = [&](int r) {
+    tr::tcp_options o;
+    o.rank = r;
+    o.world = world;
+    o.join_timeout = join_timeout;
+    o.recv_timeout = std::chrono::milliseconds(20000);
+    if (std::find(closed.begin(), closed.end(), r) != closed.end()) o.listen.clear();
+    return o;
+  };
+  tr::tcp first(options(0));
+  const std::string seed = first.address();
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        std::optional<tr::tcp> ep;
+        if (r == 0) {
+          ep.emplace(std::move(first));
+        } else {
+          auto o = options(r);
+          o.join = {seed};
+          ep.emplace(o);
+        }
+        ep->connect();
+        body(*ep);
+        dt::collective::communicator<tr::tcp>(*ep).barrier();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+}  // namespace
+
+TEST_CASE("tcp: a peer that accepts no connections dials every peer, lower ranks and higher, and trains with them") {
+  // Rank 1 has no listening socket at all: no peer can dial it, so the mesh forms only because
+  // it dialed peers 0, 2 and 3 itself (2 and 3 wait for it instead of dialing it).
+  std::vector<std::string> address(4);
+  std::vector<std::vector<int>> connected(4);
+  std::vector<std::int64_t> sums(4);
+  const auto errors = run_with_closed(4, {1}, [&](tr::tcp& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    address[r] = ep.address();
+    connected[r] = ep.connected();
+    dt::collective::communicator comm(ep);
+    std::int64_t v = ep.rank() + 1;
+    comm.all_reduce(std::span<std::int64_t>(&v, 1));
+    sums[r] = v;
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("peer " << r << ": " << errors[static_cast<std::size_t>(r)]);
+    CHECK(errors[static_cast<std::size_t>(r)].empty());
+    CHECK(sums[static_cast<std::size_t>(r)] == 10);
+    CHECK(connected[static_cast<std::size_t>(r)].size() == 3);
+  }
+  CHECK(address[1].empty());
+  CHECK_THAT(address[2], Catch::StartsWith("127.0.0.1:"));
+
+  // Two such peers cannot reach each other: each says so, naming the other.
+  const auto two = run_with_closed(4, {1, 2}, [](tr::tcp&) {}, std::chrono::milliseconds(1500));
+  CHECK_THAT(two[1], Catch::Contains("peer 1 accepts no connections, and so do peer(s) 2: two such peers cannot reach each other"));
+  CHECK_THAT(two[2], Catch::Contains("peer 2 accepts no connections, and so do peer(s) 1"));
+
+  tr::tcp_options first;
+  first.world = 2;
+  first.listen.clear();
+  CHECK_THROWS_WITH(tr::tcp(first), Catch::Contains("peer 0 accepts no connections (listen is empty), but the others join the group "
+                                                    "through it: peer 0 must listen"));
+  tr::tcp_options named;
+  named.world = 2;
+  named.rank = 1;
+  named.join = {"127.0.0.1:1"};
+  named.listen.clear();
+  named.advertise = "example.org";
+  CHECK_THROWS_WITH(tr::tcp(named), Catch::Contains("peer 1 accepts no connections (listen is empty), so it has no address to "
+                                                    "advertise (example.org)"));
 }
 
 TEST_CASE("tcp: sending to a peer that has left fails with a clear error instead of hanging") {

@@ -46,6 +46,7 @@ class tcp {
     return t;
   }
 
+  // Where the others reach this peer ("host:port"); empty when it accepts no connections.
   std::string address() const { return n().advertised; }
   void connect() { self_->rendezvous.connect(); }
 

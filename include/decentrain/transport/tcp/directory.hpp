@@ -13,7 +13,9 @@
 namespace decentrain::transport::tcp_detail {
 
 struct directory {
-  std::map<int, std::string> addresses;  // rank -> "host:port", this peer's own included
+  // rank -> "host:port", this peer's own included; "" for a peer that accepts no connections
+  // (it dials every peer itself)
+  std::map<int, std::string> addresses;
   std::set<int> joining;                 // ranks a seed said are joiners not admitted yet
   std::size_t turn = 0;                  // which known address rediscover() asks first (training thread)
   bool formed = false;  // the mesh of this peer's group is complete (it may be running)
@@ -48,7 +50,7 @@ struct directory {
     }
     for (const auto& [r, a] : d.entries)
       if (r >= 0 && r < capacity && r != self) {
-        addresses[r] = a;
+        if (!a.empty() || !addresses.count(r)) addresses[r] = a;  // (an empty address never hides one known)
         if (std::find(d.joining.begin(), d.joining.end(), r) != d.joining.end()) joining.insert(r);
         else joining.erase(r);
       }

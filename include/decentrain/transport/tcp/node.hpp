@@ -56,20 +56,22 @@ struct node {
 #if DECENTRAIN_HAS_TLS
     if (opts.tls.enabled()) tls_context = tls::make_context(opts.tls, opts.rank);
 #endif
-    const auto [host, port] = wire::split_address(opts.listen);
-    try {
-      asio::ip::tcp::resolver resolver(io);
-      const auto ep = *resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive).begin();
-      acceptor.open(ep.endpoint().protocol());
-      acceptor.set_option(asio::socket_base::reuse_address(true));
-      acceptor.bind(ep.endpoint());
-      acceptor.listen();
-    } catch (const std::exception& e) {
-      decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
+    if (!opts.listen.empty()) {
+      const auto [host, port] = wire::split_address(opts.listen);
+      try {
+        asio::ip::tcp::resolver resolver(io);
+        const auto ep = *resolver.resolve(host, std::to_string(port), asio::ip::resolver_base::passive).begin();
+        acceptor.open(ep.endpoint().protocol());
+        acceptor.set_option(asio::socket_base::reuse_address(true));
+        acceptor.bind(ep.endpoint());
+        acceptor.listen();
+      } catch (const std::exception& e) {
+        decentrain::detail::fail("tcp: peer ", opts.rank, " cannot listen on ", opts.listen, ": ", e.what());
+      }
+      advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
+      accept_next();
     }
-    advertised = (opts.advertise.empty() ? host : opts.advertise) + ":" + std::to_string(acceptor.local_endpoint().port());
-    dir.addresses[opts.rank] = advertised;
-    accept_next();
+    dir.addresses[opts.rank] = advertised;  // (empty: this peer accepts no connections)
     schedule_sweep();
     if (opts.heartbeat_interval.count() > 0) schedule_beat();
     io_thread = std::thread([this] { io.run(); });
@@ -462,7 +464,10 @@ struct node {
       return true;  // the caller closes when it has read the answer
     };
     if (hello.purpose == wire::hello_purpose::directory) {
+      // (a caller that accepts no connections is listed without an address: nobody dials it, and
+      // an empty address never hides one known)
       if (!dir.formed && !hello.address.empty()) dir.addresses[hello.rank] = hello.address;
+      else if (!dir.formed) dir.addresses.try_emplace(hello.rank, "");
       return answer(wire::frame_type::directory,
                     wire::encode_body(dir.answer(
                         opts.rank, [&](int r) { return peers.count(r) > 0; },
@@ -490,7 +495,9 @@ struct node {
                       wire::encode_body(wire::farewell{false, decentrain::detail::concat(
                                                                   "peer ", opts.rank, " has not left the previous peer of rank ",
                                                                   hello.rank, " out of its view yet; join again later")}));
-    } else if (hello.rank < opts.rank || peers.count(hello.rank)) {  // told why: the caller waits for an answer
+    } else if ((hello.rank < opts.rank && !(hello.address.empty() && !dir.formed)) || peers.count(hello.rank)) {
+      // (told why: the caller waits for an answer; a lower rank that accepts no connections
+      // dials every peer while the group forms)
       return answer(wire::frame_type::bye,
                     wire::encode_body(wire::farewell{
                         false, hello.rank < opts.rank
@@ -501,6 +508,7 @@ struct node {
                                                                 hello.rank, " (are two peers started as rank ", hello.rank, "?)")}));
     }
     if (!hello.address.empty()) dir.addresses[hello.rank] = hello.address;
+    else dir.addresses.try_emplace(hello.rank, "");
     // The welcome goes out before the connection is registered, so it is the first frame the
     // caller reads from it (the training thread may write to it as soon as it is registered).
     {

@@ -48,7 +48,12 @@ inline std::string settings_difference(const std::string& here, const std::strin
 }
 
 struct tcp_options {
-  std::string listen = "127.0.0.1:0";  // port 0: any free port (see tcp::address())
+  // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
+  // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group, lower
+  // ranks and higher, and nobody dials it. Not peer 0 (the group's first seed). Two such peers
+  // cannot reach each other (a relay between them is not built), so a group holds one; the
+  // peers that join a running group must reach every member, so none is admitted while it is in.
+  std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
   std::string advertise;
@@ -126,10 +131,17 @@ struct tcp_options {
     decentrain::detail::check(heartbeat_interval.count() == 0 || min_silence >= 2 * heartbeat_interval,
                               "tcp: min_silence (", min_silence.count(), " ms) must be at least two heartbeat intervals (",
                               2 * heartbeat_interval.count(), " ms)");
-    const auto host = wire::split_address(listen).first;
-    decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
-                              "tcp: peer ", rank, " listens on the wildcard address ", listen,
-                              "; set tcp_options::advertise to an address the other peers can reach");
+    if (listen.empty()) {  // accepts no connections: it dials every peer
+      decentrain::detail::check(rank != 0 || world == 1, "tcp: peer 0 accepts no connections (listen is empty), but the others ",
+                                "join the group through it: peer 0 must listen");
+      decentrain::detail::check(advertise.empty(), "tcp: peer ", rank, " accepts no connections (listen is empty), so it has no ",
+                                "address to advertise (", advertise, ")");
+    } else {
+      const auto host = wire::split_address(listen).first;
+      decentrain::detail::check(world == 1 || !advertise.empty() || (host != "0.0.0.0" && host != "::"),
+                                "tcp: peer ", rank, " listens on the wildcard address ", listen,
+                                "; set tcp_options::advertise to an address the other peers can reach");
+    }
     for (const auto& j : join) (void)wire::split_address(j);
     decentrain::detail::check(handshake_timeout.count() > 0 && max_pending >= 1, "tcp: handshake_timeout (",
                               handshake_timeout.count(), " ms) and max_pending (", max_pending, ") must be positive");

@@ -1,7 +1,8 @@
 // How a TCP peer finds its group and builds the mesh: it asks the peers it knows (--join) for the
 // directory of everyone they know until it knows all `world` peers and dials every lower rank
-// (higher ranks dial it), so each pair shares one connection; a peer that finds the group running
-// dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
+// (higher ranks dial it), so each pair shares one connection; a peer that accepts no connections
+// (no listen address: behind a NAT) dials every peer, lower and higher, and is dialed by none; a
+// peer that finds the group running dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
 // (tcp/handshake.hpp) on a short-lived io_context with a deadline, then hands the connection to
 // the node's I/O thread.
 #pragma once
@@ -59,11 +60,12 @@ class rendezvous {
         if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // retrying would not help
       }
       if (n_.late_group()) return connect_late(deadline);
-      for (int j = 0; j < opts.rank; ++j) {
+      const bool dials_all = n_.advertised.empty();  // (nobody can dial this peer)
+      for (int j = 0; j < (dials_all ? opts.world : opts.rank); ++j) {
         std::string address;
         {
           std::lock_guard lock(n_.mutex);
-          if (n_.peers.count(j) || !n_.dir.addresses.count(j)) continue;
+          if (j == opts.rank || n_.peers.count(j) || !n_.dir.addresses.count(j) || n_.dir.addresses[j].empty()) continue;
           address = n_.dir.addresses[j];
         }
         ++attempts;
@@ -81,10 +83,18 @@ class rendezvous {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        std::string missing;
+        std::string missing, unreachable;
         for (int j = 0; j < opts.world; ++j)
-          if (j != opts.rank && !n_.peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+          if (j != opts.rank && !n_.peers.count(j)) {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+            const auto a = n_.dir.addresses.find(j);
+            if (a != n_.dir.addresses.end() && a->second.empty()) unreachable += (unreachable.empty() ? "" : ", ") + std::to_string(j);
+          }
         const auto rejected = n_.adm.last_rejected();
+        if (!unreachable.empty() && n_.advertised.empty())
+          decentrain::detail::fail("tcp: peer ", opts.rank, " accepts no connections, and so do peer(s) ", unreachable,
+                                   ": two such peers cannot reach each other (a relay between them is not built); give all but "
+                                   "one of them a listen address the others can reach");
         decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                  opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ", last_error,
                                  rejected.empty() ? "" : "; last caller refused: ", rejected, ")");
@@ -103,7 +113,7 @@ class rendezvous {
       std::lock_guard lock(n_.mutex);
       n_.dir.late = true;  // a member left out rejoins as a joiner: the others take it in only as one
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != n_.opts.rank) ask.push_back(a);
+        if (r != n_.opts.rank && !a.empty()) ask.push_back(a);
     }
     // One answer lists the peers it is connected to: enough. Each call starts one further along,
     // so a peer that answers with the wrong side of a partition is not the only one ever asked.
@@ -136,8 +146,9 @@ class rendezvous {
     {
       std::lock_guard lock(n_.mutex);
       // Joiners of higher rank dial this one (two peers never dial each other at once).
+      // (A peer that accepts no connections dials this one.)
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
+        if (r != n_.opts.rank && !a.empty() && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
             !(n_.dir.joining.count(r) && r > n_.opts.rank))
           todo.emplace_back(r, a);
     }
@@ -171,7 +182,8 @@ class rendezvous {
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
       bool settled = true;
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank)) settled = false;
+        if (r != opts.rank && !a.empty() && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank))
+          settled = false;
       if (settled && !n_.peers.empty()) {
         n_.dir.formed = true;
         return;
