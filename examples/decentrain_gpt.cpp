@@ -406,9 +406,11 @@ void declare_train(CLI::App& cmd) {
       ->group(comm);
   cli::choice(cmd, "outer-averaging", "HOW",
               "diloco: how the pseudo-gradients are averaged: all-reduce (one among\n"
-              "all peers; default) | moshpit (rounds in groups of --moshpit-group\n"
-              "along the axes of a grid: no collective spans every peer)",
-              {"all-reduce", "moshpit"})
+              "all peers; the default without --site) | moshpit (rounds in groups\n"
+              "of --moshpit-group along the axes of a grid: no collective spans\n"
+              "every peer) | sites (the two-level all-reduce over --site's sites;\n"
+              "the default with --site)",
+              {"all-reduce", "moshpit", "sites"})
       ->group(comm);
   cli::text(cmd, "site", "NAME|NAME,...",
             "diloco: average the pseudo-gradients over sites (datacenters,\n"
@@ -1600,8 +1602,16 @@ int cmd_train(const options& opt) {
   dt::detail::check(target_batch == 0 || p.aggregator.averages_in_flight(), "--target-batch weighs each peer by the rows ",
                     "it was dealt, which --aggregator ", p.aggregator.describe(), " caps: it needs --aggregator mean");
   dt::detail::check(opt.has("site") || !opt.flag("sync-inside-site"), "--sync-inside-site needs --site");
-  if (opt.has("site")) {
-    dt::detail::check(comm == "diloco" && overlap == 0 && !eager && !moshpit_outer, "--site averages DiLoCo's rounds over ",
+  // --site: the sites (the simulated links of --peers, the summary's bytes per link), and by
+  // default the average over them; --outer-averaging all-reduce keeps one flat all-reduce.
+  const std::string averaging = opt.has("outer-averaging") ? opt.text("outer-averaging") : std::string();
+  dt::detail::check(opt.has("site") || averaging != "sites", "--outer-averaging sites needs --site");
+  p.average_by_sites = opt.has("site") && !moshpit_outer && averaging != "all-reduce";
+  dt::detail::check(!opt.has("site") || p.average_by_sites || (!opt.flag("sync-inside-site") && opt.text("site") != "auto"),
+                    "--outer-averaging all-reduce averages flat: ", opt.text("site") == "auto" ? "--site auto finds" : "--sync-inside-site needs",
+                    " the sites of the average over sites (--outer-averaging sites)");
+  if (p.average_by_sites) {
+    dt::detail::check(comm == "diloco" && overlap == 0 && !eager, "--site averages DiLoCo's rounds over ",
                       "sites at their ends: it needs --comm diloco (without --overlap, --eager or --outer-averaging moshpit)");
     dt::detail::check(!sized_to_speed && !opt.has("significance"), "--site averages over sites in one plain mean: ",
                       tuned ? "--auto" : sized_to_speed ? "--sized-to-speed" : "--significance", " does not go with it");
@@ -1609,6 +1619,9 @@ int cmd_train(const options& opt) {
                       p.aggregator.describe(), " does not allow: it needs --aggregator mean");
     dt::detail::check(codec_choice.is_dense(), "--site adds the codec's payloads on the way, which --codec ", codec_choice.describe(),
                       "'s cannot be: use identity, fp16, bf16, int8, int4 or fp4");
+  }
+  if (opt.has("site")) {
+    dt::detail::check(!moshpit_outer, "--outer-averaging moshpit averages in the groups of a grid, not over --site's sites");
     p.sites = split_list(opt.text("site"), "site");
     for (const auto& name : p.sites)
       dt::detail::check(!name.empty() && name.size() <= dt::collective::site_map::max_name_bytes, "--site: '", name,
@@ -1709,7 +1722,7 @@ int cmd_train(const options& opt) {
   if (graph) p.run.add("topology", topology);
   if (choco) p.run.add("consensus_step", opt.real("consensus-step"));
   if (push_sum) p.run.add("overlap", osgp ? 1 : 0);
-  if (comm == "diloco") p.run.add("outer_averaging", moshpit_outer ? "moshpit" : "all-reduce");
+  if (comm == "diloco") p.run.add("outer_averaging", moshpit_outer ? "moshpit" : p.average_by_sites ? "sites" : "all-reduce");
   if (moshpit || moshpit_outer) p.run.add("moshpit_group", moshpit_group);
   if (!p.sites.empty()) p.run.add("site", opt.text("site")).add("sync_inside_site", opt.flag("sync-inside-site"));
   p.run.add("codec", codec_choice.describe()).add("aggregator", p.aggregator.describe());
@@ -1751,7 +1764,8 @@ int cmd_train(const options& opt) {
   if (choco) agreed << ";consensus_step=" << opt.real("consensus-step");
   if (push_sum) agreed << ";osgp=" << osgp;
   if (moshpit || moshpit_outer) agreed << ";moshpit_group=" << moshpit_group << ";outer_averaging=" << moshpit_outer;
-  if (!p.sites.empty()) agreed << ";sites=1;sync_inside_site=" << opt.flag("sync-inside-site");  // (each peer names its own)
+  if (!p.sites.empty())  // (each peer names its own)
+    agreed << ";sites=" << (p.average_by_sites ? "average" : "links") << ";sync_inside_site=" << opt.flag("sync-inside-site");
   if (streaming || overlap > 0 || eager)
     agreed << ";fragments=" << fragments << ";overlap=" << overlap << ";mix=" << mix << ";eager=" << eager;
   p.tcp.settings = agreed.str();

@@ -84,6 +84,7 @@ struct train_plan {
   std::string link;  // --peers: the simulated links
   std::vector<double> speeds;  // --peers: each peer's compute speed (empty: all 1)
   std::vector<std::string> sites;  // --site: each peer's (--peers), or this one's; empty: none
+  bool average_by_sites = false;  // --site with --outer-averaging sites (its default)
   dt::transport::tcp_options tcp;
   dt::nn::gpt_config model;
   dt::train::trainer_options trainer;
@@ -293,7 +294,7 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   if (!gpu && (p.mode == launch::single || p.mode == launch::in_process) && p.threads == 1) options.compute_on_thread_clock = true;
   auto comm = job.comm;
   if constexpr (requires { comm.site = std::string(); })  // --site: this peer's
-    if (!p.sites.empty()) comm.site = p.sites[p.sites.size() == 1 ? 0 : static_cast<std::size_t>(first_rank)];
+    if (p.average_by_sites) comm.site = p.sites[p.sites.size() == 1 ? 0 : static_cast<std::size_t>(first_rank)];
   Trainer t(p.model, options, std::move(ep), comm, p.parallel, job.fault);
   if (h.status) h.status->attach(t);
   if (p.init) dt::train::import_gpt2_weights(t.model(), *p.init);  // before fit: the policies start from them

@@ -601,6 +601,11 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   CHECK(megabytes(plain.output, "a", "b") > 0);
   CHECK(megabytes(synced.output, "a", "b") <= megabytes(plain.output, "a", "b"));
   CHECK(megabytes(synced.output, "a", "a") > 2 * megabytes(plain.output, "a", "a"));
+  // The same sites' links averaged flat (--outer-averaging all-reduce): more crosses.
+  const auto flat = run(cli() + args + " --peers 4 --link wan --site a,a,b,b --outer-averaging all-reduce", dir);
+  INFO(flat.output);
+  REQUIRE(flat.status == 0);
+  CHECK(megabytes(flat.output, "a", "b") > 1.5 * megabytes(plain.output, "a", "b"));
 
   // --site auto: the sites found from the round trips the peers measure; on `wan` every pair is
   // about as far as any other, so one site.
@@ -654,6 +659,10 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   CHECK_THAT(r.output, Contains("--site adds the codec's payloads on the way, which --codec topk"));
   r = run(cli() + args + " --peers 4 --site a,a,b,b --parallel swarm --stages 2 --n-layer 2", dir);
   CHECK_THAT(r.output, Contains("--parallel swarm cannot take --site"));
+  r = run(cli() + args + " --peers 2 --site auto --outer-averaging all-reduce", dir);
+  CHECK_THAT(r.output, Contains("--outer-averaging all-reduce averages flat: --site auto finds the sites of the average over sites"));
+  r = run(cli() + args + " --peers 2 --outer-averaging sites", dir);
+  CHECK_THAT(r.output, Contains("--outer-averaging sites needs --site"));
   r = run(cli() + args + " --peers 2 --site a,", dir);
   CHECK_THAT(r.output, Contains("--site 'a,': an empty item after the last comma"));
 }
