@@ -1419,7 +1419,8 @@ int cmd_train(const options& opt) {
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
                           "max-world", "key-file", "identity", "roster", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca",
                           "tls-bind-ranks"})
-      dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT");
+      dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT (or --join HOST:PORT alone, for a ",
+                        "peer that accepts no connections)");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
   if (p.mode == launch::in_process) {
     p.world = static_cast<int>(opt.integer("peers"));
@@ -1429,6 +1430,8 @@ int cmd_train(const options& opt) {
         return peer_speeds(opt.text("speeds"), p.world, static_cast<std::uint64_t>(opt.integer("seed")));
       });
   } else if (p.mode == launch::tcp) {
+    dt::detail::check(!opt.has("listen") || !opt.text("listen").empty(), "--listen '' names no address (leave --listen out ",
+                      "for a peer that accepts no connections)");
     p.tcp.listen = opt.has("listen") ? opt.text("listen") : std::string();  // none: it dials every peer
     p.tcp.advertise = opt.text("advertise");
     p.tcp.join = split_list(opt.text("join"), "join");
@@ -1519,7 +1522,7 @@ int cmd_train(const options& opt) {
     p.elastic_policy.left_out = opt.text("left-out") == "rejoin" ? when::rejoin : when::stop;
     // In-process peers are only ever killed (--kill), never left out alive.
     dt::detail::check(p.elastic_policy.left_out == when::stop || p.mode == launch::tcp,
-                      "--left-out rejoin needs --listen (over TCP): in-process peers are never left out alive");
+                      "--left-out rejoin needs --listen or --join (over TCP): in-process peers are never left out alive");
     dt::detail::check(p.elastic_policy.left_out == when::rejoin || !opt.has("rejoin-timeout-ms"),
                       "--rejoin-timeout-ms needs --left-out rejoin");
     p.elastic_policy.rejoin_timeout = std::chrono::milliseconds(opt.integer("rejoin-timeout-ms"));

@@ -15809,6 +15809,8 @@ struct tcp_options {
                               max_world > world ? "max_world" : "world", " = ", capacity(), ")");
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
                               " needs at least one peer to join through (tcp_options::join)");
+    decentrain::detail::check(join.empty() || capacity() > 1, "tcp: peer ", rank, " is a world of one (world 1), so it joins no ",
+                              "peers; set world (and rank) to join a group");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
     decentrain::detail::check(heartbeat_interval.count() >= 0, "tcp: heartbeat_interval must be >= 0 ms, got ",
                               heartbeat_interval.count());
@@ -15816,8 +15818,8 @@ struct tcp_options {
                               "tcp: min_silence (", min_silence.count(), " ms) must be at least two heartbeat intervals (",
                               2 * heartbeat_interval.count(), " ms)");
     if (listen.empty()) {  // accepts no connections: it dials every peer
-      decentrain::detail::check(rank != 0 || world == 1, "tcp: peer 0 accepts no connections (listen is empty), but the others ",
-                                "join the group through it: peer 0 must listen");
+      decentrain::detail::check(rank != 0 || capacity() == 1, "tcp: peer 0 accepts no connections (listen is empty), but the ",
+                                "others join the group through it: peer 0 must listen");
       decentrain::detail::check(advertise.empty(), "tcp: peer ", rank, " accepts no connections (listen is empty), so it has no ",
                                 "address to advertise (", advertise, ")");
     } else {
@@ -16589,7 +16591,8 @@ struct directory {
     if (d.formed && (outside || late)) {
       for (const auto& [r, a] : d.entries)
         if (r == self && (outside || a != advertised))
-          refusal = decentrain::detail::concat("tcp: rank ", self, " is taken in the running group (by the peer at ", a,
+          refusal = decentrain::detail::concat("tcp: rank ", self, " is taken in the running group (by the peer ",
+                                               a.empty() ? std::string("that accepts no connections") : "at " + a,
                                                "); a peer that joins needs a rank of its own");
       late = refusal.empty();
     }
@@ -17597,6 +17600,9 @@ class rendezvous {
       {
         std::lock_guard lock(n_.mutex);
         if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // retrying would not help
+        // Waiting would not help either. (A peer that listens waits for its deadline: leaving at
+        // once, the seed would leave others that have not heard of both to wait for theirs.)
+        if (n_.advertised.empty()) fail_if_unreachable_pair();
       }
       if (n_.late_group()) return connect_late(deadline);
       const bool dials_all = n_.advertised.empty();  // (nobody can dial this peer)
@@ -17622,18 +17628,11 @@ class rendezvous {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        std::string missing, unreachable;
+        std::string missing;
         for (int j = 0; j < opts.world; ++j)
-          if (j != opts.rank && !n_.peers.count(j)) {
-            missing += (missing.empty() ? "" : ", ") + std::to_string(j);
-            const auto a = n_.dir.addresses.find(j);
-            if (a != n_.dir.addresses.end() && a->second.empty()) unreachable += (unreachable.empty() ? "" : ", ") + std::to_string(j);
-          }
+          if (j != opts.rank && !n_.peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+        fail_if_unreachable_pair();
         const auto rejected = n_.adm.last_rejected();
-        if (!unreachable.empty() && n_.advertised.empty())
-          decentrain::detail::fail("tcp: peer ", opts.rank, " accepts no connections, and so do peer(s) ", unreachable,
-                                   ": two such peers cannot reach each other (a relay between them is not built); give all but "
-                                   "one of them a listen address the others can reach");
         decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                  opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ", last_error,
                                  rejected.empty() ? "" : "; last caller refused: ", rejected, ")");
@@ -17677,6 +17676,19 @@ class rendezvous {
     std::lock_guard lock(n_.mutex);
     return static_cast<int>(n_.dir.addresses.size());
   }
+  // Fails when two or more ranks of the directory (this one's own included) accept no
+  // connections, naming them (under the node's mutex).
+  void fail_if_unreachable_pair() const {
+    std::vector<int> closed;
+    for (const auto& [r, a] : n_.dir.addresses)
+      if (a.empty()) closed.push_back(r);
+    if (closed.size() < 2) return;
+    std::string names;
+    for (std::size_t i = 0; i < closed.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == closed.size() ? " and " : ", ") + std::to_string(closed[i]);
+    decentrain::detail::fail("tcp: peers ", names, " accept no connections: two such peers cannot reach each other (a relay ",
+                             "between them is not built); give all but one of them a listen address the others can reach");
+  }
 
   // Dials the directory's peers this one is not connected to, skipping those that failed twice
   // (`failures` counts per rank); returns the last error.
@@ -17712,6 +17724,14 @@ class rendezvous {
   // members that saw its previous process die and have not left it out of their view yet.
   void connect_late(std::chrono::steady_clock::time_point deadline) {
     const auto& opts = n_.opts;
+    {
+      std::lock_guard lock(n_.mutex);
+      for (const auto& [r, a] : n_.dir.addresses)
+        if (r != opts.rank && a.empty())
+          decentrain::detail::fail("tcp: peer ", opts.rank, " cannot join the running group: its member ", r, " accepts no ",
+                                   "connections and dials only the peers of the group it formed, so a joiner cannot reach it (a relay ",
+                                   "is not built); a group that takes joiners needs every member to listen");
+    }
     std::map<int, int> failures;
     std::string last_error = "none";
     auto backoff = opts.first_backoff;

@@ -689,8 +689,12 @@ TEST_CASE("train over TCP with a peer that accepts no connections (--join withou
   CHECK(last_line_with(tcp.output, "val loss ") == last_line_with(in_process.output, "val loss "));
   CHECK(last_line_with(rank1, "val loss ") == last_line_with(in_process.output, "val loss "));
   // Peer 0 must listen: the others join through it.
-  const auto r = run(cli() + args + " --join 127.0.0.1:" + port + " --rank 0 --world 3", dir);
+  auto r = run(cli() + args + " --join 127.0.0.1:" + port + " --rank 0 --world 3", dir);
   CHECK_THAT(r.output, Contains("peer 0 accepts no connections (listen is empty), but the others join the group through it"));
+  r = run(cli() + args + " --join 127.0.0.1:" + port, dir);  // (a world of one)
+  CHECK_THAT(r.output, Contains("peer 0 is a world of one (world 1), so it joins no peers"));
+  r = run(cli() + args + " --listen '' --join 127.0.0.1:" + port + " --rank 1 --world 3", dir);
+  CHECK_THAT(r.output, Contains("--listen '' names no address"));
 }
 
 TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {
@@ -1556,7 +1560,7 @@ TEST_CASE("train --elastic: in-process peers killed by --kill, and what --elasti
   CHECK_THAT(exclusion_alone.output, Contains("--exclude-after needs --elastic"));
   const auto rejoin_in_process = run(cli() + peer_args + " --peers 2 --elastic --left-out rejoin", dir);
   CHECK(rejoin_in_process.status == 1);
-  CHECK_THAT(rejoin_in_process.output, Contains("--left-out rejoin needs --listen (over TCP)"));
+  CHECK_THAT(rejoin_in_process.output, Contains("--left-out rejoin needs --listen or --join (over TCP)"));
   const auto bad_left_out = run(cli() + peer_args + " --peers 2 --elastic --left-out wait", dir);
   CHECK(bad_left_out.status != 0);
   CHECK_THAT(bad_left_out.output, Contains("must be stop or rejoin, got 'wait'"));

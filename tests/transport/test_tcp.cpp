@@ -290,11 +290,13 @@ namespace {
 // `world` TCP peers on 127.0.0.1, one thread each; the ranks in `closed` accept no connections
 // (listen empty). Each runs `body`; what each threw, or "".
 std::vector<std::string> run_with_closed(int world, std::vector<int> closed, const std::function<void(tr::tcp&)>& body,
-                                         std::chrono::milliseconds join_timeout = std::chrono::milliseconds(10000)) {
+                                         std::chrono::milliseconds join_timeout = std::chrono::milliseconds(10000),
+                                         int max_world = 0) {
   auto options = [&](int r) {
     tr::tcp_options o;
     o.rank = r;
     o.world = world;
+    o.max_world = max_world;
     o.join_timeout = join_timeout;
     o.recv_timeout = std::chrono::milliseconds(20000);
     if (std::find(closed.begin(), closed.end(), r) != closed.end()) o.listen.clear();
@@ -351,11 +353,14 @@ TEST_CASE("tcp: a peer that accepts no connections dials every peer, lower ranks
   CHECK(address[1].empty());
   CHECK_THAT(address[2], Catch::StartsWith("127.0.0.1:"));
 
-  // Two such peers cannot reach each other: each says so, naming the other.
-  const auto two = run_with_closed(4, {1, 2}, [](tr::tcp&) {}, std::chrono::milliseconds(1500));
-  CHECK_THAT(two[1], Catch::Contains("peer 1 accepts no connections, and so do peer(s) 2: two such peers cannot reach each other"));
-  CHECK_THAT(two[2], Catch::Contains("peer 2 accepts no connections, and so do peer(s) 1"));
+  // Two such peers cannot reach each other: both say so as soon as they know of each other, and
+  // the peers that listen at their join deadline (here 3 s), naming them; none forms a group.
+  const auto two = run_with_closed(4, {1, 2}, [](tr::tcp&) {}, std::chrono::milliseconds(3000));
+  for (const auto& e : two) CHECK_THAT(e, Catch::Contains("peers 1 and 2 accept no connections: two such peers cannot reach each other"));
 
+  tr::tcp_options lone;
+  lone.join = {"127.0.0.1:1"};
+  CHECK_THROWS_WITH(tr::tcp(lone), Catch::Contains("peer 0 is a world of one (world 1), so it joins no peers"));
   tr::tcp_options first;
   first.world = 2;
   first.listen.clear();
@@ -369,6 +374,53 @@ TEST_CASE("tcp: a peer that accepts no connections dials every peer, lower ranks
   named.advertise = "example.org";
   CHECK_THROWS_WITH(tr::tcp(named), Catch::Contains("peer 1 accepts no connections (listen is empty), so it has no address to "
                                                     "advertise (example.org)"));
+}
+
+TEST_CASE("tcp: a joiner cannot reach a member that accepts no connections, and is told so at once") {
+  // A group of three whose rank 1 accepts no connections, taking joiners (max_world 4): rank 3
+  // finds the group running, and that member 1 will never dial it.
+  std::string joiner_error;
+  const auto errors = run_with_closed(3, {1}, [&](tr::tcp& ep) {
+    if (ep.rank() != 0) return;
+    tr::tcp_options o;
+    o.rank = 3;
+    o.world = 3;
+    o.max_world = 4;
+    o.join = {ep.address()};
+    o.join_timeout = std::chrono::milliseconds(20000);
+    const auto began = std::chrono::steady_clock::now();
+    try {
+      tr::tcp joiner(o);
+      joiner.connect();
+    } catch (const std::exception& e) {
+      joiner_error = e.what();
+    }
+    if (std::chrono::steady_clock::now() - began > std::chrono::seconds(10)) joiner_error += " (too late)";
+  }, std::chrono::milliseconds(10000), 4);
+  for (const auto& e : errors) CHECK(e.empty());
+  CHECK_THAT(joiner_error, Catch::Contains("peer 3 cannot join the running group: its member 1 accepts no connections"));
+  CHECK_THAT(joiner_error, !Catch::Contains("too late"));
+}
+
+TEST_CASE("tcp: a directory never lets an empty address hide one known") {
+  tr::tcp_detail::directory d;
+  d.addresses[2] = "10.0.0.2:7000";
+  tr::wire::directory answer;
+  answer.entries = {{1, ""}, {2, ""}, {3, "10.0.0.3:7000"}};
+  d.learn(answer, 0, 4, "10.0.0.0:7000", true);
+  CHECK(d.addresses.at(1).empty());  // known now, as a peer that dials
+  CHECK(d.addresses.at(2) == "10.0.0.2:7000");
+  CHECK(d.addresses.at(3) == "10.0.0.3:7000");
+  answer.entries = {{1, "10.0.0.1:7000"}};
+  d.learn(answer, 0, 4, "10.0.0.0:7000", true);
+  CHECK(d.addresses.at(1) == "10.0.0.1:7000");  // a real address replaces the empty one
+  // A running group that lists this rank, held by a peer without an address: taken.
+  tr::tcp_detail::directory joiner;
+  tr::wire::directory running;
+  running.formed = true;
+  running.entries = {{0, "10.0.0.0:7000"}, {1, ""}};
+  joiner.learn(running, 1, 4, "10.0.0.9:7000", true);
+  CHECK_THAT(joiner.refusal, Catch::Contains("rank 1 is taken in the running group (by the peer that accepts no connections)"));
 }
 
 TEST_CASE("tcp: sending to a peer that has left fails with a clear error instead of hanging") {

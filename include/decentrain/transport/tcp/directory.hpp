@@ -44,7 +44,8 @@ struct directory {
     if (d.formed && (outside || late)) {
       for (const auto& [r, a] : d.entries)
         if (r == self && (outside || a != advertised))
-          refusal = decentrain::detail::concat("tcp: rank ", self, " is taken in the running group (by the peer at ", a,
+          refusal = decentrain::detail::concat("tcp: rank ", self, " is taken in the running group (by the peer ",
+                                               a.empty() ? std::string("that accepts no connections") : "at " + a,
                                                "); a peer that joins needs a rank of its own");
       late = refusal.empty();
     }

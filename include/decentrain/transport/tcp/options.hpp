@@ -125,6 +125,8 @@ struct tcp_options {
                               max_world > world ? "max_world" : "world", " = ", capacity(), ")");
     decentrain::detail::check(world == 1 || rank == 0 || !join.empty(), "tcp: peer ", rank,
                               " needs at least one peer to join through (tcp_options::join)");
+    decentrain::detail::check(join.empty() || capacity() > 1, "tcp: peer ", rank, " is a world of one (world 1), so it joins no ",
+                              "peers; set world (and rank) to join a group");
     decentrain::detail::check(max_frame_bytes >= 1024, "tcp: max_frame_bytes must be >= 1024");
     decentrain::detail::check(heartbeat_interval.count() >= 0, "tcp: heartbeat_interval must be >= 0 ms, got ",
                               heartbeat_interval.count());
@@ -132,8 +134,8 @@ struct tcp_options {
                               "tcp: min_silence (", min_silence.count(), " ms) must be at least two heartbeat intervals (",
                               2 * heartbeat_interval.count(), " ms)");
     if (listen.empty()) {  // accepts no connections: it dials every peer
-      decentrain::detail::check(rank != 0 || world == 1, "tcp: peer 0 accepts no connections (listen is empty), but the others ",
-                                "join the group through it: peer 0 must listen");
+      decentrain::detail::check(rank != 0 || capacity() == 1, "tcp: peer 0 accepts no connections (listen is empty), but the ",
+                                "others join the group through it: peer 0 must listen");
       decentrain::detail::check(advertise.empty(), "tcp: peer ", rank, " accepts no connections (listen is empty), so it has no ",
                                 "address to advertise (", advertise, ")");
     } else {

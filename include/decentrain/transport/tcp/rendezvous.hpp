@@ -58,6 +58,9 @@ class rendezvous {
       {
         std::lock_guard lock(n_.mutex);
         if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // retrying would not help
+        // Waiting would not help either. (A peer that listens waits for its deadline: leaving at
+        // once, the seed would leave others that have not heard of both to wait for theirs.)
+        if (n_.advertised.empty()) fail_if_unreachable_pair();
       }
       if (n_.late_group()) return connect_late(deadline);
       const bool dials_all = n_.advertised.empty();  // (nobody can dial this peer)
@@ -83,18 +86,11 @@ class rendezvous {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        std::string missing, unreachable;
+        std::string missing;
         for (int j = 0; j < opts.world; ++j)
-          if (j != opts.rank && !n_.peers.count(j)) {
-            missing += (missing.empty() ? "" : ", ") + std::to_string(j);
-            const auto a = n_.dir.addresses.find(j);
-            if (a != n_.dir.addresses.end() && a->second.empty()) unreachable += (unreachable.empty() ? "" : ", ") + std::to_string(j);
-          }
+          if (j != opts.rank && !n_.peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+        fail_if_unreachable_pair();
         const auto rejected = n_.adm.last_rejected();
-        if (!unreachable.empty() && n_.advertised.empty())
-          decentrain::detail::fail("tcp: peer ", opts.rank, " accepts no connections, and so do peer(s) ", unreachable,
-                                   ": two such peers cannot reach each other (a relay between them is not built); give all but "
-                                   "one of them a listen address the others can reach");
         decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                  opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ", last_error,
                                  rejected.empty() ? "" : "; last caller refused: ", rejected, ")");
@@ -138,6 +134,19 @@ class rendezvous {
     std::lock_guard lock(n_.mutex);
     return static_cast<int>(n_.dir.addresses.size());
   }
+  // Fails when two or more ranks of the directory (this one's own included) accept no
+  // connections, naming them (under the node's mutex).
+  void fail_if_unreachable_pair() const {
+    std::vector<int> closed;
+    for (const auto& [r, a] : n_.dir.addresses)
+      if (a.empty()) closed.push_back(r);
+    if (closed.size() < 2) return;
+    std::string names;
+    for (std::size_t i = 0; i < closed.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == closed.size() ? " and " : ", ") + std::to_string(closed[i]);
+    decentrain::detail::fail("tcp: peers ", names, " accept no connections: two such peers cannot reach each other (a relay ",
+                             "between them is not built); give all but one of them a listen address the others can reach");
+  }
 
   // Dials the directory's peers this one is not connected to, skipping those that failed twice
   // (`failures` counts per rank); returns the last error.
@@ -173,6 +182,14 @@ class rendezvous {
   // members that saw its previous process die and have not left it out of their view yet.
   void connect_late(std::chrono::steady_clock::time_point deadline) {
     const auto& opts = n_.opts;
+    {
+      std::lock_guard lock(n_.mutex);
+      for (const auto& [r, a] : n_.dir.addresses)
+        if (r != opts.rank && a.empty())
+          decentrain::detail::fail("tcp: peer ", opts.rank, " cannot join the running group: its member ", r, " accepts no ",
+                                   "connections and dials only the peers of the group it formed, so a joiner cannot reach it (a relay ",
+                                   "is not built); a group that takes joiners needs every member to listen");
+    }
     std::map<int, int> failures;
     std::string last_error = "none";
     auto backoff = opts.first_backoff;
