@@ -168,50 +168,24 @@ TEST_CASE("two-level all-reduce over TCP: many chunks through small queues, a wi
   // expectations for, and more bytes from a member than the sockets' buffers hold; each peer may
   // queue only 256 KiB that no receive expected. Said a window at a time, every message is
   // expected before it is sent, and the call ends with the exact sum.
-  namespace tr = dt::transport;
   const int n = 3;
   const std::size_t values = 8'000'000;
-  auto options = [&](int r) {
-    tr::tcp_options o;
-    o.rank = r;
-    o.world = n;
-    o.join_timeout = std::chrono::milliseconds(20000);
-    o.recv_timeout = std::chrono::milliseconds(20000);
+  std::vector<int> exact(n);
+  const auto thrown = harness::tcp::run_each(n, [](dt::transport::tcp_options& o) {
     o.max_frame_bytes = o.max_queued_bytes = 256 << 10;
     o.budget_grace = std::chrono::milliseconds(2000);
-    return o;
-  };
-  tr::tcp first(options(0));
-  const std::string seed = first.address();
-  std::vector<std::string> errors(n);
-  std::vector<int> exact(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::optional<tr::tcp> ep;
-        if (r == 0) {
-          ep.emplace(std::move(first));
-        } else {
-          auto o = options(r);
-          o.join = {seed};
-          ep.emplace(o);
-        }
-        ep->connect();
-        dt::collective::options small;
-        small.chunk_bytes = 4 << 10;
-        small.window_bytes = 32 << 10;
-        dt::collective::communicator comm(*ep, small);
-        dt::collective::two_level levels(comm, site_map::from_names(site_names({"a", "a", "a"})));
-        std::vector<float> v(values, static_cast<float>(r + 1));
-        levels.all_reduce(std::span<float>(v));
-        exact[static_cast<std::size_t>(r)] = std::all_of(v.begin(), v.end(), [](float x) { return x == 6.0f; });
-        comm.barrier();
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  }, [&](dt::transport::tcp& ep) {
+    dt::collective::options small;
+    small.chunk_bytes = 4 << 10;
+    small.window_bytes = 32 << 10;
+    dt::collective::communicator comm(ep, small);
+    dt::collective::two_level levels(comm, site_map::from_names(site_names({"a", "a", "a"})));
+    std::vector<float> v(values, static_cast<float>(ep.rank() + 1));
+    levels.all_reduce(std::span<float>(v));
+    exact[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [](float x) { return x == 6.0f; });
+  });
+  std::vector<std::string> errors;
+  for (const auto& e : thrown) errors.push_back(harness::tcp::what(e));
   for (int r = 0; r < n; ++r) {
     INFO("peer " << r << ": " << errors[static_cast<std::size_t>(r)]);
     CHECK(errors[static_cast<std::size_t>(r)].empty());

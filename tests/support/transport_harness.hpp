@@ -10,6 +10,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -39,6 +40,13 @@ struct tcp {
   static int local_peers(int n) { return n; }
   template <class Fn>
   static void run(int n, Fn fn) {
+    for (auto& e : run_each(n, [](decentrain::transport::tcp_options&) {}, fn))
+      if (e) std::rethrow_exception(e);
+  }
+  // The same, each peer's options changed by adjust(options) (the rank and world already set),
+  // and what each peer threw (null: nothing) returned rather than rethrown.
+  template <class Adjust, class Fn>
+  static std::vector<std::exception_ptr> run_each(int n, Adjust adjust, Fn fn) {
     namespace tr = decentrain::transport;
     auto options = [&](int r) {
       tr::tcp_options o;
@@ -46,6 +54,7 @@ struct tcp {
       o.world = n;
       o.join_timeout = std::chrono::milliseconds(20000);
       o.recv_timeout = std::chrono::milliseconds(20000);
+      adjust(o);
       return o;
     };
     tr::tcp first(options(0));
@@ -72,8 +81,18 @@ struct tcp {
         }
       });
     for (auto& t : threads) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
+    return errors;
+  }
+  // What an exception_ptr holds, as text ("" for none).
+  static std::string what(const std::exception_ptr& e) {
+    if (!e) return "";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+      return "(not a std::exception)";
+    }
   }
 };
 

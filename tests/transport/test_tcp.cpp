@@ -5,6 +5,7 @@
 #include <poll.h>
 
 #include "bounded_read.hpp"
+#include "support/transport_harness.hpp"
 
 #include <decentrain/decentrain.hpp>
 
@@ -287,45 +288,19 @@ TEST_CASE("tcp: the advertised host is what others dial, a wildcard listen addre
 }
 
 namespace {
-// `world` TCP peers on 127.0.0.1, one thread each; the ranks in `closed` accept no connections
-// (listen empty). Each runs `body`; what each threw, or "".
+// `world` TCP peers on 127.0.0.1 (harness::tcp), the ranks in `closed` accepting no connections
+// (listen empty); each runs `body`. What each threw, or "".
 std::vector<std::string> run_with_closed(int world, std::vector<int> closed, const std::function<void(tr::tcp&)>& body,
                                          std::chrono::milliseconds join_timeout = std::chrono::milliseconds(10000),
                                          int max_world = 0) {
-  auto options = [&](int r) {
-    tr::tcp_options o;
-    o.rank = r;
-    o.world = world;
-    o.max_world = max_world;
+  const auto errors = harness::tcp::run_each(world, [&](tr::tcp_options& o) {
     o.join_timeout = join_timeout;
-    o.recv_timeout = std::chrono::milliseconds(20000);
-    if (std::find(closed.begin(), closed.end(), r) != closed.end()) o.listen.clear();
-    return o;
-  };
-  tr::tcp first(options(0));
-  const std::string seed = first.address();
-  std::vector<std::string> errors(static_cast<std::size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::optional<tr::tcp> ep;
-        if (r == 0) {
-          ep.emplace(std::move(first));
-        } else {
-          auto o = options(r);
-          o.join = {seed};
-          ep.emplace(o);
-        }
-        ep->connect();
-        body(*ep);
-        dt::collective::communicator<tr::tcp>(*ep).barrier();
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
+    o.max_world = max_world;
+    if (std::find(closed.begin(), closed.end(), o.rank) != closed.end()) o.listen.clear();
+  }, body);
+  std::vector<std::string> out;
+  for (const auto& e : errors) out.push_back(harness::tcp::what(e));
+  return out;
 }
 }  // namespace
 
