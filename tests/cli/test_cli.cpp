@@ -420,7 +420,7 @@ TEST_CASE("bad arguments and files are reported, not crashed on", "[cli][errors]
   r = run(cli() + " train --steps 5 --peers 2 --speeds 1,-2", dir);
   CHECK_THAT(r.output, Contains("--speeds: '-2' is not a speed (a number > 0)"));
   r = run(cli() + " train --steps 5 --peers 2 --mpi", dir);
-  CHECK_THAT(r.output, Contains("--peers, --listen and --mpi are different modes"));
+  CHECK_THAT(r.output, Contains("--peers, --listen (or --join) and --mpi are different modes"));
   r = run(cli() + " train --preset huge", dir);
   CHECK_THAT(r.output, Contains("unknown model preset 'huge'"));
   r = run(cli() + " train --data missing.txt", dir);
@@ -1084,7 +1084,7 @@ TEST_CASE("train --comm push-sum, moshpit and choco, and DiLoCo with Moshpit out
            {" --comm local-sgd --moshpit-group 3", "--moshpit-group needs --comm moshpit or --outer-averaging moshpit"},
            {" --comm local-sgd --outer-averaging moshpit", "--outer-averaging is DiLoCo's: it needs --comm diloco"},
            {" --comm diloco --outer-averaging moshpit --overlap 1", "--overlap and --eager (Streaming DiLoCo's) do not apply"},
-           {" --comm diloco --outer-averaging ring", "--outer-averaging: must be all-reduce or moshpit, got 'ring'"},
+           {" --comm diloco --outer-averaging ring", "--outer-averaging: must be all-reduce, moshpit or sites, got 'ring'"},
            {" --comm moshpit --topology ring", "--topology is the graph of gossip, push-sum, ad-psgd and choco"},
            {" --comm ad-psgd --topology one-peer-exponential", "its graph must not change with the round: --topology exponential, ring or torus"},
            {" --comm ad-psgd --elastic", "--comm ad-psgd leaves each peer at its own step, and --elastic re-forms the group"},
