@@ -413,9 +413,10 @@ void declare_train(CLI::App& cmd) {
               {"all-reduce", "moshpit", "sites"})
       ->group(comm);
   cli::text(cmd, "site", "NAME|NAME,...",
-            "diloco: average the pseudo-gradients over sites (datacenters,\n"
-            "machines): summed inside each site, 1/k of them across per member,\n"
-            "the result shared inside (two-level all-reduce). Over TCP or MPI:\n"
+            "sync, diloco: average the gradients or pseudo-gradients over sites\n"
+            "(datacenters, machines): summed inside each site, 1/k of them\n"
+            "across per member, the result shared inside (two-level all-reduce).\n"
+            "Over TCP or MPI:\n"
             "this peer's site; with --peers N: N names, one a peer, whose links\n"
             "inside a site are lan's and --link's between sites; or auto (every\n"
             "peer): the sites found from measured round trips. The summary\n"
@@ -1614,10 +1615,14 @@ int cmd_train(const options& opt) {
                     "--outer-averaging all-reduce averages flat: ", opt.text("site") == "auto" ? "--site auto finds" : "--sync-inside-site needs",
                     " the sites of the average over sites (--outer-averaging sites)");
   if (p.average_by_sites) {
-    dt::detail::check(comm == "diloco" && overlap == 0 && !eager, "--site averages DiLoCo's rounds over ",
-                      "sites at their ends: it needs --comm diloco (without --overlap, --eager or --outer-averaging moshpit)");
-    dt::detail::check(!sized_to_speed && !opt.has("significance"), "--site averages over sites in one plain mean: ",
-                      tuned ? "--auto" : sized_to_speed ? "--sized-to-speed" : "--significance", " does not go with it");
+    dt::detail::check((comm == "diloco" && overlap == 0 && !eager) || comm == "sync", "--site averages sync's gradients or ",
+                      "DiLoCo's rounds over sites: it needs --comm sync or diloco (without --overlap, --eager or "
+                      "--outer-averaging moshpit), not ", comm);
+    dt::detail::check(comm == "diloco" || !opt.flag("sync-inside-site"), "--sync-inside-site is DiLoCo's inner steps inside ",
+                      "each site: --comm sync is synchronous everywhere already");
+    dt::detail::check(!sized_to_speed && !opt.has("significance") && target_batch == 0, "--site averages over sites in one ",
+                      "plain mean: ", tuned ? "--auto" : sized_to_speed ? "--sized-to-speed" : target_batch > 0 ? "--target-batch" : "--significance",
+                      " does not go with it");
     dt::detail::check(p.aggregator.averages_in_flight(), "--site sums on the way between sites, which --aggregator ",
                       p.aggregator.describe(), " does not allow: it needs --aggregator mean");
     dt::detail::check(codec_choice.is_dense(), "--site adds the codec's payloads on the way, which --codec ", codec_choice.describe(),
@@ -1776,7 +1781,7 @@ int cmd_train(const options& opt) {
 
   // One trainer type per policy (cli/peer.hpp), whatever the codec and aggregator.
   if (comm == "sync") {
-    cli::sync_policy policy;
+    cli::sync_policy policy;  // (each peer's --site: cli::run_peer)
     policy.weighted = p.parallel.swarm;  // (a pool's peers weigh in by the rows they processed)
     policy.target_batch = target_batch;
     policy.codec = codec_choice;

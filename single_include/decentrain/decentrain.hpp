@@ -24808,10 +24808,8 @@ struct choco {
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 // ---- begin decentrain/comm/moshpit.hpp ----
@@ -25037,6 +25035,129 @@ void step(const Outer& o, std::span<float> global, std::span<const float> pseudo
 
 }  // namespace decentrain::comm::outer
 // ---- end decentrain/comm/outer.hpp ----
+// ---- begin decentrain/comm/site_averaging.hpp ----
+// Averaging over sites for a communication policy (diloco's and sync_allreduce's `site`): the
+// two-level all-reduce (collective/two_level_all_reduce.hpp) of what the policy averages, with
+// what a policy needs around it:
+//   - the groups made where there are none for the replicas' communicator (the first exchange, a
+//     new view), from the sites the replicas name or, for "auto", find by their round trips;
+//   - a codec's state (error feedback's residual) kept for the segment this replica reduces
+//     across, and started afresh where that segment moved (a new view, another layout resumed, a
+//     state taken from another member): the segment is in the checkpoint;
+//   - a result that is not finite redone flat, in f32, through the policy's aggregator, which
+//     drops and names the replica that sent it (every replica sees the same result, so all redo
+//     it), as the flat policies' mean does.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+template <class Codec>
+class site_averaging {
+ public:
+  // Fails naming the setting when `site` cannot be averaged over as `who` is set: a name of
+  // 1 to 63 bytes, the mean aggregator (it sums on the way), a dense codec (its payloads are
+  // added on the way), and no `conflict` (the policy's other setting that weighs, non-empty).
+  template <class Aggregator>
+  static void check(const std::string& site, const Codec& codec, const Aggregator& aggregator, const char* who,
+                    const std::string& conflict) {
+    decentrain::detail::check(site.size() <= collective::site_map::max_name_bytes, who, ": site names are at most ",
+                              collective::site_map::max_name_bytes, " bytes, got ", site.size());
+    decentrain::detail::check(conflict.empty(), who, ": averaging over sites (site '", site, "') is one plain mean; set it without ",
+                              conflict);
+    decentrain::detail::check(collective::averages_in_flight(aggregator), who, ": averaging over sites sums on the way, so it ",
+                              "takes the mean aggregator, not ", collective::describe_aggregator(aggregator));
+    decentrain::detail::check(compress::is_dense(codec), who, ": averaging over sites adds the codec's payloads on the way, ",
+                              "which a sparse codec's cannot be (", compress::describe(codec), "): use a dense one (identity, ",
+                              "fp16, bf16, int8, int4, fp4)");
+  }
+
+  // The codec as configured, before any state: at the start, and before a state is loaded
+  // (the first of the two keeps it).
+  void keep_fresh(const Codec& codec) {
+    if (!fresh_) fresh_ = codec;
+  }
+  // A new view: its groups are other peers.
+  void forget() { levels_.reset(); }
+
+  // The groups for ctx.replicas, made where there are none; `values` is the length averaged.
+  template <class Ctx>
+  collective::two_level<transport::any_endpoint>& levels(Ctx& ctx, const std::string& site, Codec& codec, std::size_t values) {
+    if (levels_ && levels_of_ == &ctx.replicas) return *levels_;
+    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
+        ctx.replicas, site == "auto" ? collective::sites_by_latency(ctx.replicas, 4.0, probes_++)
+                                     : collective::agree_on_sites(ctx.replicas, site));
+    levels_of_ = &ctx.replicas;
+    const auto [first, last] = levels_->across() ? levels_->segment(values, levels_->sites().position(ctx.replicas.rank()),
+                                                                    collective::codec_block(codec))
+                                                 : std::pair<std::size_t, std::size_t>{0, 0};
+    const auto key = levels_->sites().describe() + " | values " + std::to_string(first) + " to " + std::to_string(last);
+    if (!across_key_.empty() && key != across_key_ && fresh_) {
+      codec = *fresh_;
+      compress::set_layout(codec, layout_of(ctx.parameters));
+    }
+    across_key_ = key;
+    return *levels_;
+  }
+
+  // `values` averaged over the replicas by sites. `same_in_site`: the members of a site may hold
+  // the same values (a site synchronous inside); they check it (8 bytes), and where they do,
+  // step 1 sends nothing.
+  template <class Ctx, class Aggregator>
+  void average(Ctx& ctx, const std::string& site, Codec& codec, Aggregator& aggregator, collective::aggregation_record& record,
+               std::span<float> values, bool same_in_site) {
+    auto& two = levels(ctx, site, codec, values.size());
+    bool same = false;
+    if (same_in_site && two.site().world() > 1)
+      same = two.site().all_same(decentrain::detail::fnv1a(
+          std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float))));
+    sent_.assign(values.begin(), values.end());
+    two.reduce(
+        values, collective::reduce_op::average, collective::codec_block(codec),
+        [&codec](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); }, same);
+    if (std::all_of(values.begin(), values.end(), [](float x) { return std::isfinite(x); })) return;
+    std::copy(sent_.begin(), sent_.end(), values.begin());
+    compress::identity f32;
+    collective::encoded_all_reduce(f32, ctx.replicas, values, true, aggregator, record, std::nullopt);
+  }
+
+  // The sites of the last exchange; none before the first.
+  std::optional<collective::site_map> sites() const {
+    if (!levels_) return std::nullopt;
+    return levels_->sites();
+  }
+
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    if (!across_key_.empty()) c.text[prefix + "site.across"] = across_key_;
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    const auto it = c.text.find(prefix + "site.across");
+    across_key_ = it == c.text.end() ? std::string() : it->second;
+  }
+
+ private:
+  // Shared so that the policy stays copyable; one trainer uses it.
+  std::shared_ptr<collective::two_level<transport::any_endpoint>> levels_;
+  const void* levels_of_ = nullptr;  // the communicator the groups were made over
+  std::vector<float> sent_;          // the values as sent (a result not finite is redone)
+  std::string across_key_;           // the sites and the segment this replica reduced across
+  std::uint32_t probes_ = 0;         // "auto": the round trips measured so far (each a tag)
+  std::optional<Codec> fresh_;       // the codec before any state
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/site_averaging.hpp ----
 
 namespace decentrain::comm {
 
@@ -25102,19 +25223,11 @@ struct diloco {
     if (tune) tune->validate("diloco");
     decentrain::detail::check(!sync_inside_site || !site.empty(), "diloco: sync_inside_site averages the gradients inside ",
                               "this replica's site, and it names none (set site)");
-    if (!site.empty()) {
-      decentrain::detail::check(site.size() <= collective::site_map::max_name_bytes, "diloco: site names are at most ",
-                                collective::site_map::max_name_bytes, " bytes, got ", site.size());
-      decentrain::detail::check(!moshpit && !weighs() && !tune, "diloco: averaging over sites (site '", site, "') is one ",
-                                "plain mean; set it without ", moshpit ? "moshpit" : tune ? "tune" : sized_to_speed ? "sized_to_speed" : "weighted");
-      decentrain::detail::check(collective::averages_in_flight(aggregator), "diloco: averaging over sites sums on the way, so it ",
-                                "takes the mean aggregator, not ", collective::describe_aggregator(aggregator));
-      decentrain::detail::check(compress::is_dense(codec), "diloco: averaging over sites adds the codec's payloads on the way, ",
-                                "which a sparse codec's cannot be (", compress::describe(codec), "): use a dense one (identity, ",
-                                "fp16, bf16, int8, int4, fp4)");
-    }
-    levels_.reset();
-    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (a resumed one: load() took it)
+    if (!site.empty())
+      site_averaging<Codec>::check(site, codec, aggregator, "diloco",
+                                   moshpit ? "moshpit" : tune ? "tune" : sized_to_speed ? "sized_to_speed" : weighted ? "weighted" : "");
+    sites_.forget();
+    if (!site.empty()) sites_.keep_fresh(codec);  // (a resumed one: load() kept it)
     prepare_codec(codec, aggregator, ctx,
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
@@ -25153,7 +25266,7 @@ struct diloco {
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (!sync_inside_site) return;
-    auto& inside = levels(ctx).site();
+    auto& inside = sites_.levels(ctx, site, codec, global_.size()).site();
     if (inside.world() == 1) return;
     gather_grads(ctx.parameters, grads_);
     inside.all_reduce(std::span<float>(grads_), collective::reduce_op::average);
@@ -25191,7 +25304,7 @@ struct diloco {
     double exchange_s = 0;  // on this replica's clock
     if (!site.empty()) {
       const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
-      average_over_sites(ctx);
+      sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(delta_), sync_inside_site);
       exchange_s = ctx.replicas.endpoint().stats().clock_seconds - t0;
     } else if (moshpit) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
@@ -25230,7 +25343,7 @@ struct diloco {
   // A re-formed view: Moshpit's groups and the sites' are other peers.
   void drop_in_flight() {
     averager_.forget();
-    levels_.reset();
+    sites_.forget();
   }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
@@ -25242,7 +25355,7 @@ struct diloco {
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
-    if (!across_key_.empty()) c.text["comm.diloco.site.across"] = across_key_;
+    sites_.save(c, "comm.diloco.");
     weight_.save(c, "comm.diloco.");
     if (sizes()) speed_.save(c, "comm.diloco.");
     if (tune) {
@@ -25297,9 +25410,8 @@ struct diloco {
       const auto count = static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks")));
       if (choices_.size() < count) choices_.resize(count, tuning_choice{});
     }
-    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (before its state is loaded)
-    const auto across = c.text.find("comm.diloco.site.across");
-    across_key_ = across == c.text.end() ? std::string() : across->second;
+    if (!site.empty()) sites_.keep_fresh(codec);  // (before its state is loaded)
+    sites_.load(c, "comm.diloco.");
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     speed_ = {};
@@ -25310,10 +25422,7 @@ struct diloco {
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
   // With a site: the sites of the group's last exchange (named, or found by their round trips
   // with "auto"); none before the first.
-  std::optional<collective::site_map> sites() const {
-    if (!levels_) return std::nullopt;
-    return levels_->sites();
-  }
+  std::optional<collective::site_map> sites() const { return sites_.sites(); }
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
@@ -25327,51 +25436,6 @@ struct diloco {
   // Steps of the round from `step` on, `step` included.
   std::int64_t steps_left(std::int64_t step) const {
     return tune ? round_from_ + inner_steps - step : inner_steps - step % inner_steps;
-  }
-  // The pseudo-gradient averaged by the two-level all-reduce; the sites agreed first where the
-  // group is new (the start, a new view: every replica at the same round's end).
-  // Synchronous inside the site, its members' pseudo-gradients are the same, and step 1 sends
-  // nothing; the members check it (8 bytes): a member that took another site's state (a joiner)
-  // or a run resumed otherwise may hold others, and then step 1 adds them up. A result that is
-  // not finite is redone flat, in f32, through the aggregator, which drops and names the replica
-  // that sent it (every replica sees the same result, so all redo it).
-  template <class Ctx>
-  void average_over_sites(Ctx& ctx) {
-    auto& two = levels(ctx);
-    bool same = false;
-    if (sync_inside_site && two.site().world() > 1)
-      same = two.site().all_same(decentrain::detail::fnv1a(
-          std::string_view(reinterpret_cast<const char*>(delta_.data()), delta_.size() * sizeof(float))));
-    sent_ = delta_;
-    two.reduce(
-        std::span<float>(delta_), collective::reduce_op::average, collective::codec_block(codec),
-        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); }, same);
-    if (std::all_of(delta_.begin(), delta_.end(), [](float x) { return std::isfinite(x); })) return;
-    delta_ = sent_;
-    compress::identity f32;
-    collective::encoded_all_reduce(f32, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, std::nullopt);
-  }
-  // The groups over the sites, made where there are none for this communicator (the first
-  // exchange, a new view). A codec with state (error feedback's residual) holds it for the
-  // segment this replica reduced across: where that changed since (a new view, another layout
-  // resumed, a state taken from another member), the codec starts afresh.
-  template <class Ctx>
-  collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
-    if (levels_ && levels_of_ == &ctx.replicas) return *levels_;
-    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
-        ctx.replicas, site == "auto" ? collective::sites_by_latency(ctx.replicas, 4.0, site_probes_++)
-                                     : collective::agree_on_sites(ctx.replicas, site));
-    levels_of_ = &ctx.replicas;
-    const auto [first, last] = levels_->across() ? levels_->segment(global_.size(), levels_->sites().position(ctx.replicas.rank()),
-                                                                    collective::codec_block(codec))
-                                                 : std::pair<std::size_t, std::size_t>{0, 0};
-    const auto key = levels_->sites().describe() + " | values " + std::to_string(first) + " to " + std::to_string(last);
-    if (!across_key_.empty() && key != across_key_ && fresh_codec_) {
-      codec = *fresh_codec_;
-      compress::set_layout(codec, layout_of(ctx.parameters));
-    }
-    across_key_ = key;
-    return *levels_;
   }
   // The start's probe of the replicas' links.
   template <class Ctx>
@@ -25436,14 +25500,7 @@ struct diloco {
   std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
-  // With a site: the groups of the two-level all-reduce, made over the communicator at levels_of_
-  // (shared so that the policy stays copyable; one trainer uses it).
-  std::shared_ptr<collective::two_level<transport::any_endpoint>> levels_;
-  const void* levels_of_ = nullptr;
-  std::vector<float> sent_;            // the pseudo-gradient as sent (a result not finite is redone)
-  std::string across_key_;             // the sites and the segment this replica reduced across
-  std::uint32_t site_probes_ = 0;      // site "auto": the round trips measured so far (each a tag)
-  std::optional<Codec> fresh_codec_;   // the codec before any state (start or load, the first)
+  site_averaging<Codec> sites_;  // with a site
 };
 
 }  // namespace decentrain::comm
@@ -26586,9 +26643,13 @@ struct streaming_diloco {
 // a robust aggregator against peers that send poison), so every replica applies the same update.
 // With a target batch (hivemind's rule for peers of different speeds), each replica adds up as many
 // micro-batches of its rows a step as its speed makes its share of the target, so the fast ones do
-// not wait for the slow ones, and the replicas' gradients weigh by the rows each took.
+// not wait for the slow ones, and the replicas' gradients weigh by the rows each took. With a
+// site, the gradients are averaged by the two-level all-reduce over the replicas' sites
+// (comm/site_averaging.hpp): each byte crosses between the sites once per step of the collective
+// across them, carried by every member of a site in equal parts.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26617,6 +26678,11 @@ struct sync_allreduce {
   // up (the trainer: accumulates()), and weighs by its rows (as `weighted`). Every replica the same.
   std::int64_t target_batch = 0;
   std::int64_t resize_every = 10;
+  // This replica's site (1 to 63 bytes), or "auto" on every replica (the sites found from the
+  // round trips the replicas measure): set, the gradients are averaged by the two-level
+  // all-reduce over the sites (diloco::site says more). Every replica names a site or none does;
+  // with the mean aggregator and a dense codec, not weighted nor with a target batch.
+  std::string site{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -26635,10 +26701,16 @@ struct sync_allreduce {
     // several takes one step's rows with the other stages.
     decentrain::detail::check(target_batch == 0 || ctx.placement.stages == 1, "sync_allreduce: target_batch deals micro-batches ",
                               "to replicas holding the whole model, and this one holds one stage of ", ctx.placement.stages);
+    if (!site.empty())
+      site_averaging<Codec>::check(site, codec, aggregator, "sync_allreduce",
+                                   target_batch > 0 ? "target_batch" : weighted ? "weighted" : "");
+    sites_.forget();
+    if (!site.empty()) sites_.keep_fresh(codec);  // (a resumed one: load() kept it)
     prepare_codec(codec, aggregator, ctx,
-                  target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
-                                                                resize_every, " steps")
-                                   : std::string());
+                  (target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
+                                                                 resize_every, " steps")
+                                    : std::string()) +
+                      (site.empty() ? std::string() : std::string(", averaged over sites")));
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
@@ -26658,10 +26730,17 @@ struct sync_allreduce {
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
-                         weight_if(weighs(), ctx.step_weight));
+    if (!site.empty())
+      sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(buffer_), false);
+    else
+      collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+                                     weight_if(weighs(), ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }
+  // A re-formed view: the sites' groups are other peers.
+  void drop_in_flight() { sites_.forget(); }
+  // With a site: the sites of the last step; none before the first.
+  std::optional<collective::site_map> sites() const { return sites_.sites(); }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
@@ -26672,9 +26751,12 @@ struct sync_allreduce {
   }
   void save(io::checkpoint& c) const {
     save_codec(codec, c, "comm.sync.codec.");
+    sites_.save(c, "comm.sync.");
     if (target_batch > 0) sizing_.save(c, "comm.sync.");
   }
   void load(const io::checkpoint& c) {
+    if (!site.empty()) sites_.keep_fresh(codec);  // (before its state is loaded)
+    sites_.load(c, "comm.sync.");
     load_codec(codec, c, "comm.sync.codec.");
     sizing_.load(c, "comm.sync.");  // (its period: start() sets it)
   }
@@ -26687,6 +26769,7 @@ struct sync_allreduce {
   std::int64_t micro_batches_ = 0;  // of the whole group a step: target_batch in micro-batches
   int world_ = 1;
   collective::aggregation_record aggregation_;
+  site_averaging<Codec> sites_;  // with a site
 };
 
 }  // namespace decentrain::comm

@@ -468,8 +468,8 @@ const std::string peer_args =
 result run_three_tcp_peers(const std::string& args, const fs::path& dir) {
   const auto port = std::to_string(free_port());
   const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
-  return run("( (timeout 120 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 &) ; (timeout 120 " + cli() + args + peer +
-                 " --rank 2 > r2.txt 2>&1 &) ; timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
+  return run("( timeout 120 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & timeout 120 " + cli() + args + peer +
+                 " --rank 2 > r2.txt 2>&1 & timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
                  " --rank 0 --world 3; status=$?; wait; exit $status )",
              dir);
 }
@@ -589,23 +589,25 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
     if (at == std::string::npos) return -1.0;
     return std::stod(out.substr(out.find(':', at) + 1));
   };
-  const auto plain = run(cli() + args + " --peers 4 --link wan --site a,a,b,b", dir);
-  INFO(plain.output);
-  REQUIRE(plain.status == 0);
-  CHECK_THAT(plain.output, Contains("bytes per link, by site (payloads, each direction apart):"));
-  const auto synced = run(cli() + args + " --peers 4 --link wan --site a,a,b,b --sync-inside-site", dir);
-  INFO(synced.output);
-  REQUIRE(synced.status == 0);
+  // A run of 4 in-process peers at sites a, a, b, b on `wan` between them: its output.
+  const auto trained = [&](const std::string& extra) {
+    const auto r = run(cli() + args + " --peers 4 --link wan --site a,a,b,b" + extra, dir);
+    INFO(extra << "\n" << r.output);
+    REQUIRE(r.status == 0);
+    return r.output;
+  };
+  const auto plain = trained("");
+  CHECK_THAT(plain, Contains("bytes per link, by site (payloads, each direction apart):"));
   // Synchronous inside the sites: the gradients of every step stay inside them, and what crosses
   // is the outer average's alone, as without.
-  CHECK(megabytes(plain.output, "a", "b") > 0);
-  CHECK(megabytes(synced.output, "a", "b") <= megabytes(plain.output, "a", "b"));
-  CHECK(megabytes(synced.output, "a", "a") > 2 * megabytes(plain.output, "a", "a"));
+  const auto synced = trained(" --sync-inside-site");
+  CHECK(megabytes(plain, "a", "b") > 0);
+  CHECK(megabytes(synced, "a", "b") <= megabytes(plain, "a", "b"));
+  CHECK(megabytes(synced, "a", "a") > 2 * megabytes(plain, "a", "a"));
+  // Synchronous training by sites: every step's gradients, by the same two levels.
+  CHECK(megabytes(trained(" --comm sync"), "a", "b") > 0);
   // The same sites' links averaged flat (--outer-averaging all-reduce): more crosses.
-  const auto flat = run(cli() + args + " --peers 4 --link wan --site a,a,b,b --outer-averaging all-reduce", dir);
-  INFO(flat.output);
-  REQUIRE(flat.status == 0);
-  CHECK(megabytes(flat.output, "a", "b") > 1.5 * megabytes(plain.output, "a", "b"));
+  CHECK(megabytes(trained(" --outer-averaging all-reduce"), "a", "b") > 1.5 * megabytes(plain, "a", "b"));
 
   // --site auto: the sites found from the round trips the peers measure; on `wan` every pair is
   // about as far as any other, so one site.
@@ -629,8 +631,8 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   REQUIRE(three.status == 0);
   const auto port = std::to_string(free_port());
   const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 3";
-  const auto tcp = run("( (timeout 120 " + cli() + args + peer + " --rank 1 --site a > r1.txt 2>&1 &) ; (timeout 120 " + cli() +
-                           args + peer + " --rank 2 --site b > r2.txt 2>&1 &) ; timeout 120 " + cli() + args +
+  const auto tcp = run("( timeout 120 " + cli() + args + peer + " --rank 1 --site a > r1.txt 2>&1 & timeout 120 " + cli() +
+                           args + peer + " --rank 2 --site b > r2.txt 2>&1 & timeout 120 " + cli() + args +
                            " --listen 127.0.0.1:" + port + " --rank 0 --world 3 --site a; status=$?; wait; exit $status )",
                        dir);
   INFO(tcp.output);
@@ -653,7 +655,8 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   for (const auto& [extra, says] : std::vector<std::pair<std::string, std::string>>{
            {" --peers 4 --site a,b", "--site gives 2 names for 4 peers (with --peers, one a peer: --site a,a,b,b; or auto)"},
            {" --peers 2 --sync-inside-site", "--sync-inside-site needs --site"},
-           {" --peers 2 --site a,b --comm sync", "--site averages DiLoCo's rounds over sites at their ends: it needs --comm diloco"},
+           {" --peers 2 --site a,b --comm gossip", "--site averages sync's gradients or DiLoCo's rounds over sites: it needs --comm sync or diloco"},
+           {" --peers 2 --site a,b --comm sync --sync-inside-site", "--sync-inside-site is DiLoCo's inner steps inside each site"},
            {" --peers 2 --site a,b --codec topk:0.01", "--site adds the codec's payloads on the way, which --codec topk"},
            {" --peers 4 --site a,a,b,b --parallel swarm --stages 2 --n-layer 2", "--parallel swarm cannot take --site"},
            {" --peers 2 --site auto --outer-averaging all-reduce",
@@ -676,9 +679,9 @@ TEST_CASE("train over TCP with a peer that accepts no connections (--join withou
   // Rank 1 has no listening socket (behind a NAT, say): peers 0 and 2 cannot dial it, so it
   // dials them both, rank 2 included, which waits for it.
   const auto port = std::to_string(free_port());
-  const auto tcp = run("( (timeout 120 " + cli() + args + " --join 127.0.0.1:" + port + " --rank 1 --world 3 > r1.txt 2>&1 &) ; "
-                           "(timeout 120 " + cli() + args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
-                           " --rank 2 --world 3 > r2.txt 2>&1 &) ; timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
+  const auto tcp = run("( timeout 120 " + cli() + args + " --join 127.0.0.1:" + port + " --rank 1 --world 3 > r1.txt 2>&1 & "
+                           "timeout 120 " + cli() + args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                           " --rank 2 --world 3 > r2.txt 2>&1 & timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
                            " --rank 0 --world 3; status=$?; wait; exit $status )",
                        dir);
   INFO(tcp.output);
@@ -751,8 +754,8 @@ TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]
 
   // Two processes on loopback; `timeout` makes sure neither outlives the test.
   const auto port = std::to_string(free_port());
-  const auto tcp = run("( (timeout 120 " + cli() + peer_args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
-                           " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args +
+  const auto tcp = run("( timeout 120 " + cli() + peer_args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                           " --rank 1 --world 2 > rank1.txt 2>&1 & timeout 120 " + cli() + peer_args +
                            " --listen 127.0.0.1:" + port + " --rank 0 --world 2; status=$?; wait; exit $status )",
                        dir);
   INFO(tcp.output);
@@ -861,9 +864,9 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
 
   // Rank 1 takes the key from DECENTRAIN_KEY_FILE, rank 0 from --key-file.
   auto port = std::to_string(free_port());
-  const auto keyed = run("( (DECENTRAIN_KEY_FILE=run.key timeout 120 " + cli() + peer_args +
+  const auto keyed = run("( DECENTRAIN_KEY_FILE=run.key timeout 120 " + cli() + peer_args +
                              " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
-                             " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args +
+                             " --rank 1 --world 2 > rank1.txt 2>&1 & timeout 120 " + cli() + peer_args +
                              " --metrics '' --key-file run.key --listen 127.0.0.1:" + port +
                              " --rank 0 --world 2; status=$?; wait; exit $status )",
                          dir);
@@ -883,8 +886,8 @@ TEST_CASE("train over TCP with a run key: holders train as without one, a peer w
 
   // A peer without the key is refused at once; the keyed peer gives up at its join timeout.
   port = std::to_string(free_port());
-  const auto stranger = run("( (timeout 60 " + cli() + peer_args + " --metrics '' --key-file run.key --listen 127.0.0.1:" +
-                                port + " --rank 0 --world 2 --join-timeout-ms 4000 > rank0.txt 2>&1 &) ; sleep 0.5; timeout 60 " +
+  const auto stranger = run("( timeout 60 " + cli() + peer_args + " --metrics '' --key-file run.key --listen 127.0.0.1:" +
+                                port + " --rank 0 --world 2 --join-timeout-ms 4000 > rank0.txt 2>&1 & sleep 0.5; timeout 60 " +
                                 cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
                                 " --rank 1 --world 2; status=$?; wait; exit $status )",
                             dir);
@@ -909,8 +912,8 @@ TEST_CASE("train over TCP with identities: each peer proves its rank with its ow
     return " --identity ids/rank-" + std::to_string(key) + ".key --roster ids/roster --rank " + std::to_string(rank) + " --world 2";
   };
   const auto port = std::to_string(free_port());
-  const auto proven = run("( (timeout 120 " + cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
-                              identity(1, 1) + " > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args + " --metrics ''" +
+  const auto proven = run("( timeout 120 " + cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                              identity(1, 1) + " > rank1.txt 2>&1 & timeout 120 " + cli() + peer_args + " --metrics ''" +
                               identity(0, 0) + " --listen 127.0.0.1:" + port + "; status=$?; wait; exit $status )",
                           dir);
   INFO(proven.output);
@@ -941,8 +944,8 @@ TEST_CASE("train over TCP with TLS: certified peers train as without it, a peer 
     return " --tls-cert" + stem + ".pem --tls-key" + stem + ".key --tls-ca " + folder + "/ca.pem --tls-bind-ranks";
   };
   auto port = std::to_string(free_port());
-  const auto certified = run("( (timeout 120 " + cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
-                                 tls("certs", 1) + " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + cli() + peer_args +
+  const auto certified = run("( timeout 120 " + cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                                 tls("certs", 1) + " --rank 1 --world 2 > rank1.txt 2>&1 & timeout 120 " + cli() + peer_args +
                                  " --metrics ''" + tls("certs", 0) + " --listen 127.0.0.1:" + port +
                                  " --rank 0 --world 2; status=$?; wait; exit $status )",
                              dir);
@@ -961,8 +964,8 @@ TEST_CASE("train over TCP with TLS: certified peers train as without it, a peer 
   for (const auto& [caller, why] : {std::pair{tls("other", 1), std::string("TLS handshake with the peer at")},
                                     std::pair{tls("certs", 0), std::string("is for rank 0, and this peer is rank 1")}}) {
     port = std::to_string(free_port());
-    const auto stranger = run("( (timeout 60 " + cli() + peer_args + " --metrics ''" + tls("certs", 0) + " --listen 127.0.0.1:" +
-                                  port + " --rank 0 --world 2 --join-timeout-ms 4000 > rank0.txt 2>&1 &) ; sleep 0.5; timeout 60 " +
+    const auto stranger = run("( timeout 60 " + cli() + peer_args + " --metrics ''" + tls("certs", 0) + " --listen 127.0.0.1:" +
+                                  port + " --rank 0 --world 2 --join-timeout-ms 4000 > rank0.txt 2>&1 & sleep 0.5; timeout 60 " +
                                   cli() + peer_args + " --metrics '' --listen 127.0.0.1:0 --join 127.0.0.1:" + port + caller +
                                   " --rank 1 --world 2 --join-timeout-ms 20000; status=$?; wait; exit $status )",
                               dir);
@@ -2171,8 +2174,8 @@ TEST_CASE("train --parallel pipeline: stages x replicas train as one process doe
   // Two TCP processes, a stage each, with int8 activations: they train and agree with each other.
   const auto port = std::to_string(free_port());
   const std::string tcp_args = common + " --batch-size 8 --parallel pipeline --stages 2 --activation-codec int8";
-  const auto tcp = run("( (timeout 120 " + tcp_args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
-                           " --rank 1 --world 2 > rank1.txt 2>&1 &) ; timeout 120 " + tcp_args + " --listen 127.0.0.1:" + port +
+  const auto tcp = run("( timeout 120 " + tcp_args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
+                           " --rank 1 --world 2 > rank1.txt 2>&1 & timeout 120 " + tcp_args + " --listen 127.0.0.1:" + port +
                            " --rank 0 --world 2; status=$?; wait; exit $status )",
                        dir);
   INFO(tcp.output);

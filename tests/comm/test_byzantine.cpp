@@ -121,7 +121,7 @@ TEST_CASE("byzantine: a peer sending NaN or infinities is dropped every step, na
   CHECK(median.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 40, 40});
 }
 
-TEST_CASE("byzantine: DiLoCo averaged over sites drops a peer sending NaN or infinities as the flat all-reduce does", "[byzantine]") {
+TEST_CASE("byzantine: DiLoCo and sync averaged over sites drop a peer sending NaN or infinities as the flat all-reduce does", "[byzantine]") {
   // One site of five: the two-level all-reduce's result holds the poison, so every replica redoes
   // the round flat, through the aggregator, which drops the two attackers and names them.
   RobustDiloco d;
@@ -134,6 +134,14 @@ TEST_CASE("byzantine: DiLoCo averaged over sites drops a peer sending NaN or inf
   CHECK(attacked.val_loss == flat.val_loss);  // the same robust round, bit for bit
   CHECK(attacked.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 10, 10});  // every round of 40 steps
   CHECK(clean.seen.calls == 0);  // (clean rounds never fall back)
+  // The same for synchronous training: every step's poisoned result is redone flat.
+  RobustSync sync;
+  const auto sync_flat = train(sync, "mean", bench::attack::non_finite, 2);
+  sync.site = "a";
+  const auto sync_sites = train(sync, "mean", bench::attack::non_finite, 2);
+  REQUIRE(std::isfinite(sync_sites.val_loss));
+  CHECK(sync_sites.val_loss == sync_flat.val_loss);
+  CHECK(sync_sites.seen.non_finite == std::vector<std::int64_t>{0, 0, 0, 40, 40});
 }
 
 namespace {

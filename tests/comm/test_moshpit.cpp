@@ -240,6 +240,35 @@ TEST_CASE("trainer: DiLoCo averaged over sites by the two-level all-reduce is Di
   }
 }
 
+TEST_CASE("trainer: synchronous training averaged over sites is synchronous training, with fewer bytes between the sites") {
+  using sync_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, dt::comm::sync_allreduce<>>;
+  const std::vector<std::string> sites = {"a", "b", "a", "b"};
+  auto run = [&](bool by_sites, std::uint64_t& across) {
+    std::vector<std::vector<float>> params(sites.size());
+    dt::transport::in_process net(4);
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      dt::comm::sync_allreduce<> comm;
+      if (by_sites) comm.site = sites[static_cast<std::size_t>(ep.rank())];
+      sync_trainer t(fixture::tiny_gpt(), fixture::small_run(8), ep, comm);
+      t.on_eval([&](const dt::train::eval_point&) { params[static_cast<std::size_t>(ep.rank())] = fixture::flat_params(t.model().parameters()); });
+      (void)t.fit(fixture::small_corpus().data);
+    });
+    across = 0;
+    for (int a = 0; a < 4; ++a)
+      for (int b = 0; b < 4; ++b)
+        if (sites[static_cast<std::size_t>(a)] != sites[static_cast<std::size_t>(b)]) across += net.bytes_sent(a, b);
+    return params;
+  };
+  std::uint64_t flat_across = 0, by_sites_across = 0;
+  const auto flat = run(false, flat_across), by_sites = run(true, by_sites_across);
+  INFO(by_sites_across << " bytes between sites by sites, " << flat_across << " flat");
+  for (std::size_t r = 0; r < 4; ++r) {
+    CHECK(by_sites[r] == by_sites[0]);
+    CHECK(fixture::max_abs_diff(by_sites[r], flat[r]) < 1e-5);
+  }
+  CHECK(static_cast<double>(by_sites_across) < 0.6 * static_cast<double>(flat_across));
+}
+
 TEST_CASE("trainer: DiLoCo synchronous inside each site trains a site as one replica, and only the outer average crosses") {
   dt::comm::diloco<> plain;
   plain.inner_steps = 3;

@@ -14,17 +14,15 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "decentrain/collective/two_level_all_reduce.hpp"
 #include "decentrain/comm/auto_tuning.hpp"
 #include "decentrain/comm/moshpit.hpp"
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
+#include "decentrain/comm/site_averaging.hpp"
 
 namespace decentrain::comm {
 
@@ -90,19 +88,11 @@ struct diloco {
     if (tune) tune->validate("diloco");
     decentrain::detail::check(!sync_inside_site || !site.empty(), "diloco: sync_inside_site averages the gradients inside ",
                               "this replica's site, and it names none (set site)");
-    if (!site.empty()) {
-      decentrain::detail::check(site.size() <= collective::site_map::max_name_bytes, "diloco: site names are at most ",
-                                collective::site_map::max_name_bytes, " bytes, got ", site.size());
-      decentrain::detail::check(!moshpit && !weighs() && !tune, "diloco: averaging over sites (site '", site, "') is one ",
-                                "plain mean; set it without ", moshpit ? "moshpit" : tune ? "tune" : sized_to_speed ? "sized_to_speed" : "weighted");
-      decentrain::detail::check(collective::averages_in_flight(aggregator), "diloco: averaging over sites sums on the way, so it ",
-                                "takes the mean aggregator, not ", collective::describe_aggregator(aggregator));
-      decentrain::detail::check(compress::is_dense(codec), "diloco: averaging over sites adds the codec's payloads on the way, ",
-                                "which a sparse codec's cannot be (", compress::describe(codec), "): use a dense one (identity, ",
-                                "fp16, bf16, int8, int4, fp4)");
-    }
-    levels_.reset();
-    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (a resumed one: load() took it)
+    if (!site.empty())
+      site_averaging<Codec>::check(site, codec, aggregator, "diloco",
+                                   moshpit ? "moshpit" : tune ? "tune" : sized_to_speed ? "sized_to_speed" : weighted ? "weighted" : "");
+    sites_.forget();
+    if (!site.empty()) sites_.keep_fresh(codec);  // (a resumed one: load() kept it)
     prepare_codec(codec, aggregator, ctx,
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
@@ -141,7 +131,7 @@ struct diloco {
   template <class Ctx>
   void after_backward(Ctx& ctx) {
     if (!sync_inside_site) return;
-    auto& inside = levels(ctx).site();
+    auto& inside = sites_.levels(ctx, site, codec, global_.size()).site();
     if (inside.world() == 1) return;
     gather_grads(ctx.parameters, grads_);
     inside.all_reduce(std::span<float>(grads_), collective::reduce_op::average);
@@ -179,7 +169,7 @@ struct diloco {
     double exchange_s = 0;  // on this replica's clock
     if (!site.empty()) {
       const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
-      average_over_sites(ctx);
+      sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(delta_), sync_inside_site);
       exchange_s = ctx.replicas.endpoint().stats().clock_seconds - t0;
     } else if (moshpit) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
@@ -218,7 +208,7 @@ struct diloco {
   // A re-formed view: Moshpit's groups and the sites' are other peers.
   void drop_in_flight() {
     averager_.forget();
-    levels_.reset();
+    sites_.forget();
   }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
@@ -230,7 +220,7 @@ struct diloco {
     c.counters["comm.diloco.momentum_started"] = momentum_started_ ? 1 : 0;
     c.counters["comm.diloco.rounds"] = rounds_;
     save_codec(codec, c, "comm.diloco.codec.");
-    if (!across_key_.empty()) c.text["comm.diloco.site.across"] = across_key_;
+    sites_.save(c, "comm.diloco.");
     weight_.save(c, "comm.diloco.");
     if (sizes()) speed_.save(c, "comm.diloco.");
     if (tune) {
@@ -285,9 +275,8 @@ struct diloco {
       const auto count = static_cast<std::size_t>(std::max<std::int64_t>(0, c.counter("comm.diloco.tune.picks")));
       if (choices_.size() < count) choices_.resize(count, tuning_choice{});
     }
-    if (!site.empty() && !fresh_codec_) fresh_codec_ = codec;  // (before its state is loaded)
-    const auto across = c.text.find("comm.diloco.site.across");
-    across_key_ = across == c.text.end() ? std::string() : across->second;
+    if (!site.empty()) sites_.keep_fresh(codec);  // (before its state is loaded)
+    sites_.load(c, "comm.diloco.");
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     speed_ = {};
@@ -298,10 +287,7 @@ struct diloco {
   std::int64_t round_inner_steps() const { return std::max(inner_steps, speed_.round_steps); }
   // With a site: the sites of the group's last exchange (named, or found by their round trips
   // with "auto"); none before the first.
-  std::optional<collective::site_map> sites() const {
-    if (!levels_) return std::nullopt;
-    return levels_->sites();
-  }
+  std::optional<collective::site_map> sites() const { return sites_.sites(); }
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
@@ -315,51 +301,6 @@ struct diloco {
   // Steps of the round from `step` on, `step` included.
   std::int64_t steps_left(std::int64_t step) const {
     return tune ? round_from_ + inner_steps - step : inner_steps - step % inner_steps;
-  }
-  // The pseudo-gradient averaged by the two-level all-reduce; the sites agreed first where the
-  // group is new (the start, a new view: every replica at the same round's end).
-  // Synchronous inside the site, its members' pseudo-gradients are the same, and step 1 sends
-  // nothing; the members check it (8 bytes): a member that took another site's state (a joiner)
-  // or a run resumed otherwise may hold others, and then step 1 adds them up. A result that is
-  // not finite is redone flat, in f32, through the aggregator, which drops and names the replica
-  // that sent it (every replica sees the same result, so all redo it).
-  template <class Ctx>
-  void average_over_sites(Ctx& ctx) {
-    auto& two = levels(ctx);
-    bool same = false;
-    if (sync_inside_site && two.site().world() > 1)
-      same = two.site().all_same(decentrain::detail::fnv1a(
-          std::string_view(reinterpret_cast<const char*>(delta_.data()), delta_.size() * sizeof(float))));
-    sent_ = delta_;
-    two.reduce(
-        std::span<float>(delta_), collective::reduce_op::average, collective::codec_block(codec),
-        [this](auto& across, std::span<float> segment) { collective::encoded_all_reduce(codec, across, segment, false); }, same);
-    if (std::all_of(delta_.begin(), delta_.end(), [](float x) { return std::isfinite(x); })) return;
-    delta_ = sent_;
-    compress::identity f32;
-    collective::encoded_all_reduce(f32, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, std::nullopt);
-  }
-  // The groups over the sites, made where there are none for this communicator (the first
-  // exchange, a new view). A codec with state (error feedback's residual) holds it for the
-  // segment this replica reduced across: where that changed since (a new view, another layout
-  // resumed, a state taken from another member), the codec starts afresh.
-  template <class Ctx>
-  collective::two_level<transport::any_endpoint>& levels(Ctx& ctx) {
-    if (levels_ && levels_of_ == &ctx.replicas) return *levels_;
-    levels_ = std::make_shared<collective::two_level<transport::any_endpoint>>(
-        ctx.replicas, site == "auto" ? collective::sites_by_latency(ctx.replicas, 4.0, site_probes_++)
-                                     : collective::agree_on_sites(ctx.replicas, site));
-    levels_of_ = &ctx.replicas;
-    const auto [first, last] = levels_->across() ? levels_->segment(global_.size(), levels_->sites().position(ctx.replicas.rank()),
-                                                                    collective::codec_block(codec))
-                                                 : std::pair<std::size_t, std::size_t>{0, 0};
-    const auto key = levels_->sites().describe() + " | values " + std::to_string(first) + " to " + std::to_string(last);
-    if (!across_key_.empty() && key != across_key_ && fresh_codec_) {
-      codec = *fresh_codec_;
-      compress::set_layout(codec, layout_of(ctx.parameters));
-    }
-    across_key_ = key;
-    return *levels_;
   }
   // The start's probe of the replicas' links.
   template <class Ctx>
@@ -424,14 +365,7 @@ struct diloco {
   std::vector<tuning_choice> choices_;
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
-  // With a site: the groups of the two-level all-reduce, made over the communicator at levels_of_
-  // (shared so that the policy stays copyable; one trainer uses it).
-  std::shared_ptr<collective::two_level<transport::any_endpoint>> levels_;
-  const void* levels_of_ = nullptr;
-  std::vector<float> sent_;            // the pseudo-gradient as sent (a result not finite is redone)
-  std::string across_key_;             // the sites and the segment this replica reduced across
-  std::uint32_t site_probes_ = 0;      // site "auto": the round trips measured so far (each a tag)
-  std::optional<Codec> fresh_codec_;   // the codec before any state (start or load, the first)
+  site_averaging<Codec> sites_;  // with a site
 };
 
 }  // namespace decentrain::comm

@@ -3,14 +3,19 @@
 // a robust aggregator against peers that send poison), so every replica applies the same update.
 // With a target batch (hivemind's rule for peers of different speeds), each replica adds up as many
 // micro-batches of its rows a step as its speed makes its share of the target, so the fast ones do
-// not wait for the slow ones, and the replicas' gradients weigh by the rows each took.
+// not wait for the slow ones, and the replicas' gradients weigh by the rows each took. With a
+// site, the gradients are averaged by the two-level all-reduce over the replicas' sites
+// (comm/site_averaging.hpp): each byte crosses between the sites once per step of the collective
+// across them, carried by every member of a site in equal parts.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "decentrain/comm/policy.hpp"
+#include "decentrain/comm/site_averaging.hpp"
 
 namespace decentrain::comm {
 
@@ -36,6 +41,11 @@ struct sync_allreduce {
   // up (the trainer: accumulates()), and weighs by its rows (as `weighted`). Every replica the same.
   std::int64_t target_batch = 0;
   std::int64_t resize_every = 10;
+  // This replica's site (1 to 63 bytes), or "auto" on every replica (the sites found from the
+  // round trips the replicas measure): set, the gradients are averaged by the two-level
+  // all-reduce over the sites (diloco::site says more). Every replica names a site or none does;
+  // with the mean aggregator and a dense codec, not weighted nor with a target batch.
+  std::string site{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -54,10 +64,16 @@ struct sync_allreduce {
     // several takes one step's rows with the other stages.
     decentrain::detail::check(target_batch == 0 || ctx.placement.stages == 1, "sync_allreduce: target_batch deals micro-batches ",
                               "to replicas holding the whole model, and this one holds one stage of ", ctx.placement.stages);
+    if (!site.empty())
+      site_averaging<Codec>::check(site, codec, aggregator, "sync_allreduce",
+                                   target_batch > 0 ? "target_batch" : weighted ? "weighted" : "");
+    sites_.forget();
+    if (!site.empty()) sites_.keep_fresh(codec);  // (a resumed one: load() kept it)
     prepare_codec(codec, aggregator, ctx,
-                  target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
-                                                                resize_every, " steps")
-                                   : std::string());
+                  (target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
+                                                                 resize_every, " steps")
+                                    : std::string()) +
+                      (site.empty() ? std::string() : std::string(", averaged over sites")));
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
@@ -77,10 +93,17 @@ struct sync_allreduce {
   void after_backward(Ctx& ctx) {
     if (ctx.replicas.world() == 1) return;
     gather_grads(ctx.parameters, buffer_);
-    collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
-                         weight_if(weighs(), ctx.step_weight));
+    if (!site.empty())
+      sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(buffer_), false);
+    else
+      collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
+                                     weight_if(weighs(), ctx.step_weight));
     scatter_grads(ctx.parameters, buffer_);
   }
+  // A re-formed view: the sites' groups are other peers.
+  void drop_in_flight() { sites_.forget(); }
+  // With a site: the sites of the last step; none before the first.
+  std::optional<collective::site_map> sites() const { return sites_.sites(); }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
@@ -91,9 +114,12 @@ struct sync_allreduce {
   }
   void save(io::checkpoint& c) const {
     save_codec(codec, c, "comm.sync.codec.");
+    sites_.save(c, "comm.sync.");
     if (target_batch > 0) sizing_.save(c, "comm.sync.");
   }
   void load(const io::checkpoint& c) {
+    if (!site.empty()) sites_.keep_fresh(codec);  // (before its state is loaded)
+    sites_.load(c, "comm.sync.");
     load_codec(codec, c, "comm.sync.codec.");
     sizing_.load(c, "comm.sync.");  // (its period: start() sets it)
   }
@@ -106,6 +132,7 @@ struct sync_allreduce {
   std::int64_t micro_batches_ = 0;  // of the whole group a step: target_batch in micro-batches
   int world_ = 1;
   collective::aggregation_record aggregation_;
+  site_averaging<Codec> sites_;  // with a site
 };
 
 }  // namespace decentrain::comm
