@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,12 @@ namespace dt = decentrain;
 
 namespace {
 
-// Simulated seconds of one all-reduce of `bytes` of f32 on these links (the slowest peer's
-// clock), or -1 when it is wrong (every peer checks the exact sum): the ring or recursive
-// doubling as `opts` choose, or with `shares` the partitioned all-reduce by them.
-double simulate(const dt::transport::link_matrix& links, std::size_t bytes, dt::collective::options opts,
-                const std::vector<double>& shares = {}) {
+// Simulated seconds of one sum of `bytes` of f32 on these links (the slowest peer's clock), by
+// reduce(communicator, values) on every peer, or -1 when it is wrong (every peer checks the exact
+// sum); after(network) reads the network once the peers are done.
+template <class Reduce>
+double simulate_with(const dt::transport::link_matrix& links, std::size_t bytes, dt::collective::options opts, Reduce&& reduce,
+                     const std::function<void(const dt::transport::in_process&)>& after = {}) {
   const int world = links.world();
   dt::transport::in_process net(links, {1, std::chrono::milliseconds(600000)});
   std::vector<double> clock(static_cast<std::size_t>(world));
@@ -39,16 +41,24 @@ double simulate(const dt::transport::link_matrix& links, std::size_t bytes, dt::
   net.run([&](dt::transport::in_process::endpoint& ep) {
     dt::collective::communicator comm(ep, opts);
     std::vector<float> v(bytes / sizeof(float), static_cast<float>(ep.rank() + 1));
-    if (shares.empty())
-      comm.all_reduce(std::span<float>(v));
-    else
-      dt::collective::balanced_all_reduce(comm, std::span<float>(v), std::span<const double>(shares));
+    reduce(comm, std::span<float>(v));
     const float expect = static_cast<float>(world * (world + 1) / 2);
     right[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [&](float x) { return x == expect; });
     clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
   });
+  if (after) after(net);
   if (!std::all_of(right.begin(), right.end(), [](int ok) { return ok != 0; })) return -1;
   return *std::max_element(clock.begin(), clock.end());
+}
+
+// The ring or recursive doubling as `opts` choose, or with `shares` the partitioned all-reduce
+// by them.
+double simulate(const dt::transport::link_matrix& links, std::size_t bytes, dt::collective::options opts,
+                const std::vector<double>& shares = {}) {
+  return simulate_with(links, bytes, opts, [&](auto& comm, std::span<float> v) {
+    if (shares.empty()) comm.all_reduce(v);
+    else dt::collective::balanced_all_reduce(comm, v, std::span<const double>(shares));
+  });
 }
 
 // The partitioned all-reduce on `heterogeneous` links of 4, 8 and 16 peers (five draws each):
@@ -109,30 +119,25 @@ struct site_run {
 site_run simulate_sites(const std::vector<int>& site_of, std::size_t bytes, bool two_level) {
   const int world = static_cast<int>(site_of.size());
   const auto links = dt::transport::links::by_site(dt::transport::links::wan(world), dt::transport::links::lan(world), site_of);
-  dt::transport::in_process net(links, {1, std::chrono::milliseconds(600000)});
-  std::vector<double> clock(static_cast<std::size_t>(world));
-  std::vector<int> right(static_cast<std::size_t>(world));
   std::vector<std::string> names;
   for (int s : site_of) names.push_back("site-" + std::to_string(s));
   const auto map = dt::collective::site_map::from_names(names);
-  net.run([&](dt::transport::in_process::endpoint& ep) {
-    dt::collective::communicator comm(ep);
-    std::vector<float> v(bytes / sizeof(float), static_cast<float>(ep.rank() + 1));
-    if (two_level) dt::collective::two_level(comm, map).all_reduce(std::span<float>(v));
-    else comm.all_reduce(std::span<float>(v));
-    const float expect = static_cast<float>(world * (world + 1) / 2);
-    right[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [&](float x) { return x == expect; });
-    clock[static_cast<std::size_t>(ep.rank())] = ep.stats().clock_seconds;
-  });
   site_run out;
-  for (int s = 0; s < world; ++s)
-    for (int d = 0; d < world; ++d)
-      if (site_of[static_cast<std::size_t>(s)] != site_of[static_cast<std::size_t>(d)]) {
-        const auto b = static_cast<double>(net.bytes_sent(s, d));
-        out.across_bytes += b;
-        out.busiest_bytes = std::max(out.busiest_bytes, b);
-      }
-  if (std::all_of(right.begin(), right.end(), [](int ok) { return ok != 0; })) out.seconds = *std::max_element(clock.begin(), clock.end());
+  out.seconds = simulate_with(
+      links, bytes, {},
+      [&](auto& comm, std::span<float> v) {
+        if (two_level) dt::collective::two_level(comm, map).all_reduce(v);
+        else comm.all_reduce(v);
+      },
+      [&](const dt::transport::in_process& net) {
+        for (int s = 0; s < world; ++s)
+          for (int d = 0; d < world; ++d)
+            if (site_of[static_cast<std::size_t>(s)] != site_of[static_cast<std::size_t>(d)]) {
+              const auto b = static_cast<double>(net.bytes_sent(s, d));
+              out.across_bytes += b;
+              out.busiest_bytes = std::max(out.busiest_bytes, b);
+            }
+      });
   return out;
 }
 
