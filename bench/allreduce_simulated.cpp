@@ -7,9 +7,13 @@
 // With --sites, two sites of k peers (a LAN inside each, `wan` between): the flat ring with the
 // sites in rank order and dealt at random, against the two-level all-reduce, the bytes that
 // cross between the sites counted on every link.
-// Usage: bench_allreduce_simulated [--world 4] [--balanced | --sites] [--json PATH]
+// With --ring-order, links that differ per pair (regions, sites dealt at random,
+// heterogeneous): the ring in rank order against the ring laid along the measured links
+// (collective/ring_order.hpp), and what measuring costs.
+// Usage: bench_allreduce_simulated [--world 4] [--balanced | --sites | --ring-order] [--json PATH]
 #include <decentrain/collective/balanced_all_reduce.hpp>
 #include <decentrain/collective/communicator.hpp>
+#include <decentrain/collective/ring_order.hpp>
 #include <decentrain/collective/two_level_all_reduce.hpp>
 #include <decentrain/core/rng.hpp>
 #include <decentrain/transport/in_process.hpp>
@@ -185,11 +189,109 @@ int sites_table(const std::string& json) {
   return 0;
 }
 
+// One ring all-reduce of `bytes` on these links, its ring in rank order or measured first
+// (collective::order_ring; probe_bytes 0: the round trips alone): the seconds the measuring took
+// and the all-reduce's (the slowest peer's clock after both), -1 when a sum is wrong.
+struct ordered_run {
+  double measure_s = 0, seconds = -1, across_bytes = 0;
+  std::vector<int> order;
+};
+ordered_run simulate_ordered(const dt::transport::link_matrix& links, std::size_t bytes, bool measured, std::size_t probe_bytes,
+                             const std::vector<int>& site_of = {}) {
+  const int world = links.world();
+  std::vector<double> measured_at(static_cast<std::size_t>(world)), started(static_cast<std::size_t>(world));
+  ordered_run out;
+  const double end = simulate_with(
+      links, bytes, {},
+      [&](auto& comm, std::span<float> v) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        if (measured) {
+          const auto pick = dt::collective::order_ring(comm, static_cast<double>(bytes) / world, probe_bytes);
+          if (r == 0) out.order = pick.order;
+        }
+        measured_at[r] = comm.endpoint().stats().clock_seconds;
+        comm.barrier();
+        started[r] = comm.endpoint().stats().clock_seconds;
+        comm.all_reduce(v, dt::collective::reduce_op::sum, dt::collective::algorithm::ring);
+      },
+      [&](const dt::transport::in_process& net) {
+        for (int s = 0; s < world && !site_of.empty(); ++s)
+          for (int d = 0; d < world; ++d)
+            if (site_of[static_cast<std::size_t>(s)] != site_of[static_cast<std::size_t>(d)])
+              out.across_bytes += static_cast<double>(net.bytes_sent(s, d));
+      });
+  if (end < 0) return out;
+  out.measure_s = *std::max_element(measured_at.begin(), measured_at.end());
+  out.seconds = end - *std::min_element(started.begin(), started.end());
+  return out;
+}
+
+// Peers whose links differ per pair: three regions dealt to the ranks in turn (5 ms inside,
+// 40, 75 and 110 ms between, 100 Mbit/s), two sites of 8 dealt at random (lan inside, wan
+// between), and heterogeneous links (each peer its own latency and bandwidth): a ring
+// all-reduce in rank order against the ring laid along the measured links.
+int ring_order_table(const std::string& json) {
+  bench::output_file out(json);
+  out << "[\n";
+  bool first = true;
+  std::printf("ring all-reduce (sum, float32): rank order against the order measured (simulated seconds, the slowest peer)\n");
+  std::printf("%-26s %7s %9s %-22s %10s %12s %10s %11s\n", "links", "peers", "size", "order", "measure s", "all-reduce s",
+              "vs rank", "MB across");
+  struct scenario {
+    std::string name;
+    dt::transport::link_matrix links;
+    std::vector<int> site_of;
+  };
+  std::vector<scenario> scenarios;
+  for (const int n : {8, 16}) {
+    const double between[3][3] = {{0.005, 0.04, 0.075}, {0.04, 0.005, 0.11}, {0.075, 0.11, 0.005}};
+    dt::transport::link_matrix m(n, dt::transport::simulated_link{}, dt::transport::access_link{12.5e6, 12.5e6});
+    std::vector<int> site_of;
+    for (int a = 0; a < n; ++a) {
+      site_of.push_back(a % 3);
+      for (int b = 0; b < n; ++b) m.at(a, b) = dt::transport::simulated_link{between[a % 3][b % 3], 12.5e6, 0.002, 0.0, 0.3};
+    }
+    scenarios.push_back({"three regions, in turn", m, site_of});
+  }
+  {
+    std::vector<int> dealt;
+    for (int r = 0; r < 16; ++r) dealt.push_back(r < 8 ? 0 : 1);
+    dt::rng gen(1, "sites");
+    for (std::size_t i = dealt.size() - 1; i > 0; --i) std::swap(dealt[i], dealt[gen.next_u64() % (i + 1)]);
+    scenarios.push_back({"two sites, dealt at random", dt::transport::links::by_site(dt::transport::links::wan(16), dt::transport::links::lan(16), dealt), dealt});
+  }
+  for (const std::uint64_t seed : {0, 1, 2})
+    scenarios.push_back({"heterogeneous, seed " + std::to_string(seed), dt::transport::links::heterogeneous(8, seed), {}});
+  for (const auto& sc : scenarios)
+    for (const std::size_t bytes : {std::size_t{65536}, std::size_t{16'000'000}}) {
+      const auto rank = simulate_ordered(sc.links, bytes, false, 0, sc.site_of);
+      const auto latency = simulate_ordered(sc.links, bytes, true, 0, sc.site_of);
+      const auto bandwidth = simulate_ordered(sc.links, bytes, true, 64 << 10, sc.site_of);
+      for (const auto* r : {&rank, &latency, &bandwidth}) {
+        if (r->seconds < 0) {
+          std::fprintf(stderr, "bench_allreduce_simulated: wrong sum (%s)\n", sc.name.c_str());
+          return 1;
+        }
+        const std::string kind = r == &rank ? "rank" : r == &latency ? "round trips" : "round trips + 64 KB";
+        std::printf("%-26s %7d %8.0fK %-22s %10.3f %12.3f %9.2fx %11.2f\n", sc.name.c_str(), sc.links.world(), bytes / 1024.0,
+                    kind.c_str(), r->measure_s, r->seconds, r->seconds / rank.seconds, r->across_bytes / 1e6);
+        out << (first ? "" : ",\n") << "  {\"links\": \"" << sc.name << "\", \"world\": " << sc.links.world() << ", \"bytes\": " << bytes
+            << ", \"order\": \"" << kind << "\", \"measure_s\": " << r->measure_s << ", \"seconds\": " << r->seconds
+            << ", \"across_bytes\": " << r->across_bytes << ", \"ring\": \"" << dt::collective::describe_order(r->order) << "\"}";
+        first = false;
+      }
+    }
+  out << "\n]\n";
+  out.close();
+  std::printf("rows written to %s\n", json.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int world = 4;
-  bool balanced = false, sites = false;
+  bool balanced = false, sites = false, ring = false;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -199,19 +301,22 @@ int main(int argc, char** argv) {
       balanced = true;
     } else if (a == "--sites") {
       sites = true;
+    } else if (a == "--ring-order") {
+      ring = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--balanced | --sites] [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--balanced | --sites | --ring-order] [--json PATH]\n");
       return a == "--help" ? 0 : 2;
     }
   }
-  if (balanced && sites) {
-    std::fprintf(stderr, "bench_allreduce_simulated: --balanced and --sites are different tables; give one\n");
+  if (balanced + sites + ring > 1) {
+    std::fprintf(stderr, "bench_allreduce_simulated: --balanced, --sites and --ring-order are different tables; give one\n");
     return 2;
   }
   if (balanced) return balanced_table(json.empty() ? "bench/results/allreduce_balanced.json" : json);
   if (sites) return sites_table(json.empty() ? "bench/results/allreduce_sites.json" : json);
+  if (ring) return ring_order_table(json.empty() ? "bench/results/allreduce_ring_order.json" : json);
   if (json.empty()) json = "bench/results/allreduce_simulated.json";
   if (world < 2) {
     std::fprintf(stderr, "bench_allreduce_simulated: --world must be >= 2\n");

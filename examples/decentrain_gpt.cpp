@@ -422,6 +422,14 @@ void declare_train(CLI::App& cmd) {
             "peer): the sites found from measured round trips. The summary\n"
             "gives the bytes per link")
       ->group(comm);
+  cli::choice(cmd, "ring-order", "HOW",
+              "sync, diloco: the ring of the all-reduce: rank (rank order, the\n"
+              "default) | latency (laid along the pairs of least round trip, measured\n"
+              "at the first exchange and after each new view; --auto's default) |\n"
+              "bandwidth (round trips and a 64 KB transfer a pair). The summary gives\n"
+              "the order. Buffers that take recursive doubling keep rank order",
+              {"rank", "latency", "bandwidth"})
+      ->group(comm);
   cli::flag(cmd, "sync-inside-site",
             "--site: also average the gradients inside each site at every step, so\n"
             "that a site trains as one replica and only DiLoCo's outer average\n"
@@ -1213,6 +1221,9 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
       if (static_cast<int>(names.size()) == p.world) print_site_traffic(names, *network);  // (auto: once no peer was lost)
     }
     if (!p.sites.empty() && tcp_peer) print_link_traffic(p.sites[0], *tcp_peer);
+    if (const auto& pick = hooks.ring_picks[static_cast<std::size_t>(asker)])
+      std::printf("ring order measured: %s (its hops add up to %.1f ms, rank order's to %.1f ms)\n",
+                  dt::collective::describe_order(pick->order).c_str(), 1e3 * pick->cost.total, 1e3 * pick->rank_order_cost.total);
     if (const auto& picks = hooks.picks[static_cast<std::size_t>(asker)]; !picks.empty())
       std::printf("auto: %zu pick%s; at the end %s (picked after step %lld: %s)\n", picks.size(), picks.size() == 1 ? "" : "s",
                   cli::describe_pick(picks.back()).c_str(), static_cast<long long>(picks.back().step), picks.back().why.c_str());
@@ -1628,6 +1639,16 @@ int cmd_train(const options& opt) {
     dt::detail::check(codec_choice.is_dense(), "--site adds the codec's payloads on the way, which --codec ", codec_choice.describe(),
                       "'s cannot be: use identity, fp16, bf16, int8, int4 or fp4");
   }
+  // --ring-order: the flat all-reduce's ring (--auto's by round trips unless given).
+  const std::string ring_order = opt.has("ring-order") ? opt.text("ring-order") : tuned ? "latency" : "rank";
+  std::optional<dt::comm::measured_ring> ring;
+  if (ring_order != "rank") {
+    dt::detail::check((comm == "sync" || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer)) && !p.average_by_sites,
+                      "--ring-order ", ring_order, " orders the ring of one all-reduce among all peers: it needs --comm sync ",
+                      "or diloco (without --overlap, --eager, --outer-averaging moshpit or the average over --site's sites)");
+    ring.emplace();
+    if (ring_order == "bandwidth") ring->probe_bytes = 64 << 10;
+  }
   if (opt.has("site")) {
     dt::detail::check(!moshpit_outer, "--outer-averaging moshpit averages in the groups of a grid, not over --site's sites");
     p.sites = split_list(opt.text("site"), "site");
@@ -1750,6 +1771,7 @@ int cmd_train(const options& opt) {
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
   if (sized_to_speed) p.run.add("sized_to_speed", true);
   if (tuned) p.run.add("auto", true);
+  if (ring) p.run.add("ring_order", ring_order);
   if (target_batch > 0) p.run.add("target_batch", target_batch);
   if (eager) p.run.add("fragments", fragments).add("eager", true);
   else if (streaming || overlap > 0) p.run.add("fragments", fragments).add("overlap", overlap).add("mix", mix);
@@ -1767,6 +1789,7 @@ int cmd_train(const options& opt) {
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
   if (sized_to_speed) agreed << ";sized_to_speed=1";
   if (tuned) agreed << ";auto=1";
+  if (ring) agreed << ";ring=" << ring_order;
   if (target_batch > 0) agreed << ";target_batch=" << target_batch;
   if (graph) agreed << ";topology=" << topology;
   if (choco) agreed << ";consensus_step=" << opt.real("consensus-step");
@@ -1786,6 +1809,7 @@ int cmd_train(const options& opt) {
     policy.target_batch = target_batch;
     policy.codec = codec_choice;
     policy.aggregator = p.aggregator;
+    policy.ring = ring;
     return train_with(p, data.dataset, policy);
   }
   if (comm == "gossip") {
@@ -1863,6 +1887,7 @@ int cmd_train(const options& opt) {
   if (moshpit_outer) policy.moshpit = dt::comm::moshpit_grid{.group_size = moshpit_group};
   policy.sized_to_speed = sized_to_speed;
   policy.sync_inside_site = opt.flag("sync-inside-site");  // (each peer's site: cli::run_peer)
+  policy.ring = ring;
   if (tuned) {
     policy.tune.emplace();
     // The codecs to pick from: --codec's alone where given (only H tuned), else these, least

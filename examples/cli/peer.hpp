@@ -216,6 +216,7 @@ struct run_hooks {
     change_counts.assign(n, 0);
     picks.assign(n, {});
     site_maps.assign(n, {});
+    ring_picks.assign(n, {});
   }
 
   dt::train::progress bar;
@@ -234,6 +235,7 @@ struct run_hooks {
   std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
   std::vector<std::vector<dt::comm::tuning_choice>> picks;  // --auto: each peer's picks so far
   std::vector<std::optional<dt::collective::site_map>> site_maps;  // --site: each peer's sites at the end
+  std::vector<std::optional<dt::collective::ring_pick>> ring_picks;  // --ring-order: each peer's last order measured
   int final_world = -1;  // an elastic TCP or MPI peer: the world of its last view
 };
 
@@ -362,6 +364,7 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   });
   auto result = t.fit(job.data);
   if constexpr (requires { t.policy().sites(); }) h.site_maps[static_cast<std::size_t>(first_rank)] = t.policy().sites();
+  if constexpr (requires { t.policy().ordered_ring(); }) h.ring_picks[static_cast<std::size_t>(first_rank)] = t.policy().ordered_ring();
   if constexpr (elastic) {
     if (p.mode != launch::in_process) {
       h.changes[static_cast<std::size_t>(first_rank)] = t.fault().changes();

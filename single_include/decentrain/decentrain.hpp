@@ -18972,6 +18972,16 @@ struct options {
   double in_flight_multiple = 8.0;
 };
 
+// "0 2 1 3": a ring's order, for messages and summaries.
+inline std::string describe_order(std::span<const int> order) {
+  std::string out;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(order[i]);
+  }
+  return out;
+}
+
 // Bytes this communicator's collectives put on the wire (payload only).
 struct counters {
   std::uint64_t bytes_sent = 0;
@@ -19116,7 +19126,10 @@ class communicator {
     static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
     const auto tag = next_tag();
     std::vector<T> out;
-    naming_the_peer("all_gather", [&] { out = ring_all_gather(mine, tag); });
+    naming_the_peer("all_gather", [&] {
+      if (!ring_.empty()) agree_on_ring_sizes();
+      out = ring_all_gather(mine, tag);
+    });
     return out;
   }
 
@@ -19171,6 +19184,43 @@ class communicator {
     std::uint64_t extremes[2] = {value, ~value};
     all_reduce(std::span<std::uint64_t>(extremes, 2), reduce_op::max);
     return extremes[0] == value && ~extremes[1] == value;
+  }
+
+  // ---- the ring's order ----
+
+  // The ring's order: ring all-reduces and all-gathers pass from order[i] to order[i + 1] (and
+  // from the last back to the first) instead of from rank r to r + 1, so a ring laid out along
+  // the network's near pairs never crosses a slow link more than it must (collective/ring_order.hpp
+  // measures the links and picks one). `order` lists every rank once; every peer must set the
+  // same order before the same collective (the next ring all-reduce compares them, and fails on
+  // every peer where they differ). The results stay the same on every peer; they may differ in
+  // the last bits from the rank-ordered ring's (the segments are summed in another order).
+  // Recursive doubling (small buffers) and the other collectives keep their rank order. Empty:
+  // rank order. Groups and communicators that replace this one (a new view) start in rank order.
+  void set_ring_order(std::vector<int> order) {
+    if (!order.empty()) {
+      decentrain::detail::check(order.size() == static_cast<std::size_t>(world()), "communicator: a ring order lists ",
+                                order.size(), " ranks for a world of ", world());
+      std::vector<int> seen(order.size(), 0);
+      for (const int r : order) {
+        decentrain::detail::check(r >= 0 && r < world() && !seen[static_cast<std::size_t>(r)]++, "communicator: a ring order ",
+                                  "must list every rank from 0 to ", world() - 1, " once, got rank ", r,
+                                  r >= 0 && r < world() ? " twice" : "");
+      }
+    }
+    ring_ = std::move(order);
+    ring_sizes_agreed_ = false;  // (the order is compared with the sizes)
+  }
+  const std::vector<int>& ring_order() const { return ring_; }
+  // This peer's place in the ring, and the rank at place `p` (any integer, taken modulo world):
+  // for rings of its own a collective runs over this communicator (a codec's).
+  int ring_position() const {
+    if (ring_.empty()) return rank();
+    return static_cast<int>(std::find(ring_.begin(), ring_.end(), rank()) - ring_.begin());
+  }
+  int ring_at(int p) const {
+    const int n = world(), k = (p % n + n) % n;
+    return ring_.empty() ? k : ring_[static_cast<std::size_t>(k)];
   }
 
   // ---- sub-groups ----
@@ -19272,6 +19322,7 @@ class communicator {
     auto lane = transport::open_lane(*ep_);
     if (!lane) {
       communicator sub(*ep_, opts_, channel ^ channel_);
+      sub.ring_ = ring_;
       sub.ring_sizes_agreed_ = ring_sizes_agreed_;
       try {
         op(sub);
@@ -19286,11 +19337,12 @@ class communicator {
     auto lane_counters = std::make_shared<counters>();
     auto* st = h.s_.get();
     st->worker = std::thread([st, lane_ep, lane_counters, opts = opts_, channel = channel ^ channel_,
-                              agreed = ring_sizes_agreed_, op = std::move(op),
+                              agreed = ring_sizes_agreed_, ring = ring_, op = std::move(op),
                               step = decentrain::detail::this_thread_activity().step]() mutable {
       decentrain::detail::this_thread_activity().step = step;  // the step that started it
       try {
         communicator sub(*lane_ep, opts, channel);
+        sub.ring_ = std::move(ring);
         sub.ring_sizes_agreed_ = agreed;
         try {
           op(sub);
@@ -19387,19 +19439,20 @@ class communicator {
 
   template <class T>
   std::vector<T> ring_all_gather(std::span<const T> mine, transport::tag_type tag) {
-    const int n = world(), r = rank();
+    const int n = world(), p = ring_position();
     const std::size_t m = mine.size();
     std::vector<T> out(m * static_cast<std::size_t>(n));
-    std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(r)));
-    auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>((b % n + n) % n), m); };
+    std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(rank())));
+    // (the block of the rank at ring position b: blocks stay in rank order whatever the ring's)
+    auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>(ring_at(b)), m); };
     for (int s = 0; s < n - 1; ++s) {
-      exchange(right(), std::span<const T>(block(r - s)), left(), block(r - s - 1), tag, "all_gather");
+      exchange(right(), std::span<const T>(block(p - s)), left(), block(p - s - 1), tag, "all_gather");
     }
     return out;
   }
 
-  int left() const { return (rank() - 1 + world()) % world(); }
-  int right() const { return (rank() + 1) % world(); }
+  int left() const { return ring_at(ring_position() - 1); }
+  int right() const { return ring_at(ring_position() + 1); }
 
   // A collective's tag: the channel in the high 32 bits, the call's number in the low ones.
   transport::tag_type next_tag() {
@@ -19529,6 +19582,7 @@ class communicator {
   counters counters_;
   std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
+  std::vector<int> ring_;  // the ring's order (set_ring_order); empty: rank order
   std::optional<std::uint64_t> counts_agreed_;  // the hash of the counts the peers last agreed on
   std::map<int, std::uint32_t> sent_to_, received_from_;
   std::map<std::vector<int>, std::uint32_t> groups_made_;
@@ -19564,7 +19618,7 @@ template <transport::endpoint Endpoint>
 template <class T>
 void communicator<Endpoint>::ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
   agree_on_ring_sizes();
-  const int n = world(), r = rank();
+  const int n = world(), r = ring_position();  // (segments are numbered by ring position)
   const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
                     extra = total % static_cast<std::size_t>(n);
   auto seg_begin = [&](int s) {
@@ -19687,12 +19741,19 @@ template <transport::endpoint Endpoint>
 void communicator<Endpoint>::agree_on_ring_sizes() {
   if (ring_sizes_agreed_) return;
   const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
-  std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
+  std::vector<std::int64_t> order(ring_.begin(), ring_.end());
+  // (62 bits of the order's hash: its negation fits)
+  const auto ring = static_cast<std::int64_t>(decentrain::detail::fnv1a(std::string_view(
+                                                  reinterpret_cast<const char*>(order.data()), order.size() * sizeof(std::int64_t))) >> 2);
+  std::int64_t sizes[6] = {chunk, window, ring, -chunk, -window, -ring};  // max, and minus the min
   recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
-  decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
-                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
-                            sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
+  decentrain::detail::check(sizes[0] == -sizes[3] && sizes[1] == -sizes[4],
+                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[3], " to ",
+                            sizes[0], ", window_bytes from ", -sizes[4], " to ", sizes[1],
                             "): every peer must be given the same collective::options");
+  decentrain::detail::check(sizes[2] == -sizes[5], "communicator: the peers set different ring orders (this peer's: ",
+                            ring_.empty() ? std::string("rank order") : describe_order(ring_),
+                            "): every peer must set the same (set_ring_order) before the same collective");
   ring_sizes_agreed_ = true;
 }
 
@@ -21187,13 +21248,15 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
       if (sizes[static_cast<std::size_t>(p)] > bound)
         transport::fail_peer(p, "all_reduce", "codec: peer ", p, " sent a payload of ", sizes[static_cast<std::size_t>(p)],
                              " bytes, over the bound of ", bound, " for ", values.size(), " values");
-    const int right = (r + 1) % n, left = (r - 1 + n) % n;
-    auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>((p % n + n) % n)]; };
-    for (int s = 0; s < n - 1; ++s) {  // step s forwards peer r - s's payload, receives peer r - s - 1's
-      auto& in = at(r - s - 1);
-      in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(((r - s - 1) % n + n) % n)]));
+    // Around the ring in its order (communicator::set_ring_order): step s forwards the payload of
+    // the peer s places before this one, and receives the one before that.
+    const int at_ring = comm.ring_position(), right = comm.ring_at(at_ring + 1), left = comm.ring_at(at_ring - 1);
+    auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>(comm.ring_at(at_ring + p))]; };
+    for (int s = 0; s < n - 1; ++s) {
+      auto& in = at(-s - 1);
+      in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(comm.ring_at(at_ring - s - 1))]));
       comm.expect_from(left, in.size());  // every peer sends first: see transport::expect
-      comm.send_to(right, std::span<const std::byte>(at(r - s)));
+      comm.send_to(right, std::span<const std::byte>(at(-s)));
       comm.recv_from(left, std::span<std::byte>(in));
     }
   }
@@ -21213,7 +21276,7 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
 
 template <class Codec, class Comm>
 void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  const int n = comm.world(), r = comm.rank();
+  const int n = comm.world(), r = comm.ring_position();  // (segments numbered by ring position)
   if (n == 1) return;
   // Segments in whole blocks; each goes in pieces of at most ~1M values (one message each).
   const std::size_t block = codec_block(codec), total = values.size();
@@ -21233,7 +21296,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
     for (std::size_t at = 0; at < seg.size(); at += piece) out.push_back(seg.subspan(at, std::min(piece, seg.size() - at)));
     return out;
   };
-  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  const int right = comm.ring_at(r + 1), left = comm.ring_at(r - 1);
   std::vector<std::byte> out, in;
   auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
     into.resize(codec.max_encoded_bytes(p.size()));
@@ -22760,6 +22823,37 @@ void balanced_all_reduce(Communicator& comm, std::span<T> data, std::span<const 
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/balanced_all_reduce.hpp ----
+// ---- begin decentrain/collective/ring_order.hpp ----
+// The ring's order from measured links (PCCL orders its ring from measured bandwidths too). A
+// ring all-reduce takes 2 (N - 1) steps, and in each a peer sends on what it received from its
+// left neighbour in the step before: a chain of hops that runs around the ring about twice, so
+// the all-reduce takes about twice the ring's hops added up (bench/RESULTS.md, "ring order").
+// Over links that differ per pair (peers at two sites, peers with slow and fast connections),
+// rank order can cross a slow link at many hops, where an order along the near pairs crosses it
+// the fewest times it must. So:
+//   - measure_links: every pair's round trip (collective::measure_round_trips), and with a
+//     probe size, every pair's bandwidth (a round-robin of timed transfers, each peer with one
+//     partner a round);
+//   - hop_seconds: what one hop of a given size costs on each pair: half the round trip plus
+//     the bytes over the bandwidth;
+//   - best_ring: the order whose hops add up to least (a travelling salesman's tour), among
+//     those the one whose slowest hop is fastest: exact for up to 16 peers, a heuristic search
+//     beyond;
+//   - order_ring: all three, then communicator::set_ring_order. Every peer measures the same
+//     figures (they are all-gathered) and runs the same pure function on them, so every peer
+//     sets the same order.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
 // ---- begin decentrain/collective/sites.hpp ----
 // Which site each peer is at. Peers of one site (a datacenter, a machine) share a fast network;
 // sites reach each other over the WAN. Each peer knows its own site's name (`--site NAME`), and
@@ -22957,6 +23051,280 @@ site_map sites_by_latency(Comm& comm, double gap = 4.0, std::uint32_t probe = 0)
 
 }  // namespace decentrain::collective
 // ---- end decentrain/collective/sites.hpp ----
+
+namespace decentrain::collective {
+
+// What was measured of every pair of n peers, row-major n x n, the same on every peer.
+struct measured_links {
+  int world = 0;
+  std::vector<double> round_trip_s;
+  std::vector<double> bytes_per_s;  // empty: not measured (the hops priced by their latency alone)
+
+  double round_trip(int a, int b) const { return round_trip_s[static_cast<std::size_t>(a * world + b)]; }
+  // One hop of `bytes` from a to b: half the round trip, plus the bytes over the pair's bandwidth.
+  double hop(int a, int b, double bytes) const {
+    double s = round_trip(a, b) / 2;
+    if (!bytes_per_s.empty() && bytes > 0) {
+      const double bw = bytes_per_s[static_cast<std::size_t>(a * world + b)];
+      s += bw > 0 ? bytes / bw : 0.0;
+    }
+    return s;
+  }
+};
+
+// Every pair's hop of `bytes`, row-major n x n (0 on the diagonal).
+inline std::vector<double> hop_seconds(const measured_links& links, double bytes) {
+  const int n = links.world;
+  std::vector<double> out(static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0.0);
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      if (a != b) out[static_cast<std::size_t>(a * n + b)] = links.hop(a, b, bytes);
+  return out;
+}
+
+// The hops of the ring `order` (from each to the next, the last to the first) under `cost`
+// (row-major n x n): their sum and the slowest. One ring is better than another when its hops
+// add up to less, or, as much (within rounding: sums of the same hops in another order), when
+// its slowest hop is faster.
+struct ring_cost {
+  double total = 0;
+  double slowest = 0;
+  bool operator<(const ring_cost& o) const {
+    if (std::abs(total - o.total) > 1e-12 * std::max(std::abs(total), std::abs(o.total))) return total < o.total;
+    return slowest < o.slowest;
+  }
+};
+inline ring_cost cost_of_ring(std::span<const double> cost, int n, std::span<const int> order) {
+  ring_cost c;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const int a = order[i], b = order[(i + 1) % order.size()];
+    if (a == b) continue;
+    const double h = cost[static_cast<std::size_t>(a * n + b)];
+    c.slowest = std::max(c.slowest, h);
+    c.total += h;
+  }
+  return c;
+}
+
+namespace detail {
+inline double hop_of(std::span<const double> cost, int n, int a, int b) { return cost[static_cast<std::size_t>(a * n + b)]; }
+
+// The ring from 0 through every peer whose hops add up to least, the slowest hop breaking a tie
+// (Held and Karp's dynamic programme over the sets of peers visited). The lowest rank wins a
+// tie of both, so the same figures give the same ring.
+inline std::vector<int> exact_ring(std::span<const double> cost, int n) {
+  const std::size_t sets = std::size_t{1} << n, w = static_cast<std::size_t>(n);
+  const ring_cost none{std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
+  std::vector<ring_cost> path(sets * w, none);  // [set * n + j]: the best path from 0 through `set`, ending at j
+  const auto extend = [](const ring_cost& c, double h) { return ring_cost{c.total + h, std::max(c.slowest, h)}; };
+  path[1 * w + 0] = {0, 0};
+  for (std::size_t set = 1; set < sets; set += 2)  // (the sets that hold 0)
+    for (int j = 0; j < n; ++j) {
+      const ring_cost here = path[set * w + static_cast<std::size_t>(j)];
+      if (!(here < none)) continue;
+      for (int k = 1; k < n; ++k) {
+        if (set >> k & 1) continue;
+        ring_cost& there = path[(set | std::size_t{1} << k) * w + static_cast<std::size_t>(k)];
+        if (const auto c = extend(here, hop_of(cost, n, j, k)); c < there) there = c;
+      }
+    }
+  const std::size_t all = sets - 1;
+  int last = 1;
+  ring_cost best = none;
+  for (int j = 1; j < n; ++j)
+    if (const auto c = extend(path[all * w + static_cast<std::size_t>(j)], hop_of(cost, n, j, 0)); c < best) {
+      best = c;
+      last = j;
+    }
+  std::vector<int> order(w);
+  std::size_t set = all;
+  for (std::size_t at = w - 1; at > 0; --at) {  // back from the last peer: a predecessor whose path extends to this one's
+    order[at] = last;
+    const std::size_t before = set & ~(std::size_t{1} << last);
+    const ring_cost want = path[set * w + static_cast<std::size_t>(last)];
+    int from = 0;
+    for (int i = 0; i < n; ++i)
+      if (before >> i & 1) {
+        const auto c = extend(path[before * w + static_cast<std::size_t>(i)], hop_of(cost, n, i, last));
+        if (c.total == want.total && c.slowest == want.slowest) {
+          from = i;
+          break;
+        }
+      }
+    set = before;
+    last = from;
+  }
+  order[0] = 0;
+  return order;
+}
+
+// Beyond 16 peers (and for tests, on fewer): nearest-neighbour tours from up to 16 peers, each
+// improved by reversing stretches (2-opt) and moving single peers while a move makes the ring
+// better, the best of them.
+inline std::vector<int> search_ring(std::span<const double> cost, int n) {
+  const auto improve = [&](std::vector<int>& order) {
+    auto best = cost_of_ring(cost, n, order);
+    std::vector<int> trial;
+    for (int pass = 0; pass < 4 * n; ++pass) {
+      bool better = false;
+      const auto take = [&] {
+        if (const auto c = cost_of_ring(cost, n, trial); c < best) {
+          best = c;
+          order = trial;
+          better = true;
+        }
+      };
+      for (int i = 1; i < n - 1; ++i)
+        for (int j = i + 1; j < n; ++j) {
+          trial = order;
+          std::reverse(trial.begin() + i, trial.begin() + j + 1);
+          take();
+        }
+      for (int i = 1; i < n; ++i)
+        for (int j = 1; j < n; ++j) {
+          if (i == j) continue;
+          trial = order;
+          const int moved = trial[static_cast<std::size_t>(i)];
+          trial.erase(trial.begin() + i);
+          trial.insert(trial.begin() + j, moved);
+          take();
+        }
+      if (!better) return;
+    }
+  };
+  std::vector<int> best(static_cast<std::size_t>(n));
+  std::iota(best.begin(), best.end(), 0);
+  ring_cost best_cost = cost_of_ring(cost, n, best);
+  const int starts = std::min(n, 16);
+  for (int k = 0; k < starts; ++k) {
+    const int start = k * n / starts;
+    std::vector<int> tour{start};
+    std::vector<char> used(static_cast<std::size_t>(n), 0);
+    used[static_cast<std::size_t>(start)] = 1;
+    while (static_cast<int>(tour.size()) < n) {
+      const int at = tour.back();
+      int next = -1;
+      for (int b = 0; b < n; ++b)
+        if (!used[static_cast<std::size_t>(b)] && (next < 0 || hop_of(cost, n, at, b) < hop_of(cost, n, at, next))) next = b;
+      used[static_cast<std::size_t>(next)] = 1;
+      tour.push_back(next);
+    }
+    std::rotate(tour.begin(), std::find(tour.begin(), tour.end(), 0), tour.end());  // (rank 0 first)
+    improve(tour);
+    if (const auto c = cost_of_ring(cost, n, tour); c < best_cost) {
+      best_cost = c;
+      best = tour;
+    }
+  }
+  return best;
+}
+}  // namespace detail
+
+// The ring order for `cost` (row-major n x n: cost[a n + b] is a hop from a to b), starting at
+// rank 0: the least sum of hops, then the fastest slowest hop (ring_cost). Exact for up to 16 peers;
+// beyond, a heuristic search (detail::search_ring: good, not proven best). The same figures give
+// the same order.
+inline constexpr int exact_ring_peers = 16;
+inline std::vector<int> best_ring(std::span<const double> cost, int n) {
+  decentrain::detail::check(n >= 1 && cost.size() == static_cast<std::size_t>(n) * static_cast<std::size_t>(n), "ring order: ",
+                            cost.size(), " hop costs for ", n, " peers (n x n)");
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      decentrain::detail::check(a == b || (std::isfinite(detail::hop_of(cost, n, a, b)) && detail::hop_of(cost, n, a, b) >= 0),
+                                "ring order: the hop from peer ", a, " to ", b, " costs ", detail::hop_of(cost, n, a, b),
+                                " (not a time)");
+  if (n <= 3) {  // (every ring of three is the same up to its direction)
+    std::vector<int> order(static_cast<std::size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    return order;
+  }
+  return n <= exact_ring_peers ? detail::exact_ring(cost, n) : detail::search_ring(cost, n);
+}
+
+// Every pair's round trip and, with probe_bytes > 0, bandwidth, the same on every peer of `comm`
+// (every peer calls it). The bandwidths come from n - 1 rounds (n rounded up to even), in which
+// every peer has one partner (a round-robin tournament): the lower rank of the pair sends a
+// byte and waits for the answer (both have reached the round), then sends probe_bytes and
+// waits for the answer that they all arrived, so the time is two one-way latencies and the
+// transfer; less the pair's round trip, the transfer's. One direction per pair is measured
+// and taken for both. `probe` numbers the call (the same on every peer; tags of its own).
+template <class Comm>
+measured_links measure_links(Comm& comm, std::size_t probe_bytes = 0, std::uint32_t probe = 0) {
+  measured_links out;
+  const int n = comm.world(), me = comm.rank();
+  out.world = n;
+  out.round_trip_s = measure_round_trips(comm, probe);
+  if (probe_bytes == 0 || n == 1) return out;
+  auto& ep = comm.endpoint();
+  const auto clock = [&] { return ep.stats().clock_seconds; };
+  const transport::tag_type tag = (transport::tag_type{0x62776964u} << 32) | probe;  // "bwid"
+  const int m = n + (n % 2);  // (with an odd n, the partner m - 1 is a bye)
+  std::vector<double> mine(static_cast<std::size_t>(n), 0.0);
+  std::vector<std::byte> payload(probe_bytes, std::byte{0});
+  const std::byte one[1] = {std::byte{1}};
+  for (int round = 0; round < m - 1; ++round) {
+    // The circle method: m - 1 is fixed, the others meet where their indices add to 2 round.
+    const int partner = me == m - 1 ? round : me == round ? m - 1 : ((2 * round - me) % (m - 1) + (m - 1)) % (m - 1);
+    if (partner >= n) continue;
+    const auto reply = [&](std::size_t expected, const char* what) {
+      const auto got = ep.recv(partner, tag);
+      decentrain::detail::check(got.size() == expected, "ring order: peer ", partner, " sent ", got.size(), " bytes where ", what,
+                                " (", expected, " bytes) belongs");
+    };
+    if (me < partner) {
+      ep.send(partner, tag, std::span<const std::byte>(one));
+      reply(1, "an answer");
+      const double t0 = clock();
+      ep.send(partner, tag, std::span<const std::byte>(payload));
+      reply(1, "an answer");
+      const double took = clock() - t0 - out.round_trip(me, partner);
+      mine[static_cast<std::size_t>(partner)] = took > 0 ? static_cast<double>(probe_bytes) / took : 0.0;
+    } else {
+      transport::expect(ep, partner, tag, 1);
+      reply(1, "a start");
+      transport::expect(ep, partner, tag, probe_bytes);  // (before the answer lets it come)
+      ep.send(partner, tag, std::span<const std::byte>(one));
+      reply(probe_bytes, "the probe");
+      ep.send(partner, tag, std::span<const std::byte>(one));
+    }
+  }
+  const auto all = comm.all_gather(std::span<const double>(mine));
+  out.bytes_per_s.assign(all.size(), 0.0);
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      const double x = all[static_cast<std::size_t>(std::min(a, b) * n + std::max(a, b))];  // (the lower rank measured it)
+      out.bytes_per_s[static_cast<std::size_t>(a * n + b)] = a == b || !std::isfinite(x) || x < 0 ? 0.0 : x;
+    }
+  return out;
+}
+
+// What order_ring picked, and why.
+struct ring_pick {
+  std::vector<int> order;
+  ring_cost cost;             // the order's hops, as measured
+  ring_cost rank_order_cost;  // rank order's
+  measured_links links;
+};
+
+// Measures the links of `comm`'s peers, picks the order for hops of `hop_bytes` (a ring
+// all-reduce's segment: its buffer over the world) and sets it on `comm`. Every peer calls it,
+// and every peer sets the same order.
+template <class Comm>
+ring_pick order_ring(Comm& comm, double hop_bytes, std::size_t probe_bytes = 0, std::uint32_t probe = 0) {
+  ring_pick pick;
+  pick.links = measure_links(comm, probe_bytes, probe);
+  const auto cost = hop_seconds(pick.links, hop_bytes);
+  pick.order = best_ring(cost, comm.world());
+  std::vector<int> ranks(static_cast<std::size_t>(comm.world()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  pick.cost = cost_of_ring(cost, comm.world(), pick.order);
+  pick.rank_order_cost = cost_of_ring(cost, comm.world(), ranks);
+  comm.set_ring_order(pick.order);
+  return pick;
+}
+
+}  // namespace decentrain::collective
+// ---- end decentrain/collective/ring_order.hpp ----
 // ---- begin decentrain/collective/two_level_all_reduce.hpp ----
 // A two-level all-reduce over peers at sites (collective/sites.hpp; the shape of NCCL's and
 // Horovod's hierarchical all-reduce, and of INTELLECT-1's outer averaging between clusters).
@@ -25035,6 +25403,65 @@ void step(const Outer& o, std::span<float> global, std::span<const float> pseudo
 
 }  // namespace decentrain::comm::outer
 // ---- end decentrain/comm/outer.hpp ----
+// ---- begin decentrain/comm/ring_ordering.hpp ----
+// The ring's order for a policy's exchange (diloco's and sync_allreduce's `ring`; the command
+// line's --ring-order, and --auto): before the first exchange over a communicator in rank order
+// (the run's first, or the first of a new view, whose communicator starts in rank order), the
+// replicas measure their links and lay the ring along the near pairs
+// (collective/ring_order.hpp), so that an exchange crosses a slow link no more often than it
+// must. Every replica measures at the same exchange and picks the same order.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+
+namespace decentrain::comm {
+
+// What a policy measures its ring's order from.
+struct measured_ring {
+  // Each pair's bandwidth probe, in bytes (a round-robin of n - 1 rounds of one transfer each);
+  // 0: the round trips alone (one ping each way and one all-gather: cheap where latencies
+  // differ and bandwidths do not).
+  std::size_t probe_bytes = 0;
+
+  void validate(const char* who) const {
+    decentrain::detail::check(probe_bytes <= (std::size_t{1} << 30), who, ": ring.probe_bytes must be at most 1 GiB, got ", probe_bytes);
+  }
+  std::string describe() const {
+    return probe_bytes > 0 ? "ring(measured: round trips, bandwidth probe " + std::to_string(probe_bytes) + " B)"
+                           : "ring(measured: round trips)";
+  }
+};
+
+class ring_ordering {
+ public:
+  // Before an exchange through `codec` of `values` values over ctx.replicas: measures and sets
+  // the order where the communicator has none, and where the exchange goes around a ring: an
+  // exchange without a codec under the communicator's recursive_doubling_below_bytes takes
+  // recursive doubling, which keeps rank order (nothing is measured for it). Every replica
+  // calls it before the same exchange.
+  template <class Ctx, class Codec>
+  void order(Ctx& ctx, const measured_ring& ring, const Codec& codec, std::size_t values) {
+    auto& comm = ctx.replicas;
+    if (comm.world() < 4 || !comm.ring_order().empty()) return;  // (three or fewer: every ring is the same)
+    const double bytes = static_cast<double>(codec.max_encoded_bytes(values));
+    if (compress::describe(codec) == "identity" && bytes < static_cast<double>(comm.settings().recursive_doubling_below_bytes)) return;
+    // A probe number of its own, the same on every replica (the tags are the view's: another
+    // view's messages never meet these).
+    constexpr std::uint32_t probe = 0x726e6700u;  // "rng"
+    last_ = collective::order_ring(comm, bytes / comm.world(), ring.probe_bytes, probe);
+  }
+  // The last order picked and the measures it came from; none before the first.
+  const std::optional<collective::ring_pick>& last() const { return last_; }
+
+ private:
+  std::optional<collective::ring_pick> last_;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/ring_ordering.hpp ----
 // ---- begin decentrain/comm/site_averaging.hpp ----
 // Averaging over sites for a communication policy (diloco's and sync_allreduce's `site`): the
 // two-level all-reduce (collective/two_level_all_reduce.hpp) of what the policy averages, with
@@ -25209,6 +25636,10 @@ struct diloco {
   // and only the outer average crosses between sites (INTELLECT-1's shape). The sites then
   // weigh in the outer average by their members.
   bool sync_inside_site = false;
+  // Set: the ring of the all-reduce follows the replicas' measured links (comm/ring_ordering.hpp),
+  // measured before the first exchange (with tune, before its probe) and after each new view.
+  // Every replica the same; not with `site` or `moshpit` (they are no ring of every replica).
+  std::optional<measured_ring> ring{};
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
   static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
@@ -25221,6 +25652,11 @@ struct diloco {
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
+    if (ring) {
+      ring->validate("diloco");
+      decentrain::detail::check(site.empty() && !moshpit, "diloco: ring orders the all-reduce of every replica, and with ",
+                                moshpit ? "moshpit" : "a site", " there is none: set one of them");
+    }
     decentrain::detail::check(!sync_inside_site || !site.empty(), "diloco: sync_inside_site averages the gradients inside ",
                               "this replica's site, and it names none (set site)");
     if (!site.empty())
@@ -25231,7 +25667,8 @@ struct diloco {
     prepare_codec(codec, aggregator, ctx,
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
-                      (sync_inside_site ? std::string(", synchronous inside each") : std::string()));
+                      (sync_inside_site ? std::string(", synchronous inside each") : std::string()) +
+                      (ring ? ", " + ring->describe() : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (tune) {  // the codecs it may pick, priced (and picked) with the parameters' shapes
       layout_ = layout_of(ctx.parameters);
@@ -25311,6 +25748,7 @@ struct diloco {
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
     } else {
+      if (ring) ordering_.order(ctx, *ring, codec, delta_.size());
       const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                                      weight_if(weighs(), weight_.sum));
@@ -25426,6 +25864,8 @@ struct diloco {
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
+  // With ring: the last order measured and what it came from; none before the first.
+  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
 
  private:
   std::vector<float> global_, momentum_, delta_, grads_;
@@ -25440,6 +25880,7 @@ struct diloco {
   // The start's probe of the replicas' links.
   template <class Ctx>
   void probe(Ctx& ctx) {
+    if (ring) ordering_.order(ctx, *ring, codec, global_.size());  // (the probe's rings too)
     const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
     link_ = probed.link;
     small_s_ = probed.small_s;
@@ -25501,6 +25942,7 @@ struct diloco {
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
   site_averaging<Codec> sites_;  // with a site
+  ring_ordering ordering_;       // with ring
 };
 
 }  // namespace decentrain::comm
@@ -26683,6 +27125,10 @@ struct sync_allreduce {
   // all-reduce over the sites (diloco::site says more). Every replica names a site or none does;
   // with the mean aggregator and a dense codec, not weighted nor with a target batch.
   std::string site{};
+  // Set: the ring of the all-reduce follows the replicas' measured links (comm/ring_ordering.hpp),
+  // measured before the first step's exchange and after each new view. Every replica the same;
+  // not with `site` (its groups are no ring of every replica).
+  std::optional<measured_ring> ring{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -26701,6 +27147,11 @@ struct sync_allreduce {
     // several takes one step's rows with the other stages.
     decentrain::detail::check(target_batch == 0 || ctx.placement.stages == 1, "sync_allreduce: target_batch deals micro-batches ",
                               "to replicas holding the whole model, and this one holds one stage of ", ctx.placement.stages);
+    if (ring) {
+      ring->validate("sync_allreduce");
+      decentrain::detail::check(site.empty(), "sync_allreduce: ring orders the all-reduce of every replica, and with a site ",
+                                "there is none: set one of them");
+    }
     if (!site.empty())
       site_averaging<Codec>::check(site, codec, aggregator, "sync_allreduce",
                                    target_batch > 0 ? "target_batch" : weighted ? "weighted" : "");
@@ -26710,7 +27161,8 @@ struct sync_allreduce {
                   (target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
                                                                  resize_every, " steps")
                                     : std::string()) +
-                      (site.empty() ? std::string() : std::string(", averaged over sites")));
+                      (site.empty() ? std::string() : std::string(", averaged over sites")) +
+                      (ring ? ", " + ring->describe() : std::string()));
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
@@ -26732,15 +27184,19 @@ struct sync_allreduce {
     gather_grads(ctx.parameters, buffer_);
     if (!site.empty())
       sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(buffer_), false);
-    else
+    else {
+      if (ring) ordering_.order(ctx, *ring, codec, buffer_.size());
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
                                      weight_if(weighs(), ctx.step_weight));
+    }
     scatter_grads(ctx.parameters, buffer_);
   }
   // A re-formed view: the sites' groups are other peers.
   void drop_in_flight() { sites_.forget(); }
   // With a site: the sites of the last step; none before the first.
   std::optional<collective::site_map> sites() const { return sites_.sites(); }
+  // With ring: the last order measured and what it came from; none before the first.
+  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
@@ -26770,6 +27226,7 @@ struct sync_allreduce {
   int world_ = 1;
   collective::aggregation_record aggregation_;
   site_averaging<Codec> sites_;  // with a site
+  ring_ordering ordering_;       // with ring
 };
 
 }  // namespace decentrain::comm

@@ -579,6 +579,40 @@ TEST_CASE("train --auto: DiLoCo's peers pick H and the codec from measures, the 
   CHECK_THAT(r.output, Contains("--auto gives a peer several inner steps in one step"));
 }
 
+TEST_CASE("train --ring-order: the ring laid along the near pairs crosses between sites less, and the errors", "[cli][peers]") {
+  const auto dir = scratch("ring-order");
+  // 4 peers at sites a, b, a, b (lan inside, wan between), DiLoCo averaged flat through int8 (a
+  // ring at any size): rank order crosses between the sites at every hop, the measured order at
+  // two of four.
+  const std::string args = " train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32"
+                           " --n-head 2 --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics '' --peers 4 --link wan"
+                           " --site a,b,a,b --outer-averaging all-reduce --codec int8";
+  const auto megabytes = [](const std::string& out, const std::string& from, const std::string& to) {
+    const auto at = out.find("  " + from + " -> " + to + ": ");
+    if (at == std::string::npos) return -1.0;
+    return std::stod(out.substr(out.find(':', at) + 1));
+  };
+  const auto ranked = run(cli() + args, dir), measured = run(cli() + args + " --ring-order latency", dir);
+  INFO(ranked.output << "\n" << measured.output);
+  REQUIRE(ranked.status == 0);
+  REQUIRE(measured.status == 0);
+  CHECK_THAT(ranked.output, !Contains("ring order measured"));
+  CHECK_THAT(measured.output, Contains("ring order measured: 0 2 "));
+  CHECK(megabytes(ranked.output, "a", "b") > 0);
+  CHECK(megabytes(measured.output, "a", "b") < 0.75 * megabytes(ranked.output, "a", "b"));
+  CHECK(megabytes(measured.output, "a", "a") > megabytes(ranked.output, "a", "a"));
+  // Where there is no ring of every peer to order: named.
+  const auto gossip = run(cli() + " train --peers 4 --comm gossip --steps 2 --ring-order latency", dir);
+  CHECK(gossip.status != 0);
+  CHECK_THAT(gossip.output, Contains("--ring-order latency orders the ring of one all-reduce among all peers: it needs --comm sync"));
+  const auto sites = run(cli() + " train --peers 4 --comm diloco --steps 2 --site a,a,b,b --ring-order bandwidth", dir);
+  CHECK(sites.status != 0);
+  CHECK_THAT(sites.output, Contains("--ring-order bandwidth orders the ring") && Contains("the average over --site's sites"));
+  const auto bad = run(cli() + " train --peers 4 --steps 2 --ring-order fastest", dir);
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.output, Contains("--ring-order"));
+}
+
 TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the summary, and TCP peers at sites", "[cli][peers]") {
   const auto dir = scratch("sites");
   const std::string args = " train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32"

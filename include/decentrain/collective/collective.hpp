@@ -10,6 +10,7 @@
 #include "decentrain/collective/communicator.hpp"
 #include "decentrain/collective/encoded_all_reduce.hpp"
 #include "decentrain/collective/group.hpp"
+#include "decentrain/collective/ring_order.hpp"
 #include "decentrain/collective/robust_all_reduce.hpp"
 #include "decentrain/collective/sites.hpp"
 #include "decentrain/collective/two_level_all_reduce.hpp"

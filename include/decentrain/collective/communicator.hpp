@@ -61,6 +61,16 @@ struct options {
   double in_flight_multiple = 8.0;
 };
 
+// "0 2 1 3": a ring's order, for messages and summaries.
+inline std::string describe_order(std::span<const int> order) {
+  std::string out;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(order[i]);
+  }
+  return out;
+}
+
 // Bytes this communicator's collectives put on the wire (payload only).
 struct counters {
   std::uint64_t bytes_sent = 0;
@@ -205,7 +215,10 @@ class communicator {
     static_assert(std::is_trivially_copyable_v<T>, "all_gather: elements must be trivially copyable");
     const auto tag = next_tag();
     std::vector<T> out;
-    naming_the_peer("all_gather", [&] { out = ring_all_gather(mine, tag); });
+    naming_the_peer("all_gather", [&] {
+      if (!ring_.empty()) agree_on_ring_sizes();
+      out = ring_all_gather(mine, tag);
+    });
     return out;
   }
 
@@ -260,6 +273,43 @@ class communicator {
     std::uint64_t extremes[2] = {value, ~value};
     all_reduce(std::span<std::uint64_t>(extremes, 2), reduce_op::max);
     return extremes[0] == value && ~extremes[1] == value;
+  }
+
+  // ---- the ring's order ----
+
+  // The ring's order: ring all-reduces and all-gathers pass from order[i] to order[i + 1] (and
+  // from the last back to the first) instead of from rank r to r + 1, so a ring laid out along
+  // the network's near pairs never crosses a slow link more than it must (collective/ring_order.hpp
+  // measures the links and picks one). `order` lists every rank once; every peer must set the
+  // same order before the same collective (the next ring all-reduce compares them, and fails on
+  // every peer where they differ). The results stay the same on every peer; they may differ in
+  // the last bits from the rank-ordered ring's (the segments are summed in another order).
+  // Recursive doubling (small buffers) and the other collectives keep their rank order. Empty:
+  // rank order. Groups and communicators that replace this one (a new view) start in rank order.
+  void set_ring_order(std::vector<int> order) {
+    if (!order.empty()) {
+      decentrain::detail::check(order.size() == static_cast<std::size_t>(world()), "communicator: a ring order lists ",
+                                order.size(), " ranks for a world of ", world());
+      std::vector<int> seen(order.size(), 0);
+      for (const int r : order) {
+        decentrain::detail::check(r >= 0 && r < world() && !seen[static_cast<std::size_t>(r)]++, "communicator: a ring order ",
+                                  "must list every rank from 0 to ", world() - 1, " once, got rank ", r,
+                                  r >= 0 && r < world() ? " twice" : "");
+      }
+    }
+    ring_ = std::move(order);
+    ring_sizes_agreed_ = false;  // (the order is compared with the sizes)
+  }
+  const std::vector<int>& ring_order() const { return ring_; }
+  // This peer's place in the ring, and the rank at place `p` (any integer, taken modulo world):
+  // for rings of its own a collective runs over this communicator (a codec's).
+  int ring_position() const {
+    if (ring_.empty()) return rank();
+    return static_cast<int>(std::find(ring_.begin(), ring_.end(), rank()) - ring_.begin());
+  }
+  int ring_at(int p) const {
+    const int n = world(), k = (p % n + n) % n;
+    return ring_.empty() ? k : ring_[static_cast<std::size_t>(k)];
   }
 
   // ---- sub-groups ----
@@ -361,6 +411,7 @@ class communicator {
     auto lane = transport::open_lane(*ep_);
     if (!lane) {
       communicator sub(*ep_, opts_, channel ^ channel_);
+      sub.ring_ = ring_;
       sub.ring_sizes_agreed_ = ring_sizes_agreed_;
       try {
         op(sub);
@@ -375,11 +426,12 @@ class communicator {
     auto lane_counters = std::make_shared<counters>();
     auto* st = h.s_.get();
     st->worker = std::thread([st, lane_ep, lane_counters, opts = opts_, channel = channel ^ channel_,
-                              agreed = ring_sizes_agreed_, op = std::move(op),
+                              agreed = ring_sizes_agreed_, ring = ring_, op = std::move(op),
                               step = decentrain::detail::this_thread_activity().step]() mutable {
       decentrain::detail::this_thread_activity().step = step;  // the step that started it
       try {
         communicator sub(*lane_ep, opts, channel);
+        sub.ring_ = std::move(ring);
         sub.ring_sizes_agreed_ = agreed;
         try {
           op(sub);
@@ -476,19 +528,20 @@ class communicator {
 
   template <class T>
   std::vector<T> ring_all_gather(std::span<const T> mine, transport::tag_type tag) {
-    const int n = world(), r = rank();
+    const int n = world(), p = ring_position();
     const std::size_t m = mine.size();
     std::vector<T> out(m * static_cast<std::size_t>(n));
-    std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(r)));
-    auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>((b % n + n) % n), m); };
+    std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(rank())));
+    // (the block of the rank at ring position b: blocks stay in rank order whatever the ring's)
+    auto block = [&](int b) { return std::span<T>(out).subspan(m * static_cast<std::size_t>(ring_at(b)), m); };
     for (int s = 0; s < n - 1; ++s) {
-      exchange(right(), std::span<const T>(block(r - s)), left(), block(r - s - 1), tag, "all_gather");
+      exchange(right(), std::span<const T>(block(p - s)), left(), block(p - s - 1), tag, "all_gather");
     }
     return out;
   }
 
-  int left() const { return (rank() - 1 + world()) % world(); }
-  int right() const { return (rank() + 1) % world(); }
+  int left() const { return ring_at(ring_position() - 1); }
+  int right() const { return ring_at(ring_position() + 1); }
 
   // A collective's tag: the channel in the high 32 bits, the call's number in the low ones.
   transport::tag_type next_tag() {
@@ -618,6 +671,7 @@ class communicator {
   counters counters_;
   std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
+  std::vector<int> ring_;  // the ring's order (set_ring_order); empty: rank order
   std::optional<std::uint64_t> counts_agreed_;  // the hash of the counts the peers last agreed on
   std::map<int, std::uint32_t> sent_to_, received_from_;
   std::map<std::vector<int>, std::uint32_t> groups_made_;
@@ -653,7 +707,7 @@ template <transport::endpoint Endpoint>
 template <class T>
 void communicator<Endpoint>::ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
   agree_on_ring_sizes();
-  const int n = world(), r = rank();
+  const int n = world(), r = ring_position();  // (segments are numbered by ring position)
   const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
                     extra = total % static_cast<std::size_t>(n);
   auto seg_begin = [&](int s) {
@@ -776,12 +830,19 @@ template <transport::endpoint Endpoint>
 void communicator<Endpoint>::agree_on_ring_sizes() {
   if (ring_sizes_agreed_) return;
   const auto chunk = static_cast<std::int64_t>(opts_.chunk_bytes), window = static_cast<std::int64_t>(opts_.window_bytes);
-  std::int64_t sizes[4] = {chunk, window, -chunk, -window};  // max, and minus the min
+  std::vector<std::int64_t> order(ring_.begin(), ring_.end());
+  // (62 bits of the order's hash: its negation fits)
+  const auto ring = static_cast<std::int64_t>(decentrain::detail::fnv1a(std::string_view(
+                                                  reinterpret_cast<const char*>(order.data()), order.size() * sizeof(std::int64_t))) >> 2);
+  std::int64_t sizes[6] = {chunk, window, ring, -chunk, -window, -ring};  // max, and minus the min
   recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
-  decentrain::detail::check(sizes[0] == -sizes[2] && sizes[1] == -sizes[3],
-                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[2], " to ",
-                            sizes[0], ", window_bytes from ", -sizes[3], " to ", sizes[1],
+  decentrain::detail::check(sizes[0] == -sizes[3] && sizes[1] == -sizes[4],
+                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[3], " to ",
+                            sizes[0], ", window_bytes from ", -sizes[4], " to ", sizes[1],
                             "): every peer must be given the same collective::options");
+  decentrain::detail::check(sizes[2] == -sizes[5], "communicator: the peers set different ring orders (this peer's: ",
+                            ring_.empty() ? std::string("rank order") : describe_order(ring_),
+                            "): every peer must set the same (set_ring_order) before the same collective");
   ring_sizes_agreed_ = true;
 }
 

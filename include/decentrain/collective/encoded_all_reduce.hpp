@@ -114,13 +114,15 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
       if (sizes[static_cast<std::size_t>(p)] > bound)
         transport::fail_peer(p, "all_reduce", "codec: peer ", p, " sent a payload of ", sizes[static_cast<std::size_t>(p)],
                              " bytes, over the bound of ", bound, " for ", values.size(), " values");
-    const int right = (r + 1) % n, left = (r - 1 + n) % n;
-    auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>((p % n + n) % n)]; };
-    for (int s = 0; s < n - 1; ++s) {  // step s forwards peer r - s's payload, receives peer r - s - 1's
-      auto& in = at(r - s - 1);
-      in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(((r - s - 1) % n + n) % n)]));
+    // Around the ring in its order (communicator::set_ring_order): step s forwards the payload of
+    // the peer s places before this one, and receives the one before that.
+    const int at_ring = comm.ring_position(), right = comm.ring_at(at_ring + 1), left = comm.ring_at(at_ring - 1);
+    auto at = [&](int p) -> std::vector<std::byte>& { return payloads[static_cast<std::size_t>(comm.ring_at(at_ring + p))]; };
+    for (int s = 0; s < n - 1; ++s) {
+      auto& in = at(-s - 1);
+      in.resize(static_cast<std::size_t>(sizes[static_cast<std::size_t>(comm.ring_at(at_ring - s - 1))]));
       comm.expect_from(left, in.size());  // every peer sends first: see transport::expect
-      comm.send_to(right, std::span<const std::byte>(at(r - s)));
+      comm.send_to(right, std::span<const std::byte>(at(-s)));
       comm.recv_from(left, std::span<std::byte>(in));
     }
   }
@@ -140,7 +142,7 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
 
 template <class Codec, class Comm>
 void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
-  const int n = comm.world(), r = comm.rank();
+  const int n = comm.world(), r = comm.ring_position();  // (segments numbered by ring position)
   if (n == 1) return;
   // Segments in whole blocks; each goes in pieces of at most ~1M values (one message each).
   const std::size_t block = codec_block(codec), total = values.size();
@@ -160,7 +162,7 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
     for (std::size_t at = 0; at < seg.size(); at += piece) out.push_back(seg.subspan(at, std::min(piece, seg.size() - at)));
     return out;
   };
-  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  const int right = comm.ring_at(r + 1), left = comm.ring_at(r - 1);
   std::vector<std::byte> out, in;
   auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
     into.resize(codec.max_encoded_bytes(p.size()));

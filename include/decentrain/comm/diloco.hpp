@@ -22,6 +22,7 @@
 #include "decentrain/comm/moshpit.hpp"
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
+#include "decentrain/comm/ring_ordering.hpp"
 #include "decentrain/comm/site_averaging.hpp"
 
 namespace decentrain::comm {
@@ -74,6 +75,10 @@ struct diloco {
   // and only the outer average crosses between sites (INTELLECT-1's shape). The sites then
   // weigh in the outer average by their members.
   bool sync_inside_site = false;
+  // Set: the ring of the all-reduce follows the replicas' measured links (comm/ring_ordering.hpp),
+  // measured before the first exchange (with tune, before its probe) and after each new view.
+  // Every replica the same; not with `site` or `moshpit` (they are no ring of every replica).
+  std::optional<measured_ring> ring{};
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
   static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
@@ -86,6 +91,11 @@ struct diloco {
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
+    if (ring) {
+      ring->validate("diloco");
+      decentrain::detail::check(site.empty() && !moshpit, "diloco: ring orders the all-reduce of every replica, and with ",
+                                moshpit ? "moshpit" : "a site", " there is none: set one of them");
+    }
     decentrain::detail::check(!sync_inside_site || !site.empty(), "diloco: sync_inside_site averages the gradients inside ",
                               "this replica's site, and it names none (set site)");
     if (!site.empty())
@@ -96,7 +106,8 @@ struct diloco {
     prepare_codec(codec, aggregator, ctx,
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
-                      (sync_inside_site ? std::string(", synchronous inside each") : std::string()));
+                      (sync_inside_site ? std::string(", synchronous inside each") : std::string()) +
+                      (ring ? ", " + ring->describe() : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (tune) {  // the codecs it may pick, priced (and picked) with the parameters' shapes
       layout_ = layout_of(ctx.parameters);
@@ -176,6 +187,7 @@ struct diloco {
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
                         rounds_ * moshpit->rounds_per_average(ctx.replicas.world()), w);
     } else {
+      if (ring) ordering_.order(ctx, *ring, codec, delta_.size());
       const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_,
                                      weight_if(weighs(), weight_.sum));
@@ -291,6 +303,8 @@ struct diloco {
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
+  // With ring: the last order measured and what it came from; none before the first.
+  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
 
  private:
   std::vector<float> global_, momentum_, delta_, grads_;
@@ -305,6 +319,7 @@ struct diloco {
   // The start's probe of the replicas' links.
   template <class Ctx>
   void probe(Ctx& ctx) {
+    if (ring) ordering_.order(ctx, *ring, codec, global_.size());  // (the probe's rings too)
     const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
     link_ = probed.link;
     small_s_ = probed.small_s;
@@ -366,6 +381,7 @@ struct diloco {
   collective::aggregation_record aggregation_;
   moshpit_averager averager_;
   site_averaging<Codec> sites_;  // with a site
+  ring_ordering ordering_;       // with ring
 };
 
 }  // namespace decentrain::comm

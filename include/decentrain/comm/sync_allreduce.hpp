@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "decentrain/comm/policy.hpp"
+#include "decentrain/comm/ring_ordering.hpp"
 #include "decentrain/comm/site_averaging.hpp"
 
 namespace decentrain::comm {
@@ -46,6 +47,10 @@ struct sync_allreduce {
   // all-reduce over the sites (diloco::site says more). Every replica names a site or none does;
   // with the mean aggregator and a dense codec, not weighted nor with a target batch.
   std::string site{};
+  // Set: the ring of the all-reduce follows the replicas' measured links (comm/ring_ordering.hpp),
+  // measured before the first step's exchange and after each new view. Every replica the same;
+  // not with `site` (its groups are no ring of every replica).
+  std::optional<measured_ring> ring{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
@@ -64,6 +69,11 @@ struct sync_allreduce {
     // several takes one step's rows with the other stages.
     decentrain::detail::check(target_batch == 0 || ctx.placement.stages == 1, "sync_allreduce: target_batch deals micro-batches ",
                               "to replicas holding the whole model, and this one holds one stage of ", ctx.placement.stages);
+    if (ring) {
+      ring->validate("sync_allreduce");
+      decentrain::detail::check(site.empty(), "sync_allreduce: ring orders the all-reduce of every replica, and with a site ",
+                                "there is none: set one of them");
+    }
     if (!site.empty())
       site_averaging<Codec>::check(site, codec, aggregator, "sync_allreduce",
                                    target_batch > 0 ? "target_batch" : weighted ? "weighted" : "");
@@ -73,7 +83,8 @@ struct sync_allreduce {
                   (target_batch > 0 ? decentrain::detail::concat(", a target batch of ", target_batch, " rows dealt every ",
                                                                  resize_every, " steps")
                                     : std::string()) +
-                      (site.empty() ? std::string() : std::string(", averaged over sites")));
+                      (site.empty() ? std::string() : std::string(", averaged over sites")) +
+                      (ring ? ", " + ring->describe() : std::string()));
     check_weighs(aggregator, weighs(), "sync_allreduce");
     micro_batches_ = target_batch > 0 ? (target_batch + ctx.batch_size - 1) / ctx.batch_size : 0;
     world_ = ctx.replicas.world();
@@ -95,15 +106,19 @@ struct sync_allreduce {
     gather_grads(ctx.parameters, buffer_);
     if (!site.empty())
       sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(buffer_), false);
-    else
+    else {
+      if (ring) ordering_.order(ctx, *ring, codec, buffer_.size());
       collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(buffer_), true, aggregator, aggregation_,
                                      weight_if(weighs(), ctx.step_weight));
+    }
     scatter_grads(ctx.parameters, buffer_);
   }
   // A re-formed view: the sites' groups are other peers.
   void drop_in_flight() { sites_.forget(); }
   // With a site: the sites of the last step; none before the first.
   std::optional<collective::site_map> sites() const { return sites_.sites(); }
+  // With ring: the last order measured and what it came from; none before the first.
+  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>
@@ -133,6 +148,7 @@ struct sync_allreduce {
   int world_ = 1;
   collective::aggregation_record aggregation_;
   site_averaging<Codec> sites_;  // with a site
+  ring_ordering ordering_;       // with ring
 };
 
 }  // namespace decentrain::comm
