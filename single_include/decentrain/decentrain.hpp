@@ -19192,8 +19192,9 @@ class communicator {
   // from the last back to the first) instead of from rank r to r + 1, so a ring laid out along
   // the network's near pairs never crosses a slow link more than it must (collective/ring_order.hpp
   // measures the links and picks one). `order` lists every rank once; every peer must set the
-  // same order before the same collective (the next ring all-reduce compares them, and fails on
-  // every peer where they differ). The results stay the same on every peer; they may differ in
+  // same order at the same point, before the same collective (the next ring all-reduce compares
+  // them, and fails on every peer where they differ; a peer that sets none where the others set
+  // one is not caught: it runs another collective, and waits). The results stay the same on every peer; they may differ in
   // the last bits from the rank-ordered ring's (the segments are summed in another order).
   // Recursive doubling (small buffers) and the other collectives keep their rank order. Empty:
   // rank order. Groups and communicators that replace this one (a new view) start in rank order.
@@ -19216,6 +19217,8 @@ class communicator {
   // for rings of its own a collective runs over this communicator (a codec's).
   int ring_position() const {
     if (ring_.empty()) return rank();
+    decentrain::detail::check(ring_.size() == static_cast<std::size_t>(world()), "communicator: a ring order of ", ring_.size(),
+                              " ranks on a world of ", world());
     return static_cast<int>(std::find(ring_.begin(), ring_.end(), rank()) - ring_.begin());
   }
   int ring_at(int p) const {
@@ -22920,9 +22923,16 @@ class site_map {
   // "a: 0 1, b: 2 3": for messages and summaries.
   std::string describe() const {
     std::string out;
+    // (appended piece by piece: g++ 12 at -O2 and above warns, wrongly, of overlapping copies
+    // in `const char* + std::string` here, and -Werror makes that an error)
     for (int s = 0; s < sites(); ++s) {
-      out += (s ? ", " : "") + name(s) + ":";
-      for (int r : members(s)) out += " " + std::to_string(r);
+      if (s) out += ", ";
+      out += name(s);
+      out += ':';
+      for (int r : members(s)) {
+        out += ' ';
+        out += std::to_string(r);
+      }
     }
     return out;
   }
@@ -23160,12 +23170,13 @@ inline std::vector<int> exact_ring(std::span<const double> cost, int n) {
 
 // Beyond 16 peers (and for tests, on fewer): nearest-neighbour tours from up to 16 peers, each
 // improved by reversing stretches (2-opt) and moving single peers while a move makes the ring
-// better, the best of them.
+// better, the best of them. Beyond 32 peers, 4 tours and 4 passes each, so that every peer's
+// pick stays well under a second at a few hundred peers.
 inline std::vector<int> search_ring(std::span<const double> cost, int n) {
   const auto improve = [&](std::vector<int>& order) {
     auto best = cost_of_ring(cost, n, order);
     std::vector<int> trial;
-    for (int pass = 0; pass < 4 * n; ++pass) {
+    for (int pass = 0; pass < (n <= 32 ? 4 * n : 4); ++pass) {
       bool better = false;
       const auto take = [&] {
         if (const auto c = cost_of_ring(cost, n, trial); c < best) {
@@ -23195,7 +23206,7 @@ inline std::vector<int> search_ring(std::span<const double> cost, int n) {
   std::vector<int> best(static_cast<std::size_t>(n));
   std::iota(best.begin(), best.end(), 0);
   ring_cost best_cost = cost_of_ring(cost, n, best);
-  const int starts = std::min(n, 16);
+  const int starts = n <= 32 ? std::min(n, 16) : 4;  // (bounded: a pass tries about 1.5 n^2 moves of n hops each)
   for (int k = 0; k < starts; ++k) {
     const int start = k * n / starts;
     std::vector<int> tour{start};
@@ -23290,10 +23301,17 @@ measured_links measure_links(Comm& comm, std::size_t probe_bytes = 0, std::uint3
   }
   const auto all = comm.all_gather(std::span<const double>(mine));
   out.bytes_per_s.assign(all.size(), 0.0);
+  // A pair whose transfer took no longer than its round trip (jitter, a round trip measured
+  // while every peer pinged every other at once) has no figure: it is priced at the slowest
+  // pair's bandwidth, not as free.
+  double slowest = std::numeric_limits<double>::infinity();
+  for (const double x : all)
+    if (std::isfinite(x) && x > 0) slowest = std::min(slowest, x);
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
       const double x = all[static_cast<std::size_t>(std::min(a, b) * n + std::max(a, b))];  // (the lower rank measured it)
-      out.bytes_per_s[static_cast<std::size_t>(a * n + b)] = a == b || !std::isfinite(x) || x < 0 ? 0.0 : x;
+      out.bytes_per_s[static_cast<std::size_t>(a * n + b)] = std::isfinite(x) && x > 0 ? x : std::isfinite(slowest) ? slowest : 0.0;
     }
   return out;
 }
@@ -25440,8 +25458,10 @@ class ring_ordering {
   // Before an exchange through `codec` of `values` values over ctx.replicas: measures and sets
   // the order where the communicator has none, and where the exchange goes around a ring: an
   // exchange without a codec under the communicator's recursive_doubling_below_bytes takes
-  // recursive doubling, which keeps rank order (nothing is measured for it). Every replica
-  // calls it before the same exchange.
+  // recursive doubling, which keeps rank order (nothing is measured for it). (PowerSGD's
+  // all-reduces of its factors and the per-partition aggregators' partitioned all-reduce go
+  // around no ring either; they are measured for all the same.) Every replica calls it before
+  // the same exchange.
   template <class Ctx, class Codec>
   void order(Ctx& ctx, const measured_ring& ring, const Codec& codec, std::size_t values) {
     auto& comm = ctx.replicas;

@@ -281,8 +281,9 @@ class communicator {
   // from the last back to the first) instead of from rank r to r + 1, so a ring laid out along
   // the network's near pairs never crosses a slow link more than it must (collective/ring_order.hpp
   // measures the links and picks one). `order` lists every rank once; every peer must set the
-  // same order before the same collective (the next ring all-reduce compares them, and fails on
-  // every peer where they differ). The results stay the same on every peer; they may differ in
+  // same order at the same point, before the same collective (the next ring all-reduce compares
+  // them, and fails on every peer where they differ; a peer that sets none where the others set
+  // one is not caught: it runs another collective, and waits). The results stay the same on every peer; they may differ in
   // the last bits from the rank-ordered ring's (the segments are summed in another order).
   // Recursive doubling (small buffers) and the other collectives keep their rank order. Empty:
   // rank order. Groups and communicators that replace this one (a new view) start in rank order.
@@ -305,6 +306,8 @@ class communicator {
   // for rings of its own a collective runs over this communicator (a codec's).
   int ring_position() const {
     if (ring_.empty()) return rank();
+    decentrain::detail::check(ring_.size() == static_cast<std::size_t>(world()), "communicator: a ring order of ", ring_.size(),
+                              " ranks on a world of ", world());
     return static_cast<int>(std::find(ring_.begin(), ring_.end(), rank()) - ring_.begin());
   }
   int ring_at(int p) const {

@@ -38,8 +38,10 @@ class ring_ordering {
   // Before an exchange through `codec` of `values` values over ctx.replicas: measures and sets
   // the order where the communicator has none, and where the exchange goes around a ring: an
   // exchange without a codec under the communicator's recursive_doubling_below_bytes takes
-  // recursive doubling, which keeps rank order (nothing is measured for it). Every replica
-  // calls it before the same exchange.
+  // recursive doubling, which keeps rank order (nothing is measured for it). (PowerSGD's
+  // all-reduces of its factors and the per-partition aggregators' partitioned all-reduce go
+  // around no ring either; they are measured for all the same.) Every replica calls it before
+  // the same exchange.
   template <class Ctx, class Codec>
   void order(Ctx& ctx, const measured_ring& ring, const Codec& codec, std::size_t values) {
     auto& comm = ctx.replicas;
