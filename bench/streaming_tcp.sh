@@ -124,7 +124,7 @@ policy_args() {  # row -> CLI flags
     *) echo "bench/streaming_tcp.sh: no CLI flags for row '$1'" >&2; exit 2 ;;
   esac
 }
-printf '%-16s %-9s %10s %10s %10s %10s %10s %10s\n' row codec "sim util%" "tcp util%" "sim loss" "tcp loss" "tcp MB" "tcp s"
+printf '%-16s %-9s %10s %12s %12s %10s %10s %10s %10s\n' row codec "sim util%" "tcp util% 0" "tcp util% 1" "sim loss" "tcp loss" "tcp MB" "tcp s"
 mkdir -p "$(dirname "$json")"
 echo "[" > "$json.tmp"
 n=0
@@ -149,13 +149,16 @@ for spec in "${specs[@]}"; do
   if [ "$status" != 0 ]; then echo "bench/streaming_tcp.sh: row $row $codec failed over TCP:" >&2; tail -20 "$out0" "$out1" >&2; exit 1; fi
   # The summary row of peer 0: peer, val loss, MB sent, MB received, net wait, compute, clock, util %.
   read -r _ tcp_loss tcp_mb _ _ _ tcp_clock tcp_util _ < <(grep -E '^0 +[0-9]' "$out0" | tail -1)
+  # (both peers: the faster waits for the slower at the exchanges, which the simulator's equal
+  # peers never do)
+  read -r _ _ _ _ _ _ _ tcp_util1 _ < <(grep -E '^1 +[0-9]' "$out1" | tail -1)
   sim=$(python3 -c "import json; r = json.load(open('$tmp/sim-$row-$codec.json'))[0]; print(100 * r['utilisation'], r['val_loss'], r['simulated_s'])")
   read -r sim_util sim_loss sim_s <<< "$sim"
-  printf '%-16s %-9s %10.1f %10.1f %10.4f %10.4f %10.1f %10.1f\n' "$row" "$codec" "$sim_util" "$tcp_util" "$sim_loss" "$tcp_loss" "$tcp_mb" "$tcp_clock"
+  printf '%-16s %-9s %10.1f %12.1f %12.1f %10.4f %10.4f %10.1f %10.1f\n' "$row" "$codec" "$sim_util" "$tcp_util" "$tcp_util1" "$sim_loss" "$tcp_loss" "$tcp_mb" "$tcp_clock"
   [ $n -gt 0 ] && echo "," >> "$json.tmp"
-  printf '  {"row": "%s", "codec": "%s", "steps": %s, "peers": 2, "shaper": "%s", "link_mb_per_s": %s, "latency_ms": %s, "simulated_utilisation": %s, "tcp_utilisation": %s, "simulated_val_loss": %s, "tcp_val_loss": %s, "simulated_s": %s, "tcp_s": %s, "tcp_mb_sent": %s}' \
+  printf '  {"row": "%s", "codec": "%s", "steps": %s, "peers": 2, "shaper": "%s", "link_mb_per_s": %s, "latency_ms": %s, "simulated_utilisation": %s, "tcp_utilisation": %s, "tcp_utilisation_peer1": %s, "simulated_val_loss": %s, "tcp_val_loss": %s, "simulated_s": %s, "tcp_s": %s, "tcp_mb_sent": %s}' \
     "$row" "$codec" "$steps" "$shaper" "$rate_mb" "$latency_ms" "$(python3 -c "print($sim_util / 100)")" \
-    "$(python3 -c "print($tcp_util / 100)")" "$sim_loss" "$tcp_loss" "$sim_s" "$tcp_clock" "$tcp_mb" >> "$json.tmp"
+    "$(python3 -c "print($tcp_util / 100)")" "$(python3 -c "print($tcp_util1 / 100)")" "$sim_loss" "$tcp_loss" "$sim_s" "$tcp_clock" "$tcp_mb" >> "$json.tmp"
   n=$((n + 1))
 done
 printf '\n]\n' >> "$json.tmp"

@@ -14947,6 +14947,7 @@ static_assert(endpoint<mpi>);
 #if DECENTRAIN_HAS_ASIO
 
 #include <chrono>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17494,11 +17495,11 @@ struct node {
     s.wait_seconds = wait_seconds;
     {
       std::lock_guard lock(mutex);
+      s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       s.malformed_frames = malformed_frames;
     }
     const auto a = adm.stats();
     s.rejected_frames = a.refused + a.bad_tags;
-    s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return s;
   }
 
@@ -17510,6 +17511,8 @@ struct node {
   asio::io_context io;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{asio::make_work_guard(io)};
   asio::ip::tcp::acceptor acceptor;
+  // (mutex) The clock's zero (stats().clock_seconds): when the group formed (tcp::connect), and
+  // until then when this node was made.
   std::chrono::steady_clock::time_point started;
   std::string advertised;
   std::thread io_thread;
@@ -18003,7 +18006,14 @@ class tcp {
 
   // Where the others reach this peer ("host:port"); empty when it accepts no connections.
   std::string address() const { return n().advertised; }
-  void connect() { self_->rendezvous.connect(); }
+  void connect() {
+    self_->rendezvous.connect();
+    // The clock starts once the group has formed, as a simulated network's does: the wait for
+    // the other processes to start is not the run's (a peer started half a second after another
+    // took that much from the first one's compute utilisation, bench/RESULTS.md).
+    std::lock_guard lock(n().mutex);
+    n().started = std::chrono::steady_clock::now();
+  }
 
   int rank() const { return n().opts.rank; }
   // The peers the group started with; a peer that joined later counts up to its own rank.

@@ -287,6 +287,34 @@ TEST_CASE("tcp: the advertised host is what others dial, a wildcard listen addre
   CHECK(peer0.recv(1, 7).size() == 3);
 }
 
+TEST_CASE("tcp: the clock starts when the group has formed, not while a peer waits for the others to start") {
+  // Peer 1 starts 400 ms after peer 0 is made: peer 0 waits that long in connect, and its clock
+  // (stats().clock_seconds, what compute utilisation is measured against) starts after it.
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = std::chrono::milliseconds(10000);
+  tr::tcp peer0(o);
+  double waited = 0, clock0 = -1, clock1 = -1;
+  std::thread t([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    peer0.connect();
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    clock0 = peer0.stats().clock_seconds;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto o1 = o;
+  o1.rank = 1;
+  o1.join = {peer0.address()};
+  auto peer1 = tr::tcp::join(o1);
+  clock1 = peer1.stats().clock_seconds;
+  t.join();
+  INFO("peer 0 waited " << waited << " s in connect; clocks after it: " << clock0 << " s and " << clock1 << " s");
+  REQUIRE(waited >= 0.35);  // (the path this test is about: peer 0 waited for peer 1)
+  CHECK(clock0 >= 0);
+  CHECK(clock0 < 0.1);
+  CHECK(clock1 < 0.1);
+}
+
 namespace {
 // `world` TCP peers on 127.0.0.1 (harness::tcp), the ranks in `closed` accepting no connections
 // (listen empty); each runs `body`. What each threw, or "".

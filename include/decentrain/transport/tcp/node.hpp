@@ -811,11 +811,11 @@ struct node {
     s.wait_seconds = wait_seconds;
     {
       std::lock_guard lock(mutex);
+      s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       s.malformed_frames = malformed_frames;
     }
     const auto a = adm.stats();
     s.rejected_frames = a.refused + a.bad_tags;
-    s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return s;
   }
 
@@ -827,6 +827,8 @@ struct node {
   asio::io_context io;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{asio::make_work_guard(io)};
   asio::ip::tcp::acceptor acceptor;
+  // (mutex) The clock's zero (stats().clock_seconds): when the group formed (tcp::connect), and
+  // until then when this node was made.
   std::chrono::steady_clock::time_point started;
   std::string advertised;
   std::thread io_thread;
