@@ -425,7 +425,8 @@ void declare_train(CLI::App& cmd) {
   cli::choice(cmd, "ring-order", "HOW",
               "sync, diloco: the ring of the all-reduce: rank (rank order, the\n"
               "default) | latency (laid along the pairs of least round trip, measured\n"
-              "at the first exchange and after each new view; --auto's default) |\n"
+              "at the first exchange, after each new view and, with --auto, after the\n"
+              "links drift; --auto's default) |\n"
               "bandwidth (round trips and a 64 KB transfer a pair). The summary gives\n"
               "the order. Buffers that take recursive doubling keep rank order",
               {"rank", "latency", "bandwidth"})

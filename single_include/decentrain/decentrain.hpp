@@ -25206,6 +25206,7 @@ struct choco {
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // ---- begin decentrain/comm/moshpit.hpp ----
@@ -25434,8 +25435,9 @@ void step(const Outer& o, std::span<float> global, std::span<const float> pseudo
 // ---- begin decentrain/comm/ring_ordering.hpp ----
 // The ring's order for a policy's exchange (diloco's and sync_allreduce's `ring`; the command
 // line's --ring-order, and --auto): before the first exchange over a communicator in rank order
-// (the run's first, or the first of a new view, whose communicator starts in rank order), the
-// replicas measure their links and lay the ring along the near pairs
+// (the run's first, or the first of a new view, whose communicator starts in rank order; or, for
+// a tuned DiLoCo, the first after its links drifted), the replicas measure their links and lay
+// the ring along the near pairs
 // (collective/ring_order.hpp), so that an exchange crosses a slow link no more often than it
 // must. Every replica measures at the same exchange and picks the same order.
 
@@ -25482,12 +25484,22 @@ class ring_ordering {
     // view's messages never meet these).
     constexpr std::uint32_t probe = 0x726e6700u;  // "rng"
     last_ = collective::order_ring(comm, bytes / comm.world(), ring.probe_bytes, probe);
+    ++picks_;
+  }
+  // Measures again before the next exchange (a tuned policy whose links drifted): every replica
+  // calls it at the same point.
+  template <class Ctx>
+  void again(Ctx& ctx) {
+    ctx.replicas.set_ring_order({});
   }
   // The last order picked and the measures it came from; none before the first.
   const std::optional<collective::ring_pick>& last() const { return last_; }
+  // How many orders were picked so far (one per view, and one per drift of a tuned policy's links).
+  std::size_t picks() const { return picks_; }
 
  private:
   std::optional<collective::ring_pick> last_;
+  std::size_t picks_ = 0;
 };
 
 }  // namespace decentrain::comm
@@ -25667,7 +25679,8 @@ struct diloco {
   // weigh in the outer average by their members.
   bool sync_inside_site = false;
   // Set: the ring of the all-reduce follows the replicas' measured links (comm/ring_ordering.hpp),
-  // measured before the first exchange (with tune, before its probe) and after each new view.
+  // measured before the first exchange (with tune, before its probe), after each new view, and
+  // with tune after each pick that the links' drift brought.
   // Every replica the same; not with `site` or `moshpit` (they are no ring of every replica).
   std::optional<measured_ring> ring{};
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
@@ -25896,6 +25909,7 @@ struct diloco {
   const std::vector<tuning_choice>& choices() const { return choices_; }
   // With ring: the last order measured and what it came from; none before the first.
   const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
+  const ring_ordering& ordering() const { return ordering_; }
 
  private:
   std::vector<float> global_, momentum_, delta_, grads_;
@@ -25953,8 +25967,10 @@ struct diloco {
     // picks nothing again)
     const double allowance = (1 - tune->busy) / tune->busy * static_cast<double>(inner_steps) * basis_.step_s + basis_.step_s;
     const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, bytes, allowance);
-    if (off > tune->drift)
+    if (off > tune->drift) {
       pick(ctx, recent_, std::string("drift: ") + what + " " + std::to_string(std::lround(100 * off)) + "% off");
+      if (ring && std::string_view(what) == "link") ordering_.again(ctx);  // (the links changed: so may the best ring)
+    }
   }
 
   round_weight weight_;

@@ -51,6 +51,8 @@ struct tuned_run {
   std::vector<std::vector<dt::train::step_metrics>> by_step;    // by rank
   std::vector<std::vector<std::int64_t>> round_ends;            // by rank: the steps that ended a round
   std::vector<std::string> codec_in_use;                        // by rank, at the end
+  std::vector<std::size_t> ring_picks;                          // by rank: orders measured (with ring)
+  std::vector<std::vector<int>> ring_order;                     // by rank: the last one
 };
 
 // Four peers of speeds 1, 1, 2, 4 under `policy` for `steps` steps, the links slowed by
@@ -66,7 +68,7 @@ tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_
   if (slow_from >= 0) o.slowdowns = {{slow_from, slowdown}};
   tuned_run out{std::vector<std::vector<float>>(4), std::vector<std::vector<dt::comm::tuning_choice>>(4),
                 std::vector<std::vector<dt::train::step_metrics>>(4), std::vector<std::vector<std::int64_t>>(4),
-                std::vector<std::string>(4)};
+                std::vector<std::string>(4), std::vector<std::size_t>(4), std::vector<std::vector<int>>(4)};
   if (saved_out) saved_out->assign(4, {});
   dt::transport::in_process(ten_second_links(), o).run([&](dt::transport::in_process::endpoint& ep) {
     const auto r = static_cast<std::size_t>(ep.rank());
@@ -90,6 +92,8 @@ tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_
     out.params[r] = fixture::flat_params(t.model().parameters());
     out.choices[r] = t.policy().choices();
     out.codec_in_use[r] = dt::compress::describe(t.policy().codec);
+    out.ring_picks[r] = t.policy().ordering().picks();
+    if (const auto& last = t.policy().ordered_ring()) out.ring_order[r] = last->order;
   });
   return out;
 }
@@ -225,6 +229,29 @@ TEST_CASE("diloco tune: links slowed 5x mid-run are found at the next round's en
   CHECK(again.inner_steps > picks[0].inner_steps);
   // Not slowed: no second pick (the measures stay within 30%).
   CHECK(run_tuned(tuned(), 100).choices[0].size() == 1);
+}
+
+TEST_CASE("diloco tune with ring: the ring is ordered once its exchange goes around one, and again after the links drift") {
+  // Until the first pick the policy's own codec (identity) would all-reduce this small model by
+  // recursive doubling on these links: the probe measures no order. The pick, int8, goes around
+  // the ring: its first exchange measures the order; the links slowed 5x bring another pick
+  // ("drift: link"), and the order is measured again before the next exchange. Every replica
+  // picks the same orders.
+  auto policy = tuned();
+  policy.ring = dt::comm::measured_ring{};
+  const auto slowed = run_tuned(policy, 100, 40.0, 5.0);
+  REQUIRE(slowed.choices[0].size() >= 2);
+  CHECK(slowed.choices[0][1].why.rfind("drift: link", 0) == 0);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    CHECK(same_picks(slowed.choices[r], slowed.choices[0]));
+    CHECK(slowed.ring_picks[r] == 2);
+    CHECK(slowed.ring_order[r] == slowed.ring_order[0]);
+    CHECK(slowed.ring_order[r].size() == 4);
+  }
+  // Not slowed: one order, measured at int8's first exchange.
+  const auto steady = run_tuned(policy, 100);
+  for (std::size_t r = 0; r < 4; ++r) CHECK(steady.ring_picks[r] == 1);
 }
 
 TEST_CASE("diloco tune: a run stopped mid-round after its pick and resumed ends bit for bit as the whole run") {

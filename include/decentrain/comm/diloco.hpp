@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "decentrain/comm/auto_tuning.hpp"
@@ -76,7 +77,8 @@ struct diloco {
   // weigh in the outer average by their members.
   bool sync_inside_site = false;
   // Set: the ring of the all-reduce follows the replicas' measured links (comm/ring_ordering.hpp),
-  // measured before the first exchange (with tune, before its probe) and after each new view.
+  // measured before the first exchange (with tune, before its probe), after each new view, and
+  // with tune after each pick that the links' drift brought.
   // Every replica the same; not with `site` or `moshpit` (they are no ring of every replica).
   std::optional<measured_ring> ring{};
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
@@ -305,6 +307,7 @@ struct diloco {
   const std::vector<tuning_choice>& choices() const { return choices_; }
   // With ring: the last order measured and what it came from; none before the first.
   const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
+  const ring_ordering& ordering() const { return ordering_; }
 
  private:
   std::vector<float> global_, momentum_, delta_, grads_;
@@ -362,8 +365,10 @@ struct diloco {
     // picks nothing again)
     const double allowance = (1 - tune->busy) / tune->busy * static_cast<double>(inner_steps) * basis_.step_s + basis_.step_s;
     const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, bytes, allowance);
-    if (off > tune->drift)
+    if (off > tune->drift) {
       pick(ctx, recent_, std::string("drift: ") + what + " " + std::to_string(std::lround(100 * off)) + "% off");
+      if (ring && std::string_view(what) == "link") ordering_.again(ctx);  // (the links changed: so may the best ring)
+    }
   }
 
   round_weight weight_;

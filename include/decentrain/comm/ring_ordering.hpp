@@ -1,7 +1,8 @@
 // The ring's order for a policy's exchange (diloco's and sync_allreduce's `ring`; the command
 // line's --ring-order, and --auto): before the first exchange over a communicator in rank order
-// (the run's first, or the first of a new view, whose communicator starts in rank order), the
-// replicas measure their links and lay the ring along the near pairs
+// (the run's first, or the first of a new view, whose communicator starts in rank order; or, for
+// a tuned DiLoCo, the first after its links drifted), the replicas measure their links and lay
+// the ring along the near pairs
 // (collective/ring_order.hpp), so that an exchange crosses a slow link no more often than it
 // must. Every replica measures at the same exchange and picks the same order.
 #pragma once
@@ -52,12 +53,22 @@ class ring_ordering {
     // view's messages never meet these).
     constexpr std::uint32_t probe = 0x726e6700u;  // "rng"
     last_ = collective::order_ring(comm, bytes / comm.world(), ring.probe_bytes, probe);
+    ++picks_;
+  }
+  // Measures again before the next exchange (a tuned policy whose links drifted): every replica
+  // calls it at the same point.
+  template <class Ctx>
+  void again(Ctx& ctx) {
+    ctx.replicas.set_ring_order({});
   }
   // The last order picked and the measures it came from; none before the first.
   const std::optional<collective::ring_pick>& last() const { return last_; }
+  // How many orders were picked so far (one per view, and one per drift of a tuned policy's links).
+  std::size_t picks() const { return picks_; }
 
  private:
   std::optional<collective::ring_pick> last_;
+  std::size_t picks_ = 0;
 };
 
 }  // namespace decentrain::comm
