@@ -54,7 +54,8 @@ using bytes = std::vector<std::byte, uninitialized_allocator<std::byte>>;
 
 // Counters every endpoint keeps. `wait_seconds` is time a recv spent waiting for its message
 // (simulated time on simulated links); `clock_seconds` is the endpoint's notion of elapsed time:
-// wall time for real transports, simulated compute plus link time for in_process.
+// wall time for real transports (tcp: from when its group formed), simulated compute plus link
+// time for in_process.
 struct traffic_stats {
   std::uint64_t bytes_sent = 0;      // the messages' payloads
   std::uint64_t bytes_received = 0;
