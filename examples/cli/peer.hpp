@@ -364,7 +364,7 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
   });
   auto result = t.fit(job.data);
   if constexpr (requires { t.policy().sites(); }) h.site_maps[static_cast<std::size_t>(first_rank)] = t.policy().sites();
-  if constexpr (requires { t.policy().ordered_ring(); }) h.ring_picks[static_cast<std::size_t>(first_rank)] = t.policy().ordered_ring();
+  if constexpr (requires { t.policy().ordering(); }) h.ring_picks[static_cast<std::size_t>(first_rank)] = t.policy().ordering().last();
   if constexpr (elastic) {
     if (p.mode != launch::in_process) {
       h.changes[static_cast<std::size_t>(first_rank)] = t.fault().changes();

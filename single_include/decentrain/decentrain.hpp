@@ -18010,8 +18010,8 @@ class tcp {
   void connect() {
     self_->rendezvous.connect();
     // The clock starts once the group has formed, as a simulated network's does: the wait for
-    // the other processes to start is not the run's (a peer started half a second after another
-    // took that much from the first one's compute utilisation, bench/RESULTS.md).
+    // the other processes to start is not the run's, and would count against the first peer's
+    // compute utilisation.
     std::lock_guard lock(n().mutex);
     n().started = std::chrono::steady_clock::now();
   }
@@ -19205,8 +19205,9 @@ class communicator {
   // measures the links and picks one). `order` lists every rank once; every peer must set the
   // same order at the same point, before the same collective (the next ring all-reduce compares
   // them, and fails on every peer where they differ; a peer that sets none where the others set
-  // one is not caught: it runs another collective, and waits). The results stay the same on every peer; they may differ in
-  // the last bits from the rank-ordered ring's (the segments are summed in another order).
+  // one is not caught: it runs another collective, and waits). The results stay the same on
+  // every peer; they may differ in the last bits from the rank-ordered ring's (the segments are
+  // summed in another order).
   // Recursive doubling (small buffers) and the other collectives keep their rank order. Empty:
   // rank order. Groups and communicators that replace this one (a new view) start in rank order.
   void set_ring_order(std::vector<int> order) {
@@ -25908,8 +25909,7 @@ struct diloco {
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
-  // With ring: the last order measured and what it came from; none before the first.
-  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
+  // With ring: the orders measured so far (ordering().last(): the last, and what it came from).
   const ring_ordering& ordering() const { return ordering_; }
 
  private:
@@ -27242,8 +27242,8 @@ struct sync_allreduce {
   void drop_in_flight() { sites_.forget(); }
   // With a site: the sites of the last step; none before the first.
   std::optional<collective::site_map> sites() const { return sites_.sites(); }
-  // With ring: the last order measured and what it came from; none before the first.
-  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
+  // With ring: the orders measured so far (ordering().last(): the last, and what it came from).
+  const ring_ordering& ordering() const { return ordering_; }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>

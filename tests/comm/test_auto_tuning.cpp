@@ -93,7 +93,7 @@ tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_
     out.choices[r] = t.policy().choices();
     out.codec_in_use[r] = dt::compress::describe(t.policy().codec);
     out.ring_picks[r] = t.policy().ordering().picks();
-    if (const auto& last = t.policy().ordered_ring()) out.ring_order[r] = last->order;
+    if (const auto& last = t.policy().ordering().last()) out.ring_order[r] = last->order;
   });
   return out;
 }

@@ -283,8 +283,9 @@ class communicator {
   // measures the links and picks one). `order` lists every rank once; every peer must set the
   // same order at the same point, before the same collective (the next ring all-reduce compares
   // them, and fails on every peer where they differ; a peer that sets none where the others set
-  // one is not caught: it runs another collective, and waits). The results stay the same on every peer; they may differ in
-  // the last bits from the rank-ordered ring's (the segments are summed in another order).
+  // one is not caught: it runs another collective, and waits). The results stay the same on
+  // every peer; they may differ in the last bits from the rank-ordered ring's (the segments are
+  // summed in another order).
   // Recursive doubling (small buffers) and the other collectives keep their rank order. Empty:
   // rank order. Groups and communicators that replace this one (a new view) start in rank order.
   void set_ring_order(std::vector<int> order) {

@@ -305,8 +305,7 @@ struct diloco {
   // Tuned: every pick so far, the first after step 0 (a resumed run's earlier ones are
   // placeholders with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
-  // With ring: the last order measured and what it came from; none before the first.
-  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
+  // With ring: the orders measured so far (ordering().last(): the last, and what it came from).
   const ring_ordering& ordering() const { return ordering_; }
 
  private:

@@ -117,8 +117,8 @@ struct sync_allreduce {
   void drop_in_flight() { sites_.forget(); }
   // With a site: the sites of the last step; none before the first.
   std::optional<collective::site_map> sites() const { return sites_.sites(); }
-  // With ring: the last order measured and what it came from; none before the first.
-  const std::optional<collective::ring_pick>& ordered_ring() const { return ordering_.last(); }
+  // With ring: the orders measured so far (ordering().last(): the last, and what it came from).
+  const ring_ordering& ordering() const { return ordering_; }
   // What each replica's gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
   template <class Ctx>

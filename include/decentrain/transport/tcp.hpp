@@ -52,8 +52,8 @@ class tcp {
   void connect() {
     self_->rendezvous.connect();
     // The clock starts once the group has formed, as a simulated network's does: the wait for
-    // the other processes to start is not the run's (a peer started half a second after another
-    // took that much from the first one's compute utilisation, bench/RESULTS.md).
+    // the other processes to start is not the run's, and would count against the first peer's
+    // compute utilisation.
     std::lock_guard lock(n().mutex);
     n().started = std::chrono::steady_clock::now();
   }
