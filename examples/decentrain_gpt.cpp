@@ -392,7 +392,11 @@ void declare_train(CLI::App& cmd) {
             "most 100 inner steps keep the peers computing 97% of the time, and the\n"
             "fewest such steps (10 to 1000, at most --steps / 4; --inner-steps until\n"
             "the first pick, after step 0). Sizes work to speed as --sized-to-speed\n"
-            "does; every pick is printed and in the metrics")
+            "does; every pick is printed and in the metrics.\n"
+            "streaming-diloco: pick H, the fragments (1, 2 or 4), the overlap and the\n"
+            "codec that hide each fragment's exchange behind the overlap's inner steps,\n"
+            "after step 0 and again when the rounds' measures (each exchange timed)\n"
+            "are off by 30%")
       ->group(comm);
   cli::flag(cmd, "eager",
             "streaming-diloco and diloco: eager updates, an exchange overlaps a whole\n"
@@ -1320,6 +1324,13 @@ void describe_run(const train_plan& p, const training_data& data) {
   std::fflush(stdout);
 }
 
+// --auto's codecs to pick from: --codec's alone where given (only the steps tuned), else these,
+// least lossy first; an aggregator that combines per partition sends f32 only.
+void add_tuned_codecs(const options& opt, const train_plan& p, std::vector<cli::codec>& codecs) {
+  if (!opt.has("codec") && !p.aggregator.per_partition())
+    for (const char* spec : {"identity", "int8", "int4"}) codecs.push_back(dt::collective::parse_codec(spec));
+}
+
 // --rebalance-every: a move is a re-deal, which --elastic makes.
 void pools_rebalance(const options& opt, train_plan& p) {
   p.parallel.pools.rebalance_every = static_cast<int>(opt.integer("rebalance-every"));
@@ -1559,7 +1570,13 @@ int cmd_train(const options& opt) {
   dt::detail::check(streaming || comm == "diloco" || !eager, "--eager needs --comm diloco or streaming-diloco");
   dt::detail::check(!eager || (!opt.has("overlap") && !opt.has("mix")),
                     "--eager overlaps each exchange with a whole round and steps at once: --overlap and --mix do not apply");
-  const auto fragments = streaming ? opt.integer("fragments") : 1;
+  const bool tuned = opt.flag("auto");
+  dt::detail::check(!tuned || comm == "diloco" || streaming, "--auto picks the settings of DiLoCo's or Streaming DiLoCo's rounds: ",
+                    "it needs --comm diloco or streaming-diloco, not --comm ", comm);
+  dt::detail::check(!tuned || !streaming || (!opt.has("fragments") && !opt.has("overlap") && !eager),
+                    "--auto with --comm streaming-diloco picks the fragments and the overlap: --fragments, --overlap and --eager ",
+                    "do not go with it");
+  const auto fragments = streaming && !tuned ? opt.integer("fragments") : 1;
   const auto overlap = push_sum || !opt.has("overlap") ? (streaming ? 1 : 0) : opt.integer("overlap");
   const bool osgp = push_sum && opt.has("overlap") && opt.integer("overlap") == 1;
   const double mix = opt.real("mix");
@@ -1603,12 +1620,10 @@ int cmd_train(const options& opt) {
   dt::detail::check(!p.aggregator.per_partition() || codec_choice.describe() == "identity", "--aggregator '",
                     p.aggregator.describe(), "' aggregates per partition, which sends f32 values: it needs --codec identity, not '",
                     codec_choice.describe(), "'");
-  const bool tuned = opt.flag("auto");
-  dt::detail::check(!tuned || comm == "diloco", "--auto picks DiLoCo's H and codec: it needs --comm diloco, not --comm ", comm);
-  dt::detail::check(!tuned || (overlap == 0 && !eager && !moshpit_outer && !opt.has("significance")),
+  dt::detail::check(!tuned || streaming || (overlap == 0 && !eager && !moshpit_outer && !opt.has("significance")),
                     "--auto picks H and the codec of DiLoCo rounds that exchange at their ends, all at once: --overlap, ",
                     "--eager, --significance and --outer-averaging moshpit do not go with it");
-  const bool sized_to_speed = opt.flag("sized-to-speed") || tuned;
+  const bool sized_to_speed = opt.flag("sized-to-speed") || (tuned && !streaming);
   dt::detail::check(!sized_to_speed || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer),
                     "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco (without --overlap, --eager or "
                     "--outer-averaging moshpit)");
@@ -1641,7 +1656,7 @@ int cmd_train(const options& opt) {
                       "'s cannot be: use identity, fp16, bf16, int8, int4 or fp4");
   }
   // --ring-order: the flat all-reduce's ring (--auto's by round trips unless given).
-  const std::string ring_order = opt.has("ring-order") ? opt.text("ring-order") : tuned ? "latency" : "rank";
+  const std::string ring_order = opt.has("ring-order") ? opt.text("ring-order") : tuned && !streaming ? "latency" : "rank";
   std::optional<dt::comm::measured_ring> ring;
   if (ring_order != "rank") {
     dt::detail::check((comm == "sync" || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer)) && !p.average_by_sites,
@@ -1876,6 +1891,12 @@ int cmd_train(const options& opt) {
     policy.eager = eager;
     policy.outer_optimizer.lr = outer_lr;
     policy.outer_optimizer.momentum = outer_momentum;
+    if (tuned) {
+      dt::detail::check(!p.parallel.swarm, "--auto with --comm streaming-diloco averages every peer equally, and --parallel ",
+                        "swarm's pools weigh theirs by the rows each processed: use --comm diloco --auto");
+      policy.tune.emplace();
+      add_tuned_codecs(opt, p, policy.tune->codecs);
+    }
     return train_with(p, data.dataset, policy);
   }
   cli::diloco_policy policy;
@@ -1891,10 +1912,7 @@ int cmd_train(const options& opt) {
   policy.ring = ring;
   if (tuned) {
     policy.tune.emplace();
-    // The codecs to pick from: --codec's alone where given (only H tuned), else these, least
-    // lossy first; an aggregator that combines per partition sends f32 only.
-    if (!opt.has("codec") && !p.aggregator.per_partition())
-      for (const char* spec : {"identity", "int8", "int4"}) policy.tune->codecs.push_back(dt::collective::parse_codec(spec));
+    add_tuned_codecs(opt, p, policy.tune->codecs);
   }
   return train_with(p, data.dataset, policy);
 }

@@ -24794,6 +24794,9 @@ struct ad_psgd {
 //     prefer_inner_steps inner steps keep the replicas computing `busy` of its time, and the
 //     fewest inner steps H that do (between min_inner_steps and max_inner_steps);
 //   - where no codec does within prefer_inner_steps, the codec that needs the fewest.
+// Streaming DiLoCo's exchanges run beside the compute instead (choose_streaming): there the pick
+// is also the fragments P and the overlap tau, up to a share of H, that hide each fragment's
+// exchange behind tau inner steps, with H the fewest inner steps that keep the compute busy.
 // Fewer inner steps and less compression both keep a run closer to synchronous training, so
 // the pick is the closest that still keeps the compute busy. When the agreed measures of a
 // round drift by more than `drift` from those the settings came from (a link slowed, a peer
@@ -24828,6 +24831,8 @@ struct tuning_choice {
   std::string codec_name;
   double exchange_s = 0;         // the exchange's predicted seconds
   double busy = 0;               // the round's predicted compute share
+  std::int64_t fragments = 1;    // Streaming DiLoCo's P (1 otherwise)
+  std::int64_t overlap = 0;      // Streaming DiLoCo's tau: inner steps an exchange runs beside (0 otherwise)
   tuning_measure measured;
   std::string why;               // "start", or which measure drifted and by how much
 };
@@ -24857,6 +24862,10 @@ struct auto_tuning {
   // pick): one round's noise, a peer's arrival late by part of an inner step, picks nothing.
   double smoothing = 0.3;
   std::size_t probe_values = 1 << 17;   // f32 values of the start's probe (at most an eighth of the model)
+  // Streaming DiLoCo's fragment counts to pick from (those above the model's layers left out),
+  // and the most of a round its exchanges may overlap (tau <= max_overlap x H).
+  std::vector<std::int64_t> fragment_counts{1, 2, 4};
+  double max_overlap = 0.1;
 
   void validate(const char* who) const {
     decentrain::detail::check(busy > 0 && busy < 1, who, ": tune.busy must be in (0, 1), got ", busy);
@@ -24867,12 +24876,18 @@ struct auto_tuning {
     decentrain::detail::check(min_rounds >= 1, who, ": tune.min_rounds must be >= 1, got ", min_rounds);
     decentrain::detail::check(smoothing > 0 && smoothing <= 1, who, ": tune.smoothing must be in (0, 1], got ", smoothing);
     decentrain::detail::check(probe_values >= 1024, who, ": tune.probe_values must be >= 1024, got ", probe_values);
+    decentrain::detail::check(!fragment_counts.empty(), who, ": tune.fragment_counts is empty (1 picks no fragments)");
+    decentrain::detail::check(max_overlap > 0 && max_overlap < 1, who, ": tune.max_overlap must be in (0, 1), got ", max_overlap);
+    for (const auto p : fragment_counts)
+      decentrain::detail::check(p >= 1 && p <= 1024, who, ": tune.fragment_counts holds ", p, " (each must be in [1, 1024])");
   }
   // Compared across the replicas with the policy's other settings.
   std::string describe() const {
     std::string out = "tune(busy=" + std::to_string(busy) + ",rounds>=" + std::to_string(min_rounds) + ",H=" + std::to_string(min_inner_steps) + ".." +
                       std::to_string(prefer_inner_steps) + ".." + std::to_string(max_inner_steps) + ",drift=" + std::to_string(drift) +
-                      ",smoothing=" + std::to_string(smoothing) + ",codecs=";
+                      ",smoothing=" + std::to_string(smoothing) + ",fragments=";
+    for (std::size_t i = 0; i < fragment_counts.size(); ++i) out += (i ? ";" : "") + std::to_string(fragment_counts[i]);
+    out += ",overlap<=" + std::to_string(max_overlap) + ",codecs=";
     for (std::size_t i = 0; i < codecs.size(); ++i) out += (i ? ";" : "") + compress::describe(codecs[i]);
     return out + ")";
   }
@@ -24904,6 +24919,84 @@ struct auto_tuning {
       }
     }
     return best;
+  }
+
+  // Streaming DiLoCo's pick for measures `m` (exchanges beside the compute): `largest[k]` is the
+  // most values one fragment holds when the model is cut into fragment_counts[k] (0: that count
+  // cannot be cut). For each codec, least lossy first, and each count P, the fewest inner steps H
+  // whose round keeps the compute `busy`: each fragment's exchange overlaps tau steps, as many as
+  // hide it (its predicted seconds over `busy` x the slowest replica's inner step, rounded up)
+  // but at most max_overlap x H (a merge brings values tau steps old: more staleness costs more
+  // than more inner steps), at least 1; what tau does not hide of the P exchanges, or what the
+  // link cannot carry in the round, is exposed. The least H + tau wins, then the fewest
+  // fragments; the first codec whose H is within prefer_inner_steps is taken, else the one that
+  // needs the fewest (where none keeps `busy` within the most allowed: the busiest at the most).
+  // The same inputs give the same pick on every replica.
+  tuning_choice choose_streaming(const tuning_measure& m, std::span<const std::size_t> largest, int world, const Codec& own,
+                                 std::int64_t run_steps = 0) const {
+    decentrain::detail::check(largest.size() == fragment_counts.size(), "auto_tuning: ", largest.size(),
+                              " fragment sizes for ", fragment_counts.size(), " fragment counts");
+    const std::size_t n = codecs.empty() ? 1 : codecs.size();
+    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    // A round of H inner steps for exchanges of `exchange_s` in P fragments, each `hide` steps
+    // from hidden: its overlap and busy share.
+    const auto round_of = [&](tuning_choice pick, std::int64_t H, std::int64_t hide) {
+      pick.inner_steps = H;
+      const auto cap = static_cast<std::int64_t>(std::floor(max_overlap * static_cast<double>(H)));
+      pick.overlap = std::clamp<std::int64_t>(std::min(hide, cap), 1, H - 1);
+      const double compute = static_cast<double>(H) * m.step_s, P = static_cast<double>(pick.fragments);
+      const double exposed = std::max(P * std::max(0.0, pick.exchange_s - static_cast<double>(pick.overlap) * m.step_s),
+                                      P * pick.exchange_s - compute);
+      pick.busy = compute + exposed > 0 ? compute / (compute + exposed) : 1.0;
+      return pick;
+    };
+    struct candidate {
+      tuning_choice pick;
+      bool keeps = false;  // busy within the most allowed
+      double cost() const { return static_cast<double>(pick.inner_steps + pick.overlap); }
+    };
+    const auto better = [](const candidate& a, const candidate& b) {
+      if (a.keeps != b.keeps) return a.keeps;
+      if (!a.keeps && a.pick.busy != b.pick.busy) return a.pick.busy > b.pick.busy;
+      if (a.cost() != b.cost()) return a.cost() < b.cost();
+      return a.pick.fragments < b.pick.fragments;
+    };
+    candidate best;
+    bool have = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Codec& c = codecs.empty() ? own : codecs[i];
+      candidate codec_best;
+      bool codec_have = false;
+      for (std::size_t k = 0; k < fragment_counts.size(); ++k) {
+        if (largest[k] == 0) continue;
+        tuning_choice pick;
+        pick.codec = i;
+        pick.codec_name = compress::describe(c);
+        pick.fragments = fragment_counts[k];
+        pick.exchange_s = world > 1 ? m.fixed_s + m.per_byte_s * exchange_bytes(c, largest[k], world) : 0.0;
+        pick.measured = m;
+        const double steps = m.step_s > 0 ? std::ceil(pick.exchange_s / (busy * m.step_s)) : 0.0;
+        const auto hide = static_cast<std::int64_t>(std::min(steps, 1e15));
+        const std::int64_t least = std::max<std::int64_t>({min_inner_steps, 2, pick.fragments});  // (a fragment a step at most)
+        if (least > most) continue;
+        candidate here{round_of(pick, most, hide), false};
+        for (std::int64_t H = least; H <= most; ++H) {  // (busy grows with H)
+          const auto r = round_of(pick, H, hide);
+          if (r.busy >= busy) {
+            here = {r, true};
+            break;
+          }
+        }
+        if (!codec_have || better(here, codec_best)) codec_best = here;
+        codec_have = true;
+      }
+      if (!codec_have) continue;
+      if (codec_best.keeps && codec_best.pick.inner_steps <= std::min(prefer_inner_steps, most)) return codec_best.pick;
+      if (!have || better(codec_best, best)) best = codec_best;
+      have = true;
+    }
+    decentrain::detail::check(have, "auto_tuning: no fragment count of ", describe(), " fits the model");
+    return best.pick;
   }
 
   // `recent` moved toward a round's `now` by `smoothing`.
@@ -26592,10 +26685,17 @@ struct local_sgd {
 // arrives by the fragment's next synchronisation and serves the next stand-in; meanwhile it
 // advances a global copy that every peer holds alike (the delayed outer steps), on which the run
 // ends. With one peer the stand-in is the true average: eager updates are DiLoCo step for step.
+//
+// Tuned (`tune`, the command line's --auto), the policy picks H, P, tau and the codec itself
+// from what the replicas measure (comm/auto_tuning.hpp's choose_streaming), after its first step,
+// and again when the rounds' measures drift from those the pick came from.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <exception>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26648,16 +26748,14 @@ struct value_range {
   std::size_t offset = 0, size = 0;
 };
 
-// Which parameters (by index) each of `count` fragments holds, as ranges of the flat buffer
-// (adjacent ranges merged). Fails when there are fewer layers than fragments.
+// The model's layers (see fragment_pattern) as runs of the flat parameter buffer, in order.
+struct layer_unit {
+  std::string layer;
+  std::size_t offset = 0, size = 0;
+};
 template <class Device>
-std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Device>& params, std::int64_t count,
-                                                      fragment_pattern pattern) {
-  struct unit {
-    std::string layer;
-    std::size_t offset = 0, size = 0;
-  };
-  std::vector<unit> units;
+std::vector<layer_unit> layer_units(const parameter_list<Device>& params) {
+  std::vector<layer_unit> units;
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
@@ -26667,6 +26765,16 @@ std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Devic
     units.back().size += n;
     at += n;
   }
+  return units;
+}
+
+// Which parameters (by index) each of `count` fragments holds, as ranges of the flat buffer
+// (adjacent ranges merged). Fails when there are fewer layers than fragments.
+template <class Device>
+std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Device>& params, std::int64_t count,
+                                                      fragment_pattern pattern) {
+  const auto units = layer_units(params);
+  const std::size_t at = units.empty() ? 0 : units.back().offset + units.back().size;  // every value
   decentrain::detail::check(count >= 1 && static_cast<std::size_t>(count) <= units.size(), "streaming_diloco: ", count,
                             " fragments asked for, but the model has ", units.size(),
                             " layers to deal out (fragments must be in [1, layers])");
@@ -26714,6 +26822,7 @@ struct streaming_fragment {
   std::vector<float> previous_average, previous_own;
   bool eager_started = false;
   std::uint64_t bytes = 0;                  // what the last exchange sent
+  double took_s = 0;                        // and how long it took, on the clock of the thread that ran it
   // The exchange runs on a lane thread that owns codec, aggregator, record, buffer and bytes
   // until it is settled; save() settles it, hence mutable. A copy of the policy (the trainer
   // takes its policy by value, before start) has nothing in flight.
@@ -26745,6 +26854,7 @@ struct streaming_fragment {
     previous_average = std::move(restored.previous_average);
     previous_own = std::move(restored.previous_own);
     eager_started = restored.eager_started;
+    took_s = restored.took_s;
   }
 
   // out = from - local over the fragment's ranges, packed in their order.
@@ -26777,7 +26887,10 @@ struct streaming_fragment {
     c.counters[prefix + "lands_after"] = lands_after;
     weight.save(c, prefix);
     sent.save(c, prefix + "sent_");
-    if (lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(buffer, c);
+    if (lands_after >= 0) {
+      c.tensors[prefix + "average"] = flat_tensor(buffer, c);
+      save_exact(c, prefix + "took_s", took_s);  // (a tuned policy judges the exchange when it lands)
+    }
     if (eager) {
       c.counters[prefix + "eager_started"] = eager_started ? 1 : 0;
       c.tensors[prefix + "previous_average"] = flat_tensor(previous_average, c);
@@ -26790,7 +26903,10 @@ struct streaming_fragment {
     lands_after = c.counter(prefix + "lands_after");
     weight.load(c, prefix);
     sent.load(c, prefix + "sent_");
-    if (lands_after >= 0) buffer = c.tensor_at(prefix + "average").template to_vector<float>();
+    if (lands_after >= 0) {
+      buffer = c.tensor_at(prefix + "average").template to_vector<float>();
+      took_s = load_exact(c, prefix + "took_s", "a number of seconds").value_or(0.0);
+    }
     if (eager) {
       eager_started = c.counter(prefix + "eager_started") != 0;
       previous_average = c.tensor_at(prefix + "previous_average").template to_vector<float>();
@@ -26831,10 +26947,27 @@ struct streaming_diloco {
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
+  // Set: H, the fragments, the overlap and the codec are picked from measures so that each
+  // fragment's exchange hides behind the overlap's steps: first after step 0 (before any exchange;
+  // until then `inner_steps`, `fragments` and `overlap` hold) from the links probed at the start
+  // and the slowest replica's first step; then at rounds' ends from what the rounds measured (the
+  // slowest replica's seconds per inner step, its exchanges' times against the prediction; agreed
+  // by a 16-byte all-reduce in the background, read a round later): the first round measured
+  // replaces the probe's model (a ring's, where the exchange may take another algorithm), and
+  // the pick is made again where the measures are off by more than tune->drift (the exchanges
+  // in flight land first). Every replica the same; not with eager updates nor weighted.
+  std::optional<auto_tuning<Codec>> tune{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
     using decentrain::detail::check;
+    if (!ctx.resumed && given_) {  // a fresh run of a policy that picked in an earlier one: from the settings given
+      inner_steps = given_->inner_steps;
+      fragments = given_->fragments;
+      overlap = given_->overlap;
+      codec = given_->codec;
+      given_.reset();
+    }
     check(inner_steps >= 1, "streaming_diloco: inner_steps must be >= 1, got ", inner_steps);
     check(fragments >= 1 && fragments <= inner_steps, "streaming_diloco: fragments must be in [1, inner_steps = ", inner_steps,
           "], got ", fragments);
@@ -26844,10 +26977,30 @@ struct streaming_diloco {
     check(!(weighted && eager), "streaming_diloco: weighted and eager cannot be set together (an eager step stands in for ",
           "the average before the exchange, without the replicas' weights)");
     outer::validate(outer_optimizer, "streaming_diloco");
-    prepare_codec(codec, aggregator, ctx);
+    if (tune) {
+      tune->validate("streaming_diloco");
+      check(!eager && !weighted, "streaming_diloco: tune picks the overlap of exchanges averaged equally: ",
+            eager ? "eager" : "weighted", " does not go with it");
+    }
+    prepare_codec(codec, aggregator, ctx, tune ? ", " + tune->describe() : std::string());
     check_weighs(aggregator, weighted, "streaming_diloco");
+    whole_ = layout_of(ctx.parameters);
+    if (tune) for (auto& c : tune->codecs) compress::set_layout(c, whole_);  // (priced with the model's shapes; cut() gives each fragment its own)
+    if (tune) {  // every fragment count's cut that the model's layers allow: to pick from, and to cut by
+      const auto layers = static_cast<std::int64_t>(detail::layer_units(ctx.parameters).size());
+      cuts_.assign(tune->fragment_counts.size(), {});
+      largest_.assign(tune->fragment_counts.size(), 0);
+      for (std::size_t k = 0; k < cuts_.size(); ++k) {
+        if (tune->fragment_counts[k] > layers) continue;
+        cuts_[k] = detail::fragment_ranges(ctx.parameters, tune->fragment_counts[k], pattern);
+        for (const auto& f : cuts_[k]) {
+          std::size_t n = 0;
+          for (const auto& r : f) n += r.size;
+          largest_[k] = std::max(largest_[k], n);
+        }
+      }
+    }
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
-    const auto whole = layout_of(ctx.parameters);
     // Started again with a state loaded while it ran (a restore, or a heal, before another fit):
     // its fragments hold that state already.
     if (ctx.resumed && loaded_while_running_) {
@@ -26862,29 +27015,7 @@ struct streaming_diloco {
     const bool restored = ctx.resumed && !restored_.empty();
     check(!restored || restored_.size() == ranges.size(), "streaming_diloco: the restored state has ", restored_.size(),
           " fragments, this policy has ", ranges.size());
-    parts_.clear();
-    parts_.reserve(ranges.size());  // never reallocated while an exchange runs
-    for (std::size_t f = 0; f < ranges.size(); ++f) {
-      auto& p = parts_.emplace_back();
-      p.ranges = ranges[f];
-      if (restored) p.take(std::move(restored_[f]));  // its codec's state too; the layout is set below, as diloco's
-      else p.codec = codec;
-      p.aggregator = aggregator;
-      compress::layout l;  // the codec sees the fragment's matrices, packed one after the other
-      for (const auto& r : p.ranges) {
-        for (const auto& m : whole)
-          if (m.offset >= r.offset && m.offset < r.offset + r.size) l.push_back({p.size + (m.offset - r.offset), m.rows, m.cols});
-        p.size += r.size;
-      }
-      compress::set_layout(p.codec, l);
-      p.layout = std::move(l);
-      // Fragment f synchronises after the steps s with (s + 1) = (f + 1) H / P (mod H): the last
-      // one with DiLoCo's rounds, the others spread evenly before it.
-      p.phase = ((static_cast<std::int64_t>(f) + 1) * inner_steps / fragments) % inner_steps;
-      if (p.lands_after >= 0)
-        check(p.buffer.size() == p.size, "streaming_diloco: restored fragment ", f, "'s average has ", p.buffer.size(),
-              " values, the fragment ", p.size);
-    }
+    cut(ranges, restored);
     restored_.clear();
     if (ctx.resumed) {
       check(global_.size() == flat_size(ctx.parameters), "streaming_diloco: restored state has ", global_.size(),
@@ -26892,9 +27023,19 @@ struct streaming_diloco {
       check(!eager || eager_.size() == global_.size(), "streaming_diloco: eager updates asked for, but the restored state ",
             eager_.empty() ? "was saved without them" : "has the wrong size");
       check(eager || eager_.empty(), "streaming_diloco: the restored state was saved with eager updates, this policy has none");
+      // Tuned from a state that was not: the group probes now (a joiner takes the members' tuned state).
+      pick_tried_ = tuned_state_;
+      if (!tuned_state_) forget_measures();
+      if (tune && !tuned_state_ && !ctx.joined) probe(ctx);
       return;
     }
     broadcast_parameters(ctx, global_);
+    choices_.clear();
+    round_from_ = 0;
+    codec_at_ = own_codec;
+    pick_tried_ = tuned_state_ = calibrated_ = false;
+    forget_measures();
+    if (tune) probe(ctx);
     momentum_.assign(global_.size(), 0.0f);
     if (eager) {
       eager_ = global_;
@@ -26911,6 +27052,9 @@ struct streaming_diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     for (auto& p : parts_) p.weight.add(ctx);
+    if (tune && !pick_tried_ && !ctx.last_step) first_pick(ctx);
+    else if (tune && !choices_.empty() && !ctx.last_step) measure_round(ctx);
+    else if (tune && ctx.last_step) forget_measures();  // (nothing in flight outlives the run)
     for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
       if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
     if (ctx.last_step) {
@@ -26921,7 +27065,7 @@ struct streaming_diloco {
       return;
     }
     for (auto& p : parts_) {
-      if ((ctx.step + 1) % inner_steps != p.phase) continue;
+      if (into_round(ctx.step) % inner_steps != p.phase) continue;
       if (eager) {
         send(ctx, p, ctx.step + inner_steps, true);  // lands right before this fragment's next one
         step_eagerly(ctx, p);
@@ -26949,6 +27093,7 @@ struct streaming_diloco {
   // eager updates the fragment's next pseudo-gradient carries it); joiners come in at a round
   // start, where with overlap the last fragment's exchange is in flight.
   void drop_in_flight() {
+    forget_measures();
     for (auto& p : parts_) {
       p.settle();
       p.exchange.failure = nullptr;
@@ -26959,7 +27104,10 @@ struct streaming_diloco {
 
   // A round: H steps, in which every fragment synchronises once (the last fragment sends after
   // the round's last step).
-  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  // (Tuned, the rounds count from the pick's step on.)
+  bool ends_round_at(std::int64_t step) const { return step + 1 >= round_from_ && into_round(step) % inner_steps == 0; }
+  // Tuned: the picks so far (one; a resumed run's is a placeholder with step -1).
+  const std::vector<tuning_choice>& choices() const { return choices_; }
 
   // Exchanges merged so far (one per fragment per round).
   std::int64_t merges() const { return merges_; }
@@ -26975,6 +27123,24 @@ struct streaming_diloco {
     c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_, c);
     c.counters["comm.streaming_diloco.fragments"] = static_cast<std::int64_t>(parts_.size());
     c.counters["comm.streaming_diloco.merges"] = merges_;
+    if (tune && !choices_.empty()) {  // (before the pick: the settings given, as an untuned policy's)
+      c.counters["comm.streaming_diloco.tune.inner_steps"] = inner_steps;
+      c.counters["comm.streaming_diloco.tune.overlap"] = overlap;
+      c.counters["comm.streaming_diloco.tune.round_from"] = round_from_;
+      c.counters["comm.streaming_diloco.tune.codec"] = codec_at_ == own_codec ? -1 : static_cast<std::int64_t>(codec_at_);
+      c.text["comm.streaming_diloco.tune.codec_name"] = compress::describe(codec);
+      save_measure(c, "comm.streaming_diloco.tune.basis.", basis_);
+      save_measure(c, "comm.streaming_diloco.tune.recent.", recent_);
+      c.counters["comm.streaming_diloco.tune.calibrated"] = calibrated_ ? 1 : 0;
+      // The round's measures so far, and the last round's agreed in the background (waited for).
+      save_exact(c, "comm.streaming_diloco.tune.round_compute_s", round_.compute_s);
+      save_exact(c, "comm.streaming_diloco.tune.round_ratio", round_.ratio);
+      c.counters["comm.streaming_diloco.tune.round_steps"] = round_.steps;
+      const bool agreed = agreed_pending_ && settle_agreement();
+      c.counters["comm.streaming_diloco.tune.agreed"] = agreed ? 1 : 0;
+      save_exact(c, "comm.streaming_diloco.tune.agreed_step_s", agreed ? agreed_[0] : 0.0);
+      save_exact(c, "comm.streaming_diloco.tune.agreed_ratio", agreed ? agreed_[1] : 0.0);
+    }
     if (!eager_.empty()) {
       c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
       c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_, c);
@@ -26991,10 +27157,17 @@ struct streaming_diloco {
     }
   }
   void load(const io::checkpoint& c) {
+    const auto codec_before = codec_at_;
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.streaming_diloco.global").numel());
     load_flat(c, "comm.streaming_diloco.global", global_, n);
     load_flat(c, "comm.streaming_diloco.momentum", momentum_, n);
     merges_ = c.counter("comm.streaming_diloco.merges");
+    const bool tuned = c.counters.contains("comm.streaming_diloco.tune.inner_steps");
+    if (tuned && !tune)
+      decentrain::detail::fail("checkpoint: written by a Streaming DiLoCo that picked its own settings (H ",
+                               c.counter("comm.streaming_diloco.tune.inner_steps"), " when saved); resume it with tune set (--auto)");
+    tuned_state_ = tuned;
+    if (tuned) load_pick(c);
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
     if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
       load_flat(c, "comm.streaming_diloco.eager", eager_, n);
@@ -27019,6 +27192,12 @@ struct streaming_diloco {
     loaded_while_running_ = !parts_.empty() && !restored_.empty();
     if (!loaded_while_running_) return;
     using decentrain::detail::check;
+    // Tuned, the state's pick may not be the one this peer cut by (a joiner; a member whose exchange
+    // failed where the others went on to pick again): cut by the state's.
+    if (tune && (restored_.size() != parts_.size() || cut_inner_steps_ != inner_steps || codec_before != codec_at_)) {
+      for (auto& p : parts_) p.settle();
+      cut(cut_for(static_cast<std::int64_t>(restored_.size())), false);
+    }
     check(restored_.size() == parts_.size(), "streaming_diloco: the state taken has ", restored_.size(), " fragments, this policy has ",
           parts_.size());
     std::size_t values = 0;
@@ -27032,7 +27211,8 @@ struct streaming_diloco {
       p.exchange.failure = nullptr;
       check(restored_[f].lands_after < 0 || restored_[f].buffer.size() == p.size, "streaming_diloco: fragment ", f,
             "'s average in the state taken has ", restored_[f].buffer.size(), " values, the fragment ", p.size);
-      if (io::leaves_out_own_state(c)) {  // another peer's state: the codec keeps this peer's own (its unsent residual)
+      // Another peer's state: the codec keeps this peer's own (its unsent residual), where it is the same codec.
+      if (io::leaves_out_own_state(c) && codec_before == codec_at_) {
         restored_[f].codec = std::move(p.codec);
         load_codec(restored_[f].codec, c, decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".codec."));
       }
@@ -27045,6 +27225,221 @@ struct streaming_diloco {
  private:
   using part = streaming_fragment<Codec, Aggregator>;
 
+  // The fragments from `ranges` (one a fragment), each its phase in the round, with the
+  // restored ones' state (restored_) or this policy's codec.
+  void cut(const std::vector<std::vector<detail::value_range>>& ranges, bool restored) {
+    using decentrain::detail::check;
+    cut_inner_steps_ = inner_steps;
+    parts_.clear();
+    parts_.reserve(ranges.size());  // never reallocated while an exchange runs
+    for (std::size_t f = 0; f < ranges.size(); ++f) {
+      auto& p = parts_.emplace_back();
+      p.ranges = ranges[f];
+      if (restored) p.take(std::move(restored_[f]));  // its codec's state too; the layout is set below, as diloco's
+      else p.codec = codec;
+      p.aggregator = aggregator;
+      compress::layout l;  // the codec sees the fragment's matrices, packed one after the other
+      for (const auto& r : p.ranges) {
+        for (const auto& m : whole_)
+          if (m.offset >= r.offset && m.offset < r.offset + r.size) l.push_back({p.size + (m.offset - r.offset), m.rows, m.cols});
+        p.size += r.size;
+      }
+      compress::set_layout(p.codec, l);
+      p.layout = std::move(l);
+      // Fragment f synchronises after the steps s with (s + 1) = (f + 1) H / P (mod H): the last
+      // one with DiLoCo's rounds, the others spread evenly before it.
+      p.phase = ((static_cast<std::int64_t>(f) + 1) * inner_steps / static_cast<std::int64_t>(ranges.size())) % inner_steps;
+      if (p.lands_after >= 0)
+        check(p.buffer.size() == p.size, "streaming_diloco: restored fragment ", f, "'s average has ", p.buffer.size(),
+              " values, the fragment ", p.size);
+    }
+  }
+  // Tuned: the cut into `count` fragments made at the start.
+  const std::vector<std::vector<detail::value_range>>& cut_for(std::int64_t count) const {
+    for (std::size_t k = 0; k < cuts_.size(); ++k)
+      if (tune->fragment_counts[k] == count && !cuts_[k].empty()) return cuts_[k];
+    decentrain::detail::fail("streaming_diloco: ", count, " fragments are not among tune's fragment counts that fit the model");
+  }
+  // Steps into the current round after `step` (1 after a round's first step; a multiple of H at
+  // its end).
+  std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
+
+  // The start's probe of the replicas' links.
+  template <class Ctx>
+  void probe(Ctx& ctx) {
+    link_ = probe_links(ctx.replicas, global_.size(), tune->probe_values).link;
+  }
+  // After the first step: the slowest replica's seconds for it (one 8-byte all-reduce), and the
+  // pick from them and the probe's links, the same on every replica; nothing where no compute
+  // was measured (the settings given hold).
+  template <class Ctx>
+  void first_pick(Ctx& ctx) {
+    pick_tried_ = true;
+    double s = ctx.step_compute_s / static_cast<double>(std::max<std::int64_t>(1, ctx.local_steps));
+    if (!std::isfinite(s) || s < 0) s = 0;  // (a clock's nonsense measures nothing)
+    ctx.replicas.all_reduce(std::span<double>(&s, 1), collective::reduce_op::max);
+    tuning_measure m = link_;
+    m.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
+    tuning_choice c;
+    if (m.step_s > 0) {
+      c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+      c.why = "start";
+    } else {  // (no compute clock: the settings given kept, a pick all the same, so a state says it was made)
+      c.inner_steps = inner_steps;
+      c.fragments = fragments;
+      c.overlap = overlap;
+      c.codec = codec_at_ == own_codec ? 0 : codec_at_;
+      c.codec_name = compress::describe(codec);
+      c.measured = m;
+      c.why = "start: no compute measured, the settings given kept";
+      if (!tune->codecs.empty()) c.codec = own_codec;  // (the policy's own codec, not one of tune's)
+    }
+    c.step = ctx.step;
+    calibrated_ = false;
+    apply(ctx, std::move(c), m);
+  }
+  // Sets the pick `c` (made from measures `m`, the same on every replica): what is in flight lands
+  // first (a fresh run's first pick has sent nothing yet, and keeps its round's start; any other
+  // starts a round after this step), then the fragments are cut again. A pick of the settings in
+  // use changes only the measures judged against.
+  template <class Ctx>
+  void apply(Ctx& ctx, tuning_choice c, const tuning_measure& m) {
+    const auto settings = decentrain::detail::concat(c.inner_steps, " inner steps, ", c.fragments, " fragments, overlap ",
+                                                     c.overlap, ", codec ", c.codec_name);
+    decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(settings)), "streaming_diloco: the replicas picked ",
+                              "different settings after step ", ctx.step, " (this one: ", settings, ")");
+    const std::size_t at = tune->codecs.empty() ? own_codec : c.codec;
+    if (!choices_.empty() && c.inner_steps == inner_steps && c.fragments == fragments && c.overlap == overlap && at == codec_at_) {
+      basis_ = recent_ = m;
+      round_ = {};
+      choices_.push_back(std::move(c));
+      return;
+    }
+    const bool fresh = merges_ == 0 && std::none_of(parts_.begin(), parts_.end(), [](const part& p) { return p.lands_after >= 0; });
+    if (!given_ && codec_at_ == own_codec) given_ = given_settings{inner_steps, fragments, overlap, codec};
+    for (auto& p : parts_)
+      if (p.lands_after >= 0) land(ctx, p, mix);
+    const bool started = std::any_of(parts_.begin(), parts_.end(), [](const part& p) { return p.momentum_started; });
+    inner_steps = c.inner_steps;
+    fragments = c.fragments;
+    overlap = c.overlap;
+    if (at != own_codec && at != codec_at_) codec = tune->codecs[at];
+    codec_at_ = at;
+    cut(cut_for(fragments), false);
+    for (auto& p : parts_) p.momentum_started = started;  // (the flat momentum holds its values)
+    round_from_ = fresh ? 0 : ctx.step + 1;
+    basis_ = recent_ = m;
+    round_ = {};
+    choices_.push_back(std::move(c));
+  }
+  // At a round's end (tuned, after the first pick): the measures agreed from the round before
+  // judged against the pick's (the first replacing the probe's model), picked again where they
+  // drifted; then this round's measures go to their agreement, in the background.
+  template <class Ctx>
+  void measure_round(Ctx& ctx) {
+    round_.compute_s += ctx.step_compute_s;
+    round_.steps += std::max<std::int64_t>(1, ctx.local_steps);
+    if (!ends_round_at(ctx.step)) return;
+    if (agreed_pending_) {
+      // (a failed agreement measures nothing: the group is changing, and the fault policy hears
+      // of it from the exchanges)
+      const bool ok = settle_agreement();
+      agreed_pending_ = false;
+      const double step_s = agreed_[0], ratio = agreed_[1];
+      if (ok && step_s > 0 && std::isfinite(step_s) && std::isfinite(ratio) && ratio >= 0) {
+        // (no exchange landed in that round: the link as the measures so far have it)
+        const double scale = ratio > 0 ? ratio : 1.0;
+        const tuning_measure& link = ratio > 0 ? basis_ : recent_;
+        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale};
+        // Until an exchange was measured, the rounds' figures replace the probe's and the first
+        // step's; after that they are smoothed.
+        const bool first = !calibrated_;
+        recent_ = calibrated_ ? tune->smoothed(recent_, now) : now;
+        calibrated_ = calibrated_ || ratio > 0;
+        std::size_t largest = 0;
+        for (const auto& p : parts_) largest = std::max(largest, p.size);
+        const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_bytes(codec, largest, ctx.replicas.world()));
+        if (off > tune->drift) {
+          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+          c.step = ctx.step;
+          c.why = decentrain::detail::concat(first ? "measured: " : "drift: ", what, " ", std::lround(100 * off), "% off");
+          const auto m = recent_;
+          return apply(ctx, std::move(c), m);  // (the next round's measures start afresh)
+        }
+      }
+    }
+    // This round's: the seconds per inner step and the exchanges' time over their prediction
+    // (the slowest replica's, as it holds the others up).
+    agreed_[0] = round_.steps > 0 ? round_.compute_s / static_cast<double>(round_.steps) : 0.0;
+    agreed_[1] = round_.ratio;
+    for (double& v : agreed_)
+      if (!std::isfinite(v) || v < 0) v = 0;
+    round_ = {};
+    agreement_settled_ = false;
+    agreeing_.handle = ctx.replicas.start([this](auto& comm) {
+      comm.all_reduce(std::span<double>(agreed_, 2), collective::reduce_op::max);
+    });
+    agreed_pending_ = true;
+  }
+  void forget_measures() {
+    (void)settle_agreement();
+    agreed_pending_ = false;
+    round_ = {};
+  }
+  // Waits for the measures' agreement; false where it failed (remembered until the next one).
+  bool settle_agreement() const {
+    if (agreement_settled_) return agreement_ok_;
+    agreement_settled_ = true;
+    try {
+      agreeing_.handle.wait();
+      agreement_ok_ = true;
+    } catch (...) {
+      agreement_ok_ = false;
+    }
+    return agreement_ok_;
+  }
+  // A tuned state's settings (before its fragments are read: they are cut by them).
+  void load_pick(const io::checkpoint& c) {
+    using decentrain::detail::check;
+    inner_steps = c.counter("comm.streaming_diloco.tune.inner_steps");
+    overlap = c.counter("comm.streaming_diloco.tune.overlap");
+    round_from_ = c.counter("comm.streaming_diloco.tune.round_from");
+    fragments = c.counter("comm.streaming_diloco.fragments");
+    const auto at = c.counter("comm.streaming_diloco.tune.codec");
+    const auto picks = static_cast<std::int64_t>(tune->codecs.size());
+    check(inner_steps >= 1 && overlap >= 0 && overlap < inner_steps && fragments >= 1 && round_from_ >= 0 && at >= -1 &&
+              at < std::max<std::int64_t>(picks, 1),
+          "checkpoint: streaming_diloco's tuned settings (H ", inner_steps, ", ", fragments, " fragments, overlap ", overlap,
+          ", round from step ", round_from_, ", codec ", at, " of ", picks, ") do not fit this policy's tune");
+    check(std::find(tune->fragment_counts.begin(), tune->fragment_counts.end(), fragments) != tune->fragment_counts.end(),
+          "checkpoint: streaming_diloco picked ", fragments, " fragments, which this policy's tune does not offer");
+    forget_measures();  // (this replica's own agreement in flight, if any: the state's replaces it)
+    basis_ = load_measure(c, "comm.streaming_diloco.tune.basis.");
+    recent_ = load_measure(c, "comm.streaming_diloco.tune.recent.");
+    calibrated_ = c.counters.contains("comm.streaming_diloco.tune.calibrated") && c.counter("comm.streaming_diloco.tune.calibrated") != 0;
+    const auto seconds = [&c](const char* key) { return load_exact(c, key, "a number").value_or(0.0); };
+    round_.compute_s = seconds("comm.streaming_diloco.tune.round_compute_s");
+    round_.ratio = seconds("comm.streaming_diloco.tune.round_ratio");
+    round_.steps = c.counters.contains("comm.streaming_diloco.tune.round_steps") ? c.counter("comm.streaming_diloco.tune.round_steps") : 0;
+    agreed_pending_ = c.counters.contains("comm.streaming_diloco.tune.agreed") && c.counter("comm.streaming_diloco.tune.agreed") != 0;
+    agreed_[0] = seconds("comm.streaming_diloco.tune.agreed_step_s");
+    agreed_[1] = seconds("comm.streaming_diloco.tune.agreed_ratio");
+    check(round_.steps >= 0 && std::isfinite(round_.compute_s) && std::isfinite(round_.ratio) && std::isfinite(agreed_[0]) &&
+              std::isfinite(agreed_[1]),
+          "checkpoint: streaming_diloco's tuned measures are not numbers");
+    if (at >= 0 && picks > 0) {
+      const auto saved = c.text.find("comm.streaming_diloco.tune.codec_name");
+      const auto& offered = tune->codecs[static_cast<std::size_t>(at)];
+      check(saved == c.text.end() || saved->second == compress::describe(offered), "checkpoint: streaming_diloco picked codec ",
+            at, ", '", saved == c.text.end() ? "" : saved->second, "', where this policy's tune has '", compress::describe(offered),
+            "' (its codecs must be the same, in the same order)");
+      if (static_cast<std::size_t>(at) != codec_at_) codec = offered;
+    }
+    codec_at_ = at < 0 ? own_codec : static_cast<std::size_t>(at);
+    if (choices_.empty()) choices_.resize(1, tuning_choice{});  // (the pick itself is not in the checkpoint)
+    pick_tried_ = true;
+  }
+
   // Starts fragment p's exchange of its pseudo-gradient (the outer parameters its round started
   // from, less the local ones), to be merged after step `lands_after`: on a lane thread when
   // `background`, else here, before returning.
@@ -27056,8 +27451,10 @@ struct streaming_diloco {
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
+      const double t0 = comm.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
       p.bytes = comm.traffic().bytes_sent - before;
+      p.took_s = comm.endpoint().stats().clock_seconds - t0;
     };
     if (background) p.exchange.handle = ctx.replicas.start(exchange);
     else exchange(ctx.replicas);
@@ -27099,6 +27496,10 @@ struct streaming_diloco {
     }
     p.lands_after = -1;
     peak_bytes_ = std::max(peak_bytes_, p.bytes);
+    if (tune && !choices_.empty()) {  // (the last pick's model of the link predicted it)
+      const double predicted = basis_.fixed_s + basis_.per_byte_s * exchange_bytes(p.codec, p.size, ctx.replicas.world());
+      if (predicted > 0 && std::isfinite(p.took_s) && p.took_s >= 0) round_.ratio = std::max(round_.ratio, p.took_s / predicted);
+    }
     aggregation_.last = p.record.last;
     aggregation_.tally.add(p.record.last);
     const bool merge = keep >= 0;
@@ -27118,6 +27519,35 @@ struct streaming_diloco {
   std::vector<float> global_, momentum_, local_, stand_in_;
   std::vector<float> eager_, eager_momentum_;  // eager updates: this peer's outer parameters
   std::vector<part> parts_, restored_;
+  compress::layout whole_;  // the parameters'
+  // Tuned: each of tune's fragment counts' cut (empty where the model has too few layers) and
+  // its largest fragment's values; the probe's links; the round's first step under the pick;
+  // the codec's index in tune's (own_codec: the policy's own); the pick.
+  std::vector<std::vector<std::vector<detail::value_range>>> cuts_;
+  std::vector<std::size_t> largest_;
+  tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
+  bool calibrated_ = false;               // a round's measures have replaced the probe's model
+  struct round_measures {
+    double compute_s = 0, ratio = 0;  // compute, the slowest exchange landed over its prediction
+    std::int64_t steps = 0;
+  } round_;
+  // The last round's measures, agreed on a lane.
+  double agreed_[2] = {0, 0};
+  bool agreed_pending_ = false;
+  mutable typename part::in_flight agreeing_;
+  mutable bool agreement_settled_ = true, agreement_ok_ = true;
+  // The settings a first pick replaced (a later fresh start begins from them again).
+  struct given_settings {
+    std::int64_t inner_steps, fragments, overlap;
+    Codec codec;
+  };
+  std::optional<given_settings> given_;
+  std::int64_t cut_inner_steps_ = 0;  // the H the fragments' phases were cut by
+  std::int64_t round_from_ = 0;
+  static constexpr std::size_t own_codec = static_cast<std::size_t>(-1);
+  std::size_t codec_at_ = own_codec;
+  std::vector<tuning_choice> choices_;
+  bool pick_tried_ = false, tuned_state_ = false;
   bool loaded_while_running_ = false;  // load() took a state into parts_ (see start)
   std::int64_t merges_ = 0;
   std::uint64_t peak_bytes_ = 0;

@@ -79,6 +79,18 @@ struct metrics_file {
       if (event(i) == event_name) ++n[parsed[i].at("rank").as_int()];
     return n;
   }
+  // Each rank's lines of `event_name` as written, less their "rank" field (to compare them).
+  std::map<std::int64_t, std::vector<std::string>> without_rank(const std::string& event_name) const {
+    std::map<std::int64_t, std::vector<std::string>> out;
+    for (std::size_t i = 0; i < parsed.size(); ++i)
+      if (event(i) == event_name) {
+        std::string line = lines[i];
+        const auto at = line.find("\"rank\"");
+        line.erase(at, line.find(',', at) - at + 1);
+        out[parsed[i].at("rank").as_int()].push_back(line);
+      }
+    return out;
+  }
 };
 metrics_file read_metrics(const fs::path& file) {
   metrics_file m;
@@ -554,14 +566,7 @@ TEST_CASE("train --auto: DiLoCo's peers pick H and the codec from measures, the 
   const auto m = read_metrics(dir / "auto.jsonl");
   CHECK(m.parsed.at(0).at("auto").boolean);
   CHECK(m.parsed.at(0).at("sized_to_speed").boolean);
-  std::map<std::int64_t, std::vector<std::string>> picks;  // by rank: each pick's fields but the rank
-  for (std::size_t i = 0; i < m.parsed.size(); ++i)
-    if (m.event(i) == "auto") {
-      std::string line = m.lines[i];
-      const auto rank = m.parsed[i].at("rank").as_int();
-      line.erase(line.find("\"rank\""), line.find(',', line.find("\"rank\"")) - line.find("\"rank\"") + 1);
-      picks[rank].push_back(line);
-    }
+  auto picks = m.without_rank("auto");  // by rank: each pick's fields but the rank
   REQUIRE(picks.size() == 4);
   for (const auto& [rank, list] : picks) CHECK(list == picks[0]);
   REQUIRE(!picks[0].empty());
@@ -572,11 +577,40 @@ TEST_CASE("train --auto: DiLoCo's peers pick H and the codec from measures, the 
   CHECK(first.at("inner_steps").as_int() <= 15);
 
   r = run(cli() + args + " --comm sync", dir);
-  CHECK_THAT(r.output, Contains("--auto picks DiLoCo's H and codec: it needs --comm diloco"));
+  CHECK_THAT(r.output, Contains("--auto picks the settings of DiLoCo's or Streaming DiLoCo's rounds: it needs --comm diloco or "
+                                "streaming-diloco, not --comm sync"));
   r = run(cli() + args + " --overlap 1", dir);
   CHECK_THAT(r.output, Contains("--overlap, --eager, --significance and --outer-averaging moshpit do not go with it"));
   r = run(cli() + args + " --parallel pipeline --stages 2 --n-layer 2", dir);
   CHECK_THAT(r.output, Contains("--auto gives a peer several inner steps in one step"));
+}
+
+TEST_CASE("train --comm streaming-diloco --auto: the fragments, overlap, H and codec picked from measures, alike on every peer", "[cli][peers]") {
+  const auto dir = scratch("auto-streaming");
+  // 4 peers on simulated `lan` links: a pick after step 0 that hides each exchange behind its
+  // overlap, printed by rank 0 and written by every peer to the metrics, alike. (On `wan` the
+  // 100 ms latencies would need more steps than this short run lets a round have.)
+  const std::string args = " train --comm streaming-diloco --auto --steps 60 --batch-size 8 --eval-batches 1 --eval-every 100"
+                           " --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --peers 4 --link lan";
+  auto r = run(cli() + args + " --metrics auto.jsonl", dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, Contains("auto: after step 0 (start): H = ") && Contains(", overlap "));
+  const auto m = read_metrics(dir / "auto.jsonl");
+  auto picks = m.without_rank("auto");  // by rank: each pick's fields but the rank
+  REQUIRE(picks.size() == 4);
+  for (const auto& [rank, list] : picks) CHECK(list == picks[0]);
+  REQUIRE(!picks[0].empty());
+  const auto first = dt::io::parse_json(picks[0][0]);
+  const auto h = first.at("inner_steps").as_int(), tau = first.at("overlap").as_int(), p = first.at("fragments").as_int();
+  CHECK((tau >= 1 && tau < h && p >= 1 && p <= 4 && h >= 10 && h <= 15));  // (H between 10 and the run's 60 steps / 4 rounds)
+  CHECK(tau <= std::max<std::int64_t>(1, h / 10));                            // (at most a tenth of the round)
+  CHECK(std::stod(first.at("busy").text) > 0);
+
+  r = run(cli() + args + " --fragments 2", dir);
+  CHECK_THAT(r.output, Contains("--auto with --comm streaming-diloco picks the fragments and the overlap: --fragments, --overlap"));
+  r = run(cli() + args + " --eager", dir);
+  CHECK_THAT(r.output, Contains("--auto with --comm streaming-diloco picks the fragments and the overlap"));
 }
 
 TEST_CASE("train --ring-order: the ring laid along the near pairs crosses between sites less, and the errors", "[cli][peers]") {

@@ -37,6 +37,18 @@ tuned_diloco tuned() {
   return d;
 }
 
+using tuned_streaming = dt::comm::streaming_diloco<dt::comm::outer::sgd, dt::collective::any_codec>;
+
+tuned_streaming tuned_stream() {
+  tuned_streaming s;
+  s.inner_steps = 4;  // until the first pick (after step 0, before any exchange)
+  s.fragments = 1;
+  s.overlap = 1;
+  s.tune = tuned().tune;
+  s.tune->max_overlap = 0.5;  // (an exchange of ~10 steps hidden in rounds of tens, not of hundreds: a short test)
+  return s;
+}
+
 // The model's f32 values, and links (10 ms) on which 4 replicas' f32 all-reduce of it takes
 // about 10 s of a replica's clock (a ring: each replica sends 1.5x the model's bytes).
 std::size_t tiny_values() { return static_cast<std::size_t>(fixture::tiny_gpt().parameter_count()); }
@@ -55,16 +67,17 @@ struct tuned_run {
   std::vector<std::vector<int>> ring_order;                     // by rank: the last one
 };
 
-// Four peers of speeds 1, 1, 2, 4 under `policy` for `steps` steps, the links slowed by
-// `slowdown` from `slow_from` s on; from `saved` where given, stopping after `stop_after` steps
-// (their checkpoints in *saved_out) where >= 0.
-tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_from = -1, double slowdown = 1,
+// Four peers of `speeds` under `policy` for `steps` steps, the links slowed by `slowdown` from
+// `slow_from` s on; from `saved` where given, stopping after `stop_after` steps (their
+// checkpoints in *saved_out) where >= 0.
+template <class Policy>
+tuned_run run_tuned(const Policy& policy, std::int64_t steps, double slow_from = -1, double slowdown = 1,
                     const std::vector<dt::io::checkpoint>* saved = nullptr, std::int64_t stop_after = -1,
-                    std::vector<dt::io::checkpoint>* saved_out = nullptr) {
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_diloco>;
+                    std::vector<dt::io::checkpoint>* saved_out = nullptr, std::vector<double> speeds = {1, 1, 2, 4}) {
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Policy>;
   dt::transport::in_process::options o;
   o.deterministic = dt::transport::in_process::deterministic_run{};  // an inner step: 1 s / speed
-  o.speeds = {1, 1, 2, 4};
+  o.speeds = std::move(speeds);
   if (slow_from >= 0) o.slowdowns = {{slow_from, slowdown}};
   tuned_run out{std::vector<std::vector<float>>(4), std::vector<std::vector<dt::comm::tuning_choice>>(4),
                 std::vector<std::vector<dt::train::step_metrics>>(4), std::vector<std::vector<std::int64_t>>(4),
@@ -92,8 +105,10 @@ tuned_run run_tuned(const tuned_diloco& policy, std::int64_t steps, double slow_
     out.params[r] = fixture::flat_params(t.model().parameters());
     out.choices[r] = t.policy().choices();
     out.codec_in_use[r] = dt::compress::describe(t.policy().codec);
-    out.ring_picks[r] = t.policy().ordering().picks();
-    if (const auto& last = t.policy().ordering().last()) out.ring_order[r] = last->order;
+    if constexpr (requires { t.policy().ordering(); }) {
+      out.ring_picks[r] = t.policy().ordering().picks();
+      if (const auto& last = t.policy().ordering().last()) out.ring_order[r] = last->order;
+    }
   });
   return out;
 }
@@ -102,6 +117,7 @@ bool same_picks(const std::vector<dt::comm::tuning_choice>& a, const std::vector
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
     if (a[i].step != b[i].step || a[i].inner_steps != b[i].inner_steps || a[i].codec != b[i].codec || a[i].why != b[i].why ||
+        a[i].fragments != b[i].fragments || a[i].overlap != b[i].overlap ||
         a[i].measured.step_s != b[i].measured.step_s || a[i].measured.fixed_s != b[i].measured.fixed_s ||
         a[i].measured.per_byte_s != b[i].measured.per_byte_s)
       return false;
@@ -335,4 +351,192 @@ TEST_CASE("diloco tune under fault::elastic: a fast peer never outruns the group
     CHECK(steps[r] == 80);
     CHECK(params[r] == plain.params[r]);
   }
+}
+
+TEST_CASE("auto_tuning: streaming's fragments and overlap that keep the compute busy in the fewest inner steps, by hand") {
+  auto t = ladder();  // identity, int8, int4; busy 0.97; fragment counts 1, 2, 4; overlap at most H / 10
+  const std::size_t n = 1'000'000;
+  const std::vector<std::size_t> largest{n, n / 2, n / 4};  // fragments of equal size
+  const dt::collective::any_codec own;
+  const auto exchange = [&](std::size_t codec, std::size_t values, const dt::comm::tuning_measure& m) {
+    return m.fixed_s + m.per_byte_s * 1.5 * static_cast<double>(t.codecs[codec].max_encoded_bytes(values));  // 4 replicas: a ring's 1.5x
+  };
+  // Latency-bound: f32's whole exchange, 0.26 s, would hide behind 3 steps of 0.1 s; an overlap
+  // of at most H / 10 hides 0.2 s of it at H = 20 (97.1% busy; H = 19 overlaps 1 step: 92.2%).
+  // Fragments shorten the exchange little and multiply what is exposed: one fragment.
+  const dt::comm::tuning_measure fast{0.1, 0.2, 1e-8};
+  const auto f = t.choose_streaming(fast, largest, 4, own);
+  CHECK((f.codec == 0 && f.fragments == 1 && f.overlap == 2 && f.inner_steps == 20));
+  CHECK(f.exchange_s == Approx(0.26));
+  CHECK(f.busy == Approx(2.0 / 2.06));
+  // Bandwidth-bound: 0.61 s whole, 0.16 s a quarter: 4 fragments hidden behind 2 steps each, H 20.
+  const dt::comm::tuning_measure wide{0.1, 0.01, 1e-7};
+  const auto w = t.choose_streaming(wide, largest, 4, own);
+  CHECK((w.codec == 0 && w.fragments == 4 && w.overlap == 2 && w.inner_steps == 20));
+  CHECK(w.exchange_s == Approx(exchange(0, n / 4, wide)));
+  CHECK(w.busy == 1.0);
+  // A slow link where DiLoCo's rounds need int4 and 289 inner steps (the case above): f32 would
+  // need 150 here; int8's quarter (0.448 s) hides behind 5 steps of rounds of 50.
+  const dt::comm::tuning_measure slower{0.1, 0.05, 1e-6};
+  CHECK(t.choose(slower, n, 4, own).codec == 2);
+  const auto s = t.choose_streaming(slower, largest, 4, own);
+  CHECK((s.codec == 1 && s.fragments == 4 && s.overlap == 5 && s.inner_steps == 50));
+  CHECK(s.exchange_s == Approx(exchange(1, n / 4, slower)));
+  // Slower still: every codec needs more than the preferred 100; int4 in 4 fragments needs fewest,
+  // its overlap still at most a tenth of the round.
+  const dt::comm::tuning_measure slowest{0.1, 0.05, 1e-5};
+  const auto v = t.choose_streaming(slowest, largest, 4, own);
+  CHECK((v.codec == 2 && v.fragments == 4));
+  CHECK(v.inner_steps > 100);
+  CHECK(v.overlap <= v.inner_steps / 10);
+  CHECK(v.busy >= 0.97);
+  // A count the model cannot be cut into is left out: 2 fragments of int8 (rounds of 80, overlap 8).
+  const std::vector<std::size_t> no_four{n, n / 2, 0};
+  const auto two = t.choose_streaming(slower, no_four, 4, own);
+  CHECK((two.codec == 1 && two.fragments == 2 && two.overlap == 8 && two.inner_steps == 80));
+  // A short run caps H (at least 4 rounds): nothing keeps 97% busy in 30 inner steps, so the
+  // busiest there, int4 in 4 fragments, overlapping 3 steps of each exchange of 2.16 s.
+  const auto capped = t.choose_streaming(slowest, largest, 4, own, 120);
+  CHECK((capped.codec == 2 && capped.fragments == 4 && capped.inner_steps == 30 && capped.overlap == 3));
+  CHECK(capped.busy == Approx(3.0 / (3.0 + 4 * (capped.exchange_s - 0.3))));
+  // One replica: nothing to hide, the least H and one step's overlap.
+  const auto alone = t.choose_streaming(slower, largest, 1, own);
+  CHECK((alone.codec == 0 && alone.fragments == 1 && alone.overlap == 1 && alone.inner_steps == t.min_inner_steps));
+  CHECK_THROWS_WITH(t.choose_streaming(slower, std::vector<std::size_t>{0, 0, 0}, 4, own),
+                    Catch::Matchers::Contains("no fragment count"));
+  t.max_overlap = 1.0;
+  CHECK_THROWS_WITH(t.validate("streaming_diloco"), Catch::Matchers::Contains("tune.max_overlap must be in (0, 1), got 1"));
+  t = ladder();
+  t.fragment_counts = {0};
+  CHECK_THROWS_WITH(t.validate("streaming_diloco"), Catch::Matchers::Contains("tune.fragment_counts holds 0"));
+}
+
+TEST_CASE("streaming_diloco tune: peers agree on H, fragments, overlap and codec, and on the pick their measures bring") {
+  // The links on which DiLoCo's rounds need int8 (an f32 exchange ~10 s against 1 s a step):
+  // Streaming DiLoCo keeps f32 and hides each exchange behind its overlap. (A deterministic
+  // run's exchanges block its peers, so the busy share is measured in the next case.)
+  const std::vector<double> same_speed{1, 1, 1, 1};
+  const auto run = run_tuned(tuned_stream(), 80, -1, 1, nullptr, -1, nullptr, same_speed);
+  for (std::size_t r = 0; r < 4; ++r) {
+    REQUIRE(run.by_step[r].size() == 80);
+    CHECK(same_picks(run.choices[r], run.choices[0]));
+    CHECK(run.round_ends[r] == run.round_ends[0]);
+    CHECK(run.params[r] == run.params[0]);  // (the run ends on the global parameters)
+    CHECK(run.codec_in_use[r] == run.choices[0].back().codec_name);
+  }
+  REQUIRE(!run.choices[0].empty());
+  const auto& pick = run.choices[0][0];
+  CHECK((pick.step == 0 && pick.why == "start"));
+  CHECK(pick.codec_name == "identity");
+  CHECK(pick.measured.step_s == Approx(1.0));
+  CHECK(pick.inner_steps > pick.overlap);
+  CHECK(2 * pick.overlap <= pick.inner_steps);  // (max_overlap 0.5)
+  CHECK(pick.busy >= 0.9);                        // (what is not hidden is within the 10% asked for)
+  const auto h = pick.inner_steps;
+  REQUIRE(run.round_ends[0].size() >= 3);
+  CHECK(run.round_ends[0][0] == h - 1);
+  // This small model's f32 average goes by recursive doubling (2 payloads a peer, not a ring's
+  // 1.5): its exchanges take a third longer than the probe's ring predicts, and the first one
+  // measured says so. It lands in the second round; that round's measures, agreed in the
+  // background, are read at the third round's end, where the pick made from them hides the
+  // longer exchange.
+  REQUIRE(run.choices[0].size() == 2);
+  const auto& measured = run.choices[0][1];
+  CHECK(measured.why.rfind("measured: link", 0) == 0);
+  CHECK(measured.step == run.round_ends[0][2]);
+  CHECK(measured.measured.per_byte_s == Approx(pick.measured.per_byte_s * 4.0 / 3).epsilon(0.05));
+  CHECK(measured.overlap > pick.overlap);
+  CHECK(measured.inner_steps > pick.inner_steps);
+  CHECK(measured.busy >= 0.9);
+  REQUIRE(run.round_ends[0].size() >= 4);
+  CHECK(run.round_ends[0][3] == measured.step + measured.inner_steps);
+  // Links slowed 5x mid-run: picked again ("drift: link"), every peer alike.
+  const auto slowed = run_tuned(tuned_stream(), 100, 60.0, 5.0, nullptr, -1, nullptr, same_speed);
+  for (std::size_t r = 0; r < 4; ++r) CHECK(same_picks(slowed.choices[r], slowed.choices[0]));
+  REQUIRE(slowed.choices[0].size() >= 3);
+  CHECK(slowed.choices[0][2].why.rfind("drift: link", 0) == 0);
+  CHECK(slowed.choices[0][2].measured.per_byte_s > 2 * slowed.choices[0][1].measured.per_byte_s);
+  // DiLoCo's pick on the same links and peers: a lossier codec.
+  const auto diloco = run_tuned(tuned(), 80, -1, 1, nullptr, -1, nullptr, same_speed);
+  REQUIRE(!diloco.choices[0].empty());
+  CHECK(diloco.choices[0][0].codec_name != "identity");
+}
+
+TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the overlap picked, on simulated links and measured compute") {
+  // Not deterministic: every exchange runs on a lane beside the compute, which each peer's
+  // thread clock measures (the CPU time its steps took, whatever else this machine runs).
+  // Links of 2 ms whose f32 exchange takes a few steps: the picks hide it, and from the round
+  // after the measured pick on, every peer computes at least 85% of its clock.
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_streaming>;
+  dt::transport::link_matrix links(4, dt::transport::simulated_link{0.002, 5e7, 0.0, 0.0, 0.0});
+  std::vector<std::vector<dt::comm::tuning_choice>> choices(4);
+  std::vector<std::vector<dt::train::step_metrics>> by_step(4);
+  std::vector<std::vector<std::int64_t>> round_ends(4);
+  dt::transport::in_process(links).run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    auto options = fixture::small_run(200);
+    options.lr = 1e-2;
+    options.compute_on_thread_clock = true;
+    auto policy = tuned_stream();
+    policy.tune->busy = 0.97;
+    policy.tune->min_inner_steps = 4;
+    Trainer t(fixture::tiny_gpt(), options, ep, policy);
+    t.on_step([&](const dt::train::step_metrics& m) {
+      by_step[r].push_back(m);
+      if (t.policy().ends_round_at(m.step)) round_ends[r].push_back(m.step);
+    });
+    (void)t.fit(fixture::small_corpus().data);
+    choices[r] = t.policy().choices();
+  });
+  REQUIRE(!choices[0].empty());
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    CHECK(same_picks(choices[r], choices[0]));
+    CHECK(round_ends[r] == round_ends[0]);
+  }
+  const auto& last = choices[0].back();
+  INFO("picks " << choices[0].size() << ", the last after step " << last.step << ": H " << last.inner_steps << ", "
+                << last.fragments << " fragments, overlap " << last.overlap << ", exchange " << last.exchange_s << " s, step "
+                << last.measured.step_s << " s");
+  // From the round after the last pick to the last round's end before the run's final exchange.
+  std::vector<std::int64_t> after;
+  for (const auto e : round_ends[0])
+    if (e > last.step && e < 199) after.push_back(e);
+  REQUIRE(after.size() >= 3);
+  const tuned_run view{{}, {}, by_step, {}, {}, {}, {}};
+  for (std::size_t r = 0; r < 4; ++r) {
+    const double busy = busy_between(view, r, after[0], after.back());
+    INFO("peer " << r << " busy " << busy);
+    CHECK(busy >= 0.85);
+  }
+}
+
+TEST_CASE("streaming_diloco tune: a run stopped mid-round and resumed ends bit for bit as the whole run, and its checkpoints resumed untuned are refused") {
+  const std::vector<double> same_speed{1, 1, 1, 1};
+  const auto policy = tuned_stream();
+  const auto whole = run_tuned(policy, 100, -1, 1, nullptr, -1, nullptr, same_speed);
+  REQUIRE(whole.choices[0].size() == 2);  // (as above: the start's, and the measured one)
+  const auto& pick = whole.choices[0][1];
+  // Mid-round, a round after the second pick: an exchange in flight, the last round's measures
+  // agreed in the background.
+  const auto stop_at = pick.step + pick.inner_steps + pick.inner_steps / 2;
+  REQUIRE(stop_at < 98);
+  std::vector<dt::io::checkpoint> saved;
+  (void)run_tuned(policy, 100, -1, 1, nullptr, stop_at, &saved, same_speed);
+  CHECK(saved[0].counter("comm.streaming_diloco.tune.inner_steps") == pick.inner_steps);
+  CHECK(saved[0].counter("comm.streaming_diloco.tune.overlap") == pick.overlap);
+  CHECK(saved[0].counter("comm.streaming_diloco.fragments") == pick.fragments);
+  CHECK(saved[0].counter("comm.streaming_diloco.tune.agreed") == 1);
+  const auto resumed = run_tuned(policy, 100, -1, 1, &saved, -1, nullptr, same_speed);
+  CHECK(resumed.params == whole.params);
+  CHECK(resumed.choices[0].size() == 1);  // (a placeholder for the picks before; none made again)
+  CHECK(resumed.round_ends[0] == std::vector<std::int64_t>(whole.round_ends[0].end() - static_cast<std::ptrdiff_t>(resumed.round_ends[0].size()),
+                                                            whole.round_ends[0].end()));
+  auto untuned = policy;
+  untuned.tune.reset();
+  CHECK_THROWS_WITH(run_tuned(untuned, 100, -1, 1, &saved, -1, nullptr, same_speed),
+                    Catch::Matchers::Contains("resume it with tune set (--auto)"));
+  auto eager = policy;
+  eager.eager = true;
+  CHECK_THROWS_WITH(run_tuned(eager, 10, -1, 1, nullptr, -1, nullptr, same_speed), Catch::Matchers::Contains("eager does not go with it"));
 }

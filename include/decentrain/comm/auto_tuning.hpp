@@ -7,6 +7,9 @@
 //     prefer_inner_steps inner steps keep the replicas computing `busy` of its time, and the
 //     fewest inner steps H that do (between min_inner_steps and max_inner_steps);
 //   - where no codec does within prefer_inner_steps, the codec that needs the fewest.
+// Streaming DiLoCo's exchanges run beside the compute instead (choose_streaming): there the pick
+// is also the fragments P and the overlap tau, up to a share of H, that hide each fragment's
+// exchange behind tau inner steps, with H the fewest inner steps that keep the compute busy.
 // Fewer inner steps and less compression both keep a run closer to synchronous training, so
 // the pick is the closest that still keeps the compute busy. When the agreed measures of a
 // round drift by more than `drift` from those the settings came from (a link slowed, a peer
@@ -47,6 +50,8 @@ struct tuning_choice {
   std::string codec_name;
   double exchange_s = 0;         // the exchange's predicted seconds
   double busy = 0;               // the round's predicted compute share
+  std::int64_t fragments = 1;    // Streaming DiLoCo's P (1 otherwise)
+  std::int64_t overlap = 0;      // Streaming DiLoCo's tau: inner steps an exchange runs beside (0 otherwise)
   tuning_measure measured;
   std::string why;               // "start", or which measure drifted and by how much
 };
@@ -76,6 +81,10 @@ struct auto_tuning {
   // pick): one round's noise, a peer's arrival late by part of an inner step, picks nothing.
   double smoothing = 0.3;
   std::size_t probe_values = 1 << 17;   // f32 values of the start's probe (at most an eighth of the model)
+  // Streaming DiLoCo's fragment counts to pick from (those above the model's layers left out),
+  // and the most of a round its exchanges may overlap (tau <= max_overlap x H).
+  std::vector<std::int64_t> fragment_counts{1, 2, 4};
+  double max_overlap = 0.1;
 
   void validate(const char* who) const {
     decentrain::detail::check(busy > 0 && busy < 1, who, ": tune.busy must be in (0, 1), got ", busy);
@@ -86,12 +95,18 @@ struct auto_tuning {
     decentrain::detail::check(min_rounds >= 1, who, ": tune.min_rounds must be >= 1, got ", min_rounds);
     decentrain::detail::check(smoothing > 0 && smoothing <= 1, who, ": tune.smoothing must be in (0, 1], got ", smoothing);
     decentrain::detail::check(probe_values >= 1024, who, ": tune.probe_values must be >= 1024, got ", probe_values);
+    decentrain::detail::check(!fragment_counts.empty(), who, ": tune.fragment_counts is empty (1 picks no fragments)");
+    decentrain::detail::check(max_overlap > 0 && max_overlap < 1, who, ": tune.max_overlap must be in (0, 1), got ", max_overlap);
+    for (const auto p : fragment_counts)
+      decentrain::detail::check(p >= 1 && p <= 1024, who, ": tune.fragment_counts holds ", p, " (each must be in [1, 1024])");
   }
   // Compared across the replicas with the policy's other settings.
   std::string describe() const {
     std::string out = "tune(busy=" + std::to_string(busy) + ",rounds>=" + std::to_string(min_rounds) + ",H=" + std::to_string(min_inner_steps) + ".." +
                       std::to_string(prefer_inner_steps) + ".." + std::to_string(max_inner_steps) + ",drift=" + std::to_string(drift) +
-                      ",smoothing=" + std::to_string(smoothing) + ",codecs=";
+                      ",smoothing=" + std::to_string(smoothing) + ",fragments=";
+    for (std::size_t i = 0; i < fragment_counts.size(); ++i) out += (i ? ";" : "") + std::to_string(fragment_counts[i]);
+    out += ",overlap<=" + std::to_string(max_overlap) + ",codecs=";
     for (std::size_t i = 0; i < codecs.size(); ++i) out += (i ? ";" : "") + compress::describe(codecs[i]);
     return out + ")";
   }
@@ -123,6 +138,84 @@ struct auto_tuning {
       }
     }
     return best;
+  }
+
+  // Streaming DiLoCo's pick for measures `m` (exchanges beside the compute): `largest[k]` is the
+  // most values one fragment holds when the model is cut into fragment_counts[k] (0: that count
+  // cannot be cut). For each codec, least lossy first, and each count P, the fewest inner steps H
+  // whose round keeps the compute `busy`: each fragment's exchange overlaps tau steps, as many as
+  // hide it (its predicted seconds over `busy` x the slowest replica's inner step, rounded up)
+  // but at most max_overlap x H (a merge brings values tau steps old: more staleness costs more
+  // than more inner steps), at least 1; what tau does not hide of the P exchanges, or what the
+  // link cannot carry in the round, is exposed. The least H + tau wins, then the fewest
+  // fragments; the first codec whose H is within prefer_inner_steps is taken, else the one that
+  // needs the fewest (where none keeps `busy` within the most allowed: the busiest at the most).
+  // The same inputs give the same pick on every replica.
+  tuning_choice choose_streaming(const tuning_measure& m, std::span<const std::size_t> largest, int world, const Codec& own,
+                                 std::int64_t run_steps = 0) const {
+    decentrain::detail::check(largest.size() == fragment_counts.size(), "auto_tuning: ", largest.size(),
+                              " fragment sizes for ", fragment_counts.size(), " fragment counts");
+    const std::size_t n = codecs.empty() ? 1 : codecs.size();
+    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    // A round of H inner steps for exchanges of `exchange_s` in P fragments, each `hide` steps
+    // from hidden: its overlap and busy share.
+    const auto round_of = [&](tuning_choice pick, std::int64_t H, std::int64_t hide) {
+      pick.inner_steps = H;
+      const auto cap = static_cast<std::int64_t>(std::floor(max_overlap * static_cast<double>(H)));
+      pick.overlap = std::clamp<std::int64_t>(std::min(hide, cap), 1, H - 1);
+      const double compute = static_cast<double>(H) * m.step_s, P = static_cast<double>(pick.fragments);
+      const double exposed = std::max(P * std::max(0.0, pick.exchange_s - static_cast<double>(pick.overlap) * m.step_s),
+                                      P * pick.exchange_s - compute);
+      pick.busy = compute + exposed > 0 ? compute / (compute + exposed) : 1.0;
+      return pick;
+    };
+    struct candidate {
+      tuning_choice pick;
+      bool keeps = false;  // busy within the most allowed
+      double cost() const { return static_cast<double>(pick.inner_steps + pick.overlap); }
+    };
+    const auto better = [](const candidate& a, const candidate& b) {
+      if (a.keeps != b.keeps) return a.keeps;
+      if (!a.keeps && a.pick.busy != b.pick.busy) return a.pick.busy > b.pick.busy;
+      if (a.cost() != b.cost()) return a.cost() < b.cost();
+      return a.pick.fragments < b.pick.fragments;
+    };
+    candidate best;
+    bool have = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Codec& c = codecs.empty() ? own : codecs[i];
+      candidate codec_best;
+      bool codec_have = false;
+      for (std::size_t k = 0; k < fragment_counts.size(); ++k) {
+        if (largest[k] == 0) continue;
+        tuning_choice pick;
+        pick.codec = i;
+        pick.codec_name = compress::describe(c);
+        pick.fragments = fragment_counts[k];
+        pick.exchange_s = world > 1 ? m.fixed_s + m.per_byte_s * exchange_bytes(c, largest[k], world) : 0.0;
+        pick.measured = m;
+        const double steps = m.step_s > 0 ? std::ceil(pick.exchange_s / (busy * m.step_s)) : 0.0;
+        const auto hide = static_cast<std::int64_t>(std::min(steps, 1e15));
+        const std::int64_t least = std::max<std::int64_t>({min_inner_steps, 2, pick.fragments});  // (a fragment a step at most)
+        if (least > most) continue;
+        candidate here{round_of(pick, most, hide), false};
+        for (std::int64_t H = least; H <= most; ++H) {  // (busy grows with H)
+          const auto r = round_of(pick, H, hide);
+          if (r.busy >= busy) {
+            here = {r, true};
+            break;
+          }
+        }
+        if (!codec_have || better(here, codec_best)) codec_best = here;
+        codec_have = true;
+      }
+      if (!codec_have) continue;
+      if (codec_best.keeps && codec_best.pick.inner_steps <= std::min(prefer_inner_steps, most)) return codec_best.pick;
+      if (!have || better(codec_best, best)) best = codec_best;
+      have = true;
+    }
+    decentrain::detail::check(have, "auto_tuning: no fragment count of ", describe(), " fits the model");
+    return best.pick;
   }
 
   // `recent` moved toward a round's `now` by `smoothing`.

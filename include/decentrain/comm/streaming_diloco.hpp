@@ -14,15 +14,23 @@
 // arrives by the fragment's next synchronisation and serves the next stand-in; meanwhile it
 // advances a global copy that every peer holds alike (the delayed outer steps), on which the run
 // ends. With one peer the stand-in is the true average: eager updates are DiLoCo step for step.
+//
+// Tuned (`tune`, the command line's --auto), the policy picks H, P, tau and the codec itself
+// from what the replicas measure (comm/auto_tuning.hpp's choose_streaming), after its first step,
+// and again when the rounds' measures drift from those the pick came from.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <exception>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "decentrain/comm/auto_tuning.hpp"
 #include "decentrain/comm/diloco.hpp"
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
@@ -56,10 +64,27 @@ struct streaming_diloco {
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
+  // Set: H, the fragments, the overlap and the codec are picked from measures so that each
+  // fragment's exchange hides behind the overlap's steps: first after step 0 (before any exchange;
+  // until then `inner_steps`, `fragments` and `overlap` hold) from the links probed at the start
+  // and the slowest replica's first step; then at rounds' ends from what the rounds measured (the
+  // slowest replica's seconds per inner step, its exchanges' times against the prediction; agreed
+  // by a 16-byte all-reduce in the background, read a round later): the first round measured
+  // replaces the probe's model (a ring's, where the exchange may take another algorithm), and
+  // the pick is made again where the measures are off by more than tune->drift (the exchanges
+  // in flight land first). Every replica the same; not with eager updates nor weighted.
+  std::optional<auto_tuning<Codec>> tune{};
 
   template <class Ctx>
   void start(Ctx& ctx) {
     using decentrain::detail::check;
+    if (!ctx.resumed && given_) {  // a fresh run of a policy that picked in an earlier one: from the settings given
+      inner_steps = given_->inner_steps;
+      fragments = given_->fragments;
+      overlap = given_->overlap;
+      codec = given_->codec;
+      given_.reset();
+    }
     check(inner_steps >= 1, "streaming_diloco: inner_steps must be >= 1, got ", inner_steps);
     check(fragments >= 1 && fragments <= inner_steps, "streaming_diloco: fragments must be in [1, inner_steps = ", inner_steps,
           "], got ", fragments);
@@ -69,10 +94,30 @@ struct streaming_diloco {
     check(!(weighted && eager), "streaming_diloco: weighted and eager cannot be set together (an eager step stands in for ",
           "the average before the exchange, without the replicas' weights)");
     outer::validate(outer_optimizer, "streaming_diloco");
-    prepare_codec(codec, aggregator, ctx);
+    if (tune) {
+      tune->validate("streaming_diloco");
+      check(!eager && !weighted, "streaming_diloco: tune picks the overlap of exchanges averaged equally: ",
+            eager ? "eager" : "weighted", " does not go with it");
+    }
+    prepare_codec(codec, aggregator, ctx, tune ? ", " + tune->describe() : std::string());
     check_weighs(aggregator, weighted, "streaming_diloco");
+    whole_ = layout_of(ctx.parameters);
+    if (tune) for (auto& c : tune->codecs) compress::set_layout(c, whole_);  // (priced with the model's shapes; cut() gives each fragment its own)
+    if (tune) {  // every fragment count's cut that the model's layers allow: to pick from, and to cut by
+      const auto layers = static_cast<std::int64_t>(detail::layer_units(ctx.parameters).size());
+      cuts_.assign(tune->fragment_counts.size(), {});
+      largest_.assign(tune->fragment_counts.size(), 0);
+      for (std::size_t k = 0; k < cuts_.size(); ++k) {
+        if (tune->fragment_counts[k] > layers) continue;
+        cuts_[k] = detail::fragment_ranges(ctx.parameters, tune->fragment_counts[k], pattern);
+        for (const auto& f : cuts_[k]) {
+          std::size_t n = 0;
+          for (const auto& r : f) n += r.size;
+          largest_[k] = std::max(largest_[k], n);
+        }
+      }
+    }
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
-    const auto whole = layout_of(ctx.parameters);
     // Started again with a state loaded while it ran (a restore, or a heal, before another fit):
     // its fragments hold that state already.
     if (ctx.resumed && loaded_while_running_) {
@@ -87,29 +132,7 @@ struct streaming_diloco {
     const bool restored = ctx.resumed && !restored_.empty();
     check(!restored || restored_.size() == ranges.size(), "streaming_diloco: the restored state has ", restored_.size(),
           " fragments, this policy has ", ranges.size());
-    parts_.clear();
-    parts_.reserve(ranges.size());  // never reallocated while an exchange runs
-    for (std::size_t f = 0; f < ranges.size(); ++f) {
-      auto& p = parts_.emplace_back();
-      p.ranges = ranges[f];
-      if (restored) p.take(std::move(restored_[f]));  // its codec's state too; the layout is set below, as diloco's
-      else p.codec = codec;
-      p.aggregator = aggregator;
-      compress::layout l;  // the codec sees the fragment's matrices, packed one after the other
-      for (const auto& r : p.ranges) {
-        for (const auto& m : whole)
-          if (m.offset >= r.offset && m.offset < r.offset + r.size) l.push_back({p.size + (m.offset - r.offset), m.rows, m.cols});
-        p.size += r.size;
-      }
-      compress::set_layout(p.codec, l);
-      p.layout = std::move(l);
-      // Fragment f synchronises after the steps s with (s + 1) = (f + 1) H / P (mod H): the last
-      // one with DiLoCo's rounds, the others spread evenly before it.
-      p.phase = ((static_cast<std::int64_t>(f) + 1) * inner_steps / fragments) % inner_steps;
-      if (p.lands_after >= 0)
-        check(p.buffer.size() == p.size, "streaming_diloco: restored fragment ", f, "'s average has ", p.buffer.size(),
-              " values, the fragment ", p.size);
-    }
+    cut(ranges, restored);
     restored_.clear();
     if (ctx.resumed) {
       check(global_.size() == flat_size(ctx.parameters), "streaming_diloco: restored state has ", global_.size(),
@@ -117,9 +140,19 @@ struct streaming_diloco {
       check(!eager || eager_.size() == global_.size(), "streaming_diloco: eager updates asked for, but the restored state ",
             eager_.empty() ? "was saved without them" : "has the wrong size");
       check(eager || eager_.empty(), "streaming_diloco: the restored state was saved with eager updates, this policy has none");
+      // Tuned from a state that was not: the group probes now (a joiner takes the members' tuned state).
+      pick_tried_ = tuned_state_;
+      if (!tuned_state_) forget_measures();
+      if (tune && !tuned_state_ && !ctx.joined) probe(ctx);
       return;
     }
     broadcast_parameters(ctx, global_);
+    choices_.clear();
+    round_from_ = 0;
+    codec_at_ = own_codec;
+    pick_tried_ = tuned_state_ = calibrated_ = false;
+    forget_measures();
+    if (tune) probe(ctx);
     momentum_.assign(global_.size(), 0.0f);
     if (eager) {
       eager_ = global_;
@@ -136,6 +169,9 @@ struct streaming_diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     for (auto& p : parts_) p.weight.add(ctx);
+    if (tune && !pick_tried_ && !ctx.last_step) first_pick(ctx);
+    else if (tune && !choices_.empty() && !ctx.last_step) measure_round(ctx);
+    else if (tune && ctx.last_step) forget_measures();  // (nothing in flight outlives the run)
     for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
       if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
     if (ctx.last_step) {
@@ -146,7 +182,7 @@ struct streaming_diloco {
       return;
     }
     for (auto& p : parts_) {
-      if ((ctx.step + 1) % inner_steps != p.phase) continue;
+      if (into_round(ctx.step) % inner_steps != p.phase) continue;
       if (eager) {
         send(ctx, p, ctx.step + inner_steps, true);  // lands right before this fragment's next one
         step_eagerly(ctx, p);
@@ -174,6 +210,7 @@ struct streaming_diloco {
   // eager updates the fragment's next pseudo-gradient carries it); joiners come in at a round
   // start, where with overlap the last fragment's exchange is in flight.
   void drop_in_flight() {
+    forget_measures();
     for (auto& p : parts_) {
       p.settle();
       p.exchange.failure = nullptr;
@@ -184,7 +221,10 @@ struct streaming_diloco {
 
   // A round: H steps, in which every fragment synchronises once (the last fragment sends after
   // the round's last step).
-  bool ends_round_at(std::int64_t step) const { return ends_round(step, inner_steps); }
+  // (Tuned, the rounds count from the pick's step on.)
+  bool ends_round_at(std::int64_t step) const { return step + 1 >= round_from_ && into_round(step) % inner_steps == 0; }
+  // Tuned: the picks so far (one; a resumed run's is a placeholder with step -1).
+  const std::vector<tuning_choice>& choices() const { return choices_; }
 
   // Exchanges merged so far (one per fragment per round).
   std::int64_t merges() const { return merges_; }
@@ -200,6 +240,24 @@ struct streaming_diloco {
     c.tensors["comm.streaming_diloco.momentum"] = flat_tensor(momentum_, c);
     c.counters["comm.streaming_diloco.fragments"] = static_cast<std::int64_t>(parts_.size());
     c.counters["comm.streaming_diloco.merges"] = merges_;
+    if (tune && !choices_.empty()) {  // (before the pick: the settings given, as an untuned policy's)
+      c.counters["comm.streaming_diloco.tune.inner_steps"] = inner_steps;
+      c.counters["comm.streaming_diloco.tune.overlap"] = overlap;
+      c.counters["comm.streaming_diloco.tune.round_from"] = round_from_;
+      c.counters["comm.streaming_diloco.tune.codec"] = codec_at_ == own_codec ? -1 : static_cast<std::int64_t>(codec_at_);
+      c.text["comm.streaming_diloco.tune.codec_name"] = compress::describe(codec);
+      save_measure(c, "comm.streaming_diloco.tune.basis.", basis_);
+      save_measure(c, "comm.streaming_diloco.tune.recent.", recent_);
+      c.counters["comm.streaming_diloco.tune.calibrated"] = calibrated_ ? 1 : 0;
+      // The round's measures so far, and the last round's agreed in the background (waited for).
+      save_exact(c, "comm.streaming_diloco.tune.round_compute_s", round_.compute_s);
+      save_exact(c, "comm.streaming_diloco.tune.round_ratio", round_.ratio);
+      c.counters["comm.streaming_diloco.tune.round_steps"] = round_.steps;
+      const bool agreed = agreed_pending_ && settle_agreement();
+      c.counters["comm.streaming_diloco.tune.agreed"] = agreed ? 1 : 0;
+      save_exact(c, "comm.streaming_diloco.tune.agreed_step_s", agreed ? agreed_[0] : 0.0);
+      save_exact(c, "comm.streaming_diloco.tune.agreed_ratio", agreed ? agreed_[1] : 0.0);
+    }
     if (!eager_.empty()) {
       c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
       c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_, c);
@@ -216,10 +274,17 @@ struct streaming_diloco {
     }
   }
   void load(const io::checkpoint& c) {
+    const auto codec_before = codec_at_;
     const auto n = static_cast<std::size_t>(c.tensor_at("comm.streaming_diloco.global").numel());
     load_flat(c, "comm.streaming_diloco.global", global_, n);
     load_flat(c, "comm.streaming_diloco.momentum", momentum_, n);
     merges_ = c.counter("comm.streaming_diloco.merges");
+    const bool tuned = c.counters.contains("comm.streaming_diloco.tune.inner_steps");
+    if (tuned && !tune)
+      decentrain::detail::fail("checkpoint: written by a Streaming DiLoCo that picked its own settings (H ",
+                               c.counter("comm.streaming_diloco.tune.inner_steps"), " when saved); resume it with tune set (--auto)");
+    tuned_state_ = tuned;
+    if (tuned) load_pick(c);
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
     if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
       load_flat(c, "comm.streaming_diloco.eager", eager_, n);
@@ -244,6 +309,12 @@ struct streaming_diloco {
     loaded_while_running_ = !parts_.empty() && !restored_.empty();
     if (!loaded_while_running_) return;
     using decentrain::detail::check;
+    // Tuned, the state's pick may not be the one this peer cut by (a joiner; a member whose exchange
+    // failed where the others went on to pick again): cut by the state's.
+    if (tune && (restored_.size() != parts_.size() || cut_inner_steps_ != inner_steps || codec_before != codec_at_)) {
+      for (auto& p : parts_) p.settle();
+      cut(cut_for(static_cast<std::int64_t>(restored_.size())), false);
+    }
     check(restored_.size() == parts_.size(), "streaming_diloco: the state taken has ", restored_.size(), " fragments, this policy has ",
           parts_.size());
     std::size_t values = 0;
@@ -257,7 +328,8 @@ struct streaming_diloco {
       p.exchange.failure = nullptr;
       check(restored_[f].lands_after < 0 || restored_[f].buffer.size() == p.size, "streaming_diloco: fragment ", f,
             "'s average in the state taken has ", restored_[f].buffer.size(), " values, the fragment ", p.size);
-      if (io::leaves_out_own_state(c)) {  // another peer's state: the codec keeps this peer's own (its unsent residual)
+      // Another peer's state: the codec keeps this peer's own (its unsent residual), where it is the same codec.
+      if (io::leaves_out_own_state(c) && codec_before == codec_at_) {
         restored_[f].codec = std::move(p.codec);
         load_codec(restored_[f].codec, c, decentrain::detail::concat("comm.streaming_diloco.fragment", f, ".codec."));
       }
@@ -270,6 +342,221 @@ struct streaming_diloco {
  private:
   using part = streaming_fragment<Codec, Aggregator>;
 
+  // The fragments from `ranges` (one a fragment), each its phase in the round, with the
+  // restored ones' state (restored_) or this policy's codec.
+  void cut(const std::vector<std::vector<detail::value_range>>& ranges, bool restored) {
+    using decentrain::detail::check;
+    cut_inner_steps_ = inner_steps;
+    parts_.clear();
+    parts_.reserve(ranges.size());  // never reallocated while an exchange runs
+    for (std::size_t f = 0; f < ranges.size(); ++f) {
+      auto& p = parts_.emplace_back();
+      p.ranges = ranges[f];
+      if (restored) p.take(std::move(restored_[f]));  // its codec's state too; the layout is set below, as diloco's
+      else p.codec = codec;
+      p.aggregator = aggregator;
+      compress::layout l;  // the codec sees the fragment's matrices, packed one after the other
+      for (const auto& r : p.ranges) {
+        for (const auto& m : whole_)
+          if (m.offset >= r.offset && m.offset < r.offset + r.size) l.push_back({p.size + (m.offset - r.offset), m.rows, m.cols});
+        p.size += r.size;
+      }
+      compress::set_layout(p.codec, l);
+      p.layout = std::move(l);
+      // Fragment f synchronises after the steps s with (s + 1) = (f + 1) H / P (mod H): the last
+      // one with DiLoCo's rounds, the others spread evenly before it.
+      p.phase = ((static_cast<std::int64_t>(f) + 1) * inner_steps / static_cast<std::int64_t>(ranges.size())) % inner_steps;
+      if (p.lands_after >= 0)
+        check(p.buffer.size() == p.size, "streaming_diloco: restored fragment ", f, "'s average has ", p.buffer.size(),
+              " values, the fragment ", p.size);
+    }
+  }
+  // Tuned: the cut into `count` fragments made at the start.
+  const std::vector<std::vector<detail::value_range>>& cut_for(std::int64_t count) const {
+    for (std::size_t k = 0; k < cuts_.size(); ++k)
+      if (tune->fragment_counts[k] == count && !cuts_[k].empty()) return cuts_[k];
+    decentrain::detail::fail("streaming_diloco: ", count, " fragments are not among tune's fragment counts that fit the model");
+  }
+  // Steps into the current round after `step` (1 after a round's first step; a multiple of H at
+  // its end).
+  std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
+
+  // The start's probe of the replicas' links.
+  template <class Ctx>
+  void probe(Ctx& ctx) {
+    link_ = probe_links(ctx.replicas, global_.size(), tune->probe_values).link;
+  }
+  // After the first step: the slowest replica's seconds for it (one 8-byte all-reduce), and the
+  // pick from them and the probe's links, the same on every replica; nothing where no compute
+  // was measured (the settings given hold).
+  template <class Ctx>
+  void first_pick(Ctx& ctx) {
+    pick_tried_ = true;
+    double s = ctx.step_compute_s / static_cast<double>(std::max<std::int64_t>(1, ctx.local_steps));
+    if (!std::isfinite(s) || s < 0) s = 0;  // (a clock's nonsense measures nothing)
+    ctx.replicas.all_reduce(std::span<double>(&s, 1), collective::reduce_op::max);
+    tuning_measure m = link_;
+    m.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
+    tuning_choice c;
+    if (m.step_s > 0) {
+      c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+      c.why = "start";
+    } else {  // (no compute clock: the settings given kept, a pick all the same, so a state says it was made)
+      c.inner_steps = inner_steps;
+      c.fragments = fragments;
+      c.overlap = overlap;
+      c.codec = codec_at_ == own_codec ? 0 : codec_at_;
+      c.codec_name = compress::describe(codec);
+      c.measured = m;
+      c.why = "start: no compute measured, the settings given kept";
+      if (!tune->codecs.empty()) c.codec = own_codec;  // (the policy's own codec, not one of tune's)
+    }
+    c.step = ctx.step;
+    calibrated_ = false;
+    apply(ctx, std::move(c), m);
+  }
+  // Sets the pick `c` (made from measures `m`, the same on every replica): what is in flight lands
+  // first (a fresh run's first pick has sent nothing yet, and keeps its round's start; any other
+  // starts a round after this step), then the fragments are cut again. A pick of the settings in
+  // use changes only the measures judged against.
+  template <class Ctx>
+  void apply(Ctx& ctx, tuning_choice c, const tuning_measure& m) {
+    const auto settings = decentrain::detail::concat(c.inner_steps, " inner steps, ", c.fragments, " fragments, overlap ",
+                                                     c.overlap, ", codec ", c.codec_name);
+    decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(settings)), "streaming_diloco: the replicas picked ",
+                              "different settings after step ", ctx.step, " (this one: ", settings, ")");
+    const std::size_t at = tune->codecs.empty() ? own_codec : c.codec;
+    if (!choices_.empty() && c.inner_steps == inner_steps && c.fragments == fragments && c.overlap == overlap && at == codec_at_) {
+      basis_ = recent_ = m;
+      round_ = {};
+      choices_.push_back(std::move(c));
+      return;
+    }
+    const bool fresh = merges_ == 0 && std::none_of(parts_.begin(), parts_.end(), [](const part& p) { return p.lands_after >= 0; });
+    if (!given_ && codec_at_ == own_codec) given_ = given_settings{inner_steps, fragments, overlap, codec};
+    for (auto& p : parts_)
+      if (p.lands_after >= 0) land(ctx, p, mix);
+    const bool started = std::any_of(parts_.begin(), parts_.end(), [](const part& p) { return p.momentum_started; });
+    inner_steps = c.inner_steps;
+    fragments = c.fragments;
+    overlap = c.overlap;
+    if (at != own_codec && at != codec_at_) codec = tune->codecs[at];
+    codec_at_ = at;
+    cut(cut_for(fragments), false);
+    for (auto& p : parts_) p.momentum_started = started;  // (the flat momentum holds its values)
+    round_from_ = fresh ? 0 : ctx.step + 1;
+    basis_ = recent_ = m;
+    round_ = {};
+    choices_.push_back(std::move(c));
+  }
+  // At a round's end (tuned, after the first pick): the measures agreed from the round before
+  // judged against the pick's (the first replacing the probe's model), picked again where they
+  // drifted; then this round's measures go to their agreement, in the background.
+  template <class Ctx>
+  void measure_round(Ctx& ctx) {
+    round_.compute_s += ctx.step_compute_s;
+    round_.steps += std::max<std::int64_t>(1, ctx.local_steps);
+    if (!ends_round_at(ctx.step)) return;
+    if (agreed_pending_) {
+      // (a failed agreement measures nothing: the group is changing, and the fault policy hears
+      // of it from the exchanges)
+      const bool ok = settle_agreement();
+      agreed_pending_ = false;
+      const double step_s = agreed_[0], ratio = agreed_[1];
+      if (ok && step_s > 0 && std::isfinite(step_s) && std::isfinite(ratio) && ratio >= 0) {
+        // (no exchange landed in that round: the link as the measures so far have it)
+        const double scale = ratio > 0 ? ratio : 1.0;
+        const tuning_measure& link = ratio > 0 ? basis_ : recent_;
+        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale};
+        // Until an exchange was measured, the rounds' figures replace the probe's and the first
+        // step's; after that they are smoothed.
+        const bool first = !calibrated_;
+        recent_ = calibrated_ ? tune->smoothed(recent_, now) : now;
+        calibrated_ = calibrated_ || ratio > 0;
+        std::size_t largest = 0;
+        for (const auto& p : parts_) largest = std::max(largest, p.size);
+        const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_bytes(codec, largest, ctx.replicas.world()));
+        if (off > tune->drift) {
+          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+          c.step = ctx.step;
+          c.why = decentrain::detail::concat(first ? "measured: " : "drift: ", what, " ", std::lround(100 * off), "% off");
+          const auto m = recent_;
+          return apply(ctx, std::move(c), m);  // (the next round's measures start afresh)
+        }
+      }
+    }
+    // This round's: the seconds per inner step and the exchanges' time over their prediction
+    // (the slowest replica's, as it holds the others up).
+    agreed_[0] = round_.steps > 0 ? round_.compute_s / static_cast<double>(round_.steps) : 0.0;
+    agreed_[1] = round_.ratio;
+    for (double& v : agreed_)
+      if (!std::isfinite(v) || v < 0) v = 0;
+    round_ = {};
+    agreement_settled_ = false;
+    agreeing_.handle = ctx.replicas.start([this](auto& comm) {
+      comm.all_reduce(std::span<double>(agreed_, 2), collective::reduce_op::max);
+    });
+    agreed_pending_ = true;
+  }
+  void forget_measures() {
+    (void)settle_agreement();
+    agreed_pending_ = false;
+    round_ = {};
+  }
+  // Waits for the measures' agreement; false where it failed (remembered until the next one).
+  bool settle_agreement() const {
+    if (agreement_settled_) return agreement_ok_;
+    agreement_settled_ = true;
+    try {
+      agreeing_.handle.wait();
+      agreement_ok_ = true;
+    } catch (...) {
+      agreement_ok_ = false;
+    }
+    return agreement_ok_;
+  }
+  // A tuned state's settings (before its fragments are read: they are cut by them).
+  void load_pick(const io::checkpoint& c) {
+    using decentrain::detail::check;
+    inner_steps = c.counter("comm.streaming_diloco.tune.inner_steps");
+    overlap = c.counter("comm.streaming_diloco.tune.overlap");
+    round_from_ = c.counter("comm.streaming_diloco.tune.round_from");
+    fragments = c.counter("comm.streaming_diloco.fragments");
+    const auto at = c.counter("comm.streaming_diloco.tune.codec");
+    const auto picks = static_cast<std::int64_t>(tune->codecs.size());
+    check(inner_steps >= 1 && overlap >= 0 && overlap < inner_steps && fragments >= 1 && round_from_ >= 0 && at >= -1 &&
+              at < std::max<std::int64_t>(picks, 1),
+          "checkpoint: streaming_diloco's tuned settings (H ", inner_steps, ", ", fragments, " fragments, overlap ", overlap,
+          ", round from step ", round_from_, ", codec ", at, " of ", picks, ") do not fit this policy's tune");
+    check(std::find(tune->fragment_counts.begin(), tune->fragment_counts.end(), fragments) != tune->fragment_counts.end(),
+          "checkpoint: streaming_diloco picked ", fragments, " fragments, which this policy's tune does not offer");
+    forget_measures();  // (this replica's own agreement in flight, if any: the state's replaces it)
+    basis_ = load_measure(c, "comm.streaming_diloco.tune.basis.");
+    recent_ = load_measure(c, "comm.streaming_diloco.tune.recent.");
+    calibrated_ = c.counters.contains("comm.streaming_diloco.tune.calibrated") && c.counter("comm.streaming_diloco.tune.calibrated") != 0;
+    const auto seconds = [&c](const char* key) { return load_exact(c, key, "a number").value_or(0.0); };
+    round_.compute_s = seconds("comm.streaming_diloco.tune.round_compute_s");
+    round_.ratio = seconds("comm.streaming_diloco.tune.round_ratio");
+    round_.steps = c.counters.contains("comm.streaming_diloco.tune.round_steps") ? c.counter("comm.streaming_diloco.tune.round_steps") : 0;
+    agreed_pending_ = c.counters.contains("comm.streaming_diloco.tune.agreed") && c.counter("comm.streaming_diloco.tune.agreed") != 0;
+    agreed_[0] = seconds("comm.streaming_diloco.tune.agreed_step_s");
+    agreed_[1] = seconds("comm.streaming_diloco.tune.agreed_ratio");
+    check(round_.steps >= 0 && std::isfinite(round_.compute_s) && std::isfinite(round_.ratio) && std::isfinite(agreed_[0]) &&
+              std::isfinite(agreed_[1]),
+          "checkpoint: streaming_diloco's tuned measures are not numbers");
+    if (at >= 0 && picks > 0) {
+      const auto saved = c.text.find("comm.streaming_diloco.tune.codec_name");
+      const auto& offered = tune->codecs[static_cast<std::size_t>(at)];
+      check(saved == c.text.end() || saved->second == compress::describe(offered), "checkpoint: streaming_diloco picked codec ",
+            at, ", '", saved == c.text.end() ? "" : saved->second, "', where this policy's tune has '", compress::describe(offered),
+            "' (its codecs must be the same, in the same order)");
+      if (static_cast<std::size_t>(at) != codec_at_) codec = offered;
+    }
+    codec_at_ = at < 0 ? own_codec : static_cast<std::size_t>(at);
+    if (choices_.empty()) choices_.resize(1, tuning_choice{});  // (the pick itself is not in the checkpoint)
+    pick_tried_ = true;
+  }
+
   // Starts fragment p's exchange of its pseudo-gradient (the outer parameters its round started
   // from, less the local ones), to be merged after step `lands_after`: on a lane thread when
   // `background`, else here, before returning.
@@ -281,8 +568,10 @@ struct streaming_diloco {
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
     auto exchange = [&p, weigh = weighted](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
+      const double t0 = comm.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
       p.bytes = comm.traffic().bytes_sent - before;
+      p.took_s = comm.endpoint().stats().clock_seconds - t0;
     };
     if (background) p.exchange.handle = ctx.replicas.start(exchange);
     else exchange(ctx.replicas);
@@ -324,6 +613,10 @@ struct streaming_diloco {
     }
     p.lands_after = -1;
     peak_bytes_ = std::max(peak_bytes_, p.bytes);
+    if (tune && !choices_.empty()) {  // (the last pick's model of the link predicted it)
+      const double predicted = basis_.fixed_s + basis_.per_byte_s * exchange_bytes(p.codec, p.size, ctx.replicas.world());
+      if (predicted > 0 && std::isfinite(p.took_s) && p.took_s >= 0) round_.ratio = std::max(round_.ratio, p.took_s / predicted);
+    }
     aggregation_.last = p.record.last;
     aggregation_.tally.add(p.record.last);
     const bool merge = keep >= 0;
@@ -343,6 +636,35 @@ struct streaming_diloco {
   std::vector<float> global_, momentum_, local_, stand_in_;
   std::vector<float> eager_, eager_momentum_;  // eager updates: this peer's outer parameters
   std::vector<part> parts_, restored_;
+  compress::layout whole_;  // the parameters'
+  // Tuned: each of tune's fragment counts' cut (empty where the model has too few layers) and
+  // its largest fragment's values; the probe's links; the round's first step under the pick;
+  // the codec's index in tune's (own_codec: the policy's own); the pick.
+  std::vector<std::vector<std::vector<detail::value_range>>> cuts_;
+  std::vector<std::size_t> largest_;
+  tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
+  bool calibrated_ = false;               // a round's measures have replaced the probe's model
+  struct round_measures {
+    double compute_s = 0, ratio = 0;  // compute, the slowest exchange landed over its prediction
+    std::int64_t steps = 0;
+  } round_;
+  // The last round's measures, agreed on a lane.
+  double agreed_[2] = {0, 0};
+  bool agreed_pending_ = false;
+  mutable typename part::in_flight agreeing_;
+  mutable bool agreement_settled_ = true, agreement_ok_ = true;
+  // The settings a first pick replaced (a later fresh start begins from them again).
+  struct given_settings {
+    std::int64_t inner_steps, fragments, overlap;
+    Codec codec;
+  };
+  std::optional<given_settings> given_;
+  std::int64_t cut_inner_steps_ = 0;  // the H the fragments' phases were cut by
+  std::int64_t round_from_ = 0;
+  static constexpr std::size_t own_codec = static_cast<std::size_t>(-1);
+  std::size_t codec_at_ = own_codec;
+  std::vector<tuning_choice> choices_;
+  bool pick_tried_ = false, tuned_state_ = false;
   bool loaded_while_running_ = false;  // load() took a state into parts_ (see start)
   std::int64_t merges_ = 0;
   std::uint64_t peak_bytes_ = 0;

@@ -50,16 +50,14 @@ struct value_range {
   std::size_t offset = 0, size = 0;
 };
 
-// Which parameters (by index) each of `count` fragments holds, as ranges of the flat buffer
-// (adjacent ranges merged). Fails when there are fewer layers than fragments.
+// The model's layers (see fragment_pattern) as runs of the flat parameter buffer, in order.
+struct layer_unit {
+  std::string layer;
+  std::size_t offset = 0, size = 0;
+};
 template <class Device>
-std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Device>& params, std::int64_t count,
-                                                      fragment_pattern pattern) {
-  struct unit {
-    std::string layer;
-    std::size_t offset = 0, size = 0;
-  };
-  std::vector<unit> units;
+std::vector<layer_unit> layer_units(const parameter_list<Device>& params) {
+  std::vector<layer_unit> units;
   std::size_t at = 0;
   for (const auto& e : params) {
     const auto n = static_cast<std::size_t>(e.param.value().numel());
@@ -69,6 +67,16 @@ std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Devic
     units.back().size += n;
     at += n;
   }
+  return units;
+}
+
+// Which parameters (by index) each of `count` fragments holds, as ranges of the flat buffer
+// (adjacent ranges merged). Fails when there are fewer layers than fragments.
+template <class Device>
+std::vector<std::vector<value_range>> fragment_ranges(const parameter_list<Device>& params, std::int64_t count,
+                                                      fragment_pattern pattern) {
+  const auto units = layer_units(params);
+  const std::size_t at = units.empty() ? 0 : units.back().offset + units.back().size;  // every value
   decentrain::detail::check(count >= 1 && static_cast<std::size_t>(count) <= units.size(), "streaming_diloco: ", count,
                             " fragments asked for, but the model has ", units.size(),
                             " layers to deal out (fragments must be in [1, layers])");
@@ -116,6 +124,7 @@ struct streaming_fragment {
   std::vector<float> previous_average, previous_own;
   bool eager_started = false;
   std::uint64_t bytes = 0;                  // what the last exchange sent
+  double took_s = 0;                        // and how long it took, on the clock of the thread that ran it
   // The exchange runs on a lane thread that owns codec, aggregator, record, buffer and bytes
   // until it is settled; save() settles it, hence mutable. A copy of the policy (the trainer
   // takes its policy by value, before start) has nothing in flight.
@@ -147,6 +156,7 @@ struct streaming_fragment {
     previous_average = std::move(restored.previous_average);
     previous_own = std::move(restored.previous_own);
     eager_started = restored.eager_started;
+    took_s = restored.took_s;
   }
 
   // out = from - local over the fragment's ranges, packed in their order.
@@ -179,7 +189,10 @@ struct streaming_fragment {
     c.counters[prefix + "lands_after"] = lands_after;
     weight.save(c, prefix);
     sent.save(c, prefix + "sent_");
-    if (lands_after >= 0) c.tensors[prefix + "average"] = flat_tensor(buffer, c);
+    if (lands_after >= 0) {
+      c.tensors[prefix + "average"] = flat_tensor(buffer, c);
+      save_exact(c, prefix + "took_s", took_s);  // (a tuned policy judges the exchange when it lands)
+    }
     if (eager) {
       c.counters[prefix + "eager_started"] = eager_started ? 1 : 0;
       c.tensors[prefix + "previous_average"] = flat_tensor(previous_average, c);
@@ -192,7 +205,10 @@ struct streaming_fragment {
     lands_after = c.counter(prefix + "lands_after");
     weight.load(c, prefix);
     sent.load(c, prefix + "sent_");
-    if (lands_after >= 0) buffer = c.tensor_at(prefix + "average").template to_vector<float>();
+    if (lands_after >= 0) {
+      buffer = c.tensor_at(prefix + "average").template to_vector<float>();
+      took_s = load_exact(c, prefix + "took_s", "a number of seconds").value_or(0.0);
+    }
     if (eager) {
       eager_started = c.counter(prefix + "eager_started") != 0;
       previous_average = c.tensor_at(prefix + "previous_average").template to_vector<float>();
