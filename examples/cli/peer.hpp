@@ -246,12 +246,14 @@ inline std::string describe_pick(const dt::comm::tuning_choice& c) {
   if (c.overlap > 0)
     std::snprintf(streaming, sizeof streaming, ", %lld fragment%s, overlap %lld", static_cast<long long>(c.fragments),
                   c.fragments == 1 ? "" : "s", static_cast<long long>(c.overlap));
-  char out[500];
+  char small[64] = "";  // (what a small f32 exchange by recursive doubling is priced from)
+  if (m.small_s > 0) std::snprintf(small, sizeof small, ", a small all-reduce %.3f s", m.small_s);
+  char out[560];
   std::snprintf(out, sizeof out,
-                "H = %lld%s, codec %s (exchange %.3f s predicted, %.1f%% busy) from: the slowest inner step %.4f s, an "
-                "exchange's fixed %.3f s + %.3g MB/s sent a peer",
+                "H = %lld%s, codec %s (exchange %.3f s predicted, %.1f%% busy) from: the slowest inner step %.4f s, a ring "
+                "exchange's fixed %.3f s + %.3g MB/s sent a peer%s",
                 static_cast<long long>(c.inner_steps), streaming, c.codec_name.c_str(), c.exchange_s, 100 * c.busy, m.step_s, m.fixed_s,
-                m.per_byte_s > 0 ? 1e-6 / m.per_byte_s : std::numeric_limits<double>::infinity());
+                m.per_byte_s > 0 ? 1e-6 / m.per_byte_s : std::numeric_limits<double>::infinity(), small);
   return out;
 }
 inline void print_pick(const dt::comm::tuning_choice& c) {
@@ -263,7 +265,7 @@ inline dt::train::json_line pick_line(int rank, const dt::comm::tuning_choice& c
   l.add("event", "auto").add("rank", rank).add("step", c.step).add("why", c.why).add("inner_steps", c.inner_steps)
       .add("codec", c.codec_name).add("exchange_s", c.exchange_s).add("busy", c.busy).add("step_s", c.measured.step_s)
       .add("fixed_s", c.measured.fixed_s).add("per_byte_s", c.measured.per_byte_s);
-  if (c.overlap > 0) l.add("fragments", c.fragments).add("overlap", c.overlap);
+  if (c.overlap > 0) l.add("fragments", c.fragments).add("overlap", c.overlap).add("small_s", c.measured.small_s);
   return l;
 }
 

@@ -24804,6 +24804,7 @@ struct ad_psgd {
 // came from (choices()), for the metrics and the summary.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -24821,6 +24822,9 @@ struct tuning_measure {
   double step_s = 0;      // the slowest replica's compute seconds per inner step
   double fixed_s = 0;     // a round's exchange cost that does not grow with its bytes (latencies)
   double per_byte_s = 0;  // seconds per byte a replica sends
+  // A small all-reduce's seconds (recursive doubling's latencies), where the exchange may take
+  // it (exchange_seconds); 0: every exchange priced as above.
+  double small_s = 0;
 };
 
 // One pick: the settings and what they were picked from.
@@ -24844,6 +24848,23 @@ double exchange_bytes(const Codec& codec, std::size_t values, int world) {
   const double payload = static_cast<double>(codec.max_encoded_bytes(values));
   const double w = world;
   return compress::is_dense(codec) ? 2.0 * (w - 1) / w * payload : (w - 1) * payload;
+}
+
+// The seconds an exchange of `values` values through `codec` among `world` replicas takes by
+// measures `m`: f32 (identity) payloads under `recursive_doubling_below` bytes go by recursive
+// doubling, as the communicator's automatic all-reduce sends them where m.small_s was measured:
+// its latencies and a payload a round (log2 of the largest power of two in the world, and two
+// more where the world is none); anything else as exchange_bytes prices it.
+template <class Codec>
+double exchange_seconds(const Codec& codec, std::size_t values, int world, const tuning_measure& m, std::size_t recursive_doubling_below) {
+  if (world <= 1) return 0;
+  const double payload = static_cast<double>(codec.max_encoded_bytes(values));
+  if (m.small_s > 0 && payload < static_cast<double>(recursive_doubling_below) && compress::describe(codec) == "identity") {
+    const auto p = std::bit_floor(static_cast<unsigned>(world));
+    const double rounds = std::bit_width(p) - 1 + (static_cast<int>(p) == world ? 0 : 2);
+    return m.small_s + m.per_byte_s * rounds * payload;
+  }
+  return m.fixed_s + m.per_byte_s * exchange_bytes(codec, values, world);
 }
 
 template <class Codec>
@@ -24933,7 +24954,7 @@ struct auto_tuning {
   // needs the fewest (where none keeps `busy` within the most allowed: the busiest at the most).
   // The same inputs give the same pick on every replica.
   tuning_choice choose_streaming(const tuning_measure& m, std::span<const std::size_t> largest, int world, const Codec& own,
-                                 std::int64_t run_steps = 0) const {
+                                 std::int64_t run_steps = 0, std::size_t recursive_doubling_below = 0) const {
     decentrain::detail::check(largest.size() == fragment_counts.size(), "auto_tuning: ", largest.size(),
                               " fragment sizes for ", fragment_counts.size(), " fragment counts");
     const std::size_t n = codecs.empty() ? 1 : codecs.size();
@@ -24973,7 +24994,7 @@ struct auto_tuning {
         pick.codec = i;
         pick.codec_name = compress::describe(c);
         pick.fragments = fragment_counts[k];
-        pick.exchange_s = world > 1 ? m.fixed_s + m.per_byte_s * exchange_bytes(c, largest[k], world) : 0.0;
+        pick.exchange_s = exchange_seconds(c, largest[k], world, m, recursive_doubling_below);
         pick.measured = m;
         const double steps = m.step_s > 0 ? std::ceil(pick.exchange_s / (busy * m.step_s)) : 0.0;
         const auto hide = static_cast<std::int64_t>(std::min(steps, 1e15));
@@ -25002,7 +25023,8 @@ struct auto_tuning {
   // `recent` moved toward a round's `now` by `smoothing`.
   tuning_measure smoothed(const tuning_measure& recent, const tuning_measure& now) const {
     const auto mix = [this](double a, double b) { return a + smoothing * (b - a); };
-    return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s)};
+    return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s),
+            mix(recent.small_s, now.small_s)};
   }
   // How far `now` is off `then`, relative, in the measure furthest off, and which: the compute,
   // or the link (the exchange of `bytes` a replica sends, as each predicts it, relative to at
@@ -25057,11 +25079,13 @@ inline void save_measure(io::checkpoint& c, const std::string& prefix, const tun
   save_exact(c, prefix + "step_s", m.step_s);
   save_exact(c, prefix + "fixed_s", m.fixed_s);
   save_exact(c, prefix + "per_byte_s", m.per_byte_s);
+  if (m.small_s > 0) save_exact(c, prefix + "small_s", m.small_s);
 }
 inline tuning_measure load_measure(const io::checkpoint& c, const std::string& prefix) {
   return {load_exact(c, prefix + "step_s", "a number of seconds").value_or(0.0),
           load_exact(c, prefix + "fixed_s", "a number of seconds").value_or(0.0),
-          load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0)};
+          load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "small_s", "a number of seconds").value_or(0.0)};
 }
 
 }  // namespace decentrain::comm
@@ -27260,6 +27284,9 @@ struct streaming_diloco {
       if (tune->fragment_counts[k] == count && !cuts_[k].empty()) return cuts_[k];
     decentrain::detail::fail("streaming_diloco: ", count, " fragments are not among tune's fragment counts that fit the model");
   }
+  // Where the communicator's automatic all-reduce turns from recursive doubling to the ring.
+  template <class Ctx>
+  static std::size_t rd_below(Ctx& ctx) { return ctx.replicas.settings().recursive_doubling_below_bytes; }
   // Steps into the current round after `step` (1 after a round's first step; a multiple of H at
   // its end).
   std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
@@ -27267,7 +27294,9 @@ struct streaming_diloco {
   // The start's probe of the replicas' links.
   template <class Ctx>
   void probe(Ctx& ctx) {
-    link_ = probe_links(ctx.replicas, global_.size(), tune->probe_values).link;
+    const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
+    link_ = probed.link;
+    link_.small_s = probed.small_s;  // (a small f32 fragment's exchange goes by recursive doubling)
   }
   // After the first step: the slowest replica's seconds for it (one 8-byte all-reduce), and the
   // pick from them and the probe's links, the same on every replica; nothing where no compute
@@ -27282,7 +27311,7 @@ struct streaming_diloco {
     m.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
     tuning_choice c;
     if (m.step_s > 0) {
-      c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+      c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
       c.why = "start";
     } else {  // (no compute clock: the settings given kept, a pick all the same, so a state says it was made)
       c.inner_steps = inner_steps;
@@ -27350,7 +27379,7 @@ struct streaming_diloco {
         // (no exchange landed in that round: the link as the measures so far have it)
         const double scale = ratio > 0 ? ratio : 1.0;
         const tuning_measure& link = ratio > 0 ? basis_ : recent_;
-        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale};
+        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale, link.small_s * scale};
         // Until an exchange was measured, the rounds' figures replace the probe's and the first
         // step's; after that they are smoothed.
         const bool first = !calibrated_;
@@ -27360,7 +27389,7 @@ struct streaming_diloco {
         for (const auto& p : parts_) largest = std::max(largest, p.size);
         const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_bytes(codec, largest, ctx.replicas.world()));
         if (off > tune->drift) {
-          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
           c.step = ctx.step;
           c.why = decentrain::detail::concat(first ? "measured: " : "drift: ", what, " ", std::lround(100 * off), "% off");
           const auto m = recent_;
@@ -27497,7 +27526,7 @@ struct streaming_diloco {
     p.lands_after = -1;
     peak_bytes_ = std::max(peak_bytes_, p.bytes);
     if (tune && !choices_.empty()) {  // (the last pick's model of the link predicted it)
-      const double predicted = basis_.fixed_s + basis_.per_byte_s * exchange_bytes(p.codec, p.size, ctx.replicas.world());
+      const double predicted = exchange_seconds(p.codec, p.size, ctx.replicas.world(), basis_, rd_below(ctx));
       if (predicted > 0 && std::isfinite(p.took_s) && p.took_s >= 0) round_.ratio = std::max(round_.ratio, p.took_s / predicted);
     }
     aggregation_.last = p.record.last;

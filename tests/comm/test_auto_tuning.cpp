@@ -411,7 +411,7 @@ TEST_CASE("auto_tuning: streaming's fragments and overlap that keep the compute 
   CHECK_THROWS_WITH(t.validate("streaming_diloco"), Catch::Matchers::Contains("tune.fragment_counts holds 0"));
 }
 
-TEST_CASE("streaming_diloco tune: peers agree on H, fragments, overlap and codec, and on the pick their measures bring") {
+TEST_CASE("streaming_diloco tune: peers agree on H, fragments, overlap and codec, priced as their exchange goes, and pick again for slowed links") {
   // The links on which DiLoCo's rounds need int8 (an f32 exchange ~10 s against 1 s a step):
   // Streaming DiLoCo keeps f32 and hides each exchange behind its overlap. (A deterministic
   // run's exchanges block its peers, so the busy share is measured in the next case.)
@@ -436,26 +436,23 @@ TEST_CASE("streaming_diloco tune: peers agree on H, fragments, overlap and codec
   REQUIRE(run.round_ends[0].size() >= 3);
   CHECK(run.round_ends[0][0] == h - 1);
   // This small model's f32 average goes by recursive doubling (2 payloads a peer, not a ring's
-  // 1.5): its exchanges take a third longer than the probe's ring predicts, and the first one
-  // measured says so. It lands in the second round; that round's measures, agreed in the
-  // background, are read at the third round's end, where the pick made from them hides the
-  // longer exchange.
-  REQUIRE(run.choices[0].size() == 2);
-  const auto& measured = run.choices[0][1];
-  CHECK(measured.why.rfind("measured: link", 0) == 0);
-  CHECK(measured.step == run.round_ends[0][2]);
-  CHECK(measured.measured.per_byte_s == Approx(pick.measured.per_byte_s * 4.0 / 3).epsilon(0.05));
-  CHECK(measured.overlap > pick.overlap);
-  CHECK(measured.inner_steps > pick.inner_steps);
-  CHECK(measured.busy >= 0.9);
-  REQUIRE(run.round_ends[0].size() >= 4);
-  CHECK(run.round_ends[0][3] == measured.step + measured.inner_steps);
+  // 1.5): the pick prices it so, from the probe's small all-reduce and its seconds per byte, and
+  // the exchanges measured stay within 30% of that: no other pick. (Priced as a ring, they took
+  // a third longer than predicted and brought a second pick.)
+  const dt::collective::any_codec f32;
+  const double ring = pick.measured.fixed_s + pick.measured.per_byte_s * dt::comm::exchange_bytes(f32, tiny_values(), 4);
+  CHECK(pick.exchange_s == Approx(dt::comm::exchange_seconds(f32, tiny_values(), 4, pick.measured, std::size_t{512} << 10)));
+  CHECK(pick.exchange_s > 1.2 * ring);
+  CHECK(run.choices[0].size() == 1);
+  CHECK(run.round_ends[0][1] == 2 * h - 1);
   // Links slowed 5x mid-run: picked again ("drift: link"), every peer alike.
   const auto slowed = run_tuned(tuned_stream(), 100, 60.0, 5.0, nullptr, -1, nullptr, same_speed);
   for (std::size_t r = 0; r < 4; ++r) CHECK(same_picks(slowed.choices[r], slowed.choices[0]));
-  REQUIRE(slowed.choices[0].size() >= 3);
-  CHECK(slowed.choices[0][2].why.rfind("drift: link", 0) == 0);
-  CHECK(slowed.choices[0][2].measured.per_byte_s > 2 * slowed.choices[0][1].measured.per_byte_s);
+  REQUIRE(slowed.choices[0].size() >= 2);
+  CHECK(slowed.choices[0][1].why.rfind("drift: link", 0) == 0);
+  CHECK(slowed.choices[0][1].measured.per_byte_s > 2 * slowed.choices[0][0].measured.per_byte_s);
+  // (f32 would need more than the preferred 40 inner steps now: a lossier codec)
+  CHECK(slowed.choices[0][1].codec_name != "identity");
   // DiLoCo's pick on the same links and peers: a lossier codec.
   const auto diloco = run_tuned(tuned(), 80, -1, 1, nullptr, -1, nullptr, same_speed);
   REQUIRE(!diloco.choices[0].empty());
@@ -516,10 +513,10 @@ TEST_CASE("streaming_diloco tune: a run stopped mid-round and resumed ends bit f
   const std::vector<double> same_speed{1, 1, 1, 1};
   const auto policy = tuned_stream();
   const auto whole = run_tuned(policy, 100, -1, 1, nullptr, -1, nullptr, same_speed);
-  REQUIRE(whole.choices[0].size() == 2);  // (as above: the start's, and the measured one)
-  const auto& pick = whole.choices[0][1];
-  // Mid-round, a round after the second pick: an exchange in flight, the last round's measures
-  // agreed in the background.
+  REQUIRE(whole.choices[0].size() == 1);
+  const auto& pick = whole.choices[0][0];
+  // Mid-round, a round after the pick: an exchange in flight, the last round's measures agreed
+  // in the background.
   const auto stop_at = pick.step + pick.inner_steps + pick.inner_steps / 2;
   REQUIRE(stop_at < 98);
   std::vector<dt::io::checkpoint> saved;

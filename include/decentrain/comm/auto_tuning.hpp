@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -40,6 +41,9 @@ struct tuning_measure {
   double step_s = 0;      // the slowest replica's compute seconds per inner step
   double fixed_s = 0;     // a round's exchange cost that does not grow with its bytes (latencies)
   double per_byte_s = 0;  // seconds per byte a replica sends
+  // A small all-reduce's seconds (recursive doubling's latencies), where the exchange may take
+  // it (exchange_seconds); 0: every exchange priced as above.
+  double small_s = 0;
 };
 
 // One pick: the settings and what they were picked from.
@@ -63,6 +67,23 @@ double exchange_bytes(const Codec& codec, std::size_t values, int world) {
   const double payload = static_cast<double>(codec.max_encoded_bytes(values));
   const double w = world;
   return compress::is_dense(codec) ? 2.0 * (w - 1) / w * payload : (w - 1) * payload;
+}
+
+// The seconds an exchange of `values` values through `codec` among `world` replicas takes by
+// measures `m`: f32 (identity) payloads under `recursive_doubling_below` bytes go by recursive
+// doubling, as the communicator's automatic all-reduce sends them where m.small_s was measured:
+// its latencies and a payload a round (log2 of the largest power of two in the world, and two
+// more where the world is none); anything else as exchange_bytes prices it.
+template <class Codec>
+double exchange_seconds(const Codec& codec, std::size_t values, int world, const tuning_measure& m, std::size_t recursive_doubling_below) {
+  if (world <= 1) return 0;
+  const double payload = static_cast<double>(codec.max_encoded_bytes(values));
+  if (m.small_s > 0 && payload < static_cast<double>(recursive_doubling_below) && compress::describe(codec) == "identity") {
+    const auto p = std::bit_floor(static_cast<unsigned>(world));
+    const double rounds = std::bit_width(p) - 1 + (static_cast<int>(p) == world ? 0 : 2);
+    return m.small_s + m.per_byte_s * rounds * payload;
+  }
+  return m.fixed_s + m.per_byte_s * exchange_bytes(codec, values, world);
 }
 
 template <class Codec>
@@ -152,7 +173,7 @@ struct auto_tuning {
   // needs the fewest (where none keeps `busy` within the most allowed: the busiest at the most).
   // The same inputs give the same pick on every replica.
   tuning_choice choose_streaming(const tuning_measure& m, std::span<const std::size_t> largest, int world, const Codec& own,
-                                 std::int64_t run_steps = 0) const {
+                                 std::int64_t run_steps = 0, std::size_t recursive_doubling_below = 0) const {
     decentrain::detail::check(largest.size() == fragment_counts.size(), "auto_tuning: ", largest.size(),
                               " fragment sizes for ", fragment_counts.size(), " fragment counts");
     const std::size_t n = codecs.empty() ? 1 : codecs.size();
@@ -192,7 +213,7 @@ struct auto_tuning {
         pick.codec = i;
         pick.codec_name = compress::describe(c);
         pick.fragments = fragment_counts[k];
-        pick.exchange_s = world > 1 ? m.fixed_s + m.per_byte_s * exchange_bytes(c, largest[k], world) : 0.0;
+        pick.exchange_s = exchange_seconds(c, largest[k], world, m, recursive_doubling_below);
         pick.measured = m;
         const double steps = m.step_s > 0 ? std::ceil(pick.exchange_s / (busy * m.step_s)) : 0.0;
         const auto hide = static_cast<std::int64_t>(std::min(steps, 1e15));
@@ -221,7 +242,8 @@ struct auto_tuning {
   // `recent` moved toward a round's `now` by `smoothing`.
   tuning_measure smoothed(const tuning_measure& recent, const tuning_measure& now) const {
     const auto mix = [this](double a, double b) { return a + smoothing * (b - a); };
-    return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s)};
+    return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s),
+            mix(recent.small_s, now.small_s)};
   }
   // How far `now` is off `then`, relative, in the measure furthest off, and which: the compute,
   // or the link (the exchange of `bytes` a replica sends, as each predicts it, relative to at
@@ -276,11 +298,13 @@ inline void save_measure(io::checkpoint& c, const std::string& prefix, const tun
   save_exact(c, prefix + "step_s", m.step_s);
   save_exact(c, prefix + "fixed_s", m.fixed_s);
   save_exact(c, prefix + "per_byte_s", m.per_byte_s);
+  if (m.small_s > 0) save_exact(c, prefix + "small_s", m.small_s);
 }
 inline tuning_measure load_measure(const io::checkpoint& c, const std::string& prefix) {
   return {load_exact(c, prefix + "step_s", "a number of seconds").value_or(0.0),
           load_exact(c, prefix + "fixed_s", "a number of seconds").value_or(0.0),
-          load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0)};
+          load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "small_s", "a number of seconds").value_or(0.0)};
 }
 
 }  // namespace decentrain::comm

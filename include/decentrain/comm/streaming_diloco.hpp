@@ -377,6 +377,9 @@ struct streaming_diloco {
       if (tune->fragment_counts[k] == count && !cuts_[k].empty()) return cuts_[k];
     decentrain::detail::fail("streaming_diloco: ", count, " fragments are not among tune's fragment counts that fit the model");
   }
+  // Where the communicator's automatic all-reduce turns from recursive doubling to the ring.
+  template <class Ctx>
+  static std::size_t rd_below(Ctx& ctx) { return ctx.replicas.settings().recursive_doubling_below_bytes; }
   // Steps into the current round after `step` (1 after a round's first step; a multiple of H at
   // its end).
   std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
@@ -384,7 +387,9 @@ struct streaming_diloco {
   // The start's probe of the replicas' links.
   template <class Ctx>
   void probe(Ctx& ctx) {
-    link_ = probe_links(ctx.replicas, global_.size(), tune->probe_values).link;
+    const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
+    link_ = probed.link;
+    link_.small_s = probed.small_s;  // (a small f32 fragment's exchange goes by recursive doubling)
   }
   // After the first step: the slowest replica's seconds for it (one 8-byte all-reduce), and the
   // pick from them and the probe's links, the same on every replica; nothing where no compute
@@ -399,7 +404,7 @@ struct streaming_diloco {
     m.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
     tuning_choice c;
     if (m.step_s > 0) {
-      c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+      c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
       c.why = "start";
     } else {  // (no compute clock: the settings given kept, a pick all the same, so a state says it was made)
       c.inner_steps = inner_steps;
@@ -467,7 +472,7 @@ struct streaming_diloco {
         // (no exchange landed in that round: the link as the measures so far have it)
         const double scale = ratio > 0 ? ratio : 1.0;
         const tuning_measure& link = ratio > 0 ? basis_ : recent_;
-        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale};
+        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale, link.small_s * scale};
         // Until an exchange was measured, the rounds' figures replace the probe's and the first
         // step's; after that they are smoothed.
         const bool first = !calibrated_;
@@ -477,7 +482,7 @@ struct streaming_diloco {
         for (const auto& p : parts_) largest = std::max(largest, p.size);
         const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_bytes(codec, largest, ctx.replicas.world()));
         if (off > tune->drift) {
-          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps);
+          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
           c.step = ctx.step;
           c.why = decentrain::detail::concat(first ? "measured: " : "drift: ", what, " ", std::lround(100 * off), "% off");
           const auto m = recent_;
@@ -614,7 +619,7 @@ struct streaming_diloco {
     p.lands_after = -1;
     peak_bytes_ = std::max(peak_bytes_, p.bytes);
     if (tune && !choices_.empty()) {  // (the last pick's model of the link predicted it)
-      const double predicted = basis_.fixed_s + basis_.per_byte_s * exchange_bytes(p.codec, p.size, ctx.replicas.world());
+      const double predicted = exchange_seconds(p.codec, p.size, ctx.replicas.world(), basis_, rd_below(ctx));
       if (predicted > 0 && std::isfinite(p.took_s) && p.took_s >= 0) round_.ratio = std::max(round_.ratio, p.took_s / predicted);
     }
     aggregation_.last = p.record.last;
