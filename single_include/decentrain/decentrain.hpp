@@ -26971,15 +26971,15 @@ struct streaming_diloco {
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
-  // Set: H, the fragments, the overlap and the codec are picked from measures so that each
-  // fragment's exchange hides behind the overlap's steps: first after step 0 (before any exchange;
-  // until then `inner_steps`, `fragments` and `overlap` hold) from the links probed at the start
-  // and the slowest replica's first step; then at rounds' ends from what the rounds measured (the
-  // slowest replica's seconds per inner step, its exchanges' times against the prediction; agreed
-  // by a 16-byte all-reduce in the background, read a round later): the first round measured
-  // replaces the probe's model (a ring's, where the exchange may take another algorithm), and
-  // the pick is made again where the measures are off by more than tune->drift (the exchanges
-  // in flight land first). Every replica the same; not with eager updates nor weighted.
+  // Set: H, the fragments, the overlap and the codec are picked from measures so that the
+  // compute stays busy behind the exchanges (auto_tuning::choose_streaming): first after step 0
+  // (before any exchange; until then `inner_steps`, `fragments` and `overlap` hold) from the links
+  // probed at the start and the slowest replica's first step; then at rounds' ends from what the
+  // rounds measured (the slowest replica's seconds per inner step, its exchanges' times against
+  // the prediction; agreed by a 16-byte all-reduce in the background, read a round later): the
+  // first round with an exchange measured replaces the probe's model, and the pick is made again
+  // where the measures are off by more than tune->drift (the exchanges in flight land first).
+  // Every replica the same; not with eager updates nor weighted.
   std::optional<auto_tuning<Codec>> tune{};
 
   template <class Ctx>
@@ -27130,7 +27130,7 @@ struct streaming_diloco {
   // the round's last step).
   // (Tuned, the rounds count from the pick's step on.)
   bool ends_round_at(std::int64_t step) const { return step + 1 >= round_from_ && into_round(step) % inner_steps == 0; }
-  // Tuned: the picks so far (one; a resumed run's is a placeholder with step -1).
+  // Tuned: the picks so far (a resumed run's earlier ones are one placeholder with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
 
   // Exchanges merged so far (one per fragment per round).
@@ -27299,8 +27299,8 @@ struct streaming_diloco {
     link_.small_s = probed.small_s;  // (a small f32 fragment's exchange goes by recursive doubling)
   }
   // After the first step: the slowest replica's seconds for it (one 8-byte all-reduce), and the
-  // pick from them and the probe's links, the same on every replica; nothing where no compute
-  // was measured (the settings given hold).
+  // pick from them and the probe's links, the same on every replica; where no compute was
+  // measured, the settings given, recorded as the pick.
   template <class Ctx>
   void first_pick(Ctx& ctx) {
     pick_tried_ = true;
@@ -27317,11 +27317,10 @@ struct streaming_diloco {
       c.inner_steps = inner_steps;
       c.fragments = fragments;
       c.overlap = overlap;
-      c.codec = codec_at_ == own_codec ? 0 : codec_at_;
+      c.codec = codec_at_;  // (the policy's own: none of tune's is picked yet)
       c.codec_name = compress::describe(codec);
       c.measured = m;
       c.why = "start: no compute measured, the settings given kept";
-      if (!tune->codecs.empty()) c.codec = own_codec;  // (the policy's own codec, not one of tune's)
     }
     c.step = ctx.step;
     calibrated_ = false;
