@@ -384,6 +384,12 @@ void declare_train(CLI::App& cmd) {
             "its pseudo-gradient weighs by its rows (with --speeds, or peers of\n"
             "different machines)")
       ->group(comm);
+  cli::flag(cmd, "deadline",
+            "diloco with --sized-to-speed: each round closes once half the peers are\n"
+            "in and the median + 3 MAD of recent arrival offsets has passed after the\n"
+            "first (at least 10% of the round's compute); later peers take the group's\n"
+            "average, drop their round and skip the steps the group took")
+      ->group(comm);
   cli::flag(cmd, "auto",
             "diloco: pick H and the codec from measures (the links probed at the\n"
             "start and timed at each exchange, the slowest peer's compute), the same on\n"
@@ -1627,6 +1633,11 @@ int cmd_train(const options& opt) {
   dt::detail::check(!sized_to_speed || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer),
                     "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco (without --overlap, --eager or "
                     "--outer-averaging moshpit)");
+  const bool deadline = opt.flag("deadline");
+  dt::detail::check(!deadline || (opt.flag("sized-to-speed") && !tuned && !opt.has("site") &&
+                                   (!opt.has("ring-order") || opt.text("ring-order") == "rank")),
+                    "--deadline closes DiLoCo's rounds sized to speed: it needs --comm diloco --sized-to-speed, and not ",
+                    "--auto, --ring-order or --site");
   const std::int64_t target_batch = opt.has("target-batch") ? opt.integer("target-batch") : 0;
   dt::detail::check(target_batch == 0 || comm == "sync", "--target-batch sizes synchronous steps: it needs --comm sync, not ",
                     comm, " (--sized-to-speed sizes DiLoCo's rounds)");
@@ -1786,6 +1797,7 @@ int cmd_train(const options& opt) {
         .add("activation_codec", p.parallel.pipe.codec.describe());
   if (outer) p.run.add("outer_lr", outer_lr).add("outer_momentum", outer_momentum);
   if (sized_to_speed) p.run.add("sized_to_speed", true);
+  if (deadline) p.run.add("deadline", true);
   if (tuned) p.run.add("auto", true);
   if (ring) p.run.add("ring_order", ring_order);
   if (target_batch > 0) p.run.add("target_batch", target_batch);
@@ -1804,6 +1816,7 @@ int cmd_train(const options& opt) {
          << ";activation_codec=" << p.parallel.codec().describe() << ";rebalance_every=" << p.parallel.pools.rebalance_every;
   if (outer) agreed << ";outer_lr=" << outer_lr << ";outer_momentum=" << outer_momentum;
   if (sized_to_speed) agreed << ";sized_to_speed=1";
+  if (deadline) agreed << ";deadline=1";
   if (tuned) agreed << ";auto=1";
   if (ring) agreed << ";ring=" << ring_order;
   if (target_batch > 0) agreed << ";target_batch=" << target_batch;
@@ -1910,6 +1923,7 @@ int cmd_train(const options& opt) {
   policy.sized_to_speed = sized_to_speed;
   policy.sync_inside_site = opt.flag("sync-inside-site");  // (each peer's site: cli::run_peer)
   policy.ring = ring;
+  if (deadline) policy.deadline.emplace();
   if (tuned) {
     policy.tune.emplace();
     add_tuned_codecs(opt, p, policy.tune->codecs);

@@ -13874,6 +13874,13 @@ class in_process {
       double from_s = 0, factor = 1;
     };
     std::vector<slowdown> slowdowns{};
+    // A straggler tail: each stretch of compute (an inner step's passes) runs `factor` times as
+    // long with `probability`, drawn from the seed, the rank and the stretch's number, so a
+    // deterministic run repeats it. Tests and benchmarks of rounds with deadlines.
+    struct straggling {
+      double probability = 0, factor = 10;
+    };
+    straggling straggle{};
   };
 
   class endpoint {
@@ -14024,8 +14031,19 @@ class in_process {
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
       clock_ += seconds / compute_speed();
+      if (seconds > 0) ++stretches_;
     }
-    double compute_speed() const { return net_->opts.speeds.empty() ? 1.0 : net_->opts.speeds[static_cast<std::size_t>(rank_)]; }
+    // The speed of the next stretch of compute (the rank's, slowed where the straggler tail
+    // draws it).
+    double compute_speed() const {
+      const double speed = net_->opts.speeds.empty() ? 1.0 : net_->opts.speeds[static_cast<std::size_t>(rank_)];
+      const auto& tail = net_->opts.straggle;
+      if (tail.probability <= 0) return speed;
+      const std::uint64_t draw = decentrain::detail::splitmix64(
+          net_->opts.seed ^ decentrain::detail::splitmix64(0x737472616767ull + static_cast<std::uint64_t>(rank_)) ^ (stretches_ * 0x9e3779b97f4a7c15ull));
+      const double u = static_cast<double>(draw >> 11) * 0x1.0p-53;
+      return u < tail.probability ? speed / tail.factor : speed;
+    }
 
     // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
     // Only a deterministic run starts peers once it runs (its churn schedule); otherwise an
@@ -14185,6 +14203,7 @@ class in_process {
     int rank_;
     std::uint64_t incarnation_ = 0;  // which process of this rank (the churn schedule starts it again)
     double clock_ = 0.0;
+    std::uint64_t stretches_ = 0;  // stretches of compute so far (the straggler tail's draws)
     std::shared_ptr<std::vector<link_schedule>> paths_;  // to each peer; shared with this peer's lanes
     std::shared_ptr<link_schedule> uplink_;               // its access link's; shared with its lanes
     std::vector<double> last_arrival_;
@@ -14380,6 +14399,10 @@ class in_process {
       for (std::size_t r = 0; r < opts.speeds.size(); ++r)
         check(opts.speeds[r] > 0 && std::isfinite(opts.speeds[r]), "in_process: the speed of rank ", r,
               " must be a number > 0, got ", opts.speeds[r]);
+      check(opts.straggle.probability >= 0 && opts.straggle.probability <= 1 && std::isfinite(opts.straggle.factor) &&
+                opts.straggle.factor >= 1,
+            "in_process: straggle needs a probability in [0, 1] and a factor >= 1, got ", opts.straggle.probability, " and ",
+            opts.straggle.factor);
       if (opts.deterministic) {
         auto& d = *opts.deterministic;
         check(d.step_seconds >= 0 && std::isfinite(d.step_seconds), "in_process: deterministic step_seconds must be >= 0, got ",
@@ -24042,18 +24065,25 @@ struct speed_sizing {
   template <class Ctx>
   void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left, std::span<double> also_max = {}) {
     decentrain::detail::check(also_max.size() <= 3, "speed_sizing: at most 3 values ride along, got ", also_max.size());
-    const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
-    std::array<double, 4> values{mine, 0, 0, 0};
+    std::array<double, 4> values{seconds_per_step(), 0, 0, 0};
     std::copy(also_max.begin(), also_max.end(), values.begin() + 1);
     ctx.replicas.all_reduce(std::span<double>(values.data(), 1 + also_max.size()), collective::reduce_op::max);
     std::copy_n(values.begin() + 1, also_max.size(), also_max.begin());
-    agreed = std::isfinite(values[0]);
-    slowest_s = agreed ? values[0] : mine;
+    next_round_from(values[0], inner_steps, steps_left);
+  }
+  // As next_round, with the slowest replica's seconds per inner step agreed otherwise (the
+  // leader of a round with a deadline hands it out).
+  void next_round_from(double slowest, std::int64_t inner_steps, std::int64_t steps_left) {
+    const double mine = seconds_per_step();
+    agreed = std::isfinite(slowest);
+    slowest_s = agreed ? slowest : mine;
     compute_s = 0;
     steps = 0;
     per_step_s = mine;
     set_round(inner_steps, steps_left);
   }
+  // This replica's seconds per inner step since the sizing (0: none taken).
+  double seconds_per_step() const { return steps > 0 ? compute_s / static_cast<double>(steps) : 0.0; }
   // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned
   // policy's new H), from the speeds agreed last.
   void set_round(std::int64_t inner_steps, std::int64_t steps_left) {
@@ -25326,6 +25356,7 @@ struct choco {
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 // ---- begin decentrain/comm/moshpit.hpp ----
@@ -25623,6 +25654,439 @@ class ring_ordering {
 
 }  // namespace decentrain::comm
 // ---- end decentrain/comm/ring_ordering.hpp ----
+// ---- begin decentrain/comm/round_deadline.hpp ----
+// Rounds that go on without their stragglers: a periodic average closes at a deadline the
+// replicas' own arrivals set (hivemind issue 676), not when the last replica comes.
+//
+// The round's leader takes each replica's arrival at the round's end and closes the round once a
+// quorum is in and the deadline has passed: the first arrival plus the median of recent arrival
+// offsets (each after its round's first arrival) plus k robust deviations (1.4826 times their
+// median absolute deviation, a normal's sigma), and never less than a share of the round's
+// planned compute. Until enough offsets were seen, and with every replica in, it closes at once.
+// The group message carries the members, the offsets the leader measured and the replicas'
+// speeds, so every replica keeps the same history, and names the next leader: the member with
+// the fewest seconds an inner step (its fine steps absorb a straggling one, so it comes on time
+// most often; a round waits for its leader, as hivemind's group leader). The replicas in average
+// among themselves; one that comes later takes the group's average from the leader, applies the
+// same outer step (every replica keeps the same global parameters and momentum), drops its own
+// round (counted) and skips the steps the group took meanwhile, so it reaches the next round's
+// end with the group instead of trailing it for good. `fixed_s` closes at a fixed time after the
+// first arrival instead: a fixed timeout, which bench/deadlines compares against.
+//
+// Offsets are on the leader's clock: the simulated arrival on simulated links; elsewhere, for an
+// arrival the leader finds waiting when it arrives itself, its own round's start plus the
+// replica's round length on the replica's clock (so clocks need not agree).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+struct round_deadline {
+  double k = 3;            // robust deviations past the median offset
+  double quorum = 0.5;     // of the replicas: the fewest a round closes with (rounded up; the leader one of them)
+  double min_wait = 0.1;   // of the round's planned compute: the least the deadline allows after the first arrival
+  std::size_t window = 64; // arrival offsets kept, the most recent
+  // Offsets seen before the deadline applies (0: two rounds' worth, 2 (replicas - 1)); until then
+  // a round waits for every replica.
+  std::size_t warmup = 0;
+  // Set: close this many seconds after the first arrival instead (a fixed timeout).
+  std::optional<double> fixed_s{};
+
+  void validate(const char* who) const {
+    decentrain::detail::check(std::isfinite(k) && k >= 0, who, ": deadline's k must be >= 0, got ", k);
+    decentrain::detail::check(quorum > 0 && quorum <= 1, who, ": deadline's quorum must be in (0, 1], got ", quorum);
+    decentrain::detail::check(std::isfinite(min_wait) && min_wait >= 0, who, ": deadline's min_wait must be >= 0, got ", min_wait);
+    decentrain::detail::check(window >= 1, who, ": deadline's window must keep at least 1 offset");
+    decentrain::detail::check(!fixed_s || (std::isfinite(*fixed_s) && *fixed_s >= 0), who,
+                              ": deadline's fixed_s must be a number of seconds >= 0, got ", fixed_s.value_or(0));
+  }
+  std::string describe() const {
+    if (fixed_s) return "deadline " + format_number(*fixed_s) + " s after the first arrival";
+    return "deadline median + " + format_number(k) + " MAD, quorum " + format_number(quorum);
+  }
+  // The fewest replicas of `n` a round closes with.
+  int quorum_of(int n) const { return std::clamp(static_cast<int>(std::ceil(quorum * n - 1e-9)), 1, n); }
+
+ private:
+  static std::string format_number(double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", v);
+    return text;
+  }
+};
+
+// What the leader saw of a round (seconds after the round's start on its clock: the end of the
+// previous round's exchange).
+struct deadline_round_record {
+  std::int64_t round = 0;
+  int replicas = 0, members = 0;
+  double first_s = 0, quorum_s = 0, close_s = 0;  // the first arrival, the quorum's last, the close
+  double deadline_s = 0;                          // the deadline after the first arrival (infinite: every replica waited for)
+};
+// One replica's arrival at a round's end, as the leader took it; `in`: it made the round.
+struct deadline_arrival {
+  std::int64_t round = 0;
+  int replica = -1;
+  double after_start_s = 0;
+  bool in = false;
+};
+
+// The protocol's state on one replica.
+class deadline_rounds {
+ public:
+  static constexpr std::size_t max_records = 1 << 16;  // (records kept, the most recent)
+
+  // The group of a round, as its leader closed it.
+  struct closing {
+    std::vector<int> members;  // ascending
+    double slowest_s = 0;      // the slowest replica's seconds per inner step, for the next round's sizing
+    int leader = 0;            // the replica that closed it
+    bool in() const { return in_; }
+    bool in_ = false;
+  };
+
+  deadline_rounds() = default;
+  deadline_rounds(const deadline_rounds&) {}  // (a copy makes its own groups and starts unmeasured)
+  deadline_rounds& operator=(const deadline_rounds& o) {
+    if (this != &o) forget_view();
+    return *this;
+  }
+
+  // The round's start on this replica's clock (the leader's records count from it).
+  template <class Comm>
+  void started(Comm& replicas) {
+    previous_first_after_start_ = first_after_start_;
+    start_ = now_s(replicas.endpoint());
+  }
+
+  // At round `round`'s end, with this replica's seconds per inner step this round, the round's
+  // planned compute seconds and the size of an average: the group the leader closed. On the
+  // leader it waits for the arrivals and sends the group to every other replica; on the others
+  // it sends the arrival and waits for the group.
+  template <class Comm>
+  closing close(const round_deadline& d, Comm& replicas, std::int64_t round, double per_step_s, double planned_s,
+                std::size_t average_bytes) {
+    const int n = replicas.world();
+    if (static_cast<int>(speeds_.size()) != n) speeds_.assign(static_cast<std::size_t>(n), 0.0);
+    speeds_[static_cast<std::size_t>(replicas.rank())] = per_step_s;
+    auto& ep = replicas.endpoint();
+    transport::allow(ep, result_tag, average_bytes);  // (a transport that bounds what it queues takes an average unasked)
+    if (replicas.rank() != leader_) {
+      // (the round's length on this replica's clock: where the leader cannot time the arrival
+      // itself, it is its own round's start plus that)
+      const double arrived[3] = {static_cast<double>(round), per_step_s, now_s(ep) - start_};
+      ep.send(leader_, arrival_tag, std::as_bytes(std::span<const double>(arrived)));
+      return take_group(d, ep.recv(leader_, group_tag), n, round, replicas.rank());
+    }
+    return lead(d, replicas, round, planned_s);
+  }
+  // The leader, after the members' average: the average to every replica that missed the round.
+  template <class Comm>
+  void send_result(Comm& replicas, const closing& c, std::span<const float> average) {
+    if (replicas.rank() != c.leader) return;
+    for (int r = 0; r < replicas.world(); ++r)
+      if (!std::binary_search(c.members.begin(), c.members.end(), r))
+        replicas.endpoint().send(r, result_tag, std::as_bytes(average));
+  }
+  // A replica that missed the round: the group's average.
+  template <class Comm>
+  void take_result(Comm& replicas, const closing& c, std::span<float> average) {
+    const auto m = replicas.endpoint().recv(c.leader, result_tag);
+    decentrain::detail::check(m.size() == average.size_bytes(), "diloco: the round's leader sent an average of ", m.size(),
+                              " bytes, where the model's is ", average.size_bytes());
+    std::memcpy(average.data(), m.data(), m.size());
+    ++missed_;
+  }
+  // A replica that missed a round: the next group if the leader closed it already.
+  template <class Comm>
+  std::optional<closing> next_closed(const round_deadline& d, Comm& replicas, std::int64_t round) {
+    auto m = replicas.endpoint().try_recv(leader_, group_tag);
+    if (!m) return std::nullopt;
+    return take_group(d, *m, replicas.world(), round, replicas.rank());
+  }
+
+  void forget_groups() {
+    groups_.clear();
+    world_ = rank_ = -1;
+  }
+  // The members' group communicator (cached per set; the whole group is `replicas` itself).
+  template <class Comm>
+  collective::communicator<transport::any_endpoint>* members_group(Comm& replicas, const std::vector<int>& members) {
+    if (static_cast<int>(members.size()) == replicas.world()) return nullptr;
+    if (replicas.world() != world_ || replicas.rank() != rank_) forget_groups();
+    world_ = replicas.world();
+    rank_ = replicas.rank();
+    auto it = groups_.find(members);
+    if (it == groups_.end()) it = groups_.emplace(members, replicas.group(members)).first;
+    return &it->second;
+  }
+  // A re-formed view: its replicas are other peers (the first of them leads the next round).
+  void forget_view() {
+    forget_groups();
+    speeds_.clear();
+    leader_ = 0;
+  }
+
+  // The deadline after a round's first arrival (infinite until enough was seen).
+  double deadline_s(const round_deadline& d, int n, double planned_s) const {
+    if (d.fixed_s) return *d.fixed_s;
+    const std::size_t need = std::max<std::size_t>(1, d.warmup ? d.warmup : 2 * static_cast<std::size_t>(std::max(0, n - 1)));
+    if (offsets_.size() < need) return std::numeric_limits<double>::infinity();
+    std::vector<double> v(offsets_.begin(), offsets_.end());
+    const double median = median_of(v);
+    for (double& x : v) x = std::abs(x - median);
+    const double mad = median_of(v);
+    return std::max(d.min_wait * std::max(0.0, planned_s), median + d.k * 1.4826 * mad);
+  }
+
+  const std::vector<deadline_round_record>& rounds() const { return rounds_; }
+  const std::vector<deadline_arrival>& arrivals() const { return arrivals_; }
+  std::int64_t missed() const { return missed_; }  // rounds this replica missed
+  std::int64_t dropped() const { return dropped_; }  // replicas' rounds the leader closed without
+
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    std::string text;
+    for (double o : offsets_) {
+      char one[32];
+      std::snprintf(one, sizeof one, "%.17g ", o);
+      text += one;
+    }
+    c.text[prefix + "deadline.offsets"] = text;
+    c.counters[prefix + "deadline.missed"] = missed_;
+    c.counters[prefix + "deadline.dropped"] = dropped_;
+    c.counters[prefix + "deadline.leader"] = leader_;
+  }
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    offsets_.clear();
+    missed_ = dropped_ = 0;
+    leader_ = 0;
+    const auto it = c.text.find(prefix + "deadline.offsets");
+    if (it == c.text.end()) return;
+    const char* p = it->second.c_str();
+    while (*p) {
+      char* end = nullptr;
+      const double v = std::strtod(p, &end);
+      decentrain::detail::check(end != p && std::isfinite(v) && v >= 0, "checkpoint: '", prefix,
+                                "deadline.offsets' holds something other than seconds >= 0");
+      offsets_.push_back(v);
+      p = end;
+      while (*p == ' ') ++p;
+    }
+    missed_ = c.counter(prefix + "deadline.missed");
+    dropped_ = c.counter(prefix + "deadline.dropped");
+    const auto leader = c.counters.find(prefix + "deadline.leader");
+    leader_ = leader == c.counters.end() ? 0 : static_cast<int>(leader->second);
+    decentrain::detail::check(leader_ >= 0, "checkpoint: '", prefix, "deadline.leader' is ", leader_);
+  }
+
+ private:
+  static constexpr transport::tag_type channel = transport::tag_type{0x646c6e31u} << 32;  // "dln1"
+  static constexpr transport::tag_type arrival_tag = channel | 1, group_tag = channel | 2, result_tag = channel | 3;
+
+  template <class E>
+  static double now_s(E& ep) {
+    return std::chrono::duration<double>(transport::now(ep).time_since_epoch()).count();
+  }
+  static double median_of(std::vector<double>& v) {
+    const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+    std::nth_element(v.begin(), mid, v.end());
+    if (v.size() % 2) return *mid;
+    return (*mid + *std::max_element(v.begin(), mid)) / 2;
+  }
+
+  // A group message: [round, slowest s, members, next leader, the first arrival after the round's
+  // start (on the leader's clock), then for each replica: in (0/1),
+  // its offset after the round's first arrival (members), its offset in the round before (one that
+  // came late to it, as the leader took it now; else -1)]. Every replica keeps the offsets in the
+  // same order, so whichever leads next sets the same deadline.
+  static constexpr std::size_t header = 5, stride = 4;  // (a replica's fields: in, offset, late, speed)
+  static std::size_t group_size(int n) { return header + stride * static_cast<std::size_t>(n); }
+  static std::size_t field(std::size_t replica, std::size_t f) { return header + stride * replica + f; }
+
+  closing take_group(const round_deadline& d, const transport::bytes& m, int n, std::int64_t round, int me) {
+    const std::size_t want = group_size(n) * sizeof(double);
+    decentrain::detail::check(m.size() == want, "diloco: the round's leader sent a group of ", m.size(), " bytes, where ", n,
+                              " replicas make ", want);
+    std::vector<double> v(group_size(n));
+    std::memcpy(v.data(), m.data(), m.size());
+    decentrain::detail::check(v[0] == static_cast<double>(round), "diloco: the round's leader closed round ", v[0],
+                              " where this replica ended round ", round);
+    closing c;
+    c.slowest_s = v[1];
+    c.leader = leader_;
+    const auto in = [&](int r) { return v[field(static_cast<std::size_t>(r), 0)]; };
+    for (int r = 0; r < n; ++r)
+      if (in(r) != 0) c.members.push_back(r);
+    const double next = v[3];
+    const auto member = [&](int r) { return std::binary_search(c.members.begin(), c.members.end(), r); };
+    decentrain::detail::check(static_cast<double>(c.members.size()) == v[2] && member(leader_) && next >= 0 && next < n &&
+                                  next == std::floor(next) && member(static_cast<int>(next)) && std::isfinite(c.slowest_s) &&
+                                  c.slowest_s >= 0,
+                              "diloco: the round's leader sent a malformed group");
+    apply_group(d, v, n);
+    leader_ = static_cast<int>(next);
+    first_after_start_ = std::isfinite(v[4]) ? std::max(0.0, v[4]) : 0.0;
+    c.in_ = member(me);
+    return c;
+  }
+  // What every replica keeps of a group: the offsets (in one order everywhere) and the speeds.
+  void apply_group(const round_deadline& d, const std::vector<double>& v, int n) {
+    speeds_.assign(static_cast<std::size_t>(n), 0.0);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+      const double s = v[field(r, 3)];
+      speeds_[r] = std::isfinite(s) && s >= 0 ? s : 0.0;
+    }
+    for (int r = 0; r < n; ++r) {
+      const double late = v[field(static_cast<std::size_t>(r), 2)];
+      if (late >= 0 && std::isfinite(late)) remember(late, d.window);
+    }
+    for (int r = 0; r < n; ++r) {
+      const double offset = v[field(static_cast<std::size_t>(r), 1)];
+      if (v[field(static_cast<std::size_t>(r), 0)] != 0 && offset >= 0 && std::isfinite(offset)) remember(offset, d.window);
+    }
+  }
+
+  template <class Comm>
+  closing lead(const round_deadline& d, Comm& replicas, std::int64_t round, double planned_s) {
+    auto& ep = replicas.endpoint();
+    const int n = replicas.world(), me = replicas.rank();
+    const double arrived_at = now_s(ep);
+    std::vector<double> at(static_cast<std::size_t>(n), std::numeric_limits<double>::quiet_NaN());
+    std::vector<double> late(static_cast<std::size_t>(n), -1.0);
+    at[static_cast<std::size_t>(me)] = arrived_at;
+    first_ = arrived_at;
+    std::vector<int> pending;
+    for (int r = 0; r < n; ++r)
+      if (r != me) pending.push_back(r);
+    const int quorum = d.quorum_of(n);
+    const double deadline = deadline_s(d, n, planned_s);
+    int in = 1;
+    // An arrival taken (`exact`: when it arrived on this clock, where the transport knows it):
+    // this round's, or one of an earlier round the group closed without it.
+    auto take = [&](int source, const transport::bytes& m, double exact) {
+      decentrain::detail::check(m.size() == 3 * sizeof(double), "diloco: replica ", source, " sent an arrival of ", m.size(),
+                                " bytes, where one is ", 3 * sizeof(double));
+      double v[3];
+      std::memcpy(v, m.data(), sizeof v);
+      decentrain::detail::check(v[0] >= 0 && v[0] <= static_cast<double>(round) && v[0] == std::floor(v[0]), "diloco: replica ",
+                                source, " came to round ", v[0], " where the group is at round ", round);
+      decentrain::detail::check(std::isfinite(v[2]) && v[2] >= 0, "diloco: replica ", source, " sent a round of ", v[2],
+                                " seconds");
+      if (std::isfinite(v[1]) && v[1] >= 0) speeds_[static_cast<std::size_t>(source)] = v[1];
+      const double when = std::isfinite(exact) ? exact : std::min(now_s(ep), start_ + v[2]);
+      if (v[0] == static_cast<double>(round)) {
+        at[static_cast<std::size_t>(source)] = when;
+        first_ = std::min(first_, when);
+        pending.erase(std::find(pending.begin(), pending.end(), source));
+        ++in;
+      } else if (v[0] == static_cast<double>(round - 1)) {  // late for the round before (its own round's length)
+        late[static_cast<std::size_t>(source)] = std::max(0.0, v[2] - previous_first_after_start_);
+        record_arrival({round - 1, source, v[2], false});
+      }
+    };
+    while (!pending.empty()) {
+      if (in >= quorum && std::isfinite(deadline)) {
+        const double close_at = first_ + deadline;
+        bool took = false;
+        for (const int r : std::vector<int>(pending))
+          if (auto m = ep.try_recv(r, arrival_tag)) {
+            take(r, *m, std::numeric_limits<double>::quiet_NaN());
+            took = true;
+          }
+        if (took) continue;
+        const double t = now_s(ep);
+        if (t >= close_at) break;
+        const double step = std::max(0.001, std::min(close_at - t, deadline / 50));
+        transport::pause(ep, std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(step * 1000))));
+      } else {
+        auto m = ep.recv_any(std::span<const int>(pending), arrival_tag);
+        // (the simulated arrival, on this clock, where the transport knows it)
+        const double lag = ep.stats().clock_seconds - m.arrival_s;
+        take(m.source, m.data, std::isfinite(lag) ? now_s(ep) - std::max(0.0, lag) : lag);
+      }
+    }
+    // The quorum's last arrival: the fastest quorum's time.
+    std::vector<double> times;
+    for (double a : at)
+      if (!std::isnan(a)) times.push_back(a);
+    std::sort(times.begin(), times.end());
+    const double quorum_at = times[static_cast<std::size_t>(std::min<int>(quorum, static_cast<int>(times.size())) - 1)];
+    closing c;
+    c.in_ = true;
+    c.leader = me;
+    std::vector<double> group(group_size(n), 0.0);
+    group[0] = static_cast<double>(round);
+    double slowest = 0;
+    for (double s : speeds_) slowest = std::max(slowest, s);
+    c.slowest_s = group[1] = slowest;
+    // The next round's leader: the member with the fewest seconds an inner step, whose fine steps
+    // absorb a straggling one (the sizing fills its round to the deadline), so it comes on time
+    // most often.
+    int next = me;
+    for (int r = 0; r < n; ++r) {
+      const auto k = static_cast<std::size_t>(r);
+      group[field(k, 2)] = late[k];
+      group[field(k, 3)] = speeds_[k];
+      const double a = at[k];
+      if (std::isnan(a)) {
+        ++dropped_;
+        continue;
+      }
+      c.members.push_back(r);
+      group[field(k, 0)] = 1;
+      group[field(k, 1)] = a - first_;
+      record_arrival({round, r, a - start_, true});
+      const double s = speeds_[k], best = speeds_[static_cast<std::size_t>(next)];
+      if (s > 0 && (!(best > 0) || s < best)) next = r;
+    }
+    group[2] = static_cast<double>(c.members.size());
+    group[3] = next;
+    group[4] = first_after_start_ = first_ - start_;
+    apply_group(d, group, n);
+    leader_ = next;
+    for (int r = 0; r < n; ++r)
+      if (r != me) ep.send(r, group_tag, std::as_bytes(std::span<const double>(group)));
+    if (rounds_.size() >= max_records) rounds_.erase(rounds_.begin());
+    rounds_.push_back({round, n, static_cast<int>(c.members.size()), first_ - start_, quorum_at - start_, now_s(ep) - start_,
+                       deadline});
+    return c;
+  }
+  void remember(double offset, std::size_t window) {
+    offsets_.push_back(std::max(0.0, offset));
+    while (offsets_.size() > window) offsets_.pop_front();
+  }
+  void record_arrival(const deadline_arrival& a) {
+    if (arrivals_.size() >= max_records) arrivals_.erase(arrivals_.begin());
+    arrivals_.push_back(a);
+  }
+
+  std::deque<double> offsets_;
+  std::vector<double> speeds_;  // each replica's seconds per inner step as it last said
+  int leader_ = 0;  // this round's
+  double start_ = 0, first_ = 0;  // this round's start and (leading) first arrival, on this clock
+  // The first arrival of the round (the one before), after its start on the leader's clock
+  double first_after_start_ = 0, previous_first_after_start_ = 0;
+  std::vector<deadline_round_record> rounds_;
+  std::vector<deadline_arrival> arrivals_;
+  std::int64_t missed_ = 0, dropped_ = 0;
+  std::map<std::vector<int>, collective::communicator<transport::any_endpoint>> groups_;
+  int world_ = -1, rank_ = -1;
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/round_deadline.hpp ----
 // ---- begin decentrain/comm/site_averaging.hpp ----
 // Averaging over sites for a communication policy (diloco's and sync_allreduce's `site`): the
 // two-level all-reduce (collective/two_level_all_reduce.hpp) of what the policy averages, with
@@ -25802,6 +26266,12 @@ struct diloco {
   // with tune after each pick that the links' drift brought.
   // Every replica the same; not with `site` or `moshpit` (they are no ring of every replica).
   std::optional<measured_ring> ring{};
+  // Set: a round closes at a deadline its replicas' arrivals set, once a quorum is in, and goes
+  // on without the replicas that come later (comm/round_deadline.hpp): they take the group's
+  // average from the round's leader and skip the steps the group took meanwhile. Needs
+  // sized_to_speed (the leader hands out the slowest replica's speed); not with tune, moshpit, a
+  // site or ring. Every replica the same.
+  std::optional<round_deadline> deadline{};
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
   static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
@@ -25814,6 +26284,12 @@ struct diloco {
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
+    if (deadline) {
+      deadline->validate("diloco");
+      decentrain::detail::check(sized_to_speed && !tune && !moshpit && site.empty() && !ring, "diloco: a deadline ",
+                                "needs sized_to_speed, and not tune, moshpit, a site or ring (the leader of each round ",
+                                "sizes the next from the speeds the replicas bring)");
+    }
     if (ring) {
       ring->validate("diloco");
       decentrain::detail::check(site.empty() && !moshpit, "diloco: ring orders the all-reduce of every replica, and with ",
@@ -25830,12 +26306,15 @@ struct diloco {
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
                       (sync_inside_site ? std::string(", synchronous inside each") : std::string()) +
-                      (ring ? ", " + ring->describe() : std::string()));
+                      (ring ? ", " + ring->describe() : std::string()) +
+                      (deadline ? ", " + deadline->describe() : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (tune) {  // the codecs it may pick, priced (and picked) with the parameters' shapes
       layout_ = layout_of(ctx.parameters);
       for (auto& c : tune->codecs) compress::set_layout(c, layout_);
     }
+    deadlines_.started(ctx.replicas);
+    skip_ = 0;
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -25905,6 +26384,8 @@ struct diloco {
       const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
       sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(delta_), sync_inside_site);
       exchange_s = ctx.replicas.endpoint().stats().clock_seconds - t0;
+    } else if (deadline) {
+      return end_round_by_deadline(ctx);
     } else if (moshpit) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
@@ -25944,7 +26425,13 @@ struct diloco {
   void drop_in_flight() {
     averager_.forget();
     sites_.forget();
+    deadlines_.forget_view();
   }
+  // With a deadline: the steps this replica skips after a round the group closed without it
+  // (the trainer asks after each step; then 0 until the next).
+  std::int64_t catch_up() { return std::exchange(skip_, 0); }
+  // With a deadline: the rounds as the leader closed them, the arrivals, the rounds missed.
+  const deadline_rounds& deadlines() const { return deadlines_; }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
@@ -25957,6 +26444,7 @@ struct diloco {
     save_codec(codec, c, "comm.diloco.codec.");
     sites_.save(c, "comm.diloco.");
     weight_.save(c, "comm.diloco.");
+    if (deadline) deadlines_.save(c, "comm.diloco.");
     if (sizes()) speed_.save(c, "comm.diloco.");
     if (tune) {
       c.counters["comm.diloco.tune.inner_steps"] = inner_steps;
@@ -26014,6 +26502,7 @@ struct diloco {
     sites_.load(c, "comm.diloco.");
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
+    deadlines_.load(c, "comm.diloco.");
     speed_ = {};
     if (sizes()) speed_.load(c, "comm.diloco.");
   }
@@ -26091,8 +26580,54 @@ struct diloco {
     }
   }
 
+  // A round's end with a deadline: the group the leader closed averages; a replica that came
+  // too late takes the average (and any later round's the leader closed meanwhile) and skips ahead.
+  template <class Ctx>
+  void end_round_by_deadline(Ctx& ctx) {
+    const double overrun = speed_.compute_s - speed_.deadline_s;  // compute past the round's plan
+    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, speed_.seconds_per_step(), speed_.deadline_s,
+                                        delta_.size() * sizeof(float));
+    std::int64_t behind = 0;  // whole rounds the group closed without this replica
+    if (group.in()) {
+      std::optional<double> w = weight_if(weighs(), weight_.sum);
+      if (auto* g = deadlines_.members_group(ctx.replicas, group.members))
+        collective::encoded_all_reduce(codec, *g, std::span<float>(delta_), true, aggregator, aggregation_, w);
+      else
+        collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, w);
+      deadlines_.send_result(ctx.replicas, group, std::span<const float>(delta_));
+    } else {
+      deadlines_.take_result(ctx.replicas, group, std::span<float>(delta_));
+    }
+    double slowest = group.slowest_s;
+    const bool missed = !group.in();
+    for (;;) {
+      outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
+      momentum_started_ = true;
+      ++rounds_;
+      if (!missed || ctx.last_step) break;
+      auto later = deadlines_.next_closed(*deadline, ctx.replicas, rounds_);
+      if (!later) break;
+      deadlines_.take_result(ctx.replicas, *later, std::span<float>(delta_));
+      slowest = later->slowest_s;
+      ++behind;
+    }
+    // The steps the group took since: this replica's compute past the plan, in the slowest
+    // replica's inner steps (the group's pace), less the whole rounds taken above; within the
+    // next round, whose deadline then covers the steps left.
+    std::int64_t within = 0;
+    if (missed && slowest > 0 && overrun > 0)
+      within = std::clamp<std::int64_t>(static_cast<std::int64_t>(overrun / slowest) - behind * inner_steps, 0, inner_steps - 1);
+    skip_ = missed && !ctx.last_step ? behind * inner_steps + within : 0;
+    speed_.next_round_from(slowest, inner_steps, inner_steps - within);
+    scatter_values(ctx.parameters, global_);
+    weight_.sum = 0;
+    deadlines_.started(ctx.replicas);
+  }
+
   round_weight weight_;
   speed_sizing speed_;
+  deadline_rounds deadlines_;  // with a deadline
+  std::int64_t skip_ = 0;      // steps to skip, for the trainer's catch_up()
   // Tuned: the step the round started at, the codec's index in tune->codecs, the measures and
   // the picks.
   std::int64_t round_from_ = 0;
@@ -33148,6 +33683,9 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them;
+//                                                        std::int64_t catch_up(), the steps this peer skips
+//                                                        after the step just taken (a round its group closed
+//                                                        without it: diloco's deadline);
 //                                                        std::int64_t local_steps(std::int64_t step) const,
 //                                                        the inner steps this peer takes in `step` (work
 //                                                        sized to speed: diloco's sized_to_speed), each on
@@ -33372,6 +33910,10 @@ constexpr bool check_comm_policy() {
       static_assert(requires(const P& p, std::int64_t step) { { p.local_steps(step) } -> std::convertible_to<std::int64_t>; },
                     "comm policy: local_steps must read `std::int64_t local_steps(std::int64_t step) const` (the inner "
                     "steps this peer takes in `step`, at least 1)");
+    if constexpr (requires { &P::catch_up; })
+      static_assert(requires(P& p) { { p.catch_up() } -> std::convertible_to<std::int64_t>; },
+                    "comm policy: catch_up must read `std::int64_t catch_up()` (the steps this peer skips after "
+                    "the step just taken, to catch up with its group; then 0 until the next)");
     if constexpr (requires { &P::accumulates; })
       static_assert(requires(const P& p) { { p.accumulates() } -> std::convertible_to<bool>; },
                     "comm policy: accumulates must read `bool accumulates() const` (whether a step's inner steps are "
@@ -34472,6 +35014,8 @@ class trainer {
   // The world ranks of the current view (every rank before any change).
   const std::vector<int>& members() const { return members_; }
   std::int64_t step() const { return step_; }
+  // Steps this peer skipped to catch up with a group that closed rounds without it.
+  std::int64_t skipped_steps() const { return skipped_steps_; }
   transport::traffic_stats traffic() const { return endpoint_.stats(); }
   // Bytes the communication policy's collectives sent, cumulative over the run and across a
   // restore (payload, without framing). The trainer counts them around every policy call, so a
@@ -34579,6 +35123,7 @@ class trainer {
                                  "anything of this step is saved. Lower the learning rate, or set "
                                  "trainer_options::stop_on_non_finite = false to train on");
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
+      if constexpr (requires { { policy_.catch_up() } -> std::convertible_to<std::int64_t>; }) skip_steps(policy_.catch_up());
       spare_.reset();
       stepped_to = step_;
       ctx.steps_done = step_;
@@ -35564,6 +36109,26 @@ class trainer {
     }
   }
 
+  // A replica that came too late to a round its group closed without it skips the steps the
+  // group took meanwhile (the policy's catch_up: comm::round_deadline), up to the next step where
+  // every peer meets (an evaluation, a stop check, a checkpoint) and never past the last step.
+  void skip_steps(std::int64_t k) {
+    if (k <= 0) return;
+    std::int64_t to = std::min(step_ + k, options_.steps - 1);
+    const auto not_past = [&](std::int64_t every) {
+      if (every > 0) to = std::min(to, (step_ + every - 1) / every * every);
+    };
+    not_past(options_.eval_every);
+    if (stop_asked_ && !options_.stop_alone) not_past(options_.stop_check_every);
+    if constexpr (requires { { fault_.every } -> std::convertible_to<std::int64_t>; }) not_past(fault_.every);
+    if constexpr (requires { { fault_.checkpoints.every } -> std::convertible_to<std::int64_t>; })
+      if (!fault_.checkpoints.dir.empty()) not_past(fault_.checkpoints.every);
+    if (to > step_) {
+      skipped_steps_ += to - step_;
+      step_ = to;
+    }
+  }
+
   // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.
   std::int64_t local_steps() const {
     if constexpr (requires { policy_.local_steps(step_); }) {
@@ -35641,6 +36206,7 @@ class trainer {
   std::optional<communicator> pipeline_;  // this peer's copy of the model, one peer per stage (several stages)
   rng dropout_;
   std::int64_t step_ = 0;
+  std::int64_t skipped_steps_ = 0;  // steps skipped to catch up with the group (skip_steps)
   std::int64_t redos_ = 0;
   double compute_s_ = 0;  // seconds of forward, backward and optimizer steps in this fit
   double charged_ = 0;    // of the current forward and backward, what the parallel policy charged as it went (ctx.computed)

@@ -551,6 +551,26 @@ TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps ins
   CHECK_THAT(r.output, Contains("--sized-to-speed gives a peer several inner steps in one step"));
 }
 
+TEST_CASE("train --deadline: rounds sized to speed close at their deadline, and a bad combination is refused", "[cli][peers]") {
+  const auto dir = scratch("deadline");
+  const std::string args = " train --comm diloco --inner-steps 4 --steps 24 --batch-size 8 --eval-batches 1 --eval-every 100"
+                           " --threads 1 --n-layer 1 --n-embd 64 --n-head 2 --block-size 32 --peers 4 --speeds 1,1,2,4";
+  auto r = run(cli() + args + " --sized-to-speed --deadline --metrics deadline.jsonl", dir);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const auto m = read_metrics(dir / "deadline.jsonl");
+  CHECK(m.parsed.at(0).at("deadline").boolean);
+  // Every peer reaches the last step (one that came late skipped steps, never the last).
+  std::set<std::int64_t> finished;
+  for (std::size_t i = 0; i < m.parsed.size(); ++i)
+    if (m.event(i) == "step" && m.parsed[i].at("step").as_int() == 24) finished.insert(m.parsed[i].at("rank").as_int());
+  CHECK(finished.size() == 4);
+  r = run(cli() + args + " --deadline", dir);
+  CHECK_THAT(r.output, Contains("--deadline closes DiLoCo's rounds sized to speed: it needs --comm diloco --sized-to-speed"));
+  r = run(cli() + args + " --sized-to-speed --deadline --auto", dir);
+  CHECK_THAT(r.output, Contains("--deadline closes DiLoCo's rounds sized to speed"));
+}
+
 TEST_CASE("train --auto: DiLoCo's peers pick H and the codec from measures, the same picks on every peer", "[cli][peers]") {
   const auto dir = scratch("auto");
   // Peers of speeds 1, 1, 2, 4 on simulated `lan` links: a pick after step 0 and again wherever

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "decentrain/comm/auto_tuning.hpp"
@@ -24,6 +25,7 @@
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
 #include "decentrain/comm/ring_ordering.hpp"
+#include "decentrain/comm/round_deadline.hpp"
 #include "decentrain/comm/site_averaging.hpp"
 
 namespace decentrain::comm {
@@ -81,6 +83,12 @@ struct diloco {
   // with tune after each pick that the links' drift brought.
   // Every replica the same; not with `site` or `moshpit` (they are no ring of every replica).
   std::optional<measured_ring> ring{};
+  // Set: a round closes at a deadline its replicas' arrivals set, once a quorum is in, and goes
+  // on without the replicas that come later (comm/round_deadline.hpp): they take the group's
+  // average from the round's leader and skip the steps the group took meanwhile. Needs
+  // sized_to_speed (the leader hands out the slowest replica's speed); not with tune, moshpit, a
+  // site or ring. Every replica the same.
+  std::optional<round_deadline> deadline{};
   // Its state laid out over the parameters (flat tensors of save(), in parameter order): a
   // pipeline's re-deal moves each parameter's share with the parameter (train/redeal.hpp).
   static constexpr std::array<const char*, 2> per_parameter_state = {"comm.diloco.global", "comm.diloco.momentum"};
@@ -93,6 +101,12 @@ struct diloco {
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
+    if (deadline) {
+      deadline->validate("diloco");
+      decentrain::detail::check(sized_to_speed && !tune && !moshpit && site.empty() && !ring, "diloco: a deadline ",
+                                "needs sized_to_speed, and not tune, moshpit, a site or ring (the leader of each round ",
+                                "sizes the next from the speeds the replicas bring)");
+    }
     if (ring) {
       ring->validate("diloco");
       decentrain::detail::check(site.empty() && !moshpit, "diloco: ring orders the all-reduce of every replica, and with ",
@@ -109,12 +123,15 @@ struct diloco {
                   (moshpit ? ", averaged by " + moshpit->describe() : std::string()) + (tune ? ", " + tune->describe() : std::string()) +
                       (site.empty() ? std::string() : std::string(", averaged over sites")) +
                       (sync_inside_site ? std::string(", synchronous inside each") : std::string()) +
-                      (ring ? ", " + ring->describe() : std::string()));
+                      (ring ? ", " + ring->describe() : std::string()) +
+                      (deadline ? ", " + deadline->describe() : std::string()));
     check_weighs(aggregator, weighs(), "diloco");
     if (tune) {  // the codecs it may pick, priced (and picked) with the parameters' shapes
       layout_ = layout_of(ctx.parameters);
       for (auto& c : tune->codecs) compress::set_layout(c, layout_);
     }
+    deadlines_.started(ctx.replicas);
+    skip_ = 0;
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -184,6 +201,8 @@ struct diloco {
       const double t0 = ctx.replicas.endpoint().stats().clock_seconds;
       sites_.average(ctx, site, codec, aggregator, aggregation_, std::span<float>(delta_), sync_inside_site);
       exchange_s = ctx.replicas.endpoint().stats().clock_seconds - t0;
+    } else if (deadline) {
+      return end_round_by_deadline(ctx);
     } else if (moshpit) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
       averager_.average(*moshpit, codec, aggregator, ctx.replicas, std::span<float>(delta_),
@@ -223,7 +242,13 @@ struct diloco {
   void drop_in_flight() {
     averager_.forget();
     sites_.forget();
+    deadlines_.forget_view();
   }
+  // With a deadline: the steps this replica skips after a round the group closed without it
+  // (the trainer asks after each step; then 0 until the next).
+  std::int64_t catch_up() { return std::exchange(skip_, 0); }
+  // With a deadline: the rounds as the leader closed them, the arrivals, the rounds missed.
+  const deadline_rounds& deadlines() const { return deadlines_; }
   std::int64_t rounds() const { return rounds_; }
   // What each replica's pseudo-gradients looked like: dropped (non-finite, malformed) or far away.
   const collective::aggregation_record& aggregation() const { return aggregation_; }
@@ -236,6 +261,7 @@ struct diloco {
     save_codec(codec, c, "comm.diloco.codec.");
     sites_.save(c, "comm.diloco.");
     weight_.save(c, "comm.diloco.");
+    if (deadline) deadlines_.save(c, "comm.diloco.");
     if (sizes()) speed_.save(c, "comm.diloco.");
     if (tune) {
       c.counters["comm.diloco.tune.inner_steps"] = inner_steps;
@@ -293,6 +319,7 @@ struct diloco {
     sites_.load(c, "comm.diloco.");
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
+    deadlines_.load(c, "comm.diloco.");
     speed_ = {};
     if (sizes()) speed_.load(c, "comm.diloco.");
   }
@@ -370,8 +397,54 @@ struct diloco {
     }
   }
 
+  // A round's end with a deadline: the group the leader closed averages; a replica that came
+  // too late takes the average (and any later round's the leader closed meanwhile) and skips ahead.
+  template <class Ctx>
+  void end_round_by_deadline(Ctx& ctx) {
+    const double overrun = speed_.compute_s - speed_.deadline_s;  // compute past the round's plan
+    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, speed_.seconds_per_step(), speed_.deadline_s,
+                                        delta_.size() * sizeof(float));
+    std::int64_t behind = 0;  // whole rounds the group closed without this replica
+    if (group.in()) {
+      std::optional<double> w = weight_if(weighs(), weight_.sum);
+      if (auto* g = deadlines_.members_group(ctx.replicas, group.members))
+        collective::encoded_all_reduce(codec, *g, std::span<float>(delta_), true, aggregator, aggregation_, w);
+      else
+        collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, w);
+      deadlines_.send_result(ctx.replicas, group, std::span<const float>(delta_));
+    } else {
+      deadlines_.take_result(ctx.replicas, group, std::span<float>(delta_));
+    }
+    double slowest = group.slowest_s;
+    const bool missed = !group.in();
+    for (;;) {
+      outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
+      momentum_started_ = true;
+      ++rounds_;
+      if (!missed || ctx.last_step) break;
+      auto later = deadlines_.next_closed(*deadline, ctx.replicas, rounds_);
+      if (!later) break;
+      deadlines_.take_result(ctx.replicas, *later, std::span<float>(delta_));
+      slowest = later->slowest_s;
+      ++behind;
+    }
+    // The steps the group took since: this replica's compute past the plan, in the slowest
+    // replica's inner steps (the group's pace), less the whole rounds taken above; within the
+    // next round, whose deadline then covers the steps left.
+    std::int64_t within = 0;
+    if (missed && slowest > 0 && overrun > 0)
+      within = std::clamp<std::int64_t>(static_cast<std::int64_t>(overrun / slowest) - behind * inner_steps, 0, inner_steps - 1);
+    skip_ = missed && !ctx.last_step ? behind * inner_steps + within : 0;
+    speed_.next_round_from(slowest, inner_steps, inner_steps - within);
+    scatter_values(ctx.parameters, global_);
+    weight_.sum = 0;
+    deadlines_.started(ctx.replicas);
+  }
+
   round_weight weight_;
   speed_sizing speed_;
+  deadline_rounds deadlines_;  // with a deadline
+  std::int64_t skip_ = 0;      // steps to skip, for the trainer's catch_up()
   // Tuned: the step the round started at, the codec's index in tune->codecs, the measures and
   // the picks.
   std::int64_t round_from_ = 0;

@@ -233,18 +233,25 @@ struct speed_sizing {
   template <class Ctx>
   void next_round(Ctx& ctx, std::int64_t inner_steps, std::int64_t steps_left, std::span<double> also_max = {}) {
     decentrain::detail::check(also_max.size() <= 3, "speed_sizing: at most 3 values ride along, got ", also_max.size());
-    const double mine = steps > 0 ? compute_s / static_cast<double>(steps) : 0.0;
-    std::array<double, 4> values{mine, 0, 0, 0};
+    std::array<double, 4> values{seconds_per_step(), 0, 0, 0};
     std::copy(also_max.begin(), also_max.end(), values.begin() + 1);
     ctx.replicas.all_reduce(std::span<double>(values.data(), 1 + also_max.size()), collective::reduce_op::max);
     std::copy_n(values.begin() + 1, also_max.size(), also_max.begin());
-    agreed = std::isfinite(values[0]);
-    slowest_s = agreed ? values[0] : mine;
+    next_round_from(values[0], inner_steps, steps_left);
+  }
+  // As next_round, with the slowest replica's seconds per inner step agreed otherwise (the
+  // leader of a round with a deadline hands it out).
+  void next_round_from(double slowest, std::int64_t inner_steps, std::int64_t steps_left) {
+    const double mine = seconds_per_step();
+    agreed = std::isfinite(slowest);
+    slowest_s = agreed ? slowest : mine;
     compute_s = 0;
     steps = 0;
     per_step_s = mine;
     set_round(inner_steps, steps_left);
   }
+  // This replica's seconds per inner step since the sizing (0: none taken).
+  double seconds_per_step() const { return steps > 0 ? compute_s / static_cast<double>(steps) : 0.0; }
   // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned
   // policy's new H), from the speeds agreed last.
   void set_round(std::int64_t inner_steps, std::int64_t steps_left) {

@@ -17,6 +17,9 @@
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them;
+//                                                        std::int64_t catch_up(), the steps this peer skips
+//                                                        after the step just taken (a round its group closed
+//                                                        without it: diloco's deadline);
 //                                                        std::int64_t local_steps(std::int64_t step) const,
 //                                                        the inner steps this peer takes in `step` (work
 //                                                        sized to speed: diloco's sized_to_speed), each on
@@ -123,6 +126,10 @@ constexpr bool check_comm_policy() {
       static_assert(requires(const P& p, std::int64_t step) { { p.local_steps(step) } -> std::convertible_to<std::int64_t>; },
                     "comm policy: local_steps must read `std::int64_t local_steps(std::int64_t step) const` (the inner "
                     "steps this peer takes in `step`, at least 1)");
+    if constexpr (requires { &P::catch_up; })
+      static_assert(requires(P& p) { { p.catch_up() } -> std::convertible_to<std::int64_t>; },
+                    "comm policy: catch_up must read `std::int64_t catch_up()` (the steps this peer skips after "
+                    "the step just taken, to catch up with its group; then 0 until the next)");
     if constexpr (requires { &P::accumulates; })
       static_assert(requires(const P& p) { { p.accumulates() } -> std::convertible_to<bool>; },
                     "comm policy: accumulates must read `bool accumulates() const` (whether a step's inner steps are "

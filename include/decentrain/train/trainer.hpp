@@ -115,6 +115,8 @@ class trainer {
   // The world ranks of the current view (every rank before any change).
   const std::vector<int>& members() const { return members_; }
   std::int64_t step() const { return step_; }
+  // Steps this peer skipped to catch up with a group that closed rounds without it.
+  std::int64_t skipped_steps() const { return skipped_steps_; }
   transport::traffic_stats traffic() const { return endpoint_.stats(); }
   // Bytes the communication policy's collectives sent, cumulative over the run and across a
   // restore (payload, without framing). The trainer counts them around every policy call, so a
@@ -222,6 +224,7 @@ class trainer {
                                  "anything of this step is saved. Lower the learning rate, or set "
                                  "trainer_options::stop_on_non_finite = false to train on");
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
+      if constexpr (requires { { policy_.catch_up() } -> std::convertible_to<std::int64_t>; }) skip_steps(policy_.catch_up());
       spare_.reset();
       stepped_to = step_;
       ctx.steps_done = step_;
@@ -1207,6 +1210,26 @@ class trainer {
     }
   }
 
+  // A replica that came too late to a round its group closed without it skips the steps the
+  // group took meanwhile (the policy's catch_up: comm::round_deadline), up to the next step where
+  // every peer meets (an evaluation, a stop check, a checkpoint) and never past the last step.
+  void skip_steps(std::int64_t k) {
+    if (k <= 0) return;
+    std::int64_t to = std::min(step_ + k, options_.steps - 1);
+    const auto not_past = [&](std::int64_t every) {
+      if (every > 0) to = std::min(to, (step_ + every - 1) / every * every);
+    };
+    not_past(options_.eval_every);
+    if (stop_asked_ && !options_.stop_alone) not_past(options_.stop_check_every);
+    if constexpr (requires { { fault_.every } -> std::convertible_to<std::int64_t>; }) not_past(fault_.every);
+    if constexpr (requires { { fault_.checkpoints.every } -> std::convertible_to<std::int64_t>; })
+      if (!fault_.checkpoints.dir.empty()) not_past(fault_.checkpoints.every);
+    if (to > step_) {
+      skipped_steps_ += to - step_;
+      step_ = to;
+    }
+  }
+
   // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.
   std::int64_t local_steps() const {
     if constexpr (requires { policy_.local_steps(step_); }) {
@@ -1284,6 +1307,7 @@ class trainer {
   std::optional<communicator> pipeline_;  // this peer's copy of the model, one peer per stage (several stages)
   rng dropout_;
   std::int64_t step_ = 0;
+  std::int64_t skipped_steps_ = 0;  // steps skipped to catch up with the group (skip_steps)
   std::int64_t redos_ = 0;
   double compute_s_ = 0;  // seconds of forward, backward and optimizer steps in this fit
   double charged_ = 0;    // of the current forward and backward, what the parallel policy charged as it went (ctx.computed)

@@ -280,6 +280,13 @@ class in_process {
       double from_s = 0, factor = 1;
     };
     std::vector<slowdown> slowdowns{};
+    // A straggler tail: each stretch of compute (an inner step's passes) runs `factor` times as
+    // long with `probability`, drawn from the seed, the rank and the stretch's number, so a
+    // deterministic run repeats it. Tests and benchmarks of rounds with deadlines.
+    struct straggling {
+      double probability = 0, factor = 10;
+    };
+    straggling straggle{};
   };
 
   class endpoint {
@@ -430,8 +437,19 @@ class in_process {
     void computed(double seconds) {
       decentrain::detail::check(seconds >= 0, "in_process: computed() needs seconds >= 0, got ", seconds);
       clock_ += seconds / compute_speed();
+      if (seconds > 0) ++stretches_;
     }
-    double compute_speed() const { return net_->opts.speeds.empty() ? 1.0 : net_->opts.speeds[static_cast<std::size_t>(rank_)]; }
+    // The speed of the next stretch of compute (the rank's, slowed where the straggler tail
+    // draws it).
+    double compute_speed() const {
+      const double speed = net_->opts.speeds.empty() ? 1.0 : net_->opts.speeds[static_cast<std::size_t>(rank_)];
+      const auto& tail = net_->opts.straggle;
+      if (tail.probability <= 0) return speed;
+      const std::uint64_t draw = decentrain::detail::splitmix64(
+          net_->opts.seed ^ decentrain::detail::splitmix64(0x737472616767ull + static_cast<std::uint64_t>(rank_)) ^ (stretches_ * 0x9e3779b97f4a7c15ull));
+      const double u = static_cast<double>(draw >> 11) * 0x1.0p-53;
+      return u < tail.probability ? speed / tail.factor : speed;
+    }
 
     // ---- joining (transport/endpoint.hpp's joining_endpoint) and simulated time ----
     // Only a deterministic run starts peers once it runs (its churn schedule); otherwise an
@@ -591,6 +609,7 @@ class in_process {
     int rank_;
     std::uint64_t incarnation_ = 0;  // which process of this rank (the churn schedule starts it again)
     double clock_ = 0.0;
+    std::uint64_t stretches_ = 0;  // stretches of compute so far (the straggler tail's draws)
     std::shared_ptr<std::vector<link_schedule>> paths_;  // to each peer; shared with this peer's lanes
     std::shared_ptr<link_schedule> uplink_;               // its access link's; shared with its lanes
     std::vector<double> last_arrival_;
@@ -786,6 +805,10 @@ class in_process {
       for (std::size_t r = 0; r < opts.speeds.size(); ++r)
         check(opts.speeds[r] > 0 && std::isfinite(opts.speeds[r]), "in_process: the speed of rank ", r,
               " must be a number > 0, got ", opts.speeds[r]);
+      check(opts.straggle.probability >= 0 && opts.straggle.probability <= 1 && std::isfinite(opts.straggle.factor) &&
+                opts.straggle.factor >= 1,
+            "in_process: straggle needs a probability in [0, 1] and a factor >= 1, got ", opts.straggle.probability, " and ",
+            opts.straggle.factor);
       if (opts.deterministic) {
         auto& d = *opts.deterministic;
         check(d.step_seconds >= 0 && std::isfinite(d.step_seconds), "in_process: deterministic step_seconds must be >= 0, got ",
