@@ -24069,12 +24069,12 @@ struct speed_sizing {
     std::copy(also_max.begin(), also_max.end(), values.begin() + 1);
     ctx.replicas.all_reduce(std::span<double>(values.data(), 1 + also_max.size()), collective::reduce_op::max);
     std::copy_n(values.begin() + 1, also_max.size(), also_max.begin());
-    next_round_from(values[0], inner_steps, steps_left);
+    next_round_from(values[0], seconds_per_step(), inner_steps, steps_left);
   }
   // As next_round, with the slowest replica's seconds per inner step agreed otherwise (the
-  // leader of a round with a deadline hands it out).
-  void next_round_from(double slowest, std::int64_t inner_steps, std::int64_t steps_left) {
-    const double mine = seconds_per_step();
+  // leader of a round with a deadline hands it out) and this replica's own as measured (a
+  // round's typical step, say).
+  void next_round_from(double slowest, double mine, std::int64_t inner_steps, std::int64_t steps_left) {
     agreed = std::isfinite(slowest);
     slowest_s = agreed ? slowest : mine;
     compute_s = 0;
@@ -25684,7 +25684,6 @@ class ring_ordering {
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -25694,6 +25693,7 @@ class ring_ordering {
 namespace decentrain::comm {
 
 struct round_deadline {
+  static constexpr double max_seconds = 1e6;  // (any time a replica reports is capped there)
   double k = 3;            // robust deviations past the median offset
   double quorum = 0.5;     // of the replicas: the fewest a round closes with (rounded up; the leader one of them)
   double min_wait = 0.1;   // of the round's planned compute: the least the deadline allows after the first arrival
@@ -25709,8 +25709,8 @@ struct round_deadline {
     decentrain::detail::check(quorum > 0 && quorum <= 1, who, ": deadline's quorum must be in (0, 1], got ", quorum);
     decentrain::detail::check(std::isfinite(min_wait) && min_wait >= 0, who, ": deadline's min_wait must be >= 0, got ", min_wait);
     decentrain::detail::check(window >= 1, who, ": deadline's window must keep at least 1 offset");
-    decentrain::detail::check(!fixed_s || (std::isfinite(*fixed_s) && *fixed_s >= 0), who,
-                              ": deadline's fixed_s must be a number of seconds >= 0, got ", fixed_s.value_or(0));
+    decentrain::detail::check(!fixed_s || (std::isfinite(*fixed_s) && *fixed_s >= 0 && *fixed_s <= max_seconds), who,
+                              ": deadline's fixed_s must be a number of seconds in [0, 1e6], got ", fixed_s.value_or(0));
   }
   std::string describe() const {
     if (fixed_s) return "deadline " + format_number(*fixed_s) + " s after the first arrival";
@@ -25733,6 +25733,7 @@ struct deadline_round_record {
   std::int64_t round = 0;
   int replicas = 0, members = 0;
   double first_s = 0, quorum_s = 0, close_s = 0;  // the first arrival, the quorum's last, the close
+  double leader_s = 0;                            // the leader's own arrival (it closes no sooner)
   double deadline_s = 0;                          // the deadline after the first arrival (infinite: every replica waited for)
 };
 // One replica's arrival at a round's end, as the leader took it; `in`: it made the round.
@@ -25764,6 +25765,20 @@ class deadline_rounds {
     return *this;
   }
 
+  // A step of the round taken: `seconds` of compute over `inner_steps` (a redone step counts once).
+  void add_step(std::int64_t step, double seconds, std::int64_t inner_steps) {
+    if (step <= through_ || inner_steps < 1 || !(seconds > 0)) return;
+    through_ = step;
+    if (step_seconds_.size() < max_records) step_seconds_.push_back(seconds / static_cast<double>(inner_steps));
+  }
+  // This round's typical seconds per inner step: the median of its steps', so that a straggling
+  // step does not plan the next round longer for every replica (0: none measured).
+  double typical_step_s() const {
+    if (step_seconds_.empty()) return 0;
+    std::vector<double> v = step_seconds_;
+    return median_of(v);
+  }
+
   // The round's start on this replica's clock (the leader's records count from it).
   template <class Comm>
   void started(Comm& replicas) {
@@ -25779,10 +25794,15 @@ class deadline_rounds {
   closing close(const round_deadline& d, Comm& replicas, std::int64_t round, double per_step_s, double planned_s,
                 std::size_t average_bytes) {
     const int n = replicas.world();
+    step_seconds_.clear();
     if (static_cast<int>(speeds_.size()) != n) speeds_.assign(static_cast<std::size_t>(n), 0.0);
     speeds_[static_cast<std::size_t>(replicas.rank())] = per_step_s;
     auto& ep = replicas.endpoint();
-    transport::allow(ep, result_tag, average_bytes);  // (a transport that bounds what it queues takes an average unasked)
+    // (a transport that bounds what it queues takes averages unasked: a few, for a replica that
+    // misses rounds in a row)
+    transport::allow(ep, result_tag, 4 * average_bytes);
+    decentrain::detail::check(leader_ >= 0 && leader_ < n, "diloco: round ", round, "'s leader is replica ", leader_,
+                              ", outside a group of ", n);
     if (replicas.rank() != leader_) {
       // (the round's length on this replica's clock: where the leader cannot time the arrival
       // itself, it is its own round's start plus that)
@@ -25817,24 +25837,8 @@ class deadline_rounds {
     return take_group(d, *m, replicas.world(), round, replicas.rank());
   }
 
-  void forget_groups() {
-    groups_.clear();
-    world_ = rank_ = -1;
-  }
-  // The members' group communicator (cached per set; the whole group is `replicas` itself).
-  template <class Comm>
-  collective::communicator<transport::any_endpoint>* members_group(Comm& replicas, const std::vector<int>& members) {
-    if (static_cast<int>(members.size()) == replicas.world()) return nullptr;
-    if (replicas.world() != world_ || replicas.rank() != rank_) forget_groups();
-    world_ = replicas.world();
-    rank_ = replicas.rank();
-    auto it = groups_.find(members);
-    if (it == groups_.end()) it = groups_.emplace(members, replicas.group(members)).first;
-    return &it->second;
-  }
   // A re-formed view: its replicas are other peers (the first of them leads the next round).
   void forget_view() {
-    forget_groups();
     speeds_.clear();
     leader_ = 0;
   }
@@ -25842,7 +25846,7 @@ class deadline_rounds {
   // The deadline after a round's first arrival (infinite until enough was seen).
   double deadline_s(const round_deadline& d, int n, double planned_s) const {
     if (d.fixed_s) return *d.fixed_s;
-    const std::size_t need = std::max<std::size_t>(1, d.warmup ? d.warmup : 2 * static_cast<std::size_t>(std::max(0, n - 1)));
+    const std::size_t need = std::clamp<std::size_t>(d.warmup ? d.warmup : 2 * static_cast<std::size_t>(std::max(0, n - 1)), 1, d.window);
     if (offsets_.size() < need) return std::numeric_limits<double>::infinity();
     std::vector<double> v(offsets_.begin(), offsets_.end());
     const double median = median_of(v);
@@ -25864,26 +25868,45 @@ class deadline_rounds {
       text += one;
     }
     c.text[prefix + "deadline.offsets"] = text;
+    text.clear();
+    for (double o : step_seconds_) {
+      char one[32];
+      std::snprintf(one, sizeof one, "%.17g ", o);
+      text += one;
+    }
+    c.text[prefix + "deadline.step_seconds"] = text;
+    c.counters[prefix + "deadline.through"] = through_;
     c.counters[prefix + "deadline.missed"] = missed_;
     c.counters[prefix + "deadline.dropped"] = dropped_;
     c.counters[prefix + "deadline.leader"] = leader_;
   }
   void load(const io::checkpoint& c, const std::string& prefix) {
     offsets_.clear();
+    step_seconds_.clear();
     missed_ = dropped_ = 0;
     leader_ = 0;
+    through_ = -1;
     const auto it = c.text.find(prefix + "deadline.offsets");
     if (it == c.text.end()) return;
-    const char* p = it->second.c_str();
-    while (*p) {
-      char* end = nullptr;
-      const double v = std::strtod(p, &end);
-      decentrain::detail::check(end != p && std::isfinite(v) && v >= 0, "checkpoint: '", prefix,
-                                "deadline.offsets' holds something other than seconds >= 0");
-      offsets_.push_back(v);
-      p = end;
-      while (*p == ' ') ++p;
-    }
+    const auto seconds = [&](const std::string& name, auto& into) {
+      const auto at = c.text.find(prefix + name);
+      if (at == c.text.end()) return;
+      const char* p = at->second.c_str();
+      while (*p) {
+        char* end = nullptr;
+        const double v = std::strtod(p, &end);
+        decentrain::detail::check(end != p && std::isfinite(v) && v >= 0, "checkpoint: '", prefix, name,
+                                  "' holds something other than seconds >= 0");
+        into.push_back(v);
+        p = end;
+        while (*p == ' ') ++p;
+      }
+    };
+    seconds("deadline.offsets", offsets_);
+    while (offsets_.size() > max_records) offsets_.pop_front();
+    seconds("deadline.step_seconds", step_seconds_);
+    const auto through = c.counters.find(prefix + "deadline.through");
+    through_ = through == c.counters.end() ? -1 : through->second;
     missed_ = c.counter(prefix + "deadline.missed");
     dropped_ = c.counter(prefix + "deadline.dropped");
     const auto leader = c.counters.find(prefix + "deadline.leader");
@@ -25984,7 +26007,9 @@ class deadline_rounds {
                                 source, " came to round ", v[0], " where the group is at round ", round);
       decentrain::detail::check(std::isfinite(v[2]) && v[2] >= 0, "diloco: replica ", source, " sent a round of ", v[2],
                                 " seconds");
-      if (std::isfinite(v[1]) && v[1] >= 0) speeds_[static_cast<std::size_t>(source)] = v[1];
+      // (a speed or length out of reason is capped: it cannot stall the deadline's arithmetic)
+      if (std::isfinite(v[1]) && v[1] > 0) speeds_[static_cast<std::size_t>(source)] = std::clamp(v[1], 1e-9, round_deadline::max_seconds);
+      v[2] = std::min(v[2], round_deadline::max_seconds);
       const double when = std::isfinite(exact) ? exact : std::min(now_s(ep), start_ + v[2]);
       if (v[0] == static_cast<double>(round)) {
         at[static_cast<std::size_t>(source)] = when;
@@ -26005,16 +26030,17 @@ class deadline_rounds {
             take(r, *m, std::numeric_limits<double>::quiet_NaN());
             took = true;
           }
-        if (took) continue;
         const double t = now_s(ep);
-        if (t >= close_at) break;
-        const double step = std::max(0.001, std::min(close_at - t, deadline / 50));
+        if (t >= close_at) break;  // (before anything else: arrivals that keep coming do not hold it open)
+        if (took) continue;
+        const double step = std::clamp(std::min(close_at - t, deadline / 50), 0.001, 1.0);
         transport::pause(ep, std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(step * 1000))));
       } else {
         auto m = ep.recv_any(std::span<const int>(pending), arrival_tag);
-        // (the simulated arrival, on this clock, where the transport knows it)
-        const double lag = ep.stats().clock_seconds - m.arrival_s;
-        take(m.source, m.data, std::isfinite(lag) ? now_s(ep) - std::max(0.0, lag) : lag);
+        // (the simulated arrival, where the transport knows it and its now() is that clock)
+        const double clock = ep.stats().clock_seconds, t = now_s(ep), lag = clock - m.arrival_s;
+        take(m.source, m.data,
+             std::isfinite(lag) && std::abs(t - clock) < 1e-6 ? t - std::max(0.0, lag) : std::numeric_limits<double>::quiet_NaN());
       }
     }
     // The quorum's last arrival: the fastest quorum's time.
@@ -26060,11 +26086,11 @@ class deadline_rounds {
       if (r != me) ep.send(r, group_tag, std::as_bytes(std::span<const double>(group)));
     if (rounds_.size() >= max_records) rounds_.erase(rounds_.begin());
     rounds_.push_back({round, n, static_cast<int>(c.members.size()), first_ - start_, quorum_at - start_, now_s(ep) - start_,
-                       deadline});
+                       arrived_at - start_, deadline});
     return c;
   }
   void remember(double offset, std::size_t window) {
-    offsets_.push_back(std::max(0.0, offset));
+    offsets_.push_back(std::clamp(offset, 0.0, round_deadline::max_seconds));
     while (offsets_.size() > window) offsets_.pop_front();
   }
   void record_arrival(const deadline_arrival& a) {
@@ -26074,6 +26100,8 @@ class deadline_rounds {
 
   std::deque<double> offsets_;
   std::vector<double> speeds_;  // each replica's seconds per inner step as it last said
+  std::vector<double> step_seconds_;  // this round's steps' seconds per inner step
+  std::int64_t through_ = -1;         // the last step counted
   int leader_ = 0;  // this round's
   double start_ = 0, first_ = 0;  // this round's start and (leading) first arrival, on this clock
   // The first arrival of the round (the one before), after its start on the leader's clock
@@ -26081,8 +26109,6 @@ class deadline_rounds {
   std::vector<deadline_round_record> rounds_;
   std::vector<deadline_arrival> arrivals_;
   std::int64_t missed_ = 0, dropped_ = 0;
-  std::map<std::vector<int>, collective::communicator<transport::any_endpoint>> groups_;
-  int world_ = -1, rank_ = -1;
 };
 
 }  // namespace decentrain::comm
@@ -26314,7 +26340,7 @@ struct diloco {
       for (auto& c : tune->codecs) compress::set_layout(c, layout_);
     }
     deadlines_.started(ctx.replicas);
-    skip_ = 0;
+    go_on_at_ = 0;
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -26358,6 +26384,7 @@ struct diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     weight_.add(ctx);
+    if (deadline) deadlines_.add_step(ctx.step, ctx.step_compute_s, ctx.local_steps);
     const bool ends = ends_round_at(ctx.step) || ctx.last_step;
     if (sizes()) {
       speed_.add(ctx);
@@ -26427,9 +26454,12 @@ struct diloco {
     sites_.forget();
     deadlines_.forget_view();
   }
-  // With a deadline: the steps this replica skips after a round the group closed without it
-  // (the trainer asks after each step; then 0 until the next).
-  std::int64_t catch_up() { return std::exchange(skip_, 0); }
+  // With a deadline: the step this replica goes on from after a round the group closed without
+  // it, where the group is (the trainer asks after each step; 0: go on as usual).
+  std::int64_t catch_up() { return std::exchange(go_on_at_, 0); }
+  // Whether it may skip steps (catch_up): not under a fault policy whose steps meet at every
+  // round's start (fault::elastic), which a skipped step would miss.
+  bool catches_up() const { return deadline.has_value(); }
   // With a deadline: the rounds as the leader closed them, the arrivals, the rounds missed.
   const deadline_rounds& deadlines() const { return deadlines_; }
   std::int64_t rounds() const { return rounds_; }
@@ -26585,15 +26615,22 @@ struct diloco {
   template <class Ctx>
   void end_round_by_deadline(Ctx& ctx) {
     const double overrun = speed_.compute_s - speed_.deadline_s;  // compute past the round's plan
-    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, speed_.seconds_per_step(), speed_.deadline_s,
+    // (the typical inner step, a straggling one left out, plans the next round)
+    const double typical = deadlines_.typical_step_s() > 0 ? deadlines_.typical_step_s() : speed_.seconds_per_step();
+    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, typical, speed_.deadline_s,
                                         delta_.size() * sizeof(float));
     std::int64_t behind = 0;  // whole rounds the group closed without this replica
     if (group.in()) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
-      if (auto* g = deadlines_.members_group(ctx.replicas, group.members))
-        collective::encoded_all_reduce(codec, *g, std::span<float>(delta_), true, aggregator, aggregation_, w);
-      else
+      if (group.members.size() < static_cast<std::size_t>(ctx.replicas.world())) {
+        // (a group of the round's members, made anew each round: every member makes it once;
+        // its tally counts the group's ranks, not the replicas', and is not kept)
+        auto members = ctx.replicas.group(group.members);
+        collective::aggregation_record by_group;
+        collective::encoded_all_reduce(codec, members, std::span<float>(delta_), true, aggregator, by_group, w);
+      } else {
         collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, w);
+      }
       deadlines_.send_result(ctx.replicas, group, std::span<const float>(delta_));
     } else {
       deadlines_.take_result(ctx.replicas, group, std::span<float>(delta_));
@@ -26611,14 +26648,20 @@ struct diloco {
       slowest = later->slowest_s;
       ++behind;
     }
-    // The steps the group took since: this replica's compute past the plan, in the slowest
-    // replica's inner steps (the group's pace), less the whole rounds taken above; within the
-    // next round, whose deadline then covers the steps left.
+    // Where the group is now: in round rounds_ (the rounds taken above), as many steps into it as
+    // this replica's compute past the plan makes, in the slowest replica's inner steps (the
+    // group's pace), less the whole rounds taken; the next round's deadline then covers the steps
+    // left. After the run's last round: at its end.
     std::int64_t within = 0;
     if (missed && slowest > 0 && overrun > 0)
       within = std::clamp<std::int64_t>(static_cast<std::int64_t>(overrun / slowest) - behind * inner_steps, 0, inner_steps - 1);
-    skip_ = missed && !ctx.last_step ? behind * inner_steps + within : 0;
-    speed_.next_round_from(slowest, inner_steps, inner_steps - within);
+    go_on_at_ = 0;
+    if (missed && !ctx.last_step) {
+      const std::int64_t from = rounds_ * inner_steps;  // (where the group's round starts)
+      // (this replica ends that round itself: the run's last one may be shorter)
+      go_on_at_ = from >= ctx.run_steps ? ctx.run_steps : std::min(from + within, std::min(from + inner_steps, ctx.run_steps) - 1);
+    }
+    speed_.next_round_from(slowest, typical, inner_steps, inner_steps - within);
     scatter_values(ctx.parameters, global_);
     weight_.sum = 0;
     deadlines_.started(ctx.replicas);
@@ -26627,7 +26670,7 @@ struct diloco {
   round_weight weight_;
   speed_sizing speed_;
   deadline_rounds deadlines_;  // with a deadline
-  std::int64_t skip_ = 0;      // steps to skip, for the trainer's catch_up()
+  std::int64_t go_on_at_ = 0;  // the step to go on from after a missed round (catch_up()), 0: none
   // Tuned: the step the round started at, the codec's index in tune->codecs, the measures and
   // the picks.
   std::int64_t round_from_ = 0;
@@ -35047,6 +35090,10 @@ class trainer {
                                                       "lets the others go on without this peer (fault::elastic)");
     if constexpr (requires { fault_.reform(ctx); })
       if (pipelined_) check_redealable();
+    if constexpr (requires { fault_.reform(ctx); } && requires { { policy_.catches_up() } -> std::convertible_to<bool>; })
+      decentrain::detail::check(!policy_.catches_up(), "trainer: the communication policy lets a late replica skip ",
+                                "steps (diloco's deadline), which ", FaultPolicy::name, " does not allow: its peers meet ",
+                                "at every round's start; use a fault policy without reform (fault::none, checkpoint_every)");
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     std::uint64_t dealt = redealt_;  // the parts ctx was made for
@@ -35123,7 +35170,7 @@ class trainer {
                                  "anything of this step is saved. Lower the learning rate, or set "
                                  "trainer_options::stop_on_non_finite = false to train on");
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
-      if constexpr (requires { { policy_.catch_up() } -> std::convertible_to<std::int64_t>; }) skip_steps(policy_.catch_up());
+      if constexpr (requires { { policy_.catch_up() } -> std::convertible_to<std::int64_t>; }) catch_up_to(policy_.catch_up());
       spare_.reset();
       stepped_to = step_;
       ctx.steps_done = step_;
@@ -36109,24 +36156,21 @@ class trainer {
     }
   }
 
-  // A replica that came too late to a round its group closed without it skips the steps the
-  // group took meanwhile (the policy's catch_up: comm::round_deadline), up to the next step where
-  // every peer meets (an evaluation, a stop check, a checkpoint) and never past the last step.
-  void skip_steps(std::int64_t k) {
-    if (k <= 0) return;
-    std::int64_t to = std::min(step_ + k, options_.steps - 1);
+  // A replica that came too late to a round its group closed without it goes on from the step
+  // the group is at (the policy's catch_up: comm::round_deadline; the run's end where the group
+  // finished), never past a step where every peer meets (an evaluation, a stop check: the group
+  // waits there for it). A checkpoint step it skips it does not write (the others' checkpoint
+  // of that step then has no match, and a resume takes a step every peer holds).
+  void catch_up_to(std::int64_t target) {
+    if (target <= step_) return;
+    std::int64_t to = std::min(target, options_.steps);
     const auto not_past = [&](std::int64_t every) {
       if (every > 0) to = std::min(to, (step_ + every - 1) / every * every);
     };
     not_past(options_.eval_every);
     if (stop_asked_ && !options_.stop_alone) not_past(options_.stop_check_every);
-    if constexpr (requires { { fault_.every } -> std::convertible_to<std::int64_t>; }) not_past(fault_.every);
-    if constexpr (requires { { fault_.checkpoints.every } -> std::convertible_to<std::int64_t>; })
-      if (!fault_.checkpoints.dir.empty()) not_past(fault_.checkpoints.every);
-    if (to > step_) {
-      skipped_steps_ += to - step_;
-      step_ = to;
-    }
+    skipped_steps_ += to - step_;
+    step_ = to;
   }
 
   // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.

@@ -32,7 +32,7 @@ struct deadline_run {
 };
 
 deadline_run train(const std::vector<double>& speeds, double straggle, std::optional<dt::comm::round_deadline> deadline,
-                   std::int64_t steps = 48, std::int64_t h = 8) {
+                   std::int64_t steps = 48, std::int64_t h = 8, std::int64_t eval_every = 0) {
   dt::transport::in_process::options o;
   o.deterministic = dt::transport::in_process::deterministic_run{};  // an inner step: 1 s / speed
   o.speeds = speeds;
@@ -54,6 +54,8 @@ deadline_run train(const std::vector<double>& speeds, double straggle, std::opti
   std::vector<std::vector<dt::comm::deadline_arrival>> arrivals(n);
   auto run = fixture::small_run(steps);
   run.batch_size = 2;
+  run.eval_every = eval_every;
+  run.eval_batches = 1;
   dt::transport::in_process(dt::transport::links::ideal(static_cast<int>(n)), o).run([&](dt::transport::in_process::endpoint& ep) {
     const auto r = static_cast<std::size_t>(ep.rank());
     dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type> t(fixture::tiny_gpt(), run, ep, policy);
@@ -133,12 +135,27 @@ TEST_CASE("round_deadline: rounds close without a straggler, which catches up, a
     if (round.members < round.replicas) {
       ++cut;
       CHECK(std::isfinite(round.deadline_s));
-      CHECK(round.close_s <= round.first_s + round.deadline_s + 0.05);
+      // (a quorum comes first, and the leader itself)
+      CHECK(round.close_s <= std::max({round.first_s + round.deadline_s, round.quorum_s, round.leader_s}) + 0.05);
     }
   CHECK(cut > 0);
   // Waiting for every replica takes longer in all.
   CHECK(run.clock_s[0] < waited.clock_s[0]);
   CHECK(waited.params[1] == waited.params[0]);
+}
+
+TEST_CASE("round_deadline: replicas rounds late, a short last round and evaluations between: every replica ends alike") {
+  // A heavy tail (a quarter of the inner steps 10x as long) on 6 peers: replicas miss rounds in
+  // a row, take later rounds' averages as they find them, and go on where the group is, never
+  // past an evaluation (every peer meets there) nor past the run's end (50 steps, H = 8: the last
+  // round is 2 steps long).
+  const auto run = train({1, 1, 1, 2, 3, 4}, 0.25, dt::comm::round_deadline{}, 50, 8, 20);
+  CHECK(run.dropped > 0);
+  CHECK(sum(run.missed) == run.dropped);
+  for (std::size_t r = 0; r < run.params.size(); ++r) {
+    CHECK(run.steps_run[r] + run.skipped[r] == 50);
+    CHECK(run.params[r] == run.params[0]);
+  }
 }
 
 TEST_CASE("round_deadline: without stragglers no replica of any speed is dropped") {
@@ -150,7 +167,7 @@ TEST_CASE("round_deadline: without stragglers no replica of any speed is dropped
   CHECK(run.arrivals.size() == 6 * 4);
 }
 
-TEST_CASE("round_deadline: diloco refuses it without sized_to_speed, or with tune") {
+TEST_CASE("round_deadline: diloco refuses it without sized_to_speed, with tune, or under fault::elastic") {
   policy_type p;
   p.inner_steps = 4;
   p.deadline = dt::comm::round_deadline{};
@@ -165,4 +182,31 @@ TEST_CASE("round_deadline: diloco refuses it without sized_to_speed, or with tun
     }
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("a deadline needs sized_to_speed"));
+  p.sized_to_speed = true;
+  p.tune.emplace();
+  errors.assign(2, "");
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    try {
+      dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type> t(fixture::tiny_gpt(), fixture::small_run(4), ep, p);
+      (void)t.fit(fixture::small_corpus().data);
+    } catch (const dt::error& e) {
+      errors[static_cast<std::size_t>(ep.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("a deadline needs sized_to_speed, and not tune"));
+
+  // Under fault::elastic the peers meet at every round's start, which a late replica's skip
+  // would miss: refused before the first step.
+  p.tune.reset();
+  errors.assign(2, "");
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    try {
+      dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type, dt::parallel::data, dt::fault::elastic> t(
+          fixture::tiny_gpt(), fixture::small_run(4), ep, p);
+      (void)t.fit(fixture::small_corpus().data);
+    } catch (const dt::error& e) {
+      errors[static_cast<std::size_t>(ep.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("which elastic does not allow"));
 }

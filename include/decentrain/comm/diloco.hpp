@@ -131,7 +131,7 @@ struct diloco {
       for (auto& c : tune->codecs) compress::set_layout(c, layout_);
     }
     deadlines_.started(ctx.replicas);
-    skip_ = 0;
+    go_on_at_ = 0;
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
                                 " values, the model has ", flat_size(ctx.parameters));
@@ -175,6 +175,7 @@ struct diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     weight_.add(ctx);
+    if (deadline) deadlines_.add_step(ctx.step, ctx.step_compute_s, ctx.local_steps);
     const bool ends = ends_round_at(ctx.step) || ctx.last_step;
     if (sizes()) {
       speed_.add(ctx);
@@ -244,9 +245,12 @@ struct diloco {
     sites_.forget();
     deadlines_.forget_view();
   }
-  // With a deadline: the steps this replica skips after a round the group closed without it
-  // (the trainer asks after each step; then 0 until the next).
-  std::int64_t catch_up() { return std::exchange(skip_, 0); }
+  // With a deadline: the step this replica goes on from after a round the group closed without
+  // it, where the group is (the trainer asks after each step; 0: go on as usual).
+  std::int64_t catch_up() { return std::exchange(go_on_at_, 0); }
+  // Whether it may skip steps (catch_up): not under a fault policy whose steps meet at every
+  // round's start (fault::elastic), which a skipped step would miss.
+  bool catches_up() const { return deadline.has_value(); }
   // With a deadline: the rounds as the leader closed them, the arrivals, the rounds missed.
   const deadline_rounds& deadlines() const { return deadlines_; }
   std::int64_t rounds() const { return rounds_; }
@@ -402,15 +406,22 @@ struct diloco {
   template <class Ctx>
   void end_round_by_deadline(Ctx& ctx) {
     const double overrun = speed_.compute_s - speed_.deadline_s;  // compute past the round's plan
-    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, speed_.seconds_per_step(), speed_.deadline_s,
+    // (the typical inner step, a straggling one left out, plans the next round)
+    const double typical = deadlines_.typical_step_s() > 0 ? deadlines_.typical_step_s() : speed_.seconds_per_step();
+    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, typical, speed_.deadline_s,
                                         delta_.size() * sizeof(float));
     std::int64_t behind = 0;  // whole rounds the group closed without this replica
     if (group.in()) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
-      if (auto* g = deadlines_.members_group(ctx.replicas, group.members))
-        collective::encoded_all_reduce(codec, *g, std::span<float>(delta_), true, aggregator, aggregation_, w);
-      else
+      if (group.members.size() < static_cast<std::size_t>(ctx.replicas.world())) {
+        // (a group of the round's members, made anew each round: every member makes it once;
+        // its tally counts the group's ranks, not the replicas', and is not kept)
+        auto members = ctx.replicas.group(group.members);
+        collective::aggregation_record by_group;
+        collective::encoded_all_reduce(codec, members, std::span<float>(delta_), true, aggregator, by_group, w);
+      } else {
         collective::encoded_all_reduce(codec, ctx.replicas, std::span<float>(delta_), true, aggregator, aggregation_, w);
+      }
       deadlines_.send_result(ctx.replicas, group, std::span<const float>(delta_));
     } else {
       deadlines_.take_result(ctx.replicas, group, std::span<float>(delta_));
@@ -428,14 +439,20 @@ struct diloco {
       slowest = later->slowest_s;
       ++behind;
     }
-    // The steps the group took since: this replica's compute past the plan, in the slowest
-    // replica's inner steps (the group's pace), less the whole rounds taken above; within the
-    // next round, whose deadline then covers the steps left.
+    // Where the group is now: in round rounds_ (the rounds taken above), as many steps into it as
+    // this replica's compute past the plan makes, in the slowest replica's inner steps (the
+    // group's pace), less the whole rounds taken; the next round's deadline then covers the steps
+    // left. After the run's last round: at its end.
     std::int64_t within = 0;
     if (missed && slowest > 0 && overrun > 0)
       within = std::clamp<std::int64_t>(static_cast<std::int64_t>(overrun / slowest) - behind * inner_steps, 0, inner_steps - 1);
-    skip_ = missed && !ctx.last_step ? behind * inner_steps + within : 0;
-    speed_.next_round_from(slowest, inner_steps, inner_steps - within);
+    go_on_at_ = 0;
+    if (missed && !ctx.last_step) {
+      const std::int64_t from = rounds_ * inner_steps;  // (where the group's round starts)
+      // (this replica ends that round itself: the run's last one may be shorter)
+      go_on_at_ = from >= ctx.run_steps ? ctx.run_steps : std::min(from + within, std::min(from + inner_steps, ctx.run_steps) - 1);
+    }
+    speed_.next_round_from(slowest, typical, inner_steps, inner_steps - within);
     scatter_values(ctx.parameters, global_);
     weight_.sum = 0;
     deadlines_.started(ctx.replicas);
@@ -444,7 +461,7 @@ struct diloco {
   round_weight weight_;
   speed_sizing speed_;
   deadline_rounds deadlines_;  // with a deadline
-  std::int64_t skip_ = 0;      // steps to skip, for the trainer's catch_up()
+  std::int64_t go_on_at_ = 0;  // the step to go on from after a missed round (catch_up()), 0: none
   // Tuned: the step the round started at, the codec's index in tune->codecs, the measures and
   // the picks.
   std::int64_t round_from_ = 0;

@@ -237,12 +237,12 @@ struct speed_sizing {
     std::copy(also_max.begin(), also_max.end(), values.begin() + 1);
     ctx.replicas.all_reduce(std::span<double>(values.data(), 1 + also_max.size()), collective::reduce_op::max);
     std::copy_n(values.begin() + 1, also_max.size(), also_max.begin());
-    next_round_from(values[0], inner_steps, steps_left);
+    next_round_from(values[0], seconds_per_step(), inner_steps, steps_left);
   }
   // As next_round, with the slowest replica's seconds per inner step agreed otherwise (the
-  // leader of a round with a deadline hands it out).
-  void next_round_from(double slowest, std::int64_t inner_steps, std::int64_t steps_left) {
-    const double mine = seconds_per_step();
+  // leader of a round with a deadline hands it out) and this replica's own as measured (a
+  // round's typical step, say).
+  void next_round_from(double slowest, double mine, std::int64_t inner_steps, std::int64_t steps_left) {
     agreed = std::isfinite(slowest);
     slowest_s = agreed ? slowest : mine;
     compute_s = 0;

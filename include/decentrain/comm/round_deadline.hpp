@@ -28,7 +28,6 @@
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -41,6 +40,7 @@
 namespace decentrain::comm {
 
 struct round_deadline {
+  static constexpr double max_seconds = 1e6;  // (any time a replica reports is capped there)
   double k = 3;            // robust deviations past the median offset
   double quorum = 0.5;     // of the replicas: the fewest a round closes with (rounded up; the leader one of them)
   double min_wait = 0.1;   // of the round's planned compute: the least the deadline allows after the first arrival
@@ -56,8 +56,8 @@ struct round_deadline {
     decentrain::detail::check(quorum > 0 && quorum <= 1, who, ": deadline's quorum must be in (0, 1], got ", quorum);
     decentrain::detail::check(std::isfinite(min_wait) && min_wait >= 0, who, ": deadline's min_wait must be >= 0, got ", min_wait);
     decentrain::detail::check(window >= 1, who, ": deadline's window must keep at least 1 offset");
-    decentrain::detail::check(!fixed_s || (std::isfinite(*fixed_s) && *fixed_s >= 0), who,
-                              ": deadline's fixed_s must be a number of seconds >= 0, got ", fixed_s.value_or(0));
+    decentrain::detail::check(!fixed_s || (std::isfinite(*fixed_s) && *fixed_s >= 0 && *fixed_s <= max_seconds), who,
+                              ": deadline's fixed_s must be a number of seconds in [0, 1e6], got ", fixed_s.value_or(0));
   }
   std::string describe() const {
     if (fixed_s) return "deadline " + format_number(*fixed_s) + " s after the first arrival";
@@ -80,6 +80,7 @@ struct deadline_round_record {
   std::int64_t round = 0;
   int replicas = 0, members = 0;
   double first_s = 0, quorum_s = 0, close_s = 0;  // the first arrival, the quorum's last, the close
+  double leader_s = 0;                            // the leader's own arrival (it closes no sooner)
   double deadline_s = 0;                          // the deadline after the first arrival (infinite: every replica waited for)
 };
 // One replica's arrival at a round's end, as the leader took it; `in`: it made the round.
@@ -111,6 +112,20 @@ class deadline_rounds {
     return *this;
   }
 
+  // A step of the round taken: `seconds` of compute over `inner_steps` (a redone step counts once).
+  void add_step(std::int64_t step, double seconds, std::int64_t inner_steps) {
+    if (step <= through_ || inner_steps < 1 || !(seconds > 0)) return;
+    through_ = step;
+    if (step_seconds_.size() < max_records) step_seconds_.push_back(seconds / static_cast<double>(inner_steps));
+  }
+  // This round's typical seconds per inner step: the median of its steps', so that a straggling
+  // step does not plan the next round longer for every replica (0: none measured).
+  double typical_step_s() const {
+    if (step_seconds_.empty()) return 0;
+    std::vector<double> v = step_seconds_;
+    return median_of(v);
+  }
+
   // The round's start on this replica's clock (the leader's records count from it).
   template <class Comm>
   void started(Comm& replicas) {
@@ -126,10 +141,15 @@ class deadline_rounds {
   closing close(const round_deadline& d, Comm& replicas, std::int64_t round, double per_step_s, double planned_s,
                 std::size_t average_bytes) {
     const int n = replicas.world();
+    step_seconds_.clear();
     if (static_cast<int>(speeds_.size()) != n) speeds_.assign(static_cast<std::size_t>(n), 0.0);
     speeds_[static_cast<std::size_t>(replicas.rank())] = per_step_s;
     auto& ep = replicas.endpoint();
-    transport::allow(ep, result_tag, average_bytes);  // (a transport that bounds what it queues takes an average unasked)
+    // (a transport that bounds what it queues takes averages unasked: a few, for a replica that
+    // misses rounds in a row)
+    transport::allow(ep, result_tag, 4 * average_bytes);
+    decentrain::detail::check(leader_ >= 0 && leader_ < n, "diloco: round ", round, "'s leader is replica ", leader_,
+                              ", outside a group of ", n);
     if (replicas.rank() != leader_) {
       // (the round's length on this replica's clock: where the leader cannot time the arrival
       // itself, it is its own round's start plus that)
@@ -164,24 +184,8 @@ class deadline_rounds {
     return take_group(d, *m, replicas.world(), round, replicas.rank());
   }
 
-  void forget_groups() {
-    groups_.clear();
-    world_ = rank_ = -1;
-  }
-  // The members' group communicator (cached per set; the whole group is `replicas` itself).
-  template <class Comm>
-  collective::communicator<transport::any_endpoint>* members_group(Comm& replicas, const std::vector<int>& members) {
-    if (static_cast<int>(members.size()) == replicas.world()) return nullptr;
-    if (replicas.world() != world_ || replicas.rank() != rank_) forget_groups();
-    world_ = replicas.world();
-    rank_ = replicas.rank();
-    auto it = groups_.find(members);
-    if (it == groups_.end()) it = groups_.emplace(members, replicas.group(members)).first;
-    return &it->second;
-  }
   // A re-formed view: its replicas are other peers (the first of them leads the next round).
   void forget_view() {
-    forget_groups();
     speeds_.clear();
     leader_ = 0;
   }
@@ -189,7 +193,7 @@ class deadline_rounds {
   // The deadline after a round's first arrival (infinite until enough was seen).
   double deadline_s(const round_deadline& d, int n, double planned_s) const {
     if (d.fixed_s) return *d.fixed_s;
-    const std::size_t need = std::max<std::size_t>(1, d.warmup ? d.warmup : 2 * static_cast<std::size_t>(std::max(0, n - 1)));
+    const std::size_t need = std::clamp<std::size_t>(d.warmup ? d.warmup : 2 * static_cast<std::size_t>(std::max(0, n - 1)), 1, d.window);
     if (offsets_.size() < need) return std::numeric_limits<double>::infinity();
     std::vector<double> v(offsets_.begin(), offsets_.end());
     const double median = median_of(v);
@@ -211,26 +215,45 @@ class deadline_rounds {
       text += one;
     }
     c.text[prefix + "deadline.offsets"] = text;
+    text.clear();
+    for (double o : step_seconds_) {
+      char one[32];
+      std::snprintf(one, sizeof one, "%.17g ", o);
+      text += one;
+    }
+    c.text[prefix + "deadline.step_seconds"] = text;
+    c.counters[prefix + "deadline.through"] = through_;
     c.counters[prefix + "deadline.missed"] = missed_;
     c.counters[prefix + "deadline.dropped"] = dropped_;
     c.counters[prefix + "deadline.leader"] = leader_;
   }
   void load(const io::checkpoint& c, const std::string& prefix) {
     offsets_.clear();
+    step_seconds_.clear();
     missed_ = dropped_ = 0;
     leader_ = 0;
+    through_ = -1;
     const auto it = c.text.find(prefix + "deadline.offsets");
     if (it == c.text.end()) return;
-    const char* p = it->second.c_str();
-    while (*p) {
-      char* end = nullptr;
-      const double v = std::strtod(p, &end);
-      decentrain::detail::check(end != p && std::isfinite(v) && v >= 0, "checkpoint: '", prefix,
-                                "deadline.offsets' holds something other than seconds >= 0");
-      offsets_.push_back(v);
-      p = end;
-      while (*p == ' ') ++p;
-    }
+    const auto seconds = [&](const std::string& name, auto& into) {
+      const auto at = c.text.find(prefix + name);
+      if (at == c.text.end()) return;
+      const char* p = at->second.c_str();
+      while (*p) {
+        char* end = nullptr;
+        const double v = std::strtod(p, &end);
+        decentrain::detail::check(end != p && std::isfinite(v) && v >= 0, "checkpoint: '", prefix, name,
+                                  "' holds something other than seconds >= 0");
+        into.push_back(v);
+        p = end;
+        while (*p == ' ') ++p;
+      }
+    };
+    seconds("deadline.offsets", offsets_);
+    while (offsets_.size() > max_records) offsets_.pop_front();
+    seconds("deadline.step_seconds", step_seconds_);
+    const auto through = c.counters.find(prefix + "deadline.through");
+    through_ = through == c.counters.end() ? -1 : through->second;
     missed_ = c.counter(prefix + "deadline.missed");
     dropped_ = c.counter(prefix + "deadline.dropped");
     const auto leader = c.counters.find(prefix + "deadline.leader");
@@ -331,7 +354,9 @@ class deadline_rounds {
                                 source, " came to round ", v[0], " where the group is at round ", round);
       decentrain::detail::check(std::isfinite(v[2]) && v[2] >= 0, "diloco: replica ", source, " sent a round of ", v[2],
                                 " seconds");
-      if (std::isfinite(v[1]) && v[1] >= 0) speeds_[static_cast<std::size_t>(source)] = v[1];
+      // (a speed or length out of reason is capped: it cannot stall the deadline's arithmetic)
+      if (std::isfinite(v[1]) && v[1] > 0) speeds_[static_cast<std::size_t>(source)] = std::clamp(v[1], 1e-9, round_deadline::max_seconds);
+      v[2] = std::min(v[2], round_deadline::max_seconds);
       const double when = std::isfinite(exact) ? exact : std::min(now_s(ep), start_ + v[2]);
       if (v[0] == static_cast<double>(round)) {
         at[static_cast<std::size_t>(source)] = when;
@@ -352,16 +377,17 @@ class deadline_rounds {
             take(r, *m, std::numeric_limits<double>::quiet_NaN());
             took = true;
           }
-        if (took) continue;
         const double t = now_s(ep);
-        if (t >= close_at) break;
-        const double step = std::max(0.001, std::min(close_at - t, deadline / 50));
+        if (t >= close_at) break;  // (before anything else: arrivals that keep coming do not hold it open)
+        if (took) continue;
+        const double step = std::clamp(std::min(close_at - t, deadline / 50), 0.001, 1.0);
         transport::pause(ep, std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(step * 1000))));
       } else {
         auto m = ep.recv_any(std::span<const int>(pending), arrival_tag);
-        // (the simulated arrival, on this clock, where the transport knows it)
-        const double lag = ep.stats().clock_seconds - m.arrival_s;
-        take(m.source, m.data, std::isfinite(lag) ? now_s(ep) - std::max(0.0, lag) : lag);
+        // (the simulated arrival, where the transport knows it and its now() is that clock)
+        const double clock = ep.stats().clock_seconds, t = now_s(ep), lag = clock - m.arrival_s;
+        take(m.source, m.data,
+             std::isfinite(lag) && std::abs(t - clock) < 1e-6 ? t - std::max(0.0, lag) : std::numeric_limits<double>::quiet_NaN());
       }
     }
     // The quorum's last arrival: the fastest quorum's time.
@@ -407,11 +433,11 @@ class deadline_rounds {
       if (r != me) ep.send(r, group_tag, std::as_bytes(std::span<const double>(group)));
     if (rounds_.size() >= max_records) rounds_.erase(rounds_.begin());
     rounds_.push_back({round, n, static_cast<int>(c.members.size()), first_ - start_, quorum_at - start_, now_s(ep) - start_,
-                       deadline});
+                       arrived_at - start_, deadline});
     return c;
   }
   void remember(double offset, std::size_t window) {
-    offsets_.push_back(std::max(0.0, offset));
+    offsets_.push_back(std::clamp(offset, 0.0, round_deadline::max_seconds));
     while (offsets_.size() > window) offsets_.pop_front();
   }
   void record_arrival(const deadline_arrival& a) {
@@ -421,6 +447,8 @@ class deadline_rounds {
 
   std::deque<double> offsets_;
   std::vector<double> speeds_;  // each replica's seconds per inner step as it last said
+  std::vector<double> step_seconds_;  // this round's steps' seconds per inner step
+  std::int64_t through_ = -1;         // the last step counted
   int leader_ = 0;  // this round's
   double start_ = 0, first_ = 0;  // this round's start and (leading) first arrival, on this clock
   // The first arrival of the round (the one before), after its start on the leader's clock
@@ -428,8 +456,6 @@ class deadline_rounds {
   std::vector<deadline_round_record> rounds_;
   std::vector<deadline_arrival> arrivals_;
   std::int64_t missed_ = 0, dropped_ = 0;
-  std::map<std::vector<int>, collective::communicator<transport::any_endpoint>> groups_;
-  int world_ = -1, rank_ = -1;
 };
 
 }  // namespace decentrain::comm

@@ -148,6 +148,10 @@ class trainer {
                                                       "lets the others go on without this peer (fault::elastic)");
     if constexpr (requires { fault_.reform(ctx); })
       if (pipelined_) check_redealable();
+    if constexpr (requires { fault_.reform(ctx); } && requires { { policy_.catches_up() } -> std::convertible_to<bool>; })
+      decentrain::detail::check(!policy_.catches_up(), "trainer: the communication policy lets a late replica skip ",
+                                "steps (diloco's deadline), which ", FaultPolicy::name, " does not allow: its peers meet ",
+                                "at every round's start; use a fault policy without reform (fault::none, checkpoint_every)");
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     std::uint64_t dealt = redealt_;  // the parts ctx was made for
@@ -224,7 +228,7 @@ class trainer {
                                  "anything of this step is saved. Lower the learning rate, or set "
                                  "trainer_options::stop_on_non_finite = false to train on");
       ++step_;  // before the fault policy and the hooks, so a checkpoint taken in one resumes after this step
-      if constexpr (requires { { policy_.catch_up() } -> std::convertible_to<std::int64_t>; }) skip_steps(policy_.catch_up());
+      if constexpr (requires { { policy_.catch_up() } -> std::convertible_to<std::int64_t>; }) catch_up_to(policy_.catch_up());
       spare_.reset();
       stepped_to = step_;
       ctx.steps_done = step_;
@@ -1210,24 +1214,21 @@ class trainer {
     }
   }
 
-  // A replica that came too late to a round its group closed without it skips the steps the
-  // group took meanwhile (the policy's catch_up: comm::round_deadline), up to the next step where
-  // every peer meets (an evaluation, a stop check, a checkpoint) and never past the last step.
-  void skip_steps(std::int64_t k) {
-    if (k <= 0) return;
-    std::int64_t to = std::min(step_ + k, options_.steps - 1);
+  // A replica that came too late to a round its group closed without it goes on from the step
+  // the group is at (the policy's catch_up: comm::round_deadline; the run's end where the group
+  // finished), never past a step where every peer meets (an evaluation, a stop check: the group
+  // waits there for it). A checkpoint step it skips it does not write (the others' checkpoint
+  // of that step then has no match, and a resume takes a step every peer holds).
+  void catch_up_to(std::int64_t target) {
+    if (target <= step_) return;
+    std::int64_t to = std::min(target, options_.steps);
     const auto not_past = [&](std::int64_t every) {
       if (every > 0) to = std::min(to, (step_ + every - 1) / every * every);
     };
     not_past(options_.eval_every);
     if (stop_asked_ && !options_.stop_alone) not_past(options_.stop_check_every);
-    if constexpr (requires { { fault_.every } -> std::convertible_to<std::int64_t>; }) not_past(fault_.every);
-    if constexpr (requires { { fault_.checkpoints.every } -> std::convertible_to<std::int64_t>; })
-      if (!fault_.checkpoints.dir.empty()) not_past(fault_.checkpoints.every);
-    if (to > step_) {
-      skipped_steps_ += to - step_;
-      step_ = to;
-    }
+    skipped_steps_ += to - step_;
+    step_ = to;
   }
 
   // Inner steps this peer takes in the current step: the policy's (work sized to speed), else 1.
