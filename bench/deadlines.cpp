@@ -20,7 +20,7 @@
 // replicas skipped; the least busy peer; the validation loss.
 //
 //   bench_deadlines [--data FILE] [--steps 400] [--peers 8] [--inner-steps 20] [--fastest 4]
-//                   [--link lan] [--step-seconds 0.1] [--straggle 0.02] [--fixed-s 0.1] [--k 3]
+//                   [--link lan] [--step-seconds 0.1] [--straggle 0.02] [--fixed-s 0.1] [--k 2]
 //                   [--min-wait 0.1] [--n-layer 4] [--n-embd 128] [--batch 12]
 //                   [--only fault-free,wait-all,fixed,observed] [--json deadlines.json]
 #include <algorithm>
@@ -140,7 +140,7 @@ int main(int argc, char** argv) try {
   const double fastest = std::stod(value("fastest", "4"));
   const double straggle = std::stod(value("straggle", "0.02"));
   const double fixed_s = std::stod(value("fixed-s", "0.1"));
-  const double k = std::stod(value("k", "3"));
+  const double k = std::stod(value("k", "2"));
   const double min_wait = std::stod(value("min-wait", "0.1"));
   const std::string json_path = value("json", "deadlines.json");
   std::vector<std::string> only;

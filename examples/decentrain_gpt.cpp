@@ -386,7 +386,7 @@ void declare_train(CLI::App& cmd) {
       ->group(comm);
   cli::flag(cmd, "deadline",
             "diloco with --sized-to-speed: each round closes once half the peers are\n"
-            "in and the median + 3 MAD of recent arrival offsets has passed after the\n"
+            "in and the median + 2 MAD of recent arrival offsets has passed after the\n"
             "first (at least 10% of the round's compute); later peers take the group's\n"
             "average, drop their round and skip the steps the group took")
       ->group(comm);

@@ -98,10 +98,10 @@ dt::io::checkpoint offsets(const char* text) {
 }  // namespace
 
 TEST_CASE("round_deadline: the deadline is the offsets' median plus k robust deviations, after a warm-up") {
-  dt::comm::round_deadline d;  // k 3, min_wait 0.1, warm-up 2 (n - 1)
+  dt::comm::round_deadline d;  // k 2, min_wait 0.1, warm-up 2 (n - 1)
   dt::comm::deadline_rounds s;
   s.load(offsets("0.1 0.2 0.3 0.4 5"), "p.");  // median 0.3, deviations 0.2 0.1 0 0.1 4.7: MAD 0.1
-  CHECK(s.deadline_s(d, 3, 1.0) == Approx(0.3 + 3 * 1.4826 * 0.1));
+  CHECK(s.deadline_s(d, 3, 1.0) == Approx(0.3 + 2 * 1.4826 * 0.1));
   CHECK(std::isinf(s.deadline_s(d, 4, 1.0)));  // 6 offsets needed for 4 replicas
   d.warmup = 5;
   CHECK(std::isfinite(s.deadline_s(d, 4, 1.0)));

@@ -41,7 +41,7 @@ namespace decentrain::comm {
 
 struct round_deadline {
   static constexpr double max_seconds = 1e6;  // (any time a replica reports is capped there)
-  double k = 3;            // robust deviations past the median offset
+  double k = 2;            // robust deviations past the median offset
   double quorum = 0.5;     // of the replicas: the fewest a round closes with (rounded up; the leader one of them)
   double min_wait = 0.1;   // of the round's planned compute: the least the deadline allows after the first arrival
   std::size_t window = 64; // arrival offsets kept, the most recent
