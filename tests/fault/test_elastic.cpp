@@ -78,6 +78,10 @@ struct kill_plan {
   int victim = -1;
   std::int64_t arm_step = 0;
   int at_send = 1;
+  // Armed only once every peer has finished the steps before arm_step (bounded: 20 s), where a
+  // case needs every survivor to fail inside arm_step (a peer still finishing the step before
+  // would be behind the agreed step, its state not counted).
+  bool after_all = false;
 };
 
 // In-process peers each of which fails alone (a death ends the victim's thread, not the run), a
@@ -110,6 +114,7 @@ struct elastic_run {
   std::vector<std::vector<typename Trainer::redeal_record>> redeals;  // per world rank: its parts dealt out again
   std::mutex log_mutex;
   std::string log;  // what each peer saw, for a failing check
+  bool armed_late = false;  // a kill with after_all armed without every peer in (the wait ran out)
 
   elastic_run(int world, trainer_options opts, Comm comm, std::vector<kill_plan> kills, std::size_t changes_kept = 1000,
               const std::string& checkpoint_dir = "", Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt(),
@@ -130,14 +135,28 @@ struct elastic_run {
     fault.checkpoints.dir = checkpoint_dir;  // empty: none
     fault.checkpoints.every = 1;
     if (tune) tune(fault);
+    std::atomic<int> reached{0};  // peers that finished the steps before an after_all kill's step
     net.run([&](dt::transport::in_process::endpoint& raw) {
       const int r = raw.rank();
       auto countdown = std::make_shared<std::atomic<int>>(-1);
       Trainer t(model, opts, dying_endpoint{net, raw, countdown}, comm, parallel, fault);
       for (const auto& k : kills)
+        if (k.after_all)
+          t.on_step([&, k](const dt::train::step_metrics& m) {
+            if (m.step == k.arm_step) ++reached;
+          });
+      for (const auto& k : kills)
         if (k.victim == r)
           t.on_step([&, k, countdown](const dt::train::step_metrics& m) {
             if (m.step != k.arm_step) return;  // m.step: steps done, so the next step is arm_step
+            if (k.after_all) {
+              const auto until = std::chrono::steady_clock::now() + 20s;
+              while (reached.load() < world && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+              if (reached.load() < world) {
+                std::lock_guard lock(log_mutex);
+                armed_late = true;
+              }
+            }
             if (k.at_send < 0) {
               net.kill(r);
               dt::detail::fail("test: peer ", r, " killed between steps");
@@ -268,8 +287,11 @@ TEST_CASE("elastic: a pipeline that loses a replica mid-step re-forms as three s
   // resumes them as 3 stages: every survivor must end where that run ends, bit for bit.
   const auto opts = small_run(8);
   const dt::comm::sync_allreduce<> comm;
-  elastic_run run(4, opts, comm, {{3, 4, 1}}, 1000, "", two_stages(), three_blocks());
+  // (armed once every peer has finished step 3: were peer 1 still finishing it, it would be
+  // behind the agreed step 4, and the only step-4 copy of its stage died with peer 3)
+  elastic_run run(4, opts, comm, {{3, 4, 1, true}}, 1000, "", two_stages(), three_blocks());
   INFO(run.log);
+  CHECK(!run.armed_late);
 
   const auto saved = stop_at<pipeline_trainer>(4, 4, three_blocks(), opts, comm, two_stages());
   const auto joined = joined_stages(saved, 3);
