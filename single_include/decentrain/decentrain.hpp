@@ -34663,7 +34663,8 @@ struct redeal_record {
 };
 
 // What a re-deal's member holds and needs, as it said it: `current` (at the agreed step) or
-// `near` (a step from it, in the same round of a policy whose replicas differ between rounds),
+// `near` (a step from it: in the same round of a policy whose replicas differ between rounds;
+// any step of one whose every step leaves them equal),
 // the parameters it holds each with its digest (redeal_exchange::digest), the names its new part
 // needs.
 struct member_parts {
@@ -34851,10 +34852,11 @@ class redeal_exchange {
   // lowest-ranked holder it trusts, so that the new parts make up one replica wherever one is whole (a part mixing two
   // replicas' values would keep them apart: the tied embedding's two copies on the first and
   // the last stage, say, are averaged only within their own stages); the other replicas' steps
-  // since the round began are dropped, as a lost replica's are. There a member a step from the
-  // agreed one (the copies of a pipeline run apart between rounds, and one that hears of a
+  // since the round began are dropped, as a lost replica's are. In both, a member a step from
+  // the agreed one (the copies of a pipeline run apart between rounds, and one that hears of a
   // failure can stop a step before or after its neighbour) serves what no member at the step
-  // holds. None, naming `missing`, when some name has no holder.
+  // holds: with `spread`, a stage's part one optimizer step off, where the only copy at the step
+  // died, rather than no run at all. None, naming `missing`, when some name has no holder.
   std::optional<redeal_plan> plan(const std::vector<member_parts>& said, bool spread, std::string& missing) const {
     const auto n = said.size();
     redeal_plan from(n, std::vector<std::vector<std::string>>(n));
@@ -34872,7 +34874,7 @@ class redeal_exchange {
           return out;
         };
         auto holders = holders_if([](const member_parts& m) { return m.current; });
-        if (holders.empty() && !spread) holders = holders_if([](const member_parts& m) { return m.near; });
+        if (holders.empty()) holders = holders_if([](const member_parts& m) { return m.near; });
         if (holders.empty()) {
           missing = want[k];
           return std::nullopt;
@@ -35702,13 +35704,15 @@ class trainer {
     const int stages_before = placed_members_.empty() ? 0 : placement_.stages;
     redeal_record record{step, stages_before, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
     const int n = world(), me = rank();
-    // Near the step: a step before or after it in the same round (redeal_exchange::plan says
-    // when that serves). Not a joiner's first part, nor a part held from a checkpoint.
+    // Near the step: a step before or after it (in the same round, where the replicas differ
+    // between rounds; redeal_exchange::plan says when that serves). Not a joiner's first part,
+    // nor a part held from a checkpoint.
     constexpr bool spread = requires { requires CommPolicy::replicas_equal_after_step; };
     const bool placed = !placed_members_.empty() && !held_;
     const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
-    const bool near = !current && placed && !spread &&
-                      ((step_ + 1 == step && !ends_round_between(step_)) || (step_ == step + 1 && !ends_round_between(step)));
+    const bool near = !current && placed &&
+                      ((step_ + 1 == step && (spread || !ends_round_between(step_))) ||
+                       (step_ == step + 1 && (spread || !ends_round_between(step))));
     std::string lost;
     for (std::size_t i = 0; i < placed_members_.size(); ++i)
       if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))

@@ -760,13 +760,15 @@ class trainer {
     const int stages_before = placed_members_.empty() ? 0 : placement_.stages;
     redeal_record record{step, stages_before, static_cast<int>(placed_members_.size()) / placement_.stages, 0, 0, 0, 0, 0, false};
     const int n = world(), me = rank();
-    // Near the step: a step before or after it in the same round (redeal_exchange::plan says
-    // when that serves). Not a joiner's first part, nor a part held from a checkpoint.
+    // Near the step: a step before or after it (in the same round, where the replicas differ
+    // between rounds; redeal_exchange::plan says when that serves). Not a joiner's first part,
+    // nor a part held from a checkpoint.
     constexpr bool spread = requires { requires CommPolicy::replicas_equal_after_step; };
     const bool placed = !placed_members_.empty() && !held_;
     const bool current = std::find(behind.begin(), behind.end(), endpoint_.rank()) == behind.end();
-    const bool near = !current && placed && !spread &&
-                      ((step_ + 1 == step && !ends_round_between(step_)) || (step_ == step + 1 && !ends_round_between(step)));
+    const bool near = !current && placed &&
+                      ((step_ + 1 == step && (spread || !ends_round_between(step_))) ||
+                       (step_ == step + 1 && (spread || !ends_round_between(step))));
     std::string lost;
     for (std::size_t i = 0; i < placed_members_.size(); ++i)
       if (!std::binary_search(members_.begin(), members_.end(), placed_members_[i]))
