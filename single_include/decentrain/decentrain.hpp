@@ -25681,6 +25681,7 @@ class ring_ordering {
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -25861,20 +25862,8 @@ class deadline_rounds {
   std::int64_t dropped() const { return dropped_; }  // replicas' rounds the leader closed without
 
   void save(io::checkpoint& c, const std::string& prefix) const {
-    std::string text;
-    for (double o : offsets_) {
-      char one[32];
-      std::snprintf(one, sizeof one, "%.17g ", o);
-      text += one;
-    }
-    c.text[prefix + "deadline.offsets"] = text;
-    text.clear();
-    for (double o : step_seconds_) {
-      char one[32];
-      std::snprintf(one, sizeof one, "%.17g ", o);
-      text += one;
-    }
-    c.text[prefix + "deadline.step_seconds"] = text;
+    c.text[prefix + "deadline.offsets"] = seconds_text(offsets_);
+    c.text[prefix + "deadline.step_seconds"] = seconds_text(step_seconds_);
     c.counters[prefix + "deadline.through"] = through_;
     c.counters[prefix + "deadline.missed"] = missed_;
     c.counters[prefix + "deadline.dropped"] = dropped_;
@@ -25918,6 +25907,17 @@ class deadline_rounds {
   static constexpr transport::tag_type channel = transport::tag_type{0x646c6e31u} << 32;  // "dln1"
   static constexpr transport::tag_type arrival_tag = channel | 1, group_tag = channel | 2, result_tag = channel | 3;
 
+  // Seconds as text, exactly (%.17g), space after each.
+  template <class Seconds>
+  static std::string seconds_text(const Seconds& values) {
+    std::string text;
+    for (const double v : values) {
+      char one[32];
+      std::snprintf(one, sizeof one, "%.17g ", v);
+      text += one;
+    }
+    return text;
+  }
   template <class E>
   static double now_s(E& ep) {
     return std::chrono::duration<double>(transport::now(ep).time_since_epoch()).count();

@@ -108,6 +108,12 @@ TEST_CASE("round_deadline: the deadline is the offsets' median plus k robust dev
   CHECK(s.deadline_s(d, 3, 100.0) == Approx(10.0));  // the floor: 10% of 100 s planned
   d.fixed_s = 0.25;
   CHECK(s.deadline_s(d, 3, 100.0) == 0.25);
+  // Saved and loaded, exactly.
+  dt::io::checkpoint saved;
+  s.save(saved, "q.");
+  dt::comm::deadline_rounds again;
+  again.load(saved, "q.");
+  CHECK(again.deadline_s(d, 3, 1.0) == s.deadline_s(d, 3, 1.0));
   CHECK_THROWS_WITH(s.load(offsets("0.1 x"), "p."), Catch::Contains("deadline.offsets' holds something other than seconds"));
   dt::comm::round_deadline bad;
   bad.quorum = 0;
@@ -167,46 +173,32 @@ TEST_CASE("round_deadline: without stragglers no replica of any speed is dropped
   CHECK(run.arrivals.size() == 6 * 4);
 }
 
+// What each of 2 peers' fit threw (empty: nothing) under `policy` and the fault policy Fault.
+template <class Fault = dt::fault::none>
+std::vector<std::string> errors_of(const policy_type& policy) {
+  std::vector<std::string> errors(2);
+  dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
+    try {
+      dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type, dt::parallel::data, Fault> t(fixture::tiny_gpt(),
+                                                                                         fixture::small_run(4), ep, policy);
+      (void)t.fit(fixture::small_corpus().data);
+    } catch (const dt::error& e) {
+      errors[static_cast<std::size_t>(ep.rank())] = e.what();
+    }
+  });
+  return errors;
+}
+
 TEST_CASE("round_deadline: diloco refuses it without sized_to_speed, with tune, or under fault::elastic") {
   policy_type p;
   p.inner_steps = 4;
   p.deadline = dt::comm::round_deadline{};
-  dt::transport::in_process net(2);
-  std::vector<std::string> errors(2);
-  net.run([&](dt::transport::in_process::endpoint& ep) {
-    try {
-      dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type> t(fixture::tiny_gpt(), fixture::small_run(4), ep, p);
-      (void)t.fit(fixture::small_corpus().data);
-    } catch (const dt::error& e) {
-      errors[static_cast<std::size_t>(ep.rank())] = e.what();
-    }
-  });
-  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("a deadline needs sized_to_speed"));
+  for (const auto& e : errors_of(p)) CHECK_THAT(e, Catch::Contains("a deadline needs sized_to_speed"));
   p.sized_to_speed = true;
   p.tune.emplace();
-  errors.assign(2, "");
-  net.run([&](dt::transport::in_process::endpoint& ep) {
-    try {
-      dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type> t(fixture::tiny_gpt(), fixture::small_run(4), ep, p);
-      (void)t.fit(fixture::small_corpus().data);
-    } catch (const dt::error& e) {
-      errors[static_cast<std::size_t>(ep.rank())] = e.what();
-    }
-  });
-  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("a deadline needs sized_to_speed, and not tune"));
-
+  for (const auto& e : errors_of(p)) CHECK_THAT(e, Catch::Contains("a deadline needs sized_to_speed, and not tune"));
   // Under fault::elastic the peers meet at every round's start, which a late replica's skip
   // would miss: refused before the first step.
   p.tune.reset();
-  errors.assign(2, "");
-  net.run([&](dt::transport::in_process::endpoint& ep) {
-    try {
-      dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type, dt::parallel::data, dt::fault::elastic> t(
-          fixture::tiny_gpt(), fixture::small_run(4), ep, p);
-      (void)t.fit(fixture::small_corpus().data);
-    } catch (const dt::error& e) {
-      errors[static_cast<std::size_t>(ep.rank())] = e.what();
-    }
-  });
-  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("which elastic does not allow"));
+  for (const auto& e : errors_of<dt::fault::elastic>(p)) CHECK_THAT(e, Catch::Contains("which elastic does not allow"));
 }
