@@ -25755,12 +25755,11 @@ class deadline_rounds {
     std::vector<int> members;  // ascending
     double slowest_s = 0;      // the slowest replica's seconds per inner step, for the next round's sizing
     int leader = 0;            // the replica that closed it
-    bool in() const { return in_; }
-    bool in_ = false;
+    bool in = false;           // this replica is one of the members
   };
 
   deadline_rounds() = default;
-  deadline_rounds(const deadline_rounds&) {}  // (a copy makes its own groups and starts unmeasured)
+  deadline_rounds(const deadline_rounds&) {}  // (a copy starts unmeasured)
   deadline_rounds& operator=(const deadline_rounds& o) {
     if (this != &o) forget_view();
     return *this;
@@ -25961,7 +25960,7 @@ class deadline_rounds {
     apply_group(d, v, n);
     leader_ = static_cast<int>(next);
     first_after_start_ = std::isfinite(v[4]) ? std::max(0.0, v[4]) : 0.0;
-    c.in_ = member(me);
+    c.in = member(me);
     return c;
   }
   // What every replica keeps of a group: the offsets (in one order everywhere) and the speeds.
@@ -26050,7 +26049,7 @@ class deadline_rounds {
     std::sort(times.begin(), times.end());
     const double quorum_at = times[static_cast<std::size_t>(std::min<int>(quorum, static_cast<int>(times.size())) - 1)];
     closing c;
-    c.in_ = true;
+    c.in = true;
     c.leader = me;
     std::vector<double> group(group_size(n), 0.0);
     group[0] = static_cast<double>(round);
@@ -26620,7 +26619,7 @@ struct diloco {
     const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, typical, speed_.deadline_s,
                                         delta_.size() * sizeof(float));
     std::int64_t behind = 0;  // whole rounds the group closed without this replica
-    if (group.in()) {
+    if (group.in) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
       if (group.members.size() < static_cast<std::size_t>(ctx.replicas.world())) {
         // (a group of the round's members, made anew each round: every member makes it once;
@@ -26636,7 +26635,7 @@ struct diloco {
       deadlines_.take_result(ctx.replicas, group, std::span<float>(delta_));
     }
     double slowest = group.slowest_s;
-    const bool missed = !group.in();
+    const bool missed = !group.in;
     for (;;) {
       outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
       momentum_started_ = true;
@@ -33726,9 +33725,10 @@ std::int64_t restore(const io::checkpoint& c, Model& model, optim::adamw<Device>
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them;
-//                                                        std::int64_t catch_up(), the steps this peer skips
-//                                                        after the step just taken (a round its group closed
-//                                                        without it: diloco's deadline);
+//                                                        std::int64_t catch_up(), the step this peer goes on
+//                                                        from after the step just taken (0: the next; a round
+//                                                        its group closed without it: diloco's deadline), and
+//                                                        bool catches_up() const, whether it may skip steps;
 //                                                        std::int64_t local_steps(std::int64_t step) const,
 //                                                        the inner steps this peer takes in `step` (work
 //                                                        sized to speed: diloco's sized_to_speed), each on
@@ -33955,8 +33955,11 @@ constexpr bool check_comm_policy() {
                     "steps this peer takes in `step`, at least 1)");
     if constexpr (requires { &P::catch_up; })
       static_assert(requires(P& p) { { p.catch_up() } -> std::convertible_to<std::int64_t>; },
-                    "comm policy: catch_up must read `std::int64_t catch_up()` (the steps this peer skips after "
-                    "the step just taken, to catch up with its group; then 0 until the next)");
+                    "comm policy: catch_up must read `std::int64_t catch_up()` (the step this peer goes on from "
+                    "after the step just taken, where its group is; 0: the next step)");
+    if constexpr (requires { &P::catches_up; })
+      static_assert(requires(const P& p) { { p.catches_up() } -> std::convertible_to<bool>; },
+                    "comm policy: catches_up must read `bool catches_up() const` (whether catch_up may skip steps)");
     if constexpr (requires { &P::accumulates; })
       static_assert(requires(const P& p) { { p.accumulates() } -> std::convertible_to<bool>; },
                     "comm policy: accumulates must read `bool accumulates() const` (whether a step's inner steps are "

@@ -411,7 +411,7 @@ struct diloco {
     const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, typical, speed_.deadline_s,
                                         delta_.size() * sizeof(float));
     std::int64_t behind = 0;  // whole rounds the group closed without this replica
-    if (group.in()) {
+    if (group.in) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
       if (group.members.size() < static_cast<std::size_t>(ctx.replicas.world())) {
         // (a group of the round's members, made anew each round: every member makes it once;
@@ -427,7 +427,7 @@ struct diloco {
       deadlines_.take_result(ctx.replicas, group, std::span<float>(delta_));
     }
     double slowest = group.slowest_s;
-    const bool missed = !group.in();
+    const bool missed = !group.in;
     for (;;) {
       outer::step(outer_optimizer, global_, delta_, momentum_, !momentum_started_);
       momentum_started_ = true;

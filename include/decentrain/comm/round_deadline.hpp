@@ -102,12 +102,11 @@ class deadline_rounds {
     std::vector<int> members;  // ascending
     double slowest_s = 0;      // the slowest replica's seconds per inner step, for the next round's sizing
     int leader = 0;            // the replica that closed it
-    bool in() const { return in_; }
-    bool in_ = false;
+    bool in = false;           // this replica is one of the members
   };
 
   deadline_rounds() = default;
-  deadline_rounds(const deadline_rounds&) {}  // (a copy makes its own groups and starts unmeasured)
+  deadline_rounds(const deadline_rounds&) {}  // (a copy starts unmeasured)
   deadline_rounds& operator=(const deadline_rounds& o) {
     if (this != &o) forget_view();
     return *this;
@@ -308,7 +307,7 @@ class deadline_rounds {
     apply_group(d, v, n);
     leader_ = static_cast<int>(next);
     first_after_start_ = std::isfinite(v[4]) ? std::max(0.0, v[4]) : 0.0;
-    c.in_ = member(me);
+    c.in = member(me);
     return c;
   }
   // What every replica keeps of a group: the offsets (in one order everywhere) and the speeds.
@@ -397,7 +396,7 @@ class deadline_rounds {
     std::sort(times.begin(), times.end());
     const double quorum_at = times[static_cast<std::size_t>(std::min<int>(quorum, static_cast<int>(times.size())) - 1)];
     closing c;
-    c.in_ = true;
+    c.in = true;
     c.leader = me;
     std::vector<double> group(group_size(n), 0.0);
     group[0] = static_cast<double>(round);

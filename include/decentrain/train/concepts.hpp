@@ -17,9 +17,10 @@
 //                                                        the group changes;
 //                                                        bool ends_round_at(std::int64_t step) const, where
 //                                                        rounds end: joiners are taken in after them;
-//                                                        std::int64_t catch_up(), the steps this peer skips
-//                                                        after the step just taken (a round its group closed
-//                                                        without it: diloco's deadline);
+//                                                        std::int64_t catch_up(), the step this peer goes on
+//                                                        from after the step just taken (0: the next; a round
+//                                                        its group closed without it: diloco's deadline), and
+//                                                        bool catches_up() const, whether it may skip steps;
 //                                                        std::int64_t local_steps(std::int64_t step) const,
 //                                                        the inner steps this peer takes in `step` (work
 //                                                        sized to speed: diloco's sized_to_speed), each on
@@ -128,8 +129,11 @@ constexpr bool check_comm_policy() {
                     "steps this peer takes in `step`, at least 1)");
     if constexpr (requires { &P::catch_up; })
       static_assert(requires(P& p) { { p.catch_up() } -> std::convertible_to<std::int64_t>; },
-                    "comm policy: catch_up must read `std::int64_t catch_up()` (the steps this peer skips after "
-                    "the step just taken, to catch up with its group; then 0 until the next)");
+                    "comm policy: catch_up must read `std::int64_t catch_up()` (the step this peer goes on from "
+                    "after the step just taken, where its group is; 0: the next step)");
+    if constexpr (requires { &P::catches_up; })
+      static_assert(requires(const P& p) { { p.catches_up() } -> std::convertible_to<bool>; },
+                    "comm policy: catches_up must read `bool catches_up() const` (whether catch_up may skip steps)");
     if constexpr (requires { &P::accumulates; })
       static_assert(requires(const P& p) { { p.accumulates() } -> std::convertible_to<bool>; },
                     "comm policy: accumulates must read `bool accumulates() const` (whether a step's inner steps are "
