@@ -6,7 +6,9 @@
 //
 //   gpu_train_step [--seq T] [--batch B] [--steps S] [--peak-tflops X] [--peak-gbps X]
 //                  [--no-torch] [--torch-script PATH] [--json PATH] [--profile] [--attention]
-//                  [--no-f32] [--codec]
+//                  [--no-f32] [--codec] [--cross-entropy]
+//
+// --cross-entropy runs only the loss's kernels, on one chunk of the step's bf16 logits.
 //
 // --codec runs only the outer-step codec table: a GPT-2 124M pseudo-gradient (global minus local
 // parameters) encoded as int8 blockwise and as top-k 1%, on the host after copying the parameters
@@ -66,6 +68,7 @@ struct options {
   bool attention_only = false;
   bool f32 = true;
   bool codec_only = false;
+  bool cross_entropy_only = false;
   std::string torch_script = std::string(DECENTRAIN_SOURCE_DIR) + "/bench/torch_gpu_train_step.py";
   std::string json;
 };
@@ -188,6 +191,38 @@ bool run_script(const std::string& script, const std::string& args, const std::s
 
 // Bytes each kernel must move at least (every input read once, every output written once).
 // `products` receives the rows of the FLOP-bound kernels (us and TFLOP/s in the gbps column).
+// The loss's kernels as the bf16 step runs them: on one chunk of bf16 logits as
+// linear_cross_entropy cuts the (B T, V) logits (256 MiB a chunk), the forward (each row's loss
+// and logsumexp: one read) and then the backward written over the logits (one read, one write).
+std::vector<kernel_row> cross_entropy_chunk(std::int64_t N, std::int64_t V, double peak_gbps) {
+  const std::int64_t rows = std::min<std::int64_t>(N, ((std::int64_t{256} << 20) / (V * 2)) / 128 * 128);
+  dt::rng gen(8, "ce-chunk");
+  auto logits = dt::to_device<gpu>(dt::randn(dt::shape{rows, V}, gen).to(dt::dtype::bf16));
+  std::vector<std::int32_t> t(static_cast<std::size_t>(rows));
+  for (auto& v : t) v = static_cast<std::int32_t>(gen.below(50257));
+  auto targets = dt::to_device<gpu>(dt::from_vector(t, dt::shape{rows}));
+  auto row_lse = dt::tensor<gpu>::empty(dt::shape{rows});
+  auto row_loss = dt::tensor<gpu>::empty(dt::shape{rows}, dt::dtype::f64);
+  auto* l = logits.data<dt::bf16>();
+  const auto* ids = targets.data<std::int32_t>();
+  const float per_row = 1.0f / static_cast<float>(N);
+  const double forward = time_us([&] {
+    dt::kernels::cross_entropy_rows(gpu{}, l, ids, rows, V, -1, row_lse.data<float>(), row_loss.data<double>());
+  });
+  // (Each call writes the gradient over what the last one wrote: the same work on other values.)
+  const double backward = time_us([&] {
+    dt::kernels::cross_entropy_backward(gpu{}, l, l, row_lse.data<float>(), ids, rows, V, -1, per_row);
+  });
+  const double elements = static_cast<double>(rows) * static_cast<double>(V);
+  const auto row = [&](const std::string& name, double bytes, double us) {
+    const double gbps = bytes / (us * 1e-6) / 1e9;
+    return kernel_row{name + ", bf16, " + std::to_string(rows) + " x " + std::to_string(V) + " (" +
+                          std::to_string((N + rows - 1) / rows) + " a step)", us, gbps, peak_gbps > 0 ? gbps / peak_gbps : 0};
+  };
+  return {row("cross_entropy forward", 2.0 * elements, forward),
+          row("cross_entropy backward, in place", 4.0 * elements, backward)};
+}
+
 std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double peak_gbps, std::vector<kernel_row>& products) {
   const std::int64_t C = 768, V = 50304, N = B * T;
   dt::rng gen(5, "kernels");
@@ -257,18 +292,7 @@ std::vector<kernel_row> kernel_bandwidth(std::int64_t B, std::int64_t T, double 
     const double us = time_us([&] { dt::kernels::gelu_forward(gpu{}, out.data<float>(), x.data<float>(), N * 4 * C); });
     add("gelu forward", 4.0 * 2.0 * N * 4 * C, us);
   }
-  {
-    auto logits = dt::to_device<gpu>(dt::randn(dt::shape{N, V}, gen));
-    std::vector<std::int32_t> t(static_cast<std::size_t>(N));
-    for (auto& v : t) v = static_cast<std::int32_t>(gen.below(50257));
-    auto targets = dt::to_device<gpu>(dt::from_vector(t, dt::shape{N}));
-    auto row_lse = dt::tensor<gpu>::empty(dt::shape{N});
-    const double us = time_us([&] {
-      (void)dt::kernels::cross_entropy_forward(gpu{}, logits.data<float>(), targets.data<std::int32_t>(), N, V, -1,
-                                               row_lse.data<float>());
-    }, 5);
-    add("cross_entropy forward (incl. read-back)", 4.0 * N * V, us);
-  }
+  for (const auto& r : cross_entropy_chunk(B * T, V, peak_gbps)) rows.push_back(r);
   {
     // Causal attention on bf16 activations (tensor cores), as the bf16 step runs it. FLOPs count
     // the visible half of the (T, T) products: forward 2 B H T^2 D; backward 2.5 times that.
@@ -565,10 +589,11 @@ int main(int argc, char** argv) {
     else if (a == "--attention") o.attention_only = true;
     else if (a == "--no-f32") o.f32 = false;
     else if (a == "--codec") o.codec_only = true;
+    else if (a == "--cross-entropy") o.cross_entropy_only = true;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: gpu_train_step [--seq T] [--batch B] [--steps S] "
                            "[--peak-tflops X] [--peak-gbps X] [--no-torch] [--torch-script PATH] [--json PATH] [--profile] "
-                           "[--attention] [--no-f32] [--codec]\n", a.c_str());
+                           "[--attention] [--no-f32] [--codec] [--cross-entropy]\n", a.c_str());
       return 2;
     }
   }
@@ -598,6 +623,20 @@ int main(int argc, char** argv) {
   }
   auto cfg = dt::nn::gpt_preset("gpt2-124m");
   cfg.vocab_size = 50304;  // padded as the reference does
+  if (o.cross_entropy_only) {
+    const auto rows = cross_entropy_chunk((o.batch > 0 ? o.batch : 32) * o.seq, 50304, gbps);
+    std::printf("\n| kernel | us | GB/s | of peak bandwidth |\n|---|---:|---:|---:|\n");
+    for (const auto& k : rows) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
+    if (out) {
+      *out << "[";
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        *out << (i ? ",\n" : "\n") << "{\"kernel\":\"" << rows[i].kernel << "\",\"us\":" << rows[i].us << ",\"gbps\":" << rows[i].gbps
+             << ",\"fraction\":" << rows[i].fraction << ",\"device\":\"" << peaks.name << "\"}";
+      *out << "\n]\n";
+      out->close();
+    }
+    return 0;
+  }
   if (o.codec_only) {
     std::int64_t n = 0;  // GPT-2 124M's parameter count (the vocabulary unpadded, as a peer sends it)
     {

@@ -9,10 +9,13 @@ reserved_mib=<torch.cuda.max_memory_reserved>` (MiB). --mode attention times
 `scaled_dot_product_attention` alone (12 heads of 64, causal, bf16, q, k and v viewed in one
 (B, T, 3C) projection as the model has them) and prints `RESULT backend=<name> fwd_us=<median>
 bwd_us=<median of forward and backward, less the forward>`.
+--kernels-csv PATH profiles one more step (torch.profiler) and writes its GPU kernels summed by
+name as nsys's cuda_gpu_kern_sum CSV (scripts/kernel_summary.py reads it).
 bf16 modes run the forward under torch.autocast(bfloat16) with f32 master weights, as nanoGPT;
 f32 keeps TF32 off so it is the like-for-like reference for an f32 implementation.
 """
 import argparse
+import csv
 import math
 import statistics
 import time
@@ -114,6 +117,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--kernels-csv", help="after the timed steps, profile one and write its kernels summed by name here")
     a = ap.parse_args()
     if a.mode == "attention":
         return attention(a.batch, a.seq)
@@ -130,21 +134,50 @@ def main():
     bf16 = a.mode.endswith("bf16")
     x = torch.randint(0, 50257, (a.batch, a.seq), device=dev)
     y = torch.randint(0, 50257, (a.batch, a.seq), device=dev)
-    times = []
-    for s in range(a.steps + 3):  # warm-up steps include compilation
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+
+    times = []
+    for s in range(a.steps + 3):  # warm-up steps include compilation
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
         torch.cuda.synchronize()
         if s >= 3:
             times.append(time.perf_counter() - t0)
     print("RESULT step_s=%.6f peak_mib=%.1f reserved_mib=%.1f" % (statistics.median(times), torch.cuda.max_memory_allocated() / 2**20,
                                                                   torch.cuda.max_memory_reserved() / 2**20))
+    if a.kernels_csv:
+        write_kernel_sums(a.kernels_csv, step)
+
+
+def write_kernel_sums(path, step):
+    """One more step under torch.profiler (CUPTI: warm caches, the clocks as they run), its GPU
+    kernels summed by name into `path` as nsys's cuda_gpu_kern_sum CSV, which
+    scripts/kernel_summary.py reads."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    sums = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or "memcpy" in e.name.lower() or "memset" in e.name.lower():
+            continue
+        ns, n = sums.get(e.name, (0.0, 0))
+        sums[e.name] = (ns + e.time_range.elapsed_us() * 1000.0, n + 1)
+    whole = sum(ns for ns, _ in sums.values()) or 1.0
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Time (%)", "Total Time (ns)", "Instances", "Name"])
+        for name, (ns, n) in sorted(sums.items(), key=lambda kv: -kv[1][0]):
+            w.writerow(["%.1f" % (100.0 * ns / whole), "%.0f" % ns, n, name])
 
 
 if __name__ == "__main__":

@@ -328,6 +328,51 @@ TEST_CASE("cuda linear_cross_entropy matches the CPU in f32 and bf16, whole and 
   }
 }
 
+TEST_CASE("cuda GEMMs and the loss at linear_cross_entropy's shapes match the CPU, piece by piece") {
+  // The products linear_cross_entropy's test above runs (222 rows, 64 wide, 1000 classes): the
+  // logits (x w^T), the input's gradient (g w), the weight's (g^T x), with beta 0 and 1 over a
+  // C that holds values, in f32 and with bf16 operands; then the loss's gradient alone. Where
+  // that test fails, this one says which piece does.
+  struct problem { bool ta, tb; std::int64_t m, n, k; };
+  for (const problem p : {problem{false, true, 222, 1000, 64}, problem{false, false, 222, 64, 1000},
+                          problem{true, false, 1000, 64, 222}}) {
+    const auto a = random(p.ta ? dt::shape{p.k, p.m} : dt::shape{p.m, p.k}, 50);
+    const auto b = random(p.tb ? dt::shape{p.n, p.k} : dt::shape{p.k, p.n}, 51);
+    const auto c0 = random(dt::shape{p.m, p.n}, 52);
+    for (const float beta : {0.0f, 1.0f})
+      for (const bool bf16 : {false, true}) {
+        INFO("ta " << p.ta << " tb " << p.tb << " m " << p.m << " n " << p.n << " k " << p.k << " beta " << beta
+                   << (bf16 ? " bf16 operands" : " f32"));
+        // Both sides multiply the same values: bf16 operands are rounded first, and widened on the CPU.
+        const auto ac = bf16 ? a.to(dt::dtype::bf16).to(dt::dtype::f32) : a.clone();
+        const auto bc = bf16 ? b.to(dt::dtype::bf16).to(dt::dtype::f32) : b.clone();
+        auto want = c0.clone();
+        dt::kernels::gemm(cpu{}, p.ta, p.tb, p.m, p.n, p.k, 1.0f, ac.data<float>(), ac.size(1), bc.data<float>(),
+                          bc.size(1), beta, want.data<float>(), p.n);
+        auto got = dt::to_device<gpu>(c0);
+        if (bf16) {
+          const auto ag = dt::to_device<gpu>(a.to(dt::dtype::bf16)), bg = dt::to_device<gpu>(b.to(dt::dtype::bf16));
+          dt::kernels::gemm(gpu{}, p.ta, p.tb, p.m, p.n, p.k, 1.0f, ag.data<dt::bf16>(), ag.size(1), bg.data<dt::bf16>(),
+                            bg.size(1), beta, got.data<float>(), p.n);
+        } else {
+          const auto ag = dt::to_device<gpu>(a), bg = dt::to_device<gpu>(b);
+          dt::kernels::gemm(gpu{}, p.ta, p.tb, p.m, p.n, p.k, 1.0f, ag.data<float>(), ag.size(1), bg.data<float>(),
+                            bg.size(1), beta, got.data<float>(), p.n);
+        }
+        CHECK(normwise_error(host(got), want) <= (bf16 ? 1e-4 : 1e-5));  // (tensor cores sum in another order)
+      }
+  }
+  std::vector<std::int32_t> targets(6 * 37);
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<std::int32_t>((i * 53) % 1000);
+  targets[5] = targets[100] = -1;
+  const auto tc = dt::from_vector(targets, dt::shape{6, 37});
+  check_against_cpu("cross_entropy of (6, 37, 1000) logits", {random(dt::shape{6, 37, 1000}, 53, dt::dtype::f32, 4.0)},
+                    [&](auto& v) {
+    using D = typename std::decay_t<decltype(v[0])>::device_type;
+    return dt::cross_entropy(v[0], dt::to_device<D>(tc), -1);
+  });
+}
+
 TEST_CASE("cuda causal attention (flash style) matches the CPU for several head widths and lengths") {
   struct dims { std::int64_t B, T, C, H; };
   // Head widths 16, 64 (GPT-2), 96 (not a multiple of 32) and 128; lengths that do and do not
