@@ -83,6 +83,7 @@ row run(const profile& link, const std::string& name, const Comm& comm, const se
   opts.steps = steps;  // (the cosine schedule over these: a grid run's over --max-steps)
   opts.warmup_steps = std::min<std::int64_t>(s.opts.warmup_steps, steps / 10);
   opts.stop_check_every = opts.eval_every;  // (the stop asked at an evaluation is agreed right after it)
+  opts.stop_check_in_background = false;
   row r;
   r.profile = link.name;
   r.name = name;

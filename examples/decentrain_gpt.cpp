@@ -213,7 +213,8 @@ void declare_train(CLI::App& cmd) {
             "each peer from its own newest). Ctrl-C stops every peer at the same\n"
             "step (peers agree every " +
                 std::to_string(t.stop_check_every) +
-                " steps), saves each peer's checkpoint and exits\n"
+                " steps, stopping at the check after the\n"
+                "one that saw it), saves each peer's checkpoint and exits\n"
                 "with status 130")
       ->group(checkpoints);
 

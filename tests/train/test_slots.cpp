@@ -197,6 +197,7 @@ TEST_CASE("fault::checkpoint_every keeps the newest checkpoints and resumes from
   ck.keep_last = 2;
   // Stop after 10 steps (inside a DiLoCo round) through a hook, as a crash would.
   opts.stop_check_every = 1;
+  opts.stop_check_in_background = false;  // (at the step asked, not at the check after)
   std::atomic<int> stopped{0};
   dt::transport::in_process(2).run([&](dt::transport::in_process::endpoint& ep) {
     Saving t(tiny_gpt(), opts, ep, h5, {}, ck);

@@ -32,6 +32,12 @@ struct trainer_options {
   // How often peers agree on whether to stop early (trainer::stop_when): a one-integer
   // all-reduce every this many steps; a lone peer checks every step.
   std::int64_t stop_check_every = 50;
+  // The stop check's all-reduce runs in the background and is read at the next check, so on
+  // slow links the group does not wait a round trip at every check: a stop asked is acted on at
+  // the check after the one that saw it (at most 2 x stop_check_every steps later). false: each
+  // check waits for its all-reduce and the group stops there. A fault policy that re-forms the
+  // group always waits (a group re-formed in between could not read what the old one posted).
+  bool stop_check_in_background = true;
   // A peer asked to stop leaves alone, at its next step, and the others go on without it: for
   // a peer that is a process of its own in an elastic group (Ctrl-C on one machine). Needs a
   // fault policy that re-forms the group.

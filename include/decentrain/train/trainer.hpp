@@ -131,8 +131,9 @@ class trainer {
   void on_eval(std::function<void(const eval_point&)> hook) { eval_hooks_.push_back(std::move(hook)); }
   // Asked between steps whether to stop early (Ctrl-C, say). With several peers they agree every
   // options().stop_check_every steps (any peer asking stops them all at the same step), so every
-  // peer must be given one; with options().stop_alone a peer asked leaves at its next step and
-  // the others go on (fault::elastic). The fault policy's on_stop, where it has one, then saves
+  // peer must be given one; with options().stop_check_in_background (the default) a check's
+  // answer is read at the next check, where they stop. With options().stop_alone a peer asked
+  // leaves at its next step and the others go on (fault::elastic). The fault policy's on_stop, where it has one, then saves
   // what must not be lost (and elastic says goodbye), and fit returns.
   void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
@@ -245,6 +246,7 @@ class trainer {
       result.last.framing_bytes_sent = traffic.framing_bytes_sent;
       for (auto& h : step_hooks_) h(result.last);
     }
+    finish_stop_check();
     if (result.stopped) return result;
     result.evals.push_back(record_eval(dataset, step_));
     result.final_val_loss = result.evals.back().val_loss;
@@ -1193,9 +1195,34 @@ class trainer {
     if (!stop_asked_) return false;
     if (world() == 1 || options_.stop_alone) return stop_asked_();
     if (step_ % options_.stop_check_every != 0) return false;
-    std::int32_t stop = stop_asked_() ? 1 : 0;
-    comm_.all_reduce(std::span<std::int32_t>(&stop, 1), collective::reduce_op::max);
-    return stop != 0;
+    if (!checks_stop_in_background()) {
+      std::int32_t stop = stop_asked_() ? 1 : 0;
+      comm_.all_reduce(std::span<std::int32_t>(&stop, 1), collective::reduce_op::max);
+      return stop != 0;
+    }
+    // Read what the last check posted (every peer posted it at the same step), then post this
+    // one's: its round trip runs beside the steps up to the next check.
+    if (stop_posted_) {
+      stop_posted_ = false;
+      stop_check_.wait();
+      if (stop_flag_ != 0) return true;
+    }
+    stop_flag_ = stop_asked_() ? 1 : 0;
+    stop_check_ = comm_.all_reduce_async(std::span<std::int32_t>(&stop_flag_, 1), collective::reduce_op::max);
+    stop_posted_ = true;
+    return false;
+  }
+  // trainer_options::stop_check_in_background, where the group keeps its members: a group that
+  // re-forms between two checks could not read what the old one posted, so its checks wait.
+  bool checks_stop_in_background() const {
+    return options_.stop_check_in_background && !requires(FaultPolicy& f, context& c) { f.reform(c); };
+  }
+  // A stop check still in flight at the end of fit is finished there (its answer no longer
+  // matters: the run ended), so the next fit posts afresh.
+  void finish_stop_check() {
+    if (!stop_posted_) return;
+    stop_posted_ = false;
+    stop_check_.wait();
   }
 
   static double unix_now() {
@@ -1326,6 +1353,11 @@ class trainer {
   std::vector<std::function<void(const eval_point&)>> eval_hooks_;
   double consensus_ = -1;  // the last evaluation's (eval_point::consensus_distance)
   std::function<bool()> stop_asked_;
+  // The stop check in flight (checks_stop_in_background): its all-reduce of stop_flag_, posted
+  // at one check and read at the next.
+  collective::pending stop_check_;
+  std::int32_t stop_flag_ = 0;
+  bool stop_posted_ = false;
 };
 
 }  // namespace decentrain::train
