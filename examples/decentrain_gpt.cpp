@@ -1239,6 +1239,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     if (const auto& picks = hooks.picks[static_cast<std::size_t>(asker)]; !picks.empty())
       std::printf("auto: %zu pick%s; at the end %s (picked after step %lld: %s)\n", picks.size(), picks.size() == 1 ? "" : "s",
                   cli::describe_pick(picks.back()).c_str(), static_cast<long long>(picks.back().step), picks.back().why.c_str());
+    print_deadlines(hooks.deadline_runs);
     if (p.parallel.swarm) print_swarm(p, hooks.swarm_runs, hooks.rows_by_stage, wall_s);
     else if (p.parallel.stages() > 1) print_stages(p, results, hooks.stage_runs, rank);
     print_suspects(hooks.tallies[static_cast<std::size_t>(asker)]);

@@ -196,6 +196,13 @@ struct swarm_figures {
   }
 };
 
+// --deadline, one peer's: the rounds it led that closed without every replica and the
+// contributions they dropped, the rounds it came too late to, and the steps it skipped to catch
+// up with the group.
+struct deadline_figures {
+  std::int64_t closed_early = 0, dropped = 0, missed = 0, skipped = 0;
+};
+
 // What the hooks of this process's peers share and leave behind, indexed by rank.
 struct run_hooks {
   explicit run_hooks(const train_plan& p) : bar(stdout, {.tty = ::isatty(STDOUT_FILENO) != 0, .log_every = p.log_every}) {}
@@ -217,6 +224,7 @@ struct run_hooks {
     picks.assign(n, {});
     site_maps.assign(n, {});
     ring_picks.assign(n, {});
+    deadline_runs.assign(n, {});
   }
 
   dt::train::progress bar;
@@ -236,6 +244,8 @@ struct run_hooks {
   std::vector<std::vector<dt::comm::tuning_choice>> picks;  // --auto: each peer's picks so far
   std::vector<std::optional<dt::collective::site_map>> site_maps;  // --site: each peer's sites at the end
   std::vector<std::optional<dt::collective::ring_pick>> ring_picks;  // --ring-order: each peer's last order measured
+  // --deadline: what each peer's rounds came to (see deadline_figures)
+  std::vector<std::optional<deadline_figures>> deadline_runs;
   int final_world = -1;  // an elastic TCP or MPI peer: the world of its last view
 };
 
@@ -370,6 +380,13 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
     return interrupted.load();
   });
   auto result = t.fit(job.data);
+  if constexpr (requires { t.policy().deadlines(); })
+    if (t.policy().deadline) {
+      const auto& d = t.policy().deadlines();
+      deadline_figures f{0, d.dropped(), d.missed(), t.skipped_steps()};
+      for (const auto& r : d.rounds()) f.closed_early += r.members < r.replicas ? 1 : 0;
+      h.deadline_runs[static_cast<std::size_t>(first_rank)] = f;
+    }
   if constexpr (requires { t.policy().sites(); }) h.site_maps[static_cast<std::size_t>(first_rank)] = t.policy().sites();
   if constexpr (requires { t.policy().ordering(); }) h.ring_picks[static_cast<std::size_t>(first_rank)] = t.policy().ordering().last();
   if constexpr (elastic) {

@@ -159,6 +159,27 @@ inline void print_swarm(const train_plan& p, const std::vector<swarm_figures>& r
   }
 }
 
+// --deadline: the rounds closed without every replica and what they left out, over the peers
+// this process ran (every peer with --peers; its own with TCP or MPI).
+inline void print_deadlines(const std::vector<std::optional<deadline_figures>>& runs) {
+  std::int64_t closed_early = 0, dropped = 0;
+  std::string late;
+  bool any = false;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    if (!runs[r]) continue;
+    any = true;
+    closed_early += runs[r]->closed_early;
+    dropped += runs[r]->dropped;
+    if (runs[r]->missed > 0)
+      late += (late.empty() ? "" : ", ") + std::string("peer ") + std::to_string(r) + " missed " + std::to_string(runs[r]->missed) +
+              " and skipped " + std::to_string(runs[r]->skipped) + " steps";
+  }
+  if (!any) return;
+  std::printf("deadline: %lld rounds closed without every replica, %lld contributions left out (each late replica took "
+              "the group's average and went on from the group's step)%s%s\n",
+              static_cast<long long>(closed_early), static_cast<long long>(dropped), late.empty() ? "" : "; ", late.c_str());
+}
+
 // The peers whose contributions were left out (non-finite, malformed) or lay far from the
 // aggregate, as one peer saw them (ranks of its replica group; after a membership change they
 // are the current view's).

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -565,6 +566,20 @@ TEST_CASE("train --deadline: rounds sized to speed close at their deadline, and 
   for (std::size_t i = 0; i < m.parsed.size(); ++i)
     if (m.event(i) == "step" && m.parsed[i].at("step").as_int() == 24) finished.insert(m.parsed[i].at("rank").as_int());
   CHECK(finished.size() == 4);
+  // The summary: rounds closed early, the contributions they left out, and each late replica's
+  // missed rounds, which add up to those left out.
+  long long closed_early = -1, left_out = -1;
+  const auto line = r.output.find("deadline: ");
+  REQUIRE(line != std::string::npos);
+  REQUIRE(std::sscanf(r.output.c_str() + line, "deadline: %lld rounds closed without every replica, %lld contributions left out",
+                      &closed_early, &left_out) == 2);
+  long long missed = 0;
+  const auto end = r.output.find('\n', line);
+  for (auto at = r.output.find(" missed ", line); at < end; at = r.output.find(" missed ", at + 1))
+    missed += std::atoll(r.output.c_str() + at + 8);
+  CHECK(left_out >= closed_early);
+  CHECK((closed_early == 0) == (left_out == 0));
+  CHECK(missed == left_out);
   r = run(cli() + args + " --deadline", dir);
   CHECK_THAT(r.output, Contains("--deadline closes DiLoCo's rounds sized to speed: it needs --comm diloco --sized-to-speed"));
   r = run(cli() + args + " --sized-to-speed --deadline --auto", dir);

@@ -24,18 +24,24 @@ struct stop_run {
   std::vector<int> stopped;             // by rank: fit said it stopped
 };
 
-// 3 deterministic simulated peers, 24 steps, a check every 5 steps; peer 1 asks to stop from
-// step `ask_at` on.
-stop_run run(bool background, std::int64_t ask_at) {
-  constexpr int world = 3;
-  dt::transport::in_process::options o;
-  o.deterministic = dt::transport::in_process::deterministic_run{};
+// 24 steps, a stop check every 5, in the background or waiting.
+dt::train::trainer_options checked_every_5(bool background) {
   auto opts = fixture::small_run(24);
   opts.batch_size = 2;
   opts.eval_every = 0;
   opts.eval_batches = 1;
   opts.stop_check_every = 5;
   opts.stop_check_in_background = background;
+  return opts;
+}
+
+// 3 deterministic simulated peers, 24 steps, a check every 5 steps; peer 1 asks to stop from
+// step `ask_at` on.
+stop_run run(bool background, std::int64_t ask_at) {
+  constexpr int world = 3;
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  const auto opts = checked_every_5(background);
   dt::comm::diloco<> policy;
   policy.inner_steps = 12;
   stop_run out{std::vector<std::int64_t>(world), std::vector<int>(world)};
@@ -72,12 +78,7 @@ TEST_CASE("trainer: a stop check in the background does not hold the group at th
   // background check runs on, which a deterministic simulation does not open.
   const auto held = [](bool background, std::chrono::milliseconds patience) {
     constexpr int world = 3;
-    auto opts = fixture::small_run(24);
-    opts.batch_size = 2;
-    opts.eval_every = 0;
-    opts.eval_batches = 1;
-    opts.stop_check_every = 5;
-    opts.stop_check_in_background = background;
+    const auto opts = checked_every_5(background);
     dt::comm::diloco<> policy;  // (one exchange, at the end: only the checks meet before it)
     policy.inner_steps = 24;
     std::mutex m;
