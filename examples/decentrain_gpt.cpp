@@ -1076,7 +1076,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
 
   std::vector<dt::train::fit_result> results;
   int world = p.world, rank = 0;
-  int asker = 0;  // whose asked_at says where a stop happened: this process's peer, or the first survivor
+  int asker = 0;  // whose stopped_at says where a stop happened: this process's peer, or the first survivor
   const auto t0 = std::chrono::steady_clock::now();
   if (p.mode == launch::single || p.mode == launch::in_process) {
     hooks.open_metrics(p.metrics, p);  // one file, one log, for every peer
@@ -1192,7 +1192,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
   }
   if (results[0].stopped) {
     if (tcp_peer) print_transport(*tcp_peer);
-    const auto step = hooks.asked_at[static_cast<std::size_t>(asker)];
+    const auto step = hooks.stopped_at[static_cast<std::size_t>(asker)];
     const int folders_of = p.mode == launch::in_process ? p.world : world;  // survivors keep their folders' names
     if (elastic && p.mode == launch::tcp) {
       const auto file = p.checkpoints.file(p.tcp.rank, std::max(p.tcp.world, p.tcp.rank + 1), step);

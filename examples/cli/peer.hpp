@@ -214,7 +214,7 @@ struct run_hooks {
   }
   void size_for(int world) {
     const auto n = static_cast<std::size_t>(world);
-    asked_at.assign(n, 0);
+    stopped_at.assign(n, 0);
     tallies.assign(n, {});
     stage_runs.assign(n, {});
     swarm_runs.assign(n, {});
@@ -232,7 +232,7 @@ struct run_hooks {
   std::optional<dt::train::metrics_log> metrics;
   std::optional<run_status> status;  // --status-port
   dt::transport::in_process* network = nullptr;  // --peers: what --kill kills through
-  std::vector<std::int64_t> asked_at;  // the step at which stop_when last asked
+  std::vector<std::int64_t> stopped_at;  // the step at which each peer's fit returned
   std::vector<dt::collective::peer_tally> tallies;  // what each saw of the others' contributions
   std::vector<stage_figures> stage_runs;  // --parallel pipeline: its stage's figures over the run
   std::vector<swarm_figures> swarm_runs;  // --parallel swarm: each peer's
@@ -375,11 +375,9 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
         for (const auto& r : t.redeals())
           if (r.from_checkpoints) f.went_back_to = r.step;
     });
-  t.stop_when([&t, &at = h.asked_at[static_cast<std::size_t>(t.rank())]] {
-    at = t.step();
-    return interrupted.load();
-  });
+  t.stop_when([] { return interrupted.load(); });
   auto result = t.fit(job.data);
+  h.stopped_at[static_cast<std::size_t>(first_rank)] = t.step();
   if constexpr (requires { t.policy().deadlines(); })
     if (t.policy().deadline) {
       const auto& d = t.policy().deadlines();
