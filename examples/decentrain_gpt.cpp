@@ -224,6 +224,10 @@ void declare_train(CLI::App& cmd) {
   cli::text(cmd, "speeds", "S,S,...|spread",
             "--peers: how fast each peer computes (2: twice this machine's speed;\none number a peer), or 'spread': 1x to 4x")
       ->group(peers);
+  cli::text(cmd, "straggle", "P,F",
+            "--peers: a straggler tail: each inner step runs F times as long with\n"
+            "probability P (0.02,10: 2% of steps 10x), drawn from --seed")
+      ->group(peers);
   cli::text(cmd, "listen", "HOST:PORT", "this process is one TCP peer, listening here...")->group(peers);
   cli::text(cmd, "join", "HOST:PORT,...",
             "...joining through these peers (not for the first); without --listen\n"
@@ -1093,6 +1097,7 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     o.recv_timeout = std::chrono::minutes(10);
     o.peers_fail_alone = elastic;
     o.speeds = p.speeds;
+    o.straggle = p.straggle;
     network.emplace(std::move(links), o);
     hooks.network = &*network;
     hooks.size_for(world);
@@ -1420,6 +1425,24 @@ void pipeline_settings(const options& opt, train_plan& p) {
                       pipe.stages, " is not the ", world, " peers");
 }
 
+// --straggle P,F: a probability in [0, 1] and a factor >= 1.
+dt::transport::in_process::options::straggling straggler_tail(const std::string& text) {
+  const auto items = split_list(text, "straggle");
+  dt::detail::check(items.size() == 2, "takes a probability and a factor, as 0.02,10; got '", text, "'");
+  const auto number = [](const std::string& item) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    dt::detail::check(end && end != item.c_str() && *end == '\0' && std::isfinite(v), "'", item, "' is not a number");
+    return v;
+  };
+  dt::transport::in_process::options::straggling tail;
+  tail.probability = number(items[0]);
+  tail.factor = number(items[1]);
+  dt::detail::check(tail.probability >= 0 && tail.probability <= 1, "its probability must be in [0, 1], got ", items[0]);
+  dt::detail::check(tail.factor >= 1, "its factor must be >= 1, got ", items[1]);
+  return tail;
+}
+
 // --speeds: one number a peer, or "spread" (speeds::spread: 1x to 4x, dealt by the seed).
 std::vector<double> peer_speeds(const std::string& text, int world, std::uint64_t seed) {
   if (text == "spread") return dt::transport::speeds::spread(world, seed);
@@ -1445,7 +1468,7 @@ int cmd_train(const options& opt) {
            : opt.flag("mpi")   ? launch::mpi
                                : launch::single;
   if (p.mode != launch::in_process)
-    for (const char* o : {"link", "speeds"})
+    for (const char* o : {"link", "speeds", "straggle"})
       dt::detail::check(!opt.has(o), "--", o, " simulates the peers of --peers N; it needs --peers");
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
@@ -1461,6 +1484,7 @@ int cmd_train(const options& opt) {
       p.speeds = cli::from_flag("--speeds", [&] {
         return peer_speeds(opt.text("speeds"), p.world, static_cast<std::uint64_t>(opt.integer("seed")));
       });
+    if (opt.has("straggle")) p.straggle = cli::from_flag("--straggle", [&] { return straggler_tail(opt.text("straggle")); });
   } else if (p.mode == launch::tcp) {
     dt::detail::check(!opt.has("listen") || !opt.text("listen").empty(), "--listen '' names no address (leave --listen out ",
                       "for a peer that accepts no connections)");
@@ -1776,6 +1800,7 @@ int cmd_train(const options& opt) {
     for (const double v : p.speeds) list += (list.empty() ? "" : ",") + dt::detail::concat(v);
     p.run.add("speeds", list);
   }
+  if (p.straggle.probability > 0) p.run.add("straggle", dt::detail::concat(p.straggle.probability, ",", p.straggle.factor));
   if (comm != "sync") p.run.add("inner_steps", inner);
   if (graph) p.run.add("topology", topology);
   if (choco) p.run.add("consensus_step", opt.real("consensus-step"));

@@ -83,6 +83,7 @@ struct train_plan {
   int threads = 1;  // per peer
   std::string link;  // --peers: the simulated links
   std::vector<double> speeds;  // --peers: each peer's compute speed (empty: all 1)
+  dt::transport::in_process::options::straggling straggle{0, 10};  // --peers: a straggler tail (--straggle)
   std::vector<std::string> sites;  // --site: each peer's (--peers), or this one's; empty: none
   bool average_by_sites = false;  // --site with --outer-averaging sites (its default)
   dt::transport::tcp_options tcp;

@@ -159,6 +159,11 @@ inline void print_swarm(const train_plan& p, const std::vector<swarm_figures>& r
   }
 }
 
+// "1 round", "3 rounds".
+inline std::string counted(std::int64_t n, const std::string& what) {
+  return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
 // --deadline: the rounds closed without every replica and what they left out, over the peers
 // this process ran (every peer with --peers; its own with TCP or MPI).
 inline void print_deadlines(const std::vector<std::optional<deadline_figures>>& runs) {
@@ -171,13 +176,13 @@ inline void print_deadlines(const std::vector<std::optional<deadline_figures>>& 
     closed_early += runs[r]->closed_early;
     dropped += runs[r]->dropped;
     if (runs[r]->missed > 0)
-      late += (late.empty() ? "" : ", ") + std::string("peer ") + std::to_string(r) + " missed " + std::to_string(runs[r]->missed) +
-              " and skipped " + std::to_string(runs[r]->skipped) + " steps";
+      late += (late.empty() ? "" : ", ") + std::string("peer ") + std::to_string(r) + " missed " + counted(runs[r]->missed, "round") +
+              " and skipped " + counted(runs[r]->skipped, "step");
   }
   if (!any) return;
-  std::printf("deadline: %lld rounds closed without every replica, %lld contributions left out (each late replica took "
-              "the group's average and went on from the group's step)%s%s\n",
-              static_cast<long long>(closed_early), static_cast<long long>(dropped), late.empty() ? "" : "; ", late.c_str());
+  std::printf("deadline: %s closed without every replica, %s left out (each late replica took the group's average and went "
+              "on from the group's step)%s%s\n",
+              counted(closed_early, "round").c_str(), counted(dropped, "contribution").c_str(), late.empty() ? "" : "; ", late.c_str());
 }
 
 // The peers whose contributions were left out (non-finite, malformed) or lay far from the
