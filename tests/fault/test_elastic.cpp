@@ -723,8 +723,11 @@ TEST_CASE("elastic: a pipeline that can make no copy of two stages re-forms as o
   two_blocks.n_layer = 2;
   const auto opts = small_run(6);
   const dt::comm::sync_allreduce<> comm;
-  elastic_run run(4, opts, comm, {{3, 2, 1}}, 1000, "", two_stages(), two_blocks);
+  // (armed once every peer has finished step 1: a peer still finishing it would be behind the
+  // agreed step 2 and end elsewhere; one CI run of 7ee6658 under load)
+  elastic_run run(4, opts, comm, {{3, 2, 1, true}}, 1000, "", two_stages(), two_blocks);
   INFO(run.log);
+  CHECK(!run.armed_late);
   const auto saved = stop_at<pipeline_trainer>(4, 2, two_blocks, opts, comm, two_stages());
   const auto whole = joined_stages(saved, 3);
   auto one = two_stages();
