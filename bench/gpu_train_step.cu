@@ -49,6 +49,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -413,6 +414,19 @@ void print_attention(const std::vector<attention_row>& rows, std::int64_t B, std
                 r.bwd_us / rows[0].bwd_us);
 }
 
+// Memory-bound kernels' rows: the table, and JSON objects each after ",\n".
+void print_bandwidth(const std::vector<kernel_row>& rows) {
+  std::printf("\n| kernel | us | GB/s | of peak bandwidth |\n|---|---:|---:|---:|\n");
+  for (const auto& k : rows) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
+}
+std::string bandwidth_json(const std::vector<kernel_row>& rows, const std::string& device) {
+  std::ostringstream s;
+  for (const auto& k : rows)
+    s << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction
+      << ",\"device\":\"" << device << "\"}";
+  return s.str();
+}
+
 // The rows as JSON objects, each after ",\n".
 std::string attention_json(const std::vector<attention_row>& rows, std::int64_t B, std::int64_t T, const std::string& device) {
   const auto num = [](double x) {
@@ -625,14 +639,9 @@ int main(int argc, char** argv) {
   cfg.vocab_size = 50304;  // padded as the reference does
   if (o.cross_entropy_only) {
     const auto rows = cross_entropy_chunk((o.batch > 0 ? o.batch : 32) * o.seq, 50304, gbps);
-    std::printf("\n| kernel | us | GB/s | of peak bandwidth |\n|---|---:|---:|---:|\n");
-    for (const auto& k : rows) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
+    print_bandwidth(rows);
     if (out) {
-      *out << "[";
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        *out << (i ? ",\n" : "\n") << "{\"kernel\":\"" << rows[i].kernel << "\",\"us\":" << rows[i].us << ",\"gbps\":" << rows[i].gbps
-             << ",\"fraction\":" << rows[i].fraction << ",\"device\":\"" << peaks.name << "\"}";
-      *out << "\n]\n";
+      *out << "[" << bandwidth_json(rows, peaks.name).substr(1) << "\n]\n";
       out->close();
     }
     return 0;
@@ -694,8 +703,7 @@ int main(int argc, char** argv) {
   dt::memory<gpu>::release_cached();
   std::vector<kernel_row> products;
   const auto kernels = kernel_bandwidth(B, o.seq, gbps, products);
-  std::printf("\n| kernel | us | GB/s | of peak bandwidth |\n|---|---:|---:|---:|\n");
-  for (const auto& k : kernels) std::printf("| %s | %.1f | %.0f | %.0f%% |\n", k.kernel.c_str(), k.us, k.gbps, 100 * k.fraction);
+  print_bandwidth(kernels);
   std::printf("\n| FLOP-bound kernel (B=%lld, T=%lld, 12 heads of 64) | us | TFLOP/s | of bf16 peak |\n|---|---:|---:|---:|\n",
               static_cast<long long>(B), static_cast<long long>(o.seq));
   for (const auto& k : products)
@@ -711,9 +719,7 @@ int main(int argc, char** argv) {
           << "\",\"batch\":" << rows[i].batch << ",\"seq\":" << o.seq << ",\"step_s\":" << rows[i].step_s
           << ",\"tokens_per_s\":" << rows[i].tokens_per_s << ",\"mfu\":" << rows[i].mfu << ",\"peak_mib\":" << rows[i].peak_mib << ",\"reserved_mib\":" << rows[i].reserved_mib
           << ",\"device\":\"" << peaks.name << "\"}";
-    for (const auto& k : kernels)
-      *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"gbps\":" << k.gbps << ",\"fraction\":" << k.fraction
-          << ",\"device\":\"" << peaks.name << "\"}";
+    *out << bandwidth_json(kernels, peaks.name);
     for (const auto& k : products)
       *out << ",\n{\"kernel\":\"" << k.kernel << "\",\"us\":" << k.us << ",\"tflops\":" << k.gbps
            << ",\"device\":\"" << peaks.name << "\"}";

@@ -1430,10 +1430,9 @@ dt::transport::in_process::options::straggling straggler_tail(const std::string&
   const auto items = split_list(text, "straggle");
   dt::detail::check(items.size() == 2, "takes a probability and a factor, as 0.02,10; got '", text, "'");
   const auto number = [](const std::string& item) {
-    char* end = nullptr;
-    const double v = std::strtod(item.c_str(), &end);
-    dt::detail::check(end && end != item.c_str() && *end == '\0' && std::isfinite(v), "'", item, "' is not a number");
-    return v;
+    const auto v = cli::parse_real(item);
+    dt::detail::check(v.has_value(), "'", item, "' is not a number");
+    return *v;
   };
   dt::transport::in_process::options::straggling tail;
   tail.probability = number(items[0]);

@@ -133,8 +133,9 @@ class trainer {
   // options().stop_check_every steps (any peer asking stops them all at the same step), so every
   // peer must be given one; with options().stop_check_in_background (the default) a check's
   // answer is read at the next check, where they stop. With options().stop_alone a peer asked
-  // leaves at its next step and the others go on (fault::elastic). The fault policy's on_stop, where it has one, then saves
-  // what must not be lost (and elastic says goodbye), and fit returns.
+  // leaves at its next step and the others go on (fault::elastic). The fault policy's on_stop,
+  // where it has one, then saves what must not be lost (and elastic says goodbye), and fit
+  // returns.
   void stop_when(std::function<bool()> asked) { stop_asked_ = std::move(asked); }
 
   // Trains from the current step to options().steps and returns the metrics; every peer of the
@@ -1354,7 +1355,8 @@ class trainer {
   double consensus_ = -1;  // the last evaluation's (eval_point::consensus_distance)
   std::function<bool()> stop_asked_;
   // The stop check in flight (checks_stop_in_background): its all-reduce of stop_flag_, posted
-  // at one check and read at the next.
+  // at one check and read at the next. (Posted is kept apart from the handle: a check whose wait
+  // threw is not read again when the stop check is redone.)
   collective::pending stop_check_;
   std::int32_t stop_flag_ = 0;
   bool stop_posted_ = false;
