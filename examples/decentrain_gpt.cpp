@@ -406,8 +406,9 @@ void declare_train(CLI::App& cmd) {
             "does; every pick is printed and in the metrics.\n"
             "streaming-diloco: pick H, the fragments (1, 2 or 4), the overlap and the\n"
             "codec that hide each fragment's exchange behind the overlap's inner steps,\n"
-            "after step 0 and again when the rounds' measures (each exchange timed)\n"
-            "are off by 30%")
+            "once the links probed beside the first steps are in (nothing is sent\n"
+            "before) and again when the rounds' measures (each exchange timed) are off\n"
+            "by 30%")
       ->group(comm);
   cli::flag(cmd, "eager",
             "streaming-diloco and diloco: eager updates, an exchange overlaps a whole\n"

@@ -19108,6 +19108,9 @@ class communicator {
   const options& settings() const { return opts_; }
 
   int rank() const { return ep_->rank(); }
+  // Whether this is start()'s communicator on a lane, running beside its caller (false where the
+  // transport has no lanes and start() runs its op before returning).
+  bool in_background() const { return background_; }
   int world() const { return ep_->world(); }
   Endpoint& endpoint() { return *ep_; }
   const counters& traffic() const { return counters_; }
@@ -19380,6 +19383,7 @@ class communicator {
       decentrain::detail::this_thread_activity().step = step;  // the step that started it
       try {
         communicator sub(*lane_ep, opts, channel);
+        sub.background_ = true;
         sub.ring_ = std::move(ring);
         sub.ring_sizes_agreed_ = agreed;
         try {
@@ -19620,6 +19624,7 @@ class communicator {
   counters counters_;
   std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
+  bool background_ = false;  // start()'s op on a lane thread, beside the caller
   std::vector<int> ring_;  // the ring's order (set_ring_order); empty: rank order
   std::optional<std::uint64_t> counts_agreed_;  // the hash of the counts the peers last agreed on
   std::map<int, std::uint32_t> sent_to_, received_from_;
@@ -24816,7 +24821,7 @@ struct ad_psgd {
 // ---- end decentrain/comm/ad_psgd.hpp ----
 // ---- begin decentrain/comm/auto_tuning.hpp ----
 // A periodic policy that picks its own settings (DiLoCo's `tune`; the command line's --auto).
-// The replicas measure their links (a probe of three all-reduces at the start, then each round's
+// The replicas measure their links (a probe at the start, comm/link_probe.hpp, then each round's
 // own exchange) and their compute (the slowest replica's seconds per inner step, which work sized
 // to speed agrees on anyway), agree on the numbers (max all-reduces: every replica holds the same
 // bits), and each picks the same settings from them with one pure function, choose():
@@ -24918,6 +24923,11 @@ struct auto_tuning {
   std::vector<std::int64_t> fragment_counts{1, 2, 4};
   double max_overlap = 0.1;
 
+  // The most inner steps a pick may take in a run of `run_steps` steps (0: unknown).
+  std::int64_t longest_round(std::int64_t run_steps) const {
+    return run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+  }
+
   void validate(const char* who) const {
     decentrain::detail::check(busy > 0 && busy < 1, who, ": tune.busy must be in (0, 1), got ", busy);
     decentrain::detail::check(min_inner_steps >= 2 && min_inner_steps <= prefer_inner_steps && prefer_inner_steps <= max_inner_steps,
@@ -24948,7 +24958,7 @@ struct auto_tuning {
   // pick on every replica.
   tuning_choice choose(const tuning_measure& m, std::size_t values, int world, const Codec& own, std::int64_t run_steps = 0) const {
     const std::size_t n = codecs.empty() ? 1 : codecs.size();
-    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    const std::int64_t most = longest_round(run_steps);
     const double ratio = busy / (1 - busy);
     tuning_choice best;
     double best_needed = 0;  // (unclamped: at max_inner_steps, the codec that would need fewest)
@@ -24988,7 +24998,7 @@ struct auto_tuning {
     decentrain::detail::check(largest.size() == fragment_counts.size(), "auto_tuning: ", largest.size(),
                               " fragment sizes for ", fragment_counts.size(), " fragment counts");
     const std::size_t n = codecs.empty() ? 1 : codecs.size();
-    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    const std::int64_t most = longest_round(run_steps);
     // A round of H inner steps for exchanges of `exchange_s` in P fragments, each `hide` steps
     // from hidden: its overlap and busy share.
     const auto round_of = [&](tuning_choice pick, std::int64_t H, std::int64_t hide) {
@@ -25068,41 +25078,6 @@ struct auto_tuning {
     return compute >= link ? std::pair{compute, "compute"} : std::pair{link, "link"};
   }
 };
-
-// The start's probe: three all-reduces among `comm`'s replicas, after one that waits for them
-// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
-// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
-// and whose rest the ring's latency. Each replica's figures, then the largest of each (one more
-// small all-reduce): what the slowest replica saw, the same on every replica. A first guess: the
-// rounds' own exchanges correct it (the exchange may take another algorithm at the model's size).
-struct probed_links {
-  tuning_measure link;  // (step_s 0: the compute is measured at the first step)
-  double small_s = 0;   // a small collective's latency (work sized to speed adds one a round)
-};
-template <class Comm>
-probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values) {
-  if (comm.world() <= 1) return {};
-  const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
-  const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
-  std::vector<float> buffer(2 * s, 0.0f);
-  double one = 0;
-  comm.all_reduce(std::span<double>(&one, 1));  // every replica here
-  const double t0 = clock();
-  comm.all_reduce(std::span<double>(&one, 1));
-  const double t1 = clock();
-  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
-  const double t2 = clock();
-  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
-  const double t3 = clock();
-  const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
-  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
-  // A ring's latencies and a small collective's.
-  double figures[3] = {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
-  comm.all_reduce(std::span<double>(figures, 3), collective::reduce_op::max);
-  for (double& f : figures)
-    if (!std::isfinite(f) || f < 0) f = 0;  // (a peer's nonsense measures nothing)
-  return {{0.0, figures[0], figures[1]}, figures[2]};
-}
 
 // A pick's measures in a checkpoint, exactly (a resumed run drifts from the same numbers).
 inline void save_measure(io::checkpoint& c, const std::string& prefix, const tuning_measure& m) {
@@ -25359,6 +25334,233 @@ struct choco {
 #include <utility>
 #include <vector>
 
+// ---- begin decentrain/comm/link_probe.hpp ----
+// The start's probe of the replicas' links, the first measures of a policy that picks its own
+// settings (comm/auto_tuning.hpp): probe_links, which waits for it, and link_probe, which runs it
+// on a lane beside the first steps. On a slow link the probe is a few dozen round trips (a
+// second or more on a WAN), time the replicas then compute through instead of waiting.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <vector>
+
+
+namespace decentrain::comm {
+
+// What the probe measured, the largest of each figure over the replicas: what the slowest saw,
+// the same on every replica. A first guess: the rounds' own exchanges correct it (the exchange may
+// take another algorithm at the model's size).
+struct probed_links {
+  tuning_measure link;  // step_s: the slowest replica's compute seconds per inner step, where measured (link_probe)
+  double small_s = 0;   // a small collective's latency (work sized to speed adds one a round)
+};
+
+namespace probing {
+
+// This replica's figures: three all-reduces among `comm`'s replicas, after one that waits for them
+// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
+// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
+// and whose rest the ring's latency. Returns {a ring's latencies, seconds per byte, a small
+// all-reduce's seconds}.
+template <class Comm>
+std::array<double, 3> measure(Comm& comm, std::size_t values, std::size_t probe_values) {
+  const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
+  const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
+  std::vector<float> buffer(2 * s, 0.0f);
+  double one = 0;
+  comm.all_reduce(std::span<double>(&one, 1));  // every replica here
+  const double t0 = clock();
+  comm.all_reduce(std::span<double>(&one, 1));
+  const double t1 = clock();
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t2 = clock();
+  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t3 = clock();
+  const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
+  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
+  return {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
+}
+
+// A peer's nonsense measures nothing.
+inline void keep_sane(std::span<double> figures) {
+  for (double& f : figures)
+    if (!std::isfinite(f) || f < 0) f = 0;
+}
+
+}  // namespace probing
+
+// The probe, waited for: each replica's figures, then the largest of each (one more small all-reduce).
+template <class Comm>
+probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values) {
+  if (comm.world() <= 1) return {};
+  auto figures = probing::measure(comm, values, probe_values);
+  comm.all_reduce(std::span<double>(figures), collective::reduce_op::max);
+  probing::keep_sane(figures);
+  return {{0.0, figures[0], figures[1]}, figures[2]};
+}
+
+// The probe beside the first steps. start() runs it on a lane (where the communicator has one;
+// else there and then, as probe_links does), and the training thread tells it after each step
+// how far it got (after_step). The replicas must take its figures after the same step, which
+// none knows in advance: in the probe's last all-reduce each proposes the step by which its own
+// clock will have passed the probe's end (the steps it took so far, plus, at its pace after its
+// first step, the lane's clock ahead of its own and two small all-reduces for that last one to
+// land), and the largest proposal is that step. A replica that reaches its own proposal before
+// the answer came waits for it there, so none passes the step unawares. The slowest replica's
+// compute per inner step (after its first, which warms up) rides in the same all-reduce: the
+// pick made from the figures needs no collective of its own. Without a lane the figures come
+// after the first step told, with that step's compute agreed then (one 8-byte all-reduce), as a
+// probe waited for at the start gives them.
+class link_probe {
+ public:
+  link_probe() = default;
+  // A copy probes nothing (a policy is copied before it starts).
+  link_probe(const link_probe&) {}
+  link_probe& operator=(const link_probe&) { return *this; }
+  ~link_probe() { forget(); }
+
+  // Whether a probe runs or waits to be taken.
+  bool running() const { return state_ != nullptr; }
+
+  // `latest`: the step after which every replica takes the figures at the latest (a replica
+  // whose steps are short against the probe waits there rather than train on without them).
+  template <class Comm>
+  void start(Comm& comm, std::size_t values, std::size_t probe_values, std::int64_t latest) {
+    forget();
+    state_ = std::make_shared<shared>();
+    taken_ = false;
+    first_step_ = -1;
+    if (comm.world() <= 1) {  // (nothing to probe, nothing to agree: the step's compute alone)
+      state_->without_lane = true;
+      return;
+    }
+    handle_ = comm.start([s = state_, values, probe_values, latest](auto& c) {
+      if (!c.in_background()) {
+        s->result = probe_links(c, values, probe_values);
+        s->without_lane = true;
+        return;
+      }
+      const auto f = probing::measure(c, values, probe_values);
+      std::array<double, 5> agreed{f[0], f[1], f[2], 0.0, 0.0};
+      {
+        std::unique_lock lock(s->mutex);
+        s->moved.wait(lock, [&] { return s->done >= 2 || s->stop; });
+        // (the first step, which warms the caches and allocates, left out where there are others)
+        const bool later = s->done >= 2;
+        const double compute = later ? s->compute_s - s->first_compute_s : s->compute_s;
+        const double steps_timed = static_cast<double>(later ? s->done - 1 : s->done);
+        const double inner_timed = static_cast<double>(later ? s->inner - s->first_inner : s->inner);
+        const double per_step = steps_timed > 0 ? compute / steps_timed : 0.0;
+        const double ahead = std::max(0.0, c.endpoint().stats().clock_seconds - s->clock_s) + 2 * f[2];
+        const double steps = per_step > 0 && std::isfinite(ahead / per_step) ? std::ceil(ahead / per_step) : 0.0;
+        // (a step after the one it saw)
+        s->proposal = std::max(s->done, std::min(s->done + static_cast<std::int64_t>(std::min(steps, 1e9)), latest));
+        agreed[3] = inner_timed > 0 ? compute / inner_timed : 0.0;
+        agreed[4] = static_cast<double>(s->proposal);
+      }
+      c.all_reduce(std::span<double>(agreed), collective::reduce_op::max);
+      probing::keep_sane(std::span<double>(agreed).first(4));
+      s->result = {{agreed[3], agreed[0], agreed[1]}, agreed[2]};
+      s->at = static_cast<std::int64_t>(agreed[4]);
+    });
+  }
+
+  // On the training thread after each step (`compute_s` its compute over `inner_steps` inner
+  // steps): the figures once this is the step every replica takes them after, else nothing.
+  // Rethrows the probe's failure (a peer lost meanwhile) where it waits for it.
+  template <class Comm>
+  std::optional<probed_links> after_step(Comm& comm, std::int64_t step, double compute_s, std::int64_t inner_steps) {
+    decentrain::detail::check(state_ != nullptr, "link_probe: after_step without a probe started");
+    if (!std::isfinite(compute_s) || compute_s < 0) compute_s = 0;  // (a clock's nonsense measures nothing)
+    const std::int64_t inner = std::max<std::int64_t>(1, inner_steps);
+    std::int64_t own = -1;
+    if (first_step_ < 0) first_step_ = step;
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->done = step + 1;
+      state_->clock_s = comm.endpoint().stats().clock_seconds;
+      state_->compute_s += compute_s;
+      state_->inner += inner;
+      if (step == first_step_) {
+        state_->first_compute_s = compute_s;
+        state_->first_inner = inner;
+      }
+      own = state_->proposal;
+    }
+    state_->moved.notify_all();
+    if (!taken_) {
+      if (state_->without_lane) {
+        state_->at = step;  // (measured before the steps: taken after the first one told)
+      } else {
+        // (an answer that came is read without waiting: on simulated links the wait would move
+        // this clock to the lane's end before the steps have covered it)
+        if (!handle_.ready() && !(own >= 0 && step >= own)) return std::nullopt;
+        if (!handle_.ready() || state_->at < 0) handle_.wait();  // (a probe that failed throws here)
+      }
+      taken_ = true;
+    }
+    decentrain::detail::check(step <= state_->at, "link_probe: this replica is after step ", step,
+                              ", past the step the replicas agreed to take the probe's figures after (", state_->at, ")");
+    if (step < state_->at) return std::nullopt;
+    handle_.wait();  // (its traffic and, on simulated links, its time folded in)
+    auto out = state_->result;
+    if (state_->without_lane) {  // this step's compute, the slowest replica's
+      double s = compute_s / static_cast<double>(inner);
+      comm.all_reduce(std::span<double>(&s, 1), collective::reduce_op::max);
+      out.link.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
+    }
+    state_.reset();
+    return out;
+  }
+
+  // Drops a probe in flight or not taken (waits for it; its failure is dropped too).
+  void forget() noexcept {
+    if (!state_) return;
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->stop = true;
+    }
+    state_->moved.notify_all();
+    try {
+      handle_.wait();
+    } catch (...) {
+    }
+    state_.reset();
+  }
+
+ private:
+  // Shared with the lane: the training thread's progress, and the lane's proposal and answer.
+  struct shared {
+    std::mutex mutex;
+    std::condition_variable moved;
+    std::int64_t done = 0;         // (mutex) steps finished
+    double clock_s = 0;            // (mutex) this replica's clock after them
+    double compute_s = 0;          // (mutex) their compute
+    std::int64_t inner = 0;        // (mutex) their inner steps
+    double first_compute_s = 0;    // (mutex) the first step's compute...
+    std::int64_t first_inner = 0;  // (mutex) ...and inner steps
+    bool stop = false;             // (mutex) forgotten: propose at once
+    std::int64_t proposal = -1;    // (mutex) this replica's step, once proposed
+    // Written by the lane before it ends (read once the handle is ready).
+    probed_links result;
+    std::int64_t at = -1;          // the step every replica takes the figures after
+    bool without_lane = false;
+  };
+  std::shared_ptr<shared> state_;
+  collective::pending handle_;
+  bool taken_ = false;          // the answer has come (state_->at holds)
+  std::int64_t first_step_ = -1;  // the first step told (after_step)
+};
+
+}  // namespace decentrain::comm
+// ---- end decentrain/comm/link_probe.hpp ----
 // ---- begin decentrain/comm/moshpit.hpp ----
 // Moshpit averaging (Ryabinin et al. 2021, arXiv 2103.03239): the replicas stand in a virtual
 // grid of side M (group_size) and d = ceil(log_M n) dimensions, replica r at the base-M digits of
@@ -27549,9 +27751,10 @@ struct streaming_diloco {
   Codec codec{};
   Aggregator aggregator{};
   // Set: H, the fragments, the overlap and the codec are picked from measures so that the
-  // compute stays busy behind the exchanges (auto_tuning::choose_streaming): first after step 0
-  // (before any exchange; until then `inner_steps`, `fragments` and `overlap` hold) from the links
-  // probed at the start and the slowest replica's first step; then at rounds' ends from what the
+  // compute stays busy behind the exchanges (auto_tuning::choose_streaming): first from the links
+  // probed at the start and the slowest replica's first steps, once the probe has landed (it runs
+  // on a lane beside the first steps, and nothing is sent before that pick: comm/link_probe.hpp;
+  // on a transport without lanes, after step 0); then at rounds' ends from what the
   // rounds measured (the slowest replica's seconds per inner step, its exchanges' times against
   // the prediction; agreed by a 16-byte all-reduce in the background, read a round later): the
   // first round with an exchange measured replaces the probe's model, and the pick is made again
@@ -27627,7 +27830,7 @@ struct streaming_diloco {
       // Tuned from a state that was not: the group probes now (a joiner takes the members' tuned state).
       pick_tried_ = tuned_state_;
       if (!tuned_state_) forget_measures();
-      if (tune && !tuned_state_ && !ctx.joined) probe(ctx);
+      if (tune && !tuned_state_ && !ctx.joined) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
       return;
     }
     broadcast_parameters(ctx, global_);
@@ -27636,7 +27839,7 @@ struct streaming_diloco {
     codec_at_ = own_codec;
     pick_tried_ = tuned_state_ = calibrated_ = false;
     forget_measures();
-    if (tune) probe(ctx);
+    if (tune) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
     momentum_.assign(global_.size(), 0.0f);
     if (eager) {
       eager_ = global_;
@@ -27653,7 +27856,8 @@ struct streaming_diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     for (auto& p : parts_) p.weight.add(ctx);
-    if (tune && !pick_tried_ && !ctx.last_step) first_pick(ctx);
+    bool picked = !tune || pick_tried_;
+    if (tune && !pick_tried_ && !ctx.last_step) picked = first_pick(ctx);
     else if (tune && !choices_.empty() && !ctx.last_step) measure_round(ctx);
     else if (tune && ctx.last_step) forget_measures();  // (nothing in flight outlives the run)
     for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
@@ -27665,6 +27869,7 @@ struct streaming_diloco {
       for (auto& p : parts_) land(ctx, p, 0.0);
       return;
     }
+    if (!picked) return;  // (the probe still runs beside the steps: nothing is sent before the first pick)
     for (auto& p : parts_) {
       if (into_round(ctx.step) % inner_steps != p.phase) continue;
       if (eager) {
@@ -27868,24 +28073,28 @@ struct streaming_diloco {
   // its end).
   std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
 
-  // The start's probe of the replicas' links.
+  // The step after which the first pick comes at the latest: the first round no longer than
+  // the longest the pick may set.
   template <class Ctx>
-  void probe(Ctx& ctx) {
-    const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
-    link_ = probed.link;
-    link_.small_s = probed.small_s;  // (a small f32 fragment's exchange goes by recursive doubling)
+  std::int64_t first_pick_by(Ctx& ctx) const {
+    return ctx.step + tune->longest_round(ctx.run_steps) - 1;
   }
-  // After the first step: the slowest replica's seconds for it (one 8-byte all-reduce), and the
-  // pick from them and the probe's links, the same on every replica; where no compute was
-  // measured, the settings given, recorded as the pick.
+  // Once the start's probe of the links has landed on every replica (link_probe: the step after
+  // which they take it is agreed with it; without a lane, step 0): the pick from its links and
+  // the slowest replica's compute, the same on every replica; where no compute was measured, the
+  // settings given, recorded as the pick. False before (nothing is sent meanwhile). A group
+  // changed before the pick (the probe forgotten) probes again.
   template <class Ctx>
-  void first_pick(Ctx& ctx) {
+  bool first_pick(Ctx& ctx) {
+    if (!probe_.running()) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
+    const auto probed = probe_.after_step(ctx.replicas, ctx.step, ctx.step_compute_s, ctx.local_steps);
+    if (!probed) return false;
     pick_tried_ = true;
-    double s = ctx.step_compute_s / static_cast<double>(std::max<std::int64_t>(1, ctx.local_steps));
-    if (!std::isfinite(s) || s < 0) s = 0;  // (a clock's nonsense measures nothing)
-    ctx.replicas.all_reduce(std::span<double>(&s, 1), collective::reduce_op::max);
+    link_ = probed->link;
+    link_.small_s = probed->small_s;  // (a small f32 fragment's exchange goes by recursive doubling)
+    link_.step_s = 0;
     tuning_measure m = link_;
-    m.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
+    m.step_s = probed->link.step_s;
     tuning_choice c;
     if (m.step_s > 0) {
       c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
@@ -27902,6 +28111,7 @@ struct streaming_diloco {
     c.step = ctx.step;
     calibrated_ = false;
     apply(ctx, std::move(c), m);
+    return true;
   }
   // Sets the pick `c` (made from measures `m`, the same on every replica): what is in flight lands
   // first (a fresh run's first pick has sent nothing yet, and keeps its round's start; any other
@@ -27987,6 +28197,7 @@ struct streaming_diloco {
     agreed_pending_ = true;
   }
   void forget_measures() {
+    probe_.forget();
     (void)settle_agreement();
     agreed_pending_ = false;
     round_ = {};
@@ -28130,6 +28341,7 @@ struct streaming_diloco {
   // the codec's index in tune's (own_codec: the policy's own); the pick.
   std::vector<std::vector<std::vector<detail::value_range>>> cuts_;
   std::vector<std::size_t> largest_;
+  link_probe probe_;                      // the start's, until the first pick
   tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
   bool calibrated_ = false;               // a round's measures have replaced the probe's model
   struct round_measures {

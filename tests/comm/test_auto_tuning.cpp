@@ -509,6 +509,50 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
   }
 }
 
+TEST_CASE("streaming_diloco tune: the start's probe runs beside the first steps, and every peer picks after the same one") {
+  // Not deterministic: the probe runs on a lane (comm/link_probe.hpp). On links of 1 ms the probe
+  // waited for (an all-reduce to meet, one timed, two rings and one to agree) would cost each
+  // peer 2 x its ring's latencies + 3 small all-reduces, some tens of this model's steps: the peers
+  // compute through it instead, agree after which step they take its figures, and send nothing
+  // before.
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_streaming>;
+  dt::transport::link_matrix links(4, dt::transport::simulated_link{0.001, 1e8, 0.0, 0.0, 0.0});
+  std::vector<std::vector<dt::comm::tuning_choice>> choices(4);
+  std::vector<std::vector<dt::train::step_metrics>> by_step(4);
+  dt::transport::in_process(links).run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    auto options = fixture::small_run(400);
+    options.lr = 1e-2;
+    options.compute_on_thread_clock = true;
+    Trainer t(fixture::tiny_gpt(), options, ep, tuned_stream());
+    t.on_step([&](const dt::train::step_metrics& m) { by_step[r].push_back(m); });
+    (void)t.fit(fixture::small_corpus().data);
+    choices[r] = t.policy().choices();
+  });
+  REQUIRE(!choices[0].empty());
+  const auto& first = choices[0].front();
+  INFO("first pick after step " << first.step << ": ring latencies " << first.measured.fixed_s << " s, small all-reduce "
+                                << first.measured.small_s << " s, step " << first.measured.step_s << " s");
+  CHECK(first.why == "start");
+  REQUIRE(first.step > 1);  // (waited for, the probe gives its figures after step 0)
+  REQUIRE(first.step < 399);
+  const double small = first.measured.small_s, ring = first.measured.fixed_s - small;
+  REQUIRE(small > 0.0015);
+  REQUIRE(ring > 2 * small);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    CHECK(same_picks(choices[r], choices[0]));
+    const auto at = static_cast<std::size_t>(first.step);
+    // Up to the pick: the start's checks (three small all-reduces) and the pick's own comparison
+    // (one), not the probe's 2 x ring + 3 small all-reduces on top.
+    const double waited = by_step[r][at].network_wait_s;
+    INFO("waited " << waited << " s up to the pick");
+    CHECK(waited < 4 * small + ring);
+    // Nothing of the policy's went out before the pick (the probe's bytes count once it is taken).
+    CHECK(by_step[r][at - 1].policy_bytes_sent == by_step[r][0].policy_bytes_sent);
+  }
+}
+
 TEST_CASE("streaming_diloco tune: a run stopped mid-round and resumed ends bit for bit as the whole run, and its checkpoints resumed untuned are refused") {
   const std::vector<double> same_speed{1, 1, 1, 1};
   const auto policy = tuned_stream();

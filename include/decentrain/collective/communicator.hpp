@@ -163,6 +163,9 @@ class communicator {
   const options& settings() const { return opts_; }
 
   int rank() const { return ep_->rank(); }
+  // Whether this is start()'s communicator on a lane, running beside its caller (false where the
+  // transport has no lanes and start() runs its op before returning).
+  bool in_background() const { return background_; }
   int world() const { return ep_->world(); }
   Endpoint& endpoint() { return *ep_; }
   const counters& traffic() const { return counters_; }
@@ -435,6 +438,7 @@ class communicator {
       decentrain::detail::this_thread_activity().step = step;  // the step that started it
       try {
         communicator sub(*lane_ep, opts, channel);
+        sub.background_ = true;
         sub.ring_ = std::move(ring);
         sub.ring_sizes_agreed_ = agreed;
         try {
@@ -675,6 +679,7 @@ class communicator {
   counters counters_;
   std::uint64_t sequence_ = 0;
   bool ring_sizes_agreed_ = false;
+  bool background_ = false;  // start()'s op on a lane thread, beside the caller
   std::vector<int> ring_;  // the ring's order (set_ring_order); empty: rank order
   std::optional<std::uint64_t> counts_agreed_;  // the hash of the counts the peers last agreed on
   std::map<int, std::uint32_t> sent_to_, received_from_;

@@ -1,5 +1,5 @@
 // A periodic policy that picks its own settings (DiLoCo's `tune`; the command line's --auto).
-// The replicas measure their links (a probe of three all-reduces at the start, then each round's
+// The replicas measure their links (a probe at the start, comm/link_probe.hpp, then each round's
 // own exchange) and their compute (the slowest replica's seconds per inner step, which work sized
 // to speed agrees on anyway), agree on the numbers (max all-reduces: every replica holds the same
 // bits), and each picks the same settings from them with one pure function, choose():
@@ -107,6 +107,11 @@ struct auto_tuning {
   std::vector<std::int64_t> fragment_counts{1, 2, 4};
   double max_overlap = 0.1;
 
+  // The most inner steps a pick may take in a run of `run_steps` steps (0: unknown).
+  std::int64_t longest_round(std::int64_t run_steps) const {
+    return run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+  }
+
   void validate(const char* who) const {
     decentrain::detail::check(busy > 0 && busy < 1, who, ": tune.busy must be in (0, 1), got ", busy);
     decentrain::detail::check(min_inner_steps >= 2 && min_inner_steps <= prefer_inner_steps && prefer_inner_steps <= max_inner_steps,
@@ -137,7 +142,7 @@ struct auto_tuning {
   // pick on every replica.
   tuning_choice choose(const tuning_measure& m, std::size_t values, int world, const Codec& own, std::int64_t run_steps = 0) const {
     const std::size_t n = codecs.empty() ? 1 : codecs.size();
-    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    const std::int64_t most = longest_round(run_steps);
     const double ratio = busy / (1 - busy);
     tuning_choice best;
     double best_needed = 0;  // (unclamped: at max_inner_steps, the codec that would need fewest)
@@ -177,7 +182,7 @@ struct auto_tuning {
     decentrain::detail::check(largest.size() == fragment_counts.size(), "auto_tuning: ", largest.size(),
                               " fragment sizes for ", fragment_counts.size(), " fragment counts");
     const std::size_t n = codecs.empty() ? 1 : codecs.size();
-    const std::int64_t most = run_steps > 0 ? std::clamp(run_steps / min_rounds, min_inner_steps, max_inner_steps) : max_inner_steps;
+    const std::int64_t most = longest_round(run_steps);
     // A round of H inner steps for exchanges of `exchange_s` in P fragments, each `hide` steps
     // from hidden: its overlap and busy share.
     const auto round_of = [&](tuning_choice pick, std::int64_t H, std::int64_t hide) {
@@ -257,41 +262,6 @@ struct auto_tuning {
     return compute >= link ? std::pair{compute, "compute"} : std::pair{link, "link"};
   }
 };
-
-// The start's probe: three all-reduces among `comm`'s replicas, after one that waits for them
-// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
-// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
-// and whose rest the ring's latency. Each replica's figures, then the largest of each (one more
-// small all-reduce): what the slowest replica saw, the same on every replica. A first guess: the
-// rounds' own exchanges correct it (the exchange may take another algorithm at the model's size).
-struct probed_links {
-  tuning_measure link;  // (step_s 0: the compute is measured at the first step)
-  double small_s = 0;   // a small collective's latency (work sized to speed adds one a round)
-};
-template <class Comm>
-probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values) {
-  if (comm.world() <= 1) return {};
-  const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
-  const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
-  std::vector<float> buffer(2 * s, 0.0f);
-  double one = 0;
-  comm.all_reduce(std::span<double>(&one, 1));  // every replica here
-  const double t0 = clock();
-  comm.all_reduce(std::span<double>(&one, 1));
-  const double t1 = clock();
-  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
-  const double t2 = clock();
-  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
-  const double t3 = clock();
-  const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
-  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
-  // A ring's latencies and a small collective's.
-  double figures[3] = {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
-  comm.all_reduce(std::span<double>(figures, 3), collective::reduce_op::max);
-  for (double& f : figures)
-    if (!std::isfinite(f) || f < 0) f = 0;  // (a peer's nonsense measures nothing)
-  return {{0.0, figures[0], figures[1]}, figures[2]};
-}
 
 // A pick's measures in a checkpoint, exactly (a resumed run drifts from the same numbers).
 inline void save_measure(io::checkpoint& c, const std::string& prefix, const tuning_measure& m) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "decentrain/comm/auto_tuning.hpp"
+#include "decentrain/comm/link_probe.hpp"
 #include "decentrain/comm/moshpit.hpp"
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "decentrain/comm/auto_tuning.hpp"
+#include "decentrain/comm/link_probe.hpp"
 #include "decentrain/comm/diloco.hpp"
 #include "decentrain/comm/outer.hpp"
 #include "decentrain/comm/policy.hpp"
@@ -65,9 +66,10 @@ struct streaming_diloco {
   Codec codec{};
   Aggregator aggregator{};
   // Set: H, the fragments, the overlap and the codec are picked from measures so that the
-  // compute stays busy behind the exchanges (auto_tuning::choose_streaming): first after step 0
-  // (before any exchange; until then `inner_steps`, `fragments` and `overlap` hold) from the links
-  // probed at the start and the slowest replica's first step; then at rounds' ends from what the
+  // compute stays busy behind the exchanges (auto_tuning::choose_streaming): first from the links
+  // probed at the start and the slowest replica's first steps, once the probe has landed (it runs
+  // on a lane beside the first steps, and nothing is sent before that pick: comm/link_probe.hpp;
+  // on a transport without lanes, after step 0); then at rounds' ends from what the
   // rounds measured (the slowest replica's seconds per inner step, its exchanges' times against
   // the prediction; agreed by a 16-byte all-reduce in the background, read a round later): the
   // first round with an exchange measured replaces the probe's model, and the pick is made again
@@ -143,7 +145,7 @@ struct streaming_diloco {
       // Tuned from a state that was not: the group probes now (a joiner takes the members' tuned state).
       pick_tried_ = tuned_state_;
       if (!tuned_state_) forget_measures();
-      if (tune && !tuned_state_ && !ctx.joined) probe(ctx);
+      if (tune && !tuned_state_ && !ctx.joined) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
       return;
     }
     broadcast_parameters(ctx, global_);
@@ -152,7 +154,7 @@ struct streaming_diloco {
     codec_at_ = own_codec;
     pick_tried_ = tuned_state_ = calibrated_ = false;
     forget_measures();
-    if (tune) probe(ctx);
+    if (tune) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
     momentum_.assign(global_.size(), 0.0f);
     if (eager) {
       eager_ = global_;
@@ -169,7 +171,8 @@ struct streaming_diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     for (auto& p : parts_) p.weight.add(ctx);
-    if (tune && !pick_tried_ && !ctx.last_step) first_pick(ctx);
+    bool picked = !tune || pick_tried_;
+    if (tune && !pick_tried_ && !ctx.last_step) picked = first_pick(ctx);
     else if (tune && !choices_.empty() && !ctx.last_step) measure_round(ctx);
     else if (tune && ctx.last_step) forget_measures();  // (nothing in flight outlives the run)
     for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
@@ -181,6 +184,7 @@ struct streaming_diloco {
       for (auto& p : parts_) land(ctx, p, 0.0);
       return;
     }
+    if (!picked) return;  // (the probe still runs beside the steps: nothing is sent before the first pick)
     for (auto& p : parts_) {
       if (into_round(ctx.step) % inner_steps != p.phase) continue;
       if (eager) {
@@ -384,24 +388,28 @@ struct streaming_diloco {
   // its end).
   std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
 
-  // The start's probe of the replicas' links.
+  // The step after which the first pick comes at the latest: the first round no longer than
+  // the longest the pick may set.
   template <class Ctx>
-  void probe(Ctx& ctx) {
-    const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
-    link_ = probed.link;
-    link_.small_s = probed.small_s;  // (a small f32 fragment's exchange goes by recursive doubling)
+  std::int64_t first_pick_by(Ctx& ctx) const {
+    return ctx.step + tune->longest_round(ctx.run_steps) - 1;
   }
-  // After the first step: the slowest replica's seconds for it (one 8-byte all-reduce), and the
-  // pick from them and the probe's links, the same on every replica; where no compute was
-  // measured, the settings given, recorded as the pick.
+  // Once the start's probe of the links has landed on every replica (link_probe: the step after
+  // which they take it is agreed with it; without a lane, step 0): the pick from its links and
+  // the slowest replica's compute, the same on every replica; where no compute was measured, the
+  // settings given, recorded as the pick. False before (nothing is sent meanwhile). A group
+  // changed before the pick (the probe forgotten) probes again.
   template <class Ctx>
-  void first_pick(Ctx& ctx) {
+  bool first_pick(Ctx& ctx) {
+    if (!probe_.running()) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
+    const auto probed = probe_.after_step(ctx.replicas, ctx.step, ctx.step_compute_s, ctx.local_steps);
+    if (!probed) return false;
     pick_tried_ = true;
-    double s = ctx.step_compute_s / static_cast<double>(std::max<std::int64_t>(1, ctx.local_steps));
-    if (!std::isfinite(s) || s < 0) s = 0;  // (a clock's nonsense measures nothing)
-    ctx.replicas.all_reduce(std::span<double>(&s, 1), collective::reduce_op::max);
+    link_ = probed->link;
+    link_.small_s = probed->small_s;  // (a small f32 fragment's exchange goes by recursive doubling)
+    link_.step_s = 0;
     tuning_measure m = link_;
-    m.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
+    m.step_s = probed->link.step_s;
     tuning_choice c;
     if (m.step_s > 0) {
       c = tune->choose_streaming(m, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
@@ -418,6 +426,7 @@ struct streaming_diloco {
     c.step = ctx.step;
     calibrated_ = false;
     apply(ctx, std::move(c), m);
+    return true;
   }
   // Sets the pick `c` (made from measures `m`, the same on every replica): what is in flight lands
   // first (a fresh run's first pick has sent nothing yet, and keeps its round's start; any other
@@ -503,6 +512,7 @@ struct streaming_diloco {
     agreed_pending_ = true;
   }
   void forget_measures() {
+    probe_.forget();
     (void)settle_agreement();
     agreed_pending_ = false;
     round_ = {};
@@ -646,6 +656,7 @@ struct streaming_diloco {
   // the codec's index in tune's (own_codec: the policy's own); the pick.
   std::vector<std::vector<std::vector<detail::value_range>>> cuts_;
   std::vector<std::size_t> largest_;
+  link_probe probe_;                      // the start's, until the first pick
   tuning_measure link_, basis_, recent_;  // the probe's, the last pick's, the rounds' since (smoothed)
   bool calibrated_ = false;               // a round's measures have replaced the probe's model
   struct round_measures {

@@ -1,0 +1,229 @@
+// The start's probe of the replicas' links, the first measures of a policy that picks its own
+// settings (comm/auto_tuning.hpp): probe_links, which waits for it, and link_probe, which runs it
+// on a lane beside the first steps. On a slow link the probe is a few dozen round trips (a
+// second or more on a WAN), time the replicas then compute through instead of waiting.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "decentrain/collective/communicator.hpp"
+#include "decentrain/comm/auto_tuning.hpp"
+#include "decentrain/detail/error.hpp"
+
+namespace decentrain::comm {
+
+// What the probe measured, the largest of each figure over the replicas: what the slowest saw,
+// the same on every replica. A first guess: the rounds' own exchanges correct it (the exchange may
+// take another algorithm at the model's size).
+struct probed_links {
+  tuning_measure link;  // step_s: the slowest replica's compute seconds per inner step, where measured (link_probe)
+  double small_s = 0;   // a small collective's latency (work sized to speed adds one a round)
+};
+
+namespace probing {
+
+// This replica's figures: three all-reduces among `comm`'s replicas, after one that waits for them
+// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
+// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
+// and whose rest the ring's latency. Returns {a ring's latencies, seconds per byte, a small
+// all-reduce's seconds}.
+template <class Comm>
+std::array<double, 3> measure(Comm& comm, std::size_t values, std::size_t probe_values) {
+  const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
+  const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
+  std::vector<float> buffer(2 * s, 0.0f);
+  double one = 0;
+  comm.all_reduce(std::span<double>(&one, 1));  // every replica here
+  const double t0 = clock();
+  comm.all_reduce(std::span<double>(&one, 1));
+  const double t1 = clock();
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t2 = clock();
+  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t3 = clock();
+  const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
+  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
+  return {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
+}
+
+// A peer's nonsense measures nothing.
+inline void keep_sane(std::span<double> figures) {
+  for (double& f : figures)
+    if (!std::isfinite(f) || f < 0) f = 0;
+}
+
+}  // namespace probing
+
+// The probe, waited for: each replica's figures, then the largest of each (one more small all-reduce).
+template <class Comm>
+probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values) {
+  if (comm.world() <= 1) return {};
+  auto figures = probing::measure(comm, values, probe_values);
+  comm.all_reduce(std::span<double>(figures), collective::reduce_op::max);
+  probing::keep_sane(figures);
+  return {{0.0, figures[0], figures[1]}, figures[2]};
+}
+
+// The probe beside the first steps. start() runs it on a lane (where the communicator has one;
+// else there and then, as probe_links does), and the training thread tells it after each step
+// how far it got (after_step). The replicas must take its figures after the same step, which
+// none knows in advance: in the probe's last all-reduce each proposes the step by which its own
+// clock will have passed the probe's end (the steps it took so far, plus, at its pace after its
+// first step, the lane's clock ahead of its own and two small all-reduces for that last one to
+// land), and the largest proposal is that step. A replica that reaches its own proposal before
+// the answer came waits for it there, so none passes the step unawares. The slowest replica's
+// compute per inner step (after its first, which warms up) rides in the same all-reduce: the
+// pick made from the figures needs no collective of its own. Without a lane the figures come
+// after the first step told, with that step's compute agreed then (one 8-byte all-reduce), as a
+// probe waited for at the start gives them.
+class link_probe {
+ public:
+  link_probe() = default;
+  // A copy probes nothing (a policy is copied before it starts).
+  link_probe(const link_probe&) {}
+  link_probe& operator=(const link_probe&) { return *this; }
+  ~link_probe() { forget(); }
+
+  // Whether a probe runs or waits to be taken.
+  bool running() const { return state_ != nullptr; }
+
+  // `latest`: the step after which every replica takes the figures at the latest (a replica
+  // whose steps are short against the probe waits there rather than train on without them).
+  template <class Comm>
+  void start(Comm& comm, std::size_t values, std::size_t probe_values, std::int64_t latest) {
+    forget();
+    state_ = std::make_shared<shared>();
+    taken_ = false;
+    first_step_ = -1;
+    if (comm.world() <= 1) {  // (nothing to probe, nothing to agree: the step's compute alone)
+      state_->without_lane = true;
+      return;
+    }
+    handle_ = comm.start([s = state_, values, probe_values, latest](auto& c) {
+      if (!c.in_background()) {
+        s->result = probe_links(c, values, probe_values);
+        s->without_lane = true;
+        return;
+      }
+      const auto f = probing::measure(c, values, probe_values);
+      std::array<double, 5> agreed{f[0], f[1], f[2], 0.0, 0.0};
+      {
+        std::unique_lock lock(s->mutex);
+        s->moved.wait(lock, [&] { return s->done >= 2 || s->stop; });
+        // (the first step, which warms the caches and allocates, left out where there are others)
+        const bool later = s->done >= 2;
+        const double compute = later ? s->compute_s - s->first_compute_s : s->compute_s;
+        const double steps_timed = static_cast<double>(later ? s->done - 1 : s->done);
+        const double inner_timed = static_cast<double>(later ? s->inner - s->first_inner : s->inner);
+        const double per_step = steps_timed > 0 ? compute / steps_timed : 0.0;
+        const double ahead = std::max(0.0, c.endpoint().stats().clock_seconds - s->clock_s) + 2 * f[2];
+        const double steps = per_step > 0 && std::isfinite(ahead / per_step) ? std::ceil(ahead / per_step) : 0.0;
+        // (a step after the one it saw)
+        s->proposal = std::max(s->done, std::min(s->done + static_cast<std::int64_t>(std::min(steps, 1e9)), latest));
+        agreed[3] = inner_timed > 0 ? compute / inner_timed : 0.0;
+        agreed[4] = static_cast<double>(s->proposal);
+      }
+      c.all_reduce(std::span<double>(agreed), collective::reduce_op::max);
+      probing::keep_sane(std::span<double>(agreed).first(4));
+      s->result = {{agreed[3], agreed[0], agreed[1]}, agreed[2]};
+      s->at = static_cast<std::int64_t>(agreed[4]);
+    });
+  }
+
+  // On the training thread after each step (`compute_s` its compute over `inner_steps` inner
+  // steps): the figures once this is the step every replica takes them after, else nothing.
+  // Rethrows the probe's failure (a peer lost meanwhile) where it waits for it.
+  template <class Comm>
+  std::optional<probed_links> after_step(Comm& comm, std::int64_t step, double compute_s, std::int64_t inner_steps) {
+    decentrain::detail::check(state_ != nullptr, "link_probe: after_step without a probe started");
+    if (!std::isfinite(compute_s) || compute_s < 0) compute_s = 0;  // (a clock's nonsense measures nothing)
+    const std::int64_t inner = std::max<std::int64_t>(1, inner_steps);
+    std::int64_t own = -1;
+    if (first_step_ < 0) first_step_ = step;
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->done = step + 1;
+      state_->clock_s = comm.endpoint().stats().clock_seconds;
+      state_->compute_s += compute_s;
+      state_->inner += inner;
+      if (step == first_step_) {
+        state_->first_compute_s = compute_s;
+        state_->first_inner = inner;
+      }
+      own = state_->proposal;
+    }
+    state_->moved.notify_all();
+    if (!taken_) {
+      if (state_->without_lane) {
+        state_->at = step;  // (measured before the steps: taken after the first one told)
+      } else {
+        // (an answer that came is read without waiting: on simulated links the wait would move
+        // this clock to the lane's end before the steps have covered it)
+        if (!handle_.ready() && !(own >= 0 && step >= own)) return std::nullopt;
+        if (!handle_.ready() || state_->at < 0) handle_.wait();  // (a probe that failed throws here)
+      }
+      taken_ = true;
+    }
+    decentrain::detail::check(step <= state_->at, "link_probe: this replica is after step ", step,
+                              ", past the step the replicas agreed to take the probe's figures after (", state_->at, ")");
+    if (step < state_->at) return std::nullopt;
+    handle_.wait();  // (its traffic and, on simulated links, its time folded in)
+    auto out = state_->result;
+    if (state_->without_lane) {  // this step's compute, the slowest replica's
+      double s = compute_s / static_cast<double>(inner);
+      comm.all_reduce(std::span<double>(&s, 1), collective::reduce_op::max);
+      out.link.step_s = std::isfinite(s) && s > 0 ? s : 0.0;
+    }
+    state_.reset();
+    return out;
+  }
+
+  // Drops a probe in flight or not taken (waits for it; its failure is dropped too).
+  void forget() noexcept {
+    if (!state_) return;
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->stop = true;
+    }
+    state_->moved.notify_all();
+    try {
+      handle_.wait();
+    } catch (...) {
+    }
+    state_.reset();
+  }
+
+ private:
+  // Shared with the lane: the training thread's progress, and the lane's proposal and answer.
+  struct shared {
+    std::mutex mutex;
+    std::condition_variable moved;
+    std::int64_t done = 0;         // (mutex) steps finished
+    double clock_s = 0;            // (mutex) this replica's clock after them
+    double compute_s = 0;          // (mutex) their compute
+    std::int64_t inner = 0;        // (mutex) their inner steps
+    double first_compute_s = 0;    // (mutex) the first step's compute...
+    std::int64_t first_inner = 0;  // (mutex) ...and inner steps
+    bool stop = false;             // (mutex) forgotten: propose at once
+    std::int64_t proposal = -1;    // (mutex) this replica's step, once proposed
+    // Written by the lane before it ends (read once the handle is ready).
+    probed_links result;
+    std::int64_t at = -1;          // the step every replica takes the figures after
+    bool without_lane = false;
+  };
+  std::shared_ptr<shared> state_;
+  collective::pending handle_;
+  bool taken_ = false;          // the answer has come (state_->at holds)
+  std::int64_t first_step_ = -1;  // the first step told (after_step)
+};
+
+}  // namespace decentrain::comm
