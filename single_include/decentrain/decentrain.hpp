@@ -25410,9 +25410,9 @@ probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_value
 // else there and then, as probe_links does), and the training thread tells it after each step
 // how far it got (after_step). The replicas must take its figures after the same step, which
 // none knows in advance: in the probe's last all-reduce each proposes the step by which its own
-// clock will have passed the probe's end (the steps it took so far, plus, at its pace after its
-// first step, the lane's clock ahead of its own and two small all-reduces for that last one to
-// land), and the largest proposal is that step. A replica that reaches its own proposal before
+// clock will have passed the probe's end (the steps it took so far, plus, at the pace of its
+// fastest step after the first, the lane's clock ahead of its own and two small all-reduces for
+// that last one to land), and the largest proposal is that step. A replica that reaches its own proposal before
 // the answer came waits for it there, so none passes the step unawares. The slowest replica's
 // compute per inner step (after its first, which warms up) rides in the same all-reduce: the
 // pick made from the figures needs no collective of its own. Without a lane the figures come
@@ -25430,13 +25430,15 @@ class link_probe {
   bool running() const { return state_ != nullptr; }
 
   // `latest`: the step after which every replica takes the figures at the latest (a replica
-  // whose steps are short against the probe waits there rather than train on without them).
+  // whose steps are short against the probe waits for the answer a step before, rather than
+  // train on without them).
   template <class Comm>
   void start(Comm& comm, std::size_t values, std::size_t probe_values, std::int64_t latest) {
     forget();
     state_ = std::make_shared<shared>();
     taken_ = false;
     first_step_ = -1;
+    latest_ = latest;
     if (comm.world() <= 1) {  // (nothing to probe, nothing to agree: the step's compute alone)
       state_->without_lane = true;
       return;
@@ -25451,13 +25453,15 @@ class link_probe {
       std::array<double, 5> agreed{f[0], f[1], f[2], 0.0, 0.0};
       {
         std::unique_lock lock(s->mutex);
-        s->moved.wait(lock, [&] { return s->done >= 2 || s->stop; });
+        s->moved.wait(lock, [&] { return s->done >= 2 || s->stop || s->waiting; });
         // (the first step, which warms the caches and allocates, left out where there are others)
         const bool later = s->done >= 2;
         const double compute = later ? s->compute_s - s->first_compute_s : s->compute_s;
         const double steps_timed = static_cast<double>(later ? s->done - 1 : s->done);
         const double inner_timed = static_cast<double>(later ? s->inner - s->first_inner : s->inner);
-        const double per_step = steps_timed > 0 ? compute / steps_timed : 0.0;
+        // (the fastest step after the first: steps that speed up after it come to the proposal
+        // sooner than their mean would say, and the replica would wait there)
+        const double per_step = later && s->fastest_s > 0 ? s->fastest_s : steps_timed > 0 ? compute / steps_timed : 0.0;
         const double ahead = std::max(0.0, c.endpoint().stats().clock_seconds - s->clock_s) + 2 * f[2];
         const double steps = per_step > 0 && std::isfinite(ahead / per_step) ? std::ceil(ahead / per_step) : 0.0;
         // (a step after the one it saw)
@@ -25491,6 +25495,8 @@ class link_probe {
       if (step == first_step_) {
         state_->first_compute_s = compute_s;
         state_->first_inner = inner;
+      } else if (compute_s > 0 && (state_->fastest_s == 0 || compute_s < state_->fastest_s)) {
+        state_->fastest_s = compute_s;
       }
       own = state_->proposal;
     }
@@ -25501,7 +25507,15 @@ class link_probe {
       } else {
         // (an answer that came is read without waiting: on simulated links the wait would move
         // this clock to the lane's end before the steps have covered it)
-        if (!handle_.ready() && !(own >= 0 && step >= own)) return std::nullopt;
+        // (at latest - 1 at the latest: a replica there proposes latest, the most any can then)
+        if (!handle_.ready() && !(own >= 0 && step >= own) && step < latest_ - 1) return std::nullopt;
+        if (!handle_.ready()) {
+          {
+            std::lock_guard lock(state_->mutex);
+            state_->waiting = true;
+          }
+          state_->moved.notify_all();
+        }
         if (!handle_.ready() || state_->at < 0) handle_.wait();  // (a probe that failed throws here)
       }
       taken_ = true;
@@ -25546,7 +25560,9 @@ class link_probe {
     std::int64_t inner = 0;        // (mutex) their inner steps
     double first_compute_s = 0;    // (mutex) the first step's compute...
     std::int64_t first_inner = 0;  // (mutex) ...and inner steps
+    double fastest_s = 0;          // (mutex) the least compute of a step after the first
     bool stop = false;             // (mutex) forgotten: propose at once
+    bool waiting = false;          // (mutex) the replica waits for the answer: propose now
     std::int64_t proposal = -1;    // (mutex) this replica's step, once proposed
     // Written by the lane before it ends (read once the handle is ready).
     probed_links result;
@@ -25557,6 +25573,7 @@ class link_probe {
   collective::pending handle_;
   bool taken_ = false;          // the answer has come (state_->at holds)
   std::int64_t first_step_ = -1;  // the first step told (after_step)
+  std::int64_t latest_ = 0;       // start()'s
 };
 
 }  // namespace decentrain::comm

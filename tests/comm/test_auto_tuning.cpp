@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/trainer_fixture.hpp"
+#include "support/transport_harness.hpp"
 
 namespace dt = decentrain;
 
@@ -550,6 +551,33 @@ TEST_CASE("streaming_diloco tune: the start's probe runs beside the first steps,
     CHECK(waited < 4 * small + ring);
     // Nothing of the policy's went out before the pick (the probe's bytes count once it is taken).
     CHECK(by_step[r][at - 1].policy_bytes_sent == by_step[r][0].policy_bytes_sent);
+  }
+}
+
+TEST_CASE("streaming_diloco tune over TCP: steps short against the probe wait for it a step before the longest round a pick may set") {
+  // Over TCP the probe's lane runs in real time beside steps of about a millisecond, so the
+  // steps outrun it: each peer waits for the answer at the step before `latest` (here the longest
+  // round is 2 steps: the pick comes after step 1), proposing `latest` itself. Without that wait
+  // the peers would take the figures after whatever step their lanes proposed, some later.
+  std::vector<std::vector<dt::comm::tuning_choice>> choices(2);
+  harness::tcp::run(2, [&](dt::transport::tcp& ep) {
+    auto options = fixture::small_run(40);
+    options.lr = 1e-2;
+    auto policy = tuned_stream();
+    policy.tune->min_inner_steps = 2;
+    policy.tune->prefer_inner_steps = 2;
+    policy.tune->min_rounds = 20;  // (40 steps / 20: rounds of at most 2 inner steps)
+    dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_streaming> t(fixture::tiny_gpt(), options, ep, policy);
+    (void)t.fit(fixture::small_corpus().data);
+    choices[static_cast<std::size_t>(ep.rank())] = t.policy().choices();
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("peer " << r);
+    REQUIRE(!choices[r].empty());
+    CHECK(choices[r].front().why == "start");
+    CHECK(choices[r].front().step == 1);
+    CHECK(choices[r].front().inner_steps == 2);
+    CHECK(same_picks(choices[r], choices[0]));
   }
 }
 
