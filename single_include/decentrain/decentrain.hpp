@@ -28097,10 +28097,10 @@ struct streaming_diloco {
     return ctx.step + tune->longest_round(ctx.run_steps) - 1;
   }
   // Once the start's probe of the links has landed on every replica (link_probe: the step after
-  // which they take it is agreed with it; without a lane, step 0): the pick from its links and
-  // the slowest replica's compute, the same on every replica; where no compute was measured, the
-  // settings given, recorded as the pick. False before (nothing is sent meanwhile). A group
-  // changed before the pick (the probe forgotten) probes again.
+  // which they take it is agreed with it; without a lane, the first step): the pick from its
+  // links and the slowest replica's compute, the same on every replica; where no compute was
+  // measured, the settings given, recorded as the pick. False before (nothing is sent
+  // meanwhile). A group changed before the pick (the probe forgotten) probes again.
   template <class Ctx>
   bool first_pick(Ctx& ctx) {
     if (!probe_.running()) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
