@@ -25412,12 +25412,12 @@ probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_value
 // none knows in advance: in the probe's last all-reduce each proposes the step by which its own
 // clock will have passed the probe's end (the steps it took so far, plus, at the pace of its
 // fastest step after the first, the lane's clock ahead of its own and two small all-reduces for
-// that last one to land), and the largest proposal is that step. A replica that reaches its own proposal before
-// the answer came waits for it there, so none passes the step unawares. The slowest replica's
-// compute per inner step (after its first, which warms up) rides in the same all-reduce: the
-// pick made from the figures needs no collective of its own. Without a lane the figures come
-// after the first step told, with that step's compute agreed then (one 8-byte all-reduce), as a
-// probe waited for at the start gives them.
+// that last one to land), and the largest proposal is that step. A replica that reaches its own
+// proposal before the answer came waits for it there, so none passes the step unawares. The
+// slowest replica's compute per inner step (after its first, which warms up) rides in the same
+// all-reduce: the pick made from the figures needs no collective of its own. Without a lane the
+// figures come after the first step told, with that step's compute agreed then (one 8-byte
+// all-reduce), as a probe waited for at the start gives them.
 class link_probe {
  public:
   link_probe() = default;
@@ -25437,7 +25437,6 @@ class link_probe {
     forget();
     state_ = std::make_shared<shared>();
     taken_ = false;
-    first_step_ = -1;
     latest_ = latest;
     if (comm.world() <= 1) {  // (nothing to probe, nothing to agree: the step's compute alone)
       state_->without_lane = true;
@@ -25453,11 +25452,11 @@ class link_probe {
       std::array<double, 5> agreed{f[0], f[1], f[2], 0.0, 0.0};
       {
         std::unique_lock lock(s->mutex);
-        s->moved.wait(lock, [&] { return s->done >= 2 || s->stop || s->waiting; });
+        s->moved.wait(lock, [&] { return s->told >= 2 || s->stop || s->waiting; });
         // (the first step, which warms the caches and allocates, left out where there are others)
-        const bool later = s->done >= 2;
+        const bool later = s->told >= 2;
         const double compute = later ? s->compute_s - s->first_compute_s : s->compute_s;
-        const double steps_timed = static_cast<double>(later ? s->done - 1 : s->done);
+        const double steps_timed = static_cast<double>(later ? s->told - 1 : s->told);
         const double inner_timed = static_cast<double>(later ? s->inner - s->first_inner : s->inner);
         // (the fastest step after the first: steps that speed up after it come to the proposal
         // sooner than their mean would say, and the replica would wait there)
@@ -25485,14 +25484,14 @@ class link_probe {
     if (!std::isfinite(compute_s) || compute_s < 0) compute_s = 0;  // (a clock's nonsense measures nothing)
     const std::int64_t inner = std::max<std::int64_t>(1, inner_steps);
     std::int64_t own = -1;
-    if (first_step_ < 0) first_step_ = step;
     {
       std::lock_guard lock(state_->mutex);
+      const bool first = state_->told++ == 0;
       state_->done = step + 1;
       state_->clock_s = comm.endpoint().stats().clock_seconds;
       state_->compute_s += compute_s;
       state_->inner += inner;
-      if (step == first_step_) {
+      if (first) {
         state_->first_compute_s = compute_s;
         state_->first_inner = inner;
       } else if (compute_s > 0 && (state_->fastest_s == 0 || compute_s < state_->fastest_s)) {
@@ -25506,8 +25505,8 @@ class link_probe {
         state_->at = step;  // (measured before the steps: taken after the first one told)
       } else {
         // (an answer that came is read without waiting: on simulated links the wait would move
-        // this clock to the lane's end before the steps have covered it)
-        // (at latest - 1 at the latest: a replica there proposes latest, the most any can then)
+        // this clock to the lane's end before the steps have covered it; at latest - 1 at the
+        // latest a replica waits, proposing latest, the most any can then)
         if (!handle_.ready() && !(own >= 0 && step >= own) && step < latest_ - 1) return std::nullopt;
         if (!handle_.ready()) {
           {
@@ -25554,8 +25553,9 @@ class link_probe {
   struct shared {
     std::mutex mutex;
     std::condition_variable moved;
-    std::int64_t done = 0;         // (mutex) steps finished
-    double clock_s = 0;            // (mutex) this replica's clock after them
+    std::int64_t done = 0;         // (mutex) the step after the last one told
+    std::int64_t told = 0;         // (mutex) steps told (a probe started mid-run has told fewer than done)
+    double clock_s = 0;            // (mutex) this replica's clock after the last
     double compute_s = 0;          // (mutex) their compute
     std::int64_t inner = 0;        // (mutex) their inner steps
     double first_compute_s = 0;    // (mutex) the first step's compute...
@@ -25571,9 +25571,8 @@ class link_probe {
   };
   std::shared_ptr<shared> state_;
   collective::pending handle_;
-  bool taken_ = false;          // the answer has come (state_->at holds)
-  std::int64_t first_step_ = -1;  // the first step told (after_step)
-  std::int64_t latest_ = 0;       // start()'s
+  bool taken_ = false;     // the answer has come (state_->at holds)
+  std::int64_t latest_ = 0;  // start()'s
 };
 
 }  // namespace decentrain::comm
