@@ -231,8 +231,15 @@ void declare_train(CLI::App& cmd) {
   cli::text(cmd, "listen", "HOST:PORT", "this process is one TCP peer, listening here...")->group(peers);
   cli::text(cmd, "join", "HOST:PORT,...",
             "...joining through these peers (not for the first); without --listen\n"
-            "it accepts no connections (behind a NAT) and dials every peer (one\n"
-            "such peer a group)")
+            "it accepts no connections (behind a NAT) and dials every peer that\n"
+            "listens, reaching the others like it through a relay")
+      ->group(peers);
+  cli::integer(cmd, "relay-circuits", "N",
+               "over TCP, a peer that listens: the pairs of peers that accept no\n"
+               "connections it relays at once (0: it relays none)",
+               64, 0, 65536)
+      ->group(peers);
+  cli::real(cmd, "relay-rate", "MBIT", "...and the bandwidth it gives them all together, in Mbit/s (0: no limit)", 0.0, 0, 1e9)
       ->group(peers);
   cli::text(cmd, "advertise", "HOST", "the host others reach this peer at (needed with --listen 0.0.0.0:PORT)")->group(peers);
   cli::integer(cmd, "rank", "R", "...as peer R", 0, 0, 65535)->group(peers);
@@ -1129,6 +1136,9 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
                      "send it anything a peer may send\n",
                      dt::transport::auth::key_file_variable, p.tcp.listen.empty() ? "its peers" : p.tcp.listen.c_str());
       tcp_peer.emplace(dt::transport::tcp::join(p.tcp));
+      if (!p.quiet)
+        for (const auto& [other, relay] : tcp_peer->relayed())
+          std::printf("tcp peer %d reaches peer %d through the relay peer %d (neither accepts connections)\n", p.tcp.rank, other, relay);
       ep.emplace(*tcp_peer);
     } else {
 #if DECENTRAIN_HAS_MPI
@@ -1473,7 +1483,7 @@ int cmd_train(const options& opt) {
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
                           "max-world", "key-file", "identity", "roster", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca",
-                          "tls-bind-ranks"})
+                          "tls-bind-ranks", "relay-circuits", "relay-rate"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT (or --join HOST:PORT alone, for a ",
                         "peer that accepts no connections)");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
@@ -1491,6 +1501,8 @@ int cmd_train(const options& opt) {
     p.tcp.listen = opt.has("listen") ? opt.text("listen") : std::string();  // none: it dials every peer
     p.tcp.advertise = opt.text("advertise");
     p.tcp.join = split_list(opt.text("join"), "join");
+    p.tcp.relay.max_circuits = static_cast<int>(opt.integer("relay-circuits"));
+    p.tcp.relay.bytes_per_second = static_cast<std::uint64_t>(opt.real("relay-rate") * 1e6 / 8);
     p.tcp.rank = static_cast<int>(opt.integer("rank"));
     p.tcp.world = static_cast<int>(opt.integer("world"));
     p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms"));

@@ -12181,8 +12181,8 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
-// per-peer identities, directories that do not tell joiners from members.
-inline constexpr std::uint16_t version = 8;
+// per-peer identities, directories that do not tell joiners from members; 8: no relays.
+inline constexpr std::uint16_t version = 9;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -12207,11 +12207,37 @@ inline constexpr std::size_t max_settings_chars = 4096;  // hello::settings
 inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the handshake's proofs (tcp/handshake.hpp); welcome: the answer to a data
-// hello that was accepted (a refused one gets a bye saying why).
+// hello that was accepted (a refused one gets a bye saying why); relay: a piece of a connection
+// between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag).
 enum class frame_type : std::uint16_t {
-  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8
+  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9
 };
-inline constexpr std::uint16_t last_frame_type = 8;
+inline constexpr std::uint16_t last_frame_type = 9;
+
+// A relay frame's route, in its header's tag: what it does (open a circuit from `from` to `to`,
+// carry bytes of it, close it), and the two ends. Bits 63-56 the kind, 55-48 zero, 47-24 `from`,
+// 23-0 `to` (ranks are below 65536: tcp_options::max_world).
+enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3 };
+struct relay_route {
+  relay_kind kind = relay_kind::bytes;
+  int from = 0;
+  int to = 0;
+  bool operator==(const relay_route&) const = default;
+};
+inline tag_type encode_route(const relay_route& r) {
+  return static_cast<tag_type>(r.kind) << 56 | static_cast<tag_type>(static_cast<std::uint32_t>(r.from) & 0xffffff) << 24 |
+         static_cast<tag_type>(static_cast<std::uint32_t>(r.to) & 0xffffff);
+}
+// Throws on an unknown kind, set bits that must be zero, or a rank not below `capacity`.
+inline relay_route decode_route(tag_type t, int capacity) {
+  const auto kind = static_cast<std::uint8_t>(t >> 56);
+  decentrain::detail::check(kind >= 1 && kind <= 3, "frame: a relay frame of unknown kind ", static_cast<int>(kind));
+  decentrain::detail::check(((t >> 48) & 0xff) == 0, "frame: a relay frame's route has reserved bits set");
+  const int from = static_cast<int>((t >> 24) & 0xffffff), to = static_cast<int>(t & 0xffffff);
+  decentrain::detail::check(from < capacity && to < capacity && from != to, "frame: a relay frame routed from peer ", from,
+                            " to peer ", to, " (ranks below ", capacity, ", two different ones)");
+  return {static_cast<relay_kind>(kind), from, to};
+}
 
 struct header {
   frame_type type = frame_type::data;
@@ -12264,7 +12290,7 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   check_zeros(p + reserved_offset, header_bytes - reserved_offset, "reserved header");
   header h{static_cast<frame_type>(type), get(8, 8), get(16, 8), {}};
   std::memcpy(h.mac.data(), p + tag_offset, h.mac.size());
-  const std::uint64_t limit = h.type == frame_type::data ? max_body : max_control_bytes;
+  const std::uint64_t limit = h.type == frame_type::data || h.type == frame_type::relay ? max_body : max_control_bytes;
   decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
   return h;
 }
@@ -14964,8 +14990,9 @@ static_assert(endpoint<mpi>);
 // address, finds its group through the peers it knows and connects to every one of them
 // (tcp/rendezvous.hpp, each connection after a handshake: tcp/handshake.hpp); one I/O thread
 // reads every connection (tcp/node.hpp), strangers are bounded in time and count
-// (tcp/admission.hpp), heartbeats find the silent (tcp/heartbeat.hpp). Settings:
-// tcp/options.hpp.
+// (tcp/admission.hpp), heartbeats find the silent (tcp/heartbeat.hpp), and two peers that
+// accept no connections reach each other through a relay (tcp/relay.hpp, tcp/tunnel.hpp).
+// Settings: tcp/options.hpp.
 
 
 #if DECENTRAIN_HAS_ASIO
@@ -15756,12 +15783,44 @@ inline std::string settings_difference(const std::string& here, const std::strin
   return out.empty() ? "the same items in another order" : out;
 }
 
+// What a peer that listens does for peers that cannot reach each other (tcp_options::relay).
+struct relay_options {
+  bool serve = true;      // relay at all
+  int max_circuits = 64;  // pairs of peers relayed at once
+  // All relayed traffic together, in payload bytes a second; 0: no limit.
+  std::uint64_t bytes_per_second = 0;
+  // What may wait here for one destination before the senders' connections stop being read
+  // (and at either end of a relayed connection, from the relay, before its connection to the
+  // relay stops being read).
+  std::uint64_t max_queued_bytes = std::uint64_t{8} << 20;
+  // How long a relay that leaves (or is destroyed) waits for the circuits it carries to close
+  // first: their ends close them when they are done, and a pair whose last exchange ends a
+  // moment after this peer's own would otherwise lose it.
+  std::chrono::milliseconds linger{3000};
+
+  void validate() const {
+    decentrain::detail::check(max_circuits >= 0, "tcp: relay.max_circuits must be >= 0, got ", max_circuits);
+    decentrain::detail::check(linger.count() >= 0, "tcp: relay.linger must be >= 0 ms, got ", linger.count());
+    decentrain::detail::check(max_queued_bytes >= (std::uint64_t{1} << 16), "tcp: relay.max_queued_bytes must be at least 64 KiB, got ",
+                              max_queued_bytes);
+  }
+};
+
+// What a relay did (tcp::relay_stats): circuits it opened and refused, payload it forwarded.
+struct relay_stats {
+  std::uint64_t circuits_opened = 0, circuits_refused = 0, open_circuits = 0;
+  std::uint64_t bytes_forwarded = 0;
+  std::uint64_t frames_dropped = 0;  // for a circuit closed meanwhile
+  std::string last_refusal;
+};
+
 struct tcp_options {
   // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
-  // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group, lower
-  // ranks and higher, and nobody dials it. Not peer 0 (the group's first seed). Two such peers
-  // cannot reach each other (a relay between them is not built), so a group holds one; the
-  // peers that join a running group must reach every member, so none is admitted while it is in.
+  // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that
+  // listens, lower ranks and higher, and nobody dials it; two such peers reach each other
+  // through a peer that listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for
+  // the circuit. Not peer 0 (the group's first seed). The peers that join a running group must
+  // reach every member, so none is admitted while such a member is in.
   std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
@@ -15822,6 +15881,9 @@ struct tcp_options {
   // settings differ is refused with a message naming each difference, so peers started with
   // different settings fail at once instead of training apart or timing out.
   std::string settings;
+  // What this peer does, when it listens, for peers that cannot reach each other: it relays
+  // their connections, within these limits (tcp::relay_stats() says what it did).
+  relay_options relay;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -15865,6 +15927,7 @@ struct tcp_options {
     if (!key.empty()) auth::check_key(key, "tcp_options::key");
     identity.validate();
     tls.validate();
+    relay.validate();
   }
 };
 
@@ -15955,7 +16018,7 @@ class handshake {
   void check_next(const wire::header& h) const {
     if (next_ == stage::open) {
       decentrain::detail::check(h.type == wire::frame_type::data || h.type == wire::frame_type::bye ||
-                                    h.type == wire::frame_type::heartbeat,
+                                    h.type == wire::frame_type::heartbeat || h.type == wire::frame_type::relay,
                                 h.type == wire::frame_type::hello ? "frame: a second hello on a connection"
                                                                   : "frame: unexpected frame type ",
                                 h.type == wire::frame_type::hello ? "" : std::to_string(static_cast<int>(h.type)));
@@ -16214,11 +16277,16 @@ struct write_result {
   int error = 0;
 };
 
+class tunnel;  // tcp/tunnel.hpp
+
 struct connection : std::enable_shared_from_this<connection> {
   explicit connection(asio::io_context& io) : socket(io), heard(clock::now()), accepted_at(heard) {}
 
   asio::ip::tcp::socket socket;
   int rank = -1;  // -1 until its hello arrives (and, with credentials, its proof)
+  // A connection relayed by a third peer: `socket` is this end of a local socket pair whose
+  // other end `through` carries over the relay (tcp/tunnel.hpp); null for a direct connection.
+  std::shared_ptr<tunnel> through;
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -16310,7 +16378,8 @@ struct connection : std::enable_shared_from_this<connection> {
   // and nothing of this frame is written yet: true stops the write (a frame half written must
   // finish, or the stream would lose its framing). Takes write_mutex.
   template <class Interrupt>
-  write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt) {
+  write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt,
+                          wire::frame_type type = wire::frame_type::data) {
     std::lock_guard lock(write_mutex);
     if (encrypted()) {
       // The caller's buffer is not ours to overwrite: the frame is encrypted into one buffer per
@@ -16319,10 +16388,10 @@ struct connection : std::enable_shared_from_this<connection> {
       static thread_local bytes ciphertext;
       if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
       const auto into = std::span<std::byte>(ciphertext).first(data.size());
-      const auto h = sealed_header(wire::frame_type::data, tag, data, into);
+      const auto h = sealed_header(type, tag, data, into);
       return write_sealed(h, into, deadline, interrupt);
     }
-    return write_sealed(sealed_header(wire::frame_type::data, tag, data, {}), data, deadline, interrupt);
+    return write_sealed(sealed_header(type, tag, data, {}), data, deadline, interrupt);
   }
 
   // Reads exactly `into` (from byte `got` on), then calls done(error, bytes read). It reads
@@ -16547,7 +16616,8 @@ class admission {
 //
 // One I/O thread reads every connection; the sending thread writes its frames itself and
 // returns once they are written, which bounds memory without deadlock (every peer's I/O thread
-// always reads). A frame that fails validation (magic, version, type, length, cereal) is
+// always reads). Relayed connections (tcp/tunnel.hpp) are connections like the others; the
+// frames this peer relays for others go out on the relay's threads (tcp/relay.hpp). A frame that fails validation (magic, version, type, length, cereal) is
 // counted, its connection closed, and the peer carries on.
 
 
@@ -16752,6 +16822,539 @@ class heartbeat {
 
 #endif  // DECENTRAIN_HAS_ASIO
 // ---- end decentrain/transport/tcp/heartbeat.hpp ----
+// ---- begin decentrain/transport/tcp/relay.hpp ----
+// Relays: a peer that listens carries the connection between two peers that cannot reach each
+// other (both accept no connections: behind NATs, firewalls). Each end runs its connection over
+// a tunnel (tcp/tunnel.hpp); the relay forwards the tunnels' bytes in relay frames, a circuit per
+// pair, and sees only what the two ends' own connection sealed: under per-peer identities or
+// TLS it can neither read nor alter it (under a shared run key alone it holds the key, so it
+// could). What a relay takes on is bounded by its operator: circuits, bandwidth, and the bytes
+// queued per destination (past them it stops reading the sender, as TCP's flow control would).
+
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+namespace decentrain::transport::tcp_detail {
+
+// Writes one relay frame to `via` (sealed with that hop's keys) within `timeout`; false when the
+// connection closed or the time passed. `stop()` may end a write that has not begun.
+template <class Stop>
+bool write_relay(connection& via, const wire::relay_route& r, std::span<const std::byte> body, std::chrono::milliseconds timeout,
+                 std::atomic<std::uint64_t>& framing, Stop&& stop) {
+  const auto res = via.write_data(wire::encode_route(r), body, clock::now() + timeout, stop, wire::frame_type::relay);
+  if (res.status != write_status::done) return false;
+  framing += wire::header_bytes + body.size() + wire::padding(body.size()).size();
+  return true;
+}
+
+// Bytes that wait for a writer, bounded: past `max` a reader is told to stop and called back
+// (`room`) once half of it has gone. Guarded by its owner's mutex.
+struct byte_queue {
+  std::deque<std::pair<wire::relay_route, bytes>> items;
+  std::size_t queued = 0;
+  std::vector<std::function<void()>> waiting;
+
+  bool has_room(std::size_t n, std::size_t max, std::function<void()> room) {
+    if (queued == 0 || queued + n <= max) return true;
+    waiting.push_back(std::move(room));
+    return false;
+  }
+  // The callbacks due once `queued` is down to half of `max` (or everything, `all`).
+  std::vector<std::function<void()>> due(std::size_t max, bool all = false) {
+    if (!all && queued > max / 2) return {};
+    return std::exchange(waiting, {});
+  }
+};
+
+// The frames for one destination, written by a thread of their own in order, paced by the
+// relay's bandwidth.
+class forwarder {
+ public:
+  forwarder(std::shared_ptr<connection> dest, std::size_t max_queued, std::chrono::milliseconds timeout,
+            std::atomic<std::uint64_t>& framing, std::atomic<std::uint64_t>& forwarded, std::atomic<std::int64_t>& in_flight,
+            std::function<clock::time_point(std::size_t)> pace)
+      : dest_(std::move(dest)), max_(max_queued), timeout_(timeout), framing_(framing), forwarded_(forwarded),
+        in_flight_(in_flight), pace_(std::move(pace)), thread_([this] { run(); }) {}
+  ~forwarder() {
+    stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const std::shared_ptr<connection>& dest() const { return dest_; }
+  bool has_room(std::size_t n, std::function<void()> room) {
+    std::lock_guard lock(mutex_);
+    return done_ || q_.has_room(n, max_, std::move(room));
+  }
+  void push(const wire::relay_route& r, bytes body) {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) return;
+      ++in_flight_;
+      q_.queued += body.size();
+      q_.items.emplace_back(r, std::move(body));
+    }
+    wake_.notify_one();
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+  }
+  bool finished() const {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::pair<wire::relay_route, bytes> item;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !q_.items.empty(); });
+        if (stopping_) break;
+        item = std::move(q_.items.front());
+        q_.items.pop_front();
+      }
+      if (item.first.kind == wire::relay_kind::bytes) {
+        const auto start = pace_(item.second.size());
+        std::unique_lock lock(mutex_);
+        if (wake_.wait_until(lock, start, [&] { return stopping_; })) {
+          --in_flight_;  // (the one taken; those still queued are counted off below)
+          break;
+        }
+      }
+      const bool sent = write_relay(*dest_, item.first, item.second, timeout_, framing_, [&] {
+        std::lock_guard lock(mutex_);
+        return stopping_;
+      });
+      if (sent && item.first.kind == wire::relay_kind::bytes) forwarded_ += item.second.size();
+      std::vector<std::function<void()>> due;
+      {
+        std::lock_guard lock(mutex_);
+        q_.queued -= item.second.size();
+        --in_flight_;
+        due = q_.due(max_);
+      }
+      for (auto& f : due) f();
+      if (!sent) break;  // the destination is gone: the node's close of it ends the circuits
+    }
+    std::vector<std::function<void()>> due;
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+      in_flight_ -= static_cast<std::int64_t>(q_.items.size());
+      q_.items.clear();
+      due = q_.due(max_, true);  // no sender stays paused on a queue nobody empties
+    }
+    for (auto& f : due) f();
+  }
+
+  std::shared_ptr<connection> dest_;
+  std::size_t max_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<std::uint64_t>& framing_;
+  std::atomic<std::uint64_t>& forwarded_;
+  std::atomic<std::int64_t>& in_flight_;  // the relay's frames queued or being written
+  std::function<clock::time_point(std::size_t)> pace_;  // when a piece of so many bytes may start
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  byte_queue q_;
+  bool stopping_ = false, done_ = false;
+  std::thread thread_;  // (last: starts once the rest is built)
+};
+
+// The relay's side: circuits between pairs of its peers and a forwarder per destination. Its
+// entry points run on the node's I/O thread.
+class relay_service {
+ public:
+  relay_service(int self, relay_options o, std::chrono::milliseconds timeout, std::atomic<std::uint64_t>& framing)
+      : self_(self), opts_(o), timeout_(timeout), framing_(framing) {}
+  ~relay_service() { stop(); }
+
+  // Whether a frame of `n` bytes for `dest` may be read now; if not, `room` is called later.
+  bool has_room(const std::shared_ptr<connection>& dest, std::size_t n, std::function<void()> room) {
+    if (!dest) return true;
+    return to(dest).has_room(n, std::move(room));
+  }
+
+  // A relay frame from `from` (whose rank is r.from) for peer r.to, whose connection here is
+  // `dest` (null: none).
+  void carry(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
+    carry_one(r, std::move(body), from, dest);
+    open_count_ = circuits_.size();
+  }
+
+  // Peer `rank`'s connection closed: its circuits close, each other end told why.
+  // `connection_of(r)`: peer r's connection here, or null.
+  void lost(int rank, const std::shared_ptr<connection>& c, const std::function<std::shared_ptr<connection>(int)>& connection_of) {
+    for (auto it = circuits_.begin(); it != circuits_.end();) {
+      if (it->first != rank && it->second != rank) {
+        ++it;
+        continue;
+      }
+      const int other = it->first == rank ? it->second : it->first;
+      it = circuits_.erase(it);
+      if (const auto oc = connection_of(other))
+        to(oc).push({wire::relay_kind::close, rank, other},
+                    as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)));
+    }
+    if (auto it = out_.find(c.get()); it != out_.end()) {
+      it->second->stop();
+      retired_.push_back(std::move(it->second));
+      out_.erase(it);
+    }
+    std::erase_if(retired_, [](const auto& f) { return f->finished(); });  // (joins those done)
+    open_count_ = circuits_.size();
+  }
+
+  void stop() {
+    for (auto& [c, f] : out_) f->stop();
+    for (auto& f : retired_) f->stop();
+    out_.clear();
+    retired_.clear();
+  }
+
+  // No circuit open and nothing left to write: a relay may leave without cutting anyone short.
+  bool idle() const { return open_count_ == 0 && in_flight_ == 0; }
+
+  relay_stats stats() const {
+    relay_stats s;
+    s.circuits_opened = opened_;
+    s.circuits_refused = refused_;
+    s.open_circuits = open_count_;
+    s.bytes_forwarded = forwarded_;
+    s.frames_dropped = dropped_;
+    std::lock_guard lock(stats_mutex_);
+    s.last_refusal = last_refusal_;
+    return s;
+  }
+
+ private:
+  void carry_one(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
+    const auto pair = std::minmax(r.from, r.to);
+    const bool open = circuits_.count(pair) > 0;
+    switch (r.kind) {
+      case wire::relay_kind::open: {
+        std::string refusal;
+        if (!opts_.serve) refusal = decentrain::detail::concat("peer ", self_, " does not relay (its tcp_options::relay.serve is off)");
+        else if (!dest) refusal = decentrain::detail::concat("peer ", self_, " is not connected to peer ", r.to, " (yet)");
+        else if (!open && static_cast<int>(circuits_.size()) >= opts_.max_circuits)
+          refusal = decentrain::detail::concat("peer ", self_, " relays ", opts_.max_circuits, " circuits already (its relay.max_circuits)");
+        if (!refusal.empty()) {
+          ++refused_;
+          {
+            std::lock_guard lock(stats_mutex_);
+            last_refusal_ = refusal;
+          }
+          return to(from).push({wire::relay_kind::close, r.to, r.from}, as_bytes(refusal));
+        }
+        if (!open) ++opened_;
+        circuits_.insert(pair);
+        return to(dest).push(r, {});
+      }
+      case wire::relay_kind::bytes:
+        if (!open || !dest) {
+          ++dropped_;
+          return;
+        }
+        return to(dest).push(r, std::move(body));
+      case wire::relay_kind::close:
+        circuits_.erase(pair);
+        if (open && dest) to(dest).push(r, std::move(body));
+        return;
+    }
+  }
+
+  static bytes as_bytes(const std::string& s) {
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    return bytes(p, p + std::min<std::size_t>(s.size(), 1024));
+  }
+
+  // When a piece of `n` bytes may start: the relay's bandwidth is shared by every forwarder.
+  clock::time_point pace(std::size_t n) {
+    if (opts_.bytes_per_second == 0) return {};
+    std::lock_guard lock(pace_mutex_);
+    const auto start = std::max(clock::now(), next_);
+    next_ = start + std::chrono::duration_cast<clock::duration>(
+                        std::chrono::duration<double>(static_cast<double>(n) / static_cast<double>(opts_.bytes_per_second)));
+    return start;
+  }
+
+  forwarder& to(const std::shared_ptr<connection>& dest) {
+    auto& f = out_[dest.get()];
+    if (!f)
+      f = std::make_unique<forwarder>(dest, static_cast<std::size_t>(opts_.max_queued_bytes), timeout_, framing_, forwarded_,
+                                      in_flight_, [this](std::size_t n) { return pace(n); });
+    return *f;
+  }
+
+  int self_;
+  relay_options opts_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<std::uint64_t>& framing_;
+  std::set<std::pair<int, int>> circuits_;                    // I/O thread
+  std::map<const connection*, std::unique_ptr<forwarder>> out_;  // I/O thread; by destination connection
+  std::vector<std::unique_ptr<forwarder>> retired_;             // stopping; joined once finished
+  std::atomic<std::uint64_t> opened_ = 0, refused_ = 0, open_count_ = 0, forwarded_ = 0, dropped_ = 0;
+  std::atomic<std::int64_t> in_flight_ = 0;
+  mutable std::mutex stats_mutex_;
+  std::string last_refusal_;
+  std::mutex pace_mutex_;
+  clock::time_point next_{};
+};
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO
+// ---- end decentrain/transport/tcp/relay.hpp ----
+// ---- begin decentrain/transport/tcp/tunnel.hpp ----
+// One end of a connection that a third peer relays (tcp/relay.hpp): a local socket pair whose
+// near end the node uses as it would a TCP socket, so the handshake, its keys (TLS included) and
+// every frame run through it unchanged, end to end between the two peers; the far end is pumped
+// by this tunnel's thread: what the node writes goes to the relay in relay frames, what the relay
+// brings is written back. Closing either end closes the circuit: the near end's connection reads
+// the end of its stream, and `why_ended()` says what happened.
+
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+
+namespace decentrain::transport::tcp_detail {
+
+class tunnel {
+ public:
+  // This end is peer `self`, the other `far`; `via` is the connection to the relay. The relay
+  // frames carry at most `chunk` bytes; at most `max_queued` wait to be written back before
+  // the relay's connection stops being read.
+  tunnel(int self, int far, std::shared_ptr<connection> via, std::size_t chunk, std::size_t max_queued,
+         std::chrono::milliseconds timeout, std::atomic<std::uint64_t>& framing)
+      : self_(self), far_(far), via_(std::move(via)), chunk_(chunk), max_(max_queued), timeout_(timeout), framing_(framing) {
+    int fds[2];
+    decentrain::detail::check(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0, "tcp: peer ", self,
+                              " cannot make a socket pair for its relayed connection to peer ", far, ": ", std::strerror(errno));
+    near_ = fds[0];
+    pump_ = fds[1];
+    const int buffer = 4 << 20;  // a relay's round trip is long: room for a few chunks in flight
+    for (const int fd : fds) {
+      (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+      (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+    }
+    wake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_ < 0) {
+      ::close(near_);
+      ::close(pump_);
+      decentrain::detail::fail("tcp: peer ", self, " cannot make an eventfd for its relayed connection: ", std::strerror(errno));
+    }
+  }
+  tunnel(const tunnel&) = delete;
+  tunnel& operator=(const tunnel&) = delete;
+  ~tunnel() {
+    stop();
+    if (thread_.joinable()) thread_.join();
+    if (near_ >= 0) ::close(near_);
+    if (pump_ >= 0) ::close(pump_);
+    ::close(wake_);
+  }
+
+  int far() const { return far_; }
+  int relay() const { return via_->rank; }
+  const std::shared_ptr<connection>& via() const { return via_; }
+
+  // The near end, for a connection's socket, which owns it from then on.
+  int take_near() { return std::exchange(near_, -1); }
+
+  // Starts pumping; `open`: first asks the relay to open the circuit (the dialing end).
+  void start(bool open) {
+    if (open && !write_relay(*via_, {wire::relay_kind::open, self_, far_}, {}, timeout_, framing_, [] { return false; }))
+      end(decentrain::detail::concat("the connection to the relay, peer ", relay(), ", closed"));
+    thread_ = std::thread([this] { run(); });
+  }
+
+  // I/O thread: whether `n` more bytes from the relay may be read now; if not, `room` is called
+  // (from this tunnel's thread) once they may.
+  bool has_room(std::size_t n, std::function<void()> room) {
+    std::lock_guard lock(mutex_);
+    return pump_ < 0 || q_.has_room(n, max_, std::move(room));
+  }
+
+  // I/O thread: bytes the relay brought, written on at once as far as the socket takes them.
+  void deliver(bytes b) {
+    std::vector<std::function<void()>> due;
+    {
+      std::lock_guard lock(mutex_);
+      if (pump_ < 0 || ended_) return;
+      q_.queued += b.size();
+      q_.items.emplace_back(wire::relay_route{}, std::move(b));
+      due = flush();  // (under the lock: the I/O thread and this tunnel's thread both write)
+      if (!q_.items.empty()) signal();
+    }
+    for (auto& f : due) f();
+  }
+
+  // The relay closed the circuit: the far end closed it, or the relay could not reach it, or
+  // lost either end (`why`). What came before is still written back.
+  void end(std::string why) {
+    {
+      std::lock_guard lock(mutex_);
+      if (why_.empty()) why_ = std::move(why);
+      ended_ = true;
+    }
+    signal();
+  }
+
+  // Stops at once (the near end reads the end of its stream).
+  void stop() {
+    stopping_ = true;
+    signal();
+  }
+  bool finished() const { return finished_; }
+  std::string why_ended() const {
+    std::lock_guard lock(mutex_);
+    return why_;
+  }
+
+ private:
+  void signal() {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_, &one, sizeof one);
+  }
+
+  // Writes what of the queue the pump end takes now (mutex_ held); the callbacks due then.
+  std::vector<std::function<void()>> flush() {
+    while (!q_.items.empty()) {
+      auto& [route, b] = q_.items.front();
+      const ssize_t n = ::send(pump_, b.data() + written_, b.size() - written_, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // full (or broken: the near end's reader finds out)
+      written_ += static_cast<std::size_t>(n);
+      if (written_ < b.size()) break;
+      q_.queued -= b.size();
+      written_ = 0;
+      q_.items.pop_front();
+    }
+    return q_.due(max_);
+  }
+
+  void run() {
+    bytes buf(chunk_);
+    for (;;) {
+      bool out = false;
+      {
+        std::lock_guard lock(mutex_);
+        if (ended_ && q_.items.empty()) break;
+        out = !q_.items.empty();
+      }
+      if (stopping_) break;
+      pollfd fds[2] = {{pump_, static_cast<short>(POLLIN | (out ? POLLOUT : 0)), 0}, {wake_, POLLIN, 0}};
+      ::poll(fds, 2, 1000);
+      if (fds[1].revents & POLLIN) {
+        std::uint64_t v;
+        (void)!::read(wake_, &v, sizeof v);
+      }
+      if (stopping_) break;
+      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        const ssize_t n = ::recv(pump_, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n > 0) {
+          if (!write_relay(*via_, {wire::relay_kind::bytes, self_, far_}, std::span<const std::byte>(buf).first(static_cast<std::size_t>(n)),
+                           timeout_, framing_, [this] { return stopping_.load(); })) {
+            end(decentrain::detail::concat("the connection to the relay, peer ", relay(), ", closed"));
+            break;
+          }
+        } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          // This end's connection closed: the relay and the far end are told (best effort).
+          (void)write_relay(*via_, {wire::relay_kind::close, self_, far_}, {}, std::chrono::milliseconds(500), framing_,
+                            [this] { return stopping_.load(); });
+          end(decentrain::detail::concat("peer ", self_, " closed it"));
+          break;
+        }
+      }
+      if (fds[0].revents & POLLOUT) {
+        std::vector<std::function<void()>> due;
+        {
+          std::lock_guard lock(mutex_);
+          due = flush();
+        }
+        for (auto& f : due) f();
+      }
+    }
+    bool told = false;
+    {
+      std::lock_guard lock(mutex_);
+      told = ended_;
+    }
+    // Stopped while the circuit was open (this end's connection was closed or replaced): the
+    // relay is told, so it does not count the circuit against its limit until an end leaves.
+    if (!told)
+      (void)write_relay(*via_, {wire::relay_kind::close, self_, far_}, {}, std::chrono::milliseconds(200), framing_, [] { return false; });
+    std::vector<std::function<void()>> due;
+    {
+      std::lock_guard lock(mutex_);
+      ::shutdown(pump_, SHUT_RDWR);
+      ::close(pump_);
+      pump_ = -1;
+      q_.items.clear();
+      due = q_.due(max_, true);  // the relay's connection is read again
+    }
+    for (auto& f : due) f();
+    finished_ = true;
+  }
+
+  int self_, far_;
+  std::shared_ptr<connection> via_;
+  std::size_t chunk_, max_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<std::uint64_t>& framing_;
+  int near_ = -1, pump_ = -1, wake_ = -1;
+  mutable std::mutex mutex_;  // guards q_, written_, why_, ended_ and pump_'s closing
+  byte_queue q_;              // from the relay, to be written to the pump end
+  std::size_t written_ = 0;   // of q_'s first item
+  std::string why_;
+  bool ended_ = false;
+  std::atomic<bool> stopping_{false}, finished_{false};
+  std::thread thread_;
+};
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO
+// ---- end decentrain/transport/tcp/tunnel.hpp ----
 
 namespace decentrain::transport::tcp_detail {
 
@@ -16786,6 +17389,8 @@ struct node {
   }
 
   ~node() {
+    end_relayed_first([this](const std::shared_ptr<connection>& c) { close(c, ""); });
+    linger();
     asio::post(io, [this] {
       stopping = true;
       beat_timer.cancel();
@@ -16798,6 +17403,10 @@ struct node {
     });
     work.reset();
     if (io_thread.joinable()) io_thread.join();
+    relays.stop();
+    std::lock_guard lock(mutex);
+    for (const auto& [far, t] : tunnels) t->stop();
+    for (const auto& t : retired_tunnels) t->stop();
   }
 
   // ---- the registry ----
@@ -16999,6 +17608,7 @@ struct node {
   // takes some of what the sender queued (mailbox.hpp). A joiner not admitted yet may send only
   // membership frames, small ones, and little of them queued at once: past that it is dropped.
   void read_body(const std::shared_ptr<connection>& c, const wire::header& h) {
+    if (h.type == wire::frame_type::relay && !relay_room(c, h)) return;
     if (h.type == wire::frame_type::data && c->rank >= 0) {
       if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
       bool joiner = false;
@@ -17133,6 +17743,9 @@ struct node {
       case wire::frame_type::heartbeat:
         heartbeat::heard(*c, c->body, mutex);
         return true;
+      case wire::frame_type::relay:
+        on_relay(c, h, std::exchange(c->body, {}));
+        return true;
       case wire::frame_type::hello:
       case wire::frame_type::proof:
         return handshake_step(c, h.type);
@@ -17253,7 +17866,9 @@ struct node {
   void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
     if (!c->closed && c->rank < 0 && c->handshake_state.next() == handshake::stage::proof)  // a caller whose key differs stops here
       adm.rejected("a caller closed the connection after the run key's challenge (another key, or none)");
-    close(c, ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message());
+    std::string why = ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message();
+    if (c->through) why += decentrain::detail::concat(" (relayed by peer ", c->through->relay(), ": ", c->through->why_ended(), ")");
+    close(c, why);
   }
 
   void close(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause = failure_cause::departed) {
@@ -17268,14 +17883,206 @@ struct node {
     }
     all.erase(c);
     if (c->rank < 0 && !stopping) adm.count_pending(all);
+    bool was_peer = false;
     if (c->rank >= 0) {
       std::lock_guard lock(mutex);
       auto it = peers.find(c->rank);
       if (it != peers.end() && it->second == c) {
         peers.erase(it);
+        was_peer = true;
         if (!why.empty()) box.close(c->rank, why, cause);
       }
     }
+    if (c->through) {
+      std::lock_guard lock(mutex);
+      if (auto it = tunnels.find(c->through->far()); it != tunnels.end() && it->second == c->through) tunnels.erase(it);
+      retire(c->through);
+    }
+    if (was_peer && !c->through) {
+      // The circuits it was an end of close, and the connections it relayed for this peer.
+      relays.lost(c->rank, c, [this](int r) {
+        std::lock_guard lock(mutex);
+        return connection_of(r);
+      });
+      std::lock_guard lock(mutex);
+      for (const auto& [far, t] : tunnels)
+        if (t->via() == c)
+          t->end(decentrain::detail::concat("the relay, peer ", c->rank, ", is gone", why.empty() ? "" : " (" + why + ")"));
+    }
+  }
+
+  // ---- relays (tcp/relay.hpp, tcp/tunnel.hpp) ----
+
+  // Relayed connections end first (`end_one`, on the I/O thread), and their tunnels carry what
+  // is left in them to the relays (for up to a second) before the connections to the relays
+  // close: what this peer sent last before it left reaches the other end, as over TCP.
+  template <class End>
+  void end_relayed_first(End end_one) {
+    struct ended {
+      std::promise<void> done;
+      std::vector<std::shared_ptr<tunnel>> tunnels;
+    };
+    auto e = std::make_shared<ended>();
+    auto posted = e->done.get_future();
+    asio::post(io, [this, e, end_one] {
+      const auto open = all;
+      for (const auto& c : open)
+        if (c->through && !c->closed) {
+          e->tunnels.push_back(c->through);
+          end_one(c);
+        }
+      e->done.set_value();
+    });
+    const auto until = clock::now() + std::chrono::seconds(1);
+    if (posted.wait_until(until) != std::future_status::ready) return;
+    for (const auto& t : e->tunnels)
+      while (!t->finished() && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+
+  // A relay that leaves lets the circuits it carries close first (relay.linger).
+  void linger() {
+    const auto until = clock::now() + opts.relay.linger;
+    while (!relays.idle() && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  // Peer r's connection if it is a member's (mutex held); null otherwise.
+  std::shared_ptr<connection> connection_of(int r) const {
+    const auto it = peers.find(r);
+    return it == peers.end() || restricted(*it->second) ? nullptr : it->second;
+  }
+
+  // A tunnel whose connection closed or that was replaced: it ends once it has carried what is
+  // left in it (its near end is closed), and is joined once it has (mutex held).
+  void retire(const std::shared_ptr<tunnel>& t) {
+    std::erase_if(retired_tunnels, [](const auto& old) { return old->finished(); });
+    retired_tunnels.push_back(t);
+  }
+
+  std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via) {
+    return std::make_shared<tunnel>(opts.rank, far, via, std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes),
+                                    static_cast<std::size_t>(opts.relay.max_queued_bytes), opts.recv_timeout, framing_sent);
+  }
+
+  // Training thread: a tunnel to `far` relayed by `via`, the circuit asked for. Its near end is
+  // the caller's to dial over.
+  std::shared_ptr<tunnel> open_tunnel(int far, const std::shared_ptr<connection>& via) {
+    auto t = make_tunnel(far, via);
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = tunnels.find(far); it != tunnels.end()) retire(it->second);
+      tunnels[far] = t;
+    }
+    t->start(true);
+    return t;
+  }
+
+  // The peers this one reaches through a relay, and which relays them.
+  std::map<int, int> relayed() const {
+    std::lock_guard lock(mutex);
+    std::map<int, int> out;
+    for (const auto& [r, c] : peers)
+      if (c->through) out[r] = c->through->relay();
+    return out;
+  }
+
+  // A relay frame's route, checked before its body is read, and room for the body where it
+  // goes. False when the connection was closed (a route this connection may not send) or waits
+  // for room (read again once there is).
+  bool relay_room(const std::shared_ptr<connection>& c, const wire::header& h) {
+    wire::relay_route r;
+    std::shared_ptr<connection> dest;
+    std::shared_ptr<tunnel> t;
+    try {
+      r = wire::decode_route(h.tag, opts.capacity());
+      std::lock_guard lock(mutex);
+      decentrain::detail::check(!restricted(*c), "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame");
+      decentrain::detail::check(!c->through, "frame: peer ", c->rank, " sent a relay frame over a relayed connection");
+      decentrain::detail::check(r.from != opts.rank, "frame: peer ", c->rank, " sent this peer a relay frame from itself");
+      decentrain::detail::check(r.to == opts.rank || r.from == c->rank, "frame: peer ", c->rank, " asked to relay a frame from peer ",
+                                r.from, " (a peer has its own frames relayed only)");
+      decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
+                                " sent this peer a relay frame from itself (it is connected: nothing to relay)");
+      decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= 1024, "frame: a relay frame that ",
+                                r.kind == wire::relay_kind::open ? "opens" : "closes", " a circuit carries ", h.length,
+                                " bytes (at most 1024)");
+      if (r.to != opts.rank) dest = connection_of(r.to);
+      else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
+    } catch (const std::exception& e) {
+      malformed(c, e.what());
+      return false;
+    }
+    if (r.kind != wire::relay_kind::bytes) return true;
+    auto resume = [this, c, h] {
+      asio::post(io, [this, c, h] {
+        if (c->closed || !c->paused) return;
+        c->paused = false;
+        read_body(c, h);
+      });
+    };
+    const auto n = static_cast<std::size_t>(h.length);
+    const bool room = r.to != opts.rank ? relays.has_room(dest, n, resume) : !t || t->has_room(n, resume);
+    if (!room) c->paused = true;
+    return room;
+  }
+
+  // A relay frame whose tag passed (relay_room checked its route): carried on for others, or
+  // for one of this peer's tunnels; an `open` from a relay starts a relayed connection that is
+  // accepted as a dialed-in one would be.
+  void on_relay(const std::shared_ptr<connection>& c, const wire::header& h, bytes body) {
+    const auto r = wire::decode_route(h.tag, opts.capacity());
+    std::shared_ptr<connection> dest;
+    std::shared_ptr<tunnel> t;
+    {
+      std::lock_guard lock(mutex);
+      if (r.to != opts.rank) dest = connection_of(r.to);
+      else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
+    }
+    if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
+    switch (r.kind) {
+      case wire::relay_kind::bytes:
+        if (t) t->deliver(std::move(body));  // (none: a circuit closed here meanwhile)
+        return;
+      case wire::relay_kind::close:
+        if (t)
+          t->end(body.empty() ? decentrain::detail::concat("peer ", r.from, " closed it")
+                              : std::string(reinterpret_cast<const char*>(body.data()), body.size()));
+        return;
+      case wire::relay_kind::open:
+        return accept_relayed(c, r.from);
+    }
+  }
+
+  // A relay asks for a connection from `far`: its near end is read as an accepted connection
+  // (a stranger until its handshake ends, bounded like any). A tunnel from `far` that is still
+  // open stays: another relay cannot cut a live relayed connection by opening a second one.
+  void accept_relayed(const std::shared_ptr<connection>& via, int far) {
+    std::shared_ptr<tunnel> t;
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = tunnels.find(far); it != tunnels.end()) {
+        if (!it->second->finished()) return;
+        retire(it->second);
+        tunnels.erase(it);
+      }
+      t = make_tunnel(far, via);
+      tunnels[far] = t;
+    }
+    auto c = std::make_shared<connection>(io);
+    asio::error_code ec;
+    const int fd = t->take_near();
+    c->socket.assign(asio::ip::tcp::v4(), fd, ec);
+    if (ec) ::close(fd);
+    c->through = t;
+    t->start(false);
+    if (ec) return close(c, "");
+    c->accepted_at = clock::now();
+    all.insert(c);
+    adm.count_pending(all);
+    if (adm.pending() > opts.max_pending) evict_oldest_stranger();
+#if DECENTRAIN_HAS_TLS
+    if (tls_context) return start_tls(c);
+#endif
+    read_next(c);
   }
 
   // Closes a connection with a goodbye, written without blocking (best effort: a socket whose
@@ -17494,6 +18301,10 @@ struct node {
   // From the training thread: every connection closes with a goodbye saying `reason`; returns
   // once they are written (or after a second, should the I/O thread be stuck).
   void leave(const std::string& reason) {
+    end_relayed_first([this, reason](const std::shared_ptr<connection>& c) {
+      part(c, "this peer left the group", failure_cause::departed, wire::farewell{false, reason});
+    });
+    linger();
     auto done = std::make_shared<std::promise<void>>();
     auto written = done->get_future();
     asio::post(io, [this, reason, done] {
@@ -17507,6 +18318,8 @@ struct node {
     });
     written.wait_for(std::chrono::seconds(1));
   }
+
+  transport::relay_stats relay_stats() const { return relays.stats(); }
 
   traffic_stats stats() const {
     traffic_stats s;
@@ -17568,6 +18381,12 @@ struct node {
       static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<double> wait_seconds = 0;
+
+  // Relays: the circuits this peer carries for others (their threads stop before the I/O
+  // context goes), and this peer's own relayed connections by the far end's rank (mutex).
+  relay_service relays{opts.rank, opts.relay, opts.recv_timeout, framing_sent};
+  std::map<int, std::shared_ptr<tunnel>> tunnels;
+  std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
 };
 
 }  // namespace decentrain::transport::tcp_detail
@@ -17578,7 +18397,8 @@ struct node {
 // How a TCP peer finds its group and builds the mesh: it asks the peers it knows (--join) for the
 // directory of everyone they know until it knows all `world` peers and dials every lower rank
 // (higher ranks dial it), so each pair shares one connection; a peer that accepts no connections
-// (no listen address: behind a NAT) dials every peer, lower and higher, and is dialed by none; a
+// (no listen address: behind a NAT) dials every peer that listens, lower and higher, is dialed by
+// none, and reaches the lower ranks that accept none either through a relay (tcp/relay.hpp); a
 // peer that finds the group running dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
 // (tcp/handshake.hpp) on a short-lived io_context with a deadline, then hands the connection to
 // the node's I/O thread.
@@ -17627,9 +18447,6 @@ class rendezvous {
       {
         std::lock_guard lock(n_.mutex);
         if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // retrying would not help
-        // Waiting would not help either. (A peer that listens waits for its deadline: leaving at
-        // once, the seed would leave others that have not heard of both to wait for theirs.)
-        if (n_.advertised.empty()) fail_if_unreachable_pair();
       }
       if (n_.late_group()) return connect_late(deadline);
       const bool dials_all = n_.advertised.empty();  // (nobody can dial this peer)
@@ -17637,12 +18454,15 @@ class rendezvous {
         std::string address;
         {
           std::lock_guard lock(n_.mutex);
-          if (j == opts.rank || n_.peers.count(j) || !n_.dir.addresses.count(j) || n_.dir.addresses[j].empty()) continue;
+          if (j == opts.rank || n_.peers.count(j) || !n_.dir.addresses.count(j)) continue;
           address = n_.dir.addresses[j];
+          // Two peers that accept no connections: the higher rank asks a relay for the circuit.
+          if (address.empty() && (!dials_all || j > opts.rank)) continue;
         }
         ++attempts;
         try {
-          dial(j, address);
+          if (address.empty()) dial_relayed(j);
+          else dial(j, address);
         } catch (const std::exception& e) {
           last_error = e.what();
         }
@@ -17658,7 +18478,6 @@ class rendezvous {
         std::string missing;
         for (int j = 0; j < opts.world; ++j)
           if (j != opts.rank && !n_.peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
-        fail_if_unreachable_pair();
         const auto rejected = n_.adm.last_rejected();
         decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                  opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ", last_error,
@@ -17703,20 +18522,6 @@ class rendezvous {
     std::lock_guard lock(n_.mutex);
     return static_cast<int>(n_.dir.addresses.size());
   }
-  // Fails when two or more ranks of the directory (this one's own included) accept no
-  // connections, naming them (under the node's mutex).
-  void fail_if_unreachable_pair() const {
-    std::vector<int> closed;
-    for (const auto& [r, a] : n_.dir.addresses)
-      if (a.empty()) closed.push_back(r);
-    if (closed.size() < 2) return;
-    std::string names;
-    for (std::size_t i = 0; i < closed.size(); ++i)
-      names += (i == 0 ? "" : i + 1 == closed.size() ? " and " : ", ") + std::to_string(closed[i]);
-    decentrain::detail::fail("tcp: peers ", names, " accept no connections: two such peers cannot reach each other (a relay ",
-                             "between them is not built); give all but one of them a listen address the others can reach");
-  }
-
   // Dials the directory's peers this one is not connected to, skipping those that failed twice
   // (`failures` counts per rank); returns the last error.
   std::string dial_unconnected(std::map<int, int>& failures) {
@@ -17756,8 +18561,9 @@ class rendezvous {
       for (const auto& [r, a] : n_.dir.addresses)
         if (r != opts.rank && a.empty())
           decentrain::detail::fail("tcp: peer ", opts.rank, " cannot join the running group: its member ", r, " accepts no ",
-                                   "connections and dials only the peers of the group it formed, so a joiner cannot reach it (a relay ",
-                                   "is not built); a group that takes joiners needs every member to listen");
+                                   "connections and dials only the peers of the group it formed, so a joiner cannot reach it (relays ",
+                                   "carry only the connections of the group that formed); a group that takes joiners needs every member ",
+                                   "to listen");
     }
     std::map<int, int> failures;
     std::string last_error = "none";
@@ -17980,7 +18786,41 @@ class rendezvous {
   }
 
   void dial(int peer, const std::string& address) {
-    with_connection(address, [&](asio::ip::tcp::socket& s) {
+    with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); });
+  }
+
+  // Reaches peer `far`, which accepts no connections either, through a relay: one of the peers
+  // that listen and are connected to this one, the next one from call to call (one that refused,
+  // or is not connected to `far` yet, is passed over the next time). The handshake runs end to
+  // end over the tunnel, as it would over a socket.
+  void dial_relayed(int far) {
+    std::vector<std::shared_ptr<connection>> relays;
+    {
+      std::lock_guard lock(n_.mutex);
+      for (const auto& [r, c] : n_.peers)
+        if (!c->through && !n_.restricted(*c) && n_.dir.addresses.count(r) && !n_.dir.addresses[r].empty()) relays.push_back(c);
+    }
+    decentrain::detail::check(!relays.empty(), "tcp: peer ", n_.opts.rank, " reaches peer ", far,
+                              " only through a relay, and is connected to no peer that relays yet");
+    const auto via = relays[relay_turn_[far]++ % relays.size()];
+    auto t = n_.open_tunnel(far, via);
+    asio::io_context local;
+    asio::ip::tcp::socket s(local);
+    s.assign(asio::ip::tcp::v4(), t->take_near());
+    try {
+      finish_dial(s, far, decentrain::detail::concat("peer ", far, " through the relay peer ", via->rank), t);
+    } catch (const std::exception& e) {
+      asio::error_code ignored;
+      s.close(ignored);  // (the tunnel closes the circuit)
+      const auto why = t->why_ended();
+      decentrain::detail::fail(e.what(), why.empty() ? "" : " (" + why + ")");
+    }
+  }
+
+  // The dialer's handshake on `s` (to `address`, or through `through`) and the connection
+  // registered with the node.
+  void finish_dial(asio::ip::tcp::socket& s, int peer, const std::string& address, std::shared_ptr<tunnel> through) {
+    {
       auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer);
       decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address, " answered peer ",
                                 n_.opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
@@ -17990,17 +18830,19 @@ class rendezvous {
                                 " proved it is peer ", proven_rank, ", not peer ", peer,
                                 " (a stale directory, or the connection was redirected)");
       auto c = std::make_shared<connection>(n_.io);
-      const auto protocol = s.local_endpoint().protocol();
+      const auto protocol = through ? asio::ip::tcp::v4() : s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
+      c->through = std::move(through);
       c->rank = peer;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);
-    });
+    }
   }
 
   node& n_;
   int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
+  std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
 };
 
 }  // namespace decentrain::transport::tcp_detail
@@ -18109,6 +18951,12 @@ class tcp {
     decentrain::detail::check(peer >= 0 && peer < n().opts.capacity(), "tcp: no rank ", peer, " (ranks below ", n().opts.capacity(), ")");
     return n().sent_to[static_cast<std::size_t>(peer)].load();
   }
+
+  // The peers this one reaches through a relay (they accept no connections, nor does this
+  // one), each with the rank of the peer that relays it.
+  std::map<int, int> relayed() const { return n().relayed(); }
+  // What this peer did as a relay for others (tcp_options::relay).
+  relay_stats relaying() const { return n().relay_stats(); }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {

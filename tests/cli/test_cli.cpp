@@ -783,27 +783,34 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   }
 }
 
-TEST_CASE("train over TCP with a peer that accepts no connections (--join without --listen): it dials every peer", "[cli][peers]") {
+TEST_CASE("train over TCP with peers that accept no connections (--join without --listen): they dial, a relay joins them", "[cli][peers]") {
   const auto dir = scratch("no_listen");
   const std::string args = " train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32"
                            " --n-head 2 --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics ''";
-  const auto in_process = run(cli() + args + " --peers 3", dir);
+  const auto in_process = run(cli() + args + " --peers 4", dir);
   REQUIRE(in_process.status == 0);
-  // Rank 1 has no listening socket (behind a NAT, say): peers 0 and 2 cannot dial it, so it
-  // dials them both, rank 2 included, which waits for it.
+  // Ranks 1 and 3 have no listening socket (behind NATs, say): peers 0 and 2 cannot dial them,
+  // so they dial 0 and 2 themselves, and 3 reaches 1 through a relay (0 or 2).
   const auto port = std::to_string(free_port());
-  const auto tcp = run("( timeout 120 " + cli() + args + " --join 127.0.0.1:" + port + " --rank 1 --world 3 > r1.txt 2>&1 & "
-                           "timeout 120 " + cli() + args + " --listen 127.0.0.1:0 --join 127.0.0.1:" + port +
-                           " --rank 2 --world 3 > r2.txt 2>&1 & timeout 120 " + cli() + args + " --listen 127.0.0.1:" + port +
-                           " --rank 0 --world 3; status=$?; wait; exit $status )",
+  const auto join = " --join 127.0.0.1:" + port + " --world 4";
+  const auto tcp = run("( timeout 120 " + cli() + args + join + " --rank 1 > r1.txt 2>&1 & "
+                           "timeout 120 " + cli() + args + join + " --rank 3 > r3.txt 2>&1 & "
+                           "timeout 120 " + cli() + args + " --listen 127.0.0.1:0" + join + " --rank 2 > r2.txt 2>&1 & timeout 120 " +
+                           cli() + args + " --listen 127.0.0.1:" + port + " --world 4 --rank 0; status=$?; wait; exit $status )",
                        dir);
   INFO(tcp.output);
-  const auto rank1 = read_text(dir / "r1.txt");
+  const auto rank1 = read_text(dir / "r1.txt"), rank2 = read_text(dir / "r2.txt"), rank3 = read_text(dir / "r3.txt");
   INFO(rank1);
+  INFO(rank2);
+  INFO(rank3);
   CHECK(tcp.status == 0);
-  CHECK_THAT(rank1, Contains("tcp peer 1 of 3 accepting no connections (it dials every peer)"));
+  CHECK_THAT(rank1, Contains("tcp peer 1 of 4 accepting no connections (it dials every peer)"));
+  CHECK_THAT(rank3, Contains("tcp peer 3 reaches peer 1 through the relay peer "));
+  CHECK_THAT(rank1, Contains("relayed: peer 3 is reached through the relay peer "));
+  CHECK_THAT(tcp.output + rank2, Contains("relay: carried 1 circuits between peers that accept no connections"));
   CHECK(last_line_with(tcp.output, "val loss ") == last_line_with(in_process.output, "val loss "));
   CHECK(last_line_with(rank1, "val loss ") == last_line_with(in_process.output, "val loss "));
+  CHECK(last_line_with(rank3, "val loss ") == last_line_with(in_process.output, "val loss "));
   // Peer 0 must listen: the others join through it.
   auto r = run(cli() + args + " --join 127.0.0.1:" + port + " --rank 0 --world 3", dir);
   CHECK_THAT(r.output, Contains("peer 0 accepts no connections (listen is empty), but the others join the group through it"));
@@ -811,6 +818,8 @@ TEST_CASE("train over TCP with a peer that accepts no connections (--join withou
   CHECK_THAT(r.output, Contains("peer 0 is a world of one (world 1), so it joins no peers"));
   r = run(cli() + args + " --listen '' --join 127.0.0.1:" + port + " --rank 1 --world 3", dir);
   CHECK_THAT(r.output, Contains("--listen '' names no address"));
+  r = run(cli() + args + " --relay-circuits 2", dir);
+  CHECK_THAT(r.output, Contains("--relay-circuits is for TCP peers"));
 }
 
 TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {

@@ -236,3 +236,83 @@ TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, fin
   CHECK(std::chrono::steady_clock::now() - t0 < 9s);
   CHECK(peer0.over_budget().empty());
 }
+
+TEST_CASE("tcp: a key holder's relay frames: routes it may not use close it, a circuit it opens carries nothing but to a stranger") {
+  // Peers 0 and 1 of a keyed group of three whose rank 2 is the liar, connected to both.
+  const auto o0 = [] {
+    auto o = keyed(0, 3);
+    o.max_world = 8;
+    return o;
+  }();
+  tr::tcp peer0(o0);
+  auto o1 = keyed(1, 3);
+  o1.max_world = 8;
+  o1.join = {peer0.address()};
+  tr::tcp peer1(o1);
+  asio::io_context io;
+  auto as_two = keyed(2, 3);
+  as_two.max_world = 8;
+  auto member = [&](const std::string& at) {
+    auto h = std::make_unique<bench::hostile_peer>(io, at, as_two, wire::hello_purpose::data, false);
+    const auto a = h->answer();
+    REQUIRE(a);
+    REQUIRE(a->head.type == wire::frame_type::welcome);
+    return h;
+  };
+  auto one = std::async(std::launch::async, [&] { peer1.connect(); });
+  std::this_thread::sleep_for(200ms);
+  auto to0 = member(peer0.address());
+  peer0.connect();
+  auto to1 = member(peer1.address());
+  one.get();
+  const auto relay = [](wire::relay_route r) { return wire::encode_route(r); };
+  const auto dropped = peer0.stats().malformed_frames;
+  {  // a frame "from peer 1", relayed on
+    to0->write(wire::frame_type::relay, relay({wire::relay_kind::open, 1, 5}), {});
+    CHECK(to0->closed_by_peer());
+    CHECK_THAT(peer0.last_malformed(), Contains("peer 2 asked to relay a frame from peer 1 (a peer has its own frames relayed only)"));
+  }
+  {  // to the relay itself
+    to0 = member(peer0.address());
+    to0->write(wire::frame_type::relay, relay({wire::relay_kind::open, 2, 0}), {});
+    CHECK(to0->closed_by_peer());
+    CHECK_THAT(peer0.last_malformed(), Contains("peer 2 sent this peer a relay frame from itself"));
+  }
+  {  // an open that carries more than a reason
+    to0 = member(peer0.address());
+    to0->write(wire::frame_type::relay, relay({wire::relay_kind::open, 2, 1}), tr::bytes(4096, std::byte{1}));
+    CHECK(to0->closed_by_peer());
+    CHECK_THAT(peer0.last_malformed(), Contains("a relay frame that opens a circuit carries 4096 bytes (at most 1024)"));
+  }
+  CHECK(peer0.stats().malformed_frames == dropped + 3);
+  {  // a circuit to peer 1 that carries garbage: peer 1 reads it as a stranger's, and closes it
+    to0 = member(peer0.address());
+    const auto strangers = peer1.stats().malformed_frames;
+    to0->write(wire::frame_type::relay, relay({wire::relay_kind::open, 2, 1}), {});
+    to0->write(wire::frame_type::relay, relay({wire::relay_kind::bytes, 2, 1}), tr::bytes(256, std::byte{0x5a}));
+    bool closed = false;
+    for (int i = 0; i < 200 && !closed; ++i) {
+      closed = peer1.stats().malformed_frames > strangers && peer0.relaying().open_circuits == 0;
+      if (!closed) std::this_thread::sleep_for(10ms);
+    }
+    CHECK(closed);
+    CHECK_THAT(peer1.last_malformed(), Contains("bad magic"));
+    CHECK(peer0.relaying().circuits_opened == 1);
+    // Bytes on a circuit that is closed are dropped, and the liar stays connected.
+    to0->write(wire::frame_type::relay, relay({wire::relay_kind::bytes, 2, 1}), tr::bytes(256, std::byte{0x5a}));
+    bool counted = false;
+    for (int i = 0; i < 200 && !counted; ++i) {
+      counted = peer0.relaying().frames_dropped >= 1;
+      if (!counted) std::this_thread::sleep_for(10ms);
+    }
+    CHECK(counted);
+    CHECK_FALSE(to0->closed_by_peer());
+  }
+  // Peers 0 and 1 still talk, over the connection they had.
+  auto echo = std::async(std::launch::async, [&] { peer1.send(0, 9, peer1.recv(0, 9)); });
+  const tr::bytes hello(100, std::byte{7});
+  peer0.send(1, 9, hello);
+  CHECK(peer0.recv(1, 9) == hello);
+  echo.get();
+  CHECK(peer1.relayed().empty());
+}

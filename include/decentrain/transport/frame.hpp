@@ -30,8 +30,8 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
-// per-peer identities, directories that do not tell joiners from members.
-inline constexpr std::uint16_t version = 8;
+// per-peer identities, directories that do not tell joiners from members; 8: no relays.
+inline constexpr std::uint16_t version = 9;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -56,11 +56,37 @@ inline constexpr std::size_t max_settings_chars = 4096;  // hello::settings
 inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the handshake's proofs (tcp/handshake.hpp); welcome: the answer to a data
-// hello that was accepted (a refused one gets a bye saying why).
+// hello that was accepted (a refused one gets a bye saying why); relay: a piece of a connection
+// between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag).
 enum class frame_type : std::uint16_t {
-  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8
+  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9
 };
-inline constexpr std::uint16_t last_frame_type = 8;
+inline constexpr std::uint16_t last_frame_type = 9;
+
+// A relay frame's route, in its header's tag: what it does (open a circuit from `from` to `to`,
+// carry bytes of it, close it), and the two ends. Bits 63-56 the kind, 55-48 zero, 47-24 `from`,
+// 23-0 `to` (ranks are below 65536: tcp_options::max_world).
+enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3 };
+struct relay_route {
+  relay_kind kind = relay_kind::bytes;
+  int from = 0;
+  int to = 0;
+  bool operator==(const relay_route&) const = default;
+};
+inline tag_type encode_route(const relay_route& r) {
+  return static_cast<tag_type>(r.kind) << 56 | static_cast<tag_type>(static_cast<std::uint32_t>(r.from) & 0xffffff) << 24 |
+         static_cast<tag_type>(static_cast<std::uint32_t>(r.to) & 0xffffff);
+}
+// Throws on an unknown kind, set bits that must be zero, or a rank not below `capacity`.
+inline relay_route decode_route(tag_type t, int capacity) {
+  const auto kind = static_cast<std::uint8_t>(t >> 56);
+  decentrain::detail::check(kind >= 1 && kind <= 3, "frame: a relay frame of unknown kind ", static_cast<int>(kind));
+  decentrain::detail::check(((t >> 48) & 0xff) == 0, "frame: a relay frame's route has reserved bits set");
+  const int from = static_cast<int>((t >> 24) & 0xffffff), to = static_cast<int>(t & 0xffffff);
+  decentrain::detail::check(from < capacity && to < capacity && from != to, "frame: a relay frame routed from peer ", from,
+                            " to peer ", to, " (ranks below ", capacity, ", two different ones)");
+  return {static_cast<relay_kind>(kind), from, to};
+}
 
 struct header {
   frame_type type = frame_type::data;
@@ -113,7 +139,7 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   check_zeros(p + reserved_offset, header_bytes - reserved_offset, "reserved header");
   header h{static_cast<frame_type>(type), get(8, 8), get(16, 8), {}};
   std::memcpy(h.mac.data(), p + tag_offset, h.mac.size());
-  const std::uint64_t limit = h.type == frame_type::data ? max_body : max_control_bytes;
+  const std::uint64_t limit = h.type == frame_type::data || h.type == frame_type::relay ? max_body : max_control_bytes;
   decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
   return h;
 }

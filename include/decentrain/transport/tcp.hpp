@@ -2,8 +2,9 @@
 // address, finds its group through the peers it knows and connects to every one of them
 // (tcp/rendezvous.hpp, each connection after a handshake: tcp/handshake.hpp); one I/O thread
 // reads every connection (tcp/node.hpp), strangers are bounded in time and count
-// (tcp/admission.hpp), heartbeats find the silent (tcp/heartbeat.hpp). Settings:
-// tcp/options.hpp.
+// (tcp/admission.hpp), heartbeats find the silent (tcp/heartbeat.hpp), and two peers that
+// accept no connections reach each other through a relay (tcp/relay.hpp, tcp/tunnel.hpp).
+// Settings: tcp/options.hpp.
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -128,6 +129,12 @@ class tcp {
     decentrain::detail::check(peer >= 0 && peer < n().opts.capacity(), "tcp: no rank ", peer, " (ranks below ", n().opts.capacity(), ")");
     return n().sent_to[static_cast<std::size_t>(peer)].load();
   }
+
+  // The peers this one reaches through a relay (they accept no connections, nor does this
+  // one), each with the rank of the peer that relays it.
+  std::map<int, int> relayed() const { return n().relayed(); }
+  // What this peer did as a relay for others (tcp_options::relay).
+  relay_stats relaying() const { return n().relay_stats(); }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {

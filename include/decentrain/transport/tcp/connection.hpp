@@ -58,11 +58,16 @@ struct write_result {
   int error = 0;
 };
 
+class tunnel;  // tcp/tunnel.hpp
+
 struct connection : std::enable_shared_from_this<connection> {
   explicit connection(asio::io_context& io) : socket(io), heard(clock::now()), accepted_at(heard) {}
 
   asio::ip::tcp::socket socket;
   int rank = -1;  // -1 until its hello arrives (and, with credentials, its proof)
+  // A connection relayed by a third peer: `socket` is this end of a local socket pair whose
+  // other end `through` carries over the relay (tcp/tunnel.hpp); null for a direct connection.
+  std::shared_ptr<tunnel> through;
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -154,7 +159,8 @@ struct connection : std::enable_shared_from_this<connection> {
   // and nothing of this frame is written yet: true stops the write (a frame half written must
   // finish, or the stream would lose its framing). Takes write_mutex.
   template <class Interrupt>
-  write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt) {
+  write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt,
+                          wire::frame_type type = wire::frame_type::data) {
     std::lock_guard lock(write_mutex);
     if (encrypted()) {
       // The caller's buffer is not ours to overwrite: the frame is encrypted into one buffer per
@@ -163,10 +169,10 @@ struct connection : std::enable_shared_from_this<connection> {
       static thread_local bytes ciphertext;
       if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
       const auto into = std::span<std::byte>(ciphertext).first(data.size());
-      const auto h = sealed_header(wire::frame_type::data, tag, data, into);
+      const auto h = sealed_header(type, tag, data, into);
       return write_sealed(h, into, deadline, interrupt);
     }
-    return write_sealed(sealed_header(wire::frame_type::data, tag, data, {}), data, deadline, interrupt);
+    return write_sealed(sealed_header(type, tag, data, {}), data, deadline, interrupt);
   }
 
   // Reads exactly `into` (from byte `got` on), then calls done(error, bytes read). It reads

@@ -5,7 +5,8 @@
 //
 // One I/O thread reads every connection; the sending thread writes its frames itself and
 // returns once they are written, which bounds memory without deadlock (every peer's I/O thread
-// always reads). A frame that fails validation (magic, version, type, length, cereal) is
+// always reads). Relayed connections (tcp/tunnel.hpp) are connections like the others; the
+// frames this peer relays for others go out on the relay's threads (tcp/relay.hpp). A frame that fails validation (magic, version, type, length, cereal) is
 // counted, its connection closed, and the peer carries on.
 #pragma once
 
@@ -43,6 +44,8 @@
 #include "decentrain/transport/tcp/handshake.hpp"
 #include "decentrain/transport/tcp/heartbeat.hpp"
 #include "decentrain/transport/tcp/options.hpp"
+#include "decentrain/transport/tcp/relay.hpp"
+#include "decentrain/transport/tcp/tunnel.hpp"
 #include "decentrain/transport/tls.hpp"
 
 namespace decentrain::transport::tcp_detail {
@@ -78,6 +81,8 @@ struct node {
   }
 
   ~node() {
+    end_relayed_first([this](const std::shared_ptr<connection>& c) { close(c, ""); });
+    linger();
     asio::post(io, [this] {
       stopping = true;
       beat_timer.cancel();
@@ -90,6 +95,10 @@ struct node {
     });
     work.reset();
     if (io_thread.joinable()) io_thread.join();
+    relays.stop();
+    std::lock_guard lock(mutex);
+    for (const auto& [far, t] : tunnels) t->stop();
+    for (const auto& t : retired_tunnels) t->stop();
   }
 
   // ---- the registry ----
@@ -291,6 +300,7 @@ struct node {
   // takes some of what the sender queued (mailbox.hpp). A joiner not admitted yet may send only
   // membership frames, small ones, and little of them queued at once: past that it is dropped.
   void read_body(const std::shared_ptr<connection>& c, const wire::header& h) {
+    if (h.type == wire::frame_type::relay && !relay_room(c, h)) return;
     if (h.type == wire::frame_type::data && c->rank >= 0) {
       if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
       bool joiner = false;
@@ -425,6 +435,9 @@ struct node {
       case wire::frame_type::heartbeat:
         heartbeat::heard(*c, c->body, mutex);
         return true;
+      case wire::frame_type::relay:
+        on_relay(c, h, std::exchange(c->body, {}));
+        return true;
       case wire::frame_type::hello:
       case wire::frame_type::proof:
         return handshake_step(c, h.type);
@@ -545,7 +558,9 @@ struct node {
   void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
     if (!c->closed && c->rank < 0 && c->handshake_state.next() == handshake::stage::proof)  // a caller whose key differs stops here
       adm.rejected("a caller closed the connection after the run key's challenge (another key, or none)");
-    close(c, ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message());
+    std::string why = ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message();
+    if (c->through) why += decentrain::detail::concat(" (relayed by peer ", c->through->relay(), ": ", c->through->why_ended(), ")");
+    close(c, why);
   }
 
   void close(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause = failure_cause::departed) {
@@ -560,14 +575,206 @@ struct node {
     }
     all.erase(c);
     if (c->rank < 0 && !stopping) adm.count_pending(all);
+    bool was_peer = false;
     if (c->rank >= 0) {
       std::lock_guard lock(mutex);
       auto it = peers.find(c->rank);
       if (it != peers.end() && it->second == c) {
         peers.erase(it);
+        was_peer = true;
         if (!why.empty()) box.close(c->rank, why, cause);
       }
     }
+    if (c->through) {
+      std::lock_guard lock(mutex);
+      if (auto it = tunnels.find(c->through->far()); it != tunnels.end() && it->second == c->through) tunnels.erase(it);
+      retire(c->through);
+    }
+    if (was_peer && !c->through) {
+      // The circuits it was an end of close, and the connections it relayed for this peer.
+      relays.lost(c->rank, c, [this](int r) {
+        std::lock_guard lock(mutex);
+        return connection_of(r);
+      });
+      std::lock_guard lock(mutex);
+      for (const auto& [far, t] : tunnels)
+        if (t->via() == c)
+          t->end(decentrain::detail::concat("the relay, peer ", c->rank, ", is gone", why.empty() ? "" : " (" + why + ")"));
+    }
+  }
+
+  // ---- relays (tcp/relay.hpp, tcp/tunnel.hpp) ----
+
+  // Relayed connections end first (`end_one`, on the I/O thread), and their tunnels carry what
+  // is left in them to the relays (for up to a second) before the connections to the relays
+  // close: what this peer sent last before it left reaches the other end, as over TCP.
+  template <class End>
+  void end_relayed_first(End end_one) {
+    struct ended {
+      std::promise<void> done;
+      std::vector<std::shared_ptr<tunnel>> tunnels;
+    };
+    auto e = std::make_shared<ended>();
+    auto posted = e->done.get_future();
+    asio::post(io, [this, e, end_one] {
+      const auto open = all;
+      for (const auto& c : open)
+        if (c->through && !c->closed) {
+          e->tunnels.push_back(c->through);
+          end_one(c);
+        }
+      e->done.set_value();
+    });
+    const auto until = clock::now() + std::chrono::seconds(1);
+    if (posted.wait_until(until) != std::future_status::ready) return;
+    for (const auto& t : e->tunnels)
+      while (!t->finished() && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+
+  // A relay that leaves lets the circuits it carries close first (relay.linger).
+  void linger() {
+    const auto until = clock::now() + opts.relay.linger;
+    while (!relays.idle() && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  // Peer r's connection if it is a member's (mutex held); null otherwise.
+  std::shared_ptr<connection> connection_of(int r) const {
+    const auto it = peers.find(r);
+    return it == peers.end() || restricted(*it->second) ? nullptr : it->second;
+  }
+
+  // A tunnel whose connection closed or that was replaced: it ends once it has carried what is
+  // left in it (its near end is closed), and is joined once it has (mutex held).
+  void retire(const std::shared_ptr<tunnel>& t) {
+    std::erase_if(retired_tunnels, [](const auto& old) { return old->finished(); });
+    retired_tunnels.push_back(t);
+  }
+
+  std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via) {
+    return std::make_shared<tunnel>(opts.rank, far, via, std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes),
+                                    static_cast<std::size_t>(opts.relay.max_queued_bytes), opts.recv_timeout, framing_sent);
+  }
+
+  // Training thread: a tunnel to `far` relayed by `via`, the circuit asked for. Its near end is
+  // the caller's to dial over.
+  std::shared_ptr<tunnel> open_tunnel(int far, const std::shared_ptr<connection>& via) {
+    auto t = make_tunnel(far, via);
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = tunnels.find(far); it != tunnels.end()) retire(it->second);
+      tunnels[far] = t;
+    }
+    t->start(true);
+    return t;
+  }
+
+  // The peers this one reaches through a relay, and which relays them.
+  std::map<int, int> relayed() const {
+    std::lock_guard lock(mutex);
+    std::map<int, int> out;
+    for (const auto& [r, c] : peers)
+      if (c->through) out[r] = c->through->relay();
+    return out;
+  }
+
+  // A relay frame's route, checked before its body is read, and room for the body where it
+  // goes. False when the connection was closed (a route this connection may not send) or waits
+  // for room (read again once there is).
+  bool relay_room(const std::shared_ptr<connection>& c, const wire::header& h) {
+    wire::relay_route r;
+    std::shared_ptr<connection> dest;
+    std::shared_ptr<tunnel> t;
+    try {
+      r = wire::decode_route(h.tag, opts.capacity());
+      std::lock_guard lock(mutex);
+      decentrain::detail::check(!restricted(*c), "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame");
+      decentrain::detail::check(!c->through, "frame: peer ", c->rank, " sent a relay frame over a relayed connection");
+      decentrain::detail::check(r.from != opts.rank, "frame: peer ", c->rank, " sent this peer a relay frame from itself");
+      decentrain::detail::check(r.to == opts.rank || r.from == c->rank, "frame: peer ", c->rank, " asked to relay a frame from peer ",
+                                r.from, " (a peer has its own frames relayed only)");
+      decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
+                                " sent this peer a relay frame from itself (it is connected: nothing to relay)");
+      decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= 1024, "frame: a relay frame that ",
+                                r.kind == wire::relay_kind::open ? "opens" : "closes", " a circuit carries ", h.length,
+                                " bytes (at most 1024)");
+      if (r.to != opts.rank) dest = connection_of(r.to);
+      else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
+    } catch (const std::exception& e) {
+      malformed(c, e.what());
+      return false;
+    }
+    if (r.kind != wire::relay_kind::bytes) return true;
+    auto resume = [this, c, h] {
+      asio::post(io, [this, c, h] {
+        if (c->closed || !c->paused) return;
+        c->paused = false;
+        read_body(c, h);
+      });
+    };
+    const auto n = static_cast<std::size_t>(h.length);
+    const bool room = r.to != opts.rank ? relays.has_room(dest, n, resume) : !t || t->has_room(n, resume);
+    if (!room) c->paused = true;
+    return room;
+  }
+
+  // A relay frame whose tag passed (relay_room checked its route): carried on for others, or
+  // for one of this peer's tunnels; an `open` from a relay starts a relayed connection that is
+  // accepted as a dialed-in one would be.
+  void on_relay(const std::shared_ptr<connection>& c, const wire::header& h, bytes body) {
+    const auto r = wire::decode_route(h.tag, opts.capacity());
+    std::shared_ptr<connection> dest;
+    std::shared_ptr<tunnel> t;
+    {
+      std::lock_guard lock(mutex);
+      if (r.to != opts.rank) dest = connection_of(r.to);
+      else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
+    }
+    if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
+    switch (r.kind) {
+      case wire::relay_kind::bytes:
+        if (t) t->deliver(std::move(body));  // (none: a circuit closed here meanwhile)
+        return;
+      case wire::relay_kind::close:
+        if (t)
+          t->end(body.empty() ? decentrain::detail::concat("peer ", r.from, " closed it")
+                              : std::string(reinterpret_cast<const char*>(body.data()), body.size()));
+        return;
+      case wire::relay_kind::open:
+        return accept_relayed(c, r.from);
+    }
+  }
+
+  // A relay asks for a connection from `far`: its near end is read as an accepted connection
+  // (a stranger until its handshake ends, bounded like any). A tunnel from `far` that is still
+  // open stays: another relay cannot cut a live relayed connection by opening a second one.
+  void accept_relayed(const std::shared_ptr<connection>& via, int far) {
+    std::shared_ptr<tunnel> t;
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = tunnels.find(far); it != tunnels.end()) {
+        if (!it->second->finished()) return;
+        retire(it->second);
+        tunnels.erase(it);
+      }
+      t = make_tunnel(far, via);
+      tunnels[far] = t;
+    }
+    auto c = std::make_shared<connection>(io);
+    asio::error_code ec;
+    const int fd = t->take_near();
+    c->socket.assign(asio::ip::tcp::v4(), fd, ec);
+    if (ec) ::close(fd);
+    c->through = t;
+    t->start(false);
+    if (ec) return close(c, "");
+    c->accepted_at = clock::now();
+    all.insert(c);
+    adm.count_pending(all);
+    if (adm.pending() > opts.max_pending) evict_oldest_stranger();
+#if DECENTRAIN_HAS_TLS
+    if (tls_context) return start_tls(c);
+#endif
+    read_next(c);
   }
 
   // Closes a connection with a goodbye, written without blocking (best effort: a socket whose
@@ -786,6 +993,10 @@ struct node {
   // From the training thread: every connection closes with a goodbye saying `reason`; returns
   // once they are written (or after a second, should the I/O thread be stuck).
   void leave(const std::string& reason) {
+    end_relayed_first([this, reason](const std::shared_ptr<connection>& c) {
+      part(c, "this peer left the group", failure_cause::departed, wire::farewell{false, reason});
+    });
+    linger();
     auto done = std::make_shared<std::promise<void>>();
     auto written = done->get_future();
     asio::post(io, [this, reason, done] {
@@ -799,6 +1010,8 @@ struct node {
     });
     written.wait_for(std::chrono::seconds(1));
   }
+
+  transport::relay_stats relay_stats() const { return relays.stats(); }
 
   traffic_stats stats() const {
     traffic_stats s;
@@ -860,6 +1073,12 @@ struct node {
       static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<double> wait_seconds = 0;
+
+  // Relays: the circuits this peer carries for others (their threads stop before the I/O
+  // context goes), and this peer's own relayed connections by the far end's rank (mutex).
+  relay_service relays{opts.rank, opts.relay, opts.recv_timeout, framing_sent};
+  std::map<int, std::shared_ptr<tunnel>> tunnels;
+  std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
 };
 
 }  // namespace decentrain::transport::tcp_detail

@@ -47,12 +47,44 @@ inline std::string settings_difference(const std::string& here, const std::strin
   return out.empty() ? "the same items in another order" : out;
 }
 
+// What a peer that listens does for peers that cannot reach each other (tcp_options::relay).
+struct relay_options {
+  bool serve = true;      // relay at all
+  int max_circuits = 64;  // pairs of peers relayed at once
+  // All relayed traffic together, in payload bytes a second; 0: no limit.
+  std::uint64_t bytes_per_second = 0;
+  // What may wait here for one destination before the senders' connections stop being read
+  // (and at either end of a relayed connection, from the relay, before its connection to the
+  // relay stops being read).
+  std::uint64_t max_queued_bytes = std::uint64_t{8} << 20;
+  // How long a relay that leaves (or is destroyed) waits for the circuits it carries to close
+  // first: their ends close them when they are done, and a pair whose last exchange ends a
+  // moment after this peer's own would otherwise lose it.
+  std::chrono::milliseconds linger{3000};
+
+  void validate() const {
+    decentrain::detail::check(max_circuits >= 0, "tcp: relay.max_circuits must be >= 0, got ", max_circuits);
+    decentrain::detail::check(linger.count() >= 0, "tcp: relay.linger must be >= 0 ms, got ", linger.count());
+    decentrain::detail::check(max_queued_bytes >= (std::uint64_t{1} << 16), "tcp: relay.max_queued_bytes must be at least 64 KiB, got ",
+                              max_queued_bytes);
+  }
+};
+
+// What a relay did (tcp::relay_stats): circuits it opened and refused, payload it forwarded.
+struct relay_stats {
+  std::uint64_t circuits_opened = 0, circuits_refused = 0, open_circuits = 0;
+  std::uint64_t bytes_forwarded = 0;
+  std::uint64_t frames_dropped = 0;  // for a circuit closed meanwhile
+  std::string last_refusal;
+};
+
 struct tcp_options {
   // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
-  // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group, lower
-  // ranks and higher, and nobody dials it. Not peer 0 (the group's first seed). Two such peers
-  // cannot reach each other (a relay between them is not built), so a group holds one; the
-  // peers that join a running group must reach every member, so none is admitted while it is in.
+  // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that
+  // listens, lower ranks and higher, and nobody dials it; two such peers reach each other
+  // through a peer that listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for
+  // the circuit. Not peer 0 (the group's first seed). The peers that join a running group must
+  // reach every member, so none is admitted while such a member is in.
   std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
@@ -113,6 +145,9 @@ struct tcp_options {
   // settings differ is refused with a message naming each difference, so peers started with
   // different settings fail at once instead of training apart or timing out.
   std::string settings;
+  // What this peer does, when it listens, for peers that cannot reach each other: it relays
+  // their connections, within these limits (tcp::relay_stats() says what it did).
+  relay_options relay;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -156,6 +191,7 @@ struct tcp_options {
     if (!key.empty()) auth::check_key(key, "tcp_options::key");
     identity.validate();
     tls.validate();
+    relay.validate();
   }
 };
 

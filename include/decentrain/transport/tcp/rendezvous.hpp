@@ -1,7 +1,8 @@
 // How a TCP peer finds its group and builds the mesh: it asks the peers it knows (--join) for the
 // directory of everyone they know until it knows all `world` peers and dials every lower rank
 // (higher ranks dial it), so each pair shares one connection; a peer that accepts no connections
-// (no listen address: behind a NAT) dials every peer, lower and higher, and is dialed by none; a
+// (no listen address: behind a NAT) dials every peer that listens, lower and higher, is dialed by
+// none, and reaches the lower ranks that accept none either through a relay (tcp/relay.hpp); a
 // peer that finds the group running dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
 // (tcp/handshake.hpp) on a short-lived io_context with a deadline, then hands the connection to
 // the node's I/O thread.
@@ -58,9 +59,6 @@ class rendezvous {
       {
         std::lock_guard lock(n_.mutex);
         if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);  // retrying would not help
-        // Waiting would not help either. (A peer that listens waits for its deadline: leaving at
-        // once, the seed would leave others that have not heard of both to wait for theirs.)
-        if (n_.advertised.empty()) fail_if_unreachable_pair();
       }
       if (n_.late_group()) return connect_late(deadline);
       const bool dials_all = n_.advertised.empty();  // (nobody can dial this peer)
@@ -68,12 +66,15 @@ class rendezvous {
         std::string address;
         {
           std::lock_guard lock(n_.mutex);
-          if (j == opts.rank || n_.peers.count(j) || !n_.dir.addresses.count(j) || n_.dir.addresses[j].empty()) continue;
+          if (j == opts.rank || n_.peers.count(j) || !n_.dir.addresses.count(j)) continue;
           address = n_.dir.addresses[j];
+          // Two peers that accept no connections: the higher rank asks a relay for the circuit.
+          if (address.empty() && (!dials_all || j > opts.rank)) continue;
         }
         ++attempts;
         try {
-          dial(j, address);
+          if (address.empty()) dial_relayed(j);
+          else dial(j, address);
         } catch (const std::exception& e) {
           last_error = e.what();
         }
@@ -89,7 +90,6 @@ class rendezvous {
         std::string missing;
         for (int j = 0; j < opts.world; ++j)
           if (j != opts.rank && !n_.peers.count(j)) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
-        fail_if_unreachable_pair();
         const auto rejected = n_.adm.last_rejected();
         decentrain::detail::fail("tcp: peer ", opts.rank, " could not connect to peer(s) ", missing, " within ",
                                  opts.join_timeout.count(), " ms (", attempts, " attempts with backoff; last error: ", last_error,
@@ -134,20 +134,6 @@ class rendezvous {
     std::lock_guard lock(n_.mutex);
     return static_cast<int>(n_.dir.addresses.size());
   }
-  // Fails when two or more ranks of the directory (this one's own included) accept no
-  // connections, naming them (under the node's mutex).
-  void fail_if_unreachable_pair() const {
-    std::vector<int> closed;
-    for (const auto& [r, a] : n_.dir.addresses)
-      if (a.empty()) closed.push_back(r);
-    if (closed.size() < 2) return;
-    std::string names;
-    for (std::size_t i = 0; i < closed.size(); ++i)
-      names += (i == 0 ? "" : i + 1 == closed.size() ? " and " : ", ") + std::to_string(closed[i]);
-    decentrain::detail::fail("tcp: peers ", names, " accept no connections: two such peers cannot reach each other (a relay ",
-                             "between them is not built); give all but one of them a listen address the others can reach");
-  }
-
   // Dials the directory's peers this one is not connected to, skipping those that failed twice
   // (`failures` counts per rank); returns the last error.
   std::string dial_unconnected(std::map<int, int>& failures) {
@@ -187,8 +173,9 @@ class rendezvous {
       for (const auto& [r, a] : n_.dir.addresses)
         if (r != opts.rank && a.empty())
           decentrain::detail::fail("tcp: peer ", opts.rank, " cannot join the running group: its member ", r, " accepts no ",
-                                   "connections and dials only the peers of the group it formed, so a joiner cannot reach it (a relay ",
-                                   "is not built); a group that takes joiners needs every member to listen");
+                                   "connections and dials only the peers of the group it formed, so a joiner cannot reach it (relays ",
+                                   "carry only the connections of the group that formed); a group that takes joiners needs every member ",
+                                   "to listen");
     }
     std::map<int, int> failures;
     std::string last_error = "none";
@@ -411,7 +398,41 @@ class rendezvous {
   }
 
   void dial(int peer, const std::string& address) {
-    with_connection(address, [&](asio::ip::tcp::socket& s) {
+    with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); });
+  }
+
+  // Reaches peer `far`, which accepts no connections either, through a relay: one of the peers
+  // that listen and are connected to this one, the next one from call to call (one that refused,
+  // or is not connected to `far` yet, is passed over the next time). The handshake runs end to
+  // end over the tunnel, as it would over a socket.
+  void dial_relayed(int far) {
+    std::vector<std::shared_ptr<connection>> relays;
+    {
+      std::lock_guard lock(n_.mutex);
+      for (const auto& [r, c] : n_.peers)
+        if (!c->through && !n_.restricted(*c) && n_.dir.addresses.count(r) && !n_.dir.addresses[r].empty()) relays.push_back(c);
+    }
+    decentrain::detail::check(!relays.empty(), "tcp: peer ", n_.opts.rank, " reaches peer ", far,
+                              " only through a relay, and is connected to no peer that relays yet");
+    const auto via = relays[relay_turn_[far]++ % relays.size()];
+    auto t = n_.open_tunnel(far, via);
+    asio::io_context local;
+    asio::ip::tcp::socket s(local);
+    s.assign(asio::ip::tcp::v4(), t->take_near());
+    try {
+      finish_dial(s, far, decentrain::detail::concat("peer ", far, " through the relay peer ", via->rank), t);
+    } catch (const std::exception& e) {
+      asio::error_code ignored;
+      s.close(ignored);  // (the tunnel closes the circuit)
+      const auto why = t->why_ended();
+      decentrain::detail::fail(e.what(), why.empty() ? "" : " (" + why + ")");
+    }
+  }
+
+  // The dialer's handshake on `s` (to `address`, or through `through`) and the connection
+  // registered with the node.
+  void finish_dial(asio::ip::tcp::socket& s, int peer, const std::string& address, std::shared_ptr<tunnel> through) {
+    {
       auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer);
       decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address, " answered peer ",
                                 n_.opts.rank, "'s hello with frame type ", static_cast<int>(answer.head.type));
@@ -421,17 +442,19 @@ class rendezvous {
                                 " proved it is peer ", proven_rank, ", not peer ", peer,
                                 " (a stale directory, or the connection was redirected)");
       auto c = std::make_shared<connection>(n_.io);
-      const auto protocol = s.local_endpoint().protocol();
+      const auto protocol = through ? asio::ip::tcp::v4() : s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
+      c->through = std::move(through);
       c->rank = peer;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);
-    });
+    }
   }
 
   node& n_;
   int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
+  std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
 };
 
 }  // namespace decentrain::transport::tcp_detail

@@ -1,0 +1,309 @@
+// Relays: a peer that listens carries the connection between two peers that cannot reach each
+// other (both accept no connections: behind NATs, firewalls). Each end runs its connection over
+// a tunnel (tcp/tunnel.hpp); the relay forwards the tunnels' bytes in relay frames, a circuit per
+// pair, and sees only what the two ends' own connection sealed: under per-peer identities or
+// TLS it can neither read nor alter it (under a shared run key alone it holds the key, so it
+// could). What a relay takes on is bounded by its operator: circuits, bandwidth, and the bytes
+// queued per destination (past them it stops reading the sender, as TCP's flow control would).
+#pragma once
+
+#include "decentrain/config.hpp"
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "decentrain/detail/error.hpp"
+#include "decentrain/transport/frame.hpp"
+#include "decentrain/transport/tcp/connection.hpp"
+#include "decentrain/transport/tcp/options.hpp"
+
+namespace decentrain::transport::tcp_detail {
+
+// Writes one relay frame to `via` (sealed with that hop's keys) within `timeout`; false when the
+// connection closed or the time passed. `stop()` may end a write that has not begun.
+template <class Stop>
+bool write_relay(connection& via, const wire::relay_route& r, std::span<const std::byte> body, std::chrono::milliseconds timeout,
+                 std::atomic<std::uint64_t>& framing, Stop&& stop) {
+  const auto res = via.write_data(wire::encode_route(r), body, clock::now() + timeout, stop, wire::frame_type::relay);
+  if (res.status != write_status::done) return false;
+  framing += wire::header_bytes + body.size() + wire::padding(body.size()).size();
+  return true;
+}
+
+// Bytes that wait for a writer, bounded: past `max` a reader is told to stop and called back
+// (`room`) once half of it has gone. Guarded by its owner's mutex.
+struct byte_queue {
+  std::deque<std::pair<wire::relay_route, bytes>> items;
+  std::size_t queued = 0;
+  std::vector<std::function<void()>> waiting;
+
+  bool has_room(std::size_t n, std::size_t max, std::function<void()> room) {
+    if (queued == 0 || queued + n <= max) return true;
+    waiting.push_back(std::move(room));
+    return false;
+  }
+  // The callbacks due once `queued` is down to half of `max` (or everything, `all`).
+  std::vector<std::function<void()>> due(std::size_t max, bool all = false) {
+    if (!all && queued > max / 2) return {};
+    return std::exchange(waiting, {});
+  }
+};
+
+// The frames for one destination, written by a thread of their own in order, paced by the
+// relay's bandwidth.
+class forwarder {
+ public:
+  forwarder(std::shared_ptr<connection> dest, std::size_t max_queued, std::chrono::milliseconds timeout,
+            std::atomic<std::uint64_t>& framing, std::atomic<std::uint64_t>& forwarded, std::atomic<std::int64_t>& in_flight,
+            std::function<clock::time_point(std::size_t)> pace)
+      : dest_(std::move(dest)), max_(max_queued), timeout_(timeout), framing_(framing), forwarded_(forwarded),
+        in_flight_(in_flight), pace_(std::move(pace)), thread_([this] { run(); }) {}
+  ~forwarder() {
+    stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const std::shared_ptr<connection>& dest() const { return dest_; }
+  bool has_room(std::size_t n, std::function<void()> room) {
+    std::lock_guard lock(mutex_);
+    return done_ || q_.has_room(n, max_, std::move(room));
+  }
+  void push(const wire::relay_route& r, bytes body) {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) return;
+      ++in_flight_;
+      q_.queued += body.size();
+      q_.items.emplace_back(r, std::move(body));
+    }
+    wake_.notify_one();
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+  }
+  bool finished() const {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::pair<wire::relay_route, bytes> item;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !q_.items.empty(); });
+        if (stopping_) break;
+        item = std::move(q_.items.front());
+        q_.items.pop_front();
+      }
+      if (item.first.kind == wire::relay_kind::bytes) {
+        const auto start = pace_(item.second.size());
+        std::unique_lock lock(mutex_);
+        if (wake_.wait_until(lock, start, [&] { return stopping_; })) {
+          --in_flight_;  // (the one taken; those still queued are counted off below)
+          break;
+        }
+      }
+      const bool sent = write_relay(*dest_, item.first, item.second, timeout_, framing_, [&] {
+        std::lock_guard lock(mutex_);
+        return stopping_;
+      });
+      if (sent && item.first.kind == wire::relay_kind::bytes) forwarded_ += item.second.size();
+      std::vector<std::function<void()>> due;
+      {
+        std::lock_guard lock(mutex_);
+        q_.queued -= item.second.size();
+        --in_flight_;
+        due = q_.due(max_);
+      }
+      for (auto& f : due) f();
+      if (!sent) break;  // the destination is gone: the node's close of it ends the circuits
+    }
+    std::vector<std::function<void()>> due;
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+      in_flight_ -= static_cast<std::int64_t>(q_.items.size());
+      q_.items.clear();
+      due = q_.due(max_, true);  // no sender stays paused on a queue nobody empties
+    }
+    for (auto& f : due) f();
+  }
+
+  std::shared_ptr<connection> dest_;
+  std::size_t max_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<std::uint64_t>& framing_;
+  std::atomic<std::uint64_t>& forwarded_;
+  std::atomic<std::int64_t>& in_flight_;  // the relay's frames queued or being written
+  std::function<clock::time_point(std::size_t)> pace_;  // when a piece of so many bytes may start
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  byte_queue q_;
+  bool stopping_ = false, done_ = false;
+  std::thread thread_;  // (last: starts once the rest is built)
+};
+
+// The relay's side: circuits between pairs of its peers and a forwarder per destination. Its
+// entry points run on the node's I/O thread.
+class relay_service {
+ public:
+  relay_service(int self, relay_options o, std::chrono::milliseconds timeout, std::atomic<std::uint64_t>& framing)
+      : self_(self), opts_(o), timeout_(timeout), framing_(framing) {}
+  ~relay_service() { stop(); }
+
+  // Whether a frame of `n` bytes for `dest` may be read now; if not, `room` is called later.
+  bool has_room(const std::shared_ptr<connection>& dest, std::size_t n, std::function<void()> room) {
+    if (!dest) return true;
+    return to(dest).has_room(n, std::move(room));
+  }
+
+  // A relay frame from `from` (whose rank is r.from) for peer r.to, whose connection here is
+  // `dest` (null: none).
+  void carry(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
+    carry_one(r, std::move(body), from, dest);
+    open_count_ = circuits_.size();
+  }
+
+  // Peer `rank`'s connection closed: its circuits close, each other end told why.
+  // `connection_of(r)`: peer r's connection here, or null.
+  void lost(int rank, const std::shared_ptr<connection>& c, const std::function<std::shared_ptr<connection>(int)>& connection_of) {
+    for (auto it = circuits_.begin(); it != circuits_.end();) {
+      if (it->first != rank && it->second != rank) {
+        ++it;
+        continue;
+      }
+      const int other = it->first == rank ? it->second : it->first;
+      it = circuits_.erase(it);
+      if (const auto oc = connection_of(other))
+        to(oc).push({wire::relay_kind::close, rank, other},
+                    as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)));
+    }
+    if (auto it = out_.find(c.get()); it != out_.end()) {
+      it->second->stop();
+      retired_.push_back(std::move(it->second));
+      out_.erase(it);
+    }
+    std::erase_if(retired_, [](const auto& f) { return f->finished(); });  // (joins those done)
+    open_count_ = circuits_.size();
+  }
+
+  void stop() {
+    for (auto& [c, f] : out_) f->stop();
+    for (auto& f : retired_) f->stop();
+    out_.clear();
+    retired_.clear();
+  }
+
+  // No circuit open and nothing left to write: a relay may leave without cutting anyone short.
+  bool idle() const { return open_count_ == 0 && in_flight_ == 0; }
+
+  relay_stats stats() const {
+    relay_stats s;
+    s.circuits_opened = opened_;
+    s.circuits_refused = refused_;
+    s.open_circuits = open_count_;
+    s.bytes_forwarded = forwarded_;
+    s.frames_dropped = dropped_;
+    std::lock_guard lock(stats_mutex_);
+    s.last_refusal = last_refusal_;
+    return s;
+  }
+
+ private:
+  void carry_one(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
+    const auto pair = std::minmax(r.from, r.to);
+    const bool open = circuits_.count(pair) > 0;
+    switch (r.kind) {
+      case wire::relay_kind::open: {
+        std::string refusal;
+        if (!opts_.serve) refusal = decentrain::detail::concat("peer ", self_, " does not relay (its tcp_options::relay.serve is off)");
+        else if (!dest) refusal = decentrain::detail::concat("peer ", self_, " is not connected to peer ", r.to, " (yet)");
+        else if (!open && static_cast<int>(circuits_.size()) >= opts_.max_circuits)
+          refusal = decentrain::detail::concat("peer ", self_, " relays ", opts_.max_circuits, " circuits already (its relay.max_circuits)");
+        if (!refusal.empty()) {
+          ++refused_;
+          {
+            std::lock_guard lock(stats_mutex_);
+            last_refusal_ = refusal;
+          }
+          return to(from).push({wire::relay_kind::close, r.to, r.from}, as_bytes(refusal));
+        }
+        if (!open) ++opened_;
+        circuits_.insert(pair);
+        return to(dest).push(r, {});
+      }
+      case wire::relay_kind::bytes:
+        if (!open || !dest) {
+          ++dropped_;
+          return;
+        }
+        return to(dest).push(r, std::move(body));
+      case wire::relay_kind::close:
+        circuits_.erase(pair);
+        if (open && dest) to(dest).push(r, std::move(body));
+        return;
+    }
+  }
+
+  static bytes as_bytes(const std::string& s) {
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    return bytes(p, p + std::min<std::size_t>(s.size(), 1024));
+  }
+
+  // When a piece of `n` bytes may start: the relay's bandwidth is shared by every forwarder.
+  clock::time_point pace(std::size_t n) {
+    if (opts_.bytes_per_second == 0) return {};
+    std::lock_guard lock(pace_mutex_);
+    const auto start = std::max(clock::now(), next_);
+    next_ = start + std::chrono::duration_cast<clock::duration>(
+                        std::chrono::duration<double>(static_cast<double>(n) / static_cast<double>(opts_.bytes_per_second)));
+    return start;
+  }
+
+  forwarder& to(const std::shared_ptr<connection>& dest) {
+    auto& f = out_[dest.get()];
+    if (!f)
+      f = std::make_unique<forwarder>(dest, static_cast<std::size_t>(opts_.max_queued_bytes), timeout_, framing_, forwarded_,
+                                      in_flight_, [this](std::size_t n) { return pace(n); });
+    return *f;
+  }
+
+  int self_;
+  relay_options opts_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<std::uint64_t>& framing_;
+  std::set<std::pair<int, int>> circuits_;                    // I/O thread
+  std::map<const connection*, std::unique_ptr<forwarder>> out_;  // I/O thread; by destination connection
+  std::vector<std::unique_ptr<forwarder>> retired_;             // stopping; joined once finished
+  std::atomic<std::uint64_t> opened_ = 0, refused_ = 0, open_count_ = 0, forwarded_ = 0, dropped_ = 0;
+  std::atomic<std::int64_t> in_flight_ = 0;
+  mutable std::mutex stats_mutex_;
+  std::string last_refusal_;
+  std::mutex pace_mutex_;
+  clock::time_point next_{};
+};
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO
