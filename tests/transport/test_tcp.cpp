@@ -459,6 +459,95 @@ TEST_CASE("tcp: two peers that accept no connections reach each other through a 
   CHECK(relaying[static_cast<std::size_t>(2 - relay)].bytes_forwarded == 0);
 }
 
+TEST_CASE("tcp: a relay that goes away mid-stream is replaced by another, and nothing is lost or repeated") {
+  // Peers 0 and 2 listen, 1 and 3 do not: 3 reaches 1 through one of 0 and 2. While 3 streams
+  // messages of 512 KB to 1, which echoes each, that relay goes away at once (no lingering),
+  // with megabytes of the stream in its queues (it relays at 40 MB/s): the ends resume the
+  // circuit through the other, each sending again what the other missed.
+  constexpr int world = 4, messages = 40;
+  std::vector<std::optional<tr::tcp>> peers(world);
+  auto options = [](int r) {
+    tr::tcp_options o;
+    o.rank = r;
+    o.world = world;
+    o.join_timeout = std::chrono::milliseconds(15000);
+    o.recv_timeout = std::chrono::milliseconds(15000);
+    if (r == 1 || r == 3) o.listen.clear();
+    o.relay.linger = std::chrono::milliseconds(0);
+    o.relay.bytes_per_second = 40'000'000;
+    return o;
+  };
+  peers[0].emplace(options(0));
+  {
+    std::vector<std::thread> joining;
+    for (int r = 0; r < world; ++r)
+      joining.emplace_back([&, r] {
+        if (r > 0) {
+          auto o = options(r);
+          o.join = {peers[0]->address()};
+          peers[static_cast<std::size_t>(r)].emplace(o);
+        }
+        peers[static_cast<std::size_t>(r)]->connect();
+      });
+    for (auto& t : joining) t.join();
+  }
+  REQUIRE(peers[3]->relayed().count(1) == 1);
+  const int relay = peers[3]->relayed().at(1), other = 2 - relay;
+  auto message = [](int i) {
+    tr::bytes m(std::size_t{512} << 10);
+    for (std::size_t k = 0; k < m.size(); ++k) m[k] = static_cast<std::byte>((k * 131 + static_cast<std::size_t>(i) * 7) & 0xff);
+    return m;
+  };
+  std::atomic<int> echoed{0};
+  std::string failure1, failure3;
+  int wrong = 0;
+  std::thread one([&] {
+    try {
+      for (int i = 0; i < messages; ++i) peers[1]->send(3, 6, peers[1]->recv(3, 5));
+    } catch (const std::exception& e) {
+      failure1 = e.what();
+    }
+  });
+  std::string failure3_send;
+  std::thread three_sends([&] {
+    try {
+      for (int i = 0; i < messages; ++i) peers[3]->send(1, 5, message(i));
+    } catch (const std::exception& e) {
+      failure3_send = e.what();
+    }
+  });
+  std::thread three([&] {
+    try {
+      for (int i = 0; i < messages; ++i) {
+        wrong += peers[3]->recv(1, 6) != message(i);
+        ++echoed;
+      }
+    } catch (const std::exception& e) {
+      failure3 = e.what();
+    }
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (echoed < messages / 4 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int before = echoed;
+  peers[static_cast<std::size_t>(relay)].reset();  // its connections close at once
+  one.join();
+  three.join();
+  three_sends.join();
+  INFO("peer 1: " << failure1 << "; peer 3: " << failure3 << " " << failure3_send << "; relay " << relay << " went after "
+                  << before << " echoes");
+  CHECK(failure1.empty());
+  CHECK(failure3.empty());
+  CHECK(failure3_send.empty());
+  CHECK(before < messages);  // (it went mid-stream)
+  CHECK(echoed == messages);
+  CHECK(wrong == 0);
+  CHECK(peers[3]->relayed() == std::map<int, int>{{1, other}});
+  CHECK(peers[1]->relayed() == std::map<int, int>{{3, other}});
+  CHECK(peers[static_cast<std::size_t>(other)]->relaying().circuits_opened == 1);
+  CHECK(peers[static_cast<std::size_t>(other)]->relaying().bytes_forwarded > 0);
+  for (const int r : {3, 1, 0, 2}) peers[static_cast<std::size_t>(r)].reset();
+}
+
 TEST_CASE("tcp: a relay within its limits: one that does not relay is passed over, none that relays fails the join by name") {
   // Peer 0 does not relay: peer 3 gets its circuit to 1 from peer 2.
   std::vector<std::map<int, int>> relayed(4);

@@ -63,10 +63,14 @@ enum class frame_type : std::uint16_t {
 };
 inline constexpr std::uint16_t last_frame_type = 9;
 
-// A relay frame's route, in its header's tag: what it does (open a circuit from `from` to `to`,
-// carry bytes of it, close it), and the two ends. Bits 63-56 the kind, 55-48 zero, 47-24 `from`,
-// 23-0 `to` (ranks are below 65536: tcp_options::max_world).
-enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3 };
+// A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
+// kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
+// open: a circuit from `from` to `to`; bytes: a piece of its stream; close: the end (or the
+// relay, refusing it) closed it; ack: how much of the stream `from` has received (a u64), so
+// the sender may forget it; resume: the circuit goes on through this relay, `from` having
+// received so much (a u64): the other lost it; lost: the relay lost the other end.
+enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3, ack = 4, resume = 5, lost = 6 };
+inline constexpr std::uint8_t last_relay_kind = 6;
 struct relay_route {
   relay_kind kind = relay_kind::bytes;
   int from = 0;
@@ -80,12 +84,25 @@ inline tag_type encode_route(const relay_route& r) {
 // Throws on an unknown kind, set bits that must be zero, or a rank not below `capacity`.
 inline relay_route decode_route(tag_type t, int capacity) {
   const auto kind = static_cast<std::uint8_t>(t >> 56);
-  decentrain::detail::check(kind >= 1 && kind <= 3, "frame: a relay frame of unknown kind ", static_cast<int>(kind));
+  decentrain::detail::check(kind >= 1 && kind <= last_relay_kind, "frame: a relay frame of unknown kind ", static_cast<int>(kind));
   decentrain::detail::check(((t >> 48) & 0xff) == 0, "frame: a relay frame's route has reserved bits set");
   const int from = static_cast<int>((t >> 24) & 0xffffff), to = static_cast<int>(t & 0xffffff);
   decentrain::detail::check(from < capacity && to < capacity && from != to, "frame: a relay frame routed from peer ", from,
                             " to peer ", to, " (ranks below ", capacity, ", two different ones)");
   return {static_cast<relay_kind>(kind), from, to};
+}
+
+// The stream position an ack or a resume carries (little-endian u64).
+inline bytes encode_position(std::uint64_t v) {
+  bytes out(8);
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+  return out;
+}
+inline std::uint64_t decode_position(std::span<const std::byte> b) {
+  decentrain::detail::check(b.size() == 8, "frame: a relay frame's stream position has ", b.size(), " bytes, not 8");
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[i]) << (8 * i);
+  return v;
 }
 
 struct header {

@@ -598,8 +598,7 @@ struct node {
       });
       std::lock_guard lock(mutex);
       for (const auto& [far, t] : tunnels)
-        if (t->via() == c)
-          t->end(decentrain::detail::concat("the relay, peer ", c->rank, ", is gone", why.empty() ? "" : " (" + why + ")"));
+        t->relay_lost(c, decentrain::detail::concat("the relay, peer ", c->rank, ", is gone", why.empty() ? "" : " (" + why + ")"));
     }
   }
 
@@ -650,21 +649,40 @@ struct node {
     retired_tunnels.push_back(t);
   }
 
-  std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via) {
-    return std::make_shared<tunnel>(opts.rank, far, via, std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes),
-                                    static_cast<std::size_t>(opts.relay.max_queued_bytes), opts.recv_timeout, framing_sent);
+  // The peers that may relay a circuit to `far` from here: connected directly, members, and
+  // listening (so `far`, which dials every such peer, is connected to them too), by rank.
+  std::vector<std::shared_ptr<connection>> relays_for(int far) const {
+    std::lock_guard lock(mutex);
+    std::vector<std::shared_ptr<connection>> out;
+    for (const auto& [r, c] : peers)
+      if (r != far && !c->through && !restricted(*c) && dir.addresses.count(r) && !dir.addresses.at(r).empty()) out.push_back(c);
+    return out;
+  }
+
+  std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via, bool dialer) {
+    tunnel::settings s;
+    s.chunk = std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes);
+    s.window = static_cast<std::size_t>(opts.relay.max_queued_bytes);
+    s.timeout = opts.recv_timeout;
+    s.resume_within = opts.relay.resume_within;
+    return std::make_shared<tunnel>(opts.rank, far, via, dialer, s, framing_sent,
+                                    [this](int to, const std::set<const connection*>& tried) -> std::shared_ptr<connection> {
+                                      for (const auto& c : relays_for(to))
+                                        if (!tried.count(c.get())) return c;
+                                      return nullptr;
+                                    });
   }
 
   // Training thread: a tunnel to `far` relayed by `via`, the circuit asked for. Its near end is
   // the caller's to dial over.
   std::shared_ptr<tunnel> open_tunnel(int far, const std::shared_ptr<connection>& via) {
-    auto t = make_tunnel(far, via);
+    auto t = make_tunnel(far, via, true);
     {
       std::lock_guard lock(mutex);
       if (auto it = tunnels.find(far); it != tunnels.end()) retire(it->second);
       tunnels[far] = t;
     }
-    t->start(true);
+    t->start();
     return t;
   }
 
@@ -694,9 +712,10 @@ struct node {
                                 r.from, " (a peer has its own frames relayed only)");
       decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
                                 " sent this peer a relay frame from itself (it is connected: nothing to relay)");
-      decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= 1024, "frame: a relay frame that ",
-                                r.kind == wire::relay_kind::open ? "opens" : "closes", " a circuit carries ", h.length,
-                                " bytes (at most 1024)");
+      const bool positioned = r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::resume;
+      decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= (positioned ? 8 : 1024), "frame: a relay frame that ",
+                                r.kind == wire::relay_kind::open ? "opens a circuit" : positioned ? "gives a stream position" : "closes a circuit",
+                                " carries ", h.length, " bytes (at most ", positioned ? 8 : 1024, ")");
       if (r.to != opts.rank) dest = connection_of(r.to);
       else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
     } catch (const std::exception& e) {
@@ -727,20 +746,28 @@ struct node {
     {
       std::lock_guard lock(mutex);
       if (r.to != opts.rank) dest = connection_of(r.to);
-      else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
+      else if (auto it = tunnels.find(r.from); it != tunnels.end()) t = it->second;
     }
     if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
+    if (r.kind == wire::relay_kind::open) return accept_relayed(c, r.from);
+    if (!t) return;  // (a circuit closed here meanwhile)
+    if (r.kind == wire::relay_kind::resume) {
+      (void)t->resume(c, wire::decode_position(body));  // (out of turn: ignored)
+      return;
+    }
+    if (t->via() != c) return;  // from a relay that no longer carries it
     switch (r.kind) {
       case wire::relay_kind::bytes:
-        if (t) t->deliver(std::move(body));  // (none: a circuit closed here meanwhile)
-        return;
+        return t->deliver(std::move(body));
+      case wire::relay_kind::ack:
+        return t->acknowledged(wire::decode_position(body));
       case wire::relay_kind::close:
-        if (t)
-          t->end(body.empty() ? decentrain::detail::concat("peer ", r.from, " closed it")
-                              : std::string(reinterpret_cast<const char*>(body.data()), body.size()));
+        return t->closed(body.empty() ? decentrain::detail::concat("peer ", r.from, " closed it")
+                                      : std::string(reinterpret_cast<const char*>(body.data()), body.size()));
+      case wire::relay_kind::lost:
+        return t->relay_lost(c, decentrain::detail::concat("the relay, peer ", c->rank, ", lost its connection to peer ", r.from));
+      default:
         return;
-      case wire::relay_kind::open:
-        return accept_relayed(c, r.from);
     }
   }
 
@@ -756,7 +783,7 @@ struct node {
         retire(it->second);
         tunnels.erase(it);
       }
-      t = make_tunnel(far, via);
+      t = make_tunnel(far, via, false);
       tunnels[far] = t;
     }
     auto c = std::make_shared<connection>(io);
@@ -765,7 +792,7 @@ struct node {
     c->socket.assign(asio::ip::tcp::v4(), fd, ec);
     if (ec) ::close(fd);
     c->through = t;
-    t->start(false);
+    t->start();
     if (ec) return close(c, "");
     c->accepted_at = clock::now();
     all.insert(c);

@@ -61,10 +61,15 @@ struct relay_options {
   // first: their ends close them when they are done, and a pair whose last exchange ends a
   // moment after this peer's own would otherwise lose it.
   std::chrono::milliseconds linger{3000};
+  // How long the two ends of a relayed connection whose relay is lost look for another to
+  // resume it before they give it up (its heartbeats pause meanwhile: keep it under
+  // tcp_options::min_silence).
+  std::chrono::milliseconds resume_within{2000};
 
   void validate() const {
     decentrain::detail::check(max_circuits >= 0, "tcp: relay.max_circuits must be >= 0, got ", max_circuits);
     decentrain::detail::check(linger.count() >= 0, "tcp: relay.linger must be >= 0 ms, got ", linger.count());
+    decentrain::detail::check(resume_within.count() >= 0, "tcp: relay.resume_within must be >= 0 ms, got ", resume_within.count());
     decentrain::detail::check(max_queued_bytes >= (std::uint64_t{1} << 16), "tcp: relay.max_queued_bytes must be at least 64 KiB, got ",
                               max_queued_bytes);
   }

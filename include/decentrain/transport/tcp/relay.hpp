@@ -116,7 +116,7 @@ class forwarder {
         item = std::move(q_.items.front());
         q_.items.pop_front();
       }
-      if (item.first.kind == wire::relay_kind::bytes) {
+      if (item.first.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
         const auto start = pace_(item.second.size());
         std::unique_lock lock(mutex_);
         if (wake_.wait_until(lock, start, [&] { return stopping_; })) {
@@ -196,7 +196,7 @@ class relay_service {
       const int other = it->first == rank ? it->second : it->first;
       it = circuits_.erase(it);
       if (const auto oc = connection_of(other))
-        to(oc).push({wire::relay_kind::close, rank, other},
+        to(oc).push({wire::relay_kind::lost, rank, other},
                     as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)));
     }
     if (auto it = out_.find(c.get()); it != out_.end()) {
@@ -235,7 +235,8 @@ class relay_service {
     const auto pair = std::minmax(r.from, r.to);
     const bool open = circuits_.count(pair) > 0;
     switch (r.kind) {
-      case wire::relay_kind::open: {
+      case wire::relay_kind::open:
+      case wire::relay_kind::resume: {
         std::string refusal;
         if (!opts_.serve) refusal = decentrain::detail::concat("peer ", self_, " does not relay (its tcp_options::relay.serve is off)");
         else if (!dest) refusal = decentrain::detail::concat("peer ", self_, " is not connected to peer ", r.to, " (yet)");
@@ -251,8 +252,12 @@ class relay_service {
         }
         if (!open) ++opened_;
         circuits_.insert(pair);
-        return to(dest).push(r, {});
+        return to(dest).push(r, std::move(body));
       }
+      case wire::relay_kind::lost:  // (only a relay sends it: an end's is dropped)
+        ++dropped_;
+        return;
+      case wire::relay_kind::ack:
       case wire::relay_kind::bytes:
         if (!open || !dest) {
           ++dropped_;

@@ -406,12 +406,7 @@ class rendezvous {
   // or is not connected to `far` yet, is passed over the next time). The handshake runs end to
   // end over the tunnel, as it would over a socket.
   void dial_relayed(int far) {
-    std::vector<std::shared_ptr<connection>> relays;
-    {
-      std::lock_guard lock(n_.mutex);
-      for (const auto& [r, c] : n_.peers)
-        if (!c->through && !n_.restricted(*c) && n_.dir.addresses.count(r) && !n_.dir.addresses[r].empty()) relays.push_back(c);
-    }
+    const auto relays = n_.relays_for(far);
     decentrain::detail::check(!relays.empty(), "tcp: peer ", n_.opts.rank, " reaches peer ", far,
                               " only through a relay, and is connected to no peer that relays yet");
     const auto via = relays[relay_turn_[far]++ % relays.size()];
