@@ -2,13 +2,16 @@
 // in one run with OpenMPI's MPI_Allreduce and torch.distributed's gloo backend.
 //
 //   bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]
-//                   [--only decentrain,decentrain-keyed,decentrain-tls,mpi-tcp,mpi-shm,gloo] [--rounds 1]
-//                   [--json PATH]
+//                   [--only decentrain,decentrain-keyed,decentrain-tls,decentrain-relayed,mpi-tcp,mpi-shm,gloo]
+//                   [--rounds 1] [--json PATH]
 //
 // decentrain-keyed is the same all-reduce with a run key (transport/auth.hpp): every frame
 // tagged by its sender and checked by its receiver, the cost of authenticated peers.
 // decentrain-tls is the same with TLS (transport/tls.hpp; certificates from scripts/tls_certs):
 // every frame encrypted as well, the cost of confidentiality.
+// decentrain-relayed is the plain all-reduce with the upper half of the ranks accepting no
+// connections (tcp/relay.hpp): in the ring, the hop between two of them goes through a relay
+// (the lowest rank that listens), the cost of a peer behind a NAT.
 //
 // With --rounds R every implementation runs R times, interleaved (all of them, then all of them
 // again), and a size's time is the median of its R times: this machine has slow spells of a
@@ -120,6 +123,7 @@ int tcp_worker(int rank, int world, const std::string& address_file, const std::
                std::size_t chunk_bytes, const std::string& out, const std::string& protection, const std::string& cert_dir) {
   auto peer = bench::loopback_peer(rank, world, address_file, [&](dt::transport::tcp_options& o) {
     if (protection == "keyed") o.key = "a benchmark's run key, 32 bytes.";
+    if (protection == "relayed" && rank >= world / 2 && rank > 0) o.listen.clear();
     if (protection == "tls") {
       const auto stem = cert_dir + "/rank-" + std::to_string(rank);
       o.tls = {stem + ".pem", stem + ".key", cert_dir + "/ca.pem", true};
@@ -185,7 +189,8 @@ int main(int argc, char** argv) try {
   std::vector<std::string> args(argv + 1, argv + argc);
   const char* usage =
       "usage: bench_allreduce [--world 4] [--min-bytes 1024] [--max-bytes 268435456] [--chunk-bytes B]\n"
-      "                       [--only decentrain,decentrain-keyed,mpi-tcp,mpi-shm,gloo] [--rounds 1] [--json PATH]";
+      "                       [--only decentrain,decentrain-keyed,decentrain-tls,decentrain-relayed,mpi-tcp,mpi-shm,gloo]\n"
+      "                       [--rounds 1] [--json PATH]";
   if (std::find(args.begin(), args.end(), "--help") != args.end()) {
     std::printf("%s\n", usage);
     return 0;
@@ -214,7 +219,7 @@ int main(int argc, char** argv) try {
   if (!worker.empty()) {
     const auto sizes = parse_sizes(value("--sizes", ""));
 #if DECENTRAIN_HAS_ASIO
-    if (worker == "tcp" || worker == "tcp-keyed" || worker == "tcp-tls")
+    if (worker == "tcp" || worker == "tcp-keyed" || worker == "tcp-tls" || worker == "tcp-relayed")
       return tcp_worker(std::stoi(value("--rank", "0")), world, value("--address-file", ""), sizes, chunk_bytes, out,
                         worker.substr(3 + (worker.size() > 3)), value("--cert-dir", ""));
 #endif
@@ -230,13 +235,13 @@ int main(int argc, char** argv) try {
   for (auto b = lo; b <= hi; b *= 4) sizes.push_back(b);
   std::vector<std::string> impls;
   {
-    std::stringstream in(value("--only", "decentrain,decentrain-keyed,decentrain-tls,mpi-tcp,mpi-shm,gloo"));
+    std::stringstream in(value("--only", "decentrain,decentrain-keyed,decentrain-tls,decentrain-relayed,mpi-tcp,mpi-shm,gloo"));
     for (std::string item; std::getline(in, item, ',');) impls.push_back(item);
     for (const auto& impl : impls)
-      dt::detail::check(impl == "decentrain" || impl == "decentrain-keyed" || impl == "decentrain-tls" || impl == "mpi-tcp" ||
-                            impl == "mpi-shm" || impl == "gloo",
+      dt::detail::check(impl == "decentrain" || impl == "decentrain-keyed" || impl == "decentrain-tls" || impl == "decentrain-relayed" ||
+                            impl == "mpi-tcp" || impl == "mpi-shm" || impl == "gloo",
                         "unknown implementation '", impl,
-                        "' in --only (decentrain, decentrain-keyed, decentrain-tls, mpi-tcp, mpi-shm, gloo)");
+                        "' in --only (decentrain, decentrain-keyed, decentrain-tls, decentrain-relayed, mpi-tcp, mpi-shm, gloo)");
   }
   const int rounds = std::stoi(value("--rounds", "1"));
   dt::detail::check(rounds >= 1, "--rounds must be at least 1");
@@ -310,8 +315,8 @@ int main(int argc, char** argv) try {
   };
   std::printf("all-reduce (sum, float32, in place), %d processes on this machine; bus bandwidth GB/s "
               "(nccl-tests: algbw x 2(N-1)/N)%s\n", world, rounds > 1 ? (", median of " + std::to_string(rounds) + " rounds").c_str() : "");
-  std::printf("%9s %12s %11s %11s %11s %11s %11s %11s %9s %9s %9s %9s\n", "size", "ours us", "ours", "ours+key", "ours+TLS",
-              "MPI tcp", "MPI shm", "gloo", "key/ours", "TLS/ours", "ours/MPI", "ours/gloo");
+  std::printf("%9s %12s %11s %11s %11s %11s %11s %11s %11s %9s %9s %9s %9s %9s\n", "size", "ours us", "ours", "ours+key", "ours+TLS",
+              "ours relay", "MPI tcp", "MPI shm", "gloo", "key/ours", "TLS/ours", "rel/ours", "ours/MPI", "ours/gloo");
   auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
   // What was not measured prints as "-", never as a zero bandwidth or ratio.
   auto cell = [](double v, int width, const char* suffix, int digits = 3) {
@@ -328,16 +333,18 @@ int main(int argc, char** argv) try {
   json << "[\n";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const double ours = busbw("decentrain", i), keyed = busbw("decentrain-keyed", i), tls = busbw("decentrain-tls", i),
-                 mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
+                 relayed = busbw("decentrain-relayed", i), mt = busbw("mpi-tcp", i), ms = busbw("mpi-shm", i), gl = busbw("gloo", i);
     const double us = results.count("decentrain") ? results["decentrain"][i].seconds * 1e6 : 0.0;
-    std::printf("%9s %12s %11s %11s %11s %11s %11s %11s %9s %9s %9s %9s\n", human(sizes[i]).c_str(), cell(us, 12, "", 1).c_str(),
-                cell(ours, 11, "").c_str(), cell(keyed, 11, "").c_str(), cell(tls, 11, "").c_str(), cell(mt, 11, "").c_str(),
-                cell(ms, 11, "").c_str(), cell(gl, 11, "").c_str(), cell(ratio(keyed, ours), 9, "x").c_str(),
-                cell(ratio(tls, ours), 9, "x").c_str(), cell(ratio(ours, mt), 9, "x").c_str(), cell(ratio(ours, gl), 9, "x").c_str());
+    std::printf("%9s %12s %11s %11s %11s %11s %11s %11s %11s %9s %9s %9s %9s %9s\n", human(sizes[i]).c_str(),
+                cell(us, 12, "", 1).c_str(), cell(ours, 11, "").c_str(), cell(keyed, 11, "").c_str(), cell(tls, 11, "").c_str(),
+                cell(relayed, 11, "").c_str(), cell(mt, 11, "").c_str(), cell(ms, 11, "").c_str(), cell(gl, 11, "").c_str(),
+                cell(ratio(keyed, ours), 9, "x").c_str(), cell(ratio(tls, ours), 9, "x").c_str(), cell(ratio(relayed, ours), 9, "x").c_str(),
+                cell(ratio(ours, mt), 9, "x").c_str(), cell(ratio(ours, gl), 9, "x").c_str());
     json << (i ? ",\n" : "") << "  {\"bytes\": " << sizes[i] << ", \"world\": " << world << ", \"rounds\": " << rounds
          << ", \"ours_us\": " << num(us) << ", \"ours_busbw_gbs\": " << num(ours) << ", \"ours_keyed_busbw_gbs\": " << num(keyed)
          << ", \"keyed_over_ours\": " << num(ratio(keyed, ours)) << ", \"ours_tls_busbw_gbs\": " << num(tls)
-         << ", \"tls_over_ours\": " << num(ratio(tls, ours)) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
+         << ", \"tls_over_ours\": " << num(ratio(tls, ours)) << ", \"ours_relayed_busbw_gbs\": " << num(relayed)
+         << ", \"relayed_over_ours\": " << num(ratio(relayed, ours)) << ", \"mpi_tcp_busbw_gbs\": " << num(mt)
          << ", \"mpi_shm_busbw_gbs\": " << num(ms) << ", \"gloo_busbw_gbs\": " << num(gl) << ", \"ours_over_mpi_tcp\": "
          << num(ratio(ours, mt)) << ", \"ours_over_gloo\": " << num(ratio(ours, gl)) << "}";
   }

@@ -12214,10 +12214,14 @@ enum class frame_type : std::uint16_t {
 };
 inline constexpr std::uint16_t last_frame_type = 9;
 
-// A relay frame's route, in its header's tag: what it does (open a circuit from `from` to `to`,
-// carry bytes of it, close it), and the two ends. Bits 63-56 the kind, 55-48 zero, 47-24 `from`,
-// 23-0 `to` (ranks are below 65536: tcp_options::max_world).
-enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3 };
+// A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
+// kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
+// open: a circuit from `from` to `to`; bytes: a piece of its stream; close: the end (or the
+// relay, refusing it) closed it; ack: how much of the stream `from` has received (a u64), so
+// the sender may forget it; resume: the circuit goes on through this relay, `from` having
+// received so much (a u64): the other lost it; lost: the relay lost the other end.
+enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3, ack = 4, resume = 5, lost = 6 };
+inline constexpr std::uint8_t last_relay_kind = 6;
 struct relay_route {
   relay_kind kind = relay_kind::bytes;
   int from = 0;
@@ -12231,12 +12235,25 @@ inline tag_type encode_route(const relay_route& r) {
 // Throws on an unknown kind, set bits that must be zero, or a rank not below `capacity`.
 inline relay_route decode_route(tag_type t, int capacity) {
   const auto kind = static_cast<std::uint8_t>(t >> 56);
-  decentrain::detail::check(kind >= 1 && kind <= 3, "frame: a relay frame of unknown kind ", static_cast<int>(kind));
+  decentrain::detail::check(kind >= 1 && kind <= last_relay_kind, "frame: a relay frame of unknown kind ", static_cast<int>(kind));
   decentrain::detail::check(((t >> 48) & 0xff) == 0, "frame: a relay frame's route has reserved bits set");
   const int from = static_cast<int>((t >> 24) & 0xffffff), to = static_cast<int>(t & 0xffffff);
   decentrain::detail::check(from < capacity && to < capacity && from != to, "frame: a relay frame routed from peer ", from,
                             " to peer ", to, " (ranks below ", capacity, ", two different ones)");
   return {static_cast<relay_kind>(kind), from, to};
+}
+
+// The stream position an ack or a resume carries (little-endian u64).
+inline bytes encode_position(std::uint64_t v) {
+  bytes out(8);
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+  return out;
+}
+inline std::uint64_t decode_position(std::span<const std::byte> b) {
+  decentrain::detail::check(b.size() == 8, "frame: a relay frame's stream position has ", b.size(), " bytes, not 8");
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[i]) << (8 * i);
+  return v;
 }
 
 struct header {
@@ -15797,10 +15814,15 @@ struct relay_options {
   // first: their ends close them when they are done, and a pair whose last exchange ends a
   // moment after this peer's own would otherwise lose it.
   std::chrono::milliseconds linger{3000};
+  // How long the two ends of a relayed connection whose relay is lost look for another to
+  // resume it before they give it up (its heartbeats pause meanwhile: keep it under
+  // tcp_options::min_silence).
+  std::chrono::milliseconds resume_within{2000};
 
   void validate() const {
     decentrain::detail::check(max_circuits >= 0, "tcp: relay.max_circuits must be >= 0, got ", max_circuits);
     decentrain::detail::check(linger.count() >= 0, "tcp: relay.linger must be >= 0 ms, got ", linger.count());
+    decentrain::detail::check(resume_within.count() >= 0, "tcp: relay.resume_within must be >= 0 ms, got ", resume_within.count());
     decentrain::detail::check(max_queued_bytes >= (std::uint64_t{1} << 16), "tcp: relay.max_queued_bytes must be at least 64 KiB, got ",
                               max_queued_bytes);
   }
@@ -16935,7 +16957,7 @@ class forwarder {
         item = std::move(q_.items.front());
         q_.items.pop_front();
       }
-      if (item.first.kind == wire::relay_kind::bytes) {
+      if (item.first.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
         const auto start = pace_(item.second.size());
         std::unique_lock lock(mutex_);
         if (wake_.wait_until(lock, start, [&] { return stopping_; })) {
@@ -17015,7 +17037,7 @@ class relay_service {
       const int other = it->first == rank ? it->second : it->first;
       it = circuits_.erase(it);
       if (const auto oc = connection_of(other))
-        to(oc).push({wire::relay_kind::close, rank, other},
+        to(oc).push({wire::relay_kind::lost, rank, other},
                     as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)));
     }
     if (auto it = out_.find(c.get()); it != out_.end()) {
@@ -17054,7 +17076,8 @@ class relay_service {
     const auto pair = std::minmax(r.from, r.to);
     const bool open = circuits_.count(pair) > 0;
     switch (r.kind) {
-      case wire::relay_kind::open: {
+      case wire::relay_kind::open:
+      case wire::relay_kind::resume: {
         std::string refusal;
         if (!opts_.serve) refusal = decentrain::detail::concat("peer ", self_, " does not relay (its tcp_options::relay.serve is off)");
         else if (!dest) refusal = decentrain::detail::concat("peer ", self_, " is not connected to peer ", r.to, " (yet)");
@@ -17070,8 +17093,12 @@ class relay_service {
         }
         if (!open) ++opened_;
         circuits_.insert(pair);
-        return to(dest).push(r, {});
+        return to(dest).push(r, std::move(body));
       }
+      case wire::relay_kind::lost:  // (only a relay sends it: an end's is dropped)
+        ++dropped_;
+        return;
+      case wire::relay_kind::ack:
       case wire::relay_kind::bytes:
         if (!open || !dest) {
           ++dropped_;
@@ -17132,8 +17159,14 @@ class relay_service {
 // near end the node uses as it would a TCP socket, so the handshake, its keys (TLS included) and
 // every frame run through it unchanged, end to end between the two peers; the far end is pumped
 // by this tunnel's thread: what the node writes goes to the relay in relay frames, what the relay
-// brings is written back. Closing either end closes the circuit: the near end's connection reads
-// the end of its stream, and `why_ended()` says what happened.
+// brings is written back.
+//
+// A relay that dies does not end the connection: each end keeps what it sent until the other
+// acknowledges it (at most a window), and the end that opened the circuit asks another relay to
+// resume it, saying how much it received; the other end answers the same way, and each sends
+// again what the other missed. The near connections see a pause, nothing lost. Without another
+// relay within `resume_within`, or when the other end closes it, the circuit ends: the near end
+// reads the end of its stream, and `why_ended()` says what happened.
 
 
 #if DECENTRAIN_HAS_ASIO
@@ -17143,29 +17176,43 @@ class relay_service {
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 
 namespace decentrain::transport::tcp_detail {
 
 class tunnel {
  public:
-  // This end is peer `self`, the other `far`; `via` is the connection to the relay. The relay
-  // frames carry at most `chunk` bytes; at most `max_queued` wait to be written back before
-  // the relay's connection stops being read.
-  tunnel(int self, int far, std::shared_ptr<connection> via, std::size_t chunk, std::size_t max_queued,
-         std::chrono::milliseconds timeout, std::atomic<std::uint64_t>& framing)
-      : self_(self), far_(far), via_(std::move(via)), chunk_(chunk), max_(max_queued), timeout_(timeout), framing_(framing) {
+  // Another relay for the circuit to `far`, not one of `tried`; null when there is none now.
+  using relay_finder = std::function<std::shared_ptr<connection>(int far, const std::set<const connection*>& tried)>;
+
+  struct settings {
+    std::size_t chunk = std::size_t{256} << 10;  // the most a relay frame carries
+    std::size_t window = std::size_t{8} << 20;   // sent and not acknowledged; and queued from the relay
+    std::chrono::milliseconds timeout{300000};   // a write to the relay
+    std::chrono::milliseconds resume_within{3000};
+  };
+
+  // This end is peer `self`, the other `far`; `via` is the connection to the relay; `dialer`:
+  // this end opened the circuit (and resumes it, asking `find` for another relay).
+  tunnel(int self, int far, std::shared_ptr<connection> via, bool dialer, settings s, std::atomic<std::uint64_t>& framing,
+         relay_finder find)
+      : self_(self), far_(far), dialer_(dialer), s_(s), framing_(framing), find_(std::move(find)), via_(std::move(via)) {
     int fds[2];
     decentrain::detail::check(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0, "tcp: peer ", self,
                               " cannot make a socket pair for its relayed connection to peer ", far, ": ", std::strerror(errno));
@@ -17194,47 +17241,117 @@ class tunnel {
   }
 
   int far() const { return far_; }
-  int relay() const { return via_->rank; }
-  const std::shared_ptr<connection>& via() const { return via_; }
+  // The relay now (the last one while none carries the circuit).
+  int relay() const {
+    std::lock_guard lock(mutex_);
+    return relay_rank_;
+  }
+  // The connection the circuit's frames come from now (null while it waits to be resumed).
+  std::shared_ptr<connection> via() const {
+    std::lock_guard lock(mutex_);
+    return via_;
+  }
+  std::uint64_t resumed() const { return resumed_; }
 
   // The near end, for a connection's socket, which owns it from then on.
   int take_near() { return std::exchange(near_, -1); }
 
-  // Starts pumping; `open`: first asks the relay to open the circuit (the dialing end).
-  void start(bool open) {
-    if (open && !write_relay(*via_, {wire::relay_kind::open, self_, far_}, {}, timeout_, framing_, [] { return false; }))
-      end(decentrain::detail::concat("the connection to the relay, peer ", relay(), ", closed"));
+  // Starts pumping; the dialer first asks the relay to open the circuit.
+  void start() {
+    if (dialer_ && !write_relay(*via_, {wire::relay_kind::open, self_, far_}, {}, s_.timeout, framing_, [] { return false; }))
+      end(decentrain::detail::concat("the connection to the relay, peer ", via_->rank, ", closed"));
     thread_ = std::thread([this] { run(); });
   }
 
-  // I/O thread: whether `n` more bytes from the relay may be read now; if not, `room` is called
-  // (from this tunnel's thread) once they may.
+  // ---- what the relay brings (I/O thread) ----
+
+  // Whether `n` more bytes from the relay may be read now; if not, `room` is called (from this
+  // tunnel's thread) once they may.
   bool has_room(std::size_t n, std::function<void()> room) {
     std::lock_guard lock(mutex_);
-    return pump_ < 0 || q_.has_room(n, max_, std::move(room));
+    return pump_ < 0 || q_.has_room(n, s_.window, std::move(room));
   }
 
-  // I/O thread: bytes the relay brought, written on at once as far as the socket takes them.
+  // A piece of the far end's stream, written on at once as far as the socket takes it.
   void deliver(bytes b) {
     std::vector<std::function<void()>> due;
     {
       std::lock_guard lock(mutex_);
-      if (pump_ < 0 || ended_) return;
+      if (pump_ < 0 || state_ == state::ended) return;
+      if (in_ == acked_in_) unacked_since_ = clock::now();
+      in_ += b.size();
       q_.queued += b.size();
       q_.items.emplace_back(wire::relay_route{}, std::move(b));
       due = flush();  // (under the lock: the I/O thread and this tunnel's thread both write)
-      if (!q_.items.empty()) signal();
     }
+    signal();  // (an ack may be due)
     for (auto& f : due) f();
   }
 
-  // The relay closed the circuit: the far end closed it, or the relay could not reach it, or
-  // lost either end (`why`). What came before is still written back.
+  // The far end received the stream up to `position`: what came before it is forgotten.
+  void acknowledged(std::uint64_t position) {
+    {
+      std::lock_guard lock(mutex_);
+      forget_before(position);
+    }
+    signal();
+  }
+
+  // A close from the relay: the far end closed the circuit, or the relay refused it (`why`).
+  // While the dialer resumes, a refusal only sends it to the next relay.
+  void closed(std::string why) {
+    {
+      std::lock_guard lock(mutex_);
+      if (state_ == state::resuming && dialer_) {
+        via_ = nullptr;
+        last_refusal_ = std::move(why);
+        signal();
+        return;
+      }
+    }
+    end(std::move(why));
+  }
+
+  // The relay is gone, or lost the far end (`why`): the circuit waits to be resumed.
+  void relay_lost(const std::shared_ptr<connection>& c, std::string why) {
+    {
+      std::lock_guard lock(mutex_);
+      if (state_ != state::live || (c && via_ != c)) return;
+      state_ = state::resuming;
+      lost_at_ = clock::now();
+      lost_why_ = std::move(why);
+      if (via_) tried_.insert(via_.get());
+      via_ = nullptr;
+    }
+    signal();
+  }
+
+  // A resume from the far end through `c`, having received so much of this end's stream: the
+  // acceptor takes the new relay and answers; the dialer hears its answer. False when this
+  // tunnel is not waiting to be resumed there (a resume out of turn is ignored: a key holder
+  // cannot move a live circuit onto itself).
+  bool resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
+    {
+      std::lock_guard lock(mutex_);
+      if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_) return false;
+      via_ = c;
+      relay_rank_ = c->rank;
+      forget_before(far_received);  // (its acks may have been lost with the relay)
+      resend_from_ = far_received;
+      answer_ = !dialer_;
+      state_ = state::live;
+      ++resumed_;
+    }
+    signal();
+    return true;
+  }
+
+  // Ends the circuit: what came before is still written back, then the near end reads the end.
   void end(std::string why) {
     {
       std::lock_guard lock(mutex_);
       if (why_.empty()) why_ = std::move(why);
-      ended_ = true;
+      state_ = state::ended;
     }
     signal();
   }
@@ -17251,6 +17368,8 @@ class tunnel {
   }
 
  private:
+  enum class state : std::uint8_t { live, resuming, ended };
+
   void signal() {
     const std::uint64_t one = 1;
     (void)!::write(wake_, &one, sizeof one);
@@ -17259,7 +17378,7 @@ class tunnel {
   // Writes what of the queue the pump end takes now (mutex_ held); the callbacks due then.
   std::vector<std::function<void()>> flush() {
     while (!q_.items.empty()) {
-      auto& [route, b] = q_.items.front();
+      auto& b = q_.items.front().second;
       const ssize_t n = ::send(pump_, b.data() + written_, b.size() - written_, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;  // full (or broken: the near end's reader finds out)
@@ -17269,39 +17388,161 @@ class tunnel {
       written_ = 0;
       q_.items.pop_front();
     }
-    return q_.due(max_);
+    return q_.due(s_.window);
+  }
+
+  // Drops what the far end received (mutex_ held).
+  void forget_before(std::uint64_t position) {
+    while (!kept_.empty() && base_ < position) {
+      auto& front = kept_.front();
+      const auto drop = static_cast<std::size_t>(std::min<std::uint64_t>(front.size(), position - base_));
+      base_ += drop;
+      kept_bytes_ -= drop;
+      if (drop == front.size()) kept_.pop_front();
+      else front.erase(front.begin(), front.begin() + static_cast<std::ptrdiff_t>(drop));
+    }
+  }
+
+  // One relay frame to the relay now; false when it is gone (the circuit waits to be resumed).
+  bool send(const std::shared_ptr<connection>& via, wire::relay_kind kind, std::span<const std::byte> body) {
+    if (via && write_relay(*via, {kind, self_, far_}, body, s_.timeout, framing_, [this] { return stopping_.load(); })) return true;
+    if (via) relay_lost(via, decentrain::detail::concat("the connection to the relay, peer ", via->rank, ", closed"));
+    return false;
+  }
+
+  // What this tunnel's thread does next, decided under the lock.
+  struct plan {
+    bool leave = false;
+    std::shared_ptr<connection> via;
+    bool read = false, write_back = false;
+    std::optional<std::uint64_t> ack, answer;
+    std::optional<std::vector<bytes>> resend;
+    bool find_relay = false;
+    int wait_ms = 1000;
+  };
+
+  plan next() {
+    plan p;
+    std::lock_guard lock(mutex_);
+    const auto now = clock::now();
+    if (stopping_ || (state_ == state::ended && q_.items.empty())) {
+      p.leave = true;
+      return p;
+    }
+    p.via = via_;
+    p.write_back = !q_.items.empty();
+    if (state_ == state::resuming) {
+      if (now - lost_at_ > s_.resume_within) {
+        why_ = decentrain::detail::concat(lost_why_, "; no other relay took the circuit up within ", s_.resume_within.count(), " ms",
+                                          last_refusal_.empty() ? "" : " (the last refused: " + last_refusal_ + ")");
+        state_ = state::ended;
+        p.leave = q_.items.empty();
+        return p;
+      }
+      // The dialer asks the next relay when none is asked, or the one asked has not answered.
+      if (dialer_ && (!via_ || now - asked_at_ > std::chrono::milliseconds(500))) {
+        if (via_) tried_.insert(via_.get());
+        via_ = nullptr;
+        p.find_relay = true;
+      }
+      p.wait_ms = 20;
+      return p;
+    }
+    if (state_ == state::live) {
+      if (answer_) {
+        p.answer = in_;
+        answer_ = false;
+      }
+      if (resend_from_) {
+        std::vector<bytes> again;
+        std::uint64_t at = base_;
+        for (const auto& b : kept_) {
+          const auto from = *resend_from_ > at ? static_cast<std::size_t>(std::min<std::uint64_t>(b.size(), *resend_from_ - at)) : 0;
+          if (from < b.size()) again.emplace_back(b.begin() + static_cast<std::ptrdiff_t>(from), b.end());
+          at += b.size();
+        }
+        p.resend = std::move(again);
+        resend_from_.reset();
+      }
+      p.read = kept_bytes_ < s_.window;
+    }
+    if (in_ > acked_in_) {
+      if (in_ - acked_in_ >= s_.window / 4 || now - unacked_since_ >= std::chrono::milliseconds(20)) {
+        p.ack = in_;
+        acked_in_ = in_;
+      } else {
+        p.wait_ms = 20;
+      }
+    }
+    return p;
   }
 
   void run() {
-    bytes buf(chunk_);
+    bytes buf(s_.chunk);
     for (;;) {
-      bool out = false;
-      {
-        std::lock_guard lock(mutex_);
-        if (ended_ && q_.items.empty()) break;
-        out = !q_.items.empty();
+      auto p = next();
+      if (p.leave) break;
+      if (p.find_relay) {
+        std::set<const connection*> tried;
+        {
+          std::lock_guard lock(mutex_);
+          tried = tried_;
+        }
+        // (outside the lock: the node's registry is asked)
+        auto via = find_(far_, tried);
+        if (!via) {
+          std::lock_guard lock(mutex_);
+          tried_.clear();  // every relay asked once: round again (the far end may not have noticed the loss yet)
+        } else {
+          std::uint64_t received;
+          {
+            std::lock_guard lock(mutex_);
+            via_ = via;
+            asked_at_ = clock::now();
+            received = in_;
+          }
+          (void)send(via, wire::relay_kind::resume, wire::encode_position(received));
+        }
       }
-      if (stopping_) break;
-      pollfd fds[2] = {{pump_, static_cast<short>(POLLIN | (out ? POLLOUT : 0)), 0}, {wake_, POLLIN, 0}};
-      ::poll(fds, 2, 1000);
+      if (p.answer) (void)send(p.via, wire::relay_kind::resume, wire::encode_position(*p.answer));
+      if (p.resend)
+        for (const auto& b : *p.resend)
+          for (std::size_t at = 0; at < b.size(); at += s_.chunk)
+            if (!send(p.via, wire::relay_kind::bytes, std::span<const std::byte>(b).subspan(at, std::min(s_.chunk, b.size() - at))))
+              break;
+      if (p.ack) (void)send(p.via, wire::relay_kind::ack, wire::encode_position(*p.ack));
+      pollfd fds[2] = {{pump_, static_cast<short>((p.read ? POLLIN : 0) | (p.write_back ? POLLOUT : 0)), 0}, {wake_, POLLIN, 0}};
+      ::poll(fds, 2, p.wait_ms);
       if (fds[1].revents & POLLIN) {
         std::uint64_t v;
         (void)!::read(wake_, &v, sizeof v);
       }
       if (stopping_) break;
-      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      if (p.read && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
         const ssize_t n = ::recv(pump_, buf.data(), buf.size(), MSG_DONTWAIT);
         if (n > 0) {
-          if (!write_relay(*via_, {wire::relay_kind::bytes, self_, far_}, std::span<const std::byte>(buf).first(static_cast<std::size_t>(n)),
-                           timeout_, framing_, [this] { return stopping_.load(); })) {
-            end(decentrain::detail::concat("the connection to the relay, peer ", relay(), ", closed"));
-            break;
+          const auto piece = std::span<const std::byte>(buf).first(static_cast<std::size_t>(n));
+          std::shared_ptr<connection> via;
+          {
+            std::lock_guard lock(mutex_);
+            kept_.emplace_back(piece.begin(), piece.end());
+            kept_bytes_ += piece.size();
+            out_ += piece.size();
+            if (state_ == state::live) via = via_;
           }
+          if (via) (void)send(via, wire::relay_kind::bytes, piece);  // (lost: sent again once resumed)
         } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
           // This end's connection closed: the relay and the far end are told (best effort).
-          (void)write_relay(*via_, {wire::relay_kind::close, self_, far_}, {}, std::chrono::milliseconds(500), framing_,
-                            [this] { return stopping_.load(); });
+          std::shared_ptr<connection> via;
+          {
+            std::lock_guard lock(mutex_);
+            via = via_;
+          }
+          if (via)
+            (void)write_relay(*via, {wire::relay_kind::close, self_, far_}, {}, std::chrono::milliseconds(500), framing_,
+                              [this] { return stopping_.load(); });
           end(decentrain::detail::concat("peer ", self_, " closed it"));
+          told_ = true;
           break;
         }
       }
@@ -17314,15 +17555,15 @@ class tunnel {
         for (auto& f : due) f();
       }
     }
-    bool told = false;
+    std::shared_ptr<connection> via;
     {
       std::lock_guard lock(mutex_);
-      told = ended_;
+      via = via_;
     }
     // Stopped while the circuit was open (this end's connection was closed or replaced): the
     // relay is told, so it does not count the circuit against its limit until an end leaves.
-    if (!told)
-      (void)write_relay(*via_, {wire::relay_kind::close, self_, far_}, {}, std::chrono::milliseconds(200), framing_, [] { return false; });
+    if (!told_ && via && stopping_)
+      (void)write_relay(*via, {wire::relay_kind::close, self_, far_}, {}, std::chrono::milliseconds(200), framing_, [] { return false; });
     std::vector<std::function<void()>> due;
     {
       std::lock_guard lock(mutex_);
@@ -17330,24 +17571,43 @@ class tunnel {
       ::close(pump_);
       pump_ = -1;
       q_.items.clear();
-      due = q_.due(max_, true);  // the relay's connection is read again
+      due = q_.due(s_.window, true);  // the relay's connection is read again
     }
     for (auto& f : due) f();
     finished_ = true;
   }
 
-  int self_, far_;
-  std::shared_ptr<connection> via_;
-  std::size_t chunk_, max_;
-  std::chrono::milliseconds timeout_;
+  const int self_, far_;
+  const bool dialer_;
+  const settings s_;
   std::atomic<std::uint64_t>& framing_;
+  relay_finder find_;
   int near_ = -1, pump_ = -1, wake_ = -1;
-  mutable std::mutex mutex_;  // guards q_, written_, why_, ended_ and pump_'s closing
-  byte_queue q_;              // from the relay, to be written to the pump end
-  std::size_t written_ = 0;   // of q_'s first item
-  std::string why_;
-  bool ended_ = false;
+
+  mutable std::mutex mutex_;  // guards everything below but the atomics, and pump_'s closing
+  std::shared_ptr<connection> via_;
+  int relay_rank_ = via_ ? via_->rank : -1;
+  state state_ = state::live;
+  // This end's stream: what was sent and not acknowledged (from position base_ to out_).
+  std::deque<bytes> kept_;
+  std::size_t kept_bytes_ = 0;
+  std::uint64_t base_ = 0, out_ = 0;
+  std::optional<std::uint64_t> resend_from_;  // a resume asked for the stream again from there
+  bool answer_ = false;                       // the acceptor answers a resume
+  // The far end's stream: received so far, acknowledged so far, since when not.
+  std::uint64_t in_ = 0, acked_in_ = 0;
+  clock::time_point unacked_since_{};
+  byte_queue q_;             // from the relay, to be written to the pump end
+  std::size_t written_ = 0;  // of q_'s first item
+  // Resuming: since when, why, the relays tried, when the last was asked, what it said.
+  clock::time_point lost_at_{}, asked_at_{};
+  std::string lost_why_, last_refusal_;
+  std::set<const connection*> tried_;
+  std::string why_;  // why the circuit ended
+
   std::atomic<bool> stopping_{false}, finished_{false};
+  std::atomic<std::uint64_t> resumed_{0};
+  bool told_ = false;  // (this tunnel's thread) the relay was told the circuit closed
   std::thread thread_;
 };
 
@@ -17906,8 +18166,7 @@ struct node {
       });
       std::lock_guard lock(mutex);
       for (const auto& [far, t] : tunnels)
-        if (t->via() == c)
-          t->end(decentrain::detail::concat("the relay, peer ", c->rank, ", is gone", why.empty() ? "" : " (" + why + ")"));
+        t->relay_lost(c, decentrain::detail::concat("the relay, peer ", c->rank, ", is gone", why.empty() ? "" : " (" + why + ")"));
     }
   }
 
@@ -17958,21 +18217,40 @@ struct node {
     retired_tunnels.push_back(t);
   }
 
-  std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via) {
-    return std::make_shared<tunnel>(opts.rank, far, via, std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes),
-                                    static_cast<std::size_t>(opts.relay.max_queued_bytes), opts.recv_timeout, framing_sent);
+  // The peers that may relay a circuit to `far` from here: connected directly, members, and
+  // listening (so `far`, which dials every such peer, is connected to them too), by rank.
+  std::vector<std::shared_ptr<connection>> relays_for(int far) const {
+    std::lock_guard lock(mutex);
+    std::vector<std::shared_ptr<connection>> out;
+    for (const auto& [r, c] : peers)
+      if (r != far && !c->through && !restricted(*c) && dir.addresses.count(r) && !dir.addresses.at(r).empty()) out.push_back(c);
+    return out;
+  }
+
+  std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via, bool dialer) {
+    tunnel::settings s;
+    s.chunk = std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes);
+    s.window = static_cast<std::size_t>(opts.relay.max_queued_bytes);
+    s.timeout = opts.recv_timeout;
+    s.resume_within = opts.relay.resume_within;
+    return std::make_shared<tunnel>(opts.rank, far, via, dialer, s, framing_sent,
+                                    [this](int to, const std::set<const connection*>& tried) -> std::shared_ptr<connection> {
+                                      for (const auto& c : relays_for(to))
+                                        if (!tried.count(c.get())) return c;
+                                      return nullptr;
+                                    });
   }
 
   // Training thread: a tunnel to `far` relayed by `via`, the circuit asked for. Its near end is
   // the caller's to dial over.
   std::shared_ptr<tunnel> open_tunnel(int far, const std::shared_ptr<connection>& via) {
-    auto t = make_tunnel(far, via);
+    auto t = make_tunnel(far, via, true);
     {
       std::lock_guard lock(mutex);
       if (auto it = tunnels.find(far); it != tunnels.end()) retire(it->second);
       tunnels[far] = t;
     }
-    t->start(true);
+    t->start();
     return t;
   }
 
@@ -18002,9 +18280,10 @@ struct node {
                                 r.from, " (a peer has its own frames relayed only)");
       decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
                                 " sent this peer a relay frame from itself (it is connected: nothing to relay)");
-      decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= 1024, "frame: a relay frame that ",
-                                r.kind == wire::relay_kind::open ? "opens" : "closes", " a circuit carries ", h.length,
-                                " bytes (at most 1024)");
+      const bool positioned = r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::resume;
+      decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= (positioned ? 8 : 1024), "frame: a relay frame that ",
+                                r.kind == wire::relay_kind::open ? "opens a circuit" : positioned ? "gives a stream position" : "closes a circuit",
+                                " carries ", h.length, " bytes (at most ", positioned ? 8 : 1024, ")");
       if (r.to != opts.rank) dest = connection_of(r.to);
       else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
     } catch (const std::exception& e) {
@@ -18035,20 +18314,28 @@ struct node {
     {
       std::lock_guard lock(mutex);
       if (r.to != opts.rank) dest = connection_of(r.to);
-      else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
+      else if (auto it = tunnels.find(r.from); it != tunnels.end()) t = it->second;
     }
     if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
+    if (r.kind == wire::relay_kind::open) return accept_relayed(c, r.from);
+    if (!t) return;  // (a circuit closed here meanwhile)
+    if (r.kind == wire::relay_kind::resume) {
+      (void)t->resume(c, wire::decode_position(body));  // (out of turn: ignored)
+      return;
+    }
+    if (t->via() != c) return;  // from a relay that no longer carries it
     switch (r.kind) {
       case wire::relay_kind::bytes:
-        if (t) t->deliver(std::move(body));  // (none: a circuit closed here meanwhile)
-        return;
+        return t->deliver(std::move(body));
+      case wire::relay_kind::ack:
+        return t->acknowledged(wire::decode_position(body));
       case wire::relay_kind::close:
-        if (t)
-          t->end(body.empty() ? decentrain::detail::concat("peer ", r.from, " closed it")
-                              : std::string(reinterpret_cast<const char*>(body.data()), body.size()));
+        return t->closed(body.empty() ? decentrain::detail::concat("peer ", r.from, " closed it")
+                                      : std::string(reinterpret_cast<const char*>(body.data()), body.size()));
+      case wire::relay_kind::lost:
+        return t->relay_lost(c, decentrain::detail::concat("the relay, peer ", c->rank, ", lost its connection to peer ", r.from));
+      default:
         return;
-      case wire::relay_kind::open:
-        return accept_relayed(c, r.from);
     }
   }
 
@@ -18064,7 +18351,7 @@ struct node {
         retire(it->second);
         tunnels.erase(it);
       }
-      t = make_tunnel(far, via);
+      t = make_tunnel(far, via, false);
       tunnels[far] = t;
     }
     auto c = std::make_shared<connection>(io);
@@ -18073,7 +18360,7 @@ struct node {
     c->socket.assign(asio::ip::tcp::v4(), fd, ec);
     if (ec) ::close(fd);
     c->through = t;
-    t->start(false);
+    t->start();
     if (ec) return close(c, "");
     c->accepted_at = clock::now();
     all.insert(c);
@@ -18794,12 +19081,7 @@ class rendezvous {
   // or is not connected to `far` yet, is passed over the next time). The handshake runs end to
   // end over the tunnel, as it would over a socket.
   void dial_relayed(int far) {
-    std::vector<std::shared_ptr<connection>> relays;
-    {
-      std::lock_guard lock(n_.mutex);
-      for (const auto& [r, c] : n_.peers)
-        if (!c->through && !n_.restricted(*c) && n_.dir.addresses.count(r) && !n_.dir.addresses[r].empty()) relays.push_back(c);
-    }
+    const auto relays = n_.relays_for(far);
     decentrain::detail::check(!relays.empty(), "tcp: peer ", n_.opts.rank, " reaches peer ", far,
                               " only through a relay, and is connected to no peer that relays yet");
     const auto via = relays[relay_turn_[far]++ % relays.size()];

@@ -185,6 +185,7 @@ class tunnel {
       if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_) return false;
       via_ = c;
       relay_rank_ = c->rank;
+      forget_before(far_received);  // (its acks may have been lost with the relay)
       resend_from_ = far_received;
       answer_ = !dialer_;
       state_ = state::live;
