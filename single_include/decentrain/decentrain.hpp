@@ -18150,6 +18150,7 @@ struct node {
       if (it != peers.end() && it->second == c) {
         peers.erase(it);
         was_peer = true;
+        if (c->through) relayed_before[c->rank] = c->through->relay();
         if (!why.empty()) box.close(c->rank, why, cause);
       }
     }
@@ -18254,10 +18255,11 @@ struct node {
     return t;
   }
 
-  // The peers this one reaches through a relay, and which relays them.
+  // The peers this one reached through a relay, and the relay that carried each last (those
+  // connected now, and those whose relayed connection closed).
   std::map<int, int> relayed() const {
     std::lock_guard lock(mutex);
-    std::map<int, int> out;
+    std::map<int, int> out = relayed_before;
     for (const auto& [r, c] : peers)
       if (c->through) out[r] = c->through->relay();
     return out;
@@ -18674,6 +18676,7 @@ struct node {
   relay_service relays{opts.rank, opts.relay, opts.recv_timeout, framing_sent};
   std::map<int, std::shared_ptr<tunnel>> tunnels;
   std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
+  std::map<int, int> relayed_before;  // peers whose relayed connection closed, and their last relay (mutex)
 };
 
 }  // namespace decentrain::transport::tcp_detail
@@ -19234,8 +19237,8 @@ class tcp {
     return n().sent_to[static_cast<std::size_t>(peer)].load();
   }
 
-  // The peers this one reaches through a relay (they accept no connections, nor does this
-  // one), each with the rank of the peer that relays it.
+  // The peers this one reached through a relay (they accept no connections, nor does this
+  // one), each with the rank of the peer that relayed it last, whether connected still or not.
   std::map<int, int> relayed() const { return n().relayed(); }
   // What this peer did as a relay for others (tcp_options::relay).
   relay_stats relaying() const { return n().relay_stats(); }

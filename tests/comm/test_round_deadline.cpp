@@ -150,7 +150,7 @@ TEST_CASE("round_deadline: rounds close without a straggler, which catches up, a
   CHECK(waited.params[1] == waited.params[0]);
 }
 
-TEST_CASE("round_deadline: replicas rounds late, a short last round and evaluations between: every replica ends alike") {
+TEST_CASE("round_deadline: replicas rounds late, a short last round and evaluations between, every replica ending alike") {
   // A heavy tail (a quarter of the inner steps 10x as long) on 6 peers: replicas miss rounds in
   // a row, take later rounds' averages as they find them, and go on where the group is, never
   // past an evaluation (every peer meets there) nor past the run's end (50 steps, H = 8: the last

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -231,4 +232,42 @@ TEST_CASE("tcp: a stranger learns nothing of the run before it proves its creden
     CHECK_FALSE(g.answer());
     CHECK_THAT(g.refusal(), Contains("model is gpt2 here and tiny there"));
   }
+}
+
+TEST_CASE("tcp: two peers that accept no connections prove their identities to each other through a relay") {
+  // Ranks 1 and 2 listen nowhere: 2 reaches 1 through peer 0, and their handshake (each proves
+  // its rank with its own key, the frame keys from an exchange the relay is not a party to) runs
+  // over the relay's circuit.
+  run_identities ids(3, "decentrain_identity_relay");
+  tr::tcp peer0(peer(0, 3, ids));
+  const auto address = peer0.address();
+  auto joined = [&](int rank) {
+    return std::async(std::launch::async, [&, rank] {
+      auto o = peer(rank, 3, ids);
+      o.listen.clear();
+      o.join = {address};
+      auto p = tr::tcp::join(o);
+      dt::collective::communicator<tr::tcp> c(p);
+      std::vector<float> v(1000, static_cast<float>(rank + 1));
+      c.all_reduce(std::span<float>(v));
+      const auto relayed = p.relayed();
+      c.barrier();
+      return std::pair{v[0], relayed};
+    });
+  };
+  auto p1 = joined(1);
+  auto p2 = joined(2);
+  peer0.connect();
+  {
+    dt::collective::communicator<tr::tcp> c(peer0);
+    std::vector<float> v(1000, 1.0f);
+    c.all_reduce(std::span<float>(v));
+    CHECK(v[999] == 6.0f);
+    c.barrier();
+  }
+  const auto one = p1.get(), two = p2.get();
+  CHECK(one.first == 6.0f);
+  CHECK(two.first == 6.0f);
+  CHECK(one.second == std::map<int, int>{{2, 0}});
+  CHECK(two.second == std::map<int, int>{{1, 0}});
 }

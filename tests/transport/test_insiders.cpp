@@ -198,7 +198,7 @@ TEST_CASE("tcp: a member flooding a tag nobody reads holds at most its budget, a
   CHECK(attacker.get() != "");
 }
 
-TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, finishes under a tight budget: it says what it expects") {
+TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, finishes under a tight budget, saying what it expects") {
   // Each peer sends a 24 MB segment in 2 MB pieces to its neighbour before it receives the
   // neighbour's (collective::encoded_all_reduce with fp16 goes around the ring), while each takes at most
   // 2 MiB unasked from a peer: without the receivers' expect() all three stall on full queues

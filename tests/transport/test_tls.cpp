@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -327,3 +328,45 @@ TEST_CASE("tls: without OpenSSL's libssl, TLS settings are refused with a messag
 }
 
 #endif
+
+TEST_CASE("tls: two peers that accept no connections run TLS end to end through a relay, certificates bound to ranks") {
+  // Ranks 1 and 2 listen nowhere: 2 reaches 1 through peer 0, and their TLS handshake, with
+  // certificates that name the ranks, runs over the relay's circuit: the relay carries only the
+  // records of a TLS session it is not a party to.
+  const int world = 3;
+  std::vector<tr::tcp_options> opts;
+  for (int r = 0; r < world; ++r) {
+    opts.push_back(peer(r, world, certified("rank-" + std::to_string(r))));
+    opts.back().tls.bind_ranks = true;
+    if (r > 0) opts.back().listen.clear();
+  }
+  tr::tcp peer0(opts[0]);
+  const auto run = [](tr::tcp& p) {
+    dt::collective::communicator<tr::tcp> comm(p);
+    std::vector<float> v(300000);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(p.rank() + 1) * static_cast<float>(i % 97);
+    comm.all_reduce(std::span<float>(v), dt::collective::reduce_op::sum);
+    const auto relayed = p.relayed();
+    comm.barrier();
+    return std::pair{v, relayed};
+  };
+  std::vector<std::future<std::pair<std::vector<float>, std::map<int, int>>>> others;
+  for (int r = 1; r < world; ++r) {
+    opts[static_cast<std::size_t>(r)].join = {peer0.address()};
+    others.push_back(std::async(std::launch::async, [&, r] {
+      auto p = tr::tcp::join(opts[static_cast<std::size_t>(r)]);
+      return run(p);
+    }));
+  }
+  peer0.connect();
+  const auto [mine, none] = run(peer0);
+  for (std::size_t i = 0; i < mine.size(); i += 997) CHECK(mine[i] == 6.0f * static_cast<float>(i % 97));
+  CHECK(none.empty());
+  const auto one = others[0].get(), two = others[1].get();
+  CHECK(one.first == mine);
+  CHECK(two.first == mine);
+  CHECK(one.second == std::map<int, int>{{2, 0}});
+  CHECK(two.second == std::map<int, int>{{1, 0}});
+  CHECK(peer0.relaying().circuits_opened == 1);
+  CHECK(peer0.relaying().bytes_forwarded > 0);
+}

@@ -130,8 +130,8 @@ class tcp {
     return n().sent_to[static_cast<std::size_t>(peer)].load();
   }
 
-  // The peers this one reaches through a relay (they accept no connections, nor does this
-  // one), each with the rank of the peer that relays it.
+  // The peers this one reached through a relay (they accept no connections, nor does this
+  // one), each with the rank of the peer that relayed it last, whether connected still or not.
   std::map<int, int> relayed() const { return n().relayed(); }
   // What this peer did as a relay for others (tcp_options::relay).
   relay_stats relaying() const { return n().relay_stats(); }

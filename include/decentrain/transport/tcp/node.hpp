@@ -582,6 +582,7 @@ struct node {
       if (it != peers.end() && it->second == c) {
         peers.erase(it);
         was_peer = true;
+        if (c->through) relayed_before[c->rank] = c->through->relay();
         if (!why.empty()) box.close(c->rank, why, cause);
       }
     }
@@ -686,10 +687,11 @@ struct node {
     return t;
   }
 
-  // The peers this one reaches through a relay, and which relays them.
+  // The peers this one reached through a relay, and the relay that carried each last (those
+  // connected now, and those whose relayed connection closed).
   std::map<int, int> relayed() const {
     std::lock_guard lock(mutex);
-    std::map<int, int> out;
+    std::map<int, int> out = relayed_before;
     for (const auto& [r, c] : peers)
       if (c->through) out[r] = c->through->relay();
     return out;
@@ -1106,6 +1108,7 @@ struct node {
   relay_service relays{opts.rank, opts.relay, opts.recv_timeout, framing_sent};
   std::map<int, std::shared_ptr<tunnel>> tunnels;
   std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
+  std::map<int, int> relayed_before;  // peers whose relayed connection closed, and their last relay (mutex)
 };
 
 }  // namespace decentrain::transport::tcp_detail
