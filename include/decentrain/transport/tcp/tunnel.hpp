@@ -140,6 +140,7 @@ class tunnel {
       due = flush();  // (under the lock: the I/O thread and the writer both write)
     }
     back_.notify_one();
+    signal();  // (an ack may be due)
     for (auto& f : due) f();
   }
 
@@ -362,10 +363,11 @@ class tunnel {
       pollfd p{fd, POLLOUT, 0};
       ::poll(&p, 1, 100);
       std::vector<std::function<void()>> due;
-      bool emptied = false;
+      bool emptied = false, wrote = false;
       {
         std::lock_guard lock(mutex_);
         if (writer_done_ || stopping_) return;
+        const auto before = written_in_;
         if (p.revents & (POLLHUP | POLLERR)) {  // the near end is gone: nobody reads what comes back
           near_gone_ = true;
           q_.items.clear();
@@ -376,9 +378,10 @@ class tunnel {
           due = flush();
         }
         emptied = q_.items.empty();
+        wrote = written_in_ != before;
       }
       for (auto& f : due) f();
-      if (emptied) signal();  // (an ack may be due, or run() waits for the queue to empty)
+      if (emptied || wrote) signal();  // (an ack may be due, or run() waits for the queue to empty)
     }
   }
 
