@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "bounded_read.hpp"
 #include "resident_memory.hpp"
@@ -435,6 +436,20 @@ TEST_CASE("tcp: out of descriptors, a peer pauses between accepts instead of spi
   } catch (const std::exception&) {
     // this process (strangers and peer together) is out of descriptors
   }
+  // The peer may have taken the last descriptor with an accept, leaving nothing waiting to be
+  // accepted: then it never fails. So every descriptor still free is taken, one is given back
+  // and a last connection takes it: one waits to be accepted, and none is free.
+  std::this_thread::sleep_for(100ms);
+  std::vector<int> filler;
+  for (int fd = ::dup(0); fd >= 0; fd = ::dup(0)) filler.push_back(fd);
+  if (!filler.empty()) {
+    ::close(filler.back());
+    filler.pop_back();
+  }
+  try {
+    held.push_back(connect_to(io, address));
+  } catch (const std::exception&) {
+  }
   std::this_thread::sleep_for(300ms);
   const double cpu0 = cpu_seconds();
   std::this_thread::sleep_for(1s);
@@ -442,6 +457,7 @@ TEST_CASE("tcp: out of descriptors, a peer pauses between accepts instead of spi
   CHECK(held.size() < 200);
   CHECK(peer0->admission().accept_failures >= 1);
   CHECK(busy < 0.3);  // before: a thread retrying accept() in a loop, a whole core
+  for (const int fd : filler) ::close(fd);
   held.clear();
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &old) == 0);
 

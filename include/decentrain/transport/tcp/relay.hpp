@@ -83,13 +83,10 @@ class forwarder {
     std::lock_guard lock(mutex_);
     return done_ || q_.has_room(n, max_, std::move(room));
   }
-  // Queues a frame; one that is not the stream's (an open, an ack, a refusal: small, and read
-  // without asking for room) is dropped while the queue is full, so a member that floods them
-  // holds no more here than one that sends bytes.
   void push(const wire::relay_route& r, bytes body) {
     {
       std::lock_guard lock(mutex_);
-      if (done_ || (r.kind != wire::relay_kind::bytes && q_.queued >= max_)) return;
+      if (done_) return;
       ++in_flight_;
       q_.queued += body.size();
       q_.items.emplace_back(r, std::move(body));
@@ -291,7 +288,6 @@ class relay_service {
 
   forwarder& to(const std::shared_ptr<connection>& dest) {
     auto& f = out_[dest.get()];
-    if (f && f->finished()) retired_.push_back(std::move(f));  // (its write failed: the connection is closing)
     if (!f)
       f = std::make_unique<forwarder>(dest, static_cast<std::size_t>(opts_.max_queued_bytes), timeout_, framing_, forwarded_,
                                       in_flight_, [this](std::size_t n) { return pace(n); });
