@@ -3,7 +3,7 @@
 
 Catch2 v2's console reporter indents a test name's wrapped lines to just after its first ": ";
 where that falls past the 80-column console, the wrapping never ends and the report of a
-failure grows until the disk is full (it did: 75 GB). Every TEST_CASE name under tests/ whose
+failure grows until the disk is full. Every TEST_CASE name under tests/ whose
 first ": " ends past column 70 is named with its file and line, and the script exits 1.
 Run with no arguments from anywhere; --root DIR checks another tree.
 """
