@@ -15806,9 +15806,10 @@ struct relay_options {
   int max_circuits = 64;  // pairs of peers relayed at once
   // All relayed traffic together, in payload bytes a second; 0: no limit.
   std::uint64_t bytes_per_second = 0;
-  // What may wait here for one destination before the senders' connections stop being read
-  // (and at either end of a relayed connection, from the relay, before its connection to the
-  // relay stops being read).
+  // A relayed stream's window: what an end sends and the other has not yet taken, and what may
+  // wait at a relay from one sender for one destination before that sender's connection stops
+  // being read. Set it alike on every peer: an end whose window is larger than its relay's is
+  // held up there, and the acks it sends behind its bytes with it.
   std::uint64_t max_queued_bytes = std::uint64_t{8} << 20;
   // How long a relay that leaves (or is destroyed) waits for the circuits it carries to close
   // first: their ends close them when they are done, and a pair whose last exchange ends a
@@ -15832,7 +15833,9 @@ struct relay_options {
 struct relay_stats {
   std::uint64_t circuits_opened = 0, circuits_refused = 0, open_circuits = 0;
   std::uint64_t bytes_forwarded = 0;
-  std::uint64_t frames_dropped = 0;  // for a circuit closed meanwhile
+  // For a circuit closed meanwhile, or made here (a refusal) for a sender that does not read them.
+  std::uint64_t frames_dropped = 0;
+  std::uint64_t queued_bytes = 0;  // waiting to be forwarded now (frames' bodies, and a header's worth for each without stream bytes)
   std::string last_refusal;
 };
 
@@ -16392,6 +16395,13 @@ struct connection : std::enable_shared_from_this<connection> {
     return unsent.empty();
   }
 
+  // Shuts the socket down from a thread other than the I/O thread (a frame was left half
+  // written: nothing can follow it); the I/O thread then reads the end and closes it.
+  void abandon() {
+    std::lock_guard lock(write_mutex);
+    if (!closed_for_writes.exchange(true)) ::shutdown(socket.native_handle(), SHUT_RDWR);
+  }
+
   // The sending thread writes a data frame itself (the I/O thread only reads data connections):
   // handing each message to the I/O thread and waiting for it cost two thread switches per
   // message, which on a machine with fewer cores than peers was most of a small all-reduce.
@@ -16876,61 +16886,64 @@ class heartbeat {
 namespace decentrain::transport::tcp_detail {
 
 // Writes one relay frame to `via` (sealed with that hop's keys) within `timeout`; false when the
-// connection closed or the time passed. `stop()` may end a write that has not begun.
+// connection closed or the time passed. `stop()` may end a write that has not begun. A frame
+// the time cut short leaves the stream unreadable past it: the connection is given up.
 template <class Stop>
 bool write_relay(connection& via, const wire::relay_route& r, std::span<const std::byte> body, std::chrono::milliseconds timeout,
                  std::atomic<std::uint64_t>& framing, Stop&& stop) {
   const auto res = via.write_data(wire::encode_route(r), body, clock::now() + timeout, stop, wire::frame_type::relay);
+  if (res.status == write_status::timed_out) via.abandon();
   if (res.status != write_status::done) return false;
   framing += wire::header_bytes + body.size() + wire::padding(body.size()).size();
   return true;
 }
 
-// Bytes that wait for a writer, bounded: past `max` a reader is told to stop and called back
-// (`room`) once half of it has gone. Guarded by its owner's mutex.
-struct byte_queue {
-  std::deque<std::pair<wire::relay_route, bytes>> items;
-  std::size_t queued = 0;
-  std::vector<std::function<void()>> waiting;
-
-  bool has_room(std::size_t n, std::size_t max, std::function<void()> room) {
-    if (queued == 0 || queued + n <= max) return true;
-    waiting.push_back(std::move(room));
-    return false;
-  }
-  // The callbacks due once `queued` is down to half of `max` (or everything, `all`).
-  std::vector<std::function<void()>> due(std::size_t max, bool all = false) {
-    if (!all && queued > max / 2) return {};
-    return std::exchange(waiting, {});
-  }
-};
-
 // The frames for one destination, written by a thread of their own in order, paced by the
-// relay's bandwidth.
+// relay's bandwidth. What waits is bounded per sender: its stream's bytes by `max_queued`, its
+// other frames (opens, acks, closes) by `control_budget`; past either, the sender is not read
+// until half has gone, and a frame the relay makes itself (a refusal) is dropped. Per sender,
+// so that one who floods holds up nobody else; and an end never has more of its stream
+// unacknowledged than its window (tcp/tunnel.hpp), the relay's own max_queued_bytes where every
+// peer sets it alike, so an honest end is never held up here: were it, the acks it sends after
+// its bytes would wait too, and the other direction of its circuit with them.
 class forwarder {
  public:
+  static constexpr std::size_t control_budget = std::size_t{64} << 10;
+  // What a frame without stream bytes costs beyond its body (its header and padding at most).
+  static constexpr std::size_t frame_cost = wire::header_bytes + wire::frame_alignment;
+
   forwarder(std::shared_ptr<connection> dest, std::size_t max_queued, std::chrono::milliseconds timeout,
             std::atomic<std::uint64_t>& framing, std::atomic<std::uint64_t>& forwarded, std::atomic<std::int64_t>& in_flight,
-            std::function<clock::time_point(std::size_t)> pace)
+            std::atomic<std::uint64_t>& dropped, std::atomic<std::int64_t>& queued, std::function<clock::time_point(std::size_t)> pace)
       : dest_(std::move(dest)), max_(max_queued), timeout_(timeout), framing_(framing), forwarded_(forwarded),
-        in_flight_(in_flight), pace_(std::move(pace)), thread_([this] { run(); }) {}
+        in_flight_(in_flight), dropped_(dropped), queued_(queued), pace_(std::move(pace)), thread_([this] { run(); }) {}
   ~forwarder() {
     stop();
     if (thread_.joinable()) thread_.join();
   }
 
   const std::shared_ptr<connection>& dest() const { return dest_; }
-  bool has_room(std::size_t n, std::function<void()> room) {
+  // Whether a frame of `r.kind` with a body of `n` bytes from peer r.from may be read now; if
+  // not, `room` is called once it may.
+  bool has_room(const wire::relay_route& r, std::size_t n, std::function<void()> room) {
     std::lock_guard lock(mutex_);
-    return done_ || q_.has_room(n, max_, std::move(room));
+    if (done_ || fits(r, n)) return true;
+    waiting_.push_back({r.from, r.kind == wire::relay_kind::bytes, std::move(room)});
+    return false;
   }
-  void push(const wire::relay_route& r, bytes body) {
+  // Queues a frame read with room for it (has_room), or one the relay made itself (`own`:
+  // dropped where it does not fit).
+  void push(const wire::relay_route& r, bytes body, bool own = false) {
     {
       std::lock_guard lock(mutex_);
       if (done_) return;
+      if (own && !fits(r, body.size())) {
+        ++dropped_;
+        return;
+      }
       ++in_flight_;
-      q_.queued += body.size();
-      q_.items.emplace_back(r, std::move(body));
+      account(r, body.size(), true);
+      items_.emplace_back(r, std::move(body));
     }
     wake_.notify_one();
   }
@@ -16947,15 +16960,52 @@ class forwarder {
   }
 
  private:
+  struct sender {
+    std::size_t stream = 0, control = 0;
+  };
+  struct waiter {
+    int from;
+    bool stream;
+    std::function<void()> room;
+  };
+
+  // (mutex_ held)
+  bool fits(const wire::relay_route& r, std::size_t n) {
+    const auto it = senders_.find(r.from);
+    const sender s = it == senders_.end() ? sender{} : it->second;
+    if (r.kind == wire::relay_kind::bytes) return s.stream == 0 || s.stream + n <= max_;
+    return s.control + n + frame_cost <= control_budget;
+  }
+  void account(const wire::relay_route& r, std::size_t n, bool in) {
+    auto& s = senders_[r.from];
+    auto& v = r.kind == wire::relay_kind::bytes ? s.stream : s.control;
+    const auto cost = r.kind == wire::relay_kind::bytes ? n : n + frame_cost;
+    v = in ? v + cost : v - cost;
+    queued_ += in ? static_cast<std::int64_t>(cost) : -static_cast<std::int64_t>(cost);
+    if (s.stream == 0 && s.control == 0) senders_.erase(r.from);
+  }
+  // The senders paused on this queue whose part is down to half (all of them, `all`).
+  std::vector<std::function<void()>> due(bool all = false) {
+    std::vector<std::function<void()>> out;
+    std::erase_if(waiting_, [&](waiter& w) {
+      const auto it = senders_.find(w.from);
+      const sender s = it == senders_.end() ? sender{} : it->second;
+      if (!all && (w.stream ? s.stream > max_ / 2 : s.control > control_budget / 2)) return false;
+      out.push_back(std::move(w.room));
+      return true;
+    });
+    return out;
+  }
+
   void run() {
     for (;;) {
       std::pair<wire::relay_route, bytes> item;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || !q_.items.empty(); });
+        wake_.wait(lock, [&] { return stopping_ || !items_.empty(); });
         if (stopping_) break;
-        item = std::move(q_.items.front());
-        q_.items.pop_front();
+        item = std::move(items_.front());
+        items_.pop_front();
       }
       if (item.first.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
         const auto start = pace_(item.second.size());
@@ -16970,25 +17020,27 @@ class forwarder {
         return stopping_;
       });
       if (sent && item.first.kind == wire::relay_kind::bytes) forwarded_ += item.second.size();
-      std::vector<std::function<void()>> due;
+      std::vector<std::function<void()>> ready;
       {
         std::lock_guard lock(mutex_);
-        q_.queued -= item.second.size();
+        account(item.first, item.second.size(), false);
         --in_flight_;
-        due = q_.due(max_);
+        ready = due();
       }
-      for (auto& f : due) f();
+      for (auto& f : ready) f();
       if (!sent) break;  // the destination is gone: the node's close of it ends the circuits
     }
-    std::vector<std::function<void()>> due;
+    std::vector<std::function<void()>> ready;
     {
       std::lock_guard lock(mutex_);
       done_ = true;
-      in_flight_ -= static_cast<std::int64_t>(q_.items.size());
-      q_.items.clear();
-      due = q_.due(max_, true);  // no sender stays paused on a queue nobody empties
+      in_flight_ -= static_cast<std::int64_t>(items_.size());
+      items_.clear();
+      for (const auto& [from, q] : senders_) queued_ -= static_cast<std::int64_t>(q.stream + q.control);
+      senders_.clear();
+      ready = due(true);  // no sender stays paused on a queue nobody empties
     }
-    for (auto& f : due) f();
+    for (auto& f : ready) f();
   }
 
   std::shared_ptr<connection> dest_;
@@ -16997,10 +17049,14 @@ class forwarder {
   std::atomic<std::uint64_t>& framing_;
   std::atomic<std::uint64_t>& forwarded_;
   std::atomic<std::int64_t>& in_flight_;  // the relay's frames queued or being written
+  std::atomic<std::uint64_t>& dropped_;
+  std::atomic<std::int64_t>& queued_;  // the relay's bytes queued
   std::function<clock::time_point(std::size_t)> pace_;  // when a piece of so many bytes may start
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  byte_queue q_;
+  std::deque<std::pair<wire::relay_route, bytes>> items_;
+  std::map<int, sender> senders_;  // what each sender has queued here
+  std::vector<waiter> waiting_;
   bool stopping_ = false, done_ = false;
   std::thread thread_;  // (last: starts once the rest is built)
 };
@@ -17013,10 +17069,11 @@ class relay_service {
       : self_(self), opts_(o), timeout_(timeout), framing_(framing) {}
   ~relay_service() { stop(); }
 
-  // Whether a frame of `n` bytes for `dest` may be read now; if not, `room` is called later.
-  bool has_room(const std::shared_ptr<connection>& dest, std::size_t n, std::function<void()> room) {
+  // Whether a frame `r` with a body of `n` bytes for `dest` may be read now; if not, `room` is
+  // called later.
+  bool has_room(const std::shared_ptr<connection>& dest, const wire::relay_route& r, std::size_t n, std::function<void()> room) {
     if (!dest) return true;
-    return to(dest).has_room(n, std::move(room));
+    return to(dest).has_room(r, n, std::move(room));
   }
 
   // A relay frame from `from` (whose rank is r.from) for peer r.to, whose connection here is
@@ -17038,7 +17095,7 @@ class relay_service {
       it = circuits_.erase(it);
       if (const auto oc = connection_of(other))
         to(oc).push({wire::relay_kind::lost, rank, other},
-                    as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)));
+                    as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)), true);
     }
     if (auto it = out_.find(c.get()); it != out_.end()) {
       it->second->stop();
@@ -17066,6 +17123,7 @@ class relay_service {
     s.open_circuits = open_count_;
     s.bytes_forwarded = forwarded_;
     s.frames_dropped = dropped_;
+    s.queued_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, queued_));
     std::lock_guard lock(stats_mutex_);
     s.last_refusal = last_refusal_;
     return s;
@@ -17089,7 +17147,7 @@ class relay_service {
             std::lock_guard lock(stats_mutex_);
             last_refusal_ = refusal;
           }
-          return to(from).push({wire::relay_kind::close, r.to, r.from}, as_bytes(refusal));
+          return to(from).push({wire::relay_kind::close, r.to, r.from}, as_bytes(refusal), true);
         }
         if (!open) ++opened_;
         circuits_.insert(pair);
@@ -17129,9 +17187,10 @@ class relay_service {
 
   forwarder& to(const std::shared_ptr<connection>& dest) {
     auto& f = out_[dest.get()];
+    if (f && f->finished()) retired_.push_back(std::move(f));  // (its write failed: the connection is closing)
     if (!f)
       f = std::make_unique<forwarder>(dest, static_cast<std::size_t>(opts_.max_queued_bytes), timeout_, framing_, forwarded_,
-                                      in_flight_, [this](std::size_t n) { return pace(n); });
+                                      in_flight_, dropped_, queued_, [this](std::size_t n) { return pace(n); });
     return *f;
   }
 
@@ -17143,7 +17202,7 @@ class relay_service {
   std::map<const connection*, std::unique_ptr<forwarder>> out_;  // I/O thread; by destination connection
   std::vector<std::unique_ptr<forwarder>> retired_;             // stopping; joined once finished
   std::atomic<std::uint64_t> opened_ = 0, refused_ = 0, open_count_ = 0, forwarded_ = 0, dropped_ = 0;
-  std::atomic<std::int64_t> in_flight_ = 0;
+  std::atomic<std::int64_t> in_flight_ = 0, queued_ = 0;
   mutable std::mutex stats_mutex_;
   std::string last_refusal_;
   std::mutex pace_mutex_;
@@ -17158,8 +17217,9 @@ class relay_service {
 // One end of a connection that a third peer relays (tcp/relay.hpp): a local socket pair whose
 // near end the node uses as it would a TCP socket, so the handshake, its keys (TLS included) and
 // every frame run through it unchanged, end to end between the two peers; the far end is pumped
-// by this tunnel's thread: what the node writes goes to the relay in relay frames, what the relay
-// brings is written back.
+// by this tunnel's threads: what the node writes goes to the relay in relay frames, what the
+// relay brings is written back (on a thread of its own, see write_back), and acknowledged once
+// written, so the far end's window bounds what waits here.
 //
 // A relay that dies does not end the connection: each end keeps what it sent until the other
 // acknowledges it (at most a window), and the end that opened the circuit asks another relay to
@@ -17180,6 +17240,7 @@ class relay_service {
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -17195,6 +17256,25 @@ class relay_service {
 
 
 namespace decentrain::transport::tcp_detail {
+
+// Bytes that wait for a writer, bounded: past `max` a reader is told to stop and called back
+// (`room`) once half of it has gone. Guarded by its owner's mutex.
+struct byte_queue {
+  std::deque<bytes> items;
+  std::size_t queued = 0;
+  std::vector<std::function<void()>> waiting;
+
+  bool has_room(std::size_t n, std::size_t max, std::function<void()> room) {
+    if (queued == 0 || queued + n <= max) return true;
+    waiting.push_back(std::move(room));
+    return false;
+  }
+  // The callbacks due once `queued` is down to half of `max` (or everything, `all`).
+  std::vector<std::function<void()>> due(std::size_t max, bool all = false) {
+    if (!all && queued > max / 2) return {};
+    return std::exchange(waiting, {});
+  }
+};
 
 class tunnel {
  public:
@@ -17234,7 +17314,8 @@ class tunnel {
   tunnel& operator=(const tunnel&) = delete;
   ~tunnel() {
     stop();
-    if (thread_.joinable()) thread_.join();
+    if (thread_.joinable()) thread_.join();  // (it joins the writer)
+    if (writer_.joinable()) writer_.join();
     if (near_ >= 0) ::close(near_);
     if (pump_ >= 0) ::close(pump_);
     ::close(wake_);
@@ -17260,6 +17341,7 @@ class tunnel {
   void start() {
     if (dialer_ && !write_relay(*via_, {wire::relay_kind::open, self_, far_}, {}, s_.timeout, framing_, [] { return false; }))
       end(decentrain::detail::concat("the connection to the relay, peer ", via_->rank, ", closed"));
+    writer_ = std::thread([this] { write_back(); });
     thread_ = std::thread([this] { run(); });
   }
 
@@ -17269,7 +17351,9 @@ class tunnel {
   // tunnel's thread) once they may.
   bool has_room(std::size_t n, std::function<void()> room) {
     std::lock_guard lock(mutex_);
-    return pump_ < 0 || q_.has_room(n, s_.window, std::move(room));
+    // The far end's window bounds what waits here (acks count what was written on); twice it
+    // stops only a relay or far end that ignores the window.
+    return pump_ < 0 || q_.has_room(n, 2 * s_.window, std::move(room));
   }
 
   // A piece of the far end's stream, written on at once as far as the socket takes it.
@@ -17277,13 +17361,14 @@ class tunnel {
     std::vector<std::function<void()>> due;
     {
       std::lock_guard lock(mutex_);
-      if (pump_ < 0 || state_ == state::ended) return;
-      if (in_ == acked_in_) unacked_since_ = clock::now();
+      // (while the circuit waits to be resumed, nothing is taken: the resume says where from)
+      if (pump_ < 0 || state_ != state::live || near_gone_) return;
       in_ += b.size();
       q_.queued += b.size();
-      q_.items.emplace_back(wire::relay_route{}, std::move(b));
-      due = flush();  // (under the lock: the I/O thread and this tunnel's thread both write)
+      q_.items.push_back(std::move(b));
+      due = flush();  // (under the lock: the I/O thread and the writer both write)
     }
+    back_.notify_one();
     signal();  // (an ack may be due)
     for (auto& f : due) f();
   }
@@ -17322,6 +17407,7 @@ class tunnel {
       lost_why_ = std::move(why);
       if (via_) tried_.insert(via_.get());
       via_ = nullptr;
+      if (early_via_) (void)take_resume(early_via_, early_position_);
     }
     signal();
   }
@@ -17333,16 +17419,31 @@ class tunnel {
   bool resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
     {
       std::lock_guard lock(mutex_);
-      if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_) return false;
+      if (!dialer_ && state_ == state::live && c != via_) {
+        early_via_ = c;
+        early_position_ = far_received;
+        return false;
+      }
+      if (!take_resume(c, far_received)) return false;
+    }
+    signal();
+    return true;
+  }
+
+  // The far end resumes through `c` (mutex_ held); false when this end is not waiting for that.
+  bool take_resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
+    {
+      if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_ || c->closed_for_writes)
+        return false;
       via_ = c;
       relay_rank_ = c->rank;
       forget_before(far_received);  // (its acks may have been lost with the relay)
       resend_from_ = far_received;
       answer_ = !dialer_;
       state_ = state::live;
+      early_via_ = nullptr;
       ++resumed_;
     }
-    signal();
     return true;
   }
 
@@ -17360,6 +17461,7 @@ class tunnel {
   void stop() {
     stopping_ = true;
     signal();
+    back_.notify_one();
   }
   bool finished() const { return finished_; }
   std::string why_ended() const {
@@ -17378,17 +17480,19 @@ class tunnel {
   // Writes what of the queue the pump end takes now (mutex_ held); the callbacks due then.
   std::vector<std::function<void()>> flush() {
     while (!q_.items.empty()) {
-      auto& b = q_.items.front().second;
+      auto& b = q_.items.front();
       const ssize_t n = ::send(pump_, b.data() + written_, b.size() - written_, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;  // full (or broken: the near end's reader finds out)
       written_ += static_cast<std::size_t>(n);
+      if (written_in_ == acked_in_) unacked_since_ = clock::now();
+      written_in_ += static_cast<std::uint64_t>(n);
       if (written_ < b.size()) break;
       q_.queued -= b.size();
       written_ = 0;
       q_.items.pop_front();
     }
-    return q_.due(s_.window);
+    return q_.due(2 * s_.window);
   }
 
   // Drops what the far end received (mutex_ held).
@@ -17414,7 +17518,8 @@ class tunnel {
   struct plan {
     bool leave = false;
     std::shared_ptr<connection> via;
-    bool read = false, write_back = false;
+    bool read = false, near_gone = false;
+    std::size_t room = 0;  // the most that may be read now (the window's rest)
     std::optional<std::uint64_t> ack, answer;
     std::optional<std::vector<bytes>> resend;
     bool find_relay = false;
@@ -17430,7 +17535,7 @@ class tunnel {
       return p;
     }
     p.via = via_;
-    p.write_back = !q_.items.empty();
+    p.near_gone = near_gone_;
     if (state_ == state::resuming) {
       if (now - lost_at_ > s_.resume_within) {
         why_ = decentrain::detail::concat(lost_why_, "; no other relay took the circuit up within ", s_.resume_within.count(), " ms",
@@ -17439,12 +17544,8 @@ class tunnel {
         p.leave = q_.items.empty();
         return p;
       }
-      // The dialer asks the next relay when none is asked, or the one asked has not answered.
-      if (dialer_ && (!via_ || now - asked_at_ > std::chrono::milliseconds(500))) {
-        if (via_) tried_.insert(via_.get());
-        via_ = nullptr;
-        p.find_relay = true;
-      }
+      // The dialer asks the next relay when none is asked (the last refused, or was lost).
+      if (dialer_ && !via_) p.find_relay = true;
       p.wait_ms = 20;
       return p;
     }
@@ -17464,12 +17565,15 @@ class tunnel {
         p.resend = std::move(again);
         resend_from_.reset();
       }
-      p.read = kept_bytes_ < s_.window;
+      // (never past the window: the relay queues a window per sender, and an end that sent more
+      // would be held up there, its acks with it)
+      p.room = std::min(s_.chunk, s_.window - std::min(kept_bytes_, s_.window));
+      p.read = p.room > 0;
     }
-    if (in_ > acked_in_) {
-      if (in_ - acked_in_ >= s_.window / 4 || now - unacked_since_ >= std::chrono::milliseconds(20)) {
-        p.ack = in_;
-        acked_in_ = in_;
+    if (written_in_ > acked_in_) {
+      if (written_in_ - acked_in_ >= s_.window / 4 || now - unacked_since_ >= std::chrono::milliseconds(20)) {
+        p.ack = written_in_;
+        acked_in_ = written_in_;
       } else {
         p.wait_ms = 20;
       }
@@ -17477,11 +17581,60 @@ class tunnel {
     return p;
   }
 
+  // What came from the relay goes into the pump end on a thread of its own: were it written by
+  // run(), which blocks while the relay takes its frames, two ends whose relay waits for room at
+  // each of them would wait for each other for ever.
+  void write_back() {
+    for (;;) {
+      int fd;
+      {
+        std::unique_lock lock(mutex_);
+        back_.wait(lock, [&] { return writer_done_ || stopping_ || !q_.items.empty(); });
+        if (writer_done_ || stopping_) return;
+        fd = pump_;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      std::vector<std::function<void()>> due;
+      bool emptied = false, wrote = false;
+      {
+        std::lock_guard lock(mutex_);
+        if (writer_done_ || stopping_) return;
+        const auto before = written_in_;
+        if (p.revents & (POLLHUP | POLLERR)) {  // the near end is gone: nobody reads what comes back
+          near_gone_ = true;
+          q_.items.clear();
+          q_.queued = 0;
+          written_ = 0;
+          due = q_.due(2 * s_.window, true);
+        } else if (p.revents & POLLOUT) {
+          due = flush();
+        }
+        emptied = q_.items.empty();
+        wrote = written_in_ != before;
+      }
+      for (auto& f : due) f();
+      if (emptied || wrote) signal();  // (an ack may be due, or run() waits for the queue to empty)
+    }
+  }
+
   void run() {
     bytes buf(s_.chunk);
+    // The near end hung up while this end was not reading it: poll() would report that at once
+    // every time, so the pump end is polled no more; what it holds is read once the window opens.
+    bool near_gone = false;
     for (;;) {
       auto p = next();
       if (p.leave) break;
+      near_gone = near_gone || p.near_gone;
+      if (near_gone && !p.read) {
+        std::lock_guard lock(mutex_);
+        if (state_ != state::live) {  // nobody reads what would come back, nothing more goes out
+          if (why_.empty()) why_ = decentrain::detail::concat("peer ", self_, " closed it");
+          state_ = state::ended;
+          break;
+        }
+      }
       if (p.find_relay) {
         std::set<const connection*> tried;
         {
@@ -17498,28 +17651,44 @@ class tunnel {
           {
             std::lock_guard lock(mutex_);
             via_ = via;
-            asked_at_ = clock::now();
+            tried_.insert(via.get());
             received = in_;
           }
           (void)send(via, wire::relay_kind::resume, wire::encode_position(received));
         }
       }
       if (p.answer) (void)send(p.via, wire::relay_kind::resume, wire::encode_position(*p.answer));
-      if (p.resend)
-        for (const auto& b : *p.resend)
-          for (std::size_t at = 0; at < b.size(); at += s_.chunk)
-            if (!send(p.via, wire::relay_kind::bytes, std::span<const std::byte>(b).subspan(at, std::min(s_.chunk, b.size() - at))))
-              break;
+      if (p.resend) {
+        bool sent = true;
+        for (std::size_t i = 0; sent && i < p.resend->size(); ++i) {
+          const auto& b = (*p.resend)[i];
+          for (std::size_t at = 0; sent && at < b.size(); at += s_.chunk)
+            sent = send(p.via, wire::relay_kind::bytes, std::span<const std::byte>(b).subspan(at, std::min(s_.chunk, b.size() - at)));
+        }
+      }
       if (p.ack) (void)send(p.via, wire::relay_kind::ack, wire::encode_position(*p.ack));
-      pollfd fds[2] = {{pump_, static_cast<short>((p.read ? POLLIN : 0) | (p.write_back ? POLLOUT : 0)), 0}, {wake_, POLLIN, 0}};
+      pollfd fds[2] = {{near_gone && !p.read ? -1 : pump_, static_cast<short>(p.read ? POLLIN : 0), 0}, {wake_, POLLIN, 0}};
       ::poll(fds, 2, p.wait_ms);
+      if (!near_gone && (fds[0].revents & (POLLHUP | POLLERR))) {
+        near_gone = true;
+        std::vector<std::function<void()>> due;
+        {
+          std::lock_guard lock(mutex_);
+          near_gone_ = true;  // nobody reads what comes back: it is dropped, and no longer paces the relay
+          q_.items.clear();
+          q_.queued = 0;
+          written_ = 0;
+          due = q_.due(2 * s_.window, true);
+        }
+        for (auto& f : due) f();
+      }
       if (fds[1].revents & POLLIN) {
         std::uint64_t v;
         (void)!::read(wake_, &v, sizeof v);
       }
       if (stopping_) break;
       if (p.read && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-        const ssize_t n = ::recv(pump_, buf.data(), buf.size(), MSG_DONTWAIT);
+        const ssize_t n = ::recv(pump_, buf.data(), p.room, MSG_DONTWAIT);
         if (n > 0) {
           const auto piece = std::span<const std::byte>(buf).first(static_cast<std::size_t>(n));
           std::shared_ptr<connection> via;
@@ -17528,7 +17697,8 @@ class tunnel {
             kept_.emplace_back(piece.begin(), piece.end());
             kept_bytes_ += piece.size();
             out_ += piece.size();
-            if (state_ == state::live) via = via_;
+            // (resumed meanwhile: the answer and what is sent again go first, this with them)
+            if (state_ == state::live && !answer_ && !resend_from_) via = via_;
           }
           if (via) (void)send(via, wire::relay_kind::bytes, piece);  // (lost: sent again once resumed)
         } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -17546,15 +17716,13 @@ class tunnel {
           break;
         }
       }
-      if (fds[0].revents & POLLOUT) {
-        std::vector<std::function<void()>> due;
-        {
-          std::lock_guard lock(mutex_);
-          due = flush();
-        }
-        for (auto& f : due) f();
-      }
     }
+    {
+      std::lock_guard lock(mutex_);
+      writer_done_ = true;
+    }
+    back_.notify_one();
+    writer_.join();  // (before the pump end closes: it writes there)
     std::shared_ptr<connection> via;
     {
       std::lock_guard lock(mutex_);
@@ -17571,7 +17739,7 @@ class tunnel {
       ::close(pump_);
       pump_ = -1;
       q_.items.clear();
-      due = q_.due(s_.window, true);  // the relay's connection is read again
+      due = q_.due(2 * s_.window, true);  // the relay's connection is read again
     }
     for (auto& f : due) f();
     finished_ = true;
@@ -17594,21 +17762,29 @@ class tunnel {
   std::uint64_t base_ = 0, out_ = 0;
   std::optional<std::uint64_t> resend_from_;  // a resume asked for the stream again from there
   bool answer_ = false;                       // the acceptor answers a resume
-  // The far end's stream: received so far, acknowledged so far, since when not.
-  std::uint64_t in_ = 0, acked_in_ = 0;
+  // The far end's stream: received so far, written into the pump end so far, acknowledged so
+  // far (what was written: the far end's window then bounds what waits here), since when not.
+  std::uint64_t in_ = 0, written_in_ = 0, acked_in_ = 0;
   clock::time_point unacked_since_{};
   byte_queue q_;             // from the relay, to be written to the pump end
   std::size_t written_ = 0;  // of q_'s first item
   // Resuming: since when, why, the relays tried, when the last was asked, what it said.
-  clock::time_point lost_at_{}, asked_at_{};
+  clock::time_point lost_at_{};
+  // A resume that came through another relay while this end still took the circuit for live
+  // (it had not noticed the loss yet): taken once it does.
+  std::shared_ptr<connection> early_via_;
+  std::uint64_t early_position_ = 0;
   std::string lost_why_, last_refusal_;
   std::set<const connection*> tried_;
   std::string why_;  // why the circuit ended
+  bool near_gone_ = false;  // the near end hung up
 
+  std::condition_variable back_;  // the writer: something to write back, or time to go
+  bool writer_done_ = false;      // (mutex_)
   std::atomic<bool> stopping_{false}, finished_{false};
   std::atomic<std::uint64_t> resumed_{0};
   bool told_ = false;  // (this tunnel's thread) the relay was told the circuit closed
-  std::thread thread_;
+  std::thread writer_, thread_;
 };
 
 }  // namespace decentrain::transport::tcp_detail
@@ -18173,6 +18349,9 @@ struct node {
 
   // ---- relays (tcp/relay.hpp, tcp/tunnel.hpp) ----
 
+  // The most a relay frame of a stream carries (a relay's queues overshoot by at most one).
+  static constexpr std::size_t relay_chunk = std::size_t{256} << 10;
+
   // Relayed connections end first (`end_one`, on the I/O thread), and their tunnels carry what
   // is left in them to the relays (for up to a second) before the connections to the relays
   // close: what this peer sent last before it left reaches the other end, as over TCP.
@@ -18230,7 +18409,7 @@ struct node {
 
   std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via, bool dialer) {
     tunnel::settings s;
-    s.chunk = std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes);
+    s.chunk = std::min<std::size_t>(relay_chunk, opts.max_frame_bytes);
     s.window = static_cast<std::size_t>(opts.relay.max_queued_bytes);
     s.timeout = opts.recv_timeout;
     s.resume_within = opts.relay.resume_within;
@@ -18283,6 +18462,8 @@ struct node {
       decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
                                 " sent this peer a relay frame from itself (it is connected: nothing to relay)");
       const bool positioned = r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::resume;
+      decentrain::detail::check(r.kind != wire::relay_kind::bytes || h.length <= relay_chunk, "frame: a relay frame of ", h.length,
+                                " bytes (a relayed stream's pieces are at most ", relay_chunk, ")");
       decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= (positioned ? 8 : 1024), "frame: a relay frame that ",
                                 r.kind == wire::relay_kind::open ? "opens a circuit" : positioned ? "gives a stream position" : "closes a circuit",
                                 " carries ", h.length, " bytes (at most ", positioned ? 8 : 1024, ")");
@@ -18292,7 +18473,9 @@ struct node {
       malformed(c, e.what());
       return false;
     }
-    if (r.kind != wire::relay_kind::bytes) return true;
+    // (a frame for this peer's own tunnel that carries no stream bytes is taken at once: it
+    // queues nothing; one to relay is queued, and counted against its sender, like the bytes)
+    if (r.to == opts.rank && r.kind != wire::relay_kind::bytes) return true;
     auto resume = [this, c, h] {
       asio::post(io, [this, c, h] {
         if (c->closed || !c->paused) return;
@@ -18301,7 +18484,7 @@ struct node {
       });
     };
     const auto n = static_cast<std::size_t>(h.length);
-    const bool room = r.to != opts.rank ? relays.has_room(dest, n, resume) : !t || t->has_room(n, resume);
+    const bool room = r.to != opts.rank ? relays.has_room(dest, r, n, resume) : !t || t->has_room(n, resume);
     if (!room) c->paused = true;
     return room;
   }

@@ -30,6 +30,14 @@ namespace {
 
 tr::tcp_options keyed(int rank, int world) { return bench::keyed_options("a run key of thirty-two bytes...", rank, world); }
 
+// Rank `rank` of a keyed group of three that may grow to eight (so routes may name ranks past
+// the three: those nobody is connected to).
+tr::tcp_options keyed_of_eight(int rank) {
+  auto o = keyed(rank, 3);
+  o.max_world = 8;
+  return o;
+}
+
 // Peers 0 and 1 of a keyed group of two, connected.
 struct pair_of_peers {
   explicit pair_of_peers(int max_world = 0) {
@@ -239,19 +247,12 @@ TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, fin
 
 TEST_CASE("tcp: a key holder's relay frames: routes it may not use close it, a circuit it opens carries nothing but to a stranger") {
   // Peers 0 and 1 of a keyed group of three whose rank 2 is the liar, connected to both.
-  const auto o0 = [] {
-    auto o = keyed(0, 3);
-    o.max_world = 8;
-    return o;
-  }();
-  tr::tcp peer0(o0);
-  auto o1 = keyed(1, 3);
-  o1.max_world = 8;
+  tr::tcp peer0(keyed_of_eight(0));
+  auto o1 = keyed_of_eight(1);
   o1.join = {peer0.address()};
   tr::tcp peer1(o1);
   asio::io_context io;
-  auto as_two = keyed(2, 3);
-  as_two.max_world = 8;
+  const auto as_two = keyed_of_eight(2);
   auto member = [&](const std::string& at) {
     auto h = std::make_unique<bench::hostile_peer>(io, at, as_two, wire::hello_purpose::data, false);
     const auto a = h->answer();
@@ -315,4 +316,45 @@ TEST_CASE("tcp: a key holder's relay frames: routes it may not use close it, a c
   CHECK(peer0.recv(1, 9) == hello);
   echo.get();
   CHECK(peer1.relayed().empty());
+}
+
+TEST_CASE("tcp: a key holder that floods a relay with opens and reads none of its refusals holds 64 KiB there at most") {
+  // Rank 2 (the liar) asks peer 0 for circuits to a rank it is not connected to, 300,000 times,
+  // and reads nothing: each refusal queues for the liar. Past 64 KiB of them they are dropped;
+  // without that bound the relay would hold every one the sockets did not take (over 30 MB).
+  tr::tcp peer0(keyed_of_eight(0));
+  auto o1 = keyed_of_eight(1);
+  o1.join = {peer0.address()};
+  tr::tcp peer1(o1);
+  asio::io_context io;
+  const auto as_two = keyed_of_eight(2);
+  auto one = std::async(std::launch::async, [&] { peer1.connect(); });
+  std::this_thread::sleep_for(200ms);
+  bench::hostile_peer liar(io, peer0.address(), as_two, wire::hello_purpose::data, false);
+  const auto welcome = liar.answer();
+  REQUIRE(welcome);
+  REQUIRE(welcome->head.type == wire::frame_type::welcome);
+  peer0.connect();
+  bench::hostile_peer to1(io, peer1.address(), as_two, wire::hello_purpose::data, false);
+  REQUIRE(to1.answer());
+  one.get();
+  constexpr std::uint64_t opens = 300'000;
+  for (std::uint64_t i = 0; i < opens && !liar.broken(); ++i)
+    liar.write(wire::frame_type::relay, wire::encode_route({wire::relay_kind::open, 2, 5}), {});
+  CHECK_FALSE(liar.broken());  // (the relay read them all)
+  tr::relay_stats s;
+  for (int i = 0; i < 500 && s.circuits_refused < opens; ++i) {
+    s = peer0.relaying();
+    if (s.circuits_refused < opens) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(s.circuits_refused == opens);
+  CHECK(s.frames_dropped >= opens / 2);  // (the sockets took about 33,000 of the refusals)
+  CHECK(s.queued_bytes <= (std::uint64_t{64} << 10));
+  CHECK_THAT(s.last_refusal, Contains("peer 0 is not connected to peer 5"));
+  // Peers 0 and 1 still talk.
+  auto echo = std::async(std::launch::async, [&] { peer1.send(0, 9, peer1.recv(0, 9)); });
+  const tr::bytes hello(100, std::byte{7});
+  peer0.send(1, 9, hello);
+  CHECK(peer0.recv(1, 9) == hello);
+  echo.get();
 }

@@ -18,6 +18,8 @@
 #include <optional>
 #include <array>
 #include <cstring>
+#include <ctime>
+#include <set>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -457,6 +459,98 @@ TEST_CASE("tcp: two peers that accept no connections reach each other through a 
   CHECK(s.open_circuits == 1);
   CHECK(s.bytes_forwarded >= 2 * (std::uint64_t{16} << 20));
   CHECK(relaying[static_cast<std::size_t>(2 - relay)].bytes_forwarded == 0);
+}
+
+TEST_CASE("tcp: over a relay, one end sends past the other's budget while the other sends back first: both finish") {
+  // Peer 3 streams 32 MB to peer 1 while receiving, and peer 1 first sends 16 MB back and only
+  // then receives: peer 1 takes nothing of peer 3's stream meanwhile past its budget (4 MB), so
+  // that direction waits. Over TCP the other direction goes on regardless; over a relay it must
+  // too, so the relay may never stop reading peer 3 (whose acks for peer 1's bytes go the same
+  // way as its own bytes) while peer 3 keeps to its window.
+  constexpr int world = 4, pieces = 64;
+  constexpr std::size_t piece = std::size_t{512} << 10;
+  auto content = [](int from, int i) {
+    tr::bytes m(piece);
+    for (std::size_t k = 0; k < m.size(); ++k) m[k] = static_cast<std::byte>((k * 29 + static_cast<std::size_t>(i * 3 + from)) & 0xff);
+    return m;
+  };
+  std::vector<int> wrong(world, -1);
+  std::vector<std::map<int, int>> relayed(world);
+  const auto errors = harness::tcp::run_each(world, [](tr::tcp_options& o) {
+    if (o.rank == 1 || o.rank == 3) o.listen.clear();
+    o.max_frame_bytes = std::uint64_t{1} << 20;
+    o.max_queued_bytes = std::uint64_t{4} << 20;
+    o.relay.max_queued_bytes = std::uint64_t{1} << 20;
+  }, [&](tr::tcp& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    relayed[r] = ep.relayed();
+    if (ep.rank() == 3) {
+      int bad = 0;
+      auto back = std::async(std::launch::async, [&] {
+        for (int i = 0; i < pieces / 2; ++i) bad += ep.recv(1, 2) != content(1, i);
+      });
+      for (int i = 0; i < pieces; ++i) ep.send(1, 1, content(3, i));
+      back.get();
+      wrong[r] = bad;
+    } else if (ep.rank() == 1) {
+      int bad = 0;
+      // (time for peer 3's stream to fill what lies between them: only then would a relay that
+      // stops reading peer 3 hold up its acks; the outcome must not depend on it)
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      for (int i = 0; i < pieces / 2; ++i) ep.send(3, 2, content(1, i));
+      for (int i = 0; i < pieces; ++i) bad += ep.recv(3, 1) != content(3, i);
+      wrong[r] = bad;
+    }
+    dt::collective::communicator(ep).barrier();
+  });
+  for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
+  CHECK(relayed[3].count(1) == 1);
+  CHECK(wrong[1] == 0);
+  CHECK(wrong[3] == 0);
+}
+
+TEST_CASE("tcp tunnel: a near end that hangs up while the window is full costs no CPU, and the tunnel then ends at once") {
+  // One end of a relayed connection alone: its relay is a socket pair that nobody reads past
+  // what the kernel buffers. The node's side writes more than the window (nothing acknowledges
+  // it), bytes from the far end wait for it, and it hangs up without reading them. The tunnel
+  // must neither spin on the hang-up nor wait for ever to write those bytes back once it ends.
+  asio::io_context io;
+  int pair[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+  auto via = std::make_shared<tr::tcp_detail::connection>(io);
+  asio::error_code ec;
+  via->socket.assign(asio::ip::tcp::v4(), pair[0], ec);
+  REQUIRE(!ec);
+  via->rank = 0;
+  tr::tcp_detail::tunnel::settings s;
+  s.chunk = std::size_t{16} << 10;
+  s.window = std::size_t{64} << 10;
+  s.timeout = std::chrono::milliseconds(2000);
+  std::atomic<std::uint64_t> framing{0};
+  auto t = std::make_unique<tr::tcp_detail::tunnel>(1, 3, via, false, s, framing,
+                                                    [](int, const std::set<const tr::tcp_detail::connection*>&) { return nullptr; });
+  const int near = t->take_near();
+  t->start();
+  const tr::bytes out(std::size_t{256} << 10, std::byte{1});
+  REQUIRE(::send(near, out.data(), out.size(), MSG_DONTWAIT) > static_cast<ssize_t>(s.window));
+  for (int i = 0; i < 8; ++i) t->deliver(tr::bytes(s.chunk, std::byte{2}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (the window fills)
+  ::close(near);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto cpu0 = std::clock();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
+  CHECK(cpu_ms < 100);  // (a thread spinning on the hang-up takes the 500 ms whole)
+  CHECK_FALSE(t->finished());  // (the far end may still take what was sent: it waits)
+  t->end("the far end closed it");
+  bool finished = false;
+  for (int i = 0; i < 200 && !finished; ++i) {
+    finished = t->finished();
+    if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(finished);
+  t.reset();
+  ::close(pair[1]);
 }
 
 TEST_CASE("tcp: a relay that goes away mid-stream is replaced by another, and nothing is lost or repeated") {

@@ -151,6 +151,13 @@ struct connection : std::enable_shared_from_this<connection> {
     return unsent.empty();
   }
 
+  // Shuts the socket down from a thread other than the I/O thread (a frame was left half
+  // written: nothing can follow it); the I/O thread then reads the end and closes it.
+  void abandon() {
+    std::lock_guard lock(write_mutex);
+    if (!closed_for_writes.exchange(true)) ::shutdown(socket.native_handle(), SHUT_RDWR);
+  }
+
   // The sending thread writes a data frame itself (the I/O thread only reads data connections):
   // handing each message to the I/O thread and waiting for it cost two thread switches per
   // message, which on a machine with fewer cores than peers was most of a small all-reduce.

@@ -605,6 +605,9 @@ struct node {
 
   // ---- relays (tcp/relay.hpp, tcp/tunnel.hpp) ----
 
+  // The most a relay frame of a stream carries (a relay's queues overshoot by at most one).
+  static constexpr std::size_t relay_chunk = std::size_t{256} << 10;
+
   // Relayed connections end first (`end_one`, on the I/O thread), and their tunnels carry what
   // is left in them to the relays (for up to a second) before the connections to the relays
   // close: what this peer sent last before it left reaches the other end, as over TCP.
@@ -662,7 +665,7 @@ struct node {
 
   std::shared_ptr<tunnel> make_tunnel(int far, const std::shared_ptr<connection>& via, bool dialer) {
     tunnel::settings s;
-    s.chunk = std::min<std::size_t>(std::size_t{256} << 10, opts.max_frame_bytes);
+    s.chunk = std::min<std::size_t>(relay_chunk, opts.max_frame_bytes);
     s.window = static_cast<std::size_t>(opts.relay.max_queued_bytes);
     s.timeout = opts.recv_timeout;
     s.resume_within = opts.relay.resume_within;
@@ -715,6 +718,8 @@ struct node {
       decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
                                 " sent this peer a relay frame from itself (it is connected: nothing to relay)");
       const bool positioned = r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::resume;
+      decentrain::detail::check(r.kind != wire::relay_kind::bytes || h.length <= relay_chunk, "frame: a relay frame of ", h.length,
+                                " bytes (a relayed stream's pieces are at most ", relay_chunk, ")");
       decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= (positioned ? 8 : 1024), "frame: a relay frame that ",
                                 r.kind == wire::relay_kind::open ? "opens a circuit" : positioned ? "gives a stream position" : "closes a circuit",
                                 " carries ", h.length, " bytes (at most ", positioned ? 8 : 1024, ")");
@@ -724,7 +729,9 @@ struct node {
       malformed(c, e.what());
       return false;
     }
-    if (r.kind != wire::relay_kind::bytes) return true;
+    // (a frame for this peer's own tunnel that carries no stream bytes is taken at once: it
+    // queues nothing; one to relay is queued, and counted against its sender, like the bytes)
+    if (r.to == opts.rank && r.kind != wire::relay_kind::bytes) return true;
     auto resume = [this, c, h] {
       asio::post(io, [this, c, h] {
         if (c->closed || !c->paused) return;
@@ -733,7 +740,7 @@ struct node {
       });
     };
     const auto n = static_cast<std::size_t>(h.length);
-    const bool room = r.to != opts.rank ? relays.has_room(dest, n, resume) : !t || t->has_room(n, resume);
+    const bool room = r.to != opts.rank ? relays.has_room(dest, r, n, resume) : !t || t->has_room(n, resume);
     if (!room) c->paused = true;
     return room;
   }

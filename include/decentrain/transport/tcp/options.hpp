@@ -53,9 +53,10 @@ struct relay_options {
   int max_circuits = 64;  // pairs of peers relayed at once
   // All relayed traffic together, in payload bytes a second; 0: no limit.
   std::uint64_t bytes_per_second = 0;
-  // What may wait here for one destination before the senders' connections stop being read
-  // (and at either end of a relayed connection, from the relay, before its connection to the
-  // relay stops being read).
+  // A relayed stream's window: what an end sends and the other has not yet taken, and what may
+  // wait at a relay from one sender for one destination before that sender's connection stops
+  // being read. Set it alike on every peer: an end whose window is larger than its relay's is
+  // held up there, and the acks it sends behind its bytes with it.
   std::uint64_t max_queued_bytes = std::uint64_t{8} << 20;
   // How long a relay that leaves (or is destroyed) waits for the circuits it carries to close
   // first: their ends close them when they are done, and a pair whose last exchange ends a
@@ -79,7 +80,9 @@ struct relay_options {
 struct relay_stats {
   std::uint64_t circuits_opened = 0, circuits_refused = 0, open_circuits = 0;
   std::uint64_t bytes_forwarded = 0;
-  std::uint64_t frames_dropped = 0;  // for a circuit closed meanwhile
+  // For a circuit closed meanwhile, or made here (a refusal) for a sender that does not read them.
+  std::uint64_t frames_dropped = 0;
+  std::uint64_t queued_bytes = 0;  // waiting to be forwarded now (frames' bodies, and a header's worth for each without stream bytes)
   std::string last_refusal;
 };
 

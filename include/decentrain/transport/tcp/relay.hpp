@@ -35,61 +35,64 @@
 namespace decentrain::transport::tcp_detail {
 
 // Writes one relay frame to `via` (sealed with that hop's keys) within `timeout`; false when the
-// connection closed or the time passed. `stop()` may end a write that has not begun.
+// connection closed or the time passed. `stop()` may end a write that has not begun. A frame
+// the time cut short leaves the stream unreadable past it: the connection is given up.
 template <class Stop>
 bool write_relay(connection& via, const wire::relay_route& r, std::span<const std::byte> body, std::chrono::milliseconds timeout,
                  std::atomic<std::uint64_t>& framing, Stop&& stop) {
   const auto res = via.write_data(wire::encode_route(r), body, clock::now() + timeout, stop, wire::frame_type::relay);
+  if (res.status == write_status::timed_out) via.abandon();
   if (res.status != write_status::done) return false;
   framing += wire::header_bytes + body.size() + wire::padding(body.size()).size();
   return true;
 }
 
-// Bytes that wait for a writer, bounded: past `max` a reader is told to stop and called back
-// (`room`) once half of it has gone. Guarded by its owner's mutex.
-struct byte_queue {
-  std::deque<std::pair<wire::relay_route, bytes>> items;
-  std::size_t queued = 0;
-  std::vector<std::function<void()>> waiting;
-
-  bool has_room(std::size_t n, std::size_t max, std::function<void()> room) {
-    if (queued == 0 || queued + n <= max) return true;
-    waiting.push_back(std::move(room));
-    return false;
-  }
-  // The callbacks due once `queued` is down to half of `max` (or everything, `all`).
-  std::vector<std::function<void()>> due(std::size_t max, bool all = false) {
-    if (!all && queued > max / 2) return {};
-    return std::exchange(waiting, {});
-  }
-};
-
 // The frames for one destination, written by a thread of their own in order, paced by the
-// relay's bandwidth.
+// relay's bandwidth. What waits is bounded per sender: its stream's bytes by `max_queued`, its
+// other frames (opens, acks, closes) by `control_budget`; past either, the sender is not read
+// until half has gone, and a frame the relay makes itself (a refusal) is dropped. Per sender,
+// so that one who floods holds up nobody else; and an end never has more of its stream
+// unacknowledged than its window (tcp/tunnel.hpp), the relay's own max_queued_bytes where every
+// peer sets it alike, so an honest end is never held up here: were it, the acks it sends after
+// its bytes would wait too, and the other direction of its circuit with them.
 class forwarder {
  public:
+  static constexpr std::size_t control_budget = std::size_t{64} << 10;
+  // What a frame without stream bytes costs beyond its body (its header and padding at most).
+  static constexpr std::size_t frame_cost = wire::header_bytes + wire::frame_alignment;
+
   forwarder(std::shared_ptr<connection> dest, std::size_t max_queued, std::chrono::milliseconds timeout,
             std::atomic<std::uint64_t>& framing, std::atomic<std::uint64_t>& forwarded, std::atomic<std::int64_t>& in_flight,
-            std::function<clock::time_point(std::size_t)> pace)
+            std::atomic<std::uint64_t>& dropped, std::atomic<std::int64_t>& queued, std::function<clock::time_point(std::size_t)> pace)
       : dest_(std::move(dest)), max_(max_queued), timeout_(timeout), framing_(framing), forwarded_(forwarded),
-        in_flight_(in_flight), pace_(std::move(pace)), thread_([this] { run(); }) {}
+        in_flight_(in_flight), dropped_(dropped), queued_(queued), pace_(std::move(pace)), thread_([this] { run(); }) {}
   ~forwarder() {
     stop();
     if (thread_.joinable()) thread_.join();
   }
 
   const std::shared_ptr<connection>& dest() const { return dest_; }
-  bool has_room(std::size_t n, std::function<void()> room) {
+  // Whether a frame of `r.kind` with a body of `n` bytes from peer r.from may be read now; if
+  // not, `room` is called once it may.
+  bool has_room(const wire::relay_route& r, std::size_t n, std::function<void()> room) {
     std::lock_guard lock(mutex_);
-    return done_ || q_.has_room(n, max_, std::move(room));
+    if (done_ || fits(r, n)) return true;
+    waiting_.push_back({r.from, r.kind == wire::relay_kind::bytes, std::move(room)});
+    return false;
   }
-  void push(const wire::relay_route& r, bytes body) {
+  // Queues a frame read with room for it (has_room), or one the relay made itself (`own`:
+  // dropped where it does not fit).
+  void push(const wire::relay_route& r, bytes body, bool own = false) {
     {
       std::lock_guard lock(mutex_);
       if (done_) return;
+      if (own && !fits(r, body.size())) {
+        ++dropped_;
+        return;
+      }
       ++in_flight_;
-      q_.queued += body.size();
-      q_.items.emplace_back(r, std::move(body));
+      account(r, body.size(), true);
+      items_.emplace_back(r, std::move(body));
     }
     wake_.notify_one();
   }
@@ -106,15 +109,52 @@ class forwarder {
   }
 
  private:
+  struct sender {
+    std::size_t stream = 0, control = 0;
+  };
+  struct waiter {
+    int from;
+    bool stream;
+    std::function<void()> room;
+  };
+
+  // (mutex_ held)
+  bool fits(const wire::relay_route& r, std::size_t n) {
+    const auto it = senders_.find(r.from);
+    const sender s = it == senders_.end() ? sender{} : it->second;
+    if (r.kind == wire::relay_kind::bytes) return s.stream == 0 || s.stream + n <= max_;
+    return s.control + n + frame_cost <= control_budget;
+  }
+  void account(const wire::relay_route& r, std::size_t n, bool in) {
+    auto& s = senders_[r.from];
+    auto& v = r.kind == wire::relay_kind::bytes ? s.stream : s.control;
+    const auto cost = r.kind == wire::relay_kind::bytes ? n : n + frame_cost;
+    v = in ? v + cost : v - cost;
+    queued_ += in ? static_cast<std::int64_t>(cost) : -static_cast<std::int64_t>(cost);
+    if (s.stream == 0 && s.control == 0) senders_.erase(r.from);
+  }
+  // The senders paused on this queue whose part is down to half (all of them, `all`).
+  std::vector<std::function<void()>> due(bool all = false) {
+    std::vector<std::function<void()>> out;
+    std::erase_if(waiting_, [&](waiter& w) {
+      const auto it = senders_.find(w.from);
+      const sender s = it == senders_.end() ? sender{} : it->second;
+      if (!all && (w.stream ? s.stream > max_ / 2 : s.control > control_budget / 2)) return false;
+      out.push_back(std::move(w.room));
+      return true;
+    });
+    return out;
+  }
+
   void run() {
     for (;;) {
       std::pair<wire::relay_route, bytes> item;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || !q_.items.empty(); });
+        wake_.wait(lock, [&] { return stopping_ || !items_.empty(); });
         if (stopping_) break;
-        item = std::move(q_.items.front());
-        q_.items.pop_front();
+        item = std::move(items_.front());
+        items_.pop_front();
       }
       if (item.first.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
         const auto start = pace_(item.second.size());
@@ -129,25 +169,27 @@ class forwarder {
         return stopping_;
       });
       if (sent && item.first.kind == wire::relay_kind::bytes) forwarded_ += item.second.size();
-      std::vector<std::function<void()>> due;
+      std::vector<std::function<void()>> ready;
       {
         std::lock_guard lock(mutex_);
-        q_.queued -= item.second.size();
+        account(item.first, item.second.size(), false);
         --in_flight_;
-        due = q_.due(max_);
+        ready = due();
       }
-      for (auto& f : due) f();
+      for (auto& f : ready) f();
       if (!sent) break;  // the destination is gone: the node's close of it ends the circuits
     }
-    std::vector<std::function<void()>> due;
+    std::vector<std::function<void()>> ready;
     {
       std::lock_guard lock(mutex_);
       done_ = true;
-      in_flight_ -= static_cast<std::int64_t>(q_.items.size());
-      q_.items.clear();
-      due = q_.due(max_, true);  // no sender stays paused on a queue nobody empties
+      in_flight_ -= static_cast<std::int64_t>(items_.size());
+      items_.clear();
+      for (const auto& [from, q] : senders_) queued_ -= static_cast<std::int64_t>(q.stream + q.control);
+      senders_.clear();
+      ready = due(true);  // no sender stays paused on a queue nobody empties
     }
-    for (auto& f : due) f();
+    for (auto& f : ready) f();
   }
 
   std::shared_ptr<connection> dest_;
@@ -156,10 +198,14 @@ class forwarder {
   std::atomic<std::uint64_t>& framing_;
   std::atomic<std::uint64_t>& forwarded_;
   std::atomic<std::int64_t>& in_flight_;  // the relay's frames queued or being written
+  std::atomic<std::uint64_t>& dropped_;
+  std::atomic<std::int64_t>& queued_;  // the relay's bytes queued
   std::function<clock::time_point(std::size_t)> pace_;  // when a piece of so many bytes may start
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  byte_queue q_;
+  std::deque<std::pair<wire::relay_route, bytes>> items_;
+  std::map<int, sender> senders_;  // what each sender has queued here
+  std::vector<waiter> waiting_;
   bool stopping_ = false, done_ = false;
   std::thread thread_;  // (last: starts once the rest is built)
 };
@@ -172,10 +218,11 @@ class relay_service {
       : self_(self), opts_(o), timeout_(timeout), framing_(framing) {}
   ~relay_service() { stop(); }
 
-  // Whether a frame of `n` bytes for `dest` may be read now; if not, `room` is called later.
-  bool has_room(const std::shared_ptr<connection>& dest, std::size_t n, std::function<void()> room) {
+  // Whether a frame `r` with a body of `n` bytes for `dest` may be read now; if not, `room` is
+  // called later.
+  bool has_room(const std::shared_ptr<connection>& dest, const wire::relay_route& r, std::size_t n, std::function<void()> room) {
     if (!dest) return true;
-    return to(dest).has_room(n, std::move(room));
+    return to(dest).has_room(r, n, std::move(room));
   }
 
   // A relay frame from `from` (whose rank is r.from) for peer r.to, whose connection here is
@@ -197,7 +244,7 @@ class relay_service {
       it = circuits_.erase(it);
       if (const auto oc = connection_of(other))
         to(oc).push({wire::relay_kind::lost, rank, other},
-                    as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)));
+                    as_bytes(decentrain::detail::concat("the relay, peer ", self_, ", lost its connection to peer ", rank)), true);
     }
     if (auto it = out_.find(c.get()); it != out_.end()) {
       it->second->stop();
@@ -225,6 +272,7 @@ class relay_service {
     s.open_circuits = open_count_;
     s.bytes_forwarded = forwarded_;
     s.frames_dropped = dropped_;
+    s.queued_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, queued_));
     std::lock_guard lock(stats_mutex_);
     s.last_refusal = last_refusal_;
     return s;
@@ -248,7 +296,7 @@ class relay_service {
             std::lock_guard lock(stats_mutex_);
             last_refusal_ = refusal;
           }
-          return to(from).push({wire::relay_kind::close, r.to, r.from}, as_bytes(refusal));
+          return to(from).push({wire::relay_kind::close, r.to, r.from}, as_bytes(refusal), true);
         }
         if (!open) ++opened_;
         circuits_.insert(pair);
@@ -288,9 +336,10 @@ class relay_service {
 
   forwarder& to(const std::shared_ptr<connection>& dest) {
     auto& f = out_[dest.get()];
+    if (f && f->finished()) retired_.push_back(std::move(f));  // (its write failed: the connection is closing)
     if (!f)
       f = std::make_unique<forwarder>(dest, static_cast<std::size_t>(opts_.max_queued_bytes), timeout_, framing_, forwarded_,
-                                      in_flight_, [this](std::size_t n) { return pace(n); });
+                                      in_flight_, dropped_, queued_, [this](std::size_t n) { return pace(n); });
     return *f;
   }
 
@@ -302,7 +351,7 @@ class relay_service {
   std::map<const connection*, std::unique_ptr<forwarder>> out_;  // I/O thread; by destination connection
   std::vector<std::unique_ptr<forwarder>> retired_;             // stopping; joined once finished
   std::atomic<std::uint64_t> opened_ = 0, refused_ = 0, open_count_ = 0, forwarded_ = 0, dropped_ = 0;
-  std::atomic<std::int64_t> in_flight_ = 0;
+  std::atomic<std::int64_t> in_flight_ = 0, queued_ = 0;
   mutable std::mutex stats_mutex_;
   std::string last_refusal_;
   std::mutex pace_mutex_;

@@ -1,8 +1,9 @@
 // One end of a connection that a third peer relays (tcp/relay.hpp): a local socket pair whose
 // near end the node uses as it would a TCP socket, so the handshake, its keys (TLS included) and
 // every frame run through it unchanged, end to end between the two peers; the far end is pumped
-// by this tunnel's thread: what the node writes goes to the relay in relay frames, what the relay
-// brings is written back.
+// by this tunnel's threads: what the node writes goes to the relay in relay frames, what the
+// relay brings is written back (on a thread of its own, see write_back), and acknowledged once
+// written, so the far end's window bounds what waits here.
 //
 // A relay that dies does not end the connection: each end keeps what it sent until the other
 // acknowledges it (at most a window), and the end that opened the circuit asks another relay to
@@ -25,6 +26,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -44,6 +46,25 @@
 #include "decentrain/transport/tcp/relay.hpp"
 
 namespace decentrain::transport::tcp_detail {
+
+// Bytes that wait for a writer, bounded: past `max` a reader is told to stop and called back
+// (`room`) once half of it has gone. Guarded by its owner's mutex.
+struct byte_queue {
+  std::deque<bytes> items;
+  std::size_t queued = 0;
+  std::vector<std::function<void()>> waiting;
+
+  bool has_room(std::size_t n, std::size_t max, std::function<void()> room) {
+    if (queued == 0 || queued + n <= max) return true;
+    waiting.push_back(std::move(room));
+    return false;
+  }
+  // The callbacks due once `queued` is down to half of `max` (or everything, `all`).
+  std::vector<std::function<void()>> due(std::size_t max, bool all = false) {
+    if (!all && queued > max / 2) return {};
+    return std::exchange(waiting, {});
+  }
+};
 
 class tunnel {
  public:
@@ -83,7 +104,8 @@ class tunnel {
   tunnel& operator=(const tunnel&) = delete;
   ~tunnel() {
     stop();
-    if (thread_.joinable()) thread_.join();
+    if (thread_.joinable()) thread_.join();  // (it joins the writer)
+    if (writer_.joinable()) writer_.join();
     if (near_ >= 0) ::close(near_);
     if (pump_ >= 0) ::close(pump_);
     ::close(wake_);
@@ -109,6 +131,7 @@ class tunnel {
   void start() {
     if (dialer_ && !write_relay(*via_, {wire::relay_kind::open, self_, far_}, {}, s_.timeout, framing_, [] { return false; }))
       end(decentrain::detail::concat("the connection to the relay, peer ", via_->rank, ", closed"));
+    writer_ = std::thread([this] { write_back(); });
     thread_ = std::thread([this] { run(); });
   }
 
@@ -118,7 +141,9 @@ class tunnel {
   // tunnel's thread) once they may.
   bool has_room(std::size_t n, std::function<void()> room) {
     std::lock_guard lock(mutex_);
-    return pump_ < 0 || q_.has_room(n, s_.window, std::move(room));
+    // The far end's window bounds what waits here (acks count what was written on); twice it
+    // stops only a relay or far end that ignores the window.
+    return pump_ < 0 || q_.has_room(n, 2 * s_.window, std::move(room));
   }
 
   // A piece of the far end's stream, written on at once as far as the socket takes it.
@@ -126,13 +151,14 @@ class tunnel {
     std::vector<std::function<void()>> due;
     {
       std::lock_guard lock(mutex_);
-      if (pump_ < 0 || state_ == state::ended) return;
-      if (in_ == acked_in_) unacked_since_ = clock::now();
+      // (while the circuit waits to be resumed, nothing is taken: the resume says where from)
+      if (pump_ < 0 || state_ != state::live || near_gone_) return;
       in_ += b.size();
       q_.queued += b.size();
-      q_.items.emplace_back(wire::relay_route{}, std::move(b));
-      due = flush();  // (under the lock: the I/O thread and this tunnel's thread both write)
+      q_.items.push_back(std::move(b));
+      due = flush();  // (under the lock: the I/O thread and the writer both write)
     }
+    back_.notify_one();
     signal();  // (an ack may be due)
     for (auto& f : due) f();
   }
@@ -171,6 +197,7 @@ class tunnel {
       lost_why_ = std::move(why);
       if (via_) tried_.insert(via_.get());
       via_ = nullptr;
+      if (early_via_) (void)take_resume(early_via_, early_position_);
     }
     signal();
   }
@@ -182,16 +209,31 @@ class tunnel {
   bool resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
     {
       std::lock_guard lock(mutex_);
-      if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_) return false;
+      if (!dialer_ && state_ == state::live && c != via_) {
+        early_via_ = c;
+        early_position_ = far_received;
+        return false;
+      }
+      if (!take_resume(c, far_received)) return false;
+    }
+    signal();
+    return true;
+  }
+
+  // The far end resumes through `c` (mutex_ held); false when this end is not waiting for that.
+  bool take_resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
+    {
+      if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_ || c->closed_for_writes)
+        return false;
       via_ = c;
       relay_rank_ = c->rank;
       forget_before(far_received);  // (its acks may have been lost with the relay)
       resend_from_ = far_received;
       answer_ = !dialer_;
       state_ = state::live;
+      early_via_ = nullptr;
       ++resumed_;
     }
-    signal();
     return true;
   }
 
@@ -209,6 +251,7 @@ class tunnel {
   void stop() {
     stopping_ = true;
     signal();
+    back_.notify_one();
   }
   bool finished() const { return finished_; }
   std::string why_ended() const {
@@ -227,17 +270,19 @@ class tunnel {
   // Writes what of the queue the pump end takes now (mutex_ held); the callbacks due then.
   std::vector<std::function<void()>> flush() {
     while (!q_.items.empty()) {
-      auto& b = q_.items.front().second;
+      auto& b = q_.items.front();
       const ssize_t n = ::send(pump_, b.data() + written_, b.size() - written_, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;  // full (or broken: the near end's reader finds out)
       written_ += static_cast<std::size_t>(n);
+      if (written_in_ == acked_in_) unacked_since_ = clock::now();
+      written_in_ += static_cast<std::uint64_t>(n);
       if (written_ < b.size()) break;
       q_.queued -= b.size();
       written_ = 0;
       q_.items.pop_front();
     }
-    return q_.due(s_.window);
+    return q_.due(2 * s_.window);
   }
 
   // Drops what the far end received (mutex_ held).
@@ -263,7 +308,8 @@ class tunnel {
   struct plan {
     bool leave = false;
     std::shared_ptr<connection> via;
-    bool read = false, write_back = false;
+    bool read = false, near_gone = false;
+    std::size_t room = 0;  // the most that may be read now (the window's rest)
     std::optional<std::uint64_t> ack, answer;
     std::optional<std::vector<bytes>> resend;
     bool find_relay = false;
@@ -279,7 +325,7 @@ class tunnel {
       return p;
     }
     p.via = via_;
-    p.write_back = !q_.items.empty();
+    p.near_gone = near_gone_;
     if (state_ == state::resuming) {
       if (now - lost_at_ > s_.resume_within) {
         why_ = decentrain::detail::concat(lost_why_, "; no other relay took the circuit up within ", s_.resume_within.count(), " ms",
@@ -288,12 +334,8 @@ class tunnel {
         p.leave = q_.items.empty();
         return p;
       }
-      // The dialer asks the next relay when none is asked, or the one asked has not answered.
-      if (dialer_ && (!via_ || now - asked_at_ > std::chrono::milliseconds(500))) {
-        if (via_) tried_.insert(via_.get());
-        via_ = nullptr;
-        p.find_relay = true;
-      }
+      // The dialer asks the next relay when none is asked (the last refused, or was lost).
+      if (dialer_ && !via_) p.find_relay = true;
       p.wait_ms = 20;
       return p;
     }
@@ -313,12 +355,15 @@ class tunnel {
         p.resend = std::move(again);
         resend_from_.reset();
       }
-      p.read = kept_bytes_ < s_.window;
+      // (never past the window: the relay queues a window per sender, and an end that sent more
+      // would be held up there, its acks with it)
+      p.room = std::min(s_.chunk, s_.window - std::min(kept_bytes_, s_.window));
+      p.read = p.room > 0;
     }
-    if (in_ > acked_in_) {
-      if (in_ - acked_in_ >= s_.window / 4 || now - unacked_since_ >= std::chrono::milliseconds(20)) {
-        p.ack = in_;
-        acked_in_ = in_;
+    if (written_in_ > acked_in_) {
+      if (written_in_ - acked_in_ >= s_.window / 4 || now - unacked_since_ >= std::chrono::milliseconds(20)) {
+        p.ack = written_in_;
+        acked_in_ = written_in_;
       } else {
         p.wait_ms = 20;
       }
@@ -326,11 +371,60 @@ class tunnel {
     return p;
   }
 
+  // What came from the relay goes into the pump end on a thread of its own: were it written by
+  // run(), which blocks while the relay takes its frames, two ends whose relay waits for room at
+  // each of them would wait for each other for ever.
+  void write_back() {
+    for (;;) {
+      int fd;
+      {
+        std::unique_lock lock(mutex_);
+        back_.wait(lock, [&] { return writer_done_ || stopping_ || !q_.items.empty(); });
+        if (writer_done_ || stopping_) return;
+        fd = pump_;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      std::vector<std::function<void()>> due;
+      bool emptied = false, wrote = false;
+      {
+        std::lock_guard lock(mutex_);
+        if (writer_done_ || stopping_) return;
+        const auto before = written_in_;
+        if (p.revents & (POLLHUP | POLLERR)) {  // the near end is gone: nobody reads what comes back
+          near_gone_ = true;
+          q_.items.clear();
+          q_.queued = 0;
+          written_ = 0;
+          due = q_.due(2 * s_.window, true);
+        } else if (p.revents & POLLOUT) {
+          due = flush();
+        }
+        emptied = q_.items.empty();
+        wrote = written_in_ != before;
+      }
+      for (auto& f : due) f();
+      if (emptied || wrote) signal();  // (an ack may be due, or run() waits for the queue to empty)
+    }
+  }
+
   void run() {
     bytes buf(s_.chunk);
+    // The near end hung up while this end was not reading it: poll() would report that at once
+    // every time, so the pump end is polled no more; what it holds is read once the window opens.
+    bool near_gone = false;
     for (;;) {
       auto p = next();
       if (p.leave) break;
+      near_gone = near_gone || p.near_gone;
+      if (near_gone && !p.read) {
+        std::lock_guard lock(mutex_);
+        if (state_ != state::live) {  // nobody reads what would come back, nothing more goes out
+          if (why_.empty()) why_ = decentrain::detail::concat("peer ", self_, " closed it");
+          state_ = state::ended;
+          break;
+        }
+      }
       if (p.find_relay) {
         std::set<const connection*> tried;
         {
@@ -347,28 +441,44 @@ class tunnel {
           {
             std::lock_guard lock(mutex_);
             via_ = via;
-            asked_at_ = clock::now();
+            tried_.insert(via.get());
             received = in_;
           }
           (void)send(via, wire::relay_kind::resume, wire::encode_position(received));
         }
       }
       if (p.answer) (void)send(p.via, wire::relay_kind::resume, wire::encode_position(*p.answer));
-      if (p.resend)
-        for (const auto& b : *p.resend)
-          for (std::size_t at = 0; at < b.size(); at += s_.chunk)
-            if (!send(p.via, wire::relay_kind::bytes, std::span<const std::byte>(b).subspan(at, std::min(s_.chunk, b.size() - at))))
-              break;
+      if (p.resend) {
+        bool sent = true;
+        for (std::size_t i = 0; sent && i < p.resend->size(); ++i) {
+          const auto& b = (*p.resend)[i];
+          for (std::size_t at = 0; sent && at < b.size(); at += s_.chunk)
+            sent = send(p.via, wire::relay_kind::bytes, std::span<const std::byte>(b).subspan(at, std::min(s_.chunk, b.size() - at)));
+        }
+      }
       if (p.ack) (void)send(p.via, wire::relay_kind::ack, wire::encode_position(*p.ack));
-      pollfd fds[2] = {{pump_, static_cast<short>((p.read ? POLLIN : 0) | (p.write_back ? POLLOUT : 0)), 0}, {wake_, POLLIN, 0}};
+      pollfd fds[2] = {{near_gone && !p.read ? -1 : pump_, static_cast<short>(p.read ? POLLIN : 0), 0}, {wake_, POLLIN, 0}};
       ::poll(fds, 2, p.wait_ms);
+      if (!near_gone && (fds[0].revents & (POLLHUP | POLLERR))) {
+        near_gone = true;
+        std::vector<std::function<void()>> due;
+        {
+          std::lock_guard lock(mutex_);
+          near_gone_ = true;  // nobody reads what comes back: it is dropped, and no longer paces the relay
+          q_.items.clear();
+          q_.queued = 0;
+          written_ = 0;
+          due = q_.due(2 * s_.window, true);
+        }
+        for (auto& f : due) f();
+      }
       if (fds[1].revents & POLLIN) {
         std::uint64_t v;
         (void)!::read(wake_, &v, sizeof v);
       }
       if (stopping_) break;
       if (p.read && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-        const ssize_t n = ::recv(pump_, buf.data(), buf.size(), MSG_DONTWAIT);
+        const ssize_t n = ::recv(pump_, buf.data(), p.room, MSG_DONTWAIT);
         if (n > 0) {
           const auto piece = std::span<const std::byte>(buf).first(static_cast<std::size_t>(n));
           std::shared_ptr<connection> via;
@@ -377,7 +487,8 @@ class tunnel {
             kept_.emplace_back(piece.begin(), piece.end());
             kept_bytes_ += piece.size();
             out_ += piece.size();
-            if (state_ == state::live) via = via_;
+            // (resumed meanwhile: the answer and what is sent again go first, this with them)
+            if (state_ == state::live && !answer_ && !resend_from_) via = via_;
           }
           if (via) (void)send(via, wire::relay_kind::bytes, piece);  // (lost: sent again once resumed)
         } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -395,15 +506,13 @@ class tunnel {
           break;
         }
       }
-      if (fds[0].revents & POLLOUT) {
-        std::vector<std::function<void()>> due;
-        {
-          std::lock_guard lock(mutex_);
-          due = flush();
-        }
-        for (auto& f : due) f();
-      }
     }
+    {
+      std::lock_guard lock(mutex_);
+      writer_done_ = true;
+    }
+    back_.notify_one();
+    writer_.join();  // (before the pump end closes: it writes there)
     std::shared_ptr<connection> via;
     {
       std::lock_guard lock(mutex_);
@@ -420,7 +529,7 @@ class tunnel {
       ::close(pump_);
       pump_ = -1;
       q_.items.clear();
-      due = q_.due(s_.window, true);  // the relay's connection is read again
+      due = q_.due(2 * s_.window, true);  // the relay's connection is read again
     }
     for (auto& f : due) f();
     finished_ = true;
@@ -443,21 +552,29 @@ class tunnel {
   std::uint64_t base_ = 0, out_ = 0;
   std::optional<std::uint64_t> resend_from_;  // a resume asked for the stream again from there
   bool answer_ = false;                       // the acceptor answers a resume
-  // The far end's stream: received so far, acknowledged so far, since when not.
-  std::uint64_t in_ = 0, acked_in_ = 0;
+  // The far end's stream: received so far, written into the pump end so far, acknowledged so
+  // far (what was written: the far end's window then bounds what waits here), since when not.
+  std::uint64_t in_ = 0, written_in_ = 0, acked_in_ = 0;
   clock::time_point unacked_since_{};
   byte_queue q_;             // from the relay, to be written to the pump end
   std::size_t written_ = 0;  // of q_'s first item
   // Resuming: since when, why, the relays tried, when the last was asked, what it said.
-  clock::time_point lost_at_{}, asked_at_{};
+  clock::time_point lost_at_{};
+  // A resume that came through another relay while this end still took the circuit for live
+  // (it had not noticed the loss yet): taken once it does.
+  std::shared_ptr<connection> early_via_;
+  std::uint64_t early_position_ = 0;
   std::string lost_why_, last_refusal_;
   std::set<const connection*> tried_;
   std::string why_;  // why the circuit ended
+  bool near_gone_ = false;  // the near end hung up
 
+  std::condition_variable back_;  // the writer: something to write back, or time to go
+  bool writer_done_ = false;      // (mutex_)
   std::atomic<bool> stopping_{false}, finished_{false};
   std::atomic<std::uint64_t> resumed_{0};
   bool told_ = false;  // (this tunnel's thread) the relay was told the circuit closed
-  std::thread thread_;
+  std::thread writer_, thread_;
 };
 
 }  // namespace decentrain::transport::tcp_detail
