@@ -123,7 +123,10 @@ int tcp_worker(int rank, int world, const std::string& address_file, const std::
                std::size_t chunk_bytes, const std::string& out, const std::string& protection, const std::string& cert_dir) {
   auto peer = bench::loopback_peer(rank, world, address_file, [&](dt::transport::tcp_options& o) {
     if (protection == "keyed") o.key = "a benchmark's run key, 32 bytes.";
-    if (protection == "relayed" && rank >= world / 2 && rank > 0) o.listen.clear();
+    if (protection == "relayed" && rank >= world / 2 && rank > 0) {
+      o.listen.clear();
+      o.punch_within = std::chrono::milliseconds(0);  // (relays, not a punched hole)
+    }
     if (protection == "tls") {
       const auto stem = cert_dir + "/rank-" + std::to_string(rank);
       o.tls = {stem + ".pem", stem + ".key", cert_dir + "/ca.pem", true};

@@ -232,7 +232,13 @@ void declare_train(CLI::App& cmd) {
   cli::text(cmd, "join", "HOST:PORT,...",
             "...joining through these peers (not for the first); without --listen\n"
             "it accepts no connections (behind a NAT) and dials every peer that\n"
-            "listens, reaching the others like it through a relay")
+            "listens, reaching the others like it directly where their NATs let a\n"
+            "hole be punched, else through a relay")
+      ->group(peers);
+  cli::integer(cmd, "punch-ms", "MS",
+               "over TCP, a peer without --listen: how long it tries to connect directly\n"
+               "to another such peer before going through a relay (0: never tries)",
+               1000, 0, 60000)
       ->group(peers);
   cli::integer(cmd, "relay-circuits", "N",
                "over TCP, a peer that listens: the pairs of peers that accept no\n"
@@ -1139,6 +1145,10 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
       if (!p.quiet)
         for (const auto& [other, relay] : tcp_peer->relayed())
           std::printf("tcp peer %d reaches peer %d through the relay peer %d (neither accepts connections)\n", p.tcp.rank, other, relay);
+      if (!p.quiet)
+        for (const int other : tcp_peer->punched())
+          std::printf("tcp peer %d reaches peer %d directly: a hole punched through their NATs (neither accepts connections)\n",
+                      p.tcp.rank, other);
       ep.emplace(*tcp_peer);
     } else {
 #if DECENTRAIN_HAS_MPI
@@ -1483,7 +1493,7 @@ int cmd_train(const options& opt) {
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
                           "max-world", "key-file", "identity", "roster", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca",
-                          "tls-bind-ranks", "relay-circuits", "relay-rate"})
+                          "tls-bind-ranks", "relay-circuits", "relay-rate", "punch-ms"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT (or --join HOST:PORT alone, for a ",
                         "peer that accepts no connections)");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
@@ -1503,6 +1513,7 @@ int cmd_train(const options& opt) {
     p.tcp.join = split_list(opt.text("join"), "join");
     p.tcp.relay.max_circuits = static_cast<int>(opt.integer("relay-circuits"));
     p.tcp.relay.bytes_per_second = static_cast<std::uint64_t>(opt.real("relay-rate") * 1e6 / 8);
+    p.tcp.punch_within = std::chrono::milliseconds(opt.integer("punch-ms"));
     p.tcp.rank = static_cast<int>(opt.integer("rank"));
     p.tcp.world = static_cast<int>(opt.integer("world"));
     p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms"));

@@ -253,6 +253,7 @@ inline void print_transport(const dt::transport::tcp& t) {
               static_cast<unsigned long long>(over), static_cast<unsigned long long>(a.reconnected),
               a.last_rejected.empty() ? "" : "; the last turned away: ", a.last_rejected.c_str());
   for (const auto& [peer, relay] : t.relayed()) std::printf("relayed: peer %d was reached through the relay peer %d\n", peer, relay);
+  for (const int peer : t.punched()) std::printf("punched: peer %d was reached directly, through a hole punched in the NATs\n", peer);
   const auto r = t.relaying();
   if (r.circuits_opened + r.circuits_refused > 0)
     std::printf("relay: carried %llu circuits between peers that accept no connections (%.1f MB), refused %llu%s%s\n",

@@ -12181,8 +12181,9 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
-// per-peer identities, directories that do not tell joiners from members; 8: no relays.
-inline constexpr std::uint16_t version = 9;
+// per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
+// hole punching.
+inline constexpr std::uint16_t version = 10;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -12219,9 +12220,11 @@ inline constexpr std::uint16_t last_frame_type = 9;
 // open: a circuit from `from` to `to`; bytes: a piece of its stream; close: the end (or the
 // relay, refusing it) closed it; ack: how much of the stream `from` has received (a u64), so
 // the sender may forget it; resume: the circuit goes on through this relay, `from` having
-// received so much (a u64): the other lost it; lost: the relay lost the other end.
-enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3, ack = 4, resume = 5, lost = 6 };
-inline constexpr std::uint8_t last_relay_kind = 6;
+// received so much (a u64): the other lost it; lost: the relay lost the other end; punch: `from`
+// asks the relay to tell it and `to` each other's address as the relay sees it (the relay's
+// answers carry that address: tcp/punch.hpp).
+enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3, ack = 4, resume = 5, lost = 6, punch = 7 };
+inline constexpr std::uint8_t last_relay_kind = 7;
 struct relay_route {
   relay_kind kind = relay_kind::bytes;
   int from = 0;
@@ -15843,13 +15846,16 @@ struct tcp_options {
   // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
   // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that
   // listens, lower ranks and higher, and nobody dials it; two such peers reach each other
-  // through a peer that listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for
-  // the circuit. Not peer 0 (the group's first seed). The peers that join a running group must
+  // directly where their NATs let them (`punch_within`, tcp/punch.hpp), else through a peer that
+  // listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for either. Not peer 0 (the group's first seed). The peers that join a running group must
   // reach every member, so none is admitted while such a member is in.
   std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
   std::string advertise;
+  // How long two peers that accept no connections try to connect directly (a hole punched
+  // through their NATs, IPv4 only) before the higher rank asks for a relay; 0: never try.
+  std::chrono::milliseconds punch_within{1000};
   std::vector<std::string> join;       // peers to learn the others from; empty for the first peer
   int rank = 0;
   int world = 1;
@@ -15953,6 +15959,7 @@ struct tcp_options {
     identity.validate();
     tls.validate();
     relay.validate();
+    decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
   }
 };
 
@@ -16312,6 +16319,7 @@ struct connection : std::enable_shared_from_this<connection> {
   // A connection relayed by a third peer: `socket` is this end of a local socket pair whose
   // other end `through` carries over the relay (tcp/tunnel.hpp); null for a direct connection.
   std::shared_ptr<tunnel> through;
+  bool punched = false;  // a direct connection between two peers that accept none (tcp/punch.hpp)
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -16664,6 +16672,7 @@ class admission {
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16854,6 +16863,173 @@ class heartbeat {
 
 #endif  // DECENTRAIN_HAS_ASIO
 // ---- end decentrain/transport/tcp/heartbeat.hpp ----
+// ---- begin decentrain/transport/tcp/punch.hpp ----
+// Hole punching: two peers that accept no connections (each behind a NAT) connect directly.
+// Each dials the peers that listen from one local port (`port_reservation`), so a NAT that maps
+// a port the same way whatever the destination (full cone, restricted cone, port restricted;
+// not a symmetric NAT) shows every peer the same public address for it. A relay that both
+// reach tells each the other's address as it sees it (a relay frame of kind punch), and both
+// connect to it from that port at once, the lower rank listening on it meanwhile: each NAT takes
+// the other's packets for the answer to its own (TCP's simultaneous open, or an accept where
+// the two attempts do not cross; libp2p's DCUtR works so). What does not connect within
+// `tcp_options::punch_within` goes through the relay instead (tcp/tunnel.hpp).
+
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <asio.hpp>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+
+
+namespace decentrain::transport::tcp_detail {
+
+// The local IPv4 port a peer dials from, held by a bound socket for the peer's lifetime (so
+// no other program takes it). Every socket bound to it sets SO_REUSEADDR and SO_REUSEPORT:
+// connections from one port to different destinations are distinct to TCP.
+class port_reservation {
+ public:
+  port_reservation() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    decentrain::detail::check(fd_ >= 0, "tcp: cannot open a socket for the port to punch from: ", std::strerror(errno));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (!reuse(fd_) || ::bind(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      decentrain::detail::fail("tcp: cannot bind a port to punch from: ", std::strerror(err));
+    }
+    socklen_t n = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &n);
+    port_ = ntohs(a.sin_port);
+  }
+  port_reservation(const port_reservation&) = delete;
+  port_reservation& operator=(const port_reservation&) = delete;
+  ~port_reservation() { ::close(fd_); }
+
+  std::uint16_t port() const { return port_; }
+
+  // Binds `s` (closed) to the port; false where that fails (the caller dials from any port,
+  // and this peer is not punched to).
+  bool bind(asio::ip::tcp::socket& s) const {
+    asio::error_code ec;
+    s.open(asio::ip::tcp::v4(), ec);
+    if (ec || !reuse(s.native_handle())) return false;
+    s.bind(asio::ip::tcp::endpoint(asio::ip::address_v4::any(), port_), ec);
+    if (ec) s.close(ec);
+    return s.is_open();
+  }
+
+  // Connects from the port to `to` again and again (each SYN a NAT drops, or a refusal before
+  // the other side's packets opened its NAT, is followed by another) until connected, the
+  // deadline, or `stop()`. With `listening`, the port also accepts meanwhile (from `to` only): the other side's SYN that finds no attempt of this side under way (they cross only
+  // by chance where nothing delays them, as on one machine) is accepted instead of refused.
+  // The connected descriptor (blocking), or -1.
+  template <class Stop>
+  int connect(const asio::ip::tcp::endpoint& to, clock::time_point deadline, bool listening, Stop&& stop) const {
+    if (!to.address().is_v4()) return -1;
+    const auto from = address(htonl(INADDR_ANY), port_);
+    const auto dest = address(htonl(to.address().to_v4().to_uint()), to.port());
+    int listener = -1;
+    if (listening) {
+      listener = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (listener >= 0 && (!reuse(listener) || ::bind(listener, reinterpret_cast<const sockaddr*>(&from), sizeof from) != 0 ||
+                            ::listen(listener, 4) != 0)) {
+        ::close(listener);
+        listener = -1;
+      }
+    }
+    int connected = -1;
+    while (connected < 0 && clock::now() < deadline && !stop()) {
+      const auto attempt_ends = std::min(deadline, clock::now() + std::chrono::milliseconds(250));
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      bool trying = reuse(fd) && ::bind(fd, reinterpret_cast<const sockaddr*>(&from), sizeof from) == 0 &&
+                    (::connect(fd, reinterpret_cast<const sockaddr*>(&dest), sizeof dest) == 0 || errno == EINPROGRESS);
+      while (connected < 0 && clock::now() < attempt_ends && !stop()) {
+        pollfd p[2] = {{trying ? fd : -1, POLLOUT, 0}, {listener, POLLIN, 0}};
+        if (::poll(p, 2, 20) <= 0) continue;
+        if (p[1].revents & POLLIN) connected = accept_from(listener, dest);
+        if (connected < 0 && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
+          int error = 0;
+          socklen_t n = sizeof error;
+          if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &n) != 0) error = errno;
+          if (error == 0) connected = fd;
+          if (error != EINPROGRESS) trying = false;
+        }
+        if (!trying && listener < 0) break;
+      }
+      if (connected != fd) ::close(fd);
+      if (connected < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // (a refusal comes back at once)
+    }
+    if (listener >= 0) ::close(listener);
+    if (connected >= 0) (void)::fcntl(connected, F_SETFL, ::fcntl(connected, F_GETFL) & ~O_NONBLOCK);
+    return connected;
+  }
+
+ private:
+  static sockaddr_in address(std::uint32_t ip, std::uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = ip;
+    a.sin_port = htons(port);
+    return a;
+  }
+  // A connection the listener took from `from`; others are closed. -1: none.
+  static int accept_from(int listener, const sockaddr_in& from) {
+    sockaddr_in peer{};
+    socklen_t n = sizeof peer;
+    const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer), &n, SOCK_CLOEXEC);
+    if (fd < 0) return -1;
+    if (peer.sin_addr.s_addr == from.sin_addr.s_addr && peer.sin_port == from.sin_port) return fd;
+    ::close(fd);
+    return -1;
+  }
+  static bool reuse(int fd) {
+    const int one = 1;
+    return ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+           ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) == 0;
+  }
+
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+// A peer's address as a relay saw it, in a punch frame's body: "a.b.c.d:port".
+inline bytes encode_punch_address(const asio::ip::tcp::endpoint& e) {
+  const auto text = e.address().to_string() + ":" + std::to_string(e.port());
+  const auto* p = reinterpret_cast<const std::byte*>(text.data());
+  return bytes(p, p + text.size());
+}
+inline asio::ip::tcp::endpoint decode_punch_address(std::span<const std::byte> body) {
+  decentrain::detail::check(body.size() <= 64, "frame: a punch frame's address has ", body.size(), " bytes (at most 64)");
+  const std::string text(reinterpret_cast<const char*>(body.data()), body.size());
+  const auto [host, port] = wire::split_address(text);
+  asio::error_code ec;
+  const auto address = asio::ip::make_address_v4(host, ec);  // (an address, never a name to look up)
+  decentrain::detail::check(!ec && port != 0, "frame: a punch frame's address '", text, "' is not IPV4:PORT");
+  return {address, port};
+}
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO
+// ---- end decentrain/transport/tcp/punch.hpp ----
 // ---- begin decentrain/transport/tcp/relay.hpp ----
 // Relays: a peer that listens carries the connection between two peers that cannot reach each
 // other (both accept no connections: behind NATs, firewalls). Each end runs its connection over
@@ -17152,6 +17328,19 @@ class relay_service {
         if (!open) ++opened_;
         circuits_.insert(pair);
         return to(dest).push(r, std::move(body));
+      }
+      case wire::relay_kind::punch: {
+        // Each end hears the other's address as this peer sees it (tcp/punch.hpp); nothing when
+        // this peer does not relay or is not connected to both (the asker then asks for a circuit).
+        asio::error_code e1, e2;
+        const auto at_from = from->socket.remote_endpoint(e1);
+        const auto at_dest = dest ? dest->socket.remote_endpoint(e2) : asio::ip::tcp::endpoint();
+        if (!opts_.serve || !dest || e1 || e2 || !at_from.address().is_v4() || !at_dest.address().is_v4()) {
+          ++dropped_;
+          return;
+        }
+        to(dest).push(r, encode_punch_address(at_from), true);
+        return to(from).push({wire::relay_kind::punch, r.to, r.from}, encode_punch_address(at_dest), true);
       }
       case wire::relay_kind::lost:  // (only a relay sends it: an end's is dropped)
         ++dropped_;
@@ -17819,12 +18008,25 @@ struct node {
       accept_next();
     }
     dir.addresses[opts.rank] = advertised;  // (empty: this peer accepts no connections)
+    if (opts.listen.empty() && opts.punch_within.count() > 0) {
+      try {
+        punch_port = std::make_unique<port_reservation>();
+      } catch (const std::exception&) {  // (no port to punch from: relays only)
+      }
+    }
     schedule_sweep();
     if (opts.heartbeat_interval.count() > 0) schedule_beat();
     io_thread = std::thread([this] { io.run(); });
   }
 
   ~node() {
+    punch_stop = true;
+    std::list<punch_attempt> ending;
+    {
+      std::lock_guard lock(mutex);
+      ending.splice(ending.end(), punches);
+    }
+    for (auto& p : ending) p.thread.join();  // (each stops within 20 ms; a connection it made is posted)
     end_relayed_first([this](const std::shared_ptr<connection>& c) { close(c, ""); });
     linger();
     asio::post(io, [this] {
@@ -18444,6 +18646,46 @@ struct node {
     return out;
   }
 
+  // The peers this one reached directly although neither accepts connections (a hole punched
+  // through their NATs), connected now.
+  std::vector<int> punched() const {
+    std::lock_guard lock(mutex);
+    std::vector<int> out;
+    for (const auto& [r, c] : peers)
+      if (c->punched) out.push_back(r);
+    return out;
+  }
+
+  // A relay's answer to a punch (tcp/punch.hpp; I/O thread): peer `far`'s address as the relay
+  // sees it. The peer that asked, the higher rank, hears it in its rendezvous; the other
+  // connects to it at once, one attempt per peer at a time, and reads a connection that stands
+  // as an accepted one (the asker dials over it). A relay that names another address makes this
+  // peer try to connect there for punch_within at most, and nothing more.
+  void on_punch(int far, std::span<const std::byte> body) {
+    const auto at = decode_punch_address(body);
+    std::lock_guard lock(mutex);
+    if (!punch_port || punch_stop || peers.count(far)) return;
+    if (far < opts.rank) {
+      punch_answers[far] = at;
+      changed.notify_all();
+      return;
+    }
+    std::erase_if(punches, [](punch_attempt& p) {
+      if (!p.done) return false;
+      p.thread.join();
+      return true;
+    });
+    for (const auto& p : punches)
+      if (p.far == far) return;
+    auto& p = punches.emplace_back();
+    p.far = far;
+    p.thread = std::thread([this, at, done = &p.done] {
+      const int fd = punch_port->connect(at, clock::now() + opts.punch_within, true, [this] { return punch_stop.load(); });
+      if (fd >= 0) asio::post(io, [this, fd] { adopt_accepted(fd, nullptr, true); });
+      *done = true;
+    });
+  }
+
   // A relay frame's route, checked before its body is read, and room for the body where it
   // goes. False when the connection was closed (a route this connection may not send) or waits
   // for room (read again once there is).
@@ -18462,6 +18704,8 @@ struct node {
       decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
                                 " sent this peer a relay frame from itself (it is connected: nothing to relay)");
       const bool positioned = r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::resume;
+      decentrain::detail::check(r.kind != wire::relay_kind::punch || h.length <= (r.to == opts.rank ? 64 : 0), "frame: a punch frame of ",
+                                h.length, " bytes (", r.to == opts.rank ? "an address is at most 64" : "one asking a relay carries none", ")");
       decentrain::detail::check(r.kind != wire::relay_kind::bytes || h.length <= relay_chunk, "frame: a relay frame of ", h.length,
                                 " bytes (a relayed stream's pieces are at most ", relay_chunk, ")");
       decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= (positioned ? 8 : 1024), "frame: a relay frame that ",
@@ -18503,6 +18747,7 @@ struct node {
     }
     if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
     if (r.kind == wire::relay_kind::open) return accept_relayed(c, r.from);
+    if (r.kind == wire::relay_kind::punch) return on_punch(r.from, body);
     if (!t) return;  // (a circuit closed here meanwhile)
     if (r.kind == wire::relay_kind::resume) {
       (void)t->resume(c, wire::decode_position(body));  // (out of turn: ignored)
@@ -18539,14 +18784,22 @@ struct node {
       t = make_tunnel(far, via, false);
       tunnels[far] = t;
     }
+    const int fd = t->take_near();
+    t->start();
+    adopt_accepted(fd, t, false);
+  }
+
+  // A socket this peer did not accept but reads as if it had (a relayed connection's near end,
+  // a punched connection; I/O thread): a stranger until its handshake ends, bounded like any.
+  void adopt_accepted(int fd, std::shared_ptr<tunnel> through, bool punched) {
     auto c = std::make_shared<connection>(io);
     asio::error_code ec;
-    const int fd = t->take_near();
     c->socket.assign(asio::ip::tcp::v4(), fd, ec);
     if (ec) ::close(fd);
-    c->through = t;
-    t->start();
+    c->through = std::move(through);
+    c->punched = punched;
     if (ec) return close(c, "");
+    if (punched) c->socket.set_option(asio::ip::tcp::no_delay(true), ec);
     c->accepted_at = clock::now();
     all.insert(c);
     adm.count_pending(all);
@@ -18860,6 +19113,17 @@ struct node {
   std::map<int, std::shared_ptr<tunnel>> tunnels;
   std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
   std::map<int, int> relayed_before;  // peers whose relayed connection closed, and their last relay (mutex)
+  // Hole punching (tcp/punch.hpp): the port this peer dials from (null: it listens, or does not
+  // punch), the relays' answers to its own punches (mutex), the attempts it answers (mutex).
+  std::unique_ptr<port_reservation> punch_port;
+  std::map<int, asio::ip::tcp::endpoint> punch_answers;
+  struct punch_attempt {
+    int far = -1;
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+  std::list<punch_attempt> punches;
+  std::atomic<bool> punch_stop{false};
 };
 
 }  // namespace decentrain::transport::tcp_detail
@@ -18871,7 +19135,8 @@ struct node {
 // directory of everyone they know until it knows all `world` peers and dials every lower rank
 // (higher ranks dial it), so each pair shares one connection; a peer that accepts no connections
 // (no listen address: behind a NAT) dials every peer that listens, lower and higher, is dialed by
-// none, and reaches the lower ranks that accept none either through a relay (tcp/relay.hpp); a
+// none, and reaches the lower ranks that accept none either directly where their NATs let a hole
+// be punched (tcp/punch.hpp), else through a relay (tcp/relay.hpp); a
 // peer that finds the group running dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
 // (tcp/handshake.hpp) on a short-lived io_context with a deadline, then hands the connection to
 // the node's I/O thread.
@@ -18888,6 +19153,7 @@ struct node {
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18934,8 +19200,11 @@ class rendezvous {
         }
         ++attempts;
         try {
-          if (address.empty()) dial_relayed(j);
-          else dial(j, address);
+          if (address.empty()) {
+            if (!punch(j)) dial_relayed(j);
+          } else {
+            dial(j, address);
+          }
         } catch (const std::exception& e) {
           last_error = e.what();
         }
@@ -19079,17 +19348,37 @@ class rendezvous {
     return h;
   }
 
-  // A short-lived connection on a private io_context: connect with a timeout, do `work`.
+  // A short-lived connection on a private io_context: connect with a timeout, do `work`. From
+  // the port this peer punches from (tcp/punch.hpp) where `from_punch_port` and the address is
+  // IPv4: the peer dialed sees the address that a relay tells the peers to punch to.
   template <class Work>
-  void with_connection(const std::string& address, Work&& work_fn) {
+  void with_connection(const std::string& address, Work&& work_fn, bool from_punch_port = false) {
     const auto [host, port] = wire::split_address(address);
     asio::io_context local;
     asio::ip::tcp::socket socket(local);
     asio::error_code result = asio::error::would_block;
     asio::ip::tcp::resolver resolver(local);
     const auto endpoints = resolver.resolve(host, std::to_string(port));
-    asio::async_connect(socket, endpoints, [&](const asio::error_code& ec, const asio::ip::tcp::endpoint&) { result = ec; });
-    local.run_for(n_.opts.connect_timeout);
+    const auto v4 = std::find_if(endpoints.begin(), endpoints.end(), [](const auto& e) { return e.endpoint().address().is_v4(); });
+    auto from_any_port = [&] {
+      asio::async_connect(socket, endpoints, [&](const asio::error_code& ec, const asio::ip::tcp::endpoint&) { result = ec; });
+      local.run_for(n_.opts.connect_timeout);
+    };
+    if (from_punch_port && n_.punch_port && v4 != endpoints.end() && n_.punch_port->bind(socket)) {
+      socket.async_connect(v4->endpoint(), [&](const asio::error_code& ec) { result = ec; });
+      local.run_for(n_.opts.connect_timeout);
+      // Refused from that port (its last connection to this address may linger in TIME_WAIT):
+      // from any port then; only punching to this peer is lost.
+      if (result && result != asio::error::would_block) {
+        asio::error_code ignored;
+        socket.close(ignored);
+        result = asio::error::would_block;
+        local.restart();
+        from_any_port();
+      }
+    } else {
+      from_any_port();
+    }
     if (result == asio::error::would_block) decentrain::detail::fail("tcp: connecting to ", address, " timed out");
     if (result) decentrain::detail::fail("tcp: cannot connect to ", address, ": ", result.message());
     socket.set_option(asio::ip::tcp::no_delay(true));
@@ -19259,7 +19548,42 @@ class rendezvous {
   }
 
   void dial(int peer, const std::string& address) {
-    with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); });
+    with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); }, true);
+  }
+
+  // Peer `far` accepts no connections either, and has the lower rank: a relay tells both the
+  // other's address as it sees it (tcp/punch.hpp), and this peer connects to it while `far`
+  // connects here. Once per peer; true when the connection stands (else the caller asks the
+  // relay for a circuit instead).
+  bool punch(int far) {
+    if (!n_.punch_port || !punch_tried_.insert(far).second) return false;
+    const auto relays = n_.relays_for(far);
+    if (relays.empty()) return false;
+    {
+      std::lock_guard lock(n_.mutex);
+      n_.punch_answers.erase(far);
+    }
+    if (!write_relay(*relays.front(), {wire::relay_kind::punch, n_.opts.rank, far}, {}, n_.opts.connect_timeout, n_.framing_sent,
+                     [] { return false; }))
+      return false;
+    asio::ip::tcp::endpoint at;
+    {
+      std::unique_lock lock(n_.mutex);
+      if (!n_.changed.wait_for(lock, n_.opts.punch_within, [&] { return n_.punch_answers.count(far) > 0; })) return false;
+      at = n_.punch_answers[far];
+    }
+    const int fd = n_.punch_port->connect(at, clock::now() + n_.opts.punch_within, false, [] { return false; });
+    if (fd < 0) return false;
+    asio::io_context local;
+    asio::ip::tcp::socket s(local);
+    s.assign(asio::ip::tcp::v4(), fd);
+    try {
+      finish_dial(s, far, decentrain::detail::concat("peer ", far, " at ", at.address().to_string(), ":", at.port(), " (a hole punched)"),
+                  nullptr, true);
+    } catch (const std::exception&) {
+      return false;  // (the socket closes with `s`)
+    }
+    return true;
   }
 
   // Reaches peer `far`, which accepts no connections either, through a relay: one of the peers
@@ -19287,7 +19611,8 @@ class rendezvous {
 
   // The dialer's handshake on `s` (to `address`, or through `through`) and the connection
   // registered with the node.
-  void finish_dial(asio::ip::tcp::socket& s, int peer, const std::string& address, std::shared_ptr<tunnel> through) {
+  void finish_dial(asio::ip::tcp::socket& s, int peer, const std::string& address, std::shared_ptr<tunnel> through,
+                   bool punched = false) {
     {
       auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer);
       decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address, " answered peer ",
@@ -19301,6 +19626,7 @@ class rendezvous {
       const auto protocol = through ? asio::ip::tcp::v4() : s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
       c->through = std::move(through);
+      c->punched = punched;
       c->rank = peer;
       c->handshake_state.opened();
       c->keys = std::move(keys);
@@ -19311,6 +19637,7 @@ class rendezvous {
   node& n_;
   int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
   std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
+  std::set<int> punch_tried_;              // the peers punch() tried (once each)
 };
 
 }  // namespace decentrain::transport::tcp_detail
@@ -19423,6 +19750,9 @@ class tcp {
   // The peers this one reached through a relay (they accept no connections, nor does this
   // one), each with the rank of the peer that relayed it last, whether connected still or not.
   std::map<int, int> relayed() const { return n().relayed(); }
+  // The peers this one reached directly although neither accepts connections: a hole punched
+  // through their NATs (tcp_options::punch_within, tcp/punch.hpp), connected now.
+  std::vector<int> punched() const { return n().punched(); }
   // What this peer did as a relay for others (tcp_options::relay).
   relay_stats relaying() const { return n().relay_stats(); }
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Four decentrain-gpt peers across network namespaces this test creates: peers 0 and 2 on a
 # public network, peers 1 and 3 each in a home network behind a NAT of its own (a router
-# namespace that masquerades, iptables). Nobody can dial 1 or 3; they dial 0 and 2 out through
-# their NATs and reach each other through a relay (tcp/relay.hpp). The run must end with every
-# peer's validation loss equal to the same run on simulated peers, and peer 3 must say it reached
-# peer 1 through a relay.
+# namespace that masquerades, iptables, and drops what comes to it unasked, as a home router
+# does). Nobody can dial 1 or 3; they dial 0 and 2 out through their NATs, and reach each other
+# directly where their NATs let a hole be punched (tcp/punch.hpp), else through a relay
+# (tcp/relay.hpp). Three runs: both NATs keep a port's mapping whatever the destination (cone
+# NATs: a hole punches), one NAT maps each connection anew (symmetric: it cannot), both do. Each
+# run must end with every peer's validation loss equal to the same run on simulated peers, and
+# peer 3 must say how it reached peer 1: directly in the first run, through a relay in the others.
 #
 #   tests/cli/nat_relay.sh DECENTRAIN_GPT SCRATCH_DIR
 #
@@ -47,6 +50,7 @@ link "$pub" 10.77.1.1 "$r1" 10.77.1.2 "${tag}x"
 link "$pub" 10.77.3.1 "$r3" 10.77.3.2 "${tag}y"
 link "$r1" 192.168.50.1 "$h1" 192.168.50.2 "${tag}u"
 link "$r3" 192.168.50.1 "$h3" 192.168.50.2 "${tag}v"  # (both homes use the same private addresses)
+ip netns exec "$pub" sysctl -qw net.ipv4.ip_forward=1  # (the public network routes between the routers)
 for n in 1 3; do
   router="${tag}r$n" home="${tag}h$n"
   ip netns exec "$router" sysctl -qw net.ipv4.ip_forward=1
@@ -54,34 +58,59 @@ for n in 1 3; do
   ip -n "$home" route add default via 192.168.50.1
   ip netns exec "$router" iptables -t nat -A POSTROUTING -s 192.168.50.0/24 -j MASQUERADE 2>/dev/null ||
     skip "iptables cannot make NAT rules in a namespace here"
+  # What reaches the router itself from outside, unasked, is dropped (not refused): a connection
+  # attempt from the other home waits for the one from here instead of being reset.
+  ip netns exec "$router" iptables -A INPUT -i "${tag}$([ "$n" = 1 ] && echo x || echo y)b" -p tcp -j DROP
 done
 
 args=(train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32 --n-head 2
       --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics '')
 timeout 120 "$bin" "${args[@]}" --peers 4 > in_process.txt 2>&1
-join=(--join 10.77.1.1:29501 --world 4 --join-timeout-ms 30000)
-ip netns exec "$pub" timeout 120 "$bin" "${args[@]}" --listen 0.0.0.0:29501 --advertise 10.77.1.1 --rank 0 --world 4 > p0.txt 2>&1 &
-pids+=($!)
-ip netns exec "$pub" timeout 120 "$bin" "${args[@]}" --listen 0.0.0.0:29502 --advertise 10.77.3.1 "${join[@]}" --rank 2 > p2.txt 2>&1 &
-pids+=($!)
-ip netns exec "$h1" timeout 120 "$bin" "${args[@]}" "${join[@]}" --rank 1 > p1.txt 2>&1 &
-pids+=($!)
-ip netns exec "$h3" timeout 120 "$bin" "${args[@]}" "${join[@]}" --rank 3 > p3.txt 2>&1 &
-pids+=($!)
-status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
-pids=()
 want=$(grep '^val loss ' in_process.txt | tail -1)
-for r in 0 1 2 3; do
-  got=$(grep '^val loss ' "p$r.txt" | tail -1 || true)
-  if [ "$got" != "$want" ]; then
-    echo "peer $r: '$got', simulated peers: '$want'"
+
+# group NAME NAT1 NAT3 PORT EXPECT: the four peers, router 1 masquerading with NAT1's options and
+# router 3 with NAT3's ("--random": a new port for each connection, a symmetric NAT), peer 0 on
+# PORT; peer 3's output must hold EXPECT.
+status=0
+group() {
+  local name=$1 nat1=$2 nat3=$3 port=$4 expect=$5
+  for n in 1 3; do
+    local router="${tag}r$n" nat=$nat1
+    [ "$n" = 3 ] && nat=$nat3
+    ip netns exec "$router" iptables -t nat -F POSTROUTING
+    # shellcheck disable=SC2086
+    ip netns exec "$router" iptables -t nat -A POSTROUTING -s 192.168.50.0/24 -j MASQUERADE $nat
+  done
+  local join=(--join "10.77.1.1:$port" --world 4 --join-timeout-ms 30000)
+  ip netns exec "$pub" timeout 120 "$bin" "${args[@]}" --listen "0.0.0.0:$port" --advertise 10.77.1.1 --rank 0 --world 4 \
+    > "${name}_p0.txt" 2>&1 &
+  pids+=($!)
+  ip netns exec "$pub" timeout 120 "$bin" "${args[@]}" --listen "0.0.0.0:$((port + 1))" --advertise 10.77.3.1 "${join[@]}" --rank 2 \
+    > "${name}_p2.txt" 2>&1 &
+  pids+=($!)
+  ip netns exec "$h1" timeout 120 "$bin" "${args[@]}" "${join[@]}" --rank 1 > "${name}_p1.txt" 2>&1 &
+  pids+=($!)
+  ip netns exec "$h3" timeout 120 "$bin" "${args[@]}" "${join[@]}" --rank 3 > "${name}_p3.txt" 2>&1 &
+  pids+=($!)
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  pids=()
+  for r in 0 1 2 3; do
+    got=$(grep '^val loss ' "${name}_p$r.txt" | tail -1 || true)
+    if [ "$got" != "$want" ]; then
+      echo "$name: peer $r: '$got', simulated peers: '$want'"
+      failed=1
+    fi
+  done
+  grep -q "$expect" "${name}_p3.txt" || { echo "$name: peer 3 did not say '$expect'"; failed=1; }
+  if [ "$failed" != 0 ]; then
+    for r in 0 1 2 3; do echo "---- $name: peer $r"; cat "${name}_p$r.txt"; done
     status=1
+  else
+    echo "ok: $name: $(grep "tcp peer 3 reaches peer 1" "${name}_p3.txt"): $want"
   fi
-done
-grep -q "tcp peer 3 reaches peer 1 through the relay peer" p3.txt || { echo "peer 3 did not say it reached peer 1 through a relay"; status=1; }
-if [ "$status" != 0 ]; then
-  for r in 0 1 2 3; do echo "---- peer $r"; cat "p$r.txt"; done
-  exit 1
-fi
-echo "ok: peers 1 and 3, each behind a NAT, trained with 0 and 2 and each other through a relay: $want"
+}
+group cone "" "" 29501 "tcp peer 3 reaches peer 1 directly: a hole punched through their NATs"
+group mixed "" "--random" 29511 "tcp peer 3 reaches peer 1 through the relay peer"
+group symmetric "--random" "--random" 29521 "tcp peer 3 reaches peer 1 through the relay peer"
+exit $status

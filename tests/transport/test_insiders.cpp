@@ -309,6 +309,17 @@ TEST_CASE("tcp: a key holder's relay frames: routes it may not use close it, a c
     CHECK(counted);
     CHECK_FALSE(to0->closed_by_peer());
   }
+  {  // a punch that brings the relay an address (it has none to give), and one whose address is
+     // a name to look up, not an address (tcp/punch.hpp)
+    to0->write(wire::frame_type::relay, relay({wire::relay_kind::punch, 2, 1}), tr::bytes(8, std::byte{'1'}));
+    CHECK(to0->closed_by_peer());
+    CHECK_THAT(peer0.last_malformed(), Contains("a punch frame of 8 bytes (one asking a relay carries none)"));
+    const std::string name = "example.org:80";
+    to1->write(wire::frame_type::relay, relay({wire::relay_kind::punch, 0, 1}),
+               tr::bytes(reinterpret_cast<const std::byte*>(name.data()), reinterpret_cast<const std::byte*>(name.data()) + name.size()));
+    CHECK(to1->closed_by_peer());
+    CHECK_THAT(peer1.last_malformed(), Contains("a punch frame's address 'example.org:80' is not IPV4:PORT"));
+  }
   // Peers 0 and 1 still talk, over the connection they had.
   auto echo = std::async(std::launch::async, [&] { peer1.send(0, 9, peer1.recv(0, 9)); });
   const tr::bytes hello(100, std::byte{7});

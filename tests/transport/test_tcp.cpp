@@ -39,8 +39,8 @@ TEST_CASE("wire: headers round-trip and bad ones are named") {
   bad[0] = std::byte{'X'};
   CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("bad magic"));
   bad = h;
-  bad[4] = std::byte{10};
-  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("protocol version 10"));
+  bad[4] = static_cast<std::byte>(wire::version + 1);  // (the next version: not this one)
+  CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("protocol version " + std::to_string(wire::version + 1)));
   bad = h;
   bad[6] = std::byte{77};
   CHECK_THROWS_WITH(wire::decode_header(bad.data(), 4096), Catch::Contains("unknown frame type 77"));
@@ -343,6 +343,19 @@ std::vector<std::string> run_with_closed(int world, std::vector<int> closed, con
   for (const auto& e : errors) out.push_back(harness::tcp::what(e));
   return out;
 }
+
+// Sends `size` bytes of this peer's pattern to `other` and receives as many of its pattern
+// back (both send first): the bytes that differ from it, and 1 more when the size does.
+std::uint64_t swap_patterned(tr::tcp& ep, int other, std::size_t size) {
+  const auto pattern = [](std::size_t i, int rank) { return static_cast<std::byte>((i * 31 + static_cast<std::size_t>(rank)) & 0xff); };
+  tr::bytes out(size);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = pattern(i, ep.rank());
+  ep.send(other, 77, out);
+  const auto in = ep.recv(other, 77);
+  std::uint64_t wrong = in.size() == out.size() ? 0 : 1;
+  for (std::size_t i = 0; i < in.size() && i < out.size(); ++i) wrong += in[i] != pattern(i, other);
+  return wrong;
+}
 }  // namespace
 
 TEST_CASE("tcp: a peer that accepts no connections dials every peer, lower ranks and higher, and trains with them") {
@@ -387,6 +400,41 @@ TEST_CASE("tcp: a peer that accepts no connections dials every peer, lower ranks
                                                     "advertise (example.org)"));
 }
 
+TEST_CASE("tcp: two peers that accept no connections connect directly where a hole punches, not through a relay") {
+  // Ranks 1 and 3 have no listening socket; on one machine nothing stands between them, so the
+  // addresses peer 0 or 2 saw them dial from reach them: peer 3 asks a relay for them, both
+  // connect at once, and the connection stands without a circuit (tcp/punch.hpp).
+  constexpr int world = 4;
+  std::vector<std::vector<int>> punched(world);
+  std::vector<std::map<int, int>> relayed(world);
+  std::vector<tr::relay_stats> relaying(world);
+  std::vector<std::uint64_t> wrong(world, 1);
+  const auto errors = harness::tcp::run_each(world, [](tr::tcp_options& o) {
+    if (o.rank == 1 || o.rank == 3) o.listen.clear();
+  }, [&](tr::tcp& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    punched[r] = ep.punched();
+    relayed[r] = ep.relayed();
+    if (ep.rank() == 1 || ep.rank() == 3) wrong[r] = swap_patterned(ep, 4 - ep.rank(), std::size_t{4} << 20);
+    dt::collective::communicator(ep).barrier();
+    relaying[r] = ep.relaying();
+  });
+  for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
+  CHECK(punched[3] == std::vector<int>{1});
+  CHECK(punched[1] == std::vector<int>{3});
+  CHECK(punched[0].empty());
+  CHECK(punched[2].empty());
+  for (int r = 0; r < world; ++r) {
+    CHECK(relayed[static_cast<std::size_t>(r)].empty());
+    CHECK(relaying[static_cast<std::size_t>(r)].circuits_opened == 0);
+  }
+  CHECK(wrong[1] == 0);
+  CHECK(wrong[3] == 0);
+  tr::tcp_options bad;
+  bad.punch_within = std::chrono::milliseconds(-1);
+  CHECK_THROWS_WITH(tr::tcp(bad), Catch::Contains("punch_within must be >= 0 ms, got -1"));
+}
+
 TEST_CASE("tcp: two peers that accept no connections reach each other through a relay, large messages too") {
   // Ranks 1 and 3 have no listening socket: each dials 0 and 2, and 3 asks a relay (0 or 2) for
   // a circuit to 1. Every pair is then connected, one pair relayed; an all-reduce of 16 MB goes
@@ -401,7 +449,10 @@ TEST_CASE("tcp: two peers that accept no connections reach each other through a 
   std::vector<std::uint64_t> echoed(world);
   const auto errors = harness::tcp::run_each(world, [](tr::tcp_options& o) {
     o.join_timeout = std::chrono::milliseconds(15000);
-    if (o.rank == 1 || o.rank == 3) o.listen.clear();
+    if (o.rank == 1 || o.rank == 3) {
+      o.listen.clear();
+      o.punch_within = std::chrono::milliseconds(0);  // (relays, not a punched hole)
+    }
     o.relay.max_queued_bytes = std::uint64_t{1} << 20;  // far below the messages: the queues fill
   }, [&](tr::tcp& ep) {
     const auto r = static_cast<std::size_t>(ep.rank());
@@ -416,17 +467,7 @@ TEST_CASE("tcp: two peers that accept no connections reach each other through a 
     comm.all_reduce(std::span<float>(big));
     reduced[r] = std::move(big);
     // A message of 16 MB each way over the relayed pair, straight from one to the other.
-    if (ep.rank() == 1 || ep.rank() == 3) {
-      const int other = 4 - ep.rank();
-      tr::bytes out(std::size_t{16} << 20);
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>((i * 31 + r) & 0xff);
-      ep.send(other, 77, out);
-      const auto in = ep.recv(other, 77);
-      std::uint64_t wrong = in.size() == out.size() ? 0 : 1;
-      for (std::size_t i = 0; i < in.size() && i < out.size(); ++i)
-        wrong += in[i] != static_cast<std::byte>((i * 31 + static_cast<std::size_t>(other)) & 0xff);
-      echoed[r] = wrong;
-    }
+    if (ep.rank() == 1 || ep.rank() == 3) echoed[r] = swap_patterned(ep, 4 - ep.rank(), std::size_t{16} << 20);
     comm.barrier();
     relaying[r] = ep.relaying();
   });
@@ -477,7 +518,10 @@ TEST_CASE("tcp: over a relay, one end sends past the other's budget while the ot
   std::vector<int> wrong(world, -1);
   std::vector<std::map<int, int>> relayed(world);
   const auto errors = harness::tcp::run_each(world, [](tr::tcp_options& o) {
-    if (o.rank == 1 || o.rank == 3) o.listen.clear();
+    if (o.rank == 1 || o.rank == 3) {
+      o.listen.clear();
+      o.punch_within = std::chrono::milliseconds(0);  // (relays, not a punched hole)
+    }
     o.max_frame_bytes = std::uint64_t{1} << 20;
     o.max_queued_bytes = std::uint64_t{4} << 20;
     o.relay.max_queued_bytes = std::uint64_t{1} << 20;
@@ -566,7 +610,10 @@ TEST_CASE("tcp: a relay that goes away mid-stream is replaced by another, and no
     o.world = world;
     o.join_timeout = std::chrono::milliseconds(15000);
     o.recv_timeout = std::chrono::milliseconds(15000);
-    if (r == 1 || r == 3) o.listen.clear();
+    if (r == 1 || r == 3) {
+      o.listen.clear();
+      o.punch_within = std::chrono::milliseconds(0);  // (relays, not a punched hole)
+    }
     o.relay.linger = std::chrono::milliseconds(0);
     o.relay.bytes_per_second = 40'000'000;
     return o;
@@ -646,7 +693,10 @@ TEST_CASE("tcp: a relay within its limits: one that does not relay is passed ove
   // Peer 0 does not relay: peer 3 gets its circuit to 1 from peer 2.
   std::vector<std::map<int, int>> relayed(4);
   const auto errors = harness::tcp::run_each(4, [](tr::tcp_options& o) {
-    if (o.rank == 1 || o.rank == 3) o.listen.clear();
+    if (o.rank == 1 || o.rank == 3) {
+      o.listen.clear();
+      o.punch_within = std::chrono::milliseconds(0);  // (relays, not a punched hole)
+    }
     if (o.rank == 0) o.relay.serve = false;
   }, [&](tr::tcp& ep) { relayed[static_cast<std::size_t>(ep.rank())] = ep.relayed(); });
   for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
@@ -657,7 +707,10 @@ TEST_CASE("tcp: a relay within its limits: one that does not relay is passed ove
   // why. (Peer 2, which asks for the circuit, gives up first: the others are still there.)
   const auto none = harness::tcp::run_each(3, [](tr::tcp_options& o) {
     o.join_timeout = std::chrono::milliseconds(o.rank == 2 ? 3000 : 5000);
-    if (o.rank != 0) o.listen.clear();
+    if (o.rank != 0) {
+      o.listen.clear();
+      o.punch_within = std::chrono::milliseconds(0);  // (relays, not a punched hole)
+    }
     o.relay.max_circuits = 0;
   }, [](tr::tcp&) {});
   INFO(harness::tcp::what(none[0]) << "\n" << harness::tcp::what(none[1]));

@@ -30,8 +30,9 @@ namespace decentrain::transport::wire {
 inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian byte order
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
-// per-peer identities, directories that do not tell joiners from members; 8: no relays.
-inline constexpr std::uint16_t version = 9;
+// per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
+// hole punching.
+inline constexpr std::uint16_t version = 10;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -68,9 +69,11 @@ inline constexpr std::uint16_t last_frame_type = 9;
 // open: a circuit from `from` to `to`; bytes: a piece of its stream; close: the end (or the
 // relay, refusing it) closed it; ack: how much of the stream `from` has received (a u64), so
 // the sender may forget it; resume: the circuit goes on through this relay, `from` having
-// received so much (a u64): the other lost it; lost: the relay lost the other end.
-enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3, ack = 4, resume = 5, lost = 6 };
-inline constexpr std::uint8_t last_relay_kind = 6;
+// received so much (a u64): the other lost it; lost: the relay lost the other end; punch: `from`
+// asks the relay to tell it and `to` each other's address as the relay sees it (the relay's
+// answers carry that address: tcp/punch.hpp).
+enum class relay_kind : std::uint8_t { open = 1, bytes = 2, close = 3, ack = 4, resume = 5, lost = 6, punch = 7 };
+inline constexpr std::uint8_t last_relay_kind = 7;
 struct relay_route {
   relay_kind kind = relay_kind::bytes;
   int from = 0;

@@ -133,6 +133,9 @@ class tcp {
   // The peers this one reached through a relay (they accept no connections, nor does this
   // one), each with the rank of the peer that relayed it last, whether connected still or not.
   std::map<int, int> relayed() const { return n().relayed(); }
+  // The peers this one reached directly although neither accepts connections: a hole punched
+  // through their NATs (tcp_options::punch_within, tcp/punch.hpp), connected now.
+  std::vector<int> punched() const { return n().punched(); }
   // What this peer did as a relay for others (tcp_options::relay).
   relay_stats relaying() const { return n().relay_stats(); }
 

@@ -68,6 +68,7 @@ struct connection : std::enable_shared_from_this<connection> {
   // A connection relayed by a third peer: `socket` is this end of a local socket pair whose
   // other end `through` carries over the relay (tcp/tunnel.hpp); null for a direct connection.
   std::shared_ptr<tunnel> through;
+  bool punched = false;  // a direct connection between two peers that accept none (tcp/punch.hpp)
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +45,7 @@
 #include "decentrain/transport/tcp/handshake.hpp"
 #include "decentrain/transport/tcp/heartbeat.hpp"
 #include "decentrain/transport/tcp/options.hpp"
+#include "decentrain/transport/tcp/punch.hpp"
 #include "decentrain/transport/tcp/relay.hpp"
 #include "decentrain/transport/tcp/tunnel.hpp"
 #include "decentrain/transport/tls.hpp"
@@ -75,12 +77,25 @@ struct node {
       accept_next();
     }
     dir.addresses[opts.rank] = advertised;  // (empty: this peer accepts no connections)
+    if (opts.listen.empty() && opts.punch_within.count() > 0) {
+      try {
+        punch_port = std::make_unique<port_reservation>();
+      } catch (const std::exception&) {  // (no port to punch from: relays only)
+      }
+    }
     schedule_sweep();
     if (opts.heartbeat_interval.count() > 0) schedule_beat();
     io_thread = std::thread([this] { io.run(); });
   }
 
   ~node() {
+    punch_stop = true;
+    std::list<punch_attempt> ending;
+    {
+      std::lock_guard lock(mutex);
+      ending.splice(ending.end(), punches);
+    }
+    for (auto& p : ending) p.thread.join();  // (each stops within 20 ms; a connection it made is posted)
     end_relayed_first([this](const std::shared_ptr<connection>& c) { close(c, ""); });
     linger();
     asio::post(io, [this] {
@@ -700,6 +715,46 @@ struct node {
     return out;
   }
 
+  // The peers this one reached directly although neither accepts connections (a hole punched
+  // through their NATs), connected now.
+  std::vector<int> punched() const {
+    std::lock_guard lock(mutex);
+    std::vector<int> out;
+    for (const auto& [r, c] : peers)
+      if (c->punched) out.push_back(r);
+    return out;
+  }
+
+  // A relay's answer to a punch (tcp/punch.hpp; I/O thread): peer `far`'s address as the relay
+  // sees it. The peer that asked, the higher rank, hears it in its rendezvous; the other
+  // connects to it at once, one attempt per peer at a time, and reads a connection that stands
+  // as an accepted one (the asker dials over it). A relay that names another address makes this
+  // peer try to connect there for punch_within at most, and nothing more.
+  void on_punch(int far, std::span<const std::byte> body) {
+    const auto at = decode_punch_address(body);
+    std::lock_guard lock(mutex);
+    if (!punch_port || punch_stop || peers.count(far)) return;
+    if (far < opts.rank) {
+      punch_answers[far] = at;
+      changed.notify_all();
+      return;
+    }
+    std::erase_if(punches, [](punch_attempt& p) {
+      if (!p.done) return false;
+      p.thread.join();
+      return true;
+    });
+    for (const auto& p : punches)
+      if (p.far == far) return;
+    auto& p = punches.emplace_back();
+    p.far = far;
+    p.thread = std::thread([this, at, done = &p.done] {
+      const int fd = punch_port->connect(at, clock::now() + opts.punch_within, true, [this] { return punch_stop.load(); });
+      if (fd >= 0) asio::post(io, [this, fd] { adopt_accepted(fd, nullptr, true); });
+      *done = true;
+    });
+  }
+
   // A relay frame's route, checked before its body is read, and room for the body where it
   // goes. False when the connection was closed (a route this connection may not send) or waits
   // for room (read again once there is).
@@ -718,6 +773,8 @@ struct node {
       decentrain::detail::check(r.to != opts.rank || r.from != c->rank, "frame: peer ", c->rank,
                                 " sent this peer a relay frame from itself (it is connected: nothing to relay)");
       const bool positioned = r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::resume;
+      decentrain::detail::check(r.kind != wire::relay_kind::punch || h.length <= (r.to == opts.rank ? 64 : 0), "frame: a punch frame of ",
+                                h.length, " bytes (", r.to == opts.rank ? "an address is at most 64" : "one asking a relay carries none", ")");
       decentrain::detail::check(r.kind != wire::relay_kind::bytes || h.length <= relay_chunk, "frame: a relay frame of ", h.length,
                                 " bytes (a relayed stream's pieces are at most ", relay_chunk, ")");
       decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= (positioned ? 8 : 1024), "frame: a relay frame that ",
@@ -759,6 +816,7 @@ struct node {
     }
     if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
     if (r.kind == wire::relay_kind::open) return accept_relayed(c, r.from);
+    if (r.kind == wire::relay_kind::punch) return on_punch(r.from, body);
     if (!t) return;  // (a circuit closed here meanwhile)
     if (r.kind == wire::relay_kind::resume) {
       (void)t->resume(c, wire::decode_position(body));  // (out of turn: ignored)
@@ -795,14 +853,22 @@ struct node {
       t = make_tunnel(far, via, false);
       tunnels[far] = t;
     }
+    const int fd = t->take_near();
+    t->start();
+    adopt_accepted(fd, t, false);
+  }
+
+  // A socket this peer did not accept but reads as if it had (a relayed connection's near end,
+  // a punched connection; I/O thread): a stranger until its handshake ends, bounded like any.
+  void adopt_accepted(int fd, std::shared_ptr<tunnel> through, bool punched) {
     auto c = std::make_shared<connection>(io);
     asio::error_code ec;
-    const int fd = t->take_near();
     c->socket.assign(asio::ip::tcp::v4(), fd, ec);
     if (ec) ::close(fd);
-    c->through = t;
-    t->start();
+    c->through = std::move(through);
+    c->punched = punched;
     if (ec) return close(c, "");
+    if (punched) c->socket.set_option(asio::ip::tcp::no_delay(true), ec);
     c->accepted_at = clock::now();
     all.insert(c);
     adm.count_pending(all);
@@ -1116,6 +1182,17 @@ struct node {
   std::map<int, std::shared_ptr<tunnel>> tunnels;
   std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
   std::map<int, int> relayed_before;  // peers whose relayed connection closed, and their last relay (mutex)
+  // Hole punching (tcp/punch.hpp): the port this peer dials from (null: it listens, or does not
+  // punch), the relays' answers to its own punches (mutex), the attempts it answers (mutex).
+  std::unique_ptr<port_reservation> punch_port;
+  std::map<int, asio::ip::tcp::endpoint> punch_answers;
+  struct punch_attempt {
+    int far = -1;
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+  std::list<punch_attempt> punches;
+  std::atomic<bool> punch_stop{false};
 };
 
 }  // namespace decentrain::transport::tcp_detail

@@ -90,13 +90,16 @@ struct tcp_options {
   // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
   // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that
   // listens, lower ranks and higher, and nobody dials it; two such peers reach each other
-  // through a peer that listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for
-  // the circuit. Not peer 0 (the group's first seed). The peers that join a running group must
+  // directly where their NATs let them (`punch_within`, tcp/punch.hpp), else through a peer that
+  // listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for either. Not peer 0 (the group's first seed). The peers that join a running group must
   // reach every member, so none is admitted while such a member is in.
   std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
   std::string advertise;
+  // How long two peers that accept no connections try to connect directly (a hole punched
+  // through their NATs, IPv4 only) before the higher rank asks for a relay; 0: never try.
+  std::chrono::milliseconds punch_within{1000};
   std::vector<std::string> join;       // peers to learn the others from; empty for the first peer
   int rank = 0;
   int world = 1;
@@ -200,6 +203,7 @@ struct tcp_options {
     identity.validate();
     tls.validate();
     relay.validate();
+    decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
   }
 };
 

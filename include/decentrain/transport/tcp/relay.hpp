@@ -31,6 +31,7 @@
 #include "decentrain/transport/frame.hpp"
 #include "decentrain/transport/tcp/connection.hpp"
 #include "decentrain/transport/tcp/options.hpp"
+#include "decentrain/transport/tcp/punch.hpp"
 
 namespace decentrain::transport::tcp_detail {
 
@@ -301,6 +302,19 @@ class relay_service {
         if (!open) ++opened_;
         circuits_.insert(pair);
         return to(dest).push(r, std::move(body));
+      }
+      case wire::relay_kind::punch: {
+        // Each end hears the other's address as this peer sees it (tcp/punch.hpp); nothing when
+        // this peer does not relay or is not connected to both (the asker then asks for a circuit).
+        asio::error_code e1, e2;
+        const auto at_from = from->socket.remote_endpoint(e1);
+        const auto at_dest = dest ? dest->socket.remote_endpoint(e2) : asio::ip::tcp::endpoint();
+        if (!opts_.serve || !dest || e1 || e2 || !at_from.address().is_v4() || !at_dest.address().is_v4()) {
+          ++dropped_;
+          return;
+        }
+        to(dest).push(r, encode_punch_address(at_from), true);
+        return to(from).push({wire::relay_kind::punch, r.to, r.from}, encode_punch_address(at_dest), true);
       }
       case wire::relay_kind::lost:  // (only a relay sends it: an end's is dropped)
         ++dropped_;

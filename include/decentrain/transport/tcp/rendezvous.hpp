@@ -2,7 +2,8 @@
 // directory of everyone they know until it knows all `world` peers and dials every lower rank
 // (higher ranks dial it), so each pair shares one connection; a peer that accepts no connections
 // (no listen address: behind a NAT) dials every peer that listens, lower and higher, is dialed by
-// none, and reaches the lower ranks that accept none either through a relay (tcp/relay.hpp); a
+// none, and reaches the lower ranks that accept none either directly where their NATs let a hole
+// be punched (tcp/punch.hpp), else through a relay (tcp/relay.hpp); a
 // peer that finds the group running dials every peer of it as a joiner instead. Each dial runs the dialer's side of the handshake
 // (tcp/handshake.hpp) on a short-lived io_context with a deadline, then hands the connection to
 // the node's I/O thread.
@@ -21,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,8 +75,11 @@ class rendezvous {
         }
         ++attempts;
         try {
-          if (address.empty()) dial_relayed(j);
-          else dial(j, address);
+          if (address.empty()) {
+            if (!punch(j)) dial_relayed(j);
+          } else {
+            dial(j, address);
+          }
         } catch (const std::exception& e) {
           last_error = e.what();
         }
@@ -218,17 +223,37 @@ class rendezvous {
     return h;
   }
 
-  // A short-lived connection on a private io_context: connect with a timeout, do `work`.
+  // A short-lived connection on a private io_context: connect with a timeout, do `work`. From
+  // the port this peer punches from (tcp/punch.hpp) where `from_punch_port` and the address is
+  // IPv4: the peer dialed sees the address that a relay tells the peers to punch to.
   template <class Work>
-  void with_connection(const std::string& address, Work&& work_fn) {
+  void with_connection(const std::string& address, Work&& work_fn, bool from_punch_port = false) {
     const auto [host, port] = wire::split_address(address);
     asio::io_context local;
     asio::ip::tcp::socket socket(local);
     asio::error_code result = asio::error::would_block;
     asio::ip::tcp::resolver resolver(local);
     const auto endpoints = resolver.resolve(host, std::to_string(port));
-    asio::async_connect(socket, endpoints, [&](const asio::error_code& ec, const asio::ip::tcp::endpoint&) { result = ec; });
-    local.run_for(n_.opts.connect_timeout);
+    const auto v4 = std::find_if(endpoints.begin(), endpoints.end(), [](const auto& e) { return e.endpoint().address().is_v4(); });
+    auto from_any_port = [&] {
+      asio::async_connect(socket, endpoints, [&](const asio::error_code& ec, const asio::ip::tcp::endpoint&) { result = ec; });
+      local.run_for(n_.opts.connect_timeout);
+    };
+    if (from_punch_port && n_.punch_port && v4 != endpoints.end() && n_.punch_port->bind(socket)) {
+      socket.async_connect(v4->endpoint(), [&](const asio::error_code& ec) { result = ec; });
+      local.run_for(n_.opts.connect_timeout);
+      // Refused from that port (its last connection to this address may linger in TIME_WAIT):
+      // from any port then; only punching to this peer is lost.
+      if (result && result != asio::error::would_block) {
+        asio::error_code ignored;
+        socket.close(ignored);
+        result = asio::error::would_block;
+        local.restart();
+        from_any_port();
+      }
+    } else {
+      from_any_port();
+    }
     if (result == asio::error::would_block) decentrain::detail::fail("tcp: connecting to ", address, " timed out");
     if (result) decentrain::detail::fail("tcp: cannot connect to ", address, ": ", result.message());
     socket.set_option(asio::ip::tcp::no_delay(true));
@@ -398,7 +423,42 @@ class rendezvous {
   }
 
   void dial(int peer, const std::string& address) {
-    with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); });
+    with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); }, true);
+  }
+
+  // Peer `far` accepts no connections either, and has the lower rank: a relay tells both the
+  // other's address as it sees it (tcp/punch.hpp), and this peer connects to it while `far`
+  // connects here. Once per peer; true when the connection stands (else the caller asks the
+  // relay for a circuit instead).
+  bool punch(int far) {
+    if (!n_.punch_port || !punch_tried_.insert(far).second) return false;
+    const auto relays = n_.relays_for(far);
+    if (relays.empty()) return false;
+    {
+      std::lock_guard lock(n_.mutex);
+      n_.punch_answers.erase(far);
+    }
+    if (!write_relay(*relays.front(), {wire::relay_kind::punch, n_.opts.rank, far}, {}, n_.opts.connect_timeout, n_.framing_sent,
+                     [] { return false; }))
+      return false;
+    asio::ip::tcp::endpoint at;
+    {
+      std::unique_lock lock(n_.mutex);
+      if (!n_.changed.wait_for(lock, n_.opts.punch_within, [&] { return n_.punch_answers.count(far) > 0; })) return false;
+      at = n_.punch_answers[far];
+    }
+    const int fd = n_.punch_port->connect(at, clock::now() + n_.opts.punch_within, false, [] { return false; });
+    if (fd < 0) return false;
+    asio::io_context local;
+    asio::ip::tcp::socket s(local);
+    s.assign(asio::ip::tcp::v4(), fd);
+    try {
+      finish_dial(s, far, decentrain::detail::concat("peer ", far, " at ", at.address().to_string(), ":", at.port(), " (a hole punched)"),
+                  nullptr, true);
+    } catch (const std::exception&) {
+      return false;  // (the socket closes with `s`)
+    }
+    return true;
   }
 
   // Reaches peer `far`, which accepts no connections either, through a relay: one of the peers
@@ -426,7 +486,8 @@ class rendezvous {
 
   // The dialer's handshake on `s` (to `address`, or through `through`) and the connection
   // registered with the node.
-  void finish_dial(asio::ip::tcp::socket& s, int peer, const std::string& address, std::shared_ptr<tunnel> through) {
+  void finish_dial(asio::ip::tcp::socket& s, int peer, const std::string& address, std::shared_ptr<tunnel> through,
+                   bool punched = false) {
     {
       auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer);
       decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address, " answered peer ",
@@ -440,6 +501,7 @@ class rendezvous {
       const auto protocol = through ? asio::ip::tcp::v4() : s.local_endpoint().protocol();
       c->socket.assign(protocol, s.release());
       c->through = std::move(through);
+      c->punched = punched;
       c->rank = peer;
       c->handshake_state.opened();
       c->keys = std::move(keys);
@@ -450,6 +512,7 @@ class rendezvous {
   node& n_;
   int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
   std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
+  std::set<int> punch_tried_;              // the peers punch() tried (once each)
 };
 
 }  // namespace decentrain::transport::tcp_detail
