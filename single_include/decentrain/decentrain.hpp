@@ -15847,8 +15847,9 @@ struct tcp_options {
   // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that
   // listens, lower ranks and higher, and nobody dials it; two such peers reach each other
   // directly where their NATs let them (`punch_within`, tcp/punch.hpp), else through a peer that
-  // listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for either. Not peer 0 (the group's first seed). The peers that join a running group must
-  // reach every member, so none is admitted while such a member is in.
+  // listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for either. Not peer 0
+  // (the group's first seed). The peers that join a running group must reach every member, so
+  // none is admitted while such a member is in.
   std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.
@@ -16307,6 +16308,7 @@ enum class write_status : std::uint8_t {
 struct write_result {
   write_status status = write_status::done;
   int error = 0;
+  bool started = false;  // some of the frame was written (a stream it did not finish is unreadable past it)
 };
 
 class tunnel;  // tcp/tunnel.hpp
@@ -16500,7 +16502,7 @@ struct connection : std::enable_shared_from_this<connection> {
     auto stop = [&](write_status s, int error = 0) {
       unsent.erase(unsent.begin(), unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written, before)));
       if (written <= before && keys) keys->send.unseal();  // the frame never started: its tag is unused
-      return write_result{s, error};
+      return write_result{s, error, written > before};
     };
     while (first < parts.size()) {
       if (closed_for_writes.load()) return stop(write_status::closed);
@@ -16679,6 +16681,7 @@ class admission {
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -16937,9 +16940,10 @@ class port_reservation {
 
   // Connects from the port to `to` again and again (each SYN a NAT drops, or a refusal before
   // the other side's packets opened its NAT, is followed by another) until connected, the
-  // deadline, or `stop()`. With `listening`, the port also accepts meanwhile (from `to` only): the other side's SYN that finds no attempt of this side under way (they cross only
-  // by chance where nothing delays them, as on one machine) is accepted instead of refused.
-  // The connected descriptor (blocking), or -1.
+  // deadline, or `stop()`. With `listening`, the port also accepts meanwhile (from `to` only):
+  // the other side's SYN that finds no attempt of this side under way (they cross only by
+  // chance where nothing delays them, as on one machine) is accepted instead of refused. The
+  // connected descriptor (blocking), or -1.
   template <class Stop>
   int connect(const asio::ip::tcp::endpoint& to, clock::time_point deadline, bool listening, Stop&& stop) const {
     if (!to.address().is_v4()) return -1;
@@ -17068,7 +17072,7 @@ template <class Stop>
 bool write_relay(connection& via, const wire::relay_route& r, std::span<const std::byte> body, std::chrono::milliseconds timeout,
                  std::atomic<std::uint64_t>& framing, Stop&& stop) {
   const auto res = via.write_data(wire::encode_route(r), body, clock::now() + timeout, stop, wire::frame_type::relay);
-  if (res.status == write_status::timed_out) via.abandon();
+  if (res.status == write_status::timed_out && res.started) via.abandon();
   if (res.status != write_status::done) return false;
   framing += wire::header_bytes + body.size() + wire::padding(body.size()).size();
   return true;
@@ -17103,23 +17107,25 @@ class forwarder {
   // not, `room` is called once it may.
   bool has_room(const wire::relay_route& r, std::size_t n, std::function<void()> room) {
     std::lock_guard lock(mutex_);
-    if (done_ || fits(r, n)) return true;
+    if (done_ || fits(r.from, r.kind, n)) return true;
     waiting_.push_back({r.from, r.kind == wire::relay_kind::bytes, std::move(room)});
     return false;
   }
   // Queues a frame read with room for it (has_room), or one the relay made itself (`own`:
-  // dropped where it does not fit).
+  // counted as the relay's own, whatever ranks its route names, and dropped where it does not
+  // fit).
   void push(const wire::relay_route& r, bytes body, bool own = false) {
     {
       std::lock_guard lock(mutex_);
       if (done_) return;
-      if (own && !fits(r, body.size())) {
+      const int key = own ? relay_key : r.from;
+      if (own && !fits(key, r.kind, body.size())) {
         ++dropped_;
         return;
       }
       ++in_flight_;
-      account(r, body.size(), true);
-      items_.emplace_back(r, std::move(body));
+      account(key, r.kind, body.size(), true);
+      items_.push_back({r, std::move(body), key});
     }
     wake_.notify_one();
   }
@@ -17139,6 +17145,12 @@ class forwarder {
   struct sender {
     std::size_t stream = 0, control = 0;
   };
+  struct item {
+    wire::relay_route route;
+    bytes body;
+    int key;  // whose it is counted as: its sender's rank, or relay_key
+  };
+  static constexpr int relay_key = -1;  // the frames the relay makes itself
   struct waiter {
     int from;
     bool stream;
@@ -17146,19 +17158,19 @@ class forwarder {
   };
 
   // (mutex_ held)
-  bool fits(const wire::relay_route& r, std::size_t n) {
-    const auto it = senders_.find(r.from);
+  bool fits(int key, wire::relay_kind kind, std::size_t n) {
+    const auto it = senders_.find(key);
     const sender s = it == senders_.end() ? sender{} : it->second;
-    if (r.kind == wire::relay_kind::bytes) return s.stream == 0 || s.stream + n <= max_;
+    if (kind == wire::relay_kind::bytes) return s.stream == 0 || s.stream + n <= max_;
     return s.control + n + frame_cost <= control_budget;
   }
-  void account(const wire::relay_route& r, std::size_t n, bool in) {
-    auto& s = senders_[r.from];
-    auto& v = r.kind == wire::relay_kind::bytes ? s.stream : s.control;
-    const auto cost = r.kind == wire::relay_kind::bytes ? n : n + frame_cost;
+  void account(int key, wire::relay_kind kind, std::size_t n, bool in) {
+    auto& s = senders_[key];
+    auto& v = kind == wire::relay_kind::bytes ? s.stream : s.control;
+    const auto cost = kind == wire::relay_kind::bytes ? n : n + frame_cost;
     v = in ? v + cost : v - cost;
     queued_ += in ? static_cast<std::int64_t>(cost) : -static_cast<std::int64_t>(cost);
-    if (s.stream == 0 && s.control == 0) senders_.erase(r.from);
+    if (s.stream == 0 && s.control == 0) senders_.erase(key);
   }
   // The senders paused on this queue whose part is down to half (all of them, `all`).
   std::vector<std::function<void()>> due(bool all = false) {
@@ -17175,31 +17187,31 @@ class forwarder {
 
   void run() {
     for (;;) {
-      std::pair<wire::relay_route, bytes> item;
+      item next;
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stopping_ || !items_.empty(); });
         if (stopping_) break;
-        item = std::move(items_.front());
+        next = std::move(items_.front());
         items_.pop_front();
       }
-      if (item.first.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
-        const auto start = pace_(item.second.size());
+      if (next.route.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
+        const auto start = pace_(next.body.size());
         std::unique_lock lock(mutex_);
         if (wake_.wait_until(lock, start, [&] { return stopping_; })) {
           --in_flight_;  // (the one taken; those still queued are counted off below)
           break;
         }
       }
-      const bool sent = write_relay(*dest_, item.first, item.second, timeout_, framing_, [&] {
+      const bool sent = write_relay(*dest_, next.route, next.body, timeout_, framing_, [&] {
         std::lock_guard lock(mutex_);
         return stopping_;
       });
-      if (sent && item.first.kind == wire::relay_kind::bytes) forwarded_ += item.second.size();
+      if (sent && next.route.kind == wire::relay_kind::bytes) forwarded_ += next.body.size();
       std::vector<std::function<void()>> ready;
       {
         std::lock_guard lock(mutex_);
-        account(item.first, item.second.size(), false);
+        account(next.key, next.route.kind, next.body.size(), false);
         --in_flight_;
         ready = due();
       }
@@ -17230,8 +17242,8 @@ class forwarder {
   std::function<clock::time_point(std::size_t)> pace_;  // when a piece of so many bytes may start
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::pair<wire::relay_route, bytes>> items_;
-  std::map<int, sender> senders_;  // what each sender has queued here
+  std::deque<item> items_;
+  std::map<int, sender> senders_;  // what each sender (and the relay itself) has queued here
   std::vector<waiter> waiting_;
   bool stopping_ = false, done_ = false;
   std::thread thread_;  // (last: starts once the rest is built)
@@ -17596,21 +17608,26 @@ class tunnel {
       lost_why_ = std::move(why);
       if (via_) tried_.insert(via_.get());
       via_ = nullptr;
-      if (early_via_) (void)take_resume(early_via_, early_position_);
+      if (early_via_ && clock::now() - early_at_ <= s_.resume_within) (void)take_resume(early_via_, early_position_);
+      early_via_ = nullptr;
     }
     signal();
   }
 
   // A resume from the far end through `c`, having received so much of this end's stream: the
   // acceptor takes the new relay and answers; the dialer hears its answer. False when this
-  // tunnel is not waiting to be resumed there (a resume out of turn is ignored: a key holder
-  // cannot move a live circuit onto itself).
+  // tunnel is not waiting to be resumed there: a resume out of turn moves no live circuit. One
+  // that comes through another relay before this end noticed its relay's loss (the far end
+  // noticed first) is kept, the newest, and taken if this end notices within resume_within; so
+  // a key holder can plant one only to be taken at a real loss, where the dialer's own then
+  // waits, and the circuit ends after resume_within as it would without a relay.
   bool resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
     {
       std::lock_guard lock(mutex_);
       if (!dialer_ && state_ == state::live && c != via_) {
         early_via_ = c;
         early_position_ = far_received;
+        early_at_ = clock::now();
         return false;
       }
       if (!take_resume(c, far_received)) return false;
@@ -17648,7 +17665,10 @@ class tunnel {
 
   // Stops at once (the near end reads the end of its stream).
   void stop() {
-    stopping_ = true;
+    {
+      std::lock_guard lock(mutex_);  // (the writer checks stopping_ under it before it waits)
+      stopping_ = true;
+    }
     signal();
     back_.notify_one();
   }
@@ -17963,6 +17983,7 @@ class tunnel {
   // (it had not noticed the loss yet): taken once it does.
   std::shared_ptr<connection> early_via_;
   std::uint64_t early_position_ = 0;
+  clock::time_point early_at_{};
   std::string lost_why_, last_refusal_;
   std::set<const connection*> tried_;
   std::string why_;  // why the circuit ended
@@ -18026,7 +18047,7 @@ struct node {
       std::lock_guard lock(mutex);
       ending.splice(ending.end(), punches);
     }
-    for (auto& p : ending) p.thread.join();  // (each stops within 20 ms; a connection it made is posted)
+    for (auto& p : ending) p.thread.join();  // (it stops within 20 ms; a connection it made is posted)
     end_relayed_first([this](const std::shared_ptr<connection>& c) { close(c, ""); });
     linger();
     asio::post(io, [this] {
@@ -18658,9 +18679,11 @@ struct node {
 
   // A relay's answer to a punch (tcp/punch.hpp; I/O thread): peer `far`'s address as the relay
   // sees it. The peer that asked, the higher rank, hears it in its rendezvous; the other
-  // connects to it at once, one attempt per peer at a time, and reads a connection that stands
-  // as an accepted one (the asker dials over it). A relay that names another address makes this
-  // peer try to connect there for punch_within at most, and nothing more.
+  // connects to it at once and reads a connection that stands as an accepted one (the asker
+  // dials over it). Not for a peer the directory lists as accepting connections (it may not
+  // list the asker yet), three times each at most, and one at a time (the attempt listens on the port meanwhile, and two listeners on one port
+  // would take each other's connections): a relay that names another address makes this peer
+  // try to connect there for punch_within at most, and a hostile one cannot make it start more.
   void on_punch(int far, std::span<const std::byte> body) {
     const auto at = decode_punch_address(body);
     std::lock_guard lock(mutex);
@@ -18670,20 +18693,26 @@ struct node {
       changed.notify_all();
       return;
     }
+    const auto listed = dir.addresses.find(far);
+    if ((listed != dir.addresses.end() && !listed->second.empty()) || punch_answered[far] >= 3) return;
     std::erase_if(punches, [](punch_attempt& p) {
       if (!p.done) return false;
       p.thread.join();
       return true;
     });
-    for (const auto& p : punches)
-      if (p.far == far) return;
+    if (!punches.empty()) return;  // (the higher rank goes through a relay instead)
     auto& p = punches.emplace_back();
-    p.far = far;
-    p.thread = std::thread([this, at, done = &p.done] {
-      const int fd = punch_port->connect(at, clock::now() + opts.punch_within, true, [this] { return punch_stop.load(); });
-      if (fd >= 0) asio::post(io, [this, fd] { adopt_accepted(fd, nullptr, true); });
-      *done = true;
-    });
+    try {
+      p.thread = std::thread([this, at, done = &p.done] {
+        const int fd = punch_port->connect(at, clock::now() + opts.punch_within, true, [this] { return punch_stop.load(); });
+        if (fd >= 0) asio::post(io, [this, fd] { adopt_accepted(fd, nullptr, true); });
+        *done = true;
+      });
+    } catch (const std::system_error&) {  // (no thread to be had: no punch)
+      punches.pop_back();
+      return;
+    }
+    ++punch_answered[far];
   }
 
   // A relay frame's route, checked before its body is read, and room for the body where it
@@ -19114,15 +19143,15 @@ struct node {
   std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
   std::map<int, int> relayed_before;  // peers whose relayed connection closed, and their last relay (mutex)
   // Hole punching (tcp/punch.hpp): the port this peer dials from (null: it listens, or does not
-  // punch), the relays' answers to its own punches (mutex), the attempts it answers (mutex).
+  // punch), the relays' answers to its own punches (mutex), the attempt it answers (mutex).
   std::unique_ptr<port_reservation> punch_port;
   std::map<int, asio::ip::tcp::endpoint> punch_answers;
   struct punch_attempt {
-    int far = -1;
     std::atomic<bool> done{false};
     std::thread thread;
   };
-  std::list<punch_attempt> punches;
+  std::list<punch_attempt> punches;  // (one at a time: see on_punch)
+  std::map<int, int> punch_answered;  // how many attempts were made for each peer
   std::atomic<bool> punch_stop{false};
 };
 
@@ -19145,6 +19174,7 @@ struct node {
 #if DECENTRAIN_HAS_ASIO
 
 #include <asio.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -19553,18 +19583,19 @@ class rendezvous {
 
   // Peer `far` accepts no connections either, and has the lower rank: a relay tells both the
   // other's address as it sees it (tcp/punch.hpp), and this peer connects to it while `far`
-  // connects here. Once per peer; true when the connection stands (else the caller asks the
-  // relay for a circuit instead).
+  // connects here. Until a relay answered once (one that is not connected to `far` yet, or
+  // does not relay, says nothing; the relays are asked in turn); true when the connection
+  // stands (else the caller asks a relay for a circuit instead).
   bool punch(int far) {
-    if (!n_.punch_port || !punch_tried_.insert(far).second) return false;
+    if (!n_.punch_port || punch_answered_.count(far)) return false;
     const auto relays = n_.relays_for(far);
     if (relays.empty()) return false;
     {
       std::lock_guard lock(n_.mutex);
       n_.punch_answers.erase(far);
     }
-    if (!write_relay(*relays.front(), {wire::relay_kind::punch, n_.opts.rank, far}, {}, n_.opts.connect_timeout, n_.framing_sent,
-                     [] { return false; }))
+    if (!write_relay(*relays[punch_turn_[far]++ % relays.size()], {wire::relay_kind::punch, n_.opts.rank, far}, {},
+                     n_.opts.connect_timeout, n_.framing_sent, [] { return false; }))
       return false;
     asio::ip::tcp::endpoint at;
     {
@@ -19572,11 +19603,17 @@ class rendezvous {
       if (!n_.changed.wait_for(lock, n_.opts.punch_within, [&] { return n_.punch_answers.count(far) > 0; })) return false;
       at = n_.punch_answers[far];
     }
+    punch_answered_.insert(far);
     const int fd = n_.punch_port->connect(at, clock::now() + n_.opts.punch_within, false, [] { return false; });
     if (fd < 0) return false;
     asio::io_context local;
     asio::ip::tcp::socket s(local);
-    s.assign(asio::ip::tcp::v4(), fd);
+    try {
+      s.assign(asio::ip::tcp::v4(), fd);
+    } catch (const std::exception&) {
+      ::close(fd);
+      return false;
+    }
     try {
       finish_dial(s, far, decentrain::detail::concat("peer ", far, " at ", at.address().to_string(), ":", at.port(), " (a hole punched)"),
                   nullptr, true);
@@ -19637,7 +19674,8 @@ class rendezvous {
   node& n_;
   int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
   std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
-  std::set<int> punch_tried_;              // the peers punch() tried (once each)
+  std::set<int> punch_answered_;           // the peers punch() had an address for (tried once each)
+  std::map<int, std::size_t> punch_turn_;  // which relay punch() asks next, per far peer
 };
 
 }  // namespace decentrain::transport::tcp_detail

@@ -56,6 +56,7 @@ enum class write_status : std::uint8_t {
 struct write_result {
   write_status status = write_status::done;
   int error = 0;
+  bool started = false;  // some of the frame was written (a stream it did not finish is unreadable past it)
 };
 
 class tunnel;  // tcp/tunnel.hpp
@@ -249,7 +250,7 @@ struct connection : std::enable_shared_from_this<connection> {
     auto stop = [&](write_status s, int error = 0) {
       unsent.erase(unsent.begin(), unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written, before)));
       if (written <= before && keys) keys->send.unseal();  // the frame never started: its tag is unused
-      return write_result{s, error};
+      return write_result{s, error, written > before};
     };
     while (first < parts.size()) {
       if (closed_for_writes.load()) return stop(write_status::closed);

@@ -30,6 +30,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -95,7 +96,7 @@ struct node {
       std::lock_guard lock(mutex);
       ending.splice(ending.end(), punches);
     }
-    for (auto& p : ending) p.thread.join();  // (each stops within 20 ms; a connection it made is posted)
+    for (auto& p : ending) p.thread.join();  // (it stops within 20 ms; a connection it made is posted)
     end_relayed_first([this](const std::shared_ptr<connection>& c) { close(c, ""); });
     linger();
     asio::post(io, [this] {
@@ -727,9 +728,11 @@ struct node {
 
   // A relay's answer to a punch (tcp/punch.hpp; I/O thread): peer `far`'s address as the relay
   // sees it. The peer that asked, the higher rank, hears it in its rendezvous; the other
-  // connects to it at once, one attempt per peer at a time, and reads a connection that stands
-  // as an accepted one (the asker dials over it). A relay that names another address makes this
-  // peer try to connect there for punch_within at most, and nothing more.
+  // connects to it at once and reads a connection that stands as an accepted one (the asker
+  // dials over it). Not for a peer the directory lists as accepting connections (it may not
+  // list the asker yet), three times each at most, and one at a time (the attempt listens on the port meanwhile, and two listeners on one port
+  // would take each other's connections): a relay that names another address makes this peer
+  // try to connect there for punch_within at most, and a hostile one cannot make it start more.
   void on_punch(int far, std::span<const std::byte> body) {
     const auto at = decode_punch_address(body);
     std::lock_guard lock(mutex);
@@ -739,20 +742,26 @@ struct node {
       changed.notify_all();
       return;
     }
+    const auto listed = dir.addresses.find(far);
+    if ((listed != dir.addresses.end() && !listed->second.empty()) || punch_answered[far] >= 3) return;
     std::erase_if(punches, [](punch_attempt& p) {
       if (!p.done) return false;
       p.thread.join();
       return true;
     });
-    for (const auto& p : punches)
-      if (p.far == far) return;
+    if (!punches.empty()) return;  // (the higher rank goes through a relay instead)
     auto& p = punches.emplace_back();
-    p.far = far;
-    p.thread = std::thread([this, at, done = &p.done] {
-      const int fd = punch_port->connect(at, clock::now() + opts.punch_within, true, [this] { return punch_stop.load(); });
-      if (fd >= 0) asio::post(io, [this, fd] { adopt_accepted(fd, nullptr, true); });
-      *done = true;
-    });
+    try {
+      p.thread = std::thread([this, at, done = &p.done] {
+        const int fd = punch_port->connect(at, clock::now() + opts.punch_within, true, [this] { return punch_stop.load(); });
+        if (fd >= 0) asio::post(io, [this, fd] { adopt_accepted(fd, nullptr, true); });
+        *done = true;
+      });
+    } catch (const std::system_error&) {  // (no thread to be had: no punch)
+      punches.pop_back();
+      return;
+    }
+    ++punch_answered[far];
   }
 
   // A relay frame's route, checked before its body is read, and room for the body where it
@@ -1183,15 +1192,15 @@ struct node {
   std::vector<std::shared_ptr<tunnel>> retired_tunnels;  // stopped, joined once finished (mutex)
   std::map<int, int> relayed_before;  // peers whose relayed connection closed, and their last relay (mutex)
   // Hole punching (tcp/punch.hpp): the port this peer dials from (null: it listens, or does not
-  // punch), the relays' answers to its own punches (mutex), the attempts it answers (mutex).
+  // punch), the relays' answers to its own punches (mutex), the attempt it answers (mutex).
   std::unique_ptr<port_reservation> punch_port;
   std::map<int, asio::ip::tcp::endpoint> punch_answers;
   struct punch_attempt {
-    int far = -1;
     std::atomic<bool> done{false};
     std::thread thread;
   };
-  std::list<punch_attempt> punches;
+  std::list<punch_attempt> punches;  // (one at a time: see on_punch)
+  std::map<int, int> punch_answered;  // how many attempts were made for each peer
   std::atomic<bool> punch_stop{false};
 };
 

@@ -91,8 +91,9 @@ struct tcp_options {
   // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that
   // listens, lower ranks and higher, and nobody dials it; two such peers reach each other
   // directly where their NATs let them (`punch_within`, tcp/punch.hpp), else through a peer that
-  // listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for either. Not peer 0 (the group's first seed). The peers that join a running group must
-  // reach every member, so none is admitted while such a member is in.
+  // listens and relays (`relay`, tcp/relay.hpp), the higher rank asking for either. Not peer 0
+  // (the group's first seed). The peers that join a running group must reach every member, so
+  // none is admitted while such a member is in.
   std::string listen = "127.0.0.1:0";
   // The host other peers dial to reach this one; empty: the listen host. Needed when listening
   // on a wildcard address (0.0.0.0 or ::), which names no machine in particular.

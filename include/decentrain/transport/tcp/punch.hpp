@@ -76,9 +76,10 @@ class port_reservation {
 
   // Connects from the port to `to` again and again (each SYN a NAT drops, or a refusal before
   // the other side's packets opened its NAT, is followed by another) until connected, the
-  // deadline, or `stop()`. With `listening`, the port also accepts meanwhile (from `to` only): the other side's SYN that finds no attempt of this side under way (they cross only
-  // by chance where nothing delays them, as on one machine) is accepted instead of refused.
-  // The connected descriptor (blocking), or -1.
+  // deadline, or `stop()`. With `listening`, the port also accepts meanwhile (from `to` only):
+  // the other side's SYN that finds no attempt of this side under way (they cross only by
+  // chance where nothing delays them, as on one machine) is accepted instead of refused. The
+  // connected descriptor (blocking), or -1.
   template <class Stop>
   int connect(const asio::ip::tcp::endpoint& to, clock::time_point deadline, bool listening, Stop&& stop) const {
     if (!to.address().is_v4()) return -1;

@@ -42,7 +42,7 @@ template <class Stop>
 bool write_relay(connection& via, const wire::relay_route& r, std::span<const std::byte> body, std::chrono::milliseconds timeout,
                  std::atomic<std::uint64_t>& framing, Stop&& stop) {
   const auto res = via.write_data(wire::encode_route(r), body, clock::now() + timeout, stop, wire::frame_type::relay);
-  if (res.status == write_status::timed_out) via.abandon();
+  if (res.status == write_status::timed_out && res.started) via.abandon();
   if (res.status != write_status::done) return false;
   framing += wire::header_bytes + body.size() + wire::padding(body.size()).size();
   return true;
@@ -77,23 +77,25 @@ class forwarder {
   // not, `room` is called once it may.
   bool has_room(const wire::relay_route& r, std::size_t n, std::function<void()> room) {
     std::lock_guard lock(mutex_);
-    if (done_ || fits(r, n)) return true;
+    if (done_ || fits(r.from, r.kind, n)) return true;
     waiting_.push_back({r.from, r.kind == wire::relay_kind::bytes, std::move(room)});
     return false;
   }
   // Queues a frame read with room for it (has_room), or one the relay made itself (`own`:
-  // dropped where it does not fit).
+  // counted as the relay's own, whatever ranks its route names, and dropped where it does not
+  // fit).
   void push(const wire::relay_route& r, bytes body, bool own = false) {
     {
       std::lock_guard lock(mutex_);
       if (done_) return;
-      if (own && !fits(r, body.size())) {
+      const int key = own ? relay_key : r.from;
+      if (own && !fits(key, r.kind, body.size())) {
         ++dropped_;
         return;
       }
       ++in_flight_;
-      account(r, body.size(), true);
-      items_.emplace_back(r, std::move(body));
+      account(key, r.kind, body.size(), true);
+      items_.push_back({r, std::move(body), key});
     }
     wake_.notify_one();
   }
@@ -113,6 +115,12 @@ class forwarder {
   struct sender {
     std::size_t stream = 0, control = 0;
   };
+  struct item {
+    wire::relay_route route;
+    bytes body;
+    int key;  // whose it is counted as: its sender's rank, or relay_key
+  };
+  static constexpr int relay_key = -1;  // the frames the relay makes itself
   struct waiter {
     int from;
     bool stream;
@@ -120,19 +128,19 @@ class forwarder {
   };
 
   // (mutex_ held)
-  bool fits(const wire::relay_route& r, std::size_t n) {
-    const auto it = senders_.find(r.from);
+  bool fits(int key, wire::relay_kind kind, std::size_t n) {
+    const auto it = senders_.find(key);
     const sender s = it == senders_.end() ? sender{} : it->second;
-    if (r.kind == wire::relay_kind::bytes) return s.stream == 0 || s.stream + n <= max_;
+    if (kind == wire::relay_kind::bytes) return s.stream == 0 || s.stream + n <= max_;
     return s.control + n + frame_cost <= control_budget;
   }
-  void account(const wire::relay_route& r, std::size_t n, bool in) {
-    auto& s = senders_[r.from];
-    auto& v = r.kind == wire::relay_kind::bytes ? s.stream : s.control;
-    const auto cost = r.kind == wire::relay_kind::bytes ? n : n + frame_cost;
+  void account(int key, wire::relay_kind kind, std::size_t n, bool in) {
+    auto& s = senders_[key];
+    auto& v = kind == wire::relay_kind::bytes ? s.stream : s.control;
+    const auto cost = kind == wire::relay_kind::bytes ? n : n + frame_cost;
     v = in ? v + cost : v - cost;
     queued_ += in ? static_cast<std::int64_t>(cost) : -static_cast<std::int64_t>(cost);
-    if (s.stream == 0 && s.control == 0) senders_.erase(r.from);
+    if (s.stream == 0 && s.control == 0) senders_.erase(key);
   }
   // The senders paused on this queue whose part is down to half (all of them, `all`).
   std::vector<std::function<void()>> due(bool all = false) {
@@ -149,31 +157,31 @@ class forwarder {
 
   void run() {
     for (;;) {
-      std::pair<wire::relay_route, bytes> item;
+      item next;
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stopping_ || !items_.empty(); });
         if (stopping_) break;
-        item = std::move(items_.front());
+        next = std::move(items_.front());
         items_.pop_front();
       }
-      if (item.first.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
-        const auto start = pace_(item.second.size());
+      if (next.route.kind == wire::relay_kind::bytes) {  // (acks and the like are not paced)
+        const auto start = pace_(next.body.size());
         std::unique_lock lock(mutex_);
         if (wake_.wait_until(lock, start, [&] { return stopping_; })) {
           --in_flight_;  // (the one taken; those still queued are counted off below)
           break;
         }
       }
-      const bool sent = write_relay(*dest_, item.first, item.second, timeout_, framing_, [&] {
+      const bool sent = write_relay(*dest_, next.route, next.body, timeout_, framing_, [&] {
         std::lock_guard lock(mutex_);
         return stopping_;
       });
-      if (sent && item.first.kind == wire::relay_kind::bytes) forwarded_ += item.second.size();
+      if (sent && next.route.kind == wire::relay_kind::bytes) forwarded_ += next.body.size();
       std::vector<std::function<void()>> ready;
       {
         std::lock_guard lock(mutex_);
-        account(item.first, item.second.size(), false);
+        account(next.key, next.route.kind, next.body.size(), false);
         --in_flight_;
         ready = due();
       }
@@ -204,8 +212,8 @@ class forwarder {
   std::function<clock::time_point(std::size_t)> pace_;  // when a piece of so many bytes may start
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::pair<wire::relay_route, bytes>> items_;
-  std::map<int, sender> senders_;  // what each sender has queued here
+  std::deque<item> items_;
+  std::map<int, sender> senders_;  // what each sender (and the relay itself) has queued here
   std::vector<waiter> waiting_;
   bool stopping_ = false, done_ = false;
   std::thread thread_;  // (last: starts once the rest is built)

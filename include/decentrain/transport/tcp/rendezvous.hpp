@@ -14,6 +14,7 @@
 #if DECENTRAIN_HAS_ASIO
 
 #include <asio.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -428,18 +429,19 @@ class rendezvous {
 
   // Peer `far` accepts no connections either, and has the lower rank: a relay tells both the
   // other's address as it sees it (tcp/punch.hpp), and this peer connects to it while `far`
-  // connects here. Once per peer; true when the connection stands (else the caller asks the
-  // relay for a circuit instead).
+  // connects here. Until a relay answered once (one that is not connected to `far` yet, or
+  // does not relay, says nothing; the relays are asked in turn); true when the connection
+  // stands (else the caller asks a relay for a circuit instead).
   bool punch(int far) {
-    if (!n_.punch_port || !punch_tried_.insert(far).second) return false;
+    if (!n_.punch_port || punch_answered_.count(far)) return false;
     const auto relays = n_.relays_for(far);
     if (relays.empty()) return false;
     {
       std::lock_guard lock(n_.mutex);
       n_.punch_answers.erase(far);
     }
-    if (!write_relay(*relays.front(), {wire::relay_kind::punch, n_.opts.rank, far}, {}, n_.opts.connect_timeout, n_.framing_sent,
-                     [] { return false; }))
+    if (!write_relay(*relays[punch_turn_[far]++ % relays.size()], {wire::relay_kind::punch, n_.opts.rank, far}, {},
+                     n_.opts.connect_timeout, n_.framing_sent, [] { return false; }))
       return false;
     asio::ip::tcp::endpoint at;
     {
@@ -447,11 +449,17 @@ class rendezvous {
       if (!n_.changed.wait_for(lock, n_.opts.punch_within, [&] { return n_.punch_answers.count(far) > 0; })) return false;
       at = n_.punch_answers[far];
     }
+    punch_answered_.insert(far);
     const int fd = n_.punch_port->connect(at, clock::now() + n_.opts.punch_within, false, [] { return false; });
     if (fd < 0) return false;
     asio::io_context local;
     asio::ip::tcp::socket s(local);
-    s.assign(asio::ip::tcp::v4(), fd);
+    try {
+      s.assign(asio::ip::tcp::v4(), fd);
+    } catch (const std::exception&) {
+      ::close(fd);
+      return false;
+    }
     try {
       finish_dial(s, far, decentrain::detail::concat("peer ", far, " at ", at.address().to_string(), ":", at.port(), " (a hole punched)"),
                   nullptr, true);
@@ -512,7 +520,8 @@ class rendezvous {
   node& n_;
   int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
   std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
-  std::set<int> punch_tried_;              // the peers punch() tried (once each)
+  std::set<int> punch_answered_;           // the peers punch() had an address for (tried once each)
+  std::map<int, std::size_t> punch_turn_;  // which relay punch() asks next, per far peer
 };
 
 }  // namespace decentrain::transport::tcp_detail

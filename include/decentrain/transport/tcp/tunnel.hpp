@@ -197,21 +197,26 @@ class tunnel {
       lost_why_ = std::move(why);
       if (via_) tried_.insert(via_.get());
       via_ = nullptr;
-      if (early_via_) (void)take_resume(early_via_, early_position_);
+      if (early_via_ && clock::now() - early_at_ <= s_.resume_within) (void)take_resume(early_via_, early_position_);
+      early_via_ = nullptr;
     }
     signal();
   }
 
   // A resume from the far end through `c`, having received so much of this end's stream: the
   // acceptor takes the new relay and answers; the dialer hears its answer. False when this
-  // tunnel is not waiting to be resumed there (a resume out of turn is ignored: a key holder
-  // cannot move a live circuit onto itself).
+  // tunnel is not waiting to be resumed there: a resume out of turn moves no live circuit. One
+  // that comes through another relay before this end noticed its relay's loss (the far end
+  // noticed first) is kept, the newest, and taken if this end notices within resume_within; so
+  // a key holder can plant one only to be taken at a real loss, where the dialer's own then
+  // waits, and the circuit ends after resume_within as it would without a relay.
   bool resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
     {
       std::lock_guard lock(mutex_);
       if (!dialer_ && state_ == state::live && c != via_) {
         early_via_ = c;
         early_position_ = far_received;
+        early_at_ = clock::now();
         return false;
       }
       if (!take_resume(c, far_received)) return false;
@@ -249,7 +254,10 @@ class tunnel {
 
   // Stops at once (the near end reads the end of its stream).
   void stop() {
-    stopping_ = true;
+    {
+      std::lock_guard lock(mutex_);  // (the writer checks stopping_ under it before it waits)
+      stopping_ = true;
+    }
     signal();
     back_.notify_one();
   }
@@ -564,6 +572,7 @@ class tunnel {
   // (it had not noticed the loss yet): taken once it does.
   std::shared_ptr<connection> early_via_;
   std::uint64_t early_position_ = 0;
+  clock::time_point early_at_{};
   std::string lost_why_, last_refusal_;
   std::set<const connection*> tried_;
   std::string why_;  // why the circuit ended
