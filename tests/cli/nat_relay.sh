@@ -11,6 +11,7 @@
 #
 #   tests/cli/nat_relay.sh DECENTRAIN_GPT SCRATCH_DIR
 #
+# Each process has 60 s (4 x 60 within CTest's 300: a hang fails the test, and the cleanup runs).
 # Skips (exit 77) without root, network namespaces or iptables. Every namespace, interface and
 # process it made is removed on exit; it kills only the processes it started, by PID.
 set -euo pipefail
@@ -65,7 +66,7 @@ done
 
 args=(train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32 --n-head 2
       --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics '')
-timeout 120 "$bin" "${args[@]}" --peers 4 > in_process.txt 2>&1
+timeout 60 "$bin" "${args[@]}" --peers 4 > in_process.txt 2>&1
 want=$(grep '^val loss ' in_process.txt | tail -1)
 
 # group NAME NAT1 NAT3 PORT EXPECT: the four peers, router 1 masquerading with NAT1's options and
@@ -82,15 +83,15 @@ group() {
     ip netns exec "$router" iptables -t nat -A POSTROUTING -s 192.168.50.0/24 -j MASQUERADE $nat
   done
   local join=(--join "10.77.1.1:$port" --world 4 --join-timeout-ms 30000)
-  ip netns exec "$pub" timeout 120 "$bin" "${args[@]}" --listen "0.0.0.0:$port" --advertise 10.77.1.1 --rank 0 --world 4 \
+  ip netns exec "$pub" timeout 60 "$bin" "${args[@]}" --listen "0.0.0.0:$port" --advertise 10.77.1.1 --rank 0 --world 4 \
     > "${name}_p0.txt" 2>&1 &
   pids+=($!)
-  ip netns exec "$pub" timeout 120 "$bin" "${args[@]}" --listen "0.0.0.0:$((port + 1))" --advertise 10.77.3.1 "${join[@]}" --rank 2 \
+  ip netns exec "$pub" timeout 60 "$bin" "${args[@]}" --listen "0.0.0.0:$((port + 1))" --advertise 10.77.3.1 "${join[@]}" --rank 2 \
     > "${name}_p2.txt" 2>&1 &
   pids+=($!)
-  ip netns exec "$h1" timeout 120 "$bin" "${args[@]}" "${join[@]}" --rank 1 > "${name}_p1.txt" 2>&1 &
+  ip netns exec "$h1" timeout 60 "$bin" "${args[@]}" "${join[@]}" --rank 1 > "${name}_p1.txt" 2>&1 &
   pids+=($!)
-  ip netns exec "$h3" timeout 120 "$bin" "${args[@]}" "${join[@]}" --rank 3 > "${name}_p3.txt" 2>&1 &
+  ip netns exec "$h3" timeout 60 "$bin" "${args[@]}" "${join[@]}" --rank 3 > "${name}_p3.txt" 2>&1 &
   pids+=($!)
   local failed=0
   for p in "${pids[@]}"; do wait "$p" || failed=1; done

@@ -38,6 +38,20 @@ tr::tcp_options keyed_of_eight(int rank) {
   return o;
 }
 
+// Peers 0 and 1 of such a group, 1 joining through 0, and the options of its rank 2 (the liar).
+struct honest_pair {
+  tr::tcp peer0{keyed_of_eight(0)};
+  tr::tcp peer1{joining(peer0)};
+  asio::io_context io;
+  tr::tcp_options as_two = keyed_of_eight(2);
+
+  static tr::tcp_options joining(const tr::tcp& first) {
+    auto o = keyed_of_eight(1);
+    o.join = {first.address()};
+    return o;
+  }
+};
+
 // Peers 0 and 1 of a keyed group of two, connected.
 struct pair_of_peers {
   explicit pair_of_peers(int max_world = 0) {
@@ -247,12 +261,10 @@ TEST_CASE("tcp: a codec's ring, which sends a whole step before it receives, fin
 
 TEST_CASE("tcp: a key holder's relay frames: routes it may not use close it, a circuit it opens carries nothing but to a stranger") {
   // Peers 0 and 1 of a keyed group of three whose rank 2 is the liar, connected to both.
-  tr::tcp peer0(keyed_of_eight(0));
-  auto o1 = keyed_of_eight(1);
-  o1.join = {peer0.address()};
-  tr::tcp peer1(o1);
-  asio::io_context io;
-  const auto as_two = keyed_of_eight(2);
+  honest_pair pair;
+  tr::tcp &peer0 = pair.peer0, &peer1 = pair.peer1;
+  asio::io_context& io = pair.io;
+  const tr::tcp_options& as_two = pair.as_two;
   auto member = [&](const std::string& at) {
     auto h = std::make_unique<bench::hostile_peer>(io, at, as_two, wire::hello_purpose::data, false);
     const auto a = h->answer();
@@ -333,12 +345,10 @@ TEST_CASE("tcp: a key holder that floods a relay with opens and reads none of it
   // Rank 2 (the liar) asks peer 0 for circuits to a rank it is not connected to, 300,000 times,
   // and reads nothing: each refusal queues for the liar. Past 64 KiB of them they are dropped;
   // without that bound the relay would hold every one the sockets did not take (over 30 MB).
-  tr::tcp peer0(keyed_of_eight(0));
-  auto o1 = keyed_of_eight(1);
-  o1.join = {peer0.address()};
-  tr::tcp peer1(o1);
-  asio::io_context io;
-  const auto as_two = keyed_of_eight(2);
+  honest_pair pair;
+  tr::tcp &peer0 = pair.peer0, &peer1 = pair.peer1;
+  asio::io_context& io = pair.io;
+  const tr::tcp_options& as_two = pair.as_two;
   auto one = std::async(std::launch::async, [&] { peer1.connect(); });
   std::this_thread::sleep_for(200ms);
   bench::hostile_peer liar(io, peer0.address(), as_two, wire::hello_purpose::data, false);

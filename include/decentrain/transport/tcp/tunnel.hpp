@@ -227,18 +227,16 @@ class tunnel {
 
   // The far end resumes through `c` (mutex_ held); false when this end is not waiting for that.
   bool take_resume(const std::shared_ptr<connection>& c, std::uint64_t far_received) {
-    {
-      if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_ || c->closed_for_writes)
-        return false;
-      via_ = c;
-      relay_rank_ = c->rank;
-      forget_before(far_received);  // (its acks may have been lost with the relay)
-      resend_from_ = far_received;
-      answer_ = !dialer_;
-      state_ = state::live;
-      early_via_ = nullptr;
-      ++resumed_;
-    }
+    if (state_ != state::resuming || (dialer_ && via_ != c) || far_received > out_ || far_received < base_ || c->closed_for_writes)
+      return false;
+    via_ = c;
+    relay_rank_ = c->rank;
+    forget_before(far_received);  // (its acks may have been lost with the relay)
+    resend_from_ = far_received;
+    answer_ = !dialer_;
+    state_ = state::live;
+    early_via_ = nullptr;
+    ++resumed_;
     return true;
   }
 
