@@ -75,7 +75,8 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   dt::transport::in_process net(dt::transport::links::preset(s.link, s.peers, s.seed), o);
   const auto t0 = std::chrono::steady_clock::now();
   row r;
-  const auto keep_picks = [&r](Trainer& t) {
+  // (Captures everything by reference: a policy without choices() uses nothing.)
+  const auto keep_picks = [&](Trainer& t) {
     if constexpr (requires { t.policy().choices(); })
       if (t.rank() == 0)
         t.on_step([&r, &t](const dt::train::step_metrics&) { r.picks = t.policy().choices(); });
