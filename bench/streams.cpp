@@ -1,0 +1,258 @@
+// bench/streams: how much of a long, fat link one TCP stream fills, against several, and the
+// library's TCP transport beside them. bench/streams.sh runs the two ends in network namespaces
+// joined by a link of bench/tun_delay (1 Gbit/s, 50 ms each way by default).
+//
+//   bench_streams --role receive --address IP:PORT [--streams 1,4,8] [--bytes 1073741824]
+//                 [--message-bytes 67108864] [--link-mbit 1000] [--json PATH]
+//   bench_streams --role send --address IP:PORT [the same --streams, --bytes, --message-bytes]
+//
+// Rows, in this order, each moving --bytes from the sender to the receiver:
+//   tcp xK    K plain TCP connections (no library code), each carrying 1/K of the bytes: what
+//             K streams can take of the link (PCCL stripes over a pool of them)
+//   decentrain the library's TCP transport between two peers (the sender accepts no
+//             connections and dials), --bytes sent as messages of --message-bytes, one stream
+// The receiver listens on PORT for the plain rows and PORT+1 for the library's, times each row
+// from its first connection (or the group's forming) to its last byte, and prints the table and
+// writes the JSON. "steady" leaves out the first quarter of the bytes: TCP's slow start, which
+// takes about 10 round trips to open a window of a bandwidth-delay product.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "args.hpp"
+#include "decentrain/transport/tcp.hpp"
+#include "output_file.hpp"
+
+namespace dt = decentrain;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct row {
+  std::string name;
+  int streams = 1;
+  std::size_t bytes = 0;
+  double seconds = 0, steady_seconds = 0;
+  std::size_t steady_bytes = 0;
+};
+
+sockaddr_in parse_address(const std::string& text) {
+  const auto colon = text.rfind(':');
+  dt::detail::check(colon != std::string::npos, "--address must be IPV4:PORT, got '", text, "'");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  dt::detail::check(::inet_pton(AF_INET, text.substr(0, colon).c_str(), &a.sin_addr) == 1, "--address: '", text.substr(0, colon),
+                    "' is not an IPv4 address");
+  const int port = std::stoi(text.substr(colon + 1));
+  dt::detail::check(port > 0 && port < 65535, "--address: port ", port, " is not in 1..65534 (PORT+1 is used too)");
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  return a;
+}
+
+std::string with_port(const std::string& address, int add) {
+  const auto colon = address.rfind(':');
+  return address.substr(0, colon + 1) + std::to_string(std::stoi(address.substr(colon + 1)) + add);
+}
+
+int checked(int rc, const char* what) {
+  dt::detail::check(rc >= 0, what, " failed: ", std::strerror(errno));
+  return rc;
+}
+
+void write_all(int fd, const char* data, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    checked(static_cast<int>(w), "send");
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+// ---- the receiver ----
+
+row receive_plain(int listener, int k, std::size_t total) {
+  std::vector<int> conns;
+  clock_type::time_point t0;
+  for (int i = 0; i < k; ++i) {
+    conns.push_back(checked(::accept(listener, nullptr, nullptr), "accept"));
+    if (i == 0) t0 = clock_type::now();
+  }
+  std::atomic<std::size_t> got{0};
+  std::atomic<std::int64_t> quarter_at{0};
+  std::atomic<std::size_t> quarter_bytes{0};
+  std::vector<std::thread> readers;
+  for (int fd : conns)
+    readers.emplace_back([&, fd] {
+      std::vector<char> buffer(1 << 20);
+      for (;;) {
+        const ssize_t n = ::recv(fd, buffer.data(), buffer.size(), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        const auto before = got.fetch_add(static_cast<std::size_t>(n));
+        if (before < total / 4 && before + static_cast<std::size_t>(n) >= total / 4) {
+          quarter_bytes = before + static_cast<std::size_t>(n);
+          quarter_at = clock_type::now().time_since_epoch().count();
+        }
+      }
+    });
+  for (auto& t : readers) t.join();
+  const auto t1 = clock_type::now();
+  write_all(conns[0], "k", 1);  // the sender waits for this before the next row
+  for (int fd : conns) ::close(fd);
+  dt::detail::check(got == total, "tcp x", k, ": received ", got.load(), " bytes of ", total);
+  row r{"tcp x" + std::to_string(k), k, total, std::chrono::duration<double>(t1 - t0).count(), 0, 0};
+  const auto q = clock_type::time_point(clock_type::duration(quarter_at.load()));
+  r.steady_seconds = std::chrono::duration<double>(t1 - q).count();
+  r.steady_bytes = total - quarter_bytes;
+  return r;
+}
+
+row receive_library(const std::string& address, std::size_t total, std::size_t message) {
+  dt::transport::tcp_options o;
+  o.rank = 0;
+  o.world = 2;
+  o.listen = address;
+  dt::transport::tcp peer(o);
+  peer.connect();
+  const auto t0 = clock_type::now();
+  clock_type::time_point q{};
+  std::size_t got = 0, quarter_bytes = 0;
+  while (got < total) {
+    const auto data = peer.recv(1, 1);
+    dt::detail::check(!data.empty() && data.size() <= message, "decentrain: a message of ", data.size(), " bytes");
+    got += data.size();
+    if (quarter_bytes == 0 && got >= total / 4) {
+      quarter_bytes = got;
+      q = clock_type::now();
+    }
+  }
+  const auto t1 = clock_type::now();
+  const std::byte ack{1};
+  peer.send(1, 2, std::span<const std::byte>(&ack, 1));
+  (void)peer.recv(1, 3);  // the sender's goodbye: neither closes while the other still reads
+  return {"decentrain", 1, got, std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t1 - q).count(),
+          got - quarter_bytes};
+}
+
+// ---- the sender ----
+
+void send_plain(const sockaddr_in& to, int k, std::size_t total) {
+  std::vector<int> conns;
+  for (int i = 0; i < k; ++i) {
+    const int fd = checked(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), "socket");
+    const auto deadline = clock_type::now() + std::chrono::seconds(30);
+    while (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) < 0) {
+      dt::detail::check(clock_type::now() < deadline, "cannot connect to the receiver: ", std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    conns.push_back(fd);
+  }
+  std::vector<std::thread> writers;
+  for (int i = 0; i < k; ++i)
+    writers.emplace_back([&, i] {
+      const std::vector<char> buffer(4 << 20, 0);
+      std::size_t left = total / static_cast<std::size_t>(k) + (i == 0 ? total % static_cast<std::size_t>(k) : 0);
+      while (left > 0) {
+        const auto n = std::min(left, buffer.size());
+        write_all(conns[static_cast<std::size_t>(i)], buffer.data(), n);
+        left -= n;
+      }
+      ::shutdown(conns[static_cast<std::size_t>(i)], SHUT_WR);
+    });
+  for (auto& t : writers) t.join();
+  char ack = 0;
+  dt::detail::check(::recv(conns[0], &ack, 1, 0) == 1, "tcp x", k, ": the receiver never confirmed");
+  for (int fd : conns) ::close(fd);
+}
+
+void send_library(const std::string& address, std::size_t total, std::size_t message) {
+  dt::transport::tcp_options o;
+  o.rank = 1;
+  o.world = 2;
+  o.listen.clear();  // dials the receiver, as a peer behind a NAT would
+  o.join = {address};
+  dt::transport::tcp peer(o);
+  peer.connect();
+  const std::vector<std::byte> buffer(message);
+  for (std::size_t sent = 0; sent < total;) {
+    const auto n = std::min(message, total - sent);
+    peer.send(0, 1, std::span<const std::byte>(buffer.data(), n));
+    sent += n;
+  }
+  (void)peer.recv(0, 2);
+  const std::byte bye{1};
+  peer.send(0, 3, std::span<const std::byte>(&bye, 1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bench::args a(argc, argv,
+                "usage: bench_streams --role receive|send --address IP:PORT [--streams 1,4,8] [--bytes N] [--message-bytes N] "
+                "[--link-mbit 1000] [--json PATH]");
+  const std::string role = a.value("role", "");
+  const std::string address = a.value("address", "");
+  std::vector<int> streams;
+  for (const auto& s : bench::split(a.value("streams", "1,4,8"), ',')) {
+    streams.push_back(std::stoi(s));
+    dt::detail::check(streams.back() >= 1 && streams.back() <= 256, "--streams: ", s, " is not in 1..256");
+  }
+  const auto total = static_cast<std::size_t>(std::stoull(a.value("bytes", "1073741824")));
+  const auto message = static_cast<std::size_t>(std::stoull(a.value("message-bytes", "67108864")));
+  const double link_mbit = std::stod(a.value("link-mbit", "1000"));
+  const std::string json_path = a.value("json", "bench/results/streams.json");
+  a.finish();
+  dt::detail::check(role == "receive" || role == "send", "--role must be receive or send, got '", role, "'");
+  dt::detail::check(total >= 1024 && message >= 1 && message <= total, "--bytes must be at least 1024 and --message-bytes in 1..--bytes");
+  const auto plain = parse_address(address);
+  const auto library = with_port(address, 1);
+
+  if (role == "send") {
+    for (int k : streams) send_plain(plain, k, total);
+    send_library(library, total, message);
+    return 0;
+  }
+  bench::output_file json(json_path);  // opened first: a bad path fails before the measuring
+  const int listener = checked(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), "socket");
+  const int one = 1;
+  checked(::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), "setsockopt");
+  checked(::bind(listener, reinterpret_cast<const sockaddr*>(&plain), sizeof plain), "bind");
+  checked(::listen(listener, 256), "listen");
+  std::vector<row> rows;
+  for (int k : streams) {
+    rows.push_back(receive_plain(listener, k, total));
+    std::fprintf(stderr, "%s done\n", rows.back().name.c_str());
+  }
+  ::close(listener);
+  rows.push_back(receive_library(library, total, message));
+
+  std::printf("\n| row | streams | MB | seconds | Mbit/s | steady Mbit/s | steady, of the %.0f Mbit/s link |\n|---|---:|---:|---:|---:|---:|---:|\n",
+              link_mbit);
+  json << "{\"link_mbit\": " << link_mbit << ", \"rows\": [";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    const double mbit = static_cast<double>(r.bytes) * 8 / r.seconds / 1e6;
+    const double steady = static_cast<double>(r.steady_bytes) * 8 / r.steady_seconds / 1e6;
+    std::printf("| %s | %d | %.0f | %.2f | %.0f | %.0f | %.2f |\n", r.name.c_str(), r.streams, static_cast<double>(r.bytes) / 1e6,
+                r.seconds, mbit, steady, steady / link_mbit);
+    json << (i ? ", " : "") << "{\"row\": \"" << r.name << "\", \"streams\": " << r.streams << ", \"bytes\": " << r.bytes
+         << ", \"seconds\": " << r.seconds << ", \"mbit_s\": " << mbit << ", \"steady_mbit_s\": " << steady << "}";
+  }
+  json << "]}\n";
+  json.close();
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_streams: %s\n", e.what());
+  return 1;
+}

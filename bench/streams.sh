@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# bench/streams.sh: one TCP stream against several, and the library's transport, on a long fat
+# link: 1 Gbit/s with 50 ms each way (a 100 ms round trip) by default, TCP end to end.
+#
+# Three network namespaces this script creates: the sender's and the receiver's, each joined by
+# a veth pair to a router namespace between them, where every forwarded packet goes through a
+# TUN device that bench/tun_delay serves (policy routing: what comes in from either veth is
+# routed to the device; what the device gives back goes out by the main table). This kernel has
+# no netem; the device paces each direction at the rate, delays it, and drops past its queue.
+# MTU 9000 on every link keeps the device's packet rate (one process, two copies a packet) well
+# under what it can carry at 1 Gbit/s.
+#
+#   bench/streams.sh [--build DIR] [--rate-mbit 1000] [--delay-ms 50] [--queue-ms 50]
+#                    [--streams 1,4,8] [--bytes 1073741824] [--sender-wmem BYTES] [--json PATH]
+#
+# --sender-wmem sets the most a sender's socket may hold unacknowledged (the third value of
+# net.ipv4.tcp_wmem in the sender's namespace; Linux's default is 4 MiB, which over a 100 ms round
+# trip allows at most 4 MiB / 0.1 s, about 335 Mbit/s, a stream): the cause of one stream's limit.
+#
+# Needs root. Everything it creates is named dt-streams-* and removed on exit; without network
+# namespaces or /dev/net/tun it says why and exits 0 having run nothing.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="$root/build"
+rate=1000 delay=50 queue=50 streams=1,4,8 bytes=1073741824 wmem=""
+json="$root/bench/results/streams.json"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --rate-mbit) rate="$2"; shift 2 ;;
+    --delay-ms) delay="$2"; shift 2 ;;
+    --queue-ms) queue="$2"; shift 2 ;;
+    --streams) streams="$2"; shift 2 ;;
+    --bytes) bytes="$2"; shift 2 ;;
+    --sender-wmem) wmem="$2"; shift 2 ;;
+    --json) json="$2"; shift 2 ;;
+    *) echo "bench/streams.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+done
+bench="$build/bench/bench_streams"
+link="$build/bench/tun_delay"
+for f in "$bench" "$link"; do
+  [ -x "$f" ] || { echo "bench/streams.sh: $f is missing (cmake --build $build --target bench_streams tun_delay)" >&2; exit 2; }
+done
+skip() { echo "bench/streams.sh: skipped, $*"; exit 0; }
+[ "$(id -u)" = 0 ] || skip "it needs root for network namespaces"
+command -v ip >/dev/null || skip "ip (iproute2) is not installed"
+[ -c /dev/net/tun ] || skip "there is no /dev/net/tun"
+
+send=dt-streams-send router=dt-streams-router receive=dt-streams-receive
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for ns in "$send" "$router" "$receive"; do ip netns del "$ns" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+cleanup
+for ns in "$send" "$router" "$receive"; do
+  ip netns add "$ns" 2>/dev/null || skip "network namespaces cannot be created here (ip netns add failed)"
+  ip -n "$ns" link set lo up
+done
+ip link add dt-streams-s netns "$send" type veth peer name dt-streams-rs netns "$router"
+ip link add dt-streams-r netns "$receive" type veth peer name dt-streams-rr netns "$router"
+ip -n "$send" addr add 10.79.1.2/24 dev dt-streams-s
+ip -n "$receive" addr add 10.79.2.2/24 dev dt-streams-r
+ip -n "$router" addr add 10.79.1.1/24 dev dt-streams-rs
+ip -n "$router" addr add 10.79.2.1/24 dev dt-streams-rr
+for pair in "$send dt-streams-s" "$receive dt-streams-r" "$router dt-streams-rs" "$router dt-streams-rr"; do
+  set -- $pair
+  ip -n "$1" link set "$2" mtu 9000 up
+done
+ip -n "$send" route add default via 10.79.1.1
+if [ -n "$wmem" ]; then
+  ip netns exec "$send" sysctl -qw net.ipv4.tcp_wmem="4096 16384 $wmem"
+  echo "bench/streams.sh: the sender's tcp_wmem: $(ip netns exec "$send" sysctl -n net.ipv4.tcp_wmem)"
+fi
+ip -n "$receive" route add default via 10.79.2.1
+# Packets come back from the device with their own source addresses: no reverse-path filter.
+ip netns exec "$router" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+
+ip netns exec "$router" "$link" --dev dt-streams-tun --rate-mbit "$rate" --delay-ms "$delay" --queue-ms "$queue" &
+pids+=($!)
+for _ in $(seq 100); do ip -n "$router" link show dt-streams-tun >/dev/null 2>&1 && break; sleep 0.05; done
+ip -n "$router" link show dt-streams-tun >/dev/null 2>&1 || { echo "bench/streams.sh: tun_delay made no device" >&2; exit 1; }
+ip -n "$router" link set dt-streams-tun mtu 9000 up
+ip netns exec "$router" sysctl -qw net.ipv4.conf.dt-streams-tun.rp_filter=0
+ip -n "$router" route add default dev dt-streams-tun table 100
+ip -n "$router" rule add iif dt-streams-rs lookup 100
+ip -n "$router" rule add iif dt-streams-rr lookup 100
+
+echo "bench/streams.sh: $rate Mbit/s, $delay ms each way, a queue of $queue ms (bench/tun_delay); $bytes bytes a row"
+common=(--address 10.79.2.2:7600 --streams "$streams" --bytes "$bytes")
+# Each end is bounded: a row at a tenth of the rate finishes within it.
+limit=$(( bytes * 8 / (rate * 100000) + 120 ))
+ip netns exec "$receive" timeout "$limit" "$bench" --role receive "${common[@]}" --link-mbit "$rate" --json "$json" &
+receiver=$!
+pids+=($receiver)
+sleep 0.5
+ip netns exec "$send" timeout "$limit" "$bench" --role send "${common[@]}"
+wait "$receiver"
+echo "bench/streams.sh: wrote $json"
