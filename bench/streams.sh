@@ -15,7 +15,8 @@
 #
 # --sender-wmem sets the most a sender's socket may hold unacknowledged (the third value of
 # net.ipv4.tcp_wmem in the sender's namespace; Linux's default is 4 MiB, which over a 100 ms round
-# trip allows at most 4 MiB / 0.1 s, about 335 Mbit/s, a stream): the cause of one stream's limit.
+# trip allows at most 4 MiB / 0.1 s, about 335 Mbit/s, a stream). The receiver's window is bounded
+# the same way by tcp_rmem's third value; the script prints both ends' settings.
 #
 # Needs root. Everything it creates is named dt-streams-* and removed on exit; without network
 # namespaces or /dev/net/tun it says why and exits 0 having run nothing.
@@ -68,14 +69,15 @@ ip -n "$receive" addr add 10.79.2.2/24 dev dt-streams-r
 ip -n "$router" addr add 10.79.1.1/24 dev dt-streams-rs
 ip -n "$router" addr add 10.79.2.1/24 dev dt-streams-rr
 for pair in "$send dt-streams-s" "$receive dt-streams-r" "$router dt-streams-rs" "$router dt-streams-rr"; do
-  set -- $pair
-  ip -n "$1" link set "$2" mtu 9000 up
+  read -r ns dev <<< "$pair"
+  ip -n "$ns" link set "$dev" mtu 9000 up
 done
 ip -n "$send" route add default via 10.79.1.1
 if [ -n "$wmem" ]; then
   ip netns exec "$send" sysctl -qw net.ipv4.tcp_wmem="4096 16384 $wmem"
-  echo "bench/streams.sh: the sender's tcp_wmem: $(ip netns exec "$send" sysctl -n net.ipv4.tcp_wmem)"
 fi
+echo "bench/streams.sh: the sender's tcp_wmem: $(ip netns exec "$send" sysctl -n net.ipv4.tcp_wmem);" \
+     "the receiver's tcp_rmem: $(ip netns exec "$receive" sysctl -n net.ipv4.tcp_rmem)"
 ip -n "$receive" route add default via 10.79.2.1
 # Packets come back from the device with their own source addresses: no reverse-path filter.
 ip netns exec "$router" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
@@ -92,12 +94,19 @@ ip -n "$router" rule add iif dt-streams-rr lookup 100
 
 echo "bench/streams.sh: $rate Mbit/s, $delay ms each way, a queue of $queue ms (bench/tun_delay); $bytes bytes a row"
 common=(--address 10.79.2.2:7600 --streams "$streams" --bytes "$bytes")
-# Each end is bounded: a row at a tenth of the rate finishes within it.
-limit=$(( bytes * 8 / (rate * 100000) + 120 ))
+# Each end is bounded: every row (the plain ones and the library's) at 4 MiB per round trip or a
+# twentieth of the rate, whichever is less, plus a minute.
+limit=$(awk -v b="$bytes" -v r="$rate" -v d="$delay" -v s="$streams" 'BEGIN {
+  rows = split(s, parts, ",") + 1; per_s = r * 1e6 / 8 / 20; w = 4194304 / (2 * d / 1000 + 0.001)
+  if (w < per_s) per_s = w
+  printf "%d", rows * (b / per_s + 60) }')
 ip netns exec "$receive" timeout "$limit" "$bench" --role receive "${common[@]}" --link-mbit "$rate" --json "$json" &
 receiver=$!
 pids+=($receiver)
 sleep 0.5
-ip netns exec "$send" timeout "$limit" "$bench" --role send "${common[@]}"
+ip netns exec "$send" timeout "$limit" "$bench" --role send "${common[@]}" &
+sender=$!
+pids+=($sender)
+wait "$sender"
 wait "$receiver"
 echo "bench/streams.sh: wrote $json"
