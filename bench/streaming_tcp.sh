@@ -95,8 +95,7 @@ case "$shaper" in
 esac
 if [ "$shaper" = tun ]; then
   # Each peer on a link of its own to a router namespace, whose forwarded packets all go through
-  # the TUN device bench/tun_delay serves (policy routing: what comes in from either veth goes to
-  # the device; what the device gives back goes out by the main table).
+  # the TUN device bench/tun_delay serves (bench/tun_link.sh, once the rate is known).
   ip -n "$ns0" link del dt-stream-a
   ip netns add "$nsr"
   ip -n "$nsr" link set lo up
@@ -113,7 +112,6 @@ if [ "$shaper" = tun ]; then
   done
   ip -n "$ns0" route add default via 10.77.1.254
   ip -n "$ns1" route add default via 10.77.2.254
-  ip netns exec "$nsr" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
 fi
 
 # The simulator's rows first: they measure the step and so the link's rate.
@@ -141,16 +139,10 @@ if [ "$shaper" != tun ]; then
 fi
 if [ "$shaper" = tun ]; then
   # (a queue of 10 s, as tbf's above: the rows measure waiting, not drops)
-  ip netns exec "$nsr" "$tun_delay" --dev dt-stream-tun --rate-mbit "$(python3 -c "print(float('$rate_mb') * 8)")" \
-    --delay-ms "$latency_ms" --queue-ms 10000 2>/dev/null &
-  pids+=($!)
+  source "$root/bench/tun_link.sh"
+  tun_link_up "$nsr" dt-stream-tun 1500 "dt-stream-ra dt-stream-rb" "$tun_delay" \
+    --rate-mbit "$(python3 -c "print(float('$rate_mb') * 8)")" --delay-ms "$latency_ms" --queue-ms 10000 || exit 1
   relays=("${pids[@]}")
-  for _ in $(seq 100); do ip -n "$nsr" link show dt-stream-tun >/dev/null 2>&1 && break; sleep 0.05; done
-  ip -n "$nsr" link set dt-stream-tun up
-  ip netns exec "$nsr" sysctl -qw net.ipv4.conf.dt-stream-tun.rp_filter=0
-  ip -n "$nsr" route add default dev dt-stream-tun table 100
-  ip -n "$nsr" rule add iif dt-stream-ra lookup 100
-  ip -n "$nsr" rule add iif dt-stream-rb lookup 100
   delay_how="by bench/tun_delay, TCP end to end"
 elif [ "$shaper" = tbf ]; then
   for pair in "$ns0 $addr0" "$ns1 $addr1"; do

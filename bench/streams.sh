@@ -4,9 +4,8 @@
 #
 # Three network namespaces this script creates: the sender's and the receiver's, each joined by
 # a veth pair to a router namespace between them, where every forwarded packet goes through a
-# TUN device that bench/tun_delay serves (policy routing: what comes in from either veth is
-# routed to the device; what the device gives back goes out by the main table). This kernel has
-# no netem; the device paces each direction at the rate, delays it, and drops past its queue.
+# TUN device that bench/tun_delay serves (bench/tun_link.sh). This kernel has no netem; the
+# device paces each direction at the rate, delays it, and drops past its queue.
 # MTU 9000 on every link keeps the device's packet rate (one process, two copies a packet) well
 # under what it can carry at 1 Gbit/s.
 #
@@ -79,18 +78,9 @@ fi
 echo "bench/streams.sh: the sender's tcp_wmem: $(ip netns exec "$send" sysctl -n net.ipv4.tcp_wmem);" \
      "the receiver's tcp_rmem: $(ip netns exec "$receive" sysctl -n net.ipv4.tcp_rmem)"
 ip -n "$receive" route add default via 10.79.2.1
-# Packets come back from the device with their own source addresses: no reverse-path filter.
-ip netns exec "$router" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
-
-ip netns exec "$router" "$link" --dev dt-streams-tun --rate-mbit "$rate" --delay-ms "$delay" --queue-ms "$queue" &
-pids+=($!)
-for _ in $(seq 100); do ip -n "$router" link show dt-streams-tun >/dev/null 2>&1 && break; sleep 0.05; done
-ip -n "$router" link show dt-streams-tun >/dev/null 2>&1 || { echo "bench/streams.sh: tun_delay made no device" >&2; exit 1; }
-ip -n "$router" link set dt-streams-tun mtu 9000 up
-ip netns exec "$router" sysctl -qw net.ipv4.conf.dt-streams-tun.rp_filter=0
-ip -n "$router" route add default dev dt-streams-tun table 100
-ip -n "$router" rule add iif dt-streams-rs lookup 100
-ip -n "$router" rule add iif dt-streams-rr lookup 100
+source "$root/bench/tun_link.sh"
+tun_link_up "$router" dt-streams-tun 9000 "dt-streams-rs dt-streams-rr" \
+  "$link" --rate-mbit "$rate" --delay-ms "$delay" --queue-ms "$queue" || exit 1
 
 echo "bench/streams.sh: $rate Mbit/s, $delay ms each way, a queue of $queue ms (bench/tun_delay); $bytes bytes a row"
 common=(--address 10.79.2.2:7600 --streams "$streams" --bytes "$bytes")
