@@ -2,16 +2,20 @@
 // library's TCP transport beside them. bench/streams.sh runs the two ends in network namespaces
 // joined by a link of bench/tun_delay (1 Gbit/s, 50 ms each way by default).
 //
-//   bench_streams --role receive --address IP:PORT [--streams 1,4,8] [--bytes 1073741824]
-//                 [--message-bytes 64 MiB, at most --bytes / 16] [--link-mbit 1000] [--json PATH]
-//   bench_streams --role send --address IP:PORT [the same --streams, --bytes, --message-bytes]
+//   bench_streams --role receive --address IP:PORT [--streams 1,4,8] [--library-streams 1,4]
+//                 [--bytes 1073741824] [--message-bytes 64 MiB, at most --bytes / 16]
+//                 [--link-mbit 1000] [--json PATH]
+//   bench_streams --role send --address IP:PORT [the same --streams, --library-streams, --bytes,
+//                 --message-bytes]
 //
 // Rows, in this order, each moving --bytes from the sender to the receiver:
 //   tcp xK    K plain TCP connections (no library code), each carrying 1/K of the bytes: what
 //             K streams can take of the link (PCCL stripes over a pool of them)
-//   decentrain the library's TCP transport between two peers (the sender accepts no
-//             connections and dials), --bytes sent as messages of --message-bytes, one stream
-// The receiver listens on PORT for the plain rows and PORT+1 for the library's, times each row
+//   decentrain xK  the library's TCP transport between two peers (the sender accepts no
+//             connections and dials), --bytes sent as messages of --message-bytes, each striped
+//             over K connections (tcp_options::streams; K = 1: one stream)
+// The receiver listens on PORT for the plain rows and PORT+1, PORT+2, ... for the library's (one
+// port a row: a sender that dials early never reaches the last row's peer), times each row
 // from its first connection (or the group's forming) to its last byte, and prints the table and
 // writes the JSON. "steady" leaves out the first quarter of the bytes: TCP's slow start, which
 // takes several round trips to open a window of a bandwidth-delay product (about 7 doublings from
@@ -122,11 +126,12 @@ row receive_plain(int listener, int k, std::size_t total) {
   return r;
 }
 
-row receive_library(const std::string& address, std::size_t total, std::size_t message) {
+row receive_library(const std::string& address, int streams, std::size_t total, std::size_t message) {
   dt::transport::tcp_options o;
   o.rank = 0;
   o.world = 2;
   o.listen = address;
+  o.streams = streams;
   dt::transport::tcp peer(o);
   peer.connect();
   const auto t0 = clock_type::now();
@@ -145,8 +150,8 @@ row receive_library(const std::string& address, std::size_t total, std::size_t m
   const std::byte ack{1};
   peer.send(1, 2, std::span<const std::byte>(&ack, 1));
   (void)peer.recv(1, 3);  // the sender's goodbye: neither closes while the other still reads
-  return {"decentrain", 1, got, std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t1 - q).count(),
-          got - quarter_bytes};
+  return {"decentrain x" + std::to_string(streams), streams, got, std::chrono::duration<double>(t1 - t0).count(),
+          std::chrono::duration<double>(t1 - q).count(), got - quarter_bytes};
 }
 
 // ---- the sender ----
@@ -195,10 +200,11 @@ void send_plain(const sockaddr_in& to, int k, std::size_t total) {
   dt::detail::check(confirmed, "tcp x", k, ": the receiver did not confirm the row whole");
 }
 
-void send_library(const std::string& address, std::size_t total, std::size_t message) {
+void send_library(const std::string& address, int streams, std::size_t total, std::size_t message) {
   dt::transport::tcp_options o;
   o.rank = 1;
   o.world = 2;
+  o.streams = streams;
   o.listen.clear();  // dials the receiver, as a peer behind a NAT would
   o.join = {address};
   dt::transport::tcp peer(o);
@@ -218,14 +224,20 @@ void send_library(const std::string& address, std::size_t total, std::size_t mes
 
 int main(int argc, char** argv) try {
   bench::args a(argc, argv,
-                "usage: bench_streams --role receive|send --address IP:PORT [--streams 1,4,8] [--bytes N] [--message-bytes N] "
-                "[--link-mbit 1000] [--json PATH]");
+                "usage: bench_streams --role receive|send --address IP:PORT [--streams 1,4,8] [--library-streams 1,4] [--bytes N] "
+                "[--message-bytes N] [--link-mbit 1000] [--json PATH]");
   const std::string role = a.value("role", "");
   const std::string address = a.value("address", "");
   std::vector<int> streams;
   for (const auto& s : bench::split(a.value("streams", "1,4,8"), ',')) {
     streams.push_back(std::stoi(s));
     dt::detail::check(streams.back() >= 1 && streams.back() <= 256, "--streams: ", s, " is not in 1..256");
+  }
+  std::vector<int> library_streams;
+  for (const auto& s : bench::split(a.value("library-streams", "1,4"), ',')) {
+    library_streams.push_back(std::stoi(s));
+    dt::detail::check(library_streams.back() >= 1 && library_streams.back() <= 16, "--library-streams: ", s,
+                      " is not in 1..16 (tcp_options::streams)");
   }
   const auto total = static_cast<std::size_t>(std::stoull(a.value("bytes", "1073741824")));
   const auto message = static_cast<std::size_t>(
@@ -239,11 +251,11 @@ int main(int argc, char** argv) try {
   dt::detail::check(total >= 1024 && message >= 1 && message <= total / 8,
                     "--bytes must be at least 1024 and --message-bytes in 1..--bytes / 8");
   const auto plain = parse_address(address);
-  const auto library = with_port(address, 1);
 
   if (role == "send") {
     for (int k : streams) send_plain(plain, k, total);
-    send_library(library, total, message);
+    for (std::size_t i = 0; i < library_streams.size(); ++i)
+      send_library(with_port(address, static_cast<int>(i) + 1), library_streams[i], total, message);
     return 0;
   }
   bench::output_file json(json_path);  // opened first: a bad path fails before the measuring
@@ -258,7 +270,10 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr, "%s done\n", rows.back().name.c_str());
   }
   ::close(listener);
-  rows.push_back(receive_library(library, total, message));
+  for (std::size_t i = 0; i < library_streams.size(); ++i) {
+    rows.push_back(receive_library(with_port(address, static_cast<int>(i) + 1), library_streams[i], total, message));
+    std::fprintf(stderr, "%s done\n", rows.back().name.c_str());
+  }
 
   std::printf("\n| row | streams | MB | seconds | Mbit/s | steady Mbit/s | steady, of the %.0f Mbit/s link |\n|---|---:|---:|---:|---:|---:|---:|\n",
               link_mbit);

@@ -240,6 +240,12 @@ void declare_train(CLI::App& cmd) {
                "to another such peer before going through a relay (0: never tries)",
                1000, 0, 60000)
       ->group(peers);
+  cli::integer(cmd, "streams", "N",
+               "over TCP: connections a pair of peers keeps; messages of 4 MiB and\n"
+               "more go over all of them at once (fills a long fat link where one\n"
+               "stream's send buffer cannot; set it alike on every peer)",
+               1, 1, 16)
+      ->group(peers);
   cli::integer(cmd, "relay-circuits", "N",
                "over TCP, a peer that listens: the pairs of peers that accept no\n"
                "connections it relays at once (0: it relays none)",
@@ -1493,7 +1499,7 @@ int cmd_train(const options& opt) {
   if (p.mode != launch::tcp)
     for (const char* o : {"join", "advertise", "rank", "world", "join-timeout-ms", "peer-timeout-ms", "heartbeat-ms", "silence-ms",
                           "max-world", "key-file", "identity", "roster", "handshake-timeout-ms", "tls-cert", "tls-key", "tls-ca",
-                          "tls-bind-ranks", "relay-circuits", "relay-rate", "punch-ms"})
+                          "tls-bind-ranks", "relay-circuits", "relay-rate", "punch-ms", "streams"})
       dt::detail::check(!opt.has(o), "--", o, " is for TCP peers; it needs --listen HOST:PORT (or --join HOST:PORT alone, for a ",
                         "peer that accepts no connections)");
   p.threads = threads(opt, p.mode == launch::single ? 0 : 1);
@@ -1514,6 +1520,7 @@ int cmd_train(const options& opt) {
     p.tcp.relay.max_circuits = static_cast<int>(opt.integer("relay-circuits"));
     p.tcp.relay.bytes_per_second = static_cast<std::uint64_t>(opt.real("relay-rate") * 1e6 / 8);
     p.tcp.punch_within = std::chrono::milliseconds(opt.integer("punch-ms"));
+    p.tcp.streams = static_cast<int>(opt.integer("streams"));
     p.tcp.rank = static_cast<int>(opt.integer("rank"));
     p.tcp.world = static_cast<int>(opt.integer("world"));
     p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms"));

@@ -792,12 +792,13 @@ TEST_CASE("train over TCP, peers that accept no connections (--join without --li
   // Ranks 1 and 3 have no listening socket (behind NATs, say): peers 0 and 2 cannot dial them,
   // so they dial 0 and 2 themselves, and 3 reaches 1 through a relay (0 or 2). (--punch-ms 0: on
   // one machine a hole always punches; tests/cli/nat_relay.sh punches through NATs.)
+  // (--streams 3: the pairs that dial each other directly keep three connections each)
   const auto port = std::to_string(free_port());
-  const auto join = " --join 127.0.0.1:" + port + " --world 4";
+  const auto join = " --join 127.0.0.1:" + port + " --world 4 --streams 3";
   const auto tcp = run("( timeout 120 " + cli() + args + join + " --punch-ms 0 --rank 1 > r1.txt 2>&1 & "
                            "timeout 120 " + cli() + args + join + " --punch-ms 0 --rank 3 > r3.txt 2>&1 & "
                            "timeout 120 " + cli() + args + " --listen 127.0.0.1:0" + join + " --rank 2 > r2.txt 2>&1 & timeout 120 " +
-                           cli() + args + " --listen 127.0.0.1:" + port + " --world 4 --rank 0; status=$?; wait; exit $status )",
+                           cli() + args + " --listen 127.0.0.1:" + port + " --world 4 --streams 3 --rank 0; status=$?; wait; exit $status )",
                        dir);
   INFO(tcp.output);
   const auto rank1 = read_text(dir / "r1.txt"), rank2 = read_text(dir / "r2.txt"), rank3 = read_text(dir / "r3.txt");
@@ -825,6 +826,8 @@ TEST_CASE("train over TCP, peers that accept no connections (--join without --li
   CHECK_THAT(r.output, Contains("--listen '' names no address"));
   r = run(cli() + args + " --relay-circuits 2", dir);
   CHECK_THAT(r.output, Contains("--relay-circuits is for TCP peers"));
+  r = run(cli() + args + " --streams 2", dir);
+  CHECK_THAT(r.output, Contains("--streams is for TCP peers"));
 }
 
 TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {

@@ -96,6 +96,23 @@ struct tcp {
   }
 };
 
+// TCP with every message of 4 KiB or more striped over three connections a pair in pieces of
+// 4 KiB (tcp_options::streams): the same cases through the receiving side's reassembly.
+struct tcp_striped {
+  static constexpr const char* name = "tcp_striped";
+  static int local_peers(int n) { return n; }
+  template <class Fn>
+  static void run(int n, Fn fn) {
+    const auto striped = [](decentrain::transport::tcp_options& o) {
+      o.streams = 3;
+      o.stripe_min_bytes = 4096;
+      o.stripe_piece_bytes = 4096;
+    };
+    for (auto& e : tcp::run_each(n, striped, fn))
+      if (e) std::rethrow_exception(e);
+  }
+};
+
 #if DECENTRAIN_HAS_MPI
 // The first N ranks of MPI_COMM_WORLD (the test runs under mpirun -np 8). A failure on any rank
 // is rethrown on every rank, so an expected error is seen everywhere.
@@ -151,5 +168,5 @@ struct mpi {
 }  // namespace harness
 
 #ifndef TRANSPORTS
-#define TRANSPORTS harness::in_process, harness::tcp
+#define TRANSPORTS harness::in_process, harness::tcp, harness::tcp_striped
 #endif

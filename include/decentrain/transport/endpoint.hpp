@@ -72,6 +72,9 @@ struct traffic_stats {
   // Data bodies read straight into memory a receiver posted (tcp's exchange; whatever the frame
   // turned out to be), so a test can tell that path from the mailbox's. The others count 0.
   std::uint64_t bodies_into_posted = 0;
+  // Messages sent and received in pieces over several connections at once (tcp_options::streams);
+  // the others count 0.
+  std::uint64_t striped_sent = 0, striped_received = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;
 };

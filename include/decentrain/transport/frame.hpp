@@ -31,8 +31,8 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
 // per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
-// hole punching.
-inline constexpr std::uint16_t version = 10;
+// hole punching; 10: one connection a pair (no striped messages).
+inline constexpr std::uint16_t version = 11;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -58,11 +58,14 @@ inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the handshake's proofs (tcp/handshake.hpp); welcome: the answer to a data
 // hello that was accepted (a refused one gets a bye saying why); relay: a piece of a connection
-// between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag).
+// between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag);
+// stripe: a message that comes in pieces over several connections (tcp/stripes.hpp: its tag is
+// the message's, its body a stripe_head); piece: one of them (its tag a piece_id).
 enum class frame_type : std::uint16_t {
-  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9
+  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9,
+  stripe = 10, piece = 11
 };
-inline constexpr std::uint16_t last_frame_type = 9;
+inline constexpr std::uint16_t last_frame_type = 11;
 
 // A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
 // kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
@@ -107,6 +110,53 @@ inline std::uint64_t decode_position(std::span<const std::byte> b) {
   for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[i]) << (8 * i);
   return v;
 }
+
+// A striped message (tcp/stripes.hpp): its stripe frame's body says which it is of those the
+// pair's first connection announced (1, 2, ...), its size, and the size of its pieces (the last
+// may be shorter); each piece frame's tag names the message and the piece. Pieces are 64-byte
+// multiples (each lands aligned), at least min_piece_bytes, and a message has at most
+// max_pieces of them.
+inline constexpr std::size_t stripe_head_bytes = 24;
+inline constexpr std::uint64_t min_piece_bytes = 4096;
+inline constexpr std::uint64_t max_pieces = std::uint64_t{1} << 24;
+struct stripe_head {
+  std::uint64_t seq = 0, total = 0, piece = 0;
+  std::uint64_t pieces() const { return (total + piece - 1) / piece; }
+  std::uint64_t offset(std::uint64_t index) const { return index * piece; }
+  std::uint64_t length(std::uint64_t index) const { return std::min(piece, total - index * piece); }
+};
+inline bytes encode_stripe_head(const stripe_head& s) {
+  bytes out(stripe_head_bytes);
+  std::size_t at = 0;
+  for (const auto v : {s.seq, s.total, s.piece})
+    for (int i = 0; i < 8; ++i) out[at++] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+  return out;
+}
+// Throws unless the body is one, of at most `max_total` bytes in pieces as above.
+inline stripe_head decode_stripe_head(std::span<const std::byte> body, std::uint64_t max_total) {
+  decentrain::detail::check(body.size() == stripe_head_bytes, "frame: a stripe frame of ", body.size(), " bytes (it has ",
+                            stripe_head_bytes, ")");
+  auto get = [&](std::size_t at) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[at + static_cast<std::size_t>(i)]) << (8 * i);
+    return v;
+  };
+  const stripe_head s{get(0), get(8), get(16)};
+  decentrain::detail::check(s.total >= 1 && s.total <= max_total, "frame: a striped message of ", s.total, " bytes (1 to ",
+                            max_total, ")");
+  decentrain::detail::check(s.piece >= min_piece_bytes && s.piece % frame_alignment == 0, "frame: a striped message in pieces of ",
+                            s.piece, " bytes (multiples of ", frame_alignment, ", at least ", min_piece_bytes, ")");
+  decentrain::detail::check(s.pieces() <= max_pieces, "frame: a striped message in ", s.pieces(), " pieces (at most ", max_pieces, ")");
+  decentrain::detail::check(s.seq >= 1 && s.seq < (std::uint64_t{1} << 40), "frame: a striped message numbered ", s.seq);
+  return s;
+}
+// A piece frame's tag: bits 63-24 its message's number, 23-0 the piece's index.
+struct piece_id {
+  std::uint64_t seq = 0, index = 0;
+  bool operator==(const piece_id&) const = default;
+};
+inline tag_type encode_piece_id(const piece_id& p) { return (p.seq & ((std::uint64_t{1} << 40) - 1)) << 24 | (p.index & 0xffffff); }
+inline piece_id decode_piece_id(tag_type t) { return {t >> 24, t & 0xffffff}; }
 
 struct header {
   frame_type type = frame_type::data;
@@ -159,7 +209,8 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   check_zeros(p + reserved_offset, header_bytes - reserved_offset, "reserved header");
   header h{static_cast<frame_type>(type), get(8, 8), get(16, 8), {}};
   std::memcpy(h.mac.data(), p + tag_offset, h.mac.size());
-  const std::uint64_t limit = h.type == frame_type::data || h.type == frame_type::relay ? max_body : max_control_bytes;
+  const std::uint64_t limit =
+      h.type == frame_type::data || h.type == frame_type::relay || h.type == frame_type::piece ? max_body : max_control_bytes;
   decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
   return h;
 }
@@ -210,6 +261,9 @@ struct hello {
   std::string settings;  // tcp_options::settings: what every peer of the run must agree on
   std::uint8_t credentials = 0;  // what the sender proves itself with: 1 a run key, 2 an identity (both: 3)
   std::string exchange;          // with an identity: the sender's X25519 key for this connection
+  // data: 0 for a pair's first connection; 1 and up for the further streams a striped message
+  // also goes over (tcp_options::streams), which the dialer opens once the first stands.
+  std::uint8_t stream = 0;
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -220,12 +274,13 @@ struct hello {
     save_string(ar, settings);
     ar(credentials);
     save_string(ar, exchange);
+    ar(stream);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
     ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes},
-       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes});
+       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes}, stream);
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     decentrain::detail::check(credentials <= 3, "frame: hello has unknown credentials ", static_cast<int>(credentials));
     purpose = static_cast<hello_purpose>(p);

@@ -138,6 +138,9 @@ class tcp {
   std::vector<int> punched() const { return n().punched(); }
   // What this peer did as a relay for others (tcp_options::relay).
   relay_stats relaying() const { return n().relay_stats(); }
+  // The connections to a peer that its large messages go over at once (tcp_options::streams,
+  // tcp/stripes.hpp): the pair's first and its further streams open now; 0 when not connected.
+  int streams_to(int peer) const { return n().streams_to(peer); }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {

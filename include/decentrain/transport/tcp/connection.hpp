@@ -18,10 +18,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "decentrain/transport/auth.hpp"
 #include "decentrain/transport/frame.hpp"
@@ -70,6 +73,47 @@ struct connection : std::enable_shared_from_this<connection> {
   // other end `through` carries over the relay (tcp/tunnel.hpp); null for a direct connection.
   std::shared_ptr<tunnel> through;
   bool punched = false;  // a direct connection between two peers that accept none (tcp/punch.hpp)
+
+  // ---- streams (tcp/stripes.hpp) ----
+  // 0: a pair's first connection, which carries every frame; 1 and up: a further stream of the
+  // pair, which carries pieces of striped messages only, and `first` is the pair's first.
+  int stream = 0;
+  std::weak_ptr<connection> first;
+  // The first connection's further streams, open now (the node's mutex).
+  std::vector<std::shared_ptr<connection>> streams;
+  std::uint64_t stripes_sent = 0;  // the striped messages sent so far (write_mutex of the first)
+  // The striped messages coming in (the first connection's; I/O thread only): up to
+  // max_open_stripes at once, in the order announced, each with where its pieces land (memory a
+  // receiver posted, or `own`) and which landed; and the frames that wait: the first
+  // connection's next data frame while any is open, or its next stripe frame while
+  // max_open_stripes are (so messages land in the order they were sent), and further streams
+  // whose next piece is of a message not announced yet.
+  static constexpr std::size_t max_open_stripes = 2;
+  struct inbound_stripe {
+    wire::stripe_head head;
+    tag_type tag = 0;
+    std::span<std::byte> into;
+    bytes own;
+    bool posted = false;
+    detail::accepted_as accepted = detail::accepted_as::budget;
+    std::vector<bool> landed;
+    std::uint64_t pieces_left = 0;
+  };
+  struct inbound_stripes {
+    std::deque<inbound_stripe> open;
+    std::uint64_t last_seq = 0;
+    std::optional<wire::header> held;
+    std::vector<std::pair<std::shared_ptr<connection>, wire::header>> waiting;
+    inbound_stripe* find(std::uint64_t seq) {
+      for (auto& e : open)
+        if (e.head.seq == seq) return &e;
+      return nullptr;
+    }
+    // Whether the first connection's next frame of this type waits.
+    bool holds(wire::frame_type type) const {
+      return type == wire::frame_type::data ? !open.empty() : type == wire::frame_type::stripe && open.size() >= max_open_stripes;
+    }
+  } inbound;
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -157,6 +201,9 @@ struct connection : std::enable_shared_from_this<connection> {
   // written: nothing can follow it); the I/O thread then reads the end and closes it.
   void abandon() {
     std::lock_guard lock(write_mutex);
+    abandon_locked();
+  }
+  void abandon_locked() {  // (write_mutex held)
     if (!closed_for_writes.exchange(true)) ::shutdown(socket.native_handle(), SHUT_RDWR);
   }
 
@@ -171,18 +218,81 @@ struct connection : std::enable_shared_from_this<connection> {
   write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt,
                           wire::frame_type type = wire::frame_type::data) {
     std::lock_guard lock(write_mutex);
+    // (Encrypting, the caller's buffer is not ours to overwrite: the frame is encrypted into one
+    // buffer per sending thread, not per connection: a peer with many connections holds one copy
+    // of its largest frame, not one per peer. The tag goes in the header, so all of it first.)
+    return write_locked(type, tag, data, deadline, interrupt);
+  }
+
+  // write_data with write_mutex already held (a striped message holds it for all its frames).
+  template <class Interrupt>
+  write_result write_locked(wire::frame_type type, tag_type tag, std::span<const std::byte> data, clock::time_point deadline,
+                            Interrupt&& interrupt) {
     if (encrypted()) {
-      // The caller's buffer is not ours to overwrite: the frame is encrypted into one buffer per
-      // sending thread (not per connection: a peer with many connections holds one copy of its
-      // largest frame, not one per peer). The tag goes in the header, so all of it first.
       static thread_local bytes ciphertext;
       if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
       const auto into = std::span<std::byte>(ciphertext).first(data.size());
-      const auto h = sealed_header(type, tag, data, into);
-      return write_sealed(h, into, deadline, interrupt);
+      return write_sealed(sealed_header(type, tag, data, into), into, deadline, interrupt);
     }
     return write_sealed(sealed_header(type, tag, data, {}), data, deadline, interrupt);
   }
+
+  // One sealed frame on its way into the socket without blocking (write_mutex held from start
+  // to finish): what is left of `unsent` first, then the header, body and padding. `h` and
+  // `data` must outlive it.
+  class outgoing {
+   public:
+    outgoing(connection& c, const std::array<std::byte, wire::header_bytes>& h, std::span<const std::byte> data)
+        : c_(c), before_(c.unsent.size()) {
+      const auto pad = wire::padding(data.size());
+      parts_ = {iovec{c.unsent.data(), c.unsent.size()}, iovec{const_cast<std::byte*>(h.data()), h.size()},
+                iovec{const_cast<std::byte*>(data.data()), data.size()}, iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
+    }
+    enum class step { done, full, failed };
+    // Writes what the socket takes now: done once the frame went out whole, full when the
+    // socket takes no more for now, failed when it broke (error()).
+    step write() {
+      while (first_ < parts_.size()) {
+        msghdr msg{};
+        msg.msg_iov = parts_.data() + first_;
+        msg.msg_iovlen = parts_.size() - first_;
+        const ssize_t n = ::sendmsg(c_.socket.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          error_ = errno;
+          if (error_ == EINTR) continue;
+          return error_ == EAGAIN || error_ == EWOULDBLOCK ? step::full : step::failed;
+        }
+        auto done = static_cast<std::size_t>(n);
+        written_ += done;
+        while (first_ < parts_.size() && done >= parts_[first_].iov_len) done -= parts_[first_++].iov_len;
+        if (first_ < parts_.size()) {
+          parts_[first_].iov_base = static_cast<std::byte*>(parts_[first_].iov_base) + done;
+          parts_[first_].iov_len -= done;
+        }
+      }
+      return step::done;
+    }
+    bool started() const { return written_ > before_; }
+    int error() const { return error_; }
+    // Ends the write: what of `unsent` went out is dropped, and a frame that never started gives
+    // its authentication tag back (the next frame takes its place in the sequence).
+    write_result finish(write_status s, int error = 0) {
+      if (s == write_status::done) {
+        c_.unsent.clear();
+        return {};
+      }
+      c_.unsent.erase(c_.unsent.begin(), c_.unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written_, before_)));
+      if (written_ <= before_ && c_.keys) c_.keys->send.unseal();
+      return write_result{s, error, written_ > before_};
+    }
+
+   private:
+    connection& c_;
+    std::size_t before_;
+    std::array<iovec, 4> parts_{};
+    std::size_t first_ = 0, written_ = 0;
+    int error_ = 0;
+  };
 
   // Reads exactly `into` (from byte `got` on), then calls done(error, bytes read). It reads
   // until the socket is empty before it waits, and while it waits the socket's receive
@@ -190,7 +300,13 @@ struct connection : std::enable_shared_from_this<connection> {
   // wakes this thread once per large piece of a body rather than once per packet (asio's
   // async_read goes back through epoll_wait after every read: bench/RESULTS.md). Never more
   // than is missing: a mark above the rest of a frame would wait for bytes that may never come.
-  // The kernel caps the mark at half the largest receive buffer and grows the buffer to hold it.
+  // `within_buffer` (a striped message's pieces): nor over a quarter of the socket's receive
+  // buffer as it stands. A mark the buffer cannot hold twice makes Linux grow the buffer to it
+  // and clamp the window to the mark (tcp_set_rcvlowat): at a piece's 1 MiB, that held four
+  // streams over a 100 ms round trip to 0.42-0.61 of a 1 Gbit/s link (bench/RESULTS.md,
+  // bench/streams). Whole frames keep the larger mark: at 4 MiB its clamp is what the sender's
+  // default buffer sends a round trip anyway, autotuning lifts it, and the buffer it grows at once
+  // opened one stream's window sooner (38 s against 50 s for 1 GiB on that link).
   //
   // After `turn_bytes` in one go it hands the rest back to the event loop: a peer streaming
   // gigabytes (a state transfer) would otherwise keep the I/O thread reading for as long as the
@@ -200,14 +316,14 @@ struct connection : std::enable_shared_from_this<connection> {
   static constexpr std::size_t turn_bytes = std::size_t{4} << 20;
 
   template <class Done>
-  void read_fully(std::span<std::byte> into, std::size_t got, Done done) {
+  void read_fully(std::span<std::byte> into, std::size_t got, Done done, bool within_buffer = false) {
     const int fd = socket.native_handle();
     std::size_t this_turn = 0;
     while (got < into.size()) {
       if (this_turn >= turn_bytes) {
-        asio::post(socket.get_executor(), [self = shared_from_this(), into, got, done = std::move(done)]() mutable {
+        asio::post(socket.get_executor(), [self = shared_from_this(), into, got, done = std::move(done), within_buffer]() mutable {
           if (self->closed) return done(asio::error_code(asio::error::operation_aborted), got);  // settles a posting
-          self->read_fully(into, got, std::move(done));
+          self->read_fully(into, got, std::move(done), within_buffer);
         });
         return;
       }
@@ -222,12 +338,19 @@ struct connection : std::enable_shared_from_this<connection> {
       const int err = errno;
       if (err == EINTR) continue;
       if (err != EAGAIN && err != EWOULDBLOCK) return done(asio::error_code(err, asio::error::get_system_category()), got);
-      const int want = static_cast<int>(std::min(into.size() - got, low_water_cap));
+      std::size_t mark = std::min(into.size() - got, low_water_cap);
+      if (within_buffer) {
+        int rcvbuf = 0;
+        socklen_t length = sizeof rcvbuf;
+        if (::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &length) != 0) rcvbuf = 0;
+        mark = std::max<std::size_t>(1, std::min(mark, static_cast<std::size_t>(rcvbuf / 4)));
+      }
+      const int want = static_cast<int>(mark);
       if (want != low_water && ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) low_water = want;
       socket.async_wait(asio::socket_base::wait_read,
-                        [self = shared_from_this(), into, got, done = std::move(done)](const asio::error_code& ec) mutable {
+                        [self = shared_from_this(), into, got, done = std::move(done), within_buffer](const asio::error_code& ec) mutable {
                           if (ec) return done(ec, got);
-                          self->read_fully(into, got, std::move(done));
+                          self->read_fully(into, got, std::move(done), within_buffer);
                         });
       return;
     }
@@ -239,46 +362,18 @@ struct connection : std::enable_shared_from_this<connection> {
   template <class Interrupt>
   write_result write_sealed(const std::array<std::byte, wire::header_bytes>& h, std::span<const std::byte> data,
                             clock::time_point deadline, Interrupt& interrupt) {
-    const auto pad = wire::padding(data.size());
-    const int fd = socket.native_handle();
-    // The rest of a heartbeat goes first (see unsent).
-    const std::size_t before = unsent.size();
-    std::array<iovec, 4> parts{iovec{unsent.data(), unsent.size()}, iovec{const_cast<std::byte*>(h.data()), h.size()},
-                               iovec{const_cast<std::byte*>(data.data()), data.size()},
-                               iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
-    std::size_t first = 0, written = 0;
-    auto stop = [&](write_status s, int error = 0) {
-      unsent.erase(unsent.begin(), unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written, before)));
-      if (written <= before && keys) keys->send.unseal();  // the frame never started: its tag is unused
-      return write_result{s, error, written > before};
-    };
-    while (first < parts.size()) {
-      if (closed_for_writes.load()) return stop(write_status::closed);
-      msghdr msg{};
-      msg.msg_iov = parts.data() + first;
-      msg.msg_iovlen = parts.size() - first;
-      const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        const int err = errno;
-        if (err == EINTR) continue;
-        if (err != EAGAIN && err != EWOULDBLOCK) return stop(write_status::broken, err);
-        if (written <= before && interrupt()) return stop(write_status::interrupted);
-        const auto left = deadline - clock::now();
-        if (left <= clock::duration::zero()) return stop(write_status::timed_out);
-        pollfd p{fd, POLLOUT, 0};
-        ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
-        continue;
-      }
-      auto done = static_cast<std::size_t>(n);
-      written += done;
-      while (first < parts.size() && done >= parts[first].iov_len) done -= parts[first++].iov_len;
-      if (first < parts.size()) {
-        parts[first].iov_base = static_cast<std::byte*>(parts[first].iov_base) + done;
-        parts[first].iov_len -= done;
-      }
+    outgoing out(*this, h, data);
+    for (;;) {
+      if (closed_for_writes.load()) return out.finish(write_status::closed);
+      const auto r = out.write();
+      if (r == outgoing::step::done) return out.finish(write_status::done);
+      if (r == outgoing::step::failed) return out.finish(write_status::broken, out.error());
+      if (!out.started() && interrupt()) return out.finish(write_status::interrupted);
+      const auto left = deadline - clock::now();
+      if (left <= clock::duration::zero()) return out.finish(write_status::timed_out);
+      pollfd p{socket.native_handle(), POLLOUT, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
     }
-    unsent.clear();
-    return {};
   }
 };
 

@@ -48,6 +48,7 @@
 #include "decentrain/transport/tcp/options.hpp"
 #include "decentrain/transport/tcp/punch.hpp"
 #include "decentrain/transport/tcp/relay.hpp"
+#include "decentrain/transport/tcp/stripes.hpp"
 #include "decentrain/transport/tcp/tunnel.hpp"
 #include "decentrain/transport/tls.hpp"
 
@@ -317,6 +318,17 @@ struct node {
   // membership frames, small ones, and little of them queued at once: past that it is dropped.
   void read_body(const std::shared_ptr<connection>& c, const wire::header& h) {
     if (h.type == wire::frame_type::relay && !relay_room(c, h)) return;
+    if (h.type == wire::frame_type::piece) return read_piece(c, h);
+    if (c->stream > 0 && h.type != wire::frame_type::bye)
+      return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent a frame of type ", static_cast<int>(h.type),
+                                                     " on its stream ", c->stream, ", which carries pieces of striped messages only"));
+    // Behind striped messages coming in, a data frame waits until they are whole, a stripe frame
+    // while as many are open as may be (tcp/stripes.hpp).
+    if (c->inbound.holds(h.type)) {
+      c->inbound.held = h;
+      c->paused = true;
+      return;
+    }
     if (h.type == wire::frame_type::data && c->rank >= 0) {
       if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
       bool joiner = false;
@@ -396,6 +408,121 @@ struct node {
     });
   }
 
+  // ---- striped messages coming in (tcp/stripes.hpp; I/O thread) ----
+
+  // A striped message announced on its pair's first connection `c`: its pieces land in memory a
+  // receiver posted for it, or in one buffer when the sender's budget has room (else the first
+  // connection pauses, as for a data frame); streams that read a piece of it early go on.
+  void open_stripe(const std::shared_ptr<connection>& c, const wire::header& h, const wire::stripe_head& head) {
+    connection::inbound_stripe e;
+    if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(head.total))) {
+      e.into = *into;
+      e.posted = true;
+      ++bodies_into_posted;
+    } else {
+      const auto as = box.room(c->rank, h.tag, static_cast<std::size_t>(head.total), [this, c, h, head] {
+        asio::post(io, [this, c, h, head] {
+          if (c->closed || !c->paused) return;
+          c->paused = false;
+          open_stripe(c, h, head);
+        });
+      });
+      if (!as) {
+        c->paused = true;
+        return;
+      }
+      e.accepted = *as;
+      e.own = box.spare(static_cast<std::size_t>(head.total));
+      e.into = e.own;
+    }
+    e.head = head;
+    e.tag = h.tag;
+    e.landed.assign(static_cast<std::size_t>(head.pieces()), false);
+    e.pieces_left = head.pieces();
+    auto& in = c->inbound;
+    in.open.push_back(std::move(e));
+    for (auto& [s, sh] : std::exchange(in.waiting, {}))
+      asio::post(io, [this, s = s, sh = sh] {
+        if (s->closed || !s->paused) return;
+        s->paused = false;
+        read_piece(s, sh);
+      });
+    read_next_later(c);
+  }
+
+  // A piece of a striped message its pair's first connection announced: read into its place. A
+  // further stream whose piece is of the next message, not announced yet, waits for it (its
+  // earlier pieces all came before: the sender finishes a message before it starts the next).
+  void read_piece(const std::shared_ptr<connection>& c, const wire::header& h) {
+    const auto f = c->stream == 0 ? c : c->first.lock();
+    if (!f || f->closed) return close(c, "");  // (its pair's first connection closed: so does it)
+    auto& in = f->inbound;
+    const auto id = wire::decode_piece_id(h.tag);
+    if (c->stream > 0 && id.seq == in.last_seq + 1) {
+      c->paused = true;
+      in.waiting.emplace_back(c, h);
+      return;
+    }
+    auto* e = in.find(id.seq);
+    if (!e || id.index >= e->head.pieces() || e->landed[static_cast<std::size_t>(id.index)] || h.length != e->head.length(id.index))
+      return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
+                                                     " bytes) of striped message ", id.seq, ", which is not one it is sending",
+                                                     e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
+                                                                                    " pieces of ", e->head.piece, " bytes, ",
+                                                                                    e->head.pieces() - e->pieces_left, " landed)")
+                                                       : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
+                                                                                    in.last_seq, ")")));
+    const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
+    c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
+      if (ec) {
+        if (ec == asio::error::eof)
+          return malformed(c, decentrain::detail::concat("frame: truncated piece (", got, " of ", h.length, " bytes)"));
+        return lost(c, ec);
+      }
+      if (!authentic(*c, h, into)) return reject_frame(c, h);
+      auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
+      if (!done) return;  // (abandoned meanwhile: its streams closed with it)
+      done->landed[static_cast<std::size_t>(id.index)] = true;
+      f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
+      if (--done->pieces_left == 0) land_stripes(f);
+      read_next_later(c);
+    }, true);
+  }
+
+  // The striped messages that are whole, oldest first, land while the oldest open is; a frame
+  // the first connection held for them goes on once it may.
+  void land_stripes(const std::shared_ptr<connection>& f) {
+    auto& in = f->inbound;
+    while (!in.open.empty() && in.open.front().pieces_left == 0) {
+      auto& e = in.open.front();
+      ++striped_received;
+      if (e.posted) box.landed(f->rank, e.tag);
+      else box.push(f->rank, e.tag, detail::message{std::move(e.own), 0.0, 0, e.accepted});
+      in.open.pop_front();
+    }
+    if (in.held && !in.holds(in.held->type))
+      asio::post(io, [this, f, h = *std::exchange(in.held, std::nullopt)] {
+        if (f->closed || !f->paused) return;
+        f->paused = false;
+        read_body(f, h);
+      });
+  }
+
+  // A first connection that closes with striped messages coming in: its streams close first
+  // (none writes into the messages' memory after that: they are read on this thread only), then
+  // memory receivers posted is settled, oldest first.
+  void abandon_stripes(const std::shared_ptr<connection>& f) {
+    std::vector<std::shared_ptr<connection>> streams;
+    {
+      std::lock_guard lock(mutex);
+      streams = std::exchange(f->streams, {});
+    }
+    for (const auto& s : streams) close(s, "");
+    for (const auto& e : f->inbound.open)
+      if (e.posted) box.abandoned(f->rank, e.tag);
+    f->inbound = {};
+  }
+
   // Whether a frame's tag is the one its connection's key gives its place in the stream (no key:
   // no tag). Checked before anything is done with the frame. With TLS the body is decrypted in
   // place.
@@ -447,6 +574,20 @@ struct node {
         if (f.excluded) close(c, "it stopped listening to this peer: " + f.reason, failure_cause::excluded);
         else close(c, "it left: " + f.reason);
         return false;
+      }
+      case wire::frame_type::stripe: {
+        const auto head = wire::decode_stripe_head(c->body, opts.max_frame_bytes);
+        {
+          std::lock_guard lock(mutex);
+          decentrain::detail::check(!restricted(*c), "frame: peer ", c->rank,
+                                    " joins and is not admitted yet, and sent a striped message (only membership frames are read from a joiner)");
+        }
+        decentrain::detail::check(head.seq == c->inbound.last_seq + 1, "frame: peer ", c->rank, " sent striped message ", head.seq,
+                                  " after message ", c->inbound.last_seq);
+        c->inbound.last_seq = head.seq;
+        c->body = {};
+        open_stripe(c, h, head);
+        return false;  // (open_stripe reads on, once the message has a place to land)
       }
       case wire::frame_type::heartbeat:
         heartbeat::heard(*c, c->body, mutex);
@@ -504,6 +645,7 @@ struct node {
     }
     if (const auto why = box.barred(hello.rank))  // final: trying again cannot help
       return answer(wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
+    if (hello.stream > 0) return admit_stream(c, hello);
     if (hello.late) {
       if (peers.count(hello.rank)) {
         adm.hijack_refused(decentrain::detail::concat("a caller claimed rank ", hello.rank, ", which is connected here and alive"));
@@ -555,6 +697,70 @@ struct node {
     return dropped != c;  // false: this connection is the one dropped
   }
 
+  // A further stream of a pair whose first connection stands (tcp/stripes.hpp): at most
+  // `streams` - 1 of them, one of each number, for a direct connection of a member (mutex held).
+  bool admit_stream(const std::shared_ptr<connection>& c, const wire::hello& hello) {
+    const auto it = peers.find(hello.rank);
+    std::string why;
+    if (hello.stream >= opts.streams)
+      why = decentrain::detail::concat("peer ", opts.rank, " takes at most ", opts.streams, " connection", opts.streams == 1 ? "" : "s",
+                                       " a pair (tcp_options::streams), and peer ", hello.rank, " opened its stream ", int{hello.stream});
+    else if (it == peers.end() || it->second->through || restricted(*it->second))
+      why = decentrain::detail::concat("peer ", opts.rank, " has no direct connection from a member of rank ", hello.rank,
+                                       " to add a stream to");
+    else if (std::any_of(it->second->streams.begin(), it->second->streams.end(),
+                         [&](const auto& s) { return s->stream == hello.stream; }))
+      why = decentrain::detail::concat("peer ", opts.rank, " has a stream ", int{hello.stream}, " from peer ", hello.rank, " already");
+    if (!why.empty()) {
+      c->handshake_state.answered();
+      reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, why}));
+      return true;  // the caller closes when it has read the answer
+    }
+    {
+      std::lock_guard write_lock(c->write_mutex);
+      framing_sent += c->append_frame(wire::frame_type::welcome, {});
+      c->flush_unsent();
+    }
+    c->rank = hello.rank;
+    c->stream = hello.stream;
+    c->first = it->second;
+    c->handshake_state.opened();
+    adm.admitted_one();
+    it->second->streams.push_back(c);
+    return true;
+  }
+
+  // Registers a further stream this peer dialed to `peer` (training thread), for the pair's
+  // first connection if it is still `first`; closed otherwise.
+  void add_stream(const std::shared_ptr<connection>& c, const std::shared_ptr<connection>& f) {
+    std::promise<void> registered;
+    auto done = registered.get_future();
+    asio::post(io, [this, c, f, &registered] {
+      all.insert(c);
+      bool kept = false;
+      {
+        std::lock_guard lock(mutex);
+        const auto it = peers.find(c->rank);
+        if (!f->closed && it != peers.end() && it->second == f) {
+          c->first = f;
+          f->streams.push_back(c);
+          kept = true;
+        }
+      }
+      if (kept) read_next(c);
+      else close(c, "");
+      registered.set_value();
+    });
+    done.get();
+  }
+
+  // The pair's first connection to `peer` (training thread), if it is a direct one.
+  std::shared_ptr<connection> direct_connection(int peer) const {
+    std::lock_guard lock(mutex);
+    const auto it = peers.find(peer);
+    return it == peers.end() || it->second->through ? nullptr : it->second;
+  }
+
   // A caller refused before its key was checked: told why (best effort), counted.
   void refuse(const std::shared_ptr<connection>& c, const std::string& why) {
     adm.rejected(why);
@@ -601,6 +807,19 @@ struct node {
         if (c->through) relayed_before[c->rank] = c->through->relay();
         if (!why.empty()) box.close(c->rank, why, cause);
       }
+    }
+    if (c->stream > 0) {
+      // A stream of a pair that closes mid-message takes the message's first connection with it:
+      // the pieces it had on its way are lost.
+      const auto f = c->first.lock();
+      if (f) {
+        std::lock_guard lock(mutex);
+        std::erase(f->streams, c);
+      }
+      if (f && !f->inbound.open.empty() && !why.empty())
+        close(f, decentrain::detail::concat("its stream ", c->stream, " closed in the middle of a striped message: ", why), cause);
+    } else if (!c->inbound.open.empty() || !c->streams.empty()) {
+      abandon_stripes(c);
     }
     if (c->through) {
       std::lock_guard lock(mutex);
@@ -714,6 +933,12 @@ struct node {
     for (const auto& [r, c] : peers)
       if (c->through) out[r] = c->through->relay();
     return out;
+  }
+
+  int streams_to(int peer) const {
+    std::lock_guard lock(mutex);
+    const auto it = peers.find(peer);
+    return it == peers.end() ? 0 : 1 + static_cast<int>(it->second->streams.size());
   }
 
   // The peers this one reached directly although neither accepts connections (a hole punched
@@ -986,11 +1211,18 @@ struct node {
     // An alarm (transport/membership.hpp) stops a send that has written nothing of its frame
     // yet: its receiver may be the frozen peer.
     std::optional<alarm> stopped_by;
-    const auto r = c->write_data(tag, data, clock::now() + opts.recv_timeout, [&] {
+    auto interrupt = [&] {
       if (is_membership_tag(tag)) return false;
       stopped_by = box.alarmed();
       return stopped_by.has_value();
-    });
+    };
+    const auto deadline = clock::now() + opts.recv_timeout;
+    std::vector<std::shared_ptr<connection>> streams;
+    if (opts.streams > 1 && data.size() >= opts.stripe_min_bytes) {
+      std::lock_guard lock(mutex);
+      streams = c->streams;
+    }
+    const auto r = streams.empty() ? c->write_data(tag, data, deadline, interrupt) : send_striped(c, streams, tag, data, deadline, interrupt);
     switch (r.status) {
       case write_status::done:
         break;
@@ -1008,8 +1240,25 @@ struct node {
     }
     bytes_sent += data.size();
     sent_to[static_cast<std::size_t>(peer)] += data.size();
-    framing_sent += wire::header_bytes + wire::padding(data.size()).size();
+    framing_sent += streams.empty() ? wire::header_bytes + wire::padding(data.size()).size()
+                                    : striped_framing_bytes(data.size(), opts.stripe_piece_bytes);
     ++messages_sent;
+    if (!streams.empty()) ++striped_sent;
+  }
+
+  // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp),
+  // every connection's write lock held meanwhile, the first's first.
+  template <class Interrupt>
+  write_result send_striped(const std::shared_ptr<connection>& c, const std::vector<std::shared_ptr<connection>>& streams, tag_type tag,
+                            std::span<const std::byte> data, clock::time_point deadline, Interrupt& interrupt) {
+    std::lock_guard first_lock(c->write_mutex);
+    std::vector<std::unique_lock<std::mutex>> locks;
+    std::vector<connection*> conns{c.get()};
+    for (const auto& s : streams) {
+      locks.emplace_back(s->write_mutex);
+      if (!s->closed_for_writes.load()) conns.push_back(s.get());
+    }
+    return write_striped(std::span<connection* const>(conns), tag, data, opts.stripe_piece_bytes, deadline, interrupt);
   }
 
   // A send that finds the connection closed or broken can run ahead of the reader, while the
@@ -1132,6 +1381,8 @@ struct node {
     s.bytes_received = bytes_received;
     s.messages_received = messages_received;
     s.bodies_into_posted = bodies_into_posted;
+    s.striped_sent = striped_sent;
+    s.striped_received = striped_received;
     s.wait_seconds = wait_seconds;
     {
       std::lock_guard lock(mutex);
@@ -1183,6 +1434,7 @@ struct node {
   std::unique_ptr<std::atomic<std::uint64_t>[]> sent_to = std::make_unique<std::atomic<std::uint64_t>[]>(
       static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
+  std::atomic<std::uint64_t> striped_sent = 0, striped_received = 0;
   std::atomic<double> wait_seconds = 0;
 
   // Relays: the circuits this peer carries for others (their threads stop before the I/O

@@ -160,6 +160,16 @@ struct tcp_options {
   // What this peer does, when it listens, for peers that cannot reach each other: it relays
   // their connections, within these limits (tcp::relay_stats() says what it did).
   relay_options relay;
+  // Connections a pair of peers keeps (1 to 16): a message of at least stripe_min_bytes goes
+  // over all of them at once, in pieces of stripe_piece_bytes, each connection taking the next
+  // piece as its socket takes bytes (tcp/stripes.hpp). One TCP connection moves at most its
+  // send buffer a round trip (Linux caps it at tcp_wmem's maximum, 4 MiB by default: 335 Mbit/s
+  // over a 100 ms round trip); several fill a long fat link where that cap cannot be raised.
+  // The dialer of a pair opens the further ones, directly only (not through a relay), and a
+  // peer accepts as many as its own setting: set it alike on every peer.
+  int streams = 1;
+  std::uint64_t stripe_min_bytes = std::uint64_t{4} << 20;
+  std::uint64_t stripe_piece_bytes = std::uint64_t{1} << 20;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -205,6 +215,13 @@ struct tcp_options {
     tls.validate();
     relay.validate();
     decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
+    decentrain::detail::check(streams >= 1 && streams <= 16, "tcp: streams must be in [1, 16], got ", streams);
+    decentrain::detail::check(stripe_piece_bytes >= wire::min_piece_bytes && stripe_piece_bytes % wire::frame_alignment == 0 &&
+                                  stripe_piece_bytes <= max_frame_bytes,
+                              "tcp: stripe_piece_bytes must be a multiple of ", wire::frame_alignment, " from ", wire::min_piece_bytes,
+                              " to max_frame_bytes (", max_frame_bytes, "), got ", stripe_piece_bytes);
+    decentrain::detail::check(stripe_min_bytes >= stripe_piece_bytes, "tcp: stripe_min_bytes (", stripe_min_bytes,
+                              ") must be at least stripe_piece_bytes (", stripe_piece_bytes, ")");
   }
 };
 

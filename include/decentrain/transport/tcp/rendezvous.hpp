@@ -213,8 +213,9 @@ class rendezvous {
     }
   }
 
-  wire::hello my_hello(wire::hello_purpose purpose) const {
+  wire::hello my_hello(wire::hello_purpose purpose, std::uint8_t stream = 0) const {
     wire::hello h;
+    h.stream = stream;
     h.rank = n_.opts.rank;
     h.world = n_.opts.world;
     h.purpose = purpose;
@@ -322,7 +323,7 @@ class rendezvous {
     int rank = -1;
   };
   answered dial_handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address,
-                          [[maybe_unused]] int expected = -1) {
+                          [[maybe_unused]] int expected = -1, std::uint8_t stream = 0) {
     answered out;
 #if DECENTRAIN_HAS_TLS
     if (n_.tls_context) {
@@ -342,7 +343,7 @@ class rendezvous {
     handshake machine;
     const auto& creds = n_.creds;
     const bool proving = creds.keyed() || creds.identities();
-    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose), creds));
+    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose, stream), creds));
     bool proven = false;  // the acceptor proved its credentials: its answers are sealed, and believed
     auto refused = [&](const frame_in& f) {
       wire::farewell why{false, "no reason given"};
@@ -425,6 +426,36 @@ class rendezvous {
 
   void dial(int peer, const std::string& address) {
     with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); }, true);
+    open_streams(peer, address);
+  }
+
+  // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed one after another
+  // once its first connection stands. One that fails leaves the pair with those it has: striped
+  // messages go over fewer streams, and nothing else changes.
+  void open_streams(int peer, const std::string& address) {
+    for (int i = 1; i < n_.opts.streams; ++i) {
+      const auto first = n_.direct_connection(peer);
+      if (!first) return;
+      try {
+        with_connection(address, [&](asio::ip::tcp::socket& s) {
+          auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer, static_cast<std::uint8_t>(i));
+          decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
+                                    " answered a stream's hello with frame type ", static_cast<int>(answer.head.type));
+          decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ",
+                                    address, " proved it is peer ", proven_rank, ", not peer ", peer);
+          auto c = std::make_shared<connection>(n_.io);
+          const auto protocol = s.local_endpoint().protocol();
+          c->socket.assign(protocol, s.release());
+          c->rank = peer;
+          c->stream = i;
+          c->handshake_state.opened();
+          c->keys = std::move(keys);
+          n_.add_stream(c, first);
+        });
+      } catch (const std::exception&) {
+        return;
+      }
+    }
   }
 
   // Peer `far` accepts no connections either, and has the lower rank: a relay tells both the

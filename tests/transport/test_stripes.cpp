@@ -1,0 +1,315 @@
+// Striped messages (tcp_options::streams, tcp/stripes.hpp): a message goes over several
+// connections of a pair at once and lands whole, in the order sent, among messages that do not;
+// hostile pieces and streams are named and dropped. Everything binds to 127.0.0.1 and is
+// bounded in time. (The conformance suite runs its cases striped too: harness::tcp_striped.)
+#include <catch2/catch.hpp>
+
+#include "bounded_read.hpp"
+#include "support/transport_harness.hpp"
+
+#include <decentrain/decentrain.hpp>
+
+#include <asio.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dt = decentrain;
+namespace tr = dt::transport;
+namespace wire = dt::transport::wire;
+using namespace std::chrono_literals;
+
+namespace {
+
+tr::bytes striped_pattern(std::size_t size, int from, int index) {
+  tr::bytes m(size);
+  for (std::size_t i = 0; i < size; ++i) m[i] = static_cast<std::byte>((i * 131 + static_cast<std::size_t>(from * 7 + index * 3)) & 0xff);
+  return m;
+}
+
+// The dialer of a pair opens its further streams once the first connection stands, and its
+// acceptor registers them as they come: waits (10 s at most) until every pair has `want`
+// connections here, then for the other peers, so that what follows is striped from the start.
+void striped_wait(tr::tcp& ep, int want) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  for (int p = 0; p < ep.world(); ++p)
+    while (p != ep.rank() && ep.streams_to(p) < want && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+  dt::collective::communicator(ep).barrier();
+}
+
+void striped_options(tr::tcp_options& o) {
+  o.streams = 4;
+  o.stripe_min_bytes = std::uint64_t{64} << 10;
+  o.stripe_piece_bytes = std::uint64_t{16} << 10;
+}
+
+// What each peer of a striped run saw: its streams to the others, the messages that came wrong,
+// an all-reduce's result, and its traffic.
+struct striped_run {
+  std::vector<std::vector<int>> streams;
+  std::vector<int> wrong;
+  std::vector<std::vector<float>> reduced;
+  std::vector<tr::traffic_stats> stats;
+  std::vector<std::string> errors;
+};
+
+// Three peers; each sends each other one message sizes of which some are striped, all under one
+// tag, alternating with small ones, then receives the other's in order (queued: nobody posted
+// memory for them), then all-reduces 1 Mi floats (its exchanges land in posted memory).
+striped_run run_striped(const std::string& key) {
+  constexpr int world = 3;
+  const std::vector<std::size_t> sizes{100, std::size_t{64} << 10, 7, (std::size_t{1} << 20) + 4097, std::size_t{200} << 10,
+                                       0, std::size_t{64} << 10 | 1, 3000};
+  striped_run out;
+  out.streams.resize(world);
+  out.wrong.assign(world, -1);
+  out.reduced.resize(world);
+  out.stats.resize(world);
+  const auto errors = harness::tcp::run_each(world, [&](tr::tcp_options& o) {
+    striped_options(o);
+    o.key = key;
+  }, [&](tr::tcp& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    striped_wait(ep, 4);
+    for (int p = 0; p < world; ++p) out.streams[r].push_back(ep.streams_to(p));
+    for (int p = 0; p < world; ++p)
+      if (p != ep.rank())
+        for (std::size_t i = 0; i < sizes.size(); ++i) ep.send(p, 5, striped_pattern(sizes[i], ep.rank(), static_cast<int>(i)));
+    int wrong = 0;
+    for (int p = 0; p < world; ++p)
+      if (p != ep.rank())
+        for (std::size_t i = 0; i < sizes.size(); ++i) wrong += ep.recv(p, 5) != striped_pattern(sizes[i], p, static_cast<int>(i));
+    out.wrong[r] = wrong;
+    std::vector<float> v(std::size_t{1} << 20);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 13 + r * 5) % 97);
+    dt::collective::communicator(ep).all_reduce(std::span<float>(v));
+    out.reduced[r] = std::move(v);
+    out.stats[r] = ep.stats();
+  });
+  for (const auto& e : errors) out.errors.push_back(harness::tcp::what(e));
+  return out;
+}
+
+// A caller without credentials that says it is peer `rank` (stream `stream` of its pair), and
+// what the peer answered: a welcome, or a goodbye's reason.
+struct striped_caller {
+  asio::ip::tcp::socket socket;
+  wire::frame_type answer = wire::frame_type::bye;
+  std::string reason;
+};
+
+striped_caller striped_call(asio::io_context& io, const std::string& address, int rank, int world, std::uint8_t stream) {
+  const auto [host, port] = wire::split_address(address);
+  striped_caller c{asio::ip::tcp::socket(io), {}, {}};
+  c.socket.connect({asio::ip::make_address(host), port});
+  wire::hello h;
+  h.rank = rank;
+  h.world = world;
+  h.stream = stream;
+  const auto body = wire::encode_body(h);
+  const auto head = wire::encode_header({wire::frame_type::hello, 0, body.size(), {}});
+  std::vector<std::byte> f(head.begin(), head.end());
+  f.insert(f.end(), body.begin(), body.end());
+  const auto pad = wire::padding(body.size());
+  f.insert(f.end(), pad.begin(), pad.end());
+  asio::write(c.socket, asio::buffer(f));
+  std::array<std::byte, wire::header_bytes> in{};
+  REQUIRE(!bench::read_within(c.socket, asio::buffer(in), 10s));
+  const auto got = wire::decode_header(in.data(), wire::max_control_bytes);
+  c.answer = got.type;
+  tr::bytes answer_body(got.length + wire::padding(got.length).size());
+  REQUIRE(!bench::read_within(c.socket, asio::buffer(answer_body), 10s));
+  answer_body.resize(got.length);
+  if (got.type == wire::frame_type::bye && !answer_body.empty())
+    c.reason = wire::decode_body<wire::farewell>(answer_body, "goodbye").reason;
+  return c;
+}
+
+void striped_write(asio::ip::tcp::socket& s, wire::frame_type type, tr::tag_type tag, const tr::bytes& body) {
+  const auto head = wire::encode_header({type, tag, body.size(), {}});
+  std::vector<std::byte> f(head.begin(), head.end());
+  f.insert(f.end(), body.begin(), body.end());
+  const auto pad = wire::padding(body.size());
+  f.insert(f.end(), pad.begin(), pad.end());
+  asio::write(s, asio::buffer(f));
+}
+
+}  // namespace
+
+TEST_CASE("tcp streams: messages striped over four connections land whole, in order among the others, queued or posted") {
+  for (const std::string& key : {std::string(), std::string("a run key of thirty-two bytes...")}) {
+    INFO((key.empty() ? "without a run key" : "with a run key"));
+    const auto run = run_striped(key);
+    for (const auto& e : run.errors) CHECK(e == "");
+    REQUIRE(run.reduced.size() == 3);
+    for (int r = 0; r < 3; ++r) {
+      const auto u = static_cast<std::size_t>(r);
+      for (int p = 0; p < 3; ++p) CHECK(run.streams[u][static_cast<std::size_t>(p)] == (p == r ? 0 : 4));
+      CHECK(run.wrong[u] == 0);
+      CHECK(run.reduced[u] == run.reduced[0]);
+      // Four messages to each of two peers are over stripe_min_bytes, and the all-reduce's pieces
+      // of 1 Mi floats / 3 (1.4 MB) are too.
+      CHECK(run.stats[u].striped_sent >= 8);
+      CHECK(run.stats[u].striped_received >= 8);
+    }
+    for (std::size_t i = 0; i < run.reduced[0].size(); i += 997) {
+      float want = 0;
+      for (std::size_t r = 0; r < 3; ++r) want += static_cast<float>((i * 13 + r * 5) % 97);
+      REQUIRE(run.reduced[0][i] == want);
+    }
+  }
+}
+
+TEST_CASE("tcp streams: a peer that takes fewer streams keeps the pair to its number, and messages go as before") {
+  constexpr int world = 2;
+  std::vector<int> streams(world), wrong(world, -1);
+  std::vector<tr::traffic_stats> stats(world);
+  const auto errors = harness::tcp::run_each(world, [](tr::tcp_options& o) {
+    striped_options(o);
+    if (o.rank == 0) o.streams = 2;  // peer 1 dials it and asks for three more: it takes one
+  }, [&](tr::tcp& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    striped_wait(ep, 2);
+    streams[r] = ep.streams_to(1 - ep.rank());
+    ep.send(1 - ep.rank(), 1, striped_pattern(std::size_t{1} << 20, ep.rank(), 0));
+    wrong[r] = ep.recv(1 - ep.rank(), 1) != striped_pattern(std::size_t{1} << 20, 1 - ep.rank(), 0);
+    stats[r] = ep.stats();
+  });
+  for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
+  CHECK(streams == std::vector<int>{2, 2});
+  CHECK(wrong == std::vector<int>{0, 0});
+  CHECK(stats[0].striped_sent == 1);
+  CHECK(stats[1].striped_received == 1);
+}
+
+TEST_CASE("tcp streams: pieces and streams a peer may not send close its connection, named, and the peer takes others after") {
+  // Peer 0 listens with four streams a pair; callers without credentials say they are peer 1
+  // and send what no honest peer sends. Each is dropped with a reason that names it.
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = 10s;
+  o.recv_timeout = 10s;
+  striped_options(o);
+  tr::tcp peer0(o);
+  const auto address = peer0.address();
+  asio::io_context io;
+  const auto head = [](std::uint64_t seq, std::uint64_t total, std::uint64_t piece) {
+    return wire::encode_stripe_head({seq, total, piece});
+  };
+  const auto piece_tag = [](std::uint64_t seq, std::uint64_t index) { return wire::encode_piece_id({seq, index}); };
+  struct attack {
+    std::string name;
+    std::function<void(asio::ip::tcp::socket&)> send;
+    std::string named;
+  };
+  const std::vector<attack> attacks{
+      {"a piece of a message never announced",
+       [&](auto& s) { striped_write(s, wire::frame_type::piece, piece_tag(1, 0), tr::bytes(4096)); }, "which is not one it is sending (0 open, the last announced 0)"},
+      {"a message numbered out of turn",
+       [&](auto& s) { striped_write(s, wire::frame_type::stripe, 9, head(2, 8192, 4096)); }, "sent striped message 2 after message 0"},
+      {"a message over max_frame_bytes",
+       [&](auto& s) { striped_write(s, wire::frame_type::stripe, 9, head(1, o.max_frame_bytes + 1, 4096)); }, "a striped message of"},
+      {"pieces that are not 64-byte multiples",
+       [&](auto& s) { striped_write(s, wire::frame_type::stripe, 9, head(1, 8192, 4100)); }, "multiples of 64"},
+      {"a piece past the message's last",
+       [&](auto& s) {
+         striped_write(s, wire::frame_type::stripe, 9, head(1, 8192, 4096));
+         striped_write(s, wire::frame_type::piece, piece_tag(1, 2), tr::bytes(4096));
+       },
+       "piece 2 (4096 bytes) of striped message 1"},
+      {"a piece twice",
+       [&](auto& s) {
+         striped_write(s, wire::frame_type::stripe, 9, head(1, 12288, 4096));
+         striped_write(s, wire::frame_type::piece, piece_tag(1, 1), tr::bytes(4096));
+         striped_write(s, wire::frame_type::piece, piece_tag(1, 1), tr::bytes(4096));
+       },
+       "(message 1: 3 pieces of 4096 bytes, 1 landed)"},
+      {"a piece of another length",
+       [&](auto& s) {
+         striped_write(s, wire::frame_type::stripe, 9, head(1, 6000, 4096));
+         striped_write(s, wire::frame_type::piece, piece_tag(1, 1), tr::bytes(4096));
+       },
+       "piece 1 (4096 bytes)"},
+  };
+  std::vector<std::string> last(attacks.size());
+  std::vector<std::uint64_t> counted(attacks.size());
+  std::vector<bool> closed(attacks.size());
+  for (std::size_t i = 0; i < attacks.size(); ++i) {
+    auto c = striped_call(io, address, 1, 2, 0);
+    REQUIRE(c.answer == wire::frame_type::welcome);
+    attacks[i].send(c.socket);
+    closed[i] = bench::closed_within(c.socket, 10s);
+    last[i] = peer0.last_malformed();
+    counted[i] = peer0.stats().malformed_frames;
+  }
+  for (std::size_t i = 0; i < attacks.size(); ++i) {
+    INFO(attacks[i].name << ": " << last[i]);
+    CHECK(closed[i]);
+    CHECK(last[i].find(attacks[i].named) != std::string::npos);
+    CHECK(counted[i] == i + 1);
+  }
+
+  // Streams: one past the peer's number, one for a rank with no connection here, one that sends
+  // a data frame, are refused or dropped; a second stream of one number is refused.
+  auto refused_past = striped_call(io, address, 1, 2, 4);
+  CHECK(refused_past.answer == wire::frame_type::bye);
+  CHECK(refused_past.reason.find("takes at most 4 connections a pair") != std::string::npos);
+  auto no_first = striped_call(io, address, 1, 2, 1);
+  CHECK(no_first.answer == wire::frame_type::bye);
+  CHECK(no_first.reason.find("no direct connection from a member of rank 1") != std::string::npos);
+  auto first = striped_call(io, address, 1, 2, 0);
+  REQUIRE(first.answer == wire::frame_type::welcome);
+  auto stream = striped_call(io, address, 1, 2, 2);
+  CHECK(stream.answer == wire::frame_type::welcome);
+  auto again = striped_call(io, address, 1, 2, 2);
+  CHECK(again.answer == wire::frame_type::bye);
+  CHECK(again.reason.find("has a stream 2 from peer 1 already") != std::string::npos);
+  CHECK(peer0.streams_to(1) == 2);
+  striped_write(stream.socket, wire::frame_type::data, 3, tr::bytes(8));
+  CHECK(bench::closed_within(stream.socket, 10s));
+  CHECK(peer0.last_malformed().find("on its stream 2, which carries pieces of striped messages only") != std::string::npos);
+  // (the socket closes before the stream leaves its pair's list: a moment later)
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (peer0.streams_to(1) != 1 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+  CHECK(peer0.streams_to(1) == 1);
+  // The first connection stands, and a message it sends unstriped still lands.
+  const auto small = striped_pattern(100, 1, 0);
+  striped_write(first.socket, wire::frame_type::data, 3, small);
+  CHECK(peer0.recv(1, 3) == small);
+
+  // A stream that closes between messages leaves the pair with the others: a message striped
+  // over the first connection and a stream opened anew lands whole.
+  auto third = striped_call(io, address, 1, 2, 3);
+  REQUIRE(third.answer == wire::frame_type::welcome);
+  third.socket.close();
+  auto fresh = striped_call(io, address, 1, 2, 1);
+  REQUIRE(fresh.answer == wire::frame_type::welcome);
+  const auto big = striped_pattern(3 * 4096 + 100, 1, 1);
+  const auto piece_of = [&](std::size_t i) {
+    return tr::bytes(big.begin() + static_cast<std::ptrdiff_t>(i * 4096),
+                     big.begin() + static_cast<std::ptrdiff_t>(std::min(big.size(), (i + 1) * 4096)));
+  };
+  striped_write(first.socket, wire::frame_type::stripe, 3, head(1, big.size(), 4096));
+  striped_write(fresh.socket, wire::frame_type::piece, piece_tag(1, 3), piece_of(3));
+  striped_write(first.socket, wire::frame_type::piece, piece_tag(1, 0), piece_of(0));
+  striped_write(fresh.socket, wire::frame_type::piece, piece_tag(1, 1), piece_of(1));
+  striped_write(first.socket, wire::frame_type::piece, piece_tag(1, 2), piece_of(2));
+  CHECK(peer0.recv(1, 3) == big);
+  CHECK(peer0.stats().striped_received == 1);
+
+  // A stream that closes with a piece of an open message on its way takes the pair's first
+  // connection with it (the pieces it carried are lost: not sent again), named.
+  striped_write(first.socket, wire::frame_type::stripe, 3, head(2, 8192, 4096));
+  const auto half = wire::encode_header({wire::frame_type::piece, piece_tag(2, 1), 4096, {}});
+  asio::write(fresh.socket, asio::buffer(half));
+  asio::write(fresh.socket, asio::buffer(tr::bytes(1000)));
+  fresh.socket.close();
+  CHECK(bench::closed_within(first.socket, 10s));
+  CHECK_THROWS_WITH(peer0.recv(1, 3), Catch::Contains("its stream 1 closed in the middle of a striped message"));
+}
