@@ -1,5 +1,6 @@
 // The TCP wire format (transport/frame.hpp) as a peer reads it off a connection: headers,
-// padding, and the control bodies (hello, directory, goodbye, heartbeat, challenge), with the
+// padding, and the control bodies (hello, directory, goodbye, heartbeat, challenge, a striped
+// message's head, a piece's tag), with the
 // addresses a directory hands out, and a run key's frame tags. Properties: every control body
 // that decodes encodes back to bytes that decode to the same message; a forged tag never opens.
 #include "fuzz.hpp"
@@ -16,7 +17,7 @@ constexpr std::uint64_t max_data = std::uint64_t{1} << 20;
 
 bool same_hello(const wire::hello& a, const wire::hello& b) {
   return a.rank == b.rank && a.world == b.world && a.purpose == b.purpose && a.little_endian == b.little_endian &&
-         a.address == b.address && a.late == b.late && a.nonce == b.nonce;
+         a.address == b.address && a.late == b.late && a.nonce == b.nonce && a.stream == b.stream;
 }
 
 template <class T>
@@ -61,6 +62,16 @@ void control_body(wire::frame_type type, const bytes& body) {
     case wire::frame_type::challenge:
       if (body.size() == wire::challenge_bytes) (void)wire::challenge_rank(body);
       break;
+    case wire::frame_type::stripe:
+      rejects_cleanly([&] {
+        const auto s = wire::decode_stripe_head(body, max_data);
+        require(wire::encode_stripe_head(s) == body, "a stripe head encodes back to its bytes");
+        // Its pieces tile the message: each within it, the last ending at its end.
+        const auto last = s.pieces() - 1;
+        require(s.pieces() >= 1 && s.offset(last) < s.total && s.offset(last) + s.length(last) == s.total,
+                "a striped message's pieces tile it");
+      });
+      break;
     default:
       break;
   }
@@ -96,6 +107,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       decentrain_fuzz::require(!decrypting.open_in_place(head, text, h.mac), "an encrypted frame forged without the key opened");
     }
     control_body(h.type, body);
+    if (h.type == wire::frame_type::piece) {
+      const auto id = wire::decode_piece_id(h.tag);
+      decentrain_fuzz::require(wire::encode_piece_id(id) == h.tag, "a piece's tag encodes back to itself");
+    }
   }
   return 0;
 }
@@ -115,6 +130,7 @@ std::vector<std::string> decentrain_fuzz::seeds() {
   hello.world = 4;
   hello.address = "127.0.0.1:29500";
   hello.nonce = std::string(auth::nonce_bytes, 'n');
+  hello.stream = 2;
   wire::directory dir;
   dir.entries = {{0, "10.0.0.1:1"}, {2, "[::1]:65535"}};
   dir.formed = true;
@@ -125,6 +141,7 @@ std::vector<std::string> decentrain_fuzz::seeds() {
                              frame(wire::frame_type::challenge, challenge) +
                              frame(wire::frame_type::heartbeat, wire::encode_heartbeat({1, 2, 3})) +
                              frame(wire::frame_type::data, bytes(100, std::byte{9})) +
+                             frame(wire::frame_type::stripe, wire::encode_stripe_head({1, 10000, 4096})) +
                              frame(wire::frame_type::directory, wire::encode_body(dir)) +
                              frame(wire::frame_type::bye, wire::encode_body(wire::farewell{true, "left out", false}));
   return {stream, frame(wire::frame_type::hello, wire::encode_body(hello)),

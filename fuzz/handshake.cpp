@@ -91,7 +91,7 @@ std::string stream_of(std::span<const std::uint8_t> input) {
   decentrain_fuzz::reader r{input.subspan(1)};
   std::string out;
   while (!r.empty()) {
-    const auto type = static_cast<wire::frame_type>(r.number(1) % (wire::last_frame_type + 2));  // 0 and 10: unknown
+    const auto type = static_cast<wire::frame_type>(r.number(1) % (wire::last_frame_type + 2));  // 0 and last + 1: unknown
     const auto body = r.take(static_cast<std::size_t>(r.number(2)));
     out += frame(type, std::as_bytes(body));
   }

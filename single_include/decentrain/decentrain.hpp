@@ -11302,6 +11302,9 @@ struct traffic_stats {
   // Data bodies read straight into memory a receiver posted (tcp's exchange; whatever the frame
   // turned out to be), so a test can tell that path from the mailbox's. The others count 0.
   std::uint64_t bodies_into_posted = 0;
+  // Messages sent and received in pieces over several connections at once (tcp_options::streams);
+  // the others count 0.
+  std::uint64_t striped_sent = 0, striped_received = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;
 };
@@ -12182,8 +12185,8 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
 // per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
-// hole punching.
-inline constexpr std::uint16_t version = 10;
+// hole punching; 10: one connection a pair (no striped messages).
+inline constexpr std::uint16_t version = 11;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -12209,11 +12212,14 @@ inline constexpr std::size_t max_directory_entries = 65536;
 
 // challenge, proof: the handshake's proofs (tcp/handshake.hpp); welcome: the answer to a data
 // hello that was accepted (a refused one gets a bye saying why); relay: a piece of a connection
-// between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag).
+// between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag);
+// stripe: a message that comes in pieces over several connections (tcp/stripes.hpp: its tag is
+// the message's, its body a stripe_head); piece: one of them (its tag a piece_id).
 enum class frame_type : std::uint16_t {
-  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9
+  hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9,
+  stripe = 10, piece = 11
 };
-inline constexpr std::uint16_t last_frame_type = 9;
+inline constexpr std::uint16_t last_frame_type = 11;
 
 // A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
 // kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
@@ -12246,18 +12252,62 @@ inline relay_route decode_route(tag_type t, int capacity) {
   return {static_cast<relay_kind>(kind), from, to};
 }
 
-// The stream position an ack or a resume carries (little-endian u64).
-inline bytes encode_position(std::uint64_t v) {
-  bytes out(8);
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+// Fixed bodies of little-endian u64s (a stream position, a striped message's head, a heartbeat).
+template <std::size_t N>
+bytes encode_u64s(const std::array<std::uint64_t, N>& values) {
+  bytes out(8 * N);
+  for (std::size_t k = 0; k < N; ++k)
+    for (std::size_t i = 0; i < 8; ++i) out[8 * k + i] = static_cast<std::byte>((values[k] >> (8 * i)) & 0xff);
   return out;
 }
-inline std::uint64_t decode_position(std::span<const std::byte> b) {
-  decentrain::detail::check(b.size() == 8, "frame: a relay frame's stream position has ", b.size(), " bytes, not 8");
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[i]) << (8 * i);
-  return v;
+// Throws, naming `what`, unless `body` holds exactly N of them.
+template <std::size_t N>
+std::array<std::uint64_t, N> decode_u64s(std::span<const std::byte> body, const char* what) {
+  decentrain::detail::check(body.size() == 8 * N, "frame: ", what, " of ", body.size(), " bytes (it has ", 8 * N, ")");
+  std::array<std::uint64_t, N> out{};
+  for (std::size_t k = 0; k < N; ++k)
+    for (std::size_t i = 0; i < 8; ++i) out[k] |= static_cast<std::uint64_t>(body[8 * k + i]) << (8 * i);
+  return out;
 }
+
+// The stream position an ack or a resume carries.
+inline bytes encode_position(std::uint64_t v) { return encode_u64s<1>({v}); }
+inline std::uint64_t decode_position(std::span<const std::byte> b) { return decode_u64s<1>(b, "a relay frame's stream position")[0]; }
+
+// A striped message (tcp/stripes.hpp): its stripe frame's body says which it is of those the
+// pair's first connection announced (1, 2, ...), its size, and the size of its pieces (the last
+// may be shorter); each piece frame's tag names the message and the piece. Pieces are 64-byte
+// multiples (each lands aligned), at least min_piece_bytes, and a message has at most
+// max_pieces of them.
+inline constexpr std::size_t stripe_head_bytes = 24;
+inline constexpr std::uint64_t min_piece_bytes = 4096;
+inline constexpr std::uint64_t max_pieces = std::uint64_t{1} << 24;
+struct stripe_head {
+  std::uint64_t seq = 0, total = 0, piece = 0;
+  std::uint64_t pieces() const { return (total + piece - 1) / piece; }
+  std::uint64_t offset(std::uint64_t index) const { return index * piece; }
+  std::uint64_t length(std::uint64_t index) const { return std::min(piece, total - index * piece); }
+};
+inline bytes encode_stripe_head(const stripe_head& s) { return encode_u64s<3>({s.seq, s.total, s.piece}); }
+// Throws unless the body is one, of at most `max_total` bytes in pieces as above.
+inline stripe_head decode_stripe_head(std::span<const std::byte> body, std::uint64_t max_total) {
+  const auto v = decode_u64s<3>(body, "a stripe frame");
+  const stripe_head s{v[0], v[1], v[2]};
+  decentrain::detail::check(s.total >= 1 && s.total <= max_total, "frame: a striped message of ", s.total, " bytes (1 to ",
+                            max_total, ")");
+  decentrain::detail::check(s.piece >= min_piece_bytes && s.piece % frame_alignment == 0, "frame: a striped message in pieces of ",
+                            s.piece, " bytes (multiples of ", frame_alignment, ", at least ", min_piece_bytes, ")");
+  decentrain::detail::check(s.pieces() <= max_pieces, "frame: a striped message in ", s.pieces(), " pieces (at most ", max_pieces, ")");
+  decentrain::detail::check(s.seq >= 1 && s.seq < (std::uint64_t{1} << 40), "frame: a striped message numbered ", s.seq);
+  return s;
+}
+// A piece frame's tag: bits 63-24 its message's number, 23-0 the piece's index.
+struct piece_id {
+  std::uint64_t seq = 0, index = 0;
+  bool operator==(const piece_id&) const = default;
+};
+inline tag_type encode_piece_id(const piece_id& p) { return (p.seq & ((std::uint64_t{1} << 40) - 1)) << 24 | (p.index & 0xffffff); }
+inline piece_id decode_piece_id(tag_type t) { return {t >> 24, t & 0xffffff}; }
 
 struct header {
   frame_type type = frame_type::data;
@@ -12310,7 +12360,8 @@ inline header decode_header(const std::byte* p, std::uint64_t max_body) {
   check_zeros(p + reserved_offset, header_bytes - reserved_offset, "reserved header");
   header h{static_cast<frame_type>(type), get(8, 8), get(16, 8), {}};
   std::memcpy(h.mac.data(), p + tag_offset, h.mac.size());
-  const std::uint64_t limit = h.type == frame_type::data || h.type == frame_type::relay ? max_body : max_control_bytes;
+  const std::uint64_t limit =
+      h.type == frame_type::data || h.type == frame_type::relay || h.type == frame_type::piece ? max_body : max_control_bytes;
   decentrain::detail::check(h.length <= limit, "frame: body of ", h.length, " bytes is over the limit of ", limit);
   return h;
 }
@@ -12361,6 +12412,9 @@ struct hello {
   std::string settings;  // tcp_options::settings: what every peer of the run must agree on
   std::uint8_t credentials = 0;  // what the sender proves itself with: 1 a run key, 2 an identity (both: 3)
   std::string exchange;          // with an identity: the sender's X25519 key for this connection
+  // data: 0 for a pair's first connection; 1 and up for the further streams a striped message
+  // also goes over (tcp_options::streams), which the dialer opens once the first stands.
+  std::uint8_t stream = 0;
 
   template <class Archive>
   void save(Archive& ar) const {
@@ -12371,12 +12425,13 @@ struct hello {
     save_string(ar, settings);
     ar(credentials);
     save_string(ar, exchange);
+    ar(stream);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::uint8_t p = 0;
     ar(rank, world, p, little_endian, bounded_string{address, max_address_chars}, late, bounded_string{nonce, max_nonce_bytes},
-       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes});
+       bounded_string{settings, max_settings_chars}, credentials, bounded_string{exchange, max_exchange_bytes}, stream);
     decentrain::detail::check(p <= 1, "frame: hello has unknown purpose ", static_cast<int>(p));
     decentrain::detail::check(credentials <= 3, "frame: hello has unknown credentials ", static_cast<int>(credentials));
     purpose = static_cast<hello_purpose>(p);
@@ -12449,23 +12504,11 @@ struct heartbeat {
 };
 inline constexpr std::size_t heartbeat_bytes = 24;
 
-inline bytes encode_heartbeat(const heartbeat& h) {
-  bytes out(heartbeat_bytes);
-  std::size_t at = 0;
-  for (const auto v : {h.sent_ns, h.echo_ns, h.held_ns})
-    for (int i = 0; i < 8; ++i) out[at++] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-  return out;
-}
+inline bytes encode_heartbeat(const heartbeat& h) { return encode_u64s<3>({h.sent_ns, h.echo_ns, h.held_ns}); }
 
 inline heartbeat decode_heartbeat(const bytes& body) {
-  decentrain::detail::check(body.size() == heartbeat_bytes, "frame: a heartbeat of ", body.size(), " bytes (it has ",
-                            heartbeat_bytes, ")");
-  auto get = [&](std::size_t at) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[at + static_cast<std::size_t>(i)]) << (8 * i);
-    return v;
-  };
-  return heartbeat{get(0), get(8), get(16)};
+  const auto v = decode_u64s<3>(body, "a heartbeat");
+  return heartbeat{v[0], v[1], v[2]};
 }
 
 template <class T>
@@ -15063,10 +15106,13 @@ static_assert(endpoint<mpi>);
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <utility>
+#include <vector>
 
 // ---- begin decentrain/transport/liveness.hpp ----
 // How long a peer may stay silent before it is suspected, from what its heartbeats measured.
@@ -15916,6 +15962,16 @@ struct tcp_options {
   // What this peer does, when it listens, for peers that cannot reach each other: it relays
   // their connections, within these limits (tcp::relay_stats() says what it did).
   relay_options relay;
+  // Connections a pair of peers keeps (1 to 16): a message of at least stripe_min_bytes goes
+  // over all of them at once, in pieces of stripe_piece_bytes, each connection taking the next
+  // piece as its socket takes bytes (tcp/stripes.hpp). One TCP connection moves at most its
+  // send buffer a round trip (Linux caps it at tcp_wmem's maximum, 4 MiB by default: 335 Mbit/s
+  // over a 100 ms round trip); several fill a long fat link where that cap cannot be raised.
+  // The dialer of a pair opens the further ones, directly only (not through a relay), and a
+  // peer accepts as many as its own setting: set it alike on every peer.
+  int streams = 1;
+  std::uint64_t stripe_min_bytes = std::uint64_t{4} << 20;
+  std::uint64_t stripe_piece_bytes = std::uint64_t{1} << 20;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -15961,6 +16017,13 @@ struct tcp_options {
     tls.validate();
     relay.validate();
     decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
+    decentrain::detail::check(streams >= 1 && streams <= 16, "tcp: streams must be in [1, 16], got ", streams);
+    decentrain::detail::check(stripe_piece_bytes >= wire::min_piece_bytes && stripe_piece_bytes % wire::frame_alignment == 0 &&
+                                  stripe_piece_bytes <= max_frame_bytes,
+                              "tcp: stripe_piece_bytes must be a multiple of ", wire::frame_alignment, " from ", wire::min_piece_bytes,
+                              " to max_frame_bytes (", max_frame_bytes, "), got ", stripe_piece_bytes);
+    decentrain::detail::check(stripe_min_bytes >= stripe_piece_bytes, "tcp: stripe_min_bytes (", stripe_min_bytes,
+                              ") must be at least stripe_piece_bytes (", stripe_piece_bytes, ")");
   }
 };
 
@@ -16051,7 +16114,8 @@ class handshake {
   void check_next(const wire::header& h) const {
     if (next_ == stage::open) {
       decentrain::detail::check(h.type == wire::frame_type::data || h.type == wire::frame_type::bye ||
-                                    h.type == wire::frame_type::heartbeat || h.type == wire::frame_type::relay,
+                                    h.type == wire::frame_type::heartbeat || h.type == wire::frame_type::relay ||
+                                    h.type == wire::frame_type::stripe || h.type == wire::frame_type::piece,
                                 h.type == wire::frame_type::hello ? "frame: a second hello on a connection"
                                                                   : "frame: unexpected frame type ",
                                 h.type == wire::frame_type::hello ? "" : std::to_string(static_cast<int>(h.type)));
@@ -16323,6 +16387,47 @@ struct connection : std::enable_shared_from_this<connection> {
   std::shared_ptr<tunnel> through;
   bool punched = false;  // a direct connection between two peers that accept none (tcp/punch.hpp)
 
+  // ---- streams (tcp/stripes.hpp) ----
+  // 0: a pair's first connection, which carries every frame; 1 and up: a further stream of the
+  // pair, which carries pieces of striped messages only, and `first` is the pair's first.
+  int stream = 0;
+  std::weak_ptr<connection> first;
+  // The first connection's further streams, open now (the node's mutex).
+  std::vector<std::shared_ptr<connection>> streams;
+  std::uint64_t stripes_sent = 0;  // the striped messages sent so far (write_mutex of the first)
+  // The striped messages coming in (the first connection's; I/O thread only): up to
+  // max_open_stripes at once, in the order announced, each with where its pieces land (memory a
+  // receiver posted, or `own`) and which landed; and the frames that wait: the first
+  // connection's next data frame while any is open, or its next stripe frame while
+  // max_open_stripes are (so messages land in the order they were sent), and further streams
+  // whose next piece is of a message not announced yet.
+  static constexpr std::size_t max_open_stripes = 2;
+  struct inbound_stripe {
+    wire::stripe_head head;
+    tag_type tag = 0;
+    std::span<std::byte> into;
+    bytes own;
+    bool posted = false;
+    detail::accepted_as accepted = detail::accepted_as::budget;
+    std::vector<bool> landed;
+    std::uint64_t pieces_left = 0;
+  };
+  struct inbound_stripes {
+    std::deque<inbound_stripe> open;
+    std::uint64_t last_seq = 0;
+    std::optional<wire::header> held;
+    std::vector<std::pair<std::shared_ptr<connection>, wire::header>> waiting;
+    inbound_stripe* find(std::uint64_t seq) {
+      for (auto& e : open)
+        if (e.head.seq == seq) return &e;
+      return nullptr;
+    }
+    // Whether the first connection's next frame of this type waits.
+    bool holds(wire::frame_type type) const {
+      return type == wire::frame_type::data ? !open.empty() : type == wire::frame_type::stripe && open.size() >= max_open_stripes;
+    }
+  } inbound;
+
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
   std::array<std::byte, wire::frame_alignment + wire::header_bytes> head{};
@@ -16409,6 +16514,9 @@ struct connection : std::enable_shared_from_this<connection> {
   // written: nothing can follow it); the I/O thread then reads the end and closes it.
   void abandon() {
     std::lock_guard lock(write_mutex);
+    abandon_locked();
+  }
+  void abandon_locked() {  // (write_mutex held)
     if (!closed_for_writes.exchange(true)) ::shutdown(socket.native_handle(), SHUT_RDWR);
   }
 
@@ -16423,18 +16531,81 @@ struct connection : std::enable_shared_from_this<connection> {
   write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt,
                           wire::frame_type type = wire::frame_type::data) {
     std::lock_guard lock(write_mutex);
+    // (Encrypting, the caller's buffer is not ours to overwrite: the frame is encrypted into one
+    // buffer per sending thread, not per connection: a peer with many connections holds one copy
+    // of its largest frame, not one per peer. The tag goes in the header, so all of it first.)
+    return write_locked(type, tag, data, deadline, interrupt);
+  }
+
+  // write_data with write_mutex already held (a striped message holds it for all its frames).
+  template <class Interrupt>
+  write_result write_locked(wire::frame_type type, tag_type tag, std::span<const std::byte> data, clock::time_point deadline,
+                            Interrupt&& interrupt) {
     if (encrypted()) {
-      // The caller's buffer is not ours to overwrite: the frame is encrypted into one buffer per
-      // sending thread (not per connection: a peer with many connections holds one copy of its
-      // largest frame, not one per peer). The tag goes in the header, so all of it first.
       static thread_local bytes ciphertext;
       if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
       const auto into = std::span<std::byte>(ciphertext).first(data.size());
-      const auto h = sealed_header(type, tag, data, into);
-      return write_sealed(h, into, deadline, interrupt);
+      return write_sealed(sealed_header(type, tag, data, into), into, deadline, interrupt);
     }
     return write_sealed(sealed_header(type, tag, data, {}), data, deadline, interrupt);
   }
+
+  // One sealed frame on its way into the socket without blocking (write_mutex held from start
+  // to finish): what is left of `unsent` first, then the header, body and padding. `h` and
+  // `data` must outlive it.
+  class outgoing {
+   public:
+    outgoing(connection& c, const std::array<std::byte, wire::header_bytes>& h, std::span<const std::byte> data)
+        : c_(c), before_(c.unsent.size()) {
+      const auto pad = wire::padding(data.size());
+      parts_ = {iovec{c.unsent.data(), c.unsent.size()}, iovec{const_cast<std::byte*>(h.data()), h.size()},
+                iovec{const_cast<std::byte*>(data.data()), data.size()}, iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
+    }
+    enum class step { done, full, failed };
+    // Writes what the socket takes now: done once the frame went out whole, full when the
+    // socket takes no more for now, failed when it broke (error()).
+    step write() {
+      while (first_ < parts_.size()) {
+        msghdr msg{};
+        msg.msg_iov = parts_.data() + first_;
+        msg.msg_iovlen = parts_.size() - first_;
+        const ssize_t n = ::sendmsg(c_.socket.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          error_ = errno;
+          if (error_ == EINTR) continue;
+          return error_ == EAGAIN || error_ == EWOULDBLOCK ? step::full : step::failed;
+        }
+        auto done = static_cast<std::size_t>(n);
+        written_ += done;
+        while (first_ < parts_.size() && done >= parts_[first_].iov_len) done -= parts_[first_++].iov_len;
+        if (first_ < parts_.size()) {
+          parts_[first_].iov_base = static_cast<std::byte*>(parts_[first_].iov_base) + done;
+          parts_[first_].iov_len -= done;
+        }
+      }
+      return step::done;
+    }
+    bool started() const { return written_ > before_; }
+    int error() const { return error_; }
+    // Ends the write: what of `unsent` went out is dropped, and a frame that never started gives
+    // its authentication tag back (the next frame takes its place in the sequence).
+    write_result finish(write_status s, int error = 0) {
+      if (s == write_status::done) {
+        c_.unsent.clear();
+        return {};
+      }
+      c_.unsent.erase(c_.unsent.begin(), c_.unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written_, before_)));
+      if (written_ <= before_ && c_.keys) c_.keys->send.unseal();
+      return write_result{s, error, written_ > before_};
+    }
+
+   private:
+    connection& c_;
+    std::size_t before_;
+    std::array<iovec, 4> parts_{};
+    std::size_t first_ = 0, written_ = 0;
+    int error_ = 0;
+  };
 
   // Reads exactly `into` (from byte `got` on), then calls done(error, bytes read). It reads
   // until the socket is empty before it waits, and while it waits the socket's receive
@@ -16442,7 +16613,13 @@ struct connection : std::enable_shared_from_this<connection> {
   // wakes this thread once per large piece of a body rather than once per packet (asio's
   // async_read goes back through epoll_wait after every read: bench/RESULTS.md). Never more
   // than is missing: a mark above the rest of a frame would wait for bytes that may never come.
-  // The kernel caps the mark at half the largest receive buffer and grows the buffer to hold it.
+  // `within_buffer` (a striped message's pieces): nor over a quarter of the socket's receive
+  // buffer as it stands. A mark the buffer cannot hold twice makes Linux grow the buffer to it
+  // and clamp the window to the mark (tcp_set_rcvlowat): at a piece's 1 MiB, that held four
+  // streams over a 100 ms round trip to 0.42-0.61 of a 1 Gbit/s link (bench/RESULTS.md,
+  // bench/streams). Whole frames keep the larger mark: at 4 MiB its clamp is what the sender's
+  // default buffer sends a round trip anyway, autotuning lifts it, and the buffer it grows at once
+  // opened one stream's window sooner (38 s against 50 s for 1 GiB on that link).
   //
   // After `turn_bytes` in one go it hands the rest back to the event loop: a peer streaming
   // gigabytes (a state transfer) would otherwise keep the I/O thread reading for as long as the
@@ -16452,14 +16629,14 @@ struct connection : std::enable_shared_from_this<connection> {
   static constexpr std::size_t turn_bytes = std::size_t{4} << 20;
 
   template <class Done>
-  void read_fully(std::span<std::byte> into, std::size_t got, Done done) {
+  void read_fully(std::span<std::byte> into, std::size_t got, Done done, bool within_buffer = false) {
     const int fd = socket.native_handle();
     std::size_t this_turn = 0;
     while (got < into.size()) {
       if (this_turn >= turn_bytes) {
-        asio::post(socket.get_executor(), [self = shared_from_this(), into, got, done = std::move(done)]() mutable {
+        asio::post(socket.get_executor(), [self = shared_from_this(), into, got, done = std::move(done), within_buffer]() mutable {
           if (self->closed) return done(asio::error_code(asio::error::operation_aborted), got);  // settles a posting
-          self->read_fully(into, got, std::move(done));
+          self->read_fully(into, got, std::move(done), within_buffer);
         });
         return;
       }
@@ -16474,12 +16651,19 @@ struct connection : std::enable_shared_from_this<connection> {
       const int err = errno;
       if (err == EINTR) continue;
       if (err != EAGAIN && err != EWOULDBLOCK) return done(asio::error_code(err, asio::error::get_system_category()), got);
-      const int want = static_cast<int>(std::min(into.size() - got, low_water_cap));
+      std::size_t mark = std::min(into.size() - got, low_water_cap);
+      if (within_buffer) {
+        int rcvbuf = 0;
+        socklen_t length = sizeof rcvbuf;
+        if (::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &length) != 0) rcvbuf = 0;
+        mark = std::max<std::size_t>(1, std::min(mark, static_cast<std::size_t>(rcvbuf / 4)));
+      }
+      const int want = static_cast<int>(mark);
       if (want != low_water && ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) low_water = want;
       socket.async_wait(asio::socket_base::wait_read,
-                        [self = shared_from_this(), into, got, done = std::move(done)](const asio::error_code& ec) mutable {
+                        [self = shared_from_this(), into, got, done = std::move(done), within_buffer](const asio::error_code& ec) mutable {
                           if (ec) return done(ec, got);
-                          self->read_fully(into, got, std::move(done));
+                          self->read_fully(into, got, std::move(done), within_buffer);
                         });
       return;
     }
@@ -16491,46 +16675,18 @@ struct connection : std::enable_shared_from_this<connection> {
   template <class Interrupt>
   write_result write_sealed(const std::array<std::byte, wire::header_bytes>& h, std::span<const std::byte> data,
                             clock::time_point deadline, Interrupt& interrupt) {
-    const auto pad = wire::padding(data.size());
-    const int fd = socket.native_handle();
-    // The rest of a heartbeat goes first (see unsent).
-    const std::size_t before = unsent.size();
-    std::array<iovec, 4> parts{iovec{unsent.data(), unsent.size()}, iovec{const_cast<std::byte*>(h.data()), h.size()},
-                               iovec{const_cast<std::byte*>(data.data()), data.size()},
-                               iovec{const_cast<std::byte*>(pad.data()), pad.size()}};
-    std::size_t first = 0, written = 0;
-    auto stop = [&](write_status s, int error = 0) {
-      unsent.erase(unsent.begin(), unsent.begin() + static_cast<std::ptrdiff_t>(std::min(written, before)));
-      if (written <= before && keys) keys->send.unseal();  // the frame never started: its tag is unused
-      return write_result{s, error, written > before};
-    };
-    while (first < parts.size()) {
-      if (closed_for_writes.load()) return stop(write_status::closed);
-      msghdr msg{};
-      msg.msg_iov = parts.data() + first;
-      msg.msg_iovlen = parts.size() - first;
-      const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        const int err = errno;
-        if (err == EINTR) continue;
-        if (err != EAGAIN && err != EWOULDBLOCK) return stop(write_status::broken, err);
-        if (written <= before && interrupt()) return stop(write_status::interrupted);
-        const auto left = deadline - clock::now();
-        if (left <= clock::duration::zero()) return stop(write_status::timed_out);
-        pollfd p{fd, POLLOUT, 0};
-        ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
-        continue;
-      }
-      auto done = static_cast<std::size_t>(n);
-      written += done;
-      while (first < parts.size() && done >= parts[first].iov_len) done -= parts[first++].iov_len;
-      if (first < parts.size()) {
-        parts[first].iov_base = static_cast<std::byte*>(parts[first].iov_base) + done;
-        parts[first].iov_len -= done;
-      }
+    outgoing out(*this, h, data);
+    for (;;) {
+      if (closed_for_writes.load()) return out.finish(write_status::closed);
+      const auto r = out.write();
+      if (r == outgoing::step::done) return out.finish(write_status::done);
+      if (r == outgoing::step::failed) return out.finish(write_status::broken, out.error());
+      if (!out.started() && interrupt()) return out.finish(write_status::interrupted);
+      const auto left = deadline - clock::now();
+      if (left <= clock::duration::zero()) return out.finish(write_status::timed_out);
+      pollfd p{socket.native_handle(), POLLOUT, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
     }
-    unsent.clear();
-    return {};
   }
 };
 
@@ -17412,6 +17568,135 @@ class relay_service {
 
 #endif  // DECENTRAIN_HAS_ASIO
 // ---- end decentrain/transport/tcp/relay.hpp ----
+// ---- begin decentrain/transport/tcp/stripes.hpp ----
+// A large message over several TCP connections at once (tcp_options::streams): the sending side.
+//
+// One TCP connection moves at most its send buffer per round trip, and Linux caps that buffer
+// (tcp_wmem's maximum, 4 MiB by default: 335 Mbit/s over a 100 ms round trip), so one stream
+// cannot fill a long fat link where that setting cannot be raised; several can (bench/streams.sh
+// measures both). A pair's first connection carries every frame as before; the dialer opens the
+// further ones after it (tcp/rendezvous.hpp), and they carry pieces only. A message of at least
+// stripe_min_bytes goes out as a stripe frame on the first connection (its number, size and
+// piece size: wire::stripe_head), then its pieces over all of the pair's connections at once,
+// each connection taking the next piece as soon as its socket took the last, so a connection
+// whose window is fuller takes fewer (PCCL and GridFTP stripe the same way).
+//
+// The receiving side (tcp/node.hpp) reads the pieces into the memory a receiver posted or one
+// buffer, two messages at once at most (so the streams that finished their share of one go on
+// with the next while the others finish theirs), lands them in order, and holds the first
+// connection's next data frame until those before it landed: messages from a peer land in the
+// order it sent them, striped or not, as over one connection.
+
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+
+namespace decentrain::transport::tcp_detail {
+
+// Writes one striped message: its stripe frame on conns[0] (the pair's first connection), then
+// its pieces over every connection of `conns` at once. The caller holds every connection's
+// write_mutex (the first's first). `interrupt` is asked as connection::write_data asks it,
+// before the stripe frame starts only. On a failure, each connection left in the middle of a
+// frame is given up (connection::abandon_locked: nothing can follow a frame cut off), and the
+// result says why.
+template <class Interrupt>
+write_result write_striped(std::span<connection* const> conns, tag_type tag, std::span<const std::byte> data,
+                           std::uint64_t piece_bytes, clock::time_point deadline, Interrupt&& interrupt) {
+  connection& first = *conns[0];
+  const wire::stripe_head head{first.stripes_sent + 1, data.size(), piece_bytes};
+  const auto announce = wire::encode_stripe_head(head);
+  if (const auto r = first.write_locked(wire::frame_type::stripe, tag, announce, deadline, interrupt); r.status != write_status::done)
+    return r;
+  ++first.stripes_sent;
+
+  struct lane {
+    connection* c = nullptr;
+    std::array<std::byte, wire::header_bytes> h{};
+    std::optional<connection::outgoing> out;  // the piece being written
+  };
+  // (Encrypting, each connection seals its piece into a buffer of its own, kept per sending thread.)
+  static thread_local std::vector<bytes> ciphertexts;
+  if (ciphertexts.size() < conns.size()) ciphertexts.resize(conns.size());
+  std::vector<lane> lanes(conns.size());
+  for (std::size_t i = 0; i < conns.size(); ++i) lanes[i].c = conns[i];
+
+  const std::uint64_t pieces = head.pieces();
+  std::uint64_t next = 0, written = 0;
+  auto fail = [&](write_status s, int error) {
+    for (auto& l : lanes)
+      if (l.out) {
+        const bool started = l.out->started();
+        (void)l.out->finish(s, error);
+        if (started) l.c->abandon_locked();
+      }
+    return write_result{s, error, true};
+  };
+  std::vector<pollfd> waiting;
+  while (written < pieces) {
+    for (std::size_t i = 0; i < lanes.size(); ++i) {
+      auto& l = lanes[i];
+      for (;;) {
+        if (!l.out) {
+          if (next == pieces) break;
+          const std::uint64_t index = next++;
+          const auto body = data.subspan(static_cast<std::size_t>(head.offset(index)), static_cast<std::size_t>(head.length(index)));
+          const auto id = wire::encode_piece_id({head.seq, index});
+          std::span<const std::byte> sent = body;
+          if (l.c->encrypted()) {
+            auto& buffer = ciphertexts[i];
+            if (buffer.size() < body.size()) buffer.resize(body.size());
+            const auto into = std::span<std::byte>(buffer).first(body.size());
+            l.h = l.c->sealed_header(wire::frame_type::piece, id, body, into);
+            sent = into;
+          } else {
+            l.h = l.c->sealed_header(wire::frame_type::piece, id, body, {});
+          }
+          l.out.emplace(*l.c, l.h, sent);
+        }
+        if (l.c->closed_for_writes.load()) return fail(write_status::closed, 0);
+        const auto step = l.out->write();
+        if (step == connection::outgoing::step::full) break;
+        if (step == connection::outgoing::step::failed) return fail(write_status::broken, l.out->error());
+        (void)l.out->finish(write_status::done);
+        l.out.reset();
+        ++written;
+      }
+    }
+    if (written == pieces) break;
+    const auto left = deadline - clock::now();
+    if (left <= clock::duration::zero()) return fail(write_status::timed_out, 0);
+    waiting.clear();
+    for (const auto& l : lanes)
+      if (l.out) waiting.push_back(pollfd{l.c->socket.native_handle(), POLLOUT, 0});
+    ::poll(waiting.data(), waiting.size(),
+           static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+  }
+  return {};
+}
+
+// The bytes a striped message adds on the wire besides its payload: the stripe frame whole,
+// and each piece's header and padding.
+inline std::uint64_t striped_framing_bytes(std::uint64_t total, std::uint64_t piece_bytes) {
+  const wire::stripe_head head{1, total, piece_bytes};
+  std::uint64_t n = wire::header_bytes + wire::stripe_head_bytes + wire::padding(wire::stripe_head_bytes).size();
+  for (std::uint64_t i = 0; i < head.pieces(); ++i) n += wire::header_bytes + wire::padding(head.length(i)).size();
+  return n;
+}
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO
+// ---- end decentrain/transport/tcp/stripes.hpp ----
 // ---- begin decentrain/transport/tcp/tunnel.hpp ----
 // One end of a connection that a third peer relays (tcp/relay.hpp): a local socket pair whose
 // near end the node uses as it would a TCP socket, so the handshake, its keys (TLS included) and
@@ -18264,6 +18549,17 @@ struct node {
   // membership frames, small ones, and little of them queued at once: past that it is dropped.
   void read_body(const std::shared_ptr<connection>& c, const wire::header& h) {
     if (h.type == wire::frame_type::relay && !relay_room(c, h)) return;
+    if (h.type == wire::frame_type::piece) return read_piece(c, h);
+    if (c->stream > 0 && h.type != wire::frame_type::bye)
+      return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent a frame of type ", static_cast<int>(h.type),
+                                                     " on its stream ", c->stream, ", which carries pieces of striped messages only"));
+    // Behind striped messages coming in, a data frame waits until they are whole, a stripe frame
+    // while as many are open as may be (tcp/stripes.hpp).
+    if (c->inbound.holds(h.type)) {
+      c->inbound.held = h;
+      c->paused = true;
+      return;
+    }
     if (h.type == wire::frame_type::data && c->rank >= 0) {
       if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
       bool joiner = false;
@@ -18343,6 +18639,121 @@ struct node {
     });
   }
 
+  // ---- striped messages coming in (tcp/stripes.hpp; I/O thread) ----
+
+  // A striped message announced on its pair's first connection `c`: its pieces land in memory a
+  // receiver posted for it, or in one buffer when the sender's budget has room (else the first
+  // connection pauses, as for a data frame); streams that read a piece of it early go on.
+  void open_stripe(const std::shared_ptr<connection>& c, const wire::header& h, const wire::stripe_head& head) {
+    connection::inbound_stripe e;
+    if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(head.total))) {
+      e.into = *into;
+      e.posted = true;
+      ++bodies_into_posted;
+    } else {
+      const auto as = box.room(c->rank, h.tag, static_cast<std::size_t>(head.total), [this, c, h, head] {
+        asio::post(io, [this, c, h, head] {
+          if (c->closed || !c->paused) return;
+          c->paused = false;
+          open_stripe(c, h, head);
+        });
+      });
+      if (!as) {
+        c->paused = true;
+        return;
+      }
+      e.accepted = *as;
+      e.own = box.spare(static_cast<std::size_t>(head.total));
+      e.into = e.own;
+    }
+    e.head = head;
+    e.tag = h.tag;
+    e.landed.assign(static_cast<std::size_t>(head.pieces()), false);
+    e.pieces_left = head.pieces();
+    auto& in = c->inbound;
+    in.open.push_back(std::move(e));
+    for (auto& [s, sh] : std::exchange(in.waiting, {}))
+      asio::post(io, [this, s = s, sh = sh] {
+        if (s->closed || !s->paused) return;
+        s->paused = false;
+        read_piece(s, sh);
+      });
+    read_next_later(c);
+  }
+
+  // A piece of a striped message its pair's first connection announced: read into its place. A
+  // further stream whose piece is of the next message, not announced yet, waits for it (its
+  // earlier pieces all came before: the sender finishes a message before it starts the next).
+  void read_piece(const std::shared_ptr<connection>& c, const wire::header& h) {
+    const auto f = c->stream == 0 ? c : c->first.lock();
+    if (!f || f->closed) return close(c, "");  // (its pair's first connection closed: so does it)
+    auto& in = f->inbound;
+    const auto id = wire::decode_piece_id(h.tag);
+    if (c->stream > 0 && id.seq == in.last_seq + 1) {
+      c->paused = true;
+      in.waiting.emplace_back(c, h);
+      return;
+    }
+    auto* e = in.find(id.seq);
+    if (!e || id.index >= e->head.pieces() || e->landed[static_cast<std::size_t>(id.index)] || h.length != e->head.length(id.index))
+      return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
+                                                     " bytes) of striped message ", id.seq, ", which is not one it is sending",
+                                                     e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
+                                                                                    " pieces of ", e->head.piece, " bytes, ",
+                                                                                    e->head.pieces() - e->pieces_left, " landed)")
+                                                       : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
+                                                                                    in.last_seq, ")")));
+    const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
+    c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
+      if (ec) {
+        if (ec == asio::error::eof)
+          return malformed(c, decentrain::detail::concat("frame: truncated piece (", got, " of ", h.length, " bytes)"));
+        return lost(c, ec);
+      }
+      if (!authentic(*c, h, into)) return reject_frame(c, h);
+      auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
+      if (!done) return;  // (abandoned meanwhile: its streams closed with it)
+      done->landed[static_cast<std::size_t>(id.index)] = true;
+      f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
+      if (--done->pieces_left == 0) land_stripes(f);
+      read_next_later(c);
+    }, true);
+  }
+
+  // The striped messages that are whole, oldest first, land while the oldest open is; a frame
+  // the first connection held for them goes on once it may.
+  void land_stripes(const std::shared_ptr<connection>& f) {
+    auto& in = f->inbound;
+    while (!in.open.empty() && in.open.front().pieces_left == 0) {
+      auto& e = in.open.front();
+      ++striped_received;
+      if (e.posted) box.landed(f->rank, e.tag);
+      else box.push(f->rank, e.tag, detail::message{std::move(e.own), 0.0, 0, e.accepted});
+      in.open.pop_front();
+    }
+    if (in.held && !in.holds(in.held->type))
+      asio::post(io, [this, f, h = *std::exchange(in.held, std::nullopt)] {
+        if (f->closed || !f->paused) return;
+        f->paused = false;
+        read_body(f, h);
+      });
+  }
+
+  // A first connection that closes with striped messages coming in: its streams close first
+  // (none writes into the messages' memory after that: they are read on this thread only), then
+  // memory receivers posted is settled, oldest first.
+  void abandon_stripes(const std::shared_ptr<connection>& f) {
+    std::vector<std::shared_ptr<connection>> streams;
+    {
+      std::lock_guard lock(mutex);
+      streams = std::exchange(f->streams, {});
+    }
+    for (const auto& s : streams) close(s, "");
+    for (const auto& e : f->inbound.open)
+      if (e.posted) box.abandoned(f->rank, e.tag);
+    f->inbound = {};
+  }
+
   // Whether a frame's tag is the one its connection's key gives its place in the stream (no key:
   // no tag). Checked before anything is done with the frame. With TLS the body is decrypted in
   // place.
@@ -18394,6 +18805,20 @@ struct node {
         if (f.excluded) close(c, "it stopped listening to this peer: " + f.reason, failure_cause::excluded);
         else close(c, "it left: " + f.reason);
         return false;
+      }
+      case wire::frame_type::stripe: {
+        const auto head = wire::decode_stripe_head(c->body, opts.max_frame_bytes);
+        {
+          std::lock_guard lock(mutex);
+          decentrain::detail::check(!restricted(*c), "frame: peer ", c->rank,
+                                    " joins and is not admitted yet, and sent a striped message (only membership frames are read from a joiner)");
+        }
+        decentrain::detail::check(head.seq == c->inbound.last_seq + 1, "frame: peer ", c->rank, " sent striped message ", head.seq,
+                                  " after message ", c->inbound.last_seq);
+        c->inbound.last_seq = head.seq;
+        c->body = {};
+        open_stripe(c, h, head);
+        return false;  // (open_stripe reads on, once the message has a place to land)
       }
       case wire::frame_type::heartbeat:
         heartbeat::heard(*c, c->body, mutex);
@@ -18451,6 +18876,7 @@ struct node {
     }
     if (const auto why = box.barred(hello.rank))  // final: trying again cannot help
       return answer(wire::frame_type::bye, wire::encode_body(wire::farewell{false, *why, true}));
+    if (hello.stream > 0) return admit_stream(c, hello);
     if (hello.late) {
       if (peers.count(hello.rank)) {
         adm.hijack_refused(decentrain::detail::concat("a caller claimed rank ", hello.rank, ", which is connected here and alive"));
@@ -18502,6 +18928,70 @@ struct node {
     return dropped != c;  // false: this connection is the one dropped
   }
 
+  // A further stream of a pair whose first connection stands (tcp/stripes.hpp): at most
+  // `streams` - 1 of them, one of each number, for a direct connection of a member (mutex held).
+  bool admit_stream(const std::shared_ptr<connection>& c, const wire::hello& hello) {
+    const auto it = peers.find(hello.rank);
+    std::string why;
+    if (hello.stream >= opts.streams)
+      why = decentrain::detail::concat("peer ", opts.rank, " takes at most ", opts.streams, " connection", opts.streams == 1 ? "" : "s",
+                                       " a pair (tcp_options::streams), and peer ", hello.rank, " opened its stream ", int{hello.stream});
+    else if (it == peers.end() || it->second->through || restricted(*it->second))
+      why = decentrain::detail::concat("peer ", opts.rank, " has no direct connection from a member of rank ", hello.rank,
+                                       " to add a stream to");
+    else if (std::any_of(it->second->streams.begin(), it->second->streams.end(),
+                         [&](const auto& s) { return s->stream == hello.stream; }))
+      why = decentrain::detail::concat("peer ", opts.rank, " has a stream ", int{hello.stream}, " from peer ", hello.rank, " already");
+    if (!why.empty()) {
+      c->handshake_state.answered();
+      reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, why}));
+      return true;  // the caller closes when it has read the answer
+    }
+    {
+      std::lock_guard write_lock(c->write_mutex);
+      framing_sent += c->append_frame(wire::frame_type::welcome, {});
+      c->flush_unsent();
+    }
+    c->rank = hello.rank;
+    c->stream = hello.stream;
+    c->first = it->second;
+    c->handshake_state.opened();
+    adm.admitted_one();
+    it->second->streams.push_back(c);
+    return true;
+  }
+
+  // Registers a further stream this peer dialed to `peer` (training thread), for the pair's
+  // first connection if it is still `first`; closed otherwise.
+  void add_stream(const std::shared_ptr<connection>& c, const std::shared_ptr<connection>& f) {
+    std::promise<void> registered;
+    auto done = registered.get_future();
+    asio::post(io, [this, c, f, &registered] {
+      all.insert(c);
+      bool kept = false;
+      {
+        std::lock_guard lock(mutex);
+        const auto it = peers.find(c->rank);
+        if (!f->closed && it != peers.end() && it->second == f) {
+          c->first = f;
+          f->streams.push_back(c);
+          kept = true;
+        }
+      }
+      if (kept) read_next(c);
+      else close(c, "");
+      registered.set_value();
+    });
+    done.get();
+  }
+
+  // The pair's first connection to `peer` (training thread), if it is a direct one.
+  std::shared_ptr<connection> direct_connection(int peer) const {
+    std::lock_guard lock(mutex);
+    const auto it = peers.find(peer);
+    return it == peers.end() || it->second->through ? nullptr : it->second;
+  }
+
   // A caller refused before its key was checked: told why (best effort), counted.
   void refuse(const std::shared_ptr<connection>& c, const std::string& why) {
     adm.rejected(why);
@@ -18548,6 +19038,19 @@ struct node {
         if (c->through) relayed_before[c->rank] = c->through->relay();
         if (!why.empty()) box.close(c->rank, why, cause);
       }
+    }
+    if (c->stream > 0) {
+      // A stream of a pair that closes mid-message takes the message's first connection with it:
+      // the pieces it had on its way are lost.
+      const auto f = c->first.lock();
+      if (f) {
+        std::lock_guard lock(mutex);
+        std::erase(f->streams, c);
+      }
+      if (f && !f->inbound.open.empty() && !why.empty())
+        close(f, decentrain::detail::concat("its stream ", c->stream, " closed in the middle of a striped message: ", why), cause);
+    } else if (!c->inbound.open.empty() || !c->streams.empty()) {
+      abandon_stripes(c);
     }
     if (c->through) {
       std::lock_guard lock(mutex);
@@ -18661,6 +19164,12 @@ struct node {
     for (const auto& [r, c] : peers)
       if (c->through) out[r] = c->through->relay();
     return out;
+  }
+
+  int streams_to(int peer) const {
+    std::lock_guard lock(mutex);
+    const auto it = peers.find(peer);
+    return it == peers.end() ? 0 : 1 + static_cast<int>(it->second->streams.size());
   }
 
   // The peers this one reached directly although neither accepts connections (a hole punched
@@ -18933,11 +19442,18 @@ struct node {
     // An alarm (transport/membership.hpp) stops a send that has written nothing of its frame
     // yet: its receiver may be the frozen peer.
     std::optional<alarm> stopped_by;
-    const auto r = c->write_data(tag, data, clock::now() + opts.recv_timeout, [&] {
+    auto interrupt = [&] {
       if (is_membership_tag(tag)) return false;
       stopped_by = box.alarmed();
       return stopped_by.has_value();
-    });
+    };
+    const auto deadline = clock::now() + opts.recv_timeout;
+    std::vector<std::shared_ptr<connection>> streams;
+    if (opts.streams > 1 && data.size() >= opts.stripe_min_bytes) {
+      std::lock_guard lock(mutex);
+      streams = c->streams;
+    }
+    const auto r = streams.empty() ? c->write_data(tag, data, deadline, interrupt) : send_striped(c, streams, tag, data, deadline, interrupt);
     switch (r.status) {
       case write_status::done:
         break;
@@ -18955,8 +19471,25 @@ struct node {
     }
     bytes_sent += data.size();
     sent_to[static_cast<std::size_t>(peer)] += data.size();
-    framing_sent += wire::header_bytes + wire::padding(data.size()).size();
+    framing_sent += streams.empty() ? wire::header_bytes + wire::padding(data.size()).size()
+                                    : striped_framing_bytes(data.size(), opts.stripe_piece_bytes);
     ++messages_sent;
+    if (!streams.empty()) ++striped_sent;
+  }
+
+  // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp),
+  // every connection's write lock held meanwhile, the first's first.
+  template <class Interrupt>
+  write_result send_striped(const std::shared_ptr<connection>& c, const std::vector<std::shared_ptr<connection>>& streams, tag_type tag,
+                            std::span<const std::byte> data, clock::time_point deadline, Interrupt& interrupt) {
+    std::lock_guard first_lock(c->write_mutex);
+    std::vector<std::unique_lock<std::mutex>> locks;
+    std::vector<connection*> conns{c.get()};
+    for (const auto& s : streams) {
+      locks.emplace_back(s->write_mutex);
+      if (!s->closed_for_writes.load()) conns.push_back(s.get());
+    }
+    return write_striped(std::span<connection* const>(conns), tag, data, opts.stripe_piece_bytes, deadline, interrupt);
   }
 
   // A send that finds the connection closed or broken can run ahead of the reader, while the
@@ -19079,6 +19612,8 @@ struct node {
     s.bytes_received = bytes_received;
     s.messages_received = messages_received;
     s.bodies_into_posted = bodies_into_posted;
+    s.striped_sent = striped_sent;
+    s.striped_received = striped_received;
     s.wait_seconds = wait_seconds;
     {
       std::lock_guard lock(mutex);
@@ -19130,6 +19665,7 @@ struct node {
   std::unique_ptr<std::atomic<std::uint64_t>[]> sent_to = std::make_unique<std::atomic<std::uint64_t>[]>(
       static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
+  std::atomic<std::uint64_t> striped_sent = 0, striped_received = 0;
   std::atomic<double> wait_seconds = 0;
 
   // Relays: the circuits this peer carries for others (their threads stop before the I/O
@@ -19363,8 +19899,9 @@ class rendezvous {
     }
   }
 
-  wire::hello my_hello(wire::hello_purpose purpose) const {
+  wire::hello my_hello(wire::hello_purpose purpose, std::uint8_t stream = 0) const {
     wire::hello h;
+    h.stream = stream;
     h.rank = n_.opts.rank;
     h.world = n_.opts.world;
     h.purpose = purpose;
@@ -19472,7 +20009,7 @@ class rendezvous {
     int rank = -1;
   };
   answered dial_handshake(asio::ip::tcp::socket& s, wire::hello_purpose purpose, const std::string& address,
-                          [[maybe_unused]] int expected = -1) {
+                          [[maybe_unused]] int expected = -1, std::uint8_t stream = 0) {
     answered out;
 #if DECENTRAIN_HAS_TLS
     if (n_.tls_context) {
@@ -19492,7 +20029,7 @@ class rendezvous {
     handshake machine;
     const auto& creds = n_.creds;
     const bool proving = creds.keyed() || creds.identities();
-    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose), creds));
+    write_frame(s, out.keys, wire::frame_type::hello, machine.start(my_hello(purpose, stream), creds));
     bool proven = false;  // the acceptor proved its credentials: its answers are sealed, and believed
     auto refused = [&](const frame_in& f) {
       wire::farewell why{false, "no reason given"};
@@ -19575,6 +20112,36 @@ class rendezvous {
 
   void dial(int peer, const std::string& address) {
     with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); }, true);
+    open_streams(peer, address);
+  }
+
+  // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed one after another
+  // once its first connection stands. One that fails leaves the pair with those it has: striped
+  // messages go over fewer streams, and nothing else changes.
+  void open_streams(int peer, const std::string& address) {
+    for (int i = 1; i < n_.opts.streams; ++i) {
+      const auto first = n_.direct_connection(peer);
+      if (!first) return;
+      try {
+        with_connection(address, [&](asio::ip::tcp::socket& s) {
+          auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer, static_cast<std::uint8_t>(i));
+          decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
+                                    " answered a stream's hello with frame type ", static_cast<int>(answer.head.type));
+          decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ",
+                                    address, " proved it is peer ", proven_rank, ", not peer ", peer);
+          auto c = std::make_shared<connection>(n_.io);
+          const auto protocol = s.local_endpoint().protocol();
+          c->socket.assign(protocol, s.release());
+          c->rank = peer;
+          c->stream = i;
+          c->handshake_state.opened();
+          c->keys = std::move(keys);
+          n_.add_stream(c, first);
+        });
+      } catch (const std::exception&) {
+        return;
+      }
+    }
   }
 
   // Peer `far` accepts no connections either, and has the lower rank: a relay tells both the
@@ -19789,6 +20356,9 @@ class tcp {
   std::vector<int> punched() const { return n().punched(); }
   // What this peer did as a relay for others (tcp_options::relay).
   relay_stats relaying() const { return n().relay_stats(); }
+  // The connections to a peer that its large messages go over at once (tcp_options::streams,
+  // tcp/stripes.hpp): the pair's first and its further streams open now; 0 when not connected.
+  int streams_to(int peer) const { return n().streams_to(peer); }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {

@@ -98,18 +98,27 @@ inline relay_route decode_route(tag_type t, int capacity) {
   return {static_cast<relay_kind>(kind), from, to};
 }
 
-// The stream position an ack or a resume carries (little-endian u64).
-inline bytes encode_position(std::uint64_t v) {
-  bytes out(8);
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+// Fixed bodies of little-endian u64s (a stream position, a striped message's head, a heartbeat).
+template <std::size_t N>
+bytes encode_u64s(const std::array<std::uint64_t, N>& values) {
+  bytes out(8 * N);
+  for (std::size_t k = 0; k < N; ++k)
+    for (std::size_t i = 0; i < 8; ++i) out[8 * k + i] = static_cast<std::byte>((values[k] >> (8 * i)) & 0xff);
   return out;
 }
-inline std::uint64_t decode_position(std::span<const std::byte> b) {
-  decentrain::detail::check(b.size() == 8, "frame: a relay frame's stream position has ", b.size(), " bytes, not 8");
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[i]) << (8 * i);
-  return v;
+// Throws, naming `what`, unless `body` holds exactly N of them.
+template <std::size_t N>
+std::array<std::uint64_t, N> decode_u64s(std::span<const std::byte> body, const char* what) {
+  decentrain::detail::check(body.size() == 8 * N, "frame: ", what, " of ", body.size(), " bytes (it has ", 8 * N, ")");
+  std::array<std::uint64_t, N> out{};
+  for (std::size_t k = 0; k < N; ++k)
+    for (std::size_t i = 0; i < 8; ++i) out[k] |= static_cast<std::uint64_t>(body[8 * k + i]) << (8 * i);
+  return out;
 }
+
+// The stream position an ack or a resume carries.
+inline bytes encode_position(std::uint64_t v) { return encode_u64s<1>({v}); }
+inline std::uint64_t decode_position(std::span<const std::byte> b) { return decode_u64s<1>(b, "a relay frame's stream position")[0]; }
 
 // A striped message (tcp/stripes.hpp): its stripe frame's body says which it is of those the
 // pair's first connection announced (1, 2, ...), its size, and the size of its pieces (the last
@@ -125,23 +134,11 @@ struct stripe_head {
   std::uint64_t offset(std::uint64_t index) const { return index * piece; }
   std::uint64_t length(std::uint64_t index) const { return std::min(piece, total - index * piece); }
 };
-inline bytes encode_stripe_head(const stripe_head& s) {
-  bytes out(stripe_head_bytes);
-  std::size_t at = 0;
-  for (const auto v : {s.seq, s.total, s.piece})
-    for (int i = 0; i < 8; ++i) out[at++] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-  return out;
-}
+inline bytes encode_stripe_head(const stripe_head& s) { return encode_u64s<3>({s.seq, s.total, s.piece}); }
 // Throws unless the body is one, of at most `max_total` bytes in pieces as above.
 inline stripe_head decode_stripe_head(std::span<const std::byte> body, std::uint64_t max_total) {
-  decentrain::detail::check(body.size() == stripe_head_bytes, "frame: a stripe frame of ", body.size(), " bytes (it has ",
-                            stripe_head_bytes, ")");
-  auto get = [&](std::size_t at) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[at + static_cast<std::size_t>(i)]) << (8 * i);
-    return v;
-  };
-  const stripe_head s{get(0), get(8), get(16)};
+  const auto v = decode_u64s<3>(body, "a stripe frame");
+  const stripe_head s{v[0], v[1], v[2]};
   decentrain::detail::check(s.total >= 1 && s.total <= max_total, "frame: a striped message of ", s.total, " bytes (1 to ",
                             max_total, ")");
   decentrain::detail::check(s.piece >= min_piece_bytes && s.piece % frame_alignment == 0, "frame: a striped message in pieces of ",
@@ -353,23 +350,11 @@ struct heartbeat {
 };
 inline constexpr std::size_t heartbeat_bytes = 24;
 
-inline bytes encode_heartbeat(const heartbeat& h) {
-  bytes out(heartbeat_bytes);
-  std::size_t at = 0;
-  for (const auto v : {h.sent_ns, h.echo_ns, h.held_ns})
-    for (int i = 0; i < 8; ++i) out[at++] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-  return out;
-}
+inline bytes encode_heartbeat(const heartbeat& h) { return encode_u64s<3>({h.sent_ns, h.echo_ns, h.held_ns}); }
 
 inline heartbeat decode_heartbeat(const bytes& body) {
-  decentrain::detail::check(body.size() == heartbeat_bytes, "frame: a heartbeat of ", body.size(), " bytes (it has ",
-                            heartbeat_bytes, ")");
-  auto get = [&](std::size_t at) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(body[at + static_cast<std::size_t>(i)]) << (8 * i);
-    return v;
-  };
-  return heartbeat{get(0), get(8), get(16)};
+  const auto v = decode_u64s<3>(body, "a heartbeat");
+  return heartbeat{v[0], v[1], v[2]};
 }
 
 template <class T>
