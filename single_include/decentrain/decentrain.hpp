@@ -15968,7 +15968,10 @@ struct tcp_options {
   // send buffer a round trip (Linux caps it at tcp_wmem's maximum, 4 MiB by default: 335 Mbit/s
   // over a 100 ms round trip); several fill a long fat link where that cap cannot be raised.
   // The dialer of a pair opens the further ones, directly only (not through a relay), and a
-  // peer accepts as many as its own setting: set it alike on every peer.
+  // peer accepts as many as its own setting: set it alike on every peer. A receiver takes the
+  // pieces of two messages from a peer at once at most (each up to max_frame_bytes, where one
+  // connection has one frame's body on its way): a peer may hold that much for each until its
+  // messages are whole or its connection closes.
   int streams = 1;
   std::uint64_t stripe_min_bytes = std::uint64_t{4} << 20;
   std::uint64_t stripe_piece_bytes = std::uint64_t{1} << 20;
@@ -16018,6 +16021,7 @@ struct tcp_options {
     relay.validate();
     decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
     decentrain::detail::check(streams >= 1 && streams <= 16, "tcp: streams must be in [1, 16], got ", streams);
+    if (streams == 1) return;  // (nothing is striped: the stripe settings are not used)
     decentrain::detail::check(stripe_piece_bytes >= wire::min_piece_bytes && stripe_piece_bytes % wire::frame_alignment == 0 &&
                                   stripe_piece_bytes <= max_frame_bytes,
                               "tcp: stripe_piece_bytes must be a multiple of ", wire::frame_alignment, " from ", wire::min_piece_bytes,
@@ -16409,12 +16413,15 @@ struct connection : std::enable_shared_from_this<connection> {
     bytes own;
     bool posted = false;
     detail::accepted_as accepted = detail::accepted_as::budget;
-    std::vector<bool> landed;
-    std::uint64_t pieces_left = 0;
+    enum class piece_state : std::uint8_t { expected, reading, landed };
+    std::vector<piece_state> pieces;
+    std::uint64_t pieces_left = 0;    // expected, not being read yet
+    std::uint64_t pieces_landed = 0;
   };
   struct inbound_stripes {
     std::deque<inbound_stripe> open;
-    std::uint64_t last_seq = 0;
+    std::uint64_t last_seq = 0;    // the last announced
+    std::uint64_t opened_seq = 0;  // the last given memory to land in (its stripe frame may wait for room)
     std::optional<wire::header> held;
     std::vector<std::pair<std::shared_ptr<connection>, wire::header>> waiting;
     inbound_stripe* find(std::uint64_t seq) {
@@ -17606,9 +17613,10 @@ namespace decentrain::transport::tcp_detail {
 // Writes one striped message: its stripe frame on conns[0] (the pair's first connection), then
 // its pieces over every connection of `conns` at once. The caller holds every connection's
 // write_mutex (the first's first). `interrupt` is asked as connection::write_data asks it,
-// before the stripe frame starts only. On a failure, each connection left in the middle of a
-// frame is given up (connection::abandon_locked: nothing can follow a frame cut off), and the
-// result says why.
+// before the stripe frame starts only. A failure once the stripe frame went out gives every
+// connection of the pair up (connection::abandon_locked): the receiver could never complete
+// the message it was told of, and one connection closed (by the I/O thread, say) fails the
+// write at once, not when a piece next goes to it.
 template <class Interrupt>
 write_result write_striped(std::span<connection* const> conns, tag_type tag, std::span<const std::byte> data,
                            std::uint64_t piece_bytes, clock::time_point deadline, Interrupt&& interrupt) {
@@ -17633,16 +17641,16 @@ write_result write_striped(std::span<connection* const> conns, tag_type tag, std
   const std::uint64_t pieces = head.pieces();
   std::uint64_t next = 0, written = 0;
   auto fail = [&](write_status s, int error) {
-    for (auto& l : lanes)
-      if (l.out) {
-        const bool started = l.out->started();
-        (void)l.out->finish(s, error);
-        if (started) l.c->abandon_locked();
-      }
+    for (auto& l : lanes) {
+      if (l.out) (void)l.out->finish(s, error);
+      l.c->abandon_locked();
+    }
     return write_result{s, error, true};
   };
   std::vector<pollfd> waiting;
   while (written < pieces) {
+    for (const auto& l : lanes)
+      if (l.c->closed_for_writes.load()) return fail(write_status::closed, 0);
     for (std::size_t i = 0; i < lanes.size(); ++i) {
       auto& l = lanes[i];
       for (;;) {
@@ -18646,8 +18654,15 @@ struct node {
   // connection pauses, as for a data frame); streams that read a piece of it early go on.
   void open_stripe(const std::shared_ptr<connection>& c, const wire::header& h, const wire::stripe_head& head) {
     connection::inbound_stripe e;
-    if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(head.total))) {
-      e.into = *into;
+    auto& in = c->inbound;
+    // (memory posted for this tag is the message's only when no open one of the tag lands
+    // elsewhere: that one comes first, and would be queued after this)
+    const bool behind_unposted =
+        std::any_of(in.open.begin(), in.open.end(), [&](const auto& o) { return o.tag == h.tag && !o.posted; });
+    std::optional<std::span<std::byte>> posted;
+    if (!behind_unposted) posted = box.claim(c->rank, h.tag, static_cast<std::size_t>(head.total));
+    if (posted) {
+      e.into = *posted;
       e.posted = true;
       ++bodies_into_posted;
     } else {
@@ -18668,10 +18683,10 @@ struct node {
     }
     e.head = head;
     e.tag = h.tag;
-    e.landed.assign(static_cast<std::size_t>(head.pieces()), false);
+    e.pieces.assign(static_cast<std::size_t>(head.pieces()), connection::inbound_stripe::piece_state::expected);
     e.pieces_left = head.pieces();
-    auto& in = c->inbound;
     in.open.push_back(std::move(e));
+    in.opened_seq = head.seq;
     for (auto& [s, sh] : std::exchange(in.waiting, {}))
       asio::post(io, [this, s = s, sh = sh] {
         if (s->closed || !s->paused) return;
@@ -18689,21 +18704,28 @@ struct node {
     if (!f || f->closed) return close(c, "");  // (its pair's first connection closed: so does it)
     auto& in = f->inbound;
     const auto id = wire::decode_piece_id(h.tag);
-    if (c->stream > 0 && id.seq == in.last_seq + 1) {
+    using state = connection::inbound_stripe::piece_state;
+    // (announced and waiting for room to land in, or not announced yet: the next one)
+    if (c->stream > 0 && id.seq > in.opened_seq && id.seq <= in.last_seq + 1) {
       c->paused = true;
       in.waiting.emplace_back(c, h);
       return;
     }
     auto* e = in.find(id.seq);
-    if (!e || id.index >= e->head.pieces() || e->landed[static_cast<std::size_t>(id.index)] || h.length != e->head.length(id.index))
+    // (a piece another connection is reading, or read, is not taken again: two reads into one
+    // place could land the message while one of them still writes into it)
+    if (!e || id.index >= e->head.pieces() || e->pieces[static_cast<std::size_t>(id.index)] != state::expected ||
+        h.length != e->head.length(id.index))
       return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
                                                                                     " pieces of ", e->head.piece, " bytes, ",
-                                                                                    e->head.pieces() - e->pieces_left, " landed)")
+                                                                                    e->head.pieces() - e->pieces_left, " landed or landing)")
                                                        : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
+    e->pieces[static_cast<std::size_t>(id.index)] = state::reading;
+    --e->pieces_left;
     c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
       if (ec) {
         if (ec == asio::error::eof)
@@ -18713,9 +18735,10 @@ struct node {
       if (!authentic(*c, h, into)) return reject_frame(c, h);
       auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
       if (!done) return;  // (abandoned meanwhile: its streams closed with it)
-      done->landed[static_cast<std::size_t>(id.index)] = true;
+      done->pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
+      ++done->pieces_landed;
       f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
-      if (--done->pieces_left == 0) land_stripes(f);
+      land_stripes(f);
       read_next_later(c);
     }, true);
   }
@@ -18724,7 +18747,7 @@ struct node {
   // the first connection held for them goes on once it may.
   void land_stripes(const std::shared_ptr<connection>& f) {
     auto& in = f->inbound;
-    while (!in.open.empty() && in.open.front().pieces_left == 0) {
+    while (!in.open.empty() && in.open.front().pieces_landed == in.open.front().head.pieces()) {
       auto& e = in.open.front();
       ++striped_received;
       if (e.posted) box.landed(f->rank, e.tag);
@@ -18942,6 +18965,11 @@ struct node {
     else if (std::any_of(it->second->streams.begin(), it->second->streams.end(),
                          [&](const auto& s) { return s->stream == hello.stream; }))
       why = decentrain::detail::concat("peer ", opts.rank, " has a stream ", int{hello.stream}, " from peer ", hello.rank, " already");
+    else if (!proven_callers() && !same_host(*c, *it->second))
+      // (without credentials nothing proves the caller is that peer: a stranger could attach a
+      // stream to another pair and close it with one bad frame)
+      why = decentrain::detail::concat("peer ", opts.rank, " takes a stream of peer ", hello.rank,
+                                       " from the host of its first connection only, without a run key, identities or TLS");
     if (!why.empty()) {
       c->handshake_state.answered();
       reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, why}));
@@ -18959,6 +18987,19 @@ struct node {
     adm.admitted_one();
     it->second->streams.push_back(c);
     return true;
+  }
+
+  // Whether callers prove their rank (a run key, identities or a certificate).
+  bool proven_callers() const {
+#if DECENTRAIN_HAS_TLS
+    if (tls_context) return true;
+#endif
+    return creds.keyed() || creds.identities();
+  }
+  static bool same_host(connection& a, connection& b) {
+    asio::error_code e1, e2;
+    const auto x = a.socket.remote_endpoint(e1), y = b.socket.remote_endpoint(e2);
+    return !e1 && !e2 && x.address() == y.address();
   }
 
   // Registers a further stream this peer dialed to `peer` (training thread), for the pair's
@@ -19009,6 +19050,9 @@ struct node {
   }
 
   void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
+    // A stream its peer closed between frames: that peer closes the pair's first connection too
+    // (see close()), and says why there.
+    if (c->stream > 0 && ec == asio::error::eof) return close(c, "");
     if (!c->closed && c->rank < 0 && c->handshake_state.next() == handshake::stage::proof)  // a caller whose key differs stops here
       adm.rejected("a caller closed the connection after the run key's challenge (another key, or none)");
     std::string why = ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message();
@@ -19022,6 +19066,18 @@ struct node {
     c->closed_for_writes = true;
     asio::error_code ignored;
     c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);  // wakes a writer in poll()
+    if (c->stream == 0) {
+      // A writer of a striped message holds the streams' write locks too: they fail it at once.
+      std::vector<std::shared_ptr<connection>> streams;
+      {
+        std::lock_guard lock(mutex);
+        streams = c->streams;
+      }
+      for (const auto& s : streams) {
+        s->closed_for_writes = true;
+        s->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      }
+    }
     {
       std::lock_guard write_lock(c->write_mutex);
       c->socket.close(ignored);
@@ -19040,15 +19096,16 @@ struct node {
       }
     }
     if (c->stream > 0) {
-      // A stream of a pair that closes mid-message takes the message's first connection with it:
-      // the pieces it had on its way are lost.
+      // A stream of a pair that closes takes the pair's first connection with it: pieces on their
+      // way over it are lost (into it or out of it: a sender may have written a piece to it
+      // before it heard of the close), and nothing sends them again.
       const auto f = c->first.lock();
       if (f) {
         std::lock_guard lock(mutex);
         std::erase(f->streams, c);
       }
-      if (f && !f->inbound.open.empty() && !why.empty())
-        close(f, decentrain::detail::concat("its stream ", c->stream, " closed in the middle of a striped message: ", why), cause);
+      if (f && !why.empty())
+        close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
     } else if (!c->inbound.open.empty() || !c->streams.empty()) {
       abandon_stripes(c);
     }

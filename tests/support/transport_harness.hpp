@@ -97,18 +97,29 @@ struct tcp {
 };
 
 // TCP with every message of 4 KiB or more striped over three connections a pair in pieces of
-// 4 KiB (tcp_options::streams): the same cases through the receiving side's reassembly.
+// 4 KiB (tcp_options::streams): the same cases through the receiving side's reassembly. Each peer
+// starts a case once it has its three to every other (an acceptor registers them as they come).
 struct tcp_striped {
   static constexpr const char* name = "tcp_striped";
   static int local_peers(int n) { return n; }
   template <class Fn>
   static void run(int n, Fn fn) {
-    const auto striped = [](decentrain::transport::tcp_options& o) {
+    namespace tr = decentrain::transport;
+    const auto striped = [](tr::tcp_options& o) {
       o.streams = 3;
       o.stripe_min_bytes = 4096;
       o.stripe_piece_bytes = 4096;
     };
-    for (auto& e : tcp::run_each(n, striped, fn))
+    for (auto& e : tcp::run_each(n, striped, [&](tr::tcp& ep) {
+           const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+           for (int p = 0; p < ep.world(); ++p)
+             while (p != ep.rank() && ep.streams_to(p) < 3 && std::chrono::steady_clock::now() < until)
+               std::this_thread::sleep_for(std::chrono::milliseconds(2));
+           for (int p = 0; p < ep.world(); ++p)
+             if (p != ep.rank() && ep.streams_to(p) != 3)
+               decentrain::detail::fail("harness::tcp_striped: peer ", ep.rank(), " has ", ep.streams_to(p), " streams to peer ", p);
+           fn(ep);  // (each peer stripes what it sends once it has its streams: no barrier, whose messages the cases would count)
+         }))
       if (e) std::rethrow_exception(e);
   }
 };

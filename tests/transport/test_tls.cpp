@@ -51,6 +51,14 @@ const fs::path& certificates() {
     run((d / "other").string() + " 2 --days 2");
     return d;
   }();
+  // (removed when the test program ends, however its cases went)
+  static const struct removed_at_exit {
+    fs::path d;
+    ~removed_at_exit() {
+      std::error_code ignored;
+      fs::remove_all(d, ignored);
+    }
+  } cleanup{dir};
   return dir;
 }
 

@@ -96,12 +96,15 @@ struct connection : std::enable_shared_from_this<connection> {
     bytes own;
     bool posted = false;
     detail::accepted_as accepted = detail::accepted_as::budget;
-    std::vector<bool> landed;
-    std::uint64_t pieces_left = 0;
+    enum class piece_state : std::uint8_t { expected, reading, landed };
+    std::vector<piece_state> pieces;
+    std::uint64_t pieces_left = 0;    // expected, not being read yet
+    std::uint64_t pieces_landed = 0;
   };
   struct inbound_stripes {
     std::deque<inbound_stripe> open;
-    std::uint64_t last_seq = 0;
+    std::uint64_t last_seq = 0;    // the last announced
+    std::uint64_t opened_seq = 0;  // the last given memory to land in (its stripe frame may wait for room)
     std::optional<wire::header> held;
     std::vector<std::pair<std::shared_ptr<connection>, wire::header>> waiting;
     inbound_stripe* find(std::uint64_t seq) {

@@ -415,8 +415,15 @@ struct node {
   // connection pauses, as for a data frame); streams that read a piece of it early go on.
   void open_stripe(const std::shared_ptr<connection>& c, const wire::header& h, const wire::stripe_head& head) {
     connection::inbound_stripe e;
-    if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(head.total))) {
-      e.into = *into;
+    auto& in = c->inbound;
+    // (memory posted for this tag is the message's only when no open one of the tag lands
+    // elsewhere: that one comes first, and would be queued after this)
+    const bool behind_unposted =
+        std::any_of(in.open.begin(), in.open.end(), [&](const auto& o) { return o.tag == h.tag && !o.posted; });
+    std::optional<std::span<std::byte>> posted;
+    if (!behind_unposted) posted = box.claim(c->rank, h.tag, static_cast<std::size_t>(head.total));
+    if (posted) {
+      e.into = *posted;
       e.posted = true;
       ++bodies_into_posted;
     } else {
@@ -437,10 +444,10 @@ struct node {
     }
     e.head = head;
     e.tag = h.tag;
-    e.landed.assign(static_cast<std::size_t>(head.pieces()), false);
+    e.pieces.assign(static_cast<std::size_t>(head.pieces()), connection::inbound_stripe::piece_state::expected);
     e.pieces_left = head.pieces();
-    auto& in = c->inbound;
     in.open.push_back(std::move(e));
+    in.opened_seq = head.seq;
     for (auto& [s, sh] : std::exchange(in.waiting, {}))
       asio::post(io, [this, s = s, sh = sh] {
         if (s->closed || !s->paused) return;
@@ -458,21 +465,28 @@ struct node {
     if (!f || f->closed) return close(c, "");  // (its pair's first connection closed: so does it)
     auto& in = f->inbound;
     const auto id = wire::decode_piece_id(h.tag);
-    if (c->stream > 0 && id.seq == in.last_seq + 1) {
+    using state = connection::inbound_stripe::piece_state;
+    // (announced and waiting for room to land in, or not announced yet: the next one)
+    if (c->stream > 0 && id.seq > in.opened_seq && id.seq <= in.last_seq + 1) {
       c->paused = true;
       in.waiting.emplace_back(c, h);
       return;
     }
     auto* e = in.find(id.seq);
-    if (!e || id.index >= e->head.pieces() || e->landed[static_cast<std::size_t>(id.index)] || h.length != e->head.length(id.index))
+    // (a piece another connection is reading, or read, is not taken again: two reads into one
+    // place could land the message while one of them still writes into it)
+    if (!e || id.index >= e->head.pieces() || e->pieces[static_cast<std::size_t>(id.index)] != state::expected ||
+        h.length != e->head.length(id.index))
       return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
                                                                                     " pieces of ", e->head.piece, " bytes, ",
-                                                                                    e->head.pieces() - e->pieces_left, " landed)")
+                                                                                    e->head.pieces() - e->pieces_left, " landed or landing)")
                                                        : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
+    e->pieces[static_cast<std::size_t>(id.index)] = state::reading;
+    --e->pieces_left;
     c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
       if (ec) {
         if (ec == asio::error::eof)
@@ -482,9 +496,10 @@ struct node {
       if (!authentic(*c, h, into)) return reject_frame(c, h);
       auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
       if (!done) return;  // (abandoned meanwhile: its streams closed with it)
-      done->landed[static_cast<std::size_t>(id.index)] = true;
+      done->pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
+      ++done->pieces_landed;
       f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
-      if (--done->pieces_left == 0) land_stripes(f);
+      land_stripes(f);
       read_next_later(c);
     }, true);
   }
@@ -493,7 +508,7 @@ struct node {
   // the first connection held for them goes on once it may.
   void land_stripes(const std::shared_ptr<connection>& f) {
     auto& in = f->inbound;
-    while (!in.open.empty() && in.open.front().pieces_left == 0) {
+    while (!in.open.empty() && in.open.front().pieces_landed == in.open.front().head.pieces()) {
       auto& e = in.open.front();
       ++striped_received;
       if (e.posted) box.landed(f->rank, e.tag);
@@ -711,6 +726,11 @@ struct node {
     else if (std::any_of(it->second->streams.begin(), it->second->streams.end(),
                          [&](const auto& s) { return s->stream == hello.stream; }))
       why = decentrain::detail::concat("peer ", opts.rank, " has a stream ", int{hello.stream}, " from peer ", hello.rank, " already");
+    else if (!proven_callers() && !same_host(*c, *it->second))
+      // (without credentials nothing proves the caller is that peer: a stranger could attach a
+      // stream to another pair and close it with one bad frame)
+      why = decentrain::detail::concat("peer ", opts.rank, " takes a stream of peer ", hello.rank,
+                                       " from the host of its first connection only, without a run key, identities or TLS");
     if (!why.empty()) {
       c->handshake_state.answered();
       reply(c, wire::frame_type::bye, wire::encode_body(wire::farewell{false, why}));
@@ -728,6 +748,19 @@ struct node {
     adm.admitted_one();
     it->second->streams.push_back(c);
     return true;
+  }
+
+  // Whether callers prove their rank (a run key, identities or a certificate).
+  bool proven_callers() const {
+#if DECENTRAIN_HAS_TLS
+    if (tls_context) return true;
+#endif
+    return creds.keyed() || creds.identities();
+  }
+  static bool same_host(connection& a, connection& b) {
+    asio::error_code e1, e2;
+    const auto x = a.socket.remote_endpoint(e1), y = b.socket.remote_endpoint(e2);
+    return !e1 && !e2 && x.address() == y.address();
   }
 
   // Registers a further stream this peer dialed to `peer` (training thread), for the pair's
@@ -778,6 +811,9 @@ struct node {
   }
 
   void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
+    // A stream its peer closed between frames: that peer closes the pair's first connection too
+    // (see close()), and says why there.
+    if (c->stream > 0 && ec == asio::error::eof) return close(c, "");
     if (!c->closed && c->rank < 0 && c->handshake_state.next() == handshake::stage::proof)  // a caller whose key differs stops here
       adm.rejected("a caller closed the connection after the run key's challenge (another key, or none)");
     std::string why = ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message();
@@ -791,6 +827,18 @@ struct node {
     c->closed_for_writes = true;
     asio::error_code ignored;
     c->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);  // wakes a writer in poll()
+    if (c->stream == 0) {
+      // A writer of a striped message holds the streams' write locks too: they fail it at once.
+      std::vector<std::shared_ptr<connection>> streams;
+      {
+        std::lock_guard lock(mutex);
+        streams = c->streams;
+      }
+      for (const auto& s : streams) {
+        s->closed_for_writes = true;
+        s->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      }
+    }
     {
       std::lock_guard write_lock(c->write_mutex);
       c->socket.close(ignored);
@@ -809,15 +857,16 @@ struct node {
       }
     }
     if (c->stream > 0) {
-      // A stream of a pair that closes mid-message takes the message's first connection with it:
-      // the pieces it had on its way are lost.
+      // A stream of a pair that closes takes the pair's first connection with it: pieces on their
+      // way over it are lost (into it or out of it: a sender may have written a piece to it
+      // before it heard of the close), and nothing sends them again.
       const auto f = c->first.lock();
       if (f) {
         std::lock_guard lock(mutex);
         std::erase(f->streams, c);
       }
-      if (f && !f->inbound.open.empty() && !why.empty())
-        close(f, decentrain::detail::concat("its stream ", c->stream, " closed in the middle of a striped message: ", why), cause);
+      if (f && !why.empty())
+        close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
     } else if (!c->inbound.open.empty() || !c->streams.empty()) {
       abandon_stripes(c);
     }

@@ -166,7 +166,10 @@ struct tcp_options {
   // send buffer a round trip (Linux caps it at tcp_wmem's maximum, 4 MiB by default: 335 Mbit/s
   // over a 100 ms round trip); several fill a long fat link where that cap cannot be raised.
   // The dialer of a pair opens the further ones, directly only (not through a relay), and a
-  // peer accepts as many as its own setting: set it alike on every peer.
+  // peer accepts as many as its own setting: set it alike on every peer. A receiver takes the
+  // pieces of two messages from a peer at once at most (each up to max_frame_bytes, where one
+  // connection has one frame's body on its way): a peer may hold that much for each until its
+  // messages are whole or its connection closes.
   int streams = 1;
   std::uint64_t stripe_min_bytes = std::uint64_t{4} << 20;
   std::uint64_t stripe_piece_bytes = std::uint64_t{1} << 20;
@@ -216,6 +219,7 @@ struct tcp_options {
     relay.validate();
     decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
     decentrain::detail::check(streams >= 1 && streams <= 16, "tcp: streams must be in [1, 16], got ", streams);
+    if (streams == 1) return;  // (nothing is striped: the stripe settings are not used)
     decentrain::detail::check(stripe_piece_bytes >= wire::min_piece_bytes && stripe_piece_bytes % wire::frame_alignment == 0 &&
                                   stripe_piece_bytes <= max_frame_bytes,
                               "tcp: stripe_piece_bytes must be a multiple of ", wire::frame_alignment, " from ", wire::min_piece_bytes,

@@ -39,9 +39,10 @@ namespace decentrain::transport::tcp_detail {
 // Writes one striped message: its stripe frame on conns[0] (the pair's first connection), then
 // its pieces over every connection of `conns` at once. The caller holds every connection's
 // write_mutex (the first's first). `interrupt` is asked as connection::write_data asks it,
-// before the stripe frame starts only. On a failure, each connection left in the middle of a
-// frame is given up (connection::abandon_locked: nothing can follow a frame cut off), and the
-// result says why.
+// before the stripe frame starts only. A failure once the stripe frame went out gives every
+// connection of the pair up (connection::abandon_locked): the receiver could never complete
+// the message it was told of, and one connection closed (by the I/O thread, say) fails the
+// write at once, not when a piece next goes to it.
 template <class Interrupt>
 write_result write_striped(std::span<connection* const> conns, tag_type tag, std::span<const std::byte> data,
                            std::uint64_t piece_bytes, clock::time_point deadline, Interrupt&& interrupt) {
@@ -66,16 +67,16 @@ write_result write_striped(std::span<connection* const> conns, tag_type tag, std
   const std::uint64_t pieces = head.pieces();
   std::uint64_t next = 0, written = 0;
   auto fail = [&](write_status s, int error) {
-    for (auto& l : lanes)
-      if (l.out) {
-        const bool started = l.out->started();
-        (void)l.out->finish(s, error);
-        if (started) l.c->abandon_locked();
-      }
+    for (auto& l : lanes) {
+      if (l.out) (void)l.out->finish(s, error);
+      l.c->abandon_locked();
+    }
     return write_result{s, error, true};
   };
   std::vector<pollfd> waiting;
   while (written < pieces) {
+    for (const auto& l : lanes)
+      if (l.c->closed_for_writes.load()) return fail(write_status::closed, 0);
     for (std::size_t i = 0; i < lanes.size(); ++i) {
       auto& l = lanes[i];
       for (;;) {
