@@ -130,7 +130,7 @@ inline constexpr std::uint64_t min_piece_bytes = 4096;
 inline constexpr std::uint64_t max_pieces = std::uint64_t{1} << 24;
 struct stripe_head {
   std::uint64_t seq = 0, total = 0, piece = 0;
-  std::uint64_t pieces() const { return (total + piece - 1) / piece; }
+  std::uint64_t pieces() const { return total / piece + (total % piece != 0); }  // (total + piece - 1 could wrap)
   std::uint64_t offset(std::uint64_t index) const { return index * piece; }
   std::uint64_t length(std::uint64_t index) const { return std::min(piece, total - index * piece); }
 };
@@ -141,8 +141,9 @@ inline stripe_head decode_stripe_head(std::span<const std::byte> body, std::uint
   const stripe_head s{v[0], v[1], v[2]};
   decentrain::detail::check(s.total >= 1 && s.total <= max_total, "frame: a striped message of ", s.total, " bytes (1 to ",
                             max_total, ")");
-  decentrain::detail::check(s.piece >= min_piece_bytes && s.piece % frame_alignment == 0, "frame: a striped message in pieces of ",
-                            s.piece, " bytes (multiples of ", frame_alignment, ", at least ", min_piece_bytes, ")");
+  decentrain::detail::check(s.piece >= min_piece_bytes && s.piece % frame_alignment == 0 && s.piece <= max_total,
+                            "frame: a striped message in pieces of ", s.piece, " bytes (multiples of ", frame_alignment, " from ",
+                            min_piece_bytes, " to ", max_total, ")");
   decentrain::detail::check(s.pieces() <= max_pieces, "frame: a striped message in ", s.pieces(), " pieces (at most ", max_pieces, ")");
   decentrain::detail::check(s.seq >= 1 && s.seq < (std::uint64_t{1} << 40), "frame: a striped message numbered ", s.seq);
   return s;
