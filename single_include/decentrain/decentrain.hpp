@@ -16623,11 +16623,10 @@ struct connection : std::enable_shared_from_this<connection> {
   // than is missing: a mark above the rest of a frame would wait for bytes that may never come.
   // `within_buffer` (a striped message's pieces): nor over a quarter of the socket's receive
   // buffer as it stands. A mark the buffer cannot hold twice makes Linux grow the buffer to it
-  // and clamp the window to the mark (tcp_set_rcvlowat): at a piece's 1 MiB, that held four
-  // streams over a 100 ms round trip to 0.42-0.61 of a 1 Gbit/s link (bench/RESULTS.md,
-  // bench/streams). Whole frames keep the larger mark: at 4 MiB its clamp is what the sender's
-  // default buffer sends a round trip anyway, autotuning lifts it, and the buffer it grows at once
-  // opened one stream's window sooner (38 s against 50 s for 1 GiB on that link).
+  // and clamp the window to the mark (tcp_set_rcvlowat), which at a piece's size holds each
+  // stream of a long fat link back. Whole frames keep the larger mark: at 4 MiB its clamp is what
+  // the sender's default buffer sends a round trip anyway, autotuning lifts it, and the buffer it
+  // grows at once opens a lone stream's window sooner (bench/RESULTS.md, bench/streams, has both).
   //
   // After `turn_bytes` in one go it hands the rest back to the event loop: a peer streaming
   // gigabytes (a state transfer) would otherwise keep the I/O thread reading for as long as the

@@ -103,6 +103,16 @@ striped_run run_striped(const std::string& key, const std::string& tls_dir = {})
   return out;
 }
 
+// A frame as a peer without keys writes it: header, body, padding.
+void striped_write(asio::ip::tcp::socket& s, wire::frame_type type, tr::tag_type tag, const tr::bytes& body) {
+  const auto head = wire::encode_header({type, tag, body.size(), {}});
+  std::vector<std::byte> f(head.begin(), head.end());
+  f.insert(f.end(), body.begin(), body.end());
+  const auto pad = wire::padding(body.size());
+  f.insert(f.end(), pad.begin(), pad.end());
+  asio::write(s, asio::buffer(f));
+}
+
 // A caller without credentials that says it is peer `rank` (stream `stream` of its pair), and
 // what the peer answered: a welcome, or a goodbye's reason.
 struct striped_caller {
@@ -119,13 +129,7 @@ striped_caller striped_call(asio::io_context& io, const std::string& address, in
   h.rank = rank;
   h.world = world;
   h.stream = stream;
-  const auto body = wire::encode_body(h);
-  const auto head = wire::encode_header({wire::frame_type::hello, 0, body.size(), {}});
-  std::vector<std::byte> f(head.begin(), head.end());
-  f.insert(f.end(), body.begin(), body.end());
-  const auto pad = wire::padding(body.size());
-  f.insert(f.end(), pad.begin(), pad.end());
-  asio::write(c.socket, asio::buffer(f));
+  striped_write(c.socket, wire::frame_type::hello, 0, wire::encode_body(h));
   std::array<std::byte, wire::header_bytes> in{};
   REQUIRE(!bench::read_within(c.socket, asio::buffer(in), 10s));
   const auto got = wire::decode_header(in.data(), wire::max_control_bytes);
@@ -138,14 +142,6 @@ striped_caller striped_call(asio::io_context& io, const std::string& address, in
   return c;
 }
 
-void striped_write(asio::ip::tcp::socket& s, wire::frame_type type, tr::tag_type tag, const tr::bytes& body) {
-  const auto head = wire::encode_header({type, tag, body.size(), {}});
-  std::vector<std::byte> f(head.begin(), head.end());
-  f.insert(f.end(), body.begin(), body.end());
-  const auto pad = wire::padding(body.size());
-  f.insert(f.end(), pad.begin(), pad.end());
-  asio::write(s, asio::buffer(f));
-}
 
 }  // namespace
 
