@@ -22,7 +22,11 @@ decentrain_install_packages() {
     command -v sudo >/dev/null || { echo "error: need root (or sudo) to install ${missing[*]}" >&2; return 1; }
     sudo=(sudo)
   fi
-  "${sudo[@]}" apt-get update -qq
+  # (once a run: the lists the first install fetched serve the next)
+  if [ -z "${DECENTRAIN_APT_UPDATED:-}" ]; then
+    "${sudo[@]}" apt-get update -qq
+    DECENTRAIN_APT_UPDATED=1
+  fi
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
