@@ -19767,6 +19767,7 @@ struct node {
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -19774,6 +19775,7 @@ struct node {
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20172,32 +20174,41 @@ class rendezvous {
     open_streams(peer, address);
   }
 
-  // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed one after another
-  // once its first connection stands. One that fails leaves the pair with those it has: striped
-  // messages go over fewer streams, and nothing else changes.
+  // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed all at once, each
+  // on a thread of its own, once its first connection stands: each takes a connect and a
+  // handshake (two or three round trips, more with TLS), which one after another held a long
+  // link's first striped messages back by that many times. One that fails leaves the pair with
+  // those it has: striped messages go over fewer streams, and nothing else changes. (The
+  // acceptor takes the streams in any order, one of each number.)
   void open_streams(int peer, const std::string& address) {
-    for (int i = 1; i < n_.opts.streams; ++i) {
-      const auto first = n_.direct_connection(peer);
-      if (!first) return;
-      try {
-        with_connection(address, [&](asio::ip::tcp::socket& s) {
-          auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer, static_cast<std::uint8_t>(i));
-          decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
-                                    " answered a stream's hello with frame type ", static_cast<int>(answer.head.type));
-          decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ",
-                                    address, " proved it is peer ", proven_rank, ", not peer ", peer);
-          auto c = std::make_shared<connection>(n_.io);
-          const auto protocol = s.local_endpoint().protocol();
-          c->socket.assign(protocol, s.release());
-          c->rank = peer;
-          c->stream = i;
-          c->handshake_state.opened();
-          c->keys = std::move(keys);
-          n_.add_stream(c, first);
-        });
-      } catch (const std::exception&) {
-        return;
-      }
+    if (n_.opts.streams <= 1) return;
+    std::vector<std::thread> dialers;
+    dialers.reserve(static_cast<std::size_t>(n_.opts.streams - 1));
+    for (int i = 1; i < n_.opts.streams; ++i)
+      dialers.emplace_back([this, peer, &address, i] { open_stream(peer, address, i); });
+    for (auto& d : dialers) d.join();
+  }
+
+  void open_stream(int peer, const std::string& address, int i) {
+    const auto first = n_.direct_connection(peer);
+    if (!first) return;
+    try {
+      with_connection(address, [&](asio::ip::tcp::socket& s) {
+        auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer, static_cast<std::uint8_t>(i));
+        decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
+                                  " answered a stream's hello with frame type ", static_cast<int>(answer.head.type));
+        decentrain::detail::check((!n_.creds.keyed() && !n_.creds.identities()) || proven_rank == peer, "tcp: the peer at ",
+                                  address, " proved it is peer ", proven_rank, ", not peer ", peer);
+        auto c = std::make_shared<connection>(n_.io);
+        const auto protocol = s.local_endpoint().protocol();
+        c->socket.assign(protocol, s.release());
+        c->rank = peer;
+        c->stream = i;
+        c->handshake_state.opened();
+        c->keys = std::move(keys);
+        n_.add_stream(c, first);
+      });
+    } catch (const std::exception&) {
     }
   }
 
@@ -20292,7 +20303,7 @@ class rendezvous {
   }
 
   node& n_;
-  int unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake)
+  std::atomic<int> unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake; streams dial at once)
   std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
   std::set<int> punch_answered_;           // the peers punch() had an address for (tried once each)
   std::map<int, std::size_t> punch_turn_;  // which relay punch() asks next, per far peer
