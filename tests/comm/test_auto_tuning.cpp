@@ -465,7 +465,11 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
   // thread clock measures (the CPU time its steps took, whatever else this machine runs).
   // Links of 1 ms and 100 MB/s, on which this small model's f32 exchange (recursive doubling)
   // takes about 4 ms, a few of its steps in an optimised build or a debug one: the picks hide it,
-  // and from the round after the last pick on, every peer computes at least 85% of its clock.
+  // and from the round after the last pick on, every peer computes more of its clock than it
+  // would with the exchange waited for at each round's end (H steps, then the exchange: about
+  // 0.65-0.7 here), by a margin. Not a fixed share: four peers share two cores, and a peer's
+  // share varied from 0.77 to 0.9 between runs of the same build on an idle 2-core machine (a
+  // threshold of 0.85 failed in CI, and of 0.8 three runs in seven).
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_streaming>;
   dt::transport::link_matrix links(4, dt::transport::simulated_link{0.001, 1e8, 0.0, 0.0, 0.0});
   std::vector<std::vector<dt::comm::tuning_choice>> choices(4);
@@ -503,10 +507,13 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
     if (e > last.step && e < 399) after.push_back(e);
   REQUIRE(after.size() >= 3);
   const tuned_run view{{}, {}, by_step, {}, {}, {}, {}};
+  const double round_s = static_cast<double>(last.inner_steps) * last.measured.step_s;
+  const double waited_for = round_s / (round_s + last.exchange_s);
+  INFO("busy with the exchange waited for: " << waited_for);
   for (std::size_t r = 0; r < 4; ++r) {
     const double busy = busy_between(view, r, after[0], after.back());
     INFO("peer " << r << " busy " << busy);
-    CHECK(busy >= 0.85);
+    CHECK(busy > waited_for + 0.05);
   }
 }
 

@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -318,7 +319,8 @@ class rendezvous {
   // then the machine of tcp/handshake.hpp. Returns the peer's answer (a welcome, a directory: a
   // refusal is thrown, naming the reason), the connection's frame keys and the rank the peer
   // proved it is (with a run key, or a certificate that names one; -1 without). `expected`: the
-  // rank dialed (-1: a seed, any rank).
+  // rank dialed (-1: a seed, any rank). `stream`: a pair's further stream (0: any other
+  // connection), whose refusals are never final and are not counted towards the three that are.
   struct answered {
     frame_in answer;
     std::optional<auth::session> keys;
@@ -333,7 +335,7 @@ class rendezvous {
       try {
         e = tls::dial(*n_.tls_context, s, n_.opts.connect_timeout, address);
       } catch (const tls::refused& ex) {  // (a handshake that timed out is retried like any connection)
-        give_up(++unproven_refusals_ >= 3, ex.what());
+        give_up(stream == 0 && ++unproven_refusals_ >= 3, ex.what());
       }
       if (expected >= 0 && (n_.opts.tls.bind_ranks || e.certified_rank >= 0))
         decentrain::detail::check(e.certified_rank == expected, "tls: the peer at ", address, " has a certificate for \"",
@@ -360,7 +362,8 @@ class rendezvous {
       // came sealed by a peer that proved its credentials.
       if (!why.final)  // the peer lives and asks for another try (connect_late keeps trying it)
         throw refused_for_now(decentrain::detail::concat("tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason));
-      give_up(proven || ++unproven_refusals_ >= 3, "tcp: the peer at ", address, " refused peer ", n_.opts.rank, ": ", why.reason);
+      give_up(stream == 0 && (proven || ++unproven_refusals_ >= 3), "tcp: the peer at ", address, " refused peer ", n_.opts.rank,
+              ": ", why.reason);
     };
     // With TLS every frame from the peer is encrypted, its refusals too.
     auto open = [&](frame_in& f) {
@@ -379,7 +382,7 @@ class rendezvous {
       try {
         got.emplace(machine.on_challenge(creds, c.body, address, unproven));
       } catch (const std::exception& e) {
-        if (unproven) give_up(++unproven_refusals_ >= 3, e.what());
+        if (unproven) give_up(stream == 0 && ++unproven_refusals_ >= 3, e.what());
         throw;
       }
       decentrain::detail::check(out.rank < 0 || out.rank == got->rank, "tcp: the peer at ", address, " proved it is peer ", got->rank,
@@ -431,25 +434,36 @@ class rendezvous {
     open_streams(peer, address);
   }
 
-  // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed all at once, each
-  // on a thread of its own, once its first connection stands: each takes a connect and a
+  // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed at once, up to
+  // max_stream_dials at a time, once its first connection stands: each takes a connect and a
   // handshake (two or three round trips, more with TLS), which one after another held a long
-  // link's first striped messages back by that many times. One that fails leaves the pair with
-  // those it has: striped messages go over fewer streams, and nothing else changes. (The
-  // acceptor takes the streams in any order, one of each number.)
+  // link's first striped messages back by that many times (bench/RESULTS.md, bench/streams). At
+  // most a few at once: the acceptor holds max_pending connections before their handshakes
+  // end, and past that closes the oldest, which could be another peer's. One that fails leaves
+  // the pair with those it has: striped messages go over fewer streams, and nothing else
+  // changes. (The acceptor takes the streams in any order, one of each number.)
+  static constexpr int max_stream_dials = 4;
   void open_streams(int peer, const std::string& address) {
-    if (n_.opts.streams <= 1) return;
-    std::vector<std::thread> dialers;
-    dialers.reserve(static_cast<std::size_t>(n_.opts.streams - 1));
-    for (int i = 1; i < n_.opts.streams; ++i)
-      dialers.emplace_back([this, peer, &address, i] { open_stream(peer, address, i); });
-    for (auto& d : dialers) d.join();
+    std::atomic<int> next = 1;
+    auto dial_some = [&] {
+      for (int i = next++; i < n_.opts.streams; i = next++) open_stream(peer, address, i);
+    };
+    {
+      std::vector<std::jthread> dialers;  // (joined as they go out of scope, a throw included)
+      try {
+        for (int k = 1; k < std::min(n_.opts.streams - 1, max_stream_dials); ++k) dialers.emplace_back(dial_some);
+      } catch (const std::system_error&) {  // (no thread to be had: this one dials them all)
+      }
+      dial_some();
+    }
   }
 
+  // Never throws: a stream is an addition to its pair (and its refusals never end the join:
+  // dial_handshake counts only a pair's first connection's).
   void open_stream(int peer, const std::string& address, int i) {
-    const auto first = n_.direct_connection(peer);
-    if (!first) return;
     try {
+      const auto first = n_.direct_connection(peer);
+      if (!first) return;
       with_connection(address, [&](asio::ip::tcp::socket& s) {
         auto [answer, keys, proven_rank] = dial_handshake(s, wire::hello_purpose::data, address, peer, static_cast<std::uint8_t>(i));
         decentrain::detail::check(answer.head.type == wire::frame_type::welcome, "tcp: the peer at ", address,
