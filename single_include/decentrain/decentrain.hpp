@@ -16416,7 +16416,6 @@ struct connection : std::enable_shared_from_this<connection> {
     detail::accepted_as accepted = detail::accepted_as::budget;
     enum class piece_state : std::uint8_t { expected, reading, landed };
     std::vector<piece_state> pieces;
-    std::uint64_t pieces_left = 0;    // expected, not being read yet
     std::uint64_t pieces_landed = 0;
   };
   struct inbound_stripes {
@@ -18684,7 +18683,6 @@ struct node {
     e.head = head;
     e.tag = h.tag;
     e.pieces.assign(static_cast<std::size_t>(head.pieces()), connection::inbound_stripe::piece_state::expected);
-    e.pieces_left = head.pieces();
     in.open.push_back(std::move(e));
     in.opened_seq = head.seq;
     for (auto& [s, sh] : std::exchange(in.waiting, {}))
@@ -18720,12 +18718,11 @@ struct node {
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
                                                                                     " pieces of ", e->head.piece, " bytes, ",
-                                                                                    e->head.pieces() - e->pieces_left, " landed or landing)")
+                                                                                    e->pieces.size() - std::ranges::count(e->pieces, state::expected), " landed or landing)")
                                                        : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
     e->pieces[static_cast<std::size_t>(id.index)] = state::reading;
-    --e->pieces_left;
     c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
       if (ec) {
         if (ec == asio::error::eof)

@@ -468,8 +468,8 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
   // and from the round after the last pick on, every peer computes more of its clock than it
   // would with the exchange waited for at each round's end (H steps, then the exchange: about
   // 0.65-0.7 here), by a margin. Not a fixed share: four peers share two cores, and a peer's
-  // share varied from 0.77 to 0.9 between runs of the same build on an idle 2-core machine (a
-  // threshold of 0.85 failed in CI, and of 0.8 three runs in seven).
+  // share was as low as 0.77 in runs of the same build on an idle 2-core machine (a threshold of
+  // 0.85 failed in CI, and of 0.8 three runs in seven).
   using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, tuned_streaming>;
   dt::transport::link_matrix links(4, dt::transport::simulated_link{0.001, 1e8, 0.0, 0.0, 0.0});
   std::vector<std::vector<dt::comm::tuning_choice>> choices(4);

@@ -98,7 +98,6 @@ struct connection : std::enable_shared_from_this<connection> {
     detail::accepted_as accepted = detail::accepted_as::budget;
     enum class piece_state : std::uint8_t { expected, reading, landed };
     std::vector<piece_state> pieces;
-    std::uint64_t pieces_left = 0;    // expected, not being read yet
     std::uint64_t pieces_landed = 0;
   };
   struct inbound_stripes {

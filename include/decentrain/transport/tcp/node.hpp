@@ -445,7 +445,6 @@ struct node {
     e.head = head;
     e.tag = h.tag;
     e.pieces.assign(static_cast<std::size_t>(head.pieces()), connection::inbound_stripe::piece_state::expected);
-    e.pieces_left = head.pieces();
     in.open.push_back(std::move(e));
     in.opened_seq = head.seq;
     for (auto& [s, sh] : std::exchange(in.waiting, {}))
@@ -481,12 +480,11 @@ struct node {
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
                                                                                     " pieces of ", e->head.piece, " bytes, ",
-                                                                                    e->head.pieces() - e->pieces_left, " landed or landing)")
+                                                                                    e->pieces.size() - std::ranges::count(e->pieces, state::expected), " landed or landing)")
                                                        : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
     e->pieces[static_cast<std::size_t>(id.index)] = state::reading;
-    --e->pieces_left;
     c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
       if (ec) {
         if (ec == asio::error::eof)
