@@ -3,10 +3,10 @@
 // joined by a link of bench/tun_delay (1 Gbit/s, 50 ms each way by default).
 //
 //   bench_streams --role receive --address IP:PORT [--streams 1,4,8] [--library-streams 1,4]
-//                 [--bytes 1073741824] [--message-bytes 64 MiB, at most --bytes / 16]
-//                 [--link-mbit 1000] [--json PATH]
-//   bench_streams --role send --address IP:PORT [the same --streams, --library-streams, --bytes,
-//                 --message-bytes]
+//                 [--library-reset K,...] [--bytes 1073741824]
+//                 [--message-bytes 64 MiB, at most --bytes / 16] [--link-mbit 1000] [--json PATH]
+//   bench_streams --role send --address IP:PORT [the same --streams, --library-streams,
+//                 --library-reset, --bytes, --message-bytes]
 //
 // Rows, in this order, each moving --bytes from the sender to the receiver:
 //   tcp xK    K plain TCP connections (no library code), each carrying 1/K of the bytes: what
@@ -14,6 +14,9 @@
 //   decentrain xK  the library's TCP transport between two peers (the sender accepts no
 //             connections and dials), --bytes sent as messages of --message-bytes, each striped
 //             over K connections (tcp_options::streams; K = 1: one stream)
+//   decentrain xK, one reset  the same, but once half the bytes went out the sender resets its
+//             stream 1 (bench/reset_connection.hpp: its buffers dropped, as a middlebox's reset
+//             would): what it held goes again over the others (--library-reset; none by default)
 // The receiver listens on PORT for the plain rows and PORT+1, PORT+2, ... for the library's (one
 // port a row: a sender that dials early never reaches the last row's peer), times each row
 // from its first connection (or the group's forming) to its last byte, and prints the table and
@@ -38,6 +41,7 @@
 #include "args.hpp"
 #include "decentrain/transport/tcp.hpp"
 #include "output_file.hpp"
+#include "reset_connection.hpp"
 
 namespace dt = decentrain;
 using clock_type = std::chrono::steady_clock;
@@ -126,7 +130,7 @@ row receive_plain(int listener, int k, std::size_t total) {
   return r;
 }
 
-row receive_library(const std::string& address, int streams, std::size_t total, std::size_t message) {
+row receive_library(const std::string& address, int streams, std::size_t total, std::size_t message, bool reset) {
   dt::transport::tcp_options o;
   o.rank = 0;
   o.world = 2;
@@ -150,7 +154,7 @@ row receive_library(const std::string& address, int streams, std::size_t total, 
   const std::byte ack{1};
   peer.send(1, 2, std::span<const std::byte>(&ack, 1));
   (void)peer.recv(1, 3);  // the sender's goodbye: neither closes while the other still reads
-  return {"decentrain x" + std::to_string(streams), streams, got, std::chrono::duration<double>(t1 - t0).count(),
+  return {"decentrain x" + std::to_string(streams) + (reset ? ", one reset" : ""), streams, got, std::chrono::duration<double>(t1 - t0).count(),
           std::chrono::duration<double>(t1 - q).count(), got - quarter_bytes};
 }
 
@@ -200,7 +204,7 @@ void send_plain(const sockaddr_in& to, int k, std::size_t total) {
   dt::detail::check(confirmed, "tcp x", k, ": the receiver did not confirm the row whole");
 }
 
-void send_library(const std::string& address, int streams, std::size_t total, std::size_t message) {
+void send_library(const std::string& address, int streams, std::size_t total, std::size_t message, bool reset) {
   dt::transport::tcp_options o;
   o.rank = 1;
   o.world = 2;
@@ -210,11 +214,36 @@ void send_library(const std::string& address, int streams, std::size_t total, st
   dt::transport::tcp peer(o);
   peer.connect();
   const std::vector<std::byte> buffer(message);
-  for (std::size_t sent = 0; sent < total;) {
-    const auto n = std::min(message, total - sent);
-    peer.send(0, 1, std::span<const std::byte>(buffer.data(), n));
-    sent += n;
+  // (the reset comes from a thread of its own, so that it lands in the middle of a message)
+  std::atomic<std::size_t> sent = 0;
+  std::atomic<bool> done = false, reset_done = false;
+  std::thread resetter;
+  if (reset)
+    resetter = std::thread([&] {
+      while (!done && sent < total / 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (const auto& p : peer.stream_ports_to(0))
+        if (p.stream == 1) reset_done = bench::reset_connection(p.local, p.remote);
+    });
+  try {
+    while (sent < total) {
+      const auto n = std::min(message, total - sent);
+      peer.send(0, 1, std::span<const std::byte>(buffer.data(), n));
+      sent += n;
+    }
+  } catch (...) {
+    done = true;
+    if (resetter.joinable()) resetter.join();
+    throw;
   }
+  done = true;
+  if (resetter.joinable()) resetter.join();
+  const auto s = peer.stats();
+  if (reset)
+    std::fprintf(stderr, "decentrain x%d: stream 1 %s; %llu streams lost, %llu pieces sent again\n", streams,
+                 reset_done ? "reset" : "NOT reset (it was gone, or the last message went out first)",
+                 static_cast<unsigned long long>(s.streams_lost), static_cast<unsigned long long>(s.pieces_resent));
+  dt::detail::check(!reset || (reset_done && s.pieces_resent > 0), "decentrain x", streams, ": the reset did not take a stream midway");
   (void)peer.recv(0, 2);
   const std::byte bye{1};
   peer.send(0, 3, std::span<const std::byte>(&bye, 1));
@@ -224,8 +253,8 @@ void send_library(const std::string& address, int streams, std::size_t total, st
 
 int main(int argc, char** argv) try {
   bench::args a(argc, argv,
-                "usage: bench_streams --role receive|send --address IP:PORT [--streams 1,4,8] [--library-streams 1,4] [--bytes N] "
-                "[--message-bytes N] [--link-mbit 1000] [--json PATH]");
+                "usage: bench_streams --role receive|send --address IP:PORT [--streams 1,4,8] [--library-streams 1,4] "
+                "[--library-reset K,...] [--bytes N] [--message-bytes N] [--link-mbit 1000] [--json PATH]");
   const std::string role = a.value("role", "");
   const std::string address = a.value("address", "");
   std::vector<int> streams;
@@ -239,6 +268,15 @@ int main(int argc, char** argv) try {
     dt::detail::check(library_streams.back() >= 1 && library_streams.back() <= 16, "--library-streams: ", s,
                       " is not in 1..16 (tcp_options::streams)");
   }
+  // (rows of the library's, each with one stream reset halfway: K >= 2)
+  std::vector<std::pair<int, bool>> library_rows;
+  for (int k : library_streams) library_rows.emplace_back(k, false);
+  if (const auto reset = a.value("library-reset", ""); !reset.empty())
+    for (const auto& s : bench::split(reset, ',')) {
+      library_rows.emplace_back(std::stoi(s), true);
+      dt::detail::check(library_rows.back().first >= 2 && library_rows.back().first <= 16, "--library-reset: ", s,
+                        " is not in 2..16 (a row with one stream has none to reset and go on without)");
+    }
   const auto total = static_cast<std::size_t>(std::stoull(a.value("bytes", "1073741824")));
   const auto message = static_cast<std::size_t>(
       std::stoull(a.value("message-bytes", std::to_string(std::min<std::size_t>(std::size_t{64} << 20, total / 16)))));
@@ -254,8 +292,8 @@ int main(int argc, char** argv) try {
 
   if (role == "send") {
     for (int k : streams) send_plain(plain, k, total);
-    for (std::size_t i = 0; i < library_streams.size(); ++i)
-      send_library(with_port(address, static_cast<int>(i) + 1), library_streams[i], total, message);
+    for (std::size_t i = 0; i < library_rows.size(); ++i)
+      send_library(with_port(address, static_cast<int>(i) + 1), library_rows[i].first, total, message, library_rows[i].second);
     return 0;
   }
   bench::output_file json(json_path);  // opened first: a bad path fails before the measuring
@@ -270,8 +308,9 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr, "%s done\n", rows.back().name.c_str());
   }
   ::close(listener);
-  for (std::size_t i = 0; i < library_streams.size(); ++i) {
-    rows.push_back(receive_library(with_port(address, static_cast<int>(i) + 1), library_streams[i], total, message));
+  for (std::size_t i = 0; i < library_rows.size(); ++i) {
+    rows.push_back(receive_library(with_port(address, static_cast<int>(i) + 1), library_rows[i].first, total, message,
+                                   library_rows[i].second));
     std::fprintf(stderr, "%s done\n", rows.back().name.c_str());
   }
 

@@ -10,11 +10,12 @@
 # under what it can carry at 1 Gbit/s.
 #
 #   bench/streams.sh [--build DIR] [--rate-mbit 1000] [--delay-ms 50] [--queue-ms 50]
-#                    [--streams 1,4,8] [--library-streams 1,4] [--bytes 1073741824]
+#                    [--streams 1,4,8] [--library-streams 1,4] [--library-reset K,...] [--bytes 1073741824]
 #                    [--sender-wmem BYTES] [--json PATH]
 #
 # --streams: the rows of K plain TCP connections; --library-streams: the rows of the library's
-# transport, each message striped over K connections (tcp_options::streams).
+# transport, each message striped over K connections (tcp_options::streams); --library-reset: rows
+# of the library's with K connections of which the sender resets one halfway (bench/streams.cpp).
 #
 # --sender-wmem sets the most a sender's socket may hold unacknowledged (the third value of
 # net.ipv4.tcp_wmem in the sender's namespace; Linux's default is 4 MiB, which over a 100 ms round
@@ -27,7 +28,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build"
-rate=1000 delay=50 queue=50 streams=1,4,8 library_streams=1,4 bytes=1073741824 wmem=""
+rate=1000 delay=50 queue=50 streams=1,4,8 library_streams=1,4 library_reset="" bytes=1073741824 wmem=""
 json="$root/bench/results/streams.json"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +38,7 @@ while [ $# -gt 0 ]; do
     --queue-ms) queue="$2"; shift 2 ;;
     --streams) streams="$2"; shift 2 ;;
     --library-streams) library_streams="$2"; shift 2 ;;
+    --library-reset) library_reset="$2"; shift 2 ;;
     --bytes) bytes="$2"; shift 2 ;;
     --sender-wmem) wmem="$2"; shift 2 ;;
     --json) json="$2"; shift 2 ;;
@@ -88,11 +90,11 @@ tun_link_up "$router" dt-streams-tun 9000 "dt-streams-rs dt-streams-rr" \
   "$link" --rate-mbit "$rate" --delay-ms "$delay" --queue-ms "$queue" || exit 1
 
 echo "bench/streams.sh: $rate Mbit/s, $delay ms each way, a queue of $queue ms (bench/tun_delay); $bytes bytes a row"
-common=(--address 10.79.2.2:7600 --streams "$streams" --library-streams "$library_streams" --bytes "$bytes")
+common=(--address 10.79.2.2:7600 --streams "$streams" --library-streams "$library_streams" --library-reset "$library_reset" --bytes "$bytes")
 # Each end is bounded: every row (the plain ones and the library's) at 4 MiB per round trip or a
 # twentieth of the rate, whichever is less, plus a minute.
-limit=$(awk -v b="$bytes" -v r="$rate" -v d="$delay" -v s="$streams" -v l="$library_streams" 'BEGIN {
-  rows = split(s, parts, ",") + split(l, parts, ","); per_s = r * 1e6 / 8 / 20; w = 4194304 / (2 * d / 1000 + 0.001)
+limit=$(awk -v b="$bytes" -v r="$rate" -v d="$delay" -v s="$streams" -v l="$library_streams" -v x="$library_reset" 'BEGIN {
+  rows = split(s, parts, ",") + split(l, parts, ",") + split(x, parts, ","); per_s = r * 1e6 / 8 / 20; w = 4194304 / (2 * d / 1000 + 0.001)
   if (w < per_s) per_s = w
   printf "%d", rows * (b / per_s + 60) }')
 ip netns exec "$receive" timeout "$limit" "$bench" --role receive "${common[@]}" --link-mbit "$rate" --json "$json" &

@@ -72,6 +72,14 @@ void control_body(wire::frame_type type, const bytes& body) {
                 "a striped message's pieces tile it");
       });
       break;
+    case wire::frame_type::landed:
+      rejects_cleanly([&] {
+        const auto ids = wire::decode_landed(body);
+        std::vector<decentrain::transport::tag_type> tags;
+        for (const auto& id : ids) tags.push_back(wire::encode_piece_id(id));
+        require(wire::encode_landed(tags) == body, "a landed frame's ids encode back to its bytes");
+      });
+      break;
     default:
       break;
   }
@@ -142,6 +150,8 @@ std::vector<std::string> decentrain_fuzz::seeds() {
                              frame(wire::frame_type::heartbeat, wire::encode_heartbeat({1, 2, 3})) +
                              frame(wire::frame_type::data, bytes(100, std::byte{9})) +
                              frame(wire::frame_type::stripe, wire::encode_stripe_head({1, 10000, 4096})) +
+                             frame(wire::frame_type::landed, wire::encode_landed(std::vector<decentrain::transport::tag_type>{
+                                                                 wire::encode_piece_id({1, 1}), wire::encode_piece_id({1, 2})})) +
                              frame(wire::frame_type::directory, wire::encode_body(dir)) +
                              frame(wire::frame_type::bye, wire::encode_body(wire::farewell{true, "left out", false}));
   return {stream, frame(wire::frame_type::hello, wire::encode_body(hello)),

@@ -11305,6 +11305,10 @@ struct traffic_stats {
   // Messages sent and received in pieces over several connections at once (tcp_options::streams);
   // the others count 0.
   std::uint64_t striped_sent = 0, striped_received = 0;
+  // tcp's further streams lost to an error or closed by their peer (the pair goes on over the
+  // others), the pieces sent again over the others, and pieces that came twice (sent again while
+  // their landed frame was on its way) and were dropped; the others count 0.
+  std::uint64_t streams_lost = 0, pieces_resent = 0, pieces_twice = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;
 };
@@ -12185,8 +12189,9 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
 // per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
-// hole punching; 10: one connection a pair (no striped messages).
-inline constexpr std::uint16_t version = 11;
+// hole punching; 10: one connection a pair (no striped messages); 11: a lost stream's pieces not
+// sent again (no landed frames).
+inline constexpr std::uint16_t version = 12;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -12214,12 +12219,14 @@ inline constexpr std::size_t max_directory_entries = 65536;
 // hello that was accepted (a refused one gets a bye saying why); relay: a piece of a connection
 // between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag);
 // stripe: a message that comes in pieces over several connections (tcp/stripes.hpp: its tag is
-// the message's, its body a stripe_head); piece: one of them (its tag a piece_id).
+// the message's, its body a stripe_head); piece: one of them (its tag a piece_id); landed: the
+// pieces that came over a pair's further streams and landed (its body their piece_ids), so that
+// their sender keeps no copy of them for a stream lost later.
 enum class frame_type : std::uint16_t {
   hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9,
-  stripe = 10, piece = 11
+  stripe = 10, piece = 11, landed = 12
 };
-inline constexpr std::uint16_t last_frame_type = 11;
+inline constexpr std::uint16_t last_frame_type = 12;
 
 // A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
 // kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
@@ -12309,6 +12316,25 @@ struct piece_id {
 };
 inline tag_type encode_piece_id(const piece_id& p) { return (p.seq & ((std::uint64_t{1} << 40) - 1)) << 24 | (p.index & 0xffffff); }
 inline piece_id decode_piece_id(tag_type t) { return {t >> 24, t & 0xffffff}; }
+// A landed frame's body: piece ids (encode_piece_id), little-endian, at most max_landed_ids.
+inline constexpr std::size_t max_landed_ids = max_control_bytes / 8;
+inline bytes encode_landed(std::span<const tag_type> ids) {
+  bytes b(ids.size() * 8);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t k = 0; k < 8; ++k) b[i * 8 + k] = static_cast<std::byte>(ids[i] >> (8 * k) & 0xff);
+  return b;
+}
+inline std::vector<piece_id> decode_landed(std::span<const std::byte> body) {
+  decentrain::detail::check(!body.empty() && body.size() % 8 == 0 && body.size() / 8 <= max_landed_ids, "frame: a landed frame of ",
+                            body.size(), " bytes (a multiple of 8, from 8 to ", max_landed_ids * 8, ")");
+  std::vector<piece_id> ids(body.size() / 8);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    tag_type t = 0;
+    for (std::size_t k = 0; k < 8; ++k) t |= static_cast<tag_type>(std::to_integer<std::uint8_t>(body[i * 8 + k])) << (8 * k);
+    ids[i] = decode_piece_id(t);
+  }
+  return ids;
+}
 
 struct header {
   frame_type type = frame_type::data;
@@ -15106,6 +15132,7 @@ static_assert(endpoint<mpi>);
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -15889,6 +15916,13 @@ struct relay_stats {
   std::string last_refusal;
 };
 
+// One connection of a pair (tcp::stream_ports_to): its number (0: the pair's first, which
+// carries every frame; 1 and up: further streams, tcp_options::streams) and its TCP ports.
+struct stream_ports {
+  int stream = 0;
+  std::uint16_t local = 0, remote = 0;
+};
+
 struct tcp_options {
   // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
   // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that
@@ -16120,7 +16154,8 @@ class handshake {
     if (next_ == stage::open) {
       decentrain::detail::check(h.type == wire::frame_type::data || h.type == wire::frame_type::bye ||
                                     h.type == wire::frame_type::heartbeat || h.type == wire::frame_type::relay ||
-                                    h.type == wire::frame_type::stripe || h.type == wire::frame_type::piece,
+                                    h.type == wire::frame_type::stripe || h.type == wire::frame_type::piece ||
+                                    h.type == wire::frame_type::landed,
                                 h.type == wire::frame_type::hello ? "frame: a second hello on a connection"
                                                                   : "frame: unexpected frame type ",
                                 h.type == wire::frame_type::hello ? "" : std::to_string(static_cast<int>(h.type)));
@@ -16391,6 +16426,17 @@ struct connection : std::enable_shared_from_this<connection> {
   // other end `through` carries over the relay (tcp/tunnel.hpp); null for a direct connection.
   std::shared_ptr<tunnel> through;
   bool punched = false;  // a direct connection between two peers that accept none (tcp/punch.hpp)
+  // Its TCP ports as registered (0 where it has none: a relayed one), for tcp::stream_ports.
+  std::uint16_t local_port = 0, remote_port = 0;
+  void note_ports() {
+    asio::error_code e1, e2;
+    const auto local = socket.local_endpoint(e1);
+    const auto remote = socket.remote_endpoint(e2);
+    if (!e1 && !e2 && !through) {
+      local_port = local.port();
+      remote_port = remote.port();
+    }
+  }
 
   // ---- streams (tcp/stripes.hpp) ----
   // 0: a pair's first connection, which carries every frame; 1 and up: a further stream of the
@@ -16422,6 +16468,7 @@ struct connection : std::enable_shared_from_this<connection> {
     std::deque<inbound_stripe> open;
     std::uint64_t last_seq = 0;    // the last announced
     std::uint64_t opened_seq = 0;  // the last given memory to land in (its stripe frame may wait for room)
+    std::uint64_t landed_piece = 0;  // the largest piece of a message landed (bounds a piece that comes twice)
     std::optional<wire::header> held;
     std::vector<std::pair<std::shared_ptr<connection>, wire::header>> waiting;
     inbound_stripe* find(std::uint64_t seq) {
@@ -16434,6 +16481,76 @@ struct connection : std::enable_shared_from_this<connection> {
       return type == wire::frame_type::data ? !open.empty() : type == wire::frame_type::stripe && open.size() >= max_open_stripes;
     }
   } inbound;
+  // (a further stream: the piece it is reading, so that one lost midway is expected again)
+  std::optional<wire::piece_id> reading;
+  // The pieces that came over further streams and landed, to say so in the next landed frame
+  // (any thread that holds write_mutex sends them: acks_mutex alone guards this list).
+  std::mutex acks_mutex;
+  std::vector<tag_type> acks;
+  bool ack_retry = false;  // (I/O thread) a retry is set for when write_mutex is free
+
+  // The striped messages going out whose pieces over further streams are not all said landed
+  // (the first connection's; sent_mutex). A stream lost takes what was in its socket and on the
+  // wire with it, so each piece keeps the stream it went over until the receiver says it landed:
+  // the write's own memory while it runs, then a copy (at most what the streams held in flight).
+  // Pieces of a lost stream go again over the others (tcp/stripes.hpp). A writer announces a
+  // message only once those max_open_stripes before it landed whole: the receiver opens no more
+  // at once, and a piece sent again must not queue behind a message it cannot open yet.
+  struct outbound_stripe {
+    static constexpr std::uint8_t unsent = 0xff, landed = 0xfe;  // else the stream it went over
+    wire::stripe_head head;
+    std::span<const std::byte> data;                 // the message, while its write runs
+    std::vector<std::uint8_t> via;                   // each piece's state
+    std::vector<std::shared_ptr<const bytes>> kept;  // once the write returned: what is not landed
+    std::uint64_t open = 0;                          // pieces not landed
+    std::span<const std::byte> piece(std::uint64_t i) const {
+      if (!data.empty()) return data.subspan(static_cast<std::size_t>(head.offset(i)), static_cast<std::size_t>(head.length(i)));
+      return kept[static_cast<std::size_t>(i)] ? std::span<const std::byte>(*kept[static_cast<std::size_t>(i)]) : std::span<const std::byte>();
+    }
+  };
+  struct outbound_stripes {
+    std::deque<outbound_stripe> unconfirmed;
+    std::deque<wire::piece_id> again;  // pieces of lost streams, to send again
+    outbound_stripe* find(std::uint64_t seq) {
+      for (auto& e : unconfirmed)
+        if (e.head.seq == seq) return &e;
+      return nullptr;
+    }
+    void settle(outbound_stripe& e, std::uint64_t i) {
+      e.via[static_cast<std::size_t>(i)] = outbound_stripe::landed;
+      e.kept[static_cast<std::size_t>(i)].reset();
+      if (--e.open == 0) std::erase_if(unconfirmed, [&](const auto& x) { return x.open == 0; });
+    }
+    // A piece written whole over `stream`: over the first connection it goes or fails with the
+    // pair, and needs no landed frame.
+    void written(wire::piece_id id, int stream) {
+      auto* e = find(id.seq);
+      if (!e || e->via[static_cast<std::size_t>(id.index)] == outbound_stripe::landed) return;
+      if (stream == 0) settle(*e, id.index);
+      else e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(stream);
+    }
+    // The receiver says these landed (ids of pieces it was not sent, or twice, change nothing).
+    void landed(std::span<const wire::piece_id> ids) {
+      for (const auto& id : ids)
+        if (auto* e = find(id.seq); e && id.index < e->head.pieces() && e->via[static_cast<std::size_t>(id.index)] != outbound_stripe::landed)
+          settle(*e, id.index);
+    }
+    // `stream` is lost: what it carried and is not said landed goes again. True if anything does.
+    bool lost(int stream) {
+      bool any = false;
+      for (auto& e : unconfirmed)
+        for (std::uint64_t i = 0; i < e.via.size(); ++i)
+          if (e.via[static_cast<std::size_t>(i)] == stream) {
+            e.via[static_cast<std::size_t>(i)] = outbound_stripe::unsent;
+            again.push_back({e.head.seq, i});
+            any = true;
+          }
+      return any;
+    }
+  };
+  std::mutex sent_mutex;
+  std::condition_variable sent_landed;
+  outbound_stripes outbound;
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -16502,6 +16619,22 @@ struct connection : std::enable_shared_from_this<connection> {
     const auto pad = wire::padding(frame_body.size());
     out.insert(out.end(), pad.begin(), pad.end());
     return out.size() - at;
+  }
+
+  // Moves the pieces said landed into `unsent` as landed frames (write_mutex held); returns the
+  // bytes it adds.
+  std::size_t queue_acks() {
+    std::vector<tag_type> ids;
+    {
+      std::lock_guard lock(acks_mutex);
+      ids.swap(acks);
+    }
+    std::size_t added = 0;
+    for (std::size_t at = 0; at < ids.size(); at += wire::max_landed_ids) {
+      const auto n = std::min(wire::max_landed_ids, ids.size() - at);
+      added += append_frame(wire::frame_type::landed, wire::encode_landed(std::span<const tag_type>(ids).subspan(at, n)));
+    }
+    return added;
   }
 
   // Writes what of `unsent` the socket takes now (write_mutex held); true once all of it went.
@@ -16835,6 +16968,7 @@ class admission {
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <list>
 #include <map>
@@ -16842,6 +16976,7 @@ class admission {
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -17592,6 +17727,13 @@ class relay_service {
 // with the next while the others finish theirs), lands them in order, and holds the first
 // connection's next data frame until those before it landed: messages from a peer land in the
 // order it sent them, striped or not, as over one connection.
+//
+// A further stream can be lost (an error, a reset) with pieces in its buffers and on the wire,
+// which its TCP will never deliver. The receiver says which pieces of the further streams landed
+// (landed frames on the first connection; the first's own go or fail with the pair), the sender
+// keeps each piece not said landed (connection::outbound_stripes), and what a lost stream
+// carried goes again over the others: the message lands whole, a piece that comes twice is
+// dropped, and only the first connection's loss fails the pair.
 
 
 #if DECENTRAIN_HAS_ASIO
@@ -17600,8 +17742,11 @@ class relay_service {
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -17609,87 +17754,236 @@ class relay_service {
 
 namespace decentrain::transport::tcp_detail {
 
-// Writes one striped message: its stripe frame on conns[0] (the pair's first connection), then
-// its pieces over every connection of `conns` at once. The caller holds every connection's
-// write_mutex (the first's first). `interrupt` is asked as connection::write_data asks it,
-// before the stripe frame starts only. A failure once the stripe frame went out gives every
-// connection of the pair up (connection::abandon_locked): the receiver could never complete
-// the message it was told of, and one connection closed (by the I/O thread, say) fails the
-// write at once, not when a piece next goes to it.
-template <class Interrupt>
-write_result write_striped(std::span<connection* const> conns, tag_type tag, std::span<const std::byte> data,
-                           std::uint64_t piece_bytes, clock::time_point deadline, Interrupt&& interrupt) {
-  connection& first = *conns[0];
-  const wire::stripe_head head{first.stripes_sent + 1, data.size(), piece_bytes};
-  const auto announce = wire::encode_stripe_head(head);
-  if (const auto r = first.write_locked(wire::frame_type::stripe, tag, announce, deadline, interrupt); r.status != write_status::done)
-    return r;
-  ++first.stripes_sent;
-
-  struct lane {
-    connection* c = nullptr;
-    std::array<std::byte, wire::header_bytes> h{};
-    std::optional<connection::outgoing> out;  // the piece being written
+// Writes striped messages to one peer over the pair's connections, every one's write lock held
+// meanwhile (the first's first; a lost stream's is let go at once: the I/O thread closing it
+// waits for it). `streams` are the pair's further streams as the node lists them now.
+class striped_writer {
+ public:
+  // What it counts as it goes: pieces sent again (a stream was lost), and the bytes of the
+  // landed frames it sent for the peer's pieces.
+  struct counters {
+    std::atomic<std::uint64_t>& resent;
+    std::atomic<std::uint64_t>& framing;
   };
-  // (Encrypting, each connection seals its piece into a buffer of its own, kept per sending thread.)
-  static thread_local std::vector<bytes> ciphertexts;
-  if (ciphertexts.size() < conns.size()) ciphertexts.resize(conns.size());
-  std::vector<lane> lanes(conns.size());
-  for (std::size_t i = 0; i < conns.size(); ++i) lanes[i].c = conns[i];
 
-  const std::uint64_t pieces = head.pieces();
-  std::uint64_t next = 0, written = 0;
-  auto fail = [&](write_status s, int error) {
-    for (auto& l : lanes) {
-      if (l.out) (void)l.out->finish(s, error);
-      l.c->abandon_locked();
+  striped_writer(connection& first, std::span<const std::shared_ptr<connection>> streams, clock::time_point deadline, counters counted)
+      : first_(first), deadline_(deadline), counted_(counted) {
+    lanes_.push_back(std::make_unique<lane>(&first, std::unique_lock(first.write_mutex)));
+    for (const auto& s : streams)
+      if (!s->closed_for_writes.load()) lanes_.push_back(std::make_unique<lane>(s.get(), std::unique_lock(s->write_mutex)));
+  }
+
+  // One striped message: its stripe frame on the first connection, then its pieces over every
+  // connection at once, each taking the next piece as soon as its socket took the last, so a
+  // connection whose window is fuller takes fewer. Pieces of a stream lost meanwhile (or before)
+  // go again over the others; only the first connection's failure fails the write, and gives
+  // every connection of the pair up (the receiver could never complete the message it was told
+  // of). `interrupt` is asked as connection::write_data asks it, before the stripe frame starts.
+  template <class Interrupt>
+  write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, Interrupt&& interrupt) {
+    const wire::stripe_head head{first_.stripes_sent + 1, data.size(), piece_bytes};
+    // (the messages max_open_stripes before it landed whole first: see connection::outbound_stripes)
+    if (const auto r = pump([&] {
+          return first_.outbound.unconfirmed.empty() ||
+                 first_.outbound.unconfirmed.front().head.seq + connection::max_open_stripes > head.seq;
+        }, interrupt, never);
+        r.status != write_status::done)
+      return r;
+    const auto announce = wire::encode_stripe_head(head);
+    counted_.framing += first_.queue_acks();
+    if (const auto r = first_.write_locked(wire::frame_type::stripe, tag, announce, deadline_, interrupt); r.status != write_status::done)
+      return r;
+    ++first_.stripes_sent;
+    {
+      std::lock_guard lock(first_.sent_mutex);
+      connection::outbound_stripe e;
+      e.head = head;
+      e.data = data;
+      e.via.assign(static_cast<std::size_t>(head.pieces()), connection::outbound_stripe::unsent);
+      e.kept.resize(e.via.size());
+      e.open = head.pieces();
+      first_.outbound.unconfirmed.push_back(std::move(e));
     }
-    return write_result{s, error, true};
-  };
-  std::vector<pollfd> waiting;
-  while (written < pieces) {
-    for (const auto& l : lanes)
-      if (l.c->closed_for_writes.load()) return fail(write_status::closed, 0);
-    for (std::size_t i = 0; i < lanes.size(); ++i) {
-      auto& l = lanes[i];
-      for (;;) {
-        if (!l.out) {
-          if (next == pieces) break;
-          const std::uint64_t index = next++;
-          const auto body = data.subspan(static_cast<std::size_t>(head.offset(index)), static_cast<std::size_t>(head.length(index)));
-          const auto id = wire::encode_piece_id({head.seq, index});
-          std::span<const std::byte> sent = body;
-          if (l.c->encrypted()) {
-            auto& buffer = ciphertexts[i];
-            if (buffer.size() < body.size()) buffer.resize(body.size());
-            const auto into = std::span<std::byte>(buffer).first(body.size());
-            l.h = l.c->sealed_header(wire::frame_type::piece, id, body, into);
-            sent = into;
-          } else {
-            l.h = l.c->sealed_header(wire::frame_type::piece, id, body, {});
+    current_ = head.seq;
+    pieces_ = head.pieces();
+    auto r = pump([&] { return next_ == pieces_; }, never, never);
+    if (r.status == write_status::done) {
+      // What is not said landed yet is kept for a stream lost later (the caller's memory is not).
+      std::lock_guard lock(first_.sent_mutex);
+      if (auto* e = first_.outbound.find(head.seq)) {
+        for (std::uint64_t i = 0; i < pieces_; ++i)
+          if (e->via[static_cast<std::size_t>(i)] != connection::outbound_stripe::landed) {
+            const auto p = e->piece(i);
+            e->kept[static_cast<std::size_t>(i)] = std::make_shared<const bytes>(p.begin(), p.end());
           }
-          l.out.emplace(*l.c, l.h, sent);
-        }
-        if (l.c->closed_for_writes.load()) return fail(write_status::closed, 0);
-        const auto step = l.out->write();
-        if (step == connection::outgoing::step::full) break;
-        if (step == connection::outgoing::step::failed) return fail(write_status::broken, l.out->error());
-        (void)l.out->finish(write_status::done);
-        l.out.reset();
-        ++written;
+        e->data = {};
       }
     }
-    if (written == pieces) break;
-    const auto left = deadline - clock::now();
-    if (left <= clock::duration::zero()) return fail(write_status::timed_out, 0);
-    waiting.clear();
-    for (const auto& l : lanes)
-      if (l.out) waiting.push_back(pollfd{l.c->socket.native_handle(), POLLOUT, 0});
-    ::poll(waiting.data(), waiting.size(),
-           static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+    current_ = 0;
+    return r;
   }
-  return {};
-}
+
+  // The pieces of lost streams that wait to go again (no message being written); `stop()`
+  // true gives the pair up.
+  template <class Stop>
+  write_result resend(Stop&& stop) {
+    return pump([] { return true; }, never, stop);
+  }
+
+ private:
+  struct lane {
+    lane(connection* c, std::unique_lock<std::mutex> l) : c(c), lock(std::move(l)) {}
+    connection* c;
+    std::unique_lock<std::mutex> lock;
+    std::array<std::byte, wire::header_bytes> h{};
+    std::optional<connection::outgoing> out;  // the piece being written
+    wire::piece_id id;
+    std::shared_ptr<const bytes> hold;  // a kept copy being written (a landed frame may drop it meanwhile)
+    bool again = false;
+  };
+
+  // Writes pieces (those of lost streams first, then the message's next) until `done()` holds
+  // and nothing is left to send again and no lane is midway, waiting for landed frames when there
+  // is nothing to write. Lanes whose stream is lost are let go and their pieces queued again.
+  static bool never() { return false; }
+
+  template <class Done, class Interrupt, class Stop>
+  write_result pump(Done&& done, Interrupt&& interrupt, Stop&& stop) {
+    std::vector<pollfd> waiting;
+    for (;;) {
+      if (first_.closed_for_writes.load()) return fail(write_status::closed, 0);
+      if (stop()) return fail(write_status::interrupted, 0);
+      for (std::size_t i = 1; i < lanes_.size();)
+        if (lanes_[i]->c->closed_for_writes.load()) drop(i);
+        else ++i;
+      bool busy = false;
+      for (std::size_t i = 0; i < lanes_.size();) {
+        auto& l = *lanes_[i];
+        bool dropped = false;
+        for (;;) {
+          if (!l.out && !take(l, i == 0)) break;
+          const auto step = l.out->write();
+          if (step == connection::outgoing::step::full) break;
+          if (step == connection::outgoing::step::failed) {
+            if (i == 0) return fail(write_status::broken, l.out->error());
+            drop(i);
+            dropped = true;
+            break;
+          }
+          (void)l.out->finish(write_status::done);
+          l.out.reset();
+          {
+            std::lock_guard lock(first_.sent_mutex);
+            first_.outbound.written(l.id, l.c->stream);
+          }
+          if (l.again) ++counted_.resent;
+          l.hold.reset();
+        }
+        if (dropped) continue;
+        busy = busy || l.out.has_value();
+        ++i;
+      }
+      bool finished = false;
+      {
+        std::lock_guard lock(first_.sent_mutex);
+        finished = !busy && first_.outbound.again.empty() && done();
+      }
+      if (finished) return {};
+      if (!busy && interrupt()) return {write_status::interrupted, 0, false};
+      const auto left = deadline_ - clock::now();
+      if (left <= clock::duration::zero()) return fail(write_status::timed_out, 0);
+      if (!busy) {
+        // (waiting for landed frames: this peer's own go out meanwhile, or two peers that both
+        // wait would wait on each other)
+        counted_.framing += first_.queue_acks();
+        first_.flush_unsent();
+        std::unique_lock lock(first_.sent_mutex);
+        first_.sent_landed.wait_for(lock, std::chrono::milliseconds(2));
+        continue;
+      }
+      waiting.clear();
+      for (const auto& l : lanes_)
+        if (l->out) waiting.push_back(pollfd{l->c->socket.native_handle(), POLLOUT, 0});
+      ::poll(waiting.data(), waiting.size(),
+             static_cast<int>(std::min<std::int64_t>(20, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+    }
+  }
+
+  // The next piece for lane `l`: one to send again, else the message's next. False: none.
+  bool take(lane& l, bool on_first) {
+    std::span<const std::byte> body;
+    {
+      std::lock_guard lock(first_.sent_mutex);
+      auto& out = first_.outbound;
+      l.again = false;
+      while (!out.again.empty()) {
+        const auto id = out.again.front();
+        out.again.pop_front();
+        auto* e = out.find(id.seq);
+        if (!e || e->via[static_cast<std::size_t>(id.index)] != connection::outbound_stripe::unsent) continue;  // (landed meanwhile)
+        l.id = id;
+        l.hold = e->kept[static_cast<std::size_t>(id.index)];
+        body = e->piece(id.index);
+        l.again = true;
+        break;
+      }
+      if (!l.again) {
+        if (current_ == 0 || next_ == pieces_) return false;
+        l.id = {current_, next_++};
+        body = first_.outbound.find(current_)->piece(l.id.index);
+      }
+    }
+    if (on_first) counted_.framing += first_.queue_acks();  // (before the outgoing takes `unsent`)
+    const auto tag = wire::encode_piece_id(l.id);
+    std::span<const std::byte> sent = body;
+    if (l.c->encrypted()) {
+      // (each connection seals its piece into a buffer of its own, kept per sending thread)
+      static thread_local std::vector<bytes> ciphertexts;
+      const auto k = static_cast<std::size_t>(l.c->stream);
+      if (ciphertexts.size() <= k) ciphertexts.resize(k + 1);
+      auto& buffer = ciphertexts[k];
+      if (buffer.size() < body.size()) buffer.resize(body.size());
+      const auto into = std::span<std::byte>(buffer).first(body.size());
+      l.h = l.c->sealed_header(wire::frame_type::piece, tag, body, into);
+      sent = into;
+    } else {
+      l.h = l.c->sealed_header(wire::frame_type::piece, tag, body, {});
+    }
+    l.out.emplace(*l.c, l.h, sent);
+    return true;
+  }
+
+  // A further stream that failed or closed: given up and let go, and what it carried not said
+  // landed (the piece midway with it) queued again.
+  void drop(std::size_t i) {
+    auto& l = *lanes_[i];
+    {
+      std::lock_guard lock(first_.sent_mutex);
+      if (l.out) {
+        (void)l.out->finish(write_status::broken);
+        first_.outbound.again.push_front(l.id);
+      }
+      first_.outbound.lost(l.c->stream);
+    }
+    l.out.reset();
+    l.c->abandon_locked();
+    lanes_.erase(lanes_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
+  write_result fail(write_status s, int error) {
+    for (auto& l : lanes_) {
+      if (l->out) (void)l->out->finish(s, error);
+      l->c->abandon_locked();
+    }
+    return write_result{s, error, true};
+  }
+
+  connection& first_;
+  clock::time_point deadline_;
+  std::vector<std::unique_ptr<lane>> lanes_;  // (a lane's piece points into it: lanes never move)
+  std::uint64_t current_ = 0, next_ = 0, pieces_ = 0;
+  counters counted_;
+};
 
 // The bytes a striped message adds on the wire besides its payload: the stripe frame whole,
 // and each piece's header and padding.
@@ -18329,6 +18623,12 @@ struct node {
   }
 
   ~node() {
+    {
+      std::lock_guard lock(resend_mutex);
+      resend_closed = true;
+      resender.request_stop();
+    }
+    if (resender.joinable()) resender.join();
     punch_stop = true;
     std::list<punch_attempt> ending;
     {
@@ -18395,6 +18695,7 @@ struct node {
   std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c) {
     auto it = peers.find(c->rank);
     if (it != peers.end() && it->second != c) return c;
+    c->note_ports();
     if (it == peers.end() && !ever_connected.insert(c->rank).second) adm.reconnected();
     peers[c->rank] = c;
     return nullptr;
@@ -18697,6 +18998,9 @@ struct node {
   // A piece of a striped message its pair's first connection announced: read into its place. A
   // further stream whose piece is of the next message, not announced yet, waits for it (its
   // earlier pieces all came before: the sender finishes a message before it starts the next).
+  // A piece sent again after a stream was lost may come twice (its landed frame was on its way):
+  // one that landed is read and dropped; one that a further stream is reading takes that
+  // stream for lost (its sender gave it up).
   void read_piece(const std::shared_ptr<connection>& c, const wire::header& h) {
     const auto f = c->stream == 0 ? c : c->first.lock();
     if (!f || f->closed) return close(c, "");  // (its pair's first connection closed: so does it)
@@ -18710,10 +19014,22 @@ struct node {
       return;
     }
     auto* e = in.find(id.seq);
-    // (a piece another connection is reading, or read, is not taken again: two reads into one
-    // place could land the message while one of them still writes into it)
-    if (!e || id.index >= e->head.pieces() || e->pieces[static_cast<std::size_t>(id.index)] != state::expected ||
-        h.length != e->head.length(id.index))
+    const bool valid = e && id.index < e->head.pieces() && h.length == e->head.length(id.index);
+    // (a message landed whole: the sender keeps at most max_open_stripes unconfirmed before the
+    // one it writes)
+    const bool landed_before = !e && id.seq <= in.opened_seq && id.seq + 2 * connection::max_open_stripes > in.opened_seq &&
+                               h.length <= in.landed_piece;
+    if (landed_before || (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::landed)) return read_twice(c, h);
+    if (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::reading) {
+      std::shared_ptr<connection> reader;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& s : f->streams)
+          if (s != c && s->reading == id) reader = s;
+      }
+      if (reader) lose_stream(reader);
+    }
+    if (!valid || e->pieces[static_cast<std::size_t>(id.index)] != state::expected)
       return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
@@ -18723,21 +19039,73 @@ struct node {
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
     e->pieces[static_cast<std::size_t>(id.index)] = state::reading;
+    c->reading = id;
     c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
+      if (c->closed) return;  // (lost meanwhile: its piece is expected again)
       if (ec) {
-        if (ec == asio::error::eof)
+        if (ec == asio::error::eof && c->stream == 0)
           return malformed(c, decentrain::detail::concat("frame: truncated piece (", got, " of ", h.length, " bytes)"));
-        return lost(c, ec);
+        return lost(c, ec);  // (a stream's piece is expected again: close() finds it in `reading`)
       }
+      c->reading.reset();
       if (!authentic(*c, h, into)) return reject_frame(c, h);
       auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
       if (!done) return;  // (abandoned meanwhile: its streams closed with it)
       done->pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
       ++done->pieces_landed;
       f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
+      if (c->stream > 0) say_landed(f, wire::encode_piece_id(id));
       land_stripes(f);
       read_next_later(c);
     }, true);
+  }
+
+  // A piece that landed before: read (its tag checked) and dropped.
+  void read_twice(const std::shared_ptr<connection>& c, const wire::header& h) {
+    c->body.resize(static_cast<std::size_t>(h.length));
+    c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec, std::size_t got) {
+      if (c->closed) return;
+      if (ec) {
+        if (ec == asio::error::eof && c->stream == 0)
+          return malformed(c, decentrain::detail::concat("frame: truncated piece (", got, " of ", h.length, " bytes)"));
+        return lost(c, ec);
+      }
+      if (!authentic(*c, h, c->body)) return reject_frame(c, h);
+      c->body = {};
+      ++pieces_twice;
+      read_next_later(c);
+    });
+  }
+
+  // Tells the sender of a pair that a piece of its further streams landed: a landed frame on the
+  // first connection now if no writer holds it, else the writer sends it with its next frame or
+  // while it waits, or a retry a moment later.
+  void say_landed(const std::shared_ptr<connection>& f, tag_type id) {
+    {
+      std::lock_guard lock(f->acks_mutex);
+      f->acks.push_back(id);
+    }
+    flush_landed(f);
+  }
+  void flush_landed(const std::shared_ptr<connection>& f) {
+    {
+      std::unique_lock lock(f->write_mutex, std::try_to_lock);
+      if (lock.owns_lock()) {
+        if (f->closed_for_writes.load()) return;
+        framing_sent += f->queue_acks();
+        if (f->flush_unsent()) return;
+        // (the socket is full: what is left goes with the next frame, or the retry)
+      } else {
+        std::lock_guard acks_lock(f->acks_mutex);
+        if (f->acks.empty()) return;  // (the writer sends what it took, with its next frame)
+      }
+    }
+    if (std::exchange(f->ack_retry, true)) return;
+    auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(2));
+    timer->async_wait([this, f, timer](const asio::error_code&) {
+      f->ack_retry = false;
+      if (!f->closed) flush_landed(f);
+    });
   }
 
   // The striped messages that are whole, oldest first, land while the oldest open is; a frame
@@ -18747,6 +19115,7 @@ struct node {
     while (!in.open.empty() && in.open.front().pieces_landed == in.open.front().head.pieces()) {
       auto& e = in.open.front();
       ++striped_received;
+      in.landed_piece = std::max(in.landed_piece, e.head.piece);
       if (e.posted) box.landed(f->rank, e.tag);
       else box.push(f->rank, e.tag, detail::message{std::move(e.own), 0.0, 0, e.accepted});
       in.open.pop_front();
@@ -18843,6 +19212,16 @@ struct node {
       case wire::frame_type::heartbeat:
         heartbeat::heard(*c, c->body, mutex);
         return true;
+      case wire::frame_type::landed: {
+        const auto ids = wire::decode_landed(c->body);
+        {
+          std::lock_guard lock(c->sent_mutex);
+          c->outbound.landed(ids);
+        }
+        c->sent_landed.notify_all();
+        c->body = {};
+        return true;
+      }
       case wire::frame_type::relay:
         on_relay(c, h, std::exchange(c->body, {}));
         return true;
@@ -18980,6 +19359,7 @@ struct node {
     c->rank = hello.rank;
     c->stream = hello.stream;
     c->first = it->second;
+    c->note_ports();
     c->handshake_state.opened();
     adm.admitted_one();
     it->second->streams.push_back(c);
@@ -19012,6 +19392,7 @@ struct node {
         const auto it = peers.find(c->rank);
         if (!f->closed && it != peers.end() && it->second == f) {
           c->first = f;
+          c->note_ports();
           f->streams.push_back(c);
           kept = true;
         }
@@ -19047,14 +19428,52 @@ struct node {
   }
 
   void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
-    // A stream its peer closed between frames: that peer closes the pair's first connection too
-    // (see close()), and says why there.
-    if (c->stream > 0 && ec == asio::error::eof) return close(c, "");
+    if (c->stream > 0) return lose_stream(c);
     if (!c->closed && c->rank < 0 && c->handshake_state.next() == handshake::stage::proof)  // a caller whose key differs stops here
       adm.rejected("a caller closed the connection after the run key's challenge (another key, or none)");
     std::string why = ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message();
     if (c->through) why += decentrain::detail::concat(" (relayed by peer ", c->through->relay(), ": ", c->through->why_ended(), ")");
     close(c, why);
+  }
+
+  // A further stream lost to an error or closed by its peer: the pair goes on over the others.
+  void lose_stream(const std::shared_ptr<connection>& c) {
+    if (c->closed) return;
+    {
+      std::lock_guard lock(mutex);
+      ++streams_lost;
+    }
+    close(c, "");
+  }
+
+  // Pieces of a lost stream go again from a thread of their own when no writer is sending to
+  // that peer now (one that is sends them itself; this one then waits for it and finds none).
+  void resend_later(const std::shared_ptr<connection>& f) {
+    std::lock_guard lock(resend_mutex);
+    if (resend_closed) return;
+    resend_queue.push_back(f);
+    if (!resender.joinable()) resender = std::jthread([this](std::stop_token stop) { resend_loop(stop); });
+    resend_wake.notify_one();
+  }
+  void resend_loop(std::stop_token stop) {
+    for (;;) {
+      std::shared_ptr<connection> f;
+      {
+        std::unique_lock lock(resend_mutex);
+        if (!resend_wake.wait(lock, stop, [&] { return !resend_queue.empty(); })) return;
+        f = resend_queue.front().lock();
+        resend_queue.pop_front();
+      }
+      if (!f || f->closed_for_writes.load()) continue;
+      std::vector<std::shared_ptr<connection>> streams;
+      {
+        std::lock_guard lock(mutex);
+        streams = f->streams;
+      }
+      // (a failure gives the pair up: its receiver waits for pieces that will not come)
+      striped_writer w(*f, streams, clock::now() + opts.recv_timeout, {pieces_resent, framing_sent});
+      (void)w.resend([&] { return stop.stop_requested(); });
+    }
   }
 
   void close(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause = failure_cause::departed) {
@@ -19093,16 +19512,29 @@ struct node {
       }
     }
     if (c->stream > 0) {
-      // A stream of a pair that closes takes the pair's first connection with it: pieces on their
-      // way over it are lost (into it or out of it: a sender may have written a piece to it
-      // before it heard of the close), and nothing sends them again.
+      // A stream that closes leaves the pair with the others: the piece it was reading is
+      // expected again, and what this peer sent over it and was not said landed goes again over
+      // the others (tcp/stripes.hpp). One closed for what it sent (a bad frame, a bad tag) takes
+      // the pair's first connection with it.
       const auto f = c->first.lock();
       if (f) {
         std::lock_guard lock(mutex);
         std::erase(f->streams, c);
       }
-      if (f && !why.empty())
-        close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
+      if (f && !f->closed) {
+        if (c->reading)
+          if (auto* e = f->inbound.find(c->reading->seq); e && c->reading->index < e->pieces.size())
+            if (auto& p = e->pieces[static_cast<std::size_t>(c->reading->index)]; p == connection::inbound_stripe::piece_state::reading)
+              p = connection::inbound_stripe::piece_state::expected;
+        std::erase_if(f->inbound.waiting, [&](const auto& w) { return w.first == c; });
+        bool again = false;
+        {
+          std::lock_guard lock(f->sent_mutex);
+          again = f->outbound.lost(c->stream);
+        }
+        if (!why.empty()) close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
+        else if (again && !stopping) resend_later(f);
+      }
     } else if (!c->inbound.open.empty() || !c->streams.empty()) {
       abandon_stripes(c);
     }
@@ -19224,6 +19656,16 @@ struct node {
     std::lock_guard lock(mutex);
     const auto it = peers.find(peer);
     return it == peers.end() ? 0 : 1 + static_cast<int>(it->second->streams.size());
+  }
+
+  std::vector<transport::stream_ports> stream_ports(int peer) const {
+    std::lock_guard lock(mutex);
+    std::vector<transport::stream_ports> out;
+    const auto it = peers.find(peer);
+    if (it == peers.end()) return out;
+    out.push_back({0, it->second->local_port, it->second->remote_port});
+    for (const auto& s : it->second->streams) out.push_back({s->stream, s->local_port, s->remote_port});
+    return out;
   }
 
   // The peers this one reached directly although neither accepts connections (a hole punched
@@ -19531,19 +19973,12 @@ struct node {
     if (!streams.empty()) ++striped_sent;
   }
 
-  // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp),
-  // every connection's write lock held meanwhile, the first's first.
+  // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp).
   template <class Interrupt>
   write_result send_striped(const std::shared_ptr<connection>& c, const std::vector<std::shared_ptr<connection>>& streams, tag_type tag,
                             std::span<const std::byte> data, clock::time_point deadline, Interrupt& interrupt) {
-    std::lock_guard first_lock(c->write_mutex);
-    std::vector<std::unique_lock<std::mutex>> locks;
-    std::vector<connection*> conns{c.get()};
-    for (const auto& s : streams) {
-      locks.emplace_back(s->write_mutex);
-      if (!s->closed_for_writes.load()) conns.push_back(s.get());
-    }
-    return write_striped(std::span<connection* const>(conns), tag, data, opts.stripe_piece_bytes, deadline, interrupt);
+    striped_writer w(*c, streams, deadline, {pieces_resent, framing_sent});
+    return w.send(tag, data, opts.stripe_piece_bytes, interrupt);
   }
 
   // A send that finds the connection closed or broken can run ahead of the reader, while the
@@ -19668,11 +20103,14 @@ struct node {
     s.bodies_into_posted = bodies_into_posted;
     s.striped_sent = striped_sent;
     s.striped_received = striped_received;
+    s.pieces_resent = pieces_resent;
+    s.pieces_twice = pieces_twice;
     s.wait_seconds = wait_seconds;
     {
       std::lock_guard lock(mutex);
       s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       s.malformed_frames = malformed_frames;
+      s.streams_lost = streams_lost;
     }
     const auto a = adm.stats();
     s.rejected_frames = a.refused + a.bad_tags;
@@ -19720,6 +20158,14 @@ struct node {
       static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<std::uint64_t> striped_sent = 0, striped_received = 0;
+  std::atomic<std::uint64_t> pieces_resent = 0, pieces_twice = 0;  // (traffic_stats)
+  std::uint64_t streams_lost = 0;                                  // (the mutex; traffic_stats)
+  // Pieces of lost streams to send again when no writer does (resend_later).
+  std::mutex resend_mutex;
+  std::condition_variable_any resend_wake;
+  std::deque<std::weak_ptr<connection>> resend_queue;
+  bool resend_closed = false;
+  std::jthread resender;
   std::atomic<double> wait_seconds = 0;
 
   // Relays: the circuits this peer carries for others (their threads stop before the I/O
@@ -20438,6 +20884,9 @@ class tcp {
   // The connections to a peer that its large messages go over at once (tcp_options::streams,
   // tcp/stripes.hpp): the pair's first and its further streams open now; 0 when not connected.
   int streams_to(int peer) const { return n().streams_to(peer); }
+  // Those connections' TCP ports (the first connection's first, stream 0), to find them in `ss`
+  // or a firewall's rules; empty when not connected, ports 0 for a relayed connection.
+  std::vector<stream_ports> stream_ports_to(int peer) const { return n().stream_ports(peer); }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {

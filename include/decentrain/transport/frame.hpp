@@ -31,8 +31,9 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 // 1: 24-byte headers, bodies not aligned; 2: no heartbeats, goodbyes without a reason; 4: no
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
 // per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
-// hole punching; 10: one connection a pair (no striped messages).
-inline constexpr std::uint16_t version = 11;
+// hole punching; 10: one connection a pair (no striped messages); 11: a lost stream's pieces not
+// sent again (no landed frames).
+inline constexpr std::uint16_t version = 12;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -60,12 +61,14 @@ inline constexpr std::size_t max_directory_entries = 65536;
 // hello that was accepted (a refused one gets a bye saying why); relay: a piece of a connection
 // between two other peers that this hop carries (tcp/relay.hpp; its route is in the tag);
 // stripe: a message that comes in pieces over several connections (tcp/stripes.hpp: its tag is
-// the message's, its body a stripe_head); piece: one of them (its tag a piece_id).
+// the message's, its body a stripe_head); piece: one of them (its tag a piece_id); landed: the
+// pieces that came over a pair's further streams and landed (its body their piece_ids), so that
+// their sender keeps no copy of them for a stream lost later.
 enum class frame_type : std::uint16_t {
   hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9,
-  stripe = 10, piece = 11
+  stripe = 10, piece = 11, landed = 12
 };
-inline constexpr std::uint16_t last_frame_type = 11;
+inline constexpr std::uint16_t last_frame_type = 12;
 
 // A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
 // kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
@@ -155,6 +158,25 @@ struct piece_id {
 };
 inline tag_type encode_piece_id(const piece_id& p) { return (p.seq & ((std::uint64_t{1} << 40) - 1)) << 24 | (p.index & 0xffffff); }
 inline piece_id decode_piece_id(tag_type t) { return {t >> 24, t & 0xffffff}; }
+// A landed frame's body: piece ids (encode_piece_id), little-endian, at most max_landed_ids.
+inline constexpr std::size_t max_landed_ids = max_control_bytes / 8;
+inline bytes encode_landed(std::span<const tag_type> ids) {
+  bytes b(ids.size() * 8);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t k = 0; k < 8; ++k) b[i * 8 + k] = static_cast<std::byte>(ids[i] >> (8 * k) & 0xff);
+  return b;
+}
+inline std::vector<piece_id> decode_landed(std::span<const std::byte> body) {
+  decentrain::detail::check(!body.empty() && body.size() % 8 == 0 && body.size() / 8 <= max_landed_ids, "frame: a landed frame of ",
+                            body.size(), " bytes (a multiple of 8, from 8 to ", max_landed_ids * 8, ")");
+  std::vector<piece_id> ids(body.size() / 8);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    tag_type t = 0;
+    for (std::size_t k = 0; k < 8; ++k) t |= static_cast<tag_type>(std::to_integer<std::uint8_t>(body[i * 8 + k])) << (8 * k);
+    ids[i] = decode_piece_id(t);
+  }
+  return ids;
+}
 
 struct header {
   frame_type type = frame_type::data;

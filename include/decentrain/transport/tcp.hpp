@@ -141,6 +141,9 @@ class tcp {
   // The connections to a peer that its large messages go over at once (tcp_options::streams,
   // tcp/stripes.hpp): the pair's first and its further streams open now; 0 when not connected.
   int streams_to(int peer) const { return n().streams_to(peer); }
+  // Those connections' TCP ports (the first connection's first, stream 0), to find them in `ss`
+  // or a firewall's rules; empty when not connected, ports 0 for a relayed connection.
+  std::vector<stream_ports> stream_ports_to(int peer) const { return n().stream_ports(peer); }
 
   // What the heartbeats measured of a connected peer (nothing when `peer` is not connected).
   struct peer_liveness {

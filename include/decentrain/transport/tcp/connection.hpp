@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -73,6 +74,17 @@ struct connection : std::enable_shared_from_this<connection> {
   // other end `through` carries over the relay (tcp/tunnel.hpp); null for a direct connection.
   std::shared_ptr<tunnel> through;
   bool punched = false;  // a direct connection between two peers that accept none (tcp/punch.hpp)
+  // Its TCP ports as registered (0 where it has none: a relayed one), for tcp::stream_ports.
+  std::uint16_t local_port = 0, remote_port = 0;
+  void note_ports() {
+    asio::error_code e1, e2;
+    const auto local = socket.local_endpoint(e1);
+    const auto remote = socket.remote_endpoint(e2);
+    if (!e1 && !e2 && !through) {
+      local_port = local.port();
+      remote_port = remote.port();
+    }
+  }
 
   // ---- streams (tcp/stripes.hpp) ----
   // 0: a pair's first connection, which carries every frame; 1 and up: a further stream of the
@@ -104,6 +116,7 @@ struct connection : std::enable_shared_from_this<connection> {
     std::deque<inbound_stripe> open;
     std::uint64_t last_seq = 0;    // the last announced
     std::uint64_t opened_seq = 0;  // the last given memory to land in (its stripe frame may wait for room)
+    std::uint64_t landed_piece = 0;  // the largest piece of a message landed (bounds a piece that comes twice)
     std::optional<wire::header> held;
     std::vector<std::pair<std::shared_ptr<connection>, wire::header>> waiting;
     inbound_stripe* find(std::uint64_t seq) {
@@ -116,6 +129,76 @@ struct connection : std::enable_shared_from_this<connection> {
       return type == wire::frame_type::data ? !open.empty() : type == wire::frame_type::stripe && open.size() >= max_open_stripes;
     }
   } inbound;
+  // (a further stream: the piece it is reading, so that one lost midway is expected again)
+  std::optional<wire::piece_id> reading;
+  // The pieces that came over further streams and landed, to say so in the next landed frame
+  // (any thread that holds write_mutex sends them: acks_mutex alone guards this list).
+  std::mutex acks_mutex;
+  std::vector<tag_type> acks;
+  bool ack_retry = false;  // (I/O thread) a retry is set for when write_mutex is free
+
+  // The striped messages going out whose pieces over further streams are not all said landed
+  // (the first connection's; sent_mutex). A stream lost takes what was in its socket and on the
+  // wire with it, so each piece keeps the stream it went over until the receiver says it landed:
+  // the write's own memory while it runs, then a copy (at most what the streams held in flight).
+  // Pieces of a lost stream go again over the others (tcp/stripes.hpp). A writer announces a
+  // message only once those max_open_stripes before it landed whole: the receiver opens no more
+  // at once, and a piece sent again must not queue behind a message it cannot open yet.
+  struct outbound_stripe {
+    static constexpr std::uint8_t unsent = 0xff, landed = 0xfe;  // else the stream it went over
+    wire::stripe_head head;
+    std::span<const std::byte> data;                 // the message, while its write runs
+    std::vector<std::uint8_t> via;                   // each piece's state
+    std::vector<std::shared_ptr<const bytes>> kept;  // once the write returned: what is not landed
+    std::uint64_t open = 0;                          // pieces not landed
+    std::span<const std::byte> piece(std::uint64_t i) const {
+      if (!data.empty()) return data.subspan(static_cast<std::size_t>(head.offset(i)), static_cast<std::size_t>(head.length(i)));
+      return kept[static_cast<std::size_t>(i)] ? std::span<const std::byte>(*kept[static_cast<std::size_t>(i)]) : std::span<const std::byte>();
+    }
+  };
+  struct outbound_stripes {
+    std::deque<outbound_stripe> unconfirmed;
+    std::deque<wire::piece_id> again;  // pieces of lost streams, to send again
+    outbound_stripe* find(std::uint64_t seq) {
+      for (auto& e : unconfirmed)
+        if (e.head.seq == seq) return &e;
+      return nullptr;
+    }
+    void settle(outbound_stripe& e, std::uint64_t i) {
+      e.via[static_cast<std::size_t>(i)] = outbound_stripe::landed;
+      e.kept[static_cast<std::size_t>(i)].reset();
+      if (--e.open == 0) std::erase_if(unconfirmed, [&](const auto& x) { return x.open == 0; });
+    }
+    // A piece written whole over `stream`: over the first connection it goes or fails with the
+    // pair, and needs no landed frame.
+    void written(wire::piece_id id, int stream) {
+      auto* e = find(id.seq);
+      if (!e || e->via[static_cast<std::size_t>(id.index)] == outbound_stripe::landed) return;
+      if (stream == 0) settle(*e, id.index);
+      else e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(stream);
+    }
+    // The receiver says these landed (ids of pieces it was not sent, or twice, change nothing).
+    void landed(std::span<const wire::piece_id> ids) {
+      for (const auto& id : ids)
+        if (auto* e = find(id.seq); e && id.index < e->head.pieces() && e->via[static_cast<std::size_t>(id.index)] != outbound_stripe::landed)
+          settle(*e, id.index);
+    }
+    // `stream` is lost: what it carried and is not said landed goes again. True if anything does.
+    bool lost(int stream) {
+      bool any = false;
+      for (auto& e : unconfirmed)
+        for (std::uint64_t i = 0; i < e.via.size(); ++i)
+          if (e.via[static_cast<std::size_t>(i)] == stream) {
+            e.via[static_cast<std::size_t>(i)] = outbound_stripe::unsent;
+            again.push_back({e.head.seq, i});
+            any = true;
+          }
+      return any;
+    }
+  };
+  std::mutex sent_mutex;
+  std::condition_variable sent_landed;
+  outbound_stripes outbound;
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -184,6 +267,22 @@ struct connection : std::enable_shared_from_this<connection> {
     const auto pad = wire::padding(frame_body.size());
     out.insert(out.end(), pad.begin(), pad.end());
     return out.size() - at;
+  }
+
+  // Moves the pieces said landed into `unsent` as landed frames (write_mutex held); returns the
+  // bytes it adds.
+  std::size_t queue_acks() {
+    std::vector<tag_type> ids;
+    {
+      std::lock_guard lock(acks_mutex);
+      ids.swap(acks);
+    }
+    std::size_t added = 0;
+    for (std::size_t at = 0; at < ids.size(); at += wire::max_landed_ids) {
+      const auto n = std::min(wire::max_landed_ids, ids.size() - at);
+      added += append_frame(wire::frame_type::landed, wire::encode_landed(std::span<const tag_type>(ids).subspan(at, n)));
+    }
+    return added;
   }
 
   // Writes what of `unsent` the socket takes now (write_mutex held); true once all of it went.

@@ -121,7 +121,8 @@ class handshake {
     if (next_ == stage::open) {
       decentrain::detail::check(h.type == wire::frame_type::data || h.type == wire::frame_type::bye ||
                                     h.type == wire::frame_type::heartbeat || h.type == wire::frame_type::relay ||
-                                    h.type == wire::frame_type::stripe || h.type == wire::frame_type::piece,
+                                    h.type == wire::frame_type::stripe || h.type == wire::frame_type::piece ||
+                                    h.type == wire::frame_type::landed,
                                 h.type == wire::frame_type::hello ? "frame: a second hello on a connection"
                                                                   : "frame: unexpected frame type ",
                                 h.type == wire::frame_type::hello ? "" : std::to_string(static_cast<int>(h.type)));

@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <list>
 #include <map>
@@ -29,6 +30,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -91,6 +93,12 @@ struct node {
   }
 
   ~node() {
+    {
+      std::lock_guard lock(resend_mutex);
+      resend_closed = true;
+      resender.request_stop();
+    }
+    if (resender.joinable()) resender.join();
     punch_stop = true;
     std::list<punch_attempt> ending;
     {
@@ -157,6 +165,7 @@ struct node {
   std::shared_ptr<connection> keep_one(const std::shared_ptr<connection>& c) {
     auto it = peers.find(c->rank);
     if (it != peers.end() && it->second != c) return c;
+    c->note_ports();
     if (it == peers.end() && !ever_connected.insert(c->rank).second) adm.reconnected();
     peers[c->rank] = c;
     return nullptr;
@@ -459,6 +468,9 @@ struct node {
   // A piece of a striped message its pair's first connection announced: read into its place. A
   // further stream whose piece is of the next message, not announced yet, waits for it (its
   // earlier pieces all came before: the sender finishes a message before it starts the next).
+  // A piece sent again after a stream was lost may come twice (its landed frame was on its way):
+  // one that landed is read and dropped; one that a further stream is reading takes that
+  // stream for lost (its sender gave it up).
   void read_piece(const std::shared_ptr<connection>& c, const wire::header& h) {
     const auto f = c->stream == 0 ? c : c->first.lock();
     if (!f || f->closed) return close(c, "");  // (its pair's first connection closed: so does it)
@@ -472,10 +484,22 @@ struct node {
       return;
     }
     auto* e = in.find(id.seq);
-    // (a piece another connection is reading, or read, is not taken again: two reads into one
-    // place could land the message while one of them still writes into it)
-    if (!e || id.index >= e->head.pieces() || e->pieces[static_cast<std::size_t>(id.index)] != state::expected ||
-        h.length != e->head.length(id.index))
+    const bool valid = e && id.index < e->head.pieces() && h.length == e->head.length(id.index);
+    // (a message landed whole: the sender keeps at most max_open_stripes unconfirmed before the
+    // one it writes)
+    const bool landed_before = !e && id.seq <= in.opened_seq && id.seq + 2 * connection::max_open_stripes > in.opened_seq &&
+                               h.length <= in.landed_piece;
+    if (landed_before || (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::landed)) return read_twice(c, h);
+    if (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::reading) {
+      std::shared_ptr<connection> reader;
+      {
+        std::lock_guard lock(mutex);
+        for (const auto& s : f->streams)
+          if (s != c && s->reading == id) reader = s;
+      }
+      if (reader) lose_stream(reader);
+    }
+    if (!valid || e->pieces[static_cast<std::size_t>(id.index)] != state::expected)
       return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
@@ -485,21 +509,73 @@ struct node {
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
     e->pieces[static_cast<std::size_t>(id.index)] = state::reading;
+    c->reading = id;
     c->read_fully(into, 0, [this, c, f, h, id, into](const asio::error_code& ec, std::size_t got) {
+      if (c->closed) return;  // (lost meanwhile: its piece is expected again)
       if (ec) {
-        if (ec == asio::error::eof)
+        if (ec == asio::error::eof && c->stream == 0)
           return malformed(c, decentrain::detail::concat("frame: truncated piece (", got, " of ", h.length, " bytes)"));
-        return lost(c, ec);
+        return lost(c, ec);  // (a stream's piece is expected again: close() finds it in `reading`)
       }
+      c->reading.reset();
       if (!authentic(*c, h, into)) return reject_frame(c, h);
       auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
       if (!done) return;  // (abandoned meanwhile: its streams closed with it)
       done->pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
       ++done->pieces_landed;
       f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
+      if (c->stream > 0) say_landed(f, wire::encode_piece_id(id));
       land_stripes(f);
       read_next_later(c);
     }, true);
+  }
+
+  // A piece that landed before: read (its tag checked) and dropped.
+  void read_twice(const std::shared_ptr<connection>& c, const wire::header& h) {
+    c->body.resize(static_cast<std::size_t>(h.length));
+    c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec, std::size_t got) {
+      if (c->closed) return;
+      if (ec) {
+        if (ec == asio::error::eof && c->stream == 0)
+          return malformed(c, decentrain::detail::concat("frame: truncated piece (", got, " of ", h.length, " bytes)"));
+        return lost(c, ec);
+      }
+      if (!authentic(*c, h, c->body)) return reject_frame(c, h);
+      c->body = {};
+      ++pieces_twice;
+      read_next_later(c);
+    });
+  }
+
+  // Tells the sender of a pair that a piece of its further streams landed: a landed frame on the
+  // first connection now if no writer holds it, else the writer sends it with its next frame or
+  // while it waits, or a retry a moment later.
+  void say_landed(const std::shared_ptr<connection>& f, tag_type id) {
+    {
+      std::lock_guard lock(f->acks_mutex);
+      f->acks.push_back(id);
+    }
+    flush_landed(f);
+  }
+  void flush_landed(const std::shared_ptr<connection>& f) {
+    {
+      std::unique_lock lock(f->write_mutex, std::try_to_lock);
+      if (lock.owns_lock()) {
+        if (f->closed_for_writes.load()) return;
+        framing_sent += f->queue_acks();
+        if (f->flush_unsent()) return;
+        // (the socket is full: what is left goes with the next frame, or the retry)
+      } else {
+        std::lock_guard acks_lock(f->acks_mutex);
+        if (f->acks.empty()) return;  // (the writer sends what it took, with its next frame)
+      }
+    }
+    if (std::exchange(f->ack_retry, true)) return;
+    auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(2));
+    timer->async_wait([this, f, timer](const asio::error_code&) {
+      f->ack_retry = false;
+      if (!f->closed) flush_landed(f);
+    });
   }
 
   // The striped messages that are whole, oldest first, land while the oldest open is; a frame
@@ -509,6 +585,7 @@ struct node {
     while (!in.open.empty() && in.open.front().pieces_landed == in.open.front().head.pieces()) {
       auto& e = in.open.front();
       ++striped_received;
+      in.landed_piece = std::max(in.landed_piece, e.head.piece);
       if (e.posted) box.landed(f->rank, e.tag);
       else box.push(f->rank, e.tag, detail::message{std::move(e.own), 0.0, 0, e.accepted});
       in.open.pop_front();
@@ -605,6 +682,16 @@ struct node {
       case wire::frame_type::heartbeat:
         heartbeat::heard(*c, c->body, mutex);
         return true;
+      case wire::frame_type::landed: {
+        const auto ids = wire::decode_landed(c->body);
+        {
+          std::lock_guard lock(c->sent_mutex);
+          c->outbound.landed(ids);
+        }
+        c->sent_landed.notify_all();
+        c->body = {};
+        return true;
+      }
       case wire::frame_type::relay:
         on_relay(c, h, std::exchange(c->body, {}));
         return true;
@@ -742,6 +829,7 @@ struct node {
     c->rank = hello.rank;
     c->stream = hello.stream;
     c->first = it->second;
+    c->note_ports();
     c->handshake_state.opened();
     adm.admitted_one();
     it->second->streams.push_back(c);
@@ -774,6 +862,7 @@ struct node {
         const auto it = peers.find(c->rank);
         if (!f->closed && it != peers.end() && it->second == f) {
           c->first = f;
+          c->note_ports();
           f->streams.push_back(c);
           kept = true;
         }
@@ -809,14 +898,52 @@ struct node {
   }
 
   void lost(const std::shared_ptr<connection>& c, const asio::error_code& ec) {
-    // A stream its peer closed between frames: that peer closes the pair's first connection too
-    // (see close()), and says why there.
-    if (c->stream > 0 && ec == asio::error::eof) return close(c, "");
+    if (c->stream > 0) return lose_stream(c);
     if (!c->closed && c->rank < 0 && c->handshake_state.next() == handshake::stage::proof)  // a caller whose key differs stops here
       adm.rejected("a caller closed the connection after the run key's challenge (another key, or none)");
     std::string why = ec == asio::error::eof ? std::string("connection closed") : "connection lost: " + ec.message();
     if (c->through) why += decentrain::detail::concat(" (relayed by peer ", c->through->relay(), ": ", c->through->why_ended(), ")");
     close(c, why);
+  }
+
+  // A further stream lost to an error or closed by its peer: the pair goes on over the others.
+  void lose_stream(const std::shared_ptr<connection>& c) {
+    if (c->closed) return;
+    {
+      std::lock_guard lock(mutex);
+      ++streams_lost;
+    }
+    close(c, "");
+  }
+
+  // Pieces of a lost stream go again from a thread of their own when no writer is sending to
+  // that peer now (one that is sends them itself; this one then waits for it and finds none).
+  void resend_later(const std::shared_ptr<connection>& f) {
+    std::lock_guard lock(resend_mutex);
+    if (resend_closed) return;
+    resend_queue.push_back(f);
+    if (!resender.joinable()) resender = std::jthread([this](std::stop_token stop) { resend_loop(stop); });
+    resend_wake.notify_one();
+  }
+  void resend_loop(std::stop_token stop) {
+    for (;;) {
+      std::shared_ptr<connection> f;
+      {
+        std::unique_lock lock(resend_mutex);
+        if (!resend_wake.wait(lock, stop, [&] { return !resend_queue.empty(); })) return;
+        f = resend_queue.front().lock();
+        resend_queue.pop_front();
+      }
+      if (!f || f->closed_for_writes.load()) continue;
+      std::vector<std::shared_ptr<connection>> streams;
+      {
+        std::lock_guard lock(mutex);
+        streams = f->streams;
+      }
+      // (a failure gives the pair up: its receiver waits for pieces that will not come)
+      striped_writer w(*f, streams, clock::now() + opts.recv_timeout, {pieces_resent, framing_sent});
+      (void)w.resend([&] { return stop.stop_requested(); });
+    }
   }
 
   void close(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause = failure_cause::departed) {
@@ -855,16 +982,29 @@ struct node {
       }
     }
     if (c->stream > 0) {
-      // A stream of a pair that closes takes the pair's first connection with it: pieces on their
-      // way over it are lost (into it or out of it: a sender may have written a piece to it
-      // before it heard of the close), and nothing sends them again.
+      // A stream that closes leaves the pair with the others: the piece it was reading is
+      // expected again, and what this peer sent over it and was not said landed goes again over
+      // the others (tcp/stripes.hpp). One closed for what it sent (a bad frame, a bad tag) takes
+      // the pair's first connection with it.
       const auto f = c->first.lock();
       if (f) {
         std::lock_guard lock(mutex);
         std::erase(f->streams, c);
       }
-      if (f && !why.empty())
-        close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
+      if (f && !f->closed) {
+        if (c->reading)
+          if (auto* e = f->inbound.find(c->reading->seq); e && c->reading->index < e->pieces.size())
+            if (auto& p = e->pieces[static_cast<std::size_t>(c->reading->index)]; p == connection::inbound_stripe::piece_state::reading)
+              p = connection::inbound_stripe::piece_state::expected;
+        std::erase_if(f->inbound.waiting, [&](const auto& w) { return w.first == c; });
+        bool again = false;
+        {
+          std::lock_guard lock(f->sent_mutex);
+          again = f->outbound.lost(c->stream);
+        }
+        if (!why.empty()) close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
+        else if (again && !stopping) resend_later(f);
+      }
     } else if (!c->inbound.open.empty() || !c->streams.empty()) {
       abandon_stripes(c);
     }
@@ -986,6 +1126,16 @@ struct node {
     std::lock_guard lock(mutex);
     const auto it = peers.find(peer);
     return it == peers.end() ? 0 : 1 + static_cast<int>(it->second->streams.size());
+  }
+
+  std::vector<transport::stream_ports> stream_ports(int peer) const {
+    std::lock_guard lock(mutex);
+    std::vector<transport::stream_ports> out;
+    const auto it = peers.find(peer);
+    if (it == peers.end()) return out;
+    out.push_back({0, it->second->local_port, it->second->remote_port});
+    for (const auto& s : it->second->streams) out.push_back({s->stream, s->local_port, s->remote_port});
+    return out;
   }
 
   // The peers this one reached directly although neither accepts connections (a hole punched
@@ -1293,19 +1443,12 @@ struct node {
     if (!streams.empty()) ++striped_sent;
   }
 
-  // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp),
-  // every connection's write lock held meanwhile, the first's first.
+  // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp).
   template <class Interrupt>
   write_result send_striped(const std::shared_ptr<connection>& c, const std::vector<std::shared_ptr<connection>>& streams, tag_type tag,
                             std::span<const std::byte> data, clock::time_point deadline, Interrupt& interrupt) {
-    std::lock_guard first_lock(c->write_mutex);
-    std::vector<std::unique_lock<std::mutex>> locks;
-    std::vector<connection*> conns{c.get()};
-    for (const auto& s : streams) {
-      locks.emplace_back(s->write_mutex);
-      if (!s->closed_for_writes.load()) conns.push_back(s.get());
-    }
-    return write_striped(std::span<connection* const>(conns), tag, data, opts.stripe_piece_bytes, deadline, interrupt);
+    striped_writer w(*c, streams, deadline, {pieces_resent, framing_sent});
+    return w.send(tag, data, opts.stripe_piece_bytes, interrupt);
   }
 
   // A send that finds the connection closed or broken can run ahead of the reader, while the
@@ -1430,11 +1573,14 @@ struct node {
     s.bodies_into_posted = bodies_into_posted;
     s.striped_sent = striped_sent;
     s.striped_received = striped_received;
+    s.pieces_resent = pieces_resent;
+    s.pieces_twice = pieces_twice;
     s.wait_seconds = wait_seconds;
     {
       std::lock_guard lock(mutex);
       s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       s.malformed_frames = malformed_frames;
+      s.streams_lost = streams_lost;
     }
     const auto a = adm.stats();
     s.rejected_frames = a.refused + a.bad_tags;
@@ -1482,6 +1628,14 @@ struct node {
       static_cast<std::size_t>(opts.capacity()));
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<std::uint64_t> striped_sent = 0, striped_received = 0;
+  std::atomic<std::uint64_t> pieces_resent = 0, pieces_twice = 0;  // (traffic_stats)
+  std::uint64_t streams_lost = 0;                                  // (the mutex; traffic_stats)
+  // Pieces of lost streams to send again when no writer does (resend_later).
+  std::mutex resend_mutex;
+  std::condition_variable_any resend_wake;
+  std::deque<std::weak_ptr<connection>> resend_queue;
+  bool resend_closed = false;
+  std::jthread resender;
   std::atomic<double> wait_seconds = 0;
 
   // Relays: the circuits this peer carries for others (their threads stop before the I/O

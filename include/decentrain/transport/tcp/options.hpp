@@ -86,6 +86,13 @@ struct relay_stats {
   std::string last_refusal;
 };
 
+// One connection of a pair (tcp::stream_ports_to): its number (0: the pair's first, which
+// carries every frame; 1 and up: further streams, tcp_options::streams) and its TCP ports.
+struct stream_ports {
+  int stream = 0;
+  std::uint16_t local = 0, remote = 0;
+};
+
 struct tcp_options {
   // Where this peer accepts connections; port 0: any free port (see tcp::address()). Empty: it
   // accepts none (a peer behind a NAT or a firewall): it dials every peer of the group that

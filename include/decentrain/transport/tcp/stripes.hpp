@@ -15,6 +15,13 @@
 // with the next while the others finish theirs), lands them in order, and holds the first
 // connection's next data frame until those before it landed: messages from a peer land in the
 // order it sent them, striped or not, as over one connection.
+//
+// A further stream can be lost (an error, a reset) with pieces in its buffers and on the wire,
+// which its TCP will never deliver. The receiver says which pieces of the further streams landed
+// (landed frames on the first connection; the first's own go or fail with the pair), the sender
+// keeps each piece not said landed (connection::outbound_stripes), and what a lost stream
+// carried goes again over the others: the message lands whole, a piece that comes twice is
+// dropped, and only the first connection's loss fails the pair.
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -25,8 +32,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -36,87 +46,236 @@
 
 namespace decentrain::transport::tcp_detail {
 
-// Writes one striped message: its stripe frame on conns[0] (the pair's first connection), then
-// its pieces over every connection of `conns` at once. The caller holds every connection's
-// write_mutex (the first's first). `interrupt` is asked as connection::write_data asks it,
-// before the stripe frame starts only. A failure once the stripe frame went out gives every
-// connection of the pair up (connection::abandon_locked): the receiver could never complete
-// the message it was told of, and one connection closed (by the I/O thread, say) fails the
-// write at once, not when a piece next goes to it.
-template <class Interrupt>
-write_result write_striped(std::span<connection* const> conns, tag_type tag, std::span<const std::byte> data,
-                           std::uint64_t piece_bytes, clock::time_point deadline, Interrupt&& interrupt) {
-  connection& first = *conns[0];
-  const wire::stripe_head head{first.stripes_sent + 1, data.size(), piece_bytes};
-  const auto announce = wire::encode_stripe_head(head);
-  if (const auto r = first.write_locked(wire::frame_type::stripe, tag, announce, deadline, interrupt); r.status != write_status::done)
-    return r;
-  ++first.stripes_sent;
-
-  struct lane {
-    connection* c = nullptr;
-    std::array<std::byte, wire::header_bytes> h{};
-    std::optional<connection::outgoing> out;  // the piece being written
+// Writes striped messages to one peer over the pair's connections, every one's write lock held
+// meanwhile (the first's first; a lost stream's is let go at once: the I/O thread closing it
+// waits for it). `streams` are the pair's further streams as the node lists them now.
+class striped_writer {
+ public:
+  // What it counts as it goes: pieces sent again (a stream was lost), and the bytes of the
+  // landed frames it sent for the peer's pieces.
+  struct counters {
+    std::atomic<std::uint64_t>& resent;
+    std::atomic<std::uint64_t>& framing;
   };
-  // (Encrypting, each connection seals its piece into a buffer of its own, kept per sending thread.)
-  static thread_local std::vector<bytes> ciphertexts;
-  if (ciphertexts.size() < conns.size()) ciphertexts.resize(conns.size());
-  std::vector<lane> lanes(conns.size());
-  for (std::size_t i = 0; i < conns.size(); ++i) lanes[i].c = conns[i];
 
-  const std::uint64_t pieces = head.pieces();
-  std::uint64_t next = 0, written = 0;
-  auto fail = [&](write_status s, int error) {
-    for (auto& l : lanes) {
-      if (l.out) (void)l.out->finish(s, error);
-      l.c->abandon_locked();
+  striped_writer(connection& first, std::span<const std::shared_ptr<connection>> streams, clock::time_point deadline, counters counted)
+      : first_(first), deadline_(deadline), counted_(counted) {
+    lanes_.push_back(std::make_unique<lane>(&first, std::unique_lock(first.write_mutex)));
+    for (const auto& s : streams)
+      if (!s->closed_for_writes.load()) lanes_.push_back(std::make_unique<lane>(s.get(), std::unique_lock(s->write_mutex)));
+  }
+
+  // One striped message: its stripe frame on the first connection, then its pieces over every
+  // connection at once, each taking the next piece as soon as its socket took the last, so a
+  // connection whose window is fuller takes fewer. Pieces of a stream lost meanwhile (or before)
+  // go again over the others; only the first connection's failure fails the write, and gives
+  // every connection of the pair up (the receiver could never complete the message it was told
+  // of). `interrupt` is asked as connection::write_data asks it, before the stripe frame starts.
+  template <class Interrupt>
+  write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, Interrupt&& interrupt) {
+    const wire::stripe_head head{first_.stripes_sent + 1, data.size(), piece_bytes};
+    // (the messages max_open_stripes before it landed whole first: see connection::outbound_stripes)
+    if (const auto r = pump([&] {
+          return first_.outbound.unconfirmed.empty() ||
+                 first_.outbound.unconfirmed.front().head.seq + connection::max_open_stripes > head.seq;
+        }, interrupt, never);
+        r.status != write_status::done)
+      return r;
+    const auto announce = wire::encode_stripe_head(head);
+    counted_.framing += first_.queue_acks();
+    if (const auto r = first_.write_locked(wire::frame_type::stripe, tag, announce, deadline_, interrupt); r.status != write_status::done)
+      return r;
+    ++first_.stripes_sent;
+    {
+      std::lock_guard lock(first_.sent_mutex);
+      connection::outbound_stripe e;
+      e.head = head;
+      e.data = data;
+      e.via.assign(static_cast<std::size_t>(head.pieces()), connection::outbound_stripe::unsent);
+      e.kept.resize(e.via.size());
+      e.open = head.pieces();
+      first_.outbound.unconfirmed.push_back(std::move(e));
     }
-    return write_result{s, error, true};
-  };
-  std::vector<pollfd> waiting;
-  while (written < pieces) {
-    for (const auto& l : lanes)
-      if (l.c->closed_for_writes.load()) return fail(write_status::closed, 0);
-    for (std::size_t i = 0; i < lanes.size(); ++i) {
-      auto& l = lanes[i];
-      for (;;) {
-        if (!l.out) {
-          if (next == pieces) break;
-          const std::uint64_t index = next++;
-          const auto body = data.subspan(static_cast<std::size_t>(head.offset(index)), static_cast<std::size_t>(head.length(index)));
-          const auto id = wire::encode_piece_id({head.seq, index});
-          std::span<const std::byte> sent = body;
-          if (l.c->encrypted()) {
-            auto& buffer = ciphertexts[i];
-            if (buffer.size() < body.size()) buffer.resize(body.size());
-            const auto into = std::span<std::byte>(buffer).first(body.size());
-            l.h = l.c->sealed_header(wire::frame_type::piece, id, body, into);
-            sent = into;
-          } else {
-            l.h = l.c->sealed_header(wire::frame_type::piece, id, body, {});
+    current_ = head.seq;
+    pieces_ = head.pieces();
+    auto r = pump([&] { return next_ == pieces_; }, never, never);
+    if (r.status == write_status::done) {
+      // What is not said landed yet is kept for a stream lost later (the caller's memory is not).
+      std::lock_guard lock(first_.sent_mutex);
+      if (auto* e = first_.outbound.find(head.seq)) {
+        for (std::uint64_t i = 0; i < pieces_; ++i)
+          if (e->via[static_cast<std::size_t>(i)] != connection::outbound_stripe::landed) {
+            const auto p = e->piece(i);
+            e->kept[static_cast<std::size_t>(i)] = std::make_shared<const bytes>(p.begin(), p.end());
           }
-          l.out.emplace(*l.c, l.h, sent);
-        }
-        if (l.c->closed_for_writes.load()) return fail(write_status::closed, 0);
-        const auto step = l.out->write();
-        if (step == connection::outgoing::step::full) break;
-        if (step == connection::outgoing::step::failed) return fail(write_status::broken, l.out->error());
-        (void)l.out->finish(write_status::done);
-        l.out.reset();
-        ++written;
+        e->data = {};
       }
     }
-    if (written == pieces) break;
-    const auto left = deadline - clock::now();
-    if (left <= clock::duration::zero()) return fail(write_status::timed_out, 0);
-    waiting.clear();
-    for (const auto& l : lanes)
-      if (l.out) waiting.push_back(pollfd{l.c->socket.native_handle(), POLLOUT, 0});
-    ::poll(waiting.data(), waiting.size(),
-           static_cast<int>(std::min<std::int64_t>(100, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+    current_ = 0;
+    return r;
   }
-  return {};
-}
+
+  // The pieces of lost streams that wait to go again (no message being written); `stop()`
+  // true gives the pair up.
+  template <class Stop>
+  write_result resend(Stop&& stop) {
+    return pump([] { return true; }, never, stop);
+  }
+
+ private:
+  struct lane {
+    lane(connection* c, std::unique_lock<std::mutex> l) : c(c), lock(std::move(l)) {}
+    connection* c;
+    std::unique_lock<std::mutex> lock;
+    std::array<std::byte, wire::header_bytes> h{};
+    std::optional<connection::outgoing> out;  // the piece being written
+    wire::piece_id id;
+    std::shared_ptr<const bytes> hold;  // a kept copy being written (a landed frame may drop it meanwhile)
+    bool again = false;
+  };
+
+  // Writes pieces (those of lost streams first, then the message's next) until `done()` holds
+  // and nothing is left to send again and no lane is midway, waiting for landed frames when there
+  // is nothing to write. Lanes whose stream is lost are let go and their pieces queued again.
+  static bool never() { return false; }
+
+  template <class Done, class Interrupt, class Stop>
+  write_result pump(Done&& done, Interrupt&& interrupt, Stop&& stop) {
+    std::vector<pollfd> waiting;
+    for (;;) {
+      if (first_.closed_for_writes.load()) return fail(write_status::closed, 0);
+      if (stop()) return fail(write_status::interrupted, 0);
+      for (std::size_t i = 1; i < lanes_.size();)
+        if (lanes_[i]->c->closed_for_writes.load()) drop(i);
+        else ++i;
+      bool busy = false;
+      for (std::size_t i = 0; i < lanes_.size();) {
+        auto& l = *lanes_[i];
+        bool dropped = false;
+        for (;;) {
+          if (!l.out && !take(l, i == 0)) break;
+          const auto step = l.out->write();
+          if (step == connection::outgoing::step::full) break;
+          if (step == connection::outgoing::step::failed) {
+            if (i == 0) return fail(write_status::broken, l.out->error());
+            drop(i);
+            dropped = true;
+            break;
+          }
+          (void)l.out->finish(write_status::done);
+          l.out.reset();
+          {
+            std::lock_guard lock(first_.sent_mutex);
+            first_.outbound.written(l.id, l.c->stream);
+          }
+          if (l.again) ++counted_.resent;
+          l.hold.reset();
+        }
+        if (dropped) continue;
+        busy = busy || l.out.has_value();
+        ++i;
+      }
+      bool finished = false;
+      {
+        std::lock_guard lock(first_.sent_mutex);
+        finished = !busy && first_.outbound.again.empty() && done();
+      }
+      if (finished) return {};
+      if (!busy && interrupt()) return {write_status::interrupted, 0, false};
+      const auto left = deadline_ - clock::now();
+      if (left <= clock::duration::zero()) return fail(write_status::timed_out, 0);
+      if (!busy) {
+        // (waiting for landed frames: this peer's own go out meanwhile, or two peers that both
+        // wait would wait on each other)
+        counted_.framing += first_.queue_acks();
+        first_.flush_unsent();
+        std::unique_lock lock(first_.sent_mutex);
+        first_.sent_landed.wait_for(lock, std::chrono::milliseconds(2));
+        continue;
+      }
+      waiting.clear();
+      for (const auto& l : lanes_)
+        if (l->out) waiting.push_back(pollfd{l->c->socket.native_handle(), POLLOUT, 0});
+      ::poll(waiting.data(), waiting.size(),
+             static_cast<int>(std::min<std::int64_t>(20, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1)));
+    }
+  }
+
+  // The next piece for lane `l`: one to send again, else the message's next. False: none.
+  bool take(lane& l, bool on_first) {
+    std::span<const std::byte> body;
+    {
+      std::lock_guard lock(first_.sent_mutex);
+      auto& out = first_.outbound;
+      l.again = false;
+      while (!out.again.empty()) {
+        const auto id = out.again.front();
+        out.again.pop_front();
+        auto* e = out.find(id.seq);
+        if (!e || e->via[static_cast<std::size_t>(id.index)] != connection::outbound_stripe::unsent) continue;  // (landed meanwhile)
+        l.id = id;
+        l.hold = e->kept[static_cast<std::size_t>(id.index)];
+        body = e->piece(id.index);
+        l.again = true;
+        break;
+      }
+      if (!l.again) {
+        if (current_ == 0 || next_ == pieces_) return false;
+        l.id = {current_, next_++};
+        body = first_.outbound.find(current_)->piece(l.id.index);
+      }
+    }
+    if (on_first) counted_.framing += first_.queue_acks();  // (before the outgoing takes `unsent`)
+    const auto tag = wire::encode_piece_id(l.id);
+    std::span<const std::byte> sent = body;
+    if (l.c->encrypted()) {
+      // (each connection seals its piece into a buffer of its own, kept per sending thread)
+      static thread_local std::vector<bytes> ciphertexts;
+      const auto k = static_cast<std::size_t>(l.c->stream);
+      if (ciphertexts.size() <= k) ciphertexts.resize(k + 1);
+      auto& buffer = ciphertexts[k];
+      if (buffer.size() < body.size()) buffer.resize(body.size());
+      const auto into = std::span<std::byte>(buffer).first(body.size());
+      l.h = l.c->sealed_header(wire::frame_type::piece, tag, body, into);
+      sent = into;
+    } else {
+      l.h = l.c->sealed_header(wire::frame_type::piece, tag, body, {});
+    }
+    l.out.emplace(*l.c, l.h, sent);
+    return true;
+  }
+
+  // A further stream that failed or closed: given up and let go, and what it carried not said
+  // landed (the piece midway with it) queued again.
+  void drop(std::size_t i) {
+    auto& l = *lanes_[i];
+    {
+      std::lock_guard lock(first_.sent_mutex);
+      if (l.out) {
+        (void)l.out->finish(write_status::broken);
+        first_.outbound.again.push_front(l.id);
+      }
+      first_.outbound.lost(l.c->stream);
+    }
+    l.out.reset();
+    l.c->abandon_locked();
+    lanes_.erase(lanes_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
+  write_result fail(write_status s, int error) {
+    for (auto& l : lanes_) {
+      if (l->out) (void)l->out->finish(s, error);
+      l->c->abandon_locked();
+    }
+    return write_result{s, error, true};
+  }
+
+  connection& first_;
+  clock::time_point deadline_;
+  std::vector<std::unique_ptr<lane>> lanes_;  // (a lane's piece points into it: lanes never move)
+  std::uint64_t current_ = 0, next_ = 0, pieces_ = 0;
+  counters counted_;
+};
 
 // The bytes a striped message adds on the wire besides its payload: the stripe frame whole,
 // and each piece's header and padding.
