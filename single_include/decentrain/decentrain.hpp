@@ -11305,9 +11305,10 @@ struct traffic_stats {
   // Messages sent and received in pieces over several connections at once (tcp_options::streams);
   // the others count 0.
   std::uint64_t striped_sent = 0, striped_received = 0;
-  // tcp's further streams lost to an error or closed by their peer (the pair goes on over the
-  // others), the pieces sent again over the others, and pieces that came twice (sent again while
-  // their landed frame was on its way) and were dropped; the others count 0.
+  // tcp's further streams lost to an error or a reset, or closed by their peer (the pair goes on
+  // over the others), the pieces sent again over the others, and pieces that came again after
+  // they landed (sent again while their landed frame was on its way) and were dropped; the
+  // others count 0.
   std::uint64_t streams_lost = 0, pieces_resent = 0, pieces_twice = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;
@@ -15135,6 +15136,7 @@ static_assert(endpoint<mpi>);
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16463,6 +16465,10 @@ struct connection : std::enable_shared_from_this<connection> {
     enum class piece_state : std::uint8_t { expected, reading, landed };
     std::vector<piece_state> pieces;
     std::uint64_t pieces_landed = 0;
+    // Second copies of pieces that another connection was reading when they came (a sender sends
+    // a piece again once it gave up the stream it went over, which this end may not know yet):
+    // one lands from here if that read fails. At most one a piece being read.
+    std::map<std::uint64_t, bytes> spares;
   };
   struct inbound_stripes {
     std::deque<inbound_stripe> open;
@@ -16485,17 +16491,21 @@ struct connection : std::enable_shared_from_this<connection> {
   std::optional<wire::piece_id> reading;
   // The pieces that came over further streams and landed, to say so in the next landed frame
   // (any thread that holds write_mutex sends them: acks_mutex alone guards this list).
+  // (at most wire::max_landed_ids wait: past that one is dropped, which costs its sender a copy
+  // kept longer, or the piece sent twice if its stream is lost)
   std::mutex acks_mutex;
   std::vector<tag_type> acks;
-  bool ack_retry = false;  // (I/O thread) a retry is set for when write_mutex is free
+  bool ack_retry = false;     // (I/O thread) a retry is set for when write_mutex is free
+  bool resend_queued = false;  // (the node's resend_mutex) waiting for its resender
 
   // The striped messages going out whose pieces over further streams are not all said landed
   // (the first connection's; sent_mutex). A stream lost takes what was in its socket and on the
   // wire with it, so each piece keeps the stream it went over until the receiver says it landed:
-  // the write's own memory while it runs, then a copy (at most what the streams held in flight).
-  // Pieces of a lost stream go again over the others (tcp/stripes.hpp). A writer announces a
-  // message only once those max_open_stripes before it landed whole: the receiver opens no more
-  // at once, and a piece sent again must not queue behind a message it cannot open yet.
+  // the write's own memory while it runs, then a copy. Pieces of a lost stream go again over the
+  // others (tcp/stripes.hpp), but only over a connection the receiver reads on to them: not the
+  // first once a data frame or a later stripe frame went out on it (the receiver holds those
+  // until the messages before them landed), nor a stream that carried pieces of a later message
+  // the receiver may not have opened yet (no piece of it said landed: it may wait for room).
   struct outbound_stripe {
     static constexpr std::uint8_t unsent = 0xff, landed = 0xfe;  // else the stream it went over
     wire::stripe_head head;
@@ -16503,6 +16513,8 @@ struct connection : std::enable_shared_from_this<connection> {
     std::vector<std::uint8_t> via;                   // each piece's state
     std::vector<std::shared_ptr<const bytes>> kept;  // once the write returned: what is not landed
     std::uint64_t open = 0;                          // pieces not landed
+    bool opened = false;      // a piece said landed: the receiver opened it
+    bool behind_first = false;  // a frame the receiver may hold went out on the first connection after it
     std::span<const std::byte> piece(std::uint64_t i) const {
       if (!data.empty()) return data.subspan(static_cast<std::size_t>(head.offset(i)), static_cast<std::size_t>(head.length(i)));
       return kept[static_cast<std::size_t>(i)] ? std::span<const std::byte>(*kept[static_cast<std::size_t>(i)]) : std::span<const std::byte>();
@@ -16511,13 +16523,16 @@ struct connection : std::enable_shared_from_this<connection> {
   struct outbound_stripes {
     std::deque<outbound_stripe> unconfirmed;
     std::deque<wire::piece_id> again;  // pieces of lost streams, to send again
+    std::uint64_t held_bytes = 0;      // of the pieces not said landed, those out over further streams
     outbound_stripe* find(std::uint64_t seq) {
       for (auto& e : unconfirmed)
         if (e.head.seq == seq) return &e;
       return nullptr;
     }
     void settle(outbound_stripe& e, std::uint64_t i) {
-      e.via[static_cast<std::size_t>(i)] = outbound_stripe::landed;
+      auto& v = e.via[static_cast<std::size_t>(i)];
+      if (v != 0 && v != outbound_stripe::unsent) held_bytes -= e.head.length(i);  // (out over a further stream)
+      v = outbound_stripe::landed;
       e.kept[static_cast<std::size_t>(i)].reset();
       if (--e.open == 0) std::erase_if(unconfirmed, [&](const auto& x) { return x.open == 0; });
     }
@@ -16526,14 +16541,25 @@ struct connection : std::enable_shared_from_this<connection> {
     void written(wire::piece_id id, int stream) {
       auto* e = find(id.seq);
       if (!e || e->via[static_cast<std::size_t>(id.index)] == outbound_stripe::landed) return;
-      if (stream == 0) settle(*e, id.index);
-      else e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(stream);
+      if (stream == 0) {
+        e->via[static_cast<std::size_t>(id.index)] = 0;
+        settle(*e, id.index);
+        return;
+      }
+      held_bytes += e->head.length(id.index);
+      e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(stream);
     }
-    // The receiver says these landed (ids of pieces it was not sent, or twice, change nothing).
+    // The receiver says these landed. Only a piece it was sent over a further stream is settled
+    // (an id of one not sent yet, or twice, changes nothing: a peer cannot end a message's
+    // record while its write still runs).
     void landed(std::span<const wire::piece_id> ids) {
       for (const auto& id : ids)
-        if (auto* e = find(id.seq); e && id.index < e->head.pieces() && e->via[static_cast<std::size_t>(id.index)] != outbound_stripe::landed)
+        if (auto* e = find(id.seq); e && id.index < e->head.pieces()) {
+          const auto v = e->via[static_cast<std::size_t>(id.index)];
+          if (v == 0 || v == outbound_stripe::unsent || v == outbound_stripe::landed) continue;
+          e->opened = true;
           settle(*e, id.index);
+        }
     }
     // `stream` is lost: what it carried and is not said landed goes again. True if anything does.
     bool lost(int stream) {
@@ -16542,10 +16568,25 @@ struct connection : std::enable_shared_from_this<connection> {
         for (std::uint64_t i = 0; i < e.via.size(); ++i)
           if (e.via[static_cast<std::size_t>(i)] == stream) {
             e.via[static_cast<std::size_t>(i)] = outbound_stripe::unsent;
+            held_bytes -= e.head.length(i);
             again.push_back({e.head.seq, i});
             any = true;
           }
       return any;
+    }
+    // A data frame or a stripe frame goes out on the first connection: the receiver may hold it
+    // until every message before it landed.
+    void first_carries_more() {
+      for (auto& e : unconfirmed) e.behind_first = true;
+    }
+    // Whether a piece of `seq` sent again over `stream` reaches the receiver (see above).
+    bool reaches(std::uint64_t seq, int stream) const {
+      for (const auto& e : unconfirmed) {
+        if (stream == 0 && e.head.seq == seq) return !e.behind_first;
+        if (stream != 0 && e.head.seq > seq && !e.opened && std::ranges::find(e.via, static_cast<std::uint8_t>(stream)) != e.via.end())
+          return false;
+      }
+      return true;
     }
   };
   std::mutex sent_mutex;
@@ -16681,6 +16722,10 @@ struct connection : std::enable_shared_from_this<connection> {
   template <class Interrupt>
   write_result write_locked(wire::frame_type type, tag_type tag, std::span<const std::byte> data, clock::time_point deadline,
                             Interrupt&& interrupt) {
+    if (type == wire::frame_type::data || type == wire::frame_type::stripe) {
+      std::lock_guard lock(sent_mutex);
+      outbound.first_carries_more();
+    }
     if (encrypted()) {
       static thread_local bytes ciphertext;
       if (ciphertext.size() < data.size()) ciphertext.resize(data.size());
@@ -17732,8 +17777,8 @@ class relay_service {
 // which its TCP will never deliver. The receiver says which pieces of the further streams landed
 // (landed frames on the first connection; the first's own go or fail with the pair), the sender
 // keeps each piece not said landed (connection::outbound_stripes), and what a lost stream
-// carried goes again over the others: the message lands whole, a piece that comes twice is
-// dropped, and only the first connection's loss fails the pair.
+// carried goes again over the connections the receiver reads on to it: the message lands whole,
+// a piece that comes twice is read aside, and only the first connection's loss fails the pair.
 
 
 #if DECENTRAIN_HAS_ASIO
@@ -17754,41 +17799,43 @@ class relay_service {
 
 namespace decentrain::transport::tcp_detail {
 
-// Writes striped messages to one peer over the pair's connections, every one's write lock held
-// meanwhile (the first's first; a lost stream's is let go at once: the I/O thread closing it
-// waits for it). `streams` are the pair's further streams as the node lists them now.
+// Writes striped messages to one peer over the pair's connections, their write locks held
+// meanwhile: the first's from the start, the further streams' (in the node's order) once the
+// stripe frame went out, so that the I/O thread closing a stream never waits on a stripe frame
+// held up by the first connection; a lost stream's lock is let go at once. `streams` are the
+// pair's further streams as the node lists them now.
 class striped_writer {
  public:
-  // What it counts as it goes: pieces sent again (a stream was lost), and the bytes of the
-  // landed frames it sent for the peer's pieces.
+  // What it counts as it goes: pieces sent again (a stream was lost), and framing bytes (the
+  // headers and padding of those, and the landed frames it sent for the peer's pieces).
   struct counters {
     std::atomic<std::uint64_t>& resent;
     std::atomic<std::uint64_t>& framing;
   };
 
   striped_writer(connection& first, std::span<const std::shared_ptr<connection>> streams, clock::time_point deadline, counters counted)
-      : first_(first), deadline_(deadline), counted_(counted) {
+      : first_(first), streams_(streams.begin(), streams.end()), deadline_(deadline), counted_(counted) {
     lanes_.push_back(std::make_unique<lane>(&first, std::unique_lock(first.write_mutex)));
-    for (const auto& s : streams)
-      if (!s->closed_for_writes.load()) lanes_.push_back(std::make_unique<lane>(s.get(), std::unique_lock(s->write_mutex)));
   }
 
   // One striped message: its stripe frame on the first connection, then its pieces over every
   // connection at once, each taking the next piece as soon as its socket took the last, so a
   // connection whose window is fuller takes fewer. Pieces of a stream lost meanwhile (or before)
-  // go again over the others; only the first connection's failure fails the write, and gives
-  // every connection of the pair up (the receiver could never complete the message it was told
-  // of). `interrupt` is asked as connection::write_data asks it, before the stripe frame starts.
+  // go again over the others (connection::outbound_stripes says which reach the receiver); only
+  // the first connection's failure fails the write, and gives every connection of the pair up
+  // (the receiver could never complete the message it was told of). `interrupt` is asked as
+  // connection::write_data asks it, before the stripe frame starts. Returns once the pieces went
+  // out and what of them over further streams is not said landed is at most `max_held` bytes for
+  // the pair (a peer that never says so holds up its sender, not its sender's memory).
   template <class Interrupt>
-  write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, Interrupt&& interrupt) {
+  write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, std::uint64_t max_held,
+                    Interrupt&& interrupt) {
+    // (pieces owed from before go first, while the first connection still reaches them)
+    if (resend_owed()) {
+      lock_streams();
+      if (const auto r = pump([] { return true; }, never); r.status != write_status::done) return r;
+    }
     const wire::stripe_head head{first_.stripes_sent + 1, data.size(), piece_bytes};
-    // (the messages max_open_stripes before it landed whole first: see connection::outbound_stripes)
-    if (const auto r = pump([&] {
-          return first_.outbound.unconfirmed.empty() ||
-                 first_.outbound.unconfirmed.front().head.seq + connection::max_open_stripes > head.seq;
-        }, interrupt, never);
-        r.status != write_status::done)
-      return r;
     const auto announce = wire::encode_stripe_head(head);
     counted_.framing += first_.queue_acks();
     if (const auto r = first_.write_locked(wire::frame_type::stripe, tag, announce, deadline_, interrupt); r.status != write_status::done)
@@ -17804,9 +17851,10 @@ class striped_writer {
       e.open = head.pieces();
       first_.outbound.unconfirmed.push_back(std::move(e));
     }
+    lock_streams();
     current_ = head.seq;
     pieces_ = head.pieces();
-    auto r = pump([&] { return next_ == pieces_; }, never, never);
+    auto r = pump([&] { return next_ == pieces_ && first_.outbound.held_bytes <= max_held; }, never);
     if (r.status == write_status::done) {
       // What is not said landed yet is kept for a stream lost later (the caller's memory is not).
       std::lock_guard lock(first_.sent_mutex);
@@ -17823,11 +17871,20 @@ class striped_writer {
     return r;
   }
 
-  // The pieces of lost streams that wait to go again (no message being written); `stop()`
-  // true gives the pair up.
+  // The pieces of lost streams that wait to go again and reach the receiver now; `stop()` true
+  // gives the pair up.
   template <class Stop>
   write_result resend(Stop&& stop) {
-    return pump([] { return true; }, never, stop);
+    lock_streams();
+    return pump([] { return true; }, stop);
+  }
+
+  static bool never() { return false; }
+
+  // Whether pieces wait to go again (some may not reach the receiver yet).
+  bool resend_owed() {
+    std::lock_guard lock(first_.sent_mutex);
+    return !first_.outbound.again.empty();
   }
 
  private:
@@ -17839,16 +17896,23 @@ class striped_writer {
     std::optional<connection::outgoing> out;  // the piece being written
     wire::piece_id id;
     std::shared_ptr<const bytes> hold;  // a kept copy being written (a landed frame may drop it meanwhile)
+    std::size_t out_bytes = 0;
     bool again = false;
   };
 
-  // Writes pieces (those of lost streams first, then the message's next) until `done()` holds
-  // and nothing is left to send again and no lane is midway, waiting for landed frames when there
-  // is nothing to write. Lanes whose stream is lost are let go and their pieces queued again.
-  static bool never() { return false; }
+  void lock_streams() {
+    if (streams_locked_) return;
+    streams_locked_ = true;
+    for (const auto& s : streams_)
+      if (!s->closed_for_writes.load()) lanes_.push_back(std::make_unique<lane>(s.get(), std::unique_lock(s->write_mutex)));
+  }
 
-  template <class Done, class Interrupt, class Stop>
-  write_result pump(Done&& done, Interrupt&& interrupt, Stop&& stop) {
+  // Writes pieces (those of lost streams first, where they reach the receiver, then the
+  // message's next) until `done()` holds (sent_mutex held) and no lane is midway and none has a
+  // piece to take, waiting for landed frames when there is nothing to write. Lanes whose stream
+  // is lost are let go and their pieces queued again.
+  template <class Done, class Stop>
+  write_result pump(Done&& done, Stop&& stop) {
     std::vector<pollfd> waiting;
     for (;;) {
       if (first_.closed_for_writes.load()) return fail(write_status::closed, 0);
@@ -17876,7 +17940,10 @@ class striped_writer {
             std::lock_guard lock(first_.sent_mutex);
             first_.outbound.written(l.id, l.c->stream);
           }
-          if (l.again) ++counted_.resent;
+          if (l.again) {
+            ++counted_.resent;
+            counted_.framing += wire::header_bytes + wire::padding(l.out_bytes).size();
+          }
           l.hold.reset();
         }
         if (dropped) continue;
@@ -17886,10 +17953,9 @@ class striped_writer {
       bool finished = false;
       {
         std::lock_guard lock(first_.sent_mutex);
-        finished = !busy && first_.outbound.again.empty() && done();
+        finished = !busy && done();
       }
       if (finished) return {};
-      if (!busy && interrupt()) return {write_status::interrupted, 0, false};
       const auto left = deadline_ - clock::now();
       if (left <= clock::duration::zero()) return fail(write_status::timed_out, 0);
       if (!busy) {
@@ -17909,18 +17975,26 @@ class striped_writer {
     }
   }
 
-  // The next piece for lane `l`: one to send again, else the message's next. False: none.
+  // The next piece for lane `l`: one to send again that reaches the receiver over it, else the
+  // message's next. False: none.
   bool take(lane& l, bool on_first) {
     std::span<const std::byte> body;
     {
       std::lock_guard lock(first_.sent_mutex);
       auto& out = first_.outbound;
       l.again = false;
-      while (!out.again.empty()) {
-        const auto id = out.again.front();
-        out.again.pop_front();
+      for (auto it = out.again.begin(); it != out.again.end();) {
+        const auto id = *it;
         auto* e = out.find(id.seq);
-        if (!e || e->via[static_cast<std::size_t>(id.index)] != connection::outbound_stripe::unsent) continue;  // (landed meanwhile)
+        if (!e || e->via[static_cast<std::size_t>(id.index)] != connection::outbound_stripe::unsent) {  // (landed meanwhile)
+          it = out.again.erase(it);
+          continue;
+        }
+        if (!out.reaches(id.seq, l.c->stream)) {
+          ++it;
+          continue;
+        }
+        out.again.erase(it);
         l.id = id;
         l.hold = e->kept[static_cast<std::size_t>(id.index)];
         body = e->piece(id.index);
@@ -17928,11 +18002,13 @@ class striped_writer {
         break;
       }
       if (!l.again) {
-        if (current_ == 0 || next_ == pieces_) return false;
+        auto* e = current_ == 0 ? nullptr : out.find(current_);
+        if (!e || next_ == pieces_) return false;
         l.id = {current_, next_++};
-        body = first_.outbound.find(current_)->piece(l.id.index);
+        body = e->piece(l.id.index);
       }
     }
+    l.out_bytes = body.size();
     if (on_first) counted_.framing += first_.queue_acks();  // (before the outgoing takes `unsent`)
     const auto tag = wire::encode_piece_id(l.id);
     std::span<const std::byte> sent = body;
@@ -17979,6 +18055,8 @@ class striped_writer {
   }
 
   connection& first_;
+  std::vector<std::shared_ptr<connection>> streams_;
+  bool streams_locked_ = false;
   clock::time_point deadline_;
   std::vector<std::unique_ptr<lane>> lanes_;  // (a lane's piece points into it: lanes never move)
   std::uint64_t current_ = 0, next_ = 0, pieces_ = 0;
@@ -19015,26 +19093,14 @@ struct node {
     }
     auto* e = in.find(id.seq);
     const bool valid = e && id.index < e->head.pieces() && h.length == e->head.length(id.index);
-    // (a message landed whole: the sender keeps at most max_open_stripes unconfirmed before the
-    // one it writes)
-    const bool landed_before = !e && id.seq <= in.opened_seq && id.seq + 2 * connection::max_open_stripes > in.opened_seq &&
-                               h.length <= in.landed_piece;
-    if (landed_before || (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::landed)) return read_twice(c, h);
-    if (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::reading) {
-      std::shared_ptr<connection> reader;
-      {
-        std::lock_guard lock(mutex);
-        for (const auto& s : f->streams)
-          if (s != c && s->reading == id) reader = s;
-      }
-      if (reader) lose_stream(reader);
-    }
-    if (!valid || e->pieces[static_cast<std::size_t>(id.index)] != state::expected)
+    // (a message that landed whole: its pieces may still come again)
+    const bool landed_before = !e && id.seq <= in.opened_seq && h.length <= in.landed_piece;
+    if (landed_before || (valid && e->pieces[static_cast<std::size_t>(id.index)] != state::expected)) return read_twice(c, h);
+    if (!valid)
       return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
-                                                                                    " pieces of ", e->head.piece, " bytes, ",
-                                                                                    e->pieces.size() - std::ranges::count(e->pieces, state::expected), " landed or landing)")
+                                                                                    " pieces of ", e->head.piece, " bytes)")
                                                        : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
@@ -19051,16 +19117,13 @@ struct node {
       if (!authentic(*c, h, into)) return reject_frame(c, h);
       auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
       if (!done) return;  // (abandoned meanwhile: its streams closed with it)
-      done->pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
-      ++done->pieces_landed;
-      f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
-      if (c->stream > 0) say_landed(f, wire::encode_piece_id(id));
-      land_stripes(f);
+      land_piece(f, *done, id, c->stream > 0);
       read_next_later(c);
     }, true);
   }
 
-  // A piece that landed before: read (its tag checked) and dropped.
+  // A piece that came again: read (its tag checked), then dropped if it landed meanwhile, landed
+  // from here if the read that had it failed meanwhile, or kept until that read ends.
   void read_twice(const std::shared_ptr<connection>& c, const wire::header& h) {
     c->body.resize(static_cast<std::size_t>(h.length));
     c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec, std::size_t got) {
@@ -19071,10 +19134,35 @@ struct node {
         return lost(c, ec);
       }
       if (!authentic(*c, h, c->body)) return reject_frame(c, h);
+      const auto f = c->stream == 0 ? c : c->first.lock();
+      const auto id = wire::decode_piece_id(h.tag);
+      auto* e = !f || f->closed ? nullptr : f->inbound.find(id.seq);
+      using state = connection::inbound_stripe::piece_state;
+      const auto at = static_cast<std::size_t>(id.index);
+      if (e && at < e->pieces.size() && e->pieces[at] != state::landed) {
+        if (e->pieces[at] == state::reading) {
+          e->spares[id.index] = std::exchange(c->body, {});
+        } else {
+          std::memcpy(e->into.data() + e->head.offset(id.index), c->body.data(), c->body.size());
+          land_piece(f, *e, id, c->stream > 0);
+        }
+      } else {
+        ++pieces_twice;
+      }
       c->body = {};
-      ++pieces_twice;
       read_next_later(c);
     });
+  }
+
+  // A piece in its place: said landed to its sender if it came over a further stream, and its
+  // message lands once whole (in order).
+  void land_piece(const std::shared_ptr<connection>& f, connection::inbound_stripe& e, wire::piece_id id, bool over_stream) {
+    e.pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
+    ++e.pieces_landed;
+    e.spares.erase(id.index);
+    f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
+    if (over_stream) say_landed(f, wire::encode_piece_id(id));
+    land_stripes(f);
   }
 
   // Tells the sender of a pair that a piece of its further streams landed: a landed frame on the
@@ -19083,6 +19171,7 @@ struct node {
   void say_landed(const std::shared_ptr<connection>& f, tag_type id) {
     {
       std::lock_guard lock(f->acks_mutex);
+      if (f->acks.size() >= wire::max_landed_ids) return;  // (see connection::acks)
       f->acks.push_back(id);
     }
     flush_landed(f);
@@ -19092,9 +19181,12 @@ struct node {
       std::unique_lock lock(f->write_mutex, std::try_to_lock);
       if (lock.owns_lock()) {
         if (f->closed_for_writes.load()) return;
-        framing_sent += f->queue_acks();
-        if (f->flush_unsent()) return;
-        // (the socket is full: what is left goes with the next frame, or the retry)
+        // (nothing more is queued while what was is not out: a peer that does not read makes
+        // the ids wait in their bounded list, not this buffer grow)
+        if (f->flush_unsent()) {
+          framing_sent += f->queue_acks();
+          if (f->flush_unsent()) return;
+        }
       } else {
         std::lock_guard acks_lock(f->acks_mutex);
         if (f->acks.empty()) return;  // (the writer sends what it took, with its next frame)
@@ -19214,12 +19306,15 @@ struct node {
         return true;
       case wire::frame_type::landed: {
         const auto ids = wire::decode_landed(c->body);
+        bool owed = false;
         {
           std::lock_guard lock(c->sent_mutex);
           c->outbound.landed(ids);
+          owed = !c->outbound.again.empty();
         }
         c->sent_landed.notify_all();
         c->body = {};
+        if (owed) resend_later(c);  // (a message said opened may let pieces owed reach the receiver)
         return true;
       }
       case wire::frame_type::relay:
@@ -19450,7 +19545,7 @@ struct node {
   // that peer now (one that is sends them itself; this one then waits for it and finds none).
   void resend_later(const std::shared_ptr<connection>& f) {
     std::lock_guard lock(resend_mutex);
-    if (resend_closed) return;
+    if (resend_closed || std::exchange(f->resend_queued, true)) return;
     resend_queue.push_back(f);
     if (!resender.joinable()) resender = std::jthread([this](std::stop_token stop) { resend_loop(stop); });
     resend_wake.notify_one();
@@ -19463,6 +19558,7 @@ struct node {
         if (!resend_wake.wait(lock, stop, [&] { return !resend_queue.empty(); })) return;
         f = resend_queue.front().lock();
         resend_queue.pop_front();
+        if (f) f->resend_queued = false;
       }
       if (!f || f->closed_for_writes.load()) continue;
       std::vector<std::shared_ptr<connection>> streams;
@@ -19522,10 +19618,16 @@ struct node {
         std::erase(f->streams, c);
       }
       if (f && !f->closed) {
+        // (a second copy of it that came meanwhile lands in its place)
         if (c->reading)
           if (auto* e = f->inbound.find(c->reading->seq); e && c->reading->index < e->pieces.size())
-            if (auto& p = e->pieces[static_cast<std::size_t>(c->reading->index)]; p == connection::inbound_stripe::piece_state::reading)
+            if (auto& p = e->pieces[static_cast<std::size_t>(c->reading->index)]; p == connection::inbound_stripe::piece_state::reading) {
               p = connection::inbound_stripe::piece_state::expected;
+              if (const auto spare = e->spares.find(c->reading->index); spare != e->spares.end()) {
+                std::memcpy(e->into.data() + e->head.offset(c->reading->index), spare->second.data(), spare->second.size());
+                land_piece(f, *e, *c->reading, true);
+              }
+            }
         std::erase_if(f->inbound.waiting, [&](const auto& w) { return w.first == c; });
         bool again = false;
         {
@@ -19949,6 +20051,17 @@ struct node {
       std::lock_guard lock(mutex);
       streams = c->streams;
     }
+    if (streams.empty() && opts.streams > 1 && resend_owed(*c)) {
+      // (pieces owed go first, while the first connection still reaches them: the receiver holds
+      // this frame until the messages before it landed)
+      std::vector<std::shared_ptr<connection>> pair_streams;
+      {
+        std::lock_guard lock(mutex);
+        pair_streams = c->streams;
+      }
+      striped_writer w(*c, pair_streams, deadline, {pieces_resent, framing_sent});
+      (void)w.resend(striped_writer::never);
+    }
     const auto r = streams.empty() ? c->write_data(tag, data, deadline, interrupt) : send_striped(c, streams, tag, data, deadline, interrupt);
     switch (r.status) {
       case write_status::done:
@@ -19973,12 +20086,19 @@ struct node {
     if (!streams.empty()) ++striped_sent;
   }
 
+  static bool resend_owed(connection& c) {
+    std::lock_guard lock(c.sent_mutex);
+    return !c.outbound.again.empty();
+  }
+
   // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp).
   template <class Interrupt>
   write_result send_striped(const std::shared_ptr<connection>& c, const std::vector<std::shared_ptr<connection>>& streams, tag_type tag,
                             std::span<const std::byte> data, clock::time_point deadline, Interrupt& interrupt) {
     striped_writer w(*c, streams, deadline, {pieces_resent, framing_sent});
-    return w.send(tag, data, opts.stripe_piece_bytes, interrupt);
+    const auto r = w.send(tag, data, opts.stripe_piece_bytes, 2 * opts.max_queued_bytes, interrupt);
+    if (r.status == write_status::done && w.resend_owed()) resend_later(c);  // (some reach the receiver only later)
+    return r;
   }
 
   // A send that finds the connection closed or broken can run ahead of the reader, while the

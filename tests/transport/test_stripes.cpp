@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -319,9 +320,10 @@ TEST_CASE("tcp streams: pieces and streams a peer may not send close its connect
     CHECK(counted[i] == i + 1);
   }
 
-  // Two streams reading the same piece at once: the first is taken for lost (a sender sends a
-  // piece again only when it gave the stream that carried it up), and the second's copy lands.
-  // Both would write into one place otherwise, and the message could land while one still did.
+  // Two streams reading the same piece at once (a sender sends a piece again once it gave the
+  // stream that carried it up, which this end may not know yet): the second copy is kept aside,
+  // never read into the place the first still writes into, and lands when the first's stream is
+  // lost midway. (Or, read after the second copy landed, the first is read aside and dropped.)
   {
     auto f = striped_call(io, address, 1, 2, 0);
     REQUIRE(f.answer == wire::frame_type::welcome);
@@ -335,23 +337,15 @@ TEST_CASE("tcp streams: pieces and streams a peer may not send close its connect
     const auto half = wire::encode_header({wire::frame_type::piece, piece_tag(1, 0), 4096, {}});
     asio::write(a.socket, asio::buffer(half));
     asio::write(a.socket, asio::buffer(tr::bytes(1000)));
-    // (time for peer 0 to read stream 1's piece header and start on its body; either way the
-    // message lands right: stream 1 read first and dropped, or its copy waiting behind stream 2's)
-    std::this_thread::sleep_for(200ms);
+    std::this_thread::sleep_for(200ms);  // (time for peer 0 to start on stream 1's piece: either way it lands right)
     striped_write(b.socket, wire::frame_type::piece, piece_tag(1, 0), tr::bytes(two.begin(), two.begin() + 4096));
     striped_write(f.socket, wire::frame_type::piece, piece_tag(1, 1), tr::bytes(two.begin() + 4096, two.end()));
+    a.socket.close();
     CHECK(peer0.recv(1, 3) == two);
-    if (bench::closed_within(a.socket, 2s)) {  // (stream 1's piece was being read: it is lost)
-      CHECK(peer0.stats().streams_lost == lost_before + 1);
-      CHECK(peer0.streams_to(1) == 2);
-    } else {  // (stream 1's piece was read after stream 2's copy landed: dropped once whole)
-      const auto twice_before = peer0.stats().pieces_twice;
-      asio::write(a.socket, asio::buffer(tr::bytes(4096 - 1000)));
-      const auto read = std::chrono::steady_clock::now() + 10s;
-      while (peer0.stats().pieces_twice == twice_before && std::chrono::steady_clock::now() < read) std::this_thread::sleep_for(2ms);
-      CHECK(peer0.stats().pieces_twice == twice_before + 1);
-      CHECK(peer0.stats().streams_lost == lost_before);
-    }
+    const auto counted = std::chrono::steady_clock::now() + 10s;
+    while (peer0.stats().streams_lost == lost_before && std::chrono::steady_clock::now() < counted) std::this_thread::sleep_for(2ms);
+    CHECK(peer0.stats().streams_lost == lost_before + 1);
+    CHECK(peer0.streams_to(1) == 2);
     f.socket.close();
     const auto gone = std::chrono::steady_clock::now() + 10s;
     while (peer0.streams_to(1) != 0 && std::chrono::steady_clock::now() < gone) std::this_thread::sleep_for(2ms);
@@ -411,7 +405,7 @@ TEST_CASE("tcp streams: pieces and streams a peer may not send close its connect
   CHECK(said == std::vector<wire::piece_id>{{1, 1}, {1, 3}});
 
   // A piece that comes again after its message landed (its landed frame was on its way when its
-  // sender gave its stream up) is read and dropped.
+  // sender gave its stream up) is read and dropped, however old the message.
   const auto twice_before = peer0.stats().pieces_twice;
   striped_write(again_first.socket, wire::frame_type::piece, piece_tag(1, 1), piece_of(1));
   const auto settled = std::chrono::steady_clock::now() + 10s;
@@ -438,6 +432,127 @@ TEST_CASE("tcp streams: pieces and streams a peer may not send close its connect
 
 }
 
+TEST_CASE("tcp streams: landed frames for pieces not sent yet, or never, change nothing at their sender") {
+  // A caller without credentials says it is peer 1 and opens a further stream; peer 0 stripes
+  // 32 MiB at it. Told of the message by its stripe frame, the caller says every piece of it and
+  // of the next landed at once, and ids that name nothing, while the write is under way; then
+  // it reads everything. The write ends as it would have, and peer 0 goes on.
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = 10s;
+  o.recv_timeout = 10s;
+  striped_options(o);
+  tr::tcp peer0(o);
+  asio::io_context io;
+  auto f = striped_call(io, peer0.address(), 1, 2, 0);
+  REQUIRE(f.answer == wire::frame_type::welcome);
+  auto s1 = striped_call(io, peer0.address(), 1, 2, 1);
+  REQUIRE(s1.answer == wire::frame_type::welcome);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (peer0.streams_to(1) != 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+  REQUIRE(peer0.streams_to(1) == 2);
+  constexpr std::size_t size = std::size_t{32} << 20;  // (more than the two connections' buffers hold)
+  std::string failed = "(not ended)";
+  std::thread sender([&] {
+    try {
+      peer0.send(1, 5, striped_pattern(size, 0, 0));
+      failed.clear();
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  });
+  // (the first connection's frames until the stripe frame: the caller reads nothing else yet,
+  // so the write waits on its sockets)
+  std::optional<wire::stripe_head> told;
+  while (!told && std::chrono::steady_clock::now() < until) {
+    std::array<std::byte, wire::header_bytes> in{};
+    if (bench::read_within(f.socket, asio::buffer(in), 10s)) break;
+    const auto h = wire::decode_header(in.data(), std::uint64_t{1} << 30);
+    tr::bytes body(h.length + wire::padding(h.length).size());
+    if (bench::read_within(f.socket, asio::buffer(body), 10s)) break;
+    body.resize(h.length);
+    if (h.type == wire::frame_type::stripe) told = wire::decode_stripe_head(body, std::uint64_t{1} << 30);
+  }
+  REQUIRE(told);
+  std::vector<tr::tag_type> ids;
+  for (std::uint64_t seq = told->seq; seq <= told->seq + 1; ++seq)
+    for (std::uint64_t i = 0; i < told->pieces() + 3; ++i) ids.push_back(wire::encode_piece_id({seq, i}));
+  striped_write(f.socket, wire::frame_type::landed, 0, wire::encode_landed(ids));
+  // (then everything is read, on both connections, until peer 0 closes them)
+  std::atomic<std::uint64_t> drained{0};
+  auto drain = [&](asio::ip::tcp::socket& s) {
+    std::vector<std::byte> sink(1 << 16);
+    asio::error_code ec;
+    while (!ec) drained += s.read_some(asio::buffer(sink), ec);
+  };
+  std::thread d0([&] { drain(f.socket); }), d1([&] { drain(s1.socket); });
+  sender.join();
+  const auto stats = peer0.stats();
+  asio::error_code ignored;
+  f.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  s1.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  d0.join();
+  d1.join();
+  CHECK(failed == "");
+  CHECK(stats.striped_sent == 1);
+  CHECK(drained >= size);
+}
+
+TEST_CASE("tcp streams: a peer that never says pieces landed holds its sender up at twice its budget, not its memory") {
+  // A caller without credentials says it is peer 1, opens a further stream and reads all peer 0
+  // sends, but never says a piece landed. Peer 0 keeps what went over the stream until then, up
+  // to 2 x max_queued_bytes (2 MiB here) a pair: its striped sends of 1 MiB stop there, and the
+  // one that waits fails at its deadline.
+  tr::tcp_options o;
+  o.world = 2;
+  o.join_timeout = 10s;
+  o.recv_timeout = 2s;
+  striped_options(o);
+  o.max_frame_bytes = std::uint64_t{1} << 20;
+  o.max_queued_bytes = std::uint64_t{1} << 20;
+  tr::tcp peer0(o);
+  asio::io_context io;
+  auto f = striped_call(io, peer0.address(), 1, 2, 0);
+  REQUIRE(f.answer == wire::frame_type::welcome);
+  auto s1 = striped_call(io, peer0.address(), 1, 2, 1);
+  REQUIRE(s1.answer == wire::frame_type::welcome);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (peer0.streams_to(1) != 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+  REQUIRE(peer0.streams_to(1) == 2);
+  // (the first connection read slowly, about 3 MB/s, as a slow link would carry it, so that the
+  // stream takes most pieces: on loopback the first would take them all)
+  auto drain = [](asio::ip::tcp::socket& s, bool slowly) {
+    std::vector<std::byte> sink(slowly ? 16 << 10 : 1 << 16);
+    asio::error_code ec;
+    while (!ec) {
+      (void)s.read_some(asio::buffer(sink), ec);
+      if (slowly) std::this_thread::sleep_for(5ms);
+    }
+  };
+  std::thread d0([&] { drain(f.socket, true); }), d1([&] { drain(s1.socket, false); });
+  int sent = 0;
+  std::string failed;
+  for (; sent < 16; ++sent) {
+    try {
+      peer0.send(1, 5, striped_pattern(std::size_t{1} << 20, 0, sent));
+    } catch (const std::exception& e) {
+      failed = e.what();
+      break;
+    }
+  }
+  asio::error_code ignored;
+  f.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  s1.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  d0.join();
+  d1.join();
+  INFO("sent " << sent << " MiB before: " << failed);
+  // (each send holds what of it went over the stream, most of it: all 16 went through before
+  // the bound was kept)
+  CHECK(sent >= 2);
+  CHECK(sent < 16);
+  CHECK(failed.find("did not finish within 2000 ms") != std::string::npos);
+}
+
 TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over the others, and the pair goes on") {
   // Peer 1 stripes 48 MiB at peer 0, whose budget a message nobody takes yet filled (1 KiB, on
   // the first connection ahead of the stripe frame) and which posts nothing until its receive:
@@ -449,7 +564,8 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
   for (int mode = 0; mode < 3; ++mode) {
     const bool sender_end = mode >= 1;
     INFO((mode == 0 ? "peer 0's end" : mode == 1 ? "peer 1's end" : "peer 1's end, with a run key"));
-    std::vector<tr::stream_ports> ports_of_1;  // (peer 1's view, written before the barrier)
+    std::vector<tr::stream_ports> ports_of_1;  // (peer 1's view, written before the barrier; `ports_mutex`)
+    std::mutex ports_mutex;
     bool cut = false, sending = false, filled = false;
     std::atomic<bool> started{false};
     std::vector<int> wrong(2, -1), streams(2, -1);
@@ -464,7 +580,10 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
     }, [&](tr::tcp& ep) {
       const auto r = static_cast<std::size_t>(ep.rank());
       striped_wait(ep, 4);
-      if (ep.rank() == 1) ports_of_1 = ep.stream_ports_to(0);
+      if (ep.rank() == 1) {
+        std::lock_guard lock(ports_mutex);
+        ports_of_1 = ep.stream_ports_to(0);
+      }
       dt::collective::communicator(ep).barrier();
       if (ep.rank() == 1) {
         ep.send(0, 6, striped_pattern(1024, 1, 9));
@@ -478,10 +597,14 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
         sending = started;
         // (until peer 1's write put bytes in every connection that peer 0 has not taken)
         const auto mine = ep.stream_ports_to(1);
+        const auto theirs = [&] {
+          std::lock_guard lock(ports_mutex);
+          return ports_of_1;
+        }();
         int waiting = 0;
         while (std::chrono::steady_clock::now() < until) {
           waiting = 0;
-          for (const auto& p : ports_of_1) {
+          for (const auto& p : theirs) {
             const int fd = bench::find_connection(p.local, p.remote);
             int queued = 0;
             waiting += fd >= 0 && ::ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0;
@@ -490,7 +613,7 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
           std::this_thread::sleep_for(1ms);
         }
         filled = waiting == 4;
-        const auto& at = sender_end ? ports_of_1 : mine;
+        const auto& at = sender_end ? theirs : mine;
         if (at.size() == 4) cut = bench::reset_connection(at[2].local, at[2].remote);
         int bad = ep.recv(1, 6) != striped_pattern(1024, 1, 9);  // (room for the next: it goes on)
         bad += ep.recv(1, 7) != striped_pattern(size, 1, 0);
@@ -529,7 +652,8 @@ TEST_CASE("tcp streams: pieces of a write that returned are kept until said land
   bool filled = false, returned = false;
   int cut = 0;
   std::atomic<bool> sending{false};
-  std::vector<tr::stream_ports> ports_of_0;
+  std::vector<tr::stream_ports> ports_of_0;  // (`ports_mutex`)
+  std::mutex ports_mutex;
   std::vector<int> wrong(2, -1), streams(2, -1);
   std::vector<tr::traffic_stats> stats(2);
   const auto errors = harness::tcp::run_each(2, [&](tr::tcp_options& o) {
@@ -541,7 +665,10 @@ TEST_CASE("tcp streams: pieces of a write that returned are kept until said land
   }, [&](tr::tcp& ep) {
     const auto r = static_cast<std::size_t>(ep.rank());
     striped_wait(ep, 4);
-    if (ep.rank() == 0) ports_of_0 = ep.stream_ports_to(1);
+    if (ep.rank() == 0) {
+      std::lock_guard lock(ports_mutex);
+      ports_of_0 = ep.stream_ports_to(1);
+    }
     dt::collective::communicator(ep).barrier();
     if (ep.rank() == 0) {
       ep.send(1, 6, striped_pattern(1024, 0, 9));
@@ -552,10 +679,14 @@ TEST_CASE("tcp streams: pieces of a write that returned are kept until said land
       const auto until = std::chrono::steady_clock::now() + 10s;
       while (!sending && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
       // (until peer 0's write put bytes in every connection that this peer has not taken)
+      const auto theirs = [&] {
+        std::lock_guard lock(ports_mutex);
+        return ports_of_0;
+      }();
       int waiting = 0;
       while (std::chrono::steady_clock::now() < until) {
         waiting = 0;
-        for (const auto& p : ports_of_0) {
+        for (const auto& p : theirs) {
           const int fd = bench::find_connection(p.local, p.remote);
           int queued = 0;
           waiting += fd >= 0 && ::ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0;

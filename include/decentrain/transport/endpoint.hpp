@@ -75,9 +75,10 @@ struct traffic_stats {
   // Messages sent and received in pieces over several connections at once (tcp_options::streams);
   // the others count 0.
   std::uint64_t striped_sent = 0, striped_received = 0;
-  // tcp's further streams lost to an error or closed by their peer (the pair goes on over the
-  // others), the pieces sent again over the others, and pieces that came twice (sent again while
-  // their landed frame was on its way) and were dropped; the others count 0.
+  // tcp's further streams lost to an error or a reset, or closed by their peer (the pair goes on
+  // over the others), the pieces sent again over the others, and pieces that came again after
+  // they landed (sent again while their landed frame was on its way) and were dropped; the
+  // others count 0.
   std::uint64_t streams_lost = 0, pieces_resent = 0, pieces_twice = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;

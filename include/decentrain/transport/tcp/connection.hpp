@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -111,6 +112,10 @@ struct connection : std::enable_shared_from_this<connection> {
     enum class piece_state : std::uint8_t { expected, reading, landed };
     std::vector<piece_state> pieces;
     std::uint64_t pieces_landed = 0;
+    // Second copies of pieces that another connection was reading when they came (a sender sends
+    // a piece again once it gave up the stream it went over, which this end may not know yet):
+    // one lands from here if that read fails. At most one a piece being read.
+    std::map<std::uint64_t, bytes> spares;
   };
   struct inbound_stripes {
     std::deque<inbound_stripe> open;
@@ -133,17 +138,21 @@ struct connection : std::enable_shared_from_this<connection> {
   std::optional<wire::piece_id> reading;
   // The pieces that came over further streams and landed, to say so in the next landed frame
   // (any thread that holds write_mutex sends them: acks_mutex alone guards this list).
+  // (at most wire::max_landed_ids wait: past that one is dropped, which costs its sender a copy
+  // kept longer, or the piece sent twice if its stream is lost)
   std::mutex acks_mutex;
   std::vector<tag_type> acks;
-  bool ack_retry = false;  // (I/O thread) a retry is set for when write_mutex is free
+  bool ack_retry = false;     // (I/O thread) a retry is set for when write_mutex is free
+  bool resend_queued = false;  // (the node's resend_mutex) waiting for its resender
 
   // The striped messages going out whose pieces over further streams are not all said landed
   // (the first connection's; sent_mutex). A stream lost takes what was in its socket and on the
   // wire with it, so each piece keeps the stream it went over until the receiver says it landed:
-  // the write's own memory while it runs, then a copy (at most what the streams held in flight).
-  // Pieces of a lost stream go again over the others (tcp/stripes.hpp). A writer announces a
-  // message only once those max_open_stripes before it landed whole: the receiver opens no more
-  // at once, and a piece sent again must not queue behind a message it cannot open yet.
+  // the write's own memory while it runs, then a copy. Pieces of a lost stream go again over the
+  // others (tcp/stripes.hpp), but only over a connection the receiver reads on to them: not the
+  // first once a data frame or a later stripe frame went out on it (the receiver holds those
+  // until the messages before them landed), nor a stream that carried pieces of a later message
+  // the receiver may not have opened yet (no piece of it said landed: it may wait for room).
   struct outbound_stripe {
     static constexpr std::uint8_t unsent = 0xff, landed = 0xfe;  // else the stream it went over
     wire::stripe_head head;
@@ -151,6 +160,8 @@ struct connection : std::enable_shared_from_this<connection> {
     std::vector<std::uint8_t> via;                   // each piece's state
     std::vector<std::shared_ptr<const bytes>> kept;  // once the write returned: what is not landed
     std::uint64_t open = 0;                          // pieces not landed
+    bool opened = false;      // a piece said landed: the receiver opened it
+    bool behind_first = false;  // a frame the receiver may hold went out on the first connection after it
     std::span<const std::byte> piece(std::uint64_t i) const {
       if (!data.empty()) return data.subspan(static_cast<std::size_t>(head.offset(i)), static_cast<std::size_t>(head.length(i)));
       return kept[static_cast<std::size_t>(i)] ? std::span<const std::byte>(*kept[static_cast<std::size_t>(i)]) : std::span<const std::byte>();
@@ -159,13 +170,16 @@ struct connection : std::enable_shared_from_this<connection> {
   struct outbound_stripes {
     std::deque<outbound_stripe> unconfirmed;
     std::deque<wire::piece_id> again;  // pieces of lost streams, to send again
+    std::uint64_t held_bytes = 0;      // of the pieces not said landed, those out over further streams
     outbound_stripe* find(std::uint64_t seq) {
       for (auto& e : unconfirmed)
         if (e.head.seq == seq) return &e;
       return nullptr;
     }
     void settle(outbound_stripe& e, std::uint64_t i) {
-      e.via[static_cast<std::size_t>(i)] = outbound_stripe::landed;
+      auto& v = e.via[static_cast<std::size_t>(i)];
+      if (v != 0 && v != outbound_stripe::unsent) held_bytes -= e.head.length(i);  // (out over a further stream)
+      v = outbound_stripe::landed;
       e.kept[static_cast<std::size_t>(i)].reset();
       if (--e.open == 0) std::erase_if(unconfirmed, [&](const auto& x) { return x.open == 0; });
     }
@@ -174,14 +188,25 @@ struct connection : std::enable_shared_from_this<connection> {
     void written(wire::piece_id id, int stream) {
       auto* e = find(id.seq);
       if (!e || e->via[static_cast<std::size_t>(id.index)] == outbound_stripe::landed) return;
-      if (stream == 0) settle(*e, id.index);
-      else e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(stream);
+      if (stream == 0) {
+        e->via[static_cast<std::size_t>(id.index)] = 0;
+        settle(*e, id.index);
+        return;
+      }
+      held_bytes += e->head.length(id.index);
+      e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(stream);
     }
-    // The receiver says these landed (ids of pieces it was not sent, or twice, change nothing).
+    // The receiver says these landed. Only a piece it was sent over a further stream is settled
+    // (an id of one not sent yet, or twice, changes nothing: a peer cannot end a message's
+    // record while its write still runs).
     void landed(std::span<const wire::piece_id> ids) {
       for (const auto& id : ids)
-        if (auto* e = find(id.seq); e && id.index < e->head.pieces() && e->via[static_cast<std::size_t>(id.index)] != outbound_stripe::landed)
+        if (auto* e = find(id.seq); e && id.index < e->head.pieces()) {
+          const auto v = e->via[static_cast<std::size_t>(id.index)];
+          if (v == 0 || v == outbound_stripe::unsent || v == outbound_stripe::landed) continue;
+          e->opened = true;
           settle(*e, id.index);
+        }
     }
     // `stream` is lost: what it carried and is not said landed goes again. True if anything does.
     bool lost(int stream) {
@@ -190,10 +215,25 @@ struct connection : std::enable_shared_from_this<connection> {
         for (std::uint64_t i = 0; i < e.via.size(); ++i)
           if (e.via[static_cast<std::size_t>(i)] == stream) {
             e.via[static_cast<std::size_t>(i)] = outbound_stripe::unsent;
+            held_bytes -= e.head.length(i);
             again.push_back({e.head.seq, i});
             any = true;
           }
       return any;
+    }
+    // A data frame or a stripe frame goes out on the first connection: the receiver may hold it
+    // until every message before it landed.
+    void first_carries_more() {
+      for (auto& e : unconfirmed) e.behind_first = true;
+    }
+    // Whether a piece of `seq` sent again over `stream` reaches the receiver (see above).
+    bool reaches(std::uint64_t seq, int stream) const {
+      for (const auto& e : unconfirmed) {
+        if (stream == 0 && e.head.seq == seq) return !e.behind_first;
+        if (stream != 0 && e.head.seq > seq && !e.opened && std::ranges::find(e.via, static_cast<std::uint8_t>(stream)) != e.via.end())
+          return false;
+      }
+      return true;
     }
   };
   std::mutex sent_mutex;
@@ -329,6 +369,10 @@ struct connection : std::enable_shared_from_this<connection> {
   template <class Interrupt>
   write_result write_locked(wire::frame_type type, tag_type tag, std::span<const std::byte> data, clock::time_point deadline,
                             Interrupt&& interrupt) {
+    if (type == wire::frame_type::data || type == wire::frame_type::stripe) {
+      std::lock_guard lock(sent_mutex);
+      outbound.first_carries_more();
+    }
     if (encrypted()) {
       static thread_local bytes ciphertext;
       if (ciphertext.size() < data.size()) ciphertext.resize(data.size());

@@ -485,26 +485,14 @@ struct node {
     }
     auto* e = in.find(id.seq);
     const bool valid = e && id.index < e->head.pieces() && h.length == e->head.length(id.index);
-    // (a message landed whole: the sender keeps at most max_open_stripes unconfirmed before the
-    // one it writes)
-    const bool landed_before = !e && id.seq <= in.opened_seq && id.seq + 2 * connection::max_open_stripes > in.opened_seq &&
-                               h.length <= in.landed_piece;
-    if (landed_before || (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::landed)) return read_twice(c, h);
-    if (valid && e->pieces[static_cast<std::size_t>(id.index)] == state::reading) {
-      std::shared_ptr<connection> reader;
-      {
-        std::lock_guard lock(mutex);
-        for (const auto& s : f->streams)
-          if (s != c && s->reading == id) reader = s;
-      }
-      if (reader) lose_stream(reader);
-    }
-    if (!valid || e->pieces[static_cast<std::size_t>(id.index)] != state::expected)
+    // (a message that landed whole: its pieces may still come again)
+    const bool landed_before = !e && id.seq <= in.opened_seq && h.length <= in.landed_piece;
+    if (landed_before || (valid && e->pieces[static_cast<std::size_t>(id.index)] != state::expected)) return read_twice(c, h);
+    if (!valid)
       return malformed(c, decentrain::detail::concat("frame: peer ", c->rank, " sent piece ", id.index, " (", h.length,
                                                      " bytes) of striped message ", id.seq, ", which is not one it is sending",
                                                      e ? decentrain::detail::concat(" (message ", e->head.seq, ": ", e->head.pieces(),
-                                                                                    " pieces of ", e->head.piece, " bytes, ",
-                                                                                    e->pieces.size() - std::ranges::count(e->pieces, state::expected), " landed or landing)")
+                                                                                    " pieces of ", e->head.piece, " bytes)")
                                                        : decentrain::detail::concat(" (", in.open.size(), " open, the last announced ",
                                                                                     in.last_seq, ")")));
     const auto into = e->into.subspan(static_cast<std::size_t>(e->head.offset(id.index)), static_cast<std::size_t>(h.length));
@@ -521,16 +509,13 @@ struct node {
       if (!authentic(*c, h, into)) return reject_frame(c, h);
       auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
       if (!done) return;  // (abandoned meanwhile: its streams closed with it)
-      done->pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
-      ++done->pieces_landed;
-      f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
-      if (c->stream > 0) say_landed(f, wire::encode_piece_id(id));
-      land_stripes(f);
+      land_piece(f, *done, id, c->stream > 0);
       read_next_later(c);
     }, true);
   }
 
-  // A piece that landed before: read (its tag checked) and dropped.
+  // A piece that came again: read (its tag checked), then dropped if it landed meanwhile, landed
+  // from here if the read that had it failed meanwhile, or kept until that read ends.
   void read_twice(const std::shared_ptr<connection>& c, const wire::header& h) {
     c->body.resize(static_cast<std::size_t>(h.length));
     c->read_fully(std::span<std::byte>(c->body), 0, [this, c, h](const asio::error_code& ec, std::size_t got) {
@@ -541,10 +526,35 @@ struct node {
         return lost(c, ec);
       }
       if (!authentic(*c, h, c->body)) return reject_frame(c, h);
+      const auto f = c->stream == 0 ? c : c->first.lock();
+      const auto id = wire::decode_piece_id(h.tag);
+      auto* e = !f || f->closed ? nullptr : f->inbound.find(id.seq);
+      using state = connection::inbound_stripe::piece_state;
+      const auto at = static_cast<std::size_t>(id.index);
+      if (e && at < e->pieces.size() && e->pieces[at] != state::landed) {
+        if (e->pieces[at] == state::reading) {
+          e->spares[id.index] = std::exchange(c->body, {});
+        } else {
+          std::memcpy(e->into.data() + e->head.offset(id.index), c->body.data(), c->body.size());
+          land_piece(f, *e, id, c->stream > 0);
+        }
+      } else {
+        ++pieces_twice;
+      }
       c->body = {};
-      ++pieces_twice;
       read_next_later(c);
     });
+  }
+
+  // A piece in its place: said landed to its sender if it came over a further stream, and its
+  // message lands once whole (in order).
+  void land_piece(const std::shared_ptr<connection>& f, connection::inbound_stripe& e, wire::piece_id id, bool over_stream) {
+    e.pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
+    ++e.pieces_landed;
+    e.spares.erase(id.index);
+    f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
+    if (over_stream) say_landed(f, wire::encode_piece_id(id));
+    land_stripes(f);
   }
 
   // Tells the sender of a pair that a piece of its further streams landed: a landed frame on the
@@ -553,6 +563,7 @@ struct node {
   void say_landed(const std::shared_ptr<connection>& f, tag_type id) {
     {
       std::lock_guard lock(f->acks_mutex);
+      if (f->acks.size() >= wire::max_landed_ids) return;  // (see connection::acks)
       f->acks.push_back(id);
     }
     flush_landed(f);
@@ -562,9 +573,12 @@ struct node {
       std::unique_lock lock(f->write_mutex, std::try_to_lock);
       if (lock.owns_lock()) {
         if (f->closed_for_writes.load()) return;
-        framing_sent += f->queue_acks();
-        if (f->flush_unsent()) return;
-        // (the socket is full: what is left goes with the next frame, or the retry)
+        // (nothing more is queued while what was is not out: a peer that does not read makes
+        // the ids wait in their bounded list, not this buffer grow)
+        if (f->flush_unsent()) {
+          framing_sent += f->queue_acks();
+          if (f->flush_unsent()) return;
+        }
       } else {
         std::lock_guard acks_lock(f->acks_mutex);
         if (f->acks.empty()) return;  // (the writer sends what it took, with its next frame)
@@ -684,12 +698,15 @@ struct node {
         return true;
       case wire::frame_type::landed: {
         const auto ids = wire::decode_landed(c->body);
+        bool owed = false;
         {
           std::lock_guard lock(c->sent_mutex);
           c->outbound.landed(ids);
+          owed = !c->outbound.again.empty();
         }
         c->sent_landed.notify_all();
         c->body = {};
+        if (owed) resend_later(c);  // (a message said opened may let pieces owed reach the receiver)
         return true;
       }
       case wire::frame_type::relay:
@@ -920,7 +937,7 @@ struct node {
   // that peer now (one that is sends them itself; this one then waits for it and finds none).
   void resend_later(const std::shared_ptr<connection>& f) {
     std::lock_guard lock(resend_mutex);
-    if (resend_closed) return;
+    if (resend_closed || std::exchange(f->resend_queued, true)) return;
     resend_queue.push_back(f);
     if (!resender.joinable()) resender = std::jthread([this](std::stop_token stop) { resend_loop(stop); });
     resend_wake.notify_one();
@@ -933,6 +950,7 @@ struct node {
         if (!resend_wake.wait(lock, stop, [&] { return !resend_queue.empty(); })) return;
         f = resend_queue.front().lock();
         resend_queue.pop_front();
+        if (f) f->resend_queued = false;
       }
       if (!f || f->closed_for_writes.load()) continue;
       std::vector<std::shared_ptr<connection>> streams;
@@ -992,10 +1010,16 @@ struct node {
         std::erase(f->streams, c);
       }
       if (f && !f->closed) {
+        // (a second copy of it that came meanwhile lands in its place)
         if (c->reading)
           if (auto* e = f->inbound.find(c->reading->seq); e && c->reading->index < e->pieces.size())
-            if (auto& p = e->pieces[static_cast<std::size_t>(c->reading->index)]; p == connection::inbound_stripe::piece_state::reading)
+            if (auto& p = e->pieces[static_cast<std::size_t>(c->reading->index)]; p == connection::inbound_stripe::piece_state::reading) {
               p = connection::inbound_stripe::piece_state::expected;
+              if (const auto spare = e->spares.find(c->reading->index); spare != e->spares.end()) {
+                std::memcpy(e->into.data() + e->head.offset(c->reading->index), spare->second.data(), spare->second.size());
+                land_piece(f, *e, *c->reading, true);
+              }
+            }
         std::erase_if(f->inbound.waiting, [&](const auto& w) { return w.first == c; });
         bool again = false;
         {
@@ -1419,6 +1443,17 @@ struct node {
       std::lock_guard lock(mutex);
       streams = c->streams;
     }
+    if (streams.empty() && opts.streams > 1 && resend_owed(*c)) {
+      // (pieces owed go first, while the first connection still reaches them: the receiver holds
+      // this frame until the messages before it landed)
+      std::vector<std::shared_ptr<connection>> pair_streams;
+      {
+        std::lock_guard lock(mutex);
+        pair_streams = c->streams;
+      }
+      striped_writer w(*c, pair_streams, deadline, {pieces_resent, framing_sent});
+      (void)w.resend(striped_writer::never);
+    }
     const auto r = streams.empty() ? c->write_data(tag, data, deadline, interrupt) : send_striped(c, streams, tag, data, deadline, interrupt);
     switch (r.status) {
       case write_status::done:
@@ -1443,12 +1478,19 @@ struct node {
     if (!streams.empty()) ++striped_sent;
   }
 
+  static bool resend_owed(connection& c) {
+    std::lock_guard lock(c.sent_mutex);
+    return !c.outbound.again.empty();
+  }
+
   // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp).
   template <class Interrupt>
   write_result send_striped(const std::shared_ptr<connection>& c, const std::vector<std::shared_ptr<connection>>& streams, tag_type tag,
                             std::span<const std::byte> data, clock::time_point deadline, Interrupt& interrupt) {
     striped_writer w(*c, streams, deadline, {pieces_resent, framing_sent});
-    return w.send(tag, data, opts.stripe_piece_bytes, interrupt);
+    const auto r = w.send(tag, data, opts.stripe_piece_bytes, 2 * opts.max_queued_bytes, interrupt);
+    if (r.status == write_status::done && w.resend_owed()) resend_later(c);  // (some reach the receiver only later)
+    return r;
   }
 
   // A send that finds the connection closed or broken can run ahead of the reader, while the

@@ -20,8 +20,8 @@
 // which its TCP will never deliver. The receiver says which pieces of the further streams landed
 // (landed frames on the first connection; the first's own go or fail with the pair), the sender
 // keeps each piece not said landed (connection::outbound_stripes), and what a lost stream
-// carried goes again over the others: the message lands whole, a piece that comes twice is
-// dropped, and only the first connection's loss fails the pair.
+// carried goes again over the connections the receiver reads on to it: the message lands whole,
+// a piece that comes twice is read aside, and only the first connection's loss fails the pair.
 #pragma once
 
 #include "decentrain/config.hpp"
@@ -46,41 +46,43 @@
 
 namespace decentrain::transport::tcp_detail {
 
-// Writes striped messages to one peer over the pair's connections, every one's write lock held
-// meanwhile (the first's first; a lost stream's is let go at once: the I/O thread closing it
-// waits for it). `streams` are the pair's further streams as the node lists them now.
+// Writes striped messages to one peer over the pair's connections, their write locks held
+// meanwhile: the first's from the start, the further streams' (in the node's order) once the
+// stripe frame went out, so that the I/O thread closing a stream never waits on a stripe frame
+// held up by the first connection; a lost stream's lock is let go at once. `streams` are the
+// pair's further streams as the node lists them now.
 class striped_writer {
  public:
-  // What it counts as it goes: pieces sent again (a stream was lost), and the bytes of the
-  // landed frames it sent for the peer's pieces.
+  // What it counts as it goes: pieces sent again (a stream was lost), and framing bytes (the
+  // headers and padding of those, and the landed frames it sent for the peer's pieces).
   struct counters {
     std::atomic<std::uint64_t>& resent;
     std::atomic<std::uint64_t>& framing;
   };
 
   striped_writer(connection& first, std::span<const std::shared_ptr<connection>> streams, clock::time_point deadline, counters counted)
-      : first_(first), deadline_(deadline), counted_(counted) {
+      : first_(first), streams_(streams.begin(), streams.end()), deadline_(deadline), counted_(counted) {
     lanes_.push_back(std::make_unique<lane>(&first, std::unique_lock(first.write_mutex)));
-    for (const auto& s : streams)
-      if (!s->closed_for_writes.load()) lanes_.push_back(std::make_unique<lane>(s.get(), std::unique_lock(s->write_mutex)));
   }
 
   // One striped message: its stripe frame on the first connection, then its pieces over every
   // connection at once, each taking the next piece as soon as its socket took the last, so a
   // connection whose window is fuller takes fewer. Pieces of a stream lost meanwhile (or before)
-  // go again over the others; only the first connection's failure fails the write, and gives
-  // every connection of the pair up (the receiver could never complete the message it was told
-  // of). `interrupt` is asked as connection::write_data asks it, before the stripe frame starts.
+  // go again over the others (connection::outbound_stripes says which reach the receiver); only
+  // the first connection's failure fails the write, and gives every connection of the pair up
+  // (the receiver could never complete the message it was told of). `interrupt` is asked as
+  // connection::write_data asks it, before the stripe frame starts. Returns once the pieces went
+  // out and what of them over further streams is not said landed is at most `max_held` bytes for
+  // the pair (a peer that never says so holds up its sender, not its sender's memory).
   template <class Interrupt>
-  write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, Interrupt&& interrupt) {
+  write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, std::uint64_t max_held,
+                    Interrupt&& interrupt) {
+    // (pieces owed from before go first, while the first connection still reaches them)
+    if (resend_owed()) {
+      lock_streams();
+      if (const auto r = pump([] { return true; }, never); r.status != write_status::done) return r;
+    }
     const wire::stripe_head head{first_.stripes_sent + 1, data.size(), piece_bytes};
-    // (the messages max_open_stripes before it landed whole first: see connection::outbound_stripes)
-    if (const auto r = pump([&] {
-          return first_.outbound.unconfirmed.empty() ||
-                 first_.outbound.unconfirmed.front().head.seq + connection::max_open_stripes > head.seq;
-        }, interrupt, never);
-        r.status != write_status::done)
-      return r;
     const auto announce = wire::encode_stripe_head(head);
     counted_.framing += first_.queue_acks();
     if (const auto r = first_.write_locked(wire::frame_type::stripe, tag, announce, deadline_, interrupt); r.status != write_status::done)
@@ -96,9 +98,10 @@ class striped_writer {
       e.open = head.pieces();
       first_.outbound.unconfirmed.push_back(std::move(e));
     }
+    lock_streams();
     current_ = head.seq;
     pieces_ = head.pieces();
-    auto r = pump([&] { return next_ == pieces_; }, never, never);
+    auto r = pump([&] { return next_ == pieces_ && first_.outbound.held_bytes <= max_held; }, never);
     if (r.status == write_status::done) {
       // What is not said landed yet is kept for a stream lost later (the caller's memory is not).
       std::lock_guard lock(first_.sent_mutex);
@@ -115,11 +118,20 @@ class striped_writer {
     return r;
   }
 
-  // The pieces of lost streams that wait to go again (no message being written); `stop()`
-  // true gives the pair up.
+  // The pieces of lost streams that wait to go again and reach the receiver now; `stop()` true
+  // gives the pair up.
   template <class Stop>
   write_result resend(Stop&& stop) {
-    return pump([] { return true; }, never, stop);
+    lock_streams();
+    return pump([] { return true; }, stop);
+  }
+
+  static bool never() { return false; }
+
+  // Whether pieces wait to go again (some may not reach the receiver yet).
+  bool resend_owed() {
+    std::lock_guard lock(first_.sent_mutex);
+    return !first_.outbound.again.empty();
   }
 
  private:
@@ -131,16 +143,23 @@ class striped_writer {
     std::optional<connection::outgoing> out;  // the piece being written
     wire::piece_id id;
     std::shared_ptr<const bytes> hold;  // a kept copy being written (a landed frame may drop it meanwhile)
+    std::size_t out_bytes = 0;
     bool again = false;
   };
 
-  // Writes pieces (those of lost streams first, then the message's next) until `done()` holds
-  // and nothing is left to send again and no lane is midway, waiting for landed frames when there
-  // is nothing to write. Lanes whose stream is lost are let go and their pieces queued again.
-  static bool never() { return false; }
+  void lock_streams() {
+    if (streams_locked_) return;
+    streams_locked_ = true;
+    for (const auto& s : streams_)
+      if (!s->closed_for_writes.load()) lanes_.push_back(std::make_unique<lane>(s.get(), std::unique_lock(s->write_mutex)));
+  }
 
-  template <class Done, class Interrupt, class Stop>
-  write_result pump(Done&& done, Interrupt&& interrupt, Stop&& stop) {
+  // Writes pieces (those of lost streams first, where they reach the receiver, then the
+  // message's next) until `done()` holds (sent_mutex held) and no lane is midway and none has a
+  // piece to take, waiting for landed frames when there is nothing to write. Lanes whose stream
+  // is lost are let go and their pieces queued again.
+  template <class Done, class Stop>
+  write_result pump(Done&& done, Stop&& stop) {
     std::vector<pollfd> waiting;
     for (;;) {
       if (first_.closed_for_writes.load()) return fail(write_status::closed, 0);
@@ -168,7 +187,10 @@ class striped_writer {
             std::lock_guard lock(first_.sent_mutex);
             first_.outbound.written(l.id, l.c->stream);
           }
-          if (l.again) ++counted_.resent;
+          if (l.again) {
+            ++counted_.resent;
+            counted_.framing += wire::header_bytes + wire::padding(l.out_bytes).size();
+          }
           l.hold.reset();
         }
         if (dropped) continue;
@@ -178,10 +200,9 @@ class striped_writer {
       bool finished = false;
       {
         std::lock_guard lock(first_.sent_mutex);
-        finished = !busy && first_.outbound.again.empty() && done();
+        finished = !busy && done();
       }
       if (finished) return {};
-      if (!busy && interrupt()) return {write_status::interrupted, 0, false};
       const auto left = deadline_ - clock::now();
       if (left <= clock::duration::zero()) return fail(write_status::timed_out, 0);
       if (!busy) {
@@ -201,18 +222,26 @@ class striped_writer {
     }
   }
 
-  // The next piece for lane `l`: one to send again, else the message's next. False: none.
+  // The next piece for lane `l`: one to send again that reaches the receiver over it, else the
+  // message's next. False: none.
   bool take(lane& l, bool on_first) {
     std::span<const std::byte> body;
     {
       std::lock_guard lock(first_.sent_mutex);
       auto& out = first_.outbound;
       l.again = false;
-      while (!out.again.empty()) {
-        const auto id = out.again.front();
-        out.again.pop_front();
+      for (auto it = out.again.begin(); it != out.again.end();) {
+        const auto id = *it;
         auto* e = out.find(id.seq);
-        if (!e || e->via[static_cast<std::size_t>(id.index)] != connection::outbound_stripe::unsent) continue;  // (landed meanwhile)
+        if (!e || e->via[static_cast<std::size_t>(id.index)] != connection::outbound_stripe::unsent) {  // (landed meanwhile)
+          it = out.again.erase(it);
+          continue;
+        }
+        if (!out.reaches(id.seq, l.c->stream)) {
+          ++it;
+          continue;
+        }
+        out.again.erase(it);
         l.id = id;
         l.hold = e->kept[static_cast<std::size_t>(id.index)];
         body = e->piece(id.index);
@@ -220,11 +249,13 @@ class striped_writer {
         break;
       }
       if (!l.again) {
-        if (current_ == 0 || next_ == pieces_) return false;
+        auto* e = current_ == 0 ? nullptr : out.find(current_);
+        if (!e || next_ == pieces_) return false;
         l.id = {current_, next_++};
-        body = first_.outbound.find(current_)->piece(l.id.index);
+        body = e->piece(l.id.index);
       }
     }
+    l.out_bytes = body.size();
     if (on_first) counted_.framing += first_.queue_acks();  // (before the outgoing takes `unsent`)
     const auto tag = wire::encode_piece_id(l.id);
     std::span<const std::byte> sent = body;
@@ -271,6 +302,8 @@ class striped_writer {
   }
 
   connection& first_;
+  std::vector<std::shared_ptr<connection>> streams_;
+  bool streams_locked_ = false;
   clock::time_point deadline_;
   std::vector<std::unique_ptr<lane>> lanes_;  // (a lane's piece points into it: lanes never move)
   std::uint64_t current_ = 0, next_ = 0, pieces_ = 0;
