@@ -16536,18 +16536,18 @@ struct connection : std::enable_shared_from_this<connection> {
       e.kept[static_cast<std::size_t>(i)].reset();
       if (--e.open == 0) std::erase_if(unconfirmed, [&](const auto& x) { return x.open == 0; });
     }
-    // A piece written whole over `stream`: over the first connection it goes or fails with the
+    // A piece written whole over stream `over`: over the first connection it goes or fails with the
     // pair, and needs no landed frame.
-    void written(wire::piece_id id, int stream) {
+    void written(wire::piece_id id, int over) {
       auto* e = find(id.seq);
       if (!e || e->via[static_cast<std::size_t>(id.index)] == outbound_stripe::landed) return;
-      if (stream == 0) {
+      if (over == 0) {
         e->via[static_cast<std::size_t>(id.index)] = 0;
         settle(*e, id.index);
         return;
       }
       held_bytes += e->head.length(id.index);
-      e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(stream);
+      e->via[static_cast<std::size_t>(id.index)] = static_cast<std::uint8_t>(over);
     }
     // The receiver says these landed. Only a piece it was sent over a further stream is settled
     // (an id of one not sent yet, or twice, changes nothing: a peer cannot end a message's
@@ -16561,12 +16561,12 @@ struct connection : std::enable_shared_from_this<connection> {
           settle(*e, id.index);
         }
     }
-    // `stream` is lost: what it carried and is not said landed goes again. True if anything does.
-    bool lost(int stream) {
+    // Stream `gone` is lost: what it carried and is not said landed goes again. True if anything does.
+    bool lost(int gone) {
       bool any = false;
       for (auto& e : unconfirmed)
         for (std::uint64_t i = 0; i < e.via.size(); ++i)
-          if (e.via[static_cast<std::size_t>(i)] == stream) {
+          if (e.via[static_cast<std::size_t>(i)] == gone) {
             e.via[static_cast<std::size_t>(i)] = outbound_stripe::unsent;
             held_bytes -= e.head.length(i);
             again.push_back({e.head.seq, i});
@@ -16579,11 +16579,11 @@ struct connection : std::enable_shared_from_this<connection> {
     void first_carries_more() {
       for (auto& e : unconfirmed) e.behind_first = true;
     }
-    // Whether a piece of `seq` sent again over `stream` reaches the receiver (see above).
-    bool reaches(std::uint64_t seq, int stream) const {
+    // Whether a piece of `seq` sent again over stream `over` reaches the receiver (see above).
+    bool reaches(std::uint64_t seq, int over) const {
       for (const auto& e : unconfirmed) {
-        if (stream == 0 && e.head.seq == seq) return !e.behind_first;
-        if (stream != 0 && e.head.seq > seq && !e.opened && std::ranges::find(e.via, static_cast<std::uint8_t>(stream)) != e.via.end())
+        if (over == 0 && e.head.seq == seq) return !e.behind_first;
+        if (over != 0 && e.head.seq > seq && !e.opened && std::ranges::find(e.via, static_cast<std::uint8_t>(over)) != e.via.end())
           return false;
       }
       return true;
@@ -17889,7 +17889,7 @@ class striped_writer {
 
  private:
   struct lane {
-    lane(connection* c, std::unique_lock<std::mutex> l) : c(c), lock(std::move(l)) {}
+    lane(connection* to, std::unique_lock<std::mutex> held) : c(to), lock(std::move(held)) {}
     connection* c;
     std::unique_lock<std::mutex> lock;
     std::array<std::byte, wire::header_bytes> h{};

@@ -136,7 +136,7 @@ class striped_writer {
 
  private:
   struct lane {
-    lane(connection* c, std::unique_lock<std::mutex> l) : c(c), lock(std::move(l)) {}
+    lane(connection* to, std::unique_lock<std::mutex> held) : c(to), lock(std::move(held)) {}
     connection* c;
     std::unique_lock<std::mutex> lock;
     std::array<std::byte, wire::header_bytes> h{};
