@@ -148,6 +148,23 @@ striped_caller striped_call(asio::io_context& io, const std::string& address, in
   return c;
 }
 
+// Waits (until `until` at most) until every one of these connections of this process holds
+// bytes its peer has not taken (SIOCOUTQ): a write over all of them waits on a receiver that
+// reads none. False if that did not come.
+bool striped_all_queued(const std::vector<tr::stream_ports>& connections, std::chrono::steady_clock::time_point until) {
+  while (std::chrono::steady_clock::now() < until) {
+    std::size_t queued_on = 0;
+    for (const auto& p : connections) {
+      const int fd = bench::find_connection(p.local, p.remote);
+      int queued = 0;
+      queued_on += fd >= 0 && ::ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0;
+    }
+    if (queued_on == connections.size() && !connections.empty()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
 // Reads frames from a peer's first connection (a caller without keys) until its landed frames
 // named `want` pieces, or `within` passed; other frames (heartbeats) are skipped.
 std::vector<wire::piece_id> striped_landed(asio::ip::tcp::socket& s, std::size_t want, std::chrono::milliseconds within) {
@@ -601,18 +618,7 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
           std::lock_guard lock(ports_mutex);
           return ports_of_1;
         }();
-        int waiting = 0;
-        while (std::chrono::steady_clock::now() < until) {
-          waiting = 0;
-          for (const auto& p : theirs) {
-            const int fd = bench::find_connection(p.local, p.remote);
-            int queued = 0;
-            waiting += fd >= 0 && ::ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0;
-          }
-          if (waiting == 4) break;
-          std::this_thread::sleep_for(1ms);
-        }
-        filled = waiting == 4;
+        filled = striped_all_queued(theirs, until);
         const auto& at = sender_end ? theirs : mine;
         if (at.size() == 4) cut = bench::reset_connection(at[2].local, at[2].remote);
         int bad = ep.recv(1, 6) != striped_pattern(1024, 1, 9);  // (room for the next: it goes on)
@@ -683,18 +689,7 @@ TEST_CASE("tcp streams: pieces of a write that returned are kept until said land
         std::lock_guard lock(ports_mutex);
         return ports_of_0;
       }();
-      int waiting = 0;
-      while (std::chrono::steady_clock::now() < until) {
-        waiting = 0;
-        for (const auto& p : theirs) {
-          const int fd = bench::find_connection(p.local, p.remote);
-          int queued = 0;
-          waiting += fd >= 0 && ::ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0;
-        }
-        if (waiting == 4) break;
-        std::this_thread::sleep_for(1ms);
-      }
-      filled = waiting == 4;
+      filled = striped_all_queued(theirs, until);
       const auto first = ep.stream_ports_to(0).at(0);
       const int small = 16 << 10;
       (void)::setsockopt(bench::find_connection(first.local, first.remote), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
