@@ -16592,6 +16592,11 @@ struct connection : std::enable_shared_from_this<connection> {
   std::mutex sent_mutex;
   std::condition_variable sent_landed;
   outbound_stripes outbound;
+  // Whether pieces of lost streams wait to go again (some may not reach the receiver yet).
+  bool owes_pieces() {
+    std::lock_guard lock(sent_mutex);
+    return !outbound.again.empty();
+  }
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.
@@ -17831,7 +17836,7 @@ class striped_writer {
   write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, std::uint64_t max_held,
                     Interrupt&& interrupt) {
     // (pieces owed from before go first, while the first connection still reaches them)
-    if (resend_owed()) {
+    if (first_.owes_pieces()) {
       lock_streams();
       if (const auto r = pump([] { return true; }, never); r.status != write_status::done) return r;
     }
@@ -17880,12 +17885,6 @@ class striped_writer {
   }
 
   static bool never() { return false; }
-
-  // Whether pieces wait to go again (some may not reach the receiver yet).
-  bool resend_owed() {
-    std::lock_guard lock(first_.sent_mutex);
-    return !first_.outbound.again.empty();
-  }
 
  private:
   struct lane {
@@ -19561,15 +19560,20 @@ struct node {
         if (f) f->resend_queued = false;
       }
       if (!f || f->closed_for_writes.load()) continue;
-      std::vector<std::shared_ptr<connection>> streams;
-      {
-        std::lock_guard lock(mutex);
-        streams = f->streams;
-      }
       // (a failure gives the pair up: its receiver waits for pieces that will not come)
-      striped_writer w(*f, streams, clock::now() + opts.recv_timeout, {pieces_resent, framing_sent});
-      (void)w.resend([&] { return stop.stop_requested(); });
+      resend_now(f, clock::now() + opts.recv_timeout, [&] { return stop.stop_requested(); });
     }
+  }
+  // Sends the pieces owed to `f`'s peer that reach it now, over the pair's connections.
+  template <class Stop>
+  void resend_now(const std::shared_ptr<connection>& f, clock::time_point deadline, Stop&& stop) {
+    std::vector<std::shared_ptr<connection>> streams;
+    {
+      std::lock_guard lock(mutex);
+      streams = f->streams;
+    }
+    striped_writer w(*f, streams, deadline, {pieces_resent, framing_sent});
+    (void)w.resend(stop);
   }
 
   void close(const std::shared_ptr<connection>& c, const std::string& why, failure_cause cause = failure_cause::departed) {
@@ -20051,17 +20055,9 @@ struct node {
       std::lock_guard lock(mutex);
       streams = c->streams;
     }
-    if (streams.empty() && opts.streams > 1 && resend_owed(*c)) {
-      // (pieces owed go first, while the first connection still reaches them: the receiver holds
-      // this frame until the messages before it landed)
-      std::vector<std::shared_ptr<connection>> pair_streams;
-      {
-        std::lock_guard lock(mutex);
-        pair_streams = c->streams;
-      }
-      striped_writer w(*c, pair_streams, deadline, {pieces_resent, framing_sent});
-      (void)w.resend(striped_writer::never);
-    }
+    // (pieces owed go first, while the first connection still reaches them: the receiver holds
+    // this frame until the messages before it landed)
+    if (streams.empty() && opts.streams > 1 && c->owes_pieces()) resend_now(c, deadline, striped_writer::never);
     const auto r = streams.empty() ? c->write_data(tag, data, deadline, interrupt) : send_striped(c, streams, tag, data, deadline, interrupt);
     switch (r.status) {
       case write_status::done:
@@ -20086,18 +20082,13 @@ struct node {
     if (!streams.empty()) ++striped_sent;
   }
 
-  static bool resend_owed(connection& c) {
-    std::lock_guard lock(c.sent_mutex);
-    return !c.outbound.again.empty();
-  }
-
   // A message over the pair's first connection and its further streams at once (tcp/stripes.hpp).
   template <class Interrupt>
   write_result send_striped(const std::shared_ptr<connection>& c, const std::vector<std::shared_ptr<connection>>& streams, tag_type tag,
                             std::span<const std::byte> data, clock::time_point deadline, Interrupt& interrupt) {
     striped_writer w(*c, streams, deadline, {pieces_resent, framing_sent});
     const auto r = w.send(tag, data, opts.stripe_piece_bytes, 2 * opts.max_queued_bytes, interrupt);
-    if (r.status == write_status::done && w.resend_owed()) resend_later(c);  // (some reach the receiver only later)
+    if (r.status == write_status::done && c->owes_pieces()) resend_later(c);  // (some reach the receiver only later)
     return r;
   }
 

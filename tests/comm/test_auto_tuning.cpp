@@ -554,7 +554,7 @@ TEST_CASE("streaming_diloco tune: the start's probe runs beside the first steps,
     // Up to the pick: the start's checks (three small all-reduces) and the pick's own comparison
     // (one), not the probe's 2 x ring + 3 small all-reduces on top (7 small + 2 ring in all, were
     // it waited for). The bound lies between the two, with room for a thread of the four on two
-    // cores that was late to its all-reduce (CI read 4 small + 1.5 ring beside its clang build).
+    // cores that was late to its all-reduce (about 4 small + 1.5 rings on a loaded host).
     const double waited = by_step[r][at].network_wait_s;
     INFO("waited " << waited << " s up to the pick");
     CHECK(waited < 6 * small + 1.5 * ring);

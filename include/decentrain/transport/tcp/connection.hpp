@@ -239,6 +239,11 @@ struct connection : std::enable_shared_from_this<connection> {
   std::mutex sent_mutex;
   std::condition_variable sent_landed;
   outbound_stripes outbound;
+  // Whether pieces of lost streams wait to go again (some may not reach the receiver yet).
+  bool owes_pieces() {
+    std::lock_guard lock(sent_mutex);
+    return !outbound.again.empty();
+  }
 
   // ---- the reader (I/O thread only) ----
   // The previous body's padding, then the next header: one read.

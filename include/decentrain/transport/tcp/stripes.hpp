@@ -78,7 +78,7 @@ class striped_writer {
   write_result send(tag_type tag, std::span<const std::byte> data, std::uint64_t piece_bytes, std::uint64_t max_held,
                     Interrupt&& interrupt) {
     // (pieces owed from before go first, while the first connection still reaches them)
-    if (resend_owed()) {
+    if (first_.owes_pieces()) {
       lock_streams();
       if (const auto r = pump([] { return true; }, never); r.status != write_status::done) return r;
     }
@@ -127,12 +127,6 @@ class striped_writer {
   }
 
   static bool never() { return false; }
-
-  // Whether pieces wait to go again (some may not reach the receiver yet).
-  bool resend_owed() {
-    std::lock_guard lock(first_.sent_mutex);
-    return !first_.outbound.again.empty();
-  }
 
  private:
   struct lane {
