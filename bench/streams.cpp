@@ -2,7 +2,7 @@
 // library's TCP transport beside them. bench/streams.sh runs the two ends in network namespaces
 // joined by a link of bench/tun_delay (1 Gbit/s, 50 ms each way by default).
 //
-//   bench_streams --role receive --address IP:PORT [--streams 1,4,8] [--library-streams 1,4]
+//   bench_streams --role receive --address IP:PORT [--streams 1,4,8] [--library-streams 1,4,auto]
 //                 [--library-reset K,...] [--bytes 1073741824]
 //                 [--message-bytes 64 MiB, at most --bytes / 16] [--link-mbit 1000] [--json PATH]
 //   bench_streams --role send --address IP:PORT [the same --streams, --library-streams,
@@ -14,6 +14,9 @@
 //   decentrain xK  the library's TCP transport between two peers (the sender accepts no
 //             connections and dials), --bytes sent as messages of --message-bytes, each striped
 //             over K connections (tcp_options::streams; K = 1: one stream)
+//   decentrain auto  the same, the pair starting with one connection and opening more, up to
+//             16, while the measured link holds each at its window (--library-streams auto:
+//             tcp_options::streams_from_link); its streams column is the count it ended with
 //   decentrain xK, one reset  the same, but once half the bytes went out the sender resets its
 //             stream 1 (bench/reset_connection.hpp: its buffers dropped, as a middlebox's reset
 //             would): what it held goes again over the others (--library-reset; none by default)
@@ -130,21 +133,36 @@ row receive_plain(int listener, int k, std::size_t total) {
   return r;
 }
 
+// A row of the library's: K connections a pair (K = 0: chosen from the measured link, up to 16:
+// tcp_options::streams_from_link), one of them reset halfway or not.
+struct library_row {
+  int streams = 1;
+  bool reset = false;
+};
+
+void library_streams(dt::transport::tcp_options& o, int streams) {
+  o.streams = streams == 0 ? dt::transport::wire::max_streams : streams;
+  o.streams_from_link = streams == 0;
+}
+
 row receive_library(const std::string& address, int streams, std::size_t total, std::size_t message, bool reset) {
   dt::transport::tcp_options o;
   o.rank = 0;
   o.world = 2;
   o.listen = address;
-  o.streams = streams;
+  library_streams(o, streams);
   dt::transport::tcp peer(o);
   peer.connect();
   const auto t0 = clock_type::now();
   clock_type::time_point q{};
   std::size_t got = 0, quarter_bytes = 0;
+  std::string counts;  // (the pair's connections as each message landed)
   while (got < total) {
     const auto data = peer.recv(1, 1);
     dt::detail::check(!data.empty() && data.size() <= message, "decentrain: a message of ", data.size(), " bytes");
     got += data.size();
+    counts += (counts.empty() ? "" : ",") + std::to_string(peer.streams_to(1)) + "@" +
+              std::to_string(static_cast<int>(std::chrono::duration<double>(clock_type::now() - t0).count() * 10) / 10.0).substr(0, 4);
     if (quarter_bytes == 0 && got >= total / 4) {
       quarter_bytes = got;
       q = clock_type::now();
@@ -154,8 +172,10 @@ row receive_library(const std::string& address, int streams, std::size_t total, 
   const std::byte ack{1};
   peer.send(1, 2, std::span<const std::byte>(&ack, 1));
   (void)peer.recv(1, 3);  // the sender's goodbye: neither closes while the other still reads
-  return {"decentrain x" + std::to_string(streams) + (reset ? ", one reset" : ""), streams, got, std::chrono::duration<double>(t1 - t0).count(),
-          std::chrono::duration<double>(t1 - q).count(), got - quarter_bytes};
+  const int kept = peer.streams_to(1);
+  if (streams == 0) std::fprintf(stderr, "decentrain auto: connections as each message landed (at seconds): %s\n", counts.c_str());
+  return {streams == 0 ? "decentrain auto" : "decentrain x" + std::to_string(streams) + (reset ? ", one reset" : ""), streams == 0 ? kept : streams,
+          got, std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t1 - q).count(), got - quarter_bytes};
 }
 
 // ---- the sender ----
@@ -208,7 +228,7 @@ void send_library(const std::string& address, int streams, std::size_t total, st
   dt::transport::tcp_options o;
   o.rank = 1;
   o.world = 2;
-  o.streams = streams;
+  library_streams(o, streams);
   o.listen.clear();  // dials the receiver, as a peer behind a NAT would
   o.join = {address};
   dt::transport::tcp peer(o);
@@ -262,19 +282,17 @@ int main(int argc, char** argv) try {
     streams.push_back(std::stoi(s));
     dt::detail::check(streams.back() >= 1 && streams.back() <= 256, "--streams: ", s, " is not in 1..256");
   }
-  std::vector<int> library_streams;
+  // (auto: 0, chosen from the measured link; rows of the library's with one stream reset halfway: K >= 2)
+  std::vector<library_row> library_rows;
   for (const auto& s : bench::split(a.value("library-streams", "1,4"), ',')) {
-    library_streams.push_back(std::stoi(s));
-    dt::detail::check(library_streams.back() >= 1 && library_streams.back() <= 16, "--library-streams: ", s,
-                      " is not in 1..16 (tcp_options::streams)");
+    library_rows.push_back({s == "auto" ? 0 : std::stoi(s), false});
+    dt::detail::check(s == "auto" || (library_rows.back().streams >= 1 && library_rows.back().streams <= 16), "--library-streams: ", s,
+                      " is not in 1..16 (tcp_options::streams) or auto");
   }
-  // (rows of the library's, each with one stream reset halfway: K >= 2)
-  std::vector<std::pair<int, bool>> library_rows;
-  for (int k : library_streams) library_rows.emplace_back(k, false);
   if (const auto reset = a.value("library-reset", ""); !reset.empty())
     for (const auto& s : bench::split(reset, ',')) {
-      library_rows.emplace_back(std::stoi(s), true);
-      dt::detail::check(library_rows.back().first >= 2 && library_rows.back().first <= 16, "--library-reset: ", s,
+      library_rows.push_back({std::stoi(s), true});
+      dt::detail::check(library_rows.back().streams >= 2 && library_rows.back().streams <= 16, "--library-reset: ", s,
                         " is not in 2..16 (a row with one stream has none to reset and go on without)");
     }
   const auto total = static_cast<std::size_t>(std::stoull(a.value("bytes", "1073741824")));
@@ -293,7 +311,7 @@ int main(int argc, char** argv) try {
   if (role == "send") {
     for (int k : streams) send_plain(plain, k, total);
     for (std::size_t i = 0; i < library_rows.size(); ++i)
-      send_library(with_port(address, static_cast<int>(i) + 1), library_rows[i].first, total, message, library_rows[i].second);
+      send_library(with_port(address, static_cast<int>(i) + 1), library_rows[i].streams, total, message, library_rows[i].reset);
     return 0;
   }
   bench::output_file json(json_path);  // opened first: a bad path fails before the measuring
@@ -309,8 +327,8 @@ int main(int argc, char** argv) try {
   }
   ::close(listener);
   for (std::size_t i = 0; i < library_rows.size(); ++i) {
-    rows.push_back(receive_library(with_port(address, static_cast<int>(i) + 1), library_rows[i].first, total, message,
-                                   library_rows[i].second));
+    rows.push_back(receive_library(with_port(address, static_cast<int>(i) + 1), library_rows[i].streams, total, message,
+                                   library_rows[i].reset));
     std::fprintf(stderr, "%s done\n", rows.back().name.c_str());
   }
 

@@ -14,7 +14,8 @@
 #                    [--sender-wmem BYTES] [--json PATH]
 #
 # --streams: the rows of K plain TCP connections; --library-streams: the rows of the library's
-# transport, each message striped over K connections (tcp_options::streams); --library-reset: rows
+# transport, each message striped over K connections (tcp_options::streams; auto: as many as the
+# measured link needs, up to 16, tcp_options::streams_from_link); --library-reset: rows
 # of the library's with K connections of which the sender resets one halfway (bench/streams.cpp).
 #
 # --sender-wmem sets the most a sender's socket may hold unacknowledged (the third value of

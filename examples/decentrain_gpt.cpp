@@ -240,11 +240,19 @@ void declare_train(CLI::App& cmd) {
                "to another such peer before going through a relay (0: never tries)",
                1000, 0, 60000)
       ->group(peers);
-  cli::integer(cmd, "streams", "N",
-               "over TCP: connections a pair of peers keeps; messages of 4 MiB and\n"
-               "more go over all of them at once (fills a long fat link where one\n"
-               "stream's send buffer cannot; set it alike on every peer)",
-               1, 1, 16)
+  cli::text(cmd, "streams", "N|auto",
+            "over TCP: connections a pair of peers keeps; messages of 4 MiB and\n"
+            "more go over all of them at once (fills a long fat link where one\n"
+            "stream's send buffer cannot; set it alike on every peer). auto: from\n"
+            "one up to 16, doubled while the measured link holds each at its window",
+            "1")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            const auto v = cli::parse_integer(s);
+            if (s == "auto" || (v && *v >= 1 && *v <= 16)) return {};
+            return "must be a number of connections in [1, 16] or auto, got '" + s + "'";
+          },
+          "", "streams"))
       ->group(peers);
   cli::integer(cmd, "relay-circuits", "N",
                "over TCP, a peer that listens: the pairs of peers that accept no\n"
@@ -1520,7 +1528,8 @@ int cmd_train(const options& opt) {
     p.tcp.relay.max_circuits = static_cast<int>(opt.integer("relay-circuits"));
     p.tcp.relay.bytes_per_second = static_cast<std::uint64_t>(opt.real("relay-rate") * 1e6 / 8);
     p.tcp.punch_within = std::chrono::milliseconds(opt.integer("punch-ms"));
-    p.tcp.streams = static_cast<int>(opt.integer("streams"));
+    p.tcp.streams_from_link = opt.text("streams") == "auto";
+    p.tcp.streams = p.tcp.streams_from_link ? dt::transport::wire::max_streams : static_cast<int>(*cli::parse_integer(opt.text("streams")));
     p.tcp.rank = static_cast<int>(opt.integer("rank"));
     p.tcp.world = static_cast<int>(opt.integer("world"));
     p.tcp.join_timeout = std::chrono::milliseconds(opt.integer("join-timeout-ms"));

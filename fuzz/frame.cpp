@@ -1,6 +1,6 @@
 // The TCP wire format (transport/frame.hpp) as a peer reads it off a connection: headers,
 // padding, and the control bodies (hello, directory, goodbye, heartbeat, challenge, a striped
-// message's head, a piece's tag), with the
+// message's head, a piece's tag, a streams frame's count), with the
 // addresses a directory hands out, and a run key's frame tags. Properties: every control body
 // that decodes encodes back to bytes that decode to the same message; a forged tag never opens.
 #include "fuzz.hpp"
@@ -119,6 +119,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const auto id = wire::decode_piece_id(h.tag);
       decentrain_fuzz::require(wire::encode_piece_id(id) == h.tag, "a piece's tag encodes back to itself");
     }
+    if (h.type == wire::frame_type::streams)
+      decentrain_fuzz::rejects_cleanly([&] {
+        const int n = wire::decode_streams(h.tag, h.length);
+        decentrain_fuzz::require(n >= 1 && n <= wire::max_streams, "a streams frame asks for 1 to max_streams connections");
+      });
   }
   return 0;
 }
@@ -152,6 +157,7 @@ std::vector<std::string> decentrain_fuzz::seeds() {
                              frame(wire::frame_type::stripe, wire::encode_stripe_head({1, 10000, 4096})) +
                              frame(wire::frame_type::landed, wire::encode_landed(std::vector<decentrain::transport::tag_type>{
                                                                  wire::encode_piece_id({1, 1}), wire::encode_piece_id({1, 2})})) +
+                             frame(wire::frame_type::streams, {}) +
                              frame(wire::frame_type::directory, wire::encode_body(dir)) +
                              frame(wire::frame_type::bye, wire::encode_body(wire::farewell{true, "left out", false}));
   return {stream, frame(wire::frame_type::hello, wire::encode_body(hello)),

@@ -11310,6 +11310,9 @@ struct traffic_stats {
   // they landed (sent again while their landed frame was on its way) and were dropped; the
   // others count 0.
   std::uint64_t streams_lost = 0, pieces_resent = 0, pieces_twice = 0;
+  // tcp's further streams this peer dialed and its peer took: a pair's first ones, those dialed
+  // again for one lost, and those a measured link asked for (tcp_options::streams_from_link).
+  std::uint64_t streams_opened = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;
 };
@@ -12191,8 +12194,9 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
 // per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
 // hole punching; 10: one connection a pair (no striped messages); 11: a lost stream's pieces not
-// sent again (no landed frames).
-inline constexpr std::uint16_t version = 12;
+// sent again (no landed frames); 12: a pair's streams only as many as dialed at the start (no
+// streams frames).
+inline constexpr std::uint16_t version = 13;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -12222,12 +12226,14 @@ inline constexpr std::size_t max_directory_entries = 65536;
 // stripe: a message that comes in pieces over several connections (tcp/stripes.hpp: its tag is
 // the message's, its body a stripe_head); piece: one of them (its tag a piece_id); landed: the
 // pieces that came over a pair's further streams and landed (its body their piece_ids), so that
-// their sender keeps no copy of them for a stream lost later.
+// their sender keeps no copy of them for a stream lost later; streams: the connections the
+// sender, the pair's acceptor, wants the pair to keep (tcp_options::streams_from_link: its tag
+// the count, its body empty), which the pair's dialer opens.
 enum class frame_type : std::uint16_t {
   hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9,
-  stripe = 10, piece = 11, landed = 12
+  stripe = 10, piece = 11, landed = 12, streams = 13
 };
-inline constexpr std::uint16_t last_frame_type = 12;
+inline constexpr std::uint16_t last_frame_type = 13;
 
 // A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
 // kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
@@ -12317,6 +12323,13 @@ struct piece_id {
 };
 inline tag_type encode_piece_id(const piece_id& p) { return (p.seq & ((std::uint64_t{1} << 40) - 1)) << 24 | (p.index & 0xffffff); }
 inline piece_id decode_piece_id(tag_type t) { return {t >> 24, t & 0xffffff}; }
+// A streams frame: the count of connections wanted (its tag), from 1 to max_streams, and no body.
+inline constexpr int max_streams = 16;
+inline int decode_streams(tag_type tag, std::uint64_t length) {
+  decentrain::detail::check(length == 0 && tag >= 1 && tag <= static_cast<tag_type>(max_streams), "frame: a streams frame asking for ", tag,
+                            " connections with a body of ", length, " bytes (from 1 to ", max_streams, ", and no body)");
+  return static_cast<int>(tag);
+}
 // A landed frame's body: piece ids (encode_piece_id), little-endian, at most max_landed_ids.
 inline constexpr std::size_t max_landed_ids = max_control_bytes / 8;
 inline bytes encode_landed(std::span<const tag_type> ids) {
@@ -16008,10 +16021,22 @@ struct tcp_options {
   // peer accepts as many as its own setting: set it alike on every peer. A receiver takes the
   // pieces of two messages from a peer at once at most (each up to max_frame_bytes, where one
   // connection has one frame's body on its way): a peer may hold that much for each until its
-  // messages are whole or its connection closes.
+  // messages are whole or its connection closes. A further stream that is lost is dialed again.
   int streams = 1;
   std::uint64_t stripe_min_bytes = std::uint64_t{4} << 20;
   std::uint64_t stripe_piece_bytes = std::uint64_t{1} << 20;
+  // Streams as many as the measured link needs, up to `streams`: a pair starts with one
+  // connection, and where a message of at least stripe_min_bytes lands over k of them at a rate
+  // that kept each at least three quarters of stream_window_bytes in flight (its rate per connection times
+  // the pair's least round trip, from the kernel: TCP_INFO), each held at its window rather than
+  // by the link, it keeps 2k (the receiver measures; one that did not dial the pair asks its
+  // dialer in a streams frame). A link that one connection fills keeps one.
+  bool streams_from_link = false;
+  // The most one connection keeps in flight (above); 0: from the kernel's buffer limits, the
+  // lesser of two thirds of tcp_wmem's maximum and half of tcp_rmem's (Linux: the sender's
+  // buffer holds what is not acknowledged yet and its bookkeeping, the receiver's window half
+  // its buffer), 4 MiB's worth where they cannot be read.
+  std::uint64_t stream_window_bytes = 0;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -16057,7 +16082,10 @@ struct tcp_options {
     tls.validate();
     relay.validate();
     decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
-    decentrain::detail::check(streams >= 1 && streams <= 16, "tcp: streams must be in [1, 16], got ", streams);
+    decentrain::detail::check(streams >= 1 && streams <= wire::max_streams, "tcp: streams must be in [1, ", wire::max_streams, "], got ",
+                              streams);
+    decentrain::detail::check(!streams_from_link || streams > 1, "tcp: streams_from_link chooses up to `streams` connections a pair, ",
+                              "and streams is 1: set it to the most a pair may keep (up to ", wire::max_streams, ")");
     if (streams == 1) return;  // (nothing is striped: the stripe settings are not used)
     decentrain::detail::check(stripe_piece_bytes >= wire::min_piece_bytes && stripe_piece_bytes % wire::frame_alignment == 0 &&
                                   stripe_piece_bytes <= max_frame_bytes,
@@ -16157,7 +16185,7 @@ class handshake {
       decentrain::detail::check(h.type == wire::frame_type::data || h.type == wire::frame_type::bye ||
                                     h.type == wire::frame_type::heartbeat || h.type == wire::frame_type::relay ||
                                     h.type == wire::frame_type::stripe || h.type == wire::frame_type::piece ||
-                                    h.type == wire::frame_type::landed,
+                                    h.type == wire::frame_type::landed || h.type == wire::frame_type::streams,
                                 h.type == wire::frame_type::hello ? "frame: a second hello on a connection"
                                                                   : "frame: unexpected frame type ",
                                 h.type == wire::frame_type::hello ? "" : std::to_string(static_cast<int>(h.type)));
@@ -16447,6 +16475,21 @@ struct connection : std::enable_shared_from_this<connection> {
   std::weak_ptr<connection> first;
   // The first connection's further streams, open now (the node's mutex).
   std::vector<std::shared_ptr<connection>> streams;
+  // A pair's first connection this peer dialed: its dialer opens the pair's further streams.
+  bool dialed = false;
+  // The connections the pair keeps (its dialer's; the node's mutex): tcp_options::streams, or
+  // under streams_from_link as many as the link was measured to need (tcp/stream_count.hpp).
+  int streams_target = 1;
+  // The pair's acceptor: the most connections it asked its dialer for (I/O thread), and a count
+  // to ask for in a streams frame with the next control frames (0: none).
+  int streams_asked = 1;
+  std::atomic<int> ask_streams{0};
+  // The dialer's: waiting for the node's stream dialer, and its dials that failed in a row (the
+  // node's dial_mutex; the dialer's thread).
+  bool dial_queued = false;
+  int dial_failures = 0;
+  // When the body being read began (I/O thread): a large message's rate measures the link.
+  clock::time_point body_from;
   std::uint64_t stripes_sent = 0;  // the striped messages sent so far (write_mutex of the first)
   // The striped messages coming in (the first connection's; I/O thread only): up to
   // max_open_stripes at once, in the order announced, each with where its pieces land (memory a
@@ -16461,6 +16504,7 @@ struct connection : std::enable_shared_from_this<connection> {
     std::span<std::byte> into;
     bytes own;
     bool posted = false;
+    clock::time_point opened_at;  // when its stripe frame was read
     detail::accepted_as accepted = detail::accepted_as::budget;
     enum class piece_state : std::uint8_t { expected, reading, landed };
     std::vector<piece_state> pieces;
@@ -16654,22 +16698,28 @@ struct connection : std::enable_shared_from_this<connection> {
   }
 
   // Queues a small control frame on `unsent` (write_mutex held); returns the bytes it adds.
-  std::size_t append_frame(wire::frame_type type, const bytes& frame_body) {
+  std::size_t append_frame(wire::frame_type type, const bytes& frame_body, tag_type tag = 0) {
     auto& out = unsent;
     const std::size_t at = out.size();
     out.resize(at + wire::header_bytes);
     out.insert(out.end(), frame_body.begin(), frame_body.end());
     const auto text = std::span<std::byte>(out).subspan(at + wire::header_bytes, frame_body.size());
-    const auto h = sealed_header(type, 0, text, encrypted() ? text : std::span<std::byte>());
+    const auto h = sealed_header(type, tag, text, encrypted() ? text : std::span<std::byte>());
     std::memcpy(out.data() + at, h.data(), h.size());
     const auto pad = wire::padding(frame_body.size());
     out.insert(out.end(), pad.begin(), pad.end());
     return out.size() - at;
   }
 
-  // Moves the pieces said landed into `unsent` as landed frames (write_mutex held); returns the
-  // bytes it adds.
-  std::size_t queue_acks() {
+  // Whether control frames wait for the write lock: landed ids, or a streams frame.
+  bool control_waits() {
+    if (ask_streams.load() != 0) return true;
+    std::lock_guard lock(acks_mutex);
+    return !acks.empty();
+  }
+  // Moves the control frames that wait into `unsent` (write_mutex held): the pieces said landed
+  // as landed frames, and a streams frame; returns the bytes it adds.
+  std::size_t queue_control() {
     std::vector<tag_type> ids;
     {
       std::lock_guard lock(acks_mutex);
@@ -16680,6 +16730,7 @@ struct connection : std::enable_shared_from_this<connection> {
       const auto n = std::min(wire::max_landed_ids, ids.size() - at);
       added += append_frame(wire::frame_type::landed, wire::encode_landed(std::span<const tag_type>(ids).subspan(at, n)));
     }
+    if (const int n = ask_streams.exchange(0); n > 0) added += append_frame(wire::frame_type::streams, {}, static_cast<tag_type>(n));
     return added;
   }
 
@@ -17019,6 +17070,7 @@ class admission {
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <list>
 #include <map>
@@ -17759,6 +17811,85 @@ class relay_service {
 
 #endif  // DECENTRAIN_HAS_ASIO
 // ---- end decentrain/transport/tcp/relay.hpp ----
+// ---- begin decentrain/transport/tcp/stream_count.hpp ----
+// How many connections a pair keeps when tcp_options::streams_from_link: the rule and what it
+// measures. A TCP connection keeps at most its window in flight, so over a round trip of t it
+// moves at most window / t, whatever the link could carry (tcp/stripes.hpp). Where a message's
+// connections each kept at least three quarters of a window in flight, the window, not the link,
+// held them: twice as many would move more. Where they kept less, the link (or the peers'
+// reading) held them, and more would not help. (Half a window would double a link-bound pair
+// once more than it needs: on 1 Gbit/s at 100 ms, 16 connections where 5 fill it.) The window is the kernel's limit; the round trip the least the
+// kernel measured on the pair's first connection (its propagation delay, without the queues a
+// transfer builds: with those a link-bound connection would look window-bound).
+
+
+#if DECENTRAIN_HAS_ASIO
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+
+namespace decentrain::transport::tcp_detail {
+
+// The connections a pair should keep after a message of `bytes` landed over `k` of them in
+// `seconds`, with a least round trip of `round_trip` seconds and at most `window` bytes in flight
+// a connection: 2k (up to `most`) when each kept at least three quarters of it in flight, else k.
+inline int streams_wanted(int k, int most, double bytes, double seconds, double round_trip, double window) {
+  if (k < 1 || k >= most || seconds <= 0 || round_trip <= 0 || window <= 0) return std::max(k, 1);
+  const double in_flight = bytes / seconds / k * round_trip;
+  return in_flight >= window * 3 / 4 ? std::min(2 * k, most) : k;
+}
+
+// The third number of a /proc/sys/net/ipv4/tcp_[rw]mem line (the buffer's maximum); 0 if unread.
+inline std::uint64_t kernel_buffer_max(const char* path) {
+  std::ifstream in(path);
+  std::uint64_t least = 0, initial = 0, most = 0;
+  return in >> least >> initial >> most ? most : 0;
+}
+
+// tcp_options::stream_window_bytes's default: the lesser of two thirds of the send buffer's
+// maximum and half the receive buffer's (see options.hpp), 4 MiB's worth where unread.
+inline std::uint64_t kernel_stream_window() {
+  const auto send = kernel_buffer_max("/proc/sys/net/ipv4/tcp_wmem"), receive = kernel_buffer_max("/proc/sys/net/ipv4/tcp_rmem");
+  const std::uint64_t fallback = (std::uint64_t{4} << 20) * 2 / 3;
+  if (send == 0 && receive == 0) return fallback;
+  const auto a = send == 0 ? receive / 2 : send * 2 / 3, b = receive == 0 ? send * 2 / 3 : receive / 2;
+  return std::max<std::uint64_t>(std::min(a, b), 1);
+}
+
+// The least round trip the kernel measured on a TCP socket, in seconds; 0 where it has none.
+// Read at the offsets of Linux's uapi tcp_info (a stable ABI): glibc's struct ends before
+// tcpi_min_rtt (Linux 4.6); a kernel that fills less than that leaves the smoothed round trip.
+inline double least_round_trip(int fd) {
+#if defined(__linux__) && defined(TCP_INFO)
+  constexpr std::size_t rtt_at = 68, min_rtt_at = 148;
+  alignas(8) std::array<unsigned char, 256> info{};
+  socklen_t size = info.size();
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, info.data(), &size) != 0) return 0;
+  const auto field = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    if (size >= at + sizeof(v)) std::memcpy(&v, info.data() + at, sizeof(v));
+    return v;
+  };
+  const auto least = field(min_rtt_at);
+  return (least != 0 && least != ~std::uint32_t{0} ? least : field(rtt_at)) * 1e-6;
+#else
+  (void)fd;
+  return 0;
+#endif
+}
+
+}  // namespace decentrain::transport::tcp_detail
+
+#endif  // DECENTRAIN_HAS_ASIO
+// ---- end decentrain/transport/tcp/stream_count.hpp ----
 // ---- begin decentrain/transport/tcp/stripes.hpp ----
 // A large message over several TCP connections at once (tcp_options::streams): the sending side.
 //
@@ -17842,7 +17973,7 @@ class striped_writer {
     }
     const wire::stripe_head head{first_.stripes_sent + 1, data.size(), piece_bytes};
     const auto announce = wire::encode_stripe_head(head);
-    counted_.framing += first_.queue_acks();
+    counted_.framing += first_.queue_control();
     if (const auto r = first_.write_locked(wire::frame_type::stripe, tag, announce, deadline_, interrupt); r.status != write_status::done)
       return r;
     ++first_.stripes_sent;
@@ -17960,7 +18091,7 @@ class striped_writer {
       if (!busy) {
         // (waiting for landed frames: this peer's own go out meanwhile, or two peers that both
         // wait would wait on each other)
-        counted_.framing += first_.queue_acks();
+        counted_.framing += first_.queue_control();
         first_.flush_unsent();
         std::unique_lock lock(first_.sent_mutex);
         first_.sent_landed.wait_for(lock, std::chrono::milliseconds(2));
@@ -18008,7 +18139,7 @@ class striped_writer {
       }
     }
     l.out_bytes = body.size();
-    if (on_first) counted_.framing += first_.queue_acks();  // (before the outgoing takes `unsent`)
+    if (on_first) counted_.framing += first_.queue_control();  // (before the outgoing takes `unsent`)
     const auto tag = wire::encode_piece_id(l.id);
     std::span<const std::byte> sent = body;
     if (l.c->encrypted()) {
@@ -18700,6 +18831,7 @@ struct node {
   }
 
   ~node() {
+    stop_dialing();
     {
       std::lock_guard lock(resend_mutex);
       resend_closed = true;
@@ -18945,6 +19077,7 @@ struct node {
       c->paused = true;
       return;
     }
+    c->body_from = clock::now();
     if (h.type == wire::frame_type::data && c->rank >= 0) {
       if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
       bool joiner = false;
@@ -19020,6 +19153,7 @@ struct node {
         return box.abandoned(c->rank, h.tag);
       }
       box.landed(c->rank, h.tag);
+      measured(c, h.length, c->body_from, 1);
       read_next_later(c);
     });
   }
@@ -19060,6 +19194,7 @@ struct node {
     }
     e.head = head;
     e.tag = h.tag;
+    e.opened_at = clock::now();
     e.pieces.assign(static_cast<std::size_t>(head.pieces()), connection::inbound_stripe::piece_state::expected);
     in.open.push_back(std::move(e));
     in.opened_seq = head.seq;
@@ -19173,9 +19308,9 @@ struct node {
       if (f->acks.size() >= wire::max_landed_ids) return;  // (see connection::acks)
       f->acks.push_back(id);
     }
-    flush_landed(f);
+    flush_control(f);
   }
-  void flush_landed(const std::shared_ptr<connection>& f) {
+  void flush_control(const std::shared_ptr<connection>& f) {
     {
       std::unique_lock lock(f->write_mutex, std::try_to_lock);
       if (lock.owns_lock()) {
@@ -19183,19 +19318,18 @@ struct node {
         // (nothing more is queued while what was is not out: a peer that does not read makes
         // the ids wait in their bounded list, not this buffer grow)
         if (f->flush_unsent()) {
-          framing_sent += f->queue_acks();
+          framing_sent += f->queue_control();
           if (f->flush_unsent()) return;
         }
-      } else {
-        std::lock_guard acks_lock(f->acks_mutex);
-        if (f->acks.empty()) return;  // (the writer sends what it took, with its next frame)
+      } else if (!f->control_waits()) {
+        return;  // (the writer sends what it took, with its next frame)
       }
     }
     if (std::exchange(f->ack_retry, true)) return;
     auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(2));
     timer->async_wait([this, f, timer](const asio::error_code&) {
       f->ack_retry = false;
-      if (!f->closed) flush_landed(f);
+      if (!f->closed) flush_control(f);
     });
   }
 
@@ -19206,6 +19340,14 @@ struct node {
     while (!in.open.empty() && in.open.front().pieces_landed == in.open.front().head.pieces()) {
       auto& e = in.open.front();
       ++striped_received;
+      if (opts.streams_from_link) {
+        int k = 1;
+        {
+          std::lock_guard lock(mutex);
+          k += static_cast<int>(f->streams.size());
+        }
+        measured(f, e.head.total, e.opened_at, k);
+      }
       in.landed_piece = std::max(in.landed_piece, e.head.piece);
       if (e.posted) box.landed(f->rank, e.tag);
       else box.push(f->rank, e.tag, detail::message{std::move(e.own), 0.0, 0, e.accepted});
@@ -19274,6 +19416,7 @@ struct node {
         if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0, 0, c->accepted});
         c->accepted = detail::accepted_as::budget;
         c->body = {};
+        if (!joiner) measured(c, h.length, c->body_from, 1);
         return true;
       }
       case wire::frame_type::bye: {
@@ -19314,6 +19457,13 @@ struct node {
         c->sent_landed.notify_all();
         c->body = {};
         if (owed) resend_later(c);  // (a message said opened may let pieces owed reach the receiver)
+        return true;
+      }
+      case wire::frame_type::streams: {
+        const int n = wire::decode_streams(h.tag, h.length);
+        decentrain::detail::check(c->dialed, "frame: peer ", c->rank, " asked for ", n, " connections a pair in a streams frame, but ",
+                                  "it dialed the pair (a pair's dialer opens its streams)");
+        if (opts.streams_from_link) keep_streams(c, std::min(n, opts.streams));
         return true;
       }
       case wire::frame_type::relay:
@@ -19488,6 +19638,7 @@ struct node {
           c->first = f;
           c->note_ports();
           f->streams.push_back(c);
+          ++streams_opened;
           kept = true;
         }
       }
@@ -19564,6 +19715,100 @@ struct node {
       resend_now(f, clock::now() + opts.recv_timeout, [&] { return stop.stop_requested(); });
     }
   }
+  // ---- how many streams a pair keeps (tcp/stream_count.hpp) ----
+
+  // A message of `size` bytes from `f`'s peer landed over `k` connections, its reading begun at
+  // `from` (I/O thread). Under streams_from_link, a rate that shows them held at their window
+  // asks for twice as many: the pair's dialer opens them, its acceptor asks the dialer in a
+  // streams frame (once for each count).
+  void measured(const std::shared_ptr<connection>& f, std::uint64_t size, clock::time_point from, int k) {
+    if (!opts.streams_from_link || size < opts.stripe_min_bytes || f->closed || f->through) return;
+    const double seconds = std::chrono::duration<double>(clock::now() - from).count();
+    const int want = streams_wanted(k, opts.streams, static_cast<double>(size), seconds, least_round_trip(f->socket.native_handle()),
+                                    static_cast<double>(stream_window));
+    if (want <= k) return;
+    if (f->dialed) return keep_streams(f, want);
+    if (want <= f->streams_asked) return;
+    f->streams_asked = want;
+    f->ask_streams = want;
+    flush_control(f);
+  }
+
+  // The pair's dialer keeps at least `want` connections from now on.
+  void keep_streams(const std::shared_ptr<connection>& f, int want) {
+    {
+      std::lock_guard lock(mutex);
+      if (want <= f->streams_target) return;
+      f->streams_target = want;
+    }
+    want_streams(f);
+  }
+
+  // The further streams of the pair with `peer` it should have and lacks (this peer dialed it):
+  // one lost, or more that the link needs.
+  std::vector<int> missing_streams(int peer) const {
+    std::lock_guard lock(mutex);
+    const auto it = peers.find(peer);
+    if (it == peers.end() || !it->second->dialed || it->second->through) return {};
+    const auto& f = *it->second;
+    std::vector<int> out;
+    for (int i = 1; i < (opts.streams_from_link ? f.streams_target : opts.streams); ++i)
+      if (std::none_of(f.streams.begin(), f.streams.end(), [&](const auto& s) { return s->stream == i; })) out.push_back(i);
+    return out;
+  }
+
+  // Streams a pair lacks are dialed from a thread of their own (a dial takes round trips, and
+  // the I/O thread that finds them lacking must not wait), by the function the facade gives
+  // set_stream_dialer (tcp/rendezvous.hpp dials): at once, then after a backoff while some fail,
+  // up to max_stream_retries times, until another loss or measure asks again.
+  static constexpr int max_stream_retries = 5;
+  void set_stream_dialer(std::function<void(int)> dial) {
+    std::lock_guard lock(dial_mutex);
+    dial_streams = std::move(dial);
+  }
+  void want_streams(const std::shared_ptr<connection>& f) {
+    std::lock_guard lock(dial_mutex);
+    if (dial_closed || !dial_streams || std::exchange(f->dial_queued, true)) return;
+    dial_queue.push_back(f);
+    if (!stream_dialer.joinable()) stream_dialer = std::jthread([this](std::stop_token stop) { dial_loop(stop); });
+    dial_wake.notify_one();
+  }
+  void dial_loop(std::stop_token stop) {
+    for (;;) {
+      std::shared_ptr<connection> f;
+      {
+        std::unique_lock lock(dial_mutex);
+        if (!dial_wake.wait(lock, stop, [&] { return !dial_queue.empty(); })) return;
+        f = dial_queue.front().lock();
+        dial_queue.pop_front();
+        if (f) f->dial_queued = false;
+      }
+      if (!f || f->closed_for_writes.load()) continue;
+      dial_streams(f->rank);
+      if (missing_streams(f->rank).empty() || f->closed_for_writes.load()) {
+        f->dial_failures = 0;
+        continue;
+      }
+      if (++f->dial_failures > max_stream_retries) {
+        f->dial_failures = 0;
+        continue;
+      }
+      const auto backoff = std::min(opts.first_backoff * (1 << std::min(f->dial_failures, 10)), opts.max_backoff);
+      std::unique_lock lock(dial_mutex);
+      if (dial_wake.wait_for(lock, stop, backoff, [] { return false; }), stop.stop_requested()) return;
+      if (!std::exchange(f->dial_queued, true)) dial_queue.push_back(f);
+    }
+  }
+  // Stops the stream dialer (before the facade's rendezvous, which it dials through, goes).
+  void stop_dialing() {
+    {
+      std::lock_guard lock(dial_mutex);
+      dial_closed = true;
+      stream_dialer.request_stop();
+    }
+    if (stream_dialer.joinable()) stream_dialer.join();
+  }
+
   // Sends the pieces owed to `f`'s peer that reach it now, over the pair's connections.
   template <class Stop>
   void resend_now(const std::shared_ptr<connection>& f, clock::time_point deadline, Stop&& stop) {
@@ -19638,8 +19883,12 @@ struct node {
           std::lock_guard lock(f->sent_mutex);
           again = f->outbound.lost(c->stream);
         }
-        if (!why.empty()) close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
-        else if (again && !stopping) resend_later(f);
+        if (!why.empty()) {
+          close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
+        } else if (!stopping) {
+          if (again) resend_later(f);
+          if (f->dialed) want_streams(f);  // (its dialer dials it again)
+        }
       }
     } else if (!c->inbound.open.empty() || !c->streams.empty()) {
       abandon_stripes(c);
@@ -20222,6 +20471,7 @@ struct node {
       s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       s.malformed_frames = malformed_frames;
       s.streams_lost = streams_lost;
+      s.streams_opened = streams_opened;
     }
     const auto a = adm.stats();
     s.rejected_frames = a.refused + a.bad_tags;
@@ -20270,13 +20520,22 @@ struct node {
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<std::uint64_t> striped_sent = 0, striped_received = 0;
   std::atomic<std::uint64_t> pieces_resent = 0, pieces_twice = 0;  // (traffic_stats)
-  std::uint64_t streams_lost = 0;                                  // (the mutex; traffic_stats)
+  std::uint64_t streams_lost = 0, streams_opened = 0;              // (the mutex; traffic_stats)
   // Pieces of lost streams to send again when no writer does (resend_later).
   std::mutex resend_mutex;
   std::condition_variable_any resend_wake;
   std::deque<std::weak_ptr<connection>> resend_queue;
   bool resend_closed = false;
   std::jthread resender;
+  // Pairs whose further streams to dial (want_streams), the dialer's thread, and what one
+  // connection keeps in flight at most (tcp_options::stream_window_bytes, else the kernel's).
+  std::mutex dial_mutex;
+  std::function<void(int)> dial_streams;  // (set_stream_dialer)
+  std::condition_variable_any dial_wake;
+  std::deque<std::weak_ptr<connection>> dial_queue;
+  bool dial_closed = false;
+  std::jthread stream_dialer;
+  const std::uint64_t stream_window = opts.stream_window_bytes != 0 ? opts.stream_window_bytes : kernel_stream_window();
   std::atomic<double> wait_seconds = 0;
 
   // Relays: the circuits this peer carries for others (their threads stop before the I/O
@@ -20433,6 +20692,17 @@ class rendezvous {
     }
     std::map<int, int> failures;  // a peer gone meanwhile: the group's membership sorts it out
     (void)dial_unconnected(failures);
+  }
+
+  // The further streams the pair with `peer` lacks, dialed now (the node's stream dialer: a
+  // stream lost, or more that the measured link needs).
+  void open_missing_streams(int peer) {
+    std::string address;
+    {
+      std::lock_guard lock(n_.mutex);
+      if (const auto it = n_.dir.addresses.find(peer); it != n_.dir.addresses.end()) address = it->second;
+    }
+    if (!address.empty()) open_streams(peer, address, n_.missing_streams(peer));
   }
 
  private:
@@ -20728,7 +20998,7 @@ class rendezvous {
 
   void dial(int peer, const std::string& address) {
     with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); }, true);
-    open_streams(peer, address);
+    open_streams(peer, address, n_.missing_streams(peer));
   }
 
   // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed at once, up to
@@ -20740,15 +21010,15 @@ class rendezvous {
   // the pair with those it has: striped messages go over fewer streams, and nothing else
   // changes. (The acceptor takes the streams in any order, one of each number.)
   static constexpr int max_stream_dials = 4;
-  void open_streams(int peer, const std::string& address) {
-    std::atomic<int> next = 1;
+  void open_streams(int peer, const std::string& address, const std::vector<int>& numbers) {
+    std::atomic<std::size_t> next = 0;
     auto dial_some = [&] {
-      for (int i = next++; i < n_.opts.streams; i = next++) open_stream(peer, address, i);
+      for (auto i = next++; i < numbers.size(); i = next++) open_stream(peer, address, numbers[i]);
     };
     {
       std::vector<std::jthread> dialers;  // (joined as they go out of scope, a throw included)
       try {
-        for (int k = 1; k < std::min(n_.opts.streams - 1, max_stream_dials); ++k) dialers.emplace_back(dial_some);
+        for (std::size_t k = 1; k < std::min<std::size_t>(numbers.size(), max_stream_dials); ++k) dialers.emplace_back(dial_some);
       } catch (const std::system_error&) {  // (no thread to be had: this one dials them all)
       }
       dial_some();
@@ -20864,6 +21134,7 @@ class rendezvous {
       c->through = std::move(through);
       c->punched = punched;
       c->rank = peer;
+      c->dialed = true;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);
@@ -20886,7 +21157,13 @@ namespace decentrain::transport {
 
 class tcp {
   struct impl {
-    explicit impl(tcp_options o) : node(std::move(o)) {}
+    explicit impl(tcp_options o) : node(std::move(o)) {
+      node.set_stream_dialer([this](int peer) { rendezvous.open_missing_streams(peer); });
+    }
+    // (the node's stream dialer dials through the rendezvous, which goes first)
+    ~impl() { node.stop_dialing(); }
+    impl(const impl&) = delete;
+    impl& operator=(const impl&) = delete;
     tcp_detail::node node;
     tcp_detail::rendezvous rendezvous{node};
   };

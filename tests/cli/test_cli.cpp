@@ -828,6 +828,10 @@ TEST_CASE("train over TCP, peers that accept no connections (--join without --li
   CHECK_THAT(r.output, Contains("--relay-circuits is for TCP peers"));
   r = run(cli() + args + " --streams 2", dir);
   CHECK_THAT(r.output, Contains("--streams is for TCP peers"));
+  for (const char* bad : {"0", "17", "automatic"}) {
+    r = run(cli() + args + " --listen 127.0.0.1:0 --streams " + bad, dir);
+    CHECK_THAT(r.output, Contains(std::string("--streams: must be a number of connections in [1, 16] or auto, got '") + bad + "'"));
+  }
 }
 
 TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a step instead of waiting", "[cli][peers]") {

@@ -200,6 +200,13 @@ struct striped_ports {
   }
 };
 
+// Waits (`within` at most) until this peer has `want` connections to `peer`; how many it has.
+int striped_until(tr::tcp& ep, int peer, int want, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (ep.streams_to(peer) != want && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+  return ep.streams_to(peer);
+}
+
 // Waits (until `until` at most) for the other peer's thread to say it started; whether it did.
 bool striped_started(const std::atomic<bool>& started, std::chrono::steady_clock::time_point until) {
   while (!started && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
@@ -372,6 +379,12 @@ TEST_CASE("tcp streams: pieces and streams a peer may not send close its connect
          striped_write(s, wire::frame_type::piece, piece_tag(1, 1), tr::bytes(4096));
        },
        "piece 1 (4096 bytes)"},
+      {"a streams frame from the pair's dialer (its acceptor asks; the dialer opens them)",
+       [&](auto& s) { striped_write(s, wire::frame_type::streams, 4, {}); }, "asked for 4 connections a pair in a streams frame, but it dialed the pair"},
+      {"a streams frame asking for 17 connections",
+       [&](auto& s) { striped_write(s, wire::frame_type::streams, 17, {}); }, "a streams frame asking for 17 connections"},
+      {"a streams frame with a body",
+       [&](auto& s) { striped_write(s, wire::frame_type::streams, 2, tr::bytes(8)); }, "with a body of 8 bytes"},
   };
   std::vector<std::string> last(attacks.size());
   std::vector<std::uint64_t> counted(attacks.size());
@@ -602,7 +615,7 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
   // peer 1's write fills every connection and waits. Then one stream is reset (its
   // buffers dropped, as a middlebox that resets it would): at peer 0's end, at peer 1's, and at
   // peer 1's with a run key. What that stream held goes again over the others, the message lands
-  // whole, and a message after it goes over the three left.
+  // whole, a message after it goes on, and peer 1, the pair's dialer, dials the lost stream again.
   constexpr std::size_t size = std::size_t{48} << 20, after = std::size_t{8} << 20;
   for (int mode = 0; mode < 3; ++mode) {
     const bool sender_end = mode >= 1;
@@ -645,7 +658,7 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
         wrong[r] = bad;
       }
       dt::collective::communicator(ep).barrier();
-      streams[r] = ep.streams_to(1 - ep.rank());
+      streams[r] = striped_until(ep, 1 - ep.rank(), 4, 10s);
       stats[r] = ep.stats();
     });
     for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
@@ -653,8 +666,10 @@ TEST_CASE("tcp streams: a message whose stream is cut midway lands whole over th
     CHECK(filled);
     CHECK(cut);
     CHECK(wrong == std::vector<int>{0, 0});
-    CHECK(streams == std::vector<int>{3, 3});
+    CHECK(streams == std::vector<int>{4, 4});
     for (const auto& st : stats) CHECK(st.streams_lost == 1);
+    CHECK(stats[1].streams_opened == 4);  // (three at the start, the lost one again)
+    CHECK(stats[0].streams_opened == 0);
     CHECK(stats[1].pieces_resent >= 1);
     CHECK(stats[1].striped_sent == 2);
     CHECK(stats[0].striped_received == 2);
@@ -711,7 +726,7 @@ TEST_CASE("tcp streams: pieces of a write that returned are kept until said land
       wrong[r] += ep.recv(0, 7) != striped_pattern(big, 0, 0);
     }
     dt::collective::communicator(ep).barrier();
-    streams[r] = ep.streams_to(1 - ep.rank());
+    streams[r] = striped_until(ep, 1 - ep.rank(), 4, 10s);  // (peer 1, the dialer, dials the three again)
     stats[r] = ep.stats();
   });
   for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
@@ -719,10 +734,152 @@ TEST_CASE("tcp streams: pieces of a write that returned are kept until said land
   CHECK(returned);
   CHECK(cut == 3);
   CHECK(wrong == std::vector<int>{0, 0});
-  CHECK(streams == std::vector<int>{1, 1});
+  CHECK(streams == std::vector<int>{4, 4});
   CHECK(stats[0].streams_lost == 3);
   CHECK(stats[1].streams_lost == 3);
   // (its pieces over the three streams: at least one)
   CHECK(stats[1].pieces_resent >= 1);
   CHECK(stats[1].pieces_resent <= size / (std::size_t{64} << 10));
+}
+
+TEST_CASE("tcp streams: a further stream lost between messages is dialed again by the pair's dialer") {
+  // Two peers with four connections a pair; peer 1 dialed the pair. One stream is reset at
+  // peer 0's end with nothing on it, then at peer 1's: each time peer 1 dials it again, and a
+  // striped message after lands whole over four connections.
+  std::vector<int> wrong(2, -1);
+  std::vector<std::vector<int>> streams(2);
+  std::vector<tr::traffic_stats> stats(2);
+  std::vector<int> cut(2, 0);
+  const auto errors = harness::tcp::run_each(2, [&](tr::tcp_options& o) { striped_options(o); }, [&](tr::tcp& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    const int other = 1 - ep.rank();
+    striped_wait(ep, 4);
+    streams[r].push_back(ep.streams_to(other));
+    int bad = 0;
+    for (int round = 0; round < 2; ++round) {
+      if (ep.rank() == round) {
+        const auto ports = ep.stream_ports_to(other);
+        if (ports.size() == 4) cut[r] += bench::reset_connection(ports[1 + round].local, ports[1 + round].remote);
+      }
+      // (the lost stream counted here, then dialed again, before the message)
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (ep.stats().streams_lost < static_cast<std::uint64_t>(round + 1) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(2ms);
+      streams[r].push_back(striped_until(ep, other, 4, 10s));
+      dt::collective::communicator(ep).barrier();
+      const auto m = striped_pattern((std::size_t{1} << 20) + 64, ep.rank(), round);
+      ep.send(other, 4, m);
+      bad += ep.recv(other, 4) != striped_pattern((std::size_t{1} << 20) + 64, other, round);
+    }
+    wrong[r] = bad;
+    stats[r] = ep.stats();
+  });
+  for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
+  CHECK(cut == std::vector<int>{1, 1});
+  CHECK(wrong == std::vector<int>{0, 0});
+  for (const auto& st : streams) CHECK(st == std::vector<int>{4, 4, 4});
+  for (const auto& st : stats) CHECK(st.streams_lost == 2);
+  CHECK(stats[1].streams_opened == 5);  // (three at the start, two again)
+  CHECK(stats[0].streams_opened == 0);
+  CHECK(stats[0].striped_received == 2);
+  CHECK(stats[1].striped_received == 2);
+}
+
+TEST_CASE("tcp streams: from the measured link, a pair opens streams while each connection is held at its window") {
+  // Under streams_from_link a pair starts with one connection. Loopback's round trip is tens of
+  // microseconds, so a connection is never held at a real window here: a window of 1 KiB
+  // (stream_window_bytes) makes every 256 KiB message look window-bound, and each asks for twice
+  // the connections, up to `streams` (8): measured where the messages land, at peer 1, which
+  // dialed the pair and opens them, or at peer 0, which asks peer 1 in a streams frame. With a
+  // window of 1 GiB no rate on loopback comes near half of it: the pair keeps one connection.
+  struct outcome {
+    std::vector<int> before, after;
+    std::vector<int> wrong{-1, -1};
+    std::vector<tr::traffic_stats> stats{2};
+  };
+  const auto run = [](int sender, std::uint64_t window) {
+    outcome out;
+    out.before.assign(2, -1);
+    out.after.assign(2, -1);
+    const auto errors = harness::tcp::run_each(2, [&](tr::tcp_options& o) {
+      o.streams = 8;
+      o.streams_from_link = true;
+      o.stream_window_bytes = window;
+      o.stripe_min_bytes = std::uint64_t{256} << 10;
+      o.stripe_piece_bytes = std::uint64_t{64} << 10;
+    }, [&](tr::tcp& ep) {
+      const auto r = static_cast<std::size_t>(ep.rank());
+      const int other = 1 - ep.rank();
+      dt::collective::communicator(ep).barrier();
+      out.before[r] = ep.streams_to(other);
+      // Each message is measured once it landed, and the receiver answers whether to go on: until
+      // the pair has 8 connections (10 s at most), or for 24 messages with the large window.
+      const bool grows = window < 4096;
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      int bad = 0;
+      for (int i = 0, go_on = 1; go_on != 0; ++i) {
+        const auto m = striped_pattern(std::size_t{256} << 10, sender, i % 7);
+        if (ep.rank() == sender) {
+          ep.send(other, 4, m);
+          go_on = std::to_integer<int>(ep.recv(other, 5).at(0));
+        } else {
+          bad += ep.recv(other, 4) != m;
+          go_on = grows ? ep.streams_to(other) < 8 && std::chrono::steady_clock::now() < until : i + 1 < 24;
+          ep.send(other, 5, tr::bytes(1, static_cast<std::byte>(go_on)));
+        }
+      }
+      out.wrong[r] = bad;
+      dt::collective::communicator(ep).barrier();
+      if (!grows) std::this_thread::sleep_for(300ms);  // (a dial asked for by the last messages would be done)
+      out.after[r] = striped_until(ep, other, grows ? 8 : 1, 10s);
+      out.stats[r] = ep.stats();
+    });
+    for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
+    return out;
+  };
+  for (int sender = 0; sender < 2; ++sender) {
+    INFO("peer " << sender << " sends, peer " << 1 - sender << (sender == 0 ? " (the dialer)" : " (the acceptor)") << " measures");
+    const auto grown = run(sender, 1024);
+    CHECK(grown.before == std::vector<int>{1, 1});
+    CHECK(grown.wrong == std::vector<int>{0, 0});
+    CHECK(grown.after == std::vector<int>{8, 8});
+    CHECK(grown.stats[1].streams_opened == 7);
+    CHECK(grown.stats[1 - sender].striped_received >= 1);  // (the later messages went over several)
+    const auto kept = run(sender, std::uint64_t{1} << 30);
+    CHECK(kept.before == std::vector<int>{1, 1});
+    CHECK(kept.wrong == std::vector<int>{0, 0});
+    CHECK(kept.after == std::vector<int>{1, 1});
+    CHECK(kept.stats[1].streams_opened == 0);
+  }
+}
+
+TEST_CASE("tcp streams: the count rule doubles a pair's connections only while each kept most of a window in flight") {
+  using dt::transport::tcp_detail::streams_wanted;
+  const double mib = 1 << 20, window = 2.8e6;  // (this machine's default: two thirds of a 4 MiB send buffer)
+  // 1 Gbit/s with a 100 ms round trip: one connection moves 2.8 MB a round trip (28 MB/s), four
+  // fill most of the link and each still keeps its window; at eight each keeps half of one (and
+  // at 2.1 MB, three quarters, it doubles: 21 MB/s each).
+  CHECK(streams_wanted(1, 16, 64 * mib, 64 * mib / 28e6, 0.1, window) == 2);
+  CHECK(streams_wanted(4, 16, 64 * mib, 64 * mib / 112e6, 0.1, window) == 8);
+  CHECK(streams_wanted(8, 16, 64 * mib, 64 * mib / 112e6, 0.1, window) == 8);
+  CHECK(streams_wanted(8, 16, 64 * mib, 64 * mib / (8 * 21.1e6), 0.1, window) == 16);
+  CHECK(streams_wanted(8, 16, 64 * mib, 64 * mib / (8 * 20.9e6), 0.1, window) == 8);
+  CHECK(streams_wanted(4, 6, 64 * mib, 64 * mib / 112e6, 0.1, window) == 6);  // (up to `most`)
+  CHECK(streams_wanted(6, 6, 64 * mib, 1e-3, 0.1, window) == 6);
+  // 10 Mbit/s at 100 ms: the link holds one connection at 125 KB in flight; loopback at 1 GB/s
+  // with 50 us: 50 KB.
+  CHECK(streams_wanted(1, 16, 64 * mib, 64 * mib / 1.25e6, 0.1, window) == 1);
+  CHECK(streams_wanted(1, 16, 64 * mib, 64 * mib / 1e9, 50e-6, window) == 1);
+  // Nothing measured: as many as now.
+  CHECK(streams_wanted(2, 16, 64 * mib, 0, 0.1, window) == 2);
+  CHECK(streams_wanted(2, 16, 64 * mib, 1, 0, window) == 2);
+  CHECK(dt::transport::tcp_detail::kernel_stream_window() > 0);
+}
+
+TEST_CASE("tcp streams: settings that cannot choose streams from the link are refused, named") {
+  tr::tcp_options o;
+  o.streams_from_link = true;
+  CHECK_THROWS_WITH(o.validate(), Catch::Contains("streams_from_link chooses up to `streams` connections a pair, and streams is 1"));
+  o.streams = 17;
+  CHECK_THROWS_WITH(o.validate(), Catch::Contains("streams must be in [1, 16], got 17"));
 }

@@ -80,6 +80,9 @@ struct traffic_stats {
   // they landed (sent again while their landed frame was on its way) and were dropped; the
   // others count 0.
   std::uint64_t streams_lost = 0, pieces_resent = 0, pieces_twice = 0;
+  // tcp's further streams this peer dialed and its peer took: a pair's first ones, those dialed
+  // again for one lost, and those a measured link asked for (tcp_options::streams_from_link).
+  std::uint64_t streams_opened = 0;
   double wait_seconds = 0.0;
   double clock_seconds = 0.0;
 };

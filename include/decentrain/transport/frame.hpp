@@ -32,8 +32,9 @@ inline constexpr std::uint32_t magic = 0x4e525444;  // "DTRN" in little-endian b
 // run keys, no answer to a hello; 6: fault::elastic's state offers in chunks of one size; 7: no
 // per-peer identities, directories that do not tell joiners from members; 8: no relays; 9: no
 // hole punching; 10: one connection a pair (no striped messages); 11: a lost stream's pieces not
-// sent again (no landed frames).
-inline constexpr std::uint16_t version = 12;
+// sent again (no landed frames); 12: a pair's streams only as many as dialed at the start (no
+// streams frames).
+inline constexpr std::uint16_t version = 13;
 // Why frames keep to 64-byte boundaries: a send is copied into the kernel's socket pages in
 // stream order, so a body that starts on a 64-byte boundary of the stream is written there
 // aligned, and the kernel's copy into a misaligned destination can cost several times as much
@@ -63,12 +64,14 @@ inline constexpr std::size_t max_directory_entries = 65536;
 // stripe: a message that comes in pieces over several connections (tcp/stripes.hpp: its tag is
 // the message's, its body a stripe_head); piece: one of them (its tag a piece_id); landed: the
 // pieces that came over a pair's further streams and landed (its body their piece_ids), so that
-// their sender keeps no copy of them for a stream lost later.
+// their sender keeps no copy of them for a stream lost later; streams: the connections the
+// sender, the pair's acceptor, wants the pair to keep (tcp_options::streams_from_link: its tag
+// the count, its body empty), which the pair's dialer opens.
 enum class frame_type : std::uint16_t {
   hello = 1, directory = 2, data = 3, bye = 4, heartbeat = 5, challenge = 6, proof = 7, welcome = 8, relay = 9,
-  stripe = 10, piece = 11, landed = 12
+  stripe = 10, piece = 11, landed = 12, streams = 13
 };
-inline constexpr std::uint16_t last_frame_type = 12;
+inline constexpr std::uint16_t last_frame_type = 13;
 
 // A relay frame's route, in its header's tag: what it does, and the two ends. Bits 63-56 the
 // kind, 55-48 zero, 47-24 `from`, 23-0 `to` (ranks are below 65536: tcp_options::max_world).
@@ -158,6 +161,13 @@ struct piece_id {
 };
 inline tag_type encode_piece_id(const piece_id& p) { return (p.seq & ((std::uint64_t{1} << 40) - 1)) << 24 | (p.index & 0xffffff); }
 inline piece_id decode_piece_id(tag_type t) { return {t >> 24, t & 0xffffff}; }
+// A streams frame: the count of connections wanted (its tag), from 1 to max_streams, and no body.
+inline constexpr int max_streams = 16;
+inline int decode_streams(tag_type tag, std::uint64_t length) {
+  decentrain::detail::check(length == 0 && tag >= 1 && tag <= static_cast<tag_type>(max_streams), "frame: a streams frame asking for ", tag,
+                            " connections with a body of ", length, " bytes (from 1 to ", max_streams, ", and no body)");
+  return static_cast<int>(tag);
+}
 // A landed frame's body: piece ids (encode_piece_id), little-endian, at most max_landed_ids.
 inline constexpr std::size_t max_landed_ids = max_control_bytes / 8;
 inline bytes encode_landed(std::span<const tag_type> ids) {

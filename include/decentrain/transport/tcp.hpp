@@ -32,7 +32,13 @@ namespace decentrain::transport {
 
 class tcp {
   struct impl {
-    explicit impl(tcp_options o) : node(std::move(o)) {}
+    explicit impl(tcp_options o) : node(std::move(o)) {
+      node.set_stream_dialer([this](int peer) { rendezvous.open_missing_streams(peer); });
+    }
+    // (the node's stream dialer dials through the rendezvous, which goes first)
+    ~impl() { node.stop_dialing(); }
+    impl(const impl&) = delete;
+    impl& operator=(const impl&) = delete;
     tcp_detail::node node;
     tcp_detail::rendezvous rendezvous{node};
   };

@@ -94,6 +94,21 @@ struct connection : std::enable_shared_from_this<connection> {
   std::weak_ptr<connection> first;
   // The first connection's further streams, open now (the node's mutex).
   std::vector<std::shared_ptr<connection>> streams;
+  // A pair's first connection this peer dialed: its dialer opens the pair's further streams.
+  bool dialed = false;
+  // The connections the pair keeps (its dialer's; the node's mutex): tcp_options::streams, or
+  // under streams_from_link as many as the link was measured to need (tcp/stream_count.hpp).
+  int streams_target = 1;
+  // The pair's acceptor: the most connections it asked its dialer for (I/O thread), and a count
+  // to ask for in a streams frame with the next control frames (0: none).
+  int streams_asked = 1;
+  std::atomic<int> ask_streams{0};
+  // The dialer's: waiting for the node's stream dialer, and its dials that failed in a row (the
+  // node's dial_mutex; the dialer's thread).
+  bool dial_queued = false;
+  int dial_failures = 0;
+  // When the body being read began (I/O thread): a large message's rate measures the link.
+  clock::time_point body_from;
   std::uint64_t stripes_sent = 0;  // the striped messages sent so far (write_mutex of the first)
   // The striped messages coming in (the first connection's; I/O thread only): up to
   // max_open_stripes at once, in the order announced, each with where its pieces land (memory a
@@ -108,6 +123,7 @@ struct connection : std::enable_shared_from_this<connection> {
     std::span<std::byte> into;
     bytes own;
     bool posted = false;
+    clock::time_point opened_at;  // when its stripe frame was read
     detail::accepted_as accepted = detail::accepted_as::budget;
     enum class piece_state : std::uint8_t { expected, reading, landed };
     std::vector<piece_state> pieces;
@@ -301,22 +317,28 @@ struct connection : std::enable_shared_from_this<connection> {
   }
 
   // Queues a small control frame on `unsent` (write_mutex held); returns the bytes it adds.
-  std::size_t append_frame(wire::frame_type type, const bytes& frame_body) {
+  std::size_t append_frame(wire::frame_type type, const bytes& frame_body, tag_type tag = 0) {
     auto& out = unsent;
     const std::size_t at = out.size();
     out.resize(at + wire::header_bytes);
     out.insert(out.end(), frame_body.begin(), frame_body.end());
     const auto text = std::span<std::byte>(out).subspan(at + wire::header_bytes, frame_body.size());
-    const auto h = sealed_header(type, 0, text, encrypted() ? text : std::span<std::byte>());
+    const auto h = sealed_header(type, tag, text, encrypted() ? text : std::span<std::byte>());
     std::memcpy(out.data() + at, h.data(), h.size());
     const auto pad = wire::padding(frame_body.size());
     out.insert(out.end(), pad.begin(), pad.end());
     return out.size() - at;
   }
 
-  // Moves the pieces said landed into `unsent` as landed frames (write_mutex held); returns the
-  // bytes it adds.
-  std::size_t queue_acks() {
+  // Whether control frames wait for the write lock: landed ids, or a streams frame.
+  bool control_waits() {
+    if (ask_streams.load() != 0) return true;
+    std::lock_guard lock(acks_mutex);
+    return !acks.empty();
+  }
+  // Moves the control frames that wait into `unsent` (write_mutex held): the pieces said landed
+  // as landed frames, and a streams frame; returns the bytes it adds.
+  std::size_t queue_control() {
     std::vector<tag_type> ids;
     {
       std::lock_guard lock(acks_mutex);
@@ -327,6 +349,7 @@ struct connection : std::enable_shared_from_this<connection> {
       const auto n = std::min(wire::max_landed_ids, ids.size() - at);
       added += append_frame(wire::frame_type::landed, wire::encode_landed(std::span<const tag_type>(ids).subspan(at, n)));
     }
+    if (const int n = ask_streams.exchange(0); n > 0) added += append_frame(wire::frame_type::streams, {}, static_cast<tag_type>(n));
     return added;
   }
 

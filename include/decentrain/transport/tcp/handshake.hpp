@@ -122,7 +122,7 @@ class handshake {
       decentrain::detail::check(h.type == wire::frame_type::data || h.type == wire::frame_type::bye ||
                                     h.type == wire::frame_type::heartbeat || h.type == wire::frame_type::relay ||
                                     h.type == wire::frame_type::stripe || h.type == wire::frame_type::piece ||
-                                    h.type == wire::frame_type::landed,
+                                    h.type == wire::frame_type::landed || h.type == wire::frame_type::streams,
                                 h.type == wire::frame_type::hello ? "frame: a second hello on a connection"
                                                                   : "frame: unexpected frame type ",
                                 h.type == wire::frame_type::hello ? "" : std::to_string(static_cast<int>(h.type)));

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <list>
 #include <map>
@@ -50,6 +51,7 @@
 #include "decentrain/transport/tcp/options.hpp"
 #include "decentrain/transport/tcp/punch.hpp"
 #include "decentrain/transport/tcp/relay.hpp"
+#include "decentrain/transport/tcp/stream_count.hpp"
 #include "decentrain/transport/tcp/stripes.hpp"
 #include "decentrain/transport/tcp/tunnel.hpp"
 #include "decentrain/transport/tls.hpp"
@@ -93,6 +95,7 @@ struct node {
   }
 
   ~node() {
+    stop_dialing();
     {
       std::lock_guard lock(resend_mutex);
       resend_closed = true;
@@ -338,6 +341,7 @@ struct node {
       c->paused = true;
       return;
     }
+    c->body_from = clock::now();
     if (h.type == wire::frame_type::data && c->rank >= 0) {
       if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
       bool joiner = false;
@@ -413,6 +417,7 @@ struct node {
         return box.abandoned(c->rank, h.tag);
       }
       box.landed(c->rank, h.tag);
+      measured(c, h.length, c->body_from, 1);
       read_next_later(c);
     });
   }
@@ -453,6 +458,7 @@ struct node {
     }
     e.head = head;
     e.tag = h.tag;
+    e.opened_at = clock::now();
     e.pieces.assign(static_cast<std::size_t>(head.pieces()), connection::inbound_stripe::piece_state::expected);
     in.open.push_back(std::move(e));
     in.opened_seq = head.seq;
@@ -566,9 +572,9 @@ struct node {
       if (f->acks.size() >= wire::max_landed_ids) return;  // (see connection::acks)
       f->acks.push_back(id);
     }
-    flush_landed(f);
+    flush_control(f);
   }
-  void flush_landed(const std::shared_ptr<connection>& f) {
+  void flush_control(const std::shared_ptr<connection>& f) {
     {
       std::unique_lock lock(f->write_mutex, std::try_to_lock);
       if (lock.owns_lock()) {
@@ -576,19 +582,18 @@ struct node {
         // (nothing more is queued while what was is not out: a peer that does not read makes
         // the ids wait in their bounded list, not this buffer grow)
         if (f->flush_unsent()) {
-          framing_sent += f->queue_acks();
+          framing_sent += f->queue_control();
           if (f->flush_unsent()) return;
         }
-      } else {
-        std::lock_guard acks_lock(f->acks_mutex);
-        if (f->acks.empty()) return;  // (the writer sends what it took, with its next frame)
+      } else if (!f->control_waits()) {
+        return;  // (the writer sends what it took, with its next frame)
       }
     }
     if (std::exchange(f->ack_retry, true)) return;
     auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(2));
     timer->async_wait([this, f, timer](const asio::error_code&) {
       f->ack_retry = false;
-      if (!f->closed) flush_landed(f);
+      if (!f->closed) flush_control(f);
     });
   }
 
@@ -599,6 +604,14 @@ struct node {
     while (!in.open.empty() && in.open.front().pieces_landed == in.open.front().head.pieces()) {
       auto& e = in.open.front();
       ++striped_received;
+      if (opts.streams_from_link) {
+        int k = 1;
+        {
+          std::lock_guard lock(mutex);
+          k += static_cast<int>(f->streams.size());
+        }
+        measured(f, e.head.total, e.opened_at, k);
+      }
       in.landed_piece = std::max(in.landed_piece, e.head.piece);
       if (e.posted) box.landed(f->rank, e.tag);
       else box.push(f->rank, e.tag, detail::message{std::move(e.own), 0.0, 0, e.accepted});
@@ -667,6 +680,7 @@ struct node {
         if (!(joiner && h.tag == alarm_tag)) box.push(c->rank, h.tag, detail::message{std::move(c->body), 0.0, 0, c->accepted});
         c->accepted = detail::accepted_as::budget;
         c->body = {};
+        if (!joiner) measured(c, h.length, c->body_from, 1);
         return true;
       }
       case wire::frame_type::bye: {
@@ -707,6 +721,13 @@ struct node {
         c->sent_landed.notify_all();
         c->body = {};
         if (owed) resend_later(c);  // (a message said opened may let pieces owed reach the receiver)
+        return true;
+      }
+      case wire::frame_type::streams: {
+        const int n = wire::decode_streams(h.tag, h.length);
+        decentrain::detail::check(c->dialed, "frame: peer ", c->rank, " asked for ", n, " connections a pair in a streams frame, but ",
+                                  "it dialed the pair (a pair's dialer opens its streams)");
+        if (opts.streams_from_link) keep_streams(c, std::min(n, opts.streams));
         return true;
       }
       case wire::frame_type::relay:
@@ -881,6 +902,7 @@ struct node {
           c->first = f;
           c->note_ports();
           f->streams.push_back(c);
+          ++streams_opened;
           kept = true;
         }
       }
@@ -957,6 +979,100 @@ struct node {
       resend_now(f, clock::now() + opts.recv_timeout, [&] { return stop.stop_requested(); });
     }
   }
+  // ---- how many streams a pair keeps (tcp/stream_count.hpp) ----
+
+  // A message of `size` bytes from `f`'s peer landed over `k` connections, its reading begun at
+  // `from` (I/O thread). Under streams_from_link, a rate that shows them held at their window
+  // asks for twice as many: the pair's dialer opens them, its acceptor asks the dialer in a
+  // streams frame (once for each count).
+  void measured(const std::shared_ptr<connection>& f, std::uint64_t size, clock::time_point from, int k) {
+    if (!opts.streams_from_link || size < opts.stripe_min_bytes || f->closed || f->through) return;
+    const double seconds = std::chrono::duration<double>(clock::now() - from).count();
+    const int want = streams_wanted(k, opts.streams, static_cast<double>(size), seconds, least_round_trip(f->socket.native_handle()),
+                                    static_cast<double>(stream_window));
+    if (want <= k) return;
+    if (f->dialed) return keep_streams(f, want);
+    if (want <= f->streams_asked) return;
+    f->streams_asked = want;
+    f->ask_streams = want;
+    flush_control(f);
+  }
+
+  // The pair's dialer keeps at least `want` connections from now on.
+  void keep_streams(const std::shared_ptr<connection>& f, int want) {
+    {
+      std::lock_guard lock(mutex);
+      if (want <= f->streams_target) return;
+      f->streams_target = want;
+    }
+    want_streams(f);
+  }
+
+  // The further streams of the pair with `peer` it should have and lacks (this peer dialed it):
+  // one lost, or more that the link needs.
+  std::vector<int> missing_streams(int peer) const {
+    std::lock_guard lock(mutex);
+    const auto it = peers.find(peer);
+    if (it == peers.end() || !it->second->dialed || it->second->through) return {};
+    const auto& f = *it->second;
+    std::vector<int> out;
+    for (int i = 1; i < (opts.streams_from_link ? f.streams_target : opts.streams); ++i)
+      if (std::none_of(f.streams.begin(), f.streams.end(), [&](const auto& s) { return s->stream == i; })) out.push_back(i);
+    return out;
+  }
+
+  // Streams a pair lacks are dialed from a thread of their own (a dial takes round trips, and
+  // the I/O thread that finds them lacking must not wait), by the function the facade gives
+  // set_stream_dialer (tcp/rendezvous.hpp dials): at once, then after a backoff while some fail,
+  // up to max_stream_retries times, until another loss or measure asks again.
+  static constexpr int max_stream_retries = 5;
+  void set_stream_dialer(std::function<void(int)> dial) {
+    std::lock_guard lock(dial_mutex);
+    dial_streams = std::move(dial);
+  }
+  void want_streams(const std::shared_ptr<connection>& f) {
+    std::lock_guard lock(dial_mutex);
+    if (dial_closed || !dial_streams || std::exchange(f->dial_queued, true)) return;
+    dial_queue.push_back(f);
+    if (!stream_dialer.joinable()) stream_dialer = std::jthread([this](std::stop_token stop) { dial_loop(stop); });
+    dial_wake.notify_one();
+  }
+  void dial_loop(std::stop_token stop) {
+    for (;;) {
+      std::shared_ptr<connection> f;
+      {
+        std::unique_lock lock(dial_mutex);
+        if (!dial_wake.wait(lock, stop, [&] { return !dial_queue.empty(); })) return;
+        f = dial_queue.front().lock();
+        dial_queue.pop_front();
+        if (f) f->dial_queued = false;
+      }
+      if (!f || f->closed_for_writes.load()) continue;
+      dial_streams(f->rank);
+      if (missing_streams(f->rank).empty() || f->closed_for_writes.load()) {
+        f->dial_failures = 0;
+        continue;
+      }
+      if (++f->dial_failures > max_stream_retries) {
+        f->dial_failures = 0;
+        continue;
+      }
+      const auto backoff = std::min(opts.first_backoff * (1 << std::min(f->dial_failures, 10)), opts.max_backoff);
+      std::unique_lock lock(dial_mutex);
+      if (dial_wake.wait_for(lock, stop, backoff, [] { return false; }), stop.stop_requested()) return;
+      if (!std::exchange(f->dial_queued, true)) dial_queue.push_back(f);
+    }
+  }
+  // Stops the stream dialer (before the facade's rendezvous, which it dials through, goes).
+  void stop_dialing() {
+    {
+      std::lock_guard lock(dial_mutex);
+      dial_closed = true;
+      stream_dialer.request_stop();
+    }
+    if (stream_dialer.joinable()) stream_dialer.join();
+  }
+
   // Sends the pieces owed to `f`'s peer that reach it now, over the pair's connections.
   template <class Stop>
   void resend_now(const std::shared_ptr<connection>& f, clock::time_point deadline, Stop&& stop) {
@@ -1031,8 +1147,12 @@ struct node {
           std::lock_guard lock(f->sent_mutex);
           again = f->outbound.lost(c->stream);
         }
-        if (!why.empty()) close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
-        else if (again && !stopping) resend_later(f);
+        if (!why.empty()) {
+          close(f, decentrain::detail::concat("its stream ", c->stream, " closed: ", why), cause);
+        } else if (!stopping) {
+          if (again) resend_later(f);
+          if (f->dialed) want_streams(f);  // (its dialer dials it again)
+        }
       }
     } else if (!c->inbound.open.empty() || !c->streams.empty()) {
       abandon_stripes(c);
@@ -1615,6 +1735,7 @@ struct node {
       s.clock_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       s.malformed_frames = malformed_frames;
       s.streams_lost = streams_lost;
+      s.streams_opened = streams_opened;
     }
     const auto a = adm.stats();
     s.rejected_frames = a.refused + a.bad_tags;
@@ -1663,13 +1784,22 @@ struct node {
   std::atomic<std::uint64_t> bodies_into_posted = 0;  // (traffic_stats)
   std::atomic<std::uint64_t> striped_sent = 0, striped_received = 0;
   std::atomic<std::uint64_t> pieces_resent = 0, pieces_twice = 0;  // (traffic_stats)
-  std::uint64_t streams_lost = 0;                                  // (the mutex; traffic_stats)
+  std::uint64_t streams_lost = 0, streams_opened = 0;              // (the mutex; traffic_stats)
   // Pieces of lost streams to send again when no writer does (resend_later).
   std::mutex resend_mutex;
   std::condition_variable_any resend_wake;
   std::deque<std::weak_ptr<connection>> resend_queue;
   bool resend_closed = false;
   std::jthread resender;
+  // Pairs whose further streams to dial (want_streams), the dialer's thread, and what one
+  // connection keeps in flight at most (tcp_options::stream_window_bytes, else the kernel's).
+  std::mutex dial_mutex;
+  std::function<void(int)> dial_streams;  // (set_stream_dialer)
+  std::condition_variable_any dial_wake;
+  std::deque<std::weak_ptr<connection>> dial_queue;
+  bool dial_closed = false;
+  std::jthread stream_dialer;
+  const std::uint64_t stream_window = opts.stream_window_bytes != 0 ? opts.stream_window_bytes : kernel_stream_window();
   std::atomic<double> wait_seconds = 0;
 
   // Relays: the circuits this peer carries for others (their threads stop before the I/O

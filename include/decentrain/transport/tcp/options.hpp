@@ -176,10 +176,22 @@ struct tcp_options {
   // peer accepts as many as its own setting: set it alike on every peer. A receiver takes the
   // pieces of two messages from a peer at once at most (each up to max_frame_bytes, where one
   // connection has one frame's body on its way): a peer may hold that much for each until its
-  // messages are whole or its connection closes.
+  // messages are whole or its connection closes. A further stream that is lost is dialed again.
   int streams = 1;
   std::uint64_t stripe_min_bytes = std::uint64_t{4} << 20;
   std::uint64_t stripe_piece_bytes = std::uint64_t{1} << 20;
+  // Streams as many as the measured link needs, up to `streams`: a pair starts with one
+  // connection, and where a message of at least stripe_min_bytes lands over k of them at a rate
+  // that kept each at least three quarters of stream_window_bytes in flight (its rate per connection times
+  // the pair's least round trip, from the kernel: TCP_INFO), each held at its window rather than
+  // by the link, it keeps 2k (the receiver measures; one that did not dial the pair asks its
+  // dialer in a streams frame). A link that one connection fills keeps one.
+  bool streams_from_link = false;
+  // The most one connection keeps in flight (above); 0: from the kernel's buffer limits, the
+  // lesser of two thirds of tcp_wmem's maximum and half of tcp_rmem's (Linux: the sender's
+  // buffer holds what is not acknowledged yet and its bookkeeping, the receiver's window half
+  // its buffer), 4 MiB's worth where they cannot be read.
+  std::uint64_t stream_window_bytes = 0;
   // Ranks an elastic group may ever hold (0: world). Peers that join the group once it runs take
   // ranks of their own below it (a rank of the first `world` whose peer left may come back).
   int max_world = 0;
@@ -225,7 +237,10 @@ struct tcp_options {
     tls.validate();
     relay.validate();
     decentrain::detail::check(punch_within.count() >= 0, "tcp: punch_within must be >= 0 ms, got ", punch_within.count());
-    decentrain::detail::check(streams >= 1 && streams <= 16, "tcp: streams must be in [1, 16], got ", streams);
+    decentrain::detail::check(streams >= 1 && streams <= wire::max_streams, "tcp: streams must be in [1, ", wire::max_streams, "], got ",
+                              streams);
+    decentrain::detail::check(!streams_from_link || streams > 1, "tcp: streams_from_link chooses up to `streams` connections a pair, ",
+                              "and streams is 1: set it to the most a pair may keep (up to ", wire::max_streams, ")");
     if (streams == 1) return;  // (nothing is striped: the stripe settings are not used)
     decentrain::detail::check(stripe_piece_bytes >= wire::min_piece_bytes && stripe_piece_bytes % wire::frame_alignment == 0 &&
                                   stripe_piece_bytes <= max_frame_bytes,

@@ -138,6 +138,17 @@ class rendezvous {
     (void)dial_unconnected(failures);
   }
 
+  // The further streams the pair with `peer` lacks, dialed now (the node's stream dialer: a
+  // stream lost, or more that the measured link needs).
+  void open_missing_streams(int peer) {
+    std::string address;
+    {
+      std::lock_guard lock(n_.mutex);
+      if (const auto it = n_.dir.addresses.find(peer); it != n_.dir.addresses.end()) address = it->second;
+    }
+    if (!address.empty()) open_streams(peer, address, n_.missing_streams(peer));
+  }
+
  private:
   int known() const {
     std::lock_guard lock(n_.mutex);
@@ -431,7 +442,7 @@ class rendezvous {
 
   void dial(int peer, const std::string& address) {
     with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); }, true);
-    open_streams(peer, address);
+    open_streams(peer, address, n_.missing_streams(peer));
   }
 
   // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed at once, up to
@@ -443,15 +454,15 @@ class rendezvous {
   // the pair with those it has: striped messages go over fewer streams, and nothing else
   // changes. (The acceptor takes the streams in any order, one of each number.)
   static constexpr int max_stream_dials = 4;
-  void open_streams(int peer, const std::string& address) {
-    std::atomic<int> next = 1;
+  void open_streams(int peer, const std::string& address, const std::vector<int>& numbers) {
+    std::atomic<std::size_t> next = 0;
     auto dial_some = [&] {
-      for (int i = next++; i < n_.opts.streams; i = next++) open_stream(peer, address, i);
+      for (auto i = next++; i < numbers.size(); i = next++) open_stream(peer, address, numbers[i]);
     };
     {
       std::vector<std::jthread> dialers;  // (joined as they go out of scope, a throw included)
       try {
-        for (int k = 1; k < std::min(n_.opts.streams - 1, max_stream_dials); ++k) dialers.emplace_back(dial_some);
+        for (std::size_t k = 1; k < std::min<std::size_t>(numbers.size(), max_stream_dials); ++k) dialers.emplace_back(dial_some);
       } catch (const std::system_error&) {  // (no thread to be had: this one dials them all)
       }
       dial_some();
@@ -567,6 +578,7 @@ class rendezvous {
       c->through = std::move(through);
       c->punched = punched;
       c->rank = peer;
+      c->dialed = true;
       c->handshake_state.opened();
       c->keys = std::move(keys);
       n_.add_dialed(c);

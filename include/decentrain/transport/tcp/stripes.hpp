@@ -84,7 +84,7 @@ class striped_writer {
     }
     const wire::stripe_head head{first_.stripes_sent + 1, data.size(), piece_bytes};
     const auto announce = wire::encode_stripe_head(head);
-    counted_.framing += first_.queue_acks();
+    counted_.framing += first_.queue_control();
     if (const auto r = first_.write_locked(wire::frame_type::stripe, tag, announce, deadline_, interrupt); r.status != write_status::done)
       return r;
     ++first_.stripes_sent;
@@ -202,7 +202,7 @@ class striped_writer {
       if (!busy) {
         // (waiting for landed frames: this peer's own go out meanwhile, or two peers that both
         // wait would wait on each other)
-        counted_.framing += first_.queue_acks();
+        counted_.framing += first_.queue_control();
         first_.flush_unsent();
         std::unique_lock lock(first_.sent_mutex);
         first_.sent_landed.wait_for(lock, std::chrono::milliseconds(2));
@@ -250,7 +250,7 @@ class striped_writer {
       }
     }
     l.out_bytes = body.size();
-    if (on_first) counted_.framing += first_.queue_acks();  // (before the outgoing takes `unsent`)
+    if (on_first) counted_.framing += first_.queue_control();  // (before the outgoing takes `unsent`)
     const auto tag = wire::encode_piece_id(l.id);
     std::span<const std::byte> sent = body;
     if (l.c->encrypted()) {
