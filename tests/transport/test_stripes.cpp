@@ -753,8 +753,8 @@ TEST_CASE("tcp streams: a further stream lost between messages is dialed again b
   const auto errors = harness::tcp::run_each(2, [&](tr::tcp_options& o) { striped_options(o); }, [&](tr::tcp& ep) {
     const auto r = static_cast<std::size_t>(ep.rank());
     const int other = 1 - ep.rank();
-    striped_wait(ep, 4);
-    streams[r].push_back(ep.streams_to(other));
+    streams[r].push_back(striped_until(ep, other, 4, 10s));  // (before the barrier: peer 0 resets one right after it)
+    dt::collective::communicator(ep).barrier();
     int bad = 0;
     for (int round = 0; round < 2; ++round) {
       if (ep.rank() == round) {
@@ -777,7 +777,10 @@ TEST_CASE("tcp streams: a further stream lost between messages is dialed again b
   for (const auto& e : errors) CHECK(harness::tcp::what(e) == "");
   CHECK(cut == std::vector<int>{1, 1});
   CHECK(wrong == std::vector<int>{0, 0});
-  for (const auto& st : streams) CHECK(st == std::vector<int>{4, 4, 4});
+  for (std::size_t r = 0; r < streams.size(); ++r) {
+    INFO("peer " << r << "'s connections to the other: at the start, after each loss");
+    CHECK(streams[r] == std::vector<int>{4, 4, 4});
+  }
   for (const auto& st : stats) CHECK(st.streams_lost == 2);
   CHECK(stats[1].streams_opened == 5);  // (three at the start, two again)
   CHECK(stats[0].streams_opened == 0);
@@ -787,11 +790,14 @@ TEST_CASE("tcp streams: a further stream lost between messages is dialed again b
 
 TEST_CASE("tcp streams: from the measured link, a pair opens streams while each connection is held at its window") {
   // Under streams_from_link a pair starts with one connection. Loopback's round trip is tens of
-  // microseconds, so a connection is never held at a real window here: a window of 1 KiB
-  // (stream_window_bytes) makes every 256 KiB message look window-bound, and each asks for twice
-  // the connections, up to `streams` (8): measured where the messages land, at peer 1, which
-  // dialed the pair and opens them, or at peer 0, which asks peer 1 in a streams frame. With a
-  // window of 1 GiB no rate on loopback comes near half of it: the pair keeps one connection.
+  // microseconds, so a connection is never held at a real window here: a window of 16 bytes
+  // (stream_window_bytes) makes every 1 MiB message look window-bound, and each asks for twice
+  // the connections that carried its pieces, up to `streams` (8): measured where the messages
+  // land, at peer 1, which dialed the pair and opens them, or at peer 0, which asks peer 1 in a
+  // streams frame. (The sender's send buffers are made small, as a slow link's would be, so that
+  // every connection takes pieces: on loopback the first would take them all, and the rule
+  // counts only connections that carried some.) With a window of 1 GiB no rate on loopback comes
+  // near it: the pair keeps one connection.
   struct outcome {
     std::vector<int> before, after;
     std::vector<int> wrong{-1, -1};
@@ -818,8 +824,11 @@ TEST_CASE("tcp streams: from the measured link, a pair opens streams while each 
       const auto until = std::chrono::steady_clock::now() + 10s;
       int bad = 0;
       for (int i = 0, go_on = 1; go_on != 0; ++i) {
-        const auto m = striped_pattern(std::size_t{256} << 10, sender, i % 7);
+        const auto m = striped_pattern(std::size_t{1} << 20, sender, i % 7);
         if (ep.rank() == sender) {
+          const int small = 16 << 10;
+          for (const auto& p : ep.stream_ports_to(other))
+            (void)::setsockopt(bench::find_connection(p.local, p.remote), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
           ep.send(other, 4, m);
           go_on = std::to_integer<int>(ep.recv(other, 5).at(0));
         } else {
@@ -839,7 +848,7 @@ TEST_CASE("tcp streams: from the measured link, a pair opens streams while each 
   };
   for (int sender = 0; sender < 2; ++sender) {
     INFO("peer " << sender << " sends, peer " << 1 - sender << (sender == 0 ? " (the dialer)" : " (the acceptor)") << " measures");
-    const auto grown = run(sender, 1024);
+    const auto grown = run(sender, 16);
     CHECK(grown.before == std::vector<int>{1, 1});
     CHECK(grown.wrong == std::vector<int>{0, 0});
     CHECK(grown.after == std::vector<int>{8, 8});

@@ -33,7 +33,7 @@ namespace decentrain::transport {
 class tcp {
   struct impl {
     explicit impl(tcp_options o) : node(std::move(o)) {
-      node.set_stream_dialer([this](int peer) { rendezvous.open_missing_streams(peer); });
+      node.set_stream_dialer([this](int peer) { return rendezvous.open_missing_streams(peer); });
     }
     // (the node's stream dialer dials through the rendezvous, which goes first)
     ~impl() { node.stop_dialing(); }

@@ -62,6 +62,7 @@ struct write_result {
   write_status status = write_status::done;
   int error = 0;
   bool started = false;  // some of the frame was written (a stream it did not finish is unreadable past it)
+  std::uint64_t control_bytes = 0;  // control frames that waited for the write lock, sent first (queue_control)
 };
 
 class tunnel;  // tcp/tunnel.hpp
@@ -103,11 +104,16 @@ struct connection : std::enable_shared_from_this<connection> {
   // to ask for in a streams frame with the next control frames (0: none).
   int streams_asked = 1;
   std::atomic<int> ask_streams{0};
-  // The dialer's: waiting for the node's stream dialer, and its dials that failed in a row (the
-  // node's dial_mutex; the dialer's thread).
+  // The dialer's (the node's dial_mutex): waiting for the node's stream dialer, not before
+  // `dial_at`, and its rounds of dials close together (each waits longer: a peer that resets
+  // every stream it takes, or refuses it, is dialed ever less often).
   bool dial_queued = false;
-  int dial_failures = 0;
-  // When the body being read began (I/O thread): a large message's rate measures the link.
+  clock::time_point dial_at{};
+  int dial_rounds = 0;
+  // The acceptor's (I/O thread): when it last asked its dialer for streams.
+  clock::time_point asked_at{};
+  // When the header of the frame being read came (I/O thread): a large message's rate measures
+  // the link.
   clock::time_point body_from;
   std::uint64_t stripes_sent = 0;  // the striped messages sent so far (write_mutex of the first)
   // The striped messages coming in (the first connection's; I/O thread only): up to
@@ -123,7 +129,8 @@ struct connection : std::enable_shared_from_this<connection> {
     std::span<std::byte> into;
     bytes own;
     bool posted = false;
-    clock::time_point opened_at;  // when its stripe frame was read
+    clock::time_point opened_at;  // when its stripe frame's header came, or a piece of it first
+    std::uint32_t carried_by = 0;  // the connections (1 << stream) its pieces landed from
     detail::accepted_as accepted = detail::accepted_as::budget;
     enum class piece_state : std::uint8_t { expected, reading, landed };
     std::vector<piece_state> pieces;
@@ -387,10 +394,14 @@ struct connection : std::enable_shared_from_this<connection> {
   write_result write_data(tag_type tag, std::span<const std::byte> data, clock::time_point deadline, Interrupt&& interrupt,
                           wire::frame_type type = wire::frame_type::data) {
     std::lock_guard lock(write_mutex);
+    // (control frames that wait go first: a sender that keeps the lock busy would hold them up)
+    const auto control = control_waits() ? queue_control() : 0;
     // (Encrypting, the caller's buffer is not ours to overwrite: the frame is encrypted into one
     // buffer per sending thread, not per connection: a peer with many connections holds one copy
     // of its largest frame, not one per peer. The tag goes in the header, so all of it first.)
-    return write_locked(type, tag, data, deadline, interrupt);
+    auto r = write_locked(type, tag, data, deadline, interrupt);
+    r.control_bytes = control;
+    return r;
   }
 
   // write_data with write_mutex already held (a striped message holds it for all its frames).

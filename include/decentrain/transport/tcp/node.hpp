@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -317,6 +318,7 @@ struct node {
         h = wire::decode_header(c->head.data() + pad, opts.max_frame_bytes);
         c->padding = wire::padding(h.length).size();
         c->handshake_state.check_next(h);
+        c->body_from = clock::now();
       } catch (const std::exception& e) {
         return malformed(c, e.what());
       }
@@ -341,7 +343,6 @@ struct node {
       c->paused = true;
       return;
     }
-    c->body_from = clock::now();
     if (h.type == wire::frame_type::data && c->rank >= 0) {
       if (auto into = box.claim(c->rank, h.tag, static_cast<std::size_t>(h.length))) return read_in_place(c, h, *into);
       bool joiner = false;
@@ -458,7 +459,10 @@ struct node {
     }
     e.head = head;
     e.tag = h.tag;
-    e.opened_at = clock::now();
+    // (from its stripe frame's header, or a piece of it that came first and waited for it)
+    e.opened_at = c->body_from;
+    for (const auto& [s, sh] : in.waiting)
+      if (wire::decode_piece_id(sh.tag).seq == head.seq) e.opened_at = std::min(e.opened_at, s->body_from);
     e.pieces.assign(static_cast<std::size_t>(head.pieces()), connection::inbound_stripe::piece_state::expected);
     in.open.push_back(std::move(e));
     in.opened_seq = head.seq;
@@ -515,7 +519,7 @@ struct node {
       if (!authentic(*c, h, into)) return reject_frame(c, h);
       auto* done = f->closed ? nullptr : f->inbound.find(id.seq);
       if (!done) return;  // (abandoned meanwhile: its streams closed with it)
-      land_piece(f, *done, id, c->stream > 0);
+      land_piece(f, *done, id, c->stream);
       read_next_later(c);
     }, true);
   }
@@ -542,7 +546,7 @@ struct node {
           e->spares[id.index] = std::exchange(c->body, {});
         } else {
           std::memcpy(e->into.data() + e->head.offset(id.index), c->body.data(), c->body.size());
-          land_piece(f, *e, id, c->stream > 0);
+          land_piece(f, *e, id, c->stream);
         }
       } else {
         ++pieces_twice;
@@ -554,8 +558,10 @@ struct node {
 
   // A piece in its place: said landed to its sender if it came over a further stream, and its
   // message lands once whole (in order).
-  void land_piece(const std::shared_ptr<connection>& f, connection::inbound_stripe& e, wire::piece_id id, bool over_stream) {
+  void land_piece(const std::shared_ptr<connection>& f, connection::inbound_stripe& e, wire::piece_id id, int stream) {
+    const bool over_stream = stream > 0;
     e.pieces[static_cast<std::size_t>(id.index)] = connection::inbound_stripe::piece_state::landed;
+    e.carried_by |= std::uint32_t{1} << (stream & 31);
     ++e.pieces_landed;
     e.spares.erase(id.index);
     f->heard = clock::now();  // (its peer is heard through any of the pair's connections)
@@ -604,14 +610,8 @@ struct node {
     while (!in.open.empty() && in.open.front().pieces_landed == in.open.front().head.pieces()) {
       auto& e = in.open.front();
       ++striped_received;
-      if (opts.streams_from_link) {
-        int k = 1;
-        {
-          std::lock_guard lock(mutex);
-          k += static_cast<int>(f->streams.size());
-        }
-        measured(f, e.head.total, e.opened_at, k);
-      }
+      // (over the connections its pieces came by)
+      measured(f, e.head.total, e.opened_at, std::popcount(e.carried_by));
       in.landed_piece = std::max(in.landed_piece, e.head.piece);
       if (e.posted) box.landed(f->rank, e.tag);
       else box.push(f->rank, e.tag, detail::message{std::move(e.own), 0.0, 0, e.accepted});
@@ -981,39 +981,42 @@ struct node {
   }
   // ---- how many streams a pair keeps (tcp/stream_count.hpp) ----
 
-  // A message of `size` bytes from `f`'s peer landed over `k` connections, its reading begun at
-  // `from` (I/O thread). Under streams_from_link, a rate that shows them held at their window
-  // asks for twice as many: the pair's dialer opens them, its acceptor asks the dialer in a
-  // streams frame (once for each count).
+  // A message of `size` bytes from `f`'s peer landed over `k` connections, `from` when its first
+  // header came (I/O thread; a message that waited for room, or behind others, counts the wait).
+  // Under streams_from_link, a rate that shows them held at their window asks for twice as many:
+  // the pair's dialer opens them, its acceptor asks the dialer in a streams frame (once for each
+  // count, and again after a while if the dialer did not open them).
   void measured(const std::shared_ptr<connection>& f, std::uint64_t size, clock::time_point from, int k) {
-    if (!opts.streams_from_link || size < opts.stripe_min_bytes || f->closed || f->through) return;
-    const double seconds = std::chrono::duration<double>(clock::now() - from).count();
+    if (!opts.streams_from_link || size < opts.stripe_min_bytes || f->closed || f->through || f->punched) return;
+    const auto now = clock::now();
+    const double seconds = std::chrono::duration<double>(now - from).count();
     const int want = streams_wanted(k, opts.streams, static_cast<double>(size), seconds, least_round_trip(f->socket.native_handle()),
                                     static_cast<double>(stream_window));
     if (want <= k) return;
     if (f->dialed) return keep_streams(f, want);
-    if (want <= f->streams_asked) return;
+    if (want <= f->streams_asked && now - f->asked_at < ask_again_after) return;
     f->streams_asked = want;
+    f->asked_at = now;
     f->ask_streams = want;
     flush_control(f);
   }
+  static constexpr std::chrono::seconds ask_again_after{30};
 
-  // The pair's dialer keeps at least `want` connections from now on.
+  // The pair's dialer keeps at least `want` connections from now on (and dials those it lacks).
   void keep_streams(const std::shared_ptr<connection>& f, int want) {
     {
       std::lock_guard lock(mutex);
-      if (want <= f->streams_target) return;
-      f->streams_target = want;
+      f->streams_target = std::max(f->streams_target, want);
     }
     want_streams(f);
   }
 
-  // The further streams of the pair with `peer` it should have and lacks (this peer dialed it):
-  // one lost, or more that the link needs.
+  // The further streams of the pair with `peer` it should have and lacks (this peer dialed it
+  // directly to its address: not relayed, not punched): one lost, or more that the link needs.
   std::vector<int> missing_streams(int peer) const {
     std::lock_guard lock(mutex);
     const auto it = peers.find(peer);
-    if (it == peers.end() || !it->second->dialed || it->second->through) return {};
+    if (it == peers.end() || !it->second->dialed || it->second->through || it->second->punched) return {};
     const auto& f = *it->second;
     std::vector<int> out;
     for (int i = 1; i < (opts.streams_from_link ? f.streams_target : opts.streams); ++i)
@@ -1023,51 +1026,82 @@ struct node {
 
   // Streams a pair lacks are dialed from a thread of their own (a dial takes round trips, and
   // the I/O thread that finds them lacking must not wait), by the function the facade gives
-  // set_stream_dialer (tcp/rendezvous.hpp dials): at once, then after a backoff while some fail,
-  // up to max_stream_retries times, until another loss or measure asks again.
+  // set_stream_dialer (tcp/rendezvous.hpp dials; it returns the numbers it dialed). A pair's
+  // rounds of dials come ever further apart while they come close together (first_backoff,
+  // doubled each round up to max_backoff), so a peer that refuses or resets every stream it
+  // takes is dialed ever less often; after max_stream_retries rounds whose dials failed, the pair
+  // waits give_up_for before the next loss or measure dials it again. Pairs wait their turn in a
+  // queue, not behind one another's backoff.
   static constexpr int max_stream_retries = 5;
-  void set_stream_dialer(std::function<void(int)> dial) {
+  static constexpr std::chrono::seconds give_up_for{30};
+  void set_stream_dialer(std::function<std::vector<int>(int)> dial) {
     std::lock_guard lock(dial_mutex);
     dial_streams = std::move(dial);
+  }
+  // The pair with `peer` dials the streams it lacks from the dialer's thread (some of its first
+  // dials failed: say its acceptor had not registered the first connection yet).
+  void want_streams(int peer) {
+    std::shared_ptr<connection> f;
+    {
+      std::lock_guard lock(mutex);
+      if (const auto it = peers.find(peer); it != peers.end()) f = it->second;
+    }
+    if (f) want_streams(f);
   }
   void want_streams(const std::shared_ptr<connection>& f) {
     std::lock_guard lock(dial_mutex);
     if (dial_closed || !dial_streams || std::exchange(f->dial_queued, true)) return;
     dial_queue.push_back(f);
+    ++dial_queued_count;
     if (!stream_dialer.joinable()) stream_dialer = std::jthread([this](std::stop_token stop) { dial_loop(stop); });
     dial_wake.notify_one();
   }
   void dial_loop(std::stop_token stop) {
-    for (;;) {
-      std::shared_ptr<connection> f;
-      {
-        std::unique_lock lock(dial_mutex);
-        if (!dial_wake.wait(lock, stop, [&] { return !dial_queue.empty(); })) return;
-        f = dial_queue.front().lock();
-        dial_queue.pop_front();
-        if (f) f->dial_queued = false;
-      }
-      if (!f || f->closed_for_writes.load()) continue;
-      dial_streams(f->rank);
-      if (missing_streams(f->rank).empty() || f->closed_for_writes.load()) {
-        f->dial_failures = 0;
+    std::unique_lock lock(dial_mutex);
+    while (!stop.stop_requested()) {
+      for (const auto& c : dial_queue)
+        if (c->closed_for_writes.load()) c->dial_queued = false;
+      std::erase_if(dial_queue, [](const auto& c) { return c->closed_for_writes.load(); });
+      if (dial_queue.empty()) {
+        dial_wake.wait(lock, stop, [&] { return !dial_queue.empty(); });
         continue;
       }
-      if (++f->dial_failures > max_stream_retries) {
-        f->dial_failures = 0;
+      const auto next = std::min_element(dial_queue.begin(), dial_queue.end(), [](const auto& a, const auto& b) { return a->dial_at < b->dial_at; });
+      const auto f = *next;
+      if (const auto at = f->dial_at; at > clock::now()) {
+        const auto seen = dial_queued_count;  // (a pair queued meanwhile may be due sooner)
+        dial_wake.wait_until(lock, stop, at, [&] { return dial_queued_count != seen; });
         continue;
       }
-      const auto backoff = std::min(opts.first_backoff * (1 << std::min(f->dial_failures, 10)), opts.max_backoff);
-      std::unique_lock lock(dial_mutex);
-      if (dial_wake.wait_for(lock, stop, backoff, [] { return false; }), stop.stop_requested()) return;
-      if (!std::exchange(f->dial_queued, true)) dial_queue.push_back(f);
+      dial_queue.erase(next);
+      f->dial_queued = false;
+      if (clock::now() > f->dial_at + give_up_for) f->dial_rounds = 0;  // (the last round was long ago)
+      const auto dial = dial_streams;
+      lock.unlock();
+      const auto tried = dial(f->rank);
+      const auto lacking = missing_streams(f->rank);
+      lock.lock();
+      const bool failed = std::any_of(tried.begin(), tried.end(), [&](int i) { return std::find(lacking.begin(), lacking.end(), i) != lacking.end(); });
+      const int rounds = ++f->dial_rounds;
+      if (failed && rounds > max_stream_retries) {
+        f->dial_rounds = 0;
+        f->dial_at = clock::now() + give_up_for;
+        continue;
+      }
+      f->dial_at = clock::now() + std::min<clock::duration>(opts.first_backoff * (1 << std::min(rounds, 10)), opts.max_backoff);
+      if ((failed || !lacking.empty()) && !std::exchange(f->dial_queued, true)) {
+        dial_queue.push_back(f);
+        ++dial_queued_count;
+      }
     }
   }
-  // Stops the stream dialer (before the facade's rendezvous, which it dials through, goes).
+  // Stops the stream dialer (before the facade's rendezvous, which it dials through, goes): a
+  // dial under way ends at its deadline, and those after it are not started.
   void stop_dialing() {
     {
       std::lock_guard lock(dial_mutex);
       dial_closed = true;
+      dial_stopping = true;
       stream_dialer.request_stop();
     }
     if (stream_dialer.joinable()) stream_dialer.join();
@@ -1138,7 +1172,7 @@ struct node {
               p = connection::inbound_stripe::piece_state::expected;
               if (const auto spare = e->spares.find(c->reading->index); spare != e->spares.end()) {
                 std::memcpy(e->into.data() + e->head.offset(c->reading->index), spare->second.data(), spare->second.size());
-                land_piece(f, *e, *c->reading, true);
+                land_piece(f, *e, *c->reading, c->stream);
               }
             }
         std::erase_if(f->inbound.waiting, [&](const auto& w) { return w.first == c; });
@@ -1589,6 +1623,7 @@ struct node {
     }
     bytes_sent += data.size();
     sent_to[static_cast<std::size_t>(peer)] += data.size();
+    framing_sent += r.control_bytes;
     framing_sent += streams.empty() ? wire::header_bytes + wire::padding(data.size()).size()
                                     : striped_framing_bytes(data.size(), opts.stripe_piece_bytes);
     ++messages_sent;
@@ -1794,9 +1829,11 @@ struct node {
   // Pairs whose further streams to dial (want_streams), the dialer's thread, and what one
   // connection keeps in flight at most (tcp_options::stream_window_bytes, else the kernel's).
   std::mutex dial_mutex;
-  std::function<void(int)> dial_streams;  // (set_stream_dialer)
+  std::function<std::vector<int>(int)> dial_streams;  // (set_stream_dialer)
+  std::atomic<bool> dial_stopping{false};
   std::condition_variable_any dial_wake;
-  std::deque<std::weak_ptr<connection>> dial_queue;
+  std::deque<std::shared_ptr<connection>> dial_queue;  // (closed ones dropped as the dialer finds them)
+  std::uint64_t dial_queued_count = 0;
   bool dial_closed = false;
   std::jthread stream_dialer;
   const std::uint64_t stream_window = opts.stream_window_bytes != 0 ? opts.stream_window_bytes : kernel_stream_window();

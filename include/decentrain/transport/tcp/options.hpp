@@ -181,7 +181,7 @@ struct tcp_options {
   std::uint64_t stripe_min_bytes = std::uint64_t{4} << 20;
   std::uint64_t stripe_piece_bytes = std::uint64_t{1} << 20;
   // Streams as many as the measured link needs, up to `streams`: a pair starts with one
-  // connection, and where a message of at least stripe_min_bytes lands over k of them at a rate
+  // connection, and where a message of at least stripe_min_bytes came over k of them at a rate
   // that kept each at least three quarters of stream_window_bytes in flight (its rate per connection times
   // the pair's least round trip, from the kernel: TCP_INFO), each held at its window rather than
   // by the link, it keeps 2k (the receiver measures; one that did not dial the pair asks its

@@ -139,14 +139,17 @@ class rendezvous {
   }
 
   // The further streams the pair with `peer` lacks, dialed now (the node's stream dialer: a
-  // stream lost, or more that the measured link needs).
-  void open_missing_streams(int peer) {
+  // stream lost, or more that the measured link needs); the numbers it dialed.
+  std::vector<int> open_missing_streams(int peer) {
     std::string address;
     {
       std::lock_guard lock(n_.mutex);
       if (const auto it = n_.dir.addresses.find(peer); it != n_.dir.addresses.end()) address = it->second;
     }
-    if (!address.empty()) open_streams(peer, address, n_.missing_streams(peer));
+    if (address.empty()) return {};
+    auto numbers = n_.missing_streams(peer);
+    open_streams(peer, address, numbers);
+    return numbers;
   }
 
  private:
@@ -443,6 +446,7 @@ class rendezvous {
   void dial(int peer, const std::string& address) {
     with_connection(address, [&](asio::ip::tcp::socket& s) { finish_dial(s, peer, address, nullptr); }, true);
     open_streams(peer, address, n_.missing_streams(peer));
+    if (!n_.missing_streams(peer).empty()) n_.want_streams(peer);  // (dialed again, after a backoff)
   }
 
   // The pair's further streams (tcp_options::streams, tcp/stripes.hpp), dialed at once, up to
@@ -457,7 +461,7 @@ class rendezvous {
   void open_streams(int peer, const std::string& address, const std::vector<int>& numbers) {
     std::atomic<std::size_t> next = 0;
     auto dial_some = [&] {
-      for (auto i = next++; i < numbers.size(); i = next++) open_stream(peer, address, numbers[i]);
+      for (auto i = next++; i < numbers.size() && !n_.dial_stopping; i = next++) open_stream(peer, address, numbers[i]);
     };
     {
       std::vector<std::jthread> dialers;  // (joined as they go out of scope, a throw included)
