@@ -36,7 +36,10 @@
 
 // Standalone asio (Debian: libasio-dev) gives the TCP transport. nvcc (13.0) cannot compile
 // asio 1.22's executor traits, so CUDA translation units see no TCP transport; the TCP peer lives
-// in host code (a .cpp) and hands device buffers over as bytes.
+// in host code (a .cpp) and hands device buffers over as bytes. A program that trains in one
+// process can define it 0 to leave the TCP transport (and TLS) out: about 40% of what the
+// umbrella header costs each file that includes it to compile (the project's tests that use no
+// TCP are built so).
 #ifndef DECENTRAIN_HAS_ASIO
 #if __has_include(<asio.hpp>) && !defined(__CUDACC__)
 #define DECENTRAIN_HAS_ASIO 1
@@ -15605,9 +15608,10 @@ struct options {
 // connection runs a full handshake: one more round trip than a plain one.
 
 
-// DECENTRAIN_HAS_TLS: see config.hpp. Never under nvcc (asio does not compile there) or without
-// OpenSSL; OpenSSL 3 (Debian 12's) for SSL_get1_peer_certificate.
-#if DECENTRAIN_HAS_TLS && (defined(__CUDACC__) || !DECENTRAIN_HAS_OPENSSL)
+// DECENTRAIN_HAS_TLS: see config.hpp. Never under nvcc (asio does not compile there), without
+// OpenSSL, or without the TCP transport it serves (DECENTRAIN_HAS_ASIO=0: asio absent, or left
+// out); OpenSSL 3 (Debian 12's) for SSL_get1_peer_certificate.
+#if DECENTRAIN_HAS_TLS && (defined(__CUDACC__) || !DECENTRAIN_HAS_OPENSSL || !DECENTRAIN_HAS_ASIO)
 #undef DECENTRAIN_HAS_TLS
 #define DECENTRAIN_HAS_TLS 0
 #endif

@@ -26,9 +26,10 @@
 #include "decentrain/config.hpp"
 #include "decentrain/transport/auth.hpp"
 
-// DECENTRAIN_HAS_TLS: see config.hpp. Never under nvcc (asio does not compile there) or without
-// OpenSSL; OpenSSL 3 (Debian 12's) for SSL_get1_peer_certificate.
-#if DECENTRAIN_HAS_TLS && (defined(__CUDACC__) || !DECENTRAIN_HAS_OPENSSL)
+// DECENTRAIN_HAS_TLS: see config.hpp. Never under nvcc (asio does not compile there), without
+// OpenSSL, or without the TCP transport it serves (DECENTRAIN_HAS_ASIO=0: asio absent, or left
+// out); OpenSSL 3 (Debian 12's) for SSL_get1_peer_certificate.
+#if DECENTRAIN_HAS_TLS && (defined(__CUDACC__) || !DECENTRAIN_HAS_OPENSSL || !DECENTRAIN_HAS_ASIO)
 #undef DECENTRAIN_HAS_TLS
 #define DECENTRAIN_HAS_TLS 0
 #endif
