@@ -790,8 +790,9 @@ TEST_CASE("tcp streams: a further stream lost between messages is dialed again b
 
 TEST_CASE("tcp streams: from the measured link, a pair opens streams while each connection is held at its window") {
   // Under streams_from_link a pair starts with one connection. Loopback's round trip is tens of
-  // microseconds, so a connection is never held at a real window here: a window of 16 bytes
-  // (stream_window_bytes) makes every 1 MiB message look window-bound, and each asks for twice
+  // microseconds, so a connection is never held at a real window here: a window of 1 byte
+  // (stream_window_bytes) makes every 1 MiB message look window-bound (at a round trip of 2 us,
+  // down to 380 KB/s: on a loaded machine the messages took up to 0.7 s, 1.5 MB/s), and each asks for twice
   // the connections that carried its pieces, up to `streams` (8): measured where the messages
   // land, at peer 1, which dialed the pair and opens them, or at peer 0, which asks peer 1 in a
   // streams frame. (The sender's send buffers are made small, as a slow link's would be, so that
@@ -826,7 +827,7 @@ TEST_CASE("tcp streams: from the measured link, a pair opens streams while each 
       for (int i = 0, go_on = 1; go_on != 0; ++i) {
         const auto m = striped_pattern(std::size_t{1} << 20, sender, i % 7);
         if (ep.rank() == sender) {
-          const int small = 16 << 10;
+          const int small = 64 << 10;
           for (const auto& p : ep.stream_ports_to(other))
             (void)::setsockopt(bench::find_connection(p.local, p.remote), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
           ep.send(other, 4, m);
@@ -848,7 +849,7 @@ TEST_CASE("tcp streams: from the measured link, a pair opens streams while each 
   };
   for (int sender = 0; sender < 2; ++sender) {
     INFO("peer " << sender << " sends, peer " << 1 - sender << (sender == 0 ? " (the dialer)" : " (the acceptor)") << " measures");
-    const auto grown = run(sender, 16);
+    const auto grown = run(sender, 1);
     CHECK(grown.before == std::vector<int>{1, 1});
     CHECK(grown.wrong == std::vector<int>{0, 0});
     CHECK(grown.after == std::vector<int>{8, 8});
