@@ -11,6 +11,8 @@
 #   decentrain::mpi     when MPI is found: link it to use transport::mpi
 #   decentrain::cuda    when the CUDA toolkit is found: link it from CUDA sources that use
 #                       dt::cuda (the CUDA runtime; cuBLAS is opened at the first GEMM)
+#   decentrain::nccl    when NCCL (2.27 or later) is found beside the toolkit or on the system:
+#                       link it to use transport::nccl (host code: any C++ compiler builds it)
 #   decentrain::cblas   always; it carries a CBLAS and DECENTRAIN_HAS_CBLAS=1 when one is
 #                       found, and is empty otherwise (the portable GEMM is used then)
 # With OpenMP, OpenBLAS's OpenMP build (Debian: libopenblas-openmp-dev) is preferred: the
@@ -46,6 +48,26 @@ find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND AND NOT TARGET decentrain::cuda)
   add_library(decentrain::cuda INTERFACE IMPORTED)
   set_target_properties(decentrain::cuda PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;${CMAKE_DL_LIBS}")
+endif()
+
+# NCCL: the toolkit's copy (/usr/local/cuda ships one) or a system one (Debian: libnccl-dev).
+# transport/nccl.hpp is host code, so decentrain::nccl carries the CUDA runtime's headers and
+# library too, and a program compiled by g++ alone can use it.
+if(CUDAToolkit_FOUND AND NOT TARGET decentrain::nccl)
+  find_path(DECENTRAIN_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(DECENTRAIN_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(DECENTRAIN_NCCL_INCLUDE_DIR AND DECENTRAIN_NCCL_LIBRARY)
+    file(STRINGS ${DECENTRAIN_NCCL_INCLUDE_DIR}/nccl.h _nccl_version REGEX "^#define NCCL_(MAJOR|MINOR) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*" "\\1" _nccl_major "${_nccl_version}")
+    string(REGEX REPLACE ".*NCCL_MINOR ([0-9]+).*" "\\1" _nccl_minor "${_nccl_version}")
+    if(_nccl_major GREATER 2 OR (_nccl_major EQUAL 2 AND _nccl_minor GREATER_EQUAL 27))
+      add_library(decentrain::nccl INTERFACE IMPORTED)
+      set_target_properties(decentrain::nccl PROPERTIES
+        INTERFACE_INCLUDE_DIRECTORIES "${DECENTRAIN_NCCL_INCLUDE_DIR}"
+        INTERFACE_LINK_LIBRARIES "${DECENTRAIN_NCCL_LIBRARY};CUDA::cudart"
+        INTERFACE_COMPILE_DEFINITIONS "DECENTRAIN_HAS_NCCL=1")
+    endif()
+  endif()
 endif()
 
 if(NOT TARGET decentrain::cblas)
