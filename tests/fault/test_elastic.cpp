@@ -1420,11 +1420,14 @@ struct tcp_join_run {
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::vector<int>> final_members;
   std::vector<std::uint64_t> served;
+  std::vector<std::map<int, int>> relayed;  // per world rank: the peers it reached through a relay, and by which
   std::mutex log_mutex;
   std::string log;
 
+  // `closed`: the ranks (not 0, the seed) that accept no connections.
   tcp_join_run(int members, int joiners, std::int64_t join_after, trainer_options opts, Comm comm,
-               std::chrono::milliseconds pace, Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt()) {
+               std::chrono::milliseconds pace, Parallel parallel = {}, dt::nn::gpt_config model = tiny_gpt(),
+               std::vector<int> closed = {}) {
     const int total = members + joiners;
     params.resize(static_cast<std::size_t>(total));
     stages.resize(params.size());
@@ -1433,6 +1436,7 @@ struct tcp_join_run {
     changes.resize(params.size());
     final_members.resize(params.size());
     served.resize(params.size());
+    relayed.resize(params.size());
     dt::fault::elastic fault;
     fault.agreement.timeout = 20s;
     fault.agreement.state_chunk_bytes = 4096;  // a tiny model's state still comes in many chunks
@@ -1451,6 +1455,7 @@ struct tcp_join_run {
         auto o = base;
         o.rank = r;
         o.join = {seed};
+        if (std::find(closed.begin(), closed.end(), r) != closed.end()) o.listen.clear();
         if (r >= members) {
           const auto deadline = std::chrono::steady_clock::now() + 60s;
           while (!open && !member_ended && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
@@ -1472,6 +1477,7 @@ struct tcp_join_run {
         final_members[static_cast<std::size_t>(r)] = t.members();
         served[static_cast<std::size_t>(r)] = t.fault().state_bytes_served();
         stages[static_cast<std::size_t>(r)] = t.placement().stages;
+        relayed[static_cast<std::size_t>(r)] = ep.relayed();
         redeals[static_cast<std::size_t>(r)] = t.redeals();
       } catch (const std::exception& e) {
         std::lock_guard lock(log_mutex);
@@ -1513,6 +1519,34 @@ TEST_CASE("elastic: peers join a running TCP group, take the members' state and 
   for (const auto& c : run.changes[0]) joined_seen += c.joined.size();
   CHECK(joined_seen == 2);
   CHECK(run.changes[0].back().epoch == run.changes[3].back().epoch);
+}
+
+TEST_CASE("elastic: a joiner reaches a member that accepts no connections through a relay, and trains with the group") {
+  // Member 1 has no listening socket (as behind a NAT) and dialed only the peers of the group
+  // it formed; joiner 3 reaches it through a member it reached directly, and so does the
+  // admission's state transfer and every round after. Then again with a joiner that accepts no
+  // connections either (it dials the listening members itself).
+  dt::comm::diloco<> comm;
+  comm.inner_steps = 4;
+  for (const auto& closed : {std::vector<int>{1}, std::vector<int>{1, 3}}) {
+    INFO("closed: " << closed.size() << " peer(s)");
+    tcp_join_run run(3, 1, 6, small_run(200), comm, 20ms, {}, tiny_gpt(), closed);
+    INFO(run.log);
+    REQUIRE(run.log.empty());
+    const std::vector<int> everyone{0, 1, 2, 3};
+    for (int r = 0; r < 4; ++r) {
+      INFO("peer " << r);
+      CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);
+      CHECK(run.final_members[static_cast<std::size_t>(r)] == everyone);
+      CHECK(run.results[static_cast<std::size_t>(r)].last.step == 200);
+    }
+    CHECK(run.relayed[3].count(1) == 1);  // the joiner reached member 1 through a relay
+    CHECK(run.relayed[3].size() == 1);     // and the others directly
+    CHECK(run.relayed[1].count(3) == 1);
+    const auto& ch = run.changes[3];
+    REQUIRE(!ch.empty());
+    CHECK(std::find(ch.front().joined.begin(), ch.front().joined.end(), 3) != ch.front().joined.end());
+  }
 }
 
 TEST_CASE("elastic: a peer joins a running pipeline, the job re-forms with it and its part is dealt to it, bit for bit") {

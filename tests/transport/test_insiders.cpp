@@ -341,6 +341,51 @@ TEST_CASE("tcp: a key holder's relay frames: routes it may not use close it, a c
   CHECK(peer1.relayed().empty());
 }
 
+TEST_CASE("tcp: a joiner not admitted yet has only its own circuits relayed, to members: no punches, nothing to the relay") {
+  // Peer 0 of a keyed pair relays; the key holder poses as joiners 5, 6 and 7 (a joiner reaches
+  // a member that accepts no connections only through a relay, so a relay takes its circuits;
+  // a rank whose connection was closed for a bad frame is refused for a while, hence three).
+  pair_of_peers g(8);
+  asio::io_context io;
+  auto joiner = [&](int rank) {
+    auto h = std::make_unique<bench::hostile_peer>(io, g.peer0->address(), keyed(rank, 2), wire::hello_purpose::data, true);
+    const auto a = h->answer();
+    REQUIRE(a);
+    REQUIRE(a->head.type == wire::frame_type::welcome);
+    return h;
+  };
+  const auto relay = [](wire::relay_route r) { return wire::encode_route(r); };
+  {  // a punch: the relay would make member 1 dial where the joiner says
+    auto h = joiner(5);
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::punch, 5, 1}), {});
+    CHECK(h->closed_by_peer());
+    CHECK_THAT(g.peer0->last_malformed(), Contains("peer 5 joins and is not admitted yet, and sent a relay frame that only members send"));
+  }
+  {  // a circuit to the relay itself
+    auto h = joiner(6);
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::open, 6, 0}), {});
+    CHECK(h->closed_by_peer());
+    CHECK_THAT(g.peer0->last_malformed(), Contains("peer 6 joins and is not admitted yet, and sent a relay frame for this peer"));
+  }
+  {  // a circuit of its own to member 1: opened, and what it carries reaches member 1 as a
+     // stranger's bytes (here garbage, which member 1 closes)
+    auto h = joiner(7);
+    const auto strangers = g.peer1->stats().malformed_frames;
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::open, 7, 1}), {});
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::bytes, 7, 1}), tr::bytes(256, std::byte{0x5a}));
+    bool closed = false;
+    for (int i = 0; i < 200 && !closed; ++i) {
+      closed = g.peer1->stats().malformed_frames > strangers;
+      if (!closed) std::this_thread::sleep_for(10ms);
+    }
+    CHECK(closed);
+    CHECK_THAT(g.peer1->last_malformed(), Contains("bad magic"));
+    CHECK(g.peer0->relaying().circuits_opened == 1);
+    CHECK_FALSE(h->closed_by_peer());
+  }
+  CHECK(g.still_one_pair(12));
+}
+
 TEST_CASE("tcp: a key holder that floods a relay with opens and reads none of its refusals holds 64 KiB there at most") {
   // Rank 2 (the liar) asks peer 0 for circuits to a rank it is not connected to, 300,000 times,
   // and reads nothing: each refusal queues for the liar. Past 64 KiB of them they are dropped;

@@ -1250,6 +1250,15 @@ struct node {
     const auto it = peers.find(r);
     return it == peers.end() || restricted(*it->second) ? nullptr : it->second;
   }
+  // Where a relay frame goes (mutex held): a member's connection; or a joiner's, for what
+  // travels on a circuit the joiner opened (the relay drops it where none is open), never a
+  // circuit opened, resumed or punched towards a joiner.
+  std::shared_ptr<connection> relay_destination(const wire::relay_route& r) const {
+    if (auto c = connection_of(r.to)) return c;
+    const auto it = peers.find(r.to);
+    const bool on_circuit = r.kind == wire::relay_kind::bytes || r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::close;
+    return it != peers.end() && on_circuit && !it->second->through ? it->second : nullptr;
+  }
 
   // A tunnel whose connection closed or that was replaced: it ends once it has carried what is
   // left in it (its near end is closed), and is joined once it has (mutex held).
@@ -1379,7 +1388,13 @@ struct node {
     try {
       r = wire::decode_route(h.tag, opts.capacity());
       std::lock_guard lock(mutex);
-      decentrain::detail::check(!restricted(*c), "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame");
+      // A joiner not admitted yet may have its own circuits relayed to members (it reaches one
+      // that accepts no connections only so), within the relay's budgets like a member; it may
+      // not ask for punches (a relay would make the member dial where the joiner says).
+      const bool joiner = restricted(*c);
+      decentrain::detail::check(!joiner || (r.to != opts.rank && r.kind != wire::relay_kind::punch && r.kind != wire::relay_kind::lost),
+                                "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame ",
+                                r.to == opts.rank ? "for this peer" : "that only members send");
       decentrain::detail::check(!c->through, "frame: peer ", c->rank, " sent a relay frame over a relayed connection");
       decentrain::detail::check(r.from != opts.rank, "frame: peer ", c->rank, " sent this peer a relay frame from itself");
       decentrain::detail::check(r.to == opts.rank || r.from == c->rank, "frame: peer ", c->rank, " asked to relay a frame from peer ",
@@ -1394,7 +1409,7 @@ struct node {
       decentrain::detail::check(r.kind == wire::relay_kind::bytes || h.length <= (positioned ? 8 : 1024), "frame: a relay frame that ",
                                 r.kind == wire::relay_kind::open ? "opens a circuit" : positioned ? "gives a stream position" : "closes a circuit",
                                 " carries ", h.length, " bytes (at most ", positioned ? 8 : 1024, ")");
-      if (r.to != opts.rank) dest = connection_of(r.to);
+      if (r.to != opts.rank) dest = relay_destination(r);
       else if (auto it = tunnels.find(r.from); it != tunnels.end() && it->second->via() == c) t = it->second;
     } catch (const std::exception& e) {
       malformed(c, e.what());
@@ -1425,7 +1440,7 @@ struct node {
     std::shared_ptr<tunnel> t;
     {
       std::lock_guard lock(mutex);
-      if (r.to != opts.rank) dest = connection_of(r.to);
+      if (r.to != opts.rank) dest = relay_destination(r);
       else if (auto it = tunnels.find(r.from); it != tunnels.end()) t = it->second;
     }
     if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);

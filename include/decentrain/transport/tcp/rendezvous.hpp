@@ -157,49 +157,55 @@ class rendezvous {
     std::lock_guard lock(n_.mutex);
     return static_cast<int>(n_.dir.addresses.size());
   }
-  // Dials the directory's peers this one is not connected to, skipping those that failed twice
-  // (`failures` counts per rank); returns the last error.
+  // Whether this peer, finding the group running, still has to dial peer `r` (mutex held):
+  // joiners of higher rank dial this one (two peers never dial each other at once), and a peer
+  // that failed twice is most likely gone (`failures` counts per rank).
+  bool to_dial(int r, std::map<int, int>& failures) const {
+    return r != n_.opts.rank && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
+           !(n_.dir.joining.count(r) && r > n_.opts.rank);
+  }
+
+  // Dials the directory's peers this one is not connected to: those that listen directly, then
+  // those that accept no connections through a relay (one of the peers just reached: a member
+  // that accepts none dialed only the peers of the group it formed, so it never dials this one);
+  // returns the last error.
   std::string dial_unconnected(std::map<int, int>& failures) {
     std::vector<std::pair<int, std::string>> todo;
     {
       std::lock_guard lock(n_.mutex);
-      // Joiners of higher rank dial this one (two peers never dial each other at once).
-      // (A peer that accepts no connections dials this one.)
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != n_.opts.rank && !a.empty() && !n_.peers.count(r) && failures[r] < 2 && !n_.box.barred(r) &&
-            !(n_.dir.joining.count(r) && r > n_.opts.rank))
-          todo.emplace_back(r, a);
+        if (!a.empty() && to_dial(r, failures)) todo.emplace_back(r, a);
     }
     std::string last_error;
-    for (const auto& [r, a] : todo) {
+    const auto attempt = [&](int r, auto&& how) {
       try {
-        dial(r, a);
+        how();
       } catch (const refused_for_now& e) {  // alive: not counted as gone
         last_error = e.what();
       } catch (const std::exception& e) {
         ++failures[r];
         last_error = e.what();
       }
+    };
+    for (const auto& [r, a] : todo) attempt(r, [&, r = r, a = a] { dial(r, a); });
+    std::vector<int> relayed;
+    {
+      std::lock_guard lock(n_.mutex);
+      for (const auto& [r, a] : n_.dir.addresses)
+        if (a.empty() && to_dial(r, failures)) relayed.push_back(r);
     }
+    for (const int r : relayed) attempt(r, [&, r = r] { dial_relayed(r); });
     return last_error;
   }
 
   // The group is running: dial every peer a seed listed (all of them, whatever their rank),
-  // saying this peer joins late. A listed peer that cannot be reached twice has most likely
-  // died since; the group's membership sorts that out when it admits this one. One that refuses
-  // for now is tried again until the deadline: a peer killed and started again at once finds
-  // members that saw its previous process die and have not left it out of their view yet.
+  // saying this peer joins late; a member that accepts no connections through a relay. A
+  // listed peer that cannot be reached twice has most likely died since; the group's membership
+  // sorts that out when it admits this one. One that refuses for now is tried again until the
+  // deadline: a peer killed and started again at once finds members that saw its previous
+  // process die and have not left it out of their view yet.
   void connect_late(std::chrono::steady_clock::time_point deadline) {
     const auto& opts = n_.opts;
-    {
-      std::lock_guard lock(n_.mutex);
-      for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && a.empty())
-          decentrain::detail::fail("tcp: peer ", opts.rank, " cannot join the running group: its member ", r, " accepts no ",
-                                   "connections and dials only the peers of the group it formed, so a joiner cannot reach it (relays ",
-                                   "carry only the connections of the group that formed); a group that takes joiners needs every member ",
-                                   "to listen");
-    }
     std::map<int, int> failures;
     std::string last_error = "none";
     auto backoff = opts.first_backoff;
@@ -209,8 +215,7 @@ class rendezvous {
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
       bool settled = true;
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && !a.empty() && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank))
-          settled = false;
+        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank)) settled = false;
       if (settled && !n_.peers.empty()) {
         n_.dir.formed = true;
         return;
@@ -546,8 +551,9 @@ class rendezvous {
   // end over the tunnel, as it would over a socket.
   void dial_relayed(int far) {
     const auto relays = n_.relays_for(far);
-    decentrain::detail::check(!relays.empty(), "tcp: peer ", n_.opts.rank, " reaches peer ", far,
-                              " only through a relay, and is connected to no peer that relays yet");
+    if (relays.empty())  // (not a sign that `far` is gone: a joiner tries again)
+      throw refused_for_now(decentrain::detail::concat("tcp: peer ", n_.opts.rank, " reaches peer ", far,
+                                                       " only through a relay, and is connected to no peer that relays yet"));
     const auto via = relays[relay_turn_[far]++ % relays.size()];
     auto t = n_.open_tunnel(far, via);
     asio::io_context local;
