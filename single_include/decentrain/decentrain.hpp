@@ -18227,11 +18227,16 @@ class relay_service {
   }
 
   // A relay frame from `from` (whose rank is r.from) for peer r.to, whose connection here is
-  // `dest` (null: none).
-  void carry(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
-    carry_one(r, std::move(body), from, dest);
+  // `dest` (null: none). `by_joiner`: `from` is a joiner not admitted yet, whose circuits may
+  // hold half of max_circuits at most (the members' resumes keep the other half).
+  void carry(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest,
+             bool by_joiner = false) {
+    carry_one(r, std::move(body), from, dest, by_joiner);
     open_count_ = circuits_.size();
   }
+
+  // Whether peers a and b have a circuit open here (I/O thread).
+  bool is_open(int a, int b) const { return circuits_.count(std::minmax(a, b)) > 0; }
 
   // Peer `rank`'s connection closed: its circuits close, each other end told why.
   // `connection_of(r)`: peer r's connection here, or null.
@@ -18242,6 +18247,7 @@ class relay_service {
         continue;
       }
       const int other = it->first == rank ? it->second : it->first;
+      joiners_.erase(*it);
       it = circuits_.erase(it);
       if (const auto oc = connection_of(other))
         to(oc).push({wire::relay_kind::lost, rank, other},
@@ -18280,7 +18286,8 @@ class relay_service {
   }
 
  private:
-  void carry_one(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
+  void carry_one(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest,
+                 bool by_joiner) {
     const auto pair = std::minmax(r.from, r.to);
     const bool open = circuits_.count(pair) > 0;
     switch (r.kind) {
@@ -18291,6 +18298,8 @@ class relay_service {
         else if (!dest) refusal = decentrain::detail::concat("peer ", self_, " is not connected to peer ", r.to, " (yet)");
         else if (!open && static_cast<int>(circuits_.size()) >= opts_.max_circuits)
           refusal = decentrain::detail::concat("peer ", self_, " relays ", opts_.max_circuits, " circuits already (its relay.max_circuits)");
+        else if (!open && by_joiner && static_cast<int>(joiners_.size()) >= opts_.max_circuits / 2)
+          refusal = decentrain::detail::concat("peer ", self_, " relays ", joiners_.size(), " circuits of joiners already (half its relay.max_circuits)");
         if (!refusal.empty()) {
           ++refused_;
           {
@@ -18301,6 +18310,7 @@ class relay_service {
         }
         if (!open) ++opened_;
         circuits_.insert(pair);
+        if (!open && by_joiner) joiners_.insert(pair);
         return to(dest).push(r, std::move(body));
       }
       case wire::relay_kind::punch: {
@@ -18328,6 +18338,7 @@ class relay_service {
         return to(dest).push(r, std::move(body));
       case wire::relay_kind::close:
         circuits_.erase(pair);
+        joiners_.erase(pair);
         if (open && dest) to(dest).push(r, std::move(body));
         return;
     }
@@ -18362,6 +18373,7 @@ class relay_service {
   std::chrono::milliseconds timeout_;
   std::atomic<std::uint64_t>& framing_;
   std::set<std::pair<int, int>> circuits_;                    // I/O thread
+  std::set<std::pair<int, int>> joiners_;                     // I/O thread: those of circuits_ a joiner opened
   std::map<const connection*, std::unique_ptr<forwarder>> out_;  // I/O thread; by destination connection
   std::vector<std::unique_ptr<forwarder>> retired_;             // stopping; joined once finished
   std::atomic<std::uint64_t> opened_ = 0, refused_ = 0, open_count_ = 0, forwarded_ = 0, dropped_ = 0;
@@ -20498,9 +20510,10 @@ struct node {
     }
     if (was_peer && !c->through) {
       // The circuits it was an end of close, and the connections it relayed for this peer.
+      // (a joiner at the other end of a circuit it opened is told too)
       relays.lost(c->rank, c, [this](int r) {
         std::lock_guard lock(mutex);
-        return connection_of(r);
+        return direct_connection_locked(r);
       });
       std::lock_guard lock(mutex);
       for (const auto& [far, t] : tunnels)
@@ -20550,14 +20563,18 @@ struct node {
     const auto it = peers.find(r);
     return it == peers.end() || restricted(*it->second) ? nullptr : it->second;
   }
-  // Where a relay frame goes (mutex held): a member's connection; or a joiner's, for what
-  // travels on a circuit the joiner opened (the relay drops it where none is open), never a
-  // circuit opened, resumed or punched towards a joiner.
+  // Where a relay frame goes (mutex held; I/O thread): a member's connection; or a joiner's,
+  // for what travels on a circuit the joiner opened and that is open here (a member's resume
+  // of it included), never a circuit opened or punched towards a joiner.
   std::shared_ptr<connection> relay_destination(const wire::relay_route& r) const {
     if (auto c = connection_of(r.to)) return c;
-    const auto it = peers.find(r.to);
-    const bool on_circuit = r.kind == wire::relay_kind::bytes || r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::close;
-    return it != peers.end() && on_circuit && !it->second->through ? it->second : nullptr;
+    return r.kind != wire::relay_kind::open && r.kind != wire::relay_kind::punch && relays.is_open(r.from, r.to) ? direct_connection_locked(r.to)
+                                                                                                                 : nullptr;
+  }
+  // Peer r's own connection (not relayed), member or joiner (mutex held); null otherwise.
+  std::shared_ptr<connection> direct_connection_locked(int r) const {
+    const auto it = peers.find(r);
+    return it == peers.end() || it->second->through ? nullptr : it->second;
   }
 
   // A tunnel whose connection closed or that was replaced: it ends once it has carried what is
@@ -20569,11 +20586,15 @@ struct node {
 
   // The peers that may relay a circuit to `far` from here: connected directly, members, and
   // listening (so `far`, which dials every such peer, is connected to them too), by rank.
+  // (A joiner not admitted yet knows no view: any listening peer its directory does not list as
+  // joining may relay for it, admitted after the group formed or not.)
   std::vector<std::shared_ptr<connection>> relays_for(int far) const {
     std::lock_guard lock(mutex);
     std::vector<std::shared_ptr<connection>> out;
     for (const auto& [r, c] : peers)
-      if (r != far && !c->through && !restricted(*c) && dir.addresses.count(r) && !dir.addresses.at(r).empty()) out.push_back(c);
+      if (r != far && !c->through && (!restricted(*c) || (dir.late && !dir.joining.count(r))) && dir.addresses.count(r) &&
+          !dir.addresses.at(r).empty())
+        out.push_back(c);
     return out;
   }
 
@@ -20688,13 +20709,22 @@ struct node {
     try {
       r = wire::decode_route(h.tag, opts.capacity());
       std::lock_guard lock(mutex);
-      // A joiner not admitted yet may have its own circuits relayed to members (it reaches one
-      // that accepts no connections only so), within the relay's budgets like a member; it may
-      // not ask for punches (a relay would make the member dial where the joiner says).
+      // A joiner not admitted yet may have its own circuits relayed to members that accept no
+      // connections (it reaches them only so), within the relay's budgets and at most half its
+      // circuits; it may not ask for punches (a relay would make the member dial where the
+      // joiner says).
       const bool joiner = restricted(*c);
-      decentrain::detail::check(!joiner || (r.to != opts.rank && r.kind != wire::relay_kind::punch && r.kind != wire::relay_kind::lost),
-                                "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame ",
-                                r.to == opts.rank ? "for this peer" : "that only members send");
+      if (joiner) {
+        decentrain::detail::check(r.to != opts.rank && r.kind != wire::relay_kind::punch && r.kind != wire::relay_kind::lost,
+                                  "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame ",
+                                  r.to == opts.rank ? "for this peer" : "that only members send");
+        const auto listed = dir.addresses.find(r.to);
+        const bool opens = r.kind == wire::relay_kind::open || r.kind == wire::relay_kind::resume;
+        decentrain::detail::check(!opens || (listed != dir.addresses.end() && listed->second.empty()),
+                                  "frame: peer ", c->rank, " joins and is not admitted yet, and asked for a circuit to peer ", r.to,
+                                  listed == dir.addresses.end() ? ", which this peer does not know"
+                                                                : ", which accepts connections (a joiner dials it directly)");
+      }
       decentrain::detail::check(!c->through, "frame: peer ", c->rank, " sent a relay frame over a relayed connection");
       decentrain::detail::check(r.from != opts.rank, "frame: peer ", c->rank, " sent this peer a relay frame from itself");
       decentrain::detail::check(r.to == opts.rank || r.from == c->rank, "frame: peer ", c->rank, " asked to relay a frame from peer ",
@@ -20738,12 +20768,14 @@ struct node {
     const auto r = wire::decode_route(h.tag, opts.capacity());
     std::shared_ptr<connection> dest;
     std::shared_ptr<tunnel> t;
+    bool by_joiner = false;
     {
       std::lock_guard lock(mutex);
       if (r.to != opts.rank) dest = relay_destination(r);
       else if (auto it = tunnels.find(r.from); it != tunnels.end()) t = it->second;
+      by_joiner = restricted(*c);
     }
-    if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
+    if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest, by_joiner);
     if (r.kind == wire::relay_kind::open) return accept_relayed(c, r.from);
     if (r.kind == wire::relay_kind::punch) return on_punch(r.from, body);
     if (!t) return;  // (a circuit closed here meanwhile)
@@ -21262,7 +21294,8 @@ class rendezvous {
       }
       std::unique_lock lock(n_.mutex);
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
-      if (static_cast<int>(n_.peers.size()) == opts.world - 1) {
+      // (a joiner that came meanwhile, of rank world or above, is not one of the group forming)
+      if (std::count_if(n_.peers.begin(), n_.peers.end(), [&](const auto& p) { return p.first < opts.world; }) == opts.world - 1) {
         n_.dir.formed = true;
         return;
       }
@@ -21325,9 +21358,12 @@ class rendezvous {
   }
 
  private:
+  // The peers of the group forming whose addresses this one knows (a joiner listed meanwhile,
+  // of rank world or above, is not one of them).
   int known() const {
     std::lock_guard lock(n_.mutex);
-    return static_cast<int>(n_.dir.addresses.size());
+    return static_cast<int>(std::count_if(n_.dir.addresses.begin(), n_.dir.addresses.end(),
+                                          [&](const auto& a) { return a.first < n_.opts.world; }));
   }
   // Whether this peer, finding the group running, still has to dial peer `r` (mutex held):
   // joiners of higher rank dial this one (two peers never dial each other at once), and a peer
@@ -21387,7 +21423,7 @@ class rendezvous {
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
       bool settled = true;
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank)) settled = false;
+        if (to_dial(r, failures)) settled = false;
       if (settled && !n_.peers.empty()) {
         n_.dir.formed = true;
         return;
@@ -21723,9 +21759,15 @@ class rendezvous {
   // end over the tunnel, as it would over a socket.
   void dial_relayed(int far) {
     const auto relays = n_.relays_for(far);
-    if (relays.empty())  // (not a sign that `far` is gone: a joiner tries again)
-      throw refused_for_now(decentrain::detail::concat("tcp: peer ", n_.opts.rank, " reaches peer ", far,
-                                                       " only through a relay, and is connected to no peer that relays yet"));
+    if (relays.empty()) {
+      // Connected to a peer, not yet to one that relays: not a sign that `far` is gone (a joiner
+      // tries again); connected to none, it is one failure more.
+      const auto why = decentrain::detail::concat("tcp: peer ", n_.opts.rank, " reaches peer ", far,
+                                                  " only through a relay, and is connected to no peer that relays yet");
+      std::lock_guard lock(n_.mutex);
+      if (n_.peers.empty()) decentrain::detail::fail(why);
+      throw refused_for_now(why);
+    }
     const auto via = relays[relay_turn_[far]++ % relays.size()];
     auto t = n_.open_tunnel(far, via);
     asio::io_context local;
@@ -21733,6 +21775,10 @@ class rendezvous {
     s.assign(asio::ip::tcp::v4(), t->take_near());
     try {
       finish_dial(s, far, decentrain::detail::concat("peer ", far, " through the relay peer ", via->rank), t);
+    } catch (const refused_for_now&) {  // (alive, asking for another try later)
+      asio::error_code ignored;
+      s.close(ignored);
+      throw;
     } catch (const std::exception& e) {
       asio::error_code ignored;
       s.close(ignored);  // (the tunnel closes the circuit)

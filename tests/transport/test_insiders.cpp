@@ -52,15 +52,17 @@ struct honest_pair {
   }
 };
 
-// Peers 0 and 1 of a keyed group of two, connected.
+// Peers 0 and 1 of a keyed group of two, connected (peer 1 without a listening socket where
+// `one_listens` is false: it dials peer 0).
 struct pair_of_peers {
-  explicit pair_of_peers(int max_world = 0) {
+  explicit pair_of_peers(int max_world = 0, bool one_listens = true) {
     auto o0 = keyed(0, 2);
     o0.max_world = max_world;
     peer0.emplace(o0);
     auto o1 = keyed(1, 2);
     o1.max_world = max_world;
     o1.join = {peer0->address()};
+    if (!one_listens) o1.listen.clear();
     auto one = std::async(std::launch::async, [&] { return tr::tcp::join(o1); });
     peer0->connect();
     peer1.emplace(one.get());
@@ -341,11 +343,12 @@ TEST_CASE("tcp: a key holder's relay frames: routes it may not use close it, a c
   CHECK(peer1.relayed().empty());
 }
 
-TEST_CASE("tcp: a joiner not admitted yet has only its own circuits relayed, to members: no punches, nothing to the relay") {
-  // Peer 0 of a keyed pair relays; the key holder poses as joiners 5, 6 and 7 (a joiner reaches
-  // a member that accepts no connections only through a relay, so a relay takes its circuits;
-  // a rank whose connection was closed for a bad frame is refused for a while, hence three).
-  pair_of_peers g(8);
+TEST_CASE("tcp: a joiner not admitted yet has only its own circuits relayed, to members that accept no connections") {
+  // Peer 0 of a keyed pair relays, peer 1 accepts no connections; the key holder poses as
+  // joiners 3 to 7 (a joiner reaches such a member only through a relay, so a relay takes its
+  // circuits to it; a rank whose connection was closed for a bad frame is refused for a while,
+  // hence one rank a case).
+  pair_of_peers g(8, false);
   asio::io_context io;
   auto joiner = [&](int rank) {
     auto h = std::make_unique<bench::hostile_peer>(io, g.peer0->address(), keyed(rank, 2), wire::hello_purpose::data, true);
@@ -356,16 +359,35 @@ TEST_CASE("tcp: a joiner not admitted yet has only its own circuits relayed, to 
   };
   const auto relay = [](wire::relay_route r) { return wire::encode_route(r); };
   {  // a punch: the relay would make member 1 dial where the joiner says
-    auto h = joiner(5);
-    h->write(wire::frame_type::relay, relay({wire::relay_kind::punch, 5, 1}), {});
+    auto h = joiner(3);
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::punch, 3, 1}), {});
     CHECK(h->closed_by_peer());
-    CHECK_THAT(g.peer0->last_malformed(), Contains("peer 5 joins and is not admitted yet, and sent a relay frame that only members send"));
+    CHECK_THAT(g.peer0->last_malformed(), Contains("peer 3 joins and is not admitted yet, and sent a relay frame that only members send"));
   }
   {  // a circuit to the relay itself
-    auto h = joiner(6);
-    h->write(wire::frame_type::relay, relay({wire::relay_kind::open, 6, 0}), {});
+    auto h = joiner(4);
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::open, 4, 0}), {});
     CHECK(h->closed_by_peer());
-    CHECK_THAT(g.peer0->last_malformed(), Contains("peer 6 joins and is not admitted yet, and sent a relay frame for this peer"));
+    CHECK_THAT(g.peer0->last_malformed(), Contains("peer 4 joins and is not admitted yet, and sent a relay frame for this peer"));
+  }
+  {  // a circuit to a peer the relay does not know (nor could a joiner's circuit go to a member
+     // that listens: a joiner dials it)
+    auto h = joiner(5);
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::resume, 5, 6}), {});
+    CHECK(h->closed_by_peer());
+    CHECK_THAT(g.peer0->last_malformed(), Contains("peer 5 joins and is not admitted yet, and asked for a circuit to peer 6, which this peer does not know"));
+  }
+  {  // bytes on no circuit: dropped, counted, the joiner kept
+    auto h = joiner(6);
+    const auto dropped = g.peer0->relaying().frames_dropped;
+    h->write(wire::frame_type::relay, relay({wire::relay_kind::bytes, 6, 1}), tr::bytes(64, std::byte{1}));
+    bool counted = false;
+    for (int i = 0; i < 200 && !counted; ++i) {
+      counted = g.peer0->relaying().frames_dropped > dropped;
+      if (!counted) std::this_thread::sleep_for(10ms);
+    }
+    CHECK(counted);
+    CHECK_FALSE(h->closed_by_peer());
   }
   {  // a circuit of its own to member 1: opened, and what it carries reaches member 1 as a
      // stranger's bytes (here garbage, which member 1 closes)
@@ -384,6 +406,38 @@ TEST_CASE("tcp: a joiner not admitted yet has only its own circuits relayed, to 
     CHECK_FALSE(h->closed_by_peer());
   }
   CHECK(g.still_one_pair(12));
+}
+
+TEST_CASE("tcp: joiners not admitted yet hold half a relay's circuits at most") {
+  // Peer 0 relays 4 circuits at most; the key holder, posing as joiners 2 to 5, asks it for a
+  // circuit to member 1 (which accepts no connections) from each: two are opened, then refused.
+  auto o0 = keyed(0, 2);
+  o0.max_world = 8;
+  o0.relay.max_circuits = 4;
+  tr::tcp peer0(o0);
+  auto o1 = keyed(1, 2);
+  o1.max_world = 8;
+  o1.join = {peer0.address()};
+  o1.listen.clear();
+  auto one = std::async(std::launch::async, [&] { return tr::tcp::join(o1); });
+  peer0.connect();
+  tr::tcp peer1 = one.get();
+  asio::io_context io;
+  std::vector<std::unique_ptr<bench::hostile_peer>> joiners;
+  for (int rank = 2; rank <= 5; ++rank) {
+    auto h = std::make_unique<bench::hostile_peer>(io, peer0.address(), keyed(rank, 2), wire::hello_purpose::data, true);
+    REQUIRE(h->answer());
+    h->write(wire::frame_type::relay, wire::encode_route({wire::relay_kind::open, rank, 1}), {});
+    joiners.push_back(std::move(h));
+  }
+  bool settled = false;
+  for (int i = 0; i < 300 && !settled; ++i) {
+    settled = peer0.relaying().circuits_opened + peer0.relaying().circuits_refused >= 4;
+    if (!settled) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(peer0.relaying().circuits_opened == 2);
+  CHECK(peer0.relaying().circuits_refused == 2);
+  CHECK_THAT(peer0.relaying().last_refusal, Contains("relays 2 circuits of joiners already (half its relay.max_circuits)"));
 }
 
 TEST_CASE("tcp: a key holder that floods a relay with opens and reads none of its refusals holds 64 KiB there at most") {

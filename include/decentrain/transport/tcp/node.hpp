@@ -1198,9 +1198,10 @@ struct node {
     }
     if (was_peer && !c->through) {
       // The circuits it was an end of close, and the connections it relayed for this peer.
+      // (a joiner at the other end of a circuit it opened is told too)
       relays.lost(c->rank, c, [this](int r) {
         std::lock_guard lock(mutex);
-        return connection_of(r);
+        return direct_connection_locked(r);
       });
       std::lock_guard lock(mutex);
       for (const auto& [far, t] : tunnels)
@@ -1250,14 +1251,18 @@ struct node {
     const auto it = peers.find(r);
     return it == peers.end() || restricted(*it->second) ? nullptr : it->second;
   }
-  // Where a relay frame goes (mutex held): a member's connection; or a joiner's, for what
-  // travels on a circuit the joiner opened (the relay drops it where none is open), never a
-  // circuit opened, resumed or punched towards a joiner.
+  // Where a relay frame goes (mutex held; I/O thread): a member's connection; or a joiner's,
+  // for what travels on a circuit the joiner opened and that is open here (a member's resume
+  // of it included), never a circuit opened or punched towards a joiner.
   std::shared_ptr<connection> relay_destination(const wire::relay_route& r) const {
     if (auto c = connection_of(r.to)) return c;
-    const auto it = peers.find(r.to);
-    const bool on_circuit = r.kind == wire::relay_kind::bytes || r.kind == wire::relay_kind::ack || r.kind == wire::relay_kind::close;
-    return it != peers.end() && on_circuit && !it->second->through ? it->second : nullptr;
+    return r.kind != wire::relay_kind::open && r.kind != wire::relay_kind::punch && relays.is_open(r.from, r.to) ? direct_connection_locked(r.to)
+                                                                                                                 : nullptr;
+  }
+  // Peer r's own connection (not relayed), member or joiner (mutex held); null otherwise.
+  std::shared_ptr<connection> direct_connection_locked(int r) const {
+    const auto it = peers.find(r);
+    return it == peers.end() || it->second->through ? nullptr : it->second;
   }
 
   // A tunnel whose connection closed or that was replaced: it ends once it has carried what is
@@ -1269,11 +1274,15 @@ struct node {
 
   // The peers that may relay a circuit to `far` from here: connected directly, members, and
   // listening (so `far`, which dials every such peer, is connected to them too), by rank.
+  // (A joiner not admitted yet knows no view: any listening peer its directory does not list as
+  // joining may relay for it, admitted after the group formed or not.)
   std::vector<std::shared_ptr<connection>> relays_for(int far) const {
     std::lock_guard lock(mutex);
     std::vector<std::shared_ptr<connection>> out;
     for (const auto& [r, c] : peers)
-      if (r != far && !c->through && !restricted(*c) && dir.addresses.count(r) && !dir.addresses.at(r).empty()) out.push_back(c);
+      if (r != far && !c->through && (!restricted(*c) || (dir.late && !dir.joining.count(r))) && dir.addresses.count(r) &&
+          !dir.addresses.at(r).empty())
+        out.push_back(c);
     return out;
   }
 
@@ -1388,13 +1397,22 @@ struct node {
     try {
       r = wire::decode_route(h.tag, opts.capacity());
       std::lock_guard lock(mutex);
-      // A joiner not admitted yet may have its own circuits relayed to members (it reaches one
-      // that accepts no connections only so), within the relay's budgets like a member; it may
-      // not ask for punches (a relay would make the member dial where the joiner says).
+      // A joiner not admitted yet may have its own circuits relayed to members that accept no
+      // connections (it reaches them only so), within the relay's budgets and at most half its
+      // circuits; it may not ask for punches (a relay would make the member dial where the
+      // joiner says).
       const bool joiner = restricted(*c);
-      decentrain::detail::check(!joiner || (r.to != opts.rank && r.kind != wire::relay_kind::punch && r.kind != wire::relay_kind::lost),
-                                "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame ",
-                                r.to == opts.rank ? "for this peer" : "that only members send");
+      if (joiner) {
+        decentrain::detail::check(r.to != opts.rank && r.kind != wire::relay_kind::punch && r.kind != wire::relay_kind::lost,
+                                  "frame: peer ", c->rank, " joins and is not admitted yet, and sent a relay frame ",
+                                  r.to == opts.rank ? "for this peer" : "that only members send");
+        const auto listed = dir.addresses.find(r.to);
+        const bool opens = r.kind == wire::relay_kind::open || r.kind == wire::relay_kind::resume;
+        decentrain::detail::check(!opens || (listed != dir.addresses.end() && listed->second.empty()),
+                                  "frame: peer ", c->rank, " joins and is not admitted yet, and asked for a circuit to peer ", r.to,
+                                  listed == dir.addresses.end() ? ", which this peer does not know"
+                                                                : ", which accepts connections (a joiner dials it directly)");
+      }
       decentrain::detail::check(!c->through, "frame: peer ", c->rank, " sent a relay frame over a relayed connection");
       decentrain::detail::check(r.from != opts.rank, "frame: peer ", c->rank, " sent this peer a relay frame from itself");
       decentrain::detail::check(r.to == opts.rank || r.from == c->rank, "frame: peer ", c->rank, " asked to relay a frame from peer ",
@@ -1438,12 +1456,14 @@ struct node {
     const auto r = wire::decode_route(h.tag, opts.capacity());
     std::shared_ptr<connection> dest;
     std::shared_ptr<tunnel> t;
+    bool by_joiner = false;
     {
       std::lock_guard lock(mutex);
       if (r.to != opts.rank) dest = relay_destination(r);
       else if (auto it = tunnels.find(r.from); it != tunnels.end()) t = it->second;
+      by_joiner = restricted(*c);
     }
-    if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest);
+    if (r.to != opts.rank) return relays.carry(r, std::move(body), c, dest, by_joiner);
     if (r.kind == wire::relay_kind::open) return accept_relayed(c, r.from);
     if (r.kind == wire::relay_kind::punch) return on_punch(r.from, body);
     if (!t) return;  // (a circuit closed here meanwhile)

@@ -235,11 +235,16 @@ class relay_service {
   }
 
   // A relay frame from `from` (whose rank is r.from) for peer r.to, whose connection here is
-  // `dest` (null: none).
-  void carry(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
-    carry_one(r, std::move(body), from, dest);
+  // `dest` (null: none). `by_joiner`: `from` is a joiner not admitted yet, whose circuits may
+  // hold half of max_circuits at most (the members' resumes keep the other half).
+  void carry(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest,
+             bool by_joiner = false) {
+    carry_one(r, std::move(body), from, dest, by_joiner);
     open_count_ = circuits_.size();
   }
+
+  // Whether peers a and b have a circuit open here (I/O thread).
+  bool is_open(int a, int b) const { return circuits_.count(std::minmax(a, b)) > 0; }
 
   // Peer `rank`'s connection closed: its circuits close, each other end told why.
   // `connection_of(r)`: peer r's connection here, or null.
@@ -250,6 +255,7 @@ class relay_service {
         continue;
       }
       const int other = it->first == rank ? it->second : it->first;
+      joiners_.erase(*it);
       it = circuits_.erase(it);
       if (const auto oc = connection_of(other))
         to(oc).push({wire::relay_kind::lost, rank, other},
@@ -288,7 +294,8 @@ class relay_service {
   }
 
  private:
-  void carry_one(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest) {
+  void carry_one(const wire::relay_route& r, bytes body, const std::shared_ptr<connection>& from, const std::shared_ptr<connection>& dest,
+                 bool by_joiner) {
     const auto pair = std::minmax(r.from, r.to);
     const bool open = circuits_.count(pair) > 0;
     switch (r.kind) {
@@ -299,6 +306,8 @@ class relay_service {
         else if (!dest) refusal = decentrain::detail::concat("peer ", self_, " is not connected to peer ", r.to, " (yet)");
         else if (!open && static_cast<int>(circuits_.size()) >= opts_.max_circuits)
           refusal = decentrain::detail::concat("peer ", self_, " relays ", opts_.max_circuits, " circuits already (its relay.max_circuits)");
+        else if (!open && by_joiner && static_cast<int>(joiners_.size()) >= opts_.max_circuits / 2)
+          refusal = decentrain::detail::concat("peer ", self_, " relays ", joiners_.size(), " circuits of joiners already (half its relay.max_circuits)");
         if (!refusal.empty()) {
           ++refused_;
           {
@@ -309,6 +318,7 @@ class relay_service {
         }
         if (!open) ++opened_;
         circuits_.insert(pair);
+        if (!open && by_joiner) joiners_.insert(pair);
         return to(dest).push(r, std::move(body));
       }
       case wire::relay_kind::punch: {
@@ -336,6 +346,7 @@ class relay_service {
         return to(dest).push(r, std::move(body));
       case wire::relay_kind::close:
         circuits_.erase(pair);
+        joiners_.erase(pair);
         if (open && dest) to(dest).push(r, std::move(body));
         return;
     }
@@ -370,6 +381,7 @@ class relay_service {
   std::chrono::milliseconds timeout_;
   std::atomic<std::uint64_t>& framing_;
   std::set<std::pair<int, int>> circuits_;                    // I/O thread
+  std::set<std::pair<int, int>> joiners_;                     // I/O thread: those of circuits_ a joiner opened
   std::map<const connection*, std::unique_ptr<forwarder>> out_;  // I/O thread; by destination connection
   std::vector<std::unique_ptr<forwarder>> retired_;             // stopping; joined once finished
   std::atomic<std::uint64_t> opened_ = 0, refused_ = 0, open_count_ = 0, forwarded_ = 0, dropped_ = 0;

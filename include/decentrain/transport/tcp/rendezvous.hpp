@@ -90,7 +90,8 @@ class rendezvous {
       }
       std::unique_lock lock(n_.mutex);
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
-      if (static_cast<int>(n_.peers.size()) == opts.world - 1) {
+      // (a joiner that came meanwhile, of rank world or above, is not one of the group forming)
+      if (std::count_if(n_.peers.begin(), n_.peers.end(), [&](const auto& p) { return p.first < opts.world; }) == opts.world - 1) {
         n_.dir.formed = true;
         return;
       }
@@ -153,9 +154,12 @@ class rendezvous {
   }
 
  private:
+  // The peers of the group forming whose addresses this one knows (a joiner listed meanwhile,
+  // of rank world or above, is not one of them).
   int known() const {
     std::lock_guard lock(n_.mutex);
-    return static_cast<int>(n_.dir.addresses.size());
+    return static_cast<int>(std::count_if(n_.dir.addresses.begin(), n_.dir.addresses.end(),
+                                          [&](const auto& a) { return a.first < n_.opts.world; }));
   }
   // Whether this peer, finding the group running, still has to dial peer `r` (mutex held):
   // joiners of higher rank dial this one (two peers never dial each other at once), and a peer
@@ -215,7 +219,7 @@ class rendezvous {
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
       bool settled = true;
       for (const auto& [r, a] : n_.dir.addresses)
-        if (r != opts.rank && !n_.peers.count(r) && failures[r] < 2 && !(n_.dir.joining.count(r) && r > opts.rank)) settled = false;
+        if (to_dial(r, failures)) settled = false;
       if (settled && !n_.peers.empty()) {
         n_.dir.formed = true;
         return;
@@ -551,9 +555,15 @@ class rendezvous {
   // end over the tunnel, as it would over a socket.
   void dial_relayed(int far) {
     const auto relays = n_.relays_for(far);
-    if (relays.empty())  // (not a sign that `far` is gone: a joiner tries again)
-      throw refused_for_now(decentrain::detail::concat("tcp: peer ", n_.opts.rank, " reaches peer ", far,
-                                                       " only through a relay, and is connected to no peer that relays yet"));
+    if (relays.empty()) {
+      // Connected to a peer, not yet to one that relays: not a sign that `far` is gone (a joiner
+      // tries again); connected to none, it is one failure more.
+      const auto why = decentrain::detail::concat("tcp: peer ", n_.opts.rank, " reaches peer ", far,
+                                                  " only through a relay, and is connected to no peer that relays yet");
+      std::lock_guard lock(n_.mutex);
+      if (n_.peers.empty()) decentrain::detail::fail(why);
+      throw refused_for_now(why);
+    }
     const auto via = relays[relay_turn_[far]++ % relays.size()];
     auto t = n_.open_tunnel(far, via);
     asio::io_context local;
@@ -561,6 +571,10 @@ class rendezvous {
     s.assign(asio::ip::tcp::v4(), t->take_near());
     try {
       finish_dial(s, far, decentrain::detail::concat("peer ", far, " through the relay peer ", via->rank), t);
+    } catch (const refused_for_now&) {  // (alive, asking for another try later)
+      asio::error_code ignored;
+      s.close(ignored);
+      throw;
     } catch (const std::exception& e) {
       asio::error_code ignored;
       s.close(ignored);  // (the tunnel closes the circuit)
