@@ -794,6 +794,75 @@ TEST_CASE("tcp: a joiner reaches a member that accepts no connections through a 
   CHECK(member_relayed.count(3) == 1);
 }
 
+TEST_CASE("tcp: a joiner's circuit to a member that accepts no connections goes on through another relay when its relay leaves") {
+  // Members 0, 1 (no listening socket) and 2; joiner 3 reaches member 1 through peer 0 (the
+  // first relay it is connected to), and before any admission peer 0 leaves: the circuit
+  // resumes through peer 2, and a message goes each way after as before.
+  auto options = [](int rank) {
+    tr::tcp_options o;
+    o.rank = rank;
+    o.world = 3;
+    o.max_world = 4;
+    o.join_timeout = std::chrono::milliseconds(20000);
+    o.recv_timeout = std::chrono::milliseconds(20000);
+    return o;
+  };
+  const auto tag = tr::membership_tag(9);
+  const auto text = [](const char* t) { return std::span<const std::byte>(reinterpret_cast<const std::byte*>(t), std::strlen(t)); };
+  const auto as_text = [](const tr::bytes& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); };
+  std::optional<tr::tcp> peer0(std::in_place, options(0));
+  const std::string seed = peer0->address();
+  std::atomic<bool> done{false};
+  std::string member1_error, member1_got, joiner_error, joiner_got;
+  std::map<int, int> relayed_before, relayed_after;
+  std::vector<std::thread> members;
+  for (const int r : {1, 2})
+    members.emplace_back([&, r] {
+      try {
+        auto o = options(r);
+        o.join = {seed};
+        if (r == 1) o.listen.clear();
+        tr::tcp ep(o);
+        ep.connect();
+        if (r == 1)
+          for (int i = 0; i < 2; ++i) {
+            member1_got += as_text(ep.recv(3, tag));
+            ep.send(3, tag, text(i == 0 ? "one" : "two"));
+          }
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      } catch (const std::exception& e) {
+        if (r == 1) member1_error = e.what();
+      }
+    });
+  try {
+    peer0->connect();
+    auto o = options(3);
+    o.world = 3;
+    o.join = {seed};
+    tr::tcp joiner(o);
+    joiner.connect();
+    relayed_before = joiner.relayed();
+    joiner.send(1, tag, text("a"));
+    joiner_got += as_text(joiner.recv(1, tag));
+    peer0.reset();  // the relay leaves
+    joiner.send(1, tag, text("b"));
+    joiner_got += as_text(joiner.recv(1, tag));
+    relayed_after = joiner.relayed();
+  } catch (const std::exception& e) {
+    joiner_error = e.what();
+  }
+  done = true;
+  for (auto& t : members) t.join();
+  INFO(joiner_error << " / " << member1_error);
+  CHECK(joiner_error.empty());
+  CHECK(member1_error.empty());
+  CHECK(relayed_before == std::map<int, int>{{1, 0}});
+  CHECK(relayed_after == std::map<int, int>{{1, 2}});
+  CHECK(member1_got == "ab");
+  CHECK(joiner_got == "onetwo");
+}
+
 TEST_CASE("tcp: a directory never lets an empty address hide one known") {
   tr::tcp_detail::directory d;
   d.addresses[2] = "10.0.0.2:7000";
