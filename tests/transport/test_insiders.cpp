@@ -82,6 +82,16 @@ struct pair_of_peers {
   std::optional<tr::tcp> peer0, peer1;
 };
 
+// Whether `done()` holds within `tries` x 10 ms (checked that often).
+template <class F>
+bool eventually(F done, int tries = 200) {
+  for (int i = 0; i < tries; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
 }  // namespace
 
 TEST_CASE("tcp: a key holder claiming a rank that is connected and alive is refused, nothing is replaced or split") {
@@ -381,12 +391,7 @@ TEST_CASE("tcp: a joiner not admitted yet has only its own circuits relayed, to 
     auto h = joiner(6);
     const auto dropped = g.peer0->relaying().frames_dropped;
     h->write(wire::frame_type::relay, relay({wire::relay_kind::bytes, 6, 1}), tr::bytes(64, std::byte{1}));
-    bool counted = false;
-    for (int i = 0; i < 200 && !counted; ++i) {
-      counted = g.peer0->relaying().frames_dropped > dropped;
-      if (!counted) std::this_thread::sleep_for(10ms);
-    }
-    CHECK(counted);
+    CHECK(eventually([&] { return g.peer0->relaying().frames_dropped > dropped; }));
     CHECK_FALSE(h->closed_by_peer());
   }
   {  // a circuit of its own to member 1: opened, and what it carries reaches member 1 as a
@@ -395,12 +400,7 @@ TEST_CASE("tcp: a joiner not admitted yet has only its own circuits relayed, to 
     const auto strangers = g.peer1->stats().malformed_frames;
     h->write(wire::frame_type::relay, relay({wire::relay_kind::open, 7, 1}), {});
     h->write(wire::frame_type::relay, relay({wire::relay_kind::bytes, 7, 1}), tr::bytes(256, std::byte{0x5a}));
-    bool closed = false;
-    for (int i = 0; i < 200 && !closed; ++i) {
-      closed = g.peer1->stats().malformed_frames > strangers;
-      if (!closed) std::this_thread::sleep_for(10ms);
-    }
-    CHECK(closed);
+    CHECK(eventually([&] { return g.peer1->stats().malformed_frames > strangers; }));
     CHECK_THAT(g.peer1->last_malformed(), Contains("bad magic"));
     CHECK(g.peer0->relaying().circuits_opened == 1);
     CHECK_FALSE(h->closed_by_peer());
@@ -430,11 +430,7 @@ TEST_CASE("tcp: joiners not admitted yet hold half a relay's circuits at most") 
     h->write(wire::frame_type::relay, wire::encode_route({wire::relay_kind::open, rank, 1}), {});
     joiners.push_back(std::move(h));
   }
-  bool settled = false;
-  for (int i = 0; i < 300 && !settled; ++i) {
-    settled = peer0.relaying().circuits_opened + peer0.relaying().circuits_refused >= 4;
-    if (!settled) std::this_thread::sleep_for(10ms);
-  }
+  CHECK(eventually([&] { return peer0.relaying().circuits_opened + peer0.relaying().circuits_refused >= 4; }, 300));
   CHECK(peer0.relaying().circuits_opened == 2);
   CHECK(peer0.relaying().circuits_refused == 2);
   CHECK_THAT(peer0.relaying().last_refusal, Contains("relays 2 circuits of joiners already (half its relay.max_circuits)"));
