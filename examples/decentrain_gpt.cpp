@@ -1158,7 +1158,8 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
       tcp_peer.emplace(dt::transport::tcp::join(p.tcp));
       if (!p.quiet)
         for (const auto& [other, relay] : tcp_peer->relayed())
-          std::printf("tcp peer %d reaches peer %d through the relay peer %d (neither accepts connections)\n", p.tcp.rank, other, relay);
+          std::printf("tcp peer %d reaches peer %d through the relay peer %d (peer %d accepts no connections)\n", p.tcp.rank, other, relay,
+                      other);
       if (!p.quiet)
         for (const int other : tcp_peer->punched())
           std::printf("tcp peer %d reaches peer %d directly: a hole punched through their NATs (neither accepts connections)\n",

@@ -812,7 +812,7 @@ TEST_CASE("train over TCP, peers that accept no connections (--join without --li
   // The relay peer 3 named says what it carried (the other may have refused a circuit early on,
   // when peer 1 had not reached it yet).
   const auto named = last_line_with(rank3, "tcp peer 3 reaches peer 1 through the relay peer ");
-  const auto relay_output = named.ends_with("peer 0 (neither accepts connections)") ? tcp.output : rank2;
+  const auto relay_output = named.ends_with("peer 0 (peer 1 accepts no connections)") ? tcp.output : rank2;
   CHECK_THAT(relay_output, Contains("relay: carried ") && !Contains("relay: carried 0 circuits"));
   CHECK(last_line_with(tcp.output, "val loss ") == last_line_with(in_process.output, "val loss "));
   CHECK(last_line_with(rank1, "val loss ") == last_line_with(in_process.output, "val loss "));
@@ -1595,6 +1595,37 @@ TEST_CASE("train --elastic over TCP: a peer started later with a rank of its own
                          dir);
   CHECK_THAT(taken.output, Contains("rank 1 is taken in the running group"));
   CHECK_THAT(taken.output, Contains("joiner 1"));
+}
+
+TEST_CASE("train --elastic over TCP: a joiner reaches a member that accepts no connections through a relay",
+          "[cli][elastic]") {
+  // Rank 1 has no listening socket (behind a NAT, say) and dialed rank 0 only; rank 5 joins the
+  // running group, reaches rank 0 directly and rank 1 through it.
+  const auto dir = scratch("elastic_join_relayed");
+  const auto port = std::to_string(free_port());
+  const std::string args = " train --comm diloco --inner-steps 10 --steps 1000 --batch-size 4 --eval-batches 2"
+                           " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
+                           " --elastic --max-world 8";
+  const std::string join = " --join 127.0.0.1:" + port + " --world 2";
+  const auto r = run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
+                     "timeout 150 " + cli() + args + join + " --rank 1 > r1.txt 2>&1 & p1=$!; "
+                     "for i in $(seq 600); do [ $(cat metrics.rank-1.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
+                     "timeout 150 " + cli() + args + " --listen 127.0.0.1:0" + join + " --rank 5 > r5.txt 2>&1; s5=$?; "
+                     "wait $p0; s0=$?; wait $p1; s1=$?; "
+                     "cat r0.txt r1.txt; echo '--- rank 5'; cat r5.txt; echo \"exit $s0 $s1 joiner $s5\" )",
+                     dir);
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("exit 0 0 joiner 0"));
+  CHECK_THAT(r.output, Contains("tcp peer 5 reaches peer 1 through the relay peer 0 (peer 1 accepts no connections)"));
+  CHECK_THAT(r.output, Contains("relayed: peer 5 was reached through the relay peer 0"));  // rank 1's summary
+  std::istringstream lines(r.output);
+  int views = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("membership: view ") == 0 && line.find("joined: 5") != std::string::npos) {
+      ++views;
+      CHECK_THAT(line, Contains("peers 0,1,5"));
+    }
+  CHECK(views == 3);
 }
 
 TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodbye, it comes back with --resume",
