@@ -30,9 +30,9 @@
 // Standalone asio (Debian: libasio-dev) gives the TCP transport. nvcc (13.0) cannot compile
 // asio 1.22's executor traits, so CUDA translation units see no TCP transport; the TCP peer lives
 // in host code (a .cpp) and hands device buffers over as bytes. A program that trains in one
-// process can define it 0 to leave the TCP transport (and TLS) out: about 40% of what the
-// umbrella header costs each file that includes it to compile (the project's tests that use no
-// TCP are built so).
+// process can define it 0 to leave the TCP transport (and TLS) out, and with it the instantiations
+// of asio each file that includes the umbrella header compiles (the project's tests that use no
+// TCP are built so: bench/RESULTS.md, CI, 2e35338).
 #ifndef DECENTRAIN_HAS_ASIO
 #if __has_include(<asio.hpp>) && !defined(__CUDACC__)
 #define DECENTRAIN_HAS_ASIO 1

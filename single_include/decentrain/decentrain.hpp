@@ -37,9 +37,9 @@
 // Standalone asio (Debian: libasio-dev) gives the TCP transport. nvcc (13.0) cannot compile
 // asio 1.22's executor traits, so CUDA translation units see no TCP transport; the TCP peer lives
 // in host code (a .cpp) and hands device buffers over as bytes. A program that trains in one
-// process can define it 0 to leave the TCP transport (and TLS) out: about 40% of what the
-// umbrella header costs each file that includes it to compile (the project's tests that use no
-// TCP are built so).
+// process can define it 0 to leave the TCP transport (and TLS) out, and with it the instantiations
+// of asio each file that includes the umbrella header compiles (the project's tests that use no
+// TCP are built so: bench/RESULTS.md, CI, 2e35338).
 #ifndef DECENTRAIN_HAS_ASIO
 #if __has_include(<asio.hpp>) && !defined(__CUDACC__)
 #define DECENTRAIN_HAS_ASIO 1
@@ -20228,8 +20228,7 @@ struct node {
   // The pair's first connection to `peer` (training thread), if it is a direct one.
   std::shared_ptr<connection> direct_connection(int peer) const {
     std::lock_guard lock(mutex);
-    const auto it = peers.find(peer);
-    return it == peers.end() || it->second->through ? nullptr : it->second;
+    return direct_connection_locked(peer);
   }
 
   // A caller refused before its key was checked: told why (best effort), counted.
@@ -21294,8 +21293,7 @@ class rendezvous {
       }
       std::unique_lock lock(n_.mutex);
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
-      // (a joiner that came meanwhile, of rank world or above, is not one of the group forming)
-      if (std::count_if(n_.peers.begin(), n_.peers.end(), [&](const auto& p) { return p.first < opts.world; }) == opts.world - 1) {
+      if (of_group_forming(n_.peers) == opts.world - 1) {
         n_.dir.formed = true;
         return;
       }
@@ -21358,12 +21356,16 @@ class rendezvous {
   }
 
  private:
-  // The peers of the group forming whose addresses this one knows (a joiner listed meanwhile,
-  // of rank world or above, is not one of them).
+  // The entries of a map by rank that are peers of the group forming (mutex held): a joiner
+  // that came meanwhile, of rank world or above, is not one of them.
+  template <class ByRank>
+  int of_group_forming(const ByRank& m) const {
+    return static_cast<int>(std::count_if(m.begin(), m.end(), [&](const auto& e) { return e.first < n_.opts.world; }));
+  }
+  // The peers of the group forming whose addresses this one knows.
   int known() const {
     std::lock_guard lock(n_.mutex);
-    return static_cast<int>(std::count_if(n_.dir.addresses.begin(), n_.dir.addresses.end(),
-                                          [&](const auto& a) { return a.first < n_.opts.world; }));
+    return of_group_forming(n_.dir.addresses);
   }
   // Whether this peer, finding the group running, still has to dial peer `r` (mutex held):
   // joiners of higher rank dial this one (two peers never dial each other at once), and a peer

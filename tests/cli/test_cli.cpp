@@ -1559,35 +1559,55 @@ TEST_CASE("train --elastic --left-out rejoin over TCP: a frozen peer woken after
   CHECK_THAT(weights.output, Contains("same") && !Contains("failed"));
 }
 
-TEST_CASE("train --elastic over TCP: a peer started later with a rank of its own joins the running group",
-          "[cli][elastic]") {
-  const auto dir = scratch("elastic_join");
-  const auto port = std::to_string(free_port());
-  // Long enough (several seconds) for the joiner to be admitted well before the members finish.
-  const std::string args = " train --comm diloco --inner-steps 10 --steps 1000 --batch-size 4 --eval-batches 2"
-                           " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
-                           " --elastic --max-world 8";
-  const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 2";
-  const auto r = run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
-                     "timeout 150 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; "
-                     "for i in $(seq 600); do [ $(cat metrics.rank-1.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
-                     "timeout 150 " + cli() + args + peer + " --rank 5 > r5.txt 2>&1; s5=$?; wait $p0; s0=$?; wait $p1; s1=$?; "
-                     "cat r0.txt r1.txt; echo '--- rank 5'; cat r5.txt; echo \"exit $s0 $s1 joiner $s5\" )",
-                     dir);
-  INFO(r.output);
-  CHECK_THAT(r.output, Contains("exit 0 0 joiner 0"));
-  // All three list the view that took the joiner in.
-  std::istringstream lines(r.output);
+namespace {
+
+// The elastic-join cases: long enough (several seconds) for a joiner to be admitted well before
+// the members finish.
+const std::string elastic_join_args = " train --comm diloco --inner-steps 10 --steps 1000 --batch-size 4 --eval-batches 2"
+                                      " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
+                                      " --elastic --max-world 8";
+
+// Members 0 (listening on `port`) and 1 (given `member1` too) train; once member 1 has 40 steps
+// of metrics, rank 5 joins (given `joiner` too). The output: the members' outputs, rank 5's,
+// then "exit S0 S1 joiner S5" (their exit statuses).
+result join_running_group(const fs::path& dir, const std::string& port, const std::string& member1, const std::string& joiner) {
+  const std::string join = " --join 127.0.0.1:" + port + " --world 2";
+  return run("( timeout 150 " + cli() + elastic_join_args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
+             "timeout 150 " + cli() + elastic_join_args + member1 + join + " --rank 1 > r1.txt 2>&1 & p1=$!; "
+             "for i in $(seq 600); do [ $(cat metrics.rank-1.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
+             "timeout 150 " + cli() + elastic_join_args + joiner + join + " --rank 5 > r5.txt 2>&1; s5=$?; "
+             "wait $p0; s0=$?; wait $p1; s1=$?; "
+             "cat r0.txt r1.txt; echo '--- rank 5'; cat r5.txt; echo \"exit $s0 $s1 joiner $s5\" )",
+             dir);
+}
+
+// The views in `output` that took rank 5 in, each checked to list `members`.
+int views_taking_in_5(const std::string& output, const std::string& members) {
+  std::istringstream lines(output);
   int views = 0;
   for (std::string line; std::getline(lines, line);)
     if (line.find("membership: view ") == 0 && line.find("joined: 5") != std::string::npos) {
       ++views;
-      CHECK_THAT(line, Contains("peers 0,1,5"));
+      CHECK_THAT(line, Contains(members));
     }
-  CHECK(views == 3);
+  return views;
+}
+
+}  // namespace
+
+TEST_CASE("train --elastic over TCP: a peer started later with a rank of its own joins the running group",
+          "[cli][elastic]") {
+  const auto dir = scratch("elastic_join");
+  const auto port = std::to_string(free_port());
+  const auto r = join_running_group(dir, port, " --listen 127.0.0.1:0", " --listen 127.0.0.1:0");
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("exit 0 0 joiner 0"));
+  CHECK(views_taking_in_5(r.output, "peers 0,1,5") == 3);  // all three list the view that took the joiner in
   // The joiner's state landed in its own tensors (no copy of it was made).
   CHECK_THAT(r.output, Contains("joined: 5), took a peer's state (landed in place)"));
   // A joiner may not take a rank that a live member holds.
+  const auto& args = elastic_join_args;
+  const std::string peer = " --listen 127.0.0.1:0 --join 127.0.0.1:" + port + " --world 2";
   const auto taken = run("( rm -f metrics.rank-*.jsonl; timeout 60 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
                          "timeout 60 " + cli() + args + peer + " --rank 1 > r1.txt 2>&1 & p1=$!; "
                          "for i in $(seq 600); do [ $(cat metrics.rank-1.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
@@ -1602,30 +1622,12 @@ TEST_CASE("train --elastic over TCP: a joiner reaches a member that accepts no c
   // Rank 1 has no listening socket (behind a NAT, say) and dialed rank 0 only; rank 5 joins the
   // running group, reaches rank 0 directly and rank 1 through it.
   const auto dir = scratch("elastic_join_relayed");
-  const auto port = std::to_string(free_port());
-  const std::string args = " train --comm diloco --inner-steps 10 --steps 1000 --batch-size 4 --eval-batches 2"
-                           " --eval-every 0 --threads 1 --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --seed 7"
-                           " --elastic --max-world 8";
-  const std::string join = " --join 127.0.0.1:" + port + " --world 2";
-  const auto r = run("( timeout 150 " + cli() + args + " --listen 127.0.0.1:" + port + " --rank 0 --world 2 > r0.txt 2>&1 & p0=$!; "
-                     "timeout 150 " + cli() + args + join + " --rank 1 > r1.txt 2>&1 & p1=$!; "
-                     "for i in $(seq 600); do [ $(cat metrics.rank-1.jsonl 2>/dev/null | wc -l) -ge 40 ] && break; sleep 0.1; done; "
-                     "timeout 150 " + cli() + args + " --listen 127.0.0.1:0" + join + " --rank 5 > r5.txt 2>&1; s5=$?; "
-                     "wait $p0; s0=$?; wait $p1; s1=$?; "
-                     "cat r0.txt r1.txt; echo '--- rank 5'; cat r5.txt; echo \"exit $s0 $s1 joiner $s5\" )",
-                     dir);
+  const auto r = join_running_group(dir, std::to_string(free_port()), "", " --listen 127.0.0.1:0");
   INFO(r.output);
   CHECK_THAT(r.output, Contains("exit 0 0 joiner 0"));
   CHECK_THAT(r.output, Contains("tcp peer 5 reaches peer 1 through the relay peer 0 (peer 1 accepts no connections)"));
   CHECK_THAT(r.output, Contains("relayed: peer 5 was reached through the relay peer 0"));  // rank 1's summary
-  std::istringstream lines(r.output);
-  int views = 0;
-  for (std::string line; std::getline(lines, line);)
-    if (line.find("membership: view ") == 0 && line.find("joined: 5") != std::string::npos) {
-      ++views;
-      CHECK_THAT(line, Contains("peers 0,1,5"));
-    }
-  CHECK(views == 3);
+  CHECK(views_taking_in_5(r.output, "peers 0,1,5") == 3);
 }
 
 TEST_CASE("train --elastic over TCP: Ctrl-C on one peer saves it and says goodbye, it comes back with --resume",

@@ -916,8 +916,7 @@ struct node {
   // The pair's first connection to `peer` (training thread), if it is a direct one.
   std::shared_ptr<connection> direct_connection(int peer) const {
     std::lock_guard lock(mutex);
-    const auto it = peers.find(peer);
-    return it == peers.end() || it->second->through ? nullptr : it->second;
+    return direct_connection_locked(peer);
   }
 
   // A caller refused before its key was checked: told why (best effort), counted.

@@ -90,8 +90,7 @@ class rendezvous {
       }
       std::unique_lock lock(n_.mutex);
       if (!n_.dir.refusal.empty()) decentrain::detail::fail(n_.dir.refusal);
-      // (a joiner that came meanwhile, of rank world or above, is not one of the group forming)
-      if (std::count_if(n_.peers.begin(), n_.peers.end(), [&](const auto& p) { return p.first < opts.world; }) == opts.world - 1) {
+      if (of_group_forming(n_.peers) == opts.world - 1) {
         n_.dir.formed = true;
         return;
       }
@@ -154,12 +153,16 @@ class rendezvous {
   }
 
  private:
-  // The peers of the group forming whose addresses this one knows (a joiner listed meanwhile,
-  // of rank world or above, is not one of them).
+  // The entries of a map by rank that are peers of the group forming (mutex held): a joiner
+  // that came meanwhile, of rank world or above, is not one of them.
+  template <class ByRank>
+  int of_group_forming(const ByRank& m) const {
+    return static_cast<int>(std::count_if(m.begin(), m.end(), [&](const auto& e) { return e.first < n_.opts.world; }));
+  }
+  // The peers of the group forming whose addresses this one knows.
   int known() const {
     std::lock_guard lock(n_.mutex);
-    return static_cast<int>(std::count_if(n_.dir.addresses.begin(), n_.dir.addresses.end(),
-                                          [&](const auto& a) { return a.first < n_.opts.world; }));
+    return of_group_forming(n_.dir.addresses);
   }
   // Whether this peer, finding the group running, still has to dial peer `r` (mutex held):
   // joiners of higher rank dial this one (two peers never dial each other at once), and a peer
