@@ -21283,7 +21283,7 @@ class rendezvous {
         ++attempts;
         try {
           if (address.empty()) {
-            if (!punch(j)) dial_relayed(j);
+            if (punch(j) == punch_outcome::no) dial_relayed(j);
           } else {
             dial(j, address);
           }
@@ -21715,44 +21715,49 @@ class rendezvous {
 
   // Peer `far` accepts no connections either, and has the lower rank: a relay tells both the
   // other's address as it sees it (tcp/punch.hpp), and this peer connects to it while `far`
-  // connects here. Until a relay answered once (one that is not connected to `far` yet, or
-  // does not relay, says nothing; the relays are asked in turn); true when the connection
-  // stands (else the caller asks a relay for a circuit instead).
-  bool punch(int far) {
-    if (!n_.punch_port || punch_answered_.count(far)) return false;
+  // connects here. Until a relay answered once. One that is not connected to `far` yet (`far`
+  // may still be dialing it), or does not relay, says nothing: the next round asks the next
+  // one (`not_now`; the first asked again where it is the only one), and only after one
+  // silence more than there are relays does the caller ask for a circuit (`no`), as it does
+  // when the connection does not stand.
+  enum class punch_outcome { stands, not_now, no };
+  punch_outcome punch(int far) {
+    if (!n_.punch_port || punch_answered_.count(far)) return punch_outcome::no;
     const auto relays = n_.relays_for(far);
-    if (relays.empty()) return false;
+    if (relays.empty()) return punch_outcome::no;
     {
       std::lock_guard lock(n_.mutex);
       n_.punch_answers.erase(far);
     }
-    if (!write_relay(*relays[punch_turn_[far]++ % relays.size()], {wire::relay_kind::punch, n_.opts.rank, far}, {},
+    const auto asked = ++punch_turn_[far];
+    if (!write_relay(*relays[(asked - 1) % relays.size()], {wire::relay_kind::punch, n_.opts.rank, far}, {},
                      n_.opts.connect_timeout, n_.framing_sent, [] { return false; }))
-      return false;
+      return punch_outcome::no;
     asio::ip::tcp::endpoint at;
     {
       std::unique_lock lock(n_.mutex);
-      if (!n_.changed.wait_for(lock, n_.opts.punch_within, [&] { return n_.punch_answers.count(far) > 0; })) return false;
+      if (!n_.changed.wait_for(lock, n_.opts.punch_within, [&] { return n_.punch_answers.count(far) > 0; }))
+        return asked <= relays.size() ? punch_outcome::not_now : punch_outcome::no;
       at = n_.punch_answers[far];
     }
     punch_answered_.insert(far);
     const int fd = n_.punch_port->connect(at, clock::now() + n_.opts.punch_within, false, [] { return false; });
-    if (fd < 0) return false;
+    if (fd < 0) return punch_outcome::no;
     asio::io_context local;
     asio::ip::tcp::socket s(local);
     try {
       s.assign(asio::ip::tcp::v4(), fd);
     } catch (const std::exception&) {
       ::close(fd);
-      return false;
+      return punch_outcome::no;
     }
     try {
       finish_dial(s, far, decentrain::detail::concat("peer ", far, " at ", at.address().to_string(), ":", at.port(), " (a hole punched)"),
                   nullptr, true);
     } catch (const std::exception&) {
-      return false;  // (the socket closes with `s`)
+      return punch_outcome::no;  // (the socket closes with `s`)
     }
-    return true;
+    return punch_outcome::stands;
   }
 
   // Reaches peer `far`, which accepts no connections either, through a relay: one of the peers
@@ -21819,7 +21824,7 @@ class rendezvous {
   std::atomic<int> unproven_refusals_ = 0;  // refusals heard before any proof (see dial_handshake; streams dial at once)
   std::map<int, std::size_t> relay_turn_;  // which relay dial_relayed asks next, per far peer
   std::set<int> punch_answered_;           // the peers punch() had an address for (tried once each)
-  std::map<int, std::size_t> punch_turn_;  // which relay punch() asks next, per far peer
+  std::map<int, std::size_t> punch_turn_;  // how many times punch() asked a relay, per far peer (the next asked in turn)
 };
 
 }  // namespace decentrain::transport::tcp_detail

@@ -409,8 +409,10 @@ TEST_CASE("tcp: two peers that accept no connections connect directly where a ho
   std::vector<std::map<int, int>> relayed(world);
   std::vector<tr::relay_stats> relaying(world);
   std::vector<std::uint64_t> wrong(world, 1);
-  // (5 s to punch rather than the default 1 s: under CI's load a punch that works took over a
-  // second once, and the pair went through a relay)
+  // Peer 3 may ask a relay before peer 1 is connected to it (under CI's load, 1 run in 40): that
+  // relay says nothing, and peer 3 asks again in its next round rather than taking a circuit
+  // (rendezvous.hpp, punch). 5 s for each wait rather than the default 1 s: this test is about a
+  // punch that works, not how soon under load.
   const auto errors = harness::tcp::run_each(world, [](tr::tcp_options& o) {
     if (o.rank == 1 || o.rank == 3) o.listen.clear();
     o.punch_within = std::chrono::milliseconds(5000);
@@ -1043,7 +1045,10 @@ TEST_CASE("tcp: a peer that rejoins finds its rank taken by another process mean
   REQUIRE(new1.connected() == std::vector<int>{0});
   CHECK_THROWS_WITH(old1->rediscover(), Catch::Contains("rank 1 is taken in the running group") &&
                                             Catch::Contains(new1.address()));
-  CHECK(old1->connected().empty());
+  // forget() closes the connection on the I/O thread (give_up_on): under load, a moment after it
+  // returns (1 run in 7 beside busy loops still listed peer 0 here).
+  for (int i = 0; i < 500 && !old1->connected().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(old1->connected() == std::vector<int>{});
 }
 
 namespace {
