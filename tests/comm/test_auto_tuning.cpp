@@ -502,14 +502,15 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
   // load can pick again late: after step 389 once, which left no round after it).
   std::size_t judged = choices[0].size();
   std::vector<std::int64_t> after;
-  for (std::size_t k = choices[0].size(); k-- > 0 && judged == choices[0].size();) {
+  for (std::size_t k = choices[0].size(); k-- > 0;) {
     const std::int64_t until = k + 1 < choices[0].size() ? choices[0][k + 1].step : 399;
     std::vector<std::int64_t> rounds;
     for (const auto e : round_ends[0])
       if (e > choices[0][k].step && e < until) rounds.push_back(e);
     if (rounds.size() >= 3) {
       judged = k;
-      after = rounds;
+      after = std::move(rounds);
+      break;
     }
   }
   INFO("picks " << choices[0].size() << ", after steps " << [&] {
