@@ -21061,18 +21061,22 @@ struct node {
   }
 
   // From the training thread: closes the connection to `peer` on the I/O thread, which ends a
-  // read that is stuck in the middle of that peer's message; with a farewell, tells it why.
-  void give_up_on(int peer, std::string why, std::optional<wire::farewell> f = std::nullopt) {
-    asio::post(io, [this, peer, why = std::move(why), f = std::move(f)] {
+  // read that is stuck in the middle of that peer's message; with a farewell, tells it why. The
+  // future is ready once the I/O thread has done so (connected() no longer lists the peer).
+  std::future<void> give_up_on(int peer, std::string why, std::optional<wire::farewell> f = std::nullopt) {
+    auto done = std::make_shared<std::promise<void>>();
+    auto closed = done->get_future();
+    asio::post(io, [this, peer, why = std::move(why), f = std::move(f), done] {
       std::shared_ptr<connection> c;
       {
         std::lock_guard lock(mutex);
         if (auto it = peers.find(peer); it != peers.end()) c = it->second;
       }
-      if (!c) return;
-      if (f) exclude(c, why, *f);
-      else close(c, why);
+      if (c && f) exclude(c, why, *f);
+      else if (c) close(c, why);
+      done->set_value();
     });
+    return closed;
   }
 
   // From the training thread: every connection closes with a goodbye saying `reason`; returns
@@ -21996,7 +22000,10 @@ class tcp {
     }
     if (barred) n().box.bar(peer, why);
     else n().box.forget(peer, why);
-    n().give_up_on(peer, barred ? "excluded from the run" : "left out of the view", wire::farewell{true, why});
+    // (Waited for: a caller that goes on to read connected(), or to let the peer in again, finds
+    // it gone. At most a second, should the I/O thread be stuck.)
+    auto closed = n().give_up_on(peer, barred ? "excluded from the run" : "left out of the view", wire::farewell{true, why});
+    if (!n().io.get_executor().running_in_this_thread()) closed.wait_for(std::chrono::seconds(1));
   }
 
   std::shared_ptr<impl> self_;

@@ -192,7 +192,10 @@ class tcp {
     }
     if (barred) n().box.bar(peer, why);
     else n().box.forget(peer, why);
-    n().give_up_on(peer, barred ? "excluded from the run" : "left out of the view", wire::farewell{true, why});
+    // (Waited for: a caller that goes on to read connected(), or to let the peer in again, finds
+    // it gone. At most a second, should the I/O thread be stuck.)
+    auto closed = n().give_up_on(peer, barred ? "excluded from the run" : "left out of the view", wire::farewell{true, why});
+    if (!n().io.get_executor().running_in_this_thread()) closed.wait_for(std::chrono::seconds(1));
   }
 
   std::shared_ptr<impl> self_;

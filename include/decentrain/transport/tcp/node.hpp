@@ -1749,18 +1749,22 @@ struct node {
   }
 
   // From the training thread: closes the connection to `peer` on the I/O thread, which ends a
-  // read that is stuck in the middle of that peer's message; with a farewell, tells it why.
-  void give_up_on(int peer, std::string why, std::optional<wire::farewell> f = std::nullopt) {
-    asio::post(io, [this, peer, why = std::move(why), f = std::move(f)] {
+  // read that is stuck in the middle of that peer's message; with a farewell, tells it why. The
+  // future is ready once the I/O thread has done so (connected() no longer lists the peer).
+  std::future<void> give_up_on(int peer, std::string why, std::optional<wire::farewell> f = std::nullopt) {
+    auto done = std::make_shared<std::promise<void>>();
+    auto closed = done->get_future();
+    asio::post(io, [this, peer, why = std::move(why), f = std::move(f), done] {
       std::shared_ptr<connection> c;
       {
         std::lock_guard lock(mutex);
         if (auto it = peers.find(peer); it != peers.end()) c = it->second;
       }
-      if (!c) return;
-      if (f) exclude(c, why, *f);
-      else close(c, why);
+      if (c && f) exclude(c, why, *f);
+      else if (c) close(c, why);
+      done->set_value();
     });
+    return closed;
   }
 
   // From the training thread: every connection closes with a goodbye saying `reason`; returns
