@@ -160,6 +160,82 @@ TEST_CASE("diloco sized_to_speed: a run stopped mid-round and resumed ends bit f
   CHECK_THROWS_WITH(train({1, 3}, policy, 9, &saved), Catch::Matchers::Contains("'comm.diloco.speed_compute_s' is 'fast'"));
 }
 
+namespace {
+dt::comm::streaming_diloco<dt::comm::outer::sgd> streaming_sized(std::int64_t h, std::int64_t fragments, std::int64_t overlap) {
+  dt::comm::streaming_diloco<dt::comm::outer::sgd> p;
+  p.inner_steps = h;
+  p.fragments = fragments;
+  p.overlap = overlap;
+  p.sized_to_speed = true;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("streaming_diloco sized_to_speed: a peer 4x as fast takes 4 inner steps a step, and waits no more") {
+  // H = 4, 2 fragments, overlap 1, twelve steps. Step 0: one inner step each; then the fast peer
+  // takes 4 a step (sized after step 0 from the speeds agreed then, at each round's end from
+  // those agreed on a lane over the round before): 11 s of compute in the last 11.
+  const auto run = train({1, 4}, streaming_sized(4, 2, 1), 12);
+  for (std::size_t r = 0; r < 2; ++r) REQUIRE(run.by_step[r].size() == 12);
+  const auto& slow = run.by_step[0];
+  const auto& fast = run.by_step[1];
+  CHECK(slow.back().compute_s == Approx(12.0));
+  CHECK(fast[0].compute_s == Approx(0.25));
+  CHECK(fast.back().compute_s == Approx(0.25 + 11.0));
+  CHECK(fast.back().clock_s == Approx(12.0));
+  CHECK(run.params[0] == run.params[1]);  // (the run ends with every fragment merged with mix 0)
+
+  // Unsized, the fast peer computes a quarter of the time.
+  auto equal = streaming_sized(4, 2, 1);
+  equal.sized_to_speed = false;
+  const auto plain = train({1, 4}, equal, 12);
+  CHECK(plain.by_step[1].back().compute_s == Approx(3.0));
+  CHECK(plain.by_step[1].back().clock_s == Approx(12.0));
+
+  // What it refuses: eager updates and tune (nothing is trained: start() checks).
+  auto eager = streaming_sized(4, 2, 1);
+  eager.eager = true;
+  CHECK_THROWS_WITH(train({1, 4}, eager, 2), Catch::Matchers::Contains("sized_to_speed and eager cannot be set together"));
+  auto tuned = streaming_sized(4, 2, 1);
+  tuned.tune.emplace();
+  CHECK_THROWS_WITH(train({1, 4}, tuned, 2), Catch::Matchers::Contains("sized_to_speed does not go with it"));
+}
+
+TEST_CASE("streaming_diloco sized_to_speed: a peer with twice the rows counts twice in a fragment's average") {
+  // Speeds 1 and 2, H = 2, one fragment, no overlap, 4 steps: the run's last exchange (after step
+  // 3) merges with mix 0 through outer SGD with lr 1, so every peer ends on the rows-weighted mean
+  // of the replicas' parameters before it. Since the exchange after step 1, peer 1 took 2 inner
+  // steps a step to peer 0's 1: twice the rows.
+  std::vector<std::vector<float>> before(2);
+  fixture::probe<dt::comm::streaming_diloco<dt::comm::outer::sgd>> p;
+  p.inner = streaming_sized(2, 1, 0);
+  p.before_last = &before;
+  const auto run = train({1, 2}, p, 4);
+  REQUIRE(run.by_step[1][3].compute_s - run.by_step[1][1].compute_s == Approx(2.0));  // (4 inner steps of 0.5 s)
+  std::vector<float> by_rows(before[0].size()), mean(before[0].size());
+  for (std::size_t i = 0; i < mean.size(); ++i) {
+    by_rows[i] = (1.0f * before[0][i] + 2.0f * before[1][i]) / 3.0f;
+    mean[i] = (before[0][i] + before[1][i]) / 2.0f;
+  }
+  const double tolerance = 2e-6;
+  for (std::size_t r = 0; r < 2; ++r) CHECK(fixture::max_abs_diff(run.params[r], by_rows) < tolerance);
+  CHECK(fixture::max_abs_diff(by_rows, mean) > 100 * tolerance);
+}
+
+TEST_CASE("streaming_diloco sized_to_speed: a run stopped mid-round and resumed ends bit for bit as the whole run") {
+  // Speeds 1 and 3, H = 4, 2 fragments, overlap 1; stopped after step 5 (in round 2, with the
+  // speeds of round 1 agreed on a lane and a fragment's exchange in flight).
+  const auto policy = streaming_sized(4, 2, 1);
+  const auto whole = train({1, 3}, policy, 12);
+  std::vector<dt::io::checkpoint> saved;
+  (void)train({1, 3}, policy, 12, nullptr, 5, &saved);
+  REQUIRE(saved[1].counter("comm.streaming_diloco.speed_agreed") == 1);
+  REQUIRE(saved[1].counter("comm.streaming_diloco.speed_round_steps") == 12);
+  const auto resumed = train({1, 3}, policy, 12, &saved);
+  CHECK(resumed.params == whole.params);
+  CHECK(whole.by_step[1].back().compute_s == Approx(1.0 / 3.0 + 11.0));
+}
+
 TEST_CASE("speed_sizing: a step that ran slow is made up by the steps after it, and the slowest takes more where it ran fast") {
   // One round of H = 4 steps against a deadline of 4 s, each inner step costing `actual` s where
   // the sizing measured per_step_s: the compute the round took and its inner steps.

@@ -62,6 +62,15 @@ struct streaming_diloco {
   // instead of equally; one all-reduce of a number more an exchange, in the exchange's
   // background. Not with eager updates (their stand-in needs the weights before the exchange).
   bool weighted = false;
+  // Work sized to speed (diloco's sized_to_speed, DyLU): a replica takes as many inner steps a
+  // step as fit in the time the slowest replica needs for one (speed_sizing), so that every
+  // replica comes to each exchange at about one time and none waits there for the slowest; its
+  // pseudo-gradients weigh by the rows it trained (as `weighted`). The slowest replica's seconds
+  // per inner step are agreed after the first step (one all-reduce of a number, waited for) and
+  // then at each round's end on a lane beside the next round (read at its end: each round is
+  // sized by the speeds of the round before the last). Every replica the same; not with eager
+  // updates nor tune.
+  bool sized_to_speed = false;
   Outer outer_optimizer{};
   Codec codec{};
   Aggregator aggregator{};
@@ -93,16 +102,18 @@ struct streaming_diloco {
     check(overlap >= 0 && overlap < inner_steps, "streaming_diloco: overlap must be in [0, inner_steps) (an exchange lands before ",
           "its fragment's next one starts), got ", overlap);
     check(mix >= 0 && mix <= 1, "streaming_diloco: mix must be in [0, 1], got ", mix);
-    check(!(weighted && eager), "streaming_diloco: weighted and eager cannot be set together (an eager step stands in for ",
-          "the average before the exchange, without the replicas' weights)");
+    check(!((weighted || sized_to_speed) && eager), "streaming_diloco: ", weighted ? "weighted" : "sized_to_speed",
+          " and eager cannot be set together (an eager step stands in for the average before the exchange, without the ",
+          "replicas' weights)");
     outer::validate(outer_optimizer, "streaming_diloco");
     if (tune) {
       tune->validate("streaming_diloco");
-      check(!eager && !weighted, "streaming_diloco: tune picks the overlap of exchanges averaged equally: ",
-            eager ? "eager" : "weighted", " does not go with it");
+      check(!eager && !weighted && !sized_to_speed, "streaming_diloco: tune picks the overlap of exchanges averaged equally: ",
+            eager ? "eager" : weighted ? "weighted" : "sized_to_speed", " does not go with it");
     }
-    prepare_codec(codec, aggregator, ctx, tune ? ", " + tune->describe() : std::string());
-    check_weighs(aggregator, weighted, "streaming_diloco");
+    prepare_codec(codec, aggregator, ctx,
+                  (tune ? ", " + tune->describe() : std::string()) + (sized_to_speed ? ", sized to speed" : ""));
+    check_weighs(aggregator, weighs(), "streaming_diloco");
     whole_ = layout_of(ctx.parameters);
     if (tune) for (auto& c : tune->codecs) compress::set_layout(c, whole_);  // (priced with the model's shapes; cut() gives each fragment its own)
     if (tune) {  // every fragment count's cut that the model's layers allow: to pick from, and to cut by
@@ -149,6 +160,8 @@ struct streaming_diloco {
       return;
     }
     broadcast_parameters(ctx, global_);
+    forget_speeds();
+    speed_ = {};
     choices_.clear();
     round_from_ = 0;
     codec_at_ = own_codec;
@@ -168,9 +181,14 @@ struct streaming_diloco {
   template <class Ctx>
   void after_backward(Ctx&) {}
 
+  // Inner steps this replica takes in `step` (the trainer asks): 1, or sized to speed its share
+  // of the inner steps that fit before the round's end (speed_sizing).
+  std::int64_t local_steps(std::int64_t step) const { return sized_to_speed ? speed_.share(steps_left(step)) : 1; }
+
   template <class Ctx>
   void after_step(Ctx& ctx) {
     for (auto& p : parts_) p.weight.add(ctx);
+    if (sized_to_speed && !ctx.last_step) size_to_speed(ctx);
     bool picked = !tune || pick_tried_;
     if (tune && !pick_tried_ && !ctx.last_step) picked = first_pick(ctx);
     else if (tune && !choices_.empty() && !ctx.last_step) measure_round(ctx);
@@ -215,6 +233,7 @@ struct streaming_diloco {
   // start, where with overlap the last fragment's exchange is in flight.
   void drop_in_flight() {
     forget_measures();
+    forget_speeds();
     for (auto& p : parts_) {
       p.settle();
       p.exchange.failure = nullptr;
@@ -262,6 +281,13 @@ struct streaming_diloco {
       save_exact(c, "comm.streaming_diloco.tune.agreed_step_s", agreed ? agreed_[0] : 0.0);
       save_exact(c, "comm.streaming_diloco.tune.agreed_ratio", agreed ? agreed_[1] : 0.0);
     }
+    if (sized_to_speed) {
+      speed_.save(c, "comm.streaming_diloco.");
+      // The speeds agreed in the background, waited for (a failed agreement: none).
+      const bool agreed = speeds_pending_ && settle_speeds();
+      c.counters["comm.streaming_diloco.speed_agreed"] = agreed ? 1 : 0;
+      save_exact(c, "comm.streaming_diloco.speed_agreed_s", agreed ? speeds_agreed_ : 0.0);
+    }
     if (!eager_.empty()) {
       c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
       c.tensors["comm.streaming_diloco.eager_momentum"] = flat_tensor(eager_momentum_, c);
@@ -289,6 +315,12 @@ struct streaming_diloco {
                                c.counter("comm.streaming_diloco.tune.inner_steps"), " when saved); resume it with tune set (--auto)");
     tuned_state_ = tuned;
     if (tuned) load_pick(c);
+    if (sized_to_speed) {
+      forget_speeds();  // (this replica's own agreement in flight, if any: the state's replaces it)
+      speed_.load(c, "comm.streaming_diloco.");
+      speeds_pending_ = c.counters.contains("comm.streaming_diloco.speed_agreed") && c.counter("comm.streaming_diloco.speed_agreed") != 0;
+      speeds_agreed_ = load_exact(c, "comm.streaming_diloco.speed_agreed_s", "a number of seconds").value_or(0.0);
+    }
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
     if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
       load_flat(c, "comm.streaming_diloco.eager", eager_, n);
@@ -387,6 +419,54 @@ struct streaming_diloco {
   // Steps into the current round after `step` (1 after a round's first step; a multiple of H at
   // its end).
   std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
+  bool weighs() const { return weighted || sized_to_speed; }
+  // Sized to speed (not tuned: rounds from step 0): steps of the round from `step` on, `step` included.
+  std::int64_t steps_left(std::int64_t step) const { return inner_steps - step % inner_steps; }
+
+  // Sized to speed, after each step but the last: the step's compute counted; after the first,
+  // the speeds agreed (waited for) and the rest of the round sized; at each round's end the
+  // speeds the lane agreed over the round before sizes the next round, and this round's go to
+  // their agreement on a lane.
+  template <class Ctx>
+  void size_to_speed(Ctx& ctx) {
+    speed_.add(ctx);
+    const std::int64_t left = steps_left(ctx.step + 1);  // (a round's end: the whole next round)
+    if (speed_.round_steps == 0) {  // not sized yet (a run's first step)
+      speed_.next_round(ctx, inner_steps, left);
+      return;
+    }
+    if (!ends_round_at(ctx.step)) return;
+    double slowest = speed_.slowest_s;  // (no new agreement: the last one's)
+    if (speeds_pending_) {
+      const bool ok = settle_speeds();  // (a failed one sizes nothing: the group is changing)
+      speeds_pending_ = false;
+      if (ok && std::isfinite(speeds_agreed_) && speeds_agreed_ > 0) slowest = speeds_agreed_;
+    }
+    const double mine = speed_.seconds_per_step();
+    speeds_agreed_ = std::isfinite(mine) && mine > 0 ? mine : 0.0;
+    speeds_settled_ = false;
+    speeds_.handle = ctx.replicas.start([this](auto& comm) {
+      comm.all_reduce(std::span<double>(&speeds_agreed_, 1), collective::reduce_op::max);
+    });
+    speeds_pending_ = true;
+    speed_.next_round_from(slowest, mine > 0 ? mine : speed_.per_step_s, inner_steps, left);
+  }
+  void forget_speeds() {
+    (void)settle_speeds();
+    speeds_pending_ = false;
+  }
+  // Waits for the speeds' agreement; false where it failed (remembered until the next one).
+  bool settle_speeds() const {
+    if (speeds_settled_) return speeds_ok_;
+    speeds_settled_ = true;
+    try {
+      speeds_.handle.wait();
+      speeds_ok_ = true;
+    } catch (...) {
+      speeds_ok_ = false;
+    }
+    return speeds_ok_;
+  }
 
   // The step after which the first pick comes at the latest: the first round no longer than
   // the longest the pick may set.
@@ -580,7 +660,7 @@ struct streaming_diloco {
     p.pseudo_gradient(eager_.empty() ? global_ : eager_, local_, p.buffer);
     p.lands_after = lands_after;
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
-    auto exchange = [&p, weigh = weighted](auto& comm) {
+    auto exchange = [&p, weigh = weighs()](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
       const double t0 = comm.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
@@ -668,6 +748,12 @@ struct streaming_diloco {
   bool agreed_pending_ = false;
   mutable typename part::in_flight agreeing_;
   mutable bool agreement_settled_ = true, agreement_ok_ = true;
+  // Sized to speed: the sizing, and the speeds agreed on a lane (the slowest seconds per inner step).
+  speed_sizing speed_;
+  double speeds_agreed_ = 0;
+  bool speeds_pending_ = false;
+  mutable typename part::in_flight speeds_;
+  mutable bool speeds_settled_ = true, speeds_ok_ = true;
   // The settings a first pick replaced (a later fresh start begins from them again).
   struct given_settings {
     std::int64_t inner_steps, fragments, overlap;
