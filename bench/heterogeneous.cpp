@@ -19,14 +19,24 @@
 //                         slowest peer's compute after step 0, picked again on drift; sized to speed
 //   diloco-auto-homogeneous  the same, tuned, on peers at the mean speed for as many steps as give
 //                         the tokens diloco-auto trained (run after it)
+//   streaming-equal       Streaming DiLoCo (--fragments, --overlap, --codec), every peer one inner
+//                         step a step
+//   streaming-sized       the same with sized_to_speed: each step as many inner steps as fit in
+//                         the slowest peer's one, each fragment's average weighed by rows
+//   streaming-homogeneous the same policy unsized on peers at the mean speed for as many steps as
+//                         give the tokens streaming-sized trained (run after it)
+// The streaming rows are timed, not deterministic: their exchanges run on lanes beside the
+// compute, which the deterministic simulator does not offer. Each peer's compute is its thread's
+// CPU time, its speed scaled so that an inner step at speed 1 moves its clock --step-seconds (one
+// step measured first); their inner steps are counted from that compute.
 // Columns: the compute utilisation (compute over clock) of the slowest and of the fastest peer
 // (and, in the JSON and the comparison line, of the least busy peer),
 // the simulated time to finish, the mean of the peers' final validation losses, MB the policy sent
 // per peer, and the inner steps all peers took (x rows x tokens: the tokens trained).
 //
 //   bench_heterogeneous [--data FILE] [--steps 600] [--peers 8] [--inner-steps 50] [--fastest 4]
-//                       [--link heterogeneous] [--step-seconds 0.1] [--micro-batches 4] [--only ...]
-//                       [--json heterogeneous.json]
+//                       [--link heterogeneous] [--step-seconds 0.1] [--micro-batches 4] [--fragments 1]
+//                       [--overlap 1] [--codec identity] [--only ...] [--json heterogeneous.json]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -51,7 +61,12 @@ struct setup {
   double step_seconds = 0.1;
   std::uint64_t seed = 1337;
   std::int64_t inner_steps = 50;
+  std::int64_t fragments = 1, overlap = 1;  // Streaming DiLoCo's
+  std::string codec = "identity";
   std::vector<double> speeds;
+  // Set: the run is timed (each peer's compute on its thread's clock, its speed scaled so that an
+  // inner step at speed 1 moves its clock step_seconds), not the deterministic simulator's.
+  double measured_step_s = 0;
 };
 
 struct row {
@@ -70,8 +85,14 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   dt::transport::in_process::options o;
   o.seed = s.seed;
   o.recv_timeout = std::chrono::minutes(30);
-  o.deterministic = dt::transport::in_process::deterministic_run{.step_seconds = s.step_seconds};
   o.speeds = speeds;
+  if (s.measured_step_s > 0) {  // timed: lanes run beside the compute (the deterministic simulator has none)
+    for (auto& v : o.speeds) v *= s.measured_step_s / s.step_seconds;
+    opts.compute_on_thread_clock = true;
+    opts.stop_check_every = opts.steps;  // (nothing asks to stop)
+  } else {
+    o.deterministic = dt::transport::in_process::deterministic_run{.step_seconds = s.step_seconds};
+  }
   dt::transport::in_process net(dt::transport::links::preset(s.link, s.peers, s.seed), o);
   const auto t0 = std::chrono::steady_clock::now();
   row r;
@@ -92,7 +113,7 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
     r.val_loss += results[p].final_val_loss / static_cast<double>(results.size());
     r.simulated_s = std::max(r.simulated_s, m.clock_s);
     r.mb_per_peer += static_cast<double>(m.policy_bytes_sent) / 1e6 / static_cast<double>(results.size());
-    // Deterministic: each inner step charged step_seconds / speed.
+    // Each inner step charged step_seconds / speed (timed: as measured, about so).
     r.inner_steps += m.compute_s * speeds[p] / s.step_seconds;
     r.util_lowest = std::min(r.util_lowest, m.utilisation());
   }
@@ -123,6 +144,16 @@ dt::comm::diloco<dt::comm::outer::nesterov, dt::collective::any_codec> tuned(con
   return p;
 }
 
+dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::collective::any_codec> streaming(const setup& s, bool sized) {
+  dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::collective::any_codec> p;
+  p.inner_steps = s.inner_steps;
+  p.fragments = s.fragments;
+  p.overlap = s.overlap;
+  p.codec = dt::collective::parse_codec(s.codec);
+  p.sized_to_speed = sized;
+  return p;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -136,6 +167,9 @@ int main(int argc, char** argv) try {
   s.inner_steps = std::stoll(value("inner-steps", "50"));
   const double fastest = std::stod(value("fastest", "4"));
   const std::int64_t micro_batches = std::stoll(value("micro-batches", "4"));
+  s.fragments = std::stoll(value("fragments", "1"));
+  s.overlap = std::stoll(value("overlap", "1"));
+  s.codec = value("codec", "identity");
   const std::string json_path = value("json", "heterogeneous.json");
   std::vector<std::string> only;
   {
@@ -155,6 +189,18 @@ int main(int argc, char** argv) try {
   std::vector<row> rows;
   double sized_tokens_steps = -1;  // inner steps of diloco-sized, all peers together
   double auto_tokens_steps = -1;   // and of diloco-auto
+  double streaming_tokens_steps = -1;  // and of streaming-sized
+  // Streaming DiLoCo's exchanges run on lanes beside the compute, which the deterministic
+  // simulator does not offer: its rows are timed, an inner step at speed 1 as long as
+  // --step-seconds (measured once, when first needed).
+  auto timed = [&, measured = setup{}]() mutable {
+    if (measured.measured_step_s == 0) {
+      measured = s;
+      measured.measured_step_s = bench::shakespeare_recipe::step_seconds(recipe.model, opts, recipe.data);
+      std::fprintf(stderr, "one inner step computes in %.1f ms here (thread CPU time)\n", 1e3 * measured.measured_step_s);
+    }
+    return measured;
+  };
   for (const auto& name : only) {
     if (name == "sync") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, s.speeds, recipe.model, opts, recipe.data));
     else if (name == "sync-target") {
@@ -187,17 +233,30 @@ int main(int argc, char** argv) try {
       auto same_tokens = opts;
       same_tokens.steps = std::llround(auto_tokens_steps / s.peers);
       rows.push_back(run(name, tuned(s), s, even, recipe.model, same_tokens, recipe.data));
+    } else if (name == "streaming-equal") {
+      rows.push_back(run(name, streaming(s, false), timed(), s.speeds, recipe.model, opts, recipe.data));
+    } else if (name == "streaming-sized") {
+      rows.push_back(run(name, streaming(s, true), timed(), s.speeds, recipe.model, opts, recipe.data));
+      streaming_tokens_steps = rows.back().inner_steps;
+    } else if (name == "streaming-homogeneous") {
+      dt::detail::check(streaming_tokens_steps > 0, "bench_heterogeneous: streaming-homogeneous runs after streaming-sized (its tokens)");
+      auto same_tokens = opts;
+      same_tokens.steps = std::llround(streaming_tokens_steps / s.peers);
+      rows.push_back(run(name, streaming(s, false), timed(), even, recipe.model, same_tokens, recipe.data));
     } else {
       dt::detail::fail("bench_heterogeneous: unknown row '", name, "' (sync, sync-target, sync-homogeneous, diloco-equal, ",
-                       "diloco-sized, diloco-homogeneous, diloco-auto, diloco-auto-homogeneous)");
+                       "diloco-sized, diloco-homogeneous, diloco-auto, diloco-auto-homogeneous, streaming-equal, ",
+                       "streaming-sized, streaming-homogeneous)");
     }
   }
 
   std::printf("%d in-process peers of speeds", s.peers);
   for (const double v : s.speeds) std::printf(" %.2f", v);
-  std::printf(" (mean %.2f) on '%s' links, %.2f simulated s of compute an inner step at speed 1, H = %lld, %lld steps of %lld x %lld tokens\n\n",
+  std::printf(" (mean %.2f) on '%s' links, %.2f simulated s of compute an inner step at speed 1, H = %lld, %lld steps of %lld x %lld tokens"
+              "; Streaming DiLoCo's fragments %lld, overlap %lld, codec %s\n\n",
               mean_speed, s.link.c_str(), s.step_seconds, static_cast<long long>(s.inner_steps), static_cast<long long>(opts.steps),
-              static_cast<long long>(opts.batch_size), static_cast<long long>(opts.block_size));
+              static_cast<long long>(opts.batch_size), static_cast<long long>(opts.block_size), static_cast<long long>(s.fragments),
+              static_cast<long long>(s.overlap), s.codec.c_str());
   std::printf("%-22s %7s %12s %12s %13s %9s %9s %12s\n", "run", "steps", "util slowest", "util fastest", "simulated s", "val loss",
               "MB/peer", "inner steps");
   for (const auto& r : rows)
@@ -218,6 +277,11 @@ int main(int argc, char** argv) try {
                 "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%)\n",
                 tuned_row->simulated_s / homogeneous->simulated_s, 100 * (tuned_row->val_loss / homogeneous->val_loss - 1),
                 tuned_row->util_lowest >= 0.95 ? "yes" : "no", 100 * tuned_row->util_lowest);
+  if (const auto *sized = find("streaming-sized"), *homogeneous = find("streaming-homogeneous"); sized && homogeneous)
+    std::printf("streaming-sized against streaming-homogeneous (the same tokens): time %.3fx (goal <= 1.1x), loss %+.2f%% (goal "
+                "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%)\n",
+                sized->simulated_s / homogeneous->simulated_s, 100 * (sized->val_loss / homogeneous->val_loss - 1),
+                sized->util_lowest >= 0.95 ? "yes" : "no", 100 * sized->util_lowest);
   if (const auto *target = find("sync-target"), *homogeneous = find("sync-homogeneous"); target && homogeneous)
     std::printf("sync-target against sync-homogeneous (the same rows a step): time %.3fx, loss %+.2f%%, the least busy "
                 "peer %.1f%% (sync with equal batches: %s)\n",
@@ -227,7 +291,8 @@ int main(int argc, char** argv) try {
 
   std::ostringstream out;
   out << "{\n  \"peers\": " << s.peers << ", \"link\": \"" << s.link << "\", \"step_seconds\": " << s.step_seconds
-      << ", \"inner_steps\": " << s.inner_steps << ", \"steps\": " << opts.steps << ", \"speeds\": [";
+      << ", \"inner_steps\": " << s.inner_steps << ", \"fragments\": " << s.fragments << ", \"overlap\": " << s.overlap
+      << ", \"codec\": \"" << s.codec << "\", \"steps\": " << opts.steps << ", \"speeds\": [";
   for (std::size_t i = 0; i < s.speeds.size(); ++i) out << (i ? ", " : "") << s.speeds[i];
   out << "],\n  \"rows\": [";
   for (std::size_t i = 0; i < rows.size(); ++i) {

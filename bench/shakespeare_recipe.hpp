@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "decentrain/decentrain.hpp"
 
@@ -41,6 +42,29 @@ struct shakespeare_recipe {
     opts.weight_decay = 0.1;
     opts.grad_clip = 1.0;
     return opts;
+  }
+
+  // One inner step's compute of `cfg` on this machine (thread CPU time): the median of a few
+  // steps of one peer alone.
+  static double step_seconds(const decentrain::nn::gpt_config& cfg, decentrain::train::trainer_options opts,
+                             const decentrain::data::token_dataset& data) {
+    namespace dt = decentrain;
+    opts.steps = 12;
+    opts.warmup_steps = 2;
+    opts.compute_on_thread_clock = true;
+    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>>;
+    dt::transport::in_process net(1);
+    std::vector<double> laps;
+    double last = 0;
+    dt::train::fit_in_process<Trainer>(net, cfg, opts, data, {}, [&](Trainer& t) {
+      t.on_step([&](const dt::train::step_metrics& m) {
+        laps.push_back(m.compute_s - last);
+        last = m.compute_s;
+      });
+    });
+    laps.erase(laps.begin(), laps.begin() + 2);  // warm-up
+    std::sort(laps.begin(), laps.end());
+    return laps[laps.size() / 2];
   }
 };
 

@@ -80,26 +80,6 @@ outcome run(const std::string& row, const std::string& codec, Comm comm, Peak pe
   return o;
 }
 
-// One inner step's compute on this machine: the median of a few steps of one peer alone.
-double step_seconds(const dt::nn::gpt_config& cfg, dt::train::trainer_options opts, const dt::data::token_dataset& data) {
-  opts.steps = 12;
-  opts.warmup_steps = 2;
-  opts.compute_on_thread_clock = true;
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>>;
-  dt::transport::in_process net(1);
-  std::vector<double> laps;
-  double last = 0;
-  dt::train::fit_in_process<Trainer>(net, cfg, opts, data, {}, [&](Trainer& t) {
-    t.on_step([&](const dt::train::step_metrics& m) {
-      laps.push_back(m.compute_s - last);
-      last = m.compute_s;
-    });
-  });
-  laps.erase(laps.begin(), laps.begin() + 2);  // warm-up
-  std::sort(laps.begin(), laps.end());
-  return laps[laps.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -139,7 +119,7 @@ int main(int argc, char** argv) try {
   const auto recipe = bench::shakespeare_recipe::load(path);
   const auto& cfg = recipe.model;
   const auto& data = recipe.data;
-  const double step_s = step_seconds(cfg, opts, data);
+  const double step_s = bench::shakespeare_recipe::step_seconds(cfg, opts, data);
   const double model_bytes = 4.0 * static_cast<double>(cfg.parameter_count());
   const double ring_bytes = 2.0 * (peers - 1) / peers * model_bytes;  // per peer, one all-reduce
   const double bandwidth = ring_bytes / (ratio * step_s);

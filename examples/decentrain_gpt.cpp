@@ -414,7 +414,11 @@ void declare_train(CLI::App& cmd) {
             "diloco: work sized to speed (DyLU): from the second step on, each peer\n"
             "takes as many inner steps as it computes while the slowest takes H, and\n"
             "its pseudo-gradient weighs by its rows (with --speeds, or peers of\n"
-            "different machines)")
+            "different machines).\n"
+            "streaming-diloco (or diloco with --overlap): each peer takes as many inner\n"
+            "steps a step as it computes while the slowest takes one, by speeds agreed\n"
+            "after step 0 and then beside each round; each fragment's average weighs\n"
+            "by rows")
       ->group(comm);
   cli::flag(cmd, "deadline",
             "diloco with --sized-to-speed: each round closes once half the peers are\n"
@@ -1696,14 +1700,17 @@ int cmd_train(const options& opt) {
                     "--auto picks H and the codec of DiLoCo rounds that exchange at their ends, all at once: --overlap, ",
                     "--eager, --significance and --outer-averaging moshpit do not go with it");
   const bool sized_to_speed = opt.flag("sized-to-speed") || (tuned && !streaming);
-  dt::detail::check(!sized_to_speed || (comm == "diloco" && overlap == 0 && !eager && !moshpit_outer),
-                    "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco (without --overlap, --eager or "
+  dt::detail::check(!sized_to_speed || ((comm == "diloco" || streaming) && !eager && !moshpit_outer),
+                    "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco or streaming-diloco (without --eager or "
                     "--outer-averaging moshpit)");
+  dt::detail::check(!opt.flag("sized-to-speed") || !tuned || !streaming, "--auto with --comm streaming-diloco averages every ",
+                    "peer equally and --sized-to-speed weighs them by their rows: they do not go together (--comm diloco --auto ",
+                    "sizes work to speed)");
   const bool deadline = opt.flag("deadline");
-  dt::detail::check(!deadline || (opt.flag("sized-to-speed") && !tuned && !opt.has("site") &&
+  dt::detail::check(!deadline || (opt.flag("sized-to-speed") && comm == "diloco" && overlap == 0 && !tuned && !opt.has("site") &&
                                    (!opt.has("ring-order") || opt.text("ring-order") == "rank")),
                     "--deadline closes DiLoCo's rounds sized to speed: it needs --comm diloco --sized-to-speed, and not ",
-                    "--auto, --ring-order or --site");
+                    "--overlap, --auto, --ring-order or --site");
   const std::int64_t target_batch = opt.has("target-batch") ? opt.integer("target-batch") : 0;
   dt::detail::check(target_batch == 0 || comm == "sync", "--target-batch sizes synchronous steps: it needs --comm sync, not ",
                     comm, " (--sized-to-speed sizes DiLoCo's rounds)");
@@ -1971,6 +1978,7 @@ int cmd_train(const options& opt) {
     policy.eager = eager;
     policy.outer_optimizer.lr = outer_lr;
     policy.outer_optimizer.momentum = outer_momentum;
+    policy.sized_to_speed = sized_to_speed;
     if (tuned) {
       dt::detail::check(!p.parallel.swarm, "--auto with --comm streaming-diloco averages every peer equally, and --parallel ",
                         "swarm's pools weigh theirs by the rows each processed: use --comm diloco --auto");

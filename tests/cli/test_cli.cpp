@@ -545,9 +545,20 @@ TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps ins
   CHECK(read_metrics(dir / "sized.jsonl").parsed.at(0).at("sized_to_speed").boolean);
   CHECK(equal < 0.45);
   CHECK(sized > 0.6);  // (a margin for a loaded machine)
+  // Streaming DiLoCo sized to speed: each step of the fast peer takes about four inner steps.
+  const double streaming = fast_utilisation(" --comm streaming-diloco --sized-to-speed", "streaming.jsonl");
+  INFO("Streaming DiLoCo sized to speed: " << streaming);
+  CHECK(read_metrics(dir / "streaming.jsonl").parsed.at(0).at("sized_to_speed").boolean);
+  CHECK(streaming > 0.6);
 
   auto r = run(cli() + args + " --sized-to-speed --comm sync", dir);
-  CHECK_THAT(r.output, Contains("--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco"));
+  CHECK_THAT(r.output, Contains("--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco or streaming-diloco"));
+  r = run(cli() + args + " --sized-to-speed --eager", dir);
+  CHECK_THAT(r.output, Contains("(without --eager or --outer-averaging moshpit)"));
+  r = run(cli() + args + " --sized-to-speed --comm streaming-diloco --auto", dir);
+  CHECK_THAT(r.output, Contains("--auto with --comm streaming-diloco averages every peer equally and --sized-to-speed"));
+  r = run(cli() + args + " --sized-to-speed --deadline --overlap 1", dir);
+  CHECK_THAT(r.output, Contains("--deadline closes DiLoCo's rounds sized to speed"));
   r = run(cli() + args + " --sized-to-speed --parallel pipeline --stages 2 --n-layer 2", dir);
   CHECK_THAT(r.output, Contains("--sized-to-speed gives a peer several inner steps in one step"));
 }

@@ -236,6 +236,49 @@ TEST_CASE("streaming_diloco sized_to_speed: a run stopped mid-round and resumed 
   CHECK(whole.by_step[1].back().compute_s == Approx(1.0 / 3.0 + 11.0));
 }
 
+TEST_CASE("streaming_diloco sized_to_speed: timed, nobody waits for the first speeds' agreement, and the fast peer fills its first round") {
+  // Timed (the exchanges and agreements on lanes beside the steps; the deterministic simulator
+  // runs them in place): two peers whose inner steps take 100x and 25x what they take here (on
+  // their threads' clocks), links of 0.1 s latency, H = 64, one fragment, no overlap. The speeds
+  // measured at step 0 are agreed on a lane while each peer goes on at one inner step a step;
+  // once the agreement has landed by a peer's clock, the rest of its first round is sized from
+  // the round's start, so the fast peer, which ran ahead meanwhile, fills the round to about the
+  // slow one's compute. Waiting for the agreement at step 0 costs the fast peer a latency and
+  // the slow peer's first step; sizing from the landing alone leaves the fast one short by the
+  // steps it ran ahead.
+  const auto timed_run = [](bool sized) {
+    dt::transport::in_process::options o;
+    o.speeds = {0.01, 0.04};
+    dt::transport::in_process net(dt::transport::link_matrix(2, dt::transport::simulated_link{0.1, 1e9, 0, 0, 0}), o);
+    auto policy = streaming_sized(64, 1, 0);
+    policy.sized_to_speed = sized;
+    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, decltype(policy)>;
+    std::vector<std::vector<dt::train::step_metrics>> by_step(2);
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      auto options = run_of(65);
+      options.compute_on_thread_clock = true;
+      Trainer t(fixture::tiny_gpt(), options, ep, policy);
+      t.on_step([&](const dt::train::step_metrics& m) { by_step[static_cast<std::size_t>(ep.rank())].push_back(m); });
+      (void)t.fit(fixture::small_corpus().data);
+    });
+    return by_step;
+  };
+  const auto sized = timed_run(true), equal = timed_run(false);
+  for (const auto* run : {&sized, &equal})
+    for (const auto& peer : *run) REQUIRE(peer.size() == 65);
+  const auto waited = [](const std::vector<dt::train::step_metrics>& peer) { return peer[62].clock_s - peer[62].compute_s; };
+  // Neither peer waits before step 63 (the round's last) more than it does unsized: the start's checks.
+  INFO("waits through step 62: sized " << waited(sized[0]) << " s and " << waited(sized[1]) << " s, unsized "
+                                       << waited(equal[0]) << " s and " << waited(equal[1]) << " s");
+  for (std::size_t r = 0; r < 2; ++r) CHECK(waited(sized[r]) < waited(equal[r]) + 0.05);
+  // The fast peer's compute in the first round (steps 0-63) against the slow one's.
+  const double fast_share = sized[1][63].compute_s / sized[0][63].compute_s;
+  const double unsized_share = equal[1][63].compute_s / equal[0][63].compute_s;
+  INFO("the fast peer's compute over the slow one's in the first round: sized " << fast_share << ", unsized " << unsized_share);
+  CHECK(unsized_share < 0.5);
+  CHECK(fast_share > 0.85);
+}
+
 TEST_CASE("speed_sizing: a step that ran slow is made up by the steps after it, and the slowest takes more where it ran fast") {
   // One round of H = 4 steps against a deadline of 4 s, each inner step costing `actual` s where
   // the sizing measured per_step_s: the compute the round took and its inner steps.

@@ -101,6 +101,10 @@ class pending {
 
   // Whether the collective has finished (wait() then does not block).
   bool ready() const { return !s_ || s_->done.load(); }
+  // Whether it has finished by this peer's clock as well: on simulated links a lane that ended
+  // (in real time) at a later simulated time than the caller's clock has not landed yet, and
+  // wait() would move the clock to its end, waiting. Elsewhere: ready().
+  bool landed() const { return ready() && (!s_ || !s_->landed || s_->landed()); }
   // Blocks until the collective has finished; accounts its traffic and time to the caller.
   void wait() {
     if (!s_) return;
@@ -118,6 +122,7 @@ class pending {
     std::atomic<bool> done{false};
     std::exception_ptr error;
     std::function<void()> finish;  // on the waiting thread: fold the lane back in
+    std::function<bool()> landed;  // once done, on the owner's thread: whether its clock has passed the lane's
   };
   // An unwaited handle still folds the lane back in (its bytes and, on simulated links, its
   // time), dropping only the error.
@@ -457,6 +462,7 @@ class communicator {
       transport::rejoin_lane(*ep_, *lane_ep);
       add(*lane_counters);
     };
+    st->landed = [this, lane_ep] { return transport::lane_landed(*ep_, *lane_ep); };
     return h;
   }
 

@@ -66,10 +66,10 @@ struct streaming_diloco {
   // step as fit in the time the slowest replica needs for one (speed_sizing), so that every
   // replica comes to each exchange at about one time and none waits there for the slowest; its
   // pseudo-gradients weigh by the rows it trained (as `weighted`). The slowest replica's seconds
-  // per inner step are agreed after the first step (one all-reduce of a number, waited for) and
-  // then at each round's end on a lane beside the next round (read at its end: each round is
-  // sized by the speeds of the round before the last). Every replica the same; not with eager
-  // updates nor tune.
+  // per inner step are agreed on a lane after the first step (the first round sized from its
+  // start once that lands: nobody waits for it) and then at each round's end on a lane beside the
+  // next round (read at its end: each round is sized by the speeds of the round before the
+  // last). Every replica the same; not with eager updates nor tune.
   bool sized_to_speed = false;
   Outer outer_optimizer{};
   Codec codec{};
@@ -160,7 +160,7 @@ struct streaming_diloco {
       return;
     }
     broadcast_parameters(ctx, global_);
-    forget_speeds();
+    speeds_.forget();
     speed_ = {};
     choices_.clear();
     round_from_ = 0;
@@ -233,7 +233,7 @@ struct streaming_diloco {
   // start, where with overlap the last fragment's exchange is in flight.
   void drop_in_flight() {
     forget_measures();
-    forget_speeds();
+    speeds_.forget();
     for (auto& p : parts_) {
       p.settle();
       p.exchange.failure = nullptr;
@@ -276,17 +276,17 @@ struct streaming_diloco {
       save_exact(c, "comm.streaming_diloco.tune.round_compute_s", round_.compute_s);
       save_exact(c, "comm.streaming_diloco.tune.round_ratio", round_.ratio);
       c.counters["comm.streaming_diloco.tune.round_steps"] = round_.steps;
-      const bool agreed = agreed_pending_ && settle_agreement();
+      const bool agreed = measures_.pending && measures_.settle();
       c.counters["comm.streaming_diloco.tune.agreed"] = agreed ? 1 : 0;
-      save_exact(c, "comm.streaming_diloco.tune.agreed_step_s", agreed ? agreed_[0] : 0.0);
-      save_exact(c, "comm.streaming_diloco.tune.agreed_ratio", agreed ? agreed_[1] : 0.0);
+      save_exact(c, "comm.streaming_diloco.tune.agreed_step_s", agreed ? measures_.values[0] : 0.0);
+      save_exact(c, "comm.streaming_diloco.tune.agreed_ratio", agreed ? measures_.values[1] : 0.0);
     }
     if (sized_to_speed) {
       speed_.save(c, "comm.streaming_diloco.");
       // The speeds agreed in the background, waited for (a failed agreement: none).
-      const bool agreed = speeds_pending_ && settle_speeds();
+      const bool agreed = speeds_.pending && speeds_.settle();
       c.counters["comm.streaming_diloco.speed_agreed"] = agreed ? 1 : 0;
-      save_exact(c, "comm.streaming_diloco.speed_agreed_s", agreed ? speeds_agreed_ : 0.0);
+      save_exact(c, "comm.streaming_diloco.speed_agreed_s", agreed ? speeds_.values[0] : 0.0);
     }
     if (!eager_.empty()) {
       c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
@@ -316,10 +316,10 @@ struct streaming_diloco {
     tuned_state_ = tuned;
     if (tuned) load_pick(c);
     if (sized_to_speed) {
-      forget_speeds();  // (this replica's own agreement in flight, if any: the state's replaces it)
+      speeds_.forget();  // (this replica's own agreement in flight, if any: the state's replaces it)
       speed_.load(c, "comm.streaming_diloco.");
-      speeds_pending_ = c.counters.contains("comm.streaming_diloco.speed_agreed") && c.counter("comm.streaming_diloco.speed_agreed") != 0;
-      speeds_agreed_ = load_exact(c, "comm.streaming_diloco.speed_agreed_s", "a number of seconds").value_or(0.0);
+      speeds_.pending = c.counters.contains("comm.streaming_diloco.speed_agreed") && c.counter("comm.streaming_diloco.speed_agreed") != 0;
+      speeds_.values[0] = load_exact(c, "comm.streaming_diloco.speed_agreed_s", "a number of seconds").value_or(0.0);
     }
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
     if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
@@ -424,48 +424,39 @@ struct streaming_diloco {
   std::int64_t steps_left(std::int64_t step) const { return inner_steps - step % inner_steps; }
 
   // Sized to speed, after each step but the last: the step's compute counted; after the first,
-  // the speeds agreed (waited for) and the rest of the round sized; at each round's end the
-  // speeds the lane agreed over the round before sizes the next round, and this round's go to
-  // their agreement on a lane.
+  // the speeds go to their agreement on a lane, and the rest of the round is sized once it
+  // lands (one inner step a step until then); at each round's end the speeds the lane agreed
+  // over the round before size the next round, and this round's go to their agreement.
   template <class Ctx>
   void size_to_speed(Ctx& ctx) {
     speed_.add(ctx);
     const std::int64_t left = steps_left(ctx.step + 1);  // (a round's end: the whole next round)
-    if (speed_.round_steps == 0) {  // not sized yet (a run's first step)
-      speed_.next_round(ctx, inner_steps, left);
+    if (speed_.round_steps == 0 && !speeds_.pending && !ends_round_at(ctx.step)) {  // a run's first step
+      const double mine = speed_.seconds_per_step();
+      speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
+      speeds_.start(ctx.replicas);
+      if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
+    }
+    if (speed_.round_steps == 0 && speeds_.pending && !ends_round_at(ctx.step)) {
+      if (!speeds_.flight.handle.landed()) return;
+      // The round sized from its start: a replica that ran ahead at one inner step a step while
+      // the agreement was in flight has that much less left to fill.
+      const std::int64_t done = inner_steps - left;
+      const double spent = speed_.compute_s, mine = speed_.seconds_per_step();
+      const double slowest = speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0 ? speeds_.values[0] : mine;
+      speed_.next_round_from(slowest, mine, inner_steps, left);
+      if (done > 1 && speed_.deadline_s > 0)
+        speed_.deadline_s = std::max(0.0, speed_.deadline_s + static_cast<double>(done) * std::max(speed_.slowest_s, mine) - spent);
       return;
     }
     if (!ends_round_at(ctx.step)) return;
     double slowest = speed_.slowest_s;  // (no new agreement: the last one's)
-    if (speeds_pending_) {
-      const bool ok = settle_speeds();  // (a failed one sizes nothing: the group is changing)
-      speeds_pending_ = false;
-      if (ok && std::isfinite(speeds_agreed_) && speeds_agreed_ > 0) slowest = speeds_agreed_;
-    }
+    // (a failed agreement sizes nothing: the group is changing)
+    if (speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0) slowest = speeds_.values[0];
     const double mine = speed_.seconds_per_step();
-    speeds_agreed_ = std::isfinite(mine) && mine > 0 ? mine : 0.0;
-    speeds_settled_ = false;
-    speeds_.handle = ctx.replicas.start([this](auto& comm) {
-      comm.all_reduce(std::span<double>(&speeds_agreed_, 1), collective::reduce_op::max);
-    });
-    speeds_pending_ = true;
+    speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
+    speeds_.start(ctx.replicas);
     speed_.next_round_from(slowest, mine > 0 ? mine : speed_.per_step_s, inner_steps, left);
-  }
-  void forget_speeds() {
-    (void)settle_speeds();
-    speeds_pending_ = false;
-  }
-  // Waits for the speeds' agreement; false where it failed (remembered until the next one).
-  bool settle_speeds() const {
-    if (speeds_settled_) return speeds_ok_;
-    speeds_settled_ = true;
-    try {
-      speeds_.handle.wait();
-      speeds_ok_ = true;
-    } catch (...) {
-      speeds_ok_ = false;
-    }
-    return speeds_ok_;
   }
 
   // The step after which the first pick comes at the latest: the first round no longer than
@@ -550,13 +541,11 @@ struct streaming_diloco {
     round_.compute_s += ctx.step_compute_s;
     round_.steps += std::max<std::int64_t>(1, ctx.local_steps);
     if (!ends_round_at(ctx.step)) return;
-    if (agreed_pending_) {
-      // (a failed agreement measures nothing: the group is changing, and the fault policy hears
-      // of it from the exchanges)
-      const bool ok = settle_agreement();
-      agreed_pending_ = false;
-      const double step_s = agreed_[0], ratio = agreed_[1];
-      if (ok && step_s > 0 && std::isfinite(step_s) && std::isfinite(ratio) && ratio >= 0) {
+    // (a failed agreement measures nothing: the group is changing, and the fault policy hears of
+    // it from the exchanges)
+    if (measures_.take()) {
+      const double step_s = measures_.values[0], ratio = measures_.values[1];
+      if (step_s > 0 && std::isfinite(step_s) && std::isfinite(ratio) && ratio >= 0) {
         // (no exchange landed in that round: the link as the measures so far have it)
         const double scale = ratio > 0 ? ratio : 1.0;
         const tuning_measure& link = ratio > 0 ? basis_ : recent_;
@@ -580,34 +569,18 @@ struct streaming_diloco {
     }
     // This round's: the seconds per inner step and the exchanges' time over their prediction
     // (the slowest replica's, as it holds the others up).
-    agreed_[0] = round_.steps > 0 ? round_.compute_s / static_cast<double>(round_.steps) : 0.0;
-    agreed_[1] = round_.ratio;
-    for (double& v : agreed_)
+    auto& agreed = measures_.values;
+    agreed[0] = round_.steps > 0 ? round_.compute_s / static_cast<double>(round_.steps) : 0.0;
+    agreed[1] = round_.ratio;
+    for (double& v : agreed)
       if (!std::isfinite(v) || v < 0) v = 0;
     round_ = {};
-    agreement_settled_ = false;
-    agreeing_.handle = ctx.replicas.start([this](auto& comm) {
-      comm.all_reduce(std::span<double>(agreed_, 2), collective::reduce_op::max);
-    });
-    agreed_pending_ = true;
+    measures_.start(ctx.replicas);
   }
   void forget_measures() {
     probe_.forget();
-    (void)settle_agreement();
-    agreed_pending_ = false;
+    measures_.forget();
     round_ = {};
-  }
-  // Waits for the measures' agreement; false where it failed (remembered until the next one).
-  bool settle_agreement() const {
-    if (agreement_settled_) return agreement_ok_;
-    agreement_settled_ = true;
-    try {
-      agreeing_.handle.wait();
-      agreement_ok_ = true;
-    } catch (...) {
-      agreement_ok_ = false;
-    }
-    return agreement_ok_;
   }
   // A tuned state's settings (before its fragments are read: they are cut by them).
   void load_pick(const io::checkpoint& c) {
@@ -632,11 +605,12 @@ struct streaming_diloco {
     round_.compute_s = seconds("comm.streaming_diloco.tune.round_compute_s");
     round_.ratio = seconds("comm.streaming_diloco.tune.round_ratio");
     round_.steps = c.counters.contains("comm.streaming_diloco.tune.round_steps") ? c.counter("comm.streaming_diloco.tune.round_steps") : 0;
-    agreed_pending_ = c.counters.contains("comm.streaming_diloco.tune.agreed") && c.counter("comm.streaming_diloco.tune.agreed") != 0;
-    agreed_[0] = seconds("comm.streaming_diloco.tune.agreed_step_s");
-    agreed_[1] = seconds("comm.streaming_diloco.tune.agreed_ratio");
-    check(round_.steps >= 0 && std::isfinite(round_.compute_s) && std::isfinite(round_.ratio) && std::isfinite(agreed_[0]) &&
-              std::isfinite(agreed_[1]),
+    measures_.pending = c.counters.contains("comm.streaming_diloco.tune.agreed") && c.counter("comm.streaming_diloco.tune.agreed") != 0;
+    auto& agreed = measures_.values;
+    agreed[0] = seconds("comm.streaming_diloco.tune.agreed_step_s");
+    agreed[1] = seconds("comm.streaming_diloco.tune.agreed_ratio");
+    check(round_.steps >= 0 && std::isfinite(round_.compute_s) && std::isfinite(round_.ratio) && std::isfinite(agreed[0]) &&
+              std::isfinite(agreed[1]),
           "checkpoint: streaming_diloco's tuned measures are not numbers");
     if (at >= 0 && picks > 0) {
       const auto saved = c.text.find("comm.streaming_diloco.tune.codec_name");
@@ -660,7 +634,21 @@ struct streaming_diloco {
     p.pseudo_gradient(eager_.empty() ? global_ : eager_, local_, p.buffer);
     p.lands_after = lands_after;
     p.sent.sum = std::exchange(p.weight.sum, 0.0);
-    auto exchange = [&p, weigh = weighs()](auto& comm) {
+    // Weighed on the way (a mean): the weights' sum on a lane beside the exchange, each replica's
+    // pseudo-gradient scaled by its own weight, the average scaled when settled. The weight in
+    // units of a round of one inner step a step (the same on every replica), so that what the
+    // codec encodes stays near the pseudo-gradient's size (rows by the thousand would overflow
+    // fp16); were the unit to differ between replicas, the average would still be a weighted one.
+    const bool beside = weighs() && collective::averages_in_flight(p.aggregator);
+    if (beside) {
+      const double unit = std::max(1.0, static_cast<double>(ctx.batch_size) * static_cast<double>(inner_steps));
+      p.weights_sum = p.sent.sum / unit;
+      const auto f = static_cast<float>(p.weights_sum);
+      p.weighing.handle = ctx.replicas.start([&p](auto& comm) { comm.all_reduce(std::span<double>(&p.weights_sum, 1)); });
+      p.weighed_world = ctx.replicas.world();
+      for (auto& v : p.buffer) v *= f;
+    }
+    auto exchange = [&p, weigh = weighs() && !beside](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
       const double t0 = comm.endpoint().stats().clock_seconds;
       collective::encoded_all_reduce(p.codec, comm, std::span<float>(p.buffer), true, p.aggregator, p.record, weight_if(weigh, p.sent.sum));
@@ -743,17 +731,44 @@ struct streaming_diloco {
     double compute_s = 0, ratio = 0;  // compute, the slowest exchange landed over its prediction
     std::int64_t steps = 0;
   } round_;
-  // The last round's measures, agreed on a lane.
-  double agreed_[2] = {0, 0};
-  bool agreed_pending_ = false;
-  mutable typename part::in_flight agreeing_;
-  mutable bool agreement_settled_ = true, agreement_ok_ = true;
-  // Sized to speed: the sizing, and the speeds agreed on a lane (the slowest seconds per inner step).
+  // A few numbers agreed (their maximum over the replicas) on a lane beside the steps and read
+  // a round later: the rounds' measures (tuned) and the replicas' speeds (sized to speed).
+  template <std::size_t N>
+  struct lane_agreement {
+    double values[N] = {};
+    bool pending = false;  // started and not read yet
+    mutable typename part::in_flight flight;
+    mutable bool settled = true, ok = true;
+
+    template <class Comm>
+    void start(Comm& replicas) {
+      settled = false;
+      flight.handle = replicas.start([this](auto& comm) { comm.all_reduce(std::span<double>(values, N), collective::reduce_op::max); });
+      pending = true;
+    }
+    // Waits for it; false where it failed (remembered until the next one).
+    bool settle() const {
+      if (settled) return ok;
+      settled = true;
+      try {
+        flight.handle.wait();
+        ok = true;
+      } catch (...) {
+        ok = false;
+      }
+      return ok;
+    }
+    // Whether one was pending and landed; it is no longer pending.
+    bool take() { return std::exchange(pending, false) && settle(); }
+    void forget() {
+      (void)settle();
+      pending = false;
+    }
+  };
+  lane_agreement<2> measures_;  // tuned: the last round's seconds per inner step and exchange ratio
+  // Sized to speed: the sizing, and the slowest replica's seconds per inner step agreed on a lane.
   speed_sizing speed_;
-  double speeds_agreed_ = 0;
-  bool speeds_pending_ = false;
-  mutable typename part::in_flight speeds_;
-  mutable bool speeds_settled_ = true, speeds_ok_ = true;
+  lane_agreement<1> speeds_;
   // The settings a first pick replaced (a later fresh start begins from them again).
   struct given_settings {
     std::int64_t inner_steps, fragments, overlap;

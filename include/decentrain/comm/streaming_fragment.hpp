@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -114,7 +115,7 @@ struct streaming_fragment {
   Codec codec{};                            // its own error feedback and layout
   Aggregator aggregator{};
   collective::aggregation_record record;
-  std::vector<float> buffer;                // the pseudo-gradient sent, then the average received
+  mutable std::vector<float> buffer;        // the pseudo-gradient sent, then the average received (settle() may scale it)
   std::int64_t lands_after = -1;            // the step after which the exchange in flight is merged
   round_weight weight;                      // of the steps since the fragment's last exchange
   round_weight sent;                        // (sum:) of the steps the exchange in flight covers
@@ -138,13 +139,32 @@ struct streaming_fragment {
     in_flight& operator=(in_flight&&) noexcept = default;
   };
   mutable in_flight exchange;
+  // A weighted exchange that averages on the way sums weight x pseudo-gradient while the
+  // weights' sum goes on a lane of its own beside it (one latency, not two after each other):
+  // until settled the buffer holds that sum over the world, which settle() scales to the
+  // weighted average (world / the weights' sum).
+  mutable in_flight weighing;
+  mutable double weights_sum = 0;  // this replica's weight, then every replica's sum
+  mutable int weighed_world = 0;   // set: the exchange in flight is weighed so, over this many replicas
 
+  // Waits for the exchange (and its weights); a failure is kept in exchange.failure.
   void settle() const {
-    try {
-      exchange.handle.wait();
-    } catch (...) {
-      exchange.failure = std::current_exception();
+    for (auto* f : {&weighing, &exchange}) {
+      try {
+        f->handle.wait();
+      } catch (...) {
+        if (!exchange.failure) exchange.failure = std::current_exception();
+      }
     }
+    const int world = std::exchange(weighed_world, 0);
+    if (world == 0 || exchange.failure) return;
+    if (!(std::isfinite(weights_sum) && weights_sum > 0)) {
+      exchange.failure = std::make_exception_ptr(decentrain::error(decentrain::detail::concat(
+          "weighted averaging: the peers' weights add up to ", weights_sum, "; it needs a positive sum")));
+      return;
+    }
+    const auto f = static_cast<float>(static_cast<double>(world) / weights_sum);
+    for (auto& v : buffer) v *= f;
   }
   void take(streaming_fragment&& restored) {
     codec = std::move(restored.codec);
@@ -190,7 +210,7 @@ struct streaming_fragment {
     weight.save(c, prefix);
     sent.save(c, prefix + "sent_");
     if (lands_after >= 0) {
-      c.tensors[prefix + "average"] = flat_tensor(buffer, c);
+      c.tensors[prefix + "average"] = flat_tensor(buffer, c);  // (weighed by the caller)
       save_exact(c, prefix + "took_s", took_s);  // (a tuned policy judges the exchange when it lands)
     }
     if (eager) {

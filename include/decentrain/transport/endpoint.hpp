@@ -196,6 +196,13 @@ template <endpoint E>
 void rejoin_lane(E& e, const E& lane) {
   if constexpr (requires { e.rejoin(lane); }) e.rejoin(lane);
 }
+// Whether a finished lane's end is behind `e`'s clock: where rejoining moves the clock (simulated
+// links), rejoining now would not wait. Elsewhere always.
+template <endpoint E>
+bool lane_landed(const E& e, const E& lane) {
+  if constexpr (requires(E& m) { m.rejoin(lane); }) return lane.stats().clock_seconds <= e.stats().clock_seconds;
+  else return true;
+}
 
 // A receiver that knows what its next messages from `source` on `tag` will be says so before it
 // sends its own part of a step (a ring or gossip step sends before it receives): a transport
