@@ -250,6 +250,16 @@ struct speed_sizing {
     per_step_s = mine;
     set_round(inner_steps, steps_left);
   }
+  // As next_round_from, for the rest of a round of which `done` steps were taken unsized (one
+  // inner step a step, while the speeds' agreement was in flight): the deadline counts from the
+  // round's start, so a replica that ran ahead meanwhile has that much less to fill. Sized after
+  // the round's first step, as a waited-for agreement sizes, the deadline is that of the steps left.
+  void rest_of_round_from(double slowest, double mine, std::int64_t inner_steps, std::int64_t steps_left, std::int64_t done) {
+    const double spent = compute_s;
+    next_round_from(slowest, mine, inner_steps, steps_left);
+    if (done > 1 && deadline_s > 0)
+      deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * std::max(slowest_s, per_step_s) - spent);
+  }
   // This replica's seconds per inner step since the sizing (0: none taken).
   double seconds_per_step() const { return steps > 0 ? compute_s / static_cast<double>(steps) : 0.0; }
   // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned

@@ -431,22 +431,16 @@ struct streaming_diloco {
   void size_to_speed(Ctx& ctx) {
     speed_.add(ctx);
     const std::int64_t left = steps_left(ctx.step + 1);  // (a round's end: the whole next round)
-    if (speed_.round_steps == 0 && !speeds_.pending && !ends_round_at(ctx.step)) {  // a run's first step
-      const double mine = speed_.seconds_per_step();
-      speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
-      speeds_.start(ctx.replicas);
+    if (speed_.round_steps == 0 && !ends_round_at(ctx.step)) {  // not sized yet: the first round
+      if (!speeds_.pending) {  // (after the run's first step)
+        const double mine = speed_.seconds_per_step();
+        speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
+        speeds_.start(ctx.replicas);
+      }
       if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
-    }
-    if (speed_.round_steps == 0 && speeds_.pending && !ends_round_at(ctx.step)) {
-      if (!speeds_.flight.handle.landed()) return;
-      // The round sized from its start: a replica that ran ahead at one inner step a step while
-      // the agreement was in flight has that much less left to fill.
-      const std::int64_t done = inner_steps - left;
-      const double spent = speed_.compute_s, mine = speed_.seconds_per_step();
+      const double mine = speed_.seconds_per_step();
       const double slowest = speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0 ? speeds_.values[0] : mine;
-      speed_.next_round_from(slowest, mine, inner_steps, left);
-      if (done > 1 && speed_.deadline_s > 0)
-        speed_.deadline_s = std::max(0.0, speed_.deadline_s + static_cast<double>(done) * std::max(speed_.slowest_s, mine) - spent);
+      speed_.rest_of_round_from(slowest, mine, inner_steps, left, inner_steps - left);
       return;
     }
     if (!ends_round_at(ctx.step)) return;
