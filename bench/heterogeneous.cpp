@@ -28,11 +28,12 @@
 // The streaming rows are timed, not deterministic: their exchanges run on lanes beside the
 // compute, which the deterministic simulator does not offer. Each peer's compute is its thread's
 // CPU time, its speed scaled so that an inner step at speed 1 moves its clock --step-seconds (one
-// step measured first); their inner steps are counted from that compute.
+// step measured first).
 // Columns: the compute utilisation (compute over clock) of the slowest and of the fastest peer
 // (and, in the JSON and the comparison line, of the least busy peer),
 // the simulated time to finish, the mean of the peers' final validation losses, MB the policy sent
-// per peer, and the inner steps all peers took (x rows x tokens: the tokens trained).
+// per peer, and the inner steps all peers took (the tokens they trained over a batch's: a
+// micro-batch of sync-target counts its share).
 //
 //   bench_heterogeneous [--data FILE] [--steps 600] [--peers 8] [--inner-steps 50] [--fastest 4]
 //                       [--link heterogeneous] [--step-seconds 0.1] [--micro-batches 4] [--fragments 1]
@@ -72,7 +73,11 @@ struct setup {
 struct row {
   std::string name;
   double util_slowest = 0, util_fastest = 0, util_lowest = 1, simulated_s = 0, val_loss = 0, mb_per_peer = 0, wall_s = 0;
+  // The least busy peer through the step before the last: without the last step's exchange,
+  // which nothing is left to hide behind (and a longer run spreads thinner).
+  double util_lowest_before_last = 1;
   double inner_steps = 0;  // all peers' together
+  std::vector<double> peer_inner_steps;  // each peer's, by rank
   std::int64_t steps = 0;
   std::vector<dt::comm::tuning_choice> picks;  // a tuned run's (rank 0's)
 };
@@ -96,8 +101,12 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   dt::transport::in_process net(dt::transport::links::preset(s.link, s.peers, s.seed), o);
   const auto t0 = std::chrono::steady_clock::now();
   row r;
+  std::vector<dt::train::step_metrics> before_last(static_cast<std::size_t>(s.peers));
   // (Captures everything by reference: a policy without choices() uses nothing.)
   const auto keep_picks = [&](Trainer& t) {
+    t.on_step([&before_last, last = opts.steps - 1](const dt::train::step_metrics& m) {
+      if (m.step == last) before_last.at(static_cast<std::size_t>(m.rank)) = m;  // (each peer its own slot)
+    });
     if constexpr (requires { t.policy().choices(); })
       if (t.rank() == 0)
         t.on_step([&r, &t](const dt::train::step_metrics&) { r.picks = t.policy().choices(); });
@@ -106,6 +115,7 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   r.name = name;
   r.steps = opts.steps;
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::int64_t tokens_per_inner_step = opts.batch_size * (opts.block_size > 0 ? opts.block_size : cfg.block_size);
   const auto slowest = static_cast<std::size_t>(std::min_element(speeds.begin(), speeds.end()) - speeds.begin());
   const auto fastest = static_cast<std::size_t>(std::max_element(speeds.begin(), speeds.end()) - speeds.begin());
   for (std::size_t p = 0; p < results.size(); ++p) {
@@ -113,14 +123,19 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
     r.val_loss += results[p].final_val_loss / static_cast<double>(results.size());
     r.simulated_s = std::max(r.simulated_s, m.clock_s);
     r.mb_per_peer += static_cast<double>(m.policy_bytes_sent) / 1e6 / static_cast<double>(results.size());
-    // Each inner step charged step_seconds / speed (timed: as measured, about so).
-    r.inner_steps += m.compute_s * speeds[p] / s.step_seconds;
+    r.peer_inner_steps.push_back(static_cast<double>(m.tokens) / static_cast<double>(tokens_per_inner_step));
+    r.inner_steps += r.peer_inner_steps.back();
     r.util_lowest = std::min(r.util_lowest, m.utilisation());
+    r.util_lowest_before_last = std::min(r.util_lowest_before_last, before_last[p].utilisation());
   }
   r.util_slowest = results[slowest].last.utilisation();
   r.util_fastest = results[fastest].last.utilisation();
-  std::fprintf(stderr, "  %s: val loss %.4f, utilisation %.1f%% .. %.1f%%, %.0f simulated s, %.0f s\n", name.c_str(), r.val_loss,
-               100 * r.util_slowest, 100 * r.util_fastest, r.simulated_s, r.wall_s);
+  std::fprintf(stderr, "  %s: val loss %.4f, utilisation %.1f%% .. %.1f%% (least busy %.1f%%, %.1f%% before the last step), %.0f "
+               "simulated s, %.0f s; inner steps (busy before the last step) by speed:", name.c_str(), r.val_loss, 100 * r.util_slowest, 100 * r.util_fastest,
+               100 * r.util_lowest, 100 * r.util_lowest_before_last, r.simulated_s, r.wall_s);
+  for (std::size_t p = 0; p < results.size(); ++p)
+    std::fprintf(stderr, " %.2fx %.0f (%.1f%%)", speeds[p], r.peer_inner_steps[p], 100 * before_last[p].utilisation());
+  std::fprintf(stderr, "\n");
   for (const auto& c : r.picks)
     std::fprintf(stderr, "    pick after step %lld (%s): H %lld, %s, exchange %.3f s, %.1f%% busy predicted; step %.4f s, fixed %.3f s, "
                  "%.3g s/MB\n", static_cast<long long>(c.step), c.why.c_str(), static_cast<long long>(c.inner_steps),
@@ -213,7 +228,7 @@ int main(int argc, char** argv) try {
       auto charged = s;  // a micro-batch costs its share of an inner step
       charged.step_seconds = s.step_seconds / static_cast<double>(micro_batches);
       rows.push_back(run(name, target, charged, s.speeds, recipe.model, micro, recipe.data));
-      rows.back().inner_steps /= static_cast<double>(micro_batches);  // (in inner steps of the batch's rows)
+      rows.back().inner_steps /= static_cast<double>(micro_batches);  // (counted in micro-batches: in inner steps of the batch's rows)
     }
     else if (name == "sync-homogeneous") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, even, recipe.model, opts, recipe.data));
     else if (name == "diloco-equal") rows.push_back(run(name, diloco(s, false), s, s.speeds, recipe.model, opts, recipe.data));
@@ -257,11 +272,13 @@ int main(int argc, char** argv) try {
               mean_speed, s.link.c_str(), s.step_seconds, static_cast<long long>(s.inner_steps), static_cast<long long>(opts.steps),
               static_cast<long long>(opts.batch_size), static_cast<long long>(opts.block_size), static_cast<long long>(s.fragments),
               static_cast<long long>(s.overlap), s.codec.c_str());
-  std::printf("%-22s %7s %12s %12s %13s %9s %9s %12s\n", "run", "steps", "util slowest", "util fastest", "simulated s", "val loss",
-              "MB/peer", "inner steps");
+  std::printf("%-22s %7s %12s %12s %12s %13s %9s %9s %12s\n", "run", "steps", "util slowest", "util fastest", "least (-1)",
+              "simulated s", "val loss", "MB/peer", "inner steps");
   for (const auto& r : rows)
-    std::printf("%-22s %7lld %11.1f%% %11.1f%% %13.0f %9.4f %9.1f %12.0f\n", r.name.c_str(), static_cast<long long>(r.steps),
-                100 * r.util_slowest, 100 * r.util_fastest, r.simulated_s, r.val_loss, r.mb_per_peer, r.inner_steps);
+    std::printf("%-22s %7lld %11.1f%% %11.1f%% %11.1f%% %13.0f %9.4f %9.1f %12.0f\n", r.name.c_str(), static_cast<long long>(r.steps),
+                100 * r.util_slowest, 100 * r.util_fastest, 100 * r.util_lowest_before_last, r.simulated_s, r.val_loss, r.mb_per_peer,
+                r.inner_steps);
+  std::printf("(least (-1): the least busy peer through the step before the last, whose exchange nothing is left to hide)\n");
   const auto find = [&](const std::string& name) -> const row* {
     for (const auto& r : rows)
       if (r.name == name) return &r;
@@ -279,9 +296,9 @@ int main(int argc, char** argv) try {
                 tuned_row->util_lowest >= 0.95 ? "yes" : "no", 100 * tuned_row->util_lowest);
   if (const auto *sized = find("streaming-sized"), *homogeneous = find("streaming-homogeneous"); sized && homogeneous)
     std::printf("streaming-sized against streaming-homogeneous (the same tokens): time %.3fx (goal <= 1.1x), loss %+.2f%% (goal "
-                "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%)\n",
+                "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%; %.1f%% before the last step)\n",
                 sized->simulated_s / homogeneous->simulated_s, 100 * (sized->val_loss / homogeneous->val_loss - 1),
-                sized->util_lowest >= 0.95 ? "yes" : "no", 100 * sized->util_lowest);
+                sized->util_lowest >= 0.95 ? "yes" : "no", 100 * sized->util_lowest, 100 * sized->util_lowest_before_last);
   if (const auto *target = find("sync-target"), *homogeneous = find("sync-homogeneous"); target && homogeneous)
     std::printf("sync-target against sync-homogeneous (the same rows a step): time %.3fx, loss %+.2f%%, the least busy "
                 "peer %.1f%% (sync with equal batches: %s)\n",
@@ -298,8 +315,11 @@ int main(int argc, char** argv) try {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     out << (i ? ",\n" : "\n") << "    {\"run\": \"" << r.name << "\", \"steps\": " << r.steps << ", \"util_slowest\": " << r.util_slowest
-        << ", \"util_fastest\": " << r.util_fastest << ", \"util_lowest\": " << r.util_lowest << ", \"simulated_s\": " << r.simulated_s << ", \"val_loss\": " << r.val_loss
-        << ", \"mb_per_peer\": " << r.mb_per_peer << ", \"inner_steps\": " << r.inner_steps << ", \"wall_s\": " << r.wall_s;
+        << ", \"util_fastest\": " << r.util_fastest << ", \"util_lowest\": " << r.util_lowest
+        << ", \"util_lowest_before_last\": " << r.util_lowest_before_last << ", \"simulated_s\": " << r.simulated_s << ", \"val_loss\": " << r.val_loss
+        << ", \"mb_per_peer\": " << r.mb_per_peer << ", \"inner_steps\": " << r.inner_steps << ", \"wall_s\": " << r.wall_s << ", \"peer_inner_steps\": [";
+    for (std::size_t p = 0; p < r.peer_inner_steps.size(); ++p) out << (p ? ", " : "") << r.peer_inner_steps[p];
+    out << "]";
     if (!r.picks.empty()) {
       out << ", \"picks\": [";
       for (std::size_t k = 0; k < r.picks.size(); ++k) {

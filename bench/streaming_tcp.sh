@@ -16,6 +16,10 @@
 #   bench/streaming_tcp.sh [--build DIR] [--steps 300] [--rows diloco:identity,streaming-7-5:fp4,...]
 #                          [--shaper netem|tun|tbf] [--json PATH]
 #
+# A row ending in -sized (streaming-7-5-sized) runs over TCP with --sized-to-speed: the peer whose
+# core runs faster takes more inner steps instead of waiting at the exchanges; its simulated
+# figure is the row's without it (the simulator's two peers are equal: sizing changes nothing).
+#
 # Needs root (namespaces, tc). Everything it creates is named dt-stream-* and removed on exit.
 set -euo pipefail
 
@@ -120,7 +124,7 @@ sim_rows="" sim_codecs=""
 IFS=',' read -r -a specs <<< "$rows"
 for spec in "${specs[@]}"; do
   row="${spec%%:*}" codec="${spec#*:}"
-  "$bench" --peers 2 --steps "$steps" --rows "$row" --codecs "$codec" --latency-ms "$latency_ms" \
+  "$bench" --peers 2 --steps "$steps" --rows "${row%-sized}" --codecs "$codec" --latency-ms "$latency_ms" \
     --json "$tmp/sim-$row-$codec.json" > "$tmp/sim-$row-$codec.txt" 2>&1
 done
 first="${specs[0]}"
@@ -165,6 +169,7 @@ recipe=(--data "$data" --n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --bat
         --steps "$steps" --eval-every 0 --eval-batches 25 --threads 1 --metrics '' --inner-steps 50)
 policy_args() {  # row -> CLI flags
   case "$1" in
+    *-sized) echo "$(policy_args "${1%-sized}") --sized-to-speed" ;;
     diloco) echo "--comm diloco" ;;
     diloco-overlap) echo "--comm diloco --overlap 5" ;;
     diloco-eager) echo "--comm diloco --eager" ;;

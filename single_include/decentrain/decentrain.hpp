@@ -31662,8 +31662,9 @@ struct streaming_diloco {
   // step as fit in the time the slowest replica needs for one (speed_sizing), so that every
   // replica comes to each exchange at about one time and none waits there for the slowest; its
   // pseudo-gradients weigh by the rows it trained (as `weighted`). The slowest replica's seconds
-  // per inner step are agreed on a lane after the first step (the first round sized from its
-  // start once that lands: nobody waits for it) and then at each round's end on a lane beside the
+  // per inner step are agreed on a lane after the second step (the first warms caches and
+  // allocates: its time is not the replica's speed; the first round sized from its start once
+  // that lands: nobody waits for it) and then at each round's end on a lane beside the
   // next round (read at its end: each round is sized by the speeds of the round before the
   // last). Every replica the same; not with eager updates nor tune.
   bool sized_to_speed = false;
@@ -32019,16 +32020,23 @@ struct streaming_diloco {
   // Sized to speed (not tuned: rounds from step 0): steps of the round from `step` on, `step` included.
   std::int64_t steps_left(std::int64_t step) const { return inner_steps - step % inner_steps; }
 
-  // Sized to speed, after each step but the last: the step's compute counted; after the first,
-  // the speeds go to their agreement on a lane, and the rest of the round is sized once it
-  // lands (one inner step a step until then); at each round's end the speeds the lane agreed
-  // over the round before size the next round, and this round's go to their agreement.
+  // Sized to speed, after each step but the last: the step's compute counted; after the second
+  // (the run's first is cold: counted in neither the measure nor the deadline, every replica
+  // took one inner step in it), the speeds go to their agreement on a lane, and the rest of the
+  // round is sized once it lands (one inner step a step until then); at each round's end the
+  // speeds the lane agreed over the round before size the next round, and this round's go to
+  // their agreement.
   template <class Ctx>
   void size_to_speed(Ctx& ctx) {
     speed_.add(ctx);
     const std::int64_t left = steps_left(ctx.step + 1);  // (a round's end: the whole next round)
     if (speed_.round_steps == 0 && !ends_round_at(ctx.step)) {  // not sized yet: the first round
-      if (!speeds_.pending) {  // (after the run's first step)
+      if (into_round(ctx.step) == 1 && left > 1) {  // the run's first step: measured from the next
+        speed_.compute_s = 0;
+        speed_.steps = 0;
+        return;
+      }
+      if (!speeds_.pending) {  // (after the run's second step)
         const double mine = speed_.seconds_per_step();
         speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
         speeds_.start(ctx.replicas);
@@ -32036,7 +32044,7 @@ struct streaming_diloco {
       if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
       const double mine = speed_.seconds_per_step();
       const double slowest = speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0 ? speeds_.values[0] : mine;
-      speed_.rest_of_round_from(slowest, mine, inner_steps, left, inner_steps - left);
+      speed_.rest_of_round_from(slowest, mine, inner_steps, left, inner_steps - left - 1);
       return;
     }
     if (!ends_round_at(ctx.step)) return;
@@ -38403,6 +38411,9 @@ struct step_metrics {
   // What the transport sent beside bytes_sent: frame headers, padding, control frames
   // (transport::traffic_stats; 0 where the transport adds none it can count), cumulative.
   std::uint64_t framing_bytes_sent = 0;
+  // Tokens this peer trained on in this fit, cumulative: a policy sized to speed takes several
+  // inner steps a step, so steps x batch does not count them.
+  std::int64_t tokens = 0;
   double utilisation() const { return clock_s > 0 ? compute_s / clock_s : 0.0; }
   double mean_send_rate() const { return clock_s > 0 ? static_cast<double>(bytes_sent) / clock_s : 0.0; }
 };
@@ -38658,6 +38669,7 @@ class metrics_log {
           .add("lr", m.lr)
           .add("grad_norm", m.grad_norm)
           .add("tokens_per_s", m.tokens_per_s)
+          .add("tokens", m.tokens)
           .add("bytes_sent", m.bytes_sent)
           .add("framing_bytes_sent", m.framing_bytes_sent)
           .add("bytes_received", m.bytes_received)
@@ -39416,6 +39428,7 @@ class trainer {
       send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
       result.last.peak_send_rate = send_rate_.peak();
       result.last.framing_bytes_sent = traffic.framing_bytes_sent;
+      result.last.tokens = tokens;
       for (auto& h : step_hooks_) h(result.last);
     }
     finish_stop_check();

@@ -169,21 +169,47 @@ dt::comm::streaming_diloco<dt::comm::outer::sgd> streaming_sized(std::int64_t h,
   p.sized_to_speed = true;
   return p;
 }
+
+// Streaming DiLoCo whose replicas measure their first step `cold` times as long as it took (caches
+// and allocations: a real run's first step), as the policy reads it.
+struct cold_first_step : dt::comm::streaming_diloco<dt::comm::outer::sgd> {
+  double cold = 20;
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if (ctx.step == 0) ctx.step_compute_s *= cold;
+    streaming_diloco::after_step(ctx);
+  }
+};
 }  // namespace
 
 TEST_CASE("streaming_diloco sized_to_speed: a peer 4x as fast takes 4 inner steps a step, and waits no more") {
-  // H = 4, 2 fragments, overlap 1, twelve steps. Step 0: one inner step each; then the fast peer
-  // takes 4 a step (sized after step 0 from the speeds agreed then, at each round's end from
-  // those agreed on a lane over the round before): 11 s of compute in the last 11.
+  // H = 4, 2 fragments, overlap 1, twelve steps. Steps 0 and 1: one inner step each (the first is
+  // cold in a real run: the speeds are measured from the second); then the fast peer takes 4 a
+  // step (sized after step 1 from the speeds agreed then, at each round's end from those agreed
+  // on a lane over the round before): 10 s of compute in the last 10.
   const auto run = train({1, 4}, streaming_sized(4, 2, 1), 12);
   for (std::size_t r = 0; r < 2; ++r) REQUIRE(run.by_step[r].size() == 12);
   const auto& slow = run.by_step[0];
   const auto& fast = run.by_step[1];
   CHECK(slow.back().compute_s == Approx(12.0));
   CHECK(fast[0].compute_s == Approx(0.25));
-  CHECK(fast.back().compute_s == Approx(0.25 + 11.0));
+  CHECK(fast[1].compute_s == Approx(0.5));
+  CHECK(fast.back().compute_s == Approx(0.5 + 10.0));
   CHECK(fast.back().clock_s == Approx(12.0));
   CHECK(run.params[0] == run.params[1]);  // (the run ends with every fragment merged with mix 0)
+  // The metrics count the tokens trained: 12 inner steps' for the slow peer, 2 + 10 x 4 for the fast.
+  REQUIRE(slow[0].tokens > 0);
+  CHECK(slow.back().tokens == 12 * slow[0].tokens);
+  CHECK(fast.back().tokens == 42 * slow[0].tokens);
+
+  // A first step measured 20x as long (cold) sizes nothing: the slow peer still takes one inner
+  // step a step, the fast one 4 (measured from step 0, every peer would take about 20 a step in
+  // the first round).
+  cold_first_step cold;
+  static_cast<dt::comm::streaming_diloco<dt::comm::outer::sgd>&>(cold) = streaming_sized(4, 2, 1);
+  const auto warm = train({1, 4}, cold, 12);
+  CHECK(warm.by_step[0].back().tokens == 12 * slow[0].tokens);
+  CHECK(warm.by_step[1].back().tokens == 42 * slow[0].tokens);
 
   // Unsized, the fast peer computes a quarter of the time.
   auto equal = streaming_sized(4, 2, 1);
@@ -233,17 +259,17 @@ TEST_CASE("streaming_diloco sized_to_speed: a run stopped mid-round and resumed 
   REQUIRE(saved[1].counter("comm.streaming_diloco.speed_round_steps") == 12);
   const auto resumed = train({1, 3}, policy, 12, &saved);
   CHECK(resumed.params == whole.params);
-  CHECK(whole.by_step[1].back().compute_s == Approx(1.0 / 3.0 + 11.0));
+  CHECK(whole.by_step[1].back().compute_s == Approx(2.0 / 3.0 + 10.0));
 }
 
 TEST_CASE("streaming_diloco sized_to_speed: timed, nobody waits for the first speeds' agreement, and the fast peer fills its first round") {
   // Timed (the exchanges and agreements on lanes beside the steps; the deterministic simulator
   // runs them in place): two peers whose inner steps take 100x and 25x what they take here (on
   // their threads' clocks), links of 0.1 s latency, H = 64, one fragment, no overlap. The speeds
-  // measured at step 0 are agreed on a lane while each peer goes on at one inner step a step;
+  // measured at step 1 are agreed on a lane while each peer goes on at one inner step a step;
   // once the agreement has landed by a peer's clock, the rest of its first round is sized from
   // the round's start, so the fast peer, which ran ahead meanwhile, fills the round to about the
-  // slow one's compute. Waiting for the agreement at step 0 costs the fast peer a latency and
+  // slow one's compute. Waiting for the agreement at step 1 costs the fast peer a latency and
   // the slow peer's first step; sizing from the landing alone leaves the fast one short by the
   // steps it ran ahead.
   const auto timed_run = [](bool sized) {

@@ -31,6 +31,9 @@ struct step_metrics {
   // What the transport sent beside bytes_sent: frame headers, padding, control frames
   // (transport::traffic_stats; 0 where the transport adds none it can count), cumulative.
   std::uint64_t framing_bytes_sent = 0;
+  // Tokens this peer trained on in this fit, cumulative: a policy sized to speed takes several
+  // inner steps a step, so steps x batch does not count them.
+  std::int64_t tokens = 0;
   double utilisation() const { return clock_s > 0 ? compute_s / clock_s : 0.0; }
   double mean_send_rate() const { return clock_s > 0 ? static_cast<double>(bytes_sent) / clock_s : 0.0; }
 };

@@ -104,6 +104,7 @@ class metrics_log {
           .add("lr", m.lr)
           .add("grad_norm", m.grad_norm)
           .add("tokens_per_s", m.tokens_per_s)
+          .add("tokens", m.tokens)
           .add("bytes_sent", m.bytes_sent)
           .add("framing_bytes_sent", m.framing_bytes_sent)
           .add("bytes_received", m.bytes_received)

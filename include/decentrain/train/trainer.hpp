@@ -245,6 +245,7 @@ class trainer {
       send_rate_.add(traffic.clock_seconds, traffic.bytes_sent);
       result.last.peak_send_rate = send_rate_.peak();
       result.last.framing_bytes_sent = traffic.framing_bytes_sent;
+      result.last.tokens = tokens;
       for (auto& h : step_hooks_) h(result.last);
     }
     finish_stop_check();
