@@ -131,8 +131,9 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   r.util_slowest = results[slowest].last.utilisation();
   r.util_fastest = results[fastest].last.utilisation();
   std::fprintf(stderr, "  %s: val loss %.4f, utilisation %.1f%% .. %.1f%% (least busy %.1f%%, %.1f%% before the last step), %.0f "
-               "simulated s, %.0f s; inner steps (busy before the last step) by speed:", name.c_str(), r.val_loss, 100 * r.util_slowest, 100 * r.util_fastest,
-               100 * r.util_lowest, 100 * r.util_lowest_before_last, r.simulated_s, r.wall_s);
+               "simulated s, %.0f s; inner steps (busy before the last step) by speed:", name.c_str(), r.val_loss,
+               100 * r.util_slowest, 100 * r.util_fastest, 100 * r.util_lowest, 100 * r.util_lowest_before_last, r.simulated_s,
+               r.wall_s);
   for (std::size_t p = 0; p < results.size(); ++p)
     std::fprintf(stderr, " %.2fx %.0f (%.1f%%)", speeds[p], r.peer_inner_steps[p], 100 * before_last[p].utilisation());
   std::fprintf(stderr, "\n");

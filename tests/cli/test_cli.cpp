@@ -551,16 +551,15 @@ TEST_CASE("train --sized-to-speed: DiLoCo's fast peer takes more inner steps ins
   CHECK(read_metrics(dir / "streaming.jsonl").parsed.at(0).at("sized_to_speed").boolean);
   CHECK(streaming > 0.6);
 
-  auto r = run(cli() + args + " --sized-to-speed --comm sync", dir);
-  CHECK_THAT(r.output, Contains("--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco or streaming-diloco"));
-  r = run(cli() + args + " --sized-to-speed --eager", dir);
-  CHECK_THAT(r.output, Contains("(without --eager or --outer-averaging moshpit)"));
-  r = run(cli() + args + " --sized-to-speed --comm streaming-diloco --auto", dir);
-  CHECK_THAT(r.output, Contains("--auto with --comm streaming-diloco averages every peer equally and --sized-to-speed"));
-  r = run(cli() + args + " --sized-to-speed --deadline --overlap 1", dir);
-  CHECK_THAT(r.output, Contains("--deadline closes DiLoCo's rounds sized to speed"));
-  r = run(cli() + args + " --sized-to-speed --parallel pipeline --stages 2 --n-layer 2", dir);
-  CHECK_THAT(r.output, Contains("--sized-to-speed gives a peer several inner steps in one step"));
+  for (const auto& [extra, says] : std::initializer_list<std::pair<const char*, const char*>>{
+           {" --comm sync", "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco or streaming-diloco"},
+           {" --eager", "(without --eager or --outer-averaging moshpit)"},
+           {" --comm streaming-diloco --auto", "--auto with --comm streaming-diloco averages every peer equally and --sized-to-speed"},
+           {" --deadline --overlap 1", "--deadline closes DiLoCo's rounds sized to speed"},
+           {" --parallel pipeline --stages 2 --n-layer 2", "--sized-to-speed gives a peer several inner steps in one step"}}) {
+    INFO(extra);
+    CHECK_THAT(run(cli() + args + " --sized-to-speed" + extra, dir).output, Contains(says));
+  }
 }
 
 TEST_CASE("train --deadline: rounds sized to speed close at their deadline, and a bad combination is refused", "[cli][peers]") {
@@ -861,17 +860,19 @@ TEST_CASE("train --target-batch: sync's fast peer adds up more micro-batches a s
   CHECK(equal < 0.45);
   CHECK(target > 0.6);  // (a margin for a loaded machine)
 
-  auto r = run(cli() + args + " --target-batch 16 --comm diloco", dir);
-  CHECK_THAT(r.output, Contains("--target-batch sizes synchronous steps: it needs --comm sync, not diloco"));
-  r = run(cli() + args + " --target-batch 16 --parallel pipeline --stages 2 --n-layer 2", dir);
-  CHECK_THAT(r.output, Contains("--target-batch adds micro-batches up on a peer holding the whole model"));
-  r = run(cli() + args + " --target-batch 2", dir);
-  CHECK_THAT(r.output, Contains("--target-batch 2 is less than one micro-batch of --batch-size 4 rows"));
-  r = run(cli() + args + " --target-batch 16 --aggregator median", dir);
-  CHECK_THAT(r.output, Contains("--target-batch weighs each peer by the rows it was dealt, which --aggregator median caps"));
-  r = run(cli() + args + " --target-batch 0", dir);
-  CHECK_THAT(r.output, Contains("--target-batch"));
-  CHECK(r.status != 0);
+  for (const auto& [extra, says] : std::initializer_list<std::pair<const char*, const char*>>{
+           {" --target-batch 16 --comm diloco", "--target-batch sizes synchronous steps: it needs --comm sync, not diloco"},
+           {" --target-batch 16 --parallel pipeline --stages 2 --n-layer 2",
+            "--target-batch adds micro-batches up on a peer holding the whole model"},
+           {" --target-batch 2", "--target-batch 2 is less than one micro-batch of --batch-size 4 rows"},
+           {" --target-batch 16 --aggregator median",
+            "--target-batch weighs each peer by the rows it was dealt, which --aggregator median caps"}}) {
+    INFO(extra);
+    CHECK_THAT(run(cli() + args + extra, dir).output, Contains(says));
+  }
+  const auto zero = run(cli() + args + " --target-batch 0", dir);
+  CHECK_THAT(zero.output, Contains("--target-batch"));
+  CHECK(zero.status != 0);
 }
 
 TEST_CASE("train: in-process, TCP and MPI peers finish and agree", "[cli][peers]") {

@@ -260,6 +260,12 @@ struct speed_sizing {
     if (done > 1 && deadline_s > 0)
       deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * std::max(slowest_s, per_step_s) - spent);
   }
+  // Forgets what was counted since the sizing: a step whose time is not the replica's speed (a
+  // run's first: caches filling, memory allocated).
+  void discard_measure() {
+    compute_s = 0;
+    steps = 0;
+  }
   // This replica's seconds per inner step since the sizing (0: none taken).
   double seconds_per_step() const { return steps > 0 ? compute_s / static_cast<double>(steps) : 0.0; }
   // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned

@@ -435,30 +435,33 @@ struct streaming_diloco {
     speed_.add(ctx);
     const std::int64_t left = steps_left(ctx.step + 1);  // (a round's end: the whole next round)
     if (speed_.round_steps == 0 && !ends_round_at(ctx.step)) {  // not sized yet: the first round
-      if (into_round(ctx.step) == 1 && left > 1) {  // the run's first step: measured from the next
-        speed_.compute_s = 0;
-        speed_.steps = 0;
-        return;
-      }
-      if (!speeds_.pending) {  // (after the run's second step)
-        const double mine = speed_.seconds_per_step();
-        speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
-        speeds_.start(ctx.replicas);
-      }
+      if (into_round(ctx.step) == 1 && left > 1) return speed_.discard_measure();  // the run's first step: cold
+      if (!speeds_.pending) agree_speed(ctx);  // (after the run's second step)
       if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
       const double mine = speed_.seconds_per_step();
-      const double slowest = speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0 ? speeds_.values[0] : mine;
-      speed_.rest_of_round_from(slowest, mine, inner_steps, left, inner_steps - left - 1);
+      // (the steps measured: those since the cold first)
+      speed_.rest_of_round_from(agreed_speed().value_or(mine), mine, inner_steps, left, inner_steps - left - 1);
       return;
     }
     if (!ends_round_at(ctx.step)) return;
-    double slowest = speed_.slowest_s;  // (no new agreement: the last one's)
-    // (a failed agreement sizes nothing: the group is changing)
-    if (speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0) slowest = speeds_.values[0];
+    // (no new agreement, or a failed one, which sizes nothing as the group is changing: the last one's)
+    const double slowest = agreed_speed().value_or(speed_.slowest_s);
+    const double mine = agree_speed(ctx);
+    speed_.next_round_from(slowest, mine > 0 ? mine : speed_.per_step_s, inner_steps, left);
+  }
+  // This replica's seconds per inner step since the sizing, sent to the speeds' agreement on a lane.
+  template <class Ctx>
+  double agree_speed(Ctx& ctx) {
     const double mine = speed_.seconds_per_step();
     speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
     speeds_.start(ctx.replicas);
-    speed_.next_round_from(slowest, mine > 0 ? mine : speed_.per_step_s, inner_steps, left);
+    return mine;
+  }
+  // The slowest replica's seconds per inner step, where an agreement was pending, landed and
+  // gave a positive number.
+  std::optional<double> agreed_speed() {
+    if (speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0) return speeds_.values[0];
+    return std::nullopt;
   }
 
   // The step after which the first pick comes at the latest: the first round no longer than
