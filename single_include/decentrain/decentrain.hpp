@@ -28009,6 +28009,73 @@ struct speed_sizing {
   }
 };
 
+// Sized to speed where a round's end holds nobody (streaming_diloco: the exchanges run beside
+// the next round): a replica that reaches a round's end before the slowest one goes on, so what
+// it ends short of the slowest (which takes one inner step a step at least, and overshoots the
+// deadline in a round it runs slower than agreed; whose cold first step is longer too) adds up
+// round after round, a lead by the clock that the run's last exchange, with nothing left to hide
+// behind, spends waiting. Each replica's clock rides with the speeds' agreement (their maximum:
+// the latest replica's); once it lands, the lead it shows, less what the replica waited since (a
+// landing that held it caught up that much) and less a lengthening the clock sent did not show
+// yet, lengthens the deadline of the round then running. Waits are the clock's time that was not
+// compute, counted step by step, so that of two clocks only the lead's two readings, of one
+// epoch, are ever compared (a resumed run's clock starts again; the waits and the lead do not).
+struct clock_lead {
+  double sent_s = -1;    // this replica's clock sent to the agreement, its reading awaited (-1: none)
+  double waited_s = 0;   // of its clock since then, the time not computing
+  double unseen_s = 0;   // the lengthening of the round the clock sent starts (none where it was read mid-round)
+  double mark_s = -1;    // the clock when the last after_step ended (-1: not read since the start; not saved)
+  std::int64_t through = -1;  // the last step whose compute was counted (a redone after_step counts once)
+
+  // At the start of after_step: the clock since the last one ended, less the step's compute.
+  void arrive(std::int64_t step, double clock_s, double step_compute_s) {
+    if (step <= through) step_compute_s = 0;
+    through = std::max(through, step);
+    if (mark_s >= 0) waited_s += std::max(0.0, clock_s - mark_s - step_compute_s);
+    mark_s = clock_s;
+  }
+  // Later in it, or at its end: the time since the last reading (an agreement that ran in place,
+  // the landings that held the replica) counts as waiting.
+  void until(double clock_s) {
+    if (mark_s >= 0) waited_s += std::max(0.0, clock_s - mark_s);
+    mark_s = clock_s;
+  }
+  bool awaited() const { return sent_s >= 0; }
+  // With the clock now and the latest clock the agreement came back with (nullopt: none landed,
+  // or it was not a number): the lengthening of the deadline of the round now running, or where
+  // `round_end`, of the one it starts; at most `cap_s` (a round's deadline: a lead longer than
+  // a round is no drift, and a peer that lies about its clock costs no more than that). 0 where
+  // no reading was awaited.
+  double make_up(std::optional<double> latest_s, double clock_s, double cap_s, bool round_end) {
+    until(clock_s);
+    double lead = 0;
+    if (latest_s && awaited()) lead = std::max(0.0, *latest_s - sent_s) - unseen_s - waited_s;
+    const double extra = std::clamp(lead, 0.0, std::max(0.0, cap_s));
+    sent_s = -1;
+    unseen_s = round_end ? extra : 0.0;
+    return extra;
+  }
+  // `clock_s` (read at arrive) goes to the agreement: the waits count from there.
+  void sent(double clock_s) {
+    sent_s = clock_s;
+    waited_s = mark_s >= 0 ? std::max(0.0, mark_s - clock_s) : 0.0;
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    if (awaited()) save_exact(c, prefix + "lead_sent_s", sent_s);
+    save_exact(c, prefix + "lead_waited_s", waited_s);
+    save_exact(c, prefix + "lead_unseen_s", unseen_s);
+    c.counters[prefix + "lead_through"] = through;
+  }
+  // (a checkpoint without them, written before leads were measured: none awaited)
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    *this = {};
+    sent_s = load_exact(c, prefix + "lead_sent_s", "a clock in seconds").value_or(-1.0);
+    waited_s = load_exact(c, prefix + "lead_waited_s", "a number of seconds").value_or(0.0);
+    unseen_s = load_exact(c, prefix + "lead_unseen_s", "a number of seconds").value_or(0.0);
+    if (c.counters.contains(prefix + "lead_through")) through = c.counter(prefix + "lead_through");
+  }
+};
+
 // A target batch (a synchronous policy's target_batch: hivemind's rule): a step ends once the
 // replicas together have trained on the target's rows, each taking micro-batches as its speed
 // allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
@@ -31765,6 +31832,7 @@ struct streaming_diloco {
     broadcast_parameters(ctx, global_);
     speeds_.forget();
     speed_ = {};
+    lead_ = {};
     choices_.clear();
     round_from_ = 0;
     codec_at_ = own_codec;
@@ -31791,31 +31859,10 @@ struct streaming_diloco {
   template <class Ctx>
   void after_step(Ctx& ctx) {
     for (auto& p : parts_) p.weight.add(ctx);
-    if (sized_to_speed && !ctx.last_step) size_to_speed(ctx);
-    bool picked = !tune || pick_tried_;
-    if (tune && !pick_tried_ && !ctx.last_step) picked = first_pick(ctx);
-    else if (tune && !choices_.empty() && !ctx.last_step) measure_round(ctx);
-    else if (tune && ctx.last_step) forget_measures();  // (nothing in flight outlives the run)
-    for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
-      if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
-    if (ctx.last_step) {
-      // Every fragment once more, all at once (their latencies overlap), merged with mix 0: the
-      // run ends with every peer on the same global parameters.
-      for (auto& p : parts_) send(ctx, p, ctx.step, true);
-      for (auto& p : parts_) land(ctx, p, 0.0);
-      return;
-    }
-    if (!picked) return;  // (the probe still runs beside the steps: nothing is sent before the first pick)
-    for (auto& p : parts_) {
-      if (into_round(ctx.step) % inner_steps != p.phase) continue;
-      if (eager) {
-        send(ctx, p, ctx.step + inner_steps, true);  // lands right before this fragment's next one
-        step_eagerly(ctx, p);
-        continue;
-      }
-      send(ctx, p, ctx.step + overlap, overlap > 0);
-      if (overlap == 0) land(ctx, p, mix);
-    }
+    if (!sized_to_speed || ctx.last_step) return exchange(ctx);
+    size_to_speed(ctx);
+    exchange(ctx);
+    lead_.until(clock_of(ctx));
   }
 
   // Before the fault policy starts: the outer state at the model's size (values set by start or
@@ -31890,6 +31937,8 @@ struct streaming_diloco {
       const bool agreed = speeds_.pending && speeds_.settle();
       c.counters["comm.streaming_diloco.speed_agreed"] = agreed ? 1 : 0;
       save_exact(c, "comm.streaming_diloco.speed_agreed_s", agreed ? speeds_.values[0] : 0.0);
+      save_exact(c, "comm.streaming_diloco.speed_agreed_clock_s", agreed ? std::max(0.0, speeds_.values[1]) : 0.0);
+      lead_.save(c, "comm.streaming_diloco.");
     }
     if (!eager_.empty()) {
       c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
@@ -31923,6 +31972,8 @@ struct streaming_diloco {
       speed_.load(c, "comm.streaming_diloco.");
       speeds_.pending = c.counters.contains("comm.streaming_diloco.speed_agreed") && c.counter("comm.streaming_diloco.speed_agreed") != 0;
       speeds_.values[0] = load_exact(c, "comm.streaming_diloco.speed_agreed_s", "a number of seconds").value_or(0.0);
+      speeds_.values[1] = load_exact(c, "comm.streaming_diloco.speed_agreed_clock_s", "a clock in seconds").value_or(0.0);
+      lead_.load(c, "comm.streaming_diloco.");
     }
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
     if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
@@ -32026,44 +32077,100 @@ struct streaming_diloco {
   // Sized to speed (not tuned: rounds from step 0): steps of the round from `step` on, `step` included.
   std::int64_t steps_left(std::int64_t step) const { return inner_steps - step % inner_steps; }
 
+  // After a step: the exchanges that land now, and those due to start.
+  template <class Ctx>
+  void exchange(Ctx& ctx) {
+    bool picked = !tune || pick_tried_;
+    if (tune && !pick_tried_ && !ctx.last_step) picked = first_pick(ctx);
+    else if (tune && !choices_.empty() && !ctx.last_step) measure_round(ctx);
+    else if (tune && ctx.last_step) forget_measures();  // (nothing in flight outlives the run)
+    for (auto& p : parts_)  // exchanges due now land first (on the last step, every one)
+      if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
+    if (ctx.last_step) {
+      // Every fragment once more, all at once (their latencies overlap), merged with mix 0: the
+      // run ends with every peer on the same global parameters.
+      for (auto& p : parts_) send(ctx, p, ctx.step, true);
+      for (auto& p : parts_) land(ctx, p, 0.0);
+      return;
+    }
+    if (!picked) return;  // (the probe still runs beside the steps: nothing is sent before the first pick)
+    for (auto& p : parts_) {
+      if (into_round(ctx.step) % inner_steps != p.phase) continue;
+      if (eager) {
+        send(ctx, p, ctx.step + inner_steps, true);  // lands right before this fragment's next one
+        step_eagerly(ctx, p);
+        continue;
+      }
+      send(ctx, p, ctx.step + overlap, overlap > 0);
+      if (overlap == 0) land(ctx, p, mix);
+    }
+  }
+
   // Sized to speed, after each step but the last: the step's compute counted; after the second
   // (the run's first is cold: counted in neither the measure nor the deadline, every replica
   // took one inner step in it), the speeds go to their agreement on a lane, and the rest of the
   // round is sized once it lands (one inner step a step until then); at each round's end the
   // speeds the lane agreed over the round before size the next round, and this round's go to
-  // their agreement.
+  // their agreement. With the speeds goes each replica's clock (at the cold step's end, then at
+  // each round's end); once it lands, the lead it shows lengthens the round then running
+  // (clock_lead).
   template <class Ctx>
   void size_to_speed(Ctx& ctx) {
     speed_.add(ctx);
+    const double clock = clock_of(ctx);
+    lead_.arrive(ctx.step, clock, ctx.step_compute_s);
     const std::int64_t left = steps_left(ctx.step + 1);  // (a round's end: the whole next round)
     if (speed_.round_steps == 0 && !ends_round_at(ctx.step)) {  // not sized yet: the first round
-      if (into_round(ctx.step) == 1 && left > 1) return speed_.discard_measure();  // the run's first step: cold
-      if (!speeds_.pending) agree_speed(ctx);  // (after the run's second step)
+      if (into_round(ctx.step) == 1 && left > 1) {  // the run's first step: cold
+        lead_.sent(clock);
+        return speed_.discard_measure();
+      }
+      if (!speeds_.pending) agree_speed(ctx, lead_.sent_s);  // (after the run's second step)
       if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
       const double mine = speed_.seconds_per_step();
+      const auto agreed = take_speeds();
       // (the steps measured: those since the cold first)
-      speed_.rest_of_round_from(agreed_speed().value_or(mine), mine, inner_steps, left, inner_steps - left - 1);
+      speed_.rest_of_round_from(agreed.slowest.value_or(mine), mine, inner_steps, left, inner_steps - left - 1);
+      speed_.deadline_s += lead_.make_up(agreed.latest, clock_of(ctx), speed_.deadline_s, false);
       return;
     }
-    if (!ends_round_at(ctx.step)) return;
+    if (!ends_round_at(ctx.step)) {
+      // (the speeds wait for the round's end; the clocks are read as soon as they land)
+      if (lead_.awaited() && speeds_.pending && speeds_.flight.handle.landed())
+        speed_.deadline_s +=
+            lead_.make_up(speeds_.settle() ? positive(speeds_.values[1]) : std::nullopt, clock_of(ctx), speed_.deadline_s, false);
+      return;
+    }
     // (no new agreement, or a failed one, which sizes nothing as the group is changing: the last one's)
-    const double slowest = agreed_speed().value_or(speed_.slowest_s);
-    const double mine = agree_speed(ctx);
-    speed_.next_round_from(slowest, mine > 0 ? mine : speed_.per_step_s, inner_steps, left);
+    const auto agreed = take_speeds();
+    const double mine = agree_speed(ctx, clock);
+    speed_.next_round_from(agreed.slowest.value_or(speed_.slowest_s), mine > 0 ? mine : speed_.per_step_s, inner_steps, left);
+    speed_.deadline_s += lead_.make_up(agreed.latest, clock_of(ctx), speed_.deadline_s, true);
+    lead_.sent(clock);
   }
-  // This replica's seconds per inner step since the sizing, sent to the speeds' agreement on a lane.
+  // This replica's seconds per inner step since the sizing, and a clock of its own (< 0: none),
+  // sent to the speeds' agreement on a lane.
   template <class Ctx>
-  double agree_speed(Ctx& ctx) {
+  double agree_speed(Ctx& ctx, double clock) {
     const double mine = speed_.seconds_per_step();
     speeds_.values[0] = std::isfinite(mine) && mine > 0 ? mine : 0.0;
+    speeds_.values[1] = std::max(0.0, clock);
     speeds_.start(ctx.replicas);
     return mine;
   }
-  // The slowest replica's seconds per inner step, where an agreement was pending, landed and
-  // gave a positive number.
-  std::optional<double> agreed_speed() {
-    if (speeds_.take() && std::isfinite(speeds_.values[0]) && speeds_.values[0] > 0) return speeds_.values[0];
-    return std::nullopt;
+  // Where an agreement was pending and landed: the slowest replica's seconds per inner step and
+  // the latest clock, each where it is a positive number.
+  struct agreed_speeds {
+    std::optional<double> slowest, latest;
+  };
+  agreed_speeds take_speeds() {
+    if (!speeds_.take()) return {};
+    return {positive(speeds_.values[0]), positive(speeds_.values[1])};
+  }
+  static std::optional<double> positive(double v) { return std::isfinite(v) && v > 0 ? std::optional<double>(v) : std::nullopt; }
+  template <class Ctx>
+  static double clock_of(Ctx& ctx) {
+    return ctx.replicas.endpoint().stats().clock_seconds;
   }
 
   // The step after which the first pick comes at the latest: the first round no longer than
@@ -32373,9 +32480,11 @@ struct streaming_diloco {
     }
   };
   lane_agreement<2> measures_;  // tuned: the last round's seconds per inner step and exchange ratio
-  // Sized to speed: the sizing, and the slowest replica's seconds per inner step agreed on a lane.
+  // Sized to speed: the sizing, the slowest replica's seconds per inner step and the latest
+  // clock at a round's end agreed on a lane, and this replica's lead by the clock.
   speed_sizing speed_;
-  lane_agreement<1> speeds_;
+  lane_agreement<2> speeds_;
+  clock_lead lead_;
   // The settings a first pick replaced (a later fresh start begins from them again).
   struct given_settings {
     std::int64_t inner_steps, fragments, overlap;

@@ -1985,12 +1985,14 @@ TEST_CASE("train over TCP: a peer started with other --steps is refused at once,
   const auto dir = scratch("tcp_settings");
   const auto port = std::to_string(free_port());
   const std::string tiny = " train --n-layer 1 --n-embd 16 --n-head 2 --block-size 8 --batch-size 2 --eval-batches 1 --threads 1"
-                           " --metrics '' --quiet --world 2 --join-timeout-ms 8000";
-  // Peer 0 waits for rank 1; rank 1, started with --steps 20 instead of 10, is refused.
-  const auto r = run("{ (timeout 60 " + cli() + tiny + " --steps 10 --listen 127.0.0.1:" + port + " --rank 0 > p0.txt 2>&1 &) ; " +
+                           " --metrics '' --quiet --world 2";
+  // Peer 0 waits for rank 1 (4 s); rank 1 (8 s), started with --steps 20 instead of 10, is refused.
+  const auto r = run("{ (timeout 60 " + cli() + tiny + " --join-timeout-ms 4000 --steps 10 --listen 127.0.0.1:" + port +
+                         " --rank 0 > p0.txt 2>&1 &) ; " +
                          "sleep 0.5; start=$(date +%s); timeout 60 " + cli() + tiny +
-                         " --steps 20 --listen 127.0.0.1:0 --rank 1 --join 127.0.0.1:" + port +
-                         "; echo \"status $? after $(( $(date +%s) - start )) s\"; sleep 9; cat p0.txt; }",
+                         " --join-timeout-ms 8000 --steps 20 --listen 127.0.0.1:0 --rank 1 --join 127.0.0.1:" + port +
+                         "; echo \"status $? after $(( $(date +%s) - start )) s\"; " +
+                         "for i in $(seq 100); do grep -q 'last caller' p0.txt && break; sleep 0.1; done; cat p0.txt; }",
                      dir);
   INFO(r.output);
   CHECK_THAT(r.output, Contains("refused peer 1: peer 0 and the caller (rank 1) were started with different settings: "

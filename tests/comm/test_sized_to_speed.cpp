@@ -180,6 +180,18 @@ struct cold_first_step : dt::comm::streaming_diloco<dt::comm::outer::sgd> {
     streaming_diloco::after_step(ctx);
   }
 };
+
+// Streaming DiLoCo whose rank 0 reads its compute at `factor` of what it took (from its second
+// step, where the speeds are measured from): the speeds' agreement then under-states the slowest
+// replica's seconds per inner step, and each round's deadline falls short of the round it takes.
+struct misjudged_slowest : dt::comm::streaming_diloco<dt::comm::outer::sgd> {
+  double factor = 0.8;
+  template <class Ctx>
+  void after_step(Ctx& ctx) {
+    if (ctx.replicas.rank() == 0 && ctx.step >= 1) ctx.step_compute_s *= factor;
+    streaming_diloco::after_step(ctx);
+  }
+};
 }  // namespace
 
 TEST_CASE("streaming_diloco sized_to_speed: a peer 4x as fast takes 4 inner steps a step, and waits no more") {
@@ -305,6 +317,42 @@ TEST_CASE("streaming_diloco sized_to_speed: timed, nobody waits for the first sp
   // (the run's cold first step is left out of the fill: the fast peer ends short by up to 3/4 of
   // a slow step of the round's 64, and a loaded machine's noise; sized from the landing alone, 0.65)
   CHECK(fast_share > 0.8);
+}
+
+TEST_CASE("streaming_diloco sized_to_speed: timed, a peer that ends rounds ahead of the slowest by the clock makes up its lead") {
+  // Timed, as above: two peers whose inner steps take 100x and 25x what they take here, links of
+  // 0.05 s latency, H = 8, 2 fragments, overlap 4, 80 steps (10 rounds). The slow peer reads its
+  // compute at 0.8 of what it took, so each round's deadline is a fifth short of the round it takes
+  // (one inner step a step): the fast peer, which fills the deadline, ends each round further
+  // ahead of it by the clock, and spends that lead waiting at landings and at the last exchange
+  // (the slow peer's cold first step, longer, leaves it ahead too). Its lead rides with the
+  // speeds' agreement and lengthens the round running once that lands: it stays about one
+  // round's shortfall ahead, and computes 0.95-0.96 of what the slow peer does (without the
+  // making up, 0.71-0.73).
+  dt::transport::in_process::options o;
+  o.speeds = {0.01, 0.04};
+  dt::transport::in_process net(dt::transport::link_matrix(2, dt::transport::simulated_link{0.02, 1e9, 0, 0, 0}), o);
+  misjudged_slowest policy;
+  static_cast<dt::comm::streaming_diloco<dt::comm::outer::sgd>&>(policy) = streaming_sized(8, 2, 6);
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, misjudged_slowest>;
+  std::vector<std::vector<dt::train::step_metrics>> by_step(2);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    auto options = run_of(80);
+    options.compute_on_thread_clock = true;
+    Trainer t(fixture::tiny_gpt(), options, ep, policy);
+    t.on_step([&](const dt::train::step_metrics& m) { by_step[static_cast<std::size_t>(ep.rank())].push_back(m); });
+    (void)t.fit(fixture::small_corpus().data);
+  });
+  for (const auto& peer : by_step) REQUIRE(peer.size() == 80);
+  const auto& slow = by_step[0];
+  const auto& fast = by_step[1];
+  const double share = fast.back().compute_s / slow.back().compute_s;
+  const auto waited = [](const dt::train::step_metrics& m) { return m.clock_s - m.compute_s; };
+  INFO("the fast peer's compute over the slow one's: " << share << "; waited " << waited(fast.back()) << " s (the last step "
+                                                       << waited(fast.back()) - waited(fast[78]) << " s), the slow peer "
+                                                       << waited(slow.back()) << " s; the run " << slow.back().clock_s << " s");
+  CHECK(share > 0.9);
+  CHECK(share < 1.02);
 }
 
 TEST_CASE("speed_sizing: a step that ran slow is made up by the steps after it, and the slowest takes more where it ran fast") {

@@ -307,6 +307,73 @@ struct speed_sizing {
   }
 };
 
+// Sized to speed where a round's end holds nobody (streaming_diloco: the exchanges run beside
+// the next round): a replica that reaches a round's end before the slowest one goes on, so what
+// it ends short of the slowest (which takes one inner step a step at least, and overshoots the
+// deadline in a round it runs slower than agreed; whose cold first step is longer too) adds up
+// round after round, a lead by the clock that the run's last exchange, with nothing left to hide
+// behind, spends waiting. Each replica's clock rides with the speeds' agreement (their maximum:
+// the latest replica's); once it lands, the lead it shows, less what the replica waited since (a
+// landing that held it caught up that much) and less a lengthening the clock sent did not show
+// yet, lengthens the deadline of the round then running. Waits are the clock's time that was not
+// compute, counted step by step, so that of two clocks only the lead's two readings, of one
+// epoch, are ever compared (a resumed run's clock starts again; the waits and the lead do not).
+struct clock_lead {
+  double sent_s = -1;    // this replica's clock sent to the agreement, its reading awaited (-1: none)
+  double waited_s = 0;   // of its clock since then, the time not computing
+  double unseen_s = 0;   // the lengthening of the round the clock sent starts (none where it was read mid-round)
+  double mark_s = -1;    // the clock when the last after_step ended (-1: not read since the start; not saved)
+  std::int64_t through = -1;  // the last step whose compute was counted (a redone after_step counts once)
+
+  // At the start of after_step: the clock since the last one ended, less the step's compute.
+  void arrive(std::int64_t step, double clock_s, double step_compute_s) {
+    if (step <= through) step_compute_s = 0;
+    through = std::max(through, step);
+    if (mark_s >= 0) waited_s += std::max(0.0, clock_s - mark_s - step_compute_s);
+    mark_s = clock_s;
+  }
+  // Later in it, or at its end: the time since the last reading (an agreement that ran in place,
+  // the landings that held the replica) counts as waiting.
+  void until(double clock_s) {
+    if (mark_s >= 0) waited_s += std::max(0.0, clock_s - mark_s);
+    mark_s = clock_s;
+  }
+  bool awaited() const { return sent_s >= 0; }
+  // With the clock now and the latest clock the agreement came back with (nullopt: none landed,
+  // or it was not a number): the lengthening of the deadline of the round now running, or where
+  // `round_end`, of the one it starts; at most `cap_s` (a round's deadline: a lead longer than
+  // a round is no drift, and a peer that lies about its clock costs no more than that). 0 where
+  // no reading was awaited.
+  double make_up(std::optional<double> latest_s, double clock_s, double cap_s, bool round_end) {
+    until(clock_s);
+    double lead = 0;
+    if (latest_s && awaited()) lead = std::max(0.0, *latest_s - sent_s) - unseen_s - waited_s;
+    const double extra = std::clamp(lead, 0.0, std::max(0.0, cap_s));
+    sent_s = -1;
+    unseen_s = round_end ? extra : 0.0;
+    return extra;
+  }
+  // `clock_s` (read at arrive) goes to the agreement: the waits count from there.
+  void sent(double clock_s) {
+    sent_s = clock_s;
+    waited_s = mark_s >= 0 ? std::max(0.0, mark_s - clock_s) : 0.0;
+  }
+  void save(io::checkpoint& c, const std::string& prefix) const {
+    if (awaited()) save_exact(c, prefix + "lead_sent_s", sent_s);
+    save_exact(c, prefix + "lead_waited_s", waited_s);
+    save_exact(c, prefix + "lead_unseen_s", unseen_s);
+    c.counters[prefix + "lead_through"] = through;
+  }
+  // (a checkpoint without them, written before leads were measured: none awaited)
+  void load(const io::checkpoint& c, const std::string& prefix) {
+    *this = {};
+    sent_s = load_exact(c, prefix + "lead_sent_s", "a clock in seconds").value_or(-1.0);
+    waited_s = load_exact(c, prefix + "lead_waited_s", "a number of seconds").value_or(0.0);
+    unseen_s = load_exact(c, prefix + "lead_unseen_s", "a number of seconds").value_or(0.0);
+    if (c.counters.contains(prefix + "lead_through")) through = c.counter(prefix + "lead_through");
+  }
+};
+
 // A target batch (a synchronous policy's target_batch: hivemind's rule): a step ends once the
 // replicas together have trained on the target's rows, each taking micro-batches as its speed
 // allows, so none waits long for the slowest. Each replica measures what a micro-batch costs it
