@@ -132,6 +132,9 @@ struct streaming_diloco {
       }
     }
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
+    // (the clocks of a group's members count from its forming, a joiner's from its own: its lead
+    // is not measured, and its clock, earlier, never the latest)
+    clock_shared_ = !ctx.joined;
     // Started again with a state loaded while it ran (a restore, or a heal, before another fit):
     // its fragments hold that state already.
     if (ctx.resumed && loaded_while_running_) {
@@ -456,27 +459,27 @@ struct streaming_diloco {
         lead_.sent(clock);
         return speed_.discard_measure();
       }
-      if (!speeds_.pending) agree_speed(ctx, lead_.sent_s);  // (after the run's second step)
+      if (!speeds_.pending) agree_speed(ctx, clock_shared_ ? lead_.sent_s : 0.0);  // (after the run's second step)
       if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
       const double mine = speed_.seconds_per_step();
       const auto agreed = take_speeds();
       // (the steps measured: those since the cold first)
       speed_.rest_of_round_from(agreed.slowest.value_or(mine), mine, inner_steps, left, inner_steps - left - 1);
-      speed_.deadline_s += lead_.make_up(agreed.latest, clock_of(ctx), speed_.deadline_s, false);
+      speed_.deadline_s += lead_.make_up(shared(agreed.latest), clock_of(ctx), speed_.deadline_s, false);
       return;
     }
     if (!ends_round_at(ctx.step)) {
       // (the speeds wait for the round's end; the clocks are read as soon as they land)
       if (lead_.awaited() && speeds_.pending && speeds_.flight.handle.landed())
         speed_.deadline_s +=
-            lead_.make_up(speeds_.settle() ? positive(speeds_.values[1]) : std::nullopt, clock_of(ctx), speed_.deadline_s, false);
+            lead_.make_up(shared(speeds_.settle() ? positive(speeds_.values[1]) : std::nullopt), clock_of(ctx), speed_.deadline_s, false);
       return;
     }
     // (no new agreement, or a failed one, which sizes nothing as the group is changing: the last one's)
     const auto agreed = take_speeds();
-    const double mine = agree_speed(ctx, clock);
+    const double mine = agree_speed(ctx, clock_shared_ ? clock : 0.0);
     speed_.next_round_from(agreed.slowest.value_or(speed_.slowest_s), mine > 0 ? mine : speed_.per_step_s, inner_steps, left);
-    speed_.deadline_s += lead_.make_up(agreed.latest, clock_of(ctx), speed_.deadline_s, true);
+    speed_.deadline_s += lead_.make_up(shared(agreed.latest), clock_of(ctx), speed_.deadline_s, true);
     lead_.sent(clock);
   }
   // This replica's seconds per inner step since the sizing, and a clock of its own (< 0: none),
@@ -498,6 +501,7 @@ struct streaming_diloco {
     if (!speeds_.take()) return {};
     return {positive(speeds_.values[0]), positive(speeds_.values[1])};
   }
+  std::optional<double> shared(std::optional<double> latest) const { return clock_shared_ ? latest : std::nullopt; }
   static std::optional<double> positive(double v) { return std::isfinite(v) && v > 0 ? std::optional<double>(v) : std::nullopt; }
   template <class Ctx>
   static double clock_of(Ctx& ctx) {
@@ -816,6 +820,7 @@ struct streaming_diloco {
   speed_sizing speed_;
   lane_agreement<2> speeds_;
   clock_lead lead_;
+  bool clock_shared_ = true;  // this replica's clock counts from the group's forming (not a joiner's)
   // The settings a first pick replaced (a later fresh start begins from them again).
   struct given_settings {
     std::int64_t inner_steps, fragments, overlap;
