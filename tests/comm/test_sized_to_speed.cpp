@@ -192,6 +192,27 @@ struct misjudged_slowest : dt::comm::streaming_diloco<dt::comm::outer::sgd> {
     streaming_diloco::after_step(ctx);
   }
 };
+
+// Timed (the exchanges and agreements on lanes beside the steps; the deterministic simulator
+// runs them in place): two peers whose inner steps take 100x and 25x what they take here (on
+// their threads' clocks), on links of `latency_s`, `steps` steps under the policy: each peer's
+// metrics, step by step.
+template <class Policy>
+std::vector<std::vector<dt::train::step_metrics>> timed_pair(const Policy& policy, std::int64_t steps, double latency_s) {
+  dt::transport::in_process::options o;
+  o.speeds = {0.01, 0.04};
+  dt::transport::in_process net(dt::transport::link_matrix(2, dt::transport::simulated_link{latency_s, 1e9, 0, 0, 0}), o);
+  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, Policy>;
+  std::vector<std::vector<dt::train::step_metrics>> by_step(2);
+  net.run([&](dt::transport::in_process::endpoint& ep) {
+    auto options = run_of(steps);
+    options.compute_on_thread_clock = true;
+    Trainer t(fixture::tiny_gpt(), options, ep, policy);
+    t.on_step([&](const dt::train::step_metrics& m) { by_step[static_cast<std::size_t>(ep.rank())].push_back(m); });
+    (void)t.fit(fixture::small_corpus().data);
+  });
+  return by_step;
+}
 }  // namespace
 
 TEST_CASE("streaming_diloco sized_to_speed: a peer 4x as fast takes 4 inner steps a step, and waits no more") {
@@ -275,9 +296,7 @@ TEST_CASE("streaming_diloco sized_to_speed: a run stopped mid-round and resumed 
 }
 
 TEST_CASE("streaming_diloco sized_to_speed: timed, nobody waits for the first speeds' agreement, and the fast peer fills its first round") {
-  // Timed (the exchanges and agreements on lanes beside the steps; the deterministic simulator
-  // runs them in place): two peers whose inner steps take 100x and 25x what they take here (on
-  // their threads' clocks), links of 0.1 s latency, H = 64, one fragment, no overlap. The speeds
+  // Timed (timed_pair): links of 0.1 s latency, H = 64, one fragment, no overlap. The speeds
   // measured at step 1 are agreed on a lane while each peer goes on at one inner step a step;
   // once the agreement has landed by a peer's clock, the rest of its first round is sized from
   // the round's start, so the fast peer, which ran ahead meanwhile, fills the round to about the
@@ -285,21 +304,9 @@ TEST_CASE("streaming_diloco sized_to_speed: timed, nobody waits for the first sp
   // the slow peer's first step; sizing from the landing alone leaves the fast one short by the
   // steps it ran ahead.
   const auto timed_run = [](bool sized) {
-    dt::transport::in_process::options o;
-    o.speeds = {0.01, 0.04};
-    dt::transport::in_process net(dt::transport::link_matrix(2, dt::transport::simulated_link{0.1, 1e9, 0, 0, 0}), o);
     auto policy = streaming_sized(64, 1, 0);
     policy.sized_to_speed = sized;
-    using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, decltype(policy)>;
-    std::vector<std::vector<dt::train::step_metrics>> by_step(2);
-    net.run([&](dt::transport::in_process::endpoint& ep) {
-      auto options = run_of(65);
-      options.compute_on_thread_clock = true;
-      Trainer t(fixture::tiny_gpt(), options, ep, policy);
-      t.on_step([&](const dt::train::step_metrics& m) { by_step[static_cast<std::size_t>(ep.rank())].push_back(m); });
-      (void)t.fit(fixture::small_corpus().data);
-    });
-    return by_step;
+    return timed_pair(policy, 65, 0.1);
   };
   const auto sized = timed_run(true), equal = timed_run(false);
   for (const auto* run : {&sized, &equal})
@@ -320,29 +327,17 @@ TEST_CASE("streaming_diloco sized_to_speed: timed, nobody waits for the first sp
 }
 
 TEST_CASE("streaming_diloco sized_to_speed: timed, a peer that ends rounds ahead of the slowest by the clock makes up its lead") {
-  // Timed, as above: two peers whose inner steps take 100x and 25x what they take here, links of
-  // 0.05 s latency, H = 8, 2 fragments, overlap 4, 80 steps (10 rounds). The slow peer reads its
-  // compute at 0.8 of what it took, so each round's deadline is a fifth short of the round it takes
-  // (one inner step a step): the fast peer, which fills the deadline, ends each round further
-  // ahead of it by the clock, and spends that lead waiting at landings and at the last exchange
-  // (the slow peer's cold first step, longer, leaves it ahead too). Its lead rides with the
-  // speeds' agreement and lengthens the round running once that lands: it stays about one
-  // round's shortfall ahead, and computes 0.94-0.95 of what the slow peer does (without the
-  // making up, 0.71-0.73).
-  dt::transport::in_process::options o;
-  o.speeds = {0.01, 0.04};
-  dt::transport::in_process net(dt::transport::link_matrix(2, dt::transport::simulated_link{0.02, 1e9, 0, 0, 0}), o);
+  // Timed (timed_pair): links of 0.02 s latency, H = 8, 2 fragments, overlap 6, 80 steps (10
+  // rounds). The slow peer reads its compute at 0.8 of what it took, so each round's deadline is
+  // a fifth short of the round it takes (one inner step a step): the fast peer, which fills the
+  // deadline, ends each round further ahead of it by the clock, and spends that lead waiting at
+  // landings and at the last exchange (the slow peer's cold first step, longer, leaves it ahead
+  // too). Its lead rides with the speeds' agreement and lengthens the round running once that
+  // lands: it stays about one round's shortfall ahead, and computes 0.94-0.95 of what the slow
+  // peer does (without the making up, 0.71-0.73).
   misjudged_slowest policy;
   static_cast<dt::comm::streaming_diloco<dt::comm::outer::sgd>&>(policy) = streaming_sized(8, 2, 6);
-  using Trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, misjudged_slowest>;
-  std::vector<std::vector<dt::train::step_metrics>> by_step(2);
-  net.run([&](dt::transport::in_process::endpoint& ep) {
-    auto options = run_of(80);
-    options.compute_on_thread_clock = true;
-    Trainer t(fixture::tiny_gpt(), options, ep, policy);
-    t.on_step([&](const dt::train::step_metrics& m) { by_step[static_cast<std::size_t>(ep.rank())].push_back(m); });
-    (void)t.fit(fixture::small_corpus().data);
-  });
+  const auto by_step = timed_pair(policy, 80, 0.02);
   for (const auto& peer : by_step) REQUIRE(peer.size() == 80);
   const auto& slow = by_step[0];
   const auto& fast = by_step[1];
